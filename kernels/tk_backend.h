@@ -1,0 +1,91 @@
+/*
+ * tk_backend.h — the compute backend interface: a table of functions the daemon calls.
+ *
+ * kernels/ knows nothing about sockets, requests or streams. A backend computes one batch at a
+ * time on host memory that the caller owns, synchronously, and returns a tally_status_t. State
+ * that outlives a batch (a stream's scan carry and running histogram) is passed in and out
+ * explicitly, so the daemon owns it and the backends stay stateless apart from their own
+ * resources (the CUDA backend's device buffers).
+ *
+ * Thread safety: every function may be called from several threads at once with different
+ * arguments; a backend that needs exclusive resources serialises internally.
+ *
+ * The CUDA backend also exposes an asynchronous, device-pointer API (kernels/cuda/tk_cuda.h)
+ * that the daemon's GPU pipeline uses directly; this table is the portable synchronous path.
+ */
+#ifndef TK_BACKEND_H
+#define TK_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tally_proto.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a filter keeps: pred(x) with thresholds lo (and hi for BETWEEN), compared exactly. */
+typedef struct {
+    tally_pred_t pred;
+    int64_t lo;
+    int64_t hi;
+    int stable; /* non-zero: output keeps input order; zero: any order (the right multiset) */
+} tk_filter_spec_t;
+
+/* A running 256-bin histogram. Backends ADD into it, so one value serves a single batch (start
+ * from zero) and a stream's running histogram alike. */
+typedef struct {
+    uint64_t bins[TALLY_HIST_BINS];
+    uint64_t underflow; /* int32 only: x < lo */
+    uint64_t overflow;  /* int32 only: x >= hi */
+} tk_hist_t;
+
+typedef struct tk_backend tk_backend_t;
+struct tk_backend {
+    const char *name; /* "cpu" or "cuda" */
+    void *ctx;        /* backend-private state, passed back as the first argument */
+
+    /* Keeps the elements of in[0..n) that satisfy spec; writes them to out (room for n
+     * elements) and their number to *kept. dtype is TALLY_DTYPE_I32 or TALLY_DTYPE_U8. */
+    tally_status_t (*filter)(void *ctx, tally_dtype_t dtype, const void *in, size_t n,
+                             const tk_filter_spec_t *spec, void *out, size_t *kept);
+
+    /* Prefix sums of in[0..n) starting from *carry (the sum of everything before this batch).
+     * Inclusive: out[i] = carry + in[0] + ... + in[i]; exclusive: out[i] = carry + in[0] + ...
+     * + in[i-1]. out is int64_t[n], or int32_t[n] (the low 32 bits) when out_i32 is set.
+     * Arithmetic wraps modulo 2^64. On return *carry = carry + sum(in). */
+    tally_status_t (*scan)(void *ctx, const int32_t *in, size_t n, int exclusive, int out_i32,
+                           void *out, int64_t *carry);
+
+    /* Adds the byte values of in[0..n) to hist->bins (bin = byte value). */
+    tally_status_t (*hist_u8)(void *ctx, const uint8_t *in, size_t n, tk_hist_t *hist);
+
+    /* Adds in[0..n) to hist: x < lo -> underflow, x >= hi -> overflow, else bin
+     * tally_hist_bin_i32(x, lo, hi). Requires lo < hi. */
+    tally_status_t (*hist_i32)(void *ctx, const int32_t *in, size_t n, int64_t lo, int64_t hi,
+                               tk_hist_t *hist);
+
+    /* One line describing the backend's devices for `info` ("cpu: 16 threads",
+     * "cuda: 0:NVIDIA H100 80GB HBM3"). Writes at most cap bytes including the NUL. */
+    void (*describe)(void *ctx, char *buf, size_t cap);
+
+    /* Frees the backend; sets *self_p to NULL. */
+    void (*destroy)(tk_backend_t **self_p);
+};
+
+/* The CPU backend: always available. */
+tally_status_t tk_cpu_backend_new(tk_backend_t **out);
+
+/* The CUDA backend: TALLY_E_BACKEND with a reason in msg when CUDA is not compiled in or no GPU
+ * is usable. `device` is the CUDA device ordinal; max_elements bounds the batch it accepts
+ * (it preallocates device buffers of that size at creation, never on the request path). */
+tally_status_t tk_cuda_backend_new(int device, size_t max_batch_bytes, tk_backend_t **out,
+                                   char *msg, size_t msg_cap);
+/* Number of usable CUDA devices (0 when CUDA is not compiled in or no driver/GPU). */
+int tk_cuda_device_count(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TK_BACKEND_H */

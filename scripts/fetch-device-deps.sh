@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Downloads (does not install) the Debian packages the GPU machine lacks into .deps/debs, to be
+# carried there by the device tool (carry: [".deps"]) and unpacked by scripts/device-env.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .deps/debs
+cd .deps/debs
+apt-get download libzmq5 libzmq3-dev libuv1 libuv1-dev libcmocka0 libcmocka-dev libsodium23 \
+  libpgm-5.3-0 libnorm1 libbsd0 libmd0 libgssapi-krb5-2 libkrb5-3 libk5crypto3 libkrb5support0 \
+  libkeyutils1 libcom-err2 libinih1 libinih-dev libmicrohttpd12 libmicrohttpd-dev \
+  libsystemd-dev libsystemd0
