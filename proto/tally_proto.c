@@ -1,0 +1,773 @@
+/*
+ * tally_proto.c — encode, decode and validate protocol v1 (specified in proto/PROTOCOL.md).
+ *
+ * How it works:
+ * - Every field has a fixed byte offset (the REQ_OFF_ / REP_OFF_ / INFO_OFF_ constants below,
+ *   the same tables as PROTOCOL.md). Encoders write every byte of their output, reserved bytes
+ *   as zero; decoders read with the tally_get_* helpers, so the host's endianness never matters.
+ * - Decoding is strict: a header decodes OK only when every byte has its one defined meaning
+ *   (reserved bytes zero, name padding zero). Hence "decode OK" implies "re-encoding gives the
+ *   same bytes", which the fuzz test in tests/test_proto.c checks on 200k inputs, and a v1
+ *   daemon never silently ignores a field that a later client version might set.
+ * - Request checks come in three layers, each a function: header framing (length, magic,
+ *   version, opcode and dtype ranges, reserved bytes, name padding), field rules per opcode
+ *   (validate_fields) and payload rules (validate_payload). tally_req_decode runs the first two,
+ *   because the daemon decodes the header before it looks at the payload frame;
+ *   tally_req_validate runs the last two and is what both sides call on a complete request.
+ * - Every rejection writes a sentence naming the offending value into the caller's buffer; the
+ *   daemon sends it back as the error reply's payload, so it must make sense to a user.
+ *
+ * Pure C11: no allocation, no I/O (snprintf only formats into the caller's buffer).
+ */
+#include "tally_proto.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ---- Wire offsets ----------------------------------------------------------------------- */
+
+enum {
+    REQ_OFF_MAGIC = 0,
+    REQ_OFF_VERSION = 4,
+    REQ_OFF_OPCODE = 5,
+    REQ_OFF_DTYPE = 6,
+    REQ_OFF_FLAGS = 7,
+    REQ_OFF_REQUEST_ID = 8,
+    REQ_OFF_PRED = 16,
+    REQ_OFF_STREAM_LEN = 17,
+    REQ_OFF_RESERVED_A = 18, /* 18..23 */
+    REQ_OFF_LO = 24,
+    REQ_OFF_HI = 32,
+    REQ_OFF_RESERVED_B = 40, /* 40..63 */
+    REQ_OFF_STREAM = 64,     /* 64..127 */
+    REQ_PREFIX_SIZE = 16,    /* enough to echo opcode and request id in an error reply */
+};
+
+enum {
+    REP_OFF_MAGIC = 0,
+    REP_OFF_VERSION = 4,
+    REP_OFF_OPCODE = 5,
+    REP_OFF_DTYPE = 6,
+    REP_OFF_FLAGS = 7,
+    REP_OFF_REQUEST_ID = 8,
+    REP_OFF_STATUS = 16,
+    REP_OFF_RESERVED_A = 20, /* 20..23 */
+    REP_OFF_COUNT = 24,
+    REP_OFF_AUX0 = 32,
+    REP_OFF_AUX1 = 40,
+    REP_OFF_RESERVED_B = 48, /* 48..63 */
+};
+
+enum {
+    INFO_OFF_BATCHES = 0,
+    INFO_OFF_ELEMENTS = 8,
+    INFO_OFF_BYTES = 16,
+    INFO_OFF_FILTER_SEEN = 24,
+    INFO_OFF_FILTER_KEPT = 32,
+    INFO_OFF_SCAN_CARRY = 40,
+    INFO_OFF_SCAN_ELEMENTS = 48,
+    INFO_OFF_HIST_DTYPE = 56,
+    INFO_OFF_RESERVED_A = 57, /* 57..63 */
+    INFO_OFF_HIST_LO = 64,
+    INFO_OFF_HIST_HI = 72,
+    INFO_OFF_HIST_UNDERFLOW = 80,
+    INFO_OFF_HIST_OVERFLOW = 88,
+    INFO_OFF_HIST_TOTAL = 96,
+    INFO_OFF_RESERVED_B = 104, /* 104..127 */
+    INFO_OFF_BINS = 128,
+};
+
+/* ---- Names ------------------------------------------------------------------------------ */
+
+const char *tally_status_name(tally_status_t status)
+{
+    switch (status) {
+    case TALLY_OK:
+        return "ok";
+    case TALLY_E_HEADER:
+        return "bad_header";
+    case TALLY_E_MAGIC:
+        return "bad_magic";
+    case TALLY_E_VERSION:
+        return "bad_version";
+    case TALLY_E_OPCODE:
+        return "bad_opcode";
+    case TALLY_E_DTYPE:
+        return "bad_dtype";
+    case TALLY_E_PAYLOAD:
+        return "bad_payload";
+    case TALLY_E_TOO_LARGE:
+        return "too_large";
+    case TALLY_E_STREAM_NAME:
+        return "bad_stream_name";
+    case TALLY_E_UNKNOWN_STREAM:
+        return "unknown_stream";
+    case TALLY_E_FRAMES:
+        return "bad_frames";
+    case TALLY_E_PARAM:
+        return "bad_param";
+    case TALLY_E_STREAM_STATE:
+        return "stream_state";
+    case TALLY_E_LIMIT:
+        return "limit";
+    case TALLY_E_BACKEND:
+        return "backend";
+    case TALLY_E_SHUTDOWN:
+        return "shutdown";
+    case TALLY_E_INTERNAL:
+        return "internal";
+    case TALLY_E_TIMEOUT:
+        return "timeout";
+    case TALLY_E_TRANSPORT:
+        return "transport";
+    case TALLY_E_REPLY:
+        return "bad_reply";
+    case TALLY_E_NOMEM:
+        return "nomem";
+    case TALLY_E_ARG:
+        return "bad_argument";
+    case TALLY_E_IO:
+        return "io";
+    case TALLY_STATUS_WIRE_COUNT:
+        break;
+    }
+    return "unknown";
+}
+
+const char *tally_status_text(tally_status_t status)
+{
+    switch (status) {
+    case TALLY_OK:
+        return "success";
+    case TALLY_E_HEADER:
+        return "the request header is truncated or oversized";
+    case TALLY_E_MAGIC:
+        return "the header does not start with the magic bytes \"TLYD\"";
+    case TALLY_E_VERSION:
+        return "the protocol version is not supported";
+    case TALLY_E_OPCODE:
+        return "the opcode is unknown";
+    case TALLY_E_DTYPE:
+        return "the dtype is unknown or not accepted by the operation";
+    case TALLY_E_PAYLOAD:
+        return "the payload is not a whole number of elements, or not empty";
+    case TALLY_E_TOO_LARGE:
+        return "the payload exceeds the maximum batch size";
+    case TALLY_E_STREAM_NAME:
+        return "the stream name is missing, too long or not printable ASCII";
+    case TALLY_E_UNKNOWN_STREAM:
+        return "the stream does not exist";
+    case TALLY_E_FRAMES:
+        return "the message has missing or extra frames";
+    case TALLY_E_PARAM:
+        return "a predicate, flag, range or reserved field is invalid";
+    case TALLY_E_STREAM_STATE:
+        return "the request conflicts with the stream's state";
+    case TALLY_E_LIMIT:
+        return "a daemon resource limit was reached";
+    case TALLY_E_BACKEND:
+        return "the compute backend failed";
+    case TALLY_E_SHUTDOWN:
+        return "the daemon is shutting down";
+    case TALLY_E_INTERNAL:
+        return "internal error in the daemon";
+    case TALLY_E_TIMEOUT:
+        return "no reply from the daemon within the timeout";
+    case TALLY_E_TRANSPORT:
+        return "the ZeroMQ transport failed";
+    case TALLY_E_REPLY:
+        return "the reply from the daemon is malformed";
+    case TALLY_E_NOMEM:
+        return "out of memory";
+    case TALLY_E_ARG:
+        return "invalid argument";
+    case TALLY_E_IO:
+        return "input/output error";
+    case TALLY_STATUS_WIRE_COUNT:
+        break;
+    }
+    return "unknown status";
+}
+
+const char *tally_op_name(tally_op_t op)
+{
+    switch (op) {
+    case TALLY_OP_PING:
+        return "ping";
+    case TALLY_OP_INFO:
+        return "info";
+    case TALLY_OP_FILTER:
+        return "filter";
+    case TALLY_OP_SCAN:
+        return "scan";
+    case TALLY_OP_HIST:
+        return "hist";
+    case TALLY_OP_QUERY:
+        return "query";
+    case TALLY_OP_RESET:
+        return "reset";
+    case TALLY_OP_STREAMS:
+        return "streams";
+    case TALLY_OP_STATS:
+        return "stats";
+    }
+    return NULL;
+}
+
+const char *tally_dtype_name(tally_dtype_t dtype)
+{
+    switch (dtype) {
+    case TALLY_DTYPE_NONE:
+        return "none";
+    case TALLY_DTYPE_I32:
+        return "i32";
+    case TALLY_DTYPE_U8:
+        return "u8";
+    case TALLY_DTYPE_I64:
+        return "i64";
+    case TALLY_DTYPE_U64:
+        return "u64";
+    case TALLY_DTYPE_TEXT:
+        return "text";
+    }
+    return NULL;
+}
+
+const char *tally_pred_name(tally_pred_t pred)
+{
+    switch (pred) {
+    case TALLY_PRED_GT:
+        return "gt";
+    case TALLY_PRED_GE:
+        return "ge";
+    case TALLY_PRED_LT:
+        return "lt";
+    case TALLY_PRED_LE:
+        return "le";
+    case TALLY_PRED_EQ:
+        return "eq";
+    case TALLY_PRED_NE:
+        return "ne";
+    case TALLY_PRED_BETWEEN:
+        return "between";
+    }
+    return NULL;
+}
+
+size_t tally_dtype_size(tally_dtype_t dtype)
+{
+    switch (dtype) {
+    case TALLY_DTYPE_I32:
+        return 4;
+    case TALLY_DTYPE_U8:
+        return 1;
+    case TALLY_DTYPE_I64:
+        return 8;
+    case TALLY_DTYPE_U64:
+        return 8;
+    case TALLY_DTYPE_NONE:
+    case TALLY_DTYPE_TEXT:
+        break;
+    }
+    return 0;
+}
+
+/* Element type names for messages meant for people ("int32 elements"). */
+static const char *dtype_long_name(unsigned dtype)
+{
+    switch (dtype) {
+    case TALLY_DTYPE_I32:
+        return "int32";
+    case TALLY_DTYPE_U8:
+        return "uint8";
+    case TALLY_DTYPE_I64:
+        return "int64";
+    case TALLY_DTYPE_U64:
+        return "uint64";
+    case TALLY_DTYPE_TEXT:
+        return "text";
+    default:
+        return "none";
+    }
+}
+
+/* ---- Error messages --------------------------------------------------------------------- */
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 4, 5)))
+#endif
+static tally_status_t
+fail(tally_status_t status, char *msg, size_t msg_cap, const char *fmt, ...)
+{
+    if (msg != NULL && msg_cap > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, msg_cap, fmt, ap);
+        va_end(ap);
+    }
+    return status;
+}
+
+static void clear_msg(char *msg, size_t msg_cap)
+{
+    if (msg != NULL && msg_cap > 0)
+        msg[0] = '\0';
+}
+
+/* ---- Stream names ----------------------------------------------------------------------- */
+
+static bool name_byte_valid(uint8_t c)
+{
+    return c >= 0x21 && c <= 0x7E;
+}
+
+bool tally_stream_name_valid(const char *name, size_t len)
+{
+    if (name == NULL || len == 0 || len > TALLY_STREAM_NAME_MAX)
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        if (!name_byte_valid((uint8_t)name[i]))
+            return false;
+    }
+    return true;
+}
+
+tally_status_t tally_req_set_stream(tally_req_t *req, const char *name)
+{
+    if (req == NULL)
+        return TALLY_E_ARG;
+    if (name == NULL) {
+        req->stream_len = 0;
+        memset(req->stream, 0, sizeof req->stream);
+        return TALLY_OK;
+    }
+    size_t len = 0;
+    while (len <= TALLY_STREAM_NAME_MAX && name[len] != '\0')
+        len++;
+    if (!tally_stream_name_valid(name, len))
+        return TALLY_E_STREAM_NAME;
+    memset(req->stream, 0, sizeof req->stream);
+    memcpy(req->stream, name, len);
+    req->stream_len = (uint8_t)len;
+    return TALLY_OK;
+}
+
+/* Explains why the stream name of req is invalid; TALLY_OK when it is valid or absent. */
+static tally_status_t check_stream_name(const tally_req_t *req, char *msg, size_t msg_cap)
+{
+    if (req->stream_len > TALLY_STREAM_NAME_MAX)
+        return fail(TALLY_E_STREAM_NAME, msg, msg_cap,
+                    "stream name of %u bytes exceeds the maximum of %d", req->stream_len,
+                    TALLY_STREAM_NAME_MAX);
+    for (size_t i = 0; i < req->stream_len; i++) {
+        uint8_t c = (uint8_t)req->stream[i];
+        if (!name_byte_valid(c))
+            return fail(TALLY_E_STREAM_NAME, msg, msg_cap,
+                        "stream name byte %zu is 0x%02x; names are printable ASCII "
+                        "(0x21..0x7e) without spaces",
+                        i, c);
+    }
+    return TALLY_OK;
+}
+
+/* ---- Request validation ----------------------------------------------------------------- */
+
+static const char *op_label(const tally_req_t *req)
+{
+    const char *name = tally_op_name((tally_op_t)req->opcode);
+    return name != NULL ? name : "?";
+}
+
+static const char *dtype_label(unsigned dtype)
+{
+    const char *name = tally_dtype_name((tally_dtype_t)dtype);
+    return name != NULL ? name : "?";
+}
+
+static tally_status_t check_flags(const tally_req_t *req, unsigned allowed, char *msg,
+                                  size_t msg_cap)
+{
+    unsigned extra = req->flags & ~allowed;
+    if (extra != 0)
+        return fail(TALLY_E_PARAM, msg, msg_cap, "flags 0x%02x are not defined for %s", extra,
+                    op_label(req));
+    return TALLY_OK;
+}
+
+/* Operations without a predicate or range must send pred, lo and hi as zero. */
+static tally_status_t check_no_pred_range(const tally_req_t *req, char *msg, size_t msg_cap)
+{
+    if (req->pred != 0)
+        return fail(TALLY_E_PARAM, msg, msg_cap, "%s takes no predicate (got %u)", op_label(req),
+                    req->pred);
+    if (req->lo != 0 || req->hi != 0)
+        return fail(TALLY_E_PARAM, msg, msg_cap,
+                    "%s %s takes no lo/hi parameters (got lo=%" PRId64 ", hi=%" PRId64 ")",
+                    op_label(req), dtype_label(req->dtype), req->lo, req->hi);
+    return TALLY_OK;
+}
+
+/* ping, info, streams, stats (no stream) and query, reset (stream required). */
+static tally_status_t validate_control(const tally_req_t *req, bool needs_stream, char *msg,
+                                       size_t msg_cap)
+{
+    if (req->dtype != TALLY_DTYPE_NONE)
+        return fail(TALLY_E_DTYPE, msg, msg_cap, "%s takes dtype none (got %s)", op_label(req),
+                    dtype_label(req->dtype));
+    tally_status_t st = check_flags(req, 0, msg, msg_cap);
+    if (st == TALLY_OK)
+        st = check_no_pred_range(req, msg, msg_cap);
+    if (st != TALLY_OK)
+        return st;
+    if (needs_stream && req->stream_len == 0)
+        return fail(TALLY_E_STREAM_NAME, msg, msg_cap, "%s needs a stream name", op_label(req));
+    if (!needs_stream && req->stream_len != 0)
+        return fail(TALLY_E_STREAM_NAME, msg, msg_cap, "%s takes no stream name (got \"%.*s\")",
+                    op_label(req), (int)req->stream_len, req->stream);
+    return TALLY_OK;
+}
+
+static tally_status_t validate_filter(const tally_req_t *req, char *msg, size_t msg_cap)
+{
+    if (req->dtype != TALLY_DTYPE_I32 && req->dtype != TALLY_DTYPE_U8)
+        return fail(TALLY_E_DTYPE, msg, msg_cap, "filter takes dtype i32 or u8 (got %s)",
+                    dtype_label(req->dtype));
+    if (req->pred < TALLY_PRED_GT || req->pred > TALLY_PRED_BETWEEN)
+        return fail(TALLY_E_PARAM, msg, msg_cap, "unknown filter predicate %u (known: 1..%d)",
+                    req->pred, TALLY_PRED_BETWEEN);
+    if (req->pred == TALLY_PRED_BETWEEN && req->lo > req->hi)
+        return fail(TALLY_E_PARAM, msg, msg_cap,
+                    "filter between needs lo <= hi (got lo=%" PRId64 ", hi=%" PRId64 ")", req->lo,
+                    req->hi);
+    return check_flags(req, TALLY_FLAG_FILTER_STABLE, msg, msg_cap);
+}
+
+static tally_status_t validate_scan(const tally_req_t *req, char *msg, size_t msg_cap)
+{
+    if (req->dtype != TALLY_DTYPE_I32)
+        return fail(TALLY_E_DTYPE, msg, msg_cap, "scan takes dtype i32 (got %s)",
+                    dtype_label(req->dtype));
+    tally_status_t st =
+        check_flags(req, TALLY_FLAG_SCAN_EXCLUSIVE | TALLY_FLAG_SCAN_OUT_I32, msg, msg_cap);
+    if (st != TALLY_OK)
+        return st;
+    return check_no_pred_range(req, msg, msg_cap);
+}
+
+static tally_status_t validate_hist(const tally_req_t *req, char *msg, size_t msg_cap)
+{
+    if (req->dtype != TALLY_DTYPE_I32 && req->dtype != TALLY_DTYPE_U8)
+        return fail(TALLY_E_DTYPE, msg, msg_cap, "hist takes dtype u8 or i32 (got %s)",
+                    dtype_label(req->dtype));
+    tally_status_t st = check_flags(req, 0, msg, msg_cap);
+    if (st != TALLY_OK)
+        return st;
+    if (req->dtype == TALLY_DTYPE_U8)
+        return check_no_pred_range(req, msg, msg_cap);
+    if (req->pred != 0)
+        return fail(TALLY_E_PARAM, msg, msg_cap, "hist takes no predicate (got %u)", req->pred);
+    if (req->lo >= req->hi)
+        return fail(TALLY_E_PARAM, msg, msg_cap,
+                    "hist i32 range [lo, hi) needs lo < hi (got lo=%" PRId64 ", hi=%" PRId64 ")",
+                    req->lo, req->hi);
+    if (req->lo < INT32_MIN || req->hi > (int64_t)INT32_MAX + 1)
+        return fail(TALLY_E_PARAM, msg, msg_cap,
+                    "hist i32 range [%" PRId64 ", %" PRId64 ") is not within [%" PRId32 ", %" PRId64
+                    "]",
+                    req->lo, req->hi, INT32_MIN, (int64_t)INT32_MAX + 1);
+    return TALLY_OK;
+}
+
+/* Opcode and dtype ranges, the stream name, then the rules of the operation. */
+static tally_status_t validate_fields(const tally_req_t *req, char *msg, size_t msg_cap)
+{
+    if (req->opcode < TALLY_OP_PING || req->opcode >= TALLY_OP_COUNT)
+        return fail(TALLY_E_OPCODE, msg, msg_cap, "unknown opcode %u (known: 1..%d)", req->opcode,
+                    TALLY_OP_COUNT - 1);
+    if (req->dtype >= TALLY_DTYPE_COUNT)
+        return fail(TALLY_E_DTYPE, msg, msg_cap, "unknown dtype %u (known: 0..%d)", req->dtype,
+                    TALLY_DTYPE_COUNT - 1);
+    tally_status_t st = check_stream_name(req, msg, msg_cap);
+    if (st != TALLY_OK)
+        return st;
+
+    switch ((tally_op_t)req->opcode) {
+    case TALLY_OP_PING:
+    case TALLY_OP_INFO:
+    case TALLY_OP_STREAMS:
+    case TALLY_OP_STATS:
+        return validate_control(req, false, msg, msg_cap);
+    case TALLY_OP_QUERY:
+    case TALLY_OP_RESET:
+        return validate_control(req, true, msg, msg_cap);
+    case TALLY_OP_FILTER:
+        return validate_filter(req, msg, msg_cap);
+    case TALLY_OP_SCAN:
+        return validate_scan(req, msg, msg_cap);
+    case TALLY_OP_HIST:
+        return validate_hist(req, msg, msg_cap);
+    }
+    return TALLY_E_OPCODE; /* unreachable: the range was checked above */
+}
+
+/* Size first (so a huge batch is reported as too large, whatever its alignment), then shape. */
+static tally_status_t validate_payload(const tally_req_t *req, size_t payload_len, size_t max_batch,
+                                       char *msg, size_t msg_cap)
+{
+    if (payload_len > max_batch)
+        return fail(TALLY_E_TOO_LARGE, msg, msg_cap,
+                    "batch of %zu bytes exceeds the maximum of %zu", payload_len, max_batch);
+    bool takes_data = req->opcode == TALLY_OP_FILTER || req->opcode == TALLY_OP_SCAN ||
+                      req->opcode == TALLY_OP_HIST;
+    if (!takes_data) {
+        if (payload_len != 0)
+            return fail(TALLY_E_PAYLOAD, msg, msg_cap, "%s takes an empty payload (got %zu bytes)",
+                        op_label(req), payload_len);
+        return TALLY_OK;
+    }
+    size_t elem = tally_dtype_size((tally_dtype_t)req->dtype);
+    if (elem != 0 && payload_len % elem != 0)
+        return fail(TALLY_E_PAYLOAD, msg, msg_cap,
+                    "payload of %zu bytes is not a whole number of %s elements", payload_len,
+                    dtype_long_name(req->dtype));
+    return TALLY_OK;
+}
+
+tally_status_t tally_req_validate(const tally_req_t *req, size_t payload_len, size_t max_batch,
+                                  char *msg, size_t msg_cap)
+{
+    clear_msg(msg, msg_cap);
+    if (req == NULL)
+        return fail(TALLY_E_ARG, msg, msg_cap, "no request to validate");
+    tally_status_t st = validate_fields(req, msg, msg_cap);
+    if (st != TALLY_OK)
+        return st;
+    return validate_payload(req, payload_len, max_batch, msg, msg_cap);
+}
+
+/* ---- Request header --------------------------------------------------------------------- */
+
+void tally_req_encode(const tally_req_t *req, uint8_t out[TALLY_REQ_HEADER_SIZE])
+{
+    size_t name_len = req->stream_len;
+    if (name_len > TALLY_STREAM_NAME_MAX)
+        name_len = TALLY_STREAM_NAME_MAX;
+
+    memset(out, 0, TALLY_REQ_HEADER_SIZE);
+    tally_put_u32(out + REQ_OFF_MAGIC, TALLY_MAGIC);
+    out[REQ_OFF_VERSION] = TALLY_PROTO_VERSION;
+    out[REQ_OFF_OPCODE] = req->opcode;
+    out[REQ_OFF_DTYPE] = req->dtype;
+    out[REQ_OFF_FLAGS] = req->flags;
+    tally_put_u64(out + REQ_OFF_REQUEST_ID, req->request_id);
+    out[REQ_OFF_PRED] = req->pred;
+    out[REQ_OFF_STREAM_LEN] = (uint8_t)name_len;
+    tally_put_u64(out + REQ_OFF_LO, (uint64_t)req->lo);
+    tally_put_u64(out + REQ_OFF_HI, (uint64_t)req->hi);
+    memcpy(out + REQ_OFF_STREAM, req->stream, name_len);
+}
+
+static bool all_zero(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] != 0)
+            return false;
+    }
+    return true;
+}
+
+/* The first non-zero byte offset in buf[from..to), or `to` when there is none. */
+static size_t first_nonzero(const uint8_t *buf, size_t from, size_t to)
+{
+    while (from < to && buf[from] == 0)
+        from++;
+    return from;
+}
+
+/* Reads every field of a complete 128-byte header into req, without judging it. */
+static void read_req_fields(const uint8_t *buf, tally_req_t *req)
+{
+    req->pred = buf[REQ_OFF_PRED];
+    req->stream_len = buf[REQ_OFF_STREAM_LEN];
+    req->lo = (int64_t)tally_get_u64(buf + REQ_OFF_LO);
+    req->hi = (int64_t)tally_get_u64(buf + REQ_OFF_HI);
+    size_t copy = req->stream_len;
+    if (copy > TALLY_STREAM_NAME_MAX)
+        copy = TALLY_STREAM_NAME_MAX;
+    memcpy(req->stream, buf + REQ_OFF_STREAM, copy);
+    req->stream[copy] = '\0';
+}
+
+/* Byte-level checks that the decoded struct cannot express: reserved bytes and name padding. */
+static tally_status_t check_req_layout(const uint8_t *buf, const tally_req_t *req, char *msg,
+                                       size_t msg_cap)
+{
+    size_t at = first_nonzero(buf, REQ_OFF_RESERVED_A, REQ_OFF_LO);
+    if (at == REQ_OFF_LO) {
+        at = first_nonzero(buf, REQ_OFF_RESERVED_B, REQ_OFF_STREAM);
+        if (at == REQ_OFF_STREAM)
+            at = 0;
+    }
+    if (at != 0)
+        return fail(TALLY_E_PARAM, msg, msg_cap, "reserved header byte %zu is 0x%02x, not zero", at,
+                    buf[at]);
+    if (req->stream_len > TALLY_STREAM_NAME_MAX)
+        return check_stream_name(req, msg, msg_cap);
+    at = first_nonzero(buf, REQ_OFF_STREAM + req->stream_len, TALLY_REQ_HEADER_SIZE);
+    if (at != TALLY_REQ_HEADER_SIZE)
+        return fail(TALLY_E_STREAM_NAME, msg, msg_cap,
+                    "header byte %zu after the %u-byte stream name is 0x%02x, not zero", at,
+                    req->stream_len, buf[at]);
+    return TALLY_OK;
+}
+
+tally_status_t tally_req_decode(const uint8_t *buf, size_t len, tally_req_t *req, char *msg,
+                                size_t msg_cap)
+{
+    memset(req, 0, sizeof *req);
+    clear_msg(msg, msg_cap);
+    if (buf == NULL)
+        len = 0;
+
+    /* Step 1: read what is there, so that even a rejected request's reply echoes its id. */
+    if (len >= REQ_PREFIX_SIZE) {
+        req->version = buf[REQ_OFF_VERSION];
+        req->opcode = buf[REQ_OFF_OPCODE];
+        req->dtype = buf[REQ_OFF_DTYPE];
+        req->flags = buf[REQ_OFF_FLAGS];
+        req->request_id = tally_get_u64(buf + REQ_OFF_REQUEST_ID);
+    }
+    if (len == TALLY_REQ_HEADER_SIZE)
+        read_req_fields(buf, req);
+
+    /* Step 2: framing. */
+    if (len != TALLY_REQ_HEADER_SIZE)
+        return fail(TALLY_E_HEADER, msg, msg_cap, "request header of %zu bytes, expected %d", len,
+                    TALLY_REQ_HEADER_SIZE);
+    uint32_t magic = tally_get_u32(buf + REQ_OFF_MAGIC);
+    if (magic != TALLY_MAGIC)
+        return fail(TALLY_E_MAGIC, msg, msg_cap,
+                    "header starts with bytes %02x %02x %02x %02x, not the magic \"TLYD\"", buf[0],
+                    buf[1], buf[2], buf[3]);
+    if (req->version != TALLY_PROTO_VERSION)
+        return fail(TALLY_E_VERSION, msg, msg_cap,
+                    "protocol version %u is not supported; this side speaks version %d",
+                    req->version, TALLY_PROTO_VERSION);
+
+    /* Step 3: ranges before layout, so that an unknown opcode is reported as such. */
+    if (req->opcode < TALLY_OP_PING || req->opcode >= TALLY_OP_COUNT)
+        return fail(TALLY_E_OPCODE, msg, msg_cap, "unknown opcode %u (known: 1..%d)", req->opcode,
+                    TALLY_OP_COUNT - 1);
+    if (req->dtype >= TALLY_DTYPE_COUNT)
+        return fail(TALLY_E_DTYPE, msg, msg_cap, "unknown dtype %u (known: 0..%d)", req->dtype,
+                    TALLY_DTYPE_COUNT - 1);
+    tally_status_t st = check_req_layout(buf, req, msg, msg_cap);
+    if (st != TALLY_OK)
+        return st;
+
+    /* Step 4: the per-opcode field rules; the payload is checked once it has arrived. */
+    return validate_fields(req, msg, msg_cap);
+}
+
+/* ---- Reply header ----------------------------------------------------------------------- */
+
+void tally_rep_encode(const tally_rep_t *rep, uint8_t out[TALLY_REP_HEADER_SIZE])
+{
+    memset(out, 0, TALLY_REP_HEADER_SIZE);
+    tally_put_u32(out + REP_OFF_MAGIC, TALLY_MAGIC);
+    out[REP_OFF_VERSION] = TALLY_PROTO_VERSION;
+    out[REP_OFF_OPCODE] = rep->opcode;
+    out[REP_OFF_DTYPE] = rep->dtype;
+    out[REP_OFF_FLAGS] = rep->flags;
+    tally_put_u64(out + REP_OFF_REQUEST_ID, rep->request_id);
+    tally_put_u32(out + REP_OFF_STATUS, rep->status);
+    tally_put_u64(out + REP_OFF_COUNT, rep->count);
+    tally_put_u64(out + REP_OFF_AUX0, rep->aux0);
+    tally_put_u64(out + REP_OFF_AUX1, rep->aux1);
+}
+
+/* The client's side: anything but a well-formed v1 reply header is TALLY_E_REPLY, including a
+ * status in the client-local range (>= 100), which a daemon never sends. */
+tally_status_t tally_rep_decode(const uint8_t *buf, size_t len, tally_rep_t *rep)
+{
+    memset(rep, 0, sizeof *rep);
+    if (buf == NULL || len != TALLY_REP_HEADER_SIZE)
+        return TALLY_E_REPLY;
+    rep->version = buf[REP_OFF_VERSION];
+    rep->opcode = buf[REP_OFF_OPCODE];
+    rep->dtype = buf[REP_OFF_DTYPE];
+    rep->flags = buf[REP_OFF_FLAGS];
+    rep->request_id = tally_get_u64(buf + REP_OFF_REQUEST_ID);
+    rep->status = tally_get_u32(buf + REP_OFF_STATUS);
+    rep->count = tally_get_u64(buf + REP_OFF_COUNT);
+    rep->aux0 = tally_get_u64(buf + REP_OFF_AUX0);
+    rep->aux1 = tally_get_u64(buf + REP_OFF_AUX1);
+
+    if (tally_get_u32(buf + REP_OFF_MAGIC) != TALLY_MAGIC)
+        return TALLY_E_REPLY;
+    if (rep->version != TALLY_PROTO_VERSION)
+        return TALLY_E_REPLY;
+    if (!all_zero(buf + REP_OFF_RESERVED_A, REP_OFF_COUNT - REP_OFF_RESERVED_A) ||
+        !all_zero(buf + REP_OFF_RESERVED_B, TALLY_REP_HEADER_SIZE - REP_OFF_RESERVED_B))
+        return TALLY_E_REPLY;
+    if (rep->status >= 100)
+        return TALLY_E_REPLY;
+    return TALLY_OK;
+}
+
+/* ---- Query payload ---------------------------------------------------------------------- */
+
+void tally_stream_info_encode(const tally_stream_info_t *info,
+                              uint8_t out[TALLY_QUERY_PAYLOAD_SIZE])
+{
+    memset(out, 0, TALLY_QUERY_PAYLOAD_SIZE);
+    tally_put_u64(out + INFO_OFF_BATCHES, info->batches);
+    tally_put_u64(out + INFO_OFF_ELEMENTS, info->elements);
+    tally_put_u64(out + INFO_OFF_BYTES, info->bytes);
+    tally_put_u64(out + INFO_OFF_FILTER_SEEN, info->filter_seen);
+    tally_put_u64(out + INFO_OFF_FILTER_KEPT, info->filter_kept);
+    tally_put_u64(out + INFO_OFF_SCAN_CARRY, (uint64_t)info->scan_carry);
+    tally_put_u64(out + INFO_OFF_SCAN_ELEMENTS, info->scan_elements);
+    out[INFO_OFF_HIST_DTYPE] = info->hist_dtype;
+    tally_put_u64(out + INFO_OFF_HIST_LO, (uint64_t)info->hist_lo);
+    tally_put_u64(out + INFO_OFF_HIST_HI, (uint64_t)info->hist_hi);
+    tally_put_u64(out + INFO_OFF_HIST_UNDERFLOW, info->hist_underflow);
+    tally_put_u64(out + INFO_OFF_HIST_OVERFLOW, info->hist_overflow);
+    tally_put_u64(out + INFO_OFF_HIST_TOTAL, info->hist_total);
+    for (size_t i = 0; i < TALLY_HIST_BINS; i++)
+        tally_put_u64(out + INFO_OFF_BINS + 8 * i, info->bins[i]);
+}
+
+/* Client side, like tally_rep_decode: a wrong size, non-zero padding or a histogram dtype other
+ * than none, i32 or u8 is TALLY_E_REPLY. */
+tally_status_t tally_stream_info_decode(const uint8_t *buf, size_t len, tally_stream_info_t *info)
+{
+    memset(info, 0, sizeof *info);
+    if (buf == NULL || len != TALLY_QUERY_PAYLOAD_SIZE)
+        return TALLY_E_REPLY;
+    info->batches = tally_get_u64(buf + INFO_OFF_BATCHES);
+    info->elements = tally_get_u64(buf + INFO_OFF_ELEMENTS);
+    info->bytes = tally_get_u64(buf + INFO_OFF_BYTES);
+    info->filter_seen = tally_get_u64(buf + INFO_OFF_FILTER_SEEN);
+    info->filter_kept = tally_get_u64(buf + INFO_OFF_FILTER_KEPT);
+    info->scan_carry = (int64_t)tally_get_u64(buf + INFO_OFF_SCAN_CARRY);
+    info->scan_elements = tally_get_u64(buf + INFO_OFF_SCAN_ELEMENTS);
+    info->hist_dtype = buf[INFO_OFF_HIST_DTYPE];
+    info->hist_lo = (int64_t)tally_get_u64(buf + INFO_OFF_HIST_LO);
+    info->hist_hi = (int64_t)tally_get_u64(buf + INFO_OFF_HIST_HI);
+    info->hist_underflow = tally_get_u64(buf + INFO_OFF_HIST_UNDERFLOW);
+    info->hist_overflow = tally_get_u64(buf + INFO_OFF_HIST_OVERFLOW);
+    info->hist_total = tally_get_u64(buf + INFO_OFF_HIST_TOTAL);
+    for (size_t i = 0; i < TALLY_HIST_BINS; i++)
+        info->bins[i] = tally_get_u64(buf + INFO_OFF_BINS + 8 * i);
+
+    if (!all_zero(buf + INFO_OFF_RESERVED_A, INFO_OFF_HIST_LO - INFO_OFF_RESERVED_A) ||
+        !all_zero(buf + INFO_OFF_RESERVED_B, INFO_OFF_BINS - INFO_OFF_RESERVED_B))
+        return TALLY_E_REPLY;
+    if (info->hist_dtype != TALLY_DTYPE_NONE && info->hist_dtype != TALLY_DTYPE_U8 &&
+        info->hist_dtype != TALLY_DTYPE_I32)
+        return TALLY_E_REPLY;
+    return TALLY_OK;
+}
