@@ -1,0 +1,50 @@
+/*
+ * main.c — tallyd's entry point: settings from the command line, then the server.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "td_config.h"
+#include "td_log.h"
+#include "td_server.h"
+
+int main(int argc, char **argv)
+{
+    td_config_t cfg;
+    td_config_init(&cfg);
+    bool exit_now = false;
+    char msg[256];
+    int code = 1;
+    if (td_config_parse_args(&cfg, argc, argv, &exit_now, msg, sizeof msg) != TALLY_OK) {
+        fprintf(stderr, "tallyd: %s\n", msg);
+        code = 2;
+        goto done;
+    }
+    if (exit_now) {
+        code = 0;
+        goto done;
+    }
+    if (cfg.bind_count == 0)
+        td_config_add_bind(&cfg, TD_DEFAULT_ENDPOINT);
+    td_log_set_level((td_log_level_t)cfg.log_level);
+
+    /* libuv sizes its worker pool from this variable when the pool first starts. */
+    if (!getenv("UV_THREADPOOL_SIZE")) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        unsigned workers = cfg.workers ? cfg.workers : (unsigned)(cores > 0 ? cores : 4);
+        snprintf(msg, sizeof msg, "%u", workers);
+        setenv("UV_THREADPOOL_SIZE", msg, 1);
+    }
+    signal(SIGPIPE, SIG_IGN);
+
+    td_server_t *server = NULL;
+    if (td_server_new(&cfg, &server) != TALLY_OK)
+        goto done;
+    code = td_server_run(server);
+    td_server_destroy(&server);
+done:
+    td_config_clear(&cfg);
+    return code;
+}

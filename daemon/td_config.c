@@ -1,0 +1,223 @@
+/*
+ * td_config.c — defaults and the command line (see td_config.h).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "td_config.h"
+#include "td_log.h"
+
+void td_config_init(td_config_t *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->backend = TD_BACKEND_AUTO;
+    cfg->max_batch = TD_DEFAULT_MAX_BATCH;
+    cfg->max_inflight = TD_DEFAULT_MAX_INFLIGHT;
+    cfg->max_streams = TD_DEFAULT_MAX_STREAMS;
+    cfg->log_level = TD_LOG_INFO;
+}
+
+void td_config_clear(td_config_t *cfg)
+{
+    for (int i = 0; i < cfg->bind_count; i++)
+        free(cfg->binds[i]);
+    free(cfg->config_file);
+    td_config_init(cfg);
+}
+
+tally_status_t td_config_add_bind(td_config_t *cfg, const char *endpoint)
+{
+    if (cfg->bind_count >= TD_MAX_BINDS || endpoint[0] == '\0')
+        return TALLY_E_PARAM;
+    char *copy = strdup(endpoint);
+    if (!copy)
+        return TALLY_E_INTERNAL;
+    cfg->binds[cfg->bind_count++] = copy;
+    return TALLY_OK;
+}
+
+tally_status_t td_config_parse_size(const char *text, size_t *out)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long long value = strtoull(text, &end, 10);
+    if (errno || end == text || text[0] == '-')
+        return TALLY_E_PARAM;
+    unsigned shift = 0;
+    switch (*end) {
+    case '\0':
+        break;
+    case 'k':
+    case 'K':
+        shift = 10;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        shift = 20;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        shift = 30;
+        end++;
+        break;
+    default:
+        return TALLY_E_PARAM;
+    }
+    if (*end == 'i' || *end == 'B') /* accept KiB, MiB, MB */
+        end += (*end == 'i' && end[1] == 'B') ? 2 : 1;
+    if (*end != '\0' || value > (UINT64_MAX >> shift))
+        return TALLY_E_PARAM;
+    *out = (size_t)(value << shift);
+    return TALLY_OK;
+}
+
+const char *td_backend_choice_name(td_backend_choice_t choice)
+{
+    switch (choice) {
+    case TD_BACKEND_CPU:
+        return "cpu";
+    case TD_BACKEND_CUDA:
+        return "cuda";
+    default:
+        return "auto";
+    }
+}
+
+static tally_status_t parse_unsigned(const char *text, unsigned min, unsigned max, unsigned *out)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long value = strtoul(text, &end, 10);
+    if (errno || end == text || *end != '\0' || text[0] == '-' || value < min || value > max)
+        return TALLY_E_PARAM;
+    *out = (unsigned)value;
+    return TALLY_OK;
+}
+
+void td_config_usage(const char *argv0)
+{
+    printf("usage: %s [options]\n"
+           "\n"
+           "tallyd serves filter, scan and histogram requests over ZeroMQ on the GPU or CPU.\n"
+           "\n"
+           "  -b, --bind ENDPOINT     ZeroMQ endpoint to bind (repeatable; default %s)\n"
+           "      --backend NAME      auto (CUDA when a GPU is usable, else CPU), cpu or cuda\n"
+           "      --max-batch BYTES   largest request payload, K/M/G suffixes (default %u)\n"
+           "      --max-inflight N    requests in flight before tallyd stops reading (default %u)\n"
+           "      --max-streams N     named streams kept at once (default %u)\n"
+           "      --workers N         CPU worker threads (default: number of cores)\n"
+           "      --log-level LEVEL   err, warning, notice, info or debug (default info)\n"
+           "  -c, --config FILE       configuration file (default %s if present)\n"
+           "  -h, --help              this text\n"
+           "  -V, --version           print the version\n",
+           argv0, TD_DEFAULT_ENDPOINT, TD_DEFAULT_MAX_BATCH, TD_DEFAULT_MAX_INFLIGHT,
+           TD_DEFAULT_MAX_STREAMS, TD_DEFAULT_CONFIG_FILE);
+}
+
+enum {
+    OPT_BACKEND = 256,
+    OPT_MAX_BATCH,
+    OPT_MAX_INFLIGHT,
+    OPT_MAX_STREAMS,
+    OPT_WORKERS,
+    OPT_LOG_LEVEL,
+};
+
+tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, bool *exit_now,
+                                    char *msg, size_t msg_cap)
+{
+    static const struct option options[] = {
+        {"bind", required_argument, NULL, 'b'},
+        {"backend", required_argument, NULL, OPT_BACKEND},
+        {"max-batch", required_argument, NULL, OPT_MAX_BATCH},
+        {"max-inflight", required_argument, NULL, OPT_MAX_INFLIGHT},
+        {"max-streams", required_argument, NULL, OPT_MAX_STREAMS},
+        {"workers", required_argument, NULL, OPT_WORKERS},
+        {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+        {"config", required_argument, NULL, 'c'},
+        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},
+        {NULL, 0, NULL, 0},
+    };
+    *exit_now = false;
+    optind = 1;
+    opterr = 0;
+    int opt;
+    size_t size;
+    while ((opt = getopt_long(argc, argv, ":b:c:hV", options, NULL)) != -1) {
+        switch (opt) {
+        case 'b':
+            if (td_config_add_bind(cfg, optarg) != TALLY_OK)
+                goto bad;
+            break;
+        case 'c':
+            free(cfg->config_file);
+            cfg->config_file = strdup(optarg);
+            cfg->config_file_explicit = true;
+            break;
+        case OPT_BACKEND:
+            if (strcmp(optarg, "auto") == 0)
+                cfg->backend = TD_BACKEND_AUTO;
+            else if (strcmp(optarg, "cpu") == 0)
+                cfg->backend = TD_BACKEND_CPU;
+            else if (strcmp(optarg, "cuda") == 0)
+                cfg->backend = TD_BACKEND_CUDA;
+            else
+                goto bad;
+            break;
+        case OPT_MAX_BATCH:
+            if (td_config_parse_size(optarg, &size) != TALLY_OK || size == 0 ||
+                size > TD_MAX_BATCH_LIMIT)
+                goto bad;
+            cfg->max_batch = size;
+            break;
+        case OPT_MAX_INFLIGHT:
+            if (parse_unsigned(optarg, 1, TD_MAX_INFLIGHT_LIMIT, &cfg->max_inflight) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_MAX_STREAMS:
+            if (parse_unsigned(optarg, 1, 1u << 24, &cfg->max_streams) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_WORKERS:
+            if (parse_unsigned(optarg, 1, 1024, &cfg->workers) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_LOG_LEVEL: {
+            int level = td_log_parse_level(optarg);
+            if (level < 0)
+                goto bad;
+            cfg->log_level = level;
+            break;
+        }
+        case 'h':
+            td_config_usage(argv[0]);
+            *exit_now = true;
+            return TALLY_OK;
+        case 'V':
+            printf("tallyd %s (protocol %d)\n", TALLY_VERSION, TALLY_PROTO_VERSION);
+            *exit_now = true;
+            return TALLY_OK;
+        case ':':
+            snprintf(msg, msg_cap, "option %s needs a value", argv[optind - 1]);
+            return TALLY_E_PARAM;
+        default:
+            snprintf(msg, msg_cap, "unknown option %s (try --help)", argv[optind - 1]);
+            return TALLY_E_PARAM;
+        }
+    }
+    if (optind < argc) {
+        snprintf(msg, msg_cap, "unexpected argument '%s' (try --help)", argv[optind]);
+        return TALLY_E_PARAM;
+    }
+    return TALLY_OK;
+bad:
+    snprintf(msg, msg_cap, "invalid value '%s' for %s (try --help)", optarg, argv[optind - 1]);
+    return TALLY_E_PARAM;
+}

@@ -1,0 +1,66 @@
+/*
+ * td_config.h — tallyd's settings: the one place where every limit and default lives.
+ *
+ * A td_config_t is filled in three layers, each overriding the last: the defaults below, the
+ * configuration file (INI, see td_config_load_file), then the command line. SIGHUP re-reads the
+ * file and applies what can change at run time (td_config_reloadable).
+ */
+#ifndef TD_CONFIG_H
+#define TD_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "tally_proto.h"
+
+#define TD_DEFAULT_ENDPOINT "tcp://127.0.0.1:5555"
+#define TD_DEFAULT_MAX_BATCH (16u << 20)   /* bytes of payload in one request */
+#define TD_DEFAULT_MAX_INFLIGHT 64u        /* requests accepted and not yet answered */
+#define TD_DEFAULT_MAX_STREAMS 4096u
+#define TD_DEFAULT_RCVHWM 64               /* ZeroMQ messages queued per peer before TCP pushes back */
+#define TD_DEFAULT_SNDHWM 1024
+#define TD_DEFAULT_CONFIG_FILE "/etc/tallyd/tallyd.conf"
+#define TD_MAX_BINDS 16
+#define TD_MAX_BATCH_LIMIT (1024ull << 20) /* --max-batch may not exceed 1 GiB */
+#define TD_MAX_INFLIGHT_LIMIT 65536u
+
+typedef enum {
+    TD_BACKEND_AUTO = 0,
+    TD_BACKEND_CPU = 1,
+    TD_BACKEND_CUDA = 2,
+} td_backend_choice_t;
+
+typedef struct {
+    char *binds[TD_MAX_BINDS]; /* owned strings */
+    int bind_count;
+    td_backend_choice_t backend;
+    size_t max_batch;       /* bytes */
+    unsigned max_inflight;  /* requests */
+    unsigned max_streams;
+    unsigned workers;       /* CPU threads for batch work; 0 = number of cores */
+    int log_level;          /* td_log_level_t */
+    char *config_file;      /* owned; NULL = none */
+    bool config_file_explicit; /* given with --config: a missing file is then an error */
+} td_config_t;
+
+/* Fills *cfg with the defaults. */
+void td_config_init(td_config_t *cfg);
+/* Frees owned strings and resets *cfg to the defaults. */
+void td_config_clear(td_config_t *cfg);
+
+/* Parses argv into cfg (over whatever it holds). Returns TALLY_OK, or TALLY_E_PARAM with a
+ * message in msg. *exit_now is set (and TALLY_OK returned) for --help and --version, which
+ * print to stdout. */
+tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, bool *exit_now,
+                                    char *msg, size_t msg_cap);
+
+/* Adds an endpoint to cfg->binds. */
+tally_status_t td_config_add_bind(td_config_t *cfg, const char *endpoint);
+
+/* Parses a size with an optional K, M, G suffix (powers of two). */
+tally_status_t td_config_parse_size(const char *text, size_t *out);
+const char *td_backend_choice_name(td_backend_choice_t choice);
+
+void td_config_usage(const char *argv0);
+
+#endif

@@ -1,0 +1,34 @@
+/*
+ * td_log.h — tallyd's logging: one line per event on stderr, prefixed with the syslog level in
+ * angle brackets ("<3>", "<6>") so journald assigns each line its priority when tallyd runs as
+ * a systemd service, and a person reading a terminal still sees plain text.
+ */
+#ifndef TD_LOG_H
+#define TD_LOG_H
+
+#include <stdarg.h>
+
+/* syslog(3) priorities; only these five are used. */
+typedef enum {
+    TD_LOG_ERR = 3,
+    TD_LOG_WARNING = 4,
+    TD_LOG_NOTICE = 5,
+    TD_LOG_INFO = 6,
+    TD_LOG_DEBUG = 7,
+} td_log_level_t;
+
+void td_log_set_level(td_log_level_t level);
+td_log_level_t td_log_get_level(void);
+/* Parses "err", "warning", "notice", "info", "debug" or a digit 3..7; -1 when invalid. */
+int td_log_parse_level(const char *text);
+const char *td_log_level_name(td_log_level_t level);
+
+void td_log(td_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define td_err(...) td_log(TD_LOG_ERR, __VA_ARGS__)
+#define td_warn(...) td_log(TD_LOG_WARNING, __VA_ARGS__)
+#define td_notice(...) td_log(TD_LOG_NOTICE, __VA_ARGS__)
+#define td_info(...) td_log(TD_LOG_INFO, __VA_ARGS__)
+#define td_debug(...) td_log(TD_LOG_DEBUG, __VA_ARGS__)
+
+#endif

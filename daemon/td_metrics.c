@@ -1,0 +1,135 @@
+/*
+ * td_metrics.c — see td_metrics.h. Metric names follow Prometheus conventions (a tallyd_
+ * prefix, _total for counters, base units: seconds and bytes).
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "td_metrics.h"
+
+const double td_latency_bounds_us[TD_LATENCY_BUCKETS] = {
+    25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 1000000,
+};
+
+void td_metrics_observe(td_metrics_t *m, unsigned opcode, tally_status_t status, size_t bytes_in,
+                        size_t bytes_out, uint64_t latency_ns)
+{
+    unsigned op = opcode < TALLY_OP_COUNT ? opcode : 0;
+    unsigned st = (unsigned)status < TALLY_STATUS_WIRE_COUNT ? (unsigned)status : TALLY_E_INTERNAL;
+    m->requests[op][st]++;
+    m->bytes_in += bytes_in;
+    m->bytes_out += bytes_out;
+    double us = (double)latency_ns / 1e3;
+    unsigned b = 0;
+    while (b < TD_LATENCY_BUCKETS && us > td_latency_bounds_us[b])
+        b++;
+    m->latency_buckets[op][b]++;
+    m->latency_sum_s[op] += (double)latency_ns / 1e9;
+}
+
+/* An snprintf that appends at *len and keeps counting past cap. */
+static void emit(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void emit(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(*len < cap ? buf + *len : NULL, *len < cap ? cap - *len : 0, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        *len += (size_t)n;
+}
+
+static const char *op_label(unsigned op)
+{
+    const char *name = op ? tally_op_name((tally_op_t)op) : NULL;
+    return name ? name : "unknown";
+}
+
+size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf, size_t cap)
+{
+    size_t len = 0;
+    if (cap)
+        buf[0] = '\0';
+    emit(buf, cap, &len,
+         "# HELP tallyd_requests_total Requests answered, by operation and status.\n"
+         "# TYPE tallyd_requests_total counter\n");
+    for (unsigned op = 0; op < TALLY_OP_COUNT; op++)
+        for (unsigned st = 0; st < TALLY_STATUS_WIRE_COUNT; st++)
+            if (m->requests[op][st])
+                emit(buf, cap, &len, "tallyd_requests_total{op=\"%s\",status=\"%s\"} %llu\n",
+                     op_label(op), tally_status_name((tally_status_t)st),
+                     (unsigned long long)m->requests[op][st]);
+    emit(buf, cap, &len,
+         "# HELP tallyd_request_duration_seconds Time from receipt to reply, by operation.\n"
+         "# TYPE tallyd_request_duration_seconds histogram\n");
+    for (unsigned op = 0; op < TALLY_OP_COUNT; op++) {
+        uint64_t cumulative = 0;
+        for (unsigned b = 0; b <= TD_LATENCY_BUCKETS; b++)
+            cumulative += m->latency_buckets[op][b];
+        if (cumulative == 0)
+            continue;
+        uint64_t total = cumulative;
+        cumulative = 0;
+        for (unsigned b = 0; b < TD_LATENCY_BUCKETS; b++) {
+            cumulative += m->latency_buckets[op][b];
+            emit(buf, cap, &len,
+                 "tallyd_request_duration_seconds_bucket{op=\"%s\",le=\"%g\"} %llu\n",
+                 op_label(op), td_latency_bounds_us[b] / 1e6, (unsigned long long)cumulative);
+        }
+        emit(buf, cap, &len,
+             "tallyd_request_duration_seconds_bucket{op=\"%s\",le=\"+Inf\"} %llu\n"
+             "tallyd_request_duration_seconds_sum{op=\"%s\"} %.9f\n"
+             "tallyd_request_duration_seconds_count{op=\"%s\"} %llu\n",
+             op_label(op), (unsigned long long)total, op_label(op), m->latency_sum_s[op],
+             op_label(op), (unsigned long long)total);
+    }
+    emit(buf, cap, &len,
+         "# HELP tallyd_received_bytes_total Request payload bytes received.\n"
+         "# TYPE tallyd_received_bytes_total counter\n"
+         "tallyd_received_bytes_total %llu\n"
+         "# HELP tallyd_sent_bytes_total Reply payload bytes sent.\n"
+         "# TYPE tallyd_sent_bytes_total counter\n"
+         "tallyd_sent_bytes_total %llu\n"
+         "# HELP tallyd_replies_dropped_total Replies whose peer had disconnected.\n"
+         "# TYPE tallyd_replies_dropped_total counter\n"
+         "tallyd_replies_dropped_total %llu\n"
+         "# HELP tallyd_backend_fallbacks_total Requests rerun on the CPU after a GPU error.\n"
+         "# TYPE tallyd_backend_fallbacks_total counter\n"
+         "tallyd_backend_fallbacks_total %llu\n"
+         "# HELP tallyd_read_pauses_total Times reading stopped at the in-flight limit.\n"
+         "# TYPE tallyd_read_pauses_total counter\n"
+         "tallyd_read_pauses_total %llu\n",
+         (unsigned long long)m->bytes_in, (unsigned long long)m->bytes_out,
+         (unsigned long long)m->replies_dropped, (unsigned long long)m->backend_fallbacks,
+         (unsigned long long)m->read_pauses);
+    emit(buf, cap, &len,
+         "# HELP tallyd_requests_in_flight Requests accepted and not yet answered.\n"
+         "# TYPE tallyd_requests_in_flight gauge\n"
+         "tallyd_requests_in_flight %u\n"
+         "# HELP tallyd_requests_in_flight_limit The configured in-flight limit.\n"
+         "# TYPE tallyd_requests_in_flight_limit gauge\n"
+         "tallyd_requests_in_flight_limit %u\n"
+         "# HELP tallyd_queue_depth Requests waiting behind another on their stream.\n"
+         "# TYPE tallyd_queue_depth gauge\n"
+         "tallyd_queue_depth %u\n"
+         "# HELP tallyd_pending_replies Replies waiting for the socket to accept them.\n"
+         "# TYPE tallyd_pending_replies gauge\n"
+         "tallyd_pending_replies %u\n"
+         "# HELP tallyd_streams Named streams held.\n"
+         "# TYPE tallyd_streams gauge\n"
+         "tallyd_streams %u\n"
+         "# HELP tallyd_backend_info The compute backend in use and its devices.\n"
+         "# TYPE tallyd_backend_info gauge\n"
+         "tallyd_backend_info{backend=\"%s\",devices=\"%s\"} 1\n"
+         "# HELP tallyd_device_memory_bytes Device memory allocated by tallyd.\n"
+         "# TYPE tallyd_device_memory_bytes gauge\n"
+         "tallyd_device_memory_bytes %llu\n"
+         "# HELP tallyd_uptime_seconds Seconds since tallyd started.\n"
+         "# TYPE tallyd_uptime_seconds gauge\n"
+         "tallyd_uptime_seconds %.3f\n",
+         g->inflight, g->max_inflight, g->queued, g->pending_sends, g->streams, g->backend,
+         g->devices, (unsigned long long)g->device_memory_bytes, g->uptime_s);
+    return len;
+}

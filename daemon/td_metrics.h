@@ -1,0 +1,50 @@
+/*
+ * td_metrics.h — tallyd's counters and the Prometheus text rendering of them.
+ *
+ * The counters are plain integers owned by the loop thread (every request is accepted and
+ * answered there), so updating them needs no atomics. Anything that reads them from another
+ * thread (the HTTP exporter) asks the loop thread for a rendered snapshot instead.
+ */
+#ifndef TD_METRICS_H
+#define TD_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tally_proto.h"
+
+/* Latency histogram upper bounds in microseconds (Prometheus `le` labels), plus +Inf. */
+#define TD_LATENCY_BUCKETS 14
+extern const double td_latency_bounds_us[TD_LATENCY_BUCKETS];
+
+typedef struct {
+    uint64_t requests[TALLY_OP_COUNT][TALLY_STATUS_WIRE_COUNT]; /* [opcode][status]; 0 = unknown op */
+    uint64_t latency_buckets[TALLY_OP_COUNT][TD_LATENCY_BUCKETS + 1]; /* non-cumulative */
+    double latency_sum_s[TALLY_OP_COUNT];
+    uint64_t bytes_in;
+    uint64_t bytes_out;
+    uint64_t replies_dropped; /* the peer was gone when its reply was ready */
+    uint64_t backend_fallbacks; /* requests rerun on the CPU after a GPU failure */
+    uint64_t read_pauses;     /* times reading stopped because max_inflight was reached */
+} td_metrics_t;
+
+/* Values that are not counters: sampled when rendering. */
+typedef struct {
+    unsigned inflight;
+    unsigned max_inflight;
+    unsigned queued;        /* requests waiting behind another on their stream */
+    unsigned pending_sends; /* replies waiting for the socket */
+    unsigned streams;
+    const char *backend;    /* "cpu" or "cuda" */
+    const char *devices;    /* the backend's one-line description */
+    uint64_t device_memory_bytes;
+    double uptime_s;
+} td_gauges_t;
+
+void td_metrics_observe(td_metrics_t *m, unsigned opcode, tally_status_t status, size_t bytes_in,
+                        size_t bytes_out, uint64_t latency_ns);
+
+/* Renders the Prometheus text format into buf; returns the length it needed (like snprintf). */
+size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,278 @@
+/*
+ * td_request.c — see td_request.h. The compute results are produced directly in the wire
+ * layout: tallyd runs on little-endian hosts only (checked at compile time below), so a
+ * backend's int32/int64 output array already is the reply payload and is sent without a copy.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "td_request.h"
+
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+               "tallyd sends arrays in host order and the protocol is little-endian");
+
+td_request_t *td_request_new(void)
+{
+    td_request_t *self = calloc(1, sizeof *self);
+    if (!self)
+        return NULL;
+    self->rep.version = TALLY_PROTO_VERSION;
+    return self;
+}
+
+void td_request_destroy(td_request_t **self_p)
+{
+    td_request_t *self = *self_p;
+    if (!self)
+        return;
+    if (self->payload_msg_open)
+        zmq_msg_close(&self->payload_msg);
+    free(self->payload_copy);
+    free(self->reply_data);
+    free(self);
+    *self_p = NULL;
+}
+
+tally_status_t td_request_take_payload(td_request_t *self, zmq_msg_t *msg)
+{
+    zmq_msg_init(&self->payload_msg);
+    zmq_msg_move(&self->payload_msg, msg);
+    self->payload_msg_open = true;
+    self->payload_len = zmq_msg_size(&self->payload_msg);
+    self->payload = zmq_msg_data(&self->payload_msg);
+    /* ZeroMQ may hand us a frame at any byte offset inside its receive buffer; the backends
+     * read whole elements, so realign (one copy, only when needed). */
+    size_t align = tally_dtype_size((tally_dtype_t)self->req.dtype);
+    if (self->payload_len && align > 1 && ((uintptr_t)self->payload % align) != 0) {
+        self->payload_copy = malloc(self->payload_len);
+        if (!self->payload_copy)
+            return TALLY_E_INTERNAL;
+        memcpy(self->payload_copy, self->payload, self->payload_len);
+        self->payload = self->payload_copy;
+    }
+    return TALLY_OK;
+}
+
+void td_request_fail(td_request_t *self, tally_status_t status, const char *fmt, ...)
+{
+    char message[TALLY_ERROR_MESSAGE_MAX + 1];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(message, sizeof message, fmt, ap);
+    va_end(ap);
+    size_t len = n < 0 ? 0 : (size_t)n;
+    if (len > TALLY_ERROR_MESSAGE_MAX)
+        len = TALLY_ERROR_MESSAGE_MAX;
+    free(self->reply_data);
+    self->reply_data = NULL;
+    self->reply_len = 0;
+    char *copy = malloc(len ? len : 1);
+    if (copy) {
+        memcpy(copy, message, len);
+        self->reply_data = copy;
+        self->reply_len = len;
+    }
+    self->rep.status = (uint32_t)status;
+    self->rep.dtype = TALLY_DTYPE_TEXT;
+    self->rep.count = 0;
+    self->rep.aux0 = 0;
+    self->rep.aux1 = 0;
+}
+
+void td_request_succeed(td_request_t *self, uint8_t dtype, void *data, size_t len,
+                        uint64_t count)
+{
+    free(self->reply_data);
+    self->reply_data = data;
+    self->reply_len = len;
+    self->rep.status = TALLY_OK;
+    self->rep.dtype = dtype;
+    self->rep.count = count;
+}
+
+bool td_op_is_compute(uint8_t opcode)
+{
+    return opcode == TALLY_OP_FILTER || opcode == TALLY_OP_SCAN || opcode == TALLY_OP_HIST;
+}
+
+size_t td_request_elements(const td_request_t *self)
+{
+    size_t size = tally_dtype_size((tally_dtype_t)self->req.dtype);
+    return size ? self->payload_len / size : 0;
+}
+
+/* ---- prepare --------------------------------------------------------------------------- */
+
+static void describe_hist(char *buf, size_t cap, uint8_t dtype, int64_t lo, int64_t hi)
+{
+    if (dtype == TALLY_DTYPE_U8)
+        snprintf(buf, cap, "u8");
+    else
+        snprintf(buf, cap, "i32 over [%lld, %lld)", (long long)lo, (long long)hi);
+}
+
+bool td_request_prepare(td_request_t *self)
+{
+    td_stream_t *stream = self->stream;
+    self->carry = 0;
+    if (!stream)
+        return true;
+    if (self->req.opcode == TALLY_OP_SCAN)
+        self->carry = stream->info.scan_carry;
+    if (self->req.opcode == TALLY_OP_HIST && stream->info.hist_dtype != TALLY_DTYPE_NONE) {
+        const tally_stream_info_t *info = &stream->info;
+        bool same = info->hist_dtype == self->req.dtype &&
+                    (self->req.dtype == TALLY_DTYPE_U8 ||
+                     (info->hist_lo == self->req.lo && info->hist_hi == self->req.hi));
+        if (!same) {
+            char have[64], want[64];
+            describe_hist(have, sizeof have, info->hist_dtype, info->hist_lo, info->hist_hi);
+            describe_hist(want, sizeof want, self->req.dtype, self->req.lo, self->req.hi);
+            td_request_fail(self, TALLY_E_STREAM_STATE,
+                            "stream '%s' keeps a %s histogram, this request is %s: reset the "
+                            "stream first",
+                            stream->name, have, want);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* ---- execute --------------------------------------------------------------------------- */
+
+static void execute_filter(td_request_t *self, size_t n)
+{
+    size_t size = tally_dtype_size((tally_dtype_t)self->req.dtype);
+    void *out = malloc(n ? n * size : 1);
+    if (!out) {
+        td_request_fail(self, TALLY_E_INTERNAL, "out of memory for a filter of %zu elements", n);
+        return;
+    }
+    tk_filter_spec_t spec = {
+        .pred = (tally_pred_t)self->req.pred,
+        .lo = self->req.lo,
+        .hi = self->req.hi,
+        .stable = (self->req.flags & TALLY_FLAG_FILTER_STABLE) != 0,
+    };
+    size_t kept = 0;
+    tally_status_t st = self->backend->filter(self->backend->ctx, (tally_dtype_t)self->req.dtype,
+                                              self->payload, n, &spec, out, &kept);
+    if (st != TALLY_OK) {
+        free(out);
+        td_request_fail(self, st, "%s backend failed the filter", self->backend->name);
+        return;
+    }
+    self->kept = kept;
+    td_request_succeed(self, self->req.dtype, out, kept * size, kept);
+    self->rep.aux0 = n;
+}
+
+static void execute_scan(td_request_t *self, size_t n)
+{
+    bool out32 = (self->req.flags & TALLY_FLAG_SCAN_OUT_I32) != 0;
+    size_t size = out32 ? sizeof(int32_t) : sizeof(int64_t);
+    void *out = malloc(n ? n * size : 1);
+    if (!out) {
+        td_request_fail(self, TALLY_E_INTERNAL, "out of memory for a scan of %zu elements", n);
+        return;
+    }
+    int64_t carry = self->carry;
+    tally_status_t st = self->backend->scan(self->backend->ctx, self->payload, n,
+                                            (self->req.flags & TALLY_FLAG_SCAN_EXCLUSIVE) != 0,
+                                            out32, out, &carry);
+    if (st != TALLY_OK) {
+        free(out);
+        td_request_fail(self, st, "%s backend failed the scan", self->backend->name);
+        return;
+    }
+    self->carry = carry;
+    td_request_succeed(self, out32 ? TALLY_DTYPE_I32 : TALLY_DTYPE_I64, out, n * size, n);
+    self->rep.aux0 = (uint64_t)carry;
+}
+
+static void execute_hist(td_request_t *self, size_t n)
+{
+    bool i32 = self->req.dtype == TALLY_DTYPE_I32;
+    size_t values = i32 ? TALLY_HIST_I32_VALUES : TALLY_HIST_BINS;
+    memset(&self->hist, 0, sizeof self->hist);
+    tally_status_t st =
+        i32 ? self->backend->hist_i32(self->backend->ctx, self->payload, n, self->req.lo,
+                                      self->req.hi, &self->hist)
+            : self->backend->hist_u8(self->backend->ctx, self->payload, n, &self->hist);
+    if (st != TALLY_OK) {
+        td_request_fail(self, st, "%s backend failed the histogram", self->backend->name);
+        return;
+    }
+    uint8_t *out = malloc(values * sizeof(uint64_t));
+    if (!out) {
+        td_request_fail(self, TALLY_E_INTERNAL, "out of memory for a histogram reply");
+        return;
+    }
+    for (size_t b = 0; b < TALLY_HIST_BINS; b++)
+        tally_put_u64(out + 8 * b, self->hist.bins[b]);
+    if (i32) {
+        tally_put_u64(out + 8 * TALLY_HIST_BINS, self->hist.underflow);
+        tally_put_u64(out + 8 * (TALLY_HIST_BINS + 1), self->hist.overflow);
+    }
+    td_request_succeed(self, TALLY_DTYPE_U64, out, values * sizeof(uint64_t), values);
+    self->rep.aux0 = n;
+}
+
+void td_request_execute(td_request_t *self)
+{
+    size_t n = td_request_elements(self);
+    switch (self->req.opcode) {
+    case TALLY_OP_FILTER:
+        execute_filter(self, n);
+        break;
+    case TALLY_OP_SCAN:
+        execute_scan(self, n);
+        break;
+    case TALLY_OP_HIST:
+        execute_hist(self, n);
+        break;
+    default:
+        td_request_fail(self, TALLY_E_INTERNAL, "opcode %u is not a compute operation",
+                        self->req.opcode);
+    }
+}
+
+/* ---- apply ----------------------------------------------------------------------------- */
+
+void td_request_apply(td_request_t *self)
+{
+    td_stream_t *stream = self->stream;
+    if (!stream || self->rep.status != TALLY_OK)
+        return;
+    tally_stream_info_t *info = &stream->info;
+    size_t n = td_request_elements(self);
+    info->batches++;
+    info->elements += n;
+    info->bytes += self->payload_len;
+    switch (self->req.opcode) {
+    case TALLY_OP_FILTER:
+        info->filter_seen += n;
+        info->filter_kept += self->kept;
+        break;
+    case TALLY_OP_SCAN:
+        info->scan_carry = self->carry;
+        info->scan_elements += n;
+        break;
+    case TALLY_OP_HIST:
+        if (info->hist_dtype == TALLY_DTYPE_NONE) {
+            info->hist_dtype = self->req.dtype;
+            info->hist_lo = self->req.dtype == TALLY_DTYPE_I32 ? self->req.lo : 0;
+            info->hist_hi = self->req.dtype == TALLY_DTYPE_I32 ? self->req.hi : 0;
+        }
+        for (size_t b = 0; b < TALLY_HIST_BINS; b++)
+            info->bins[b] += self->hist.bins[b];
+        info->hist_underflow += self->hist.underflow;
+        info->hist_overflow += self->hist.overflow;
+        info->hist_total += n;
+        break;
+    default:
+        break;
+    }
+}

@@ -1,0 +1,89 @@
+/*
+ * td_request.h — one request's life inside tallyd, and the operations on it.
+ *
+ * A td_request_t is created on the loop thread when a message is read, owns everything the
+ * request needs (the peer's routing id, the payload, the reply being built), and is freed once
+ * its reply has been handed to ZeroMQ (or dropped because the peer left). Between those points
+ * it counts against max_inflight, which is what bounds tallyd's memory.
+ *
+ * The work on a request is split by thread:
+ *   td_request_prepare  loop thread   read stream state the computation needs (carry-in, ...)
+ *   td_request_execute  any thread    run the backend on the payload; touches only the request
+ *   td_request_apply    loop thread   fold the result into the stream's state
+ * so stream state is only ever read and written on the loop thread.
+ */
+#ifndef TD_REQUEST_H
+#define TD_REQUEST_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+#include <zmq.h>
+
+#include "td_stream.h"
+#include "tally_proto.h"
+#include "tk_backend.h"
+
+#define TD_IDENTITY_MAX 256
+
+typedef struct td_request {
+    /* Envelope: where the reply goes. */
+    uint8_t identity[TD_IDENTITY_MAX];
+    size_t identity_len;
+    bool has_delimiter; /* a REQ peer: echo the empty delimiter frame */
+
+    /* The request. payload points into payload_msg, or into payload_copy when the frame's
+     * data was not aligned for its element type. */
+    tally_req_t req;
+    zmq_msg_t payload_msg;
+    bool payload_msg_open;
+    void *payload_copy;
+    const void *payload;
+    size_t payload_len;
+    td_stream_t *stream;             /* named stream, or NULL */
+    struct td_request *stream_next;  /* FIFO link on the stream */
+    uint64_t received_ns;
+
+    /* Execution. */
+    int64_t carry;        /* scan: carry-in, then carry-out */
+    tk_hist_t hist;       /* hist: this batch's histogram */
+    uint64_t kept;        /* filter: elements kept */
+    tk_backend_t *backend; /* backend chosen for execute */
+    uv_work_t work;
+    void *owner;          /* the server, for callbacks */
+
+    /* Result: the reply header and payload (owned; handed to ZeroMQ without a copy). */
+    tally_rep_t rep;
+    void *reply_data;
+    size_t reply_len;
+    struct td_request *send_next; /* link in the server's pending-send queue */
+} td_request_t;
+
+/* Allocates a request with the reply header pre-filled from req. NULL when out of memory. */
+td_request_t *td_request_new(void);
+void td_request_destroy(td_request_t **self_p);
+
+/* Takes the payload frame (moved from msg) and makes payload aligned for its dtype. */
+tally_status_t td_request_take_payload(td_request_t *self, zmq_msg_t *msg);
+
+/* Turns the request into an error reply with a formatted message (replaces any result). */
+void td_request_fail(td_request_t *self, tally_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Sets an OK reply with the given payload (ownership moves to the request). */
+void td_request_succeed(td_request_t *self, uint8_t dtype, void *data, size_t len,
+                        uint64_t count);
+
+/* Loop thread, before execute: reads the stream's state. Fails the request (returns false)
+ * when it conflicts with the stream (a histogram of another type or range). */
+bool td_request_prepare(td_request_t *self);
+/* Any thread: computes the reply with self->backend. */
+void td_request_execute(td_request_t *self);
+/* Loop thread, after execute: applies a successful result to the stream's state. */
+void td_request_apply(td_request_t *self);
+
+/* Compute operations run on a backend; the rest are answered on the loop thread. */
+bool td_op_is_compute(uint8_t opcode);
+/* Number of elements in the payload. */
+size_t td_request_elements(const td_request_t *self);
+
+#endif

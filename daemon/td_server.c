@@ -1,0 +1,719 @@
+/*
+ * td_server.c — the loop thread: ZeroMQ in, backends, ZeroMQ out.
+ *
+ * Design
+ * ------
+ * One libuv loop thread owns the ROUTER socket and every piece of shared state (the stream
+ * table, the metrics, the request queues). Compute work runs on libuv's worker pool
+ * (uv_queue_work) and comes back to the loop thread in the after-work callback, so nothing
+ * here needs a lock.
+ *
+ * ZeroMQ's ZMQ_FD is edge-triggered: it signals when the socket's state changes, and only
+ * after ZMQ_EVENTS has been read. So the socket is serviced by one function, pump(), called
+ * from the uv_poll callback AND from a uv_check handle after every loop iteration (completions
+ * arrive through libuv's async wake-up, not through the fd). pump() flushes pending replies,
+ * reads messages until EAGAIN (or the in-flight limit, or a fairness budget), and re-reads
+ * ZMQ_EVENTS last. If input remains that pump() chose not to read yet, a uv_idle handle keeps
+ * the loop from blocking in poll so the next iteration continues; otherwise the loop sleeps
+ * until the fd or a completion wakes it.
+ *
+ * Ordering: requests on one named stream run one at a time in arrival order (the stream's
+ * FIFO, td_stream.h); requests without a stream run concurrently. Replies are matched to
+ * requests by request_id, so they may leave in a different order than requests arrived.
+ *
+ * Bounded memory: every request counts against max_inflight from the moment it is read until
+ * its reply is handed to ZeroMQ. At the limit pump() stops reading, ZeroMQ's receive
+ * high-water mark fills and TCP pushes back on producers: nothing is dropped. ROUTER_MANDATORY
+ * is on, so a reply to a peer that has gone away fails fast (counted), and a reply to a peer
+ * that is not reading waits in the pending-send queue (still counted in flight) instead of
+ * blocking the loop.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+#include <zmq.h>
+
+#include "td_log.h"
+#include "td_metrics.h"
+#include "td_request.h"
+#include "td_server.h"
+#include "td_stream.h"
+#include "tk_backend.h"
+
+/* Messages read per pump() before giving the rest of the loop a turn. */
+#define TD_READ_BUDGET 256
+/* Frames of one message kept for inspection: identity, delimiter, header, payload. Frames
+ * beyond these are counted (to reject the message) and released at once. */
+#define TD_FRAMES_KEPT 4
+/* How long zmq_close may keep flushing replies at shutdown. */
+#define TD_SHUTDOWN_LINGER_MS 5000
+/* Space for an info/stats reply. */
+#define TD_TEXT_REPLY_MAX (64 * 1024)
+
+struct td_server {
+    td_config_t cfg; /* copy; binds are borrowed from the caller's config */
+    uv_loop_t loop;
+    void *zmq_ctx;
+    void *router;
+    uv_os_sock_t zmq_fd;
+    uv_poll_t poll;
+    uv_check_t check;
+    uv_idle_t idle;
+    uv_signal_t sig_int;
+    uv_signal_t sig_term;
+    uv_signal_t sig_hup;
+    bool idle_active;
+    bool paused;       /* reading stopped at the in-flight limit */
+    bool stopping;     /* a stop signal arrived: read nothing more */
+    bool closed;       /* socket and handles closed */
+
+    unsigned inflight; /* requests read and not yet answered */
+    unsigned queued;   /* of those, waiting behind another request on their stream */
+    td_request_t *send_head; /* replies ZeroMQ would not take yet */
+    td_request_t *send_tail;
+    unsigned pending_sends;
+
+    td_streams_t *streams;
+    tk_backend_t *backend; /* the backend compute requests run on */
+    tk_backend_t *cpu;     /* always present; the fallback */
+    char devices[256];
+    td_metrics_t metrics;
+    uint64_t started_ns;
+    int exit_code;
+};
+
+static void pump(td_server_t *s);
+static void reply(td_server_t *s, td_request_t *r);
+static void stream_advance(td_server_t *s, td_stream_t *stream);
+
+/* ---- Replies ---------------------------------------------------------------------------- */
+
+static void free_reply_data(void *data, void *hint)
+{
+    (void)hint;
+    free(data);
+}
+
+/* Hands r's reply to ZeroMQ. Returns 0 when sent, 1 when the peer cannot take it yet, -1 when
+ * the peer is gone (the reply is dropped). */
+static int try_send(td_server_t *s, td_request_t *r)
+{
+    int flags = ZMQ_DONTWAIT | ZMQ_SNDMORE;
+    if (zmq_send(s->router, r->identity, r->identity_len, flags) == -1)
+        return errno == EAGAIN ? 1 : -1;
+    /* ZeroMQ accepts the rest of a multipart message once its first frame is accepted. */
+    if (r->has_delimiter)
+        zmq_send(s->router, "", 0, flags);
+    uint8_t header[TALLY_REP_HEADER_SIZE];
+    tally_rep_encode(&r->rep, header);
+    zmq_send(s->router, header, sizeof header, flags);
+    zmq_msg_t body;
+    if (r->reply_data && r->reply_len) {
+        zmq_msg_init_data(&body, r->reply_data, r->reply_len, free_reply_data, NULL);
+        r->reply_data = NULL; /* ZeroMQ owns it now */
+    } else {
+        zmq_msg_init(&body);
+    }
+    if (zmq_msg_send(&body, s->router, ZMQ_DONTWAIT) == -1) {
+        zmq_msg_close(&body);
+        return -1;
+    }
+    return 0;
+}
+
+/* The end of every request: metrics, in-flight slot, memory. */
+static void finish(td_server_t *s, td_request_t *r, bool dropped)
+{
+    if (dropped) {
+        s->metrics.replies_dropped++;
+        td_debug("reply to request %" PRIu64 " dropped: the peer has gone",
+                 r->rep.request_id);
+    }
+    td_metrics_observe(&s->metrics, r->req.opcode, (tally_status_t)r->rep.status,
+                       r->payload_len, r->reply_len, uv_hrtime() - r->received_ns);
+    s->inflight--;
+    td_request_destroy(&r);
+}
+
+static void reply(td_server_t *s, td_request_t *r)
+{
+    int rc = s->send_head ? 1 : try_send(s, r); /* keep replies in order behind a blocked one */
+    if (rc == 1) {
+        r->send_next = NULL;
+        if (s->send_tail)
+            s->send_tail->send_next = r;
+        else
+            s->send_head = r;
+        s->send_tail = r;
+        s->pending_sends++;
+        return;
+    }
+    finish(s, r, rc == -1);
+}
+
+/* Retries every pending reply; one peer that is not reading does not hold up the others. */
+static void flush_pending(td_server_t *s)
+{
+    td_request_t **link = &s->send_head;
+    td_request_t *last = NULL;
+    while (*link) {
+        td_request_t *r = *link;
+        int rc = try_send(s, r);
+        if (rc == 1) {
+            last = r;
+            link = &r->send_next;
+            continue;
+        }
+        *link = r->send_next;
+        s->pending_sends--;
+        finish(s, r, rc == -1);
+    }
+    s->send_tail = last;
+}
+
+/* ---- Operations answered on the loop thread -------------------------------------------- */
+
+static void reply_text(td_server_t *s, td_request_t *r, char *text, size_t len)
+{
+    (void)s;
+    if (len > TD_TEXT_REPLY_MAX - 1)
+        len = TD_TEXT_REPLY_MAX - 1;
+    td_request_succeed(r, TALLY_DTYPE_TEXT, text, len, len);
+}
+
+static void op_info(td_server_t *s, td_request_t *r)
+{
+    char *text = malloc(TD_TEXT_REPLY_MAX);
+    if (!text) {
+        td_request_fail(r, TALLY_E_INTERNAL, "out of memory");
+        return;
+    }
+    int n = snprintf(text, TD_TEXT_REPLY_MAX,
+                     "version=%s\nprotocol=%d\nbackend=%s\nbackends=%s\ndevices=%s\n"
+                     "max_batch=%zu\nmax_inflight=%u\nmax_streams=%u\n",
+                     TALLY_VERSION, TALLY_PROTO_VERSION, s->backend->name,
+                     s->backend == s->cpu ? "cpu" : "cpu,cuda", s->devices, s->cfg.max_batch,
+                     s->cfg.max_inflight, s->cfg.max_streams);
+    reply_text(s, r, text, n > 0 ? (size_t)n : 0);
+}
+
+static void op_stats(td_server_t *s, td_request_t *r)
+{
+    td_gauges_t g = {
+        .inflight = s->inflight,
+        .max_inflight = s->cfg.max_inflight,
+        .queued = s->queued,
+        .pending_sends = s->pending_sends,
+        .streams = td_streams_count(s->streams),
+        .backend = s->backend->name,
+        .devices = s->devices,
+        .uptime_s = (double)(uv_hrtime() - s->started_ns) / 1e9,
+    };
+    size_t need = td_metrics_render(&s->metrics, &g, NULL, 0) + 1;
+    char *text = malloc(need);
+    if (!text) {
+        td_request_fail(r, TALLY_E_INTERNAL, "out of memory");
+        return;
+    }
+    td_metrics_render(&s->metrics, &g, text, need);
+    td_request_succeed(r, TALLY_DTYPE_TEXT, text, need - 1, need - 1);
+}
+
+static void op_streams(td_server_t *s, td_request_t *r)
+{
+    size_t len = 0;
+    uint64_t count = 0;
+    for (td_stream_t *st = td_streams_first(s->streams); st; st = st->list_next)
+        len += 1 + st->name_len;
+    uint8_t *out = malloc(len ? len : 1);
+    if (!out) {
+        td_request_fail(r, TALLY_E_INTERNAL, "out of memory");
+        return;
+    }
+    size_t at = 0;
+    for (td_stream_t *st = td_streams_first(s->streams); st; st = st->list_next) {
+        out[at++] = (uint8_t)st->name_len;
+        memcpy(out + at, st->name, st->name_len);
+        at += st->name_len;
+        count++;
+    }
+    td_request_succeed(r, TALLY_DTYPE_NONE, out, len, count);
+}
+
+static void op_query(td_request_t *r, td_stream_t *stream)
+{
+    uint8_t *out = malloc(TALLY_QUERY_PAYLOAD_SIZE);
+    if (!out) {
+        td_request_fail(r, TALLY_E_INTERNAL, "out of memory");
+        return;
+    }
+    tally_stream_info_encode(&stream->info, out);
+    td_request_succeed(r, TALLY_DTYPE_NONE, out, TALLY_QUERY_PAYLOAD_SIZE, 1);
+}
+
+/* ---- Scheduling ------------------------------------------------------------------------- */
+
+static void work_cb(uv_work_t *work)
+{
+    td_request_t *r = work->data;
+    td_request_execute(r);
+}
+
+static void after_work_cb(uv_work_t *work, int status)
+{
+    td_request_t *r = work->data;
+    td_server_t *s = r->owner;
+    if (status == UV_ECANCELED)
+        td_request_fail(r, TALLY_E_SHUTDOWN, "tallyd is shutting down");
+    td_request_apply(r);
+    td_stream_t *stream = r->stream;
+    reply(s, r);
+    if (stream) {
+        stream->running = NULL;
+        stream_advance(s, stream);
+    }
+}
+
+static void submit(td_server_t *s, td_request_t *r)
+{
+    r->backend = s->backend;
+    r->owner = s;
+    r->work.data = r;
+    int rc = uv_queue_work(&s->loop, &r->work, work_cb, after_work_cb);
+    if (rc != 0) {
+        td_request_fail(r, TALLY_E_INTERNAL, "cannot queue work: %s", uv_strerror(rc));
+        td_stream_t *stream = r->stream;
+        reply(s, r);
+        if (stream)
+            stream->running = NULL;
+    }
+}
+
+/* Starts the requests waiting on a stream, in order, until one is running on a worker.
+ * query and reset run right here, so a run of them completes in one call. */
+static void stream_advance(td_server_t *s, td_stream_t *stream)
+{
+    while (!stream->running && stream->queue_head) {
+        td_request_t *r = stream->queue_head;
+        stream->queue_head = r->stream_next;
+        if (!stream->queue_head)
+            stream->queue_tail = NULL;
+        stream->queued--;
+        s->queued--;
+        if (r->req.opcode == TALLY_OP_QUERY) {
+            op_query(r, stream);
+            reply(s, r);
+            continue;
+        }
+        if (r->req.opcode == TALLY_OP_RESET) {
+            td_stream_clear(stream);
+            td_request_succeed(r, TALLY_DTYPE_NONE, NULL, 0, 0);
+            r->stream = NULL;
+            reply(s, r);
+            if (!stream->queue_head) { /* nothing else refers to it: forget the name */
+                td_streams_remove(s->streams, &stream);
+                return;
+            }
+            continue;
+        }
+        stream->running = r;
+        if (!td_request_prepare(r)) {
+            stream->running = NULL;
+            reply(s, r);
+            continue;
+        }
+        submit(s, r);
+    }
+}
+
+static void enqueue_on_stream(td_server_t *s, td_stream_t *stream, td_request_t *r)
+{
+    r->stream = stream;
+    r->stream_next = NULL;
+    if (stream->queue_tail)
+        stream->queue_tail->stream_next = r;
+    else
+        stream->queue_head = r;
+    stream->queue_tail = r;
+    stream->queued++;
+    s->queued++;
+    stream_advance(s, stream);
+}
+
+static void dispatch(td_server_t *s, td_request_t *r)
+{
+    const tally_req_t *q = &r->req;
+    td_stream_t *stream = NULL;
+    switch (q->opcode) {
+    case TALLY_OP_PING:
+        td_request_succeed(r, TALLY_DTYPE_NONE, NULL, 0, 0);
+        break;
+    case TALLY_OP_INFO:
+        op_info(s, r);
+        break;
+    case TALLY_OP_STATS:
+        op_stats(s, r);
+        break;
+    case TALLY_OP_STREAMS:
+        op_streams(s, r);
+        break;
+    case TALLY_OP_QUERY:
+    case TALLY_OP_RESET:
+        stream = td_streams_find(s->streams, q->stream, q->stream_len);
+        if (!stream) {
+            td_request_fail(r, TALLY_E_UNKNOWN_STREAM, "no stream named '%s'", q->stream);
+            break;
+        }
+        enqueue_on_stream(s, stream, r);
+        return;
+    default: /* filter, scan, hist */
+        if (q->stream_len == 0) {
+            submit(s, r);
+            return;
+        }
+        tally_status_t st = td_streams_get(s->streams, q->stream, q->stream_len, &stream);
+        if (st == TALLY_E_LIMIT) {
+            td_request_fail(r, st, "tallyd already holds its maximum of %u streams",
+                            s->cfg.max_streams);
+            break;
+        }
+        if (st != TALLY_OK) {
+            td_request_fail(r, st, "cannot create stream '%s'", q->stream);
+            break;
+        }
+        enqueue_on_stream(s, stream, r);
+        return;
+    }
+    reply(s, r);
+}
+
+/* ---- Reading ---------------------------------------------------------------------------- */
+
+/* Turns one received message (frames[0..kept) of `total`) into a request and dispatches it,
+ * or answers it with an error. */
+static void handle_message(td_server_t *s, zmq_msg_t *frames, int kept, int total)
+{
+    td_request_t *r = td_request_new();
+    if (!r) {
+        td_err("out of memory: dropping a message of %d frames", total);
+        return;
+    }
+    s->inflight++;
+    r->received_ns = uv_hrtime();
+    size_t id_len = zmq_msg_size(&frames[0]);
+    r->identity_len = id_len < TD_IDENTITY_MAX ? id_len : TD_IDENTITY_MAX;
+    memcpy(r->identity, zmq_msg_data(&frames[0]), r->identity_len);
+
+    /* A REQ peer puts an empty delimiter frame before its body; a DEALER peer does not. */
+    int body = 1;
+    if (kept > 1 && zmq_msg_size(&frames[1]) == 0) {
+        r->has_delimiter = true;
+        body = 2;
+    }
+    const uint8_t *header = body < kept ? zmq_msg_data(&frames[body]) : NULL;
+    size_t header_len = body < kept ? zmq_msg_size(&frames[body]) : 0;
+    char msg[TALLY_ERROR_MESSAGE_MAX + 1];
+    tally_status_t st = header ? tally_req_decode(header, header_len, &r->req, msg, sizeof msg)
+                               : TALLY_E_FRAMES;
+    r->rep.opcode = r->req.opcode;
+    r->rep.flags = r->req.flags;
+    r->rep.request_id = r->req.request_id;
+
+    int body_frames = total - body;
+    if (body_frames != 2) {
+        td_request_fail(r, TALLY_E_FRAMES,
+                        "a request is 2 frames (header, payload) after the routing envelope; "
+                        "this message has %d",
+                        body_frames);
+        goto answer;
+    }
+    if (st != TALLY_OK) {
+        td_request_fail(r, st, "%s", msg);
+        goto answer;
+    }
+    st = td_request_take_payload(r, &frames[body + 1]);
+    if (st != TALLY_OK) {
+        td_request_fail(r, st, "out of memory for a payload of %zu bytes", r->payload_len);
+        goto answer;
+    }
+    st = tally_req_validate(&r->req, r->payload_len, s->cfg.max_batch, msg, sizeof msg);
+    if (st != TALLY_OK) {
+        td_request_fail(r, st, "%s", msg);
+        goto answer;
+    }
+    dispatch(s, r);
+    return;
+answer:
+    td_debug("request %" PRIu64 " rejected: %s", r->rep.request_id,
+             tally_status_name((tally_status_t)r->rep.status));
+    reply(s, r);
+}
+
+/* Reads one whole message. Returns 1 when one was handled, 0 when none was waiting. */
+static int read_message(td_server_t *s)
+{
+    zmq_msg_t frames[TD_FRAMES_KEPT];
+    int kept = 0;
+    int total = 0;
+    for (;;) {
+        zmq_msg_t frame;
+        zmq_msg_init(&frame);
+        if (zmq_msg_recv(&frame, s->router, ZMQ_DONTWAIT) == -1) {
+            int err = errno;
+            zmq_msg_close(&frame);
+            if (total == 0 && (err == EAGAIN || err == EINTR))
+                return 0;
+            /* Cannot happen for the later frames of a message (ZeroMQ delivers multipart
+             * messages whole); if it ever does, answer what arrived. */
+            td_err("receiving a message: %s", zmq_strerror(err));
+            break;
+        }
+        bool more = zmq_msg_more(&frame);
+        if (kept < TD_FRAMES_KEPT) {
+            zmq_msg_init(&frames[kept]);
+            zmq_msg_move(&frames[kept], &frame);
+            kept++;
+        }
+        zmq_msg_close(&frame);
+        total++;
+        if (!more)
+            break;
+    }
+    handle_message(s, frames, kept, total);
+    for (int i = 0; i < kept; i++)
+        zmq_msg_close(&frames[i]);
+    return 1;
+}
+
+static void close_all(td_server_t *s);
+static void idle_cb(uv_idle_t *handle);
+
+static void pump(td_server_t *s)
+{
+    if (s->closed)
+        return;
+    if (s->pending_sends)
+        flush_pending(s);
+    int budget = TD_READ_BUDGET;
+    while (!s->stopping && s->inflight < s->cfg.max_inflight && budget > 0 && read_message(s))
+        budget--;
+
+    /* Reading ZMQ_EVENTS last re-arms the edge-triggered fd. */
+    uint32_t events = 0;
+    size_t size = sizeof events;
+    zmq_getsockopt(s->router, ZMQ_EVENTS, &events, &size);
+    bool input = (events & ZMQ_POLLIN) != 0;
+    bool at_limit = s->inflight >= s->cfg.max_inflight;
+    if (input && at_limit && !s->paused) {
+        s->metrics.read_pauses++;
+        td_debug("%u requests in flight: reading paused", s->inflight);
+    }
+    s->paused = input && at_limit;
+    bool more = input && !at_limit && !s->stopping;
+    if (more && !s->idle_active)
+        uv_idle_start(&s->idle, idle_cb);
+    if (!more && s->idle_active)
+        uv_idle_stop(&s->idle);
+    s->idle_active = more;
+
+    if (s->stopping && s->inflight == 0)
+        close_all(s);
+}
+
+static void poll_cb(uv_poll_t *handle, int status, int events)
+{
+    (void)status;
+    (void)events;
+    pump(handle->data);
+}
+
+static void check_cb(uv_check_t *handle)
+{
+    pump(handle->data);
+}
+
+static void idle_cb(uv_idle_t *handle)
+{
+    (void)handle; /* its only job is to keep the loop from blocking; check_cb does the work */
+}
+
+/* ---- Lifecycle -------------------------------------------------------------------------- */
+
+static void signal_cb(uv_signal_t *handle, int signum)
+{
+    td_server_t *s = handle->data;
+    if (signum == SIGHUP) {
+        td_notice("SIGHUP: nothing to reload (no configuration file support yet)");
+        return;
+    }
+    if (s->stopping) {
+        td_notice("%s again: still answering %u requests in flight", strsignal(signum),
+                  s->inflight);
+        return;
+    }
+    td_notice("%s: stopping; answering %u requests in flight", strsignal(signum), s->inflight);
+    s->stopping = true;
+    pump(s);
+}
+
+static void close_all(td_server_t *s)
+{
+    if (s->closed)
+        return;
+    s->closed = true;
+    uv_poll_stop(&s->poll); /* before zmq_close: libuv must stop watching the fd first */
+    uv_close((uv_handle_t *)&s->poll, NULL);
+    uv_close((uv_handle_t *)&s->check, NULL);
+    uv_close((uv_handle_t *)&s->idle, NULL);
+    uv_close((uv_handle_t *)&s->sig_int, NULL);
+    uv_close((uv_handle_t *)&s->sig_term, NULL);
+    uv_close((uv_handle_t *)&s->sig_hup, NULL);
+    int linger = TD_SHUTDOWN_LINGER_MS;
+    zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_close(s->router);
+    s->router = NULL;
+    td_notice("stopped");
+}
+
+static tally_status_t open_socket(td_server_t *s)
+{
+    s->zmq_ctx = zmq_ctx_new();
+    if (!s->zmq_ctx)
+        return TALLY_E_INTERNAL;
+    s->router = zmq_socket(s->zmq_ctx, ZMQ_ROUTER);
+    if (!s->router)
+        return TALLY_E_INTERNAL;
+    int one = 1, rcvhwm = TD_DEFAULT_RCVHWM, sndhwm = TD_DEFAULT_SNDHWM, linger = 0;
+    /* Frames far beyond the batch limit are refused by ZeroMQ itself (the connection is
+     * dropped) so that one peer cannot make tallyd buffer gigabytes; frames up to twice the
+     * limit arrive and get a too_large reply. */
+    int64_t maxmsg = (int64_t)s->cfg.max_batch * 2 + 4096;
+    zmq_setsockopt(s->router, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    zmq_setsockopt(s->router, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm);
+    zmq_setsockopt(s->router, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm);
+    zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    for (int i = 0; i < s->cfg.bind_count; i++) {
+        if (zmq_bind(s->router, s->cfg.binds[i]) != 0) {
+            td_err("cannot bind %s: %s", s->cfg.binds[i], zmq_strerror(errno));
+            return TALLY_E_PARAM;
+        }
+        td_info("listening on %s", s->cfg.binds[i]);
+    }
+    size_t size = sizeof s->zmq_fd;
+    if (zmq_getsockopt(s->router, ZMQ_FD, &s->zmq_fd, &size) != 0)
+        return TALLY_E_INTERNAL;
+    return TALLY_OK;
+}
+
+static tally_status_t open_backends(td_server_t *s)
+{
+    tally_status_t st = tk_cpu_backend_new(&s->cpu);
+    if (st != TALLY_OK) {
+        td_err("cannot start the CPU backend: %s", tally_status_text(st));
+        return st;
+    }
+    s->backend = s->cpu;
+    if (s->cfg.backend != TD_BACKEND_CPU) {
+        char why[256] = "";
+        tk_backend_t *cuda = NULL;
+        st = tk_cuda_backend_new(0, s->cfg.max_batch, &cuda, why, sizeof why);
+        if (st == TALLY_OK) {
+            s->backend = cuda;
+        } else if (s->cfg.backend == TD_BACKEND_CUDA) {
+            td_err("--backend cuda: no usable GPU: %s", why);
+            return TALLY_E_BACKEND;
+        } else {
+            td_info("no usable GPU (%s): serving on the CPU backend", why);
+        }
+    }
+    s->backend->describe(s->backend->ctx, s->devices, sizeof s->devices);
+    td_notice("backend %s (%s; chosen by --backend %s)", s->backend->name, s->devices,
+              td_backend_choice_name(s->cfg.backend));
+    return TALLY_OK;
+}
+
+tally_status_t td_server_new(const td_config_t *cfg, td_server_t **out)
+{
+    td_server_t *s = calloc(1, sizeof *s);
+    if (!s)
+        return TALLY_E_INTERNAL;
+    s->cfg = *cfg;
+    s->started_ns = uv_hrtime();
+    tally_status_t st = TALLY_E_INTERNAL;
+    if (uv_loop_init(&s->loop) != 0)
+        goto fail_free;
+    st = td_streams_new(cfg->max_streams, &s->streams);
+    if (st != TALLY_OK)
+        goto fail_loop;
+    st = open_backends(s);
+    if (st != TALLY_OK)
+        goto fail_backends;
+    st = open_socket(s);
+    if (st != TALLY_OK)
+        goto fail_socket;
+
+    uv_poll_init_socket(&s->loop, &s->poll, s->zmq_fd);
+    uv_check_init(&s->loop, &s->check);
+    uv_idle_init(&s->loop, &s->idle);
+    uv_signal_init(&s->loop, &s->sig_int);
+    uv_signal_init(&s->loop, &s->sig_term);
+    uv_signal_init(&s->loop, &s->sig_hup);
+    s->poll.data = s->check.data = s->idle.data = s;
+    s->sig_int.data = s->sig_term.data = s->sig_hup.data = s;
+    uv_poll_start(&s->poll, UV_READABLE, poll_cb);
+    uv_check_start(&s->check, check_cb);
+    uv_signal_start(&s->sig_int, signal_cb, SIGINT);
+    uv_signal_start(&s->sig_term, signal_cb, SIGTERM);
+    uv_signal_start(&s->sig_hup, signal_cb, SIGHUP);
+    *out = s;
+    return TALLY_OK;
+
+fail_socket:
+    if (s->router)
+        zmq_close(s->router);
+    if (s->zmq_ctx)
+        zmq_ctx_term(s->zmq_ctx);
+fail_backends:
+    if (s->backend && s->backend != s->cpu)
+        s->backend->destroy(&s->backend);
+    if (s->cpu)
+        s->cpu->destroy(&s->cpu);
+    td_streams_destroy(&s->streams);
+fail_loop:
+    uv_loop_close(&s->loop);
+fail_free:
+    free(s);
+    return st;
+}
+
+int td_server_run(td_server_t *s)
+{
+    td_notice("tallyd %s ready: %u in flight max, batches up to %zu bytes", TALLY_VERSION,
+              s->cfg.max_inflight, s->cfg.max_batch);
+    pump(s); /* messages may have queued between bind and the first poll */
+    uv_run(&s->loop, UV_RUN_DEFAULT);
+    return s->exit_code;
+}
+
+void td_server_destroy(td_server_t **self_p)
+{
+    td_server_t *s = *self_p;
+    if (!s)
+        return;
+    if (!s->closed) { /* not stopped by a signal: close what the loop still holds */
+        close_all(s);
+        uv_run(&s->loop, UV_RUN_DEFAULT);
+    }
+    uv_loop_close(&s->loop);
+    zmq_ctx_term(s->zmq_ctx);
+    if (s->backend != s->cpu)
+        s->backend->destroy(&s->backend);
+    s->cpu->destroy(&s->cpu);
+    td_streams_destroy(&s->streams);
+    free(s);
+    *self_p = NULL;
+}

@@ -1,0 +1,20 @@
+/*
+ * td_server.h — tallyd's core: the event loop that owns the ZeroMQ ROUTER socket, turns
+ * messages into requests, schedules them on the backends and sends every reply.
+ */
+#ifndef TD_SERVER_H
+#define TD_SERVER_H
+
+#include "td_config.h"
+
+typedef struct td_server td_server_t;
+
+/* Creates the backends, binds the sockets and sets up the loop; logs and returns an error
+ * (nothing half-started is left behind) when any of that fails. cfg is copied. */
+tally_status_t td_server_new(const td_config_t *cfg, td_server_t **out);
+/* Runs until SIGINT/SIGTERM and every in-flight request has been answered. Returns the
+ * process exit code (0 on a clean stop). */
+int td_server_run(td_server_t *self);
+void td_server_destroy(td_server_t **self_p);
+
+#endif
