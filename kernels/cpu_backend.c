@@ -1,0 +1,456 @@
+/*
+ * cpu_backend.c — the CPU backend of tk_backend.h: filter, scan and histogram on host memory.
+ *
+ * Design. Every call is single-threaded: the daemon already runs several batches at once on its
+ * own thread pool, so threads here would only fight it for cores. The backend is stateless (ctx
+ * is unused), so concurrent calls need no locking. Speed comes from loops with no
+ * data-dependent branches, which the compiler can pipeline or vectorize:
+ *
+ * - filter: the predicate and its int64 thresholds are first reduced, on mathematical integers,
+ *   to what it means for the element type: keep nothing, keep everything, keep x != t, or keep
+ *   an inclusive range [a, b] of the type (gt t -> [t+1, MAX], le t -> [MIN, t], ...). So u8
+ *   `gt 300` keeps nothing and `gt -5` keeps everything without any comparison in the loop, and
+ *   the six range predicates share one loop whose test is a single unsigned compare,
+ *   (x - a) <= (b - a) modulo 2^bits. The input is taken in blocks: a vectorized count of the
+ *   block's kept elements skips blocks that keep nothing and copies blocks that keep
+ *   everything; mixed blocks go through a branch-free compaction (`out[k] = x; k += keep`) that
+ *   writes out[k] with k <= i, so it stays in bounds and may even run in place (out == in).
+ *   The output is always in input order, which serves the stable and unordered modes alike.
+ * - scan: one running sum in uint64_t, so wrap-around is defined behaviour; int32 output keeps
+ *   the low 32 bits.
+ * - hist: counts go to four private sub-histograms, one per element position modulo 4, merged
+ *   once at the end: runs of equal values would otherwise serialise on one counter's
+ *   load-increment-store. The int32 histogram replaces the per-element 64-bit division of
+ *   tally_hist_bin_i32 with a shift (power-of-two ranges) or an estimate by a multiply-shift
+ *   reciprocal corrected against a table of exact bin boundaries, so every bin equals the
+ *   formula (see hist_plan_init for the proof).
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include "tk_backend.h"
+
+/* ---- filter --------------------------------------------------------------------------------- */
+
+/* Elements per block of the filter: the count pass reads a block from memory and the compaction
+ * re-reads it from L1, so a block must fit there comfortably (4 KiB of int32), and be long enough
+ * that the skip/copy decision is rare next to the work. */
+#define FILTER_BLOCK 1024
+
+/* What a predicate means for one element type. */
+typedef enum { KEEP_NONE, KEEP_ALL, KEEP_RANGE, KEEP_NE } keep_kind_t;
+
+typedef struct {
+    keep_kind_t kind;
+    int64_t a; /* KEEP_RANGE: a <= x <= b, both inside the type; KEEP_NE: x != a */
+    int64_t b;
+} keep_rule_t;
+
+/* Reduces spec to a rule over the integers [tmin, tmax] of the element type, exactly: the
+ * thresholds are arbitrary int64 values, and no step below can overflow. */
+static tally_status_t keep_rule_make(const tk_filter_spec_t *spec, int64_t tmin, int64_t tmax,
+                                     keep_rule_t *rule)
+{
+    int64_t a = tmin, b = tmax, t = spec->lo;
+
+    switch (spec->pred) {
+    case TALLY_PRED_GT:
+        if (t >= tmax)
+            goto none;
+        a = t + 1;
+        break;
+    case TALLY_PRED_GE:
+        a = t;
+        break;
+    case TALLY_PRED_LT:
+        if (t <= tmin)
+            goto none;
+        b = t - 1;
+        break;
+    case TALLY_PRED_LE:
+        b = t;
+        break;
+    case TALLY_PRED_EQ:
+        a = b = t;
+        break;
+    case TALLY_PRED_BETWEEN:
+        a = spec->lo;
+        b = spec->hi;
+        break;
+    case TALLY_PRED_NE:
+        /* A threshold outside the type differs from every element. */
+        rule->kind = (t < tmin || t > tmax) ? KEEP_ALL : KEEP_NE;
+        rule->a = rule->b = t;
+        return TALLY_OK;
+    default:
+        return TALLY_E_PARAM;
+    }
+    if (a < tmin)
+        a = tmin;
+    if (b > tmax)
+        b = tmax;
+    if (a > b)
+        goto none;
+    rule->kind = (a == tmin && b == tmax) ? KEEP_ALL : KEEP_RANGE;
+    rule->a = a;
+    rule->b = b;
+    return TALLY_OK;
+none:
+    rule->kind = KEEP_NONE;
+    rule->a = rule->b = 0;
+    return TALLY_OK;
+}
+
+/*
+ * One filter per element type T (unsigned twin UT) and rule (RANGE or NE). KEEP(x) is the
+ * predicate with a and w in scope. The count loop has no stores and vectorizes; the compaction
+ * loop has no branch, so its speed does not depend on the data. Neither pointer is restrict:
+ * filtering in place is allowed, and the compaction only writes slots already read.
+ */
+#define DEFINE_FILTER(NAME, T, UT, KEEP)                                                           \
+    static size_t NAME(const T *in, size_t n, T a, UT w, T *out)                                   \
+    {                                                                                              \
+        size_t k = 0;                                                                              \
+        for (size_t base = 0; base < n; base += FILTER_BLOCK) {                                    \
+            size_t len = n - base < FILTER_BLOCK ? n - base : FILTER_BLOCK;                        \
+            const T *blk = in + base;                                                              \
+            size_t c = 0;                                                                          \
+            for (size_t i = 0; i < len; i++) {                                                     \
+                T x = blk[i];                                                                      \
+                c += (KEEP);                                                                       \
+            }                                                                                      \
+            if (c == 0)                                                                            \
+                continue;                                                                          \
+            if (c == len) {                                                                        \
+                memmove(out + k, blk, len * sizeof(T));                                            \
+                k += len;                                                                          \
+                continue;                                                                          \
+            }                                                                                      \
+            for (size_t i = 0; i < len; i++) {                                                     \
+                T x = blk[i];                                                                      \
+                out[k] = x;                                                                        \
+                k += (KEEP);                                                                       \
+            }                                                                                      \
+        }                                                                                          \
+        return k;                                                                                  \
+    }
+
+/* Range [a, a + w]: one unsigned compare, since x - a wraps to a large value for x < a. The
+ * casts to UT make the u8 arithmetic (promoted to int) wrap modulo 2^8 as well. */
+DEFINE_FILTER(filter_range_i32, int32_t, uint32_t, (uint32_t)((uint32_t)x - (uint32_t)a) <= w)
+DEFINE_FILTER(filter_range_u8, uint8_t, uint8_t, (uint8_t)((uint8_t)x - (uint8_t)a) <= w)
+/* NE: w is unused; (void) keeps -Wunused quiet without a second macro. */
+DEFINE_FILTER(filter_ne_i32, int32_t, uint32_t, ((void)w, x != a))
+DEFINE_FILTER(filter_ne_u8, uint8_t, uint8_t, ((void)w, x != a))
+
+static tally_status_t cpu_filter(void *ctx, tally_dtype_t dtype, const void *in, size_t n,
+                                 const tk_filter_spec_t *spec, void *out, size_t *kept)
+{
+    (void)ctx;
+    keep_rule_t rule;
+    tally_status_t st;
+    size_t esize;
+
+    if (!spec || !kept || (n && (!in || !out)))
+        return TALLY_E_PARAM;
+    if (dtype == TALLY_DTYPE_I32) {
+        esize = sizeof(int32_t);
+        st = keep_rule_make(spec, INT32_MIN, INT32_MAX, &rule);
+    } else if (dtype == TALLY_DTYPE_U8) {
+        esize = sizeof(uint8_t);
+        st = keep_rule_make(spec, 0, UINT8_MAX, &rule);
+    } else {
+        return TALLY_E_PARAM;
+    }
+    if (st != TALLY_OK)
+        return st;
+
+    switch (rule.kind) {
+    case KEEP_NONE:
+        *kept = 0;
+        break;
+    case KEEP_ALL:
+        if (n && out != in)
+            memmove(out, in, n * esize);
+        *kept = n;
+        break;
+    case KEEP_RANGE:
+        /* The rule's bounds lie inside the type, so these conversions are exact. */
+        if (dtype == TALLY_DTYPE_I32)
+            *kept = filter_range_i32(in, n, (int32_t)rule.a,
+                                     (uint32_t)((uint64_t)rule.b - (uint64_t)rule.a), out);
+        else
+            *kept = filter_range_u8(in, n, (uint8_t)rule.a, (uint8_t)(rule.b - rule.a), out);
+        break;
+    case KEEP_NE:
+        if (dtype == TALLY_DTYPE_I32)
+            *kept = filter_ne_i32(in, n, (int32_t)rule.a, 0, out);
+        else
+            *kept = filter_ne_u8(in, n, (uint8_t)rule.a, 0, out);
+        break;
+    }
+    return TALLY_OK;
+}
+
+/* ---- scan ----------------------------------------------------------------------------------- */
+
+/* The four variants are separate loops so each has a single store and no per-element test. The
+ * conversions from uint64_t to a signed type are modulo 2^N in every compiler we target (gcc and
+ * clang define them so), and they are not undefined behaviour, unlike a signed overflow. */
+static tally_status_t cpu_scan(void *ctx, const int32_t *in, size_t n, int exclusive, int out_i32,
+                               void *out, int64_t *carry)
+{
+    (void)ctx;
+    if (!carry || (n && (!in || !out)))
+        return TALLY_E_PARAM;
+
+    uint64_t s = (uint64_t)*carry;
+    if (out_i32) {
+        int32_t *o = out;
+        if (exclusive) {
+            for (size_t i = 0; i < n; i++) {
+                uint64_t x = (uint64_t)(int64_t)in[i];
+                o[i] = (int32_t)(uint32_t)s;
+                s += x;
+            }
+        } else {
+            for (size_t i = 0; i < n; i++) {
+                s += (uint64_t)(int64_t)in[i];
+                o[i] = (int32_t)(uint32_t)s;
+            }
+        }
+    } else {
+        int64_t *o = out;
+        if (exclusive) {
+            for (size_t i = 0; i < n; i++) {
+                uint64_t x = (uint64_t)(int64_t)in[i];
+                o[i] = (int64_t)s;
+                s += x;
+            }
+        } else {
+            for (size_t i = 0; i < n; i++) {
+                s += (uint64_t)(int64_t)in[i];
+                o[i] = (int64_t)s;
+            }
+        }
+    }
+    *carry = (int64_t)s;
+    return TALLY_OK;
+}
+
+/* ---- histograms ----------------------------------------------------------------------------- */
+
+/* Private sub-histograms per call. Four are enough to keep four increments in flight, which is
+ * what a run of equal values needs; they are uint64_t so no count can overflow, and 4 x 258 x 8
+ * bytes still fit in L1 beside the input stream. Slots 256 and 257 are the int32 histogram's
+ * underflow and overflow. */
+#define HIST_WAYS 4
+#define HIST_SLOTS (TALLY_HIST_BINS + 2)
+#define SLOT_UNDER TALLY_HIST_BINS
+#define SLOT_OVER (TALLY_HIST_BINS + 1)
+/* Below this many elements, zeroing and merging the sub-histograms costs more than it saves. */
+#define HIST_SMALL 2048
+
+typedef uint64_t hist_ways_t[HIST_WAYS][HIST_SLOTS];
+
+static void hist_ways_merge(hist_ways_t ways, tk_hist_t *hist, int with_range)
+{
+    for (int b = 0; b < TALLY_HIST_BINS; b++)
+        hist->bins[b] += ways[0][b] + ways[1][b] + ways[2][b] + ways[3][b];
+    if (with_range) {
+        for (int w = 0; w < HIST_WAYS; w++) {
+            hist->underflow += ways[w][SLOT_UNDER];
+            hist->overflow += ways[w][SLOT_OVER];
+        }
+    }
+}
+
+static tally_status_t cpu_hist_u8(void *ctx, const uint8_t *in, size_t n, tk_hist_t *hist)
+{
+    (void)ctx;
+    if (!hist || (n && !in))
+        return TALLY_E_PARAM;
+    if (n < HIST_SMALL) {
+        for (size_t i = 0; i < n; i++)
+            hist->bins[in[i]]++;
+        return TALLY_OK;
+    }
+
+    hist_ways_t ways;
+    memset(ways, 0, sizeof ways);
+    size_t i = 0;
+    for (; i + HIST_WAYS <= n; i += HIST_WAYS) {
+        ways[0][in[i]]++;
+        ways[1][in[i + 1]]++;
+        ways[2][in[i + 2]]++;
+        ways[3][in[i + 3]]++;
+    }
+    for (; i < n; i++)
+        ways[0][in[i]]++;
+    hist_ways_merge(ways, hist, 0);
+    return TALLY_OK;
+}
+
+/*
+ * How hist_i32 finds bins without dividing. With d = x - lo and R = hi - lo, the bin of an
+ * in-range x (0 <= d < R) is q(d) = floor(256 d / R), the value of tally_hist_bin_i32.
+ *
+ * bound[b] = ceil(b R / 256) is the smallest d with q(d) >= b, so q(d) is the largest b with
+ * bound[b] <= d: bound[] defines the bins exactly. It is computed without overflow as
+ * b (R >> 8) + ceil(b (R & 255) / 256); bound[0] = 0 and bound[256] = R.
+ *
+ * PATH_SHIFT, R = 2^s: q(d) = (d << 8) >> s, done as d << (8 - s) or d >> (s - 8).
+ *
+ * PATH_RECIP, R <= 2^33 (every range an int32 histogram needs): with m = floor(2^56 / R),
+ * e(d) = floor(256 d m / 2^56). Then 256 d m <= 256 d 2^56 / R < 256 * 2^56 = 2^64, so the
+ * product fits in uint64_t, and 256 d / R - 256 d m / 2^56 = 256 d (2^56 - m R) / (R 2^56)
+ * lies in [0, 256 d / 2^56) and 256 d < 256 R <= 2^41, so the error is in [0, 2^-15): e(d) is
+ * q(d) or q(d) - 1. One table compare corrects it: q(d) = e + (d >= bound[e + 1]).
+ *
+ * PATH_SEARCH, wider ranges: a branch-free binary search of bound[] (8 steps), exact for any R.
+ *
+ * tally_hist_bin_i32 itself computes in 64 bits and so is only defined for R <= 2^56; where it
+ * is, q(d) above equals it. For wider ranges this backend still gives the exact floor.
+ */
+typedef enum { PATH_SHIFT, PATH_RECIP, PATH_SEARCH } hist_path_t;
+
+typedef struct {
+    hist_path_t path;
+    int64_t lo;
+    uint64_t range;
+    unsigned shl, shr; /* PATH_SHIFT */
+    uint64_t mul;      /* PATH_RECIP */
+    uint64_t bound[TALLY_HIST_BINS + 1];
+} hist_plan_t;
+
+static void hist_plan_init(hist_plan_t *p, int64_t lo, int64_t hi)
+{
+    uint64_t r = (uint64_t)hi - (uint64_t)lo; /* exact: lo < hi */
+
+    p->lo = lo;
+    p->range = r;
+    for (uint64_t b = 0; b <= TALLY_HIST_BINS; b++)
+        p->bound[b] = b * (r >> 8) + (b * (r & 255) + 255) / 256;
+    p->shl = p->shr = 0;
+    p->mul = 0;
+    if ((r & (r - 1)) == 0) {
+        unsigned s = 0;
+        while ((r >> s) > 1)
+            s++;
+        p->path = PATH_SHIFT;
+        if (s >= 8)
+            p->shr = s - 8;
+        else
+            p->shl = 8 - s;
+    } else if (r <= (UINT64_C(1) << 33)) {
+        p->path = PATH_RECIP;
+        p->mul = (UINT64_C(1) << 56) / r;
+    } else {
+        p->path = PATH_SEARCH;
+    }
+}
+
+/*
+ * One loop per path; BIN(d) maps an in-range offset to its bin and must be safe (no fault) for
+ * d = 0, which stands in for out-of-range elements. An element is in range exactly when
+ * d < R as uint64_t: for x < lo, d wraps to 2^64 - (lo - x) >= R because hi - x < 2^64.
+ */
+#define DEFINE_HIST_I32(NAME, BIN)                                                                 \
+    static void NAME(const hist_plan_t *p, const int32_t *in, size_t n, hist_ways_t ways)          \
+    {                                                                                              \
+        const uint64_t ulo = (uint64_t)p->lo, r = p->range;                                        \
+        for (size_t i = 0; i < n; i++) {                                                           \
+            int64_t x = in[i];                                                                     \
+            uint64_t d = (uint64_t)x - ulo;                                                        \
+            int inside = d < r;                                                                    \
+            uint64_t dc = inside ? d : 0;                                                          \
+            unsigned bin = (BIN);                                                                  \
+            unsigned out_slot = x < p->lo ? SLOT_UNDER : SLOT_OVER;                                \
+            ways[i % HIST_WAYS][inside ? bin : out_slot]++;                                        \
+        }                                                                                          \
+    }
+
+static inline unsigned hist_recip_bin(const hist_plan_t *p, uint64_t d)
+{
+    unsigned e = (unsigned)(((d << 8) * p->mul) >> 56);
+    return e + (d >= p->bound[e + 1]);
+}
+
+static inline unsigned hist_search_bin(const hist_plan_t *p, uint64_t d)
+{
+    unsigned b = 0;
+    for (unsigned step = TALLY_HIST_BINS / 2; step; step >>= 1)
+        b += (d >= p->bound[b + step]) ? step : 0;
+    return b;
+}
+
+DEFINE_HIST_I32(hist_i32_shift, (unsigned)((dc << p->shl) >> p->shr))
+DEFINE_HIST_I32(hist_i32_recip, hist_recip_bin(p, dc))
+DEFINE_HIST_I32(hist_i32_search, hist_search_bin(p, dc))
+
+static tally_status_t cpu_hist_i32(void *ctx, const int32_t *in, size_t n, int64_t lo, int64_t hi,
+                                   tk_hist_t *hist)
+{
+    (void)ctx;
+    if (!hist || (n && !in) || lo >= hi)
+        return TALLY_E_PARAM;
+    if (n == 0)
+        return TALLY_OK;
+
+    hist_plan_t plan;
+    hist_ways_t ways;
+    hist_plan_init(&plan, lo, hi);
+    memset(ways, 0, sizeof ways);
+    switch (plan.path) {
+    case PATH_SHIFT:
+        hist_i32_shift(&plan, in, n, ways);
+        break;
+    case PATH_RECIP:
+        hist_i32_recip(&plan, in, n, ways);
+        break;
+    case PATH_SEARCH:
+        hist_i32_search(&plan, in, n, ways);
+        break;
+    }
+    hist_ways_merge(ways, hist, 1);
+    return TALLY_OK;
+}
+
+/* ---- the table ------------------------------------------------------------------------------ */
+
+static void cpu_describe(void *ctx, char *buf, size_t cap)
+{
+    (void)ctx;
+    long threads = sysconf(_SC_NPROCESSORS_ONLN);
+    if (buf && cap)
+        snprintf(buf, cap, "cpu: %ld threads", threads > 0 ? threads : 1L);
+}
+
+static void cpu_destroy(tk_backend_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    free(*self_p);
+    *self_p = NULL;
+}
+
+tally_status_t tk_cpu_backend_new(tk_backend_t **out)
+{
+    if (!out)
+        return TALLY_E_PARAM;
+    tk_backend_t *self = calloc(1, sizeof *self);
+    *out = self;
+    if (!self)
+        return TALLY_E_INTERNAL;
+    self->name = "cpu";
+    self->ctx = NULL;
+    self->filter = cpu_filter;
+    self->scan = cpu_scan;
+    self->hist_u8 = cpu_hist_u8;
+    self->hist_i32 = cpu_hist_i32;
+    self->describe = cpu_describe;
+    self->destroy = cpu_destroy;
+    return TALLY_OK;
+}
