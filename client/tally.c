@@ -1,0 +1,858 @@
+/*
+ * tally.c — libtally: the ZeroMQ client of tallyd (API and contracts in tally.h).
+ *
+ * Transport. One ZeroMQ context and one DEALER socket per client. LINGER 0 so destroying a
+ * client never waits for a dead daemon; IMMEDIATE so messages are only queued toward a
+ * connected peer (otherwise a DEALER connected to nothing accepts and holds them forever and
+ * the caller learns nothing); high-water marks sized for a deep pipeline of 1 MiB chunks.
+ * Every wait is a zmq_poll against a deadline computed once per call, so a call that sends
+ * and then receives is bounded by one timeout, not two.
+ *
+ * Replies. A reply is exactly [64-byte header][payload]. The payload frame is kept as a
+ * zmq_msg_t inside tally_reply_t (no copy); error payloads are copied into reply->error.
+ *
+ * tally_run. The input is cut into chunks; chunk k uses slot k % W of a window of W slots,
+ * so at most W requests are outstanding or waiting to be merged. Replies arrive in any order
+ * and are held in their slot; merging happens strictly in chunk order, which keeps filter
+ * output in input order and lets a stateless scan add the running total of the chunks before
+ * it (each chunk was scanned from 0 and reported its total in aux0).
+ */
+#include "tally.h"
+#include "tally_internal.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <zmq.h>
+
+/* Enough for W = 8 windows of 1 MiB chunks many times over, small enough that a stalled
+ * daemon pushes back on a producer long before memory is a concern. */
+#define TALLY_HWM 1000
+
+struct tally_client {
+    void *ctx;
+    void *sock;
+    int timeout_ms;
+    uint64_t next_id;
+    char error[TALLY_ERROR_MESSAGE_MAX + 1];
+};
+
+/* ---- Small helpers ------------------------------------------------------------------------ */
+
+static int64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static int64_t deadline_after(const tally_client_t *self)
+{
+    return now_us() + (int64_t)self->timeout_ms * 1000;
+}
+
+static void set_msg(char *dst, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_msg(char *dst, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(dst, TALLY_ERROR_MESSAGE_MAX + 1, fmt, ap);
+    va_end(ap);
+}
+
+static tally_status_t fail(tally_client_t *self, tally_status_t status, const char *msg)
+{
+    snprintf(self->error, sizeof self->error, "%s", msg);
+    return status;
+}
+
+/* Waits until the socket is readable or writable (`events`) or the deadline passes. */
+static tally_status_t wait_socket(tally_client_t *self, short events, int64_t deadline)
+{
+    for (;;) {
+        int64_t left_us = deadline - now_us();
+        if (left_us <= 0)
+            return TALLY_E_TIMEOUT;
+        zmq_pollitem_t item = {.socket = self->sock, .events = events};
+        long wait_ms = (long)((left_us + 999) / 1000);
+        int rc = zmq_poll(&item, 1, wait_ms);
+        if (rc < 0 && errno == EINTR)
+            continue;
+        if (rc < 0)
+            return TALLY_E_TRANSPORT;
+        if (rc > 0 && (item.revents & events))
+            return TALLY_OK;
+    }
+}
+
+/* ---- Client life cycle -------------------------------------------------------------------- */
+
+static tally_status_t set_int_opt(void *sock, int opt, int value)
+{
+    return zmq_setsockopt(sock, opt, &value, sizeof value) == 0 ? TALLY_OK : TALLY_E_TRANSPORT;
+}
+
+tally_status_t tally_client_new(const char *endpoint, int timeout_ms, tally_client_t **out)
+{
+    if (!out || timeout_ms <= 0)
+        return TALLY_E_ARG;
+    *out = NULL;
+    if (!endpoint)
+        endpoint = TALLY_DEFAULT_ENDPOINT;
+    if (!*endpoint)
+        return TALLY_E_ARG;
+
+    tally_status_t status = TALLY_E_NOMEM;
+    tally_client_t *self = calloc(1, sizeof *self);
+    if (!self)
+        goto fail;
+    self->timeout_ms = timeout_ms;
+    self->next_id = 1;
+
+    status = TALLY_E_TRANSPORT;
+    self->ctx = zmq_ctx_new();
+    if (!self->ctx)
+        goto fail_free;
+    self->sock = zmq_socket(self->ctx, ZMQ_DEALER);
+    if (!self->sock)
+        goto fail_ctx;
+    if (set_int_opt(self->sock, ZMQ_LINGER, 0) || set_int_opt(self->sock, ZMQ_IMMEDIATE, 1) ||
+        set_int_opt(self->sock, ZMQ_SNDHWM, TALLY_HWM) ||
+        set_int_opt(self->sock, ZMQ_RCVHWM, TALLY_HWM) ||
+        /* A backstop only: sends wait in wait_socket with the caller's deadline. */
+        set_int_opt(self->sock, ZMQ_SNDTIMEO, timeout_ms))
+        goto fail_sock;
+    if (zmq_connect(self->sock, endpoint) != 0) {
+        /* An endpoint that does not parse is the caller's mistake, not the network's. */
+        status = (errno == EINVAL || errno == EPROTONOSUPPORT) ? TALLY_E_ARG : TALLY_E_TRANSPORT;
+        goto fail_sock;
+    }
+    *out = self;
+    return TALLY_OK;
+
+fail_sock:
+    zmq_close(self->sock);
+fail_ctx:
+    zmq_ctx_term(self->ctx);
+fail_free:
+    free(self);
+fail:
+    return status;
+}
+
+void tally_client_destroy(tally_client_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    tally_client_t *self = *self_p;
+    zmq_close(self->sock);
+    zmq_ctx_term(self->ctx);
+    free(self);
+    *self_p = NULL;
+}
+
+int tally_client_timeout(const tally_client_t *self)
+{
+    return self ? self->timeout_ms : 0;
+}
+
+const char *tally_client_error(const tally_client_t *self)
+{
+    return self ? self->error : "";
+}
+
+/* ---- Replies ------------------------------------------------------------------------------ */
+
+void tally_reply_init(tally_reply_t *reply)
+{
+    memset(reply, 0, sizeof *reply);
+}
+
+void tally_reply_clear(tally_reply_t *reply)
+{
+    if (!reply)
+        return;
+    if (reply->msg_) {
+        zmq_msg_close(reply->msg_);
+        free(reply->msg_);
+    }
+    tally_reply_init(reply);
+}
+
+/* ---- Send and receive --------------------------------------------------------------------- */
+
+static tally_status_t send_until(tally_client_t *self, const tally_req_t *req, const void *payload,
+                                 size_t len, uint64_t *request_id, int64_t deadline)
+{
+    if (!self || !req || (len && !payload))
+        return TALLY_E_ARG;
+
+    tally_req_t wire = *req;
+    wire.version = TALLY_PROTO_VERSION;
+    wire.request_id = self->next_id;
+    char msg[TALLY_ERROR_MESSAGE_MAX + 1] = "";
+    tally_status_t status = tally_req_validate(&wire, len, SIZE_MAX, msg, sizeof msg);
+    if (status != TALLY_OK)
+        return fail(self, status, msg[0] ? msg : tally_status_text(status));
+
+    uint8_t header[TALLY_REQ_HEADER_SIZE];
+    tally_req_encode(&wire, header);
+    for (;;) {
+        status = wait_socket(self, ZMQ_POLLOUT, deadline);
+        if (status == TALLY_E_TIMEOUT)
+            return fail(self, status, "timed out waiting to send (is tallyd running?)");
+        if (status != TALLY_OK)
+            return fail(self, status, zmq_strerror(zmq_errno()));
+        if (zmq_send(self->sock, header, sizeof header, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0)
+            break;
+        if (zmq_errno() != EAGAIN && zmq_errno() != EINTR)
+            return fail(self, TALLY_E_TRANSPORT, zmq_strerror(zmq_errno()));
+    }
+    /* Multipart messages are atomic: once the first frame is queued the last one is too. */
+    if (zmq_send(self->sock, len ? payload : "", len, 0) < 0)
+        return fail(self, TALLY_E_TRANSPORT, zmq_strerror(zmq_errno()));
+    self->next_id++;
+    if (request_id)
+        *request_id = wire.request_id;
+    return TALLY_OK;
+}
+
+tally_status_t tally_send(tally_client_t *self, const tally_req_t *req, const void *payload,
+                          size_t len, uint64_t *request_id)
+{
+    if (!self)
+        return TALLY_E_ARG;
+    return send_until(self, req, payload, len, request_id, deadline_after(self));
+}
+
+/* Reads and discards the rest of a multipart message; returns how many frames it had. */
+static int drain_frames(void *sock)
+{
+    int frames = 0, more = 1;
+    while (more) {
+        zmq_msg_t part;
+        zmq_msg_init(&part);
+        if (zmq_msg_recv(&part, sock, 0) < 0) {
+            zmq_msg_close(&part);
+            break;
+        }
+        frames++;
+        more = zmq_msg_more(&part);
+        zmq_msg_close(&part);
+    }
+    return frames;
+}
+
+/* Fills reply from a header frame and payload frame already received. Takes `payload`. */
+static tally_status_t decode_reply(tally_client_t *self, zmq_msg_t *header, zmq_msg_t *payload,
+                                   tally_reply_t *reply)
+{
+    if (tally_rep_decode(zmq_msg_data(header), zmq_msg_size(header), &reply->rep) != TALLY_OK) {
+        set_msg(reply->error, "undecodable reply header (%zu bytes)", zmq_msg_size(header));
+        goto bad_reply;
+    }
+    size_t len = zmq_msg_size(payload);
+    if (reply->rep.status != TALLY_OK) {
+        size_t n = len < TALLY_ERROR_MESSAGE_MAX ? len : TALLY_ERROR_MESSAGE_MAX;
+        memcpy(reply->error, zmq_msg_data(payload), n);
+        reply->error[n] = '\0';
+        if (!n)
+            set_msg(reply->error, "%s", tally_status_text((tally_status_t)reply->rep.status));
+        zmq_msg_close(payload);
+        free(payload);
+        fail(self, (tally_status_t)reply->rep.status, reply->error);
+        return (tally_status_t)reply->rep.status;
+    }
+    size_t esize = tally_dtype_size((tally_dtype_t)reply->rep.dtype);
+    if (esize && len % esize) {
+        set_msg(reply->error, "reply payload of %zu bytes is not a whole number of %s", len,
+                tally_dtype_name((tally_dtype_t)reply->rep.dtype));
+        goto bad_reply;
+    }
+    if (len) {
+        reply->msg_ = payload;
+        reply->payload = zmq_msg_data(payload);
+        reply->len = len;
+    } else {
+        zmq_msg_close(payload);
+        free(payload);
+    }
+    return TALLY_OK;
+
+bad_reply:
+    zmq_msg_close(payload);
+    free(payload);
+    return fail(self, TALLY_E_REPLY, reply->error);
+}
+
+static tally_status_t recv_until(tally_client_t *self, tally_reply_t *reply, int64_t deadline)
+{
+    tally_reply_clear(reply);
+    tally_status_t status = wait_socket(self, ZMQ_POLLIN, deadline);
+    if (status == TALLY_E_TIMEOUT) {
+        set_msg(reply->error, "no reply within %d ms (is tallyd running?)", self->timeout_ms);
+        return fail(self, status, reply->error);
+    }
+    if (status != TALLY_OK)
+        goto transport;
+
+    zmq_msg_t header;
+    zmq_msg_init(&header);
+    if (zmq_msg_recv(&header, self->sock, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&header);
+        goto transport;
+    }
+    if (!zmq_msg_more(&header)) {
+        zmq_msg_close(&header);
+        set_msg(reply->error, "reply has 1 frame, expected 2");
+        return fail(self, TALLY_E_REPLY, reply->error);
+    }
+    zmq_msg_t *payload = malloc(sizeof *payload);
+    if (!payload) {
+        zmq_msg_close(&header);
+        drain_frames(self->sock);
+        return fail(self, TALLY_E_NOMEM, "out of memory");
+    }
+    zmq_msg_init(payload);
+    if (zmq_msg_recv(payload, self->sock, 0) < 0) {
+        zmq_msg_close(&header);
+        zmq_msg_close(payload);
+        free(payload);
+        goto transport;
+    }
+    if (zmq_msg_more(payload)) {
+        int extra = drain_frames(self->sock);
+        zmq_msg_close(&header);
+        zmq_msg_close(payload);
+        free(payload);
+        set_msg(reply->error, "reply has %d frames, expected 2", 2 + extra);
+        return fail(self, TALLY_E_REPLY, reply->error);
+    }
+    status = decode_reply(self, &header, payload, reply);
+    zmq_msg_close(&header);
+    return status;
+
+transport:
+    set_msg(reply->error, "receive failed: %s", zmq_strerror(zmq_errno()));
+    return fail(self, TALLY_E_TRANSPORT, reply->error);
+}
+
+tally_status_t tally_recv(tally_client_t *self, tally_reply_t *reply)
+{
+    if (!self || !reply)
+        return TALLY_E_ARG;
+    return recv_until(self, reply, deadline_after(self));
+}
+
+static bool is_local_failure(tally_status_t status)
+{
+    return status == TALLY_E_TIMEOUT || status == TALLY_E_TRANSPORT || status == TALLY_E_NOMEM;
+}
+
+tally_status_t tally_call(tally_client_t *self, const tally_req_t *req, const void *payload,
+                          size_t len, tally_reply_t *reply)
+{
+    if (!self || !req || !reply)
+        return TALLY_E_ARG;
+    tally_reply_clear(reply);
+    int64_t deadline = deadline_after(self);
+    uint64_t id = 0;
+    tally_status_t status = send_until(self, req, payload, len, &id, deadline);
+    if (status != TALLY_OK) {
+        snprintf(reply->error, sizeof reply->error, "%s", self->error);
+        return status;
+    }
+    /* Replies to older requests (ones that timed out, or a tally_run that failed) may still
+     * arrive: skip them until ours comes. */
+    for (;;) {
+        status = recv_until(self, reply, deadline);
+        if (is_local_failure(status))
+            return status;
+        if (reply->rep.request_id == id)
+            return status;
+        if (status == TALLY_E_REPLY && reply->rep.request_id == 0)
+            return status; /* the header did not decode: cannot tell whose it is */
+    }
+}
+
+/* ---- Convenience wrappers ----------------------------------------------------------------- */
+
+static void simple_req(tally_req_t *req, tally_op_t op)
+{
+    memset(req, 0, sizeof *req);
+    req->version = TALLY_PROTO_VERSION;
+    req->opcode = (uint8_t)op;
+    req->dtype = TALLY_DTYPE_NONE;
+}
+
+tally_status_t tally_ping(tally_client_t *self, double *rtt_us)
+{
+    tally_req_t req;
+    simple_req(&req, TALLY_OP_PING);
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    int64_t start = now_us();
+    tally_status_t status = tally_call(self, &req, NULL, 0, &reply);
+    if (rtt_us)
+        *rtt_us = (double)(now_us() - start);
+    tally_reply_clear(&reply);
+    return status;
+}
+
+tally_status_t tally_info(tally_client_t *self, tally_op_t op, char **text)
+{
+    if (!text || (op != TALLY_OP_INFO && op != TALLY_OP_STATS))
+        return TALLY_E_ARG;
+    *text = NULL;
+    tally_req_t req;
+    simple_req(&req, op);
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    tally_status_t status = tally_call(self, &req, NULL, 0, &reply);
+    if (status != TALLY_OK)
+        goto out;
+    *text = malloc(reply.len + 1);
+    if (!*text) {
+        status = TALLY_E_NOMEM;
+        goto out;
+    }
+    if (reply.len)
+        memcpy(*text, reply.payload, reply.len);
+    (*text)[reply.len] = '\0';
+out:
+    tally_reply_clear(&reply);
+    return status;
+}
+
+/* A query/reset request naming `stream`; the name is checked before anything is sent. */
+static tally_status_t stream_req(tally_client_t *self, tally_req_t *req, tally_op_t op,
+                                 const char *stream)
+{
+    simple_req(req, op);
+    if (!stream)
+        return TALLY_E_ARG;
+    tally_status_t status = tally_req_set_stream(req, stream);
+    if (status != TALLY_OK) {
+        snprintf(self->error, sizeof self->error, "invalid stream name '%.80s'", stream);
+    }
+    return status;
+}
+
+tally_status_t tally_query(tally_client_t *self, const char *stream, tally_stream_info_t *info)
+{
+    if (!self || !info)
+        return TALLY_E_ARG;
+    tally_req_t req;
+    tally_status_t status = stream_req(self, &req, TALLY_OP_QUERY, stream);
+    if (status != TALLY_OK)
+        return status;
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    status = tally_call(self, &req, NULL, 0, &reply);
+    if (status == TALLY_OK &&
+        tally_stream_info_decode(reply.payload, reply.len, info) != TALLY_OK) {
+        status = fail(self, TALLY_E_REPLY, "query reply does not decode");
+    }
+    tally_reply_clear(&reply);
+    return status;
+}
+
+tally_status_t tally_reset(tally_client_t *self, const char *stream)
+{
+    if (!self)
+        return TALLY_E_ARG;
+    tally_req_t req;
+    tally_status_t status = stream_req(self, &req, TALLY_OP_RESET, stream);
+    if (status != TALLY_OK)
+        return status;
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    status = tally_call(self, &req, NULL, 0, &reply);
+    tally_reply_clear(&reply);
+    return status;
+}
+
+void tally_strings_free(char **names, size_t count)
+{
+    if (!names)
+        return;
+    for (size_t i = 0; i < count; i++)
+        free(names[i]);
+    free(names);
+}
+
+/* Splits a streams payload, a sequence of [u8 len][name], into strings. */
+static tally_status_t parse_streams(const uint8_t *p, size_t len, char ***names, size_t *count)
+{
+    size_t n = 0;
+    for (size_t at = 0; at < len; at += 1 + p[at], n++) {
+        if (p[at] == 0 || at + 1 + p[at] > len)
+            return TALLY_E_REPLY;
+    }
+    char **list = calloc(n ? n : 1, sizeof *list);
+    if (!list)
+        return TALLY_E_NOMEM;
+    size_t i = 0;
+    for (size_t at = 0; at < len; at += 1 + p[at], i++) {
+        list[i] = strndup((const char *)p + at + 1, p[at]);
+        if (!list[i]) {
+            tally_strings_free(list, i);
+            return TALLY_E_NOMEM;
+        }
+    }
+    *names = list;
+    *count = n;
+    return TALLY_OK;
+}
+
+tally_status_t tally_streams(tally_client_t *self, char ***names, size_t *count)
+{
+    if (!self || !names || !count)
+        return TALLY_E_ARG;
+    *names = NULL;
+    *count = 0;
+    tally_req_t req;
+    simple_req(&req, TALLY_OP_STREAMS);
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    tally_status_t status = tally_call(self, &req, NULL, 0, &reply);
+    if (status == TALLY_OK) {
+        status = parse_streams(reply.payload, reply.len, names, count);
+        if (status == TALLY_E_REPLY)
+            fail(self, status, "malformed streams reply");
+    }
+    tally_reply_clear(&reply);
+    return status;
+}
+
+/* ---- Growable buffers --------------------------------------------------------------------- */
+
+void tally_buf_free(tally_buf_t *buf)
+{
+    if (!buf)
+        return;
+    free(buf->data);
+    memset(buf, 0, sizeof *buf);
+}
+
+tally_status_t tally_buf_reserve(tally_buf_t *buf, size_t extra)
+{
+    if (!buf || extra > SIZE_MAX - buf->len)
+        return TALLY_E_ARG;
+    size_t need = buf->len + extra;
+    if (need <= buf->cap)
+        return TALLY_OK;
+    size_t cap = buf->cap ? buf->cap : 4096;
+    while (cap < need)
+        cap = cap > SIZE_MAX / 2 ? need : cap * 2;
+    uint8_t *data = realloc(buf->data, cap);
+    if (!data)
+        return TALLY_E_NOMEM;
+    buf->data = data;
+    buf->cap = cap;
+    return TALLY_OK;
+}
+
+tally_status_t tally_buf_append(tally_buf_t *buf, const void *data, size_t len)
+{
+    tally_status_t status = tally_buf_reserve(buf, len);
+    if (status != TALLY_OK)
+        return status;
+    if (len)
+        memcpy(buf->data + buf->len, data, len);
+    buf->len += len;
+    return TALLY_OK;
+}
+
+/* ---- Reassembly arithmetic (tally_internal.h) --------------------------------------------- */
+
+void tally__scan_offset(uint8_t *vals, size_t n, bool out_i32, uint64_t offset)
+{
+    if (out_i32) {
+        uint32_t off32 = (uint32_t)offset;
+        for (size_t i = 0; i < n; i++)
+            tally_put_u32(vals + 4 * i, tally_get_u32(vals + 4 * i) + off32);
+    } else {
+        for (size_t i = 0; i < n; i++)
+            tally_put_u64(vals + 8 * i, tally_get_u64(vals + 8 * i) + offset);
+    }
+}
+
+void tally__hist_add(uint8_t *acc, const uint8_t *vals, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        tally_put_u64(acc + 8 * i, tally_get_u64(acc + 8 * i) + tally_get_u64(vals + 8 * i));
+}
+
+size_t tally__hist_values(uint8_t dtype)
+{
+    if (dtype == TALLY_DTYPE_U8)
+        return TALLY_HIST_BINS;
+    if (dtype == TALLY_DTYPE_I32)
+        return TALLY_HIST_I32_VALUES;
+    return 0;
+}
+
+size_t tally__chunk_bytes(size_t requested, size_t elem_size)
+{
+    size_t chunk = requested ? requested : TALLY_DEFAULT_CHUNK_BYTES;
+    chunk -= chunk % elem_size;
+    return chunk ? chunk : elem_size;
+}
+
+uint64_t tally__chunk_count(size_t len, size_t chunk_bytes)
+{
+    return len ? (len + chunk_bytes - 1) / chunk_bytes : 1;
+}
+
+/* ---- tally_run ---------------------------------------------------------------------------- */
+
+typedef struct {
+    uint64_t request_id;
+    bool in_flight; /* sent, reply not yet received */
+    bool done;      /* reply received and held, not yet merged */
+    tally_reply_t reply;
+} run_slot_t;
+
+typedef struct {
+    tally_client_t *client;
+    const tally_req_t *req;
+    const uint8_t *input;
+    size_t len;
+    size_t elem_size;
+    size_t chunk_bytes;
+    uint64_t chunks;
+    unsigned window;
+    run_slot_t *slots;
+    tally_buf_t *out;
+    size_t out_base;      /* out->len when the run started */
+    uint64_t scan_offset; /* stateless scan: total of the chunks merged so far */
+    tally_run_result_t *res;
+} run_t;
+
+static tally_status_t run_fail(run_t *run, tally_status_t status, const char *msg)
+{
+    run->res->status = status;
+    snprintf(run->res->error, sizeof run->res->error, "%s", msg);
+    snprintf(run->client->error, sizeof run->client->error, "%s", msg);
+    return status;
+}
+
+static size_t chunk_len(const run_t *run, uint64_t k)
+{
+    size_t start = (size_t)k * run->chunk_bytes;
+    size_t left = run->len - start;
+    return left < run->chunk_bytes ? left : run->chunk_bytes;
+}
+
+static tally_status_t merge_filter(run_t *run, const tally_reply_t *reply)
+{
+    tally_status_t status = tally_buf_append(run->out, reply->payload, reply->len);
+    if (status != TALLY_OK)
+        return run_fail(run, status, "out of memory");
+    run->res->count += reply->len / run->elem_size;
+    run->res->seen += reply->rep.aux0;
+    return TALLY_OK;
+}
+
+static tally_status_t merge_scan(run_t *run, uint64_t k, const tally_reply_t *reply)
+{
+    bool out_i32 = run->req->flags & TALLY_FLAG_SCAN_OUT_I32;
+    size_t n = chunk_len(run, k) / run->elem_size;
+    size_t out_size = out_i32 ? 4 : 8;
+    if (reply->len != n * out_size) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "scan reply has %zu bytes for %zu elements", reply->len, n);
+        return run_fail(run, TALLY_E_REPLY, msg);
+    }
+    size_t at = run->out->len;
+    tally_status_t status = tally_buf_append(run->out, reply->payload, reply->len);
+    if (status != TALLY_OK)
+        return run_fail(run, status, "out of memory");
+    if (run->req->stream_len) {
+        run->res->carry = (int64_t)reply->rep.aux0; /* the daemon carried */
+    } else {
+        tally__scan_offset(run->out->data + at, n, out_i32, run->scan_offset);
+        run->scan_offset += reply->rep.aux0;
+        run->res->carry = (int64_t)run->scan_offset;
+    }
+    run->res->count += n;
+    return TALLY_OK;
+}
+
+static tally_status_t merge_hist(run_t *run, const tally_reply_t *reply)
+{
+    size_t values = tally__hist_values(run->req->dtype);
+    if (reply->len != values * 8) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "hist reply has %zu bytes, expected %zu", reply->len, values * 8);
+        return run_fail(run, TALLY_E_REPLY, msg);
+    }
+    tally__hist_add(run->out->data + run->out_base, reply->payload, values);
+    run->res->hist_total += reply->rep.aux0;
+    return TALLY_OK;
+}
+
+static tally_status_t merge_chunk(run_t *run, uint64_t k, const tally_reply_t *reply)
+{
+    switch (run->req->opcode) {
+    case TALLY_OP_FILTER:
+        return merge_filter(run, reply);
+    case TALLY_OP_SCAN:
+        return merge_scan(run, k, reply);
+    default:
+        return merge_hist(run, reply);
+    }
+}
+
+static tally_status_t run_send(run_t *run, uint64_t k)
+{
+    run_slot_t *slot = &run->slots[k % run->window];
+    const uint8_t *chunk = run->input ? run->input + (size_t)k * run->chunk_bytes : NULL;
+    tally_status_t status =
+        tally_send(run->client, run->req, chunk, chunk_len(run, k), &slot->request_id);
+    if (status != TALLY_OK)
+        return run_fail(run, status, run->client->error);
+    slot->in_flight = true;
+    run->res->chunks++;
+    return TALLY_OK;
+}
+
+/* Receives one reply and parks it in its slot; replies to requests not in the window (left
+ * over from an earlier failed call) are dropped. */
+static tally_status_t run_receive(run_t *run, tally_reply_t *reply)
+{
+    tally_status_t status = tally_recv(run->client, reply);
+    if (status != TALLY_OK && (is_local_failure(status) || reply->rep.request_id == 0))
+        return run_fail(run, status, reply->error);
+    for (unsigned i = 0; i < run->window; i++) {
+        run_slot_t *slot = &run->slots[i];
+        if (!slot->in_flight || slot->request_id != reply->rep.request_id)
+            continue;
+        if (status != TALLY_OK)
+            return run_fail(run, status, reply->error);
+        slot->in_flight = false;
+        slot->done = true;
+        slot->reply = *reply; /* the slot takes over the payload */
+        tally_reply_init(reply);
+        return TALLY_OK;
+    }
+    tally_reply_clear(reply);
+    return TALLY_OK;
+}
+
+static tally_status_t run_loop(run_t *run)
+{
+    uint64_t next_send = 0, next_merge = 0;
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    tally_status_t status = TALLY_OK;
+    while (next_merge < run->chunks) {
+        /* Step 1: fill the window. */
+        while (next_send < run->chunks && next_send - next_merge < run->window) {
+            status = run_send(run, next_send);
+            if (status != TALLY_OK)
+                goto out;
+            next_send++;
+        }
+        /* Step 2: wait for one reply. */
+        status = run_receive(run, &reply);
+        if (status != TALLY_OK)
+            goto out;
+        /* Step 3: merge every reply that is next in chunk order. */
+        for (run_slot_t *slot = &run->slots[next_merge % run->window];
+             next_merge < run->chunks && slot->done; slot = &run->slots[next_merge % run->window]) {
+            status = merge_chunk(run, next_merge, &slot->reply);
+            tally_reply_clear(&slot->reply);
+            slot->done = false;
+            if (status != TALLY_OK)
+                goto out;
+            next_merge++;
+        }
+    }
+out:
+    tally_reply_clear(&reply);
+    return status;
+}
+
+/* Checks what tally_run needs beyond what tally_send checks, and sizes the output. */
+static tally_status_t run_prepare(run_t *run, const tally_run_opts_t *opts)
+{
+    const tally_req_t *req = run->req;
+    char msg[160];
+    if (req->opcode != TALLY_OP_FILTER && req->opcode != TALLY_OP_SCAN &&
+        req->opcode != TALLY_OP_HIST)
+        return run_fail(run, TALLY_E_ARG, "tally_run takes filter, scan or hist requests");
+    run->elem_size = tally_dtype_size((tally_dtype_t)req->dtype);
+    if (!run->elem_size || (req->opcode == TALLY_OP_HIST && !tally__hist_values(req->dtype)))
+        return run_fail(run, TALLY_E_ARG, "request has no input dtype");
+    if (run->len % run->elem_size) {
+        snprintf(msg, sizeof msg, "input of %zu bytes is not a whole number of %zu-byte %s",
+                 run->len, run->elem_size, tally_dtype_name((tally_dtype_t)req->dtype));
+        return run_fail(run, TALLY_E_ARG, msg);
+    }
+    run->chunk_bytes = tally__chunk_bytes(opts ? opts->chunk_bytes : 0, run->elem_size);
+    run->window = opts && opts->window ? opts->window : TALLY_DEFAULT_WINDOW;
+    run->chunks = tally__chunk_count(run->len, run->chunk_bytes);
+    if (run->window > run->chunks)
+        run->window = (unsigned)run->chunks;
+
+    /* Size the output once: filter keeps at most the input, scan writes 4 or 8 bytes per
+     * element, hist one zeroed histogram that chunks are added into. */
+    size_t n = run->len / run->elem_size, need;
+    if (req->opcode == TALLY_OP_FILTER)
+        need = run->len;
+    else if (req->opcode == TALLY_OP_SCAN)
+        need = n * ((req->flags & TALLY_FLAG_SCAN_OUT_I32) ? 4 : 8);
+    else
+        need = tally__hist_values(req->dtype) * 8;
+    if (tally_buf_reserve(run->out, need) != TALLY_OK)
+        return run_fail(run, TALLY_E_NOMEM, "out of memory for the output");
+    if (req->opcode == TALLY_OP_HIST) {
+        memset(run->out->data + run->out->len, 0, need);
+        run->out->len += need;
+        run->res->count = tally__hist_values(req->dtype);
+    }
+    run->slots = calloc(run->window, sizeof *run->slots);
+    if (!run->slots)
+        return run_fail(run, TALLY_E_NOMEM, "out of memory");
+    return TALLY_OK;
+}
+
+tally_status_t tally_run(tally_client_t *self, const tally_req_t *req, const void *input,
+                         size_t len, const tally_run_opts_t *opts, tally_buf_t *out,
+                         tally_run_result_t *result)
+{
+    tally_run_result_t local;
+    if (!result)
+        result = &local;
+    memset(result, 0, sizeof *result);
+    if (!self || !req || !out || (len && !input))
+        return result->status = TALLY_E_ARG;
+
+    run_t run = {.client = self,
+                 .req = req,
+                 .input = input,
+                 .len = len,
+                 .out = out,
+                 .out_base = out->len,
+                 .res = result};
+    tally_status_t status = run_prepare(&run, opts);
+    if (status != TALLY_OK)
+        goto out;
+    result->elements = len / run.elem_size;
+    status = run_loop(&run);
+
+out:
+    if (run.slots) {
+        for (unsigned i = 0; i < run.window; i++)
+            tally_reply_clear(&run.slots[i].reply);
+        free(run.slots);
+    }
+    result->status = status;
+    return status;
+}

@@ -1,0 +1,155 @@
+/*
+ * tally.h — libtally, the C client library of tallyd.
+ *
+ * A tally_client_t is one ZeroMQ DEALER socket connected to one daemon. Three layers, each
+ * built on the one below:
+ *
+ *   1. tally_send / tally_recv: pipelining. tally_send encodes a request (proto/tally_proto.h),
+ *      gives it a fresh request id and queues it; tally_recv returns the next reply that
+ *      arrives, whichever request it answers, so a caller can keep a window of requests in
+ *      flight and match replies by request id. Replies to requests on different streams (or
+ *      on none) can come back in any order; requests on one stream apply in order.
+ *   2. tally_call: one synchronous request; replies to other (older, timed-out) requests are
+ *      discarded while it waits. Wrappers for the small operations sit on top of it.
+ *   3. tally_run: one operation over an input of any size, cut into chunks that are pipelined
+ *      with a window, whose output is what one whole message would have produced.
+ *
+ * Nothing blocks forever: every wait is bounded by the client's timeout and reports
+ * TALLY_E_TIMEOUT. The socket sets ZMQ_IMMEDIATE, so a request is never queued toward a
+ * daemon that is not connected (a DEALER would otherwise hold it until one appears).
+ *
+ * Buffers holding elements (inputs, reply payloads, tally_run outputs) are little-endian
+ * element arrays exactly as on the wire, that is plain C arrays on the little-endian hosts
+ * tallyd runs on. Reply payloads are not guaranteed to be aligned; copy them out or read
+ * them with tally_get_u32/tally_get_u64.
+ *
+ * A client is not thread-safe (ZeroMQ sockets are not): use one per thread.
+ * Every function that can fail returns a tally_status_t (0 = TALLY_OK).
+ */
+#ifndef TALLY_H
+#define TALLY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tally_proto.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TALLY_DEFAULT_ENDPOINT "tcp://127.0.0.1:5555"
+#define TALLY_DEFAULT_TIMEOUT_MS 5000
+#define TALLY_DEFAULT_CHUNK_BYTES (1u << 20)
+#define TALLY_DEFAULT_WINDOW 8u
+
+typedef struct tally_client tally_client_t;
+
+/* One reply: the decoded header, the payload (owned by the reply until tally_reply_clear),
+ * and for an error status the daemon's message (or a client-side explanation). */
+typedef struct {
+    tally_rep_t rep;
+    const uint8_t *payload; /* NULL when empty or on error */
+    size_t len;
+    char error[TALLY_ERROR_MESSAGE_MAX + 1]; /* "" on success */
+    void *msg_;                              /* private: the ZeroMQ frame holding payload */
+} tally_reply_t;
+
+/* Creates a client connected (asynchronously) to `endpoint` (NULL: TALLY_DEFAULT_ENDPOINT).
+ * `timeout_ms` (> 0) bounds every wait of every call on this client. */
+tally_status_t tally_client_new(const char *endpoint, int timeout_ms, tally_client_t **out);
+/* Closes the socket without lingering and frees the client; sets *self_p to NULL. */
+void tally_client_destroy(tally_client_t **self_p);
+int tally_client_timeout(const tally_client_t *self);
+
+/* Initialises an empty reply; tally_reply_clear frees what a reply holds and empties it. */
+void tally_reply_init(tally_reply_t *reply);
+void tally_reply_clear(tally_reply_t *reply);
+
+/* Validates and sends one request (req->request_id is ignored: the client allocates one and
+ * stores it in *request_id, which may be NULL). Waits at most the timeout for the socket to
+ * accept the message. Returns TALLY_OK, a wire status for a request the daemon would reject
+ * anyway (bad stream name, flags, payload size: nothing is sent), TALLY_E_TIMEOUT,
+ * TALLY_E_TRANSPORT or TALLY_E_ARG. */
+tally_status_t tally_send(tally_client_t *self, const tally_req_t *req, const void *payload,
+                          size_t len, uint64_t *request_id);
+
+/* Receives the next reply, in any order, waiting at most the timeout. *reply is cleared
+ * first. Returns the reply's wire status (reply->rep.request_id says which request it
+ * answers), or TALLY_E_TIMEOUT, TALLY_E_TRANSPORT, or TALLY_E_REPLY for a reply that does
+ * not decode (wrong frame count, magic, version or payload size). */
+tally_status_t tally_recv(tally_client_t *self, tally_reply_t *reply);
+
+/* Sends one request and waits for its reply (the timeout covers both). Returns the wire
+ * status or a client-side one; reply->error explains any failure. */
+tally_status_t tally_call(tally_client_t *self, const tally_req_t *req, const void *payload,
+                          size_t len, tally_reply_t *reply);
+
+/* The message of the last failed call on this client ("" if none). */
+const char *tally_client_error(const tally_client_t *self);
+
+/* ---- Convenience wrappers around tally_call ---------------------------------------------- */
+
+/* Round trip of an empty ping; *rtt_us (may be NULL) receives the round-trip time. */
+tally_status_t tally_ping(tally_client_t *self, double *rtt_us);
+/* Info (TALLY_OP_INFO) or Prometheus metrics (TALLY_OP_STATS) text, NUL-terminated, malloc'd:
+ * free it with free(). */
+tally_status_t tally_info(tally_client_t *self, tally_op_t op, char **text);
+tally_status_t tally_query(tally_client_t *self, const char *stream, tally_stream_info_t *info);
+tally_status_t tally_reset(tally_client_t *self, const char *stream);
+/* The daemon's stream names: a malloc'd array of *count malloc'd strings, freed with
+ * tally_strings_free. */
+tally_status_t tally_streams(tally_client_t *self, char ***names, size_t *count);
+void tally_strings_free(char **names, size_t count);
+
+/* ---- Chunked, pipelined operations ------------------------------------------------------- */
+
+/* A growable output buffer. Start from {0}; tally_buf_free releases it. */
+typedef struct {
+    uint8_t *data;
+    size_t len;
+    size_t cap;
+} tally_buf_t;
+
+void tally_buf_free(tally_buf_t *buf);
+tally_status_t tally_buf_reserve(tally_buf_t *buf, size_t extra);
+tally_status_t tally_buf_append(tally_buf_t *buf, const void *data, size_t len);
+
+typedef struct {
+    size_t chunk_bytes; /* 0: TALLY_DEFAULT_CHUNK_BYTES; rounded down to whole elements */
+    unsigned window;    /* requests in flight; 0: TALLY_DEFAULT_WINDOW */
+} tally_run_opts_t;
+
+/* What tally_run learnt besides the output. */
+typedef struct {
+    uint64_t chunks;     /* requests sent */
+    uint64_t elements;   /* input elements */
+    uint64_t count;      /* output elements (filter: kept; scan: elements; hist: values) */
+    uint64_t seen;       /* filter: elements seen */
+    int64_t carry;       /* scan: running total after the last element (stream or not) */
+    uint64_t hist_total; /* hist: elements histogrammed */
+    tally_status_t status;
+    char error[TALLY_ERROR_MESSAGE_MAX + 1]; /* why it failed, "" on success */
+} tally_run_result_t;
+
+/* Runs a filter, scan or hist request `req` (its stream, predicate, flags, dtype, range) over
+ * `input` (`len` bytes, a whole number of elements, any size, even 0), in chunks of
+ * opts->chunk_bytes with at most opts->window requests in flight, and appends to `out`
+ * exactly what one request with the whole input would have produced:
+ *   filter: the kept elements (input dtype), in input order (chunk replies are put in chunk
+ *           order, so stable mode stays stable);
+ *   scan:   n int64 (or int32 with TALLY_FLAG_SCAN_OUT_I32) prefix sums. Without a stream,
+ *           each chunk is scanned from 0 and the client adds the total of the chunks before
+ *           it (wrapping), so chunks still pipeline; with a stream the daemon carries;
+ *   hist:   256 (u8) or 258 (i32: bins, underflow, overflow) uint64 counts of this input,
+ *           summed over chunks (with a stream, the stream's running histogram grows too).
+ * `opts` and `result` may be NULL. On failure, `out` holds what was produced so far and
+ * result->error says why; replies still in flight are ignored by later calls. */
+tally_status_t tally_run(tally_client_t *self, const tally_req_t *req, const void *input,
+                         size_t len, const tally_run_opts_t *opts, tally_buf_t *out,
+                         tally_run_result_t *result);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TALLY_H */

@@ -1,0 +1,34 @@
+/*
+ * tally_internal.h — libtally's private helpers, shared by tally.c and the unit tests.
+ *
+ * These are the pure pieces of tally_run's reassembly (no sockets), split out so that the
+ * arithmetic that makes chunked output equal whole-message output can be tested directly.
+ * The `tally__` prefix marks them private: they are exported from the shared library only so
+ * tests can link them, and are not installed or part of the API.
+ */
+#ifndef TALLY_INTERNAL_H
+#define TALLY_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Adds `offset` to each of the `n` little-endian prefix sums at `vals`, wrapping: modulo 2^64
+ * for int64 output, modulo 2^32 (the low 32 bits of offset) for int32 output. This turns a
+ * chunk scanned from carry-in 0 into the chunk scanned from carry-in `offset`. */
+void tally__scan_offset(uint8_t *vals, size_t n, bool out_i32, uint64_t offset);
+
+/* acc[i] += vals[i] for `n` little-endian uint64 counts (histogram summing across chunks). */
+void tally__hist_add(uint8_t *acc, const uint8_t *vals, size_t n);
+
+/* Number of uint64 values in a hist reply for the request's input dtype (0 if none). */
+size_t tally__hist_values(uint8_t dtype);
+
+/* The chunk size tally_run uses: `requested` (0 = default) rounded down to a whole number of
+ * `elem_size`-byte elements, at least one element. */
+size_t tally__chunk_bytes(size_t requested, size_t elem_size);
+
+/* Chunks for an input of `len` bytes: at least 1 (an empty input is still one request). */
+uint64_t tally__chunk_count(size_t len, size_t chunk_bytes);
+
+#endif /* TALLY_INTERNAL_H */
