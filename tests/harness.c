@@ -1,0 +1,252 @@
+/*
+ * harness.c — see harness.h.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "harness.h"
+
+static void *zmq_context;
+
+static void *context(void)
+{
+    if (!zmq_context)
+        zmq_context = zmq_ctx_new();
+    return zmq_context;
+}
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof addr;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&addr, sizeof addr) == 0 &&
+        getsockname(fd, (struct sockaddr *)&addr, &len) == 0)
+        port = ntohs(addr.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+static const char *tallyd_path(void)
+{
+    const char *bin = getenv("TALLYD_BIN");
+    return bin && *bin ? bin : "./tallyd";
+}
+
+int th_daemon_start(th_daemon_t *d, const char *const *extra_args)
+{
+    for (int attempt = 0; attempt < 5; attempt++) {
+        memset(d, 0, sizeof *d);
+        d->port = free_port();
+        snprintf(d->endpoint, sizeof d->endpoint, "tcp://127.0.0.1:%d", d->port);
+        snprintf(d->log_path, sizeof d->log_path, "/tmp/tallyd-test-%d-%d.log", (int)getpid(),
+                 d->port);
+        const char *argv[64];
+        int argc = 0;
+        argv[argc++] = tallyd_path();
+        argv[argc++] = "--bind";
+        argv[argc++] = d->endpoint;
+        argv[argc++] = "--log-level";
+        argv[argc++] = "debug";
+        bool has_backend = false;
+        for (int i = 0; extra_args && extra_args[i] && argc < 60; i++) {
+            has_backend |= strcmp(extra_args[i], "--backend") == 0;
+            argv[argc++] = extra_args[i];
+        }
+        if (!has_backend && !getenv("TALLY_TEST_BACKEND")) {
+            argv[argc++] = "--backend";
+            argv[argc++] = "cpu";
+        } else if (!has_backend) {
+            argv[argc++] = "--backend";
+            argv[argc++] = getenv("TALLY_TEST_BACKEND");
+        }
+        argv[argc] = NULL;
+        pid_t pid = fork();
+        if (pid < 0)
+            return -1;
+        if (pid == 0) {
+            FILE *log = freopen(d->log_path, "w", stderr);
+            (void)log;
+            execv(argv[0], (char *const *)argv);
+            fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+            _exit(127);
+        }
+        d->pid = pid;
+        /* Wait for a pong: the daemon is up once it answers. */
+        void *sock = th_connect(d->endpoint, 200);
+        for (int i = 0; i < 50; i++) {
+            tally_req_t ping = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 1);
+            th_reply_t reply;
+            if (th_call(sock, &ping, NULL, 0, &reply) == 0) {
+                th_reply_free(&reply);
+                th_close(sock);
+                return 0;
+            }
+            int status;
+            if (waitpid(pid, &status, WNOHANG) == pid)
+                break; /* exited: maybe the port was taken meanwhile; try another */
+            th_close(sock);
+            sock = th_connect(d->endpoint, 200);
+        }
+        th_close(sock);
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        fprintf(stderr, "tallyd did not start on %s (log %s)\n", d->endpoint, d->log_path);
+    }
+    return -1;
+}
+
+int th_daemon_stop(th_daemon_t *d, int sig, int timeout_ms)
+{
+    if (d->pid <= 0)
+        return -1;
+    kill(d->pid, sig);
+    for (int waited = 0; waited < timeout_ms; waited += 10) {
+        int status;
+        if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
+            d->pid = 0;
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        }
+        usleep(10000);
+    }
+    kill(d->pid, SIGKILL);
+    waitpid(d->pid, NULL, 0);
+    d->pid = 0;
+    return -1;
+}
+
+bool th_daemon_log_contains(const th_daemon_t *d, const char *text)
+{
+    FILE *f = fopen(d->log_path, "r");
+    if (!f)
+        return false;
+    char line[2048];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f))
+        found = strstr(line, text) != NULL;
+    fclose(f);
+    return found;
+}
+
+void *th_connect(const char *endpoint, int timeout_ms)
+{
+    void *sock = zmq_socket(context(), ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(sock, ZMQ_RCVTIMEO, &timeout_ms, sizeof timeout_ms);
+    zmq_setsockopt(sock, ZMQ_SNDTIMEO, &timeout_ms, sizeof timeout_ms);
+    zmq_connect(sock, endpoint);
+    return sock;
+}
+
+void th_close(void *sock)
+{
+    if (sock)
+        zmq_close(sock);
+}
+
+int th_send_frames(void *sock, int count, const void *const *data, const size_t *lens)
+{
+    for (int i = 0; i < count; i++)
+        if (zmq_send(sock, data[i], lens[i], i + 1 < count ? ZMQ_SNDMORE : 0) < 0)
+            return -1;
+    return 0;
+}
+
+int th_send_request(void *sock, const tally_req_t *req, const void *payload, size_t len)
+{
+    uint8_t header[TALLY_REQ_HEADER_SIZE];
+    tally_req_encode(req, header);
+    const void *data[2] = {header, payload ? payload : ""};
+    size_t lens[2] = {sizeof header, len};
+    return th_send_frames(sock, 2, data, lens);
+}
+
+int th_recv_reply(void *sock, th_reply_t *reply)
+{
+    memset(reply, 0, sizeof *reply);
+    int ok = 0;
+    for (;;) {
+        zmq_msg_t msg;
+        zmq_msg_init(&msg);
+        if (zmq_msg_recv(&msg, sock, 0) < 0) {
+            zmq_msg_close(&msg);
+            return -1;
+        }
+        reply->frames++;
+        if (reply->frames == 1) {
+            ok = tally_rep_decode(zmq_msg_data(&msg), zmq_msg_size(&msg), &reply->rep) ==
+                 TALLY_OK;
+        } else if (reply->frames == 2) {
+            reply->len = zmq_msg_size(&msg);
+            reply->payload = malloc(reply->len + 1);
+            memcpy(reply->payload, zmq_msg_data(&msg), reply->len);
+            reply->payload[reply->len] = 0;
+        }
+        int more = zmq_msg_more(&msg);
+        zmq_msg_close(&msg);
+        if (!more)
+            break;
+    }
+    return ok && reply->frames == 2 ? 0 : -1;
+}
+
+void th_reply_free(th_reply_t *reply)
+{
+    free(reply->payload);
+    memset(reply, 0, sizeof *reply);
+}
+
+int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len,
+            th_reply_t *reply)
+{
+    if (th_send_request(sock, req, payload, len) != 0)
+        return -1;
+    return th_recv_reply(sock, reply);
+}
+
+tally_req_t th_req(uint8_t opcode, uint8_t dtype, uint64_t id)
+{
+    tally_req_t req;
+    memset(&req, 0, sizeof req);
+    req.version = TALLY_PROTO_VERSION;
+    req.opcode = opcode;
+    req.dtype = dtype;
+    req.request_id = id;
+    return req;
+}
+
+static uint64_t rng_state;
+
+uint64_t th_seed(void)
+{
+    const char *env = getenv("TALLY_TEST_SEED");
+    uint64_t seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL) ^ (uint64_t)getpid() << 20;
+    if (!seed)
+        seed = 1;
+    rng_state = seed;
+    fprintf(stderr, "seed %llu (set TALLY_TEST_SEED to reproduce)\n", (unsigned long long)seed);
+    return seed;
+}
+
+uint64_t th_rand(void)
+{
+    if (!rng_state)
+        rng_state = 88172645463325252ull;
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}

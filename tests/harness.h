@@ -1,0 +1,62 @@
+/*
+ * harness.h — what the integration tests share: start a real tallyd on a free loopback port,
+ * stop it with a signal, and speak the protocol over a raw ZeroMQ DEALER socket (so the tests
+ * do not depend on libtally and can send anything, malformed messages included).
+ */
+#ifndef TALLY_TEST_HARNESS_H
+#define TALLY_TEST_HARNESS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "tally_proto.h"
+
+typedef struct {
+    pid_t pid;
+    int port;
+    char endpoint[64];
+    char log_path[128]; /* tallyd's stderr */
+} th_daemon_t;
+
+/* Starts $TALLYD_BIN (or ./tallyd) with --bind on a free port plus extra_args (NULL-terminated,
+ * may be NULL) and waits until it answers a ping. Returns 0, or -1 (and logs) on failure. */
+int th_daemon_start(th_daemon_t *d, const char *const *extra_args);
+/* Sends sig and waits for the exit; returns the exit status, or -1 if it did not exit within
+ * timeout_ms (then it is killed). */
+int th_daemon_stop(th_daemon_t *d, int sig, int timeout_ms);
+/* True when the daemon's log contains text. */
+bool th_daemon_log_contains(const th_daemon_t *d, const char *text);
+
+/* A DEALER socket connected to endpoint (shared context), receive timeout in ms. */
+void *th_connect(const char *endpoint, int timeout_ms);
+void th_close(void *sock);
+
+/* Sends frames: each (data, len); returns 0 or -1. */
+int th_send_frames(void *sock, int count, const void *const *data, const size_t *lens);
+/* Sends a request header (encoded from req) and a payload. */
+int th_send_request(void *sock, const tally_req_t *req, const void *payload, size_t len);
+
+typedef struct {
+    tally_rep_t rep;
+    uint8_t *payload; /* malloc'ed, NUL-terminated for convenience */
+    size_t len;
+    int frames;       /* number of frames received */
+} th_reply_t;
+/* Receives one reply (both frames) and decodes the header. Returns 0, or -1 on timeout or a
+ * reply that does not decode. */
+int th_recv_reply(void *sock, th_reply_t *reply);
+void th_reply_free(th_reply_t *reply);
+
+/* One request, one reply. */
+int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len,
+            th_reply_t *reply);
+/* A request with the common fields set. */
+tally_req_t th_req(uint8_t opcode, uint8_t dtype, uint64_t id);
+
+/* Seeded xorshift so failures reproduce: the seed is printed by th_seed(). */
+uint64_t th_seed(void);
+uint64_t th_rand(void);
+
+#endif
