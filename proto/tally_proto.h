@@ -60,8 +60,8 @@ typedef enum {
     TALLY_DTYPE_NONE = 0,
     TALLY_DTYPE_I32 = 1,
     TALLY_DTYPE_U8 = 2,
-    TALLY_DTYPE_I64 = 3, /* replies only (scan output, counts) */
-    TALLY_DTYPE_U64 = 4, /* replies only (histogram counts) */
+    TALLY_DTYPE_I64 = 3,  /* replies only (scan output, counts) */
+    TALLY_DTYPE_U64 = 4,  /* replies only (histogram counts) */
     TALLY_DTYPE_TEXT = 5, /* replies only (info, error messages) */
 } tally_dtype_t;
 #define TALLY_DTYPE_COUNT 6
@@ -90,37 +90,37 @@ typedef enum {
  * local to the client library and never sent. */
 typedef enum {
     TALLY_OK = 0,
-    TALLY_E_HEADER = 1,        /* header frame truncated or oversized */
-    TALLY_E_MAGIC = 2,         /* magic bytes are not "TLYD" */
-    TALLY_E_VERSION = 3,       /* unsupported protocol version */
-    TALLY_E_OPCODE = 4,        /* unknown opcode */
-    TALLY_E_DTYPE = 5,         /* unknown dtype, or one the operation does not take */
-    TALLY_E_PAYLOAD = 6,       /* payload not a whole number of elements, or not empty */
-    TALLY_E_TOO_LARGE = 7,     /* payload over the daemon's configured maximum batch */
-    TALLY_E_STREAM_NAME = 8,   /* stream name empty, too long, or not printable ASCII */
+    TALLY_E_HEADER = 1,         /* header frame truncated or oversized */
+    TALLY_E_MAGIC = 2,          /* magic bytes are not "TLYD" */
+    TALLY_E_VERSION = 3,        /* unsupported protocol version */
+    TALLY_E_OPCODE = 4,         /* unknown opcode */
+    TALLY_E_DTYPE = 5,          /* unknown dtype, or one the operation does not take */
+    TALLY_E_PAYLOAD = 6,        /* payload not a whole number of elements, or not empty */
+    TALLY_E_TOO_LARGE = 7,      /* payload over the daemon's configured maximum batch */
+    TALLY_E_STREAM_NAME = 8,    /* stream name empty, too long, or not printable ASCII */
     TALLY_E_UNKNOWN_STREAM = 9, /* query/reset of a stream that does not exist */
-    TALLY_E_FRAMES = 10,       /* message with missing or extra frames */
-    TALLY_E_PARAM = 11,        /* bad predicate, flags, range or reserved field */
-    TALLY_E_STREAM_STATE = 12, /* request conflicts with the stream's state (e.g. hist type) */
-    TALLY_E_LIMIT = 13,        /* a daemon resource limit was hit (e.g. too many streams) */
-    TALLY_E_BACKEND = 14,      /* the compute backend failed; the request had no effect */
-    TALLY_E_SHUTDOWN = 15,     /* daemon is shutting down */
-    TALLY_E_INTERNAL = 16,     /* a bug or out of memory in the daemon */
+    TALLY_E_FRAMES = 10,        /* message with missing or extra frames */
+    TALLY_E_PARAM = 11,         /* bad predicate, flags, range or reserved field */
+    TALLY_E_STREAM_STATE = 12,  /* request conflicts with the stream's state (e.g. hist type) */
+    TALLY_E_LIMIT = 13,         /* a daemon resource limit was hit (e.g. too many streams) */
+    TALLY_E_BACKEND = 14,       /* the compute backend failed; the request had no effect */
+    TALLY_E_SHUTDOWN = 15,      /* daemon is shutting down */
+    TALLY_E_INTERNAL = 16,      /* a bug or out of memory in the daemon */
     TALLY_STATUS_WIRE_COUNT = 17,
 
     /* Client-side only. */
-    TALLY_E_TIMEOUT = 100,  /* no reply within the timeout */
+    TALLY_E_TIMEOUT = 100,   /* no reply within the timeout */
     TALLY_E_TRANSPORT = 101, /* ZeroMQ failed (connect, send, recv) */
-    TALLY_E_REPLY = 102,    /* the reply did not decode (wrong magic, size, request id) */
-    TALLY_E_NOMEM = 103,    /* out of memory */
-    TALLY_E_ARG = 104,      /* invalid argument to a library function */
-    TALLY_E_IO = 105,       /* file or stream I/O failed */
+    TALLY_E_REPLY = 102,     /* the reply did not decode (wrong magic, size, request id) */
+    TALLY_E_NOMEM = 103,     /* out of memory */
+    TALLY_E_ARG = 104,       /* invalid argument to a library function */
+    TALLY_E_IO = 105,        /* file or stream I/O failed */
 } tally_status_t;
 
 /* A stable, lower-case, one-word name for a status ("ok", "bad_header", ...) and a sentence. */
 const char *tally_status_name(tally_status_t status);
 const char *tally_status_text(tally_status_t status);
-const char *tally_op_name(tally_op_t op);   /* "filter", ... or NULL when unknown */
+const char *tally_op_name(tally_op_t op);          /* "filter", ... or NULL when unknown */
 const char *tally_dtype_name(tally_dtype_t dtype); /* "i32", "u8", ... or NULL */
 const char *tally_pred_name(tally_pred_t pred);    /* "gt", ... or NULL */
 /* Size in bytes of one element, 0 for NONE/TEXT or an unknown dtype. */
@@ -135,14 +135,16 @@ typedef struct {
     uint8_t dtype;
     uint8_t flags;
     uint64_t request_id;
-    uint8_t pred;  /* filter: tally_pred_t */
-    int64_t lo;    /* filter: threshold (or lower bound of BETWEEN); hist i32: range start */
-    int64_t hi;    /* filter BETWEEN: upper bound (inclusive); hist i32: range end (excl.) */
+    uint8_t pred;       /* filter: tally_pred_t */
+    int64_t lo;         /* filter: threshold (or lower bound of BETWEEN); hist i32: range start */
+    int64_t hi;         /* filter BETWEEN: upper bound (inclusive); hist i32: range end (excl.) */
     uint8_t stream_len; /* 0 = no stream */
     char stream[TALLY_STREAM_NAME_MAX + 1]; /* NUL-terminated copy of the name */
 } tally_req_t;
 
-/* Writes exactly TALLY_REQ_HEADER_SIZE bytes. Does not validate; call tally_req_validate. */
+/* Writes exactly TALLY_REQ_HEADER_SIZE bytes: the magic, TALLY_PROTO_VERSION (req->version is
+ * not used), the fields, and zeros in every reserved byte and after the stream name. Does not
+ * validate; call tally_req_validate. */
 void tally_req_encode(const tally_req_t *req, uint8_t out[TALLY_REQ_HEADER_SIZE]);
 
 /* Decodes and validates a header frame of `len` bytes. On any error *req still holds what could
@@ -157,7 +159,8 @@ tally_status_t tally_req_decode(const uint8_t *buf, size_t len, tally_req_t *req
 tally_status_t tally_req_validate(const tally_req_t *req, size_t payload_len, size_t max_batch,
                                   char *msg, size_t msg_cap);
 
-/* Sets a stream name on a request; TALLY_E_STREAM_NAME if it is not a valid name. */
+/* Sets a stream name on a request (NULL clears it); TALLY_E_STREAM_NAME if it is not a valid
+ * name, and then the request is left unchanged. */
 tally_status_t tally_req_set_stream(tally_req_t *req, const char *name);
 bool tally_stream_name_valid(const char *name, size_t len);
 
@@ -165,17 +168,20 @@ bool tally_stream_name_valid(const char *name, size_t len);
 
 typedef struct {
     uint8_t version;
-    uint8_t opcode;  /* the request's opcode, echoed (0 if it could not be read) */
-    uint8_t dtype;   /* dtype of the reply payload */
-    uint8_t flags;   /* the request's flags, echoed */
+    uint8_t opcode;      /* the request's opcode, echoed (0 if it could not be read) */
+    uint8_t dtype;       /* dtype of the reply payload */
+    uint8_t flags;       /* the request's flags, echoed */
     uint64_t request_id; /* the request's id, echoed (0 if it could not be read) */
-    uint32_t status; /* tally_status_t */
-    uint64_t count;  /* number of elements in the payload (filter: elements kept) */
-    uint64_t aux0;   /* filter: elements seen; scan: carry-out (int64 bits); hist: total */
-    uint64_t aux1;   /* reserved for the operation (see PROTOCOL.md); zero otherwise */
+    uint32_t status;     /* tally_status_t */
+    uint64_t count;      /* number of elements in the payload (filter: elements kept) */
+    uint64_t aux0;       /* filter, hist: elements in the batch; scan: carry-out (i64) */
+    uint64_t aux1;       /* reserved for the operation (see PROTOCOL.md); zero otherwise */
 } tally_rep_t;
 
+/* Writes exactly TALLY_REP_HEADER_SIZE bytes (magic, TALLY_PROTO_VERSION, fields, zeros). */
 void tally_rep_encode(const tally_rep_t *rep, uint8_t out[TALLY_REP_HEADER_SIZE]);
+/* The client's check: TALLY_E_REPLY unless buf is a v1 reply header of exactly
+ * TALLY_REP_HEADER_SIZE bytes with zero reserved bytes and a wire status (< 100). */
 tally_status_t tally_rep_decode(const uint8_t *buf, size_t len, tally_rep_t *rep);
 
 /* ---- Payloads with a fixed layout ------------------------------------------------------- */
@@ -183,24 +189,26 @@ tally_status_t tally_rep_decode(const uint8_t *buf, size_t len, tally_rep_t *rep
 /* The `query` reply payload: a stream's counters and histogram (layout in PROTOCOL.md). */
 #define TALLY_QUERY_PAYLOAD_SIZE (128 + 8 * TALLY_HIST_BINS)
 typedef struct {
-    uint64_t batches;     /* requests applied to the stream */
-    uint64_t elements;    /* elements in them */
-    uint64_t bytes;       /* payload bytes in them */
-    uint64_t filter_seen; /* elements filtered */
-    uint64_t filter_kept; /* elements kept by filters */
-    int64_t scan_carry;   /* running total of scanned elements (wraps modulo 2^64) */
+    uint64_t batches;       /* requests applied to the stream */
+    uint64_t elements;      /* elements in them */
+    uint64_t bytes;         /* payload bytes in them */
+    uint64_t filter_seen;   /* elements filtered */
+    uint64_t filter_kept;   /* elements kept by filters */
+    int64_t scan_carry;     /* running total of scanned elements (wraps modulo 2^64) */
     uint64_t scan_elements; /* elements scanned */
-    uint8_t hist_dtype;   /* TALLY_DTYPE_NONE until the first hist, then U8 or I32 */
-    int64_t hist_lo;      /* i32 histograms: the range, fixed by the first hist */
+    uint8_t hist_dtype;     /* TALLY_DTYPE_NONE until the first hist, then U8 or I32 */
+    int64_t hist_lo;        /* i32 histograms: the range, fixed by the first hist */
     int64_t hist_hi;
     uint64_t hist_underflow;
     uint64_t hist_overflow;
-    uint64_t hist_total;  /* elements histogrammed, in range or not */
+    uint64_t hist_total; /* elements histogrammed, in range or not */
     uint64_t bins[TALLY_HIST_BINS];
 } tally_stream_info_t;
 
 void tally_stream_info_encode(const tally_stream_info_t *info,
                               uint8_t out[TALLY_QUERY_PAYLOAD_SIZE]);
+/* TALLY_E_REPLY unless len is TALLY_QUERY_PAYLOAD_SIZE, the reserved bytes are zero and
+ * hist_dtype is NONE, I32 or U8. */
 tally_status_t tally_stream_info_decode(const uint8_t *buf, size_t len, tally_stream_info_t *info);
 
 /* The int32 histogram's bin for x over [lo, hi): the single definition shared by every

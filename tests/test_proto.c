@@ -8,6 +8,7 @@
  * from a fixed-seed xorshift generator, so a failure reproduces exactly; the seed can be changed
  * with TALLY_TEST_SEED to explore further.
  */
+#include <ctype.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -447,6 +448,95 @@ static void test_example_reply(void **state)
     assert_int_equal(out.count, 6);
     assert_int_equal(out.aux0, 10);
     assert_int_equal(out.aux1, 0);
+}
+
+/* Reads the hex dump of the code block that follows `title` in PROTOCOL.md: per line, an optional
+ * "0x.." offset and then 16 two-digit hex bytes and a comment, or just hex bytes. Returns the byte
+ * count. */
+static size_t read_doc_hex(const char *doc, const char *title, uint8_t *out, size_t cap)
+{
+    const char *at = strstr(doc, title);
+    assert_non_null(at);
+    at = strstr(at, "```");
+    assert_non_null(at);
+    at = strchr(at, '\n');
+    assert_non_null(at);
+    at++;
+    size_t n = 0;
+    while (strncmp(at, "```", 3) != 0) {
+        const char *end = strchr(at, '\n');
+        assert_non_null(end);
+        const char *p = at;
+        size_t limit = SIZE_MAX; /* dump lines with an offset hold 16 bytes and a comment */
+        if (p[0] == '0' && p[1] == 'x') {
+            p += strcspn(p, " \n");
+            limit = 16;
+        }
+        for (size_t taken = 0; taken < limit;) {
+            while (*p == ' ')
+                p++;
+            bool hex = p + 2 <= end && isxdigit((unsigned char)p[0]) &&
+                       isxdigit((unsigned char)p[1]) && (p + 2 == end || p[2] == ' ');
+            if (!hex)
+                break;
+            assert_true(n < cap);
+            out[n++] = (uint8_t)strtoul((char[]){p[0], p[1], '\0'}, NULL, 16);
+            p += 2;
+            taken++;
+        }
+        at = end + 1;
+    }
+    return n;
+}
+
+static char *read_protocol_md(void)
+{
+#ifdef TALLY_PROTOCOL_MD
+    FILE *f = fopen(TALLY_PROTOCOL_MD, "rb");
+    assert_non_null(f);
+    static char doc[128 * 1024];
+    size_t len = fread(doc, 1, sizeof doc - 1, f);
+    fclose(f);
+    assert_true(len > 0 && len < sizeof doc - 1);
+    doc[len] = '\0';
+    return doc;
+#else
+    return NULL;
+#endif
+}
+
+/* The dumps in PROTOCOL.md are the bytes tally_req_encode/tally_rep_encode produce. */
+static void test_example_matches_protocol_md(void **state)
+{
+    (void)state;
+    const char *doc = read_protocol_md();
+    if (doc == NULL) {
+        print_message("TALLY_PROTOCOL_MD not defined: cannot read the spec\n");
+        skip();
+    }
+    uint8_t bytes[256];
+    assert_int_equal(read_doc_hex(doc, "**Request header**", bytes, sizeof bytes),
+                     TALLY_REQ_HEADER_SIZE);
+    assert_memory_equal(bytes, example_request, TALLY_REQ_HEADER_SIZE);
+    assert_int_equal(read_doc_hex(doc, "**Reply header**", bytes, sizeof bytes),
+                     TALLY_REP_HEADER_SIZE);
+    assert_memory_equal(bytes, example_reply, TALLY_REP_HEADER_SIZE);
+
+    /* The payloads: the input, and the elements > 0 in input order (the stable result). */
+    static const int32_t input[] = {3, -1, 0, 7, 2, -5, 9, 0, 1, 4};
+    size_t n = read_doc_hex(doc, "**Request payload**", bytes, sizeof bytes);
+    assert_int_equal(n, sizeof input);
+    for (size_t i = 0; i < n / 4; i++)
+        assert_int_equal((int32_t)tally_get_u32(bytes + 4 * i), input[i]);
+    n = read_doc_hex(doc, "**Reply payload**", bytes, sizeof bytes);
+    assert_int_equal(n, 4 * tally_get_u64(example_reply + 24));
+    size_t kept = 0;
+    for (size_t i = 0; i < sizeof input / sizeof input[0]; i++) {
+        if (input[i] > 0)
+            assert_int_equal((int32_t)tally_get_u32(bytes + 4 * kept++), input[i]);
+    }
+    assert_int_equal(kept * 4, n);
+    assert_int_equal(tally_get_u64(example_reply + 32), sizeof input / sizeof input[0]);
 }
 
 /* ---- Header framing --------------------------------------------------------------------- */
@@ -1115,6 +1205,7 @@ int main(void)
         cmocka_unit_test(test_stream_info_layout),
         cmocka_unit_test(test_example_request),
         cmocka_unit_test(test_example_reply),
+        cmocka_unit_test(test_example_matches_protocol_md),
         cmocka_unit_test(test_reject_header_short),
         cmocka_unit_test(test_reject_header_long),
         cmocka_unit_test(test_reject_magic),
