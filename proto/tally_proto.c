@@ -81,216 +81,107 @@ enum {
 
 /* ---- Names ------------------------------------------------------------------------------ */
 
+/* One row per status: the stable name tools and logs print, and the sentence for people. */
+static const struct {
+    tally_status_t status;
+    const char *name;
+    const char *text;
+} status_table[] = {
+    {TALLY_OK, "ok", "success"},
+    {TALLY_E_HEADER, "bad_header", "the request header is truncated or oversized"},
+    {TALLY_E_MAGIC, "bad_magic", "the header does not start with the magic bytes \"TLYD\""},
+    {TALLY_E_VERSION, "bad_version", "the protocol version is not supported"},
+    {TALLY_E_OPCODE, "bad_opcode", "the opcode is unknown"},
+    {TALLY_E_DTYPE, "bad_dtype", "the dtype is unknown or not accepted by the operation"},
+    {TALLY_E_PAYLOAD, "bad_payload", "the payload is not a whole number of elements, or not empty"},
+    {TALLY_E_TOO_LARGE, "too_large", "the payload exceeds the maximum batch size"},
+    {TALLY_E_STREAM_NAME, "bad_stream_name",
+     "the stream name is missing, too long or not printable ASCII"},
+    {TALLY_E_UNKNOWN_STREAM, "unknown_stream", "the stream does not exist"},
+    {TALLY_E_FRAMES, "bad_frames", "the message has missing or extra frames"},
+    {TALLY_E_PARAM, "bad_param", "a predicate, flag, range or reserved field is invalid"},
+    {TALLY_E_STREAM_STATE, "stream_state", "the request conflicts with the stream's state"},
+    {TALLY_E_LIMIT, "limit", "a daemon resource limit was reached"},
+    {TALLY_E_BACKEND, "backend", "the compute backend failed"},
+    {TALLY_E_SHUTDOWN, "shutdown", "the daemon is shutting down"},
+    {TALLY_E_INTERNAL, "internal", "internal error in the daemon"},
+    {TALLY_E_TIMEOUT, "timeout", "no reply from the daemon within the timeout"},
+    {TALLY_E_TRANSPORT, "transport", "the ZeroMQ transport failed"},
+    {TALLY_E_REPLY, "bad_reply", "the reply from the daemon is malformed"},
+    {TALLY_E_NOMEM, "nomem", "out of memory"},
+    {TALLY_E_ARG, "bad_argument", "invalid argument"},
+    {TALLY_E_IO, "io", "input/output error"},
+};
+
+#define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
+
 const char *tally_status_name(tally_status_t status)
 {
-    switch (status) {
-    case TALLY_OK:
-        return "ok";
-    case TALLY_E_HEADER:
-        return "bad_header";
-    case TALLY_E_MAGIC:
-        return "bad_magic";
-    case TALLY_E_VERSION:
-        return "bad_version";
-    case TALLY_E_OPCODE:
-        return "bad_opcode";
-    case TALLY_E_DTYPE:
-        return "bad_dtype";
-    case TALLY_E_PAYLOAD:
-        return "bad_payload";
-    case TALLY_E_TOO_LARGE:
-        return "too_large";
-    case TALLY_E_STREAM_NAME:
-        return "bad_stream_name";
-    case TALLY_E_UNKNOWN_STREAM:
-        return "unknown_stream";
-    case TALLY_E_FRAMES:
-        return "bad_frames";
-    case TALLY_E_PARAM:
-        return "bad_param";
-    case TALLY_E_STREAM_STATE:
-        return "stream_state";
-    case TALLY_E_LIMIT:
-        return "limit";
-    case TALLY_E_BACKEND:
-        return "backend";
-    case TALLY_E_SHUTDOWN:
-        return "shutdown";
-    case TALLY_E_INTERNAL:
-        return "internal";
-    case TALLY_E_TIMEOUT:
-        return "timeout";
-    case TALLY_E_TRANSPORT:
-        return "transport";
-    case TALLY_E_REPLY:
-        return "bad_reply";
-    case TALLY_E_NOMEM:
-        return "nomem";
-    case TALLY_E_ARG:
-        return "bad_argument";
-    case TALLY_E_IO:
-        return "io";
-    case TALLY_STATUS_WIRE_COUNT:
-        break;
+    for (size_t i = 0; i < COUNT_OF(status_table); i++) {
+        if (status_table[i].status == status)
+            return status_table[i].name;
     }
     return "unknown";
 }
 
 const char *tally_status_text(tally_status_t status)
 {
-    switch (status) {
-    case TALLY_OK:
-        return "success";
-    case TALLY_E_HEADER:
-        return "the request header is truncated or oversized";
-    case TALLY_E_MAGIC:
-        return "the header does not start with the magic bytes \"TLYD\"";
-    case TALLY_E_VERSION:
-        return "the protocol version is not supported";
-    case TALLY_E_OPCODE:
-        return "the opcode is unknown";
-    case TALLY_E_DTYPE:
-        return "the dtype is unknown or not accepted by the operation";
-    case TALLY_E_PAYLOAD:
-        return "the payload is not a whole number of elements, or not empty";
-    case TALLY_E_TOO_LARGE:
-        return "the payload exceeds the maximum batch size";
-    case TALLY_E_STREAM_NAME:
-        return "the stream name is missing, too long or not printable ASCII";
-    case TALLY_E_UNKNOWN_STREAM:
-        return "the stream does not exist";
-    case TALLY_E_FRAMES:
-        return "the message has missing or extra frames";
-    case TALLY_E_PARAM:
-        return "a predicate, flag, range or reserved field is invalid";
-    case TALLY_E_STREAM_STATE:
-        return "the request conflicts with the stream's state";
-    case TALLY_E_LIMIT:
-        return "a daemon resource limit was reached";
-    case TALLY_E_BACKEND:
-        return "the compute backend failed";
-    case TALLY_E_SHUTDOWN:
-        return "the daemon is shutting down";
-    case TALLY_E_INTERNAL:
-        return "internal error in the daemon";
-    case TALLY_E_TIMEOUT:
-        return "no reply from the daemon within the timeout";
-    case TALLY_E_TRANSPORT:
-        return "the ZeroMQ transport failed";
-    case TALLY_E_REPLY:
-        return "the reply from the daemon is malformed";
-    case TALLY_E_NOMEM:
-        return "out of memory";
-    case TALLY_E_ARG:
-        return "invalid argument";
-    case TALLY_E_IO:
-        return "input/output error";
-    case TALLY_STATUS_WIRE_COUNT:
-        break;
+    for (size_t i = 0; i < COUNT_OF(status_table); i++) {
+        if (status_table[i].status == status)
+            return status_table[i].text;
     }
     return "unknown status";
 }
 
+/* Indexed by the wire code; the enums in tally_proto.h are dense from their first value. */
+static const char *const op_names[TALLY_OP_COUNT] = {
+    [TALLY_OP_PING] = "ping",   [TALLY_OP_INFO] = "info",       [TALLY_OP_FILTER] = "filter",
+    [TALLY_OP_SCAN] = "scan",   [TALLY_OP_HIST] = "hist",       [TALLY_OP_QUERY] = "query",
+    [TALLY_OP_RESET] = "reset", [TALLY_OP_STREAMS] = "streams", [TALLY_OP_STATS] = "stats",
+};
+static const char *const dtype_names[TALLY_DTYPE_COUNT] = {
+    [TALLY_DTYPE_NONE] = "none", [TALLY_DTYPE_I32] = "i32", [TALLY_DTYPE_U8] = "u8",
+    [TALLY_DTYPE_I64] = "i64",   [TALLY_DTYPE_U64] = "u64", [TALLY_DTYPE_TEXT] = "text",
+};
+static const size_t dtype_sizes[TALLY_DTYPE_COUNT] = {
+    [TALLY_DTYPE_I32] = 4,
+    [TALLY_DTYPE_U8] = 1,
+    [TALLY_DTYPE_I64] = 8,
+    [TALLY_DTYPE_U64] = 8,
+};
+static const char *const pred_names[TALLY_PRED_BETWEEN + 1] = {
+    [TALLY_PRED_GT] = "gt",           [TALLY_PRED_GE] = "ge", [TALLY_PRED_LT] = "lt",
+    [TALLY_PRED_LE] = "le",           [TALLY_PRED_EQ] = "eq", [TALLY_PRED_NE] = "ne",
+    [TALLY_PRED_BETWEEN] = "between",
+};
+
+/* The casts to unsigned make negative values (possible for an enum argument) out of range. */
 const char *tally_op_name(tally_op_t op)
 {
-    switch (op) {
-    case TALLY_OP_PING:
-        return "ping";
-    case TALLY_OP_INFO:
-        return "info";
-    case TALLY_OP_FILTER:
-        return "filter";
-    case TALLY_OP_SCAN:
-        return "scan";
-    case TALLY_OP_HIST:
-        return "hist";
-    case TALLY_OP_QUERY:
-        return "query";
-    case TALLY_OP_RESET:
-        return "reset";
-    case TALLY_OP_STREAMS:
-        return "streams";
-    case TALLY_OP_STATS:
-        return "stats";
-    }
-    return NULL;
+    return (unsigned)op < TALLY_OP_COUNT ? op_names[op] : NULL;
 }
 
 const char *tally_dtype_name(tally_dtype_t dtype)
 {
-    switch (dtype) {
-    case TALLY_DTYPE_NONE:
-        return "none";
-    case TALLY_DTYPE_I32:
-        return "i32";
-    case TALLY_DTYPE_U8:
-        return "u8";
-    case TALLY_DTYPE_I64:
-        return "i64";
-    case TALLY_DTYPE_U64:
-        return "u64";
-    case TALLY_DTYPE_TEXT:
-        return "text";
-    }
-    return NULL;
+    return (unsigned)dtype < TALLY_DTYPE_COUNT ? dtype_names[dtype] : NULL;
 }
 
 const char *tally_pred_name(tally_pred_t pred)
 {
-    switch (pred) {
-    case TALLY_PRED_GT:
-        return "gt";
-    case TALLY_PRED_GE:
-        return "ge";
-    case TALLY_PRED_LT:
-        return "lt";
-    case TALLY_PRED_LE:
-        return "le";
-    case TALLY_PRED_EQ:
-        return "eq";
-    case TALLY_PRED_NE:
-        return "ne";
-    case TALLY_PRED_BETWEEN:
-        return "between";
-    }
-    return NULL;
+    return (unsigned)pred <= TALLY_PRED_BETWEEN ? pred_names[pred] : NULL;
 }
 
 size_t tally_dtype_size(tally_dtype_t dtype)
 {
-    switch (dtype) {
-    case TALLY_DTYPE_I32:
-        return 4;
-    case TALLY_DTYPE_U8:
-        return 1;
-    case TALLY_DTYPE_I64:
-        return 8;
-    case TALLY_DTYPE_U64:
-        return 8;
-    case TALLY_DTYPE_NONE:
-    case TALLY_DTYPE_TEXT:
-        break;
-    }
-    return 0;
+    return (unsigned)dtype < TALLY_DTYPE_COUNT ? dtype_sizes[dtype] : 0;
 }
 
 /* Element type names for messages meant for people ("int32 elements"). */
 static const char *dtype_long_name(unsigned dtype)
 {
-    switch (dtype) {
-    case TALLY_DTYPE_I32:
-        return "int32";
-    case TALLY_DTYPE_U8:
-        return "uint8";
-    case TALLY_DTYPE_I64:
-        return "int64";
-    case TALLY_DTYPE_U64:
-        return "uint64";
-    case TALLY_DTYPE_TEXT:
-        return "text";
-    default:
-        return "none";
-    }
+    static const char *const names[TALLY_DTYPE_COUNT] = {"none",  "int32",  "uint8",
+                                                         "int64", "uint64", "text"};
+    return dtype < TALLY_DTYPE_COUNT ? names[dtype] : "none";
 }
 
 /* ---- Error messages --------------------------------------------------------------------- */

@@ -183,6 +183,8 @@ static void test_op_dtype_pred_names(void **state)
         assert_string_equal(tally_op_name((tally_op_t)op), ops[op]);
     assert_null(tally_op_name((tally_op_t)0));
     assert_null(tally_op_name((tally_op_t)TALLY_OP_COUNT));
+    assert_null(tally_op_name((tally_op_t)-1));
+    assert_null(tally_dtype_name((tally_dtype_t)-1));
 
     static const char *dtypes[] = {"none", "i32", "u8", "i64", "u64", "text"};
     static const size_t sizes[] = {0, 4, 1, 8, 8, 0};
