@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs what tallyd needs to build and test on Debian 12 (the single list of packages).
+# Skips apt entirely when everything is already there. Uses sudo when not run as root.
+set -euo pipefail
+packages=(build-essential cmake pkg-config libzmq3-dev libuv1-dev libcmocka-dev
+          libinih-dev libmicrohttpd-dev libsystemd-dev systemd curl)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+sudo=""
+if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+echo "installing: ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
