@@ -1,0 +1,326 @@
+/*
+ * kernel_bench.cu — tallyd's CUDA kernels beside CUB and the memory ceilings, on one GPU, in one
+ * run, on the same 1 GiB device-resident inputs.
+ *
+ * Ceilings: a device-to-device copy (cudaMemcpyAsync; bytes read + written) for filter and scan,
+ * and a read-only pass (a kernel that reads every 16-byte vector once) for the histograms.
+ * Every figure is bytes read + bytes written over the median of --reps timed runs (CUDA events
+ * around each run, after warm-up runs), so a filter that keeps k % of 1 GiB counts
+ * 1 GiB + k % of 1 GiB. Each tallyd operation is timed as the daemon issues it: the scratch
+ * (re)initialisation kernel is inside the timed region. The filter inputs are uniform random
+ * int32 in [0, 10^6) and the predicate is `lt t`, with t chosen for 0/5/50/95/100 % kept at
+ * random positions; kept counts are checked against CUB's.
+ *
+ * Usage: kernel_bench [--reps N] [--label TEXT]. Prints a table (op, GB/s, ratio to its ceiling,
+ * CUB's GB/s and ratio beside it) and exits non-zero if a CUDA call or a count check fails.
+ */
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <cub/cub.cuh>
+#include <cuda_runtime.h>
+
+#include "tk_cuda.h"
+
+#define CK(call)                                                                                  \
+    do {                                                                                          \
+        cudaError_t e_ = (call);                                                                  \
+        if (e_ != cudaSuccess) {                                                                  \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                         \
+                    cudaGetErrorString(e_));                                                      \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+#define TK(call)                                                                                  \
+    do {                                                                                          \
+        tally_status_t s_ = (call);                                                               \
+        if (s_ != TALLY_OK) {                                                                     \
+            fprintf(stderr, "%s:%d: %s: status %d (%s)\n", __FILE__, __LINE__, #call, (int)s_,    \
+                    tk_cuda_error_string());                                                      \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+static const size_t BYTES = (size_t)1 << 30;
+static const size_t N32 = BYTES / 4;
+static const int FILTER_RANGE = 1000000;
+static int reps = 15;
+static cudaStream_t stream;
+
+static __host__ __device__ unsigned hash32(size_t i)
+{
+    unsigned long long x = i * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL;
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ULL;
+    x ^= x >> 29;
+    return (unsigned)(x >> 32);
+}
+
+__global__ void gen_i32(int *x, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] = (int)(hash32(i) % FILTER_RANGE);
+}
+
+/* kind 0: uniform bytes; 1: all equal (42); 2: narrow (8 values, 100..107). */
+__global__ void gen_u8(unsigned *x, size_t words, int kind)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words;
+         i += (size_t)gridDim.x * blockDim.x) {
+        unsigned h = hash32(i + 12345);
+        x[i] = kind == 0 ? h : kind == 1 ? 0x2A2A2A2Au : 0x64646464u + (h & 0x07070707u);
+    }
+}
+
+/* The read-only ceiling: every 16-byte vector read once, 4 in flight per thread. */
+__global__ void __launch_bounds__(256) read_only(const uint4 *p, size_t nv, unsigned *sink)
+{
+    unsigned acc = 0;
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < nv; i += 4 * stride) {
+        uint4 a = __ldg(p + i), b = __ldg(p + i + stride), c = __ldg(p + i + 2 * stride),
+              d = __ldg(p + i + 3 * stride);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^
+               d.z ^ d.w;
+    }
+    for (; i < nv; i += stride) {
+        uint4 a = __ldg(p + i);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w;
+    }
+    if (acc == 0x12345678u) /* never in practice; keeps the loads alive */
+        *sink = acc;
+}
+
+struct LessThan {
+    int t;
+    __host__ __device__ bool operator()(const int &x) const { return x < t; }
+};
+
+/* Median time in ms of `reps` runs of f on the stream, after 3 warm-up runs. */
+static double time_ms(const std::function<void()> &f)
+{
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (int i = 0; i < 3; i++)
+        f();
+    CK(cudaStreamSynchronize(stream));
+    std::vector<float> t;
+    for (int i = 0; i < reps; i++) {
+        CK(cudaEventRecord(a, stream));
+        f();
+        CK(cudaEventRecord(b, stream));
+        CK(cudaEventSynchronize(b));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        t.push_back(ms);
+    }
+    CK(cudaGetLastError());
+    std::sort(t.begin(), t.end());
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return t[t.size() / 2];
+}
+
+static double gbps(double bytes, double ms)
+{
+    return bytes / (ms * 1e-3) / 1e9;
+}
+
+struct Row {
+    std::string op;
+    double gb, ceiling;
+    const char *ceiling_name;
+    double cub; /* 0 = none */
+    double target; /* ratio to reach: 0.90 of ceiling, or (stable filter) CUB's figure */
+};
+static std::vector<Row> rows;
+
+static void row(const std::string &op, double gb, double ceiling, const char *cname, double cub,
+                double target)
+{
+    rows.push_back({op, gb, ceiling, cname, cub, target});
+    printf("  %-34s %8.0f GB/s  %.3f x %s%s", op.c_str(), gb, gb / ceiling, cname,
+           cub > 0 ? "" : "\n");
+    if (cub > 0)
+        printf("   (CUB %6.0f GB/s, %.3f)\n", cub, cub / ceiling);
+    fflush(stdout);
+}
+
+int main(int argc, char **argv)
+{
+    std::string label = "";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+            reps = std::max(10, atoi(argv[++i]));
+        else if (!strcmp(argv[i], "--label") && i + 1 < argc)
+            label = argv[++i];
+        else {
+            fprintf(stderr, "usage: kernel_bench [--reps N] [--label TEXT]\n");
+            return 2;
+        }
+    }
+    int dev = 0;
+    cudaDeviceProp prop;
+    CK(cudaGetDevice(&dev));
+    CK(cudaGetDeviceProperties(&prop, dev));
+    printf("kernel_bench %s: %s, %d SMs, 1 GiB inputs, median of %d runs\n", label.c_str(),
+           prop.name, prop.multiProcessorCount, reps);
+    CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+    int *d_i32;
+    unsigned char *d_u8;
+    void *d_out, *d_scratch, *d_cub = nullptr;
+    uint64_t *d_small; /* [0] kept, [1] carry, [2..] tk_hist_t */
+    int *d_cub_count;
+    unsigned *d_sink;
+    size_t scratch = tk_cuda_scratch_bytes_max(BYTES);
+    CK(cudaMalloc(&d_i32, BYTES));
+    CK(cudaMalloc(&d_u8, BYTES));
+    CK(cudaMalloc(&d_out, 2 * BYTES));
+    CK(cudaMalloc(&d_scratch, scratch ? scratch : 16));
+    CK(cudaMalloc(&d_small, 4096));
+    CK(cudaMalloc(&d_cub_count, 16));
+    CK(cudaMalloc(&d_sink, 16));
+    CK(cudaMemset(d_small, 0, 4096));
+    gen_i32<<<4096, 256, 0, stream>>>(d_i32, N32);
+    CK(cudaGetLastError());
+
+    /* CUB's temporary storage: the largest of the operations timed. */
+    size_t t1 = 0, t2 = 0, t3 = 0, t4 = 0;
+    CK(cub::DeviceSelect::If(nullptr, t1, d_i32, (int *)d_out, d_cub_count, (int)N32,
+                             LessThan{0}, stream));
+    CK(cub::DeviceScan::InclusiveSum(nullptr, t2, d_i32, (int *)d_out, (int)N32, stream));
+    CK(cub::DeviceHistogram::HistogramEven(nullptr, t3, d_u8, (int *)d_out, 257, 0, 256,
+                                           (int)BYTES, stream));
+    CK(cub::DeviceHistogram::HistogramEven(nullptr, t4, d_i32, (int *)d_out, 257, 0,
+                                           FILTER_RANGE, (int)N32, stream));
+    size_t cub_bytes = std::max(std::max(t1, t2), std::max(t3, t4));
+    CK(cudaMalloc(&d_cub, cub_bytes));
+
+    /* Ceilings. */
+    double copy = gbps(2.0 * BYTES, time_ms([&] {
+                           CK(cudaMemcpyAsync(d_out, d_i32, BYTES, cudaMemcpyDeviceToDevice,
+                                              stream));
+                       }));
+    double readc = gbps(BYTES, time_ms([&] {
+                            read_only<<<prop.multiProcessorCount * 8, 256, 0, stream>>>(
+                                (const uint4 *)d_i32, BYTES / 16, d_sink);
+                        }));
+    row("d2d copy (ceiling: filter, scan)", copy, copy, "copy", 0, 0);
+    row("read-only (ceiling: hist)", readc, readc, "read", 0, 0);
+
+    /* Filter, int32, lt t: unordered and stable, with CUB's stable DeviceSelect::If beside. */
+    const int pct[] = {0, 5, 50, 95, 100};
+    for (int p : pct) {
+        int t = (int)((long long)FILTER_RANGE * p / 100);
+        tk_filter_spec_t s = {TALLY_PRED_LT, t, 0, 0};
+        size_t tb = tk_cuda_filter_scratch_bytes(TALLY_DTYPE_I32, N32, 1);
+        double cub_ms = time_ms([&] {
+            CK(cub::DeviceSelect::If(d_cub, cub_bytes, d_i32, (int *)d_out, d_cub_count, (int)N32,
+                                     LessThan{t}, stream));
+        });
+        int cub_kept = 0;
+        CK(cudaMemcpy(&cub_kept, d_cub_count, 4, cudaMemcpyDeviceToHost));
+        double bytes = (double)BYTES + 4.0 * cub_kept;
+        double cub = gbps(bytes, cub_ms);
+        for (int stable = 0; stable < 2; stable++) {
+            s.stable = stable;
+            double ms = time_ms([&] {
+                TK(tk_cuda_filter(TALLY_DTYPE_I32, d_i32, N32, &s, d_out, &d_small[0], d_scratch,
+                                  tb, stream));
+            });
+            uint64_t kept = 0;
+            CK(cudaMemcpy(&kept, &d_small[0], 8, cudaMemcpyDeviceToHost));
+            if (kept != (uint64_t)cub_kept) {
+                fprintf(stderr, "filter %d%%: kept %llu, CUB %d\n", p, (unsigned long long)kept,
+                        cub_kept);
+                return 1;
+            }
+            char name[64];
+            snprintf(name, sizeof name, "filter %s i32, %3d%% kept", stable ? "stable   " : "unordered",
+                     p);
+            row(name, gbps(bytes, ms), copy, "copy", cub, stable ? cub / copy : 0.90);
+        }
+    }
+
+    /* Scan int32 -> int64 and -> int32, inclusive, carry on the device. */
+    {
+        double cub = gbps(8.0 * N32, time_ms([&] {
+                              CK(cub::DeviceScan::InclusiveSum(d_cub, cub_bytes, d_i32,
+                                                               (int *)d_out, (int)N32, stream));
+                          }));
+        size_t sb = tk_cuda_scan_scratch_bytes(N32);
+        int64_t *carry = (int64_t *)&d_small[1];
+        double ms64 = time_ms([&] {
+            TK(tk_cuda_scan(d_i32, N32, 0, 0, d_out, carry, carry, d_scratch, sb, stream));
+        });
+        double ms32 = time_ms([&] {
+            TK(tk_cuda_scan(d_i32, N32, 0, 1, d_out, carry, carry, d_scratch, sb, stream));
+        });
+        row("scan i32 -> i64 (inclusive)", gbps(12.0 * N32, ms64), copy, "copy", cub, 0.90);
+        row("scan i32 -> i32 (inclusive)", gbps(8.0 * N32, ms32), copy, "copy", cub, 0.90);
+    }
+
+    /* Histograms: u8 on uniform, all-equal and narrow bytes; i32 over [0, 10^6). */
+    tk_hist_t *dh = (tk_hist_t *)&d_small[2];
+    const char *kinds[] = {"uniform", "all-equal", "narrow"};
+    for (int k = 0; k < 3; k++) {
+        gen_u8<<<4096, 256, 0, stream>>>((unsigned *)d_u8, BYTES / 4, k);
+        CK(cudaGetLastError());
+        double cub = gbps(BYTES, time_ms([&] {
+                              CK(cub::DeviceHistogram::HistogramEven(d_cub, cub_bytes, d_u8,
+                                                                     (int *)d_out, 257, 0, 256,
+                                                                     (int)BYTES, stream));
+                          }));
+        double ms = time_ms([&] { TK(tk_cuda_hist_u8(d_u8, BYTES, dh, nullptr, 0, stream)); });
+        row(std::string("hist u8 ") + kinds[k], gbps(BYTES, ms), readc, "read", cub, 0.90);
+    }
+    {
+        double cub = gbps(BYTES, time_ms([&] {
+                              CK(cub::DeviceHistogram::HistogramEven(d_cub, cub_bytes, d_i32,
+                                                                     (int *)d_out, 257, 0,
+                                                                     FILTER_RANGE, (int)N32,
+                                                                     stream));
+                          }));
+        double ms = time_ms([&] {
+            TK(tk_cuda_hist_i32(d_i32, N32, 0, FILTER_RANGE, dh, nullptr, 0, stream));
+        });
+        row("hist i32 [0, 10^6) uniform", gbps(BYTES, ms), readc, "read", cub, 0.90);
+    }
+
+    /* The table for RESULTS.md. */
+    printf("\n| op | GB/s | ratio to ceiling | CUB GB/s | CUB ratio | target | met |\n");
+    printf("|---|---:|---:|---:|---:|---|---|\n");
+    for (const Row &r : rows) {
+        char cub[32] = "", cubr[32] = "", tgt[48] = "", met[8] = "";
+        if (r.cub > 0) {
+            snprintf(cub, sizeof cub, "%.0f", r.cub);
+            snprintf(cubr, sizeof cubr, "%.3f", r.cub / r.ceiling);
+        }
+        if (r.target > 0) {
+            bool vs_cub = r.op.find("stable") != std::string::npos;
+            snprintf(tgt, sizeof tgt, vs_cub ? ">= CUB" : ">= 0.90 x %s", r.ceiling_name);
+            snprintf(met, sizeof met, "%s", r.gb / r.ceiling >= r.target ? "yes" : "no");
+        }
+        printf("| %s | %.0f | %.3f x %s | %s | %s | %s | %s |\n", r.op.c_str(), r.gb,
+               r.gb / r.ceiling, r.ceiling_name, cub, cubr, tgt, met);
+    }
+    cudaFree(d_i32);
+    cudaFree(d_u8);
+    cudaFree(d_out);
+    cudaFree(d_scratch);
+    cudaFree(d_small);
+    cudaFree(d_cub_count);
+    cudaFree(d_sink);
+    cudaFree(d_cub);
+    cudaStreamDestroy(stream);
+    return 0;
+}

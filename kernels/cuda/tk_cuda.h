@@ -1,0 +1,98 @@
+/*
+ * tk_cuda.h — tallyd's CUDA kernels as an asynchronous, device-pointer C API.
+ *
+ * This is what the daemon's GPU pipeline calls directly: it owns pinned staging, device buffers,
+ * streams and per-stream state, and chains H2D copy -> kernel -> D2H copy on one cudaStream_t.
+ * The synchronous backend table of tk_backend.h (kernels/cuda/cuda_backend.c) is built on it.
+ *
+ * Rules every function here keeps:
+ *   - It only enqueues work on `stream`: it never allocates, never synchronises the device or
+ *     the stream, and never reads or writes device memory from the host. Results (kept count,
+ *     scan carry, histogram) stay on the device until the caller copies them.
+ *   - Device scratch comes from the caller. Ask the matching *_scratch_bytes(n, ...) function
+ *     for its size (it may be 0; then d_scratch may be NULL); it must be 16-byte aligned (any
+ *     cudaMalloc'd pointer is). The scratch is (re)initialised by a kernel on `stream` at every
+ *     call, so one scratch buffer serves any number of calls on that stream, in order. Two calls
+ *     in flight at once (different streams) need different scratch buffers.
+ *   - Inputs and outputs of any alignment are accepted (element alignment is required); 16-byte
+ *     aligned pointers take the fast vectorised path.
+ *   - Returns TALLY_OK, TALLY_E_PARAM for arguments the kernels cannot take (unknown dtype or
+ *     predicate, hist range outside [INT32_MIN, INT32_MAX + 1) or empty, scratch too small or
+ *     misaligned, NULL device pointers with n > 0), or TALLY_E_BACKEND when a launch failed
+ *     (cudaGetLastError is checked after every launch). On TALLY_E_BACKEND,
+ *     tk_cuda_error_string() gives CUDA's description of the error on this thread.
+ *
+ * The device must be the current device of the calling thread (cudaSetDevice) and all pointers
+ * must belong to it.
+ */
+#ifndef TK_CUDA_H
+#define TK_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "tally_proto.h"
+#include "tk_backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- filter ---------------------------------------------------------------------------------
+ * Keeps the elements of d_in[0..n) (int32 or uint8 per dtype) that satisfy spec (exact integer
+ * comparisons, as tk_backend.h), writing them to d_out (room for n elements) and their number
+ * to *d_kept (a device uint64). spec->stable selects the mode: stable keeps input order
+ * (single-pass decoupled look-back compaction); unordered gives the same multiset in any order
+ * (one global atomic per block tile) and is the faster one. d_in and d_out must not overlap. */
+size_t tk_cuda_filter_scratch_bytes(tally_dtype_t dtype, size_t n, int stable);
+tally_status_t tk_cuda_filter(tally_dtype_t dtype, const void *d_in, size_t n,
+                              const tk_filter_spec_t *spec, void *d_out, uint64_t *d_kept,
+                              void *d_scratch, size_t scratch_bytes, cudaStream_t stream);
+
+/* ---- scan -----------------------------------------------------------------------------------
+ * Prefix sums of d_in[0..n) starting from *d_carry_in (a device int64: the sum of everything
+ * before this batch, e.g. a stream's running total). Inclusive: out[i] = carry + in[0..i];
+ * exclusive: out[i] = carry + in[0..i-1]. d_out is int64_t[n], or int32_t[n] (the low 32 bits,
+ * wrapping) when out_i32 is set. Arithmetic wraps modulo 2^64. *d_carry_out (a device int64)
+ * receives carry + sum(in); d_carry_out may equal d_carry_in, so a stream's running total can be
+ * updated in place without a host round trip. d_in and d_out must not overlap. */
+size_t tk_cuda_scan_scratch_bytes(size_t n);
+tally_status_t tk_cuda_scan(const int32_t *d_in, size_t n, int exclusive, int out_i32,
+                            void *d_out, const int64_t *d_carry_in, int64_t *d_carry_out,
+                            void *d_scratch, size_t scratch_bytes, cudaStream_t stream);
+
+/* ---- histogram ------------------------------------------------------------------------------
+ * Both ADD into *d_hist, a tk_hist_t in device memory (256 uint64 bins, then underflow and
+ * overflow), so it can be a stream's running histogram; zero it once to start a fresh one.
+ * hist_u8: bin = byte value; underflow/overflow untouched.
+ * hist_i32: x < lo -> underflow, x >= hi -> overflow, else bin tally_hist_bin_i32(x, lo, hi),
+ * exactly (see tk_cuda_hist.cu for the proof); needs INT32_MIN <= lo < hi <= INT32_MAX + 1. */
+size_t tk_cuda_hist_u8_scratch_bytes(size_t n);
+tally_status_t tk_cuda_hist_u8(const uint8_t *d_in, size_t n, tk_hist_t *d_hist, void *d_scratch,
+                               size_t scratch_bytes, cudaStream_t stream);
+size_t tk_cuda_hist_i32_scratch_bytes(size_t n);
+tally_status_t tk_cuda_hist_i32(const int32_t *d_in, size_t n, int64_t lo, int64_t hi,
+                                tk_hist_t *d_hist, void *d_scratch, size_t scratch_bytes,
+                                cudaStream_t stream);
+
+/* ---- helpers --------------------------------------------------------------------------------- */
+
+/* The largest scratch any operation needs for a batch of at most max_batch_bytes, so a pipeline
+ * can allocate one scratch buffer per CUDA stream at start. */
+size_t tk_cuda_scratch_bytes_max(size_t max_batch_bytes);
+
+/* Maps a CUDA error to TALLY_OK (cudaSuccess) or TALLY_E_BACKEND, recording it for
+ * tk_cuda_error_string(): the one place CUDA errors become tally statuses, for the pipeline's
+ * own copies and synchronisations as for the launches here. */
+tally_status_t tk_cuda_status(cudaError_t err);
+
+/* CUDA's description of the last error a tk_cuda_* function on this thread returned
+ * TALLY_E_BACKEND for ("no error" if none). */
+const char *tk_cuda_error_string(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TK_CUDA_H */

@@ -1,0 +1,328 @@
+/*
+ * tk_cuda_filter.cu — stream compaction of int32 and uint8 batches by a predicate, unordered
+ * (fastest) or stable (input order kept).
+ *
+ * The host first reduces every predicate of the protocol (gt, ge, lt, le, eq, ne, between with
+ * int64 thresholds) to one test on the element type: keep x iff (lo <= x <= hi) != invert, with
+ * lo/hi clamped to the type's range (an empty range keeps nothing; ne is an inverted point).
+ *
+ * One block compacts one tile of TK_TILE_WARPS * 32 * V 16-byte vectors:
+ *   1. Each warp owns a contiguous segment; lane l loads vector v at segment + (v * 32 + l) * 16
+ *      bytes, so loads are fully coalesced 16-byte accesses and all V are in flight at once.
+ *   2. Each lane turns its elements into one flag bitmask per vector and counts them (popc). The
+ *      V counts are packed into 16-bit fields of one 64-bit word, so a single warp shuffle scan
+ *      ranks every element of the warp segment (order: vector, lane, element = input order).
+ *   3. Block level: warp totals through shared memory, warp 0 scans them. Then ONE global
+ *      operation per tile gives the tile's output offset:
+ *        unordered: one atomicAdd on the kept counter (skipped when the tile keeps nothing);
+ *        stable: decoupled look-back over the tiles' kept counts (tk_cuda_internal.cuh).
+ *      Aggregating per tile instead of per warp is what lifts the seed's 6-10 % of copy speed:
+ *      the kernel issues 1/8 of the global atomics of the per-warp version and over many more
+ *      elements each.
+ *   4. Kept elements are scattered, in order, into a shared-memory staging tile, and the block
+ *      then writes its compacted run with consecutive threads on consecutive elements (coalesced
+ *      stores, whatever the run's alignment).
+ * Because the staging keeps input order inside a tile, the unordered mode differs from the
+ * stable one only in how tiles are placed. The last, partial tile (and unaligned inputs) use
+ * guarded scalar loads.
+ */
+#include <limits.h>
+
+#include "tk_cuda_internal.cuh"
+
+typedef unsigned long long u64;
+
+template <typename T> struct tk_filter_shape {
+    static constexpr int E = 16 / (int)sizeof(T); /* elements per 16-byte vector */
+    static constexpr int V = sizeof(T) == 4 ? TK_FILTER_VECS_I32 : TK_FILTER_VECS_U8;
+    static constexpr int WARP_ELEMS = 32 * V * E;
+    static constexpr int TILE = TK_TILE_WARPS * WARP_ELEMS;
+};
+static_assert(TK_FILTER_VECS_I32 <= 4 && TK_FILTER_VECS_U8 <= 4,
+              "kept counts are packed in four 16-bit fields");
+
+/* Element k of a 16-byte vector held as four 32-bit words. */
+template <typename T> static __device__ __forceinline__ int elem(const uint32_t *w, int k);
+template <> __device__ __forceinline__ int elem<int32_t>(const uint32_t *w, int k)
+{
+    return (int)w[k];
+}
+template <> __device__ __forceinline__ int elem<uint8_t>(const uint32_t *w, int k)
+{
+    return (int)((w[k >> 2] >> (8 * (k & 3))) & 0xffu);
+}
+
+template <typename T, bool STABLE, bool VEC>
+__global__ void __launch_bounds__(TK_TILE_THREADS)
+    tk_filter_kernel(const T *__restrict__ in, size_t n, T *__restrict__ out, u64 *kept,
+                     tk_tile_state_t *states, unsigned num_tiles, int lo, int hi, int invert)
+{
+    typedef tk_filter_shape<T> S;
+    constexpr int V = S::V, E = S::E;
+    __shared__ T stage[S::TILE];
+    __shared__ unsigned warp_count[TK_TILE_WARPS];
+    __shared__ unsigned warp_offset[TK_TILE_WARPS];
+    __shared__ u64 tile_out;
+    __shared__ unsigned tile_count;
+
+    const unsigned tile = blockIdx.x;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const size_t seg = (size_t)tile * S::TILE + (size_t)warp * S::WARP_ELEMS;
+    const bool full = VEC && (size_t)(tile + 1) * S::TILE <= n;
+
+    /* 1. Load. */
+    uint32_t w[V][4];
+    if (full) {
+        const uint4 *p = reinterpret_cast<const uint4 *>(in + seg) + lane;
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            uint4 t = __ldg(p + v * 32);
+            w[v][0] = t.x;
+            w[v][1] = t.y;
+            w[v][2] = t.z;
+            w[v][3] = t.w;
+        }
+    } else {
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                w[v][j] = 0;
+#pragma unroll
+            for (int k = 0; k < E; k++) {
+                size_t i = seg + (size_t)(v * 32 + lane) * E + k;
+                uint32_t x = i < n ? (uint32_t)in[i] : 0u;
+                if (sizeof(T) == 4)
+                    w[v][k] = x;
+                else
+                    w[v][k >> 2] |= (x & 0xffu) << (8 * (k & 3));
+            }
+        }
+    }
+
+    /* 2. Flags, counts, and ranks inside the warp segment. */
+    unsigned flags[V];
+    u64 packed = 0;
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        unsigned f = 0;
+#pragma unroll
+        for (int k = 0; k < E; k++) {
+            int x = elem<T>(w[v], k);
+            bool keep = ((x >= lo) & (x <= hi)) != (invert != 0);
+            f |= (unsigned)keep << k;
+        }
+        if (!full) { /* elements past n are never kept */
+            size_t first = seg + (size_t)(v * 32 + lane) * E;
+            if (first >= n)
+                f = 0;
+            else if (n - first < (size_t)E)
+                f &= (1u << (n - first)) - 1u;
+        }
+        flags[v] = f;
+        packed |= (u64)__popc(f) << (16 * v);
+    }
+    u64 inc = packed;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        u64 t = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o)
+            inc += t;
+    }
+    const u64 warp_sums = __shfl_sync(0xffffffffu, inc, 31);
+    const u64 excl = inc - packed;
+    unsigned run_offset[V];
+    unsigned acc = 0;
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        run_offset[v] = acc + (unsigned)((excl >> (16 * v)) & 0xffffu);
+        acc += (unsigned)((warp_sums >> (16 * v)) & 0xffffu);
+    }
+    if (lane == 0)
+        warp_count[warp] = acc;
+    __syncthreads();
+
+    /* 3. Block scan of warp counts, then the tile's place in the output. */
+    if (warp == 0) {
+        unsigned c = lane < TK_TILE_WARPS ? warp_count[lane] : 0;
+        unsigned ic = c;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            unsigned t = __shfl_up_sync(0xffffffffu, ic, o);
+            if (lane >= o)
+                ic += t;
+        }
+        unsigned total = __shfl_sync(0xffffffffu, ic, 31);
+        if (lane < TK_TILE_WARPS)
+            warp_offset[lane] = ic - c;
+        u64 where = 0;
+        if (!STABLE) {
+            if (lane == 0 && total)
+                where = atomicAdd(kept, (u64)total);
+        } else if (tile == 0) {
+            if (lane == 0)
+                tk_tile_store(states, TK_TILE_INCLUSIVE, (long long)total);
+        } else {
+            if (lane == 0)
+                tk_tile_store(states + tile, TK_TILE_AGGREGATE, (long long)total);
+            where = (u64)tk_lookback(states, tile);
+            if (lane == 0)
+                tk_tile_store(states + tile, TK_TILE_INCLUSIVE, (long long)(where + total));
+        }
+        if (lane == 0) {
+            if (STABLE && tile == num_tiles - 1)
+                *kept = where + total;
+            tile_out = where;
+            tile_count = total;
+        }
+    }
+    __syncthreads();
+
+    /* 4. Scatter kept elements into the staging tile in input order, then write it out. */
+    const unsigned wbase = warp_offset[warp];
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        unsigned f = flags[v];
+        unsigned pos = wbase + run_offset[v];
+#pragma unroll
+        for (int k = 0; k < E; k++) {
+            if (f & (1u << k))
+                stage[pos++] = (T)elem<T>(w[v], k);
+        }
+    }
+    __syncthreads();
+
+    const unsigned count = tile_count;
+    T *dst = out + tile_out;
+    for (unsigned i = threadIdx.x; i < count; i += TK_TILE_THREADS)
+        dst[i] = stage[i];
+}
+
+__global__ void tk_filter_zero_kernel(u64 *kept)
+{
+    *kept = 0;
+}
+
+typedef struct {
+    int lo, hi, invert;
+} tk_range_t;
+
+/* Reduces spec to lo <= x <= hi (!= invert) over [tmin, tmax]; TALLY_E_PARAM for a bad pred. */
+static tally_status_t reduce_predicate(const tk_filter_spec_t *spec, int64_t tmin, int64_t tmax,
+                                       tk_range_t *r)
+{
+    int64_t v = spec->lo, a = tmin, b = tmax;
+    int invert = 0;
+    switch (spec->pred) {
+    case TALLY_PRED_GT:
+        if (v >= tmax)
+            a = 1, b = 0;
+        else
+            a = v + 1;
+        break;
+    case TALLY_PRED_GE: a = v; break;
+    case TALLY_PRED_LT:
+        if (v <= tmin)
+            a = 1, b = 0;
+        else
+            b = v - 1;
+        break;
+    case TALLY_PRED_LE: b = v; break;
+    case TALLY_PRED_EQ: a = b = v; break;
+    case TALLY_PRED_NE:
+        a = b = v;
+        invert = 1;
+        break;
+    case TALLY_PRED_BETWEEN:
+        a = spec->lo;
+        b = spec->hi;
+        break;
+    default: return TALLY_E_PARAM;
+    }
+    if (a < tmin)
+        a = tmin;
+    if (b > tmax)
+        b = tmax;
+    if (a > b) /* empty: keeps nothing (or everything when inverted) */
+        a = 1, b = 0;
+    r->lo = (int)a;
+    r->hi = (int)b;
+    r->invert = invert;
+    return TALLY_OK;
+}
+
+template <typename T, bool STABLE>
+static void launch_filter(bool vec, unsigned tiles, cudaStream_t s, const void *in, size_t n,
+                          void *out, u64 *kept, tk_tile_state_t *st, const tk_range_t *r)
+{
+    const T *i = static_cast<const T *>(in);
+    T *o = static_cast<T *>(out);
+    if (vec)
+        tk_filter_kernel<T, STABLE, true>
+            <<<tiles, TK_TILE_THREADS, 0, s>>>(i, n, o, kept, st, tiles, r->lo, r->hi, r->invert);
+    else
+        tk_filter_kernel<T, STABLE, false>
+            <<<tiles, TK_TILE_THREADS, 0, s>>>(i, n, o, kept, st, tiles, r->lo, r->hi, r->invert);
+}
+
+static size_t tile_elems(tally_dtype_t dtype)
+{
+    return dtype == TALLY_DTYPE_U8 ? (size_t)tk_filter_shape<uint8_t>::TILE
+                                   : (size_t)tk_filter_shape<int32_t>::TILE;
+}
+
+extern "C" size_t tk_cuda_filter_scratch_bytes(tally_dtype_t dtype, size_t n, int stable)
+{
+    if (!stable)
+        return 0;
+    return tk_div_up(n, tile_elems(dtype)) * sizeof(tk_tile_state_t);
+}
+
+extern "C" tally_status_t tk_cuda_filter(tally_dtype_t dtype, const void *d_in, size_t n,
+                                         const tk_filter_spec_t *spec, void *d_out,
+                                         uint64_t *d_kept, void *d_scratch, size_t scratch_bytes,
+                                         cudaStream_t stream)
+{
+    if (dtype != TALLY_DTYPE_I32 && dtype != TALLY_DTYPE_U8)
+        return TALLY_E_PARAM;
+    if (!spec || !d_kept || (n > 0 && (!d_in || !d_out)))
+        return TALLY_E_PARAM;
+    size_t esize = dtype == TALLY_DTYPE_U8 ? 1 : 4;
+    if ((uintptr_t)d_in % esize || (uintptr_t)d_out % esize || (uintptr_t)d_kept % 8)
+        return TALLY_E_PARAM;
+    size_t need = tk_cuda_filter_scratch_bytes(dtype, n, spec->stable);
+    if (scratch_bytes < need || (need && (!d_scratch || (uintptr_t)d_scratch % 16)))
+        return TALLY_E_PARAM;
+    if (tk_div_up(n, tile_elems(dtype)) > 0x7fffffffu)
+        return TALLY_E_PARAM;
+    tk_range_t r;
+    tally_status_t st = dtype == TALLY_DTYPE_U8 ? reduce_predicate(spec, 0, UINT8_MAX, &r)
+                                                : reduce_predicate(spec, INT32_MIN, INT32_MAX, &r);
+    if (st != TALLY_OK)
+        return st;
+
+    u64 *kept = reinterpret_cast<u64 *>(d_kept);
+    unsigned tiles = (unsigned)tk_div_up(n, tile_elems(dtype));
+    tk_tile_state_t *states = static_cast<tk_tile_state_t *>(d_scratch);
+    bool vec = (uintptr_t)d_in % 16 == 0;
+    /* The stable pass's last tile writes *kept itself; everything else starts from zero. */
+    if (!spec->stable || n == 0)
+        tk_filter_zero_kernel<<<1, 1, 0, stream>>>(kept);
+    if (n == 0)
+        return tk_cuda_check_launch();
+    if (spec->stable)
+        tk_lookback_init(states, tiles, stream);
+    if (dtype == TALLY_DTYPE_U8) {
+        if (spec->stable)
+            launch_filter<uint8_t, true>(vec, tiles, stream, d_in, n, d_out, kept, states, &r);
+        else
+            launch_filter<uint8_t, false>(vec, tiles, stream, d_in, n, d_out, kept, states, &r);
+    } else {
+        if (spec->stable)
+            launch_filter<int32_t, true>(vec, tiles, stream, d_in, n, d_out, kept, states, &r);
+        else
+            launch_filter<int32_t, false>(vec, tiles, stream, d_in, n, d_out, kept, states, &r);
+    }
+    return tk_cuda_check_launch();
+}

@@ -1,0 +1,737 @@
+/*
+ * test_cuda_backend.c — the CUDA kernels against the CPU backend and a plain reference.
+ *
+ * Every kernel is run twice per case: through the asynchronous device-pointer API of tk_cuda.h
+ * (on a stream of our own, with poisoned outputs, carries and histograms that stay on the
+ * device) and through the synchronous backend table of tk_backend.h. Both results must equal
+ * the CPU backend's and a plain loop's (written here from the contract, independent of both
+ * backends). Inputs are fresh random data each run; the seed is printed and TALLY_TEST_SEED
+ * repeats a run. Sizes: 0, 1, 31, 32, 33, 4095, 4096, 2^20 + 7 and 2^28 (TALLY_TEST_QUICK=1
+ * leaves out 2^28, for runs under compute-sanitizer). Unordered filter results are compared as
+ * multisets (sorted, or by count and an order-independent hash at 2^28).
+ *
+ * Without a usable GPU the program says why and exits 77, which CTest reports as skipped.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+#include <cuda_runtime_api.h>
+
+#include "tk_backend.h"
+#include "tk_cuda.h"
+
+#define BIG_N ((size_t)1 << 28)
+#define MID_N (((size_t)1 << 20) + 7)
+
+static const size_t all_sizes[] = {0, 1, 31, 32, 33, 4095, 4096, MID_N, BIG_N};
+static size_t n_sizes;           /* all of them, or all but BIG_N in quick mode */
+static int quick;                /* TALLY_TEST_QUICK: also fewer thresholds per predicate */
+static tk_backend_t *gpu, *cpu;  /* the table under test and the reference backend */
+static cudaStream_t stream;
+static uint64_t rng_state;
+
+/* Device buffers for the async API, sized for the largest case. */
+static void *d_in, *d_out, *d_scratch;
+static size_t d_scratch_bytes;
+static uint64_t *d_small; /* [0] kept, [1] carry, [2..] a tk_hist_t */
+
+#define CK(call)                                                                                  \
+    do {                                                                                          \
+        cudaError_t e_ = (call);                                                                  \
+        if (e_ != cudaSuccess)                                                                    \
+            fail_msg("%s: %s", #call, cudaGetErrorString(e_));                                    \
+    } while (0)
+
+/* ---- random data ------------------------------------------------------------------------------ */
+
+static uint64_t rnd(void)
+{
+    uint64_t x = rng_state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    rng_state = x;
+    return x * 0x2545F4914F6CDD1DULL;
+}
+
+static int32_t rnd_between(int64_t lo, int64_t hi) /* inclusive */
+{
+    return (int32_t)(lo + (int64_t)(rnd() % (uint64_t)(hi - lo + 1)));
+}
+
+typedef enum { DATA_UNIFORM, DATA_EQUAL, DATA_NARROW, DATA_KINDS } data_kind_t;
+
+static void fill_i32(int32_t *x, size_t n, data_kind_t kind)
+{
+    int32_t c = (int32_t)rnd();
+    int32_t base = rnd_between(-1000000, 1000000);
+    for (size_t i = 0; i < n; i++) {
+        switch (kind) {
+        case DATA_UNIFORM: x[i] = (int32_t)(rnd() >> 32); break;
+        case DATA_EQUAL: x[i] = c; break;
+        default: x[i] = base + (int32_t)(rnd() % 64); break;
+        }
+    }
+    if (kind == DATA_UNIFORM && n > 8) { /* the extremes, somewhere */
+        x[rnd() % n] = INT32_MIN;
+        x[rnd() % n] = INT32_MAX;
+    }
+}
+
+static void fill_u8(uint8_t *x, size_t n, data_kind_t kind)
+{
+    uint8_t c = (uint8_t)rnd(), base = (uint8_t)(rnd() % 250);
+    for (size_t i = 0; i < n; i++) {
+        switch (kind) {
+        case DATA_UNIFORM: x[i] = (uint8_t)(rnd() >> 56); break;
+        case DATA_EQUAL: x[i] = c; break;
+        default: x[i] = (uint8_t)(base + rnd() % 4); break;
+        }
+    }
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    assert_non_null(p);
+    return p;
+}
+
+/* ---- the plain reference ------------------------------------------------------------------- */
+
+static int ref_keep(const tk_filter_spec_t *s, int64_t x)
+{
+    switch (s->pred) {
+    case TALLY_PRED_GT: return x > s->lo;
+    case TALLY_PRED_GE: return x >= s->lo;
+    case TALLY_PRED_LT: return x < s->lo;
+    case TALLY_PRED_LE: return x <= s->lo;
+    case TALLY_PRED_EQ: return x == s->lo;
+    case TALLY_PRED_NE: return x != s->lo;
+    default: return x >= s->lo && x <= s->hi;
+    }
+}
+
+static size_t ref_filter(tally_dtype_t dt, const void *in, size_t n, const tk_filter_spec_t *s,
+                         void *out)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (dt == TALLY_DTYPE_I32) {
+            int32_t x = ((const int32_t *)in)[i];
+            if (ref_keep(s, x))
+                ((int32_t *)out)[k++] = x;
+        } else {
+            uint8_t x = ((const uint8_t *)in)[i];
+            if (ref_keep(s, x))
+                ((uint8_t *)out)[k++] = x;
+        }
+    }
+    return k;
+}
+
+static int64_t ref_scan(const int32_t *in, size_t n, int excl, int out32, void *out, int64_t c)
+{
+    uint64_t r = (uint64_t)c;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t nr = r + (uint64_t)(int64_t)in[i];
+        uint64_t v = excl ? r : nr;
+        if (out32)
+            ((int32_t *)out)[i] = (int32_t)(uint32_t)v;
+        else
+            ((int64_t *)out)[i] = (int64_t)v;
+        r = nr;
+    }
+    return (int64_t)r;
+}
+
+static void ref_hist(tally_dtype_t dt, const void *in, size_t n, int64_t lo, int64_t hi,
+                     tk_hist_t *h)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (dt == TALLY_DTYPE_U8) {
+            h->bins[((const uint8_t *)in)[i]]++;
+            continue;
+        }
+        int32_t x = ((const int32_t *)in)[i];
+        if (x < lo)
+            h->underflow++;
+        else if (x >= hi)
+            h->overflow++;
+        else
+            h->bins[tally_hist_bin_i32(x, lo, hi)]++;
+    }
+}
+
+/* ---- comparisons --------------------------------------------------------------------------- */
+
+static void expect_bytes(const char *what, const void *got, const void *want, size_t n,
+                         size_t esize)
+{
+    if (n == 0 || memcmp(got, want, n * esize) == 0)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        if (memcmp((const char *)got + i * esize, (const char *)want + i * esize, esize)) {
+            int64_t g = 0, w = 0;
+            memcpy(&g, (const char *)got + i * esize, esize < 8 ? esize : 8);
+            memcpy(&w, (const char *)want + i * esize, esize < 8 ? esize : 8);
+            fail_msg("%s: first difference at %zu of %zu: got %lld (0x%llx), want %lld", what, i,
+                     n, (long long)g, (unsigned long long)g, (long long)w);
+        }
+    }
+}
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    return x ^ (x >> 33);
+}
+
+/* got (any order) must be the multiset want (input order); got is sorted in place. */
+static void expect_multiset(const char *what, tally_dtype_t dt, void *got, const void *want,
+                            size_t k, const tk_filter_spec_t *s)
+{
+    if (dt == TALLY_DTYPE_U8) {
+        size_t cg[256] = {0}, cw[256] = {0};
+        for (size_t i = 0; i < k; i++) {
+            cg[((uint8_t *)got)[i]]++;
+            cw[((const uint8_t *)want)[i]]++;
+        }
+        expect_bytes(what, cg, cw, 256, sizeof cg[0]);
+        return;
+    }
+    if (k <= MID_N) {
+        int32_t *w = xmalloc(k * 4);
+        memcpy(w, want, k * 4);
+        qsort(got, k, 4, cmp_i32);
+        qsort(w, k, 4, cmp_i32);
+        expect_bytes(what, got, w, k, 4);
+        free(w);
+        return;
+    }
+    /* Too large to sort quickly: every element kept by the predicate, and equal order-free
+     * hashes (sum of a 64-bit mix of each value) over the same count. */
+    uint64_t hg = 0, hw = 0;
+    for (size_t i = 0; i < k; i++) {
+        int32_t g = ((int32_t *)got)[i];
+        if (!ref_keep(s, g))
+            fail_msg("%s: element %zu (%d) does not satisfy the predicate", what, i, g);
+        hg += mix64((uint32_t)g);
+        hw += mix64((uint32_t)((const int32_t *)want)[i]);
+    }
+    if (hg != hw)
+        fail_msg("%s: kept elements differ from the reference multiset", what);
+}
+
+/* ---- filter ---------------------------------------------------------------------------------- */
+
+static void check_filter(tally_dtype_t dt, const void *in, size_t n, const tk_filter_spec_t *s,
+                         size_t in_offset)
+{
+    size_t es = dt == TALLY_DTYPE_U8 ? 1 : 4;
+    char what[160];
+    snprintf(what, sizeof what, "filter %s %s %s lo=%lld hi=%lld n=%zu off=%zu",
+             es == 1 ? "u8" : "i32", tally_pred_name(s->pred), s->stable ? "stable" : "unordered",
+             (long long)s->lo, (long long)s->hi, n, in_offset);
+    void *want = xmalloc(n * es), *got = xmalloc(n * es);
+    size_t kw = ref_filter(dt, in, n, s, want);
+
+    /* The CPU backend agrees with the plain loop (as a multiset in unordered mode). */
+    size_t kc = (size_t)-1;
+    assert_int_equal(cpu->filter(cpu->ctx, dt, in, n, s, got, &kc), TALLY_OK);
+    assert_int_equal(kc, kw);
+    if (s->stable)
+        expect_bytes(what, got, want, kw, es);
+
+    /* The async API, on a poisoned output, from a possibly unaligned input. */
+    char *din = (char *)d_in + in_offset * es;
+    CK(cudaMemcpyAsync(din, in, n * es, cudaMemcpyHostToDevice, stream));
+    CK(cudaMemsetAsync(d_out, 0xA5, n * es + 16, stream));
+    CK(cudaMemsetAsync(d_small, 0xA5, 8, stream));
+    tally_status_t st = tk_cuda_filter(dt, din, n, s, d_out, &d_small[0], d_scratch,
+                                       d_scratch_bytes, stream);
+    if (st != TALLY_OK)
+        fail_msg("%s: tk_cuda_filter: %d (%s)", what, st, tk_cuda_error_string());
+    uint64_t kg = 0;
+    CK(cudaMemcpyAsync(&kg, &d_small[0], 8, cudaMemcpyDeviceToHost, stream));
+    CK(cudaStreamSynchronize(stream));
+    if (kg != kw)
+        fail_msg("%s: async kept %llu, want %zu", what, (unsigned long long)kg, kw);
+    CK(cudaMemcpy(got, d_out, kw * es, cudaMemcpyDeviceToHost));
+    if (s->stable)
+        expect_bytes(what, got, want, kw, es);
+    else
+        expect_multiset(what, dt, got, want, kw, s);
+
+    /* The table. */
+    if (in_offset == 0) {
+        size_t kt = (size_t)-1;
+        memset(got, 0x5A, n * es);
+        assert_int_equal(gpu->filter(gpu->ctx, dt, in, n, s, got, &kt), TALLY_OK);
+        assert_int_equal(kt, kw);
+        if (s->stable)
+            expect_bytes(what, got, want, kw, es);
+        else
+            expect_multiset(what, dt, got, want, kw, s);
+    }
+    free(want);
+    free(got);
+}
+
+/* Thresholds worth trying for an input: values in it, 0, and the edges of both types. */
+static int64_t pick_threshold(tally_dtype_t dt, const void *in, size_t n, int which)
+{
+    static const int64_t edges[] = {INT64_MIN, INT32_MIN, -1, 0, 255, 256, INT32_MAX,
+                                    (int64_t)INT32_MAX + 1, INT64_MAX};
+    if (which == 0 && n > 0)
+        return dt == TALLY_DTYPE_I32 ? ((const int32_t *)in)[rnd() % n]
+                                     : ((const uint8_t *)in)[rnd() % n];
+    return edges[rnd() % (sizeof edges / sizeof edges[0])];
+}
+
+static void filter_all_preds(tally_dtype_t dt, const void *in, size_t n, int thresholds)
+{
+    for (int p = TALLY_PRED_GT; p <= TALLY_PRED_BETWEEN; p++) {
+        for (int t = 0; t < thresholds; t++) {
+            tk_filter_spec_t s = {(tally_pred_t)p, pick_threshold(dt, in, n, t), 0, 0};
+            if (p == TALLY_PRED_BETWEEN) {
+                int64_t a = s.lo, b = pick_threshold(dt, in, n, t);
+                s.lo = a < b ? a : b;
+                s.hi = a < b ? b : a;
+            }
+            for (int stable = 0; stable < 2; stable++) {
+                s.stable = stable;
+                check_filter(dt, in, n, &s, 0);
+            }
+        }
+    }
+}
+
+static void test_filter_i32(void **state)
+{
+    (void)state;
+    for (size_t si = 0; si < n_sizes; si++) {
+        size_t n = all_sizes[si];
+        int32_t *in = xmalloc(n * 4);
+        for (int kind = 0; kind < DATA_KINDS; kind++) {
+            fill_i32(in, n, (data_kind_t)kind);
+            if (n == BIG_N) { /* one representative case per mode: ~50 % kept */
+                tk_filter_spec_t s = {TALLY_PRED_GT, 0, 0, 0};
+                check_filter(TALLY_DTYPE_I32, in, n, &s, 0);
+                s.stable = 1;
+                check_filter(TALLY_DTYPE_I32, in, n, &s, 0);
+                break;
+            }
+            filter_all_preds(TALLY_DTYPE_I32, in, n, quick || n >= MID_N ? 2 : 4);
+        }
+        free(in);
+    }
+}
+
+static void test_filter_u8(void **state)
+{
+    (void)state;
+    for (size_t si = 0; si < n_sizes; si++) {
+        size_t n = all_sizes[si];
+        uint8_t *in = xmalloc(n);
+        for (int kind = 0; kind < DATA_KINDS; kind++) {
+            fill_u8(in, n, (data_kind_t)kind);
+            if (n == BIG_N) {
+                tk_filter_spec_t s = {TALLY_PRED_BETWEEN, 10, 200, 0};
+                check_filter(TALLY_DTYPE_U8, in, n, &s, 0);
+                s.stable = 1;
+                check_filter(TALLY_DTYPE_U8, in, n, &s, 0);
+                break;
+            }
+            filter_all_preds(TALLY_DTYPE_U8, in, n, quick || n >= MID_N ? 2 : 4);
+        }
+        free(in);
+    }
+}
+
+/* Inputs that are not 16-byte aligned take the scalar path of every filter tile. */
+static void test_filter_unaligned(void **state)
+{
+    (void)state;
+    size_t n = 4096 * 3 + 17;
+    int32_t *in = xmalloc(n * 4);
+    uint8_t *in8 = xmalloc(n);
+    fill_i32(in, n, DATA_UNIFORM);
+    fill_u8(in8, n, DATA_UNIFORM);
+    for (int stable = 0; stable < 2; stable++) {
+        tk_filter_spec_t s = {TALLY_PRED_LT, 0, 0, stable};
+        check_filter(TALLY_DTYPE_I32, in, n, &s, 1);
+        s.lo = 100;
+        check_filter(TALLY_DTYPE_U8, in8, n, &s, 3);
+    }
+    free(in);
+    free(in8);
+}
+
+/* ---- scan ------------------------------------------------------------------------------------ */
+
+static void check_scan(const int32_t *in, size_t n, int excl, int out32, int64_t carry,
+                       size_t in_offset)
+{
+    size_t os = out32 ? 4 : 8;
+    char what[160];
+    snprintf(what, sizeof what, "scan %s %s carry=%lld n=%zu off=%zu",
+             excl ? "exclusive" : "inclusive", out32 ? "i32" : "i64", (long long)carry, n,
+             in_offset);
+    void *want = xmalloc(n * os), *got = xmalloc(n * os);
+    int64_t cw = ref_scan(in, n, excl, out32, want, carry);
+
+    int64_t cc = carry;
+    assert_int_equal(cpu->scan(cpu->ctx, in, n, excl, out32, got, &cc), TALLY_OK);
+    assert_int_equal(cc, cw);
+    expect_bytes(what, got, want, n, os);
+
+    /* Async API: carry in and out through the same device word (a stream's running total). */
+    int32_t *din = (int32_t *)d_in + in_offset;
+    CK(cudaMemcpyAsync(din, in, n * 4, cudaMemcpyHostToDevice, stream));
+    CK(cudaMemsetAsync(d_out, 0xA5, n * os, stream));
+    CK(cudaMemcpyAsync(&d_small[1], &carry, 8, cudaMemcpyHostToDevice, stream));
+    tally_status_t st = tk_cuda_scan(din, n, excl, out32, d_out, (int64_t *)&d_small[1],
+                                     (int64_t *)&d_small[1], d_scratch, d_scratch_bytes, stream);
+    if (st != TALLY_OK)
+        fail_msg("%s: tk_cuda_scan: %d (%s)", what, st, tk_cuda_error_string());
+    int64_t cg = 0;
+    CK(cudaMemcpyAsync(&cg, &d_small[1], 8, cudaMemcpyDeviceToHost, stream));
+    CK(cudaStreamSynchronize(stream));
+    assert_int_equal(cg, cw);
+    CK(cudaMemcpy(got, d_out, n * os, cudaMemcpyDeviceToHost));
+    expect_bytes(what, got, want, n, os);
+
+    if (in_offset == 0) {
+        int64_t ct = carry;
+        memset(got, 0x5A, n * os);
+        assert_int_equal(gpu->scan(gpu->ctx, in, n, excl, out32, got, &ct), TALLY_OK);
+        assert_int_equal(ct, cw);
+        expect_bytes(what, got, want, n, os);
+    }
+    free(want);
+    free(got);
+}
+
+static void test_scan(void **state)
+{
+    (void)state;
+    const int64_t carries[] = {0, INT64_MAX - 1000, INT64_MIN + 5};
+    for (size_t si = 0; si < n_sizes; si++) {
+        size_t n = all_sizes[si];
+        int32_t *in = xmalloc(n * 4);
+        for (int kind = 0; kind < DATA_KINDS; kind++) {
+            fill_i32(in, n, (data_kind_t)kind);
+            if (kind == DATA_EQUAL && n)
+                for (size_t i = 0; i < n; i++) /* big values: int32 output wraps quickly */
+                    in[i] = INT32_MAX - 3;
+            for (int mode = 0; mode < 4; mode++) {
+                int64_t c = kind == DATA_UNIFORM ? (int64_t)rnd() : carries[(mode + kind) % 3];
+                check_scan(in, n, mode & 1, mode >> 1, c, 0);
+            }
+            if (n == BIG_N)
+                break;
+        }
+        free(in);
+    }
+}
+
+/* Unaligned input (scalar path), and an array scanned in two chunks with the carry kept on the
+ * device between them gives exactly the whole array's prefix sums. */
+static void test_scan_chunks_unaligned(void **state)
+{
+    (void)state;
+    size_t n = 3 * 4096 + 123;
+    int32_t *in = xmalloc(n * 4);
+    fill_i32(in, n, DATA_UNIFORM);
+    check_scan(in, n, 0, 0, 42, 1);
+    check_scan(in, n, 1, 1, -42, 3);
+
+    int64_t *want = xmalloc(n * 8), *got = xmalloc(n * 8);
+    int64_t c0 = (int64_t)rnd();
+    int64_t cw = ref_scan(in, n, 0, 0, want, c0);
+    size_t cut = 4096 + 77;
+    CK(cudaMemcpyAsync(d_in, in, n * 4, cudaMemcpyHostToDevice, stream));
+    CK(cudaMemcpyAsync(&d_small[1], &c0, 8, cudaMemcpyHostToDevice, stream));
+    int64_t *carry = (int64_t *)&d_small[1];
+    int64_t *out = d_out;
+    assert_int_equal(tk_cuda_scan(d_in, cut, 0, 0, out, carry, carry, d_scratch, d_scratch_bytes,
+                                  stream),
+                     TALLY_OK);
+    /* The second chunk starts 77 elements past a 16-byte boundary: the scalar path. */
+    assert_int_equal(tk_cuda_scan((int32_t *)d_in + cut, n - cut, 0, 0, out + cut, carry, carry,
+                                  d_scratch, d_scratch_bytes, stream),
+                     TALLY_OK);
+    int64_t cg = 0;
+    CK(cudaMemcpyAsync(got, out, n * 8, cudaMemcpyDeviceToHost, stream));
+    CK(cudaMemcpyAsync(&cg, carry, 8, cudaMemcpyDeviceToHost, stream));
+    CK(cudaStreamSynchronize(stream));
+    assert_int_equal(cg, cw);
+    expect_bytes("scan in two chunks", got, want, n, 8);
+    free(in);
+    free(want);
+    free(got);
+}
+
+/* ---- histogram -------------------------------------------------------------------------------- */
+
+static void check_hist(tally_dtype_t dt, const void *in, size_t n, int64_t lo, int64_t hi,
+                       size_t in_offset)
+{
+    size_t es = dt == TALLY_DTYPE_U8 ? 1 : 4;
+    char what[160];
+    snprintf(what, sizeof what, "hist %s [%lld, %lld) n=%zu off=%zu", es == 1 ? "u8" : "i32",
+             (long long)lo, (long long)hi, n, in_offset);
+    /* Start from a non-empty histogram: the kernels add. */
+    tk_hist_t start, want, got;
+    for (int b = 0; b < TALLY_HIST_BINS; b++)
+        start.bins[b] = rnd() % 1000;
+    start.underflow = dt == TALLY_DTYPE_U8 ? 0 : rnd() % 1000;
+    start.overflow = dt == TALLY_DTYPE_U8 ? 0 : rnd() % 1000;
+    want = start;
+    ref_hist(dt, in, n, lo, hi, &want);
+
+    got = start;
+    tally_status_t st = dt == TALLY_DTYPE_U8 ? cpu->hist_u8(cpu->ctx, in, n, &got)
+                                             : cpu->hist_i32(cpu->ctx, in, n, lo, hi, &got);
+    assert_int_equal(st, TALLY_OK);
+    expect_bytes(what, &got, &want, sizeof got / 8, 8);
+
+    char *din = (char *)d_in + in_offset * es;
+    tk_hist_t *dh = (tk_hist_t *)&d_small[2];
+    CK(cudaMemcpyAsync(din, in, n * es, cudaMemcpyHostToDevice, stream));
+    CK(cudaMemcpyAsync(dh, &start, sizeof start, cudaMemcpyHostToDevice, stream));
+    st = dt == TALLY_DTYPE_U8
+             ? tk_cuda_hist_u8((uint8_t *)din, n, dh, d_scratch, d_scratch_bytes, stream)
+             : tk_cuda_hist_i32((int32_t *)din, n, lo, hi, dh, d_scratch, d_scratch_bytes, stream);
+    if (st != TALLY_OK)
+        fail_msg("%s: tk_cuda_hist: %d (%s)", what, st, tk_cuda_error_string());
+    CK(cudaMemcpyAsync(&got, dh, sizeof got, cudaMemcpyDeviceToHost, stream));
+    CK(cudaStreamSynchronize(stream));
+    expect_bytes(what, &got, &want, sizeof got / 8, 8);
+
+    if (in_offset == 0) {
+        got = start;
+        st = dt == TALLY_DTYPE_U8 ? gpu->hist_u8(gpu->ctx, in, n, &got)
+                                  : gpu->hist_i32(gpu->ctx, in, n, lo, hi, &got);
+        assert_int_equal(st, TALLY_OK);
+        expect_bytes(what, &got, &want, sizeof got / 8, 8);
+    }
+}
+
+static void test_hist_u8(void **state)
+{
+    (void)state;
+    for (size_t si = 0; si < n_sizes; si++) {
+        size_t n = all_sizes[si];
+        uint8_t *in = xmalloc(n + 16);
+        for (int kind = 0; kind < DATA_KINDS; kind++) {
+            fill_u8(in, n + 16, (data_kind_t)kind);
+            check_hist(TALLY_DTYPE_U8, in, n, 0, 0, 0);
+            if (n < MID_N) /* unaligned head and tail */
+                check_hist(TALLY_DTYPE_U8, in, n, 0, 0, 1 + rnd() % 15);
+        }
+        free(in);
+    }
+}
+
+static void test_hist_i32(void **state)
+{
+    (void)state;
+    const int64_t ranges[][2] = {
+        {0, 256},          {-1000, 1000},   {-7, 5},
+        {0, 1},            {INT32_MIN, (int64_t)INT32_MAX + 1},
+        {INT32_MIN, 0},    {-3, 1000003},   {INT32_MIN, INT32_MIN + 1},
+        {INT32_MAX, (int64_t)INT32_MAX + 1}, {-123456789, 987654321},
+    };
+    const size_t nr = sizeof ranges / sizeof ranges[0];
+    for (size_t si = 0; si < n_sizes; si++) {
+        size_t n = all_sizes[si];
+        int32_t *in = xmalloc(n * 4 + 16);
+        for (int kind = 0; kind < DATA_KINDS; kind++) {
+            fill_i32(in, n + 4, (data_kind_t)kind);
+            for (size_t r = 0; r < nr; r++) {
+                if (n >= MID_N && r % 3 != 0 && r != 4)
+                    continue;
+                int64_t lo = ranges[r][0], hi = ranges[r][1];
+                if (kind == DATA_NARROW) { /* centre the data on the range's edges */
+                    int64_t c = (r & 1) ? lo : hi - 32;
+                    for (size_t i = 0; i < n + 4; i++) {
+                        int64_t v = c + (int64_t)(rnd() % 64) - 32;
+                        in[i] = (int32_t)(v < INT32_MIN ? INT32_MIN : v > INT32_MAX ? INT32_MAX : v);
+                    }
+                }
+                check_hist(TALLY_DTYPE_I32, in, n, lo, hi, 0);
+                if (n < MID_N && r < 3)
+                    check_hist(TALLY_DTYPE_I32, in, n, lo, hi, 1 + rnd() % 3);
+            }
+            if (n == BIG_N)
+                break;
+        }
+        free(in);
+    }
+}
+
+/* Every bin edge of many widths: the values just below, at and above the first value of each
+ * bin (the places where a rounded reciprocal would go wrong) land in tally_hist_bin_i32's bin. */
+static void test_hist_i32_bin_edges(void **state)
+{
+    (void)state;
+    int64_t widths[64] = {1,   2,     3,         7,          255,        256,
+                          257, 1000,  65535,     65537,      1000003,    (1LL << 31) - 1,
+                          1LL << 31,  (1LL << 31) + 1,       (1LL << 32) - 1, 1LL << 32};
+    int nw = 16;
+    while (nw < 64)
+        widths[nw++] = 1 + (int64_t)(rnd() % (1ULL << 32));
+    int32_t *in = xmalloc(256 * 3 * 4 + 8);
+    for (int w = 0; w < nw; w++) {
+        int64_t W = widths[w];
+        int64_t lo = INT32_MIN + (int64_t)(rnd() % (uint64_t)((1LL << 32) - W + 1));
+        size_t n = 0;
+        for (int64_t k = 0; k < 256; k++) {
+            int64_t d = (k * W + 255) / 256; /* the first d in bin k */
+            for (int64_t e = d - 1; e <= d + 1; e++)
+                if (e >= 0 && e < W)
+                    in[n++] = (int32_t)(lo + e);
+        }
+        check_hist(TALLY_DTYPE_I32, in, n, lo, lo + W, 0);
+    }
+    free(in);
+}
+
+/* ---- failure paths --------------------------------------------------------------------------- */
+
+static void test_bad_arguments(void **state)
+{
+    (void)state;
+    tk_filter_spec_t bad = {(tally_pred_t)99, 0, 0, 0};
+    assert_int_equal(tk_cuda_filter(TALLY_DTYPE_I32, d_in, 10, &bad, d_out, &d_small[0],
+                                    d_scratch, d_scratch_bytes, stream),
+                     TALLY_E_PARAM);
+    tk_filter_spec_t gt = {TALLY_PRED_GT, 0, 0, 1};
+    assert_int_equal(tk_cuda_filter(TALLY_DTYPE_I64, d_in, 10, &gt, d_out, &d_small[0],
+                                    d_scratch, d_scratch_bytes, stream),
+                     TALLY_E_PARAM);
+    assert_int_equal(tk_cuda_filter(TALLY_DTYPE_I32, d_in, 1 << 20, &gt, d_out, &d_small[0],
+                                    d_scratch, 16, stream),
+                     TALLY_E_PARAM); /* scratch too small */
+    assert_int_equal(tk_cuda_scan(d_in, 1 << 20, 0, 0, d_out, (int64_t *)&d_small[1],
+                                  (int64_t *)&d_small[1], d_scratch, 0, stream),
+                     TALLY_E_PARAM);
+    tk_hist_t *dh = (tk_hist_t *)&d_small[2];
+    assert_int_equal(tk_cuda_hist_i32(d_in, 10, 5, 5, dh, NULL, 0, stream), TALLY_E_PARAM);
+    assert_int_equal(tk_cuda_hist_i32(d_in, 10, INT32_MIN - 1LL, 0, dh, NULL, 0, stream),
+                     TALLY_E_PARAM);
+
+    /* The table refuses batches over its maximum and stays usable. */
+    tk_backend_t *small = NULL;
+    char msg[200] = "";
+    assert_int_equal(tk_cuda_backend_new(0, 1024, &small, msg, sizeof msg), TALLY_OK);
+    int32_t in[300] = {0}, out[300];
+    size_t kept = 0;
+    assert_int_equal(small->filter(small->ctx, TALLY_DTYPE_I32, in, 300, &gt, out, &kept),
+                     TALLY_E_TOO_LARGE);
+    assert_int_equal(small->filter(small->ctx, TALLY_DTYPE_I32, in, 256, &gt, out, &kept),
+                     TALLY_OK);
+    assert_int_equal(kept, 0);
+    char d[200] = "";
+    small->describe(small->ctx, d, sizeof d);
+    assert_memory_equal(d, "cuda: 0:", 8);
+    small->destroy(&small);
+    assert_null(small);
+
+    assert_int_equal(tk_cuda_backend_new(tk_cuda_device_count(), 1024, &small, msg, sizeof msg),
+                     TALLY_E_BACKEND);
+    assert_null(small);
+    assert_true(strlen(msg) > 0);
+}
+
+/* ---- set-up ---------------------------------------------------------------------------------- */
+
+static int setup(void **state)
+{
+    (void)state;
+    size_t max_n = all_sizes[n_sizes - 1];
+    size_t max_bytes = max_n * 4 + 64;
+    char msg[256] = "";
+    if (tk_cuda_backend_new(0, max_bytes, &gpu, msg, sizeof msg) != TALLY_OK) {
+        fprintf(stderr, "tk_cuda_backend_new: %s\n", msg);
+        return -1;
+    }
+    if (tk_cpu_backend_new(&cpu) != TALLY_OK)
+        return -1;
+    if (cudaStreamCreate(&stream) != cudaSuccess)
+        return -1;
+    d_scratch_bytes = tk_cuda_scratch_bytes_max(max_bytes);
+    if (cudaMalloc(&d_in, max_bytes) != cudaSuccess ||
+        cudaMalloc(&d_out, 2 * max_bytes + 64) != cudaSuccess ||
+        cudaMalloc(&d_scratch, d_scratch_bytes ? d_scratch_bytes : 16) != cudaSuccess ||
+        cudaMalloc((void **)&d_small, 4096) != cudaSuccess) {
+        fprintf(stderr, "cudaMalloc failed\n");
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    cudaFree(d_in);
+    cudaFree(d_out);
+    cudaFree(d_scratch);
+    cudaFree(d_small);
+    cudaStreamDestroy(stream);
+    if (gpu)
+        gpu->destroy(&gpu);
+    if (cpu)
+        cpu->destroy(&cpu);
+    return 0;
+}
+
+int main(void)
+{
+    if (tk_cuda_device_count() == 0) {
+        printf("test_cuda_backend: skipped: no usable CUDA device (no GPU or no driver)\n");
+        return 77;
+    }
+    const char *q = getenv("TALLY_TEST_QUICK");
+    n_sizes = sizeof all_sizes / sizeof all_sizes[0];
+    quick = q && *q && strcmp(q, "0") != 0;
+    if (quick)
+        n_sizes--; /* leave out 2^28 */
+    const char *seed = getenv("TALLY_TEST_SEED");
+    rng_state = seed ? strtoull(seed, NULL, 0) : (uint64_t)time(NULL) * 2654435761u + 1;
+    if (rng_state == 0)
+        rng_state = 1;
+    printf("test_cuda_backend: TALLY_TEST_SEED=%llu, largest size %zu\n",
+           (unsigned long long)rng_state, all_sizes[n_sizes - 1]);
+
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hist_i32_bin_edges),
+        cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_filter_unaligned),
+        cmocka_unit_test(test_scan_chunks_unaligned),
+        cmocka_unit_test(test_filter_i32),
+        cmocka_unit_test(test_filter_u8),
+        cmocka_unit_test(test_scan),
+        cmocka_unit_test(test_hist_u8),
+        cmocka_unit_test(test_hist_i32),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
