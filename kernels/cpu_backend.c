@@ -260,9 +260,9 @@ static tally_status_t cpu_scan(void *ctx, const int32_t *in, size_t n, int exclu
 
 /* ---- histograms ----------------------------------------------------------------------------- */
 
-/* Private sub-histograms per call. Four keep four increments in flight, which is what a run of
- * equal values needs; they are uint64_t so no count can overflow, and 4 x 256 x 8 bytes fit in
- * L1 beside the input stream. */
+/* Private sub-histograms per call, one per element position modulo HIST_WAYS, so that a run of
+ * equal values keeps several increments in flight instead of one; they are uint64_t so no count
+ * can overflow, and they fit in L1 beside the input stream. */
 #define HIST_WAYS 4
 /* Below this many elements, zeroing and merging the sub-histograms costs more than it saves. */
 #define HIST_SMALL 2048
@@ -275,6 +275,10 @@ static void hist_ways_merge(hist_ways_t ways, tk_hist_t *hist)
         hist->bins[b] += ways[0][b] + ways[1][b] + ways[2][b] + ways[3][b];
 }
 
+/* The byte histogram uses eight ways, fed from one 8-byte load: on all-equal data four ways
+ * left it at 1.4 GB/s and eight reach 1.7 (uniform: 2.5 -> 2.7), at 16 KiB of L1. */
+#define HIST_U8_WAYS 8
+
 static tally_status_t cpu_hist_u8(void *ctx, const uint8_t *in, size_t n, tk_hist_t *hist)
 {
     (void)ctx;
@@ -286,18 +290,29 @@ static tally_status_t cpu_hist_u8(void *ctx, const uint8_t *in, size_t n, tk_his
         return TALLY_OK;
     }
 
-    hist_ways_t ways;
+    uint64_t ways[HIST_U8_WAYS][TALLY_HIST_BINS];
     memset(ways, 0, sizeof ways);
     size_t i = 0;
-    for (; i + HIST_WAYS <= n; i += HIST_WAYS) {
-        ways[0][in[i]]++;
-        ways[1][in[i + 1]]++;
-        ways[2][in[i + 2]]++;
-        ways[3][in[i + 3]]++;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t v;
+        memcpy(&v, in + i, 8); /* one unaligned load; byte order does not matter to a count */
+        ways[0][v & 255]++;
+        ways[1][(v >> 8) & 255]++;
+        ways[2][(v >> 16) & 255]++;
+        ways[3][(v >> 24) & 255]++;
+        ways[4][(v >> 32) & 255]++;
+        ways[5][(v >> 40) & 255]++;
+        ways[6][(v >> 48) & 255]++;
+        ways[7][v >> 56]++;
     }
     for (; i < n; i++)
         ways[0][in[i]]++;
-    hist_ways_merge(ways, hist);
+    for (int b = 0; b < TALLY_HIST_BINS; b++) {
+        uint64_t sum = 0;
+        for (int w = 0; w < HIST_U8_WAYS; w++)
+            sum += ways[w][b];
+        hist->bins[b] += sum;
+    }
     return TALLY_OK;
 }
 
@@ -323,19 +338,21 @@ static tally_status_t cpu_hist_u8(void *ctx, const uint8_t *in, size_t n, tk_his
  * is, q(d) above equals it. For wider ranges this backend still gives the exact floor.
  *
  * Out-of-range values are clamped into the range (x < lo counts in bin 0, x >= hi in the bin of
- * hi - 1) and counted in underflow/overflow beside, then taken back out of those bins. That keeps
- * the loop free of branches and of a select between a bin and an out-of-range slot: both cost (a
- * branch mispredicts on mixed data, and gcc's mask select created a dependency from one element to
- * the next; measured 0.8-0.9 GB/s against 1.9-2.3 with clamping).
+ * hi - 1); a separate vectorized pass per block counts them as underflow/overflow, and they are
+ * taken back out of those two bins at the end. That keeps the bin loop free of branches and of
+ * a select between a bin and an out-of-range slot: both cost (a branch mispredicts on mixed
+ * data, and gcc compiled the mask select into a dependency from one element to the next;
+ * measured at 15 % out of range: 0.8-0.9 GB/s for those, 1.9-2.2 with clamping).
  */
 typedef enum { PATH_SHIFT, PATH_RECIP, PATH_SEARCH } hist_path_t;
 
 typedef struct {
     hist_path_t path;
-    int64_t lo, last;  /* last = hi - 1, the largest value in range */
-    unsigned last_bin; /* the bin of last: 255 when R >= 256, lower for narrower ranges */
-    unsigned shl, shr; /* PATH_SHIFT */
-    uint64_t mul;      /* PATH_RECIP */
+    int64_t lo;
+    int32_t lo32, last32; /* [lo, hi - 1] clamped to int32; the caller ensures they overlap */
+    unsigned last_bin;    /* the bin of last: 255 when R >= 256, lower for narrower ranges */
+    unsigned shl, shr;    /* PATH_SHIFT */
+    uint64_t mul;         /* PATH_RECIP */
     uint64_t bound[TALLY_HIST_BINS + 1];
 } hist_plan_t;
 
@@ -358,7 +375,8 @@ static void hist_plan_init(hist_plan_t *p, int64_t lo, int64_t hi)
     uint64_t r = (uint64_t)hi - (uint64_t)lo; /* exact: lo < hi */
 
     p->lo = lo;
-    p->last = hi - 1;
+    p->lo32 = lo < INT32_MIN ? INT32_MIN : (int32_t)lo;
+    p->last32 = hi - 1 > INT32_MAX ? INT32_MAX : (int32_t)(hi - 1);
     for (uint64_t b = 0; b <= TALLY_HIST_BINS; b++)
         p->bound[b] = b * (r >> 8) + (b * (r & 255) + 255) / 256;
     p->shl = p->shr = 0;
@@ -381,48 +399,55 @@ static void hist_plan_init(hist_plan_t *p, int64_t lo, int64_t hi)
     p->last_bin = hist_bin_search(r - 1, p->bound);
 }
 
-/* The offset of x clamped into [lo, last], and the out-of-range counts. min/max compile to
- * conditional moves; the counts are compare-and-add, with no dependency between elements. */
-static inline uint64_t hist_clamp(int64_t x, int64_t lo, int64_t last, uint64_t *under,
-                                  uint64_t *over)
+/* Elements per block of hist_i32: the out-of-range count reads a block from memory and the bin
+ * loop re-reads it from L1 (16 KiB of int32 next to 8 KiB of sub-histograms). */
+#define HIST_BLOCK 4096
+
+/* Counts x < lo32 and x > last32 in a block. With a constant n after inlining this loop
+ * vectorizes, which makes the counts nearly free next to the bin loop. */
+static inline void hist_count_out(const int32_t *in, size_t n, int32_t lo32, int32_t last32,
+                                  uint64_t *under, uint64_t *over)
 {
-    *under += x < lo;
-    *over += x > last;
-    int64_t c = x < lo ? lo : x;
-    c = c > last ? last : c;
-    return (uint64_t)c - (uint64_t)lo;
+    unsigned u = 0, o = 0;
+    for (size_t i = 0; i < n; i++) {
+        u += in[i] < lo32;
+        o += in[i] > last32;
+    }
+    *under += u;
+    *over += o;
 }
 
-/* One loop per path; BIN(x) is a macro naming the path's bin function with its arguments. Those
- * are locals: ways[] holds uint64_t, which may alias the plan's integers as far as the compiler
- * knows, so it would otherwise reload them after every count. */
+/* The offset from lo of x clamped into [lo32, last32]; min/max compile to conditional moves. */
+static inline uint64_t hist_offset(int32_t x, int32_t lo32, int32_t last32, uint64_t ulo)
+{
+    int32_t c = x < lo32 ? lo32 : x;
+    c = c > last32 ? last32 : c;
+    return (uint64_t)(int64_t)c - ulo;
+}
+
+/* One bin loop per path; BIN(d) is a macro naming the path's bin function with its arguments.
+ * Those are locals: ways[] holds uint64_t, which may alias the plan's integers as far as the
+ * compiler knows, so it would otherwise reload them after every count. */
 #define DEFINE_HIST_I32(NAME, BIN)                                                                 \
-    static void NAME(const hist_plan_t *p, const int32_t *in, size_t n, hist_ways_t ways,          \
-                     tk_hist_t *hist)                                                              \
+    static void NAME(const hist_plan_t *p, const int32_t *in, size_t n, hist_ways_t ways)          \
     {                                                                                              \
-        const int64_t lo = p->lo, last = p->last;                                                  \
-        const uint64_t mul = p->mul;                                                               \
+        const int32_t lo32 = p->lo32, last32 = p->last32;                                          \
+        const uint64_t ulo = (uint64_t)p->lo, mul = p->mul;                                        \
         const unsigned shl = p->shl, shr = p->shr;                                                 \
         const uint64_t *bound = p->bound;                                                          \
-        uint64_t under = 0, over = 0;                                                              \
         (void)mul;                                                                                 \
         (void)shl;                                                                                 \
         (void)shr;                                                                                 \
         (void)bound;                                                                               \
         size_t i = 0;                                                                              \
         for (; i + HIST_WAYS <= n; i += HIST_WAYS) {                                               \
-            ways[0][BIN(hist_clamp(in[i], lo, last, &under, &over))]++;                            \
-            ways[1][BIN(hist_clamp(in[i + 1], lo, last, &under, &over))]++;                        \
-            ways[2][BIN(hist_clamp(in[i + 2], lo, last, &under, &over))]++;                        \
-            ways[3][BIN(hist_clamp(in[i + 3], lo, last, &under, &over))]++;                        \
+            ways[0][BIN(hist_offset(in[i], lo32, last32, ulo))]++;                                 \
+            ways[1][BIN(hist_offset(in[i + 1], lo32, last32, ulo))]++;                             \
+            ways[2][BIN(hist_offset(in[i + 2], lo32, last32, ulo))]++;                             \
+            ways[3][BIN(hist_offset(in[i + 3], lo32, last32, ulo))]++;                             \
         }                                                                                          \
         for (; i < n; i++)                                                                         \
-            ways[0][BIN(hist_clamp(in[i], lo, last, &under, &over))]++;                            \
-        /* The clamped values were counted in the end bins; take them back out. */                 \
-        ways[0][0] -= under;                                                                       \
-        ways[0][p->last_bin] -= over;                                                              \
-        hist->underflow += under;                                                                  \
-        hist->overflow += over;                                                                    \
+            ways[0][BIN(hist_offset(in[i], lo32, last32, ulo))]++;                                 \
     }
 
 #define BIN_SHIFT(d) (unsigned)(((d) << shl) >> shr)
@@ -438,24 +463,50 @@ static tally_status_t cpu_hist_i32(void *ctx, const int32_t *in, size_t n, int64
     (void)ctx;
     if (!hist || (n && !in) || lo >= hi)
         return TALLY_E_PARAM;
+    /* A range that misses int32 entirely; also keeps lo32 <= last32 below. */
+    if (lo > INT32_MAX) {
+        hist->underflow += n;
+        return TALLY_OK;
+    }
+    if (hi <= INT32_MIN) {
+        hist->overflow += n;
+        return TALLY_OK;
+    }
     if (n == 0)
         return TALLY_OK;
 
     hist_plan_t plan;
     hist_ways_t ways;
+    uint64_t under = 0, over = 0;
     hist_plan_init(&plan, lo, hi);
     memset(ways, 0, sizeof ways);
-    switch (plan.path) {
-    case PATH_SHIFT:
-        hist_i32_shift(&plan, in, n, ways, hist);
-        break;
-    case PATH_RECIP:
-        hist_i32_recip(&plan, in, n, ways, hist);
-        break;
-    case PATH_SEARCH:
-        hist_i32_search(&plan, in, n, ways, hist);
-        break;
+    for (size_t base = 0; base < n; base += HIST_BLOCK) {
+        const int32_t *blk = in + base;
+        size_t len = n - base;
+        if (len >= HIST_BLOCK) {
+            len = HIST_BLOCK;
+            hist_count_out(blk, HIST_BLOCK, plan.lo32, plan.last32, &under, &over);
+        } else {
+            hist_count_out(blk, len, plan.lo32, plan.last32, &under, &over);
+        }
+        switch (plan.path) {
+        case PATH_SHIFT:
+            hist_i32_shift(&plan, blk, len, ways);
+            break;
+        case PATH_RECIP:
+            hist_i32_recip(&plan, blk, len, ways);
+            break;
+        case PATH_SEARCH:
+            hist_i32_search(&plan, blk, len, ways);
+            break;
+        }
     }
+    /* The clamped values were counted in the end bins; take them back out. The subtractions
+     * may wrap one way's count, but the merged sums are exact. */
+    ways[0][0] -= under;
+    ways[0][plan.last_bin] -= over;
+    hist->underflow += under;
+    hist->overflow += over;
     hist_ways_merge(ways, hist);
     return TALLY_OK;
 }
