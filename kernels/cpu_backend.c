@@ -18,12 +18,16 @@
  *   The output is always in input order, which serves the stable and unordered modes alike.
  * - scan: one running sum in uint64_t, so wrap-around is defined behaviour; int32 output keeps
  *   the low 32 bits.
- * - hist: counts go to four private sub-histograms, one per element position modulo 4, merged
- *   once at the end: runs of equal values would otherwise serialise on one counter's
- *   load-increment-store. The int32 histogram replaces the per-element 64-bit division of
- *   tally_hist_bin_i32 with a shift (power-of-two ranges) or an estimate by a multiply-shift
+ * - hist: counts go to private sub-histograms (eight for bytes, four for int32), one per element
+ *   position, merged once at the end: runs of equal values would otherwise serialise on one
+ *   counter's load-increment-store. The int32 histogram replaces the per-element 64-bit division
+ *   of tally_hist_bin_i32 with a shift (power-of-two ranges) or an estimate by a multiply-shift
  *   reciprocal corrected against a table of exact bin boundaries, so every bin equals the
- *   formula (see hist_plan_init for the proof).
+ *   formula (the proof is above hist_plan_t), and it clamps out-of-range values instead of
+ *   branching on them.
+ *
+ * Buffers: out may be the same buffer as in (filter, and scan with int32 output) or disjoint
+ * from it; partial overlap is not supported.
  */
 #include <stdlib.h>
 #include <string.h>
