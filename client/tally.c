@@ -98,9 +98,11 @@ static tally_status_t set_int_opt(void *sock, int opt, int value)
 
 tally_status_t tally_client_new(const char *endpoint, int timeout_ms, tally_client_t **out)
 {
-    if (!out || timeout_ms <= 0)
+    if (!out)
         return TALLY_E_ARG;
     *out = NULL;
+    if (timeout_ms <= 0)
+        return TALLY_E_ARG;
     if (!endpoint)
         endpoint = TALLY_DEFAULT_ENDPOINT;
     if (!*endpoint)

@@ -1,0 +1,951 @@
+/*
+ * test_client.c — libtally without tallyd: argument checks, local rejection of bad requests,
+ * the reassembly arithmetic of chunked runs, timeouts against a port nobody listens on, and
+ * tally_run end to end against a fake daemon.
+ *
+ * The fake daemon is a ROUTER socket in a thread with plain reference implementations of
+ * filter, scan (with per-stream carry) and hist. It drains every request that is waiting and
+ * answers the batch in reverse order, so the client sees replies out of order, as it does
+ * from a real daemon spreading work over CUDA streams. Special inputs make it misbehave
+ * (error replies, stale replies, malformed replies) to test the failure paths.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zmq.h>
+
+#include "tally.h"
+#include "tally_internal.h"
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A loopback TCP port that nothing listens on (bound once by us, then released). */
+static int unused_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(fd, (struct sockaddr *)&addr, sizeof addr), 0);
+    socklen_t len = sizeof addr;
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&addr, &len), 0);
+    close(fd);
+    return ntohs(addr.sin_port);
+}
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint64_t rng(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+/* ---- Arguments and local validation ------------------------------------------------------ */
+
+static void test_new_rejects_bad_arguments(void **state)
+{
+    (void)state;
+    tally_client_t *c = (tally_client_t *)0x1;
+    assert_int_equal(tally_client_new("tcp://127.0.0.1:1", 100, NULL), TALLY_E_ARG);
+    assert_int_equal(tally_client_new("tcp://127.0.0.1:1", 0, &c), TALLY_E_ARG);
+    assert_null(c);
+    assert_int_equal(tally_client_new("tcp://127.0.0.1:1", -5, &c), TALLY_E_ARG);
+    assert_int_equal(tally_client_new("", 100, &c), TALLY_E_ARG);
+    assert_int_equal(tally_client_new("nonsense://x", 100, &c), TALLY_E_ARG);
+    assert_null(c);
+
+    assert_int_equal(tally_client_new(NULL, 100, &c), TALLY_OK); /* the default endpoint */
+    assert_non_null(c);
+    assert_int_equal(tally_client_timeout(c), 100);
+    tally_client_destroy(&c);
+    assert_null(c);
+    tally_client_destroy(&c); /* twice is harmless */
+    tally_client_destroy(NULL);
+}
+
+static void test_calls_reject_bad_arguments(void **state)
+{
+    (void)state;
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new("tcp://127.0.0.1:1", 100, &c), TALLY_OK);
+    tally_req_t req = {.opcode = TALLY_OP_FILTER, .dtype = TALLY_DTYPE_I32, .pred = TALLY_PRED_GT};
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    assert_int_equal(tally_send(NULL, &req, NULL, 0, NULL), TALLY_E_ARG);
+    assert_int_equal(tally_send(c, NULL, NULL, 0, NULL), TALLY_E_ARG);
+    assert_int_equal(tally_send(c, &req, NULL, 4, NULL), TALLY_E_ARG); /* len without data */
+    assert_int_equal(tally_recv(NULL, &reply), TALLY_E_ARG);
+    assert_int_equal(tally_recv(c, NULL), TALLY_E_ARG);
+    assert_int_equal(tally_call(c, &req, NULL, 0, NULL), TALLY_E_ARG);
+    assert_int_equal(tally_info(c, TALLY_OP_FILTER, &(char *){NULL}), TALLY_E_ARG);
+    assert_int_equal(tally_query(c, NULL, &(tally_stream_info_t){0}), TALLY_E_ARG);
+
+    tally_buf_t out = {0};
+    tally_run_result_t res;
+    /* tally_run takes data operations only, whole elements only. */
+    tally_req_t ping = {.opcode = TALLY_OP_PING};
+    assert_int_equal(tally_run(c, &ping, NULL, 0, NULL, &out, &res), TALLY_E_ARG);
+    assert_string_not_equal(res.error, "");
+    int32_t three[3] = {1, 2, 3};
+    assert_int_equal(tally_run(c, &req, three, 7, NULL, &out, &res), TALLY_E_ARG);
+    assert_non_null(strstr(res.error, "7 bytes"));
+    assert_int_equal(tally_run(c, &req, NULL, 4, NULL, &out, &res), TALLY_E_ARG);
+    assert_int_equal(tally_run(c, &req, three, 12, NULL, NULL, &res), TALLY_E_ARG);
+    tally_buf_free(&out);
+    tally_client_destroy(&c);
+}
+
+/* A request the daemon would reject is refused locally, at once, and nothing is sent: here
+ * the endpoint is unreachable, so anything that tried to send would time out instead. */
+static void test_bad_requests_rejected_before_sending(void **state)
+{
+    (void)state;
+    char endpoint[64];
+    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", unused_port());
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(endpoint, 2000, &c), TALLY_OK);
+    int64_t start = now_ms();
+
+    tally_req_t req = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8};
+    assert_int_equal(tally_req_set_stream(&req, "has space"), TALLY_E_STREAM_NAME);
+    assert_int_equal(tally_req_set_stream(&req, ""), TALLY_E_STREAM_NAME);
+    char long_name[TALLY_STREAM_NAME_MAX + 2];
+    memset(long_name, 'x', sizeof long_name - 1);
+    long_name[sizeof long_name - 1] = '\0';
+    assert_int_equal(tally_req_set_stream(&req, long_name), TALLY_E_STREAM_NAME);
+    long_name[TALLY_STREAM_NAME_MAX] = '\0'; /* exactly the maximum is fine */
+    assert_int_equal(tally_req_set_stream(&req, long_name), TALLY_OK);
+
+    /* A name smuggled in without tally_req_set_stream is caught by tally_send. */
+    memcpy(req.stream, "a\tb", 4);
+    req.stream_len = 3;
+    uint8_t bytes[16] = {0};
+    assert_int_equal(tally_send(c, &req, bytes, sizeof bytes, NULL), TALLY_E_STREAM_NAME);
+    assert_string_not_equal(tally_client_error(c), "");
+    tally_buf_t out = {0};
+    tally_run_result_t res;
+    assert_int_equal(tally_run(c, &req, bytes, sizeof bytes, NULL, &out, &res),
+                     TALLY_E_STREAM_NAME);
+    assert_int_equal(res.chunks, 0);
+
+    assert_int_equal(tally_query(c, "bad name", &(tally_stream_info_t){0}), TALLY_E_STREAM_NAME);
+    assert_int_equal(tally_reset(c, ""), TALLY_E_STREAM_NAME);
+
+    /* Other fields too: an i32 payload that is not whole elements, an inverted range. */
+    tally_req_t filter = {.opcode = TALLY_OP_FILTER, .dtype = TALLY_DTYPE_I32, .pred = 1};
+    assert_int_equal(tally_send(c, &filter, bytes, 5, NULL), TALLY_E_PAYLOAD);
+    tally_req_t hist = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_I32, .lo = 5, .hi = 5};
+    assert_int_equal(tally_send(c, &hist, bytes, 16, NULL), TALLY_E_PARAM);
+
+    assert_true(now_ms() - start < 500);
+    tally_buf_free(&out);
+    tally_client_destroy(&c);
+}
+
+/* ---- Reassembly arithmetic --------------------------------------------------------------- */
+
+static void test_scan_offset_i64_wraps(void **state)
+{
+    (void)state;
+    int64_t in[4] = {0, -7, INT64_MAX, INT64_MIN};
+    uint8_t buf[32];
+    for (int i = 0; i < 4; i++)
+        tally_put_u64(buf + 8 * i, (uint64_t)in[i]);
+    tally__scan_offset(buf, 4, false, 10);
+    assert_int_equal((int64_t)tally_get_u64(buf + 0), 10);
+    assert_int_equal((int64_t)tally_get_u64(buf + 8), 3);
+    assert_true((int64_t)tally_get_u64(buf + 16) == INT64_MIN + 9); /* wraps modulo 2^64 */
+    assert_true((int64_t)tally_get_u64(buf + 24) == INT64_MIN + 10);
+
+    tally__scan_offset(buf, 4, false, (uint64_t)-10); /* a negative offset undoes it */
+    for (int i = 0; i < 4; i++)
+        assert_true((int64_t)tally_get_u64(buf + 8 * i) == in[i]);
+    tally__scan_offset(buf, 0, false, 99); /* n = 0 touches nothing */
+    assert_true((int64_t)tally_get_u64(buf) == 0);
+}
+
+static void test_scan_offset_i32_wraps(void **state)
+{
+    (void)state;
+    int32_t in[3] = {INT32_MAX, -1, INT32_MIN};
+    uint8_t buf[12];
+    for (int i = 0; i < 3; i++)
+        tally_put_u32(buf + 4 * i, (uint32_t)in[i]);
+    /* Only the low 32 bits of the 64-bit running total matter for int32 output. */
+    tally__scan_offset(buf, 3, true, 0x100000001ull);
+    assert_int_equal((int32_t)tally_get_u32(buf + 0), INT32_MIN);
+    assert_int_equal((int32_t)tally_get_u32(buf + 4), 0);
+    assert_int_equal((int32_t)tally_get_u32(buf + 8), INT32_MIN + 1);
+    /* A negative running total: -2 as int64 is 0xFFFF...FE. */
+    tally__scan_offset(buf, 3, true, (uint64_t)(int64_t)-2);
+    assert_int_equal((int32_t)tally_get_u32(buf + 0), INT32_MAX - 1); /* INT32_MIN - 2 wraps */
+    assert_int_equal((int32_t)tally_get_u32(buf + 4), -2);
+    assert_int_equal((int32_t)tally_get_u32(buf + 8), INT32_MAX); /* INT32_MIN + 1 - 2 wraps */
+}
+
+/* Chunked stateless scans reassembled with the offsets equal the whole scan, for int64 and
+ * int32 output, inclusive and exclusive, on values that overflow int32 quickly. */
+static void test_chunked_scan_arithmetic_equals_whole(void **state)
+{
+    (void)state;
+    enum { N = 1000 };
+    int32_t x[N];
+    for (int i = 0; i < N; i++)
+        x[i] = (i % 3) ? INT32_MAX - (int32_t)(rng() % 5) : INT32_MIN + (int32_t)(rng() % 5);
+    for (int variant = 0; variant < 4; variant++) {
+        bool out_i32 = variant & 1, exclusive = variant & 2;
+        size_t osize = out_i32 ? 4 : 8;
+        uint8_t whole[N * 8], chunked[N * 8];
+        uint64_t run = 0;
+        for (int i = 0; i < N; i++) {
+            uint64_t incl = run + (uint64_t)(int64_t)x[i];
+            uint64_t v = exclusive ? run : incl;
+            run = incl;
+            if (out_i32)
+                tally_put_u32(whole + 4 * i, (uint32_t)v);
+            else
+                tally_put_u64(whole + 8 * i, v);
+        }
+        /* Chunks of 37 elements, each scanned from 0, then offset by the totals before. */
+        uint64_t offset = 0;
+        for (int start = 0; start < N; start += 37) {
+            int n = N - start < 37 ? N - start : 37;
+            uint64_t part = 0;
+            for (int i = 0; i < n; i++) {
+                uint64_t incl = part + (uint64_t)(int64_t)x[start + i];
+                uint64_t v = exclusive ? part : incl;
+                part = incl;
+                if (out_i32)
+                    tally_put_u32(chunked + 4 * (start + i), (uint32_t)v);
+                else
+                    tally_put_u64(chunked + 8 * (start + i), v);
+            }
+            tally__scan_offset(chunked + osize * start, (size_t)n, out_i32, offset);
+            offset += part; /* what the daemon reports as aux0 with carry-in 0 */
+        }
+        assert_memory_equal(whole, chunked, N * osize);
+        assert_true(offset == run);
+    }
+}
+
+static void test_hist_add_sums(void **state)
+{
+    (void)state;
+    uint8_t acc[8 * TALLY_HIST_I32_VALUES] = {0}, part[8 * TALLY_HIST_I32_VALUES];
+    for (int round = 1; round <= 3; round++) {
+        for (int i = 0; i < TALLY_HIST_I32_VALUES; i++)
+            tally_put_u64(part + 8 * i, (uint64_t)(i * round));
+        tally__hist_add(acc, part, TALLY_HIST_I32_VALUES);
+    }
+    for (int i = 0; i < TALLY_HIST_I32_VALUES; i++)
+        assert_int_equal(tally_get_u64(acc + 8 * i), (uint64_t)(6 * i));
+    assert_int_equal(tally__hist_values(TALLY_DTYPE_U8), 256);
+    assert_int_equal(tally__hist_values(TALLY_DTYPE_I32), 258);
+    assert_int_equal(tally__hist_values(TALLY_DTYPE_NONE), 0);
+}
+
+static void test_chunk_sizes(void **state)
+{
+    (void)state;
+    assert_int_equal(tally__chunk_bytes(0, 4), TALLY_DEFAULT_CHUNK_BYTES);
+    assert_int_equal(tally__chunk_bytes(0, 1), TALLY_DEFAULT_CHUNK_BYTES);
+    assert_int_equal(tally__chunk_bytes(4099, 4), 4096); /* rounded down to whole elements */
+    assert_int_equal(tally__chunk_bytes(3, 4), 4);       /* at least one element */
+    assert_int_equal(tally__chunk_bytes(3, 1), 3);
+    assert_int_equal(tally__chunk_count(0, 4), 1); /* an empty input is one request */
+    assert_int_equal(tally__chunk_count(4, 4), 1);
+    assert_int_equal(tally__chunk_count(12, 8), 2);
+    assert_int_equal(tally__chunk_count(16, 8), 2);
+}
+
+static void test_buf_grows(void **state)
+{
+    (void)state;
+    tally_buf_t b = {0};
+    for (int i = 0; i < 10000; i++)
+        assert_int_equal(tally_buf_append(&b, &i, sizeof i), TALLY_OK);
+    assert_int_equal(b.len, 10000 * sizeof(int));
+    assert_true(b.cap >= b.len);
+    int v;
+    memcpy(&v, b.data + 4 * 9999, 4);
+    assert_int_equal(v, 9999);
+    assert_int_equal(tally_buf_reserve(&b, SIZE_MAX), TALLY_E_ARG);
+    tally_buf_free(&b);
+    assert_null(b.data);
+    assert_int_equal(b.len, 0);
+}
+
+/* ---- Timeouts ---------------------------------------------------------------------------- */
+
+static void test_unreachable_endpoint_times_out(void **state)
+{
+    (void)state;
+    char endpoint[64];
+    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", unused_port());
+    const int timeout = 300;
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(endpoint, timeout, &c), TALLY_OK);
+
+    int64_t start = now_ms();
+    assert_int_equal(tally_ping(c, NULL), TALLY_E_TIMEOUT);
+    int64_t took = now_ms() - start;
+    assert_true(took >= timeout - 10 && took < 2 * timeout);
+    assert_string_not_equal(tally_client_error(c), "");
+
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    start = now_ms();
+    assert_int_equal(tally_recv(c, &reply), TALLY_E_TIMEOUT); /* nothing in flight */
+    assert_true(now_ms() - start < 2 * timeout);
+    assert_string_not_equal(reply.error, "");
+
+    int32_t data[1000] = {0};
+    tally_req_t req = {.opcode = TALLY_OP_SCAN, .dtype = TALLY_DTYPE_I32};
+    tally_buf_t out = {0};
+    tally_run_result_t res;
+    tally_run_opts_t opts = {.chunk_bytes = 400, .window = 4};
+    start = now_ms();
+    assert_int_equal(tally_run(c, &req, data, sizeof data, &opts, &out, &res), TALLY_E_TIMEOUT);
+    assert_true(now_ms() - start < 2 * timeout);
+    assert_int_equal(res.status, TALLY_E_TIMEOUT);
+    tally_buf_free(&out);
+
+    char **names = NULL;
+    size_t count = 0;
+    start = now_ms();
+    assert_int_equal(tally_streams(c, &names, &count), TALLY_E_TIMEOUT);
+    assert_true(now_ms() - start < 2 * timeout);
+    assert_null(names);
+    tally_client_destroy(&c);
+}
+
+/* A daemon that accepts the connection but never answers: the send succeeds, the receive
+ * times out, and destroying the client does not wait for the queued request. */
+static void test_silent_peer_times_out(void **state)
+{
+    (void)state;
+    void *ctx = zmq_ctx_new();
+    void *router = zmq_socket(ctx, ZMQ_ROUTER);
+    assert_int_equal(zmq_bind(router, "tcp://127.0.0.1:*"), 0);
+    char endpoint[64];
+    size_t len = sizeof endpoint;
+    assert_int_equal(zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, endpoint, &len), 0);
+
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(endpoint, 200, &c), TALLY_OK);
+    int64_t start = now_ms();
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    tally_req_t ping = {.opcode = TALLY_OP_PING};
+    assert_int_equal(tally_call(c, &ping, NULL, 0, &reply), TALLY_E_TIMEOUT);
+    assert_true(now_ms() - start < 400);
+    tally_client_destroy(&c);
+    int linger = 0;
+    zmq_setsockopt(router, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_close(router);
+    zmq_ctx_term(ctx);
+}
+
+/* ---- A fake daemon ----------------------------------------------------------------------- */
+
+/* Inputs whose first element is one of these make the fake daemon misbehave. */
+#define FAKE_ERROR_MAGIC 0x7E570001   /* reply TALLY_E_BACKEND with a message */
+#define FAKE_STALE_MAGIC 0x7E570002   /* send a reply to an unknown request id first */
+#define FAKE_BADSIZE_MAGIC 0x7E570003 /* reply with a payload of the wrong size */
+
+typedef struct {
+    void *ctx;
+    void *sock;
+    char endpoint[64];
+    pthread_t thread;
+    atomic_bool stop;
+    char streams[8][TALLY_STREAM_NAME_MAX + 1];
+    uint64_t carries[8];
+    int nstreams;
+    unsigned max_batch_seen; /* the largest number of requests answered at once */
+} fake_t;
+
+typedef struct {
+    zmq_msg_t id;
+    tally_rep_t rep;
+    uint8_t *payload;
+    size_t len;
+} fake_reply_t;
+
+static uint64_t *fake_carry(fake_t *f, const tally_req_t *req)
+{
+    for (int i = 0; i < f->nstreams; i++)
+        if (!strcmp(f->streams[i], req->stream))
+            return &f->carries[i];
+    assert_true(f->nstreams < 8);
+    snprintf(f->streams[f->nstreams], sizeof f->streams[0], "%s", req->stream);
+    f->carries[f->nstreams] = 0;
+    return &f->carries[f->nstreams++];
+}
+
+static bool fake_keep(const tally_req_t *req, int64_t x)
+{
+    switch (req->pred) {
+    case TALLY_PRED_GT:
+        return x > req->lo;
+    case TALLY_PRED_GE:
+        return x >= req->lo;
+    case TALLY_PRED_LT:
+        return x < req->lo;
+    case TALLY_PRED_LE:
+        return x <= req->lo;
+    case TALLY_PRED_EQ:
+        return x == req->lo;
+    case TALLY_PRED_NE:
+        return x != req->lo;
+    default:
+        return x >= req->lo && x <= req->hi;
+    }
+}
+
+static int64_t elem(const tally_req_t *req, const uint8_t *p, size_t i)
+{
+    return req->dtype == TALLY_DTYPE_U8 ? p[i] : (int32_t)tally_get_u32(p + 4 * i);
+}
+
+/* Computes the reply to one well-formed data request (reference implementations). */
+static void fake_compute(fake_t *f, const tally_req_t *req, const uint8_t *p, size_t len,
+                         fake_reply_t *r)
+{
+    size_t esize = tally_dtype_size((tally_dtype_t)req->dtype), n = len / esize;
+    r->rep.dtype = req->dtype;
+    if (req->opcode == TALLY_OP_FILTER) {
+        r->payload = malloc(len + 1);
+        bool stable = req->flags & TALLY_FLAG_FILTER_STABLE;
+        size_t kept = 0;
+        for (size_t i = 0; i < n; i++) {
+            size_t j = stable ? i : n - 1 - i; /* unordered mode: emulate by reversing */
+            if (fake_keep(req, elem(req, p, j)))
+                memcpy(r->payload + esize * kept++, p + esize * j, esize);
+        }
+        r->len = kept * esize;
+        r->rep.count = kept;
+        r->rep.aux0 = n;
+    } else if (req->opcode == TALLY_OP_SCAN) {
+        bool out_i32 = req->flags & TALLY_FLAG_SCAN_OUT_I32;
+        bool exclusive = req->flags & TALLY_FLAG_SCAN_EXCLUSIVE;
+        uint64_t *carry = req->stream_len ? fake_carry(f, req) : &(uint64_t){0};
+        r->len = n * (out_i32 ? 4 : 8);
+        r->payload = malloc(r->len + 1);
+        r->rep.dtype = out_i32 ? TALLY_DTYPE_I32 : TALLY_DTYPE_I64;
+        for (size_t i = 0; i < n; i++) {
+            uint64_t incl = *carry + (uint64_t)elem(req, p, i);
+            uint64_t v = exclusive ? *carry : incl;
+            *carry = incl;
+            if (out_i32)
+                tally_put_u32(r->payload + 4 * i, (uint32_t)v);
+            else
+                tally_put_u64(r->payload + 8 * i, v);
+        }
+        r->rep.count = n;
+        r->rep.aux0 = *carry;
+    } else {
+        size_t values = tally__hist_values(req->dtype);
+        uint64_t bins[TALLY_HIST_I32_VALUES] = {0};
+        for (size_t i = 0; i < n; i++) {
+            int64_t x = elem(req, p, i);
+            if (req->dtype == TALLY_DTYPE_U8)
+                bins[x]++;
+            else if (x < req->lo)
+                bins[TALLY_HIST_BINS]++;
+            else if (x >= req->hi)
+                bins[TALLY_HIST_BINS + 1]++;
+            else
+                bins[tally_hist_bin_i32((int32_t)x, req->lo, req->hi)]++;
+        }
+        r->len = values * 8;
+        r->payload = malloc(r->len);
+        for (size_t i = 0; i < values; i++)
+            tally_put_u64(r->payload + 8 * i, bins[i]);
+        r->rep.dtype = TALLY_DTYPE_U64;
+        r->rep.count = values;
+        r->rep.aux0 = n;
+    }
+}
+
+static void fake_send(fake_t *f, fake_reply_t *r)
+{
+    uint8_t header[TALLY_REP_HEADER_SIZE];
+    tally_rep_encode(&r->rep, header);
+    zmq_msg_send(&r->id, f->sock, ZMQ_SNDMORE);
+    zmq_send(f->sock, header, sizeof header, ZMQ_SNDMORE);
+    zmq_send(f->sock, r->payload ? (void *)r->payload : "", r->len, 0);
+    free(r->payload);
+}
+
+static void fake_error(fake_reply_t *r, tally_status_t status, const char *msg)
+{
+    r->rep.status = status;
+    r->rep.dtype = TALLY_DTYPE_TEXT;
+    r->len = strlen(msg);
+    r->payload = (uint8_t *)strdup(msg);
+}
+
+/* Receives one request [id][header][payload] and prepares its reply. */
+static bool fake_handle(fake_t *f, fake_reply_t *r, fake_reply_t *stale)
+{
+    zmq_msg_t header, payload;
+    zmq_msg_init(&r->id);
+    zmq_msg_init(&header);
+    zmq_msg_init(&payload);
+    if (zmq_msg_recv(&r->id, f->sock, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&r->id);
+        return false;
+    }
+    zmq_msg_recv(&header, f->sock, 0);
+    zmq_msg_recv(&payload, f->sock, 0);
+    tally_req_t req;
+    tally_status_t st =
+        tally_req_decode(zmq_msg_data(&header), zmq_msg_size(&header), &req, NULL, 0);
+    memset(&r->rep, 0, sizeof r->rep);
+    r->payload = NULL;
+    r->len = 0;
+    r->rep.version = TALLY_PROTO_VERSION;
+    r->rep.opcode = req.opcode;
+    r->rep.flags = req.flags;
+    r->rep.request_id = req.request_id;
+    const uint8_t *p = zmq_msg_data(&payload);
+    size_t len = zmq_msg_size(&payload);
+    uint32_t first = len >= 4 ? tally_get_u32(p) : 0;
+    if (st == TALLY_OK)
+        st = tally_req_validate(&req, len, 1u << 24, NULL, 0);
+    if (st != TALLY_OK) {
+        fake_error(r, st, "fake daemon: invalid request");
+    } else if (req.opcode == TALLY_OP_PING) {
+        /* empty OK reply */
+    } else if (req.opcode == TALLY_OP_INFO) {
+        fake_error(r, TALLY_OK, "version=fake");
+        r->rep.dtype = TALLY_DTYPE_TEXT;
+    } else if (req.opcode == TALLY_OP_STREAMS) {
+        /* A malformed list: a name length running past the end. */
+        fake_error(r, TALLY_OK,
+                   "\x05"
+                   "ab");
+    } else if (first == FAKE_ERROR_MAGIC && req.dtype == TALLY_DTYPE_I32) {
+        fake_error(r, TALLY_E_BACKEND, "fake daemon: backend exploded");
+    } else {
+        fake_compute(f, &req, p, len, r);
+        if (first == FAKE_BADSIZE_MAGIC && req.dtype == TALLY_DTYPE_I32)
+            r->len = r->len ? r->len - (r->len % 8 ? 4 : 8) : 0;
+        if (first == FAKE_STALE_MAGIC && req.dtype == TALLY_DTYPE_I32 && stale) {
+            zmq_msg_init(&stale->id);
+            zmq_msg_copy(&stale->id, &r->id);
+            stale->rep = r->rep;
+            stale->rep.request_id = req.request_id + 1000000;
+            stale->len = r->len;
+            stale->payload = malloc(r->len + 1);
+            memcpy(stale->payload, r->payload, r->len);
+        }
+    }
+    zmq_msg_close(&header);
+    zmq_msg_close(&payload);
+    return true;
+}
+
+static void *fake_main(void *arg)
+{
+    fake_t *f = arg;
+    enum { MAX_BATCH = 64 };
+    fake_reply_t replies[MAX_BATCH], stale;
+    while (!atomic_load(&f->stop)) {
+        zmq_pollitem_t item = {.socket = f->sock, .events = ZMQ_POLLIN};
+        if (zmq_poll(&item, 1, 20) <= 0)
+            continue;
+        usleep(300); /* let more requests arrive, so batches (and reordering) happen */
+        int n = 0;
+        while (n < MAX_BATCH) {
+            stale.payload = NULL;
+            stale.rep.request_id = 0;
+            if (!fake_handle(f, &replies[n], &stale))
+                break;
+            if (stale.rep.request_id)
+                fake_send(f, &stale), zmq_msg_close(&stale.id);
+            n++;
+        }
+        if ((unsigned)n > f->max_batch_seen)
+            f->max_batch_seen = (unsigned)n;
+        for (int i = n - 1; i >= 0; i--) { /* newest first: out of order */
+            fake_send(f, &replies[i]);
+            zmq_msg_close(&replies[i].id);
+        }
+    }
+    return NULL;
+}
+
+static int fake_setup(void **state)
+{
+    fake_t *f = calloc(1, sizeof *f);
+    f->ctx = zmq_ctx_new();
+    f->sock = zmq_socket(f->ctx, ZMQ_ROUTER);
+    int linger = 0;
+    zmq_setsockopt(f->sock, ZMQ_LINGER, &linger, sizeof linger);
+    if (zmq_bind(f->sock, "tcp://127.0.0.1:*") != 0)
+        return -1;
+    size_t len = sizeof f->endpoint;
+    zmq_getsockopt(f->sock, ZMQ_LAST_ENDPOINT, f->endpoint, &len);
+    pthread_create(&f->thread, NULL, fake_main, f);
+    *state = f;
+    return 0;
+}
+
+static int fake_teardown(void **state)
+{
+    fake_t *f = *state;
+    atomic_store(&f->stop, true);
+    pthread_join(f->thread, NULL);
+    zmq_close(f->sock);
+    zmq_ctx_term(f->ctx);
+    free(f);
+    return 0;
+}
+
+/* ---- tally_run against the fake daemon --------------------------------------------------- */
+
+static tally_client_t *fake_client(void **state)
+{
+    fake_t *f = *state;
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(f->endpoint, 5000, &c), TALLY_OK);
+    return c;
+}
+
+static const size_t sizes[] = {0, 1, 31, 32, 33, 1000, 4099, 20000};
+static const size_t chunks[] = {1, 4, 12, 100, 4096, 0};
+static const unsigned windows[] = {1, 3, 8};
+
+/* The chunk size for a run over n int32: chunks[ci], but never more than ~200 chunks, so the
+ * whole matrix runs in seconds. */
+static tally_run_opts_t run_opts(size_t n, size_t ci)
+{
+    size_t chunk = chunks[ci], floor = 4 * n / 200;
+    tally_run_opts_t opts = {chunk && chunk < floor ? floor : chunk, windows[ci % 3]};
+    return opts;
+}
+
+static void test_run_filter(void **state)
+{
+    tally_client_t *c = fake_client(state);
+    for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
+        size_t n = sizes[si];
+        int32_t *x = malloc(4 * n + 4);
+        for (size_t i = 0; i < n; i++)
+            x[i] = (int32_t)(rng() % 2001) - 1000;
+        for (size_t ci = 0; ci < sizeof chunks / sizeof *chunks; ci++) {
+            tally_req_t req = {.opcode = TALLY_OP_FILTER,
+                               .dtype = TALLY_DTYPE_I32,
+                               .pred = TALLY_PRED_BETWEEN,
+                               .lo = -100,
+                               .hi = 500,
+                               .flags = TALLY_FLAG_FILTER_STABLE};
+            tally_run_opts_t opts = run_opts(n, ci);
+            tally_buf_t out = {0};
+            tally_run_result_t res;
+            assert_int_equal(tally_run(c, &req, x, 4 * n, &opts, &out, &res), TALLY_OK);
+            size_t kept = 0;
+            for (size_t i = 0; i < n; i++) {
+                if (x[i] < -100 || x[i] > 500)
+                    continue;
+                assert_true(kept < out.len / 4);
+                assert_int_equal((int32_t)tally_get_u32(out.data + 4 * kept), x[i]);
+                kept++;
+            }
+            assert_int_equal(out.len, 4 * kept);
+            assert_int_equal(res.count, kept);
+            assert_int_equal(res.seen, n);
+            assert_int_equal(res.elements, n);
+            tally_buf_free(&out);
+        }
+        free(x);
+    }
+    tally_client_destroy(&c);
+}
+
+static int cmp_u8(const void *a, const void *b)
+{
+    return *(const uint8_t *)a - *(const uint8_t *)b;
+}
+
+/* Unordered u8 filter: the right multiset, chunks appended after what `out` held. */
+static void test_run_filter_u8_unordered_appends(void **state)
+{
+    tally_client_t *c = fake_client(state);
+    enum { N = 5000 };
+    uint8_t x[N], expect[N];
+    size_t kept = 0;
+    for (int i = 0; i < N; i++) {
+        x[i] = (uint8_t)rng();
+        if (x[i] != 7)
+            expect[kept++] = x[i];
+    }
+    tally_req_t req = {
+        .opcode = TALLY_OP_FILTER, .dtype = TALLY_DTYPE_U8, .pred = TALLY_PRED_NE, .lo = 7};
+    tally_buf_t out = {0};
+    assert_int_equal(tally_buf_append(&out, "HDR", 3), TALLY_OK);
+    tally_run_opts_t opts = {.chunk_bytes = 333, .window = 5};
+    assert_int_equal(tally_run(c, &req, x, N, &opts, &out, NULL), TALLY_OK);
+    assert_int_equal(out.len, 3 + kept);
+    assert_memory_equal(out.data, "HDR", 3);
+    qsort(out.data + 3, kept, 1, cmp_u8);
+    qsort(expect, kept, 1, cmp_u8);
+    assert_memory_equal(out.data + 3, expect, kept);
+    tally_buf_free(&out);
+    tally_client_destroy(&c);
+}
+
+static void check_scan(tally_client_t *c, const int32_t *x, size_t n, uint8_t flags,
+                       const char *stream, uint64_t carry_in, const tally_run_opts_t *opts)
+{
+    tally_req_t req = {.opcode = TALLY_OP_SCAN, .dtype = TALLY_DTYPE_I32, .flags = flags};
+    if (stream)
+        assert_int_equal(tally_req_set_stream(&req, stream), TALLY_OK);
+    tally_buf_t out = {0};
+    tally_run_result_t res;
+    assert_int_equal(tally_run(c, &req, x, 4 * n, opts, &out, &res), TALLY_OK);
+    bool out_i32 = flags & TALLY_FLAG_SCAN_OUT_I32;
+    assert_int_equal(out.len, n * (out_i32 ? 4 : 8));
+    uint64_t run = carry_in;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t incl = run + (uint64_t)(int64_t)x[i];
+        uint64_t v = (flags & TALLY_FLAG_SCAN_EXCLUSIVE) ? run : incl;
+        run = incl;
+        if (out_i32)
+            assert_int_equal(tally_get_u32(out.data + 4 * i), (uint32_t)v);
+        else
+            assert_true(tally_get_u64(out.data + 8 * i) == v);
+    }
+    assert_true((uint64_t)res.carry == run);
+    assert_int_equal(res.count, n);
+    tally_buf_free(&out);
+}
+
+static void test_run_scan_stateless(void **state)
+{
+    tally_client_t *c = fake_client(state);
+    for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
+        size_t n = sizes[si];
+        int32_t *x = malloc(4 * n + 4);
+        for (size_t i = 0; i < n; i++) /* big values: int32 sums wrap within a chunk */
+            x[i] = (i & 1) ? INT32_MAX - (int32_t)(rng() % 1000) : (int32_t)(rng() % 1000);
+        for (size_t ci = 0; ci < sizeof chunks / sizeof *chunks; ci++) {
+            tally_run_opts_t opts = run_opts(n, ci);
+            for (uint8_t flags = 0; flags < 4; flags++)
+                check_scan(c, x, n, flags, NULL, 0, &opts);
+        }
+        free(x);
+    }
+    tally_client_destroy(&c);
+}
+
+static void test_run_scan_stream_carries(void **state)
+{
+    tally_client_t *c = fake_client(state);
+    enum { N = 3001 };
+    int32_t x[N];
+    for (int i = 0; i < N; i++)
+        x[i] = (int32_t)rng();
+    tally_run_opts_t opts = {.chunk_bytes = 256, .window = 8};
+    /* Two runs on one stream: the second continues from the first's carry. */
+    check_scan(c, x, N, 0, "fake/s1", 0, &opts);
+    uint64_t carry = 0;
+    for (int i = 0; i < N; i++)
+        carry += (uint64_t)(int64_t)x[i];
+    check_scan(c, x, N, TALLY_FLAG_SCAN_EXCLUSIVE, "fake/s1", carry, &opts);
+    tally_client_destroy(&c);
+}
+
+static void test_run_hist_sums_chunks(void **state)
+{
+    tally_client_t *c = fake_client(state);
+    enum { N = 10007 };
+    int32_t x[N];
+    uint8_t bytes[N];
+    uint64_t expect_u8[256] = {0}, expect_i32[TALLY_HIST_I32_VALUES] = {0};
+    for (int i = 0; i < N; i++) {
+        x[i] = (int32_t)(rng() % 3000) - 1000;
+        bytes[i] = (uint8_t)rng();
+        expect_u8[bytes[i]]++;
+        if (x[i] < -500)
+            expect_i32[256]++;
+        else if (x[i] >= 1500)
+            expect_i32[257]++;
+        else
+            expect_i32[tally_hist_bin_i32(x[i], -500, 1500)]++;
+    }
+    for (int with_stream = 0; with_stream < 2; with_stream++) {
+        tally_req_t req = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8};
+        if (with_stream)
+            tally_req_set_stream(&req, "cam0");
+        tally_run_opts_t opts = {.chunk_bytes = 1000, .window = 4};
+        tally_buf_t out = {0};
+        tally_run_result_t res;
+        assert_int_equal(tally_run(c, &req, bytes, N, &opts, &out, &res), TALLY_OK);
+        assert_int_equal(out.len, 256 * 8);
+        for (int i = 0; i < 256; i++)
+            assert_int_equal(tally_get_u64(out.data + 8 * i), expect_u8[i]);
+        assert_int_equal(res.hist_total, N);
+        assert_int_equal(res.chunks, 11);
+        tally_buf_free(&out);
+
+        tally_req_t ireq = {
+            .opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_I32, .lo = -500, .hi = 1500};
+        if (with_stream)
+            tally_req_set_stream(&ireq, "line3/pressure");
+        assert_int_equal(tally_run(c, &ireq, x, sizeof x, &opts, &out, &res), TALLY_OK);
+        assert_int_equal(out.len, TALLY_HIST_I32_VALUES * 8);
+        for (int i = 0; i < TALLY_HIST_I32_VALUES; i++)
+            assert_int_equal(tally_get_u64(out.data + 8 * i), expect_i32[i]);
+        tally_buf_free(&out);
+    }
+    /* An empty input is still one request, and gives an all-zero histogram. */
+    tally_req_t req = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8};
+    tally_buf_t out = {0};
+    tally_run_result_t res;
+    assert_int_equal(tally_run(c, &req, NULL, 0, NULL, &out, &res), TALLY_OK);
+    assert_int_equal(res.chunks, 1);
+    assert_int_equal(out.len, 256 * 8);
+    for (int i = 0; i < 256; i++)
+        assert_int_equal(tally_get_u64(out.data + 8 * i), 0);
+    tally_buf_free(&out);
+    tally_client_destroy(&c);
+}
+
+/* The window bounds what is in flight: with W = 3 the fake never sees more than 3 at once. */
+static void test_run_respects_window(void **state)
+{
+    fake_t *f = *state;
+    tally_client_t *c = fake_client(state);
+    int32_t x[4000] = {0};
+    tally_req_t req = {.opcode = TALLY_OP_SCAN, .dtype = TALLY_DTYPE_I32};
+    tally_run_opts_t opts = {.chunk_bytes = 64, .window = 3};
+    tally_buf_t out = {0};
+    f->max_batch_seen = 0;
+    assert_int_equal(tally_run(c, &req, x, sizeof x, &opts, &out, NULL), TALLY_OK);
+    assert_true(f->max_batch_seen >= 1 && f->max_batch_seen <= 3);
+    tally_buf_free(&out);
+    tally_client_destroy(&c);
+}
+
+static void test_run_failures(void **state)
+{
+    tally_client_t *c = fake_client(state);
+    int32_t x[1000];
+    for (int i = 0; i < 1000; i++)
+        x[i] = i;
+    tally_req_t req = {.opcode = TALLY_OP_SCAN, .dtype = TALLY_DTYPE_I32};
+    tally_run_opts_t opts = {.chunk_bytes = 400, .window = 4};
+    tally_buf_t out = {0};
+    tally_run_result_t res;
+
+    /* A daemon error on one chunk fails the run with the daemon's message. */
+    x[500] = FAKE_ERROR_MAGIC; /* the first element of chunk 5 */
+    assert_int_equal(tally_run(c, &req, x, sizeof x, &opts, &out, &res), TALLY_E_BACKEND);
+    assert_string_equal(res.error, "fake daemon: backend exploded");
+    assert_int_equal(res.status, TALLY_E_BACKEND);
+    tally_buf_free(&out);
+
+    /* Stale replies (unknown request ids, as left by the failed run above) are ignored. */
+    x[500] = FAKE_STALE_MAGIC;
+    check_scan(c, x, 1000, 0, NULL, 0, &opts);
+
+    /* A reply whose payload does not match the chunk is TALLY_E_REPLY. */
+    x[500] = FAKE_BADSIZE_MAGIC;
+    assert_int_equal(tally_run(c, &req, x, sizeof x, &opts, &out, &res), TALLY_E_REPLY);
+    assert_string_not_equal(res.error, "");
+    tally_buf_free(&out);
+
+    /* The client still works afterwards. */
+    assert_int_equal(tally_ping(c, NULL), TALLY_OK);
+    tally_client_destroy(&c);
+}
+
+static void test_call_and_wrappers(void **state)
+{
+    tally_client_t *c = fake_client(state);
+    double rtt = -1;
+    assert_int_equal(tally_ping(c, &rtt), TALLY_OK);
+    assert_true(rtt >= 0);
+    char *text = NULL;
+    assert_int_equal(tally_info(c, TALLY_OP_INFO, &text), TALLY_OK);
+    assert_string_equal(text, "version=fake");
+    free(text);
+    char **names = NULL;
+    size_t count = 0;
+    assert_int_equal(tally_streams(c, &names, &count), TALLY_E_REPLY); /* malformed list */
+    assert_null(names);
+
+    /* Pipelining by hand: three pings, replies matched by id in any order. */
+    tally_req_t ping = {.opcode = TALLY_OP_PING};
+    uint64_t ids[3];
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(tally_send(c, &ping, NULL, 0, &ids[i]), TALLY_OK);
+    assert_true(ids[0] != ids[1] && ids[1] != ids[2]);
+    int seen = 0;
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(tally_recv(c, &reply), TALLY_OK);
+        for (int j = 0; j < 3; j++)
+            if (reply.rep.request_id == ids[j])
+                seen |= 1 << j;
+        assert_int_equal(reply.rep.opcode, TALLY_OP_PING);
+    }
+    assert_int_equal(seen, 7);
+    tally_reply_clear(&reply);
+    tally_client_destroy(&c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest unit[] = {
+        cmocka_unit_test(test_new_rejects_bad_arguments),
+        cmocka_unit_test(test_calls_reject_bad_arguments),
+        cmocka_unit_test(test_bad_requests_rejected_before_sending),
+        cmocka_unit_test(test_scan_offset_i64_wraps),
+        cmocka_unit_test(test_scan_offset_i32_wraps),
+        cmocka_unit_test(test_chunked_scan_arithmetic_equals_whole),
+        cmocka_unit_test(test_hist_add_sums),
+        cmocka_unit_test(test_chunk_sizes),
+        cmocka_unit_test(test_buf_grows),
+        cmocka_unit_test(test_unreachable_endpoint_times_out),
+        cmocka_unit_test(test_silent_peer_times_out),
+    };
+    const struct CMUnitTest fake[] = {
+        cmocka_unit_test(test_call_and_wrappers),
+        cmocka_unit_test(test_run_filter),
+        cmocka_unit_test(test_run_filter_u8_unordered_appends),
+        cmocka_unit_test(test_run_scan_stateless),
+        cmocka_unit_test(test_run_scan_stream_carries),
+        cmocka_unit_test(test_run_hist_sums_chunks),
+        cmocka_unit_test(test_run_respects_window),
+        cmocka_unit_test(test_run_failures),
+    };
+    int failed = cmocka_run_group_tests_name("client", unit, NULL, NULL);
+    failed += cmocka_run_group_tests_name("client_fake_daemon", fake, fake_setup, fake_teardown);
+    return failed;
+}
