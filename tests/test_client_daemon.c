@@ -1,0 +1,608 @@
+/*
+ * test_client_daemon.c — libtally and the `tally` CLI against a real tallyd.
+ *
+ * One tallyd (from $TALLYD_BIN, started by harness.c on a free loopback port) serves every
+ * test. The libtally half checks that chunked, pipelined tally_run output equals a plain
+ * reference computed here for every operation and mode, with chunk sizes that are not a
+ * multiple of anything, and that stream state (scan carry, running histogram, counters) seen
+ * through tally_query matches. The CLI half runs $TALLY_BIN through sh and checks the exact
+ * output, stderr and exit status of the README's examples, the usage errors and an
+ * unreachable daemon.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "tally.h"
+
+static th_daemon_t daemon_;
+static char tmpdir[64];
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/tally-cli-XXXXXX");
+    if (!mkdtemp(tmpdir))
+        return -1;
+    const char *args[] = {"--backend", "cpu", NULL};
+    return th_daemon_start(&daemon_, args);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    int status = th_daemon_stop(&daemon_, SIGTERM, 10000);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0)
+        return -1;
+    return status == 0 ? 0 : -1;
+}
+
+static tally_client_t *connect_daemon(void)
+{
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(daemon_.endpoint, 10000, &c), TALLY_OK);
+    return c;
+}
+
+static int32_t *random_i32(size_t n, int64_t lo, int64_t hi)
+{
+    int32_t *x = malloc(4 * n + 4);
+    assert_non_null(x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = (int32_t)(lo + (int64_t)(th_rand() % (uint64_t)(hi - lo + 1)));
+    return x;
+}
+
+/* ---- libtally ---------------------------------------------------------------------------- */
+
+static void test_lib_control(void **state)
+{
+    (void)state;
+    tally_client_t *c = connect_daemon();
+    double rtt = -1;
+    assert_int_equal(tally_ping(c, &rtt), TALLY_OK);
+    assert_true(rtt > 0);
+    char *text = NULL;
+    assert_int_equal(tally_info(c, TALLY_OP_INFO, &text), TALLY_OK);
+    assert_non_null(strstr(text, "protocol=1"));
+    free(text);
+    assert_int_equal(tally_info(c, TALLY_OP_STATS, &text), TALLY_OK);
+    assert_non_null(strstr(text, "# TYPE"));
+    free(text);
+
+    tally_stream_info_t info;
+    assert_int_equal(tally_query(c, "lib/never-used", &info), TALLY_E_UNKNOWN_STREAM);
+    assert_non_null(strstr(tally_client_error(c), "lib/never-used"));
+    assert_int_equal(tally_reset(c, "lib/never-used"), TALLY_E_UNKNOWN_STREAM);
+    tally_client_destroy(&c);
+}
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static void test_lib_filter_chunked(void **state)
+{
+    (void)state;
+    tally_client_t *c = connect_daemon();
+    enum { N = 300007 };
+    int32_t *x = random_i32(N, INT32_MIN, INT32_MAX);
+    x[5] = INT32_MIN;
+    x[6] = INT32_MAX;
+    int32_t *expect = malloc(4 * N);
+    static const struct {
+        uint8_t pred;
+        int64_t lo, hi;
+    } cases[] = {{TALLY_PRED_GT, 0, 0},         {TALLY_PRED_LE, INT32_MIN, 0},
+                 {TALLY_PRED_NE, INT32_MAX, 0}, {TALLY_PRED_BETWEEN, -1000000, 5000000},
+                 {TALLY_PRED_GE, INT64_MAX, 0}, {TALLY_PRED_LT, INT64_MAX, 0}};
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        tally_req_t req = {.opcode = TALLY_OP_FILTER,
+                           .dtype = TALLY_DTYPE_I32,
+                           .pred = cases[k].pred,
+                           .lo = cases[k].lo,
+                           .hi = cases[k].hi};
+        size_t kept = 0;
+        for (size_t i = 0; i < N; i++) {
+            int64_t v = x[i];
+            bool keep = req.pred == TALLY_PRED_GT   ? v > req.lo
+                        : req.pred == TALLY_PRED_LE ? v <= req.lo
+                        : req.pred == TALLY_PRED_NE ? v != req.lo
+                        : req.pred == TALLY_PRED_GE ? v >= req.lo
+                        : req.pred == TALLY_PRED_LT ? v < req.lo
+                                                    : v >= req.lo && v <= req.hi;
+            if (keep)
+                expect[kept++] = x[i];
+        }
+        for (int stable = 0; stable < 2; stable++) {
+            req.flags = stable ? TALLY_FLAG_FILTER_STABLE : 0;
+            tally_run_opts_t opts = {.chunk_bytes = 65537 + 1000 * k, .window = 1 + 3 * k};
+            tally_buf_t out = {0};
+            tally_run_result_t res;
+            assert_int_equal(tally_run(c, &req, x, 4 * N, &opts, &out, &res), TALLY_OK);
+            assert_int_equal(res.count, kept);
+            assert_int_equal(res.seen, N);
+            assert_int_equal(out.len, 4 * kept);
+            if (!stable) { /* unordered: the same multiset */
+                qsort(out.data, kept, 4, cmp_i32);
+                int32_t *sorted = malloc(4 * kept + 4);
+                memcpy(sorted, expect, 4 * kept);
+                qsort(sorted, kept, 4, cmp_i32);
+                assert_memory_equal(out.data, sorted, 4 * kept);
+                free(sorted);
+            } else if (kept) {
+                assert_memory_equal(out.data, expect, 4 * kept);
+            }
+            tally_buf_free(&out);
+        }
+    }
+    free(expect);
+    free(x);
+    tally_client_destroy(&c);
+}
+
+/* Stateless scans: each chunk is scanned from 0 by the daemon and offset by the client. */
+static void test_lib_scan_chunked(void **state)
+{
+    (void)state;
+    tally_client_t *c = connect_daemon();
+    enum { N = 200003 };
+    int32_t *x = random_i32(N, INT32_MAX - 100, INT32_MAX); /* int32 sums wrap every step */
+    for (size_t i = 0; i < N; i += 3)
+        x[i] = INT32_MIN;
+    for (uint8_t flags = 0; flags < 4; flags++) {
+        tally_req_t req = {.opcode = TALLY_OP_SCAN, .dtype = TALLY_DTYPE_I32, .flags = flags};
+        tally_run_opts_t opts = {.chunk_bytes = 40000 + 4 * flags + 1, .window = 2 + 2 * flags};
+        tally_buf_t out = {0};
+        tally_run_result_t res;
+        assert_int_equal(tally_run(c, &req, x, 4 * N, &opts, &out, &res), TALLY_OK);
+        bool out_i32 = flags & TALLY_FLAG_SCAN_OUT_I32;
+        assert_int_equal(out.len, (size_t)N * (out_i32 ? 4 : 8));
+        uint64_t run = 0;
+        for (size_t i = 0; i < N; i++) {
+            uint64_t incl = run + (uint64_t)(int64_t)x[i];
+            uint64_t v = (flags & TALLY_FLAG_SCAN_EXCLUSIVE) ? run : incl;
+            run = incl;
+            uint64_t got =
+                out_i32 ? tally_get_u32(out.data + 4 * i) : tally_get_u64(out.data + 8 * i);
+            if (got != (out_i32 ? (uint32_t)v : v))
+                fail_msg("flags %u: element %zu is %" PRIu64 ", expected %" PRIu64, flags, i, got,
+                         v);
+        }
+        assert_true((uint64_t)res.carry == run);
+        tally_buf_free(&out);
+    }
+    free(x);
+    tally_client_destroy(&c);
+}
+
+/* A stream carries across chunks and across runs; query shows the carry and counters. */
+static void test_lib_scan_stream(void **state)
+{
+    (void)state;
+    tally_client_t *c = connect_daemon();
+    enum { N = 100001 };
+    int32_t *x = random_i32(N, INT32_MIN, INT32_MAX);
+    tally_req_t req = {.opcode = TALLY_OP_SCAN, .dtype = TALLY_DTYPE_I32};
+    assert_int_equal(tally_req_set_stream(&req, "lib/scan"), TALLY_OK);
+    uint64_t run = 0;
+    for (int round = 0; round < 2; round++) {
+        tally_run_opts_t opts = {.chunk_bytes = 12345, .window = 8};
+        tally_buf_t out = {0};
+        tally_run_result_t res;
+        assert_int_equal(tally_run(c, &req, x, 4 * N, &opts, &out, &res), TALLY_OK);
+        for (size_t i = 0; i < N; i++) {
+            run += (uint64_t)(int64_t)x[i];
+            if (tally_get_u64(out.data + 8 * i) != run)
+                fail_msg("round %d element %zu differs", round, i);
+        }
+        assert_true((uint64_t)res.carry == run);
+        tally_buf_free(&out);
+    }
+    tally_stream_info_t info;
+    assert_int_equal(tally_query(c, "lib/scan", &info), TALLY_OK);
+    assert_true((uint64_t)info.scan_carry == run);
+    assert_int_equal(info.scan_elements, 2 * N);
+    assert_int_equal(info.elements, 2 * N);
+    assert_int_equal(info.batches, 2 * ((4 * N + 12343) / 12344));
+    assert_int_equal(tally_reset(c, "lib/scan"), TALLY_OK);
+    assert_int_equal(tally_query(c, "lib/scan", &info), TALLY_E_UNKNOWN_STREAM);
+    free(x);
+    tally_client_destroy(&c);
+}
+
+static void test_lib_hist_stream(void **state)
+{
+    (void)state;
+    tally_client_t *c = connect_daemon();
+    enum { N = 1000003 };
+    uint8_t *bytes = malloc(N);
+    uint64_t expect[256] = {0};
+    for (size_t i = 0; i < N; i++) {
+        bytes[i] = (uint8_t)(th_rand() % 7 ? th_rand() : 42);
+        expect[bytes[i]]++;
+    }
+    tally_req_t req = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8};
+    assert_int_equal(tally_req_set_stream(&req, "lib/cam"), TALLY_OK);
+    tally_run_opts_t opts = {.chunk_bytes = 99999, .window = 4};
+    tally_buf_t out = {0};
+    tally_run_result_t res;
+    assert_int_equal(tally_run(c, &req, bytes, N, &opts, &out, &res), TALLY_OK);
+    assert_int_equal(out.len, 256 * 8);
+    for (int b = 0; b < 256; b++)
+        assert_int_equal(tally_get_u64(out.data + 8 * b), expect[b]);
+    tally_buf_free(&out);
+    /* Twice: the stream's running histogram holds both. */
+    assert_int_equal(tally_run(c, &req, bytes, N, NULL, &out, &res), TALLY_OK);
+    tally_buf_free(&out);
+    tally_stream_info_t info;
+    assert_int_equal(tally_query(c, "lib/cam", &info), TALLY_OK);
+    assert_int_equal(info.hist_dtype, TALLY_DTYPE_U8);
+    assert_int_equal(info.hist_total, 2 * N);
+    for (int b = 0; b < 256; b++)
+        assert_int_equal(info.bins[b], 2 * expect[b]);
+
+    /* i32 with a range, stateless, chunked. */
+    int32_t *x = random_i32(N, -3000, 3000);
+    uint64_t iexp[TALLY_HIST_I32_VALUES] = {0};
+    for (size_t i = 0; i < N; i++) {
+        if (x[i] < -1000)
+            iexp[256]++;
+        else if (x[i] >= 2000)
+            iexp[257]++;
+        else
+            iexp[tally_hist_bin_i32(x[i], -1000, 2000)]++;
+    }
+    tally_req_t ireq = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_I32, .lo = -1000, .hi = 2000};
+    assert_int_equal(tally_run(c, &ireq, x, 4 * (size_t)N, &opts, &out, &res), TALLY_OK);
+    assert_int_equal(out.len, TALLY_HIST_I32_VALUES * 8);
+    for (int b = 0; b < TALLY_HIST_I32_VALUES; b++)
+        assert_int_equal(tally_get_u64(out.data + 8 * b), iexp[b]);
+    tally_buf_free(&out);
+
+    char **names = NULL;
+    size_t count = 0;
+    assert_int_equal(tally_streams(c, &names, &count), TALLY_OK);
+    bool found = false;
+    for (size_t i = 0; i < count; i++)
+        found |= !strcmp(names[i], "lib/cam");
+    assert_true(found);
+    tally_strings_free(names, count);
+    free(x);
+    free(bytes);
+    tally_client_destroy(&c);
+}
+
+/* A chunk over the daemon's maximum batch is the daemon's TALLY_E_TOO_LARGE, with its text. */
+static void test_lib_chunk_too_large(void **state)
+{
+    (void)state;
+    tally_client_t *c = connect_daemon();
+    size_t len = (16u << 20) + 4;
+    uint8_t *data = calloc(1, len);
+    tally_req_t req = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8};
+    tally_run_opts_t opts = {.chunk_bytes = len, .window = 1};
+    tally_buf_t out = {0};
+    tally_run_result_t res;
+    assert_int_equal(tally_run(c, &req, data, len, &opts, &out, &res), TALLY_E_TOO_LARGE);
+    assert_string_not_equal(res.error, "");
+    /* The same input in default chunks works. */
+    tally_buf_free(&out);
+    assert_int_equal(tally_run(c, &req, data, len, NULL, &out, &res), TALLY_OK);
+    assert_int_equal(tally_get_u64(out.data), len);
+    assert_int_equal(res.chunks, 17);
+    tally_buf_free(&out);
+    free(data);
+    tally_client_destroy(&c);
+}
+
+/* ---- The CLI ----------------------------------------------------------------------------- */
+
+typedef struct {
+    int status; /* exit status, or -1 */
+    char *out;
+    char *err;
+} cli_result_t;
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    size_t n;
+    while ((n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+        len += n;
+        if (cap - len < 2)
+            buf = realloc(buf, cap *= 2);
+    }
+    fclose(f);
+    buf[len] = '\0';
+    return buf;
+}
+
+static void write_file(const char *name, const void *data, size_t len)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, len, f), len);
+    fclose(f);
+}
+
+/* Runs `tally -e ENDPOINT <args>` in tmpdir through sh (so args may redirect stdin). */
+static cli_result_t cli_at(const char *endpoint, const char *fmt, ...)
+{
+    const char *bin = getenv("TALLY_BIN");
+    if (!bin)
+        bin = "./client/tally";
+    char args[1024], cmd[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' -e '%s' %s > cli.out 2> cli.err", tmpdir, bin,
+             endpoint, args);
+    int rc = system(cmd);
+    cli_result_t r = {.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1};
+    char path[128];
+    snprintf(path, sizeof path, "%s/cli.out", tmpdir);
+    r.out = slurp(path);
+    snprintf(path, sizeof path, "%s/cli.err", tmpdir);
+    r.err = slurp(path);
+    return r;
+}
+#define cli(...) cli_at(daemon_.endpoint, __VA_ARGS__)
+
+static void cli_free(cli_result_t *r)
+{
+    free(r->out);
+    free(r->err);
+}
+
+/* Checks an exact stdout, an empty stderr and exit 0. */
+static void expect_ok(cli_result_t r, const char *out)
+{
+    assert_string_equal(r.err, "");
+    assert_int_equal(r.status, 0);
+    if (out)
+        assert_string_equal(r.out, out);
+    cli_free(&r);
+}
+
+/* The README's walk-through, in order, with its exact outputs. */
+static void test_cli_readme_examples(void **state)
+{
+    (void)state;
+    write_file("numbers.txt", "5 -3 0 12 7 -1\n", 15);
+    expect_ok(cli("filter --gt 0 --stable --text < numbers.txt"), "5\n12\n7\n");
+    expect_ok(cli("scan --exclusive --stream s1 --text < numbers.txt"), "0\n5\n2\n2\n14\n21\n");
+    expect_ok(cli("scan --stream s1 --text < numbers.txt"), "25\n22\n22\n34\n41\n40\n");
+
+    enum { FRAME = 1000000 };
+    uint8_t *frame = malloc(FRAME);
+    uint64_t bins[256] = {0};
+    for (size_t i = 0; i < FRAME; i++)
+        bins[frame[i] = (uint8_t)th_rand()]++;
+    write_file("frame.raw", frame, FRAME);
+    char *expect = malloc(256 * 32);
+    size_t at = 0;
+    for (int b = 0; b < 256; b++)
+        at += (size_t)sprintf(expect + at, "%d %" PRIu64 "\n", b, bins[b]);
+    expect_ok(cli("hist --type u8 --stream cam0 --in frame.raw"), expect);
+
+    cli_result_t r = cli("query cam0");
+    assert_int_equal(r.status, 0);
+    const char *head = "batches 1\nelements 1000000\nbytes 1000000\nfilter_seen 0\n"
+                       "filter_kept 0\nscan_carry 0\nscan_elements 0\nhist_type u8\n"
+                       "hist_lo 0\nhist_hi 0\nhist_underflow 0\nhist_overflow 0\n"
+                       "hist_total 1000000\n";
+    assert_int_equal(strncmp(r.out, head, strlen(head)), 0);
+    assert_string_equal(r.out + strlen(head), expect); /* all 256 bins */
+    cli_free(&r);
+
+    r = cli("streams");
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "s1\n"));
+    assert_non_null(strstr(r.out, "cam0\n"));
+    cli_free(&r);
+
+    expect_ok(cli("reset s1"), "");
+    r = cli("query nope");
+    assert_int_equal(r.status, 1);
+    assert_string_equal(r.out, "");
+    assert_string_equal(r.err, "tally: query: unknown_stream: no stream named 'nope'\n");
+    cli_free(&r);
+
+    r = cli("ping");
+    assert_int_equal(r.status, 0);
+    assert_int_equal(strncmp(r.out, "pong ", 5), 0);
+    assert_non_null(strstr(r.out, " ms\n"));
+    cli_free(&r);
+    r = cli("info");
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "protocol=1\n"));
+    cli_free(&r);
+    r = cli("stats");
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "# TYPE"));
+    cli_free(&r);
+    free(expect);
+    free(frame);
+}
+
+/* Binary in, binary out, chunked: the same bytes as a whole-message reference. */
+static void test_cli_binary_chunked(void **state)
+{
+    (void)state;
+    enum { N = 250001 };
+    int32_t *x = random_i32(N, -1000, 1000);
+    write_file("data.i32", x, 4 * N);
+    int64_t *sums = malloc(8 * N);
+    int32_t *kept = malloc(4 * N);
+    int64_t run = 0;
+    size_t k = 0;
+    for (size_t i = 0; i < N; i++) {
+        sums[i] = run += x[i];
+        if (x[i] > 0)
+            kept[k++] = x[i];
+    }
+    expect_ok(cli("scan --in data.i32 --out sums.i64 --chunk 10000 --window 3"), "");
+    char path[128];
+    snprintf(path, sizeof path, "%s/sums.i64", tmpdir);
+    FILE *f = fopen(path, "rb");
+    int64_t *got = malloc(8 * N + 8);
+    assert_int_equal(fread(got, 8, N + 1, f), N);
+    fclose(f);
+    assert_memory_equal(got, sums, 8 * N);
+
+    expect_ok(cli("filter --gt 0 --stable --in data.i32 --out kept.i32 --chunk 3K"), "");
+    snprintf(path, sizeof path, "%s/kept.i32", tmpdir);
+    f = fopen(path, "rb");
+    assert_int_equal(fread(got, 4, N, f), k);
+    fclose(f);
+    assert_memory_equal(got, kept, 4 * k);
+
+    char count[32];
+    snprintf(count, sizeof count, "%zu\n", k);
+    expect_ok(cli("filter --gt 0 --count < data.i32"), count);
+
+    /* i32 histogram text output ends with the underflow and overflow lines. */
+    cli_result_t r = cli("hist --type i32 --range -500 500 --in data.i32 --chunk 65536");
+    assert_int_equal(r.status, 0);
+    size_t under = 0, over = 0;
+    for (size_t i = 0; i < N; i++) {
+        under += x[i] < -500;
+        over += x[i] >= 500;
+    }
+    assert_non_null(strstr(r.out, "\n255 "));
+    char tail[96];
+    snprintf(tail, sizeof tail, "underflow %zu\noverflow %zu\n", under, over);
+    assert_string_equal(r.out + strlen(r.out) - strlen(tail), tail);
+    cli_free(&r);
+    free(got);
+    free(kept);
+    free(sums);
+    free(x);
+}
+
+static void expect_usage(cli_result_t r, const char *needle)
+{
+    assert_int_equal(r.status, 2);
+    assert_string_equal(r.out, "");
+    assert_int_equal(strncmp(r.err, "tally: ", 7), 0);
+    if (needle && !strstr(r.err, needle))
+        fail_msg("stderr '%s' does not mention '%s'", r.err, needle);
+    cli_free(&r);
+}
+
+static void test_cli_usage_errors(void **state)
+{
+    (void)state;
+    write_file("bad.txt", "1 2\n300 4\n", 10);
+    expect_usage(cli("filter --gt 0 --type u8 --text --in bad.txt"), "'300'");
+    write_file("junk.txt", "1 2 x3\n", 7);
+    expect_usage(cli("scan --text --in junk.txt"), "'x3'");
+    write_file("big.txt", "2147483648\n", 11);
+    expect_usage(cli("scan --text --in big.txt"), "'2147483648'");
+    write_file("odd.bin", "abcdefg", 7);
+    expect_usage(cli("scan --in odd.bin"), "7 bytes");
+    expect_usage(cli("filter --in numbers.txt"), "predicate");
+    expect_usage(cli("filter --gt 1 --lt 2"), "exactly one");
+    expect_usage(cli("filter --gt abc"), "'abc'");
+    expect_usage(cli("filter --between 5"), "--between");
+    expect_usage(cli("hist --type i32"), "--range");
+    expect_usage(cli("hist --type i64"), "i64");
+    expect_usage(cli("scan --stream 'a b'"), "'a b'");
+    expect_usage(cli("scan --chunk 0"), "--chunk");
+    expect_usage(cli("scan --window 0"), "--window");
+    expect_usage(cli("scan --bogus"), "--bogus");
+    expect_usage(cli("scan --in /nonexistent/file"), "/nonexistent/file");
+    expect_usage(cli("query"), "argument");
+    expect_usage(cli("query a b"), "argument");
+    expect_usage(cli("frobnicate"), "frobnicate");
+    expect_usage(cli("-t 0 ping"), "--timeout");
+
+    /* --help everywhere: exit 0, usage on stdout. */
+    static const char *const cmds[] = {"",       "filter ",  "scan ", "hist ", "query ",
+                                       "reset ", "streams ", "ping ", "info ", "stats "};
+    for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+        cli_result_t r = cli("%s--help", cmds[i]);
+        assert_int_equal(r.status, 0);
+        assert_int_equal(strncmp(r.out, "usage: tally ", 13), 0);
+        assert_string_equal(r.err, "");
+        cli_free(&r);
+    }
+}
+
+static void test_cli_daemon_errors_and_timeout(void **state)
+{
+    (void)state;
+    /* A daemon-reported error: exit 1, the status name and the daemon's message. */
+    cli_result_t r = cli("reset never-was");
+    assert_int_equal(r.status, 1);
+    assert_non_null(strstr(r.err, "tally: reset: unknown_stream: "));
+    cli_free(&r);
+    /* The stream fixed its histogram type with u8; i32 on it conflicts. */
+    write_file("one.i32", "\1\0\0\0", 4);
+    r = cli("hist --type i32 --range 0 10 --stream cam0 --in one.i32");
+    assert_int_equal(r.status, 1);
+    assert_int_equal(strncmp(r.err, "tally: hist: ", 13), 0);
+    cli_free(&r);
+
+    /* Nobody listening: exit 3 within about the timeout, never a hang. */
+    const char *endpoint = "tcp://127.0.0.1:1"; /* a privileged port: nobody there */
+    int64_t start = now_ms();
+    r = cli_at(endpoint, "-t 300 ping");
+    int64_t took = now_ms() - start;
+    assert_int_equal(r.status, 3);
+    assert_non_null(strstr(r.err, "timeout"));
+    assert_true(took < 3000);
+    cli_free(&r);
+    r = cli_at(endpoint, "-t 300 scan --text --in numbers.txt");
+    assert_int_equal(r.status, 3);
+    cli_free(&r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_lib_control),
+        cmocka_unit_test(test_lib_filter_chunked),
+        cmocka_unit_test(test_lib_scan_chunked),
+        cmocka_unit_test(test_lib_scan_stream),
+        cmocka_unit_test(test_lib_hist_stream),
+        cmocka_unit_test(test_lib_chunk_too_large),
+        cmocka_unit_test(test_cli_readme_examples),
+        cmocka_unit_test(test_cli_binary_chunked),
+        cmocka_unit_test(test_cli_usage_errors),
+        cmocka_unit_test(test_cli_daemon_errors_and_timeout),
+    };
+    th_seed();
+    return cmocka_run_group_tests_name("client_daemon", tests, setup, teardown);
+}
