@@ -638,9 +638,10 @@ typedef struct {
 
 static tally_status_t run_fail(run_t *run, tally_status_t status, const char *msg)
 {
+    /* msg may be the client's own error buffer (a failed tally_send): copy through res. */
     run->res->status = status;
     snprintf(run->res->error, sizeof run->res->error, "%s", msg);
-    snprintf(run->client->error, sizeof run->client->error, "%s", msg);
+    memcpy(run->client->error, run->res->error, sizeof run->client->error);
     return status;
 }
 
