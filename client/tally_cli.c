@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -171,12 +172,25 @@ static int parse_timeout(const char *cmd, const char *arg, int *out)
 
 /* ---- Input and output --------------------------------------------------------------------- */
 
+/* The whole input in memory: a regular file is mapped (no copy, however large), anything
+ * else (a pipe, a terminal) is read into a buffer. */
+typedef struct {
+    const uint8_t *data;
+    size_t len;
+    void *map;
+    tally_buf_t buf;
+} input_t;
+
+static void input_free(input_t *in)
+{
+    if (in->map)
+        munmap(in->map, in->len);
+    tally_buf_free(&in->buf);
+    memset(in, 0, sizeof *in);
+}
+
 static tally_status_t read_fd(int fd, tally_buf_t *buf)
 {
-    struct stat st;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
-        tally_buf_reserve(buf, (size_t)st.st_size + 1) != TALLY_OK)
-        return TALLY_E_NOMEM;
     for (;;) {
         if (tally_buf_reserve(buf, 1 << 16) != TALLY_OK)
             return TALLY_E_NOMEM;
@@ -191,73 +205,156 @@ static tally_status_t read_fd(int fd, tally_buf_t *buf)
     }
 }
 
-static int read_input(const char *path, tally_buf_t *buf)
+static int read_input(const char *path, input_t *in)
 {
     bool use_stdin = !path || !strcmp(path, "-");
+    const char *name = use_stdin ? "stdin" : path;
     int fd = use_stdin ? STDIN_FILENO : open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         errorf("cannot open '%s': %s", path, strerror(errno));
         return EXIT_USAGE;
     }
-    tally_status_t status = read_fd(fd, buf);
+    struct stat st;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+        void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (map != MAP_FAILED) {
+            in->map = map;
+            in->data = map;
+            in->len = (size_t)st.st_size;
+            if (!use_stdin)
+                close(fd);
+            return 0;
+        }
+    }
+    tally_status_t status = read_fd(fd, &in->buf);
     int saved = errno;
     if (!use_stdin)
         close(fd);
     if (status == TALLY_E_NOMEM) {
-        errorf("out of memory reading '%s'", use_stdin ? "stdin" : path);
+        errorf("out of memory reading '%s'", name);
         return EXIT_DAEMON;
     }
     if (status != TALLY_OK) {
-        errorf("cannot read '%s': %s", use_stdin ? "stdin" : path, strerror(saved));
+        errorf("cannot read '%s': %s", name, strerror(saved));
         return EXIT_USAGE;
     }
+    in->data = in->buf.data;
+    in->len = in->buf.len;
     return 0;
 }
 
-/* Turns whitespace-separated decimal integers into little-endian elements of `dtype`. */
-static int parse_text(const tally_buf_t *text, tally_dtype_t dtype, tally_buf_t *out)
+static bool is_space(char c)
+{
+    return c == ' ' || (c >= '\t' && c <= '\r');
+}
+
+/* One --text token [s, end): 0 and *out when it is a decimal integer in [min, max], 1 when
+ * it is not an integer, 2 when it is one out of range. */
+static int parse_token(const char *s, const char *end, int64_t min, int64_t max, int64_t *out)
+{
+    bool neg = false;
+    if (s < end && (*s == '+' || *s == '-'))
+        neg = *s++ == '-';
+    if (s == end)
+        return 1;
+    uint64_t mag = 0;
+    bool huge = false;
+    for (; s < end; s++) {
+        if (*s < '0' || *s > '9')
+            return 1;
+        if (mag > UINT64_MAX / 10 - 1)
+            huge = true;
+        else
+            mag = mag * 10 + (uint64_t)(*s - '0');
+    }
+    if (huge || (neg ? mag > (uint64_t)-min : mag > (uint64_t)max))
+        return 2;
+    *out = neg ? (int64_t)(0 - mag) : (int64_t)mag;
+    return 0;
+}
+
+/* Turns whitespace-separated decimal integers into little-endian elements of `dtype`,
+ * naming the first token that is not an integer of that type. */
+static int parse_text(const input_t *text, tally_dtype_t dtype, tally_buf_t *out)
 {
     int64_t min = dtype == TALLY_DTYPE_U8 ? 0 : INT32_MIN;
     int64_t max = dtype == TALLY_DTYPE_U8 ? UINT8_MAX : INT32_MAX;
-    size_t i = 0, token = 0;
-    char word[32];
-    while (i < text->len) {
-        const char *p = (const char *)text->data;
-        while (i < text->len && strchr(" \t\r\n\v\f", p[i]) && p[i])
-            i++;
-        if (i == text->len)
-            break;
-        size_t start = i;
-        while (i < text->len && !strchr(" \t\r\n\v\f", p[i]))
-            i++;
-        token++;
-        size_t wlen = i - start;
-        int shown = wlen > 24 ? 24 : (int)wlen;
-        if (wlen >= sizeof word || memchr(p + start, '\0', wlen)) {
-            errorf("--text: token %zu '%.*s%s' is not an integer", token, shown, p + start,
-                   wlen > 24 ? "..." : "");
-            return EXIT_USAGE;
-        }
-        memcpy(word, p + start, wlen);
-        word[wlen] = '\0';
-        int64_t v;
-        if (!parse_i64(word, INT64_MIN, INT64_MAX, &v)) {
-            errorf("--text: token %zu '%s' is not an integer", token, word);
-            return EXIT_USAGE;
-        }
-        if (v < min || v > max) {
-            errorf("--text: token %zu '%s' is out of range for %s [%" PRId64 ", %" PRId64 "]",
-                   token, word, tally_dtype_name(dtype), min, max);
-            return EXIT_USAGE;
-        }
-        uint8_t le[4];
-        tally_put_u32(le, (uint32_t)v);
-        if (tally_buf_append(out, le, tally_dtype_size(dtype)) != TALLY_OK) {
-            errorf("out of memory parsing --text input");
-            return EXIT_DAEMON;
-        }
+    size_t esize = tally_dtype_size(dtype);
+    /* Every token takes at least two bytes (digit and separator) except the last. */
+    if (tally_buf_reserve(out, (text->len / 2 + 1) * esize) != TALLY_OK) {
+        errorf("out of memory parsing --text input");
+        return EXIT_DAEMON;
     }
-    return 0;
+    const char *p = (const char *)text->data, *end = p + text->len;
+    size_t token = 0;
+    for (;;) {
+        while (p < end && is_space(*p))
+            p++;
+        if (p == end)
+            return 0;
+        const char *start = p;
+        while (p < end && !is_space(*p))
+            p++;
+        token++;
+        int64_t v;
+        int bad = parse_token(start, p, min, max, &v);
+        if (bad) {
+            int shown = p - start > 40 ? 40 : (int)(p - start);
+            const char *more = p - start > 40 ? "..." : "";
+            if (memchr(start, '\0', (size_t)(p - start)))
+                errorf("--text: token %zu contains a NUL byte (binary input? drop --text)", token);
+            else if (bad == 1)
+                errorf("--text: token %zu '%.*s%s' is not an integer", token, shown, start, more);
+            else
+                errorf("--text: token %zu '%.*s%s' is out of range for %s [%" PRId64 ", %" PRId64
+                       "]",
+                       token, shown, start, more, tally_dtype_name(dtype), min, max);
+            return EXIT_USAGE;
+        }
+        if (esize == 1)
+            out->data[out->len] = (uint8_t)v;
+        else
+            tally_put_u32(out->data + out->len, (uint32_t)v);
+        out->len += esize;
+    }
+}
+
+/* Formats v in decimal at dst (at most 20 bytes); returns the length. */
+static size_t format_i64(char *dst, int64_t v)
+{
+    char digits[20];
+    size_t n = 0, len = 0;
+    uint64_t mag = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+    do {
+        digits[n++] = (char)('0' + mag % 10);
+        mag /= 10;
+    } while (mag);
+    if (v < 0)
+        dst[len++] = '-';
+    while (n)
+        dst[len++] = digits[--n];
+    return len;
+}
+
+/* Prints n little-endian integers, one per line: u8 (size 1), int32 (4) or int64 (8).
+ * Formatting by hand into a block costs a fraction of printf per line, which matters for
+ * outputs of hundreds of millions of values. */
+static void print_values(const uint8_t *p, size_t n, size_t size)
+{
+    char block[1 << 16];
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        int64_t v = size == 1   ? p[i]
+                    : size == 4 ? (int32_t)tally_get_u32(p + 4 * i)
+                                : (int64_t)tally_get_u64(p + 8 * i);
+        if (at > sizeof block - 24) {
+            fwrite(block, 1, at, stdout);
+            at = 0;
+        }
+        at += format_i64(block + at, v);
+        block[at++] = '\n';
+    }
+    fwrite(block, 1, at, stdout);
 }
 
 static int write_binary(const char *path, const tally_buf_t *buf)
@@ -380,17 +477,20 @@ static int data_option(data_args_t *a, int opt, const char *arg)
 /* Reads the input, runs the request over it in chunks, and leaves the result in `out`. */
 static int run_data(cli_t *cli, data_args_t *a, tally_buf_t *out, tally_run_result_t *res)
 {
-    tally_buf_t raw = {0}, parsed = {0};
+    input_t raw = {0};
+    tally_buf_t parsed = {0};
     tally_client_t *client = NULL;
     int rc = read_input(a->in, &raw);
     if (rc)
         goto out;
-    tally_buf_t *input = &raw;
+    input_t *input = &raw, text_input = {0};
     if (a->text) {
         rc = parse_text(&raw, (tally_dtype_t)a->req.dtype, &parsed);
         if (rc)
             goto out;
-        input = &parsed;
+        text_input.data = parsed.data;
+        text_input.len = parsed.len;
+        input = &text_input;
     }
     size_t esize = tally_dtype_size((tally_dtype_t)a->req.dtype);
     if (input->len % esize) {
@@ -407,7 +507,7 @@ static int run_data(cli_t *cli, data_args_t *a, tally_buf_t *out, tally_run_resu
         rc = report(status, a->cmd, res->error);
 out:
     tally_client_destroy(&client);
-    tally_buf_free(&raw);
+    input_free(&raw);
     tally_buf_free(&parsed);
     return rc;
 }
@@ -516,12 +616,9 @@ static int cmd_filter(cli_t *cli, int argc, char **argv)
     } else if (a.out) {
         rc = write_binary(a.out, &out);
         goto done;
-    } else if (a.req.dtype == TALLY_DTYPE_U8) {
-        for (size_t i = 0; i < out.len; i++)
-            printf("%u\n", out.data[i]);
     } else {
-        for (size_t i = 0; i < out.len / 4; i++)
-            printf("%" PRId32 "\n", (int32_t)tally_get_u32(out.data + 4 * i));
+        size_t esize = tally_dtype_size((tally_dtype_t)a.req.dtype);
+        print_values(out.data, out.len / esize, esize);
     }
     rc = finish_stdout();
 done:
@@ -584,13 +681,8 @@ static int cmd_scan(cli_t *cli, int argc, char **argv)
         rc = write_binary(a.out, &out);
         goto done;
     }
-    if (a.req.flags & TALLY_FLAG_SCAN_OUT_I32) {
-        for (size_t i = 0; i < out.len / 4; i++)
-            printf("%" PRId32 "\n", (int32_t)tally_get_u32(out.data + 4 * i));
-    } else {
-        for (size_t i = 0; i < out.len / 8; i++)
-            printf("%" PRId64 "\n", (int64_t)tally_get_u64(out.data + 8 * i));
-    }
+    size_t out_size = (a.req.flags & TALLY_FLAG_SCAN_OUT_I32) ? 4 : 8;
+    print_values(out.data, out.len / out_size, out_size);
     rc = finish_stdout();
 done:
     tally_buf_free(&out);
