@@ -568,9 +568,12 @@ static void close_all(td_server_t *s)
     uv_close((uv_handle_t *)&s->poll, NULL);
     uv_close((uv_handle_t *)&s->check, NULL);
     uv_close((uv_handle_t *)&s->idle, NULL);
-    uv_close((uv_handle_t *)&s->sig_int, NULL);
-    uv_close((uv_handle_t *)&s->sig_term, NULL);
-    uv_close((uv_handle_t *)&s->sig_hup, NULL);
+    /* The signal handles stay installed (but no longer keep the loop alive) until
+     * td_server_destroy: closing the last handle for a signal restores its default action, and
+     * a second SIGTERM during the final flush would then kill tallyd mid-exit. */
+    uv_unref((uv_handle_t *)&s->sig_int);
+    uv_unref((uv_handle_t *)&s->sig_term);
+    uv_unref((uv_handle_t *)&s->sig_hup);
     int linger = TD_SHUTDOWN_LINGER_MS;
     zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof linger);
     zmq_close(s->router);
@@ -708,8 +711,12 @@ void td_server_destroy(td_server_t **self_p)
         close_all(s);
         uv_run(&s->loop, UV_RUN_DEFAULT);
     }
+    zmq_ctx_term(s->zmq_ctx); /* waits (up to the linger) for the last replies to leave */
+    uv_close((uv_handle_t *)&s->sig_int, NULL);
+    uv_close((uv_handle_t *)&s->sig_term, NULL);
+    uv_close((uv_handle_t *)&s->sig_hup, NULL);
+    uv_run(&s->loop, UV_RUN_DEFAULT);
     uv_loop_close(&s->loop);
-    zmq_ctx_term(s->zmq_ctx);
     if (s->backend != s->cpu)
         s->backend->destroy(&s->backend);
     s->cpu->destroy(&s->cpu);
