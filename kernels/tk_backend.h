@@ -78,7 +78,7 @@ struct tk_backend {
 tally_status_t tk_cpu_backend_new(tk_backend_t **out);
 
 /* The CUDA backend: TALLY_E_BACKEND with a reason in msg when CUDA is not compiled in or no GPU
- * is usable. `device` is the CUDA device ordinal; max_elements bounds the batch it accepts
+ * is usable. `device` is the CUDA device ordinal; max_batch_bytes bounds the batch it accepts
  * (it preallocates device buffers of that size at creation, never on the request path). */
 tally_status_t tk_cuda_backend_new(int device, size_t max_batch_bytes, tk_backend_t **out,
                                    char *msg, size_t msg_cap);

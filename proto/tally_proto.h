@@ -212,7 +212,9 @@ void tally_stream_info_encode(const tally_stream_info_t *info,
 tally_status_t tally_stream_info_decode(const uint8_t *buf, size_t len, tally_stream_info_t *info);
 
 /* The int32 histogram's bin for x over [lo, hi): the single definition shared by every
- * backend. Callers guarantee lo < hi; values outside the range are not passed. */
+ * backend. Callers guarantee lo < hi and lo <= x < hi. Exact for every range the protocol
+ * admits (INT32_MIN <= lo < hi <= INT32_MAX + 1, so hi - lo <= 2^32 and the product below
+ * stays under 2^40); not defined for ranges wider than 2^56. */
 static inline unsigned tally_hist_bin_i32(int32_t x, int64_t lo, int64_t hi)
 {
     return (unsigned)(((uint64_t)((int64_t)x - lo) * TALLY_HIST_BINS) / (uint64_t)(hi - lo));
