@@ -800,6 +800,8 @@ static tally_status_t run_prepare(run_t *run, const tally_run_opts_t *opts)
     }
     run->chunk_bytes = tally__chunk_bytes(opts ? opts->chunk_bytes : 0, run->elem_size);
     run->window = opts && opts->window ? opts->window : TALLY_DEFAULT_WINDOW;
+    if (run->window > TALLY_MAX_WINDOW)
+        run->window = TALLY_MAX_WINDOW;
     run->chunks = tally__chunk_count(run->len, run->chunk_bytes);
     if (run->window > run->chunks)
         run->window = (unsigned)run->chunks;

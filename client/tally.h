@@ -42,6 +42,9 @@ extern "C" {
 #define TALLY_DEFAULT_TIMEOUT_MS 5000
 #define TALLY_DEFAULT_CHUNK_BYTES (1u << 20)
 #define TALLY_DEFAULT_WINDOW 8u
+/* tally_run's largest window: well under the socket's high-water marks (1000 messages), so
+ * requests in flight never back up into a blocked send while replies wait to be read. */
+#define TALLY_MAX_WINDOW 256u
 
 typedef struct tally_client tally_client_t;
 
@@ -117,7 +120,7 @@ tally_status_t tally_buf_append(tally_buf_t *buf, const void *data, size_t len);
 
 typedef struct {
     size_t chunk_bytes; /* 0: TALLY_DEFAULT_CHUNK_BYTES; rounded down to whole elements */
-    unsigned window;    /* requests in flight; 0: TALLY_DEFAULT_WINDOW */
+    unsigned window;    /* requests in flight; 0: TALLY_DEFAULT_WINDOW; at most TALLY_MAX_WINDOW */
 } tally_run_opts_t;
 
 /* What tally_run learnt besides the output. */

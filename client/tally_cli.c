@@ -436,7 +436,7 @@ enum {
     "  --out FILE      write the result to FILE as binary little-endian values\n"                  \
     "                  (default: text on stdout, one value per line)\n"                            \
     "  --chunk BYTES   send the input in chunks of BYTES (K/M/G suffixes; default 1M)\n"           \
-    "  --window N      keep N chunks in flight (default 8)\n"                                      \
+    "  --window N      keep N chunks in flight (1-256, default 8)\n"                               \
     "  -e, --endpoint E, -t, --timeout MS   as before the command\n"                               \
     "  -h, --help      show this help\n"
 
@@ -465,8 +465,9 @@ static int data_option(data_args_t *a, int opt, const char *arg)
             return usage_error(a->cmd, "--chunk: '%s' is not a positive byte count", arg);
         return 0;
     case OPT_WINDOW:
-        if (!parse_i64(arg, 1, 4096, &v))
-            return usage_error(a->cmd, "--window: '%s' is not a number in 1..4096", arg);
+        if (!parse_i64(arg, 1, TALLY_MAX_WINDOW, &v))
+            return usage_error(a->cmd, "--window: '%s' is not a number in 1..%u", arg,
+                               TALLY_MAX_WINDOW);
         a->opts.window = (unsigned)v;
         return 0;
     default:

@@ -848,6 +848,15 @@ static void test_run_respects_window(void **state)
     assert_int_equal(tally_run(c, &req, x, sizeof x, &opts, &out, NULL), TALLY_OK);
     assert_true(f->max_batch_seen >= 1 && f->max_batch_seen <= 3);
     tally_buf_free(&out);
+
+    /* A window over TALLY_MAX_WINDOW is clamped, not an error. */
+    opts.window = 100000;
+    opts.chunk_bytes = 4;
+    f->max_batch_seen = 0;
+    assert_int_equal(tally_run(c, &req, x, sizeof x, &opts, &out, NULL), TALLY_OK);
+    assert_int_equal(out.len, 8 * 4000);
+    assert_true(f->max_batch_seen <= TALLY_MAX_WINDOW);
+    tally_buf_free(&out);
     tally_client_destroy(&c);
 }
 

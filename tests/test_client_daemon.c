@@ -456,6 +456,22 @@ static void test_cli_readme_examples(void **state)
     free(frame);
 }
 
+/* --text takes signs, any whitespace, no trailing newline, and the extremes of the type. */
+static void test_cli_text_forms(void **state)
+{
+    (void)state;
+    write_file("forms.txt", "+5 -0\t7\r\n\n  -2147483648\v2147483647", 34);
+    expect_ok(cli("scan --text --in forms.txt"), "5\n5\n12\n-2147483636\n11\n");
+    expect_ok(cli("scan --out32 --text --in forms.txt"), "5\n5\n12\n-2147483636\n11\n");
+    expect_ok(cli("filter --ge -2147483648 --stable --text --in forms.txt"),
+              "5\n0\n7\n-2147483648\n2147483647\n");
+    write_file("bytes.txt", "0 255 +7 -0\n", 12);
+    expect_ok(cli("filter --type u8 --between 1 255 --stable --text --in bytes.txt"), "255\n7\n");
+    write_file("empty.txt", "", 0);
+    expect_ok(cli("scan --text --in empty.txt"), "");
+    expect_ok(cli("filter --ne 0 --in empty.txt"), "");
+}
+
 /* Binary in, binary out, chunked: the same bytes as a whole-message reference. */
 static void test_cli_binary_chunked(void **state)
 {
@@ -530,6 +546,9 @@ static void test_cli_usage_errors(void **state)
     expect_usage(cli("scan --text --in junk.txt"), "'x3'");
     write_file("big.txt", "2147483648\n", 11);
     expect_usage(cli("scan --text --in big.txt"), "'2147483648'");
+    write_file("nul.txt", "1\0 2", 4);
+    expect_usage(cli("scan --text --in nul.txt"), "NUL");
+    expect_usage(cli("scan --window 257"), "--window");
     write_file("odd.bin", "abcdefg", 7);
     expect_usage(cli("scan --in odd.bin"), "7 bytes");
     expect_usage(cli("filter --in numbers.txt"), "predicate");
@@ -599,6 +618,7 @@ int main(void)
         cmocka_unit_test(test_lib_hist_stream),
         cmocka_unit_test(test_lib_chunk_too_large),
         cmocka_unit_test(test_cli_readme_examples),
+        cmocka_unit_test(test_cli_text_forms),
         cmocka_unit_test(test_cli_binary_chunked),
         cmocka_unit_test(test_cli_usage_errors),
         cmocka_unit_test(test_cli_daemon_errors_and_timeout),
