@@ -1,5 +1,6 @@
 /*
- * main.c — tallyd's entry point: settings from the command line, then the server.
+ * main.c — tallyd's entry point: settings (defaults < configuration file < command line, see
+ * td_config_load), then the server.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -8,6 +9,7 @@
 
 #include "td_config.h"
 #include "td_log.h"
+#include "td_notify.h"
 #include "td_server.h"
 
 int main(int argc, char **argv)
@@ -17,7 +19,7 @@ int main(int argc, char **argv)
     bool exit_now = false;
     char msg[256];
     int code = 1;
-    if (td_config_parse_args(&cfg, argc, argv, &exit_now, msg, sizeof msg) != TALLY_OK) {
+    if (td_config_load(&cfg, argc, argv, &exit_now, msg, sizeof msg) != TALLY_OK) {
         fprintf(stderr, "tallyd: %s\n", msg);
         code = 2;
         goto done;
@@ -26,7 +28,14 @@ int main(int argc, char **argv)
         code = 0;
         goto done;
     }
-    if (cfg.bind_count == 0)
+    if (cfg.check_only) {
+        printf("configuration ok (%s)\n",
+               cfg.config_file ? cfg.config_file : TD_DEFAULT_CONFIG_FILE " if present");
+        code = 0;
+        goto done;
+    }
+    /* Under socket activation the passed sockets replace the default endpoint. */
+    if (cfg.bind_count == 0 && td_listen_fds_count() == 0)
         td_config_add_bind(&cfg, TD_DEFAULT_ENDPOINT);
     td_log_set_level((td_log_level_t)cfg.log_level);
 

@@ -19,6 +19,7 @@ void td_config_init(td_config_t *cfg)
     cfg->max_inflight = TD_DEFAULT_MAX_INFLIGHT;
     cfg->max_streams = TD_DEFAULT_MAX_STREAMS;
     cfg->log_level = TD_LOG_INFO;
+    cfg->state_interval = TD_DEFAULT_STATE_INTERVAL;
 }
 
 void td_config_clear(td_config_t *cfg)
@@ -26,6 +27,8 @@ void td_config_clear(td_config_t *cfg)
     for (int i = 0; i < cfg->bind_count; i++)
         free(cfg->binds[i]);
     free(cfg->config_file);
+    free(cfg->state_dir);
+    free(cfg->metrics_listen);
     td_config_init(cfg);
 }
 
@@ -100,6 +103,17 @@ static tally_status_t parse_unsigned(const char *text, unsigned min, unsigned ma
     return TALLY_OK;
 }
 
+/* Sets an owned string option; an empty value means "none". */
+static tally_status_t replace_string(char **field, const char *value)
+{
+    char *copy = value[0] ? strdup(value) : NULL;
+    if (value[0] && !copy)
+        return TALLY_E_INTERNAL;
+    free(*field);
+    *field = copy;
+    return TALLY_OK;
+}
+
 void td_config_usage(const char *argv0)
 {
     printf("usage: %s [options]\n"
@@ -114,10 +128,14 @@ void td_config_usage(const char *argv0)
            "      --workers N         CPU worker threads (default: number of cores)\n"
            "      --log-level LEVEL   err, warning, notice, info or debug (default info)\n"
            "  -c, --config FILE       configuration file (default %s if present)\n"
+           "      --state-dir DIR     keep stream state in DIR (default $STATE_DIRECTORY; none)\n"
+           "      --state-interval S  seconds between state snapshots (default %u)\n"
+           "      --metrics ADDR:PORT serve Prometheus metrics over HTTP (e.g. 127.0.0.1:9464)\n"
+           "      --check-config      check the configuration file and options, then exit\n"
            "  -h, --help              this text\n"
            "  -V, --version           print the version\n",
            argv0, TD_DEFAULT_ENDPOINT, TD_DEFAULT_MAX_BATCH, TD_DEFAULT_MAX_INFLIGHT,
-           TD_DEFAULT_MAX_STREAMS, TD_DEFAULT_CONFIG_FILE);
+           TD_DEFAULT_MAX_STREAMS, TD_DEFAULT_CONFIG_FILE, TD_DEFAULT_STATE_INTERVAL);
 }
 
 enum {
@@ -127,6 +145,10 @@ enum {
     OPT_MAX_STREAMS,
     OPT_WORKERS,
     OPT_LOG_LEVEL,
+    OPT_STATE_DIR,
+    OPT_STATE_INTERVAL,
+    OPT_METRICS,
+    OPT_CHECK_CONFIG,
 };
 
 tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, bool *exit_now,
@@ -141,6 +163,12 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
         {"workers", required_argument, NULL, OPT_WORKERS},
         {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
         {"config", required_argument, NULL, 'c'},
+        /* Each option settable in the configuration file also has a line in
+         * td_config_file.c's key table. */
+        {"state-dir", required_argument, NULL, OPT_STATE_DIR},
+        {"state-interval", required_argument, NULL, OPT_STATE_INTERVAL},
+        {"metrics", required_argument, NULL, OPT_METRICS},
+        {"check-config", no_argument, NULL, OPT_CHECK_CONFIG},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
@@ -196,6 +224,22 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
             cfg->log_level = level;
             break;
         }
+        case OPT_STATE_DIR:
+            if (replace_string(&cfg->state_dir, optarg) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_STATE_INTERVAL:
+            if (parse_unsigned(optarg, 1, TD_STATE_INTERVAL_LIMIT, &cfg->state_interval) !=
+                TALLY_OK)
+                goto bad;
+            break;
+        case OPT_METRICS:
+            if (replace_string(&cfg->metrics_listen, optarg) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_CHECK_CONFIG:
+            cfg->check_only = true;
+            break;
         case 'h':
             td_config_usage(argv[0]);
             *exit_now = true;

@@ -23,6 +23,11 @@
 #define TD_MAX_BINDS 16
 #define TD_MAX_BATCH_LIMIT (1024ull << 20) /* --max-batch may not exceed 1 GiB */
 #define TD_MAX_INFLIGHT_LIMIT 65536u
+#define TD_DEFAULT_STATE_INTERVAL 30u      /* seconds between stream-state snapshots */
+#define TD_STATE_INTERVAL_LIMIT 86400u
+#define TD_STATE_FILE "streams.state"      /* in the state directory */
+#define TD_STATUS_INTERVAL_MS 5000         /* systemd STATUS= line refresh */
+#define TD_METRICS_WAIT_MS 2000            /* an HTTP scrape waits this long for the loop */
 
 typedef enum {
     TD_BACKEND_AUTO = 0,
@@ -41,6 +46,12 @@ typedef struct {
     int log_level;          /* td_log_level_t */
     char *config_file;      /* owned; NULL = none */
     bool config_file_explicit; /* given with --config: a missing file is then an error */
+    char *state_dir;          /* owned; NULL = no persistence ($STATE_DIRECTORY by default) */
+    unsigned state_interval;  /* seconds between state snapshots */
+    char *metrics_listen;     /* owned; ADDR:PORT of the HTTP metrics endpoint, NULL = off */
+    bool check_only;          /* --check-config: load the configuration, report, exit */
+    int argc;                 /* the command line, kept so SIGHUP can re-apply it (borrowed) */
+    char **argv;
 } td_config_t;
 
 /* Fills *cfg with the defaults. */
@@ -62,5 +73,25 @@ tally_status_t td_config_parse_size(const char *text, size_t *out);
 const char *td_backend_choice_name(td_backend_choice_t choice);
 
 void td_config_usage(const char *argv0);
+
+/* ---- td_config_file.c: the configuration file and reload -------------------------------- */
+
+/* Fills cfg in layers: defaults, then the configuration file (--config FILE, or
+ * TD_DEFAULT_CONFIG_FILE when it exists), then the command line; then $STATE_DIRECTORY as the
+ * state directory when none was set. Returns TALLY_OK, or TALLY_E_PARAM with a message
+ * ("FILE:LINE: ..." for the file). argv is kept (borrowed) in cfg for td_config_reload. */
+tally_status_t td_config_load(td_config_t *cfg, int argc, char **argv, bool *exit_now, char *msg,
+                              size_t msg_cap);
+/* Applies an INI file over cfg. TALLY_E_IO when it cannot be opened, TALLY_E_PARAM (with
+ * "FILE:LINE: ..." in msg) for an unknown section or key or a bad value. */
+tally_status_t td_config_load_file(td_config_t *cfg, const char *path, char *msg, size_t msg_cap);
+/* SIGHUP: builds the configuration afresh (defaults < file < command line) into *next. On
+ * failure *next is cleared, msg says why and the caller keeps running with live. */
+tally_status_t td_config_reload(const td_config_t *live, td_config_t *next, char *msg,
+                                size_t msg_cap);
+/* Copies the settings that can change at run time from next into live, logging each change
+ * ("log_level: info -> debug") and each change that needs a restart as ignored. Returns true
+ * when anything run-time changed. */
+bool td_config_apply_runtime(td_config_t *live, const td_config_t *next);
 
 #endif

@@ -38,8 +38,10 @@
 
 #include "td_log.h"
 #include "td_metrics.h"
+#include "td_notify.h"
 #include "td_request.h"
 #include "td_server.h"
+#include "td_service.h"
 #include "td_stream.h"
 #include "tk_backend.h"
 
@@ -81,6 +83,7 @@ struct td_server {
     tk_backend_t *cpu;     /* always present; the fallback */
     char devices[256];
     td_metrics_t metrics;
+    td_service_t *service; /* systemd, state persistence, HTTP metrics, reload */
     uint64_t started_ns;
     int exit_code;
 };
@@ -200,9 +203,11 @@ static void op_info(td_server_t *s, td_request_t *r)
     reply_text(s, r, text, n > 0 ? (size_t)n : 0);
 }
 
-static void op_stats(td_server_t *s, td_request_t *r)
+/* The gauges `stats`, GET /metrics and the systemd status line report. */
+static void sample_gauges(void *ctx, td_gauges_t *g)
 {
-    td_gauges_t g = {
+    td_server_t *s = ctx;
+    *g = (td_gauges_t){
         .inflight = s->inflight,
         .max_inflight = s->cfg.max_inflight,
         .queued = s->queued,
@@ -212,14 +217,28 @@ static void op_stats(td_server_t *s, td_request_t *r)
         .devices = s->devices,
         .uptime_s = (double)(uv_hrtime() - s->started_ns) / 1e9,
     };
-    size_t need = td_metrics_render(&s->metrics, &g, NULL, 0) + 1;
-    char *text = malloc(need);
-    if (!text) {
+}
+
+static td_service_host_t service_host(td_server_t *s)
+{
+    return (td_service_host_t){.loop = &s->loop,
+                               .cfg = &s->cfg,
+                               .streams = s->streams,
+                               .metrics = &s->metrics,
+                               .gauges = sample_gauges,
+                               .ctx = s};
+}
+
+static void op_stats(td_server_t *s, td_request_t *r)
+{
+    td_service_host_t host = service_host(s);
+    char *text = NULL;
+    size_t len = 0;
+    if (td_service_render_metrics(&host, &text, &len) != TALLY_OK) {
         td_request_fail(r, TALLY_E_INTERNAL, "out of memory");
         return;
     }
-    td_metrics_render(&s->metrics, &g, text, need);
-    td_request_succeed(r, TALLY_DTYPE_TEXT, text, need - 1, need - 1);
+    td_request_succeed(r, TALLY_DTYPE_TEXT, text, len, len);
 }
 
 static void op_streams(td_server_t *s, td_request_t *r)
@@ -546,7 +565,7 @@ static void signal_cb(uv_signal_t *handle, int signum)
 {
     td_server_t *s = handle->data;
     if (signum == SIGHUP) {
-        td_notice("SIGHUP: nothing to reload (no configuration file support yet)");
+        td_service_reload(s->service);
         return;
     }
     if (s->stopping) {
@@ -556,6 +575,7 @@ static void signal_cb(uv_signal_t *handle, int signum)
     }
     td_notice("%s: stopping; answering %u requests in flight", strsignal(signum), s->inflight);
     s->stopping = true;
+    td_service_stopping(s->service);
     pump(s);
 }
 
@@ -574,6 +594,7 @@ static void close_all(td_server_t *s)
     uv_unref((uv_handle_t *)&s->sig_int);
     uv_unref((uv_handle_t *)&s->sig_term);
     uv_unref((uv_handle_t *)&s->sig_hup);
+    td_service_close(s->service); /* the final state snapshot: every request is answered */
     int linger = TD_SHUTDOWN_LINGER_MS;
     zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof linger);
     zmq_close(s->router);
@@ -606,6 +627,8 @@ static tally_status_t open_socket(td_server_t *s)
         }
         td_info("listening on %s", s->cfg.binds[i]);
     }
+    if (td_listen_fds_bind(s->router) != TALLY_OK) /* sockets passed by systemd */
+        return TALLY_E_PARAM;
     size_t size = sizeof s->zmq_fd;
     if (zmq_getsockopt(s->router, ZMQ_FD, &s->zmq_fd, &size) != 0)
         return TALLY_E_INTERNAL;
@@ -658,6 +681,10 @@ tally_status_t td_server_new(const td_config_t *cfg, td_server_t **out)
     st = open_socket(s);
     if (st != TALLY_OK)
         goto fail_socket;
+    td_service_host_t host = service_host(s); /* restores stream state before READY */
+    st = td_service_new(&host, &s->service);
+    if (st != TALLY_OK)
+        goto fail_socket;
 
     uv_poll_init_socket(&s->loop, &s->poll, s->zmq_fd);
     uv_check_init(&s->loop, &s->check);
@@ -697,6 +724,7 @@ int td_server_run(td_server_t *s)
 {
     td_notice("tallyd %s ready: %u in flight max, batches up to %zu bytes", TALLY_VERSION,
               s->cfg.max_inflight, s->cfg.max_batch);
+    td_service_ready(s->service);
     pump(s); /* messages may have queued between bind and the first poll */
     uv_run(&s->loop, UV_RUN_DEFAULT);
     return s->exit_code;
@@ -711,6 +739,7 @@ void td_server_destroy(td_server_t **self_p)
         close_all(s);
         uv_run(&s->loop, UV_RUN_DEFAULT);
     }
+    td_service_destroy(&s->service);
     zmq_ctx_term(s->zmq_ctx); /* waits (up to the linger) for the last replies to leave */
     uv_close((uv_handle_t *)&s->sig_int, NULL);
     uv_close((uv_handle_t *)&s->sig_term, NULL);

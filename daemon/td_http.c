@@ -1,0 +1,278 @@
+/*
+ * td_http.c — see td_http.h.
+ *
+ * Design
+ * ------
+ * libmicrohttpd answers connections on its own thread, but the metrics and the stream table
+ * belong to the loop thread and take no locks. So a scrape asks the loop thread for the text:
+ * the MHD handler bumps a request generation under a mutex, wakes the loop with uv_async_send,
+ * and waits on a condition variable (at most TD_METRICS_WAIT_MS); the async callback renders
+ * on the loop thread, stores the text, marks that generation done and broadcasts. The handler
+ * then takes a copy for its response.
+ *
+ * Why not have the loop render a snapshot every second? A scrape would then see numbers up to a
+ * second old (a test or an operator who just sent a request would not see it counted), and the
+ * loop would render text nobody reads. The cost of asking is one wake-up per scrape, and a loop
+ * that is stuck shows as a 503 after the timeout rather than as stale numbers.
+ *
+ * Shutdown: MHD_stop_daemon joins MHD's thread, which may be waiting for the loop thread — the
+ * very thread calling MHD_stop_daemon. So `closing` is set and broadcast first; a waiting
+ * handler then answers 503 at once and the join cannot deadlock.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "td_config.h"
+#include "td_http.h"
+#include "td_log.h"
+
+#define CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
+
+struct td_http {
+    struct MHD_Daemon *mhd;
+    uv_async_t async;
+    td_http_render_fn render;
+    void *ctx;
+    unsigned port;
+
+    pthread_mutex_t lock; /* guards the fields below */
+    pthread_cond_t done;
+    uint64_t requested; /* generation asked for by the HTTP thread */
+    uint64_t rendered;  /* generation the loop thread has answered */
+    char *text;
+    size_t len;
+    bool closing;
+    bool ready; /* the async handle exists */
+};
+
+/* Parses "IP:PORT" or "[IPv6]:PORT" into ss. */
+static tally_status_t parse_listen(const char *listen, struct sockaddr_storage *ss)
+{
+    char host[INET6_ADDRSTRLEN + 2];
+    const char *colon = strrchr(listen, ':');
+    if (!colon || colon == listen || (size_t)(colon - listen) >= sizeof host)
+        return TALLY_E_PARAM;
+    memcpy(host, listen, (size_t)(colon - listen));
+    host[colon - listen] = '\0';
+    char *end = NULL;
+    errno = 0;
+    unsigned long port = strtoul(colon + 1, &end, 10);
+    if (errno || end == colon + 1 || *end || port > 65535)
+        return TALLY_E_PARAM;
+    memset(ss, 0, sizeof *ss);
+    size_t hlen = strlen(host);
+    if (host[0] == '[' && hlen > 2 && host[hlen - 1] == ']') {
+        host[hlen - 1] = '\0';
+        struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
+        in6->sin6_family = AF_INET6;
+        in6->sin6_port = htons((uint16_t)port);
+        return inet_pton(AF_INET6, host + 1, &in6->sin6_addr) == 1 ? TALLY_OK : TALLY_E_PARAM;
+    }
+    struct sockaddr_in *in = (struct sockaddr_in *)ss;
+    in->sin_family = AF_INET;
+    in->sin_port = htons((uint16_t)port);
+    return inet_pton(AF_INET, host, &in->sin_addr) == 1 ? TALLY_OK : TALLY_E_PARAM;
+}
+
+static bool is_loopback(const struct sockaddr_storage *ss)
+{
+    if (ss->ss_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)ss)->sin_addr.s_addr) >> 24) == 127;
+    return IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)ss)->sin6_addr);
+}
+
+/* Loop thread: a scrape is waiting. */
+static void async_cb(uv_async_t *handle)
+{
+    td_http_t *self = handle->data;
+    char *text = NULL;
+    size_t len = 0;
+    if (self->render(self->ctx, &text, &len) != TALLY_OK) {
+        text = NULL;
+        len = 0;
+    }
+    pthread_mutex_lock(&self->lock);
+    free(self->text);
+    self->text = text;
+    self->len = len;
+    self->rendered = self->requested;
+    pthread_cond_broadcast(&self->done);
+    pthread_mutex_unlock(&self->lock);
+}
+
+/* HTTP thread: gets a fresh copy of the text from the loop thread, or NULL. */
+static char *fetch_text(td_http_t *self, size_t *len)
+{
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += TD_METRICS_WAIT_MS / 1000;
+    deadline.tv_nsec += (long)(TD_METRICS_WAIT_MS % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    char *copy = NULL;
+    pthread_mutex_lock(&self->lock);
+    uint64_t mine = ++self->requested;
+    bool ask = self->ready && !self->closing;
+    if (ask)
+        uv_async_send(&self->async);
+    int rc = 0;
+    while (ask && !self->closing && self->rendered < mine && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&self->done, &self->lock, &deadline);
+    if (!self->closing && self->rendered >= mine && self->text) {
+        copy = malloc(self->len + 1);
+        if (copy) {
+            memcpy(copy, self->text, self->len + 1);
+            *len = self->len;
+        }
+    }
+    pthread_mutex_unlock(&self->lock);
+    return copy;
+}
+
+static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned code, const char *text)
+{
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_PERSISTENT);
+    if (!resp)
+        return MHD_NO;
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
+    enum MHD_Result rc = MHD_queue_response(conn, code, resp);
+    MHD_destroy_response(resp);
+    return rc;
+}
+
+static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char *url,
+                              const char *method, const char *version, const char *upload,
+                              size_t *upload_size, void **con_cls)
+{
+    (void)version;
+    (void)upload;
+    td_http_t *self = cls;
+    if (*con_cls == NULL) { /* first call: headers only; answer on the next */
+        *con_cls = self;
+        return MHD_YES;
+    }
+    if (*upload_size) { /* a body we do not want */
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    bool get = strcmp(method, MHD_HTTP_METHOD_GET) == 0;
+    bool head = strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
+    if (strcmp(url, "/metrics") != 0)
+        return send_text(conn, MHD_HTTP_NOT_FOUND, "not found: tallyd serves /metrics\n");
+    if (!get && !head)
+        return send_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET /metrics\n");
+    size_t len = 0;
+    char *text = fetch_text(self, &len);
+    if (!text)
+        return send_text(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "tallyd is busy or stopping\n");
+    struct MHD_Response *resp = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
+    if (!resp) {
+        free(text);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, CONTENT_TYPE);
+    enum MHD_Result rc = MHD_queue_response(conn, MHD_HTTP_OK, resp);
+    MHD_destroy_response(resp);
+    return rc;
+}
+
+static void log_mhd(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char line[512];
+    vsnprintf(line, sizeof line, fmt, ap);
+    line[strcspn(line, "\n")] = '\0';
+    td_warn("metrics http: %s", line);
+}
+
+tally_status_t td_http_new(uv_loop_t *loop, const char *listen, td_http_render_fn render, void *ctx,
+                           td_http_t **out)
+{
+    struct sockaddr_storage ss;
+    if (parse_listen(listen, &ss) != TALLY_OK) {
+        td_err("metrics: '%s' is not IP:PORT (e.g. 127.0.0.1:9464 or [::1]:9464)", listen);
+        return TALLY_E_PARAM;
+    }
+    if (!is_loopback(&ss))
+        td_warn("metrics: %s is not a loopback address; the endpoint has no authentication",
+                listen);
+    td_http_t *self = calloc(1, sizeof *self);
+    if (!self)
+        return TALLY_E_INTERNAL;
+    self->render = render;
+    self->ctx = ctx;
+    pthread_mutex_init(&self->lock, NULL);
+    pthread_cond_init(&self->done, NULL);
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+    if (ss.ss_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    self->mhd = MHD_start_daemon(flags, 0, NULL, NULL, handle, self, MHD_OPTION_EXTERNAL_LOGGER,
+                                 log_mhd, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+                                 MHD_OPTION_CONNECTION_LIMIT, 16u, MHD_OPTION_CONNECTION_TIMEOUT,
+                                 10u, MHD_OPTION_END);
+    if (!self->mhd) {
+        td_err("metrics: cannot listen on %s: %s", listen, strerror(errno));
+        goto fail;
+    }
+    /* Last, so that a failure above leaves no libuv handle to close. Until `ready` is set a
+     * scrape is answered 503 without touching the handle. */
+    if (uv_async_init(loop, &self->async, async_cb) != 0) {
+        MHD_stop_daemon(self->mhd);
+        goto fail;
+    }
+    self->async.data = self;
+    pthread_mutex_lock(&self->lock);
+    self->ready = true;
+    pthread_mutex_unlock(&self->lock);
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(self->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    self->port = info ? info->port : 0;
+    td_info("metrics: serving http://%.*s:%u/metrics", (int)(strrchr(listen, ':') - listen), listen,
+            self->port);
+    *out = self;
+    return TALLY_OK;
+
+fail:
+    pthread_cond_destroy(&self->done);
+    pthread_mutex_destroy(&self->lock);
+    free(self);
+    return TALLY_E_PARAM;
+}
+
+unsigned td_http_port(const td_http_t *self)
+{
+    return self->port;
+}
+
+static void free_after_close(uv_handle_t *handle)
+{
+    td_http_t *self = handle->data;
+    pthread_cond_destroy(&self->done);
+    pthread_mutex_destroy(&self->lock);
+    free(self->text);
+    free(self);
+}
+
+void td_http_destroy(td_http_t **self_p)
+{
+    td_http_t *self = *self_p;
+    if (!self)
+        return;
+    pthread_mutex_lock(&self->lock);
+    self->closing = true;
+    pthread_cond_broadcast(&self->done);
+    pthread_mutex_unlock(&self->lock);
+    MHD_stop_daemon(self->mhd);
+    uv_close((uv_handle_t *)&self->async, free_after_close);
+    *self_p = NULL;
+}

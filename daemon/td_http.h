@@ -1,0 +1,28 @@
+/*
+ * td_http.h — the Prometheus metrics endpoint: GET /metrics over HTTP (libmicrohttpd), serving
+ * exactly the text the `stats` opcode returns.
+ */
+#ifndef TD_HTTP_H
+#define TD_HTTP_H
+
+#include <stddef.h>
+#include <uv.h>
+
+#include "tally_proto.h"
+
+/* Renders the metrics text on the loop thread: a malloc'ed, NUL-terminated string. */
+typedef tally_status_t (*td_http_render_fn)(void *ctx, char **text, size_t *len);
+
+typedef struct td_http td_http_t;
+
+/* Starts serving on listen ("IP:PORT", "[IPv6]:PORT"; port 0 picks a free one, which is
+ * logged). render runs on loop's thread whenever a scrape arrives. */
+tally_status_t td_http_new(uv_loop_t *loop, const char *listen, td_http_render_fn render, void *ctx,
+                           td_http_t **out);
+/* The port actually bound. */
+unsigned td_http_port(const td_http_t *self);
+/* Loop thread: stops the HTTP thread (answering any waiting scrape with 503) and closes the
+ * async handle; the memory is freed by the handle's close callback. */
+void td_http_destroy(td_http_t **self_p);
+
+#endif

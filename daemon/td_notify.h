@@ -1,0 +1,34 @@
+/*
+ * td_notify.h — tallyd's side of the systemd service protocol: readiness and status
+ * notifications (sd_notify) and socket activation (sd_listen_fds).
+ *
+ * Every function is a no-op when tallyd does not run under systemd (NOTIFY_SOCKET or
+ * LISTEN_FDS unset), so the daemon behaves the same from a terminal.
+ */
+#ifndef TD_NOTIFY_H
+#define TD_NOTIFY_H
+
+#include <stdint.h>
+
+#include "tally_proto.h"
+
+/* READY=1 with a STATUS= line: sockets are bound, the backend is up, state is restored. */
+void td_notify_ready(const char *status);
+/* STATUS=<line>: the one-line summary `systemctl status` shows. */
+void td_notify_status(const char *status);
+/* STOPPING=1: shutdown has begun (in-flight requests are being answered). */
+void td_notify_stopping(void);
+/* WATCHDOG=1: the loop thread is alive. */
+void td_notify_watchdog(void);
+/* The watchdog interval systemd expects pings within (WatchdogSec=), 0 when none. */
+uint64_t td_notify_watchdog_usec(void);
+
+/* Number of listening sockets systemd passed (LISTEN_FDS, for this pid), read once and cached;
+ * the environment variables are then unset so child processes do not inherit them. */
+int td_listen_fds_count(void);
+/* Hands every passed socket to the ZeroMQ socket `zsock` (ZMQ_USE_FD, then zmq_bind with the
+ * endpoint the fd's address names: tcp://IP:PORT or ipc://PATH). Logs and returns
+ * TALLY_E_PARAM for a socket that is not a listening stream socket of a supported family. */
+tally_status_t td_listen_fds_bind(void *zsock);
+
+#endif

@@ -1,0 +1,322 @@
+/*
+ * td_service.c — see td_service.h.
+ *
+ * Design
+ * ------
+ * Everything here runs on the loop thread, driven by libuv timers, so it can read the stream
+ * table and the metrics without locks:
+ *   - status timer (every TD_STATUS_INTERVAL_MS, only under systemd): STATUS= summary line;
+ *   - watchdog timer (when WatchdogSec= is set): WATCHDOG=1 every half interval. Pinging from
+ *     the loop thread means a loop that hangs stops pinging, and systemd restarts tallyd;
+ *   - state timer (every state_interval seconds, with a state directory): snapshot.
+ *
+ * State snapshots: the stream table only changes on the loop thread, so encoding it there
+ * (td_state_encode, a memcpy-speed pass) is a consistent snapshot. The write (which fsyncs
+ * twice) runs on a libuv worker so the loop never blocks on the disk. At most one write is in
+ * flight; a snapshot asked for meanwhile is taken when the write finishes. A snapshot whose
+ * records are byte-for-byte those last written is skipped (an idle daemon does not fsync every
+ * interval). At shutdown the server calls td_service_close once every request has been
+ * answered, so the final snapshot holds everything acknowledged: a clean restart loses
+ * nothing. A kill -9 loses what changed since the last snapshot, at most one interval.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "td_http.h"
+#include "td_log.h"
+#include "td_notify.h"
+#include "td_service.h"
+#include "td_state.h"
+
+typedef struct {
+    uv_work_t work;
+    td_service_t *owner;
+    char *dir;
+    uint8_t *buf;
+    size_t len;
+    uint64_t body_sum;
+    unsigned streams;
+    tally_status_t status;
+    char msg[512];
+} state_job_t;
+
+struct td_service {
+    td_service_host_t host;
+    td_http_t *http;
+    uv_timer_t status_timer;
+    uv_timer_t watchdog_timer;
+    uv_timer_t state_timer;
+    bool status_on, watchdog_on, state_on;
+    bool closed;
+    char *state_dir;        /* fixed at start: changing it needs a restart */
+    size_t start_max_batch; /* ZeroMQ's frame limit was derived from it at bind time */
+    bool write_inflight;    /* a state write is running on a worker */
+    bool write_again;       /* a snapshot was asked for meanwhile */
+    uint64_t written_sum;   /* checksum of the records last written (or restored) */
+};
+
+tally_status_t td_service_render_metrics(const td_service_host_t *host, char **text, size_t *len)
+{
+    td_gauges_t g;
+    host->gauges(host->ctx, &g);
+    size_t need = td_metrics_render(host->metrics, &g, NULL, 0) + 1;
+    char *out = malloc(need);
+    if (!out)
+        return TALLY_E_INTERNAL;
+    td_metrics_render(host->metrics, &g, out, need);
+    *text = out;
+    *len = need - 1;
+    return TALLY_OK;
+}
+
+static tally_status_t render_cb(void *ctx, char **text, size_t *len)
+{
+    td_service_t *self = ctx;
+    return td_service_render_metrics(&self->host, text, len);
+}
+
+/* The one-line summary for STATUS=. */
+static void summary(td_service_t *self, char *buf, size_t cap)
+{
+    td_gauges_t g;
+    self->host.gauges(self->host.ctx, &g);
+    uint64_t answered = 0;
+    for (unsigned op = 0; op < TALLY_OP_COUNT; op++)
+        for (unsigned st = 0; st < TALLY_STATUS_WIRE_COUNT; st++)
+            answered += self->host.metrics->requests[op][st];
+    snprintf(buf, cap, "serving on %s: %u streams, %u in flight, %llu requests answered", g.backend,
+             g.streams, g.inflight, (unsigned long long)answered);
+}
+
+static void status_cb(uv_timer_t *timer)
+{
+    td_service_t *self = timer->data;
+    char line[256];
+    summary(self, line, sizeof line);
+    td_notify_status(line);
+}
+
+static void watchdog_cb(uv_timer_t *timer)
+{
+    (void)timer;
+    td_notify_watchdog();
+}
+
+/* ---- State snapshots -------------------------------------------------------------------- */
+
+static void state_save(td_service_t *self);
+
+static void state_work(uv_work_t *work)
+{
+    state_job_t *job = work->data;
+    job->status = td_state_write(job->dir, job->buf, job->len, job->msg, sizeof job->msg);
+}
+
+static void state_after(uv_work_t *work, int status)
+{
+    state_job_t *job = work->data;
+    td_service_t *self = job->owner;
+    if (status == UV_ECANCELED) {
+        job->status = TALLY_E_IO;
+        snprintf(job->msg, sizeof job->msg, "cancelled");
+    }
+    if (job->status == TALLY_OK) {
+        self->written_sum = job->body_sum;
+        td_debug("state: wrote %u streams (%zu bytes) to %s/%s", job->streams, job->len, job->dir,
+                 TD_STATE_FILE);
+    } else {
+        td_log(self->closed ? TD_LOG_ERR : TD_LOG_WARNING, "state: cannot write %s/%s: %s",
+               job->dir, TD_STATE_FILE, job->msg);
+    }
+    free(job->buf);
+    free(job);
+    self->write_inflight = false;
+    if (self->write_again) {
+        self->write_again = false;
+        state_save(self);
+    }
+}
+
+static uint64_t records_sum(const uint8_t *buf, size_t len)
+{
+    return td_state_checksum(buf + TD_STATE_HEADER_SIZE,
+                             len - TD_STATE_HEADER_SIZE - TD_STATE_TRAILER_SIZE);
+}
+
+static void state_save(td_service_t *self)
+{
+    if (!self->state_dir)
+        return;
+    if (self->write_inflight) {
+        self->write_again = true;
+        return;
+    }
+    state_job_t *job = calloc(1, sizeof *job);
+    if (!job || td_state_encode(self->host.streams, &job->buf, &job->len) != TALLY_OK) {
+        td_warn("state: out of memory for a snapshot");
+        free(job);
+        return;
+    }
+    job->body_sum = records_sum(job->buf, job->len);
+    if (job->body_sum == self->written_sum) { /* nothing changed since the last write */
+        free(job->buf);
+        free(job);
+        return;
+    }
+    job->owner = self;
+    job->dir = self->state_dir;
+    job->streams = td_streams_count(self->host.streams);
+    job->work.data = job;
+    int rc = uv_queue_work(self->host.loop, &job->work, state_work, state_after);
+    if (rc != 0) {
+        td_warn("state: cannot queue a write: %s", uv_strerror(rc));
+        free(job->buf);
+        free(job);
+        return;
+    }
+    self->write_inflight = true;
+}
+
+static void state_cb(uv_timer_t *timer)
+{
+    state_save(timer->data);
+}
+
+static void restore_state(td_service_t *self)
+{
+    td_state_restore(self->state_dir, self->host.streams);
+    /* What is in memory now is what is on disk: no need to write it back unchanged. */
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    if (td_state_encode(self->host.streams, &buf, &len) == TALLY_OK)
+        self->written_sum = records_sum(buf, len);
+    free(buf);
+}
+
+/* ---- Lifecycle -------------------------------------------------------------------------- */
+
+tally_status_t td_service_new(const td_service_host_t *host, td_service_t **out)
+{
+    td_service_t *self = calloc(1, sizeof *self);
+    if (!self)
+        return TALLY_E_INTERNAL;
+    self->host = *host;
+    self->start_max_batch = host->cfg->max_batch;
+    tally_status_t st = TALLY_E_INTERNAL;
+    if (host->cfg->state_dir) {
+        self->state_dir = strdup(host->cfg->state_dir);
+        if (!self->state_dir)
+            goto fail;
+        restore_state(self);
+        td_info("state: snapshots to %s/%s every %u s", self->state_dir, TD_STATE_FILE,
+                host->cfg->state_interval);
+    } else {
+        td_info("state: no state directory (--state-dir); streams are not persisted");
+    }
+    if (host->cfg->metrics_listen) {
+        st = td_http_new(host->loop, host->cfg->metrics_listen, render_cb, self, &self->http);
+        if (st != TALLY_OK)
+            goto fail;
+    }
+
+    /* Timers last: from here on nothing fails. */
+    uv_timer_init(host->loop, &self->status_timer);
+    uv_timer_init(host->loop, &self->watchdog_timer);
+    uv_timer_init(host->loop, &self->state_timer);
+    self->status_timer.data = self->watchdog_timer.data = self->state_timer.data = self;
+    if (getenv("NOTIFY_SOCKET")) {
+        uv_timer_start(&self->status_timer, status_cb, TD_STATUS_INTERVAL_MS,
+                       TD_STATUS_INTERVAL_MS);
+        self->status_on = true;
+    }
+    uint64_t watchdog_usec = td_notify_watchdog_usec();
+    if (watchdog_usec) {
+        uint64_t every_ms = watchdog_usec / 2000 ? watchdog_usec / 2000 : 1;
+        uv_timer_start(&self->watchdog_timer, watchdog_cb, 0, every_ms);
+        self->watchdog_on = true;
+        td_info("systemd watchdog: pinging every %llu ms", (unsigned long long)every_ms);
+    }
+    if (self->state_dir) {
+        uint64_t ms = (uint64_t)host->cfg->state_interval * 1000;
+        uv_timer_start(&self->state_timer, state_cb, ms, ms);
+        self->state_on = true;
+    }
+    *out = self;
+    return TALLY_OK;
+fail:
+    free(self->state_dir);
+    free(self);
+    return st;
+}
+
+void td_service_ready(td_service_t *self)
+{
+    char line[256];
+    summary(self, line, sizeof line);
+    td_notify_ready(line);
+}
+
+void td_service_reload(td_service_t *self)
+{
+    if (!self || self->closed) { /* SIGHUP during the final flush: nothing to apply it to */
+        td_notice("SIGHUP while stopping: ignored");
+        return;
+    }
+    td_config_t next;
+    char msg[512];
+    const char *file =
+        self->host.cfg->config_file ? self->host.cfg->config_file : TD_DEFAULT_CONFIG_FILE;
+    td_notice("SIGHUP: reloading the configuration (%s)", file);
+    if (td_config_reload(self->host.cfg, &next, msg, sizeof msg) != TALLY_OK) {
+        td_err("reload failed: %s; keeping the running configuration", msg);
+        return;
+    }
+    td_config_t *live = self->host.cfg;
+    unsigned old_interval = live->state_interval;
+    td_config_apply_runtime(live, &next);
+    td_config_clear(&next);
+
+    td_streams_set_max(self->host.streams, live->max_streams);
+    if (live->max_batch > self->start_max_batch * 2)
+        td_warn("reload: max_batch %zu is over twice the value tallyd started with; ZeroMQ "
+                "still refuses frames over %zu bytes until tallyd restarts",
+                live->max_batch, self->start_max_batch * 2 + 4096);
+    if (self->state_on && old_interval != live->state_interval) {
+        uint64_t ms = (uint64_t)live->state_interval * 1000;
+        uv_timer_start(&self->state_timer, state_cb, ms, ms);
+    }
+    if (self->status_on)
+        status_cb(&self->status_timer);
+}
+
+void td_service_stopping(td_service_t *self)
+{
+    (void)self;
+    td_notify_stopping();
+}
+
+void td_service_close(td_service_t *self)
+{
+    if (!self || self->closed)
+        return;
+    self->closed = true;
+    if (self->http)
+        td_http_destroy(&self->http);
+    uv_close((uv_handle_t *)&self->status_timer, NULL);
+    uv_close((uv_handle_t *)&self->watchdog_timer, NULL);
+    uv_close((uv_handle_t *)&self->state_timer, NULL);
+    /* The final snapshot; the loop keeps running until its write has finished. */
+    state_save(self);
+}
+
+void td_service_destroy(td_service_t **self_p)
+{
+    td_service_t *self = *self_p;
+    if (!self)
+        return;
+    free(self->state_dir);
+    free(self);
+    *self_p = NULL;
+}

@@ -1,0 +1,45 @@
+/*
+ * td_service.h — what makes tallyd a well-kept service, around the server's loop: systemd
+ * notifications and watchdog, periodic and final stream-state snapshots, the HTTP metrics
+ * endpoint, and SIGHUP reload. td_server.c calls the five lifecycle hooks below; the service
+ * reaches the server's state only through td_service_host_t.
+ */
+#ifndef TD_SERVICE_H
+#define TD_SERVICE_H
+
+#include <uv.h>
+
+#include "td_config.h"
+#include "td_metrics.h"
+#include "td_stream.h"
+
+typedef struct {
+    uv_loop_t *loop;
+    td_config_t *cfg;      /* the server's live configuration; reload updates it */
+    td_streams_t *streams; /* loop-thread-only, like everything here */
+    const td_metrics_t *metrics;
+    void (*gauges)(void *ctx, td_gauges_t *out); /* samples the server's gauges */
+    void *ctx;
+} td_service_host_t;
+
+typedef struct td_service td_service_t;
+
+/* Loop thread, before the loop runs: restores stream state, starts the metrics endpoint and
+ * the timers. Fails (leaving no libuv handle behind) only when the metrics endpoint cannot
+ * start. */
+tally_status_t td_service_new(const td_service_host_t *host, td_service_t **out);
+/* The server is ready to serve: READY=1. */
+void td_service_ready(td_service_t *self);
+/* SIGHUP: re-read the configuration and apply what can change at run time. */
+void td_service_reload(td_service_t *self);
+/* A stop signal arrived: STOPPING=1. */
+void td_service_stopping(td_service_t *self);
+/* Every request is answered: write the final state snapshot, close timers and the endpoint. */
+void td_service_close(td_service_t *self);
+/* After the loop has finished. */
+void td_service_destroy(td_service_t **self_p);
+
+/* The metrics text (what `stats` returns and GET /metrics serves), malloc'ed. */
+tally_status_t td_service_render_metrics(const td_service_host_t *host, char **text, size_t *len);
+
+#endif

@@ -1,0 +1,922 @@
+/*
+ * test_service.c — tallyd as a service, end to end against the real binary: readiness,
+ * status, watchdog and stopping notifications to a NOTIFY_SOCKET the test reads; socket
+ * activation with sockets the test binds and passes as LISTEN_FDS; stream state kept across a
+ * clean restart and across kill -9; corrupt state files set aside; the configuration file
+ * (errors with FILE:LINE, precedence under the command line) and SIGHUP reload; the HTTP
+ * metrics endpoint scraped and parsed, and compared with `stats` and `tally stats`.
+ *
+ * tallyd is started here rather than through th_daemon_start because these tests need to set
+ * its environment and file descriptors; the harness's stop, log and socket helpers are reused.
+ */
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+#define MAX_ENV 8
+#define MAX_FDS 4
+
+typedef struct {
+    const char *env[MAX_ENV]; /* "NAME=value" */
+    int fds[MAX_FDS];         /* passed as LISTEN_FDS (3, 4, ...) */
+    int nfds;
+    bool watchdog; /* WATCHDOG_USEC=2000000 and WATCHDOG_PID=<tallyd's pid> */
+    bool no_bind;  /* do not add --bind (socket activation) */
+    bool no_wait;  /* do not wait for a ping (the start is expected to fail) */
+} spawn_opts_t;
+
+static char scratch[80];  /* a per-run directory for state, configs and sockets */
+static pid_t spawned[64]; /* every tallyd started, so a failed test leaves none running */
+static int spawned_count;
+
+static const char *tallyd_bin(void)
+{
+    const char *bin = getenv("TALLYD_BIN");
+    return bin && *bin ? bin : "./tallyd";
+}
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof addr;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&addr, sizeof addr) == 0 &&
+        getsockname(fd, (struct sockaddr *)&addr, &len) == 0)
+        port = ntohs(addr.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+static bool ping(const char *endpoint, int timeout_ms)
+{
+    void *sock = th_connect(endpoint, timeout_ms);
+    tally_req_t req = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 1);
+    th_reply_t reply;
+    bool ok = th_call(sock, &req, NULL, 0, &reply) == 0 && reply.rep.status == TALLY_OK;
+    if (ok)
+        th_reply_free(&reply);
+    th_close(sock);
+    return ok;
+}
+
+/* In the child: moves the fds to 3.. and sets the variables systemd would. */
+static void child_setup(const spawn_opts_t *o)
+{
+    for (int i = 0; i < MAX_ENV && o->env[i]; i++)
+        putenv((char *)o->env[i]);
+    int high[MAX_FDS];
+    for (int i = 0; i < o->nfds; i++)
+        high[i] = fcntl(o->fds[i], F_DUPFD, 100);
+    for (int i = 0; i < o->nfds; i++) {
+        dup2(high[i], 3 + i);
+        close(high[i]);
+    }
+    char value[32];
+    if (o->nfds) {
+        snprintf(value, sizeof value, "%d", o->nfds);
+        setenv("LISTEN_FDS", value, 1);
+        snprintf(value, sizeof value, "%d", (int)getpid()); /* must be tallyd's own pid */
+        setenv("LISTEN_PID", value, 1);
+    }
+    if (o->watchdog) {
+        setenv("WATCHDOG_USEC", "2000000", 1);
+        snprintf(value, sizeof value, "%d", (int)getpid());
+        setenv("WATCHDOG_PID", value, 1);
+    }
+}
+
+/* Starts tallyd with args (NULL-terminated) and, unless no_bind, --bind on a free port; waits
+ * for it to answer a ping unless no_wait. Returns 0 or -1. */
+static int spawn(th_daemon_t *d, const char *const *args, const spawn_opts_t *o)
+{
+    static const spawn_opts_t none = {.nfds = 0};
+    if (!o)
+        o = &none;
+    static int serial;
+    memset(d, 0, sizeof *d);
+    d->port = free_port();
+    snprintf(d->endpoint, sizeof d->endpoint, "tcp://127.0.0.1:%d", d->port);
+    snprintf(d->log_path, sizeof d->log_path, "%s/tallyd-%d.log", scratch, ++serial);
+    const char *argv[48];
+    int argc = 0;
+    argv[argc++] = tallyd_bin();
+    if (!o->no_bind) {
+        argv[argc++] = "--bind";
+        argv[argc++] = d->endpoint;
+    }
+    argv[argc++] = "--backend";
+    argv[argc++] = "cpu";
+    for (int i = 0; args && args[i] && argc < 46; i++)
+        argv[argc++] = args[i];
+    argv[argc] = NULL;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        FILE *log = freopen(d->log_path, "w", stderr);
+        (void)log;
+        dup2(STDERR_FILENO, STDOUT_FILENO); /* never hold CTest's output pipe open */
+        child_setup(o);
+        execv(argv[0], (char *const *)argv);
+        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    d->pid = pid;
+    if (spawned_count < (int)(sizeof spawned / sizeof spawned[0]))
+        spawned[spawned_count++] = pid;
+    if (o->no_wait)
+        return 0;
+    for (int i = 0; i < 100; i++) {
+        if (!o->no_bind && ping(d->endpoint, 100))
+            return 0;
+        if (o->no_bind && th_daemon_log_contains(d, "ready"))
+            return 0;
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            d->pid = 0;
+            fprintf(stderr, "tallyd exited early (log %s)\n", d->log_path);
+            return -1;
+        }
+        usleep(20000);
+    }
+    fprintf(stderr, "tallyd did not start (log %s)\n", d->log_path);
+    th_daemon_stop(d, SIGKILL, 1000);
+    return -1;
+}
+
+/* Waits up to timeout_ms for the log to contain text. */
+static bool log_waits_for(const th_daemon_t *d, const char *text, int timeout_ms)
+{
+    for (int waited = 0; waited <= timeout_ms; waited += 20) {
+        if (th_daemon_log_contains(d, text))
+            return true;
+        usleep(20000);
+    }
+    fprintf(stderr, "log %s lacks '%s'\n", d->log_path, text);
+    return false;
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* ---- protocol helpers ------------------------------------------------------------------- */
+
+static void *connect_to(const th_daemon_t *d)
+{
+    return th_connect(d->endpoint, 5000);
+}
+
+static void send_hist_u8(void *sock, const char *stream, const uint8_t *data, size_t n)
+{
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 11);
+    assert_int_equal(tally_req_set_stream(&req, stream), TALLY_OK);
+    th_reply_t reply;
+    assert_int_equal(th_call(sock, &req, data, n, &reply), 0);
+    assert_int_equal(reply.rep.status, TALLY_OK);
+    th_reply_free(&reply);
+}
+
+/* Scans values on a stream; returns the int64 prefix sums (malloc'ed). */
+static int64_t *send_scan(void *sock, const char *stream, const int32_t *values, size_t n)
+{
+    tally_req_t req = th_req(TALLY_OP_SCAN, TALLY_DTYPE_I32, 12);
+    assert_int_equal(tally_req_set_stream(&req, stream), TALLY_OK);
+    th_reply_t reply;
+    assert_int_equal(th_call(sock, &req, values, n * sizeof *values, &reply), 0);
+    assert_int_equal(reply.rep.status, TALLY_OK);
+    assert_int_equal(reply.len, n * sizeof(int64_t));
+    int64_t *out = malloc(reply.len + 1);
+    memcpy(out, reply.payload, reply.len);
+    th_reply_free(&reply);
+    return out;
+}
+
+/* The query payload of a stream (TALLY_QUERY_PAYLOAD_SIZE bytes), or status when not OK. */
+static uint32_t query(void *sock, const char *stream, uint8_t out[TALLY_QUERY_PAYLOAD_SIZE])
+{
+    tally_req_t req = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, 13);
+    assert_int_equal(tally_req_set_stream(&req, stream), TALLY_OK);
+    th_reply_t reply;
+    assert_int_equal(th_call(sock, &req, NULL, 0, &reply), 0);
+    uint32_t status = reply.rep.status;
+    if (status == TALLY_OK) {
+        assert_int_equal(reply.len, TALLY_QUERY_PAYLOAD_SIZE);
+        memcpy(out, reply.payload, TALLY_QUERY_PAYLOAD_SIZE);
+    }
+    th_reply_free(&reply);
+    return status;
+}
+
+/* The `info` or `stats` text (malloc'ed). */
+static char *text_op(void *sock, uint8_t opcode)
+{
+    tally_req_t req = th_req(opcode, TALLY_DTYPE_NONE, 14);
+    th_reply_t reply;
+    assert_int_equal(th_call(sock, &req, NULL, 0, &reply), 0);
+    assert_int_equal(reply.rep.status, TALLY_OK);
+    char *text = (char *)reply.payload; /* NUL-terminated by the harness */
+    reply.payload = NULL;
+    th_reply_free(&reply);
+    return text;
+}
+
+/* ---- notifications ---------------------------------------------------------------------- */
+
+static int notify_socket(const char *path)
+{
+    int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path);
+    unlink(path);
+    assert_int_equal(bind(fd, (struct sockaddr *)&addr, sizeof addr), 0);
+    return fd;
+}
+
+/* Reads datagrams until one contains `want` (appending all to log); false on timeout. */
+static bool notify_wait(int fd, const char *want, int timeout_ms, char *last, size_t cap)
+{
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (;;) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        long left = timeout_ms -
+                    ((now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000);
+        if (left <= 0)
+            return false;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, (int)left) <= 0)
+            continue;
+        ssize_t n = recv(fd, last, cap - 1, 0);
+        if (n < 0)
+            continue;
+        last[n] = '\0';
+        if (strstr(last, want))
+            return true;
+    }
+}
+
+static void test_notify_ready_status_watchdog_stopping(void **state)
+{
+    (void)state;
+    char path[300], env[320], msg[1024];
+    snprintf(path, sizeof path, "%s/notify.sock", scratch);
+    snprintf(env, sizeof env, "NOTIFY_SOCKET=%s", path);
+    int fd = notify_socket(path);
+    spawn_opts_t o = {.env = {env}, .watchdog = true};
+    th_daemon_t d;
+    assert_int_equal(spawn(&d, NULL, &o), 0);
+
+    assert_true(notify_wait(fd, "READY=1", 5000, msg, sizeof msg));
+    assert_non_null(strstr(msg, "STATUS=serving on cpu"));
+    /* WatchdogSec=2 s: tallyd pings every second from its loop. (Not faster: the kernel
+     * queues only net.unix.max_dgram_qlen datagrams, often 10, and a sender to a full queue
+     * blocks; systemd drains it at once, this test only between its checks.) */
+    assert_true(notify_wait(fd, "WATCHDOG=1", 3000, msg, sizeof msg));
+    assert_true(notify_wait(fd, "WATCHDOG=1", 3000, msg, sizeof msg));
+    assert_true(th_daemon_log_contains(&d, "systemd watchdog: pinging every 1000 ms"));
+
+    kill(d.pid, SIGTERM);
+    assert_true(notify_wait(fd, "STOPPING=1", 5000, msg, sizeof msg));
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    close(fd);
+    unlink(path);
+}
+
+static void test_status_line_refreshes(void **state)
+{
+    (void)state;
+    char path[300], env[320], msg[1024];
+    snprintf(path, sizeof path, "%s/notify2.sock", scratch);
+    snprintf(env, sizeof env, "NOTIFY_SOCKET=%s", path);
+    int fd = notify_socket(path);
+    spawn_opts_t o = {.env = {env}};
+    th_daemon_t d;
+    assert_int_equal(spawn(&d, NULL, &o), 0);
+    assert_true(notify_wait(fd, "READY=1", 5000, msg, sizeof msg));
+    /* The periodic STATUS= line (every 5 s) counts the pings answered since. */
+    assert_true(notify_wait(fd, "requests answered", 8000, msg, sizeof msg));
+    assert_null(strstr(msg, "READY=1"));
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    close(fd);
+    unlink(path);
+}
+
+/* ---- socket activation ------------------------------------------------------------------ */
+
+static void test_socket_activation_tcp_and_ipc(void **state)
+{
+    (void)state;
+    int tcp = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in in = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof in;
+    assert_int_equal(bind(tcp, (struct sockaddr *)&in, sizeof in), 0);
+    assert_int_equal(listen(tcp, 16), 0);
+    assert_int_equal(getsockname(tcp, (struct sockaddr *)&in, &len), 0);
+
+    int unx = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un un = {.sun_family = AF_UNIX};
+    snprintf(un.sun_path, sizeof un.sun_path, "%s/tallyd.sock", scratch);
+    unlink(un.sun_path);
+    assert_int_equal(bind(unx, (struct sockaddr *)&un, sizeof un), 0);
+    assert_int_equal(listen(unx, 16), 0);
+
+    spawn_opts_t o = {.fds = {tcp, unx}, .nfds = 2, .no_bind = true};
+    th_daemon_t d;
+    assert_int_equal(spawn(&d, NULL, &o), 0);
+    close(tcp); /* tallyd holds them now */
+    close(unx);
+
+    char tcp_ep[64], ipc_ep[300];
+    snprintf(tcp_ep, sizeof tcp_ep, "tcp://127.0.0.1:%d", ntohs(in.sin_port));
+    snprintf(ipc_ep, sizeof ipc_ep, "ipc://%s", un.sun_path);
+    assert_true(ping(tcp_ep, 5000));
+    assert_true(ping(ipc_ep, 5000));
+    char line[400];
+    snprintf(line, sizeof line, "listening on %s (socket fd 3 from systemd)", tcp_ep);
+    assert_true(th_daemon_log_contains(&d, line));
+    snprintf(line, sizeof line, "listening on %s (socket fd 4 from systemd)", ipc_ep);
+    assert_true(th_daemon_log_contains(&d, line));
+    /* With sockets passed and no --bind, the default endpoint is not bound. */
+    assert_false(th_daemon_log_contains(&d, "listening on "
+                                            "tcp://127.0.0.1:5555\n"));
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    /* The socket file belongs to whoever created it (systemd): tallyd leaves it. */
+    struct stat sb;
+    assert_int_equal(stat(un.sun_path, &sb), 0);
+    unlink(un.sun_path);
+}
+
+static void test_socket_activation_rejects_datagram_socket(void **state)
+{
+    (void)state;
+    int udp = socket(AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in in = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(udp, (struct sockaddr *)&in, sizeof in), 0);
+    spawn_opts_t o = {.fds = {udp}, .nfds = 1, .no_bind = true, .no_wait = true};
+    th_daemon_t d;
+    assert_int_equal(spawn(&d, NULL, &o), 0);
+    close(udp);
+    int status = 0;
+    assert_int_equal(waitpid(d.pid, &status, 0), d.pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) != 0);
+    assert_true(th_daemon_log_contains(&d, "is not a listening stream socket"));
+}
+
+/* ---- persistent state ------------------------------------------------------------------- */
+
+static void make_dir(char *out, size_t cap, const char *name)
+{
+    snprintf(out, cap, "%s/%s", scratch, name);
+    mkdir(out, 0700);
+}
+
+/* Fills streams cam0 (u8 histogram) and s1 (a scan over 1..n) on a daemon. */
+static void fill_streams(const th_daemon_t *d, int32_t *scan_values, size_t n)
+{
+    void *sock = connect_to(d);
+    uint8_t bytes[1000];
+    for (size_t i = 0; i < sizeof bytes; i++)
+        bytes[i] = (uint8_t)(th_rand() % 7 * 37);
+    send_hist_u8(sock, "cam0", bytes, sizeof bytes);
+    send_hist_u8(sock, "cam0", bytes, 333);
+    free(send_scan(sock, "s1", scan_values, n));
+    th_close(sock);
+}
+
+static void test_state_survives_clean_restart(void **state)
+{
+    (void)state;
+    char dir[300];
+    make_dir(dir, sizeof dir, "state-clean");
+    const char *args[] = {"--state-dir", dir, NULL};
+    th_daemon_t d;
+    assert_int_equal(spawn(&d, args, NULL), 0);
+    int32_t values[10];
+    for (int i = 0; i < 10; i++)
+        values[i] = (i + 1) * 1000003;
+    fill_streams(&d, values, 5);
+    uint8_t before_cam[TALLY_QUERY_PAYLOAD_SIZE], before_s1[TALLY_QUERY_PAYLOAD_SIZE];
+    void *sock = connect_to(&d);
+    assert_int_equal(query(sock, "cam0", before_cam), TALLY_OK);
+    assert_int_equal(query(sock, "s1", before_s1), TALLY_OK);
+    th_close(sock);
+    /* The interval is 30 s: only the shutdown snapshot can have written the file. */
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+
+    assert_int_equal(spawn(&d, args, NULL), 0);
+    assert_true(th_daemon_log_contains(&d, "state: restored 2 streams"));
+    sock = connect_to(&d);
+    uint8_t after[TALLY_QUERY_PAYLOAD_SIZE];
+    assert_int_equal(query(sock, "cam0", after), TALLY_OK);
+    assert_memory_equal(after, before_cam, TALLY_QUERY_PAYLOAD_SIZE);
+    assert_int_equal(query(sock, "s1", after), TALLY_OK);
+    assert_memory_equal(after, before_s1, TALLY_QUERY_PAYLOAD_SIZE);
+    tally_stream_info_t info;
+    assert_int_equal(tally_stream_info_decode(after, sizeof after, &info), TALLY_OK);
+    assert_int_equal(info.scan_elements, 5);
+
+    /* The scan carry continues: the second half gets the prefix sums of the whole array. */
+    int64_t *sums = send_scan(sock, "s1", values + 5, 5);
+    int64_t expect = 0;
+    for (int i = 0; i < 10; i++) {
+        expect += values[i];
+        if (i >= 5)
+            assert_int_equal(sums[i - 5], expect);
+    }
+    free(sums);
+    /* `streams` lists both, in their original order. */
+    tally_req_t req = th_req(TALLY_OP_STREAMS, TALLY_DTYPE_NONE, 15);
+    th_reply_t reply;
+    assert_int_equal(th_call(sock, &req, NULL, 0, &reply), 0);
+    assert_int_equal(reply.rep.count, 2);
+    assert_memory_equal(reply.payload, "\4cam0\2s1", 8);
+    th_reply_free(&reply);
+    th_close(sock);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
+static void test_state_kill9_loses_at_most_one_interval(void **state)
+{
+    (void)state;
+    char dir[300];
+    make_dir(dir, sizeof dir, "state-kill");
+    const char *args[] = {"--state-dir", dir, "--state-interval", "1", "--log-level",
+                          "debug",       NULL};
+    th_daemon_t d;
+    assert_int_equal(spawn(&d, args, NULL), 0);
+    int32_t values[3] = {1, 2, 3};
+    fill_streams(&d, values, 3);
+    uint8_t before[TALLY_QUERY_PAYLOAD_SIZE];
+    void *sock = connect_to(&d);
+    assert_int_equal(query(sock, "cam0", before), TALLY_OK);
+    th_close(sock);
+    assert_true(log_waits_for(&d, "state: wrote 2 streams", 5000));
+    assert_int_equal(th_daemon_stop(&d, SIGKILL, 5000), 128 + SIGKILL);
+
+    assert_int_equal(spawn(&d, args, NULL), 0);
+    sock = connect_to(&d);
+    uint8_t after[TALLY_QUERY_PAYLOAD_SIZE];
+    assert_int_equal(query(sock, "cam0", after), TALLY_OK);
+    assert_memory_equal(after, before, TALLY_QUERY_PAYLOAD_SIZE);
+    th_close(sock);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
+/* True when dir holds a streams.state.corrupt-* file. */
+static bool has_corrupt_file(const char *dir)
+{
+    DIR *dp = opendir(dir);
+    bool found = false;
+    struct dirent *e;
+    while (dp && (e = readdir(dp)))
+        found |= strncmp(e->d_name, "streams.state.corrupt-", 22) == 0;
+    if (dp)
+        closedir(dp);
+    return found;
+}
+
+typedef enum { CORRUPT_TRUNCATE, CORRUPT_FLIP, CORRUPT_VERSION, CORRUPT_GARBAGE } corruption_t;
+
+static void corrupt_and_restart(const char *name, corruption_t how, const char *reason)
+{
+    char dir[300], path[400];
+    make_dir(dir, sizeof dir, name);
+    snprintf(path, sizeof path, "%s/streams.state", dir);
+    const char *args[] = {"--state-dir", dir, NULL};
+    th_daemon_t d;
+    assert_int_equal(spawn(&d, args, NULL), 0);
+    int32_t values[3] = {1, 2, 3};
+    fill_streams(&d, values, 3);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    size_t size = (size_t)sb.st_size;
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    uint8_t byte;
+    switch (how) {
+    case CORRUPT_TRUNCATE:
+        assert_int_equal(ftruncate(fd, (off_t)(size / 2)), 0);
+        break;
+    case CORRUPT_FLIP: /* one bit in the middle of cam0's histogram */
+        assert_int_equal(pread(fd, &byte, 1, (off_t)(size / 3)), 1);
+        byte ^= 0x10;
+        assert_int_equal(pwrite(fd, &byte, 1, (off_t)(size / 3)), 1);
+        break;
+    case CORRUPT_VERSION:
+        byte = 99;
+        assert_int_equal(pwrite(fd, &byte, 1, 8), 1);
+        break;
+    case CORRUPT_GARBAGE:
+        assert_int_equal(ftruncate(fd, 0), 0);
+        static const char text[] = "hello, this is not a tallyd state file, just some text\n";
+        assert_int_equal(pwrite(fd, text, sizeof text - 1, 0), (ssize_t)sizeof text - 1);
+        break;
+    }
+    close(fd);
+
+    assert_int_equal(spawn(&d, args, NULL), 0);
+    assert_true(th_daemon_log_contains(&d, "<4>state: "));
+    assert_true(th_daemon_log_contains(&d, "set aside as"));
+    assert_true(th_daemon_log_contains(&d, reason));
+    assert_true(has_corrupt_file(dir));
+    assert_int_equal(stat(path, &sb), -1); /* moved away, not left to be read again */
+    void *sock = connect_to(&d);
+    uint8_t info[TALLY_QUERY_PAYLOAD_SIZE];
+    assert_int_equal(query(sock, "cam0", info), TALLY_E_UNKNOWN_STREAM); /* started empty */
+    fill_streams(&d, values, 3);                                         /* and serves */
+    assert_int_equal(query(sock, "cam0", info), TALLY_OK);
+    th_close(sock);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_int_equal(stat(path, &sb), 0); /* a fresh, good file */
+}
+
+static void test_state_truncated_file_set_aside(void **state)
+{
+    (void)state;
+    corrupt_and_restart("state-trunc", CORRUPT_TRUNCATE, "truncated");
+}
+
+static void test_state_bit_flip_set_aside(void **state)
+{
+    (void)state;
+    corrupt_and_restart("state-flip", CORRUPT_FLIP, "checksum mismatch");
+}
+
+static void test_state_wrong_version_set_aside(void **state)
+{
+    (void)state;
+    corrupt_and_restart("state-version", CORRUPT_VERSION, "format version 99");
+}
+
+static void test_state_garbage_set_aside(void **state)
+{
+    (void)state;
+    corrupt_and_restart("state-garbage", CORRUPT_GARBAGE, "bad magic");
+}
+
+/* ---- configuration file and reload ------------------------------------------------------ */
+
+static void test_config_file_errors_exit_2(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text;
+        const char *message;
+    } cases[] = {
+        {"[server]\nmax_inflight = 8\nbogus = 1\n", ".conf:3: unknown key 'bogus' in [server]"},
+        {"[server]\n\nmax_inflight = lots\n", ".conf:3: invalid value 'lots' for max_inflight"},
+        {"[nope]\nx = 1\n", ".conf:2: unknown section [nope]"},
+        {"log_level = debug\n", ".conf:1: key 'log_level' outside any [section]"},
+        {"[server]\nthis line has no equals sign\n", ".conf:2: syntax error"},
+        {"[state]\ninterval = 0\n", ".conf:2: invalid value '0' for interval in [state]"},
+    };
+    char conf[300];
+    snprintf(conf, sizeof conf, "%s/bad.conf", scratch);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_file(conf, cases[i].text);
+        const char *args[] = {"--config", conf, NULL};
+        spawn_opts_t o = {.no_wait = true};
+        th_daemon_t d;
+        assert_int_equal(spawn(&d, args, &o), 0);
+        int status = 0;
+        assert_int_equal(waitpid(d.pid, &status, 0), d.pid);
+        assert_true(WIFEXITED(status));
+        assert_int_equal(WEXITSTATUS(status), 2);
+        if (!th_daemon_log_contains(&d, cases[i].message))
+            fail_msg("case %zu: no '%s' in %s", i, cases[i].message, d.log_path);
+    }
+    /* An explicitly named file that does not exist is an error too. */
+    const char *args[] = {"--config", "/nonexistent/tallyd.conf", NULL};
+    spawn_opts_t o = {.no_wait = true};
+    th_daemon_t d;
+    assert_int_equal(spawn(&d, args, &o), 0);
+    int status = 0;
+    assert_int_equal(waitpid(d.pid, &status, 0), d.pid);
+    assert_int_equal(WEXITSTATUS(status), 2);
+}
+
+static void test_config_file_and_sighup_reload(void **state)
+{
+    (void)state;
+    char conf[300];
+    snprintf(conf, sizeof conf, "%s/reload.conf", scratch);
+    write_file(conf, "; tallyd test configuration\n"
+                     "[server]\n"
+                     "log_level = info\n"
+                     "max_inflight = 64\n"
+                     "max_streams = 20\n"
+                     "max_batch = 1M\n");
+    /* max_streams on the command line wins over the file, also on reload. */
+    const char *args[] = {"--config", conf, "--max-streams", "10", NULL};
+    th_daemon_t d;
+    assert_int_equal(spawn(&d, args, NULL), 0);
+    void *sock = connect_to(&d);
+    char *info = text_op(sock, TALLY_OP_INFO);
+    assert_non_null(strstr(info, "max_inflight=64\n"));
+    assert_non_null(strstr(info, "max_streams=10\n"));
+    assert_non_null(strstr(info, "max_batch=1048576\n"));
+    free(info);
+    assert_false(th_daemon_log_contains(&d, "<7>")); /* log_level info: no debug lines */
+
+    /* A good change: log level and limits apply at once, each logged. */
+    write_file(conf, "[server]\n"
+                     "log_level = debug\n"
+                     "max_inflight = 8\n"
+                     "max_streams = 30\n"
+                     "max_batch = 2M\n"
+                     "[metrics]\n"
+                     "listen = 127.0.0.1:0\n");
+    kill(d.pid, SIGHUP);
+    assert_true(log_waits_for(&d, "reload: log_level: info -> debug", 5000));
+    assert_true(th_daemon_log_contains(&d, "reload: max_inflight: 64 -> 8"));
+    assert_true(th_daemon_log_contains(&d, "reload: max_batch: 1048576 -> 2097152"));
+    assert_true(th_daemon_log_contains(&d, "reload: metrics listen changed; ignored until tallyd "
+                                           "restarts"));
+    assert_false(th_daemon_log_contains(&d, "max_streams: 10"));
+    info = text_op(sock, TALLY_OP_INFO);
+    assert_non_null(strstr(info, "max_inflight=8\n"));
+    assert_non_null(strstr(info, "max_streams=10\n"));
+    assert_non_null(strstr(info, "max_batch=2097152\n"));
+    free(info);
+    /* Debug lines now appear: a rejected request is logged at debug. */
+    const void *frames[1] = {"x"};
+    size_t lens[1] = {1};
+    assert_int_equal(th_send_frames(sock, 1, frames, lens), 0);
+    th_reply_t reply;
+    assert_int_equal(th_recv_reply(sock, &reply), 0);
+    assert_int_equal(reply.rep.status, TALLY_E_FRAMES);
+    th_reply_free(&reply);
+    assert_true(log_waits_for(&d, "<7>", 2000));
+
+    /* A bad file is logged and the running configuration kept. */
+    write_file(conf, "[server]\nmax_inflight = -3\n");
+    kill(d.pid, SIGHUP);
+    assert_true(log_waits_for(&d, "reload failed: ", 5000));
+    assert_true(th_daemon_log_contains(&d, "reload.conf:2: invalid value '-3' for max_inflight"));
+    info = text_op(sock, TALLY_OP_INFO);
+    assert_non_null(strstr(info, "max_inflight=8\n"));
+    free(info);
+    th_close(sock);
+    assert_true(ping(d.endpoint, 5000));
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
+/* ---- metrics over HTTP ------------------------------------------------------------------ */
+
+/* GET path from 127.0.0.1:port; returns the malloc'ed response (headers and body). */
+static char *http_get(int port, const char *method, const char *path)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in in = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(connect(fd, (struct sockaddr *)&in, sizeof in), 0);
+    char req[256];
+    int n = snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", method, path);
+    assert_int_equal(write(fd, req, (size_t)n), n);
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (len + 1 >= cap)
+            buf = realloc(buf, cap *= 2);
+        ssize_t got = read(fd, buf + len, cap - len - 1);
+        if (got <= 0)
+            break;
+        len += (size_t)got;
+    }
+    buf[len] = '\0';
+    close(fd);
+    return buf;
+}
+
+/* Checks every sample line is `name{labels} value` with a numeric value; returns the count. */
+static int check_exposition(const char *body)
+{
+    int samples = 0;
+    const char *line = body;
+    while (*line) {
+        const char *end = strchr(line, '\n');
+        assert_non_null(end); /* every line ends in a newline */
+        size_t len = (size_t)(end - line);
+        char text[1024];
+        assert_true(len < sizeof text);
+        memcpy(text, line, len);
+        text[len] = '\0';
+        line = end + 1;
+        if (text[0] == '#') {
+            assert_true(strncmp(text, "# HELP ", 7) == 0 || strncmp(text, "# TYPE ", 7) == 0);
+            continue;
+        }
+        const char *p = text;
+        assert_true(isalpha((unsigned char)*p) || *p == '_');
+        while (isalnum((unsigned char)*p) || *p == '_' || *p == ':')
+            p++;
+        if (*p == '{') {
+            const char *close = strrchr(p, '}');
+            assert_non_null(close);
+            p = close + 1;
+        }
+        assert_int_equal(*p, ' ');
+        char *num_end = NULL;
+        strtod(p + 1, &num_end);
+        if (num_end == p + 1 || *num_end != '\0')
+            fail_msg("not a number in '%s'", text);
+        samples++;
+    }
+    return samples;
+}
+
+static int metrics_port(const th_daemon_t *d)
+{
+    FILE *f = fopen(d->log_path, "r");
+    assert_non_null(f);
+    char line[512];
+    int port = -1;
+    while (fgets(line, sizeof line, f)) {
+        const char *at = strstr(line, "metrics: serving http://127.0.0.1:");
+        if (at)
+            port = atoi(at + strlen("metrics: serving http://127.0.0.1:"));
+    }
+    fclose(f);
+    return port;
+}
+
+/* The lines of text starting with prefix, concatenated (malloc'ed). */
+static char *lines_with(const char *text, const char *prefix)
+{
+    char *out = calloc(1, strlen(text) + 1);
+    for (const char *line = text; line && *line;) {
+        const char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line + 1) : strlen(line);
+        if (strncmp(line, prefix, strlen(prefix)) == 0)
+            strncat(out, line, len);
+        line = end ? end + 1 : NULL;
+    }
+    return out;
+}
+
+static void test_metrics_http_endpoint(void **state)
+{
+    (void)state;
+    const char *args[] = {"--metrics", "127.0.0.1:0", NULL};
+    th_daemon_t d;
+    assert_int_equal(spawn(&d, args, NULL), 0);
+    int port = metrics_port(&d);
+    assert_true(port > 0);
+    int32_t values[4] = {4, 3, 2, 1};
+    fill_streams(&d, values, 4);
+
+    char *resp = http_get(port, "GET", "/metrics");
+    assert_true(strncmp(resp, "HTTP/1.0 200", 12) == 0 || strncmp(resp, "HTTP/1.1 200", 12) == 0);
+    assert_non_null(strstr(resp, "text/plain; version=0.0.4"));
+    char *body = strstr(resp, "\r\n\r\n");
+    assert_non_null(body);
+    body += 4;
+    assert_true(check_exposition(body) > 20);
+    assert_non_null(strstr(body, "tallyd_requests_total{op=\"hist\",status=\"ok\"} 2\n"));
+    assert_non_null(strstr(body, "tallyd_requests_total{op=\"scan\",status=\"ok\"} 1\n"));
+    assert_non_null(strstr(body, "tallyd_streams 2\n"));
+    assert_non_null(strstr(body, "tallyd_backend_info{backend=\"cpu\""));
+    assert_non_null(strstr(body, "tallyd_device_memory_bytes "));
+
+    /* The `stats` opcode renders the same counters. */
+    void *sock = connect_to(&d);
+    char *stats = text_op(sock, TALLY_OP_STATS);
+    th_close(sock);
+    check_exposition(stats);
+    const char *same[] = {"tallyd_requests_total{op=\"hist\"", "tallyd_requests_total{op=\"scan\"",
+                          "tallyd_received_bytes_total", "tallyd_streams ",
+                          "tallyd_request_duration_seconds_bucket{op=\"hist\""};
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+        char *a = lines_with(body, same[i]), *b = lines_with(stats, same[i]);
+        assert_true(a[0] != '\0');
+        assert_string_equal(a, b);
+        free(a);
+        free(b);
+    }
+    free(stats);
+
+    /* And so does `tally stats`. */
+    const char *tally = getenv("TALLY_BIN");
+    if (tally && *tally && access(tally, X_OK) == 0) {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "%s -e %s stats", tally, d.endpoint);
+        FILE *p = popen(cmd, "r");
+        assert_non_null(p);
+        char *out = calloc(1, 1 << 20);
+        size_t got = fread(out, 1, (1 << 20) - 1, p);
+        out[got] = '\0';
+        assert_int_equal(pclose(p), 0);
+        for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+            char *a = lines_with(body, same[i]), *b = lines_with(out, same[i]);
+            assert_string_equal(a, b);
+            free(a);
+            free(b);
+        }
+        free(out);
+    }
+    free(resp);
+
+    resp = http_get(port, "GET", "/other");
+    assert_non_null(strstr(resp, " 404 "));
+    free(resp);
+    resp = http_get(port, "POST", "/metrics");
+    assert_non_null(strstr(resp, " 405 "));
+    free(resp);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
+static void test_metrics_bad_address_fails_start(void **state)
+{
+    (void)state;
+    const char *args[] = {"--metrics", "localhost-ish", NULL};
+    spawn_opts_t o = {.no_wait = true};
+    th_daemon_t d;
+    assert_int_equal(spawn(&d, args, &o), 0);
+    int status = 0;
+    assert_int_equal(waitpid(d.pid, &status, 0), d.pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) != 0);
+    assert_true(th_daemon_log_contains(&d, "is not IP:PORT"));
+}
+
+/* After each test: kills any tallyd a failed assertion left running (our children only:
+ * waitpid tells a live child from one already reaped). */
+static int kill_leftovers(void **state)
+{
+    (void)state;
+    for (int i = 0; i < spawned_count; i++) {
+        if (waitpid(spawned[i], NULL, WNOHANG) == 0) {
+            kill(spawned[i], SIGKILL);
+            waitpid(spawned[i], NULL, 0);
+        }
+    }
+    spawned_count = 0;
+    return 0;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    th_seed();
+    snprintf(scratch, sizeof scratch, "%s/tallyd-service-XXXXXX",
+             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (!mkdtemp(scratch))
+        return -1;
+    fprintf(stderr, "scratch directory %s\n", scratch);
+    signal(SIGPIPE, SIG_IGN);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_notify_ready_status_watchdog_stopping, kill_leftovers),
+        cmocka_unit_test_teardown(test_status_line_refreshes, kill_leftovers),
+        cmocka_unit_test_teardown(test_socket_activation_tcp_and_ipc, kill_leftovers),
+        cmocka_unit_test_teardown(test_socket_activation_rejects_datagram_socket, kill_leftovers),
+        cmocka_unit_test_teardown(test_state_survives_clean_restart, kill_leftovers),
+        cmocka_unit_test_teardown(test_state_kill9_loses_at_most_one_interval, kill_leftovers),
+        cmocka_unit_test_teardown(test_state_truncated_file_set_aside, kill_leftovers),
+        cmocka_unit_test_teardown(test_state_bit_flip_set_aside, kill_leftovers),
+        cmocka_unit_test_teardown(test_state_wrong_version_set_aside, kill_leftovers),
+        cmocka_unit_test_teardown(test_state_garbage_set_aside, kill_leftovers),
+        cmocka_unit_test_teardown(test_config_file_errors_exit_2, kill_leftovers),
+        cmocka_unit_test_teardown(test_config_file_and_sighup_reload, kill_leftovers),
+        cmocka_unit_test_teardown(test_metrics_http_endpoint, kill_leftovers),
+        cmocka_unit_test_teardown(test_metrics_bad_address_fails_start, kill_leftovers),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}

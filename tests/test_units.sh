@@ -1,0 +1,38 @@
+#!/bin/sh
+# systemd-analyze verify on tallyd.service and tallyd.socket (the build-tree copies, whose
+# ExecStart names the tallyd built here: verify checks that it exists and is executable).
+# Any diagnostic about our units fails the test, not only an exit status: verify reports
+# unknown keys and bad values as warnings. Skipped (77) where systemd-analyze is absent.
+# usage: test_units.sh UNIT_DIR
+set -u
+unit_dir=$1
+if ! command -v systemd-analyze >/dev/null 2>&1; then
+  echo "systemd-analyze not found: skipping"
+  exit 77
+fi
+out=$(SYSTEMD_LOG_LEVEL=notice systemd-analyze verify "$unit_dir/tallyd.service" \
+  "$unit_dir/tallyd.socket" 2>&1)
+rc=$?
+echo "$out"
+if [ $rc -ne 0 ]; then
+  echo "FAIL: systemd-analyze verify exited $rc"
+  exit 1
+fi
+if printf '%s\n' "$out" | grep -q 'tallyd'; then
+  echo "FAIL: systemd-analyze verify complained about the tallyd units"
+  exit 1
+fi
+# What the issue asks of the service unit, spelled out.
+for key in 'Type=notify' 'Restart=on-failure' 'DynamicUser=yes' 'StateDirectory=tallyd' \
+  'RuntimeDirectory=tallyd' 'ProtectSystem=strict' 'NoNewPrivileges=yes' \
+  'DevicePolicy=closed' 'DeviceAllow=char-nvidia-frontend rw' 'WatchdogSec=' \
+  'ExecReload=/bin/kill -HUP $MAINPID'; do
+  grep -qF "$key" "$unit_dir/tallyd.service" || { echo "FAIL: tallyd.service lacks $key"; exit 1; }
+done
+if grep -q '^PrivateDevices=yes' "$unit_dir/tallyd.service"; then
+  echo "FAIL: PrivateDevices=yes would hide the GPU"
+  exit 1
+fi
+grep -q '^ListenStream=127.0.0.1:5555' "$unit_dir/tallyd.socket" || exit 1
+grep -q '^ListenStream=/run/tallyd/tallyd.sock' "$unit_dir/tallyd.socket" || exit 1
+echo "units verified"
