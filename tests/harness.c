@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -77,8 +78,13 @@ int th_daemon_start(th_daemon_t *d, const char *const *extra_args)
         if (pid < 0)
             return -1;
         if (pid == 0) {
+            /* If the test dies, its daemon must not outlive it: an orphan holding the test's
+             * output pipe would turn a failure into a CTest timeout. */
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
             FILE *log = freopen(d->log_path, "w", stderr);
+            FILE *out = freopen("/dev/null", "w", stdout);
             (void)log;
+            (void)out;
             execv(argv[0], (char *const *)argv);
             fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
             _exit(127);
