@@ -189,7 +189,7 @@ static void check_chunked_scan(uint8_t flags, const char *stream)
     assert_int_equal(whole.len, n * out_size);
 
     /* Chunks of odd sizes, all sent before any reply is read. */
-    size_t bounds[16], chunks = 0, at = 0;
+    size_t bounds[17], chunks = 0, at = 0; /* up to 16 chunks, then the end */
     uint64_t first_id = next_id;
     while (at < n) {
         size_t len = 1 + th_rand() % 3001;
