@@ -294,19 +294,25 @@ bad_reply:
 static tally_status_t recv_until(tally_client_t *self, tally_reply_t *reply, int64_t deadline)
 {
     tally_reply_clear(reply);
-    tally_status_t status = wait_socket(self, ZMQ_POLLIN, deadline);
-    if (status == TALLY_E_TIMEOUT) {
-        set_msg(reply->error, "no reply within %d ms (is tallyd running?)", self->timeout_ms);
-        return fail(self, status, reply->error);
-    }
-    if (status != TALLY_OK)
-        goto transport;
-
     zmq_msg_t header;
     zmq_msg_init(&header);
-    if (zmq_msg_recv(&header, self->sock, ZMQ_DONTWAIT) < 0) {
-        zmq_msg_close(&header);
-        goto transport;
+    for (;;) {
+        tally_status_t status = wait_socket(self, ZMQ_POLLIN, deadline);
+        if (status == TALLY_E_TIMEOUT) {
+            zmq_msg_close(&header);
+            set_msg(reply->error, "no reply within %d ms (is tallyd running?)", self->timeout_ms);
+            return fail(self, status, reply->error);
+        }
+        if (status != TALLY_OK) {
+            zmq_msg_close(&header);
+            goto transport;
+        }
+        if (zmq_msg_recv(&header, self->sock, ZMQ_DONTWAIT) >= 0)
+            break;
+        if (zmq_errno() != EAGAIN && zmq_errno() != EINTR) { /* else: a spurious wake-up */
+            zmq_msg_close(&header);
+            goto transport;
+        }
     }
     if (!zmq_msg_more(&header)) {
         zmq_msg_close(&header);
@@ -334,7 +340,7 @@ static tally_status_t recv_until(tally_client_t *self, tally_reply_t *reply, int
         set_msg(reply->error, "reply has %d frames, expected 2", 2 + extra);
         return fail(self, TALLY_E_REPLY, reply->error);
     }
-    status = decode_reply(self, &header, payload, reply);
+    tally_status_t status = decode_reply(self, &header, payload, reply);
     zmq_msg_close(&header);
     return status;
 
