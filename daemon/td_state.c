@@ -204,7 +204,8 @@ tally_status_t td_state_write(const char *dir, const uint8_t *buf, size_t len, c
     char path[4096], tmp[4096];
     snprintf(path, sizeof path, "%s/%s", dir, TD_STATE_FILE);
     snprintf(tmp, sizeof tmp, "%s/%s.tmp", dir, TD_STATE_FILE);
-    const char *step = "open";
+    const char *step = "create";
+    const char *target = tmp;
     int dfd = -1;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0)
@@ -224,7 +225,8 @@ tally_status_t td_state_write(const char *dir, const uint8_t *buf, size_t len, c
     if (rename(tmp, path) != 0)
         goto fail_unlink;
     /* The rename is durable only once the directory entry is on disk. */
-    step = "fsync the directory";
+    step = "fsync";
+    target = dir;
     dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0 || fsync(dfd) != 0)
         goto fail;
@@ -232,15 +234,13 @@ tally_status_t td_state_write(const char *dir, const uint8_t *buf, size_t len, c
     return TALLY_OK;
 
 fail_unlink:
-    snprintf(msg, msg_cap, "%s %s: %s", step, tmp, strerror(errno));
+    snprintf(msg, msg_cap, "%s %s: %s", step, target, strerror(errno));
     if (fd >= 0)
         close(fd);
     unlink(tmp);
     return TALLY_E_IO;
 fail:
-    snprintf(msg, msg_cap, "%s %s: %s", step, fd < 0 && dfd < 0 ? tmp : dir, strerror(errno));
-    if (fd >= 0)
-        close(fd);
+    snprintf(msg, msg_cap, "%s %s: %s", step, target, strerror(errno));
     if (dfd >= 0)
         close(dfd);
     return TALLY_E_IO;

@@ -14,6 +14,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <setjmp.h>
@@ -466,6 +467,55 @@ static void test_state_survives_clean_restart(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
 
+/* Stopped with requests in flight: every request that was answered OK is in the restored
+ * state, and nothing else (the final snapshot is taken after the last reply). */
+static void test_state_stop_under_load_keeps_every_answered_request(void **state)
+{
+    (void)state;
+    char dir[300];
+    make_dir(dir, sizeof dir, "state-load");
+    const char *args[] = {"--state-dir", dir, NULL};
+    th_daemon_t d;
+    assert_int_equal(spawn(&d, args, NULL), 0);
+    void *sock = th_connect(d.endpoint, 2000);
+    size_t n = 64 * 1024;
+    uint8_t *bytes = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        bytes[i] = (uint8_t)th_rand();
+    int sent = 200;
+    for (int i = 0; i < sent; i++) {
+        tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, (uint64_t)i);
+        assert_int_equal(tally_req_set_stream(&req, "load"), TALLY_OK);
+        assert_int_equal(th_send_request(sock, &req, bytes, n), 0);
+    }
+    free(bytes);
+    kill(d.pid, SIGTERM);
+    int ok = 0;
+    th_reply_t reply;
+    while (th_recv_reply(sock, &reply) == 0) {
+        ok += reply.rep.status == TALLY_OK;
+        th_reply_free(&reply);
+    }
+    th_close(sock);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    fprintf(stderr, "%d of %d requests answered before the stop\n", ok, sent);
+
+    assert_int_equal(spawn(&d, args, NULL), 0);
+    sock = connect_to(&d);
+    uint8_t raw[TALLY_QUERY_PAYLOAD_SIZE];
+    tally_stream_info_t info;
+    if (ok == 0) {
+        assert_int_equal(query(sock, "load", raw), TALLY_E_UNKNOWN_STREAM);
+    } else {
+        assert_int_equal(query(sock, "load", raw), TALLY_OK);
+        assert_int_equal(tally_stream_info_decode(raw, sizeof raw, &info), TALLY_OK);
+        assert_int_equal(info.batches, (uint64_t)ok);
+        assert_int_equal(info.hist_total, (uint64_t)ok * n);
+    }
+    th_close(sock);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
 static void test_state_kill9_loses_at_most_one_interval(void **state)
 {
     (void)state;
@@ -900,6 +950,14 @@ static int setup(void **state)
     return 0;
 }
 
+static int remove_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw)
+{
+    (void)sb;
+    (void)type;
+    (void)ftw;
+    return remove(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -908,6 +966,8 @@ int main(void)
         cmocka_unit_test_teardown(test_socket_activation_tcp_and_ipc, kill_leftovers),
         cmocka_unit_test_teardown(test_socket_activation_rejects_datagram_socket, kill_leftovers),
         cmocka_unit_test_teardown(test_state_survives_clean_restart, kill_leftovers),
+        cmocka_unit_test_teardown(test_state_stop_under_load_keeps_every_answered_request,
+                                  kill_leftovers),
         cmocka_unit_test_teardown(test_state_kill9_loses_at_most_one_interval, kill_leftovers),
         cmocka_unit_test_teardown(test_state_truncated_file_set_aside, kill_leftovers),
         cmocka_unit_test_teardown(test_state_bit_flip_set_aside, kill_leftovers),
@@ -918,5 +978,10 @@ int main(void)
         cmocka_unit_test_teardown(test_metrics_http_endpoint, kill_leftovers),
         cmocka_unit_test_teardown(test_metrics_bad_address_fails_start, kill_leftovers),
     };
-    return cmocka_run_group_tests(tests, setup, NULL);
+    int failed = cmocka_run_group_tests(tests, setup, NULL);
+    if (failed)
+        fprintf(stderr, "tallyd logs, state and configurations kept in %s\n", scratch);
+    else
+        nftw(scratch, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return failed;
 }
