@@ -19,6 +19,8 @@ void td_config_init(td_config_t *cfg)
     cfg->max_inflight = TD_DEFAULT_MAX_INFLIGHT;
     cfg->max_streams = TD_DEFAULT_MAX_STREAMS;
     cfg->log_level = TD_LOG_INFO;
+    cfg->gpu_streams = TD_DEFAULT_GPU_STREAMS;
+    cfg->gpu_min_batch = TD_DEFAULT_GPU_MIN_BATCH;
     cfg->state_interval = TD_DEFAULT_STATE_INTERVAL;
 }
 
@@ -126,6 +128,8 @@ void td_config_usage(const char *argv0)
            "      --max-inflight N    requests in flight before tallyd stops reading (default %u)\n"
            "      --max-streams N     named streams kept at once (default %u)\n"
            "      --workers N         CPU worker threads (default: number of cores)\n"
+           "      --gpu-streams K     CUDA streams per GPU (default 4)\n"
+           "      --gpu-min-batch B   auto backend: smaller batches run on the CPU (default 256K)\n"
            "      --log-level LEVEL   err, warning, notice, info or debug (default info)\n"
            "  -c, --config FILE       configuration file (default %s if present)\n"
            "      --state-dir DIR     keep stream state in DIR (default $STATE_DIRECTORY; none)\n"
@@ -144,6 +148,10 @@ enum {
     OPT_MAX_INFLIGHT,
     OPT_MAX_STREAMS,
     OPT_WORKERS,
+    OPT_GPU_STREAMS,
+    OPT_GPU_MIN_BATCH,
+    OPT_TEST_FAULT_EVERY,
+    OPT_TEST_SIM_GPUS,
     OPT_LOG_LEVEL,
     OPT_STATE_DIR,
     OPT_STATE_INTERVAL,
@@ -161,6 +169,11 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
         {"max-inflight", required_argument, NULL, OPT_MAX_INFLIGHT},
         {"max-streams", required_argument, NULL, OPT_MAX_STREAMS},
         {"workers", required_argument, NULL, OPT_WORKERS},
+        {"gpu-streams", required_argument, NULL, OPT_GPU_STREAMS},
+        {"gpu-min-batch", required_argument, NULL, OPT_GPU_MIN_BATCH},
+        /* Test only, not in --help: force the GPU error path; simulate GPUs on the CPU. */
+        {"test-fault-every", required_argument, NULL, OPT_TEST_FAULT_EVERY},
+        {"test-sim-gpus", required_argument, NULL, OPT_TEST_SIM_GPUS},
         {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
         {"config", required_argument, NULL, 'c'},
         /* Each option settable in the configuration file also has a line in
@@ -215,6 +228,22 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
             break;
         case OPT_WORKERS:
             if (parse_unsigned(optarg, 1, 1024, &cfg->workers) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_GPU_STREAMS:
+            if (parse_unsigned(optarg, 1, TD_GPU_STREAMS_LIMIT, &cfg->gpu_streams) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_GPU_MIN_BATCH:
+            if (td_config_parse_size(optarg, &cfg->gpu_min_batch) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_TEST_FAULT_EVERY:
+            if (parse_unsigned(optarg, 0, 1u << 30, &cfg->test_fault_every) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_TEST_SIM_GPUS:
+            if (parse_unsigned(optarg, 0, 16, &cfg->test_sim_gpus) != TALLY_OK)
                 goto bad;
             break;
         case OPT_LOG_LEVEL: {

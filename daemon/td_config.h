@@ -19,6 +19,14 @@
 #define TD_DEFAULT_MAX_STREAMS 4096u
 #define TD_DEFAULT_RCVHWM 64               /* ZeroMQ messages queued per peer before TCP pushes back */
 #define TD_DEFAULT_SNDHWM 1024
+/* GPU pipeline (td_gpu.c). */
+#define TD_DEFAULT_GPU_STREAMS 4u   /* CUDA streams (lanes) per GPU, --gpu-streams */
+#define TD_GPU_STREAMS_LIMIT 64u
+#define TD_GPU_SLOTS_PER_LANE 2u    /* pinned staging slots per lane: one filling, one on the GPU */
+#define TD_GPU_DEAD_AFTER 3u        /* GPU errors in a row after which a device is unusable */
+/* In auto mode, batches smaller than this run on the CPU backend (--gpu-min-batch): the
+ * end-to-end crossover measured on the H100 host, bench/NOTES.md "GPU crossover". */
+#define TD_DEFAULT_GPU_MIN_BATCH (256u << 10)
 #define TD_DEFAULT_CONFIG_FILE "/etc/tallyd/tallyd.conf"
 #define TD_MAX_BINDS 16
 #define TD_MAX_BATCH_LIMIT (1024ull << 20) /* --max-batch may not exceed 1 GiB */
@@ -46,6 +54,10 @@ typedef struct {
     int log_level;          /* td_log_level_t */
     char *config_file;      /* owned; NULL = none */
     bool config_file_explicit; /* given with --config: a missing file is then an error */
+    unsigned gpu_streams;   /* lanes per GPU */
+    size_t gpu_min_batch;   /* auto mode: smaller batches run on the CPU */
+    unsigned test_fault_every; /* test only: every Nth GPU request reports a failure; 0 = off */
+    unsigned test_sim_gpus;    /* test only: N simulated GPUs (host memory, CPU kernels) */
     char *state_dir;          /* owned; NULL = no persistence ($STATE_DIRECTORY by default) */
     unsigned state_interval;  /* seconds between state snapshots */
     char *metrics_listen;     /* owned; ADDR:PORT of the HTTP metrics endpoint, NULL = off */

@@ -195,7 +195,6 @@ static void execute_scan(td_request_t *self, size_t n)
 static void execute_hist(td_request_t *self, size_t n)
 {
     bool i32 = self->req.dtype == TALLY_DTYPE_I32;
-    size_t values = i32 ? TALLY_HIST_I32_VALUES : TALLY_HIST_BINS;
     memset(&self->hist, 0, sizeof self->hist);
     tally_status_t st =
         i32 ? self->backend->hist_i32(self->backend->ctx, self->payload, n, self->req.lo,
@@ -205,6 +204,13 @@ static void execute_hist(td_request_t *self, size_t n)
         td_request_fail(self, st, "%s backend failed the histogram", self->backend->name);
         return;
     }
+    td_request_hist_reply(self, n);
+}
+
+void td_request_hist_reply(td_request_t *self, size_t n)
+{
+    bool i32 = self->req.dtype == TALLY_DTYPE_I32;
+    size_t values = i32 ? TALLY_HIST_I32_VALUES : TALLY_HIST_BINS;
     uint8_t *out = malloc(values * sizeof(uint64_t));
     if (!out) {
         td_request_fail(self, TALLY_E_INTERNAL, "out of memory for a histogram reply");

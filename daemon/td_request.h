@@ -51,6 +51,16 @@ typedef struct td_request {
     tk_backend_t *backend; /* backend chosen for execute */
     uv_work_t work;
     void *owner;          /* the server, for callbacks */
+    /* Executor (td_exec.c, td_gpu.c): the path it took, its GPU lane and place in the lane's
+     * queues, the stream generation it was started in, and what the pipeline reported. */
+    struct td_request *exec_next;
+    void *exec_lane;
+    uint32_t exec_gen;
+    unsigned exec_carry_index;
+    bool exec_on_gpu;
+    bool exec_carry_upload; /* first in flight on its stream: upload the host carry */
+    bool exec_fault;        /* test-only: the pipeline must report this one as failed */
+    bool exec_failed;       /* the GPU failed it: rerun on the CPU */
 
     /* Result: the reply header and payload (owned; handed to ZeroMQ without a copy). */
     tally_rep_t rep;
@@ -78,6 +88,8 @@ void td_request_succeed(td_request_t *self, uint8_t dtype, void *data, size_t le
 bool td_request_prepare(td_request_t *self);
 /* Any thread: computes the reply with self->backend. */
 void td_request_execute(td_request_t *self);
+/* Any thread: builds the hist reply from self->hist for a batch of n elements. */
+void td_request_hist_reply(td_request_t *self, size_t n);
 /* Loop thread, after execute: applies a successful result to the stream's state. */
 void td_request_apply(td_request_t *self);
 

@@ -4,9 +4,9 @@
  * Design
  * ------
  * One libuv loop thread owns the ROUTER socket and every piece of shared state (the stream
- * table, the metrics, the request queues). Compute work runs on libuv's worker pool
- * (uv_queue_work) and comes back to the loop thread in the after-work callback, so nothing
- * here needs a lock.
+ * table, the metrics, the request queues). Compute work goes to the executor (td_exec.h: the
+ * CPU on libuv's worker pool, or the GPU pipeline of td_gpu.h) and comes back to the loop
+ * thread through exec_done, so nothing here needs a lock.
  *
  * ZeroMQ's ZMQ_FD is edge-triggered: it signals when the socket's state changes, and only
  * after ZMQ_EVENTS has been read. So the socket is serviced by one function, pump(), called
@@ -17,8 +17,9 @@
  * the loop from blocking in poll so the next iteration continues; otherwise the loop sleeps
  * until the fd or a completion wakes it.
  *
- * Ordering: requests on one named stream run one at a time in arrival order (the stream's
- * FIFO, td_stream.h); requests without a stream run concurrently. Replies are matched to
+ * Ordering: requests on one named stream apply in arrival order (the stream's FIFO,
+ * td_stream.h): on the GPU they are pipelined on the stream's lane, which completes them in
+ * order; on the CPU they run one at a time; requests without a stream run concurrently. Replies are matched to
  * requests by request_id, so they may leave in a different order than requests arrived.
  *
  * Bounded memory: every request counts against max_inflight from the moment it is read until
@@ -36,6 +37,7 @@
 #include <uv.h>
 #include <zmq.h>
 
+#include "td_exec.h"
 #include "td_log.h"
 #include "td_metrics.h"
 #include "td_notify.h"
@@ -81,6 +83,8 @@ struct td_server {
     td_streams_t *streams;
     tk_backend_t *backend; /* the backend compute requests run on */
     tk_backend_t *cpu;     /* always present; the fallback */
+    td_exec_t *exec;       /* where compute requests run: CPU workers or the GPU pipeline */
+    td_stream_t *advancing; /* the stream stream_advance is working on, if any */
     char devices[256];
     td_metrics_t metrics;
     td_service_t *service; /* systemd, state persistence, HTTP metrics, reload */
@@ -197,8 +201,8 @@ static void op_info(td_server_t *s, td_request_t *r)
     int n = snprintf(text, TD_TEXT_REPLY_MAX,
                      "version=%s\nprotocol=%d\nbackend=%s\nbackends=%s\ndevices=%s\n"
                      "max_batch=%zu\nmax_inflight=%u\nmax_streams=%u\n",
-                     TALLY_VERSION, TALLY_PROTO_VERSION, s->backend->name,
-                     s->backend == s->cpu ? "cpu" : "cpu,cuda", s->devices, s->cfg.max_batch,
+                     TALLY_VERSION, TALLY_PROTO_VERSION, td_exec_backend_name(s->exec),
+                     td_exec_backends(s->exec), td_exec_devices(s->exec), s->cfg.max_batch,
                      s->cfg.max_inflight, s->cfg.max_streams);
     reply_text(s, r, text, n > 0 ? (size_t)n : 0);
 }
@@ -213,8 +217,9 @@ static void sample_gauges(void *ctx, td_gauges_t *g)
         .queued = s->queued,
         .pending_sends = s->pending_sends,
         .streams = td_streams_count(s->streams),
-        .backend = s->backend->name,
-        .devices = s->devices,
+        .backend = td_exec_backend_name(s->exec),
+        .devices = td_exec_devices(s->exec),
+        .device_memory_bytes = td_exec_device_bytes(s->exec),
         .uptime_s = (double)(uv_hrtime() - s->started_ns) / 1e9,
     };
 }
@@ -275,47 +280,46 @@ static void op_query(td_request_t *r, td_stream_t *stream)
 
 /* ---- Scheduling ------------------------------------------------------------------------- */
 
-static void work_cb(uv_work_t *work)
+/* The executor (td_exec.h) hands every compute request back here, on the loop thread, with
+ * its result: a stream's requests in the order they started. */
+static void exec_done(void *owner, td_request_t *r)
 {
-    td_request_t *r = work->data;
-    td_request_execute(r);
-}
-
-static void after_work_cb(uv_work_t *work, int status)
-{
-    td_request_t *r = work->data;
-    td_server_t *s = r->owner;
-    if (status == UV_ECANCELED)
-        td_request_fail(r, TALLY_E_SHUTDOWN, "tallyd is shutting down");
+    td_server_t *s = owner;
     td_request_apply(r);
     td_stream_t *stream = r->stream;
     reply(s, r);
     if (stream) {
-        stream->running = NULL;
-        stream_advance(s, stream);
+        if (stream->exec_submitted == 0)
+            stream->running = NULL;
+        if (stream != s->advancing) /* else stream_advance's own loop goes on */
+            stream_advance(s, stream);
     }
 }
 
+/* A request without a stream: nothing to wait for. */
 static void submit(td_server_t *s, td_request_t *r)
 {
-    r->backend = s->backend;
-    r->owner = s;
-    r->work.data = r;
-    int rc = uv_queue_work(&s->loop, &r->work, work_cb, after_work_cb);
-    if (rc != 0) {
-        td_request_fail(r, TALLY_E_INTERNAL, "cannot queue work: %s", uv_strerror(rc));
-        td_stream_t *stream = r->stream;
-        reply(s, r);
-        if (stream)
-            stream->running = NULL;
-    }
+    td_request_prepare(r);
+    td_exec_submit(s->exec, r);
 }
 
-/* Starts the requests waiting on a stream, in order, until one is running on a worker.
- * query and reset run right here, so a run of them completes in one call. */
+static void stream_advance_locked(td_server_t *s, td_stream_t *stream);
+
+/* Starts the requests waiting on a stream, in order, as far as the executor allows: on the GPU
+ * a stream's batches are enqueued back to back on its lane; a CPU batch, query, reset and
+ * anything after a GPU failure wait until the stream's earlier requests are done
+ * (td_exec_may_start). query and reset run right here. */
 static void stream_advance(td_server_t *s, td_stream_t *stream)
 {
-    while (!stream->running && stream->queue_head) {
+    td_stream_t *outer = s->advancing;
+    s->advancing = stream;
+    stream_advance_locked(s, stream);
+    s->advancing = outer;
+}
+
+static void stream_advance_locked(td_server_t *s, td_stream_t *stream)
+{
+    while (stream->queue_head && td_exec_may_start(s->exec, stream, stream->queue_head)) {
         td_request_t *r = stream->queue_head;
         stream->queue_head = r->stream_next;
         if (!stream->queue_head)
@@ -340,11 +344,12 @@ static void stream_advance(td_server_t *s, td_stream_t *stream)
         }
         stream->running = r;
         if (!td_request_prepare(r)) {
-            stream->running = NULL;
+            if (stream->exec_submitted == 0)
+                stream->running = NULL;
             reply(s, r);
             continue;
         }
-        submit(s, r);
+        td_exec_submit(s->exec, r);
     }
 }
 
@@ -594,6 +599,7 @@ static void close_all(td_server_t *s)
     uv_unref((uv_handle_t *)&s->sig_int);
     uv_unref((uv_handle_t *)&s->sig_term);
     uv_unref((uv_handle_t *)&s->sig_hup);
+    td_exec_close(s->exec); /* nothing is in flight any more */
     td_service_close(s->service); /* the final state snapshot: every request is answered */
     int linger = TD_SHUTDOWN_LINGER_MS;
     zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof linger);
@@ -642,23 +648,21 @@ static tally_status_t open_backends(td_server_t *s)
         td_err("cannot start the CPU backend: %s", tally_status_text(st));
         return st;
     }
-    s->backend = s->cpu;
-    if (s->cfg.backend != TD_BACKEND_CPU) {
-        char why[256] = "";
-        tk_backend_t *cuda = NULL;
-        st = tk_cuda_backend_new(0, s->cfg.max_batch, &cuda, why, sizeof why);
-        if (st == TALLY_OK) {
-            s->backend = cuda;
-        } else if (s->cfg.backend == TD_BACKEND_CUDA) {
-            td_err("--backend cuda: no usable GPU: %s", why);
-            return TALLY_E_BACKEND;
-        } else {
-            td_info("no usable GPU (%s): serving on the CPU backend", why);
-        }
-    }
-    s->backend->describe(s->backend->ctx, s->devices, sizeof s->devices);
-    td_notice("backend %s (%s; chosen by --backend %s)", s->backend->name, s->devices,
-              td_backend_choice_name(s->cfg.backend));
+    s->backend = s->cpu; /* the GPU runs through the executor's pipeline, not a table */
+    td_exec_env_t env = {
+        .loop = &s->loop,
+        .cfg = &s->cfg,
+        .metrics = &s->metrics,
+        .cpu = s->cpu,
+        .done = exec_done,
+        .owner = s,
+    };
+    st = td_exec_new(&env, &s->exec);
+    if (st != TALLY_OK)
+        return st;
+    td_exec_describe(s->exec, s->devices, sizeof s->devices);
+    td_notice("backend %s (%s; chosen by --backend %s)", td_exec_backend_name(s->exec),
+              s->devices, td_backend_choice_name(s->cfg.backend));
     return TALLY_OK;
 }
 
@@ -708,6 +712,7 @@ fail_socket:
     if (s->zmq_ctx)
         zmq_ctx_term(s->zmq_ctx);
 fail_backends:
+    td_exec_destroy(&s->exec);
     if (s->backend && s->backend != s->cpu)
         s->backend->destroy(&s->backend);
     if (s->cpu)
@@ -745,6 +750,7 @@ void td_server_destroy(td_server_t **self_p)
     uv_close((uv_handle_t *)&s->sig_term, NULL);
     uv_close((uv_handle_t *)&s->sig_hup, NULL);
     uv_run(&s->loop, UV_RUN_DEFAULT);
+    td_exec_destroy(&s->exec); /* joins the GPU lane threads */
     uv_loop_close(&s->loop);
     if (s->backend != s->cpu)
         s->backend->destroy(&s->backend);

@@ -12,6 +12,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "tally_proto.h"
 
@@ -27,6 +28,16 @@ typedef struct td_stream {
     struct td_request *queue_head;
     struct td_request *queue_tail;
     unsigned queued;
+    /* Executor bookkeeping (td_exec.c): requests started and not yet completed, whether they run
+     * on the GPU pipeline and on which lane (a stream is pinned to one lane while it has requests
+     * in flight), and the generation that a GPU failure bumps so that requests enqueued behind
+     * the failed one are rerun on the CPU (their device carry cannot be trusted). */
+    unsigned exec_submitted;
+    bool exec_on_gpu;
+    bool exec_resync; /* a GPU failure: start nothing new until the stream drains */
+    uint32_t exec_gen;
+    void *exec_lane;
+    unsigned exec_carry_index;
     /* Table links: hash chain and the creation-ordered list used by `streams`. */
     struct td_stream *hash_next;
     struct td_stream *list_prev;

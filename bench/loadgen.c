@@ -1,0 +1,405 @@
+/*
+ * loadgen.c — tallyd's end-to-end load generator, and the ZeroMQ echo server it is compared to.
+ *
+ *   loadgen --endpoint EP --op filter|scan|hist [--size B] [--producers N] [--window W]
+ *           [--seconds S | --count C] [--stream] [--scan-i32] [--pid PID] [--label TEXT]
+ *   loadgen --serve-echo EP [EP...]
+ *
+ * Producers are threads, each with its own libtally client (one DEALER socket) keeping W
+ * requests in flight with tally_send/tally_recv, so the numbers include exactly what a real
+ * producer pays: encoding, ZeroMQ both ways, tallyd, and the reply's decoding.
+ *
+ * The echo server is the transport ceiling: a ROUTER socket that sends every request's payload
+ * frame straight back (zero copy) behind a reply header naming the request id, so the very same
+ * client code path (tally_recv decodes a valid reply) measures it. `--op echo` sends to it.
+ * Request and reply are then the same size; note that a scan's reply is twice its request
+ * (int64 sums of int32 input) unless --scan-i32, so its transport work is 1.5x the echo's.
+ *
+ * Output: one markdown table row per run (see ROW_HEADER), the throughput counting request
+ * payload bytes only, latency from tally_send to the reply, over every request answered in the
+ * measured interval (after WARMUP_S). Exit status 1 if any request failed or went unanswered.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+#include "tally.h"
+
+#define WARMUP_S 0.3
+#define MAX_WINDOW 1024
+#define MAX_PRODUCERS 64
+#define TIMEOUT_MS 30000
+#define MAX_ENDPOINTS 8
+#define ROW_HEADER                                                                                 \
+    "| run | op | size | producers x window | req/s | GB/s | p50 us | p99 us | p99.9 us | "        \
+    "answered | errors | VmHWM MiB |\n"                                                            \
+    "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+
+typedef struct {
+    const char *endpoint;
+    const char *label;
+    const char *op;
+    size_t size;
+    unsigned producers;
+    unsigned window;
+    double seconds;
+    uint64_t count; /* per producer; 0 = by time */
+    bool stream;
+    bool scan_i32;
+    int pid;
+    bool header;
+} opts_t;
+
+typedef struct {
+    const opts_t *o;
+    unsigned index;
+    const void *payload;
+    pthread_t thread;
+    /* results */
+    uint64_t sent, answered, errors, measured;
+    uint64_t bytes;
+    double *lat_us; /* measured latencies */
+    size_t lat_cap;
+    double t_start, t_end; /* measured interval */
+    char error[256];
+} producer_t;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static tally_req_t make_req(const opts_t *o, unsigned producer)
+{
+    tally_req_t req;
+    memset(&req, 0, sizeof req);
+    req.version = TALLY_PROTO_VERSION;
+    if (strcmp(o->op, "filter") == 0) {
+        req.opcode = TALLY_OP_FILTER;
+        req.dtype = TALLY_DTYPE_I32;
+        req.pred = TALLY_PRED_GT;
+        req.lo = 0;
+    } else if (strcmp(o->op, "scan") == 0) {
+        req.opcode = TALLY_OP_SCAN;
+        req.dtype = TALLY_DTYPE_I32;
+        req.flags = o->scan_i32 ? TALLY_FLAG_SCAN_OUT_I32 : 0;
+    } else if (strcmp(o->op, "hist") == 0) {
+        req.opcode = TALLY_OP_HIST;
+        req.dtype = TALLY_DTYPE_U8;
+    } else { /* echo: any valid request; the echo server does not look at it */
+        req.opcode = TALLY_OP_HIST;
+        req.dtype = TALLY_DTYPE_U8;
+    }
+    if (o->stream) {
+        char name[32];
+        snprintf(name, sizeof name, "loadgen/%u", producer);
+        tally_req_set_stream(&req, name);
+    }
+    return req;
+}
+
+static void *producer_main(void *arg)
+{
+    producer_t *p = arg;
+    const opts_t *o = p->o;
+    tally_client_t *c = NULL;
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    double sent_at[MAX_WINDOW * 4];
+    tally_req_t req = make_req(o, p->index);
+    tally_status_t st = tally_client_new(o->endpoint, TIMEOUT_MS, &c);
+    if (st != TALLY_OK) {
+        snprintf(p->error, sizeof p->error, "connect: %s", tally_status_text(st));
+        p->errors++;
+        return NULL;
+    }
+    double t0 = now_s();
+    p->t_start = t0 + WARMUP_S;
+    double t_stop = t0 + WARMUP_S + o->seconds;
+    uint64_t inflight = 0;
+    bool sending = true;
+    while (sending || inflight) {
+        while (sending && inflight < o->window) {
+            uint64_t id = 0;
+            st = tally_send(c, &req, p->payload, o->size, &id);
+            if (st != TALLY_OK) {
+                snprintf(p->error, sizeof p->error, "send: %s", tally_client_error(c));
+                p->errors++;
+                sending = false;
+                break;
+            }
+            sent_at[id % (MAX_WINDOW * 4)] = now_s();
+            p->sent++;
+            inflight++;
+        }
+        if (!inflight)
+            break;
+        st = tally_recv(c, &reply);
+        double t = now_s();
+        if (st == TALLY_E_TIMEOUT || st == TALLY_E_TRANSPORT) {
+            snprintf(p->error, sizeof p->error, "recv: %s", tally_client_error(c));
+            p->errors++;
+            break;
+        }
+        inflight--;
+        p->answered++;
+        if (st != TALLY_OK) {
+            if (!p->error[0])
+                snprintf(p->error, sizeof p->error, "reply: %.200s", reply.error);
+            p->errors++;
+        }
+        if (t >= p->t_start && (o->count || t < t_stop)) {
+            double lat = (t - sent_at[reply.rep.request_id % (MAX_WINDOW * 4)]) * 1e6;
+            if (p->measured < p->lat_cap)
+                p->lat_us[p->measured] = lat;
+            p->measured++;
+            p->bytes += o->size;
+            p->t_end = t;
+        }
+        if (o->count ? p->sent >= o->count : t >= t_stop)
+            sending = false;
+    }
+    tally_reply_clear(&reply);
+    tally_client_destroy(&c);
+    return NULL;
+}
+
+static long vm_hwm_kib(int pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", pid);
+    FILE *f = fopen(path, "r");
+    long kib = -1;
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %ld kB", &kib) == 1)
+            break;
+    fclose(f);
+    return kib;
+}
+
+static double percentile(const double *sorted, size_t n, double q)
+{
+    if (!n)
+        return NAN;
+    size_t i = (size_t)ceil(q * (double)n) - 1;
+    return sorted[i < n ? i : n - 1];
+}
+
+static int run(const opts_t *o)
+{
+    uint8_t *payload = malloc(o->size ? o->size : 1);
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (size_t i = 0; i < o->size; i++) { /* xorshift bytes: int32 of both signs */
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        payload[i] = (uint8_t)x;
+    }
+    producer_t ps[MAX_PRODUCERS];
+    memset(ps, 0, sizeof ps);
+    for (unsigned i = 0; i < o->producers; i++) {
+        ps[i].o = o;
+        ps[i].index = i;
+        ps[i].payload = payload;
+        ps[i].lat_cap = 4u << 20;
+        ps[i].lat_us = malloc(ps[i].lat_cap * sizeof(double));
+        pthread_create(&ps[i].thread, NULL, producer_main, &ps[i]);
+    }
+    uint64_t sent = 0, answered = 0, errors = 0, measured = 0, bytes = 0;
+    double t_start = 1e300, t_end = 0;
+    for (unsigned i = 0; i < o->producers; i++) {
+        pthread_join(ps[i].thread, NULL);
+        sent += ps[i].sent;
+        answered += ps[i].answered;
+        errors += ps[i].errors;
+        bytes += ps[i].bytes;
+        measured += ps[i].measured < ps[i].lat_cap ? ps[i].measured : ps[i].lat_cap;
+        if (ps[i].t_start < t_start)
+            t_start = ps[i].t_start;
+        if (ps[i].t_end > t_end)
+            t_end = ps[i].t_end;
+        if (ps[i].error[0])
+            fprintf(stderr, "loadgen: producer %u: %s\n", i, ps[i].error);
+    }
+    double *all = malloc((measured ? measured : 1) * sizeof(double));
+    size_t k = 0;
+    for (unsigned i = 0; i < o->producers; i++) {
+        size_t m = ps[i].measured < ps[i].lat_cap ? ps[i].measured : ps[i].lat_cap;
+        memcpy(all + k, ps[i].lat_us, m * sizeof(double));
+        k += m;
+        free(ps[i].lat_us);
+    }
+    qsort(all, measured, sizeof *all, cmp_double);
+    double span = t_end > t_start ? t_end - t_start : NAN;
+    double hwm = o->pid > 0 ? (double)vm_hwm_kib(o->pid) / 1024.0 : NAN;
+    if (o->header)
+        printf(ROW_HEADER);
+    char size[32];
+    if (o->size >= (1u << 20) && o->size % (1u << 20) == 0)
+        snprintf(size, sizeof size, "%zu MiB", o->size >> 20);
+    else if (o->size >= 1024 && o->size % 1024 == 0)
+        snprintf(size, sizeof size, "%zu KiB", o->size >> 10);
+    else
+        snprintf(size, sizeof size, "%zu B", o->size);
+    printf("| %s | %s%s | %s | %u x %u | %.0f | %.3f | %.1f | %.1f | %.1f | %" PRIu64 "/%" PRIu64
+           " | %" PRIu64 " | %.0f |\n",
+           o->label, o->op, o->scan_i32 ? " (i32 out)" : "", size, o->producers, o->window,
+           (double)measured / span, (double)bytes / span / 1e9, percentile(all, measured, 0.50),
+           percentile(all, measured, 0.99), percentile(all, measured, 0.999), answered, sent,
+           errors, hwm);
+    fflush(stdout);
+    free(all);
+    free(payload);
+    return errors || answered != sent ? 1 : 0;
+}
+
+/* ---- the echo server ------------------------------------------------------------------------ */
+
+static volatile sig_atomic_t echo_stop;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    echo_stop = 1;
+}
+
+static int serve_echo(char **endpoints, int count)
+{
+    void *ctx = zmq_ctx_new();
+    void *sock = zmq_socket(ctx, ZMQ_ROUTER);
+    int hwm = 1000, timeout = 200, one = 1;
+    zmq_setsockopt(sock, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(sock, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(sock, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    zmq_setsockopt(sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    for (int i = 0; i < count; i++)
+        if (zmq_bind(sock, endpoints[i]) != 0) {
+            fprintf(stderr, "loadgen: cannot bind %s: %s\n", endpoints[i], zmq_strerror(errno));
+            return 2;
+        }
+    signal(SIGTERM, on_signal);
+    signal(SIGINT, on_signal);
+    while (!echo_stop) {
+        zmq_msg_t id, header, payload;
+        zmq_msg_init(&id);
+        if (zmq_msg_recv(&id, sock, 0) < 0) {
+            zmq_msg_close(&id);
+            continue;
+        }
+        zmq_msg_init(&header);
+        zmq_msg_init(&payload);
+        zmq_msg_recv(&header, sock, 0);
+        zmq_msg_recv(&payload, sock, 0);
+        tally_req_t req;
+        tally_rep_t rep;
+        memset(&rep, 0, sizeof rep);
+        char msg[64];
+        if (tally_req_decode(zmq_msg_data(&header), zmq_msg_size(&header), &req, msg, sizeof msg) ==
+            TALLY_OK) {
+            rep.version = TALLY_PROTO_VERSION;
+            rep.opcode = req.opcode;
+            rep.request_id = req.request_id;
+            rep.status = TALLY_OK;
+            rep.dtype = TALLY_DTYPE_U8;
+            rep.count = zmq_msg_size(&payload);
+        }
+        uint8_t out[TALLY_REP_HEADER_SIZE];
+        tally_rep_encode(&rep, out);
+        zmq_msg_send(&id, sock, ZMQ_SNDMORE);
+        zmq_send(sock, out, sizeof out, ZMQ_SNDMORE);
+        zmq_msg_send(&payload, sock, 0); /* the request's own frame: no copy */
+        zmq_msg_close(&header);
+        zmq_msg_close(&id);
+        zmq_msg_close(&payload);
+    }
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    return 0;
+}
+
+static void usage(void)
+{
+    fprintf(stderr,
+            "usage: loadgen --endpoint EP --op filter|scan|hist|echo [--size BYTES]\n"
+            "               [--producers N] [--window W] [--seconds S | --count C] [--stream]\n"
+            "               [--scan-i32] [--pid PID] [--label TEXT] [--header]\n"
+            "       loadgen --serve-echo EP [EP...]\n");
+}
+
+int main(int argc, char **argv)
+{
+    opts_t o = {
+        .label = "run", .op = "hist", .size = 65536, .producers = 1, .window = 8, .seconds = 2.0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--serve-echo") == 0 && v) {
+            int count = argc - i - 1 < MAX_ENDPOINTS ? argc - i - 1 : MAX_ENDPOINTS;
+            return serve_echo(argv + i + 1, count);
+        }
+        if (strcmp(a, "--stream") == 0) {
+            o.stream = true;
+            continue;
+        }
+        if (strcmp(a, "--scan-i32") == 0) {
+            o.scan_i32 = true;
+            continue;
+        }
+        if (strcmp(a, "--header") == 0) {
+            o.header = true;
+            continue;
+        }
+        if (!v) {
+            usage();
+            return 2;
+        }
+        i++;
+        if (strcmp(a, "--endpoint") == 0)
+            o.endpoint = v;
+        else if (strcmp(a, "--op") == 0)
+            o.op = v;
+        else if (strcmp(a, "--label") == 0)
+            o.label = v;
+        else if (strcmp(a, "--size") == 0)
+            o.size = strtoull(v, NULL, 0);
+        else if (strcmp(a, "--producers") == 0)
+            o.producers = (unsigned)strtoul(v, NULL, 0);
+        else if (strcmp(a, "--window") == 0)
+            o.window = (unsigned)strtoul(v, NULL, 0);
+        else if (strcmp(a, "--seconds") == 0)
+            o.seconds = strtod(v, NULL);
+        else if (strcmp(a, "--count") == 0)
+            o.count = strtoull(v, NULL, 0);
+        else if (strcmp(a, "--pid") == 0)
+            o.pid = atoi(v);
+        else {
+            usage();
+            return 2;
+        }
+    }
+    if (!o.endpoint || !o.producers || o.producers > MAX_PRODUCERS || !o.window ||
+        o.window > MAX_WINDOW || (o.size % 4 && strcmp(o.op, "hist") && strcmp(o.op, "echo"))) {
+        usage();
+        return 2;
+    }
+    return run(&o);
+}

@@ -1,0 +1,655 @@
+/*
+ * td_gpu.c — the GPU pipeline (see td_gpu.h): devices, lanes, staging slots, lane threads and
+ * the completion queue into the loop.
+ *
+ * Design
+ * ------
+ * Per device, `lanes` lanes (one CUDA stream each, --gpu-streams). Per lane, one thread and
+ * `slots` staging slots (pinned host input and output buffers) plus one set of device buffers,
+ * all allocated at start by the engine (td_gpu_engine.h), so the request path never allocates
+ * device or pinned memory. The total device memory is reported for the device_memory_bytes
+ * gauge.
+ *
+ * Why a thread per lane: the payload must be copied into pinned staging (ZeroMQ's frame is
+ * pageable memory) and the reply out of it, and neither copy may run on the loop thread (a
+ * 16 MiB memcpy is milliseconds). The CUDA calls of one lane must also be enqueued in the
+ * order the requests arrived, because a stream's scan carry chains on the device from one
+ * request to the next. One thread per lane gives both: it takes its lane's requests in FIFO
+ * order, fills a free slot and enqueues H2D, kernel, D2H and cudaLaunchHostFunc; while that
+ * slot is on the device it fills the next one, and the other lanes' threads do the same, so
+ * the copies of one batch overlap the kernels of others.
+ *
+ * Completion: the host function (CUDA's callback thread; it must not call CUDA) only marks the
+ * slot done and wakes the lane thread. The lane thread retires slots strictly in launch order:
+ * copies the result out of pinned staging into the reply (malloc'd, handed to ZeroMQ without a
+ * further copy), frees the slot, and pushes the request onto the pipeline's mutex-protected
+ * completion queue with uv_async_send. The async callback on the loop thread drains the whole
+ * queue (wake-ups coalesce), so one wake-up can answer many requests. The brief had the host
+ * function push to the completion queue directly; the extra hop keeps the copy-out and the
+ * freeing of the staging slot off both the loop thread and CUDA's callback thread.
+ *
+ * Ordering: requests of one named stream all go to the lane the stream is pinned to (for as
+ * long as it has requests in flight), so they are enqueued on one CUDA stream back to back,
+ * retired in that order, and applied to the host copy of the stream's state in that order.
+ * A lane's launch failure is retired in its place too (it is marked failed, not completed
+ * early), so a later request never overtakes an earlier one.
+ *
+ * Failures: a failed launch, a job marked as a test fault, or work the watchdog finds failed
+ * (an asynchronous kernel error never runs its host function; lane threads with work on the
+ * device wake every TD_GPU_WATCHDOG_MS and ask the engine) comes back with r->exec_failed;
+ * td_exec.c reruns it on the CPU. Here a device counts its failures in a row: at
+ * TD_GPU_DEAD_AFTER, or at once for a watchdog failure (the CUDA context is gone), it is marked
+ * unusable, logged at err, and its lanes fail what they still hold (in order) so it all reruns
+ * on the CPU.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "td_config.h"
+#include "td_gpu.h"
+#include "td_log.h"
+
+/* How often a lane thread with work on the device checks for an asynchronous failure. Long
+ * against any batch (16 MiB runs in well under a millisecond on an H100), short against a
+ * client's timeout (5 s by default). */
+#define TD_GPU_WATCHDOG_MS 200
+
+typedef enum {
+    SLOT_FREE = 0,
+    SLOT_INFLIGHT, /* launched, waiting for the host function */
+    SLOT_DONE,     /* results in staging */
+    SLOT_FAILED,   /* to be retired as failed */
+} slot_state_t;
+
+typedef struct device device_t;
+typedef struct lane lane_t;
+
+typedef struct {
+    lane_t *lane;
+    unsigned index;
+    slot_state_t state;
+    td_request_t *r;
+    bool fault;
+} slot_t;
+
+struct lane {
+    td_gpu_t *gpu;
+    device_t *dev;
+    unsigned index;
+    void *hw;
+    td_gpu_staging_t *staging;
+    slot_t *slots;
+    pthread_t thread;
+    bool thread_started;
+
+    /* Under lock: shared between the loop thread, the lane thread and the host function. */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    td_request_t *wait_head; /* submitted, waiting for a slot, in order */
+    td_request_t *wait_tail;
+    unsigned *ring; /* slot indices in launch order */
+    unsigned ring_head;
+    unsigned ring_count;
+    bool stop;
+
+    /* Loop thread only. */
+    unsigned load;        /* requests submitted and not yet completed */
+    unsigned *carry_free; /* carry indices 1..carries-1 not held by a stream */
+    unsigned carry_free_count;
+};
+
+struct device {
+    int ordinal;
+    char name[128];
+    lane_t *lanes;
+    unsigned lane_count;
+    atomic_bool dead;
+    unsigned load;          /* loop thread only */
+    unsigned errors_in_row; /* loop thread only */
+};
+
+struct td_gpu {
+    uv_loop_t *loop;
+    td_gpu_engine_t *engine;
+    td_gpu_opts_t opts;
+    unsigned carries; /* per lane: index 0 for requests without a stream */
+    td_gpu_complete_fn complete;
+    void *owner;
+    device_t *devices;
+    unsigned device_count;
+    uint64_t device_bytes;
+
+    uv_async_t async;
+    bool async_open;
+    pthread_mutex_t done_lock;
+    td_request_t *done_head;
+    td_request_t *done_tail;
+};
+
+/* ---- lane thread -------------------------------------------------------------------------- */
+
+/* The host function: marks the slot done. No CUDA calls here. */
+static void slot_done(void *arg)
+{
+    slot_t *slot = arg;
+    lane_t *l = slot->lane;
+    pthread_mutex_lock(&l->lock);
+    if (slot->state == SLOT_INFLIGHT) /* else the watchdog already failed it */
+        slot->state = SLOT_DONE;
+    pthread_cond_signal(&l->cond);
+    pthread_mutex_unlock(&l->lock);
+}
+
+static void push_completion(td_gpu_t *g, td_request_t *r)
+{
+    r->exec_next = NULL;
+    pthread_mutex_lock(&g->done_lock);
+    if (g->done_tail)
+        g->done_tail->exec_next = r;
+    else
+        g->done_head = r;
+    g->done_tail = r;
+    pthread_mutex_unlock(&g->done_lock);
+    uv_async_send(&g->async);
+}
+
+/* Builds the reply from the slot's staging (lane thread, no lock held). */
+static void build_reply(lane_t *l, slot_t *slot)
+{
+    td_request_t *r = slot->r;
+    td_gpu_staging_t *s = &l->staging[slot->index];
+    size_t n = td_request_elements(r);
+    size_t esize = tally_dtype_size((tally_dtype_t)r->req.dtype);
+    if (r->req.opcode == TALLY_OP_HIST) {
+        r->hist = s->small->hist;
+        td_request_hist_reply(r, n);
+        return;
+    }
+    bool scan = r->req.opcode == TALLY_OP_SCAN;
+    bool out32 = (r->req.flags & TALLY_FLAG_SCAN_OUT_I32) != 0;
+    size_t count = scan ? n : (size_t)s->small->kept;
+    size_t size = scan ? (out32 ? 4 : 8) : esize;
+    if (count > n) { /* a count the kernel cannot have produced: distrust the batch */
+        r->exec_failed = true;
+        return;
+    }
+    void *out = malloc(count ? count * size : 1);
+    if (!out) {
+        td_request_fail(r, TALLY_E_INTERNAL, "out of memory for a reply of %zu bytes",
+                        count * size);
+        return;
+    }
+    memcpy(out, s->out, count * size);
+    if (scan) {
+        r->carry = s->small->carry;
+        td_request_succeed(r, out32 ? TALLY_DTYPE_I32 : TALLY_DTYPE_I64, out, count * size, n);
+        r->rep.aux0 = (uint64_t)r->carry;
+    } else {
+        r->kept = count;
+        td_request_succeed(r, r->req.dtype, out, count * size, count);
+        r->rep.aux0 = n;
+    }
+}
+
+static void retire(lane_t *l, slot_t *slot)
+{
+    td_request_t *r = slot->r;
+    if (slot->state == SLOT_FAILED || slot->fault)
+        r->exec_failed = true;
+    else
+        build_reply(l, slot);
+    pthread_mutex_lock(&l->lock);
+    slot->state = SLOT_FREE;
+    slot->r = NULL;
+    pthread_mutex_unlock(&l->lock);
+    push_completion(l->gpu, r);
+}
+
+static td_gpu_job_t make_job(const td_request_t *r, unsigned slot)
+{
+    td_gpu_job_t job = {
+        .opcode = r->req.opcode,
+        .dtype = r->req.dtype,
+        .n = td_request_elements(r),
+        .spec =
+            {
+                .pred = (tally_pred_t)r->req.pred,
+                .lo = r->req.lo,
+                .hi = r->req.hi,
+                .stable = (r->req.flags & TALLY_FLAG_FILTER_STABLE) != 0,
+            },
+        .exclusive = (r->req.flags & TALLY_FLAG_SCAN_EXCLUSIVE) != 0,
+        .out_i32 = (r->req.flags & TALLY_FLAG_SCAN_OUT_I32) != 0,
+        .lo = r->req.lo,
+        .hi = r->req.hi,
+        .carry_index = r->exec_carry_index,
+        .carry_upload = r->exec_carry_upload,
+        .fault = r->exec_fault,
+        .slot = slot,
+    };
+    return job;
+}
+
+/* Fills the slot and launches it (lane thread, no lock held; the slot is already in the ring
+ * as SLOT_INFLIGHT, or SLOT_FAILED when the device is unusable). */
+static void launch(lane_t *l, slot_t *slot)
+{
+    td_request_t *r = slot->r;
+    if (slot->state == SLOT_FAILED)
+        return;
+    td_gpu_staging_t *s = &l->staging[slot->index];
+    memcpy(s->in, r->payload, r->payload_len);
+    s->small->carry = r->carry;
+    td_gpu_job_t job = make_job(r, slot->index);
+    tally_status_t st = l->gpu->engine->lane_launch(l->hw, &job, slot_done, slot);
+    if (st == TALLY_OK)
+        return;
+    td_warn("GPU %d (%s) stream %u: launch of request %" PRIu64 " failed: %s", l->dev->ordinal,
+            l->dev->name, l->index, r->rep.request_id, l->gpu->engine->error_string());
+    pthread_mutex_lock(&l->lock);
+    slot->state = SLOT_FAILED;
+    pthread_cond_signal(&l->cond);
+    pthread_mutex_unlock(&l->lock);
+}
+
+/* The device failed under work that will never complete: fail everything on it. Lock held. */
+static void watchdog_fail(lane_t *l)
+{
+    for (unsigned i = 0; i < l->ring_count; i++) {
+        slot_t *slot = &l->slots[l->ring[(l->ring_head + i) % l->gpu->opts.slots]];
+        if (slot->state == SLOT_INFLIGHT)
+            slot->state = SLOT_FAILED;
+    }
+}
+
+static bool ring_has_inflight(const lane_t *l)
+{
+    for (unsigned i = 0; i < l->ring_count; i++)
+        if (l->slots[l->ring[(l->ring_head + i) % l->gpu->opts.slots]].state == SLOT_INFLIGHT)
+            return true;
+    return false;
+}
+
+static slot_t *take_free_slot(lane_t *l)
+{
+    for (unsigned i = 0; i < l->gpu->opts.slots; i++)
+        if (l->slots[i].state == SLOT_FREE && !l->slots[i].r)
+            return &l->slots[i];
+    return NULL;
+}
+
+static void wait_with_watchdog(lane_t *l)
+{
+    if (!ring_has_inflight(l)) {
+        pthread_cond_wait(&l->cond, &l->lock);
+        return;
+    }
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_nsec += (long)TD_GPU_WATCHDOG_MS * 1000000L;
+    deadline.tv_sec += deadline.tv_nsec / 1000000000L;
+    deadline.tv_nsec %= 1000000000L;
+    if (pthread_cond_timedwait(&l->cond, &l->lock, &deadline) == 0)
+        return;
+    if (!ring_has_inflight(l) || l->gpu->engine->lane_check(l->hw) == TALLY_OK)
+        return;
+    if (!atomic_exchange(&l->dev->dead, true))
+        td_err("GPU %d (%s) is unusable: %s; its work goes to the CPU backend", l->dev->ordinal,
+               l->dev->name, l->gpu->engine->error_string());
+    watchdog_fail(l);
+}
+
+static void *lane_main(void *arg)
+{
+    lane_t *l = arg;
+    unsigned slots = l->gpu->opts.slots;
+    if (l->gpu->engine->lane_bind(l->hw) != TALLY_OK)
+        atomic_store(&l->dev->dead, true);
+    pthread_mutex_lock(&l->lock);
+    for (;;) {
+        /* 1. Retire finished slots, strictly in launch order. */
+        if (l->ring_count) {
+            slot_t *head = &l->slots[l->ring[l->ring_head]];
+            if (head->state == SLOT_DONE || head->state == SLOT_FAILED) {
+                l->ring_head = (l->ring_head + 1) % slots;
+                l->ring_count--;
+                pthread_mutex_unlock(&l->lock);
+                retire(l, head);
+                pthread_mutex_lock(&l->lock);
+                continue;
+            }
+        }
+        /* 2. Start the next waiting request when a slot is free. */
+        slot_t *slot = l->wait_head ? take_free_slot(l) : NULL;
+        if (slot) {
+            td_request_t *r = l->wait_head;
+            l->wait_head = r->exec_next;
+            if (!l->wait_head)
+                l->wait_tail = NULL;
+            slot->r = r;
+            slot->fault = r->exec_fault;
+            slot->state = atomic_load(&l->dev->dead) ? SLOT_FAILED : SLOT_INFLIGHT;
+            l->ring[(l->ring_head + l->ring_count) % slots] = slot->index;
+            l->ring_count++;
+            pthread_mutex_unlock(&l->lock);
+            launch(l, slot);
+            pthread_mutex_lock(&l->lock);
+            continue;
+        }
+        if (l->stop && !l->ring_count && !l->wait_head)
+            break;
+        wait_with_watchdog(l);
+    }
+    pthread_mutex_unlock(&l->lock);
+    return NULL;
+}
+
+/* ---- loop thread -------------------------------------------------------------------------- */
+
+static void note_result(td_gpu_t *g, lane_t *l, td_request_t *r)
+{
+    device_t *d = l->dev;
+    if (!r->exec_failed) {
+        d->errors_in_row = 0;
+        return;
+    }
+    d->errors_in_row++;
+    if (d->errors_in_row >= TD_GPU_DEAD_AFTER && !atomic_exchange(&d->dead, true))
+        td_err("GPU %d (%s) is unusable after %u errors in a row; its work goes to the CPU "
+               "backend",
+               d->ordinal, d->name, d->errors_in_row);
+    (void)g;
+}
+
+static void async_cb(uv_async_t *handle)
+{
+    td_gpu_t *g = handle->data;
+    pthread_mutex_lock(&g->done_lock);
+    td_request_t *r = g->done_head;
+    g->done_head = g->done_tail = NULL;
+    pthread_mutex_unlock(&g->done_lock);
+    while (r) {
+        td_request_t *next = r->exec_next;
+        lane_t *l = r->exec_lane;
+        l->load--;
+        l->dev->load--;
+        note_result(g, l, r);
+        g->complete(g->owner, r);
+        r = next;
+    }
+}
+
+static lane_t *least_loaded_lane(td_gpu_t *g)
+{
+    device_t *best = NULL;
+    for (unsigned i = 0; i < g->device_count; i++) {
+        device_t *d = &g->devices[i];
+        if (!atomic_load(&d->dead) && (!best || d->load < best->load))
+            best = d;
+    }
+    if (!best) /* every device is unusable: td_exec.c stops routing here; fail on any lane */
+        best = &g->devices[0];
+    lane_t *lane = &best->lanes[0];
+    for (unsigned i = 1; i < best->lane_count; i++)
+        if (best->lanes[i].load < lane->load)
+            lane = &best->lanes[i];
+    return lane;
+}
+
+void td_gpu_submit(td_gpu_t *g, td_request_t *r)
+{
+    td_stream_t *stream = r->stream;
+    lane_t *l;
+    if (stream && stream->exec_lane) { /* the stream has requests in flight on this lane */
+        l = stream->exec_lane;
+        r->exec_carry_upload = false;
+        r->exec_carry_index = stream->exec_carry_index;
+    } else {
+        l = least_loaded_lane(g);
+        r->exec_carry_upload = true; /* the host copy is authoritative while a stream is idle */
+        r->exec_carry_index = 0;
+        if (stream && l->carry_free_count) {
+            stream->exec_lane = l;
+            stream->exec_carry_index = l->carry_free[--l->carry_free_count];
+            r->exec_carry_index = stream->exec_carry_index;
+        } else if (stream) { /* cannot happen: carries = max_inflight + 1 */
+            td_err("GPU lane out of scan carries; stream '%s' runs unpinned", stream->name);
+        }
+    }
+    r->exec_lane = l;
+    l->load++;
+    l->dev->load++;
+    r->exec_next = NULL;
+    pthread_mutex_lock(&l->lock);
+    if (l->wait_tail)
+        l->wait_tail->exec_next = r;
+    else
+        l->wait_head = r;
+    l->wait_tail = r;
+    pthread_cond_signal(&l->cond);
+    pthread_mutex_unlock(&l->lock);
+}
+
+void td_gpu_stream_idle(td_gpu_t *g, td_stream_t *stream)
+{
+    (void)g;
+    lane_t *l = stream->exec_lane;
+    if (!l)
+        return;
+    l->carry_free[l->carry_free_count++] = stream->exec_carry_index;
+    stream->exec_lane = NULL;
+    stream->exec_carry_index = 0;
+}
+
+bool td_gpu_usable(const td_gpu_t *g)
+{
+    for (unsigned i = 0; i < g->device_count; i++)
+        if (!atomic_load(&g->devices[i].dead))
+            return true;
+    return false;
+}
+
+bool td_gpu_lane_usable(const td_gpu_t *g, const void *lane)
+{
+    (void)g;
+    return lane && !atomic_load(&((const lane_t *)lane)->dev->dead);
+}
+
+uint64_t td_gpu_device_bytes(const td_gpu_t *g)
+{
+    return g->device_bytes;
+}
+
+const char *td_gpu_engine_name(const td_gpu_t *g)
+{
+    return g->engine->name;
+}
+
+void td_gpu_describe(const td_gpu_t *g, char *buf, size_t cap)
+{
+    size_t len = (size_t)snprintf(buf, cap, "%s:", g->engine->name);
+    for (unsigned i = 0; i < g->device_count && len < cap; i++) {
+        const device_t *d = &g->devices[i];
+        len += (size_t)snprintf(buf + len, cap - len, "%s %d:%s (%u streams%s)", i ? "," : "",
+                                d->ordinal, d->name, d->lane_count,
+                                atomic_load(&d->dead) ? ", unusable" : "");
+    }
+}
+
+/* ---- life cycle --------------------------------------------------------------------------- */
+
+static tally_status_t lane_open(td_gpu_t *g, device_t *d, lane_t *l, unsigned index, char *why,
+                                size_t why_cap)
+{
+    unsigned slots = g->opts.slots;
+    l->gpu = g;
+    l->dev = d;
+    l->index = index;
+    pthread_mutex_init(&l->lock, NULL);
+    pthread_cond_init(&l->cond, NULL);
+    l->staging = calloc(slots, sizeof *l->staging);
+    l->slots = calloc(slots, sizeof *l->slots);
+    l->ring = calloc(slots, sizeof *l->ring);
+    l->carry_free = calloc(g->carries, sizeof *l->carry_free);
+    if (!l->staging || !l->slots || !l->ring || !l->carry_free) {
+        snprintf(why, why_cap, "out of memory");
+        return TALLY_E_INTERNAL;
+    }
+    for (unsigned i = 0; i < slots; i++) {
+        l->slots[i].lane = l;
+        l->slots[i].index = i;
+    }
+    for (unsigned c = g->carries - 1; c >= 1; c--) /* hand out low indices first */
+        l->carry_free[l->carry_free_count++] = c;
+    uint64_t bytes = 0;
+    tally_status_t st = g->engine->lane_open(g->engine->ctx, d->ordinal, g->opts.max_batch, slots,
+                                             g->carries, &l->hw, l->staging, &bytes, why, why_cap);
+    if (st != TALLY_OK)
+        return st;
+    g->device_bytes += bytes;
+    if (pthread_create(&l->thread, NULL, lane_main, l) != 0) {
+        snprintf(why, why_cap, "cannot start a lane thread");
+        return TALLY_E_INTERNAL;
+    }
+    l->thread_started = true;
+    return TALLY_OK;
+}
+
+static void lane_close(td_gpu_t *g, lane_t *l)
+{
+    if (l->thread_started) {
+        pthread_mutex_lock(&l->lock);
+        l->stop = true;
+        pthread_cond_signal(&l->cond);
+        pthread_mutex_unlock(&l->lock);
+        pthread_join(l->thread, NULL);
+    }
+    if (l->hw)
+        g->engine->lane_close(l->hw);
+    free(l->staging);
+    free(l->slots);
+    free(l->ring);
+    free(l->carry_free);
+    pthread_cond_destroy(&l->cond);
+    pthread_mutex_destroy(&l->lock);
+}
+
+static void device_close(td_gpu_t *g, device_t *d)
+{
+    for (unsigned i = 0; d->lanes && i < d->lane_count; i++)
+        lane_close(g, &d->lanes[i]);
+    free(d->lanes);
+    d->lanes = NULL;
+}
+
+static tally_status_t device_open(td_gpu_t *g, device_t *d, int ordinal, char *why, size_t cap)
+{
+    d->ordinal = ordinal;
+    atomic_init(&d->dead, false);
+    g->engine->describe(g->engine->ctx, ordinal, d->name, sizeof d->name);
+    d->lanes = calloc(g->opts.lanes, sizeof *d->lanes);
+    if (!d->lanes) {
+        snprintf(why, cap, "out of memory");
+        return TALLY_E_INTERNAL;
+    }
+    d->lane_count = g->opts.lanes;
+    for (unsigned i = 0; i < d->lane_count; i++) {
+        tally_status_t st = lane_open(g, d, &d->lanes[i], i, why, cap);
+        if (st != TALLY_OK) {
+            d->lane_count = i + 1; /* close what was opened, this one included */
+            device_close(g, d);
+            return st;
+        }
+    }
+    return TALLY_OK;
+}
+
+tally_status_t td_gpu_new(uv_loop_t *loop, td_gpu_engine_t *engine, const td_gpu_opts_t *opts,
+                          td_gpu_complete_fn complete, void *owner, td_gpu_t **out, char *why,
+                          size_t why_cap)
+{
+    tally_status_t st = TALLY_E_INTERNAL;
+    td_gpu_t *g = calloc(1, sizeof *g);
+    if (!g) {
+        snprintf(why, why_cap, "out of memory");
+        engine->destroy(&engine);
+        return TALLY_E_INTERNAL;
+    }
+    g->loop = loop;
+    g->engine = engine; /* owned from here: td_gpu_destroy frees it */
+    pthread_mutex_init(&g->done_lock, NULL);
+    int count = engine->device_count(engine->ctx);
+    if (count <= 0) {
+        snprintf(why, why_cap, "no device");
+        st = TALLY_E_BACKEND;
+        goto fail;
+    }
+    g->opts = *opts;
+    g->carries = opts->max_inflight + 1;
+    g->complete = complete;
+    g->owner = owner;
+    if (uv_async_init(loop, &g->async, async_cb) != 0) {
+        snprintf(why, why_cap, "cannot create the completion wake-up");
+        goto fail;
+    }
+    g->async.data = g;
+    g->async_open = true;
+    g->devices = calloc((size_t)count, sizeof *g->devices);
+    if (!g->devices) {
+        snprintf(why, why_cap, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < count; i++) {
+        char reason[256];
+        device_t *d = &g->devices[g->device_count];
+        st = device_open(g, d, i, reason, sizeof reason);
+        if (st == TALLY_OK) {
+            g->device_count++;
+            continue;
+        }
+        td_warn("GPU %d skipped: %s", i, reason);
+        snprintf(why, why_cap, "%s", reason);
+        memset(d, 0, sizeof *d);
+    }
+    if (g->device_count == 0) {
+        st = TALLY_E_BACKEND;
+        goto fail;
+    }
+    *out = g;
+    return TALLY_OK;
+fail:
+    td_gpu_destroy(&g);
+    return st;
+}
+
+void td_gpu_close(td_gpu_t *g)
+{
+    if (g && g->async_open) {
+        uv_close((uv_handle_t *)&g->async, NULL);
+        g->async_open = false;
+    }
+}
+
+void td_gpu_destroy(td_gpu_t **self_p)
+{
+    td_gpu_t *g = *self_p;
+    if (!g)
+        return;
+    for (unsigned i = 0; i < g->device_count; i++)
+        device_close(g, &g->devices[i]);
+    free(g->devices);
+    if (g->async_open) { /* only on a failed td_gpu_new: the loop never ran with it */
+        uv_close((uv_handle_t *)&g->async, NULL);
+        uv_run(g->loop, UV_RUN_NOWAIT);
+    }
+    pthread_mutex_destroy(&g->done_lock);
+    if (g->engine)
+        g->engine->destroy(&g->engine);
+    free(g);
+    *self_p = NULL;
+}

@@ -1,0 +1,59 @@
+/*
+ * td_gpu.h — the GPU pipeline: one per host, one set of lanes per device.
+ *
+ * Called on the loop thread only (the lane threads are internal). td_exec.c decides which
+ * requests come here and handles what comes back; this module moves them through the devices:
+ * a request submitted goes to a lane (a stream's lane while the stream has requests in flight,
+ * else the least loaded lane of the least loaded usable device), waits there for a staging slot
+ * (bounded by max_inflight, which counts it), is copied into pinned staging and launched by the
+ * lane's thread, and comes back through `complete` on the loop thread, in launch order per
+ * lane, with either its reply built (OK) or r->exec_failed set.
+ */
+#ifndef TD_GPU_H
+#define TD_GPU_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "td_gpu_engine.h"
+#include "td_request.h"
+#include "td_stream.h"
+
+typedef struct td_gpu td_gpu_t;
+
+typedef void (*td_gpu_complete_fn)(void *owner, td_request_t *r);
+
+typedef struct {
+    size_t max_batch;      /* bytes; staging and device buffers are this size */
+    unsigned lanes;        /* per device */
+    unsigned slots;        /* staging slots per lane */
+    unsigned max_inflight; /* bounds the streams in flight at once: carries per lane */
+} td_gpu_opts_t;
+
+/* Opens every device of the engine (taking ownership of it, also on failure) with its lanes
+ * and threads. A device that cannot be opened is skipped with a warning; TALLY_E_BACKEND
+ * (and why) when none could. */
+tally_status_t td_gpu_new(uv_loop_t *loop, td_gpu_engine_t *engine, const td_gpu_opts_t *opts,
+                          td_gpu_complete_fn complete, void *owner, td_gpu_t **out, char *why,
+                          size_t why_cap);
+/* Stops and joins the lane threads (after the loop stopped) and frees everything. */
+void td_gpu_destroy(td_gpu_t **self_p);
+/* Closes the loop handle (the completion wake-up); call with nothing in flight. */
+void td_gpu_close(td_gpu_t *self);
+
+/* True while at least one device is usable. */
+bool td_gpu_usable(const td_gpu_t *self);
+/* True when the lane a stream is pinned to is still on a usable device. */
+bool td_gpu_lane_usable(const td_gpu_t *self, const void *lane);
+/* Queues a prepared compute request (r->exec_* set by td_exec.c) on a lane. */
+void td_gpu_submit(td_gpu_t *self, td_request_t *r);
+/* The stream has nothing in flight any more: its carry index goes back to its lane. */
+void td_gpu_stream_idle(td_gpu_t *self, td_stream_t *stream);
+
+uint64_t td_gpu_device_bytes(const td_gpu_t *self);
+/* "cuda: 0:NVIDIA H100 80GB HBM3 (4 streams)" */
+void td_gpu_describe(const td_gpu_t *self, char *buf, size_t cap);
+const char *td_gpu_engine_name(const td_gpu_t *self);
+
+#endif

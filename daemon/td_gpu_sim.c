@@ -1,0 +1,204 @@
+/*
+ * td_gpu_sim.c — simulated GPUs for testing the pipeline (see td_gpu_engine.h).
+ *
+ * Each lane mirrors a CUDA lane's memory: staging slots, one set of "device" buffers and an
+ * array of "device" scan carries, all in host memory. A launch copies staging -> device
+ * buffers, runs the CPU backend there (the scan continuing from and updating the carry in the
+ * carries array, exactly as tk_cuda_scan does in place), copies the results back to staging
+ * and calls done() before returning. With job->fault the carry is clobbered, as a device that
+ * went wrong would leave it, so a pipeline that trusted later requests' chained carries would
+ * give wrong sums and the tests would see it.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "td_gpu_engine.h"
+
+/* What a clobbered carry is set to: far from any test's sums. */
+#define SIM_FAULT_CARRY 0x5A5A5A5A5A5A5A5All
+
+typedef struct {
+    unsigned devices;
+    tk_backend_t *cpu;
+} sim_t;
+
+typedef struct {
+    sim_t *sim;
+    unsigned slots;
+    td_gpu_staging_t *staging;
+    void *d_in;
+    void *d_out;
+    td_gpu_small_t d_small;
+    int64_t *d_carries;
+    unsigned carries;
+} sim_lane_t;
+
+static _Thread_local char sim_error[128] = "no error";
+
+static int sim_device_count(void *ctx)
+{
+    return (int)((sim_t *)ctx)->devices;
+}
+
+static void sim_describe(void *ctx, int device, char *buf, size_t cap)
+{
+    (void)ctx;
+    snprintf(buf, cap, "simulated GPU %d", device);
+}
+
+static void sim_lane_close(void *lane)
+{
+    sim_lane_t *l = lane;
+    if (!l)
+        return;
+    for (unsigned i = 0; l->staging && i < l->slots; i++) {
+        free(l->staging[i].in);
+        free(l->staging[i].out);
+        free(l->staging[i].small);
+    }
+    free(l->d_in);
+    free(l->d_out);
+    free(l->d_carries);
+    free(l);
+}
+
+static tally_status_t sim_lane_open(void *ctx, int device, size_t max_batch, unsigned slots,
+                                    unsigned carries, void **lane, td_gpu_staging_t *staging,
+                                    uint64_t *device_bytes, char *why, size_t why_cap)
+{
+    (void)device;
+    sim_lane_t *l = calloc(1, sizeof *l);
+    if (!l)
+        goto fail;
+    l->sim = ctx;
+    l->slots = slots;
+    l->staging = staging;
+    l->carries = carries;
+    memset(staging, 0, slots * sizeof *staging);
+    for (unsigned i = 0; i < slots; i++) {
+        staging[i].in = malloc(max_batch);
+        staging[i].out = malloc(2 * max_batch);
+        staging[i].small = calloc(1, sizeof *staging[i].small);
+        if (!staging[i].in || !staging[i].out || !staging[i].small)
+            goto fail;
+    }
+    l->d_in = malloc(max_batch);
+    l->d_out = malloc(2 * max_batch);
+    l->d_carries = calloc(carries, sizeof *l->d_carries);
+    if (!l->d_in || !l->d_out || !l->d_carries)
+        goto fail;
+    *device_bytes = 3 * (uint64_t)max_batch + carries * sizeof(int64_t);
+    *lane = l;
+    return TALLY_OK;
+fail:
+    snprintf(why, why_cap, "out of memory for a simulated lane");
+    sim_lane_close(l);
+    return TALLY_E_INTERNAL;
+}
+
+static tally_status_t sim_lane_bind(void *lane)
+{
+    (void)lane;
+    return TALLY_OK;
+}
+
+static tally_status_t sim_run(sim_lane_t *l, const td_gpu_job_t *job)
+{
+    tk_backend_t *cpu = l->sim->cpu;
+    td_gpu_small_t *small = l->staging[job->slot].small;
+    size_t esize = tally_dtype_size((tally_dtype_t)job->dtype);
+    tally_status_t st = TALLY_E_PARAM;
+    size_t kept = 0;
+    memcpy(l->d_in, l->staging[job->slot].in, job->n * esize);
+    switch (job->opcode) {
+    case TALLY_OP_FILTER:
+        st = cpu->filter(cpu->ctx, (tally_dtype_t)job->dtype, l->d_in, job->n, &job->spec, l->d_out,
+                         &kept);
+        l->d_small.kept = kept;
+        memcpy(l->staging[job->slot].out, l->d_out, job->n * esize);
+        break;
+    case TALLY_OP_SCAN: {
+        int64_t *carry = &l->d_carries[job->carry_index];
+        if (job->carry_upload)
+            *carry = small->carry;
+        st = cpu->scan(cpu->ctx, l->d_in, job->n, job->exclusive, job->out_i32, l->d_out, carry);
+        l->d_small.carry = *carry;
+        memcpy(l->staging[job->slot].out, l->d_out, job->n * (job->out_i32 ? 4 : 8));
+        if (job->fault)
+            *carry = SIM_FAULT_CARRY;
+        break;
+    }
+    case TALLY_OP_HIST:
+        memset(&l->d_small.hist, 0, sizeof l->d_small.hist);
+        st = job->dtype == TALLY_DTYPE_U8
+                 ? cpu->hist_u8(cpu->ctx, l->d_in, job->n, &l->d_small.hist)
+                 : cpu->hist_i32(cpu->ctx, l->d_in, job->n, job->lo, job->hi, &l->d_small.hist);
+        break;
+    default:
+        break;
+    }
+    *small = l->d_small;
+    return st;
+}
+
+static tally_status_t sim_lane_launch(void *lane, const td_gpu_job_t *job, td_gpu_done_fn done,
+                                      void *arg)
+{
+    tally_status_t st = sim_run(lane, job);
+    if (st != TALLY_OK) {
+        snprintf(sim_error, sizeof sim_error, "simulated kernel failed: %s", tally_status_name(st));
+        return TALLY_E_BACKEND;
+    }
+    done(arg);
+    return TALLY_OK;
+}
+
+static tally_status_t sim_lane_check(void *lane)
+{
+    (void)lane;
+    return TALLY_OK;
+}
+
+static const char *sim_error_string(void)
+{
+    return sim_error;
+}
+
+static void sim_destroy(td_gpu_engine_t **self_p)
+{
+    td_gpu_engine_t *e = *self_p;
+    if (!e)
+        return;
+    sim_t *sim = e->ctx;
+    if (sim && sim->cpu)
+        sim->cpu->destroy(&sim->cpu);
+    free(sim);
+    free(e);
+    *self_p = NULL;
+}
+
+tally_status_t td_gpu_engine_sim_new(unsigned devices, td_gpu_engine_t **out)
+{
+    td_gpu_engine_t *e = calloc(1, sizeof *e);
+    sim_t *sim = calloc(1, sizeof *sim);
+    if (!e || !sim || tk_cpu_backend_new(&sim->cpu) != TALLY_OK) {
+        free(sim);
+        free(e);
+        return TALLY_E_INTERNAL;
+    }
+    sim->devices = devices;
+    e->name = "sim";
+    e->ctx = sim;
+    e->device_count = sim_device_count;
+    e->describe = sim_describe;
+    e->lane_open = sim_lane_open;
+    e->lane_close = sim_lane_close;
+    e->lane_bind = sim_lane_bind;
+    e->lane_launch = sim_lane_launch;
+    e->lane_check = sim_lane_check;
+    e->error_string = sim_error_string;
+    e->destroy = sim_destroy;
+    *out = e;
+    return TALLY_OK;
+}
