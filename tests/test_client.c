@@ -383,7 +383,8 @@ typedef struct {
     char streams[8][TALLY_STREAM_NAME_MAX + 1];
     uint64_t carries[8];
     int nstreams;
-    unsigned max_batch_seen; /* the largest number of requests answered at once */
+    atomic_uint max_batch_seen; /* the largest number of requests answered at once */
+    atomic_uint reordered;      /* batches of more than one, answered out of order */
 } fake_t;
 
 typedef struct {
@@ -590,6 +591,7 @@ static void *fake_main(void *arg)
         }
         if ((unsigned)n > f->max_batch_seen)
             f->max_batch_seen = (unsigned)n;
+        f->reordered += n > 1;
         for (int i = n - 1; i >= 0; i--) { /* newest first: out of order */
             fake_send(f, &replies[i]);
             zmq_msg_close(&replies[i].id);
@@ -759,6 +761,9 @@ static void test_run_scan_stateless(void **state)
         }
         free(x);
     }
+    /* The matrix above did see replies out of order (so reassembly was really tested). */
+    fake_t *f = *state;
+    assert_true(f->reordered > 0);
     tally_client_destroy(&c);
 }
 
