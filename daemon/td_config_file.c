@@ -49,6 +49,8 @@ static const td_config_key_t config_keys[] = {
     {"state", "dir", "--state-dir"},
     {"state", "interval", "--state-interval"},
     {"metrics", "listen", "--metrics"},
+    {"gpu", "streams", "--gpu-streams"},
+    {"gpu", "min_batch", "--gpu-min-batch"},
 };
 
 typedef struct {
@@ -254,6 +256,10 @@ bool td_config_apply_runtime(td_config_t *live, const td_config_t *next)
         log_ignored("state dir");
     if (!same_string(live->metrics_listen, next->metrics_listen))
         log_ignored("metrics listen");
+    if (live->gpu_streams != next->gpu_streams)
+        log_ignored("gpu streams");
+    if (live->gpu_min_batch != next->gpu_min_batch)
+        log_ignored("gpu min_batch");
     if (!changed)
         td_notice("reload: no run-time setting changed");
     return changed;

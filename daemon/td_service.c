@@ -50,11 +50,15 @@ struct td_service {
     uv_timer_t state_timer;
     bool status_on, watchdog_on, state_on;
     bool closed;
-    char *state_dir;        /* fixed at start: changing it needs a restart */
-    size_t start_max_batch; /* ZeroMQ's frame limit was derived from it at bind time */
-    bool write_inflight;    /* a state write is running on a worker */
-    bool write_again;       /* a snapshot was asked for meanwhile */
-    uint64_t written_sum;   /* checksum of the records last written (or restored) */
+    char *state_dir; /* fixed at start: changing it needs a restart */
+    /* The values tallyd started with size its buffers (ZeroMQ's frame limit, the GPU's pinned
+     * and device buffers, the carry slots), so a reload may lower these limits but not raise
+     * them above the start values. */
+    size_t start_max_batch;
+    unsigned start_max_inflight;
+    bool write_inflight;  /* a state write is running on a worker */
+    bool write_again;     /* a snapshot was asked for meanwhile */
+    uint64_t written_sum; /* checksum of the records last written (or restored) */
 };
 
 tally_status_t td_service_render_metrics(const td_service_host_t *host, char **text, size_t *len)
@@ -204,6 +208,7 @@ tally_status_t td_service_new(const td_service_host_t *host, td_service_t **out)
         return TALLY_E_INTERNAL;
     self->host = *host;
     self->start_max_batch = host->cfg->max_batch;
+    self->start_max_inflight = host->cfg->max_inflight;
     tally_status_t st = TALLY_E_INTERNAL;
     if (host->cfg->state_dir) {
         self->state_dir = strdup(host->cfg->state_dir);
@@ -273,16 +278,24 @@ void td_service_reload(td_service_t *self)
         td_err("reload failed: %s; keeping the running configuration", msg);
         return;
     }
+    if (next.max_batch > self->start_max_batch) {
+        td_warn("reload: max_batch %zu is above the %zu tallyd started with, which sized its "
+                "buffers; using %zu until tallyd restarts",
+                next.max_batch, self->start_max_batch, self->start_max_batch);
+        next.max_batch = self->start_max_batch;
+    }
+    if (next.max_inflight > self->start_max_inflight) {
+        td_warn("reload: max_inflight %u is above the %u tallyd started with, which sized its "
+                "buffers; using %u until tallyd restarts",
+                next.max_inflight, self->start_max_inflight, self->start_max_inflight);
+        next.max_inflight = self->start_max_inflight;
+    }
     td_config_t *live = self->host.cfg;
     unsigned old_interval = live->state_interval;
     td_config_apply_runtime(live, &next);
     td_config_clear(&next);
 
     td_streams_set_max(self->host.streams, live->max_streams);
-    if (live->max_batch > self->start_max_batch * 2)
-        td_warn("reload: max_batch %zu is over twice the value tallyd started with; ZeroMQ "
-                "still refuses frames over %zu bytes until tallyd restarts",
-                live->max_batch, self->start_max_batch * 2 + 4096);
     if (self->state_on && old_interval != live->state_interval) {
         uint64_t ms = (uint64_t)live->state_interval * 1000;
         uv_timer_start(&self->state_timer, state_cb, ms, ms);

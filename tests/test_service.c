@@ -706,20 +706,24 @@ static void test_config_file_and_sighup_reload(void **state)
                      "log_level = debug\n"
                      "max_inflight = 8\n"
                      "max_streams = 30\n"
-                     "max_batch = 2M\n"
+                     "max_batch = 512K\n"
+                     "[gpu]\n"
+                     "streams = 2\n"
                      "[metrics]\n"
                      "listen = 127.0.0.1:0\n");
     kill(d.pid, SIGHUP);
     assert_true(log_waits_for(&d, "reload: log_level: info -> debug", 5000));
     assert_true(th_daemon_log_contains(&d, "reload: max_inflight: 64 -> 8"));
-    assert_true(th_daemon_log_contains(&d, "reload: max_batch: 1048576 -> 2097152"));
+    assert_true(th_daemon_log_contains(&d, "reload: max_batch: 1048576 -> 524288"));
+    assert_true(th_daemon_log_contains(&d, "reload: gpu streams changed; ignored until tallyd "
+                                           "restarts"));
     assert_true(th_daemon_log_contains(&d, "reload: metrics listen changed; ignored until tallyd "
                                            "restarts"));
     assert_false(th_daemon_log_contains(&d, "max_streams: 10"));
     info = text_op(sock, TALLY_OP_INFO);
     assert_non_null(strstr(info, "max_inflight=8\n"));
     assert_non_null(strstr(info, "max_streams=10\n"));
-    assert_non_null(strstr(info, "max_batch=2097152\n"));
+    assert_non_null(strstr(info, "max_batch=524288\n"));
     free(info);
     /* Debug lines now appear: a rejected request is logged at debug. */
     const void *frames[1] = {"x"};
@@ -738,6 +742,17 @@ static void test_config_file_and_sighup_reload(void **state)
     assert_true(th_daemon_log_contains(&d, "reload.conf:2: invalid value '-3' for max_inflight"));
     info = text_op(sock, TALLY_OP_INFO);
     assert_non_null(strstr(info, "max_inflight=8\n"));
+    free(info);
+
+    /* Limits may not rise above the start values, which sized tallyd's buffers. */
+    write_file(conf, "[server]\nmax_inflight = 1000\nmax_batch = 4M\n");
+    kill(d.pid, SIGHUP);
+    assert_true(log_waits_for(&d, "reload: max_inflight: 8 -> 64", 5000));
+    assert_true(th_daemon_log_contains(&d, "max_inflight 1000 is above the 64 tallyd started"));
+    assert_true(th_daemon_log_contains(&d, "max_batch 4194304 is above the 1048576 tallyd"));
+    info = text_op(sock, TALLY_OP_INFO);
+    assert_non_null(strstr(info, "max_inflight=64\n"));
+    assert_non_null(strstr(info, "max_batch=1048576\n"));
     free(info);
     th_close(sock);
     assert_true(ping(d.endpoint, 5000));
