@@ -314,6 +314,8 @@ static tally_status_t recv_until(tally_client_t *self, tally_reply_t *reply, int
             goto transport;
         }
     }
+    /* Decoded first, so even a malformed reply names the request it answers (if it can). */
+    (void)tally_rep_decode(zmq_msg_data(&header), zmq_msg_size(&header), &reply->rep);
     if (!zmq_msg_more(&header)) {
         zmq_msg_close(&header);
         set_msg(reply->error, "reply has 1 frame, expected 2");

@@ -392,7 +392,10 @@ typedef struct {
     tally_rep_t rep;
     uint8_t *payload;
     size_t len;
+    int shape; /* 0: a good reply; else one of the malformed shapes below */
 } fake_reply_t;
+
+enum { SHAPE_ONE_FRAME = 1, SHAPE_THREE_FRAMES, SHAPE_BAD_MAGIC };
 
 static uint64_t *fake_carry(fake_t *f, const tally_req_t *req)
 {
@@ -494,9 +497,14 @@ static void fake_send(fake_t *f, fake_reply_t *r)
 {
     uint8_t header[TALLY_REP_HEADER_SIZE];
     tally_rep_encode(&r->rep, header);
+    if (r->shape == SHAPE_BAD_MAGIC)
+        header[0] ^= 0xFF;
     zmq_msg_send(&r->id, f->sock, ZMQ_SNDMORE);
-    zmq_send(f->sock, header, sizeof header, ZMQ_SNDMORE);
-    zmq_send(f->sock, r->payload ? (void *)r->payload : "", r->len, 0);
+    zmq_send(f->sock, header, sizeof header, r->shape == SHAPE_ONE_FRAME ? 0 : ZMQ_SNDMORE);
+    if (r->shape == SHAPE_THREE_FRAMES)
+        zmq_send(f->sock, "extra", 5, ZMQ_SNDMORE);
+    if (r->shape != SHAPE_ONE_FRAME)
+        zmq_send(f->sock, r->payload ? (void *)r->payload : "", r->len, 0);
     free(r->payload);
 }
 
@@ -527,6 +535,7 @@ static bool fake_handle(fake_t *f, fake_reply_t *r, fake_reply_t *stale)
     memset(&r->rep, 0, sizeof r->rep);
     r->payload = NULL;
     r->len = 0;
+    r->shape = 0;
     r->rep.version = TALLY_PROTO_VERSION;
     r->rep.opcode = req.opcode;
     r->rep.flags = req.flags;
@@ -543,6 +552,12 @@ static bool fake_handle(fake_t *f, fake_reply_t *r, fake_reply_t *stale)
     } else if (req.opcode == TALLY_OP_INFO) {
         fake_error(r, TALLY_OK, "version=fake");
         r->rep.dtype = TALLY_DTYPE_TEXT;
+    } else if (req.opcode == TALLY_OP_STATS) {
+        r->shape = SHAPE_THREE_FRAMES;
+    } else if (req.opcode == TALLY_OP_RESET) {
+        r->shape = SHAPE_ONE_FRAME;
+    } else if (req.opcode == TALLY_OP_QUERY) {
+        r->shape = SHAPE_BAD_MAGIC;
     } else if (req.opcode == TALLY_OP_STREAMS) {
         /* A malformed list: a name length running past the end. */
         fake_error(r, TALLY_OK,
@@ -583,6 +598,7 @@ static void *fake_main(void *arg)
         while (n < MAX_BATCH) {
             stale.payload = NULL;
             stale.rep.request_id = 0;
+            stale.shape = 0;
             if (!fake_handle(f, &replies[n], &stale))
                 break;
             if (stale.rep.request_id)
@@ -912,6 +928,20 @@ static void test_call_and_wrappers(void **state)
     size_t count = 0;
     assert_int_equal(tally_streams(c, &names, &count), TALLY_E_REPLY); /* malformed list */
     assert_null(names);
+
+    /* Malformed replies are TALLY_E_REPLY with an explanation, and the socket stays usable
+     * (a reply's extra frames are drained, not left to be read as the next reply). */
+    assert_int_equal(tally_info(c, TALLY_OP_STATS, &text), TALLY_E_REPLY);
+    assert_null(text);
+    assert_non_null(strstr(tally_client_error(c), "3 frames"));
+    assert_int_equal(tally_ping(c, NULL), TALLY_OK);
+    assert_int_equal(tally_reset(c, "s"), TALLY_E_REPLY);
+    assert_non_null(strstr(tally_client_error(c), "1 frame"));
+    assert_int_equal(tally_ping(c, NULL), TALLY_OK);
+    tally_stream_info_t info;
+    assert_int_equal(tally_query(c, "s", &info), TALLY_E_REPLY);
+    assert_non_null(strstr(tally_client_error(c), "header"));
+    assert_int_equal(tally_ping(c, NULL), TALLY_OK);
 
     /* Pipelining by hand: three pings, replies matched by id in any order. */
     tally_req_t ping = {.opcode = TALLY_OP_PING};
