@@ -214,7 +214,8 @@ tally_status_t td_http_new(uv_loop_t *loop, const char *listen, td_http_render_f
     self->ctx = ctx;
     pthread_mutex_init(&self->lock, NULL);
     pthread_cond_init(&self->done, NULL);
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+    /* AUTO: epoll or poll rather than select, which fails on fds above 1023. */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
     if (ss.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     self->mhd = MHD_start_daemon(flags, 0, NULL, NULL, handle, self, MHD_OPTION_EXTERNAL_LOGGER,
