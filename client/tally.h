@@ -84,7 +84,9 @@ tally_status_t tally_send(tally_client_t *self, const tally_req_t *req, const vo
 tally_status_t tally_recv(tally_client_t *self, tally_reply_t *reply);
 
 /* Sends one request and waits for its reply (the timeout covers both). Returns the wire
- * status or a client-side one; reply->error explains any failure. */
+ * status or a client-side one; reply->error explains any failure. Replies to other requests
+ * that arrive meanwhile are discarded, so do not mix it with tally_send requests still in
+ * flight on the same client. */
 tally_status_t tally_call(tally_client_t *self, const tally_req_t *req, const void *payload,
                           size_t len, tally_reply_t *reply);
 
