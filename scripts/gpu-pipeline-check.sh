@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Issue 4 on the lent GPU machine in one call: the GPU pipeline's tests on the real GPU, then
+# the end-to-end benchmark (crossover, throughput beside the ZeroMQ echo, latency, 8
+# producers; bench/run-loadgen.sh). Logs and results go under $OUT.
+#
+#   run (carry: [".deps", "build-carry"]):
+#     source scripts/device-env.sh; scripts/gpu-pipeline-check.sh
+#
+# build-carry is a CUDA build made on the developer machine (same x86-64 Debian, same CUDA 13.0)
+# of just the targets needed here, so no device time goes to compiling; when its tallyd does
+# not run here the script builds them instead (build-dev).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+FINAL=${OUT:-/tmp/gpu-pipeline}
+OUT=$FINAL/work # everything here goes back as one logs.tgz (the tool returns at most 8 files)
+mkdir -p "$OUT"
+summary="$OUT/summary.txt"
+: >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv \
+  >>"$summary" 2>&1
+date -u >>"$summary"
+TARGETS="tallyd loadgen test_pipeline test_daemon"
+
+B=build-carry
+export LD_LIBRARY_PATH="$PWD/$B/client${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if ! "$B/daemon/tallyd" --version >/dev/null 2>&1 || ! "$B/bench/loadgen" 2>&1 | grep -q usage; then
+  note "carried build does not run here: building"
+  # Stand-ins for pkg-config modules the carried -dev packages name but do not bring (as in
+  # scripts/gpu-check.sh).
+  stubs=$(mktemp -d)
+  export PKG_CONFIG_PATH=${PKG_CONFIG_PATH:+$PKG_CONFIG_PATH:}$stubs
+  for pc in /opt/deps/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc /opt/deps/usr/share/pkgconfig/*.pc; do
+    [ -f "$pc" ] || continue
+    sed -n 's/^Requires\(\.private\)\?:\(.*\)/\2/p' "$pc" | tr ', ' '\n\n'
+  done | grep -E '^[A-Za-z]' | sort -u | while read -r m; do
+    [ -n "$m" ] && ! pkg-config --exists "$m" 2>/dev/null &&
+      printf 'Name: %s\nDescription: stand-in\nVersion: 99\n' "$m" >"$stubs/$m.pc"
+  done
+  B=build-dev
+  export LD_LIBRARY_PATH="$PWD/$B/client:$LD_LIBRARY_PATH"
+  t0=$SECONDS
+  cmake -S . -B $B -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DTALLY_CUDA=ON >"$OUT/build.log" 2>&1 &&
+    cmake --build $B -j "$(nproc)" --target $TARGETS >>"$OUT/build.log" 2>&1
+  note "build: rc=$? ($((SECONDS - t0)) s)"
+fi
+export TALLYD_BIN="$PWD/$B/daemon/tallyd" TALLY_BIN="$PWD/$B/client/tally"
+
+# ---- tests on the real GPU ----
+t0=$SECONDS
+TALLY_PIPELINE_ENGINE=cuda timeout 120 "$B/tests/test_pipeline" >"$OUT/test-pipeline-gpu.log" 2>&1
+note "test_pipeline (cuda): rc=$? ($((SECONDS - t0)) s)"
+grep -E "PASSED|FAILED|ERROR|LINE" "$OUT/test-pipeline-gpu.log" | head -12 | tee -a "$summary"
+t0=$SECONDS
+TALLY_TEST_BACKEND=cuda timeout 120 "$B/tests/test_daemon" >"$OUT/test-daemon-gpu.log" 2>&1
+note "test_daemon (--backend cuda): rc=$? ($((SECONDS - t0)) s)"
+grep -E "PASSED|FAILED|ERROR|LINE" "$OUT/test-daemon-gpu.log" | head -12 | tee -a "$summary"
+# ---- the benchmark ----
+t0=$SECONDS
+bench/run-loadgen.sh "$B" "$OUT" >"$OUT/run-loadgen.log" 2>&1
+note "run-loadgen: rc=$? ($((SECONDS - t0)) s)"
+
+# The pipeline under compute-sanitizer memcheck: tallyd itself runs under the tool.
+if [ "${MEMCHECK:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
+  wrap="$OUT/tallyd-memcheck.sh"
+  printf '#!/bin/sh\nexec compute-sanitizer --tool memcheck --error-exitcode 9 --log-file %s/memcheck-%%p.log %s "$@"\n' \
+    "$OUT" "$TALLYD_BIN" >"$wrap"
+  chmod +x "$wrap"
+  t0=$SECONDS
+  TALLYD_BIN="$wrap" TALLY_PIPELINE_ENGINE=cuda timeout ${MEMCHECK_SECONDS:-150} "$B/tests/test_pipeline" \
+    >"$OUT/test-pipeline-memcheck.log" 2>&1
+  note "test_pipeline (cuda, tallyd under memcheck): rc=$? ($((SECONDS - t0)) s)"
+  grep -h "ERROR SUMMARY" "$OUT"/memcheck-*.log 2>/dev/null | sort | uniq -c | tee -a "$summary"
+fi
+
+for f in "$OUT"/tallyd-*.log; do
+  [ -f "$f" ] && { echo "== $f"; grep -vE "^<[67]>" "$f" | tail -5; } >>"$summary"
+done
+cp "$OUT/loadgen.md" "$summary" "$FINAL/" 2>/dev/null
+tar czf "$FINAL/logs.tgz" -C "$OUT" . && rm -rf "$OUT"
+echo "==== loadgen.md"
+cat "$FINAL/loadgen.md"
+echo "==== summary"
+cat "$FINAL/summary.txt"
