@@ -11,14 +11,14 @@ __global__ void tk_lookback_init_kernel(tk_tile_state_t *states, unsigned n)
 {
     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
-        states[i] = make_longlong2(TK_TILE_INVALID, 0);
+        *tk_tile_at(states, i) = tk_tile_state_t{};
 }
 
-void tk_lookback_init(tk_tile_state_t *states, unsigned n, cudaStream_t stream)
+void tk_lookback_init(tk_tile_state_t *states, unsigned tiles, cudaStream_t stream)
 {
-    if (n == 0)
+    if (tiles == 0)
         return;
-    tk_lookback_init_kernel<<<(unsigned)tk_div_up(n, 256), 256, 0, stream>>>(states, n);
+    tk_lookback_init_kernel<<<(unsigned)tk_div_up(tiles, 256), 256, 0, stream>>>(states, tiles);
 }
 
 extern "C" tally_status_t tk_cuda_status(cudaError_t err)

@@ -6,19 +6,19 @@
  * int64 thresholds) to one test on the element type: keep x iff (lo <= x <= hi) != invert, with
  * lo/hi clamped to the type's range (an empty range keeps nothing; ne is an inverted point).
  *
- * One block compacts one tile of TK_TILE_WARPS * 32 * V 16-byte vectors:
+ * One block compacts one tile of TK_FILTER_WARPS * 32 * V 16-byte vectors:
  *   1. Each warp owns a contiguous segment; lane l loads vector v at segment + (v * 32 + l) * 16
  *      bytes, so loads are fully coalesced 16-byte accesses and all V are in flight at once.
  *   2. Each lane turns its elements into one flag bitmask per vector and counts them (popc). The
- *      V counts are packed into 16-bit fields of one 64-bit word, so a single warp shuffle scan
- *      ranks every element of the warp segment (order: vector, lane, element = input order).
+ *      V counts are packed into 8-bit (int32) or 16-bit (uint8) fields of one 64-bit word, so a
+ *      single warp shuffle scan ranks every element of the warp segment (order: vector, lane,
+ *      element = input order).
  *   3. Block level: warp totals through shared memory, warp 0 scans them. Then ONE global
  *      operation per tile gives the tile's output offset:
  *        unordered: one atomicAdd on the kept counter (skipped when the tile keeps nothing);
  *        stable: decoupled look-back over the tiles' kept counts (tk_cuda_internal.cuh).
- *      Aggregating per tile instead of per warp is what lifts the seed's 6-10 % of copy speed:
- *      the kernel issues 1/8 of the global atomics of the per-warp version and over many more
- *      elements each.
+ *      Aggregating per tile instead of per warp is what lifts the seed's 6-10 % of copy speed to
+ *      about 1.0: one global atomic per 32 KiB tile instead of one per warp instruction.
  *   4. Kept elements are scattered, in order, into a shared-memory staging tile, and the block
  *      then writes its compacted run with consecutive threads on consecutive elements (coalesced
  *      stores, whatever the run's alignment).
@@ -32,14 +32,17 @@
 
 typedef unsigned long long u64;
 
+#define TK_FILTER_WARPS (TK_FILTER_THREADS / 32)
+
 template <typename T> struct tk_filter_shape {
     static constexpr int E = 16 / (int)sizeof(T); /* elements per 16-byte vector */
     static constexpr int V = sizeof(T) == 4 ? TK_FILTER_VECS_I32 : TK_FILTER_VECS_U8;
     static constexpr int WARP_ELEMS = 32 * V * E;
-    static constexpr int TILE = TK_TILE_WARPS * WARP_ELEMS;
+    static constexpr int TILE = TK_FILTER_WARPS * WARP_ELEMS;
+    /* A warp keeps at most 32 * E elements of one vector index: 128 (int32) fits 8 bits. */
+    static constexpr int FIELD = 32 * E < 256 ? 8 : 16;
+    static_assert(V * FIELD <= 64, "the per-vector kept counts must pack into 64 bits");
 };
-static_assert(TK_FILTER_VECS_I32 <= 4 && TK_FILTER_VECS_U8 <= 4,
-              "kept counts are packed in four 16-bit fields");
 
 /* Element k of a 16-byte vector held as four 32-bit words. */
 template <typename T> static __device__ __forceinline__ int elem(const uint32_t *w, int k);
@@ -52,54 +55,66 @@ template <> __device__ __forceinline__ int elem<uint8_t>(const uint32_t *w, int 
     return (int)((w[k >> 2] >> (8 * (k & 3))) & 0xffu);
 }
 
-template <typename T, bool STABLE, bool VEC>
-__global__ void __launch_bounds__(TK_TILE_THREADS)
-    tk_filter_kernel(const T *__restrict__ in, size_t n, T *__restrict__ out, u64 *kept,
-                     tk_tile_state_t *states, unsigned num_tiles, int lo, int hi, int invert)
+/* Step 1: a tile's 16-byte vectors into registers, as 32-bit words (scalar, guarded loads for
+ * the last, partial tile and for unaligned inputs). */
+template <typename T, bool VEC>
+static __device__ __forceinline__ void load_tile(const T *__restrict__ in, size_t n, unsigned tile,
+                                                 uint32_t (&w)[tk_filter_shape<T>::V][4])
 {
     typedef tk_filter_shape<T> S;
-    constexpr int V = S::V, E = S::E;
-    __shared__ T stage[S::TILE];
-    __shared__ unsigned warp_count[TK_TILE_WARPS];
-    __shared__ unsigned warp_offset[TK_TILE_WARPS];
-    __shared__ u64 tile_out;
-    __shared__ unsigned tile_count;
-
-    const unsigned tile = blockIdx.x;
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const size_t seg = (size_t)tile * S::TILE + (size_t)warp * S::WARP_ELEMS;
-    const bool full = VEC && (size_t)(tile + 1) * S::TILE <= n;
-
-    /* 1. Load. */
-    uint32_t w[V][4];
-    if (full) {
+    if (VEC && (size_t)(tile + 1) * S::TILE <= n) {
         const uint4 *p = reinterpret_cast<const uint4 *>(in + seg) + lane;
 #pragma unroll
-        for (int v = 0; v < V; v++) {
+        for (int v = 0; v < S::V; v++) {
             uint4 t = __ldg(p + v * 32);
             w[v][0] = t.x;
             w[v][1] = t.y;
             w[v][2] = t.z;
             w[v][3] = t.w;
         }
-    } else {
+        return;
+    }
 #pragma unroll
-        for (int v = 0; v < V; v++) {
+    for (int v = 0; v < S::V; v++) {
 #pragma unroll
-            for (int j = 0; j < 4; j++)
-                w[v][j] = 0;
+        for (int j = 0; j < 4; j++)
+            w[v][j] = 0;
 #pragma unroll
-            for (int k = 0; k < E; k++) {
-                size_t i = seg + (size_t)(v * 32 + lane) * E + k;
-                uint32_t x = i < n ? (uint32_t)in[i] : 0u;
-                if (sizeof(T) == 4)
-                    w[v][k] = x;
-                else
-                    w[v][k >> 2] |= (x & 0xffu) << (8 * (k & 3));
-            }
+        for (int k = 0; k < S::E; k++) {
+            size_t i = seg + (size_t)(v * 32 + lane) * S::E + k;
+            uint32_t x = i < n ? (uint32_t)in[i] : 0u;
+            if (sizeof(T) == 4)
+                w[v][k] = x;
+            else
+                w[v][k >> 2] |= (x & 0xffu) << (8 * (k & 3));
         }
     }
+}
+
+/* One block per tile: tile = blockIdx.x (blocks start in index order, so a stable tile's
+ * predecessors are running or done). */
+template <typename T, bool STABLE, bool VEC>
+__global__ void __launch_bounds__(TK_FILTER_THREADS)
+    tk_filter_kernel(const T *__restrict__ in, size_t n, T *__restrict__ out, u64 *kept,
+                     tk_tile_state_t *states, unsigned num_tiles, int lo, int hi, int invert)
+{
+    typedef tk_filter_shape<T> S;
+    constexpr int V = S::V, E = S::E;
+    __shared__ T stage[S::TILE];
+    __shared__ unsigned warp_count[TK_FILTER_WARPS];
+    __shared__ unsigned warp_offset[TK_FILTER_WARPS];
+    __shared__ u64 tile_out;
+    __shared__ unsigned tile_count;
+
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const unsigned tile = blockIdx.x;
+    uint32_t w[V][4];
+    load_tile<T, VEC>(in, n, tile, w);
+    const size_t seg = (size_t)tile * S::TILE + (size_t)warp * S::WARP_ELEMS;
+    const bool full = VEC && (size_t)(tile + 1) * S::TILE <= n;
 
     /* 2. Flags, counts, and ranks inside the warp segment. */
     unsigned flags[V];
@@ -121,7 +136,7 @@ __global__ void __launch_bounds__(TK_TILE_THREADS)
                 f &= (1u << (n - first)) - 1u;
         }
         flags[v] = f;
-        packed |= (u64)__popc(f) << (16 * v);
+        packed |= (u64)__popc(f) << (S::FIELD * v);
     }
     u64 inc = packed;
 #pragma unroll
@@ -136,8 +151,9 @@ __global__ void __launch_bounds__(TK_TILE_THREADS)
     unsigned acc = 0;
 #pragma unroll
     for (int v = 0; v < V; v++) {
-        run_offset[v] = acc + (unsigned)((excl >> (16 * v)) & 0xffffu);
-        acc += (unsigned)((warp_sums >> (16 * v)) & 0xffffu);
+        const u64 mask = (1ull << S::FIELD) - 1;
+        run_offset[v] = acc + (unsigned)((excl >> (S::FIELD * v)) & mask);
+        acc += (unsigned)((warp_sums >> (S::FIELD * v)) & mask);
     }
     if (lane == 0)
         warp_count[warp] = acc;
@@ -145,7 +161,7 @@ __global__ void __launch_bounds__(TK_TILE_THREADS)
 
     /* 3. Block scan of warp counts, then the tile's place in the output. */
     if (warp == 0) {
-        unsigned c = lane < TK_TILE_WARPS ? warp_count[lane] : 0;
+        unsigned c = lane < TK_FILTER_WARPS ? warp_count[lane] : 0;
         unsigned ic = c;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
@@ -154,7 +170,7 @@ __global__ void __launch_bounds__(TK_TILE_THREADS)
                 ic += t;
         }
         unsigned total = __shfl_sync(0xffffffffu, ic, 31);
-        if (lane < TK_TILE_WARPS)
+        if (lane < TK_FILTER_WARPS)
             warp_offset[lane] = ic - c;
         u64 where = 0;
         if (!STABLE) {
@@ -162,13 +178,13 @@ __global__ void __launch_bounds__(TK_TILE_THREADS)
                 where = atomicAdd(kept, (u64)total);
         } else if (tile == 0) {
             if (lane == 0)
-                tk_tile_store(states, TK_TILE_INCLUSIVE, (long long)total);
+                tk_tile_store(tk_tile_at(states, 0), TK_TILE_INCLUSIVE, (long long)total);
         } else {
             if (lane == 0)
-                tk_tile_store(states + tile, TK_TILE_AGGREGATE, (long long)total);
+                tk_tile_store(tk_tile_at(states, tile), TK_TILE_AGGREGATE, (long long)total);
             where = (u64)tk_lookback(states, tile);
             if (lane == 0)
-                tk_tile_store(states + tile, TK_TILE_INCLUSIVE, (long long)(where + total));
+                tk_tile_store(tk_tile_at(states, tile), TK_TILE_INCLUSIVE, (long long)(where + total));
         }
         if (lane == 0) {
             if (STABLE && tile == num_tiles - 1)
@@ -195,7 +211,7 @@ __global__ void __launch_bounds__(TK_TILE_THREADS)
 
     const unsigned count = tile_count;
     T *dst = out + tile_out;
-    for (unsigned i = threadIdx.x; i < count; i += TK_TILE_THREADS)
+    for (unsigned i = threadIdx.x; i < count; i += TK_FILTER_THREADS)
         dst[i] = stage[i];
 }
 
@@ -259,11 +275,11 @@ static void launch_filter(bool vec, unsigned tiles, cudaStream_t s, const void *
     const T *i = static_cast<const T *>(in);
     T *o = static_cast<T *>(out);
     if (vec)
-        tk_filter_kernel<T, STABLE, true>
-            <<<tiles, TK_TILE_THREADS, 0, s>>>(i, n, o, kept, st, tiles, r->lo, r->hi, r->invert);
+        tk_filter_kernel<T, STABLE, true><<<tiles, TK_FILTER_THREADS, 0, s>>>(
+            i, n, o, kept, st, tiles, r->lo, r->hi, r->invert);
     else
-        tk_filter_kernel<T, STABLE, false>
-            <<<tiles, TK_TILE_THREADS, 0, s>>>(i, n, o, kept, st, tiles, r->lo, r->hi, r->invert);
+        tk_filter_kernel<T, STABLE, false><<<tiles, TK_FILTER_THREADS, 0, s>>>(
+            i, n, o, kept, st, tiles, r->lo, r->hi, r->invert);
 }
 
 static size_t tile_elems(tally_dtype_t dtype)
@@ -276,7 +292,7 @@ extern "C" size_t tk_cuda_filter_scratch_bytes(tally_dtype_t dtype, size_t n, in
 {
     if (!stable)
         return 0;
-    return tk_div_up(n, tile_elems(dtype)) * sizeof(tk_tile_state_t);
+    return tk_tile_states_bytes(tk_div_up(n, tile_elems(dtype)));
 }
 
 extern "C" tally_status_t tk_cuda_filter(tally_dtype_t dtype, const void *d_in, size_t n,

@@ -9,8 +9,9 @@
  * tile that already published an INCLUSIVE prefix; it then publishes its own inclusive prefix.
  * A tile therefore waits only for its predecessors' local reductions, not for their look-backs,
  * and the whole scan reads and writes each element once. Each tile's state is one 16-byte word
- * {status, value} written and read with a single 16-byte volatile access, so a reader never sees
- * a status without its value (the technique CUB uses for 8-byte values). Tile ids are blockIdx.x:
+ * holding status and value together, so a reader never sees a status without its value, alone on
+ * its 128-byte L2 line; published values are relative to the batch (the scan adds its carry-in
+ * locally). Tile ids are blockIdx.x:
  * blocks are dispatched in index order, so a tile's predecessors are always resident or done
  * (CUB relies on the same). The states live in caller scratch and are reset by
  * tk_lookback_init_kernel on the same stream before every pass.
@@ -23,24 +24,37 @@
 
 #include "tk_cuda.h"
 
-/* ---- Tuning (H100 80GB HBM3, 1 GiB inputs; history in bench/NOTES.md) ------------------------
- * Threads per block for filter and scan tiles: 256 (8 warps) gives 8 resident blocks per SM
- * with the registers these kernels use, so ~128 KiB of loads are in flight per SM. */
-#define TK_TILE_THREADS 256
-#define TK_TILE_WARPS (TK_TILE_THREADS / 32)
-/* 16-byte vectors each lane loads per tile. Filter int32: 4 (4096 elements, 16 KiB per tile);
- * filter uint8: 4 (16 KiB per tile); scan: 4 (4096 elements). See NOTES.md for the sweep. */
+/* ---- Tuning --------------------------------------------------------------------------------
+ * Chosen on an NVIDIA H200 (no H100 could be lent), 1 GiB inputs, ratios to the D2D copy or
+ * read-only ceiling of the same run; every version's figures are in bench/NOTES.md. Each constant
+ * can be overridden with -D for a sweep (scripts/gpu-check.sh GPU_CHECK_VARIANTS), so a sweep
+ * measures exactly the code that ships.
+ *
+ * Threads per block of the filter and scan tiles: 256. 512 was measured no better for the filter
+ * (0.52-0.62 vs 0.49-0.62 stable, 4 vectors) and worse for the int64 scan (0.737 vs 0.812, final
+ * code), and with 8 vectors the 512-thread filter's staging tile exceeds 48 KiB. */
+#ifndef TK_FILTER_THREADS
+#define TK_FILTER_THREADS 256
+#endif
+#ifndef TK_SCAN_THREADS
+#define TK_SCAN_THREADS 256
+#endif
+/* 16-byte vectors each lane loads per tile. 8 for int32 filter and scan (8192-element, 32 KiB
+ * tiles): over 4 it lifted the stable filter from 0.49-0.62 to 0.58-0.69 and the int32 scan from
+ * 0.56 to 0.69, because each tile pays a fixed look-back latency. uint8 filter: 4 (16 KiB; its
+ * 16-bit count fields allow at most 4). The unordered filter is at 0.96-1.05 either way. */
 #ifndef TK_FILTER_VECS_I32
-#define TK_FILTER_VECS_I32 4
+#define TK_FILTER_VECS_I32 8
 #endif
 #ifndef TK_FILTER_VECS_U8
 #define TK_FILTER_VECS_U8 4
 #endif
 #ifndef TK_SCAN_VECS
-#define TK_SCAN_VECS 4
+#define TK_SCAN_VECS 8
 #endif
-/* Histogram: threads per block, resident blocks per SM for the persistent grid, and 16-byte
- * vectors each thread loads before it starts counting (memory-level parallelism). */
+/* Histogram: 512 threads, 4 resident blocks per SM (the persistent grid), 4 16-byte loads in
+ * flight per thread: 0.975-0.985 of the read-only pass (u8 uniform/all-equal/narrow) and 0.96
+ * (i32) in the first measurement, so not swept further. */
 #ifndef TK_HIST_THREADS
 #define TK_HIST_THREADS 512
 #endif
@@ -50,35 +64,80 @@
 #ifndef TK_HIST_UNROLL
 #define TK_HIST_UNROLL 4
 #endif
+/* Look-back: windows of 32 predecessors read per round trip to L2: 1 (4 and 8 were worse,
+ * 0.49-0.64 and 0.35-0.50 stable filter against 0.55-0.70: more traffic on the hot state lines).
+ * Sleep between polls of a window that is not ready, doubling from the first value to the
+ * second (ns; 0 = spin): 32..512, measured the same as spinning and 100..1000 (within 0.01), kept
+ * so that waiting warps leave issue slots to kernels of other streams. */
+#ifndef TK_LOOKBACK_WINDOWS
+#define TK_LOOKBACK_WINDOWS 1
+#endif
+#ifndef TK_LOOKBACK_SLEEP_NS
+#define TK_LOOKBACK_SLEEP_NS 32
+#endif
+#ifndef TK_LOOKBACK_SLEEP_MAX_NS
+#define TK_LOOKBACK_SLEEP_MAX_NS 512
+#endif
+/* Spacing of consecutive tiles' states, in 16-byte states: 8, one 128-byte L2 line per tile.
+ * The states of the newest tiles are written by many SMs and polled by many warps at once;
+ * sharing lines serialises them. Adjacent states: scan int64 0.717, stable filter 0.67-0.78;
+ * 2 (one sector): 0.783, 0.73-0.83; 8: 0.811, 0.76-0.86; 16: 0.802, 0.74-0.85. */
+#ifndef TK_LOOKBACK_STRIDE
+#define TK_LOOKBACK_STRIDE 8
+#endif
 
 /* ---- Look-back tile states ------------------------------------------------------------------ */
 
 enum { TK_TILE_INVALID = 0, TK_TILE_AGGREGATE = 1, TK_TILE_INCLUSIVE = 2 };
 
-/* One tile's published state: x = status, y = value (an int64 sum or count). */
+/* A tile state as read: its status and its value (a sum or a count, relative to the batch). */
+struct tk_tile_view {
+    int status;
+    long long value;
+};
+
+/* One 16-byte word {status, value}, written and read with single 16-byte volatile accesses
+ * (the technique CUB uses for 8-byte values). An 8-byte packed word (value << 2 | status) was
+ * measured slower (scan int64 0.628 vs 0.717 before the stride below): twice as many states per
+ * L2 line. */
 typedef longlong2 tk_tile_state_t;
 
-static __device__ __forceinline__ void tk_tile_store(tk_tile_state_t *p, long long status,
+static __device__ __forceinline__ void tk_tile_store(tk_tile_state_t *p, int status,
                                                      long long value)
 {
-    asm volatile("st.volatile.global.v2.s64 [%0], {%1, %2};" ::"l"(p), "l"(status), "l"(value)
+    asm volatile("st.volatile.global.v2.s64 [%0], {%1, %2};" ::"l"(p), "l"((long long)status),
+                 "l"(value)
                  : "memory");
 }
 
-static __device__ __forceinline__ tk_tile_state_t tk_tile_load(const tk_tile_state_t *p)
+static __device__ __forceinline__ tk_tile_view tk_tile_load(const tk_tile_state_t *p)
 {
-    tk_tile_state_t s;
-    asm volatile("ld.volatile.global.v2.s64 {%0, %1}, [%2];"
-                 : "=l"(s.x), "=l"(s.y)
-                 : "l"(p)
-                 : "memory");
-    return s;
+    long long st, v;
+    asm volatile("ld.volatile.global.v2.s64 {%0, %1}, [%2];" : "=l"(st), "=l"(v) : "l"(p) : "memory");
+    return tk_tile_view{(int)st, v};
 }
 
-/* Resets n tile states to INVALID. Launched on the caller's stream before each pass. */
+/* The state of tile i. */
+static __device__ __forceinline__ tk_tile_state_t *tk_tile_at(tk_tile_state_t *states, long long i)
+{
+    return states + i * TK_LOOKBACK_STRIDE;
+}
+static __device__ __forceinline__ const tk_tile_state_t *tk_tile_at(const tk_tile_state_t *states,
+                                                                    long long i)
+{
+    return states + i * TK_LOOKBACK_STRIDE;
+}
+/* Scratch bytes for the states of n tiles. */
+static inline size_t tk_tile_states_bytes(size_t tiles)
+{
+    return tiles * TK_LOOKBACK_STRIDE * sizeof(tk_tile_state_t);
+}
+
+/* Resets the states of n tiles to INVALID (the padding between them is never read). */
 __global__ void tk_lookback_init_kernel(tk_tile_state_t *states, unsigned n);
-/* Launches tk_lookback_init_kernel (no launch when n is 0). */
-void tk_lookback_init(tk_tile_state_t *states, unsigned n, cudaStream_t stream);
+/* Resets the states of `tiles` tiles, launched on the caller's stream before each pass (no
+ * launch when tiles is 0). */
+void tk_lookback_init(tk_tile_state_t *states, unsigned tiles, cudaStream_t stream);
 
 static __device__ __forceinline__ long long tk_warp_sum64(long long v)
 {
@@ -89,30 +148,46 @@ static __device__ __forceinline__ long long tk_warp_sum64(long long v)
 }
 
 /* Called by all 32 lanes of one warp of tile `tile` (> 0), after the tile published its
- * aggregate: returns (to every lane) the sum of all tiles before it. Sums are modulo 2^64. */
+ * aggregate: returns (to every lane) the sum of all tiles before it. Sums are modulo 2^64.
+ * Each round trip to L2 reads TK_LOOKBACK_WINDOWS windows of 32 predecessors at once (lane l,
+ * window m: tile - 1 - l - 32 m), then consumes them nearest first; a window that still holds an
+ * unpublished tile is re-read, with the ones behind it, after a sleep that doubles from
+ * TK_LOOKBACK_SLEEP_NS up to TK_LOOKBACK_SLEEP_MAX_NS: spinning warps otherwise flood the few
+ * L2 lines that hold the newest states and slow down the very tiles they wait for. */
 static __device__ __forceinline__ long long tk_lookback(const tk_tile_state_t *states,
                                                         long long tile)
 {
     const int lane = threadIdx.x & 31;
     unsigned long long prefix = 0;
-    long long pos = tile - 1 - lane;
+    long long pos = tile - 1 - lane; /* this lane's tile in window 0 */
+    unsigned sleep_ns = TK_LOOKBACK_SLEEP_NS;
     for (;;) {
-        tk_tile_state_t s;
-        for (;;) {
-            /* Out-of-range lanes read as an inclusive zero; tile 0 is inclusive, so such lanes
-             * are never the nearest inclusive predecessor. */
-            s = pos >= 0 ? tk_tile_load(states + pos) : make_longlong2(TK_TILE_INCLUSIVE, 0);
-            if (!__any_sync(0xffffffffu, s.x == TK_TILE_INVALID))
-                break;
+        tk_tile_view s[TK_LOOKBACK_WINDOWS];
+#pragma unroll
+        for (int m = 0; m < TK_LOOKBACK_WINDOWS; m++) {
+            /* Tiles before 0 read as an inclusive zero; tile 0 is inclusive, so they are never
+             * the nearest inclusive predecessor. */
+            long long p = pos - 32 * m;
+            s[m] = p >= 0 ? tk_tile_load(tk_tile_at(states, p)) : tk_tile_view{TK_TILE_INCLUSIVE, 0};
         }
-        unsigned incl = __ballot_sync(0xffffffffu, s.x == TK_TILE_INCLUSIVE);
-        /* Lane 0 is the nearest predecessor: sum lanes up to the nearest inclusive one. */
-        int stop = incl ? __ffs(incl) - 1 : 31;
-        long long v = lane <= stop ? s.y : 0;
-        prefix += (unsigned long long)tk_warp_sum64(v);
-        if (incl)
-            return (long long)prefix;
-        pos -= 32;
+#pragma unroll
+        for (int m = 0; m < TK_LOOKBACK_WINDOWS; m++) {
+            if (__any_sync(0xffffffffu, s[m].status == TK_TILE_INVALID)) {
+                if (TK_LOOKBACK_SLEEP_NS) {
+                    __nanosleep(sleep_ns);
+                    sleep_ns = sleep_ns * 2 < TK_LOOKBACK_SLEEP_MAX_NS ? sleep_ns * 2
+                                                                        : TK_LOOKBACK_SLEEP_MAX_NS;
+                }
+                break; /* re-read from this window on */
+            }
+            unsigned incl = __ballot_sync(0xffffffffu, s[m].status == TK_TILE_INCLUSIVE);
+            /* Lane 0 is the nearest: sum the lanes up to the nearest inclusive one. */
+            int stop = incl ? __ffs(incl) - 1 : 31;
+            prefix += (unsigned long long)tk_warp_sum64(lane <= stop ? s[m].value : 0);
+            if (incl)
+                return (long long)prefix;
+            pos -= 32;
+        }
     }
 }
 
