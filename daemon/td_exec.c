@@ -39,6 +39,7 @@ struct td_exec {
     td_exec_env_t env;
     td_backend_choice_t choice;
     size_t gpu_min_batch;
+    size_t gpu_max_batch; /* the staging size, fixed at start */
     unsigned fault_every;
     uint64_t gpu_submitted; /* for the fault switch */
     td_gpu_t *gpu;          /* NULL: CPU only */
@@ -90,7 +91,8 @@ static void cpu_submit(td_exec_t *x, td_request_t *r)
 
 static bool wants_gpu(const td_exec_t *x, const td_request_t *r)
 {
-    if (!x->gpu || !td_gpu_usable(x->gpu))
+    /* A reload may raise max_batch above what the staging buffers were sized for. */
+    if (!x->gpu || !td_gpu_usable(x->gpu) || r->payload_len > x->gpu_max_batch)
         return false;
     return x->choice == TD_BACKEND_CUDA || r->payload_len >= x->gpu_min_batch;
 }
@@ -173,11 +175,12 @@ static tally_status_t open_gpu(td_exec_t *x)
     tally_status_t st = cfg->test_sim_gpus ? td_gpu_engine_sim_new(cfg->test_sim_gpus, &engine)
                                            : td_gpu_engine_cuda_new(&engine, why, sizeof why);
     if (st == TALLY_OK) {
+        x->gpu_max_batch = cfg->max_batch < 16 ? 16 : cfg->max_batch;
         td_gpu_opts_t opts = {
-            .max_batch = cfg->max_batch < 16 ? 16 : cfg->max_batch,
+            .max_batch = x->gpu_max_batch,
             .lanes = cfg->gpu_streams ? cfg->gpu_streams : TD_DEFAULT_GPU_STREAMS,
             .slots = TD_GPU_SLOTS_PER_LANE,
-            .max_inflight = cfg->max_inflight,
+            .max_inflight = TD_MAX_INFLIGHT_LIMIT, /* a reload may raise max_inflight */
         };
         st = td_gpu_new(x->env.loop, engine, &opts, gpu_complete, x, &x->gpu, why, sizeof why);
     }

@@ -28,7 +28,8 @@ typedef struct {
     size_t max_batch;      /* bytes; staging and device buffers are this size */
     unsigned lanes;        /* per device */
     unsigned slots;        /* staging slots per lane */
-    unsigned max_inflight; /* bounds the streams in flight at once: carries per lane */
+    unsigned max_inflight; /* the most requests ever in flight: bounds the streams in flight at
+                            * once, so the scan carries per lane */
 } td_gpu_opts_t;
 
 /* Opens every device of the engine (taking ownership of it, also on failure) with its lanes
