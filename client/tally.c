@@ -187,12 +187,11 @@ void tally_reply_clear(tally_reply_t *reply)
 
 /* ---- Send and receive --------------------------------------------------------------------- */
 
-static tally_status_t send_until(tally_client_t *self, const tally_req_t *req, const void *payload,
-                                 size_t len, uint64_t *request_id, int64_t deadline)
+/* Validates req and queues its header frame (with ZMQ_SNDMORE), waiting for the socket until
+ * the deadline; *id receives the request id. The caller must then send the payload frame. */
+static tally_status_t send_header_until(tally_client_t *self, const tally_req_t *req, size_t len,
+                                        uint64_t *id, int64_t deadline)
 {
-    if (!self || !req || (len && !payload))
-        return TALLY_E_ARG;
-
     tally_req_t wire = *req;
     wire.version = TALLY_PROTO_VERSION;
     wire.request_id = self->next_id;
@@ -214,12 +213,24 @@ static tally_status_t send_until(tally_client_t *self, const tally_req_t *req, c
         if (zmq_errno() != EAGAIN && zmq_errno() != EINTR)
             return fail(self, TALLY_E_TRANSPORT, zmq_strerror(zmq_errno()));
     }
+    *id = self->next_id++;
+    return TALLY_OK;
+}
+
+static tally_status_t send_until(tally_client_t *self, const tally_req_t *req, const void *payload,
+                                 size_t len, uint64_t *request_id, int64_t deadline)
+{
+    if (!self || !req || (len && !payload))
+        return TALLY_E_ARG;
+    uint64_t id;
+    tally_status_t status = send_header_until(self, req, len, &id, deadline);
+    if (status != TALLY_OK)
+        return status;
     /* Multipart messages are atomic: once the first frame is queued the last one is too. */
     if (zmq_send(self->sock, len ? payload : "", len, 0) < 0)
         return fail(self, TALLY_E_TRANSPORT, zmq_strerror(zmq_errno()));
-    self->next_id++;
     if (request_id)
-        *request_id = wire.request_id;
+        *request_id = id;
     return TALLY_OK;
 }
 
@@ -229,6 +240,39 @@ tally_status_t tally_send(tally_client_t *self, const tally_req_t *req, const vo
     if (!self)
         return TALLY_E_ARG;
     return send_until(self, req, payload, len, request_id, deadline_after(self));
+}
+
+tally_status_t tally_send_zc(tally_client_t *self, const tally_req_t *req, void *payload,
+                             size_t len, tally_free_fn *free_fn, void *hint, uint64_t *request_id)
+{
+    tally_status_t status = TALLY_E_ARG;
+    if (!self || !req || !payload || !len || !free_fn)
+        goto release;
+    uint64_t id;
+    status = send_header_until(self, req, len, &id, deadline_after(self));
+    if (status != TALLY_OK)
+        goto release;
+    /* From here ZeroMQ owns the buffer: it calls free_fn once it is sent, or on close. */
+    zmq_msg_t frame;
+    if (zmq_msg_init_data(&frame, payload, len, free_fn, hint) != 0) {
+        /* Cannot happen with a valid buffer, but the header is queued: end the message. */
+        zmq_send(self->sock, "", 0, 0);
+        status = fail(self, TALLY_E_NOMEM, "out of memory");
+        goto release;
+    }
+    if (zmq_msg_send(&frame, self->sock, 0) < 0) {
+        status = fail(self, TALLY_E_TRANSPORT, zmq_strerror(zmq_errno()));
+        zmq_msg_close(&frame); /* calls free_fn */
+        return status;
+    }
+    if (request_id)
+        *request_id = id;
+    return TALLY_OK;
+
+release:
+    if (free_fn && payload)
+        free_fn(payload, hint);
+    return status;
 }
 
 /* Reads and discards the rest of a multipart message; returns how many frames it had. */

@@ -77,6 +77,17 @@ void tally_reply_clear(tally_reply_t *reply);
 tally_status_t tally_send(tally_client_t *self, const tally_req_t *req, const void *payload,
                           size_t len, uint64_t *request_id);
 
+/* Releases a buffer given to tally_send_zc; called once, possibly from a ZeroMQ I/O thread. */
+typedef void(tally_free_fn)(void *data, void *hint);
+
+/* tally_send without copying the payload: ZeroMQ sends straight from `payload` (len > 0),
+ * which must stay unchanged until free_fn(payload, hint) is called. That happens exactly
+ * once on every path: when the frame has been sent, when the send fails, or at once for a
+ * request rejected before sending. free_fn may do nothing, for a buffer that outlives the
+ * client and is sent many times (a benchmark's). Saves tally_send's copy of the payload. */
+tally_status_t tally_send_zc(tally_client_t *self, const tally_req_t *req, void *payload,
+                             size_t len, tally_free_fn *free_fn, void *hint, uint64_t *request_id);
+
 /* Receives the next reply, in any order, waiting at most the timeout. *reply is cleared
  * first. Returns the reply's wire status (reply->rep.request_id says which request it
  * answers), or TALLY_E_TIMEOUT, TALLY_E_TRANSPORT, or TALLY_E_REPLY for a reply that does

@@ -964,6 +964,57 @@ static void test_call_and_wrappers(void **state)
     tally_client_destroy(&c);
 }
 
+static atomic_int zc_freed;
+static atomic_int zc_bad_hint;
+
+static void zc_free(void *data, void *hint)
+{
+    if (hint != &zc_freed)
+        atomic_fetch_add(&zc_bad_hint, 1);
+    free(data);
+    atomic_fetch_add(&zc_freed, 1);
+}
+
+/* tally_send_zc hands the buffer to ZeroMQ and frees it exactly once, on every path. */
+static void test_send_zero_copy(void **state)
+{
+    tally_client_t *c = fake_client(state);
+    enum { N = 100000 };
+    int32_t *x = malloc(4 * N);
+    size_t kept = 0;
+    for (int i = 0; i < N; i++)
+        kept += (x[i] = (int32_t)(rng() % 100) - 50) > 10;
+    tally_req_t req = {
+        .opcode = TALLY_OP_FILTER, .dtype = TALLY_DTYPE_I32, .pred = TALLY_PRED_GT, .lo = 10};
+    atomic_store(&zc_freed, 0);
+    uint64_t id = 0;
+    assert_int_equal(tally_send_zc(c, &req, x, 4 * N, zc_free, &zc_freed, &id), TALLY_OK);
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    assert_int_equal(tally_recv(c, &reply), TALLY_OK);
+    assert_true(reply.rep.request_id == id);
+    assert_int_equal(reply.rep.count, kept);
+    assert_int_equal(reply.rep.aux0, N);
+    tally_reply_clear(&reply);
+    for (int i = 0; i < 100 && atomic_load(&zc_freed) == 0; i++)
+        usleep(10000);
+    assert_int_equal(atomic_load(&zc_freed), 1);
+
+    /* Rejected before sending: freed before tally_send_zc returns. */
+    void *buf = malloc(16);
+    memcpy(req.stream, "a b", 4);
+    req.stream_len = 3;
+    assert_int_equal(tally_send_zc(c, &req, buf, 16, zc_free, &zc_freed, NULL),
+                     TALLY_E_STREAM_NAME);
+    assert_int_equal(atomic_load(&zc_freed), 2);
+    req.stream_len = 0;
+    buf = malloc(4);
+    assert_int_equal(tally_send_zc(c, &req, buf, 0, zc_free, &zc_freed, NULL), TALLY_E_ARG);
+    assert_int_equal(atomic_load(&zc_freed), 3);
+    assert_int_equal(atomic_load(&zc_bad_hint), 0);
+    tally_client_destroy(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest unit[] = {
@@ -988,6 +1039,7 @@ int main(void)
         cmocka_unit_test(test_run_hist_sums_chunks),
         cmocka_unit_test(test_run_respects_window),
         cmocka_unit_test(test_run_failures),
+        cmocka_unit_test(test_send_zero_copy),
     };
     int failed = cmocka_run_group_tests_name("client", unit, NULL, NULL);
     failed += cmocka_run_group_tests_name("client_fake_daemon", fake, fake_setup, fake_teardown);
