@@ -31,6 +31,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -749,6 +750,11 @@ void td_server_destroy(td_server_t **self_p)
     uv_close((uv_handle_t *)&s->sig_int, NULL);
     uv_close((uv_handle_t *)&s->sig_term, NULL);
     uv_close((uv_handle_t *)&s->sig_hup, NULL);
+    /* Closing them restored the default actions; tallyd is exiting, so a late SIGTERM (a
+     * second Ctrl-C, systemd's stop) must not turn a clean exit into death by signal. */
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
     uv_run(&s->loop, UV_RUN_DEFAULT);
     td_exec_destroy(&s->exec); /* joins the GPU lane threads */
     uv_loop_close(&s->loop);
