@@ -27,23 +27,22 @@
 
 #include "tk_cuda.h"
 
-#define CK(call)                                                                                  \
-    do {                                                                                          \
-        cudaError_t e_ = (call);                                                                  \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                         \
-                    cudaGetErrorString(e_));                                                      \
-            exit(1);                                                                              \
-        }                                                                                         \
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
-#define TK(call)                                                                                  \
-    do {                                                                                          \
-        tally_status_t s_ = (call);                                                               \
-        if (s_ != TALLY_OK) {                                                                     \
-            fprintf(stderr, "%s:%d: %s: status %d (%s)\n", __FILE__, __LINE__, #call, (int)s_,    \
-                    tk_cuda_error_string());                                                      \
-            exit(1);                                                                              \
-        }                                                                                         \
+#define TK(call)                                                                                   \
+    do {                                                                                           \
+        tally_status_t s_ = (call);                                                                \
+        if (s_ != TALLY_OK) {                                                                      \
+            fprintf(stderr, "%s:%d: %s: status %d (%s)\n", __FILE__, __LINE__, #call, (int)s_,     \
+                    tk_cuda_error_string());                                                       \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
 
 static const size_t BYTES = (size_t)1 << 30;
@@ -100,7 +99,10 @@ __global__ void __launch_bounds__(256) read_only(const uint4 *p, size_t nv, unsi
 
 struct LessThan {
     int t;
-    __host__ __device__ bool operator()(const int &x) const { return x < t; }
+    __host__ __device__ bool operator()(const int &x) const
+    {
+        return x < t;
+    }
 };
 
 /* Median time in ms of `reps` runs of f on the stream, after 3 warm-up runs. */
@@ -138,7 +140,7 @@ struct Row {
     std::string op;
     double gb, ceiling;
     const char *ceiling_name;
-    double cub; /* 0 = none */
+    double cub;    /* 0 = none */
     double target; /* ratio to reach: 0.90 of ceiling, or (stable filter) CUB's figure */
 };
 static std::vector<Row> rows;
@@ -195,21 +197,21 @@ int main(int argc, char **argv)
 
     /* CUB's temporary storage: the largest of the operations timed. */
     size_t t1 = 0, t2 = 0, t3 = 0, t4 = 0;
-    CK(cub::DeviceSelect::If(nullptr, t1, d_i32, (int *)d_out, d_cub_count, (int)N32,
-                             LessThan{0}, stream));
+    CK(cub::DeviceSelect::If(nullptr, t1, d_i32, (int *)d_out, d_cub_count, (int)N32, LessThan{0},
+                             stream));
     CK(cub::DeviceScan::InclusiveSum(nullptr, t2, d_i32, (int *)d_out, (int)N32, stream));
-    CK(cub::DeviceHistogram::HistogramEven(nullptr, t3, d_u8, (int *)d_out, 257, 0, 256,
-                                           (int)BYTES, stream));
-    CK(cub::DeviceHistogram::HistogramEven(nullptr, t4, d_i32, (int *)d_out, 257, 0,
-                                           FILTER_RANGE, (int)N32, stream));
+    CK(cub::DeviceHistogram::HistogramEven(nullptr, t3, d_u8, (int *)d_out, 257, 0, 256, (int)BYTES,
+                                           stream));
+    CK(cub::DeviceHistogram::HistogramEven(nullptr, t4, d_i32, (int *)d_out, 257, 0, FILTER_RANGE,
+                                           (int)N32, stream));
     size_t cub_bytes = std::max(std::max(t1, t2), std::max(t3, t4));
     CK(cudaMalloc(&d_cub, cub_bytes));
 
     /* Ceilings. */
-    double copy = gbps(2.0 * BYTES, time_ms([&] {
-                           CK(cudaMemcpyAsync(d_out, d_i32, BYTES, cudaMemcpyDeviceToDevice,
-                                              stream));
-                       }));
+    double copy =
+        gbps(2.0 * BYTES, time_ms([&] {
+                 CK(cudaMemcpyAsync(d_out, d_i32, BYTES, cudaMemcpyDeviceToDevice, stream));
+             }));
     double readc = gbps(BYTES, time_ms([&] {
                             read_only<<<prop.multiProcessorCount * 8, 256, 0, stream>>>(
                                 (const uint4 *)d_i32, BYTES / 16, d_sink);
@@ -245,8 +247,8 @@ int main(int argc, char **argv)
                 return 1;
             }
             char name[64];
-            snprintf(name, sizeof name, "filter %s i32, %3d%% kept", stable ? "stable   " : "unordered",
-                     p);
+            snprintf(name, sizeof name, "filter %s i32, %3d%% kept",
+                     stable ? "stable   " : "unordered", p);
             row(name, gbps(bytes, ms), copy, "copy", cub, stable ? cub / copy : 0.90);
         }
     }
@@ -275,24 +277,22 @@ int main(int argc, char **argv)
     for (int k = 0; k < 3; k++) {
         gen_u8<<<4096, 256, 0, stream>>>((unsigned *)d_u8, BYTES / 4, k);
         CK(cudaGetLastError());
-        double cub = gbps(BYTES, time_ms([&] {
-                              CK(cub::DeviceHistogram::HistogramEven(d_cub, cub_bytes, d_u8,
-                                                                     (int *)d_out, 257, 0, 256,
-                                                                     (int)BYTES, stream));
-                          }));
+        double cub =
+            gbps(BYTES, time_ms([&] {
+                     CK(cub::DeviceHistogram::HistogramEven(d_cub, cub_bytes, d_u8, (int *)d_out,
+                                                            257, 0, 256, (int)BYTES, stream));
+                 }));
         double ms = time_ms([&] { TK(tk_cuda_hist_u8(d_u8, BYTES, dh, nullptr, 0, stream)); });
         row(std::string("hist u8 ") + kinds[k], gbps(BYTES, ms), readc, "read", cub, 0.90);
     }
     {
-        double cub = gbps(BYTES, time_ms([&] {
-                              CK(cub::DeviceHistogram::HistogramEven(d_cub, cub_bytes, d_i32,
-                                                                     (int *)d_out, 257, 0,
-                                                                     FILTER_RANGE, (int)N32,
-                                                                     stream));
-                          }));
-        double ms = time_ms([&] {
-            TK(tk_cuda_hist_i32(d_i32, N32, 0, FILTER_RANGE, dh, nullptr, 0, stream));
-        });
+        double cub = gbps(
+            BYTES, time_ms([&] {
+                CK(cub::DeviceHistogram::HistogramEven(d_cub, cub_bytes, d_i32, (int *)d_out, 257,
+                                                       0, FILTER_RANGE, (int)N32, stream));
+            }));
+        double ms = time_ms(
+            [&] { TK(tk_cuda_hist_i32(d_i32, N32, 0, FILTER_RANGE, dh, nullptr, 0, stream)); });
         row("hist i32 [0, 10^6) uniform", gbps(BYTES, ms), readc, "read", cub, 0.90);
     }
 

@@ -31,9 +31,9 @@
 #define MID_N (((size_t)1 << 20) + 7)
 
 static const size_t all_sizes[] = {0, 1, 31, 32, 33, 4095, 4096, MID_N, BIG_N};
-static size_t n_sizes;           /* all of them, or all but BIG_N in quick mode */
-static int quick;                /* TALLY_TEST_QUICK: also fewer thresholds per predicate */
-static tk_backend_t *gpu, *cpu;  /* the table under test and the reference backend */
+static size_t n_sizes;          /* all of them, or all but BIG_N in quick mode */
+static int quick;               /* TALLY_TEST_QUICK: also fewer thresholds per predicate */
+static tk_backend_t *gpu, *cpu; /* the table under test and the reference backend */
 static cudaStream_t stream;
 static uint64_t rng_state;
 
@@ -42,14 +42,15 @@ static void *d_in, *d_out, *d_scratch;
 static size_t d_scratch_bytes;
 static uint64_t *d_small; /* [0] kept, [1] carry, [2..] a tk_hist_t */
 
-#define CK(call)                                                                                  \
-    do {                                                                                          \
-        cudaError_t e_ = (call);                                                                  \
-        if (e_ != cudaSuccess)                                                                    \
-            fail_msg("%s: %s", #call, cudaGetErrorString(e_));                                    \
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess)                                                                     \
+            fail_msg("%s: %s", #call, cudaGetErrorString(e_));                                     \
     } while (0)
 
-/* ---- random data ------------------------------------------------------------------------------ */
+/* ---- random data ------------------------------------------------------------------------------
+ */
 
 static uint64_t rnd(void)
 {
@@ -74,9 +75,15 @@ static void fill_i32(int32_t *x, size_t n, data_kind_t kind)
     int32_t base = rnd_between(-1000000, 1000000);
     for (size_t i = 0; i < n; i++) {
         switch (kind) {
-        case DATA_UNIFORM: x[i] = (int32_t)(rnd() >> 32); break;
-        case DATA_EQUAL: x[i] = c; break;
-        default: x[i] = base + (int32_t)(rnd() % 64); break;
+        case DATA_UNIFORM:
+            x[i] = (int32_t)(rnd() >> 32);
+            break;
+        case DATA_EQUAL:
+            x[i] = c;
+            break;
+        default:
+            x[i] = base + (int32_t)(rnd() % 64);
+            break;
         }
     }
     if (kind == DATA_UNIFORM && n > 8) { /* the extremes, somewhere */
@@ -90,9 +97,15 @@ static void fill_u8(uint8_t *x, size_t n, data_kind_t kind)
     uint8_t c = (uint8_t)rnd(), base = (uint8_t)(rnd() % 250);
     for (size_t i = 0; i < n; i++) {
         switch (kind) {
-        case DATA_UNIFORM: x[i] = (uint8_t)(rnd() >> 56); break;
-        case DATA_EQUAL: x[i] = c; break;
-        default: x[i] = (uint8_t)(base + rnd() % 4); break;
+        case DATA_UNIFORM:
+            x[i] = (uint8_t)(rnd() >> 56);
+            break;
+        case DATA_EQUAL:
+            x[i] = c;
+            break;
+        default:
+            x[i] = (uint8_t)(base + rnd() % 4);
+            break;
         }
     }
 }
@@ -109,13 +122,20 @@ static void *xmalloc(size_t n)
 static int ref_keep(const tk_filter_spec_t *s, int64_t x)
 {
     switch (s->pred) {
-    case TALLY_PRED_GT: return x > s->lo;
-    case TALLY_PRED_GE: return x >= s->lo;
-    case TALLY_PRED_LT: return x < s->lo;
-    case TALLY_PRED_LE: return x <= s->lo;
-    case TALLY_PRED_EQ: return x == s->lo;
-    case TALLY_PRED_NE: return x != s->lo;
-    default: return x >= s->lo && x <= s->hi;
+    case TALLY_PRED_GT:
+        return x > s->lo;
+    case TALLY_PRED_GE:
+        return x >= s->lo;
+    case TALLY_PRED_LT:
+        return x < s->lo;
+    case TALLY_PRED_LE:
+        return x <= s->lo;
+    case TALLY_PRED_EQ:
+        return x == s->lo;
+    case TALLY_PRED_NE:
+        return x != s->lo;
+    default:
+        return x >= s->lo && x <= s->hi;
     }
 }
 
@@ -182,8 +202,8 @@ static void expect_bytes(const char *what, const void *got, const void *want, si
             int64_t g = 0, w = 0;
             memcpy(&g, (const char *)got + i * esize, esize < 8 ? esize : 8);
             memcpy(&w, (const char *)want + i * esize, esize < 8 ? esize : 8);
-            fail_msg("%s: first difference at %zu of %zu: got %lld (0x%llx), want %lld", what, i,
-                     n, (long long)g, (unsigned long long)g, (long long)w);
+            fail_msg("%s: first difference at %zu of %zu: got %lld (0x%llx), want %lld", what, i, n,
+                     (long long)g, (unsigned long long)g, (long long)w);
         }
     }
 }
@@ -264,8 +284,8 @@ static void check_filter(tally_dtype_t dt, const void *in, size_t n, const tk_fi
     CK(cudaMemcpyAsync(din, in, n * es, cudaMemcpyHostToDevice, stream));
     CK(cudaMemsetAsync(d_out, 0xA5, n * es + 16, stream));
     CK(cudaMemsetAsync(d_small, 0xA5, 8, stream));
-    tally_status_t st = tk_cuda_filter(dt, din, n, s, d_out, &d_small[0], d_scratch,
-                                       d_scratch_bytes, stream);
+    tally_status_t st =
+        tk_cuda_filter(dt, din, n, s, d_out, &d_small[0], d_scratch, d_scratch_bytes, stream);
     if (st != TALLY_OK)
         fail_msg("%s: tk_cuda_filter: %d (%s)", what, st, tk_cuda_error_string());
     uint64_t kg = 0;
@@ -297,8 +317,8 @@ static void check_filter(tally_dtype_t dt, const void *in, size_t n, const tk_fi
 /* Thresholds worth trying for an input: values in it, 0, and the edges of both types. */
 static int64_t pick_threshold(tally_dtype_t dt, const void *in, size_t n, int which)
 {
-    static const int64_t edges[] = {INT64_MIN, INT32_MIN, -1, 0, 255, 256, INT32_MAX,
-                                    (int64_t)INT32_MAX + 1, INT64_MAX};
+    static const int64_t edges[] = {
+        INT64_MIN, INT32_MIN, -1, 0, 255, 256, INT32_MAX, (int64_t)INT32_MAX + 1, INT64_MAX};
     if (which == 0 && n > 0)
         return dt == TALLY_DTYPE_I32 ? ((const int32_t *)in)[rnd() % n]
                                      : ((const uint8_t *)in)[rnd() % n];
@@ -471,9 +491,9 @@ static void test_scan_chunks_unaligned(void **state)
     CK(cudaMemcpyAsync(&d_small[1], &c0, 8, cudaMemcpyHostToDevice, stream));
     int64_t *carry = (int64_t *)&d_small[1];
     int64_t *out = d_out;
-    assert_int_equal(tk_cuda_scan(d_in, cut, 0, 0, out, carry, carry, d_scratch, d_scratch_bytes,
-                                  stream),
-                     TALLY_OK);
+    assert_int_equal(
+        tk_cuda_scan(d_in, cut, 0, 0, out, carry, carry, d_scratch, d_scratch_bytes, stream),
+        TALLY_OK);
     /* The second chunk starts 77 elements past a 16-byte boundary: the scalar path. */
     assert_int_equal(tk_cuda_scan((int32_t *)d_in + cut, n - cut, 0, 0, out + cut, carry, carry,
                                   d_scratch, d_scratch_bytes, stream),
@@ -489,7 +509,8 @@ static void test_scan_chunks_unaligned(void **state)
     free(got);
 }
 
-/* ---- histogram -------------------------------------------------------------------------------- */
+/* ---- histogram --------------------------------------------------------------------------------
+ */
 
 static void check_hist(tally_dtype_t dt, const void *in, size_t n, int64_t lo, int64_t hi,
                        size_t in_offset)
@@ -555,10 +576,16 @@ static void test_hist_i32(void **state)
 {
     (void)state;
     const int64_t ranges[][2] = {
-        {0, 256},          {-1000, 1000},   {-7, 5},
-        {0, 1},            {INT32_MIN, (int64_t)INT32_MAX + 1},
-        {INT32_MIN, 0},    {-3, 1000003},   {INT32_MIN, INT32_MIN + 1},
-        {INT32_MAX, (int64_t)INT32_MAX + 1}, {-123456789, 987654321},
+        {0, 256},
+        {-1000, 1000},
+        {-7, 5},
+        {0, 1},
+        {INT32_MIN, (int64_t)INT32_MAX + 1},
+        {INT32_MIN, 0},
+        {-3, 1000003},
+        {INT32_MIN, INT32_MIN + 1},
+        {INT32_MAX, (int64_t)INT32_MAX + 1},
+        {-123456789, 987654321},
     };
     const size_t nr = sizeof ranges / sizeof ranges[0];
     for (size_t si = 0; si < n_sizes; si++) {
@@ -574,7 +601,9 @@ static void test_hist_i32(void **state)
                     int64_t c = (r & 1) ? lo : hi - 32;
                     for (size_t i = 0; i < n + 4; i++) {
                         int64_t v = c + (int64_t)(rnd() % 64) - 32;
-                        in[i] = (int32_t)(v < INT32_MIN ? INT32_MIN : v > INT32_MAX ? INT32_MAX : v);
+                        in[i] = (int32_t)(v < INT32_MIN   ? INT32_MIN
+                                          : v > INT32_MAX ? INT32_MAX
+                                                          : v);
                     }
                 }
                 check_hist(TALLY_DTYPE_I32, in, n, lo, hi, 0);
@@ -593,9 +622,22 @@ static void test_hist_i32(void **state)
 static void test_hist_i32_bin_edges(void **state)
 {
     (void)state;
-    int64_t widths[64] = {1,   2,     3,         7,          255,        256,
-                          257, 1000,  65535,     65537,      1000003,    (1LL << 31) - 1,
-                          1LL << 31,  (1LL << 31) + 1,       (1LL << 32) - 1, 1LL << 32};
+    int64_t widths[64] = {1,
+                          2,
+                          3,
+                          7,
+                          255,
+                          256,
+                          257,
+                          1000,
+                          65535,
+                          65537,
+                          1000003,
+                          (1LL << 31) - 1,
+                          1LL << 31,
+                          (1LL << 31) + 1,
+                          (1LL << 32) - 1,
+                          1LL << 32};
     int nw = 16;
     while (nw < 64)
         widths[nw++] = 1 + (int64_t)(rnd() % (1ULL << 32));
@@ -621,12 +663,12 @@ static void test_bad_arguments(void **state)
 {
     (void)state;
     tk_filter_spec_t bad = {(tally_pred_t)99, 0, 0, 0};
-    assert_int_equal(tk_cuda_filter(TALLY_DTYPE_I32, d_in, 10, &bad, d_out, &d_small[0],
-                                    d_scratch, d_scratch_bytes, stream),
+    assert_int_equal(tk_cuda_filter(TALLY_DTYPE_I32, d_in, 10, &bad, d_out, &d_small[0], d_scratch,
+                                    d_scratch_bytes, stream),
                      TALLY_E_PARAM);
     tk_filter_spec_t gt = {TALLY_PRED_GT, 0, 0, 1};
-    assert_int_equal(tk_cuda_filter(TALLY_DTYPE_I64, d_in, 10, &gt, d_out, &d_small[0],
-                                    d_scratch, d_scratch_bytes, stream),
+    assert_int_equal(tk_cuda_filter(TALLY_DTYPE_I64, d_in, 10, &gt, d_out, &d_small[0], d_scratch,
+                                    d_scratch_bytes, stream),
                      TALLY_E_PARAM);
     assert_int_equal(tk_cuda_filter(TALLY_DTYPE_I32, d_in, 1 << 20, &gt, d_out, &d_small[0],
                                     d_scratch, 16, stream),

@@ -68,13 +68,13 @@ static tally_status_t finish(cuda_ctx_t *c, tally_status_t st)
     return err == cudaSuccess ? TALLY_OK : fail(c, err);
 }
 
-#define TRY(c, call)                                                                              \
-    do {                                                                                          \
-        cudaError_t e_ = (call);                                                                  \
-        if (e_ != cudaSuccess) {                                                                  \
-            st = fail((c), e_);                                                                   \
-            goto out;                                                                             \
-        }                                                                                         \
+#define TRY(c, call)                                                                               \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            st = fail((c), e_);                                                                    \
+            goto out;                                                                              \
+        }                                                                                          \
     } while (0)
 
 static tally_status_t cuda_filter(void *ctx, tally_dtype_t dtype, const void *in, size_t n,
@@ -94,13 +94,15 @@ static tally_status_t cuda_filter(void *ctx, tally_dtype_t dtype, const void *in
         TRY(c, cudaMemcpyAsync(c->d_in, in, n * esize, cudaMemcpyHostToDevice, c->stream));
     st = tk_cuda_filter(dtype, c->d_in, n, spec, c->d_out, &c->d_small->kept, c->d_scratch,
                         c->scratch_bytes, c->stream);
-    if (st != TALLY_OK)
+    if (st != TALLY_OK) { /* bad arguments: drain what was enqueued */
+        (void)cudaStreamSynchronize(c->stream);
         goto out;
+    }
     TRY(c, cudaMemcpyAsync(&k, &c->d_small->kept, sizeof k, cudaMemcpyDeviceToHost, c->stream));
     TRY(c, cudaStreamSynchronize(c->stream));
     if (k)
-        TRY(c, cudaMemcpyAsync(out, c->d_out, (size_t)k * esize, cudaMemcpyDeviceToHost,
-                               c->stream));
+        TRY(c,
+            cudaMemcpyAsync(out, c->d_out, (size_t)k * esize, cudaMemcpyDeviceToHost, c->stream));
     st = finish(c, st);
     if (st == TALLY_OK)
         *kept = (size_t)k;
@@ -109,8 +111,8 @@ out:
     return st;
 }
 
-static tally_status_t cuda_scan(void *ctx, const int32_t *in, size_t n, int exclusive,
-                                int out_i32, void *out, int64_t *carry)
+static tally_status_t cuda_scan(void *ctx, const int32_t *in, size_t n, int exclusive, int out_i32,
+                                void *out, int64_t *carry)
 {
     cuda_ctx_t *c = ctx;
     tally_status_t st = TALLY_OK;
@@ -121,17 +123,17 @@ static tally_status_t cuda_scan(void *ctx, const int32_t *in, size_t n, int excl
     TRY(c, cudaSetDevice(c->device));
     if (n)
         TRY(c, cudaMemcpyAsync(c->d_in, in, n * 4, cudaMemcpyHostToDevice, c->stream));
-    TRY(c, cudaMemcpyAsync(&c->d_small->carry, &cy, sizeof cy, cudaMemcpyHostToDevice,
-                           c->stream));
+    TRY(c, cudaMemcpyAsync(&c->d_small->carry, &cy, sizeof cy, cudaMemcpyHostToDevice, c->stream));
     st = tk_cuda_scan(c->d_in, n, exclusive, out_i32, c->d_out, &c->d_small->carry,
                       &c->d_small->carry, c->d_scratch, c->scratch_bytes, c->stream);
-    if (st != TALLY_OK)
+    if (st != TALLY_OK) { /* bad arguments: drain what was enqueued */
+        (void)cudaStreamSynchronize(c->stream);
         goto out;
+    }
     if (n)
         TRY(c, cudaMemcpyAsync(out, c->d_out, n * (out_i32 ? 4 : 8), cudaMemcpyDeviceToHost,
                                c->stream));
-    TRY(c, cudaMemcpyAsync(&cy, &c->d_small->carry, sizeof cy, cudaMemcpyDeviceToHost,
-                           c->stream));
+    TRY(c, cudaMemcpyAsync(&cy, &c->d_small->carry, sizeof cy, cudaMemcpyDeviceToHost, c->stream));
     st = finish(c, st);
     if (st == TALLY_OK)
         *carry = cy;
@@ -152,20 +154,22 @@ static tally_status_t cuda_hist(cuda_ctx_t *c, tally_dtype_t dtype, const void *
     TRY(c, cudaSetDevice(c->device));
     if (n)
         TRY(c, cudaMemcpyAsync(c->d_in, in, n * esize, cudaMemcpyHostToDevice, c->stream));
-    TRY(c, cudaMemcpyAsync(&c->d_small->hist, hist, sizeof *hist, cudaMemcpyHostToDevice,
-                           c->stream));
+    TRY(c,
+        cudaMemcpyAsync(&c->d_small->hist, hist, sizeof *hist, cudaMemcpyHostToDevice, c->stream));
     if (dtype == TALLY_DTYPE_U8)
         st = tk_cuda_hist_u8(c->d_in, n, &c->d_small->hist, c->d_scratch, c->scratch_bytes,
                              c->stream);
     else
-        st = tk_cuda_hist_i32(c->d_in, n, lo, hi, &c->d_small->hist, c->d_scratch,
-                              c->scratch_bytes, c->stream);
-    if (st != TALLY_OK)
+        st = tk_cuda_hist_i32(c->d_in, n, lo, hi, &c->d_small->hist, c->d_scratch, c->scratch_bytes,
+                              c->stream);
+    if (st != TALLY_OK) { /* bad arguments: drain what was enqueued */
+        (void)cudaStreamSynchronize(c->stream);
         goto out;
+    }
     /* The caller's hist is pageable, so this copy completes before the call returns; the
      * stream sync below then reports any error of the kernel. */
-    TRY(c, cudaMemcpyAsync(hist, &c->d_small->hist, sizeof *hist, cudaMemcpyDeviceToHost,
-                           c->stream));
+    TRY(c,
+        cudaMemcpyAsync(hist, &c->d_small->hist, sizeof *hist, cudaMemcpyDeviceToHost, c->stream));
     st = finish(c, st);
 out:
     pthread_mutex_unlock(&c->lock);
@@ -177,8 +181,8 @@ static tally_status_t cuda_hist_u8(void *ctx, const uint8_t *in, size_t n, tk_hi
     return cuda_hist(ctx, TALLY_DTYPE_U8, in, n, 0, 0, hist);
 }
 
-static tally_status_t cuda_hist_i32(void *ctx, const int32_t *in, size_t n, int64_t lo,
-                                    int64_t hi, tk_hist_t *hist)
+static tally_status_t cuda_hist_i32(void *ctx, const int32_t *in, size_t n, int64_t lo, int64_t hi,
+                                    tk_hist_t *hist)
 {
     return cuda_hist(ctx, TALLY_DTYPE_I32, in, n, lo, hi, hist);
 }
@@ -259,11 +263,11 @@ tally_status_t tk_cuda_backend_new(int device, size_t max_batch_bytes, tk_backen
     c->scratch_bytes = tk_cuda_scratch_bytes_max(max_batch_bytes);
     pthread_mutex_init(&c->lock, NULL);
 
-#define STEP(what, call)                                                                          \
-    do {                                                                                          \
-        step = (what);                                                                            \
-        if ((err = (call)) != cudaSuccess)                                                        \
-            goto fail;                                                                            \
+#define STEP(what, call)                                                                           \
+    do {                                                                                           \
+        step = (what);                                                                             \
+        if ((err = (call)) != cudaSuccess)                                                         \
+            goto fail;                                                                             \
     } while (0)
     STEP("cudaSetDevice", cudaSetDevice(device));
     STEP("cudaGetDeviceProperties", cudaGetDeviceProperties(&prop, device));

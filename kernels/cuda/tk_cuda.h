@@ -59,9 +59,9 @@ tally_status_t tk_cuda_filter(tally_dtype_t dtype, const void *d_in, size_t n,
  * receives carry + sum(in); d_carry_out may equal d_carry_in, so a stream's running total can be
  * updated in place without a host round trip. d_in and d_out must not overlap. */
 size_t tk_cuda_scan_scratch_bytes(size_t n);
-tally_status_t tk_cuda_scan(const int32_t *d_in, size_t n, int exclusive, int out_i32,
-                            void *d_out, const int64_t *d_carry_in, int64_t *d_carry_out,
-                            void *d_scratch, size_t scratch_bytes, cudaStream_t stream);
+tally_status_t tk_cuda_scan(const int32_t *d_in, size_t n, int exclusive, int out_i32, void *d_out,
+                            const int64_t *d_carry_in, int64_t *d_carry_out, void *d_scratch,
+                            size_t scratch_bytes, cudaStream_t stream);
 
 /* ---- histogram ------------------------------------------------------------------------------
  * Both ADD into *d_hist, a tk_hist_t in device memory (256 uint64 bins, then underflow and

@@ -184,7 +184,8 @@ __global__ void __launch_bounds__(TK_FILTER_THREADS)
                 tk_tile_store(tk_tile_at(states, tile), TK_TILE_AGGREGATE, (long long)total);
             where = (u64)tk_lookback(states, tile);
             if (lane == 0)
-                tk_tile_store(tk_tile_at(states, tile), TK_TILE_INCLUSIVE, (long long)(where + total));
+                tk_tile_store(tk_tile_at(states, tile), TK_TILE_INCLUSIVE,
+                              (long long)(where + total));
         }
         if (lane == 0) {
             if (STABLE && tile == num_tiles - 1)
@@ -237,15 +238,21 @@ static tally_status_t reduce_predicate(const tk_filter_spec_t *spec, int64_t tmi
         else
             a = v + 1;
         break;
-    case TALLY_PRED_GE: a = v; break;
+    case TALLY_PRED_GE:
+        a = v;
+        break;
     case TALLY_PRED_LT:
         if (v <= tmin)
             a = 1, b = 0;
         else
             b = v - 1;
         break;
-    case TALLY_PRED_LE: b = v; break;
-    case TALLY_PRED_EQ: a = b = v; break;
+    case TALLY_PRED_LE:
+        b = v;
+        break;
+    case TALLY_PRED_EQ:
+        a = b = v;
+        break;
     case TALLY_PRED_NE:
         a = b = v;
         invert = 1;
@@ -254,7 +261,8 @@ static tally_status_t reduce_predicate(const tk_filter_spec_t *spec, int64_t tmi
         a = spec->lo;
         b = spec->hi;
         break;
-    default: return TALLY_E_PARAM;
+    default:
+        return TALLY_E_PARAM;
     }
     if (a < tmin)
         a = tmin;
@@ -275,11 +283,11 @@ static void launch_filter(bool vec, unsigned tiles, cudaStream_t s, const void *
     const T *i = static_cast<const T *>(in);
     T *o = static_cast<T *>(out);
     if (vec)
-        tk_filter_kernel<T, STABLE, true><<<tiles, TK_FILTER_THREADS, 0, s>>>(
-            i, n, o, kept, st, tiles, r->lo, r->hi, r->invert);
+        tk_filter_kernel<T, STABLE, true>
+            <<<tiles, TK_FILTER_THREADS, 0, s>>>(i, n, o, kept, st, tiles, r->lo, r->hi, r->invert);
     else
-        tk_filter_kernel<T, STABLE, false><<<tiles, TK_FILTER_THREADS, 0, s>>>(
-            i, n, o, kept, st, tiles, r->lo, r->hi, r->invert);
+        tk_filter_kernel<T, STABLE, false>
+            <<<tiles, TK_FILTER_THREADS, 0, s>>>(i, n, o, kept, st, tiles, r->lo, r->hi, r->invert);
 }
 
 static size_t tile_elems(tally_dtype_t dtype)

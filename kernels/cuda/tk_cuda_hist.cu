@@ -39,7 +39,7 @@ typedef unsigned long long u64;
 
 struct tk_i32_range {
     long long lo;
-    u64 width; /* hi - lo, 1 .. 2^32 */
+    u64 width;    /* hi - lo, 1 .. 2^32 */
     double scale; /* RN(256 / width) */
 };
 
@@ -81,8 +81,8 @@ __global__ void __launch_bounds__(TK_HIST_THREADS)
     unsigned *lane_bins = bins + lane;
 
     /* The 16-byte-aligned body, TK_HIST_UNROLL vectors in flight per thread. */
-    const uint4 *body = reinterpret_cast<const uint4 *>(
-        static_cast<const char *>(in) + head * (I32 ? 4 : 1));
+    const uint4 *body =
+        reinterpret_cast<const uint4 *>(static_cast<const char *>(in) + head * (I32 ? 4 : 1));
     const size_t stride = (size_t)gridDim.x * TK_HIST_THREADS;
     size_t i = (size_t)blockIdx.x * TK_HIST_THREADS + threadIdx.x;
     for (; i + (TK_HIST_UNROLL - 1) * stride < body_vecs; i += TK_HIST_UNROLL * stride) {
@@ -108,8 +108,8 @@ __global__ void __launch_bounds__(TK_HIST_THREADS)
 
     /* The unaligned ends: fewer than 16 bytes each, counted element by element by block 0. */
     if (blockIdx.x == 0 && threadIdx.x < head + tail) {
-        size_t e = threadIdx.x < head ? threadIdx.x : head + body_vecs * (I32 ? 4 : 16) +
-                                                          (threadIdx.x - head);
+        size_t e = threadIdx.x < head ? threadIdx.x
+                                      : head + body_vecs * (I32 ? 4 : 16) + (threadIdx.x - head);
         if (I32) {
             int x = static_cast<const int *>(in)[e];
             atomicAdd(lane_bins + i32_bin(x, r) * 32, 1u);
@@ -127,7 +127,9 @@ __global__ void __launch_bounds__(TK_HIST_THREADS)
         for (int l = 0; l < 32; l++)
             s += bins[b * 32 + ((l + b) & 31)];
         if (s) {
-            uint64_t *dst = b < 256 ? &hist->bins[b] : b == 256 ? &hist->underflow : &hist->overflow;
+            uint64_t *dst = b < 256    ? &hist->bins[b]
+                            : b == 256 ? &hist->underflow
+                                       : &hist->overflow;
             atomicAdd(reinterpret_cast<u64 *>(dst), (u64)s);
         }
     }
@@ -148,8 +150,8 @@ extern "C" size_t tk_cuda_hist_i32_scratch_bytes(size_t n)
 /* Splits [in, in + n * esize) into an unaligned head, 16-byte vectors and a tail, and picks
  * the grid: enough blocks for TK_HIST_UNROLL vectors per thread, at most a full machine. */
 template <bool I32>
-static tally_status_t launch_hist(const void *in, size_t n, tk_hist_t *hist,
-                                  const tk_i32_range &r, cudaStream_t stream)
+static tally_status_t launch_hist(const void *in, size_t n, tk_hist_t *hist, const tk_i32_range &r,
+                                  cudaStream_t stream)
 {
     const size_t esize = I32 ? 4 : 1, per_vec = 16 / esize;
     size_t head = (size_t)((16 - (uintptr_t)in % 16) % 16) / esize;
@@ -160,8 +162,7 @@ static tally_status_t launch_hist(const void *in, size_t n, tk_hist_t *hist,
     size_t want = tk_div_up(body_vecs, (size_t)TK_HIST_THREADS * TK_HIST_UNROLL);
     size_t most = (size_t)tk_cuda_sm_count() * TK_HIST_BLOCKS_PER_SM;
     unsigned blocks = (unsigned)(want < 1 ? 1 : want > most ? most : want);
-    tk_hist_kernel<I32><<<blocks, TK_HIST_THREADS, 0, stream>>>(in, head, body_vecs, tail, hist,
-                                                                r);
+    tk_hist_kernel<I32><<<blocks, TK_HIST_THREADS, 0, stream>>>(in, head, body_vecs, tail, hist, r);
     return tk_cuda_check_launch();
 }
 
@@ -180,8 +181,8 @@ extern "C" tally_status_t tk_cuda_hist_u8(const uint8_t *d_in, size_t n, tk_hist
 }
 
 extern "C" tally_status_t tk_cuda_hist_i32(const int32_t *d_in, size_t n, int64_t lo, int64_t hi,
-                                           tk_hist_t *d_hist, void *d_scratch,
-                                           size_t scratch_bytes, cudaStream_t stream)
+                                           tk_hist_t *d_hist, void *d_scratch, size_t scratch_bytes,
+                                           cudaStream_t stream)
 {
     (void)d_scratch;
     (void)scratch_bytes;

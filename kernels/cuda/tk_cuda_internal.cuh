@@ -113,7 +113,10 @@ static __device__ __forceinline__ void tk_tile_store(tk_tile_state_t *p, int sta
 static __device__ __forceinline__ tk_tile_view tk_tile_load(const tk_tile_state_t *p)
 {
     long long st, v;
-    asm volatile("ld.volatile.global.v2.s64 {%0, %1}, [%2];" : "=l"(st), "=l"(v) : "l"(p) : "memory");
+    asm volatile("ld.volatile.global.v2.s64 {%0, %1}, [%2];"
+                 : "=l"(st), "=l"(v)
+                 : "l"(p)
+                 : "memory");
     return tk_tile_view{(int)st, v};
 }
 
@@ -168,7 +171,8 @@ static __device__ __forceinline__ long long tk_lookback(const tk_tile_state_t *s
             /* Tiles before 0 read as an inclusive zero; tile 0 is inclusive, so they are never
              * the nearest inclusive predecessor. */
             long long p = pos - 32 * m;
-            s[m] = p >= 0 ? tk_tile_load(tk_tile_at(states, p)) : tk_tile_view{TK_TILE_INCLUSIVE, 0};
+            s[m] =
+                p >= 0 ? tk_tile_load(tk_tile_at(states, p)) : tk_tile_view{TK_TILE_INCLUSIVE, 0};
         }
 #pragma unroll
         for (int m = 0; m < TK_LOOKBACK_WINDOWS; m++) {
@@ -176,7 +180,7 @@ static __device__ __forceinline__ long long tk_lookback(const tk_tile_state_t *s
                 if (TK_LOOKBACK_SLEEP_NS) {
                     __nanosleep(sleep_ns);
                     sleep_ns = sleep_ns * 2 < TK_LOOKBACK_SLEEP_MAX_NS ? sleep_ns * 2
-                                                                        : TK_LOOKBACK_SLEEP_MAX_NS;
+                                                                       : TK_LOOKBACK_SLEEP_MAX_NS;
                 }
                 break; /* re-read from this window on */
             }

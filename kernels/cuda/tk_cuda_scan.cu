@@ -108,7 +108,8 @@ static __device__ __forceinline__ void tile_prefix(unsigned tile, unsigned num_t
             tk_tile_store(tk_tile_at(states, tile), TK_TILE_AGGREGATE, (long long)tile_total);
         prefix = (u64)tk_lookback(states, tile);
         if (lane == 0)
-            tk_tile_store(tk_tile_at(states, tile), TK_TILE_INCLUSIVE, (long long)(prefix + tile_total));
+            tk_tile_store(tk_tile_at(states, tile), TK_TILE_INCLUSIVE,
+                          (long long)(prefix + tile_total));
     }
     if (tile == num_tiles - 1 && lane == 0)
         *carry_out = (int64_t)(carry + prefix + tile_total);
@@ -223,9 +224,8 @@ extern "C" size_t tk_cuda_scan_scratch_bytes(size_t n)
 }
 
 extern "C" tally_status_t tk_cuda_scan(const int32_t *d_in, size_t n, int exclusive, int out_i32,
-                                       void *d_out, const int64_t *d_carry_in,
-                                       int64_t *d_carry_out, void *d_scratch,
-                                       size_t scratch_bytes, cudaStream_t stream)
+                                       void *d_out, const int64_t *d_carry_in, int64_t *d_carry_out,
+                                       void *d_scratch, size_t scratch_bytes, cudaStream_t stream)
 {
     size_t need = tk_cuda_scan_scratch_bytes(n);
     if (!d_carry_in || !d_carry_out || (n > 0 && (!d_in || !d_out)))
@@ -252,7 +252,6 @@ extern "C" tally_status_t tk_cuda_scan(const int32_t *d_in, size_t n, int exclus
     else if (out_i32)
         launch_scan<false, true>(vec, tiles, stream, d_in, n, d_out, d_carry_in, d_carry_out, st);
     else
-        launch_scan<false, false>(vec, tiles, stream, d_in, n, d_out, d_carry_in, d_carry_out,
-                                  st);
+        launch_scan<false, false>(vec, tiles, stream, d_in, n, d_out, d_carry_in, d_carry_out, st);
     return tk_cuda_check_launch();
 }
