@@ -51,11 +51,9 @@ struct td_service {
     bool status_on, watchdog_on, state_on;
     bool closed;
     char *state_dir; /* fixed at start: changing it needs a restart */
-    /* The values tallyd started with size its buffers (ZeroMQ's frame limit, the GPU's pinned
-     * and device buffers, the carry slots), so a reload may lower these limits but not raise
-     * them above the start values. */
+    /* max_batch at start sized ZeroMQ's frame limit (fixed when the socket is bound) and the
+     * GPU's staging buffers, so a reload may lower max_batch but not raise it above this. */
     size_t start_max_batch;
-    unsigned start_max_inflight;
     bool write_inflight;  /* a state write is running on a worker */
     bool write_again;     /* a snapshot was asked for meanwhile */
     uint64_t written_sum; /* checksum of the records last written (or restored) */
@@ -208,7 +206,6 @@ tally_status_t td_service_new(const td_service_host_t *host, td_service_t **out)
         return TALLY_E_INTERNAL;
     self->host = *host;
     self->start_max_batch = host->cfg->max_batch;
-    self->start_max_inflight = host->cfg->max_inflight;
     tally_status_t st = TALLY_E_INTERNAL;
     if (host->cfg->state_dir) {
         self->state_dir = strdup(host->cfg->state_dir);
@@ -283,12 +280,6 @@ void td_service_reload(td_service_t *self)
                 "buffers; using %zu until tallyd restarts",
                 next.max_batch, self->start_max_batch, self->start_max_batch);
         next.max_batch = self->start_max_batch;
-    }
-    if (next.max_inflight > self->start_max_inflight) {
-        td_warn("reload: max_inflight %u is above the %u tallyd started with, which sized its "
-                "buffers; using %u until tallyd restarts",
-                next.max_inflight, self->start_max_inflight, self->start_max_inflight);
-        next.max_inflight = self->start_max_inflight;
     }
     td_config_t *live = self->host.cfg;
     unsigned old_interval = live->state_interval;
