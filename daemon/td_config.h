@@ -10,6 +10,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "tally_proto.h"
 
@@ -24,9 +25,23 @@
 #define TD_GPU_STREAMS_LIMIT 64u
 #define TD_GPU_SLOTS_PER_LANE 2u    /* pinned staging slots per lane: one filling, one on the GPU */
 #define TD_GPU_DEAD_AFTER 3u        /* GPU errors in a row after which a device is unusable */
-/* In auto mode, batches smaller than this run on the CPU backend (--gpu-min-batch): the
- * end-to-end crossover measured on the H100 host, bench/NOTES.md "GPU crossover". */
-#define TD_DEFAULT_GPU_MIN_BATCH (256u << 10)
+/* CPU batches up to this size run on the loop thread itself (a 16 KiB batch takes a few
+ * microseconds there): through the worker pool, a 4 KiB request's p50 was 27-43 us over the
+ * ZeroMQ echo on the H200 host (bench/NOTES.md), two thread wake-ups more than needed. */
+#define TD_EXEC_INLINE_MAX (16u << 10)
+/* The GPU lane's host function builds the reply itself, skipping a hop through the lane
+ * thread, for batches up to this size (its copy of at most 2x this is ~10 us). */
+#define TD_GPU_INLINE_RETIRE_MAX (64u << 10)
+/* In auto mode a batch runs on the GPU from this size on, per operation: the end-to-end
+ * crossover of one request in flight, CPU vs GPU backend, measured on the GPU host (an H200;
+ * bench/NOTES.md "GPU crossover"). hist (a 2 KiB reply) gains from 64 KiB; filter and scan
+ * reply with as much as (twice) their input, which the GPU path copies twice more on the host,
+ * so the CPU was as fast or faster up to 4 MiB (filter ties there) and scan never crossed.
+ * --gpu-min-batch B replaces all three with B; 0 (the default) means these. */
+#define TD_DEFAULT_GPU_MIN_BATCH 0u
+#define TD_GPU_MIN_BATCH_HIST (64u << 10)
+#define TD_GPU_MIN_BATCH_FILTER (4u << 20)
+#define TD_GPU_MIN_BATCH_SCAN SIZE_MAX
 #define TD_DEFAULT_CONFIG_FILE "/etc/tallyd/tallyd.conf"
 #define TD_MAX_BINDS 16
 #define TD_MAX_BATCH_LIMIT (1024ull << 20) /* --max-batch may not exceed 1 GiB */

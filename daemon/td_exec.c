@@ -2,9 +2,10 @@
  * td_exec.c — the executor (see td_exec.h): routing, the CPU path, and the GPU fallback.
  *
  * Routing: a request goes to the GPU when a device is usable and, in auto mode, its payload is
- * at least --gpu-min-batch bytes. A named stream's requests pipeline on the GPU (td_exec_may_
- * start); on the CPU they run one at a time, because there the carry-in comes from the host
- * copy, which is only current once the previous request has been applied.
+ * at least its operation's threshold (td_config.h, measured) or --gpu-min-batch bytes. A named
+ * stream's requests pipeline on the GPU (td_exec_may_ start); on the CPU they run one at a time,
+ * because there the carry-in comes from the host copy, which is only current once the previous
+ * request has been applied.
  *
  * The fallback, and why it is correct. The GPU pipeline completes a lane's requests in launch
  * order, and a stream's requests all sit on one lane, so when a failed request F of stream S
@@ -89,12 +90,27 @@ static void cpu_submit(td_exec_t *x, td_request_t *r)
 
 /* ---- GPU path ----------------------------------------------------------------------------- */
 
+/* The auto-mode threshold for an operation (td_config.h has the measurement). */
+static size_t gpu_min_batch(const td_exec_t *x, uint8_t opcode)
+{
+    if (x->gpu_min_batch)
+        return x->gpu_min_batch;
+    switch (opcode) {
+    case TALLY_OP_HIST:
+        return TD_GPU_MIN_BATCH_HIST;
+    case TALLY_OP_FILTER:
+        return TD_GPU_MIN_BATCH_FILTER;
+    default:
+        return TD_GPU_MIN_BATCH_SCAN;
+    }
+}
+
 static bool wants_gpu(const td_exec_t *x, const td_request_t *r)
 {
     /* A reload may raise max_batch above what the staging buffers were sized for. */
     if (!x->gpu || !td_gpu_usable(x->gpu) || r->payload_len > x->gpu_max_batch)
         return false;
-    return x->choice == TD_BACKEND_CUDA || r->payload_len >= x->gpu_min_batch;
+    return x->choice == TD_BACKEND_CUDA || r->payload_len >= gpu_min_batch(x, r->req.opcode);
 }
 
 /* Loop thread: a request is back from the pipeline. */
@@ -156,6 +172,12 @@ void td_exec_submit(td_exec_t *x, td_request_t *r)
         stream->exec_submitted++;
         stream->exec_on_gpu = gpu;
     }
+    if (!gpu && r->payload_len <= TD_EXEC_INLINE_MAX) { /* cheaper than two thread hops */
+        r->backend = x->env.cpu;
+        td_request_execute(r);
+        retire(x, r);
+        return;
+    }
     if (!gpu) {
         cpu_submit(x, r);
         return;
@@ -187,10 +209,10 @@ static tally_status_t open_gpu(td_exec_t *x)
     if (st == TALLY_OK) {
         char desc[512];
         td_gpu_describe(x->gpu, desc, sizeof desc);
-        td_info("GPU pipeline: %s; %" PRIu64 " bytes of device memory; batches under %zu bytes "
-                "run on the CPU%s",
-                desc, td_gpu_device_bytes(x->gpu),
-                cfg->backend == TD_BACKEND_CUDA ? (size_t)0 : cfg->gpu_min_batch,
+        td_info("GPU pipeline: %s; %" PRIu64 " bytes of device memory; %s%s", desc,
+                td_gpu_device_bytes(x->gpu),
+                cfg->backend == TD_BACKEND_CUDA ? "every batch on the GPU"
+                                                : "smaller batches on the CPU (--gpu-min-batch)",
                 cfg->test_fault_every ? " (test faults on)" : "");
         return TALLY_OK;
     }

@@ -4,10 +4,13 @@
  * The server decides *when* a request may start (a stream's order, td_exec_may_start) and
  * what to do with the result (apply it to the stream, reply); the executor decides *where* it
  * runs and makes sure the result is right:
- *   - the CPU path runs td_request_execute on libuv's worker pool (uv_queue_work);
+ *   - the CPU path runs td_request_execute on libuv's worker pool (uv_queue_work), or right on
+ *     the loop thread for a batch of at most TD_EXEC_INLINE_MAX bytes (microseconds of work,
+ *     cheaper than the two thread wake-ups of the pool);
  *   - the GPU path (td_gpu.h) runs it on a device lane, asynchronously.
- * In auto mode a batch below --gpu-min-batch bytes takes the CPU path (it is faster end to end
- * there, bench/NOTES.md); with --backend cuda every batch goes to the GPU while one is usable.
+ * In auto mode a batch below its operation's threshold (TD_GPU_MIN_BATCH_*, or --gpu-min-batch)
+ * takes the CPU path, being faster end to end there (bench/NOTES.md); with --backend cuda every
+ * batch goes to the GPU while one is usable.
  *
  * Every request submitted comes back exactly once through the `done` callback, on the loop
  * thread, with its reply built. A request that failed on the GPU is rerun on the CPU first, so

@@ -19,14 +19,14 @@
  * slot is on the device it fills the next one, and the other lanes' threads do the same, so
  * the copies of one batch overlap the kernels of others.
  *
- * Completion: the host function (CUDA's callback thread; it must not call CUDA) only marks the
- * slot done and wakes the lane thread. The lane thread retires slots strictly in launch order:
- * copies the result out of pinned staging into the reply (malloc'd, handed to ZeroMQ without a
- * further copy), frees the slot, and pushes the request onto the pipeline's mutex-protected
- * completion queue with uv_async_send. The async callback on the loop thread drains the whole
- * queue (wake-ups coalesce), so one wake-up can answer many requests. The brief had the host
- * function push to the completion queue directly; the extra hop keeps the copy-out and the
- * freeing of the staging slot off both the loop thread and CUDA's callback thread.
+ * Completion: slots retire strictly in launch order: the result is copied out of pinned
+ * staging into the reply (malloc'd, handed to ZeroMQ without a further copy), the slot is
+ * freed, and the request goes onto the pipeline's mutex-protected completion queue with
+ * uv_async_send. The async callback on the loop thread drains the whole queue (wake-ups
+ * coalesce), so one wake-up can answer many requests. The host function (CUDA's callback
+ * thread; it never calls CUDA) does this itself for a small batch that is next in line
+ * (TD_GPU_INLINE_RETIRE_MAX), as the design asked; a large one it hands to the lane thread, so
+ * that a multi-megabyte copy-out holds up neither the loop thread nor CUDA's callback thread.
  *
  * Ordering: requests of one named stream all go to the lane the stream is pinned to (for as
  * long as it has requests in flight), so they are enqueued on one CUDA stream back to back,
@@ -95,6 +95,7 @@ struct lane {
     unsigned *ring; /* slot indices in launch order */
     unsigned ring_head;
     unsigned ring_count;
+    unsigned retiring; /* slots popped from the ring whose completion is not pushed yet */
     bool stop;
 
     /* Loop thread only. */
@@ -133,16 +134,34 @@ struct td_gpu {
 
 /* ---- lane thread -------------------------------------------------------------------------- */
 
-/* The host function: marks the slot done. No CUDA calls here. */
+static void retire(lane_t *l, slot_t *slot);
+
+/* The host function: marks the slot done (no CUDA calls here). When the slot is next in line
+ * and its reply is small, it also retires it right here, which saves a wake-up of the lane
+ * thread on the way back to the loop; larger copies are left to the lane thread so as not to
+ * hold up CUDA's callback thread. */
 static void slot_done(void *arg)
 {
     slot_t *slot = arg;
     lane_t *l = slot->lane;
+    bool here = false;
     pthread_mutex_lock(&l->lock);
-    if (slot->state == SLOT_INFLIGHT) /* else the watchdog already failed it */
+    if (slot->state == SLOT_INFLIGHT) { /* else the watchdog already failed it */
         slot->state = SLOT_DONE;
-    pthread_cond_signal(&l->cond);
+        here = !slot->fault && l->retiring == 0 && l->ring_count &&
+               l->ring[l->ring_head] == slot->index &&
+               slot->r->payload_len <= TD_GPU_INLINE_RETIRE_MAX;
+    }
+    if (here) {
+        l->ring_head = (l->ring_head + 1) % l->gpu->opts.slots;
+        l->ring_count--;
+        l->retiring++;
+    } else {
+        pthread_cond_signal(&l->cond);
+    }
     pthread_mutex_unlock(&l->lock);
+    if (here)
+        retire(l, slot);
 }
 
 static void push_completion(td_gpu_t *g, td_request_t *r)
@@ -196,6 +215,9 @@ static void build_reply(lane_t *l, slot_t *slot)
     }
 }
 
+/* Builds the reply of a slot popped from the ring (l->retiring counts it), frees the slot and
+ * pushes the request to the loop. Completions leave in ring order: only one slot of a lane is
+ * being retired at a time. */
 static void retire(lane_t *l, slot_t *slot)
 {
     td_request_t *r = slot->r;
@@ -206,8 +228,10 @@ static void retire(lane_t *l, slot_t *slot)
     pthread_mutex_lock(&l->lock);
     slot->state = SLOT_FREE;
     slot->r = NULL;
-    pthread_mutex_unlock(&l->lock);
     push_completion(l->gpu, r);
+    l->retiring--;
+    pthread_cond_signal(&l->cond);
+    pthread_mutex_unlock(&l->lock);
 }
 
 static td_gpu_job_t make_job(const td_request_t *r, unsigned slot)
@@ -313,11 +337,12 @@ static void *lane_main(void *arg)
     pthread_mutex_lock(&l->lock);
     for (;;) {
         /* 1. Retire finished slots, strictly in launch order. */
-        if (l->ring_count) {
+        if (l->ring_count && !l->retiring) {
             slot_t *head = &l->slots[l->ring[l->ring_head]];
             if (head->state == SLOT_DONE || head->state == SLOT_FAILED) {
                 l->ring_head = (l->ring_head + 1) % slots;
                 l->ring_count--;
+                l->retiring++;
                 pthread_mutex_unlock(&l->lock);
                 retire(l, head);
                 pthread_mutex_lock(&l->lock);
@@ -341,7 +366,7 @@ static void *lane_main(void *arg)
             pthread_mutex_lock(&l->lock);
             continue;
         }
-        if (l->stop && !l->ring_count && !l->wait_head)
+        if (l->stop && !l->ring_count && !l->wait_head && !l->retiring)
             break;
         wait_with_watchdog(l);
     }

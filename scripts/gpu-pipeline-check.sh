@@ -63,9 +63,17 @@ note "run-loadgen: rc=$? ($((SECONDS - t0)) s)"
 
 # The pipeline under compute-sanitizer memcheck: tallyd itself runs under the tool.
 if [ "${MEMCHECK:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
+  # The tests stop tallyd with SIGTERM; the wrapper hands it to tallyd itself (the tool's
+  # child) so that tallyd exits cleanly and the tool writes its summary.
   wrap="$OUT/tallyd-memcheck.sh"
-  printf '#!/bin/sh\nexec compute-sanitizer --tool memcheck --error-exitcode 9 --log-file %s/memcheck-%%p.log %s "$@"\n' \
-    "$OUT" "$TALLYD_BIN" >"$wrap"
+  {
+    echo '#!/bin/bash'
+    echo "compute-sanitizer --tool memcheck --error-exitcode 9 --log-file $OUT/memcheck-%p.log $TALLYD_BIN \"\$@\" &"
+    echo 'cs=$!'
+    echo 'trap '"'"'kill -TERM $(pgrep -P $cs || ps -o pid= --ppid $cs) 2>/dev/null'"'"' TERM INT'
+    echo 'rc=0; while kill -0 $cs 2>/dev/null; do wait $cs; rc=$?; done'
+    echo 'exit $rc'
+  } >"$wrap"
   chmod +x "$wrap"
   t0=$SECONDS
   TALLYD_BIN="$wrap" TALLY_PIPELINE_ENGINE=cuda timeout ${MEMCHECK_SECONDS:-150} "$B/tests/test_pipeline" \
