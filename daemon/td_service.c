@@ -19,10 +19,12 @@
  * answered, so the final snapshot holds everything acknowledged: a clean restart loses
  * nothing. A kill -9 loses what changed since the last snapshot, at most one interval.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <zmq.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "td_http.h"
 #include "td_log.h"
@@ -197,6 +199,26 @@ static void restore_state(td_service_t *self)
     free(buf);
 }
 
+/* Persistence was asked for: a directory that cannot hold the state file stops tallyd at
+ * start rather than losing every snapshot later. A missing last component is created. */
+static tally_status_t check_state_dir(const char *dir)
+{
+    struct stat sb;
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        td_err("state: cannot create the state directory %s: %s", dir, strerror(errno));
+        return TALLY_E_PARAM;
+    }
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        td_err("state: %s is not a directory", dir);
+        return TALLY_E_PARAM;
+    }
+    if (access(dir, W_OK | X_OK) != 0) {
+        td_err("state: cannot write to the state directory %s: %s", dir, strerror(errno));
+        return TALLY_E_PARAM;
+    }
+    return TALLY_OK;
+}
+
 /* ---- Lifecycle -------------------------------------------------------------------------- */
 
 tally_status_t td_service_new(const td_service_host_t *host, td_service_t **out)
@@ -210,6 +232,9 @@ tally_status_t td_service_new(const td_service_host_t *host, td_service_t **out)
     if (host->cfg->state_dir) {
         self->state_dir = strdup(host->cfg->state_dir);
         if (!self->state_dir)
+            goto fail;
+        st = check_state_dir(self->state_dir);
+        if (st != TALLY_OK)
             goto fail;
         restore_state(self);
         td_info("state: snapshots to %s/%s every %u s", self->state_dir, TD_STATE_FILE,

@@ -953,6 +953,32 @@ static int kill_leftovers(void **state)
     return 0;
 }
 
+static void test_state_dir_unusable_fails_start(void **state)
+{
+    (void)state;
+    char file[300];
+    snprintf(file, sizeof file, "%s/not-a-dir", scratch);
+    write_file(file, "x");
+    const char *args[] = {"--state-dir", file, NULL};
+    spawn_opts_t o = {.no_wait = true};
+    th_daemon_t d;
+    assert_int_equal(spawn(&d, args, &o), 0);
+    int status = 0;
+    assert_int_equal(waitpid(d.pid, &status, 0), d.pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) != 0);
+    assert_true(th_daemon_log_contains(&d, "is not a directory"));
+
+    /* A missing last component is created. */
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/created-by-tallyd", scratch);
+    const char *args2[] = {"--state-dir", dir, NULL};
+    assert_int_equal(spawn(&d, args2, NULL), 0);
+    struct stat sb;
+    assert_int_equal(stat(dir, &sb), 0);
+    assert_true(S_ISDIR(sb.st_mode));
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -989,6 +1015,7 @@ int main(void)
         cmocka_unit_test_teardown(test_state_bit_flip_set_aside, kill_leftovers),
         cmocka_unit_test_teardown(test_state_wrong_version_set_aside, kill_leftovers),
         cmocka_unit_test_teardown(test_state_garbage_set_aside, kill_leftovers),
+        cmocka_unit_test_teardown(test_state_dir_unusable_fails_start, kill_leftovers),
         cmocka_unit_test_teardown(test_config_file_errors_exit_2, kill_leftovers),
         cmocka_unit_test_teardown(test_config_file_and_sighup_reload, kill_leftovers),
         cmocka_unit_test_teardown(test_metrics_http_endpoint, kill_leftovers),
