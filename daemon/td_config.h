@@ -29,9 +29,6 @@
  * microseconds there): through the worker pool, a 4 KiB request's p50 was 27-43 us over the
  * ZeroMQ echo on the H200 host (bench/NOTES.md), two thread wake-ups more than needed. */
 #define TD_EXEC_INLINE_MAX (16u << 10)
-/* The GPU lane's host function builds the reply itself, skipping a hop through the lane
- * thread, for batches up to this size (its copy of at most 2x this is ~10 us). */
-#define TD_GPU_INLINE_RETIRE_MAX (64u << 10)
 /* In auto mode a batch runs on the GPU from this size on, per operation: the end-to-end
  * crossover of one request in flight, CPU vs GPU backend, measured on the GPU host (an H200;
  * bench/NOTES.md "GPU crossover"). hist (a 2 KiB reply) gains from 64 KiB; filter and scan

@@ -23,10 +23,10 @@
  * staging into the reply (malloc'd, handed to ZeroMQ without a further copy), the slot is
  * freed, and the request goes onto the pipeline's mutex-protected completion queue with
  * uv_async_send. The async callback on the loop thread drains the whole queue (wake-ups
- * coalesce), so one wake-up can answer many requests. The host function (CUDA's callback
- * thread; it never calls CUDA) does this itself for a small batch that is next in line
- * (TD_GPU_INLINE_RETIRE_MAX), as the design asked; a large one it hands to the lane thread, so
- * that a multi-megabyte copy-out holds up neither the loop thread nor CUDA's callback thread.
+ * coalesce), so one wake-up can answer many requests. The lane thread does this, not the host
+ * function (which only marks the slot done): the brief had the host function push to the
+ * completion queue directly, but building the reply there blocks the lane's CUDA stream (see
+ * slot_done), and a multi-megabyte copy-out must stay off the loop thread too.
  *
  * Ordering: requests of one named stream all go to the lane the stream is pinned to (for as
  * long as it has requests in flight), so they are enqueued on one CUDA stream back to back,
@@ -134,34 +134,19 @@ struct td_gpu {
 
 /* ---- lane thread -------------------------------------------------------------------------- */
 
-static void retire(lane_t *l, slot_t *slot);
-
-/* The host function: marks the slot done (no CUDA calls here). When the slot is next in line
- * and its reply is small, it also retires it right here, which saves a wake-up of the lane
- * thread on the way back to the loop; larger copies are left to the lane thread so as not to
- * hold up CUDA's callback thread. */
+/* The host function (CUDA's callback thread): marks the slot done and wakes the lane thread,
+ * nothing more. A host function blocks its CUDA stream until it returns, so any work here (the
+ * reply's copy, even for a 64 KiB batch) would delay the lane's next batch: tried, it cost
+ * ~20 % of the 64 KiB throughput on the H200 host (bench/NOTES.md). No CUDA calls here. */
 static void slot_done(void *arg)
 {
     slot_t *slot = arg;
     lane_t *l = slot->lane;
-    bool here = false;
     pthread_mutex_lock(&l->lock);
-    if (slot->state == SLOT_INFLIGHT) { /* else the watchdog already failed it */
+    if (slot->state == SLOT_INFLIGHT) /* else the watchdog already failed it */
         slot->state = SLOT_DONE;
-        here = !slot->fault && l->retiring == 0 && l->ring_count &&
-               l->ring[l->ring_head] == slot->index &&
-               slot->r->payload_len <= TD_GPU_INLINE_RETIRE_MAX;
-    }
-    if (here) {
-        l->ring_head = (l->ring_head + 1) % l->gpu->opts.slots;
-        l->ring_count--;
-        l->retiring++;
-    } else {
-        pthread_cond_signal(&l->cond);
-    }
+    pthread_cond_signal(&l->cond);
     pthread_mutex_unlock(&l->lock);
-    if (here)
-        retire(l, slot);
 }
 
 static void push_completion(td_gpu_t *g, td_request_t *r)
