@@ -136,8 +136,8 @@ struct td_gpu {
 
 /* The host function (CUDA's callback thread): marks the slot done and wakes the lane thread,
  * nothing more. A host function blocks its CUDA stream until it returns, so any work here (the
- * reply's copy, even for a 64 KiB batch) would delay the lane's next batch: tried, it cost
- * ~20 % of the 64 KiB throughput on the H200 host (bench/NOTES.md). No CUDA calls here. */
+ * reply's copy, even for a 64 KiB batch) delays the lane's next batch; tried, the 64 KiB hist
+ * throughput fell 14 - 24 % against the echo (bench/NOTES.md). No CUDA calls here. */
 static void slot_done(void *arg)
 {
     slot_t *slot = arg;
