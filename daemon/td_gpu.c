@@ -126,7 +126,7 @@ struct td_gpu {
     uint64_t device_bytes;
 
     uv_async_t async;
-    bool async_open;
+    bool async_open; /* written under done_lock once the lane threads run */
     pthread_mutex_t done_lock;
     td_request_t *done_head;
     td_request_t *done_tail;
@@ -149,6 +149,8 @@ static void slot_done(void *arg)
     pthread_mutex_unlock(&l->lock);
 }
 
+/* The wake-up is sent under the lock: the loop cannot see (and answer) this request before the
+ * send is done, so the last request's send never races td_gpu_close. */
 static void push_completion(td_gpu_t *g, td_request_t *r)
 {
     r->exec_next = NULL;
@@ -158,8 +160,9 @@ static void push_completion(td_gpu_t *g, td_request_t *r)
     else
         g->done_head = r;
     g->done_tail = r;
+    if (g->async_open)
+        uv_async_send(&g->async);
     pthread_mutex_unlock(&g->done_lock);
-    uv_async_send(&g->async);
 }
 
 /* Builds the reply from the slot's staging (lane thread, no lock held). */
@@ -639,10 +642,12 @@ fail:
 
 void td_gpu_close(td_gpu_t *g)
 {
-    if (g && g->async_open) {
-        uv_close((uv_handle_t *)&g->async, NULL);
-        g->async_open = false;
-    }
+    if (!g || !g->async_open)
+        return;
+    pthread_mutex_lock(&g->done_lock);
+    g->async_open = false;
+    pthread_mutex_unlock(&g->done_lock);
+    uv_close((uv_handle_t *)&g->async, NULL);
 }
 
 void td_gpu_destroy(td_gpu_t **self_p)
