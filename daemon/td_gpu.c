@@ -34,6 +34,17 @@
  * A lane's launch failure is retired in its place too (it is marked failed, not completed
  * early), so a later request never overtakes an earlier one.
  *
+ * Stream state on the device: only the scan carry. It must chain there, because the next
+ * batch's kernel needs it before the previous reply has come back; each stream in flight holds
+ * one device int64 of its lane (handed out by the loop thread), initialised from the host copy
+ * by the stream's first request in flight (so a state restored from disk, a reset or a CPU rerun
+ * is picked up) and updated in place by tk_cuda_scan. A stream's running histogram stays on the
+ * host: every batch's histogram comes back in its reply anyway, adding 256 counters there is
+ * free, and query needs no device round trip. A stream is pinned to its lane only while it has
+ * requests in flight; an idle stream's state is all in the host copy, so its next request goes
+ * to the least loaded lane again ("least loaded at creation", renewed whenever the stream
+ * starts from idle, with no hook needed when a stream is reset or removed).
+ *
  * Failures: a failed launch, a job marked as a test fault, or work the watchdog finds failed
  * (an asynchronous kernel error never runs its host function; lane threads with work on the
  * device wake every TD_GPU_WATCHDOG_MS and ask the engine) comes back with r->exec_failed;
