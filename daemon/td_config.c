@@ -20,6 +20,7 @@ void td_config_init(td_config_t *cfg)
     cfg->max_streams = TD_DEFAULT_MAX_STREAMS;
     cfg->log_level = TD_LOG_INFO;
     cfg->gpu_streams = TD_DEFAULT_GPU_STREAMS;
+    cfg->gpu_spin_us = TD_DEFAULT_GPU_SPIN_US;
     cfg->gpu_min_batch = TD_DEFAULT_GPU_MIN_BATCH;
     cfg->state_interval = TD_DEFAULT_STATE_INTERVAL;
 }
@@ -153,6 +154,7 @@ enum {
     OPT_GPU_MIN_BATCH,
     OPT_TEST_FAULT_EVERY,
     OPT_TEST_SIM_GPUS,
+    OPT_GPU_SPIN_US,
     OPT_LOG_LEVEL,
     OPT_STATE_DIR,
     OPT_STATE_INTERVAL,
@@ -175,6 +177,7 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
         /* Test only, not in --help: force the GPU error path; simulate GPUs on the CPU. */
         {"test-fault-every", required_argument, NULL, OPT_TEST_FAULT_EVERY},
         {"test-sim-gpus", required_argument, NULL, OPT_TEST_SIM_GPUS},
+        {"gpu-spin-us", required_argument, NULL, OPT_GPU_SPIN_US}, /* tuning, not in --help */
         {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
         {"config", required_argument, NULL, 'c'},
         /* Each option settable in the configuration file also has a line in
@@ -245,6 +248,10 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
             break;
         case OPT_TEST_SIM_GPUS:
             if (parse_unsigned(optarg, 0, 16, &cfg->test_sim_gpus) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_GPU_SPIN_US:
+            if (parse_unsigned(optarg, 0, 10000, &cfg->gpu_spin_us) != TALLY_OK)
                 goto bad;
             break;
         case OPT_LOG_LEVEL: {

@@ -25,6 +25,10 @@
 #define TD_GPU_STREAMS_LIMIT 64u
 #define TD_GPU_SLOTS_PER_LANE 2u    /* pinned staging slots per lane: one filling, one on the GPU */
 #define TD_GPU_DEAD_AFTER 3u        /* GPU errors in a row after which a device is unusable */
+/* A lane thread with work on the device polls this long for its completion (or a new request)
+ * before it sleeps, saving a wake-up per request when batches are short (--gpu-spin-us; see
+ * bench/NOTES.md for the A/B that chose it). */
+#define TD_DEFAULT_GPU_SPIN_US 0u
 /* CPU batches up to this size run on the loop thread itself (a 16 KiB batch takes a few
  * microseconds there): through the worker pool, a 4 KiB request's p50 was 27-43 us over the
  * ZeroMQ echo on the H200 host (bench/NOTES.md), two thread wake-ups more than needed. */
@@ -70,6 +74,7 @@ typedef struct {
     size_t gpu_min_batch;   /* auto mode: smaller batches run on the CPU */
     unsigned test_fault_every; /* test only: every Nth GPU request reports a failure; 0 = off */
     unsigned test_sim_gpus;    /* test only: N simulated GPUs (host memory, CPU kernels) */
+    unsigned gpu_spin_us;      /* lane threads poll this long before sleeping */
     char *state_dir;          /* owned; NULL = no persistence ($STATE_DIRECTORY by default) */
     unsigned state_interval;  /* seconds between state snapshots */
     char *metrics_listen;     /* owned; ADDR:PORT of the HTTP metrics endpoint, NULL = off */

@@ -202,6 +202,7 @@ static tally_status_t open_gpu(td_exec_t *x)
             .max_batch = x->gpu_max_batch,
             .lanes = cfg->gpu_streams ? cfg->gpu_streams : TD_DEFAULT_GPU_STREAMS,
             .slots = TD_GPU_SLOTS_PER_LANE,
+            .spin_us = cfg->gpu_spin_us,
             .max_inflight = TD_MAX_INFLIGHT_LIMIT, /* a reload may raise max_inflight */
         };
         st = td_gpu_new(x->env.loop, engine, &opts, gpu_complete, x, &x->gpu, why, sizeof why);

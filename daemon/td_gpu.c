@@ -108,6 +108,7 @@ struct lane {
     unsigned ring_count;
     unsigned retiring; /* slots popped from the ring whose completion is not pushed yet */
     bool stop;
+    atomic_uint events; /* bumped on every slot done and request queued (for spinning) */
 
     /* Loop thread only. */
     unsigned load;        /* requests submitted and not yet completed */
@@ -156,6 +157,7 @@ static void slot_done(void *arg)
     pthread_mutex_lock(&l->lock);
     if (slot->state == SLOT_INFLIGHT) /* else the watchdog already failed it */
         slot->state = SLOT_DONE;
+    atomic_fetch_add(&l->events, 1);
     pthread_cond_signal(&l->cond);
     pthread_mutex_unlock(&l->lock);
 }
@@ -327,6 +329,33 @@ static void wait_with_watchdog(lane_t *l)
     watchdog_fail(l);
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* With work on the device, polls (lock released) up to spin_us for an event before the caller
+ * sleeps. Returns true when one came. Lock held on entry and return. */
+static bool spin_for_event(lane_t *l)
+{
+    if (!l->gpu->opts.spin_us || !ring_has_inflight(l))
+        return false;
+    unsigned seen = atomic_load(&l->events);
+    uint64_t until = now_ns() + (uint64_t)l->gpu->opts.spin_us * 1000u;
+    bool got = false;
+    pthread_mutex_unlock(&l->lock);
+    while (!(got = atomic_load(&l->events) != seen) && now_ns() < until) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    }
+    pthread_mutex_lock(&l->lock);
+    /* An event between the last poll and the lock would otherwise be slept through. */
+    return got || atomic_load(&l->events) != seen;
+}
+
 static void *lane_main(void *arg)
 {
     lane_t *l = arg;
@@ -367,7 +396,8 @@ static void *lane_main(void *arg)
         }
         if (l->stop && !l->ring_count && !l->wait_head && !l->retiring)
             break;
-        wait_with_watchdog(l);
+        if (!spin_for_event(l))
+            wait_with_watchdog(l);
     }
     pthread_mutex_unlock(&l->lock);
     return NULL;
@@ -455,6 +485,7 @@ void td_gpu_submit(td_gpu_t *g, td_request_t *r)
     else
         l->wait_head = r;
     l->wait_tail = r;
+    atomic_fetch_add(&l->events, 1);
     pthread_cond_signal(&l->cond);
     pthread_mutex_unlock(&l->lock);
 }
@@ -516,6 +547,7 @@ static tally_status_t lane_open(td_gpu_t *g, device_t *d, lane_t *l, unsigned in
     l->index = index;
     pthread_mutex_init(&l->lock, NULL);
     pthread_cond_init(&l->cond, NULL);
+    atomic_init(&l->events, 0);
     l->staging = calloc(slots, sizeof *l->staging);
     l->slots = calloc(slots, sizeof *l->slots);
     l->ring = calloc(slots, sizeof *l->ring);

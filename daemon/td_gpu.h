@@ -28,6 +28,7 @@ typedef struct {
     size_t max_batch;      /* bytes; staging and device buffers are this size */
     unsigned lanes;        /* per device */
     unsigned slots;        /* staging slots per lane */
+    unsigned spin_us;      /* lane threads poll this long before sleeping */
     unsigned max_inflight; /* the most requests ever in flight: bounds the streams in flight at
                             * once, so the scan carries per lane */
 } td_gpu_opts_t;

@@ -57,9 +57,10 @@ TALLY_TEST_BACKEND=cuda timeout 120 "$B/tests/test_daemon" >"$OUT/test-daemon-gp
 note "test_daemon (--backend cuda): rc=$? ($((SECONDS - t0)) s)"
 grep -E "PASSED|FAILED|ERROR|LINE" "$OUT/test-daemon-gpu.log" | head -12 | tee -a "$summary"
 # ---- the benchmark ----
+# BENCH=spin-ab runs the --gpu-spin-us A/B (bench/run-spin-ab.sh) instead of the matrix.
 t0=$SECONDS
-bench/run-loadgen.sh "$B" "$OUT" >"$OUT/run-loadgen.log" 2>&1
-note "run-loadgen: rc=$? ($((SECONDS - t0)) s)"
+bench/run-${BENCH:-loadgen}.sh "$B" "$OUT" >"$OUT/run-bench.log" 2>&1
+note "run-${BENCH:-loadgen}: rc=$? ($((SECONDS - t0)) s)"
 
 # The pipeline under compute-sanitizer memcheck: tallyd itself runs under the tool.
 if [ "${MEMCHECK:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
@@ -85,9 +86,9 @@ fi
 for f in "$OUT"/tallyd-*.log; do
   [ -f "$f" ] && { echo "== $f"; grep -vE "^<[67]>" "$f" | tail -5; } >>"$summary"
 done
-cp "$OUT/loadgen.md" "$summary" "$FINAL/" 2>/dev/null
+cp "$OUT"/*.md "$summary" "$FINAL/" 2>/dev/null
 tar czf "$FINAL/logs.tgz" -C "$OUT" . && rm -rf "$OUT"
-echo "==== loadgen.md"
-cat "$FINAL/loadgen.md"
+echo "==== results"
+cat "$FINAL"/*.md
 echo "==== summary"
 cat "$FINAL/summary.txt"

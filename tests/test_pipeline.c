@@ -324,7 +324,7 @@ static void test_gpu_ops_and_streams(void **state)
 {
     (void)state;
     th_daemon_t d;
-    const char *extra[] = {"--gpu-streams", "3", NULL};
+    const char *extra[] = {"--gpu-streams", "3", "--gpu-spin-us", "30", NULL};
     assert_int_equal(start(&d, extra), 0);
     void *sock = th_connect(d.endpoint, 20000);
     char *info = stats_text(sock);
