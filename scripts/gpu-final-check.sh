@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The whole test suite on the lent GPU machine, in one call: a CUDA build of everything, every
+# CTest test (the GPU tests run for real here instead of skipping), then the integration suites
+# again with tallyd on the CUDA backend. Logs under $OUT.
+#
+#   run (carry: [".deps"]): source scripts/device-env.sh; scripts/gpu-final-check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu-final}
+mkdir -p "$OUT"
+summary="$OUT/summary.txt"
+: >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >>"$summary" 2>&1
+date -u >>"$summary"
+
+B=build-final
+t0=$SECONDS
+cmake -S . -B $B -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 -DTALLY_CUDA=ON \
+  -DTALLY_WERROR=ON >"$OUT/build.log" 2>&1 && cmake --build $B -j"$(nproc)" >>"$OUT/build.log" 2>&1
+note "build: rc=$? ($((SECONDS - t0)) s)"
+export LD_LIBRARY_PATH="$PWD/$B/client:$LD_LIBRARY_PATH"
+
+t0=$SECONDS
+(cd $B && timeout 420 ctest --output-on-failure -j4 >"$OUT/ctest.log" 2>&1)
+note "ctest (every test, GPU present): rc=$? ($((SECONDS - t0)) s)"
+grep -E "Test +#|tests passed" "$OUT/ctest.log" | tee -a "$summary"
+
+export TALLYD_BIN="$PWD/$B/daemon/tallyd" TALLY_BIN="$PWD/$B/client/tally"
+for t in test_daemon test_client_daemon; do
+  t0=$SECONDS
+  TALLY_TEST_BACKEND=cuda timeout 120 "$B/tests/$t" >"$OUT/$t-cuda.log" 2>&1
+  note "$t with tallyd --backend cuda: rc=$? ($((SECONDS - t0)) s)"
+  grep -E "PASSED|FAILED" "$OUT/$t-cuda.log" | tee -a "$summary"
+done
