@@ -15,16 +15,16 @@
 #include "tally_proto.h"
 
 #define TD_DEFAULT_ENDPOINT "tcp://127.0.0.1:5555"
-#define TD_DEFAULT_MAX_BATCH (16u << 20)   /* bytes of payload in one request */
-#define TD_DEFAULT_MAX_INFLIGHT 64u        /* requests accepted and not yet answered */
+#define TD_DEFAULT_MAX_BATCH (16u << 20) /* bytes of payload in one request */
+#define TD_DEFAULT_MAX_INFLIGHT 64u      /* requests accepted and not yet answered */
 #define TD_DEFAULT_MAX_STREAMS 4096u
-#define TD_DEFAULT_RCVHWM 64               /* ZeroMQ messages queued per peer before TCP pushes back */
+#define TD_DEFAULT_RCVHWM 64 /* ZeroMQ messages queued per peer before TCP pushes back */
 #define TD_DEFAULT_SNDHWM 1024
 /* GPU pipeline (td_gpu.c). */
-#define TD_DEFAULT_GPU_STREAMS 4u   /* CUDA streams (lanes) per GPU, --gpu-streams */
+#define TD_DEFAULT_GPU_STREAMS 4u /* CUDA streams (lanes) per GPU, --gpu-streams */
 #define TD_GPU_STREAMS_LIMIT 64u
-#define TD_GPU_SLOTS_PER_LANE 2u    /* pinned staging slots per lane: one filling, one on the GPU */
-#define TD_GPU_DEAD_AFTER 3u        /* GPU errors in a row after which a device is unusable */
+#define TD_GPU_SLOTS_PER_LANE 2u /* pinned staging slots per lane: one filling, one on the GPU */
+#define TD_GPU_DEAD_AFTER 3u     /* GPU errors in a row after which a device is unusable */
 /* A lane thread with work on the device polls this long for its completion (or a new request)
  * before it sleeps, saving a wake-up per request when batches are short (--gpu-spin-us; see
  * bench/NOTES.md for the A/B that chose it). */
@@ -47,11 +47,11 @@
 #define TD_MAX_BINDS 16
 #define TD_MAX_BATCH_LIMIT (1024ull << 20) /* --max-batch may not exceed 1 GiB */
 #define TD_MAX_INFLIGHT_LIMIT 65536u
-#define TD_DEFAULT_STATE_INTERVAL 30u      /* seconds between stream-state snapshots */
+#define TD_DEFAULT_STATE_INTERVAL 30u /* seconds between stream-state snapshots */
 #define TD_STATE_INTERVAL_LIMIT 86400u
-#define TD_STATE_FILE "streams.state"      /* in the state directory */
-#define TD_STATUS_INTERVAL_MS 5000         /* systemd STATUS= line refresh */
-#define TD_METRICS_WAIT_MS 2000            /* an HTTP scrape waits this long for the loop */
+#define TD_STATE_FILE "streams.state" /* in the state directory */
+#define TD_STATUS_INTERVAL_MS 5000    /* systemd STATUS= line refresh */
+#define TD_METRICS_WAIT_MS 2000       /* an HTTP scrape waits this long for the loop */
 
 typedef enum {
     TD_BACKEND_AUTO = 0,
@@ -63,23 +63,23 @@ typedef struct {
     char *binds[TD_MAX_BINDS]; /* owned strings */
     int bind_count;
     td_backend_choice_t backend;
-    size_t max_batch;       /* bytes */
-    unsigned max_inflight;  /* requests */
+    size_t max_batch;      /* bytes */
+    unsigned max_inflight; /* requests */
     unsigned max_streams;
-    unsigned workers;       /* CPU threads for batch work; 0 = number of cores */
-    int log_level;          /* td_log_level_t */
-    char *config_file;      /* owned; NULL = none */
+    unsigned workers;          /* CPU threads for batch work; 0 = number of cores */
+    int log_level;             /* td_log_level_t */
+    char *config_file;         /* owned; NULL = none */
     bool config_file_explicit; /* given with --config: a missing file is then an error */
-    unsigned gpu_streams;   /* lanes per GPU */
-    size_t gpu_min_batch;   /* auto mode: smaller batches run on the CPU */
+    unsigned gpu_streams;      /* lanes per GPU */
+    size_t gpu_min_batch;      /* auto mode: smaller batches run on the CPU */
     unsigned test_fault_every; /* test only: every Nth GPU request reports a failure; 0 = off */
     unsigned test_sim_gpus;    /* test only: N simulated GPUs (host memory, CPU kernels) */
     unsigned gpu_spin_us;      /* lane threads poll this long before sleeping */
-    char *state_dir;          /* owned; NULL = no persistence ($STATE_DIRECTORY by default) */
-    unsigned state_interval;  /* seconds between state snapshots */
-    char *metrics_listen;     /* owned; ADDR:PORT of the HTTP metrics endpoint, NULL = off */
-    bool check_only;          /* --check-config: load the configuration, report, exit */
-    int argc;                 /* the command line, kept so SIGHUP can re-apply it (borrowed) */
+    char *state_dir;           /* owned; NULL = no persistence ($STATE_DIRECTORY by default) */
+    unsigned state_interval;   /* seconds between state snapshots */
+    char *metrics_listen;      /* owned; ADDR:PORT of the HTTP metrics endpoint, NULL = off */
+    bool check_only;           /* --check-config: load the configuration, report, exit */
+    int argc;                  /* the command line, kept so SIGHUP can re-apply it (borrowed) */
     char **argv;
 } td_config_t;
 

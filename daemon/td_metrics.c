@@ -75,8 +75,8 @@ size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf,
         for (unsigned b = 0; b < TD_LATENCY_BUCKETS; b++) {
             cumulative += m->latency_buckets[op][b];
             emit(buf, cap, &len,
-                 "tallyd_request_duration_seconds_bucket{op=\"%s\",le=\"%g\"} %llu\n",
-                 op_label(op), td_latency_bounds_us[b] / 1e6, (unsigned long long)cumulative);
+                 "tallyd_request_duration_seconds_bucket{op=\"%s\",le=\"%g\"} %llu\n", op_label(op),
+                 td_latency_bounds_us[b] / 1e6, (unsigned long long)cumulative);
         }
         emit(buf, cap, &len,
              "tallyd_request_duration_seconds_bucket{op=\"%s\",le=\"+Inf\"} %llu\n"

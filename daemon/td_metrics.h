@@ -18,14 +18,15 @@
 extern const double td_latency_bounds_us[TD_LATENCY_BUCKETS];
 
 typedef struct {
-    uint64_t requests[TALLY_OP_COUNT][TALLY_STATUS_WIRE_COUNT]; /* [opcode][status]; 0 = unknown op */
+    uint64_t requests[TALLY_OP_COUNT]
+                     [TALLY_STATUS_WIRE_COUNT]; /* [opcode][status]; 0 = unknown op */
     uint64_t latency_buckets[TALLY_OP_COUNT][TD_LATENCY_BUCKETS + 1]; /* non-cumulative */
     double latency_sum_s[TALLY_OP_COUNT];
     uint64_t bytes_in;
     uint64_t bytes_out;
-    uint64_t replies_dropped; /* the peer was gone when its reply was ready */
+    uint64_t replies_dropped;   /* the peer was gone when its reply was ready */
     uint64_t backend_fallbacks; /* requests rerun on the CPU after a GPU failure */
-    uint64_t read_pauses;     /* times reading stopped because max_inflight was reached */
+    uint64_t read_pauses;       /* times reading stopped because max_inflight was reached */
 } td_metrics_t;
 
 /* Values that are not counters: sampled when rendering. */
@@ -35,8 +36,8 @@ typedef struct {
     unsigned queued;        /* requests waiting behind another on their stream */
     unsigned pending_sends; /* replies waiting for the socket */
     unsigned streams;
-    const char *backend;    /* "cpu" or "cuda" */
-    const char *devices;    /* the backend's one-line description */
+    const char *backend; /* "cpu" or "cuda" */
+    const char *devices; /* the backend's one-line description */
     uint64_t device_memory_bytes;
     double uptime_s;
 } td_gauges_t;

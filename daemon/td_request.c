@@ -81,8 +81,7 @@ void td_request_fail(td_request_t *self, tally_status_t status, const char *fmt,
     self->rep.aux1 = 0;
 }
 
-void td_request_succeed(td_request_t *self, uint8_t dtype, void *data, size_t len,
-                        uint64_t count)
+void td_request_succeed(td_request_t *self, uint8_t dtype, void *data, size_t len, uint64_t count)
 {
     free(self->reply_data);
     self->reply_data = data;
@@ -179,9 +178,9 @@ static void execute_scan(td_request_t *self, size_t n)
         return;
     }
     int64_t carry = self->carry;
-    tally_status_t st = self->backend->scan(self->backend->ctx, self->payload, n,
-                                            (self->req.flags & TALLY_FLAG_SCAN_EXCLUSIVE) != 0,
-                                            out32, out, &carry);
+    tally_status_t st =
+        self->backend->scan(self->backend->ctx, self->payload, n,
+                            (self->req.flags & TALLY_FLAG_SCAN_EXCLUSIVE) != 0, out32, out, &carry);
     if (st != TALLY_OK) {
         free(out);
         td_request_fail(self, st, "%s backend failed the scan", self->backend->name);

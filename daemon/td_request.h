@@ -40,17 +40,17 @@ typedef struct td_request {
     void *payload_copy;
     const void *payload;
     size_t payload_len;
-    td_stream_t *stream;             /* named stream, or NULL */
-    struct td_request *stream_next;  /* FIFO link on the stream */
+    td_stream_t *stream;            /* named stream, or NULL */
+    struct td_request *stream_next; /* FIFO link on the stream */
     uint64_t received_ns;
 
     /* Execution. */
-    int64_t carry;        /* scan: carry-in, then carry-out */
-    tk_hist_t hist;       /* hist: this batch's histogram */
-    uint64_t kept;        /* filter: elements kept */
+    int64_t carry;         /* scan: carry-in, then carry-out */
+    tk_hist_t hist;        /* hist: this batch's histogram */
+    uint64_t kept;         /* filter: elements kept */
     tk_backend_t *backend; /* backend chosen for execute */
     uv_work_t work;
-    void *owner;          /* the server, for callbacks */
+    void *owner; /* the server, for callbacks */
     /* Executor (td_exec.c, td_gpu.c): the path it took, its GPU lane and place in the lane's
      * queues, the stream generation it was started in, and what the pipeline reported. */
     struct td_request *exec_next;
@@ -80,8 +80,7 @@ tally_status_t td_request_take_payload(td_request_t *self, zmq_msg_t *msg);
 void td_request_fail(td_request_t *self, tally_status_t status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Sets an OK reply with the given payload (ownership moves to the request). */
-void td_request_succeed(td_request_t *self, uint8_t dtype, void *data, size_t len,
-                        uint64_t count);
+void td_request_succeed(td_request_t *self, uint8_t dtype, void *data, size_t len, uint64_t count);
 
 /* Loop thread, before execute: reads the stream's state. Fails the request (returns false)
  * when it conflicts with the stream (a histogram of another type or range). */

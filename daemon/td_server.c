@@ -19,8 +19,8 @@
  *
  * Ordering: requests on one named stream apply in arrival order (the stream's FIFO,
  * td_stream.h): on the GPU they are pipelined on the stream's lane, which completes them in
- * order; on the CPU they run one at a time; requests without a stream run concurrently. Replies are matched to
- * requests by request_id, so they may leave in a different order than requests arrived.
+ * order; on the CPU they run one at a time; requests without a stream run concurrently. Replies are
+ * matched to requests by request_id, so they may leave in a different order than requests arrived.
  *
  * Bounded memory: every request counts against max_inflight from the moment it is read until
  * its reply is handed to ZeroMQ. At the limit pump() stops reading, ZeroMQ's receive
@@ -71,20 +71,20 @@ struct td_server {
     uv_signal_t sig_term;
     uv_signal_t sig_hup;
     bool idle_active;
-    bool paused;       /* reading stopped at the in-flight limit */
-    bool stopping;     /* a stop signal arrived: read nothing more */
-    bool closed;       /* socket and handles closed */
+    bool paused;   /* reading stopped at the in-flight limit */
+    bool stopping; /* a stop signal arrived: read nothing more */
+    bool closed;   /* socket and handles closed */
 
-    unsigned inflight; /* requests read and not yet answered */
-    unsigned queued;   /* of those, waiting behind another request on their stream */
+    unsigned inflight;       /* requests read and not yet answered */
+    unsigned queued;         /* of those, waiting behind another request on their stream */
     td_request_t *send_head; /* replies ZeroMQ would not take yet */
     td_request_t *send_tail;
     unsigned pending_sends;
 
     td_streams_t *streams;
-    tk_backend_t *backend; /* the backend compute requests run on */
-    tk_backend_t *cpu;     /* always present; the fallback */
-    td_exec_t *exec;       /* where compute requests run: CPU workers or the GPU pipeline */
+    tk_backend_t *backend;  /* the backend compute requests run on */
+    tk_backend_t *cpu;      /* always present; the fallback */
+    td_exec_t *exec;        /* where compute requests run: CPU workers or the GPU pipeline */
     td_stream_t *advancing; /* the stream stream_advance is working on, if any */
     char devices[256];
     td_metrics_t metrics;
@@ -137,11 +137,10 @@ static void finish(td_server_t *s, td_request_t *r, bool dropped)
 {
     if (dropped) {
         s->metrics.replies_dropped++;
-        td_debug("reply to request %" PRIu64 " dropped: the peer has gone",
-                 r->rep.request_id);
+        td_debug("reply to request %" PRIu64 " dropped: the peer has gone", r->rep.request_id);
     }
-    td_metrics_observe(&s->metrics, r->req.opcode, (tally_status_t)r->rep.status,
-                       r->payload_len, r->reply_len, uv_hrtime() - r->received_ns);
+    td_metrics_observe(&s->metrics, r->req.opcode, (tally_status_t)r->rep.status, r->payload_len,
+                       r->reply_len, uv_hrtime() - r->received_ns);
     s->inflight--;
     td_request_destroy(&r);
 }
@@ -441,8 +440,8 @@ static void handle_message(td_server_t *s, zmq_msg_t *frames, int kept, int tota
     const uint8_t *header = body < kept ? zmq_msg_data(&frames[body]) : NULL;
     size_t header_len = body < kept ? zmq_msg_size(&frames[body]) : 0;
     char msg[TALLY_ERROR_MESSAGE_MAX + 1];
-    tally_status_t st = header ? tally_req_decode(header, header_len, &r->req, msg, sizeof msg)
-                               : TALLY_E_FRAMES;
+    tally_status_t st =
+        header ? tally_req_decode(header, header_len, &r->req, msg, sizeof msg) : TALLY_E_FRAMES;
     r->rep.opcode = r->req.opcode;
     r->rep.flags = r->req.flags;
     r->rep.request_id = r->req.request_id;
@@ -600,7 +599,7 @@ static void close_all(td_server_t *s)
     uv_unref((uv_handle_t *)&s->sig_int);
     uv_unref((uv_handle_t *)&s->sig_term);
     uv_unref((uv_handle_t *)&s->sig_hup);
-    td_exec_close(s->exec); /* nothing is in flight any more */
+    td_exec_close(s->exec);       /* nothing is in flight any more */
     td_service_close(s->service); /* the final state snapshot: every request is answered */
     int linger = TD_SHUTDOWN_LINGER_MS;
     zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof linger);
@@ -662,8 +661,8 @@ static tally_status_t open_backends(td_server_t *s)
     if (st != TALLY_OK)
         return st;
     td_exec_describe(s->exec, s->devices, sizeof s->devices);
-    td_notice("backend %s (%s; chosen by --backend %s)", td_exec_backend_name(s->exec),
-              s->devices, td_backend_choice_name(s->cfg.backend));
+    td_notice("backend %s (%s; chosen by --backend %s)", td_exec_backend_name(s->exec), s->devices,
+              td_backend_choice_name(s->cfg.backend));
     return TALLY_OK;
 }
 

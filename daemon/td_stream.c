@@ -85,8 +85,7 @@ static void grow(td_streams_t *self)
     self->bucket_count = count;
 }
 
-tally_status_t td_streams_get(td_streams_t *self, const char *name, size_t len,
-                              td_stream_t **out)
+tally_status_t td_streams_get(td_streams_t *self, const char *name, size_t len, td_stream_t **out)
 {
     td_stream_t *s = td_streams_find(self, name, len);
     if (s) {

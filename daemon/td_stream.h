@@ -52,8 +52,7 @@ void td_streams_destroy(td_streams_t **self_p);
 /* NULL when no stream of that name exists. */
 td_stream_t *td_streams_find(td_streams_t *self, const char *name, size_t len);
 /* Finds or creates; TALLY_E_LIMIT when max_streams exist already. */
-tally_status_t td_streams_get(td_streams_t *self, const char *name, size_t len,
-                              td_stream_t **out);
+tally_status_t td_streams_get(td_streams_t *self, const char *name, size_t len, td_stream_t **out);
 /* Removes and frees a stream that has no running or queued request. */
 void td_streams_remove(td_streams_t *self, td_stream_t **stream_p);
 

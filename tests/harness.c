@@ -193,8 +193,7 @@ int th_recv_reply(void *sock, th_reply_t *reply)
         }
         reply->frames++;
         if (reply->frames == 1) {
-            ok = tally_rep_decode(zmq_msg_data(&msg), zmq_msg_size(&msg), &reply->rep) ==
-                 TALLY_OK;
+            ok = tally_rep_decode(zmq_msg_data(&msg), zmq_msg_size(&msg), &reply->rep) == TALLY_OK;
         } else if (reply->frames == 2) {
             reply->len = zmq_msg_size(&msg);
             reply->payload = malloc(reply->len + 1);
@@ -215,8 +214,7 @@ void th_reply_free(th_reply_t *reply)
     memset(reply, 0, sizeof *reply);
 }
 
-int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len,
-            th_reply_t *reply)
+int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len, th_reply_t *reply)
 {
     if (th_send_request(sock, req, payload, len) != 0)
         return -1;

@@ -42,7 +42,7 @@ typedef struct {
     tally_rep_t rep;
     uint8_t *payload; /* malloc'ed, NUL-terminated for convenience */
     size_t len;
-    int frames;       /* number of frames received */
+    int frames; /* number of frames received */
 } th_reply_t;
 /* Receives one reply (both frames) and decodes the header. Returns 0, or -1 on timeout or a
  * reply that does not decode. */
@@ -50,8 +50,7 @@ int th_recv_reply(void *sock, th_reply_t *reply);
 void th_reply_free(th_reply_t *reply);
 
 /* One request, one reply. */
-int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len,
-            th_reply_t *reply);
+int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len, th_reply_t *reply);
 /* A request with the common fields set. */
 tally_req_t th_req(uint8_t opcode, uint8_t dtype, uint64_t id);
 

@@ -101,7 +101,8 @@ static void test_ping_info_stats(void **state)
     req = th_req(TALLY_OP_STATS, TALLY_DTYPE_NONE, 6);
     assert_int_equal(th_call(sock, &req, NULL, 0, &reply), 0);
     assert_int_equal(reply.rep.status, TALLY_OK);
-    assert_non_null(strstr((char *)reply.payload, "tallyd_requests_total{op=\"info\",status=\"ok\"}"));
+    assert_non_null(
+        strstr((char *)reply.payload, "tallyd_requests_total{op=\"info\",status=\"ok\"}"));
     assert_non_null(strstr((char *)reply.payload, "# TYPE tallyd_requests_in_flight gauge"));
     th_reply_free(&reply);
     th_close(sock);
@@ -583,7 +584,8 @@ static void test_backpressure_answers_everything(void **state)
     tally_req_t stats = th_req(TALLY_OP_STATS, TALLY_DTYPE_NONE, 9);
     th_reply_t r;
     assert_int_equal(th_call(sock, &stats, NULL, 0, &r), 0);
-    assert_non_null(strstr((char *)r.payload, "tallyd_requests_total{op=\"scan\",status=\"ok\"} 200\n"));
+    assert_non_null(
+        strstr((char *)r.payload, "tallyd_requests_total{op=\"scan\",status=\"ok\"} 200\n"));
     assert_null(strstr((char *)r.payload, "tallyd_read_pauses_total 0\n"));
     th_reply_free(&r);
     free(in);
