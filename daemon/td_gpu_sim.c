@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "td_gpu_engine.h"
 
@@ -21,6 +22,9 @@
 typedef struct {
     unsigned devices;
     tk_backend_t *cpu;
+    /* Test-only: each simulated launch takes this long (TALLYD_TEST_SIM_LATENCY_US), so a test
+     * can be sure a burst of requests is read before the first of them completes. */
+    unsigned latency_us;
 } sim_t;
 
 typedef struct {
@@ -145,7 +149,10 @@ static tally_status_t sim_run(sim_lane_t *l, const td_gpu_job_t *job)
 static tally_status_t sim_lane_launch(void *lane, const td_gpu_job_t *job, td_gpu_done_fn done,
                                       void *arg)
 {
-    tally_status_t st = sim_run(lane, job);
+    sim_lane_t *l = lane;
+    if (l->sim->latency_us)
+        usleep(l->sim->latency_us);
+    tally_status_t st = sim_run(l, job);
     if (st != TALLY_OK) {
         snprintf(sim_error, sizeof sim_error, "simulated kernel failed: %s", tally_status_name(st));
         return TALLY_E_BACKEND;
@@ -188,6 +195,8 @@ tally_status_t td_gpu_engine_sim_new(unsigned devices, td_gpu_engine_t **out)
         return TALLY_E_INTERNAL;
     }
     sim->devices = devices;
+    const char *latency = getenv("TALLYD_TEST_SIM_LATENCY_US");
+    sim->latency_us = latency ? (unsigned)strtoul(latency, NULL, 10) : 0;
     e->name = "sim";
     e->ctx = sim;
     e->device_count = sim_device_count;

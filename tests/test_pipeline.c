@@ -363,7 +363,12 @@ static void test_fault_fallback_exact(void **state)
     (void)state;
     th_daemon_t d;
     const char *extra[] = {"--test-fault-every", "3", NULL};
-    assert_int_equal(start(&d, extra), 0);
+    /* Simulated launches of 20 ms: each stream's burst is surely read, and queued behind the
+     * failed request, before that failure comes back, however loaded the machine is. */
+    setenv("TALLYD_TEST_SIM_LATENCY_US", "20000", 1);
+    int started = start(&d, extra);
+    unsetenv("TALLYD_TEST_SIM_LATENCY_US");
+    assert_int_equal(started, 0);
     void *sock = th_connect(d.endpoint, 20000);
     check_ops(sock);
     check_streams(sock, "fault3", 64 * 1024);
@@ -375,8 +380,8 @@ static void test_fault_fallback_exact(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
     assert_true(th_daemon_log_contains(&d, "failed on the GPU: rerun on the CPU backend"));
     /* Whether a stream's later requests were still in flight when its failed one came back is
-     * a matter of timing: on the simulated devices the burst is always read before the first
-     * completion is handled; a real GPU may finish first (then nothing needs the rerun). */
+     * a matter of timing on a real GPU (it may finish first; then nothing needs the rerun); the
+     * simulated devices' latency above makes it certain. */
     bool behind = th_daemon_log_contains(&d, "was queued behind a GPU failure");
     if (use_cuda())
         fprintf(stderr, "requests rerun behind a failure: %s\n", behind ? "yes" : "none this run");
