@@ -22,18 +22,6 @@ summary="$OUT/summary.txt"
 note() { echo "$*" | tee -a "$summary"; }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 
-# The carried -dev packages' .pc files name Requires(.private) modules whose -dev packages are
-# not carried (libzmq: libsodium, norm...; libmicrohttpd: gnutls); pkg-config insists they exist
-# even for shared linking. Empty stand-ins for every missing one satisfy it.
-stubs=$(mktemp -d)
-export PKG_CONFIG_PATH=${PKG_CONFIG_PATH:+$PKG_CONFIG_PATH:}$stubs
-for pc in /opt/deps/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc /opt/deps/usr/share/pkgconfig/*.pc; do
-  [ -f "$pc" ] || continue
-  sed -n 's/^Requires\(\.private\)\?:\(.*\)/\2/p' "$pc" | tr ', ' '\n\n'
-done | grep -E '^[A-Za-z]' | sort -u | while read -r m; do
-  [ -n "$m" ] && ! pkg-config --exists "$m" 2>/dev/null &&
-    printf 'Name: %s\nDescription: stand-in\nVersion: 99\n' "$m" >"$stubs/$m.pc"
-done
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu \
   --format=csv >>"$summary" 2>&1

@@ -26,17 +26,6 @@ B=build-carry
 export LD_LIBRARY_PATH="$PWD/$B/client${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 if ! "$B/daemon/tallyd" --version >/dev/null 2>&1 || ! "$B/bench/loadgen" 2>&1 | grep -q usage; then
   note "carried build does not run here: building"
-  # Stand-ins for pkg-config modules the carried -dev packages name but do not bring (as in
-  # scripts/gpu-check.sh).
-  stubs=$(mktemp -d)
-  export PKG_CONFIG_PATH=${PKG_CONFIG_PATH:+$PKG_CONFIG_PATH:}$stubs
-  for pc in /opt/deps/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc /opt/deps/usr/share/pkgconfig/*.pc; do
-    [ -f "$pc" ] || continue
-    sed -n 's/^Requires\(\.private\)\?:\(.*\)/\2/p' "$pc" | tr ', ' '\n\n'
-  done | grep -E '^[A-Za-z]' | sort -u | while read -r m; do
-    [ -n "$m" ] && ! pkg-config --exists "$m" 2>/dev/null &&
-      printf 'Name: %s\nDescription: stand-in\nVersion: 99\n' "$m" >"$stubs/$m.pc"
-  done
   B=build-dev
   export LD_LIBRARY_PATH="$PWD/$B/client:$LD_LIBRARY_PATH"
   t0=$SECONDS

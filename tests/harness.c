@@ -26,7 +26,7 @@ static void *context(void)
     return zmq_context;
 }
 
-static int free_port(void)
+int th_free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -40,7 +40,7 @@ static int free_port(void)
     return port;
 }
 
-static const char *tallyd_path(void)
+const char *th_tallyd_bin(void)
 {
     const char *bin = getenv("TALLYD_BIN");
     return bin && *bin ? bin : "./tallyd";
@@ -50,13 +50,13 @@ int th_daemon_start(th_daemon_t *d, const char *const *extra_args)
 {
     for (int attempt = 0; attempt < 5; attempt++) {
         memset(d, 0, sizeof *d);
-        d->port = free_port();
+        d->port = th_free_port();
         snprintf(d->endpoint, sizeof d->endpoint, "tcp://127.0.0.1:%d", d->port);
         snprintf(d->log_path, sizeof d->log_path, "/tmp/tallyd-test-%d-%d.log", (int)getpid(),
                  d->port);
         const char *argv[64];
         int argc = 0;
-        argv[argc++] = tallyd_path();
+        argv[argc++] = th_tallyd_bin();
         argv[argc++] = "--bind";
         argv[argc++] = d->endpoint;
         argv[argc++] = "--log-level";

@@ -29,6 +29,11 @@ int th_daemon_stop(th_daemon_t *d, int sig, int timeout_ms);
 /* True when the daemon's log contains text. */
 bool th_daemon_log_contains(const th_daemon_t *d, const char *text);
 
+/* A loopback TCP port that was free a moment ago (bound, read, closed). */
+int th_free_port(void);
+/* The tallyd under test: $TALLYD_BIN, or ./tallyd. */
+const char *th_tallyd_bin(void);
+
 /* A DEALER socket connected to endpoint (shared context), receive timeout in ms. */
 void *th_connect(const char *endpoint, int timeout_ms);
 void th_close(void *sock);

@@ -53,26 +53,6 @@ static char scratch[80];  /* a per-run directory for state, configs and sockets 
 static pid_t spawned[64]; /* every tallyd started, so a failed test leaves none running */
 static int spawned_count;
 
-static const char *tallyd_bin(void)
-{
-    const char *bin = getenv("TALLYD_BIN");
-    return bin && *bin ? bin : "./tallyd";
-}
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof addr;
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&addr, sizeof addr) == 0 &&
-        getsockname(fd, (struct sockaddr *)&addr, &len) == 0)
-        port = ntohs(addr.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return port;
-}
-
 static bool ping(const char *endpoint, int timeout_ms)
 {
     void *sock = th_connect(endpoint, timeout_ms);
@@ -120,12 +100,12 @@ static int spawn(th_daemon_t *d, const char *const *args, const spawn_opts_t *o)
         o = &none;
     static int serial;
     memset(d, 0, sizeof *d);
-    d->port = free_port();
+    d->port = th_free_port();
     snprintf(d->endpoint, sizeof d->endpoint, "tcp://127.0.0.1:%d", d->port);
     snprintf(d->log_path, sizeof d->log_path, "%s/tallyd-%d.log", scratch, ++serial);
     const char *argv[48];
     int argc = 0;
-    argv[argc++] = tallyd_bin();
+    argv[argc++] = th_tallyd_bin();
     if (!o->no_bind) {
         argv[argc++] = "--bind";
         argv[argc++] = d->endpoint;
