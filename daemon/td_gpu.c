@@ -37,13 +37,14 @@
  * Stream state on the device: only the scan carry. It must chain there, because the next
  * batch's kernel needs it before the previous reply has come back; each stream in flight holds
  * one device int64 of its lane (handed out by the loop thread), initialised from the host copy
- * by the stream's first request in flight (so a state restored from disk, a reset or a CPU rerun
- * is picked up) and updated in place by tk_cuda_scan. A stream's running histogram stays on the
- * host: every batch's histogram comes back in its reply anyway, adding 256 counters there is
- * free, and query needs no device round trip. A stream is pinned to its lane only while it has
- * requests in flight; an idle stream's state is all in the host copy, so its next request goes
- * to the least loaded lane again ("least loaded at creation", renewed whenever the stream
- * starts from idle, with no hook needed when a stream is reset or removed).
+ * by the stream's first request in flight, whatever its operation (so a state restored from
+ * disk, a reset or a CPU rerun is picked up, and a scan pipelined behind a hist never reads a
+ * carry index last used by another stream), and updated in place by tk_cuda_scan. A stream's
+ * running histogram stays on the host: every batch's histogram comes back in its reply anyway,
+ * adding 256 counters there is free, and query needs no device round trip. A stream is pinned to
+ * its lane only while it has requests in flight; an idle stream's state is all in the host copy, so
+ * its next request goes to the least loaded lane again ("least loaded at creation", renewed
+ * whenever the stream starts from idle, with no hook needed when a stream is reset or removed).
  *
  * Failures: a failed launch, a job marked as a test fault, or work the watchdog finds failed
  * (an asynchronous kernel error never runs its host function; lane threads with work on the
@@ -465,7 +466,12 @@ void td_gpu_submit(td_gpu_t *g, td_request_t *r)
         r->exec_carry_index = stream->exec_carry_index;
     } else {
         l = least_loaded_lane(g);
-        r->exec_carry_upload = true; /* the host copy is authoritative while a stream is idle */
+        /* The stream has nothing in flight, so its host copy is authoritative: this request
+         * starts the chain by uploading it, whatever its operation. (Only a scan's prepare
+         * reads the carry; a hist or filter that starts the chain must upload it too, or the
+         * scans pipelined behind it read a carry index last used by another stream.) */
+        r->exec_carry_upload = true;
+        r->carry = stream ? stream->info.scan_carry : 0;
         r->exec_carry_index = 0;
         if (stream && l->carry_free_count) {
             stream->exec_lane = l;

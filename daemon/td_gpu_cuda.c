@@ -11,13 +11,14 @@
  * is on the device.
  *
  * A launch enqueues, on the lane's stream and without waiting:
- *   H2D input; for a scan that starts a stream's chain, H2D of the host carry into its device
- *   carry; the kernel (tk_cuda.h: the scan reads and updates the device carry in place, the
- *   histogram adds into a zeroed per-lane device histogram); D2H of the output and the small
- *   results; cudaLaunchHostFunc(done).
- * The filter's output is copied back whole (n elements) rather than kept-count first: reading
- * the count first would need a synchronisation in the middle of the chain, and PCIe moves the
- * extra bytes ~20x faster than ZeroMQ moves the request.
+ *   H2D input; for the request that starts a stream's chain (whatever its operation: a hist
+ *   or filter may come first, and the scans behind it read the carry it leaves), H2D of the
+ *   host carry into the stream's device carry; the kernel (tk_cuda.h: the scan reads and updates
+ * the device carry in place, the histogram adds into a zeroed per-lane device histogram); D2H of
+ * the output and the small results; cudaLaunchHostFunc(done). The filter's output is copied back
+ * whole (n elements) rather than kept-count first: reading the count first would need a
+ * synchronisation in the middle of the chain, and PCIe moves the extra bytes ~20x faster than
+ * ZeroMQ moves the request.
  *
  * Errors: a failed enqueue drains the stream (so no copy still reads the staging slot) and
  * clears the error. A kernel that fails asynchronously never runs its host function
@@ -192,7 +193,7 @@ static tally_status_t cuda_lane_launch(void *lane, const td_gpu_job_t *job, td_g
 
     if (job->n)
         TRY(cudaMemcpyAsync(l->d_in, s->in, job->n * esize, cudaMemcpyHostToDevice, l->stream));
-    if (job->opcode == TALLY_OP_SCAN && job->carry_upload)
+    if (job->carry_upload) /* whatever the operation: it starts the stream's chain */
         TRY(cudaMemcpyAsync(d_carry, &s->small->carry, sizeof(int64_t), cudaMemcpyHostToDevice,
                             l->stream));
     st = enqueue_kernel(l, job);
@@ -212,14 +213,14 @@ static tally_status_t cuda_lane_launch(void *lane, const td_gpu_job_t *job, td_g
                                 cudaMemcpyDeviceToHost, l->stream));
         TRY(cudaMemcpyAsync(&s->small->carry, d_carry, sizeof(int64_t), cudaMemcpyDeviceToHost,
                             l->stream));
-        if (job->fault) /* test only: leave the device carry as a failing device might */
-            TRY(cudaMemsetAsync(d_carry, 0x5a, sizeof(int64_t), l->stream));
         break;
     default:
         TRY(cudaMemcpyAsync(&s->small->hist, &l->d_small->hist, sizeof(tk_hist_t),
                             cudaMemcpyDeviceToHost, l->stream));
         break;
     }
+    if (job->fault) /* test only: leave the device carry as a failing device might */
+        TRY(cudaMemsetAsync(d_carry, 0x5a, sizeof(int64_t), l->stream));
     TRY(cudaLaunchHostFunc(l->stream, done, arg));
     return TALLY_OK;
 fail:

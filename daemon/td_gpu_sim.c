@@ -7,7 +7,8 @@
  * carries array, exactly as tk_cuda_scan does in place), copies the results back to staging
  * and calls done() before returning. With job->fault the carry is clobbered, as a device that
  * went wrong would leave it, so a pipeline that trusted later requests' chained carries would
- * give wrong sums and the tests would see it.
+ * give wrong sums and the tests would see it. Carries start as the same garbage, so a chain
+ * that begins without uploading the host carry is caught too.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,7 +17,7 @@
 
 #include "td_gpu_engine.h"
 
-/* What a clobbered carry is set to: far from any test's sums. */
+/* What a clobbered (or never uploaded) carry holds: far from any test's sums. */
 #define SIM_FAULT_CARRY 0x5A5A5A5A5A5A5A5All
 
 typedef struct {
@@ -92,6 +93,10 @@ static tally_status_t sim_lane_open(void *ctx, int device, size_t max_batch, uns
     l->d_carries = calloc(carries, sizeof *l->d_carries);
     if (!l->d_in || !l->d_out || !l->d_carries)
         goto fail;
+    /* A carry no request has uploaded into holds garbage, as stale device memory would: a
+     * pipeline that reads one without uploading it first gives wrong sums the tests see. */
+    for (unsigned c = 0; c < carries; c++)
+        l->d_carries[c] = SIM_FAULT_CARRY;
     *device_bytes = 3 * (uint64_t)max_batch + carries * sizeof(int64_t);
     *lane = l;
     return TALLY_OK;
@@ -114,7 +119,10 @@ static tally_status_t sim_run(sim_lane_t *l, const td_gpu_job_t *job)
     size_t esize = tally_dtype_size((tally_dtype_t)job->dtype);
     tally_status_t st = TALLY_E_PARAM;
     size_t kept = 0;
+    int64_t *carry = &l->d_carries[job->carry_index];
     memcpy(l->d_in, l->staging[job->slot].in, job->n * esize);
+    if (job->carry_upload) /* whatever the operation: it starts the stream's chain */
+        *carry = small->carry;
     switch (job->opcode) {
     case TALLY_OP_FILTER:
         st = cpu->filter(cpu->ctx, (tally_dtype_t)job->dtype, l->d_in, job->n, &job->spec, l->d_out,
@@ -122,17 +130,11 @@ static tally_status_t sim_run(sim_lane_t *l, const td_gpu_job_t *job)
         l->d_small.kept = kept;
         memcpy(l->staging[job->slot].out, l->d_out, job->n * esize);
         break;
-    case TALLY_OP_SCAN: {
-        int64_t *carry = &l->d_carries[job->carry_index];
-        if (job->carry_upload)
-            *carry = small->carry;
+    case TALLY_OP_SCAN:
         st = cpu->scan(cpu->ctx, l->d_in, job->n, job->exclusive, job->out_i32, l->d_out, carry);
         l->d_small.carry = *carry;
         memcpy(l->staging[job->slot].out, l->d_out, job->n * (job->out_i32 ? 4 : 8));
-        if (job->fault)
-            *carry = SIM_FAULT_CARRY;
         break;
-    }
     case TALLY_OP_HIST:
         memset(&l->d_small.hist, 0, sizeof l->d_small.hist);
         st = job->dtype == TALLY_DTYPE_U8
@@ -142,6 +144,8 @@ static tally_status_t sim_run(sim_lane_t *l, const td_gpu_job_t *job)
     default:
         break;
     }
+    if (job->fault) /* as a device that went wrong might leave it */
+        *carry = SIM_FAULT_CARRY;
     *small = l->d_small;
     return st;
 }

@@ -342,6 +342,86 @@ static void test_gpu_ops_and_streams(void **state)
 }
 
 /* auto mode: small chunks on the CPU, large ones on the GPU, on the same streams. */
+/* The reported GPU bug: a stream's first request in flight was a hist (or filter), so nothing
+ * uploaded the stream's carry, and the scan pipelined behind it read whatever its carry index
+ * held (another stream's carry; on the simulated engine, garbage). Each round: a scan to
+ * completion (the stream is idle with a nonzero carry), then a hist or filter with scans
+ * pipelined behind it (inclusive and exclusive, int64 and int32 output), each checked. */
+static void test_scan_behind_hist_or_filter(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    assert_int_equal(start(&d, NULL), 0);
+    void *sock = th_connect(d.endpoint, 10000);
+    for (int round = 0; round < 12; round++) {
+        char name[32];
+        snprintf(name, sizeof name, "first-%d", round);
+        /* A scan run to completion first: the stream is idle with a nonzero carry, which the
+         * next chain must start from. */
+        int32_t head[10];
+        for (int i = 0; i < 10; i++)
+            head[i] = (int32_t)(uint32_t)th_rand();
+        tally_req_t lead = th_req(TALLY_OP_SCAN, TALLY_DTYPE_I32, next_id++);
+        tally_req_set_stream(&lead, name);
+        th_reply_t lr;
+        assert_int_equal(th_call(sock, &lead, head, sizeof head, &lr), 0);
+        assert_int_equal(lr.rep.status, TALLY_OK);
+        uint64_t carry = lr.rep.aux0;
+        th_reply_free(&lr);
+        uint8_t bytes[1000];
+        for (size_t i = 0; i < sizeof bytes; i++)
+            bytes[i] = (uint8_t)th_rand();
+        tally_req_t first =
+            th_req(round % 2 ? TALLY_OP_FILTER : TALLY_OP_HIST, TALLY_DTYPE_U8, next_id++);
+        if (round % 2)
+            first.pred = TALLY_PRED_GT, first.lo = 100;
+        tally_req_set_stream(&first, name);
+        assert_int_equal(th_send_request(sock, &first, bytes, sizeof bytes), 0);
+        enum { SCANS = 4, N = 100 };
+        int32_t in[SCANS][N];
+        uint64_t ids[SCANS];
+        for (int k = 0; k < SCANS; k++) {
+            for (int i = 0; i < N; i++)
+                in[k][i] = (int32_t)(uint32_t)th_rand();
+            tally_req_t req = th_req(TALLY_OP_SCAN, TALLY_DTYPE_I32, next_id++);
+            req.flags = (uint8_t)((k & 1 ? TALLY_FLAG_SCAN_EXCLUSIVE : 0) |
+                                  (k & 2 ? TALLY_FLAG_SCAN_OUT_I32 : 0));
+            tally_req_set_stream(&req, name);
+            ids[k] = req.request_id;
+            assert_int_equal(th_send_request(sock, &req, in[k], sizeof in[k]), 0);
+        }
+        for (int k = 0; k <= SCANS; k++) {
+            th_reply_t r;
+            assert_int_equal(th_recv_reply(sock, &r), 0);
+            assert_int_equal(r.rep.status, TALLY_OK);
+            if (r.rep.request_id == first.request_id) {
+                th_reply_free(&r);
+                continue;
+            }
+            int s = 0;
+            while (s < SCANS && ids[s] != r.rep.request_id)
+                s++;
+            assert_true(s < SCANS);
+            for (int i = 0; i < N; i++) {
+                uint64_t before = carry;
+                carry += (uint64_t)(int64_t)in[s][i];
+                uint64_t want = s & 1 ? before : carry;
+                uint64_t got = s & 2 ? (uint64_t)(uint32_t)((int32_t *)r.payload)[i]
+                                     : (uint64_t)((int64_t *)r.payload)[i];
+                if (s & 2)
+                    want = (uint32_t)want;
+                if (got != want)
+                    fail_msg("round %d scan %d element %d: %llu, want %llu", round, s, i,
+                             (unsigned long long)got, (unsigned long long)want);
+            }
+            assert_int_equal(r.rep.aux0, carry);
+            th_reply_free(&r);
+        }
+    }
+    th_close(sock);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
 static void test_auto_threshold_mixes_paths(void **state)
 {
     (void)state;
@@ -481,6 +561,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpu_ops_and_streams),
+        cmocka_unit_test(test_scan_behind_hist_or_filter),
         cmocka_unit_test(test_auto_threshold_mixes_paths),
         cmocka_unit_test(test_fault_fallback_exact),
         cmocka_unit_test(test_fault_device_unusable),
