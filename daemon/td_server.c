@@ -431,17 +431,20 @@ static void handle_message(td_server_t *s, zmq_msg_t *frames, int kept, int tota
     r->identity_len = id_len < TD_IDENTITY_MAX ? id_len : TD_IDENTITY_MAX;
     memcpy(r->identity, zmq_msg_data(&frames[0]), r->identity_len);
 
-    /* A REQ peer puts an empty delimiter frame before its body; a DEALER peer does not. */
+    /* A REQ peer puts an empty delimiter frame before its body. Any peer's empty first frame is
+     * taken as one and echoed (PROTOCOL.md §1): a header is never empty. */
     int body = 1;
     if (kept > 1 && zmq_msg_size(&frames[1]) == 0) {
         r->has_delimiter = true;
         body = 2;
     }
-    const uint8_t *header = body < kept ? zmq_msg_data(&frames[body]) : NULL;
-    size_t header_len = body < kept ? zmq_msg_size(&frames[body]) : 0;
+    /* Decoded even when the frame count is wrong, so that every reply echoes the first request
+     * frame's opcode, flags and id (§3); with no request frame at all they stay 0. */
+    bool have_header = body < kept;
+    const uint8_t *header = have_header ? zmq_msg_data(&frames[body]) : NULL;
+    size_t header_len = have_header ? zmq_msg_size(&frames[body]) : 0;
     char msg[TALLY_ERROR_MESSAGE_MAX + 1];
-    tally_status_t st =
-        header ? tally_req_decode(header, header_len, &r->req, msg, sizeof msg) : TALLY_E_FRAMES;
+    tally_status_t st = tally_req_decode(header, header_len, &r->req, msg, sizeof msg);
     r->rep.opcode = r->req.opcode;
     r->rep.flags = r->req.flags;
     r->rep.request_id = r->req.request_id;

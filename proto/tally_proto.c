@@ -328,6 +328,13 @@ static tally_status_t validate_filter(const tally_req_t *req, char *msg, size_t 
     if (req->pred < TALLY_PRED_GT || req->pred > TALLY_PRED_BETWEEN)
         return fail(TALLY_E_PARAM, msg, msg_cap, "unknown filter predicate %u (known: 1..%d)",
                     req->pred, TALLY_PRED_BETWEEN);
+    /* A single-threshold predicate has no use for hi; rejecting a nonzero one (like every other
+     * unused field) keeps the value free for a later protocol version and catches a client that
+     * meant `between`. */
+    if (req->pred != TALLY_PRED_BETWEEN && req->hi != 0)
+        return fail(TALLY_E_PARAM, msg, msg_cap,
+                    "filter %s takes no hi; send it as 0 (got hi=%" PRId64 ")",
+                    tally_pred_name((tally_pred_t)req->pred), req->hi);
     if (req->pred == TALLY_PRED_BETWEEN && req->lo > req->hi)
         return fail(TALLY_E_PARAM, msg, msg_cap,
                     "filter between needs lo <= hi (got lo=%" PRId64 ", hi=%" PRId64 ")", req->lo,

@@ -226,7 +226,8 @@ static tally_req_t random_valid_req(void)
         req.pred = (uint8_t)(1 + rng_below(TALLY_PRED_BETWEEN));
         req.flags = (uint8_t)(rng_below(2) ? TALLY_FLAG_FILTER_STABLE : 0);
         req.lo = (int64_t)rng_next();
-        req.hi = (int64_t)rng_next();
+        /* hi is only the upper bound of between; the other predicates must send 0. */
+        req.hi = req.pred == TALLY_PRED_BETWEEN ? (int64_t)rng_next() : 0;
         if (req.pred == TALLY_PRED_BETWEEN && req.lo > req.hi) {
             int64_t t = req.lo;
             req.lo = req.hi;
@@ -839,6 +840,36 @@ static void test_reject_filter_between_range(void **state)
     expect_accept(&req);
 }
 
+/* PROTOCOL.md §4: hi is unused by predicates 1..6 and must be 0, like every unused field. */
+static void test_reject_filter_hi_single_threshold(void **state)
+{
+    (void)state;
+    static const int64_t bad_hi[] = {1, -1, INT64_MIN, INT64_MAX};
+    char msg[256];
+    for (int p = TALLY_PRED_GT; p < TALLY_PRED_BETWEEN; p++) {
+        for (int dt = 0; dt < 2; dt++) {
+            tally_req_t req = make_req(TALLY_OP_FILTER);
+            req.dtype = dt ? TALLY_DTYPE_U8 : TALLY_DTYPE_I32;
+            req.pred = (uint8_t)p;
+            req.lo = 5;
+            expect_accept(&req);
+            for (size_t i = 0; i < sizeof bad_hi / sizeof bad_hi[0]; i++) {
+                req.hi = bad_hi[i];
+                expect_reject(&req, TALLY_E_PARAM);
+            }
+        }
+    }
+    tally_req_t req = make_req(TALLY_OP_FILTER);
+    req.pred = TALLY_PRED_EQ;
+    req.hi = 7;
+    assert_int_equal(tally_req_validate(&req, 0, MAX_BATCH, msg, sizeof msg), TALLY_E_PARAM);
+    assert_string_equal(msg, "filter eq takes no hi; send it as 0 (got hi=7)");
+    /* between keeps using hi, lo == hi included. */
+    req.pred = TALLY_PRED_BETWEEN;
+    req.lo = 7;
+    expect_accept(&req);
+}
+
 static void test_reject_filter_flags(void **state)
 {
     (void)state;
@@ -935,6 +966,138 @@ static void test_reject_hist_i32_params(void **state)
     req.pred = 0;
     req.flags = TALLY_FLAG_SCAN_EXCLUSIVE;
     expect_reject(&req, TALLY_E_PARAM);
+}
+
+/* ---- Validation order (PROTOCOL.md §6) -------------------------------------------------- */
+
+/* Headers with two or more problems, each a valid request of `op` with bytes patched: the status
+ * is the one of the earliest step in §6, and the reply would still echo the opcode and id. */
+static void test_validation_order_header(void **state)
+{
+    (void)state;
+    enum { NONE = -1 };
+    static const struct {
+        const char *what;
+        tally_op_t op;
+        size_t len;
+        int patch[5][2]; /* offset, value; offset NONE ends the list */
+        tally_status_t want;
+    } cases[] = {
+        {"127 bytes, bad magic", TALLY_OP_PING, 127, {{0, 'X'}, {NONE, 0}}, TALLY_E_HEADER},
+        {"129 bytes, bad version", TALLY_OP_PING, 129, {{4, 9}, {NONE, 0}}, TALLY_E_HEADER},
+        {"bad magic, version, opcode",
+         TALLY_OP_PING,
+         128,
+         {{0, 'X'}, {4, 2}, {5, 0}, {NONE, 0}},
+         TALLY_E_MAGIC},
+        {"bad version, opcode", TALLY_OP_PING, 128, {{4, 2}, {5, 0}, {NONE, 0}}, TALLY_E_VERSION},
+        {"opcode 0, dtype 200", TALLY_OP_PING, 128, {{5, 0}, {6, 200}, {NONE, 0}}, TALLY_E_OPCODE},
+        {"opcode 0, reserved", TALLY_OP_PING, 128, {{5, 0}, {20, 1}, {NONE, 0}}, TALLY_E_OPCODE},
+        {"dtype 200, reserved", TALLY_OP_SCAN, 128, {{6, 200}, {20, 1}, {NONE, 0}}, TALLY_E_DTYPE},
+        {"dtype 200, stream_len 65",
+         TALLY_OP_SCAN,
+         128,
+         {{6, 200}, {17, 65}, {NONE, 0}},
+         TALLY_E_DTYPE},
+        {"scan u8 (known dtype), reserved",
+         TALLY_OP_SCAN,
+         128,
+         {{6, TALLY_DTYPE_U8}, {60, 1}, {NONE, 0}},
+         TALLY_E_PARAM},
+        {"reserved, stream_len 65",
+         TALLY_OP_FILTER,
+         128,
+         {{20, 1}, {17, 65}, {NONE, 0}},
+         TALLY_E_PARAM},
+        {"stream_len 65, scan u8",
+         TALLY_OP_SCAN,
+         128,
+         {{17, 65}, {6, TALLY_DTYPE_U8}, {NONE, 0}},
+         TALLY_E_STREAM_NAME},
+        {"name \"a b\", scan u8",
+         TALLY_OP_SCAN,
+         128,
+         {{17, 3}, {64, 'a'}, {65, ' '}, {66, 'b'}, {6, TALLY_DTYPE_U8}},
+         TALLY_E_STREAM_NAME},
+        {"name with a NUL byte, filter pred 0",
+         TALLY_OP_FILTER,
+         128,
+         {{17, 3}, {64, 'a'}, {66, 'b'}, {16, 0}, {NONE, 0}},
+         TALLY_E_STREAM_NAME},
+        {"scan u8, flags 0x40",
+         TALLY_OP_SCAN,
+         128,
+         {{6, TALLY_DTYPE_U8}, {7, 0x40}, {NONE, 0}},
+         TALLY_E_DTYPE},
+        {"filter dtype none, pred 0",
+         TALLY_OP_FILTER,
+         128,
+         {{6, TALLY_DTYPE_NONE}, {16, 0}, {NONE, 0}},
+         TALLY_E_DTYPE},
+        {"ping flags 0x01 and a stream",
+         TALLY_OP_PING,
+         128,
+         {{7, 1}, {17, 1}, {64, 'a'}, {NONE, 0}},
+         TALLY_E_PARAM},
+        {"query without a stream, pred 1",
+         TALLY_OP_QUERY,
+         128,
+         {{17, 0}, {64, 0}, {65, 0}, {66, 0}, {67, 0}},
+         TALLY_E_STREAM_NAME /* patched again below: pred 1 */},
+        {"filter gt, hi 1, flags 0x40",
+         TALLY_OP_FILTER,
+         128,
+         {{32, 1}, {7, 0x40}, {NONE, 0}},
+         TALLY_E_PARAM},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tally_req_t req = make_req(cases[i].op);
+        req.request_id = 0x1122334455667700ull + i;
+        uint8_t buf[TALLY_REQ_HEADER_SIZE + 1] = {0};
+        tally_req_encode(&req, buf);
+        for (size_t k = 0; k < 5 && cases[i].patch[k][0] != NONE; k++)
+            buf[cases[i].patch[k][0]] = (uint8_t)cases[i].patch[k][1];
+        tally_status_t want = cases[i].want;
+        if (cases[i].op == TALLY_OP_QUERY) {
+            /* Without the predicate the missing name is the only problem; with it, bad_param
+             * comes first (step 7 checks pred before the stream rule). */
+            tally_req_t out;
+            assert_int_equal(decode_buf(buf, cases[i].len, &out), TALLY_E_STREAM_NAME);
+            buf[16] = 1;
+            want = TALLY_E_PARAM;
+        }
+        tally_req_t out;
+        tally_status_t got = decode_buf(buf, cases[i].len, &out);
+        if (got != want)
+            fail_msg("%s: got %s, want %s", cases[i].what, tally_status_name(got),
+                     tally_status_name(want));
+        /* §3: the first 16 bytes are echoed whatever else is wrong. */
+        assert_int_equal(out.request_id, req.request_id);
+        assert_int_equal(out.opcode, buf[5]);
+        assert_int_equal(out.flags, buf[7]);
+    }
+}
+
+/* The payload comes after the field rules, and its size before its shape. */
+static void test_validation_order_payload(void **state)
+{
+    (void)state;
+    char msg[256];
+    tally_req_t req = make_req(TALLY_OP_FILTER);
+    req.hi = 1; /* gt takes no hi */
+    assert_int_equal(tally_req_validate(&req, 7, MAX_BATCH, msg, sizeof msg), TALLY_E_PARAM);
+    req = make_req(TALLY_OP_SCAN);
+    req.dtype = TALLY_DTYPE_U8;
+    assert_int_equal(tally_req_validate(&req, MAX_BATCH + 3, MAX_BATCH, msg, sizeof msg),
+                     TALLY_E_DTYPE);
+    req = make_req(TALLY_OP_PING);
+    assert_int_equal(tally_req_set_stream(&req, "cam0"), TALLY_OK);
+    assert_int_equal(tally_req_validate(&req, 1, MAX_BATCH, msg, sizeof msg), TALLY_E_STREAM_NAME);
+    req = make_req(TALLY_OP_SCAN);
+    assert_int_equal(tally_req_validate(&req, MAX_BATCH + 1, MAX_BATCH, msg, sizeof msg),
+                     TALLY_E_TOO_LARGE);
+    req = make_req(TALLY_OP_QUERY);
+    assert_int_equal(tally_req_validate(&req, 1, MAX_BATCH, msg, sizeof msg), TALLY_E_PAYLOAD);
 }
 
 /* ---- Payload rules ---------------------------------------------------------------------- */
@@ -1225,12 +1388,15 @@ int main(void)
         cmocka_unit_test(test_reject_control_payload),
         cmocka_unit_test(test_reject_filter_pred),
         cmocka_unit_test(test_reject_filter_between_range),
+        cmocka_unit_test(test_reject_filter_hi_single_threshold),
         cmocka_unit_test(test_reject_filter_flags),
         cmocka_unit_test(test_reject_scan_flags),
         cmocka_unit_test(test_reject_scan_params),
         cmocka_unit_test(test_reject_hist_u8_params),
         cmocka_unit_test(test_reject_hist_i32_range),
         cmocka_unit_test(test_reject_hist_i32_params),
+        cmocka_unit_test(test_validation_order_header),
+        cmocka_unit_test(test_validation_order_payload),
         cmocka_unit_test(test_reject_payload_too_large),
         cmocka_unit_test(test_reject_payload_misaligned),
         cmocka_unit_test(test_accept_payload_sizes),
