@@ -241,20 +241,18 @@ static void stream_info_seeds(void)
         info.bins[i] = i < 232 ? 4 : 9;
     stream_info_seed("info-hist-u8", &info);
 
-    memset(&info, 0, sizeof info);
-    info.batches = 2;
-    info.elements = 20;
-    info.bytes = 80;
-    info.filter_seen = 10;
-    info.filter_kept = 6;
-    info.scan_carry = -12505;
-    info.scan_elements = 5;
-    info.hist_dtype = TALLY_DTYPE_I32;
-    info.hist_lo = INT32_MIN;
-    info.hist_hi = (int64_t)INT32_MAX + 1;
-    info.hist_underflow = 0;
-    info.hist_overflow = 0;
-    info.hist_total = 5;
+    /* A stream that saw a filter, a scan and a full-range i32 hist. */
+    info = (tally_stream_info_t){.batches = 2,
+                                 .elements = 20,
+                                 .bytes = 80,
+                                 .filter_seen = 10,
+                                 .filter_kept = 6,
+                                 .scan_carry = -12505,
+                                 .scan_elements = 5,
+                                 .hist_dtype = TALLY_DTYPE_I32,
+                                 .hist_lo = INT32_MIN,
+                                 .hist_hi = (int64_t)INT32_MAX + 1,
+                                 .hist_total = 5};
     info.bins[0] = 2;
     info.bins[255] = 3;
     stream_info_seed("info-hist-i32-scan-filter", &info);
