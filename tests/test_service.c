@@ -165,6 +165,20 @@ static bool log_waits_for(const th_daemon_t *d, const char *text, int timeout_ms
     return false;
 }
 
+/* tallyd started with args must exit non-zero before it is ready, and log `says` at err. */
+static void assert_start_fails(const char *const *args, const char *says)
+{
+    spawn_opts_t o = {.no_wait = true};
+    th_daemon_t d;
+    assert_int_equal(spawn(&d, args, &o), 0);
+    int status = 0;
+    assert_int_equal(waitpid(d.pid, &status, 0), d.pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) != 0);
+    assert_true(th_daemon_log_contains(&d, says));
+    assert_true(th_daemon_log_contains(&d, "<3>"));
+    assert_false(th_daemon_log_contains(&d, "ready"));
+}
+
 static void write_file(const char *path, const char *text)
 {
     FILE *f = fopen(path, "w");
@@ -749,15 +763,7 @@ static void test_state_file_not_regular_fails_start(void **state)
         snprintf(path, sizeof path, "%s/streams.state", dir);
         assert_int_equal(cases[c].fifo ? mkfifo(path, 0600) : mkdir(path, 0700), 0);
         const char *args[] = {"--state-dir", dir, NULL};
-        spawn_opts_t o = {.no_wait = true};
-        th_daemon_t d;
-        assert_int_equal(spawn(&d, args, &o), 0);
-        int status = 0;
-        assert_int_equal(waitpid(d.pid, &status, 0), d.pid);
-        assert_true(WIFEXITED(status) && WEXITSTATUS(status) != 0);
-        assert_true(th_daemon_log_contains(&d, "<3>state: "));
-        assert_true(th_daemon_log_contains(&d, cases[c].says));
-        assert_false(th_daemon_log_contains(&d, "ready"));
+        assert_start_fails(args, cases[c].says);
     }
 }
 
@@ -1053,13 +1059,7 @@ static void test_metrics_bad_address_fails_start(void **state)
 {
     (void)state;
     const char *args[] = {"--metrics", "localhost-ish", NULL};
-    spawn_opts_t o = {.no_wait = true};
-    th_daemon_t d;
-    assert_int_equal(spawn(&d, args, &o), 0);
-    int status = 0;
-    assert_int_equal(waitpid(d.pid, &status, 0), d.pid);
-    assert_true(WIFEXITED(status) && WEXITSTATUS(status) != 0);
-    assert_true(th_daemon_log_contains(&d, "is not IP:PORT"));
+    assert_start_fails(args, "is not IP:PORT");
 }
 
 /* After each test: kills any tallyd a failed assertion left running (our children only:
@@ -1084,13 +1084,8 @@ static void test_state_dir_unusable_fails_start(void **state)
     snprintf(file, sizeof file, "%s/not-a-dir", scratch);
     write_file(file, "x");
     const char *args[] = {"--state-dir", file, NULL};
-    spawn_opts_t o = {.no_wait = true};
+    assert_start_fails(args, "is not a directory");
     th_daemon_t d;
-    assert_int_equal(spawn(&d, args, &o), 0);
-    int status = 0;
-    assert_int_equal(waitpid(d.pid, &status, 0), d.pid);
-    assert_true(WIFEXITED(status) && WEXITSTATUS(status) != 0);
-    assert_true(th_daemon_log_contains(&d, "is not a directory"));
 
     /* A missing last component is created. */
     char dir[300];

@@ -138,6 +138,14 @@ static void encode(td_streams_t *t, uint8_t **buf, size_t *len)
     assert_int_equal(*len, TD_STATE_HEADER_SIZE + td_streams_count(t) * TD_STATE_RECORD_SIZE);
 }
 
+/* A random table of n streams and its file image. */
+static td_streams_t *random_image(unsigned n, uint8_t **buf, size_t *len)
+{
+    td_streams_t *t = random_table(n);
+    encode(t, buf, len);
+    return t;
+}
+
 static void test_round_trip(void **state)
 {
     (void)state;
@@ -163,10 +171,9 @@ static void test_round_trip(void **state)
 static void test_every_truncation(void **state)
 {
     (void)state;
-    td_streams_t *t = random_table(3);
     uint8_t *buf = NULL;
     size_t len = 0;
-    encode(t, &buf, &len);
+    td_streams_t *t = random_image(3, &buf, &len);
     td_state_report_t r;
     for (size_t cut = 0; cut < len; cut++) {
         bool header = cut < TD_STATE_HEADER_SIZE;
@@ -191,10 +198,9 @@ static void test_every_truncation(void **state)
 static void test_every_bit_flip_loses_only_its_stream(void **state)
 {
     (void)state;
-    td_streams_t *t = random_table(3);
     uint8_t *buf = NULL;
     size_t len = 0;
-    encode(t, &buf, &len);
+    td_streams_t *t = random_image(3, &buf, &len);
     td_state_report_t r;
     for (size_t i = 0; i < len; i++) {
         for (int bit = 0; bit < 8; bit += 3) {
@@ -236,10 +242,9 @@ static void reseal_record(uint8_t *rec)
 static void test_header_errors_under_a_good_checksum(void **state)
 {
     (void)state;
-    td_streams_t *t = random_table(2);
     uint8_t *buf = NULL;
     size_t len = 0;
-    encode(t, &buf, &len);
+    td_streams_t *t = random_image(2, &buf, &len);
     uint8_t *copy = malloc(len);
     td_state_report_t r;
     struct {
@@ -397,10 +402,9 @@ static void test_invariant_violations_refuse_only_that_stream(void **state)
 static void test_record_carries_the_payload_as_is(void **state)
 {
     (void)state;
-    td_streams_t *t = random_table(2);
     uint8_t *buf = NULL;
     size_t len = 0;
-    encode(t, &buf, &len);
+    td_streams_t *t = random_image(2, &buf, &len);
     uint8_t want[TALLY_QUERY_PAYLOAD_SIZE];
     payload_of(td_streams_first(t), want);
     assert_memory_equal(record(buf, 0) + TD_STATE_RECORD_INFO_OFF, want, sizeof want);
@@ -474,10 +478,9 @@ static void test_version_1_restores(void **state)
 static void test_max_streams_respected(void **state)
 {
     (void)state;
-    td_streams_t *t = random_table(10);
     uint8_t *buf = NULL;
     size_t len = 0;
-    encode(t, &buf, &len);
+    td_streams_t *t = random_image(10, &buf, &len);
     td_streams_t *small = NULL;
     assert_int_equal(td_streams_new(4, &small), TALLY_OK);
     char msg[256];
@@ -553,10 +556,9 @@ static void test_write_restore_and_set_aside(void **state)
     (void)state;
     char dir[] = "/tmp/tallyd-state-XXXXXX";
     assert_non_null(mkdtemp(dir));
-    td_streams_t *t = random_table(5);
     uint8_t *buf = NULL;
     size_t len = 0;
-    encode(t, &buf, &len);
+    td_streams_t *t = random_image(5, &buf, &len);
     char msg[512];
     assert_int_equal(td_state_write(dir, buf, len, msg, sizeof msg), TALLY_OK);
     td_streams_t *back = NULL;
@@ -697,10 +699,9 @@ static void test_write_failures_reported(void **state)
     (void)state;
     char dir[] = "/tmp/tallyd-write-XXXXXX", tmp[600], missing[600], msg[512];
     assert_non_null(mkdtemp(dir));
-    td_streams_t *t = random_table(1);
     uint8_t *buf = NULL;
     size_t len = 0;
-    encode(t, &buf, &len);
+    td_streams_t *t = random_image(1, &buf, &len);
 
     snprintf(tmp, sizeof tmp, "%s/%s.tmp", dir, TD_STATE_FILE);
     assert_int_equal(mkdir(tmp, 0700), 0);
