@@ -19,7 +19,9 @@
  *     4    u32      name length (1..64)
  *     8    64 bytes the name (printable ASCII, tally_stream_name_valid), zero-padded
  *     72   2176     the stream's state exactly as `query` returns it (tally_stream_info_encode;
- *                   TALLY_QUERY_PAYLOAD_SIZE bytes, layout in PROTOCOL.md), carried as-is
+ *                   TALLY_QUERY_PAYLOAD_SIZE bytes, layout in PROTOCOL.md), carried as-is:
+ *                   whatever the payload holds (last_seq at bytes 104..111 included) is saved
+ *                   and restored, and only tally_stream_info_decode judges its fields
  *
  * Version 1 (still read, never written): a 32-byte header (magic, u32 version 1, u32 count,
  * u64 length of the records, u64 time), variable records (u8 name length, the name, the
