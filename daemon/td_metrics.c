@@ -100,10 +100,13 @@ size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf,
          "tallyd_backend_fallbacks_total %llu\n"
          "# HELP tallyd_read_pauses_total Times reading stopped at the in-flight limit.\n"
          "# TYPE tallyd_read_pauses_total counter\n"
-         "tallyd_read_pauses_total %llu\n",
+         "tallyd_read_pauses_total %llu\n"
+         "# HELP tallyd_state_write_failures_total State snapshots that could not be written.\n"
+         "# TYPE tallyd_state_write_failures_total counter\n"
+         "tallyd_state_write_failures_total %llu\n",
          (unsigned long long)m->bytes_in, (unsigned long long)m->bytes_out,
          (unsigned long long)m->replies_dropped, (unsigned long long)m->backend_fallbacks,
-         (unsigned long long)m->read_pauses);
+         (unsigned long long)m->read_pauses, (unsigned long long)m->state_write_failures);
     emit(buf, cap, &len,
          "# HELP tallyd_requests_in_flight Requests accepted and not yet answered.\n"
          "# TYPE tallyd_requests_in_flight gauge\n"

@@ -24,9 +24,10 @@ typedef struct {
     double latency_sum_s[TALLY_OP_COUNT];
     uint64_t bytes_in;
     uint64_t bytes_out;
-    uint64_t replies_dropped;   /* the peer was gone when its reply was ready */
-    uint64_t backend_fallbacks; /* requests rerun on the CPU after a GPU failure */
-    uint64_t read_pauses;       /* times reading stopped because max_inflight was reached */
+    uint64_t replies_dropped;      /* the peer was gone when its reply was ready */
+    uint64_t backend_fallbacks;    /* requests rerun on the CPU after a GPU failure */
+    uint64_t read_pauses;          /* times reading stopped because max_inflight was reached */
+    uint64_t state_write_failures; /* state snapshots that could not be written */
 } td_metrics_t;
 
 /* Values that are not counters: sampled when rendering. */

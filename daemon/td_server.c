@@ -735,6 +735,8 @@ int td_server_run(td_server_t *s)
     td_service_ready(s->service);
     pump(s); /* messages may have queued between bind and the first poll */
     uv_run(&s->loop, UV_RUN_DEFAULT);
+    if (s->exit_code == 0) /* the final snapshot has finished: did it reach the disk? */
+        s->exit_code = td_service_exit_code(s->service);
     return s->exit_code;
 }
 
