@@ -11,7 +11,8 @@
  * Exit status, one meaning each so scripts can tell failures apart:
  *   0 success; 1 the daemon replied with an error; 2 usage or input error (bad option, bad
  *   number, unreadable file, a --text token out of range); 3 no usable reply (timeout,
- *   transport failure, undecodable reply). Every error prints one line on stderr, "tally: ...".
+ *   transport failure, undecodable reply). Every error prints one line on stderr, "tally: ...";
+ *   a push with sequence numbers that stopped adds a second, naming what the stream holds.
  */
 #include "tally.h"
 
@@ -862,7 +863,7 @@ static const char QUERY_HELP[] =
     "\n"
     "Print a stream's counters as 'key value' lines (batches, elements, bytes, filter_seen,\n"
     "filter_kept, scan_carry, scan_elements, hist_type, hist_lo, hist_hi, hist_underflow,\n"
-    "hist_overflow, hist_total), then its running histogram as 256 'bin count' lines\n"
+    "hist_overflow, hist_total, last_seq), then its running histogram as 256 'bin count' lines\n"
     "(all bins, zeros included, so the output always has the same shape).\n";
 
 static int cmd_query(cli_t *cli, int argc, char **argv)

@@ -1,6 +1,7 @@
 /*
  * td_state.h — persistent stream state: every stream's name and tally_stream_info_t (counters,
- * scan carry, running histogram) in one file, streams.state, in the state directory.
+ * scan carry, running histogram, last applied seq) in one file, streams.state, in the state
+ * directory.
  *
  * File format (all integers little-endian; version 1):
  *   offset 0   8 bytes  magic "TLYDSTAT"
@@ -10,7 +11,9 @@
  *         24   u64      time written (seconds since the epoch; informational)
  *         32   records  per stream: u8 name length (1..64), the name (printable ASCII), then the
  *                       stream's state as tally_stream_info_encode writes it (the `query` reply
- *                       payload, TALLY_QUERY_PAYLOAD_SIZE bytes, layout in PROTOCOL.md)
+ *                       payload, TALLY_QUERY_PAYLOAD_SIZE bytes, layout in PROTOCOL.md), which
+ *                       includes last_seq at payload bytes 104..111 (reserved zeros in files
+ *                       written before sequence numbers existed, so those load with last_seq 0)
  *   end - 8    u64      FNV-1a 64 of every byte before it
  *
  * Writing is atomic: the bytes go to streams.state.tmp in the same directory, which is
