@@ -7,9 +7,10 @@
  * it counts against max_inflight, which is what bounds tallyd's memory.
  *
  * The work on a request is split by thread:
+ *   td_request_admit    loop thread   the sequence rule (seq), then td_request_prepare
  *   td_request_prepare  loop thread   read stream state the computation needs (carry-in, ...)
  *   td_request_execute  any thread    run the backend on the payload; touches only the request
- *   td_request_apply    loop thread   fold the result into the stream's state
+ *   td_request_apply    loop thread   fold the result into the stream's state (re-checking seq)
  * so stream state is only ever read and written on the loop thread.
  */
 #ifndef TD_REQUEST_H

@@ -127,14 +127,21 @@ static td_request_t *unit_req(td_stream_t *stream, uint64_t seq)
     return r;
 }
 
-static void test_admit_rules(void **state)
+/* An idle stream named "u" that has applied seq 1..5. */
+static td_stream_t unit_stream(void)
 {
-    (void)state;
     td_stream_t stream;
     memset(&stream, 0, sizeof stream);
     strcpy(stream.name, "u");
     stream.name_len = 1;
     stream.info.last_seq = 5;
+    return stream;
+}
+
+static void test_admit_rules(void **state)
+{
+    (void)state;
+    td_stream_t stream = unit_stream();
     stream.seq_admitted = 2; /* stale: nothing in flight, so the applied seq counts */
 
     td_request_t *r = unit_req(&stream, 5);
@@ -169,11 +176,7 @@ static void test_admit_rules(void **state)
 static void test_apply_refuses_after_failed_predecessor(void **state)
 {
     (void)state;
-    td_stream_t stream;
-    memset(&stream, 0, sizeof stream);
-    strcpy(stream.name, "u");
-    stream.name_len = 1;
-    stream.info.last_seq = 5;
+    td_stream_t stream = unit_stream();
     stream.info.scan_carry = 40;
     stream.info.batches = 5;
     tally_stream_info_t before = stream.info;
@@ -205,6 +208,20 @@ static void test_apply_refuses_after_failed_predecessor(void **state)
 
 /* ---- a real tallyd ------------------------------------------------------------------------ */
 
+/* Scans chunks seq 1..3 of n elements on `stream` in order; returns the carry they make. */
+static int64_t scan_first_three(void *sock, const char *stream, size_t n)
+{
+    int32_t x[100];
+    assert_true(n <= 100);
+    int64_t carry = 0;
+    for (uint64_t seq = 1; seq <= 3; seq++) {
+        fill_chunk(x, n, seq);
+        expect_scan_ok(sock, stream, seq, x, n);
+        carry += sum_i32(x, n);
+    }
+    return carry;
+}
+
 static void test_in_order_duplicate_gap(void **state)
 {
     (void)state;
@@ -212,12 +229,7 @@ static void test_in_order_duplicate_gap(void **state)
     assert_int_equal(th_daemon_start(&d, NULL), 0);
     void *sock = th_connect(d.endpoint, 10000);
     int32_t x[100];
-    int64_t carry = 0;
-    for (uint64_t seq = 1; seq <= 3; seq++) {
-        fill_chunk(x, 100, seq);
-        expect_scan_ok(sock, "s", seq, x, 100);
-        carry += sum_i32(x, 100);
-    }
+    int64_t carry = scan_first_three(sock, "s", 100);
     uint8_t before[TALLY_QUERY_PAYLOAD_SIZE], after[TALLY_QUERY_PAYLOAD_SIZE];
     query_raw(sock, "s", before);
     assert_int_equal(tally_get_u64(before + 104), 3); /* last_seq at payload bytes 104..111 */
@@ -326,12 +338,7 @@ static void test_seq_survives_restart(void **state)
     assert_int_equal(th_daemon_start(&d, args), 0);
     void *sock = th_connect(d.endpoint, 10000);
     int32_t x[50];
-    int64_t carry = 0;
-    for (uint64_t seq = 1; seq <= 3; seq++) {
-        fill_chunk(x, 50, seq);
-        expect_scan_ok(sock, "keep", seq, x, 50);
-        carry += sum_i32(x, 50);
-    }
+    int64_t carry = scan_first_three(sock, "keep", 50);
     th_close(sock);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 
