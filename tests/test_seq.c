@@ -10,7 +10,8 @@
  *     duplicate with aux0 = last applied and leaves the stream byte for byte as it was, a gap is
  *     refused, a failed request does not use up its seq, reset restarts the sequence, seq
  *     survives SIGTERM and a restart with --state-dir, and the same rules hold when the
- *     requests are pipelined on the simulated GPU pipeline (with and without injected faults);
+ *     requests are pipelined on the simulated GPU pipeline (with and without injected faults;
+ *     on the real GPUs with TALLY_SEQ_ENGINE=cuda, which test_seq_gpu sets in CUDA builds);
  *   - the `tally` CLI pushing a file in chunks while tallyd is stopped (SIGTERM) and started
  *     again on the same state directory: the stream ends holding exactly the first k chunks,
  *     k being what the CLI reports (or all of them), never a chunk twice; a re-run with the
@@ -480,20 +481,29 @@ static void run_pipelined(const char *const *args)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
 
-static void test_pipelined_sim_gpu(void **state)
+/* TALLY_SEQ_ENGINE=cuda (test_seq_gpu, CUDA builds): the real GPUs instead of simulated ones. */
+static bool use_cuda(void)
+{
+    const char *e = getenv("TALLY_SEQ_ENGINE");
+    return e && strcmp(e, "cuda") == 0;
+}
+
+static void test_pipelined_gpu(void **state)
 {
     (void)state;
-    const char *args[] = {"--backend", "cuda", "--test-sim-gpus", "2", NULL};
-    run_pipelined(args);
+    const char *sim[] = {"--backend", "cuda", "--test-sim-gpus", "2", NULL};
+    const char *cuda[] = {"--backend", "cuda", NULL};
+    run_pipelined(use_cuda() ? cuda : sim);
 }
 
 /* Every 3rd GPU request fails and reruns on the CPU: the sequence is unaffected. */
-static void test_pipelined_sim_gpu_faults(void **state)
+static void test_pipelined_gpu_faults(void **state)
 {
     (void)state;
-    const char *args[] = {"--backend", "cuda", "--test-sim-gpus", "2", "--test-fault-every",
-                          "3",         NULL};
-    run_pipelined(args);
+    const char *sim[] = {"--backend", "cuda", "--test-sim-gpus", "2", "--test-fault-every",
+                         "3",         NULL};
+    const char *cuda[] = {"--backend", "cuda", "--test-fault-every", "3", NULL};
+    run_pipelined(use_cuda() ? cuda : sim);
 }
 
 /* ---- the CLI across a restart ------------------------------------------------------------- */
@@ -646,14 +656,28 @@ static void test_cli_push_across_restart(void **state)
 int main(void)
 {
     th_seed();
+    if (use_cuda()) { /* the pipelined tests on the real GPU; skipped (77) without one */
+        th_daemon_t probe;
+        const char *args[] = {"--backend", "cuda", NULL};
+        if (th_daemon_start(&probe, args) != 0) {
+            fprintf(stderr, "tallyd --backend cuda does not start: no usable GPU, skipping\n");
+            return 77;
+        }
+        th_daemon_stop(&probe, SIGTERM, 20000);
+        const struct CMUnitTest gpu[] = {
+            cmocka_unit_test(test_pipelined_gpu),
+            cmocka_unit_test(test_pipelined_gpu_faults),
+        };
+        return cmocka_run_group_tests_name("seq (cuda)", gpu, NULL, NULL);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_admit_rules),
         cmocka_unit_test(test_apply_refuses_after_failed_predecessor),
         cmocka_unit_test(test_in_order_duplicate_gap),
         cmocka_unit_test(test_failed_request_keeps_its_seq),
         cmocka_unit_test(test_seq_survives_restart),
-        cmocka_unit_test(test_pipelined_sim_gpu),
-        cmocka_unit_test(test_pipelined_sim_gpu_faults),
+        cmocka_unit_test(test_pipelined_gpu),
+        cmocka_unit_test(test_pipelined_gpu_faults),
         cmocka_unit_test(test_cli_push_across_restart),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
