@@ -285,8 +285,9 @@ static void op_query(td_request_t *r, td_stream_t *stream)
 static void exec_done(void *owner, td_request_t *r)
 {
     td_server_t *s = owner;
-    td_request_apply(r);
     td_stream_t *stream = r->stream;
+    if (!td_request_apply(r) && stream)
+        td_exec_stream_failed(s->exec, stream);
     reply(s, r);
     if (stream) {
         if (stream->exec_submitted == 0)
@@ -308,7 +309,8 @@ static void stream_advance_locked(td_server_t *s, td_stream_t *stream);
 /* Starts the requests waiting on a stream, in order, as far as the executor allows: on the GPU
  * a stream's batches are enqueued back to back on its lane; a CPU batch, query, reset and
  * anything after a GPU failure wait until the stream's earlier requests are done
- * (td_exec_may_start). query and reset run right here. */
+ * (td_exec_may_start), and so does a request whose seq is not the next one
+ * (td_request_seq_waits). query and reset run right here. */
 static void stream_advance(td_server_t *s, td_stream_t *stream)
 {
     td_stream_t *outer = s->advancing;
@@ -319,7 +321,8 @@ static void stream_advance(td_server_t *s, td_stream_t *stream)
 
 static void stream_advance_locked(td_server_t *s, td_stream_t *stream)
 {
-    while (stream->queue_head && td_exec_may_start(s->exec, stream, stream->queue_head)) {
+    while (stream->queue_head && !td_request_seq_waits(stream->queue_head) &&
+           td_exec_may_start(s->exec, stream, stream->queue_head)) {
         td_request_t *r = stream->queue_head;
         stream->queue_head = r->stream_next;
         if (!stream->queue_head)
@@ -343,7 +346,7 @@ static void stream_advance_locked(td_server_t *s, td_stream_t *stream)
             continue;
         }
         stream->running = r;
-        if (!td_request_prepare(r)) {
+        if (!td_request_admit(r)) {
             if (stream->exec_submitted == 0)
                 stream->running = NULL;
             reply(s, r);

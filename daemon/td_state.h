@@ -1,6 +1,7 @@
 /*
  * td_state.h — persistent stream state: every stream's name and tally_stream_info_t (counters,
- * scan carry, running histogram) in one file, streams.state, in the state directory.
+ * scan carry, running histogram, last applied seq) in one file, streams.state, in the state
+ * directory.
  *
  * File format, version 2 (all integers little-endian). A header, then one fixed-size record per
  * stream, each with its own checksum, so a damaged record costs only its own stream:

@@ -157,6 +157,8 @@ static void test_status_names(void **state)
         {TALLY_E_BACKEND, "backend"},
         {TALLY_E_SHUTDOWN, "shutdown"},
         {TALLY_E_INTERNAL, "internal"},
+        {TALLY_E_DUPLICATE, "duplicate"},
+        {TALLY_E_SEQ_GAP, "sequence_gap"},
         {TALLY_E_TIMEOUT, "timeout"},
         {TALLY_E_TRANSPORT, "transport"},
         {TALLY_E_REPLY, "bad_reply"},
@@ -169,7 +171,9 @@ static void test_status_names(void **state)
         const char *text = tally_status_text(names[i].status);
         assert_true(strlen(text) > 0 && strcmp(text, "unknown status") != 0);
     }
-    assert_int_equal(TALLY_STATUS_WIRE_COUNT, 17);
+    assert_int_equal(TALLY_E_DUPLICATE, 17);
+    assert_int_equal(TALLY_E_SEQ_GAP, 18);
+    assert_int_equal(TALLY_STATUS_WIRE_COUNT, 19);
     assert_string_equal(tally_status_name((tally_status_t)50), "unknown");
     assert_string_equal(tally_status_text((tally_status_t)50), "unknown status");
 }
@@ -252,8 +256,10 @@ static tally_req_t random_valid_req(void)
         break;
     }
     bool data_op = op == TALLY_OP_FILTER || op == TALLY_OP_SCAN || op == TALLY_OP_HIST;
-    if (data_op && rng_below(2))
+    if (data_op && rng_below(2)) {
         assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+        req.seq = rng_below(2) ? rng_next() : 0; /* only a batch on a stream may carry one */
+    }
     return req;
 }
 
@@ -274,6 +280,7 @@ static void test_req_round_trip(void **state)
         assert_int_equal(out.pred, req.pred);
         assert_true(out.lo == req.lo);
         assert_true(out.hi == req.hi);
+        assert_true(out.seq == req.seq);
         assert_int_equal(out.stream_len, req.stream_len);
         assert_string_equal(out.stream, req.stream);
         assert_int_equal(tally_req_validate(&out, 0, MAX_BATCH, NULL, 0), TALLY_OK);
@@ -326,6 +333,7 @@ static void test_stream_info_round_trip(void **state)
         info.hist_underflow = rng_next();
         info.hist_overflow = rng_next();
         info.hist_total = rng_next();
+        info.last_seq = rng_next();
         for (int b = 0; b < TALLY_HIST_BINS; b++)
             info.bins[b] = rng_next();
         uint8_t buf[TALLY_QUERY_PAYLOAD_SIZE];
@@ -354,6 +362,7 @@ static void test_stream_info_layout(void **state)
     info.hist_underflow = 11;
     info.hist_overflow = 12;
     info.hist_total = 13;
+    info.last_seq = 16;
     info.bins[0] = 14;
     info.bins[255] = 15;
     uint8_t buf[TALLY_QUERY_PAYLOAD_SIZE];
@@ -362,19 +371,27 @@ static void test_stream_info_layout(void **state)
     static const struct {
         size_t off;
         uint64_t value;
-    } fields[] = {{0, 1},    {8, 2},
-                  {16, 3},   {24, 4},
-                  {32, 5},   {40, (uint64_t)-6},
-                  {48, 7},   {64, (uint64_t)-9},
-                  {72, 10},  {80, 11},
-                  {88, 12},  {96, 13},
-                  {128, 14}, {128 + 8 * 255, 15}};
+    } fields[] = {{0, 1},
+                  {8, 2},
+                  {16, 3},
+                  {24, 4},
+                  {32, 5},
+                  {40, (uint64_t)-6},
+                  {48, 7},
+                  {64, (uint64_t)-9},
+                  {72, 10},
+                  {80, 11},
+                  {88, 12},
+                  {96, 13},
+                  {104, 16},
+                  {128, 14},
+                  {128 + 8 * 255, 15}};
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
         assert_true(tally_get_u64(buf + fields[i].off) == fields[i].value);
     assert_int_equal(buf[56], TALLY_DTYPE_I32);
     for (size_t i = 57; i < 64; i++)
         assert_int_equal(buf[i], 0);
-    for (size_t i = 104; i < 128; i++)
+    for (size_t i = 112; i < 128; i++)
         assert_int_equal(buf[i], 0);
 }
 
@@ -658,10 +675,65 @@ static void test_reject_reserved_bytes(void **state)
     for (size_t off = 18; off < 24; off++)
         assert_int_equal(decode_patched(TALLY_OP_FILTER, off, 0x01, msg, sizeof msg),
                          TALLY_E_PARAM);
-    for (size_t off = 40; off < 64; off++)
+    for (size_t off = 48; off < 64; off++)
         assert_int_equal(decode_patched(TALLY_OP_FILTER, off, 0x80, msg, sizeof msg),
                          TALLY_E_PARAM);
     assert_string_equal(msg, "reserved header byte 63 is 0x80, not zero");
+}
+
+/* Bytes 40..47 are seq now, no longer reserved: a batch on a stream may carry any seq. */
+static void test_seq_bytes(void **state)
+{
+    (void)state;
+    tally_req_t req = make_req(TALLY_OP_SCAN), out;
+    assert_int_equal(tally_req_set_stream(&req, "big"), TALLY_OK);
+    uint8_t buf[TALLY_REQ_HEADER_SIZE];
+    tally_req_encode(&req, buf);
+    for (size_t off = 40; off < 48; off++)
+        assert_int_equal(buf[off], 0); /* seq 0: exactly a protocol-1 header */
+    req.seq = 0x0102030405060708ull;
+    tally_req_encode(&req, buf);
+    static const uint8_t le[8] = {8, 7, 6, 5, 4, 3, 2, 1};
+    assert_memory_equal(buf + 40, le, 8);
+    assert_int_equal(decode_buf(buf, sizeof buf, &out), TALLY_OK);
+    assert_true(out.seq == req.seq);
+    for (size_t off = 40; off < 48; off++) {
+        memset(buf + 40, 0, 8);
+        buf[off] = 0x80;
+        assert_int_equal(decode_buf(buf, sizeof buf, &out), TALLY_OK);
+        assert_true(out.seq == (uint64_t)0x80 << (8 * (off - 40)));
+    }
+}
+
+/* seq orders a stream's batches: on anything else it is bad_param. */
+static void test_reject_misplaced_seq(void **state)
+{
+    (void)state;
+    static const tally_op_t others[] = {TALLY_OP_PING,  TALLY_OP_INFO,    TALLY_OP_QUERY,
+                                        TALLY_OP_RESET, TALLY_OP_STREAMS, TALLY_OP_STATS};
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+        tally_req_t req = make_req(others[i]);
+        req.seq = 1;
+        expect_reject(&req, TALLY_E_PARAM);
+    }
+    static const tally_op_t batches[] = {TALLY_OP_FILTER, TALLY_OP_SCAN, TALLY_OP_HIST};
+    for (size_t i = 0; i < 3; i++) {
+        tally_req_t req = make_req(batches[i]);
+        req.seq = 7;
+        expect_reject(&req, TALLY_E_PARAM); /* no stream */
+        assert_int_equal(tally_req_set_stream(&req, "s"), TALLY_OK);
+        expect_accept(&req);
+    }
+    char msg[256];
+    tally_req_t req = make_req(TALLY_OP_SCAN);
+    req.seq = 3;
+    assert_int_equal(tally_req_validate(&req, 0, MAX_BATCH, msg, sizeof msg), TALLY_E_PARAM);
+    assert_string_equal(msg, "a sequence number (seq=3) needs a stream: scan without one has "
+                             "nothing to order");
+    req = make_req(TALLY_OP_QUERY);
+    req.seq = 3;
+    assert_int_equal(tally_req_validate(&req, 0, MAX_BATCH, msg, sizeof msg), TALLY_E_PARAM);
+    assert_string_equal(msg, "query takes no sequence number (got seq=3)");
 }
 
 static void test_reject_stream_name_too_long(void **state)
@@ -1379,6 +1451,8 @@ int main(void)
         cmocka_unit_test(test_reject_dtype_unknown),
         cmocka_unit_test(test_reject_dtype_wrong_for_op),
         cmocka_unit_test(test_reject_reserved_bytes),
+        cmocka_unit_test(test_seq_bytes),
+        cmocka_unit_test(test_reject_misplaced_seq),
         cmocka_unit_test(test_reject_stream_name_too_long),
         cmocka_unit_test(test_reject_stream_name_bytes),
         cmocka_unit_test(test_reject_stream_name_padding),
