@@ -9,7 +9,8 @@
  *   - pipelined scans on one stream, then SIGTERM: the ok replies are a prefix in order, the rest
  *     `shutdown`, and the state restored after the restart holds exactly the ok ones;
  *   - oversize payloads among pipelined requests: answered too_large on a connection that stays
- *     open, and the replies of the requests around them all arrive.
+ *     open, and the replies of the requests around them all arrive; a frame over the max_frame
+ *     guard closes only its own connection.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -380,6 +381,29 @@ static void test_oversize_payloads_answered_too_large_between_valid_ones(void **
     assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
 }
 
+/* Over max_frame (4 x max_batch by default) ZeroMQ closes the connection, as PROTOCOL.md §1
+ * says: no reply on it, and tallyd goes on serving everyone else. */
+static void test_frame_over_max_frame_closes_only_its_connection(void **state)
+{
+    (void)state;
+    const char *args[] = {"--max-batch", "64K", NULL};
+    start(args);
+    void *bad = th_connect(daemon_.endpoint, 1000);
+    void *good = th_connect(daemon_.endpoint, 5000);
+    timed_ping(good, 1);
+    size_t len = 4 * OVERSIZE_MAX_BATCH + 1;
+    uint8_t *bytes = calloc(len, 1);
+    send_hist_o(bad, 7, bytes, len);
+    free(bytes);
+    th_reply_t reply;
+    assert_int_equal(th_recv_reply(bad, &reply), -1); /* no reply within 1 s */
+    for (uint64_t id = 2; id < 12; id++)
+        timed_ping(good, id);
+    th_close(bad);
+    th_close(good);
+    assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
+}
+
 int main(void)
 {
     th_seed();
@@ -389,6 +413,8 @@ int main(void)
         cmocka_unit_test_teardown(test_pipelined_scans_at_sigterm_ok_prefix_then_shutdown,
                                   kill_leftovers),
         cmocka_unit_test_teardown(test_oversize_payloads_answered_too_large_between_valid_ones,
+                                  kill_leftovers),
+        cmocka_unit_test_teardown(test_frame_over_max_frame_closes_only_its_connection,
                                   kill_leftovers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
