@@ -404,6 +404,34 @@ static void test_frame_over_max_frame_closes_only_its_connection(void **state)
     assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
 }
 
+/* tallyd --check-config on a file with the given [server] lines; returns the exit status. */
+static int check_config(const char *lines)
+{
+    char path[] = "/tmp/tallyd-lifecycle-conf-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "[server]\n%s", lines);
+    fclose(f);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "'%s' --config %s --check-config >/dev/null 2>&1", th_tallyd_bin(),
+             path);
+    int status = system(cmd);
+    unlink(path);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void test_drain_ms_and_max_frame_settings(void **state)
+{
+    (void)state;
+    assert_int_equal(check_config("drain_ms = 500\nmax_frame = 64M\n"), 0);
+    assert_int_equal(check_config("drain_ms = -1\n"), 2);
+    assert_int_equal(check_config("drain_ms = 600001\n"), 2);
+    /* The guard must leave room for too_large answers above max_batch. */
+    assert_int_equal(check_config("max_batch = 1M\nmax_frame = 1M\n"), 2);
+    assert_int_equal(check_config("max_batch = 1M\nmax_frame = 2M\n"), 0);
+}
+
 int main(void)
 {
     th_seed();
@@ -416,6 +444,7 @@ int main(void)
                                   kill_leftovers),
         cmocka_unit_test_teardown(test_frame_over_max_frame_closes_only_its_connection,
                                   kill_leftovers),
+        cmocka_unit_test(test_drain_ms_and_max_frame_settings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
