@@ -44,6 +44,8 @@ static const td_config_key_t config_keys[] = {
     {"server", "max_batch", "--max-batch"},
     {"server", "max_inflight", "--max-inflight"},
     {"server", "max_streams", "--max-streams"},
+    {"server", "max_frame", "--max-frame"},
+    {"server", "drain_ms", "--drain-ms"},
     {"server", "workers", "--workers"},
     {"server", "log_level", "--log-level"},
     {"state", "dir", "--state-dir"},
@@ -174,6 +176,15 @@ tally_status_t td_config_load(td_config_t *cfg, int argc, char **argv, bool *exi
     st = td_config_parse_args(cfg, argc, argv, exit_now, msg, msg_cap);
     if (st != TALLY_OK)
         goto cleanup;
+    /* Checked on the whole configuration: the file and the command line may each set one. */
+    if (cfg->max_frame && cfg->max_frame < cfg->max_batch + TD_MAX_FRAME_HEADROOM) {
+        snprintf(msg, msg_cap,
+                 "max_frame %zu must be at least max_batch %zu + %u, so that an oversize "
+                 "payload is answered too_large",
+                 cfg->max_frame, cfg->max_batch, TD_MAX_FRAME_HEADROOM);
+        st = TALLY_E_PARAM;
+        goto cleanup;
+    }
 
     /* Under systemd, StateDirectory= names the state directory (the first of a list). */
     const char *env = getenv("STATE_DIRECTORY");
@@ -244,12 +255,15 @@ bool td_config_apply_runtime(td_config_t *live, const td_config_t *next)
     APPLY_NUMBER(max_streams, "%u")
     APPLY_NUMBER(max_batch, "%zu")
     APPLY_NUMBER(state_interval, "%u")
+    APPLY_NUMBER(drain_ms, "%u")
 #undef APPLY_NUMBER
     /* An empty binds list means "the default endpoint or the sockets systemd passed". */
     if (next->bind_count > 0 && !same_binds(live, next))
         log_ignored("bind");
     if (live->backend != next->backend)
         log_ignored("backend");
+    if (live->max_frame != next->max_frame)
+        log_ignored("max_frame");
     if (live->workers != next->workers)
         log_ignored("workers");
     if (!same_string(live->state_dir, next->state_dir))

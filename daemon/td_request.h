@@ -3,8 +3,8 @@
  *
  * A td_request_t is created on the loop thread when a message is read, owns everything the
  * request needs (the peer's routing id, the payload, the reply being built), and is freed once
- * its reply has been handed to ZeroMQ (or dropped because the peer left). Between those points
- * it counts against max_inflight, which is what bounds tallyd's memory.
+ * its reply has been handed to ZeroMQ (or dropped because the peer left or does not read). Between
+ * those points it counts against max_inflight, which is what bounds tallyd's memory.
  *
  * The work on a request is split by thread:
  *   td_request_admit    loop thread   the sequence rule (seq), then td_request_prepare
@@ -67,7 +67,6 @@ typedef struct td_request {
     tally_rep_t rep;
     void *reply_data;
     size_t reply_len;
-    struct td_request *send_next; /* link in the server's pending-send queue */
 } td_request_t;
 
 /* Allocates a request with the reply header pre-filled from req. NULL when out of memory. */
