@@ -317,8 +317,17 @@ static void stream_advance(td_server_t *s, td_stream_t *stream)
     s->advancing = outer;
 }
 
+/* After a reset the stream's name is forgotten (PROTOCOL.md, `reset`), even while requests that
+ * were queued behind the reset still hold the stream object: a query or reset among them gets
+ * unknown_stream, exactly as if it had been read after the reset ran, and the next filter, scan
+ * or hist starts the stream anew. (They used to find the cleared stream: the query answered an
+ * empty state and the stream stayed listed and saved with nothing in it, so the answer depended
+ * on whether the query was read before or after the reset ran.) A forgotten stream is removed
+ * once its queue is empty; nothing can be in flight on it, since a reset only runs on a drained
+ * stream and a forgotten one starts nothing. */
 static void stream_advance_locked(td_server_t *s, td_stream_t *stream)
 {
+    bool forgotten = false;
     while (stream->queue_head && td_exec_may_start(s->exec, stream, stream->queue_head)) {
         td_request_t *r = stream->queue_head;
         stream->queue_head = r->stream_next;
@@ -326,6 +335,13 @@ static void stream_advance_locked(td_server_t *s, td_stream_t *stream)
             stream->queue_tail = NULL;
         stream->queued--;
         s->queued--;
+        bool control = r->req.opcode == TALLY_OP_QUERY || r->req.opcode == TALLY_OP_RESET;
+        if (forgotten && control) {
+            td_request_fail(r, TALLY_E_UNKNOWN_STREAM, "no stream named '%s'", r->req.stream);
+            r->stream = NULL;
+            reply(s, r);
+            continue;
+        }
         if (r->req.opcode == TALLY_OP_QUERY) {
             op_query(r, stream);
             reply(s, r);
@@ -336,12 +352,10 @@ static void stream_advance_locked(td_server_t *s, td_stream_t *stream)
             td_request_succeed(r, TALLY_DTYPE_NONE, NULL, 0, 0);
             r->stream = NULL;
             reply(s, r);
-            if (!stream->queue_head) { /* nothing else refers to it: forget the name */
-                td_streams_remove(s->streams, &stream);
-                return;
-            }
+            forgotten = true;
             continue;
         }
+        forgotten = false; /* a filter, scan or hist starts the stream anew */
         stream->running = r;
         if (!td_request_prepare(r)) {
             if (stream->exec_submitted == 0)
@@ -351,6 +365,8 @@ static void stream_advance_locked(td_server_t *s, td_stream_t *stream)
         }
         td_exec_submit(s->exec, r);
     }
+    if (forgotten && !stream->queue_head) /* nothing else refers to it: forget the name */
+        td_streams_remove(s->streams, &stream);
 }
 
 static void enqueue_on_stream(td_server_t *s, td_stream_t *stream, td_request_t *r)
