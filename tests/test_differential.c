@@ -774,6 +774,29 @@ static char *sorted_names(const uint8_t *p, size_t len, size_t *count)
     return out;
 }
 
+/* A `streams` reply lists exactly the streams the model holds. */
+static void check_streams_listing(const raw_reply_t *a)
+{
+    int idx[NSTREAMS], n = 0;
+    for (int i = 0; i < NSTREAMS; i++)
+        if (model[i].exists)
+            idx[n++] = i;
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && strcmp(model[idx[j - 1]].name, model[idx[j]].name) > 0; j--) {
+            int t = idx[j];
+            idx[j] = idx[j - 1];
+            idx[j - 1] = t;
+        }
+    char want[NSTREAMS * (TALLY_STREAM_NAME_MAX + 2) + 1] = "";
+    for (int i = 0; i < n; i++)
+        strcat(strcat(want, model[idx[i]].name), "|");
+    size_t count;
+    char *got = sorted_names(a->payload, a->len, &count);
+    if (strcmp(got, want) != 0)
+        fail_msg("streams lists %s, the model holds %s", got, want);
+    free(got);
+}
+
 static void describe(const op_t *op, char *buf, size_t cap)
 {
     snprintf(buf, cap,
@@ -835,6 +858,15 @@ static void compare_op(op_t *op)
     if (op->check_count && ra.count != op->want_count)
         fail_msg("%s: count %llu, the model expects %llu", what, (unsigned long long)ra.count,
                  (unsigned long long)op->want_count);
+    if (ra.status == TALLY_OK && op->req.opcode == TALLY_OP_HIST)
+        for (uint64_t i = 0; i < ra.count && 8 * i + 8 <= a->len; i++)
+            if (tally_get_u64(a->payload + 8 * i) != op->want_hist[i])
+                fail_msg("%s: hist value %llu is %llu, the model expects %llu", what,
+                         (unsigned long long)i,
+                         (unsigned long long)tally_get_u64(a->payload + 8 * i),
+                         (unsigned long long)op->want_hist[i]);
+    if (op->req.opcode == TALLY_OP_STREAMS)
+        check_streams_listing(a);
     if (op->want_payload &&
         (a->len != TALLY_QUERY_PAYLOAD_SIZE || memcmp(a->payload, op->want_payload, a->len) != 0)) {
         tally_stream_info_t got, want;
@@ -855,6 +887,7 @@ typedef struct {
     char dir[2][64];
     void *socks[2][CONNS];
     char fault_every[16]; /* --test-fault-every for the GPU daemon, "" for none */
+    char lanes[16];       /* --gpu-streams for the GPU daemon, "" for the default */
 } pair_t;
 
 static int start_one(pair_t *p, int which, const char *inflight)
@@ -875,6 +908,10 @@ static int start_one(pair_t *p, int which, const char *inflight)
     argv[argc++] = batch;
     argv[argc++] = "--max-inflight";
     argv[argc++] = inflight;
+    if (which && p->lanes[0]) {
+        argv[argc++] = "--gpu-streams";
+        argv[argc++] = p->lanes;
+    }
     if (which && p->fault_every[0]) { /* GPU failures: the CPU reruns must be exact too */
         argv[argc++] = "--test-fault-every";
         argv[argc++] = p->fault_every;
@@ -896,12 +933,23 @@ static void stop_one(pair_t *p, int which)
 }
 
 /* Runs ops[from..) on both daemons, then compares every reply and frees the data. */
+/* What a run covered, printed at its end. */
+static struct {
+    size_t ok[TALLY_OP_COUNT], errors, largest;
+} tally_of_run;
+
 static void run_compare(pair_t *p, ops_t *o, size_t from)
 {
     for (int which = 0; which < 2; which++)
         drive(p->socks[which], o, from, o->n, which, 0, 0, 0);
     for (size_t i = from; i < o->n; i++) {
         compare_op(&o->v[i]);
+        if (o->v[i].want_status == TALLY_OK)
+            tally_of_run.ok[o->v[i].req.opcode]++;
+        else
+            tally_of_run.errors++;
+        if (o->v[i].want_status == TALLY_OK && o->v[i].len == max_batch_bytes())
+            tally_of_run.largest++;
         op_free_data(&o->v[i]);
     }
 }
@@ -943,10 +991,13 @@ static void differential(uint64_t seed, const char *inflight_before, const char 
             scale());
     rng = seed;
     model_init();
+    memset(&tally_of_run, 0, sizeof tally_of_run);
     pair_t p;
     memset(&p, 0, sizeof p);
     if (fault_every)
         snprintf(p.fault_every, sizeof p.fault_every, "%u", fault_every);
+    if (seed != FIXED_SEED) /* 1 to 4 lanes per device: streams share lanes and carries more */
+        snprintf(p.lanes, sizeof p.lanes, "%u", 1 + (unsigned)(seed / 2 % 4));
     make_dir(p.dir[0], sizeof p.dir[0], "cpu");
     make_dir(p.dir[1], sizeof p.dir[1], "gpu");
     assert_int_equal(start_one(&p, 0, inflight_before), 0);
@@ -968,7 +1019,12 @@ static void differential(uint64_t seed, const char *inflight_before, const char 
             sync_check(&p, &o);
         }
     }
-    fprintf(stderr, "differential: %zu requests, every reply equal\n", o.n);
+    fprintf(stderr,
+            "differential: %zu requests, every reply equal (ok: %zu filter, %zu scan, %zu hist, "
+            "%zu query, %zu reset; %zu errors; %zu of the largest batch)\n",
+            o.n, tally_of_run.ok[TALLY_OP_FILTER], tally_of_run.ok[TALLY_OP_SCAN],
+            tally_of_run.ok[TALLY_OP_HIST], tally_of_run.ok[TALLY_OP_QUERY],
+            tally_of_run.ok[TALLY_OP_RESET], tally_of_run.errors, tally_of_run.largest);
     for (int which = 0; which < 2; which++)
         stop_one(&p, which);
     ops_free(&o);
