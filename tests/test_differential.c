@@ -17,11 +17,12 @@
  * daemons are stopped with SIGTERM and restarted on their state directories (with another
  * --max-inflight) and every stream's query is compared to the model; again at the end.
  *
- * test_snapshot_prefix: a GPU-path tallyd with --state-interval 1 under pipelined mixed
- * requests on 24 streams is killed with SIGKILL at a random moment and restarted: every restored
- * stream must equal the state after some prefix of its requests in order (never a state that
- * skipped or applied twice a request). The model is computed from the payloads the test sent,
- * and each acknowledged reply is checked against it.
+ * test_snapshot_prefix_{kill,term}: a GPU-path tallyd with --state-interval 1 under pipelined
+ * mixed requests on 24 streams is stopped with SIGKILL (or SIGTERM) at a random moment and
+ * restarted: every restored stream must equal the state after some prefix of its requests in
+ * order (never a state that skipped or applied twice a request), and after SIGTERM a prefix that
+ * holds every request answered ok. The model is computed from the payloads the test sent, and
+ * each acknowledged reply is checked against it.
  *
  * test_query_behind_reset: a query and a reset pipelined behind a reset get unknown_stream
  * (they used to find the cleared stream, which then stayed listed: the differential test found
@@ -688,11 +689,25 @@ static int take_replies(void *sock, ops_t *o, int which)
     return got;
 }
 
+/* After a signal: takes the replies that still come, until none came for a second. */
+static void collect_until_quiet(void *socks[CONNS], ops_t *o, int which)
+{
+    for (double start = now_s(); now_s() - start < 30;) {
+        zmq_pollitem_t items[CONNS];
+        for (int k = 0; k < CONNS; k++)
+            items[k] = (zmq_pollitem_t){.socket = socks[k], .events = ZMQ_POLLIN};
+        if (zmq_poll(items, CONNS, 1000) <= 0)
+            return;
+        for (int k = 0; k < CONNS; k++)
+            take_replies(socks[k], o, which);
+    }
+}
+
 /* Sends ops[from..to) over the connections, each keeping up to WINDOW requests in flight,
- * until all are answered, or (stop_after > 0) until stop_after seconds, when kill_pid is
- * killed with SIGKILL and what already arrived is collected. */
+ * until all are answered, or (stop_after > 0) until stop_after seconds, when kill_pid gets sig
+ * and the replies that still come are collected. */
 static void drive(void *socks[CONNS], ops_t *o, size_t from, size_t to, int which,
-                  double stop_after, pid_t kill_pid, double pace)
+                  double stop_after, pid_t kill_pid, double pace, int sig)
 {
     size_t sent[CONNS] = {0};
     size_t next[CONNS], outstanding[CONNS] = {0};
@@ -720,10 +735,8 @@ static void drive(void *socks[CONNS], ops_t *o, size_t from, size_t to, int whic
         if (!pending && !stop_after)
             return;
         if (stop_after > 0 && now_s() - start > stop_after) {
-            kill(kill_pid, SIGKILL);
-            usleep(200000);
-            for (int k = 0; k < CONNS; k++)
-                take_replies(socks[k], o, which);
+            kill(kill_pid, sig);
+            collect_until_quiet(socks, o, which);
             return;
         }
         zmq_pollitem_t items[CONNS];
@@ -952,7 +965,7 @@ static struct {
 static void run_compare(pair_t *p, ops_t *o, size_t from)
 {
     for (int which = 0; which < 2; which++)
-        drive(p->socks[which], o, from, o->n, which, 0, 0, 0);
+        drive(p->socks[which], o, from, o->n, which, 0, 0, 0, 0);
     for (size_t i = from; i < o->n; i++) {
         compare_op(&o->v[i]);
         if (o->v[i].want_status == TALLY_OK)
@@ -1130,24 +1143,18 @@ static void test_query_behind_reset(void **state)
 
 #define SNAP_STREAMS 24
 
-static void test_snapshot_prefix(void **state)
+/* Each connection's requests on its 6 streams (no resets, no errors), and in after[i] the
+ * model's encoded state of op i's stream once op i is applied. */
+static uint8_t **gen_snapshot_ops(ops_t *o, size_t per_conn)
 {
-    (void)state;
-    uint64_t seed = th_seed();
-    rng = seed ^ 0x9E3779B97F4A7C15ull;
-    model_init();
-    /* Pre-generate each connection's requests on its 6 streams (no resets, no errors), with
-     * the model's state after each request of a stream. */
     enum { PER_STREAM = SNAP_STREAMS / CONNS };
-    size_t per_conn = 900 * (scale() > 2 ? 2 : scale()); /* its payloads are all kept */
-    ops_t o = {0};
-    uint8_t **after = calloc(per_conn * CONNS + 1, sizeof *after); /* state after op i */
+    uint8_t **after = calloc(per_conn * CONNS + 1, sizeof *after);
     for (size_t i = 0; i < per_conn; i++)
         for (int k = 0; k < CONNS; k++) {
             int stream = k + CONNS * (int)below(PER_STREAM);
             uint64_t r = below(10);
             uint8_t opcode = r < 4 ? TALLY_OP_SCAN : r < 7 ? TALLY_OP_FILTER : TALLY_OP_HIST;
-            op_t *op = ops_add(&o, opcode, TALLY_DTYPE_I32, k, stream);
+            op_t *op = ops_add(o, opcode, TALLY_DTYPE_I32, k, stream);
             if (opcode == TALLY_OP_SCAN)
                 gen_scan(op, false);
             else if (opcode == TALLY_OP_FILTER)
@@ -1157,9 +1164,88 @@ static void test_snapshot_prefix(void **state)
             if (op->len > 40000) /* keep it quick: small batches, many of them */
                 op->len = 40000 - 40000 % 4;
             expect_compute(op);
-            after[o.n - 1] = malloc(TALLY_QUERY_PAYLOAD_SIZE);
-            tally_stream_info_encode(&model[stream].info, after[o.n - 1]);
+            after[o->n - 1] = malloc(TALLY_QUERY_PAYLOAD_SIZE);
+            tally_stream_info_encode(&model[stream].info, after[o->n - 1]);
         }
+    return after;
+}
+
+/* Every acknowledged reply agrees with the model (a `shutdown` reply: not run). last_ok[s]
+ * receives how many of stream s's requests, in order, were up to its last one answered ok. */
+static size_t check_acked(const ops_t *o, size_t last_ok[SNAP_STREAMS])
+{
+    size_t acked = 0, position[SNAP_STREAMS] = {0};
+    for (size_t i = 0; i < o->n; i++) {
+        const op_t *op = &o->v[i];
+        const raw_reply_t *g = &op->got[0];
+        position[op->stream]++;
+        if (!g->frames)
+            continue;
+        acked++;
+        tally_rep_t rep;
+        assert_int_equal(tally_rep_decode(g->head, g->head_len, &rep), TALLY_OK);
+        if (rep.status == TALLY_E_SHUTDOWN)
+            continue;
+        char what[256];
+        describe(op, what, sizeof what);
+        if (rep.status != TALLY_OK || rep.aux0 != op->want_aux0 || rep.count != op->want_count)
+            fail_msg("%s: status %u count %llu aux0 %lld, the model expects 0, %llu, %lld", what,
+                     rep.status, (unsigned long long)rep.count, (long long)rep.aux0,
+                     (unsigned long long)op->want_count, (long long)op->want_aux0);
+        if (op->req.opcode == TALLY_OP_HIST)
+            for (uint64_t b = 0; b < rep.count; b++)
+                if (tally_get_u64(g->payload + 8 * b) != op->want_hist[b])
+                    fail_msg("%s: bin %llu differs from the model", what, (unsigned long long)b);
+        last_ok[op->stream] = position[op->stream];
+    }
+    return acked;
+}
+
+/* The restored state of stream s equals the state after one prefix of its requests, of at
+ * least min_prefix of them; returns that prefix's length (0: the stream was not restored). */
+static size_t check_restored(void *sock, const ops_t *o, uint8_t **after, int s, size_t min_prefix)
+{
+    tally_req_t q = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, 1000000 + s);
+    tally_req_set_stream(&q, model[s].name);
+    th_reply_t r;
+    assert_int_equal(th_call(sock, &q, NULL, 0, &r), 0);
+    size_t prefix = 0, matched = 0;
+    if (r.rep.status == TALLY_OK) {
+        assert_int_equal(r.len, TALLY_QUERY_PAYLOAD_SIZE);
+        for (size_t i = 0; i < o->n && !matched; i++)
+            if (o->v[i].stream == s && ++prefix &&
+                memcmp(after[i], r.payload, TALLY_QUERY_PAYLOAD_SIZE) == 0)
+                matched = prefix;
+        if (!matched) {
+            tally_stream_info_t info;
+            tally_stream_info_decode(r.payload, r.len, &info);
+            fail_msg("stream '%s' restored with batches %llu, carry %lld, hist total %llu: not "
+                     "the state after any prefix of its %zu requests",
+                     model[s].name, (unsigned long long)info.batches, (long long)info.scan_carry,
+                     (unsigned long long)info.hist_total, prefix);
+        }
+    } else {
+        assert_int_equal(r.rep.status, TALLY_E_UNKNOWN_STREAM); /* the empty prefix */
+    }
+    th_reply_free(&r);
+    if (matched < min_prefix)
+        fail_msg("stream '%s' restored after %zu of its requests, but %zu were answered before "
+                 "the daemon stopped",
+                 model[s].name, matched, min_prefix);
+    return matched;
+}
+
+/* A GPU-path tallyd with 1 s snapshots, requests pipelined on 24 streams, stopped with sig at a
+ * random moment in the middle of them, restarted on its state: every stream is a prefix of its
+ * requests; after SIGTERM, one that holds every request answered ok. */
+static void snapshot_round(int sig)
+{
+    uint64_t seed = th_seed();
+    rng = seed ^ 0x9E3779B97F4A7C15ull;
+    model_init();
+    size_t per_conn = 900 * (scale() > 2 ? 2 : scale()); /* its payloads are all kept */
+    ops_t o = {0};
+    uint8_t **after = gen_snapshot_ops(&o, per_conn);
     char dir[64];
     make_dir(dir, sizeof dir, "snap");
     const char *argv[] = {"--backend",
@@ -1177,74 +1263,23 @@ static void test_snapshot_prefix(void **state)
     assert_int_equal(th_daemon_start(&d, argv), 0);
     void *socks[CONNS];
     connect_all(&d, socks);
-    double kill_at = 1.5 + (double)below(1500) / 1000.0;
-    /* Paced so the requests span about 3.2 s: the kill lands in the middle of them. */
-    drive(socks, &o, 0, o.n, 0, kill_at, d.pid, 3.2 / (double)per_conn);
-    th_daemon_stop(&d, SIGKILL, 10000); /* reaps it */
+    double stop_at = 1.5 + (double)below(1500) / 1000.0;
+    /* Paced so the requests span about 3.2 s: the signal lands in the middle of them. */
+    drive(socks, &o, 0, o.n, 0, stop_at, d.pid, 3.2 / (double)per_conn, sig);
+    int rc = th_daemon_stop(&d, 0, 60000); /* signalled already: reap it */
     close_all(socks);
-    /* Every acknowledged reply agrees with the model. */
-    size_t acked = 0;
-    for (size_t i = 0; i < o.n; i++) {
-        op_t *op = &o.v[i];
-        raw_reply_t *g = &op->got[0];
-        if (!g->frames)
-            continue;
-        acked++;
-        tally_rep_t rep;
-        assert_int_equal(tally_rep_decode(g->head, g->head_len, &rep), TALLY_OK);
-        char what[256];
-        describe(op, what, sizeof what);
-        if (rep.status != TALLY_OK || rep.aux0 != op->want_aux0 || rep.count != op->want_count)
-            fail_msg("%s: status %u count %llu aux0 %lld, the model expects 0, %llu, %lld", what,
-                     rep.status, (unsigned long long)rep.count, (long long)rep.aux0,
-                     (unsigned long long)op->want_count, (long long)op->want_aux0);
-        if (op->req.opcode == TALLY_OP_HIST)
-            for (uint64_t b = 0; b < rep.count; b++)
-                if (tally_get_u64(g->payload + 8 * b) != op->want_hist[b])
-                    fail_msg("%s: bin %llu differs from the model", what, (unsigned long long)b);
-    }
-    /* Restart and compare each stream with the states after each prefix of its requests. */
+    if (sig == SIGTERM && rc != 0)
+        fail_msg("tallyd exited with %d after SIGTERM (log %s)", rc, d.log_path);
+    size_t last_ok[SNAP_STREAMS] = {0};
+    size_t acked = check_acked(&o, last_ok);
     assert_int_equal(th_daemon_start(&d, argv), 0);
     void *sock = th_connect(d.endpoint, 30000);
     int restored = 0;
-    for (int s = 0; s < SNAP_STREAMS; s++) {
-        tally_req_t q = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, 1000000 + s);
-        tally_req_set_stream(&q, model[s].name);
-        th_reply_t r;
-        assert_int_equal(th_call(sock, &q, NULL, 0, &r), 0);
-        if (r.rep.status == TALLY_E_UNKNOWN_STREAM) { /* the empty prefix */
-            th_reply_free(&r);
-            continue;
-        }
-        assert_int_equal(r.rep.status, TALLY_OK);
-        assert_int_equal(r.len, TALLY_QUERY_PAYLOAD_SIZE);
-        size_t prefix = 0, matched = 0;
-        bool found = false;
-        for (size_t i = 0; i < o.n && !found; i++) {
-            if (o.v[i].stream != s)
-                continue;
-            prefix++;
-            if (memcmp(after[i], r.payload, TALLY_QUERY_PAYLOAD_SIZE) == 0) {
-                found = true;
-                matched = prefix;
-            }
-        }
-        if (!found) {
-            tally_stream_info_t info;
-            tally_stream_info_decode(r.payload, r.len, &info);
-            fail_msg("stream '%s' restored with batches %llu, carry %lld, hist total %llu: not "
-                     "the state after any prefix of its %zu requests",
-                     model[s].name, (unsigned long long)info.batches, (long long)info.scan_carry,
-                     (unsigned long long)info.hist_total, prefix);
-        }
-        fprintf(stderr, "stream %s: restored after %zu of its requests\n", model[s].name, matched);
-        restored++;
-        th_reply_free(&r);
-    }
+    for (int s = 0; s < SNAP_STREAMS; s++)
+        restored += check_restored(sock, &o, after, s, sig == SIGTERM ? last_ok[s] : 0) > 0;
     fprintf(stderr,
-            "snapshot: killed after %.2f s, %zu of %zu requests acknowledged, %d streams "
-            "restored\n",
-            kill_at, acked, o.n, restored);
+            "snapshot: %s after %.2f s, %zu of %zu requests acknowledged, %d streams restored\n",
+            sig == SIGTERM ? "SIGTERM" : "SIGKILL", stop_at, acked, o.n, restored);
     /* Requests ran for over a second with 1 s snapshots: some state was saved. */
     assert_true(restored > 0);
     th_close(sock);
@@ -1254,6 +1289,18 @@ static void test_snapshot_prefix(void **state)
     free(after);
     ops_free(&o);
     remove_dir(dir);
+}
+
+static void test_snapshot_prefix_kill(void **state)
+{
+    (void)state;
+    snapshot_round(SIGKILL);
+}
+
+static void test_snapshot_prefix_term(void **state)
+{
+    (void)state;
+    snapshot_round(SIGTERM);
 }
 
 int main(void)
@@ -1270,7 +1317,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_differential_fixed_seed),
         cmocka_unit_test(test_differential_random_seed),
-        cmocka_unit_test(test_snapshot_prefix),
+        cmocka_unit_test(test_snapshot_prefix_kill),
+        cmocka_unit_test(test_snapshot_prefix_term),
         cmocka_unit_test(test_query_behind_reset),
     };
     return cmocka_run_group_tests_name(use_cuda() ? "differential (cuda)" : "differential (sim)",
