@@ -567,7 +567,9 @@ static bool gen_conflict(ops_t *o, int conn, int stream)
     return true;
 }
 
-static void gen_compute(ops_t *o, int conn, int stream, bool allow_max)
+/* A filter, scan or hist that succeeds; cap_len > 0 cuts its payload to at most that (a
+ * multiple of 4). */
+static void gen_compute(ops_t *o, int conn, int stream, bool allow_max, size_t cap_len)
 {
     uint64_t r = below(10);
     uint8_t opcode = r < 4 ? TALLY_OP_SCAN : r < 7 ? TALLY_OP_FILTER : TALLY_OP_HIST;
@@ -578,6 +580,8 @@ static void gen_compute(ops_t *o, int conn, int stream, bool allow_max)
         gen_filter(op, allow_max);
     else
         gen_hist(op, allow_max);
+    if (cap_len && op->len > cap_len)
+        op->len = cap_len;
     expect_compute(op);
 }
 
@@ -588,9 +592,9 @@ static void gen_one(ops_t *o, int conn)
     mstream_t *m = &model[stream];
     uint64_t r = below(100);
     if (r < 12) {
-        gen_compute(o, conn, -1, true);
+        gen_compute(o, conn, -1, true, 0);
     } else if (r < 75) {
-        gen_compute(o, conn, stream, true);
+        gen_compute(o, conn, stream, true, 0);
     } else if (r < 84) {
         op_t *op = ops_add(o, TALLY_OP_QUERY, TALLY_DTYPE_NONE, conn, stream);
         expect_query(op);
@@ -603,7 +607,7 @@ static void gen_one(ops_t *o, int conn)
         }
     } else if (r < 94) {
         if (!gen_conflict(o, conn, stream))
-            gen_compute(o, conn, stream, false);
+            gen_compute(o, conn, stream, false, 0);
     } else if (r < 96) {
         op_t *op = ops_add(o, TALLY_OP_PING, TALLY_DTYPE_NONE, conn, -1);
         op->want_status = TALLY_OK;
@@ -1152,18 +1156,7 @@ static uint8_t **gen_snapshot_ops(ops_t *o, size_t per_conn)
     for (size_t i = 0; i < per_conn; i++)
         for (int k = 0; k < CONNS; k++) {
             int stream = k + CONNS * (int)below(PER_STREAM);
-            uint64_t r = below(10);
-            uint8_t opcode = r < 4 ? TALLY_OP_SCAN : r < 7 ? TALLY_OP_FILTER : TALLY_OP_HIST;
-            op_t *op = ops_add(o, opcode, TALLY_DTYPE_I32, k, stream);
-            if (opcode == TALLY_OP_SCAN)
-                gen_scan(op, false);
-            else if (opcode == TALLY_OP_FILTER)
-                gen_filter(op, false);
-            else
-                gen_hist(op, false);
-            if (op->len > 40000) /* keep it quick: small batches, many of them */
-                op->len = 40000 - 40000 % 4;
-            expect_compute(op);
+            gen_compute(o, k, stream, false, 40000); /* quick: small batches, many of them */
             after[o->n - 1] = malloc(TALLY_QUERY_PAYLOAD_SIZE);
             tally_stream_info_encode(&model[stream].info, after[o->n - 1]);
         }
