@@ -1256,7 +1256,7 @@ static void snapshot_round(int sig)
     assert_int_equal(th_daemon_start(&d, argv), 0);
     void *socks[CONNS];
     connect_all(&d, socks);
-    double stop_at = 1.5 + (double)below(1500) / 1000.0;
+    double stop_at = 1.8 + (double)below(1200) / 1000.0;
     /* Paced so the requests span about 3.2 s: the signal lands in the middle of them. */
     drive(socks, &o, 0, o.n, 0, stop_at, d.pid, 3.2 / (double)per_conn, sig);
     int rc = th_daemon_stop(&d, 0, 60000); /* signalled already: reap it */
