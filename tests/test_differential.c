@@ -1077,6 +1077,19 @@ static void test_differential_random_seed(void **state)
 
 /* ---- a query and a reset queued behind a reset ------------------------------------------ */
 
+/* Pipelines ops[0..count) on stream behind/reset, with ids from first_id; a scan's input is
+ * 5, 6, 7. */
+static void send_on_stream(void *sock, const uint8_t *ops, int count, uint64_t first_id)
+{
+    static const int32_t in[3] = {5, 6, 7};
+    for (int i = 0; i < count; i++) {
+        bool scan = ops[i] == TALLY_OP_SCAN;
+        tally_req_t q = th_req(ops[i], scan ? TALLY_DTYPE_I32 : TALLY_DTYPE_NONE, first_id + i);
+        tally_req_set_stream(&q, "behind/reset");
+        assert_int_equal(th_send_request(sock, &q, scan ? in : NULL, scan ? sizeof in : 0), 0);
+    }
+}
+
 /* Both find the stream forgotten (unknown_stream), as they would had they been read after the
  * reset ran; the stream is not listed afterwards, and a scan starts it anew. Simulated launches
  * of 30 ms make sure all of it is read while the first scan is still on the "device". */
@@ -1092,17 +1105,11 @@ static void test_query_behind_reset(void **state)
     unsetenv("TALLYD_TEST_SIM_LATENCY_US");
     assert_int_equal(started, 0);
     void *sock = th_connect(d.endpoint, 20000);
-    int32_t in[3] = {5, 6, 7};
     static const uint8_t ops[] = {TALLY_OP_SCAN,  TALLY_OP_RESET, TALLY_OP_QUERY,
                                   TALLY_OP_RESET, TALLY_OP_SCAN,  TALLY_OP_QUERY};
     static const uint32_t want[] = {
         TALLY_OK, TALLY_OK, TALLY_E_UNKNOWN_STREAM, TALLY_E_UNKNOWN_STREAM, TALLY_OK, TALLY_OK};
-    for (int i = 0; i < 6; i++) {
-        bool scan = ops[i] == TALLY_OP_SCAN;
-        tally_req_t q = th_req(ops[i], scan ? TALLY_DTYPE_I32 : TALLY_DTYPE_NONE, 100 + i);
-        tally_req_set_stream(&q, "behind/reset");
-        assert_int_equal(th_send_request(sock, &q, scan ? in : NULL, scan ? sizeof in : 0), 0);
-    }
+    send_on_stream(sock, ops, 6, 100);
     for (int i = 0; i < 6; i++) {
         th_reply_t r;
         assert_int_equal(th_recv_reply(sock, &r), 0);
@@ -1121,12 +1128,7 @@ static void test_query_behind_reset(void **state)
     }
     /* Reset, then queries queued behind it and nothing else: the name is gone. */
     static const uint8_t tail_ops[] = {TALLY_OP_SCAN, TALLY_OP_RESET, TALLY_OP_QUERY};
-    for (int i = 0; i < 3; i++) {
-        bool scan = tail_ops[i] == TALLY_OP_SCAN;
-        tally_req_t q = th_req(tail_ops[i], scan ? TALLY_DTYPE_I32 : TALLY_DTYPE_NONE, 200 + i);
-        tally_req_set_stream(&q, "behind/reset");
-        assert_int_equal(th_send_request(sock, &q, scan ? in : NULL, scan ? sizeof in : 0), 0);
-    }
+    send_on_stream(sock, tail_ops, 3, 200);
     for (int i = 0; i < 3; i++) {
         th_reply_t r;
         assert_int_equal(th_recv_reply(sock, &r), 0);
