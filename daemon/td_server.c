@@ -322,8 +322,17 @@ static bool may_advance(td_server_t *s, td_stream_t *stream, td_request_t *r)
     return !td_request_seq_waits(r) && td_exec_may_start(s->exec, stream, r);
 }
 
+/* After a reset the stream's name is forgotten (PROTOCOL.md, `reset`), even while requests that
+ * were queued behind the reset still hold the stream object: a query or reset among them gets
+ * unknown_stream, exactly as if it had been read after the reset ran, and the next filter, scan
+ * or hist starts the stream anew. (They used to find the cleared stream: the query answered an
+ * empty state and the stream stayed listed and saved with nothing in it, so the answer depended
+ * on whether the query was read before or after the reset ran.) A forgotten stream is removed
+ * once its queue is empty; nothing can be in flight on it, since a reset only runs on a drained
+ * stream and a forgotten one starts nothing. */
 static void stream_advance_locked(td_server_t *s, td_stream_t *stream)
 {
+    bool forgotten = false;
     while (stream->queue_head && may_advance(s, stream, stream->queue_head)) {
         td_request_t *r = stream->queue_head;
         stream->queue_head = r->stream_next;
@@ -331,8 +340,13 @@ static void stream_advance_locked(td_server_t *s, td_stream_t *stream)
             stream->queue_tail = NULL;
         stream->queued--;
         s->queued--;
-        if (s->stopping) {
-            td_request_fail(r, TALLY_E_SHUTDOWN, "tallyd is shutting down; not run");
+        bool control = r->req.opcode == TALLY_OP_QUERY || r->req.opcode == TALLY_OP_RESET;
+        if (s->stopping || (forgotten && control)) {
+            if (s->stopping)
+                td_request_fail(r, TALLY_E_SHUTDOWN, "tallyd is shutting down; not run");
+            else
+                td_request_fail(r, TALLY_E_UNKNOWN_STREAM, "no stream named '%s'", r->req.stream);
+            r->stream = NULL;
             reply(s, r);
             continue;
         }
@@ -346,12 +360,10 @@ static void stream_advance_locked(td_server_t *s, td_stream_t *stream)
             td_request_succeed(r, TALLY_DTYPE_NONE, NULL, 0, 0);
             r->stream = NULL;
             reply(s, r);
-            if (!stream->queue_head) { /* nothing else refers to it: forget the name */
-                td_streams_remove(s->streams, &stream);
-                return;
-            }
+            forgotten = true;
             continue;
         }
+        forgotten = false; /* a filter, scan or hist starts the stream anew */
         stream->running = r;
         if (!td_request_admit(r)) {
             if (stream->exec_submitted == 0)
@@ -361,6 +373,8 @@ static void stream_advance_locked(td_server_t *s, td_stream_t *stream)
         }
         td_exec_submit(s->exec, r);
     }
+    if (forgotten && !stream->queue_head) /* nothing else refers to it: forget the name */
+        td_streams_remove(s->streams, &stream);
 }
 
 static void enqueue_on_stream(td_server_t *s, td_stream_t *stream, td_request_t *r)
