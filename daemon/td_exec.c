@@ -261,6 +261,25 @@ void td_exec_destroy(td_exec_t **self_p)
     *self_p = NULL;
 }
 
+static bool exec_region_register(void *ctx, void *base, size_t size)
+{
+    return td_gpu_region_register(ctx, base, size);
+}
+
+static void exec_region_unregister(void *ctx, void *base)
+{
+    td_gpu_region_unregister(ctx, base);
+}
+
+void td_exec_shm_env(td_exec_t *x, td_shm_env_t *env)
+{
+    if (!x->gpu)
+        return;
+    env->region_register = exec_region_register;
+    env->region_unregister = exec_region_unregister;
+    env->ctx = x->gpu;
+}
+
 const char *td_exec_backend_name(const td_exec_t *x)
 {
     return x->gpu && td_gpu_usable(x->gpu) ? td_gpu_engine_name(x->gpu) : "cpu";

@@ -157,6 +157,8 @@ static void test_status_names(void **state)
         {TALLY_E_BACKEND, "backend"},
         {TALLY_E_SHUTDOWN, "shutdown"},
         {TALLY_E_INTERNAL, "internal"},
+        {TALLY_E_BAD_REF, "bad_ref"},
+        {TALLY_E_QUOTA, "quota"},
         {TALLY_E_TIMEOUT, "timeout"},
         {TALLY_E_TRANSPORT, "transport"},
         {TALLY_E_REPLY, "bad_reply"},
@@ -169,7 +171,7 @@ static void test_status_names(void **state)
         const char *text = tally_status_text(names[i].status);
         assert_true(strlen(text) > 0 && strcmp(text, "unknown status") != 0);
     }
-    assert_int_equal(TALLY_STATUS_WIRE_COUNT, 17);
+    assert_int_equal(TALLY_STATUS_WIRE_COUNT, 21);
     assert_string_equal(tally_status_name((tally_status_t)50), "unknown");
     assert_string_equal(tally_status_text((tally_status_t)50), "unknown status");
 }
