@@ -403,6 +403,7 @@ enum {
     OPT_TEXT,
     OPT_CHUNK,
     OPT_WINDOW,
+    OPT_SHM,
     OPT_TYPE,
     OPT_GT,
     OPT_GE,
@@ -423,7 +424,7 @@ enum {
         {"out", required_argument, NULL, OPT_OUT}, {"text", no_argument, NULL, OPT_TEXT},          \
         {"chunk", required_argument, NULL, OPT_CHUNK},                                             \
         {"window", required_argument, NULL, OPT_WINDOW}, {"help", no_argument, NULL, OPT_HELP},    \
-        {"endpoint", required_argument, NULL, 'e'},                                                \
+        {"shm", no_argument, NULL, OPT_SHM}, {"endpoint", required_argument, NULL, 'e'},           \
     {                                                                                              \
         "timeout", required_argument, NULL, 't'                                                    \
     }
@@ -437,6 +438,8 @@ enum {
     "                  (default: text on stdout, one value per line)\n"                            \
     "  --chunk BYTES   send the input in chunks of BYTES (K/M/G suffixes; default 1M)\n"           \
     "  --window N      keep N chunks in flight (1-256, default 8)\n"                               \
+    "  --shm           pass the chunks through shared memory (tallyd on this host; the same\n"     \
+    "                  output)\n"                                                                  \
     "  -e, --endpoint E, -t, --timeout MS   as before the command\n"                               \
     "  -h, --help      show this help\n"
 
@@ -463,6 +466,9 @@ static int data_option(data_args_t *a, int opt, const char *arg)
     case OPT_CHUNK:
         if (!parse_size(arg, &a->opts.chunk_bytes) || a->opts.chunk_bytes == 0)
             return usage_error(a->cmd, "--chunk: '%s' is not a positive byte count", arg);
+        return 0;
+    case OPT_SHM:
+        a->opts.shm = 1;
         return 0;
     case OPT_WINDOW:
         if (!parse_i64(arg, 1, TALLY_MAX_WINDOW, &v))

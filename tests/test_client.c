@@ -662,7 +662,8 @@ static const unsigned windows[] = {1, 3, 8};
 static tally_run_opts_t run_opts(size_t n, size_t ci)
 {
     size_t chunk = chunks[ci], floor = 4 * n / 200;
-    tally_run_opts_t opts = {chunk && chunk < floor ? floor : chunk, windows[ci % 3]};
+    tally_run_opts_t opts = {.chunk_bytes = chunk && chunk < floor ? floor : chunk,
+                             .window = windows[ci % 3]};
     return opts;
 }
 
