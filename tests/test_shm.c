@@ -552,12 +552,21 @@ static void test_dead_producer(void **state)
     stop(&d);
 }
 
+/* Off through the configuration file (with io_threads, the other setting of this work). */
 static void test_shm_off(void **state)
 {
     (void)state;
+    char conf[64];
+    snprintf(conf, sizeof conf, "/tmp/tallyd-shm-test-%d.conf", (int)getpid());
+    FILE *f = fopen(conf, "w");
+    assert_non_null(f);
+    fputs("[server]\nio_threads = 3\n[shm]\nenabled = off\nmax_bytes = 1M\n", f);
+    fclose(f);
     th_daemon_t d;
-    static const char *const args[] = {"--shm", "off", NULL};
+    const char *const args[] = {"--config", conf, NULL};
     start(&d, args);
+    unlink(conf);
+    assert_true(th_daemon_log_contains(&d, "3 ZeroMQ I/O threads"));
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new(d.endpoint, 5000, &c), TALLY_OK);
     char *info = NULL;
