@@ -261,9 +261,9 @@ void td_exec_destroy(td_exec_t **self_p)
     *self_p = NULL;
 }
 
-static bool exec_region_register(void *ctx, void *base, size_t size)
+static bool exec_region_register(void *ctx, void *base, size_t size, bool read_only)
 {
-    return td_gpu_region_register(ctx, base, size);
+    return td_gpu_region_register(ctx, base, size, read_only);
 }
 
 static void exec_region_unregister(void *ctx, void *base)

@@ -528,9 +528,9 @@ bool td_gpu_lane_usable(const td_gpu_t *g, const void *lane)
     return lane && !atomic_load(&((const lane_t *)lane)->dev->dead);
 }
 
-bool td_gpu_region_register(td_gpu_t *g, void *base, size_t size)
+bool td_gpu_region_register(td_gpu_t *g, void *base, size_t size, bool read_only)
 {
-    tally_status_t st = g->engine->region_register(g->engine->ctx, base, size);
+    tally_status_t st = g->engine->region_register(g->engine->ctx, base, size, read_only);
     if (st != TALLY_OK)
         td_warn("cannot register a shared-memory region of %zu bytes with %s (%s): its requests "
                 "go through staging",

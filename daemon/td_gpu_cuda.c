@@ -244,10 +244,11 @@ static tally_status_t cuda_lane_check(void *lane)
 /* Once per region, on the loop thread: portable, so the lanes of every device copy from it.
  * (cudaHostRegister of 1 GiB took 52-55 ms on the H100 host, which is why it is never done per
  * request.) */
-static tally_status_t cuda_region_register(void *ctx, void *base, size_t size)
+static tally_status_t cuda_region_register(void *ctx, void *base, size_t size, bool read_only)
 {
     (void)ctx;
-    return tk_cuda_status(cudaHostRegister(base, size, cudaHostRegisterPortable));
+    unsigned flags = cudaHostRegisterPortable | (read_only ? cudaHostRegisterReadOnly : 0);
+    return tk_cuda_status(cudaHostRegister(base, size, flags));
 }
 
 static void cuda_region_unregister(void *ctx, void *base)

@@ -90,9 +90,10 @@ struct td_gpu_engine {
      * TALLY_E_BACKEND then, TALLY_OK when it is still running or finished. */
     tally_status_t (*lane_check)(void *lane);
     /* Registers host memory (a shared-memory region) once for direct copies by every device:
-     * cudaHostRegister for cuda, nothing for sim. TALLY_E_BACKEND when it cannot. Called on the
+     * cudaHostRegister for cuda (read_only: a read-only mapping, which the device only reads),
+     * nothing for sim. TALLY_E_BACKEND when it cannot. Called on the
      * loop thread, never per request. */
-    tally_status_t (*region_register)(void *ctx, void *base, size_t size);
+    tally_status_t (*region_register)(void *ctx, void *base, size_t size, bool read_only);
     void (*region_unregister)(void *ctx, void *base);
     /* The last error's description on this thread. */
     const char *(*error_string)(void);

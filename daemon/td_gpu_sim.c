@@ -175,9 +175,10 @@ static tally_status_t sim_lane_check(void *lane)
 }
 
 /* Host memory is what the simulated device reads: nothing to register. */
-static tally_status_t sim_region_register(void *ctx, void *base, size_t size)
+static tally_status_t sim_region_register(void *ctx, void *base, size_t size, bool read_only)
 {
     (void)ctx;
+    (void)read_only;
     (void)base;
     (void)size;
     return TALLY_OK;

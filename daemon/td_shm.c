@@ -314,7 +314,7 @@ static bool do_register(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_msg_t *
                            .id_len = m->id_len};
     memcpy(r->id, m->id, m->id_len);
     if (shm->env.region_register)
-        r->device_registered = shm->env.region_register(shm->env.ctx, base, size);
+        r->device_registered = shm->env.region_register(shm->env.ctx, base, size, !writable);
     r->next = shm->regions;
     shm->regions = r;
     shm->region_count++;

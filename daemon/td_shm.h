@@ -42,7 +42,7 @@ typedef struct td_shm_region {
 typedef struct {
     uv_loop_t *loop;
     const td_config_t *cfg; /* live: the allow lists and quotas apply at each registration */
-    bool (*region_register)(void *ctx, void *base, size_t size);
+    bool (*region_register)(void *ctx, void *base, size_t size, bool read_only);
     void (*region_unregister)(void *ctx, void *base);
     void *ctx;
 } td_shm_env_t;
