@@ -677,13 +677,10 @@ static tally_status_t side_connect(tally_client_t *self)
     return TALLY_OK;
 }
 
-/* Sends one side-channel message (with `fd` attached when >= 0) and waits for its answer. */
-static tally_status_t side_call(tally_client_t *self, const tally_shm_msg_t *m, int fd,
-                                tally_shm_answer_t *answer)
+void tally__side_send(int sock, const tally_shm_msg_t *m, int fd)
 {
-    uint8_t buf[TALLY_SHM_ANSWER_SIZE + TALLY_ERROR_MESSAGE_MAX + TALLY_SHM_ROUTING_ID_MAX];
-    size_t len = tally_shm_msg_encode(m, buf);
-    struct iovec iov = {.iov_base = buf, .iov_len = len};
+    uint8_t buf[TALLY_SHM_MSG_HEADER + TALLY_SHM_ROUTING_ID_MAX];
+    struct iovec iov = {.iov_base = buf, .iov_len = tally_shm_msg_encode(m, buf)};
     union {
         struct cmsghdr align;
         char space[CMSG_SPACE(sizeof(int))];
@@ -699,7 +696,15 @@ static tally_status_t side_call(tally_client_t *self, const tally_shm_msg_t *m, 
         memcpy(CMSG_DATA(cm), &fd, sizeof fd);
     }
     /* A refused peer may be disconnected before its send: its answer is still readable. */
-    (void)sendmsg(self->side_fd, &mh, MSG_NOSIGNAL);
+    (void)sendmsg(sock, &mh, MSG_NOSIGNAL);
+}
+
+/* Sends one side-channel message (with `fd` attached when >= 0) and waits for its answer. */
+static tally_status_t side_call(tally_client_t *self, const tally_shm_msg_t *m, int fd,
+                                tally_shm_answer_t *answer)
+{
+    uint8_t buf[TALLY_SHM_ANSWER_SIZE + TALLY_ERROR_MESSAGE_MAX];
+    tally__side_send(self->side_fd, m, fd);
     struct pollfd p = {.fd = self->side_fd, .events = POLLIN};
     int rc = poll(&p, 1, self->timeout_ms);
     ssize_t n = rc > 0 ? recv(self->side_fd, buf, sizeof buf, MSG_DONTWAIT) : -1;

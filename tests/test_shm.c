@@ -35,6 +35,7 @@
 
 #include "harness.h"
 #include "tally.h"
+#include "tally_internal.h"
 
 #define N_ELEMS 70001 /* odd, so no chunking or vector width divides it */
 
@@ -220,23 +221,8 @@ static uint32_t side_send(int side, uint8_t op, const char *id, uint64_t handle,
         m.id_len = (uint8_t)strlen(id);
         memcpy(m.id, id, m.id_len);
     }
-    uint8_t buf[TALLY_SHM_ANSWER_SIZE + TALLY_ERROR_MESSAGE_MAX + TALLY_SHM_ROUTING_ID_MAX];
-    struct iovec iov = {.iov_base = buf, .iov_len = tally_shm_msg_encode(&m, buf)};
-    union {
-        struct cmsghdr align;
-        char space[CMSG_SPACE(sizeof(int))];
-    } control;
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (fd >= 0) {
-        mh.msg_control = control.space;
-        mh.msg_controllen = sizeof control.space;
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(cm), &fd, sizeof fd);
-    }
-    (void)sendmsg(side, &mh, MSG_NOSIGNAL);
+    tally__side_send(side, &m, fd);
+    uint8_t buf[TALLY_SHM_ANSWER_SIZE + TALLY_ERROR_MESSAGE_MAX];
     ssize_t n = recv(side, buf, sizeof buf, 0);
     assert_true(n >= TALLY_SHM_ANSWER_SIZE);
     assert_int_equal(tally_shm_answer_decode(buf, (size_t)n, &ans->a), TALLY_OK);
