@@ -43,6 +43,11 @@
 #define TD_GPU_MIN_BATCH_HIST (64u << 10)
 #define TD_GPU_MIN_BATCH_FILTER (4u << 20)
 #define TD_GPU_MIN_BATCH_SCAN SIZE_MAX
+/* A shared-memory request whose input (and, for filter and scan, output) is a region registered
+ * with the GPU skips both host copies that pushed filter's and scan's crossover to 4 MiB and
+ * beyond; what is left is hist's case (fixed costs, a small reply), so it takes hist's 64 KiB.
+ * Not measured on its own yet (bench/loadgen --shm-out on the GPU host). */
+#define TD_GPU_MIN_BATCH_SHM (64u << 10)
 /* ZeroMQ I/O threads (--io-threads; 0 = from the core count): min(4, cores / 4), at least 1.
  * ZeroMQ's guide budgets one I/O thread per ~1 GB/s; measured on the 16-core H100 host, 8
  * producers fanning 1 MiB requests into one ROUTER moved 4.8 GB/s with 1 I/O thread and 14.3 with

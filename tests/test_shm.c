@@ -572,6 +572,45 @@ static void test_dead_producer(void **state)
     stop(&d);
 }
 
+/* Auto mode: a scan with its input and output in registered regions goes to the GPU from
+ * TD_GPU_MIN_BATCH_SHM; by payload, or without an output region, it stays on the CPU. Each GPU
+ * request is made to fail (--test-fault-every 1), so the fallback counter counts them. */
+static void test_auto_routing(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    static const char *const args[] = {
+        "--backend", "auto", "--test-sim-gpus", "1", "--test-fault-every", "1", NULL};
+    start(&d, args);
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(d.endpoint, 10000, &c), TALLY_OK);
+    tally_region_t *region = NULL;
+    assert_int_equal(tally_region_create(c, 1 << 20, &region), TALLY_OK);
+    size_t len = 256 << 10;
+    fill_random(tally_region_data(region), len);
+    tally_req_t req = {
+        .version = TALLY_PROTO_VERSION, .opcode = TALLY_OP_SCAN, .dtype = TALLY_DTYPE_I32};
+    tally_reply_t a, b, o;
+    tally_reply_init(&a);
+    tally_reply_init(&b);
+    tally_reply_init(&o);
+    const char *fallbacks = "tallyd_backend_fallbacks_total ";
+    assert_int_equal(tally_call(c, &req, tally_region_data(region), len, &a), TALLY_OK);
+    assert_int_equal(tally_call_shm(c, &req, region, 0, len, NULL, 0, &b), TALLY_OK);
+    assert_int_equal(stat_value(d.endpoint, fallbacks), 0); /* both on the CPU */
+    assert_int_equal(tally_call_shm(c, &req, region, 0, len, region, len, &o), TALLY_OK);
+    assert_int_equal(stat_value(d.endpoint, fallbacks), 1); /* on the GPU (then rerun) */
+    assert_memory_equal((uint8_t *)tally_region_data(region) + len, a.payload, a.len);
+    assert_memory_equal(b.payload, a.payload, a.len);
+    assert_int_equal(o.rep.aux0, a.rep.aux0);
+    tally_reply_clear(&a);
+    tally_reply_clear(&b);
+    tally_reply_clear(&o);
+    tally_region_destroy(&region);
+    tally_client_destroy(&c);
+    stop(&d);
+}
+
 /* Off through the configuration file (with io_threads, the other setting of this work). */
 static void test_shm_off(void **state)
 {
@@ -615,7 +654,7 @@ int main(void)
         cmocka_unit_test(test_identical_cpu), cmocka_unit_test(test_identical_gpu),
         cmocka_unit_test(test_bad_refs),      cmocka_unit_test(test_side_channel_refusals),
         cmocka_unit_test(test_quotas),        cmocka_unit_test(test_dead_producer),
-        cmocka_unit_test(test_shm_off),
+        cmocka_unit_test(test_auto_routing),  cmocka_unit_test(test_shm_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
