@@ -30,6 +30,7 @@ void td_config_init(td_config_t *cfg)
     cfg->shm = TD_DEFAULT_SHM;
     cfg->shm_max_regions_per_peer = TD_DEFAULT_SHM_MAX_REGIONS_PER_PEER;
     cfg->shm_max_bytes = TD_DEFAULT_SHM_MAX_BYTES;
+    cfg->shm_socket_gid = -1;
 }
 
 unsigned td_config_io_threads(const td_config_t *cfg)
@@ -227,6 +228,8 @@ void td_config_usage(const char *argv0)
            "      --shm-socket PATH   its side channel (default: the runtime directory's\n"
            "                          %s: $RUNTIME_DIRECTORY, /run/tallyd as root,\n"
            "                          $XDG_RUNTIME_DIR, else /tmp/tallyd-UID)\n"
+           "      --shm-socket-group G  the socket's group (name or number; tallyd must be in\n"
+           "                          it), so its members can connect (default tallyd's)\n"
            "      --shm-allow-uids L  users (names or numbers, comma-separated) allowed besides\n"
            "                          tallyd's own\n"
            "      --shm-allow-gids L  groups allowed (the peer's primary or supplementary)\n"
@@ -260,6 +263,7 @@ enum {
     OPT_IO_THREADS,
     OPT_SHM,
     OPT_SHM_SOCKET,
+    OPT_SHM_SOCKET_GROUP,
     OPT_SHM_ALLOW_UIDS,
     OPT_SHM_ALLOW_GIDS,
     OPT_SHM_MAX_REGIONS,
@@ -294,6 +298,7 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
         {"io-threads", required_argument, NULL, OPT_IO_THREADS},
         {"shm", required_argument, NULL, OPT_SHM},
         {"shm-socket", required_argument, NULL, OPT_SHM_SOCKET},
+        {"shm-socket-group", required_argument, NULL, OPT_SHM_SOCKET_GROUP},
         {"shm-allow-uids", required_argument, NULL, OPT_SHM_ALLOW_UIDS},
         {"shm-allow-gids", required_argument, NULL, OPT_SHM_ALLOW_GIDS},
         {"shm-max-regions-per-peer", required_argument, NULL, OPT_SHM_MAX_REGIONS},
@@ -404,6 +409,13 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
                 goto bad;
             cfg->shm_socket_explicit = cfg->shm_socket != NULL;
             break;
+        case OPT_SHM_SOCKET_GROUP: {
+            unsigned gid = 0;
+            if (optarg[0] && !parse_id(optarg, true, &gid))
+                goto bad;
+            cfg->shm_socket_gid = optarg[0] ? (int)gid : -1;
+            break;
+        }
         case OPT_SHM_ALLOW_UIDS:
             if (parse_id_list(optarg, false, cfg->shm_allow_uids, &cfg->shm_allow_uid_count) !=
                 TALLY_OK)

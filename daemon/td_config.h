@@ -106,6 +106,7 @@ typedef struct {
     bool shm;                  /* offer shared-memory input (td_shm.c) */
     char *shm_socket;          /* owned; the side channel's path; NULL = the default */
     bool shm_socket_explicit;  /* set by the file or command line: failing to bind is fatal */
+    int shm_socket_gid;        /* the socket's group (tallyd must be a member); -1 = tallyd's */
     unsigned shm_allow_uids[TD_SHM_ALLOW_MAX]; /* besides tallyd's own uid */
     unsigned shm_allow_uid_count;
     unsigned shm_allow_gids[TD_SHM_ALLOW_MAX];

@@ -54,6 +54,7 @@ static const td_config_key_t config_keys[] = {
     {"gpu", "min_batch", "--gpu-min-batch"},
     {"shm", "enabled", "--shm"},
     {"shm", "socket", "--shm-socket"},
+    {"shm", "socket_group", "--shm-socket-group"},
     {"shm", "allow_uids", "--shm-allow-uids"},
     {"shm", "allow_gids", "--shm-allow-gids"},
     {"shm", "max_regions_per_peer", "--shm-max-regions-per-peer"},
@@ -299,6 +300,8 @@ bool td_config_apply_runtime(td_config_t *live, const td_config_t *next)
         log_ignored("shm enabled");
     if (!same_string(live->shm_socket, next->shm_socket))
         log_ignored("shm socket");
+    if (live->shm_socket_gid != next->shm_socket_gid)
+        log_ignored("shm socket_group");
     if (!changed)
         td_notice("reload: no run-time setting changed");
     return changed;

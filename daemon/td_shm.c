@@ -14,9 +14,9 @@
  *
  * Who may register: the connection's SO_PEERCRED (the kernel's record of the peer, not a claim
  * of the peer) must show tallyd's own uid, a uid of shm_allow_uids, or a primary or (through
- * SO_PEERGROUPS) supplementary gid of shm_allow_gids; the socket's mode (0660) is the first
- * gate, this is the second. A refused peer gets an answer saying why to its first message and
- * is disconnected.
+ * SO_PEERGROUPS) supplementary gid of shm_allow_gids; the socket's mode (0660, group
+ * shm_socket_group when set) is the first gate, this is the second. A refused peer gets an answer
+ * saying why to its first message and is disconnected.
  *
  * What may be registered: only a memfd sealed with F_SEAL_SHRINK | F_SEAL_GROW. The seals are
  * what make the mapping safe to read: a file that the producer could truncate would turn
@@ -519,6 +519,12 @@ static tally_status_t bind_socket(td_shm_t *shm, char *why, size_t cap)
     if (shm->listen_fd < 0 || bind(shm->listen_fd, (struct sockaddr *)&addr, sizeof addr) != 0 ||
         chmod(shm->path, TD_SHM_SOCKET_MODE) != 0 || listen(shm->listen_fd, 64) != 0) {
         snprintf(why, cap, "cannot listen on %s: %s", shm->path, strerror(errno));
+        return TALLY_E_PARAM;
+    }
+    int gid = shm->env.cfg->shm_socket_gid;
+    if (gid >= 0 && chown(shm->path, (uid_t)-1, (gid_t)gid) != 0) {
+        snprintf(why, cap, "cannot give %s to group %d (is tallyd a member?): %s", shm->path, gid,
+                 strerror(errno));
         return TALLY_E_PARAM;
     }
     return TALLY_OK;
