@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -479,9 +480,22 @@ static void test_quotas(void **state)
 {
     (void)state;
     th_daemon_t d;
-    static const char *const args[] = {"--shm-max-regions-per-peer", "2", "--shm-max-bytes", "1M",
-                                       NULL};
+    /* And the socket's group: any group for root, our own otherwise (chown's rule). */
+    char group[16];
+    unsigned gid = geteuid() == 0 ? 4242 : (unsigned)getegid();
+    snprintf(group, sizeof group, "%u", gid);
+    const char *const args[] = {"--shm-max-regions-per-peer",
+                                "2",
+                                "--shm-max-bytes",
+                                "1M",
+                                "--shm-socket-group",
+                                group,
+                                NULL};
     start(&d, args);
+    struct stat st;
+    assert_int_equal(stat(sock_path, &st), 0);
+    assert_int_equal(st.st_gid, gid);
+    assert_int_equal(st.st_mode & 0777, 0660);
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new(d.endpoint, 5000, &c), TALLY_OK);
     tally_region_t *r1 = NULL, *r2 = NULL, *r3 = NULL;
