@@ -58,9 +58,16 @@ static void start(th_daemon_t *d, const char *const *extra)
     assert_int_equal(th_daemon_start(d, argv), 0);
 }
 
+/* Stops tallyd and removes what it leaves of the side channel (the lock file, the directory). */
 static void stop(th_daemon_t *d)
 {
     assert_int_equal(th_daemon_stop(d, SIGTERM, 20000), 0);
+    char path[sizeof sock_path + 8];
+    snprintf(path, sizeof path, "%s.lock", sock_path);
+    unlink(path);
+    snprintf(path, sizeof path, "%s", sock_path);
+    *strrchr(path, '/') = '\0';
+    rmdir(path);
 }
 
 static uint64_t stat_value(const char *endpoint, const char *name)
