@@ -22,6 +22,12 @@
  * order; on the CPU they run one at a time; requests without a stream run concurrently. Replies are
  * matched to requests by request_id, so they may leave in a different order than requests arrived.
  *
+ * Shared memory: a filter, scan or hist with TALLY_FLAG_SHM_REF carries a reference instead of
+ * its batch; handle_message resolves it against the regions producers registered over the side
+ * channel (td_shm.h, also served on this loop), and from then on the request's payload simply
+ * points into the producer's mapping (and out_ptr at its output range), so the executor and
+ * backends need nothing else. The request holds the regions until it is destroyed.
+ *
  * Bounded memory: every request counts against max_inflight from the moment it is read until
  * its reply is handed to ZeroMQ. At the limit pump() stops reading, ZeroMQ's receive
  * high-water mark fills and TCP pushes back on producers: nothing is dropped. ROUTER_MANDATORY
