@@ -949,6 +949,9 @@ typedef struct {
     size_t elem_size;
     size_t chunk_bytes;
     uint64_t chunks;
+    uint64_t first;  /* the first chunk sent: chunks before it were skipped (applied already) */
+    uint64_t merged; /* chunks acknowledged and merged, in order, from `first` */
+    bool sequenced;  /* chunk k carries seq res->seq_base + 1 + k */
     unsigned window;
     run_slot_t *slots;
     tally_buf_t *out;
@@ -1065,6 +1068,8 @@ static tally_status_t run_send(run_t *run, uint64_t k)
     run_slot_t *slot = &run->slots[k % run->window];
     const uint8_t *chunk = run->input ? run->input + (size_t)k * run->chunk_bytes : NULL;
     size_t len = chunk_len(run, k);
+    tally_req_t wire = *run->req;
+    wire.seq = run->sequenced ? run->res->seq_base + 1 + k : 0;
     tally_status_t status;
     if (run->region) { /* the chunk's slice is free: its previous chunk has been merged */
         size_t slice = (size_t)(k % run->window);
@@ -1072,11 +1077,11 @@ static tally_status_t run_send(run_t *run, uint64_t k)
         if (len)
             memcpy(base + slice * run->in_slice, chunk, len);
         status =
-            tally_send_shm(run->client, run->req, run->region, slice * run->in_slice, len,
+            tally_send_shm(run->client, &wire, run->region, slice * run->in_slice, len,
                            run->out_slice ? run->region : NULL,
                            run->window * run->in_slice + slice * run->out_slice, &slot->request_id);
     } else {
-        status = tally_send(run->client, run->req, chunk, len, &slot->request_id);
+        status = tally_send(run->client, &wire, chunk, len, &slot->request_id);
     }
     if (status != TALLY_OK)
         return run_fail(run, status, run->client->error);
@@ -1096,8 +1101,13 @@ static tally_status_t run_receive(run_t *run, tally_reply_t *reply)
         run_slot_t *slot = &run->slots[i];
         if (!slot->in_flight || slot->request_id != reply->rep.request_id)
             continue;
-        if (status != TALLY_OK)
+        if (status != TALLY_OK) {
+            if (status == TALLY_E_DUPLICATE || status == TALLY_E_SEQ_GAP) {
+                run->res->last_seq = reply->rep.aux0; /* the stream's position, exactly */
+                run->res->applied_known = true;
+            }
             return run_fail(run, status, reply->error);
+        }
         slot->in_flight = false;
         slot->done = true;
         slot->reply = *reply; /* the slot takes over the payload */
@@ -1110,7 +1120,7 @@ static tally_status_t run_receive(run_t *run, tally_reply_t *reply)
 
 static tally_status_t run_loop(run_t *run)
 {
-    uint64_t next_send = 0, next_merge = 0;
+    uint64_t next_send = run->first, next_merge = run->first;
     tally_reply_t reply;
     tally_reply_init(&reply);
     tally_status_t status = TALLY_OK;
@@ -1135,6 +1145,7 @@ static tally_status_t run_loop(run_t *run)
             if (status != TALLY_OK)
                 goto out;
             next_merge++;
+            run->merged++;
         }
     }
 out:
@@ -1202,6 +1213,60 @@ static tally_status_t run_prepare(run_t *run, const tally_run_opts_t *opts)
     return TALLY_OK;
 }
 
+/* The stream's last_seq, or 0 for a stream that does not exist (yet). */
+static tally_status_t stream_last_seq(tally_client_t *self, const char *stream, uint64_t *last)
+{
+    tally_stream_info_t info;
+    tally_status_t status = tally_query(self, stream, &info);
+    *last = status == TALLY_OK ? info.last_seq : 0;
+    return status == TALLY_E_UNKNOWN_STREAM ? TALLY_OK : status;
+}
+
+/* Sequence numbers: where the push starts (seq_base) and which chunks the stream has already. */
+static tally_status_t run_sequence(run_t *run, const tally_run_opts_t *opts)
+{
+    tally_run_result_t *res = run->res;
+    if (!opts || opts->seq == TALLY_RUN_SEQ_OFF)
+        return TALLY_OK;
+    if (!run->req->stream_len)
+        return run_fail(run, TALLY_E_ARG, "sequence numbers need a stream");
+    uint64_t last = 0;
+    tally_status_t status = stream_last_seq(run->client, run->req->stream, &last);
+    if (status != TALLY_OK)
+        return run_fail(run, status, run->client->error);
+    run->sequenced = true;
+    res->seq_base = opts->seq == TALLY_RUN_SEQ_RESUME ? opts->seq_base : last;
+    if (last > res->seq_base) /* resuming: these chunks are in the stream already */
+        run->first = last - res->seq_base < run->chunks ? last - res->seq_base : run->chunks;
+    res->skipped = run->first;
+    res->input_chunks = run->chunks;
+    return TALLY_OK;
+}
+
+/* After a sequenced run: how many chunks of the input the stream holds. A failed run asks the
+ * daemon unless a duplicate or sequence_gap reply said it already; if it cannot be asked, the
+ * chunks acknowledged are a lower bound. Every chunk counts once, whatever the replies. */
+static void run_account(run_t *run, tally_status_t status)
+{
+    tally_run_result_t *res = run->res;
+    if (!run->sequenced)
+        return;
+    if (status == TALLY_OK) {
+        res->last_seq = res->seq_base + run->chunks;
+        res->applied_known = true;
+    } else if (!res->applied_known) {
+        char error[sizeof res->error];
+        memcpy(error, res->error, sizeof error); /* the query must not hide the first failure */
+        res->applied_known =
+            stream_last_seq(run->client, run->req->stream, &res->last_seq) == TALLY_OK;
+        memcpy(run->client->error, error, sizeof error);
+        if (!res->applied_known)
+            res->last_seq = res->seq_base + run->first + run->merged;
+    }
+    uint64_t applied = res->last_seq > res->seq_base ? res->last_seq - res->seq_base : 0;
+    res->applied = applied < run->chunks ? applied : run->chunks;
+}
+
 tally_status_t tally_run(tally_client_t *self, const tally_req_t *req, const void *input,
                          size_t len, const tally_run_opts_t *opts, tally_buf_t *out,
                          tally_run_result_t *result)
@@ -1221,10 +1286,13 @@ tally_status_t tally_run(tally_client_t *self, const tally_req_t *req, const voi
                  .out_base = out->len,
                  .res = result};
     tally_status_t status = run_prepare(&run, opts);
+    if (status == TALLY_OK)
+        status = run_sequence(&run, opts);
     if (status != TALLY_OK)
         goto out;
     result->elements = len / run.elem_size;
     status = run_loop(&run);
+    run_account(&run, status);
 
 out:
     if (run.slots) {

@@ -29,6 +29,7 @@
 #ifndef TALLY_H
 #define TALLY_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -164,12 +165,25 @@ void tally_buf_free(tally_buf_t *buf);
 tally_status_t tally_buf_reserve(tally_buf_t *buf, size_t extra);
 tally_status_t tally_buf_append(tally_buf_t *buf, const void *data, size_t len);
 
+/* How tally_run numbers the chunks it sends on a stream (PROTOCOL.md, "Sequence numbers"). */
+typedef enum {
+    TALLY_RUN_SEQ_OFF = 0, /* no sequence numbers: a chunk resent by anyone is applied again */
+    /* A new push: query the stream's last_seq L (0 for a stream that does not exist yet) and
+     * send chunk k as seq L + 1 + k. */
+    TALLY_RUN_SEQ_APPEND,
+    /* Continue a push that started at seq_base: chunk k is seq seq_base + 1 + k; the chunks
+     * the stream has applied already (seq <= its last_seq) are skipped, not sent again. */
+    TALLY_RUN_SEQ_RESUME,
+} tally_run_seq_t;
+
 typedef struct {
     size_t chunk_bytes; /* 0: TALLY_DEFAULT_CHUNK_BYTES; rounded down to whole elements */
     unsigned window;    /* requests in flight; 0: TALLY_DEFAULT_WINDOW; at most TALLY_MAX_WINDOW */
     int shm; /* non-zero: send the chunks through a shared-memory region used as a ring of
               * `window` slices (tally_region_create), filter and scan output through a second
               * ring in the same region; same output as without */
+    tally_run_seq_t seq; /* with a stream only; TALLY_RUN_SEQ_OFF without one */
+    uint64_t seq_base;   /* TALLY_RUN_SEQ_RESUME: the base the push started with */
 } tally_run_opts_t;
 
 /* What tally_run learnt besides the output. */
@@ -180,6 +194,18 @@ typedef struct {
     uint64_t seen;       /* filter: elements seen */
     int64_t carry;       /* scan: running total after the last element (stream or not) */
     uint64_t hist_total; /* hist: elements histogrammed */
+    /* With sequence numbers: chunk k was sent as seq seq_base + 1 + k; `applied` chunks of the
+     * input are in the stream (all of them on success; on failure the stream's last_seq minus
+     * seq_base, as the daemon reported it in a duplicate or sequence_gap reply or a query after
+     * the failure, or, when it could not be asked, the chunks acknowledged), of which `skipped`
+     * were applied before this call (TALLY_RUN_SEQ_RESUME) and not sent; last_seq is the
+     * stream's last_seq as far as known (seq_base + applied). A chunk is never counted twice. */
+    uint64_t input_chunks; /* chunks the input is cut into (set once sequence numbers are known) */
+    uint64_t seq_base;
+    uint64_t applied;
+    uint64_t skipped;
+    uint64_t last_seq;
+    bool applied_known; /* false: the daemon could not be asked; applied is a lower bound */
     tally_status_t status;
     char error[TALLY_ERROR_MESSAGE_MAX + 1]; /* why it failed, "" on success */
 } tally_run_result_t;
@@ -196,7 +222,15 @@ typedef struct {
  *   hist:   256 (u8) or 258 (i32: bins, underflow, overflow) uint64 counts of this input,
  *           summed over chunks (with a stream, the stream's running histogram grows too).
  * `opts` and `result` may be NULL. On failure, `out` holds what was produced so far and
- * result->error says why; replies still in flight are ignored by later calls. */
+ * result->error says why; replies still in flight are ignored by later calls.
+ *
+ * With opts->seq on a stream, every chunk carries a sequence number, so no chunk is ever
+ * applied twice, even across a daemon restart: the call ends with every chunk applied once,
+ * or with an error (sequence_gap when a chunk before it was lost, shutdown, timeout, ...) and
+ * result->applied saying how many were; TALLY_RUN_SEQ_RESUME with result->seq_base continues
+ * from there. A duplicate reply is counted once, as applied, and stops the call (someone else
+ * pushes to the stream). With skipped chunks, `out` holds only the output of the chunks sent
+ * (a scan's sums continue from the stream's carry, so it is the rest of the whole output). */
 tally_status_t tally_run(tally_client_t *self, const tally_req_t *req, const void *input,
                          size_t len, const tally_run_opts_t *opts, tally_buf_t *out,
                          tally_run_result_t *result);

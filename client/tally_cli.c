@@ -11,7 +11,8 @@
  * Exit status, one meaning each so scripts can tell failures apart:
  *   0 success; 1 the daemon replied with an error; 2 usage or input error (bad option, bad
  *   number, unreadable file, a --text token out of range); 3 no usable reply (timeout,
- *   transport failure, undecodable reply). Every error prints one line on stderr, "tally: ...".
+ *   transport failure, undecodable reply). Every error prints one line on stderr, "tally: ...";
+ *   a push with sequence numbers that stopped adds a second, naming what the stream holds.
  */
 #include "tally.h"
 
@@ -391,6 +392,7 @@ typedef struct {
     const char *in;
     const char *out;
     bool text;
+    bool no_seq;
     tally_run_opts_t opts;
     tally_req_t req;
 } data_args_t;
@@ -404,6 +406,8 @@ enum {
     OPT_CHUNK,
     OPT_WINDOW,
     OPT_SHM,
+    OPT_SEQ_BASE,
+    OPT_NO_SEQ,
     OPT_TYPE,
     OPT_GT,
     OPT_GE,
@@ -424,7 +428,8 @@ enum {
         {"out", required_argument, NULL, OPT_OUT}, {"text", no_argument, NULL, OPT_TEXT},          \
         {"chunk", required_argument, NULL, OPT_CHUNK},                                             \
         {"window", required_argument, NULL, OPT_WINDOW}, {"help", no_argument, NULL, OPT_HELP},    \
-        {"shm", no_argument, NULL, OPT_SHM}, {"endpoint", required_argument, NULL, 'e'},           \
+        {"shm", no_argument, NULL, OPT_SHM}, {"seq-base", required_argument, NULL, OPT_SEQ_BASE},  \
+        {"no-seq", no_argument, NULL, OPT_NO_SEQ}, {"endpoint", required_argument, NULL, 'e'},     \
     {                                                                                              \
         "timeout", required_argument, NULL, 't'                                                    \
     }
@@ -440,6 +445,10 @@ enum {
     "  --window N      keep N chunks in flight (1-256, default 8)\n"                               \
     "  --shm           pass the chunks through shared memory (tallyd on this host; the same\n"     \
     "                  output)\n"                                                                  \
+    "  --seq-base N    with --stream: continue a push that stopped; N is the seq base it\n"        \
+    "                  printed (chunks the stream already has are skipped, not sent again)\n"      \
+    "  --no-seq        with --stream: send chunks without sequence numbers (several\n"             \
+    "                  producers on one stream); a resent chunk is then applied twice\n"           \
     "  -e, --endpoint E, -t, --timeout MS   as before the command\n"                               \
     "  -h, --help      show this help\n"
 
@@ -476,9 +485,45 @@ static int data_option(data_args_t *a, int opt, const char *arg)
                                TALLY_MAX_WINDOW);
         a->opts.window = (unsigned)v;
         return 0;
+    case OPT_SEQ_BASE:
+        if (!parse_i64(arg, 0, INT64_MAX, &v))
+            return usage_error(a->cmd, "--seq-base: '%s' is not a number >= 0", arg);
+        a->opts.seq = TALLY_RUN_SEQ_RESUME;
+        a->opts.seq_base = (uint64_t)v;
+        return 0;
+    case OPT_NO_SEQ:
+        a->no_seq = true;
+        return 0;
     default:
         return 1;
     }
+}
+
+/* A push on a stream numbers its chunks (PROTOCOL.md, "Sequence numbers"), so a chunk is never
+ * applied twice, whatever happens to tallyd meanwhile; --no-seq turns that off. */
+static int connect_sequenced(cli_t *cli, data_args_t *a, tally_client_t **client)
+{
+    if (a->no_seq && a->opts.seq == TALLY_RUN_SEQ_RESUME)
+        return usage_error(a->cmd, "--seq-base and --no-seq exclude each other");
+    if (!a->req.stream_len && a->opts.seq == TALLY_RUN_SEQ_RESUME)
+        return usage_error(a->cmd, "--seq-base needs --stream");
+    if (a->req.stream_len && !a->no_seq && a->opts.seq == TALLY_RUN_SEQ_OFF)
+        a->opts.seq = TALLY_RUN_SEQ_APPEND;
+    return connect_client(cli, client);
+}
+
+/* After a sequenced push stopped: which chunks the stream holds, and how to continue. */
+static void report_stopped(const data_args_t *a, const tally_run_result_t *res)
+{
+    if (a->opts.seq == TALLY_RUN_SEQ_OFF || res->input_chunks == 0)
+        return; /* not sequenced, or it stopped before sending anything */
+    errorf("%s: stopped: %s%" PRIu64 " of %" PRIu64
+           " chunks applied (stream '%s' is at seq %" PRIu64
+           ", this input's chunks are seq %" PRIu64 "..%" PRIu64
+           ")%s; re-run with --seq-base %" PRIu64 " to continue",
+           a->cmd, res->applied_known ? "" : "at least ", res->applied, res->input_chunks,
+           a->req.stream, res->last_seq, res->seq_base + 1, res->seq_base + res->input_chunks,
+           res->applied_known ? "" : " (tallyd could not be asked)", res->seq_base);
 }
 
 /* Reads the input, runs the request over it in chunks, and leaves the result in `out`. */
@@ -506,12 +551,14 @@ static int run_data(cli_t *cli, data_args_t *a, tally_buf_t *out, tally_run_resu
         rc = EXIT_USAGE;
         goto out;
     }
-    rc = connect_client(cli, &client);
+    rc = connect_sequenced(cli, a, &client);
     if (rc)
         goto out;
     tally_status_t status = tally_run(client, &a->req, input->data, input->len, &a->opts, out, res);
-    if (status != TALLY_OK)
+    if (status != TALLY_OK) {
         rc = report(status, a->cmd, res->error);
+        report_stopped(a, res);
+    }
 out:
     tally_client_destroy(&client);
     input_free(&raw);
@@ -822,7 +869,7 @@ static const char QUERY_HELP[] =
     "\n"
     "Print a stream's counters as 'key value' lines (batches, elements, bytes, filter_seen,\n"
     "filter_kept, scan_carry, scan_elements, hist_type, hist_lo, hist_hi, hist_underflow,\n"
-    "hist_overflow, hist_total), then its running histogram as 256 'bin count' lines\n"
+    "hist_overflow, hist_total, last_seq), then its running histogram as 256 'bin count' lines\n"
     "(all bins, zeros included, so the output always has the same shape).\n";
 
 static int cmd_query(cli_t *cli, int argc, char **argv)
@@ -853,6 +900,7 @@ static int cmd_query(cli_t *cli, int argc, char **argv)
            info.hist_lo, info.hist_hi);
     printf("hist_underflow %" PRIu64 "\nhist_overflow %" PRIu64 "\nhist_total %" PRIu64 "\n",
            info.hist_underflow, info.hist_overflow, info.hist_total);
+    printf("last_seq %" PRIu64 "\n", info.last_seq);
     for (unsigned i = 0; i < TALLY_HIST_BINS; i++)
         printf("%u %" PRIu64 "\n", i, info.bins[i]);
     rc = finish_stdout();

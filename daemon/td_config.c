@@ -26,11 +26,17 @@ void td_config_init(td_config_t *cfg)
     cfg->gpu_spin_us = TD_DEFAULT_GPU_SPIN_US;
     cfg->gpu_min_batch = TD_DEFAULT_GPU_MIN_BATCH;
     cfg->state_interval = TD_DEFAULT_STATE_INTERVAL;
+    cfg->drain_ms = TD_DEFAULT_DRAIN_MS;
     cfg->io_threads = TD_DEFAULT_IO_THREADS;
     cfg->shm = TD_DEFAULT_SHM;
     cfg->shm_max_regions_per_peer = TD_DEFAULT_SHM_MAX_REGIONS_PER_PEER;
     cfg->shm_max_bytes = TD_DEFAULT_SHM_MAX_BYTES;
     cfg->shm_socket_gid = -1;
+}
+
+size_t td_config_max_frame(const td_config_t *cfg)
+{
+    return cfg->max_frame ? cfg->max_frame : TD_MAX_FRAME_FACTOR * cfg->max_batch;
 }
 
 unsigned td_config_io_threads(const td_config_t *cfg)
@@ -214,6 +220,11 @@ void td_config_usage(const char *argv0)
            "      --max-batch BYTES   largest request payload, K/M/G suffixes (default %u)\n"
            "      --max-inflight N    requests in flight before tallyd stops reading (default %u)\n"
            "      --max-streams N     named streams kept at once (default %u)\n"
+           "      --max-frame BYTES   a frame over this closes its connection without a reply;\n"
+           "                          payloads over max-batch are answered too_large (default\n"
+           "                          %u x max-batch)\n"
+           "      --drain-ms MS       on SIGTERM, answer queued requests `shutdown` for up to\n"
+           "                          MS before exiting (default %u)\n"
            "      --workers N         CPU worker threads (default: number of cores)\n"
            "      --io-threads N      ZeroMQ I/O threads (default: cores / 4, 1 to 4)\n"
            "      --gpu-streams K     CUDA streams per GPU (default 4)\n"
@@ -239,8 +250,8 @@ void td_config_usage(const char *argv0)
            "  -h, --help              this text\n"
            "  -V, --version           print the version\n",
            argv0, TD_DEFAULT_ENDPOINT, TD_DEFAULT_MAX_BATCH, TD_DEFAULT_MAX_INFLIGHT,
-           TD_DEFAULT_MAX_STREAMS, TD_DEFAULT_CONFIG_FILE, TD_DEFAULT_STATE_INTERVAL,
-           TD_SHM_SOCKET_NAME, TD_DEFAULT_SHM_MAX_REGIONS_PER_PEER,
+           TD_DEFAULT_MAX_STREAMS, TD_MAX_FRAME_FACTOR, TD_DEFAULT_DRAIN_MS, TD_DEFAULT_CONFIG_FILE,
+           TD_DEFAULT_STATE_INTERVAL, TD_SHM_SOCKET_NAME, TD_DEFAULT_SHM_MAX_REGIONS_PER_PEER,
            (unsigned long long)TD_DEFAULT_SHM_MAX_BYTES);
 }
 
@@ -249,6 +260,8 @@ enum {
     OPT_MAX_BATCH,
     OPT_MAX_INFLIGHT,
     OPT_MAX_STREAMS,
+    OPT_MAX_FRAME,
+    OPT_DRAIN_MS,
     OPT_WORKERS,
     OPT_GPU_STREAMS,
     OPT_GPU_MIN_BATCH,
@@ -280,6 +293,8 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
         {"max-batch", required_argument, NULL, OPT_MAX_BATCH},
         {"max-inflight", required_argument, NULL, OPT_MAX_INFLIGHT},
         {"max-streams", required_argument, NULL, OPT_MAX_STREAMS},
+        {"max-frame", required_argument, NULL, OPT_MAX_FRAME},
+        {"drain-ms", required_argument, NULL, OPT_DRAIN_MS},
         {"workers", required_argument, NULL, OPT_WORKERS},
         {"gpu-streams", required_argument, NULL, OPT_GPU_STREAMS},
         {"gpu-min-batch", required_argument, NULL, OPT_GPU_MIN_BATCH},
@@ -347,6 +362,15 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
             break;
         case OPT_MAX_STREAMS:
             if (parse_unsigned(optarg, 1, 1u << 24, &cfg->max_streams) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_MAX_FRAME:
+            if (td_config_parse_size(optarg, &size) != TALLY_OK || size > TD_MAX_FRAME_LIMIT)
+                goto bad;
+            cfg->max_frame = size;
+            break;
+        case OPT_DRAIN_MS:
+            if (parse_unsigned(optarg, 0, TD_DRAIN_MS_LIMIT, &cfg->drain_ms) != TALLY_OK)
                 goto bad;
             break;
         case OPT_WORKERS:

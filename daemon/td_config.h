@@ -18,6 +18,27 @@
 #define TD_DEFAULT_MAX_BATCH (16u << 20) /* bytes of payload in one request */
 #define TD_DEFAULT_MAX_INFLIGHT 64u      /* requests accepted and not yet answered */
 #define TD_DEFAULT_MAX_STREAMS 4096u
+/* A frame over max_frame makes ZeroMQ close the connection (ZMQ_MAXMSGSIZE) instead of tallyd
+ * answering too_large. It is a memory guard, not the batch limit: ZeroMQ reads a whole frame
+ * into memory before tallyd sees it, and queues up to RCVHWM messages per peer, so a peer can
+ * make tallyd hold RCVHWM x max_frame. 4 x max_batch (64 MiB by default) keeps that within 4x of
+ * what valid traffic at the limit already takes (RCVHWM x max_batch), while any plausible
+ * mistake (a payload a little or a few times too large) is still answered too_large on a
+ * connection that stays open. --max-frame sets it (at least max_batch + 64 KiB, so that every
+ * too_large-sized payload a client may plausibly send is answered); 0 means 4 x max_batch. */
+#define TD_MAX_FRAME_FACTOR 4u
+#define TD_MAX_FRAME_HEADROOM (64u << 10)
+#define TD_MAX_FRAME_LIMIT (16ull << 30)
+/* After SIGTERM/SIGINT tallyd keeps reading what is queued in its socket, answering each with
+ * `shutdown`, for at most this long (--drain-ms); requests running on a backend finish first. */
+#define TD_DEFAULT_DRAIN_MS 2000u
+/* ...and stops earlier once nothing is in flight and no message has arrived for this long. Not
+ * at the first moment the socket looks empty: a message is visible only once ZeroMQ's I/O thread
+ * has read all of it, so a large message still crossing TCP, or bytes the kernel holds for an
+ * I/O thread that has not run yet (after SIGCONT the loop and the I/O thread wake together),
+ * look like no input for a moment. */
+#define TD_DRAIN_QUIET_MS 250u
+#define TD_DRAIN_MS_LIMIT 600000u
 #define TD_DEFAULT_RCVHWM 64 /* ZeroMQ messages queued per peer before TCP pushes back */
 #define TD_DEFAULT_SNDHWM 1024
 /* GPU pipeline (td_gpu.c). */
@@ -90,9 +111,11 @@ typedef struct {
     size_t max_batch;      /* bytes */
     unsigned max_inflight; /* requests */
     unsigned max_streams;
-    unsigned workers;          /* CPU threads for batch work; 0 = number of cores */
-    int log_level;             /* td_log_level_t */
-    char *config_file;         /* owned; NULL = none */
+    size_t max_frame;  /* bytes; ZeroMQ's hard frame limit; 0 = TD_MAX_FRAME_FACTOR x max_batch */
+    unsigned drain_ms; /* reading after a stop signal */
+    unsigned workers;  /* CPU threads for batch work; 0 = number of cores */
+    int log_level;     /* td_log_level_t */
+    char *config_file; /* owned; NULL = none */
     bool config_file_explicit; /* given with --config: a missing file is then an error */
     unsigned gpu_streams;      /* lanes per GPU */
     size_t gpu_min_batch;      /* auto mode: smaller batches run on the CPU */
@@ -138,6 +161,8 @@ unsigned td_config_io_threads(const td_config_t *cfg);
 /* The default side-channel path: $RUNTIME_DIRECTORY (systemd), /run/tallyd as root,
  * $XDG_RUNTIME_DIR, else /tmp/tallyd-UID; then TD_SHM_SOCKET_NAME. */
 void td_config_default_shm_socket(char *buf, size_t cap);
+/* The frame limit in force: cfg->max_frame, or its default from max_batch. */
+size_t td_config_max_frame(const td_config_t *cfg);
 
 /* Parses a size with an optional K, M, G suffix (powers of two). */
 tally_status_t td_config_parse_size(const char *text, size_t *out);

@@ -44,6 +44,8 @@ static const td_config_key_t config_keys[] = {
     {"server", "max_batch", "--max-batch"},
     {"server", "max_inflight", "--max-inflight"},
     {"server", "max_streams", "--max-streams"},
+    {"server", "max_frame", "--max-frame"},
+    {"server", "drain_ms", "--drain-ms"},
     {"server", "workers", "--workers"},
     {"server", "log_level", "--log-level"},
     {"server", "io_threads", "--io-threads"},
@@ -182,6 +184,15 @@ tally_status_t td_config_load(td_config_t *cfg, int argc, char **argv, bool *exi
     st = td_config_parse_args(cfg, argc, argv, exit_now, msg, msg_cap);
     if (st != TALLY_OK)
         goto cleanup;
+    /* Checked on the whole configuration: the file and the command line may each set one. */
+    if (cfg->max_frame && cfg->max_frame < cfg->max_batch + TD_MAX_FRAME_HEADROOM) {
+        snprintf(msg, msg_cap,
+                 "max_frame %zu must be at least max_batch %zu + %u, so that an oversize "
+                 "payload is answered too_large",
+                 cfg->max_frame, cfg->max_batch, TD_MAX_FRAME_HEADROOM);
+        st = TALLY_E_PARAM;
+        goto cleanup;
+    }
 
     /* Under systemd, StateDirectory= names the state directory (the first of a list). */
     const char *env = getenv("STATE_DIRECTORY");
@@ -262,6 +273,7 @@ bool td_config_apply_runtime(td_config_t *live, const td_config_t *next)
     APPLY_NUMBER(max_streams, "%u")
     APPLY_NUMBER(max_batch, "%zu")
     APPLY_NUMBER(state_interval, "%u")
+    APPLY_NUMBER(drain_ms, "%u")
     APPLY_NUMBER(shm_max_regions_per_peer, "%u")
     APPLY_NUMBER(shm_max_bytes, "%zu")
 #undef APPLY_NUMBER
@@ -284,6 +296,8 @@ bool td_config_apply_runtime(td_config_t *live, const td_config_t *next)
         log_ignored("bind");
     if (live->backend != next->backend)
         log_ignored("backend");
+    if (live->max_frame != next->max_frame)
+        log_ignored("max_frame");
     if (live->workers != next->workers)
         log_ignored("workers");
     if (!same_string(live->state_dir, next->state_dir))

@@ -166,6 +166,17 @@ bool td_exec_may_start(const td_exec_t *x, const td_stream_t *stream, const td_r
     return r->req.opcode != TALLY_OP_HIST || stream->info.hist_dtype != TALLY_DTYPE_NONE;
 }
 
+void td_exec_stream_failed(td_exec_t *x, td_stream_t *stream)
+{
+    (void)x;
+    /* Its successors still on the GPU chained their scan carry from the device carry it left,
+     * which the host copy never took: rerun them from the host copy, as after a GPU failure. */
+    if (stream->exec_submitted > 0 && stream->exec_on_gpu) {
+        stream->exec_gen++;
+        stream->exec_resync = true;
+    }
+}
+
 void td_exec_submit(td_exec_t *x, td_request_t *r)
 {
     td_stream_t *stream = r->stream;

@@ -60,6 +60,10 @@ void td_exec_destroy(td_exec_t **self_p);
 bool td_exec_may_start(const td_exec_t *self, const td_stream_t *stream, const td_request_t *r);
 /* Runs a prepared compute request (td_request_prepare done). */
 void td_exec_submit(td_exec_t *self, td_request_t *r);
+/* Loop thread: a request of `stream` came back failed, or its result was discarded at apply
+ * time, so it had no effect; the stream's requests still in flight behind it must not use what
+ * it left on the device. */
+void td_exec_stream_failed(td_exec_t *self, td_stream_t *stream);
 
 /* Fills the region callbacks of a td_shm_env_t: shared-memory regions are registered with the
  * GPU engine (once, at registration) when a GPU pipeline runs; left NULL on the CPU. */

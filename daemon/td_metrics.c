@@ -92,18 +92,24 @@ size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf,
          "# HELP tallyd_sent_bytes_total Reply payload bytes sent.\n"
          "# TYPE tallyd_sent_bytes_total counter\n"
          "tallyd_sent_bytes_total %llu\n"
-         "# HELP tallyd_replies_dropped_total Replies whose peer had disconnected.\n"
+         "# HELP tallyd_replies_dropped_total Replies dropped: the peer had disconnected "
+         "(peer_gone) or had not read its earlier replies (peer_not_reading).\n"
          "# TYPE tallyd_replies_dropped_total counter\n"
-         "tallyd_replies_dropped_total %llu\n"
+         "tallyd_replies_dropped_total{reason=\"peer_gone\"} %llu\n"
+         "tallyd_replies_dropped_total{reason=\"peer_not_reading\"} %llu\n"
          "# HELP tallyd_backend_fallbacks_total Requests rerun on the CPU after a GPU error.\n"
          "# TYPE tallyd_backend_fallbacks_total counter\n"
          "tallyd_backend_fallbacks_total %llu\n"
          "# HELP tallyd_read_pauses_total Times reading stopped at the in-flight limit.\n"
          "# TYPE tallyd_read_pauses_total counter\n"
-         "tallyd_read_pauses_total %llu\n",
+         "tallyd_read_pauses_total %llu\n"
+         "# HELP tallyd_state_write_failures_total State snapshots that could not be written.\n"
+         "# TYPE tallyd_state_write_failures_total counter\n"
+         "tallyd_state_write_failures_total %llu\n",
          (unsigned long long)m->bytes_in, (unsigned long long)m->bytes_out,
-         (unsigned long long)m->replies_dropped, (unsigned long long)m->backend_fallbacks,
-         (unsigned long long)m->read_pauses);
+         (unsigned long long)m->replies_dropped_gone, (unsigned long long)m->replies_dropped_slow,
+         (unsigned long long)m->backend_fallbacks, (unsigned long long)m->read_pauses,
+         (unsigned long long)m->state_write_failures);
     emit(buf, cap, &len,
          "# HELP tallyd_shm_requests_total Requests whose input was in shared memory.\n"
          "# TYPE tallyd_shm_requests_total counter\n"
@@ -125,9 +131,6 @@ size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf,
          "# HELP tallyd_queue_depth Requests waiting behind another on their stream.\n"
          "# TYPE tallyd_queue_depth gauge\n"
          "tallyd_queue_depth %u\n"
-         "# HELP tallyd_pending_replies Replies waiting for the socket to accept them.\n"
-         "# TYPE tallyd_pending_replies gauge\n"
-         "tallyd_pending_replies %u\n"
          "# HELP tallyd_streams Named streams held.\n"
          "# TYPE tallyd_streams gauge\n"
          "tallyd_streams %u\n"
@@ -140,7 +143,7 @@ size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf,
          "# HELP tallyd_uptime_seconds Seconds since tallyd started.\n"
          "# TYPE tallyd_uptime_seconds gauge\n"
          "tallyd_uptime_seconds %.3f\n",
-         g->inflight, g->max_inflight, g->queued, g->pending_sends, g->streams, g->backend,
-         g->devices, (unsigned long long)g->device_memory_bytes, g->uptime_s);
+         g->inflight, g->max_inflight, g->queued, g->streams, g->backend, g->devices,
+         (unsigned long long)g->device_memory_bytes, g->uptime_s);
     return len;
 }

@@ -24,18 +24,19 @@ typedef struct {
     double latency_sum_s[TALLY_OP_COUNT];
     uint64_t bytes_in;
     uint64_t bytes_out;
-    uint64_t replies_dropped;   /* the peer was gone when its reply was ready */
-    uint64_t backend_fallbacks; /* requests rerun on the CPU after a GPU failure */
-    uint64_t read_pauses;       /* times reading stopped because max_inflight was reached */
-    uint64_t shm_requests;      /* requests whose input was a shared-memory reference */
+    uint64_t replies_dropped_gone; /* the peer was gone when its reply was ready */
+    uint64_t replies_dropped_slow; /* the peer's send queue was full: it does not read */
+    uint64_t backend_fallbacks;    /* requests rerun on the CPU after a GPU failure */
+    uint64_t read_pauses;          /* times reading stopped because max_inflight was reached */
+    uint64_t state_write_failures; /* state snapshots that could not be written */
+    uint64_t shm_requests;         /* requests whose input was a shared-memory reference */
 } td_metrics_t;
 
 /* Values that are not counters: sampled when rendering. */
 typedef struct {
     unsigned inflight;
     unsigned max_inflight;
-    unsigned queued;        /* requests waiting behind another on their stream */
-    unsigned pending_sends; /* replies waiting for the socket */
+    unsigned queued; /* requests waiting behind another on their stream */
     unsigned streams;
     const char *backend; /* "cpu" or "cuda" */
     const char *devices; /* the backend's one-line description */

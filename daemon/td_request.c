@@ -3,6 +3,7 @@
  * layout: tallyd runs on little-endian hosts only (checked at compile time below), so a
  * backend's int32/int64 output array already is the reply payload and is sent without a copy.
  */
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -150,6 +151,55 @@ bool td_request_prepare(td_request_t *self)
     return true;
 }
 
+/* ---- sequence numbers ------------------------------------------------------------------ */
+
+/* Sequence numbers make a resent batch harmless: the stream applies seq n only right after
+ * n - 1. The check happens when a request reaches the head of its stream's FIFO, in arrival
+ * order, against seq_admitted; a request is judged a duplicate or a gap only once nothing of its
+ * stream is in flight (td_request_seq_waits), so that the verdict and the aux0 it reports are
+ * about applied state. Requests pipelined on the GPU are admitted before their predecessors are
+ * applied, and a predecessor may still fail, so td_request_apply checks again. */
+
+static void seq_refuse(td_request_t *self, tally_status_t status, const char *why)
+{
+    const td_stream_t *stream = self->stream;
+    td_request_fail(self, status,
+                    "seq %" PRIu64 " on stream '%s' %s (the stream is at seq %" PRIu64
+                    "): not applied",
+                    self->req.seq, stream->name, why, stream->info.last_seq);
+    self->rep.aux0 = stream->info.last_seq; /* the one error reply whose aux0 is not 0 */
+}
+
+bool td_request_seq_waits(const td_request_t *self)
+{
+    const td_stream_t *stream = self->stream;
+    return self->req.seq != 0 && stream->exec_submitted > 0 &&
+           self->req.seq != stream->seq_admitted + 1;
+}
+
+bool td_request_admit(td_request_t *self)
+{
+    td_stream_t *stream = self->stream;
+    if (stream->exec_submitted == 0) /* nothing in flight: admitted is applied */
+        stream->seq_admitted = stream->info.last_seq;
+    uint64_t seq = self->req.seq;
+    if (seq != 0 && seq <= stream->seq_admitted) {
+        seq_refuse(self, TALLY_E_DUPLICATE, "was applied before");
+        return false;
+    }
+    if (seq != 0 && seq != stream->seq_admitted + 1) {
+        char why[64];
+        snprintf(why, sizeof why, "skips seq %" PRIu64, stream->seq_admitted + 1);
+        seq_refuse(self, TALLY_E_SEQ_GAP, why);
+        return false;
+    }
+    if (!td_request_prepare(self))
+        return false; /* a failed request does not use up its seq */
+    if (seq != 0)
+        stream->seq_admitted = seq;
+    return true;
+}
+
 /* ---- execute --------------------------------------------------------------------------- */
 
 static void execute_filter(td_request_t *self, size_t n)
@@ -259,12 +309,22 @@ void td_request_execute(td_request_t *self)
 
 /* ---- apply ----------------------------------------------------------------------------- */
 
-void td_request_apply(td_request_t *self)
+bool td_request_apply(td_request_t *self)
 {
     td_stream_t *stream = self->stream;
     if (!stream || self->rep.status != TALLY_OK)
-        return;
+        return self->rep.status == TALLY_OK;
     tally_stream_info_t *info = &stream->info;
+    uint64_t seq = self->req.seq;
+    if (seq != 0 && seq != info->last_seq + 1) { /* a request admitted before it failed */
+        char why[96];
+        snprintf(why, sizeof why, "cannot follow: seq %" PRIu64 " failed after it was admitted",
+                 info->last_seq + 1);
+        seq_refuse(self, TALLY_E_SEQ_GAP, why);
+        return false;
+    }
+    if (seq != 0)
+        info->last_seq = seq;
     size_t n = td_request_elements(self);
     info->batches++;
     info->elements += n;
@@ -293,4 +353,5 @@ void td_request_apply(td_request_t *self)
     default:
         break;
     }
+    return true;
 }

@@ -3,13 +3,14 @@
  *
  * A td_request_t is created on the loop thread when a message is read, owns everything the
  * request needs (the peer's routing id, the payload, the reply being built), and is freed once
- * its reply has been handed to ZeroMQ (or dropped because the peer left). Between those points
- * it counts against max_inflight, which is what bounds tallyd's memory.
+ * its reply has been handed to ZeroMQ (or dropped because the peer left or does not read). Between
+ * those points it counts against max_inflight, which is what bounds tallyd's memory.
  *
  * The work on a request is split by thread:
+ *   td_request_admit    loop thread   the sequence rule (seq), then td_request_prepare
  *   td_request_prepare  loop thread   read stream state the computation needs (carry-in, ...)
  *   td_request_execute  any thread    run the backend on the payload; touches only the request
- *   td_request_apply    loop thread   fold the result into the stream's state
+ *   td_request_apply    loop thread   fold the result into the stream's state (re-checking seq)
  * so stream state is only ever read and written on the loop thread.
  */
 #ifndef TD_REQUEST_H
@@ -73,7 +74,6 @@ typedef struct td_request {
     tally_rep_t rep;
     void *reply_data;
     size_t reply_len;
-    struct td_request *send_next; /* link in the server's pending-send queue */
 } td_request_t;
 
 /* Allocates a request with the reply header pre-filled from req. NULL when out of memory. */
@@ -97,12 +97,23 @@ void td_request_succeed_out(td_request_t *self, uint8_t dtype, void *data, size_
 /* Loop thread, before execute: reads the stream's state. Fails the request (returns false)
  * when it conflicts with the stream (a histogram of another type or range). */
 bool td_request_prepare(td_request_t *self);
+/* Loop thread: true while a request at the head of its stream's FIFO must wait before
+ * td_request_admit: its seq is not the next one, and the stream has requests in flight whose
+ * outcome decides whether it is a duplicate, a gap or (after a failure) the next one. */
+bool td_request_seq_waits(const td_request_t *self);
+/* Loop thread, for a request at the head of its stream's FIFO: the sequence rule (refuses a
+ * duplicate or a gap, with the stream's last applied seq in aux0), then td_request_prepare;
+ * the seq counts as admitted only when both pass. Returns false when the request failed. */
+bool td_request_admit(td_request_t *self);
 /* Any thread: computes the reply with self->backend. */
 void td_request_execute(td_request_t *self);
 /* Any thread: builds the hist reply from self->hist for a batch of n elements. */
 void td_request_hist_reply(td_request_t *self, size_t n);
-/* Loop thread, after execute: applies a successful result to the stream's state. */
-void td_request_apply(td_request_t *self);
+/* Loop thread, after execute: applies a successful result to the stream's state. A request
+ * whose seq no longer follows the stream's last applied one (a request admitted before it
+ * failed) is turned into a sequence_gap reply instead, its result discarded. Returns true when
+ * the request succeeded (applied to its stream, if it has one), false when it failed. */
+bool td_request_apply(td_request_t *self);
 
 /* Compute operations run on a backend; the rest are answered on the loop thread. */
 bool td_op_is_compute(uint8_t opcode);

@@ -11,9 +11,11 @@
  * ZeroMQ's ZMQ_FD is edge-triggered: it signals when the socket's state changes, and only
  * after ZMQ_EVENTS has been read. So the socket is serviced by one function, pump(), called
  * from the uv_poll callback AND from a uv_check handle after every loop iteration (completions
- * arrive through libuv's async wake-up, not through the fd). pump() flushes pending replies,
- * reads messages until EAGAIN (or the in-flight limit, or a fairness budget), and re-reads
- * ZMQ_EVENTS last. If input remains that pump() chose not to read yet, a uv_idle handle keeps
+ * arrive through libuv's async wake-up, not through the fd). pump() reads messages until
+ * EAGAIN (or the in-flight limit, or a fairness budget), and re-reads ZMQ_EVENTS last. Every
+ * send happens in a callback of the loop, and the check handle runs after every iteration's
+ * callbacks, so a send is always followed by a ZMQ_EVENTS read before the loop blocks: no
+ * wake-up is lost. If input remains that pump() chose not to read yet, a uv_idle handle keeps
  * the loop from blocking in poll so the next iteration continues; otherwise the loop sleeps
  * until the fd or a completion wakes it.
  *
@@ -29,11 +31,22 @@
  * backends need nothing else. The request holds the regions until it is destroyed.
  *
  * Bounded memory: every request counts against max_inflight from the moment it is read until
- * its reply is handed to ZeroMQ. At the limit pump() stops reading, ZeroMQ's receive
- * high-water mark fills and TCP pushes back on producers: nothing is dropped. ROUTER_MANDATORY
- * is on, so a reply to a peer that has gone away fails fast (counted), and a reply to a peer
- * that is not reading waits in the pending-send queue (still counted in flight) instead of
- * blocking the loop.
+ * its reply is handed to ZeroMQ (or dropped). At the limit pump() stops reading, ZeroMQ's
+ * receive high-water mark fills and TCP pushes back on producers: nothing is dropped. Sizes are
+ * checked here, not by ZeroMQ: a payload over max_batch gets too_large like any other bad
+ * request; only a frame over max_frame (far above max_batch) makes ZeroMQ drop the connection.
+ *
+ * A reply never waits for its peer. ROUTER_MANDATORY is on, so a send fails at once when the
+ * peer has gone (EHOSTUNREACH) or stopped reading and filled its send high-water mark (EAGAIN);
+ * the reply is then dropped and counted, and its in-flight slot freed. Queueing it instead would
+ * let one peer that never reads hold every slot and stop tallyd serving anyone.
+ *
+ * Stopping (SIGTERM, SIGINT): nothing new starts. Requests running on a backend finish and are
+ * answered; requests waiting on a stream FIFO are answered `shutdown` in order, once the stream's
+ * running requests are done; messages still queued in the socket are read and answered
+ * `shutdown` for at most drain_ms. Reading ends at that deadline, or earlier once the socket is
+ * empty and nothing is in flight; then the final state snapshot, then the socket closes with a
+ * short linger for the last replies.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -60,8 +73,10 @@
 /* Frames of one message kept for inspection: identity, delimiter, header, payload. Frames
  * beyond these are counted (to reject the message) and released at once. */
 #define TD_FRAMES_KEPT 4
-/* How long zmq_close may keep flushing replies at shutdown. */
-#define TD_SHUTDOWN_LINGER_MS 5000
+/* How long zmq_close may keep flushing the last replies at shutdown: ZeroMQ writes a reply to a
+ * peer that reads at once, so this is only spent on a peer that does not read, which must not
+ * hold tallyd up for long. */
+#define TD_SHUTDOWN_LINGER_MS 1000
 /* Space for an info/stats reply. */
 #define TD_TEXT_REPLY_MAX (64 * 1024)
 
@@ -77,16 +92,17 @@ struct td_server {
     uv_signal_t sig_int;
     uv_signal_t sig_term;
     uv_signal_t sig_hup;
+    uv_timer_t drain_timer; /* the end of reading after a stop signal */
+    uv_timer_t quiet_timer; /* a stopping socket that stayed empty long enough */
+    uint64_t last_input_ns; /* stopping: the signal, or the last message read since */
     bool idle_active;
-    bool paused;   /* reading stopped at the in-flight limit */
-    bool stopping; /* a stop signal arrived: read nothing more */
-    bool closed;   /* socket and handles closed */
+    bool paused;        /* reading stopped at the in-flight limit */
+    bool stopping;      /* a stop signal arrived: start nothing new, answer `shutdown` */
+    bool drain_expired; /* drain_ms has passed since: read nothing more */
+    bool closed;        /* socket and handles closed */
 
-    unsigned inflight;       /* requests read and not yet answered */
-    unsigned queued;         /* of those, waiting behind another request on their stream */
-    td_request_t *send_head; /* replies ZeroMQ would not take yet */
-    td_request_t *send_tail;
-    unsigned pending_sends;
+    unsigned inflight; /* requests read and not yet answered */
+    unsigned queued;   /* of those, waiting behind another request on their stream */
 
     td_streams_t *streams;
     tk_backend_t *backend;  /* the backend compute requests run on */
@@ -113,80 +129,59 @@ static void free_reply_data(void *data, void *hint)
     free(data);
 }
 
-/* Hands r's reply to ZeroMQ. Returns 0 when sent, 1 when the peer cannot take it yet, -1 when
- * the peer is gone (the reply is dropped). */
+/* Hands r's reply to ZeroMQ without waiting. Returns 0 when sent, else the errno of the failed
+ * send: EHOSTUNREACH (the peer has gone) or EAGAIN (the peer's send high-water mark is full: it
+ * is not reading). Only the first frame can meet either: once it is accepted ZeroMQ takes the
+ * rest of the message whole, so a later frame failing is a broken socket (logged). */
 static int try_send(td_server_t *s, td_request_t *r)
 {
-    int flags = ZMQ_DONTWAIT | ZMQ_SNDMORE;
-    if (zmq_send(s->router, r->identity, r->identity_len, flags) == -1)
-        return errno == EAGAIN ? 1 : -1;
-    /* ZeroMQ accepts the rest of a multipart message once its first frame is accepted. */
-    if (r->has_delimiter)
-        zmq_send(s->router, "", 0, flags);
+    const int more = ZMQ_DONTWAIT | ZMQ_SNDMORE;
+    if (zmq_send(s->router, r->identity, r->identity_len, more) == -1)
+        return errno;
+    int err = 0;
+    if (r->has_delimiter && zmq_send(s->router, "", 0, more) == -1)
+        err = errno;
     uint8_t header[TALLY_REP_HEADER_SIZE];
     tally_rep_encode(&r->rep, header);
-    zmq_send(s->router, header, sizeof header, flags);
+    if (!err && zmq_send(s->router, header, sizeof header, more) == -1)
+        err = errno;
     zmq_msg_t body;
-    if (r->reply_data && r->reply_len) {
-        zmq_msg_init_data(&body, r->reply_data, r->reply_len, free_reply_data, NULL);
-        r->reply_data = NULL; /* ZeroMQ owns it now */
-    } else {
+    if (!err && r->reply_data && r->reply_len) {
+        if (zmq_msg_init_data(&body, r->reply_data, r->reply_len, free_reply_data, NULL) == 0)
+            r->reply_data = NULL; /* ZeroMQ owns it now */
+        else
+            err = errno;
+    } else if (!err) {
         zmq_msg_init(&body);
     }
-    if (zmq_msg_send(&body, s->router, ZMQ_DONTWAIT) == -1) {
+    if (!err && zmq_msg_send(&body, s->router, ZMQ_DONTWAIT) == -1) {
+        err = errno;
         zmq_msg_close(&body);
-        return -1;
     }
-    return 0;
+    if (err)
+        td_err("sending the reply to request %" PRIu64 ": %s", r->rep.request_id,
+               zmq_strerror(err));
+    return err;
 }
 
-/* The end of every request: metrics, in-flight slot, memory. */
-static void finish(td_server_t *s, td_request_t *r, bool dropped)
+/* The end of every request: send its reply (or drop it), metrics, in-flight slot, memory. */
+static void reply(td_server_t *s, td_request_t *r)
 {
-    if (dropped) {
-        s->metrics.replies_dropped++;
+    int err = try_send(s, r);
+    if (err == EHOSTUNREACH) {
+        s->metrics.replies_dropped_gone++;
         td_debug("reply to request %" PRIu64 " dropped: the peer has gone", r->rep.request_id);
+    } else if (err == EAGAIN) {
+        s->metrics.replies_dropped_slow++;
+        td_debug("reply to request %" PRIu64 " dropped: the peer is not reading its replies",
+                 r->rep.request_id);
+    } else if (err) {
+        s->metrics.replies_dropped_gone++; /* a broken connection; logged by try_send */
     }
     td_metrics_observe(&s->metrics, r->req.opcode, (tally_status_t)r->rep.status, r->payload_len,
                        r->reply_len, uv_hrtime() - r->received_ns);
     s->inflight--;
     td_request_destroy(&r);
-}
-
-static void reply(td_server_t *s, td_request_t *r)
-{
-    int rc = s->send_head ? 1 : try_send(s, r); /* keep replies in order behind a blocked one */
-    if (rc == 1) {
-        r->send_next = NULL;
-        if (s->send_tail)
-            s->send_tail->send_next = r;
-        else
-            s->send_head = r;
-        s->send_tail = r;
-        s->pending_sends++;
-        return;
-    }
-    finish(s, r, rc == -1);
-}
-
-/* Retries every pending reply; one peer that is not reading does not hold up the others. */
-static void flush_pending(td_server_t *s)
-{
-    td_request_t **link = &s->send_head;
-    td_request_t *last = NULL;
-    while (*link) {
-        td_request_t *r = *link;
-        int rc = try_send(s, r);
-        if (rc == 1) {
-            last = r;
-            link = &r->send_next;
-            continue;
-        }
-        *link = r->send_next;
-        s->pending_sends--;
-        finish(s, r, rc == -1);
-    }
-    s->send_tail = last;
 }
 
 /* ---- Operations answered on the loop thread -------------------------------------------- */
@@ -224,7 +219,6 @@ static void sample_gauges(void *ctx, td_gauges_t *g)
         .inflight = s->inflight,
         .max_inflight = s->cfg.max_inflight,
         .queued = s->queued,
-        .pending_sends = s->pending_sends,
         .streams = td_streams_count(s->streams),
         .backend = td_exec_backend_name(s->exec),
         .devices = td_exec_devices(s->exec),
@@ -295,8 +289,9 @@ static void op_query(td_request_t *r, td_stream_t *stream)
 static void exec_done(void *owner, td_request_t *r)
 {
     td_server_t *s = owner;
-    td_request_apply(r);
     td_stream_t *stream = r->stream;
+    if (!td_request_apply(r) && stream)
+        td_exec_stream_failed(s->exec, stream);
     reply(s, r);
     if (stream) {
         if (stream->exec_submitted == 0)
@@ -318,7 +313,8 @@ static void stream_advance_locked(td_server_t *s, td_stream_t *stream);
 /* Starts the requests waiting on a stream, in order, as far as the executor allows: on the GPU
  * a stream's batches are enqueued back to back on its lane; a CPU batch, query, reset and
  * anything after a GPU failure wait until the stream's earlier requests are done
- * (td_exec_may_start). query and reset run right here. */
+ * (td_exec_may_start), and so does a request whose seq is not the next one
+ * (td_request_seq_waits). query and reset run right here. */
 static void stream_advance(td_server_t *s, td_stream_t *stream)
 {
     td_stream_t *outer = s->advancing;
@@ -327,15 +323,43 @@ static void stream_advance(td_server_t *s, td_stream_t *stream)
     s->advancing = outer;
 }
 
+/* Stopping: a waiting request is answered `shutdown` once nothing of its stream runs any more,
+ * so a stream's replies still leave in order. */
+static bool may_advance(td_server_t *s, td_stream_t *stream, td_request_t *r)
+{
+    if (s->stopping)
+        return stream->exec_submitted == 0;
+    return !td_request_seq_waits(r) && td_exec_may_start(s->exec, stream, r);
+}
+
+/* After a reset the stream's name is forgotten (PROTOCOL.md, `reset`), even while requests that
+ * were queued behind the reset still hold the stream object: a query or reset among them gets
+ * unknown_stream, exactly as if it had been read after the reset ran, and the next filter, scan
+ * or hist starts the stream anew. (They used to find the cleared stream: the query answered an
+ * empty state and the stream stayed listed and saved with nothing in it, so the answer depended
+ * on whether the query was read before or after the reset ran.) A forgotten stream is removed
+ * once its queue is empty; nothing can be in flight on it, since a reset only runs on a drained
+ * stream and a forgotten one starts nothing. */
 static void stream_advance_locked(td_server_t *s, td_stream_t *stream)
 {
-    while (stream->queue_head && td_exec_may_start(s->exec, stream, stream->queue_head)) {
+    bool forgotten = false;
+    while (stream->queue_head && may_advance(s, stream, stream->queue_head)) {
         td_request_t *r = stream->queue_head;
         stream->queue_head = r->stream_next;
         if (!stream->queue_head)
             stream->queue_tail = NULL;
         stream->queued--;
         s->queued--;
+        bool control = r->req.opcode == TALLY_OP_QUERY || r->req.opcode == TALLY_OP_RESET;
+        if (s->stopping || (forgotten && control)) {
+            if (s->stopping)
+                td_request_fail(r, TALLY_E_SHUTDOWN, "tallyd is shutting down; not run");
+            else
+                td_request_fail(r, TALLY_E_UNKNOWN_STREAM, "no stream named '%s'", r->req.stream);
+            r->stream = NULL;
+            reply(s, r);
+            continue;
+        }
         if (r->req.opcode == TALLY_OP_QUERY) {
             op_query(r, stream);
             reply(s, r);
@@ -346,14 +370,12 @@ static void stream_advance_locked(td_server_t *s, td_stream_t *stream)
             td_request_succeed(r, TALLY_DTYPE_NONE, NULL, 0, 0);
             r->stream = NULL;
             reply(s, r);
-            if (!stream->queue_head) { /* nothing else refers to it: forget the name */
-                td_streams_remove(s->streams, &stream);
-                return;
-            }
+            forgotten = true;
             continue;
         }
+        forgotten = false; /* a filter, scan or hist starts the stream anew */
         stream->running = r;
-        if (!td_request_prepare(r)) {
+        if (!td_request_admit(r)) {
             if (stream->exec_submitted == 0)
                 stream->running = NULL;
             reply(s, r);
@@ -361,6 +383,8 @@ static void stream_advance_locked(td_server_t *s, td_stream_t *stream)
         }
         td_exec_submit(s->exec, r);
     }
+    if (forgotten && !stream->queue_head) /* nothing else refers to it: forget the name */
+        td_streams_remove(s->streams, &stream);
 }
 
 static void enqueue_on_stream(td_server_t *s, td_stream_t *stream, td_request_t *r)
@@ -450,6 +474,22 @@ static tally_status_t resolve_shm_ref(td_server_t *s, td_request_t *r, char *msg
     return TALLY_OK;
 }
 
+/* Stopping: every message read is answered `shutdown`, whatever it holds (the header is decoded
+ * only to echo its id). One that names a stream with requests still waiting or running queues
+ * behind them, so that stream's replies keep their order. */
+static void answer_stopping(td_server_t *s, td_request_t *r, bool decoded)
+{
+    td_request_fail(r, TALLY_E_SHUTDOWN, "tallyd is shutting down; not run");
+    td_stream_t *stream = decoded && r->req.stream_len
+                              ? td_streams_find(s->streams, r->req.stream, r->req.stream_len)
+                              : NULL;
+    if (stream && (stream->queue_head || stream->exec_submitted)) {
+        enqueue_on_stream(s, stream, r);
+        return;
+    }
+    reply(s, r);
+}
+
 /* Turns one received message (frames[0..kept) of `total`) into a request and dispatches it,
  * or answers it with an error. */
 static void handle_message(td_server_t *s, zmq_msg_t *frames, int kept, int total)
@@ -465,22 +505,29 @@ static void handle_message(td_server_t *s, zmq_msg_t *frames, int kept, int tota
     r->identity_len = id_len < TD_IDENTITY_MAX ? id_len : TD_IDENTITY_MAX;
     memcpy(r->identity, zmq_msg_data(&frames[0]), r->identity_len);
 
-    /* A REQ peer puts an empty delimiter frame before its body; a DEALER peer does not. */
+    /* A REQ peer puts an empty delimiter frame before its body. Any peer's empty first frame is
+     * taken as one and echoed (PROTOCOL.md §1): a header is never empty. */
     int body = 1;
     if (kept > 1 && zmq_msg_size(&frames[1]) == 0) {
         r->has_delimiter = true;
         body = 2;
     }
-    const uint8_t *header = body < kept ? zmq_msg_data(&frames[body]) : NULL;
-    size_t header_len = body < kept ? zmq_msg_size(&frames[body]) : 0;
+    /* Decoded even when the frame count is wrong, so that every reply echoes the first request
+     * frame's opcode, flags and id (§3); with no request frame at all they stay 0. */
+    bool have_header = body < kept;
+    const uint8_t *header = have_header ? zmq_msg_data(&frames[body]) : NULL;
+    size_t header_len = have_header ? zmq_msg_size(&frames[body]) : 0;
     char msg[TALLY_ERROR_MESSAGE_MAX + 1];
-    tally_status_t st =
-        header ? tally_req_decode(header, header_len, &r->req, msg, sizeof msg) : TALLY_E_FRAMES;
+    tally_status_t st = tally_req_decode(header, header_len, &r->req, msg, sizeof msg);
     r->rep.opcode = r->req.opcode;
     r->rep.flags = r->req.flags;
     r->rep.request_id = r->req.request_id;
 
     int body_frames = total - body;
+    if (s->stopping) {
+        answer_stopping(s, r, st == TALLY_OK && body_frames == 2);
+        return;
+    }
     if (body_frames != 2) {
         td_request_fail(r, TALLY_E_FRAMES,
                         "a request is 2 frames (header, payload) after the routing envelope; "
@@ -492,22 +539,32 @@ static void handle_message(td_server_t *s, zmq_msg_t *frames, int kept, int tota
         td_request_fail(r, st, "%s", msg);
         goto answer;
     }
+    /* Validated on the frame's size before the payload is taken, so an oversize payload is
+     * never copied (realigned). */
+    r->payload_len = zmq_msg_size(&frames[body + 1]);
+    st = tally_req_validate(&r->req, r->payload_len, s->cfg.max_batch, msg, sizeof msg);
+    if (st != TALLY_OK) {
+        td_request_fail(r, st, "%s", msg);
+        goto answer;
+    }
     st = td_request_take_payload(r, &frames[body + 1]);
     if (st != TALLY_OK) {
         td_request_fail(r, st, "out of memory for a payload of %zu bytes", r->payload_len);
         goto answer;
     }
-    st = tally_req_validate(&r->req, r->payload_len, s->cfg.max_batch, msg, sizeof msg);
-    if (st == TALLY_OK && (r->req.flags & TALLY_FLAG_SHM_REF))
+    /* After the take: the reference is decoded from the taken payload, which then points into
+     * the producer's region instead. */
+    if (r->req.flags & TALLY_FLAG_SHM_REF) {
         st = resolve_shm_ref(s, r, msg, sizeof msg);
-    if (st != TALLY_OK) {
-        td_request_fail(r, st, "%s", msg);
-        goto answer;
+        if (st != TALLY_OK) {
+            td_request_fail(r, st, "%s", msg);
+            goto answer;
+        }
     }
     dispatch(s, r);
     return;
 answer:
-    td_debug("request %" PRIu64 " rejected: %s", r->rep.request_id,
+    td_debug("request %" PRIu64 " answered %s", r->rep.request_id,
              tally_status_name((tally_status_t)r->rep.status));
     reply(s, r);
 }
@@ -551,36 +608,69 @@ static int read_message(td_server_t *s)
 static void close_all(td_server_t *s);
 static void idle_cb(uv_idle_t *handle);
 
+static void quiet_cb(uv_timer_t *handle)
+{
+    pump(handle->data);
+}
+
+/* Stopping, nothing in flight, nothing to read: close once the socket has stayed empty for
+ * TD_DRAIN_QUIET_MS (td_config.h says why a moment is not enough), or at the deadline. */
+static void stop_when_quiet(td_server_t *s)
+{
+    uint64_t quiet_ns = (uint64_t)TD_DRAIN_QUIET_MS * 1000000u;
+    uint64_t since = uv_hrtime() - s->last_input_ns;
+    if (s->drain_expired || since >= quiet_ns) {
+        close_all(s);
+        return;
+    }
+    uint64_t wait_ms = (quiet_ns - since) / 1000000u + 1;
+    if (uv_timer_start(&s->quiet_timer, quiet_cb, wait_ms, 0) != 0)
+        close_all(s);
+}
+
+/* Reading goes on while under the in-flight limit; once stopping, every message is answered
+ * `shutdown` at once, so the limit no longer applies, until the drain deadline. */
+static bool may_read(const td_server_t *s)
+{
+    if (s->stopping)
+        return !s->drain_expired;
+    return s->inflight < s->cfg.max_inflight;
+}
+
 static void pump(td_server_t *s)
 {
     if (s->closed)
         return;
-    if (s->pending_sends)
-        flush_pending(s);
     int budget = TD_READ_BUDGET;
-    while (!s->stopping && s->inflight < s->cfg.max_inflight && budget > 0 && read_message(s))
+    while (may_read(s) && budget > 0 && read_message(s)) {
         budget--;
+        if (s->stopping)
+            s->last_input_ns = uv_hrtime();
+    }
 
     /* Reading ZMQ_EVENTS last re-arms the edge-triggered fd. */
     uint32_t events = 0;
     size_t size = sizeof events;
-    zmq_getsockopt(s->router, ZMQ_EVENTS, &events, &size);
+    if (zmq_getsockopt(s->router, ZMQ_EVENTS, &events, &size) != 0) {
+        td_err("reading ZMQ_EVENTS: %s", zmq_strerror(errno));
+        events = ZMQ_POLLIN; /* look again on the next iteration rather than sleep */
+    }
     bool input = (events & ZMQ_POLLIN) != 0;
-    bool at_limit = s->inflight >= s->cfg.max_inflight;
+    bool reading = may_read(s);
+    bool at_limit = !s->stopping && !reading;
     if (input && at_limit && !s->paused) {
         s->metrics.read_pauses++;
         td_debug("%u requests in flight: reading paused", s->inflight);
     }
     s->paused = input && at_limit;
-    bool more = input && !at_limit && !s->stopping;
+    bool more = input && reading;
     if (more && !s->idle_active)
         uv_idle_start(&s->idle, idle_cb);
     if (!more && s->idle_active)
         uv_idle_stop(&s->idle);
     s->idle_active = more;
-
-    if (s->stopping && s->inflight == 0)
-        close_all(s);
+    if (s->stopping && s->inflight == 0 && !more)
+        stop_when_quiet(s);
 }
 
 static void poll_cb(uv_poll_t *handle, int status, int events)
@@ -602,6 +692,25 @@ static void idle_cb(uv_idle_t *handle)
 
 /* ---- Lifecycle -------------------------------------------------------------------------- */
 
+static void drain_cb(uv_timer_t *handle)
+{
+    td_server_t *s = handle->data;
+    s->drain_expired = true;
+    td_notice("drain time over: reading stopped; %u requests still running", s->inflight);
+    pump(s);
+}
+
+/* Answers `shutdown` to every request waiting on a stream whose earlier requests are done; the
+ * rest are answered as those finish (exec_done advances their stream). */
+static void shutdown_waiting(td_server_t *s)
+{
+    td_stream_t *next;
+    for (td_stream_t *st = td_streams_first(s->streams); st; st = next) {
+        next = st->list_next;
+        stream_advance(s, st);
+    }
+}
+
 static void signal_cb(uv_signal_t *handle, int signum)
 {
     td_server_t *s = handle->data;
@@ -610,13 +719,18 @@ static void signal_cb(uv_signal_t *handle, int signum)
         return;
     }
     if (s->stopping) {
-        td_notice("%s again: still answering %u requests in flight", strsignal(signum),
+        td_notice("%s again: still stopping, %u requests in flight", strsignal(signum),
                   s->inflight);
         return;
     }
-    td_notice("%s: stopping; answering %u requests in flight", strsignal(signum), s->inflight);
+    td_notice("%s: stopping; finishing %u requests in flight, answering the rest `shutdown` "
+              "for up to %u ms",
+              strsignal(signum), s->inflight, s->cfg.drain_ms);
     s->stopping = true;
+    s->last_input_ns = uv_hrtime();
     td_service_stopping(s->service);
+    uv_timer_start(&s->drain_timer, drain_cb, s->cfg.drain_ms, 0);
+    shutdown_waiting(s);
     pump(s);
 }
 
@@ -629,6 +743,8 @@ static void close_all(td_server_t *s)
     uv_close((uv_handle_t *)&s->poll, NULL);
     uv_close((uv_handle_t *)&s->check, NULL);
     uv_close((uv_handle_t *)&s->idle, NULL);
+    uv_close((uv_handle_t *)&s->drain_timer, NULL);
+    uv_close((uv_handle_t *)&s->quiet_timer, NULL);
     /* The signal handles stay installed (but no longer keep the loop alive) until
      * td_server_destroy: closing the last handle for a signal restores its default action, and
      * a second SIGTERM during the final flush would then kill tallyd mid-exit. */
@@ -639,7 +755,8 @@ static void close_all(td_server_t *s)
     td_exec_close(s->exec);       /* nothing is in flight any more */
     td_service_close(s->service); /* the final state snapshot: every request is answered */
     int linger = TD_SHUTDOWN_LINGER_MS;
-    zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof linger);
+    if (zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof linger) != 0)
+        td_warn("setting the socket's linger: %s", zmq_strerror(errno));
     zmq_close(s->router);
     s->router = NULL;
     td_notice("stopped");
@@ -659,15 +776,29 @@ static tally_status_t open_socket(td_server_t *s)
     if (!s->router)
         return TALLY_E_INTERNAL;
     int one = 1, rcvhwm = TD_DEFAULT_RCVHWM, sndhwm = TD_DEFAULT_SNDHWM, linger = 0;
-    /* Frames far beyond the batch limit are refused by ZeroMQ itself (the connection is
-     * dropped) so that one peer cannot make tallyd buffer gigabytes; frames up to twice the
-     * limit arrive and get a too_large reply. */
-    int64_t maxmsg = (int64_t)s->cfg.max_batch * 2 + 4096;
-    zmq_setsockopt(s->router, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
-    zmq_setsockopt(s->router, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm);
-    zmq_setsockopt(s->router, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm);
-    zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof linger);
-    zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    /* tallyd checks payload sizes itself (too_large), so a client that sends too much still
+     * gets its answer and keeps its connection. ZeroMQ's own limit is only the memory guard
+     * max_frame, far above max_batch (td_config.h says why): a frame over it closes the
+     * connection. */
+    int64_t maxmsg = (int64_t)td_config_max_frame(&s->cfg);
+    struct {
+        int option;
+        const void *value;
+        size_t len;
+        const char *name;
+    } opts[] = {
+        {ZMQ_ROUTER_MANDATORY, &one, sizeof one, "ZMQ_ROUTER_MANDATORY"},
+        {ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm, "ZMQ_RCVHWM"},
+        {ZMQ_SNDHWM, &sndhwm, sizeof sndhwm, "ZMQ_SNDHWM"},
+        {ZMQ_LINGER, &linger, sizeof linger, "ZMQ_LINGER"},
+        {ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg, "ZMQ_MAXMSGSIZE"},
+    };
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+        if (zmq_setsockopt(s->router, opts[i].option, opts[i].value, opts[i].len) != 0) {
+            td_err("cannot set %s: %s", opts[i].name, zmq_strerror(errno));
+            return TALLY_E_INTERNAL;
+        }
+    }
     for (int i = 0; i < s->cfg.bind_count; i++) {
         if (zmq_bind(s->router, s->cfg.binds[i]) != 0) {
             td_err("cannot bind %s: %s", s->cfg.binds[i], zmq_strerror(errno));
@@ -740,10 +871,13 @@ tally_status_t td_server_new(const td_config_t *cfg, td_server_t **out)
     uv_poll_init_socket(&s->loop, &s->poll, s->zmq_fd);
     uv_check_init(&s->loop, &s->check);
     uv_idle_init(&s->loop, &s->idle);
+    uv_timer_init(&s->loop, &s->drain_timer);
+    uv_timer_init(&s->loop, &s->quiet_timer);
     uv_signal_init(&s->loop, &s->sig_int);
     uv_signal_init(&s->loop, &s->sig_term);
     uv_signal_init(&s->loop, &s->sig_hup);
     s->poll.data = s->check.data = s->idle.data = s;
+    s->drain_timer.data = s->quiet_timer.data = s;
     s->sig_int.data = s->sig_term.data = s->sig_hup.data = s;
     uv_poll_start(&s->poll, UV_READABLE, poll_cb);
     uv_check_start(&s->check, check_cb);
@@ -784,6 +918,8 @@ int td_server_run(td_server_t *s)
     td_service_ready(s->service);
     pump(s); /* messages may have queued between bind and the first poll */
     uv_run(&s->loop, UV_RUN_DEFAULT);
+    if (s->exit_code == 0) /* the final snapshot has finished: did it reach the disk? */
+        s->exit_code = td_service_exit_code(s->service);
     return s->exit_code;
 }
 
@@ -797,7 +933,11 @@ void td_server_destroy(td_server_t **self_p)
         uv_run(&s->loop, UV_RUN_DEFAULT);
     }
     td_service_destroy(&s->service);
-    zmq_ctx_term(s->zmq_ctx); /* waits (up to the linger) for the last replies to leave */
+    /* Waits (up to the linger) for the last replies to leave. A signal (a second SIGTERM)
+     * interrupts the wait with EINTR and leaves the context, its I/O thread and every message
+     * it holds allocated: wait again. */
+    while (zmq_ctx_term(s->zmq_ctx) == -1 && errno == EINTR)
+        continue;
     uv_close((uv_handle_t *)&s->sig_int, NULL);
     uv_close((uv_handle_t *)&s->sig_term, NULL);
     uv_close((uv_handle_t *)&s->sig_hup, NULL);

@@ -13,7 +13,7 @@ typedef struct td_server td_server_t;
  * (nothing half-started is left behind) when any of that fails. cfg is copied. */
 tally_status_t td_server_new(const td_config_t *cfg, td_server_t **out);
 /* Runs until SIGINT/SIGTERM and every in-flight request has been answered. Returns the
- * process exit code (0 on a clean stop). */
+ * process exit code: 0 on a clean stop, 1 when the final state snapshot failed. */
 int td_server_run(td_server_t *self);
 void td_server_destroy(td_server_t **self_p);
 

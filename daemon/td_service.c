@@ -18,6 +18,11 @@
  * interval). At shutdown the server calls td_service_close once every request has been
  * answered, so the final snapshot holds everything acknowledged: a clean restart loses
  * nothing. A kill -9 loses what changed since the last snapshot, at most one interval.
+ *
+ * A periodic write that fails is logged at warning and counted
+ * (tallyd_state_write_failures_total); nothing is marked written, so the next interval tries
+ * again. A final write that fails is logged at err and makes tallyd exit 1
+ * (td_service_exit_code): exiting 0 would tell the service manager that nothing was lost.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -40,6 +45,7 @@ typedef struct {
     size_t len;
     uint64_t body_sum;
     unsigned streams;
+    bool final; /* the shutdown snapshot: its failure decides the exit code */
     tally_status_t status;
     char msg[512];
 } state_job_t;
@@ -52,9 +58,11 @@ struct td_service {
     uv_timer_t state_timer;
     bool status_on, watchdog_on, state_on;
     bool closed;
+    bool final_failed; /* the shutdown snapshot could not be written */
     char *state_dir; /* fixed at start: changing it needs a restart */
-    /* max_batch at start sized ZeroMQ's frame limit (fixed when the socket is bound) and the
-     * GPU's staging buffers, so a reload may lower max_batch but not raise it above this. */
+    /* max_batch at start sized ZeroMQ's frame guard (max_frame's default, fixed when the socket
+     * is bound) and the GPU's staging buffers, so a reload may lower max_batch but not raise it
+     * above this. */
     size_t start_max_batch;
     bool write_inflight;  /* a state write is running on a worker */
     bool write_again;     /* a snapshot was asked for meanwhile */
@@ -130,9 +138,16 @@ static void state_after(uv_work_t *work, int status)
         self->written_sum = job->body_sum;
         td_debug("state: wrote %u streams (%zu bytes) to %s/%s", job->streams, job->len, job->dir,
                  TD_STATE_FILE);
+    } else if (job->final) {
+        self->host.metrics->state_write_failures++;
+        self->final_failed = true;
+        td_err("state: the final snapshot failed: cannot write %s/%s: %s; %s holds only the last "
+               "good snapshot; exiting with status 1",
+               job->dir, TD_STATE_FILE, job->msg, TD_STATE_FILE);
     } else {
-        td_log(self->closed ? TD_LOG_ERR : TD_LOG_WARNING, "state: cannot write %s/%s: %s",
-               job->dir, TD_STATE_FILE, job->msg);
+        self->host.metrics->state_write_failures++;
+        td_warn("state: cannot write %s/%s: %s; trying again at the next snapshot", job->dir,
+                TD_STATE_FILE, job->msg);
     }
     free(job->buf);
     free(job);
@@ -143,10 +158,16 @@ static void state_after(uv_work_t *work, int status)
     }
 }
 
-static uint64_t records_sum(const uint8_t *buf, size_t len)
+/* A snapshot that never reached the disk counts as a failed write. */
+static void state_not_queued(td_service_t *self, const char *why)
 {
-    return td_state_checksum(buf + TD_STATE_HEADER_SIZE,
-                             len - TD_STATE_HEADER_SIZE - TD_STATE_TRAILER_SIZE);
+    self->host.metrics->state_write_failures++;
+    if (self->closed) {
+        self->final_failed = true;
+        td_err("state: the final snapshot failed: %s; exiting with status 1", why);
+    } else {
+        td_warn("state: no snapshot: %s; trying again at the next one", why);
+    }
 }
 
 static void state_save(td_service_t *self)
@@ -159,23 +180,26 @@ static void state_save(td_service_t *self)
     }
     state_job_t *job = calloc(1, sizeof *job);
     if (!job || td_state_encode(self->host.streams, &job->buf, &job->len) != TALLY_OK) {
-        td_warn("state: out of memory for a snapshot");
+        state_not_queued(self, "out of memory for a snapshot");
         free(job);
         return;
     }
-    job->body_sum = records_sum(job->buf, job->len);
+    job->body_sum = td_state_records_digest(job->buf, job->len);
     if (job->body_sum == self->written_sum) { /* nothing changed since the last write */
         free(job->buf);
         free(job);
         return;
     }
     job->owner = self;
+    job->final = self->closed;
     job->dir = self->state_dir;
     job->streams = td_streams_count(self->host.streams);
     job->work.data = job;
     int rc = uv_queue_work(self->host.loop, &job->work, state_work, state_after);
     if (rc != 0) {
-        td_warn("state: cannot queue a write: %s", uv_strerror(rc));
+        char why[128];
+        snprintf(why, sizeof why, "cannot queue a write: %s", uv_strerror(rc));
+        state_not_queued(self, why);
         free(job->buf);
         free(job);
         return;
@@ -188,15 +212,25 @@ static void state_cb(uv_timer_t *timer)
     state_save(timer->data);
 }
 
-static void restore_state(td_service_t *self)
+static tally_status_t restore_state(td_service_t *self)
 {
-    td_state_restore(self->state_dir, self->host.streams);
-    /* What is in memory now is what is on disk: no need to write it back unchanged. */
+    td_state_report_t report;
+    char msg[4400];
+    if (td_state_restore(self->state_dir, self->host.streams, &report, msg, sizeof msg) !=
+        TALLY_OK) {
+        td_err("state: %s", msg);
+        return TALLY_E_PARAM;
+    }
+    /* When what is in memory now is what is on disk, there is no need to write it back
+     * unchanged. A file that lost records is rewritten at the first snapshot instead. */
+    if (td_state_report_lossy(&report))
+        return TALLY_OK;
     uint8_t *buf = NULL;
     size_t len = 0;
     if (td_state_encode(self->host.streams, &buf, &len) == TALLY_OK)
-        self->written_sum = records_sum(buf, len);
+        self->written_sum = td_state_records_digest(buf, len);
     free(buf);
+    return TALLY_OK;
 }
 
 /* Persistence was asked for: a directory that cannot hold the state file stops tallyd at
@@ -234,9 +268,10 @@ tally_status_t td_service_new(const td_service_host_t *host, td_service_t **out)
         if (!self->state_dir)
             goto fail;
         st = check_state_dir(self->state_dir);
+        if (st == TALLY_OK)
+            st = restore_state(self);
         if (st != TALLY_OK)
             goto fail;
-        restore_state(self);
         td_info("state: snapshots to %s/%s every %u s", self->state_dir, TD_STATE_FILE,
                 host->cfg->state_interval);
     } else {
@@ -338,6 +373,11 @@ void td_service_close(td_service_t *self)
     uv_close((uv_handle_t *)&self->state_timer, NULL);
     /* The final snapshot; the loop keeps running until its write has finished. */
     state_save(self);
+}
+
+int td_service_exit_code(const td_service_t *self)
+{
+    return self && self->final_failed ? 1 : 0;
 }
 
 void td_service_destroy(td_service_t **self_p)

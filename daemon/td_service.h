@@ -17,7 +17,7 @@ typedef struct {
     uv_loop_t *loop;
     td_config_t *cfg;      /* the server's live configuration; reload updates it */
     td_streams_t *streams; /* loop-thread-only, like everything here */
-    const td_metrics_t *metrics;
+    td_metrics_t *metrics; /* the service counts state write failures in it */
     void (*gauges)(void *ctx, td_gauges_t *out); /* samples the server's gauges */
     void *ctx;
 } td_service_host_t;
@@ -25,8 +25,8 @@ typedef struct {
 typedef struct td_service td_service_t;
 
 /* Loop thread, before the loop runs: restores stream state, starts the metrics endpoint and
- * the timers. Fails (leaving no libuv handle behind) only when the metrics endpoint cannot
- * start. */
+ * the timers. Fails (leaving no libuv handle behind, the reason logged at err) when the state
+ * directory or the state file in it cannot be used, or the metrics endpoint cannot start. */
 tally_status_t td_service_new(const td_service_host_t *host, td_service_t **out);
 /* The server is ready to serve: READY=1. */
 void td_service_ready(td_service_t *self);
@@ -36,6 +36,10 @@ void td_service_reload(td_service_t *self);
 void td_service_stopping(td_service_t *self);
 /* Every request is answered: write the final state snapshot, close timers and the endpoint. */
 void td_service_close(td_service_t *self);
+/* After the loop has finished: the process exit code the service asks for, 0, or 1 when the
+ * final state snapshot could not be written (what was acknowledged since the last good
+ * snapshot is lost, and the service manager must hear of it). */
+int td_service_exit_code(const td_service_t *self);
 /* After the loop has finished. */
 void td_service_destroy(td_service_t **self_p);
 

@@ -1,53 +1,46 @@
 /*
  * td_state.c — see td_state.h for the file format and the guarantees.
  *
- * Decoding is two passes over the image: the first checks everything (header, checksum, every
- * record's name and info) without touching the stream table, the second inserts. So a bad
- * file never leaves half of its streams behind.
+ * Decoding checks the header first; only a usable header lets any record in. Then each record
+ * stands alone: its checksum, its name and the invariants of its state are checked, and it is
+ * either inserted or skipped with a warning, so one damaged record costs one stream. Version 1
+ * files have one checksum over the whole file: it must match before any record is read, and
+ * their records then go through the same per-record checks.
+ *
+ * Files set aside never replace another: the name carries the time, the pid and a counter, and
+ * the rename or copy refuses an existing name (RENAME_NOREPLACE, O_EXCL) and tries the next.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "td_config.h"
 #include "td_log.h"
 #include "td_state.h"
 
-#define RECORD_MAX (1 + TALLY_STREAM_NAME_MAX + TALLY_QUERY_PAYLOAD_SIZE)
+#define V1_RECORD_MAX (1 + TALLY_STREAM_NAME_MAX + TALLY_QUERY_PAYLOAD_SIZE)
 /* A state file larger than this is not one of ours (16M streams of the largest record). */
-#define STATE_FILE_MAX ((size_t)RECORD_MAX << 24)
+#define STATE_FILE_MAX ((size_t)TD_STATE_RECORD_SIZE << 24)
+/* How many set-aside names to try before giving up (each collision takes the next counter). */
+#define ASIDE_TRIES 1000
 
-static void put_u32(uint8_t *p, uint32_t v)
+uint32_t td_state_crc(const uint8_t *buf, size_t len)
 {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get_u32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
-
-static uint64_t get_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
+    uLong crc = crc32(0L, Z_NULL, 0);
+    while (len > 0) { /* zlib's length is a uInt */
+        uInt chunk = len > (1u << 30) ? (1u << 30) : (uInt)len;
+        crc = crc32(crc, buf, chunk);
+        buf += chunk;
+        len -= chunk;
+    }
+    return (uint32_t)crc;
 }
 
 uint64_t td_state_checksum(const uint8_t *buf, size_t len)
@@ -60,52 +53,264 @@ uint64_t td_state_checksum(const uint8_t *buf, size_t len)
     return h;
 }
 
+uint64_t td_state_records_digest(const uint8_t *buf, size_t len)
+{
+    return td_state_checksum(buf + TD_STATE_HEADER_SIZE, len - TD_STATE_HEADER_SIZE);
+}
+
+/* ---- Encoding --------------------------------------------------------------------------- */
+
 tally_status_t td_state_encode(td_streams_t *streams, uint8_t **buf, size_t *len)
 {
-    size_t body = 0;
-    uint32_t count = 0;
-    for (td_stream_t *s = td_streams_first(streams); s; s = s->list_next) {
-        body += 1 + s->name_len + TALLY_QUERY_PAYLOAD_SIZE;
-        count++;
-    }
-    size_t total = TD_STATE_HEADER_SIZE + body + TD_STATE_TRAILER_SIZE;
-    uint8_t *out = malloc(total);
+    uint32_t count = td_streams_count(streams);
+    size_t total = TD_STATE_HEADER_SIZE + (size_t)count * TD_STATE_RECORD_SIZE;
+    uint8_t *out = calloc(1, total); /* zero: reserved bytes and name padding */
     if (!out)
         return TALLY_E_INTERNAL;
     memcpy(out, TD_STATE_MAGIC, 8);
-    put_u32(out + 8, TD_STATE_VERSION);
-    put_u32(out + 12, count);
-    put_u64(out + 16, body);
-    put_u64(out + 24, (uint64_t)time(NULL));
-    uint8_t *p = out + TD_STATE_HEADER_SIZE;
+    tally_put_u32(out + 8, TD_STATE_VERSION);
+    tally_put_u32(out + 12, count);
+    tally_put_u32(out + 16, TD_STATE_RECORD_SIZE);
+    tally_put_u64(out + 24, (uint64_t)time(NULL));
+    tally_put_u32(out + TD_STATE_HEADER_CRC_OFF, td_state_crc(out, TD_STATE_HEADER_CRC_OFF));
+    uint8_t *rec = out + TD_STATE_HEADER_SIZE;
     for (td_stream_t *s = td_streams_first(streams); s; s = s->list_next) {
-        *p++ = (uint8_t)s->name_len;
-        memcpy(p, s->name, s->name_len);
-        p += s->name_len;
-        tally_stream_info_encode(&s->info, p);
-        p += TALLY_QUERY_PAYLOAD_SIZE;
+        tally_put_u32(rec + 4, (uint32_t)s->name_len);
+        memcpy(rec + TD_STATE_RECORD_NAME_OFF, s->name, s->name_len);
+        tally_stream_info_encode(&s->info, rec + TD_STATE_RECORD_INFO_OFF);
+        tally_put_u32(rec, td_state_crc(rec + 4, TD_STATE_RECORD_SIZE - 4));
+        rec += TD_STATE_RECORD_SIZE;
     }
-    put_u64(p, td_state_checksum(out, total - TD_STATE_TRAILER_SIZE));
     *buf = out;
     *len = total;
     return TALLY_OK;
 }
 
-static bool valid_name(const uint8_t *name, size_t len)
+/* ---- Invariants ------------------------------------------------------------------------- */
+
+/* The histogram part of td_state_check_info. Sums wrap like the counters they check. */
+static bool check_hist(const tally_stream_info_t *in, char *msg, size_t cap)
 {
-    if (len == 0 || len > TALLY_STREAM_NAME_MAX)
+    uint64_t sum = in->hist_underflow + in->hist_overflow;
+    bool any_bin = false;
+    for (size_t b = 0; b < TALLY_HIST_BINS; b++) {
+        sum += in->bins[b];
+        any_bin |= in->bins[b] != 0;
+    }
+    switch (in->hist_dtype) {
+    case TALLY_DTYPE_NONE:
+        if (any_bin || in->hist_underflow || in->hist_overflow || in->hist_total || in->hist_lo ||
+            in->hist_hi) {
+            snprintf(msg, cap, "no histogram yet, but nonzero bins, counts or range");
+            return false;
+        }
+        return true;
+    case TALLY_DTYPE_U8:
+        if (in->hist_underflow || in->hist_overflow || in->hist_lo || in->hist_hi) {
+            snprintf(msg, cap, "a u8 histogram with underflow, overflow or a range");
+            return false;
+        }
+        break;
+    case TALLY_DTYPE_I32:
+        if (in->hist_lo >= in->hist_hi || in->hist_lo < INT32_MIN ||
+            in->hist_hi > (int64_t)INT32_MAX + 1) {
+            snprintf(msg, cap, "i32 histogram range [%" PRId64 ", %" PRId64 ") is not valid",
+                     in->hist_lo, in->hist_hi);
+            return false;
+        }
+        break;
+    default:
+        snprintf(msg, cap, "histogram dtype %u is not none, u8 or i32", in->hist_dtype);
         return false;
-    for (size_t i = 0; i < len; i++)
-        if (name[i] < 0x21 || name[i] > 0x7e)
+    }
+    if (sum != in->hist_total) {
+        snprintf(msg, cap,
+                 "histogram total %" PRIu64 " is not bins + underflow + overflow (%" PRIu64 ")",
+                 in->hist_total, sum);
+        return false;
+    }
+    return true;
+}
+
+/* What td_request_apply maintains: every element of a batch is filtered, scanned or
+ * histogrammed, and a stream with no batch has applied nothing. */
+bool td_state_check_info(const tally_stream_info_t *in, char *msg, size_t cap)
+{
+    if (in->filter_kept > in->filter_seen) {
+        snprintf(msg, cap, "filter_kept %" PRIu64 " is above filter_seen %" PRIu64, in->filter_kept,
+                 in->filter_seen);
+        return false;
+    }
+    if (in->scan_elements > in->elements) {
+        snprintf(msg, cap, "scan_elements %" PRIu64 " is above elements %" PRIu64,
+                 in->scan_elements, in->elements);
+        return false;
+    }
+    if (in->filter_seen + in->scan_elements + in->hist_total != in->elements) {
+        snprintf(msg, cap, "elements %" PRIu64 " is not filtered + scanned + histogrammed",
+                 in->elements);
+        return false;
+    }
+    if (in->batches == 0 && (in->elements || in->bytes)) {
+        snprintf(msg, cap, "no batches, yet %" PRIu64 " elements and %" PRIu64 " bytes",
+                 in->elements, in->bytes);
+        return false;
+    }
+    if (in->scan_elements == 0 && in->scan_carry != 0) {
+        snprintf(msg, cap, "scan carry %" PRId64 " with no element scanned", in->scan_carry);
+        return false;
+    }
+    return check_hist(in, msg, cap);
+}
+
+/* ---- Decoding --------------------------------------------------------------------------- */
+
+static bool all_zero(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i])
             return false;
     return true;
 }
 
-/* Pass 1: checks the header, the checksum and every record. */
-static tally_status_t check_image(const uint8_t *buf, size_t len, uint32_t *count, char *msg,
-                                  size_t msg_cap)
+/* Logs a record that is not restored, naming its stream when the name reads as one. */
+static void skip_record(td_state_report_t *r, unsigned i, const uint8_t *name, size_t name_len,
+                        const char *why)
 {
-    if (len < TD_STATE_HEADER_SIZE + TD_STATE_TRAILER_SIZE) {
+    r->damaged++;
+    if (name_len >= 1 && name_len <= TALLY_STREAM_NAME_MAX &&
+        tally_stream_name_valid((const char *)name, name_len))
+        td_warn("state: record %u of %u (stream \"%.*s\") not restored: %s", i + 1, r->records,
+                (int)name_len, (const char *)name, why);
+    else
+        td_warn("state: record %u of %u (name unreadable) not restored: %s", i + 1, r->records,
+                why);
+}
+
+/* Checks one record's name and state (its bytes are known to be intact) and inserts it. */
+static void restore_record(td_streams_t *streams, td_state_report_t *r, unsigned i,
+                           const uint8_t *name, size_t name_len, const uint8_t *payload)
+{
+    char why[160];
+    tally_stream_info_t info;
+    if (!tally_stream_name_valid((const char *)name, name_len)) {
+        skip_record(r, i, name, name_len, "the name is not a valid stream name");
+        return;
+    }
+    if (tally_stream_info_decode(payload, TALLY_QUERY_PAYLOAD_SIZE, &info) != TALLY_OK) {
+        skip_record(r, i, name, name_len, "reserved bytes or the histogram dtype are not valid");
+        return;
+    }
+    if (!td_state_check_info(&info, why, sizeof why)) {
+        skip_record(r, i, name, name_len, why);
+        return;
+    }
+    if (td_streams_find(streams, (const char *)name, name_len)) {
+        skip_record(r, i, name, name_len, "a second record for the same stream");
+        return;
+    }
+    td_stream_t *stream = NULL;
+    if (td_streams_get(streams, (const char *)name, name_len, &stream) != TALLY_OK) {
+        r->over_limit++;
+        return;
+    }
+    stream->info = info;
+    r->restored++;
+}
+
+static tally_status_t decode_v2(const uint8_t *buf, size_t len, td_streams_t *streams,
+                                td_state_report_t *r, char *msg, size_t cap)
+{
+    if (len < TD_STATE_HEADER_SIZE) {
+        snprintf(msg, cap, "truncated: %zu bytes is shorter than the header", len);
+        return TALLY_E_PARAM;
+    }
+    if (td_state_crc(buf, TD_STATE_HEADER_CRC_OFF) !=
+        tally_get_u32(buf + TD_STATE_HEADER_CRC_OFF)) {
+        snprintf(msg, cap, "header checksum mismatch");
+        return TALLY_E_PARAM;
+    }
+    uint32_t record_size = tally_get_u32(buf + 16);
+    if (record_size != TD_STATE_RECORD_SIZE || tally_get_u32(buf + 20) || tally_get_u32(buf + 32)) {
+        snprintf(msg, cap,
+                 "records of %u bytes or reserved header bytes set: not this tallyd's "
+                 "layout",
+                 record_size);
+        return TALLY_E_PARAM;
+    }
+    r->records = tally_get_u32(buf + 12);
+    size_t room = (len - TD_STATE_HEADER_SIZE) / TD_STATE_RECORD_SIZE;
+    unsigned present = r->records < room ? r->records : (unsigned)room;
+    r->missing = r->records - present;
+    if (r->missing)
+        td_warn("state: the file is truncated: %u of its %u records are cut off", r->missing,
+                r->records);
+    else
+        r->extra_bytes = len - TD_STATE_HEADER_SIZE - (size_t)present * TD_STATE_RECORD_SIZE;
+    if (r->extra_bytes)
+        td_warn("state: %zu bytes after the last record ignored", r->extra_bytes);
+    for (unsigned i = 0; i < present; i++) {
+        const uint8_t *rec = buf + TD_STATE_HEADER_SIZE + (size_t)i * TD_STATE_RECORD_SIZE;
+        const uint8_t *name = rec + TD_STATE_RECORD_NAME_OFF;
+        uint32_t name_len = tally_get_u32(rec + 4);
+        if (td_state_crc(rec + 4, TD_STATE_RECORD_SIZE - 4) != tally_get_u32(rec))
+            skip_record(r, i, name, name_len, "record checksum mismatch");
+        else if (name_len > TALLY_STREAM_NAME_MAX ||
+                 !all_zero(name + name_len, TALLY_STREAM_NAME_MAX - name_len))
+            skip_record(r, i, name, 0, "the name field is not a padded name");
+        else
+            restore_record(streams, r, i, name, name_len, rec + TD_STATE_RECORD_INFO_OFF);
+    }
+    return TALLY_OK;
+}
+
+/* Version 1: the whole-file checksum, then the framing of every record, before any insert. */
+static tally_status_t decode_v1(const uint8_t *buf, size_t len, td_streams_t *streams,
+                                td_state_report_t *r, char *msg, size_t cap)
+{
+    if (len < TD_STATE_V1_HEADER_SIZE + TD_STATE_V1_TRAILER_SIZE) {
+        snprintf(msg, cap, "truncated: %zu bytes is shorter than the header", len);
+        return TALLY_E_PARAM;
+    }
+    size_t body = len - TD_STATE_V1_HEADER_SIZE - TD_STATE_V1_TRAILER_SIZE;
+    if (tally_get_u64(buf + 16) != body) {
+        snprintf(msg, cap,
+                 "truncated or extended: header says %" PRIu64 " bytes of records, "
+                 "file has %zu",
+                 tally_get_u64(buf + 16), body);
+        return TALLY_E_PARAM;
+    }
+    if (td_state_checksum(buf, len - TD_STATE_V1_TRAILER_SIZE) !=
+        tally_get_u64(buf + len - TD_STATE_V1_TRAILER_SIZE)) {
+        snprintf(msg, cap, "checksum mismatch");
+        return TALLY_E_PARAM;
+    }
+    r->records = tally_get_u32(buf + 12);
+    const uint8_t *start = buf + TD_STATE_V1_HEADER_SIZE, *end = start + body, *p = start;
+    for (uint32_t i = 0; i < r->records; i++) {
+        if (p >= end || (size_t)(end - p) < 1u + *p + TALLY_QUERY_PAYLOAD_SIZE) {
+            snprintf(msg, cap, "record %u of %u is malformed", i + 1, r->records);
+            return TALLY_E_PARAM;
+        }
+        p += 1 + *p + TALLY_QUERY_PAYLOAD_SIZE;
+    }
+    if (p != end) {
+        snprintf(msg, cap, "%zu bytes after the last record", (size_t)(end - p));
+        return TALLY_E_PARAM;
+    }
+    p = start;
+    for (uint32_t i = 0; i < r->records; i++) {
+        restore_record(streams, r, i, p + 1, *p, p + 1 + *p);
+        p += 1 + *p + TALLY_QUERY_PAYLOAD_SIZE;
+    }
+    return TALLY_OK;
+}
+
+tally_status_t td_state_decode(const uint8_t *buf, size_t len, td_streams_t *streams,
+                               td_state_report_t *report, char *msg, size_t msg_cap)
+{
+    memset(report, 0, sizeof *report);
+    if (len < 12) {
         snprintf(msg, msg_cap, "truncated: %zu bytes is shorter than the header", len);
         return TALLY_E_PARAM;
     }
@@ -113,76 +318,22 @@ static tally_status_t check_image(const uint8_t *buf, size_t len, uint32_t *coun
         snprintf(msg, msg_cap, "not a tallyd state file (bad magic)");
         return TALLY_E_PARAM;
     }
-    uint32_t version = get_u32(buf + 8);
-    if (version != TD_STATE_VERSION) {
-        snprintf(msg, msg_cap, "format version %u, this tallyd reads version %u", version,
-                 TD_STATE_VERSION);
-        return TALLY_E_PARAM;
-    }
-    uint64_t body = get_u64(buf + 16);
-    if (body != len - TD_STATE_HEADER_SIZE - TD_STATE_TRAILER_SIZE) {
-        snprintf(msg, msg_cap,
-                 "truncated or extended: header says %llu bytes of records, file has %zu",
-                 (unsigned long long)body, len - TD_STATE_HEADER_SIZE - TD_STATE_TRAILER_SIZE);
-        return TALLY_E_PARAM;
-    }
-    uint64_t want = get_u64(buf + len - TD_STATE_TRAILER_SIZE);
-    if (td_state_checksum(buf, len - TD_STATE_TRAILER_SIZE) != want) {
-        snprintf(msg, msg_cap, "checksum mismatch");
-        return TALLY_E_PARAM;
-    }
-    *count = get_u32(buf + 12);
-    const uint8_t *p = buf + TD_STATE_HEADER_SIZE;
-    const uint8_t *end = p + body;
-    for (uint32_t i = 0; i < *count; i++) {
-        size_t name_len = p < end ? *p : 0;
-        if (p >= end || (size_t)(end - p) < 1 + name_len + TALLY_QUERY_PAYLOAD_SIZE ||
-            !valid_name(p + 1, name_len)) {
-            snprintf(msg, msg_cap, "record %u of %u is malformed", i + 1, *count);
-            return TALLY_E_PARAM;
-        }
-        tally_stream_info_t info;
-        if (tally_stream_info_decode(p + 1 + name_len, TALLY_QUERY_PAYLOAD_SIZE, &info) !=
-            TALLY_OK) {
-            snprintf(msg, msg_cap, "record %u of %u has an invalid stream state", i + 1, *count);
-            return TALLY_E_PARAM;
-        }
-        p += 1 + name_len + TALLY_QUERY_PAYLOAD_SIZE;
-    }
-    if (p != end) {
-        snprintf(msg, msg_cap, "%zu bytes after the last record", (size_t)(end - p));
-        return TALLY_E_PARAM;
-    }
-    return TALLY_OK;
+    report->version = tally_get_u32(buf + 8);
+    tally_status_t st = TALLY_E_PARAM;
+    if (report->version == TD_STATE_VERSION)
+        st = decode_v2(buf, len, streams, report, msg, msg_cap);
+    else if (report->version == 1)
+        st = decode_v1(buf, len, streams, report, msg, msg_cap);
+    else
+        snprintf(msg, msg_cap, "format version %u, this tallyd reads versions 1 and %u",
+                 report->version, TD_STATE_VERSION);
+    if (report->over_limit)
+        td_warn("state: %u of %u streams not restored: max_streams is reached", report->over_limit,
+                report->records);
+    return st;
 }
 
-tally_status_t td_state_decode(const uint8_t *buf, size_t len, td_streams_t *streams, char *msg,
-                               size_t msg_cap)
-{
-    uint32_t count = 0;
-    tally_status_t st = check_image(buf, len, &count, msg, msg_cap);
-    if (st != TALLY_OK)
-        return st;
-    const uint8_t *p = buf + TD_STATE_HEADER_SIZE;
-    unsigned skipped = 0;
-    for (uint32_t i = 0; i < count; i++) {
-        size_t name_len = *p;
-        const char *name = (const char *)p + 1;
-        const uint8_t *info = p + 1 + name_len;
-        p += 1 + name_len + TALLY_QUERY_PAYLOAD_SIZE;
-        td_stream_t *stream = NULL;
-        if (td_streams_find(streams, name, name_len) ||
-            td_streams_get(streams, name, name_len, &stream) != TALLY_OK) {
-            skipped++; /* a duplicate, or over max_streams */
-            continue;
-        }
-        tally_stream_info_decode(info, TALLY_QUERY_PAYLOAD_SIZE, &stream->info);
-    }
-    if (skipped)
-        td_warn("state: %u of %u streams not restored (duplicates or over max_streams)", skipped,
-                count);
-    return TALLY_OK;
-}
+/* ---- Writing ---------------------------------------------------------------------------- */
 
 static tally_status_t write_all(int fd, const uint8_t *buf, size_t len)
 {
@@ -246,38 +397,95 @@ fail:
     return TALLY_E_IO;
 }
 
-/* Reads a whole file; TALLY_E_UNKNOWN_STREAM (reused as "absent") when it does not exist. */
-static tally_status_t read_file(const char *path, uint8_t **buf, size_t *len, char *msg,
-                                size_t msg_cap)
+/* ---- Restoring -------------------------------------------------------------------------- */
+
+static const char *file_kind(mode_t mode)
 {
-    tally_status_t st = TALLY_E_IO;
-    uint8_t *data = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno == ENOENT)
-            return TALLY_E_UNKNOWN_STREAM;
-        snprintf(msg, msg_cap, "open: %s", strerror(errno));
+    if (S_ISDIR(mode))
+        return "a directory";
+    if (S_ISLNK(mode))
+        return "a symbolic link";
+    if (S_ISFIFO(mode))
+        return "a FIFO";
+    if (S_ISSOCK(mode))
+        return "a socket";
+    return "a device or other non-regular file";
+}
+
+/* Every snapshot is written to the temporary name and renamed over the state file: something
+ * other than a regular file at either name would make every snapshot fail (or, for a symbolic
+ * link, be replaced by the first one). */
+static tally_status_t check_tmp(const char *tmp, char *msg, size_t cap)
+{
+    struct stat sb;
+    if (lstat(tmp, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+        snprintf(msg, cap, "%s is %s, where tallyd writes every snapshot; remove it", tmp,
+                 file_kind(sb.st_mode));
         return TALLY_E_IO;
     }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || sb.st_size < 0 || (size_t)sb.st_size > STATE_FILE_MAX) {
-        snprintf(msg, msg_cap, "unreadable or too large");
+    return TALLY_OK;
+}
+
+/* Opens the state file for reading: absent (TALLY_E_UNKNOWN_STREAM, reused as "absent"), a
+ * regular file (TALLY_OK, *fd_out) or unusable (TALLY_E_IO, msg). O_NONBLOCK so a FIFO cannot
+ * block the start; O_NOFOLLOW so a link is refused, not replaced. */
+static tally_status_t open_state(const char *path, int *fd_out, struct stat *sb, char *msg,
+                                 size_t cap)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0 && errno == ENOENT)
+        return TALLY_E_UNKNOWN_STREAM;
+    if (fd < 0 && errno == ELOOP) {
+        snprintf(msg, cap,
+                 "%s is a symbolic link; tallyd replaces the file on every snapshot, "
+                 "so point the state directory at the real one",
+                 path);
+        return TALLY_E_IO;
+    }
+    if (fd < 0) {
+        snprintf(msg, cap, "cannot open %s: %s", path, strerror(errno));
+        return TALLY_E_IO;
+    }
+    if (fstat(fd, sb) != 0 || !S_ISREG(sb->st_mode)) {
+        snprintf(msg, cap,
+                 "%s is %s, not a regular file; remove it or choose another state "
+                 "directory",
+                 path, file_kind(sb->st_mode));
+        close(fd);
+        return TALLY_E_IO;
+    }
+    *fd_out = fd;
+    return TALLY_OK;
+}
+
+/* Reads the whole state file. TALLY_E_PARAM (*buf NULL) when it is too large to be ours. */
+static tally_status_t read_state(const char *path, uint8_t **buf, size_t *len, char *msg,
+                                 size_t cap)
+{
+    struct stat sb = {0};
+    int fd = -1;
+    tally_status_t st = open_state(path, &fd, &sb, msg, cap);
+    if (st != TALLY_OK)
+        return st;
+    uint8_t *data = NULL;
+    size_t size = (size_t)sb.st_size, got = 0;
+    if (sb.st_size < 0 || size > STATE_FILE_MAX) {
+        snprintf(msg, cap, "%lld bytes is too large for a state file", (long long)sb.st_size);
         st = TALLY_E_PARAM;
         goto cleanup;
     }
-    size_t size = (size_t)sb.st_size;
+    st = TALLY_E_IO;
     data = malloc(size ? size : 1);
     if (!data) {
-        snprintf(msg, msg_cap, "out of memory for %zu bytes", size);
+        snprintf(msg, cap, "out of memory for %zu bytes of %s", size, path);
         goto cleanup;
     }
-    size_t got = 0;
     while (got < size) {
         ssize_t n = read(fd, data + got, size - got);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0) {
-            snprintf(msg, msg_cap, "read: %s", strerror(errno));
+            snprintf(msg, cap, "cannot read %s: %s", path, strerror(errno));
             goto cleanup;
         }
         if (n == 0)
@@ -294,47 +502,114 @@ cleanup:
     return st;
 }
 
-/* Renames a bad state file to streams.state.corrupt-<UTC time> so it can be inspected. */
-static void set_aside(const char *dir, const char *path, const char *why)
+/* DIR/streams.state.corrupt-<UTC time>-<pid>-<n>: a new n for every try, in this process. */
+static void aside_name(char *out, size_t cap, const char *dir)
 {
-    char stamp[32], aside[4096];
+    static unsigned serial;
+    char stamp[32];
     time_t now = time(NULL);
     struct tm tm;
     gmtime_r(&now, &tm);
     strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
-    snprintf(aside, sizeof aside, "%s/%s.corrupt-%s", dir, TD_STATE_FILE, stamp);
-    if (rename(path, aside) == 0)
-        td_warn("state: %s is unusable (%s); set aside as %s; starting with no streams", path, why,
-                aside);
-    else
-        td_warn("state: %s is unusable (%s) and cannot be set aside (%s); starting with no "
-                "streams",
-                path, why, strerror(errno));
+    snprintf(out, cap, "%s/%s.corrupt-%s-%ld-%u", dir, TD_STATE_FILE, stamp, (long)getpid(),
+             ++serial);
 }
 
-unsigned td_state_restore(const char *dir, td_streams_t *streams)
+/* rename() that fails with EEXIST instead of replacing `to`. */
+static int rename_noreplace(const char *from, const char *to)
 {
-    char path[4096], msg[256] = "";
+    if (renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE) == 0)
+        return 0;
+    if (errno != EINVAL && errno != ENOSYS)
+        return -1;
+    /* A file system without RENAME_NOREPLACE: link() refuses an existing name too. */
+    if (link(from, to) != 0)
+        return -1;
+    return unlink(from);
+}
+
+/* Moves the state file aside (buf NULL) or writes a copy of buf beside it; the name it got is
+ * in aside, or -1 with errno. */
+static int set_aside(const char *dir, const char *path, const uint8_t *buf, size_t len, char *aside,
+                     size_t cap)
+{
+    for (int i = 0; i < ASIDE_TRIES; i++) {
+        aside_name(aside, cap, dir);
+        if (!buf) {
+            if (rename_noreplace(path, aside) == 0)
+                return 0;
+        } else {
+            int fd = open(aside, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+            if (fd >= 0) {
+                int rc = write_all(fd, buf, len) == TALLY_OK && fsync(fd) == 0 ? 0 : -1;
+                int saved = errno;
+                close(fd);
+                errno = saved;
+                return rc;
+            }
+        }
+        if (errno != EEXIST)
+            return -1;
+    }
+    return -1;
+}
+
+/* Logs what a restore found and keeps the evidence: an unusable file is moved aside, a file
+ * that lost records is copied aside (it stays in place until the next snapshot replaces it). */
+static void report_restore(const char *dir, const char *path, tally_status_t st, const uint8_t *buf,
+                           size_t len, const td_state_report_t *r, const char *why)
+{
+    char aside[4200];
+    if (st != TALLY_OK) {
+        if (set_aside(dir, path, NULL, 0, aside, sizeof aside) == 0)
+            td_warn("state: %s is unusable (%s); set aside as %s; starting with no streams", path,
+                    why, aside);
+        else
+            td_warn("state: %s is unusable (%s) and cannot be set aside (%s); starting with no "
+                    "streams",
+                    path, why, strerror(errno));
+        return;
+    }
+    if (!td_state_report_lossy(r)) {
+        td_notice("state: restored %u streams from %s (format version %u)", r->restored, path,
+                  r->version);
+        return;
+    }
+    if (set_aside(dir, path, buf, len, aside, sizeof aside) == 0)
+        td_warn("state: restored %u of the %u streams in %s (%u damaged, %u cut off, %u over "
+                "max_streams); a copy of the file is set aside as %s",
+                r->restored, r->records, path, r->damaged, r->missing, r->over_limit, aside);
+    else
+        td_warn("state: restored %u of the %u streams in %s (%u damaged, %u cut off, %u over "
+                "max_streams); no copy could be set aside: %s",
+                r->restored, r->records, path, r->damaged, r->missing, r->over_limit,
+                strerror(errno));
+}
+
+tally_status_t td_state_restore(const char *dir, td_streams_t *streams, td_state_report_t *report,
+                                char *msg, size_t msg_cap)
+{
+    char path[4096], tmp[4096], why[256] = "";
     snprintf(path, sizeof path, "%s/%s", dir, TD_STATE_FILE);
+    snprintf(tmp, sizeof tmp, "%s/%s.tmp", dir, TD_STATE_FILE);
+    memset(report, 0, sizeof *report);
+    tally_status_t st = check_tmp(tmp, msg, msg_cap);
+    if (st != TALLY_OK)
+        return st;
     uint8_t *buf = NULL;
     size_t len = 0;
-    tally_status_t st = read_file(path, &buf, &len, msg, sizeof msg);
+    st = read_state(path, &buf, &len, msg, msg_cap);
     if (st == TALLY_E_UNKNOWN_STREAM) {
         td_info("state: no %s yet; starting with no streams", path);
-        return 0;
+        return TALLY_OK;
     }
-    if (st == TALLY_E_IO) {
-        td_warn("state: cannot read %s (%s); starting with no streams", path, msg);
-        return 0;
-    }
+    if (st == TALLY_E_IO)
+        return st;
     if (st == TALLY_OK)
-        st = td_state_decode(buf, len, streams, msg, sizeof msg);
+        st = td_state_decode(buf, len, streams, report, why, sizeof why);
+    else
+        snprintf(why, sizeof why, "%s", msg);
+    report_restore(dir, path, st, buf, len, report, why);
     free(buf);
-    if (st != TALLY_OK) {
-        set_aside(dir, path, msg);
-        return 0;
-    }
-    unsigned count = td_streams_count(streams);
-    td_notice("state: restored %u streams from %s", count, path);
-    return count;
+    return TALLY_OK;
 }

@@ -1,51 +1,110 @@
 /*
  * td_state.h — persistent stream state: every stream's name and tally_stream_info_t (counters,
- * scan carry, running histogram) in one file, streams.state, in the state directory.
+ * scan carry, running histogram, last applied seq) in one file, streams.state, in the state
+ * directory.
  *
- * File format (all integers little-endian; version 1):
- *   offset 0   8 bytes  magic "TLYDSTAT"
- *          8   u32      format version (TD_STATE_VERSION)
- *         12   u32      number of streams
- *         16   u64      length of the records that follow, in bytes
- *         24   u64      time written (seconds since the epoch; informational)
- *         32   records  per stream: u8 name length (1..64), the name (printable ASCII), then the
- *                       stream's state as tally_stream_info_encode writes it (the `query` reply
- *                       payload, TALLY_QUERY_PAYLOAD_SIZE bytes, layout in PROTOCOL.md)
- *   end - 8    u64      FNV-1a 64 of every byte before it
+ * File format, version 2 (all integers little-endian). A header, then one fixed-size record per
+ * stream, each with its own checksum, so a damaged record costs only its own stream:
+ *
+ *   header (TD_STATE_HEADER_SIZE = 40 bytes)
+ *     0    8 bytes  magic "TLYDSTAT"
+ *     8    u32      format version (TD_STATE_VERSION = 2)
+ *     12   u32      number of records
+ *     16   u32      record size in bytes (TD_STATE_RECORD_SIZE = 2248)
+ *     20   u32      reserved, zero
+ *     24   u64      time written (seconds since the epoch; informational)
+ *     32   u32      reserved, zero
+ *     36   u32      CRC-32 (zlib's crc32) of header bytes 0..35
+ *   record i at 40 + i * 2248 (TD_STATE_RECORD_SIZE bytes)
+ *     0    u32      CRC-32 of record bytes 4..2247
+ *     4    u32      name length (1..64)
+ *     8    64 bytes the name (printable ASCII, tally_stream_name_valid), zero-padded
+ *     72   2176     the stream's state exactly as `query` returns it (tally_stream_info_encode;
+ *                   TALLY_QUERY_PAYLOAD_SIZE bytes, layout in PROTOCOL.md), carried as-is:
+ *                   whatever the payload holds (last_seq at bytes 104..111 included) is saved
+ *                   and restored, and only tally_stream_info_decode judges its fields
+ *
+ * Version 1 (still read, never written): a 32-byte header (magic, u32 version 1, u32 count,
+ * u64 length of the records, u64 time), variable records (u8 name length, the name, the
+ * 2176-byte payload) and an 8-byte trailer, the FNV-1a 64 of every byte before it.
  *
  * Writing is atomic: the bytes go to streams.state.tmp in the same directory, which is
  * fsync'ed, renamed over streams.state, and the directory fsync'ed; a crash at any point
- * leaves either the old file or the new one. Restoring never fails the daemon: a missing file
- * means no streams; a file that is truncated, corrupt (checksum) or of another version is
- * renamed to streams.state.corrupt-<UTC time>, logged at warning, and tallyd starts empty.
+ * leaves either the old file or the new one.
+ *
+ * Restoring, record by record. A record is restored only when its checksum matches and its
+ * state is consistent (td_state_check_info: the invariants tallyd maintains); any other is
+ * skipped with a warning that names the stream when its name is readable, and the rest are
+ * restored. A file with skipped or missing records (or more streams than max_streams) is kept
+ * and a copy set aside, so nothing is lost silently. A file whose header is unusable (not a
+ * state file, another version, header checksum, a v1 file whose checksum fails) is renamed
+ * aside and tallyd starts with no streams. Set-aside files are named
+ * streams.state.corrupt-<UTC time>-<pid>-<n> and never replace an existing file. A path
+ * that cannot hold the state (streams.state or streams.state.tmp present but not a regular
+ * file, or streams.state unreadable) fails the start instead: every snapshot would fail.
  */
 #ifndef TD_STATE_H
 #define TD_STATE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "td_stream.h"
 
 #define TD_STATE_MAGIC "TLYDSTAT"
-#define TD_STATE_VERSION 1u
-#define TD_STATE_HEADER_SIZE 32u
-#define TD_STATE_TRAILER_SIZE 8u
+#define TD_STATE_VERSION 2u
+#define TD_STATE_HEADER_SIZE 40u
+#define TD_STATE_HEADER_CRC_OFF 36u
+#define TD_STATE_RECORD_NAME_OFF 8u
+#define TD_STATE_RECORD_INFO_OFF 72u
+#define TD_STATE_RECORD_SIZE (TD_STATE_RECORD_INFO_OFF + TALLY_QUERY_PAYLOAD_SIZE)
+/* Version 1's layout, for reading old files. */
+#define TD_STATE_V1_HEADER_SIZE 32u
+#define TD_STATE_V1_TRAILER_SIZE 8u
 
-/* Loop thread: serialises every stream into a malloc'ed file image (*buf, *len). */
+/* What a restore found, record by record. */
+typedef struct {
+    unsigned version;    /* the file's format version */
+    unsigned records;    /* records the file announces */
+    unsigned restored;   /* streams added to the table */
+    unsigned damaged;    /* records skipped: checksum, name, invariants, duplicate (logged) */
+    unsigned missing;    /* records announced but cut off by a truncated file */
+    unsigned over_limit; /* good records not added because max_streams streams exist */
+    size_t extra_bytes;  /* bytes after the last announced record */
+} td_state_report_t;
+
+/* Records that were in the file and are not in the table now. */
+static inline bool td_state_report_lossy(const td_state_report_t *r)
+{
+    return r->damaged || r->missing || r->over_limit || r->extra_bytes;
+}
+
+/* Loop thread: serialises every stream into a malloc'ed version-2 file image (*buf, *len). */
 tally_status_t td_state_encode(td_streams_t *streams, uint8_t **buf, size_t *len);
-/* Checks a whole file image and adds its streams to `streams` (all or none: nothing is added
- * unless the image is valid). TALLY_E_PARAM with a reason in msg when it is not valid. */
-tally_status_t td_state_decode(const uint8_t *buf, size_t len, td_streams_t *streams, char *msg,
-                               size_t msg_cap);
-/* The checksum used in the trailer. */
+/* Adds the streams of a file image (version 1 or 2) to `streams`, record by record (see the
+ * top of this file); each skipped record is logged at warning. TALLY_E_PARAM with a reason in
+ * msg, and nothing added, when the header is unusable. */
+tally_status_t td_state_decode(const uint8_t *buf, size_t len, td_streams_t *streams,
+                               td_state_report_t *report, char *msg, size_t msg_cap);
+/* The invariants a restored stream must hold; false with the first violation in msg. */
+bool td_state_check_info(const tally_stream_info_t *info, char *msg, size_t msg_cap);
+/* The header and record checksum (CRC-32, zlib's crc32). */
+uint32_t td_state_crc(const uint8_t *buf, size_t len);
+/* Version 1's whole-file checksum (FNV-1a 64). */
 uint64_t td_state_checksum(const uint8_t *buf, size_t len);
+/* A digest of an image's records (not its header, which holds the time written): equal
+ * digests mean the same streams in the same state. */
+uint64_t td_state_records_digest(const uint8_t *buf, size_t len);
 
 /* Any thread: writes the image to DIR/streams.state atomically. TALLY_E_IO with msg on error. */
 tally_status_t td_state_write(const char *dir, const uint8_t *buf, size_t len, char *msg,
                               size_t msg_cap);
-/* Loop thread, at start: restores DIR/streams.state into `streams`. Always leaves tallyd able
- * to run: a bad file is set aside and logged. Returns the number of streams restored. */
-unsigned td_state_restore(const char *dir, td_streams_t *streams);
+/* Loop thread, at start: restores DIR/streams.state into `streams` and fills *report. A missing
+ * file restores nothing; a damaged one is handled as described at the top of this file.
+ * TALLY_E_IO with msg (and nothing restored) when the state path is unusable: tallyd must not
+ * start then. */
+tally_status_t td_state_restore(const char *dir, td_streams_t *streams, td_state_report_t *report,
+                                char *msg, size_t msg_cap);
 
 #endif

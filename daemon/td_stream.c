@@ -155,4 +155,5 @@ td_stream_t *td_streams_first(td_streams_t *self)
 void td_stream_clear(td_stream_t *stream)
 {
     memset(&stream->info, 0, sizeof stream->info);
+    stream->seq_admitted = 0;
 }

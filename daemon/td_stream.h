@@ -28,6 +28,10 @@ typedef struct td_stream {
     struct td_request *queue_head;
     struct td_request *queue_tail;
     unsigned queued;
+    /* Sequence numbers (PROTOCOL.md, "Sequence numbers"): info.last_seq is the last one applied;
+     * seq_admitted the last one started, which runs ahead of it while GPU-pipelined requests are
+     * in flight (it equals info.last_seq whenever nothing is). */
+    uint64_t seq_admitted;
     /* Executor bookkeeping (td_exec.c): requests started and not yet completed, whether they run
      * on the GPU pipeline and on which lane (a stream is pinned to one lane while it has requests
      * in flight), and the generation that a GPU failure bumps so that requests enqueued behind
@@ -61,7 +65,7 @@ void td_streams_set_max(td_streams_t *self, unsigned max_streams);
 /* Iteration in creation order: for (s = td_streams_first(t); s; s = s->list_next). */
 td_stream_t *td_streams_first(td_streams_t *self);
 
-/* Clears counters, carry and histogram (the stream itself stays). */
+/* Clears counters, carry, histogram and sequence numbers (the stream itself stays). */
 void td_stream_clear(td_stream_t *stream);
 
 #endif

@@ -40,7 +40,8 @@ enum {
     REQ_OFF_RESERVED_A = 18, /* 18..23 */
     REQ_OFF_LO = 24,
     REQ_OFF_HI = 32,
-    REQ_OFF_RESERVED_B = 40, /* 40..63 */
+    REQ_OFF_SEQ = 40,
+    REQ_OFF_RESERVED_B = 48, /* 48..63 */
     REQ_OFF_STREAM = 64,     /* 64..127 */
     REQ_PREFIX_SIZE = 16,    /* enough to echo opcode and request id in an error reply */
 };
@@ -75,7 +76,8 @@ enum {
     INFO_OFF_HIST_UNDERFLOW = 80,
     INFO_OFF_HIST_OVERFLOW = 88,
     INFO_OFF_HIST_TOTAL = 96,
-    INFO_OFF_RESERVED_B = 104, /* 104..127 */
+    INFO_OFF_LAST_SEQ = 104,
+    INFO_OFF_RESERVED_B = 112, /* 112..127 */
     INFO_OFF_BINS = 128,
 };
 
@@ -105,6 +107,10 @@ static const struct {
     {TALLY_E_BACKEND, "backend", "the compute backend failed"},
     {TALLY_E_SHUTDOWN, "shutdown", "the daemon is shutting down"},
     {TALLY_E_INTERNAL, "internal", "internal error in the daemon"},
+    {TALLY_E_DUPLICATE, "duplicate",
+     "the request's sequence number was already applied on the stream; not applied again"},
+    {TALLY_E_SEQ_GAP, "sequence_gap",
+     "the request's sequence number skips one the stream has not applied; not applied"},
     {TALLY_E_BAD_REF, "bad_ref",
      "a shared-memory reference names no region of this peer, or a range outside it"},
     {TALLY_E_QUOTA, "quota", "a shared-memory quota would be exceeded"},
@@ -331,6 +337,13 @@ static tally_status_t validate_filter(const tally_req_t *req, char *msg, size_t 
     if (req->pred < TALLY_PRED_GT || req->pred > TALLY_PRED_BETWEEN)
         return fail(TALLY_E_PARAM, msg, msg_cap, "unknown filter predicate %u (known: 1..%d)",
                     req->pred, TALLY_PRED_BETWEEN);
+    /* A single-threshold predicate has no use for hi; rejecting a nonzero one (like every other
+     * unused field) keeps the value free for a later protocol version and catches a client that
+     * meant `between`. */
+    if (req->pred != TALLY_PRED_BETWEEN && req->hi != 0)
+        return fail(TALLY_E_PARAM, msg, msg_cap,
+                    "filter %s takes no hi; send it as 0 (got hi=%" PRId64 ")",
+                    tally_pred_name((tally_pred_t)req->pred), req->hi);
     if (req->pred == TALLY_PRED_BETWEEN && req->lo > req->hi)
         return fail(TALLY_E_PARAM, msg, msg_cap,
                     "filter between needs lo <= hi (got lo=%" PRId64 ", hi=%" PRId64 ")", req->lo,
@@ -375,7 +388,26 @@ static tally_status_t validate_hist(const tally_req_t *req, char *msg, size_t ms
     return TALLY_OK;
 }
 
-/* Opcode and dtype ranges, the stream name, then the rules of the operation. */
+/* A sequence number orders the batches applied to one stream, so only a filter, scan or hist
+ * that names a stream may carry one; on anything else it would be silently meaningless. */
+static tally_status_t check_seq(const tally_req_t *req, char *msg, size_t msg_cap)
+{
+    if (req->seq == 0)
+        return TALLY_OK;
+    bool compute = req->opcode == TALLY_OP_FILTER || req->opcode == TALLY_OP_SCAN ||
+                   req->opcode == TALLY_OP_HIST;
+    if (!compute)
+        return fail(TALLY_E_PARAM, msg, msg_cap,
+                    "%s takes no sequence number (got seq=%" PRIu64 ")", op_label(req), req->seq);
+    if (req->stream_len == 0)
+        return fail(TALLY_E_PARAM, msg, msg_cap,
+                    "a sequence number (seq=%" PRIu64 ") needs a stream: %s without one has "
+                    "nothing to order",
+                    req->seq, op_label(req));
+    return TALLY_OK;
+}
+
+/* Opcode and dtype ranges, the stream name, then the rules of the operation, then seq. */
 static tally_status_t validate_fields(const tally_req_t *req, char *msg, size_t msg_cap)
 {
     if (req->opcode < TALLY_OP_PING || req->opcode >= TALLY_OP_COUNT)
@@ -393,18 +425,25 @@ static tally_status_t validate_fields(const tally_req_t *req, char *msg, size_t 
     case TALLY_OP_INFO:
     case TALLY_OP_STREAMS:
     case TALLY_OP_STATS:
-        return validate_control(req, false, msg, msg_cap);
+        st = validate_control(req, false, msg, msg_cap);
+        break;
     case TALLY_OP_QUERY:
     case TALLY_OP_RESET:
-        return validate_control(req, true, msg, msg_cap);
+        st = validate_control(req, true, msg, msg_cap);
+        break;
     case TALLY_OP_FILTER:
-        return validate_filter(req, msg, msg_cap);
+        st = validate_filter(req, msg, msg_cap);
+        break;
     case TALLY_OP_SCAN:
-        return validate_scan(req, msg, msg_cap);
+        st = validate_scan(req, msg, msg_cap);
+        break;
     case TALLY_OP_HIST:
-        return validate_hist(req, msg, msg_cap);
+        st = validate_hist(req, msg, msg_cap);
+        break;
     }
-    return TALLY_E_OPCODE; /* unreachable: the range was checked above */
+    if (st != TALLY_OK)
+        return st;
+    return check_seq(req, msg, msg_cap);
 }
 
 /* Size first (so a huge batch is reported as too large, whatever its alignment), then shape. */
@@ -470,6 +509,7 @@ void tally_req_encode(const tally_req_t *req, uint8_t out[TALLY_REQ_HEADER_SIZE]
     out[REQ_OFF_STREAM_LEN] = (uint8_t)name_len;
     tally_put_u64(out + REQ_OFF_LO, (uint64_t)req->lo);
     tally_put_u64(out + REQ_OFF_HI, (uint64_t)req->hi);
+    tally_put_u64(out + REQ_OFF_SEQ, req->seq);
     memcpy(out + REQ_OFF_STREAM, req->stream, name_len);
 }
 
@@ -497,6 +537,7 @@ static void read_req_fields(const uint8_t *buf, tally_req_t *req)
     req->stream_len = buf[REQ_OFF_STREAM_LEN];
     req->lo = (int64_t)tally_get_u64(buf + REQ_OFF_LO);
     req->hi = (int64_t)tally_get_u64(buf + REQ_OFF_HI);
+    req->seq = tally_get_u64(buf + REQ_OFF_SEQ);
     size_t copy = req->stream_len;
     if (copy > TALLY_STREAM_NAME_MAX)
         copy = TALLY_STREAM_NAME_MAX;
@@ -640,6 +681,7 @@ void tally_stream_info_encode(const tally_stream_info_t *info,
     tally_put_u64(out + INFO_OFF_HIST_UNDERFLOW, info->hist_underflow);
     tally_put_u64(out + INFO_OFF_HIST_OVERFLOW, info->hist_overflow);
     tally_put_u64(out + INFO_OFF_HIST_TOTAL, info->hist_total);
+    tally_put_u64(out + INFO_OFF_LAST_SEQ, info->last_seq);
     for (size_t i = 0; i < TALLY_HIST_BINS; i++)
         tally_put_u64(out + INFO_OFF_BINS + 8 * i, info->bins[i]);
 }
@@ -664,6 +706,7 @@ tally_status_t tally_stream_info_decode(const uint8_t *buf, size_t len, tally_st
     info->hist_underflow = tally_get_u64(buf + INFO_OFF_HIST_UNDERFLOW);
     info->hist_overflow = tally_get_u64(buf + INFO_OFF_HIST_OVERFLOW);
     info->hist_total = tally_get_u64(buf + INFO_OFF_HIST_TOTAL);
+    info->last_seq = tally_get_u64(buf + INFO_OFF_LAST_SEQ);
     for (size_t i = 0; i < TALLY_HIST_BINS; i++)
         info->bins[i] = tally_get_u64(buf + INFO_OFF_BINS + 8 * i);
 

@@ -109,10 +109,11 @@ typedef enum {
     TALLY_E_BACKEND = 14,       /* the compute backend failed; the request had no effect */
     TALLY_E_SHUTDOWN = 15,      /* daemon is shutting down */
     TALLY_E_INTERNAL = 16,      /* a bug or out of memory in the daemon */
-    /* 17 and 18 are allocated to the idempotency work (duplicate, sequence_gap). */
-    TALLY_E_BAD_REF = 19, /* a shared-memory reference names no region of this peer, or a
-                           * range outside it */
-    TALLY_E_QUOTA = 20,   /* side channel: a shared-memory quota would be exceeded */
+    TALLY_E_DUPLICATE = 17,     /* seq already applied on the stream: not applied again */
+    TALLY_E_SEQ_GAP = 18,       /* seq skips one the stream has not applied: not applied */
+    TALLY_E_BAD_REF = 19,       /* a shared-memory reference names no region of this peer, or a
+                                 * range outside it */
+    TALLY_E_QUOTA = 20,         /* side channel: a shared-memory quota would be exceeded */
     TALLY_STATUS_WIRE_COUNT = 21,
 
     /* Client-side only. */
@@ -145,6 +146,7 @@ typedef struct {
     uint8_t pred;       /* filter: tally_pred_t */
     int64_t lo;         /* filter: threshold (or lower bound of BETWEEN); hist i32: range start */
     int64_t hi;         /* filter BETWEEN: upper bound (inclusive); hist i32: range end (excl.) */
+    uint64_t seq;       /* per-stream sequence number; 0 = none (filter/scan/hist on a stream) */
     uint8_t stream_len; /* 0 = no stream */
     char stream[TALLY_STREAM_NAME_MAX + 1]; /* NUL-terminated copy of the name */
 } tally_req_t;
@@ -181,7 +183,8 @@ typedef struct {
     uint64_t request_id; /* the request's id, echoed (0 if it could not be read) */
     uint32_t status;     /* tally_status_t */
     uint64_t count;      /* number of elements in the payload (filter: elements kept) */
-    uint64_t aux0;       /* filter, hist: elements in the batch; scan: carry-out (i64) */
+    uint64_t aux0;       /* filter, hist: elements in the batch; scan: carry-out (i64);
+                          * duplicate, sequence_gap: the stream's last applied seq */
     uint64_t aux1;       /* reserved for the operation (see PROTOCOL.md); zero otherwise */
 } tally_rep_t;
 
@@ -209,6 +212,7 @@ typedef struct {
     uint64_t hist_underflow;
     uint64_t hist_overflow;
     uint64_t hist_total; /* elements histogrammed, in range or not */
+    uint64_t last_seq;   /* seq of the last applied request that carried one; 0 = none yet */
     uint64_t bins[TALLY_HIST_BINS];
 } tally_stream_info_t;
 

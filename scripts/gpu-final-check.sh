@@ -33,3 +33,12 @@ for t in test_daemon test_client_daemon; do
   note "$t with tallyd --backend cuda: rc=$? ($((SECONDS - t0)) s)"
   grep -E "PASSED|FAILED" "$OUT/$t-cuda.log" | tee -a "$summary"
 done
+
+# The differential test (issue 10) once more at a larger scale, with its seeds in the summary: a
+# fixed one and a random one (rerun with TALLY_TEST_SEED=N to reproduce).
+t0=$SECONDS
+TALLY_PIPELINE_ENGINE=cuda TALLY_DIFF_SCALE=${DIFF_SCALE:-8} timeout 500 \
+  "$B/tests/test_differential" >"$OUT/test_differential-cuda.log" 2>&1
+note "test_differential (cuda, scale ${DIFF_SCALE:-8}): rc=$? ($((SECONDS - t0)) s)"
+grep -E "seed|every reply|snapshot:|PASSED|FAILED|ERROR|LINE" "$OUT/test_differential-cuda.log" |
+  head -16 | tee -a "$summary"

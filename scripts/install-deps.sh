@@ -3,7 +3,8 @@
 # Skips apt entirely when everything is already there. Uses sudo when not run as root.
 set -euo pipefail
 packages=(build-essential cmake pkg-config libzmq3-dev libuv1-dev libcmocka-dev
-          libinih-dev libmicrohttpd-dev libsystemd-dev systemd curl)
+          libinih-dev libmicrohttpd-dev libsystemd-dev zlib1g-dev systemd curl
+          clang libclang-rt-dev)  # clang + libFuzzer: the fuzz target in tests/fuzz/
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

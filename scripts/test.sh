@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what is missing, then builds and runs every test twice: a normal build with
 # warnings as errors (CUDA backend included when nvcc is present; GPU tests report "skipped"
-# without a GPU), and a build with AddressSanitizer + UndefinedBehaviorSanitizer.
+# without a GPU), then 20 s of libFuzzer on proto/'s decoders (when clang can build it), and a
+# build with AddressSanitizer + UndefinedBehaviorSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -11,6 +12,15 @@ echo "== build and test (warnings as errors)"
 cmake -S . -B build-test -DTALLY_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build build-test -j"$jobs"
 (cd build-test && ctest --output-on-failure -j"$jobs")
+
+# The libFuzzer target is built when clang can link it (install-deps.sh installs clang); a
+# crash or a violated property in these 20 s fails the run.
+if [ -x build-test/tests/fuzz/fuzz_proto ]; then
+  echo "== fuzz proto/ decoders (20 s; scripts/fuzz.sh runs longer)"
+  scripts/fuzz.sh -t 20 -B build-test
+else
+  echo "== fuzz: skipped (no clang with libFuzzer; see scripts/install-deps.sh)"
+fi
 
 echo "== build and test with AddressSanitizer and UndefinedBehaviorSanitizer"
 cmake -S . -B build-asan -DTALLY_WERROR=ON -DTALLY_SANITIZE=ON -DTALLY_CUDA=OFF \

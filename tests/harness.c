@@ -119,6 +119,13 @@ int th_daemon_stop(th_daemon_t *d, int sig, int timeout_ms)
     if (d->pid <= 0)
         return -1;
     kill(d->pid, sig);
+    return th_daemon_wait(d, timeout_ms);
+}
+
+int th_daemon_wait(th_daemon_t *d, int timeout_ms)
+{
+    if (d->pid <= 0)
+        return -1;
     for (int waited = 0; waited < timeout_ms; waited += 10) {
         int status;
         if (waitpid(d->pid, &status, WNOHANG) == d->pid) {

@@ -26,6 +26,8 @@ int th_daemon_start(th_daemon_t *d, const char *const *extra_args);
 /* Sends sig and waits for the exit; returns the exit status, or -1 if it did not exit within
  * timeout_ms (then it is killed). */
 int th_daemon_stop(th_daemon_t *d, int sig, int timeout_ms);
+/* The same without a signal: waits for the daemon to exit on its own. */
+int th_daemon_wait(th_daemon_t *d, int timeout_ms);
 /* True when the daemon's log contains text. */
 bool th_daemon_log_contains(const th_daemon_t *d, const char *text);
 

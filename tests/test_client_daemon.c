@@ -424,7 +424,7 @@ static void test_cli_readme_examples(void **state)
     const char *head = "batches 1\nelements 1000000\nbytes 1000000\nfilter_seen 0\n"
                        "filter_kept 0\nscan_carry 0\nscan_elements 0\nhist_type u8\n"
                        "hist_lo 0\nhist_hi 0\nhist_underflow 0\nhist_overflow 0\n"
-                       "hist_total 1000000\n";
+                       "hist_total 1000000\nlast_seq 1\n"; /* one chunk, numbered */
     assert_int_equal(strncmp(r.out, head, strlen(head)), 0);
     assert_string_equal(r.out + strlen(head), expect); /* all 256 bins */
     cli_free(&r);

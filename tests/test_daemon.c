@@ -593,7 +593,9 @@ static void test_backpressure_answers_everything(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
 
-/* SIGTERM with work in flight: every request already read is answered, then exit 0. */
+/* SIGTERM with work in flight: every request already read is answered, then exit 0. The scan
+ * running at the signal finishes (ok); the ones waiting behind it on the stream get `shutdown`,
+ * in order after it (PROTOCOL.md §1, "Shutdown"). */
 static void test_stop_answers_inflight(void **state)
 {
     (void)state;
@@ -611,22 +613,29 @@ static void test_stop_answers_inflight(void **state)
     /* stats is answered at once, after the scans on this connection have been read. */
     tally_req_t stats = th_req(TALLY_OP_STATS, TALLY_DTYPE_NONE, 600);
     assert_int_equal(th_send_request(sock, &stats, NULL, 0), 0);
-    int answered = 0;
+    int answered = 0, ok = 0;
     bool signalled = false;
     for (int i = 0; i < COUNT + 1; i++) {
         th_reply_t r;
         assert_int_equal(th_recv_reply(sock, &r), 0);
-        assert_int_equal(r.rep.status, TALLY_OK);
         if (r.rep.request_id == 600) {
+            assert_int_equal(r.rep.status, TALLY_OK);
             kill(d.pid, SIGTERM);
             signalled = true;
         } else {
+            /* One stream: replies in order, the ok ones first. */
+            assert_int_equal(r.rep.request_id, 500 + answered);
+            if (r.rep.status == TALLY_OK)
+                assert_int_equal(ok++, answered);
+            else
+                assert_int_equal(r.rep.status, TALLY_E_SHUTDOWN);
             answered++;
         }
         th_reply_free(&r);
     }
     assert_true(signalled);
     assert_int_equal(answered, COUNT);
+    assert_true(ok >= 1); /* the first was running when stats was answered */
     th_close(sock);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
     assert_true(th_daemon_log_contains(&d, "stopping"));

@@ -157,6 +157,8 @@ static void test_status_names(void **state)
         {TALLY_E_BACKEND, "backend"},
         {TALLY_E_SHUTDOWN, "shutdown"},
         {TALLY_E_INTERNAL, "internal"},
+        {TALLY_E_DUPLICATE, "duplicate"},
+        {TALLY_E_SEQ_GAP, "sequence_gap"},
         {TALLY_E_BAD_REF, "bad_ref"},
         {TALLY_E_QUOTA, "quota"},
         {TALLY_E_TIMEOUT, "timeout"},
@@ -171,6 +173,10 @@ static void test_status_names(void **state)
         const char *text = tally_status_text(names[i].status);
         assert_true(strlen(text) > 0 && strcmp(text, "unknown status") != 0);
     }
+    assert_int_equal(TALLY_E_DUPLICATE, 17);
+    assert_int_equal(TALLY_E_SEQ_GAP, 18);
+    assert_int_equal(TALLY_E_BAD_REF, 19);
+    assert_int_equal(TALLY_E_QUOTA, 20);
     assert_int_equal(TALLY_STATUS_WIRE_COUNT, 21);
     assert_string_equal(tally_status_name((tally_status_t)50), "unknown");
     assert_string_equal(tally_status_text((tally_status_t)50), "unknown status");
@@ -228,7 +234,8 @@ static tally_req_t random_valid_req(void)
         req.pred = (uint8_t)(1 + rng_below(TALLY_PRED_BETWEEN));
         req.flags = (uint8_t)(rng_below(2) ? TALLY_FLAG_FILTER_STABLE : 0);
         req.lo = (int64_t)rng_next();
-        req.hi = (int64_t)rng_next();
+        /* hi is only the upper bound of between; the other predicates must send 0. */
+        req.hi = req.pred == TALLY_PRED_BETWEEN ? (int64_t)rng_next() : 0;
         if (req.pred == TALLY_PRED_BETWEEN && req.lo > req.hi) {
             int64_t t = req.lo;
             req.lo = req.hi;
@@ -253,8 +260,10 @@ static tally_req_t random_valid_req(void)
         break;
     }
     bool data_op = op == TALLY_OP_FILTER || op == TALLY_OP_SCAN || op == TALLY_OP_HIST;
-    if (data_op && rng_below(2))
+    if (data_op && rng_below(2)) {
         assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+        req.seq = rng_below(2) ? rng_next() : 0; /* only a batch on a stream may carry one */
+    }
     return req;
 }
 
@@ -275,6 +284,7 @@ static void test_req_round_trip(void **state)
         assert_int_equal(out.pred, req.pred);
         assert_true(out.lo == req.lo);
         assert_true(out.hi == req.hi);
+        assert_true(out.seq == req.seq);
         assert_int_equal(out.stream_len, req.stream_len);
         assert_string_equal(out.stream, req.stream);
         assert_int_equal(tally_req_validate(&out, 0, MAX_BATCH, NULL, 0), TALLY_OK);
@@ -327,6 +337,7 @@ static void test_stream_info_round_trip(void **state)
         info.hist_underflow = rng_next();
         info.hist_overflow = rng_next();
         info.hist_total = rng_next();
+        info.last_seq = rng_next();
         for (int b = 0; b < TALLY_HIST_BINS; b++)
             info.bins[b] = rng_next();
         uint8_t buf[TALLY_QUERY_PAYLOAD_SIZE];
@@ -355,6 +366,7 @@ static void test_stream_info_layout(void **state)
     info.hist_underflow = 11;
     info.hist_overflow = 12;
     info.hist_total = 13;
+    info.last_seq = 16;
     info.bins[0] = 14;
     info.bins[255] = 15;
     uint8_t buf[TALLY_QUERY_PAYLOAD_SIZE];
@@ -363,19 +375,27 @@ static void test_stream_info_layout(void **state)
     static const struct {
         size_t off;
         uint64_t value;
-    } fields[] = {{0, 1},    {8, 2},
-                  {16, 3},   {24, 4},
-                  {32, 5},   {40, (uint64_t)-6},
-                  {48, 7},   {64, (uint64_t)-9},
-                  {72, 10},  {80, 11},
-                  {88, 12},  {96, 13},
-                  {128, 14}, {128 + 8 * 255, 15}};
+    } fields[] = {{0, 1},
+                  {8, 2},
+                  {16, 3},
+                  {24, 4},
+                  {32, 5},
+                  {40, (uint64_t)-6},
+                  {48, 7},
+                  {64, (uint64_t)-9},
+                  {72, 10},
+                  {80, 11},
+                  {88, 12},
+                  {96, 13},
+                  {104, 16},
+                  {128, 14},
+                  {128 + 8 * 255, 15}};
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
         assert_true(tally_get_u64(buf + fields[i].off) == fields[i].value);
     assert_int_equal(buf[56], TALLY_DTYPE_I32);
     for (size_t i = 57; i < 64; i++)
         assert_int_equal(buf[i], 0);
-    for (size_t i = 104; i < 128; i++)
+    for (size_t i = 112; i < 128; i++)
         assert_int_equal(buf[i], 0);
 }
 
@@ -659,10 +679,65 @@ static void test_reject_reserved_bytes(void **state)
     for (size_t off = 18; off < 24; off++)
         assert_int_equal(decode_patched(TALLY_OP_FILTER, off, 0x01, msg, sizeof msg),
                          TALLY_E_PARAM);
-    for (size_t off = 40; off < 64; off++)
+    for (size_t off = 48; off < 64; off++)
         assert_int_equal(decode_patched(TALLY_OP_FILTER, off, 0x80, msg, sizeof msg),
                          TALLY_E_PARAM);
     assert_string_equal(msg, "reserved header byte 63 is 0x80, not zero");
+}
+
+/* Bytes 40..47 are seq now, no longer reserved: a batch on a stream may carry any seq. */
+static void test_seq_bytes(void **state)
+{
+    (void)state;
+    tally_req_t req = make_req(TALLY_OP_SCAN), out;
+    assert_int_equal(tally_req_set_stream(&req, "big"), TALLY_OK);
+    uint8_t buf[TALLY_REQ_HEADER_SIZE];
+    tally_req_encode(&req, buf);
+    for (size_t off = 40; off < 48; off++)
+        assert_int_equal(buf[off], 0); /* seq 0: exactly a protocol-1 header */
+    req.seq = 0x0102030405060708ull;
+    tally_req_encode(&req, buf);
+    static const uint8_t le[8] = {8, 7, 6, 5, 4, 3, 2, 1};
+    assert_memory_equal(buf + 40, le, 8);
+    assert_int_equal(decode_buf(buf, sizeof buf, &out), TALLY_OK);
+    assert_true(out.seq == req.seq);
+    for (size_t off = 40; off < 48; off++) {
+        memset(buf + 40, 0, 8);
+        buf[off] = 0x80;
+        assert_int_equal(decode_buf(buf, sizeof buf, &out), TALLY_OK);
+        assert_true(out.seq == (uint64_t)0x80 << (8 * (off - 40)));
+    }
+}
+
+/* seq orders a stream's batches: on anything else it is bad_param. */
+static void test_reject_misplaced_seq(void **state)
+{
+    (void)state;
+    static const tally_op_t others[] = {TALLY_OP_PING,  TALLY_OP_INFO,    TALLY_OP_QUERY,
+                                        TALLY_OP_RESET, TALLY_OP_STREAMS, TALLY_OP_STATS};
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+        tally_req_t req = make_req(others[i]);
+        req.seq = 1;
+        expect_reject(&req, TALLY_E_PARAM);
+    }
+    static const tally_op_t batches[] = {TALLY_OP_FILTER, TALLY_OP_SCAN, TALLY_OP_HIST};
+    for (size_t i = 0; i < 3; i++) {
+        tally_req_t req = make_req(batches[i]);
+        req.seq = 7;
+        expect_reject(&req, TALLY_E_PARAM); /* no stream */
+        assert_int_equal(tally_req_set_stream(&req, "s"), TALLY_OK);
+        expect_accept(&req);
+    }
+    char msg[256];
+    tally_req_t req = make_req(TALLY_OP_SCAN);
+    req.seq = 3;
+    assert_int_equal(tally_req_validate(&req, 0, MAX_BATCH, msg, sizeof msg), TALLY_E_PARAM);
+    assert_string_equal(msg, "a sequence number (seq=3) needs a stream: scan without one has "
+                             "nothing to order");
+    req = make_req(TALLY_OP_QUERY);
+    req.seq = 3;
+    assert_int_equal(tally_req_validate(&req, 0, MAX_BATCH, msg, sizeof msg), TALLY_E_PARAM);
+    assert_string_equal(msg, "query takes no sequence number (got seq=3)");
 }
 
 static void test_reject_stream_name_too_long(void **state)
@@ -838,6 +913,36 @@ static void test_reject_filter_between_range(void **state)
     req.hi = 0;
     expect_accept(&req);
     req.lo = INT64_MIN;
+    expect_accept(&req);
+}
+
+/* PROTOCOL.md §4: hi is unused by predicates 1..6 and must be 0, like every unused field. */
+static void test_reject_filter_hi_single_threshold(void **state)
+{
+    (void)state;
+    static const int64_t bad_hi[] = {1, -1, INT64_MIN, INT64_MAX};
+    char msg[256];
+    for (int p = TALLY_PRED_GT; p < TALLY_PRED_BETWEEN; p++) {
+        for (int dt = 0; dt < 2; dt++) {
+            tally_req_t req = make_req(TALLY_OP_FILTER);
+            req.dtype = dt ? TALLY_DTYPE_U8 : TALLY_DTYPE_I32;
+            req.pred = (uint8_t)p;
+            req.lo = 5;
+            expect_accept(&req);
+            for (size_t i = 0; i < sizeof bad_hi / sizeof bad_hi[0]; i++) {
+                req.hi = bad_hi[i];
+                expect_reject(&req, TALLY_E_PARAM);
+            }
+        }
+    }
+    tally_req_t req = make_req(TALLY_OP_FILTER);
+    req.pred = TALLY_PRED_EQ;
+    req.hi = 7;
+    assert_int_equal(tally_req_validate(&req, 0, MAX_BATCH, msg, sizeof msg), TALLY_E_PARAM);
+    assert_string_equal(msg, "filter eq takes no hi; send it as 0 (got hi=7)");
+    /* between keeps using hi, lo == hi included. */
+    req.pred = TALLY_PRED_BETWEEN;
+    req.lo = 7;
     expect_accept(&req);
 }
 
@@ -1039,6 +1144,138 @@ static void test_reject_hist_i32_params(void **state)
     req.pred = 0;
     req.flags = TALLY_FLAG_SCAN_EXCLUSIVE;
     expect_reject(&req, TALLY_E_PARAM);
+}
+
+/* ---- Validation order (PROTOCOL.md §6) -------------------------------------------------- */
+
+/* Headers with two or more problems, each a valid request of `op` with bytes patched: the status
+ * is the one of the earliest step in §6, and the reply would still echo the opcode and id. */
+static void test_validation_order_header(void **state)
+{
+    (void)state;
+    enum { NONE = -1 };
+    static const struct {
+        const char *what;
+        tally_op_t op;
+        size_t len;
+        int patch[5][2]; /* offset, value; offset NONE ends the list */
+        tally_status_t want;
+    } cases[] = {
+        {"127 bytes, bad magic", TALLY_OP_PING, 127, {{0, 'X'}, {NONE, 0}}, TALLY_E_HEADER},
+        {"129 bytes, bad version", TALLY_OP_PING, 129, {{4, 9}, {NONE, 0}}, TALLY_E_HEADER},
+        {"bad magic, version, opcode",
+         TALLY_OP_PING,
+         128,
+         {{0, 'X'}, {4, 2}, {5, 0}, {NONE, 0}},
+         TALLY_E_MAGIC},
+        {"bad version, opcode", TALLY_OP_PING, 128, {{4, 2}, {5, 0}, {NONE, 0}}, TALLY_E_VERSION},
+        {"opcode 0, dtype 200", TALLY_OP_PING, 128, {{5, 0}, {6, 200}, {NONE, 0}}, TALLY_E_OPCODE},
+        {"opcode 0, reserved", TALLY_OP_PING, 128, {{5, 0}, {20, 1}, {NONE, 0}}, TALLY_E_OPCODE},
+        {"dtype 200, reserved", TALLY_OP_SCAN, 128, {{6, 200}, {20, 1}, {NONE, 0}}, TALLY_E_DTYPE},
+        {"dtype 200, stream_len 65",
+         TALLY_OP_SCAN,
+         128,
+         {{6, 200}, {17, 65}, {NONE, 0}},
+         TALLY_E_DTYPE},
+        {"scan u8 (known dtype), reserved",
+         TALLY_OP_SCAN,
+         128,
+         {{6, TALLY_DTYPE_U8}, {60, 1}, {NONE, 0}},
+         TALLY_E_PARAM},
+        {"reserved, stream_len 65",
+         TALLY_OP_FILTER,
+         128,
+         {{20, 1}, {17, 65}, {NONE, 0}},
+         TALLY_E_PARAM},
+        {"stream_len 65, scan u8",
+         TALLY_OP_SCAN,
+         128,
+         {{17, 65}, {6, TALLY_DTYPE_U8}, {NONE, 0}},
+         TALLY_E_STREAM_NAME},
+        {"name \"a b\", scan u8",
+         TALLY_OP_SCAN,
+         128,
+         {{17, 3}, {64, 'a'}, {65, ' '}, {66, 'b'}, {6, TALLY_DTYPE_U8}},
+         TALLY_E_STREAM_NAME},
+        {"name with a NUL byte, filter pred 0",
+         TALLY_OP_FILTER,
+         128,
+         {{17, 3}, {64, 'a'}, {66, 'b'}, {16, 0}, {NONE, 0}},
+         TALLY_E_STREAM_NAME},
+        {"scan u8, flags 0x40",
+         TALLY_OP_SCAN,
+         128,
+         {{6, TALLY_DTYPE_U8}, {7, 0x40}, {NONE, 0}},
+         TALLY_E_DTYPE},
+        {"filter dtype none, pred 0",
+         TALLY_OP_FILTER,
+         128,
+         {{6, TALLY_DTYPE_NONE}, {16, 0}, {NONE, 0}},
+         TALLY_E_DTYPE},
+        {"ping flags 0x01 and a stream",
+         TALLY_OP_PING,
+         128,
+         {{7, 1}, {17, 1}, {64, 'a'}, {NONE, 0}},
+         TALLY_E_PARAM},
+        {"query without a stream, pred 1",
+         TALLY_OP_QUERY,
+         128,
+         {{17, 0}, {64, 0}, {65, 0}, {66, 0}, {67, 0}},
+         TALLY_E_STREAM_NAME /* patched again below: pred 1 */},
+        {"filter gt, hi 1, flags 0x40",
+         TALLY_OP_FILTER,
+         128,
+         {{32, 1}, {7, 0x40}, {NONE, 0}},
+         TALLY_E_PARAM},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tally_req_t req = make_req(cases[i].op);
+        req.request_id = 0x1122334455667700ull + i;
+        uint8_t buf[TALLY_REQ_HEADER_SIZE + 1] = {0};
+        tally_req_encode(&req, buf);
+        for (size_t k = 0; k < 5 && cases[i].patch[k][0] != NONE; k++)
+            buf[cases[i].patch[k][0]] = (uint8_t)cases[i].patch[k][1];
+        tally_status_t want = cases[i].want;
+        if (cases[i].op == TALLY_OP_QUERY) {
+            /* Without the predicate the missing name is the only problem; with it, bad_param
+             * comes first (step 7 checks pred before the stream rule). */
+            tally_req_t out;
+            assert_int_equal(decode_buf(buf, cases[i].len, &out), TALLY_E_STREAM_NAME);
+            buf[16] = 1;
+            want = TALLY_E_PARAM;
+        }
+        tally_req_t out;
+        tally_status_t got = decode_buf(buf, cases[i].len, &out);
+        if (got != want)
+            fail_msg("%s: got %s, want %s", cases[i].what, tally_status_name(got),
+                     tally_status_name(want));
+        /* §3: the first 16 bytes are echoed whatever else is wrong. */
+        assert_int_equal(out.request_id, req.request_id);
+        assert_int_equal(out.opcode, buf[5]);
+        assert_int_equal(out.flags, buf[7]);
+    }
+}
+
+/* The payload comes after the field rules, and its size before its shape. */
+static void test_validation_order_payload(void **state)
+{
+    (void)state;
+    char msg[256];
+    tally_req_t req = make_req(TALLY_OP_FILTER);
+    req.hi = 1; /* gt takes no hi */
+    assert_int_equal(tally_req_validate(&req, 7, MAX_BATCH, msg, sizeof msg), TALLY_E_PARAM);
+    req = make_req(TALLY_OP_SCAN);
+    req.dtype = TALLY_DTYPE_U8;
+    assert_int_equal(tally_req_validate(&req, MAX_BATCH + 3, MAX_BATCH, msg, sizeof msg),
+                     TALLY_E_DTYPE);
+    req = make_req(TALLY_OP_PING);
+    assert_int_equal(tally_req_set_stream(&req, "cam0"), TALLY_OK);
+    assert_int_equal(tally_req_validate(&req, 1, MAX_BATCH, msg, sizeof msg), TALLY_E_STREAM_NAME);
+    req = make_req(TALLY_OP_SCAN);
+    assert_int_equal(tally_req_validate(&req, MAX_BATCH + 1, MAX_BATCH, msg, sizeof msg),
+                     TALLY_E_TOO_LARGE);
+    req = make_req(TALLY_OP_QUERY);
+    assert_int_equal(tally_req_validate(&req, 1, MAX_BATCH, msg, sizeof msg), TALLY_E_PAYLOAD);
 }
 
 /* ---- Payload rules ---------------------------------------------------------------------- */
@@ -1320,6 +1557,8 @@ int main(void)
         cmocka_unit_test(test_reject_dtype_unknown),
         cmocka_unit_test(test_reject_dtype_wrong_for_op),
         cmocka_unit_test(test_reject_reserved_bytes),
+        cmocka_unit_test(test_seq_bytes),
+        cmocka_unit_test(test_reject_misplaced_seq),
         cmocka_unit_test(test_reject_stream_name_too_long),
         cmocka_unit_test(test_reject_stream_name_bytes),
         cmocka_unit_test(test_reject_stream_name_padding),
@@ -1329,6 +1568,7 @@ int main(void)
         cmocka_unit_test(test_reject_control_payload),
         cmocka_unit_test(test_reject_filter_pred),
         cmocka_unit_test(test_reject_filter_between_range),
+        cmocka_unit_test(test_reject_filter_hi_single_threshold),
         cmocka_unit_test(test_reject_filter_flags),
         cmocka_unit_test(test_shm_ref),
         cmocka_unit_test(test_shm_side_messages),
@@ -1337,6 +1577,8 @@ int main(void)
         cmocka_unit_test(test_reject_hist_u8_params),
         cmocka_unit_test(test_reject_hist_i32_range),
         cmocka_unit_test(test_reject_hist_i32_params),
+        cmocka_unit_test(test_validation_order_header),
+        cmocka_unit_test(test_validation_order_payload),
         cmocka_unit_test(test_reject_payload_too_large),
         cmocka_unit_test(test_reject_payload_misaligned),
         cmocka_unit_test(test_accept_payload_sizes),

@@ -2,7 +2,9 @@
  * test_service.c — tallyd as a service, end to end against the real binary: readiness,
  * status, watchdog and stopping notifications to a NOTIFY_SOCKET the test reads; socket
  * activation with sockets the test binds and passes as LISTEN_FDS; stream state kept across a
- * clean restart and across kill -9; corrupt state files set aside; the configuration file
+ * clean restart and across kill -9; damaged state files (a bad record loses only its stream, a
+ * bad header sets the file aside); state write failures (periodic: warned, counted, retried;
+ * final: exit 1); a state file that is not a regular file refused at start; the configuration file
  * (errors with FILE:LINE, precedence under the command line) and SIGHUP reload; the HTTP
  * metrics endpoint scraped and parsed, and compared with `stats` and `tally stats`.
  *
@@ -36,6 +38,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "td_state.h" /* the state file layout, to damage it precisely */
 
 #define MAX_ENV 8
 #define MAX_FDS 4
@@ -160,6 +163,20 @@ static bool log_waits_for(const th_daemon_t *d, const char *text, int timeout_ms
     }
     fprintf(stderr, "log %s lacks '%s'\n", d->log_path, text);
     return false;
+}
+
+/* tallyd started with args must exit non-zero before it is ready, and log `says` at err. */
+static void assert_start_fails(const char *const *args, const char *says)
+{
+    spawn_opts_t o = {.no_wait = true};
+    th_daemon_t d;
+    assert_int_equal(spawn(&d, args, &o), 0);
+    int status = 0;
+    assert_int_equal(waitpid(d.pid, &status, 0), d.pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) != 0);
+    assert_true(th_daemon_log_contains(&d, says));
+    assert_true(th_daemon_log_contains(&d, "<3>"));
+    assert_false(th_daemon_log_contains(&d, "ready"));
 }
 
 static void write_file(const char *path, const char *text)
@@ -536,8 +553,17 @@ static bool has_corrupt_file(const char *dir)
     return found;
 }
 
-typedef enum { CORRUPT_TRUNCATE, CORRUPT_FLIP, CORRUPT_VERSION, CORRUPT_GARBAGE } corruption_t;
+typedef enum {
+    CORRUPT_TRUNCATE, /* s1's record cut in half: s1 lost, cam0 restored */
+    CORRUPT_FLIP,     /* one bit of cam0's histogram: cam0 lost, s1 restored */
+    CORRUPT_HEADER,   /* one bit of the header: the file set aside */
+    CORRUPT_VERSION,
+    CORRUPT_GARBAGE,
+} corruption_t;
 
+/* Restores cam0 and s1 from a damaged file: the streams whose records are intact come back
+ * byte for byte, the others are gone, a warning names the reason, the file is kept as a
+ * set-aside copy (moved aside when its header is unusable), and the next snapshot is clean. */
 static void corrupt_and_restart(const char *name, corruption_t how, const char *reason)
 {
     char dir[300], path[400];
@@ -548,22 +574,30 @@ static void corrupt_and_restart(const char *name, corruption_t how, const char *
     assert_int_equal(spawn(&d, args, NULL), 0);
     int32_t values[3] = {1, 2, 3};
     fill_streams(&d, values, 3);
+    uint8_t before_cam[TALLY_QUERY_PAYLOAD_SIZE], before_s1[TALLY_QUERY_PAYLOAD_SIZE];
+    void *sock = connect_to(&d);
+    assert_int_equal(query(sock, "cam0", before_cam), TALLY_OK);
+    assert_int_equal(query(sock, "s1", before_s1), TALLY_OK);
+    th_close(sock);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 
     struct stat sb;
     assert_int_equal(stat(path, &sb), 0);
-    size_t size = (size_t)sb.st_size;
+    assert_int_equal(sb.st_size, TD_STATE_HEADER_SIZE + 2 * TD_STATE_RECORD_SIZE);
     int fd = open(path, O_RDWR);
     assert_true(fd >= 0);
     uint8_t byte;
+    off_t at = TD_STATE_HEADER_SIZE + TD_STATE_RECORD_INFO_OFF + 128 + 8 * 37; /* cam0, bin 37 */
     switch (how) {
     case CORRUPT_TRUNCATE:
-        assert_int_equal(ftruncate(fd, (off_t)(size / 2)), 0);
+        assert_int_equal(ftruncate(fd, TD_STATE_HEADER_SIZE + TD_STATE_RECORD_SIZE * 3 / 2), 0);
         break;
-    case CORRUPT_FLIP: /* one bit in the middle of cam0's histogram */
-        assert_int_equal(pread(fd, &byte, 1, (off_t)(size / 3)), 1);
+    case CORRUPT_FLIP:
+    case CORRUPT_HEADER:
+        at = how == CORRUPT_HEADER ? 25 : at; /* 25: the time written, under the checksum */
+        assert_int_equal(pread(fd, &byte, 1, at), 1);
         byte ^= 0x10;
-        assert_int_equal(pwrite(fd, &byte, 1, (off_t)(size / 3)), 1);
+        assert_int_equal(pwrite(fd, &byte, 1, at), 1);
         break;
     case CORRUPT_VERSION:
         byte = 99;
@@ -577,32 +611,52 @@ static void corrupt_and_restart(const char *name, corruption_t how, const char *
     }
     close(fd);
 
+    bool cam0_kept = how == CORRUPT_TRUNCATE, s1_kept = how == CORRUPT_FLIP;
+    bool partial = cam0_kept || s1_kept;
     assert_int_equal(spawn(&d, args, NULL), 0);
     assert_true(th_daemon_log_contains(&d, "<4>state: "));
-    assert_true(th_daemon_log_contains(&d, "set aside as"));
     assert_true(th_daemon_log_contains(&d, reason));
+    assert_true(th_daemon_log_contains(&d, partial ? "a copy of the file is set aside as"
+                                                   : "starting with no streams"));
     assert_true(has_corrupt_file(dir));
-    assert_int_equal(stat(path, &sb), -1); /* moved away, not left to be read again */
-    void *sock = connect_to(&d);
+    /* An unusable file is moved away, not left to be read again; a partly good one stays
+     * until the next snapshot replaces it. */
+    assert_int_equal(stat(path, &sb), partial ? 0 : -1);
+    sock = connect_to(&d);
     uint8_t info[TALLY_QUERY_PAYLOAD_SIZE];
-    assert_int_equal(query(sock, "cam0", info), TALLY_E_UNKNOWN_STREAM); /* started empty */
-    fill_streams(&d, values, 3);                                         /* and serves */
+    assert_int_equal(query(sock, "cam0", info), cam0_kept ? TALLY_OK : TALLY_E_UNKNOWN_STREAM);
+    if (cam0_kept)
+        assert_memory_equal(info, before_cam, sizeof info);
+    assert_int_equal(query(sock, "s1", info), s1_kept ? TALLY_OK : TALLY_E_UNKNOWN_STREAM);
+    if (s1_kept)
+        assert_memory_equal(info, before_s1, sizeof info);
+    fill_streams(&d, values, 3); /* and serves */
     assert_int_equal(query(sock, "cam0", info), TALLY_OK);
     th_close(sock);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
     assert_int_equal(stat(path, &sb), 0); /* a fresh, good file */
+    assert_int_equal(spawn(&d, args, NULL), 0);
+    assert_true(th_daemon_log_contains(&d, "state: restored 2 streams"));
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
 
-static void test_state_truncated_file_set_aside(void **state)
+static void test_state_truncated_file_keeps_whole_records(void **state)
 {
     (void)state;
-    corrupt_and_restart("state-trunc", CORRUPT_TRUNCATE, "truncated");
+    corrupt_and_restart("state-trunc", CORRUPT_TRUNCATE, "1 of its 2 records are cut off");
 }
 
-static void test_state_bit_flip_set_aside(void **state)
+static void test_state_bit_flip_loses_only_its_stream(void **state)
 {
     (void)state;
-    corrupt_and_restart("state-flip", CORRUPT_FLIP, "checksum mismatch");
+    corrupt_and_restart("state-flip", CORRUPT_FLIP,
+                        "(stream \"cam0\") not restored: record checksum mismatch");
+}
+
+static void test_state_header_damage_set_aside(void **state)
+{
+    (void)state;
+    corrupt_and_restart("state-header", CORRUPT_HEADER, "header checksum mismatch");
 }
 
 static void test_state_wrong_version_set_aside(void **state)
@@ -615,6 +669,102 @@ static void test_state_garbage_set_aside(void **state)
 {
     (void)state;
     corrupt_and_restart("state-garbage", CORRUPT_GARBAGE, "bad magic");
+}
+
+/* The value of a counter in the `stats` text, or -1 when it is missing. */
+static long long stats_counter(const th_daemon_t *d, const char *name)
+{
+    void *sock = connect_to(d);
+    char *text = text_op(sock, TALLY_OP_STATS);
+    th_close(sock);
+    char line[128];
+    snprintf(line, sizeof line, "\n%s ", name);
+    const char *at = strstr(text, line);
+    long long value = at ? strtoll(at + strlen(line), NULL, 10) : -1;
+    free(text);
+    return value;
+}
+
+/* A periodic snapshot that cannot be written (a directory where the temporary file goes: a
+ * failure root cannot bypass) is logged at warning and counted, tallyd keeps serving, and the
+ * next interval writes once the way is clear. */
+static void test_state_periodic_write_failure_retried(void **state)
+{
+    (void)state;
+    char dir[300], tmp[400];
+    make_dir(dir, sizeof dir, "state-retry");
+    snprintf(tmp, sizeof tmp, "%s/streams.state.tmp", dir);
+    const char *args[] = {"--state-dir", dir, "--state-interval", "1", "--log-level",
+                          "debug",       NULL};
+    th_daemon_t d;
+    assert_int_equal(spawn(&d, args, NULL), 0);
+    assert_int_equal(mkdir(tmp, 0700), 0);
+    int32_t values[3] = {4, 5, 6};
+    fill_streams(&d, values, 3);
+    assert_true(log_waits_for(&d, "<4>state: cannot write", 10000));
+    assert_true(th_daemon_log_contains(&d, "Is a directory"));
+    assert_true(stats_counter(&d, "tallyd_state_write_failures_total") >= 1);
+    assert_false(th_daemon_log_contains(&d, "state: wrote"));
+    assert_int_equal(rmdir(tmp), 0);
+    assert_true(log_waits_for(&d, "state: wrote 2 streams", 10000));
+    long long failures = stats_counter(&d, "tallyd_state_write_failures_total");
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    fprintf(stderr, "%lld failed periodic writes before the way was clear\n", failures);
+    assert_false(th_daemon_log_contains(&d, "<3>"));
+
+    assert_int_equal(spawn(&d, args, NULL), 0);
+    assert_true(th_daemon_log_contains(&d, "state: restored 2 streams"));
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
+/* A final snapshot that cannot be written: tallyd says why at err and exits 1, not 0. */
+static void test_state_final_write_failure_exits_nonzero(void **state)
+{
+    (void)state;
+    char dir[300], tmp[400], path[400];
+    make_dir(dir, sizeof dir, "state-final");
+    snprintf(tmp, sizeof tmp, "%s/streams.state.tmp", dir);
+    snprintf(path, sizeof path, "%s/streams.state", dir);
+    const char *args[] = {"--state-dir", dir, NULL};
+    th_daemon_t d;
+    assert_int_equal(spawn(&d, args, NULL), 0);
+    int32_t values[3] = {7, 8, 9};
+    fill_streams(&d, values, 3);
+    assert_int_equal(mkdir(tmp, 0700), 0);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 1);
+    assert_true(th_daemon_log_contains(&d, "<3>state: the final snapshot failed"));
+    assert_true(th_daemon_log_contains(&d, "Is a directory"));
+    assert_true(th_daemon_log_contains(&d, "exiting with status 1"));
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), -1); /* nothing claims to hold what was lost */
+    assert_int_equal(rmdir(tmp), 0);
+
+    /* The same daemon with a clear path exits 0 and its state comes back. */
+    assert_int_equal(spawn(&d, args, NULL), 0);
+    fill_streams(&d, values, 3);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_int_equal(stat(path, &sb), 0);
+}
+
+/* streams.state that is not a regular file stops tallyd at start with the reason at err,
+ * instead of serving while every snapshot fails. */
+static void test_state_file_not_regular_fails_start(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name;
+        bool fifo;
+        const char *says;
+    } cases[] = {{"state-isdir", false, "streams.state is a directory, not a regular file"},
+                 {"state-fifo", true, "streams.state is a FIFO, not a regular file"}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char dir[300], path[400];
+        make_dir(dir, sizeof dir, cases[c].name);
+        snprintf(path, sizeof path, "%s/streams.state", dir);
+        assert_int_equal(cases[c].fifo ? mkfifo(path, 0600) : mkdir(path, 0700), 0);
+        const char *args[] = {"--state-dir", dir, NULL};
+        assert_start_fails(args, cases[c].says);
+    }
 }
 
 /* ---- configuration file and reload ------------------------------------------------------ */
@@ -909,13 +1059,7 @@ static void test_metrics_bad_address_fails_start(void **state)
 {
     (void)state;
     const char *args[] = {"--metrics", "localhost-ish", NULL};
-    spawn_opts_t o = {.no_wait = true};
-    th_daemon_t d;
-    assert_int_equal(spawn(&d, args, &o), 0);
-    int status = 0;
-    assert_int_equal(waitpid(d.pid, &status, 0), d.pid);
-    assert_true(WIFEXITED(status) && WEXITSTATUS(status) != 0);
-    assert_true(th_daemon_log_contains(&d, "is not IP:PORT"));
+    assert_start_fails(args, "is not IP:PORT");
 }
 
 /* After each test: kills any tallyd a failed assertion left running (our children only:
@@ -940,13 +1084,8 @@ static void test_state_dir_unusable_fails_start(void **state)
     snprintf(file, sizeof file, "%s/not-a-dir", scratch);
     write_file(file, "x");
     const char *args[] = {"--state-dir", file, NULL};
-    spawn_opts_t o = {.no_wait = true};
+    assert_start_fails(args, "is not a directory");
     th_daemon_t d;
-    assert_int_equal(spawn(&d, args, &o), 0);
-    int status = 0;
-    assert_int_equal(waitpid(d.pid, &status, 0), d.pid);
-    assert_true(WIFEXITED(status) && WEXITSTATUS(status) != 0);
-    assert_true(th_daemon_log_contains(&d, "is not a directory"));
 
     /* A missing last component is created. */
     char dir[300];
@@ -991,11 +1130,15 @@ int main(void)
         cmocka_unit_test_teardown(test_state_stop_under_load_keeps_every_answered_request,
                                   kill_leftovers),
         cmocka_unit_test_teardown(test_state_kill9_loses_at_most_one_interval, kill_leftovers),
-        cmocka_unit_test_teardown(test_state_truncated_file_set_aside, kill_leftovers),
-        cmocka_unit_test_teardown(test_state_bit_flip_set_aside, kill_leftovers),
+        cmocka_unit_test_teardown(test_state_truncated_file_keeps_whole_records, kill_leftovers),
+        cmocka_unit_test_teardown(test_state_bit_flip_loses_only_its_stream, kill_leftovers),
+        cmocka_unit_test_teardown(test_state_header_damage_set_aside, kill_leftovers),
         cmocka_unit_test_teardown(test_state_wrong_version_set_aside, kill_leftovers),
         cmocka_unit_test_teardown(test_state_garbage_set_aside, kill_leftovers),
+        cmocka_unit_test_teardown(test_state_periodic_write_failure_retried, kill_leftovers),
+        cmocka_unit_test_teardown(test_state_final_write_failure_exits_nonzero, kill_leftovers),
         cmocka_unit_test_teardown(test_state_dir_unusable_fails_start, kill_leftovers),
+        cmocka_unit_test_teardown(test_state_file_not_regular_fails_start, kill_leftovers),
         cmocka_unit_test_teardown(test_config_file_errors_exit_2, kill_leftovers),
         cmocka_unit_test_teardown(test_config_file_and_sighup_reload, kill_leftovers),
         cmocka_unit_test_teardown(test_metrics_http_endpoint, kill_leftovers),

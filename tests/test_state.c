@@ -1,9 +1,11 @@
 /*
  * test_state.c — the state file format on its own (td_state.c): round trips of random stream
- * tables, and every way a file can be damaged — truncated at every length, any single bit
- * flipped, another version, trailing bytes, a bad record under a correct checksum — is
- * rejected without adding a single stream; td_state_restore sets a bad file aside; writing
- * into a directory that does not exist fails cleanly.
+ * tables; every truncation and every single-bit flip loses exactly what it damaged (a flip in
+ * the header loses the file, a flip in a record loses that record's stream only, the others
+ * restored byte for byte); each invariant violated under a correct record checksum refuses
+ * that stream only; version-1 files still restore; td_state_restore sets aside unusable files
+ * (renamed) and files that lost records (copied), under names that never collide; a state
+ * path that is not a regular file is refused; a write into a blocked path fails cleanly.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -33,6 +35,33 @@ static uint64_t next_rand(void)
     return rng;
 }
 
+/* Random state that holds every invariant td_request_apply maintains. */
+static void random_info(tally_stream_info_t *in, unsigned i)
+{
+    memset(in, 0, sizeof *in);
+    in->filter_seen = next_rand() >> 24;
+    in->filter_kept = next_rand() % (in->filter_seen + 1);
+    in->scan_elements = i % 4 == 3 ? 0 : next_rand() >> 24;
+    in->scan_carry = in->scan_elements ? (int64_t)next_rand() : 0;
+    in->hist_dtype = (uint8_t[]){TALLY_DTYPE_NONE, TALLY_DTYPE_U8, TALLY_DTYPE_I32}[i % 3];
+    if (in->hist_dtype != TALLY_DTYPE_NONE) {
+        for (int b = 0; b < TALLY_HIST_BINS; b++)
+            in->bins[b] = next_rand() >> 40;
+        if (in->hist_dtype == TALLY_DTYPE_I32) {
+            in->hist_lo = -1000 - (int64_t)(next_rand() % 1000);
+            in->hist_hi = 1000;
+            in->hist_underflow = next_rand() >> 40;
+            in->hist_overflow = next_rand() >> 40;
+        }
+        in->hist_total = in->hist_underflow + in->hist_overflow;
+        for (int b = 0; b < TALLY_HIST_BINS; b++)
+            in->hist_total += in->bins[b];
+    }
+    in->elements = in->filter_seen + in->scan_elements + in->hist_total;
+    in->batches = 1 + next_rand() % 100000;
+    in->bytes = next_rand();
+}
+
 /* A table of n streams with random names and state. */
 static td_streams_t *random_table(unsigned n)
 {
@@ -46,37 +75,75 @@ static td_streams_t *random_table(unsigned n)
             name[k] = (char)(0x21 + next_rand() % 94); /* printable, no space */
         td_stream_t *s = NULL;
         assert_int_equal(td_streams_get(t, name, len, &s), TALLY_OK);
-        s->info.batches = next_rand();
-        s->info.elements = next_rand();
-        s->info.bytes = next_rand();
-        s->info.filter_seen = next_rand();
-        s->info.filter_kept = next_rand();
-        s->info.scan_carry = (int64_t)next_rand();
-        s->info.scan_elements = next_rand();
-        s->info.hist_dtype = (uint8_t[]){TALLY_DTYPE_NONE, TALLY_DTYPE_U8, TALLY_DTYPE_I32}[i % 3];
-        if (s->info.hist_dtype == TALLY_DTYPE_I32) {
-            s->info.hist_lo = -1000;
-            s->info.hist_hi = 1000;
-        }
-        s->info.hist_underflow = next_rand();
-        s->info.hist_overflow = next_rand();
-        s->info.hist_total = next_rand();
-        for (int b = 0; b < TALLY_HIST_BINS; b++)
-            s->info.bins[b] = next_rand();
+        random_info(&s->info, i);
+        char why[160];
+        assert_true(td_state_check_info(&s->info, why, sizeof why));
     }
     return t;
 }
 
-static void assert_tables_equal(td_streams_t *a, td_streams_t *b)
+/* The stream's query payload: what a client sees. */
+static void payload_of(const td_stream_t *s, uint8_t out[TALLY_QUERY_PAYLOAD_SIZE])
 {
-    assert_int_equal(td_streams_count(a), td_streams_count(b));
+    tally_stream_info_encode(&s->info, out);
+}
+
+/* b holds exactly a's streams, skipping a's stream number `skip` (-1: none), in order, with
+ * byte-for-byte equal query payloads. */
+static void assert_tables_equal_but(td_streams_t *a, td_streams_t *b, int skip)
+{
+    unsigned want = td_streams_count(a) - (skip >= 0 ? 1 : 0);
+    assert_int_equal(td_streams_count(b), want);
     td_stream_t *y = td_streams_first(b);
-    for (td_stream_t *x = td_streams_first(a); x; x = x->list_next, y = y->list_next) {
+    int i = 0;
+    for (td_stream_t *x = td_streams_first(a); x; x = x->list_next, i++) {
+        if (i == skip) {
+            assert_null(td_streams_find(b, x->name, x->name_len));
+            continue;
+        }
         assert_non_null(y);
         assert_int_equal(x->name_len, y->name_len);
         assert_memory_equal(x->name, y->name, x->name_len);
-        assert_memory_equal(&x->info, &y->info, sizeof x->info);
+        uint8_t px[TALLY_QUERY_PAYLOAD_SIZE], py[TALLY_QUERY_PAYLOAD_SIZE];
+        payload_of(x, px);
+        payload_of(y, py);
+        assert_memory_equal(px, py, sizeof px);
+        y = y->list_next;
     }
+}
+
+static void assert_tables_equal(td_streams_t *a, td_streams_t *b)
+{
+    assert_tables_equal_but(a, b, -1);
+}
+
+/* Decodes buf into a fresh table (caller destroys it). */
+static td_streams_t *decode_new(const uint8_t *buf, size_t len, tally_status_t want,
+                                td_state_report_t *report)
+{
+    td_streams_t *t = NULL;
+    assert_int_equal(td_streams_new(1000, &t), TALLY_OK);
+    char msg[256] = "";
+    assert_int_equal(td_state_decode(buf, len, t, report, msg, sizeof msg), want);
+    if (want != TALLY_OK) {
+        assert_true(msg[0] != '\0');
+        assert_int_equal(td_streams_count(t), 0); /* an unusable file adds nothing */
+    }
+    return t;
+}
+
+static void encode(td_streams_t *t, uint8_t **buf, size_t *len)
+{
+    assert_int_equal(td_state_encode(t, buf, len), TALLY_OK);
+    assert_int_equal(*len, TD_STATE_HEADER_SIZE + td_streams_count(t) * TD_STATE_RECORD_SIZE);
+}
+
+/* A random table of n streams and its file image. */
+static td_streams_t *random_image(unsigned n, uint8_t **buf, size_t *len)
+{
+    td_streams_t *t = random_table(n);
+    encode(t, buf, len);
+    return t;
 }
 
 static void test_round_trip(void **state)
@@ -86,11 +153,13 @@ static void test_round_trip(void **state)
         td_streams_t *t = random_table(n);
         uint8_t *buf = NULL;
         size_t len = 0;
-        assert_int_equal(td_state_encode(t, &buf, &len), TALLY_OK);
-        td_streams_t *back = NULL;
-        assert_int_equal(td_streams_new(1000, &back), TALLY_OK);
-        char msg[256];
-        assert_int_equal(td_state_decode(buf, len, back, msg, sizeof msg), TALLY_OK);
+        encode(t, &buf, &len);
+        td_state_report_t r;
+        td_streams_t *back = decode_new(buf, len, TALLY_OK, &r);
+        assert_int_equal(r.version, 2);
+        assert_int_equal(r.records, n);
+        assert_int_equal(r.restored, n);
+        assert_false(td_state_report_lossy(&r));
         assert_tables_equal(t, back);
         free(buf);
         td_streams_destroy(&t);
@@ -98,32 +167,55 @@ static void test_round_trip(void **state)
     }
 }
 
-/* Decoding buf must fail and add nothing. */
-static void assert_rejected(const uint8_t *buf, size_t len)
+/* A cut inside the header loses the file; a cut anywhere after it keeps every whole record. */
+static void test_every_truncation(void **state)
 {
-    td_streams_t *t = NULL;
-    assert_int_equal(td_streams_new(1000, &t), TALLY_OK);
-    char msg[256] = "";
-    assert_int_equal(td_state_decode(buf, len, t, msg, sizeof msg), TALLY_E_PARAM);
-    assert_true(msg[0] != '\0');
-    assert_int_equal(td_streams_count(t), 0);
+    (void)state;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    td_streams_t *t = random_image(3, &buf, &len);
+    td_state_report_t r;
+    for (size_t cut = 0; cut < len; cut++) {
+        bool header = cut < TD_STATE_HEADER_SIZE;
+        td_streams_t *back = decode_new(buf, cut, header ? TALLY_E_PARAM : TALLY_OK, &r);
+        if (!header) {
+            unsigned whole = (unsigned)((cut - TD_STATE_HEADER_SIZE) / TD_STATE_RECORD_SIZE);
+            assert_int_equal(r.restored, whole);
+            assert_int_equal(r.missing, 3 - whole);
+            assert_true(td_state_report_lossy(&r));
+            td_stream_t *x = td_streams_first(t), *y = td_streams_first(back);
+            for (unsigned i = 0; i < whole; i++, x = x->list_next, y = y->list_next)
+                assert_memory_equal(&x->info, &y->info, sizeof x->info);
+        }
+        td_streams_destroy(&back);
+    }
+    free(buf);
     td_streams_destroy(&t);
 }
 
-static void test_every_truncation_and_bit_flip_rejected(void **state)
+/* Any one bit flipped: in the header the whole file is refused; in record k exactly stream k
+ * is lost and every other stream is restored byte for byte. */
+static void test_every_bit_flip_loses_only_its_stream(void **state)
 {
     (void)state;
-    td_streams_t *t = random_table(3);
     uint8_t *buf = NULL;
     size_t len = 0;
-    assert_int_equal(td_state_encode(t, &buf, &len), TALLY_OK);
-    for (size_t cut = 0; cut < len; cut++)
-        assert_rejected(buf, cut);
-    /* Bytes 24..31 hold the time written, outside any check but the checksum. */
+    td_streams_t *t = random_image(3, &buf, &len);
+    td_state_report_t r;
     for (size_t i = 0; i < len; i++) {
         for (int bit = 0; bit < 8; bit += 3) {
             buf[i] ^= (uint8_t)(1u << bit);
-            assert_rejected(buf, len);
+            if (i < TD_STATE_HEADER_SIZE) {
+                td_streams_t *back = decode_new(buf, len, TALLY_E_PARAM, &r);
+                td_streams_destroy(&back);
+            } else {
+                td_streams_t *back = decode_new(buf, len, TALLY_OK, &r);
+                assert_int_equal(r.damaged, 1);
+                assert_int_equal(r.restored, 2);
+                assert_tables_equal_but(t, back,
+                                        (int)((i - TD_STATE_HEADER_SIZE) / TD_STATE_RECORD_SIZE));
+                td_streams_destroy(&back);
+            }
             buf[i] ^= (uint8_t)(1u << bit);
         }
     }
@@ -131,68 +223,332 @@ static void test_every_truncation_and_bit_flip_rejected(void **state)
     td_streams_destroy(&t);
 }
 
-/* Re-seals a modified image with a correct checksum. */
-static void reseal(uint8_t *buf, size_t len)
+/* Re-seals a modified header or record with a correct checksum. */
+static void reseal_header(uint8_t *buf)
 {
-    uint64_t sum = td_state_checksum(buf, len - TD_STATE_TRAILER_SIZE);
-    for (int i = 0; i < 8; i++)
-        buf[len - 8 + i] = (uint8_t)(sum >> (8 * i));
+    tally_put_u32(buf + TD_STATE_HEADER_CRC_OFF, td_state_crc(buf, TD_STATE_HEADER_CRC_OFF));
 }
 
-static void test_structural_errors_under_a_good_checksum(void **state)
+static uint8_t *record(uint8_t *buf, unsigned k)
+{
+    return buf + TD_STATE_HEADER_SIZE + (size_t)k * TD_STATE_RECORD_SIZE;
+}
+
+static void reseal_record(uint8_t *rec)
+{
+    tally_put_u32(rec, td_state_crc(rec + 4, TD_STATE_RECORD_SIZE - 4));
+}
+
+static void test_header_errors_under_a_good_checksum(void **state)
 {
     (void)state;
-    td_streams_t *t = random_table(2);
     uint8_t *buf = NULL;
     size_t len = 0;
-    assert_int_equal(td_state_encode(t, &buf, &len), TALLY_OK);
-    uint8_t *copy = malloc(len + 16);
+    td_streams_t *t = random_image(2, &buf, &len);
+    uint8_t *copy = malloc(len);
+    td_state_report_t r;
+    struct {
+        size_t off;
+        uint8_t value;
+    } cases[] = {{8, 99}, {8, 3}, {16, 1}, {20, 1}, {32, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        memcpy(copy, buf, len);
+        copy[cases[c].off] = cases[c].value;
+        reseal_header(copy);
+        td_streams_t *back = decode_new(copy, len, TALLY_E_PARAM, &r);
+        td_streams_destroy(&back);
+    }
+    memcpy(copy, buf, len); /* bad magic */
+    copy[0] = 'X';
+    td_streams_t *back = decode_new(copy, len, TALLY_E_PARAM, &r);
+    td_streams_destroy(&back);
 
-    memcpy(copy, buf, len); /* another version */
-    copy[8] = 2;
-    reseal(copy, len);
-    assert_rejected(copy, len);
+    memcpy(copy, buf, len); /* more records announced than present: the rest are missing */
+    tally_put_u32(copy + 12, 5);
+    reseal_header(copy);
+    back = decode_new(copy, len, TALLY_OK, &r);
+    assert_int_equal(r.restored, 2);
+    assert_int_equal(r.missing, 3);
+    assert_tables_equal(t, back);
+    td_streams_destroy(&back);
 
-    memcpy(copy, buf, len); /* more streams announced than present */
-    copy[12] = 3;
-    reseal(copy, len);
-    assert_rejected(copy, len);
-
-    memcpy(copy, buf, len); /* fewer: bytes left after the last record */
-    copy[12] = 1;
-    reseal(copy, len);
-    assert_rejected(copy, len);
-
-    memcpy(copy, buf, len); /* a name with a space */
-    copy[TD_STATE_HEADER_SIZE + 1] = ' ';
-    reseal(copy, len);
-    assert_rejected(copy, len);
-
-    memcpy(copy, buf, len); /* an empty name */
-    copy[TD_STATE_HEADER_SIZE] = 0;
-    reseal(copy, len);
-    assert_rejected(copy, len);
-
+    memcpy(copy, buf, len); /* fewer: the bytes after the last one are reported */
+    tally_put_u32(copy + 12, 1);
+    reseal_header(copy);
+    back = decode_new(copy, len, TALLY_OK, &r);
+    assert_int_equal(r.restored, 1);
+    assert_int_equal(r.extra_bytes, TD_STATE_RECORD_SIZE);
+    assert_true(td_state_report_lossy(&r));
+    td_streams_destroy(&back);
     free(copy);
     free(buf);
+    td_streams_destroy(&t);
+}
+
+typedef void (*breaker_t)(tally_stream_info_t *in);
+static void b_total(tally_stream_info_t *in)
+{
+    in->hist_total++, in->elements++;
+}
+static void b_bin(tally_stream_info_t *in)
+{
+    in->bins[200] += 5;
+}
+static void b_u8_under(tally_stream_info_t *in)
+{
+    in->hist_dtype = TALLY_DTYPE_U8, in->hist_lo = in->hist_hi = 0;
+    in->hist_underflow += 1, in->hist_total += 1, in->elements += 1;
+}
+static void b_none_bins(tally_stream_info_t *in)
+{
+    in->hist_dtype = TALLY_DTYPE_NONE, in->hist_lo = in->hist_hi = 0;
+}
+static void b_range(tally_stream_info_t *in)
+{
+    in->hist_lo = in->hist_hi;
+}
+static void b_range_low(tally_stream_info_t *in)
+{
+    in->hist_lo = (int64_t)INT32_MIN - 1;
+}
+static void b_range_high(tally_stream_info_t *in)
+{
+    in->hist_hi = (int64_t)INT32_MAX + 2;
+}
+static void b_kept(tally_stream_info_t *in)
+{
+    in->filter_kept = in->filter_seen + 1;
+}
+static void b_scanned(tally_stream_info_t *in)
+{
+    in->scan_elements = in->elements + 1;
+}
+static void b_elements(tally_stream_info_t *in)
+{
+    in->elements += 7;
+}
+static void b_batches(tally_stream_info_t *in)
+{
+    in->batches = 0;
+}
+static void b_carry(tally_stream_info_t *in)
+{
+    in->elements -= in->scan_elements, in->scan_elements = 0, in->scan_carry = 5;
+}
+
+/* Each invariant, broken in stream 2 of 0..2 under a correct record checksum: stream 2 alone
+ * is refused. Stream 2 has an i32 histogram and scanned elements (random_info). */
+static void test_invariant_violations_refuse_only_that_stream(void **state)
+{
+    (void)state;
+    static const breaker_t breakers[] = {b_total,   b_bin,       b_u8_under,   b_none_bins,
+                                         b_range,   b_range_low, b_range_high, b_kept,
+                                         b_scanned, b_elements,  b_batches,    b_carry};
+    td_streams_t *t = random_table(3);
+    td_stream_t *s1 = td_streams_first(t)->list_next->list_next;
+    assert_int_equal(s1->info.hist_dtype, TALLY_DTYPE_I32);
+    assert_true(s1->info.scan_elements > 0 && s1->info.filter_seen > 0);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    encode(t, &buf, &len);
+    td_state_report_t r;
+    for (size_t c = 0; c < sizeof breakers / sizeof breakers[0]; c++) {
+        tally_stream_info_t bad = s1->info;
+        breakers[c](&bad);
+        char why[160] = "";
+        assert_false(td_state_check_info(&bad, why, sizeof why));
+        assert_true(why[0] != '\0');
+        uint8_t *copy = malloc(len);
+        memcpy(copy, buf, len);
+        tally_stream_info_encode(&bad, record(copy, 2) + TD_STATE_RECORD_INFO_OFF);
+        reseal_record(record(copy, 2));
+        td_streams_t *back = decode_new(copy, len, TALLY_OK, &r);
+        assert_int_equal(r.damaged, 1);
+        assert_tables_equal_but(t, back, 2);
+        td_streams_destroy(&back);
+        free(copy);
+    }
+    /* A bad dtype (decode refuses it), a name with a space, a name of 65 bytes, garbage after
+     * the name, and a second record of stream 0's name. */
+    for (int c = 0; c < 5; c++) {
+        uint8_t *copy = malloc(len);
+        memcpy(copy, buf, len);
+        uint8_t *rec = record(copy, 2);
+        if (c == 0)
+            rec[TD_STATE_RECORD_INFO_OFF + 56] = 7;
+        else if (c == 1)
+            rec[TD_STATE_RECORD_NAME_OFF + 2] = ' ';
+        else if (c == 2)
+            tally_put_u32(rec + 4, TALLY_STREAM_NAME_MAX + 1);
+        else if (c == 3)
+            rec[TD_STATE_RECORD_NAME_OFF + TALLY_STREAM_NAME_MAX - 1] = 'x',
+                                                                   tally_put_u32(rec + 4, 6);
+        else
+            memcpy(rec + 4, record(copy, 0) + 4, TD_STATE_RECORD_INFO_OFF - 4);
+        reseal_record(rec);
+        td_streams_t *back = decode_new(copy, len, TALLY_OK, &r);
+        assert_int_equal(r.damaged, 1);
+        assert_tables_equal_but(t, back, 2);
+        td_streams_destroy(&back);
+        free(copy);
+    }
+    free(buf);
+    td_streams_destroy(&t);
+}
+
+/* Bytes 104..111 of the payload belong to the idempotency work (last_seq); the state file
+ * carries the payload as it is, so a record is never refused for a field it does not know
+ * beyond what tally_stream_info_decode refuses. */
+static void test_record_carries_the_payload_as_is(void **state)
+{
+    (void)state;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    td_streams_t *t = random_image(2, &buf, &len);
+    uint8_t want[TALLY_QUERY_PAYLOAD_SIZE];
+    payload_of(td_streams_first(t), want);
+    assert_memory_equal(record(buf, 0) + TD_STATE_RECORD_INFO_OFF, want, sizeof want);
+    assert_int_equal(tally_get_u32(record(buf, 0) + 4), td_streams_first(t)->name_len);
+    free(buf);
+    td_streams_destroy(&t);
+}
+
+/* A version-1 image, as tallyd before format version 2 wrote it. */
+static uint8_t *encode_v1(td_streams_t *t, size_t *len_out)
+{
+    size_t body = 0;
+    uint32_t count = 0;
+    for (td_stream_t *s = td_streams_first(t); s; s = s->list_next, count++)
+        body += 1 + s->name_len + TALLY_QUERY_PAYLOAD_SIZE;
+    size_t len = TD_STATE_V1_HEADER_SIZE + body + TD_STATE_V1_TRAILER_SIZE;
+    uint8_t *out = calloc(1, len), *p = out + TD_STATE_V1_HEADER_SIZE;
+    memcpy(out, TD_STATE_MAGIC, 8);
+    tally_put_u32(out + 8, 1);
+    tally_put_u32(out + 12, count);
+    tally_put_u64(out + 16, body);
+    tally_put_u64(out + 24, 1763900000);
+    for (td_stream_t *s = td_streams_first(t); s; s = s->list_next) {
+        *p++ = (uint8_t)s->name_len;
+        memcpy(p, s->name, s->name_len);
+        p += s->name_len;
+        tally_stream_info_encode(&s->info, p);
+        p += TALLY_QUERY_PAYLOAD_SIZE;
+    }
+    tally_put_u64(p, td_state_checksum(out, len - TD_STATE_V1_TRAILER_SIZE));
+    *len_out = len;
+    return out;
+}
+
+static void test_version_1_restores(void **state)
+{
+    (void)state;
+    td_streams_t *t = random_table(4);
+    size_t len = 0;
+    uint8_t *v1 = encode_v1(t, &len);
+    td_state_report_t r;
+    td_streams_t *back = decode_new(v1, len, TALLY_OK, &r);
+    assert_int_equal(r.version, 1);
+    assert_int_equal(r.restored, 4);
+    assert_false(td_state_report_lossy(&r));
+    assert_tables_equal(t, back);
+    td_streams_destroy(&back);
+
+    /* Its one checksum covers everything: any flip loses the file. */
+    v1[len / 2] ^= 1;
+    back = decode_new(v1, len, TALLY_E_PARAM, &r);
+    td_streams_destroy(&back);
+    v1[len / 2] ^= 1;
+    back = decode_new(v1, len - 1, TALLY_E_PARAM, &r);
+    td_streams_destroy(&back);
+
+    /* A consistent checksum over a broken invariant: that stream only. */
+    size_t off = TD_STATE_V1_HEADER_SIZE;
+    off += 1 + td_streams_first(t)->name_len + TALLY_QUERY_PAYLOAD_SIZE; /* record 1 */
+    off += 1 + td_streams_first(t)->list_next->name_len + 96;            /* its hist_total */
+    v1[off] ^= 1;
+    tally_put_u64(v1 + len - 8, td_state_checksum(v1, len - TD_STATE_V1_TRAILER_SIZE));
+    back = decode_new(v1, len, TALLY_OK, &r);
+    assert_int_equal(r.damaged, 1);
+    assert_tables_equal_but(t, back, 1);
+    td_streams_destroy(&back);
+    free(v1);
     td_streams_destroy(&t);
 }
 
 static void test_max_streams_respected(void **state)
 {
     (void)state;
-    td_streams_t *t = random_table(10);
     uint8_t *buf = NULL;
     size_t len = 0;
-    assert_int_equal(td_state_encode(t, &buf, &len), TALLY_OK);
+    td_streams_t *t = random_image(10, &buf, &len);
     td_streams_t *small = NULL;
     assert_int_equal(td_streams_new(4, &small), TALLY_OK);
     char msg[256];
-    assert_int_equal(td_state_decode(buf, len, small, msg, sizeof msg), TALLY_OK);
+    td_state_report_t r;
+    assert_int_equal(td_state_decode(buf, len, small, &r, msg, sizeof msg), TALLY_OK);
     assert_int_equal(td_streams_count(small), 4);
+    assert_int_equal(r.restored, 4);
+    assert_int_equal(r.over_limit, 6);
+    assert_true(td_state_report_lossy(&r));
     free(buf);
     td_streams_destroy(&t);
     td_streams_destroy(&small);
+}
+
+/* ---- files ------------------------------------------------------------------------------ */
+
+static void write_bytes(const char *path, const void *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, len, f), len);
+    fclose(f);
+}
+
+/* The set-aside files in dir (up to 8 paths, malloc'ed contents in data[], sizes in lens[]). */
+static int list_aside(const char *dir, uint8_t **data, size_t *lens)
+{
+    DIR *dp = opendir(dir);
+    struct dirent *e;
+    int n = 0;
+    while ((e = readdir(dp))) {
+        if (strncmp(e->d_name, "streams.state.corrupt-", 22) != 0)
+            continue;
+        assert_true(n < 8);
+        char p[600];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        FILE *f = fopen(p, "rb");
+        assert_non_null(f);
+        data[n] = malloc(1 << 16);
+        lens[n] = fread(data[n], 1, 1 << 16, f);
+        fclose(f);
+        n++;
+    }
+    closedir(dp);
+    return n;
+}
+
+static void clear_dir(const char *dir)
+{
+    DIR *dp = opendir(dir);
+    struct dirent *e;
+    while ((e = readdir(dp))) {
+        if (e->d_name[0] == '.')
+            continue;
+        char p[600];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (remove(p) != 0)
+            rmdir(p);
+    }
+    closedir(dp);
+}
+
+static unsigned restore_into_new(const char *dir, td_streams_t **out, td_state_report_t *r)
+{
+    char msg[512] = "";
+    assert_int_equal(td_streams_new(1000, out), TALLY_OK);
+    assert_int_equal(td_state_restore(dir, *out, r, msg, sizeof msg), TALLY_OK);
+    return td_streams_count(*out);
 }
 
 static void test_write_restore_and_set_aside(void **state)
@@ -200,15 +556,14 @@ static void test_write_restore_and_set_aside(void **state)
     (void)state;
     char dir[] = "/tmp/tallyd-state-XXXXXX";
     assert_non_null(mkdtemp(dir));
-    td_streams_t *t = random_table(5);
     uint8_t *buf = NULL;
     size_t len = 0;
-    assert_int_equal(td_state_encode(t, &buf, &len), TALLY_OK);
+    td_streams_t *t = random_image(5, &buf, &len);
     char msg[512];
     assert_int_equal(td_state_write(dir, buf, len, msg, sizeof msg), TALLY_OK);
     td_streams_t *back = NULL;
-    assert_int_equal(td_streams_new(1000, &back), TALLY_OK);
-    assert_int_equal(td_state_restore(dir, back), 5);
+    td_state_report_t r;
+    assert_int_equal(restore_into_new(dir, &back, &r), 5);
     assert_tables_equal(t, back);
     td_streams_destroy(&back);
 
@@ -217,35 +572,145 @@ static void test_write_restore_and_set_aside(void **state)
     snprintf(path, sizeof path, "%s/%s.tmp", dir, TD_STATE_FILE);
     assert_int_equal(access(path, F_OK), -1);
 
-    /* Truncate: restore sets it aside and starts empty. */
+    /* One record damaged: the other four restored, the file kept, a copy set aside. */
     snprintf(path, sizeof path, "%s/%s", dir, TD_STATE_FILE);
-    assert_int_equal(truncate(path, (off_t)len - 1), 0);
-    assert_int_equal(td_streams_new(1000, &back), TALLY_OK);
-    assert_int_equal(td_state_restore(dir, back), 0);
-    assert_int_equal(td_streams_count(back), 0);
-    assert_int_equal(access(path, F_OK), -1);
+    buf[TD_STATE_HEADER_SIZE + 3 * TD_STATE_RECORD_SIZE + 500] ^= 0x40;
+    write_bytes(path, buf, len);
+    assert_int_equal(restore_into_new(dir, &back, &r), 4);
+    assert_int_equal(r.damaged, 1);
+    assert_tables_equal_but(t, back, 3);
+    assert_int_equal(access(path, F_OK), 0);
+    uint8_t *aside[8];
+    size_t aside_len[8];
+    assert_int_equal(list_aside(dir, aside, aside_len), 1);
+    assert_int_equal(aside_len[0], len);
+    assert_memory_equal(aside[0], buf, len);
+    free(aside[0]);
     td_streams_destroy(&back);
-    DIR *dp = opendir(dir);
-    struct dirent *e;
-    int aside = 0;
-    while ((e = readdir(dp))) {
-        if (strncmp(e->d_name, "streams.state.corrupt-", 22) == 0) {
-            aside++;
-            char p[600];
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            unlink(p);
-        }
-    }
-    closedir(dp);
-    assert_int_equal(aside, 1);
+    clear_dir(dir);
+
+    /* A damaged header: the file moved aside, nothing restored. */
+    buf[25] ^= 1; /* the time written, under the header checksum */
+    write_bytes(path, buf, len);
+    assert_int_equal(restore_into_new(dir, &back, &r), 0);
+    assert_int_equal(access(path, F_OK), -1);
+    assert_int_equal(list_aside(dir, aside, aside_len), 1);
+    assert_memory_equal(aside[0], buf, len);
+    free(aside[0]);
+    td_streams_destroy(&back);
+    clear_dir(dir);
 
     /* No file at all: empty, nothing set aside. */
-    assert_int_equal(td_streams_new(1000, &back), TALLY_OK);
-    assert_int_equal(td_state_restore(dir, back), 0);
+    assert_int_equal(restore_into_new(dir, &back, &r), 0);
+    assert_int_equal(list_aside(dir, aside, aside_len), 0);
     td_streams_destroy(&back);
 
-    /* A directory that does not exist: an I/O error with a message, nothing created. */
-    char missing[600];
+    free(buf);
+    td_streams_destroy(&t);
+    rmdir(dir);
+}
+
+/* Set-asides within one second never overwrite each other: three unusable files and two
+ * damaged ones in a row leave five distinct copies, each with its own bytes. */
+static void test_set_aside_names_are_unique(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/tallyd-aside-XXXXXX", path[600];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/%s", dir, TD_STATE_FILE);
+    td_streams_t *t = random_table(2), *back = NULL;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    encode(t, &buf, &len);
+    td_state_report_t r;
+    for (int i = 0; i < 5; i++) {
+        char text[64];
+        if (i < 3) {
+            snprintf(text, sizeof text, "not a state file, number %d", i);
+            write_bytes(path, text, strlen(text));
+        } else {
+            buf[TD_STATE_HEADER_SIZE + 100 + (size_t)i] ^= 0xff; /* record 0, a new byte */
+            write_bytes(path, buf, len);
+        }
+        restore_into_new(dir, &back, &r);
+        td_streams_destroy(&back);
+    }
+    uint8_t *aside[8];
+    size_t aside_len[8];
+    assert_int_equal(list_aside(dir, aside, aside_len), 5);
+    for (int a = 0; a < 5; a++) {
+        for (int b = a + 1; b < 5; b++)
+            assert_true(aside_len[a] != aside_len[b] ||
+                        memcmp(aside[a], aside[b], aside_len[a]) != 0);
+    }
+    for (int a = 0; a < 5; a++)
+        free(aside[a]);
+    free(buf);
+    td_streams_destroy(&t);
+    clear_dir(dir);
+    rmdir(dir);
+}
+
+/* streams.state or streams.state.tmp that is not a regular file: the restore refuses (tallyd
+ * does not start) with a message that says what is wrong, and nothing is set aside. */
+static void test_unusable_state_path_refused(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/tallyd-path-XXXXXX", path[600], tmp[600], msg[512];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/%s", dir, TD_STATE_FILE);
+    snprintf(tmp, sizeof tmp, "%s/%s.tmp", dir, TD_STATE_FILE);
+    td_streams_t *t = NULL;
+    assert_int_equal(td_streams_new(10, &t), TALLY_OK);
+    td_state_report_t r;
+    struct {
+        const char *where;
+        int kind; /* 0 directory, 1 FIFO, 2 symbolic link */
+        const char *says;
+    } cases[] = {{path, 0, "is a directory, not a regular file"},
+                 {path, 1, "is a FIFO, not a regular file"},
+                 {path, 2, "is a symbolic link"},
+                 {tmp, 0, "is a directory, where tallyd writes every snapshot"}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        if (cases[c].kind == 0)
+            assert_int_equal(mkdir(cases[c].where, 0700), 0);
+        else if (cases[c].kind == 1)
+            assert_int_equal(mkfifo(cases[c].where, 0600), 0);
+        else
+            assert_int_equal(symlink("/dev/null", cases[c].where), 0);
+        msg[0] = '\0';
+        assert_int_equal(td_state_restore(dir, t, &r, msg, sizeof msg), TALLY_E_IO);
+        assert_non_null(strstr(msg, cases[c].says));
+        assert_non_null(strstr(msg, cases[c].where));
+        assert_int_equal(td_streams_count(t), 0);
+        uint8_t *aside[8];
+        size_t aside_len[8];
+        assert_int_equal(list_aside(dir, aside, aside_len), 0);
+        clear_dir(dir);
+    }
+    td_streams_destroy(&t);
+    rmdir(dir);
+}
+
+/* Writes that cannot land fail with the step and the reason, even as root (a directory in the
+ * way is not a permission). */
+static void test_write_failures_reported(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/tallyd-write-XXXXXX", tmp[600], missing[600], msg[512];
+    assert_non_null(mkdtemp(dir));
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    td_streams_t *t = random_image(1, &buf, &len);
+
+    snprintf(tmp, sizeof tmp, "%s/%s.tmp", dir, TD_STATE_FILE);
+    assert_int_equal(mkdir(tmp, 0700), 0);
+    msg[0] = '\0';
+    assert_int_equal(td_state_write(dir, buf, len, msg, sizeof msg), TALLY_E_IO);
+    assert_non_null(strstr(msg, "create"));
+    assert_non_null(strstr(msg, "Is a directory"));
+    rmdir(tmp);
+
     snprintf(missing, sizeof missing, "%s/missing", dir);
     msg[0] = '\0';
     assert_int_equal(td_state_write(missing, buf, len, msg, sizeof msg), TALLY_E_IO);
@@ -260,10 +725,17 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
-        cmocka_unit_test(test_every_truncation_and_bit_flip_rejected),
-        cmocka_unit_test(test_structural_errors_under_a_good_checksum),
+        cmocka_unit_test(test_every_truncation),
+        cmocka_unit_test(test_every_bit_flip_loses_only_its_stream),
+        cmocka_unit_test(test_header_errors_under_a_good_checksum),
+        cmocka_unit_test(test_invariant_violations_refuse_only_that_stream),
+        cmocka_unit_test(test_record_carries_the_payload_as_is),
+        cmocka_unit_test(test_version_1_restores),
         cmocka_unit_test(test_max_streams_respected),
         cmocka_unit_test(test_write_restore_and_set_aside),
+        cmocka_unit_test(test_set_aside_names_are_unique),
+        cmocka_unit_test(test_unusable_state_path_refused),
+        cmocka_unit_test(test_write_failures_reported),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

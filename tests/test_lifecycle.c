@@ -1,0 +1,464 @@
+/*
+ * test_lifecycle.c — tallyd's promise that every request gets exactly one reply, tested where it
+ * is hardest to keep, against the real binary over raw ZeroMQ:
+ *   - a peer that sends 10,000 requests and never reads its replies: other clients are still
+ *     answered promptly (the replies it does not read are dropped and counted, never queued in
+ *     tallyd), and SIGTERM still ends tallyd within its drain time;
+ *   - requests sent while tallyd is stopped (SIGSTOP), then SIGTERM: each gets exactly one
+ *     reply, a result or `shutdown`;
+ *   - pipelined scans on one stream, then SIGTERM: the ok replies are a prefix in order, the rest
+ *     `shutdown`, and the state restored after the restart holds exactly the ok ones;
+ *   - oversize payloads among pipelined requests: answered too_large on a connection that stays
+ *     open, and the replies of the requests around them all arrive; a frame over the max_frame
+ *     guard closes only its own connection.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+/* The drain time the stop tests give tallyd, and the bound on its stop (td_server.c: the drain
+ * deadline, then a 1 s linger for replies to a peer that does not read). The slack covers a
+ * loaded CI machine running the sanitizers. The pipelined-scan test gives a longer drain time
+ * (tallyd stops earlier once its socket is quiet): 40 MiB are still crossing TCP at SIGTERM,
+ * and a message that arrives after the deadline would get no reply. */
+#define DRAIN_MS 1000
+#define DRAIN_MS_TEXT "1000"
+#define SCAN_DRAIN_MS 10000
+#define SCAN_DRAIN_MS_TEXT "10000"
+#define LINGER_MS 1000
+#define STOP_SLACK_MS 4000
+
+static th_daemon_t daemon_;
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static int kill_leftovers(void **state)
+{
+    (void)state;
+    if (daemon_.pid > 0) {
+        kill(daemon_.pid, SIGCONT);
+        th_daemon_stop(&daemon_, SIGKILL, 5000);
+    }
+    return 0;
+}
+
+static void start(const char *const *args)
+{
+    assert_int_equal(th_daemon_start(&daemon_, args), 0);
+}
+
+/* The value of a counter line `name value` in tallyd's stats text, or -1. */
+static long long stat_value(void *sock, const char *name)
+{
+    tally_req_t req = th_req(TALLY_OP_STATS, TALLY_DTYPE_NONE, 999999);
+    th_reply_t reply;
+    assert_int_equal(th_call(sock, &req, NULL, 0, &reply), 0);
+    assert_int_equal(reply.rep.status, TALLY_OK);
+    long long value = -1;
+    const char *at = strstr((const char *)reply.payload, name);
+    if (at && at[strlen(name)] == ' ')
+        value = strtoll(at + strlen(name) + 1, NULL, 10);
+    th_reply_free(&reply);
+    return value;
+}
+
+/* One ping on sock; returns its round trip in microseconds. */
+static uint64_t timed_ping(void *sock, uint64_t id)
+{
+    struct timespec a, b;
+    tally_req_t req = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, id);
+    th_reply_t reply;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    assert_int_equal(th_call(sock, &req, NULL, 0, &reply), 0);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    assert_int_equal(reply.rep.status, TALLY_OK);
+    assert_int_equal(reply.rep.request_id, id);
+    th_reply_free(&reply);
+    int64_t ns = (int64_t)(b.tv_sec - a.tv_sec) * 1000000000 + (b.tv_nsec - a.tv_nsec);
+    return (uint64_t)(ns / 1000);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* A DEALER that never reads: a one-message receive queue and a small kernel receive buffer (set
+ * before connecting), so tallyd's send high-water mark for it fills early. */
+static void *connect_non_reader(void *ctx, const char *endpoint)
+{
+    void *sock = zmq_socket(ctx, ZMQ_DEALER);
+    int one = 1, rcvbuf = 4096, linger = 0, sndtimeo = 10000;
+    assert_int_equal(zmq_setsockopt(sock, ZMQ_RCVHWM, &one, sizeof one), 0);
+    assert_int_equal(zmq_setsockopt(sock, ZMQ_RCVBUF, &rcvbuf, sizeof rcvbuf), 0);
+    assert_int_equal(zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger), 0);
+    assert_int_equal(zmq_setsockopt(sock, ZMQ_SNDTIMEO, &sndtimeo, sizeof sndtimeo), 0);
+    assert_int_equal(zmq_connect(sock, endpoint), 0);
+    return sock;
+}
+
+#define SLOW_REQUESTS 10000
+#define FLOOD_ROUNDS_MAX 10
+#define PING_EVERY 250
+#define PINGS_AFTER 20
+#define PINGS_PER_ROUND (SLOW_REQUESTS / PING_EVERY + PINGS_AFTER)
+#define PING_MAX_US 100000 /* the promise: each ping answered within 100 ms */
+
+/* One round: SLOW_REQUESTS hist requests from the non-reader, a timed ping from the other
+ * client every PING_EVERY of them and PINGS_AFTER more after; the round trips go to rtt. */
+static void flood_round(void *slow, void *fast, int round, uint64_t *rtt, int *pings)
+{
+    uint8_t bytes[16] = {1, 2, 3, 4, 5};
+    for (int i = 0; i < SLOW_REQUESTS; i++) {
+        uint64_t id = (uint64_t)round * SLOW_REQUESTS + (uint64_t)i;
+        tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, id);
+        assert_int_equal(th_send_request(slow, &req, bytes, sizeof bytes), 0);
+        if (i % PING_EVERY == PING_EVERY - 1) {
+            rtt[*pings] = timed_ping(fast, 1000000000u + (uint64_t)*pings);
+            (*pings)++;
+        }
+    }
+    for (int i = 0; i < PINGS_AFTER; i++) {
+        usleep(10000);
+        rtt[*pings] = timed_ping(fast, 1000000000u + (uint64_t)*pings);
+        (*pings)++;
+    }
+}
+
+static void test_peer_that_never_reads_does_not_stall_others(void **state)
+{
+    (void)state;
+    const char *args[] = {"--drain-ms", DRAIN_MS_TEXT, NULL};
+    start(args);
+    void *ctx = zmq_ctx_new();
+    void *slow = connect_non_reader(ctx, daemon_.endpoint);
+    void *fast = th_connect(daemon_.endpoint, 5000);
+    static uint64_t rtt[FLOOD_ROUNDS_MAX * PINGS_PER_ROUND];
+    int pings = 0, rounds = 0;
+    long long dropped = 0;
+    /* Each hist reply is 2 KiB: 10,000 of them (20 MiB) are more than the non-reader's queues
+     * and kernel buffers usually hold, so some must be dropped for tallyd to keep serving. A
+     * host with larger TCP buffers gets more rounds (each round's requests are all read before
+     * its last ping is answered), until the counter proves that replies were dropped. */
+    while (dropped == 0 && rounds < FLOOD_ROUNDS_MAX) {
+        flood_round(slow, fast, rounds++, rtt, &pings);
+        dropped = stat_value(fast, "tallyd_replies_dropped_total{reason=\"peer_not_reading\"}");
+    }
+    qsort(rtt, (size_t)pings, sizeof rtt[0], cmp_u64);
+    fprintf(stderr,
+            "%d pings during and after %d unread requests: p50 %.2f ms, p90 %.2f ms, max "
+            "%.2f ms; %lld replies dropped\n",
+            pings, rounds * SLOW_REQUESTS, rtt[pings / 2] / 1e3, rtt[pings * 9 / 10] / 1e3,
+            rtt[pings - 1] / 1e3, dropped);
+    assert_true(dropped > 0);
+    assert_true(dropped < (long long)rounds * SLOW_REQUESTS);
+    assert_true(rtt[pings - 1] <= PING_MAX_US);
+
+    /* SIGTERM with the non-reader still connected and its queue full. */
+    uint64_t t0 = now_ms();
+    kill(daemon_.pid, SIGTERM);
+    assert_int_equal(th_daemon_wait(&daemon_, DRAIN_MS + LINGER_MS + STOP_SLACK_MS), 0);
+    fprintf(stderr, "stopped in %llu ms\n", (unsigned long long)(now_ms() - t0));
+    th_close(fast);
+    zmq_close(slow);
+    zmq_ctx_term(ctx);
+}
+
+#define STOPPED_REQUESTS 100
+
+/* Request i of a mix: ping, hist on a stream, scan on a stream, scan on no stream, info. */
+static void send_mixed(void *sock, int i)
+{
+    static const uint8_t bytes[100] = {7, 8, 9};
+    static const int32_t values[50] = {1, -2, 3};
+    tally_req_t req;
+    switch (i % 5) {
+    case 0:
+        req = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, (uint64_t)i);
+        assert_int_equal(th_send_request(sock, &req, NULL, 0), 0);
+        return;
+    case 1:
+        req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, (uint64_t)i);
+        assert_int_equal(tally_req_set_stream(&req, "stopped/h"), TALLY_OK);
+        assert_int_equal(th_send_request(sock, &req, bytes, sizeof bytes), 0);
+        return;
+    case 2:
+        req = th_req(TALLY_OP_SCAN, TALLY_DTYPE_I32, (uint64_t)i);
+        assert_int_equal(tally_req_set_stream(&req, "stopped/s"), TALLY_OK);
+        assert_int_equal(th_send_request(sock, &req, values, sizeof values), 0);
+        return;
+    case 3:
+        req = th_req(TALLY_OP_SCAN, TALLY_DTYPE_I32, (uint64_t)i);
+        assert_int_equal(th_send_request(sock, &req, values, sizeof values), 0);
+        return;
+    default:
+        req = th_req(TALLY_OP_INFO, TALLY_DTYPE_NONE, (uint64_t)i);
+        assert_int_equal(th_send_request(sock, &req, NULL, 0), 0);
+        return;
+    }
+}
+
+static void test_requests_sent_while_stopped_all_answered(void **state)
+{
+    (void)state;
+    const char *args[] = {"--drain-ms", DRAIN_MS_TEXT, NULL};
+    start(args);
+    void *sock = th_connect(daemon_.endpoint, 5000);
+    timed_ping(sock, 424242); /* connected before tallyd stops */
+    assert_int_equal(kill(daemon_.pid, SIGSTOP), 0);
+    for (int i = 0; i < STOPPED_REQUESTS; i++)
+        send_mixed(sock, i);
+    usleep(200000); /* into tallyd's kernel socket buffer */
+    uint64_t t0 = now_ms();
+    assert_int_equal(kill(daemon_.pid, SIGTERM), 0);
+    assert_int_equal(kill(daemon_.pid, SIGCONT), 0);
+
+    int seen[STOPPED_REQUESTS] = {0};
+    int ok = 0, shutdown = 0;
+    th_reply_t reply;
+    for (int got = 0; got < STOPPED_REQUESTS; got++) {
+        assert_int_equal(th_recv_reply(sock, &reply), 0);
+        uint64_t id = reply.rep.request_id;
+        assert_true(id < STOPPED_REQUESTS);
+        assert_int_equal(seen[id], 0);
+        seen[id] = 1;
+        if (reply.rep.status == TALLY_OK)
+            ok++;
+        else if (reply.rep.status == TALLY_E_SHUTDOWN)
+            shutdown++;
+        else
+            fail_msg("request %" PRIu64 ": status %u", id, reply.rep.status);
+        th_reply_free(&reply);
+    }
+    assert_int_equal(ok + shutdown, STOPPED_REQUESTS);
+    assert_int_equal(th_daemon_wait(&daemon_, DRAIN_MS + LINGER_MS + STOP_SLACK_MS), 0);
+    fprintf(stderr, "%d answered ok, %d shutdown; stopped in %llu ms\n", ok, shutdown,
+            (unsigned long long)(now_ms() - t0));
+    /* Exactly one reply each: nothing more arrives. */
+    int timeout = 200;
+    zmq_setsockopt(sock, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    assert_int_equal(th_recv_reply(sock, &reply), -1);
+    th_close(sock);
+}
+
+#define SCANS 160
+#define SCAN_ELEMENTS (64 * 1024) /* 256 KiB of int32 */
+
+static void test_pipelined_scans_at_sigterm_ok_prefix_then_shutdown(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/tallyd-lifecycle-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    const char *args[] = {"--state-dir", dir, "--drain-ms", SCAN_DRAIN_MS_TEXT, NULL};
+    start(args);
+    void *sock = th_connect(daemon_.endpoint, 10000);
+    int32_t *values = malloc(SCAN_ELEMENTS * sizeof *values);
+    int64_t prefix[SCANS + 1] = {0}; /* prefix[k]: the sum of chunks 0..k-1 */
+    for (int c = 0; c < SCANS; c++) {
+        int64_t sum = 0;
+        for (size_t i = 0; i < SCAN_ELEMENTS; i++) {
+            values[i] = (int32_t)(th_rand() % 2001) - 1000 + c;
+            sum += values[i];
+        }
+        prefix[c + 1] = prefix[c] + sum;
+        tally_req_t req = th_req(TALLY_OP_SCAN, TALLY_DTYPE_I32, (uint64_t)c);
+        assert_int_equal(tally_req_set_stream(&req, "big"), TALLY_OK);
+        assert_int_equal(th_send_request(sock, &req, values, SCAN_ELEMENTS * sizeof *values), 0);
+    }
+    free(values);
+
+    /* SIGTERM once tallyd is busy with the stream. */
+    th_reply_t reply;
+    assert_int_equal(th_recv_reply(sock, &reply), 0);
+    assert_int_equal(reply.rep.request_id, 0);
+    assert_int_equal(reply.rep.status, TALLY_OK);
+    assert_int_equal((int64_t)reply.rep.aux0, prefix[1]);
+    th_reply_free(&reply);
+    assert_int_equal(kill(daemon_.pid, SIGTERM), 0);
+
+    /* One stream: every reply in order, the ok ones first, each with the right carry-out. */
+    int ok = 1;
+    for (int c = 1; c < SCANS; c++) {
+        assert_int_equal(th_recv_reply(sock, &reply), 0);
+        assert_int_equal(reply.rep.request_id, (uint64_t)c);
+        if (reply.rep.status == TALLY_OK) {
+            assert_int_equal(ok, c); /* no ok after a shutdown */
+            assert_int_equal((int64_t)reply.rep.aux0, prefix[c + 1]);
+            ok++;
+        } else {
+            assert_int_equal(reply.rep.status, TALLY_E_SHUTDOWN);
+        }
+        th_reply_free(&reply);
+    }
+    assert_int_equal(th_daemon_wait(&daemon_, SCAN_DRAIN_MS + LINGER_MS + STOP_SLACK_MS), 0);
+    fprintf(stderr, "%d of %d scans ok before the stop, %d shutdown\n", ok, SCANS, SCANS - ok);
+    th_close(sock);
+
+    /* The snapshot holds exactly the ok ones. */
+    start(args);
+    sock = th_connect(daemon_.endpoint, 5000);
+    tally_req_t req = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, 1);
+    assert_int_equal(tally_req_set_stream(&req, "big"), TALLY_OK);
+    assert_int_equal(th_call(sock, &req, NULL, 0, &reply), 0);
+    assert_int_equal(reply.rep.status, TALLY_OK);
+    tally_stream_info_t info;
+    assert_int_equal(tally_stream_info_decode(reply.payload, reply.len, &info), TALLY_OK);
+    assert_int_equal(info.scan_carry, prefix[ok]);
+    assert_int_equal(info.batches, (uint64_t)ok);
+    th_reply_free(&reply);
+    th_close(sock);
+    assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
+    char path[300];
+    snprintf(path, sizeof path, "%s/streams.state", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
+#define OVERSIZE_MAX_BATCH (64 * 1024)
+#define OVERSIZE_CHUNK 1000
+
+static void send_hist_o(void *sock, uint64_t id, const uint8_t *bytes, size_t len)
+{
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, id);
+    assert_int_equal(tally_req_set_stream(&req, "oversize"), TALLY_OK);
+    assert_int_equal(th_send_request(sock, &req, bytes, len), 0);
+}
+
+static void test_oversize_payloads_answered_too_large_between_valid_ones(void **state)
+{
+    (void)state;
+    const char *args[] = {"--max-batch", "64K", NULL};
+    start(args);
+    void *sock = th_connect(daemon_.endpoint, 10000);
+    uint8_t *bytes = calloc(3 * OVERSIZE_MAX_BATCH, 1);
+    for (size_t i = 0; i < 3 * OVERSIZE_MAX_BATCH; i++)
+        bytes[i] = (uint8_t)th_rand();
+    /* 20 valid, max_batch + 1, 3 x max_batch, 5 valid: pipelined on one stream. */
+    uint64_t id = 0;
+    for (; id < 20; id++)
+        send_hist_o(sock, id, bytes, OVERSIZE_CHUNK);
+    send_hist_o(sock, id++, bytes, OVERSIZE_MAX_BATCH + 1);
+    send_hist_o(sock, id++, bytes, 3 * OVERSIZE_MAX_BATCH);
+    for (; id < 27; id++)
+        send_hist_o(sock, id, bytes, OVERSIZE_CHUNK);
+    free(bytes);
+
+    int seen[27] = {0};
+    for (int got = 0; got < 27; got++) {
+        th_reply_t reply;
+        assert_int_equal(th_recv_reply(sock, &reply), 0);
+        uint64_t rid = reply.rep.request_id;
+        assert_true(rid < 27);
+        assert_int_equal(seen[rid], 0);
+        seen[rid] = 1;
+        if (rid == 20 || rid == 21) {
+            assert_int_equal(reply.rep.status, TALLY_E_TOO_LARGE);
+        } else {
+            assert_int_equal(reply.rep.status, TALLY_OK);
+            assert_int_equal(reply.rep.aux0, OVERSIZE_CHUNK);
+        }
+        th_reply_free(&reply);
+    }
+    /* The stream applied the 25 valid ones. */
+    tally_req_t req = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, 100);
+    assert_int_equal(tally_req_set_stream(&req, "oversize"), TALLY_OK);
+    th_reply_t reply;
+    assert_int_equal(th_call(sock, &req, NULL, 0, &reply), 0);
+    assert_int_equal(reply.rep.status, TALLY_OK);
+    tally_stream_info_t info;
+    assert_int_equal(tally_stream_info_decode(reply.payload, reply.len, &info), TALLY_OK);
+    assert_int_equal(info.batches, 25);
+    assert_int_equal(info.hist_total, 25 * OVERSIZE_CHUNK);
+    th_reply_free(&reply);
+    th_close(sock);
+    assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
+}
+
+/* Over max_frame (4 x max_batch by default) ZeroMQ closes the connection, as PROTOCOL.md §1
+ * says: no reply on it, and tallyd goes on serving everyone else. */
+static void test_frame_over_max_frame_closes_only_its_connection(void **state)
+{
+    (void)state;
+    const char *args[] = {"--max-batch", "64K", NULL};
+    start(args);
+    void *bad = th_connect(daemon_.endpoint, 1000);
+    void *good = th_connect(daemon_.endpoint, 5000);
+    timed_ping(good, 1);
+    size_t len = 4 * OVERSIZE_MAX_BATCH + 1;
+    uint8_t *bytes = calloc(len, 1);
+    send_hist_o(bad, 7, bytes, len);
+    free(bytes);
+    th_reply_t reply;
+    assert_int_equal(th_recv_reply(bad, &reply), -1); /* no reply within 1 s */
+    for (uint64_t id = 2; id < 12; id++)
+        timed_ping(good, id);
+    th_close(bad);
+    th_close(good);
+    assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
+}
+
+/* tallyd --check-config on a file with the given [server] lines; returns the exit status. */
+static int check_config(const char *lines)
+{
+    char path[] = "/tmp/tallyd-lifecycle-conf-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "[server]\n%s", lines);
+    fclose(f);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "'%s' --config %s --check-config >/dev/null 2>&1", th_tallyd_bin(),
+             path);
+    int status = system(cmd);
+    unlink(path);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void test_drain_ms_and_max_frame_settings(void **state)
+{
+    (void)state;
+    assert_int_equal(check_config("drain_ms = 500\nmax_frame = 64M\n"), 0);
+    assert_int_equal(check_config("drain_ms = -1\n"), 2);
+    assert_int_equal(check_config("drain_ms = 600001\n"), 2);
+    /* The guard must leave room for too_large answers above max_batch. */
+    assert_int_equal(check_config("max_batch = 1M\nmax_frame = 1M\n"), 2);
+    assert_int_equal(check_config("max_batch = 1M\nmax_frame = 2M\n"), 0);
+}
+
+int main(void)
+{
+    th_seed();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_peer_that_never_reads_does_not_stall_others, kill_leftovers),
+        cmocka_unit_test_teardown(test_requests_sent_while_stopped_all_answered, kill_leftovers),
+        cmocka_unit_test_teardown(test_pipelined_scans_at_sigterm_ok_prefix_then_shutdown,
+                                  kill_leftovers),
+        cmocka_unit_test_teardown(test_oversize_payloads_answered_too_large_between_valid_ones,
+                                  kill_leftovers),
+        cmocka_unit_test_teardown(test_frame_over_max_frame_closes_only_its_connection,
+                                  kill_leftovers),
+        cmocka_unit_test(test_drain_ms_and_max_frame_settings),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
