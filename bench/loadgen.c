@@ -2,7 +2,8 @@
  * loadgen.c — tallyd's end-to-end load generator, and the ZeroMQ echo server it is compared to.
  *
  *   loadgen --endpoint EP --op filter|scan|hist [--size B] [--producers N] [--window W]
- *           [--seconds S | --count C] [--stream] [--scan-i32] [--pid PID] [--label TEXT]
+ *           [--seconds S | --count C] [--stream] [--scan-i32] [--shm | --shm-out]
+ *           [--pid PID] [--label TEXT]
  *   loadgen --serve-echo EP [EP...]
  *
  * Producers are threads, each with its own libtally client (one DEALER socket) keeping W
@@ -14,6 +15,11 @@
  * client code path (tally_recv decodes a valid reply) measures it. `--op echo` sends to it.
  * Request and reply are then the same size; note that a scan's reply is twice its request
  * (int64 sums of int32 input) unless --scan-i32, so its transport work is 1.5x the echo's.
+ *
+ * --shm: each producer registers a shared-memory region (tally_region_create) holding the
+ * payload once, and every request references it (tally_send_shm) instead of carrying it: the
+ * data path of PROTOCOL.md §10, the GPU copying straight from the region. --shm-out also gives
+ * filter and scan an output range per window slot, so the replies carry only their headers.
  *
  * Output: one markdown table row per run (see ROW_HEADER), the throughput counting request
  * payload bytes only, latency from tally_send to the reply, over every request answered in the
@@ -55,6 +61,8 @@ typedef struct {
     uint64_t count; /* per producer; 0 = by time */
     bool stream;
     bool scan_i32;
+    bool shm;     /* input by shared-memory reference */
+    bool shm_out; /* and output into the region (filter, scan) */
     int pid;
     bool header;
 } opts_t;
@@ -130,6 +138,19 @@ static void *producer_main(void *arg)
         p->errors++;
         return NULL;
     }
+    tally_region_t *region = NULL;
+    size_t out_slice =
+        o->shm_out ? (o->scan_i32 || req.opcode != TALLY_OP_SCAN ? 1 : 2) * o->size : 0;
+    if (o->shm) {
+        st = tally_region_create(c, o->size + (size_t)o->window * out_slice, &region);
+        if (st != TALLY_OK) {
+            snprintf(p->error, sizeof p->error, "region: %s", tally_client_error(c));
+            p->errors++;
+            tally_client_destroy(&c);
+            return NULL;
+        }
+        memcpy(tally_region_data(region), p->payload, o->size);
+    }
     double t0 = now_s();
     p->t_start = t0 + WARMUP_S;
     double t_stop = t0 + WARMUP_S + o->seconds;
@@ -138,7 +159,11 @@ static void *producer_main(void *arg)
     while (sending || inflight) {
         while (sending && inflight < o->window) {
             uint64_t id = 0;
-            st = tally_send(c, &req, p->payload, o->size, &id);
+            if (region) /* output slices by send count: a benchmark ignores their contents */
+                st = tally_send_shm(c, &req, region, 0, o->size, out_slice ? region : NULL,
+                                    o->size + (size_t)(p->sent % o->window) * out_slice, &id);
+            else
+                st = tally_send(c, &req, p->payload, o->size, &id);
             if (st != TALLY_OK) {
                 snprintf(p->error, sizeof p->error, "send: %s", tally_client_error(c));
                 p->errors++;
@@ -177,6 +202,7 @@ static void *producer_main(void *arg)
             sending = false;
     }
     tally_reply_clear(&reply);
+    tally_region_destroy(&region);
     tally_client_destroy(&c);
     return NULL;
 }
@@ -341,7 +367,8 @@ static void usage(void)
     fprintf(stderr,
             "usage: loadgen --endpoint EP --op filter|scan|hist|echo [--size BYTES]\n"
             "               [--producers N] [--window W] [--seconds S | --count C] [--stream]\n"
-            "               [--scan-i32] [--pid PID] [--label TEXT] [--header]\n"
+            "               [--scan-i32] [--shm | --shm-out] [--pid PID] [--label TEXT]\n"
+            "               [--header]\n"
             "       loadgen --serve-echo EP [EP...]\n");
 }
 
@@ -362,6 +389,11 @@ int main(int argc, char **argv)
         }
         if (strcmp(a, "--scan-i32") == 0) {
             o.scan_i32 = true;
+            continue;
+        }
+        if (strcmp(a, "--shm") == 0 || strcmp(a, "--shm-out") == 0) {
+            o.shm = true;
+            o.shm_out = strcmp(a, "--shm-out") == 0;
             continue;
         }
         if (strcmp(a, "--header") == 0) {

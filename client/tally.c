@@ -11,6 +11,12 @@
  * Replies. A reply is exactly [64-byte header][payload]. The payload frame is kept as a
  * zmq_msg_t inside tally_reply_t (no copy); error payloads are copied into reply->error.
  *
+ * Shared memory. A region is a memfd sealed against shrinking and growing (the daemon refuses
+ * anything else, so it can never be truncated under the daemon's reads), mapped here and passed
+ * to the daemon with SCM_RIGHTS over its side channel, one SOCK_SEQPACKET connection per client
+ * opened with the first region. The daemon binds each region to the ZeroMQ routing id of the
+ * client that registered it, so every client sets a random routing id on its DEALER socket.
+ *
  * tally_run. The input is cut into chunks; chunk k uses slot k % W of a window of W slots,
  * so at most W requests are outstanding or waiting to be merged. Replies arrive in any order
  * and are held in their slot; merging happens strictly in chunk order, which keeps filter
@@ -21,11 +27,18 @@
 #include "tally_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <zmq.h>
 
@@ -33,12 +46,24 @@
  * daemon pushes back on a producer long before memory is a concern. */
 #define TALLY_HWM 1000
 
+/* Bytes of the random ZeroMQ routing id (the daemon binds regions to it). */
+#define TALLY_ROUTING_ID_BYTES 16
+
 struct tally_client {
     void *ctx;
     void *sock;
     int timeout_ms;
     uint64_t next_id;
     char error[TALLY_ERROR_MESSAGE_MAX + 1];
+    uint8_t routing_id[TALLY_ROUTING_ID_BYTES];
+    int side_fd; /* the shared-memory side channel, -1 until the first region */
+};
+
+struct tally_region {
+    tally_client_t *client;
+    void *base;
+    size_t size;
+    uint64_t handle;
 };
 
 /* ---- Small helpers ------------------------------------------------------------------------ */
@@ -114,6 +139,7 @@ tally_status_t tally_client_new(const char *endpoint, int timeout_ms, tally_clie
         goto fail;
     self->timeout_ms = timeout_ms;
     self->next_id = 1;
+    self->side_fd = -1;
 
     status = TALLY_E_TRANSPORT;
     self->ctx = zmq_ctx_new();
@@ -127,6 +153,13 @@ tally_status_t tally_client_new(const char *endpoint, int timeout_ms, tally_clie
         set_int_opt(self->sock, ZMQ_RCVHWM, TALLY_HWM) ||
         /* A backstop only: sends wait in wait_socket with the caller's deadline. */
         set_int_opt(self->sock, ZMQ_SNDTIMEO, timeout_ms))
+        goto fail_sock;
+    /* A random routing id (ZeroMQ reserves ids starting with a zero byte): the daemon accepts a
+     * shared-memory reference only from the id that registered the region. */
+    if (getrandom(self->routing_id, sizeof self->routing_id, 0) != (ssize_t)sizeof self->routing_id)
+        goto fail_sock;
+    self->routing_id[0] |= 0x80;
+    if (zmq_setsockopt(self->sock, ZMQ_ROUTING_ID, self->routing_id, sizeof self->routing_id))
         goto fail_sock;
     if (zmq_connect(self->sock, endpoint) != 0) {
         /* An endpoint that does not parse is the caller's mistake, not the network's. */
@@ -151,6 +184,8 @@ void tally_client_destroy(tally_client_t **self_p)
     if (!self_p || !*self_p)
         return;
     tally_client_t *self = *self_p;
+    if (self->side_fd >= 0)
+        close(self->side_fd);
     zmq_close(self->sock);
     zmq_ctx_term(self->ctx);
     free(self);
@@ -407,6 +442,9 @@ static bool is_local_failure(tally_status_t status)
     return status == TALLY_E_TIMEOUT || status == TALLY_E_TRANSPORT || status == TALLY_E_NOMEM;
 }
 
+static tally_status_t wait_reply(tally_client_t *self, uint64_t id, int64_t deadline,
+                                 tally_reply_t *reply);
+
 tally_status_t tally_call(tally_client_t *self, const tally_req_t *req, const void *payload,
                           size_t len, tally_reply_t *reply)
 {
@@ -420,8 +458,15 @@ tally_status_t tally_call(tally_client_t *self, const tally_req_t *req, const vo
         snprintf(reply->error, sizeof reply->error, "%s", self->error);
         return status;
     }
-    /* Replies to older requests (ones that timed out, or a tally_run that failed) may still
-     * arrive: skip them until ours comes. */
+    return wait_reply(self, id, deadline, reply);
+}
+
+/* Replies to older requests (ones that timed out, or a tally_run that failed) may still
+ * arrive: skip them until the one for `id` comes. */
+static tally_status_t wait_reply(tally_client_t *self, uint64_t id, int64_t deadline,
+                                 tally_reply_t *reply)
+{
+    tally_status_t status;
     for (;;) {
         status = recv_until(self, reply, deadline);
         if (is_local_failure(status))
@@ -585,6 +630,230 @@ tally_status_t tally_streams(tally_client_t *self, char ***names, size_t *count)
 
 /* ---- Growable buffers --------------------------------------------------------------------- */
 
+/* ---- Shared memory ------------------------------------------------------------------------ */
+
+/* The value of `key` in the daemon's info text, copied into buf ("" when absent). */
+static void info_value(const char *text, const char *key, char *buf, size_t cap)
+{
+    size_t klen = strlen(key);
+    buf[0] = '\0';
+    for (const char *line = text; line && *line;
+         line = strchr(line, '\n'), line = line ? line + 1 : NULL) {
+        if (strncmp(line, key, klen) == 0 && line[klen] == '=') {
+            size_t len = strcspn(line + klen + 1, "\n");
+            snprintf(buf, cap, "%.*s", (int)len, line + klen + 1);
+            return;
+        }
+    }
+}
+
+/* Opens the side channel named by the daemon's `info` (once per client). */
+static tally_status_t side_connect(tally_client_t *self)
+{
+    if (self->side_fd >= 0)
+        return TALLY_OK;
+    char *text = NULL;
+    tally_status_t status = tally_info(self, TALLY_OP_INFO, &text);
+    if (status != TALLY_OK)
+        return status;
+    char on[8], path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    info_value(text, "shm", on, sizeof on);
+    info_value(text, "shm_socket", path, sizeof path);
+    free(text);
+    if (strcmp(on, "on") != 0 || !path[0])
+        return fail(self, TALLY_E_ARG, "the daemon offers no shared memory (info: shm=off)");
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
+        char msg[TALLY_ERROR_MESSAGE_MAX + 1];
+        set_msg(msg, "cannot connect to the shared-memory side channel %s: %s", path,
+                strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return fail(self, TALLY_E_IO, msg);
+    }
+    self->side_fd = fd;
+    return TALLY_OK;
+}
+
+void tally__side_send(int sock, const tally_shm_msg_t *m, int fd)
+{
+    uint8_t buf[TALLY_SHM_MSG_HEADER + TALLY_SHM_ROUTING_ID_MAX];
+    struct iovec iov = {.iov_base = buf, .iov_len = tally_shm_msg_encode(m, buf)};
+    union {
+        struct cmsghdr align;
+        char space[CMSG_SPACE(sizeof(int))];
+    } control;
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd >= 0) {
+        mh.msg_control = control.space;
+        mh.msg_controllen = sizeof control.space;
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+    }
+    /* A refused peer may be disconnected before its send: its answer is still readable. */
+    (void)sendmsg(sock, &mh, MSG_NOSIGNAL);
+}
+
+/* Sends one side-channel message (with `fd` attached when >= 0) and waits for its answer. */
+static tally_status_t side_call(tally_client_t *self, const tally_shm_msg_t *m, int fd,
+                                tally_shm_answer_t *answer)
+{
+    uint8_t buf[TALLY_SHM_ANSWER_SIZE + TALLY_ERROR_MESSAGE_MAX];
+    tally__side_send(self->side_fd, m, fd);
+    struct pollfd p = {.fd = self->side_fd, .events = POLLIN};
+    int rc = poll(&p, 1, self->timeout_ms);
+    ssize_t n = rc > 0 ? recv(self->side_fd, buf, sizeof buf, MSG_DONTWAIT) : -1;
+    if (n <= 0 || tally_shm_answer_decode(buf, (size_t)n, answer) != TALLY_OK) {
+        close(self->side_fd);
+        self->side_fd = -1;
+        return fail(self, rc == 0 ? TALLY_E_TIMEOUT : TALLY_E_TRANSPORT,
+                    "no answer from the shared-memory side channel");
+    }
+    if (answer->status != TALLY_OK) {
+        char msg[TALLY_ERROR_MESSAGE_MAX + 1];
+        size_t mlen = (size_t)n - TALLY_SHM_ANSWER_SIZE;
+        set_msg(msg, "%.*s", (int)(mlen > TALLY_ERROR_MESSAGE_MAX ? TALLY_ERROR_MESSAGE_MAX : mlen),
+                (char *)buf + TALLY_SHM_ANSWER_SIZE);
+        return fail(self, (tally_status_t)answer->status, msg);
+    }
+    return TALLY_OK;
+}
+
+/* A zero-filled memfd of `size` bytes, sealed so that it can neither shrink nor grow. */
+static int sealed_memfd(size_t size)
+{
+    int fd = memfd_create("tally-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return -1;
+    if (ftruncate(fd, (off_t)size) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+tally_status_t tally_region_create(tally_client_t *client, size_t size, tally_region_t **out)
+{
+    if (!client || !out || size == 0)
+        return TALLY_E_ARG;
+    *out = NULL;
+    tally_status_t status = side_connect(client);
+    if (status != TALLY_OK)
+        return status;
+    tally_region_t *region = calloc(1, sizeof *region);
+    int fd = sealed_memfd(size);
+    void *base = fd >= 0 ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (!region || base == MAP_FAILED) {
+        status = fail(client, region ? TALLY_E_IO : TALLY_E_NOMEM, "cannot create a memfd region");
+        goto fail;
+    }
+    tally_shm_msg_t m = {.op = TALLY_SHM_OP_REGISTER, .id_len = TALLY_ROUTING_ID_BYTES};
+    memcpy(m.id, client->routing_id, TALLY_ROUTING_ID_BYTES);
+    tally_shm_answer_t answer;
+    status = side_call(client, &m, fd, &answer);
+    if (status != TALLY_OK)
+        goto fail;
+    close(fd);
+    *region =
+        (tally_region_t){.client = client, .base = base, .size = size, .handle = answer.handle};
+    *out = region;
+    return TALLY_OK;
+fail:
+    if (base != MAP_FAILED)
+        munmap(base, size);
+    if (fd >= 0)
+        close(fd);
+    free(region);
+    return status;
+}
+
+void *tally_region_data(const tally_region_t *region)
+{
+    return region ? region->base : NULL;
+}
+
+size_t tally_region_size(const tally_region_t *region)
+{
+    return region ? region->size : 0;
+}
+
+void tally_region_destroy(tally_region_t **region_p)
+{
+    if (!region_p || !*region_p)
+        return;
+    tally_region_t *region = *region_p;
+    tally_client_t *client = region->client;
+    if (client->side_fd >= 0) {
+        tally_shm_msg_t m = {.op = TALLY_SHM_OP_RELEASE, .handle = region->handle};
+        tally_shm_answer_t answer;
+        (void)side_call(client, &m, -1, &answer);
+    }
+    munmap(region->base, region->size);
+    free(region);
+    *region_p = NULL;
+}
+
+/* Encodes the reference of a shared-memory request into ref_bytes. */
+static tally_status_t shm_ref(tally_client_t *self, const tally_req_t *req,
+                              const tally_region_t *in, size_t offset, size_t length,
+                              const tally_region_t *out, size_t out_offset,
+                              uint8_t ref_bytes[TALLY_SHM_REF_SIZE])
+{
+    if (!self || !req || !in || offset > in->size || length > in->size - offset ||
+        (out && out_offset > out->size))
+        return fail(self, TALLY_E_ARG, "the range is not inside the region");
+    tally_shm_ref_t ref = {.in_handle = in->handle, .in_offset = offset, .in_length = length};
+    if (out) {
+        ref.out_handle = out->handle;
+        ref.out_offset = out_offset;
+        ref.out_length = out->size - out_offset;
+    }
+    tally_shm_ref_encode(&ref, ref_bytes);
+    return TALLY_OK;
+}
+
+tally_status_t tally_send_shm(tally_client_t *self, const tally_req_t *req,
+                              const tally_region_t *in, size_t offset, size_t length,
+                              const tally_region_t *out, size_t out_offset, uint64_t *request_id)
+{
+    uint8_t ref[TALLY_SHM_REF_SIZE];
+    tally_status_t status = shm_ref(self, req, in, offset, length, out, out_offset, ref);
+    if (status != TALLY_OK)
+        return status;
+    tally_req_t wire = *req;
+    wire.flags |= TALLY_FLAG_SHM_REF;
+    return tally_send(self, &wire, ref, sizeof ref, request_id);
+}
+
+tally_status_t tally_call_shm(tally_client_t *self, const tally_req_t *req,
+                              const tally_region_t *in, size_t offset, size_t length,
+                              const tally_region_t *out, size_t out_offset, tally_reply_t *reply)
+{
+    if (!self || !reply)
+        return TALLY_E_ARG;
+    tally_reply_clear(reply);
+    int64_t deadline = deadline_after(self);
+    uint8_t ref[TALLY_SHM_REF_SIZE];
+    uint64_t id = 0;
+    tally_status_t status = shm_ref(self, req, in, offset, length, out, out_offset, ref);
+    if (status == TALLY_OK) {
+        tally_req_t wire = *req;
+        wire.flags |= TALLY_FLAG_SHM_REF;
+        status = send_until(self, &wire, ref, sizeof ref, &id, deadline);
+    }
+    if (status != TALLY_OK) {
+        snprintf(reply->error, sizeof reply->error, "%s", self->error);
+        return status;
+    }
+    return wait_reply(self, id, deadline, reply);
+}
+
 void tally_buf_free(tally_buf_t *buf)
 {
     if (!buf)
@@ -689,6 +958,11 @@ typedef struct {
     size_t out_base;      /* out->len when the run started */
     uint64_t scan_offset; /* stateless scan: total of the chunks merged so far */
     tally_run_result_t *res;
+    /* opts->shm: window input slices of in_slice bytes, then window output slices of
+     * out_slice bytes (0 for hist), in one region. */
+    tally_region_t *region;
+    size_t in_slice;
+    size_t out_slice;
 } run_t;
 
 static tally_status_t run_fail(run_t *run, tally_status_t status, const char *msg)
@@ -707,12 +981,32 @@ static size_t chunk_len(const run_t *run, uint64_t k)
     return left < run->chunk_bytes ? left : run->chunk_bytes;
 }
 
-static tally_status_t merge_filter(run_t *run, const tally_reply_t *reply)
+/* A reply's output: its payload, or with shared memory the chunk's output slice (the reply then
+ * carries only the header, its count saying how much of the slice holds output). */
+static const uint8_t *reply_output(const run_t *run, uint64_t k, const tally_reply_t *reply,
+                                   size_t *len)
 {
-    tally_status_t status = tally_buf_append(run->out, reply->payload, reply->len);
+    if (!run->region || !run->out_slice) {
+        *len = reply->len;
+        return reply->payload;
+    }
+    bool out_i32 = run->req->flags & TALLY_FLAG_SCAN_OUT_I32;
+    size_t size = run->req->opcode == TALLY_OP_SCAN ? (out_i32 ? 4 : 8) : run->elem_size;
+    *len = (size_t)reply->rep.count * size;
+    if (*len > run->out_slice)
+        *len = run->out_slice; /* a count the daemon cannot have sent: merge_* rejects it */
+    const uint8_t *base = tally_region_data(run->region);
+    return base + run->window * run->in_slice + (size_t)(k % run->window) * run->out_slice;
+}
+
+static tally_status_t merge_filter(run_t *run, uint64_t k, const tally_reply_t *reply)
+{
+    size_t len;
+    const uint8_t *data = reply_output(run, k, reply, &len);
+    tally_status_t status = tally_buf_append(run->out, data, len);
     if (status != TALLY_OK)
         return run_fail(run, status, "out of memory");
-    run->res->count += reply->len / run->elem_size;
+    run->res->count += len / run->elem_size;
     run->res->seen += reply->rep.aux0;
     return TALLY_OK;
 }
@@ -722,13 +1016,15 @@ static tally_status_t merge_scan(run_t *run, uint64_t k, const tally_reply_t *re
     bool out_i32 = run->req->flags & TALLY_FLAG_SCAN_OUT_I32;
     size_t n = chunk_len(run, k) / run->elem_size;
     size_t out_size = out_i32 ? 4 : 8;
-    if (reply->len != n * out_size) {
+    size_t len;
+    const uint8_t *data = reply_output(run, k, reply, &len);
+    if (len != n * out_size) {
         char msg[128];
-        snprintf(msg, sizeof msg, "scan reply has %zu bytes for %zu elements", reply->len, n);
+        snprintf(msg, sizeof msg, "scan reply has %zu bytes for %zu elements", len, n);
         return run_fail(run, TALLY_E_REPLY, msg);
     }
     size_t at = run->out->len;
-    tally_status_t status = tally_buf_append(run->out, reply->payload, reply->len);
+    tally_status_t status = tally_buf_append(run->out, data, len);
     if (status != TALLY_OK)
         return run_fail(run, status, "out of memory");
     if (run->req->stream_len) {
@@ -759,7 +1055,7 @@ static tally_status_t merge_chunk(run_t *run, uint64_t k, const tally_reply_t *r
 {
     switch (run->req->opcode) {
     case TALLY_OP_FILTER:
-        return merge_filter(run, reply);
+        return merge_filter(run, k, reply);
     case TALLY_OP_SCAN:
         return merge_scan(run, k, reply);
     default:
@@ -771,10 +1067,22 @@ static tally_status_t run_send(run_t *run, uint64_t k)
 {
     run_slot_t *slot = &run->slots[k % run->window];
     const uint8_t *chunk = run->input ? run->input + (size_t)k * run->chunk_bytes : NULL;
+    size_t len = chunk_len(run, k);
     tally_req_t wire = *run->req;
     wire.seq = run->sequenced ? run->res->seq_base + 1 + k : 0;
-    tally_status_t status =
-        tally_send(run->client, &wire, chunk, chunk_len(run, k), &slot->request_id);
+    tally_status_t status;
+    if (run->region) { /* the chunk's slice is free: its previous chunk has been merged */
+        size_t slice = (size_t)(k % run->window);
+        uint8_t *base = tally_region_data(run->region);
+        if (len)
+            memcpy(base + slice * run->in_slice, chunk, len);
+        status =
+            tally_send_shm(run->client, &wire, run->region, slice * run->in_slice, len,
+                           run->out_slice ? run->region : NULL,
+                           run->window * run->in_slice + slice * run->out_slice, &slot->request_id);
+    } else {
+        status = tally_send(run->client, &wire, chunk, len, &slot->request_id);
+    }
     if (status != TALLY_OK)
         return run_fail(run, status, run->client->error);
     slot->in_flight = true;
@@ -845,6 +1153,18 @@ out:
     return status;
 }
 
+/* opts->shm: one region holding the input ring and (filter, scan) the output ring. */
+static tally_status_t run_region(run_t *run)
+{
+    run->in_slice = run->chunk_bytes;
+    run->out_slice = (size_t)tally_shm_out_worst(run->req, run->chunk_bytes);
+    size_t size = run->window * (run->in_slice + run->out_slice);
+    tally_status_t status = tally_region_create(run->client, size, &run->region);
+    if (status != TALLY_OK)
+        return run_fail(run, status, run->client->error);
+    return TALLY_OK;
+}
+
 /* Checks what tally_run needs beyond what tally_send checks, and sizes the output. */
 static tally_status_t run_prepare(run_t *run, const tally_run_opts_t *opts)
 {
@@ -888,6 +1208,8 @@ static tally_status_t run_prepare(run_t *run, const tally_run_opts_t *opts)
     run->slots = calloc(run->window, sizeof *run->slots);
     if (!run->slots)
         return run_fail(run, TALLY_E_NOMEM, "out of memory");
+    if (opts && opts->shm)
+        return run_region(run);
     return TALLY_OK;
 }
 
@@ -978,6 +1300,7 @@ out:
             tally_reply_clear(&run.slots[i].reply);
         free(run.slots);
     }
+    tally_region_destroy(&run.region);
     result->status = status;
     return status;
 }

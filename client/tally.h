@@ -119,6 +119,39 @@ tally_status_t tally_reset(tally_client_t *self, const char *stream);
 tally_status_t tally_streams(tally_client_t *self, char ***names, size_t *count);
 void tally_strings_free(char **names, size_t count);
 
+/* ---- Shared memory (producers on tallyd's host; PROTOCOL.md §10) ----------------------- */
+
+/* A region of memory shared with tallyd: a sealed memfd mapped here and registered with the
+ * daemon over its side channel (found through `info`). Requests then name a range of it instead
+ * of carrying the data, and filter and scan may write their output into it. */
+typedef struct tally_region tally_region_t;
+
+/* Creates a region of `size` bytes (zero-filled) and registers it with the daemon the client
+ * is connected to. Fails with the daemon's status (TALLY_E_QUOTA, ...; tally_client_error says
+ * why), TALLY_E_ARG when the daemon offers no shared memory, TALLY_E_IO or TALLY_E_TRANSPORT
+ * when the side channel cannot be reached. Destroy regions before their client. */
+tally_status_t tally_region_create(tally_client_t *client, size_t size, tally_region_t **out);
+/* The region's memory (page-aligned) and size. */
+void *tally_region_data(const tally_region_t *region);
+size_t tally_region_size(const tally_region_t *region);
+/* Releases the region (the daemon unmaps it once the requests using it are answered) and
+ * unmaps it here; sets *region_p to NULL. */
+void tally_region_destroy(tally_region_t **region_p);
+
+/* tally_send with the input at [offset, offset + length) of `in` (whole elements; offset a
+ * multiple of the element size) instead of a payload. With `out` (filter, scan; NULL for
+ * none) the daemon writes the result at out_offset of `out` (aligned to the output element,
+ * room for the worst case: filter `length`, scan `length` or 2 x `length` for int64) and the
+ * reply carries only its header: count and aux0 as usual, an empty payload. The ranges must
+ * stay unchanged (input) and unread (output) until the reply has arrived. */
+tally_status_t tally_send_shm(tally_client_t *self, const tally_req_t *req,
+                              const tally_region_t *in, size_t offset, size_t length,
+                              const tally_region_t *out, size_t out_offset, uint64_t *request_id);
+/* The same, waiting for the reply (as tally_call). */
+tally_status_t tally_call_shm(tally_client_t *self, const tally_req_t *req,
+                              const tally_region_t *in, size_t offset, size_t length,
+                              const tally_region_t *out, size_t out_offset, tally_reply_t *reply);
+
 /* ---- Chunked, pipelined operations ------------------------------------------------------- */
 
 /* A growable output buffer. Start from {0}; tally_buf_free releases it. */
@@ -144,8 +177,11 @@ typedef enum {
 } tally_run_seq_t;
 
 typedef struct {
-    size_t chunk_bytes;  /* 0: TALLY_DEFAULT_CHUNK_BYTES; rounded down to whole elements */
-    unsigned window;     /* requests in flight; 0: TALLY_DEFAULT_WINDOW; at most TALLY_MAX_WINDOW */
+    size_t chunk_bytes; /* 0: TALLY_DEFAULT_CHUNK_BYTES; rounded down to whole elements */
+    unsigned window;    /* requests in flight; 0: TALLY_DEFAULT_WINDOW; at most TALLY_MAX_WINDOW */
+    int shm; /* non-zero: send the chunks through a shared-memory region used as a ring of
+              * `window` slices (tally_region_create), filter and scan output through a second
+              * ring in the same region; same output as without */
     tally_run_seq_t seq; /* with a stream only; TALLY_RUN_SEQ_OFF without one */
     uint64_t seq_base;   /* TALLY_RUN_SEQ_RESUME: the base the push started with */
 } tally_run_opts_t;

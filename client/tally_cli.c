@@ -405,6 +405,7 @@ enum {
     OPT_TEXT,
     OPT_CHUNK,
     OPT_WINDOW,
+    OPT_SHM,
     OPT_SEQ_BASE,
     OPT_NO_SEQ,
     OPT_TYPE,
@@ -427,7 +428,7 @@ enum {
         {"out", required_argument, NULL, OPT_OUT}, {"text", no_argument, NULL, OPT_TEXT},          \
         {"chunk", required_argument, NULL, OPT_CHUNK},                                             \
         {"window", required_argument, NULL, OPT_WINDOW}, {"help", no_argument, NULL, OPT_HELP},    \
-        {"seq-base", required_argument, NULL, OPT_SEQ_BASE},                                       \
+        {"shm", no_argument, NULL, OPT_SHM}, {"seq-base", required_argument, NULL, OPT_SEQ_BASE},  \
         {"no-seq", no_argument, NULL, OPT_NO_SEQ}, {"endpoint", required_argument, NULL, 'e'},     \
     {                                                                                              \
         "timeout", required_argument, NULL, 't'                                                    \
@@ -442,6 +443,8 @@ enum {
     "                  (default: text on stdout, one value per line)\n"                            \
     "  --chunk BYTES   send the input in chunks of BYTES (K/M/G suffixes; default 1M)\n"           \
     "  --window N      keep N chunks in flight (1-256, default 8)\n"                               \
+    "  --shm           pass the chunks through shared memory (tallyd on this host; the same\n"     \
+    "                  output)\n"                                                                  \
     "  --seq-base N    with --stream: continue a push that stopped; N is the seq base it\n"        \
     "                  printed (chunks the stream already has are skipped, not sent again)\n"      \
     "  --no-seq        with --stream: send chunks without sequence numbers (several\n"             \
@@ -472,6 +475,9 @@ static int data_option(data_args_t *a, int opt, const char *arg)
     case OPT_CHUNK:
         if (!parse_size(arg, &a->opts.chunk_bytes) || a->opts.chunk_bytes == 0)
             return usage_error(a->cmd, "--chunk: '%s' is not a positive byte count", arg);
+        return 0;
+    case OPT_SHM:
+        a->opts.shm = 1;
         return 0;
     case OPT_WINDOW:
         if (!parse_i64(arg, 1, TALLY_MAX_WINDOW, &v))

@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tally_proto.h"
+
 /* Adds `offset` to each of the `n` little-endian prefix sums at `vals`, wrapping: modulo 2^64
  * for int64 output, modulo 2^32 (the low 32 bits of offset) for int32 output. This turns a
  * chunk scanned from carry-in 0 into the chunk scanned from carry-in `offset`. */
@@ -30,5 +32,9 @@ size_t tally__chunk_bytes(size_t requested, size_t elem_size);
 
 /* Chunks for an input of `len` bytes: at least 1 (an empty input is still one request). */
 uint64_t tally__chunk_count(size_t len, size_t chunk_bytes);
+
+/* Sends one shared-memory side-channel message on `sock`, with descriptor `fd` attached
+ * (SCM_RIGHTS) when fd >= 0; errors show in the answer that does not come. */
+void tally__side_send(int sock, const tally_shm_msg_t *m, int fd);
 
 #endif /* TALLY_INTERNAL_H */

@@ -3,6 +3,9 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <grp.h>
+#include <pwd.h>
+#include <unistd.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,11 +27,41 @@ void td_config_init(td_config_t *cfg)
     cfg->gpu_min_batch = TD_DEFAULT_GPU_MIN_BATCH;
     cfg->state_interval = TD_DEFAULT_STATE_INTERVAL;
     cfg->drain_ms = TD_DEFAULT_DRAIN_MS;
+    cfg->io_threads = TD_DEFAULT_IO_THREADS;
+    cfg->shm = TD_DEFAULT_SHM;
+    cfg->shm_max_regions_per_peer = TD_DEFAULT_SHM_MAX_REGIONS_PER_PEER;
+    cfg->shm_max_bytes = TD_DEFAULT_SHM_MAX_BYTES;
+    cfg->shm_socket_gid = -1;
 }
 
 size_t td_config_max_frame(const td_config_t *cfg)
 {
     return cfg->max_frame ? cfg->max_frame : TD_MAX_FRAME_FACTOR * cfg->max_batch;
+}
+
+unsigned td_config_io_threads(const td_config_t *cfg)
+{
+    if (cfg->io_threads)
+        return cfg->io_threads;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned n = cores > 0 ? (unsigned)(cores / 4) : 1;
+    if (n < 1)
+        n = 1;
+    return n > TD_IO_THREADS_MAX ? TD_IO_THREADS_MAX : n;
+}
+
+void td_config_default_shm_socket(char *buf, size_t cap)
+{
+    const char *runtime = getenv("RUNTIME_DIRECTORY"); /* systemd's RuntimeDirectory= */
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    if (runtime && runtime[0])
+        snprintf(buf, cap, "%.*s/%s", (int)strcspn(runtime, ":"), runtime, TD_SHM_SOCKET_NAME);
+    else if (geteuid() == 0)
+        snprintf(buf, cap, "/run/tallyd/%s", TD_SHM_SOCKET_NAME);
+    else if (xdg && xdg[0])
+        snprintf(buf, cap, "%s/%s", xdg, TD_SHM_SOCKET_NAME);
+    else
+        snprintf(buf, cap, "/tmp/tallyd-%u/%s", (unsigned)geteuid(), TD_SHM_SOCKET_NAME);
 }
 
 void td_config_clear(td_config_t *cfg)
@@ -38,6 +71,7 @@ void td_config_clear(td_config_t *cfg)
     free(cfg->config_file);
     free(cfg->state_dir);
     free(cfg->metrics_listen);
+    free(cfg->shm_socket);
     td_config_init(cfg);
 }
 
@@ -123,6 +157,58 @@ static tally_status_t replace_string(char **field, const char *value)
     return TALLY_OK;
 }
 
+/* One user or group: a number, or a name looked up in the passwd or group database. */
+static bool parse_id(const char *text, bool group, unsigned *out)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long value = strtoul(text, &end, 10);
+    if (!errno && end != text && *end == '\0' && text[0] != '-' && value < UINT32_MAX) {
+        *out = (unsigned)value;
+        return true;
+    }
+    if (group) {
+        struct group *gr = getgrnam(text);
+        if (gr)
+            *out = (unsigned)gr->gr_gid;
+        return gr != NULL;
+    }
+    struct passwd *pw = getpwnam(text);
+    if (pw)
+        *out = (unsigned)pw->pw_uid;
+    return pw != NULL;
+}
+
+/* A comma-separated list of users or groups (empty: none). */
+static tally_status_t parse_id_list(const char *text, bool group, unsigned *ids, unsigned *count)
+{
+    unsigned n = 0;
+    char item[256];
+    for (const char *p = text; *p;) {
+        size_t len = strcspn(p, ",");
+        if (len == 0 || len >= sizeof item || n >= TD_SHM_ALLOW_MAX)
+            return TALLY_E_PARAM;
+        memcpy(item, p, len);
+        item[len] = '\0';
+        if (!parse_id(item, group, &ids[n++]))
+            return TALLY_E_PARAM;
+        p += len + (p[len] == ',');
+    }
+    *count = n;
+    return TALLY_OK;
+}
+
+static tally_status_t parse_on_off(const char *text, bool *out)
+{
+    if (strcmp(text, "on") == 0 || strcmp(text, "yes") == 0 || strcmp(text, "true") == 0)
+        *out = true;
+    else if (strcmp(text, "off") == 0 || strcmp(text, "no") == 0 || strcmp(text, "false") == 0)
+        *out = false;
+    else
+        return TALLY_E_PARAM;
+    return TALLY_OK;
+}
+
 void td_config_usage(const char *argv0)
 {
     printf("usage: %s [options]\n"
@@ -140,6 +226,7 @@ void td_config_usage(const char *argv0)
            "      --drain-ms MS       on SIGTERM, answer queued requests `shutdown` for up to\n"
            "                          MS before exiting (default %u)\n"
            "      --workers N         CPU worker threads (default: number of cores)\n"
+           "      --io-threads N      ZeroMQ I/O threads (default: cores / 4, 1 to 4)\n"
            "      --gpu-streams K     CUDA streams per GPU (default 4)\n"
            "      --gpu-min-batch B   auto backend: smaller batches run on the CPU (default:\n"
            "                          measured per operation, see bench/NOTES.md)\n"
@@ -148,12 +235,24 @@ void td_config_usage(const char *argv0)
            "      --state-dir DIR     keep stream state in DIR (default $STATE_DIRECTORY; none)\n"
            "      --state-interval S  seconds between state snapshots (default %u)\n"
            "      --metrics ADDR:PORT serve Prometheus metrics over HTTP (e.g. 127.0.0.1:9464)\n"
+           "      --shm on|off        offer shared-memory input to local producers (default on)\n"
+           "      --shm-socket PATH   its side channel (default: the runtime directory's\n"
+           "                          %s: $RUNTIME_DIRECTORY, /run/tallyd as root,\n"
+           "                          $XDG_RUNTIME_DIR, else /tmp/tallyd-UID)\n"
+           "      --shm-socket-group G  the socket's group (name or number; tallyd must be in\n"
+           "                          it), so its members can connect (default tallyd's)\n"
+           "      --shm-allow-uids L  users (names or numbers, comma-separated) allowed besides\n"
+           "                          tallyd's own\n"
+           "      --shm-allow-gids L  groups allowed (the peer's primary or supplementary)\n"
+           "      --shm-max-regions-per-peer N  regions per side connection (default %u)\n"
+           "      --shm-max-bytes B   registered bytes in total, K/M/G (default %llu)\n"
            "      --check-config      check the configuration file and options, then exit\n"
            "  -h, --help              this text\n"
            "  -V, --version           print the version\n",
            argv0, TD_DEFAULT_ENDPOINT, TD_DEFAULT_MAX_BATCH, TD_DEFAULT_MAX_INFLIGHT,
            TD_DEFAULT_MAX_STREAMS, TD_MAX_FRAME_FACTOR, TD_DEFAULT_DRAIN_MS, TD_DEFAULT_CONFIG_FILE,
-           TD_DEFAULT_STATE_INTERVAL);
+           TD_DEFAULT_STATE_INTERVAL, TD_SHM_SOCKET_NAME, TD_DEFAULT_SHM_MAX_REGIONS_PER_PEER,
+           (unsigned long long)TD_DEFAULT_SHM_MAX_BYTES);
 }
 
 enum {
@@ -174,6 +273,15 @@ enum {
     OPT_STATE_INTERVAL,
     OPT_METRICS,
     OPT_CHECK_CONFIG,
+    OPT_IO_THREADS,
+    OPT_SHM,
+    OPT_SHM_SOCKET,
+    OPT_SHM_SOCKET_GROUP,
+    OPT_SHM_ALLOW_UIDS,
+    OPT_SHM_ALLOW_GIDS,
+    OPT_SHM_MAX_REGIONS,
+    OPT_SHM_MAX_BYTES,
+    OPT_TEST_SHM_DENY_OWN_UID,
 };
 
 tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, bool *exit_now,
@@ -202,6 +310,16 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
         {"state-interval", required_argument, NULL, OPT_STATE_INTERVAL},
         {"metrics", required_argument, NULL, OPT_METRICS},
         {"check-config", no_argument, NULL, OPT_CHECK_CONFIG},
+        {"io-threads", required_argument, NULL, OPT_IO_THREADS},
+        {"shm", required_argument, NULL, OPT_SHM},
+        {"shm-socket", required_argument, NULL, OPT_SHM_SOCKET},
+        {"shm-socket-group", required_argument, NULL, OPT_SHM_SOCKET_GROUP},
+        {"shm-allow-uids", required_argument, NULL, OPT_SHM_ALLOW_UIDS},
+        {"shm-allow-gids", required_argument, NULL, OPT_SHM_ALLOW_GIDS},
+        {"shm-max-regions-per-peer", required_argument, NULL, OPT_SHM_MAX_REGIONS},
+        {"shm-max-bytes", required_argument, NULL, OPT_SHM_MAX_BYTES},
+        /* Test only, not in --help: refuse tallyd's own uid, to test the refusal. */
+        {"test-shm-deny-own-uid", no_argument, NULL, OPT_TEST_SHM_DENY_OWN_UID},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
@@ -301,6 +419,49 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
             break;
         case OPT_CHECK_CONFIG:
             cfg->check_only = true;
+            break;
+        case OPT_IO_THREADS:
+            if (parse_unsigned(optarg, 1, TD_IO_THREADS_LIMIT, &cfg->io_threads) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_SHM:
+            if (parse_on_off(optarg, &cfg->shm) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_SHM_SOCKET:
+            if (replace_string(&cfg->shm_socket, optarg) != TALLY_OK)
+                goto bad;
+            cfg->shm_socket_explicit = cfg->shm_socket != NULL;
+            break;
+        case OPT_SHM_SOCKET_GROUP: {
+            unsigned gid = 0;
+            if (optarg[0] && !parse_id(optarg, true, &gid))
+                goto bad;
+            cfg->shm_socket_gid = optarg[0] ? (int)gid : -1;
+            break;
+        }
+        case OPT_SHM_ALLOW_UIDS:
+            if (parse_id_list(optarg, false, cfg->shm_allow_uids, &cfg->shm_allow_uid_count) !=
+                TALLY_OK)
+                goto bad;
+            break;
+        case OPT_SHM_ALLOW_GIDS:
+            if (parse_id_list(optarg, true, cfg->shm_allow_gids, &cfg->shm_allow_gid_count) !=
+                TALLY_OK)
+                goto bad;
+            break;
+        case OPT_SHM_MAX_REGIONS:
+            if (parse_unsigned(optarg, 1, TD_SHM_MAX_REGIONS_LIMIT,
+                               &cfg->shm_max_regions_per_peer) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_SHM_MAX_BYTES:
+            if (td_config_parse_size(optarg, &cfg->shm_max_bytes) != TALLY_OK ||
+                cfg->shm_max_bytes == 0)
+                goto bad;
+            break;
+        case OPT_TEST_SHM_DENY_OWN_UID:
+            cfg->test_shm_deny_own_uid = true;
             break;
         case 'h':
             td_config_usage(argv[0]);

@@ -64,6 +64,30 @@
 #define TD_GPU_MIN_BATCH_HIST (64u << 10)
 #define TD_GPU_MIN_BATCH_FILTER (4u << 20)
 #define TD_GPU_MIN_BATCH_SCAN SIZE_MAX
+/* A shared-memory request whose input (and, for filter and scan, output) is a region registered
+ * with the GPU skips both host copies that pushed filter's and scan's crossover to 4 MiB and
+ * beyond; what is left is hist's case (fixed costs, a small reply), so it takes hist's 64 KiB.
+ * Not measured on its own yet (bench/loadgen --shm-out on the GPU host). */
+#define TD_GPU_MIN_BATCH_SHM (64u << 10)
+/* ZeroMQ I/O threads (--io-threads; 0 = from the core count): min(4, cores / 4), at least 1.
+ * ZeroMQ's guide budgets one I/O thread per ~1 GB/s; measured on the 16-core H100 host, 8
+ * producers fanning 1 MiB requests into one ROUTER moved 4.8 GB/s with 1 I/O thread and 14.3 with
+ * 4 (README), while every thread taken from the cores is one less CPU worker, so a quarter of the
+ * cores, capped at the 4 measured. To be re-measured with tallyd on the GPU host. */
+#define TD_DEFAULT_IO_THREADS 0u
+#define TD_IO_THREADS_MAX 4u
+#define TD_IO_THREADS_LIMIT 64u
+/* Shared-memory input (td_shm.c, PROTOCOL.md §10). */
+#define TD_DEFAULT_SHM true
+#define TD_SHM_SOCKET_NAME "tallyd-shm.sock" /* in the runtime directory */
+#define TD_SHM_SOCKET_MODE 0660
+#define TD_SHM_ALLOW_MAX 32 /* entries in each of shm_allow_uids, shm_allow_gids */
+#define TD_DEFAULT_SHM_MAX_REGIONS_PER_PEER 16u
+#define TD_SHM_MAX_REGIONS_LIMIT 4096u
+/* Registered (pinned, for the GPU) bytes in total: pinned memory is a host resource, and 2 GiB
+ * is 128 regions of the default 16 MiB batch. */
+#define TD_DEFAULT_SHM_MAX_BYTES (2ull << 30)
+#define TD_SHM_CONNECTIONS_MAX 1024 /* side-channel connections at once */
 #define TD_DEFAULT_CONFIG_FILE "/etc/tallyd/tallyd.conf"
 #define TD_MAX_BINDS 16
 #define TD_MAX_BATCH_LIMIT (1024ull << 20) /* --max-batch may not exceed 1 GiB */
@@ -101,8 +125,20 @@ typedef struct {
     char *state_dir;           /* owned; NULL = no persistence ($STATE_DIRECTORY by default) */
     unsigned state_interval;   /* seconds between state snapshots */
     char *metrics_listen;      /* owned; ADDR:PORT of the HTTP metrics endpoint, NULL = off */
-    bool check_only;           /* --check-config: load the configuration, report, exit */
-    int argc;                  /* the command line, kept so SIGHUP can re-apply it (borrowed) */
+    unsigned io_threads;       /* ZeroMQ I/O threads; 0 = from the core count */
+    bool shm;                  /* offer shared-memory input (td_shm.c) */
+    char *shm_socket;          /* owned; the side channel's path; NULL = the default */
+    bool shm_socket_explicit;  /* set by the file or command line: failing to bind is fatal */
+    int shm_socket_gid;        /* the socket's group (tallyd must be a member); -1 = tallyd's */
+    unsigned shm_allow_uids[TD_SHM_ALLOW_MAX]; /* besides tallyd's own uid */
+    unsigned shm_allow_uid_count;
+    unsigned shm_allow_gids[TD_SHM_ALLOW_MAX];
+    unsigned shm_allow_gid_count;
+    unsigned shm_max_regions_per_peer; /* per side-channel connection */
+    size_t shm_max_bytes;              /* registered in total */
+    bool test_shm_deny_own_uid;        /* test only: tallyd's own uid is not allowed either */
+    bool check_only;                   /* --check-config: load the configuration, report, exit */
+    int argc; /* the command line, kept so SIGHUP can re-apply it (borrowed) */
     char **argv;
 } td_config_t;
 
@@ -120,6 +156,11 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
 /* Adds an endpoint to cfg->binds. */
 tally_status_t td_config_add_bind(td_config_t *cfg, const char *endpoint);
 
+/* The ZeroMQ I/O threads to use: cfg->io_threads, or the default from the core count. */
+unsigned td_config_io_threads(const td_config_t *cfg);
+/* The default side-channel path: $RUNTIME_DIRECTORY (systemd), /run/tallyd as root,
+ * $XDG_RUNTIME_DIR, else /tmp/tallyd-UID; then TD_SHM_SOCKET_NAME. */
+void td_config_default_shm_socket(char *buf, size_t cap);
 /* The frame limit in force: cfg->max_frame, or its default from max_batch. */
 size_t td_config_max_frame(const td_config_t *cfg);
 

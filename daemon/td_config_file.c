@@ -48,11 +48,19 @@ static const td_config_key_t config_keys[] = {
     {"server", "drain_ms", "--drain-ms"},
     {"server", "workers", "--workers"},
     {"server", "log_level", "--log-level"},
+    {"server", "io_threads", "--io-threads"},
     {"state", "dir", "--state-dir"},
     {"state", "interval", "--state-interval"},
     {"metrics", "listen", "--metrics"},
     {"gpu", "streams", "--gpu-streams"},
     {"gpu", "min_batch", "--gpu-min-batch"},
+    {"shm", "enabled", "--shm"},
+    {"shm", "socket", "--shm-socket"},
+    {"shm", "socket_group", "--shm-socket-group"},
+    {"shm", "allow_uids", "--shm-allow-uids"},
+    {"shm", "allow_gids", "--shm-allow-gids"},
+    {"shm", "max_regions_per_peer", "--shm-max-regions-per-peer"},
+    {"shm", "max_bytes", "--shm-max-bytes"},
 };
 
 typedef struct {
@@ -197,6 +205,16 @@ tally_status_t td_config_load(td_config_t *cfg, int argc, char **argv, bool *exi
             goto cleanup;
         }
     }
+    if (!cfg->shm_socket) {
+        char socket_path[256];
+        td_config_default_shm_socket(socket_path, sizeof socket_path);
+        cfg->shm_socket = strdup(socket_path);
+        if (!cfg->shm_socket) {
+            snprintf(msg, msg_cap, "out of memory");
+            st = TALLY_E_INTERNAL;
+            goto cleanup;
+        }
+    }
     cfg->argc = argc;
     cfg->argv = argv;
 cleanup:
@@ -256,7 +274,23 @@ bool td_config_apply_runtime(td_config_t *live, const td_config_t *next)
     APPLY_NUMBER(max_batch, "%zu")
     APPLY_NUMBER(state_interval, "%u")
     APPLY_NUMBER(drain_ms, "%u")
+    APPLY_NUMBER(shm_max_regions_per_peer, "%u")
+    APPLY_NUMBER(shm_max_bytes, "%zu")
 #undef APPLY_NUMBER
+    /* Checked at each registration, so a new list applies to the next one. */
+    if (live->shm_allow_uid_count != next->shm_allow_uid_count ||
+        live->shm_allow_gid_count != next->shm_allow_gid_count ||
+        memcmp(live->shm_allow_uids, next->shm_allow_uids, sizeof live->shm_allow_uids) != 0 ||
+        memcmp(live->shm_allow_gids, next->shm_allow_gids, sizeof live->shm_allow_gids) != 0) {
+        td_notice("reload: shm allow lists: %u uids, %u gids -> %u uids, %u gids",
+                  live->shm_allow_uid_count, live->shm_allow_gid_count, next->shm_allow_uid_count,
+                  next->shm_allow_gid_count);
+        memcpy(live->shm_allow_uids, next->shm_allow_uids, sizeof live->shm_allow_uids);
+        memcpy(live->shm_allow_gids, next->shm_allow_gids, sizeof live->shm_allow_gids);
+        live->shm_allow_uid_count = next->shm_allow_uid_count;
+        live->shm_allow_gid_count = next->shm_allow_gid_count;
+        changed = true;
+    }
     /* An empty binds list means "the default endpoint or the sockets systemd passed". */
     if (next->bind_count > 0 && !same_binds(live, next))
         log_ignored("bind");
@@ -274,6 +308,14 @@ bool td_config_apply_runtime(td_config_t *live, const td_config_t *next)
         log_ignored("gpu streams");
     if (live->gpu_min_batch != next->gpu_min_batch)
         log_ignored("gpu min_batch");
+    if (live->io_threads != next->io_threads)
+        log_ignored("io_threads");
+    if (live->shm != next->shm)
+        log_ignored("shm enabled");
+    if (!same_string(live->shm_socket, next->shm_socket))
+        log_ignored("shm socket");
+    if (live->shm_socket_gid != next->shm_socket_gid)
+        log_ignored("shm socket_group");
     if (!changed)
         td_notice("reload: no run-time setting changed");
     return changed;

@@ -90,12 +90,17 @@ static void cpu_submit(td_exec_t *x, td_request_t *r)
 
 /* ---- GPU path ----------------------------------------------------------------------------- */
 
-/* The auto-mode threshold for an operation (td_config.h has the measurement). */
-static size_t gpu_min_batch(const td_exec_t *x, uint8_t opcode)
+/* The auto-mode threshold for a request (td_config.h has the measurements). */
+static size_t gpu_min_batch(const td_exec_t *x, const td_request_t *r)
 {
     if (x->gpu_min_batch)
         return x->gpu_min_batch;
-    switch (opcode) {
+    bool direct_in = r->shm_in && r->shm_in->device_registered;
+    bool direct_out =
+        r->req.opcode == TALLY_OP_HIST || (r->shm_out && r->shm_out->device_registered);
+    if (direct_in && direct_out)
+        return TD_GPU_MIN_BATCH_SHM;
+    switch (r->req.opcode) {
     case TALLY_OP_HIST:
         return TD_GPU_MIN_BATCH_HIST;
     case TALLY_OP_FILTER:
@@ -110,7 +115,7 @@ static bool wants_gpu(const td_exec_t *x, const td_request_t *r)
     /* A reload may raise max_batch above what the staging buffers were sized for. */
     if (!x->gpu || !td_gpu_usable(x->gpu) || r->payload_len > x->gpu_max_batch)
         return false;
-    return x->choice == TD_BACKEND_CUDA || r->payload_len >= gpu_min_batch(x, r->req.opcode);
+    return x->choice == TD_BACKEND_CUDA || r->payload_len >= gpu_min_batch(x, r);
 }
 
 /* Loop thread: a request is back from the pipeline. */
@@ -270,6 +275,25 @@ void td_exec_destroy(td_exec_t **self_p)
     td_gpu_destroy(&x->gpu);
     free(x);
     *self_p = NULL;
+}
+
+static bool exec_region_register(void *ctx, void *base, size_t size, bool read_only)
+{
+    return td_gpu_region_register(ctx, base, size, read_only);
+}
+
+static void exec_region_unregister(void *ctx, void *base)
+{
+    td_gpu_region_unregister(ctx, base);
+}
+
+void td_exec_shm_env(td_exec_t *x, td_shm_env_t *env)
+{
+    if (!x->gpu)
+        return;
+    env->region_register = exec_region_register;
+    env->region_unregister = exec_region_unregister;
+    env->ctx = x->gpu;
 }
 
 const char *td_exec_backend_name(const td_exec_t *x)

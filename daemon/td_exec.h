@@ -26,6 +26,7 @@
 #include "td_config.h"
 #include "td_metrics.h"
 #include "td_request.h"
+#include "td_shm.h"
 #include "td_stream.h"
 #include "tk_backend.h"
 
@@ -63,6 +64,10 @@ void td_exec_submit(td_exec_t *self, td_request_t *r);
  * time, so it had no effect; the stream's requests still in flight behind it must not use what
  * it left on the device. */
 void td_exec_stream_failed(td_exec_t *self, td_stream_t *stream);
+
+/* Fills the region callbacks of a td_shm_env_t: shared-memory regions are registered with the
+ * GPU engine (once, at registration) when a GPU pipeline runs; left NULL on the CPU. */
+void td_exec_shm_env(td_exec_t *self, td_shm_env_t *env);
 
 /* "cuda" while a GPU is usable, else "cpu". */
 const char *td_exec_backend_name(const td_exec_t *self);

@@ -199,20 +199,23 @@ static void build_reply(lane_t *l, slot_t *slot)
         r->exec_failed = true;
         return;
     }
-    void *out = malloc(count ? count * size : 1);
+    void *out = r->out_ptr; /* an output region: the device wrote there directly, or ... */
+    if (!out)
+        out = malloc(count ? count * size : 1);
     if (!out) {
         td_request_fail(r, TALLY_E_INTERNAL, "out of memory for a reply of %zu bytes",
                         count * size);
         return;
     }
-    memcpy(out, s->out, count * size);
+    if (!(r->shm_out && r->shm_out->device_registered)) /* ... it went through staging */
+        memcpy(out, s->out, count * size);
     if (scan) {
         r->carry = s->small->carry;
-        td_request_succeed(r, out32 ? TALLY_DTYPE_I32 : TALLY_DTYPE_I64, out, count * size, n);
+        td_request_succeed_out(r, out32 ? TALLY_DTYPE_I32 : TALLY_DTYPE_I64, out, count * size, n);
         r->rep.aux0 = (uint64_t)r->carry;
     } else {
         r->kept = count;
-        td_request_succeed(r, r->req.dtype, out, count * size, count);
+        td_request_succeed_out(r, r->req.dtype, out, count * size, count);
         r->rep.aux0 = n;
     }
 }
@@ -257,6 +260,9 @@ static td_gpu_job_t make_job(const td_request_t *r, unsigned slot)
         .carry_upload = r->exec_carry_upload,
         .fault = r->exec_fault,
         .slot = slot,
+        /* A registered shared-memory region is copied to and from directly. */
+        .src = r->shm_in && r->shm_in->device_registered ? r->payload : NULL,
+        .dst = r->shm_out && r->shm_out->device_registered ? r->out_ptr : NULL,
     };
     return job;
 }
@@ -269,9 +275,10 @@ static void launch(lane_t *l, slot_t *slot)
     if (slot->state == SLOT_FAILED)
         return;
     td_gpu_staging_t *s = &l->staging[slot->index];
-    memcpy(s->in, r->payload, r->payload_len);
-    s->small->carry = r->carry;
     td_gpu_job_t job = make_job(r, slot->index);
+    if (job.src == NULL) /* a ZeroMQ payload (pageable): through pinned staging */
+        memcpy(s->in, r->payload, r->payload_len);
+    s->small->carry = r->carry;
     tally_status_t st = l->gpu->engine->lane_launch(l->hw, &job, slot_done, slot);
     if (st == TALLY_OK)
         return;
@@ -519,6 +526,21 @@ bool td_gpu_lane_usable(const td_gpu_t *g, const void *lane)
 {
     (void)g;
     return lane && !atomic_load(&((const lane_t *)lane)->dev->dead);
+}
+
+bool td_gpu_region_register(td_gpu_t *g, void *base, size_t size, bool read_only)
+{
+    tally_status_t st = g->engine->region_register(g->engine->ctx, base, size, read_only);
+    if (st != TALLY_OK)
+        td_warn("cannot register a shared-memory region of %zu bytes with %s (%s): its requests "
+                "go through staging",
+                size, g->engine->name, g->engine->error_string());
+    return st == TALLY_OK;
+}
+
+void td_gpu_region_unregister(td_gpu_t *g, void *base)
+{
+    g->engine->region_unregister(g->engine->ctx, base);
 }
 
 uint64_t td_gpu_device_bytes(const td_gpu_t *g)

@@ -53,6 +53,11 @@ void td_gpu_submit(td_gpu_t *self, td_request_t *r);
 /* The stream has nothing in flight any more: its carry index goes back to its lane. */
 void td_gpu_stream_idle(td_gpu_t *self, td_stream_t *stream);
 
+/* Registers a shared-memory region with the engine (every device), so lanes copy straight from
+ * and to it; false when the engine could not (the lanes then go through staging). */
+bool td_gpu_region_register(td_gpu_t *self, void *base, size_t size, bool read_only);
+void td_gpu_region_unregister(td_gpu_t *self, void *base);
+
 uint64_t td_gpu_device_bytes(const td_gpu_t *self);
 /* "cuda: 0:NVIDIA H100 80GB HBM3 (4 streams)" */
 void td_gpu_describe(const td_gpu_t *self, char *buf, size_t cap);

@@ -191,8 +191,11 @@ static tally_status_t cuda_lane_launch(void *lane, const td_gpu_job_t *job, td_g
     tally_status_t st = TALLY_OK;
     int64_t *d_carry = &l->d_carries[job->carry_index];
 
+    /* From a registered shared-memory region directly, else from pinned staging. */
+    const void *src = job->src ? job->src : s->in;
+    void *dst = job->dst ? job->dst : s->out;
     if (job->n)
-        TRY(cudaMemcpyAsync(l->d_in, s->in, job->n * esize, cudaMemcpyHostToDevice, l->stream));
+        TRY(cudaMemcpyAsync(l->d_in, src, job->n * esize, cudaMemcpyHostToDevice, l->stream));
     if (job->carry_upload) /* whatever the operation: it starts the stream's chain */
         TRY(cudaMemcpyAsync(d_carry, &s->small->carry, sizeof(int64_t), cudaMemcpyHostToDevice,
                             l->stream));
@@ -202,14 +205,13 @@ static tally_status_t cuda_lane_launch(void *lane, const td_gpu_job_t *job, td_g
     switch (job->opcode) {
     case TALLY_OP_FILTER:
         if (job->n)
-            TRY(cudaMemcpyAsync(s->out, l->d_out, job->n * esize, cudaMemcpyDeviceToHost,
-                                l->stream));
+            TRY(cudaMemcpyAsync(dst, l->d_out, job->n * esize, cudaMemcpyDeviceToHost, l->stream));
         TRY(cudaMemcpyAsync(&s->small->kept, &l->d_small->kept, sizeof(uint64_t),
                             cudaMemcpyDeviceToHost, l->stream));
         break;
     case TALLY_OP_SCAN:
         if (job->n)
-            TRY(cudaMemcpyAsync(s->out, l->d_out, job->n * (job->out_i32 ? 4 : 8),
+            TRY(cudaMemcpyAsync(dst, l->d_out, job->n * (job->out_i32 ? 4 : 8),
                                 cudaMemcpyDeviceToHost, l->stream));
         TRY(cudaMemcpyAsync(&s->small->carry, d_carry, sizeof(int64_t), cudaMemcpyDeviceToHost,
                             l->stream));
@@ -239,6 +241,23 @@ static tally_status_t cuda_lane_check(void *lane)
     return tk_cuda_status(err);
 }
 
+/* Once per region, on the loop thread: portable, so the lanes of every device copy from it.
+ * (cudaHostRegister of 1 GiB took 52-55 ms on the H100 host, which is why it is never done per
+ * request.) */
+static tally_status_t cuda_region_register(void *ctx, void *base, size_t size, bool read_only)
+{
+    (void)ctx;
+    unsigned flags = cudaHostRegisterPortable | (read_only ? cudaHostRegisterReadOnly : 0);
+    return tk_cuda_status(cudaHostRegister(base, size, flags));
+}
+
+static void cuda_region_unregister(void *ctx, void *base)
+{
+    (void)ctx;
+    (void)cudaHostUnregister(base);
+    (void)cudaGetLastError();
+}
+
 static void cuda_engine_destroy(td_gpu_engine_t **self_p)
 {
     free(*self_p);
@@ -265,6 +284,8 @@ tally_status_t td_gpu_engine_cuda_new(td_gpu_engine_t **out, char *why, size_t w
     e->lane_bind = cuda_lane_bind;
     e->lane_launch = cuda_lane_launch;
     e->lane_check = cuda_lane_check;
+    e->region_register = cuda_region_register;
+    e->region_unregister = cuda_region_unregister;
     e->error_string = tk_cuda_error_string;
     e->destroy = cuda_engine_destroy;
     *out = e;

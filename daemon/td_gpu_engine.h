@@ -42,7 +42,10 @@ typedef struct {
     td_gpu_small_t *small;
 } td_gpu_staging_t;
 
-/* One batch to run: the request's parameters, already validated by proto/. */
+/* One batch to run: the request's parameters, already validated by proto/. `src` and `dst`
+ * are host memory registered with region_register (a producer's shared-memory region): the
+ * engine copies the input straight from src instead of staging[slot].in, and the filter or
+ * scan output straight to dst instead of staging[slot].out. NULL: use the staging slot. */
 typedef struct {
     uint8_t opcode;
     uint8_t dtype;
@@ -55,6 +58,8 @@ typedef struct {
     bool carry_upload;     /* scan: first load the carry from staging[slot].small->carry */
     bool fault;            /* test only: clobber the device carry; the pipeline then fails it */
     unsigned slot;
+    const void *src; /* registered input, or NULL */
+    void *dst;       /* registered output (at least the operation's worst case), or NULL */
 } td_gpu_job_t;
 
 /* Called once per successful launch when its results are in the staging slot, from any
@@ -84,6 +89,12 @@ struct td_gpu_engine {
     /* Asks whether work enqueued earlier failed asynchronously (done will never come):
      * TALLY_E_BACKEND then, TALLY_OK when it is still running or finished. */
     tally_status_t (*lane_check)(void *lane);
+    /* Registers host memory (a shared-memory region) once for direct copies by every device:
+     * cudaHostRegister for cuda (read_only: a read-only mapping, which the device only reads),
+     * nothing for sim. TALLY_E_BACKEND when it cannot. Called on the
+     * loop thread, never per request. */
+    tally_status_t (*region_register)(void *ctx, void *base, size_t size, bool read_only);
+    void (*region_unregister)(void *ctx, void *base);
     /* The last error's description on this thread. */
     const char *(*error_string)(void);
     void (*destroy)(td_gpu_engine_t **self_p);

@@ -120,7 +120,10 @@ static tally_status_t sim_run(sim_lane_t *l, const td_gpu_job_t *job)
     tally_status_t st = TALLY_E_PARAM;
     size_t kept = 0;
     int64_t *carry = &l->d_carries[job->carry_index];
-    memcpy(l->d_in, l->staging[job->slot].in, job->n * esize);
+    /* A registered region is read and written in place, as the CUDA engine's copies do. */
+    const void *src = job->src ? job->src : l->staging[job->slot].in;
+    void *dst = job->dst ? job->dst : l->staging[job->slot].out;
+    memcpy(l->d_in, src, job->n * esize);
     if (job->carry_upload) /* whatever the operation: it starts the stream's chain */
         *carry = small->carry;
     switch (job->opcode) {
@@ -128,12 +131,12 @@ static tally_status_t sim_run(sim_lane_t *l, const td_gpu_job_t *job)
         st = cpu->filter(cpu->ctx, (tally_dtype_t)job->dtype, l->d_in, job->n, &job->spec, l->d_out,
                          &kept);
         l->d_small.kept = kept;
-        memcpy(l->staging[job->slot].out, l->d_out, job->n * esize);
+        memcpy(dst, l->d_out, job->n * esize);
         break;
     case TALLY_OP_SCAN:
         st = cpu->scan(cpu->ctx, l->d_in, job->n, job->exclusive, job->out_i32, l->d_out, carry);
         l->d_small.carry = *carry;
-        memcpy(l->staging[job->slot].out, l->d_out, job->n * (job->out_i32 ? 4 : 8));
+        memcpy(dst, l->d_out, job->n * (job->out_i32 ? 4 : 8));
         break;
     case TALLY_OP_HIST:
         memset(&l->d_small.hist, 0, sizeof l->d_small.hist);
@@ -169,6 +172,22 @@ static tally_status_t sim_lane_check(void *lane)
 {
     (void)lane;
     return TALLY_OK;
+}
+
+/* Host memory is what the simulated device reads: nothing to register. */
+static tally_status_t sim_region_register(void *ctx, void *base, size_t size, bool read_only)
+{
+    (void)ctx;
+    (void)read_only;
+    (void)base;
+    (void)size;
+    return TALLY_OK;
+}
+
+static void sim_region_unregister(void *ctx, void *base)
+{
+    (void)ctx;
+    (void)base;
 }
 
 static const char *sim_error_string(void)
@@ -210,6 +229,8 @@ tally_status_t td_gpu_engine_sim_new(unsigned devices, td_gpu_engine_t **out)
     e->lane_bind = sim_lane_bind;
     e->lane_launch = sim_lane_launch;
     e->lane_check = sim_lane_check;
+    e->region_register = sim_region_register;
+    e->region_unregister = sim_region_unregister;
     e->error_string = sim_error_string;
     e->destroy = sim_destroy;
     *out = e;

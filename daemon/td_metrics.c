@@ -111,6 +111,17 @@ size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf,
          (unsigned long long)m->backend_fallbacks, (unsigned long long)m->read_pauses,
          (unsigned long long)m->state_write_failures);
     emit(buf, cap, &len,
+         "# HELP tallyd_shm_requests_total Requests whose input was in shared memory.\n"
+         "# TYPE tallyd_shm_requests_total counter\n"
+         "tallyd_shm_requests_total %llu\n"
+         "# HELP tallyd_shm_regions Shared-memory regions mapped (registered, or in use).\n"
+         "# TYPE tallyd_shm_regions gauge\n"
+         "tallyd_shm_regions %u\n"
+         "# HELP tallyd_shm_bytes Bytes of the shared-memory regions mapped.\n"
+         "# TYPE tallyd_shm_bytes gauge\n"
+         "tallyd_shm_bytes %llu\n",
+         (unsigned long long)m->shm_requests, g->shm_regions, (unsigned long long)g->shm_bytes);
+    emit(buf, cap, &len,
          "# HELP tallyd_requests_in_flight Requests accepted and not yet answered.\n"
          "# TYPE tallyd_requests_in_flight gauge\n"
          "tallyd_requests_in_flight %u\n"

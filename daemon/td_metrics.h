@@ -29,6 +29,7 @@ typedef struct {
     uint64_t backend_fallbacks;    /* requests rerun on the CPU after a GPU failure */
     uint64_t read_pauses;          /* times reading stopped because max_inflight was reached */
     uint64_t state_write_failures; /* state snapshots that could not be written */
+    uint64_t shm_requests;         /* requests whose input was a shared-memory reference */
 } td_metrics_t;
 
 /* Values that are not counters: sampled when rendering. */
@@ -41,6 +42,8 @@ typedef struct {
     const char *devices; /* the backend's one-line description */
     uint64_t device_memory_bytes;
     double uptime_s;
+    unsigned shm_regions; /* shared-memory regions mapped */
+    uint64_t shm_bytes;   /* their bytes */
 } td_gauges_t;
 
 void td_metrics_observe(td_metrics_t *m, unsigned opcode, tally_status_t status, size_t bytes_in,

@@ -32,6 +32,8 @@ void td_request_destroy(td_request_t **self_p)
         zmq_msg_close(&self->payload_msg);
     free(self->payload_copy);
     free(self->reply_data);
+    td_shm_region_put(&self->shm_in);
+    td_shm_region_put(&self->shm_out);
     free(self);
     *self_p = NULL;
 }
@@ -90,6 +92,15 @@ void td_request_succeed(td_request_t *self, uint8_t dtype, void *data, size_t le
     self->rep.status = TALLY_OK;
     self->rep.dtype = dtype;
     self->rep.count = count;
+}
+
+void td_request_succeed_out(td_request_t *self, uint8_t dtype, void *data, size_t len,
+                            uint64_t count)
+{
+    if (data == self->out_ptr) /* in the output region: the reply carries only the header */
+        td_request_succeed(self, dtype, NULL, 0, count);
+    else
+        td_request_succeed(self, dtype, data, len, count);
 }
 
 bool td_op_is_compute(uint8_t opcode)
@@ -194,7 +205,7 @@ bool td_request_admit(td_request_t *self)
 static void execute_filter(td_request_t *self, size_t n)
 {
     size_t size = tally_dtype_size((tally_dtype_t)self->req.dtype);
-    void *out = malloc(n ? n * size : 1);
+    void *out = self->out_ptr ? self->out_ptr : malloc(n ? n * size : 1);
     if (!out) {
         td_request_fail(self, TALLY_E_INTERNAL, "out of memory for a filter of %zu elements", n);
         return;
@@ -209,12 +220,13 @@ static void execute_filter(td_request_t *self, size_t n)
     tally_status_t st = self->backend->filter(self->backend->ctx, (tally_dtype_t)self->req.dtype,
                                               self->payload, n, &spec, out, &kept);
     if (st != TALLY_OK) {
-        free(out);
+        if (!self->out_ptr)
+            free(out);
         td_request_fail(self, st, "%s backend failed the filter", self->backend->name);
         return;
     }
     self->kept = kept;
-    td_request_succeed(self, self->req.dtype, out, kept * size, kept);
+    td_request_succeed_out(self, self->req.dtype, out, kept * size, kept);
     self->rep.aux0 = n;
 }
 
@@ -222,7 +234,7 @@ static void execute_scan(td_request_t *self, size_t n)
 {
     bool out32 = (self->req.flags & TALLY_FLAG_SCAN_OUT_I32) != 0;
     size_t size = out32 ? sizeof(int32_t) : sizeof(int64_t);
-    void *out = malloc(n ? n * size : 1);
+    void *out = self->out_ptr ? self->out_ptr : malloc(n ? n * size : 1);
     if (!out) {
         td_request_fail(self, TALLY_E_INTERNAL, "out of memory for a scan of %zu elements", n);
         return;
@@ -232,12 +244,13 @@ static void execute_scan(td_request_t *self, size_t n)
         self->backend->scan(self->backend->ctx, self->payload, n,
                             (self->req.flags & TALLY_FLAG_SCAN_EXCLUSIVE) != 0, out32, out, &carry);
     if (st != TALLY_OK) {
-        free(out);
+        if (!self->out_ptr)
+            free(out);
         td_request_fail(self, st, "%s backend failed the scan", self->backend->name);
         return;
     }
     self->carry = carry;
-    td_request_succeed(self, out32 ? TALLY_DTYPE_I32 : TALLY_DTYPE_I64, out, n * size, n);
+    td_request_succeed_out(self, out32 ? TALLY_DTYPE_I32 : TALLY_DTYPE_I64, out, n * size, n);
     self->rep.aux0 = (uint64_t)carry;
 }
 

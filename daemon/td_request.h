@@ -21,6 +21,7 @@
 #include <uv.h>
 #include <zmq.h>
 
+#include "td_shm.h"
 #include "td_stream.h"
 #include "tally_proto.h"
 #include "tk_backend.h"
@@ -41,7 +42,13 @@ typedef struct td_request {
     void *payload_copy;
     const void *payload;
     size_t payload_len;
-    td_stream_t *stream;            /* named stream, or NULL */
+    td_stream_t *stream; /* named stream, or NULL */
+    /* Shared memory (TALLY_FLAG_SHM_REF): payload points into shm_in's mapping; with an output
+     * region the result is written at out_ptr and the reply carries only the header. Each
+     * region is referenced until the request is destroyed. */
+    td_shm_region_t *shm_in;
+    td_shm_region_t *shm_out;
+    void *out_ptr;
     struct td_request *stream_next; /* FIFO link on the stream */
     uint64_t received_ns;
 
@@ -81,6 +88,11 @@ void td_request_fail(td_request_t *self, tally_status_t status, const char *fmt,
     __attribute__((format(printf, 3, 4)));
 /* Sets an OK reply with the given payload (ownership moves to the request). */
 void td_request_succeed(td_request_t *self, uint8_t dtype, void *data, size_t len, uint64_t count);
+
+/* td_request_succeed for a filter or scan result at `data`: when data is the output region
+ * (out_ptr) the reply has an empty payload, else data is malloc'd and handed over. */
+void td_request_succeed_out(td_request_t *self, uint8_t dtype, void *data, size_t len,
+                            uint64_t count);
 
 /* Loop thread, before execute: reads the stream's state. Fails the request (returns false)
  * when it conflicts with the stream (a histogram of another type or range). */

@@ -24,6 +24,12 @@
  * order; on the CPU they run one at a time; requests without a stream run concurrently. Replies are
  * matched to requests by request_id, so they may leave in a different order than requests arrived.
  *
+ * Shared memory: a filter, scan or hist with TALLY_FLAG_SHM_REF carries a reference instead of
+ * its batch; handle_message resolves it against the regions producers registered over the side
+ * channel (td_shm.h, also served on this loop), and from then on the request's payload simply
+ * points into the producer's mapping (and out_ptr at its output range), so the executor and
+ * backends need nothing else. The request holds the regions until it is destroyed.
+ *
  * Bounded memory: every request counts against max_inflight from the moment it is read until
  * its reply is handed to ZeroMQ (or dropped). At the limit pump() stops reading, ZeroMQ's
  * receive high-water mark fills and TCP pushes back on producers: nothing is dropped. Sizes are
@@ -58,6 +64,7 @@
 #include "td_request.h"
 #include "td_server.h"
 #include "td_service.h"
+#include "td_shm.h"
 #include "td_stream.h"
 #include "tk_backend.h"
 
@@ -101,6 +108,7 @@ struct td_server {
     tk_backend_t *backend;  /* the backend compute requests run on */
     tk_backend_t *cpu;      /* always present; the fallback */
     td_exec_t *exec;        /* where compute requests run: CPU workers or the GPU pipeline */
+    td_shm_t *shm;          /* shared-memory side channel and regions; NULL when off */
     td_stream_t *advancing; /* the stream stream_advance is working on, if any */
     char devices[256];
     td_metrics_t metrics;
@@ -195,10 +203,11 @@ static void op_info(td_server_t *s, td_request_t *r)
     }
     int n = snprintf(text, TD_TEXT_REPLY_MAX,
                      "version=%s\nprotocol=%d\nbackend=%s\nbackends=%s\ndevices=%s\n"
-                     "max_batch=%zu\nmax_inflight=%u\nmax_streams=%u\n",
+                     "max_batch=%zu\nmax_inflight=%u\nmax_streams=%u\nshm=%s\nshm_socket=%s\n",
                      TALLY_VERSION, TALLY_PROTO_VERSION, td_exec_backend_name(s->exec),
                      td_exec_backends(s->exec), td_exec_devices(s->exec), s->cfg.max_batch,
-                     s->cfg.max_inflight, s->cfg.max_streams);
+                     s->cfg.max_inflight, s->cfg.max_streams, s->shm ? "on" : "off",
+                     s->shm ? td_shm_path(s->shm) : "");
     reply_text(s, r, text, n > 0 ? (size_t)n : 0);
 }
 
@@ -216,6 +225,7 @@ static void sample_gauges(void *ctx, td_gauges_t *g)
         .device_memory_bytes = td_exec_device_bytes(s->exec),
         .uptime_s = (double)(uv_hrtime() - s->started_ns) / 1e9,
     };
+    td_shm_gauges(s->shm, &g->shm_regions, &g->shm_bytes);
 }
 
 static td_service_host_t service_host(td_server_t *s)
@@ -440,6 +450,30 @@ static void dispatch(td_server_t *s, td_request_t *r)
 
 /* ---- Reading ---------------------------------------------------------------------------- */
 
+/* A request whose payload is a shared-memory reference: checks it and points the request's
+ * payload (and output) into the regions, which it references until it is destroyed. */
+static tally_status_t resolve_shm_ref(td_server_t *s, td_request_t *r, char *msg, size_t cap)
+{
+    tally_shm_ref_t ref;
+    tally_status_t st = tally_shm_ref_decode(r->payload, r->payload_len, &ref, msg, cap);
+    if (st == TALLY_OK)
+        st = tally_shm_ref_validate(&r->req, &ref, s->cfg.max_batch, msg, cap);
+    uint8_t *in = NULL, *out = NULL;
+    if (st == TALLY_OK)
+        st = td_shm_resolve(s->shm, r->identity, r->identity_len, ref.in_handle, ref.in_offset,
+                            ref.in_length, false, &r->shm_in, &in, msg, cap);
+    if (st == TALLY_OK && ref.out_handle)
+        st = td_shm_resolve(s->shm, r->identity, r->identity_len, ref.out_handle, ref.out_offset,
+                            ref.out_length, true, &r->shm_out, &out, msg, cap);
+    if (st != TALLY_OK)
+        return st;
+    r->payload = in;
+    r->payload_len = (size_t)ref.in_length;
+    r->out_ptr = out;
+    s->metrics.shm_requests++;
+    return TALLY_OK;
+}
+
 /* Stopping: every message read is answered `shutdown`, whatever it holds (the header is decoded
  * only to echo its id). One that names a stream with requests still waiting or running queues
  * behind them, so that stream's replies keep their order. */
@@ -517,6 +551,15 @@ static void handle_message(td_server_t *s, zmq_msg_t *frames, int kept, int tota
     if (st != TALLY_OK) {
         td_request_fail(r, st, "out of memory for a payload of %zu bytes", r->payload_len);
         goto answer;
+    }
+    /* After the take: the reference is decoded from the taken payload, which then points into
+     * the producer's region instead. */
+    if (r->req.flags & TALLY_FLAG_SHM_REF) {
+        st = resolve_shm_ref(s, r, msg, sizeof msg);
+        if (st != TALLY_OK) {
+            td_request_fail(r, st, "%s", msg);
+            goto answer;
+        }
     }
     dispatch(s, r);
     return;
@@ -708,6 +751,7 @@ static void close_all(td_server_t *s)
     uv_unref((uv_handle_t *)&s->sig_int);
     uv_unref((uv_handle_t *)&s->sig_term);
     uv_unref((uv_handle_t *)&s->sig_hup);
+    td_shm_close(s->shm);         /* regions stay mapped until their requests are freed */
     td_exec_close(s->exec);       /* nothing is in flight any more */
     td_service_close(s->service); /* the final state snapshot: every request is answered */
     int linger = TD_SHUTDOWN_LINGER_MS;
@@ -723,6 +767,11 @@ static tally_status_t open_socket(td_server_t *s)
     s->zmq_ctx = zmq_ctx_new();
     if (!s->zmq_ctx)
         return TALLY_E_INTERNAL;
+    /* Before the first socket: the I/O threads start with it. */
+    int io_threads = (int)td_config_io_threads(&s->cfg);
+    if (zmq_ctx_set(s->zmq_ctx, ZMQ_IO_THREADS, io_threads) != 0)
+        td_warn("cannot set %d ZeroMQ I/O threads: %s", io_threads, zmq_strerror(errno));
+    td_info("%d ZeroMQ I/O threads", io_threads);
     s->router = zmq_socket(s->zmq_ctx, ZMQ_ROUTER);
     if (!s->router)
         return TALLY_E_INTERNAL;
@@ -809,6 +858,11 @@ tally_status_t td_server_new(const td_config_t *cfg, td_server_t **out)
     st = open_socket(s);
     if (st != TALLY_OK)
         goto fail_socket;
+    td_shm_env_t shm_env = {.loop = &s->loop, .cfg = &s->cfg};
+    td_exec_shm_env(s->exec, &shm_env);
+    st = td_shm_new(&shm_env, &s->shm);
+    if (st != TALLY_OK)
+        goto fail_socket;
     td_service_host_t host = service_host(s); /* restores stream state before READY */
     st = td_service_new(&host, &s->service);
     if (st != TALLY_OK)
@@ -834,6 +888,11 @@ tally_status_t td_server_new(const td_config_t *cfg, td_server_t **out)
     return TALLY_OK;
 
 fail_socket:
+    if (s->shm) {
+        td_shm_close(s->shm);
+        uv_run(&s->loop, UV_RUN_NOWAIT);
+        td_shm_destroy(&s->shm);
+    }
     if (s->router)
         zmq_close(s->router);
     if (s->zmq_ctx)
@@ -888,6 +947,7 @@ void td_server_destroy(td_server_t **self_p)
     signal(SIGTERM, SIG_IGN);
     signal(SIGHUP, SIG_IGN);
     uv_run(&s->loop, UV_RUN_DEFAULT);
+    td_shm_destroy(&s->shm);   /* before the executor: regions unregister from the GPU */
     td_exec_destroy(&s->exec); /* joins the GPU lane threads */
     uv_loop_close(&s->loop);
     if (s->backend != s->cpu)

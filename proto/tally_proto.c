@@ -111,6 +111,9 @@ static const struct {
      "the request's sequence number was already applied on the stream; not applied again"},
     {TALLY_E_SEQ_GAP, "sequence_gap",
      "the request's sequence number skips one the stream has not applied; not applied"},
+    {TALLY_E_BAD_REF, "bad_ref",
+     "a shared-memory reference names no region of this peer, or a range outside it"},
+    {TALLY_E_QUOTA, "quota", "a shared-memory quota would be exceeded"},
     {TALLY_E_TIMEOUT, "timeout", "no reply from the daemon within the timeout"},
     {TALLY_E_TRANSPORT, "transport", "the ZeroMQ transport failed"},
     {TALLY_E_REPLY, "bad_reply", "the reply from the daemon is malformed"},
@@ -345,7 +348,7 @@ static tally_status_t validate_filter(const tally_req_t *req, char *msg, size_t 
         return fail(TALLY_E_PARAM, msg, msg_cap,
                     "filter between needs lo <= hi (got lo=%" PRId64 ", hi=%" PRId64 ")", req->lo,
                     req->hi);
-    return check_flags(req, TALLY_FLAG_FILTER_STABLE, msg, msg_cap);
+    return check_flags(req, TALLY_FLAG_FILTER_STABLE | TALLY_FLAG_SHM_REF, msg, msg_cap);
 }
 
 static tally_status_t validate_scan(const tally_req_t *req, char *msg, size_t msg_cap)
@@ -354,7 +357,8 @@ static tally_status_t validate_scan(const tally_req_t *req, char *msg, size_t ms
         return fail(TALLY_E_DTYPE, msg, msg_cap, "scan takes dtype i32 (got %s)",
                     dtype_label(req->dtype));
     tally_status_t st =
-        check_flags(req, TALLY_FLAG_SCAN_EXCLUSIVE | TALLY_FLAG_SCAN_OUT_I32, msg, msg_cap);
+        check_flags(req, TALLY_FLAG_SCAN_EXCLUSIVE | TALLY_FLAG_SCAN_OUT_I32 | TALLY_FLAG_SHM_REF,
+                    msg, msg_cap);
     if (st != TALLY_OK)
         return st;
     return check_no_pred_range(req, msg, msg_cap);
@@ -365,7 +369,7 @@ static tally_status_t validate_hist(const tally_req_t *req, char *msg, size_t ms
     if (req->dtype != TALLY_DTYPE_I32 && req->dtype != TALLY_DTYPE_U8)
         return fail(TALLY_E_DTYPE, msg, msg_cap, "hist takes dtype u8 or i32 (got %s)",
                     dtype_label(req->dtype));
-    tally_status_t st = check_flags(req, 0, msg, msg_cap);
+    tally_status_t st = check_flags(req, TALLY_FLAG_SHM_REF, msg, msg_cap);
     if (st != TALLY_OK)
         return st;
     if (req->dtype == TALLY_DTYPE_U8)
@@ -446,6 +450,15 @@ static tally_status_t validate_fields(const tally_req_t *req, char *msg, size_t 
 static tally_status_t validate_payload(const tally_req_t *req, size_t payload_len, size_t max_batch,
                                        char *msg, size_t msg_cap)
 {
+    /* Only filter, scan and hist accept the flag (validate_fields): their data is elsewhere,
+     * checked by tally_shm_ref_validate once the reference is decoded. */
+    if (req->flags & TALLY_FLAG_SHM_REF) {
+        if (payload_len != TALLY_SHM_REF_SIZE)
+            return fail(TALLY_E_PAYLOAD, msg, msg_cap,
+                        "a shared-memory reference is %d bytes (got %zu)", TALLY_SHM_REF_SIZE,
+                        payload_len);
+        return TALLY_OK;
+    }
     if (payload_len > max_batch)
         return fail(TALLY_E_TOO_LARGE, msg, msg_cap,
                     "batch of %zu bytes exceeds the maximum of %zu", payload_len, max_batch);
@@ -704,4 +717,182 @@ tally_status_t tally_stream_info_decode(const uint8_t *buf, size_t len, tally_st
         info->hist_dtype != TALLY_DTYPE_I32)
         return TALLY_E_REPLY;
     return TALLY_OK;
+}
+
+/* ---- Shared memory ---------------------------------------------------------------------- */
+
+enum {
+    REF_OFF_IN_HANDLE = 0,
+    REF_OFF_IN_OFFSET = 8,
+    REF_OFF_IN_LENGTH = 16,
+    REF_OFF_OUT_HANDLE = 24,
+    REF_OFF_OUT_OFFSET = 32,
+    REF_OFF_OUT_LENGTH = 40,
+};
+
+enum {
+    SHM_OFF_MAGIC = 0,
+    SHM_OFF_VERSION = 4,
+    SHM_OFF_OP = 5,
+    SHM_OFF_ID_LEN = 6, /* request; reserved (zero) in the answer */
+    SHM_OFF_RESERVED = 7,
+    SHM_OFF_HANDLE = 8, /* request */
+    SHM_OFF_ID = 16,    /* request */
+    ANS_OFF_STATUS = 8,
+    ANS_OFF_RESERVED = 12, /* 12..15 */
+    ANS_OFF_HANDLE = 16,
+    ANS_OFF_SIZE = 24,
+};
+
+void tally_shm_ref_encode(const tally_shm_ref_t *ref, uint8_t out[TALLY_SHM_REF_SIZE])
+{
+    tally_put_u64(out + REF_OFF_IN_HANDLE, ref->in_handle);
+    tally_put_u64(out + REF_OFF_IN_OFFSET, ref->in_offset);
+    tally_put_u64(out + REF_OFF_IN_LENGTH, ref->in_length);
+    tally_put_u64(out + REF_OFF_OUT_HANDLE, ref->out_handle);
+    tally_put_u64(out + REF_OFF_OUT_OFFSET, ref->out_offset);
+    tally_put_u64(out + REF_OFF_OUT_LENGTH, ref->out_length);
+}
+
+tally_status_t tally_shm_ref_decode(const uint8_t *buf, size_t len, tally_shm_ref_t *ref, char *msg,
+                                    size_t msg_cap)
+{
+    clear_msg(msg, msg_cap);
+    memset(ref, 0, sizeof *ref);
+    if (len != TALLY_SHM_REF_SIZE)
+        return fail(TALLY_E_PAYLOAD, msg, msg_cap,
+                    "a shared-memory reference is %d bytes (got %zu)", TALLY_SHM_REF_SIZE, len);
+    ref->in_handle = tally_get_u64(buf + REF_OFF_IN_HANDLE);
+    ref->in_offset = tally_get_u64(buf + REF_OFF_IN_OFFSET);
+    ref->in_length = tally_get_u64(buf + REF_OFF_IN_LENGTH);
+    ref->out_handle = tally_get_u64(buf + REF_OFF_OUT_HANDLE);
+    ref->out_offset = tally_get_u64(buf + REF_OFF_OUT_OFFSET);
+    ref->out_length = tally_get_u64(buf + REF_OFF_OUT_LENGTH);
+    return TALLY_OK;
+}
+
+uint64_t tally_shm_out_worst(const tally_req_t *req, uint64_t in_length)
+{
+    if (req->opcode == TALLY_OP_FILTER)
+        return in_length;
+    if (req->opcode == TALLY_OP_SCAN)
+        return (req->flags & TALLY_FLAG_SCAN_OUT_I32) ? in_length : 2 * in_length;
+    return 0;
+}
+
+static size_t out_elem_size(const tally_req_t *req)
+{
+    if (req->opcode == TALLY_OP_SCAN)
+        return (req->flags & TALLY_FLAG_SCAN_OUT_I32) ? 4 : 8;
+    return tally_dtype_size((tally_dtype_t)req->dtype);
+}
+
+tally_status_t tally_shm_ref_validate(const tally_req_t *req, const tally_shm_ref_t *ref,
+                                      size_t max_batch, char *msg, size_t msg_cap)
+{
+    clear_msg(msg, msg_cap);
+    if (ref->in_length > max_batch)
+        return fail(TALLY_E_TOO_LARGE, msg, msg_cap,
+                    "batch of %" PRIu64 " bytes exceeds the maximum of %zu", ref->in_length,
+                    max_batch);
+    size_t elem = tally_dtype_size((tally_dtype_t)req->dtype);
+    if (elem == 0 || ref->in_length % elem != 0)
+        return fail(TALLY_E_PAYLOAD, msg, msg_cap,
+                    "input of %" PRIu64 " bytes is not a whole number of %s elements",
+                    ref->in_length, dtype_long_name(req->dtype));
+    if (ref->in_offset % elem != 0)
+        return fail(TALLY_E_BAD_REF, msg, msg_cap,
+                    "input offset %" PRIu64 " is not a multiple of the %zu-byte element",
+                    ref->in_offset, elem);
+    if (ref->out_handle == 0) {
+        if (ref->out_offset != 0 || ref->out_length != 0)
+            return fail(TALLY_E_BAD_REF, msg, msg_cap,
+                        "out_offset and out_length must be 0 without an output region");
+        return TALLY_OK;
+    }
+    if (req->opcode == TALLY_OP_HIST)
+        return fail(TALLY_E_BAD_REF, msg, msg_cap, "hist takes no output region");
+    size_t out_elem = out_elem_size(req);
+    if (ref->out_offset % out_elem != 0)
+        return fail(TALLY_E_BAD_REF, msg, msg_cap,
+                    "output offset %" PRIu64 " is not a multiple of the %zu-byte output element",
+                    ref->out_offset, out_elem);
+    uint64_t worst = tally_shm_out_worst(req, ref->in_length);
+    if (ref->out_length < worst)
+        return fail(TALLY_E_BAD_REF, msg, msg_cap,
+                    "output range of %" PRIu64 " bytes is smaller than the %" PRIu64
+                    " bytes %s may write",
+                    ref->out_length, worst, op_label(req));
+    return TALLY_OK;
+}
+
+size_t tally_shm_msg_encode(const tally_shm_msg_t *m,
+                            uint8_t out[TALLY_SHM_MSG_HEADER + TALLY_SHM_ROUTING_ID_MAX])
+{
+    memset(out, 0, TALLY_SHM_MSG_HEADER);
+    tally_put_u32(out + SHM_OFF_MAGIC, TALLY_MAGIC);
+    out[SHM_OFF_VERSION] = TALLY_PROTO_VERSION;
+    out[SHM_OFF_OP] = m->op;
+    out[SHM_OFF_ID_LEN] = m->id_len;
+    tally_put_u64(out + SHM_OFF_HANDLE, m->handle);
+    memcpy(out + SHM_OFF_ID, m->id, m->id_len);
+    return TALLY_SHM_MSG_HEADER + m->id_len;
+}
+
+tally_status_t tally_shm_msg_decode(const uint8_t *buf, size_t len, tally_shm_msg_t *m, char *msg,
+                                    size_t msg_cap)
+{
+    clear_msg(msg, msg_cap);
+    memset(m, 0, sizeof *m);
+    if (len < TALLY_SHM_MSG_HEADER)
+        return fail(TALLY_E_HEADER, msg, msg_cap, "side-channel message of %zu bytes is short",
+                    len);
+    if (tally_get_u32(buf + SHM_OFF_MAGIC) != TALLY_MAGIC)
+        return fail(TALLY_E_MAGIC, msg, msg_cap, "side-channel message without the magic");
+    if (buf[SHM_OFF_VERSION] != TALLY_PROTO_VERSION)
+        return fail(TALLY_E_VERSION, msg, msg_cap, "side-channel version %u is not supported",
+                    buf[SHM_OFF_VERSION]);
+    m->op = buf[SHM_OFF_OP];
+    m->id_len = buf[SHM_OFF_ID_LEN];
+    m->handle = tally_get_u64(buf + SHM_OFF_HANDLE);
+    if (m->op != TALLY_SHM_OP_REGISTER && m->op != TALLY_SHM_OP_RELEASE)
+        return fail(TALLY_E_OPCODE, msg, msg_cap, "unknown side-channel operation %u", m->op);
+    if (buf[SHM_OFF_RESERVED] != 0)
+        return fail(TALLY_E_PARAM, msg, msg_cap, "reserved byte 7 is not zero");
+    bool reg = m->op == TALLY_SHM_OP_REGISTER;
+    if (reg && (m->id_len == 0 || m->handle != 0))
+        return fail(TALLY_E_PARAM, msg, msg_cap, "register needs a routing id and handle 0");
+    if (!reg && m->id_len != 0)
+        return fail(TALLY_E_PARAM, msg, msg_cap, "release takes no routing id");
+    if (len != TALLY_SHM_MSG_HEADER + (size_t)m->id_len)
+        return fail(TALLY_E_HEADER, msg, msg_cap,
+                    "side-channel message of %zu bytes, expected %d + %u", len,
+                    TALLY_SHM_MSG_HEADER, m->id_len);
+    memcpy(m->id, buf + SHM_OFF_ID, m->id_len);
+    return TALLY_OK;
+}
+
+void tally_shm_answer_encode(const tally_shm_answer_t *a, uint8_t out[TALLY_SHM_ANSWER_SIZE])
+{
+    memset(out, 0, TALLY_SHM_ANSWER_SIZE);
+    tally_put_u32(out + SHM_OFF_MAGIC, TALLY_MAGIC);
+    out[SHM_OFF_VERSION] = TALLY_PROTO_VERSION;
+    out[SHM_OFF_OP] = a->op;
+    tally_put_u32(out + ANS_OFF_STATUS, a->status);
+    tally_put_u64(out + ANS_OFF_HANDLE, a->handle);
+    tally_put_u64(out + ANS_OFF_SIZE, a->size);
+}
+
+tally_status_t tally_shm_answer_decode(const uint8_t *buf, size_t len, tally_shm_answer_t *a)
+{
+    memset(a, 0, sizeof *a);
+    if (len < TALLY_SHM_ANSWER_SIZE || tally_get_u32(buf + SHM_OFF_MAGIC) != TALLY_MAGIC ||
+        buf[SHM_OFF_VERSION] != TALLY_PROTO_VERSION || buf[SHM_OFF_ID_LEN] != 0 ||
+        buf[SHM_OFF_RESERVED] != 0 || tally_get_u32(buf + ANS_OFF_RESERVED) != 0)
+        return TALLY_E_REPLY;
+    a->op = buf[SHM_OFF_OP];
+    a->status = tally_get_u32(buf + ANS_OFF_STATUS);
+    a->handle = tally_get_u64(buf + ANS_OFF_HANDLE);
+    a->size = tally_get_u64(buf + ANS_OFF_SIZE);
+    return a->status < 100 ? TALLY_OK : TALLY_E_REPLY;
 }

@@ -82,6 +82,9 @@ typedef enum {
 #define TALLY_FLAG_SCAN_EXCLUSIVE 0x01u /* scan: exclusive instead of inclusive */
 #define TALLY_FLAG_SCAN_OUT_I32 0x02u   /* scan: int32 output wrapping modulo 2^32 */
 #define TALLY_FLAG_FILTER_STABLE 0x04u  /* filter: keep input order */
+/* filter, scan, hist: the payload frame is a shared-memory reference (tally_shm_ref_t, 48
+ * bytes) to data in a region registered over the side channel, not the data itself. */
+#define TALLY_FLAG_SHM_REF 0x80u
 
 /* ---- Status codes ----------------------------------------------------------------------- */
 
@@ -108,7 +111,10 @@ typedef enum {
     TALLY_E_INTERNAL = 16,      /* a bug or out of memory in the daemon */
     TALLY_E_DUPLICATE = 17,     /* seq already applied on the stream: not applied again */
     TALLY_E_SEQ_GAP = 18,       /* seq skips one the stream has not applied: not applied */
-    TALLY_STATUS_WIRE_COUNT = 19,
+    TALLY_E_BAD_REF = 19,       /* a shared-memory reference names no region of this peer, or a
+                                 * range outside it */
+    TALLY_E_QUOTA = 20,         /* side channel: a shared-memory quota would be exceeded */
+    TALLY_STATUS_WIRE_COUNT = 21,
 
     /* Client-side only. */
     TALLY_E_TIMEOUT = 100,   /* no reply within the timeout */
@@ -215,6 +221,66 @@ void tally_stream_info_encode(const tally_stream_info_t *info,
 /* TALLY_E_REPLY unless len is TALLY_QUERY_PAYLOAD_SIZE, the reserved bytes are zero and
  * hist_dtype is NONE, I32 or U8. */
 tally_status_t tally_stream_info_decode(const uint8_t *buf, size_t len, tally_stream_info_t *info);
+
+/* ---- Shared memory (PROTOCOL.md §10) -------------------------------------------------- */
+
+/* The payload frame of a request with TALLY_FLAG_SHM_REF: where its input is, and optionally
+ * where its output goes (out_handle 0: the reply carries the output as usual). */
+#define TALLY_SHM_REF_SIZE 48
+typedef struct {
+    uint64_t in_handle;  /* a region registered by the sender */
+    uint64_t in_offset;  /* bytes from the region's start; a multiple of the element size */
+    uint64_t in_length;  /* bytes of input: a whole number of elements, at most max_batch */
+    uint64_t out_handle; /* 0 = no output region (always 0 for hist) */
+    uint64_t out_offset; /* a multiple of the output element size */
+    uint64_t out_length; /* bytes available: at least the worst case of the operation */
+} tally_shm_ref_t;
+
+void tally_shm_ref_encode(const tally_shm_ref_t *ref, uint8_t out[TALLY_SHM_REF_SIZE]);
+/* TALLY_E_PAYLOAD unless len is TALLY_SHM_REF_SIZE. */
+tally_status_t tally_shm_ref_decode(const uint8_t *buf, size_t len, tally_shm_ref_t *ref, char *msg,
+                                    size_t msg_cap);
+/* The reference's own rules, given the request (already validated with the reference as its
+ * payload): in_length as a payload (too_large, then bad_payload), the offsets' alignment, the
+ * output range against the worst case of the operation (bad_ref), no output for hist
+ * (bad_ref). Bounds within the regions are the daemon's to check. */
+tally_status_t tally_shm_ref_validate(const tally_req_t *req, const tally_shm_ref_t *ref,
+                                      size_t max_batch, char *msg, size_t msg_cap);
+/* The most output bytes the operation can write for in_length bytes of input: filter
+ * in_length, scan in_length (int32 output) or 2 x in_length (int64), hist 0. */
+uint64_t tally_shm_out_worst(const tally_req_t *req, uint64_t in_length);
+
+/* The side channel (a Unix-domain SOCK_SEQPACKET socket): one register message per region,
+ * with the region's memfd attached (SCM_RIGHTS), and one release message per region. */
+#define TALLY_SHM_OP_REGISTER 1
+#define TALLY_SHM_OP_RELEASE 2
+#define TALLY_SHM_MSG_HEADER 16      /* request: magic, version, op, id_len, handle */
+#define TALLY_SHM_ROUTING_ID_MAX 255 /* ZeroMQ routing ids are 1..255 bytes */
+#define TALLY_SHM_ANSWER_SIZE 32     /* answer: magic, version, op, status, handle, size */
+
+typedef struct {
+    uint8_t op;      /* TALLY_SHM_OP_* */
+    uint64_t handle; /* release: the region; register: 0 */
+    uint8_t id_len;  /* register: the routing id's length, 1..255 */
+    uint8_t id[TALLY_SHM_ROUTING_ID_MAX];
+} tally_shm_msg_t;
+
+typedef struct {
+    uint8_t op;
+    uint32_t status; /* tally_status_t; an error message follows the answer's 32 bytes */
+    uint64_t handle; /* register: the new region's handle */
+    uint64_t size;   /* register: the region's size in bytes */
+} tally_shm_answer_t;
+
+/* Writes a side-channel request; returns its length (16 + id_len). */
+size_t tally_shm_msg_encode(const tally_shm_msg_t *m,
+                            uint8_t out[TALLY_SHM_MSG_HEADER + TALLY_SHM_ROUTING_ID_MAX]);
+/* TALLY_E_HEADER, E_MAGIC, E_VERSION, E_OPCODE or E_PARAM (with msg) for a malformed request. */
+tally_status_t tally_shm_msg_decode(const uint8_t *buf, size_t len, tally_shm_msg_t *m, char *msg,
+                                    size_t msg_cap);
+void tally_shm_answer_encode(const tally_shm_answer_t *a, uint8_t out[TALLY_SHM_ANSWER_SIZE]);
+/* TALLY_E_REPLY unless buf starts with a well-formed answer. */
+tally_status_t tally_shm_answer_decode(const uint8_t *buf, size_t len, tally_shm_answer_t *a);
 
 /* The int32 histogram's bin for x over [lo, hi): the single definition shared by every
  * backend. Callers guarantee lo < hi and lo <= x < hi. Exact for every range the protocol

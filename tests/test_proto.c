@@ -159,6 +159,8 @@ static void test_status_names(void **state)
         {TALLY_E_INTERNAL, "internal"},
         {TALLY_E_DUPLICATE, "duplicate"},
         {TALLY_E_SEQ_GAP, "sequence_gap"},
+        {TALLY_E_BAD_REF, "bad_ref"},
+        {TALLY_E_QUOTA, "quota"},
         {TALLY_E_TIMEOUT, "timeout"},
         {TALLY_E_TRANSPORT, "transport"},
         {TALLY_E_REPLY, "bad_reply"},
@@ -173,7 +175,9 @@ static void test_status_names(void **state)
     }
     assert_int_equal(TALLY_E_DUPLICATE, 17);
     assert_int_equal(TALLY_E_SEQ_GAP, 18);
-    assert_int_equal(TALLY_STATUS_WIRE_COUNT, 19);
+    assert_int_equal(TALLY_E_BAD_REF, 19);
+    assert_int_equal(TALLY_E_QUOTA, 20);
+    assert_int_equal(TALLY_STATUS_WIRE_COUNT, 21);
     assert_string_equal(tally_status_name((tally_status_t)50), "unknown");
     assert_string_equal(tally_status_text((tally_status_t)50), "unknown status");
 }
@@ -950,8 +954,110 @@ static void test_reject_filter_flags(void **state)
     expect_accept(&req);
     req.flags = TALLY_FLAG_SCAN_EXCLUSIVE;
     expect_reject(&req, TALLY_E_PARAM);
-    req.flags = 0x80;
+    req.flags = 0x40;
     expect_reject(&req, TALLY_E_PARAM);
+}
+
+/* Shared-memory references (PROTOCOL.md §10): the 48-byte layout and its rules. */
+static void test_shm_ref(void **state)
+{
+    (void)state;
+    char msg[256];
+    tally_req_t req = make_req(TALLY_OP_SCAN);
+    req.flags = TALLY_FLAG_SHM_REF;
+    /* The payload frame is the reference: exactly 48 bytes, whatever max_batch is. */
+    assert_int_equal(tally_req_validate(&req, TALLY_SHM_REF_SIZE, 16, msg, sizeof msg), TALLY_OK);
+    assert_int_equal(tally_req_validate(&req, 40, MAX_BATCH, msg, sizeof msg), TALLY_E_PAYLOAD);
+    tally_req_t ping = make_req(TALLY_OP_PING);
+    ping.flags = TALLY_FLAG_SHM_REF;
+    assert_int_equal(tally_req_validate(&ping, 0, MAX_BATCH, msg, sizeof msg), TALLY_E_PARAM);
+
+    tally_shm_ref_t ref = {1, 2, 3, 4, 5, 6}, back;
+    uint8_t bytes[TALLY_SHM_REF_SIZE];
+    tally_shm_ref_encode(&ref, bytes);
+    assert_int_equal(tally_get_u64(bytes + 16), 3); /* in_length at 16..23 */
+    assert_int_equal(tally_get_u64(bytes + 40), 6); /* out_length at 40..47 */
+    assert_int_equal(tally_shm_ref_decode(bytes, sizeof bytes, &back, msg, sizeof msg), TALLY_OK);
+    assert_memory_equal(&ref, &back, sizeof ref);
+    assert_int_equal(tally_shm_ref_decode(bytes, 47, &back, msg, sizeof msg), TALLY_E_PAYLOAD);
+
+    req.flags = TALLY_FLAG_SHM_REF; /* int64 scan: the output needs 2 x in_length */
+    tally_shm_ref_t r = {.in_handle = 9, .in_offset = 8, .in_length = 400};
+    assert_int_equal(tally_shm_ref_validate(&req, &r, MAX_BATCH, msg, sizeof msg), TALLY_OK);
+    r.in_length = 402;
+    assert_int_equal(tally_shm_ref_validate(&req, &r, MAX_BATCH, msg, sizeof msg), TALLY_E_PAYLOAD);
+    r.in_length = MAX_BATCH + 4;
+    assert_int_equal(tally_shm_ref_validate(&req, &r, MAX_BATCH, msg, sizeof msg),
+                     TALLY_E_TOO_LARGE);
+    r.in_length = 400;
+    r.in_offset = 6;
+    assert_int_equal(tally_shm_ref_validate(&req, &r, MAX_BATCH, msg, sizeof msg), TALLY_E_BAD_REF);
+    r.in_offset = 8;
+    r.out_handle = 9;
+    r.out_offset = 804;
+    r.out_length = 800;
+    assert_int_equal(tally_shm_ref_validate(&req, &r, MAX_BATCH, msg, sizeof msg), TALLY_E_BAD_REF);
+    assert_non_null(strstr(msg, "multiple"));
+    r.out_offset = 808;
+    r.out_length = 799;
+    assert_int_equal(tally_shm_ref_validate(&req, &r, MAX_BATCH, msg, sizeof msg), TALLY_E_BAD_REF);
+    assert_string_equal(msg,
+                        "output range of 799 bytes is smaller than the 800 bytes scan may write");
+    r.out_length = 800;
+    assert_int_equal(tally_shm_ref_validate(&req, &r, MAX_BATCH, msg, sizeof msg), TALLY_OK);
+    req.flags |= TALLY_FLAG_SCAN_OUT_I32;
+    r.out_offset = 804;
+    r.out_length = 400;
+    assert_int_equal(tally_shm_ref_validate(&req, &r, MAX_BATCH, msg, sizeof msg), TALLY_OK);
+    tally_req_t hist = make_req(TALLY_OP_HIST);
+    hist.dtype = TALLY_DTYPE_U8;
+    assert_int_equal(tally_shm_ref_validate(&hist, &r, MAX_BATCH, msg, sizeof msg),
+                     TALLY_E_BAD_REF);
+    r.out_handle = 0;
+    assert_int_equal(tally_shm_ref_validate(&hist, &r, MAX_BATCH, msg, sizeof msg),
+                     TALLY_E_BAD_REF); /* out_offset without an output region */
+    r.out_offset = r.out_length = 0;
+    assert_int_equal(tally_shm_ref_validate(&hist, &r, MAX_BATCH, msg, sizeof msg), TALLY_OK);
+}
+
+static void test_shm_side_messages(void **state)
+{
+    (void)state;
+    char msg[256];
+    tally_shm_msg_t m = {.op = TALLY_SHM_OP_REGISTER, .id_len = 3, .id = {'a', 'b', 'c'}}, back;
+    uint8_t buf[TALLY_SHM_MSG_HEADER + TALLY_SHM_ROUTING_ID_MAX];
+    size_t len = tally_shm_msg_encode(&m, buf);
+    assert_int_equal(len, 19);
+    assert_int_equal(tally_shm_msg_decode(buf, len, &back, msg, sizeof msg), TALLY_OK);
+    assert_int_equal(back.id_len, 3);
+    assert_memory_equal(back.id, "abc", 3);
+    assert_int_equal(tally_shm_msg_decode(buf, len - 1, &back, msg, sizeof msg), TALLY_E_HEADER);
+    buf[7] = 1;
+    assert_int_equal(tally_shm_msg_decode(buf, len, &back, msg, sizeof msg), TALLY_E_PARAM);
+    buf[7] = 0;
+    buf[5] = 9;
+    assert_int_equal(tally_shm_msg_decode(buf, len, &back, msg, sizeof msg), TALLY_E_OPCODE);
+    buf[0] = 'X';
+    assert_int_equal(tally_shm_msg_decode(buf, len, &back, msg, sizeof msg), TALLY_E_MAGIC);
+    tally_shm_msg_t rel = {.op = TALLY_SHM_OP_RELEASE, .handle = 77};
+    len = tally_shm_msg_encode(&rel, buf);
+    assert_int_equal(tally_shm_msg_decode(buf, len, &back, msg, sizeof msg), TALLY_OK);
+    assert_int_equal(back.handle, 77);
+    tally_shm_msg_t reg0 = {.op = TALLY_SHM_OP_REGISTER};
+    len = tally_shm_msg_encode(&reg0, buf);
+    assert_int_equal(tally_shm_msg_decode(buf, len, &back, msg, sizeof msg), TALLY_E_PARAM);
+
+    tally_shm_answer_t a = {.op = 1, .status = TALLY_E_QUOTA, .handle = 5, .size = 4096}, b;
+    uint8_t ans[TALLY_SHM_ANSWER_SIZE];
+    tally_shm_answer_encode(&a, ans);
+    assert_int_equal(tally_shm_answer_decode(ans, sizeof ans, &b), TALLY_OK);
+    assert_int_equal(b.op, 1);
+    assert_int_equal(b.status, TALLY_E_QUOTA);
+    assert_int_equal(b.handle, 5);
+    assert_int_equal(b.size, 4096);
+    assert_int_equal(tally_shm_answer_decode(ans, 31, &b), TALLY_E_REPLY);
+    ans[12] = 1;
+    assert_int_equal(tally_shm_answer_decode(ans, sizeof ans, &b), TALLY_E_REPLY);
 }
 
 static void test_reject_scan_flags(void **state)
@@ -1402,7 +1508,9 @@ static void test_robustness(void **state)
             assert_int_equal(len, TALLY_REQ_HEADER_SIZE);
             tally_req_encode(&req, again);
             assert_memory_equal(buf, again, TALLY_REQ_HEADER_SIZE);
-            assert_int_equal(tally_req_validate(&req, 0, SIZE_MAX, NULL, 0), TALLY_OK);
+            /* A reference's payload is exactly its 48 bytes; any other request's may be empty. */
+            size_t payload = (req.flags & TALLY_FLAG_SHM_REF) ? TALLY_SHM_REF_SIZE : 0;
+            assert_int_equal(tally_req_validate(&req, payload, SIZE_MAX, NULL, 0), TALLY_OK);
             ok_req++;
         }
 
@@ -1464,6 +1572,8 @@ int main(void)
         cmocka_unit_test(test_reject_filter_between_range),
         cmocka_unit_test(test_reject_filter_hi_single_threshold),
         cmocka_unit_test(test_reject_filter_flags),
+        cmocka_unit_test(test_shm_ref),
+        cmocka_unit_test(test_shm_side_messages),
         cmocka_unit_test(test_reject_scan_flags),
         cmocka_unit_test(test_reject_scan_params),
         cmocka_unit_test(test_reject_hist_u8_params),

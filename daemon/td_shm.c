@@ -1,0 +1,614 @@
+/*
+ * td_shm.c — the shared-memory side channel and region table (see td_shm.h, PROTOCOL.md §10).
+ *
+ * Design
+ * ------
+ * ZeroMQ cannot carry file descriptors, so a producer on the same host hands tallyd its memfd
+ * over a Unix-domain SOCK_SEQPACKET socket (one record per message, so no framing of our own),
+ * with SCM_RIGHTS. The socket is served on the loop thread like everything else: a uv_poll on
+ * the listening fd (accept until EAGAIN) and one on each connection (recvmsg until EAGAIN).
+ * libuv's pipe handles are not used: their handle passing only understands libuv's own stream
+ * types, not an arbitrary memfd. Every call is non-blocking, and the messages are small and
+ * bounded, so a slow or hostile peer cannot stall the loop: a peer that does not read its answers
+ * (the send would block) is disconnected.
+ *
+ * Who may register: the connection's SO_PEERCRED (the kernel's record of the peer, not a claim
+ * of the peer) must show tallyd's own uid, a uid of shm_allow_uids, or a primary or (through
+ * SO_PEERGROUPS) supplementary gid of shm_allow_gids; the socket's mode (0660, group
+ * shm_socket_group when set) is the first gate, this is the second. A refused peer gets an answer
+ * saying why to its first message and is disconnected.
+ *
+ * What may be registered: only a memfd sealed with F_SEAL_SHRINK | F_SEAL_GROW. The seals are
+ * what make the mapping safe to read: a file that the producer could truncate would turn
+ * tallyd's reads into SIGBUS. F_GET_SEALS fails for anything that is not a memfd (or another
+ * shmem file), and an ordinary tmpfs file reports only F_SEAL_SEAL, so both are refused. The
+ * region is mapped MAP_SHARED read-write (read-only when the memfd is write-sealed or opened
+ * read-only: it can then only be an input), the descriptor is closed, and the region is
+ * registered once with the GPU engine (cudaHostRegister: per-request registration measured
+ * 10 GB/s against 53 for a region registered once, README).
+ *
+ * Handles are 64 random bits (getrandom), so they cannot be guessed, and each region is bound to
+ * the ZeroMQ routing id its producer named when registering it: a request referencing it from
+ * any other peer gets bad_ref. Quotas: regions per side connection and registered bytes in
+ * total (pinned memory is a host resource) answer `quota`.
+ *
+ * Lifetime: a region holds one reference for its connection and one per request using it
+ * (td_shm_resolve, released in td_request_destroy). Closing the connection or releasing the
+ * region drops the first; the last one unregisters it from the GPU and unmaps it. So a producer
+ * that dies with requests in flight cannot pull the pages from under the GPU: they stay mapped
+ * until those requests have been answered.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "td_log.h"
+#include "td_shm.h"
+
+#define TD_SHM_FDS_MAX 4      /* descriptors accepted in one message (extras are closed) */
+#define TD_SHM_PEER_GROUPS 64 /* supplementary groups looked at */
+
+typedef struct td_shm_conn {
+    td_shm_t *shm;
+    int fd;
+    uv_poll_t poll;
+    struct ucred cred;
+    bool allowed;
+    unsigned regions; /* attached to this connection */
+    struct td_shm_conn *next;
+} td_shm_conn_t;
+
+struct td_shm {
+    td_shm_env_t env;
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    int listen_fd;
+    int lock_fd; /* flock on PATH.lock: one tallyd per path */
+    uv_poll_t listen_poll;
+    bool listening;
+    td_shm_conn_t *conns;
+    unsigned conn_count;
+    td_shm_region_t *regions; /* attached and detached-but-referenced */
+    unsigned region_count;
+    uint64_t region_bytes;
+};
+
+/* ---- regions ------------------------------------------------------------------------------ */
+
+static void region_free(td_shm_t *shm, td_shm_region_t *region)
+{
+    for (td_shm_region_t **link = &shm->regions; *link; link = &(*link)->next) {
+        if (*link == region) {
+            *link = region->next;
+            break;
+        }
+    }
+    shm->region_count--;
+    shm->region_bytes -= region->size;
+    if (region->device_registered && shm->env.region_unregister)
+        shm->env.region_unregister(shm->env.ctx, region->base);
+    munmap(region->base, region->size);
+    td_debug("shm: region %016" PRIx64 " unmapped (%zu bytes)", region->handle, region->size);
+    free(region);
+}
+
+void td_shm_region_put(td_shm_region_t **region_p)
+{
+    td_shm_region_t *region = *region_p;
+    if (!region)
+        return;
+    *region_p = NULL;
+    if (--region->refs == 0)
+        region_free(region->shm, region);
+}
+
+/* The connection lets go of a region: new requests can no longer find it. */
+static void region_detach(td_shm_region_t *region)
+{
+    if (region->conn)
+        region->conn->regions--;
+    region->conn = NULL;
+    td_shm_region_put(&region);
+}
+
+static td_shm_region_t *find_region(td_shm_t *shm, uint64_t handle)
+{
+    for (td_shm_region_t *r = shm->regions; r; r = r->next)
+        if (r->handle == handle && r->conn)
+            return r;
+    return NULL;
+}
+
+static uint64_t new_handle(td_shm_t *shm)
+{
+    for (;;) {
+        uint64_t h = 0;
+        if (getrandom(&h, sizeof h, 0) != (ssize_t)sizeof h)
+            h = ((uint64_t)rand() << 32) ^ (uint64_t)rand() ^ (uint64_t)uv_hrtime();
+        if (h != 0 && !find_region(shm, h))
+            return h;
+    }
+}
+
+tally_status_t td_shm_resolve(td_shm_t *shm, const uint8_t *id, size_t id_len, uint64_t handle,
+                              uint64_t offset, uint64_t length, bool output,
+                              td_shm_region_t **region, uint8_t **ptr, char *msg, size_t msg_cap)
+{
+    const char *what = output ? "output" : "input";
+    *region = NULL;
+    *ptr = NULL;
+    if (!shm) {
+        snprintf(msg, msg_cap, "shared memory is off in this tallyd");
+        return TALLY_E_BAD_REF;
+    }
+    td_shm_region_t *r = find_region(shm, handle);
+    if (!r || r->id_len != id_len || memcmp(r->id, id, id_len) != 0) {
+        snprintf(msg, msg_cap, "%s handle %016" PRIx64 " is not a region registered by this peer",
+                 what, handle);
+        return TALLY_E_BAD_REF;
+    }
+    if (offset > r->size || length > r->size - offset) { /* no overflow: offset <= size first */
+        snprintf(msg, msg_cap,
+                 "%s range [%" PRIu64 ", +%" PRIu64 ") is outside the region of %zu bytes", what,
+                 offset, length, r->size);
+        return TALLY_E_BAD_REF;
+    }
+    if (output && !r->writable) {
+        snprintf(msg, msg_cap, "output region %016" PRIx64 " is read-only (write-sealed memfd)",
+                 handle);
+        return TALLY_E_BAD_REF;
+    }
+    r->refs++;
+    *region = r;
+    *ptr = r->base + offset;
+    return TALLY_OK;
+}
+
+void td_shm_gauges(const td_shm_t *shm, unsigned *regions, uint64_t *bytes)
+{
+    *regions = shm ? shm->region_count : 0;
+    *bytes = shm ? shm->region_bytes : 0;
+}
+
+const char *td_shm_path(const td_shm_t *shm)
+{
+    return shm ? shm->path : NULL;
+}
+
+/* ---- the side channel: answers ------------------------------------------------------------ */
+
+/* Sends an answer (with a message for an error). False when the peer must be dropped. */
+static bool answer(td_shm_conn_t *c, uint8_t op, tally_status_t status, uint64_t handle,
+                   uint64_t size, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static bool answer(td_shm_conn_t *c, uint8_t op, tally_status_t status, uint64_t handle,
+                   uint64_t size, const char *fmt, ...)
+{
+    uint8_t buf[TALLY_SHM_ANSWER_SIZE + TALLY_ERROR_MESSAGE_MAX + 1];
+    tally_shm_answer_t a = {.op = op, .status = (uint32_t)status, .handle = handle, .size = size};
+    tally_shm_answer_encode(&a, buf);
+    size_t len = TALLY_SHM_ANSWER_SIZE;
+    if (status != TALLY_OK && fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf((char *)buf + len, TALLY_ERROR_MESSAGE_MAX + 1, fmt, ap);
+        va_end(ap);
+        if (n > 0)
+            len += (size_t)n > TALLY_ERROR_MESSAGE_MAX ? TALLY_ERROR_MESSAGE_MAX : (size_t)n;
+        td_info("shm: peer pid %d uid %u: %s: %.*s", (int)c->cred.pid, (unsigned)c->cred.uid,
+                tally_status_name(status), (int)(len - TALLY_SHM_ANSWER_SIZE),
+                (char *)buf + TALLY_SHM_ANSWER_SIZE);
+    }
+    return send(c->fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)len;
+}
+
+/* ---- the side channel: register and release ----------------------------------------------- */
+
+static bool id_in(unsigned id, const unsigned *list, unsigned count)
+{
+    for (unsigned i = 0; i < count; i++)
+        if (list[i] == id)
+            return true;
+    return false;
+}
+
+static bool peer_allowed(td_shm_t *shm, td_shm_conn_t *c)
+{
+    const td_config_t *cfg = shm->env.cfg;
+    if (c->cred.uid == geteuid() && !cfg->test_shm_deny_own_uid)
+        return true;
+    if (id_in(c->cred.uid, cfg->shm_allow_uids, cfg->shm_allow_uid_count) ||
+        id_in(c->cred.gid, cfg->shm_allow_gids, cfg->shm_allow_gid_count))
+        return true;
+#ifdef SO_PEERGROUPS
+    gid_t groups[TD_SHM_PEER_GROUPS];
+    socklen_t len = sizeof groups;
+    if (cfg->shm_allow_gid_count &&
+        getsockopt(c->fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0) {
+        for (size_t i = 0; i < len / sizeof(gid_t); i++)
+            if (id_in(groups[i], cfg->shm_allow_gids, cfg->shm_allow_gid_count))
+                return true;
+    }
+#endif
+    return false;
+}
+
+/* Checks the descriptor and maps it. TALLY_OK with *base, *size and *writable set. */
+static tally_status_t map_memfd(int fd, uint8_t **base, size_t *size, bool *writable, char *why,
+                                size_t cap)
+{
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0) {
+        snprintf(why, cap, "the descriptor is not a memfd (F_GET_SEALS: %s)", strerror(errno));
+        return TALLY_E_PARAM;
+    }
+    if ((seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+        snprintf(why, cap, "the memfd is not sealed with F_SEAL_SHRINK | F_SEAL_GROW (seals 0x%x)",
+                 (unsigned)seals);
+        return TALLY_E_PARAM;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0) {
+        snprintf(why, cap, "the memfd is empty or not a regular file");
+        return TALLY_E_PARAM;
+    }
+    *size = (size_t)st.st_size;
+    *writable = true;
+    void *p = mmap(NULL, *size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) { /* write-sealed, or opened read-only: an input region */
+        *writable = false;
+        p = mmap(NULL, *size, PROT_READ, MAP_SHARED, fd, 0);
+    }
+    if (p == MAP_FAILED) {
+        snprintf(why, cap, "cannot map %zu bytes: %s", *size, strerror(errno));
+        return TALLY_E_INTERNAL;
+    }
+    *base = p;
+    return TALLY_OK;
+}
+
+static bool do_register(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_msg_t *m, int fd)
+{
+    const td_config_t *cfg = shm->env.cfg;
+    char why[TALLY_ERROR_MESSAGE_MAX + 1];
+    if (fd < 0)
+        return answer(c, m->op, TALLY_E_PARAM, 0, 0, "register carries exactly one descriptor");
+    if (c->regions >= cfg->shm_max_regions_per_peer)
+        return answer(c, m->op, TALLY_E_QUOTA, 0, 0,
+                      "this connection already holds its maximum of %u regions",
+                      cfg->shm_max_regions_per_peer);
+    uint8_t *base = NULL;
+    size_t size = 0;
+    bool writable = false;
+    tally_status_t st = map_memfd(fd, &base, &size, &writable, why, sizeof why);
+    if (st != TALLY_OK)
+        return answer(c, m->op, st, 0, 0, "%s", why);
+    if (size > cfg->shm_max_bytes || shm->region_bytes > cfg->shm_max_bytes - size) {
+        munmap(base, size);
+        return answer(c, m->op, TALLY_E_QUOTA, 0, 0,
+                      "a region of %zu bytes would exceed shm_max_bytes (%zu; %" PRIu64
+                      " registered)",
+                      size, cfg->shm_max_bytes, shm->region_bytes);
+    }
+    td_shm_region_t *r = calloc(1, sizeof *r);
+    if (!r) {
+        munmap(base, size);
+        return answer(c, m->op, TALLY_E_INTERNAL, 0, 0, "out of memory");
+    }
+    *r = (td_shm_region_t){.handle = new_handle(shm),
+                           .base = base,
+                           .size = size,
+                           .writable = writable,
+                           .refs = 1,
+                           .conn = c,
+                           .shm = shm,
+                           .id_len = m->id_len};
+    memcpy(r->id, m->id, m->id_len);
+    if (shm->env.region_register)
+        r->device_registered = shm->env.region_register(shm->env.ctx, base, size, !writable);
+    r->next = shm->regions;
+    shm->regions = r;
+    shm->region_count++;
+    shm->region_bytes += size;
+    c->regions++;
+    td_info("shm: pid %d uid %u registered region %016" PRIx64 " (%zu bytes%s%s)", (int)c->cred.pid,
+            (unsigned)c->cred.uid, r->handle, size, writable ? "" : ", read-only",
+            r->device_registered ? ", registered with the GPU" : "");
+    return answer(c, m->op, TALLY_OK, r->handle, size, NULL);
+}
+
+static bool do_release(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_msg_t *m)
+{
+    td_shm_region_t *r = find_region(shm, m->handle);
+    if (!r || r->conn != c)
+        return answer(c, m->op, TALLY_E_BAD_REF, m->handle, 0,
+                      "handle %016" PRIx64 " is not a region of this connection", m->handle);
+    uint64_t size = r->size;
+    region_detach(r);
+    return answer(c, m->op, TALLY_OK, m->handle, size, NULL);
+}
+
+/* ---- the side channel: connections -------------------------------------------------------- */
+
+static void conn_closed_cb(uv_handle_t *handle)
+{
+    td_shm_conn_t *c = handle->data;
+    close(c->fd);
+    free(c);
+}
+
+static void conn_close(td_shm_t *shm, td_shm_conn_t *c)
+{
+    for (td_shm_conn_t **link = &shm->conns; *link; link = &(*link)->next) {
+        if (*link == c) {
+            *link = c->next;
+            break;
+        }
+    }
+    shm->conn_count--;
+    for (td_shm_region_t *r = shm->regions, *next; r; r = next) {
+        next = r->next; /* region_detach may free r */
+        if (r->conn == c)
+            region_detach(r);
+    }
+    td_debug("shm: side connection of pid %d closed", (int)c->cred.pid);
+    uv_poll_stop(&c->poll);
+    uv_close((uv_handle_t *)&c->poll, conn_closed_cb);
+}
+
+/* Takes the first descriptor of the message; closes any others. */
+static int take_fds(struct msghdr *mh)
+{
+    int fd = -1;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm; cm = CMSG_NXTHDR(mh, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        int *fds = (int *)CMSG_DATA(cm);
+        for (size_t i = 0; i < n; i++) {
+            if (fd < 0 && n == 1)
+                fd = fds[i];
+            else
+                close(fds[i]);
+        }
+    }
+    return fd;
+}
+
+/* Handles one message; false when the connection must close. */
+static bool handle_message(td_shm_t *shm, td_shm_conn_t *c, const uint8_t *buf, size_t len, int fd)
+{
+    char why[TALLY_ERROR_MESSAGE_MAX + 1];
+    tally_shm_msg_t m;
+    tally_status_t st = tally_shm_msg_decode(buf, len, &m, why, sizeof why);
+    bool keep;
+    if (!c->allowed) {
+        answer(c, m.op, TALLY_E_PARAM, 0, 0,
+               "uid %u gid %u may not register shared memory (shm_allow_uids, shm_allow_gids)",
+               (unsigned)c->cred.uid, (unsigned)c->cred.gid);
+        keep = false;
+    } else if (st != TALLY_OK) {
+        keep = answer(c, m.op, st, 0, 0, "%s", why);
+    } else if (m.op == TALLY_SHM_OP_REGISTER) {
+        keep = do_register(shm, c, &m, fd);
+    } else {
+        keep = do_release(shm, c, &m);
+    }
+    if (fd >= 0)
+        close(fd);
+    return keep;
+}
+
+static void conn_cb(uv_poll_t *handle, int status, int events)
+{
+    (void)events;
+    td_shm_conn_t *c = handle->data;
+    td_shm_t *shm = c->shm;
+    for (;;) {
+        uint8_t buf[TALLY_SHM_MSG_HEADER + TALLY_SHM_ROUTING_ID_MAX + 1];
+        union {
+            struct cmsghdr align;
+            char space[CMSG_SPACE(TD_SHM_FDS_MAX * sizeof(int))];
+        } control;
+        struct iovec iov = {.iov_base = buf, .iov_len = sizeof buf};
+        struct msghdr mh = {.msg_iov = &iov,
+                            .msg_iovlen = 1,
+                            .msg_control = control.space,
+                            .msg_controllen = sizeof control.space};
+        ssize_t n = status < 0 ? -1 : recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR) && status >= 0)
+            return;
+        int fd = n > 0 ? take_fds(&mh) : -1;
+        if (n <= 0 || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+            if (n > 0) /* a message too long, or with too many descriptors: a broken peer */
+                answer(c, buf[5], TALLY_E_HEADER, 0, 0, "message or descriptors truncated");
+            if (fd >= 0)
+                close(fd);
+            conn_close(shm, c);
+            return;
+        }
+        if (!handle_message(shm, c, buf, (size_t)n, fd)) {
+            conn_close(shm, c);
+            return;
+        }
+    }
+}
+
+static void accept_cb(uv_poll_t *handle, int status, int events)
+{
+    (void)status;
+    (void)events;
+    td_shm_t *shm = handle->data;
+    for (;;) {
+        int fd = accept4(shm->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0)
+            return; /* EAGAIN, or a transient error (EMFILE...): the next wake-up retries */
+        td_shm_conn_t *c = calloc(1, sizeof *c);
+        socklen_t len = sizeof c->cred;
+        if (!c || shm->conn_count >= TD_SHM_CONNECTIONS_MAX ||
+            getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c->cred, &len) != 0 ||
+            uv_poll_init(shm->env.loop, &c->poll, fd) != 0) {
+            td_warn("shm: side connection refused (%s)",
+                    c ? "too many connections or no credentials" : "out of memory");
+            free(c);
+            close(fd);
+            continue;
+        }
+        c->shm = shm;
+        c->fd = fd;
+        c->allowed = peer_allowed(shm, c);
+        c->poll.data = c;
+        c->next = shm->conns;
+        shm->conns = c;
+        shm->conn_count++;
+        uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, conn_cb);
+        td_debug("shm: side connection from pid %d uid %u gid %u%s", (int)c->cred.pid,
+                 (unsigned)c->cred.uid, (unsigned)c->cred.gid, c->allowed ? "" : " (not allowed)");
+    }
+}
+
+/* ---- life cycle --------------------------------------------------------------------------- */
+
+/* Creates the socket's directory when missing (0711: others may reach a socket whose own mode
+ * lets them in); an existing one must be ours or root's, and not writable by others. */
+static tally_status_t prepare_dir(const char *path, char *why, size_t cap)
+{
+    char dir[sizeof((td_shm_t *)0)->path];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir)
+        return TALLY_OK;
+    *slash = '\0';
+    if (mkdir(dir, 0711) != 0 && errno != EEXIST) {
+        snprintf(why, cap, "cannot create %s: %s", dir, strerror(errno));
+        return TALLY_E_PARAM;
+    }
+    struct stat st;
+    if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) ||
+        (st.st_uid != geteuid() && st.st_uid != 0) ||
+        ((st.st_mode & S_IWOTH) && !(st.st_mode & S_ISVTX))) {
+        snprintf(why, cap, "%s is not a directory owned by tallyd's user or root", dir);
+        return TALLY_E_PARAM;
+    }
+    return TALLY_OK;
+}
+
+/* Takes PATH.lock, removes a stale socket, binds and listens. */
+static tally_status_t bind_socket(td_shm_t *shm, char *why, size_t cap)
+{
+    char lock[sizeof shm->path + 8];
+    snprintf(lock, sizeof lock, "%s.lock", shm->path);
+    shm->lock_fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (shm->lock_fd < 0 || flock(shm->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        snprintf(why, cap, "%s is held by another tallyd (%s)", lock, strerror(errno));
+        return TALLY_E_PARAM;
+    }
+    unlink(shm->path); /* a stale socket of a tallyd that died: we hold the lock */
+    shm->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", shm->path);
+    if (shm->listen_fd < 0 || bind(shm->listen_fd, (struct sockaddr *)&addr, sizeof addr) != 0 ||
+        chmod(shm->path, TD_SHM_SOCKET_MODE) != 0 || listen(shm->listen_fd, 64) != 0) {
+        snprintf(why, cap, "cannot listen on %s: %s", shm->path, strerror(errno));
+        return TALLY_E_PARAM;
+    }
+    int gid = shm->env.cfg->shm_socket_gid;
+    if (gid >= 0 && chown(shm->path, (uid_t)-1, (gid_t)gid) != 0) {
+        snprintf(why, cap, "cannot give %s to group %d (is tallyd a member?): %s", shm->path, gid,
+                 strerror(errno));
+        return TALLY_E_PARAM;
+    }
+    return TALLY_OK;
+}
+
+static void release_socket(td_shm_t *shm)
+{
+    if (shm->listen_fd >= 0) {
+        close(shm->listen_fd);
+        shm->listen_fd = -1;
+        unlink(shm->path);
+    }
+    if (shm->lock_fd >= 0) {
+        close(shm->lock_fd); /* the lock file stays: unlinking it would race a starting tallyd */
+        shm->lock_fd = -1;
+    }
+}
+
+tally_status_t td_shm_new(const td_shm_env_t *env, td_shm_t **out)
+{
+    const td_config_t *cfg = env->cfg;
+    *out = NULL;
+    if (!cfg->shm)
+        return TALLY_OK;
+    td_shm_t *shm = calloc(1, sizeof *shm);
+    if (!shm)
+        return TALLY_E_INTERNAL;
+    shm->env = *env;
+    shm->listen_fd = shm->lock_fd = -1;
+    if (cfg->shm_socket)
+        snprintf(shm->path, sizeof shm->path, "%s", cfg->shm_socket);
+    else
+        td_config_default_shm_socket(shm->path, sizeof shm->path);
+    char why[512];
+    tally_status_t st = prepare_dir(shm->path, why, sizeof why);
+    if (st == TALLY_OK)
+        st = bind_socket(shm, why, sizeof why);
+    if (st == TALLY_OK && uv_poll_init(env->loop, &shm->listen_poll, shm->listen_fd) != 0) {
+        snprintf(why, sizeof why, "cannot watch the side channel");
+        st = TALLY_E_INTERNAL;
+    }
+    if (st != TALLY_OK) {
+        release_socket(shm);
+        free(shm);
+        if (cfg->shm_socket_explicit) {
+            td_err("shm: %s", why);
+            return TALLY_E_PARAM;
+        }
+        td_warn("shm: %s; shared memory is off (set [shm] socket to another path)", why);
+        return TALLY_OK;
+    }
+    shm->listen_poll.data = shm;
+    shm->listening = true;
+    uv_poll_start(&shm->listen_poll, UV_READABLE, accept_cb);
+    td_info("shm: side channel on %s (regions up to %zu bytes in total, %u per peer)", shm->path,
+            cfg->shm_max_bytes, cfg->shm_max_regions_per_peer);
+    *out = shm;
+    return TALLY_OK;
+}
+
+void td_shm_close(td_shm_t *shm)
+{
+    if (!shm)
+        return;
+    while (shm->conns)
+        conn_close(shm, shm->conns);
+    if (shm->listening) {
+        uv_poll_stop(&shm->listen_poll);
+        uv_close((uv_handle_t *)&shm->listen_poll, NULL);
+        shm->listening = false;
+    }
+    release_socket(shm);
+}
+
+void td_shm_destroy(td_shm_t **self_p)
+{
+    td_shm_t *shm = *self_p;
+    if (!shm)
+        return;
+    if (shm->regions)
+        td_warn("shm: %u regions still referenced at exit", shm->region_count);
+    while (shm->regions)
+        region_free(shm, shm->regions);
+    release_socket(shm);
+    free(shm);
+    *self_p = NULL;
+}

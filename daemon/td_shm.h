@@ -1,0 +1,77 @@
+/*
+ * td_shm.h — shared-memory input: the side channel where producers register memfd regions,
+ * and the table of regions that requests reference (PROTOCOL.md §10).
+ *
+ * Loop thread only. A region is mapped once when registered (and registered once with the GPU
+ * engine, through the env callbacks), found by handle for each request that references it, and
+ * held by a reference count: the side connection that registered it holds one reference until
+ * it releases the region or closes, and every request that uses it holds one until its reply has
+ * left. The last reference unmaps it.
+ */
+#ifndef TD_SHM_H
+#define TD_SHM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "td_config.h"
+#include "tally_proto.h"
+
+typedef struct td_shm td_shm_t;
+
+/* One registered region. Read-only for everything outside td_shm.c. */
+typedef struct td_shm_region {
+    uint64_t handle;
+    uint8_t *base; /* the mapping: size bytes */
+    size_t size;
+    bool writable;          /* mapped PROT_WRITE: may be an output region */
+    bool device_registered; /* registered with the GPU engine: the GPU copies it directly */
+    unsigned refs;
+    struct td_shm_conn *conn; /* the side connection that registered it; NULL once detached */
+    struct td_shm_region *next;
+    td_shm_t *shm;
+    uint8_t id_len; /* the ZeroMQ routing id allowed to reference it */
+    uint8_t id[TALLY_SHM_ROUTING_ID_MAX];
+} td_shm_region_t;
+
+/* How regions reach the GPU: register once at registration, unregister at the last release.
+ * Both may be NULL (no GPU). region_register returns false when the region stays unregistered
+ * (the GPU then copies through staging, which is correct, only slower). */
+typedef struct {
+    uv_loop_t *loop;
+    const td_config_t *cfg; /* live: the allow lists and quotas apply at each registration */
+    bool (*region_register)(void *ctx, void *base, size_t size, bool read_only);
+    void (*region_unregister)(void *ctx, void *base);
+    void *ctx;
+} td_shm_env_t;
+
+/* Binds the side channel at cfg->shm_socket. With shm off, *out is NULL and TALLY_OK. A path
+ * that cannot be bound (another tallyd holds it, no such directory) is TALLY_E_PARAM when the
+ * path was configured explicitly; for the default path it is logged and shm is off (*out NULL). */
+tally_status_t td_shm_new(const td_shm_env_t *env, td_shm_t **out);
+/* Stops listening and closes every side connection (their regions stay mapped while requests
+ * hold them). Closes the loop handles. */
+void td_shm_close(td_shm_t *self);
+/* Frees everything; every region must have been released by its requests. */
+void td_shm_destroy(td_shm_t **self_p);
+
+/* The side channel's path (for `info`), or NULL when self is NULL. */
+const char *td_shm_path(const td_shm_t *self);
+
+/* Resolves [offset, offset + length) of region `handle` for a request from routing id `id`:
+ * the handle must be known and registered for that id, the range inside the region (overflow
+ * checked), and, for output, the region writable. On success *region holds a new reference
+ * (td_shm_region_put releases it) and *ptr points at offset. TALLY_E_BAD_REF with a message
+ * otherwise (also when self is NULL: shared memory is off). */
+tally_status_t td_shm_resolve(td_shm_t *self, const uint8_t *id, size_t id_len, uint64_t handle,
+                              uint64_t offset, uint64_t length, bool output,
+                              td_shm_region_t **region, uint8_t **ptr, char *msg, size_t msg_cap);
+/* Releases a reference (loop thread); sets *region_p to NULL. */
+void td_shm_region_put(td_shm_region_t **region_p);
+
+/* Regions mapped (registered, or released but still used by requests) and their bytes. */
+void td_shm_gauges(const td_shm_t *self, unsigned *regions, uint64_t *bytes);
+
+#endif

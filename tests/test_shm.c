@@ -1,0 +1,681 @@
+/*
+ * test_shm.c — shared-memory input (daemon/td_shm.c, PROTOCOL.md §10) against a real tallyd.
+ *
+ * - Every operation and dtype gives byte-identical replies by payload and by reference, with and
+ *   without an output region, on the CPU backend and on the GPU pipeline over simulated devices
+ *   (--backend cuda --test-sim-gpus 2: the lanes copy straight from and to the region), or over
+ *   the real GPUs with TALLY_SHM_ENGINE=cuda (test_shm_gpu, CUDA builds). An unordered filter
+ *   is compared as a multiset (sorted), the only thing the protocol promises for it.
+ * - Bad references (past the end, overflowing, unknown handle, another peer's handle, misaligned,
+ *   output too small...) each get their status while tallyd keeps serving; the side channel
+ *   refuses unsealed, empty and non-memfd descriptors and a peer whose uid is not allowed; the
+ *   quotas answer `quota`.
+ * - A producer that dies with requests in flight: no crash, and its region stays mapped until
+ *   they are answered, then goes (the tallyd_shm_regions gauge).
+ * Raw side-channel messages and a raw DEALER with a chosen routing id drive the refusals;
+ * libtally (tally_region_create, tally_call_shm) drives the rest.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "tally.h"
+#include "tally_internal.h"
+
+#define N_ELEMS 70001 /* odd, so no chunking or vector width divides it */
+
+static char sock_path[100];
+
+/* Starts tallyd with its side channel in a fresh directory, plus extra (NULL-terminated). */
+static void start(th_daemon_t *d, const char *const *extra)
+{
+    static int count;
+    snprintf(sock_path, sizeof sock_path, "/tmp/tallyd-shm-test-%d-%d/shm.sock", (int)getpid(),
+             count++);
+    const char *argv[32] = {"--shm-socket", sock_path};
+    int argc = 2;
+    for (int i = 0; extra && extra[i] && argc < 30; i++)
+        argv[argc++] = extra[i];
+    argv[argc] = NULL;
+    assert_int_equal(th_daemon_start(d, argv), 0);
+}
+
+/* Stops tallyd and removes what it leaves of the side channel (the lock file, the directory). */
+static void stop(th_daemon_t *d)
+{
+    assert_int_equal(th_daemon_stop(d, SIGTERM, 20000), 0);
+    char path[sizeof sock_path + 8];
+    snprintf(path, sizeof path, "%s.lock", sock_path);
+    unlink(path);
+    snprintf(path, sizeof path, "%s", sock_path);
+    *strrchr(path, '/') = '\0';
+    rmdir(path);
+}
+
+static uint64_t stat_value(const char *endpoint, const char *name)
+{
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(endpoint, 5000, &c), TALLY_OK);
+    char *text = NULL;
+    assert_int_equal(tally_info(c, TALLY_OP_STATS, &text), TALLY_OK);
+    char line[128];
+    snprintf(line, sizeof line, "\n%s", name); /* the sample, not its # HELP line */
+    const char *at = strstr(text, line);
+    assert_non_null(at);
+    uint64_t v = strtoull(at + strlen(line), NULL, 10);
+    free(text);
+    tally_client_destroy(&c);
+    return v;
+}
+
+/* ---- byte-identical replies -------------------------------------------------------------- */
+
+typedef struct {
+    uint8_t opcode, dtype, flags, pred;
+    int64_t lo, hi;
+} op_case_t;
+
+static const op_case_t cases[] = {
+    {TALLY_OP_FILTER, TALLY_DTYPE_I32, 0, TALLY_PRED_GT, 0, 0},
+    {TALLY_OP_FILTER, TALLY_DTYPE_I32, TALLY_FLAG_FILTER_STABLE, TALLY_PRED_BETWEEN, -500, 900},
+    {TALLY_OP_FILTER, TALLY_DTYPE_I32, TALLY_FLAG_FILTER_STABLE, TALLY_PRED_NE, 7, 0},
+    {TALLY_OP_FILTER, TALLY_DTYPE_U8, 0, TALLY_PRED_LT, 100, 0},
+    {TALLY_OP_FILTER, TALLY_DTYPE_U8, TALLY_FLAG_FILTER_STABLE, TALLY_PRED_EQ, 3, 0},
+    {TALLY_OP_SCAN, TALLY_DTYPE_I32, 0, 0, 0, 0},
+    {TALLY_OP_SCAN, TALLY_DTYPE_I32, TALLY_FLAG_SCAN_EXCLUSIVE, 0, 0, 0},
+    {TALLY_OP_SCAN, TALLY_DTYPE_I32, TALLY_FLAG_SCAN_OUT_I32, 0, 0, 0},
+    {TALLY_OP_HIST, TALLY_DTYPE_U8, 0, 0, 0, 0},
+    {TALLY_OP_HIST, TALLY_DTYPE_I32, 0, 0, -1000, 1000},
+};
+
+static tally_req_t case_req(const op_case_t *c, const char *stream)
+{
+    tally_req_t req = {.version = TALLY_PROTO_VERSION,
+                       .opcode = c->opcode,
+                       .dtype = c->dtype,
+                       .flags = c->flags,
+                       .pred = c->pred,
+                       .lo = c->lo,
+                       .hi = c->hi};
+    if (stream)
+        assert_int_equal(tally_req_set_stream(&req, stream), TALLY_OK);
+    return req;
+}
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int cmp_u8(const void *a, const void *b)
+{
+    return (int)*(const uint8_t *)a - (int)*(const uint8_t *)b;
+}
+
+/* Compares two outputs of the case: an unordered filter's as multisets. */
+static void assert_output_equal(const op_case_t *oc, const void *a, const void *b, size_t len)
+{
+    if (oc->opcode != TALLY_OP_FILTER || (oc->flags & TALLY_FLAG_FILTER_STABLE) || len == 0) {
+        assert_memory_equal(a, b, len);
+        return;
+    }
+    size_t esize = tally_dtype_size((tally_dtype_t)oc->dtype);
+    void *sa = malloc(len), *sb = malloc(len);
+    assert_true(sa && sb);
+    memcpy(sa, a, len);
+    memcpy(sb, b, len);
+    qsort(sa, len / esize, esize, esize == 4 ? cmp_i32 : cmp_u8);
+    qsort(sb, len / esize, esize, esize == 4 ? cmp_i32 : cmp_u8);
+    assert_memory_equal(sa, sb, len);
+    free(sa);
+    free(sb);
+}
+
+static void fill_random(uint8_t *p, size_t len)
+{
+    for (size_t i = 0; i < len; i++) /* small values, both signs, so filters and hists vary */
+        p[i] = (uint8_t)(i % 4 == 3 ? (th_rand() & 1 ? 0xff : 0) : th_rand());
+}
+
+/* One case, three ways (payload, reference, reference with output region), twice on streams
+ * (so the scan carry chains) and once without. */
+static void compare_case(tally_client_t *c, tally_region_t *region, const op_case_t *oc, int k)
+{
+    size_t esize = tally_dtype_size((tally_dtype_t)oc->dtype);
+    size_t len = (N_ELEMS - k * 1000) * esize;
+    uint8_t *base = tally_region_data(region);
+    size_t in_off = 4096 * (size_t)(k + 1);             /* not at the region's start */
+    size_t out_off = (in_off + len + 64) & ~(size_t)63; /* aligned for any output element */
+    fill_random(base + in_off, len);
+    char s_pay[32], s_ref[32], s_out[32];
+    snprintf(s_pay, sizeof s_pay, "pay%d", k);
+    snprintf(s_ref, sizeof s_ref, "ref%d", k);
+    snprintf(s_out, sizeof s_out, "out%d", k);
+    for (int round = 0; round < 3; round++) {
+        bool stream = round < 2;
+        tally_req_t rp = case_req(oc, stream ? s_pay : NULL);
+        tally_req_t rr = case_req(oc, stream ? s_ref : NULL);
+        tally_req_t ro = case_req(oc, stream ? s_out : NULL);
+        tally_reply_t a, b, o;
+        tally_reply_init(&a);
+        tally_reply_init(&b);
+        tally_reply_init(&o);
+        assert_int_equal(tally_call(c, &rp, base + in_off, len, &a), TALLY_OK);
+        assert_int_equal(tally_call_shm(c, &rr, region, in_off, len, NULL, 0, &b), TALLY_OK);
+        assert_int_equal(a.rep.count, b.rep.count);
+        assert_int_equal(a.rep.aux0, b.rep.aux0);
+        assert_int_equal(a.rep.dtype, b.rep.dtype);
+        assert_int_equal(a.len, b.len);
+        assert_output_equal(oc, a.payload, b.payload, a.len);
+        if (oc->opcode != TALLY_OP_HIST) {
+            memset(base + out_off, 0xee, 2 * len);
+            assert_int_equal(tally_call_shm(c, &ro, region, in_off, len, region, out_off, &o),
+                             TALLY_OK);
+            assert_int_equal(o.len, 0); /* the output is in the region */
+            assert_int_equal(o.rep.count, a.rep.count);
+            assert_int_equal(o.rep.aux0, a.rep.aux0);
+            assert_int_equal(o.rep.dtype, a.rep.dtype);
+            assert_output_equal(oc, base + out_off, a.payload, a.len);
+        }
+        tally_reply_clear(&a);
+        tally_reply_clear(&b);
+        tally_reply_clear(&o);
+    }
+}
+
+static void run_identical(const char *const *args)
+{
+    th_daemon_t d;
+    start(&d, args);
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(d.endpoint, 10000, &c), TALLY_OK);
+    tally_region_t *region = NULL;
+    assert_int_equal(tally_region_create(c, 4 << 20, &region), TALLY_OK);
+    assert_int_equal(tally_region_size(region), 4 << 20);
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        compare_case(c, region, &cases[k], (int)k);
+    assert_true(stat_value(d.endpoint, "tallyd_shm_requests_total ") >= 50);
+    assert_int_equal(stat_value(d.endpoint, "tallyd_shm_regions "), 1);
+    assert_int_equal(stat_value(d.endpoint, "tallyd_shm_bytes "), 4 << 20);
+    tally_region_destroy(&region);
+    assert_null(region);
+    assert_int_equal(stat_value(d.endpoint, "tallyd_shm_regions "), 0);
+    tally_client_destroy(&c);
+    stop(&d);
+}
+
+static void test_identical_cpu(void **state)
+{
+    (void)state;
+    run_identical(NULL);
+}
+
+static void test_identical_gpu(void **state)
+{
+    (void)state;
+    static const char *const sim[] = {"--backend", "cuda", "--test-sim-gpus", "2", NULL};
+    static const char *const cuda[] = {"--backend", "cuda", NULL};
+    const char *engine = getenv("TALLY_SHM_ENGINE");
+    run_identical(engine && strcmp(engine, "cuda") == 0 ? cuda : sim);
+}
+
+/* ---- raw side channel and raw references -------------------------------------------------- */
+
+typedef struct {
+    tally_shm_answer_t a;
+    char msg[TALLY_ERROR_MESSAGE_MAX + 1];
+} answer_t;
+
+static int side_open(void)
+{
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", sock_path);
+    assert_int_equal(connect(fd, (struct sockaddr *)&addr, sizeof addr), 0);
+    return fd;
+}
+
+/* Sends a register (fd >= 0 attached) or release; returns the answer's status. */
+static uint32_t side_send(int side, uint8_t op, const char *id, uint64_t handle, int fd,
+                          answer_t *ans)
+{
+    tally_shm_msg_t m = {.op = op, .handle = handle};
+    if (id) {
+        m.id_len = (uint8_t)strlen(id);
+        memcpy(m.id, id, m.id_len);
+    }
+    tally__side_send(side, &m, fd);
+    uint8_t buf[TALLY_SHM_ANSWER_SIZE + TALLY_ERROR_MESSAGE_MAX];
+    ssize_t n = recv(side, buf, sizeof buf, 0);
+    assert_true(n >= TALLY_SHM_ANSWER_SIZE);
+    assert_int_equal(tally_shm_answer_decode(buf, (size_t)n, &ans->a), TALLY_OK);
+    snprintf(ans->msg, sizeof ans->msg, "%.*s", (int)(n - TALLY_SHM_ANSWER_SIZE),
+             (char *)buf + TALLY_SHM_ANSWER_SIZE);
+    return ans->a.status;
+}
+
+static int memfd(size_t size, int seals)
+{
+    int fd = memfd_create("test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)size), 0);
+    if (seals)
+        assert_int_equal(fcntl(fd, F_ADD_SEALS, seals), 0);
+    return fd;
+}
+
+#define SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
+
+/* A DEALER with routing id `id`. */
+static void *dealer(void *ctx, const char *endpoint, const char *id)
+{
+    void *s = zmq_socket(ctx, ZMQ_DEALER);
+    int timeout = 5000, linger = 0;
+    zmq_setsockopt(s, ZMQ_ROUTING_ID, id, strlen(id));
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    assert_int_equal(zmq_connect(s, endpoint), 0);
+    return s;
+}
+
+/* A SHM_REF request over a raw socket; returns the reply's status (message in *reply). */
+static uint32_t ref_call(void *sock, uint8_t opcode, uint8_t dtype, uint8_t flags,
+                         const tally_shm_ref_t *ref, th_reply_t *reply)
+{
+    static uint64_t id = 100;
+    tally_req_t req = th_req(opcode, dtype, ++id);
+    req.flags = (uint8_t)(flags | TALLY_FLAG_SHM_REF);
+    if (opcode == TALLY_OP_FILTER)
+        req.pred = TALLY_PRED_GT;
+    if (opcode == TALLY_OP_HIST && dtype == TALLY_DTYPE_I32) {
+        req.lo = -100;
+        req.hi = 100;
+    }
+    uint8_t bytes[TALLY_SHM_REF_SIZE];
+    tally_shm_ref_encode(ref, bytes);
+    assert_int_equal(th_call(sock, &req, bytes, sizeof bytes, reply), 0);
+    assert_int_equal(reply->rep.request_id, id);
+    return reply->rep.status;
+}
+
+static void expect_ref(void *sock, uint8_t opcode, uint8_t flags, tally_shm_ref_t ref,
+                       uint32_t status, const char *text)
+{
+    th_reply_t reply;
+    uint32_t got = ref_call(sock, opcode, TALLY_DTYPE_I32, flags, &ref, &reply);
+    if (got != status || (text && !strstr((char *)reply.payload, text)))
+        fail_msg("expected %s '%s', got %s: %s", tally_status_name((tally_status_t)status),
+                 text ? text : "", tally_status_name((tally_status_t)got), reply.payload);
+    th_reply_free(&reply);
+}
+
+static void test_bad_refs(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    static const char *const args[] = {"--max-batch", "1M", NULL};
+    start(&d, args);
+    int side_a = side_open(), side_b = side_open();
+    answer_t ans;
+    int fd = memfd(65536, SEALS);
+    assert_int_equal(side_send(side_a, TALLY_SHM_OP_REGISTER, "peerA", 0, fd, &ans), TALLY_OK);
+    uint64_t ha = ans.a.handle;
+    assert_int_equal(ans.a.size, 65536);
+    assert_int_equal(ftruncate(fd, 0), -1); /* the seals the daemon relies on hold */
+    close(fd);
+    fd = memfd(65536, SEALS);
+    assert_int_equal(side_send(side_b, TALLY_SHM_OP_REGISTER, "peerB", 0, fd, &ans), TALLY_OK);
+    uint64_t hb = ans.a.handle;
+    close(fd);
+    assert_true(ha != 0 && hb != 0 && ha != hb);
+
+    void *ctx = zmq_ctx_new();
+    void *a = dealer(ctx, d.endpoint, "peerA");
+    tally_shm_ref_t ok = {.in_handle = ha, .in_offset = 4096, .in_length = 4096};
+    expect_ref(a, TALLY_OP_HIST, 0, ok, TALLY_OK, NULL);
+
+    tally_shm_ref_t r = ok;
+    r.in_offset = 65536 + 4;
+    expect_ref(a, TALLY_OP_HIST, 0, r, TALLY_E_BAD_REF, "outside the region");
+    r = ok;
+    r.in_offset = 65536 - 4092;
+    expect_ref(a, TALLY_OP_HIST, 0, r, TALLY_E_BAD_REF, "outside the region"); /* tail past end */
+    r = ok;
+    r.in_offset = UINT64_MAX - 3;
+    r.in_length = 8;
+    expect_ref(a, TALLY_OP_HIST, 0, r, TALLY_E_BAD_REF, "outside the region"); /* overflow */
+    r = ok;
+    r.in_handle = ha ^ 1;
+    expect_ref(a, TALLY_OP_SCAN, 0, r, TALLY_E_BAD_REF, "not a region registered by this peer");
+    r = ok;
+    r.in_handle = hb; /* peerB's region, referenced by peerA */
+    expect_ref(a, TALLY_OP_FILTER, 0, r, TALLY_E_BAD_REF, "not a region registered by this peer");
+    r = ok;
+    r.in_offset = 2;
+    expect_ref(a, TALLY_OP_HIST, 0, r, TALLY_E_BAD_REF, "not a multiple");
+    r = ok;
+    r.in_length = 4094;
+    expect_ref(a, TALLY_OP_HIST, 0, r, TALLY_E_PAYLOAD, "whole number");
+    r = ok;
+    r.in_length = 2 << 20;
+    expect_ref(a, TALLY_OP_HIST, 0, r, TALLY_E_TOO_LARGE, "exceeds the maximum");
+    r = ok;
+    r.out_handle = ha;
+    r.out_offset = 8192;
+    r.out_length = 8191; /* an int64 scan of 1024 elements needs 8192 */
+    expect_ref(a, TALLY_OP_SCAN, 0, r, TALLY_E_BAD_REF, "smaller than");
+    r.out_length = 8192;
+    expect_ref(a, TALLY_OP_SCAN, 0, r, TALLY_OK, NULL);
+    r.out_offset = 65536 - 4096; /* the declared range runs past the region's end */
+    expect_ref(a, TALLY_OP_SCAN, 0, r, TALLY_E_BAD_REF, "outside the region");
+    r.out_offset = 8192;
+    r.out_handle = hb;
+    expect_ref(a, TALLY_OP_SCAN, 0, r, TALLY_E_BAD_REF, "not a region registered by this peer");
+    r.out_handle = ha;
+    expect_ref(a, TALLY_OP_HIST, 0, r, TALLY_E_BAD_REF, "hist takes no output region");
+
+    /* A reference frame of the wrong size. */
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 5);
+    req.flags = TALLY_FLAG_SHM_REF;
+    th_reply_t reply;
+    assert_int_equal(th_call(a, &req, "short", 5, &reply), 0);
+    assert_int_equal(reply.rep.status, TALLY_E_PAYLOAD);
+    th_reply_free(&reply);
+
+    /* Released: the handle is gone for new requests. */
+    assert_int_equal(side_send(side_a, TALLY_SHM_OP_RELEASE, NULL, ha, -1, &ans), TALLY_OK);
+    assert_int_equal(side_send(side_a, TALLY_SHM_OP_RELEASE, NULL, ha, -1, &ans), TALLY_E_BAD_REF);
+    expect_ref(a, TALLY_OP_HIST, 0, ok, TALLY_E_BAD_REF, "not a region registered by this peer");
+    /* peerB's connection closes: its region goes. */
+    close(side_b);
+    void *b = dealer(ctx, d.endpoint, "peerB");
+    tally_shm_ref_t rb = {.in_handle = hb, .in_length = 16};
+    for (int i = 0; i < 100; i++) { /* the close reaches the daemon asynchronously */
+        th_reply_t rep;
+        uint32_t st = ref_call(b, TALLY_OP_HIST, TALLY_DTYPE_I32, 0, &rb, &rep);
+        th_reply_free(&rep);
+        if (st == TALLY_E_BAD_REF)
+            break;
+        assert_int_equal(st, TALLY_OK);
+        usleep(20000);
+    }
+    assert_int_equal(stat_value(d.endpoint, "tallyd_shm_regions "), 0);
+    tally_req_t ping = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 9);
+    assert_int_equal(th_call(a, &ping, NULL, 0, &reply), 0); /* still serving */
+    assert_int_equal(reply.rep.status, TALLY_OK);
+    th_reply_free(&reply);
+    zmq_close(a);
+    zmq_close(b);
+    zmq_ctx_term(ctx);
+    close(side_a);
+    stop(&d);
+}
+
+static void test_side_channel_refusals(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    start(&d, NULL);
+    int side = side_open();
+    answer_t ans;
+    int fd = memfd(4096, 0);
+    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, "p", 0, fd, &ans), TALLY_E_PARAM);
+    assert_non_null(strstr(ans.msg, "not sealed"));
+    close(fd);
+    fd = memfd(4096, F_SEAL_SHRINK); /* growing is still possible */
+    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, "p", 0, fd, &ans), TALLY_E_PARAM);
+    close(fd);
+    fd = memfd(0, SEALS); /* truncated to nothing */
+    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, "p", 0, fd, &ans), TALLY_E_PARAM);
+    assert_non_null(strstr(ans.msg, "empty"));
+    close(fd);
+    int pipefd[2];
+    assert_int_equal(pipe(pipefd), 0);
+    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, "p", 0, pipefd[0], &ans),
+                     TALLY_E_PARAM);
+    assert_non_null(strstr(ans.msg, "not a memfd"));
+    close(pipefd[0]);
+    close(pipefd[1]);
+    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, "p", 0, -1, &ans), TALLY_E_PARAM);
+    assert_non_null(strstr(ans.msg, "exactly one descriptor"));
+    /* After all that, the same connection still registers a good region. */
+    fd = memfd(4096, SEALS);
+    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, "p", 0, fd, &ans), TALLY_OK);
+    close(fd);
+    close(side);
+    stop(&d);
+
+    /* A peer whose uid is not allowed (the test switch refuses tallyd's own uid too). */
+    static const char *const deny[] = {"--test-shm-deny-own-uid", NULL};
+    start(&d, deny);
+    side = side_open();
+    fd = memfd(4096, SEALS);
+    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, "p", 0, fd, &ans), TALLY_E_PARAM);
+    assert_non_null(strstr(ans.msg, "may not register"));
+    close(fd);
+    close(side);
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(d.endpoint, 5000, &c), TALLY_OK);
+    tally_region_t *region = NULL;
+    assert_int_equal(tally_region_create(c, 4096, &region), TALLY_E_PARAM);
+    assert_non_null(strstr(tally_client_error(c), "may not register"));
+    assert_int_equal(tally_ping(c, NULL), TALLY_OK);
+    tally_client_destroy(&c);
+    stop(&d);
+}
+
+static void test_quotas(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    /* And the socket's group: any group for root, our own otherwise (chown's rule). */
+    char group[16];
+    unsigned gid = geteuid() == 0 ? 4242 : (unsigned)getegid();
+    snprintf(group, sizeof group, "%u", gid);
+    const char *const args[] = {"--shm-max-regions-per-peer",
+                                "2",
+                                "--shm-max-bytes",
+                                "1M",
+                                "--shm-socket-group",
+                                group,
+                                NULL};
+    start(&d, args);
+    struct stat st;
+    assert_int_equal(stat(sock_path, &st), 0);
+    assert_int_equal(st.st_gid, gid);
+    assert_int_equal(st.st_mode & 0777, 0660);
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(d.endpoint, 5000, &c), TALLY_OK);
+    tally_region_t *r1 = NULL, *r2 = NULL, *r3 = NULL;
+    assert_int_equal(tally_region_create(c, 2 << 20, &r1), TALLY_E_QUOTA); /* over the bytes */
+    assert_non_null(strstr(tally_client_error(c), "shm_max_bytes"));
+    assert_int_equal(tally_region_create(c, 600 << 10, &r1), TALLY_OK);
+    assert_int_equal(tally_region_create(c, 600 << 10, &r2), TALLY_E_QUOTA); /* 1.2M in all */
+    assert_int_equal(tally_region_create(c, 100 << 10, &r2), TALLY_OK);
+    assert_int_equal(tally_region_create(c, 4096, &r3), TALLY_E_QUOTA); /* a third region */
+    assert_non_null(strstr(tally_client_error(c), "maximum of 2 regions"));
+    assert_int_equal(stat_value(d.endpoint, "tallyd_shm_bytes "), (600 << 10) + (100 << 10));
+    tally_region_destroy(&r2);
+    assert_int_equal(tally_region_create(c, 4096, &r3), TALLY_OK); /* room again */
+    tally_region_destroy(&r1);
+    tally_region_destroy(&r3);
+    assert_int_equal(stat_value(d.endpoint, "tallyd_shm_regions "), 0);
+    tally_client_destroy(&c);
+    stop(&d);
+}
+
+/* ---- a producer that dies with requests in flight ---------------------------------------- */
+
+static void producer(const char *endpoint, int ready_fd)
+{
+    tally_client_t *c = NULL;
+    tally_region_t *region = NULL;
+    if (tally_client_new(endpoint, 10000, &c) != TALLY_OK ||
+        tally_region_create(c, 1 << 20, &region) != TALLY_OK)
+        _exit(2);
+    tally_req_t req = {
+        .version = TALLY_PROTO_VERSION, .opcode = TALLY_OP_SCAN, .dtype = TALLY_DTYPE_I32};
+    tally_req_set_stream(&req, "dying");
+    for (int i = 0; i < 6; i++)
+        if (tally_send_shm(c, &req, region, 0, 64 << 10, region, 512 << 10, NULL) != TALLY_OK)
+            _exit(3);
+    /* Wait until the daemon holds them (the first reply arrives), then die without cleaning up. */
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    if (tally_recv(c, &reply) != TALLY_OK)
+        _exit(4);
+    if (write(ready_fd, "x", 1) != 1)
+        _exit(5);
+    _exit(0);
+}
+
+static void test_dead_producer(void **state)
+{
+    (void)state;
+    /* Each simulated launch takes 1 s and a stream's requests share one lane, so the last of
+     * the six is answered about 5 s after the first: the producer is long gone by then, and
+     * the checks below have seconds, not microseconds, to run. */
+    setenv("TALLYD_TEST_SIM_LATENCY_US", "1000000", 1);
+    th_daemon_t d;
+    static const char *const args[] = {"--backend", "cuda", "--test-sim-gpus", "1", NULL};
+    start(&d, args);
+    unsetenv("TALLYD_TEST_SIM_LATENCY_US");
+    int pipefd[2];
+    assert_int_equal(pipe(pipefd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(pipefd[0]);
+        producer(d.endpoint, pipefd[1]);
+    }
+    close(pipefd[1]);
+    char x;
+    assert_int_equal(read(pipefd[0], &x, 1), 1);
+    close(pipefd[0]);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    /* Its side connection is closed, yet requests still use the region: it stays mapped. */
+    assert_true(stat_value(d.endpoint, "tallyd_requests_in_flight ") > 1); /* stats is one */
+    assert_int_equal(stat_value(d.endpoint, "tallyd_shm_regions "), 1);
+    /* Once they are answered (to nobody), it goes. */
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        if (stat_value(d.endpoint, "tallyd_shm_regions ") == 0)
+            break;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        assert_true(t.tv_sec - t0.tv_sec < 60);
+        usleep(50000);
+    }
+    assert_int_equal(stat_value(d.endpoint, "tallyd_shm_bytes "), 0);
+    assert_int_equal(stat_value(d.endpoint, "tallyd_requests_in_flight "), 1);
+    assert_true(th_daemon_log_contains(&d, "unmapped"));
+    stop(&d);
+}
+
+/* Auto mode: a scan with its input and output in registered regions goes to the GPU from
+ * TD_GPU_MIN_BATCH_SHM; by payload, or without an output region, it stays on the CPU. Each GPU
+ * request is made to fail (--test-fault-every 1), so the fallback counter counts them. */
+static void test_auto_routing(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    static const char *const args[] = {
+        "--backend", "auto", "--test-sim-gpus", "1", "--test-fault-every", "1", NULL};
+    start(&d, args);
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(d.endpoint, 10000, &c), TALLY_OK);
+    tally_region_t *region = NULL;
+    assert_int_equal(tally_region_create(c, 1 << 20, &region), TALLY_OK);
+    size_t len = 256 << 10;
+    fill_random(tally_region_data(region), len);
+    tally_req_t req = {
+        .version = TALLY_PROTO_VERSION, .opcode = TALLY_OP_SCAN, .dtype = TALLY_DTYPE_I32};
+    tally_reply_t a, b, o;
+    tally_reply_init(&a);
+    tally_reply_init(&b);
+    tally_reply_init(&o);
+    const char *fallbacks = "tallyd_backend_fallbacks_total ";
+    assert_int_equal(tally_call(c, &req, tally_region_data(region), len, &a), TALLY_OK);
+    assert_int_equal(tally_call_shm(c, &req, region, 0, len, NULL, 0, &b), TALLY_OK);
+    assert_int_equal(stat_value(d.endpoint, fallbacks), 0); /* both on the CPU */
+    assert_int_equal(tally_call_shm(c, &req, region, 0, len, region, len, &o), TALLY_OK);
+    assert_int_equal(stat_value(d.endpoint, fallbacks), 1); /* on the GPU (then rerun) */
+    assert_memory_equal((uint8_t *)tally_region_data(region) + len, a.payload, a.len);
+    assert_memory_equal(b.payload, a.payload, a.len);
+    assert_int_equal(o.rep.aux0, a.rep.aux0);
+    tally_reply_clear(&a);
+    tally_reply_clear(&b);
+    tally_reply_clear(&o);
+    tally_region_destroy(&region);
+    tally_client_destroy(&c);
+    stop(&d);
+}
+
+/* Off through the configuration file (with io_threads, the other setting of this work). */
+static void test_shm_off(void **state)
+{
+    (void)state;
+    char conf[64];
+    snprintf(conf, sizeof conf, "/tmp/tallyd-shm-test-%d.conf", (int)getpid());
+    FILE *f = fopen(conf, "w");
+    assert_non_null(f);
+    fputs("[server]\nio_threads = 3\n[shm]\nenabled = off\nmax_bytes = 1M\n", f);
+    fclose(f);
+    th_daemon_t d;
+    const char *const args[] = {"--config", conf, NULL};
+    start(&d, args);
+    unlink(conf);
+    assert_true(th_daemon_log_contains(&d, "3 ZeroMQ I/O threads"));
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(d.endpoint, 5000, &c), TALLY_OK);
+    char *info = NULL;
+    assert_int_equal(tally_info(c, TALLY_OP_INFO, &info), TALLY_OK);
+    assert_non_null(strstr(info, "max_streams=4096\nshm=off\nshm_socket=\n"));
+    free(info);
+    tally_region_t *region = NULL;
+    assert_int_equal(tally_region_create(c, 4096, &region), TALLY_E_ARG);
+    void *ctx = zmq_ctx_new();
+    void *a = dealer(ctx, d.endpoint, "peerA");
+    tally_shm_ref_t ref = {.in_handle = 1, .in_length = 4};
+    th_reply_t reply;
+    assert_int_equal(ref_call(a, TALLY_OP_HIST, TALLY_DTYPE_I32, 0, &ref, &reply), TALLY_E_BAD_REF);
+    assert_non_null(strstr((char *)reply.payload, "shared memory is off"));
+    th_reply_free(&reply);
+    zmq_close(a);
+    zmq_ctx_term(ctx);
+    tally_client_destroy(&c);
+    stop(&d);
+}
+
+int main(void)
+{
+    th_seed();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_identical_cpu), cmocka_unit_test(test_identical_gpu),
+        cmocka_unit_test(test_bad_refs),      cmocka_unit_test(test_side_channel_refusals),
+        cmocka_unit_test(test_quotas),        cmocka_unit_test(test_dead_producer),
+        cmocka_unit_test(test_auto_routing),  cmocka_unit_test(test_shm_off),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
