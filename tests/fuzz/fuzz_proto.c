@@ -58,6 +58,9 @@ static bool takes_payload(uint8_t opcode)
  */
 static tally_status_t expected_payload_status(const tally_req_t *req, size_t len)
 {
+    /* A shared-memory reference is exactly its descriptor, whatever max_batch says. */
+    if (req->flags & TALLY_FLAG_SHM_REF)
+        return len == TALLY_SHM_REF_SIZE ? TALLY_OK : TALLY_E_PAYLOAD;
     if (len > FUZZ_MAX_BATCH)
         return TALLY_E_TOO_LARGE;
     if (!takes_payload(req->opcode))
@@ -108,7 +111,9 @@ static void fuzz_request(const uint8_t *data, size_t size)
     CHECK(req.stream_len <= TALLY_STREAM_NAME_MAX);
     CHECK(strlen(req.stream) == req.stream_len);
     CHECK(req.stream_len == 0 || tally_stream_name_valid(req.stream, req.stream_len));
-    CHECK(tally_req_validate(&req, 0, SIZE_MAX, NULL, 0) == TALLY_OK);
+    /* Any other decoded request may have an empty payload. */
+    size_t least = (req.flags & TALLY_FLAG_SHM_REF) ? TALLY_SHM_REF_SIZE : 0;
+    CHECK(tally_req_validate(&req, least, SIZE_MAX, NULL, 0) == TALLY_OK);
 
     st = tally_req_validate(&req, payload_len, FUZZ_MAX_BATCH, msg, sizeof msg);
     check_message(st, msg, sizeof msg);
