@@ -1,6 +1,7 @@
 # Sourced by the GPU-host check scripts (scripts/gpu-*-check.sh): unpacks the carried packages,
 # builds everything with CUDA (sm_90) into $B, records the device in $S, and runs CTest with the
-# GPU present, leaving out the tests matching $CTEST_EXCLUDE (those get their own steps).
+# GPU present, leaving out the tests matching $CTEST_EXCLUDE (those get their own steps); with
+# $CTEST_INCLUDE set, only the tests matching it.
 # Expects OUT to be set; sets B, S and the variables the integration tests read.
 mkdir -p "$OUT"
 source scripts/device-env.sh
@@ -16,6 +17,6 @@ echo "build rc=$? $((SECONDS - t0))s" >>$S
 export LD_LIBRARY_PATH=$PWD/$B/client:$LD_LIBRARY_PATH TALLYD_BIN=$PWD/$B/daemon/tallyd
 export TALLY_BIN=$PWD/$B/client/tally
 t0=$SECONDS
-(cd $B && timeout 300 ctest -j6 -E "$CTEST_EXCLUDE" --output-on-failure >$OUT/ctest.log 2>&1)
+(cd $B && timeout 300 ctest -j6 ${CTEST_INCLUDE:+-R "$CTEST_INCLUDE"} -E "$CTEST_EXCLUDE" --output-on-failure >$OUT/ctest.log 2>&1)
 echo "ctest rc=$? $((SECONDS - t0))s" >>$S
 grep -E "tests passed|Failed|\*\*\*" $OUT/ctest.log >>$S

@@ -1,0 +1,386 @@
+/*
+ * fanin.c — the raw ZeroMQ fan-in: the transport ceiling tallyd's ZeroMQ path is measured against
+ * (issue 9, part B).
+ *
+ *   fanin --endpoint EP [--producers P] [--window W] [--size BYTES] [--reply echo|BYTES]
+ *         [--io-threads N] [--seconds S] [--label TEXT] [--header]
+ *
+ * One process, one application thread: it binds a ROUTER (with N ZeroMQ I/O threads) and serves
+ * it in a plain recv/send loop, exactly the shape of tallyd's loop thread minus the work. It forks
+ * P producer processes (separate processes, as real producers are: each has its own ZeroMQ context
+ * and I/O thread, so the producers themselves never share a core-bound thread); each connects a
+ * DEALER and keeps W requests in flight. A request is tallyd's framing: a 128-byte header frame
+ * and a payload frame of BYTES (sent zero-copy from one buffer). The reply is the header frame
+ * echoed back and either the request's own payload frame (--reply echo: zero copy, the reply as
+ * large as the request) or a BYTES-byte buffer (--reply 2048: a histogram's reply).
+ *
+ * Each producer measures, after a warm-up, S seconds: requests answered, request payload bytes,
+ * and the round-trip latency of each (send to reply). It hands its figures to the parent over a
+ * pipe. Output: one markdown row in loadgen's layout (bench/loadgen.c ROW_HEADER), so one parser
+ * reads both: GB/s counts request payload bytes, over the union of the producers' intervals;
+ * p50/p99 are the median over producers of each producer's own percentile. Exit 1 when a producer
+ * failed.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#define WARMUP_S 0.3
+#define MAX_PRODUCERS 64
+#define MAX_WINDOW 256
+#define HEADER_BYTES 128
+#define LAT_CAP (1u << 20)
+#define ROW_HEADER                                                                                 \
+    "| run | op | size | producers x window | req/s | GB/s | p50 us | p99 us | p99.9 us | "        \
+    "answered | errors | VmHWM MiB |\n"                                                            \
+    "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+
+typedef struct {
+    const char *endpoint;
+    const char *label;
+    unsigned producers;
+    unsigned window;
+    size_t size;
+    size_t reply; /* 0: echo the payload frame */
+    int io_threads;
+    double seconds;
+    bool header;
+} opts_t;
+
+/* What a producer reports to the parent. */
+typedef struct {
+    uint64_t answered; /* in the measured interval */
+    uint64_t sent;
+    uint64_t replies; /* all replies received */
+    double t_first, t_last;
+    double p50, p99, p999;
+    int failed;
+} result_t;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double percentile(const double *sorted, size_t n, double q)
+{
+    if (!n)
+        return NAN;
+    size_t i = (size_t)ceil(q * (double)n) - 1;
+    return sorted[i < n ? i : n - 1];
+}
+
+/* ---- producer process --------------------------------------------------------------------- */
+
+static int send_request(void *sock, uint8_t *header, uint64_t id, void *payload, size_t size)
+{
+    memcpy(header + 8, &id, sizeof id);
+    if (zmq_send(sock, header, HEADER_BYTES, ZMQ_SNDMORE) != HEADER_BYTES)
+        return -1;
+    zmq_msg_t body;
+    zmq_msg_init_data(&body, payload, size, NULL, NULL); /* the buffer outlives the socket */
+    if (zmq_msg_send(&body, sock, 0) < 0) {
+        zmq_msg_close(&body);
+        return -1;
+    }
+    return 0;
+}
+
+/* Receives one reply (header, body); returns its id, or UINT64_MAX on a timeout or error. */
+static uint64_t recv_reply(void *sock)
+{
+    zmq_msg_t part;
+    uint64_t id = UINT64_MAX;
+    bool first = true, more = true;
+    while (more) {
+        zmq_msg_init(&part);
+        if (zmq_msg_recv(&part, sock, 0) < 0) {
+            zmq_msg_close(&part);
+            return UINT64_MAX;
+        }
+        if (first && zmq_msg_size(&part) >= 16)
+            memcpy(&id, (uint8_t *)zmq_msg_data(&part) + 8, sizeof id);
+        first = false;
+        more = zmq_msg_more(&part);
+        zmq_msg_close(&part);
+    }
+    return id;
+}
+
+static void producer_run(const opts_t *o, result_t *res)
+{
+    void *ctx = zmq_ctx_new();
+    void *sock = zmq_socket(ctx, ZMQ_DEALER);
+    int hwm = 1000, timeout = 10000, linger = 0;
+    zmq_setsockopt(sock, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(sock, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(sock, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
+    uint8_t header[HEADER_BYTES] = {'T', 'L', 'Y', '1'};
+    uint8_t *payload = malloc(o->size ? o->size : 1);
+    double *lat = malloc(LAT_CAP * sizeof *lat);
+    double sent_at[MAX_WINDOW * 4];
+    size_t nlat = 0;
+    memset(res, 0, sizeof *res);
+    if (!payload || !lat || zmq_connect(sock, o->endpoint) != 0) {
+        res->failed = 1;
+        goto out;
+    }
+    for (size_t i = 0; i < o->size; i++)
+        payload[i] = (uint8_t)(i * 2654435761u >> 24);
+    double t0 = now_s(), t_start = t0 + WARMUP_S, t_stop = t_start + o->seconds;
+    res->t_first = 1e300;
+    unsigned inflight = 0;
+    bool sending = true;
+    while (sending || inflight) {
+        while (sending && inflight < o->window) {
+            sent_at[res->sent % (MAX_WINDOW * 4)] = now_s();
+            if (send_request(sock, header, res->sent, payload, o->size) != 0) {
+                res->failed = 1;
+                goto out;
+            }
+            res->sent++;
+            inflight++;
+        }
+        uint64_t id = recv_reply(sock);
+        double t = now_s();
+        if (id == UINT64_MAX) {
+            res->failed = 1;
+            goto out;
+        }
+        inflight--;
+        res->replies++;
+        if (t >= t_start && t < t_stop) {
+            if (nlat < LAT_CAP)
+                lat[nlat++] = (t - sent_at[id % (MAX_WINDOW * 4)]) * 1e6;
+            res->answered++;
+            if (t < res->t_first)
+                res->t_first = t;
+            res->t_last = t;
+        }
+        if (t >= t_stop)
+            sending = false;
+    }
+    qsort(lat, nlat, sizeof *lat, cmp_double);
+    res->p50 = percentile(lat, nlat, 0.50);
+    res->p99 = percentile(lat, nlat, 0.99);
+    res->p999 = percentile(lat, nlat, 0.999);
+out:
+    free(lat);
+    free(payload);
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+}
+
+/* ---- the ROUTER, one application thread --------------------------------------------------- */
+
+/* Serves one message if one arrives within the receive timeout: 1 served, 0 none, -1 error. */
+static int serve_one(void *router, const void *reply, size_t reply_len)
+{
+    zmq_msg_t id, header, body;
+    zmq_msg_init(&id);
+    if (zmq_msg_recv(&id, router, 0) < 0) {
+        zmq_msg_close(&id);
+        return errno == EAGAIN || errno == EINTR ? 0 : -1;
+    }
+    zmq_msg_init(&header);
+    zmq_msg_init(&body);
+    int rc = -1;
+    if (zmq_msg_recv(&header, router, 0) < 0 || zmq_msg_recv(&body, router, 0) < 0)
+        goto out;
+    if (zmq_msg_send(&id, router, ZMQ_SNDMORE) < 0 ||
+        zmq_msg_send(&header, router, ZMQ_SNDMORE) < 0)
+        goto out;
+    if (reply_len) { /* a small reply built by the application, as tallyd's histogram */
+        if (zmq_send(router, reply, reply_len, 0) < 0)
+            goto out;
+    } else if (zmq_msg_send(&body, router, 0) < 0) { /* echo: the request's frame, no copy */
+        goto out;
+    }
+    rc = 1;
+out:
+    zmq_msg_close(&id);
+    zmq_msg_close(&header);
+    zmq_msg_close(&body);
+    return rc;
+}
+
+static void print_row(const opts_t *o, const result_t *rs, unsigned n, int errors)
+{
+    double t_first = 1e300, t_last = 0, p50[MAX_PRODUCERS], p99[MAX_PRODUCERS], p999[MAX_PRODUCERS];
+    uint64_t answered = 0, sent = 0, replies = 0;
+    for (unsigned i = 0; i < n; i++) {
+        answered += rs[i].answered;
+        sent += rs[i].sent;
+        replies += rs[i].replies;
+        t_first = rs[i].t_first < t_first ? rs[i].t_first : t_first;
+        t_last = rs[i].t_last > t_last ? rs[i].t_last : t_last;
+        p50[i] = rs[i].p50;
+        p99[i] = rs[i].p99;
+        p999[i] = rs[i].p999;
+    }
+    qsort(p50, n, sizeof(double), cmp_double);
+    qsort(p99, n, sizeof(double), cmp_double);
+    qsort(p999, n, sizeof(double), cmp_double);
+    double span = t_last > t_first ? t_last - t_first : NAN;
+    char size[32], op[48];
+    if (o->size >= (1u << 20) && o->size % (1u << 20) == 0)
+        snprintf(size, sizeof size, "%zu MiB", o->size >> 20);
+    else if (o->size >= 1024 && o->size % 1024 == 0)
+        snprintf(size, sizeof size, "%zu KiB", o->size >> 10);
+    else
+        snprintf(size, sizeof size, "%zu B", o->size);
+    if (o->reply)
+        snprintf(op, sizeof op, "fan-in %zu B reply, %d io", o->reply, o->io_threads);
+    else
+        snprintf(op, sizeof op, "fan-in echo, %d io", o->io_threads);
+    if (o->header)
+        printf(ROW_HEADER);
+    printf("| %s | %s | %s | %u x %u | %.0f | %.3f | %.1f | %.1f | %.1f | %" PRIu64 "/%" PRIu64
+           " | %d | - |\n",
+           o->label, op, size, o->producers, o->window, (double)answered / span,
+           (double)answered * (double)o->size / span / 1e9, n ? p50[n / 2] : NAN,
+           n ? p99[n / 2] : NAN, n ? p999[n / 2] : NAN, replies, sent, errors);
+    fflush(stdout);
+}
+
+static int run(opts_t *o)
+{
+    void *ctx = zmq_ctx_new();
+    zmq_ctx_set(ctx, ZMQ_IO_THREADS, o->io_threads);
+    void *router = zmq_socket(ctx, ZMQ_ROUTER);
+    int hwm = 1000, timeout = 100, one = 1, linger = 0;
+    zmq_setsockopt(router, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(router, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(router, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    zmq_setsockopt(router, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    zmq_setsockopt(router, ZMQ_LINGER, &linger, sizeof linger);
+    if (zmq_bind(router, o->endpoint) != 0) {
+        fprintf(stderr, "fanin: cannot bind %s: %s\n", o->endpoint, zmq_strerror(errno));
+        return 2;
+    }
+    /* A wildcard port (tcp://127.0.0.1:0) becomes the port bound, for the producers. */
+    char bound[256];
+    size_t bound_len = sizeof bound;
+    if (zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, bound, &bound_len) == 0)
+        o->endpoint = bound;
+    int pipes[MAX_PRODUCERS][2];
+    pid_t pids[MAX_PRODUCERS];
+    fflush(stdout);
+    for (unsigned i = 0; i < o->producers; i++) {
+        if (pipe(pipes[i]) != 0)
+            return 2;
+        pids[i] = fork();
+        if (pids[i] == 0) { /* never touches the parent's context: a fresh one of its own */
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            result_t res;
+            producer_run(o, &res);
+            ssize_t w = write(pipes[i][1], &res, sizeof res);
+            _exit(w == (ssize_t)sizeof res && !res.failed ? 0 : 1);
+        }
+        close(pipes[i][1]);
+    }
+    void *reply = calloc(1, o->reply ? o->reply : 1);
+    unsigned running = o->producers;
+    int errors = 0;
+    while (running) {
+        int rc = serve_one(router, reply, o->reply);
+        if (rc < 0) {
+            fprintf(stderr, "fanin: serving: %s\n", zmq_strerror(errno));
+            errors++;
+            break;
+        }
+        if (rc == 0) /* nothing within the timeout: have the producers finished? */
+            while (running && waitpid(-1, NULL, WNOHANG) > 0)
+                running--;
+    }
+    result_t rs[MAX_PRODUCERS];
+    for (unsigned i = 0; i < o->producers; i++) {
+        if (read(pipes[i][0], &rs[i], sizeof rs[i]) != (ssize_t)sizeof rs[i] || rs[i].failed) {
+            memset(&rs[i], 0, sizeof rs[i]);
+            errors++;
+        }
+        close(pipes[i][0]);
+    }
+    while (waitpid(-1, NULL, 0) > 0)
+        continue;
+    print_row(o, rs, o->producers, errors);
+    free(reply);
+    zmq_close(router);
+    zmq_ctx_term(ctx);
+    return errors ? 1 : 0;
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: fanin --endpoint EP [--producers P] [--window W] [--size BYTES]\n"
+                    "             [--reply echo|BYTES] [--io-threads N] [--seconds S]\n"
+                    "             [--label TEXT] [--header]\n");
+}
+
+int main(int argc, char **argv)
+{
+    opts_t o = {.label = "raw",
+                .producers = 8,
+                .window = 8,
+                .size = 1u << 20,
+                .reply = 2048,
+                .io_threads = 1,
+                .seconds = 1.5};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--header") == 0) {
+            o.header = true;
+            continue;
+        }
+        if (!v) {
+            usage();
+            return 2;
+        }
+        i++;
+        if (strcmp(a, "--endpoint") == 0)
+            o.endpoint = v;
+        else if (strcmp(a, "--label") == 0)
+            o.label = v;
+        else if (strcmp(a, "--producers") == 0)
+            o.producers = (unsigned)strtoul(v, NULL, 0);
+        else if (strcmp(a, "--window") == 0)
+            o.window = (unsigned)strtoul(v, NULL, 0);
+        else if (strcmp(a, "--size") == 0)
+            o.size = strtoull(v, NULL, 0);
+        else if (strcmp(a, "--reply") == 0)
+            o.reply = strcmp(v, "echo") == 0 ? 0 : strtoull(v, NULL, 0);
+        else if (strcmp(a, "--io-threads") == 0)
+            o.io_threads = atoi(v);
+        else if (strcmp(a, "--seconds") == 0)
+            o.seconds = strtod(v, NULL);
+        else {
+            usage();
+            return 2;
+        }
+    }
+    if (!o.endpoint || !o.producers || o.producers > MAX_PRODUCERS || !o.window ||
+        o.window > MAX_WINDOW || o.io_threads < 1 || o.seconds <= 0) {
+        usage();
+        return 2;
+    }
+    return run(&o);
+}
