@@ -54,7 +54,8 @@ void td_gpu_submit(td_gpu_t *self, td_request_t *r);
 void td_gpu_stream_idle(td_gpu_t *self, td_stream_t *stream);
 
 /* Registers a shared-memory region with the engine (every device), so lanes copy straight from
- * and to it; false when the engine could not (the lanes then go through staging). */
+ * and to it; false when the engine could not (the lanes then go through staging). Any thread
+ * (td_shm.c calls it on a worker); unregister on the loop thread. */
 bool td_gpu_region_register(td_gpu_t *self, void *base, size_t size, bool read_only);
 void td_gpu_region_unregister(td_gpu_t *self, void *base);
 

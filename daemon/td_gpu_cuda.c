@@ -241,9 +241,9 @@ static tally_status_t cuda_lane_check(void *lane)
     return tk_cuda_status(err);
 }
 
-/* Once per region, on the loop thread: portable, so the lanes of every device copy from it.
- * (cudaHostRegister of 1 GiB took 52-55 ms on the H100 host, which is why it is never done per
- * request.) */
+/* Once per region, on a libuv worker thread (td_shm.c), not the loop: portable, so the lanes of
+ * every device copy from it. (cudaHostRegister of 1 GiB took 52-55 ms on the H100 host, which is
+ * why it is never done per request.) */
 static tally_status_t cuda_region_register(void *ctx, void *base, size_t size, bool read_only)
 {
     (void)ctx;

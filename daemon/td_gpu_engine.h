@@ -91,8 +91,8 @@ struct td_gpu_engine {
     tally_status_t (*lane_check)(void *lane);
     /* Registers host memory (a shared-memory region) once for direct copies by every device:
      * cudaHostRegister for cuda (read_only: a read-only mapping, which the device only reads),
-     * nothing for sim. TALLY_E_BACKEND when it cannot. Called on the
-     * loop thread, never per request. */
+     * nothing for sim. TALLY_E_BACKEND when it cannot. Called on a
+     * libuv worker thread (pinning a large region takes milliseconds), never per request. */
     tally_status_t (*region_register)(void *ctx, void *base, size_t size, bool read_only);
     void (*region_unregister)(void *ctx, void *base);
     /* The last error's description on this thread. */

@@ -26,6 +26,9 @@ typedef struct {
     /* Test-only: each simulated launch takes this long (TALLYD_TEST_SIM_LATENCY_US), so a test
      * can be sure a burst of requests is read before the first of them completes. */
     unsigned latency_us;
+    /* Test-only: each region registration takes this long (TALLYD_TEST_SIM_REGISTER_US), as
+     * pinning a large region does, so a test can see that it does not hold up the loop. */
+    unsigned register_us;
 } sim_t;
 
 typedef struct {
@@ -174,10 +177,13 @@ static tally_status_t sim_lane_check(void *lane)
     return TALLY_OK;
 }
 
-/* Host memory is what the simulated device reads: nothing to register. */
+/* Host memory is what the simulated device reads: nothing to register (but the time it takes,
+ * when a test asks for it). */
 static tally_status_t sim_region_register(void *ctx, void *base, size_t size, bool read_only)
 {
-    (void)ctx;
+    sim_t *sim = ctx;
+    if (sim->register_us)
+        usleep(sim->register_us);
     (void)read_only;
     (void)base;
     (void)size;
@@ -220,6 +226,8 @@ tally_status_t td_gpu_engine_sim_new(unsigned devices, td_gpu_engine_t **out)
     sim->devices = devices;
     const char *latency = getenv("TALLYD_TEST_SIM_LATENCY_US");
     sim->latency_us = latency ? (unsigned)strtoul(latency, NULL, 10) : 0;
+    const char *reg = getenv("TALLYD_TEST_SIM_REGISTER_US");
+    sim->register_us = reg ? (unsigned)strtoul(reg, NULL, 10) : 0;
     e->name = "sim";
     e->ctx = sim;
     e->device_count = sim_device_count;

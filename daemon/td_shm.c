@@ -65,6 +65,7 @@ typedef struct td_shm_conn {
     uv_poll_t poll;
     struct ucred cred;
     bool allowed;
+    bool registering; /* a registration runs on a worker: reading paused, answers stay in order */
     unsigned regions; /* attached to this connection */
     struct td_shm_conn *next;
 } td_shm_conn_t;
@@ -124,7 +125,7 @@ static void region_detach(td_shm_region_t *region)
 static td_shm_region_t *find_region(td_shm_t *shm, uint64_t handle)
 {
     for (td_shm_region_t *r = shm->regions; r; r = r->next)
-        if (r->handle == handle && r->conn)
+        if (r->handle == handle && r->conn && !r->registering)
             return r;
     return NULL;
 }
@@ -276,6 +277,69 @@ static tally_status_t map_memfd(int fd, uint8_t **base, size_t *size, bool *writ
     return TALLY_OK;
 }
 
+static bool answer_registered(td_shm_conn_t *c, td_shm_region_t *r)
+{
+    td_info("shm: pid %d uid %u registered region %016" PRIx64 " (%zu bytes%s%s)", (int)c->cred.pid,
+            (unsigned)c->cred.uid, r->handle, r->size, r->writable ? "" : ", read-only",
+            r->device_registered ? ", registered with the GPU" : "");
+    return answer(c, TALLY_SHM_OP_REGISTER, TALLY_OK, r->handle, r->size, NULL);
+}
+
+static void conn_close(td_shm_t *shm, td_shm_conn_t *c);
+static void conn_cb(uv_poll_t *handle, int status, int events);
+
+/* A worker thread: cudaHostRegister pins every page of the region, which takes milliseconds per
+ * hundred MiB (52-55 ms per GiB on the H100 host): never on the loop thread, where it would stall
+ * every request of every peer. */
+static void register_work(uv_work_t *work)
+{
+    td_shm_region_t *r = work->data;
+    td_shm_t *shm = r->shm;
+    r->device_registered = shm->env.region_register(shm->env.ctx, r->base, r->size, !r->writable);
+}
+
+/* Loop thread: the registration is done. The region becomes visible to requests and its producer
+ * gets the answer, unless the side connection closed meanwhile: conn_close then already dropped
+ * the connection's reference, and this drops the worker's (the last), unregistering it again. */
+static void register_after(uv_work_t *work, int status)
+{
+    (void)status;
+    td_shm_region_t *r = work->data;
+    free(work);
+    r->registering = false;
+    td_shm_conn_t *c = r->conn;
+    if (c) {
+        c->registering = false;
+        if (!answer_registered(c, r))
+            conn_close(r->shm, c);
+        else
+            uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, conn_cb);
+    }
+    td_shm_region_put(&r);
+}
+
+/* Hands the GPU registration to a worker; false when it cannot be queued (then the caller
+ * answers at once with the region unregistered: the GPU copies through staging). The region
+ * holds one more reference until register_after. */
+static bool start_device_register(td_shm_t *shm, td_shm_conn_t *c, td_shm_region_t *r)
+{
+    uv_work_t *work = calloc(1, sizeof *work);
+    if (!work)
+        return false;
+    work->data = r;
+    r->registering = true;
+    r->refs++;
+    if (uv_queue_work(shm->env.loop, work, register_work, register_after) != 0) {
+        r->registering = false;
+        r->refs--;
+        free(work);
+        return false;
+    }
+    c->registering = true;
+    uv_poll_stop(&c->poll); /* one message at a time per connection: answers stay in order */
+    return true;
+}
+
 static bool do_register(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_msg_t *m, int fd)
 {
     const td_config_t *cfg = shm->env.cfg;
@@ -313,17 +377,18 @@ static bool do_register(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_msg_t *
                            .shm = shm,
                            .id_len = m->id_len};
     memcpy(r->id, m->id, m->id_len);
-    if (shm->env.region_register)
-        r->device_registered = shm->env.region_register(shm->env.ctx, base, size, !writable);
     r->next = shm->regions;
     shm->regions = r;
     shm->region_count++;
-    shm->region_bytes += size;
+    shm->region_bytes += size; /* counted from now on: the quota covers pending registrations */
     c->regions++;
-    td_info("shm: pid %d uid %u registered region %016" PRIx64 " (%zu bytes%s%s)", (int)c->cred.pid,
-            (unsigned)c->cred.uid, r->handle, size, writable ? "" : ", read-only",
-            r->device_registered ? ", registered with the GPU" : "");
-    return answer(c, m->op, TALLY_OK, r->handle, size, NULL);
+    if (shm->env.region_register) {
+        if (start_device_register(shm, c, r))
+            return true; /* answered by register_after once the worker is done */
+        /* No worker to be had: pin it here rather than not at all. */
+        r->device_registered = shm->env.region_register(shm->env.ctx, base, size, !writable);
+    }
+    return answer_registered(c, r);
 }
 
 static bool do_release(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_msg_t *m)
@@ -440,6 +505,8 @@ static void conn_cb(uv_poll_t *handle, int status, int events)
             conn_close(shm, c);
             return;
         }
+        if (c->registering) /* the rest waits for register_after */
+            return;
     }
 }
 

@@ -3,10 +3,11 @@
  * and the table of regions that requests reference (PROTOCOL.md §10).
  *
  * Loop thread only. A region is mapped once when registered (and registered once with the GPU
- * engine, through the env callbacks), found by handle for each request that references it, and
- * held by a reference count: the side connection that registered it holds one reference until
- * it releases the region or closes, and every request that uses it holds one until its reply has
- * left. The last reference unmaps it.
+ * engine, through the env callbacks, on a libuv worker: pinning a large region takes
+ * milliseconds; the producer's answer waits for it, tallyd's other work does not), found by handle
+ * for each request that references it, and held by a reference count: the side connection that
+ * registered it holds one reference until it releases the region or closes, and every request that
+ * uses it holds one until its reply has left. The last reference unmaps it.
  */
 #ifndef TD_SHM_H
 #define TD_SHM_H
@@ -28,6 +29,7 @@ typedef struct td_shm_region {
     size_t size;
     bool writable;          /* mapped PROT_WRITE: may be an output region */
     bool device_registered; /* registered with the GPU engine: the GPU copies it directly */
+    bool registering;       /* the GPU registration runs on a worker: not yet usable */
     unsigned refs;
     struct td_shm_conn *conn; /* the side connection that registered it; NULL once detached */
     struct td_shm_region *next;
@@ -36,9 +38,10 @@ typedef struct td_shm_region {
     uint8_t id[TALLY_SHM_ROUTING_ID_MAX];
 } td_shm_region_t;
 
-/* How regions reach the GPU: register once at registration, unregister at the last release.
- * Both may be NULL (no GPU). region_register returns false when the region stays unregistered
- * (the GPU then copies through staging, which is correct, only slower). */
+/* How regions reach the GPU: register once at registration (on a libuv worker thread),
+ * unregister at the last release (loop thread). Both may be NULL (no GPU). region_register returns
+ * false when the region stays unregistered (the GPU then copies through staging, which is correct,
+ * only slower). */
 typedef struct {
     uv_loop_t *loop;
     const td_config_t *cfg; /* live: the allow lists and quotas apply at each registration */

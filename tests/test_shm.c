@@ -668,6 +668,68 @@ static void test_shm_off(void **state)
     stop(&d);
 }
 
+/* ---- registration off the loop thread ---------------------------------------------------- */
+
+/* Pinning a region (cudaHostRegister) takes milliseconds per hundred MiB; it runs on a worker.
+ * Each simulated registration here takes 1.5 s: meanwhile another client's pings are answered
+ * at once (the loop is free), the region cannot be referenced yet, and its producer's answer comes
+ * after. A side connection that closes mid-registration leaves nothing mapped. */
+static void test_register_off_loop(void **state)
+{
+    (void)state;
+    setenv("TALLYD_TEST_SIM_REGISTER_US", "1500000", 1);
+    th_daemon_t d;
+    static const char *const args[] = {"--backend", "cuda", "--test-sim-gpus", "1", NULL};
+    start(&d, args);
+    unsetenv("TALLYD_TEST_SIM_REGISTER_US");
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(d.endpoint, 10000, &c), TALLY_OK);
+
+    /* A raw registration whose answer we wait for later. */
+    int side = side_open();
+    int fd = memfd(1 << 20, SEALS);
+    tally_shm_msg_t m = {.op = TALLY_SHM_OP_REGISTER, .id_len = 5};
+    memcpy(m.id, "peerA", 5);
+    tally__side_send(side, &m, fd);
+    close(fd);
+    usleep(200000); /* tallyd has read it and handed it to a worker */
+    struct timespec t0, t1;
+    for (int i = 0; i < 5; i++) {
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        assert_int_equal(tally_ping(c, NULL), TALLY_OK);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+        assert_true(ms < 1000); /* a loop blocked in the registration would take ~1.3 s */
+    }
+    uint8_t buf[TALLY_SHM_ANSWER_SIZE + TALLY_ERROR_MESSAGE_MAX];
+    ssize_t n = recv(side, buf, sizeof buf, 0);
+    assert_true(n >= TALLY_SHM_ANSWER_SIZE);
+    tally_shm_answer_t ans;
+    assert_int_equal(tally_shm_answer_decode(buf, (size_t)n, &ans), TALLY_OK);
+    assert_int_equal(ans.status, TALLY_OK);
+    assert_int_equal(ans.size, 1 << 20);
+    assert_int_equal(stat_value(d.endpoint, "tallyd_shm_regions "), 1);
+    close(side);
+
+    /* Closed while its registration runs: mapped until the worker is done, then gone. */
+    side = side_open();
+    fd = memfd(1 << 20, SEALS);
+    tally__side_send(side, &m, fd);
+    close(fd);
+    usleep(200000);
+    close(side);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (stat_value(d.endpoint, "tallyd_shm_regions ") != 0) {
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        assert_true(t1.tv_sec - t0.tv_sec < 30);
+        usleep(50000);
+    }
+    assert_int_equal(stat_value(d.endpoint, "tallyd_shm_bytes "), 0);
+    assert_int_equal(tally_ping(c, NULL), TALLY_OK);
+    tally_client_destroy(&c);
+    stop(&d);
+}
+
 int main(void)
 {
     th_seed();
@@ -682,10 +744,15 @@ int main(void)
         th_daemon_stop(&probe, SIGTERM, 20000);
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_identical_cpu), cmocka_unit_test(test_identical_gpu),
-        cmocka_unit_test(test_bad_refs),      cmocka_unit_test(test_side_channel_refusals),
-        cmocka_unit_test(test_quotas),        cmocka_unit_test(test_dead_producer),
-        cmocka_unit_test(test_auto_routing),  cmocka_unit_test(test_shm_off),
+        cmocka_unit_test(test_identical_cpu),
+        cmocka_unit_test(test_identical_gpu),
+        cmocka_unit_test(test_bad_refs),
+        cmocka_unit_test(test_side_channel_refusals),
+        cmocka_unit_test(test_quotas),
+        cmocka_unit_test(test_dead_producer),
+        cmocka_unit_test(test_auto_routing),
+        cmocka_unit_test(test_shm_off),
+        cmocka_unit_test(test_register_off_loop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
