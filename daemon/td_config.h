@@ -46,6 +46,14 @@
 #define TD_GPU_STREAMS_LIMIT 64u
 #define TD_GPU_SLOTS_PER_LANE 2u /* pinned staging slots per lane: one filling, one on the GPU */
 #define TD_GPU_DEAD_AFTER 3u     /* GPU errors in a row after which a device is unusable */
+/* Pinned reply buffers per device: a filter or scan reply of up to TD_GPU_REPLY_BUF_BYTES is
+ * copied by the device straight into one, which is then sent as the reply (zmq_msg_init_data)
+ * and given back when ZeroMQ has sent it, instead of being copied out of staging into a malloc'd
+ * reply on the lane thread. Larger replies, or all buffers held by ZeroMQ (peers that read
+ * slowly), take the copy. 16 x 4 MiB = 64 MiB pinned per device: 4 lanes x 2 slots in flight
+ * with as many replies still on their way out. */
+#define TD_GPU_REPLY_BUFS 16u
+#define TD_GPU_REPLY_BUF_BYTES (4u << 20)
 /* A lane thread with work on the device polls this long for its completion (or a new request)
  * before it sleeps, saving a wake-up per request when batches are short (--gpu-spin-us; see
  * bench/NOTES.md for the A/B that chose it). */

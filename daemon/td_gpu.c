@@ -19,14 +19,17 @@
  * slot is on the device it fills the next one, and the other lanes' threads do the same, so
  * the copies of one batch overlap the kernels of others.
  *
- * Completion: slots retire strictly in launch order: the result is copied out of pinned
- * staging into the reply (malloc'd, handed to ZeroMQ without a further copy), the slot is
- * freed, and the request goes onto the pipeline's mutex-protected completion queue with
- * uv_async_send. The async callback on the loop thread drains the whole queue (wake-ups
- * coalesce), so one wake-up can answer many requests. The lane thread does this, not the host
- * function (which only marks the slot done): the brief had the host function push to the
- * completion queue directly, but building the reply there blocks the lane's CUDA stream (see
- * slot_done), and a multi-megabyte copy-out must stay off the loop thread too.
+ * Completion: slots retire strictly in launch order: the reply is built (a filter's or scan's
+ * output of up to TD_GPU_REPLY_BUF_BYTES was copied by the device straight into one of the
+ * device's pinned reply buffers, which becomes the reply payload as it is and goes back to the
+ * pool when ZeroMQ has sent it; a larger output, or one launched while every buffer was out, is
+ * copied out of pinned staging into a malloc'd reply), the slot is freed, and the request goes onto
+ * the pipeline's mutex-protected completion queue with uv_async_send. The async callback on the
+ * loop thread drains the whole queue (wake-ups coalesce), so one wake-up can answer many requests.
+ * The lane thread does this, not the host function (which only marks the slot done): the brief had
+ * the host function push to the completion queue directly, but building the reply there blocks the
+ * lane's CUDA stream (see slot_done), and a multi-megabyte copy-out must stay off the loop thread
+ * too.
  *
  * Ordering: requests of one named stream all go to the lane the stream is pinned to (for as
  * long as it has requests in flight), so they are enqueued on one CUDA stream back to back,
@@ -87,6 +90,7 @@ typedef struct {
     slot_state_t state;
     td_request_t *r;
     bool fault;
+    void *reply_buf; /* a pinned reply buffer the device writes the output to, or NULL */
 } slot_t;
 
 struct lane {
@@ -117,8 +121,22 @@ struct lane {
     unsigned carry_free_count;
 };
 
+/* The device's pinned reply buffers (TD_GPU_REPLY_BUFS in td_config.h says why). Taken by lane
+ * threads at launch, given back by whoever frees the reply: ZeroMQ's I/O thread once it has sent
+ * it, or the loop thread for a reply dropped or replaced. */
+typedef struct {
+    pthread_mutex_t lock;
+    td_gpu_engine_t *engine;
+    size_t buf_bytes;
+    void **all;
+    unsigned count;
+    void **free_bufs; /* under lock */
+    unsigned free_count;
+} reply_pool_t;
+
 struct device {
     int ordinal;
+    reply_pool_t pool;
     char name[128];
     lane_t *lanes;
     unsigned lane_count;
@@ -179,6 +197,69 @@ static void push_completion(td_gpu_t *g, td_request_t *r)
     pthread_mutex_unlock(&g->done_lock);
 }
 
+static void *pool_take(reply_pool_t *p, size_t bytes)
+{
+    void *buf = NULL;
+    if (bytes > p->buf_bytes)
+        return NULL;
+    pthread_mutex_lock(&p->lock);
+    if (p->free_count)
+        buf = p->free_bufs[--p->free_count];
+    pthread_mutex_unlock(&p->lock);
+    return buf;
+}
+
+/* A reply's free function (zmq_free_fn): any thread. */
+static void pool_give_back(void *buf, void *hint)
+{
+    reply_pool_t *p = hint;
+    pthread_mutex_lock(&p->lock);
+    p->free_bufs[p->free_count++] = buf;
+    pthread_mutex_unlock(&p->lock);
+}
+
+static void pool_open(reply_pool_t *p, td_gpu_engine_t *engine, int ordinal, size_t max_batch)
+{
+    pthread_mutex_init(&p->lock, NULL);
+    p->engine = engine;
+    p->buf_bytes = 2 * max_batch < TD_GPU_REPLY_BUF_BYTES ? 2 * max_batch : TD_GPU_REPLY_BUF_BYTES;
+    p->all = calloc(TD_GPU_REPLY_BUFS, sizeof *p->all);
+    p->free_bufs = calloc(TD_GPU_REPLY_BUFS, sizeof *p->free_bufs);
+    for (unsigned i = 0; p->all && p->free_bufs && i < TD_GPU_REPLY_BUFS; i++) {
+        void *buf = engine->host_alloc(engine->ctx, ordinal, p->buf_bytes);
+        if (!buf) /* fewer buffers: more replies take the copy, nothing else changes */
+            break;
+        p->all[p->count++] = buf;
+        p->free_bufs[p->free_count++] = buf;
+    }
+}
+
+/* After the lanes are closed and ZeroMQ has given back every reply (zmq_ctx_term). */
+static void pool_close(reply_pool_t *p)
+{
+    if (p->free_count != p->count)
+        td_warn("GPU reply buffers: %u of %u never given back", p->count - p->free_count, p->count);
+    for (unsigned i = 0; i < p->count; i++)
+        p->engine->host_free(p->engine->ctx, p->all[i]);
+    free(p->all);
+    free(p->free_bufs);
+    p->all = p->free_bufs = NULL;
+    p->count = p->free_count = 0;
+    pthread_mutex_destroy(&p->lock);
+}
+
+/* The most bytes the device writes back for r's output: the filter copies all n elements back
+ * (td_gpu_cuda.c says why), the scan n sums. 0 for a hist (its reply is built on the host). */
+static size_t output_bytes(const td_request_t *r)
+{
+    size_t n = td_request_elements(r);
+    if (r->req.opcode == TALLY_OP_FILTER)
+        return n * tally_dtype_size((tally_dtype_t)r->req.dtype);
+    if (r->req.opcode == TALLY_OP_SCAN)
+        return n * ((r->req.flags & TALLY_FLAG_SCAN_OUT_I32) ? 4 : 8);
+    return 0;
+}
+
 /* Builds the reply from the slot's staging (lane thread, no lock held). */
 static void build_reply(lane_t *l, slot_t *slot)
 {
@@ -199,7 +280,11 @@ static void build_reply(lane_t *l, slot_t *slot)
         r->exec_failed = true;
         return;
     }
-    void *out = r->out_ptr; /* an output region: the device wrote there directly, or ... */
+    /* The device wrote the output where the reply goes (an output region, or a pinned reply
+     * buffer sent as it is), or into staging, from where it is copied into a malloc'd reply. */
+    void *lent = slot->reply_buf;
+    bool direct = lent || (r->shm_out && r->shm_out->device_registered);
+    void *out = r->out_ptr ? r->out_ptr : lent;
     if (!out)
         out = malloc(count ? count * size : 1);
     if (!out) {
@@ -207,7 +292,7 @@ static void build_reply(lane_t *l, slot_t *slot)
                         count * size);
         return;
     }
-    if (!(r->shm_out && r->shm_out->device_registered)) /* ... it went through staging */
+    if (!direct)
         memcpy(out, s->out, count * size);
     if (scan) {
         r->carry = s->small->carry;
@@ -217,6 +302,10 @@ static void build_reply(lane_t *l, slot_t *slot)
         r->kept = count;
         td_request_succeed_out(r, r->req.dtype, out, count * size, count);
         r->rep.aux0 = n;
+    }
+    if (lent) { /* the request owns it now, and gives it back to the pool when freed */
+        td_request_lend_reply(r, pool_give_back, &l->dev->pool);
+        slot->reply_buf = NULL;
     }
 }
 
@@ -230,6 +319,10 @@ static void retire(lane_t *l, slot_t *slot)
         r->exec_failed = true;
     else
         build_reply(l, slot);
+    if (slot->reply_buf) { /* not handed to the reply: the request failed */
+        pool_give_back(slot->reply_buf, &l->dev->pool);
+        slot->reply_buf = NULL;
+    }
     pthread_mutex_lock(&l->lock);
     slot->state = SLOT_FREE;
     slot->r = NULL;
@@ -278,6 +371,8 @@ static void launch(lane_t *l, slot_t *slot)
     td_gpu_job_t job = make_job(r, slot->index);
     if (job.src == NULL) /* a ZeroMQ payload (pageable): through pinned staging */
         memcpy(s->in, r->payload, r->payload_len);
+    if (job.dst == NULL && !r->out_ptr && output_bytes(r)) /* the reply, built in place */
+        job.dst = slot->reply_buf = pool_take(&l->dev->pool, output_bytes(r));
     s->small->carry = r->carry;
     tally_status_t st = l->gpu->engine->lane_launch(l->hw, &job, slot_done, slot);
     if (st == TALLY_OK)
@@ -629,6 +724,7 @@ static void device_close(td_gpu_t *g, device_t *d)
         lane_close(g, &d->lanes[i]);
     free(d->lanes);
     d->lanes = NULL;
+    pool_close(&d->pool);
 }
 
 static tally_status_t device_open(td_gpu_t *g, device_t *d, int ordinal, char *why, size_t cap)
@@ -636,9 +732,11 @@ static tally_status_t device_open(td_gpu_t *g, device_t *d, int ordinal, char *w
     d->ordinal = ordinal;
     atomic_init(&d->dead, false);
     g->engine->describe(g->engine->ctx, ordinal, d->name, sizeof d->name);
+    pool_open(&d->pool, g->engine, ordinal, g->opts.max_batch);
     d->lanes = calloc(g->opts.lanes, sizeof *d->lanes);
     if (!d->lanes) {
         snprintf(why, cap, "out of memory");
+        pool_close(&d->pool);
         return TALLY_E_INTERNAL;
     }
     d->lane_count = g->opts.lanes;

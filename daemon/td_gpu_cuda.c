@@ -258,6 +258,23 @@ static void cuda_region_unregister(void *ctx, void *base)
     (void)cudaGetLastError();
 }
 
+static void *cuda_host_alloc(void *ctx, int device, size_t size)
+{
+    (void)ctx;
+    void *p = NULL;
+    if (cudaSetDevice(device) != cudaSuccess || cudaMallocHost(&p, size) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_host_free(void *ctx, void *p)
+{
+    (void)ctx;
+    cudaFreeHost(p);
+}
+
 static void cuda_engine_destroy(td_gpu_engine_t **self_p)
 {
     free(*self_p);
@@ -286,6 +303,8 @@ tally_status_t td_gpu_engine_cuda_new(td_gpu_engine_t **out, char *why, size_t w
     e->lane_check = cuda_lane_check;
     e->region_register = cuda_region_register;
     e->region_unregister = cuda_region_unregister;
+    e->host_alloc = cuda_host_alloc;
+    e->host_free = cuda_host_free;
     e->error_string = tk_cuda_error_string;
     e->destroy = cuda_engine_destroy;
     *out = e;

@@ -95,6 +95,10 @@ struct td_gpu_engine {
      * libuv worker thread (pinning a large region takes milliseconds), never per request. */
     tally_status_t (*region_register)(void *ctx, void *base, size_t size, bool read_only);
     void (*region_unregister)(void *ctx, void *base);
+    /* Host memory the devices copy to and from directly (cudaMallocHost for cuda, malloc for
+     * sim), allocated at start only: the pipeline's pinned reply buffers. NULL when it cannot. */
+    void *(*host_alloc)(void *ctx, int device, size_t size);
+    void (*host_free)(void *ctx, void *p);
     /* The last error's description on this thread. */
     const char *(*error_string)(void);
     void (*destroy)(td_gpu_engine_t **self_p);

@@ -196,6 +196,19 @@ static void sim_region_unregister(void *ctx, void *base)
     (void)base;
 }
 
+static void *sim_host_alloc(void *ctx, int device, size_t size)
+{
+    (void)ctx;
+    (void)device;
+    return malloc(size);
+}
+
+static void sim_host_free(void *ctx, void *p)
+{
+    (void)ctx;
+    free(p);
+}
+
 static const char *sim_error_string(void)
 {
     return sim_error;
@@ -239,6 +252,8 @@ tally_status_t td_gpu_engine_sim_new(unsigned devices, td_gpu_engine_t **out)
     e->lane_check = sim_lane_check;
     e->region_register = sim_region_register;
     e->region_unregister = sim_region_unregister;
+    e->host_alloc = sim_host_alloc;
+    e->host_free = sim_host_free;
     e->error_string = sim_error_string;
     e->destroy = sim_destroy;
     *out = e;

@@ -31,7 +31,7 @@ void td_request_destroy(td_request_t **self_p)
     if (self->payload_msg_open)
         zmq_msg_close(&self->payload_msg);
     free(self->payload_copy);
-    free(self->reply_data);
+    td_request_drop_reply(self);
     td_shm_region_put(&self->shm_in);
     td_shm_region_put(&self->shm_out);
     free(self);
@@ -68,9 +68,7 @@ void td_request_fail(td_request_t *self, tally_status_t status, const char *fmt,
     size_t len = n < 0 ? 0 : (size_t)n;
     if (len > TALLY_ERROR_MESSAGE_MAX)
         len = TALLY_ERROR_MESSAGE_MAX;
-    free(self->reply_data);
-    self->reply_data = NULL;
-    self->reply_len = 0;
+    td_request_drop_reply(self);
     char *copy = malloc(len ? len : 1);
     if (copy) {
         memcpy(copy, message, len);
@@ -84,9 +82,27 @@ void td_request_fail(td_request_t *self, tally_status_t status, const char *fmt,
     self->rep.aux1 = 0;
 }
 
+void td_request_drop_reply(td_request_t *self)
+{
+    if (self->reply_free && self->reply_data)
+        self->reply_free(self->reply_data, self->reply_hint);
+    else
+        free(self->reply_data);
+    self->reply_data = NULL;
+    self->reply_len = 0;
+    self->reply_free = NULL;
+    self->reply_hint = NULL;
+}
+
+void td_request_lend_reply(td_request_t *self, void (*free_fn)(void *data, void *hint), void *hint)
+{
+    self->reply_free = free_fn;
+    self->reply_hint = hint;
+}
+
 void td_request_succeed(td_request_t *self, uint8_t dtype, void *data, size_t len, uint64_t count)
 {
-    free(self->reply_data);
+    td_request_drop_reply(self);
     self->reply_data = data;
     self->reply_len = len;
     self->rep.status = TALLY_OK;

@@ -70,10 +70,15 @@ typedef struct td_request {
     bool exec_fault;        /* test-only: the pipeline must report this one as failed */
     bool exec_failed;       /* the GPU failed it: rerun on the CPU */
 
-    /* Result: the reply header and payload (owned; handed to ZeroMQ without a copy). */
+    /* Result: the reply header and payload (owned; handed to ZeroMQ without a copy). reply_data
+     * is malloc'd, unless reply_free is set: then it is a buffer lent by its owner (the GPU
+     * pipeline's pinned reply buffers, written by the device in place), given back through
+     * reply_free(reply_data, reply_hint) by whoever frees it last (ZeroMQ once it has sent it). */
     tally_rep_t rep;
     void *reply_data;
     size_t reply_len;
+    void (*reply_free)(void *data, void *hint);
+    void *reply_hint;
 } td_request_t;
 
 /* Allocates a request with the reply header pre-filled from req. NULL when out of memory. */
@@ -88,6 +93,12 @@ void td_request_fail(td_request_t *self, tally_status_t status, const char *fmt,
     __attribute__((format(printf, 3, 4)));
 /* Sets an OK reply with the given payload (ownership moves to the request). */
 void td_request_succeed(td_request_t *self, uint8_t dtype, void *data, size_t len, uint64_t count);
+
+/* Marks the reply payload (just set by td_request_succeed*) as lent: it is given back with
+ * free_fn(data, hint) instead of free(). */
+void td_request_lend_reply(td_request_t *self, void (*free_fn)(void *data, void *hint), void *hint);
+/* Frees (or gives back) the reply payload; reply_data is NULL after. */
+void td_request_drop_reply(td_request_t *self);
 
 /* td_request_succeed for a filter or scan result at `data`: when data is the output region
  * (out_ptr) the reply has an empty payload, else data is malloc'd and handed over. */

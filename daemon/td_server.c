@@ -147,9 +147,13 @@ static int try_send(td_server_t *s, td_request_t *r)
         err = errno;
     zmq_msg_t body;
     if (!err && r->reply_data && r->reply_len) {
-        if (zmq_msg_init_data(&body, r->reply_data, r->reply_len, free_reply_data, NULL) == 0)
+        /* Sent where it was built (a malloc'd reply, or a pinned buffer the GPU wrote it to):
+         * ZeroMQ frees or gives it back once the bytes have left. */
+        zmq_free_fn *give_back = r->reply_free ? r->reply_free : free_reply_data;
+        if (zmq_msg_init_data(&body, r->reply_data, r->reply_len, give_back, r->reply_hint) == 0) {
             r->reply_data = NULL; /* ZeroMQ owns it now */
-        else
+            r->reply_free = NULL;
+        } else
             err = errno;
     } else if (!err) {
         zmq_msg_init(&body);

@@ -958,6 +958,10 @@ static void stop_one(pair_t *p, int which)
     if (rc != 0)
         fail_msg("tallyd (%s) exited with %d (log %s)", which ? "gpu" : "cpu", rc,
                  p->d[which].log_path);
+    /* Every pinned reply buffer the GPU wrote a reply into came back from ZeroMQ. */
+    if (th_daemon_log_contains(&p->d[which], "never given back"))
+        fail_msg("tallyd (%s) lost GPU reply buffers (log %s)", which ? "gpu" : "cpu",
+                 p->d[which].log_path);
 }
 
 /* Runs ops[from..) on both daemons, then compares every reply and frees the data. */
