@@ -52,6 +52,16 @@
  * reply on the lane thread. Larger replies, or all buffers held by ZeroMQ (peers that read
  * slowly), take the copy. 16 x 4 MiB = 64 MiB pinned per device: 4 lanes x 2 slots in flight
  * with as many replies still on their way out. */
+/* One large shared-memory request is split over the device's lanes (CUDA streams), so one
+ * request alone keeps every copy engine busy: pinned H2D reaches ~49 GB/s from 4 MiB copies but
+ * one stream serialises copy-in, kernel and copy-out of a batch. A hist, or a scan into a
+ * registered output region (the carry chained from piece to piece on the device), from
+ * TD_GPU_SPLIT_MIN_BYTES of registered input, in pieces of at least TD_GPU_SPLIT_PIECE_MIN_BYTES,
+ * at most one per lane and TD_GPU_SPLIT_MAX_PIECES. Filters are not split: the pieces' compacted
+ * outputs would have to be packed together after every piece's count is known. */
+#define TD_GPU_SPLIT_MIN_BYTES (8u << 20)
+#define TD_GPU_SPLIT_PIECE_MIN_BYTES (2u << 20)
+#define TD_GPU_SPLIT_MAX_PIECES 16u
 #define TD_GPU_REPLY_BUFS 16u
 #define TD_GPU_REPLY_BUF_BYTES (4u << 20)
 /* A lane thread with work on the device polls this long for its completion (or a new request)

@@ -98,6 +98,7 @@ struct lane {
     device_t *dev;
     unsigned index;
     void *hw;
+    void **peer_hw; /* this lane's hw, then the device's other lanes': where a split job goes */
     td_gpu_staging_t *staging;
     slot_t *slots;
     pthread_t thread;
@@ -360,6 +361,22 @@ static td_gpu_job_t make_job(const td_request_t *r, unsigned slot)
     return job;
 }
 
+/* How many pieces r's job is split into over the device's lanes (1: not split); see
+ * TD_GPU_SPLIT_MIN_BYTES in td_config.h for what is split and why. */
+static unsigned split_pieces(const lane_t *l, const td_request_t *r, const td_gpu_job_t *job)
+{
+    bool splittable = job->opcode == TALLY_OP_HIST || (job->opcode == TALLY_OP_SCAN && job->dst);
+    if (!job->src || !splittable || !l->gpu->engine->lane_launch_split ||
+        r->payload_len < TD_GPU_SPLIT_MIN_BYTES)
+        return 1;
+    size_t pieces = r->payload_len / TD_GPU_SPLIT_PIECE_MIN_BYTES;
+    if (pieces > l->dev->lane_count)
+        pieces = l->dev->lane_count;
+    if (pieces > TD_GPU_SPLIT_MAX_PIECES)
+        pieces = TD_GPU_SPLIT_MAX_PIECES;
+    return (unsigned)pieces;
+}
+
 /* Fills the slot and launches it (lane thread, no lock held; the slot is already in the ring
  * as SLOT_INFLIGHT, or SLOT_FAILED when the device is unusable). */
 static void launch(lane_t *l, slot_t *slot)
@@ -374,7 +391,16 @@ static void launch(lane_t *l, slot_t *slot)
     if (job.dst == NULL && !r->out_ptr && output_bytes(r)) /* the reply, built in place */
         job.dst = slot->reply_buf = pool_take(&l->dev->pool, output_bytes(r));
     s->small->carry = r->carry;
-    tally_status_t st = l->gpu->engine->lane_launch(l->hw, &job, slot_done, slot);
+    const td_gpu_engine_t *e = l->gpu->engine;
+    unsigned pieces = split_pieces(l, r, &job);
+    tally_status_t st;
+    if (pieces > 1) {
+        td_debug("request %" PRIu64 ": %zu bytes split over %u lanes of GPU %d", r->rep.request_id,
+                 r->payload_len, pieces, l->dev->ordinal);
+        st = e->lane_launch_split(l->hw, (void *const *)l->peer_hw, pieces, &job, slot_done, slot);
+    } else {
+        st = e->lane_launch(l->hw, &job, slot_done, slot);
+    }
     if (st == TALLY_OK)
         return;
     td_warn("GPU %d (%s) stream %u: launch of request %" PRIu64 " failed: %s", l->dev->ordinal,
@@ -714,6 +740,7 @@ static void lane_close(td_gpu_t *g, lane_t *l)
     free(l->slots);
     free(l->ring);
     free(l->carry_free);
+    free(l->peer_hw);
     pthread_cond_destroy(&l->cond);
     pthread_mutex_destroy(&l->lock);
 }
@@ -747,6 +774,18 @@ static tally_status_t device_open(td_gpu_t *g, device_t *d, int ordinal, char *w
             device_close(g, d);
             return st;
         }
+    }
+    /* Before any request arrives (the lane threads read it under their lock, after a submit). */
+    for (unsigned i = 0; i < d->lane_count; i++) {
+        lane_t *l = &d->lanes[i];
+        l->peer_hw = calloc(d->lane_count, sizeof *l->peer_hw);
+        if (!l->peer_hw) {
+            snprintf(why, cap, "out of memory");
+            device_close(g, d);
+            return TALLY_E_INTERNAL;
+        }
+        for (unsigned k = 0; k < d->lane_count; k++)
+            l->peer_hw[k] = d->lanes[(i + k) % d->lane_count].hw;
     }
     return TALLY_OK;
 }

@@ -47,6 +47,13 @@ typedef struct {
     td_gpu_small_t *d_small;
     int64_t *d_carries;
     unsigned carries;
+    /* Split jobs this lane launches (cuda_lane_launch_split): its start, each piece's kernel
+     * (the next piece's kernel waits for it: the scan carry) and each piece's end (this lane
+     * waits for them all). Only this lane's thread records them. */
+    cudaEvent_t ev_start;
+    cudaEvent_t ev_kernel[TD_GPU_SPLIT_MAX_PIECES];
+    cudaEvent_t ev_done[TD_GPU_SPLIT_MAX_PIECES];
+    bool events;
 } cuda_lane_t;
 
 static int cuda_device_count(void *ctx)
@@ -84,6 +91,13 @@ static void cuda_lane_close(void *lane)
     cudaFree(l->d_scratch);
     cudaFree(l->d_small);
     cudaFree(l->d_carries);
+    if (l->events) {
+        cudaEventDestroy(l->ev_start);
+        for (unsigned i = 0; i < TD_GPU_SPLIT_MAX_PIECES; i++) {
+            cudaEventDestroy(l->ev_kernel[i]);
+            cudaEventDestroy(l->ev_done[i]);
+        }
+    }
     if (l->stream)
         cudaStreamDestroy(l->stream);
     (void)cudaGetLastError();
@@ -122,6 +136,15 @@ static tally_status_t cuda_lane_open(void *ctx, int device, size_t max_batch, un
     STEP("cudaMalloc(small)", cudaMalloc((void **)&l->d_small, sizeof *l->d_small));
     STEP("cudaMalloc(carries)", cudaMalloc((void **)&l->d_carries, carries * sizeof(int64_t)));
     STEP("cudaMemset(carries)", cudaMemset(l->d_carries, 0, carries * sizeof(int64_t)));
+    {
+        const unsigned flags = cudaEventDisableTiming;
+        STEP("cudaEventCreate", cudaEventCreateWithFlags(&l->ev_start, flags));
+        for (unsigned i = 0; i < TD_GPU_SPLIT_MAX_PIECES; i++) {
+            STEP("cudaEventCreate", cudaEventCreateWithFlags(&l->ev_kernel[i], flags));
+            STEP("cudaEventCreate", cudaEventCreateWithFlags(&l->ev_done[i], flags));
+        }
+        l->events = true; /* (a partial set leaks a few events on a failed start; harmless) */
+    }
     for (unsigned i = 0; i < slots; i++) {
         STEP("cudaMallocHost(staging in)", cudaMallocHost(&staging[i].in, max_batch));
         STEP("cudaMallocHost(staging out)", cudaMallocHost(&staging[i].out, 2 * max_batch));
@@ -233,6 +256,91 @@ fail:
     return TALLY_E_BACKEND;
 }
 
+/* One piece of a split job on lane li: its input copy, (for a scan, a wait for the previous
+ * piece's kernel, which leaves the carry this one starts from,) its kernel adding into l0's
+ * histogram or continuing l0's carry, and a scan's output copy straight into the region. */
+static tally_status_t enqueue_piece(cuda_lane_t *l0, cuda_lane_t *li, const td_gpu_job_t *job,
+                                    unsigned i, size_t first, size_t n)
+{
+    tally_status_t st = TALLY_OK;
+    size_t esize = tally_dtype_size((tally_dtype_t)job->dtype);
+    const uint8_t *src = (const uint8_t *)job->src + first * esize;
+    TRY(cudaMemcpyAsync(li->d_in, src, n * esize, cudaMemcpyHostToDevice, li->stream));
+    if (job->opcode == TALLY_OP_HIST) {
+        if (i > 0) /* l0's histogram is zeroed (and its earlier jobs done with it) */
+            TRY(cudaStreamWaitEvent(li->stream, l0->ev_start, 0));
+        if (job->dtype == TALLY_DTYPE_U8)
+            return tk_cuda_hist_u8(li->d_in, n, &l0->d_small->hist, li->d_scratch,
+                                   li->scratch_bytes, li->stream);
+        return tk_cuda_hist_i32(li->d_in, n, job->lo, job->hi, &l0->d_small->hist, li->d_scratch,
+                                li->scratch_bytes, li->stream);
+    }
+    int64_t *carry = &l0->d_carries[job->carry_index];
+    size_t osize = job->out_i32 ? 4 : 8;
+    if (i > 0) /* the carry of the pieces before it */
+        TRY(cudaStreamWaitEvent(li->stream, l0->ev_kernel[i - 1], 0));
+    st = tk_cuda_scan(li->d_in, n, job->exclusive, job->out_i32, li->d_out, carry, carry,
+                      li->d_scratch, li->scratch_bytes, li->stream);
+    if (st != TALLY_OK)
+        return st;
+    TRY(cudaEventRecord(l0->ev_kernel[i], li->stream));
+    TRY(cudaMemcpyAsync((uint8_t *)job->dst + first * osize, li->d_out, n * osize,
+                        cudaMemcpyDeviceToHost, li->stream));
+fail:
+    return st;
+}
+
+/* A split job (td_gpu_engine.h): every piece is enqueued from this one thread, in order, so a
+ * piece only ever waits for work enqueued before it and no two split jobs can wait on each other.
+ * Lane 0 (this thread's) starts the chain (carry upload, zeroed histogram), runs piece 0, then
+ * waits for every other piece before it copies the small results back and calls done. */
+static tally_status_t cuda_lane_launch_split(void *lane, void *const *lanes, unsigned count,
+                                             const td_gpu_job_t *job, td_gpu_done_fn done,
+                                             void *arg)
+{
+    cuda_lane_t *l0 = lane;
+    td_gpu_staging_t *s = &l0->staging[job->slot];
+    tally_status_t st = TALLY_OK;
+    int64_t *d_carry = &l0->d_carries[job->carry_index];
+    size_t per = td_gpu_piece_elems(job->n, count, tally_dtype_size((tally_dtype_t)job->dtype));
+    unsigned used = 0;
+    if (count > TD_GPU_SPLIT_MAX_PIECES || !job->src || (job->opcode == TALLY_OP_SCAN && !job->dst))
+        return TALLY_E_PARAM;
+    if (job->carry_upload)
+        TRY(cudaMemcpyAsync(d_carry, &s->small->carry, sizeof(int64_t), cudaMemcpyHostToDevice,
+                            l0->stream));
+    if (job->opcode == TALLY_OP_HIST)
+        TRY(cudaMemsetAsync(&l0->d_small->hist, 0, sizeof l0->d_small->hist, l0->stream));
+    TRY(cudaEventRecord(l0->ev_start, l0->stream));
+    for (size_t first = 0; first < job->n; first += per, used++) {
+        cuda_lane_t *li = lanes[used];
+        size_t n = job->n - first < per ? job->n - first : per;
+        st = enqueue_piece(l0, li, job, used, first, n);
+        if (st != TALLY_OK)
+            goto fail;
+        if (used > 0) { /* lane 0 goes on only once this piece is done */
+            TRY(cudaEventRecord(l0->ev_done[used], li->stream));
+            TRY(cudaStreamWaitEvent(l0->stream, l0->ev_done[used], 0));
+        }
+    }
+    if (job->opcode == TALLY_OP_HIST)
+        TRY(cudaMemcpyAsync(&s->small->hist, &l0->d_small->hist, sizeof(tk_hist_t),
+                            cudaMemcpyDeviceToHost, l0->stream));
+    else
+        TRY(cudaMemcpyAsync(&s->small->carry, d_carry, sizeof(int64_t), cudaMemcpyDeviceToHost,
+                            l0->stream));
+    if (job->fault)
+        TRY(cudaMemsetAsync(d_carry, 0x5a, sizeof(int64_t), l0->stream));
+    TRY(cudaLaunchHostFunc(l0->stream, done, arg));
+    return TALLY_OK;
+fail:
+    /* Nothing of the job may still run once we return: drain every lane it touched. */
+    for (unsigned i = 0; i <= used && i < count; i++)
+        (void)cudaStreamSynchronize(((cuda_lane_t *)lanes[i])->stream);
+    (void)cudaGetLastError();
+    return TALLY_E_BACKEND;
+}
+
 static tally_status_t cuda_lane_check(void *lane)
 {
     cudaError_t err = cudaStreamQuery(((cuda_lane_t *)lane)->stream);
@@ -300,6 +408,7 @@ tally_status_t td_gpu_engine_cuda_new(td_gpu_engine_t **out, char *why, size_t w
     e->lane_close = cuda_lane_close;
     e->lane_bind = cuda_lane_bind;
     e->lane_launch = cuda_lane_launch;
+    e->lane_launch_split = cuda_lane_launch_split;
     e->lane_check = cuda_lane_check;
     e->region_register = cuda_region_register;
     e->region_unregister = cuda_region_unregister;

@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "tally_proto.h"
+#include "td_config.h"
 #include "tk_backend.h"
 
 /* The small results of one batch, next to its staging buffers. */
@@ -66,6 +67,16 @@ typedef struct {
  * thread (CUDA's callback thread for cuda); it must not call CUDA. */
 typedef void (*td_gpu_done_fn)(void *arg);
 
+/* The elements in each piece of a split job of n elements over `count` lanes (the last piece
+ * may be shorter, and with rounding fewer than `count` pieces may be needed): whole 64 KiB
+ * multiples, so every piece but the last starts and ends on a kernel tile boundary. */
+static inline size_t td_gpu_piece_elems(size_t n, unsigned count, size_t esize)
+{
+    size_t unit = (64u << 10) / esize;
+    size_t per = (n + count - 1) / count;
+    return (per + unit - 1) / unit * unit;
+}
+
 typedef struct td_gpu_engine td_gpu_engine_t;
 struct td_gpu_engine {
     const char *name; /* "cuda" or "sim" */
@@ -86,6 +97,18 @@ struct td_gpu_engine {
      * failed (then done is not called and nothing of the job is still running). */
     tally_status_t (*lane_launch)(void *lane, const td_gpu_job_t *job, td_gpu_done_fn done,
                                   void *arg);
+    /* The same job split into `count` pieces of consecutive elements, piece i on lanes[i]
+     * (lanes[0] is `lane`, the one whose thread calls this and whose slot, carries and small
+     * results the job uses; the others are lanes of the same device). Only for a hist, or a scan
+     * with job->dst, with job->src set: the pieces read src and write dst directly. The scan's
+     * carry chains from piece to piece through lane's carry job->carry_index (each piece's kernel
+     * waits for the one before it; the copies do not), the hist's pieces add into one device
+     * histogram; done(arg) follows once every piece is complete, on `lane`'s stream, so that
+     * lane's later jobs see the final carry. Work enqueued on the other lanes runs in their stream
+     * order beside their own jobs. TALLY_E_BACKEND when enqueuing failed (then nothing of the job
+     * is still running). NULL when the engine cannot split. */
+    tally_status_t (*lane_launch_split)(void *lane, void *const *lanes, unsigned count,
+                                        const td_gpu_job_t *job, td_gpu_done_fn done, void *arg);
     /* Asks whether work enqueued earlier failed asynchronously (done will never come):
      * TALLY_E_BACKEND then, TALLY_OK when it is still running or finished. */
     tally_status_t (*lane_check)(void *lane);

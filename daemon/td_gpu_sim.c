@@ -171,6 +171,59 @@ static tally_status_t sim_lane_launch(void *lane, const td_gpu_job_t *job, td_gp
     return TALLY_OK;
 }
 
+/* A split job, simulated: the same pieces as the CUDA engine's (td_gpu_piece_elems), run one
+ * after the other through this lane's own "device" buffers (another lane's buffers belong to its
+ * thread here), the scan carry chained through the job's device carry from piece to piece and
+ * the pieces' histograms added into one, so a slip in the piece offsets or the chaining gives
+ * wrong replies the tests see. */
+static tally_status_t sim_run_split(sim_lane_t *l, unsigned count, const td_gpu_job_t *job)
+{
+    tk_backend_t *cpu = l->sim->cpu;
+    td_gpu_small_t *small = l->staging[job->slot].small;
+    size_t esize = tally_dtype_size((tally_dtype_t)job->dtype);
+    size_t osize = job->out_i32 ? 4 : 8;
+    size_t per = td_gpu_piece_elems(job->n, count, esize);
+    int64_t *carry = &l->d_carries[job->carry_index];
+    tally_status_t st = TALLY_OK;
+    if (job->carry_upload)
+        *carry = small->carry;
+    memset(&l->d_small.hist, 0, sizeof l->d_small.hist);
+    for (size_t first = 0; first < job->n && st == TALLY_OK; first += per) {
+        size_t n = job->n - first < per ? job->n - first : per;
+        memcpy(l->d_in, (const uint8_t *)job->src + first * esize, n * esize);
+        if (job->opcode == TALLY_OP_SCAN) {
+            st = cpu->scan(cpu->ctx, l->d_in, n, job->exclusive, job->out_i32, l->d_out, carry);
+            memcpy((uint8_t *)job->dst + first * osize, l->d_out, n * osize);
+        } else if (job->dtype == TALLY_DTYPE_U8) {
+            st = cpu->hist_u8(cpu->ctx, l->d_in, n, &l->d_small.hist);
+        } else {
+            st = cpu->hist_i32(cpu->ctx, l->d_in, n, job->lo, job->hi, &l->d_small.hist);
+        }
+    }
+    l->d_small.carry = *carry;
+    if (job->fault)
+        *carry = SIM_FAULT_CARRY;
+    *small = l->d_small;
+    return st;
+}
+
+static tally_status_t sim_lane_launch_split(void *lane, void *const *lanes, unsigned count,
+                                            const td_gpu_job_t *job, td_gpu_done_fn done, void *arg)
+{
+    sim_lane_t *l = lane;
+    (void)lanes;
+    if (count > TD_GPU_SPLIT_MAX_PIECES || !job->src || (job->opcode == TALLY_OP_SCAN && !job->dst))
+        return TALLY_E_PARAM;
+    if (l->sim->latency_us)
+        usleep(l->sim->latency_us);
+    if (sim_run_split(l, count, job) != TALLY_OK) {
+        snprintf(sim_error, sizeof sim_error, "simulated split kernel failed");
+        return TALLY_E_BACKEND;
+    }
+    done(arg);
+    return TALLY_OK;
+}
+
 static tally_status_t sim_lane_check(void *lane)
 {
     (void)lane;
@@ -249,6 +302,7 @@ tally_status_t td_gpu_engine_sim_new(unsigned devices, td_gpu_engine_t **out)
     e->lane_close = sim_lane_close;
     e->lane_bind = sim_lane_bind;
     e->lane_launch = sim_lane_launch;
+    e->lane_launch_split = sim_lane_launch_split;
     e->lane_check = sim_lane_check;
     e->region_register = sim_region_register;
     e->region_unregister = sim_region_unregister;

@@ -730,6 +730,109 @@ static void test_register_off_loop(void **state)
     stop(&d);
 }
 
+/* ---- one large request split over the lanes ---------------------------------------------- */
+
+#define SPLIT_BYTES (12u << 20) /* over TD_GPU_SPLIT_MIN_BYTES: split over 4 lanes */
+
+/* The payload path (never split) gives the reference; the same batch by reference, split over
+ * the lanes, must match it byte for byte: hists (u8, i32) and scans (inclusive, exclusive, int32
+ * out) into an output region, on a stream twice (the carry chains across requests as well as
+ * across pieces) and once pipelined behind a small scan on the same stream. */
+static void run_split(const char *const *engine_args)
+{
+    const char *args[16];
+    int n = 0;
+    for (; engine_args[n]; n++)
+        args[n] = engine_args[n];
+    args[n++] = "--log-level";
+    args[n++] = "debug";
+    args[n] = NULL;
+    th_daemon_t d;
+    start(&d, args);
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(d.endpoint, 30000, &c), TALLY_OK);
+    tally_region_t *region = NULL;
+    size_t out_off = SPLIT_BYTES;
+    assert_int_equal(tally_region_create(c, SPLIT_BYTES * 4, &region), TALLY_OK);
+    uint8_t *base = tally_region_data(region);
+    fill_random(base, SPLIT_BYTES);
+    static const op_case_t split_cases[] = {
+        {TALLY_OP_HIST, TALLY_DTYPE_U8, 0, 0, 0, 0},
+        {TALLY_OP_HIST, TALLY_DTYPE_I32, 0, 0, -1000, 1000},
+        {TALLY_OP_SCAN, TALLY_DTYPE_I32, 0, 0, 0, 0},
+        {TALLY_OP_SCAN, TALLY_DTYPE_I32, TALLY_FLAG_SCAN_EXCLUSIVE, 0, 0, 0},
+        {TALLY_OP_SCAN, TALLY_DTYPE_I32, TALLY_FLAG_SCAN_OUT_I32, 0, 0, 0},
+    };
+    for (size_t k = 0; k < sizeof split_cases / sizeof split_cases[0]; k++) {
+        const op_case_t *oc = &split_cases[k];
+        bool scan = oc->opcode == TALLY_OP_SCAN;
+        char s_pay[16], s_ref[16];
+        snprintf(s_pay, sizeof s_pay, "spay%zu", k);
+        snprintf(s_ref, sizeof s_ref, "sref%zu", k);
+        for (int round = 0; round < 3; round++) {
+            tally_req_t rp = case_req(oc, round < 2 ? s_pay : NULL);
+            tally_req_t rr = case_req(oc, round < 2 ? s_ref : NULL);
+            tally_reply_t a, b;
+            tally_reply_init(&a);
+            tally_reply_init(&b);
+            assert_int_equal(tally_call(c, &rp, base, SPLIT_BYTES, &a), TALLY_OK);
+            memset(base + out_off, 0xee, 2 * SPLIT_BYTES);
+            assert_int_equal(tally_call_shm(c, &rr, region, 0, SPLIT_BYTES, scan ? region : NULL,
+                                            scan ? out_off : 0, &b),
+                             TALLY_OK);
+            assert_int_equal(a.rep.count, b.rep.count);
+            assert_int_equal(a.rep.aux0, b.rep.aux0);
+            assert_memory_equal(scan ? base + out_off : b.payload, a.payload, a.len);
+            tally_reply_clear(&a);
+            tally_reply_clear(&b);
+        }
+    }
+    assert_true(th_daemon_log_contains(&d, "split over 4 lanes"));
+
+    /* Pipelined on one stream: small scan, split scan, small scan; the carries must chain. */
+    tally_req_t req = case_req(&split_cases[2], "pipe");
+    size_t small = 64 << 10;
+    uint64_t ids[3];
+    assert_int_equal(tally_send_shm(c, &req, region, 0, small, region, out_off, &ids[0]), TALLY_OK);
+    assert_int_equal(
+        tally_send_shm(c, &req, region, 0, SPLIT_BYTES, region, out_off + 2 * small, &ids[1]),
+        TALLY_OK);
+    assert_int_equal(tally_send_shm(c, &req, region, 0, small, region,
+                                    out_off + 2 * small + 2 * SPLIT_BYTES, &ids[2]),
+                     TALLY_OK);
+    int64_t carry = 0, want = 0;
+    const int32_t *x = (const int32_t *)base;
+    for (size_t i = 0; i < small / 4; i++)
+        want += x[i];
+    int64_t whole = 0;
+    for (size_t i = 0; i < SPLIT_BYTES / 4; i++)
+        whole += x[i];
+    int64_t wants[3] = {want, want + whole, want + whole + want};
+    for (int i = 0; i < 3; i++) {
+        tally_reply_t r;
+        tally_reply_init(&r);
+        assert_int_equal(tally_recv(c, &r), TALLY_OK);
+        assert_int_equal(r.rep.status, TALLY_OK);
+        for (int k = 0; k < 3; k++)
+            if (r.rep.request_id == ids[k])
+                carry = wants[k];
+        assert_int_equal((int64_t)r.rep.aux0, carry);
+        tally_reply_clear(&r);
+    }
+    tally_region_destroy(&region);
+    tally_client_destroy(&c);
+    stop(&d);
+}
+
+static void test_split(void **state)
+{
+    (void)state;
+    static const char *const sim[] = {"--backend", "cuda", "--test-sim-gpus", "1", NULL};
+    static const char *const cuda[] = {"--backend", "cuda", NULL};
+    const char *engine = getenv("TALLY_SHM_ENGINE");
+    run_split(engine && strcmp(engine, "cuda") == 0 ? cuda : sim);
+}
+
 int main(void)
 {
     th_seed();
@@ -753,6 +856,7 @@ int main(void)
         cmocka_unit_test(test_auto_routing),
         cmocka_unit_test(test_shm_off),
         cmocka_unit_test(test_register_off_loop),
+        cmocka_unit_test(test_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
