@@ -833,6 +833,89 @@ static void test_split(void **state)
     run_split(engine && strcmp(engine, "cuda") == 0 ? cuda : sim);
 }
 
+/* ---- SIGTERM with references in flight ---------------------------------------------------- */
+
+/* A stream's scans referencing a region, with a query among them (so the scans behind it wait
+ * on the stream, holding their references), and unnamed hists, all in tallyd (simulated launches
+ * of 300 ms) when SIGTERM arrives. Every request gets exactly one reply: the ones running on the
+ * lanes ok, the ones waiting `shutdown`, the stream's ok replies a prefix; tallyd exits 0, having
+ * unmapped the region (its last reference went with the last reply), none left at exit. */
+static void test_sigterm_inflight_refs(void **state)
+{
+    (void)state;
+    setenv("TALLYD_TEST_SIM_LATENCY_US", "300000", 1);
+    th_daemon_t d;
+    static const char *const args[] = {"--backend", "cuda", "--test-sim-gpus", "1", "--log-level",
+                                       "debug",     NULL};
+    start(&d, args);
+    unsetenv("TALLYD_TEST_SIM_LATENCY_US");
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(d.endpoint, 15000, &c), TALLY_OK);
+    tally_region_t *region = NULL;
+    assert_int_equal(tally_region_create(c, 4 << 20, &region), TALLY_OK);
+    fill_random(tally_region_data(region), 1 << 20);
+    enum { N = 24, QUERY_AT = 3, HISTS_FROM = 12 };
+    uint64_t ids[N];
+    bool scan[N];
+    for (int i = 0; i < N; i++) {
+        scan[i] = i < HISTS_FROM && i != QUERY_AT;
+        tally_req_t req = case_req(&cases[i < HISTS_FROM ? 5 : 8], i < HISTS_FROM ? "term" : NULL);
+        tally_status_t st;
+        if (i == QUERY_AT) {
+            req.opcode = TALLY_OP_QUERY;
+            req.dtype = TALLY_DTYPE_NONE;
+            st = tally_send(c, &req, NULL, 0, &ids[i]);
+        } else {
+            size_t out = scan[i] ? (1u << 20) + (size_t)(i % 3) * (512u << 10) : 0;
+            st =
+                tally_send_shm(c, &req, region, 0, 64 << 10, scan[i] ? region : NULL, out, &ids[i]);
+        }
+        assert_int_equal(st, TALLY_OK);
+    }
+    int got[N] = {0};
+    int ok = 0, shutdown = 0, last_ok_scan = -1, first_shut_scan = N;
+    for (int k = 0; k < N; k++) {
+        tally_reply_t r;
+        tally_reply_init(&r);
+        tally_status_t st = tally_recv(c, &r);
+        assert_true(st == TALLY_OK || st == TALLY_E_SHUTDOWN);
+        assert_int_equal(st, r.rep.status);
+        int i = 0;
+        while (i < N && ids[i] != r.rep.request_id)
+            i++;
+        assert_true(i < N);
+        got[i]++;
+        if (r.rep.status == TALLY_OK) {
+            ok++;
+            if (scan[i] && i > last_ok_scan)
+                last_ok_scan = i;
+        } else {
+            assert_int_equal(r.rep.status, TALLY_E_SHUTDOWN);
+            shutdown++;
+            if (scan[i] && i < first_shut_scan)
+                first_shut_scan = i;
+        }
+        tally_reply_clear(&r);
+        if (k == 0) /* a first batch is done: the stream's scans are still running or waiting */
+            assert_int_equal(kill(d.pid, SIGTERM), 0);
+    }
+    for (int i = 0; i < N; i++)
+        assert_int_equal(got[i], 1);
+    assert_true(ok >= 1);
+    assert_true(shutdown >= 1);
+    assert_true(last_ok_scan < first_shut_scan); /* the stream's ok replies are a prefix */
+    assert_int_equal(th_daemon_stop(&d, 0, 30000), 0);
+    assert_true(th_daemon_log_contains(&d, "unmapped"));
+    assert_false(th_daemon_log_contains(&d, "still referenced at exit"));
+    tally_region_destroy(&region);
+    tally_client_destroy(&c);
+    char path[sizeof sock_path + 8];
+    snprintf(path, sizeof path, "%s.lock", sock_path);
+    unlink(path);
+    *strrchr(sock_path, '/') = '\0';
+    rmdir(sock_path);
+}
+
 int main(void)
 {
     th_seed();
@@ -857,6 +940,7 @@ int main(void)
         cmocka_unit_test(test_shm_off),
         cmocka_unit_test(test_register_off_loop),
         cmocka_unit_test(test_split),
+        cmocka_unit_test(test_sigterm_inflight_refs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
