@@ -8,6 +8,8 @@
 #      cpu; and --io-threads 1 against the default (the A/B that picks the default);
 #   4. tallyd over shared memory: hist / filter / scan (output regions), GPU and CPU, 1 x 8 and
 #      8 x 4, and single 256 MiB requests one in flight (split over the device's lanes);
+#   4b. shared-memory requests one in flight, 16 KiB - 4 MiB, GPU against CPU p50 (the auto
+#      threshold TD_GPU_MIN_BATCH_SHM);
 #   5. 4 KiB requests, one in flight: ZeroMQ echo p50 against tallyd (auto) p50;
 # then the ratios the targets name. Markdown in OUT_DIR/path.md (rows, then ratios),
 # `key GB/s p50` lines in OUT_DIR/results.txt, every tallyd's log and stderr in OUT_DIR.
@@ -145,6 +147,21 @@ for be in gpubig cpu; do
     --producers 1 --window 1 --seconds 2 --shm-out
 done
 
+# ---- 4b. auto threshold for shared-memory requests (TD_GPU_MIN_BATCH_SHM) --------------------
+# One request in flight by reference (filter and scan into an output region), GPU forced against
+# the CPU backend: the smallest size from which the GPU's p50 is never worse is the threshold.
+table "shared memory, one in flight: GPU (--backend cuda) against CPU p50, for the auto threshold"
+for op in hist filter scan; do
+  mode=--shm-out
+  [ $op = hist ] && mode=--shm
+  for size in 16384 65536 262144 1048576 4194304; do
+    for be in gpu cpu; do
+      row "xshm_${be}_${op}_$size" "$LG" --endpoint "$(ep $be ipc)" --op $op --size $size \
+        --producers 1 --window 1 --seconds 0.6 $mode
+    done
+  done
+done
+
 # ---- 5. 4 KiB latency ------------------------------------------------------------------------
 table "4 KiB, one in flight: echo against tallyd (auto)"
 for tr in tcp ipc; do
@@ -181,6 +198,18 @@ done
         printf "| %s: tallyd cpu hist 1 MiB 8x8 / raw fan-in (2 KiB replies, %d io) | %s | >= 0.8 |\n", tr, io, r(gb["td_" tr "_cpu_hist_8x8"], gb["fanin_" tr "_io" io "_2048_8x8"])
         printf "| %s: tallyd cuda hist 8x8, --io-threads 1 / default %d | %s | (A/B) |\n", tr, io, r(gb["td_" tr "_gpuio1_hist_8x8"], gb["td_" tr "_gpu_hist_8x8"])
         printf "| %s: tallyd cuda hist 1 MiB 1x8 (GB/s) / raw fan-in 1x8 | %s / %s | no slower than 5.3 (ipc, 2026-11-23) |\n", tr, gb["td_" tr "_gpu_hist_1x8"], r(gb["td_" tr "_gpu_hist_1x8"], gb["fanin_" tr "_io" io "_2048_1x8"])
+      }
+      split("hist filter scan", xo, " ")
+      for (i = 1; i <= 3; i++) {
+        cross = "none up to 4 MiB"; row = ""
+        nsz = split("16384 65536 262144 1048576 4194304", sz, " ")
+        for (j = nsz; j >= 1; j--) {
+          g = p50["xshm_gpu_" xo[i] "_" sz[j]]; c = p50["xshm_cpu_" xo[i] "_" sz[j]]
+          row = sprintf("%s %s: %s/%s;", row, sz[j] / 1024 " KiB", g, c)
+          if (g == "" || c == "" || g == "nan" || c == "nan" || g + 0 > c + 0) break
+          cross = sz[j] / 1024 " KiB"
+        }
+        printf "| shm %s one in flight: GPU p50 never worse than CPU from | %s (gpu/cpu p50 us:%s) | TD_GPU_MIN_BATCH_SHM is 64 KiB |\n", xo[i], cross, row
       }
       for (t = 0; t < 2; t++) {
         tr = t ? "ipc" : "tcp"
