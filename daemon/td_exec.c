@@ -125,6 +125,9 @@ static void gpu_complete(void *owner, td_request_t *r)
     td_stream_t *stream = r->stream;
     bool behind_failure = stream && r->exec_gen != stream->exec_gen;
     if (!r->exec_failed && !behind_failure) {
+        int dev = td_gpu_request_device(r);
+        if (dev >= 0 && dev < TD_METRICS_GPUS_MAX)
+            x->env.metrics->gpu_requests[dev]++;
         retire(x, r);
         return;
     }
@@ -224,6 +227,8 @@ static tally_status_t open_gpu(td_exec_t *x)
         st = td_gpu_new(x->env.loop, engine, &opts, gpu_complete, x, &x->gpu, why, sizeof why);
     }
     if (st == TALLY_OK) {
+        unsigned devices = td_gpu_device_count(x->gpu);
+        x->env.metrics->gpu_devices = devices < TD_METRICS_GPUS_MAX ? devices : TD_METRICS_GPUS_MAX;
         char desc[512];
         td_gpu_describe(x->gpu, desc, sizeof desc);
         td_info("GPU pipeline: %s; %" PRIu64 " bytes of device memory; %s%s", desc,

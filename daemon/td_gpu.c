@@ -664,6 +664,21 @@ void td_gpu_region_unregister(td_gpu_t *g, void *base)
     g->engine->region_unregister(g->engine->ctx, base);
 }
 
+int td_gpu_request_device(const td_request_t *r)
+{
+    const lane_t *l = r->exec_lane;
+    return l ? l->dev->ordinal : -1;
+}
+
+unsigned td_gpu_device_count(const td_gpu_t *g)
+{
+    unsigned n = 0; /* ordinals, so a skipped device leaves its number out, not the last one */
+    for (unsigned i = 0; i < g->device_count; i++)
+        if ((unsigned)g->devices[i].ordinal + 1 > n)
+            n = (unsigned)g->devices[i].ordinal + 1;
+    return n;
+}
+
 uint64_t td_gpu_device_bytes(const td_gpu_t *g)
 {
     return g->device_bytes;

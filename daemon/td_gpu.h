@@ -59,6 +59,11 @@ void td_gpu_stream_idle(td_gpu_t *self, td_stream_t *stream);
 bool td_gpu_region_register(td_gpu_t *self, void *base, size_t size, bool read_only);
 void td_gpu_region_unregister(td_gpu_t *self, void *base);
 
+/* The ordinal of the device a request completed on (after `complete`), and one more than the
+ * highest ordinal opened. */
+int td_gpu_request_device(const td_request_t *r);
+unsigned td_gpu_device_count(const td_gpu_t *self);
+
 uint64_t td_gpu_device_bytes(const td_gpu_t *self);
 /* "cuda: 0:NVIDIA H100 80GB HBM3 (4 streams)" */
 void td_gpu_describe(const td_gpu_t *self, char *buf, size_t cap);

@@ -121,6 +121,14 @@ size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf,
          "# TYPE tallyd_shm_bytes gauge\n"
          "tallyd_shm_bytes %llu\n",
          (unsigned long long)m->shm_requests, g->shm_regions, (unsigned long long)g->shm_bytes);
+    if (m->gpu_devices)
+        emit(buf, cap, &len,
+             "# HELP tallyd_gpu_requests_total Requests completed on each GPU (a request split "
+             "over a GPU's streams counts once).\n"
+             "# TYPE tallyd_gpu_requests_total counter\n");
+    for (unsigned d = 0; d < m->gpu_devices && d < TD_METRICS_GPUS_MAX; d++)
+        emit(buf, cap, &len, "tallyd_gpu_requests_total{device=\"%u\"} %llu\n", d,
+             (unsigned long long)m->gpu_requests[d]);
     emit(buf, cap, &len,
          "# HELP tallyd_requests_in_flight Requests accepted and not yet answered.\n"
          "# TYPE tallyd_requests_in_flight gauge\n"

@@ -13,6 +13,9 @@
 
 #include "tally_proto.h"
 
+/* GPUs whose completed requests are counted one by one (tallyd_gpu_requests_total{device}). */
+#define TD_METRICS_GPUS_MAX 16
+
 /* Latency histogram upper bounds in microseconds (Prometheus `le` labels), plus +Inf. */
 #define TD_LATENCY_BUCKETS 14
 extern const double td_latency_bounds_us[TD_LATENCY_BUCKETS];
@@ -30,6 +33,8 @@ typedef struct {
     uint64_t read_pauses;          /* times reading stopped because max_inflight was reached */
     uint64_t state_write_failures; /* state snapshots that could not be written */
     uint64_t shm_requests;         /* requests whose input was a shared-memory reference */
+    uint64_t gpu_requests[TD_METRICS_GPUS_MAX]; /* completed on each GPU (by ordinal) */
+    unsigned gpu_devices;                       /* how many of those to report */
 } td_metrics_t;
 
 /* Values that are not counters: sampled when rendering. */

@@ -916,6 +916,70 @@ static void test_sigterm_inflight_refs(void **state)
     rmdir(sock_path);
 }
 
+/* ---- every GPU busy ----------------------------------------------------------------------- */
+
+static uint64_t gpu_count(const char *endpoint, int device)
+{
+    char name[64];
+    snprintf(name, sizeof name, "tallyd_gpu_requests_total{device=\"%d\"} ", device);
+    return stat_value(endpoint, name);
+}
+
+/* Two simulated GPUs, launches of 200 ms: 16 stateless hists in flight at once (8 by reference,
+ * 8 by payload) are spread over both devices by load, and so are two large requests (each split
+ * over its own device's lanes): the least loaded device takes the next one. Every reply matches
+ * the CPU's. */
+static void test_spread_over_gpus(void **state)
+{
+    (void)state;
+    setenv("TALLYD_TEST_SIM_LATENCY_US", "200000", 1);
+    th_daemon_t d;
+    static const char *const args[] = {"--backend", "cuda", "--test-sim-gpus", "2", NULL};
+    start(&d, args);
+    unsetenv("TALLYD_TEST_SIM_LATENCY_US");
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(d.endpoint, 30000, &c), TALLY_OK);
+    tally_region_t *region = NULL;
+    assert_int_equal(tally_region_create(c, SPLIT_BYTES, &region), TALLY_OK);
+    uint8_t *base = tally_region_data(region);
+    fill_random(base, SPLIT_BYTES);
+    tally_req_t req = case_req(&cases[8], NULL); /* hist u8 */
+    uint64_t want[TALLY_HIST_BINS] = {0};
+    for (size_t i = 0; i < 64 << 10; i++)
+        want[base[i]]++;
+    for (int i = 0; i < 16; i++)
+        assert_int_equal(i % 2 ? tally_send(c, &req, base, 64 << 10, NULL)
+                               : tally_send_shm(c, &req, region, 0, 64 << 10, NULL, 0, NULL),
+                         TALLY_OK);
+    for (int i = 0; i < 16; i++) {
+        tally_reply_t r;
+        tally_reply_init(&r);
+        assert_int_equal(tally_recv(c, &r), TALLY_OK);
+        assert_int_equal(r.len, TALLY_HIST_BINS * 8);
+        for (int b = 0; b < TALLY_HIST_BINS; b++)
+            assert_int_equal(tally_get_u64((const uint8_t *)r.payload + 8 * b), want[b]);
+        tally_reply_clear(&r);
+    }
+    uint64_t d0 = gpu_count(d.endpoint, 0), d1 = gpu_count(d.endpoint, 1);
+    assert_int_equal(d0 + d1, 16);
+    assert_true(d0 >= 4 && d1 >= 4);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(tally_send_shm(c, &req, region, 0, SPLIT_BYTES, NULL, 0, NULL), TALLY_OK);
+    for (int i = 0; i < 2; i++) {
+        tally_reply_t r;
+        tally_reply_init(&r);
+        assert_int_equal(tally_recv(c, &r), TALLY_OK);
+        assert_int_equal(r.rep.aux0, SPLIT_BYTES);
+        tally_reply_clear(&r);
+    }
+    assert_int_equal(gpu_count(d.endpoint, 0) + gpu_count(d.endpoint, 1), 18);
+    assert_int_equal(gpu_count(d.endpoint, 0), d0 + 1); /* one each: both were busy at once */
+    assert_int_equal(gpu_count(d.endpoint, 1), d1 + 1);
+    tally_region_destroy(&region);
+    tally_client_destroy(&c);
+    stop(&d);
+}
+
 int main(void)
 {
     th_seed();
@@ -941,6 +1005,7 @@ int main(void)
         cmocka_unit_test(test_register_off_loop),
         cmocka_unit_test(test_split),
         cmocka_unit_test(test_sigterm_inflight_refs),
+        cmocka_unit_test(test_spread_over_gpus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
