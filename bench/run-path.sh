@@ -8,6 +8,7 @@
 #      cpu; and --io-threads 1 against the default (the A/B that picks the default);
 #   4. tallyd over shared memory: hist / filter / scan (output regions), GPU and CPU, 1 x 8 and
 #      8 x 4, and single 256 MiB requests one in flight (split over the device's lanes);
+#   4c. on a host with 2+ GPUs: shared-memory hist, 2 and 4 producers, one GPU against all;
 #   4b. shared-memory requests one in flight, 16 KiB - 4 MiB, GPU against CPU p50 (the auto
 #      threshold TD_GPU_MIN_BATCH_SHM);
 #   5. 4 KiB requests, one in flight: ZeroMQ echo p50 against tallyd (auto) p50;
@@ -162,6 +163,21 @@ for op in hist filter scan; do
   done
 done
 
+# ---- 4c. one GPU against all (only on a host with two or more) ---------------------------------
+NGPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -c .)
+if [ "${NGPU:-0}" -ge 2 ]; then
+  # shellcheck disable=SC2086
+  CUDA_VISIBLE_DEVICES=0 start_tallyd one $GPU_ARGS
+  sleep 2
+  table "shared-memory hist 16 MiB: one GPU (CUDA_VISIBLE_DEVICES=0) against all $NGPU"
+  for p in 2 4; do
+    for be in one gpu; do
+      row "multi_${be}_hist_${p}x8" "$LG" --endpoint "$(ep $be ipc)" --op hist --size 16777216 \
+        --producers $p --window 8 --seconds "$T" --shm
+    done
+  done
+fi
+
 # ---- 5. 4 KiB latency ------------------------------------------------------------------------
 table "4 KiB, one in flight: echo against tallyd (auto)"
 for tr in tcp ipc; do
@@ -199,6 +215,9 @@ done
         printf "| %s: tallyd cuda hist 8x8, --io-threads 1 / default %d | %s | (A/B) |\n", tr, io, r(gb["td_" tr "_gpuio1_hist_8x8"], gb["td_" tr "_gpu_hist_8x8"])
         printf "| %s: tallyd cuda hist 1 MiB 1x8 (GB/s) / raw fan-in 1x8 | %s / %s | no slower than 5.3 (ipc, 2026-11-23) |\n", tr, gb["td_" tr "_gpu_hist_1x8"], r(gb["td_" tr "_gpu_hist_1x8"], gb["fanin_" tr "_io" io "_2048_1x8"])
       }
+      if ("multi_one_hist_2x8" in gb)
+        for (p = 2; p <= 4; p += 2)
+          printf "| shm hist 16 MiB %dx8: all GPUs / one | %s | >= 1.7 |\n", p, r(gb["multi_gpu_hist_" p "x8"], gb["multi_one_hist_" p "x8"])
       split("hist filter scan", xo, " ")
       for (i = 1; i <= 3; i++) {
         cross = "none up to 4 MiB"; row = ""
