@@ -8,9 +8,9 @@
 #      cpu; and --io-threads 1 against the default (the A/B that picks the default);
 #   4. tallyd over shared memory: hist / filter / scan (output regions), GPU and CPU, 1 x 8 and
 #      8 x 4, and single 256 MiB requests one in flight (split over the device's lanes);
-#   4c. on a host with 2+ GPUs: shared-memory hist, 2 and 4 producers, one GPU against all;
 #   4b. shared-memory requests one in flight, 16 KiB - 4 MiB, GPU against CPU p50 (the auto
 #      threshold TD_GPU_MIN_BATCH_SHM);
+#   4c. on a host with 2+ GPUs: shared-memory hist, 2 and 4 producers, one GPU against all;
 #   5. 4 KiB requests, one in flight: ZeroMQ echo p50 against tallyd (auto) p50;
 # then the ratios the targets name. Markdown in OUT_DIR/path.md (rows, then ratios),
 # `key GB/s p50` lines in OUT_DIR/results.txt, every tallyd's log and stderr in OUT_DIR.
