@@ -16,8 +16,8 @@
  *
  * Each producer measures, after a warm-up, S seconds: requests answered, request payload bytes,
  * and the round-trip latency of each (send to reply). It hands its figures to the parent over a
- * pipe. Output: one markdown row in loadgen's layout (bench/loadgen.c ROW_HEADER), so one parser
- * reads both: GB/s counts request payload bytes, over the union of the producers' intervals;
+ * pipe. Output: one markdown row in loadgen's layout (BENCH_ROW_HEADER, bench/bench_util.h), so one
+ * parser reads both: GB/s counts request payload bytes, over the union of the producers' intervals;
  * p50/p99 are the median over producers of each producer's own percentile. Exit 1 when a producer
  * failed.
  */
@@ -35,26 +35,18 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "bench_util.h"
+
 #define WARMUP_S 0.3
 #define MAX_PRODUCERS 64
 #define MAX_WINDOW 256
 #define HEADER_BYTES 128
 #define LAT_CAP (1u << 20)
-#define ROW_HEADER                                                                                 \
-    "| run | op | size | producers x window | req/s | GB/s | p50 us | p99 us | p99.9 us | "        \
-    "answered | errors | VmHWM MiB |\n"                                                            \
-    "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
 
 typedef struct {
-    const char *endpoint;
-    const char *label;
-    unsigned producers;
-    unsigned window;
-    size_t size;
-    size_t reply; /* 0: echo the payload frame */
+    bench_opts_t c; /* --endpoint --label --size --producers --window --seconds --header */
+    size_t reply;   /* 0: echo the payload frame */
     int io_threads;
-    double seconds;
-    bool header;
 } opts_t;
 
 /* What a producer reports to the parent. */
@@ -66,27 +58,6 @@ typedef struct {
     double p50, p99, p999;
     int failed;
 } result_t;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double percentile(const double *sorted, size_t n, double q)
-{
-    if (!n)
-        return NAN;
-    size_t i = (size_t)ceil(q * (double)n) - 1;
-    return sorted[i < n ? i : n - 1];
-}
 
 /* ---- producer process --------------------------------------------------------------------- */
 
@@ -135,25 +106,25 @@ static void producer_run(const opts_t *o, result_t *res)
     zmq_setsockopt(sock, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
     zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
     uint8_t header[HEADER_BYTES] = {'T', 'L', 'Y', '1'};
-    uint8_t *payload = malloc(o->size ? o->size : 1);
+    uint8_t *payload = malloc(o->c.size ? o->c.size : 1);
     double *lat = malloc(LAT_CAP * sizeof *lat);
     double sent_at[MAX_WINDOW * 4];
     size_t nlat = 0;
     memset(res, 0, sizeof *res);
-    if (!payload || !lat || zmq_connect(sock, o->endpoint) != 0) {
+    if (!payload || !lat || zmq_connect(sock, o->c.endpoint) != 0) {
         res->failed = 1;
         goto out;
     }
-    for (size_t i = 0; i < o->size; i++)
+    for (size_t i = 0; i < o->c.size; i++)
         payload[i] = (uint8_t)(i * 2654435761u >> 24);
-    double t0 = now_s(), t_start = t0 + WARMUP_S, t_stop = t_start + o->seconds;
+    double t0 = bench_now_s(), t_start = t0 + WARMUP_S, t_stop = t_start + o->c.seconds;
     res->t_first = 1e300;
     unsigned inflight = 0;
     bool sending = true;
     while (sending || inflight) {
-        while (sending && inflight < o->window) {
-            sent_at[res->sent % (MAX_WINDOW * 4)] = now_s();
-            if (send_request(sock, header, res->sent, payload, o->size) != 0) {
+        while (sending && inflight < o->c.window) {
+            sent_at[res->sent % (MAX_WINDOW * 4)] = bench_now_s();
+            if (send_request(sock, header, res->sent, payload, o->c.size) != 0) {
                 res->failed = 1;
                 goto out;
             }
@@ -161,7 +132,7 @@ static void producer_run(const opts_t *o, result_t *res)
             inflight++;
         }
         uint64_t id = recv_reply(sock);
-        double t = now_s();
+        double t = bench_now_s();
         if (id == UINT64_MAX) {
             res->failed = 1;
             goto out;
@@ -179,10 +150,10 @@ static void producer_run(const opts_t *o, result_t *res)
         if (t >= t_stop)
             sending = false;
     }
-    qsort(lat, nlat, sizeof *lat, cmp_double);
-    res->p50 = percentile(lat, nlat, 0.50);
-    res->p99 = percentile(lat, nlat, 0.99);
-    res->p999 = percentile(lat, nlat, 0.999);
+    qsort(lat, nlat, sizeof *lat, bench_cmp_double);
+    res->p50 = bench_percentile(lat, nlat, 0.50);
+    res->p99 = bench_percentile(lat, nlat, 0.99);
+    res->p999 = bench_percentile(lat, nlat, 0.999);
 out:
     free(lat);
     free(payload);
@@ -237,27 +208,22 @@ static void print_row(const opts_t *o, const result_t *rs, unsigned n, int error
         p99[i] = rs[i].p99;
         p999[i] = rs[i].p999;
     }
-    qsort(p50, n, sizeof(double), cmp_double);
-    qsort(p99, n, sizeof(double), cmp_double);
-    qsort(p999, n, sizeof(double), cmp_double);
+    qsort(p50, n, sizeof(double), bench_cmp_double);
+    qsort(p99, n, sizeof(double), bench_cmp_double);
+    qsort(p999, n, sizeof(double), bench_cmp_double);
     double span = t_last > t_first ? t_last - t_first : NAN;
     char size[32], op[48];
-    if (o->size >= (1u << 20) && o->size % (1u << 20) == 0)
-        snprintf(size, sizeof size, "%zu MiB", o->size >> 20);
-    else if (o->size >= 1024 && o->size % 1024 == 0)
-        snprintf(size, sizeof size, "%zu KiB", o->size >> 10);
-    else
-        snprintf(size, sizeof size, "%zu B", o->size);
+    bench_size_label(o->c.size, size, sizeof size);
     if (o->reply)
         snprintf(op, sizeof op, "fan-in %zu B reply, %d io", o->reply, o->io_threads);
     else
         snprintf(op, sizeof op, "fan-in echo, %d io", o->io_threads);
-    if (o->header)
-        printf(ROW_HEADER);
+    if (o->c.header)
+        printf(BENCH_ROW_HEADER);
     printf("| %s | %s | %s | %u x %u | %.0f | %.3f | %.1f | %.1f | %.1f | %" PRIu64 "/%" PRIu64
            " | %d | - |\n",
-           o->label, op, size, o->producers, o->window, (double)answered / span,
-           (double)answered * (double)o->size / span / 1e9, n ? p50[n / 2] : NAN,
+           o->c.label, op, size, o->c.producers, o->c.window, (double)answered / span,
+           (double)answered * (double)o->c.size / span / 1e9, n ? p50[n / 2] : NAN,
            n ? p99[n / 2] : NAN, n ? p999[n / 2] : NAN, replies, sent, errors);
     fflush(stdout);
 }
@@ -273,19 +239,19 @@ static int run(opts_t *o)
     zmq_setsockopt(router, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
     zmq_setsockopt(router, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
     zmq_setsockopt(router, ZMQ_LINGER, &linger, sizeof linger);
-    if (zmq_bind(router, o->endpoint) != 0) {
-        fprintf(stderr, "fanin: cannot bind %s: %s\n", o->endpoint, zmq_strerror(errno));
+    if (zmq_bind(router, o->c.endpoint) != 0) {
+        fprintf(stderr, "fanin: cannot bind %s: %s\n", o->c.endpoint, zmq_strerror(errno));
         return 2;
     }
     /* A wildcard port (tcp://127.0.0.1:0) becomes the port bound, for the producers. */
     char bound[256];
     size_t bound_len = sizeof bound;
     if (zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, bound, &bound_len) == 0)
-        o->endpoint = bound;
+        o->c.endpoint = bound;
     int pipes[MAX_PRODUCERS][2];
     pid_t pids[MAX_PRODUCERS];
     fflush(stdout);
-    for (unsigned i = 0; i < o->producers; i++) {
+    for (unsigned i = 0; i < o->c.producers; i++) {
         if (pipe(pipes[i]) != 0)
             return 2;
         pids[i] = fork();
@@ -299,7 +265,7 @@ static int run(opts_t *o)
         close(pipes[i][1]);
     }
     void *reply = calloc(1, o->reply ? o->reply : 1);
-    unsigned running = o->producers;
+    unsigned running = o->c.producers;
     int errors = 0;
     while (running) {
         int rc = serve_one(router, reply, o->reply);
@@ -313,7 +279,7 @@ static int run(opts_t *o)
                 running--;
     }
     result_t rs[MAX_PRODUCERS];
-    for (unsigned i = 0; i < o->producers; i++) {
+    for (unsigned i = 0; i < o->c.producers; i++) {
         if (read(pipes[i][0], &rs[i], sizeof rs[i]) != (ssize_t)sizeof rs[i] || rs[i].failed) {
             memset(&rs[i], 0, sizeof rs[i]);
             errors++;
@@ -322,7 +288,7 @@ static int run(opts_t *o)
     }
     while (waitpid(-1, NULL, 0) > 0)
         continue;
-    print_row(o, rs, o->producers, errors);
+    print_row(o, rs, o->c.producers, errors);
     free(reply);
     zmq_close(router);
     zmq_ctx_term(ctx);
@@ -338,47 +304,30 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
-    opts_t o = {.label = "raw",
-                .producers = 8,
-                .window = 8,
-                .size = 1u << 20,
-                .reply = 2048,
-                .io_threads = 1,
-                .seconds = 1.5};
+    opts_t o = {
+        .c = {.label = "raw", .producers = 8, .window = 8, .size = 1u << 20, .seconds = 1.5},
+        .reply = 2048,
+        .io_threads = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--header") == 0) {
-            o.header = true;
+        if (bench_common_opt(argc, argv, &i, &o.c))
             continue;
-        }
         if (!v) {
             usage();
             return 2;
         }
         i++;
-        if (strcmp(a, "--endpoint") == 0)
-            o.endpoint = v;
-        else if (strcmp(a, "--label") == 0)
-            o.label = v;
-        else if (strcmp(a, "--producers") == 0)
-            o.producers = (unsigned)strtoul(v, NULL, 0);
-        else if (strcmp(a, "--window") == 0)
-            o.window = (unsigned)strtoul(v, NULL, 0);
-        else if (strcmp(a, "--size") == 0)
-            o.size = strtoull(v, NULL, 0);
-        else if (strcmp(a, "--reply") == 0)
+        if (strcmp(a, "--reply") == 0)
             o.reply = strcmp(v, "echo") == 0 ? 0 : strtoull(v, NULL, 0);
         else if (strcmp(a, "--io-threads") == 0)
             o.io_threads = atoi(v);
-        else if (strcmp(a, "--seconds") == 0)
-            o.seconds = strtod(v, NULL);
         else {
             usage();
             return 2;
         }
     }
-    if (!o.endpoint || !o.producers || o.producers > MAX_PRODUCERS || !o.window ||
-        o.window > MAX_WINDOW || o.io_threads < 1 || o.seconds <= 0) {
+    if (!o.c.endpoint || !o.c.producers || o.c.producers > MAX_PRODUCERS || !o.c.window ||
+        o.c.window > MAX_WINDOW || o.io_threads < 1 || o.c.seconds <= 0) {
         usage();
         return 2;
     }

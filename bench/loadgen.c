@@ -21,7 +21,7 @@
  * data path of PROTOCOL.md §10, the GPU copying straight from the region. --shm-out also gives
  * filter and scan an output range per window slot, so the replies carry only their headers.
  *
- * Output: one markdown table row per run (see ROW_HEADER), the throughput counting request
+ * Output: one markdown table row per run (see BENCH_ROW_HEADER), the throughput counting request
  * payload bytes only, latency from tally_send to the reply, over every request answered in the
  * measured interval (after WARMUP_S). Exit status 1 if any request failed or went unanswered.
  */
@@ -38,6 +38,8 @@
 #include <time.h>
 #include <zmq.h>
 
+#include "bench_util.h"
+
 #include "tally.h"
 
 #define WARMUP_S 0.3
@@ -45,26 +47,16 @@
 #define MAX_PRODUCERS 64
 #define TIMEOUT_MS 30000
 #define MAX_ENDPOINTS 8
-#define ROW_HEADER                                                                                 \
-    "| run | op | size | producers x window | req/s | GB/s | p50 us | p99 us | p99.9 us | "        \
-    "answered | errors | VmHWM MiB |\n"                                                            \
-    "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
 
 typedef struct {
-    const char *endpoint;
-    const char *label;
+    bench_opts_t c; /* --endpoint --label --size --producers --window --seconds --header */
     const char *op;
-    size_t size;
-    unsigned producers;
-    unsigned window;
-    double seconds;
     uint64_t count; /* per producer; 0 = by time */
     bool stream;
     bool scan_i32;
     bool shm;     /* input by shared-memory reference */
     bool shm_out; /* and output into the region (filter, scan) */
     int pid;
-    bool header;
 } opts_t;
 
 typedef struct {
@@ -80,19 +72,6 @@ typedef struct {
     double t_start, t_end; /* measured interval */
     char error[256];
 } producer_t;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static tally_req_t make_req(const opts_t *o, unsigned producer)
 {
@@ -132,7 +111,7 @@ static void *producer_main(void *arg)
     tally_reply_init(&reply);
     double sent_at[MAX_WINDOW * 4];
     tally_req_t req = make_req(o, p->index);
-    tally_status_t st = tally_client_new(o->endpoint, TIMEOUT_MS, &c);
+    tally_status_t st = tally_client_new(o->c.endpoint, TIMEOUT_MS, &c);
     if (st != TALLY_OK) {
         snprintf(p->error, sizeof p->error, "connect: %s", tally_status_text(st));
         p->errors++;
@@ -140,44 +119,44 @@ static void *producer_main(void *arg)
     }
     tally_region_t *region = NULL;
     size_t out_slice =
-        o->shm_out ? (o->scan_i32 || req.opcode != TALLY_OP_SCAN ? 1 : 2) * o->size : 0;
+        o->shm_out ? (o->scan_i32 || req.opcode != TALLY_OP_SCAN ? 1 : 2) * o->c.size : 0;
     if (o->shm) {
-        st = tally_region_create(c, o->size + (size_t)o->window * out_slice, &region);
+        st = tally_region_create(c, o->c.size + (size_t)o->c.window * out_slice, &region);
         if (st != TALLY_OK) {
             snprintf(p->error, sizeof p->error, "region: %s", tally_client_error(c));
             p->errors++;
             tally_client_destroy(&c);
             return NULL;
         }
-        memcpy(tally_region_data(region), p->payload, o->size);
+        memcpy(tally_region_data(region), p->payload, o->c.size);
     }
-    double t0 = now_s();
+    double t0 = bench_now_s();
     p->t_start = t0 + WARMUP_S;
-    double t_stop = t0 + WARMUP_S + o->seconds;
+    double t_stop = t0 + WARMUP_S + o->c.seconds;
     uint64_t inflight = 0;
     bool sending = true;
     while (sending || inflight) {
-        while (sending && inflight < o->window) {
+        while (sending && inflight < o->c.window) {
             uint64_t id = 0;
             if (region) /* output slices by send count: a benchmark ignores their contents */
-                st = tally_send_shm(c, &req, region, 0, o->size, out_slice ? region : NULL,
-                                    o->size + (size_t)(p->sent % o->window) * out_slice, &id);
+                st = tally_send_shm(c, &req, region, 0, o->c.size, out_slice ? region : NULL,
+                                    o->c.size + (size_t)(p->sent % o->c.window) * out_slice, &id);
             else
-                st = tally_send(c, &req, p->payload, o->size, &id);
+                st = tally_send(c, &req, p->payload, o->c.size, &id);
             if (st != TALLY_OK) {
                 snprintf(p->error, sizeof p->error, "send: %s", tally_client_error(c));
                 p->errors++;
                 sending = false;
                 break;
             }
-            sent_at[id % (MAX_WINDOW * 4)] = now_s();
+            sent_at[id % (MAX_WINDOW * 4)] = bench_now_s();
             p->sent++;
             inflight++;
         }
         if (!inflight)
             break;
         st = tally_recv(c, &reply);
-        double t = now_s();
+        double t = bench_now_s();
         if (st == TALLY_E_TIMEOUT || st == TALLY_E_TRANSPORT) {
             snprintf(p->error, sizeof p->error, "recv: %s", tally_client_error(c));
             p->errors++;
@@ -195,7 +174,7 @@ static void *producer_main(void *arg)
             if (p->measured < p->lat_cap)
                 p->lat_us[p->measured] = lat;
             p->measured++;
-            p->bytes += o->size;
+            p->bytes += o->c.size;
             p->t_end = t;
         }
         if (o->count ? p->sent >= o->count : t >= t_stop)
@@ -222,19 +201,11 @@ static long vm_hwm_kib(int pid)
     return kib;
 }
 
-static double percentile(const double *sorted, size_t n, double q)
-{
-    if (!n)
-        return NAN;
-    size_t i = (size_t)ceil(q * (double)n) - 1;
-    return sorted[i < n ? i : n - 1];
-}
-
 static int run(const opts_t *o)
 {
-    uint8_t *payload = malloc(o->size ? o->size : 1);
+    uint8_t *payload = malloc(o->c.size ? o->c.size : 1);
     uint64_t x = 0x9E3779B97F4A7C15ull;
-    for (size_t i = 0; i < o->size; i++) { /* xorshift bytes: int32 of both signs */
+    for (size_t i = 0; i < o->c.size; i++) { /* xorshift bytes: int32 of both signs */
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
@@ -242,7 +213,7 @@ static int run(const opts_t *o)
     }
     producer_t ps[MAX_PRODUCERS];
     memset(ps, 0, sizeof ps);
-    for (unsigned i = 0; i < o->producers; i++) {
+    for (unsigned i = 0; i < o->c.producers; i++) {
         ps[i].o = o;
         ps[i].index = i;
         ps[i].payload = payload;
@@ -252,7 +223,7 @@ static int run(const opts_t *o)
     }
     uint64_t sent = 0, answered = 0, errors = 0, measured = 0, bytes = 0;
     double t_start = 1e300, t_end = 0;
-    for (unsigned i = 0; i < o->producers; i++) {
+    for (unsigned i = 0; i < o->c.producers; i++) {
         pthread_join(ps[i].thread, NULL);
         sent += ps[i].sent;
         answered += ps[i].answered;
@@ -268,30 +239,25 @@ static int run(const opts_t *o)
     }
     double *all = malloc((measured ? measured : 1) * sizeof(double));
     size_t k = 0;
-    for (unsigned i = 0; i < o->producers; i++) {
+    for (unsigned i = 0; i < o->c.producers; i++) {
         size_t m = ps[i].measured < ps[i].lat_cap ? ps[i].measured : ps[i].lat_cap;
         memcpy(all + k, ps[i].lat_us, m * sizeof(double));
         k += m;
         free(ps[i].lat_us);
     }
-    qsort(all, measured, sizeof *all, cmp_double);
+    qsort(all, measured, sizeof *all, bench_cmp_double);
     double span = t_end > t_start ? t_end - t_start : NAN;
     double hwm = o->pid > 0 ? (double)vm_hwm_kib(o->pid) / 1024.0 : NAN;
-    if (o->header)
-        printf(ROW_HEADER);
+    if (o->c.header)
+        printf(BENCH_ROW_HEADER);
     char size[32];
-    if (o->size >= (1u << 20) && o->size % (1u << 20) == 0)
-        snprintf(size, sizeof size, "%zu MiB", o->size >> 20);
-    else if (o->size >= 1024 && o->size % 1024 == 0)
-        snprintf(size, sizeof size, "%zu KiB", o->size >> 10);
-    else
-        snprintf(size, sizeof size, "%zu B", o->size);
+    bench_size_label(o->c.size, size, sizeof size);
     printf("| %s | %s%s | %s | %u x %u | %.0f | %.3f | %.1f | %.1f | %.1f | %" PRIu64 "/%" PRIu64
            " | %" PRIu64 " | %.0f |\n",
-           o->label, o->op, o->scan_i32 ? " (i32 out)" : "", size, o->producers, o->window,
-           (double)measured / span, (double)bytes / span / 1e9, percentile(all, measured, 0.50),
-           percentile(all, measured, 0.99), percentile(all, measured, 0.999), answered, sent,
-           errors, hwm);
+           o->c.label, o->op, o->scan_i32 ? " (i32 out)" : "", size, o->c.producers, o->c.window,
+           (double)measured / span, (double)bytes / span / 1e9,
+           bench_percentile(all, measured, 0.50), bench_percentile(all, measured, 0.99),
+           bench_percentile(all, measured, 0.999), answered, sent, errors, hwm);
     fflush(stdout);
     free(all);
     free(payload);
@@ -374,8 +340,8 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
-    opts_t o = {
-        .label = "run", .op = "hist", .size = 65536, .producers = 1, .window = 8, .seconds = 2.0};
+    opts_t o = {.c = {.label = "run", .size = 65536, .producers = 1, .window = 8, .seconds = 2.0},
+                .op = "hist"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -396,29 +362,15 @@ int main(int argc, char **argv)
             o.shm_out = strcmp(a, "--shm-out") == 0;
             continue;
         }
-        if (strcmp(a, "--header") == 0) {
-            o.header = true;
+        if (bench_common_opt(argc, argv, &i, &o.c))
             continue;
-        }
         if (!v) {
             usage();
             return 2;
         }
         i++;
-        if (strcmp(a, "--endpoint") == 0)
-            o.endpoint = v;
-        else if (strcmp(a, "--op") == 0)
+        if (strcmp(a, "--op") == 0)
             o.op = v;
-        else if (strcmp(a, "--label") == 0)
-            o.label = v;
-        else if (strcmp(a, "--size") == 0)
-            o.size = strtoull(v, NULL, 0);
-        else if (strcmp(a, "--producers") == 0)
-            o.producers = (unsigned)strtoul(v, NULL, 0);
-        else if (strcmp(a, "--window") == 0)
-            o.window = (unsigned)strtoul(v, NULL, 0);
-        else if (strcmp(a, "--seconds") == 0)
-            o.seconds = strtod(v, NULL);
         else if (strcmp(a, "--count") == 0)
             o.count = strtoull(v, NULL, 0);
         else if (strcmp(a, "--pid") == 0)
@@ -428,8 +380,8 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (!o.endpoint || !o.producers || o.producers > MAX_PRODUCERS || !o.window ||
-        o.window > MAX_WINDOW || (o.size % 4 && strcmp(o.op, "hist") && strcmp(o.op, "echo"))) {
+    if (!o.c.endpoint || !o.c.producers || o.c.producers > MAX_PRODUCERS || !o.c.window ||
+        o.c.window > MAX_WINDOW || (o.c.size % 4 && strcmp(o.op, "hist") && strcmp(o.op, "echo"))) {
         usage();
         return 2;
     }

@@ -58,6 +58,21 @@ static void start(th_daemon_t *d, const char *const *extra)
     assert_int_equal(th_daemon_start(d, argv), 0);
 }
 
+/* Starts tallyd on `gpus` simulated GPUs (--backend cuda), with the test-only environment
+ * variable env set to value while it starts (how long each simulated launch or registration
+ * takes), and debug logging when asked. */
+static void start_sim(th_daemon_t *d, const char *gpus, const char *env, const char *value,
+                      bool debug)
+{
+    const char *args[] = {"--backend", "cuda", "--test-sim-gpus", gpus, "--log-level",
+                          "debug",     NULL};
+    if (!debug)
+        args[4] = NULL;
+    setenv(env, value, 1);
+    start(d, args);
+    unsetenv(env);
+}
+
 /* Stops tallyd and removes what it leaves of the side channel (the lock file, the directory). */
 static void stop(th_daemon_t *d)
 {
@@ -554,11 +569,8 @@ static void test_dead_producer(void **state)
     /* Each simulated launch takes 1 s and a stream's requests share one lane, so the last of
      * the six is answered about 5 s after the first: the producer is long gone by then, and
      * the checks below have seconds, not microseconds, to run. */
-    setenv("TALLYD_TEST_SIM_LATENCY_US", "1000000", 1);
     th_daemon_t d;
-    static const char *const args[] = {"--backend", "cuda", "--test-sim-gpus", "1", NULL};
-    start(&d, args);
-    unsetenv("TALLYD_TEST_SIM_LATENCY_US");
+    start_sim(&d, "1", "TALLYD_TEST_SIM_LATENCY_US", "1000000", false);
     int pipefd[2];
     assert_int_equal(pipe(pipefd), 0);
     pid_t pid = fork();
@@ -677,11 +689,8 @@ static void test_shm_off(void **state)
 static void test_register_off_loop(void **state)
 {
     (void)state;
-    setenv("TALLYD_TEST_SIM_REGISTER_US", "1500000", 1);
     th_daemon_t d;
-    static const char *const args[] = {"--backend", "cuda", "--test-sim-gpus", "1", NULL};
-    start(&d, args);
-    unsetenv("TALLYD_TEST_SIM_REGISTER_US");
+    start_sim(&d, "1", "TALLYD_TEST_SIM_REGISTER_US", "1500000", false);
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new(d.endpoint, 10000, &c), TALLY_OK);
 
@@ -843,12 +852,8 @@ static void test_split(void **state)
 static void test_sigterm_inflight_refs(void **state)
 {
     (void)state;
-    setenv("TALLYD_TEST_SIM_LATENCY_US", "300000", 1);
     th_daemon_t d;
-    static const char *const args[] = {"--backend", "cuda", "--test-sim-gpus", "1", "--log-level",
-                                       "debug",     NULL};
-    start(&d, args);
-    unsetenv("TALLYD_TEST_SIM_LATENCY_US");
+    start_sim(&d, "1", "TALLYD_TEST_SIM_LATENCY_US", "300000", true);
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new(d.endpoint, 15000, &c), TALLY_OK);
     tally_region_t *region = NULL;
@@ -932,11 +937,8 @@ static uint64_t gpu_count(const char *endpoint, int device)
 static void test_spread_over_gpus(void **state)
 {
     (void)state;
-    setenv("TALLYD_TEST_SIM_LATENCY_US", "200000", 1);
     th_daemon_t d;
-    static const char *const args[] = {"--backend", "cuda", "--test-sim-gpus", "2", NULL};
-    start(&d, args);
-    unsetenv("TALLYD_TEST_SIM_LATENCY_US");
+    start_sim(&d, "2", "TALLYD_TEST_SIM_LATENCY_US", "200000", false);
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new(d.endpoint, 30000, &c), TALLY_OK);
     tally_region_t *region = NULL;

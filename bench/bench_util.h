@@ -1,0 +1,92 @@
+/*
+ * bench_util.h — what the end-to-end benchmark programs (loadgen.c, fanin.c) share: one row
+ * layout, so bench/run-path.sh reads both with one parser, the clock, percentiles, and the
+ * options both take. Header-only (static functions): each program is one file plus this.
+ */
+#ifndef TALLY_BENCH_UTIL_H
+#define TALLY_BENCH_UTIL_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define BENCH_ROW_HEADER                                                                           \
+    "| run | op | size | producers x window | req/s | GB/s | p50 us | p99 us | p99.9 us | "        \
+    "answered | errors | VmHWM MiB |\n"                                                            \
+    "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+
+/* The options every benchmark program takes. */
+typedef struct {
+    const char *endpoint;
+    const char *label;
+    size_t size; /* request payload bytes */
+    unsigned producers;
+    unsigned window; /* requests in flight per producer */
+    double seconds;  /* measured, after the warm-up */
+    bool header;     /* print BENCH_ROW_HEADER first */
+} bench_opts_t;
+
+static inline double bench_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static inline int bench_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static inline double bench_percentile(const double *sorted, size_t n, double q)
+{
+    if (!n)
+        return NAN;
+    size_t i = (size_t)ceil(q * (double)n) - 1;
+    return sorted[i < n ? i : n - 1];
+}
+
+/* "1 MiB", "4 KiB", "100 B" */
+static inline void bench_size_label(size_t size, char *buf, size_t cap)
+{
+    if (size >= (1u << 20) && size % (1u << 20) == 0)
+        snprintf(buf, cap, "%zu MiB", size >> 20);
+    else if (size >= 1024 && size % 1024 == 0)
+        snprintf(buf, cap, "%zu KiB", size >> 10);
+    else
+        snprintf(buf, cap, "%zu B", size);
+}
+
+/* Takes argv[*i] (and its value) when it is a common option; true when it was one. */
+static inline bool bench_common_opt(int argc, char **argv, int *i, bench_opts_t *o)
+{
+    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    if (strcmp(a, "--header") == 0) {
+        o->header = true;
+        return true;
+    }
+    if (!v)
+        return false;
+    if (strcmp(a, "--endpoint") == 0)
+        o->endpoint = v;
+    else if (strcmp(a, "--label") == 0)
+        o->label = v;
+    else if (strcmp(a, "--size") == 0)
+        o->size = strtoull(v, NULL, 0);
+    else if (strcmp(a, "--producers") == 0)
+        o->producers = (unsigned)strtoul(v, NULL, 0);
+    else if (strcmp(a, "--window") == 0)
+        o->window = (unsigned)strtoul(v, NULL, 0);
+    else if (strcmp(a, "--seconds") == 0)
+        o->seconds = strtod(v, NULL);
+    else
+        return false;
+    (*i)++;
+    return true;
+}
+
+#endif
