@@ -56,12 +56,12 @@ start_tallyd() { # name args...: tcp on the next port, ipc in $RUN, its own side
 ep() { # name transport
   if [ "$2" = tcp ]; then eval "echo \$TCP_$1"; else echo "ipc://$RUN/$1.ipc"; fi
 }
-# row KEY command...: runs a loadgen or fanin command (60 s at most), appends its markdown row
+# row KEY command...: runs a loadgen or fanin command (30 s at most), appends its markdown row
 # and records "KEY GB/s p50" (columns 6 and 7 of the row).
 row() {
   local key=$1 out
   shift
-  out=$(timeout 60 "$@" 2>>"$ERR" | grep '^| ' | grep -v -e '^| run | op |' -e '^|---' | tail -1)
+  out=$(timeout 30 "$@" 2>>"$ERR" | grep '^| ' | grep -v -e '^| run | op |' -e '^|---' | tail -1)
   if [ -z "$out" ]; then
     echo "| $key | FAILED: $* |" >>"$MD"
     echo "$key nan nan" >>"$RES"
