@@ -12,7 +12,8 @@
 #      threshold TD_GPU_MIN_BATCH_SHM);
 #   4c. on a host with 2+ GPUs: shared-memory hist, 2 and 4 producers, one GPU against all;
 #   5. 4 KiB requests, one in flight: ZeroMQ echo p50 against tallyd (auto) p50;
-# then the ratios the issue's targets name. Markdown in OUT_DIR/path.md (rows, then ratios),
+# then the ratios the issue's targets name. With perf installed, a profile of the GPU tallyd under
+# the ZeroMQ 8 x 8 load goes to OUT_DIR/perf-hist8x8.txt. Markdown in OUT_DIR/path.md (rows, then ratios),
 # `key GB/s p50` lines in OUT_DIR/results.txt, every tallyd's log and stderr in OUT_DIR.
 # SECONDS_PER_RUN (default 1.2) sets each run's measured time; the whole run takes about 3 min.
 # GPU_ARGS (default "--backend cuda") is the GPU tallyd's backend: "--backend cuda
@@ -51,6 +52,7 @@ start_tallyd() { # name args...: tcp on the next port, ipc in $RUN, its own side
   "$TD" --bind "tcp://127.0.0.1:$port" --bind "ipc://$RUN/$name.ipc" --shm-socket "$RUN/$name.sock" \
     --log-level notice "$@" >"$OUT/tallyd-$name.log" 2>&1 &
   pids+=($!)
+  eval "PID_$name=$!"
   eval "TCP_$name=tcp://127.0.0.1:$port"
 }
 ep() { # name transport
@@ -125,6 +127,25 @@ for tr in ipc tcp; do
   row "td_${tr}_gpuio1_hist_8x8" "$LG" --endpoint "$(ep gpuio1 $tr)" --op hist --size 1048576 \
     --producers 8 --window 8 --seconds "$T"
 done
+
+# Where tallyd's time goes on the ZeroMQ path (issue 9 B): a perf profile of the GPU tallyd
+# under the 8 x 8 hist load over ipc, when perf is installed (perf-hist8x8.txt).
+if command -v perf >/dev/null 2>&1; then
+  "$LG" --endpoint "$(ep gpu ipc)" --op hist --size 1048576 --producers 8 --window 8 \
+    --seconds 3 >/dev/null 2>>"$ERR" &
+  lgpid=$!
+  sleep 0.5
+  # shellcheck disable=SC2154
+  timeout 20 perf record -g -o "$OUT/perf.data" -p "$PID_gpu" -- sleep 2 >/dev/null 2>>"$ERR"
+  wait $lgpid
+  { # by thread first (tallyd = the loop thread and libuv's workers, tdlane-D.L the GPU lanes,
+    # ZMQbg/IO/N ZeroMQ's I/O threads), then by function
+    timeout 60 perf report -i "$OUT/perf.data" --stdio --no-children --sort comm
+    timeout 60 perf report -i "$OUT/perf.data" --stdio --no-children --percent-limit 1
+  } >"$OUT/perf-hist8x8.txt" 2>>"$ERR"
+  rm -f "$OUT/perf.data"
+  echo "(perf profile of the GPU tallyd under hist 1 MiB 8 x 8, ipc: perf-hist8x8.txt)" >>"$MD"
+fi
 
 # ---- 4. tallyd over shared memory -------------------------------------------------------------
 table "tallyd over shared memory (ipc for the references; GB/s = input bytes)"

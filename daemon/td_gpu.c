@@ -489,6 +489,9 @@ static void *lane_main(void *arg)
 {
     lane_t *l = arg;
     unsigned slots = l->gpu->opts.slots;
+    char name[16]; /* for profiles and top -H: "tdlane-0.3" is device 0, lane 3 */
+    snprintf(name, sizeof name, "tdlane-%d.%u", l->dev->ordinal % 100, l->index % 100);
+    pthread_setname_np(pthread_self(), name);
     if (l->gpu->engine->lane_bind(l->hw) != TALLY_OK)
         atomic_store(&l->dev->dead, true);
     pthread_mutex_lock(&l->lock);
