@@ -60,6 +60,12 @@
  * at most one per lane and TD_GPU_SPLIT_MAX_PIECES. Filters are not split: the pieces' compacted
  * outputs would have to be packed together after every piece's count is known. */
 #define TD_GPU_SPLIT_MIN_BYTES (8u << 20)
+/* Staging slots and device buffers hold at most this much of a batch, whatever max_batch is:
+ * sized by max_batch alone, a --max-batch 256M made 6 GiB of pinned staging (4 lanes x 2 slots
+ * x 768 MiB). A batch above it runs on the GPU only when it can be split into pieces that fit
+ * (the shared-memory hist and scan above, up to TD_GPU_SPLIT_MAX_PIECES pieces: 1 GiB), else
+ * on the CPU backend, even with --backend cuda. */
+#define TD_GPU_BUFFER_MAX_BYTES (64u << 20)
 #define TD_GPU_SPLIT_PIECE_MIN_BYTES (2u << 20)
 #define TD_GPU_SPLIT_MAX_PIECES 16u
 #define TD_GPU_REPLY_BUFS 16u

@@ -112,8 +112,11 @@ static size_t gpu_min_batch(const td_exec_t *x, const td_request_t *r)
 
 static bool wants_gpu(const td_exec_t *x, const td_request_t *r)
 {
-    /* A reload may raise max_batch above what the staging buffers were sized for. */
-    if (!x->gpu || !td_gpu_usable(x->gpu) || r->payload_len > x->gpu_max_batch)
+    if (!x->gpu || !td_gpu_usable(x->gpu))
+        return false;
+    /* Above the device buffers (TD_GPU_BUFFER_MAX_BYTES, or a reload raised max_batch above
+     * what they were sized for) only a batch split into pieces that fit can run there. */
+    if (r->payload_len > x->gpu_max_batch && !td_gpu_split_min_pieces(x->gpu, r))
         return false;
     return x->choice == TD_BACKEND_CUDA || r->payload_len >= gpu_min_batch(x, r);
 }
@@ -208,6 +211,19 @@ void td_exec_submit(td_exec_t *x, td_request_t *r)
     td_gpu_submit(x->gpu, r);
 }
 
+/* The batch bytes the GPU's staging slots and device buffers hold: max_batch, at most
+ * TD_GPU_BUFFER_MAX_BYTES (td_config.h says why). TALLYD_TEST_GPU_BUFFER_BYTES lowers the cap,
+ * so the tests reach batches above it without gigabytes of buffers. */
+static size_t gpu_buffer_bytes(const td_config_t *cfg)
+{
+    size_t cap = TD_GPU_BUFFER_MAX_BYTES;
+    const char *test = getenv("TALLYD_TEST_GPU_BUFFER_BYTES");
+    if (test && strtoull(test, NULL, 10) >= 16)
+        cap = (size_t)strtoull(test, NULL, 10);
+    size_t bytes = cfg->max_batch < cap ? cfg->max_batch : cap;
+    return bytes < 16 ? 16 : bytes;
+}
+
 static tally_status_t open_gpu(td_exec_t *x)
 {
     const td_config_t *cfg = x->env.cfg;
@@ -216,7 +232,7 @@ static tally_status_t open_gpu(td_exec_t *x)
     tally_status_t st = cfg->test_sim_gpus ? td_gpu_engine_sim_new(cfg->test_sim_gpus, &engine)
                                            : td_gpu_engine_cuda_new(&engine, why, sizeof why);
     if (st == TALLY_OK) {
-        x->gpu_max_batch = cfg->max_batch < 16 ? 16 : cfg->max_batch;
+        x->gpu_max_batch = gpu_buffer_bytes(cfg);
         td_gpu_opts_t opts = {
             .max_batch = x->gpu_max_batch,
             .lanes = cfg->gpu_streams ? cfg->gpu_streams : TD_DEFAULT_GPU_STREAMS,

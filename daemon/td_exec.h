@@ -10,7 +10,8 @@
  *   - the GPU path (td_gpu.h) runs it on a device lane, asynchronously.
  * In auto mode a batch below its operation's threshold (TD_GPU_MIN_BATCH_*, or --gpu-min-batch)
  * takes the CPU path, being faster end to end there (bench/NOTES.md); with --backend cuda every
- * batch goes to the GPU while one is usable.
+ * batch goes to the GPU while one is usable, except one larger than the GPU's buffers
+ * (TD_GPU_BUFFER_MAX_BYTES) that cannot be split into pieces that fit them.
  *
  * Every request submitted comes back exactly once through the `done` callback, on the loop
  * thread, with its reply built. A request that failed on the GPU is rerun on the CPU first, so

@@ -361,17 +361,37 @@ static td_gpu_job_t make_job(const td_request_t *r, unsigned slot)
     return job;
 }
 
-/* How many pieces r's job is split into over the device's lanes (1: not split); see
- * TD_GPU_SPLIT_MIN_BYTES in td_config.h for what is split and why. */
-static unsigned split_pieces(const lane_t *l, const td_request_t *r, const td_gpu_job_t *job)
+/* Can r run split: its input (and a scan's output) in regions registered with the device, a
+ * hist or a scan, and an engine that splits? */
+static bool splittable(const td_gpu_t *g, const td_request_t *r)
 {
-    bool splittable = job->opcode == TALLY_OP_HIST || (job->opcode == TALLY_OP_SCAN && job->dst);
-    if (!job->src || !splittable || !l->gpu->engine->lane_launch_split ||
-        r->payload_len < TD_GPU_SPLIT_MIN_BYTES)
+    bool direct_in = r->shm_in && r->shm_in->device_registered;
+    bool direct_out = r->shm_out && r->shm_out->device_registered;
+    return g->engine->lane_launch_split && direct_in &&
+           (r->req.opcode == TALLY_OP_HIST || (r->req.opcode == TALLY_OP_SCAN && direct_out));
+}
+
+unsigned td_gpu_split_min_pieces(const td_gpu_t *g, const td_request_t *r)
+{
+    if (!splittable(g, r))
+        return 0;
+    size_t pieces = (r->payload_len + g->opts.max_batch - 1) / g->opts.max_batch;
+    return pieces <= TD_GPU_SPLIT_MAX_PIECES ? (unsigned)(pieces ? pieces : 1) : 0;
+}
+
+/* How many pieces r's job is split into over the device's lanes (1: not split): as many as the
+ * device has lanes (pieces of at least TD_GPU_SPLIT_PIECE_MIN_BYTES), and at least as many as
+ * make every piece fit the device buffers; see TD_GPU_SPLIT_MIN_BYTES in td_config.h. */
+static unsigned split_pieces(const lane_t *l, const td_request_t *r)
+{
+    unsigned least = td_gpu_split_min_pieces(l->gpu, r);
+    if (!least || (r->payload_len < TD_GPU_SPLIT_MIN_BYTES && least == 1))
         return 1;
     size_t pieces = r->payload_len / TD_GPU_SPLIT_PIECE_MIN_BYTES;
     if (pieces > l->dev->lane_count)
         pieces = l->dev->lane_count;
+    if (pieces < least)
+        pieces = least;
     if (pieces > TD_GPU_SPLIT_MAX_PIECES)
         pieces = TD_GPU_SPLIT_MAX_PIECES;
     return (unsigned)pieces;
@@ -386,25 +406,31 @@ static void launch(lane_t *l, slot_t *slot)
         return;
     td_gpu_staging_t *s = &l->staging[slot->index];
     td_gpu_job_t job = make_job(r, slot->index);
+    const td_gpu_engine_t *e = l->gpu->engine;
+    unsigned pieces = split_pieces(l, r);
+    tally_status_t st = TALLY_E_BACKEND;
+    /* A batch above the buffers only comes here when it splits (td_exec.c); never overrun the
+     * staging slot should that ever not hold: fail it, and the CPU reruns it. */
+    if (pieces < 2 && r->payload_len > l->gpu->opts.max_batch)
+        goto failed;
     if (job.src == NULL) /* a ZeroMQ payload (pageable): through pinned staging */
         memcpy(s->in, r->payload, r->payload_len);
     if (job.dst == NULL && !r->out_ptr && output_bytes(r)) /* the reply, built in place */
         job.dst = slot->reply_buf = pool_take(&l->dev->pool, output_bytes(r));
     s->small->carry = r->carry;
-    const td_gpu_engine_t *e = l->gpu->engine;
-    unsigned pieces = split_pieces(l, r, &job);
-    tally_status_t st;
     if (pieces > 1) {
-        td_debug("request %" PRIu64 ": %zu bytes split over %u lanes of GPU %d", r->rep.request_id,
-                 r->payload_len, pieces, l->dev->ordinal);
-        st = e->lane_launch_split(l->hw, (void *const *)l->peer_hw, pieces, &job, slot_done, slot);
+        td_debug("request %" PRIu64 ": %zu bytes split into %u pieces over the %u lanes of GPU %d",
+                 r->rep.request_id, r->payload_len, pieces, l->dev->lane_count, l->dev->ordinal);
+        st = e->lane_launch_split(l->hw, (void *const *)l->peer_hw, l->dev->lane_count, pieces,
+                                  &job, slot_done, slot);
     } else {
         st = e->lane_launch(l->hw, &job, slot_done, slot);
     }
     if (st == TALLY_OK)
         return;
+failed:
     td_warn("GPU %d (%s) stream %u: launch of request %" PRIu64 " failed: %s", l->dev->ordinal,
-            l->dev->name, l->index, r->rep.request_id, l->gpu->engine->error_string());
+            l->dev->name, l->index, r->rep.request_id, e->error_string());
     pthread_mutex_lock(&l->lock);
     slot->state = SLOT_FAILED;
     pthread_cond_signal(&l->cond);

@@ -53,6 +53,11 @@ void td_gpu_submit(td_gpu_t *self, td_request_t *r);
 /* The stream has nothing in flight any more: its carry index goes back to its lane. */
 void td_gpu_stream_idle(td_gpu_t *self, td_stream_t *stream);
 
+/* Would r (prepared, about to be submitted) be split over a device's lanes, and into how many
+ * pieces at least so each fits the device buffers (TD_GPU_SPLIT_MIN_BYTES in td_config.h)?
+ * 0 when it cannot be split; then a batch above the buffers cannot run on the GPU. */
+unsigned td_gpu_split_min_pieces(const td_gpu_t *self, const td_request_t *r);
+
 /* Registers a shared-memory region with the engine (every device), so lanes copy straight from
  * and to it; false when the engine could not (the lanes then go through staging). Any thread
  * (td_shm.c calls it on a worker); unregister on the loop thread. */

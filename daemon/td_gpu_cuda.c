@@ -294,9 +294,9 @@ fail:
  * piece only ever waits for work enqueued before it and no two split jobs can wait on each other.
  * Lane 0 (this thread's) starts the chain (carry upload, zeroed histogram), runs piece 0, then
  * waits for every other piece before it copies the small results back and calls done. */
-static tally_status_t cuda_lane_launch_split(void *lane, void *const *lanes, unsigned count,
-                                             const td_gpu_job_t *job, td_gpu_done_fn done,
-                                             void *arg)
+static tally_status_t cuda_lane_launch_split(void *lane, void *const *lanes, unsigned lane_count,
+                                             unsigned count, const td_gpu_job_t *job,
+                                             td_gpu_done_fn done, void *arg)
 {
     cuda_lane_t *l0 = lane;
     td_gpu_staging_t *s = &l0->staging[job->slot];
@@ -313,12 +313,12 @@ static tally_status_t cuda_lane_launch_split(void *lane, void *const *lanes, uns
         TRY(cudaMemsetAsync(&l0->d_small->hist, 0, sizeof l0->d_small->hist, l0->stream));
     TRY(cudaEventRecord(l0->ev_start, l0->stream));
     for (size_t first = 0; first < job->n; first += per, used++) {
-        cuda_lane_t *li = lanes[used];
+        cuda_lane_t *li = lanes[used % lane_count];
         size_t n = job->n - first < per ? job->n - first : per;
         st = enqueue_piece(l0, li, job, used, first, n);
         if (st != TALLY_OK)
             goto fail;
-        if (used > 0) { /* lane 0 goes on only once this piece is done */
+        if (used % lane_count) { /* lane 0 goes on only once this piece is done */
             TRY(cudaEventRecord(l0->ev_done[used], li->stream));
             TRY(cudaStreamWaitEvent(l0->stream, l0->ev_done[used], 0));
         }
@@ -335,7 +335,7 @@ static tally_status_t cuda_lane_launch_split(void *lane, void *const *lanes, uns
     return TALLY_OK;
 fail:
     /* Nothing of the job may still run once we return: drain every lane it touched. */
-    for (unsigned i = 0; i <= used && i < count; i++)
+    for (unsigned i = 0; i <= used && i < lane_count; i++)
         (void)cudaStreamSynchronize(((cuda_lane_t *)lanes[i])->stream);
     (void)cudaGetLastError();
     return TALLY_E_BACKEND;

@@ -97,9 +97,11 @@ struct td_gpu_engine {
      * failed (then done is not called and nothing of the job is still running). */
     tally_status_t (*lane_launch)(void *lane, const td_gpu_job_t *job, td_gpu_done_fn done,
                                   void *arg);
-    /* The same job split into `count` pieces of consecutive elements, piece i on lanes[i]
-     * (lanes[0] is `lane`, the one whose thread calls this and whose slot, carries and small
-     * results the job uses; the others are lanes of the same device). Only for a hist, or a scan
+    /* The same job split into `count` pieces of consecutive elements (each at most the
+     * max_batch the lanes were opened with), piece i on lanes[i % lane_count] (lanes[0] is
+     * `lane`, the one whose thread calls this and whose slot, carries and small results the job
+     * uses; the others are lanes of the same device; pieces on one lane run in its stream
+     * order). Only for a hist, or a scan
      * with job->dst, with job->src set: the pieces read src and write dst directly. The scan's
      * carry chains from piece to piece through lane's carry job->carry_index (each piece's kernel
      * waits for the one before it; the copies do not), the hist's pieces add into one device
@@ -107,8 +109,9 @@ struct td_gpu_engine {
      * lane's later jobs see the final carry. Work enqueued on the other lanes runs in their stream
      * order beside their own jobs. TALLY_E_BACKEND when enqueuing failed (then nothing of the job
      * is still running). NULL when the engine cannot split. */
-    tally_status_t (*lane_launch_split)(void *lane, void *const *lanes, unsigned count,
-                                        const td_gpu_job_t *job, td_gpu_done_fn done, void *arg);
+    tally_status_t (*lane_launch_split)(void *lane, void *const *lanes, unsigned lane_count,
+                                        unsigned count, const td_gpu_job_t *job,
+                                        td_gpu_done_fn done, void *arg);
     /* Asks whether work enqueued earlier failed asynchronously (done will never come):
      * TALLY_E_BACKEND then, TALLY_OK when it is still running or finished. */
     tally_status_t (*lane_check)(void *lane);

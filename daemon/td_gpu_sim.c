@@ -207,11 +207,13 @@ static tally_status_t sim_run_split(sim_lane_t *l, unsigned count, const td_gpu_
     return st;
 }
 
-static tally_status_t sim_lane_launch_split(void *lane, void *const *lanes, unsigned count,
-                                            const td_gpu_job_t *job, td_gpu_done_fn done, void *arg)
+static tally_status_t sim_lane_launch_split(void *lane, void *const *lanes, unsigned lane_count,
+                                            unsigned count, const td_gpu_job_t *job,
+                                            td_gpu_done_fn done, void *arg)
 {
     sim_lane_t *l = lane;
     (void)lanes;
+    (void)lane_count;
     if (count > TD_GPU_SPLIT_MAX_PIECES || !job->src || (job->opcode == TALLY_OP_SCAN && !job->dst))
         return TALLY_E_PARAM;
     if (l->sim->latency_us)

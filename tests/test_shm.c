@@ -747,7 +747,7 @@ static void test_register_off_loop(void **state)
  * the lanes, must match it byte for byte: hists (u8, i32) and scans (inclusive, exclusive, int32
  * out) into an output region, on a stream twice (the carry chains across requests as well as
  * across pieces) and once pipelined behind a small scan on the same stream. */
-static void run_split(const char *const *engine_args)
+static void run_split(const char *const *engine_args, const char *split_log)
 {
     const char *args[16];
     int n = 0;
@@ -796,7 +796,7 @@ static void run_split(const char *const *engine_args)
             tally_reply_clear(&b);
         }
     }
-    assert_true(th_daemon_log_contains(&d, "split over 4 lanes"));
+    assert_true(th_daemon_log_contains(&d, split_log));
 
     /* Pipelined on one stream: small scan, split scan, small scan; the carries must chain. */
     tally_req_t req = case_req(&split_cases[2], "pipe");
@@ -839,7 +839,21 @@ static void test_split(void **state)
     static const char *const sim[] = {"--backend", "cuda", "--test-sim-gpus", "1", NULL};
     static const char *const cuda[] = {"--backend", "cuda", NULL};
     const char *engine = getenv("TALLY_SHM_ENGINE");
-    run_split(engine && strcmp(engine, "cuda") == 0 ? cuda : sim);
+    run_split(engine && strcmp(engine, "cuda") == 0 ? cuda : sim,
+              "split into 4 pieces over the 4 lanes");
+}
+
+/* Device buffers of 4 MiB (TALLYD_TEST_GPU_BUFFER_BYTES) and 2 lanes: the 12 MiB requests by
+ * reference run on the GPU in 3 pieces (more than the lanes), the same replies again; a 12 MiB
+ * batch that cannot be split (by payload) runs on the CPU, still right. */
+static void test_split_beyond_buffers(void **state)
+{
+    (void)state;
+    static const char *const sim[] = {"--backend", "cuda", "--test-sim-gpus", "1", "--gpu-streams",
+                                      "2",         NULL};
+    setenv("TALLYD_TEST_GPU_BUFFER_BYTES", "4194304", 1);
+    run_split(sim, "split into 3 pieces over the 2 lanes");
+    unsetenv("TALLYD_TEST_GPU_BUFFER_BYTES");
 }
 
 /* ---- SIGTERM with references in flight ---------------------------------------------------- */
@@ -1008,6 +1022,7 @@ int main(void)
         cmocka_unit_test(test_split),
         cmocka_unit_test(test_sigterm_inflight_refs),
         cmocka_unit_test(test_spread_over_gpus),
+        cmocka_unit_test(test_split_beyond_buffers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
