@@ -862,47 +862,61 @@ static void test_split_beyond_buffers(void **state)
  * on the stream, holding their references), and unnamed hists, all in tallyd (simulated launches
  * of 300 ms) when SIGTERM arrives. Every request gets exactly one reply: the ones running on the
  * lanes ok, the ones waiting `shutdown`, the stream's ok replies a prefix; tallyd exits 0, having
- * unmapped the region (its last reference went with the last reply), none left at exit. */
+ * unmapped the region (its last reference went with the last reply), none left at exit.
+ * A raw DEALER and side channel, not libtally: libtally's socket sets ZMQ_IMMEDIATE, with which
+ * ZeroMQ drops replies already received but not yet read when tallyd closes the connection
+ * (seen here: the last 1-3 of 24 replies in ~1 of 4 runs under load), which is a client matter. */
 static void test_sigterm_inflight_refs(void **state)
 {
     (void)state;
     th_daemon_t d;
     start_sim(&d, "1", "TALLYD_TEST_SIM_LATENCY_US", "300000", true);
-    tally_client_t *c = NULL;
-    assert_int_equal(tally_client_new(d.endpoint, 15000, &c), TALLY_OK);
-    tally_region_t *region = NULL;
-    assert_int_equal(tally_region_create(c, 4 << 20, &region), TALLY_OK);
-    fill_random(tally_region_data(region), 1 << 20);
+    int side = side_open();
+    int fd = memfd(4 << 20, SEALS);
+    uint8_t *data = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    assert_true(data != MAP_FAILED);
+    fill_random(data, 1 << 20);
+    munmap(data, 1 << 20);
+    answer_t ans;
+    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, "peerT", 0, fd, &ans), TALLY_OK);
+    close(fd);
+    void *ctx = zmq_ctx_new();
+    void *sock = dealer(ctx, d.endpoint, "peerT");
     enum { N = 24, QUERY_AT = 3, HISTS_FROM = 12 };
-    uint64_t ids[N];
     bool scan[N];
     for (int i = 0; i < N; i++) {
         scan[i] = i < HISTS_FROM && i != QUERY_AT;
         tally_req_t req = case_req(&cases[i < HISTS_FROM ? 5 : 8], i < HISTS_FROM ? "term" : NULL);
-        tally_status_t st;
+        req.request_id = (uint64_t)i + 1;
         if (i == QUERY_AT) {
             req.opcode = TALLY_OP_QUERY;
             req.dtype = TALLY_DTYPE_NONE;
-            st = tally_send(c, &req, NULL, 0, &ids[i]);
-        } else {
-            size_t out = scan[i] ? (1u << 20) + (size_t)(i % 3) * (512u << 10) : 0;
-            st =
-                tally_send_shm(c, &req, region, 0, 64 << 10, scan[i] ? region : NULL, out, &ids[i]);
+            assert_int_equal(th_send_request(sock, &req, NULL, 0), 0);
+            continue;
         }
-        assert_int_equal(st, TALLY_OK);
+        tally_shm_ref_t ref = {.in_handle = ans.a.handle, .in_length = 64 << 10};
+        if (scan[i]) {
+            ref.out_handle = ans.a.handle;
+            ref.out_offset = (1u << 20) + (uint64_t)(i % 3) * (512u << 10);
+            ref.out_length = 128 << 10;
+        }
+        uint8_t bytes[TALLY_SHM_REF_SIZE];
+        tally_shm_ref_encode(&ref, bytes);
+        req.flags |= TALLY_FLAG_SHM_REF;
+        assert_int_equal(th_send_request(sock, &req, bytes, sizeof bytes), 0);
     }
     int got[N] = {0};
     int ok = 0, shutdown = 0, last_ok_scan = -1, first_shut_scan = N;
     for (int k = 0; k < N; k++) {
-        tally_reply_t r;
-        tally_reply_init(&r);
-        tally_status_t st = tally_recv(c, &r);
-        assert_true(st == TALLY_OK || st == TALLY_E_SHUTDOWN);
-        assert_int_equal(st, r.rep.status);
-        int i = 0;
-        while (i < N && ids[i] != r.rep.request_id)
-            i++;
-        assert_true(i < N);
+        th_reply_t r;
+        if (th_recv_reply(sock, &r) != 0) {
+            for (int i = 0; i < N; i++)
+                if (!got[i])
+                    print_error("no reply to request %d\n", i);
+            fail_msg("reply %d of %d did not come; tallyd log %s", k + 1, N, d.log_path);
+        }
+        int i = (int)r.rep.request_id - 1;
+        assert_true(i >= 0 && i < N);
         got[i]++;
         if (r.rep.status == TALLY_OK) {
             ok++;
@@ -914,7 +928,7 @@ static void test_sigterm_inflight_refs(void **state)
             if (scan[i] && i < first_shut_scan)
                 first_shut_scan = i;
         }
-        tally_reply_clear(&r);
+        th_reply_free(&r);
         if (k == 0) /* a first batch is done: the stream's scans are still running or waiting */
             assert_int_equal(kill(d.pid, SIGTERM), 0);
     }
@@ -926,8 +940,9 @@ static void test_sigterm_inflight_refs(void **state)
     assert_int_equal(th_daemon_stop(&d, 0, 30000), 0);
     assert_true(th_daemon_log_contains(&d, "unmapped"));
     assert_false(th_daemon_log_contains(&d, "still referenced at exit"));
-    tally_region_destroy(&region);
-    tally_client_destroy(&c);
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    close(side);
     char path[sizeof sock_path + 8];
     snprintf(path, sizeof path, "%s.lock", sock_path);
     unlink(path);
