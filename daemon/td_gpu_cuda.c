@@ -292,8 +292,9 @@ fail:
 
 /* A split job (td_gpu_engine.h): every piece is enqueued from this one thread, in order, so a
  * piece only ever waits for work enqueued before it and no two split jobs can wait on each other.
- * Lane 0 (this thread's) starts the chain (carry upload, zeroed histogram), runs piece 0, then
- * waits for every other piece before it copies the small results back and calls done. */
+ * Lane 0 (this thread's) starts the chain (carry upload, zeroed histogram), runs piece 0 (and
+ * every lane_count-th), then waits for every other piece before it copies the small results back
+ * and calls done. */
 static tally_status_t cuda_lane_launch_split(void *lane, void *const *lanes, unsigned lane_count,
                                              unsigned count, const td_gpu_job_t *job,
                                              td_gpu_done_fn done, void *arg)
@@ -318,11 +319,14 @@ static tally_status_t cuda_lane_launch_split(void *lane, void *const *lanes, uns
         st = enqueue_piece(l0, li, job, used, first, n);
         if (st != TALLY_OK)
             goto fail;
-        if (used % lane_count) { /* lane 0 goes on only once this piece is done */
+        if (used % lane_count)
             TRY(cudaEventRecord(l0->ev_done[used], li->stream));
-            TRY(cudaStreamWaitEvent(l0->stream, l0->ev_done[used], 0));
-        }
     }
+    /* Lane 0 goes on only once every piece is done. Its waits come after all the pieces: waiting
+     * inside the loop would hold lane 0's own later pieces (more pieces than lanes) behind them. */
+    for (unsigned i = 0; i < used; i++)
+        if (i % lane_count)
+            TRY(cudaStreamWaitEvent(l0->stream, l0->ev_done[i], 0));
     if (job->opcode == TALLY_OP_HIST)
         TRY(cudaMemcpyAsync(&s->small->hist, &l0->d_small->hist, sizeof(tk_hist_t),
                             cudaMemcpyDeviceToHost, l0->stream));
