@@ -24,6 +24,7 @@
  * it (each chunk was scanned from 0 and reported its total in aux0).
  */
 #include "tally.h"
+#include "tally_args.h"
 #include "tally_internal.h"
 
 #include <errno.h>
@@ -130,8 +131,8 @@ tally_status_t tally_client_new(const char *endpoint, int timeout_ms, tally_clie
         return TALLY_E_ARG;
     if (!endpoint)
         endpoint = TALLY_DEFAULT_ENDPOINT;
-    if (!*endpoint)
-        return TALLY_E_ARG;
+    if (tally_endpoint_check(endpoint, TALLY_ENDPOINT_CONNECT, NULL, 0) != TALLY_OK)
+        return TALLY_E_ARG; /* ZeroMQ would take "tcp://host:5570x" and connect to nothing */
 
     tally_status_t status = TALLY_E_NOMEM;
     tally_client_t *self = calloc(1, sizeof *self);

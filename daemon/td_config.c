@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tally_args.h"
 #include "td_config.h"
 #include "td_log.h"
 
@@ -77,7 +78,8 @@ void td_config_clear(td_config_t *cfg)
 
 tally_status_t td_config_add_bind(td_config_t *cfg, const char *endpoint)
 {
-    if (cfg->bind_count >= TD_MAX_BINDS || endpoint[0] == '\0')
+    if (cfg->bind_count >= TD_MAX_BINDS ||
+        tally_endpoint_check(endpoint, TALLY_ENDPOINT_BIND, NULL, 0) != TALLY_OK)
         return TALLY_E_PARAM;
     char *copy = strdup(endpoint);
     if (!copy)
@@ -88,39 +90,7 @@ tally_status_t td_config_add_bind(td_config_t *cfg, const char *endpoint)
 
 tally_status_t td_config_parse_size(const char *text, size_t *out)
 {
-    char *end = NULL;
-    errno = 0;
-    unsigned long long value = strtoull(text, &end, 10);
-    if (errno || end == text || text[0] == '-')
-        return TALLY_E_PARAM;
-    unsigned shift = 0;
-    switch (*end) {
-    case '\0':
-        break;
-    case 'k':
-    case 'K':
-        shift = 10;
-        end++;
-        break;
-    case 'm':
-    case 'M':
-        shift = 20;
-        end++;
-        break;
-    case 'g':
-    case 'G':
-        shift = 30;
-        end++;
-        break;
-    default:
-        return TALLY_E_PARAM;
-    }
-    if (*end == 'i' || *end == 'B') /* accept KiB, MiB, MB */
-        end += (*end == 'i' && end[1] == 'B') ? 2 : 1;
-    if (*end != '\0' || value > (UINT64_MAX >> shift))
-        return TALLY_E_PARAM;
-    *out = (size_t)(value << shift);
-    return TALLY_OK;
+    return tally_size_parse(text, out, NULL, 0);
 }
 
 const char *td_backend_choice_name(td_backend_choice_t choice)
@@ -329,9 +299,14 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
     opterr = 0;
     int opt;
     size_t size;
+    char why[160];
     while ((opt = getopt_long(argc, argv, ":b:c:hV", options, NULL)) != -1) {
         switch (opt) {
         case 'b':
+            if (tally_endpoint_check(optarg, TALLY_ENDPOINT_BIND, why, sizeof why) != TALLY_OK) {
+                snprintf(msg, msg_cap, "invalid endpoint '%s' for --bind: %s", optarg, why);
+                return TALLY_E_PARAM;
+            }
             if (td_config_add_bind(cfg, optarg) != TALLY_OK)
                 goto bad;
             break;
@@ -485,6 +460,12 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
     }
     return TALLY_OK;
 bad:
-    snprintf(msg, msg_cap, "invalid value '%s' for %s (try --help)", optarg, argv[optind - 1]);
+    /* The option's own name: argv[optind - 1] is its value when given as "--opt VALUE". */
+    for (const struct option *o = options; o->name; o++)
+        if (o->val == opt) {
+            snprintf(msg, msg_cap, "invalid value '%s' for --%s (try --help)", optarg, o->name);
+            return TALLY_E_PARAM;
+        }
+    snprintf(msg, msg_cap, "invalid value '%s' (try --help)", optarg);
     return TALLY_E_PARAM;
 }

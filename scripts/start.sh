@@ -8,5 +8,5 @@ scripts/install-deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF > build.log 2>&1 || {
   cat build.log; exit 1; }
 cmake --build build -j"$(nproc)" >> build.log 2>&1 || { tail -50 build.log; exit 1; }
-echo "built: build/daemon/tallyd and build/client/tally (log: build.log)"
+echo "built: build/daemon/tallyd and build/cli/tally (log: build.log)"
 exec build/daemon/tallyd "$@"
