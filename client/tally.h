@@ -184,6 +184,9 @@ typedef struct {
               * ring in the same region; same output as without */
     tally_run_seq_t seq; /* with a stream only; TALLY_RUN_SEQ_OFF without one */
     uint64_t seq_base;   /* TALLY_RUN_SEQ_RESUME: the base the push started with */
+    /* tally_push_new: the input's size in bytes when known in advance (a file), else 0. It
+     * sizes the window for short inputs and gives result->input_chunks from the start. */
+    uint64_t total_bytes;
 } tally_run_opts_t;
 
 /* What tally_run learnt besides the output. */
@@ -194,7 +197,8 @@ typedef struct {
     uint64_t seen;       /* filter: elements seen */
     int64_t carry;       /* scan: running total after the last element (stream or not) */
     uint64_t hist_total; /* hist: elements histogrammed */
-    /* With sequence numbers: chunk k was sent as seq seq_base + 1 + k; `applied` chunks of the
+    /* Without sequence numbers, `applied` is the chunks acknowledged, in order.
+     * With sequence numbers: chunk k was sent as seq seq_base + 1 + k; `applied` chunks of the
      * input are in the stream (all of them on success; on failure the stream's last_seq minus
      * seq_base, as the daemon reported it in a duplicate or sequence_gap reply or a query after
      * the failure, or, when it could not be asked, the chunks acknowledged), of which `skipped`
@@ -205,7 +209,9 @@ typedef struct {
     uint64_t applied;
     uint64_t skipped;
     uint64_t last_seq;
-    bool applied_known; /* false: the daemon could not be asked; applied is a lower bound */
+    bool applied_known;     /* false: the daemon could not be asked; applied is a lower bound */
+    uint64_t bytes;         /* input bytes written (sent or skipped) */
+    uint64_t applied_bytes; /* input bytes of the `applied` chunks */
     tally_status_t status;
     char error[TALLY_ERROR_MESSAGE_MAX + 1]; /* why it failed, "" on success */
 } tally_run_result_t;
@@ -234,6 +240,48 @@ typedef struct {
 tally_status_t tally_run(tally_client_t *self, const tally_req_t *req, const void *input,
                          size_t len, const tally_run_opts_t *opts, tally_buf_t *out,
                          tally_run_result_t *result);
+
+/* ---- Streaming pushes ---------------------------------------------------------------- */
+
+/* A push is tally_run for an input that is not in memory as a whole (a pipe, a live sensor, a
+ * file larger than memory): the caller writes it chunk by chunk, the push keeps opts->window
+ * chunks in flight, and each chunk's output goes to an output function, in input order, as
+ * soon as the chunks before it have been answered. Memory stays bounded by the window: about
+ * window x (chunk + its output), whatever the input's length.
+ *
+ *   tally_push_t *push;
+ *   tally_push_new(client, &req, &opts, write_out, file, &push);
+ *   while ((n = read_chunk(buf, tally_push_chunk_bytes(push))) > 0)
+ *       if (tally_push_write(push, buf, n) != TALLY_OK)
+ *           break;
+ *   tally_push_finish(push);   (waits for every reply; result says what was applied)
+ *   tally_push_destroy(&push);
+ *
+ * The output function gets filter's kept elements and scan's sums chunk by chunk, and hist's
+ * summed counts once, from tally_push_finish. Its data is valid during the call only. A
+ * status other than TALLY_OK from it stops the push with that status. */
+typedef struct tally_push tally_push_t;
+typedef tally_status_t(tally_output_fn)(void *arg, const void *data, size_t len);
+
+/* Starts a push of `req` (filter, scan or hist) with `opts` as for tally_run (NULL for the
+ * defaults); with opts->seq it asks the daemon for the stream's last_seq first. `output` may
+ * be NULL (filter --count: only the result's counters). */
+tally_status_t tally_push_new(tally_client_t *client, const tally_req_t *req,
+                              const tally_run_opts_t *opts, tally_output_fn *output, void *arg,
+                              tally_push_t **out);
+/* The largest chunk tally_push_write takes: opts->chunk_bytes in whole elements. */
+size_t tally_push_chunk_bytes(const tally_push_t *push);
+/* Sends one chunk: `len` bytes, whole elements, at most tally_push_chunk_bytes (an empty
+ * chunk is a request too). The data is copied: the buffer is free again on return. Waits
+ * (merging replies) while the window is full. After a failure every call returns it. */
+tally_status_t tally_push_write(tally_push_t *push, const void *data, size_t len);
+/* Waits for the replies still outstanding and hands hist's counts to the output function.
+ * Returns the push's status; tally_push_result then says what was applied. Call it after a
+ * failed write too, to learn how much the stream holds. */
+tally_status_t tally_push_finish(tally_push_t *push);
+/* The counters so far (complete after tally_push_finish); valid until destroy. */
+const tally_run_result_t *tally_push_result(const tally_push_t *push);
+void tally_push_destroy(tally_push_t **push_p);
 
 #ifdef __cplusplus
 }
