@@ -13,7 +13,9 @@
  * Exit status, one meaning each so scripts can tell failures apart:
  *   0 success; 1 the daemon replied with an error; 2 usage or input error (bad option, bad
  *   number, unreadable file, input that is not what the options say); 3 no usable reply
- *   (timeout, nothing listening, transport failure, undecodable reply). Every error prints one line on stderr, "tally: ...".
+ *   (timeout, nothing listening, transport failure, undecodable reply); 130 interrupted
+ *   (Ctrl-C during a push, after saying what was applied). Every error prints one line on stderr,
+ * "tally: ...".
  */
 #ifndef TALLY_CLI_H
 #define TALLY_CLI_H
@@ -26,7 +28,7 @@
 
 #include "tally.h"
 
-enum { EXIT_DAEMON = 1, EXIT_USAGE = 2, EXIT_TRANSPORT = 3 };
+enum { EXIT_DAEMON = 1, EXIT_USAGE = 2, EXIT_TRANSPORT = 3, EXIT_INTERRUPTED = 130 };
 
 /* cli_parse's answer after printing --help: the command exits 0 at once. */
 #define CLI_HELP_SHOWN (-1)

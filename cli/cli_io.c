@@ -1,76 +1,171 @@
 /*
- * cli_io.c — input and output of the data commands: reading a file or stdin, turning --text
- * into elements, and printing results one value per line.
+ * cli_io.c — streamed input and output of the data commands (cli_io.h).
+ *
+ * Binary input is read straight into the caller's chunk buffer. --text input goes through a
+ * 64 KiB window of raw text: tokens are parsed out of it into the chunk, and a token cut by
+ * the window's end is moved to its front before the next read, so a number is never split.
  */
 #include "cli_io.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <poll.h>
+#include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
-void input_free(input_t *in)
+#define TEXT_WINDOW (1 << 16)
+/* A --text token longer than this is not an integer of any type we take. */
+#define TOKEN_MAX 64
+/* A live input (pipe, terminal) that pauses this long has its whole elements sent. */
+#define LIVE_IDLE_MS 200
+
+volatile sig_atomic_t cli_interrupted;
+
+static void on_interrupt(int sig)
 {
-    if (in->map)
-        munmap(in->map, in->len);
-    tally_buf_free(&in->buf);
-    memset(in, 0, sizeof *in);
+    (void)sig;
+    cli_interrupted = 1;
 }
 
-static tally_status_t read_fd(int fd, tally_buf_t *buf)
+void cli_catch_interrupts(void)
 {
-    for (;;) {
-        if (tally_buf_reserve(buf, 1 << 16) != TALLY_OK)
-            return TALLY_E_NOMEM;
-        ssize_t n = read(fd, buf->data + buf->len, buf->cap - buf->len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return TALLY_E_IO;
-        if (n == 0)
-            return TALLY_OK;
-        buf->len += (size_t)n;
-    }
+    /* No SA_RESTART: a read blocked on a quiet pipe returns EINTR, and the push stops. A
+     * second Ctrl-C is the default action: it ends tally at once. */
+    struct sigaction sa = {.sa_handler = on_interrupt, .sa_flags = SA_RESETHAND};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
 }
 
-int read_input(const char *path, input_t *in)
+int reader_open(reader_t *r, const char *path, bool text, tally_dtype_t dtype, size_t frame)
 {
     bool use_stdin = !path || !strcmp(path, "-");
-    const char *name = use_stdin ? "stdin" : path;
-    int fd = use_stdin ? STDIN_FILENO : open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
+    *r = (reader_t){.fd = use_stdin ? STDIN_FILENO : open(path, O_RDONLY | O_CLOEXEC),
+                    .name = use_stdin ? "stdin" : path,
+                    .text = text,
+                    .dtype = dtype,
+                    .unit = frame ? frame : tally_dtype_size(dtype)};
+    if (r->fd < 0) {
         cli_error("cannot open '%s': %s", path, strerror(errno));
         return EXIT_USAGE;
     }
     struct stat st;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
-        void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (map != MAP_FAILED) {
-            in->map = map;
-            in->data = map;
-            in->len = (size_t)st.st_size;
-            if (!use_stdin)
-                close(fd);
-            return 0;
-        }
-    }
-    tally_status_t status = read_fd(fd, &in->buf);
-    int saved = errno;
-    if (!use_stdin)
-        close(fd);
-    if (status == TALLY_E_NOMEM) {
-        cli_error("out of memory reading '%s'", name);
-        return EXIT_DAEMON;
-    }
-    if (status != TALLY_OK) {
-        cli_error("cannot read '%s': %s", name, strerror(saved));
+    if (!text && fstat(r->fd, &st) == 0 && S_ISREG(st.st_mode))
+        r->size = (uint64_t)st.st_size;
+    r->live = fstat(r->fd, &st) == 0 && !S_ISREG(st.st_mode);
+    if ((text && !(r->raw = malloc(TEXT_WINDOW))) || !(r->pending = malloc(r->unit))) {
+        cli_error("out of memory");
         return EXIT_USAGE;
     }
-    in->data = in->buf.data;
-    in->len = in->buf.len;
+    r->cap = TEXT_WINDOW;
+    return 0;
+}
+
+void reader_close(reader_t *r)
+{
+    if (r->fd > STDIN_FILENO)
+        close(r->fd);
+    free(r->raw);
+    free(r->pending);
+    r->raw = NULL;
+    r->pending = NULL;
+    r->fd = -1;
+}
+
+/* read() until buf holds cap bytes or the input ends; stops early when interrupted, and on a
+ * pipe or terminal once it holds `min` bytes and nothing more came for LIVE_IDLE_MS (a live
+ * producer's data goes out without waiting for a full chunk). */
+static int read_full(reader_t *r, uint8_t *buf, size_t cap, size_t min, size_t *len)
+{
+    *len = 0;
+    while (*len < cap && !cli_interrupted) {
+        if (r->live && *len >= min) {
+            struct pollfd p = {.fd = r->fd, .events = POLLIN};
+            int rc = poll(&p, 1, LIVE_IDLE_MS);
+            if (rc == 0)
+                break;
+            if (rc < 0 && errno == EINTR)
+                continue;
+        }
+        ssize_t n = read(r->fd, buf + *len, cap - *len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            cli_error("cannot read '%s': %s", r->name, strerror(errno));
+            return EXIT_USAGE;
+        }
+        if (n == 0) {
+            r->eof = true;
+            break;
+        }
+        *len += (size_t)n;
+        r->bytes_read += (uint64_t)n;
+    }
+    return 0;
+}
+
+bool reader_done(const reader_t *r)
+{
+    return r->eof && r->pending_len == 0 && r->pos == r->len;
+}
+
+/* Binary input that is nothing but digits, signs and whitespace is decimal text sent
+ * without --text: refuse it rather than print the sums of its ASCII codes. */
+static int check_not_text(reader_t *r, const uint8_t *p, size_t len)
+{
+    size_t n = len < 4096 ? len : 4096, digits = 0, spaces = 0;
+    r->checked = true;
+    if (r->force_binary || n == 0)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] >= '0' && p[i] <= '9')
+            digits++;
+        else if (p[i] == ' ' || p[i] == '\n' || p[i] == '\t' || p[i] == '\r')
+            spaces++;
+        else if (p[i] != '-' && p[i] != '+')
+            return 0;
+    }
+    if (!digits || !spaces)
+        return 0;
+    size_t shown = 0;
+    while (shown < n && shown < 24 && p[shown] != '\n')
+        shown++;
+    cli_error("%s looks like decimal text ('%.*s'), not binary %s elements: add --text to parse "
+              "it, or --binary to send its bytes as they are",
+              r->name, (int)shown, (const char *)p, tally_dtype_name(r->dtype));
+    return EXIT_USAGE;
+}
+
+static int fill_binary(reader_t *r, uint8_t *buf, size_t cap, size_t *len)
+{
+    size_t have = r->pending_len, got;
+    memcpy(buf, r->pending, have); /* the part of a unit the last fill could not send */
+    r->pending_len = 0;
+    int rc = read_full(r, buf + have, cap - have, have < r->unit ? r->unit - have : 0, &got);
+    if (rc)
+        return rc;
+    *len = have + got;
+    if (!r->checked && (rc = check_not_text(r, buf, *len)) != 0)
+        return rc;
+    size_t rest = *len % r->unit;
+    if (rest && r->eof && !cli_interrupted) {
+        size_t esize = tally_dtype_size(r->dtype);
+        if (r->unit == esize)
+            cli_error("%s is %" PRIu64 " bytes, not a whole number of %zu-byte %s elements",
+                      r->name, r->bytes_read, esize, tally_dtype_name(r->dtype));
+        else
+            cli_error("%s ends inside a frame: %" PRIu64 " bytes is not a whole number of "
+                      "%zu-byte frames",
+                      r->name, r->bytes_read, r->unit);
+        return EXIT_USAGE;
+    }
+    *len -= rest; /* a unit cut by a pause (or Ctrl-C) waits for the next fill */
+    memcpy(r->pending, buf + *len, rest);
+    r->pending_len = rest;
     return 0;
 }
 
@@ -104,54 +199,86 @@ static int parse_token(const char *s, const char *end, int64_t min, int64_t max,
     return 0;
 }
 
-static void bad_token(const char *start, const char *p, size_t token, int bad, tally_dtype_t dtype,
-                      int64_t min, int64_t max)
+static int bad_token(const reader_t *r, const char *start, size_t len, int bad, int64_t min,
+                     int64_t max)
 {
-    int shown = p - start > 40 ? 40 : (int)(p - start);
-    const char *more = p - start > 40 ? "..." : "";
-    if (memchr(start, '\0', (size_t)(p - start)))
-        cli_error("--text: token %zu contains a NUL byte (binary input? drop --text)", token);
+    int shown = len > 40 ? 40 : (int)len;
+    const char *more = len > 40 ? "..." : "";
+    if (memchr(start, '\0', len))
+        cli_error("--text: token %" PRIu64 " contains a NUL byte (binary input? drop --text)",
+                  r->token);
     else if (bad == 1)
-        cli_error("--text: token %zu '%.*s%s' is not an integer", token, shown, start, more);
+        cli_error("--text: token %" PRIu64 " '%.*s%s' is not an integer", r->token, shown, start,
+                  more);
     else
-        cli_error("--text: token %zu '%.*s%s' is out of range for %s [%" PRId64 ", %" PRId64 "]",
-                  token, shown, start, more, tally_dtype_name(dtype), min, max);
+        cli_error("--text: token %" PRIu64 " '%.*s%s' is out of range for %s [%" PRId64 ", %" PRId64
+                  "]",
+                  r->token, shown, start, more, tally_dtype_name(r->dtype), min, max);
+    return EXIT_USAGE;
 }
 
-int parse_text(const input_t *text, tally_dtype_t dtype, tally_buf_t *out)
+/* Makes [pos, len) hold a whole token (or the input's end) after pos's whitespace: moves the
+ * unparsed rest to the front and reads more when the window ends inside one. */
+static int text_refill(reader_t *r, bool may_idle)
 {
-    int64_t min = dtype == TALLY_DTYPE_U8 ? 0 : INT32_MIN;
-    int64_t max = dtype == TALLY_DTYPE_U8 ? UINT8_MAX : INT32_MAX;
-    size_t esize = tally_dtype_size(dtype);
-    /* Every token takes at least two bytes (digit and separator) except the last. */
-    if (tally_buf_reserve(out, (text->len / 2 + 1) * esize) != TALLY_OK) {
-        cli_error("out of memory parsing --text input");
-        return EXIT_DAEMON;
-    }
-    const char *p = (const char *)text->data, *end = p + text->len;
-    size_t token = 0;
     for (;;) {
-        while (p < end && is_space(*p))
-            p++;
-        if (p == end)
-            return 0;
-        const char *start = p;
+        while (r->pos < r->len && is_space(r->raw[r->pos]))
+            r->pos++;
+        const char *p = r->raw + r->pos, *end = r->raw + r->len;
         while (p < end && !is_space(*p))
             p++;
-        token++;
-        int64_t v;
-        int bad = parse_token(start, p, min, max, &v);
-        if (bad) {
-            bad_token(start, p, token, bad, dtype, min, max);
-            return EXIT_USAGE;
-        }
-        if (esize == 1)
-            out->data[out->len] = (uint8_t)v;
-        else
-            tally_put_u32(out->data + out->len, (uint32_t)v);
-        out->len += esize;
+        if (p < end || r->eof || cli_interrupted)
+            return 0; /* a token ends before the window does, or the input ended */
+        memmove(r->raw, r->raw + r->pos, r->len - r->pos);
+        r->len -= r->pos;
+        r->pos = 0;
+        size_t got;
+        size_t min = may_idle ? 0 : 1; /* a pause ends the fill when elements wait to go */
+        int rc = read_full(r, (uint8_t *)r->raw + r->len, r->cap - r->len, min, &got);
+        if (rc)
+            return rc;
+        r->len += got;
+        if (!got && !r->eof)
+            return 0; /* interrupted, or a live producer paused */
     }
 }
+
+static int fill_text(reader_t *r, uint8_t *buf, size_t cap, size_t *len)
+{
+    int64_t min = r->dtype == TALLY_DTYPE_U8 ? 0 : INT32_MIN;
+    int64_t max = r->dtype == TALLY_DTYPE_U8 ? UINT8_MAX : INT32_MAX;
+    size_t esize = tally_dtype_size(r->dtype);
+    *len = 0;
+    while (*len + esize <= cap) {
+        int rc = text_refill(r, *len > 0);
+        if (rc)
+            return rc;
+        if (r->pos == r->len)
+            return 0; /* the end of the input, Ctrl-C, or a pause */
+        const char *start = r->raw + r->pos, *p = start;
+        while (p < r->raw + r->len && !is_space(*p))
+            p++;
+        r->token++;
+        r->pos = (size_t)(p - r->raw);
+        int64_t v = 0;
+        int bad = (size_t)(p - start) > TOKEN_MAX ? 1 : parse_token(start, p, min, max, &v);
+        if (bad)
+            return bad_token(r, start, (size_t)(p - start), bad, min, max);
+        if (esize == 1)
+            buf[*len] = (uint8_t)v;
+        else
+            tally_put_u32(buf + *len, (uint32_t)v);
+        *len += esize;
+    }
+    return 0;
+}
+
+int reader_fill(reader_t *r, uint8_t *buf, size_t cap, size_t *len)
+{
+    return r->text ? fill_text(r, buf, cap, len) : fill_binary(r, buf, cap, len);
+}
+
+/* ---- Output ------------------------------------------------------------------------------- */
 
 /* Formats v in decimal at dst (at most 20 bytes); returns the length. */
 static size_t format_i64(char *dst, int64_t v)
@@ -170,7 +297,9 @@ static size_t format_i64(char *dst, int64_t v)
     return len;
 }
 
-void print_values(const uint8_t *p, size_t n, size_t size)
+/* Formatting by hand into a block costs a fraction of printf per line, which matters for
+ * outputs of hundreds of millions of values. */
+void print_values(FILE *f, const uint8_t *p, size_t n, size_t size)
 {
     char block[1 << 16];
     size_t at = 0;
@@ -179,28 +308,63 @@ void print_values(const uint8_t *p, size_t n, size_t size)
                     : size == 4 ? (int32_t)tally_get_u32(p + 4 * i)
                                 : (int64_t)tally_get_u64(p + 8 * i);
         if (at > sizeof block - 24) {
-            fwrite(block, 1, at, stdout);
+            fwrite(block, 1, at, f);
             at = 0;
         }
         at += format_i64(block + at, v);
         block[at++] = '\n';
     }
-    fwrite(block, 1, at, stdout);
+    fwrite(block, 1, at, f);
 }
 
-int write_binary(const char *path, const tally_buf_t *buf)
+/* ---- Progress ----------------------------------------------------------------------------- */
+
+static int64_t now_ms(void)
 {
-    bool use_stdout = !strcmp(path, "-");
-    FILE *f = use_stdout ? stdout : fopen(path, "wb");
-    if (!f) {
-        cli_error("cannot open '%s' for writing: %s", path, strerror(errno));
-        return EXIT_USAGE;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void progress_start(progress_t *p, bool on, uint64_t total)
+{
+    *p = (progress_t){.on = on, .total = total, .start_ms = now_ms()};
+}
+
+/* "1.2 GiB" style, one decimal. */
+static void human(char *buf, size_t cap, double v)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    unsigned u = 0;
+    while (v >= 1024 && u < 4)
+        v /= 1024, u++;
+    snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", v, units[u]);
+}
+
+void progress_update(progress_t *p, uint64_t bytes)
+{
+    int64_t now = now_ms();
+    if (!p->on || now - p->last_ms < 200)
+        return;
+    p->last_ms = now;
+    double secs = (double)(now - p->start_ms) / 1000.0, rate = secs > 0 ? bytes / secs : 0;
+    char done[32], total[32], speed[32], eta[32] = "";
+    human(done, sizeof done, (double)bytes);
+    human(speed, sizeof speed, rate);
+    if (p->total) {
+        human(total, sizeof total, (double)p->total);
+        if (rate > 0 && p->total > bytes)
+            snprintf(eta, sizeof eta, ", ETA %.0f s", (double)(p->total - bytes) / rate);
+        fprintf(stderr, "\r\033[K%s of %s (%.0f%%), %s/s%s", done, total,
+                100.0 * (double)bytes / (double)p->total, speed, eta);
+    } else {
+        fprintf(stderr, "\r\033[K%s, %s/s", done, speed);
     }
-    bool ok = fwrite(buf->data, 1, buf->len, f) == buf->len;
-    ok = (use_stdout ? fflush(f) : fclose(f)) == 0 && ok;
-    if (!ok) {
-        cli_error("cannot write '%s': %s", path, strerror(errno));
-        return EXIT_USAGE;
-    }
-    return 0;
+    fflush(stderr);
+}
+
+void progress_end(progress_t *p)
+{
+    if (p->on && p->last_ms)
+        fputs("\r\033[K", stderr); /* the line goes away; the result (or error) follows */
 }

@@ -1,26 +1,13 @@
 /*
  * cmd_data.c — the data commands: filter, scan and hist. They share one path: the options
  * of data_options (where the input is, how it is cut and sent, where output goes), then
- * run_data, which sends the input in pipelined chunks through libtally; each command adds
- * its own options and prints its own output.
+ * cli_push (cli_push.c), which streams the input in pipelined chunks through libtally and
+ * prints the output as it comes; each command adds its own options.
  */
-#include "cli_io.h"
+#include "cli_push.h"
 
 #include <inttypes.h>
 #include <string.h>
-
-/* What the data commands share: where the input is, how to send it, where output goes. */
-typedef struct {
-    const char *cmd;
-    const char *in;
-    const char *out;
-    bool text;
-    bool no_seq;
-    bool count_only; /* filter --count */
-    bool have_range; /* hist --range */
-    tally_run_opts_t opts;
-    tally_req_t req;
-} data_args_t;
 
 enum {
     OPT_STREAM = CLI_OPT_FIRST,
@@ -32,6 +19,11 @@ enum {
     OPT_SHM,
     OPT_SEQ_BASE,
     OPT_NO_SEQ,
+    OPT_RESUME,
+    OPT_FRAMES,
+    OPT_BINARY,
+    OPT_PROGRESS,
+    OPT_NO_PROGRESS,
     OPT_TYPE,
     OPT_GT, /* the predicates, in tally_pred_t order */
     OPT_GE,
@@ -54,19 +46,33 @@ static const cli_option_t data_options[] = {
     {"text", no_argument, OPT_TEXT, NULL,
      "input is whitespace-separated decimal integers (default:\n"
      "binary, little-endian elements)"},
+    {"binary", no_argument, OPT_BINARY, NULL,
+     "send binary input even when it looks like decimal text\n"
+     "(which is refused without --text or --binary)"},
+    {"frames", required_argument, OPT_FRAMES, "SIZE",
+     "the input is frames of SIZE bytes: every chunk holds whole\n"
+     "frames (as many as fit in --chunk, at least one)"},
     {"out", required_argument, OPT_OUT, "FILE",
      "write the result to FILE in binary, as described above\n(default: text on stdout)"},
     {"chunk", required_argument, OPT_CHUNK, "SIZE",
-     "send the input in chunks of SIZE bytes (K, M, G suffixes;\ndefault 1M)"},
+     "send the input in chunks of SIZE bytes (K, M, G suffixes;\n"
+     "default 1M; at most the daemon's max_batch, from info)"},
     {"window", required_argument, OPT_WINDOW, "N", "keep N chunks in flight (1-256, default 8)"},
     {"shm", no_argument, OPT_SHM, NULL,
      "pass the chunks through shared memory (tallyd on this host;\nthe same output)"},
+    {"resume", no_argument, OPT_RESUME, NULL,
+     "with --stream: continue this stream's push that stopped\n"
+     "(Ctrl-C, a failure): the chunks the stream has are skipped"},
     {"seq-base", required_argument, OPT_SEQ_BASE, "N",
      "with --stream: continue a push that stopped; N is the seq\n"
      "base it printed (chunks the stream already has are skipped)"},
     {"no-seq", no_argument, OPT_NO_SEQ, NULL,
      "with --stream: send chunks without sequence numbers (several\n"
      "producers on one stream); a resent chunk is then applied twice"},
+    {"progress", no_argument, OPT_PROGRESS, NULL,
+     "show a progress line on stderr (default: only when stdout\n"
+     "and stderr are terminals)"},
+    {"no-progress", no_argument, OPT_NO_PROGRESS, NULL, "never show the progress line"},
     {0},
 };
 
@@ -108,89 +114,25 @@ static int data_option(data_args_t *a, int id, const char *arg)
     case OPT_NO_SEQ:
         a->no_seq = true;
         return 0;
+    case OPT_RESUME:
+        a->resume = true;
+        return 0;
+    case OPT_BINARY:
+        a->binary = true;
+        return 0;
+    case OPT_PROGRESS:
+    case OPT_NO_PROGRESS:
+        a->progress = id == OPT_PROGRESS;
+        return 0;
+    case OPT_FRAMES:
+        return cli_option_size(a->cmd, "--frames", arg, 1, &a->frame);
     default:
         return 1;
     }
 }
 
-/* A push on a stream numbers its chunks (PROTOCOL.md, "Sequence numbers"), so a chunk is never
- * applied twice, whatever happens to tallyd meanwhile; --no-seq turns that off. */
-static int check_sequencing(data_args_t *a)
-{
-    if (a->no_seq && a->opts.seq == TALLY_RUN_SEQ_RESUME)
-        return cli_usage_error(a->cmd, "--seq-base and --no-seq exclude each other");
-    if (!a->req.stream_len && a->opts.seq == TALLY_RUN_SEQ_RESUME)
-        return cli_usage_error(a->cmd, "--seq-base needs --stream");
-    if (a->req.stream_len && !a->no_seq && a->opts.seq == TALLY_RUN_SEQ_OFF)
-        a->opts.seq = TALLY_RUN_SEQ_APPEND;
-    return 0;
-}
-
-/* After a sequenced push stopped: which chunks the stream holds, and how to continue. */
-static void report_stopped(const data_args_t *a, const tally_run_result_t *res)
-{
-    if (a->opts.seq == TALLY_RUN_SEQ_OFF || res->input_chunks == 0)
-        return; /* not sequenced, or it stopped before sending anything */
-    cli_error("%s: stopped: %s%" PRIu64 " of %" PRIu64
-              " chunks applied (stream '%s' is at seq %" PRIu64
-              ", this input's chunks are seq %" PRIu64 "..%" PRIu64
-              ")%s; re-run with --seq-base %" PRIu64 " to continue",
-              a->cmd, res->applied_known ? "" : "at least ", res->applied, res->input_chunks,
-              a->req.stream, res->last_seq, res->seq_base + 1, res->seq_base + res->input_chunks,
-              res->applied_known ? "" : " (tallyd could not be asked)", res->seq_base);
-}
-
-/* Turns the raw input into elements: --text parsed into `parsed`, binary checked for whole
- * elements. 0 or an exit status. */
-static int input_elements(data_args_t *a, input_t *raw, tally_buf_t *parsed, input_t *input)
-{
-    *input = *raw;
-    if (a->text) {
-        int rc = parse_text(raw, (tally_dtype_t)a->req.dtype, parsed);
-        if (rc)
-            return rc;
-        input->data = parsed->data;
-        input->len = parsed->len;
-    }
-    size_t esize = tally_dtype_size((tally_dtype_t)a->req.dtype);
-    if (input->len % esize) {
-        cli_error("%s: input is %zu bytes, not a whole number of %zu-byte %s elements", a->cmd,
-                  input->len, esize, tally_dtype_name((tally_dtype_t)a->req.dtype));
-        return EXIT_USAGE;
-    }
-    return 0;
-}
-
-/* Reads the input, runs the request over it in chunks, and leaves the result in `out`. */
-static int run_data(cli_t *cli, data_args_t *a, tally_buf_t *out, tally_run_result_t *res)
-{
-    input_t raw = {0}, input;
-    tally_buf_t parsed = {0};
-    tally_client_t *client = NULL;
-    int rc = check_sequencing(a);
-    if (rc || (rc = read_input(a->in, &raw)) != 0)
-        goto out;
-    if ((rc = input_elements(a, &raw, &parsed, &input)) != 0)
-        goto out;
-    if ((rc = cli_connect(cli, &client)) != 0)
-        goto out;
-    tally_status_t status = tally_run(client, &a->req, input.data, input.len, &a->opts, out, res);
-    if (status != TALLY_OK) {
-        rc = cli_report(status, a->cmd, res->error);
-        report_stopped(a, res);
-    }
-out:
-    tally_client_destroy(&client);
-    input_free(&raw);
-    tally_buf_free(&parsed);
-    return rc;
-}
-
-/* Parses the command line, runs the input, and hands the output to `print` (text on stdout)
- * or writes it to --out. */
-static int data_command(cli_t *cli, const cli_command_t *cmd, data_args_t *a, int argc, char **argv,
-                        void (*print)(const data_args_t *, const tally_buf_t *,
-                                      const tally_run_result_t *))
+/* Parses the command line, checks what the options say together, and runs the push. */
+static int data_command(cli_t *cli, const cli_command_t *cmd, data_args_t *a, int argc, char **argv)
 {
     int rc = cli_parse(cli, cmd, a, argc, argv);
     if (rc)
@@ -201,17 +143,13 @@ static int data_command(cli_t *cli, const cli_command_t *cmd, data_args_t *a, in
         return cli_usage_error(a->cmd, "--type i32 needs --range LO HI");
     if (a->req.opcode == TALLY_OP_HIST && a->req.dtype == TALLY_DTYPE_U8 && a->have_range)
         return cli_usage_error(a->cmd, "--range applies to --type i32 only");
-    tally_buf_t out = {0};
-    tally_run_result_t res;
-    rc = run_data(cli, a, &out, &res);
-    if (!rc && a->out && !a->count_only) {
-        rc = write_binary(a->out, &out);
-    } else if (!rc) {
-        print(a, &out, &res);
-        rc = cli_finish_stdout();
-    }
-    tally_buf_free(&out);
-    return rc;
+    size_t esize = tally_dtype_size((tally_dtype_t)a->req.dtype);
+    if (a->frame && a->frame % esize)
+        return cli_usage_error(a->cmd, "--frames: %zu bytes is not a whole number of %zu-byte %s",
+                               a->frame, esize, tally_dtype_name((tally_dtype_t)a->req.dtype));
+    if (a->frame && a->text)
+        return cli_usage_error(a->cmd, "--frames applies to binary input, not --text");
+    return cli_push(cli, a);
 }
 
 /* ---- filter ------------------------------------------------------------------------------- */
@@ -284,22 +222,12 @@ static int filter_option(void *ctx, int id, const char *arg, int argc, char **ar
     }
 }
 
-static void filter_print(const data_args_t *a, const tally_buf_t *out,
-                         const tally_run_result_t *res)
-{
-    size_t esize = tally_dtype_size((tally_dtype_t)a->req.dtype);
-    if (a->count_only)
-        printf("%" PRIu64 "\n", res->count);
-    else
-        print_values(out->data, out->len / esize, esize);
-}
-
 static int run_filter(cli_t *cli, int argc, char **argv)
 {
-    data_args_t a = {.cmd = "filter"};
+    data_args_t a = {.cmd = "filter", .progress = -1};
     a.req.opcode = TALLY_OP_FILTER;
     a.req.dtype = TALLY_DTYPE_I32;
-    return data_command(cli, &cli_cmd_filter, &a, argc, argv, filter_print);
+    return data_command(cli, &cli_cmd_filter, &a, argc, argv);
 }
 
 const cli_command_t cli_cmd_filter = {
@@ -339,19 +267,12 @@ static int scan_option(void *ctx, int id, const char *arg, int argc, char **argv
     return 0;
 }
 
-static void scan_print(const data_args_t *a, const tally_buf_t *out, const tally_run_result_t *res)
-{
-    (void)res;
-    size_t size = (a->req.flags & TALLY_FLAG_SCAN_OUT_I32) ? 4 : 8;
-    print_values(out->data, out->len / size, size);
-}
-
 static int run_scan(cli_t *cli, int argc, char **argv)
 {
-    data_args_t a = {.cmd = "scan"};
+    data_args_t a = {.cmd = "scan", .progress = -1};
     a.req.opcode = TALLY_OP_SCAN;
     a.req.dtype = TALLY_DTYPE_I32;
-    return data_command(cli, &cli_cmd_scan, &a, argc, argv, scan_print);
+    return data_command(cli, &cli_cmd_scan, &a, argc, argv);
 }
 
 const cli_command_t cli_cmd_scan = {
@@ -406,23 +327,12 @@ static int hist_option(void *ctx, int id, const char *arg, int argc, char **argv
     return 0;
 }
 
-static void hist_print(const data_args_t *a, const tally_buf_t *out, const tally_run_result_t *res)
-{
-    (void)res;
-    for (unsigned i = 0; i < TALLY_HIST_BINS; i++)
-        printf("%u %" PRIu64 "\n", i, tally_get_u64(out->data + 8 * i));
-    if (a->req.dtype == TALLY_DTYPE_I32) {
-        printf("underflow %" PRIu64 "\n", tally_get_u64(out->data + 8 * TALLY_HIST_BINS));
-        printf("overflow %" PRIu64 "\n", tally_get_u64(out->data + 8 * (TALLY_HIST_BINS + 1)));
-    }
-}
-
 static int run_hist(cli_t *cli, int argc, char **argv)
 {
-    data_args_t a = {.cmd = "hist"};
+    data_args_t a = {.cmd = "hist", .progress = -1};
     a.req.opcode = TALLY_OP_HIST;
     a.req.dtype = TALLY_DTYPE_U8;
-    return data_command(cli, &cli_cmd_hist, &a, argc, argv, hist_print);
+    return data_command(cli, &cli_cmd_hist, &a, argc, argv);
 }
 
 const cli_command_t cli_cmd_hist = {

@@ -37,7 +37,7 @@ static void print_usage(FILE *f)
                "\n"
                "Environment: TALLY_ENDPOINT, the endpoint when -e is not given.\n"
                "Exit status: 0 ok, 1 error reported by tallyd, 2 usage or input error,\n"
-               "3 no reply (nothing listening, timeout or transport failure).\n");
+               "3 no reply (nothing listening, timeout or transport failure), 130 interrupted.\n");
 }
 
 /* The options before the command: 0 to go on, CLI_HELP_SHOWN, or an exit status. */

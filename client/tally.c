@@ -1305,6 +1305,16 @@ static void push_account(tally_push_t *push)
     res->applied_bytes = applied_bytes(push, res->applied);
 }
 
+tally_status_t tally_push_flush(tally_push_t *push)
+{
+    if (!push || push->finished)
+        return TALLY_E_ARG;
+    tally_status_t status = push->res.status;
+    while (status == TALLY_OK && push->next_merge < push->next_send)
+        status = push_step(push);
+    return status;
+}
+
 tally_status_t tally_push_finish(tally_push_t *push)
 {
     if (!push)

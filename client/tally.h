@@ -275,6 +275,9 @@ size_t tally_push_chunk_bytes(const tally_push_t *push);
  * chunk is a request too). The data is copied: the buffer is free again on return. Waits
  * (merging replies) while the window is full. After a failure every call returns it. */
 tally_status_t tally_push_write(tally_push_t *push, const void *data, size_t len);
+/* Waits until every chunk written so far is answered and its output handed over (a live
+ * producer that pauses: its results go out now rather than with the next chunk). */
+tally_status_t tally_push_flush(tally_push_t *push);
 /* Waits for the replies still outstanding and hands hist's counts to the output function.
  * Returns the push's status; tally_push_result then says what was applied. Call it after a
  * failed write too, to learn how much the stream holds. */
