@@ -39,6 +39,7 @@
 #include <zmq.h>
 
 #include "tally.h"
+#include "tally_proto.h" /* the echo peer speaks the wire protocol directly */
 
 #define WARMUP_S 0.3
 #define MAX_WINDOW 1024

@@ -115,6 +115,11 @@ static tally_status_t wait_socket(tally_client_t *self, short events, int64_t de
     }
 }
 
+const char *tally_version(void)
+{
+    return TALLY_VERSION;
+}
+
 /* ---- Client life cycle -------------------------------------------------------------------- */
 
 static tally_status_t set_int_opt(void *sock, int opt, int value)

@@ -33,7 +33,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tally_proto.h"
+#include "tally_version.h"
+#include "tally_wire.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -49,6 +50,9 @@ extern "C" {
 
 typedef struct tally_client tally_client_t;
 
+/* The version of the loaded library ("0.1.0"); TALLY_VERSION is the header's. */
+TALLY_API const char *tally_version(void);
+
 /* One reply: the decoded header, the payload (owned by the reply until tally_reply_clear),
  * and for an error status the daemon's message (or a client-side explanation). */
 typedef struct {
@@ -61,22 +65,23 @@ typedef struct {
 
 /* Creates a client connected (asynchronously) to `endpoint` (NULL: TALLY_DEFAULT_ENDPOINT).
  * `timeout_ms` (> 0) bounds every wait of every call on this client. */
-tally_status_t tally_client_new(const char *endpoint, int timeout_ms, tally_client_t **out);
+TALLY_API tally_status_t tally_client_new(const char *endpoint, int timeout_ms,
+                                          tally_client_t **out);
 /* Closes the socket without lingering and frees the client; sets *self_p to NULL. */
-void tally_client_destroy(tally_client_t **self_p);
-int tally_client_timeout(const tally_client_t *self);
+TALLY_API void tally_client_destroy(tally_client_t **self_p);
+TALLY_API int tally_client_timeout(const tally_client_t *self);
 
 /* Initialises an empty reply; tally_reply_clear frees what a reply holds and empties it. */
-void tally_reply_init(tally_reply_t *reply);
-void tally_reply_clear(tally_reply_t *reply);
+TALLY_API void tally_reply_init(tally_reply_t *reply);
+TALLY_API void tally_reply_clear(tally_reply_t *reply);
 
 /* Validates and sends one request (req->request_id is ignored: the client allocates one and
  * stores it in *request_id, which may be NULL). Waits at most the timeout for the socket to
  * accept the message. Returns TALLY_OK, a wire status for a request the daemon would reject
  * anyway (bad stream name, flags, payload size: nothing is sent), TALLY_E_TIMEOUT,
  * TALLY_E_TRANSPORT or TALLY_E_ARG. */
-tally_status_t tally_send(tally_client_t *self, const tally_req_t *req, const void *payload,
-                          size_t len, uint64_t *request_id);
+TALLY_API tally_status_t tally_send(tally_client_t *self, const tally_req_t *req,
+                                    const void *payload, size_t len, uint64_t *request_id);
 
 /* Releases a buffer given to tally_send_zc; called once, possibly from a ZeroMQ I/O thread. */
 typedef void(tally_free_fn)(void *data, void *hint);
@@ -86,38 +91,40 @@ typedef void(tally_free_fn)(void *data, void *hint);
  * once on every path: when the frame has been sent, when the send fails, or at once for a
  * request rejected before sending. free_fn may do nothing, for a buffer that outlives the
  * client and is sent many times (a benchmark's). Saves tally_send's copy of the payload. */
-tally_status_t tally_send_zc(tally_client_t *self, const tally_req_t *req, void *payload,
-                             size_t len, tally_free_fn *free_fn, void *hint, uint64_t *request_id);
+TALLY_API tally_status_t tally_send_zc(tally_client_t *self, const tally_req_t *req, void *payload,
+                                       size_t len, tally_free_fn *free_fn, void *hint,
+                                       uint64_t *request_id);
 
 /* Receives the next reply, in any order, waiting at most the timeout. *reply is cleared
  * first. Returns the reply's wire status (reply->rep.request_id says which request it
  * answers), or TALLY_E_TIMEOUT, TALLY_E_TRANSPORT, or TALLY_E_REPLY for a reply that does
  * not decode (wrong frame count, magic, version or payload size). */
-tally_status_t tally_recv(tally_client_t *self, tally_reply_t *reply);
+TALLY_API tally_status_t tally_recv(tally_client_t *self, tally_reply_t *reply);
 
 /* Sends one request and waits for its reply (the timeout covers both). Returns the wire
  * status or a client-side one; reply->error explains any failure. Replies to other requests
  * that arrive meanwhile are discarded, so do not mix it with tally_send requests still in
  * flight on the same client. */
-tally_status_t tally_call(tally_client_t *self, const tally_req_t *req, const void *payload,
-                          size_t len, tally_reply_t *reply);
+TALLY_API tally_status_t tally_call(tally_client_t *self, const tally_req_t *req,
+                                    const void *payload, size_t len, tally_reply_t *reply);
 
 /* The message of the last failed call on this client ("" if none). */
-const char *tally_client_error(const tally_client_t *self);
+TALLY_API const char *tally_client_error(const tally_client_t *self);
 
 /* ---- Convenience wrappers around tally_call ---------------------------------------------- */
 
 /* Round trip of an empty ping; *rtt_us (may be NULL) receives the round-trip time. */
-tally_status_t tally_ping(tally_client_t *self, double *rtt_us);
+TALLY_API tally_status_t tally_ping(tally_client_t *self, double *rtt_us);
 /* Info (TALLY_OP_INFO) or Prometheus metrics (TALLY_OP_STATS) text, NUL-terminated, malloc'd:
  * free it with free(). */
-tally_status_t tally_info(tally_client_t *self, tally_op_t op, char **text);
-tally_status_t tally_query(tally_client_t *self, const char *stream, tally_stream_info_t *info);
-tally_status_t tally_reset(tally_client_t *self, const char *stream);
+TALLY_API tally_status_t tally_info(tally_client_t *self, tally_op_t op, char **text);
+TALLY_API tally_status_t tally_query(tally_client_t *self, const char *stream,
+                                     tally_stream_info_t *info);
+TALLY_API tally_status_t tally_reset(tally_client_t *self, const char *stream);
 /* The daemon's stream names: a malloc'd array of *count malloc'd strings, freed with
  * tally_strings_free. */
-tally_status_t tally_streams(tally_client_t *self, char ***names, size_t *count);
-void tally_strings_free(char **names, size_t count);
+TALLY_API tally_status_t tally_streams(tally_client_t *self, char ***names, size_t *count);
+TALLY_API void tally_strings_free(char **names, size_t count);
 
 /* ---- Shared memory (producers on tallyd's host; PROTOCOL.md §10) ----------------------- */
 
@@ -130,13 +137,14 @@ typedef struct tally_region tally_region_t;
  * is connected to. Fails with the daemon's status (TALLY_E_QUOTA, ...; tally_client_error says
  * why), TALLY_E_ARG when the daemon offers no shared memory, TALLY_E_IO or TALLY_E_TRANSPORT
  * when the side channel cannot be reached. Destroy regions before their client. */
-tally_status_t tally_region_create(tally_client_t *client, size_t size, tally_region_t **out);
+TALLY_API tally_status_t tally_region_create(tally_client_t *client, size_t size,
+                                             tally_region_t **out);
 /* The region's memory (page-aligned) and size. */
-void *tally_region_data(const tally_region_t *region);
-size_t tally_region_size(const tally_region_t *region);
+TALLY_API void *tally_region_data(const tally_region_t *region);
+TALLY_API size_t tally_region_size(const tally_region_t *region);
 /* Releases the region (the daemon unmaps it once the requests using it are answered) and
  * unmaps it here; sets *region_p to NULL. */
-void tally_region_destroy(tally_region_t **region_p);
+TALLY_API void tally_region_destroy(tally_region_t **region_p);
 
 /* tally_send with the input at [offset, offset + length) of `in` (whole elements; offset a
  * multiple of the element size) instead of a payload. With `out` (filter, scan; NULL for
@@ -144,13 +152,15 @@ void tally_region_destroy(tally_region_t **region_p);
  * room for the worst case: filter `length`, scan `length` or 2 x `length` for int64) and the
  * reply carries only its header: count and aux0 as usual, an empty payload. The ranges must
  * stay unchanged (input) and unread (output) until the reply has arrived. */
-tally_status_t tally_send_shm(tally_client_t *self, const tally_req_t *req,
-                              const tally_region_t *in, size_t offset, size_t length,
-                              const tally_region_t *out, size_t out_offset, uint64_t *request_id);
+TALLY_API tally_status_t tally_send_shm(tally_client_t *self, const tally_req_t *req,
+                                        const tally_region_t *in, size_t offset, size_t length,
+                                        const tally_region_t *out, size_t out_offset,
+                                        uint64_t *request_id);
 /* The same, waiting for the reply (as tally_call). */
-tally_status_t tally_call_shm(tally_client_t *self, const tally_req_t *req,
-                              const tally_region_t *in, size_t offset, size_t length,
-                              const tally_region_t *out, size_t out_offset, tally_reply_t *reply);
+TALLY_API tally_status_t tally_call_shm(tally_client_t *self, const tally_req_t *req,
+                                        const tally_region_t *in, size_t offset, size_t length,
+                                        const tally_region_t *out, size_t out_offset,
+                                        tally_reply_t *reply);
 
 /* ---- Chunked, pipelined operations ------------------------------------------------------- */
 
@@ -161,9 +171,9 @@ typedef struct {
     size_t cap;
 } tally_buf_t;
 
-void tally_buf_free(tally_buf_t *buf);
-tally_status_t tally_buf_reserve(tally_buf_t *buf, size_t extra);
-tally_status_t tally_buf_append(tally_buf_t *buf, const void *data, size_t len);
+TALLY_API void tally_buf_free(tally_buf_t *buf);
+TALLY_API tally_status_t tally_buf_reserve(tally_buf_t *buf, size_t extra);
+TALLY_API tally_status_t tally_buf_append(tally_buf_t *buf, const void *data, size_t len);
 
 /* How tally_run numbers the chunks it sends on a stream (PROTOCOL.md, "Sequence numbers"). */
 typedef enum {
@@ -237,9 +247,9 @@ typedef struct {
  * from there. A duplicate reply is counted once, as applied, and stops the call (someone else
  * pushes to the stream). With skipped chunks, `out` holds only the output of the chunks sent
  * (a scan's sums continue from the stream's carry, so it is the rest of the whole output). */
-tally_status_t tally_run(tally_client_t *self, const tally_req_t *req, const void *input,
-                         size_t len, const tally_run_opts_t *opts, tally_buf_t *out,
-                         tally_run_result_t *result);
+TALLY_API tally_status_t tally_run(tally_client_t *self, const tally_req_t *req, const void *input,
+                                   size_t len, const tally_run_opts_t *opts, tally_buf_t *out,
+                                   tally_run_result_t *result);
 
 /* ---- Streaming pushes ---------------------------------------------------------------- */
 
@@ -266,25 +276,25 @@ typedef tally_status_t(tally_output_fn)(void *arg, const void *data, size_t len)
 /* Starts a push of `req` (filter, scan or hist) with `opts` as for tally_run (NULL for the
  * defaults); with opts->seq it asks the daemon for the stream's last_seq first. `output` may
  * be NULL (filter --count: only the result's counters). */
-tally_status_t tally_push_new(tally_client_t *client, const tally_req_t *req,
-                              const tally_run_opts_t *opts, tally_output_fn *output, void *arg,
-                              tally_push_t **out);
+TALLY_API tally_status_t tally_push_new(tally_client_t *client, const tally_req_t *req,
+                                        const tally_run_opts_t *opts, tally_output_fn *output,
+                                        void *arg, tally_push_t **out);
 /* The largest chunk tally_push_write takes: opts->chunk_bytes in whole elements. */
-size_t tally_push_chunk_bytes(const tally_push_t *push);
+TALLY_API size_t tally_push_chunk_bytes(const tally_push_t *push);
 /* Sends one chunk: `len` bytes, whole elements, at most tally_push_chunk_bytes (an empty
  * chunk is a request too). The data is copied: the buffer is free again on return. Waits
  * (merging replies) while the window is full. After a failure every call returns it. */
-tally_status_t tally_push_write(tally_push_t *push, const void *data, size_t len);
+TALLY_API tally_status_t tally_push_write(tally_push_t *push, const void *data, size_t len);
 /* Waits until every chunk written so far is answered and its output handed over (a live
  * producer that pauses: its results go out now rather than with the next chunk). */
-tally_status_t tally_push_flush(tally_push_t *push);
+TALLY_API tally_status_t tally_push_flush(tally_push_t *push);
 /* Waits for the replies still outstanding and hands hist's counts to the output function.
  * Returns the push's status; tally_push_result then says what was applied. Call it after a
  * failed write too, to learn how much the stream holds. */
-tally_status_t tally_push_finish(tally_push_t *push);
+TALLY_API tally_status_t tally_push_finish(tally_push_t *push);
 /* The counters so far (complete after tally_push_finish); valid until destroy. */
-const tally_run_result_t *tally_push_result(const tally_push_t *push);
-void tally_push_destroy(tally_push_t **push_p);
+TALLY_API const tally_run_result_t *tally_push_result(const tally_push_t *push);
+TALLY_API void tally_push_destroy(tally_push_t **push_p);
 
 #ifdef __cplusplus
 }

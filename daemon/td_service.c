@@ -59,7 +59,7 @@ struct td_service {
     bool status_on, watchdog_on, state_on;
     bool closed;
     bool final_failed; /* the shutdown snapshot could not be written */
-    char *state_dir; /* fixed at start: changing it needs a restart */
+    char *state_dir;   /* fixed at start: changing it needs a restart */
     /* max_batch at start sized ZeroMQ's frame guard (max_frame's default, fixed when the socket
      * is bound) and the GPU's staging buffers, so a reload may lower max_batch but not raise it
      * above this. */
@@ -331,8 +331,10 @@ void td_service_reload(td_service_t *self)
     const char *file =
         self->host.cfg->config_file ? self->host.cfg->config_file : TD_DEFAULT_CONFIG_FILE;
     td_notice("SIGHUP: reloading the configuration (%s)", file);
+    td_notify_reloading(); /* Type=notify-reload: systemd waits for READY=1 again */
     if (td_config_reload(self->host.cfg, &next, msg, sizeof msg) != TALLY_OK) {
         td_err("reload failed: %s; keeping the running configuration", msg);
+        td_notify_reloaded();
         return;
     }
     if (next.max_batch > self->start_max_batch) {
@@ -353,6 +355,7 @@ void td_service_reload(td_service_t *self)
     }
     if (self->status_on)
         status_cb(&self->status_timer);
+    td_notify_reloaded();
 }
 
 void td_service_stopping(td_service_t *self)

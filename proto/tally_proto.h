@@ -3,7 +3,9 @@
  *
  * This is the one source of truth for opcodes, dtypes, predicates, flags, status codes and
  * protocol limits. Daemon, client library, kernels and tests all include it; nothing else
- * defines these numbers.
+ * defines these numbers. The sections marked PUBLIC (the numbers, the request, reply and query
+ * structs, the name functions) are what libtally's users need too: the build copies them into
+ * tally_wire.h, which is installed with tally.h; this header, with the codec, is private.
  *
  * Everything here works on plain byte buffers: no ZeroMQ, no allocation, no I/O, so the
  * functions can be fuzzed and reused from any transport. All multi-byte fields on the wire are
@@ -24,7 +26,13 @@
 extern "C" {
 #endif
 
+#ifndef TALLY_WIRE_H /* PUBLIC: begin (copied into the installed tally_wire.h) */
 /* ---- Framing constants ------------------------------------------------------------------ */
+
+/* What libtally exports (it is built with hidden visibility): the documented API only. */
+#ifndef TALLY_API
+#define TALLY_API __attribute__((visibility("default")))
+#endif
 
 #define TALLY_PROTO_VERSION 1
 /* The four magic bytes "TLYD" at offset 0 of every header (0x44594C54 read as uint32 LE). */
@@ -126,14 +134,16 @@ typedef enum {
 } tally_status_t;
 
 /* A stable, lower-case, one-word name for a status ("ok", "bad_header", ...) and a sentence. */
-const char *tally_status_name(tally_status_t status);
-const char *tally_status_text(tally_status_t status);
-const char *tally_op_name(tally_op_t op);          /* "filter", ... or NULL when unknown */
-const char *tally_dtype_name(tally_dtype_t dtype); /* "i32", "u8", ... or NULL */
-const char *tally_pred_name(tally_pred_t pred);    /* "gt", ... or NULL */
+TALLY_API const char *tally_status_name(tally_status_t status);
+TALLY_API const char *tally_status_text(tally_status_t status);
+TALLY_API const char *tally_op_name(tally_op_t op); /* "filter", ... or NULL when unknown */
+TALLY_API const char *tally_dtype_name(tally_dtype_t dtype); /* "i32", "u8", ... or NULL */
+TALLY_API const char *tally_pred_name(tally_pred_t pred);    /* "gt", ... or NULL */
 /* Size in bytes of one element, 0 for NONE/TEXT or an unknown dtype. */
-size_t tally_dtype_size(tally_dtype_t dtype);
+TALLY_API size_t tally_dtype_size(tally_dtype_t dtype);
+#endif /* PUBLIC: end */
 
+#ifndef TALLY_WIRE_H /* PUBLIC: begin (copied into the installed tally_wire.h) */
 /* ---- Request header --------------------------------------------------------------------- */
 
 /* Decoded request header. Field offsets on the wire are in PROTOCOL.md and tally_proto.c. */
@@ -150,6 +160,7 @@ typedef struct {
     uint8_t stream_len; /* 0 = no stream */
     char stream[TALLY_STREAM_NAME_MAX + 1]; /* NUL-terminated copy of the name */
 } tally_req_t;
+#endif /* PUBLIC: end */
 
 /* Writes exactly TALLY_REQ_HEADER_SIZE bytes: the magic, TALLY_PROTO_VERSION (req->version is
  * not used), the fields, and zeros in every reserved byte and after the stream name. Does not
@@ -168,11 +179,14 @@ tally_status_t tally_req_decode(const uint8_t *buf, size_t len, tally_req_t *req
 tally_status_t tally_req_validate(const tally_req_t *req, size_t payload_len, size_t max_batch,
                                   char *msg, size_t msg_cap);
 
+#ifndef TALLY_WIRE_H /* PUBLIC: begin (copied into the installed tally_wire.h) */
 /* Sets a stream name on a request (NULL clears it); TALLY_E_STREAM_NAME if it is not a valid
  * name, and then the request is left unchanged. */
-tally_status_t tally_req_set_stream(tally_req_t *req, const char *name);
-bool tally_stream_name_valid(const char *name, size_t len);
+TALLY_API tally_status_t tally_req_set_stream(tally_req_t *req, const char *name);
+TALLY_API bool tally_stream_name_valid(const char *name, size_t len);
+#endif /* PUBLIC: end */
 
+#ifndef TALLY_WIRE_H /* PUBLIC: begin (copied into the installed tally_wire.h) */
 /* ---- Reply header ----------------------------------------------------------------------- */
 
 typedef struct {
@@ -187,6 +201,7 @@ typedef struct {
                           * duplicate, sequence_gap: the stream's last applied seq */
     uint64_t aux1;       /* reserved for the operation (see PROTOCOL.md); zero otherwise */
 } tally_rep_t;
+#endif /* PUBLIC: end */
 
 /* Writes exactly TALLY_REP_HEADER_SIZE bytes (magic, TALLY_PROTO_VERSION, fields, zeros). */
 void tally_rep_encode(const tally_rep_t *rep, uint8_t out[TALLY_REP_HEADER_SIZE]);
@@ -194,6 +209,7 @@ void tally_rep_encode(const tally_rep_t *rep, uint8_t out[TALLY_REP_HEADER_SIZE]
  * TALLY_REP_HEADER_SIZE bytes with zero reserved bytes and a wire status (< 100). */
 tally_status_t tally_rep_decode(const uint8_t *buf, size_t len, tally_rep_t *rep);
 
+#ifndef TALLY_WIRE_H /* PUBLIC: begin (copied into the installed tally_wire.h) */
 /* ---- Payloads with a fixed layout ------------------------------------------------------- */
 
 /* The `query` reply payload: a stream's counters and histogram (layout in PROTOCOL.md). */
@@ -215,6 +231,7 @@ typedef struct {
     uint64_t last_seq;   /* seq of the last applied request that carried one; 0 = none yet */
     uint64_t bins[TALLY_HIST_BINS];
 } tally_stream_info_t;
+#endif /* PUBLIC: end */
 
 void tally_stream_info_encode(const tally_stream_info_t *info,
                               uint8_t out[TALLY_QUERY_PAYLOAD_SIZE]);
@@ -291,6 +308,7 @@ static inline unsigned tally_hist_bin_i32(int32_t x, int64_t lo, int64_t hi)
     return (unsigned)(((uint64_t)((int64_t)x - lo) * TALLY_HIST_BINS) / (uint64_t)(hi - lo));
 }
 
+#ifndef TALLY_WIRE_H /* PUBLIC: begin (copied into the installed tally_wire.h) */
 /* Little-endian helpers, exposed for the daemon's and client's payload code. */
 static inline void tally_put_u16(uint8_t *p, uint16_t v)
 {
@@ -325,8 +343,13 @@ static inline uint64_t tally_get_u64(const uint8_t *p)
         v = (v << 8) | p[i];
     return v;
 }
+#endif /* PUBLIC: end */
 
 #ifdef __cplusplus
 }
+#endif
+/* The public sections above are also tally_wire.h: whichever comes first defines them. */
+#ifndef TALLY_WIRE_H
+#define TALLY_WIRE_H
 #endif
 #endif /* TALLY_PROTO_H */
