@@ -21,6 +21,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <netdb.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -31,6 +32,7 @@
 #include <time.h>
 
 #include "td_config.h"
+#include "tally_args.h"
 #include "td_http.h"
 #include "td_log.h"
 
@@ -53,33 +55,23 @@ struct td_http {
     bool ready; /* the async handle exists */
 };
 
-/* Parses "IP:PORT" or "[IPv6]:PORT" into ss. */
+/* Resolves "HOST:PORT" or "[IPv6]:PORT" (a name, an IPv4 or IPv6 address; port 0 picks one)
+ * into ss with getaddrinfo, taking the first address it gives. */
 static tally_status_t parse_listen(const char *listen, struct sockaddr_storage *ss)
 {
-    char host[INET6_ADDRSTRLEN + 2];
-    const char *colon = strrchr(listen, ':');
-    if (!colon || colon == listen || (size_t)(colon - listen) >= sizeof host)
+    char host[256], port[16];
+    if (!tally_hostport_split(listen, host, sizeof host, port, sizeof port) || !host[0] ||
+        !port[0] || strspn(port, "0123456789") != strlen(port))
         return TALLY_E_PARAM;
-    memcpy(host, listen, (size_t)(colon - listen));
-    host[colon - listen] = '\0';
-    char *end = NULL;
-    errno = 0;
-    unsigned long port = strtoul(colon + 1, &end, 10);
-    if (errno || end == colon + 1 || *end || port > 65535)
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV | AI_PASSIVE | AI_ADDRCONFIG};
+    struct addrinfo *res = NULL;
+    if (getaddrinfo(host, port, &hints, &res) != 0 || !res)
         return TALLY_E_PARAM;
     memset(ss, 0, sizeof *ss);
-    size_t hlen = strlen(host);
-    if (host[0] == '[' && hlen > 2 && host[hlen - 1] == ']') {
-        host[hlen - 1] = '\0';
-        struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
-        in6->sin6_family = AF_INET6;
-        in6->sin6_port = htons((uint16_t)port);
-        return inet_pton(AF_INET6, host + 1, &in6->sin6_addr) == 1 ? TALLY_OK : TALLY_E_PARAM;
-    }
-    struct sockaddr_in *in = (struct sockaddr_in *)ss;
-    in->sin_family = AF_INET;
-    in->sin_port = htons((uint16_t)port);
-    return inet_pton(AF_INET, host, &in->sin_addr) == 1 ? TALLY_OK : TALLY_E_PARAM;
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    return TALLY_OK;
 }
 
 static bool is_loopback(const struct sockaddr_storage *ss)
@@ -201,7 +193,9 @@ tally_status_t td_http_new(uv_loop_t *loop, const char *listen, td_http_render_f
 {
     struct sockaddr_storage ss;
     if (parse_listen(listen, &ss) != TALLY_OK) {
-        td_err("metrics: '%s' is not IP:PORT (e.g. 127.0.0.1:9464 or [::1]:9464)", listen);
+        td_err("metrics: '%s' is not IP:PORT or HOST:PORT (e.g. 127.0.0.1:9464, [::1]:9464, "
+               "localhost:9464)",
+               listen);
         return TALLY_E_PARAM;
     }
     if (!is_loopback(&ss))

@@ -1060,6 +1060,19 @@ static void test_metrics_bad_address_fails_start(void **state)
     (void)state;
     const char *args[] = {"--metrics", "localhost-ish", NULL};
     assert_start_fails(args, "is not IP:PORT");
+    const char *bad_port[] = {"--metrics", "127.0.0.1:94x", NULL};
+    assert_start_fails(bad_port, "is not IP:PORT");
+}
+
+/* The listen address goes through getaddrinfo: a host name works. */
+static void test_metrics_host_name(void **state)
+{
+    (void)state;
+    const char *args[] = {"--metrics", "localhost:0", NULL};
+    th_daemon_t d;
+    assert_int_equal(spawn(&d, args, NULL), 0); /* it started: the name resolved */
+    assert_true(th_daemon_log_contains(&d, "metrics: serving http://localhost:"));
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
 
 /* After each test: kills any tallyd a failed assertion left running (our children only:
@@ -1143,6 +1156,7 @@ int main(void)
         cmocka_unit_test_teardown(test_config_file_and_sighup_reload, kill_leftovers),
         cmocka_unit_test_teardown(test_metrics_http_endpoint, kill_leftovers),
         cmocka_unit_test_teardown(test_metrics_bad_address_fails_start, kill_leftovers),
+        cmocka_unit_test_teardown(test_metrics_host_name, kill_leftovers),
     };
     int failed = cmocka_run_group_tests(tests, setup, NULL);
     if (failed)
