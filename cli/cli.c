@@ -251,6 +251,17 @@ void cli_print_help(const cli_command_t *cmd, FILE *f)
     cli_print_options(cli_common_options, f);
 }
 
+int cli_begin(cli_t *cli, const cli_command_t *cmd, int argc, char **argv,
+              int (*check)(const char *cmd, int argc, char **argv), tally_client_t **client)
+{
+    int rc = cli_parse(cli, cmd, NULL, argc, argv);
+    if (rc == 0 && check)
+        rc = check(cmd->name, argc, argv);
+    if (rc == 0)
+        rc = cli_connect(cli, client);
+    return rc;
+}
+
 /* ---- Connecting --------------------------------------------------------------------------- */
 
 /* A Unix socket at path that accepts a connection: 0, or errno. */

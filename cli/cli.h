@@ -107,6 +107,11 @@ bool cli_parse_dtype(const char *s, tally_dtype_t *out);
  * the client. 0 or an exit status (after reporting). */
 int cli_connect(const cli_t *cli, tally_client_t **client);
 
+/* What most commands start with: parse (no options of their own), check the positional
+ * arguments with `check` (may be NULL), connect. 0, CLI_HELP_SHOWN or an exit status. */
+int cli_begin(cli_t *cli, const cli_command_t *cmd, int argc, char **argv,
+              int (*check)(const char *cmd, int argc, char **argv), tally_client_t **client);
+
 /* ---- The commands (main.c lists them) --------------------------------------------------- */
 
 extern const cli_command_t cli_cmd_filter, cli_cmd_scan, cli_cmd_hist;

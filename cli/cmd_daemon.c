@@ -9,12 +9,10 @@
 
 static int run_ping(cli_t *cli, int argc, char **argv)
 {
-    int rc = cli_parse(cli, &cli_cmd_ping, NULL, argc, argv);
+    tally_client_t *client = NULL;
+    int rc = cli_begin(cli, &cli_cmd_ping, argc, argv, NULL, &client);
     if (rc)
         return rc == CLI_HELP_SHOWN ? 0 : rc;
-    tally_client_t *client = NULL;
-    if ((rc = cli_connect(cli, &client)) != 0)
-        return rc;
     double rtt_us = 0;
     tally_status_t status = tally_ping(client, &rtt_us);
     if (status != TALLY_OK) {
@@ -38,12 +36,10 @@ const cli_command_t cli_cmd_ping = {
 /* info and stats: one request, its text printed as it came. */
 static int text_command(cli_t *cli, const cli_command_t *cmd, tally_op_t op, int argc, char **argv)
 {
-    int rc = cli_parse(cli, cmd, NULL, argc, argv);
+    tally_client_t *client = NULL;
+    int rc = cli_begin(cli, cmd, argc, argv, NULL, &client);
     if (rc)
         return rc == CLI_HELP_SHOWN ? 0 : rc;
-    tally_client_t *client = NULL;
-    if ((rc = cli_connect(cli, &client)) != 0)
-        return rc;
     char *text = NULL;
     tally_status_t status = tally_info(client, op, &text);
     if (status != TALLY_OK) {

@@ -132,8 +132,12 @@ static int data_option(data_args_t *a, int id, const char *arg)
 }
 
 /* Parses the command line, checks what the options say together, and runs the push. */
-static int data_command(cli_t *cli, const cli_command_t *cmd, data_args_t *a, int argc, char **argv)
+static int data_command(cli_t *cli, const cli_command_t *cmd, tally_op_t op, tally_dtype_t dtype,
+                        int argc, char **argv)
 {
+    data_args_t args = {.cmd = cmd->name, .progress = -1}, *a = &args;
+    a->req.opcode = (uint8_t)op;
+    a->req.dtype = (uint8_t)dtype;
     int rc = cli_parse(cli, cmd, a, argc, argv);
     if (rc)
         return rc == CLI_HELP_SHOWN ? 0 : rc;
@@ -224,10 +228,7 @@ static int filter_option(void *ctx, int id, const char *arg, int argc, char **ar
 
 static int run_filter(cli_t *cli, int argc, char **argv)
 {
-    data_args_t a = {.cmd = "filter", .progress = -1};
-    a.req.opcode = TALLY_OP_FILTER;
-    a.req.dtype = TALLY_DTYPE_I32;
-    return data_command(cli, &cli_cmd_filter, &a, argc, argv);
+    return data_command(cli, &cli_cmd_filter, TALLY_OP_FILTER, TALLY_DTYPE_I32, argc, argv);
 }
 
 const cli_command_t cli_cmd_filter = {
@@ -269,10 +270,7 @@ static int scan_option(void *ctx, int id, const char *arg, int argc, char **argv
 
 static int run_scan(cli_t *cli, int argc, char **argv)
 {
-    data_args_t a = {.cmd = "scan", .progress = -1};
-    a.req.opcode = TALLY_OP_SCAN;
-    a.req.dtype = TALLY_DTYPE_I32;
-    return data_command(cli, &cli_cmd_scan, &a, argc, argv);
+    return data_command(cli, &cli_cmd_scan, TALLY_OP_SCAN, TALLY_DTYPE_I32, argc, argv);
 }
 
 const cli_command_t cli_cmd_scan = {
@@ -329,10 +327,7 @@ static int hist_option(void *ctx, int id, const char *arg, int argc, char **argv
 
 static int run_hist(cli_t *cli, int argc, char **argv)
 {
-    data_args_t a = {.cmd = "hist", .progress = -1};
-    a.req.opcode = TALLY_OP_HIST;
-    a.req.dtype = TALLY_DTYPE_U8;
-    return data_command(cli, &cli_cmd_hist, &a, argc, argv);
+    return data_command(cli, &cli_cmd_hist, TALLY_OP_HIST, TALLY_DTYPE_U8, argc, argv);
 }
 
 const cli_command_t cli_cmd_hist = {

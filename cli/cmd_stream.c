@@ -8,8 +8,10 @@
 #include <string.h>
 
 /* The stream named by the command's one argument, checked before anything is sent. */
-static int stream_arg(const char *cmd, const char *name)
+static int stream_arg(const char *cmd, int argc, char **argv)
 {
+    (void)argc;
+    const char *name = argv[optind];
     if (!tally_stream_name_valid(name, strlen(name)))
         return cli_usage_error(cmd,
                                "invalid stream name '%s': 1-64 printable ASCII bytes, no "
@@ -38,13 +40,11 @@ static void print_info(const tally_stream_info_t *info)
 
 static int run_query(cli_t *cli, int argc, char **argv)
 {
-    int rc = cli_parse(cli, &cli_cmd_query, NULL, argc, argv);
+    tally_client_t *client = NULL;
+    int rc = cli_begin(cli, &cli_cmd_query, argc, argv, stream_arg, &client);
     if (rc)
         return rc == CLI_HELP_SHOWN ? 0 : rc;
     const char *name = argv[optind];
-    tally_client_t *client = NULL;
-    if ((rc = stream_arg("query", name)) != 0 || (rc = cli_connect(cli, &client)) != 0)
-        return rc;
     tally_stream_info_t info;
     tally_status_t status = tally_query(client, name, &info);
     if (status != TALLY_OK) {
@@ -72,14 +72,11 @@ const cli_command_t cli_cmd_query = {
 
 static int run_reset(cli_t *cli, int argc, char **argv)
 {
-    int rc = cli_parse(cli, &cli_cmd_reset, NULL, argc, argv);
+    tally_client_t *client = NULL;
+    int rc = cli_begin(cli, &cli_cmd_reset, argc, argv, stream_arg, &client);
     if (rc)
         return rc == CLI_HELP_SHOWN ? 0 : rc;
-    const char *name = argv[optind];
-    tally_client_t *client = NULL;
-    if ((rc = stream_arg("reset", name)) != 0 || (rc = cli_connect(cli, &client)) != 0)
-        return rc;
-    tally_status_t status = tally_reset(client, name);
+    tally_status_t status = tally_reset(client, argv[optind]);
     if (status != TALLY_OK)
         rc = cli_report(status, "reset", tally_client_error(client));
     tally_client_destroy(&client);
@@ -97,12 +94,10 @@ const cli_command_t cli_cmd_reset = {
 
 static int run_streams(cli_t *cli, int argc, char **argv)
 {
-    int rc = cli_parse(cli, &cli_cmd_streams, NULL, argc, argv);
+    tally_client_t *client = NULL;
+    int rc = cli_begin(cli, &cli_cmd_streams, argc, argv, NULL, &client);
     if (rc)
         return rc == CLI_HELP_SHOWN ? 0 : rc;
-    tally_client_t *client = NULL;
-    if ((rc = cli_connect(cli, &client)) != 0)
-        return rc;
     char **names = NULL;
     size_t count = 0;
     tally_status_t status = tally_streams(client, &names, &count);

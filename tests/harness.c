@@ -261,3 +261,36 @@ uint64_t th_rand(void)
     rng_state ^= rng_state << 17;
     return rng_state;
 }
+
+char *th_slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, len = 0, n;
+    char *buf = malloc(cap);
+    while (buf && (n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+        len += n;
+        if (cap - len < 2) {
+            char *more = realloc(buf, cap *= 2);
+            if (!more)
+                free(buf);
+            buf = more;
+        }
+    }
+    fclose(f);
+    if (buf)
+        buf[len] = '\0';
+    return buf;
+}
+
+int th_write_file(const char *dir, const char *name, const void *data, size_t len)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return -1;
+    int rc = fwrite(data, 1, len, f) == len ? 0 : -1;
+    return fclose(f) == 0 ? rc : -1;
+}

@@ -61,6 +61,11 @@ int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len,
 /* A request with the common fields set. */
 tally_req_t th_req(uint8_t opcode, uint8_t dtype, uint64_t id);
 
+/* The whole file at path, NUL-terminated, malloc'ed; NULL when it cannot be read. */
+char *th_slurp(const char *path);
+/* Writes len bytes to dir/name (created or truncated); 0, or -1. */
+int th_write_file(const char *dir, const char *name, const void *data, size_t len);
+
 /* Seeded xorshift so failures reproduce: the seed is printed by th_seed(). */
 uint64_t th_seed(void);
 uint64_t th_rand(void);

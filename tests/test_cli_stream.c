@@ -134,30 +134,19 @@ static void put(int fd, const void *data, size_t len)
     }
 }
 
+/* A file of the test's folder, whole (NUL-terminated). */
 static char *slurp(const char *name)
 {
     char path[128];
     snprintf(path, sizeof path, "%s/%s", tmpdir, name);
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    size_t cap = 1 << 16, len = 0, n;
-    char *buf = malloc(cap);
-    while ((n = fread(buf + len, 1, cap - len - 1, f)) > 0)
-        if ((len += n) + 1 >= cap)
-            buf = realloc(buf, cap *= 2);
-    fclose(f);
-    buf[len] = '\0';
-    return buf;
+    char *text = th_slurp(path);
+    assert_non_null(text);
+    return text;
 }
 
 static void write_file(const char *name, const void *data, size_t len)
 {
-    char path[128];
-    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(data, 1, len, f), len);
-    fclose(f);
+    assert_int_equal(th_write_file(tmpdir, name, data, len), 0);
 }
 
 static tally_stream_info_t query(const char *stream)

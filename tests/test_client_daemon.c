@@ -333,29 +333,14 @@ typedef struct {
 
 static char *slurp(const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    size_t n;
-    while ((n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
-        len += n;
-        if (cap - len < 2)
-            buf = realloc(buf, cap *= 2);
-    }
-    fclose(f);
-    buf[len] = '\0';
-    return buf;
+    char *text = th_slurp(path);
+    assert_non_null(text);
+    return text;
 }
 
 static void write_file(const char *name, const void *data, size_t len)
 {
-    char path[128];
-    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(data, 1, len, f), len);
-    fclose(f);
+    assert_int_equal(th_write_file(tmpdir, name, data, len), 0);
 }
 
 /* Runs `tally -e ENDPOINT <args>` in tmpdir through sh (so args may redirect stdin). */
