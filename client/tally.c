@@ -1396,6 +1396,16 @@ tally_status_t tally_run(tally_client_t *self, const tally_req_t *req, const voi
         snprintf(self->error, sizeof self->error, "%s", result->error);
         return result->status = TALLY_E_ARG;
     }
+    /* The output's size is known: reserve it once (filter keeps at most the input, scan writes
+     * 4 or 8 bytes per element, hist one set of counts), so appending never reallocates. */
+    size_t need = req->opcode == TALLY_OP_SCAN
+                      ? len / (esize ? esize : 1) * ((req->flags & TALLY_FLAG_SCAN_OUT_I32) ? 4 : 8)
+                  : req->opcode == TALLY_OP_HIST ? 8 * tally__hist_values(req->dtype)
+                                                 : len;
+    if (tally_buf_reserve(out, need ? need : 1) != TALLY_OK) {
+        snprintf(result->error, sizeof result->error, "out of memory for the output");
+        return result->status = TALLY_E_NOMEM;
+    }
     tally_run_opts_t o = opts ? *opts : (tally_run_opts_t){0};
     o.total_bytes = len;
     tally_push_t *push = NULL;

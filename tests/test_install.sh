@@ -8,10 +8,12 @@
 #   - a tiny consumer builds against P both with pkg-config and with find_package(tally), runs,
 #     and sees the library version its header names;
 #   - the installed binaries run from P (libtally found through RPATH).
-# usage: test_install.sh BUILD_DIR CC
+# usage: test_install.sh BUILD_DIR CC [CFLAGS] (CFLAGS: the sanitizer flags of an ASan build,
+# whose libtally needs its runtime loaded first)
 set -eu
 build=$1
 cc=$2
+cflags=${3:-}
 prefix=$(mktemp -d "${TMPDIR:-/tmp}/tallyd-install.XXXXXX")
 trap 'rm -rf "$prefix"' EXIT
 cmake --install "$build" --prefix "$prefix" >"$prefix/install.log" 2>&1 ||
@@ -75,7 +77,8 @@ int main(void)
 C
 PKG_CONFIG_PATH="$libdir/pkgconfig" pkg-config --cflags --libs tally >"$prefix/flags"
 # shellcheck disable=SC2046
-"$cc" -std=c11 -Wall -Wextra -Werror "$prefix/app/app.c" -o "$prefix/app/app-pc" \
+# shellcheck disable=SC2086
+"$cc" -std=c11 -Wall -Wextra -Werror $cflags "$prefix/app/app.c" -o "$prefix/app/app-pc" \
   $(cat "$prefix/flags") -Wl,-rpath,"$libdir"
 "$prefix/app/app-pc"
 cat >"$prefix/app/CMakeLists.txt" <<'CM'
@@ -86,7 +89,8 @@ add_executable(app app.c)
 target_link_libraries(app PRIVATE tally::tally)
 CM
 cmake -S "$prefix/app" -B "$prefix/app/build" -DCMAKE_PREFIX_PATH="$prefix" \
-  -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_RPATH="$libdir" >"$prefix/app.log" 2>&1 &&
+  -DCMAKE_C_COMPILER="$cc" -DCMAKE_C_FLAGS="$cflags" -DCMAKE_BUILD_RPATH="$libdir" \
+  >"$prefix/app.log" 2>&1 &&
   cmake --build "$prefix/app/build" >>"$prefix/app.log" 2>&1 ||
   { cat "$prefix/app.log"; exit 1; }
 "$prefix/app/build/app"
