@@ -1248,7 +1248,7 @@ tally_status_t tally_push_write(tally_push_t *push, const void *data, size_t len
         char msg[160];
         snprintf(msg, sizeof msg, "a chunk of %zu bytes is not 1..%zu whole %zu-byte elements", len,
                  push->chunk_bytes, push->elem_size);
-        return push_fail(push, TALLY_E_ARG, msg);
+        return fail(push->client, TALLY_E_ARG, msg); /* refused; the push goes on */
     }
     uint64_t k = push->next_send;
     if (k < push->first) { /* a resumed push: the stream has this chunk already */

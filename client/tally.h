@@ -283,7 +283,9 @@ TALLY_API tally_status_t tally_push_new(tally_client_t *client, const tally_req_
 TALLY_API size_t tally_push_chunk_bytes(const tally_push_t *push);
 /* Sends one chunk: `len` bytes, whole elements, at most tally_push_chunk_bytes (an empty
  * chunk is a request too). The data is copied: the buffer is free again on return. Waits
- * (merging replies) while the window is full. After a failure every call returns it. */
+ * (merging replies) while the window is full. A chunk that breaks those rules is refused with
+ * TALLY_E_ARG (tally_client_error says why) and the push goes on; after any other failure
+ * every call returns it. */
 TALLY_API tally_status_t tally_push_write(tally_push_t *push, const void *data, size_t len);
 /* Waits until every chunk written so far is answered and its output handed over (a live
  * producer that pauses: its results go out now rather than with the next chunk). */

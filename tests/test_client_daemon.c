@@ -300,6 +300,86 @@ static void test_lib_hist_stream(void **state)
     tally_client_destroy(&c);
 }
 
+/* The push's output function: appends to a tally_buf_t and counts the calls. */
+typedef struct {
+    tally_buf_t buf;
+    int calls;
+} collect_t;
+
+static tally_status_t collect(void *arg, const void *data, size_t len)
+{
+    collect_t *c = arg;
+    c->calls++;
+    return tally_buf_append(&c->buf, data, len);
+}
+
+/* A streaming push: chunks of any size up to chunk_bytes, output in order chunk by chunk, the
+ * same sums as one message, sequence numbers on a stream; misuse is refused. */
+static void test_lib_push(void **state)
+{
+    (void)state;
+    enum { N = 100003 };
+    int32_t *x = random_i32(N, -1000, 1000);
+    tally_client_t *c = connect_daemon();
+    tally_req_t req = {.opcode = TALLY_OP_SCAN, .dtype = TALLY_DTYPE_I32};
+    assert_int_equal(tally_req_set_stream(&req, "push1"), TALLY_OK);
+    tally_run_opts_t opts = {.chunk_bytes = 40000, .window = 3, .seq = TALLY_RUN_SEQ_APPEND};
+    collect_t got = {0};
+    tally_push_t *push = NULL;
+    assert_int_equal(tally_push_new(c, &req, &opts, collect, &got, &push), TALLY_OK);
+    assert_int_equal(tally_push_chunk_bytes(push), 40000);
+    size_t at = 0, writes = 0;
+    while (at < N) { /* 1..10000 elements at a time */
+        size_t n = 1 + th_rand() % 10000;
+        n = n > N - at ? N - at : n;
+        assert_int_equal(tally_push_write(push, x + at, 4 * n), TALLY_OK);
+        at += n;
+        writes++;
+    }
+    assert_int_equal(tally_push_write(push, x, 40004), TALLY_E_ARG); /* over chunk_bytes */
+    assert_non_null(strstr(tally_client_error(c), "40004 bytes"));
+    assert_int_equal(tally_push_write(push, x, 6), TALLY_E_ARG); /* not whole elements */
+    assert_int_equal(tally_push_finish(push), TALLY_OK);         /* refused chunks were not sent */
+    assert_int_equal(tally_push_result(push)->applied, writes);
+    tally_push_destroy(&push);
+    assert_null(push);
+    /* The stream applied every chunk once, numbered. */
+    tally_stream_info_t info;
+    assert_int_equal(tally_query(c, "push1", &info), TALLY_OK);
+    assert_int_equal(info.last_seq, writes);
+    assert_int_equal(info.scan_elements, N);
+    assert_int_equal(got.buf.len, 8 * N);
+    int64_t run = 0;
+    for (size_t i = 0; i < N; i++) {
+        run += x[i];
+        assert_true((int64_t)tally_get_u64(got.buf.data + 8 * i) == run);
+    }
+    assert_int_equal(got.calls, (int)writes); /* one output per chunk, in order */
+    tally_buf_free(&got.buf);
+
+    /* A clean one: result counters, and a write after finish is refused. */
+    req.opcode = TALLY_OP_HIST;
+    req.dtype = TALLY_DTYPE_U8;
+    assert_int_equal(tally_req_set_stream(&req, NULL), TALLY_OK);
+    got = (collect_t){0};
+    assert_int_equal(tally_push_new(c, &req, NULL, collect, &got, &push), TALLY_OK);
+    assert_int_equal(tally_push_write(push, "abca", 4), TALLY_OK);
+    assert_int_equal(tally_push_write(push, "", 0), TALLY_OK); /* an empty chunk is a request */
+    assert_int_equal(tally_push_finish(push), TALLY_OK);
+    const tally_run_result_t *res = tally_push_result(push);
+    assert_int_equal(res->chunks, 2);
+    assert_int_equal(res->applied, 2);
+    assert_int_equal(res->applied_bytes, 4);
+    assert_int_equal(res->hist_total, 4);
+    assert_int_equal(got.calls, 1); /* hist: the summed counts, once */
+    assert_int_equal(tally_get_u64(got.buf.data + 8 * 'a'), 2);
+    assert_int_equal(tally_push_write(push, "a", 1), TALLY_E_ARG);
+    tally_push_destroy(&push);
+    tally_buf_free(&got.buf);
+    tally_client_destroy(&c);
+    free(x);
+}
+
 /* A chunk over the daemon's maximum batch is the daemon's TALLY_E_TOO_LARGE, with its text. */
 static void test_lib_chunk_too_large(void **state)
 {
@@ -658,6 +738,7 @@ int main(void)
         cmocka_unit_test(test_lib_scan_chunked),
         cmocka_unit_test(test_lib_scan_stream),
         cmocka_unit_test(test_lib_hist_stream),
+        cmocka_unit_test(test_lib_push),
         cmocka_unit_test(test_lib_chunk_too_large),
         cmocka_unit_test(test_cli_readme_examples),
         cmocka_unit_test(test_cli_text_forms),

@@ -98,6 +98,11 @@ cmake -S "$prefix/app" -B "$prefix/app/build" -DCMAKE_PREFIX_PATH="$prefix" \
 # The installed binaries run from the prefix (libtally found through RPATH).
 "$prefix/bin/tallyd" --version
 "$prefix/bin/tally" --version
+# The GPU minimum batch default reads the same in --help and the example configuration.
+"$prefix/bin/tallyd" --help | grep -q 'run on the CPU (default 0:' ||
+  { echo "FAIL: tallyd --help does not give --gpu-min-batch's default as 0"; exit 1; }
+grep -qx '#min_batch = 0' "$prefix/share/doc/tallyd/tallyd.conf.example" ||
+  { echo "FAIL: the example configuration's min_batch is not the default 0"; exit 1; }
 # The example configuration is one tallyd accepts.
 "$prefix/bin/tallyd" --config "$prefix/share/doc/tallyd/tallyd.conf.example" --check-config
 echo "install ok"

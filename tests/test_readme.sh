@@ -2,7 +2,8 @@
 # test_readme.sh README CC LIBTALLY INCLUDE_DIR...: compiles and links every C block of the
 # README that follows a "<!-- compiled: NAME -->" marker against libtally, with only the
 # public headers' folders on the include path (tally.h, tally_wire.h, tally_version.h: not
-# proto/), so the examples cannot drift from the API or lean on private headers.
+# proto/), so the examples cannot drift from the API or lean on private headers; and checks
+# that no code block carries "$ " prompts.
 set -eu
 readme=$1
 cc=$2
@@ -19,6 +20,14 @@ awk -v dir="$dir" '
     name != "" && /^```c/ { out = dir "/" name ".c"; inside = 1; next }
     inside && /^```/ { inside = 0; name = ""; next }
     inside { print > out }' "$readme"
+# Command lines must paste as they are: no "$ " prompts inside code blocks.
+prompts=$(awk '/^```/ { inside = !inside; next } inside && /^\$ / { print FILENAME ":" NR ": " $0 }' \
+    "$readme")
+if [ -n "$prompts" ]; then
+    echo "prompts in the README's code blocks (they break copy and paste):" >&2
+    echo "$prompts" >&2
+    exit 1
+fi
 count=0
 for src in "$dir"/*.c; do
     [ -e "$src" ] || break
