@@ -217,18 +217,27 @@ static int bad_token(const reader_t *r, const char *start, size_t len, int bad, 
     return EXIT_USAGE;
 }
 
-/* Makes [pos, len) hold a whole token (or the input's end) after pos's whitespace: moves the
- * unparsed rest to the front and reads more when the window ends inside one. */
-static int text_refill(reader_t *r, bool may_idle)
+/* Skips whitespace at pos and makes sure a whole token follows it in the window: *ready is
+ * true when one does (it ends before the window does, the input ended after it, or it fills
+ * the whole window, so it is too long and will be refused), false at the end of the input, on
+ * Ctrl-C, or when a live producer paused inside a token (which then waits for the next fill,
+ * so a number is never cut in two). Reads more as needed, moving the unparsed rest to the
+ * window's front first. */
+static int text_refill(reader_t *r, bool may_idle, bool *ready)
 {
+    *ready = false;
     for (;;) {
         while (r->pos < r->len && is_space(r->raw[r->pos]))
             r->pos++;
         const char *p = r->raw + r->pos, *end = r->raw + r->len;
         while (p < end && !is_space(*p))
             p++;
-        if (p < end || r->eof || cli_interrupted)
-            return 0; /* a token ends before the window does, or the input ended */
+        if (p < end || r->eof || (r->pos == 0 && r->len == r->cap)) {
+            *ready = r->pos < r->len;
+            return 0;
+        }
+        if (cli_interrupted)
+            return 0;
         memmove(r->raw, r->raw + r->pos, r->len - r->pos);
         r->len -= r->pos;
         r->pos = 0;
@@ -250,11 +259,10 @@ static int fill_text(reader_t *r, uint8_t *buf, size_t cap, size_t *len)
     size_t esize = tally_dtype_size(r->dtype);
     *len = 0;
     while (*len + esize <= cap) {
-        int rc = text_refill(r, *len > 0);
-        if (rc)
-            return rc;
-        if (r->pos == r->len)
-            return 0; /* the end of the input, Ctrl-C, or a pause */
+        bool ready;
+        int rc = text_refill(r, *len > 0, &ready);
+        if (rc || !ready)
+            return rc; /* an error, the end of the input, Ctrl-C, or a pause */
         const char *start = r->raw + r->pos, *p = start;
         while (p < r->raw + r->len && !is_space(*p))
             p++;

@@ -59,7 +59,7 @@ static int top_level(cli_t *cli, int argc, char **argv)
             print_usage(stdout);
             return CLI_HELP_SHOWN;
         case 'V':
-            printf("tally %s\n", TALLY_VERSION);
+            printf("tally %s (libtally %s)\n", TALLY_VERSION, tally_version());
             return CLI_HELP_SHOWN;
         case ':':
             return cli_usage_error(NULL, "option '%s' needs an argument", argv[optind - 1]);
