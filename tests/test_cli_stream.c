@@ -229,14 +229,14 @@ static void test_live_pipe_output_before_eof(void **state)
     free(out);
 }
 
-/* Waits until the stream has applied `batches` requests. */
-static void wait_batches(const char *stream, uint64_t batches)
+/* Waits until the stream has applied `bytes` bytes (in however many requests). */
+static void wait_bytes(const char *stream, uint64_t bytes)
 {
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new(daemon_.endpoint, 10000, &c), TALLY_OK);
     for (int i = 0; i < 2000; i++) {
         tally_stream_info_t info;
-        if (tally_query(c, stream, &info) == TALLY_OK && info.batches >= batches)
+        if (tally_query(c, stream, &info) == TALLY_OK && info.bytes >= bytes)
             break;
         usleep(10000);
     }
@@ -256,7 +256,7 @@ static void test_interrupt_reports_and_resume_finishes(void **state)
     const char *args[] = {"hist", "--stream", "ctrlc", "--chunk", "64K", NULL};
     child_t c = spawn(args);
     put(c.in, data, 3 * CHUNK);
-    wait_batches("ctrlc", 3);
+    wait_bytes("ctrlc", 3 * CHUNK);
     kill(c.pid, SIGINT);
     assert_int_equal(finish(&c, NULL), 130);
     char *err = slurp("err");
