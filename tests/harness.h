@@ -61,6 +61,13 @@ int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len,
 /* A request with the common fields set. */
 tally_req_t th_req(uint8_t opcode, uint8_t dtype, uint64_t id);
 
+/* HTTP: `method path` on 127.0.0.1:port over HTTP/1.0; the whole response (status line,
+ * headers, body), malloc'ed and NUL-terminated, or NULL when the connection fails. */
+char *th_http_get(int port, const char *method, const char *path);
+/* The port of the daemon's metrics endpoint, from its log ("metrics: serving http://..."), or
+ * -1. */
+int th_metrics_port(const th_daemon_t *d);
+
 /* Seeded xorshift so failures reproduce: the seed is printed by th_seed(). */
 uint64_t th_seed(void);
 uint64_t th_rand(void);
