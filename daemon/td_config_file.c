@@ -61,6 +61,11 @@ static const td_config_key_t config_keys[] = {
     {"shm", "allow_gids", "--shm-allow-gids"},
     {"shm", "max_regions_per_peer", "--shm-max-regions-per-peer"},
     {"shm", "max_bytes", "--shm-max-bytes"},
+    {"windows", "intervals", "--window-intervals"},
+    {"windows", "interval_ms", "--window-interval-ms"},
+    {"pub", "endpoint", "--pub"},
+    {"pub", "interval_ms", "--pub-interval-ms"},
+    {"metrics", "streams", "--metrics-streams"},
 };
 
 typedef struct {
