@@ -565,6 +565,12 @@ static tally_status_t cpu_hist_rgb(void *ctx, const uint8_t *in, size_t pixels, 
     (void)ctx;
     if (!hist || (pixels && !in) || (channels != 3 && channels != 4))
         return TALLY_E_PARAM;
+    if (pixels < HIST_SMALL / 4) { /* zeroing and merging the ways would cost more */
+        for (size_t i = 0; i < pixels; i++)
+            for (unsigned c = 0; c < channels; c++)
+                hist->bins[c * TALLY_HIST_BINS + in[channels * i + c]]++;
+        return TALLY_OK;
+    }
     /* [way][channel][bin]: the even and odd pixels count apart, so a run of equal pixels keeps
      * two increments per channel in flight. 16 KiB, in L1 beside the input. */
     static _Thread_local uint64_t ways[2][TALLY_HIST_CHANNELS_MAX][TALLY_HIST_BINS];

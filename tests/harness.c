@@ -315,3 +315,16 @@ int th_metrics_port(const th_daemon_t *d)
     fclose(f);
     return port;
 }
+
+int th_write_clock(const char *path, uint64_t ms)
+{
+    char tmp[512];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return -1;
+    fprintf(f, "%llu\n", (unsigned long long)ms);
+    if (fclose(f) != 0)
+        return -1;
+    return rename(tmp, path); /* a daemon never reads half a number */
+}

@@ -68,6 +68,10 @@ char *th_http_get(int port, const char *method, const char *path);
  * -1. */
 int th_metrics_port(const th_daemon_t *d);
 
+/* Writes the time ms (decimal, ms since the epoch) to path atomically (a temporary file renamed
+ * over it): the file a tallyd started with --test-clock reads its window clock from. */
+int th_write_clock(const char *path, uint64_t ms);
+
 /* Seeded xorshift so failures reproduce: the seed is printed by th_seed(). */
 uint64_t th_seed(void);
 uint64_t th_rand(void);

@@ -42,13 +42,7 @@ static double now_s(void)
 
 static void clock_write(const char *path, uint64_t ms)
 {
-    char tmp[256];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    assert_non_null(f);
-    fprintf(f, "%llu\n", (unsigned long long)ms);
-    assert_int_equal(fclose(f), 0);
-    assert_int_equal(rename(tmp, path), 0);
+    assert_int_equal(th_write_clock(path, ms), 0);
 }
 
 /* A hist on stream of dtype over [lo, hi) (ranged dtypes), expecting ok. */

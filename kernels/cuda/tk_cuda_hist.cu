@@ -217,15 +217,23 @@ extern "C" tally_status_t tk_cuda_hist_u8(const uint8_t *d_in, size_t n, tk_hist
     return launch_hist<TK_MODE_U8>(d_in, n, d_hist, r, stream);
 }
 
+/* The arguments of a ranged histogram: an aligned 8-byte d_hist, input aligned to its element
+ * (esize) when there is any, and min <= lo < hi <= max. */
+static bool ranged_args_ok(const void *d_in, size_t esize, size_t n, int64_t lo, int64_t hi,
+                           int64_t min, int64_t max, const tk_hist_t *d_hist)
+{
+    if (!d_hist || (uintptr_t)d_hist % 8 || (n > 0 && !d_in) || (uintptr_t)d_in % esize)
+        return false;
+    return min <= lo && lo < hi && hi <= max;
+}
+
 extern "C" tally_status_t tk_cuda_hist_i32(const int32_t *d_in, size_t n, int64_t lo, int64_t hi,
                                            tk_hist_t *d_hist, void *d_scratch, size_t scratch_bytes,
                                            cudaStream_t stream)
 {
     (void)d_scratch;
     (void)scratch_bytes;
-    if (!d_hist || (uintptr_t)d_hist % 8 || (n > 0 && !d_in) || (uintptr_t)d_in % 4)
-        return TALLY_E_PARAM;
-    if (lo >= hi || lo < INT32_MIN || hi > (int64_t)INT32_MAX + 1)
+    if (!ranged_args_ok(d_in, 4, n, lo, hi, INT32_MIN, (int64_t)INT32_MAX + 1, d_hist))
         return TALLY_E_PARAM;
     if (n == 0)
         return TALLY_OK;
@@ -248,9 +256,7 @@ extern "C" tally_status_t tk_cuda_hist_u16(const uint16_t *d_in, size_t n, int64
 {
     (void)d_scratch;
     (void)scratch_bytes;
-    if (!d_hist || (uintptr_t)d_hist % 8 || (n > 0 && !d_in) || (uintptr_t)d_in % 2)
-        return TALLY_E_PARAM;
-    if (lo < 0 || lo >= hi || hi > (int64_t)UINT16_MAX + 1)
+    if (!ranged_args_ok(d_in, 2, n, lo, hi, 0, (int64_t)UINT16_MAX + 1, d_hist))
         return TALLY_E_PARAM;
     if (n == 0)
         return TALLY_OK;
