@@ -284,7 +284,7 @@ static __device__ __forceinline__ void rgb_word(unsigned *lane_bins, uint32_t w,
     for (int j = 0; j < 4; j++) {
         unsigned ch = c0 + j;
         if (CH == 3)
-            ch = ch >= 6 ? ch - 6 : ch >= 3 ? ch - 3 : ch;
+            ch = ch >= 3 ? ch - 3 : ch; /* c0 <= 2, j <= 3 */
         else
             ch &= 3;
         rgb_count<COPIES>(lane_bins, ch, (w >> (8 * j)) & 0xffu);
@@ -301,10 +301,12 @@ static __device__ __forceinline__ void rgb_vec(unsigned *lane_bins, uint4 v, uns
     rgb_word<CH, COPIES>(lane_bins, v.w, (c0 + 12) % CH);
 }
 
-/* The channel of the first byte of body vector i, the body starting `head` bytes in. */
+/* The channel of the first byte of body vector i, the body starting `head` (< 16) bytes in.
+ * In 32 bits: tk_cuda_hist_rgb_copies admits batches under 2^36 bytes, so i < 2^32 (a 64-bit
+ * modulo per vector would cost more than its 16 atomics' addressing). */
 template <int CH> static __device__ __forceinline__ unsigned rgb_c0(size_t head, size_t i)
 {
-    return CH == 4 ? (unsigned)(head & 3) : (unsigned)((head + i) % 3);
+    return CH == 4 ? (unsigned)(head & 3) : ((unsigned)head + (unsigned)i) % 3u;
 }
 
 template <int CH, int COPIES>
@@ -414,6 +416,8 @@ extern "C" tally_status_t tk_cuda_hist_rgb_copies(const uint8_t *d_in, size_t pi
     if (!d_hist || (uintptr_t)d_hist % 8 || (pixels > 0 && !d_in))
         return TALLY_E_PARAM;
     if ((channels != 3 && channels != 4) || (copies != 16 && copies != 32))
+        return TALLY_E_PARAM;
+    if (pixels >= ((size_t)1 << 36) / channels) /* rgb_c0 counts vectors in 32 bits */
         return TALLY_E_PARAM;
     if (pixels == 0)
         return TALLY_OK;
