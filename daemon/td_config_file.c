@@ -321,6 +321,20 @@ bool td_config_apply_runtime(td_config_t *live, const td_config_t *next)
         log_ignored("shm socket");
     if (live->shm_socket_gid != next->shm_socket_gid)
         log_ignored("shm socket_group");
+    /* Read at each scrape. */
+    if (live->metrics_streams != next->metrics_streams) {
+        td_notice("reload: metrics streams: %u -> %u", live->metrics_streams,
+                  next->metrics_streams);
+        live->metrics_streams = next->metrics_streams;
+        changed = true;
+    }
+    /* The rings are allocated at that size, and the PUB socket bound, at start. */
+    if (live->window_intervals != next->window_intervals ||
+        live->window_interval_ms != next->window_interval_ms)
+        log_ignored("windows");
+    if (!same_string(live->pub_endpoint, next->pub_endpoint) ||
+        live->pub_interval_ms != next->pub_interval_ms)
+        log_ignored("pub");
     if (!changed)
         td_notice("reload: no run-time setting changed");
     return changed;

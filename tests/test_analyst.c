@@ -501,6 +501,58 @@ static void test_metrics_and_health(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
 
+/* The `stats` text (the same as GET /metrics), malloc'ed. */
+static char *stats_text(void *sock)
+{
+    tally_req_t q = th_req(TALLY_OP_STATS, TALLY_DTYPE_NONE, next_id++);
+    th_reply_t r;
+    assert_int_equal(th_call(sock, &q, NULL, 0, &r), 0);
+    assert_int_equal(r.rep.status, TALLY_OK);
+    return (char *)r.payload; /* NUL-terminated by the harness */
+}
+
+/* [metrics] streams changes at reload (SIGHUP): the bound follows at the next scrape. */
+static void test_metrics_streams_reload(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/tallyd-analyst-conf-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "[metrics]\nstreams = 1\n");
+    fclose(f);
+    const char *args[] = {"--config", path, NULL};
+    th_daemon_t d;
+    assert_int_equal(th_daemon_start(&d, args), 0);
+    void *sock = th_connect(d.endpoint, 10000);
+    u8_batch(sock, "a", 1, 1);
+    u8_batch(sock, "b", 1, 2);
+    u8_batch(sock, "c", 1, 3);
+    char *m = stats_text(sock);
+    assert_true(sample(m, "tallyd_stream_values_total{stream=\"a\"}") == 1);
+    assert_true(sample(m, "tallyd_stream_values_total{stream=\"(other streams)\"}") == 5);
+    assert_true(sample(m, "tallyd_stream_values_total{stream=\"b\"}") == -1);
+    free(m);
+    f = fopen(path, "w");
+    fprintf(f, "[metrics]\nstreams = 3\n");
+    fclose(f);
+    assert_int_equal(kill(d.pid, SIGHUP), 0);
+    bool applied = false;
+    for (double start = now_s(); !applied && now_s() - start < 10; usleep(20000)) {
+        m = stats_text(sock);
+        applied = sample(m, "tallyd_stream_values_total{stream=\"c\"}") == 3;
+        if (applied)
+            assert_null(strstr(m, "{stream=\"(other streams)\"}"));
+        free(m);
+    }
+    assert_true(applied);
+    assert_true(th_daemon_log_contains(&d, "reload: metrics streams: 1 -> 3"));
+    th_close(sock);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    unlink(path);
+}
+
 /* Polls /healthz until it answers `code` with `body`, for at most seconds. */
 static bool health_becomes(int port, const char *code, const char *body, double seconds)
 {
@@ -570,9 +622,10 @@ static void test_health_gpu_lost(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_window_queries),  cmocka_unit_test(test_u16_rgb_streams),
-        cmocka_unit_test(test_subscriptions),   cmocka_unit_test(test_metrics_and_health),
-        cmocka_unit_test(test_health_draining), cmocka_unit_test(test_health_gpu_lost),
+        cmocka_unit_test(test_window_queries),         cmocka_unit_test(test_u16_rgb_streams),
+        cmocka_unit_test(test_subscriptions),          cmocka_unit_test(test_metrics_and_health),
+        cmocka_unit_test(test_health_draining),        cmocka_unit_test(test_health_gpu_lost),
+        cmocka_unit_test(test_metrics_streams_reload),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
