@@ -49,6 +49,9 @@ typedef struct {
     const char *help;     /* one line; '\n' continues on an indented line */
 } cli_option_t;
 
+/* cli_command_t.nargs of a command that takes a list (watch STREAM...). */
+#define CLI_ARGS_ONE_OR_MORE (-1)
+
 /* Ids of long-only options start here (above every letter). */
 #define CLI_OPT_FIRST 256
 
@@ -64,7 +67,7 @@ struct cli_command {
     const char *usage;   /* after "usage: tally " */
     const char *about;   /* the paragraph(s) of --help before the options */
     const cli_group_t *groups;
-    int nargs; /* positional arguments required */
+    int nargs; /* positional arguments required; CLI_ARGS_ONE_OR_MORE: at least one */
     /* Handles one option of the command's groups: 0, or an exit status for a usage error. */
     int (*option)(void *ctx, int id, const char *arg, int argc, char **argv);
     int (*run)(cli_t *cli, int argc, char **argv);
@@ -99,6 +102,10 @@ int cli_option_i64(const char *cmd, const char *option, const char *arg, int64_t
 /* An option's byte size (tally_size_parse): 0, or "invalid size '1T' for --chunk: ...". */
 int cli_option_size(const char *cmd, const char *option, const char *arg, size_t min, size_t *out);
 bool cli_parse_dtype(const char *s, tally_dtype_t *out);
+/* An option's duration: a decimal number (a fraction allowed) and a unit, ms, s, m or h (none:
+ * seconds), as whole milliseconds in [min_ms, max_ms]: 0, or a usage error naming the option. */
+int cli_option_duration_ms(const char *cmd, const char *option, const char *arg, uint64_t min_ms,
+                           uint64_t max_ms, uint64_t *out);
 
 /* ---- Connecting ------------------------------------------------------------------------- */
 
@@ -115,7 +122,8 @@ int cli_begin(cli_t *cli, const cli_command_t *cmd, int argc, char **argv,
 /* ---- The commands (main.c lists them) --------------------------------------------------- */
 
 extern const cli_command_t cli_cmd_filter, cli_cmd_scan, cli_cmd_hist;
-extern const cli_command_t cli_cmd_query, cli_cmd_reset, cli_cmd_streams;
+extern const cli_command_t cli_cmd_query, cli_cmd_reset, cli_cmd_delete, cli_cmd_streams;
+extern const cli_command_t cli_cmd_watch;
 extern const cli_command_t cli_cmd_ping, cli_cmd_info, cli_cmd_stats;
 
 #endif /* TALLY_CLI_H */

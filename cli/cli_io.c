@@ -252,17 +252,26 @@ static int text_refill(reader_t *r, bool may_idle, bool *ready)
     }
 }
 
+/* One --text token is one value: an int32, a uint16, or a byte (u8, and each channel of an
+ * rgb8/rgba8 pixel, so a pixel is 3 or 4 tokens). */
+static size_t text_value_size(tally_dtype_t dtype)
+{
+    return dtype == TALLY_DTYPE_I32 ? 4 : dtype == TALLY_DTYPE_U16 ? 2 : 1;
+}
+
 static int fill_text(reader_t *r, uint8_t *buf, size_t cap, size_t *len)
 {
-    int64_t min = r->dtype == TALLY_DTYPE_U8 ? 0 : INT32_MIN;
-    int64_t max = r->dtype == TALLY_DTYPE_U8 ? UINT8_MAX : INT32_MAX;
-    size_t esize = tally_dtype_size(r->dtype);
-    *len = 0;
+    size_t esize = text_value_size(r->dtype);
+    int64_t min = esize == 4 ? INT32_MIN : 0;
+    int64_t max = esize == 4 ? INT32_MAX : esize == 2 ? UINT16_MAX : UINT8_MAX;
+    *len = r->pending_len; /* the values of a pixel the last fill could not send */
+    memcpy(buf, r->pending, r->pending_len);
+    r->pending_len = 0;
+    int rc = 0;
     while (*len + esize <= cap) {
         bool ready;
-        int rc = text_refill(r, *len > 0, &ready);
-        if (rc || !ready)
-            return rc; /* an error, the end of the input, Ctrl-C, or a pause */
+        if ((rc = text_refill(r, *len > 0, &ready)) != 0 || !ready)
+            break; /* an error, the end of the input, Ctrl-C, or a pause */
         const char *start = r->raw + r->pos, *p = start;
         while (p < r->raw + r->len && !is_space(*p))
             p++;
@@ -274,10 +283,23 @@ static int fill_text(reader_t *r, uint8_t *buf, size_t cap, size_t *len)
             return bad_token(r, start, (size_t)(p - start), bad, min, max);
         if (esize == 1)
             buf[*len] = (uint8_t)v;
+        else if (esize == 2)
+            tally_put_u16(buf + *len, (uint16_t)v);
         else
             tally_put_u32(buf + *len, (uint32_t)v);
         *len += esize;
     }
+    size_t rest = *len % r->unit;
+    if (rc || !rest)
+        return rc;
+    if (r->eof && r->pos == r->len && !cli_interrupted) {
+        cli_error("%s: %" PRIu64 " values are not a whole number of %zu-value %s pixels", r->name,
+                  r->token, r->unit, tally_dtype_name(r->dtype));
+        return EXIT_USAGE;
+    }
+    *len -= rest; /* a pixel cut by a pause waits for its other values */
+    memcpy(r->pending, buf + *len, rest);
+    r->pending_len = rest;
     return 0;
 }
 

@@ -51,17 +51,23 @@ static tally_status_t sink_write(void *arg, const void *data, size_t len)
     return ferror(s->f) ? TALLY_E_IO : TALLY_OK;
 }
 
-/* hist's counts: 'bin count' lines, then underflow and overflow for i32; or binary. */
+/* hist's counts: 'bin count' lines, then underflow and overflow for i32 and u16; for rgb8/rgba8
+ * each channel's bins as 'CHANNEL bin count' (r, g, b, a); or binary. */
 static void print_hist(sink_t *s)
 {
+    static const char *const channel_names[] = {"r ", "g ", "b ", "a "};
     const uint8_t *p = s->hist.data;
+    uint8_t dtype = s->a->req.dtype;
     if (s->a->out) {
         fwrite(p, 1, s->hist.len, s->f);
         return;
     }
-    for (unsigned i = 0; i < TALLY_HIST_BINS; i++)
-        fprintf(s->f, "%u %" PRIu64 "\n", i, tally_get_u64(p + 8 * i));
-    if (s->hist.len > 8 * TALLY_HIST_BINS) {
+    unsigned channels = tally_hist_channels(dtype);
+    for (unsigned c = 0; c < channels; c++)
+        for (unsigned i = 0; i < TALLY_HIST_BINS; i++)
+            fprintf(s->f, "%s%u %" PRIu64 "\n", channels > 1 ? channel_names[c] : "", i,
+                    tally_get_u64(p + 8 * (c * TALLY_HIST_BINS + i)));
+    if (tally_hist_ranged(dtype)) {
         fprintf(s->f, "underflow %" PRIu64 "\n", tally_get_u64(p + 8 * TALLY_HIST_BINS));
         fprintf(s->f, "overflow %" PRIu64 "\n", tally_get_u64(p + 8 * (TALLY_HIST_BINS + 1)));
     }

@@ -131,6 +131,20 @@ static int data_option(data_args_t *a, int id, const char *arg)
     }
 }
 
+/* hist: i32 and u16 need --range (within the type), the byte types take none. */
+static int hist_check_range(const data_args_t *a)
+{
+    const char *type = tally_dtype_name((tally_dtype_t)a->req.dtype);
+    bool ranged = tally_hist_ranged(a->req.dtype);
+    if (ranged && !a->have_range)
+        return cli_usage_error(a->cmd, "--type %s needs --range LO HI", type);
+    if (!ranged && a->have_range)
+        return cli_usage_error(a->cmd, "--range applies to --type i32 and u16 only");
+    if (a->req.dtype == TALLY_DTYPE_U16 && (a->req.lo < 0 || a->req.hi > UINT16_MAX + 1))
+        return cli_usage_error(a->cmd, "--range: a u16 range is within [0, 65536]");
+    return 0;
+}
+
 /* Parses the command line, checks what the options say together, and runs the push. */
 static int data_command(cli_t *cli, const cli_command_t *cmd, tally_op_t op, tally_dtype_t dtype,
                         int argc, char **argv)
@@ -143,10 +157,8 @@ static int data_command(cli_t *cli, const cli_command_t *cmd, tally_op_t op, tal
         return rc == CLI_HELP_SHOWN ? 0 : rc;
     if (a->req.opcode == TALLY_OP_FILTER && !a->req.pred)
         return cli_usage_error(a->cmd, "a predicate is required (--gt N, ..., --between LO HI)");
-    if (a->req.opcode == TALLY_OP_HIST && a->req.dtype == TALLY_DTYPE_I32 && !a->have_range)
-        return cli_usage_error(a->cmd, "--type i32 needs --range LO HI");
-    if (a->req.opcode == TALLY_OP_HIST && a->req.dtype == TALLY_DTYPE_U8 && a->have_range)
-        return cli_usage_error(a->cmd, "--range applies to --type i32 only");
+    if (a->req.opcode == TALLY_OP_HIST && (rc = hist_check_range(a)) != 0)
+        return rc;
     size_t esize = tally_dtype_size((tally_dtype_t)a->req.dtype);
     if (a->frame && a->frame % esize)
         return cli_usage_error(a->cmd, "--frames: %zu bytes is not a whole number of %zu-byte %s",
@@ -288,9 +300,11 @@ const cli_command_t cli_cmd_scan = {
 /* ---- hist --------------------------------------------------------------------------------- */
 
 static const cli_option_t hist_options[] = {
-    {"type", required_argument, OPT_TYPE, "T", "element type: u8 (default) or i32"},
+    {"type", required_argument, OPT_TYPE, "T",
+     "element type: u8 (default), i32, u16 (12- and 16-bit\nsensors), rgb or rgba "
+     "(interleaved 8-bit pixels,\none histogram per channel)"},
     {"range", required_argument, OPT_RANGE, "LO HI",
-     "the i32 histogram's range [LO, HI) (required for i32)"},
+     "the range [LO, HI) of i32 and u16 histograms (required\nfor them; u16 within [0, 65536])"},
     {0},
 };
 
@@ -300,6 +314,19 @@ static const cli_group_t hist_groups[] = {
     {0},
 };
 
+static bool hist_parse_dtype(const char *s, tally_dtype_t *out)
+{
+    if (!strcmp(s, "u16"))
+        *out = TALLY_DTYPE_U16;
+    else if (!strcmp(s, "rgb") || !strcmp(s, "rgb8"))
+        *out = TALLY_DTYPE_RGB8;
+    else if (!strcmp(s, "rgba") || !strcmp(s, "rgba8"))
+        *out = TALLY_DTYPE_RGBA8;
+    else
+        return cli_parse_dtype(s, out);
+    return true;
+}
+
 static int hist_option(void *ctx, int id, const char *arg, int argc, char **argv)
 {
     data_args_t *a = ctx;
@@ -308,8 +335,8 @@ static int hist_option(void *ctx, int id, const char *arg, int argc, char **argv
     if (rc != 1)
         return rc;
     if (id == OPT_TYPE) {
-        if (!cli_parse_dtype(arg, &dtype))
-            return cli_usage_error(a->cmd, "--type: '%s' is not u8 or i32", arg);
+        if (!hist_parse_dtype(arg, &dtype))
+            return cli_usage_error(a->cmd, "--type: '%s' is not u8, i32, u16, rgb or rgba", arg);
         a->req.dtype = (uint8_t)dtype;
         return 0;
     }
@@ -332,14 +359,17 @@ static int run_hist(cli_t *cli, int argc, char **argv)
 
 const cli_command_t cli_cmd_hist = {
     .name = "hist",
-    .summary = "256-bin histogram of u8 or i32 input",
-    .usage = "hist [--type u8|i32] [--range LO HI] [OPTIONS]",
+    .summary = "256-bin histogram of u8, i32, u16 or rgb/rgba input",
+    .usage = "hist [--type u8|i32|u16|rgb|rgba] [--range LO HI] [OPTIONS]",
     .about = "Histogram of this input in 256 bins, printed as 'bin count' lines (bins 0..255).\n"
-             "u8: one bin per byte value. i32: 256 even bins over [LO, HI) plus 'underflow N'\n"
-             "and 'overflow N' lines; x in [LO, HI) goes to bin (x - LO) * 256 / (HI - LO).\n"
-             "With --stream the counts are also added to the stream's running histogram (see\n"
-             "'tally query'). --out writes the counts as binary uint64: 256 for u8, 258 for\n"
-             "i32 (the bins, then underflow and overflow).\n",
+             "u8: one bin per byte value. i32 and u16: 256 even bins over [LO, HI) plus\n"
+             "'underflow N' and 'overflow N' lines; x in [LO, HI) goes to bin\n"
+             "(x - LO) * 256 / (HI - LO). rgb and rgba: interleaved 8-bit pixels (R,G,B or\n"
+             "R,G,B,A; --text: one byte a token), one byte histogram per channel, printed as\n"
+             "'CHANNEL bin count' lines (r, g, b, then a). With --stream the counts are also\n"
+             "added to the stream's running histogram (see 'tally query'). --out writes the\n"
+             "counts as binary uint64: 256 for u8, 258 for i32 and u16 (the bins, then\n"
+             "underflow and overflow), 768 for rgb and 1024 for rgba (256 per channel).\n",
     .groups = hist_groups,
     .option = hist_option,
     .run = run_hist,

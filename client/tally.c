@@ -577,6 +577,16 @@ static tally_status_t query_call(tally_client_t *self, const char *stream, uint6
     return status;
 }
 
+tally_status_t tally_reply_stream_info(const tally_reply_t *reply, tally_stream_info_t *info)
+{
+    if (!reply || !info)
+        return TALLY_E_ARG;
+    if (reply->rep.status != TALLY_OK || reply->rep.opcode != TALLY_OP_QUERY ||
+        tally_stream_info_decode(reply->payload, reply->len, info) != TALLY_OK)
+        return TALLY_E_REPLY;
+    return TALLY_OK;
+}
+
 tally_status_t tally_query(tally_client_t *self, const char *stream, tally_stream_info_t *info)
 {
     return query_call(self, stream, 0, info, NULL, NULL);
@@ -932,6 +942,26 @@ tally_status_t tally_buf_append(tally_buf_t *buf, const void *data, size_t len)
     return TALLY_OK;
 }
 
+tally_status_t tally_buf_printf(tally_buf_t *buf, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (!buf || n < 0)
+        return TALLY_E_ARG;
+    /* Room for vsnprintf's terminator too; it stays after the text, not counted in len. */
+    tally_status_t status = tally_buf_reserve(buf, (size_t)n + 1);
+    if (status != TALLY_OK)
+        return status;
+    va_start(ap, fmt);
+    vsnprintf((char *)buf->data + buf->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    buf->len += (size_t)n;
+    return TALLY_OK;
+}
+
+
 /* ---- Reassembly arithmetic (tally_internal.h) --------------------------------------------- */
 
 void tally__scan_offset(uint8_t *vals, size_t n, bool out_i32, uint64_t offset)
@@ -996,7 +1026,7 @@ struct tally_push {
     bool sequenced; /* chunk k carries seq res.seq_base + 1 + k */
     bool finished;
     uint64_t scan_offset;                    /* stateless scan: total of the chunks merged so far */
-    uint8_t hist[8 * TALLY_HIST_I32_VALUES]; /* hist: the counts summed over chunks */
+    uint8_t hist[8 * TALLY_HIST_VALUES_MAX]; /* hist: the counts summed over chunks */
     /* opts->shm: window input slices of in_slice bytes, then window output slices of
      * out_slice bytes (0 for hist), in one region. */
     tally_region_t *region;

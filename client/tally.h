@@ -120,6 +120,11 @@ TALLY_API tally_status_t tally_ping(tally_client_t *self, double *rtt_us);
 TALLY_API tally_status_t tally_info(tally_client_t *self, tally_op_t op, char **text);
 /* The stream's record (all time). info->bins holds channel c's bins at c x 256 for rgb8/rgba8. */
 TALLY_API tally_status_t tally_query(tally_client_t *self, const char *stream, tally_stream_info_t *info);
+/* The stream record of a successful `query` reply taken with tally_recv (queries pipelined with
+ * tally_send, as `tally watch` does for many streams at once). TALLY_E_REPLY when the payload
+ * is not a record. */
+TALLY_API tally_status_t tally_reply_stream_info(const tally_reply_t *reply,
+                                                 tally_stream_info_t *info);
 /* The stream's record for the last window_ms milliseconds (PROTOCOL.md, "Windows"): the
  * histogram fields count only that window, which runs from *start_ms to *end_ms (ms since the
  * epoch; either may be NULL). TALLY_E_WINDOW when the daemon keeps less than that. */
@@ -183,6 +188,10 @@ typedef struct {
 TALLY_API void tally_buf_free(tally_buf_t *buf);
 TALLY_API tally_status_t tally_buf_reserve(tally_buf_t *buf, size_t extra);
 TALLY_API tally_status_t tally_buf_append(tally_buf_t *buf, const void *data, size_t len);
+/* Appends printf-formatted text (without its terminating NUL, which is kept in the buffer just
+ * past len, so buf->data is a C string after any printf). */
+TALLY_API tally_status_t tally_buf_printf(tally_buf_t *buf, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* How tally_run numbers the chunks it sends on a stream (PROTOCOL.md, "Sequence numbers"). */
 typedef enum {
@@ -307,6 +316,114 @@ TALLY_API tally_status_t tally_push_finish(tally_push_t *push);
 /* The counters so far (complete after tally_push_finish); valid until destroy. */
 TALLY_API const tally_run_result_t *tally_push_result(const tally_push_t *push);
 TALLY_API void tally_push_destroy(tally_push_t **push_p);
+
+/* ---- Subscriptions (tally_sub.c; PROTOCOL.md §11) ---------------------------------------- */
+
+/* A SUB socket on tallyd's PUB endpoint (tallyd --pub): every publication interval, the record
+ * of each stream that changed, and a message for each stream deleted. */
+typedef struct tally_sub tally_sub_t;
+
+/* One publication. */
+typedef struct {
+    tally_pub_t pub;                        /* kind, pub_seq (a gap = lost), time_ms, interval */
+    char stream[TALLY_STREAM_NAME_MAX + 1]; /* the topic: the stream's name */
+    tally_stream_info_t info;               /* TALLY_PUB_UPDATE: the record, as `query` gives it */
+} tally_pub_msg_t;
+
+/* Connects (asynchronously, reconnecting by itself) to a PUB endpoint; nothing arrives until
+ * tally_sub_subscribe. */
+TALLY_API tally_status_t tally_sub_new(const char *endpoint, tally_sub_t **out);
+TALLY_API void tally_sub_destroy(tally_sub_t **self_p);
+/* Receives the streams whose names start with `prefix` ("" for all; a prefix also matches
+ * longer names, so check msg->stream for an exact one). May be called several times. */
+TALLY_API tally_status_t tally_sub_subscribe(tally_sub_t *self, const char *prefix);
+/* The next publication, waiting up to timeout_ms (0: only what has arrived). TALLY_E_TIMEOUT
+ * when none came, TALLY_E_REPLY for a message that does not decode (it is consumed). */
+TALLY_API tally_status_t tally_sub_recv(tally_sub_t *self, int timeout_ms, tally_pub_msg_t *msg);
+/* A descriptor to poll() for POLLIN beside others. It is edge-triggered (ZMQ_FD): once it
+ * fires, call tally_sub_recv(self, 0, ...) until TALLY_E_TIMEOUT before polling again. */
+TALLY_API int tally_sub_fd(const tally_sub_t *self);
+
+/* ---- Histogram summaries (tally_hist.c) --------------------------------------------------- */
+
+/* One 256-bin histogram as tallyd keeps it: a stream's running histogram, or one channel of an
+ * rgb8/rgba8 stream's (tally_hist_from_info). Every histogram counts integers:
+ *   u8 (and each colour channel): bin b holds the value b (lo = 0, hi = 256, no underflow or
+ *        overflow);
+ *   i32, u16: x in [lo, hi) goes to bin (x - lo) * 256 / (hi - lo) (tally_hist_bin_i32), so
+ *        bin b holds the integers [edge(b), edge(b + 1)) with edge(b) = lo + ceil(b * (hi - lo)
+ *        / 256) (tally_hist_edge); x < lo counts as underflow, x >= hi as overflow. When
+ *        hi - lo < 256 some bins hold no integer at all (edge(b) == edge(b + 1)) and stay empty.
+ * The underflow and overflow entries cover the rest of the type's domain: [INT32_MIN, lo) and
+ * [hi, INT32_MAX + 1) for i32, [0, lo) and [hi, 65536) for u16. */
+typedef struct {
+    tally_dtype_t dtype; /* TALLY_DTYPE_U8, TALLY_DTYPE_I32 or TALLY_DTYPE_U16 */
+    int64_t lo, hi;      /* the range [lo, hi); u8: 0 and 256 */
+    uint64_t bins[TALLY_HIST_BINS];
+    uint64_t underflow, overflow;
+} tally_hist_t;
+
+/* A quantile estimated from the bins (see tally_hist_quantile for the rule). */
+typedef struct {
+    int64_t value; /* the estimate; below range: lo, above range: hi */
+    int side;      /* 0 in range; -1 the quantile is an underflow value (< lo), +1 an
+                    * overflow value (>= hi): `value` is then only the nearest edge */
+} tally_quantile_t;
+
+/* What an analyst asks of a histogram first. */
+typedef struct {
+    uint64_t count;    /* all values: bins + underflow + overflow */
+    uint64_t in_range; /* values in the 256 bins */
+    uint64_t underflow, overflow;
+    /* Mean of the in-range values, each taken as the centre of its bin's integers
+     * ((edge(b) + edge(b + 1) - 1) / 2, so exact for u8); NaN when in_range is 0. */
+    double mean;
+    int min_bin, max_bin; /* the lowest and highest non-empty bin; -1 when in_range is 0 */
+    tally_quantile_t p50, p90, p99; /* valid when count > 0 */
+} tally_hist_summary_t;
+
+/* Fills *hist with channel `channel` of a stream's record (a query reply or a publication):
+ * channel 0 for u8, i32 and u16 streams; 0..2 (R, G, B) for rgb8, 0..3 for rgba8 (A last); see
+ * tally_hist_channels. TALLY_E_ARG when the stream has no histogram yet (hist_dtype is
+ * TALLY_DTYPE_NONE), for an unknown type or a channel it does not have. */
+TALLY_API tally_status_t tally_hist_from_info(const tally_stream_info_t *info, unsigned channel,
+                                    tally_hist_t *hist);
+
+/* The lower edge of bin b (0 <= b <= 256; edge(256) = hi): the smallest integer in the bin. */
+TALLY_API int64_t tally_hist_edge(const tally_hist_t *hist, unsigned b);
+
+/* The q-quantile (0 <= q <= 1, taken to the nearest millionth) of the values counted, estimated
+ * from the bins. The rule: of the N values (underflow and overflow included) take the one of
+ * rank r = max(1, ceil(q * N)) in increasing order (the "nearest rank" definition, exact on the
+ * raw data). If it is an underflow value the answer is lo with side -1, an overflow value hi
+ * with side +1. Otherwise it is the j-th of the c values of bin b, whose w integers start at
+ * edge(b), and the values of a bin are taken as spread evenly over its integers:
+ *     estimate = edge(b) + floor((2j - 1) * w / (2c))
+ * (the centre of the j-th of c equal slices of the bin, rounded down to an integer). The
+ * estimate is always in the same bin as the true quantile; for u8 (w = 1) it is exact.
+ * TALLY_E_ARG when q is outside [0, 1] or the histogram is empty. */
+TALLY_API tally_status_t tally_hist_quantile(const tally_hist_t *hist, double q, tally_quantile_t *out);
+
+/* Count, mean, min/max non-empty bin, p50/p90/p99, underflow and overflow. */
+TALLY_API void tally_hist_summarize(const tally_hist_t *hist, tally_hist_summary_t *out);
+
+/* Appends the histogram as the members of a JSON object (no braces, so a caller can add its own
+ * members such as a stream or channel name around them):
+ *   "count":N,"in_range":N,"underflow":N,"overflow":N,"mean":X|null,
+ *   "min":{"bin":B,"lo":L,"hi":H}|null,"max":{...}|null,
+ *   "quantiles":{"p50":V,"p90":V,"p99":V}|null,
+ *   "bins":[{"lo":L,"hi":H,"count":N},...]
+ * `bins` lists the real integer edges, hi exclusive, in increasing order: for u8 the 256 byte
+ * values; for i32 and u16 an underflow entry, the 256 bins, then an overflow entry (258). A
+ * quantile outside the range is given as its nearest edge (lo or hi, see tally_hist_quantile);
+ * the underflow and overflow counts say when that can happen. */
+TALLY_API tally_status_t tally_hist_json(const tally_hist_t *hist, tally_buf_t *out);
+
+/* Appends the bins as CSV rows "lo,hi,count" (the same entries as the JSON `bins`), each
+ * preceded by "label," when label is not NULL; with `header`, first the line "lo,hi,count"
+ * (or "channel,lo,hi,count" with a label). */
+TALLY_API tally_status_t tally_hist_csv(const tally_hist_t *hist, const char *label, bool header,
+                              tally_buf_t *out);
 
 #ifdef __cplusplus
 }

@@ -278,6 +278,7 @@ size_t tally_stream_info_encode(const tally_stream_info_t *info, uint8_t *out);
  * size that dtype implies, and the reserved bytes are zero. */
 tally_status_t tally_stream_info_decode(const uint8_t *buf, size_t len, tally_stream_info_t *info);
 
+#ifndef TALLY_WIRE_H /* PUBLIC: begin (copied into the installed tally_wire.h) */
 /* ---- Subscriptions (PROTOCOL.md §11) ---------------------------------------------------- */
 
 /* A message on tallyd's PUB socket is three frames: [topic = the stream name][a
@@ -292,6 +293,7 @@ typedef struct {
     uint64_t time_ms;     /* when the record was taken: the window clock, ms since the epoch */
     uint64_t interval_ms; /* the publication interval */
 } tally_pub_t;
+#endif /* PUBLIC: end */
 
 void tally_pub_encode(const tally_pub_t *pub, uint8_t out[TALLY_PUB_HEADER_SIZE]);
 /* TALLY_E_REPLY unless buf is a v1 publication header of TALLY_PUB_HEADER_SIZE bytes. */
@@ -393,6 +395,7 @@ static inline TALLY_HOST_DEVICE unsigned tally_hist_bin_u16(uint32_t d, uint64_t
     return (unsigned)(((uint64_t)d * TALLY_HIST_BINS * mul) >> shift);
 }
 
+#ifndef TALLY_WIRE_H /* PUBLIC: begin (copied into the installed tally_wire.h) */
 /* Little-endian helpers, exposed for the daemon's and client's payload code. */
 static inline void tally_put_u16(uint8_t *p, uint16_t v)
 {

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -293,6 +294,8 @@ int th_write_file(const char *dir, const char *name, const void *data, size_t le
         return -1;
     int rc = fwrite(data, 1, len, f) == len ? 0 : -1;
     return fclose(f) == 0 ? rc : -1;
+}
+
 char *th_http_get(int port, const char *method, const char *path)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -358,4 +361,48 @@ int th_write_clock(const char *path, uint64_t ms)
     if (fclose(f) != 0)
         return -1;
     return rename(tmp, path); /* a daemon never reads half a number */
+}
+
+int64_t th_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void th_sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+th_cli_t th_cli(const char *dir, const char *endpoint, const char *fmt, ...)
+{
+    const char *bin = getenv("TALLY_BIN");
+    char args[2048], cmd[4096], path[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' -e '%s' %s > cli.out 2> cli.err", dir,
+             bin && *bin ? bin : "./tally", endpoint, args);
+    int rc = system(cmd);
+    th_cli_t r = {.status = rc != -1 && WIFEXITED(rc) ? WEXITSTATUS(rc) : -1};
+    snprintf(path, sizeof path, "%s/cli.out", dir);
+    r.out = th_slurp(path);
+    snprintf(path, sizeof path, "%s/cli.err", dir);
+    r.err = th_slurp(path);
+    if (!r.out)
+        r.out = strdup("");
+    if (!r.err)
+        r.err = strdup("");
+    return r;
+}
+
+void th_cli_free(th_cli_t *r)
+{
+    free(r->out);
+    free(r->err);
+    r->out = r->err = NULL;
 }

@@ -76,6 +76,21 @@ int th_metrics_port(const th_daemon_t *d);
  * over it): the file a tallyd started with --test-clock reads its window clock from. */
 int th_write_clock(const char *path, uint64_t ms);
 
+/* Monotonic time in milliseconds, and a sleep of ms milliseconds (resumed after signals). */
+int64_t th_now_ms(void);
+void th_sleep_ms(int ms);
+
+/* The `tally` CLI under test ($TALLY_BIN) run through sh in `dir`, so ARGS may redirect:
+ * `tally -e ENDPOINT ARGS`; its exit status (-1 when it did not exit), stdout and stderr. */
+typedef struct {
+    int status;
+    char *out;
+    char *err;
+} th_cli_t;
+th_cli_t th_cli(const char *dir, const char *endpoint, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void th_cli_free(th_cli_t *r);
+
 /* Seeded xorshift so failures reproduce: the seed is printed by th_seed(). */
 uint64_t th_seed(void);
 uint64_t th_rand(void);

@@ -489,7 +489,11 @@ static void test_cli_readme_examples(void **state)
         at += (size_t)sprintf(expect + at, "%d %" PRIu64 "\n", b, bins[b]);
     expect_ok(cli("hist --type u8 --stream cam0 --in frame.raw"), expect);
 
-    cli_result_t r = cli("query cam0");
+    /* The summary's first lines (the README shows them), then every field with --raw. */
+    expect_ok(cli("query cam0 | head -3"), "stream     cam0\n"
+                                           "type       u8, 256 bins, one per byte value\n"
+                                           "count      1000000\n");
+    cli_result_t r = cli("query --raw cam0");
     assert_int_equal(r.status, 0);
     const char *head = "batches 1\nelements 1000000\nbytes 1000000\nfilter_seen 0\n"
                        "filter_kept 0\nscan_carry 0\nscan_elements 0\nhist_type u8\n"
@@ -641,8 +645,9 @@ static void test_cli_usage_errors(void **state)
     expect_usage(cli("-t 0 ping"), "--timeout");
 
     /* --help everywhere: exit 0, usage on stdout. */
-    static const char *const cmds[] = {"",       "filter ",  "scan ", "hist ", "query ",
-                                       "reset ", "streams ", "ping ", "info ", "stats "};
+    static const char *const cmds[] = {"",       "filter ", "scan ",    "hist ",
+                                       "query ", "reset ",  "streams ", "ping ",
+                                       "info ",  "stats ",  "watch ",   "delete "};
     for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
         cli_result_t r = cli("%s--help", cmds[i]);
         assert_int_equal(r.status, 0);

@@ -68,7 +68,7 @@ class _StreamInfo(ctypes.Structure):
         ("hist_hi", ctypes.c_int64)] + [(n, ctypes.c_uint64) for n in
                                         ("hist_underflow", "hist_overflow", "hist_total",
                                          "last_seq")] + [
-        ("bins", ctypes.c_uint64 * HIST_BINS)]
+        ("bins", ctypes.c_uint64 * (4 * HIST_BINS))]
 
 
 class _RunOpts(ctypes.Structure):
