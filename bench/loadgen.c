@@ -41,6 +41,7 @@
 #include "bench_util.h"
 
 #include "tally.h"
+#include "tally_proto.h" /* the echo peer speaks the wire protocol directly */
 
 #define WARMUP_S 0.3
 #define MAX_WINDOW 1024

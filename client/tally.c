@@ -24,6 +24,7 @@
  * it (each chunk was scanned from 0 and reported its total in aux0).
  */
 #include "tally.h"
+#include "tally_args.h"
 #include "tally_internal.h"
 
 #include <errno.h>
@@ -114,6 +115,11 @@ static tally_status_t wait_socket(tally_client_t *self, short events, int64_t de
     }
 }
 
+const char *tally_version(void)
+{
+    return TALLY_VERSION;
+}
+
 /* ---- Client life cycle -------------------------------------------------------------------- */
 
 static tally_status_t set_int_opt(void *sock, int opt, int value)
@@ -130,8 +136,8 @@ tally_status_t tally_client_new(const char *endpoint, int timeout_ms, tally_clie
         return TALLY_E_ARG;
     if (!endpoint)
         endpoint = TALLY_DEFAULT_ENDPOINT;
-    if (!*endpoint)
-        return TALLY_E_ARG;
+    if (tally_endpoint_check(endpoint, TALLY_ENDPOINT_CONNECT, NULL, 0) != TALLY_OK)
+        return TALLY_E_ARG; /* ZeroMQ would take "tcp://host:5570x" and connect to nothing */
 
     tally_status_t status = TALLY_E_NOMEM;
     tally_client_t *self = calloc(1, sizeof *self);
@@ -541,14 +547,21 @@ static tally_status_t stream_req(tally_client_t *self, tally_req_t *req, tally_o
     return status;
 }
 
-tally_status_t tally_query(tally_client_t *self, const char *stream, tally_stream_info_t *info)
+/* query, all time (window_ms 0) or the last window_ms (QUERY_WINDOW); the window's start and
+ * end (aux0, aux1) to *start_ms and *end_ms when given. */
+static tally_status_t query_call(tally_client_t *self, const char *stream, uint64_t window_ms,
+                                 tally_stream_info_t *info, uint64_t *start_ms, uint64_t *end_ms)
 {
-    if (!self || !info)
+    if (!self || !info || window_ms > (uint64_t)TALLY_WINDOW_MS_MAX)
         return TALLY_E_ARG;
     tally_req_t req;
     tally_status_t status = stream_req(self, &req, TALLY_OP_QUERY, stream);
     if (status != TALLY_OK)
         return status;
+    if (window_ms) {
+        req.flags = TALLY_FLAG_QUERY_WINDOW;
+        req.lo = (int64_t)window_ms;
+    }
     tally_reply_t reply;
     tally_reply_init(&reply);
     status = tally_call(self, &req, NULL, 0, &reply);
@@ -556,16 +569,44 @@ tally_status_t tally_query(tally_client_t *self, const char *stream, tally_strea
         tally_stream_info_decode(reply.payload, reply.len, info) != TALLY_OK) {
         status = fail(self, TALLY_E_REPLY, "query reply does not decode");
     }
+    if (status == TALLY_OK && start_ms)
+        *start_ms = reply.rep.aux0;
+    if (status == TALLY_OK && end_ms)
+        *end_ms = reply.rep.aux1;
     tally_reply_clear(&reply);
     return status;
 }
 
-tally_status_t tally_reset(tally_client_t *self, const char *stream)
+tally_status_t tally_reply_stream_info(const tally_reply_t *reply, tally_stream_info_t *info)
+{
+    if (!reply || !info)
+        return TALLY_E_ARG;
+    if (reply->rep.status != TALLY_OK || reply->rep.opcode != TALLY_OP_QUERY ||
+        tally_stream_info_decode(reply->payload, reply->len, info) != TALLY_OK)
+        return TALLY_E_REPLY;
+    return TALLY_OK;
+}
+
+tally_status_t tally_query(tally_client_t *self, const char *stream, tally_stream_info_t *info)
+{
+    return query_call(self, stream, 0, info, NULL, NULL);
+}
+
+tally_status_t tally_query_window(tally_client_t *self, const char *stream, uint64_t window_ms,
+                                  tally_stream_info_t *info, uint64_t *start_ms, uint64_t *end_ms)
+{
+    if (window_ms == 0)
+        return TALLY_E_ARG;
+    return query_call(self, stream, window_ms, info, start_ms, end_ms);
+}
+
+/* reset and delete: a stream name, an empty reply. */
+static tally_status_t stream_control(tally_client_t *self, tally_op_t op, const char *stream)
 {
     if (!self)
         return TALLY_E_ARG;
     tally_req_t req;
-    tally_status_t status = stream_req(self, &req, TALLY_OP_RESET, stream);
+    tally_status_t status = stream_req(self, &req, op, stream);
     if (status != TALLY_OK)
         return status;
     tally_reply_t reply;
@@ -573,6 +614,16 @@ tally_status_t tally_reset(tally_client_t *self, const char *stream)
     status = tally_call(self, &req, NULL, 0, &reply);
     tally_reply_clear(&reply);
     return status;
+}
+
+tally_status_t tally_reset(tally_client_t *self, const char *stream)
+{
+    return stream_control(self, TALLY_OP_RESET, stream);
+}
+
+tally_status_t tally_delete(tally_client_t *self, const char *stream)
+{
+    return stream_control(self, TALLY_OP_DELETE, stream);
 }
 
 void tally_strings_free(char **names, size_t count)
@@ -891,6 +942,26 @@ tally_status_t tally_buf_append(tally_buf_t *buf, const void *data, size_t len)
     return TALLY_OK;
 }
 
+tally_status_t tally_buf_printf(tally_buf_t *buf, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (!buf || n < 0)
+        return TALLY_E_ARG;
+    /* Room for vsnprintf's terminator too; it stays after the text, not counted in len. */
+    tally_status_t status = tally_buf_reserve(buf, (size_t)n + 1);
+    if (status != TALLY_OK)
+        return status;
+    va_start(ap, fmt);
+    vsnprintf((char *)buf->data + buf->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    buf->len += (size_t)n;
+    return TALLY_OK;
+}
+
+
 /* ---- Reassembly arithmetic (tally_internal.h) --------------------------------------------- */
 
 void tally__scan_offset(uint8_t *vals, size_t n, bool out_i32, uint64_t offset)
@@ -913,11 +984,7 @@ void tally__hist_add(uint8_t *acc, const uint8_t *vals, size_t n)
 
 size_t tally__hist_values(uint8_t dtype)
 {
-    if (dtype == TALLY_DTYPE_U8)
-        return TALLY_HIST_BINS;
-    if (dtype == TALLY_DTYPE_I32)
-        return TALLY_HIST_I32_VALUES;
-    return 0;
+    return tally_hist_values(dtype);
 }
 
 size_t tally__chunk_bytes(size_t requested, size_t elem_size)
@@ -932,181 +999,180 @@ uint64_t tally__chunk_count(size_t len, size_t chunk_bytes)
     return len ? (len + chunk_bytes - 1) / chunk_bytes : 1;
 }
 
-/* ---- tally_run ---------------------------------------------------------------------------- */
+/* ---- Streaming pushes (tally_push_*) and tally_run ------------------------------------------ */
 
 typedef struct {
     uint64_t request_id;
+    size_t len;     /* the chunk's input bytes */
     bool in_flight; /* sent, reply not yet received */
     bool done;      /* reply received and held, not yet merged */
     tally_reply_t reply;
-} run_slot_t;
+} push_slot_t;
 
-typedef struct {
+struct tally_push {
     tally_client_t *client;
-    const tally_req_t *req;
-    const uint8_t *input;
-    size_t len;
+    tally_req_t req;
+    tally_output_fn *output;
+    void *output_arg;
     size_t elem_size;
     size_t chunk_bytes;
-    uint64_t chunks;
-    uint64_t first;  /* the first chunk sent: chunks before it were skipped (applied already) */
-    uint64_t merged; /* chunks acknowledged and merged, in order, from `first` */
-    bool sequenced;  /* chunk k carries seq res->seq_base + 1 + k */
     unsigned window;
-    run_slot_t *slots;
-    tally_buf_t *out;
-    size_t out_base;      /* out->len when the run started */
-    uint64_t scan_offset; /* stateless scan: total of the chunks merged so far */
-    tally_run_result_t *res;
+    push_slot_t *slots;
+    uint64_t first;        /* chunks before it were skipped (applied already: a resumed push) */
+    uint64_t next_send;    /* chunks written so far (sent or skipped) */
+    uint64_t next_merge;   /* the next chunk to merge, in order */
+    uint64_t total_chunks; /* opts->total_bytes in chunks; 0 when unknown */
+    uint64_t skipped_bytes, merged_bytes;
+    bool sequenced; /* chunk k carries seq res.seq_base + 1 + k */
+    bool finished;
+    uint64_t scan_offset;                    /* stateless scan: total of the chunks merged so far */
+    uint8_t hist[8 * TALLY_HIST_VALUES_MAX]; /* hist: the counts summed over chunks */
     /* opts->shm: window input slices of in_slice bytes, then window output slices of
      * out_slice bytes (0 for hist), in one region. */
     tally_region_t *region;
     size_t in_slice;
     size_t out_slice;
-} run_t;
+    tally_run_result_t res;
+};
 
-static tally_status_t run_fail(run_t *run, tally_status_t status, const char *msg)
+static tally_status_t push_fail(tally_push_t *push, tally_status_t status, const char *msg)
 {
     /* msg may be the client's own error buffer (a failed tally_send): copy through res. */
-    run->res->status = status;
-    snprintf(run->res->error, sizeof run->res->error, "%s", msg);
-    memcpy(run->client->error, run->res->error, sizeof run->client->error);
+    push->res.status = status;
+    snprintf(push->res.error, sizeof push->res.error, "%s", msg);
+    memcpy(push->client->error, push->res.error, sizeof push->client->error);
     return status;
 }
 
-static size_t chunk_len(const run_t *run, uint64_t k)
-{
-    size_t start = (size_t)k * run->chunk_bytes;
-    size_t left = run->len - start;
-    return left < run->chunk_bytes ? left : run->chunk_bytes;
-}
-
 /* A reply's output: its payload, or with shared memory the chunk's output slice (the reply then
- * carries only the header, its count saying how much of the slice holds output). */
-static const uint8_t *reply_output(const run_t *run, uint64_t k, const tally_reply_t *reply,
-                                   size_t *len)
+ * carries only the header, its count saying how much of the slice holds output). Writable: a
+ * stateless scan adds its offset in place. */
+static uint8_t *reply_output(const tally_push_t *push, uint64_t k, const tally_reply_t *reply,
+                             size_t *len)
 {
-    if (!run->region || !run->out_slice) {
+    if (!push->region || !push->out_slice) {
         *len = reply->len;
-        return reply->payload;
+        return reply->len ? zmq_msg_data(reply->msg_) : NULL;
     }
-    bool out_i32 = run->req->flags & TALLY_FLAG_SCAN_OUT_I32;
-    size_t size = run->req->opcode == TALLY_OP_SCAN ? (out_i32 ? 4 : 8) : run->elem_size;
+    bool out_i32 = push->req.flags & TALLY_FLAG_SCAN_OUT_I32;
+    size_t size = push->req.opcode == TALLY_OP_SCAN ? (out_i32 ? 4 : 8) : push->elem_size;
     *len = (size_t)reply->rep.count * size;
-    if (*len > run->out_slice)
-        *len = run->out_slice; /* a count the daemon cannot have sent: merge_* rejects it */
-    const uint8_t *base = tally_region_data(run->region);
-    return base + run->window * run->in_slice + (size_t)(k % run->window) * run->out_slice;
+    if (*len > push->out_slice)
+        *len = push->out_slice; /* a count the daemon cannot have sent: merge_* rejects it */
+    uint8_t *base = tally_region_data(push->region);
+    return base + push->window * push->in_slice + (size_t)(k % push->window) * push->out_slice;
 }
 
-static tally_status_t merge_filter(run_t *run, uint64_t k, const tally_reply_t *reply)
+static tally_status_t emit(tally_push_t *push, const void *data, size_t len)
 {
-    size_t len;
-    const uint8_t *data = reply_output(run, k, reply, &len);
-    tally_status_t status = tally_buf_append(run->out, data, len);
+    if (!push->output || !len)
+        return TALLY_OK;
+    tally_status_t status = push->output(push->output_arg, data, len);
     if (status != TALLY_OK)
-        return run_fail(run, status, "out of memory");
-    run->res->count += len / run->elem_size;
-    run->res->seen += reply->rep.aux0;
+        return push_fail(push, status, "the output callback failed");
     return TALLY_OK;
 }
 
-static tally_status_t merge_scan(run_t *run, uint64_t k, const tally_reply_t *reply)
+static tally_status_t merge_filter(tally_push_t *push, uint64_t k, const tally_reply_t *reply)
 {
-    bool out_i32 = run->req->flags & TALLY_FLAG_SCAN_OUT_I32;
-    size_t n = chunk_len(run, k) / run->elem_size;
-    size_t out_size = out_i32 ? 4 : 8;
     size_t len;
-    const uint8_t *data = reply_output(run, k, reply, &len);
-    if (len != n * out_size) {
+    const uint8_t *data = reply_output(push, k, reply, &len);
+    push->res.count += len / push->elem_size;
+    push->res.seen += reply->rep.aux0;
+    return emit(push, data, len);
+}
+
+static tally_status_t merge_scan(tally_push_t *push, uint64_t k, const tally_reply_t *reply,
+                                 size_t in_len)
+{
+    bool out_i32 = push->req.flags & TALLY_FLAG_SCAN_OUT_I32;
+    size_t n = in_len / push->elem_size;
+    size_t len;
+    uint8_t *data = reply_output(push, k, reply, &len);
+    if (len != n * (out_i32 ? 4 : 8)) {
         char msg[128];
         snprintf(msg, sizeof msg, "scan reply has %zu bytes for %zu elements", len, n);
-        return run_fail(run, TALLY_E_REPLY, msg);
+        return push_fail(push, TALLY_E_REPLY, msg);
     }
-    size_t at = run->out->len;
-    tally_status_t status = tally_buf_append(run->out, data, len);
-    if (status != TALLY_OK)
-        return run_fail(run, status, "out of memory");
-    if (run->req->stream_len) {
-        run->res->carry = (int64_t)reply->rep.aux0; /* the daemon carried */
+    if (push->req.stream_len) {
+        push->res.carry = (int64_t)reply->rep.aux0; /* the daemon carried */
     } else {
-        tally__scan_offset(run->out->data + at, n, out_i32, run->scan_offset);
-        run->scan_offset += reply->rep.aux0;
-        run->res->carry = (int64_t)run->scan_offset;
+        tally__scan_offset(data, n, out_i32, push->scan_offset);
+        push->scan_offset += reply->rep.aux0;
+        push->res.carry = (int64_t)push->scan_offset;
     }
-    run->res->count += n;
-    return TALLY_OK;
+    push->res.count += n;
+    return emit(push, data, len);
 }
 
-static tally_status_t merge_hist(run_t *run, const tally_reply_t *reply)
+static tally_status_t merge_hist(tally_push_t *push, const tally_reply_t *reply)
 {
-    size_t values = tally__hist_values(run->req->dtype);
+    size_t values = tally__hist_values(push->req.dtype);
     if (reply->len != values * 8) {
         char msg[128];
         snprintf(msg, sizeof msg, "hist reply has %zu bytes, expected %zu", reply->len, values * 8);
-        return run_fail(run, TALLY_E_REPLY, msg);
+        return push_fail(push, TALLY_E_REPLY, msg);
     }
-    tally__hist_add(run->out->data + run->out_base, reply->payload, values);
-    run->res->hist_total += reply->rep.aux0;
+    tally__hist_add(push->hist, reply->payload, values);
+    push->res.hist_total += reply->rep.aux0;
     return TALLY_OK;
 }
 
-static tally_status_t merge_chunk(run_t *run, uint64_t k, const tally_reply_t *reply)
+static tally_status_t merge_chunk(tally_push_t *push, uint64_t k, const push_slot_t *slot)
 {
-    switch (run->req->opcode) {
+    push->merged_bytes += slot->len;
+    switch (push->req.opcode) {
     case TALLY_OP_FILTER:
-        return merge_filter(run, k, reply);
+        return merge_filter(push, k, &slot->reply);
     case TALLY_OP_SCAN:
-        return merge_scan(run, k, reply);
+        return merge_scan(push, k, &slot->reply, slot->len);
     default:
-        return merge_hist(run, reply);
+        return merge_hist(push, &slot->reply);
     }
 }
 
-static tally_status_t run_send(run_t *run, uint64_t k)
+static tally_status_t push_send(tally_push_t *push, uint64_t k, const void *chunk, size_t len)
 {
-    run_slot_t *slot = &run->slots[k % run->window];
-    const uint8_t *chunk = run->input ? run->input + (size_t)k * run->chunk_bytes : NULL;
-    size_t len = chunk_len(run, k);
-    tally_req_t wire = *run->req;
-    wire.seq = run->sequenced ? run->res->seq_base + 1 + k : 0;
+    push_slot_t *slot = &push->slots[k % push->window];
+    tally_req_t wire = push->req;
+    wire.seq = push->sequenced ? push->res.seq_base + 1 + k : 0;
     tally_status_t status;
-    if (run->region) { /* the chunk's slice is free: its previous chunk has been merged */
-        size_t slice = (size_t)(k % run->window);
-        uint8_t *base = tally_region_data(run->region);
+    if (push->region) { /* the chunk's slice is free: its previous chunk has been merged */
+        size_t slice = (size_t)(k % push->window);
+        uint8_t *base = tally_region_data(push->region);
         if (len)
-            memcpy(base + slice * run->in_slice, chunk, len);
-        status =
-            tally_send_shm(run->client, &wire, run->region, slice * run->in_slice, len,
-                           run->out_slice ? run->region : NULL,
-                           run->window * run->in_slice + slice * run->out_slice, &slot->request_id);
+            memcpy(base + slice * push->in_slice, chunk, len);
+        size_t out_at = push->window * push->in_slice + slice * push->out_slice;
+        status = tally_send_shm(push->client, &wire, push->region, slice * push->in_slice, len,
+                                push->out_slice ? push->region : NULL, out_at, &slot->request_id);
     } else {
-        status = tally_send(run->client, &wire, chunk, len, &slot->request_id);
+        status = tally_send(push->client, &wire, chunk, len, &slot->request_id);
     }
     if (status != TALLY_OK)
-        return run_fail(run, status, run->client->error);
+        return push_fail(push, status, push->client->error);
+    slot->len = len;
     slot->in_flight = true;
-    run->res->chunks++;
+    push->res.chunks++;
     return TALLY_OK;
 }
 
 /* Receives one reply and parks it in its slot; replies to requests not in the window (left
  * over from an earlier failed call) are dropped. */
-static tally_status_t run_receive(run_t *run, tally_reply_t *reply)
+static tally_status_t push_receive(tally_push_t *push, tally_reply_t *reply)
 {
-    tally_status_t status = tally_recv(run->client, reply);
+    tally_status_t status = tally_recv(push->client, reply);
     if (status != TALLY_OK && (is_local_failure(status) || reply->rep.request_id == 0))
-        return run_fail(run, status, reply->error);
-    for (unsigned i = 0; i < run->window; i++) {
-        run_slot_t *slot = &run->slots[i];
+        return push_fail(push, status, reply->error);
+    for (unsigned i = 0; i < push->window; i++) {
+        push_slot_t *slot = &push->slots[i];
         if (!slot->in_flight || slot->request_id != reply->rep.request_id)
             continue;
         if (status != TALLY_OK) {
             if (status == TALLY_E_DUPLICATE || status == TALLY_E_SEQ_GAP) {
-                run->res->last_seq = reply->rep.aux0; /* the stream's position, exactly */
-                run->res->applied_known = true;
+                push->res.last_seq = reply->rep.aux0; /* the stream's position, exactly */
+                push->res.applied_known = true;
             }
-            return run_fail(run, status, reply->error);
+            return push_fail(push, status, reply->error);
         }
         slot->in_flight = false;
         slot->done = true;
@@ -1118,98 +1184,58 @@ static tally_status_t run_receive(run_t *run, tally_reply_t *reply)
     return TALLY_OK;
 }
 
-static tally_status_t run_loop(run_t *run)
+/* Waits for one reply, then merges every chunk that is next in order. */
+static tally_status_t push_step(tally_push_t *push)
 {
-    uint64_t next_send = run->first, next_merge = run->first;
     tally_reply_t reply;
     tally_reply_init(&reply);
-    tally_status_t status = TALLY_OK;
-    while (next_merge < run->chunks) {
-        /* Step 1: fill the window. */
-        while (next_send < run->chunks && next_send - next_merge < run->window) {
-            status = run_send(run, next_send);
-            if (status != TALLY_OK)
-                goto out;
-            next_send++;
-        }
-        /* Step 2: wait for one reply. */
-        status = run_receive(run, &reply);
-        if (status != TALLY_OK)
-            goto out;
-        /* Step 3: merge every reply that is next in chunk order. */
-        for (run_slot_t *slot = &run->slots[next_merge % run->window];
-             next_merge < run->chunks && slot->done; slot = &run->slots[next_merge % run->window]) {
-            status = merge_chunk(run, next_merge, &slot->reply);
-            tally_reply_clear(&slot->reply);
-            slot->done = false;
-            if (status != TALLY_OK)
-                goto out;
-            next_merge++;
-            run->merged++;
-        }
-    }
-out:
+    tally_status_t status = push_receive(push, &reply);
     tally_reply_clear(&reply);
+    while (status == TALLY_OK && push->next_merge < push->next_send) {
+        push_slot_t *slot = &push->slots[push->next_merge % push->window];
+        if (!slot->done)
+            break;
+        status = merge_chunk(push, push->next_merge, slot);
+        tally_reply_clear(&slot->reply);
+        slot->done = false;
+        push->next_merge++;
+    }
     return status;
 }
 
-/* opts->shm: one region holding the input ring and (filter, scan) the output ring. */
-static tally_status_t run_region(run_t *run)
+/* Checks the request and options, and sizes chunks and the window. */
+static tally_status_t push_prepare(tally_push_t *push, const tally_run_opts_t *opts)
 {
-    run->in_slice = run->chunk_bytes;
-    run->out_slice = (size_t)tally_shm_out_worst(run->req, run->chunk_bytes);
-    size_t size = run->window * (run->in_slice + run->out_slice);
-    tally_status_t status = tally_region_create(run->client, size, &run->region);
-    if (status != TALLY_OK)
-        return run_fail(run, status, run->client->error);
-    return TALLY_OK;
-}
-
-/* Checks what tally_run needs beyond what tally_send checks, and sizes the output. */
-static tally_status_t run_prepare(run_t *run, const tally_run_opts_t *opts)
-{
-    const tally_req_t *req = run->req;
-    char msg[160];
+    const tally_req_t *req = &push->req;
     if (req->opcode != TALLY_OP_FILTER && req->opcode != TALLY_OP_SCAN &&
         req->opcode != TALLY_OP_HIST)
-        return run_fail(run, TALLY_E_ARG, "tally_run takes filter, scan or hist requests");
-    run->elem_size = tally_dtype_size((tally_dtype_t)req->dtype);
-    if (!run->elem_size || (req->opcode == TALLY_OP_HIST && !tally__hist_values(req->dtype)))
-        return run_fail(run, TALLY_E_ARG, "request has no input dtype");
-    if (run->len % run->elem_size) {
-        snprintf(msg, sizeof msg, "input of %zu bytes is not a whole number of %zu-byte %s",
-                 run->len, run->elem_size, tally_dtype_name((tally_dtype_t)req->dtype));
-        return run_fail(run, TALLY_E_ARG, msg);
+        return push_fail(push, TALLY_E_ARG, "a push takes filter, scan or hist requests");
+    push->elem_size = tally_dtype_size((tally_dtype_t)req->dtype);
+    if (!push->elem_size || (req->opcode == TALLY_OP_HIST && !tally__hist_values(req->dtype)))
+        return push_fail(push, TALLY_E_ARG, "request has no input dtype");
+    push->chunk_bytes = tally__chunk_bytes(opts ? opts->chunk_bytes : 0, push->elem_size);
+    push->window = opts && opts->window ? opts->window : TALLY_DEFAULT_WINDOW;
+    if (push->window > TALLY_MAX_WINDOW)
+        push->window = TALLY_MAX_WINDOW;
+    if (opts && opts->total_bytes) {
+        push->total_chunks = tally__chunk_count(opts->total_bytes, push->chunk_bytes);
+        if (push->window > push->total_chunks)
+            push->window = (unsigned)push->total_chunks;
     }
-    run->chunk_bytes = tally__chunk_bytes(opts ? opts->chunk_bytes : 0, run->elem_size);
-    run->window = opts && opts->window ? opts->window : TALLY_DEFAULT_WINDOW;
-    if (run->window > TALLY_MAX_WINDOW)
-        run->window = TALLY_MAX_WINDOW;
-    run->chunks = tally__chunk_count(run->len, run->chunk_bytes);
-    if (run->window > run->chunks)
-        run->window = (unsigned)run->chunks;
-
-    /* Size the output once: filter keeps at most the input, scan writes 4 or 8 bytes per
-     * element, hist one zeroed histogram that chunks are added into. */
-    size_t n = run->len / run->elem_size, need;
-    if (req->opcode == TALLY_OP_FILTER)
-        need = run->len;
-    else if (req->opcode == TALLY_OP_SCAN)
-        need = n * ((req->flags & TALLY_FLAG_SCAN_OUT_I32) ? 4 : 8);
-    else
-        need = tally__hist_values(req->dtype) * 8;
-    if (tally_buf_reserve(run->out, need) != TALLY_OK)
-        return run_fail(run, TALLY_E_NOMEM, "out of memory for the output");
-    if (req->opcode == TALLY_OP_HIST) {
-        memset(run->out->data + run->out->len, 0, need);
-        run->out->len += need;
-        run->res->count = tally__hist_values(req->dtype);
-    }
-    run->slots = calloc(run->window, sizeof *run->slots);
-    if (!run->slots)
-        return run_fail(run, TALLY_E_NOMEM, "out of memory");
-    if (opts && opts->shm)
-        return run_region(run);
+    if (req->opcode == TALLY_OP_HIST)
+        push->res.count = tally__hist_values(req->dtype);
+    push->slots = calloc(push->window, sizeof *push->slots);
+    if (!push->slots)
+        return push_fail(push, TALLY_E_NOMEM, "out of memory");
+    if (!opts || !opts->shm)
+        return TALLY_OK;
+    /* One region holding the input ring and (filter, scan) the output ring. */
+    push->in_slice = push->chunk_bytes;
+    push->out_slice = (size_t)tally_shm_out_worst(req, push->chunk_bytes);
+    size_t size = push->window * (push->in_slice + push->out_slice);
+    tally_status_t status = tally_region_create(push->client, size, &push->region);
+    if (status != TALLY_OK)
+        return push_fail(push, status, push->client->error);
     return TALLY_OK;
 }
 
@@ -1222,49 +1248,195 @@ static tally_status_t stream_last_seq(tally_client_t *self, const char *stream, 
     return status == TALLY_E_UNKNOWN_STREAM ? TALLY_OK : status;
 }
 
-/* Sequence numbers: where the push starts (seq_base) and which chunks the stream has already. */
-static tally_status_t run_sequence(run_t *run, const tally_run_opts_t *opts)
+/* Sequence numbers: where the push starts (seq_base) and how many chunks the stream has
+ * already (a resumed push skips them). */
+static tally_status_t push_sequence(tally_push_t *push, const tally_run_opts_t *opts)
 {
-    tally_run_result_t *res = run->res;
+    tally_run_result_t *res = &push->res;
     if (!opts || opts->seq == TALLY_RUN_SEQ_OFF)
         return TALLY_OK;
-    if (!run->req->stream_len)
-        return run_fail(run, TALLY_E_ARG, "sequence numbers need a stream");
+    if (!push->req.stream_len)
+        return push_fail(push, TALLY_E_ARG, "sequence numbers need a stream");
     uint64_t last = 0;
-    tally_status_t status = stream_last_seq(run->client, run->req->stream, &last);
+    tally_status_t status = stream_last_seq(push->client, push->req.stream, &last);
     if (status != TALLY_OK)
-        return run_fail(run, status, run->client->error);
-    run->sequenced = true;
+        return push_fail(push, status, push->client->error);
+    push->sequenced = true;
     res->seq_base = opts->seq == TALLY_RUN_SEQ_RESUME ? opts->seq_base : last;
     if (last > res->seq_base) /* resuming: these chunks are in the stream already */
-        run->first = last - res->seq_base < run->chunks ? last - res->seq_base : run->chunks;
-    res->skipped = run->first;
-    res->input_chunks = run->chunks;
+        push->first = last - res->seq_base;
+    res->input_chunks = push->total_chunks;
     return TALLY_OK;
 }
 
-/* After a sequenced run: how many chunks of the input the stream holds. A failed run asks the
- * daemon unless a duplicate or sequence_gap reply said it already; if it cannot be asked, the
- * chunks acknowledged are a lower bound. Every chunk counts once, whatever the replies. */
-static void run_account(run_t *run, tally_status_t status)
+tally_status_t tally_push_new(tally_client_t *client, const tally_req_t *req,
+                              const tally_run_opts_t *opts, tally_output_fn *output, void *arg,
+                              tally_push_t **out)
 {
-    tally_run_result_t *res = run->res;
-    if (!run->sequenced)
-        return;
-    if (status == TALLY_OK) {
-        res->last_seq = res->seq_base + run->chunks;
+    if (!out)
+        return TALLY_E_ARG;
+    *out = NULL;
+    if (!client || !req)
+        return TALLY_E_ARG;
+    tally_push_t *push = calloc(1, sizeof *push);
+    if (!push)
+        return TALLY_E_NOMEM;
+    *push = (tally_push_t){.client = client, .req = *req, .output = output, .output_arg = arg};
+    tally_status_t status = push_prepare(push, opts);
+    if (status == TALLY_OK)
+        status = push_sequence(push, opts);
+    if (status != TALLY_OK) {
+        snprintf(client->error, sizeof client->error, "%s", push->res.error);
+        tally_push_destroy(&push);
+        return status;
+    }
+    *out = push;
+    return TALLY_OK;
+}
+
+size_t tally_push_chunk_bytes(const tally_push_t *push)
+{
+    return push ? push->chunk_bytes : 0;
+}
+
+tally_status_t tally_push_write(tally_push_t *push, const void *data, size_t len)
+{
+    if (!push || (len && !data) || push->finished)
+        return TALLY_E_ARG;
+    if (push->res.status != TALLY_OK)
+        return push->res.status;
+    if (len % push->elem_size || len > push->chunk_bytes) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "a chunk of %zu bytes is not 1..%zu whole %zu-byte elements", len,
+                 push->chunk_bytes, push->elem_size);
+        return fail(push->client, TALLY_E_ARG, msg); /* refused; the push goes on */
+    }
+    uint64_t k = push->next_send;
+    if (k < push->first) { /* a resumed push: the stream has this chunk already */
+        push->next_send = push->next_merge = k + 1;
+        push->res.skipped++;
+        push->skipped_bytes += len;
+    } else {
+        tally_status_t status = TALLY_OK;
+        while (status == TALLY_OK && push->next_send - push->next_merge >= push->window)
+            status = push_step(push);
+        if (status == TALLY_OK)
+            status = push_send(push, k, data, len);
+        if (status != TALLY_OK)
+            return status;
+        push->next_send = k + 1;
+    }
+    push->res.bytes += len;
+    push->res.elements += len / push->elem_size;
+    return TALLY_OK;
+}
+
+/* Input bytes of the chunks the stream holds: the skipped and merged ones, plus those in
+ * flight that the daemon reported applied (chunks before index `applied`). */
+static uint64_t applied_bytes(const tally_push_t *push, uint64_t applied)
+{
+    uint64_t bytes = push->skipped_bytes + push->merged_bytes;
+    for (uint64_t k = push->next_merge; k < applied && k < push->next_send; k++)
+        bytes += push->slots[k % push->window].len;
+    return bytes;
+}
+
+/* After a push: how many chunks of the input the stream holds. A failed push asks the daemon
+ * unless a duplicate or sequence_gap reply said it already; if it cannot be asked, the chunks
+ * acknowledged are a lower bound. Every chunk counts once, whatever the replies. */
+static void push_account(tally_push_t *push)
+{
+    tally_run_result_t *res = &push->res;
+    if (!res->input_chunks || res->input_chunks < push->next_send)
+        res->input_chunks = push->next_send;
+    if (!push->sequenced) {
+        res->applied = push->next_merge;
+        res->applied_known = true;
+    } else if (res->status == TALLY_OK) {
+        res->last_seq = res->seq_base + push->next_send;
         res->applied_known = true;
     } else if (!res->applied_known) {
         char error[sizeof res->error];
         memcpy(error, res->error, sizeof error); /* the query must not hide the first failure */
         res->applied_known =
-            stream_last_seq(run->client, run->req->stream, &res->last_seq) == TALLY_OK;
-        memcpy(run->client->error, error, sizeof error);
+            stream_last_seq(push->client, push->req.stream, &res->last_seq) == TALLY_OK;
+        memcpy(push->client->error, error, sizeof error);
         if (!res->applied_known)
-            res->last_seq = res->seq_base + run->first + run->merged;
+            res->last_seq = res->seq_base + push->next_merge;
     }
-    uint64_t applied = res->last_seq > res->seq_base ? res->last_seq - res->seq_base : 0;
-    res->applied = applied < run->chunks ? applied : run->chunks;
+    if (push->sequenced) {
+        uint64_t applied = res->last_seq > res->seq_base ? res->last_seq - res->seq_base : 0;
+        res->applied = applied < push->next_send ? applied : push->next_send;
+    }
+    res->applied_bytes = applied_bytes(push, res->applied);
+}
+
+tally_status_t tally_push_flush(tally_push_t *push)
+{
+    if (!push || push->finished)
+        return TALLY_E_ARG;
+    tally_status_t status = push->res.status;
+    while (status == TALLY_OK && push->next_merge < push->next_send)
+        status = push_step(push);
+    return status;
+}
+
+tally_status_t tally_push_finish(tally_push_t *push)
+{
+    if (!push)
+        return TALLY_E_ARG;
+    if (push->finished)
+        return push->res.status;
+    tally_status_t status = push->res.status;
+    while (status == TALLY_OK && push->next_merge < push->next_send)
+        status = push_step(push);
+    if (status == TALLY_OK && push->req.opcode == TALLY_OP_HIST)
+        status = emit(push, push->hist, 8 * tally__hist_values(push->req.dtype));
+    push->finished = true;
+    push->res.status = status;
+    if (status == TALLY_OK)
+        push->res.error[0] = '\0';
+    push_account(push);
+    return status;
+}
+
+const tally_run_result_t *tally_push_result(const tally_push_t *push)
+{
+    return push ? &push->res : NULL;
+}
+
+void tally_push_destroy(tally_push_t **push_p)
+{
+    if (!push_p || !*push_p)
+        return;
+    tally_push_t *push = *push_p;
+    if (push->slots) {
+        for (unsigned i = 0; i < push->window; i++)
+            tally_reply_clear(&push->slots[i].reply);
+        free(push->slots);
+    }
+    tally_region_destroy(&push->region);
+    free(push);
+    *push_p = NULL;
+}
+
+/* tally_run's output: appended to its buffer. */
+static tally_status_t append_output(void *arg, const void *data, size_t len)
+{
+    return tally_buf_append(arg, data, len);
+}
+
+/* Writes the whole input through `push`, one chunk at a time (one empty chunk for none). */
+static tally_status_t run_chunks(tally_push_t *push, const uint8_t *input, size_t len)
+{
+    tally_status_t status = TALLY_OK;
+    size_t at = 0;
+    do {
+        size_t n = len - at < push->chunk_bytes ? len - at : push->chunk_bytes;
+        status = tally_push_write(push, n ? input + at : NULL, n);
+        at += n;
+    } while (status == TALLY_OK && at < len);
+    return status;
 }
 
 tally_status_t tally_run(tally_client_t *self, const tally_req_t *req, const void *input,
@@ -1277,30 +1449,37 @@ tally_status_t tally_run(tally_client_t *self, const tally_req_t *req, const voi
     memset(result, 0, sizeof *result);
     if (!self || !req || !out || (len && !input))
         return result->status = TALLY_E_ARG;
-
-    run_t run = {.client = self,
-                 .req = req,
-                 .input = input,
-                 .len = len,
-                 .out = out,
-                 .out_base = out->len,
-                 .res = result};
-    tally_status_t status = run_prepare(&run, opts);
-    if (status == TALLY_OK)
-        status = run_sequence(&run, opts);
-    if (status != TALLY_OK)
-        goto out;
-    result->elements = len / run.elem_size;
-    status = run_loop(&run);
-    run_account(&run, status);
-
-out:
-    if (run.slots) {
-        for (unsigned i = 0; i < run.window; i++)
-            tally_reply_clear(&run.slots[i].reply);
-        free(run.slots);
+    size_t esize = tally_dtype_size((tally_dtype_t)req->dtype);
+    if (esize && len % esize) {
+        snprintf(result->error, sizeof result->error,
+                 "input of %zu bytes is not a whole number of %zu-byte %s", len, esize,
+                 tally_dtype_name((tally_dtype_t)req->dtype));
+        snprintf(self->error, sizeof self->error, "%s", result->error);
+        return result->status = TALLY_E_ARG;
     }
-    tally_region_destroy(&run.region);
-    result->status = status;
-    return status;
+    /* The output's size is known: reserve it once (filter keeps at most the input, scan writes
+     * 4 or 8 bytes per element, hist one set of counts), so appending never reallocates. */
+    size_t need = req->opcode == TALLY_OP_SCAN
+                      ? len / (esize ? esize : 1) * ((req->flags & TALLY_FLAG_SCAN_OUT_I32) ? 4 : 8)
+                  : req->opcode == TALLY_OP_HIST ? 8 * tally__hist_values(req->dtype)
+                                                 : len;
+    if (tally_buf_reserve(out, need ? need : 1) != TALLY_OK) {
+        snprintf(result->error, sizeof result->error, "out of memory for the output");
+        return result->status = TALLY_E_NOMEM;
+    }
+    tally_run_opts_t o = opts ? *opts : (tally_run_opts_t){0};
+    o.total_bytes = len;
+    tally_push_t *push = NULL;
+    tally_status_t status = tally_push_new(self, req, &o, append_output, out, &push);
+    if (status != TALLY_OK) {
+        snprintf(result->error, sizeof result->error, "%s", self->error);
+        return result->status = status;
+    }
+    status = run_chunks(push, input, len);
+    tally_status_t finished = tally_push_finish(push);
+    *result = push->res;
+    if (status == TALLY_OK)
+        status = finished;
+    tally_push_destroy(&push);
+    return result->status = status;
 }

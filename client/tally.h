@@ -33,7 +33,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tally_proto.h"
+#include "tally_version.h"
+#include "tally_wire.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -49,6 +50,9 @@ extern "C" {
 
 typedef struct tally_client tally_client_t;
 
+/* The version of the loaded library ("0.1.0"); TALLY_VERSION is the header's. */
+TALLY_API const char *tally_version(void);
+
 /* One reply: the decoded header, the payload (owned by the reply until tally_reply_clear),
  * and for an error status the daemon's message (or a client-side explanation). */
 typedef struct {
@@ -61,22 +65,23 @@ typedef struct {
 
 /* Creates a client connected (asynchronously) to `endpoint` (NULL: TALLY_DEFAULT_ENDPOINT).
  * `timeout_ms` (> 0) bounds every wait of every call on this client. */
-tally_status_t tally_client_new(const char *endpoint, int timeout_ms, tally_client_t **out);
+TALLY_API tally_status_t tally_client_new(const char *endpoint, int timeout_ms,
+                                          tally_client_t **out);
 /* Closes the socket without lingering and frees the client; sets *self_p to NULL. */
-void tally_client_destroy(tally_client_t **self_p);
-int tally_client_timeout(const tally_client_t *self);
+TALLY_API void tally_client_destroy(tally_client_t **self_p);
+TALLY_API int tally_client_timeout(const tally_client_t *self);
 
 /* Initialises an empty reply; tally_reply_clear frees what a reply holds and empties it. */
-void tally_reply_init(tally_reply_t *reply);
-void tally_reply_clear(tally_reply_t *reply);
+TALLY_API void tally_reply_init(tally_reply_t *reply);
+TALLY_API void tally_reply_clear(tally_reply_t *reply);
 
 /* Validates and sends one request (req->request_id is ignored: the client allocates one and
  * stores it in *request_id, which may be NULL). Waits at most the timeout for the socket to
  * accept the message. Returns TALLY_OK, a wire status for a request the daemon would reject
  * anyway (bad stream name, flags, payload size: nothing is sent), TALLY_E_TIMEOUT,
  * TALLY_E_TRANSPORT or TALLY_E_ARG. */
-tally_status_t tally_send(tally_client_t *self, const tally_req_t *req, const void *payload,
-                          size_t len, uint64_t *request_id);
+TALLY_API tally_status_t tally_send(tally_client_t *self, const tally_req_t *req,
+                                    const void *payload, size_t len, uint64_t *request_id);
 
 /* Releases a buffer given to tally_send_zc; called once, possibly from a ZeroMQ I/O thread. */
 typedef void(tally_free_fn)(void *data, void *hint);
@@ -86,38 +91,54 @@ typedef void(tally_free_fn)(void *data, void *hint);
  * once on every path: when the frame has been sent, when the send fails, or at once for a
  * request rejected before sending. free_fn may do nothing, for a buffer that outlives the
  * client and is sent many times (a benchmark's). Saves tally_send's copy of the payload. */
-tally_status_t tally_send_zc(tally_client_t *self, const tally_req_t *req, void *payload,
-                             size_t len, tally_free_fn *free_fn, void *hint, uint64_t *request_id);
+TALLY_API tally_status_t tally_send_zc(tally_client_t *self, const tally_req_t *req, void *payload,
+                                       size_t len, tally_free_fn *free_fn, void *hint,
+                                       uint64_t *request_id);
 
 /* Receives the next reply, in any order, waiting at most the timeout. *reply is cleared
  * first. Returns the reply's wire status (reply->rep.request_id says which request it
  * answers), or TALLY_E_TIMEOUT, TALLY_E_TRANSPORT, or TALLY_E_REPLY for a reply that does
  * not decode (wrong frame count, magic, version or payload size). */
-tally_status_t tally_recv(tally_client_t *self, tally_reply_t *reply);
+TALLY_API tally_status_t tally_recv(tally_client_t *self, tally_reply_t *reply);
 
 /* Sends one request and waits for its reply (the timeout covers both). Returns the wire
  * status or a client-side one; reply->error explains any failure. Replies to other requests
  * that arrive meanwhile are discarded, so do not mix it with tally_send requests still in
  * flight on the same client. */
-tally_status_t tally_call(tally_client_t *self, const tally_req_t *req, const void *payload,
-                          size_t len, tally_reply_t *reply);
+TALLY_API tally_status_t tally_call(tally_client_t *self, const tally_req_t *req,
+                                    const void *payload, size_t len, tally_reply_t *reply);
 
 /* The message of the last failed call on this client ("" if none). */
-const char *tally_client_error(const tally_client_t *self);
+TALLY_API const char *tally_client_error(const tally_client_t *self);
 
 /* ---- Convenience wrappers around tally_call ---------------------------------------------- */
 
 /* Round trip of an empty ping; *rtt_us (may be NULL) receives the round-trip time. */
-tally_status_t tally_ping(tally_client_t *self, double *rtt_us);
+TALLY_API tally_status_t tally_ping(tally_client_t *self, double *rtt_us);
 /* Info (TALLY_OP_INFO) or Prometheus metrics (TALLY_OP_STATS) text, NUL-terminated, malloc'd:
  * free it with free(). */
-tally_status_t tally_info(tally_client_t *self, tally_op_t op, char **text);
-tally_status_t tally_query(tally_client_t *self, const char *stream, tally_stream_info_t *info);
-tally_status_t tally_reset(tally_client_t *self, const char *stream);
+TALLY_API tally_status_t tally_info(tally_client_t *self, tally_op_t op, char **text);
+/* The stream's record (all time). info->bins holds channel c's bins at c x 256 for rgb8/rgba8. */
+TALLY_API tally_status_t tally_query(tally_client_t *self, const char *stream, tally_stream_info_t *info);
+/* The stream record of a successful `query` reply taken with tally_recv (queries pipelined with
+ * tally_send, as `tally watch` does for many streams at once). TALLY_E_REPLY when the payload
+ * is not a record. */
+TALLY_API tally_status_t tally_reply_stream_info(const tally_reply_t *reply,
+                                                 tally_stream_info_t *info);
+/* The stream's record for the last window_ms milliseconds (PROTOCOL.md, "Windows"): the
+ * histogram fields count only that window, which runs from *start_ms to *end_ms (ms since the
+ * epoch; either may be NULL). TALLY_E_WINDOW when the daemon keeps less than that. */
+TALLY_API tally_status_t tally_query_window(tally_client_t *self, const char *stream, uint64_t window_ms,
+                                  tally_stream_info_t *info, uint64_t *start_ms, uint64_t *end_ms);
+/* Zeroes the stream's counters, histogram and window and keeps the stream (its histogram's
+ * type and range, and its last_seq). */
+TALLY_API tally_status_t tally_reset(tally_client_t *self, const char *stream);
+/* Removes the stream: the next request naming it starts a new one. */
+TALLY_API tally_status_t tally_delete(tally_client_t *self, const char *stream);
 /* The daemon's stream names: a malloc'd array of *count malloc'd strings, freed with
  * tally_strings_free. */
-tally_status_t tally_streams(tally_client_t *self, char ***names, size_t *count);
-void tally_strings_free(char **names, size_t count);
+TALLY_API tally_status_t tally_streams(tally_client_t *self, char ***names, size_t *count);
+TALLY_API void tally_strings_free(char **names, size_t count);
 
 /* ---- Shared memory (producers on tallyd's host; PROTOCOL.md §10) ----------------------- */
 
@@ -130,13 +151,14 @@ typedef struct tally_region tally_region_t;
  * is connected to. Fails with the daemon's status (TALLY_E_QUOTA, ...; tally_client_error says
  * why), TALLY_E_ARG when the daemon offers no shared memory, TALLY_E_IO or TALLY_E_TRANSPORT
  * when the side channel cannot be reached. Destroy regions before their client. */
-tally_status_t tally_region_create(tally_client_t *client, size_t size, tally_region_t **out);
+TALLY_API tally_status_t tally_region_create(tally_client_t *client, size_t size,
+                                             tally_region_t **out);
 /* The region's memory (page-aligned) and size. */
-void *tally_region_data(const tally_region_t *region);
-size_t tally_region_size(const tally_region_t *region);
+TALLY_API void *tally_region_data(const tally_region_t *region);
+TALLY_API size_t tally_region_size(const tally_region_t *region);
 /* Releases the region (the daemon unmaps it once the requests using it are answered) and
  * unmaps it here; sets *region_p to NULL. */
-void tally_region_destroy(tally_region_t **region_p);
+TALLY_API void tally_region_destroy(tally_region_t **region_p);
 
 /* tally_send with the input at [offset, offset + length) of `in` (whole elements; offset a
  * multiple of the element size) instead of a payload. With `out` (filter, scan; NULL for
@@ -144,13 +166,15 @@ void tally_region_destroy(tally_region_t **region_p);
  * room for the worst case: filter `length`, scan `length` or 2 x `length` for int64) and the
  * reply carries only its header: count and aux0 as usual, an empty payload. The ranges must
  * stay unchanged (input) and unread (output) until the reply has arrived. */
-tally_status_t tally_send_shm(tally_client_t *self, const tally_req_t *req,
-                              const tally_region_t *in, size_t offset, size_t length,
-                              const tally_region_t *out, size_t out_offset, uint64_t *request_id);
+TALLY_API tally_status_t tally_send_shm(tally_client_t *self, const tally_req_t *req,
+                                        const tally_region_t *in, size_t offset, size_t length,
+                                        const tally_region_t *out, size_t out_offset,
+                                        uint64_t *request_id);
 /* The same, waiting for the reply (as tally_call). */
-tally_status_t tally_call_shm(tally_client_t *self, const tally_req_t *req,
-                              const tally_region_t *in, size_t offset, size_t length,
-                              const tally_region_t *out, size_t out_offset, tally_reply_t *reply);
+TALLY_API tally_status_t tally_call_shm(tally_client_t *self, const tally_req_t *req,
+                                        const tally_region_t *in, size_t offset, size_t length,
+                                        const tally_region_t *out, size_t out_offset,
+                                        tally_reply_t *reply);
 
 /* ---- Chunked, pipelined operations ------------------------------------------------------- */
 
@@ -161,9 +185,13 @@ typedef struct {
     size_t cap;
 } tally_buf_t;
 
-void tally_buf_free(tally_buf_t *buf);
-tally_status_t tally_buf_reserve(tally_buf_t *buf, size_t extra);
-tally_status_t tally_buf_append(tally_buf_t *buf, const void *data, size_t len);
+TALLY_API void tally_buf_free(tally_buf_t *buf);
+TALLY_API tally_status_t tally_buf_reserve(tally_buf_t *buf, size_t extra);
+TALLY_API tally_status_t tally_buf_append(tally_buf_t *buf, const void *data, size_t len);
+/* Appends printf-formatted text (without its terminating NUL, which is kept in the buffer just
+ * past len, so buf->data is a C string after any printf). */
+TALLY_API tally_status_t tally_buf_printf(tally_buf_t *buf, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* How tally_run numbers the chunks it sends on a stream (PROTOCOL.md, "Sequence numbers"). */
 typedef enum {
@@ -184,6 +212,9 @@ typedef struct {
               * ring in the same region; same output as without */
     tally_run_seq_t seq; /* with a stream only; TALLY_RUN_SEQ_OFF without one */
     uint64_t seq_base;   /* TALLY_RUN_SEQ_RESUME: the base the push started with */
+    /* tally_push_new: the input's size in bytes when known in advance (a file), else 0. It
+     * sizes the window for short inputs and gives result->input_chunks from the start. */
+    uint64_t total_bytes;
 } tally_run_opts_t;
 
 /* What tally_run learnt besides the output. */
@@ -194,7 +225,8 @@ typedef struct {
     uint64_t seen;       /* filter: elements seen */
     int64_t carry;       /* scan: running total after the last element (stream or not) */
     uint64_t hist_total; /* hist: elements histogrammed */
-    /* With sequence numbers: chunk k was sent as seq seq_base + 1 + k; `applied` chunks of the
+    /* Without sequence numbers, `applied` is the chunks acknowledged, in order.
+     * With sequence numbers: chunk k was sent as seq seq_base + 1 + k; `applied` chunks of the
      * input are in the stream (all of them on success; on failure the stream's last_seq minus
      * seq_base, as the daemon reported it in a duplicate or sequence_gap reply or a query after
      * the failure, or, when it could not be asked, the chunks acknowledged), of which `skipped`
@@ -205,7 +237,9 @@ typedef struct {
     uint64_t applied;
     uint64_t skipped;
     uint64_t last_seq;
-    bool applied_known; /* false: the daemon could not be asked; applied is a lower bound */
+    bool applied_known;     /* false: the daemon could not be asked; applied is a lower bound */
+    uint64_t bytes;         /* input bytes written (sent or skipped) */
+    uint64_t applied_bytes; /* input bytes of the `applied` chunks */
     tally_status_t status;
     char error[TALLY_ERROR_MESSAGE_MAX + 1]; /* why it failed, "" on success */
 } tally_run_result_t;
@@ -219,7 +253,8 @@ typedef struct {
  *   scan:   n int64 (or int32 with TALLY_FLAG_SCAN_OUT_I32) prefix sums. Without a stream,
  *           each chunk is scanned from 0 and the client adds the total of the chunks before
  *           it (wrapping), so chunks still pipeline; with a stream the daemon carries;
- *   hist:   256 (u8) or 258 (i32: bins, underflow, overflow) uint64 counts of this input,
+ *   hist:   tally_hist_values(dtype) uint64 counts (u8 256; i32, u16 258: bins, underflow,
+ *           overflow; rgb8 768, rgba8 1024: 256 per channel) of this input,
  *           summed over chunks (with a stream, the stream's running histogram grows too).
  * `opts` and `result` may be NULL. On failure, `out` holds what was produced so far and
  * result->error says why; replies still in flight are ignored by later calls.
@@ -231,9 +266,164 @@ typedef struct {
  * from there. A duplicate reply is counted once, as applied, and stops the call (someone else
  * pushes to the stream). With skipped chunks, `out` holds only the output of the chunks sent
  * (a scan's sums continue from the stream's carry, so it is the rest of the whole output). */
-tally_status_t tally_run(tally_client_t *self, const tally_req_t *req, const void *input,
-                         size_t len, const tally_run_opts_t *opts, tally_buf_t *out,
-                         tally_run_result_t *result);
+TALLY_API tally_status_t tally_run(tally_client_t *self, const tally_req_t *req, const void *input,
+                                   size_t len, const tally_run_opts_t *opts, tally_buf_t *out,
+                                   tally_run_result_t *result);
+
+/* ---- Streaming pushes ---------------------------------------------------------------- */
+
+/* A push is tally_run for an input that is not in memory as a whole (a pipe, a live sensor, a
+ * file larger than memory): the caller writes it chunk by chunk, the push keeps opts->window
+ * chunks in flight, and each chunk's output goes to an output function, in input order, as
+ * soon as the chunks before it have been answered. Memory stays bounded by the window: about
+ * window x (chunk + its output), whatever the input's length.
+ *
+ *   tally_push_t *push;
+ *   tally_push_new(client, &req, &opts, write_out, file, &push);
+ *   while ((n = read_chunk(buf, tally_push_chunk_bytes(push))) > 0)
+ *       if (tally_push_write(push, buf, n) != TALLY_OK)
+ *           break;
+ *   tally_push_finish(push);   (waits for every reply; result says what was applied)
+ *   tally_push_destroy(&push);
+ *
+ * The output function gets filter's kept elements and scan's sums chunk by chunk, and hist's
+ * summed counts once, from tally_push_finish. Its data is valid during the call only. A
+ * status other than TALLY_OK from it stops the push with that status. */
+typedef struct tally_push tally_push_t;
+typedef tally_status_t(tally_output_fn)(void *arg, const void *data, size_t len);
+
+/* Starts a push of `req` (filter, scan or hist) with `opts` as for tally_run (NULL for the
+ * defaults); with opts->seq it asks the daemon for the stream's last_seq first. `output` may
+ * be NULL (filter --count: only the result's counters). */
+TALLY_API tally_status_t tally_push_new(tally_client_t *client, const tally_req_t *req,
+                                        const tally_run_opts_t *opts, tally_output_fn *output,
+                                        void *arg, tally_push_t **out);
+/* The largest chunk tally_push_write takes: opts->chunk_bytes in whole elements. */
+TALLY_API size_t tally_push_chunk_bytes(const tally_push_t *push);
+/* Sends one chunk: `len` bytes, whole elements, at most tally_push_chunk_bytes (an empty
+ * chunk is a request too). The data is copied: the buffer is free again on return. Waits
+ * (merging replies) while the window is full. A chunk that breaks those rules is refused with
+ * TALLY_E_ARG (tally_client_error says why) and the push goes on; after any other failure
+ * every call returns it. */
+TALLY_API tally_status_t tally_push_write(tally_push_t *push, const void *data, size_t len);
+/* Waits until every chunk written so far is answered and its output handed over (a live
+ * producer that pauses: its results go out now rather than with the next chunk). */
+TALLY_API tally_status_t tally_push_flush(tally_push_t *push);
+/* Waits for the replies still outstanding and hands hist's counts to the output function.
+ * Returns the push's status; tally_push_result then says what was applied. Call it after a
+ * failed write too, to learn how much the stream holds. */
+TALLY_API tally_status_t tally_push_finish(tally_push_t *push);
+/* The counters so far (complete after tally_push_finish); valid until destroy. */
+TALLY_API const tally_run_result_t *tally_push_result(const tally_push_t *push);
+TALLY_API void tally_push_destroy(tally_push_t **push_p);
+
+/* ---- Subscriptions (tally_sub.c; PROTOCOL.md §11) ---------------------------------------- */
+
+/* A SUB socket on tallyd's PUB endpoint (tallyd --pub): every publication interval, the record
+ * of each stream that changed, and a message for each stream deleted. */
+typedef struct tally_sub tally_sub_t;
+
+/* One publication. */
+typedef struct {
+    tally_pub_t pub;                        /* kind, pub_seq (a gap = lost), time_ms, interval */
+    char stream[TALLY_STREAM_NAME_MAX + 1]; /* the topic: the stream's name */
+    tally_stream_info_t info;               /* TALLY_PUB_UPDATE: the record, as `query` gives it */
+} tally_pub_msg_t;
+
+/* Connects (asynchronously, reconnecting by itself) to a PUB endpoint; nothing arrives until
+ * tally_sub_subscribe. */
+TALLY_API tally_status_t tally_sub_new(const char *endpoint, tally_sub_t **out);
+TALLY_API void tally_sub_destroy(tally_sub_t **self_p);
+/* Receives the streams whose names start with `prefix` ("" for all; a prefix also matches
+ * longer names, so check msg->stream for an exact one). May be called several times. */
+TALLY_API tally_status_t tally_sub_subscribe(tally_sub_t *self, const char *prefix);
+/* The next publication, waiting up to timeout_ms (0: only what has arrived). TALLY_E_TIMEOUT
+ * when none came, TALLY_E_REPLY for a message that does not decode (it is consumed). */
+TALLY_API tally_status_t tally_sub_recv(tally_sub_t *self, int timeout_ms, tally_pub_msg_t *msg);
+/* A descriptor to poll() for POLLIN beside others. It is edge-triggered (ZMQ_FD): once it
+ * fires, call tally_sub_recv(self, 0, ...) until TALLY_E_TIMEOUT before polling again. */
+TALLY_API int tally_sub_fd(const tally_sub_t *self);
+
+/* ---- Histogram summaries (tally_hist.c) --------------------------------------------------- */
+
+/* One 256-bin histogram as tallyd keeps it: a stream's running histogram, or one channel of an
+ * rgb8/rgba8 stream's (tally_hist_from_info). Every histogram counts integers:
+ *   u8 (and each colour channel): bin b holds the value b (lo = 0, hi = 256, no underflow or
+ *        overflow);
+ *   i32, u16: x in [lo, hi) goes to bin (x - lo) * 256 / (hi - lo) (tally_hist_bin_i32), so
+ *        bin b holds the integers [edge(b), edge(b + 1)) with edge(b) = lo + ceil(b * (hi - lo)
+ *        / 256) (tally_hist_edge); x < lo counts as underflow, x >= hi as overflow. When
+ *        hi - lo < 256 some bins hold no integer at all (edge(b) == edge(b + 1)) and stay empty.
+ * The underflow and overflow entries cover the rest of the type's domain: [INT32_MIN, lo) and
+ * [hi, INT32_MAX + 1) for i32, [0, lo) and [hi, 65536) for u16. */
+typedef struct {
+    tally_dtype_t dtype; /* TALLY_DTYPE_U8, TALLY_DTYPE_I32 or TALLY_DTYPE_U16 */
+    int64_t lo, hi;      /* the range [lo, hi); u8: 0 and 256 */
+    uint64_t bins[TALLY_HIST_BINS];
+    uint64_t underflow, overflow;
+} tally_hist_t;
+
+/* A quantile estimated from the bins (see tally_hist_quantile for the rule). */
+typedef struct {
+    int64_t value; /* the estimate; below range: lo, above range: hi */
+    int side;      /* 0 in range; -1 the quantile is an underflow value (< lo), +1 an
+                    * overflow value (>= hi): `value` is then only the nearest edge */
+} tally_quantile_t;
+
+/* What an analyst asks of a histogram first. */
+typedef struct {
+    uint64_t count;    /* all values: bins + underflow + overflow */
+    uint64_t in_range; /* values in the 256 bins */
+    uint64_t underflow, overflow;
+    /* Mean of the in-range values, each taken as the centre of its bin's integers
+     * ((edge(b) + edge(b + 1) - 1) / 2, so exact for u8); NaN when in_range is 0. */
+    double mean;
+    int min_bin, max_bin; /* the lowest and highest non-empty bin; -1 when in_range is 0 */
+    tally_quantile_t p50, p90, p99; /* valid when count > 0 */
+} tally_hist_summary_t;
+
+/* Fills *hist with channel `channel` of a stream's record (a query reply or a publication):
+ * channel 0 for u8, i32 and u16 streams; 0..2 (R, G, B) for rgb8, 0..3 for rgba8 (A last); see
+ * tally_hist_channels. TALLY_E_ARG when the stream has no histogram yet (hist_dtype is
+ * TALLY_DTYPE_NONE), for an unknown type or a channel it does not have. */
+TALLY_API tally_status_t tally_hist_from_info(const tally_stream_info_t *info, unsigned channel,
+                                    tally_hist_t *hist);
+
+/* The lower edge of bin b (0 <= b <= 256; edge(256) = hi): the smallest integer in the bin. */
+TALLY_API int64_t tally_hist_edge(const tally_hist_t *hist, unsigned b);
+
+/* The q-quantile (0 <= q <= 1, taken to the nearest millionth) of the values counted, estimated
+ * from the bins. The rule: of the N values (underflow and overflow included) take the one of
+ * rank r = max(1, ceil(q * N)) in increasing order (the "nearest rank" definition, exact on the
+ * raw data). If it is an underflow value the answer is lo with side -1, an overflow value hi
+ * with side +1. Otherwise it is the j-th of the c values of bin b, whose w integers start at
+ * edge(b), and the values of a bin are taken as spread evenly over its integers:
+ *     estimate = edge(b) + floor((2j - 1) * w / (2c))
+ * (the centre of the j-th of c equal slices of the bin, rounded down to an integer). The
+ * estimate is always in the same bin as the true quantile; for u8 (w = 1) it is exact.
+ * TALLY_E_ARG when q is outside [0, 1] or the histogram is empty. */
+TALLY_API tally_status_t tally_hist_quantile(const tally_hist_t *hist, double q, tally_quantile_t *out);
+
+/* Count, mean, min/max non-empty bin, p50/p90/p99, underflow and overflow. */
+TALLY_API void tally_hist_summarize(const tally_hist_t *hist, tally_hist_summary_t *out);
+
+/* Appends the histogram as the members of a JSON object (no braces, so a caller can add its own
+ * members such as a stream or channel name around them):
+ *   "count":N,"in_range":N,"underflow":N,"overflow":N,"mean":X|null,
+ *   "min":{"bin":B,"lo":L,"hi":H}|null,"max":{...}|null,
+ *   "quantiles":{"p50":V,"p90":V,"p99":V}|null,
+ *   "bins":[{"lo":L,"hi":H,"count":N},...]
+ * `bins` lists the real integer edges, hi exclusive, in increasing order: for u8 the 256 byte
+ * values; for i32 and u16 an underflow entry, the 256 bins, then an overflow entry (258). A
+ * quantile outside the range is given as its nearest edge (lo or hi, see tally_hist_quantile);
+ * the underflow and overflow counts say when that can happen. */
+TALLY_API tally_status_t tally_hist_json(const tally_hist_t *hist, tally_buf_t *out);
+
+/* Appends the bins as CSV rows "lo,hi,count" (the same entries as the JSON `bins`), each
+ * preceded by "label," when label is not NULL; with `header`, first the line "lo,hi,count"
+ * (or "channel,lo,hi,count" with a label). */
+TALLY_API tally_status_t tally_hist_csv(const tally_hist_t *hist, const char *label, bool header,
+                              tally_buf_t *out);
 
 #ifdef __cplusplus
 }

@@ -4,6 +4,7 @@
  */
 #include <signal.h>
 #include <stdio.h>
+#include <systemd/sd-daemon.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -20,7 +21,7 @@ int main(int argc, char **argv)
     char msg[256];
     int code = 1;
     if (td_config_load(&cfg, argc, argv, &exit_now, msg, sizeof msg) != TALLY_OK) {
-        fprintf(stderr, "tallyd: %s\n", msg);
+        fprintf(stderr, SD_ERR "tallyd: %s\n", msg);
         code = 2;
         goto done;
     }

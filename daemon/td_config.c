@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tally_args.h"
 #include "td_config.h"
 #include "td_log.h"
 
@@ -32,6 +33,10 @@ void td_config_init(td_config_t *cfg)
     cfg->shm_max_regions_per_peer = TD_DEFAULT_SHM_MAX_REGIONS_PER_PEER;
     cfg->shm_max_bytes = TD_DEFAULT_SHM_MAX_BYTES;
     cfg->shm_socket_gid = -1;
+    cfg->window_intervals = TD_DEFAULT_WINDOW_INTERVALS;
+    cfg->window_interval_ms = TD_DEFAULT_WINDOW_INTERVAL_MS;
+    cfg->pub_interval_ms = TD_DEFAULT_PUB_INTERVAL_MS;
+    cfg->metrics_streams = TD_DEFAULT_METRICS_STREAMS;
 }
 
 size_t td_config_max_frame(const td_config_t *cfg)
@@ -72,12 +77,15 @@ void td_config_clear(td_config_t *cfg)
     free(cfg->state_dir);
     free(cfg->metrics_listen);
     free(cfg->shm_socket);
+    free(cfg->pub_endpoint);
+    free(cfg->test_clock);
     td_config_init(cfg);
 }
 
 tally_status_t td_config_add_bind(td_config_t *cfg, const char *endpoint)
 {
-    if (cfg->bind_count >= TD_MAX_BINDS || endpoint[0] == '\0')
+    if (cfg->bind_count >= TD_MAX_BINDS ||
+        tally_endpoint_check(endpoint, TALLY_ENDPOINT_BIND, NULL, 0) != TALLY_OK)
         return TALLY_E_PARAM;
     char *copy = strdup(endpoint);
     if (!copy)
@@ -88,39 +96,7 @@ tally_status_t td_config_add_bind(td_config_t *cfg, const char *endpoint)
 
 tally_status_t td_config_parse_size(const char *text, size_t *out)
 {
-    char *end = NULL;
-    errno = 0;
-    unsigned long long value = strtoull(text, &end, 10);
-    if (errno || end == text || text[0] == '-')
-        return TALLY_E_PARAM;
-    unsigned shift = 0;
-    switch (*end) {
-    case '\0':
-        break;
-    case 'k':
-    case 'K':
-        shift = 10;
-        end++;
-        break;
-    case 'm':
-    case 'M':
-        shift = 20;
-        end++;
-        break;
-    case 'g':
-    case 'G':
-        shift = 30;
-        end++;
-        break;
-    default:
-        return TALLY_E_PARAM;
-    }
-    if (*end == 'i' || *end == 'B') /* accept KiB, MiB, MB */
-        end += (*end == 'i' && end[1] == 'B') ? 2 : 1;
-    if (*end != '\0' || value > (UINT64_MAX >> shift))
-        return TALLY_E_PARAM;
-    *out = (size_t)(value << shift);
-    return TALLY_OK;
+    return tally_size_parse(text, out, NULL, 0);
 }
 
 const char *td_backend_choice_name(td_backend_choice_t choice)
@@ -228,8 +204,9 @@ void td_config_usage(const char *argv0)
            "      --workers N         CPU worker threads (default: number of cores)\n"
            "      --io-threads N      ZeroMQ I/O threads (default: cores / 4, 1 to 4)\n"
            "      --gpu-streams K     CUDA streams per GPU (default 4)\n"
-           "      --gpu-min-batch B   auto backend: smaller batches run on the CPU (default:\n"
-           "                          measured per operation, see bench/NOTES.md)\n"
+           "      --gpu-min-batch B   auto backend: smaller batches run on the CPU (default 0:\n"
+           "                          per operation, from the measured crossover: hist 64K,\n"
+           "                          filter 4M, scan stays on the CPU; shared memory 64K)\n"
            "      --log-level LEVEL   err, warning, notice, info or debug (default info)\n"
            "  -c, --config FILE       configuration file (default %s if present)\n"
            "      --state-dir DIR     keep stream state in DIR (default $STATE_DIRECTORY; none)\n"
@@ -246,13 +223,21 @@ void td_config_usage(const char *argv0)
            "      --shm-allow-gids L  groups allowed (the peer's primary or supplementary)\n"
            "      --shm-max-regions-per-peer N  regions per side connection (default %u)\n"
            "      --shm-max-bytes B   registered bytes in total, K/M/G (default %llu)\n"
+           "      --window-intervals N  intervals in each stream's window ring, 0 = off\n"
+           "                          (default %u)\n"
+           "      --window-interval-ms MS  length of one interval (default %u)\n"
+           "      --pub ENDPOINT      publish changed streams on a ZeroMQ PUB socket there\n"
+           "      --pub-interval-ms MS  how often (default %u)\n"
+           "      --metrics-streams N  streams with their own metrics label; the rest are\n"
+           "                          summed as stream=\"_other\" (default %u)\n"
            "      --check-config      check the configuration file and options, then exit\n"
            "  -h, --help              this text\n"
            "  -V, --version           print the version\n",
            argv0, TD_DEFAULT_ENDPOINT, TD_DEFAULT_MAX_BATCH, TD_DEFAULT_MAX_INFLIGHT,
            TD_DEFAULT_MAX_STREAMS, TD_MAX_FRAME_FACTOR, TD_DEFAULT_DRAIN_MS, TD_DEFAULT_CONFIG_FILE,
            TD_DEFAULT_STATE_INTERVAL, TD_SHM_SOCKET_NAME, TD_DEFAULT_SHM_MAX_REGIONS_PER_PEER,
-           (unsigned long long)TD_DEFAULT_SHM_MAX_BYTES);
+           (unsigned long long)TD_DEFAULT_SHM_MAX_BYTES, TD_DEFAULT_WINDOW_INTERVALS,
+           TD_DEFAULT_WINDOW_INTERVAL_MS, TD_DEFAULT_PUB_INTERVAL_MS, TD_DEFAULT_METRICS_STREAMS);
 }
 
 enum {
@@ -282,6 +267,12 @@ enum {
     OPT_SHM_MAX_REGIONS,
     OPT_SHM_MAX_BYTES,
     OPT_TEST_SHM_DENY_OWN_UID,
+    OPT_WINDOW_INTERVALS,
+    OPT_WINDOW_INTERVAL_MS,
+    OPT_PUB,
+    OPT_PUB_INTERVAL_MS,
+    OPT_METRICS_STREAMS,
+    OPT_TEST_CLOCK,
 };
 
 tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, bool *exit_now,
@@ -320,6 +311,13 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
         {"shm-max-bytes", required_argument, NULL, OPT_SHM_MAX_BYTES},
         /* Test only, not in --help: refuse tallyd's own uid, to test the refusal. */
         {"test-shm-deny-own-uid", no_argument, NULL, OPT_TEST_SHM_DENY_OWN_UID},
+        {"window-intervals", required_argument, NULL, OPT_WINDOW_INTERVALS},
+        {"window-interval-ms", required_argument, NULL, OPT_WINDOW_INTERVAL_MS},
+        {"pub", required_argument, NULL, OPT_PUB},
+        {"pub-interval-ms", required_argument, NULL, OPT_PUB_INTERVAL_MS},
+        {"metrics-streams", required_argument, NULL, OPT_METRICS_STREAMS},
+        /* test only, not in --help: the window clock read from this file */
+        {"test-clock", required_argument, NULL, OPT_TEST_CLOCK},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
@@ -329,9 +327,14 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
     opterr = 0;
     int opt;
     size_t size;
+    char why[160];
     while ((opt = getopt_long(argc, argv, ":b:c:hV", options, NULL)) != -1) {
         switch (opt) {
         case 'b':
+            if (tally_endpoint_check(optarg, TALLY_ENDPOINT_BIND, why, sizeof why) != TALLY_OK) {
+                snprintf(msg, msg_cap, "invalid endpoint '%s' for --bind: %s", optarg, why);
+                return TALLY_E_PARAM;
+            }
             if (td_config_add_bind(cfg, optarg) != TALLY_OK)
                 goto bad;
             break;
@@ -463,6 +466,34 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
         case OPT_TEST_SHM_DENY_OWN_UID:
             cfg->test_shm_deny_own_uid = true;
             break;
+        case OPT_WINDOW_INTERVALS:
+            if (parse_unsigned(optarg, 0, TD_WINDOW_INTERVALS_LIMIT, &cfg->window_intervals) !=
+                TALLY_OK)
+                goto bad;
+            break;
+        case OPT_WINDOW_INTERVAL_MS:
+            if (parse_unsigned(optarg, TD_WINDOW_INTERVAL_MS_MIN, TD_WINDOW_INTERVAL_MS_LIMIT,
+                               &cfg->window_interval_ms) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_PUB:
+            if (replace_string(&cfg->pub_endpoint, optarg) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_PUB_INTERVAL_MS:
+            if (parse_unsigned(optarg, TD_PUB_INTERVAL_MS_MIN, TD_PUB_INTERVAL_MS_LIMIT,
+                               &cfg->pub_interval_ms) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_METRICS_STREAMS:
+            if (parse_unsigned(optarg, 0, TD_METRICS_STREAMS_LIMIT, &cfg->metrics_streams) !=
+                TALLY_OK)
+                goto bad;
+            break;
+        case OPT_TEST_CLOCK:
+            if (replace_string(&cfg->test_clock, optarg) != TALLY_OK)
+                goto bad;
+            break;
         case 'h':
             td_config_usage(argv[0]);
             *exit_now = true;
@@ -485,6 +516,12 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
     }
     return TALLY_OK;
 bad:
-    snprintf(msg, msg_cap, "invalid value '%s' for %s (try --help)", optarg, argv[optind - 1]);
+    /* The option's own name: argv[optind - 1] is its value when given as "--opt VALUE". */
+    for (const struct option *o = options; o->name; o++)
+        if (o->val == opt) {
+            snprintf(msg, msg_cap, "invalid value '%s' for --%s (try --help)", optarg, o->name);
+            return TALLY_E_PARAM;
+        }
+    snprintf(msg, msg_cap, "invalid value '%s' (try --help)", optarg);
     return TALLY_E_PARAM;
 }

@@ -15,12 +15,16 @@
  * loop would render text nobody reads. The cost of asking is one wake-up per scrape, and a loop
  * that is stuck shows as a 503 after the timeout rather than as stale numbers.
  *
+ * /healthz asks the loop thread the same way (a generation of its own), so a loop that is stuck
+ * is unhealthy too; the answer is one word, no rendering.
+ *
  * Shutdown: MHD_stop_daemon joins MHD's thread, which may be waiting for the loop thread — the
  * very thread calling MHD_stop_daemon. So `closing` is set and broadcast first; a waiting
  * handler then answers 503 at once and the join cannot deadlock.
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <netdb.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -31,6 +35,7 @@
 #include <time.h>
 
 #include "td_config.h"
+#include "tally_args.h"
 #include "td_http.h"
 #include "td_log.h"
 
@@ -40,6 +45,7 @@ struct td_http {
     struct MHD_Daemon *mhd;
     uv_async_t async;
     td_http_render_fn render;
+    td_http_health_fn health;
     void *ctx;
     unsigned port;
 
@@ -49,37 +55,31 @@ struct td_http {
     uint64_t rendered;  /* generation the loop thread has answered */
     char *text;
     size_t len;
+    uint64_t health_requested; /* the same for /healthz */
+    uint64_t health_rendered;
+    bool healthy;
+    const char *why;
     bool closing;
     bool ready; /* the async handle exists */
 };
 
-/* Parses "IP:PORT" or "[IPv6]:PORT" into ss. */
+/* Resolves "HOST:PORT" or "[IPv6]:PORT" (a name, an IPv4 or IPv6 address; port 0 picks one)
+ * into ss with getaddrinfo, taking the first address it gives. */
 static tally_status_t parse_listen(const char *listen, struct sockaddr_storage *ss)
 {
-    char host[INET6_ADDRSTRLEN + 2];
-    const char *colon = strrchr(listen, ':');
-    if (!colon || colon == listen || (size_t)(colon - listen) >= sizeof host)
+    char host[256], port[16];
+    if (!tally_hostport_split(listen, host, sizeof host, port, sizeof port) || !host[0] ||
+        !port[0] || strspn(port, "0123456789") != strlen(port))
         return TALLY_E_PARAM;
-    memcpy(host, listen, (size_t)(colon - listen));
-    host[colon - listen] = '\0';
-    char *end = NULL;
-    errno = 0;
-    unsigned long port = strtoul(colon + 1, &end, 10);
-    if (errno || end == colon + 1 || *end || port > 65535)
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV | AI_PASSIVE | AI_ADDRCONFIG};
+    struct addrinfo *res = NULL;
+    if (getaddrinfo(host, port, &hints, &res) != 0 || !res)
         return TALLY_E_PARAM;
     memset(ss, 0, sizeof *ss);
-    size_t hlen = strlen(host);
-    if (host[0] == '[' && hlen > 2 && host[hlen - 1] == ']') {
-        host[hlen - 1] = '\0';
-        struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
-        in6->sin6_family = AF_INET6;
-        in6->sin6_port = htons((uint16_t)port);
-        return inet_pton(AF_INET6, host + 1, &in6->sin6_addr) == 1 ? TALLY_OK : TALLY_E_PARAM;
-    }
-    struct sockaddr_in *in = (struct sockaddr_in *)ss;
-    in->sin_family = AF_INET;
-    in->sin_port = htons((uint16_t)port);
-    return inet_pton(AF_INET, host, &in->sin_addr) == 1 ? TALLY_OK : TALLY_E_PARAM;
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    return TALLY_OK;
 }
 
 static bool is_loopback(const struct sockaddr_storage *ss)
@@ -95,21 +95,33 @@ static void async_cb(uv_async_t *handle)
     td_http_t *self = handle->data;
     char *text = NULL;
     size_t len = 0;
-    if (self->render(self->ctx, &text, &len) != TALLY_OK) {
+    pthread_mutex_lock(&self->lock);
+    bool metrics = self->rendered < self->requested;
+    bool health = self->health_rendered < self->health_requested;
+    pthread_mutex_unlock(&self->lock);
+    if (metrics && self->render(self->ctx, &text, &len) != TALLY_OK) {
         text = NULL;
         len = 0;
     }
+    const char *why = NULL;
+    bool healthy = health && self->health(self->ctx, &why);
     pthread_mutex_lock(&self->lock);
-    free(self->text);
-    self->text = text;
-    self->len = len;
-    self->rendered = self->requested;
+    if (metrics) {
+        free(self->text);
+        self->text = text;
+        self->len = len;
+        self->rendered = self->requested;
+    }
+    if (health) {
+        self->healthy = healthy;
+        self->why = why;
+        self->health_rendered = self->health_requested;
+    }
     pthread_cond_broadcast(&self->done);
     pthread_mutex_unlock(&self->lock);
 }
 
-/* HTTP thread: gets a fresh copy of the text from the loop thread, or NULL. */
-static char *fetch_text(td_http_t *self, size_t *len)
+static struct timespec wait_deadline(void)
 {
     struct timespec deadline;
     clock_gettime(CLOCK_REALTIME, &deadline);
@@ -119,6 +131,13 @@ static char *fetch_text(td_http_t *self, size_t *len)
         deadline.tv_sec++;
         deadline.tv_nsec -= 1000000000L;
     }
+    return deadline;
+}
+
+/* HTTP thread: gets a fresh copy of the text from the loop thread, or NULL. */
+static char *fetch_text(td_http_t *self, size_t *len)
+{
+    struct timespec deadline = wait_deadline();
     char *copy = NULL;
     pthread_mutex_lock(&self->lock);
     uint64_t mine = ++self->requested;
@@ -139,10 +158,30 @@ static char *fetch_text(td_http_t *self, size_t *len)
     return copy;
 }
 
+/* HTTP thread: asks the loop thread for its health; false with *why when not serving (a loop
+ * that does not answer in time, or a closing endpoint, included). */
+static bool fetch_health(td_http_t *self, const char **why)
+{
+    struct timespec deadline = wait_deadline();
+    pthread_mutex_lock(&self->lock);
+    uint64_t mine = ++self->health_requested;
+    bool ask = self->ready && !self->closing;
+    if (ask)
+        uv_async_send(&self->async);
+    int rc = 0;
+    while (ask && !self->closing && self->health_rendered < mine && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&self->done, &self->lock, &deadline);
+    bool answered = !self->closing && self->health_rendered >= mine;
+    bool healthy = answered && self->healthy;
+    *why = !answered ? "not answering" : self->why ? self->why : "unhealthy";
+    pthread_mutex_unlock(&self->lock);
+    return healthy;
+}
+
 static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned code, const char *text)
 {
     struct MHD_Response *resp =
-        MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_PERSISTENT);
+        MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_MUST_COPY);
     if (!resp)
         return MHD_NO;
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
@@ -168,10 +207,20 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     }
     bool get = strcmp(method, MHD_HTTP_METHOD_GET) == 0;
     bool head = strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
-    if (strcmp(url, "/metrics") != 0)
-        return send_text(conn, MHD_HTTP_NOT_FOUND, "not found: tallyd serves /metrics\n");
+    bool healthz = strcmp(url, "/healthz") == 0;
+    if (!healthz && strcmp(url, "/metrics") != 0)
+        return send_text(conn, MHD_HTTP_NOT_FOUND,
+                         "not found: tallyd serves /metrics and /healthz\n");
     if (!get && !head)
-        return send_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET /metrics\n");
+        return send_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET\n");
+    if (healthz) {
+        const char *why = NULL;
+        if (fetch_health(self, &why))
+            return send_text(conn, MHD_HTTP_OK, "ok\n");
+        char line[64];
+        snprintf(line, sizeof line, "%s\n", why);
+        return send_text(conn, MHD_HTTP_SERVICE_UNAVAILABLE, line);
+    }
     size_t len = 0;
     char *text = fetch_text(self, &len);
     if (!text)
@@ -196,12 +245,14 @@ static void log_mhd(void *cls, const char *fmt, va_list ap)
     td_warn("metrics http: %s", line);
 }
 
-tally_status_t td_http_new(uv_loop_t *loop, const char *listen, td_http_render_fn render, void *ctx,
-                           td_http_t **out)
+tally_status_t td_http_new(uv_loop_t *loop, const char *listen, td_http_render_fn render,
+                           td_http_health_fn health, void *ctx, td_http_t **out)
 {
     struct sockaddr_storage ss;
     if (parse_listen(listen, &ss) != TALLY_OK) {
-        td_err("metrics: '%s' is not IP:PORT (e.g. 127.0.0.1:9464 or [::1]:9464)", listen);
+        td_err("metrics: '%s' is not IP:PORT or HOST:PORT (e.g. 127.0.0.1:9464, [::1]:9464, "
+               "localhost:9464)",
+               listen);
         return TALLY_E_PARAM;
     }
     if (!is_loopback(&ss))
@@ -211,6 +262,7 @@ tally_status_t td_http_new(uv_loop_t *loop, const char *listen, td_http_render_f
     if (!self)
         return TALLY_E_INTERNAL;
     self->render = render;
+    self->health = health;
     self->ctx = ctx;
     pthread_mutex_init(&self->lock, NULL);
     pthread_cond_init(&self->done, NULL);

@@ -9,6 +9,8 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include <systemd/sd-daemon.h>
+
 #include "td_log.h"
 
 static _Atomic int log_level = TD_LOG_INFO;
@@ -52,7 +54,12 @@ void td_log(td_log_level_t level, const char *fmt, ...)
     if ((int)level > atomic_load(&log_level))
         return;
     char line[1024];
-    int len = snprintf(line, sizeof line, "<%d>", (int)level);
+    static const char *const prefix[] = {[TD_LOG_ERR] = SD_ERR,
+                                         [TD_LOG_WARNING] = SD_WARNING,
+                                         [TD_LOG_NOTICE] = SD_NOTICE,
+                                         [TD_LOG_INFO] = SD_INFO,
+                                         [TD_LOG_DEBUG] = SD_DEBUG};
+    int len = snprintf(line, sizeof line, "%s", prefix[level]);
     va_list ap;
     va_start(ap, fmt);
     int body = vsnprintf(line + len, sizeof line - (size_t)len - 1, fmt, ap);

@@ -1,20 +1,22 @@
 /*
- * td_log.h — tallyd's logging: one line per event on stderr, prefixed with the syslog level in
- * angle brackets ("<3>", "<6>") so journald assigns each line its priority when tallyd runs as
- * a systemd service, and a person reading a terminal still sees plain text.
+ * td_log.h — tallyd's logging: one line per event on stderr, prefixed with sd-daemon(3)'s
+ * priority prefix (SD_ERR "<3>" ... SD_DEBUG "<7>") so journald assigns each line its priority
+ * when tallyd runs as a systemd service. Every line tallyd writes to stderr carries one, the
+ * command-line errors of main.c included.
  */
 #ifndef TD_LOG_H
 #define TD_LOG_H
 
 #include <stdarg.h>
+#include <syslog.h>
 
-/* syslog(3) priorities; only these five are used. */
+/* syslog(3) priorities (the system's numbers); only these five are used. */
 typedef enum {
-    TD_LOG_ERR = 3,
-    TD_LOG_WARNING = 4,
-    TD_LOG_NOTICE = 5,
-    TD_LOG_INFO = 6,
-    TD_LOG_DEBUG = 7,
+    TD_LOG_ERR = LOG_ERR,
+    TD_LOG_WARNING = LOG_WARNING,
+    TD_LOG_NOTICE = LOG_NOTICE,
+    TD_LOG_INFO = LOG_INFO,
+    TD_LOG_DEBUG = LOG_DEBUG,
 } td_log_level_t;
 
 void td_log_set_level(td_log_level_t level);

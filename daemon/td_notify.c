@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <systemd/sd-daemon.h>
 #include <zmq.h>
 
@@ -29,6 +30,19 @@ void td_notify_ready(const char *status)
 void td_notify_status(const char *status)
 {
     sd_notifyf(0, "STATUS=%s", status);
+}
+
+void td_notify_reloading(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%llu\nSTATUS=reloading the configuration",
+               (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000);
+}
+
+void td_notify_reloaded(void)
+{
+    sd_notify(0, "READY=1");
 }
 
 void td_notify_stopping(void)

@@ -17,6 +17,10 @@ void td_notify_ready(const char *status);
 /* STATUS=<line>: the one-line summary `systemctl status` shows. */
 void td_notify_status(const char *status);
 /* STOPPING=1: shutdown has begun (in-flight requests are being answered). */
+/* Around a configuration reload (SIGHUP): RELOADING=1 with the monotonic time, then READY=1
+ * (what Type=notify-reload waits for; older systemd takes them as status updates). */
+void td_notify_reloading(void);
+void td_notify_reloaded(void);
 void td_notify_stopping(void);
 /* WATCHDOG=1: the loop thread is alive. */
 void td_notify_watchdog(void);

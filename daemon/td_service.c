@@ -59,7 +59,7 @@ struct td_service {
     bool status_on, watchdog_on, state_on;
     bool closed;
     bool final_failed; /* the shutdown snapshot could not be written */
-    char *state_dir; /* fixed at start: changing it needs a restart */
+    char *state_dir;   /* fixed at start: changing it needs a restart */
     /* max_batch at start sized ZeroMQ's frame guard (max_frame's default, fixed when the socket
      * is bound) and the GPU's staging buffers, so a reload may lower max_batch but not raise it
      * above this. */
@@ -89,6 +89,16 @@ static tally_status_t render_cb(void *ctx, char **text, size_t *len)
     return td_service_render_metrics(&self->host, text, len);
 }
 
+/* GET /healthz: serving, or draining after a stop signal, or a GPU lost. */
+static bool health_cb(void *ctx, const char **why)
+{
+    td_service_t *self = ctx;
+    td_gauges_t g;
+    self->host.gauges(self->host.ctx, &g);
+    *why = g.stopping ? "draining" : g.gpus_lost ? "gpu lost" : NULL;
+    return *why == NULL;
+}
+
 /* The one-line summary for STATUS=. */
 static void summary(td_service_t *self, char *buf, size_t cap)
 {
@@ -99,7 +109,7 @@ static void summary(td_service_t *self, char *buf, size_t cap)
         for (unsigned st = 0; st < TALLY_STATUS_WIRE_COUNT; st++)
             answered += self->host.metrics->requests[op][st];
     snprintf(buf, cap, "serving on %s: %u streams, %u in flight, %llu requests answered", g.backend,
-             g.streams, g.inflight, (unsigned long long)answered);
+             g.stream_count, g.inflight, (unsigned long long)answered);
 }
 
 static void status_cb(uv_timer_t *timer)
@@ -179,7 +189,8 @@ static void state_save(td_service_t *self)
         return;
     }
     state_job_t *job = calloc(1, sizeof *job);
-    if (!job || td_state_encode(self->host.streams, &job->buf, &job->len) != TALLY_OK) {
+    if (!job ||
+        td_state_encode(self->host.streams, td_clock_ms(), &job->buf, &job->len) != TALLY_OK) {
         state_not_queued(self, "out of memory for a snapshot");
         free(job);
         return;
@@ -227,7 +238,7 @@ static tally_status_t restore_state(td_service_t *self)
         return TALLY_OK;
     uint8_t *buf = NULL;
     size_t len = 0;
-    if (td_state_encode(self->host.streams, &buf, &len) == TALLY_OK)
+    if (td_state_encode(self->host.streams, td_clock_ms(), &buf, &len) == TALLY_OK)
         self->written_sum = td_state_records_digest(buf, len);
     free(buf);
     return TALLY_OK;
@@ -278,7 +289,8 @@ tally_status_t td_service_new(const td_service_host_t *host, td_service_t **out)
         td_info("state: no state directory (--state-dir); streams are not persisted");
     }
     if (host->cfg->metrics_listen) {
-        st = td_http_new(host->loop, host->cfg->metrics_listen, render_cb, self, &self->http);
+        st = td_http_new(host->loop, host->cfg->metrics_listen, render_cb, health_cb, self,
+                         &self->http);
         if (st != TALLY_OK)
             goto fail;
     }
@@ -331,8 +343,10 @@ void td_service_reload(td_service_t *self)
     const char *file =
         self->host.cfg->config_file ? self->host.cfg->config_file : TD_DEFAULT_CONFIG_FILE;
     td_notice("SIGHUP: reloading the configuration (%s)", file);
+    td_notify_reloading(); /* Type=notify-reload: systemd waits for READY=1 again */
     if (td_config_reload(self->host.cfg, &next, msg, sizeof msg) != TALLY_OK) {
         td_err("reload failed: %s; keeping the running configuration", msg);
+        td_notify_reloaded();
         return;
     }
     if (next.max_batch > self->start_max_batch) {
@@ -353,6 +367,7 @@ void td_service_reload(td_service_t *self)
     }
     if (self->status_on)
         status_cb(&self->status_timer);
+    td_notify_reloaded();
 }
 
 void td_service_stopping(td_service_t *self)

@@ -24,7 +24,10 @@
  *   of tally_hist_bin_i32 with a shift (power-of-two ranges) or an estimate by a multiply-shift
  *   reciprocal corrected against a table of exact bin boundaries, so every bin equals the
  *   formula (the proof is above hist_plan_t), and it clamps out-of-range values instead of
- *   branching on them.
+ *   branching on them. The uint16 histogram looks each value up in a table of all 65536 bins
+ *   (built from the exact multiply-shift of tally_hist_u16_recip, which small batches use
+ *   directly). Colour pixels count each channel into its own sub-histograms, two per channel
+ *   (even and odd pixels).
  *
  * Buffers: out may be the same buffer as in (filter, and scan with int32 output) or disjoint
  * from it; partial overlap is not supported.
@@ -515,6 +518,125 @@ static tally_status_t cpu_hist_i32(void *ctx, const int32_t *in, size_t n, int64
     return TALLY_OK;
 }
 
+/* uint16 batches from this many values on look up their bin in a table of all 65536 values
+ * (bins 0..255, 256 underflow, 257 overflow), kept per thread for the last range (a stream's
+ * range is fixed, so its batches reuse it): measured on the 2-core dev box, 2.5-2.7 GB/s for
+ * 12-bit and full-range data against 1.3 for the multiply-shift per value, which smaller
+ * batches keep (building the table costs about 65536 values' work). */
+#define HIST_U16_TABLE_MIN 16384
+#define U16_UNDER TALLY_HIST_BINS
+#define U16_OVER (TALLY_HIST_BINS + 1)
+
+typedef struct {
+    int64_t lo, hi; /* the range the table is for; hi 0: none yet */
+    uint16_t bin[UINT16_MAX + 1];
+} u16_table_t;
+
+static const u16_table_t *u16_table(int64_t lo, int64_t hi)
+{
+    static _Thread_local u16_table_t t;
+    if (t.lo == lo && t.hi == hi)
+        return &t;
+    uint64_t mul;
+    unsigned shift;
+    tally_hist_u16_recip(lo, hi, &mul, &shift);
+    for (int64_t v = 0; v <= UINT16_MAX; v++)
+        t.bin[v] = v < lo    ? U16_UNDER
+                   : v >= hi ? U16_OVER
+                             : (uint16_t)tally_hist_bin_u16((uint32_t)(v - lo), mul, shift);
+    t.lo = lo;
+    t.hi = hi;
+    return &t;
+}
+
+static void hist_u16_table(const uint16_t *in, size_t n, int64_t lo, int64_t hi, tk_hist_t *hist)
+{
+    const uint16_t *bin = u16_table(lo, hi)->bin;
+    uint64_t ways[HIST_WAYS][TALLY_HIST_I32_VALUES];
+    memset(ways, 0, sizeof ways);
+    size_t i = 0;
+    for (; i + HIST_WAYS <= n; i += HIST_WAYS) {
+        ways[0][bin[in[i]]]++;
+        ways[1][bin[in[i + 1]]]++;
+        ways[2][bin[in[i + 2]]]++;
+        ways[3][bin[in[i + 3]]]++;
+    }
+    for (; i < n; i++)
+        ways[0][bin[in[i]]]++;
+    for (int b = 0; b < TALLY_HIST_I32_VALUES; b++) {
+        uint64_t sum = ways[0][b] + ways[1][b] + ways[2][b] + ways[3][b];
+        if (b < TALLY_HIST_BINS)
+            hist->bins[b] += sum;
+        else if (b == U16_UNDER)
+            hist->underflow += sum;
+        else
+            hist->overflow += sum;
+    }
+}
+
+static tally_status_t cpu_hist_u16(void *ctx, const uint16_t *in, size_t n, int64_t lo, int64_t hi,
+                                   tk_hist_t *hist)
+{
+    (void)ctx;
+    if (!hist || (n && !in) || lo < 0 || lo >= hi || hi > (int64_t)UINT16_MAX + 1)
+        return TALLY_E_PARAM;
+    if (n >= HIST_U16_TABLE_MIN) {
+        hist_u16_table(in, n, lo, hi, hist);
+        return TALLY_OK;
+    }
+    uint64_t mul;
+    unsigned shift;
+    tally_hist_u16_recip(lo, hi, &mul, &shift);
+    for (size_t i = 0; i < n; i++) {
+        if (in[i] < lo)
+            hist->underflow++;
+        else if (in[i] >= hi)
+            hist->overflow++;
+        else
+            hist->bins[tally_hist_bin_u16((uint32_t)(in[i] - lo), mul, shift)]++;
+    }
+    return TALLY_OK;
+}
+
+static tally_status_t cpu_hist_rgb(void *ctx, const uint8_t *in, size_t pixels, unsigned channels,
+                                   tk_hist_t *hist)
+{
+    (void)ctx;
+    if (!hist || (pixels && !in) || (channels != 3 && channels != 4))
+        return TALLY_E_PARAM;
+    if (pixels < HIST_SMALL / 4) { /* zeroing and merging the ways would cost more */
+        for (size_t i = 0; i < pixels; i++)
+            for (unsigned c = 0; c < channels; c++)
+                hist->bins[c * TALLY_HIST_BINS + in[channels * i + c]]++;
+        return TALLY_OK;
+    }
+    /* [way][channel][bin]: the even and odd pixels count apart, so a run of equal pixels keeps
+     * two increments per channel in flight. 16 KiB, in L1 beside the input. */
+    static _Thread_local uint64_t ways[2][TALLY_HIST_CHANNELS_MAX][TALLY_HIST_BINS];
+    memset(ways, 0, sizeof ways);
+    size_t i = 0;
+    if (channels == 4) {
+        for (; i + 2 <= pixels; i += 2) {
+            const uint8_t *p = in + 4 * i;
+            ways[0][0][p[0]]++, ways[0][1][p[1]]++, ways[0][2][p[2]]++, ways[0][3][p[3]]++;
+            ways[1][0][p[4]]++, ways[1][1][p[5]]++, ways[1][2][p[6]]++, ways[1][3][p[7]]++;
+        }
+    } else {
+        for (; i + 2 <= pixels; i += 2) {
+            const uint8_t *p = in + 3 * i;
+            ways[0][0][p[0]]++, ways[0][1][p[1]]++, ways[0][2][p[2]]++;
+            ways[1][0][p[3]]++, ways[1][1][p[4]]++, ways[1][2][p[5]]++;
+        }
+    }
+    for (; i < pixels; i++)
+        for (unsigned c = 0; c < channels; c++)
+            ways[0][c][in[channels * i + c]]++;
+    for (unsigned c = 0; c < channels; c++)
+        for (int b = 0; b < TALLY_HIST_BINS; b++)
+            hist->bins[c * TALLY_HIST_BINS + b] += ways[0][c][b] + ways[1][c][b];
+    return TALLY_OK;
+}
+
 /* ---- the table ------------------------------------------------------------------------------ */
 
 static void cpu_describe(void *ctx, char *buf, size_t cap)
@@ -547,6 +669,8 @@ tally_status_t tk_cpu_backend_new(tk_backend_t **out)
     self->scan = cpu_scan;
     self->hist_u8 = cpu_hist_u8;
     self->hist_i32 = cpu_hist_i32;
+    self->hist_u16 = cpu_hist_u16;
+    self->hist_rgb = cpu_hist_rgb;
     self->describe = cpu_describe;
     self->destroy = cpu_destroy;
     return TALLY_OK;

@@ -15,7 +15,7 @@ cmake -S . -B $B -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90
   -DTALLY_WERROR=ON -DTALLY_FUZZ=OFF >$OUT/build.log 2>&1 && cmake --build $B -j16 >>$OUT/build.log 2>&1
 echo "build rc=$? $((SECONDS - t0))s" >>$S
 export LD_LIBRARY_PATH=$PWD/$B/client:$LD_LIBRARY_PATH TALLYD_BIN=$PWD/$B/daemon/tallyd
-export TALLY_BIN=$PWD/$B/client/tally
+export TALLY_BIN=$PWD/$B/cli/tally
 t0=$SECONDS
 (cd $B && timeout 300 ctest -j6 ${CTEST_INCLUDE:+-R "$CTEST_INCLUDE"} -E "$CTEST_EXCLUDE" --output-on-failure >$OUT/ctest.log 2>&1)
 echo "ctest rc=$? $((SECONDS - t0))s" >>$S

@@ -26,7 +26,7 @@ t0=$SECONDS
 note "ctest (every test, GPU present): rc=$? ($((SECONDS - t0)) s)"
 grep -E "Test +#|tests passed" "$OUT/ctest.log" | tee -a "$summary"
 
-export TALLYD_BIN="$PWD/$B/daemon/tallyd" TALLY_BIN="$PWD/$B/client/tally"
+export TALLYD_BIN="$PWD/$B/daemon/tallyd" TALLY_BIN="$PWD/$B/cli/tally"
 for t in test_daemon test_client_daemon; do
   t0=$SECONDS
   TALLY_TEST_BACKEND=cuda timeout 120 "$B/tests/$t" >"$OUT/$t-cuda.log" 2>&1

@@ -14,7 +14,7 @@ cmake -S . -B $B -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90
     >>"$OUT/build.log" 2>&1
 echo "build: rc=$?" | tee -a "$OUT/summary.txt"
 export LD_LIBRARY_PATH="$PWD/$B/client:$LD_LIBRARY_PATH"
-export TALLYD_BIN="$PWD/$B/daemon/tallyd" TALLY_BIN="$PWD/$B/client/tally"
+export TALLYD_BIN="$PWD/$B/daemon/tallyd" TALLY_BIN="$PWD/$B/cli/tally"
 "$TALLYD_BIN" --backend cuda --bind tcp://127.0.0.1:5701 2>"$OUT/tallyd-info.log" &
 pid=$!
 sleep 3

@@ -34,7 +34,7 @@ if ! "$B/daemon/tallyd" --version >/dev/null 2>&1 || ! "$B/bench/loadgen" 2>&1 |
     cmake --build $B -j "$(nproc)" --target $TARGETS >>"$OUT/build.log" 2>&1
   note "build: rc=$? ($((SECONDS - t0)) s)"
 fi
-export TALLYD_BIN="$PWD/$B/daemon/tallyd" TALLY_BIN="$PWD/$B/client/tally"
+export TALLYD_BIN="$PWD/$B/daemon/tallyd" TALLY_BIN="$PWD/$B/cli/tally"
 
 # ---- tests on the real GPU ----
 t0=$SECONDS

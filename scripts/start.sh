@@ -2,11 +2,28 @@
 # Installs what is missing, builds tallyd (Release) and runs it in the foreground on
 # tcp://127.0.0.1:5555. With no usable GPU it serves on the CPU backend. Extra arguments go
 # to tallyd (e.g. --backend cpu, --bind ipc:///tmp/tallyd.sock). Stop it with Ctrl-C.
+# It says what it is doing at each step; the full build output goes to build/build.log
+# (inside the ignored build folder, so the checkout stays clean).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+echo "== checking build dependencies (scripts/install-deps.sh)"
 scripts/install-deps.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF > build.log 2>&1 || {
-  cat build.log; exit 1; }
-cmake --build build -j"$(nproc)" >> build.log 2>&1 || { tail -50 build.log; exit 1; }
-echo "built: build/daemon/tallyd and build/client/tally (log: build.log)"
+mkdir -p build
+log=build/build.log
+echo "== configuring (cmake; log: $log)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF >"$log" 2>&1 || {
+  cat "$log"; exit 1; }
+echo "== building with $(nproc) jobs (a minute or two on a small machine; the CUDA kernels take longest)"
+# One line per finished target, so a long build is never silent.
+set +e
+cmake --build build -j"$(nproc)" 2>&1 | tee -a "$log" | grep --line-buffered 'Built target' |
+  sed -u 's/^/   /'
+status=${PIPESTATUS[0]}
+set -e
+if [ "$status" -ne 0 ] || [ ! -x build/daemon/tallyd ]; then
+  echo "build failed; the end of $log:"
+  tail -50 "$log"
+  exit 1
+fi
+echo "== built build/daemon/tallyd and build/cli/tally; starting tallyd (Ctrl-C stops it)"
 exec build/daemon/tallyd "$@"

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -260,4 +261,148 @@ uint64_t th_rand(void)
     rng_state ^= rng_state >> 7;
     rng_state ^= rng_state << 17;
     return rng_state;
+}
+
+char *th_slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, len = 0, n;
+    char *buf = malloc(cap);
+    while (buf && (n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+        len += n;
+        if (cap - len < 2) {
+            char *more = realloc(buf, cap *= 2);
+            if (!more)
+                free(buf);
+            buf = more;
+        }
+    }
+    fclose(f);
+    if (buf)
+        buf[len] = '\0';
+    return buf;
+}
+
+int th_write_file(const char *dir, const char *name, const void *data, size_t len)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return -1;
+    int rc = fwrite(data, 1, len, f) == len ? 0 : -1;
+    return fclose(f) == 0 ? rc : -1;
+}
+
+char *th_http_get(int port, const char *method, const char *path)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in in = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (fd < 0 || connect(fd, (struct sockaddr *)&in, sizeof in) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return NULL;
+    }
+    char req[256];
+    int n = snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", method, path);
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    if (!buf || write(fd, req, (size_t)n) != n) {
+        free(buf);
+        close(fd);
+        return NULL;
+    }
+    for (;;) {
+        if (len + 1 >= cap) {
+            char *bigger = realloc(buf, cap *= 2);
+            if (!bigger)
+                break;
+            buf = bigger;
+        }
+        ssize_t got = read(fd, buf + len, cap - len - 1);
+        if (got <= 0)
+            break;
+        len += (size_t)got;
+    }
+    buf[len] = '\0';
+    close(fd);
+    return buf;
+}
+
+int th_metrics_port(const th_daemon_t *d)
+{
+    static const char mark[] = "metrics: serving http://127.0.0.1:";
+    FILE *f = fopen(d->log_path, "r");
+    if (!f)
+        return -1;
+    char line[512];
+    int port = -1;
+    while (fgets(line, sizeof line, f)) {
+        const char *at = strstr(line, mark);
+        if (at)
+            port = atoi(at + strlen(mark));
+    }
+    fclose(f);
+    return port;
+}
+
+int th_write_clock(const char *path, uint64_t ms)
+{
+    char tmp[512];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return -1;
+    fprintf(f, "%llu\n", (unsigned long long)ms);
+    if (fclose(f) != 0)
+        return -1;
+    return rename(tmp, path); /* a daemon never reads half a number */
+}
+
+int64_t th_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void th_sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+th_cli_t th_cli(const char *dir, const char *endpoint, const char *fmt, ...)
+{
+    const char *bin = getenv("TALLY_BIN");
+    char args[2048], cmd[4096], path[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' -e '%s' %s > cli.out 2> cli.err", dir,
+             bin && *bin ? bin : "./tally", endpoint, args);
+    int rc = system(cmd);
+    th_cli_t r = {.status = rc != -1 && WIFEXITED(rc) ? WEXITSTATUS(rc) : -1};
+    snprintf(path, sizeof path, "%s/cli.out", dir);
+    r.out = th_slurp(path);
+    snprintf(path, sizeof path, "%s/cli.err", dir);
+    r.err = th_slurp(path);
+    if (!r.out)
+        r.out = strdup("");
+    if (!r.err)
+        r.err = strdup("");
+    return r;
+}
+
+void th_cli_free(th_cli_t *r)
+{
+    free(r->out);
+    free(r->err);
+    r->out = r->err = NULL;
 }

@@ -61,6 +61,36 @@ int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len,
 /* A request with the common fields set. */
 tally_req_t th_req(uint8_t opcode, uint8_t dtype, uint64_t id);
 
+/* The whole file at path, NUL-terminated, malloc'ed; NULL when it cannot be read. */
+char *th_slurp(const char *path);
+/* Writes len bytes to dir/name (created or truncated); 0, or -1. */
+int th_write_file(const char *dir, const char *name, const void *data, size_t len);
+/* HTTP: `method path` on 127.0.0.1:port over HTTP/1.0; the whole response (status line,
+ * headers, body), malloc'ed and NUL-terminated, or NULL when the connection fails. */
+char *th_http_get(int port, const char *method, const char *path);
+/* The port of the daemon's metrics endpoint, from its log ("metrics: serving http://..."), or
+ * -1. */
+int th_metrics_port(const th_daemon_t *d);
+
+/* Writes the time ms (decimal, ms since the epoch) to path atomically (a temporary file renamed
+ * over it): the file a tallyd started with --test-clock reads its window clock from. */
+int th_write_clock(const char *path, uint64_t ms);
+
+/* Monotonic time in milliseconds, and a sleep of ms milliseconds (resumed after signals). */
+int64_t th_now_ms(void);
+void th_sleep_ms(int ms);
+
+/* The `tally` CLI under test ($TALLY_BIN) run through sh in `dir`, so ARGS may redirect:
+ * `tally -e ENDPOINT ARGS`; its exit status (-1 when it did not exit), stdout and stderr. */
+typedef struct {
+    int status;
+    char *out;
+    char *err;
+} th_cli_t;
+th_cli_t th_cli(const char *dir, const char *endpoint, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void th_cli_free(th_cli_t *r);
+
 /* Seeded xorshift so failures reproduce: the seed is printed by th_seed(). */
 uint64_t th_seed(void);
 uint64_t th_rand(void);

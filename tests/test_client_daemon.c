@@ -99,6 +99,7 @@ static void test_lib_control(void **state)
     assert_int_equal(tally_query(c, "lib/never-used", &info), TALLY_E_UNKNOWN_STREAM);
     assert_non_null(strstr(tally_client_error(c), "lib/never-used"));
     assert_int_equal(tally_reset(c, "lib/never-used"), TALLY_E_UNKNOWN_STREAM);
+    assert_int_equal(tally_delete(c, "lib/never-used"), TALLY_E_UNKNOWN_STREAM);
     tally_client_destroy(&c);
 }
 
@@ -232,7 +233,11 @@ static void test_lib_scan_stream(void **state)
     assert_int_equal(info.scan_elements, 2 * N);
     assert_int_equal(info.elements, 2 * N);
     assert_int_equal(info.batches, 2 * ((4 * N + 12343) / 12344));
-    assert_int_equal(tally_reset(c, "lib/scan"), TALLY_OK);
+    assert_int_equal(tally_reset(c, "lib/scan"), TALLY_OK); /* zeroed, kept */
+    assert_int_equal(tally_query(c, "lib/scan", &info), TALLY_OK);
+    assert_int_equal(info.scan_carry, 0);
+    assert_int_equal(info.elements, 0);
+    assert_int_equal(tally_delete(c, "lib/scan"), TALLY_OK); /* gone */
     assert_int_equal(tally_query(c, "lib/scan", &info), TALLY_E_UNKNOWN_STREAM);
     free(x);
     tally_client_destroy(&c);
@@ -300,6 +305,86 @@ static void test_lib_hist_stream(void **state)
     tally_client_destroy(&c);
 }
 
+/* The push's output function: appends to a tally_buf_t and counts the calls. */
+typedef struct {
+    tally_buf_t buf;
+    int calls;
+} collect_t;
+
+static tally_status_t collect(void *arg, const void *data, size_t len)
+{
+    collect_t *c = arg;
+    c->calls++;
+    return tally_buf_append(&c->buf, data, len);
+}
+
+/* A streaming push: chunks of any size up to chunk_bytes, output in order chunk by chunk, the
+ * same sums as one message, sequence numbers on a stream; misuse is refused. */
+static void test_lib_push(void **state)
+{
+    (void)state;
+    enum { N = 100003 };
+    int32_t *x = random_i32(N, -1000, 1000);
+    tally_client_t *c = connect_daemon();
+    tally_req_t req = {.opcode = TALLY_OP_SCAN, .dtype = TALLY_DTYPE_I32};
+    assert_int_equal(tally_req_set_stream(&req, "push1"), TALLY_OK);
+    tally_run_opts_t opts = {.chunk_bytes = 40000, .window = 3, .seq = TALLY_RUN_SEQ_APPEND};
+    collect_t got = {0};
+    tally_push_t *push = NULL;
+    assert_int_equal(tally_push_new(c, &req, &opts, collect, &got, &push), TALLY_OK);
+    assert_int_equal(tally_push_chunk_bytes(push), 40000);
+    size_t at = 0, writes = 0;
+    while (at < N) { /* 1..10000 elements at a time */
+        size_t n = 1 + th_rand() % 10000;
+        n = n > N - at ? N - at : n;
+        assert_int_equal(tally_push_write(push, x + at, 4 * n), TALLY_OK);
+        at += n;
+        writes++;
+    }
+    assert_int_equal(tally_push_write(push, x, 40004), TALLY_E_ARG); /* over chunk_bytes */
+    assert_non_null(strstr(tally_client_error(c), "40004 bytes"));
+    assert_int_equal(tally_push_write(push, x, 6), TALLY_E_ARG); /* not whole elements */
+    assert_int_equal(tally_push_finish(push), TALLY_OK);         /* refused chunks were not sent */
+    assert_int_equal(tally_push_result(push)->applied, writes);
+    tally_push_destroy(&push);
+    assert_null(push);
+    /* The stream applied every chunk once, numbered. */
+    tally_stream_info_t info;
+    assert_int_equal(tally_query(c, "push1", &info), TALLY_OK);
+    assert_int_equal(info.last_seq, writes);
+    assert_int_equal(info.scan_elements, N);
+    assert_int_equal(got.buf.len, 8 * N);
+    int64_t run = 0;
+    for (size_t i = 0; i < N; i++) {
+        run += x[i];
+        assert_true((int64_t)tally_get_u64(got.buf.data + 8 * i) == run);
+    }
+    assert_int_equal(got.calls, (int)writes); /* one output per chunk, in order */
+    tally_buf_free(&got.buf);
+
+    /* A clean one: result counters, and a write after finish is refused. */
+    req.opcode = TALLY_OP_HIST;
+    req.dtype = TALLY_DTYPE_U8;
+    assert_int_equal(tally_req_set_stream(&req, NULL), TALLY_OK);
+    got = (collect_t){0};
+    assert_int_equal(tally_push_new(c, &req, NULL, collect, &got, &push), TALLY_OK);
+    assert_int_equal(tally_push_write(push, "abca", 4), TALLY_OK);
+    assert_int_equal(tally_push_write(push, "", 0), TALLY_OK); /* an empty chunk is a request */
+    assert_int_equal(tally_push_finish(push), TALLY_OK);
+    const tally_run_result_t *res = tally_push_result(push);
+    assert_int_equal(res->chunks, 2);
+    assert_int_equal(res->applied, 2);
+    assert_int_equal(res->applied_bytes, 4);
+    assert_int_equal(res->hist_total, 4);
+    assert_int_equal(got.calls, 1); /* hist: the summed counts, once */
+    assert_int_equal(tally_get_u64(got.buf.data + 8 * 'a'), 2);
+    assert_int_equal(tally_push_write(push, "a", 1), TALLY_E_ARG);
+    tally_push_destroy(&push);
+    tally_buf_free(&got.buf);
+    tally_client_destroy(&c);
+    free(x);
+}
+
 /* A chunk over the daemon's maximum batch is the daemon's TALLY_E_TOO_LARGE, with its text. */
 static void test_lib_chunk_too_large(void **state)
 {
@@ -333,29 +418,14 @@ typedef struct {
 
 static char *slurp(const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    size_t n;
-    while ((n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
-        len += n;
-        if (cap - len < 2)
-            buf = realloc(buf, cap *= 2);
-    }
-    fclose(f);
-    buf[len] = '\0';
-    return buf;
+    char *text = th_slurp(path);
+    assert_non_null(text);
+    return text;
 }
 
 static void write_file(const char *name, const void *data, size_t len)
 {
-    char path[128];
-    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(data, 1, len, f), len);
-    fclose(f);
+    assert_int_equal(th_write_file(tmpdir, name, data, len), 0);
 }
 
 /* Runs `tally -e ENDPOINT <args>` in tmpdir through sh (so args may redirect stdin). */
@@ -419,7 +489,11 @@ static void test_cli_readme_examples(void **state)
         at += (size_t)sprintf(expect + at, "%d %" PRIu64 "\n", b, bins[b]);
     expect_ok(cli("hist --type u8 --stream cam0 --in frame.raw"), expect);
 
-    cli_result_t r = cli("query cam0");
+    /* The summary's first lines (the README shows them), then every field with --raw. */
+    expect_ok(cli("query cam0 | head -3"), "stream     cam0\n"
+                                           "type       u8, 256 bins, one per byte value\n"
+                                           "count      1000000\n");
+    cli_result_t r = cli("query --raw cam0");
     assert_int_equal(r.status, 0);
     const char *head = "batches 1\nelements 1000000\nbytes 1000000\nfilter_seen 0\n"
                        "filter_kept 0\nscan_carry 0\nscan_elements 0\nhist_type u8\n"
@@ -571,8 +645,9 @@ static void test_cli_usage_errors(void **state)
     expect_usage(cli("-t 0 ping"), "--timeout");
 
     /* --help everywhere: exit 0, usage on stdout. */
-    static const char *const cmds[] = {"",       "filter ",  "scan ", "hist ", "query ",
-                                       "reset ", "streams ", "ping ", "info ", "stats "};
+    static const char *const cmds[] = {"",       "filter ", "scan ",    "hist ",
+                                       "query ", "reset ",  "streams ", "ping ",
+                                       "info ",  "stats ",  "watch ",   "delete "};
     for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
         cli_result_t r = cli("%s--help", cmds[i]);
         assert_int_equal(r.status, 0);
@@ -597,18 +672,72 @@ static void test_cli_daemon_errors_and_timeout(void **state)
     assert_int_equal(strncmp(r.err, "tally: hist: ", 13), 0);
     cli_free(&r);
 
-    /* Nobody listening: exit 3 within about the timeout, never a hang. */
-    const char *endpoint = "tcp://127.0.0.1:1"; /* a privileged port: nobody there */
+    /* Nobody listening: exit 3 at once (not after the timeout), naming the endpoint and the
+     * reason. Port 1 is privileged: nobody there. */
+    const char *endpoint = "tcp://127.0.0.1:1";
     int64_t start = now_ms();
-    r = cli_at(endpoint, "-t 300 ping");
-    int64_t took = now_ms() - start;
+    r = cli_at(endpoint, "-t 20000 ping");
     assert_int_equal(r.status, 3);
-    assert_non_null(strstr(r.err, "timeout"));
-    assert_true(took < 3000);
+    assert_string_equal(r.err, "tally: cannot connect to tcp://127.0.0.1:1: Connection refused "
+                               "(is tallyd running?)\n");
     cli_free(&r);
-    r = cli_at(endpoint, "-t 300 scan --text --in numbers.txt");
+    r = cli_at(endpoint, "-t 20000 scan --text --in numbers.txt");
     assert_int_equal(r.status, 3);
     cli_free(&r);
+    char ipc[128];
+    snprintf(ipc, sizeof ipc, "ipc://%s/nobody.sock", tmpdir);
+    r = cli_at(ipc, "-t 20000 ping");
+    assert_int_equal(r.status, 3);
+    assert_non_null(strstr(r.err, ipc));
+    assert_non_null(strstr(r.err, "No such file or directory"));
+    cli_free(&r);
+    /* Generous: the old path waited for the whole 20 s timeout. */
+    assert_true(now_ms() - start < 10000);
+}
+
+/* Endpoints are checked before anything connects or binds; sizes name the option and why. */
+static void test_cli_endpoint_and_size_errors(void **state)
+{
+    (void)state;
+    cli_result_t r = cli_at("tcp://127.0.0.1:5570x", "ping");
+    assert_int_equal(r.status, 2);
+    assert_string_equal(r.err, "tally: invalid endpoint 'tcp://127.0.0.1:5570x': port '5570x' "
+                               "is not a number from 1 to 65535\n");
+    cli_free(&r);
+    expect_usage(cli_at("udp://127.0.0.1:5", "ping"), "unsupported transport");
+    expect_usage(cli_at("tcp://no-such-host.invalid:5555", "ping"), "cannot resolve host");
+    expect_usage(cli("scan --chunk 1T"),
+                 "invalid size '1T' for --chunk: unknown suffix 'T' (use K, M or G)");
+    expect_usage(cli("scan --chunk -5"), "invalid size '-5' for --chunk");
+    expect_usage(cli("scan --window 2x"), "invalid number '2x' for --window");
+    /* TALLY_ENDPOINT is the default endpoint (documented in --help). */
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "TALLY_ENDPOINT='%s' '%s' ping > /dev/null", daemon_.endpoint,
+             getenv("TALLY_BIN") ? getenv("TALLY_BIN") : "./cli/tally");
+    assert_int_equal(system(cmd), 0);
+    r = cli("--help");
+    assert_non_null(strstr(r.out, "TALLY_ENDPOINT"));
+    cli_free(&r);
+    /* hist --help describes hist's own output, not 'one value per line'. */
+    r = cli("hist --help");
+    assert_non_null(strstr(r.out, "258"));
+    assert_null(strstr(r.out, "one value per line"));
+    cli_free(&r);
+
+    /* tallyd refuses the same endpoint, and names the option of a bad size. */
+    snprintf(cmd, sizeof cmd, "'%s' --bind tcp://127.0.0.1:5570x 2> '%s/d.err'", th_tallyd_bin(),
+             tmpdir);
+    assert_int_equal(WEXITSTATUS(system(cmd)), 2);
+    char path[128];
+    snprintf(path, sizeof path, "%s/d.err", tmpdir);
+    char *err = slurp(path);
+    assert_non_null(strstr(err, "invalid endpoint 'tcp://127.0.0.1:5570x' for --bind: port"));
+    free(err);
+    snprintf(cmd, sizeof cmd, "'%s' --max-batch 1T 2> '%s/d.err'", th_tallyd_bin(), tmpdir);
+    assert_int_equal(WEXITSTATUS(system(cmd)), 2);
+    err = slurp(path);
+    assert_non_null(strstr(err, "invalid value '1T' for --max-batch"));
+    free(err);
 }
 
 int main(void)
@@ -619,12 +748,14 @@ int main(void)
         cmocka_unit_test(test_lib_scan_chunked),
         cmocka_unit_test(test_lib_scan_stream),
         cmocka_unit_test(test_lib_hist_stream),
+        cmocka_unit_test(test_lib_push),
         cmocka_unit_test(test_lib_chunk_too_large),
         cmocka_unit_test(test_cli_readme_examples),
         cmocka_unit_test(test_cli_text_forms),
         cmocka_unit_test(test_cli_binary_chunked),
         cmocka_unit_test(test_cli_usage_errors),
         cmocka_unit_test(test_cli_daemon_errors_and_timeout),
+        cmocka_unit_test(test_cli_endpoint_and_size_errors),
     };
     th_seed();
     return cmocka_run_group_tests_name("client_daemon", tests, setup, teardown);

@@ -1,35 +1,108 @@
 #!/bin/sh
-# `cmake --install` into a scratch prefix installs everything the service needs: tallyd,
-# tally, libtally with its header and pkg-config file, the units (with ExecStart pointing at
-# the installed tallyd) and the example configuration; and the installed tally runs.
-# usage: test_install.sh BUILD_DIR
+# `cmake --install --prefix P` into a scratch prefix installs what a host and a developer need,
+# and nothing private:
+#   - tallyd, tally, libtally, tally.h with tally_wire.h and tally_version.h (not tally_proto.h,
+#     tally_internal.h or tally_args.h), tally.pc, the CMake package, the units (ExecStart is
+#     P/bin/tallyd) and the example configuration;
+#   - libtally exports exactly the functions the installed headers declare with TALLY_API;
+#   - a tiny consumer builds against P both with pkg-config and with find_package(tally), runs,
+#     and sees the library version its header names;
+#   - the installed binaries run from P (libtally found through RPATH).
+# usage: test_install.sh BUILD_DIR CC [CFLAGS] (CFLAGS: the sanitizer flags of an ASan build,
+# whose libtally needs its runtime loaded first)
 set -eu
 build=$1
+cc=$2
+cflags=${3:-}
 prefix=$(mktemp -d "${TMPDIR:-/tmp}/tallyd-install.XXXXXX")
 trap 'rm -rf "$prefix"' EXIT
-cmake --install "$build" --prefix "$prefix" >"$prefix.log" 2>&1 || { cat "$prefix.log"; exit 1; }
-rm -f "$prefix.log"
+cmake --install "$build" --prefix "$prefix" >"$prefix/install.log" 2>&1 ||
+  { cat "$prefix/install.log"; exit 1; }
 fail=0
 check() {
   if [ -e "$prefix/$1" ]; then echo "ok   $1"; else echo "MISSING $1"; fail=1; fi
 }
+absent() {
+  if [ -e "$prefix/$1" ]; then echo "PRIVATE, INSTALLED $1"; fail=1; else echo "ok   no $1"; fi
+}
 check bin/tallyd
 check bin/tally
 check include/tally.h
-check include/tally_proto.h
+check include/tally_wire.h
+check include/tally_version.h
+absent include/tally_proto.h
+absent include/tally_internal.h
+absent include/tally_args.h
 check lib/systemd/system/tallyd.service
 check lib/systemd/system/tallyd.socket
 check share/doc/tallyd/tallyd.conf.example
-libdir=$(ls -d "$prefix"/lib*/pkgconfig 2>/dev/null | head -1)
-if [ -z "$libdir" ] || [ ! -e "$libdir/tally.pc" ]; then echo "MISSING tally.pc"; fail=1; fi
-if ! ls "$prefix"/lib*/libtally.so* >/dev/null 2>&1; then echo "MISSING libtally.so"; fail=1; fi
+libdir=$(dirname "$(ls -d "$prefix"/lib*/libtally.so 2>/dev/null | head -1)")
+[ -e "$libdir/libtally.so" ] || { echo "MISSING libtally.so"; fail=1; }
+[ -e "$libdir/pkgconfig/tally.pc" ] || { echo "MISSING tally.pc"; fail=1; }
+[ -e "$libdir/cmake/tally/tallyConfig.cmake" ] || { echo "MISSING tallyConfig.cmake"; fail=1; }
 [ $fail -eq 0 ] || exit 1
-# The installed unit starts the installed daemon, which was configured for the default prefix
-# at build time; here the prefix differs, so only the form is checked.
-grep -q '^ExecStart=/.*/bin/tallyd$' "$prefix/lib/systemd/system/tallyd.service"
+
+# The unit starts the tallyd of this prefix.
+grep -qx "ExecStart=$prefix/bin/tallyd" "$prefix/lib/systemd/system/tallyd.service" ||
+  { echo "FAIL: ExecStart is not $prefix/bin/tallyd:"; grep ExecStart "$prefix"/lib/systemd/system/tallyd.service; exit 1; }
+
+# Exported symbols = the TALLY_API declarations of the installed headers.
+nm -D --defined-only "$libdir/libtally.so" | awk '$2 == "T" { print $3 }' | sort >"$prefix/exported"
+sed -n 's/^TALLY_API [^(]*[ *]\(tally_[a-z0-9_]*\)(.*/\1/p' "$prefix"/include/tally*.h |
+  sort -u >"$prefix/declared"
+if ! cmp -s "$prefix/exported" "$prefix/declared"; then
+  echo "FAIL: libtally exports something other than its documented API:"
+  diff "$prefix/declared" "$prefix/exported" || true
+  exit 1
+fi
+echo "ok   libtally exports exactly the $(wc -l <"$prefix/declared") documented functions"
+
+# A consumer that uses the API, built both ways against the prefix.
+mkdir "$prefix/app"
+cat >"$prefix/app/app.c" <<'C'
+#include <stdio.h>
+#include <string.h>
+#include <tally.h>
+
+int main(void)
+{
+    tally_client_t *client = NULL;
+    if (strcmp(tally_version(), TALLY_VERSION) != 0 || TALLY_VERSION_NUMBER < 100)
+        return 1;
+    if (tally_client_new("tcp://127.0.0.1:5570x", 100, &client) != TALLY_E_ARG)
+        return 2; /* the endpoint check runs inside the library */
+    printf("libtally %s: %s\n", tally_version(), tally_status_name(TALLY_E_SEQ_GAP));
+    return 0;
+}
+C
+PKG_CONFIG_PATH="$libdir/pkgconfig" pkg-config --cflags --libs tally >"$prefix/flags"
+# shellcheck disable=SC2046
+# shellcheck disable=SC2086
+"$cc" -std=c11 -Wall -Wextra -Werror $cflags "$prefix/app/app.c" -o "$prefix/app/app-pc" \
+  $(cat "$prefix/flags") -Wl,-rpath,"$libdir"
+"$prefix/app/app-pc"
+cat >"$prefix/app/CMakeLists.txt" <<'CM'
+cmake_minimum_required(VERSION 3.16)
+project(app C)
+find_package(tally 0.1 REQUIRED)
+add_executable(app app.c)
+target_link_libraries(app PRIVATE tally::tally)
+CM
+cmake -S "$prefix/app" -B "$prefix/app/build" -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_C_COMPILER="$cc" -DCMAKE_C_FLAGS="$cflags" -DCMAKE_BUILD_RPATH="$libdir" \
+  >"$prefix/app.log" 2>&1 &&
+  cmake --build "$prefix/app/build" >>"$prefix/app.log" 2>&1 ||
+  { cat "$prefix/app.log"; exit 1; }
+"$prefix/app/build/app"
+
 # The installed binaries run from the prefix (libtally found through RPATH).
 "$prefix/bin/tallyd" --version
-"$prefix/bin/tally" --help >/dev/null
+"$prefix/bin/tally" --version
+# The GPU minimum batch default reads the same in --help and the example configuration.
+"$prefix/bin/tallyd" --help | grep -q 'run on the CPU (default 0:' ||
+  { echo "FAIL: tallyd --help does not give --gpu-min-batch's default as 0"; exit 1; }
+grep -qx '#min_batch = 0' "$prefix/share/doc/tallyd/tallyd.conf.example" ||
+  { echo "FAIL: the example configuration's min_batch is not the default 0"; exit 1; }
 # The example configuration is one tallyd accepts.
 "$prefix/bin/tallyd" --config "$prefix/share/doc/tallyd/tallyd.conf.example" --check-config
 echo "install ok"

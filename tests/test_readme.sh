@@ -1,25 +1,42 @@
 #!/bin/sh
-# test_readme.sh README CC INCLUDE_DIRS... -- LIBTALLY: compiles and links the README's C
-# shared-memory producer (the ```c block after the "shm-producer" marker) against libtally, so
-# the example cannot drift from the API.
+# test_readme.sh README CC LIBTALLY INCLUDE_DIR...: compiles and links every C block of the
+# README that follows a "<!-- compiled: NAME -->" marker against libtally, with only the
+# public headers' folders on the include path (tally.h, tally_wire.h, tally_version.h: not
+# proto/), so the examples cannot drift from the API or lean on private headers; and checks
+# that no code block carries "$ " prompts.
 set -eu
 readme=$1
 cc=$2
-shift 2
+lib=$3
+shift 3
 incs=""
-while [ "$1" != "--" ]; do
-    incs="$incs -I$1"
-    shift
+for d in "$@"; do
+    incs="$incs -I$d"
 done
-lib=$2
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-awk '/shm-producer/ {found = 1; next} found && /^```c/ {inside = 1; next}
-     inside && /^```/ {exit} inside {print}' "$readme" > "$dir/producer.c"
-if [ ! -s "$dir/producer.c" ]; then
-    echo "no shm-producer C block in $readme" >&2
+awk -v dir="$dir" '
+    /<!-- compiled: / { name = $3; next }
+    name != "" && /^```c/ { out = dir "/" name ".c"; inside = 1; next }
+    inside && /^```/ { inside = 0; name = ""; next }
+    inside { print > out }' "$readme"
+# Command lines must paste as they are: no "$ " prompts inside code blocks.
+prompts=$(awk '/^```/ { inside = !inside; next } inside && /^\$ / { print FILENAME ":" NR ": " $0 }' \
+    "$readme")
+if [ -n "$prompts" ]; then
+    echo "prompts in the README's code blocks (they break copy and paste):" >&2
+    echo "$prompts" >&2
     exit 1
 fi
-# shellcheck disable=SC2086
-"$cc" -std=c11 -Wall -Wextra -Werror $incs "$dir/producer.c" "$lib" -o "$dir/producer"
-echo "README producer snippet compiles and links ($(wc -l < "$dir/producer.c") lines)"
+count=0
+for src in "$dir"/*.c; do
+    [ -e "$src" ] || break
+    # shellcheck disable=SC2086
+    "$cc" -std=c11 -Wall -Wextra -Werror $incs "$src" "$lib" -o "${src%.c}"
+    echo "README example $(basename "$src" .c) compiles and links ($(wc -l <"$src") lines)"
+    count=$((count + 1))
+done
+if [ "$count" -lt 2 ]; then
+    echo "expected at least 2 compiled C examples in $readme, found $count" >&2
+    exit 1
+fi

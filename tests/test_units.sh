@@ -25,10 +25,15 @@ fi
 # What the issue asks of the service unit, spelled out.
 for key in 'Type=notify' 'Restart=on-failure' 'DynamicUser=yes' 'StateDirectory=tallyd' \
   'RuntimeDirectory=tallyd' 'ProtectSystem=strict' 'NoNewPrivileges=yes' \
-  'DevicePolicy=closed' 'DeviceAllow=char-nvidia-frontend rw' 'WatchdogSec=' \
-  'ExecReload=/bin/kill -HUP $MAINPID'; do
+  'DevicePolicy=closed' 'DeviceAllow=char-nvidia-frontend rw' 'WatchdogSec='; do
   grep -qF "$key" "$unit_dir/tallyd.service" || { echo "FAIL: tallyd.service lacks $key"; exit 1; }
 done
+# Reload: systemd 253+ sends SIGHUP itself (Type=notify-reload); before, ExecReload does.
+if ! grep -q '^Type=notify-reload$' "$unit_dir/tallyd.service" &&
+  ! grep -qF 'ExecReload=/bin/kill -HUP $MAINPID' "$unit_dir/tallyd.service"; then
+  echo "FAIL: tallyd.service has neither Type=notify-reload nor ExecReload"
+  exit 1
+fi
 if grep -q '^PrivateDevices=yes' "$unit_dir/tallyd.service"; then
   echo "FAIL: PrivateDevices=yes would hide the GPU"
   exit 1

@@ -1,0 +1,376 @@
+/*
+ * cli.c — the parts every `tally` command uses: option parsing from cli_option_t tables
+ * (getopt_long underneath, --help generated from the same tables), error reporting with one
+ * exit status per kind of failure, number and size parsing, and connecting (cli.h).
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "tally_args.h"
+
+/* ---- Reporting ---------------------------------------------------------------------------- */
+
+void cli_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("tally: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("tally: ", stderr);
+    if (cmd)
+        fprintf(stderr, "%s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (see 'tally %s%s--help')\n", cmd ? cmd : "", cmd ? " " : "");
+    va_end(ap);
+    return EXIT_USAGE;
+}
+
+int cli_report(tally_status_t status, const char *what, const char *detail)
+{
+    if (!detail || !*detail)
+        detail = tally_status_text(status);
+    cli_error("%s: %s: %s", what, tally_status_name(status), detail);
+    if (status == TALLY_E_TIMEOUT || status == TALLY_E_TRANSPORT || status == TALLY_E_REPLY)
+        return EXIT_TRANSPORT;
+    if (status == TALLY_E_ARG || status == TALLY_E_IO)
+        return EXIT_USAGE;
+    return EXIT_DAEMON;
+}
+
+int cli_finish_stdout(void)
+{
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        cli_error("cannot write to stdout: %s", strerror(errno));
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
+/* ---- Numbers and sizes -------------------------------------------------------------------- */
+
+bool cli_parse_i64(const char *s, int64_t min, int64_t max, int64_t *out)
+{
+    if (!s || !*s)
+        return false;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end || end == s || v < min || v > max)
+        return false;
+    *out = v;
+    return true;
+}
+
+int cli_option_i64(const char *cmd, const char *option, const char *arg, int64_t min, int64_t max,
+                   int64_t *out)
+{
+    if (cli_parse_i64(arg, min, max, out))
+        return 0;
+    return cli_usage_error(cmd, "invalid number '%s' for %s: expected %" PRId64 "..%" PRId64, arg,
+                           option, min, max);
+}
+
+int cli_option_duration_ms(const char *cmd, const char *option, const char *arg, uint64_t min_ms,
+                           uint64_t max_ms, uint64_t *out)
+{
+    static const struct {
+        const char *unit;
+        double ms;
+    } units[] = {{"ms", 1}, {"s", 1000}, {"", 1000}, {"m", 60000}, {"h", 3600000}};
+    char *end = NULL;
+    double v = -1;
+    if ((*arg >= '0' && *arg <= '9') || *arg == '.') { /* no sign, no "inf", no hex */
+        errno = 0;
+        v = strtod(arg, &end);
+        if (errno || end == arg)
+            v = -1;
+    }
+    for (size_t i = 0; v >= 0 && i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(end, units[i].unit))
+            continue;
+        double ms = v * units[i].ms + 0.5;
+        if (ms >= (double)min_ms && ms < (double)max_ms + 1) {
+            *out = (uint64_t)ms;
+            return 0;
+        }
+        break;
+    }
+    return cli_usage_error(cmd,
+                           "invalid duration '%s' for %s: a number and ms, s, m or h, from %" PRIu64
+                           " ms to %" PRIu64 " ms",
+                           arg, option, min_ms, max_ms);
+}
+
+int cli_option_size(const char *cmd, const char *option, const char *arg, size_t min, size_t *out)
+{
+    char why[128];
+    if (tally_size_parse(arg, out, why, sizeof why) != TALLY_OK)
+        return cli_usage_error(cmd, "invalid size '%s' for %s: %s", arg, option, why);
+    if (*out < min)
+        return cli_usage_error(cmd, "invalid size '%s' for %s: at least %zu bytes", arg, option,
+                               min);
+    return 0;
+}
+
+bool cli_parse_dtype(const char *s, tally_dtype_t *out)
+{
+    if (!strcmp(s, "i32"))
+        *out = TALLY_DTYPE_I32;
+    else if (!strcmp(s, "u8"))
+        *out = TALLY_DTYPE_U8;
+    else
+        return false;
+    return true;
+}
+
+/* ---- Options ------------------------------------------------------------------------------ */
+
+const cli_option_t cli_common_options[] = {
+    {"endpoint", required_argument, 'e', "E",
+     "tallyd's endpoint: tcp://HOST:PORT or ipc://PATH (default:\n"
+     "$TALLY_ENDPOINT, else " TALLY_DEFAULT_ENDPOINT ")"},
+    {"timeout", required_argument, 't', "MS", "give up after MS ms without a reply (default 5000)"},
+    {"help", no_argument, 'h', NULL, "show this help"},
+    {0},
+};
+
+int cli_common_option(cli_t *cli, const char *cmd, int id, const char *arg)
+{
+    int64_t v;
+    int rc;
+    switch (id) {
+    case 'e':
+        cli->endpoint = arg;
+        return 0;
+    case 't':
+        if ((rc = cli_option_i64(cmd, "--timeout", arg, 1, INT_MAX, &v)) != 0)
+            return rc;
+        cli->timeout_ms = (int)v;
+        return 0;
+    default:
+        return 1;
+    }
+}
+
+/* How many options the groups hold (common ones included). */
+static size_t count_options(const cli_group_t *groups)
+{
+    size_t n = 0;
+    for (const cli_group_t *g = groups; g && g->title; g++)
+        for (const cli_option_t *o = g->options; o->name; o++)
+            n++;
+    for (const cli_option_t *o = cli_common_options; o->name; o++)
+        n++;
+    return n;
+}
+
+static void add_options(struct option *table, size_t *n, char *shorts, const cli_option_t *opts)
+{
+    for (const cli_option_t *o = opts; o->name; o++) {
+        table[(*n)++] = (struct option){o->name, o->has_arg, NULL, o->id};
+        if (o->id < CLI_OPT_FIRST) { /* a letter: also a short option */
+            size_t at = strlen(shorts);
+            shorts[at++] = (char)o->id;
+            if (o->has_arg == required_argument)
+                shorts[at++] = ':';
+            shorts[at] = '\0';
+        }
+    }
+}
+
+/* getopt's complaint (opterr is 0, so the words are ours); returns an exit status. */
+static int getopt_complaint(const char *cmd, int opt, char **argv)
+{
+    if (opt == ':')
+        return cli_usage_error(cmd, "option '%s' needs an argument", argv[optind - 1]);
+    if (optopt && optopt < 256)
+        return cli_usage_error(cmd, "unknown option '-%c'", optopt);
+    return cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+}
+
+int cli_parse(cli_t *cli, const cli_command_t *cmd, void *ctx, int argc, char **argv)
+{
+    size_t total = count_options(cmd->groups), n = 0;
+    struct option *table = calloc(total + 1, sizeof *table);
+    char shorts[2 * 26 + 4] = ":";
+    if (!table) {
+        cli_error("out of memory");
+        return EXIT_USAGE;
+    }
+    for (const cli_group_t *g = cmd->groups; g && g->title; g++)
+        add_options(table, &n, shorts, g->options);
+    add_options(table, &n, shorts, cli_common_options);
+    int opt, rc = 0;
+    while (rc == 0 && (opt = getopt_long(argc, argv, shorts, table, NULL)) != -1) {
+        if (opt == ':' || opt == '?')
+            rc = getopt_complaint(cmd->name, opt, argv);
+        else if (opt == 'h') {
+            cli_print_help(cmd, stdout);
+            rc = CLI_HELP_SHOWN;
+        } else if ((rc = cli_common_option(cli, cmd->name, opt, optarg)) == 1)
+            rc = cmd->option ? cmd->option(ctx, opt, optarg, argc, argv)
+                             : cli_usage_error(cmd->name, "unknown option");
+    }
+    free(table);
+    if (rc == 0 && cmd->nargs == CLI_ARGS_ONE_OR_MORE)
+        return argc > optind ? 0 : cli_usage_error(cmd->name, "expected at least one argument");
+    if (rc == 0 && argc - optind != cmd->nargs) {
+        if (cmd->nargs == 0)
+            return cli_usage_error(cmd->name, "unexpected argument '%s'", argv[optind]);
+        return cli_usage_error(cmd->name, "expected %d argument%s", cmd->nargs,
+                               cmd->nargs == 1 ? "" : "s");
+    }
+    return rc;
+}
+
+/* "  -e, --endpoint E   help", continuation lines indented to the help column. */
+static void print_option(const cli_option_t *o, FILE *f)
+{
+    enum { HELP_COLUMN = 22 };
+    char left[64];
+    int len;
+    if (o->id < CLI_OPT_FIRST)
+        len = snprintf(left, sizeof left, "  -%c, --%s", o->id, o->name);
+    else
+        len = snprintf(left, sizeof left, "  --%s", o->name);
+    if (o->arg_name)
+        len += snprintf(left + len, sizeof left - (size_t)len, " %s", o->arg_name);
+    if (len < HELP_COLUMN - 1)
+        fprintf(f, "%-*s", HELP_COLUMN, left);
+    else
+        fprintf(f, "%s\n%*s", left, HELP_COLUMN, "");
+    for (const char *p = o->help; *p; p++) {
+        fputc(*p, f);
+        if (*p == '\n')
+            fprintf(f, "%*s", HELP_COLUMN, "");
+    }
+    fputc('\n', f);
+}
+
+void cli_print_options(const cli_option_t *options, FILE *f)
+{
+    for (const cli_option_t *o = options; o->name; o++)
+        print_option(o, f);
+}
+
+void cli_print_help(const cli_command_t *cmd, FILE *f)
+{
+    fprintf(f, "usage: tally %s\n\n%s", cmd->usage, cmd->about);
+    for (const cli_group_t *g = cmd->groups; g && g->title; g++) {
+        fprintf(f, "\n%s:\n", g->title);
+        cli_print_options(g->options, f);
+    }
+    fprintf(f, "\nCommon options (also accepted before the command):\n");
+    cli_print_options(cli_common_options, f);
+}
+
+int cli_begin(cli_t *cli, const cli_command_t *cmd, int argc, char **argv,
+              int (*check)(const char *cmd, int argc, char **argv), tally_client_t **client)
+{
+    int rc = cli_parse(cli, cmd, NULL, argc, argv);
+    if (rc == 0 && check)
+        rc = check(cmd->name, argc, argv);
+    if (rc == 0)
+        rc = cli_connect(cli, client);
+    return rc;
+}
+
+/* ---- Connecting --------------------------------------------------------------------------- */
+
+/* A Unix socket at path that accepts a connection: 0, or errno. */
+static int probe_ipc(const char *path)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return errno;
+    int err = connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0 ? 0 : errno;
+    close(fd);
+    return err;
+}
+
+/* One TCP connect to ai, waiting at most timeout_ms: 0, ETIMEDOUT or the connect error. */
+static int probe_tcp_addr(const struct addrinfo *ai, int timeout_ms)
+{
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return errno;
+    int err = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
+    if (err == EINPROGRESS) {
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        int rc;
+        while ((rc = poll(&p, 1, timeout_ms)) < 0 && errno == EINTR)
+            ;
+        socklen_t len = sizeof err;
+        if (rc == 0)
+            err = ETIMEDOUT;
+        else if (rc < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+            err = errno;
+    }
+    close(fd);
+    return err;
+}
+
+/* Something accepts connections at a tcp://HOST:PORT: 0, or the last address's error. */
+static int probe_tcp(const char *hostport, int timeout_ms)
+{
+    char host[256], port[16];
+    if (!tally_hostport_split(hostport, host, sizeof host, port, sizeof port))
+        return EINVAL;
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    if (getaddrinfo(host, port, &hints, &res) != 0)
+        return EHOSTUNREACH;
+    int err = EHOSTUNREACH;
+    for (const struct addrinfo *ai = res; ai; ai = ai->ai_next)
+        if ((err = probe_tcp_addr(ai, timeout_ms)) == 0)
+            break;
+    freeaddrinfo(res);
+    return err;
+}
+
+int cli_connect(const cli_t *cli, tally_client_t **client)
+{
+    char why[320];
+    const char *ep = cli->endpoint;
+    if (tally_endpoint_check(ep, TALLY_ENDPOINT_CONNECT, why, sizeof why) != TALLY_OK) {
+        cli_error("invalid endpoint '%s': %s", ep, why);
+        return EXIT_USAGE;
+    }
+    /* ZeroMQ connects in the background and retries forever: ask the system once first, so
+     * that nothing listening is an immediate, named failure instead of a timeout. */
+    int err = !strncmp(ep, "ipc://", 6) ? probe_ipc(ep + 6) : probe_tcp(ep + 6, cli->timeout_ms);
+    if (err == ETIMEDOUT) {
+        cli_error("cannot connect to %s: no answer within %d ms", ep, cli->timeout_ms);
+        return EXIT_TRANSPORT;
+    }
+    if (err) {
+        cli_error("cannot connect to %s: %s (is tallyd running?)", ep, strerror(err));
+        return EXIT_TRANSPORT;
+    }
+    tally_status_t status = tally_client_new(ep, cli->timeout_ms, client);
+    if (status != TALLY_OK)
+        return cli_report(status, "connect", NULL);
+    return 0;
+}

@@ -1,0 +1,129 @@
+/*
+ * cli.h — what the `tally` command's parts share: the global settings, one way to report
+ * errors (and the exit status each kind of failure gets), the option tables every command is
+ * parsed from, and the number, size and endpoint parsers.
+ *
+ * A command is a cli_command_t: its usage line, a paragraph, its option groups and a handler.
+ * cli_parse builds getopt_long's table from the groups, adds the common options (-e, -t,
+ * --help), and prints --help from the same groups, so an option added to a table is parsed
+ * and documented at once. Commands live one group to a file (cmd_data.c: filter, scan,
+ * hist; cmd_stream.c: query, reset, streams; cmd_daemon.c: ping, info, stats) and are listed
+ * in main.c.
+ *
+ * Exit status, one meaning each so scripts can tell failures apart:
+ *   0 success; 1 the daemon replied with an error; 2 usage or input error (bad option, bad
+ *   number, unreadable file, input that is not what the options say); 3 no usable reply
+ *   (timeout, nothing listening, transport failure, undecodable reply); 130 interrupted
+ *   (Ctrl-C during a push, after saying what was applied). Every error prints one line on stderr,
+ * "tally: ...".
+ */
+#ifndef TALLY_CLI_H
+#define TALLY_CLI_H
+
+#include <getopt.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "tally.h"
+
+enum { EXIT_DAEMON = 1, EXIT_USAGE = 2, EXIT_TRANSPORT = 3, EXIT_INTERRUPTED = 130 };
+
+/* cli_parse's answer after printing --help: the command exits 0 at once. */
+#define CLI_HELP_SHOWN (-1)
+
+/* Settings given before or after the command name. */
+typedef struct {
+    const char *endpoint; /* -e, else $TALLY_ENDPOINT, else TALLY_DEFAULT_ENDPOINT */
+    int timeout_ms;       /* -t */
+} cli_t;
+
+/* One option: getopt_long's fields plus what --help prints for it. */
+typedef struct {
+    const char *name;     /* long name without "--"; NULL ends a table */
+    int has_arg;          /* no_argument or required_argument */
+    int id;               /* what the handler receives: a letter (also the short option) or
+                           * a value >= CLI_OPT_FIRST */
+    const char *arg_name; /* in --help: "N", "FILE", "LO HI" (the handler takes the second) */
+    const char *help;     /* one line; '\n' continues on an indented line */
+} cli_option_t;
+
+/* cli_command_t.nargs of a command that takes a list (watch STREAM...). */
+#define CLI_ARGS_ONE_OR_MORE (-1)
+
+/* Ids of long-only options start here (above every letter). */
+#define CLI_OPT_FIRST 256
+
+typedef struct {
+    const char *title; /* "Options", "Predicate (exactly one)"; NULL ends the list */
+    const cli_option_t *options;
+} cli_group_t;
+
+typedef struct cli_command cli_command_t;
+struct cli_command {
+    const char *name;
+    const char *summary; /* one line, in 'tally --help' */
+    const char *usage;   /* after "usage: tally " */
+    const char *about;   /* the paragraph(s) of --help before the options */
+    const cli_group_t *groups;
+    int nargs; /* positional arguments required; CLI_ARGS_ONE_OR_MORE: at least one */
+    /* Handles one option of the command's groups: 0, or an exit status for a usage error. */
+    int (*option)(void *ctx, int id, const char *arg, int argc, char **argv);
+    int (*run)(cli_t *cli, int argc, char **argv);
+};
+
+/* Parses argv (argv[0] is the command name) into ctx through cmd->option. Returns 0 (the
+ * positional arguments are argv[optind..argc)), CLI_HELP_SHOWN, or an exit status. */
+int cli_parse(cli_t *cli, const cli_command_t *cmd, void *ctx, int argc, char **argv);
+void cli_print_help(const cli_command_t *cmd, FILE *f);
+void cli_print_options(const cli_option_t *options, FILE *f);
+/* The common options (-e, -t, -h): shared by every command and the top level. */
+extern const cli_option_t cli_common_options[];
+int cli_common_option(cli_t *cli, const char *cmd, int id, const char *arg);
+
+/* ---- Reporting ------------------------------------------------------------------------ */
+
+void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* "tally: CMD: message (see 'tally CMD --help')"; returns EXIT_USAGE. */
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "tally: WHAT: status_name: detail" for a failed library call; returns the exit status. */
+int cli_report(tally_status_t status, const char *what, const char *detail);
+/* Flushes stdout: 0, or EXIT_USAGE after reporting a write error. */
+int cli_finish_stdout(void);
+
+/* ---- Parsing ---------------------------------------------------------------------------- */
+
+/* A whole decimal integer in [min, max], nothing else. */
+bool cli_parse_i64(const char *s, int64_t min, int64_t max, int64_t *out);
+/* An option's integer in [min, max]: 0, or a usage error naming the option and the range. */
+int cli_option_i64(const char *cmd, const char *option, const char *arg, int64_t min, int64_t max,
+                   int64_t *out);
+/* An option's byte size (tally_size_parse): 0, or "invalid size '1T' for --chunk: ...". */
+int cli_option_size(const char *cmd, const char *option, const char *arg, size_t min, size_t *out);
+bool cli_parse_dtype(const char *s, tally_dtype_t *out);
+/* An option's duration: a decimal number (a fraction allowed) and a unit, ms, s, m or h (none:
+ * seconds), as whole milliseconds in [min_ms, max_ms]: 0, or a usage error naming the option. */
+int cli_option_duration_ms(const char *cmd, const char *option, const char *arg, uint64_t min_ms,
+                           uint64_t max_ms, uint64_t *out);
+
+/* ---- Connecting ------------------------------------------------------------------------- */
+
+/* Checks the endpoint, makes sure something listens at an ipc:// path or a tcp:// port (so a
+ * daemon that is not there fails at once, naming the endpoint and the reason), and creates
+ * the client. 0 or an exit status (after reporting). */
+int cli_connect(const cli_t *cli, tally_client_t **client);
+
+/* What most commands start with: parse (no options of their own), check the positional
+ * arguments with `check` (may be NULL), connect. 0, CLI_HELP_SHOWN or an exit status. */
+int cli_begin(cli_t *cli, const cli_command_t *cmd, int argc, char **argv,
+              int (*check)(const char *cmd, int argc, char **argv), tally_client_t **client);
+
+/* ---- The commands (main.c lists them) --------------------------------------------------- */
+
+extern const cli_command_t cli_cmd_filter, cli_cmd_scan, cli_cmd_hist;
+extern const cli_command_t cli_cmd_query, cli_cmd_reset, cli_cmd_delete, cli_cmd_streams;
+extern const cli_command_t cli_cmd_watch;
+extern const cli_command_t cli_cmd_ping, cli_cmd_info, cli_cmd_stats;
+
+#endif /* TALLY_CLI_H */

@@ -1,0 +1,343 @@
+/*
+ * cli_push.c — the streamed push of the data commands (cli_push.h).
+ *
+ * Memory: one chunk buffer here, the push's window of chunks and replies in libtally and
+ * ZeroMQ, and a 64 KiB text window: a few times window x chunk, whatever the input's length
+ * (2 GB through a pipe stays within a few tens of MiB with the defaults).
+ *
+ * Chunks: --chunk (default 1 MiB), capped to the daemon's max_batch (from `info`), rounded
+ * down to whole elements, or with --frames to whole frames, so a frame is never split across
+ * two requests.
+ *
+ * Resuming: a push on a stream numbers its chunks from the stream's last_seq (the seq base).
+ * It writes the base to a small record file (resume_path) and removes it once complete, so
+ * that after Ctrl-C, a failure or a crash, `--resume` finds the base and the push continues
+ * with the chunks the stream does not have yet.
+ */
+#include "cli_push.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Where the output goes, chunk by chunk. */
+typedef struct {
+    const data_args_t *a;
+    FILE *f;          /* stdout or --out */
+    bool flush;       /* a live input: each chunk's output goes out at once */
+    tally_buf_t hist; /* hist: the counts, printed at the end */
+} sink_t;
+
+static tally_status_t sink_write(void *arg, const void *data, size_t len)
+{
+    sink_t *s = arg;
+    const tally_req_t *req = &s->a->req;
+    if (req->opcode == TALLY_OP_HIST)
+        return tally_buf_append(&s->hist, data, len);
+    if (s->a->out) {
+        if (fwrite(data, 1, len, s->f) != len)
+            return TALLY_E_IO;
+        return TALLY_OK;
+    }
+    size_t size = tally_dtype_size((tally_dtype_t)req->dtype);
+    if (req->opcode == TALLY_OP_SCAN)
+        size = (req->flags & TALLY_FLAG_SCAN_OUT_I32) ? 4 : 8;
+    print_values(s->f, data, len / size, size);
+    if (s->flush)
+        fflush(s->f);
+    return ferror(s->f) ? TALLY_E_IO : TALLY_OK;
+}
+
+/* hist's counts: 'bin count' lines, then underflow and overflow for i32 and u16; for rgb8/rgba8
+ * each channel's bins as 'CHANNEL bin count' (r, g, b, a); or binary. */
+static void print_hist(sink_t *s)
+{
+    static const char *const channel_names[] = {"r ", "g ", "b ", "a "};
+    const uint8_t *p = s->hist.data;
+    uint8_t dtype = s->a->req.dtype;
+    if (s->a->out) {
+        fwrite(p, 1, s->hist.len, s->f);
+        return;
+    }
+    unsigned channels = tally_hist_channels(dtype);
+    for (unsigned c = 0; c < channels; c++)
+        for (unsigned i = 0; i < TALLY_HIST_BINS; i++)
+            fprintf(s->f, "%s%u %" PRIu64 "\n", channels > 1 ? channel_names[c] : "", i,
+                    tally_get_u64(p + 8 * (c * TALLY_HIST_BINS + i)));
+    if (tally_hist_ranged(dtype)) {
+        fprintf(s->f, "underflow %" PRIu64 "\n", tally_get_u64(p + 8 * TALLY_HIST_BINS));
+        fprintf(s->f, "overflow %" PRIu64 "\n", tally_get_u64(p + 8 * (TALLY_HIST_BINS + 1)));
+    }
+}
+
+/* ---- Chunk size --------------------------------------------------------------------------- */
+
+/* The daemon's max_batch from `info` (0 when it does not say). */
+static size_t daemon_max_batch(tally_client_t *client)
+{
+    char *text = NULL;
+    size_t max = 0;
+    if (tally_info(client, TALLY_OP_INFO, &text) == TALLY_OK) {
+        const char *at = strstr(text, "\nmax_batch=");
+        if (at)
+            max = (size_t)strtoull(at + 11, NULL, 10);
+    }
+    free(text);
+    return max;
+}
+
+/* --chunk capped to max_batch, in whole elements or --frames frames. 0 or an exit status. */
+static int chunk_size(const data_args_t *a, tally_client_t *client, size_t *chunk)
+{
+    size_t esize = tally_dtype_size((tally_dtype_t)a->req.dtype);
+    size_t want = a->opts.chunk_bytes ? a->opts.chunk_bytes : TALLY_DEFAULT_CHUNK_BYTES;
+    size_t max = daemon_max_batch(client);
+    if (max && want > max)
+        want = max; /* a bigger chunk would only be refused with too_large */
+    size_t unit = a->frame ? a->frame : esize;
+    if (a->frame && max && a->frame > max) {
+        cli_error("%s: a frame of %zu bytes is larger than the daemon's max_batch (%zu bytes)",
+                  a->cmd, a->frame, max);
+        return EXIT_USAGE;
+    }
+    *chunk = want < unit ? unit : want - want % unit;
+    return 0;
+}
+
+/* ---- Resume records ----------------------------------------------------------------------- */
+
+/* $XDG_STATE_HOME/tally/resume-<hash of endpoint and stream> (else ~/.local/state/...). */
+static bool resume_path(const cli_t *cli, const char *stream, char *path, size_t cap)
+{
+    const char *state = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
+    char dir[512];
+    if (state && *state)
+        snprintf(dir, sizeof dir, "%s/tally", state);
+    else if (home && *home)
+        snprintf(dir, sizeof dir, "%s/.local/state/tally", home);
+    else
+        return false;
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (const char *s = cli->endpoint; *s; s++)
+        h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    h = (h ^ '|') * 1099511628211ull;
+    for (const char *s = stream; *s; s++)
+        h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    return snprintf(path, cap, "%s/resume-%016" PRIx64, dir, h) < (int)cap;
+}
+
+/* mkdir -p for the record's folder. */
+static void make_dirs(char *path)
+{
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        mkdir(path, 0700);
+        *p = '/';
+    }
+}
+
+static void resume_save(const cli_t *cli, const data_args_t *a, uint64_t seq_base)
+{
+    char path[600];
+    if (!resume_path(cli, a->req.stream, path, sizeof path))
+        return;
+    make_dirs(path);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return; /* resuming then needs --seq-base, which the stop message prints */
+    fprintf(f, "seq_base %" PRIu64 "\nstream %s\nendpoint %s\n", seq_base, a->req.stream,
+            cli->endpoint);
+    fclose(f);
+}
+
+static void resume_clear(const cli_t *cli, const data_args_t *a)
+{
+    char path[600];
+    if (resume_path(cli, a->req.stream, path, sizeof path))
+        unlink(path);
+}
+
+/* --resume: the seq base of this stream's stopped push. 0 or an exit status. */
+static int resume_load(const cli_t *cli, data_args_t *a)
+{
+    char path[600];
+    unsigned long long base;
+    FILE *f = resume_path(cli, a->req.stream, path, sizeof path) ? fopen(path, "r") : NULL;
+    bool ok = f && fscanf(f, "seq_base %llu", &base) == 1;
+    if (f)
+        fclose(f);
+    if (!ok)
+        return cli_usage_error(a->cmd,
+                               "--resume: no stopped push to stream '%s' at %s is recorded "
+                               "here; give --seq-base N (the stop message printed N)",
+                               a->req.stream, cli->endpoint);
+    a->opts.seq = TALLY_RUN_SEQ_RESUME;
+    a->opts.seq_base = base;
+    return 0;
+}
+
+/* A push on a stream numbers its chunks (PROTOCOL.md, "Sequence numbers"), so a chunk is never
+ * applied twice, whatever happens to tallyd meanwhile; --no-seq turns that off. */
+static int check_sequencing(const cli_t *cli, data_args_t *a)
+{
+    bool resuming = a->resume || a->opts.seq == TALLY_RUN_SEQ_RESUME;
+    if (a->no_seq && resuming)
+        return cli_usage_error(a->cmd, "--seq-base and --resume need sequence numbers, which "
+                                       "--no-seq turns off");
+    if (!a->req.stream_len && resuming)
+        return cli_usage_error(a->cmd, "--seq-base and --resume need --stream");
+    if (a->resume && a->opts.seq == TALLY_RUN_SEQ_RESUME)
+        return cli_usage_error(a->cmd, "give --seq-base or --resume, not both");
+    if (a->resume)
+        return resume_load(cli, a);
+    if (a->req.stream_len && !a->no_seq && a->opts.seq == TALLY_RUN_SEQ_OFF)
+        a->opts.seq = TALLY_RUN_SEQ_APPEND;
+    return 0;
+}
+
+/* ---- The push ----------------------------------------------------------------------------- */
+
+/* After a push that stopped: exactly what was applied, and for a stream how to continue. */
+static void report_stopped(const data_args_t *a, const tally_run_result_t *res, const char *why)
+{
+    if (!res->chunks && !res->skipped && !cli_interrupted)
+        return; /* nothing was sent: the error said it all */
+    char seq[400] = "";
+    if (a->opts.seq != TALLY_RUN_SEQ_OFF && res->input_chunks)
+        snprintf(seq, sizeof seq,
+                 " (stream '%s' is at seq %" PRIu64 ", this input's chunks are seq %" PRIu64
+                 "..%" PRIu64 ")%s; re-run with --resume (or --seq-base %" PRIu64 ") to continue",
+                 a->req.stream, res->last_seq, res->seq_base + 1, res->seq_base + res->input_chunks,
+                 res->applied_known ? "" : " (tallyd could not be asked)", res->seq_base);
+    cli_error("%s: %s: applied %s%" PRIu64 " of %" PRIu64 " chunks, %" PRIu64 " bytes%s", a->cmd,
+              why, res->applied_known ? "" : "at least ", res->applied, res->input_chunks,
+              res->applied_bytes, seq);
+}
+
+typedef struct {
+    reader_t in;
+    sink_t sink;
+    tally_client_t *client;
+    tally_push_t *push;
+    uint8_t *chunk;
+    progress_t progress;
+} push_run_t;
+
+/* Reads and writes chunks until the input ends, a chunk fails or Ctrl-C. 0 or the exit
+ * status of an input error (the push's own failure shows in its result). */
+static int pump(push_run_t *p, size_t chunk)
+{
+    uint64_t written = 0;
+    while (!cli_interrupted) {
+        size_t n = 0;
+        int rc = reader_fill(&p->in, p->chunk, chunk, &n);
+        if (rc)
+            return rc;
+        if (cli_interrupted)
+            return 0; /* what was read of this chunk is not sent: the report is exact */
+        /* An empty input is still one request, as with one message. */
+        if (n > 0 || (written == 0 && reader_done(&p->in))) {
+            if (tally_push_write(p->push, p->chunk, n) != TALLY_OK)
+                return 0;
+            written++;
+            progress_update(&p->progress, p->in.bytes_read);
+        }
+        /* A live producer paused: show the results so far instead of holding them. */
+        if (n < chunk && !reader_done(&p->in) && tally_push_flush(p->push) != TALLY_OK)
+            return 0;
+        if (reader_done(&p->in))
+            return 0;
+    }
+    return 0;
+}
+
+/* Opens input, output and connection, and starts the push. 0 or an exit status. */
+static int push_open(cli_t *cli, data_args_t *a, push_run_t *p, size_t *chunk)
+{
+    int rc = reader_open(&p->in, a->in, a->text, (tally_dtype_t)a->req.dtype, a->frame);
+    if (rc)
+        return rc;
+    p->in.force_binary = a->binary;
+    p->sink.a = a;
+    p->sink.f = stdout;
+    p->sink.flush = p->in.live;
+    if (a->out && !a->count_only && strcmp(a->out, "-") && !(p->sink.f = fopen(a->out, "wb"))) {
+        cli_error("cannot open '%s' for writing: %s", a->out, strerror(errno));
+        return EXIT_USAGE;
+    }
+    if ((rc = cli_connect(cli, &p->client)) != 0 || (rc = chunk_size(a, p->client, chunk)) != 0)
+        return rc;
+    a->opts.chunk_bytes = *chunk;
+    a->opts.total_bytes = p->in.size;
+    tally_status_t status = tally_push_new(p->client, &a->req, &a->opts,
+                                           a->count_only ? NULL : sink_write, &p->sink, &p->push);
+    if (status != TALLY_OK)
+        return cli_report(status, a->cmd, tally_client_error(p->client));
+    if (!(p->chunk = malloc(*chunk))) {
+        cli_error("out of memory");
+        return EXIT_USAGE;
+    }
+    const tally_run_result_t *res = tally_push_result(p->push);
+    if (a->opts.seq == TALLY_RUN_SEQ_APPEND)
+        resume_save(cli, a, res->seq_base);
+    return 0;
+}
+
+/* The output once the push is complete: hist's counts, filter --count's number. */
+static int finish_output(push_run_t *p, const data_args_t *a)
+{
+    if (a->req.opcode == TALLY_OP_HIST)
+        print_hist(&p->sink);
+    else if (a->count_only)
+        fprintf(p->sink.f, "%" PRIu64 "\n", tally_push_result(p->push)->count);
+    if (p->sink.f != stdout && fclose(p->sink.f) != 0) {
+        p->sink.f = stdout;
+        cli_error("cannot write '%s': %s", a->out, strerror(errno));
+        return EXIT_USAGE;
+    }
+    p->sink.f = stdout;
+    return cli_finish_stdout();
+}
+
+int cli_push(cli_t *cli, data_args_t *a)
+{
+    push_run_t p = {.in.fd = -1};
+    size_t chunk = 0;
+    int rc = check_sequencing(cli, a);
+    if (rc || (rc = push_open(cli, a, &p, &chunk)) != 0)
+        goto out;
+    cli_catch_interrupts();
+    bool tty = isatty(STDOUT_FILENO) && isatty(STDERR_FILENO);
+    progress_start(&p.progress, a->progress < 0 ? tty : a->progress, p.in.size);
+    int input_rc = pump(&p, chunk);
+    tally_status_t status = tally_push_finish(p.push);
+    progress_end(&p.progress);
+    const tally_run_result_t *res = tally_push_result(p.push);
+    if (status != TALLY_OK)
+        rc = cli_report(status, a->cmd, res->error);
+    else if (cli_interrupted)
+        rc = EXIT_INTERRUPTED;
+    else
+        rc = input_rc;
+    if (rc) {
+        report_stopped(a, res, cli_interrupted ? "interrupted" : "stopped");
+        goto out;
+    }
+    if (a->opts.seq != TALLY_RUN_SEQ_OFF)
+        resume_clear(cli, a);
+    rc = finish_output(&p, a);
+out:
+    if (p.sink.f && p.sink.f != stdout)
+        fclose(p.sink.f);
+    tally_push_destroy(&p.push);
+    tally_client_destroy(&p.client);
+    reader_close(&p.in);
+    tally_buf_free(&p.sink.hist);
+    free(p.chunk);
+    return rc;
+}

@@ -1,0 +1,376 @@
+/*
+ * cmd_data.c — the data commands: filter, scan and hist. They share one path: the options
+ * of data_options (where the input is, how it is cut and sent, where output goes), then
+ * cli_push (cli_push.c), which streams the input in pipelined chunks through libtally and
+ * prints the output as it comes; each command adds its own options.
+ */
+#include "cli_push.h"
+
+#include <inttypes.h>
+#include <string.h>
+
+enum {
+    OPT_STREAM = CLI_OPT_FIRST,
+    OPT_IN,
+    OPT_OUT,
+    OPT_TEXT,
+    OPT_CHUNK,
+    OPT_WINDOW,
+    OPT_SHM,
+    OPT_SEQ_BASE,
+    OPT_NO_SEQ,
+    OPT_RESUME,
+    OPT_FRAMES,
+    OPT_BINARY,
+    OPT_PROGRESS,
+    OPT_NO_PROGRESS,
+    OPT_TYPE,
+    OPT_GT, /* the predicates, in tally_pred_t order */
+    OPT_GE,
+    OPT_LT,
+    OPT_LE,
+    OPT_EQ,
+    OPT_NE,
+    OPT_BETWEEN,
+    OPT_STABLE,
+    OPT_COUNT,
+    OPT_EXCLUSIVE,
+    OPT_OUT32,
+    OPT_RANGE,
+};
+
+static const cli_option_t data_options[] = {
+    {"stream", required_argument, OPT_STREAM, "NAME",
+     "apply to stream NAME (1-64 printable ASCII bytes, no spaces)"},
+    {"in", required_argument, OPT_IN, "FILE", "read input from FILE (default: stdin)"},
+    {"text", no_argument, OPT_TEXT, NULL,
+     "input is whitespace-separated decimal integers (default:\n"
+     "binary, little-endian elements)"},
+    {"binary", no_argument, OPT_BINARY, NULL,
+     "send binary input even when it looks like decimal text\n"
+     "(which is refused without --text or --binary)"},
+    {"frames", required_argument, OPT_FRAMES, "SIZE",
+     "the input is frames of SIZE bytes: every chunk holds whole\n"
+     "frames (as many as fit in --chunk, at least one)"},
+    {"out", required_argument, OPT_OUT, "FILE",
+     "write the result to FILE in binary, as described above\n(default: text on stdout)"},
+    {"chunk", required_argument, OPT_CHUNK, "SIZE",
+     "send the input in chunks of SIZE bytes (K, M, G suffixes;\n"
+     "default 1M; at most the daemon's max_batch, from info)"},
+    {"window", required_argument, OPT_WINDOW, "N", "keep N chunks in flight (1-256, default 8)"},
+    {"shm", no_argument, OPT_SHM, NULL,
+     "pass the chunks through shared memory (tallyd on this host;\nthe same output)"},
+    {"resume", no_argument, OPT_RESUME, NULL,
+     "with --stream: continue this stream's push that stopped\n"
+     "(Ctrl-C, a failure): the chunks the stream has are skipped"},
+    {"seq-base", required_argument, OPT_SEQ_BASE, "N",
+     "with --stream: continue a push that stopped; N is the seq\n"
+     "base it printed (chunks the stream already has are skipped)"},
+    {"no-seq", no_argument, OPT_NO_SEQ, NULL,
+     "with --stream: send chunks without sequence numbers (several\n"
+     "producers on one stream); a resent chunk is then applied twice"},
+    {"progress", no_argument, OPT_PROGRESS, NULL,
+     "show a progress line on stderr (default: only when stdout\n"
+     "and stderr are terminals)"},
+    {"no-progress", no_argument, OPT_NO_PROGRESS, NULL, "never show the progress line"},
+    {0},
+};
+
+/* Handles an option every data command takes; 1 if `id` is not one of them. */
+static int data_option(data_args_t *a, int id, const char *arg)
+{
+    int64_t v;
+    int rc;
+    switch (id) {
+    case OPT_STREAM:
+        if (tally_req_set_stream(&a->req, arg) != TALLY_OK)
+            return cli_usage_error(
+                a->cmd, "invalid stream name '%s': 1-64 printable ASCII bytes, no spaces", arg);
+        return 0;
+    case OPT_IN:
+        a->in = arg;
+        return 0;
+    case OPT_OUT:
+        a->out = arg;
+        return 0;
+    case OPT_TEXT:
+        a->text = true;
+        return 0;
+    case OPT_CHUNK:
+        return cli_option_size(a->cmd, "--chunk", arg, 1, &a->opts.chunk_bytes);
+    case OPT_SHM:
+        a->opts.shm = 1;
+        return 0;
+    case OPT_WINDOW:
+        if ((rc = cli_option_i64(a->cmd, "--window", arg, 1, TALLY_MAX_WINDOW, &v)) == 0)
+            a->opts.window = (unsigned)v;
+        return rc;
+    case OPT_SEQ_BASE:
+        if ((rc = cli_option_i64(a->cmd, "--seq-base", arg, 0, INT64_MAX, &v)) == 0) {
+            a->opts.seq = TALLY_RUN_SEQ_RESUME;
+            a->opts.seq_base = (uint64_t)v;
+        }
+        return rc;
+    case OPT_NO_SEQ:
+        a->no_seq = true;
+        return 0;
+    case OPT_RESUME:
+        a->resume = true;
+        return 0;
+    case OPT_BINARY:
+        a->binary = true;
+        return 0;
+    case OPT_PROGRESS:
+    case OPT_NO_PROGRESS:
+        a->progress = id == OPT_PROGRESS;
+        return 0;
+    case OPT_FRAMES:
+        return cli_option_size(a->cmd, "--frames", arg, 1, &a->frame);
+    default:
+        return 1;
+    }
+}
+
+/* hist: i32 and u16 need --range (within the type), the byte types take none. */
+static int hist_check_range(const data_args_t *a)
+{
+    const char *type = tally_dtype_name((tally_dtype_t)a->req.dtype);
+    bool ranged = tally_hist_ranged(a->req.dtype);
+    if (ranged && !a->have_range)
+        return cli_usage_error(a->cmd, "--type %s needs --range LO HI", type);
+    if (!ranged && a->have_range)
+        return cli_usage_error(a->cmd, "--range applies to --type i32 and u16 only");
+    if (a->req.dtype == TALLY_DTYPE_U16 && (a->req.lo < 0 || a->req.hi > UINT16_MAX + 1))
+        return cli_usage_error(a->cmd, "--range: a u16 range is within [0, 65536]");
+    return 0;
+}
+
+/* Parses the command line, checks what the options say together, and runs the push. */
+static int data_command(cli_t *cli, const cli_command_t *cmd, tally_op_t op, tally_dtype_t dtype,
+                        int argc, char **argv)
+{
+    data_args_t args = {.cmd = cmd->name, .progress = -1}, *a = &args;
+    a->req.opcode = (uint8_t)op;
+    a->req.dtype = (uint8_t)dtype;
+    int rc = cli_parse(cli, cmd, a, argc, argv);
+    if (rc)
+        return rc == CLI_HELP_SHOWN ? 0 : rc;
+    if (a->req.opcode == TALLY_OP_FILTER && !a->req.pred)
+        return cli_usage_error(a->cmd, "a predicate is required (--gt N, ..., --between LO HI)");
+    if (a->req.opcode == TALLY_OP_HIST && (rc = hist_check_range(a)) != 0)
+        return rc;
+    size_t esize = tally_dtype_size((tally_dtype_t)a->req.dtype);
+    if (a->frame && a->frame % esize)
+        return cli_usage_error(a->cmd, "--frames: %zu bytes is not a whole number of %zu-byte %s",
+                               a->frame, esize, tally_dtype_name((tally_dtype_t)a->req.dtype));
+    if (a->frame && a->text)
+        return cli_usage_error(a->cmd, "--frames applies to binary input, not --text");
+    return cli_push(cli, a);
+}
+
+/* ---- filter ------------------------------------------------------------------------------- */
+
+static const cli_option_t filter_predicates[] = {
+    {"gt", required_argument, OPT_GT, "N", "keep x > N"},
+    {"ge", required_argument, OPT_GE, "N", "keep x >= N"},
+    {"lt", required_argument, OPT_LT, "N", "keep x < N"},
+    {"le", required_argument, OPT_LE, "N", "keep x <= N"},
+    {"eq", required_argument, OPT_EQ, "N", "keep x == N"},
+    {"ne", required_argument, OPT_NE, "N", "keep x != N"},
+    {"between", required_argument, OPT_BETWEEN, "LO HI", "keep LO <= x <= HI"},
+    {0},
+};
+
+static const cli_option_t filter_options[] = {
+    {"stable", no_argument, OPT_STABLE, NULL,
+     "keep input order inside each chunk (default: unordered,\n"
+     "faster; chunks are always put back in input order)"},
+    {"type", required_argument, OPT_TYPE, "T", "element type: i32 (default) or u8"},
+    {"count", no_argument, OPT_COUNT, NULL, "print only the number kept"},
+    {0},
+};
+
+static const cli_group_t filter_groups[] = {
+    {"Predicate (exactly one)", filter_predicates},
+    {"Options", filter_options},
+    {"Input and output", data_options},
+    {0},
+};
+
+static int filter_predicate(data_args_t *a, int id, const char *arg, int argc, char **argv)
+{
+    if (a->req.pred)
+        return cli_usage_error(a->cmd, "give exactly one predicate");
+    if (!cli_parse_i64(arg, INT64_MIN, INT64_MAX, &a->req.lo))
+        return cli_usage_error(a->cmd, "'%s' is not an integer", arg);
+    a->req.pred = (uint8_t)(TALLY_PRED_GT + (id - OPT_GT));
+    if (id != OPT_BETWEEN)
+        return 0;
+    if (optind >= argc || !cli_parse_i64(argv[optind], INT64_MIN, INT64_MAX, &a->req.hi))
+        return cli_usage_error(a->cmd, "--between needs two integers LO HI");
+    optind++;
+    if (a->req.lo > a->req.hi)
+        return cli_usage_error(a->cmd, "--between: LO must be <= HI");
+    return 0;
+}
+
+static int filter_option(void *ctx, int id, const char *arg, int argc, char **argv)
+{
+    data_args_t *a = ctx;
+    tally_dtype_t dtype;
+    int rc = data_option(a, id, arg);
+    if (rc != 1)
+        return rc;
+    switch (id) {
+    case OPT_STABLE:
+        a->req.flags |= TALLY_FLAG_FILTER_STABLE;
+        return 0;
+    case OPT_TYPE:
+        if (!cli_parse_dtype(arg, &dtype))
+            return cli_usage_error(a->cmd, "--type: '%s' is not i32 or u8", arg);
+        a->req.dtype = (uint8_t)dtype;
+        return 0;
+    case OPT_COUNT:
+        a->count_only = true;
+        return 0;
+    default:
+        return filter_predicate(a, id, arg, argc, argv);
+    }
+}
+
+static int run_filter(cli_t *cli, int argc, char **argv)
+{
+    return data_command(cli, &cli_cmd_filter, TALLY_OP_FILTER, TALLY_DTYPE_I32, argc, argv);
+}
+
+const cli_command_t cli_cmd_filter = {
+    .name = "filter",
+    .summary = "keep the elements that satisfy a predicate",
+    .usage = "filter PREDICATE [--stable] [--type i32|u8] [--count] [OPTIONS]",
+    .about = "Keep the elements that satisfy PREDICATE and print them, one per line. --out\n"
+             "writes them as binary elements of the input type.\n",
+    .groups = filter_groups,
+    .option = filter_option,
+    .run = run_filter,
+};
+
+/* ---- scan --------------------------------------------------------------------------------- */
+
+static const cli_option_t scan_options[] = {
+    {"exclusive", no_argument, OPT_EXCLUSIVE, NULL,
+     "exclusive sums (element i excluded; the first sum is the\ncarry-in)"},
+    {"out32", no_argument, OPT_OUT32, NULL, "int32 sums wrapping modulo 2^32 (default: int64)"},
+    {0},
+};
+
+static const cli_group_t scan_groups[] = {
+    {"Options", scan_options},
+    {"Input and output", data_options},
+    {0},
+};
+
+static int scan_option(void *ctx, int id, const char *arg, int argc, char **argv)
+{
+    (void)argc, (void)argv;
+    data_args_t *a = ctx;
+    int rc = data_option(a, id, arg);
+    if (rc != 1)
+        return rc;
+    a->req.flags |= id == OPT_EXCLUSIVE ? TALLY_FLAG_SCAN_EXCLUSIVE : TALLY_FLAG_SCAN_OUT_I32;
+    return 0;
+}
+
+static int run_scan(cli_t *cli, int argc, char **argv)
+{
+    return data_command(cli, &cli_cmd_scan, TALLY_OP_SCAN, TALLY_DTYPE_I32, argc, argv);
+}
+
+const cli_command_t cli_cmd_scan = {
+    .name = "scan",
+    .summary = "prefix sums of int32 input",
+    .usage = "scan [--exclusive] [--out32] [OPTIONS]",
+    .about = "Prefix sums of int32 input, printed one per line (--out: binary int64, or int32\n"
+             "with --out32). With --stream the sums continue from the stream's running total,\n"
+             "so an array sent in pieces gets the sums it would get whole.\n",
+    .groups = scan_groups,
+    .option = scan_option,
+    .run = run_scan,
+};
+
+/* ---- hist --------------------------------------------------------------------------------- */
+
+static const cli_option_t hist_options[] = {
+    {"type", required_argument, OPT_TYPE, "T",
+     "element type: u8 (default), i32, u16 (12- and 16-bit\nsensors), rgb or rgba "
+     "(interleaved 8-bit pixels,\none histogram per channel)"},
+    {"range", required_argument, OPT_RANGE, "LO HI",
+     "the range [LO, HI) of i32 and u16 histograms (required\nfor them; u16 within [0, 65536])"},
+    {0},
+};
+
+static const cli_group_t hist_groups[] = {
+    {"Options", hist_options},
+    {"Input and output", data_options},
+    {0},
+};
+
+static bool hist_parse_dtype(const char *s, tally_dtype_t *out)
+{
+    if (!strcmp(s, "u16"))
+        *out = TALLY_DTYPE_U16;
+    else if (!strcmp(s, "rgb") || !strcmp(s, "rgb8"))
+        *out = TALLY_DTYPE_RGB8;
+    else if (!strcmp(s, "rgba") || !strcmp(s, "rgba8"))
+        *out = TALLY_DTYPE_RGBA8;
+    else
+        return cli_parse_dtype(s, out);
+    return true;
+}
+
+static int hist_option(void *ctx, int id, const char *arg, int argc, char **argv)
+{
+    data_args_t *a = ctx;
+    tally_dtype_t dtype;
+    int rc = data_option(a, id, arg);
+    if (rc != 1)
+        return rc;
+    if (id == OPT_TYPE) {
+        if (!hist_parse_dtype(arg, &dtype))
+            return cli_usage_error(a->cmd, "--type: '%s' is not u8, i32, u16, rgb or rgba", arg);
+        a->req.dtype = (uint8_t)dtype;
+        return 0;
+    }
+    const int64_t min = INT32_MIN, max = (int64_t)INT32_MAX + 1;
+    if (!cli_parse_i64(arg, min, max, &a->req.lo) || optind >= argc ||
+        !cli_parse_i64(argv[optind], min, max, &a->req.hi))
+        return cli_usage_error(
+            a->cmd, "--range needs two integers LO HI in [%" PRId64 ", %" PRId64 "]", min, max);
+    optind++;
+    if (a->req.lo >= a->req.hi)
+        return cli_usage_error(a->cmd, "--range: LO must be < HI");
+    a->have_range = true;
+    return 0;
+}
+
+static int run_hist(cli_t *cli, int argc, char **argv)
+{
+    return data_command(cli, &cli_cmd_hist, TALLY_OP_HIST, TALLY_DTYPE_U8, argc, argv);
+}
+
+const cli_command_t cli_cmd_hist = {
+    .name = "hist",
+    .summary = "256-bin histogram of u8, i32, u16 or rgb/rgba input",
+    .usage = "hist [--type u8|i32|u16|rgb|rgba] [--range LO HI] [OPTIONS]",
+    .about = "Histogram of this input in 256 bins, printed as 'bin count' lines (bins 0..255).\n"
+             "u8: one bin per byte value. i32 and u16: 256 even bins over [LO, HI) plus\n"
+             "'underflow N' and 'overflow N' lines; x in [LO, HI) goes to bin\n"
+             "(x - LO) * 256 / (HI - LO). rgb and rgba: interleaved 8-bit pixels (R,G,B or\n"
+             "R,G,B,A; --text: one byte a token), one byte histogram per channel, printed as\n"
+             "'CHANNEL bin count' lines (r, g, b, then a). With --stream the counts are also\n"
+             "added to the stream's running histogram (see 'tally query'). --out writes the\n"
+             "counts as binary uint64: 256 for u8, 258 for i32 and u16 (the bins, then\n"
+             "underflow and overflow), 768 for rgb and 1024 for rgba (256 per channel).\n",
+    .groups = hist_groups,
+    .option = hist_option,
+    .run = run_hist,
+};

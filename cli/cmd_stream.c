@@ -1,0 +1,243 @@
+/*
+ * cmd_stream.c — the stream commands: query (a stream's histogram summary, or all of its
+ * record as JSON, CSV or key-value lines), reset (zero a stream and keep it), delete (remove
+ * it) and streams (list them).
+ */
+#include "cli.h"
+#include "hist_view.h"
+
+#include <inttypes.h>
+#include <string.h>
+
+/* The stream named by the command's one argument, checked before anything is sent. */
+static int stream_arg(const char *cmd, int argc, char **argv)
+{
+    (void)argc;
+    const char *name = argv[optind];
+    if (!tally_stream_name_valid(name, strlen(name)))
+        return cli_usage_error(cmd,
+                               "invalid stream name '%s': 1-64 printable ASCII bytes, no "
+                               "spaces",
+                               name);
+    return 0;
+}
+
+/* ---- query -------------------------------------------------------------------------------- */
+
+typedef enum { QUERY_TEXT, QUERY_JSON, QUERY_CSV, QUERY_RAW } query_format_t;
+
+typedef struct {
+    query_format_t format;
+    int formats; /* how many of --json, --csv, --raw were given */
+    uint64_t last_ms;
+} query_args_t;
+
+enum { OPT_JSON = CLI_OPT_FIRST, OPT_CSV, OPT_RAW, OPT_LAST };
+
+static const cli_option_t query_options[] = {
+    {"json", no_argument, OPT_JSON, NULL,
+     "one JSON object: the counters, count, mean, min, max,\nquantiles {p50, p90, p99} and "
+     "bins [{lo, hi, count}]\n(per channel under \"channels\" for rgb8/rgba8)"},
+    {"csv", no_argument, OPT_CSV, NULL,
+     "the bins as CSV: lo,hi,count (channel,lo,hi,count for\nrgb8/rgba8)"},
+    {"raw", no_argument, OPT_RAW, NULL,
+     "every field of the record as 'key value' lines, then\nthe bins as 'bin count' lines"},
+    {"last", required_argument, OPT_LAST, "DURATION",
+     "only the last DURATION of the histogram (10s, 500ms,\n2m, 1h; tallyd keeps "
+     "window_intervals x\nwindow_interval_ms, see 'tally info')"},
+    {0},
+};
+
+static const cli_group_t query_groups[] = {{"Options", query_options}, {0}};
+
+static int query_option(void *ctx, int id, const char *arg, int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    query_args_t *q = ctx;
+    switch (id) {
+    case OPT_JSON:
+    case OPT_CSV:
+    case OPT_RAW:
+        q->format = id == OPT_JSON ? QUERY_JSON : id == OPT_CSV ? QUERY_CSV : QUERY_RAW;
+        q->formats++;
+        return 0;
+    case OPT_LAST:
+        return cli_option_duration_ms("query", "--last", arg, 1, TALLY_WINDOW_MS_MAX, &q->last_ms);
+    default:
+        return cli_usage_error("query", "unknown option");
+    }
+}
+
+/* --raw: the record as it came, one field a line (what `tally query` printed before it had a
+ * summary); the bins as "bin count", or "channel bin count" for rgb8/rgba8. */
+static tally_status_t print_raw(const hv_stream_t *s, tally_buf_t *out)
+{
+    const tally_stream_info_t *i = &s->info;
+    const char *type = tally_dtype_name((tally_dtype_t)i->hist_dtype);
+    tally_status_t st = tally_buf_printf(
+        out,
+        "batches %" PRIu64 "\nelements %" PRIu64 "\nbytes %" PRIu64 "\nfilter_seen %" PRIu64
+        "\nfilter_kept %" PRIu64 "\nscan_carry %" PRId64 "\nscan_elements %" PRIu64
+        "\nhist_type %s\nhist_lo %" PRId64 "\nhist_hi %" PRId64 "\nhist_underflow %" PRIu64
+        "\nhist_overflow %" PRIu64 "\nhist_total %" PRIu64 "\nlast_seq %" PRIu64 "\n",
+        i->batches, i->elements, i->bytes, i->filter_seen, i->filter_kept, i->scan_carry,
+        i->scan_elements, type && i->hist_dtype ? type : "none", i->hist_lo, i->hist_hi,
+        i->hist_underflow, i->hist_overflow, i->hist_total, i->last_seq);
+    unsigned channels = s->channels ? s->channels : 1;
+    for (unsigned c = 0; c < channels && st == TALLY_OK; c++) {
+        const char *name = hv_channel_name(s, c);
+        for (unsigned b = 0; b < TALLY_HIST_BINS && st == TALLY_OK; b++)
+            st = tally_buf_printf(out, "%s%s%u %" PRIu64 "\n", name ? name : "", name ? " " : "",
+                                  b, i->bins[c * TALLY_HIST_BINS + b]);
+    }
+    return st;
+}
+
+static int query_print(const query_args_t *q, const char *name, const tally_stream_info_t *info,
+                       uint64_t start_ms, uint64_t end_ms)
+{
+    hv_stream_t s;
+    if (hv_stream_init(&s, name, info) != TALLY_OK)
+        return cli_report(TALLY_E_REPLY, "query", "the stream's histogram type is unknown here");
+    s.window_start_ms = start_ms;
+    s.window_end_ms = end_ms;
+    tally_buf_t out = {0};
+    tally_status_t st = q->format == QUERY_JSON  ? hv_json(&s, &out)
+                        : q->format == QUERY_CSV ? hv_csv(&s, &out)
+                        : q->format == QUERY_RAW ? print_raw(&s, &out)
+                                                 : hv_summary_text(&s, &out);
+    if (st == TALLY_OK)
+        fwrite(out.data, 1, out.len, stdout);
+    tally_buf_free(&out);
+    if (st != TALLY_OK) {
+        cli_error("out of memory");
+        return EXIT_DAEMON;
+    }
+    return cli_finish_stdout();
+}
+
+static int run_query(cli_t *cli, int argc, char **argv)
+{
+    query_args_t q = {.format = QUERY_TEXT};
+    int rc = cli_parse(cli, &cli_cmd_query, &q, argc, argv);
+    if (rc)
+        return rc == CLI_HELP_SHOWN ? 0 : rc;
+    if (q.formats > 1)
+        return cli_usage_error("query", "--json, --csv and --raw exclude each other");
+    const char *name = argv[optind];
+    tally_client_t *client = NULL;
+    if ((rc = stream_arg("query", argc, argv)) != 0 || (rc = cli_connect(cli, &client)) != 0)
+        return rc;
+    tally_stream_info_t info;
+    uint64_t start_ms = 0, end_ms = 0;
+    tally_status_t status = q.last_ms ? tally_query_window(client, name, q.last_ms, &info,
+                                                           &start_ms, &end_ms)
+                                      : tally_query(client, name, &info);
+    if (status != TALLY_OK)
+        rc = cli_report(status, "query", tally_client_error(client));
+    else
+        rc = query_print(&q, name, &info, start_ms, end_ms);
+    tally_client_destroy(&client);
+    return rc;
+}
+
+const cli_command_t cli_cmd_query = {
+    .name = "query",
+    .summary = "a stream's histogram summary, counters and bins",
+    .usage = "query [--json|--csv|--raw] [--last DURATION] STREAM",
+    .about =
+        "Summarise a stream's running histogram: the count of values, the mean (of the values\n"
+        "in range, each at the centre of its bin), the lowest and highest non-empty bin, the\n"
+        "quantiles p50, p90 and p99 estimated from the bins, and for i32/u16 histograms the\n"
+        "underflow and overflow; then the stream's counters. rgb8/rgba8 streams show one\n"
+        "column per channel.\n"
+        "\n"
+        "Quantiles: of the N values, the one of rank ceil(q x N) (nearest rank; exact for u8\n"
+        "and colour channels). In a bin of w integers holding c values, the j-th is taken as\n"
+        "edge + floor((2j - 1) x w / 2c), the values spread evenly over the bin. A quantile\n"
+        "that is an underflow or overflow value shows as '< LO' or '>= HI' (in JSON: LO or\n"
+        "HI, with the underflow and overflow counts beside).\n",
+    .groups = query_groups,
+    .nargs = 1,
+    .option = query_option,
+    .run = run_query,
+};
+
+/* ---- reset, delete ------------------------------------------------------------------------ */
+
+/* reset and delete: one stream name, an empty reply. */
+static int stream_command(cli_t *cli, const cli_command_t *cmd, int argc, char **argv,
+                          tally_status_t (*call)(tally_client_t *, const char *))
+{
+    tally_client_t *client = NULL;
+    int rc = cli_begin(cli, cmd, argc, argv, stream_arg, &client);
+    if (rc)
+        return rc == CLI_HELP_SHOWN ? 0 : rc;
+    tally_status_t status = call(client, argv[optind]);
+    if (status != TALLY_OK)
+        rc = cli_report(status, cmd->name, tally_client_error(client));
+    tally_client_destroy(&client);
+    return rc;
+}
+
+static int run_reset(cli_t *cli, int argc, char **argv)
+{
+    return stream_command(cli, &cli_cmd_reset, argc, argv, tally_reset);
+}
+
+const cli_command_t cli_cmd_reset = {
+    .name = "reset",
+    .summary = "zero a stream's counts, keep the stream",
+    .usage = "reset STREAM",
+    .about = "Zero a stream and keep it: its counters, histogram (all time and the recent\n"
+             "windows) and scan carry become 0. It stays in 'tally streams' with its name, its\n"
+             "histogram's type and range, and its last_seq (a numbered push continues).\n"
+             "To remove a stream, use 'tally delete'.\n",
+    .nargs = 1,
+    .run = run_reset,
+};
+
+static int run_delete(cli_t *cli, int argc, char **argv)
+{
+    return stream_command(cli, &cli_cmd_delete, argc, argv, tally_delete);
+}
+
+const cli_command_t cli_cmd_delete = {
+    .name = "delete",
+    .summary = "remove a stream",
+    .usage = "delete STREAM",
+    .about = "Remove a stream: its state and its name are forgotten, it leaves 'tally streams',\n"
+             "and the next request that names it starts a new stream (any histogram type and\n"
+             "range, sequence numbers from 1). To zero a stream and keep it, use 'tally reset'.\n",
+    .nargs = 1,
+    .run = run_delete,
+};
+static int run_streams(cli_t *cli, int argc, char **argv)
+{
+    tally_client_t *client = NULL;
+    int rc = cli_begin(cli, &cli_cmd_streams, argc, argv, NULL, &client);
+    if (rc)
+        return rc == CLI_HELP_SHOWN ? 0 : rc;
+    char **names = NULL;
+    size_t count = 0;
+    tally_status_t status = tally_streams(client, &names, &count);
+    if (status != TALLY_OK) {
+        rc = cli_report(status, "streams", tally_client_error(client));
+    } else {
+        for (size_t i = 0; i < count; i++)
+            printf("%s\n", names[i]);
+        rc = cli_finish_stdout();
+    }
+    tally_strings_free(names, count);
+    tally_client_destroy(&client);
+    return rc;
+}
+
+const cli_command_t cli_cmd_streams = {
+    .name = "streams",
+    .summary = "list streams",
+    .usage = "streams",
+    .about = "List the daemon's streams, one name per line.\n",
+    .run = run_streams,
+};

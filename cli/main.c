@@ -1,0 +1,104 @@
+/*
+ * main.c — the `tally` command: tallyd from the shell, built on libtally.
+ *
+ *   tally [-e ENDPOINT] [-t TIMEOUT_MS] COMMAND [OPTIONS] [ARGS]
+ *
+ * This file holds the list of commands and parses the options given before the command
+ * name; each command parses its own options in its file (cli.h says how).
+ */
+#include "cli.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const cli_command_t *const commands[] = {
+    &cli_cmd_filter, &cli_cmd_scan,    &cli_cmd_hist, &cli_cmd_query, &cli_cmd_watch,
+    &cli_cmd_reset,  &cli_cmd_delete,  &cli_cmd_streams, &cli_cmd_ping, &cli_cmd_info,
+    &cli_cmd_stats,
+};
+
+static const cli_option_t top_options[] = {
+    {"version", no_argument, 'V', NULL, "print the version"},
+    {0},
+};
+
+static void print_usage(FILE *f)
+{
+    fprintf(f, "usage: tally [-e ENDPOINT] [-t TIMEOUT_MS] COMMAND [OPTIONS]\n"
+               "\n"
+               "Send work to tallyd, the GPU stream-processing daemon.\n"
+               "\n"
+               "Options:\n");
+    cli_print_options(cli_common_options, f);
+    cli_print_options(top_options, f);
+    fprintf(f, "\nCommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-8s %s\n", commands[i]->name, commands[i]->summary);
+    fprintf(f, "\n'tally COMMAND --help' describes a command.\n"
+               "\n"
+               "Environment: TALLY_ENDPOINT, the endpoint when -e is not given.\n"
+               "Exit status: 0 ok, 1 error reported by tallyd, 2 usage or input error,\n"
+               "3 no reply (nothing listening, timeout or transport failure), 130 interrupted.\n");
+}
+
+/* The options before the command: 0 to go on, CLI_HELP_SHOWN, or an exit status. */
+static int top_level(cli_t *cli, int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"endpoint", required_argument, NULL, 'e'},
+        {"timeout", required_argument, NULL, 't'},
+        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},
+        {0},
+    };
+    int opt, rc;
+    opterr = 0;
+    /* "+": stop at the command name; its options are parsed by the command. */
+    while ((opt = getopt_long(argc, argv, "+:e:t:hV", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'h':
+            print_usage(stdout);
+            return CLI_HELP_SHOWN;
+        case 'V':
+            printf("tally %s (libtally %s)\n", TALLY_VERSION, tally_version());
+            return CLI_HELP_SHOWN;
+        case ':':
+            return cli_usage_error(NULL, "option '%s' needs an argument", argv[optind - 1]);
+        case '?':
+            return cli_usage_error(NULL, "unknown option '%s'", argv[optind - 1]);
+        default:
+            if ((rc = cli_common_option(cli, NULL, opt, optarg)) != 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    cli_t cli = {.endpoint = getenv("TALLY_ENDPOINT"), .timeout_ms = TALLY_DEFAULT_TIMEOUT_MS};
+    if (!cli.endpoint || !*cli.endpoint)
+        cli.endpoint = TALLY_DEFAULT_ENDPOINT;
+    int rc = top_level(&cli, argc, argv);
+    if (rc)
+        return rc == CLI_HELP_SHOWN ? 0 : rc;
+    if (optind >= argc) {
+        print_usage(stderr);
+        return EXIT_USAGE;
+    }
+    const char *name = argv[optind];
+    if (!strcmp(name, "help")) {
+        print_usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        if (strcmp(name, commands[i]->name))
+            continue;
+        int sub_argc = argc - optind;
+        char **sub_argv = argv + optind;
+        optind = 0; /* glibc: restart getopt on the command's own arguments */
+        setvbuf(stdout, NULL, _IOFBF, 1 << 16);
+        return commands[i]->run(&cli, sub_argc, sub_argv);
+    }
+    return cli_usage_error(NULL, "unknown command '%s'", name);
+}

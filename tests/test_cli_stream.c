@@ -1,0 +1,449 @@
+/*
+ * test_cli_stream.c — the `tally` CLI streams: bounded memory through a pipe, a live producer's
+ * results before it exits, Ctrl-C reporting exactly what was applied and --resume finishing the
+ * push, chunks on frame boundaries, --chunk capped to the daemon's max_batch, decimal text sent
+ * without --text refused, the progress line, and the shared-memory path fed by a pipe.
+ *
+ * One tallyd (CPU backend, --max-batch 1M so the cap shows with small inputs, a shared-memory
+ * socket in the test's folder) serves every test. $TALLY_BIN runs as a child with a pipe on
+ * its stdin, so the test is the producer and can pause, stop, or measure it (wait4's
+ * ru_maxrss: the peak resident memory of tally alone). TALLY_RSS_TEST_MB sets the size sent
+ * through the pipe (default 256 MiB: 4 x the 64 MiB bound, a few seconds on a CI box).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "tally.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1 /* ASan's quarantine and shadow memory make RSS meaningless */
+#else
+#define UNDER_ASAN 0
+#endif
+
+static th_daemon_t daemon_;
+static char tmpdir[64];
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/tally-stream-XXXXXX");
+    if (!mkdtemp(tmpdir))
+        return -1;
+    static char shm[128];
+    snprintf(shm, sizeof shm, "%s/shm.sock", tmpdir);
+    const char *args[] = {"--backend", "cpu", "--max-batch", "1M", "--shm-socket", shm, NULL};
+    return th_daemon_start(&daemon_, args);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    int status = th_daemon_stop(&daemon_, SIGTERM, 10000);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0)
+        return -1;
+    return status == 0 ? 0 : -1;
+}
+
+static const char *tally_bin(void)
+{
+    const char *bin = getenv("TALLY_BIN");
+    return bin && *bin ? bin : "./cli/tally";
+}
+
+/* A running `tally -e ENDPOINT <args...>` with its stdin a pipe from us and its stdout and
+ * stderr in files (tmpdir/out, tmpdir/err). */
+typedef struct {
+    pid_t pid;
+    int in; /* write end of its stdin */
+} child_t;
+
+static child_t spawn(const char *const *args)
+{
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    child_t c = {.pid = fork(), .in = fds[1]};
+    assert_true(c.pid >= 0);
+    if (c.pid == 0) {
+        char path[128];
+        snprintf(path, sizeof path, "%s/out", tmpdir);
+        int out = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        snprintf(path, sizeof path, "%s/err", tmpdir);
+        int err = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        dup2(fds[0], 0);
+        dup2(out, 1);
+        dup2(err, 2);
+        close(fds[1]);
+        const char *argv[32] = {tally_bin(), "-e", daemon_.endpoint};
+        for (int i = 0; args[i] && i < 28; i++)
+            argv[3 + i] = args[i];
+        if (chdir(tmpdir) != 0)
+            _exit(126);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    close(fds[0]);
+    return c;
+}
+
+/* Closes its stdin and waits: the exit status, and its peak RSS in KiB when rss != NULL. */
+static int finish(child_t *c, long *rss_kib)
+{
+    if (c->in >= 0)
+        close(c->in);
+    c->in = -1;
+    int status;
+    struct rusage ru;
+    while (wait4(c->pid, &status, 0, &ru) < 0 && errno == EINTR)
+        ;
+    if (rss_kib)
+        *rss_kib = ru.ru_maxrss;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static void put(int fd, const void *data, size_t len)
+{
+    const uint8_t *p = data;
+    while (len) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        assert_true(n > 0);
+        p += n;
+        len -= (size_t)n;
+    }
+}
+
+/* A file of the test's folder, whole (NUL-terminated). */
+static char *slurp(const char *name)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+    char *text = th_slurp(path);
+    assert_non_null(text);
+    return text;
+}
+
+static void write_file(const char *name, const void *data, size_t len)
+{
+    assert_int_equal(th_write_file(tmpdir, name, data, len), 0);
+}
+
+static tally_stream_info_t query(const char *stream)
+{
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(daemon_.endpoint, 10000, &c), TALLY_OK);
+    tally_stream_info_t info;
+    assert_int_equal(tally_query(c, stream, &info), TALLY_OK);
+    tally_client_destroy(&c);
+    return info;
+}
+
+/* The push's bytes: a pattern the test can count without storing it. */
+static uint8_t pattern(uint64_t i)
+{
+    return (uint8_t)((i * 7 + (i >> 12)) % 251);
+}
+
+/* A large input through a pipe: tally's peak RSS stays under 64 MiB, and the histogram is
+ * exactly that of the bytes sent. */
+static void test_rss_bounded_through_pipe(void **state)
+{
+    (void)state;
+    const char *mb_env = getenv("TALLY_RSS_TEST_MB");
+    uint64_t mb = mb_env && *mb_env ? strtoull(mb_env, NULL, 10) : (UNDER_ASAN ? 32 : 256);
+    uint64_t total = mb << 20, expect[256] = {0};
+    const char *args[] = {"hist", "--type", "u8", NULL};
+    child_t c = spawn(args);
+    static uint8_t block[1 << 20];
+    for (uint64_t at = 0; at < total; at += sizeof block) {
+        for (size_t i = 0; i < sizeof block; i++)
+            expect[block[i] = pattern(at + i)]++;
+        put(c.in, block, sizeof block);
+    }
+    long rss_kib = 0;
+    assert_int_equal(finish(&c, &rss_kib), 0);
+    print_message("%" PRIu64 " MiB through a pipe: tally's peak RSS %ld KiB\n", mb, rss_kib);
+    if (!UNDER_ASAN)
+        assert_true(rss_kib < 64 * 1024);
+    char *out = slurp("out"), *line = out;
+    for (int b = 0; b < 256; b++) {
+        unsigned bin;
+        uint64_t count;
+        assert_int_equal(sscanf(line, "%u %" SCNu64, &bin, &count), 2);
+        assert_int_equal(bin, b);
+        assert_int_equal(count, expect[b]);
+        line = strchr(line, '\n') + 1;
+    }
+    assert_string_equal(line, "");
+    free(out);
+}
+
+/* Reads `name` until it contains `text` or deadline_ms passes. */
+static bool wait_for_text(const char *name, const char *text, int deadline_ms)
+{
+    for (int waited = 0; waited < deadline_ms; waited += 20) {
+        char *got = slurp(name);
+        bool found = strstr(got, text) != NULL;
+        free(got);
+        if (found)
+            return true;
+        usleep(20000);
+    }
+    return false;
+}
+
+/* A live producer's results come out while it is still running, not when it exits. */
+static void test_live_pipe_output_before_eof(void **state)
+{
+    (void)state;
+    const char *args[] = {"filter", "--gt", "0", "--text", "--stable", NULL};
+    child_t c = spawn(args);
+    put(c.in, "5 -3 12 1", 9); /* "1" may be the start of a longer number */
+    assert_true(wait_for_text("out", "5\n12\n", 20000)); /* the pipe is still open */
+    usleep(300000); /* longer than tally's pause rule: "1" must still wait for its end */
+    put(c.in, "7 -2\n", 5);
+    assert_int_equal(finish(&c, NULL), 0);
+    char *out = slurp("out");
+    assert_string_equal(out, "5\n12\n17\n");
+    free(out);
+}
+
+/* Waits until the stream has applied `bytes` bytes (in however many requests). */
+static void wait_bytes(const char *stream, uint64_t bytes)
+{
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(daemon_.endpoint, 10000, &c), TALLY_OK);
+    for (int i = 0; i < 2000; i++) {
+        tally_stream_info_t info;
+        if (tally_query(c, stream, &info) == TALLY_OK && info.bytes >= bytes)
+            break;
+        usleep(10000);
+    }
+    tally_client_destroy(&c);
+}
+
+/* Ctrl-C in the middle of a push: exit 130 and a line with exactly what the stream holds;
+ * --resume then sends the rest of the same input, and the stream ends exactly as one push. */
+static void test_interrupt_reports_and_resume_finishes(void **state)
+{
+    (void)state;
+    enum { CHUNK = 65536, N = 10 * CHUNK + 1000 };
+    uint8_t *data = malloc(N);
+    for (size_t i = 0; i < N; i++)
+        data[i] = pattern(i);
+    write_file("push.bin", data, N);
+    const char *args[] = {"hist", "--stream", "ctrlc", "--chunk", "64K", NULL};
+    child_t c = spawn(args);
+    put(c.in, data, 3 * CHUNK);
+    wait_bytes("ctrlc", 3 * CHUNK);
+    kill(c.pid, SIGINT);
+    assert_int_equal(finish(&c, NULL), 130);
+    char *err = slurp("err");
+    unsigned long long applied, chunks, bytes;
+    assert_int_equal(sscanf(err,
+                            "tally: hist: interrupted: applied %llu of %llu chunks, %llu bytes",
+                            &applied, &chunks, &bytes),
+                     3);
+    assert_non_null(strstr(err, "re-run with --resume (or --seq-base 0) to continue\n"));
+    free(err);
+    /* Exactly what the stream holds: every byte written, no more (chunks are 64 KiB unless a
+     * pause on a loaded machine made tally send a shorter one). */
+    tally_stream_info_t info = query("ctrlc");
+    assert_int_equal(bytes, 3 * CHUNK);
+    assert_int_equal(applied, chunks);
+    assert_int_equal(info.batches, applied);
+    assert_int_equal(info.bytes, bytes);
+    if (applied != 3) {
+        print_message("the pipe paused: chunking differs from the file's, not resuming\n");
+        free(data);
+        return;
+    }
+    const char *resume[] = {"hist", "--stream", "ctrlc",    "--chunk", "64K",
+                            "--in", "push.bin", "--resume", NULL};
+    c = spawn(resume);
+    assert_int_equal(finish(&c, NULL), 0);
+    info = query("ctrlc");
+    assert_int_equal(info.batches, 11); /* 3 + the 8 chunks it did not have */
+    assert_int_equal(info.hist_total, N);
+    assert_int_equal(info.last_seq, 11);
+    uint64_t bins[256] = {0};
+    for (size_t i = 0; i < N; i++)
+        bins[data[i]]++;
+    assert_memory_equal(info.bins, bins, sizeof bins);
+    /* Complete: nothing is left to resume. */
+    c = spawn(resume);
+    assert_int_equal(finish(&c, NULL), 2);
+    err = slurp("err");
+    assert_non_null(strstr(err, "--resume: no stopped push to stream 'ctrlc'"));
+    free(err);
+    free(data);
+}
+
+/* --frames: a chunk holds whole frames, so 100 frames are 100 requests (or 34 of three). */
+static void test_frames_never_split(void **state)
+{
+    (void)state;
+    enum { FRAME = 3000, FRAMES = 100 };
+    uint8_t *data = malloc(FRAME * FRAMES);
+    for (size_t i = 0; i < FRAME * FRAMES; i++)
+        data[i] = pattern(i);
+    write_file("frames.raw", data, FRAME * FRAMES);
+    const char *one[] = {"hist",     "--stream", "f1",      "--in", "frames.raw",
+                         "--frames", "3000",     "--chunk", "4K",   NULL};
+    child_t c = spawn(one);
+    assert_int_equal(finish(&c, NULL), 0);
+    assert_int_equal(query("f1").batches, 100);
+    const char *three[] = {"hist", "--stream", "f3", "--frames", "3000", "--chunk", "10000", NULL};
+    c = spawn(three); /* through the pipe, in pieces that cut frames */
+    for (size_t at = 0; at < FRAME * FRAMES; at += 1777)
+        put(c.in, data + at, FRAME * FRAMES - at < 1777 ? FRAME * FRAMES - at : 1777);
+    assert_int_equal(finish(&c, NULL), 0);
+    tally_stream_info_t info = query("f3");
+    assert_int_equal(info.hist_total, FRAME * FRAMES);
+    assert_true(info.batches >= 34); /* whole frames each: never a frame in two requests */
+    assert_int_equal(info.bytes % FRAME, 0);
+
+    write_file("cut.raw", data, FRAME * 2 + 5);
+    const char *cut[] = {"hist", "--in", "cut.raw", "--frames", "3000", NULL};
+    c = spawn(cut);
+    assert_int_equal(finish(&c, NULL), 2);
+    char *err = slurp("err");
+    assert_string_equal(err, "tally: cut.raw ends inside a frame: 6005 bytes is not a whole "
+                             "number of 3000-byte frames\n");
+    free(err);
+    const char *big[] = {"hist", "--in", "cut.raw", "--frames", "2M", NULL};
+    c = spawn(big);
+    assert_int_equal(finish(&c, NULL), 2);
+    err = slurp("err");
+    assert_non_null(strstr(err, "larger than the daemon's max_batch (1048576 bytes)"));
+    free(err);
+    free(data);
+}
+
+/* --chunk over the daemon's max_batch is capped to it instead of failing with too_large. */
+static void test_chunk_capped_to_max_batch(void **state)
+{
+    (void)state;
+    size_t n = (3u << 20) + 4;
+    uint8_t *data = calloc(1, n);
+    write_file("three.bin", data, n);
+    const char *args[] = {"scan",    "--stream", "cap",   "--in",     "three.bin",
+                          "--chunk", "17M",      "--out", "sums.bin", NULL};
+    child_t c = spawn(args);
+    assert_int_equal(finish(&c, NULL), 0);
+    assert_int_equal(query("cap").batches, 4); /* 1M + 1M + 1M + 4 bytes */
+    free(data);
+}
+
+/* Decimal text sent as binary is refused (it would be summed as ASCII codes); --binary
+ * sends it anyway. */
+static void test_text_without_text_refused(void **state)
+{
+    (void)state;
+    write_file("sixteen.txt", "1 2 3 4 5 6 7 8\n", 16);
+    const char *args[] = {"scan", "--in", "sixteen.txt", NULL};
+    child_t c = spawn(args);
+    assert_int_equal(finish(&c, NULL), 2);
+    char *err = slurp("err"), *out = slurp("out");
+    assert_string_equal(err, "tally: sixteen.txt looks like decimal text ('1 2 3 4 5 6 7 8'), "
+                             "not binary i32 elements: add --text to parse it, or --binary to "
+                             "send its bytes as they are\n");
+    assert_string_equal(out, "");
+    free(err);
+    free(out);
+    const char *binary[] = {"scan", "--in", "sixteen.txt", "--binary", NULL};
+    c = spawn(binary);
+    assert_int_equal(finish(&c, NULL), 0);
+    out = slurp("out");
+    assert_string_equal(out, "540155953\n1080442980\n1620861081\n1792311504\n");
+    free(out);
+}
+
+/* The progress line: on request (or on a terminal) it shows bytes, size and ETA; otherwise
+ * stderr stays empty. */
+static void test_progress_line(void **state)
+{
+    (void)state;
+    uint8_t *data = calloc(1, 4u << 20);
+    write_file("four.bin", data, 4u << 20);
+    const char *args[] = {"hist", "--in", "four.bin", "--chunk", "64K", "--progress", NULL};
+    child_t c = spawn(args);
+    assert_int_equal(finish(&c, NULL), 0);
+    char *err = slurp("err");
+    assert_non_null(strstr(err, "\r\033[K"));
+    assert_non_null(strstr(err, " of 4.0 MiB ("));
+    assert_non_null(strstr(err, "/s"));
+    free(err);
+    const char *quiet[] = {"hist", "--in", "four.bin", "--chunk", "64K", NULL};
+    c = spawn(quiet); /* stdout and stderr are files: no progress */
+    assert_int_equal(finish(&c, NULL), 0);
+    err = slurp("err");
+    assert_string_equal(err, "");
+    free(err);
+    free(data);
+}
+
+/* --shm fed from a pipe: the same output as the ZeroMQ path, through a ring of slices. */
+static void test_shm_from_pipe(void **state)
+{
+    (void)state;
+    enum { N = 300000 };
+    int32_t *x = malloc(4 * N);
+    int64_t run = 0;
+    for (size_t i = 0; i < N; i++)
+        x[i] = (int32_t)(pattern(i) - 125);
+    const char *args[] = {"scan", "--shm", "--chunk", "100K", "--out", "shm.bin", NULL};
+    child_t c = spawn(args);
+    put(c.in, x, 4 * N);
+    assert_int_equal(finish(&c, NULL), 0);
+    char path[128];
+    snprintf(path, sizeof path, "%s/shm.bin", tmpdir);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    int64_t *sums = malloc(8 * N + 8);
+    assert_int_equal(fread(sums, 8, N + 1, f), N);
+    fclose(f);
+    for (size_t i = 0; i < N; i++) {
+        run += x[i];
+        assert_true(sums[i] == run);
+    }
+    free(sums);
+    free(x);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rss_bounded_through_pipe),
+        cmocka_unit_test(test_live_pipe_output_before_eof),
+        cmocka_unit_test(test_interrupt_reports_and_resume_finishes),
+        cmocka_unit_test(test_frames_never_split),
+        cmocka_unit_test(test_chunk_capped_to_max_batch),
+        cmocka_unit_test(test_text_without_text_refused),
+        cmocka_unit_test(test_progress_line),
+        cmocka_unit_test(test_shm_from_pipe),
+    };
+    th_seed();
+    return cmocka_run_group_tests_name("cli_stream", tests, setup, teardown);
+}
