@@ -235,6 +235,83 @@ tally_status_t tally_run(tally_client_t *self, const tally_req_t *req, const voi
                          size_t len, const tally_run_opts_t *opts, tally_buf_t *out,
                          tally_run_result_t *result);
 
+/* ---- Histogram summaries (tally_hist.c) --------------------------------------------------- */
+
+/* One 256-bin histogram as tallyd keeps it: a stream's running histogram (tally_hist_from_info)
+ * or one channel of a multi-channel one. Every histogram counts integers:
+ *   u8:  bin b holds the value b (lo = 0, hi = 256, no underflow or overflow);
+ *   i32: x in [lo, hi) goes to bin (x - lo) * 256 / (hi - lo) (tally_hist_bin_i32), so bin b
+ *        holds the integers [edge(b), edge(b + 1)) with edge(b) = lo + ceil(b * (hi - lo) / 256)
+ *        (tally_hist_edge); x < lo counts as underflow, x >= hi as overflow. When hi - lo < 256
+ *        some bins hold no integer at all (edge(b) == edge(b + 1)) and stay empty.
+ * The underflow and overflow entries cover the rest of the type's domain: [INT32_MIN, lo) and
+ * [hi, INT32_MAX + 1) for i32. */
+typedef struct {
+    tally_dtype_t dtype; /* TALLY_DTYPE_U8 or TALLY_DTYPE_I32 */
+    int64_t lo, hi;      /* the range [lo, hi); u8: 0 and 256 */
+    uint64_t bins[TALLY_HIST_BINS];
+    uint64_t underflow, overflow;
+} tally_hist_t;
+
+/* A quantile estimated from the bins (see tally_hist_quantile for the rule). */
+typedef struct {
+    int64_t value; /* the estimate; below range: lo, above range: hi */
+    int side;      /* 0 in range; -1 the quantile is an underflow value (< lo), +1 an
+                    * overflow value (>= hi): `value` is then only the nearest edge */
+} tally_quantile_t;
+
+/* What an analyst asks of a histogram first. */
+typedef struct {
+    uint64_t count;    /* all values: bins + underflow + overflow */
+    uint64_t in_range; /* values in the 256 bins */
+    uint64_t underflow, overflow;
+    /* Mean of the in-range values, each taken as the centre of its bin's integers
+     * ((edge(b) + edge(b + 1) - 1) / 2, so exact for u8); NaN when in_range is 0. */
+    double mean;
+    int min_bin, max_bin; /* the lowest and highest non-empty bin; -1 when in_range is 0 */
+    tally_quantile_t p50, p90, p99; /* valid when count > 0 */
+} tally_hist_summary_t;
+
+/* Fills *hist from a query reply. TALLY_E_ARG when the stream has no histogram yet
+ * (info->hist_dtype is TALLY_DTYPE_NONE) or an unknown histogram type. */
+tally_status_t tally_hist_from_info(const tally_stream_info_t *info, tally_hist_t *hist);
+
+/* The lower edge of bin b (0 <= b <= 256; edge(256) = hi): the smallest integer in the bin. */
+int64_t tally_hist_edge(const tally_hist_t *hist, unsigned b);
+
+/* The q-quantile (0 <= q <= 1, taken to the nearest millionth) of the values counted, estimated
+ * from the bins. The rule: of the N values (underflow and overflow included) take the one of
+ * rank r = max(1, ceil(q * N)) in increasing order (the "nearest rank" definition, exact on the
+ * raw data). If it is an underflow value the answer is lo with side -1, an overflow value hi
+ * with side +1. Otherwise it is the j-th of the c values of bin b, whose w integers start at
+ * edge(b), and the values of a bin are taken as spread evenly over its integers:
+ *     estimate = edge(b) + floor((2j - 1) * w / (2c))
+ * (the centre of the j-th of c equal slices of the bin, rounded down to an integer). The
+ * estimate is always in the same bin as the true quantile; for u8 (w = 1) it is exact.
+ * TALLY_E_ARG when q is outside [0, 1] or the histogram is empty. */
+tally_status_t tally_hist_quantile(const tally_hist_t *hist, double q, tally_quantile_t *out);
+
+/* Count, mean, min/max non-empty bin, p50/p90/p99, underflow and overflow. */
+void tally_hist_summarize(const tally_hist_t *hist, tally_hist_summary_t *out);
+
+/* Appends the histogram as the members of a JSON object (no braces, so a caller can add its own
+ * members such as a stream or channel name around them):
+ *   "count":N,"in_range":N,"underflow":N,"overflow":N,"mean":X|null,
+ *   "min":{"bin":B,"lo":L,"hi":H}|null,"max":{...}|null,
+ *   "quantiles":{"p50":V,"p90":V,"p99":V}|null,
+ *   "bins":[{"lo":L,"hi":H,"count":N},...]
+ * `bins` lists the real integer edges, hi exclusive, in increasing order: for u8 the 256 byte
+ * values; for i32 an underflow entry, the 256 bins, then an overflow entry (258 entries). A
+ * quantile outside the range is given as its nearest edge (lo or hi, see tally_hist_quantile);
+ * the underflow and overflow counts say when that can happen. */
+tally_status_t tally_hist_json(const tally_hist_t *hist, tally_buf_t *out);
+
+/* Appends the bins as CSV rows "lo,hi,count" (the same entries as the JSON `bins`), each
+ * preceded by "label," when label is not NULL; with `header`, first the line "lo,hi,count"
+ * (or "channel,lo,hi,count" with a label). */
+tally_status_t tally_hist_csv(const tally_hist_t *hist, const char *label, bool header,
+                              tally_buf_t *out);
+
 #ifdef __cplusplus
 }
 #endif

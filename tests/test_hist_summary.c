@@ -1,0 +1,427 @@
+/*
+ * test_hist_summary.c — libtally's histogram summaries against references computed here.
+ *
+ * Each test draws random values (seeded; the seed is printed), histograms them the way tallyd
+ * does (one bin per byte, or tally_hist_bin_i32 over [lo, hi) with underflow and overflow),
+ * sorts the raw values and takes the exact nearest-rank quantiles, then checks what
+ * tally_hist_summarize / tally_hist_quantile estimate from the bins alone: exactly equal for u8
+ * and for data that fills every integer of a range evenly, within the true quantile's bin for
+ * anything else; the mean within half the widest bin; the edges against tally_hist_bin_i32 for
+ * every integer of several ranges; and the JSON and CSV renderings against strings built here.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tally.h"
+
+/* cmocka before 1.1.6 has no assert_double_equal. */
+#define assert_close(a, b, eps) assert_true(fabs((double)(a) - (double)(b)) <= (eps))
+
+static uint64_t rng_state;
+
+static uint64_t rng(void)
+{
+    uint64_t x = rng_state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return rng_state = x;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    const char *env = getenv("TALLY_TEST_SEED");
+    rng_state = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL) * 2654435761u;
+    if (!rng_state)
+        rng_state = 1;
+    printf("seed %" PRIu64 " (TALLY_TEST_SEED reproduces)\n", rng_state);
+    return 0;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The exact nearest-rank quantile of sorted values: the ceil(q * n)-th, at least the first.
+ * q is given in millionths so the reference never rounds through floating point. */
+static int64_t exact_quantile(const int64_t *sorted, size_t n, uint64_t q_millionths)
+{
+    uint64_t rank = ((uint64_t)n * q_millionths + 999999) / 1000000;
+    return sorted[rank ? rank - 1 : 0];
+}
+
+static const uint64_t qs[] = {0, 10000, 250000, 500000, 750000, 900000, 990000, 999000, 1000000};
+
+/* Histograms values over [lo, hi) as tallyd does (dtype I32). */
+static void hist_i32(tally_hist_t *h, int64_t lo, int64_t hi, const int64_t *x, size_t n)
+{
+    memset(h, 0, sizeof *h);
+    h->dtype = TALLY_DTYPE_I32;
+    h->lo = lo;
+    h->hi = hi;
+    for (size_t i = 0; i < n; i++) {
+        if (x[i] < lo)
+            h->underflow++;
+        else if (x[i] >= hi)
+            h->overflow++;
+        else
+            h->bins[tally_hist_bin_i32((int32_t)x[i], lo, hi)]++;
+    }
+}
+
+static void hist_u8(tally_hist_t *h, const int64_t *x, size_t n)
+{
+    memset(h, 0, sizeof *h);
+    h->dtype = TALLY_DTYPE_U8;
+    h->lo = 0;
+    h->hi = 256;
+    for (size_t i = 0; i < n; i++)
+        h->bins[x[i]]++;
+}
+
+static void test_u8_exact(void **state)
+{
+    (void)state;
+    for (int round = 0; round < 20; round++) {
+        size_t n = 1 + rng() % 20000;
+        int64_t *x = malloc(n * sizeof *x);
+        assert_non_null(x);
+        /* Skewed: the minimum of two uniform bytes, plus a narrow spike, so quantiles differ. */
+        long double sum = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint64_t a = rng() % 256, b = rng() % 256;
+            x[i] = (int64_t)(rng() % 5 == 0 ? 200 + rng() % 3 : (a < b ? a : b));
+            sum += x[i];
+        }
+        tally_hist_t h;
+        hist_u8(&h, x, n);
+        qsort(x, n, sizeof *x, cmp_i64);
+        for (size_t k = 0; k < sizeof qs / sizeof qs[0]; k++) {
+            tally_quantile_t q;
+            assert_int_equal(tally_hist_quantile(&h, (double)qs[k] / 1e6, &q), TALLY_OK);
+            assert_int_equal(q.side, 0);
+            assert_int_equal(q.value, exact_quantile(x, n, qs[k]));
+        }
+        tally_hist_summary_t s;
+        tally_hist_summarize(&h, &s);
+        assert_int_equal(s.count, n);
+        assert_int_equal(s.in_range, n);
+        assert_int_equal(s.underflow + s.overflow, 0);
+        assert_int_equal(s.min_bin, x[0]);
+        assert_int_equal(s.max_bin, x[n - 1]);
+        assert_int_equal(s.p50.value, exact_quantile(x, n, 500000));
+        assert_int_equal(s.p90.value, exact_quantile(x, n, 900000));
+        assert_int_equal(s.p99.value, exact_quantile(x, n, 990000));
+        assert_true(fabs(s.mean - (double)(sum / n)) < 1e-9 * (1 + fabs(s.mean)));
+        free(x);
+    }
+}
+
+/* Ranks come from integer arithmetic: p90 of 1..10 is the 9th value, not the 10th. */
+static void test_nearest_rank_small(void **state)
+{
+    (void)state;
+    int64_t x[10];
+    for (int i = 0; i < 10; i++)
+        x[i] = i + 1;
+    tally_hist_t h;
+    hist_u8(&h, x, 10);
+    tally_hist_summary_t s;
+    tally_hist_summarize(&h, &s);
+    assert_int_equal(s.p50.value, 5);
+    assert_int_equal(s.p90.value, 9);
+    assert_int_equal(s.p99.value, 10);
+    tally_quantile_t q;
+    assert_int_equal(tally_hist_quantile(&h, 0.0, &q), TALLY_OK);
+    assert_int_equal(q.value, 1);
+    assert_int_equal(tally_hist_quantile(&h, 1.0, &q), TALLY_OK);
+    assert_int_equal(q.value, 10);
+    assert_close(s.mean, 5.5, 1e-12);
+    assert_int_equal(tally_hist_quantile(&h, -0.1, &q), TALLY_E_ARG);
+    assert_int_equal(tally_hist_quantile(&h, 1.5, &q), TALLY_E_ARG);
+    assert_int_equal(tally_hist_quantile(&h, NAN, &q), TALLY_E_ARG);
+}
+
+/* Wide bins, values outside the range: the estimate lies in the true quantile's bin (or is the
+ * edge, with its side, when the true quantile is an underflow or overflow value), the mean of
+ * the in-range values within half a bin. */
+static void test_i32_within_bin(void **state)
+{
+    (void)state;
+    for (int round = 0; round < 20; round++) {
+        int64_t lo = -(int64_t)(rng() % 100000), hi = lo + 1 + (int64_t)(rng() % 1000000);
+        size_t n = 1 + rng() % 50000;
+        int64_t *x = malloc(n * sizeof *x);
+        assert_non_null(x);
+        int64_t span = (hi - lo) + (hi - lo) / 4 + 2;
+        long double sum = 0;
+        size_t in_range = 0;
+        for (size_t i = 0; i < n; i++) {
+            /* Mostly a triangle-shaped bump in range, with a few values beyond each end. */
+            int64_t a = (int64_t)(rng() % (uint64_t)span), b = (int64_t)(rng() % (uint64_t)span);
+            x[i] = lo - (hi - lo) / 8 - 1 + (a + b) / 2;
+            if (x[i] >= lo && x[i] < hi)
+                sum += x[i], in_range++;
+        }
+        tally_hist_t h;
+        hist_i32(&h, lo, hi, x, n);
+        qsort(x, n, sizeof *x, cmp_i64);
+        for (size_t k = 0; k < sizeof qs / sizeof qs[0]; k++) {
+            tally_quantile_t q;
+            int64_t ref = exact_quantile(x, n, qs[k]);
+            assert_int_equal(tally_hist_quantile(&h, (double)qs[k] / 1e6, &q), TALLY_OK);
+            if (ref < lo) {
+                assert_int_equal(q.side, -1);
+                assert_int_equal(q.value, lo);
+            } else if (ref >= hi) {
+                assert_int_equal(q.side, 1);
+                assert_int_equal(q.value, hi);
+            } else {
+                assert_int_equal(q.side, 0);
+                assert_true(q.value >= lo && q.value < hi);
+                assert_int_equal(tally_hist_bin_i32((int32_t)q.value, lo, hi),
+                                 tally_hist_bin_i32((int32_t)ref, lo, hi));
+            }
+        }
+        tally_hist_summary_t s;
+        tally_hist_summarize(&h, &s);
+        assert_int_equal(s.count, n);
+        assert_int_equal(s.in_range, in_range);
+        assert_int_equal(s.underflow + s.overflow + s.in_range, n);
+        if (in_range) {
+            double half_bin = (double)(hi - lo) / 256 / 2 + 0.5;
+            assert_true(fabs(s.mean - (double)(sum / in_range)) <= half_bin);
+        } else {
+            assert_true(isnan(s.mean));
+            assert_int_equal(s.min_bin, -1);
+        }
+        free(x);
+    }
+}
+
+/* Every integer of [lo, hi) the same number of times: spreading a bin's values evenly over its
+ * integers is then the truth, so every estimate is exact, for widths that are and are not
+ * multiples of 256 and for ranges narrower than 256 (bins with no integers). */
+static void test_i32_even_fill_exact(void **state)
+{
+    (void)state;
+    const int64_t ranges[][2] = {{0, 512}, {-500, 500}, {7, 7 + 1000}, {-10, 90}, {0, 1}, {3, 259}};
+    for (size_t r = 0; r < sizeof ranges / sizeof ranges[0]; r++) {
+        int64_t lo = ranges[r][0], hi = ranges[r][1];
+        size_t reps = 1 + rng() % 4, n = (size_t)(hi - lo) * reps;
+        int64_t *x = malloc(n * sizeof *x);
+        assert_non_null(x);
+        for (size_t i = 0; i < n; i++)
+            x[i] = lo + (int64_t)(i / reps);
+        tally_hist_t h;
+        hist_i32(&h, lo, hi, x, n);
+        for (size_t k = 0; k < sizeof qs / sizeof qs[0]; k++) {
+            tally_quantile_t q;
+            assert_int_equal(tally_hist_quantile(&h, (double)qs[k] / 1e6, &q), TALLY_OK);
+            assert_int_equal(q.side, 0);
+            assert_int_equal(q.value, exact_quantile(x, n, qs[k]));
+        }
+        tally_hist_summary_t s;
+        tally_hist_summarize(&h, &s);
+        assert_close(s.mean, (double)(lo + hi - 1) / 2, 1e-9);
+        free(x);
+    }
+}
+
+/* tally_hist_edge is the inverse of tally_hist_bin_i32: x is in bin b exactly when
+ * edge(b) <= x < edge(b + 1), checked for every integer of small ranges and at sampled points
+ * (plus every edge and its neighbour) of the widest one. */
+static void check_edges(int64_t lo, int64_t hi, int64_t x)
+{
+    tally_hist_t h = {.dtype = TALLY_DTYPE_I32, .lo = lo, .hi = hi};
+    unsigned b = tally_hist_bin_i32((int32_t)x, lo, hi);
+    assert_true(tally_hist_edge(&h, b) <= x);
+    assert_true(x < tally_hist_edge(&h, b + 1));
+}
+
+static void test_edges_match_binning(void **state)
+{
+    (void)state;
+    const int64_t small[][2] = {{0, 256}, {-10, 90}, {0, 1}, {5, 1000}, {-300, -44}, {0, 257}};
+    for (size_t r = 0; r < sizeof small / sizeof small[0]; r++)
+        for (int64_t x = small[r][0]; x < small[r][1]; x++)
+            check_edges(small[r][0], small[r][1], x);
+    const int64_t wide[][2] = {{INT32_MIN, (int64_t)INT32_MAX + 1}, {-1000000007, 999999937}};
+    for (size_t r = 0; r < 2; r++) {
+        int64_t lo = wide[r][0], hi = wide[r][1];
+        tally_hist_t h = {.dtype = TALLY_DTYPE_I32, .lo = lo, .hi = hi};
+        assert_int_equal(tally_hist_edge(&h, 0), lo);
+        assert_int_equal(tally_hist_edge(&h, 256), hi);
+        for (unsigned b = 1; b < 256; b++) {
+            check_edges(lo, hi, tally_hist_edge(&h, b));
+            check_edges(lo, hi, tally_hist_edge(&h, b) - 1);
+        }
+        for (int i = 0; i < 100000; i++)
+            check_edges(lo, hi, lo + (int64_t)(rng() % (uint64_t)(hi - lo)));
+    }
+}
+
+/* Counts near 2^64: ranks computed in 128 bits, no overflow. */
+static void test_huge_counts(void **state)
+{
+    (void)state;
+    tally_hist_t h = {.dtype = TALLY_DTYPE_U8, .lo = 0, .hi = 256};
+    h.bins[10] = h.bins[20] = h.bins[30] = UINT64_C(1) << 62;
+    tally_hist_summary_t s;
+    tally_hist_summarize(&h, &s);
+    assert_int_equal(s.count, UINT64_C(3) << 62);
+    assert_int_equal(s.p50.value, 20);
+    assert_int_equal(s.p90.value, 30);
+    assert_int_equal(s.min_bin, 10);
+    assert_int_equal(s.max_bin, 30);
+    assert_close(s.mean, 20.0, 1e-9);
+}
+
+static void test_empty(void **state)
+{
+    (void)state;
+    tally_hist_t h = {.dtype = TALLY_DTYPE_I32, .lo = 0, .hi = 100};
+    tally_hist_summary_t s;
+    tally_hist_summarize(&h, &s);
+    assert_int_equal(s.count, 0);
+    assert_true(isnan(s.mean));
+    assert_int_equal(s.min_bin, -1);
+    assert_int_equal(s.max_bin, -1);
+    tally_quantile_t q;
+    assert_int_equal(tally_hist_quantile(&h, 0.5, &q), TALLY_E_ARG);
+    /* Only values beyond the range: quantiles are the edges, with their side. */
+    h.underflow = 3;
+    h.overflow = 7;
+    tally_hist_summarize(&h, &s);
+    assert_int_equal(s.count, 10);
+    assert_true(isnan(s.mean));
+    assert_int_equal(s.p50.side, 1);
+    assert_int_equal(s.p50.value, 100);
+    assert_int_equal(tally_hist_quantile(&h, 0.3, &q), TALLY_OK);
+    assert_int_equal(q.side, -1);
+    assert_int_equal(q.value, 0);
+    tally_buf_t out = {0};
+    assert_int_equal(tally_hist_json(&h, &out), TALLY_OK);
+    assert_int_equal(tally_buf_append(&out, "", 1), TALLY_OK);
+    assert_non_null(strstr((char *)out.data, "\"mean\":null,\"min\":null,\"max\":null,"));
+    assert_non_null(
+        strstr((char *)out.data, "\"quantiles\":{\"p50\":100,\"p90\":100,\"p99\":100}"));
+    tally_buf_free(&out);
+    memset(&h, 0, sizeof h);
+    h.dtype = TALLY_DTYPE_U8, h.hi = 256;
+    assert_int_equal(tally_hist_json(&h, &out), TALLY_OK);
+    assert_int_equal(tally_buf_append(&out, "", 1), TALLY_OK);
+    assert_non_null(strstr((char *)out.data, "\"quantiles\":null,\"bins\":["));
+    tally_buf_free(&out);
+}
+
+static void test_from_info(void **state)
+{
+    (void)state;
+    tally_stream_info_t info = {0};
+    tally_hist_t h;
+    assert_int_equal(tally_hist_from_info(&info, &h), TALLY_E_ARG); /* no hist yet */
+    info.hist_dtype = TALLY_DTYPE_I32;
+    info.hist_lo = -5;
+    info.hist_hi = 1000;
+    info.hist_underflow = 4;
+    info.hist_overflow = 9;
+    for (unsigned b = 0; b < 256; b++)
+        info.bins[b] = b * 3;
+    assert_int_equal(tally_hist_from_info(&info, &h), TALLY_OK);
+    assert_int_equal(h.dtype, TALLY_DTYPE_I32);
+    assert_int_equal(h.lo, -5);
+    assert_int_equal(h.hi, 1000);
+    assert_int_equal(h.underflow, 4);
+    assert_int_equal(h.overflow, 9);
+    assert_memory_equal(h.bins, info.bins, sizeof h.bins);
+    info.hist_dtype = TALLY_DTYPE_U8;
+    assert_int_equal(tally_hist_from_info(&info, &h), TALLY_OK);
+    assert_int_equal(h.lo, 0);
+    assert_int_equal(h.hi, 256);
+    assert_int_equal(h.underflow + h.overflow, 0);
+    info.hist_dtype = TALLY_DTYPE_TEXT;
+    assert_int_equal(tally_hist_from_info(&info, &h), TALLY_E_ARG);
+}
+
+/* The JSON and CSV of a random i32 histogram, against strings built here from the definition:
+ * bin b of [0, 512) is [2b, 2b + 2); underflow and overflow are entries over the rest of int32. */
+static void test_json_csv(void **state)
+{
+    (void)state;
+    tally_hist_t h = {.dtype = TALLY_DTYPE_I32, .lo = 0, .hi = 512, .underflow = 5, .overflow = 2};
+    h.bins[3] = 4; /* values 6, 7 */
+    h.bins[100] = 4;
+    char want[32768], *p = want;
+    char *end = want + sizeof want;
+    /* 15 values: ranks 1-5 underflow, 6-9 bin 3, 10-13 bin 100, 14-15 overflow. p50 is rank 8,
+     * the 3rd of bin 3's four: 6 + floor(5 * 2 / 8) = 7; p90 (rank 14) and p99 (rank 15) are
+     * overflow values, given as hi. The mean is of the in-range values at their bins' centres,
+     * (4 * 6.5 + 4 * 200.5) / 8. */
+    p += snprintf(p, (size_t)(end - p),
+                  "\"count\":15,\"in_range\":8,\"underflow\":5,\"overflow\":2,\"mean\":103.5,"
+                  "\"min\":{\"bin\":3,\"lo\":6,\"hi\":8},\"max\":{\"bin\":100,\"lo\":200,\"hi\":"
+                  "202},\"quantiles\":{\"p50\":7,\"p90\":512,\"p99\":512},\"bins\":["
+                  "{\"lo\":-2147483648,\"hi\":0,\"count\":5}");
+    for (unsigned b = 0; b < 256; b++)
+        p += snprintf(p, (size_t)(end - p), ",{\"lo\":%u,\"hi\":%u,\"count\":%" PRIu64 "}", 2 * b,
+                      2 * b + 2, h.bins[b]);
+    p += snprintf(p, (size_t)(end - p), ",{\"lo\":512,\"hi\":2147483648,\"count\":2}]");
+    tally_buf_t out = {0};
+    assert_int_equal(tally_hist_json(&h, &out), TALLY_OK);
+    assert_int_equal(out.len, strlen(want));
+    assert_memory_equal(out.data, want, out.len);
+    tally_buf_free(&out);
+
+    p = want;
+    p += snprintf(p, (size_t)(end - p), "channel,lo,hi,count\ng,-2147483648,0,5\n");
+    for (unsigned b = 0; b < 256; b++)
+        p += snprintf(p, (size_t)(end - p), "g,%u,%u,%" PRIu64 "\n", 2 * b, 2 * b + 2, h.bins[b]);
+    p += snprintf(p, (size_t)(end - p), "g,512,2147483648,2\n");
+    assert_int_equal(tally_hist_csv(&h, "g", true, &out), TALLY_OK);
+    assert_int_equal(out.len, strlen(want));
+    assert_memory_equal(out.data, want, out.len);
+    tally_buf_free(&out);
+
+    /* u8: 256 entries, no underflow or overflow; rows without a label or header. */
+    tally_hist_t u = {.dtype = TALLY_DTYPE_U8, .lo = 0, .hi = 256};
+    u.bins[255] = 1;
+    assert_int_equal(tally_hist_csv(&u, NULL, false, &out), TALLY_OK);
+    size_t lines = 0;
+    for (size_t i = 0; i < out.len; i++)
+        lines += out.data[i] == '\n';
+    assert_int_equal(lines, 256);
+    assert_memory_equal(out.data, "0,1,0\n", 6);
+    assert_memory_equal(out.data + out.len - 10, "255,256,1\n", 10);
+    tally_buf_free(&out);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_u8_exact),
+        cmocka_unit_test(test_nearest_rank_small),
+        cmocka_unit_test(test_i32_within_bin),
+        cmocka_unit_test(test_i32_even_fill_exact),
+        cmocka_unit_test(test_edges_match_binning),
+        cmocka_unit_test(test_huge_counts),
+        cmocka_unit_test(test_empty),
+        cmocka_unit_test(test_from_info),
+        cmocka_unit_test(test_json_csv),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}
