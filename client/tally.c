@@ -891,6 +891,25 @@ tally_status_t tally_buf_append(tally_buf_t *buf, const void *data, size_t len)
     return TALLY_OK;
 }
 
+tally_status_t tally_buf_printf(tally_buf_t *buf, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (!buf || n < 0)
+        return TALLY_E_ARG;
+    /* Room for vsnprintf's terminator too; it stays after the text, not counted in len. */
+    tally_status_t status = tally_buf_reserve(buf, (size_t)n + 1);
+    if (status != TALLY_OK)
+        return status;
+    va_start(ap, fmt);
+    vsnprintf((char *)buf->data + buf->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    buf->len += (size_t)n;
+    return TALLY_OK;
+}
+
 /* ---- Reassembly arithmetic (tally_internal.h) --------------------------------------------- */
 
 void tally__scan_offset(uint8_t *vals, size_t n, bool out_i32, uint64_t offset)

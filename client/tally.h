@@ -164,6 +164,10 @@ typedef struct {
 void tally_buf_free(tally_buf_t *buf);
 tally_status_t tally_buf_reserve(tally_buf_t *buf, size_t extra);
 tally_status_t tally_buf_append(tally_buf_t *buf, const void *data, size_t len);
+/* Appends printf-formatted text (without its terminating NUL, which is kept in the buffer just
+ * past len, so buf->data is a C string after any printf). */
+tally_status_t tally_buf_printf(tally_buf_t *buf, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* How tally_run numbers the chunks it sends on a stream (PROTOCOL.md, "Sequence numbers"). */
 typedef enum {

@@ -16,7 +16,6 @@
 
 #include <inttypes.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -154,26 +153,6 @@ void tally_hist_summarize(const tally_hist_t *hist, tally_hist_summary_t *out)
 
 /* ---- Renderers ------------------------------------------------------------------------------ */
 
-static tally_status_t appendf(tally_buf_t *out, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static tally_status_t appendf(tally_buf_t *out, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return TALLY_E_ARG;
-    /* One byte more for vsnprintf's terminator, which is not counted in len. */
-    if (tally_buf_reserve(out, (size_t)n + 1) != TALLY_OK)
-        return TALLY_E_NOMEM;
-    va_start(ap, fmt);
-    vsnprintf((char *)out->data + out->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    out->len += (size_t)n;
-    return TALLY_OK;
-}
-
 /* One entry of the bins list: entry 0 is the underflow for histograms that have one, then the
  * 256 bins, then the overflow. Returns the number of entries. */
 static unsigned entry_count(const tally_hist_t *hist)
@@ -205,21 +184,22 @@ static tally_status_t json_bin_ref(const tally_hist_t *hist, const char *key, in
                                    tally_buf_t *out)
 {
     if (bin < 0)
-        return appendf(out, "\"%s\":null,", key);
-    return appendf(out, "\"%s\":{\"bin\":%d,\"lo\":%" PRId64 ",\"hi\":%" PRId64 "},", key, bin,
-                   tally_hist_edge(hist, (unsigned)bin), tally_hist_edge(hist, (unsigned)bin + 1));
+        return tally_buf_printf(out, "\"%s\":null,", key);
+    return tally_buf_printf(out, "\"%s\":{\"bin\":%d,\"lo\":%" PRId64 ",\"hi\":%" PRId64 "},", key,
+                            bin, tally_hist_edge(hist, (unsigned)bin),
+                            tally_hist_edge(hist, (unsigned)bin + 1));
 }
 
 static tally_status_t json_head(const tally_hist_t *hist, const tally_hist_summary_t *s,
                                 tally_buf_t *out)
 {
-    tally_status_t st = appendf(out,
-                                "\"count\":%" PRIu64 ",\"in_range\":%" PRIu64
-                                ",\"underflow\":%" PRIu64 ",\"overflow\":%" PRIu64 ",",
-                                s->count, s->in_range, s->underflow, s->overflow);
+    tally_status_t st = tally_buf_printf(out,
+                                         "\"count\":%" PRIu64 ",\"in_range\":%" PRIu64
+                                         ",\"underflow\":%" PRIu64 ",\"overflow\":%" PRIu64 ",",
+                                         s->count, s->in_range, s->underflow, s->overflow);
     if (st == TALLY_OK)
-        st =
-            s->in_range ? appendf(out, "\"mean\":%.10g,", s->mean) : appendf(out, "\"mean\":null,");
+        st = s->in_range ? tally_buf_printf(out, "\"mean\":%.10g,", s->mean)
+                         : tally_buf_printf(out, "\"mean\":null,");
     if (st == TALLY_OK)
         st = json_bin_ref(hist, "min", s->min_bin, out);
     if (st == TALLY_OK)
@@ -227,10 +207,10 @@ static tally_status_t json_head(const tally_hist_t *hist, const tally_hist_summa
     if (st != TALLY_OK)
         return st;
     if (!s->count)
-        return appendf(out, "\"quantiles\":null,");
-    return appendf(out,
-                   "\"quantiles\":{\"p50\":%" PRId64 ",\"p90\":%" PRId64 ",\"p99\":%" PRId64 "},",
-                   s->p50.value, s->p90.value, s->p99.value);
+        return tally_buf_printf(out, "\"quantiles\":null,");
+    return tally_buf_printf(
+        out, "\"quantiles\":{\"p50\":%" PRId64 ",\"p90\":%" PRId64 ",\"p99\":%" PRId64 "},",
+        s->p50.value, s->p90.value, s->p99.value);
 }
 
 tally_status_t tally_hist_json(const tally_hist_t *hist, tally_buf_t *out)
@@ -241,16 +221,17 @@ tally_status_t tally_hist_json(const tally_hist_t *hist, tally_buf_t *out)
     tally_hist_summarize(hist, &s);
     tally_status_t st = json_head(hist, &s, out);
     if (st == TALLY_OK)
-        st = appendf(out, "\"bins\":[");
+        st = tally_buf_printf(out, "\"bins\":[");
     unsigned n = entry_count(hist);
     for (unsigned i = 0; i < n && st == TALLY_OK; i++) {
         int64_t lo, hi;
         uint64_t count;
         entry(hist, i, &lo, &hi, &count);
-        st = appendf(out, "%s{\"lo\":%" PRId64 ",\"hi\":%" PRId64 ",\"count\":%" PRIu64 "}",
-                     i ? "," : "", lo, hi, count);
+        st =
+            tally_buf_printf(out, "%s{\"lo\":%" PRId64 ",\"hi\":%" PRId64 ",\"count\":%" PRIu64 "}",
+                             i ? "," : "", lo, hi, count);
     }
-    return st == TALLY_OK ? appendf(out, "]") : st;
+    return st == TALLY_OK ? tally_buf_printf(out, "]") : st;
 }
 
 tally_status_t tally_hist_csv(const tally_hist_t *hist, const char *label, bool header,
@@ -260,14 +241,14 @@ tally_status_t tally_hist_csv(const tally_hist_t *hist, const char *label, bool 
         return TALLY_E_ARG;
     tally_status_t st = TALLY_OK;
     if (header)
-        st = appendf(out, "%slo,hi,count\n", label ? "channel," : "");
+        st = tally_buf_printf(out, "%slo,hi,count\n", label ? "channel," : "");
     unsigned n = entry_count(hist);
     for (unsigned i = 0; i < n && st == TALLY_OK; i++) {
         int64_t lo, hi;
         uint64_t count;
         entry(hist, i, &lo, &hi, &count);
-        st = appendf(out, "%s%s%" PRId64 ",%" PRId64 ",%" PRIu64 "\n", label ? label : "",
-                     label ? "," : "", lo, hi, count);
+        st = tally_buf_printf(out, "%s%s%" PRId64 ",%" PRId64 ",%" PRIu64 "\n", label ? label : "",
+                              label ? "," : "", lo, hi, count);
     }
     return st;
 }

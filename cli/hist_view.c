@@ -1,0 +1,337 @@
+/*
+ * hist_view.c — the CLI's views of a stream's histograms (see hist_view.h).
+ *
+ * The human summary is a small table: one row per figure (count, mean, min, max, p50, p90, p99,
+ * and for ranged histograms underflow and overflow), one column per channel, each column as
+ * wide as its widest cell. The numbers all come from tally_hist_summarize; a quantile that lies
+ * beyond the range is printed as "< lo" or ">= hi", since the bins cannot say more.
+ */
+#include "hist_view.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+static const char *const channel_names[HV_CHANNELS_MAX] = {"r", "g", "b", "a"};
+
+tally_status_t hv_stream_init(hv_stream_t *s, const char *name, const tally_stream_info_t *info)
+{
+    memset(s, 0, sizeof *s);
+    s->name = name;
+    s->info = *info;
+    if (info->hist_dtype == TALLY_DTYPE_NONE)
+        return TALLY_OK;
+    if (tally_hist_from_info(info, &s->hist[0]) != TALLY_OK)
+        return TALLY_E_REPLY;
+    s->channels = 1;
+    return TALLY_OK;
+}
+
+const char *hv_channel_name(const hv_stream_t *s, unsigned channel)
+{
+    return s->channels > 1 && channel < HV_CHANNELS_MAX ? channel_names[channel] : NULL;
+}
+
+static bool ranged(const hv_stream_t *s)
+{
+    return s->channels == 1 && s->hist[0].dtype != TALLY_DTYPE_U8;
+}
+
+static const char *type_name(const hv_stream_t *s)
+{
+    const char *name = tally_dtype_name((tally_dtype_t)s->info.hist_dtype);
+    return name ? name : "none";
+}
+
+/* ---- Human summary ---------------------------------------------------------------------- */
+
+enum { ROW_COUNT, ROW_MEAN, ROW_MIN, ROW_MAX, ROW_P50, ROW_P90, ROW_P99, ROW_UNDER, ROW_OVER };
+static const char *const row_names[] = {"count", "mean", "min",       "max",     "p50",
+                                        "p90",   "p99",  "underflow", "overflow"};
+#define ROWS (sizeof row_names / sizeof row_names[0])
+#define CELL 48
+
+static void quantile_cell(const tally_hist_t *h, const tally_quantile_t *q, char *cell)
+{
+    if (q->side < 0)
+        snprintf(cell, CELL, "< %" PRId64, h->lo);
+    else if (q->side > 0)
+        snprintf(cell, CELL, ">= %" PRId64, h->hi);
+    else
+        snprintf(cell, CELL, "%" PRId64, q->value);
+}
+
+/* The lowest or highest non-empty bin: its value for one value per bin, else "bin B [lo, hi)". */
+static void bin_cell(const tally_hist_t *h, int bin, char *cell)
+{
+    if (bin < 0) {
+        snprintf(cell, CELL, "-");
+        return;
+    }
+    int64_t lo = tally_hist_edge(h, (unsigned)bin), hi = tally_hist_edge(h, (unsigned)bin + 1);
+    if (hi - lo == 1)
+        snprintf(cell, CELL, "%" PRId64, lo);
+    else
+        snprintf(cell, CELL, "bin %d [%" PRId64 ", %" PRId64 ")", bin, lo, hi);
+}
+
+static void fill_cells(const tally_hist_t *h, char cells[ROWS][CELL])
+{
+    tally_hist_summary_t sum;
+    tally_hist_summarize(h, &sum);
+    snprintf(cells[ROW_COUNT], CELL, "%" PRIu64, sum.count);
+    if (sum.in_range)
+        snprintf(cells[ROW_MEAN], CELL, "%.2f", sum.mean);
+    else
+        snprintf(cells[ROW_MEAN], CELL, "-");
+    bin_cell(h, sum.min_bin, cells[ROW_MIN]);
+    bin_cell(h, sum.max_bin, cells[ROW_MAX]);
+    const tally_quantile_t *qs[] = {&sum.p50, &sum.p90, &sum.p99};
+    for (int k = 0; k < 3; k++) {
+        if (sum.count)
+            quantile_cell(h, qs[k], cells[ROW_P50 + k]);
+        else
+            snprintf(cells[ROW_P50 + k], CELL, "-");
+    }
+    snprintf(cells[ROW_UNDER], CELL, "%" PRIu64, sum.underflow);
+    snprintf(cells[ROW_OVER], CELL, "%" PRIu64, sum.overflow);
+}
+
+/* "i32, 256 bins over [0, 1000), 3-4 values each". */
+static tally_status_t type_line(const hv_stream_t *s, tally_buf_t *out)
+{
+    if (!s->channels)
+        return tally_buf_printf(out, "%-10s none (no hist on this stream yet)\n", "type");
+    const tally_hist_t *h = &s->hist[0];
+    if (s->channels > 1)
+        return tally_buf_printf(out, "%-10s %s, 256 bins per channel, one per byte value\n", "type",
+                                type_name(s));
+    if (!ranged(s))
+        return tally_buf_printf(out, "%-10s %s, 256 bins, one per byte value\n", "type",
+                                type_name(s));
+    uint64_t width = (uint64_t)(h->hi - h->lo), narrow = width / 256, wide = (width + 255) / 256;
+    char each[64];
+    if (narrow == wide)
+        snprintf(each, sizeof each, "%" PRIu64 " value%s each", wide, wide == 1 ? "" : "s");
+    else
+        snprintf(each, sizeof each, "%" PRIu64 "-%" PRIu64 " values each", narrow, wide);
+    return tally_buf_printf(out, "%-10s %s, 256 bins over [%" PRId64 ", %" PRId64 "), %s\n", "type",
+                            type_name(s), h->lo, h->hi, each);
+}
+
+static void format_utc(uint64_t ms, char *buf, size_t cap)
+{
+    time_t t = (time_t)(ms / 1000);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    size_t n = strftime(buf, cap, "%H:%M:%S", &tm);
+    snprintf(buf + n, cap - n, ".%03u", (unsigned)(ms % 1000));
+}
+
+static tally_status_t window_line(const hv_stream_t *s, tally_buf_t *out)
+{
+    if (!s->window_end_ms)
+        return TALLY_OK;
+    char from[32], to[32];
+    format_utc(s->window_start_ms, from, sizeof from);
+    format_utc(s->window_end_ms, to, sizeof to);
+    double secs = (double)(s->window_end_ms - s->window_start_ms) / 1000.0;
+    double rate = secs > 0 ? (double)s->info.hist_total / secs : 0;
+    return tally_buf_printf(out, "%-10s %s - %s UTC (%.3f s), %.1f values/s\n", "window", from, to,
+                            secs, rate);
+}
+
+static tally_status_t counters_line(const tally_stream_info_t *i, tally_buf_t *out)
+{
+    tally_status_t st = tally_buf_printf(
+        out,
+        "%-10s batches %" PRIu64 ", elements %" PRIu64 ", bytes %" PRIu64 ", last_seq %" PRIu64,
+        "counters", i->batches, i->elements, i->bytes, i->last_seq);
+    if (st == TALLY_OK && i->filter_seen)
+        st = tally_buf_printf(out, "; filter kept %" PRIu64 " of %" PRIu64, i->filter_kept,
+                              i->filter_seen);
+    if (st == TALLY_OK && i->scan_elements)
+        st = tally_buf_printf(out, "; scan carry %" PRId64 " after %" PRIu64 " elements",
+                              i->scan_carry, i->scan_elements);
+    return st == TALLY_OK ? tally_buf_printf(out, "\n") : st;
+}
+
+static tally_status_t table(const hv_stream_t *s, tally_buf_t *out)
+{
+    char cells[HV_CHANNELS_MAX][ROWS][CELL];
+    int width[HV_CHANNELS_MAX];
+    for (unsigned c = 0; c < s->channels; c++) {
+        fill_cells(&s->hist[c], cells[c]);
+        width[c] = s->channels > 1 ? 1 : 0;
+        for (unsigned r = 0; r < ROWS; r++)
+            if ((int)strlen(cells[c][r]) > width[c])
+                width[c] = (int)strlen(cells[c][r]);
+    }
+    tally_status_t st = TALLY_OK;
+    if (s->channels > 1) { /* the channel names over right-aligned columns */
+        st = tally_buf_printf(out, "%-10s", "channel");
+        for (unsigned c = 0; c < s->channels && st == TALLY_OK; c++)
+            st = tally_buf_printf(out, " %*s", width[c], hv_channel_name(s, c));
+        if (st == TALLY_OK)
+            st = tally_buf_printf(out, "\n");
+    }
+    unsigned rows = ranged(s) ? ROWS : ROW_UNDER;
+    for (unsigned r = 0; r < rows && st == TALLY_OK; r++) {
+        st = tally_buf_printf(out, "%-10s", row_names[r]);
+        for (unsigned c = 0; c < s->channels && st == TALLY_OK; c++)
+            st = s->channels > 1 ? tally_buf_printf(out, " %*s", width[c], cells[c][r])
+                                 : tally_buf_printf(out, " %s", cells[c][r]);
+        if (st == TALLY_OK)
+            st = tally_buf_printf(out, "\n");
+    }
+    return st;
+}
+
+tally_status_t hv_summary_text(const hv_stream_t *s, tally_buf_t *out)
+{
+    tally_status_t st = tally_buf_printf(out, "%-10s %s\n", "stream", s->name);
+    if (st == TALLY_OK)
+        st = type_line(s, out);
+    if (st == TALLY_OK)
+        st = window_line(s, out);
+    if (st == TALLY_OK && s->channels)
+        st = table(s, out);
+    if (st == TALLY_OK)
+        st = counters_line(&s->info, out);
+    return st;
+}
+
+/* ---- JSON and CSV ------------------------------------------------------------------------- */
+
+/* Stream names are printable ASCII: only '"' and '\' need escaping. */
+static tally_status_t json_string(const char *str, tally_buf_t *out)
+{
+    tally_status_t st = tally_buf_printf(out, "\"");
+    for (const char *p = str; *p && st == TALLY_OK; p++)
+        st = tally_buf_printf(out, *p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
+    return st == TALLY_OK ? tally_buf_printf(out, "\"") : st;
+}
+
+static tally_status_t json_head(const hv_stream_t *s, tally_buf_t *out)
+{
+    const tally_stream_info_t *i = &s->info;
+    tally_status_t st = tally_buf_printf(out, "{\"stream\":");
+    if (st == TALLY_OK)
+        st = json_string(s->name, out);
+    if (st == TALLY_OK)
+        st = s->channels ? tally_buf_printf(out, ",\"type\":\"%s\"", type_name(s))
+                         : tally_buf_printf(out, ",\"type\":null");
+    if (st == TALLY_OK && ranged(s))
+        st = tally_buf_printf(out, ",\"lo\":%" PRId64 ",\"hi\":%" PRId64, s->hist[0].lo,
+                              s->hist[0].hi);
+    if (st == TALLY_OK)
+        st = tally_buf_printf(out,
+                              ",\"batches\":%" PRIu64 ",\"elements\":%" PRIu64 ",\"bytes\":%" PRIu64
+                              ",\"filter_seen\":%" PRIu64 ",\"filter_kept\":%" PRIu64
+                              ",\"scan_carry\":%" PRId64 ",\"scan_elements\":%" PRIu64
+                              ",\"hist_total\":%" PRIu64 ",\"last_seq\":%" PRIu64 ",",
+                              i->batches, i->elements, i->bytes, i->filter_seen, i->filter_kept,
+                              i->scan_carry, i->scan_elements, i->hist_total, i->last_seq);
+    if (st == TALLY_OK && s->window_end_ms)
+        st = tally_buf_printf(out, "\"window\":{\"start_ms\":%" PRIu64 ",\"end_ms\":%" PRIu64 "},",
+                              s->window_start_ms, s->window_end_ms);
+    return st;
+}
+
+tally_status_t hv_json(const hv_stream_t *s, tally_buf_t *out)
+{
+    tally_status_t st = json_head(s, out);
+    if (st != TALLY_OK)
+        return st;
+    if (!s->channels)
+        st = tally_buf_printf(out, "\"count\":0,\"mean\":null,\"quantiles\":null,\"bins\":[]");
+    else if (s->channels == 1)
+        st = tally_hist_json(&s->hist[0], out);
+    else {
+        st = tally_buf_printf(out, "\"channels\":[");
+        for (unsigned c = 0; c < s->channels && st == TALLY_OK; c++) {
+            st = tally_buf_printf(out, "%s{\"channel\":\"%s\",", c ? "," : "",
+                                  hv_channel_name(s, c));
+            if (st == TALLY_OK)
+                st = tally_hist_json(&s->hist[c], out);
+            if (st == TALLY_OK)
+                st = tally_buf_printf(out, "}");
+        }
+        if (st == TALLY_OK)
+            st = tally_buf_printf(out, "]");
+    }
+    return st == TALLY_OK ? tally_buf_printf(out, "}\n") : st;
+}
+
+tally_status_t hv_csv(const hv_stream_t *s, tally_buf_t *out)
+{
+    if (!s->channels)
+        return tally_buf_printf(out, "lo,hi,count\n");
+    tally_status_t st = TALLY_OK;
+    for (unsigned c = 0; c < s->channels && st == TALLY_OK; c++)
+        st = tally_hist_csv(&s->hist[c], hv_channel_name(s, c), c == 0, out);
+    return st;
+}
+
+/* ---- Bars --------------------------------------------------------------------------------- */
+
+void hv_fold(const tally_hist_t *h, unsigned cols, uint64_t *out)
+{
+    for (unsigned c = 0; c < cols; c++) {
+        unsigned from = c * TALLY_HIST_BINS / cols, to = (c + 1) * TALLY_HIST_BINS / cols;
+        out[c] = 0;
+        for (unsigned b = from; b < to; b++)
+            out[c] += h->bins[b];
+    }
+}
+
+/* A column's height in eighths of a line, 0..rows*8. */
+static unsigned bar_height(uint64_t v, uint64_t max, unsigned rows, bool log)
+{
+    if (!v)
+        return 0;
+    double f = log ? log1p((double)v) / log1p((double)max) : (double)v / (double)max;
+    unsigned h = (unsigned)lround(f * rows * 8);
+    return h ? h : 1;
+}
+
+tally_status_t hv_bars(const uint64_t *columns, unsigned cols, unsigned rows, bool log, bool utf8,
+                       tally_buf_t *out)
+{
+    /* U+2581..U+2588: a lower eighth up to a full block, three bytes each in UTF-8. */
+    static const char *const blocks[9] = {" ",      "\u2581", "\u2582", "\u2583", "\u2584",
+                                          "\u2585", "\u2586", "\u2587", "\u2588"};
+    uint64_t max = 0;
+    for (unsigned c = 0; c < cols; c++)
+        max = columns[c] > max ? columns[c] : max;
+    tally_status_t st = tally_buf_reserve(out, (size_t)rows * (cols * 3 + 1));
+    for (unsigned r = 0; r < rows && st == TALLY_OK; r++) {
+        unsigned base = (rows - 1 - r) * 8; /* eighths below this line */
+        for (unsigned c = 0; c < cols && st == TALLY_OK; c++) {
+            unsigned h = bar_height(columns[c], max, rows, log);
+            unsigned level = h <= base ? 0 : h - base >= 8 ? 8 : h - base;
+            const char *cell = utf8 ? blocks[level] : level == 8 ? "#" : level ? "." : " ";
+            st = tally_buf_append(out, cell, strlen(cell));
+        }
+        if (st == TALLY_OK)
+            st = tally_buf_append(out, "\n", 1);
+    }
+    return st;
+}
+
+void hv_short_count(double v, char *buf, size_t cap)
+{
+    static const char suffix[] = {'k', 'M', 'G', 'T', 'P', 'E'};
+    if (v < 1000) {
+        snprintf(buf, cap, v == floor(v) ? "%.0f" : "%.1f", v);
+        return;
+    }
+    int k = -1;
+    while (v >= 999.5 && k < 5) {
+        v /= 1000;
+        k++;
+    }
+    snprintf(buf, cap, v < 9.995 ? "%.2f%c" : v < 99.95 ? "%.1f%c" : "%.0f%c", v, suffix[k]);
+}
