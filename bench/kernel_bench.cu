@@ -77,6 +77,16 @@ __global__ void gen_u8(unsigned *x, size_t words, int kind)
     }
 }
 
+/* kind 0: uniform 12-bit values (a 12-bit sensor); 1: all equal (1234); 2: uniform 16-bit. */
+__global__ void gen_u16(unsigned *x, size_t words, int kind)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words;
+         i += (size_t)gridDim.x * blockDim.x) {
+        unsigned h = hash32(i + 777);
+        x[i] = kind == 0 ? (h & 0x0fff0fffu) : kind == 1 ? 0x04d204d2u : h;
+    }
+}
+
 /* The read-only ceiling: every 16-byte vector read once, 4 in flight per thread. */
 __global__ void __launch_bounds__(256) read_only(const uint4 *p, size_t nv, unsigned *sink)
 {
@@ -180,7 +190,7 @@ int main(int argc, char **argv)
     int *d_i32;
     unsigned char *d_u8;
     void *d_out, *d_scratch, *d_cub = nullptr;
-    uint64_t *d_small; /* [0] kept, [1] carry, [2..] tk_hist_t */
+    uint64_t *d_small; /* [0] kept, [1] carry, [2..] tk_hist_t (8 KiB with 4 channels) */
     int *d_cub_count;
     unsigned *d_sink;
     size_t scratch = tk_cuda_scratch_bytes_max(BYTES);
@@ -188,10 +198,11 @@ int main(int argc, char **argv)
     CK(cudaMalloc(&d_u8, BYTES));
     CK(cudaMalloc(&d_out, 2 * BYTES));
     CK(cudaMalloc(&d_scratch, scratch ? scratch : 16));
-    CK(cudaMalloc(&d_small, 4096));
+    const size_t small_bytes = 16 + sizeof(tk_hist_t);
+    CK(cudaMalloc(&d_small, small_bytes));
     CK(cudaMalloc(&d_cub_count, 16));
     CK(cudaMalloc(&d_sink, 16));
-    CK(cudaMemset(d_small, 0, 4096));
+    CK(cudaMemset(d_small, 0, small_bytes));
     gen_i32<<<4096, 256, 0, stream>>>(d_i32, N32);
     CK(cudaGetLastError());
 
@@ -294,6 +305,67 @@ int main(int argc, char **argv)
         double ms = time_ms(
             [&] { TK(tk_cuda_hist_i32(d_i32, N32, 0, FILTER_RANGE, dh, nullptr, 0, stream)); });
         row("hist i32 [0, 10^6) uniform", gbps(BYTES, ms), readc, "read", cub, 0.90);
+    }
+
+    /* Issue 12: uint16 (12-bit data over [0, 4096), all-equal, 16-bit over [0, 65536)) and
+     * colour (RGB, RGBA on uniform and all-equal bytes, with 32 and 16 sub-histogram copies per
+     * block; TK_HIST_RGB_COPIES picks one). Each checked: every channel counts every value. */
+    {
+        static tk_hist_t h;
+        auto channel_sums_ok = [&](size_t n, unsigned channels, bool ranged, const char *what) {
+            CK(cudaMemset(dh, 0, sizeof *dh));
+            return std::function<void()>([=] {
+                CK(cudaMemcpy(&h, dh, sizeof h, cudaMemcpyDeviceToHost));
+                for (unsigned c = 0; c < channels; c++) {
+                    unsigned long long sum = ranged ? h.underflow + h.overflow : 0;
+                    for (int b = 0; b < 256; b++)
+                        sum += h.bins[c * 256 + b];
+                    if (sum != n) {
+                        fprintf(stderr, "%s: channel %u counts %llu of %zu\n", what, c, sum, n);
+                        exit(1);
+                    }
+                }
+            });
+        };
+        const size_t n16 = BYTES / 2;
+        struct {
+            const char *name;
+            int kind;
+            int64_t hi;
+        } u16s[] = {{"hist u16 [0, 4096) 12-bit uniform", 0, 4096},
+                    {"hist u16 [0, 4096) all-equal", 1, 4096},
+                    {"hist u16 [0, 65536) uniform", 2, 65536}};
+        for (const auto &c : u16s) {
+            gen_u16<<<4096, 256, 0, stream>>>((unsigned *)d_out, BYTES / 4, c.kind);
+            CK(cudaGetLastError());
+            const uint16_t *in = (const uint16_t *)d_out;
+            auto verify = channel_sums_ok(n16, 1, true, c.name);
+            TK(tk_cuda_hist_u16(in, n16, 0, c.hi, dh, nullptr, 0, stream));
+            verify();
+            double ms =
+                time_ms([&] { TK(tk_cuda_hist_u16(in, n16, 0, c.hi, dh, nullptr, 0, stream)); });
+            row(c.name, gbps(BYTES, ms), readc, "read", 0, 0.90);
+        }
+        for (int k = 0; k < 2; k++) {
+            gen_u8<<<4096, 256, 0, stream>>>((unsigned *)d_u8, BYTES / 4, k);
+            CK(cudaGetLastError());
+            for (unsigned channels = 3; channels <= 4; channels++) {
+                for (unsigned copies = 32; copies >= 16; copies /= 2) {
+                    size_t pixels = BYTES / channels;
+                    char name[96];
+                    snprintf(name, sizeof name, "hist %s %s, %u copies%s",
+                             channels == 3 ? "rgb8" : "rgba8", kinds[k], copies,
+                             copies == tk_cuda_hist_rgb_default_copies() ? " (default)" : "");
+                    auto verify = channel_sums_ok(pixels, channels, false, name);
+                    TK(tk_cuda_hist_rgb_copies(d_u8, pixels, channels, copies, dh, stream));
+                    verify();
+                    double ms = time_ms([&] {
+                        TK(tk_cuda_hist_rgb_copies(d_u8, pixels, channels, copies, dh, stream));
+                    });
+                    row(name, gbps((double)pixels * channels, ms), readc, "read", 0, 0.90);
+                }
+            }
+        }
     }
 
     /* The table for RESULTS.md. */

@@ -560,12 +560,39 @@ tally_status_t tally_query(tally_client_t *self, const char *stream, tally_strea
     return status;
 }
 
-tally_status_t tally_reset(tally_client_t *self, const char *stream)
+tally_status_t tally_query_window(tally_client_t *self, const char *stream, uint64_t window_ms,
+                                  tally_stream_info_t *info, uint64_t *start_ms, uint64_t *end_ms)
+{
+    if (!self || !info || window_ms == 0 || window_ms > (uint64_t)TALLY_WINDOW_MS_MAX)
+        return TALLY_E_ARG;
+    tally_req_t req;
+    tally_status_t status = stream_req(self, &req, TALLY_OP_QUERY, stream);
+    if (status != TALLY_OK)
+        return status;
+    req.flags = TALLY_FLAG_QUERY_WINDOW;
+    req.lo = (int64_t)window_ms;
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    status = tally_call(self, &req, NULL, 0, &reply);
+    if (status == TALLY_OK &&
+        tally_stream_info_decode(reply.payload, reply.len, info) != TALLY_OK) {
+        status = fail(self, TALLY_E_REPLY, "query reply does not decode");
+    }
+    if (status == TALLY_OK && start_ms)
+        *start_ms = reply.rep.aux0;
+    if (status == TALLY_OK && end_ms)
+        *end_ms = reply.rep.aux1;
+    tally_reply_clear(&reply);
+    return status;
+}
+
+/* reset and delete: a stream name, an empty reply. */
+static tally_status_t stream_control(tally_client_t *self, tally_op_t op, const char *stream)
 {
     if (!self)
         return TALLY_E_ARG;
     tally_req_t req;
-    tally_status_t status = stream_req(self, &req, TALLY_OP_RESET, stream);
+    tally_status_t status = stream_req(self, &req, op, stream);
     if (status != TALLY_OK)
         return status;
     tally_reply_t reply;
@@ -573,6 +600,16 @@ tally_status_t tally_reset(tally_client_t *self, const char *stream)
     status = tally_call(self, &req, NULL, 0, &reply);
     tally_reply_clear(&reply);
     return status;
+}
+
+tally_status_t tally_reset(tally_client_t *self, const char *stream)
+{
+    return stream_control(self, TALLY_OP_RESET, stream);
+}
+
+tally_status_t tally_delete(tally_client_t *self, const char *stream)
+{
+    return stream_control(self, TALLY_OP_DELETE, stream);
 }
 
 void tally_strings_free(char **names, size_t count)
@@ -932,11 +969,7 @@ void tally__hist_add(uint8_t *acc, const uint8_t *vals, size_t n)
 
 size_t tally__hist_values(uint8_t dtype)
 {
-    if (dtype == TALLY_DTYPE_U8)
-        return TALLY_HIST_BINS;
-    if (dtype == TALLY_DTYPE_I32)
-        return TALLY_HIST_I32_VALUES;
-    return 0;
+    return tally_hist_values(dtype);
 }
 
 size_t tally__chunk_bytes(size_t requested, size_t elem_size)

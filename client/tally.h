@@ -112,8 +112,18 @@ tally_status_t tally_ping(tally_client_t *self, double *rtt_us);
 /* Info (TALLY_OP_INFO) or Prometheus metrics (TALLY_OP_STATS) text, NUL-terminated, malloc'd:
  * free it with free(). */
 tally_status_t tally_info(tally_client_t *self, tally_op_t op, char **text);
+/* The stream's record (all time). info->bins holds channel c's bins at c x 256 for rgb8/rgba8. */
 tally_status_t tally_query(tally_client_t *self, const char *stream, tally_stream_info_t *info);
+/* The stream's record for the last window_ms milliseconds (PROTOCOL.md, "Windows"): the
+ * histogram fields count only that window, which runs from *start_ms to *end_ms (ms since the
+ * epoch; either may be NULL). TALLY_E_WINDOW when the daemon keeps less than that. */
+tally_status_t tally_query_window(tally_client_t *self, const char *stream, uint64_t window_ms,
+                                  tally_stream_info_t *info, uint64_t *start_ms, uint64_t *end_ms);
+/* Zeroes the stream's counters, histogram and window and keeps the stream (its histogram's
+ * type and range, and its last_seq). */
 tally_status_t tally_reset(tally_client_t *self, const char *stream);
+/* Removes the stream: the next request naming it starts a new one. */
+tally_status_t tally_delete(tally_client_t *self, const char *stream);
 /* The daemon's stream names: a malloc'd array of *count malloc'd strings, freed with
  * tally_strings_free. */
 tally_status_t tally_streams(tally_client_t *self, char ***names, size_t *count);
@@ -223,7 +233,8 @@ typedef struct {
  *   scan:   n int64 (or int32 with TALLY_FLAG_SCAN_OUT_I32) prefix sums. Without a stream,
  *           each chunk is scanned from 0 and the client adds the total of the chunks before
  *           it (wrapping), so chunks still pipeline; with a stream the daemon carries;
- *   hist:   256 (u8) or 258 (i32: bins, underflow, overflow) uint64 counts of this input,
+ *   hist:   tally_hist_values(dtype) uint64 counts (u8 256; i32, u16 258: bins, underflow,
+ *           overflow; rgb8 768, rgba8 1024: 256 per channel) of this input,
  *           summed over chunks (with a stream, the stream's running histogram grows too).
  * `opts` and `result` may be NULL. On failure, `out` holds what was produced so far and
  * result->error says why; replies still in flight are ignored by later calls.

@@ -32,6 +32,10 @@ void td_config_init(td_config_t *cfg)
     cfg->shm_max_regions_per_peer = TD_DEFAULT_SHM_MAX_REGIONS_PER_PEER;
     cfg->shm_max_bytes = TD_DEFAULT_SHM_MAX_BYTES;
     cfg->shm_socket_gid = -1;
+    cfg->window_intervals = TD_DEFAULT_WINDOW_INTERVALS;
+    cfg->window_interval_ms = TD_DEFAULT_WINDOW_INTERVAL_MS;
+    cfg->pub_interval_ms = TD_DEFAULT_PUB_INTERVAL_MS;
+    cfg->metrics_streams = TD_DEFAULT_METRICS_STREAMS;
 }
 
 size_t td_config_max_frame(const td_config_t *cfg)
@@ -72,6 +76,8 @@ void td_config_clear(td_config_t *cfg)
     free(cfg->state_dir);
     free(cfg->metrics_listen);
     free(cfg->shm_socket);
+    free(cfg->pub_endpoint);
+    free(cfg->test_clock);
     td_config_init(cfg);
 }
 
@@ -246,13 +252,21 @@ void td_config_usage(const char *argv0)
            "      --shm-allow-gids L  groups allowed (the peer's primary or supplementary)\n"
            "      --shm-max-regions-per-peer N  regions per side connection (default %u)\n"
            "      --shm-max-bytes B   registered bytes in total, K/M/G (default %llu)\n"
+           "      --window-intervals N  intervals in each stream's window ring, 0 = off\n"
+           "                          (default %u)\n"
+           "      --window-interval-ms MS  length of one interval (default %u)\n"
+           "      --pub ENDPOINT      publish changed streams on a ZeroMQ PUB socket there\n"
+           "      --pub-interval-ms MS  how often (default %u)\n"
+           "      --metrics-streams N  streams with their own metrics label; the rest are\n"
+           "                          summed as stream=\"_other\" (default %u)\n"
            "      --check-config      check the configuration file and options, then exit\n"
            "  -h, --help              this text\n"
            "  -V, --version           print the version\n",
            argv0, TD_DEFAULT_ENDPOINT, TD_DEFAULT_MAX_BATCH, TD_DEFAULT_MAX_INFLIGHT,
            TD_DEFAULT_MAX_STREAMS, TD_MAX_FRAME_FACTOR, TD_DEFAULT_DRAIN_MS, TD_DEFAULT_CONFIG_FILE,
            TD_DEFAULT_STATE_INTERVAL, TD_SHM_SOCKET_NAME, TD_DEFAULT_SHM_MAX_REGIONS_PER_PEER,
-           (unsigned long long)TD_DEFAULT_SHM_MAX_BYTES);
+           (unsigned long long)TD_DEFAULT_SHM_MAX_BYTES, TD_DEFAULT_WINDOW_INTERVALS,
+           TD_DEFAULT_WINDOW_INTERVAL_MS, TD_DEFAULT_PUB_INTERVAL_MS, TD_DEFAULT_METRICS_STREAMS);
 }
 
 enum {
@@ -282,6 +296,12 @@ enum {
     OPT_SHM_MAX_REGIONS,
     OPT_SHM_MAX_BYTES,
     OPT_TEST_SHM_DENY_OWN_UID,
+    OPT_WINDOW_INTERVALS,
+    OPT_WINDOW_INTERVAL_MS,
+    OPT_PUB,
+    OPT_PUB_INTERVAL_MS,
+    OPT_METRICS_STREAMS,
+    OPT_TEST_CLOCK,
 };
 
 tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, bool *exit_now,
@@ -320,6 +340,13 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
         {"shm-max-bytes", required_argument, NULL, OPT_SHM_MAX_BYTES},
         /* Test only, not in --help: refuse tallyd's own uid, to test the refusal. */
         {"test-shm-deny-own-uid", no_argument, NULL, OPT_TEST_SHM_DENY_OWN_UID},
+        {"window-intervals", required_argument, NULL, OPT_WINDOW_INTERVALS},
+        {"window-interval-ms", required_argument, NULL, OPT_WINDOW_INTERVAL_MS},
+        {"pub", required_argument, NULL, OPT_PUB},
+        {"pub-interval-ms", required_argument, NULL, OPT_PUB_INTERVAL_MS},
+        {"metrics-streams", required_argument, NULL, OPT_METRICS_STREAMS},
+        /* test only, not in --help: the window clock read from this file */
+        {"test-clock", required_argument, NULL, OPT_TEST_CLOCK},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
@@ -462,6 +489,34 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
             break;
         case OPT_TEST_SHM_DENY_OWN_UID:
             cfg->test_shm_deny_own_uid = true;
+            break;
+        case OPT_WINDOW_INTERVALS:
+            if (parse_unsigned(optarg, 0, TD_WINDOW_INTERVALS_LIMIT, &cfg->window_intervals) !=
+                TALLY_OK)
+                goto bad;
+            break;
+        case OPT_WINDOW_INTERVAL_MS:
+            if (parse_unsigned(optarg, TD_WINDOW_INTERVAL_MS_MIN, TD_WINDOW_INTERVAL_MS_LIMIT,
+                               &cfg->window_interval_ms) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_PUB:
+            if (replace_string(&cfg->pub_endpoint, optarg) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_PUB_INTERVAL_MS:
+            if (parse_unsigned(optarg, TD_PUB_INTERVAL_MS_MIN, TD_PUB_INTERVAL_MS_LIMIT,
+                               &cfg->pub_interval_ms) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_METRICS_STREAMS:
+            if (parse_unsigned(optarg, 0, TD_METRICS_STREAMS_LIMIT, &cfg->metrics_streams) !=
+                TALLY_OK)
+                goto bad;
+            break;
+        case OPT_TEST_CLOCK:
+            if (replace_string(&cfg->test_clock, optarg) != TALLY_OK)
+                goto bad;
             break;
         case 'h':
             td_config_usage(argv[0]);

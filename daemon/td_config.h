@@ -97,6 +97,25 @@
 #define TD_STATE_FILE "streams.state" /* in the state directory */
 #define TD_STATUS_INTERVAL_MS 5000    /* systemd STATUS= line refresh */
 #define TD_METRICS_WAIT_MS 2000       /* an HTTP scrape waits this long for the loop */
+/* Windows (PROTOCOL.md "Windows", td_window.h): each stream's ring of recent intervals, one
+ * minute in seconds by default. A ring costs intervals x (32 + 2048 x channels) bytes per
+ * stream: 122 KiB single-channel at the defaults, so the limits keep one stream's ring under
+ * 16 MiB (rgba8 at 2048 intervals). */
+#define TD_DEFAULT_WINDOW_INTERVALS 60u
+#define TD_WINDOW_INTERVALS_LIMIT 2048u
+#define TD_DEFAULT_WINDOW_INTERVAL_MS 1000u
+#define TD_WINDOW_INTERVAL_MS_MIN 10u
+#define TD_WINDOW_INTERVAL_MS_LIMIT 3600000u
+/* Subscriptions (PROTOCOL.md §11, td_pub.h): how often changed streams are published. */
+#define TD_DEFAULT_PUB_INTERVAL_MS 1000u
+#define TD_PUB_INTERVAL_MS_MIN 10u
+#define TD_PUB_INTERVAL_MS_LIMIT 3600000u
+#define TD_PUB_SNDHWM 1000 /* messages queued per subscriber before ZeroMQ drops them */
+/* Per-stream Prometheus series (td_metrics.c): the first this many streams, in creation order,
+ * get their own `stream` label; the rest are summed under stream="_other", so a scrape has at
+ * most (metrics_streams + 1) x 3 per-stream series however many streams exist. */
+#define TD_DEFAULT_METRICS_STREAMS 100u
+#define TD_METRICS_STREAMS_LIMIT 10000u
 
 typedef enum {
     TD_BACKEND_AUTO = 0,
@@ -138,6 +157,12 @@ typedef struct {
     size_t shm_max_bytes;              /* registered in total */
     bool test_shm_deny_own_uid;        /* test only: tallyd's own uid is not allowed either */
     bool check_only;                   /* --check-config: load the configuration, report, exit */
+    unsigned window_intervals;         /* per-stream window ring; 0 = windows off */
+    unsigned window_interval_ms;       /* one interval of the ring */
+    char *pub_endpoint;                /* owned; the PUB socket's endpoint; NULL = off */
+    unsigned pub_interval_ms;          /* publication interval */
+    unsigned metrics_streams;          /* streams with their own metrics label */
+    char *test_clock;                  /* owned; test only: the window clock read from a file */
     int argc; /* the command line, kept so SIGHUP can re-apply it (borrowed) */
     char **argv;
 } td_config_t;

@@ -164,11 +164,8 @@ static tally_status_t enqueue_kernel(cuda_lane_t *l, const td_gpu_job_t *job)
             cudaMemsetAsync(&l->d_small->hist, 0, sizeof l->d_small->hist, l->stream));
         if (st != TALLY_OK)
             return st;
-        if (job->dtype == TALLY_DTYPE_U8)
-            return tk_cuda_hist_u8(l->d_in, job->n, &l->d_small->hist, l->d_scratch,
-                                   l->scratch_bytes, l->stream);
-        return tk_cuda_hist_i32(l->d_in, job->n, job->lo, job->hi, &l->d_small->hist, l->d_scratch,
-                                l->scratch_bytes, l->stream);
+        return tk_cuda_hist(job->dtype, l->d_in, job->n, job->lo, job->hi, &l->d_small->hist,
+                            l->d_scratch, l->scratch_bytes, l->stream);
     }
     default:
         return TALLY_E_PARAM;

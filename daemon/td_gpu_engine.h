@@ -53,7 +53,7 @@ typedef struct {
     tk_filter_spec_t spec; /* filter */
     int exclusive;         /* scan */
     int out_i32;           /* scan */
-    int64_t lo, hi;        /* hist int32 */
+    int64_t lo, hi;        /* hist int32, uint16 */
     unsigned carry_index;  /* scan: the device carry it continues from and updates */
     bool carry_upload;     /* scan: first load the carry from staging[slot].small->carry */
     bool fault;            /* test only: clobber the device carry; the pipeline then fails it */

@@ -140,9 +140,7 @@ static tally_status_t sim_run(sim_lane_t *l, const td_gpu_job_t *job)
         break;
     case TALLY_OP_HIST:
         memset(&l->d_small.hist, 0, sizeof l->d_small.hist);
-        st = job->dtype == TALLY_DTYPE_U8
-                 ? cpu->hist_u8(cpu->ctx, l->d_in, job->n, &l->d_small.hist)
-                 : cpu->hist_i32(cpu->ctx, l->d_in, job->n, job->lo, job->hi, &l->d_small.hist);
+        st = tk_backend_hist(cpu, job->dtype, l->d_in, job->n, job->lo, job->hi, &l->d_small.hist);
         break;
     default:
         break;

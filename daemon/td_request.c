@@ -47,7 +47,7 @@ tally_status_t td_request_take_payload(td_request_t *self, zmq_msg_t *msg)
     self->payload = zmq_msg_data(&self->payload_msg);
     /* ZeroMQ may hand us a frame at any byte offset inside its receive buffer; the backends
      * read whole elements, so realign (one copy, only when needed). */
-    size_t align = tally_dtype_size((tally_dtype_t)self->req.dtype);
+    size_t align = tally_dtype_align((tally_dtype_t)self->req.dtype);
     if (self->payload_len && align > 1 && ((uintptr_t)self->payload % align) != 0) {
         self->payload_copy = malloc(self->payload_len);
         if (!self->payload_copy)
@@ -118,10 +118,11 @@ size_t td_request_elements(const td_request_t *self)
 
 static void describe_hist(char *buf, size_t cap, uint8_t dtype, int64_t lo, int64_t hi)
 {
-    if (dtype == TALLY_DTYPE_U8)
-        snprintf(buf, cap, "u8");
+    const char *name = tally_dtype_name((tally_dtype_t)dtype);
+    if (tally_hist_ranged(dtype))
+        snprintf(buf, cap, "%s over [%lld, %lld)", name, (long long)lo, (long long)hi);
     else
-        snprintf(buf, cap, "i32 over [%lld, %lld)", (long long)lo, (long long)hi);
+        snprintf(buf, cap, "%s", name ? name : "?");
 }
 
 bool td_request_prepare(td_request_t *self)
@@ -135,14 +136,14 @@ bool td_request_prepare(td_request_t *self)
     if (self->req.opcode == TALLY_OP_HIST && stream->info.hist_dtype != TALLY_DTYPE_NONE) {
         const tally_stream_info_t *info = &stream->info;
         bool same = info->hist_dtype == self->req.dtype &&
-                    (self->req.dtype == TALLY_DTYPE_U8 ||
+                    (!tally_hist_ranged(self->req.dtype) ||
                      (info->hist_lo == self->req.lo && info->hist_hi == self->req.hi));
         if (!same) {
             char have[64], want[64];
             describe_hist(have, sizeof have, info->hist_dtype, info->hist_lo, info->hist_hi);
             describe_hist(want, sizeof want, self->req.dtype, self->req.lo, self->req.hi);
             td_request_fail(self, TALLY_E_STREAM_STATE,
-                            "stream '%s' keeps a %s histogram, this request is %s: reset the "
+                            "stream '%s' keeps a %s histogram, this request is %s: delete the "
                             "stream first",
                             stream->name, have, want);
             return false;
@@ -256,12 +257,9 @@ static void execute_scan(td_request_t *self, size_t n)
 
 static void execute_hist(td_request_t *self, size_t n)
 {
-    bool i32 = self->req.dtype == TALLY_DTYPE_I32;
     memset(&self->hist, 0, sizeof self->hist);
-    tally_status_t st =
-        i32 ? self->backend->hist_i32(self->backend->ctx, self->payload, n, self->req.lo,
-                                      self->req.hi, &self->hist)
-            : self->backend->hist_u8(self->backend->ctx, self->payload, n, &self->hist);
+    tally_status_t st = tk_backend_hist(self->backend, self->req.dtype, self->payload, n,
+                                        self->req.lo, self->req.hi, &self->hist);
     if (st != TALLY_OK) {
         td_request_fail(self, st, "%s backend failed the histogram", self->backend->name);
         return;
@@ -271,16 +269,17 @@ static void execute_hist(td_request_t *self, size_t n)
 
 void td_request_hist_reply(td_request_t *self, size_t n)
 {
-    bool i32 = self->req.dtype == TALLY_DTYPE_I32;
-    size_t values = i32 ? TALLY_HIST_I32_VALUES : TALLY_HIST_BINS;
+    bool ranged = tally_hist_ranged(self->req.dtype);
+    size_t values = tally_hist_values(self->req.dtype);
+    size_t bins = (size_t)tally_hist_channels(self->req.dtype) * TALLY_HIST_BINS;
     uint8_t *out = malloc(values * sizeof(uint64_t));
     if (!out) {
         td_request_fail(self, TALLY_E_INTERNAL, "out of memory for a histogram reply");
         return;
     }
-    for (size_t b = 0; b < TALLY_HIST_BINS; b++)
+    for (size_t b = 0; b < bins; b++)
         tally_put_u64(out + 8 * b, self->hist.bins[b]);
-    if (i32) {
+    if (ranged) {
         tally_put_u64(out + 8 * TALLY_HIST_BINS, self->hist.underflow);
         tally_put_u64(out + 8 * (TALLY_HIST_BINS + 1), self->hist.overflow);
     }
@@ -325,6 +324,7 @@ bool td_request_apply(td_request_t *self)
     }
     if (seq != 0)
         info->last_seq = seq;
+    stream->pub_dirty = true;
     size_t n = td_request_elements(self);
     info->batches++;
     info->elements += n;
@@ -340,11 +340,12 @@ bool td_request_apply(td_request_t *self)
         break;
     case TALLY_OP_HIST:
         if (info->hist_dtype == TALLY_DTYPE_NONE) {
+            bool ranged = tally_hist_ranged(self->req.dtype);
             info->hist_dtype = self->req.dtype;
-            info->hist_lo = self->req.dtype == TALLY_DTYPE_I32 ? self->req.lo : 0;
-            info->hist_hi = self->req.dtype == TALLY_DTYPE_I32 ? self->req.hi : 0;
+            info->hist_lo = ranged ? self->req.lo : 0;
+            info->hist_hi = ranged ? self->req.hi : 0;
         }
-        for (size_t b = 0; b < TALLY_HIST_BINS; b++)
+        for (size_t b = 0; b < tally_hist_channels(info->hist_dtype) * TALLY_HIST_BINS; b++)
             info->bins[b] += self->hist.bins[b];
         info->hist_underflow += self->hist.underflow;
         info->hist_overflow += self->hist.overflow;

@@ -61,6 +61,7 @@
 #include "td_log.h"
 #include "td_metrics.h"
 #include "td_notify.h"
+#include "td_pub.h"
 #include "td_request.h"
 #include "td_server.h"
 #include "td_service.h"
@@ -109,6 +110,7 @@ struct td_server {
     tk_backend_t *cpu;      /* always present; the fallback */
     td_exec_t *exec;        /* where compute requests run: CPU workers or the GPU pipeline */
     td_shm_t *shm;          /* shared-memory side channel and regions; NULL when off */
+    td_pub_t *pub;          /* the PUB socket (subscriptions); NULL when off */
     td_stream_t *advancing; /* the stream stream_advance is working on, if any */
     char devices[256];
     td_metrics_t metrics;
@@ -203,11 +205,14 @@ static void op_info(td_server_t *s, td_request_t *r)
     }
     int n = snprintf(text, TD_TEXT_REPLY_MAX,
                      "version=%s\nprotocol=%d\nbackend=%s\nbackends=%s\ndevices=%s\n"
-                     "max_batch=%zu\nmax_inflight=%u\nmax_streams=%u\nshm=%s\nshm_socket=%s\n",
+                     "max_batch=%zu\nmax_inflight=%u\nmax_streams=%u\nshm=%s\nshm_socket=%s\n"
+                     "window_intervals=%u\nwindow_interval_ms=%u\npub=%s\npub_interval_ms=%u\n",
                      TALLY_VERSION, TALLY_PROTO_VERSION, td_exec_backend_name(s->exec),
                      td_exec_backends(s->exec), td_exec_devices(s->exec), s->cfg.max_batch,
                      s->cfg.max_inflight, s->cfg.max_streams, s->shm ? "on" : "off",
-                     s->shm ? td_shm_path(s->shm) : "");
+                     s->shm ? td_shm_path(s->shm) : "", s->cfg.window_intervals,
+                     s->cfg.window_interval_ms, s->pub ? td_pub_endpoint(s->pub) : "",
+                     s->cfg.pub_interval_ms);
     reply_text(s, r, text, n > 0 ? (size_t)n : 0);
 }
 
@@ -271,15 +276,59 @@ static void op_streams(td_server_t *s, td_request_t *r)
     td_request_succeed(r, TALLY_DTYPE_NONE, out, len, count);
 }
 
-static void op_query(td_request_t *r, td_stream_t *stream)
+/* A window query (PROTOCOL.md "Windows"): the stream's record with the histogram of the last
+ * ceil(W / interval) intervals; false (r failed) when the ring is shorter or windows are off. */
+static bool window_view(td_server_t *s, td_request_t *r, const td_stream_t *stream,
+                        tally_stream_info_t *view)
 {
-    uint8_t *out = malloc(TALLY_QUERY_PAYLOAD_SIZE);
+    unsigned intervals = s->cfg.window_intervals;
+    uint64_t interval_ms = s->cfg.window_interval_ms;
+    uint64_t want = ((uint64_t)r->req.lo + interval_ms - 1) / interval_ms;
+    if (intervals == 0) {
+        td_request_fail(r, TALLY_E_WINDOW, "windows are off (window_intervals = 0)");
+        return false;
+    }
+    if (want > intervals) {
+        td_request_fail(r, TALLY_E_WINDOW,
+                        "a window of %" PRId64 " ms needs %" PRIu64 " intervals; tallyd keeps %u "
+                        "of %" PRIu64 " ms (%" PRIu64 " ms)",
+                        r->req.lo, want, intervals, interval_ms, intervals * interval_ms);
+        return false;
+    }
+    uint64_t now = td_clock_ms();
+    *view = stream->info;
+    if (stream->window) {
+        r->rep.aux0 = td_window_sum(stream->window, now, (unsigned)want, view);
+    } else { /* no hist yet: nothing counted in any interval */
+        view->hist_underflow = view->hist_overflow = view->hist_total = 0;
+        memset(view->bins, 0, sizeof view->bins);
+        uint64_t current = now / interval_ms;
+        r->rep.aux0 = (current + 1 - (want < current + 1 ? want : current + 1)) * interval_ms;
+    }
+    r->rep.aux1 = now;
+    return true;
+}
+
+static void op_query(td_server_t *s, td_request_t *r, const td_stream_t *stream)
+{
+    static tally_stream_info_t view; /* loop thread only; 8 KiB off the stack */
+    const tally_stream_info_t *info = &stream->info;
+    if (r->req.flags & TALLY_FLAG_QUERY_WINDOW) {
+        if (!window_view(s, r, stream, &view))
+            return;
+        info = &view;
+    }
+    size_t size = tally_stream_info_size(info);
+    uint8_t *out = malloc(size);
     if (!out) {
         td_request_fail(r, TALLY_E_INTERNAL, "out of memory");
         return;
     }
-    tally_stream_info_encode(&stream->info, out);
-    td_request_succeed(r, TALLY_DTYPE_NONE, out, TALLY_QUERY_PAYLOAD_SIZE, 1);
+    tally_stream_info_encode(info, out);
+    uint64_t start = r->rep.aux0, end = r->rep.aux1;
+    td_request_succeed(r, TALLY_DTYPE_NONE, out, size, 1);
+    r->rep.aux0 = start;
+    r->rep.aux1 = end;
 }
 
 /* ---- Scheduling ------------------------------------------------------------------------- */
@@ -290,8 +339,16 @@ static void exec_done(void *owner, td_request_t *r)
 {
     td_server_t *s = owner;
     td_stream_t *stream = r->stream;
-    if (!td_request_apply(r) && stream)
-        td_exec_stream_failed(s->exec, stream);
+    if (!td_request_apply(r)) {
+        if (stream)
+            td_exec_stream_failed(s->exec, stream);
+    } else if (stream && r->req.opcode == TALLY_OP_HIST &&
+               !td_stream_window_add(s->streams, stream, r->hist.bins, r->hist.underflow,
+                                     r->hist.overflow, td_request_elements(r), td_clock_ms())) {
+        td_warn("stream '%s': out of memory for its window ring; its window queries count "
+                "nothing",
+                stream->name);
+    }
     reply(s, r);
     if (stream) {
         if (stream->exec_submitted == 0)
@@ -332,14 +389,15 @@ static bool may_advance(td_server_t *s, td_stream_t *stream, td_request_t *r)
     return !td_request_seq_waits(r) && td_exec_may_start(s->exec, stream, r);
 }
 
-/* After a reset the stream's name is forgotten (PROTOCOL.md, `reset`), even while requests that
- * were queued behind the reset still hold the stream object: a query or reset among them gets
- * unknown_stream, exactly as if it had been read after the reset ran, and the next filter, scan
- * or hist starts the stream anew. (They used to find the cleared stream: the query answered an
- * empty state and the stream stayed listed and saved with nothing in it, so the answer depended
- * on whether the query was read before or after the reset ran.) A forgotten stream is removed
- * once its queue is empty; nothing can be in flight on it, since a reset only runs on a drained
- * stream and a forgotten one starts nothing. */
+/* After a delete the stream's name is forgotten (PROTOCOL.md, `delete`), even while requests
+ * that were queued behind the delete still hold the stream object: a query, reset or delete
+ * among them gets unknown_stream, exactly as if it had been read after the delete ran, and the
+ * next filter, scan or hist starts the stream anew. (They used to find the cleared stream: the
+ * query answered an empty state and the stream stayed listed and saved with nothing in it, so
+ * the answer depended on whether the query was read before or after the delete ran.) A
+ * forgotten stream is removed once its queue is empty; nothing can be in flight on it, since a
+ * delete only runs on a drained stream and a forgotten one starts nothing. A reset zeroes the
+ * stream and keeps it (td_stream_zero). */
 static void stream_advance_locked(td_server_t *s, td_stream_t *stream)
 {
     bool forgotten = false;
@@ -350,7 +408,7 @@ static void stream_advance_locked(td_server_t *s, td_stream_t *stream)
             stream->queue_tail = NULL;
         stream->queued--;
         s->queued--;
-        bool control = r->req.opcode == TALLY_OP_QUERY || r->req.opcode == TALLY_OP_RESET;
+        bool control = !td_op_is_compute(r->req.opcode);
         if (s->stopping || (forgotten && control)) {
             if (s->stopping)
                 td_request_fail(r, TALLY_E_SHUTDOWN, "tallyd is shutting down; not run");
@@ -361,12 +419,21 @@ static void stream_advance_locked(td_server_t *s, td_stream_t *stream)
             continue;
         }
         if (r->req.opcode == TALLY_OP_QUERY) {
-            op_query(r, stream);
+            op_query(s, r, stream);
             reply(s, r);
             continue;
         }
         if (r->req.opcode == TALLY_OP_RESET) {
+            td_stream_zero(stream);
+            td_request_succeed(r, TALLY_DTYPE_NONE, NULL, 0, 0);
+            reply(s, r);
+            continue;
+        }
+        if (r->req.opcode == TALLY_OP_DELETE) {
+            if (s->pub)
+                td_pub_deleted(s->pub, stream->name, stream->name_len);
             td_stream_clear(stream);
+            stream->pub_dirty = false;
             td_request_succeed(r, TALLY_DTYPE_NONE, NULL, 0, 0);
             r->stream = NULL;
             reply(s, r);
@@ -420,6 +487,7 @@ static void dispatch(td_server_t *s, td_request_t *r)
         break;
     case TALLY_OP_QUERY:
     case TALLY_OP_RESET:
+    case TALLY_OP_DELETE:
         stream = td_streams_find(s->streams, q->stream, q->stream_len);
         if (!stream) {
             td_request_fail(r, TALLY_E_UNKNOWN_STREAM, "no stream named '%s'", q->stream);
@@ -751,7 +819,8 @@ static void close_all(td_server_t *s)
     uv_unref((uv_handle_t *)&s->sig_int);
     uv_unref((uv_handle_t *)&s->sig_term);
     uv_unref((uv_handle_t *)&s->sig_hup);
-    td_shm_close(s->shm);         /* regions stay mapped until their requests are freed */
+    td_shm_close(s->shm); /* regions stay mapped until their requests are freed */
+    td_pub_close(s->pub);
     td_exec_close(s->exec);       /* nothing is in flight any more */
     td_service_close(s->service); /* the final state snapshot: every request is answered */
     int linger = TD_SHUTDOWN_LINGER_MS;
@@ -852,6 +921,8 @@ tally_status_t td_server_new(const td_config_t *cfg, td_server_t **out)
     st = td_streams_new(cfg->max_streams, &s->streams);
     if (st != TALLY_OK)
         goto fail_loop;
+    td_streams_set_window(s->streams, cfg->window_intervals, cfg->window_interval_ms);
+    td_clock_set_test_file(cfg->test_clock);
     st = open_backends(s);
     if (st != TALLY_OK)
         goto fail_backends;
@@ -863,6 +934,15 @@ tally_status_t td_server_new(const td_config_t *cfg, td_server_t **out)
     st = td_shm_new(&shm_env, &s->shm);
     if (st != TALLY_OK)
         goto fail_socket;
+    if (cfg->pub_endpoint) {
+        char why[512];
+        st = td_pub_new(&s->loop, s->zmq_ctx, cfg->pub_endpoint, cfg->pub_interval_ms, s->streams,
+                        &s->pub, why, sizeof why);
+        if (st != TALLY_OK) {
+            td_err("%s", why);
+            goto fail_socket;
+        }
+    }
     td_service_host_t host = service_host(s); /* restores stream state before READY */
     st = td_service_new(&host, &s->service);
     if (st != TALLY_OK)
@@ -888,6 +968,11 @@ tally_status_t td_server_new(const td_config_t *cfg, td_server_t **out)
     return TALLY_OK;
 
 fail_socket:
+    if (s->pub) {
+        td_pub_close(s->pub);
+        uv_run(&s->loop, UV_RUN_NOWAIT);
+        td_pub_destroy(&s->pub);
+    }
     if (s->shm) {
         td_shm_close(s->shm);
         uv_run(&s->loop, UV_RUN_NOWAIT);
@@ -947,6 +1032,7 @@ void td_server_destroy(td_server_t **self_p)
     signal(SIGTERM, SIG_IGN);
     signal(SIGHUP, SIG_IGN);
     uv_run(&s->loop, UV_RUN_DEFAULT);
+    td_pub_destroy(&s->pub);
     td_shm_destroy(&s->shm);   /* before the executor: regions unregister from the GPU */
     td_exec_destroy(&s->exec); /* joins the GPU lane threads */
     uv_loop_close(&s->loop);

@@ -59,7 +59,7 @@ struct td_service {
     bool status_on, watchdog_on, state_on;
     bool closed;
     bool final_failed; /* the shutdown snapshot could not be written */
-    char *state_dir; /* fixed at start: changing it needs a restart */
+    char *state_dir;   /* fixed at start: changing it needs a restart */
     /* max_batch at start sized ZeroMQ's frame guard (max_frame's default, fixed when the socket
      * is bound) and the GPU's staging buffers, so a reload may lower max_batch but not raise it
      * above this. */
@@ -179,7 +179,8 @@ static void state_save(td_service_t *self)
         return;
     }
     state_job_t *job = calloc(1, sizeof *job);
-    if (!job || td_state_encode(self->host.streams, &job->buf, &job->len) != TALLY_OK) {
+    if (!job ||
+        td_state_encode(self->host.streams, td_clock_ms(), &job->buf, &job->len) != TALLY_OK) {
         state_not_queued(self, "out of memory for a snapshot");
         free(job);
         return;
@@ -227,7 +228,7 @@ static tally_status_t restore_state(td_service_t *self)
         return TALLY_OK;
     uint8_t *buf = NULL;
     size_t len = 0;
-    if (td_state_encode(self->host.streams, &buf, &len) == TALLY_OK)
+    if (td_state_encode(self->host.streams, td_clock_ms(), &buf, &len) == TALLY_OK)
         self->written_sum = td_state_records_digest(buf, len);
     free(buf);
     return TALLY_OK;

@@ -3,9 +3,12 @@
  *
  * Decoding checks the header first; only a usable header lets any record in. Then each record
  * stands alone: its checksum, its name and the invariants of its state are checked, and it is
- * either inserted or skipped with a warning, so one damaged record costs one stream. Version 1
- * files have one checksum over the whole file: it must match before any record is read, and
- * their records then go through the same per-record checks.
+ * either inserted or skipped with a warning, so one damaged record costs one stream. Version 3
+ * records have a size of their own: after a record that does not check out (its size field may
+ * be what was damaged), the reader looks for the next offset holding "TLYR" and a record whose
+ * checksum matches over the size it claims; CRC-32 makes a false match there as unlikely as an
+ * undetected error. Version 1 files have one checksum over the whole file: it must match before
+ * any record is read, and their records then go through the same per-record checks.
  *
  * Files set aside never replace another: the name carries the time, the pid and a counter, and
  * the rename or copy refuses an existing name (RENAME_NOREPLACE, O_EXCL) and tries the next.
@@ -24,10 +27,10 @@
 #include "td_config.h"
 #include "td_log.h"
 #include "td_state.h"
+#include "td_window.h"
 
-#define V1_RECORD_MAX (1 + TALLY_STREAM_NAME_MAX + TALLY_QUERY_PAYLOAD_SIZE)
-/* A state file larger than this is not one of ours (16M streams of the largest record). */
-#define STATE_FILE_MAX ((size_t)TD_STATE_RECORD_SIZE << 24)
+/* A state file larger than this is not one of ours (64 GiB). */
+#define STATE_FILE_MAX ((size_t)1 << 36)
 /* How many set-aside names to try before giving up (each collision takes the next counter). */
 #define ASIDE_TRIES 1000
 
@@ -60,27 +63,46 @@ uint64_t td_state_records_digest(const uint8_t *buf, size_t len)
 
 /* ---- Encoding --------------------------------------------------------------------------- */
 
-tally_status_t td_state_encode(td_streams_t *streams, uint8_t **buf, size_t *len)
+/* One stream's version-3 record at out (NULL: only its size). */
+static size_t encode_record(const td_stream_t *s, uint64_t now_ms, uint8_t *out)
+{
+    size_t info_len = tally_stream_info_size(&s->info);
+    uint32_t slots = 0;
+    size_t ring = s->window ? td_window_encode(s->window, now_ms, NULL, &slots) : 0;
+    size_t size = TD_STATE_RECORD_INFO_OFF + info_len + ring;
+    if (!out)
+        return size;
+    memcpy(out, TD_STATE_RECORD_MAGIC, 4);
+    tally_put_u32(out + 8, (uint32_t)size);
+    tally_put_u32(out + 12, (uint32_t)s->name_len);
+    memcpy(out + TD_STATE_RECORD_NAME_OFF, s->name, s->name_len);
+    tally_put_u32(out + TD_STATE_RECORD_INFO_LEN_OFF, (uint32_t)info_len);
+    tally_put_u32(out + TD_STATE_RECORD_SLOTS_OFF, slots);
+    tally_put_u32(out + TD_STATE_RECORD_INTERVAL_OFF, slots ? td_window_interval_ms(s->window) : 0);
+    tally_stream_info_encode(&s->info, out + TD_STATE_RECORD_INFO_OFF);
+    if (slots)
+        td_window_encode(s->window, now_ms, out + TD_STATE_RECORD_INFO_OFF + info_len, &slots);
+    tally_put_u32(out + 4, td_state_crc(out + 8, size - 8));
+    return size;
+}
+
+tally_status_t td_state_encode(td_streams_t *streams, uint64_t now_ms, uint8_t **buf, size_t *len)
 {
     uint32_t count = td_streams_count(streams);
-    size_t total = TD_STATE_HEADER_SIZE + (size_t)count * TD_STATE_RECORD_SIZE;
+    size_t total = TD_STATE_HEADER_SIZE;
+    for (td_stream_t *s = td_streams_first(streams); s; s = s->list_next)
+        total += encode_record(s, now_ms, NULL);
     uint8_t *out = calloc(1, total); /* zero: reserved bytes and name padding */
     if (!out)
         return TALLY_E_INTERNAL;
     memcpy(out, TD_STATE_MAGIC, 8);
     tally_put_u32(out + 8, TD_STATE_VERSION);
     tally_put_u32(out + 12, count);
-    tally_put_u32(out + 16, TD_STATE_RECORD_SIZE);
     tally_put_u64(out + 24, (uint64_t)time(NULL));
     tally_put_u32(out + TD_STATE_HEADER_CRC_OFF, td_state_crc(out, TD_STATE_HEADER_CRC_OFF));
     uint8_t *rec = out + TD_STATE_HEADER_SIZE;
-    for (td_stream_t *s = td_streams_first(streams); s; s = s->list_next) {
-        tally_put_u32(rec + 4, (uint32_t)s->name_len);
-        memcpy(rec + TD_STATE_RECORD_NAME_OFF, s->name, s->name_len);
-        tally_stream_info_encode(&s->info, rec + TD_STATE_RECORD_INFO_OFF);
-        tally_put_u32(rec, td_state_crc(rec + 4, TD_STATE_RECORD_SIZE - 4));
-        rec += TD_STATE_RECORD_SIZE;
-    }
+    for (td_stream_t *s = td_streams_first(streams); s; s = s->list_next)
+        rec += encode_record(s, now_ms, rec);
     *buf = out;
     *len = total;
     return TALLY_OK;
@@ -93,9 +115,20 @@ static bool check_hist(const tally_stream_info_t *in, char *msg, size_t cap)
 {
     uint64_t sum = in->hist_underflow + in->hist_overflow;
     bool any_bin = false;
-    for (size_t b = 0; b < TALLY_HIST_BINS; b++) {
-        sum += in->bins[b];
+    for (size_t b = 0; b < TALLY_HIST_VALUES_MAX; b++)
         any_bin |= in->bins[b] != 0;
+    for (size_t b = 0; b < TALLY_HIST_BINS; b++)
+        sum += in->bins[b];
+    /* Every channel of a colour histogram counts each pixel once. */
+    for (unsigned c = 1; c < tally_hist_channels(in->hist_dtype); c++) {
+        uint64_t channel = 0;
+        for (size_t b = 0; b < TALLY_HIST_BINS; b++)
+            channel += in->bins[c * TALLY_HIST_BINS + b];
+        if (channel != in->hist_total) {
+            snprintf(msg, cap, "channel %u counts %" PRIu64 " pixels, not hist_total %" PRIu64, c,
+                     channel, in->hist_total);
+            return false;
+        }
     }
     switch (in->hist_dtype) {
     case TALLY_DTYPE_NONE:
@@ -106,22 +139,37 @@ static bool check_hist(const tally_stream_info_t *in, char *msg, size_t cap)
         }
         return true;
     case TALLY_DTYPE_U8:
+    case TALLY_DTYPE_RGB8:
+    case TALLY_DTYPE_RGBA8:
         if (in->hist_underflow || in->hist_overflow || in->hist_lo || in->hist_hi) {
-            snprintf(msg, cap, "a u8 histogram with underflow, overflow or a range");
+            snprintf(msg, cap, "a %s histogram with underflow, overflow or a range",
+                     tally_dtype_name((tally_dtype_t)in->hist_dtype));
             return false;
         }
         break;
     case TALLY_DTYPE_I32:
-        if (in->hist_lo >= in->hist_hi || in->hist_lo < INT32_MIN ||
-            in->hist_hi > (int64_t)INT32_MAX + 1) {
-            snprintf(msg, cap, "i32 histogram range [%" PRId64 ", %" PRId64 ") is not valid",
-                     in->hist_lo, in->hist_hi);
+    case TALLY_DTYPE_U16: {
+        int64_t min = in->hist_dtype == TALLY_DTYPE_U16 ? 0 : INT32_MIN;
+        int64_t max = in->hist_dtype == TALLY_DTYPE_U16 ? 65536 : (int64_t)INT32_MAX + 1;
+        if (in->hist_lo >= in->hist_hi || in->hist_lo < min || in->hist_hi > max) {
+            snprintf(msg, cap, "%s histogram range [%" PRId64 ", %" PRId64 ") is not valid",
+                     tally_dtype_name((tally_dtype_t)in->hist_dtype), in->hist_lo, in->hist_hi);
             return false;
         }
         break;
+    }
     default:
-        snprintf(msg, cap, "histogram dtype %u is not none, u8 or i32", in->hist_dtype);
+        snprintf(msg, cap, "histogram dtype %u is not one hist takes", in->hist_dtype);
         return false;
+    }
+    if (tally_hist_channels(in->hist_dtype) < TALLY_HIST_CHANNELS_MAX) {
+        for (size_t b = TALLY_HIST_BINS * tally_hist_channels(in->hist_dtype);
+             b < TALLY_HIST_VALUES_MAX; b++) {
+            if (in->bins[b]) {
+                snprintf(msg, cap, "bins beyond the histogram's channels");
+                return false;
+            }
+        }
     }
     if (sum != in->hist_total) {
         snprintf(msg, cap,
@@ -187,9 +235,42 @@ static void skip_record(td_state_report_t *r, unsigned i, const uint8_t *name, s
                 why);
 }
 
+/* A record's window slots (version 3); none for older versions. */
+typedef struct {
+    const uint8_t *slots;
+    uint32_t count;
+    uint32_t interval_ms;
+} saved_ring_t;
+
+/* Rebuilds a restored stream's window ring from its saved slots (when windows are on); false,
+ * with why, when the slots are inconsistent. */
+static bool restore_ring(td_streams_t *streams, td_stream_t *stream, const saved_ring_t *ring,
+                         uint64_t now_ms, td_state_report_t *r, char *why, size_t cap)
+{
+    unsigned intervals = td_streams_window_intervals(streams);
+    unsigned channels = tally_hist_channels(stream->info.hist_dtype);
+    if (ring->count == 0 || intervals == 0)
+        return true;
+    stream->window =
+        td_window_new(intervals, td_streams_window_interval_ms(streams), channels ? channels : 1);
+    if (!stream->window) {
+        snprintf(why, cap, "out of memory for its window ring");
+        return false;
+    }
+    long dropped =
+        td_window_decode(stream->window, now_ms, ring->interval_ms, ring->slots, ring->count);
+    if (dropped < 0) {
+        snprintf(why, cap, "a window slot's total is not its bins, or an interval appears twice");
+        return false;
+    }
+    r->window_slots_dropped += (unsigned)dropped;
+    return true;
+}
+
 /* Checks one record's name and state (its bytes are known to be intact) and inserts it. */
 static void restore_record(td_streams_t *streams, td_state_report_t *r, unsigned i,
-                           const uint8_t *name, size_t name_len, const uint8_t *payload)
+                           const uint8_t *name, size_t name_len, const uint8_t *payload,
+                           size_t payload_len, const saved_ring_t *ring, uint64_t now_ms)
 {
     char why[160];
     tally_stream_info_t info;
@@ -197,12 +278,17 @@ static void restore_record(td_streams_t *streams, td_state_report_t *r, unsigned
         skip_record(r, i, name, name_len, "the name is not a valid stream name");
         return;
     }
-    if (tally_stream_info_decode(payload, TALLY_QUERY_PAYLOAD_SIZE, &info) != TALLY_OK) {
-        skip_record(r, i, name, name_len, "reserved bytes or the histogram dtype are not valid");
+    if (tally_stream_info_decode(payload, payload_len, &info) != TALLY_OK) {
+        skip_record(r, i, name, name_len,
+                    "reserved bytes, the histogram dtype or the record's length are not valid");
         return;
     }
     if (!td_state_check_info(&info, why, sizeof why)) {
         skip_record(r, i, name, name_len, why);
+        return;
+    }
+    if (ring->count && info.hist_dtype == TALLY_DTYPE_NONE) {
+        skip_record(r, i, name, name_len, "window slots without a histogram");
         return;
     }
     if (td_streams_find(streams, (const char *)name, name_len)) {
@@ -215,11 +301,19 @@ static void restore_record(td_streams_t *streams, td_state_report_t *r, unsigned
         return;
     }
     stream->info = info;
+    if (!restore_ring(streams, stream, ring, now_ms, r, why, sizeof why)) {
+        td_streams_remove(streams, &stream);
+        skip_record(r, i, name, name_len, why);
+        return;
+    }
     r->restored++;
 }
 
-static tally_status_t decode_v2(const uint8_t *buf, size_t len, td_streams_t *streams,
-                                td_state_report_t *r, char *msg, size_t cap)
+static const saved_ring_t no_ring;
+
+/* The header of versions 2 and 3: checksum, reserved bytes, the record size field. */
+static tally_status_t check_header(const uint8_t *buf, size_t len, uint32_t record_size, char *msg,
+                                   size_t cap)
 {
     if (len < TD_STATE_HEADER_SIZE) {
         snprintf(msg, cap, "truncated: %zu bytes is shorter than the header", len);
@@ -230,37 +324,148 @@ static tally_status_t decode_v2(const uint8_t *buf, size_t len, td_streams_t *st
         snprintf(msg, cap, "header checksum mismatch");
         return TALLY_E_PARAM;
     }
-    uint32_t record_size = tally_get_u32(buf + 16);
-    if (record_size != TD_STATE_RECORD_SIZE || tally_get_u32(buf + 20) || tally_get_u32(buf + 32)) {
+    if (tally_get_u32(buf + 16) != record_size || tally_get_u32(buf + 20) ||
+        tally_get_u32(buf + 32)) {
         snprintf(msg, cap,
-                 "records of %u bytes or reserved header bytes set: not this tallyd's "
-                 "layout",
-                 record_size);
+                 "records of %u bytes or reserved header bytes set: not this tallyd's layout",
+                 tally_get_u32(buf + 16));
         return TALLY_E_PARAM;
     }
+    return TALLY_OK;
+}
+
+static tally_status_t decode_v2(const uint8_t *buf, size_t len, td_streams_t *streams,
+                                td_state_report_t *r, char *msg, size_t cap)
+{
+    tally_status_t st = check_header(buf, len, TD_STATE_V2_RECORD_SIZE, msg, cap);
+    if (st != TALLY_OK)
+        return st;
     r->records = tally_get_u32(buf + 12);
-    size_t room = (len - TD_STATE_HEADER_SIZE) / TD_STATE_RECORD_SIZE;
+    size_t room = (len - TD_STATE_HEADER_SIZE) / TD_STATE_V2_RECORD_SIZE;
     unsigned present = r->records < room ? r->records : (unsigned)room;
     r->missing = r->records - present;
     if (r->missing)
         td_warn("state: the file is truncated: %u of its %u records are cut off", r->missing,
                 r->records);
     else
-        r->extra_bytes = len - TD_STATE_HEADER_SIZE - (size_t)present * TD_STATE_RECORD_SIZE;
+        r->extra_bytes = len - TD_STATE_HEADER_SIZE - (size_t)present * TD_STATE_V2_RECORD_SIZE;
     if (r->extra_bytes)
         td_warn("state: %zu bytes after the last record ignored", r->extra_bytes);
     for (unsigned i = 0; i < present; i++) {
-        const uint8_t *rec = buf + TD_STATE_HEADER_SIZE + (size_t)i * TD_STATE_RECORD_SIZE;
-        const uint8_t *name = rec + TD_STATE_RECORD_NAME_OFF;
+        const uint8_t *rec = buf + TD_STATE_HEADER_SIZE + (size_t)i * TD_STATE_V2_RECORD_SIZE;
+        const uint8_t *name = rec + TD_STATE_V2_RECORD_NAME_OFF;
         uint32_t name_len = tally_get_u32(rec + 4);
-        if (td_state_crc(rec + 4, TD_STATE_RECORD_SIZE - 4) != tally_get_u32(rec))
+        if (td_state_crc(rec + 4, TD_STATE_V2_RECORD_SIZE - 4) != tally_get_u32(rec))
             skip_record(r, i, name, name_len, "record checksum mismatch");
         else if (name_len > TALLY_STREAM_NAME_MAX ||
                  !all_zero(name + name_len, TALLY_STREAM_NAME_MAX - name_len))
             skip_record(r, i, name, 0, "the name field is not a padded name");
         else
-            restore_record(streams, r, i, name, name_len, rec + TD_STATE_RECORD_INFO_OFF);
+            restore_record(streams, r, i, name, name_len, rec + TD_STATE_V2_RECORD_INFO_OFF,
+                           TALLY_QUERY_PAYLOAD_SIZE, &no_ring, 0);
     }
+    return TALLY_OK;
+}
+
+/* The size of a well-formed version-3 record at p (with `room` bytes after p), or 0: the magic,
+ * a size that fits and checks out against the info length, slot count and histogram shape,
+ * and the checksum over that size. */
+static size_t v3_record_size(const uint8_t *p, size_t room)
+{
+    if (room < TD_STATE_RECORD_INFO_OFF + TALLY_QUERY_PAYLOAD_SIZE ||
+        memcmp(p, TD_STATE_RECORD_MAGIC, 4) != 0)
+        return 0;
+    size_t size = tally_get_u32(p + 8);
+    if (size < TD_STATE_RECORD_INFO_OFF + TALLY_QUERY_PAYLOAD_SIZE || size > room)
+        return 0;
+    if (td_state_crc(p + 8, size - 8) != tally_get_u32(p + 4))
+        return 0;
+    return size;
+}
+
+/* The next offset after `from` where a well-formed record starts, or `end`. */
+static const uint8_t *v3_resync(const uint8_t *from, const uint8_t *end)
+{
+    for (const uint8_t *q = from + 1; q + 4 <= end; q++) {
+        q = memchr(q, TD_STATE_RECORD_MAGIC[0], (size_t)(end - q));
+        if (!q)
+            break;
+        if (v3_record_size(q, (size_t)(end - q)))
+            return q;
+    }
+    return end;
+}
+
+/* One intact version-3 record: its fields against each other, then restore_record. */
+static void v3_restore(td_streams_t *streams, td_state_report_t *r, unsigned i, const uint8_t *rec,
+                       size_t size, uint64_t now_ms)
+{
+    const uint8_t *name = rec + TD_STATE_RECORD_NAME_OFF;
+    uint32_t name_len = tally_get_u32(rec + 12);
+    size_t info_len = tally_get_u32(rec + TD_STATE_RECORD_INFO_LEN_OFF);
+    saved_ring_t ring = {.count = tally_get_u32(rec + TD_STATE_RECORD_SLOTS_OFF),
+                         .interval_ms = tally_get_u32(rec + TD_STATE_RECORD_INTERVAL_OFF)};
+    if (name_len > TALLY_STREAM_NAME_MAX ||
+        !all_zero(name + name_len, TALLY_STREAM_NAME_MAX - name_len)) {
+        skip_record(r, i, name, 0, "the name field is not a padded name");
+        return;
+    }
+    unsigned channels = 0;
+    if (info_len >= TALLY_QUERY_PAYLOAD_SIZE && info_len <= size - TD_STATE_RECORD_INFO_OFF)
+        channels = tally_hist_channels(rec[TD_STATE_RECORD_INFO_OFF + 56]);
+    size_t slot = td_window_slot_size(channels ? channels : 1);
+    if (channels == 0 && info_len == TALLY_QUERY_PAYLOAD_SIZE && ring.count == 0)
+        channels = 1; /* a stream without a histogram, and no ring */
+    if (channels == 0 || tally_get_u32(rec + 92) ||
+        size != TD_STATE_RECORD_INFO_OFF + info_len + (size_t)ring.count * slot ||
+        (ring.count && ring.interval_ms == 0)) {
+        skip_record(r, i, name, name_len, "the record's lengths do not fit its histogram");
+        return;
+    }
+    ring.slots = rec + TD_STATE_RECORD_INFO_OFF + info_len;
+    restore_record(streams, r, i, name, name_len, rec + TD_STATE_RECORD_INFO_OFF, info_len, &ring,
+                   now_ms);
+}
+
+static tally_status_t decode_v3(const uint8_t *buf, size_t len, uint64_t now_ms,
+                                td_streams_t *streams, td_state_report_t *r, char *msg, size_t cap)
+{
+    tally_status_t st = check_header(buf, len, 0, msg, cap);
+    if (st != TALLY_OK)
+        return st;
+    r->records = tally_get_u32(buf + 12);
+    const uint8_t *p = buf + TD_STATE_HEADER_SIZE, *end = buf + len;
+    unsigned i = 0;
+    for (; i < r->records && p < end; i++) {
+        size_t size = v3_record_size(p, (size_t)(end - p));
+        if (size) {
+            v3_restore(streams, r, i, p, size, now_ms);
+            p += size;
+            continue;
+        }
+        /* Damaged where it starts (then the next good record follows) or cut off at the end. */
+        const uint8_t *next = v3_resync(p, end);
+        size_t claimed = (size_t)(end - p) >= 12 ? tally_get_u32(p + 8) : SIZE_MAX;
+        if (next == end && claimed > (size_t)(end - p))
+            break;
+        uint32_t name_len = (size_t)(end - p) >= 80 ? tally_get_u32(p + 12) : 0;
+        skip_record(r, i, p + TD_STATE_RECORD_NAME_OFF,
+                    name_len <= TALLY_STREAM_NAME_MAX ? name_len : 0,
+                    "record checksum mismatch (or a damaged magic or size)");
+        p = next;
+    }
+    r->missing = r->records - i;
+    if (r->missing)
+        td_warn("state: the file is truncated: %u of its %u records are cut off", r->missing,
+                r->records);
+    else
+        r->extra_bytes = (size_t)(end - p);
+    if (r->extra_bytes)
+        td_warn("state: %zu bytes after the last record ignored", r->extra_bytes);
+    if (r->window_slots_dropped)
+        td_info("state: %u window slots dropped (another interval length, or older than the "
+                "ring reaches)",
+                r->window_slots_dropped);
     return TALLY_OK;
 }
 
@@ -300,14 +505,15 @@ static tally_status_t decode_v1(const uint8_t *buf, size_t len, td_streams_t *st
     }
     p = start;
     for (uint32_t i = 0; i < r->records; i++) {
-        restore_record(streams, r, i, p + 1, *p, p + 1 + *p);
+        restore_record(streams, r, i, p + 1, *p, p + 1 + *p, TALLY_QUERY_PAYLOAD_SIZE, &no_ring, 0);
         p += 1 + *p + TALLY_QUERY_PAYLOAD_SIZE;
     }
     return TALLY_OK;
 }
 
-tally_status_t td_state_decode(const uint8_t *buf, size_t len, td_streams_t *streams,
-                               td_state_report_t *report, char *msg, size_t msg_cap)
+tally_status_t td_state_decode(const uint8_t *buf, size_t len, uint64_t now_ms,
+                               td_streams_t *streams, td_state_report_t *report, char *msg,
+                               size_t msg_cap)
 {
     memset(report, 0, sizeof *report);
     if (len < 12) {
@@ -321,11 +527,13 @@ tally_status_t td_state_decode(const uint8_t *buf, size_t len, td_streams_t *str
     report->version = tally_get_u32(buf + 8);
     tally_status_t st = TALLY_E_PARAM;
     if (report->version == TD_STATE_VERSION)
+        st = decode_v3(buf, len, now_ms, streams, report, msg, msg_cap);
+    else if (report->version == 2)
         st = decode_v2(buf, len, streams, report, msg, msg_cap);
     else if (report->version == 1)
         st = decode_v1(buf, len, streams, report, msg, msg_cap);
     else
-        snprintf(msg, msg_cap, "format version %u, this tallyd reads versions 1 and %u",
+        snprintf(msg, msg_cap, "format version %u, this tallyd reads versions 1 to %u",
                  report->version, TD_STATE_VERSION);
     if (report->over_limit)
         td_warn("state: %u of %u streams not restored: max_streams is reached", report->over_limit,
@@ -606,7 +814,7 @@ tally_status_t td_state_restore(const char *dir, td_streams_t *streams, td_state
     if (st == TALLY_E_IO)
         return st;
     if (st == TALLY_OK)
-        st = td_state_decode(buf, len, streams, report, why, sizeof why);
+        st = td_state_decode(buf, len, td_clock_ms(), streams, report, why, sizeof why);
     else
         snprintf(why, sizeof why, "%s", msg);
     report_restore(dir, path, st, buf, len, report, why);

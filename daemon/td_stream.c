@@ -13,6 +13,8 @@ struct td_streams {
     size_t bucket_count; /* a power of two */
     unsigned count;
     unsigned max_streams;
+    unsigned window_intervals;
+    uint32_t window_interval_ms;
     td_stream_t *list_head;
     td_stream_t *list_tail;
 };
@@ -51,6 +53,7 @@ void td_streams_destroy(td_streams_t **self_p)
     td_stream_t *s = self->list_head;
     while (s) {
         td_stream_t *next = s->list_next;
+        td_window_destroy(&s->window);
         free(s);
         s = next;
     }
@@ -133,6 +136,7 @@ void td_streams_remove(td_streams_t *self, td_stream_t **stream_p)
     else
         self->list_tail = s->list_prev;
     self->count--;
+    td_window_destroy(&s->window);
     free(s);
     *stream_p = NULL;
 }
@@ -152,8 +156,56 @@ td_stream_t *td_streams_first(td_streams_t *self)
     return self->list_head;
 }
 
+void td_streams_set_window(td_streams_t *self, unsigned intervals, uint32_t interval_ms)
+{
+    self->window_intervals = intervals;
+    self->window_interval_ms = interval_ms;
+}
+
+unsigned td_streams_window_intervals(const td_streams_t *self)
+{
+    return self->window_intervals;
+}
+
+uint32_t td_streams_window_interval_ms(const td_streams_t *self)
+{
+    return self->window_interval_ms;
+}
+
+bool td_stream_window_add(td_streams_t *self, td_stream_t *stream, const uint64_t *bins,
+                          uint64_t underflow, uint64_t overflow, uint64_t n, uint64_t now_ms)
+{
+    if (self->window_intervals == 0 || self->window_interval_ms == 0)
+        return true;
+    if (!stream->window) {
+        stream->window = td_window_new(self->window_intervals, self->window_interval_ms,
+                                       tally_hist_channels(stream->info.hist_dtype));
+        if (!stream->window)
+            return false;
+    }
+    td_window_add(stream->window, now_ms, bins, underflow, overflow, n);
+    return true;
+}
+
 void td_stream_clear(td_stream_t *stream)
 {
     memset(&stream->info, 0, sizeof stream->info);
     stream->seq_admitted = 0;
+    td_window_destroy(&stream->window);
+}
+
+void td_stream_zero(td_stream_t *stream)
+{
+    tally_stream_info_t *info = &stream->info;
+    uint8_t dtype = info->hist_dtype;
+    int64_t lo = info->hist_lo, hi = info->hist_hi;
+    uint64_t last_seq = info->last_seq;
+    memset(info, 0, sizeof *info);
+    info->hist_dtype = dtype;
+    info->hist_lo = lo;
+    info->hist_hi = hi;
+    info->last_seq = last_seq;
+    if (stream->window)
+        td_window_clear(stream->window);
+    stream->pub_dirty = true;
 }

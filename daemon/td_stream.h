@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "tally_proto.h"
+#include "td_window.h"
 
 struct td_request;
 
@@ -22,6 +23,13 @@ typedef struct td_stream {
     char name[TALLY_STREAM_NAME_MAX + 1];
     size_t name_len;
     tally_stream_info_t info;
+    /* The ring of recent intervals (td_window.h): NULL until the first hist is applied, or
+     * when windows are off. */
+    td_window_t *window;
+    /* Changed since it was last published on the PUB socket (td_pub.h). */
+    bool pub_dirty;
+    /* Requests that named the stream (for per-stream metrics). */
+    uint64_t requests;
     /* Requests on this stream run one at a time in arrival order: `running` is the one
      * executing (NULL when idle), `queue_head..queue_tail` wait behind it. */
     struct td_request *running;
@@ -57,6 +65,16 @@ void td_streams_destroy(td_streams_t **self_p);
 td_stream_t *td_streams_find(td_streams_t *self, const char *name, size_t len);
 /* Finds or creates; TALLY_E_LIMIT when max_streams exist already. */
 tally_status_t td_streams_get(td_streams_t *self, const char *name, size_t len, td_stream_t **out);
+/* The window ring every stream gets at its first hist: `intervals` (0 = windows off) of
+ * interval_ms. Set at start, before streams exist. */
+void td_streams_set_window(td_streams_t *self, unsigned intervals, uint32_t interval_ms);
+unsigned td_streams_window_intervals(const td_streams_t *self);
+uint32_t td_streams_window_interval_ms(const td_streams_t *self);
+/* Adds a hist batch to the stream's window ring at now_ms (the ring is allocated at the first
+ * one, with the channels of the stream's histogram). False when windows are on and the ring
+ * cannot be allocated. */
+bool td_stream_window_add(td_streams_t *self, td_stream_t *stream, const uint64_t *bins,
+                          uint64_t underflow, uint64_t overflow, uint64_t n, uint64_t now_ms);
 /* Removes and frees a stream that has no running or queued request. */
 void td_streams_remove(td_streams_t *self, td_stream_t **stream_p);
 
@@ -65,7 +83,11 @@ void td_streams_set_max(td_streams_t *self, unsigned max_streams);
 /* Iteration in creation order: for (s = td_streams_first(t); s; s = s->list_next). */
 td_stream_t *td_streams_first(td_streams_t *self);
 
-/* Clears counters, carry, histogram and sequence numbers (the stream itself stays). */
+/* `delete` (PROTOCOL.md): clears counters, carry, histogram, window and sequence numbers, as
+ * for a new stream (the object stays while requests queued behind the delete hold it). */
 void td_stream_clear(td_stream_t *stream);
+/* `reset` (PROTOCOL.md): zeroes counters, carry and histogram; keeps the histogram's dtype and
+ * range and last_seq. Runs on a drained stream only, so seq_admitted equals last_seq. */
+void td_stream_zero(td_stream_t *stream);
 
 #endif

@@ -24,7 +24,9 @@
  *   of tally_hist_bin_i32 with a shift (power-of-two ranges) or an estimate by a multiply-shift
  *   reciprocal corrected against a table of exact bin boundaries, so every bin equals the
  *   formula (the proof is above hist_plan_t), and it clamps out-of-range values instead of
- *   branching on them.
+ *   branching on them. The uint16 histogram needs no table: its ranges are at most 2^16 wide,
+ *   where one multiply-shift is exact (tally_hist_u16_recip). Colour pixels count each channel
+ *   into its own sub-histograms, two per channel (even and odd pixels).
  *
  * Buffers: out may be the same buffer as in (filter, and scan with int32 output) or disjoint
  * from it; partial overlap is not supported.
@@ -515,6 +517,81 @@ static tally_status_t cpu_hist_i32(void *ctx, const int32_t *in, size_t n, int64
     return TALLY_OK;
 }
 
+static tally_status_t cpu_hist_u16(void *ctx, const uint16_t *in, size_t n, int64_t lo, int64_t hi,
+                                   tk_hist_t *hist)
+{
+    (void)ctx;
+    if (!hist || (n && !in) || lo < 0 || lo >= hi || hi > (int64_t)UINT16_MAX + 1)
+        return TALLY_E_PARAM;
+    uint64_t mul;
+    unsigned shift;
+    tally_hist_u16_recip(lo, hi, &mul, &shift);
+    /* Out-of-range values are clamped to the end bins, counted, and taken back out at the end,
+     * as in hist_i32: no branch in the loop. */
+    uint32_t lo32 = (uint32_t)lo, last = (uint32_t)(hi - 1);
+    unsigned last_bin = tally_hist_bin_u16(last - lo32, mul, shift);
+    hist_ways_t ways;
+    memset(ways, 0, sizeof ways);
+    uint64_t under = 0, over = 0;
+    size_t i = 0;
+#define U16_ONE(w, x)                                                                              \
+    do {                                                                                           \
+        uint32_t v = (x);                                                                          \
+        under += v < lo32;                                                                         \
+        over += v > last;                                                                          \
+        uint32_t c = v < lo32 ? lo32 : (v > last ? last : v);                                      \
+        ways[w][tally_hist_bin_u16(c - lo32, mul, shift)]++;                                       \
+    } while (0)
+    for (; i + HIST_WAYS <= n; i += HIST_WAYS) {
+        U16_ONE(0, in[i]);
+        U16_ONE(1, in[i + 1]);
+        U16_ONE(2, in[i + 2]);
+        U16_ONE(3, in[i + 3]);
+    }
+    for (; i < n; i++)
+        U16_ONE(0, in[i]);
+#undef U16_ONE
+    ways[0][0] -= under; /* may wrap one way's count; the merged sums are exact */
+    ways[0][last_bin] -= over;
+    hist->underflow += under;
+    hist->overflow += over;
+    hist_ways_merge(ways, hist);
+    return TALLY_OK;
+}
+
+static tally_status_t cpu_hist_rgb(void *ctx, const uint8_t *in, size_t pixels, unsigned channels,
+                                   tk_hist_t *hist)
+{
+    (void)ctx;
+    if (!hist || (pixels && !in) || (channels != 3 && channels != 4))
+        return TALLY_E_PARAM;
+    /* [way][channel][bin]: the even and odd pixels count apart, so a run of equal pixels keeps
+     * two increments per channel in flight. 16 KiB, in L1 beside the input. */
+    static _Thread_local uint64_t ways[2][TALLY_HIST_CHANNELS_MAX][TALLY_HIST_BINS];
+    memset(ways, 0, sizeof ways);
+    size_t i = 0;
+    if (channels == 4) {
+        for (; i + 2 <= pixels; i += 2) {
+            const uint8_t *p = in + 4 * i;
+            ways[0][0][p[0]]++, ways[0][1][p[1]]++, ways[0][2][p[2]]++, ways[0][3][p[3]]++;
+            ways[1][0][p[4]]++, ways[1][1][p[5]]++, ways[1][2][p[6]]++, ways[1][3][p[7]]++;
+        }
+    } else {
+        for (; i + 2 <= pixels; i += 2) {
+            const uint8_t *p = in + 3 * i;
+            ways[0][0][p[0]]++, ways[0][1][p[1]]++, ways[0][2][p[2]]++;
+            ways[1][0][p[3]]++, ways[1][1][p[4]]++, ways[1][2][p[5]]++;
+        }
+    }
+    for (; i < pixels; i++)
+        for (unsigned c = 0; c < channels; c++)
+            ways[0][c][in[channels * i + c]]++;
+    for (unsigned c = 0; c < channels; c++)
+        for (int b = 0; b < TALLY_HIST_BINS; b++)
+            hist->bins[c * TALLY_HIST_BINS + b] += ways[0][c][b] + ways[1][c][b];
+    return TALLY_OK;
+}
+
 /* ---- the table ------------------------------------------------------------------------------ */
 
 static void cpu_describe(void *ctx, char *buf, size_t cap)
@@ -547,6 +624,8 @@ tally_status_t tk_cpu_backend_new(tk_backend_t **out)
     self->scan = cpu_scan;
     self->hist_u8 = cpu_hist_u8;
     self->hist_i32 = cpu_hist_i32;
+    self->hist_u16 = cpu_hist_u16;
+    self->hist_rgb = cpu_hist_rgb;
     self->describe = cpu_describe;
     self->destroy = cpu_destroy;
     return TALLY_OK;

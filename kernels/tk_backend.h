@@ -33,12 +33,13 @@ typedef struct {
     int stable; /* non-zero: output keeps input order; zero: any order (the right multiset) */
 } tk_filter_spec_t;
 
-/* A running 256-bin histogram. Backends ADD into it, so one value serves a single batch (start
- * from zero) and a stream's running histogram alike. */
+/* A running 256-bin histogram, one per channel for colour data (channel c's bin b at
+ * bins[c * TALLY_HIST_BINS + b]). Backends ADD into it, so one value serves a single batch
+ * (start from zero) and a stream's running histogram alike. */
 typedef struct {
-    uint64_t bins[TALLY_HIST_BINS];
-    uint64_t underflow; /* int32 only: x < lo */
-    uint64_t overflow;  /* int32 only: x >= hi */
+    uint64_t bins[TALLY_HIST_VALUES_MAX];
+    uint64_t underflow; /* int32, uint16 only: x < lo */
+    uint64_t overflow;  /* int32, uint16 only: x >= hi */
 } tk_hist_t;
 
 typedef struct tk_backend tk_backend_t;
@@ -66,6 +67,16 @@ struct tk_backend {
     tally_status_t (*hist_i32)(void *ctx, const int32_t *in, size_t n, int64_t lo, int64_t hi,
                                tk_hist_t *hist);
 
+    /* Adds in[0..n) to hist like hist_i32, for 0 <= lo < hi <= 65536; the bin of an in-range x
+     * is tally_hist_bin_u16(x - lo, ...), which equals floor((x - lo) * 256 / (hi - lo)). */
+    tally_status_t (*hist_u16)(void *ctx, const uint16_t *in, size_t n, int64_t lo, int64_t hi,
+                               tk_hist_t *hist);
+
+    /* Adds `pixels` interleaved pixels of `channels` bytes (3: RGB, 4: RGBA) to hist: byte c of
+     * a pixel counts in channel c's bins. */
+    tally_status_t (*hist_rgb)(void *ctx, const uint8_t *in, size_t pixels, unsigned channels,
+                               tk_hist_t *hist);
+
     /* One line describing the backend's devices for `info` ("cpu: 16 threads",
      * "cuda: 0:NVIDIA H100 80GB HBM3"). Writes at most cap bytes including the NUL. */
     void (*describe)(void *ctx, char *buf, size_t cap);
@@ -73,6 +84,25 @@ struct tk_backend {
     /* Frees the backend; sets *self_p to NULL. */
     void (*destroy)(tk_backend_t **self_p);
 };
+
+/* The hist entry of `b` that dtype (u8, i32, u16, rgb8, rgba8) takes, applied to in[0..n). */
+static inline tally_status_t tk_backend_hist(tk_backend_t *b, uint8_t dtype, const void *in,
+                                             size_t n, int64_t lo, int64_t hi, tk_hist_t *hist)
+{
+    switch (dtype) {
+    case TALLY_DTYPE_U8:
+        return b->hist_u8(b->ctx, (const uint8_t *)in, n, hist);
+    case TALLY_DTYPE_I32:
+        return b->hist_i32(b->ctx, (const int32_t *)in, n, lo, hi, hist);
+    case TALLY_DTYPE_U16:
+        return b->hist_u16(b->ctx, (const uint16_t *)in, n, lo, hi, hist);
+    case TALLY_DTYPE_RGB8:
+    case TALLY_DTYPE_RGBA8:
+        return b->hist_rgb(b->ctx, (const uint8_t *)in, n, tally_hist_channels(dtype), hist);
+    default:
+        return TALLY_E_PARAM;
+    }
+}
 
 /* The CPU backend: always available. */
 tally_status_t tk_cpu_backend_new(tk_backend_t **out);

@@ -114,6 +114,8 @@ static const struct {
     {TALLY_E_BAD_REF, "bad_ref",
      "a shared-memory reference names no region of this peer, or a range outside it"},
     {TALLY_E_QUOTA, "quota", "a shared-memory quota would be exceeded"},
+    {TALLY_E_WINDOW, "bad_window",
+     "the window is longer than the daemon keeps of a stream, or windows are off"},
     {TALLY_E_TIMEOUT, "timeout", "no reply from the daemon within the timeout"},
     {TALLY_E_TRANSPORT, "transport", "the ZeroMQ transport failed"},
     {TALLY_E_REPLY, "bad_reply", "the reply from the daemon is malformed"},
@@ -144,19 +146,19 @@ const char *tally_status_text(tally_status_t status)
 
 /* Indexed by the wire code; the enums in tally_proto.h are dense from their first value. */
 static const char *const op_names[TALLY_OP_COUNT] = {
-    [TALLY_OP_PING] = "ping",   [TALLY_OP_INFO] = "info",       [TALLY_OP_FILTER] = "filter",
-    [TALLY_OP_SCAN] = "scan",   [TALLY_OP_HIST] = "hist",       [TALLY_OP_QUERY] = "query",
-    [TALLY_OP_RESET] = "reset", [TALLY_OP_STREAMS] = "streams", [TALLY_OP_STATS] = "stats",
+    [TALLY_OP_PING] = "ping",     [TALLY_OP_INFO] = "info",       [TALLY_OP_FILTER] = "filter",
+    [TALLY_OP_SCAN] = "scan",     [TALLY_OP_HIST] = "hist",       [TALLY_OP_QUERY] = "query",
+    [TALLY_OP_RESET] = "reset",   [TALLY_OP_STREAMS] = "streams", [TALLY_OP_STATS] = "stats",
+    [TALLY_OP_DELETE] = "delete",
 };
 static const char *const dtype_names[TALLY_DTYPE_COUNT] = {
-    [TALLY_DTYPE_NONE] = "none", [TALLY_DTYPE_I32] = "i32", [TALLY_DTYPE_U8] = "u8",
-    [TALLY_DTYPE_I64] = "i64",   [TALLY_DTYPE_U64] = "u64", [TALLY_DTYPE_TEXT] = "text",
+    [TALLY_DTYPE_NONE] = "none", [TALLY_DTYPE_I32] = "i32",   [TALLY_DTYPE_U8] = "u8",
+    [TALLY_DTYPE_I64] = "i64",   [TALLY_DTYPE_U64] = "u64",   [TALLY_DTYPE_TEXT] = "text",
+    [TALLY_DTYPE_U16] = "u16",   [TALLY_DTYPE_RGB8] = "rgb8", [TALLY_DTYPE_RGBA8] = "rgba8",
 };
 static const size_t dtype_sizes[TALLY_DTYPE_COUNT] = {
-    [TALLY_DTYPE_I32] = 4,
-    [TALLY_DTYPE_U8] = 1,
-    [TALLY_DTYPE_I64] = 8,
-    [TALLY_DTYPE_U64] = 8,
+    [TALLY_DTYPE_I32] = 4, [TALLY_DTYPE_U8] = 1,   [TALLY_DTYPE_I64] = 8,   [TALLY_DTYPE_U64] = 8,
+    [TALLY_DTYPE_U16] = 2, [TALLY_DTYPE_RGB8] = 3, [TALLY_DTYPE_RGBA8] = 4,
 };
 static const char *const pred_names[TALLY_PRED_BETWEEN + 1] = {
     [TALLY_PRED_GT] = "gt",           [TALLY_PRED_GE] = "ge", [TALLY_PRED_LT] = "lt",
@@ -185,11 +187,46 @@ size_t tally_dtype_size(tally_dtype_t dtype)
     return (unsigned)dtype < TALLY_DTYPE_COUNT ? dtype_sizes[dtype] : 0;
 }
 
+size_t tally_dtype_align(tally_dtype_t dtype)
+{
+    if (dtype == TALLY_DTYPE_RGB8 || dtype == TALLY_DTYPE_RGBA8)
+        return 1; /* read channel by channel: a pixel is bytes, not a word */
+    return tally_dtype_size(dtype);
+}
+
+unsigned tally_hist_channels(unsigned dtype)
+{
+    switch (dtype) {
+    case TALLY_DTYPE_U8:
+    case TALLY_DTYPE_I32:
+    case TALLY_DTYPE_U16:
+        return 1;
+    case TALLY_DTYPE_RGB8:
+        return 3;
+    case TALLY_DTYPE_RGBA8:
+        return 4;
+    default:
+        return 0;
+    }
+}
+
+bool tally_hist_ranged(unsigned dtype)
+{
+    return dtype == TALLY_DTYPE_I32 || dtype == TALLY_DTYPE_U16;
+}
+
+size_t tally_hist_values(unsigned dtype)
+{
+    if (tally_hist_ranged(dtype))
+        return TALLY_HIST_I32_VALUES;
+    return (size_t)tally_hist_channels(dtype) * TALLY_HIST_BINS;
+}
+
 /* Element type names for messages meant for people ("int32 elements"). */
 static const char *dtype_long_name(unsigned dtype)
 {
-    static const char *const names[TALLY_DTYPE_COUNT] = {"none",  "int32",  "uint8",
-                                                         "int64", "uint64", "text"};
+    static const char *const names[TALLY_DTYPE_COUNT] = {
+        "none", "int32", "uint8", "int64", "uint64", "text", "uint16", "rgb8 pixel", "rgba8 pixel"};
     return dtype < TALLY_DTYPE_COUNT ? names[dtype] : "none";
 }
 
@@ -364,27 +401,62 @@ static tally_status_t validate_scan(const tally_req_t *req, char *msg, size_t ms
     return check_no_pred_range(req, msg, msg_cap);
 }
 
+/* The range [lo, hi) a ranged histogram of dtype admits: i32 [-2^31, 2^31], u16 [0, 2^16]. */
+static void hist_range_limits(unsigned dtype, int64_t *min, int64_t *max)
+{
+    *min = dtype == TALLY_DTYPE_U16 ? 0 : INT32_MIN;
+    *max = dtype == TALLY_DTYPE_U16 ? (int64_t)UINT16_MAX + 1 : (int64_t)INT32_MAX + 1;
+}
+
 static tally_status_t validate_hist(const tally_req_t *req, char *msg, size_t msg_cap)
 {
-    if (req->dtype != TALLY_DTYPE_I32 && req->dtype != TALLY_DTYPE_U8)
-        return fail(TALLY_E_DTYPE, msg, msg_cap, "hist takes dtype u8 or i32 (got %s)",
+    if (tally_hist_channels(req->dtype) == 0)
+        return fail(TALLY_E_DTYPE, msg, msg_cap,
+                    "hist takes dtype u8, i32, u16, rgb8 or rgba8 (got %s)",
                     dtype_label(req->dtype));
     tally_status_t st = check_flags(req, TALLY_FLAG_SHM_REF, msg, msg_cap);
     if (st != TALLY_OK)
         return st;
-    if (req->dtype == TALLY_DTYPE_U8)
+    if (!tally_hist_ranged(req->dtype))
         return check_no_pred_range(req, msg, msg_cap);
     if (req->pred != 0)
         return fail(TALLY_E_PARAM, msg, msg_cap, "hist takes no predicate (got %u)", req->pred);
+    const char *type = dtype_label(req->dtype);
     if (req->lo >= req->hi)
         return fail(TALLY_E_PARAM, msg, msg_cap,
-                    "hist i32 range [lo, hi) needs lo < hi (got lo=%" PRId64 ", hi=%" PRId64 ")",
-                    req->lo, req->hi);
-    if (req->lo < INT32_MIN || req->hi > (int64_t)INT32_MAX + 1)
+                    "hist %s range [lo, hi) needs lo < hi (got lo=%" PRId64 ", hi=%" PRId64 ")",
+                    type, req->lo, req->hi);
+    int64_t min, max;
+    hist_range_limits(req->dtype, &min, &max);
+    if (req->lo < min || req->hi > max)
         return fail(TALLY_E_PARAM, msg, msg_cap,
-                    "hist i32 range [%" PRId64 ", %" PRId64 ") is not within [%" PRId32 ", %" PRId64
+                    "hist %s range [%" PRId64 ", %" PRId64 ") is not within [%" PRId64 ", %" PRId64
                     "]",
-                    req->lo, req->hi, INT32_MIN, (int64_t)INT32_MAX + 1);
+                    type, req->lo, req->hi, min, max);
+    return TALLY_OK;
+}
+
+/* query: plain, or with QUERY_WINDOW and the window in lo (1 ms .. TALLY_WINDOW_MS_MAX). */
+static tally_status_t validate_query(const tally_req_t *req, char *msg, size_t msg_cap)
+{
+    if (!(req->flags & TALLY_FLAG_QUERY_WINDOW))
+        return validate_control(req, true, msg, msg_cap);
+    if (req->dtype != TALLY_DTYPE_NONE)
+        return fail(TALLY_E_DTYPE, msg, msg_cap, "query takes dtype none (got %s)",
+                    dtype_label(req->dtype));
+    tally_status_t st = check_flags(req, TALLY_FLAG_QUERY_WINDOW, msg, msg_cap);
+    if (st != TALLY_OK)
+        return st;
+    if (req->pred != 0 || req->hi != 0)
+        return fail(TALLY_E_PARAM, msg, msg_cap,
+                    "a window query takes no predicate or hi (got pred=%u, hi=%" PRId64 ")",
+                    req->pred, req->hi);
+    if (req->lo < 1 || req->lo > TALLY_WINDOW_MS_MAX)
+        return fail(TALLY_E_PARAM, msg, msg_cap,
+                    "a window query needs a window of 1..%" PRId64 " ms in lo (got %" PRId64 ")",
+                    (int64_t)TALLY_WINDOW_MS_MAX, req->lo);
+    if (req->stream_len == 0)
+        return fail(TALLY_E_STREAM_NAME, msg, msg_cap, "query needs a stream name");
     return TALLY_OK;
 }
 
@@ -428,7 +500,10 @@ static tally_status_t validate_fields(const tally_req_t *req, char *msg, size_t 
         st = validate_control(req, false, msg, msg_cap);
         break;
     case TALLY_OP_QUERY:
+        st = validate_query(req, msg, msg_cap);
+        break;
     case TALLY_OP_RESET:
+    case TALLY_OP_DELETE:
         st = validate_control(req, true, msg, msg_cap);
         break;
     case TALLY_OP_FILTER:
@@ -664,10 +739,16 @@ tally_status_t tally_rep_decode(const uint8_t *buf, size_t len, tally_rep_t *rep
 
 /* ---- Query payload ---------------------------------------------------------------------- */
 
-void tally_stream_info_encode(const tally_stream_info_t *info,
-                              uint8_t out[TALLY_QUERY_PAYLOAD_SIZE])
+size_t tally_stream_info_size(const tally_stream_info_t *info)
 {
-    memset(out, 0, TALLY_QUERY_PAYLOAD_SIZE);
+    unsigned channels = tally_hist_channels(info->hist_dtype);
+    return INFO_OFF_BINS + 8 * TALLY_HIST_BINS * (size_t)(channels ? channels : 1);
+}
+
+size_t tally_stream_info_encode(const tally_stream_info_t *info, uint8_t *out)
+{
+    size_t size = tally_stream_info_size(info);
+    memset(out, 0, INFO_OFF_BINS);
     tally_put_u64(out + INFO_OFF_BATCHES, info->batches);
     tally_put_u64(out + INFO_OFF_ELEMENTS, info->elements);
     tally_put_u64(out + INFO_OFF_BYTES, info->bytes);
@@ -682,17 +763,28 @@ void tally_stream_info_encode(const tally_stream_info_t *info,
     tally_put_u64(out + INFO_OFF_HIST_OVERFLOW, info->hist_overflow);
     tally_put_u64(out + INFO_OFF_HIST_TOTAL, info->hist_total);
     tally_put_u64(out + INFO_OFF_LAST_SEQ, info->last_seq);
-    for (size_t i = 0; i < TALLY_HIST_BINS; i++)
+    for (size_t i = 0; i < (size - INFO_OFF_BINS) / 8; i++)
         tally_put_u64(out + INFO_OFF_BINS + 8 * i, info->bins[i]);
+    return size;
 }
 
-/* Client side, like tally_rep_decode: a wrong size, non-zero padding or a histogram dtype other
- * than none, i32 or u8 is TALLY_E_REPLY. */
+static bool hist_dtype_known(uint8_t dtype)
+{
+    return dtype == TALLY_DTYPE_NONE || tally_hist_channels(dtype) != 0;
+}
+
+/* Client side, like tally_rep_decode: a histogram dtype that hist does not take, a length
+ * other than the record size that dtype implies, or non-zero padding is TALLY_E_REPLY. */
 tally_status_t tally_stream_info_decode(const uint8_t *buf, size_t len, tally_stream_info_t *info)
 {
     memset(info, 0, sizeof *info);
-    if (buf == NULL || len != TALLY_QUERY_PAYLOAD_SIZE)
+    if (buf == NULL || len < TALLY_QUERY_PAYLOAD_SIZE)
         return TALLY_E_REPLY;
+    info->hist_dtype = buf[INFO_OFF_HIST_DTYPE];
+    if (!hist_dtype_known(info->hist_dtype) || len != tally_stream_info_size(info)) {
+        info->hist_dtype = 0;
+        return TALLY_E_REPLY;
+    }
     info->batches = tally_get_u64(buf + INFO_OFF_BATCHES);
     info->elements = tally_get_u64(buf + INFO_OFF_ELEMENTS);
     info->bytes = tally_get_u64(buf + INFO_OFF_BYTES);
@@ -700,21 +792,61 @@ tally_status_t tally_stream_info_decode(const uint8_t *buf, size_t len, tally_st
     info->filter_kept = tally_get_u64(buf + INFO_OFF_FILTER_KEPT);
     info->scan_carry = (int64_t)tally_get_u64(buf + INFO_OFF_SCAN_CARRY);
     info->scan_elements = tally_get_u64(buf + INFO_OFF_SCAN_ELEMENTS);
-    info->hist_dtype = buf[INFO_OFF_HIST_DTYPE];
     info->hist_lo = (int64_t)tally_get_u64(buf + INFO_OFF_HIST_LO);
     info->hist_hi = (int64_t)tally_get_u64(buf + INFO_OFF_HIST_HI);
     info->hist_underflow = tally_get_u64(buf + INFO_OFF_HIST_UNDERFLOW);
     info->hist_overflow = tally_get_u64(buf + INFO_OFF_HIST_OVERFLOW);
     info->hist_total = tally_get_u64(buf + INFO_OFF_HIST_TOTAL);
     info->last_seq = tally_get_u64(buf + INFO_OFF_LAST_SEQ);
-    for (size_t i = 0; i < TALLY_HIST_BINS; i++)
+    for (size_t i = 0; i < (len - INFO_OFF_BINS) / 8; i++)
         info->bins[i] = tally_get_u64(buf + INFO_OFF_BINS + 8 * i);
 
     if (!all_zero(buf + INFO_OFF_RESERVED_A, INFO_OFF_HIST_LO - INFO_OFF_RESERVED_A) ||
         !all_zero(buf + INFO_OFF_RESERVED_B, INFO_OFF_BINS - INFO_OFF_RESERVED_B))
         return TALLY_E_REPLY;
-    if (info->hist_dtype != TALLY_DTYPE_NONE && info->hist_dtype != TALLY_DTYPE_U8 &&
-        info->hist_dtype != TALLY_DTYPE_I32)
+    return TALLY_OK;
+}
+
+/* ---- Publications ----------------------------------------------------------------------- */
+
+enum {
+    PUB_OFF_MAGIC = 0,
+    PUB_OFF_VERSION = 4,
+    PUB_OFF_KIND = 5,
+    PUB_OFF_RESERVED_A = 6, /* 6..7 */
+    PUB_OFF_SEQ = 8,
+    PUB_OFF_TIME = 16,
+    PUB_OFF_INTERVAL = 24,
+    PUB_OFF_RESERVED_B = 32, /* 32..63 */
+};
+
+void tally_pub_encode(const tally_pub_t *pub, uint8_t out[TALLY_PUB_HEADER_SIZE])
+{
+    memset(out, 0, TALLY_PUB_HEADER_SIZE);
+    tally_put_u32(out + PUB_OFF_MAGIC, TALLY_MAGIC);
+    out[PUB_OFF_VERSION] = TALLY_PROTO_VERSION;
+    out[PUB_OFF_KIND] = pub->kind;
+    tally_put_u64(out + PUB_OFF_SEQ, pub->pub_seq);
+    tally_put_u64(out + PUB_OFF_TIME, pub->time_ms);
+    tally_put_u64(out + PUB_OFF_INTERVAL, pub->interval_ms);
+}
+
+tally_status_t tally_pub_decode(const uint8_t *buf, size_t len, tally_pub_t *pub)
+{
+    memset(pub, 0, sizeof *pub);
+    if (buf == NULL || len != TALLY_PUB_HEADER_SIZE)
+        return TALLY_E_REPLY;
+    pub->kind = buf[PUB_OFF_KIND];
+    pub->pub_seq = tally_get_u64(buf + PUB_OFF_SEQ);
+    pub->time_ms = tally_get_u64(buf + PUB_OFF_TIME);
+    pub->interval_ms = tally_get_u64(buf + PUB_OFF_INTERVAL);
+    if (tally_get_u32(buf + PUB_OFF_MAGIC) != TALLY_MAGIC ||
+        buf[PUB_OFF_VERSION] != TALLY_PROTO_VERSION)
+        return TALLY_E_REPLY;
+    if (pub->kind != TALLY_PUB_UPDATE && pub->kind != TALLY_PUB_DELETED)
+        return TALLY_E_REPLY;
+    if (!all_zero(buf + PUB_OFF_RESERVED_A, PUB_OFF_SEQ - PUB_OFF_RESERVED_A) ||
+        !all_zero(buf + PUB_OFF_RESERVED_B, TALLY_PUB_HEADER_SIZE - PUB_OFF_RESERVED_B))
         return TALLY_E_REPLY;
     return TALLY_OK;
 }
@@ -800,10 +932,11 @@ tally_status_t tally_shm_ref_validate(const tally_req_t *req, const tally_shm_re
         return fail(TALLY_E_PAYLOAD, msg, msg_cap,
                     "input of %" PRIu64 " bytes is not a whole number of %s elements",
                     ref->in_length, dtype_long_name(req->dtype));
-    if (ref->in_offset % elem != 0)
+    size_t align = tally_dtype_align((tally_dtype_t)req->dtype);
+    if (ref->in_offset % align != 0)
         return fail(TALLY_E_BAD_REF, msg, msg_cap,
                     "input offset %" PRIu64 " is not a multiple of the %zu-byte element",
-                    ref->in_offset, elem);
+                    ref->in_offset, align);
     if (ref->out_handle == 0) {
         if (ref->out_offset != 0 || ref->out_length != 0)
             return fail(TALLY_E_BAD_REF, msg, msg_cap,

@@ -35,10 +35,17 @@ extern "C" {
 #define TALLY_STREAM_NAME_MAX 64
 /* Error messages in reply payloads are at most this many bytes (UTF-8, no terminator). */
 #define TALLY_ERROR_MESSAGE_MAX 255
+/* The longest window a window query may ask for, in milliseconds (the daemon keeps less:
+ * `window_intervals` x `window_interval_ms` in `info`). */
+#define TALLY_WINDOW_MS_MAX 4294967295ll
 /* Histogram bins of every hist operation, and the number of values in a hist reply. */
 #define TALLY_HIST_BINS 256
-/* The int32 histogram reply appends underflow and overflow counts after the 256 bins. */
+/* The int32 and uint16 histogram replies append underflow and overflow after the 256 bins. */
 #define TALLY_HIST_I32_VALUES (TALLY_HIST_BINS + 2)
+/* Colour histograms keep one 256-bin histogram per channel: 3 (rgb8) or 4 (rgba8). */
+#define TALLY_HIST_CHANNELS_MAX 4
+/* The most u64 values a hist reply carries (rgba8: 4 x 256). */
+#define TALLY_HIST_VALUES_MAX (TALLY_HIST_CHANNELS_MAX * TALLY_HIST_BINS)
 
 /* ---- Operations ------------------------------------------------------------------------- */
 
@@ -52,8 +59,9 @@ typedef enum {
     TALLY_OP_RESET = 7,
     TALLY_OP_STREAMS = 8,
     TALLY_OP_STATS = 9,
+    TALLY_OP_DELETE = 10, /* forget a stream (what `reset` did before it kept the stream) */
 } tally_op_t;
-#define TALLY_OP_COUNT 10 /* one past the largest opcode */
+#define TALLY_OP_COUNT 11 /* one past the largest opcode; 11 and 12 stay reserved (issue 12) */
 
 /* Element types. TALLY_DTYPE_NONE is for operations without a typed payload. */
 typedef enum {
@@ -63,8 +71,11 @@ typedef enum {
     TALLY_DTYPE_I64 = 3,  /* replies only (scan output, counts) */
     TALLY_DTYPE_U64 = 4,  /* replies only (histogram counts) */
     TALLY_DTYPE_TEXT = 5, /* replies only (info, error messages) */
+    TALLY_DTYPE_U16 = 6,  /* hist only: 12- and 16-bit sensors, 256 even bins over [lo, hi) */
+    TALLY_DTYPE_RGB8 = 7, /* hist only: interleaved R,G,B bytes; one element = one pixel */
+    TALLY_DTYPE_RGBA8 = 8 /* hist only: interleaved R,G,B,A bytes; one element = one pixel */
 } tally_dtype_t;
-#define TALLY_DTYPE_COUNT 6
+#define TALLY_DTYPE_COUNT 9
 
 /* Filter predicates: keep x when pred(x) holds; comparisons are exact, on mathematical
  * integers (a uint8 compared with 300 is simply less). BETWEEN keeps lo <= x <= hi. */
@@ -82,6 +93,9 @@ typedef enum {
 #define TALLY_FLAG_SCAN_EXCLUSIVE 0x01u /* scan: exclusive instead of inclusive */
 #define TALLY_FLAG_SCAN_OUT_I32 0x02u   /* scan: int32 output wrapping modulo 2^32 */
 #define TALLY_FLAG_FILTER_STABLE 0x04u  /* filter: keep input order */
+/* query: answer for the last `lo` milliseconds (the stream's ring of recent intervals) instead
+ * of all time (PROTOCOL.md, "Windows"). 0x10..0x40 stay reserved for issue 12. */
+#define TALLY_FLAG_QUERY_WINDOW 0x08u
 /* filter, scan, hist: the payload frame is a shared-memory reference (tally_shm_ref_t, 48
  * bytes) to data in a region registered over the side channel, not the data itself. */
 #define TALLY_FLAG_SHM_REF 0x80u
@@ -114,7 +128,10 @@ typedef enum {
     TALLY_E_BAD_REF = 19,       /* a shared-memory reference names no region of this peer, or a
                                  * range outside it */
     TALLY_E_QUOTA = 20,         /* side channel: a shared-memory quota would be exceeded */
-    TALLY_STATUS_WIRE_COUNT = 21,
+    /* 21..23 are reserved for issue 11 (security and limits). */
+    TALLY_E_WINDOW = 24, /* a window query longer than the daemon keeps, or windows are off */
+    /* 25 is reserved for issue 12. */
+    TALLY_STATUS_WIRE_COUNT = 25,
 
     /* Client-side only. */
     TALLY_E_TIMEOUT = 100,   /* no reply within the timeout */
@@ -131,8 +148,18 @@ const char *tally_status_text(tally_status_t status);
 const char *tally_op_name(tally_op_t op);          /* "filter", ... or NULL when unknown */
 const char *tally_dtype_name(tally_dtype_t dtype); /* "i32", "u8", ... or NULL */
 const char *tally_pred_name(tally_pred_t pred);    /* "gt", ... or NULL */
-/* Size in bytes of one element, 0 for NONE/TEXT or an unknown dtype. */
+/* Size in bytes of one element, 0 for NONE/TEXT or an unknown dtype (rgb8: 3, one pixel). */
 size_t tally_dtype_size(tally_dtype_t dtype);
+/* The alignment a payload of dtype needs to be read as its elements: 1 for the byte-channel
+ * types (u8, rgb8, rgba8), else the element size. */
+size_t tally_dtype_align(tally_dtype_t dtype);
+/* Histogram shape of a dtype: channels (1; rgb8 3; rgba8 4; 0 when hist does not take it) and
+ * the number of u64 values in a hist reply (u8 256; i32, u16 258: bins, underflow, overflow;
+ * rgb8 768, rgba8 1024: channel c's 256 bins at c x 256; 0 when hist does not take it). */
+unsigned tally_hist_channels(unsigned dtype);
+size_t tally_hist_values(unsigned dtype);
+/* True for the dtypes whose histogram has a range [lo, hi) and under/overflow: i32, u16. */
+bool tally_hist_ranged(unsigned dtype);
 
 /* ---- Request header --------------------------------------------------------------------- */
 
@@ -143,11 +170,12 @@ typedef struct {
     uint8_t dtype;
     uint8_t flags;
     uint64_t request_id;
-    uint8_t pred;       /* filter: tally_pred_t */
-    int64_t lo;         /* filter: threshold (or lower bound of BETWEEN); hist i32: range start */
-    int64_t hi;         /* filter BETWEEN: upper bound (inclusive); hist i32: range end (excl.) */
-    uint64_t seq;       /* per-stream sequence number; 0 = none (filter/scan/hist on a stream) */
-    uint8_t stream_len; /* 0 = no stream */
+    uint8_t pred; /* filter: tally_pred_t */
+    int64_t lo;   /* filter: threshold (or lower bound of BETWEEN); hist i32/u16: range start;
+                   * query with TALLY_FLAG_QUERY_WINDOW: the window in milliseconds */
+    int64_t hi;   /* filter BETWEEN: upper bound (inclusive); hist i32/u16: range end (excl.) */
+    uint64_t seq; /* per-stream sequence number; 0 = none (filter/scan/hist on a stream) */
+    uint8_t stream_len;                     /* 0 = no stream */
     char stream[TALLY_STREAM_NAME_MAX + 1]; /* NUL-terminated copy of the name */
 } tally_req_t;
 
@@ -185,7 +213,8 @@ typedef struct {
     uint64_t count;      /* number of elements in the payload (filter: elements kept) */
     uint64_t aux0;       /* filter, hist: elements in the batch; scan: carry-out (i64);
                           * duplicate, sequence_gap: the stream's last applied seq */
-    uint64_t aux1;       /* reserved for the operation (see PROTOCOL.md); zero otherwise */
+    uint64_t aux1;       /* query with TALLY_FLAG_QUERY_WINDOW: the window's end (aux0 its
+                          * start), ms since the epoch; zero otherwise */
 } tally_rep_t;
 
 /* Writes exactly TALLY_REP_HEADER_SIZE bytes (magic, TALLY_PROTO_VERSION, fields, zeros). */
@@ -196,8 +225,12 @@ tally_status_t tally_rep_decode(const uint8_t *buf, size_t len, tally_rep_t *rep
 
 /* ---- Payloads with a fixed layout ------------------------------------------------------- */
 
-/* The `query` reply payload: a stream's counters and histogram (layout in PROTOCOL.md). */
+/* The `query` reply payload: one stream record, a stream's counters and histogram (layout in
+ * PROTOCOL.md). A single-channel stream's record is TALLY_QUERY_PAYLOAD_SIZE bytes (protocol 1
+ * as first published); an rgb8/rgba8 stream's appends the bins of channels 1.. after those of
+ * channel 0, so the record is 128 + 2048 x channels bytes, at most TALLY_QUERY_PAYLOAD_MAX. */
 #define TALLY_QUERY_PAYLOAD_SIZE (128 + 8 * TALLY_HIST_BINS)
+#define TALLY_QUERY_PAYLOAD_MAX (128 + 8 * TALLY_HIST_VALUES_MAX)
 typedef struct {
     uint64_t batches;       /* requests applied to the stream */
     uint64_t elements;      /* elements in them */
@@ -206,21 +239,46 @@ typedef struct {
     uint64_t filter_kept;   /* elements kept by filters */
     int64_t scan_carry;     /* running total of scanned elements (wraps modulo 2^64) */
     uint64_t scan_elements; /* elements scanned */
-    uint8_t hist_dtype;     /* TALLY_DTYPE_NONE until the first hist, then U8 or I32 */
-    int64_t hist_lo;        /* i32 histograms: the range, fixed by the first hist */
+    uint8_t hist_dtype;     /* TALLY_DTYPE_NONE until the first hist, then its dtype */
+    int64_t hist_lo;        /* i32/u16 histograms: the range, fixed by the first hist */
     int64_t hist_hi;
     uint64_t hist_underflow;
     uint64_t hist_overflow;
-    uint64_t hist_total; /* elements histogrammed, in range or not */
+    uint64_t hist_total; /* elements (pixels) histogrammed, in range or not */
     uint64_t last_seq;   /* seq of the last applied request that carried one; 0 = none yet */
-    uint64_t bins[TALLY_HIST_BINS];
+    /* Channel c's bin b at bins[c * TALLY_HIST_BINS + b]; only channel 0 for one channel, so
+     * bins[0..255] is the histogram of every single-channel stream. */
+    uint64_t bins[TALLY_HIST_VALUES_MAX];
 } tally_stream_info_t;
 
-void tally_stream_info_encode(const tally_stream_info_t *info,
-                              uint8_t out[TALLY_QUERY_PAYLOAD_SIZE]);
-/* TALLY_E_REPLY unless len is TALLY_QUERY_PAYLOAD_SIZE, the reserved bytes are zero and
- * hist_dtype is NONE, I32 or U8. */
+/* The record's length on the wire: 128 + 2048 x tally_hist_channels(hist_dtype) (one channel
+ * for a stream without a histogram). */
+size_t tally_stream_info_size(const tally_stream_info_t *info);
+/* Writes tally_stream_info_size(info) bytes to out (room for TALLY_QUERY_PAYLOAD_MAX is always
+ * enough; TALLY_QUERY_PAYLOAD_SIZE for single-channel streams) and returns that length. */
+size_t tally_stream_info_encode(const tally_stream_info_t *info, uint8_t *out);
+/* TALLY_E_REPLY unless hist_dtype is NONE, I32, U8, U16, RGB8 or RGBA8, len is the record
+ * size that dtype implies, and the reserved bytes are zero. */
 tally_status_t tally_stream_info_decode(const uint8_t *buf, size_t len, tally_stream_info_t *info);
+
+/* ---- Subscriptions (PROTOCOL.md §11) ---------------------------------------------------- */
+
+/* A message on tallyd's PUB socket is three frames: [topic = the stream name][a
+ * TALLY_PUB_HEADER_SIZE-byte header][the stream record (a `query` payload), empty for
+ * TALLY_PUB_DELETED]. */
+#define TALLY_PUB_HEADER_SIZE 64
+#define TALLY_PUB_UPDATE 1  /* the stream changed since the last publication: its record */
+#define TALLY_PUB_DELETED 2 /* the stream was deleted (`delete`): no record */
+typedef struct {
+    uint8_t kind;         /* TALLY_PUB_UPDATE or TALLY_PUB_DELETED */
+    uint64_t pub_seq;     /* 1, 2, 3, ... per daemon run over all streams: a gap = lost messages */
+    uint64_t time_ms;     /* when the record was taken: the window clock, ms since the epoch */
+    uint64_t interval_ms; /* the publication interval */
+} tally_pub_t;
+
+void tally_pub_encode(const tally_pub_t *pub, uint8_t out[TALLY_PUB_HEADER_SIZE]);
+/* TALLY_E_REPLY unless buf is a v1 publication header of TALLY_PUB_HEADER_SIZE bytes. */
+tally_status_t tally_pub_decode(const uint8_t *buf, size_t len, tally_pub_t *pub);
 
 /* ---- Shared memory (PROTOCOL.md §10) -------------------------------------------------- */
 
@@ -289,6 +347,33 @@ tally_status_t tally_shm_answer_decode(const uint8_t *buf, size_t len, tally_shm
 static inline unsigned tally_hist_bin_i32(int32_t x, int64_t lo, int64_t hi)
 {
     return (unsigned)(((uint64_t)((int64_t)x - lo) * TALLY_HIST_BINS) / (uint64_t)(hi - lo));
+}
+
+/* The uint16 histogram's bin without a division, shared by every backend: for d = x - lo in
+ * [0, R) with R = hi - lo <= 2^16, bin = floor(256 d / R) = (256 d * mul) >> shift, exactly,
+ * where shift = 24 + ceil(log2 R) and mul = ceil(2^shift / R). Why it is exact: with
+ * mul * R = 2^shift + e, 0 <= e < R, the product divided by 2^shift is 256 d / R + delta with
+ * delta = 256 d e / (R 2^shift) < 2^24 / 2^shift = 2^-ceil(log2 R) <= 1/R, and the fraction of
+ * 256 d / R is at most (R - 1) / R, so the floor does not change. The product stays under 2^50. */
+static inline void tally_hist_u16_recip(int64_t lo, int64_t hi, uint64_t *mul, unsigned *shift)
+{
+    uint64_t r = (uint64_t)(hi - lo);
+    unsigned l = 0;
+    while ((1ull << l) < r)
+        l++;
+    *shift = 24 + l;
+    *mul = ((1ull << *shift) + r - 1) / r;
+}
+
+#ifdef __CUDACC__
+#define TALLY_HOST_DEVICE __host__ __device__ /* the CUDA kernels use the same expression */
+#else
+#define TALLY_HOST_DEVICE
+#endif
+static inline TALLY_HOST_DEVICE unsigned tally_hist_bin_u16(uint32_t d, uint64_t mul,
+                                                            unsigned shift)
+{
+    return (unsigned)(((uint64_t)d * TALLY_HIST_BINS * mul) >> shift);
 }
 
 /* Little-endian helpers, exposed for the daemon's and client's payload code. */

@@ -99,6 +99,7 @@ static void test_lib_control(void **state)
     assert_int_equal(tally_query(c, "lib/never-used", &info), TALLY_E_UNKNOWN_STREAM);
     assert_non_null(strstr(tally_client_error(c), "lib/never-used"));
     assert_int_equal(tally_reset(c, "lib/never-used"), TALLY_E_UNKNOWN_STREAM);
+    assert_int_equal(tally_delete(c, "lib/never-used"), TALLY_E_UNKNOWN_STREAM);
     tally_client_destroy(&c);
 }
 
@@ -232,7 +233,11 @@ static void test_lib_scan_stream(void **state)
     assert_int_equal(info.scan_elements, 2 * N);
     assert_int_equal(info.elements, 2 * N);
     assert_int_equal(info.batches, 2 * ((4 * N + 12343) / 12344));
-    assert_int_equal(tally_reset(c, "lib/scan"), TALLY_OK);
+    assert_int_equal(tally_reset(c, "lib/scan"), TALLY_OK); /* zeroed, kept */
+    assert_int_equal(tally_query(c, "lib/scan", &info), TALLY_OK);
+    assert_int_equal(info.scan_carry, 0);
+    assert_int_equal(info.elements, 0);
+    assert_int_equal(tally_delete(c, "lib/scan"), TALLY_OK); /* gone */
     assert_int_equal(tally_query(c, "lib/scan", &info), TALLY_E_UNKNOWN_STREAM);
     free(x);
     tally_client_destroy(&c);

@@ -507,7 +507,9 @@ static void test_hist_u8(void **state)
                 fill_u8(f->in8, n, shape);
             else
                 memset(f->in8, 42, n); /* all equal */
-            tk_hist_t got, want;
+            static tk_hist_t got, want;
+            memset(&got, 0, sizeof got);
+            memset(&want, 0, sizeof want);
             /* Start from a running histogram: the backend adds. */
             for (int b = 0; b < TALLY_HIST_BINS; b++)
                 got.bins[b] = want.bins[b] = rng_next() >> 20;
@@ -536,7 +538,9 @@ static void test_hist_u8(void **state)
 
 static void check_hist_i32(fx_t *f, size_t n, int64_t lo, int64_t hi)
 {
-    tk_hist_t got, want;
+    static tk_hist_t got, want;
+    memset(&got, 0, sizeof got);
+    memset(&want, 0, sizeof want);
     for (int b = 0; b < TALLY_HIST_BINS; b++)
         got.bins[b] = want.bins[b] = (uint64_t)b * 1000;
     got.underflow = want.underflow = 11;
@@ -735,6 +739,89 @@ static void test_invalid_args(void **state)
     assert_memory_equal(&h, &zero, sizeof h);
 }
 
+/* uint16: the multiply-shift bin equals the defining division for every value of many ranges
+ * (exhaustively for 300 random widths and the edge cases), and the backend matches a plain
+ * loop on random, all-equal and edge-heavy data, adding into a running histogram. */
+static void test_hist_u16(void **state)
+{
+    fx_t *f = *state;
+    for (int t = 0; t < 300 + 4; t++) {
+        int64_t lo = 0, hi;
+        if (t < 4) {
+            hi = (int64_t[]){1, 2, 4096, 65536}[t];
+        } else {
+            lo = (int64_t)(rng_next() % 65535);
+            hi = lo + 1 + (int64_t)(rng_next() % (uint64_t)(65536 - lo));
+        }
+        uint64_t mul;
+        unsigned shift;
+        tally_hist_u16_recip(lo, hi, &mul, &shift);
+        for (int64_t x = lo; x < hi; x++) {
+            unsigned want = tally_hist_bin_i32((int32_t)x, lo, hi);
+            unsigned got = tally_hist_bin_u16((uint32_t)(x - lo), mul, shift);
+            if (got != want)
+                fail_msg("[%lld, %lld): x=%lld bin %u, want %u", (long long)lo, (long long)hi,
+                         (long long)x, got, want);
+        }
+    }
+    uint16_t *in = (uint16_t *)f->in32;
+    static tk_hist_t got, want;
+    for (size_t s = 0; s < N_SIZES; s++) {
+        for (int shape = 0; shape < 3; shape++) {
+            size_t n = sizes[s];
+            int64_t lo = (int64_t)(rng_next() % 4000), hi = lo + 1 + (int64_t)(rng_next() % 5000);
+            for (size_t i = 0; i < n; i++)
+                in[i] = shape == 0   ? (uint16_t)rng_next()
+                        : shape == 1 ? (uint16_t)lo
+                                     : (uint16_t)(lo - 2 + (int64_t)(rng_next() % 5) +
+                                                  (rng_next() & 1) * (hi - lo));
+            memset(&got, 0, sizeof got);
+            for (int b = 0; b < TALLY_HIST_BINS; b++)
+                got.bins[b] = rng_next() >> 20;
+            got.underflow = 5, got.overflow = 6;
+            want = got;
+            for (size_t i = 0; i < n; i++) {
+                if (in[i] < lo)
+                    want.underflow++;
+                else if (in[i] >= hi)
+                    want.overflow++;
+                else
+                    want.bins[tally_hist_bin_i32(in[i], lo, hi)]++;
+            }
+            assert_int_equal(f->be->hist_u16(NULL, n ? in : NULL, n, lo, hi, &got), TALLY_OK);
+            assert_memory_equal(&got, &want, sizeof got);
+        }
+    }
+    assert_int_equal(f->be->hist_u16(NULL, in, 1, 0, 65537, &got), TALLY_E_PARAM);
+    assert_int_equal(f->be->hist_u16(NULL, in, 1, -1, 10, &got), TALLY_E_PARAM);
+    assert_int_equal(f->be->hist_u16(NULL, in, 1, 5, 5, &got), TALLY_E_PARAM);
+}
+
+/* RGB and RGBA: channel c of every pixel in its own 256 bins, odd pixel counts included. */
+static void test_hist_rgb(void **state)
+{
+    fx_t *f = *state;
+    static tk_hist_t got, want;
+    for (unsigned channels = 3; channels <= 4; channels++) {
+        for (size_t s = 0; s < N_SIZES; s++) {
+            size_t pixels = sizes[s] / channels;
+            fill_u8(f->in8, pixels * channels, (int)(s % 3));
+            memset(&got, 0, sizeof got);
+            for (size_t b = 0; b < channels * TALLY_HIST_BINS; b++)
+                got.bins[b] = rng_next() >> 30;
+            want = got;
+            for (size_t i = 0; i < pixels; i++)
+                for (unsigned c = 0; c < channels; c++)
+                    want.bins[c * TALLY_HIST_BINS + f->in8[channels * i + c]]++;
+            assert_int_equal(f->be->hist_rgb(NULL, pixels ? f->in8 : NULL, pixels, channels, &got),
+                             TALLY_OK);
+            assert_memory_equal(&got, &want, sizeof got);
+        }
+    }
+    assert_int_equal(f->be->hist_rgb(NULL, f->in8, 1, 2, &got), TALLY_E_PARAM);
+    assert_int_equal(f->be->hist_rgb(NULL, NULL, 1, 3, &got), TALLY_E_PARAM);
+}
+
 static void test_table(void **state)
 {
     (void)state;
@@ -749,6 +836,8 @@ static void test_table(void **state)
     assert_non_null(be->scan);
     assert_non_null(be->hist_u8);
     assert_non_null(be->hist_i32);
+    assert_non_null(be->hist_u16);
+    assert_non_null(be->hist_rgb);
     be->describe(be->ctx, buf, sizeof buf);
     unsigned threads = 0;
     char tail[16] = "";
@@ -786,6 +875,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_hist_i32, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_hist_i32_random_ranges, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_hist_i32_chunked, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_hist_u16, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_hist_rgb, fx_setup, fx_teardown),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     printf("test_cpu_backend: %llu filter calls checked\n", filter_checks);

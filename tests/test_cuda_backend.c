@@ -175,12 +175,19 @@ static int64_t ref_scan(const int32_t *in, size_t n, int excl, int out32, void *
 static void ref_hist(tally_dtype_t dt, const void *in, size_t n, int64_t lo, int64_t hi,
                      tk_hist_t *h)
 {
+    unsigned channels = tally_hist_channels(dt);
     for (size_t i = 0; i < n; i++) {
         if (dt == TALLY_DTYPE_U8) {
             h->bins[((const uint8_t *)in)[i]]++;
             continue;
         }
-        int32_t x = ((const int32_t *)in)[i];
+        if (channels > 1) { /* colour: byte c of pixel i in channel c */
+            for (unsigned c = 0; c < channels; c++)
+                h->bins[c * TALLY_HIST_BINS + ((const uint8_t *)in)[channels * i + c]]++;
+            continue;
+        }
+        /* i32 and u16 share the defining division (not the kernels' reciprocals) */
+        int32_t x = dt == TALLY_DTYPE_U16 ? ((const uint16_t *)in)[i] : ((const int32_t *)in)[i];
         if (x < lo)
             h->underflow++;
         else if (x >= hi)
@@ -515,32 +522,30 @@ static void test_scan_chunks_unaligned(void **state)
 static void check_hist(tally_dtype_t dt, const void *in, size_t n, int64_t lo, int64_t hi,
                        size_t in_offset)
 {
-    size_t es = dt == TALLY_DTYPE_U8 ? 1 : 4;
+    size_t es = tally_dtype_size(dt), align = tally_dtype_align(dt);
     char what[160];
-    snprintf(what, sizeof what, "hist %s [%lld, %lld) n=%zu off=%zu", es == 1 ? "u8" : "i32",
+    snprintf(what, sizeof what, "hist %s [%lld, %lld) n=%zu off=%zu", tally_dtype_name(dt),
              (long long)lo, (long long)hi, n, in_offset);
     /* Start from a non-empty histogram: the kernels add. */
-    tk_hist_t start, want, got;
-    for (int b = 0; b < TALLY_HIST_BINS; b++)
+    static tk_hist_t start, want, got;
+    memset(&start, 0, sizeof start);
+    for (size_t b = 0; b < tally_hist_channels(dt) * TALLY_HIST_BINS; b++)
         start.bins[b] = rnd() % 1000;
-    start.underflow = dt == TALLY_DTYPE_U8 ? 0 : rnd() % 1000;
-    start.overflow = dt == TALLY_DTYPE_U8 ? 0 : rnd() % 1000;
+    start.underflow = tally_hist_ranged(dt) ? rnd() % 1000 : 0;
+    start.overflow = tally_hist_ranged(dt) ? rnd() % 1000 : 0;
     want = start;
     ref_hist(dt, in, n, lo, hi, &want);
 
     got = start;
-    tally_status_t st = dt == TALLY_DTYPE_U8 ? cpu->hist_u8(cpu->ctx, in, n, &got)
-                                             : cpu->hist_i32(cpu->ctx, in, n, lo, hi, &got);
+    tally_status_t st = tk_backend_hist(cpu, dt, in, n, lo, hi, &got);
     assert_int_equal(st, TALLY_OK);
     expect_bytes(what, &got, &want, sizeof got / 8, 8);
 
-    char *din = (char *)d_in + in_offset * es;
+    char *din = (char *)d_in + in_offset * align;
     tk_hist_t *dh = (tk_hist_t *)&d_small[2];
     CK(cudaMemcpyAsync(din, in, n * es, cudaMemcpyHostToDevice, stream));
     CK(cudaMemcpyAsync(dh, &start, sizeof start, cudaMemcpyHostToDevice, stream));
-    st = dt == TALLY_DTYPE_U8
-             ? tk_cuda_hist_u8((uint8_t *)din, n, dh, d_scratch, d_scratch_bytes, stream)
-             : tk_cuda_hist_i32((int32_t *)din, n, lo, hi, dh, d_scratch, d_scratch_bytes, stream);
+    st = tk_cuda_hist(dt, din, n, lo, hi, dh, d_scratch, d_scratch_bytes, stream);
     if (st != TALLY_OK)
         fail_msg("%s: tk_cuda_hist: %d (%s)", what, st, tk_cuda_error_string());
     CK(cudaMemcpyAsync(&got, dh, sizeof got, cudaMemcpyDeviceToHost, stream));
@@ -549,8 +554,7 @@ static void check_hist(tally_dtype_t dt, const void *in, size_t n, int64_t lo, i
 
     if (in_offset == 0) {
         got = start;
-        st = dt == TALLY_DTYPE_U8 ? gpu->hist_u8(gpu->ctx, in, n, &got)
-                                  : gpu->hist_i32(gpu->ctx, in, n, lo, hi, &got);
+        st = tk_backend_hist(gpu, dt, in, n, lo, hi, &got);
         assert_int_equal(st, TALLY_OK);
         expect_bytes(what, &got, &want, sizeof got / 8, 8);
     }
@@ -615,6 +619,69 @@ static void test_hist_i32(void **state)
         }
         free(in);
     }
+}
+
+/* uint16: 12-bit and full ranges, odd ones, one-value bins, data around the edges; every
+ * result equal to the CPU backend and to the defining division. */
+static void test_hist_u16(void **state)
+{
+    (void)state;
+    const int64_t ranges[][2] = {{0, 4096},      {0, 65536},   {100, 356}, {0, 1},
+                                 {65535, 65536}, {1000, 1003}, {7, 60007}};
+    const size_t nr = sizeof ranges / sizeof ranges[0];
+    for (size_t si = 0; si < n_sizes; si++) {
+        size_t n = all_sizes[si];
+        uint16_t *in = xmalloc(n * 2 + 16);
+        for (int kind = 0; kind < DATA_KINDS; kind++) {
+            fill_u8((uint8_t *)in, n * 2 + 16, (data_kind_t)kind);
+            for (size_t r = 0; r < nr; r++) {
+                if (n >= MID_N && r > 1)
+                    continue;
+                check_hist(TALLY_DTYPE_U16, in, n, ranges[r][0], ranges[r][1], 0);
+                if (n < MID_N)
+                    check_hist(TALLY_DTYPE_U16, in, n, ranges[r][0], ranges[r][1], 1 + rnd() % 7);
+            }
+        }
+        free(in);
+    }
+}
+
+/* RGB and RGBA pixels at every byte offset 0..15 (the channel of a vector's bytes depends on
+ * where the body starts), every data kind. */
+static void test_hist_rgb(void **state)
+{
+    (void)state;
+    for (size_t si = 0; si < n_sizes; si++) {
+        size_t n = all_sizes[si] / 4 + 1; /* pixels */
+        uint8_t *in = xmalloc(n * 4 + 16);
+        for (int kind = 0; kind < DATA_KINDS; kind++) {
+            fill_u8(in, n * 4 + 16, (data_kind_t)kind);
+            for (tally_dtype_t dt = TALLY_DTYPE_RGB8; dt <= TALLY_DTYPE_RGBA8; dt++) {
+                check_hist(dt, in, n, 0, 0, 0);
+                if (n < MID_N)
+                    for (size_t off = 1; off < 16; off += 1 + (n > 1000) * 4)
+                        check_hist(dt, in, n, 0, 0, off);
+            }
+        }
+        free(in);
+    }
+    /* Both copy counts agree on one input. */
+    size_t n = 1u << 20;
+    uint8_t *in = xmalloc(n * 4);
+    fill_u8(in, n * 4, DATA_UNIFORM);
+    static tk_hist_t a, b;
+    tk_hist_t *dh = (tk_hist_t *)&d_small[2];
+    CK(cudaMemcpyAsync(d_in, in, n * 4, cudaMemcpyHostToDevice, stream));
+    for (unsigned copies = 16; copies <= 32; copies *= 2) {
+        CK(cudaMemsetAsync(dh, 0, sizeof *dh, stream));
+        assert_int_equal(tk_cuda_hist_rgb_copies(d_in, n, 4, copies, dh, stream), TALLY_OK);
+        CK(cudaMemcpyAsync(copies == 16 ? &a : &b, dh, sizeof a, cudaMemcpyDeviceToHost, stream));
+    }
+    CK(cudaStreamSynchronize(stream));
+    assert_memory_equal(&a, &b, sizeof a);
+    assert_int_equal(tk_cuda_hist_rgb_copies(d_in, n, 5, 32, dh, stream), TALLY_E_PARAM);
+    assert_int_equal(tk_cuda_hist_rgb_copies(d_in, n, 3, 8, dh, stream), TALLY_E_PARAM);
+    free(in);
 }
 
 /* Every bin edge of many widths: the values just below, at and above the first value of each
@@ -724,7 +791,7 @@ static int setup(void **state)
     if (cudaMalloc(&d_in, max_bytes) != cudaSuccess ||
         cudaMalloc(&d_out, 2 * max_bytes + 64) != cudaSuccess ||
         cudaMalloc(&d_scratch, d_scratch_bytes ? d_scratch_bytes : 16) != cudaSuccess ||
-        cudaMalloc((void **)&d_small, 4096) != cudaSuccess) {
+        cudaMalloc((void **)&d_small, 16 + sizeof(tk_hist_t)) != cudaSuccess) {
         fprintf(stderr, "cudaMalloc failed\n");
         return -1;
     }
@@ -774,6 +841,8 @@ int main(void)
         cmocka_unit_test(test_scan),
         cmocka_unit_test(test_hist_u8),
         cmocka_unit_test(test_hist_i32),
+        cmocka_unit_test(test_hist_u16),
+        cmocka_unit_test(test_hist_rgb),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

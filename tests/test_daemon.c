@@ -299,7 +299,7 @@ static void test_hist_stream_query_reset(void **state)
     assert_memory_equal(info.bins, expect, sizeof expect);
     th_reply_free(&qr);
 
-    /* A histogram of another type on the same stream conflicts until reset. */
+    /* A histogram of another type on the same stream conflicts until the stream is deleted. */
     int32_t values[3] = {1, 2, 3};
     tally_req_t h32 = th_req(TALLY_OP_HIST, TALLY_DTYPE_I32, next_id++);
     h32.lo = 0;
@@ -308,10 +308,33 @@ static void test_hist_stream_query_reset(void **state)
     th_reply_t r;
     assert_int_equal(th_call(sock, &h32, values, sizeof values, &r), 0);
     assert_int_equal(r.rep.status, TALLY_E_STREAM_STATE);
-    assert_non_null(strstr((char *)r.payload, "reset"));
+    assert_non_null(strstr((char *)r.payload, "delete"));
     th_reply_free(&r);
 
-    /* streams lists it; reset removes it; then query says unknown and hist i32 works. */
+    /* reset zeroes it and keeps it: listed, type kept (the i32 batch still conflicts), every
+     * count 0. */
+    tally_req_t reset = th_req(TALLY_OP_RESET, TALLY_DTYPE_NONE, next_id++);
+    tally_req_set_stream(&reset, name);
+    assert_int_equal(th_call(sock, &reset, NULL, 0, &r), 0);
+    assert_int_equal(r.rep.status, TALLY_OK);
+    th_reply_free(&r);
+    q.request_id = next_id++;
+    assert_int_equal(th_call(sock, &q, NULL, 0, &qr), 0);
+    assert_int_equal(qr.rep.status, TALLY_OK);
+    assert_int_equal(tally_stream_info_decode(qr.payload, qr.len, &info), TALLY_OK);
+    assert_int_equal(info.hist_dtype, TALLY_DTYPE_U8);
+    assert_int_equal(info.batches, 0);
+    assert_int_equal(info.elements, 0);
+    assert_int_equal(info.hist_total, 0);
+    for (int b = 0; b < 256; b++)
+        assert_int_equal(info.bins[b], 0);
+    th_reply_free(&qr);
+    h32.request_id = next_id++;
+    assert_int_equal(th_call(sock, &h32, values, sizeof values, &r), 0);
+    assert_int_equal(r.rep.status, TALLY_E_STREAM_STATE);
+    th_reply_free(&r);
+
+    /* streams lists it; delete removes it; then query says unknown and hist i32 works. */
     tally_req_t ls = th_req(TALLY_OP_STREAMS, TALLY_DTYPE_NONE, next_id++);
     assert_int_equal(th_call(sock, &ls, NULL, 0, &r), 0);
     assert_int_equal(r.rep.status, TALLY_OK);
@@ -321,9 +344,9 @@ static void test_hist_stream_query_reset(void **state)
     assert_true(listed);
     th_reply_free(&r);
 
-    tally_req_t reset = th_req(TALLY_OP_RESET, TALLY_DTYPE_NONE, next_id++);
-    tally_req_set_stream(&reset, name);
-    assert_int_equal(th_call(sock, &reset, NULL, 0, &r), 0);
+    tally_req_t del = th_req(TALLY_OP_DELETE, TALLY_DTYPE_NONE, next_id++);
+    tally_req_set_stream(&del, name);
+    assert_int_equal(th_call(sock, &del, NULL, 0, &r), 0);
     assert_int_equal(r.rep.status, TALLY_OK);
     th_reply_free(&r);
     q.request_id = next_id++;

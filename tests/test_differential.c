@@ -24,9 +24,15 @@
  * holds every request answered ok. The model is computed from the payloads the test sent, and
  * each acknowledged reply is checked against it.
  *
- * test_query_behind_reset: a query and a reset pipelined behind a reset get unknown_stream
- * (they used to find the cleared stream, which then stayed listed: the differential test found
- * it, as a reply that depended on timing).
+ * The sequence also covers issue 12: u16, rgb8 and rgba8 histograms, `reset` (zeroed, kept)
+ * against `delete` (forgotten), and window queries: both daemons read one test clock file
+ * (--test-clock, 4 intervals of 1 s), which the test advances between batches of requests
+ * (when nothing is in flight), and the model keeps each stream's per-interval histograms, so a
+ * window query's record and its start/end (aux0/aux1) are checked too, across the restart.
+ *
+ * test_query_behind_reset: a query, reset and delete pipelined behind a delete get
+ * unknown_stream (they used to find the cleared stream, which then stayed listed: the
+ * differential test found it, as a reply that depended on timing).
  *
  * Environment: TALLY_DIFF_SCALE (default 1) multiplies the number of requests (the GPU checks
  * run bigger); TALLY_DIFF_FAULT_EVERY=N adds --test-fault-every N to the GPU daemon of the random
@@ -63,6 +69,11 @@
 #define FILTER_U8_TILE 16384 /* 8 warps x 2048 */
 #define HIST_U8_PASS 32768   /* 512 threads x 16 bytes x 4 unrolled */
 #define HIST_I32_PASS 8192
+/* The window ring both daemons keep (--window-intervals, --window-interval-ms) and the test
+ * clock they read. */
+#define WIN_INTERVALS 4
+#define WIN_MS 1000
+#define CLOCK_START_MS 1795000000000ull
 
 static bool use_cuda(void)
 {
@@ -96,17 +107,43 @@ static uint64_t below(uint64_t n)
 
 /* ---- the model of a stream -------------------------------------------------------------- */
 
+/* One interval's histogram of a stream, as the daemon's ring slot (td_window.h). */
+typedef struct {
+    uint64_t interval_plus1; /* 0: empty */
+    uint64_t under, over, total;
+    uint64_t bins[TALLY_HIST_VALUES_MAX];
+} mslot_t;
+
 typedef struct {
     char name[TALLY_STREAM_NAME_MAX + 1];
     bool exists;
     tally_stream_info_t info;
+    mslot_t ring[WIN_INTERVALS];
 } mstream_t;
 
 static mstream_t model[NSTREAMS];
 
+/* The test clock (ms since the epoch) and the file both daemons read it from. */
+static uint64_t clock_ms;
+static char clock_path[96];
+
+static void clock_set(uint64_t ms)
+{
+    clock_ms = ms;
+    char tmp[128];
+    snprintf(tmp, sizeof tmp, "%s.tmp", clock_path);
+    FILE *f = fopen(tmp, "w");
+    assert_non_null(f);
+    fprintf(f, "%llu\n", (unsigned long long)ms);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(rename(tmp, clock_path), 0); /* a daemon never reads half a number */
+}
+
 static void model_init(void)
 {
     memset(model, 0, sizeof model);
+    snprintf(clock_path, sizeof clock_path, "/tmp/tallyd-diff-clock-%d", (int)getpid());
+    clock_set(CLOCK_START_MS);
     for (int i = 0; i < NSTREAMS; i++) {
         int conn = i % CONNS;
         if (i == NSTREAMS - 1) /* a name of the longest length */
@@ -139,8 +176,11 @@ typedef struct {
     uint64_t want_aux0;
     bool check_count;
     uint64_t want_count;
-    uint8_t *want_payload;                     /* query: the stream's encoded state */
-    uint64_t want_hist[TALLY_HIST_I32_VALUES]; /* snapshot test: a hist batch's reply */
+    bool check_aux1;
+    uint64_t want_aux1;
+    uint8_t *want_payload; /* query: the stream's encoded state */
+    size_t want_len;
+    uint64_t want_hist[TALLY_HIST_VALUES_MAX]; /* a hist batch's reply */
     raw_reply_t got[2];
 } op_t;
 
@@ -275,15 +315,36 @@ static void fill_u8(uint8_t *v, size_t n)
     }
 }
 
+/* uint16: uniform, 12-bit, the extremes, one value, around 4096. */
+static void fill_u16(uint8_t *v, size_t n)
+{
+    int kind = (int)below(5);
+    uint16_t one = (uint16_t)rnd();
+    for (size_t i = 0; i < n; i++) {
+        uint64_t r = rnd();
+        uint16_t x = kind == 0   ? (uint16_t)r
+                     : kind == 1 ? (uint16_t)(r & 0xfff)
+                     : kind == 2 ? (uint16_t)(r % 2 ? 65535 : r % 3)
+                     : kind == 3 ? one
+                                 : (uint16_t)(4090 + r % 12);
+        tally_put_u16(v + 2 * i, x);
+    }
+}
+
+/* n elements of esize bytes: int32 (4) or bytes (1), or by the request's dtype for uint16
+ * and pixels (rgb8 3, rgba8 4 bytes). */
 static void make_payload(op_t *op, size_t n, size_t esize)
 {
     op->len = n * esize;
     op->payload = malloc(op->len ? op->len : 1);
     assert_non_null(op->payload);
-    if (esize == 4)
-        fill_i32((int32_t *)op->payload, n);
+    uint8_t dt = op->req.dtype;
+    if (dt == TALLY_DTYPE_U16 && esize == 2)
+        fill_u16(op->payload, n);
+    else if (tally_hist_channels(dt) > 1 || esize == 1)
+        fill_u8(op->payload, op->len);
     else
-        fill_u8(op->payload, n);
+        fill_i32((int32_t *)op->payload, n);
 }
 
 static int64_t elem(const op_t *op, size_t i)
@@ -312,6 +373,61 @@ static bool keeps(const tally_req_t *q, int64_t x)
     default:
         return q->lo <= x && x <= q->hi;
     }
+}
+
+/* A hist batch: its reply (want_hist, the defining formulas), and on a stream the running
+ * histogram and the window slot of the current interval. */
+static void expect_hist(op_t *op, size_t n, mstream_t *m)
+{
+    uint8_t dt = op->req.dtype;
+    bool ranged = tally_hist_ranged(dt);
+    unsigned channels = tally_hist_channels(dt);
+    uint64_t *h = op->want_hist;
+    for (size_t i = 0; i < n; i++) {
+        if (channels > 1) {
+            for (unsigned c = 0; c < channels; c++)
+                h[c * TALLY_HIST_BINS + op->payload[channels * i + c]]++;
+            continue;
+        }
+        int64_t x =
+            dt == TALLY_DTYPE_U16 ? (int64_t)tally_get_u16(op->payload + 2 * i) : elem(op, i);
+        if (!ranged)
+            h[x]++;
+        else if (x < op->req.lo)
+            h[TALLY_HIST_BINS]++;
+        else if (x >= op->req.hi)
+            h[TALLY_HIST_BINS + 1]++;
+        else
+            h[tally_hist_bin_i32((int32_t)x, op->req.lo, op->req.hi)]++;
+    }
+    op->check_aux0 = op->check_count = true;
+    op->want_aux0 = n;
+    op->want_count = tally_hist_values(dt);
+    if (!m)
+        return;
+    tally_stream_info_t *info = &m->info;
+    if (info->hist_dtype == TALLY_DTYPE_NONE) {
+        info->hist_dtype = dt;
+        info->hist_lo = ranged ? op->req.lo : 0;
+        info->hist_hi = ranged ? op->req.hi : 0;
+    }
+    uint64_t under = ranged ? h[TALLY_HIST_BINS] : 0, over = ranged ? h[TALLY_HIST_BINS + 1] : 0;
+    uint64_t interval = clock_ms / WIN_MS;
+    mslot_t *slot = &m->ring[interval % WIN_INTERVALS];
+    if (slot->interval_plus1 != interval + 1) {
+        memset(slot, 0, sizeof *slot);
+        slot->interval_plus1 = interval + 1;
+    }
+    for (size_t b = 0; b < channels * TALLY_HIST_BINS; b++) {
+        info->bins[b] += h[b];
+        slot->bins[b] += h[b];
+    }
+    info->hist_underflow += under;
+    info->hist_overflow += over;
+    info->hist_total += n;
+    slot->under += under;
+    slot->over += over;
+    slot->total += n;
 }
 
 /* Sets the expectations of a compute request that succeeds, and applies it to its stream. */
@@ -344,36 +460,7 @@ static void expect_compute(op_t *op)
             info->scan_elements += n;
         }
     } else {
-        bool i32 = op->req.dtype == TALLY_DTYPE_I32;
-        uint64_t *h = op->want_hist;
-        for (size_t i = 0; i < n; i++) {
-            int64_t x = elem(op, i);
-            if (!i32)
-                h[x]++;
-            else if (x < op->req.lo)
-                h[TALLY_HIST_BINS]++;
-            else if (x >= op->req.hi)
-                h[TALLY_HIST_BINS + 1]++;
-            else
-                h[tally_hist_bin_i32((int32_t)x, op->req.lo, op->req.hi)]++;
-        }
-        op->check_aux0 = op->check_count = true;
-        op->want_aux0 = n;
-        op->want_count = i32 ? TALLY_HIST_I32_VALUES : TALLY_HIST_BINS;
-        if (info) {
-            if (info->hist_dtype == TALLY_DTYPE_NONE) {
-                info->hist_dtype = op->req.dtype;
-                info->hist_lo = i32 ? op->req.lo : 0;
-                info->hist_hi = i32 ? op->req.hi : 0;
-            }
-            for (int b = 0; b < TALLY_HIST_BINS; b++)
-                info->bins[b] += h[b];
-            if (i32) {
-                info->hist_underflow += h[TALLY_HIST_BINS];
-                info->hist_overflow += h[TALLY_HIST_BINS + 1];
-            }
-            info->hist_total += n;
-        }
+        expect_hist(op, n, info ? &model[op->stream] : NULL);
     }
     if (info) {
         model[op->stream].exists = true;
@@ -391,8 +478,45 @@ static void expect_query(op_t *op)
         return;
     }
     op->want_status = TALLY_OK;
-    op->want_payload = malloc(TALLY_QUERY_PAYLOAD_SIZE);
-    tally_stream_info_encode(&m->info, op->want_payload);
+    op->want_payload = malloc(TALLY_QUERY_PAYLOAD_MAX);
+    op->want_len = tally_stream_info_encode(&m->info, op->want_payload);
+}
+
+/* A window query of the last W ms: the stream's record with the histogram of the last
+ * ceil(W / WIN_MS) intervals, aux0 its start and aux1 the clock; bad_window beyond the ring. */
+static void gen_window_query(ops_t *o, int conn, int stream)
+{
+    static const int64_t windows[] = {1, 999, 1000, 1001, 2500, 3000, 4000, 4001, 60000};
+    op_t *op = ops_add(o, TALLY_OP_QUERY, TALLY_DTYPE_NONE, conn, stream);
+    op->req.flags = TALLY_FLAG_QUERY_WINDOW;
+    op->req.lo = windows[below(sizeof windows / sizeof windows[0])];
+    mstream_t *m = &model[stream];
+    uint64_t k = ((uint64_t)op->req.lo + WIN_MS - 1) / WIN_MS;
+    if (!m->exists || k > WIN_INTERVALS) {
+        op->want_status = m->exists ? TALLY_E_WINDOW : TALLY_E_UNKNOWN_STREAM;
+        return;
+    }
+    static tally_stream_info_t view;
+    view = m->info;
+    view.hist_underflow = view.hist_overflow = view.hist_total = 0;
+    memset(view.bins, 0, sizeof view.bins);
+    uint64_t now = clock_ms / WIN_MS;
+    for (uint64_t i = 0; i < k; i++) {
+        const mslot_t *slot = &m->ring[(now - i) % WIN_INTERVALS];
+        if (slot->interval_plus1 != now - i + 1)
+            continue;
+        view.hist_underflow += slot->under;
+        view.hist_overflow += slot->over;
+        view.hist_total += slot->total;
+        for (size_t b = 0; b < TALLY_HIST_VALUES_MAX; b++)
+            view.bins[b] += slot->bins[b];
+    }
+    op->want_status = TALLY_OK;
+    op->want_payload = malloc(TALLY_QUERY_PAYLOAD_MAX);
+    op->want_len = tally_stream_info_encode(&view, op->want_payload);
+    op->check_aux0 = op->check_aux1 = true;
+    op->want_aux0 = (now + 1 - k) * WIN_MS;
+    op->want_aux1 = clock_ms;
 }
 
 /* ---- generating the sequence -------------------------------------------------------------- */
@@ -461,16 +585,36 @@ static void pick_range(int64_t *lo, int64_t *hi)
     *hi = ranges[k][1];
 }
 
+/* u16 ranges: 12 bits, 16 bits, one-value bins, the top value, a wide odd one. */
+static void pick_range_u16(int64_t *lo, int64_t *hi)
+{
+    static const int64_t ranges[][2] = {
+        {0, 4096}, {0, 65536}, {100, 356}, {65535, 65536}, {7, 60007}};
+    size_t k = below(sizeof ranges / sizeof ranges[0]);
+    *lo = ranges[k][0];
+    *hi = ranges[k][1];
+}
+
+static uint8_t pick_hist_dtype(void)
+{
+    static const uint8_t dtypes[] = {TALLY_DTYPE_I32,  TALLY_DTYPE_I32,  TALLY_DTYPE_U8,
+                                     TALLY_DTYPE_U8,   TALLY_DTYPE_U16,  TALLY_DTYPE_U16,
+                                     TALLY_DTYPE_RGB8, TALLY_DTYPE_RGBA8};
+    return dtypes[below(sizeof dtypes)];
+}
+
 static void gen_hist(op_t *op, bool allow_max)
 {
     mstream_t *m = op->stream >= 0 ? &model[op->stream] : NULL;
     /* A stream keeps its histogram's type (gen_conflict makes the conflicts). */
     bool keep = m && m->info.hist_dtype != TALLY_DTYPE_NONE;
-    op->req.dtype = keep ? m->info.hist_dtype : below(2) ? TALLY_DTYPE_I32 : TALLY_DTYPE_U8;
-    if (op->req.dtype == TALLY_DTYPE_I32) {
+    op->req.dtype = keep ? m->info.hist_dtype : pick_hist_dtype();
+    if (tally_hist_ranged(op->req.dtype)) {
         if (keep) {
             op->req.lo = m->info.hist_lo;
             op->req.hi = m->info.hist_hi;
+        } else if (op->req.dtype == TALLY_DTYPE_U16) {
+            pick_range_u16(&op->req.lo, &op->req.hi);
         } else {
             pick_range(&op->req.lo, &op->req.hi);
         }
@@ -553,22 +697,29 @@ static void gen_error(ops_t *o, int conn, int stream)
 static bool gen_conflict(ops_t *o, int conn, int stream)
 {
     mstream_t *m = &model[stream];
-    if (m->info.hist_dtype == TALLY_DTYPE_NONE)
+    uint8_t have = m->info.hist_dtype;
+    if (have == TALLY_DTYPE_NONE)
         return false;
-    bool u8 = m->info.hist_dtype == TALLY_DTYPE_I32 && below(2);
-    op_t *op = ops_add(o, TALLY_OP_HIST, u8 ? TALLY_DTYPE_U8 : TALLY_DTYPE_I32, conn, stream);
-    if (!u8) { /* another valid range, or i32 on a u8 stream */
-        bool other = m->info.hist_dtype == TALLY_DTYPE_I32 && m->info.hist_lo == -1000;
+    /* The same ranged dtype over another range, or another dtype. */
+    uint8_t dt = tally_hist_ranged(have) && below(2) ? have : pick_hist_dtype();
+    while (dt == have && !tally_hist_ranged(have))
+        dt = pick_hist_dtype();
+    op_t *op = ops_add(o, TALLY_OP_HIST, dt, conn, stream);
+    if (dt == TALLY_DTYPE_I32) {
+        bool other = have == TALLY_DTYPE_I32 && m->info.hist_lo == -1000;
         op->req.lo = other ? 0 : -1000;
         op->req.hi = other ? 1 : 1000;
+    } else if (dt == TALLY_DTYPE_U16) {
+        bool other = have == TALLY_DTYPE_U16 && m->info.hist_hi == 4096 && m->info.hist_lo == 0;
+        op->req.lo = 0;
+        op->req.hi = other ? 65536 : 4096;
     }
     make_payload(op, 17, tally_dtype_size((tally_dtype_t)op->req.dtype));
     op->want_status = TALLY_E_STREAM_STATE;
     return true;
 }
 
-/* A filter, scan or hist that succeeds; cap_len > 0 cuts its payload to at most that (a
- * multiple of 4). */
+/* A filter, scan or hist that succeeds; cap_len > 0 cuts its payload to at most that. */
 static void gen_compute(ops_t *o, int conn, int stream, bool allow_max, size_t cap_len)
 {
     uint64_t r = below(10);
@@ -580,8 +731,9 @@ static void gen_compute(ops_t *o, int conn, int stream, bool allow_max, size_t c
         gen_filter(op, allow_max);
     else
         gen_hist(op, allow_max);
+    size_t esize = tally_dtype_size((tally_dtype_t)op->req.dtype);
     if (cap_len && op->len > cap_len)
-        op->len = cap_len;
+        op->len = cap_len - cap_len % esize; /* whole elements (an rgb8 pixel is 3 bytes) */
     expect_compute(op);
 }
 
@@ -595,14 +747,29 @@ static void gen_one(ops_t *o, int conn)
         gen_compute(o, conn, -1, true, 0);
     } else if (r < 75) {
         gen_compute(o, conn, stream, true, 0);
-    } else if (r < 84) {
+    } else if (r < 80) {
         op_t *op = ops_add(o, TALLY_OP_QUERY, TALLY_DTYPE_NONE, conn, stream);
         expect_query(op);
-    } else if (r < 90) {
+    } else if (r < 84) {
+        gen_window_query(o, conn, stream);
+    } else if (r < 87) { /* reset: zeroed, kept with its type, range and last_seq */
         op_t *op = ops_add(o, TALLY_OP_RESET, TALLY_DTYPE_NONE, conn, stream);
         op->want_status = m->exists ? TALLY_OK : TALLY_E_UNKNOWN_STREAM;
         if (m->exists) {
+            tally_stream_info_t kept = m->info;
             memset(&m->info, 0, sizeof m->info);
+            m->info.hist_dtype = kept.hist_dtype;
+            m->info.hist_lo = kept.hist_lo;
+            m->info.hist_hi = kept.hist_hi;
+            m->info.last_seq = kept.last_seq;
+            memset(m->ring, 0, sizeof m->ring);
+        }
+    } else if (r < 90) { /* delete: forgotten */
+        op_t *op = ops_add(o, TALLY_OP_DELETE, TALLY_DTYPE_NONE, conn, stream);
+        op->want_status = m->exists ? TALLY_OK : TALLY_E_UNKNOWN_STREAM;
+        if (m->exists) {
+            memset(&m->info, 0, sizeof m->info);
+            memset(m->ring, 0, sizeof m->ring);
             m->exists = false;
         }
     } else if (r < 94) {
@@ -879,6 +1046,9 @@ static void compare_op(op_t *op)
     if (op->check_aux0 && ra.aux0 != op->want_aux0)
         fail_msg("%s: aux0 %lld, the model expects %lld", what, (long long)ra.aux0,
                  (long long)op->want_aux0);
+    if (op->check_aux1 && ra.aux1 != op->want_aux1)
+        fail_msg("%s: aux1 %lld, the model expects %lld", what, (long long)ra.aux1,
+                 (long long)op->want_aux1);
     if (op->check_count && ra.count != op->want_count)
         fail_msg("%s: count %llu, the model expects %llu", what, (unsigned long long)ra.count,
                  (unsigned long long)op->want_count);
@@ -892,10 +1062,10 @@ static void compare_op(op_t *op)
     if (op->req.opcode == TALLY_OP_STREAMS)
         check_streams_listing(a);
     if (op->want_payload &&
-        (a->len != TALLY_QUERY_PAYLOAD_SIZE || memcmp(a->payload, op->want_payload, a->len) != 0)) {
-        tally_stream_info_t got, want;
+        (a->len != op->want_len || memcmp(a->payload, op->want_payload, a->len) != 0)) {
+        static tally_stream_info_t got, want;
         tally_stream_info_decode(a->payload, a->len, &got);
-        tally_stream_info_decode(op->want_payload, TALLY_QUERY_PAYLOAD_SIZE, &want);
+        tally_stream_info_decode(op->want_payload, op->want_len, &want);
         fail_msg("%s: query differs from the model: batches %llu/%llu carry %lld/%lld hist "
                  "total %llu/%llu",
                  what, (unsigned long long)got.batches, (unsigned long long)want.batches,
@@ -918,7 +1088,7 @@ static int start_one(pair_t *p, int which, const char *inflight)
 {
     char batch[32];
     snprintf(batch, sizeof batch, "%zu", max_batch_bytes());
-    const char *argv[20];
+    const char *argv[24];
     int argc = 0;
     argv[argc++] = "--backend";
     argv[argc++] = which ? (getenv("TALLY_DIFF_AUTO") ? "auto" : "cuda") : "cpu";
@@ -936,6 +1106,10 @@ static int start_one(pair_t *p, int which, const char *inflight)
     argv[argc++] = batch;
     argv[argc++] = "--max-inflight";
     argv[argc++] = inflight;
+    argv[argc++] = "--test-clock";
+    argv[argc++] = clock_path;
+    argv[argc++] = "--window-intervals";
+    argv[argc++] = "4";
     if (which && p->lanes[0]) {
         argv[argc++] = "--gpu-streams";
         argv[argc++] = p->lanes;
@@ -1033,11 +1207,16 @@ static void differential(uint64_t seed, const char *inflight_before, const char 
     ops_t o = {0};
     size_t per_phase = 110 * scale();
     for (int phase = 0; phase < 2; phase++) {
-        size_t from = o.n;
-        for (size_t i = 0; i < per_phase; i++)
-            for (int k = 0; k < CONNS; k++)
-                gen_one(&o, k);
-        run_compare(&p, &o, from);
+        /* In steps: between them nothing is in flight and the clock moves on 1 to 3
+         * intervals, so windows see batches in different intervals, and some age out. */
+        for (size_t step = 0; step < 5; step++) {
+            size_t from = o.n;
+            for (size_t i = step * per_phase / 5; i < (step + 1) * per_phase / 5; i++)
+                for (int k = 0; k < CONNS; k++)
+                    gen_one(&o, k);
+            run_compare(&p, &o, from);
+            clock_set(clock_ms + WIN_MS * (1 + below(3)) + below(WIN_MS / 2));
+        }
         sync_check(&p, &o);
         if (phase == 0) { /* stop and restore both, in the middle of the sequence */
             for (int which = 0; which < 2; which++)
@@ -1049,15 +1228,17 @@ static void differential(uint64_t seed, const char *inflight_before, const char 
     }
     fprintf(stderr,
             "differential: %zu requests, every reply equal (ok: %zu filter, %zu scan, %zu hist, "
-            "%zu query, %zu reset; %zu errors; %zu of the largest batch)\n",
+            "%zu query, %zu reset, %zu delete; %zu errors; %zu of the largest batch)\n",
             o.n, tally_of_run.ok[TALLY_OP_FILTER], tally_of_run.ok[TALLY_OP_SCAN],
             tally_of_run.ok[TALLY_OP_HIST], tally_of_run.ok[TALLY_OP_QUERY],
-            tally_of_run.ok[TALLY_OP_RESET], tally_of_run.errors, tally_of_run.largest);
+            tally_of_run.ok[TALLY_OP_RESET], tally_of_run.ok[TALLY_OP_DELETE], tally_of_run.errors,
+            tally_of_run.largest);
     for (int which = 0; which < 2; which++)
         stop_one(&p, which);
     ops_free(&o);
     remove_dir(p.dir[0]);
     remove_dir(p.dir[1]);
+    unlink(clock_path);
 }
 
 static void test_differential_fixed_seed(void **state)
@@ -1085,15 +1266,16 @@ static void send_on_stream(void *sock, const uint8_t *ops, int count, uint64_t f
     for (int i = 0; i < count; i++) {
         bool scan = ops[i] == TALLY_OP_SCAN;
         tally_req_t q = th_req(ops[i], scan ? TALLY_DTYPE_I32 : TALLY_DTYPE_NONE, first_id + i);
-        tally_req_set_stream(&q, "behind/reset");
+        tally_req_set_stream(&q, "behind/delete");
         assert_int_equal(th_send_request(sock, &q, scan ? in : NULL, scan ? sizeof in : 0), 0);
     }
 }
 
-/* Both find the stream forgotten (unknown_stream), as they would had they been read after the
- * reset ran; the stream is not listed afterwards, and a scan starts it anew. Simulated launches
- * of 30 ms make sure all of it is read while the first scan is still on the "device". */
-static void test_query_behind_reset(void **state)
+/* They find the stream forgotten (unknown_stream), as they would had they been read after the
+ * delete ran; the stream is not listed afterwards, and a scan starts it anew. A reset behind a
+ * scan instead finds the stream, zeroes it and keeps it. Simulated launches of 30 ms make sure
+ * all of it is read while the first scan is still on the "device". */
+static void test_query_behind_delete(void **state)
 {
     (void)state;
     th_daemon_t d;
@@ -1105,29 +1287,41 @@ static void test_query_behind_reset(void **state)
     unsetenv("TALLYD_TEST_SIM_LATENCY_US");
     assert_int_equal(started, 0);
     void *sock = th_connect(d.endpoint, 20000);
-    static const uint8_t ops[] = {TALLY_OP_SCAN,  TALLY_OP_RESET, TALLY_OP_QUERY,
-                                  TALLY_OP_RESET, TALLY_OP_SCAN,  TALLY_OP_QUERY};
-    static const uint32_t want[] = {
-        TALLY_OK, TALLY_OK, TALLY_E_UNKNOWN_STREAM, TALLY_E_UNKNOWN_STREAM, TALLY_OK, TALLY_OK};
-    send_on_stream(sock, ops, 6, 100);
-    for (int i = 0; i < 6; i++) {
+    static const uint8_t ops[] = {TALLY_OP_SCAN,   TALLY_OP_DELETE, TALLY_OP_QUERY, TALLY_OP_RESET,
+                                  TALLY_OP_DELETE, TALLY_OP_SCAN,   TALLY_OP_QUERY, TALLY_OP_SCAN,
+                                  TALLY_OP_RESET,  TALLY_OP_QUERY};
+    static const uint32_t want[] = {TALLY_OK,
+                                    TALLY_OK,
+                                    TALLY_E_UNKNOWN_STREAM,
+                                    TALLY_E_UNKNOWN_STREAM,
+                                    TALLY_E_UNKNOWN_STREAM,
+                                    TALLY_OK,
+                                    TALLY_OK,
+                                    TALLY_OK,
+                                    TALLY_OK,
+                                    TALLY_OK};
+    send_on_stream(sock, ops, 10, 100);
+    for (int i = 0; i < 10; i++) {
         th_reply_t r;
         assert_int_equal(th_recv_reply(sock, &r), 0);
         assert_int_equal(r.rep.request_id, 100 + i); /* one stream: replies in order */
         if (r.rep.status != want[i])
             fail_msg("request %d: status %u (%s), want %u", i, r.rep.status,
                      r.rep.status ? (char *)r.payload : "", want[i]);
-        if (i == 4) /* started anew: the carry from 0 */
+        if (i == 5) /* started anew: the carry from 0 */
             assert_int_equal(r.rep.aux0, 18);
-        if (i == 5) {
+        if (i == 7) /* continues the carry */
+            assert_int_equal(r.rep.aux0, 36);
+        if (i == 6 || i == 9) { /* after the reset: zeroed, not forgotten */
             tally_stream_info_t info;
             assert_int_equal(tally_stream_info_decode(r.payload, r.len, &info), TALLY_OK);
-            assert_int_equal(info.batches, 1);
+            assert_int_equal(info.batches, i == 6 ? 1 : 0);
+            assert_true(info.scan_carry == (i == 6 ? 18 : 0));
         }
         th_reply_free(&r);
     }
-    /* Reset, then queries queued behind it and nothing else: the name is gone. */
-    static const uint8_t tail_ops[] = {TALLY_OP_SCAN, TALLY_OP_RESET, TALLY_OP_QUERY};
+    /* Delete, then queries queued behind it and nothing else: the name is gone. */
+    static const uint8_t tail_ops[] = {TALLY_OP_SCAN, TALLY_OP_DELETE, TALLY_OP_QUERY};
     send_on_stream(sock, tail_ops, 3, 200);
     for (int i = 0; i < 3; i++) {
         th_reply_t r;
@@ -1159,7 +1353,7 @@ static uint8_t **gen_snapshot_ops(ops_t *o, size_t per_conn)
         for (int k = 0; k < CONNS; k++) {
             int stream = k + CONNS * (int)below(PER_STREAM);
             gen_compute(o, k, stream, false, 40000); /* quick: small batches, many of them */
-            after[o->n - 1] = malloc(TALLY_QUERY_PAYLOAD_SIZE);
+            after[o->n - 1] = malloc(TALLY_QUERY_PAYLOAD_MAX);
             tally_stream_info_encode(&model[stream].info, after[o->n - 1]);
         }
     return after;
@@ -1196,6 +1390,13 @@ static size_t check_acked(const ops_t *o, size_t last_ok[SNAP_STREAMS])
     return acked;
 }
 
+/* The length of an encoded stream record, from its histogram dtype (byte 56). */
+static size_t record_len(const uint8_t *rec)
+{
+    unsigned channels = tally_hist_channels(rec[56]);
+    return 128 + 2048 * (size_t)(channels ? channels : 1);
+}
+
 /* The restored state of stream s equals the state after one prefix of its requests, of at
  * least min_prefix of them; returns that prefix's length (0: the stream was not restored). */
 static size_t check_restored(void *sock, const ops_t *o, uint8_t **after, int s, size_t min_prefix)
@@ -1206,10 +1407,9 @@ static size_t check_restored(void *sock, const ops_t *o, uint8_t **after, int s,
     assert_int_equal(th_call(sock, &q, NULL, 0, &r), 0);
     size_t prefix = 0, matched = 0;
     if (r.rep.status == TALLY_OK) {
-        assert_int_equal(r.len, TALLY_QUERY_PAYLOAD_SIZE);
         for (size_t i = 0; i < o->n && !matched; i++)
-            if (o->v[i].stream == s && ++prefix &&
-                memcmp(after[i], r.payload, TALLY_QUERY_PAYLOAD_SIZE) == 0)
+            if (o->v[i].stream == s && ++prefix && r.len == record_len(after[i]) &&
+                memcmp(after[i], r.payload, r.len) == 0)
                 matched = prefix;
         if (!matched) {
             tally_stream_info_t info;
@@ -1284,6 +1484,7 @@ static void snapshot_round(int sig)
     free(after);
     ops_free(&o);
     remove_dir(dir);
+    unlink(clock_path);
 }
 
 static void test_snapshot_prefix_kill(void **state)
@@ -1314,7 +1515,7 @@ int main(void)
         cmocka_unit_test(test_differential_random_seed),
         cmocka_unit_test(test_snapshot_prefix_kill),
         cmocka_unit_test(test_snapshot_prefix_term),
-        cmocka_unit_test(test_query_behind_reset),
+        cmocka_unit_test(test_query_behind_delete),
     };
     return cmocka_run_group_tests_name(use_cuda() ? "differential (cuda)" : "differential (sim)",
                                        tests, NULL, NULL);

@@ -68,6 +68,7 @@ static tally_req_t make_req(tally_op_t op)
         break;
     case TALLY_OP_QUERY:
     case TALLY_OP_RESET:
+    case TALLY_OP_DELETE:
         assert_int_equal(tally_req_set_stream(&req, "cam0"), TALLY_OK);
         break;
     default:
@@ -177,7 +178,9 @@ static void test_status_names(void **state)
     assert_int_equal(TALLY_E_SEQ_GAP, 18);
     assert_int_equal(TALLY_E_BAD_REF, 19);
     assert_int_equal(TALLY_E_QUOTA, 20);
-    assert_int_equal(TALLY_STATUS_WIRE_COUNT, 21);
+    assert_int_equal(TALLY_E_WINDOW, 24);
+    assert_string_equal(tally_status_name(TALLY_E_WINDOW), "bad_window");
+    assert_int_equal(TALLY_STATUS_WIRE_COUNT, 25);
     assert_string_equal(tally_status_name((tally_status_t)50), "unknown");
     assert_string_equal(tally_status_text((tally_status_t)50), "unknown status");
 }
@@ -185,8 +188,8 @@ static void test_status_names(void **state)
 static void test_op_dtype_pred_names(void **state)
 {
     (void)state;
-    static const char *ops[] = {NULL,   "ping",  "info",  "filter",  "scan",
-                                "hist", "query", "reset", "streams", "stats"};
+    static const char *ops[] = {NULL,    "ping",  "info",    "filter", "scan",  "hist",
+                                "query", "reset", "streams", "stats",  "delete"};
     for (int op = 1; op < TALLY_OP_COUNT; op++)
         assert_string_equal(tally_op_name((tally_op_t)op), ops[op]);
     assert_null(tally_op_name((tally_op_t)0));
@@ -194,8 +197,19 @@ static void test_op_dtype_pred_names(void **state)
     assert_null(tally_op_name((tally_op_t)-1));
     assert_null(tally_dtype_name((tally_dtype_t)-1));
 
-    static const char *dtypes[] = {"none", "i32", "u8", "i64", "u64", "text"};
-    static const size_t sizes[] = {0, 4, 1, 8, 8, 0};
+    static const char *dtypes[] = {"none", "i32", "u8",   "i64",  "u64",
+                                   "text", "u16", "rgb8", "rgba8"};
+    static const size_t sizes[] = {0, 4, 1, 8, 8, 0, 2, 3, 4};
+    static const size_t aligns[] = {0, 4, 1, 8, 8, 0, 2, 1, 1};
+    static const unsigned channels[] = {0, 1, 1, 0, 0, 0, 1, 3, 4};
+    static const size_t values[] = {0, 258, 256, 0, 0, 0, 258, 768, 1024};
+    for (int d = 0; d < TALLY_DTYPE_COUNT; d++) {
+        assert_int_equal(tally_dtype_align((tally_dtype_t)d), aligns[d]);
+        assert_int_equal(tally_hist_channels((unsigned)d), channels[d]);
+        assert_int_equal(tally_hist_values((unsigned)d), values[d]);
+        assert_int_equal(tally_hist_ranged((unsigned)d),
+                         d == TALLY_DTYPE_I32 || d == TALLY_DTYPE_U16);
+    }
     for (int d = 0; d < TALLY_DTYPE_COUNT; d++) {
         assert_string_equal(tally_dtype_name((tally_dtype_t)d), dtypes[d]);
         assert_int_equal(tally_dtype_size((tally_dtype_t)d), sizes[d]);
@@ -246,14 +260,33 @@ static tally_req_t random_valid_req(void)
         req.flags = (uint8_t)rng_below(4);
         break;
     case TALLY_OP_HIST:
-        if (rng_below(2)) {
+        switch (rng_below(5)) {
+        case 0:
             req.dtype = TALLY_DTYPE_I32;
             req.lo = (int64_t)INT32_MIN + (int64_t)rng_below(1ull << 32);
             req.hi = req.lo + 1 + (int64_t)rng_below((uint64_t)((int64_t)INT32_MAX + 1 - req.lo));
+            break;
+        case 1:
+            req.dtype = TALLY_DTYPE_U16;
+            req.lo = (int64_t)rng_below(65536);
+            req.hi = req.lo + 1 + (int64_t)rng_below((uint64_t)(65536 - req.lo));
+            break;
+        case 2:
+            req.dtype = rng_below(2) ? TALLY_DTYPE_RGB8 : TALLY_DTYPE_RGBA8;
+            break;
+        default:
+            break;
         }
         break;
     case TALLY_OP_QUERY:
+        if (rng_below(2)) {
+            req.flags = TALLY_FLAG_QUERY_WINDOW;
+            req.lo = 1 + (int64_t)rng_below(TALLY_WINDOW_MS_MAX);
+        }
+        assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+        break;
     case TALLY_OP_RESET:
+    case TALLY_OP_DELETE:
         assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
         break;
     default:
@@ -624,7 +657,7 @@ static void test_reject_opcode(void **state)
     assert_int_equal(decode_patched(TALLY_OP_PING, 5, 0, msg, sizeof msg), TALLY_E_OPCODE);
     assert_int_equal(decode_patched(TALLY_OP_PING, 5, TALLY_OP_COUNT, msg, sizeof msg),
                      TALLY_E_OPCODE);
-    assert_string_equal(msg, "unknown opcode 10 (known: 1..9)");
+    assert_string_equal(msg, "unknown opcode 11 (known: 1..10)");
     assert_int_equal(decode_patched(TALLY_OP_PING, 5, 255, msg, sizeof msg), TALLY_E_OPCODE);
     tally_req_t req = make_req(TALLY_OP_PING);
     req.opcode = 0;
@@ -637,7 +670,7 @@ static void test_reject_dtype_unknown(void **state)
     char msg[256];
     assert_int_equal(decode_patched(TALLY_OP_FILTER, 6, TALLY_DTYPE_COUNT, msg, sizeof msg),
                      TALLY_E_DTYPE);
-    assert_string_equal(msg, "unknown dtype 6 (known: 0..5)");
+    assert_string_equal(msg, "unknown dtype 9 (known: 0..8)");
     tally_req_t req = make_req(TALLY_OP_SCAN);
     req.dtype = 200;
     expect_reject(&req, TALLY_E_DTYPE);
@@ -873,7 +906,7 @@ static void test_reject_control_payload(void **state)
         assert_int_equal(validate_payload((tally_op_t)op, TALLY_DTYPE_NONE, 1, msg),
                          TALLY_E_PAYLOAD);
     }
-    assert_string_equal(msg, "stats takes an empty payload (got 1 bytes)");
+    assert_string_equal(msg, "delete takes an empty payload (got 1 bytes)");
 }
 
 static void test_reject_filter_pred(void **state)
@@ -1144,6 +1177,177 @@ static void test_reject_hist_i32_params(void **state)
     req.pred = 0;
     req.flags = TALLY_FLAG_SCAN_EXCLUSIVE;
     expect_reject(&req, TALLY_E_PARAM);
+}
+
+/* u16: a range within [0, 65536] like i32's within [-2^31, 2^31]; rgb8/rgba8: no parameters;
+ * a batch of them is a whole number of pixels (3 or 4 bytes). */
+static void test_hist_u16_rgb(void **state)
+{
+    (void)state;
+    char msg[256];
+    tally_req_t req = make_req(TALLY_OP_HIST);
+    req.dtype = TALLY_DTYPE_U16;
+    req.lo = 0;
+    req.hi = 65536;
+    expect_accept(&req);
+    req.hi = 4096; /* a 12-bit sensor */
+    expect_accept(&req);
+    req.hi = 65537;
+    expect_reject(&req, TALLY_E_PARAM);
+    assert_int_equal(tally_req_validate(&req, 0, MAX_BATCH, msg, sizeof msg), TALLY_E_PARAM);
+    assert_string_equal(msg, "hist u16 range [0, 65537) is not within [0, 65536]");
+    req.lo = -1;
+    req.hi = 10;
+    expect_reject(&req, TALLY_E_PARAM);
+    req.lo = 10;
+    expect_reject(&req, TALLY_E_PARAM); /* empty */
+    req.lo = 0;
+    assert_int_equal(tally_req_validate(&req, 6, MAX_BATCH, msg, sizeof msg), TALLY_OK);
+    assert_int_equal(tally_req_validate(&req, 7, MAX_BATCH, msg, sizeof msg), TALLY_E_PAYLOAD);
+    assert_string_equal(msg, "payload of 7 bytes is not a whole number of uint16 elements");
+
+    for (int d = TALLY_DTYPE_RGB8; d <= TALLY_DTYPE_RGBA8; d++) {
+        req = make_req(TALLY_OP_HIST);
+        req.dtype = (uint8_t)d;
+        expect_accept(&req);
+        size_t px = tally_dtype_size((tally_dtype_t)d);
+        assert_int_equal(tally_req_validate(&req, 5 * px, MAX_BATCH, msg, sizeof msg), TALLY_OK);
+        assert_int_equal(tally_req_validate(&req, 5 * px + 1, MAX_BATCH, msg, sizeof msg),
+                         TALLY_E_PAYLOAD);
+        req.hi = 1;
+        expect_reject(&req, TALLY_E_PARAM);
+    }
+    /* The new dtypes are for hist only. */
+    req = make_req(TALLY_OP_FILTER);
+    req.dtype = TALLY_DTYPE_U16;
+    expect_reject(&req, TALLY_E_DTYPE);
+    req = make_req(TALLY_OP_SCAN);
+    req.dtype = TALLY_DTYPE_RGB8;
+    expect_reject(&req, TALLY_E_DTYPE);
+    /* An rgb8 shared-memory input may start at any byte; u16 at an even one. */
+    tally_shm_ref_t ref = {.in_handle = 1, .in_offset = 7, .in_length = 30};
+    req = make_req(TALLY_OP_HIST);
+    req.dtype = TALLY_DTYPE_RGB8;
+    req.flags = TALLY_FLAG_SHM_REF;
+    assert_int_equal(tally_shm_ref_validate(&req, &ref, MAX_BATCH, msg, sizeof msg), TALLY_OK);
+    req.dtype = TALLY_DTYPE_U16;
+    req.hi = 65536;
+    assert_int_equal(tally_shm_ref_validate(&req, &ref, MAX_BATCH, msg, sizeof msg),
+                     TALLY_E_BAD_REF);
+}
+
+/* QUERY_WINDOW: the window in lo, 1..TALLY_WINDOW_MS_MAX; the flag only on query. */
+static void test_query_window(void **state)
+{
+    (void)state;
+    char msg[256];
+    tally_req_t req = make_req(TALLY_OP_QUERY);
+    req.lo = 10000;
+    expect_reject(&req, TALLY_E_PARAM); /* lo without the flag */
+    req.flags = TALLY_FLAG_QUERY_WINDOW;
+    expect_accept(&req);
+    req.lo = TALLY_WINDOW_MS_MAX;
+    expect_accept(&req);
+    req.lo = TALLY_WINDOW_MS_MAX + 1;
+    expect_reject(&req, TALLY_E_PARAM);
+    req.lo = 0;
+    expect_reject(&req, TALLY_E_PARAM);
+    assert_int_equal(tally_req_validate(&req, 0, MAX_BATCH, msg, sizeof msg), TALLY_E_PARAM);
+    assert_string_equal(msg, "a window query needs a window of 1..4294967295 ms in lo (got 0)");
+    req.lo = 5;
+    req.hi = 1;
+    expect_reject(&req, TALLY_E_PARAM);
+    req.hi = 0;
+    req.flags |= TALLY_FLAG_SCAN_EXCLUSIVE;
+    expect_reject(&req, TALLY_E_PARAM);
+    req.flags = TALLY_FLAG_QUERY_WINDOW;
+    req.dtype = TALLY_DTYPE_U8;
+    expect_reject(&req, TALLY_E_DTYPE);
+    req.dtype = TALLY_DTYPE_NONE;
+    assert_int_equal(tally_req_set_stream(&req, NULL), TALLY_OK);
+    expect_reject(&req, TALLY_E_STREAM_NAME);
+    static const tally_op_t others[] = {TALLY_OP_RESET, TALLY_OP_DELETE, TALLY_OP_PING,
+                                        TALLY_OP_HIST};
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+        req = make_req(others[i]);
+        req.flags = TALLY_FLAG_QUERY_WINDOW;
+        expect_reject(&req, TALLY_E_PARAM);
+    }
+    req = make_req(TALLY_OP_DELETE);
+    expect_accept(&req);
+    assert_int_equal(tally_req_set_stream(&req, NULL), TALLY_OK);
+    expect_reject(&req, TALLY_E_STREAM_NAME);
+}
+
+/* Multi-channel records: 128 + 2048 x channels bytes, channel c's bins after channel c-1's;
+ * the length must match hist_dtype exactly. */
+static void test_stream_info_channels(void **state)
+{
+    (void)state;
+    static uint8_t buf[TALLY_QUERY_PAYLOAD_MAX + 1];
+    static tally_stream_info_t info, out;
+    static const struct {
+        uint8_t dtype;
+        size_t size;
+    } cases[] = {{TALLY_DTYPE_NONE, 2176}, {TALLY_DTYPE_U8, 2176},   {TALLY_DTYPE_I32, 2176},
+                 {TALLY_DTYPE_U16, 2176},  {TALLY_DTYPE_RGB8, 6272}, {TALLY_DTYPE_RGBA8, 8320}};
+    rng_seed(31);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        memset(&info, 0, sizeof info);
+        info.hist_dtype = cases[i].dtype;
+        info.hist_total = 77;
+        size_t values = (cases[i].size - 128) / 8;
+        for (size_t v = 0; v < values; v++)
+            info.bins[v] = rng_next();
+        assert_int_equal(tally_stream_info_size(&info), cases[i].size);
+        assert_int_equal(tally_stream_info_encode(&info, buf), cases[i].size);
+        assert_int_equal(buf[56], cases[i].dtype);
+        /* Channel c's bin b at 128 + 2048 c + 8 b. */
+        assert_true(tally_get_u64(buf + 128 + 8 * (values - 1)) == info.bins[values - 1]);
+        assert_int_equal(tally_stream_info_decode(buf, cases[i].size, &out), TALLY_OK);
+        assert_memory_equal(&info, &out, sizeof info);
+        assert_int_equal(tally_stream_info_decode(buf, cases[i].size + 1, &out), TALLY_E_REPLY);
+        assert_int_equal(tally_stream_info_decode(buf, cases[i].size - 8, &out), TALLY_E_REPLY);
+        if (cases[i].size != TALLY_QUERY_PAYLOAD_SIZE)
+            assert_int_equal(tally_stream_info_decode(buf, TALLY_QUERY_PAYLOAD_SIZE, &out),
+                             TALLY_E_REPLY);
+    }
+    buf[56] = 9; /* not a histogram dtype */
+    assert_int_equal(tally_stream_info_decode(buf, TALLY_QUERY_PAYLOAD_SIZE, &out), TALLY_E_REPLY);
+}
+
+/* The PUB header: offsets from PROTOCOL.md §11, strict decoding. */
+static void test_pub_header(void **state)
+{
+    (void)state;
+    tally_pub_t pub = {.kind = TALLY_PUB_UPDATE,
+                       .pub_seq = 0x0102030405060708ull,
+                       .time_ms = 1795000000123ull,
+                       .interval_ms = 1000},
+                out;
+    uint8_t buf[TALLY_PUB_HEADER_SIZE];
+    tally_pub_encode(&pub, buf);
+    assert_memory_equal(buf, "TLYD\x01\x01\x00\x00", 8);
+    assert_true(tally_get_u64(buf + 8) == pub.pub_seq);
+    assert_true(tally_get_u64(buf + 16) == pub.time_ms);
+    assert_true(tally_get_u64(buf + 24) == 1000);
+    for (size_t i = 32; i < TALLY_PUB_HEADER_SIZE; i++)
+        assert_int_equal(buf[i], 0);
+    assert_int_equal(tally_pub_decode(buf, sizeof buf, &out), TALLY_OK);
+    assert_int_equal(out.kind, pub.kind);
+    assert_true(out.pub_seq == pub.pub_seq && out.time_ms == pub.time_ms);
+    assert_true(out.interval_ms == pub.interval_ms);
+    assert_int_equal(tally_pub_decode(buf, sizeof buf - 1, &out), TALLY_E_REPLY);
+    static const size_t bad[] = {0, 4, 5, 6, 7, 32, 63};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint8_t copy[TALLY_PUB_HEADER_SIZE];
+        memcpy(copy, buf, sizeof copy);
+        copy[bad[i]] ^= 0x40;
+        assert_int_equal(tally_pub_decode(copy, sizeof copy, &out), TALLY_E_REPLY);
+    }
+    buf[5] = TALLY_PUB_DELETED;
+    assert_int_equal(tally_pub_decode(buf, sizeof buf, &out), TALLY_OK);
+    assert_int_equal(out.kind, TALLY_PUB_DELETED);
 }
 
 /* ---- Validation order (PROTOCOL.md §6) -------------------------------------------------- */
@@ -1587,6 +1791,10 @@ int main(void)
         cmocka_unit_test(test_message_truncation),
         cmocka_unit_test(test_reject_reply),
         cmocka_unit_test(test_reject_stream_info),
+        cmocka_unit_test(test_hist_u16_rgb),
+        cmocka_unit_test(test_query_window),
+        cmocka_unit_test(test_stream_info_channels),
+        cmocka_unit_test(test_pub_header),
         cmocka_unit_test(test_hist_bin_i32),
         cmocka_unit_test(test_robustness),
     };

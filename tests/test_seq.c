@@ -8,7 +8,7 @@
  *     after both were admitted is refused at apply time with sequence_gap and changes nothing;
  *   - a real tallyd over a raw DEALER socket: in-order seqs applied, a resent seq gets
  *     duplicate with aux0 = last applied and leaves the stream byte for byte as it was, a gap is
- *     refused, a failed request does not use up its seq, reset restarts the sequence, seq
+ *     refused, a failed request does not use up its seq, reset keeps it, delete restarts it, seq
  *     survives SIGTERM and a restart with --state-dir, and the same rules hold when the
  *     requests are pipelined on the simulated GPU pipeline (with and without injected faults;
  *     on the real GPUs with TALLY_SEQ_ENGINE=cuda, which test_seq_gpu sets in CUDA builds);
@@ -271,13 +271,29 @@ static void test_in_order_duplicate_gap(void **state)
     assert_int_equal(r.rep.status, TALLY_E_PARAM);
     th_reply_free(&r);
 
-    /* reset forgets the stream: its sequence starts again at 1. */
+    /* reset zeroes the stream and keeps last_seq: the producer goes on with seq 5, and the
+     * scan carry starts again from 0. */
     tally_req_t reset = th_req(TALLY_OP_RESET, TALLY_DTYPE_NONE, next_id++);
     assert_int_equal(tally_req_set_stream(&reset, "s"), TALLY_OK);
     assert_int_equal(th_call(sock, &reset, NULL, 0, &r), 0);
     assert_int_equal(r.rep.status, TALLY_OK);
     th_reply_free(&r);
-    expect_scan_refused(sock, "s", 5, x, 100, TALLY_E_SEQ_GAP, 0);
+    info = query(sock, "s");
+    assert_int_equal(info.last_seq, 4);
+    assert_int_equal(info.batches, 0);
+    assert_true(info.scan_carry == 0);
+    expect_scan_refused(sock, "s", 4, x, 100, TALLY_E_DUPLICATE, 4);
+    assert_int_equal(scan(sock, "s", 5, x, 100, &r), TALLY_OK);
+    assert_true((int64_t)r.rep.aux0 == (int64_t)sum_i32(x, 100));
+    th_reply_free(&r);
+
+    /* delete forgets the stream: its sequence starts again at 1. */
+    tally_req_t del = th_req(TALLY_OP_DELETE, TALLY_DTYPE_NONE, next_id++);
+    assert_int_equal(tally_req_set_stream(&del, "s"), TALLY_OK);
+    assert_int_equal(th_call(sock, &del, NULL, 0, &r), 0);
+    assert_int_equal(r.rep.status, TALLY_OK);
+    th_reply_free(&r);
+    expect_scan_refused(sock, "s", 6, x, 100, TALLY_E_SEQ_GAP, 0);
     expect_scan_ok(sock, "s", 1, x, 100);
     assert_int_equal(query(sock, "s").last_seq, 1);
 

@@ -142,7 +142,7 @@ out:
     return st;
 }
 
-/* Both histograms: the caller's counts go to the device, the kernel adds, they come back. */
+/* Every histogram: the caller's counts go to the device, the kernel adds, they come back. */
 static tally_status_t cuda_hist(cuda_ctx_t *c, tally_dtype_t dtype, const void *in, size_t n,
                                 int64_t lo, int64_t hi, tk_hist_t *hist)
 {
@@ -156,12 +156,8 @@ static tally_status_t cuda_hist(cuda_ctx_t *c, tally_dtype_t dtype, const void *
         TRY(c, cudaMemcpyAsync(c->d_in, in, n * esize, cudaMemcpyHostToDevice, c->stream));
     TRY(c,
         cudaMemcpyAsync(&c->d_small->hist, hist, sizeof *hist, cudaMemcpyHostToDevice, c->stream));
-    if (dtype == TALLY_DTYPE_U8)
-        st = tk_cuda_hist_u8(c->d_in, n, &c->d_small->hist, c->d_scratch, c->scratch_bytes,
-                             c->stream);
-    else
-        st = tk_cuda_hist_i32(c->d_in, n, lo, hi, &c->d_small->hist, c->d_scratch, c->scratch_bytes,
-                              c->stream);
+    st = tk_cuda_hist(dtype, c->d_in, n, lo, hi, &c->d_small->hist, c->d_scratch, c->scratch_bytes,
+                      c->stream);
     if (st != TALLY_OK) { /* bad arguments: drain what was enqueued */
         (void)cudaStreamSynchronize(c->stream);
         goto out;
@@ -185,6 +181,21 @@ static tally_status_t cuda_hist_i32(void *ctx, const int32_t *in, size_t n, int6
                                     tk_hist_t *hist)
 {
     return cuda_hist(ctx, TALLY_DTYPE_I32, in, n, lo, hi, hist);
+}
+
+static tally_status_t cuda_hist_u16(void *ctx, const uint16_t *in, size_t n, int64_t lo, int64_t hi,
+                                    tk_hist_t *hist)
+{
+    return cuda_hist(ctx, TALLY_DTYPE_U16, in, n, lo, hi, hist);
+}
+
+static tally_status_t cuda_hist_rgb(void *ctx, const uint8_t *in, size_t pixels, unsigned channels,
+                                    tk_hist_t *hist)
+{
+    if (channels != 3 && channels != 4)
+        return TALLY_E_PARAM;
+    return cuda_hist(ctx, channels == 3 ? TALLY_DTYPE_RGB8 : TALLY_DTYPE_RGBA8, in, pixels, 0, 0,
+                     hist);
 }
 
 static void cuda_describe(void *ctx, char *buf, size_t cap)
@@ -286,6 +297,8 @@ tally_status_t tk_cuda_backend_new(int device, size_t max_batch_bytes, tk_backen
     b->scan = cuda_scan;
     b->hist_u8 = cuda_hist_u8;
     b->hist_i32 = cuda_hist_i32;
+    b->hist_u16 = cuda_hist_u16;
+    b->hist_rgb = cuda_hist_rgb;
     b->describe = cuda_describe;
     b->destroy = cuda_destroy;
     *out = b;

@@ -64,7 +64,7 @@ tally_status_t tk_cuda_scan(const int32_t *d_in, size_t n, int exclusive, int ou
                             size_t scratch_bytes, cudaStream_t stream);
 
 /* ---- histogram ------------------------------------------------------------------------------
- * Both ADD into *d_hist, a tk_hist_t in device memory (256 uint64 bins, then underflow and
+ * All ADD into *d_hist, a tk_hist_t in device memory (uint64 bins, then underflow and
  * overflow), so it can be a stream's running histogram; zero it once to start a fresh one.
  * hist_u8: bin = byte value; underflow/overflow untouched.
  * hist_i32: x < lo -> underflow, x >= hi -> overflow, else bin tally_hist_bin_i32(x, lo, hi),
@@ -76,6 +76,30 @@ size_t tk_cuda_hist_i32_scratch_bytes(size_t n);
 tally_status_t tk_cuda_hist_i32(const int32_t *d_in, size_t n, int64_t lo, int64_t hi,
                                 tk_hist_t *d_hist, void *d_scratch, size_t scratch_bytes,
                                 cudaStream_t stream);
+
+/* hist_u16: like hist_i32 for uint16 values and 0 <= lo < hi <= 65536, the bin of an in-range
+ * x being tally_hist_bin_u16 (= floor((x - lo) * 256 / (hi - lo))).
+ * hist_rgb: `pixels` interleaved pixels of `channels` (3 or 4) bytes, any alignment; byte c of a
+ * pixel counts in bins[c * 256 + byte]. hist_rgb_copies is the same with the number of
+ * shared-memory sub-histogram copies per block given (16 or 32; hist_rgb uses
+ * TK_HIST_RGB_COPIES), for the kernel benchmark. */
+size_t tk_cuda_hist_u16_scratch_bytes(size_t n);
+tally_status_t tk_cuda_hist_u16(const uint16_t *d_in, size_t n, int64_t lo, int64_t hi,
+                                tk_hist_t *d_hist, void *d_scratch, size_t scratch_bytes,
+                                cudaStream_t stream);
+size_t tk_cuda_hist_rgb_scratch_bytes(size_t n);
+tally_status_t tk_cuda_hist_rgb(const uint8_t *d_in, size_t pixels, unsigned channels,
+                                tk_hist_t *d_hist, void *d_scratch, size_t scratch_bytes,
+                                cudaStream_t stream);
+tally_status_t tk_cuda_hist_rgb_copies(const uint8_t *d_in, size_t pixels, unsigned channels,
+                                       unsigned copies, tk_hist_t *d_hist, cudaStream_t stream);
+unsigned tk_cuda_hist_rgb_default_copies(void); /* TK_HIST_RGB_COPIES */
+
+/* The histogram of dtype (u8, i32, u16, rgb8, rgba8; n elements, pixels for colour), with
+ * the function above that takes it. */
+tally_status_t tk_cuda_hist(uint8_t dtype, const void *d_in, size_t n, int64_t lo, int64_t hi,
+                            tk_hist_t *d_hist, void *d_scratch, size_t scratch_bytes,
+                            cudaStream_t stream);
 
 /* ---- helpers --------------------------------------------------------------------------------- */
 

@@ -68,5 +68,9 @@ extern "C" size_t tk_cuda_scratch_bytes_max(size_t max_batch_bytes)
     s = tk_cuda_hist_u8_scratch_bytes(max_batch_bytes);
     m = s > m ? s : m;
     s = tk_cuda_hist_i32_scratch_bytes(max_batch_bytes / 4);
+    m = s > m ? s : m;
+    s = tk_cuda_hist_u16_scratch_bytes(max_batch_bytes / 2);
+    m = s > m ? s : m;
+    s = tk_cuda_hist_rgb_scratch_bytes(max_batch_bytes / 3);
     return s > m ? s : m;
 }

@@ -1,6 +1,7 @@
 /*
- * tk_cuda_hist.cu — 256-bin histograms of uint8 (bin = byte) and int32 (256 even bins over
- * [lo, hi) plus underflow and overflow), added into a device tk_hist_t.
+ * tk_cuda_hist.cu — 256-bin histograms of uint8 (bin = byte), int32 and uint16 (256 even bins
+ * over [lo, hi) plus underflow and overflow), and interleaved RGB/RGBA bytes (one 256-bin
+ * histogram per channel), added into a device tk_hist_t.
  *
  * Shared-memory privatisation with one sub-histogram per lane: a block keeps 32 copies of its
  * bins, laid out bin-major, lane-minor (word bin * 32 + lane). Lane l only ever touches bank l,
@@ -27,6 +28,18 @@
  * (floor(Q), ceil(Q) - 2^-32 + 2^-39), so its floor is floor(Q). Either way the bin equals the
  * integer definition; tests/test_cuda_backend.c also checks it against tally_hist_bin_i32 at
  * every bin edge of many widths.
+ *
+ * The uint16 bin is tally_hist_bin_u16 (one 64-bit multiply and shift, exact for ranges up to
+ * 2^16: the proof is in tally_proto.h), the same expression as the CPU backend's, so the two
+ * agree by construction; a 32-bit word holds two values.
+ *
+ * Colour (tk_hist_rgb_kernel): the same privatisation with CH x 256 bins per copy, so 96 KiB
+ * (RGB) or 128 KiB (RGBA) of dynamic shared memory for 32 copies, or half that with 16 copies
+ * (lanes l and l + 16 share one, a 2-way bank conflict at worst; more resident blocks). The
+ * channel of a byte is its offset in the batch modulo CH: for the 16-byte vector i of a body
+ * that starts `head` bytes in, byte k is channel (head + 16 i + k) mod CH, which is
+ * (head + k) mod 4 for RGBA (16 = 0 mod 4) and (head + i + k) mod 3 for RGB (16 = 1 mod 3).
+ * TK_HIST_RGB_COPIES picks the copy count (the kernel benchmark measures both).
  */
 #include <limits.h>
 
@@ -37,11 +50,27 @@ typedef unsigned long long u64;
 #define TK_HIST_U8_BINS 256
 #define TK_HIST_I32_BINS 258 /* 256, then underflow, overflow */
 
+/* What the kernel counts: bytes, int32 or uint16 values (the element size is 1, 4, 2). */
+enum { TK_MODE_U8 = 0, TK_MODE_I32 = 1, TK_MODE_U16 = 2 };
+
 struct tk_i32_range {
     long long lo;
     u64 width;    /* hi - lo, 1 .. 2^32 */
     double scale; /* RN(256 / width) */
+    /* uint16: lo .. last (= hi - 1) and tally_hist_u16_recip's multiplier and shift */
+    unsigned lo16, last16;
+    uint64_t mul;
+    unsigned shift;
 };
+
+static __device__ __forceinline__ unsigned u16_bin(unsigned x, const tk_i32_range &r)
+{
+    if (x < r.lo16)
+        return 256;
+    if (x > r.last16)
+        return 257;
+    return tally_hist_bin_u16(x - r.lo16, r.mul, r.shift);
+}
 
 static __device__ __forceinline__ unsigned i32_bin(int x, const tk_i32_range &r)
 {
@@ -53,12 +82,15 @@ static __device__ __forceinline__ unsigned i32_bin(int x, const tk_i32_range &r)
     return __double2uint_rz(fma(__ull2double_rn((u64)d), r.scale, 0x1p-40));
 }
 
-template <bool I32>
+template <int MODE>
 static __device__ __forceinline__ void count_word(unsigned *lane_bins, uint32_t w,
                                                   const tk_i32_range &r)
 {
-    if (I32) {
+    if (MODE == TK_MODE_I32) {
         atomicAdd(lane_bins + i32_bin((int)w, r) * 32, 1u);
+    } else if (MODE == TK_MODE_U16) {
+        atomicAdd(lane_bins + u16_bin(w & 0xffffu, r) * 32, 1u);
+        atomicAdd(lane_bins + u16_bin(w >> 16, r) * 32, 1u);
     } else {
 #pragma unroll
         for (int j = 0; j < 4; j++)
@@ -66,12 +98,13 @@ static __device__ __forceinline__ void count_word(unsigned *lane_bins, uint32_t 
     }
 }
 
-template <bool I32>
+template <int MODE>
 __global__ void __launch_bounds__(TK_HIST_THREADS)
     tk_hist_kernel(const void *__restrict__ in, size_t head, size_t body_vecs, size_t tail,
                    tk_hist_t *hist, tk_i32_range r)
 {
-    constexpr int NB = I32 ? TK_HIST_I32_BINS : TK_HIST_U8_BINS;
+    constexpr int NB = MODE == TK_MODE_U8 ? TK_HIST_U8_BINS : TK_HIST_I32_BINS;
+    constexpr size_t ESIZE = MODE == TK_MODE_U8 ? 1 : MODE == TK_MODE_U16 ? 2 : 4;
     __shared__ unsigned bins[NB * 32];
     for (int i = threadIdx.x; i < NB * 32; i += TK_HIST_THREADS)
         bins[i] = 0;
@@ -82,7 +115,7 @@ __global__ void __launch_bounds__(TK_HIST_THREADS)
 
     /* The 16-byte-aligned body, TK_HIST_UNROLL vectors in flight per thread. */
     const uint4 *body =
-        reinterpret_cast<const uint4 *>(static_cast<const char *>(in) + head * (I32 ? 4 : 1));
+        reinterpret_cast<const uint4 *>(static_cast<const char *>(in) + head * ESIZE);
     const size_t stride = (size_t)gridDim.x * TK_HIST_THREADS;
     size_t i = (size_t)blockIdx.x * TK_HIST_THREADS + threadIdx.x;
     for (; i + (TK_HIST_UNROLL - 1) * stride < body_vecs; i += TK_HIST_UNROLL * stride) {
@@ -92,27 +125,30 @@ __global__ void __launch_bounds__(TK_HIST_THREADS)
             v[u] = __ldg(body + i + u * stride);
 #pragma unroll
         for (int u = 0; u < TK_HIST_UNROLL; u++) {
-            count_word<I32>(lane_bins, v[u].x, r);
-            count_word<I32>(lane_bins, v[u].y, r);
-            count_word<I32>(lane_bins, v[u].z, r);
-            count_word<I32>(lane_bins, v[u].w, r);
+            count_word<MODE>(lane_bins, v[u].x, r);
+            count_word<MODE>(lane_bins, v[u].y, r);
+            count_word<MODE>(lane_bins, v[u].z, r);
+            count_word<MODE>(lane_bins, v[u].w, r);
         }
     }
     for (; i < body_vecs; i += stride) {
         uint4 v = __ldg(body + i);
-        count_word<I32>(lane_bins, v.x, r);
-        count_word<I32>(lane_bins, v.y, r);
-        count_word<I32>(lane_bins, v.z, r);
-        count_word<I32>(lane_bins, v.w, r);
+        count_word<MODE>(lane_bins, v.x, r);
+        count_word<MODE>(lane_bins, v.y, r);
+        count_word<MODE>(lane_bins, v.z, r);
+        count_word<MODE>(lane_bins, v.w, r);
     }
 
     /* The unaligned ends: fewer than 16 bytes each, counted element by element by block 0. */
     if (blockIdx.x == 0 && threadIdx.x < head + tail) {
         size_t e = threadIdx.x < head ? threadIdx.x
-                                      : head + body_vecs * (I32 ? 4 : 16) + (threadIdx.x - head);
-        if (I32) {
+                                      : head + body_vecs * (16 / ESIZE) + (threadIdx.x - head);
+        if (MODE == TK_MODE_I32) {
             int x = static_cast<const int *>(in)[e];
             atomicAdd(lane_bins + i32_bin(x, r) * 32, 1u);
+        } else if (MODE == TK_MODE_U16) {
+            unsigned x = static_cast<const uint16_t *>(in)[e];
+            atomicAdd(lane_bins + u16_bin(x, r) * 32, 1u);
         } else {
             unsigned b = static_cast<const uint8_t *>(in)[e];
             atomicAdd(lane_bins + b * 32, 1u);
@@ -149,11 +185,11 @@ extern "C" size_t tk_cuda_hist_i32_scratch_bytes(size_t n)
 
 /* Splits [in, in + n * esize) into an unaligned head, 16-byte vectors and a tail, and picks
  * the grid: enough blocks for TK_HIST_UNROLL vectors per thread, at most a full machine. */
-template <bool I32>
+template <int MODE>
 static tally_status_t launch_hist(const void *in, size_t n, tk_hist_t *hist, const tk_i32_range &r,
                                   cudaStream_t stream)
 {
-    const size_t esize = I32 ? 4 : 1, per_vec = 16 / esize;
+    const size_t esize = MODE == TK_MODE_U8 ? 1 : MODE == TK_MODE_U16 ? 2 : 4, per_vec = 16 / esize;
     size_t head = (size_t)((16 - (uintptr_t)in % 16) % 16) / esize;
     if (head > n)
         head = n;
@@ -162,7 +198,8 @@ static tally_status_t launch_hist(const void *in, size_t n, tk_hist_t *hist, con
     size_t want = tk_div_up(body_vecs, (size_t)TK_HIST_THREADS * TK_HIST_UNROLL);
     size_t most = (size_t)tk_cuda_sm_count() * TK_HIST_BLOCKS_PER_SM;
     unsigned blocks = (unsigned)(want < 1 ? 1 : want > most ? most : want);
-    tk_hist_kernel<I32><<<blocks, TK_HIST_THREADS, 0, stream>>>(in, head, body_vecs, tail, hist, r);
+    tk_hist_kernel<MODE>
+        <<<blocks, TK_HIST_THREADS, 0, stream>>>(in, head, body_vecs, tail, hist, r);
     return tk_cuda_check_launch();
 }
 
@@ -176,8 +213,8 @@ extern "C" tally_status_t tk_cuda_hist_u8(const uint8_t *d_in, size_t n, tk_hist
         return TALLY_E_PARAM;
     if (n == 0)
         return TALLY_OK;
-    tk_i32_range r = {0, 1, 0.0};
-    return launch_hist<false>(d_in, n, d_hist, r, stream);
+    tk_i32_range r = {};
+    return launch_hist<TK_MODE_U8>(d_in, n, d_hist, r, stream);
 }
 
 extern "C" tally_status_t tk_cuda_hist_i32(const int32_t *d_in, size_t n, int64_t lo, int64_t hi,
@@ -192,9 +229,227 @@ extern "C" tally_status_t tk_cuda_hist_i32(const int32_t *d_in, size_t n, int64_
         return TALLY_E_PARAM;
     if (n == 0)
         return TALLY_OK;
-    tk_i32_range r;
+    tk_i32_range r = {};
     r.lo = lo;
     r.width = (u64)(hi - lo);
     r.scale = 256.0 / (double)r.width;
-    return launch_hist<true>(d_in, n, d_hist, r, stream);
+    return launch_hist<TK_MODE_I32>(d_in, n, d_hist, r, stream);
+}
+
+extern "C" size_t tk_cuda_hist_u16_scratch_bytes(size_t n)
+{
+    (void)n;
+    return 0;
+}
+
+extern "C" tally_status_t tk_cuda_hist_u16(const uint16_t *d_in, size_t n, int64_t lo, int64_t hi,
+                                           tk_hist_t *d_hist, void *d_scratch, size_t scratch_bytes,
+                                           cudaStream_t stream)
+{
+    (void)d_scratch;
+    (void)scratch_bytes;
+    if (!d_hist || (uintptr_t)d_hist % 8 || (n > 0 && !d_in) || (uintptr_t)d_in % 2)
+        return TALLY_E_PARAM;
+    if (lo < 0 || lo >= hi || hi > (int64_t)UINT16_MAX + 1)
+        return TALLY_E_PARAM;
+    if (n == 0)
+        return TALLY_OK;
+    tk_i32_range r = {};
+    r.lo16 = (unsigned)lo;
+    r.last16 = (unsigned)(hi - 1);
+    tally_hist_u16_recip(lo, hi, &r.mul, &r.shift);
+    return launch_hist<TK_MODE_U16>(d_in, n, d_hist, r, stream);
+}
+
+/* ---- colour --------------------------------------------------------------------------------- */
+
+/* Counts byte b of channel ch in this lane's copy. */
+template <int COPIES>
+static __device__ __forceinline__ void rgb_count(unsigned *lane_bins, unsigned ch, unsigned b)
+{
+    atomicAdd(lane_bins + (ch * 256u + b) * COPIES, 1u);
+}
+
+/* The four bytes of word w, the first of channel c0 (0 <= c0 < CH). */
+template <int CH, int COPIES>
+static __device__ __forceinline__ void rgb_word(unsigned *lane_bins, uint32_t w, unsigned c0)
+{
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        unsigned ch = c0 + j;
+        if (CH == 3)
+            ch = ch >= 6 ? ch - 6 : ch >= 3 ? ch - 3 : ch;
+        else
+            ch &= 3;
+        rgb_count<COPIES>(lane_bins, ch, (w >> (8 * j)) & 0xffu);
+    }
+}
+
+template <int CH, int COPIES>
+static __device__ __forceinline__ void rgb_vec(unsigned *lane_bins, uint4 v, unsigned c0)
+{
+    /* Byte k of the vector is channel (c0 + k) mod CH; words start at k = 0, 4, 8, 12. */
+    rgb_word<CH, COPIES>(lane_bins, v.x, c0);
+    rgb_word<CH, COPIES>(lane_bins, v.y, (c0 + 4) % CH);
+    rgb_word<CH, COPIES>(lane_bins, v.z, (c0 + 8) % CH);
+    rgb_word<CH, COPIES>(lane_bins, v.w, (c0 + 12) % CH);
+}
+
+/* The channel of the first byte of body vector i, the body starting `head` bytes in. */
+template <int CH> static __device__ __forceinline__ unsigned rgb_c0(size_t head, size_t i)
+{
+    return CH == 4 ? (unsigned)(head & 3) : (unsigned)((head + i) % 3);
+}
+
+template <int CH, int COPIES>
+__global__ void __launch_bounds__(TK_HIST_THREADS)
+    tk_hist_rgb_kernel(const uint8_t *__restrict__ in, size_t head, size_t body_vecs, size_t tail,
+                       tk_hist_t *hist)
+{
+    constexpr int NB = CH * 256;
+    extern __shared__ unsigned rgb_bins[];
+    for (int i = threadIdx.x; i < NB * COPIES; i += TK_HIST_THREADS)
+        rgb_bins[i] = 0;
+    __syncthreads();
+    unsigned *lane_bins = rgb_bins + (threadIdx.x & (COPIES - 1));
+
+    const uint4 *body = reinterpret_cast<const uint4 *>(in + head);
+    const size_t stride = (size_t)gridDim.x * TK_HIST_THREADS;
+    size_t i = (size_t)blockIdx.x * TK_HIST_THREADS + threadIdx.x;
+    for (; i + (TK_HIST_UNROLL - 1) * stride < body_vecs; i += TK_HIST_UNROLL * stride) {
+        uint4 v[TK_HIST_UNROLL];
+#pragma unroll
+        for (int u = 0; u < TK_HIST_UNROLL; u++)
+            v[u] = __ldg(body + i + u * stride);
+#pragma unroll
+        for (int u = 0; u < TK_HIST_UNROLL; u++)
+            rgb_vec<CH, COPIES>(lane_bins, v[u], rgb_c0<CH>(head, i + u * stride));
+    }
+    for (; i < body_vecs; i += stride)
+        rgb_vec<CH, COPIES>(lane_bins, __ldg(body + i), rgb_c0<CH>(head, i));
+
+    /* The unaligned ends, byte by byte, by block 0: byte e is channel e mod CH. */
+    if (blockIdx.x == 0 && threadIdx.x < head + tail) {
+        size_t e = threadIdx.x < head ? threadIdx.x : head + body_vecs * 16 + (threadIdx.x - head);
+        rgb_count<COPIES>(lane_bins, (unsigned)(e % CH), in[e]);
+    }
+    __syncthreads();
+
+    for (int b = threadIdx.x; b < NB; b += TK_HIST_THREADS) {
+        unsigned s = 0;
+#pragma unroll 8
+        for (int l = 0; l < COPIES; l++)
+            s += rgb_bins[b * COPIES + ((l + b) & (COPIES - 1))];
+        if (s)
+            atomicAdd(reinterpret_cast<u64 *>(&hist->bins[b]), (u64)s);
+    }
+}
+
+/* Blocks of tk_hist_rgb_kernel<CH, COPIES> resident per SM on the current device, into
+ * *blocks (cached; the shared-memory opt-in is set on the first call per device). */
+template <int CH, int COPIES> static tally_status_t rgb_blocks_per_sm(size_t smem, int *blocks)
+{
+    static int cache[64];
+    int dev = 0;
+    tally_status_t st = tk_cuda_status(cudaGetDevice(&dev));
+    if (st != TALLY_OK)
+        return st;
+    if (dev >= 0 && dev < 64 && (*blocks = __atomic_load_n(&cache[dev], __ATOMIC_RELAXED)) > 0)
+        return TALLY_OK;
+    st = tk_cuda_status(cudaFuncSetAttribute(
+        tk_hist_rgb_kernel<CH, COPIES>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (st == TALLY_OK)
+        st = tk_cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            blocks, tk_hist_rgb_kernel<CH, COPIES>, TK_HIST_THREADS, smem));
+    if (st != TALLY_OK)
+        return st;
+    if (*blocks < 1) /* cannot happen on sm_90 (up to 227 KiB per block); be safe */
+        return TALLY_E_PARAM;
+    if (*blocks > TK_HIST_BLOCKS_PER_SM)
+        *blocks = TK_HIST_BLOCKS_PER_SM;
+    if (dev >= 0 && dev < 64)
+        __atomic_store_n(&cache[dev], *blocks, __ATOMIC_RELAXED);
+    return TALLY_OK;
+}
+
+template <int CH, int COPIES>
+static tally_status_t launch_rgb(const uint8_t *in, size_t pixels, tk_hist_t *hist,
+                                 cudaStream_t stream)
+{
+    const size_t smem = (size_t)CH * 256 * COPIES * sizeof(unsigned);
+    int per_sm = 0;
+    tally_status_t st = rgb_blocks_per_sm<CH, COPIES>(smem, &per_sm);
+    if (st != TALLY_OK)
+        return st;
+    size_t n = pixels * CH;
+    size_t head = (size_t)((16 - (uintptr_t)in % 16) % 16);
+    if (head > n)
+        head = n;
+    size_t body_vecs = (n - head) / 16;
+    size_t tail = n - head - body_vecs * 16;
+    size_t want = tk_div_up(body_vecs, (size_t)TK_HIST_THREADS * TK_HIST_UNROLL);
+    size_t most = (size_t)tk_cuda_sm_count() * per_sm;
+    unsigned blocks = (unsigned)(want < 1 ? 1 : want > most ? most : want);
+    tk_hist_rgb_kernel<CH, COPIES>
+        <<<blocks, TK_HIST_THREADS, smem, stream>>>(in, head, body_vecs, tail, hist);
+    return tk_cuda_check_launch();
+}
+
+extern "C" size_t tk_cuda_hist_rgb_scratch_bytes(size_t n)
+{
+    (void)n;
+    return 0;
+}
+
+extern "C" tally_status_t tk_cuda_hist_rgb_copies(const uint8_t *d_in, size_t pixels,
+                                                  unsigned channels, unsigned copies,
+                                                  tk_hist_t *d_hist, cudaStream_t stream)
+{
+    if (!d_hist || (uintptr_t)d_hist % 8 || (pixels > 0 && !d_in))
+        return TALLY_E_PARAM;
+    if ((channels != 3 && channels != 4) || (copies != 16 && copies != 32))
+        return TALLY_E_PARAM;
+    if (pixels == 0)
+        return TALLY_OK;
+    if (channels == 3)
+        return copies == 32 ? launch_rgb<3, 32>(d_in, pixels, d_hist, stream)
+                            : launch_rgb<3, 16>(d_in, pixels, d_hist, stream);
+    return copies == 32 ? launch_rgb<4, 32>(d_in, pixels, d_hist, stream)
+                        : launch_rgb<4, 16>(d_in, pixels, d_hist, stream);
+}
+
+extern "C" unsigned tk_cuda_hist_rgb_default_copies(void)
+{
+    return TK_HIST_RGB_COPIES;
+}
+
+extern "C" tally_status_t tk_cuda_hist_rgb(const uint8_t *d_in, size_t pixels, unsigned channels,
+                                           tk_hist_t *d_hist, void *d_scratch, size_t scratch_bytes,
+                                           cudaStream_t stream)
+{
+    (void)d_scratch;
+    (void)scratch_bytes;
+    return tk_cuda_hist_rgb_copies(d_in, pixels, channels, TK_HIST_RGB_COPIES, d_hist, stream);
+}
+
+extern "C" tally_status_t tk_cuda_hist(uint8_t dtype, const void *d_in, size_t n, int64_t lo,
+                                       int64_t hi, tk_hist_t *d_hist, void *d_scratch,
+                                       size_t scratch_bytes, cudaStream_t stream)
+{
+    switch (dtype) {
+    case TALLY_DTYPE_U8:
+        return tk_cuda_hist_u8((const uint8_t *)d_in, n, d_hist, d_scratch, scratch_bytes, stream);
+    case TALLY_DTYPE_I32:
+        return tk_cuda_hist_i32((const int32_t *)d_in, n, lo, hi, d_hist, d_scratch, scratch_bytes,
+                                stream);
+    case TALLY_DTYPE_U16:
+        return tk_cuda_hist_u16((const uint16_t *)d_in, n, lo, hi, d_hist, d_scratch, scratch_bytes,
+                                stream);
+    case TALLY_DTYPE_RGB8:
+    case TALLY_DTYPE_RGBA8:
+        return tk_cuda_hist_rgb((const uint8_t *)d_in, n, tally_hist_channels(dtype), d_hist,
+                                d_scratch, scratch_bytes, stream);
+    default:
+        return TALLY_E_PARAM;
+    }
 }

@@ -64,6 +64,13 @@
 #ifndef TK_HIST_UNROLL
 #define TK_HIST_UNROLL 4
 #endif
+/* Colour histograms: sub-histogram copies per block, 32 (one per lane, no bank conflict; 96 or
+ * 128 KiB of shared memory, so 2 or 1 resident blocks per SM) or 16 (lanes l and l + 16 share,
+ * half the memory, twice the blocks). Not measured yet: bench/kernel_bench.cu times both
+ * ("hist rgb8/rgba8 ... 16 copies") so the first H100 run can choose. */
+#ifndef TK_HIST_RGB_COPIES
+#define TK_HIST_RGB_COPIES 32
+#endif
 /* Look-back: windows of 32 predecessors read per round trip to L2: 1 (4 and 8 were worse,
  * 0.49-0.64 and 0.35-0.50 stable filter against 0.55-0.70: more traffic on the hot state lines).
  * Sleep between polls of a window that is not ready, doubling from the first value to the
