@@ -23,9 +23,13 @@ tally_status_t hv_stream_init(hv_stream_t *s, const char *name, const tally_stre
     s->info = *info;
     if (info->hist_dtype == TALLY_DTYPE_NONE)
         return TALLY_OK;
-    if (tally_hist_from_info(info, &s->hist[0]) != TALLY_OK)
+    unsigned channels = tally_hist_channels(info->hist_dtype);
+    if (channels == 0 || channels > HV_CHANNELS_MAX)
         return TALLY_E_REPLY;
-    s->channels = 1;
+    for (unsigned c = 0; c < channels; c++)
+        if (tally_hist_from_info(info, c, &s->hist[c]) != TALLY_OK)
+            return TALLY_E_REPLY;
+    s->channels = channels;
     return TALLY_OK;
 }
 
@@ -138,8 +142,9 @@ static tally_status_t window_line(const hv_stream_t *s, tally_buf_t *out)
     format_utc(s->window_start_ms, from, sizeof from);
     format_utc(s->window_end_ms, to, sizeof to);
     double secs = (double)(s->window_end_ms - s->window_start_ms) / 1000.0;
-    double rate = secs > 0 ? (double)s->info.hist_total / secs : 0;
-    return tally_buf_printf(out, "%-10s %s - %s UTC (%.3f s), %.1f values/s\n", "window", from, to,
+    char rate[32];
+    hv_short_count(secs > 0 ? (double)s->info.hist_total / secs : 0, rate, sizeof rate);
+    return tally_buf_printf(out, "%-10s %s - %s UTC (%.3f s), %s values/s\n", "window", from, to,
                             secs, rate);
 }
 
@@ -277,33 +282,35 @@ tally_status_t hv_csv(const hv_stream_t *s, tally_buf_t *out)
 
 /* ---- Bars --------------------------------------------------------------------------------- */
 
-void hv_fold(const tally_hist_t *h, unsigned cols, uint64_t *out)
+void hv_fold(const tally_hist_t *h, unsigned cols, double *out)
 {
     for (unsigned c = 0; c < cols; c++) {
         unsigned from = c * TALLY_HIST_BINS / cols, to = (c + 1) * TALLY_HIST_BINS / cols;
-        out[c] = 0;
+        uint64_t count = 0;
         for (unsigned b = from; b < to; b++)
-            out[c] += h->bins[b];
+            count += h->bins[b];
+        int64_t integers = tally_hist_edge(h, to) - tally_hist_edge(h, from);
+        out[c] = integers > 0 ? (double)count / (double)integers : 0;
     }
 }
 
 /* A column's height in eighths of a line, 0..rows*8. */
-static unsigned bar_height(uint64_t v, uint64_t max, unsigned rows, bool log)
+static unsigned bar_height(double v, double max, unsigned rows, bool log)
 {
-    if (!v)
+    if (!(v > 0))
         return 0;
-    double f = log ? log1p((double)v) / log1p((double)max) : (double)v / (double)max;
+    double f = log ? log1p(v) / log1p(max) : v / max;
     unsigned h = (unsigned)lround(f * rows * 8);
     return h ? h : 1;
 }
 
-tally_status_t hv_bars(const uint64_t *columns, unsigned cols, unsigned rows, bool log, bool utf8,
+tally_status_t hv_bars(const double *columns, unsigned cols, unsigned rows, bool log, bool utf8,
                        tally_buf_t *out)
 {
     /* U+2581..U+2588: a lower eighth up to a full block, three bytes each in UTF-8. */
     static const char *const blocks[9] = {" ",      "\u2581", "\u2582", "\u2583", "\u2584",
                                           "\u2585", "\u2586", "\u2587", "\u2588"};
-    uint64_t max = 0;
+    double max = 0;
     for (unsigned c = 0; c < cols; c++)
         max = columns[c] > max ? columns[c] : max;
     tally_status_t st = tally_buf_reserve(out, (size_t)rows * (cols * 3 + 1));

@@ -40,16 +40,18 @@ tally_status_t hv_csv(const hv_stream_t *s, tally_buf_t *out);
 
 /* ---- Bars (tally watch) ------------------------------------------------------------------ */
 
-/* Folds the 256 bins into `cols` columns (1..256): column c is the sum of bins
- * [c * 256 / cols, (c + 1) * 256 / cols), so every bin lands in exactly one column. */
-void hv_fold(const tally_hist_t *h, unsigned cols, uint64_t *out);
+/* Folds the 256 bins into `cols` columns (1..256): column c covers bins
+ * [c * 256 / cols, (c + 1) * 256 / cols), and out[c] is their count per integer (their counts
+ * over the integers they hold), so columns of 2 and of 3 bins, and i32 bins of 3 and of 4
+ * integers, compare fairly: uniform data draws a flat line. A column with no integers is 0. */
+void hv_fold(const tally_hist_t *h, unsigned cols, double *out);
 
 /* Draws columns as vertical bars `rows` lines high, appending `rows` lines (each ended by '\n')
  * of `cols` cells. Heights are in eighths of a line, scaled so the largest column fills all
- * rows: linear, or with `log` by log(1 + count); a non-zero column is always at least one
+ * rows: linear, or with `log` by log(1 + value); a non-zero column is always at least one
  * eighth high, an empty one blank. With `utf8` the cells are the block elements U+2581..U+2588,
  * otherwise ASCII ('#' a full cell, '.' a partly filled top cell). */
-tally_status_t hv_bars(const uint64_t *columns, unsigned cols, unsigned rows, bool log, bool utf8,
+tally_status_t hv_bars(const double *columns, unsigned cols, unsigned rows, bool log, bool utf8,
                        tally_buf_t *out);
 
 /* A count in a short human form: 999, 12.3k, 4.56M, 7.89G, ... */

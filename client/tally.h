@@ -250,19 +250,47 @@ tally_status_t tally_run(tally_client_t *self, const tally_req_t *req, const voi
                          size_t len, const tally_run_opts_t *opts, tally_buf_t *out,
                          tally_run_result_t *result);
 
+/* ---- Subscriptions (tally_sub.c; PROTOCOL.md §11) ---------------------------------------- */
+
+/* A SUB socket on tallyd's PUB endpoint (tallyd --pub): every publication interval, the record
+ * of each stream that changed, and a message for each stream deleted. */
+typedef struct tally_sub tally_sub_t;
+
+/* One publication. */
+typedef struct {
+    tally_pub_t pub;                        /* kind, pub_seq (a gap = lost), time_ms, interval */
+    char stream[TALLY_STREAM_NAME_MAX + 1]; /* the topic: the stream's name */
+    tally_stream_info_t info;               /* TALLY_PUB_UPDATE: the record, as `query` gives it */
+} tally_pub_msg_t;
+
+/* Connects (asynchronously, reconnecting by itself) to a PUB endpoint; nothing arrives until
+ * tally_sub_subscribe. */
+tally_status_t tally_sub_new(const char *endpoint, tally_sub_t **out);
+void tally_sub_destroy(tally_sub_t **self_p);
+/* Receives the streams whose names start with `prefix` ("" for all; a prefix also matches
+ * longer names, so check msg->stream for an exact one). May be called several times. */
+tally_status_t tally_sub_subscribe(tally_sub_t *self, const char *prefix);
+/* The next publication, waiting up to timeout_ms (0: only what has arrived). TALLY_E_TIMEOUT
+ * when none came, TALLY_E_REPLY for a message that does not decode (it is consumed). */
+tally_status_t tally_sub_recv(tally_sub_t *self, int timeout_ms, tally_pub_msg_t *msg);
+/* A descriptor to poll() for POLLIN beside others. It is edge-triggered (ZMQ_FD): once it
+ * fires, call tally_sub_recv(self, 0, ...) until TALLY_E_TIMEOUT before polling again. */
+int tally_sub_fd(const tally_sub_t *self);
+
 /* ---- Histogram summaries (tally_hist.c) --------------------------------------------------- */
 
-/* One 256-bin histogram as tallyd keeps it: a stream's running histogram (tally_hist_from_info)
- * or one channel of a multi-channel one. Every histogram counts integers:
- *   u8:  bin b holds the value b (lo = 0, hi = 256, no underflow or overflow);
- *   i32: x in [lo, hi) goes to bin (x - lo) * 256 / (hi - lo) (tally_hist_bin_i32), so bin b
- *        holds the integers [edge(b), edge(b + 1)) with edge(b) = lo + ceil(b * (hi - lo) / 256)
- *        (tally_hist_edge); x < lo counts as underflow, x >= hi as overflow. When hi - lo < 256
- *        some bins hold no integer at all (edge(b) == edge(b + 1)) and stay empty.
+/* One 256-bin histogram as tallyd keeps it: a stream's running histogram, or one channel of an
+ * rgb8/rgba8 stream's (tally_hist_from_info). Every histogram counts integers:
+ *   u8 (and each colour channel): bin b holds the value b (lo = 0, hi = 256, no underflow or
+ *        overflow);
+ *   i32, u16: x in [lo, hi) goes to bin (x - lo) * 256 / (hi - lo) (tally_hist_bin_i32), so
+ *        bin b holds the integers [edge(b), edge(b + 1)) with edge(b) = lo + ceil(b * (hi - lo)
+ *        / 256) (tally_hist_edge); x < lo counts as underflow, x >= hi as overflow. When
+ *        hi - lo < 256 some bins hold no integer at all (edge(b) == edge(b + 1)) and stay empty.
  * The underflow and overflow entries cover the rest of the type's domain: [INT32_MIN, lo) and
- * [hi, INT32_MAX + 1) for i32. */
+ * [hi, INT32_MAX + 1) for i32, [0, lo) and [hi, 65536) for u16. */
 typedef struct {
-    tally_dtype_t dtype; /* TALLY_DTYPE_U8 or TALLY_DTYPE_I32 */
+    tally_dtype_t dtype; /* TALLY_DTYPE_U8, TALLY_DTYPE_I32 or TALLY_DTYPE_U16 */
     int64_t lo, hi;      /* the range [lo, hi); u8: 0 and 256 */
     uint64_t bins[TALLY_HIST_BINS];
     uint64_t underflow, overflow;
@@ -287,9 +315,12 @@ typedef struct {
     tally_quantile_t p50, p90, p99; /* valid when count > 0 */
 } tally_hist_summary_t;
 
-/* Fills *hist from a query reply. TALLY_E_ARG when the stream has no histogram yet
- * (info->hist_dtype is TALLY_DTYPE_NONE) or an unknown histogram type. */
-tally_status_t tally_hist_from_info(const tally_stream_info_t *info, tally_hist_t *hist);
+/* Fills *hist with channel `channel` of a stream's record (a query reply or a publication):
+ * channel 0 for u8, i32 and u16 streams; 0..2 (R, G, B) for rgb8, 0..3 for rgba8 (A last); see
+ * tally_hist_channels. TALLY_E_ARG when the stream has no histogram yet (hist_dtype is
+ * TALLY_DTYPE_NONE), for an unknown type or a channel it does not have. */
+tally_status_t tally_hist_from_info(const tally_stream_info_t *info, unsigned channel,
+                                    tally_hist_t *hist);
 
 /* The lower edge of bin b (0 <= b <= 256; edge(256) = hi): the smallest integer in the bin. */
 int64_t tally_hist_edge(const tally_hist_t *hist, unsigned b);
@@ -316,7 +347,7 @@ void tally_hist_summarize(const tally_hist_t *hist, tally_hist_summary_t *out);
  *   "quantiles":{"p50":V,"p90":V,"p99":V}|null,
  *   "bins":[{"lo":L,"hi":H,"count":N},...]
  * `bins` lists the real integer edges, hi exclusive, in increasing order: for u8 the 256 byte
- * values; for i32 an underflow entry, the 256 bins, then an overflow entry (258 entries). A
+ * values; for i32 and u16 an underflow entry, the 256 bins, then an overflow entry (258). A
  * quantile outside the range is given as its nearest edge (lo or hi, see tally_hist_quantile);
  * the underflow and overflow counts say when that can happen. */
 tally_status_t tally_hist_json(const tally_hist_t *hist, tally_buf_t *out);

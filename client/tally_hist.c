@@ -22,29 +22,26 @@
 /* Quantiles are taken to the nearest millionth, so ranks stay exact integer arithmetic. */
 #define QUANTILE_SCALE 1000000u
 
-tally_status_t tally_hist_from_info(const tally_stream_info_t *info, tally_hist_t *hist)
+tally_status_t tally_hist_from_info(const tally_stream_info_t *info, unsigned channel,
+                                    tally_hist_t *hist)
 {
-    if (!info || !hist)
-        return TALLY_E_ARG;
+    if (!info || !hist || channel >= tally_hist_channels(info->hist_dtype))
+        return TALLY_E_ARG; /* also: no histogram yet, an unknown type */
     memset(hist, 0, sizeof *hist);
-    switch (info->hist_dtype) {
-    case TALLY_DTYPE_U8:
-        hist->lo = 0;
-        hist->hi = TALLY_HIST_BINS;
-        break;
-    case TALLY_DTYPE_I32:
+    if (tally_hist_ranged(info->hist_dtype)) {
         if (info->hist_lo >= info->hist_hi)
             return TALLY_E_ARG;
+        hist->dtype = (tally_dtype_t)info->hist_dtype;
         hist->lo = info->hist_lo;
         hist->hi = info->hist_hi;
         hist->underflow = info->hist_underflow;
         hist->overflow = info->hist_overflow;
-        break;
-    default:
-        return TALLY_E_ARG;
+    } else { /* u8, and each byte channel of rgb8/rgba8 */
+        hist->dtype = TALLY_DTYPE_U8;
+        hist->lo = 0;
+        hist->hi = TALLY_HIST_BINS;
     }
-    hist->dtype = (tally_dtype_t)info->hist_dtype;
-    memcpy(hist->bins, info->bins, sizeof hist->bins);
+    memcpy(hist->bins, info->bins + (size_t)channel * TALLY_HIST_BINS, sizeof hist->bins);
     return TALLY_OK;
 }
 
@@ -61,6 +58,9 @@ static void domain(const tally_hist_t *hist, int64_t *min, int64_t *end)
     if (hist->dtype == TALLY_DTYPE_I32) {
         *min = INT32_MIN;
         *end = (int64_t)INT32_MAX + 1;
+    } else if (hist->dtype == TALLY_DTYPE_U16) {
+        *min = 0;
+        *end = (int64_t)UINT16_MAX + 1;
     } else {
         *min = hist->lo;
         *end = hist->hi;

@@ -334,7 +334,7 @@ static void test_from_info(void **state)
     (void)state;
     tally_stream_info_t info = {0};
     tally_hist_t h;
-    assert_int_equal(tally_hist_from_info(&info, &h), TALLY_E_ARG); /* no hist yet */
+    assert_int_equal(tally_hist_from_info(&info, 0, &h), TALLY_E_ARG); /* no hist yet */
     info.hist_dtype = TALLY_DTYPE_I32;
     info.hist_lo = -5;
     info.hist_hi = 1000;
@@ -342,7 +342,7 @@ static void test_from_info(void **state)
     info.hist_overflow = 9;
     for (unsigned b = 0; b < 256; b++)
         info.bins[b] = b * 3;
-    assert_int_equal(tally_hist_from_info(&info, &h), TALLY_OK);
+    assert_int_equal(tally_hist_from_info(&info, 0, &h), TALLY_OK);
     assert_int_equal(h.dtype, TALLY_DTYPE_I32);
     assert_int_equal(h.lo, -5);
     assert_int_equal(h.hi, 1000);
@@ -350,12 +350,47 @@ static void test_from_info(void **state)
     assert_int_equal(h.overflow, 9);
     assert_memory_equal(h.bins, info.bins, sizeof h.bins);
     info.hist_dtype = TALLY_DTYPE_U8;
-    assert_int_equal(tally_hist_from_info(&info, &h), TALLY_OK);
+    assert_int_equal(tally_hist_from_info(&info, 0, &h), TALLY_OK);
     assert_int_equal(h.lo, 0);
     assert_int_equal(h.hi, 256);
     assert_int_equal(h.underflow + h.overflow, 0);
+    assert_int_equal(tally_hist_from_info(&info, 1, &h), TALLY_E_ARG); /* one channel */
     info.hist_dtype = TALLY_DTYPE_TEXT;
-    assert_int_equal(tally_hist_from_info(&info, &h), TALLY_E_ARG);
+    assert_int_equal(tally_hist_from_info(&info, 0, &h), TALLY_E_ARG);
+
+    /* u16: a range like i32, its own domain for the outer entries. */
+    info.hist_dtype = TALLY_DTYPE_U16;
+    info.hist_lo = 100;
+    info.hist_hi = 4196; /* a 12-bit sensor's range, offset: 16 values a bin */
+    assert_int_equal(tally_hist_from_info(&info, 0, &h), TALLY_OK);
+    assert_int_equal(h.dtype, TALLY_DTYPE_U16);
+    assert_int_equal(tally_hist_edge(&h, 1), 116);
+    tally_buf_t out = {0};
+    assert_int_equal(tally_hist_csv(&h, NULL, false, &out), TALLY_OK);
+    assert_int_equal(tally_buf_append(&out, "", 1), TALLY_OK);
+    const char *head = "0,100,4\n100,116,0\n116,132,3\n";
+    assert_int_equal(strncmp((char *)out.data, head, strlen(head)), 0);
+    assert_non_null(strstr((char *)out.data, "\n4180,4196,765\n4196,65536,9\n"));
+    tally_buf_free(&out);
+
+    /* rgba8: channel c's bins at c * 256, each a byte histogram. */
+    info.hist_dtype = TALLY_DTYPE_RGBA8;
+    info.hist_lo = info.hist_hi = 0;
+    info.hist_underflow = info.hist_overflow = 0;
+    for (unsigned c = 0; c < 4; c++)
+        for (unsigned b = 0; b < 256; b++)
+            info.bins[c * 256 + b] = c == 2 && b == 77 ? 5 : 0;
+    for (unsigned c = 0; c < 4; c++) {
+        assert_int_equal(tally_hist_from_info(&info, c, &h), TALLY_OK);
+        assert_int_equal(h.dtype, TALLY_DTYPE_U8);
+        assert_int_equal(h.hi, 256);
+        tally_hist_summary_t sum;
+        tally_hist_summarize(&h, &sum);
+        assert_int_equal(sum.count, c == 2 ? 5 : 0);
+        if (c == 2)
+            assert_int_equal(sum.p50.value, 77);
+    }
+    assert_int_equal(tally_hist_from_info(&info, 4, &h), TALLY_E_ARG);
 }
 
 /* The JSON and CSV of a random i32 histogram, against strings built here from the definition:
