@@ -1,0 +1,205 @@
+/*
+ * test_sub.c — libtally's subscriptions (tally_sub_*) against a tallyd started with --pub.
+ *
+ * A subscriber to the prefix "cam" gets the records of "cam0" and "cam01" and nothing of
+ * "other"; the last record published for a stream equals what `query` answers once the pushes
+ * stop; publication numbers only grow; a deleted stream is announced with an empty record; the
+ * fd from tally_sub_fd wakes poll() and is drained with timeout-0 receives. Subscriptions join
+ * late (ZeroMQ connects asynchronously), so the first records are awaited while pushing, with
+ * generous deadlines.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "tally.h"
+
+#define DEADLINE_MS 60000
+
+static th_daemon_t daemon_;
+static char dir[64], pub[128];
+static tally_client_t *client;
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/tally-sub-XXXXXX");
+    if (!mkdtemp(dir))
+        return -1;
+    snprintf(pub, sizeof pub, "ipc://%s/pub", dir);
+    const char *args[] = {"--pub", pub, "--pub-interval-ms", "100", NULL};
+    if (th_daemon_start(&daemon_, args) != 0)
+        return -1;
+    return tally_client_new(daemon_.endpoint, 20000, &client) == TALLY_OK ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    tally_client_destroy(&client);
+    int status = th_daemon_stop(&daemon_, SIGTERM, 20000);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return status == 0 && system(cmd) == 0 ? 0 : -1;
+}
+
+static void push(const char *stream, uint8_t value, size_t n)
+{
+    uint8_t *data = malloc(n);
+    assert_non_null(data);
+    memset(data, value, n);
+    tally_req_t req = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8};
+    assert_int_equal(tally_req_set_stream(&req, stream), TALLY_OK);
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    assert_int_equal(tally_call(client, &req, data, n, &reply), TALLY_OK);
+    tally_reply_clear(&reply);
+    free(data);
+}
+
+static void test_sub_prefix_records(void **state)
+{
+    (void)state;
+    tally_sub_t *sub = NULL;
+    assert_int_equal(tally_sub_new(pub, &sub), TALLY_OK);
+    assert_int_equal(tally_sub_subscribe(sub, "cam"), TALLY_OK);
+    tally_pub_msg_t *msg = malloc(sizeof *msg);
+    assert_non_null(msg);
+    /* Push until the subscription has joined and cam0's first record arrives. */
+    int64_t deadline = now_ms() + DEADLINE_MS;
+    bool joined = false;
+    while (!joined) {
+        push("cam0", 7, 100);
+        push("other", 1, 10);
+        tally_status_t st = tally_sub_recv(sub, 200, msg);
+        joined = st == TALLY_OK && !strcmp(msg->stream, "cam0");
+        assert_true(st == TALLY_OK || st == TALLY_E_TIMEOUT);
+        if (now_ms() > deadline)
+            fail_msg("no publication of cam0 within %d ms", DEADLINE_MS);
+    }
+    /* Now a fixed amount more on each; then the records settle. */
+    push("cam0", 9, 1000);
+    push("cam01", 3, 5);
+    push("other", 1, 10);
+    tally_stream_info_t cam0, cam01;
+    assert_int_equal(tally_query(client, "cam0", &cam0), TALLY_OK);
+    assert_int_equal(tally_query(client, "cam01", &cam01), TALLY_OK);
+    bool cam0_seen = false, cam01_seen = false;
+    uint64_t last_seq = msg->pub.pub_seq;
+    deadline = now_ms() + DEADLINE_MS;
+    while (!(cam0_seen && cam01_seen)) {
+        tally_status_t st = tally_sub_recv(sub, 500, msg);
+        if (now_ms() > deadline)
+            fail_msg("the settled records never came (cam0 %d, cam01 %d)", cam0_seen, cam01_seen);
+        if (st == TALLY_E_TIMEOUT)
+            continue;
+        assert_int_equal(st, TALLY_OK);
+        assert_true(msg->pub.pub_seq > last_seq);
+        last_seq = msg->pub.pub_seq;
+        assert_int_equal(msg->pub.kind, TALLY_PUB_UPDATE);
+        assert_int_equal(msg->pub.interval_ms, 100);
+        assert_true(msg->pub.time_ms > 0);
+        assert_int_not_equal(strcmp(msg->stream, "other"), 0); /* not subscribed */
+        const tally_stream_info_t *want = !strcmp(msg->stream, "cam0") ? &cam0 : &cam01;
+        if (msg->info.hist_total != want->hist_total)
+            continue; /* an older record, published before the last pushes */
+        assert_memory_equal(msg->info.bins, want->bins, 256 * sizeof want->bins[0]);
+        assert_int_equal(msg->info.batches, want->batches);
+        cam0_seen |= want == &cam0;
+        cam01_seen |= want == &cam01;
+    }
+    assert_int_equal(cam0.bins[9], 1000);
+    free(msg);
+    tally_sub_destroy(&sub);
+    assert_null(sub);
+}
+
+static void test_sub_deleted_and_fd(void **state)
+{
+    (void)state;
+    tally_sub_t *sub = NULL;
+    assert_int_equal(tally_sub_new(pub, &sub), TALLY_OK);
+    assert_int_equal(tally_sub_subscribe(sub, "gone"), TALLY_OK);
+    tally_pub_msg_t *msg = malloc(sizeof *msg);
+    assert_non_null(msg);
+    int fd = tally_sub_fd(sub);
+    assert_true(fd >= 0);
+    /* Join first (records of "gone" arrive), through the fd: poll, then drain. */
+    int64_t deadline = now_ms() + DEADLINE_MS;
+    bool got = false;
+    while (!got) {
+        push("gone", 1, 10);
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 200) < 0)
+            fail_msg("poll failed");
+        tally_status_t st;
+        while ((st = tally_sub_recv(sub, 0, msg)) == TALLY_OK)
+            got |= !strcmp(msg->stream, "gone") && msg->pub.kind == TALLY_PUB_UPDATE;
+        assert_int_equal(st, TALLY_E_TIMEOUT); /* drained: nothing left */
+        if (now_ms() > deadline)
+            fail_msg("no publication of 'gone' within %d ms", DEADLINE_MS);
+    }
+    assert_int_equal(tally_delete(client, "gone"), TALLY_OK);
+    deadline = now_ms() + DEADLINE_MS;
+    for (;;) {
+        tally_status_t st = tally_sub_recv(sub, 500, msg);
+        if (st == TALLY_OK && msg->pub.kind == TALLY_PUB_DELETED) {
+            assert_string_equal(msg->stream, "gone");
+            break;
+        }
+        assert_true(st == TALLY_OK || st == TALLY_E_TIMEOUT);
+        if (now_ms() > deadline)
+            fail_msg("no 'deleted' publication within %d ms", DEADLINE_MS);
+    }
+    free(msg);
+    tally_sub_destroy(&sub);
+}
+
+static void test_sub_arguments(void **state)
+{
+    (void)state;
+    tally_sub_t *sub = NULL;
+    assert_int_equal(tally_sub_new("nonsense", &sub), TALLY_E_ARG);
+    assert_null(sub);
+    assert_int_equal(tally_sub_new(NULL, &sub), TALLY_E_ARG);
+    assert_int_equal(tally_sub_new(pub, &sub), TALLY_OK);
+    char long_prefix[TALLY_STREAM_NAME_MAX + 2];
+    memset(long_prefix, 'x', sizeof long_prefix - 1);
+    long_prefix[sizeof long_prefix - 1] = '\0';
+    assert_int_equal(tally_sub_subscribe(sub, long_prefix), TALLY_E_ARG);
+    tally_pub_msg_t msg;
+    assert_int_equal(tally_sub_recv(sub, 0, &msg), TALLY_E_TIMEOUT); /* nothing subscribed */
+    assert_int_equal(tally_sub_recv(sub, 0, NULL), TALLY_E_ARG);
+    tally_sub_destroy(&sub);
+    tally_sub_destroy(&sub); /* a second destroy of NULL is harmless */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sub_prefix_records),
+        cmocka_unit_test(test_sub_deleted_and_fd),
+        cmocka_unit_test(test_sub_arguments),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
