@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -260,4 +261,70 @@ uint64_t th_rand(void)
     rng_state ^= rng_state >> 7;
     rng_state ^= rng_state << 17;
     return rng_state;
+}
+
+int64_t th_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void th_sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+char *th_slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, len = 0, n;
+    char *buf = malloc(cap);
+    while (buf && (n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+        len += n;
+        if (cap - len < 2) {
+            char *bigger = realloc(buf, cap *= 2);
+            if (!bigger)
+                free(buf);
+            buf = bigger;
+        }
+    }
+    fclose(f);
+    if (buf)
+        buf[len] = '\0';
+    return buf;
+}
+
+th_cli_t th_cli(const char *dir, const char *endpoint, const char *fmt, ...)
+{
+    const char *bin = getenv("TALLY_BIN");
+    char args[2048], cmd[4096], path[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' -e '%s' %s > cli.out 2> cli.err", dir,
+             bin && *bin ? bin : "./tally", endpoint, args);
+    int rc = system(cmd);
+    th_cli_t r = {.status = rc != -1 && WIFEXITED(rc) ? WEXITSTATUS(rc) : -1};
+    snprintf(path, sizeof path, "%s/cli.out", dir);
+    r.out = th_slurp(path);
+    snprintf(path, sizeof path, "%s/cli.err", dir);
+    r.err = th_slurp(path);
+    if (!r.out)
+        r.out = strdup("");
+    if (!r.err)
+        r.err = strdup("");
+    return r;
+}
+
+void th_cli_free(th_cli_t *r)
+{
+    free(r->out);
+    free(r->err);
+    r->out = r->err = NULL;
 }

@@ -61,6 +61,23 @@ int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len,
 /* A request with the common fields set. */
 tally_req_t th_req(uint8_t opcode, uint8_t dtype, uint64_t id);
 
+/* Monotonic time in milliseconds, and a sleep of ms milliseconds (resumed after signals). */
+int64_t th_now_ms(void);
+void th_sleep_ms(int ms);
+/* A file's whole content, NUL-terminated and malloc'ed; NULL when it cannot be read. */
+char *th_slurp(const char *path);
+
+/* The `tally` CLI under test ($TALLY_BIN) run through sh in `dir`, so ARGS may redirect:
+ * `tally -e ENDPOINT ARGS`; its exit status (-1 when it did not exit), stdout and stderr. */
+typedef struct {
+    int status;
+    char *out;
+    char *err;
+} th_cli_t;
+th_cli_t th_cli(const char *dir, const char *endpoint, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void th_cli_free(th_cli_t *r);
+
 /* Seeded xorshift so failures reproduce: the seed is printed by th_seed(). */
 uint64_t th_seed(void);
 uint64_t th_rand(void);

@@ -33,13 +33,6 @@ static th_daemon_t daemon_;
 static char dir[64], pub[128];
 static tally_client_t *client;
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static int setup(void **state)
 {
     (void)state;
@@ -86,7 +79,7 @@ static void test_sub_prefix_records(void **state)
     tally_pub_msg_t *msg = malloc(sizeof *msg);
     assert_non_null(msg);
     /* Push until the subscription has joined and cam0's first record arrives. */
-    int64_t deadline = now_ms() + DEADLINE_MS;
+    int64_t deadline = th_now_ms() + DEADLINE_MS;
     bool joined = false;
     while (!joined) {
         push("cam0", 7, 100);
@@ -94,7 +87,7 @@ static void test_sub_prefix_records(void **state)
         tally_status_t st = tally_sub_recv(sub, 200, msg);
         joined = st == TALLY_OK && !strcmp(msg->stream, "cam0");
         assert_true(st == TALLY_OK || st == TALLY_E_TIMEOUT);
-        if (now_ms() > deadline)
+        if (th_now_ms() > deadline)
             fail_msg("no publication of cam0 within %d ms", DEADLINE_MS);
     }
     /* Now a fixed amount more on each; then the records settle. */
@@ -106,10 +99,10 @@ static void test_sub_prefix_records(void **state)
     assert_int_equal(tally_query(client, "cam01", &cam01), TALLY_OK);
     bool cam0_seen = false, cam01_seen = false;
     uint64_t last_seq = msg->pub.pub_seq;
-    deadline = now_ms() + DEADLINE_MS;
+    deadline = th_now_ms() + DEADLINE_MS;
     while (!(cam0_seen && cam01_seen)) {
         tally_status_t st = tally_sub_recv(sub, 500, msg);
-        if (now_ms() > deadline)
+        if (th_now_ms() > deadline)
             fail_msg("the settled records never came (cam0 %d, cam01 %d)", cam0_seen, cam01_seen);
         if (st == TALLY_E_TIMEOUT)
             continue;
@@ -145,7 +138,7 @@ static void test_sub_deleted_and_fd(void **state)
     int fd = tally_sub_fd(sub);
     assert_true(fd >= 0);
     /* Join first (records of "gone" arrive), through the fd: poll, then drain. */
-    int64_t deadline = now_ms() + DEADLINE_MS;
+    int64_t deadline = th_now_ms() + DEADLINE_MS;
     bool got = false;
     while (!got) {
         push("gone", 1, 10);
@@ -156,11 +149,11 @@ static void test_sub_deleted_and_fd(void **state)
         while ((st = tally_sub_recv(sub, 0, msg)) == TALLY_OK)
             got |= !strcmp(msg->stream, "gone") && msg->pub.kind == TALLY_PUB_UPDATE;
         assert_int_equal(st, TALLY_E_TIMEOUT); /* drained: nothing left */
-        if (now_ms() > deadline)
+        if (th_now_ms() > deadline)
             fail_msg("no publication of 'gone' within %d ms", DEADLINE_MS);
     }
     assert_int_equal(tally_delete(client, "gone"), TALLY_OK);
-    deadline = now_ms() + DEADLINE_MS;
+    deadline = th_now_ms() + DEADLINE_MS;
     for (;;) {
         tally_status_t st = tally_sub_recv(sub, 500, msg);
         if (st == TALLY_OK && msg->pub.kind == TALLY_PUB_DELETED) {
@@ -168,7 +161,7 @@ static void test_sub_deleted_and_fd(void **state)
             break;
         }
         assert_true(st == TALLY_OK || st == TALLY_E_TIMEOUT);
-        if (now_ms() > deadline)
+        if (th_now_ms() > deadline)
             fail_msg("no 'deleted' publication within %d ms", DEADLINE_MS);
     }
     free(msg);
