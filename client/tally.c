@@ -541,6 +541,16 @@ static tally_status_t stream_req(tally_client_t *self, tally_req_t *req, tally_o
     return status;
 }
 
+tally_status_t tally_reply_stream_info(const tally_reply_t *reply, tally_stream_info_t *info)
+{
+    if (!reply || !info)
+        return TALLY_E_ARG;
+    if (reply->rep.status != TALLY_OK || reply->rep.opcode != TALLY_OP_QUERY ||
+        tally_stream_info_decode(reply->payload, reply->len, info) != TALLY_OK)
+        return TALLY_E_REPLY;
+    return TALLY_OK;
+}
+
 tally_status_t tally_query(tally_client_t *self, const char *stream, tally_stream_info_t *info)
 {
     if (!self || !info)

@@ -114,6 +114,10 @@ tally_status_t tally_ping(tally_client_t *self, double *rtt_us);
 tally_status_t tally_info(tally_client_t *self, tally_op_t op, char **text);
 /* The stream's record (all time). info->bins holds channel c's bins at c x 256 for rgb8/rgba8. */
 tally_status_t tally_query(tally_client_t *self, const char *stream, tally_stream_info_t *info);
+/* The stream record of a successful `query` reply taken with tally_recv (queries pipelined with
+ * tally_send, as `tally watch` does for many streams at once). TALLY_E_REPLY when the payload
+ * is not a record. */
+tally_status_t tally_reply_stream_info(const tally_reply_t *reply, tally_stream_info_t *info);
 /* The stream's record for the last window_ms milliseconds (PROTOCOL.md, "Windows"): the
  * histogram fields count only that window, which runs from *start_ms to *end_ms (ms since the
  * epoch; either may be NULL). TALLY_E_WINDOW when the daemon keeps less than that. */

@@ -168,6 +168,54 @@ static void test_sub_deleted_and_fd(void **state)
     tally_sub_destroy(&sub);
 }
 
+/* Pipelined queries (what `tally watch` sends): each reply's record decodes to what tally_query
+ * answers; a reply that is not a query's record is refused. */
+static void test_reply_stream_info(void **state)
+{
+    (void)state;
+    push("piped/a", 3, 30);
+    push("piped/b", 4, 40);
+    const char *names[] = {"piped/a", "piped/b", "piped/none"};
+    uint64_t ids[3];
+    for (int i = 0; i < 3; i++) {
+        tally_req_t req = {.opcode = TALLY_OP_QUERY};
+        assert_int_equal(tally_req_set_stream(&req, names[i]), TALLY_OK);
+        assert_int_equal(tally_send(client, &req, NULL, 0, &ids[i]), TALLY_OK);
+    }
+    /* All three replies first: a tally_call meanwhile would discard the others. */
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    tally_stream_info_t piped[2];
+    for (int got = 0; got < 3; got++) {
+        tally_status_t st = tally_recv(client, &reply);
+        if (st == TALLY_E_TIMEOUT || st == TALLY_E_TRANSPORT || st == TALLY_E_REPLY)
+            fail_msg("reply %d: %s (%s)", got, tally_status_name(st), reply.error);
+        int i = reply.rep.request_id == ids[0] ? 0 : reply.rep.request_id == ids[1] ? 1 : 2;
+        assert_int_equal(reply.rep.request_id, ids[i]);
+        if (i == 2) {
+            tally_stream_info_t none;
+            assert_int_equal(st, TALLY_E_UNKNOWN_STREAM);
+            assert_int_equal(tally_reply_stream_info(&reply, &none), TALLY_E_REPLY);
+            continue;
+        }
+        assert_int_equal(st, TALLY_OK);
+        assert_int_equal(tally_reply_stream_info(&reply, &piped[i]), TALLY_OK);
+    }
+    tally_reply_clear(&reply);
+    for (int i = 0; i < 2; i++) {
+        tally_stream_info_t direct;
+        assert_int_equal(tally_query(client, names[i], &direct), TALLY_OK);
+        assert_int_equal(piped[i].bins[3 + i], 30 + 10 * (uint64_t)i);
+        assert_memory_equal(piped[i].bins, direct.bins, 256 * sizeof direct.bins[0]);
+        assert_int_equal(piped[i].batches, direct.batches);
+    }
+    tally_req_t ping = {.opcode = TALLY_OP_PING};
+    tally_stream_info_t info;
+    assert_int_equal(tally_call(client, &ping, NULL, 0, &reply), TALLY_OK);
+    assert_int_equal(tally_reply_stream_info(&reply, &info), TALLY_E_REPLY); /* not a query */
+    tally_reply_clear(&reply);
+}
+
 static void test_sub_arguments(void **state)
 {
     (void)state;
@@ -192,6 +240,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sub_prefix_records),
         cmocka_unit_test(test_sub_deleted_and_fd),
+        cmocka_unit_test(test_reply_stream_info),
         cmocka_unit_test(test_sub_arguments),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
