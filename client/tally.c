@@ -551,36 +551,21 @@ tally_status_t tally_reply_stream_info(const tally_reply_t *reply, tally_stream_
     return TALLY_OK;
 }
 
-tally_status_t tally_query(tally_client_t *self, const char *stream, tally_stream_info_t *info)
+/* query, all time (window_ms 0) or the last window_ms (QUERY_WINDOW); the window's start and
+ * end (aux0, aux1) to *start_ms and *end_ms when given. */
+static tally_status_t query_call(tally_client_t *self, const char *stream, uint64_t window_ms,
+                                 tally_stream_info_t *info, uint64_t *start_ms, uint64_t *end_ms)
 {
-    if (!self || !info)
+    if (!self || !info || window_ms > (uint64_t)TALLY_WINDOW_MS_MAX)
         return TALLY_E_ARG;
     tally_req_t req;
     tally_status_t status = stream_req(self, &req, TALLY_OP_QUERY, stream);
     if (status != TALLY_OK)
         return status;
-    tally_reply_t reply;
-    tally_reply_init(&reply);
-    status = tally_call(self, &req, NULL, 0, &reply);
-    if (status == TALLY_OK &&
-        tally_stream_info_decode(reply.payload, reply.len, info) != TALLY_OK) {
-        status = fail(self, TALLY_E_REPLY, "query reply does not decode");
+    if (window_ms) {
+        req.flags = TALLY_FLAG_QUERY_WINDOW;
+        req.lo = (int64_t)window_ms;
     }
-    tally_reply_clear(&reply);
-    return status;
-}
-
-tally_status_t tally_query_window(tally_client_t *self, const char *stream, uint64_t window_ms,
-                                  tally_stream_info_t *info, uint64_t *start_ms, uint64_t *end_ms)
-{
-    if (!self || !info || window_ms == 0 || window_ms > (uint64_t)TALLY_WINDOW_MS_MAX)
-        return TALLY_E_ARG;
-    tally_req_t req;
-    tally_status_t status = stream_req(self, &req, TALLY_OP_QUERY, stream);
-    if (status != TALLY_OK)
-        return status;
-    req.flags = TALLY_FLAG_QUERY_WINDOW;
-    req.lo = (int64_t)window_ms;
     tally_reply_t reply;
     tally_reply_init(&reply);
     status = tally_call(self, &req, NULL, 0, &reply);
@@ -594,6 +579,19 @@ tally_status_t tally_query_window(tally_client_t *self, const char *stream, uint
         *end_ms = reply.rep.aux1;
     tally_reply_clear(&reply);
     return status;
+}
+
+tally_status_t tally_query(tally_client_t *self, const char *stream, tally_stream_info_t *info)
+{
+    return query_call(self, stream, 0, info, NULL, NULL);
+}
+
+tally_status_t tally_query_window(tally_client_t *self, const char *stream, uint64_t window_ms,
+                                  tally_stream_info_t *info, uint64_t *start_ms, uint64_t *end_ms)
+{
+    if (window_ms == 0)
+        return TALLY_E_ARG;
+    return query_call(self, stream, window_ms, info, start_ms, end_ms);
 }
 
 /* reset and delete: a stream name, an empty reply. */

@@ -61,6 +61,11 @@ static const td_config_key_t config_keys[] = {
     {"shm", "allow_gids", "--shm-allow-gids"},
     {"shm", "max_regions_per_peer", "--shm-max-regions-per-peer"},
     {"shm", "max_bytes", "--shm-max-bytes"},
+    {"windows", "intervals", "--window-intervals"},
+    {"windows", "interval_ms", "--window-interval-ms"},
+    {"pub", "endpoint", "--pub"},
+    {"pub", "interval_ms", "--pub-interval-ms"},
+    {"metrics", "streams", "--metrics-streams"},
 };
 
 typedef struct {
@@ -316,6 +321,20 @@ bool td_config_apply_runtime(td_config_t *live, const td_config_t *next)
         log_ignored("shm socket");
     if (live->shm_socket_gid != next->shm_socket_gid)
         log_ignored("shm socket_group");
+    /* Read at each scrape. */
+    if (live->metrics_streams != next->metrics_streams) {
+        td_notice("reload: metrics streams: %u -> %u", live->metrics_streams,
+                  next->metrics_streams);
+        live->metrics_streams = next->metrics_streams;
+        changed = true;
+    }
+    /* The rings are allocated at that size, and the PUB socket bound, at start. */
+    if (live->window_intervals != next->window_intervals ||
+        live->window_interval_ms != next->window_interval_ms)
+        log_ignored("windows");
+    if (!same_string(live->pub_endpoint, next->pub_endpoint) ||
+        live->pub_interval_ms != next->pub_interval_ms)
+        log_ignored("pub");
     if (!changed)
         td_notice("reload: no run-time setting changed");
     return changed;

@@ -323,6 +323,11 @@ const char *td_exec_devices(td_exec_t *x)
     return x->devices;
 }
 
+unsigned td_exec_devices_lost(const td_exec_t *x)
+{
+    return x->gpu ? td_gpu_devices_lost(x->gpu) : 0;
+}
+
 uint64_t td_exec_device_bytes(const td_exec_t *x)
 {
     return x->gpu ? td_gpu_device_bytes(x->gpu) : 0;

@@ -77,5 +77,7 @@ void td_exec_describe(const td_exec_t *self, char *buf, size_t cap);
 /* The same, current (a device may have become unusable), in a buffer of the executor's. */
 const char *td_exec_devices(td_exec_t *self);
 uint64_t td_exec_device_bytes(const td_exec_t *self);
+/* GPUs that were usable at start and are not any more (0 without a GPU pipeline). */
+unsigned td_exec_devices_lost(const td_exec_t *self);
 
 #endif

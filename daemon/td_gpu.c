@@ -522,6 +522,14 @@ bool td_gpu_usable(const td_gpu_t *g)
     return false;
 }
 
+unsigned td_gpu_devices_lost(const td_gpu_t *g)
+{
+    unsigned lost = 0;
+    for (unsigned i = 0; i < g->device_count; i++)
+        lost += atomic_load(&g->devices[i].dead);
+    return lost;
+}
+
 bool td_gpu_lane_usable(const td_gpu_t *g, const void *lane)
 {
     (void)g;

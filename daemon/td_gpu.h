@@ -46,6 +46,8 @@ void td_gpu_close(td_gpu_t *self);
 
 /* True while at least one device is usable. */
 bool td_gpu_usable(const td_gpu_t *self);
+/* Devices marked unusable since start (the health endpoint reports them). */
+unsigned td_gpu_devices_lost(const td_gpu_t *self);
 /* True when the lane a stream is pinned to is still on a usable device. */
 bool td_gpu_lane_usable(const td_gpu_t *self, const void *lane);
 /* Queues a prepared compute request (r->exec_* set by td_exec.c) on a lane. */

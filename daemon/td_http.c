@@ -15,6 +15,9 @@
  * loop would render text nobody reads. The cost of asking is one wake-up per scrape, and a loop
  * that is stuck shows as a 503 after the timeout rather than as stale numbers.
  *
+ * /healthz asks the loop thread the same way (a generation of its own), so a loop that is stuck
+ * is unhealthy too; the answer is one word, no rendering.
+ *
  * Shutdown: MHD_stop_daemon joins MHD's thread, which may be waiting for the loop thread — the
  * very thread calling MHD_stop_daemon. So `closing` is set and broadcast first; a waiting
  * handler then answers 503 at once and the join cannot deadlock.
@@ -40,6 +43,7 @@ struct td_http {
     struct MHD_Daemon *mhd;
     uv_async_t async;
     td_http_render_fn render;
+    td_http_health_fn health;
     void *ctx;
     unsigned port;
 
@@ -49,6 +53,10 @@ struct td_http {
     uint64_t rendered;  /* generation the loop thread has answered */
     char *text;
     size_t len;
+    uint64_t health_requested; /* the same for /healthz */
+    uint64_t health_rendered;
+    bool healthy;
+    const char *why;
     bool closing;
     bool ready; /* the async handle exists */
 };
@@ -95,21 +103,33 @@ static void async_cb(uv_async_t *handle)
     td_http_t *self = handle->data;
     char *text = NULL;
     size_t len = 0;
-    if (self->render(self->ctx, &text, &len) != TALLY_OK) {
+    pthread_mutex_lock(&self->lock);
+    bool metrics = self->rendered < self->requested;
+    bool health = self->health_rendered < self->health_requested;
+    pthread_mutex_unlock(&self->lock);
+    if (metrics && self->render(self->ctx, &text, &len) != TALLY_OK) {
         text = NULL;
         len = 0;
     }
+    const char *why = NULL;
+    bool healthy = health && self->health(self->ctx, &why);
     pthread_mutex_lock(&self->lock);
-    free(self->text);
-    self->text = text;
-    self->len = len;
-    self->rendered = self->requested;
+    if (metrics) {
+        free(self->text);
+        self->text = text;
+        self->len = len;
+        self->rendered = self->requested;
+    }
+    if (health) {
+        self->healthy = healthy;
+        self->why = why;
+        self->health_rendered = self->health_requested;
+    }
     pthread_cond_broadcast(&self->done);
     pthread_mutex_unlock(&self->lock);
 }
 
-/* HTTP thread: gets a fresh copy of the text from the loop thread, or NULL. */
-static char *fetch_text(td_http_t *self, size_t *len)
+static struct timespec wait_deadline(void)
 {
     struct timespec deadline;
     clock_gettime(CLOCK_REALTIME, &deadline);
@@ -119,6 +139,13 @@ static char *fetch_text(td_http_t *self, size_t *len)
         deadline.tv_sec++;
         deadline.tv_nsec -= 1000000000L;
     }
+    return deadline;
+}
+
+/* HTTP thread: gets a fresh copy of the text from the loop thread, or NULL. */
+static char *fetch_text(td_http_t *self, size_t *len)
+{
+    struct timespec deadline = wait_deadline();
     char *copy = NULL;
     pthread_mutex_lock(&self->lock);
     uint64_t mine = ++self->requested;
@@ -139,10 +166,30 @@ static char *fetch_text(td_http_t *self, size_t *len)
     return copy;
 }
 
+/* HTTP thread: asks the loop thread for its health; false with *why when not serving (a loop
+ * that does not answer in time, or a closing endpoint, included). */
+static bool fetch_health(td_http_t *self, const char **why)
+{
+    struct timespec deadline = wait_deadline();
+    pthread_mutex_lock(&self->lock);
+    uint64_t mine = ++self->health_requested;
+    bool ask = self->ready && !self->closing;
+    if (ask)
+        uv_async_send(&self->async);
+    int rc = 0;
+    while (ask && !self->closing && self->health_rendered < mine && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&self->done, &self->lock, &deadline);
+    bool answered = !self->closing && self->health_rendered >= mine;
+    bool healthy = answered && self->healthy;
+    *why = !answered ? "not answering" : self->why ? self->why : "unhealthy";
+    pthread_mutex_unlock(&self->lock);
+    return healthy;
+}
+
 static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned code, const char *text)
 {
     struct MHD_Response *resp =
-        MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_PERSISTENT);
+        MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_MUST_COPY);
     if (!resp)
         return MHD_NO;
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
@@ -168,10 +215,20 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     }
     bool get = strcmp(method, MHD_HTTP_METHOD_GET) == 0;
     bool head = strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
-    if (strcmp(url, "/metrics") != 0)
-        return send_text(conn, MHD_HTTP_NOT_FOUND, "not found: tallyd serves /metrics\n");
+    bool healthz = strcmp(url, "/healthz") == 0;
+    if (!healthz && strcmp(url, "/metrics") != 0)
+        return send_text(conn, MHD_HTTP_NOT_FOUND,
+                         "not found: tallyd serves /metrics and /healthz\n");
     if (!get && !head)
-        return send_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET /metrics\n");
+        return send_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET\n");
+    if (healthz) {
+        const char *why = NULL;
+        if (fetch_health(self, &why))
+            return send_text(conn, MHD_HTTP_OK, "ok\n");
+        char line[64];
+        snprintf(line, sizeof line, "%s\n", why);
+        return send_text(conn, MHD_HTTP_SERVICE_UNAVAILABLE, line);
+    }
     size_t len = 0;
     char *text = fetch_text(self, &len);
     if (!text)
@@ -196,8 +253,8 @@ static void log_mhd(void *cls, const char *fmt, va_list ap)
     td_warn("metrics http: %s", line);
 }
 
-tally_status_t td_http_new(uv_loop_t *loop, const char *listen, td_http_render_fn render, void *ctx,
-                           td_http_t **out)
+tally_status_t td_http_new(uv_loop_t *loop, const char *listen, td_http_render_fn render,
+                           td_http_health_fn health, void *ctx, td_http_t **out)
 {
     struct sockaddr_storage ss;
     if (parse_listen(listen, &ss) != TALLY_OK) {
@@ -211,6 +268,7 @@ tally_status_t td_http_new(uv_loop_t *loop, const char *listen, td_http_render_f
     if (!self)
         return TALLY_E_INTERNAL;
     self->render = render;
+    self->health = health;
     self->ctx = ctx;
     pthread_mutex_init(&self->lock, NULL);
     pthread_cond_init(&self->done, NULL);

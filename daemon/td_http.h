@@ -1,10 +1,13 @@
 /*
- * td_http.h — the Prometheus metrics endpoint: GET /metrics over HTTP (libmicrohttpd), serving
- * exactly the text the `stats` opcode returns.
+ * td_http.h — the HTTP endpoint (libmicrohttpd): GET /metrics, exactly the text the `stats`
+ * opcode returns (Prometheus), and GET /healthz, 200 "ok" while tallyd serves, 503 with the
+ * reason when it drains after a stop signal or lost a GPU (or its loop does not answer within
+ * TD_METRICS_WAIT_MS).
  */
 #ifndef TD_HTTP_H
 #define TD_HTTP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <uv.h>
 
@@ -12,13 +15,15 @@
 
 /* Renders the metrics text on the loop thread: a malloc'ed, NUL-terminated string. */
 typedef tally_status_t (*td_http_render_fn)(void *ctx, char **text, size_t *len);
+/* The health on the loop thread: true when serving; else *why (a static string) says why. */
+typedef bool (*td_http_health_fn)(void *ctx, const char **why);
 
 typedef struct td_http td_http_t;
 
 /* Starts serving on listen ("IP:PORT", "[IPv6]:PORT"; port 0 picks a free one, which is
  * logged). render runs on loop's thread whenever a scrape arrives. */
-tally_status_t td_http_new(uv_loop_t *loop, const char *listen, td_http_render_fn render, void *ctx,
-                           td_http_t **out);
+tally_status_t td_http_new(uv_loop_t *loop, const char *listen, td_http_render_fn render,
+                           td_http_health_fn health, void *ctx, td_http_t **out);
 /* The port actually bound. */
 unsigned td_http_port(const td_http_t *self);
 /* Loop thread: stops the HTTP thread (answering any waiting scrape with 503) and closes the

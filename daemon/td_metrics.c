@@ -2,9 +2,13 @@
  * td_metrics.c — see td_metrics.h. Metric names follow Prometheus conventions (a tallyd_
  * prefix, _total for counters, base units: seconds and bytes).
  */
+#include <dirent.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "td_metrics.h"
 
@@ -47,11 +51,135 @@ static const char *op_label(unsigned op)
     return name ? name : "unknown";
 }
 
+/* A stream name as a label value: printable ASCII, with \ and " escaped. */
+static void label_value(char *out, size_t cap, const char *name, size_t len)
+{
+    size_t at = 0;
+    for (size_t i = 0; i < len && at + 3 < cap; i++) {
+        if (name[i] == '\\' || name[i] == '"')
+            out[at++] = '\\';
+        out[at++] = name[i];
+    }
+    out[at] = '\0';
+}
+
+typedef struct {
+    uint64_t values, bytes, requests;
+} stream_sums_t;
+
+static void emit_stream(char *buf, size_t cap, size_t *len, const char *label,
+                        const stream_sums_t *v)
+{
+    emit(buf, cap, len,
+         "tallyd_stream_values_total{stream=\"%s\"} %llu\n"
+         "tallyd_stream_bytes_total{stream=\"%s\"} %llu\n"
+         "tallyd_stream_requests_total{stream=\"%s\"} %llu\n",
+         label, (unsigned long long)v->values, label, (unsigned long long)v->bytes, label,
+         (unsigned long long)v->requests);
+}
+
+/* At most metrics_streams + 1 label values per metric, however many streams exist. */
+static void render_streams(const td_gauges_t *g, char *buf, size_t cap, size_t *len)
+{
+    if (!g->streams)
+        return;
+    emit(buf, cap, len,
+         "# HELP tallyd_stream_values_total Elements applied to the stream (since it was created "
+         "or reset), per stream; streams beyond metrics_streams are summed as "
+         "stream=\"" TD_METRICS_OTHER_STREAMS "\".\n"
+         "# TYPE tallyd_stream_values_total counter\n"
+         "# HELP tallyd_stream_bytes_total Payload bytes applied to the stream, per stream.\n"
+         "# TYPE tallyd_stream_bytes_total counter\n"
+         "# HELP tallyd_stream_requests_total Requests that named the stream, per stream.\n"
+         "# TYPE tallyd_stream_requests_total counter\n");
+    unsigned n = 0;
+    stream_sums_t other = {0};
+    bool any_other = false;
+    for (td_stream_t *s = td_streams_first(g->streams); s; s = s->list_next, n++) {
+        stream_sums_t v = {s->info.elements, s->info.bytes, s->requests};
+        if (n >= g->metrics_streams) {
+            other.values += v.values;
+            other.bytes += v.bytes;
+            other.requests += v.requests;
+            any_other = true;
+            continue;
+        }
+        char label[2 * TALLY_STREAM_NAME_MAX + 1];
+        label_value(label, sizeof label, s->name, s->name_len);
+        emit_stream(buf, cap, len, label, &v);
+    }
+    if (any_other)
+        emit_stream(buf, cap, len, TD_METRICS_OTHER_STREAMS, &other);
+}
+
+/* The process_* metrics every Prometheus client library exports, from getrusage and /proc. */
+static void render_process(const td_gauges_t *g, char *buf, size_t cap, size_t *len)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double cpu = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 +
+                 (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+    unsigned long long vsize = 0, rss = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%llu %llu", &vsize, &rss) != 2)
+            vsize = rss = 0;
+        fclose(f);
+    }
+    long page = sysconf(_SC_PAGESIZE);
+    unsigned fds = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (d) {
+        for (struct dirent *e; (e = readdir(d));)
+            fds += e->d_name[0] != '.';
+        closedir(d);
+        fds--; /* the directory's own descriptor */
+    }
+    struct rlimit rl = {0};
+    getrlimit(RLIMIT_NOFILE, &rl);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    double start = (double)now.tv_sec + now.tv_nsec / 1e9 - g->uptime_s;
+    emit(buf, cap, len,
+         "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
+         "# TYPE process_cpu_seconds_total counter\n"
+         "process_cpu_seconds_total %.6f\n"
+         "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+         "# TYPE process_resident_memory_bytes gauge\n"
+         "process_resident_memory_bytes %llu\n"
+         "# HELP process_virtual_memory_bytes Virtual memory size in bytes.\n"
+         "# TYPE process_virtual_memory_bytes gauge\n"
+         "process_virtual_memory_bytes %llu\n"
+         "# HELP process_open_fds Number of open file descriptors.\n"
+         "# TYPE process_open_fds gauge\n"
+         "process_open_fds %u\n"
+         "# HELP process_max_fds Maximum number of open file descriptors.\n"
+         "# TYPE process_max_fds gauge\n"
+         "process_max_fds %llu\n"
+         "# HELP process_start_time_seconds Start time of the process since unix epoch in "
+         "seconds.\n"
+         "# TYPE process_start_time_seconds gauge\n"
+         "process_start_time_seconds %.3f\n",
+         cpu, rss * (unsigned long long)page, vsize * (unsigned long long)page, fds,
+         (unsigned long long)rl.rlim_cur, start);
+}
+
 size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf, size_t cap)
 {
     size_t len = 0;
     if (cap)
         buf[0] = '\0';
+    emit(buf, cap, &len,
+         "# HELP tallyd_build_info tallyd's version, protocol and whether CUDA was built in.\n"
+         "# TYPE tallyd_build_info gauge\n"
+         "tallyd_build_info{version=\"%s\",protocol=\"%d\",cuda=\"%s\"} 1\n",
+         TALLY_VERSION, TALLY_PROTO_VERSION,
+#ifdef TALLY_HAVE_CUDA
+         "yes"
+#else
+         "no"
+#endif
+    );
     emit(buf, cap, &len,
          "# HELP tallyd_requests_total Requests answered, by operation and status.\n"
          "# TYPE tallyd_requests_total counter\n");
@@ -143,7 +271,23 @@ size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf,
          "# HELP tallyd_uptime_seconds Seconds since tallyd started.\n"
          "# TYPE tallyd_uptime_seconds gauge\n"
          "tallyd_uptime_seconds %.3f\n",
-         g->inflight, g->max_inflight, g->queued, g->streams, g->backend, g->devices,
+         g->inflight, g->max_inflight, g->queued, g->stream_count, g->backend, g->devices,
          (unsigned long long)g->device_memory_bytes, g->uptime_s);
+    emit(buf, cap, &len,
+         "# HELP tallyd_gpus_lost GPUs marked unusable since tallyd started.\n"
+         "# TYPE tallyd_gpus_lost gauge\n"
+         "tallyd_gpus_lost %u\n"
+         "# HELP tallyd_draining 1 after a stop signal, while tallyd answers what it has read.\n"
+         "# TYPE tallyd_draining gauge\n"
+         "tallyd_draining %d\n"
+         "# HELP tallyd_pub_messages_total Messages published on the PUB socket (subscriptions), "
+         "and messages ZeroMQ refused.\n"
+         "# TYPE tallyd_pub_messages_total counter\n"
+         "tallyd_pub_messages_total{result=\"sent\"} %llu\n"
+         "tallyd_pub_messages_total{result=\"failed\"} %llu\n",
+         g->gpus_lost, g->stopping ? 1 : 0, (unsigned long long)g->pub_messages,
+         (unsigned long long)g->pub_failed);
+    render_streams(g, buf, cap, &len);
+    render_process(g, buf, cap, &len);
     return len;
 }

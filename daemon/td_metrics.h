@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "tally_proto.h"
+#include "td_stream.h"
 
 /* Latency histogram upper bounds in microseconds (Prometheus `le` labels), plus +Inf. */
 #define TD_LATENCY_BUCKETS 14
@@ -37,19 +38,34 @@ typedef struct {
     unsigned inflight;
     unsigned max_inflight;
     unsigned queued; /* requests waiting behind another on their stream */
-    unsigned streams;
+    unsigned stream_count;
     const char *backend; /* "cpu" or "cuda" */
     const char *devices; /* the backend's one-line description */
     uint64_t device_memory_bytes;
     double uptime_s;
-    unsigned shm_regions; /* shared-memory regions mapped */
-    uint64_t shm_bytes;   /* their bytes */
+    unsigned shm_regions;  /* shared-memory regions mapped */
+    uint64_t shm_bytes;    /* their bytes */
+    bool stopping;         /* a stop signal arrived: draining */
+    unsigned gpus_lost;    /* GPUs marked unusable since start */
+    uint64_t pub_messages; /* subscriptions: messages published, and refused by ZeroMQ */
+    uint64_t pub_failed;
+    /* Per-stream series: the first metrics_streams streams (creation order) by name, the rest
+     * summed under TD_METRICS_OTHER_STREAMS. NULL: none. */
+    td_streams_t *streams;
+    unsigned metrics_streams;
 } td_gauges_t;
+
+/* The `stream` label of the streams beyond metrics_streams: a space and parentheses, which no
+ * stream name holds (names are printable ASCII without spaces), so it never collides. */
+#define TD_METRICS_OTHER_STREAMS "(other streams)"
 
 void td_metrics_observe(td_metrics_t *m, unsigned opcode, tally_status_t status, size_t bytes_in,
                         size_t bytes_out, uint64_t latency_ns);
 
-/* Renders the Prometheus text format into buf; returns the length it needed (like snprintf). */
+/* Renders the Prometheus text format into buf; returns the length it needed (like snprintf).
+ * Besides tallyd's own: tallyd_build_info, the per-stream series (tallyd_stream_*), and the
+ * standard process_* metrics of the process (CPU, memory, descriptors, start time), read from
+ * getrusage and /proc at each call. */
 size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf, size_t cap);
 
 #endif

@@ -224,7 +224,13 @@ static void sample_gauges(void *ctx, td_gauges_t *g)
         .inflight = s->inflight,
         .max_inflight = s->cfg.max_inflight,
         .queued = s->queued,
-        .streams = td_streams_count(s->streams),
+        .stream_count = td_streams_count(s->streams),
+        .stopping = s->stopping,
+        .gpus_lost = td_exec_devices_lost(s->exec),
+        .pub_messages = td_pub_messages(s->pub),
+        .pub_failed = td_pub_failed(s->pub),
+        .streams = s->streams,
+        .metrics_streams = s->cfg.metrics_streams,
         .backend = td_exec_backend_name(s->exec),
         .devices = td_exec_devices(s->exec),
         .device_memory_bytes = td_exec_device_bytes(s->exec),
@@ -456,6 +462,7 @@ static void stream_advance_locked(td_server_t *s, td_stream_t *stream)
 
 static void enqueue_on_stream(td_server_t *s, td_stream_t *stream, td_request_t *r)
 {
+    stream->requests++;
     r->stream = stream;
     r->stream_next = NULL;
     if (stream->queue_tail)

@@ -89,6 +89,16 @@ static tally_status_t render_cb(void *ctx, char **text, size_t *len)
     return td_service_render_metrics(&self->host, text, len);
 }
 
+/* GET /healthz: serving, or draining after a stop signal, or a GPU lost. */
+static bool health_cb(void *ctx, const char **why)
+{
+    td_service_t *self = ctx;
+    td_gauges_t g;
+    self->host.gauges(self->host.ctx, &g);
+    *why = g.stopping ? "draining" : g.gpus_lost ? "gpu lost" : NULL;
+    return *why == NULL;
+}
+
 /* The one-line summary for STATUS=. */
 static void summary(td_service_t *self, char *buf, size_t cap)
 {
@@ -99,7 +109,7 @@ static void summary(td_service_t *self, char *buf, size_t cap)
         for (unsigned st = 0; st < TALLY_STATUS_WIRE_COUNT; st++)
             answered += self->host.metrics->requests[op][st];
     snprintf(buf, cap, "serving on %s: %u streams, %u in flight, %llu requests answered", g.backend,
-             g.streams, g.inflight, (unsigned long long)answered);
+             g.stream_count, g.inflight, (unsigned long long)answered);
 }
 
 static void status_cb(uv_timer_t *timer)
@@ -279,7 +289,8 @@ tally_status_t td_service_new(const td_service_host_t *host, td_service_t **out)
         td_info("state: no state directory (--state-dir); streams are not persisted");
     }
     if (host->cfg->metrics_listen) {
-        st = td_http_new(host->loop, host->cfg->metrics_listen, render_cb, self, &self->http);
+        st = td_http_new(host->loop, host->cfg->metrics_listen, render_cb, health_cb, self,
+                         &self->http);
         if (st != TALLY_OK)
             goto fail;
     }

@@ -24,9 +24,10 @@
  *   of tally_hist_bin_i32 with a shift (power-of-two ranges) or an estimate by a multiply-shift
  *   reciprocal corrected against a table of exact bin boundaries, so every bin equals the
  *   formula (the proof is above hist_plan_t), and it clamps out-of-range values instead of
- *   branching on them. The uint16 histogram needs no table: its ranges are at most 2^16 wide,
- *   where one multiply-shift is exact (tally_hist_u16_recip). Colour pixels count each channel
- *   into its own sub-histograms, two per channel (even and odd pixels).
+ *   branching on them. The uint16 histogram looks each value up in a table of all 65536 bins
+ *   (built from the exact multiply-shift of tally_hist_u16_recip, which small batches use
+ *   directly). Colour pixels count each channel into its own sub-histograms, two per channel
+ *   (even and odd pixels).
  *
  * Buffers: out may be the same buffer as in (filter, and scan with int32 output) or disjoint
  * from it; partial overlap is not supported.
@@ -517,45 +518,83 @@ static tally_status_t cpu_hist_i32(void *ctx, const int32_t *in, size_t n, int64
     return TALLY_OK;
 }
 
+/* uint16 batches from this many values on look up their bin in a table of all 65536 values
+ * (bins 0..255, 256 underflow, 257 overflow), kept per thread for the last range (a stream's
+ * range is fixed, so its batches reuse it): measured on the 2-core dev box, 2.5-2.7 GB/s for
+ * 12-bit and full-range data against 1.3 for the multiply-shift per value, which smaller
+ * batches keep (building the table costs about 65536 values' work). */
+#define HIST_U16_TABLE_MIN 16384
+#define U16_UNDER TALLY_HIST_BINS
+#define U16_OVER (TALLY_HIST_BINS + 1)
+
+typedef struct {
+    int64_t lo, hi; /* the range the table is for; hi 0: none yet */
+    uint16_t bin[UINT16_MAX + 1];
+} u16_table_t;
+
+static const u16_table_t *u16_table(int64_t lo, int64_t hi)
+{
+    static _Thread_local u16_table_t t;
+    if (t.lo == lo && t.hi == hi)
+        return &t;
+    uint64_t mul;
+    unsigned shift;
+    tally_hist_u16_recip(lo, hi, &mul, &shift);
+    for (int64_t v = 0; v <= UINT16_MAX; v++)
+        t.bin[v] = v < lo    ? U16_UNDER
+                   : v >= hi ? U16_OVER
+                             : (uint16_t)tally_hist_bin_u16((uint32_t)(v - lo), mul, shift);
+    t.lo = lo;
+    t.hi = hi;
+    return &t;
+}
+
+static void hist_u16_table(const uint16_t *in, size_t n, int64_t lo, int64_t hi, tk_hist_t *hist)
+{
+    const uint16_t *bin = u16_table(lo, hi)->bin;
+    uint64_t ways[HIST_WAYS][TALLY_HIST_I32_VALUES];
+    memset(ways, 0, sizeof ways);
+    size_t i = 0;
+    for (; i + HIST_WAYS <= n; i += HIST_WAYS) {
+        ways[0][bin[in[i]]]++;
+        ways[1][bin[in[i + 1]]]++;
+        ways[2][bin[in[i + 2]]]++;
+        ways[3][bin[in[i + 3]]]++;
+    }
+    for (; i < n; i++)
+        ways[0][bin[in[i]]]++;
+    for (int b = 0; b < TALLY_HIST_I32_VALUES; b++) {
+        uint64_t sum = ways[0][b] + ways[1][b] + ways[2][b] + ways[3][b];
+        if (b < TALLY_HIST_BINS)
+            hist->bins[b] += sum;
+        else if (b == U16_UNDER)
+            hist->underflow += sum;
+        else
+            hist->overflow += sum;
+    }
+}
+
 static tally_status_t cpu_hist_u16(void *ctx, const uint16_t *in, size_t n, int64_t lo, int64_t hi,
                                    tk_hist_t *hist)
 {
     (void)ctx;
     if (!hist || (n && !in) || lo < 0 || lo >= hi || hi > (int64_t)UINT16_MAX + 1)
         return TALLY_E_PARAM;
+    if (n >= HIST_U16_TABLE_MIN) {
+        hist_u16_table(in, n, lo, hi, hist);
+        return TALLY_OK;
+    }
     uint64_t mul;
     unsigned shift;
     tally_hist_u16_recip(lo, hi, &mul, &shift);
-    /* Out-of-range values are clamped to the end bins, counted, and taken back out at the end,
-     * as in hist_i32: no branch in the loop. */
-    uint32_t lo32 = (uint32_t)lo, last = (uint32_t)(hi - 1);
-    unsigned last_bin = tally_hist_bin_u16(last - lo32, mul, shift);
-    hist_ways_t ways;
-    memset(ways, 0, sizeof ways);
-    uint64_t under = 0, over = 0;
-    size_t i = 0;
-#define U16_ONE(w, x)                                                                              \
-    do {                                                                                           \
-        uint32_t v = (x);                                                                          \
-        under += v < lo32;                                                                         \
-        over += v > last;                                                                          \
-        uint32_t c = v < lo32 ? lo32 : (v > last ? last : v);                                      \
-        ways[w][tally_hist_bin_u16(c - lo32, mul, shift)]++;                                       \
-    } while (0)
-    for (; i + HIST_WAYS <= n; i += HIST_WAYS) {
-        U16_ONE(0, in[i]);
-        U16_ONE(1, in[i + 1]);
-        U16_ONE(2, in[i + 2]);
-        U16_ONE(3, in[i + 3]);
+    for (size_t i = 0; i < n; i++) {
+        if (in[i] < lo)
+            hist->underflow++;
+        else if (in[i] >= hi)
+            hist->overflow++;
+        else
+            hist->bins[tally_hist_bin_u16((uint32_t)(in[i] - lo), mul, shift)]++;
     }
-    for (; i < n; i++)
-        U16_ONE(0, in[i]);
-#undef U16_ONE
-    ways[0][0] -= under; /* may wrap one way's count; the merged sums are exact */
-    ways[0][last_bin] -= over;
-    hist->underflow += under;
-    hist->overflow += over;
-    hist_ways_merge(ways, hist);
     return TALLY_OK;
 }
 
@@ -565,6 +604,12 @@ static tally_status_t cpu_hist_rgb(void *ctx, const uint8_t *in, size_t pixels, 
     (void)ctx;
     if (!hist || (pixels && !in) || (channels != 3 && channels != 4))
         return TALLY_E_PARAM;
+    if (pixels < HIST_SMALL / 4) { /* zeroing and merging the ways would cost more */
+        for (size_t i = 0; i < pixels; i++)
+            for (unsigned c = 0; c < channels; c++)
+                hist->bins[c * TALLY_HIST_BINS + in[channels * i + c]]++;
+        return TALLY_OK;
+    }
     /* [way][channel][bin]: the even and odd pixels count apart, so a run of equal pixels keeps
      * two increments per channel in flight. 16 KiB, in L1 beside the input. */
     static _Thread_local uint64_t ways[2][TALLY_HIST_CHANNELS_MAX][TALLY_HIST_BINS];

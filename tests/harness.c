@@ -263,6 +263,73 @@ uint64_t th_rand(void)
     return rng_state;
 }
 
+char *th_http_get(int port, const char *method, const char *path)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in in = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (fd < 0 || connect(fd, (struct sockaddr *)&in, sizeof in) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return NULL;
+    }
+    char req[256];
+    int n = snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", method, path);
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    if (!buf || write(fd, req, (size_t)n) != n) {
+        free(buf);
+        close(fd);
+        return NULL;
+    }
+    for (;;) {
+        if (len + 1 >= cap) {
+            char *bigger = realloc(buf, cap *= 2);
+            if (!bigger)
+                break;
+            buf = bigger;
+        }
+        ssize_t got = read(fd, buf + len, cap - len - 1);
+        if (got <= 0)
+            break;
+        len += (size_t)got;
+    }
+    buf[len] = '\0';
+    close(fd);
+    return buf;
+}
+
+int th_metrics_port(const th_daemon_t *d)
+{
+    static const char mark[] = "metrics: serving http://127.0.0.1:";
+    FILE *f = fopen(d->log_path, "r");
+    if (!f)
+        return -1;
+    char line[512];
+    int port = -1;
+    while (fgets(line, sizeof line, f)) {
+        const char *at = strstr(line, mark);
+        if (at)
+            port = atoi(at + strlen(mark));
+    }
+    fclose(f);
+    return port;
+}
+
+int th_write_clock(const char *path, uint64_t ms)
+{
+    char tmp[512];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return -1;
+    fprintf(f, "%llu\n", (unsigned long long)ms);
+    if (fclose(f) != 0)
+        return -1;
+    return rename(tmp, path); /* a daemon never reads half a number */
+}
+
 int64_t th_now_ms(void)
 {
     struct timespec ts;

@@ -78,6 +78,17 @@ th_cli_t th_cli(const char *dir, const char *endpoint, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void th_cli_free(th_cli_t *r);
 
+/* HTTP: `method path` on 127.0.0.1:port over HTTP/1.0; the whole response (status line,
+ * headers, body), malloc'ed and NUL-terminated, or NULL when the connection fails. */
+char *th_http_get(int port, const char *method, const char *path);
+/* The port of the daemon's metrics endpoint, from its log ("metrics: serving http://..."), or
+ * -1. */
+int th_metrics_port(const th_daemon_t *d);
+
+/* Writes the time ms (decimal, ms since the epoch) to path atomically (a temporary file renamed
+ * over it): the file a tallyd started with --test-clock reads its window clock from. */
+int th_write_clock(const char *path, uint64_t ms);
+
 /* Seeded xorshift so failures reproduce: the seed is printed by th_seed(). */
 uint64_t th_seed(void);
 uint64_t th_rand(void);

@@ -389,6 +389,26 @@ static void test_bad_fields(void **state)
          TALLY_E_STREAM_NAME},
         {"reset without a stream", TALLY_OP_RESET, TALLY_DTYPE_NONE, 0, 0, 0, 0,
          TALLY_E_STREAM_NAME},
+        /* issue 12: delete, u16 ranges, colour parameters, window queries, reserved flags */
+        {"delete without a stream", TALLY_OP_DELETE, TALLY_DTYPE_NONE, 0, 0, 0, 0,
+         TALLY_E_STREAM_NAME},
+        {"delete dtype u16", TALLY_OP_DELETE, TALLY_DTYPE_U16, 0, 0, 0, 0, TALLY_E_DTYPE},
+        {"hist u16 hi 65537", TALLY_OP_HIST, TALLY_DTYPE_U16, 0, 0, 0, 65537, TALLY_E_PARAM},
+        {"hist u16 lo -1", TALLY_OP_HIST, TALLY_DTYPE_U16, 0, 0, -1, 100, TALLY_E_PARAM},
+        {"hist rgb8 hi 1", TALLY_OP_HIST, TALLY_DTYPE_RGB8, 0, 0, 0, 1, TALLY_E_PARAM},
+        {"hist rgba8 pred 1", TALLY_OP_HIST, TALLY_DTYPE_RGBA8, 1, 0, 0, 0, TALLY_E_PARAM},
+        {"filter u16", TALLY_OP_FILTER, TALLY_DTYPE_U16, TALLY_PRED_GT, 0, 0, 0, TALLY_E_DTYPE},
+        {"scan rgb8", TALLY_OP_SCAN, TALLY_DTYPE_RGB8, 0, 0, 0, 0, TALLY_E_DTYPE},
+        {"query lo without the window flag", TALLY_OP_QUERY, TALLY_DTYPE_NONE, 0, 0, 1000, 0,
+         TALLY_E_PARAM},
+        {"query window of 0 ms", TALLY_OP_QUERY, TALLY_DTYPE_NONE, 0, TALLY_FLAG_QUERY_WINDOW, 0, 0,
+         TALLY_E_PARAM},
+        {"query window over 2^32 ms", TALLY_OP_QUERY, TALLY_DTYPE_NONE, 0, TALLY_FLAG_QUERY_WINDOW,
+         1LL << 32, 0, TALLY_E_PARAM},
+        {"reset with the window flag", TALLY_OP_RESET, TALLY_DTYPE_NONE, 0, TALLY_FLAG_QUERY_WINDOW,
+         0, 0, TALLY_E_PARAM},
+        {"hist u8 flags 0x10 (reserved)", TALLY_OP_HIST, TALLY_DTYPE_U8, 0, 0x10, 0, 0,
+         TALLY_E_PARAM},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         tally_req_t req = req_of(cases[i].opcode, cases[i].dtype);

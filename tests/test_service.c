@@ -899,27 +899,9 @@ static void test_config_file_and_sighup_reload(void **state)
 /* GET path from 127.0.0.1:port; returns the malloc'ed response (headers and body). */
 static char *http_get(int port, const char *method, const char *path)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in in = {.sin_family = AF_INET,
-                             .sin_port = htons((uint16_t)port),
-                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    assert_int_equal(connect(fd, (struct sockaddr *)&in, sizeof in), 0);
-    char req[256];
-    int n = snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", method, path);
-    assert_int_equal(write(fd, req, (size_t)n), n);
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (len + 1 >= cap)
-            buf = realloc(buf, cap *= 2);
-        ssize_t got = read(fd, buf + len, cap - len - 1);
-        if (got <= 0)
-            break;
-        len += (size_t)got;
-    }
-    buf[len] = '\0';
-    close(fd);
-    return buf;
+    char *resp = th_http_get(port, method, path);
+    assert_non_null(resp);
+    return resp;
 }
 
 /* Checks every sample line is `name{labels} value` with a numeric value; returns the count. */
@@ -959,21 +941,6 @@ static int check_exposition(const char *body)
     return samples;
 }
 
-static int metrics_port(const th_daemon_t *d)
-{
-    FILE *f = fopen(d->log_path, "r");
-    assert_non_null(f);
-    char line[512];
-    int port = -1;
-    while (fgets(line, sizeof line, f)) {
-        const char *at = strstr(line, "metrics: serving http://127.0.0.1:");
-        if (at)
-            port = atoi(at + strlen("metrics: serving http://127.0.0.1:"));
-    }
-    fclose(f);
-    return port;
-}
-
 /* The lines of text starting with prefix, concatenated (malloc'ed). */
 static char *lines_with(const char *text, const char *prefix)
 {
@@ -994,7 +961,7 @@ static void test_metrics_http_endpoint(void **state)
     const char *args[] = {"--metrics", "127.0.0.1:0", NULL};
     th_daemon_t d;
     assert_int_equal(spawn(&d, args, NULL), 0);
-    int port = metrics_port(&d);
+    int port = th_metrics_port(&d);
     assert_true(port > 0);
     int32_t values[4] = {4, 3, 2, 1};
     fill_streams(&d, values, 4);

@@ -217,15 +217,23 @@ extern "C" tally_status_t tk_cuda_hist_u8(const uint8_t *d_in, size_t n, tk_hist
     return launch_hist<TK_MODE_U8>(d_in, n, d_hist, r, stream);
 }
 
+/* The arguments of a ranged histogram: an aligned 8-byte d_hist, input aligned to its element
+ * (esize) when there is any, and min <= lo < hi <= max. */
+static bool ranged_args_ok(const void *d_in, size_t esize, size_t n, int64_t lo, int64_t hi,
+                           int64_t min, int64_t max, const tk_hist_t *d_hist)
+{
+    if (!d_hist || (uintptr_t)d_hist % 8 || (n > 0 && !d_in) || (uintptr_t)d_in % esize)
+        return false;
+    return min <= lo && lo < hi && hi <= max;
+}
+
 extern "C" tally_status_t tk_cuda_hist_i32(const int32_t *d_in, size_t n, int64_t lo, int64_t hi,
                                            tk_hist_t *d_hist, void *d_scratch, size_t scratch_bytes,
                                            cudaStream_t stream)
 {
     (void)d_scratch;
     (void)scratch_bytes;
-    if (!d_hist || (uintptr_t)d_hist % 8 || (n > 0 && !d_in) || (uintptr_t)d_in % 4)
-        return TALLY_E_PARAM;
-    if (lo >= hi || lo < INT32_MIN || hi > (int64_t)INT32_MAX + 1)
+    if (!ranged_args_ok(d_in, 4, n, lo, hi, INT32_MIN, (int64_t)INT32_MAX + 1, d_hist))
         return TALLY_E_PARAM;
     if (n == 0)
         return TALLY_OK;
@@ -248,9 +256,7 @@ extern "C" tally_status_t tk_cuda_hist_u16(const uint16_t *d_in, size_t n, int64
 {
     (void)d_scratch;
     (void)scratch_bytes;
-    if (!d_hist || (uintptr_t)d_hist % 8 || (n > 0 && !d_in) || (uintptr_t)d_in % 2)
-        return TALLY_E_PARAM;
-    if (lo < 0 || lo >= hi || hi > (int64_t)UINT16_MAX + 1)
+    if (!ranged_args_ok(d_in, 2, n, lo, hi, 0, (int64_t)UINT16_MAX + 1, d_hist))
         return TALLY_E_PARAM;
     if (n == 0)
         return TALLY_OK;
@@ -278,7 +284,7 @@ static __device__ __forceinline__ void rgb_word(unsigned *lane_bins, uint32_t w,
     for (int j = 0; j < 4; j++) {
         unsigned ch = c0 + j;
         if (CH == 3)
-            ch = ch >= 6 ? ch - 6 : ch >= 3 ? ch - 3 : ch;
+            ch = ch >= 3 ? ch - 3 : ch; /* c0 <= 2, j <= 3 */
         else
             ch &= 3;
         rgb_count<COPIES>(lane_bins, ch, (w >> (8 * j)) & 0xffu);
@@ -295,10 +301,12 @@ static __device__ __forceinline__ void rgb_vec(unsigned *lane_bins, uint4 v, uns
     rgb_word<CH, COPIES>(lane_bins, v.w, (c0 + 12) % CH);
 }
 
-/* The channel of the first byte of body vector i, the body starting `head` bytes in. */
+/* The channel of the first byte of body vector i, the body starting `head` (< 16) bytes in.
+ * In 32 bits: tk_cuda_hist_rgb_copies admits batches under 2^36 bytes, so i < 2^32 (a 64-bit
+ * modulo per vector would cost more than its 16 atomics' addressing). */
 template <int CH> static __device__ __forceinline__ unsigned rgb_c0(size_t head, size_t i)
 {
-    return CH == 4 ? (unsigned)(head & 3) : (unsigned)((head + i) % 3);
+    return CH == 4 ? (unsigned)(head & 3) : ((unsigned)head + (unsigned)i) % 3u;
 }
 
 template <int CH, int COPIES>
@@ -408,6 +416,8 @@ extern "C" tally_status_t tk_cuda_hist_rgb_copies(const uint8_t *d_in, size_t pi
     if (!d_hist || (uintptr_t)d_hist % 8 || (pixels > 0 && !d_in))
         return TALLY_E_PARAM;
     if ((channels != 3 && channels != 4) || (copies != 16 && copies != 32))
+        return TALLY_E_PARAM;
+    if (pixels >= ((size_t)1 << 36) / channels) /* rgb_c0 counts vectors in 32 bits */
         return TALLY_E_PARAM;
     if (pixels == 0)
         return TALLY_OK;

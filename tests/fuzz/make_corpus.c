@@ -90,6 +90,7 @@ static void control_seeds(void)
         {"req-stats", TALLY_OP_STATS, NULL},
         {"req-query", TALLY_OP_QUERY, "cam0"},
         {"req-reset", TALLY_OP_RESET, "line3/pressure"},
+        {"req-delete", TALLY_OP_DELETE, "line3/pressure"},
         {"req-query-longest-name", TALLY_OP_QUERY,
          "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcde!"},
     };
@@ -179,6 +180,20 @@ static void scan_hist_seeds(void)
     request_seed("req-hist-u8-too-large", &req, big, 1025);
     req = req_of(TALLY_OP_SCAN, TALLY_DTYPE_I32, 504, NULL);
     request_seed("req-scan-not-whole-elements", &req, payload, 7);
+
+    /* Issue 12: uint16 over 12 bits, RGB and RGBA pixels (half a pixel too), a window query. */
+    req = req_of(TALLY_OP_HIST, TALLY_DTYPE_U16, 505, "sensor12");
+    req.hi = 4096;
+    request_seed("req-hist-u16-12bit", &req, payload, 2 * 9);
+    req = req_of(TALLY_OP_HIST, TALLY_DTYPE_RGB8, 506, "cam/rgb");
+    request_seed("req-hist-rgb8", &req, payload, 3 * 5);
+    request_seed("req-hist-rgb8-half-pixel", &req, payload, 3 * 5 + 1);
+    req = req_of(TALLY_OP_HIST, TALLY_DTYPE_RGBA8, 507, NULL);
+    request_seed("req-hist-rgba8", &req, payload, 4 * 6);
+    req = req_of(TALLY_OP_QUERY, TALLY_DTYPE_NONE, 508, "cam0");
+    req.flags = TALLY_FLAG_QUERY_WINDOW;
+    req.lo = 10000;
+    request_seed("req-query-window-10s", &req, NULL, 0);
 }
 
 static void reply_seed(const char *name, const tally_rep_t *rep)
@@ -220,10 +235,10 @@ static void reply_seeds(void)
 
 static void stream_info_seed(const char *name, const tally_stream_info_t *info)
 {
-    static uint8_t buf[1 + TALLY_QUERY_PAYLOAD_SIZE];
+    static uint8_t buf[1 + TALLY_QUERY_PAYLOAD_MAX];
     buf[0] = MODE_STREAM_INFO;
-    tally_stream_info_encode(info, buf + 1);
-    write_seed(name, buf, sizeof buf);
+    size_t len = tally_stream_info_encode(info, buf + 1);
+    write_seed(name, buf, 1 + len);
 }
 
 static void stream_info_seeds(void)
@@ -256,6 +271,30 @@ static void stream_info_seeds(void)
     info.bins[0] = 2;
     info.bins[255] = 3;
     stream_info_seed("info-hist-i32-scan-filter", &info);
+
+    /* Issue 12: a 12-bit u16 stream, and colour streams with a record per channel. */
+    info = (tally_stream_info_t){.batches = 1,
+                                 .elements = 4,
+                                 .bytes = 8,
+                                 .hist_dtype = TALLY_DTYPE_U16,
+                                 .hist_lo = 0,
+                                 .hist_hi = 4096,
+                                 .hist_overflow = 1,
+                                 .hist_total = 4,
+                                 .last_seq = 9};
+    info.bins[17] = 3;
+    stream_info_seed("info-hist-u16-12bit", &info);
+    for (unsigned channels = 3; channels <= 4; channels++) {
+        info = (tally_stream_info_t){.batches = 1,
+                                     .elements = 2,
+                                     .bytes = 2 * channels,
+                                     .hist_dtype =
+                                         channels == 3 ? TALLY_DTYPE_RGB8 : TALLY_DTYPE_RGBA8,
+                                     .hist_total = 2};
+        for (unsigned c = 0; c < channels; c++)
+            info.bins[c * TALLY_HIST_BINS + 40 * c] = 2;
+        stream_info_seed(channels == 3 ? "info-hist-rgb8" : "info-hist-rgba8", &info);
+    }
 }
 
 int main(int argc, char **argv)
