@@ -86,6 +86,10 @@ class TallyTest(unittest.TestCase):
         self.assertEqual(q["bins"][ord("l")], 2)
         self.assertIn("py-cam", self.c.streams())
         self.c.reset("py-cam")
+        q = self.c.query("py-cam")
+        self.assertEqual(q["hist_total"], 0)
+        self.assertEqual(int(q["bins"].sum()), 0)
+        self.c.delete("py-cam")
         with self.assertRaises(tally.Error) as e:
             self.c.query("py-cam")
         self.assertEqual(e.exception.name, "unknown_stream")

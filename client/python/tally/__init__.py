@@ -7,7 +7,7 @@ the chunking, pipelining, sequence numbers and shared memory are the C library's
       .filter(x, gt=0, stable=True)   kept elements, x's dtype (int32 or uint8)
       .scan(x, exclusive, out32)      prefix sums (int64, or int32 wrapping)
       .hist(x, range=(lo, hi))        256 uint64 counts (u8), 258 for int32 (+under, overflow)
-      .ping() .info() .stats() .query(s) .reset(s) .streams()
+      .ping() .info() .stats() .query(s) .reset(s) .delete(s) .streams()
       .push(op, ...)                  a streaming push: write chunks, outputs in order
       .region(size)                   shared memory; .filter_shm/.scan_shm/.hist_shm on it
 
@@ -28,7 +28,7 @@ __all__ = ["Client", "Error", "Push", "Region", "library_version"]
 
 # ---- The C library and its types (tally.h, tally_wire.h) ------------------------------------
 
-OP = {"ping": 1, "info": 2, "filter": 3, "scan": 4, "hist": 5, "query": 6, "reset": 7,
+OP = {"ping": 1, "info": 2, "filter": 3, "scan": 4, "hist": 5, "query": 6, "reset": 7, "delete": 10,
       "streams": 8, "stats": 9}
 DTYPE_I32, DTYPE_U8 = 1, 2
 PRED = {"gt": 1, "ge": 2, "lt": 3, "le": 4, "eq": 5, "ne": 6, "between": 7}
@@ -112,6 +112,7 @@ def _load():
         "tally_info": (I, [P, I, ctypes.POINTER(P)]),
         "tally_query": (I, [P, ctypes.c_char_p, ctypes.POINTER(_StreamInfo)]),
         "tally_reset": (I, [P, ctypes.c_char_p]),
+        "tally_delete": (I, [P, ctypes.c_char_p]),
         "tally_streams": (I, [P, ctypes.POINTER(ctypes.POINTER(ctypes.c_char_p)),
                               ctypes.POINTER(S)]),
         "tally_strings_free": (None, [ctypes.POINTER(ctypes.c_char_p), S]),
@@ -374,7 +375,12 @@ class Client:
         return out
 
     def reset(self, stream):
+        """Zeroes the stream and keeps it (type, range and last_seq stay)."""
         self._check(_lib.tally_reset(self._c, stream.encode()))
+
+    def delete(self, stream):
+        """Removes the stream; a later query gets unknown_stream."""
+        self._check(_lib.tally_delete(self._c, stream.encode()))
 
     def streams(self):
         names, count = ctypes.POINTER(ctypes.c_char_p)(), ctypes.c_size_t()
