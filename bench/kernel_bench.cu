@@ -313,8 +313,13 @@ int main(int argc, char **argv)
     {
         static tk_hist_t h;
         auto channel_sums_ok = [&](size_t n, unsigned channels, bool ranged, const char *what) {
+            /* The kernels run on `stream`, which does not wait for the legacy default stream's
+             * cudaMemset/cudaMemcpy: synchronise on both sides. */
+            CK(cudaStreamSynchronize(stream));
             CK(cudaMemset(dh, 0, sizeof *dh));
+            CK(cudaDeviceSynchronize());
             return std::function<void()>([=] {
+                CK(cudaStreamSynchronize(stream));
                 CK(cudaMemcpy(&h, dh, sizeof h, cudaMemcpyDeviceToHost));
                 for (unsigned c = 0; c < channels; c++) {
                     unsigned long long sum = ranged ? h.underflow + h.overflow : 0;
