@@ -21,6 +21,9 @@ void td_config_init(td_config_t *cfg)
     cfg->max_batch = TD_DEFAULT_MAX_BATCH;
     cfg->max_inflight = TD_DEFAULT_MAX_INFLIGHT;
     cfg->max_streams = TD_DEFAULT_MAX_STREAMS;
+    cfg->max_inflight_per_peer = TD_DEFAULT_MAX_INFLIGHT_PER_PEER;
+    cfg->max_streams_per_client = TD_DEFAULT_MAX_STREAMS_PER_CLIENT;
+    cfg->stream_create_rate = TD_DEFAULT_STREAM_CREATE_RATE;
     cfg->log_level = TD_LOG_INFO;
     cfg->gpu_streams = TD_DEFAULT_GPU_STREAMS;
     cfg->gpu_spin_us = TD_DEFAULT_GPU_SPIN_US;
@@ -37,6 +40,22 @@ void td_config_init(td_config_t *cfg)
 size_t td_config_max_frame(const td_config_t *cfg)
 {
     return cfg->max_frame ? cfg->max_frame : TD_MAX_FRAME_FACTOR * cfg->max_batch;
+}
+
+unsigned td_config_inflight_per_peer(const td_config_t *cfg, unsigned active)
+{
+    if (cfg->max_inflight_per_peer)
+        return cfg->max_inflight_per_peer;
+    unsigned floor = cfg->max_inflight < TD_FAIR_SHARE_MIN ? cfg->max_inflight : TD_FAIR_SHARE_MIN;
+    unsigned share = cfg->max_inflight / (active ? active : 1);
+    return share > floor ? share : floor;
+}
+
+unsigned td_config_streams_per_client(const td_config_t *cfg)
+{
+    if (cfg->max_streams_per_client)
+        return cfg->max_streams_per_client;
+    return cfg->max_streams / 2 ? cfg->max_streams / 2 : 1;
 }
 
 unsigned td_config_io_threads(const td_config_t *cfg)
@@ -220,6 +239,15 @@ void td_config_usage(const char *argv0)
            "      --max-batch BYTES   largest request payload, K/M/G suffixes (default %u)\n"
            "      --max-inflight N    requests in flight before tallyd stops reading (default %u)\n"
            "      --max-streams N     named streams kept at once (default %u)\n"
+           "      --max-inflight-per-peer N  requests in flight per connection, beyond which\n"
+           "                          it is answered `busy` (default 0: a fair share,\n"
+           "                          max-inflight / connections with requests in flight,\n"
+           "                          at least 8)\n"
+           "      --max-streams-per-client N  streams one client may create (its CURVE key, or\n"
+           "                          its connection), beyond which `client_streams` (default\n"
+           "                          0: half of max-streams)\n"
+           "      --stream-create-rate N  streams one client may create per second, beyond\n"
+           "                          which `rate_limited` (default %u; 0 = unlimited)\n"
            "      --max-frame BYTES   a frame over this closes its connection without a reply;\n"
            "                          payloads over max-batch are answered too_large (default\n"
            "                          %u x max-batch)\n"
@@ -250,8 +278,9 @@ void td_config_usage(const char *argv0)
            "  -h, --help              this text\n"
            "  -V, --version           print the version\n",
            argv0, TD_DEFAULT_ENDPOINT, TD_DEFAULT_MAX_BATCH, TD_DEFAULT_MAX_INFLIGHT,
-           TD_DEFAULT_MAX_STREAMS, TD_MAX_FRAME_FACTOR, TD_DEFAULT_DRAIN_MS, TD_DEFAULT_CONFIG_FILE,
-           TD_DEFAULT_STATE_INTERVAL, TD_SHM_SOCKET_NAME, TD_DEFAULT_SHM_MAX_REGIONS_PER_PEER,
+           TD_DEFAULT_MAX_STREAMS, TD_DEFAULT_STREAM_CREATE_RATE, TD_MAX_FRAME_FACTOR,
+           TD_DEFAULT_DRAIN_MS, TD_DEFAULT_CONFIG_FILE, TD_DEFAULT_STATE_INTERVAL,
+           TD_SHM_SOCKET_NAME, TD_DEFAULT_SHM_MAX_REGIONS_PER_PEER,
            (unsigned long long)TD_DEFAULT_SHM_MAX_BYTES);
 }
 
@@ -282,6 +311,9 @@ enum {
     OPT_SHM_MAX_REGIONS,
     OPT_SHM_MAX_BYTES,
     OPT_TEST_SHM_DENY_OWN_UID,
+    OPT_MAX_INFLIGHT_PER_PEER,
+    OPT_MAX_STREAMS_PER_CLIENT,
+    OPT_STREAM_CREATE_RATE,
 };
 
 tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, bool *exit_now,
@@ -294,6 +326,9 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
         {"max-inflight", required_argument, NULL, OPT_MAX_INFLIGHT},
         {"max-streams", required_argument, NULL, OPT_MAX_STREAMS},
         {"max-frame", required_argument, NULL, OPT_MAX_FRAME},
+        {"max-inflight-per-peer", required_argument, NULL, OPT_MAX_INFLIGHT_PER_PEER},
+        {"max-streams-per-client", required_argument, NULL, OPT_MAX_STREAMS_PER_CLIENT},
+        {"stream-create-rate", required_argument, NULL, OPT_STREAM_CREATE_RATE},
         {"drain-ms", required_argument, NULL, OPT_DRAIN_MS},
         {"workers", required_argument, NULL, OPT_WORKERS},
         {"gpu-streams", required_argument, NULL, OPT_GPU_STREAMS},
@@ -362,6 +397,20 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
             break;
         case OPT_MAX_STREAMS:
             if (parse_unsigned(optarg, 1, 1u << 24, &cfg->max_streams) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_MAX_INFLIGHT_PER_PEER:
+            if (parse_unsigned(optarg, 0, TD_MAX_INFLIGHT_LIMIT, &cfg->max_inflight_per_peer) !=
+                TALLY_OK)
+                goto bad;
+            break;
+        case OPT_MAX_STREAMS_PER_CLIENT:
+            if (parse_unsigned(optarg, 0, 1u << 24, &cfg->max_streams_per_client) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_STREAM_CREATE_RATE:
+            if (parse_unsigned(optarg, 0, TD_STREAM_CREATE_RATE_LIMIT, &cfg->stream_create_rate) !=
+                TALLY_OK)
                 goto bad;
             break;
         case OPT_MAX_FRAME:

@@ -18,6 +18,19 @@
 #define TD_DEFAULT_MAX_BATCH (16u << 20) /* bytes of payload in one request */
 #define TD_DEFAULT_MAX_INFLIGHT 64u      /* requests accepted and not yet answered */
 #define TD_DEFAULT_MAX_STREAMS 4096u
+/* Per-peer limits (td_peers.h), so that no peer can hurt another: a connection may hold at most
+ * max_inflight_per_peer of the max_inflight slots. 0, the default, is a fair share: max_inflight
+ * divided among the connections that have requests in flight, but never below
+ * TD_FAIR_SHARE_MIN (libtally's default window), so that a peer alone keeps its whole pipeline
+ * and 8 producers x 8 in flight (the benchmark) are never refused at the default 64. A client
+ * identity may create at most max_streams_per_client streams (0: half of max_streams), and at
+ * most stream_create_rate per second, in bursts of one second's worth (0: unlimited). */
+#define TD_DEFAULT_MAX_INFLIGHT_PER_PEER 0u
+#define TD_FAIR_SHARE_MIN 8u
+#define TD_DEFAULT_MAX_STREAMS_PER_CLIENT 0u
+#define TD_DEFAULT_STREAM_CREATE_RATE 1000u
+#define TD_STREAM_CREATE_RATE_LIMIT 1000000u
+#define TD_PEERS_SWEEP_MS 1000 /* how often idle per-peer entries are freed */
 /* A frame over max_frame makes ZeroMQ close the connection (ZMQ_MAXMSGSIZE) instead of tallyd
  * answering too_large. It is a memory guard, not the batch limit: ZeroMQ reads a whole frame
  * into memory before tallyd sees it, and queues up to RCVHWM messages per peer, so a peer can
@@ -111,6 +124,9 @@ typedef struct {
     size_t max_batch;      /* bytes */
     unsigned max_inflight; /* requests */
     unsigned max_streams;
+    unsigned max_inflight_per_peer;  /* per connection; 0 = a fair share */
+    unsigned max_streams_per_client; /* per client identity; 0 = max_streams / 2 */
+    unsigned stream_create_rate;     /* per client identity and second; 0 = unlimited */
     size_t max_frame;  /* bytes; ZeroMQ's hard frame limit; 0 = TD_MAX_FRAME_FACTOR x max_batch */
     unsigned drain_ms; /* reading after a stop signal */
     unsigned workers;  /* CPU threads for batch work; 0 = number of cores */
@@ -163,6 +179,11 @@ unsigned td_config_io_threads(const td_config_t *cfg);
 void td_config_default_shm_socket(char *buf, size_t cap);
 /* The frame limit in force: cfg->max_frame, or its default from max_batch. */
 size_t td_config_max_frame(const td_config_t *cfg);
+/* The per-peer limits in force. In flight: the setting, else max_inflight / active (the
+ * connections with requests in flight), at least min(TD_FAIR_SHARE_MIN, max_inflight). Streams:
+ * the setting, else half of max_streams (at least 1). */
+unsigned td_config_inflight_per_peer(const td_config_t *cfg, unsigned active);
+unsigned td_config_streams_per_client(const td_config_t *cfg);
 
 /* Parses a size with an optional K, M, G suffix (powers of two). */
 tally_status_t td_config_parse_size(const char *text, size_t *out);

@@ -45,6 +45,9 @@ static const td_config_key_t config_keys[] = {
     {"server", "max_inflight", "--max-inflight"},
     {"server", "max_streams", "--max-streams"},
     {"server", "max_frame", "--max-frame"},
+    {"server", "max_inflight_per_peer", "--max-inflight-per-peer"},
+    {"server", "max_streams_per_client", "--max-streams-per-client"},
+    {"server", "stream_create_rate", "--stream-create-rate"},
     {"server", "drain_ms", "--drain-ms"},
     {"server", "workers", "--workers"},
     {"server", "log_level", "--log-level"},
@@ -271,6 +274,9 @@ bool td_config_apply_runtime(td_config_t *live, const td_config_t *next)
     }
     APPLY_NUMBER(max_inflight, "%u")
     APPLY_NUMBER(max_streams, "%u")
+    APPLY_NUMBER(max_inflight_per_peer, "%u")
+    APPLY_NUMBER(max_streams_per_client, "%u")
+    APPLY_NUMBER(stream_create_rate, "%u")
     APPLY_NUMBER(max_batch, "%zu")
     APPLY_NUMBER(state_interval, "%u")
     APPLY_NUMBER(drain_ms, "%u")

@@ -121,6 +121,21 @@ size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf,
          "# TYPE tallyd_shm_bytes gauge\n"
          "tallyd_shm_bytes %llu\n",
          (unsigned long long)m->shm_requests, g->shm_regions, (unsigned long long)g->shm_bytes);
+    static const char *const limit_names[TD_LIMIT_COUNT] = {"inflight_share", "client_streams",
+                                                            "stream_rate"};
+    emit(buf, cap, &len,
+         "# HELP tallyd_limited_total Requests refused by a per-peer limit: the connection's "
+         "share of in-flight slots (busy), the client's streams (client_streams), its stream "
+         "creation rate (rate_limited).\n"
+         "# TYPE tallyd_limited_total counter\n");
+    for (unsigned i = 0; i < TD_LIMIT_COUNT; i++)
+        emit(buf, cap, &len, "tallyd_limited_total{reason=\"%s\"} %llu\n", limit_names[i],
+             (unsigned long long)m->limited[i]);
+    emit(buf, cap, &len,
+         "# HELP tallyd_peers Connections and clients tracked for the per-peer limits.\n"
+         "# TYPE tallyd_peers gauge\n"
+         "tallyd_peers %u\n",
+         g->peers);
     emit(buf, cap, &len,
          "# HELP tallyd_requests_in_flight Requests accepted and not yet answered.\n"
          "# TYPE tallyd_requests_in_flight gauge\n"

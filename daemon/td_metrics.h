@@ -17,6 +17,14 @@
 #define TD_LATENCY_BUCKETS 14
 extern const double td_latency_bounds_us[TD_LATENCY_BUCKETS];
 
+/* The per-peer limits (td_peers.h), for tallyd_limited_total{reason}. */
+typedef enum {
+    TD_LIMIT_INFLIGHT = 0, /* busy: the connection's share of max_inflight */
+    TD_LIMIT_STREAMS = 1,  /* client_streams: max_streams_per_client */
+    TD_LIMIT_RATE = 2,     /* rate_limited: stream_create_rate */
+    TD_LIMIT_COUNT = 3,
+} td_limit_t;
+
 typedef struct {
     uint64_t requests[TALLY_OP_COUNT]
                      [TALLY_STATUS_WIRE_COUNT]; /* [opcode][status]; 0 = unknown op */
@@ -24,12 +32,13 @@ typedef struct {
     double latency_sum_s[TALLY_OP_COUNT];
     uint64_t bytes_in;
     uint64_t bytes_out;
-    uint64_t replies_dropped_gone; /* the peer was gone when its reply was ready */
-    uint64_t replies_dropped_slow; /* the peer's send queue was full: it does not read */
-    uint64_t backend_fallbacks;    /* requests rerun on the CPU after a GPU failure */
-    uint64_t read_pauses;          /* times reading stopped because max_inflight was reached */
-    uint64_t state_write_failures; /* state snapshots that could not be written */
-    uint64_t shm_requests;         /* requests whose input was a shared-memory reference */
+    uint64_t replies_dropped_gone;    /* the peer was gone when its reply was ready */
+    uint64_t replies_dropped_slow;    /* the peer's send queue was full: it does not read */
+    uint64_t backend_fallbacks;       /* requests rerun on the CPU after a GPU failure */
+    uint64_t read_pauses;             /* times reading stopped because max_inflight was reached */
+    uint64_t state_write_failures;    /* state snapshots that could not be written */
+    uint64_t shm_requests;            /* requests whose input was a shared-memory reference */
+    uint64_t limited[TD_LIMIT_COUNT]; /* requests refused by a per-peer limit */
 } td_metrics_t;
 
 /* Values that are not counters: sampled when rendering. */
@@ -42,8 +51,10 @@ typedef struct {
     const char *devices; /* the backend's one-line description */
     uint64_t device_memory_bytes;
     double uptime_s;
-    unsigned shm_regions; /* shared-memory regions mapped */
-    uint64_t shm_bytes;   /* their bytes */
+    unsigned shm_regions;         /* shared-memory regions mapped */
+    uint64_t shm_bytes;           /* their bytes */
+    unsigned peers;               /* connections and clients tracked for the per-peer limits */
+    const struct td_peers *users; /* CURVE users and their counters; NULL without CURVE */
 } td_gauges_t;
 
 void td_metrics_observe(td_metrics_t *m, unsigned opcode, tally_status_t status, size_t bytes_in,

@@ -61,6 +61,7 @@
 #include "td_log.h"
 #include "td_metrics.h"
 #include "td_notify.h"
+#include "td_peers.h"
 #include "td_request.h"
 #include "td_server.h"
 #include "td_service.h"
@@ -94,6 +95,7 @@ struct td_server {
     uv_signal_t sig_hup;
     uv_timer_t drain_timer; /* the end of reading after a stop signal */
     uv_timer_t quiet_timer; /* a stopping socket that stayed empty long enough */
+    uv_timer_t sweep_timer; /* frees idle per-peer entries */
     uint64_t last_input_ns; /* stopping: the signal, or the last message read since */
     bool idle_active;
     bool paused;        /* reading stopped at the in-flight limit */
@@ -101,10 +103,12 @@ struct td_server {
     bool drain_expired; /* drain_ms has passed since: read nothing more */
     bool closed;        /* socket and handles closed */
 
-    unsigned inflight; /* requests read and not yet answered */
-    unsigned queued;   /* of those, waiting behind another request on their stream */
+    unsigned inflight;     /* requests read and not yet answered */
+    unsigned queued;       /* of those, waiting behind another request on their stream */
+    unsigned active_conns; /* connections with requests in flight (the fair share's divisor) */
 
     td_streams_t *streams;
+    td_peers_t *peers;      /* per-connection and per-client limits */
     tk_backend_t *backend;  /* the backend compute requests run on */
     tk_backend_t *cpu;      /* always present; the fallback */
     td_exec_t *exec;        /* where compute requests run: CPU workers or the GPU pipeline */
@@ -181,6 +185,10 @@ static void reply(td_server_t *s, td_request_t *r)
     td_metrics_observe(&s->metrics, r->req.opcode, (tally_status_t)r->rep.status, r->payload_len,
                        r->reply_len, uv_hrtime() - r->received_ns);
     s->inflight--;
+    if (r->conn && --r->conn->inflight == 0)
+        s->active_conns--;
+    td_peers_release(s->peers, &r->conn);
+    td_peers_release(s->peers, &r->client);
     td_request_destroy(&r);
 }
 
@@ -224,6 +232,7 @@ static void sample_gauges(void *ctx, td_gauges_t *g)
         .devices = td_exec_devices(s->exec),
         .device_memory_bytes = td_exec_device_bytes(s->exec),
         .uptime_s = (double)(uv_hrtime() - s->started_ns) / 1e9,
+        .peers = td_peers_count(s->peers),
     };
     td_shm_gauges(s->shm, &g->shm_regions, &g->shm_bytes);
 }
@@ -383,8 +392,12 @@ static void stream_advance_locked(td_server_t *s, td_stream_t *stream)
         }
         td_exec_submit(s->exec, r);
     }
-    if (forgotten && !stream->queue_head) /* nothing else refers to it: forget the name */
+    if (forgotten && !stream->queue_head) { /* nothing else refers to it: forget the name */
+        if (stream->owner)
+            stream->owner->streams--;
+        td_peers_release(s->peers, &stream->owner);
         td_streams_remove(s->streams, &stream);
+    }
 }
 
 static void enqueue_on_stream(td_server_t *s, td_stream_t *stream, td_request_t *r)
@@ -399,6 +412,49 @@ static void enqueue_on_stream(td_server_t *s, td_stream_t *stream, td_request_t 
     stream->queued++;
     s->queued++;
     stream_advance(s, stream);
+}
+
+/* A filter, scan or hist names a stream that does not exist yet: its client's stream count and
+ * creation rate, then the global max_streams. Returns false when the request was failed. */
+static bool create_stream(td_server_t *s, td_request_t *r, td_stream_t **out)
+{
+    const tally_req_t *q = &r->req;
+    td_peer_t *client = r->client;
+    unsigned per_client = td_config_streams_per_client(&s->cfg);
+    if (client && client->streams >= per_client) {
+        s->metrics.limited[TD_LIMIT_STREAMS]++;
+        client->limited++;
+        td_request_fail(r, TALLY_E_CLIENT_STREAMS,
+                        "this client already holds %u streams (max_streams_per_client %u); "
+                        "reset one it no longer needs",
+                        client->streams, per_client);
+        return false;
+    }
+    if (client && !td_peer_take_token(s->peers, client, uv_hrtime())) {
+        s->metrics.limited[TD_LIMIT_RATE]++;
+        client->limited++;
+        td_request_fail(r, TALLY_E_RATE,
+                        "this client creates streams faster than stream_create_rate (%u per "
+                        "second); retry later",
+                        s->cfg.stream_create_rate);
+        return false;
+    }
+    tally_status_t st = td_streams_get(s->streams, q->stream, q->stream_len, out);
+    if (st == TALLY_E_LIMIT) {
+        td_request_fail(r, st, "tallyd already holds its maximum of %u streams",
+                        s->cfg.max_streams);
+        return false;
+    }
+    if (st != TALLY_OK) {
+        td_request_fail(r, st, "cannot create stream '%s'", q->stream);
+        return false;
+    }
+    if (client) {
+        client->refs++; /* the stream's reference */
+        client->streams++;
+        (*out)->owner = client;
+    }
+    return true;
 }
 
 static void dispatch(td_server_t *s, td_request_t *r)
@@ -432,16 +488,9 @@ static void dispatch(td_server_t *s, td_request_t *r)
             submit(s, r);
             return;
         }
-        tally_status_t st = td_streams_get(s->streams, q->stream, q->stream_len, &stream);
-        if (st == TALLY_E_LIMIT) {
-            td_request_fail(r, st, "tallyd already holds its maximum of %u streams",
-                            s->cfg.max_streams);
+        stream = td_streams_find(s->streams, q->stream, q->stream_len);
+        if (!stream && !create_stream(s, r, &stream))
             break;
-        }
-        if (st != TALLY_OK) {
-            td_request_fail(r, st, "cannot create stream '%s'", q->stream);
-            break;
-        }
         enqueue_on_stream(s, stream, r);
         return;
     }
@@ -490,6 +539,47 @@ static void answer_stopping(td_server_t *s, td_request_t *r, bool decoded)
     reply(s, r);
 }
 
+/* Who sent r (td_peers.h): its connection, and its client identity — the ZAP user id that CURVE
+ * authenticated (the "User-Id" property of every message of the connection), else the connection
+ * itself. The connection counts r as in flight until its reply. */
+static void identify(td_server_t *s, td_request_t *r, zmq_msg_t *frames, int kept)
+{
+    uint64_t now = uv_hrtime();
+    td_peers_set_rate(s->peers, s->cfg.stream_create_rate); /* the live value: reloads apply */
+    r->conn = td_peers_acquire(s->peers, TD_PEER_CONNECTION, r->identity, r->identity_len, now);
+    if (r->conn && r->conn->inflight++ == 0)
+        s->active_conns++;
+    const char *user = kept > 1 ? zmq_msg_gets(&frames[kept - 1], "User-Id") : NULL;
+    if (user && user[0])
+        r->client = td_peers_acquire(s->peers, TD_PEER_USER, user, strlen(user), now);
+    else
+        r->client =
+            td_peers_acquire(s->peers, TD_PEER_CONNECTION, r->identity, r->identity_len, now);
+    if (r->client && user && user[0])
+        r->client->requests++;
+}
+
+/* The connection's fair share of max_inflight: past it the request is answered `busy` at once,
+ * so one peer that floods tallyd (or never reads) cannot keep every slot and stop tallyd reading
+ * for everyone else. A peer alone may use every slot (at the limit tallyd stops reading, as
+ * before); once others have requests in flight each is held to its share, and as the greedy
+ * peer's slots turn over ZeroMQ's fair queueing hands the freed ones to the others. Returns true
+ * when r was failed. */
+static bool over_share(td_server_t *s, td_request_t *r)
+{
+    unsigned share = td_config_inflight_per_peer(&s->cfg, s->active_conns);
+    if (!r->conn || r->conn->inflight <= share) /* inflight counts r itself */
+        return false;
+    s->metrics.limited[TD_LIMIT_INFLIGHT]++;
+    if (r->client)
+        r->client->limited++;
+    td_request_fail(r, TALLY_E_BUSY,
+                    "this connection already has %u requests in flight (max_inflight_per_peer "
+                    "%u); send more once replies arrive",
+                    r->conn->inflight - 1, share);
+    return true;
+}
+
 /* Turns one received message (frames[0..kept) of `total`) into a request and dispatches it,
  * or answers it with an error. */
 static void handle_message(td_server_t *s, zmq_msg_t *frames, int kept, int total)
@@ -504,6 +594,7 @@ static void handle_message(td_server_t *s, zmq_msg_t *frames, int kept, int tota
     size_t id_len = zmq_msg_size(&frames[0]);
     r->identity_len = id_len < TD_IDENTITY_MAX ? id_len : TD_IDENTITY_MAX;
     memcpy(r->identity, zmq_msg_data(&frames[0]), r->identity_len);
+    identify(s, r, frames, kept);
 
     /* A REQ peer puts an empty delimiter frame before its body. Any peer's empty first frame is
      * taken as one and echoed (PROTOCOL.md §1): a header is never empty. */
@@ -547,6 +638,8 @@ static void handle_message(td_server_t *s, zmq_msg_t *frames, int kept, int tota
         td_request_fail(r, st, "%s", msg);
         goto answer;
     }
+    if (over_share(s, r))
+        goto answer;
     st = td_request_take_payload(r, &frames[body + 1]);
     if (st != TALLY_OK) {
         td_request_fail(r, st, "out of memory for a payload of %zu bytes", r->payload_len);
@@ -692,6 +785,13 @@ static void idle_cb(uv_idle_t *handle)
 
 /* ---- Lifecycle -------------------------------------------------------------------------- */
 
+static void sweep_cb(uv_timer_t *handle)
+{
+    td_server_t *s = handle->data;
+    td_peers_set_rate(s->peers, s->cfg.stream_create_rate);
+    td_peers_sweep(s->peers, uv_hrtime());
+}
+
 static void drain_cb(uv_timer_t *handle)
 {
     td_server_t *s = handle->data;
@@ -745,6 +845,7 @@ static void close_all(td_server_t *s)
     uv_close((uv_handle_t *)&s->idle, NULL);
     uv_close((uv_handle_t *)&s->drain_timer, NULL);
     uv_close((uv_handle_t *)&s->quiet_timer, NULL);
+    uv_close((uv_handle_t *)&s->sweep_timer, NULL);
     /* The signal handles stay installed (but no longer keep the loop alive) until
      * td_server_destroy: closing the last handle for a signal restores its default action, and
      * a second SIGTERM during the final flush would then kill tallyd mid-exit. */
@@ -852,6 +953,9 @@ tally_status_t td_server_new(const td_config_t *cfg, td_server_t **out)
     st = td_streams_new(cfg->max_streams, &s->streams);
     if (st != TALLY_OK)
         goto fail_loop;
+    st = td_peers_new(&s->peers);
+    if (st != TALLY_OK)
+        goto fail_backends;
     st = open_backends(s);
     if (st != TALLY_OK)
         goto fail_backends;
@@ -873,14 +977,17 @@ tally_status_t td_server_new(const td_config_t *cfg, td_server_t **out)
     uv_idle_init(&s->loop, &s->idle);
     uv_timer_init(&s->loop, &s->drain_timer);
     uv_timer_init(&s->loop, &s->quiet_timer);
+    uv_timer_init(&s->loop, &s->sweep_timer);
     uv_signal_init(&s->loop, &s->sig_int);
     uv_signal_init(&s->loop, &s->sig_term);
     uv_signal_init(&s->loop, &s->sig_hup);
     s->poll.data = s->check.data = s->idle.data = s;
-    s->drain_timer.data = s->quiet_timer.data = s;
+    s->drain_timer.data = s->quiet_timer.data = s->sweep_timer.data = s;
     s->sig_int.data = s->sig_term.data = s->sig_hup.data = s;
     uv_poll_start(&s->poll, UV_READABLE, poll_cb);
     uv_check_start(&s->check, check_cb);
+    uv_timer_start(&s->sweep_timer, sweep_cb, TD_PEERS_SWEEP_MS, TD_PEERS_SWEEP_MS);
+    uv_unref((uv_handle_t *)&s->sweep_timer);
     uv_signal_start(&s->sig_int, signal_cb, SIGINT);
     uv_signal_start(&s->sig_term, signal_cb, SIGTERM);
     uv_signal_start(&s->sig_hup, signal_cb, SIGHUP);
@@ -903,6 +1010,7 @@ fail_backends:
         s->backend->destroy(&s->backend);
     if (s->cpu)
         s->cpu->destroy(&s->cpu);
+    td_peers_destroy(&s->peers);
     td_streams_destroy(&s->streams);
 fail_loop:
     uv_loop_close(&s->loop);
@@ -954,6 +1062,7 @@ void td_server_destroy(td_server_t **self_p)
         s->backend->destroy(&s->backend);
     s->cpu->destroy(&s->cpu);
     td_streams_destroy(&s->streams);
+    td_peers_destroy(&s->peers);
     free(s);
     *self_p = NULL;
 }

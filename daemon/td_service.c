@@ -59,7 +59,7 @@ struct td_service {
     bool status_on, watchdog_on, state_on;
     bool closed;
     bool final_failed; /* the shutdown snapshot could not be written */
-    char *state_dir; /* fixed at start: changing it needs a restart */
+    char *state_dir;   /* fixed at start: changing it needs a restart */
     /* max_batch at start sized ZeroMQ's frame guard (max_frame's default, fixed when the socket
      * is bound) and the GPU's staging buffers, so a reload may lower max_batch but not raise it
      * above this. */

@@ -228,6 +228,22 @@ int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len,
     return th_recv_reply(sock, reply);
 }
 
+long long th_stat(void *sock, const char *name)
+{
+    tally_req_t req = th_req(TALLY_OP_STATS, TALLY_DTYPE_NONE, 999999);
+    th_reply_t reply;
+    if (th_call(sock, &req, NULL, 0, &reply) != 0)
+        return -1;
+    long long value = -1;
+    size_t len = strlen(name);
+    for (const char *at = strstr((const char *)reply.payload, name); at && value < 0;
+         at = strstr(at + 1, name))
+        if ((at == (const char *)reply.payload || at[-1] == '\n') && at[len] == ' ')
+            value = strtoll(at + len + 1, NULL, 10);
+    th_reply_free(&reply);
+    return value;
+}
+
 tally_req_t th_req(uint8_t opcode, uint8_t dtype, uint64_t id)
 {
     tally_req_t req;

@@ -58,6 +58,10 @@ void th_reply_free(th_reply_t *reply);
 
 /* One request, one reply. */
 int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len, th_reply_t *reply);
+/* The value of the line `name value` in tallyd's stats text (name with its labels, e.g.
+ * `tallyd_limited_total{reason="stream_rate"}`), asked on sock; -1 when absent or on no reply. */
+long long th_stat(void *sock, const char *name);
+
 /* A request with the common fields set. */
 tally_req_t th_req(uint8_t opcode, uint8_t dtype, uint64_t id);
 
