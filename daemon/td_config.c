@@ -1,6 +1,7 @@
 /*
  * td_config.c — defaults and the command line (see td_config.h).
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
 #include <grp.h>
@@ -35,6 +36,7 @@ void td_config_init(td_config_t *cfg)
     cfg->shm_max_regions_per_peer = TD_DEFAULT_SHM_MAX_REGIONS_PER_PEER;
     cfg->shm_max_bytes = TD_DEFAULT_SHM_MAX_BYTES;
     cfg->shm_socket_gid = -1;
+    cfg->protected_mode = TD_DEFAULT_PROTECTED_MODE;
 }
 
 size_t td_config_max_frame(const td_config_t *cfg)
@@ -91,7 +93,94 @@ void td_config_clear(td_config_t *cfg)
     free(cfg->state_dir);
     free(cfg->metrics_listen);
     free(cfg->shm_socket);
+    free(cfg->curve_secret_key);
+    free(cfg->curve_clients_dir);
+    free(cfg->curve_clients);
+    free(cfg->metrics_auth_file);
     td_config_init(cfg);
+}
+
+bool td_endpoint_is_local(const char *endpoint)
+{
+    if (strncmp(endpoint, "ipc://", 6) == 0 || strncmp(endpoint, "inproc://", 9) == 0)
+        return true;
+    const char *host = endpoint;
+    if (strstr(endpoint, "://")) {
+        if (strncmp(endpoint, "tcp://", 6) != 0)
+            return false;
+        host = endpoint + 6;
+    }
+    char addr[INET6_ADDRSTRLEN + 2];
+    const char *colon = strrchr(host, ':');
+    size_t len = colon ? (size_t)(colon - host) : strlen(host);
+    if (len >= 2 && host[0] == '[' && host[len - 1] == ']') {
+        host++;
+        len -= 2;
+    }
+    if (len == 0 || len >= sizeof addr)
+        return false;
+    memcpy(addr, host, len);
+    addr[len] = '\0';
+    if (strcmp(addr, "localhost") == 0 || strcmp(addr, "lo") == 0)
+        return true;
+    struct in_addr v4;
+    struct in6_addr v6;
+    if (inet_pton(AF_INET, addr, &v4) == 1)
+        return (ntohl(v4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, addr, &v6) == 1)
+        return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
+    return false; /* a wildcard, an interface or a host name */
+}
+
+static void protected_mode_message(const char *endpoint, bool metrics, char *msg, size_t cap)
+{
+    if (metrics) {
+        snprintf(msg, cap,
+                 "protected mode: refusing to serve metrics on %s, a network address, without "
+                 "authentication. Put USER:PASSWORD in a file only tallyd can read and set "
+                 "[metrics] auth_file = FILE (--metrics-auth-file), listen on 127.0.0.1, or set "
+                 "[security] protected_mode = off if the network is trusted",
+                 endpoint);
+        return;
+    }
+    snprintf(msg, cap,
+             "protected mode: refusing to listen on %s, a network address, without CURVE: anyone "
+             "who reaches it could push into, reset or read any stream. Set up keys: `tally "
+             "keygen /etc/tallyd/server` (writes server.key and server.pub), then in [security] "
+             "curve_secret_key = /etc/tallyd/server.key and curve_clients_dir = a directory "
+             "holding each client's NAME.pub (`tally keygen NAME` on the client); give clients "
+             "server.pub (PROTOCOL.md §11). Or bind 127.0.0.1 or ipc://, or set [security] "
+             "protected_mode = off if the network is trusted",
+             endpoint);
+}
+
+tally_status_t td_config_check_endpoint(const td_config_t *cfg, const char *endpoint, bool metrics,
+                                        char *msg, size_t cap)
+{
+    bool authenticated = metrics ? cfg->metrics_auth_file != NULL : cfg->curve_secret_key != NULL;
+    /* A metrics address that is not HOST:PORT at all is td_http's to refuse, more helpfully. */
+    bool malformed = metrics && !strchr(endpoint, ':');
+    if (authenticated || malformed || td_endpoint_is_local(endpoint))
+        return TALLY_OK;
+    if (cfg->protected_mode) {
+        protected_mode_message(endpoint, metrics, msg, cap);
+        return TALLY_E_PARAM;
+    }
+    td_warn("protected_mode is off: %s%s is a network address without authentication; anyone "
+            "who reaches it can %s",
+            metrics ? "metrics endpoint " : "", endpoint,
+            metrics ? "read tallyd's metrics" : "push into, reset or read any stream");
+    return TALLY_OK;
+}
+
+tally_status_t td_config_check_protected(const td_config_t *cfg, char *msg, size_t cap)
+{
+    for (int i = 0; i < cfg->bind_count; i++)
+        if (td_config_check_endpoint(cfg, cfg->binds[i], false, msg, cap) != TALLY_OK)
+            return TALLY_E_PARAM;
+    if (cfg->metrics_listen)
+        return td_config_check_endpoint(cfg, cfg->metrics_listen, true, msg, cap);
+    return TALLY_OK;
 }
 
 tally_status_t td_config_add_bind(td_config_t *cfg, const char *endpoint)
@@ -174,6 +263,19 @@ static tally_status_t replace_string(char **field, const char *value)
     free(*field);
     *field = copy;
     return TALLY_OK;
+}
+
+/* replace_string for a file or directory: a relative path names a credential systemd passed
+ * (LoadCredential=: $CREDENTIALS_DIRECTORY/PATH) when that is set, else it is taken as given. */
+static tally_status_t replace_path(char **field, const char *value)
+{
+    const char *creds = getenv("CREDENTIALS_DIRECTORY");
+    if (!value[0] || value[0] == '/' || !creds || !creds[0])
+        return replace_string(field, value);
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", creds, value) >= sizeof path)
+        return TALLY_E_PARAM;
+    return replace_string(field, path);
 }
 
 /* One user or group: a number, or a name looked up in the passwd or group database. */
@@ -274,6 +376,16 @@ void td_config_usage(const char *argv0)
            "      --shm-allow-gids L  groups allowed (the peer's primary or supplementary)\n"
            "      --shm-max-regions-per-peer N  regions per side connection (default %u)\n"
            "      --shm-max-bytes B   registered bytes in total, K/M/G (default %llu)\n"
+           "      --curve-secret-key FILE  turn CURVE on with the server key pair in FILE (from\n"
+           "                          `tally keygen`; mode 0600; a relative FILE is looked up\n"
+           "                          in $CREDENTIALS_DIRECTORY when systemd set it)\n"
+           "      --curve-clients-dir DIR  allowed client keys: DIR/NAME.pub, client NAME\n"
+           "      --curve-clients LIST  allowed client keys: KEY or NAME:KEY, comma-separated\n"
+           "      --protected-mode on|off  refuse network endpoints (tcp other than loopback)\n"
+           "                          without CURVE, and metrics on one without basic auth\n"
+           "                          (default on)\n"
+           "      --metrics-auth-file FILE  USER:PASSWORD that GET /metrics must present (HTTP\n"
+           "                          basic auth)\n"
            "      --check-config      check the configuration file and options, then exit\n"
            "  -h, --help              this text\n"
            "  -V, --version           print the version\n",
@@ -314,6 +426,11 @@ enum {
     OPT_MAX_INFLIGHT_PER_PEER,
     OPT_MAX_STREAMS_PER_CLIENT,
     OPT_STREAM_CREATE_RATE,
+    OPT_CURVE_SECRET_KEY,
+    OPT_CURVE_CLIENTS_DIR,
+    OPT_CURVE_CLIENTS,
+    OPT_PROTECTED_MODE,
+    OPT_METRICS_AUTH_FILE,
 };
 
 tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, bool *exit_now,
@@ -329,6 +446,11 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
         {"max-inflight-per-peer", required_argument, NULL, OPT_MAX_INFLIGHT_PER_PEER},
         {"max-streams-per-client", required_argument, NULL, OPT_MAX_STREAMS_PER_CLIENT},
         {"stream-create-rate", required_argument, NULL, OPT_STREAM_CREATE_RATE},
+        {"curve-secret-key", required_argument, NULL, OPT_CURVE_SECRET_KEY},
+        {"curve-clients-dir", required_argument, NULL, OPT_CURVE_CLIENTS_DIR},
+        {"curve-clients", required_argument, NULL, OPT_CURVE_CLIENTS},
+        {"protected-mode", required_argument, NULL, OPT_PROTECTED_MODE},
+        {"metrics-auth-file", required_argument, NULL, OPT_METRICS_AUTH_FILE},
         {"drain-ms", required_argument, NULL, OPT_DRAIN_MS},
         {"workers", required_argument, NULL, OPT_WORKERS},
         {"gpu-streams", required_argument, NULL, OPT_GPU_STREAMS},
@@ -411,6 +533,26 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
         case OPT_STREAM_CREATE_RATE:
             if (parse_unsigned(optarg, 0, TD_STREAM_CREATE_RATE_LIMIT, &cfg->stream_create_rate) !=
                 TALLY_OK)
+                goto bad;
+            break;
+        case OPT_CURVE_SECRET_KEY:
+            if (replace_path(&cfg->curve_secret_key, optarg) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_CURVE_CLIENTS_DIR:
+            if (replace_path(&cfg->curve_clients_dir, optarg) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_CURVE_CLIENTS:
+            if (replace_string(&cfg->curve_clients, optarg) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_PROTECTED_MODE:
+            if (parse_on_off(optarg, &cfg->protected_mode) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_METRICS_AUTH_FILE:
+            if (replace_path(&cfg->metrics_auth_file, optarg) != TALLY_OK)
                 goto bad;
             break;
         case OPT_MAX_FRAME:

@@ -101,6 +101,10 @@
  * is 128 regions of the default 16 MiB batch. */
 #define TD_DEFAULT_SHM_MAX_BYTES (2ull << 30)
 #define TD_SHM_CONNECTIONS_MAX 1024 /* side-channel connections at once */
+/* Security (td_auth.h, PROTOCOL.md §11). Protected mode, on by default like Redis's: tallyd
+ * refuses to listen on a network address (tcp other than loopback) without CURVE, and to serve
+ * metrics on one without HTTP basic auth, unless protected_mode is off. */
+#define TD_DEFAULT_PROTECTED_MODE true
 #define TD_DEFAULT_CONFIG_FILE "/etc/tallyd/tallyd.conf"
 #define TD_MAX_BINDS 16
 #define TD_MAX_BATCH_LIMIT (1024ull << 20) /* --max-batch may not exceed 1 GiB */
@@ -153,8 +157,13 @@ typedef struct {
     unsigned shm_max_regions_per_peer; /* per side-channel connection */
     size_t shm_max_bytes;              /* registered in total */
     bool test_shm_deny_own_uid;        /* test only: tallyd's own uid is not allowed either */
-    bool check_only;                   /* --check-config: load the configuration, report, exit */
-    int argc; /* the command line, kept so SIGHUP can re-apply it (borrowed) */
+    char *curve_secret_key;            /* owned; the server's key file; NULL = CURVE off */
+    char *curve_clients_dir;           /* owned; a directory of allowed NAME.pub files, or NULL */
+    char *curve_clients;     /* owned; allowed KEY or NAME:KEY items, comma-separated, or NULL */
+    bool protected_mode;     /* refuse network endpoints without authentication */
+    char *metrics_auth_file; /* owned; USER:PASSWORD for the metrics endpoint's basic auth */
+    bool check_only;         /* --check-config: load the configuration, report, exit */
+    int argc;                /* the command line, kept so SIGHUP can re-apply it (borrowed) */
     char **argv;
 } td_config_t;
 
@@ -184,6 +193,19 @@ size_t td_config_max_frame(const td_config_t *cfg);
  * the setting, else half of max_streams (at least 1). */
 unsigned td_config_inflight_per_peer(const td_config_t *cfg, unsigned active);
 unsigned td_config_streams_per_client(const td_config_t *cfg);
+
+/* True for an endpoint that only this host can reach: ipc, inproc, or tcp on a loopback
+ * address (127.0.0.0/8, ::1, localhost, lo). A wildcard, an interface name or any other address
+ * (and any other transport) is a network endpoint. Also takes HOST:PORT (the metrics listen). */
+bool td_endpoint_is_local(const char *endpoint);
+/* Protected mode for one endpoint (metrics: the HTTP metrics listen address): TALLY_E_PARAM,
+ * with a message that says how to set up keys, for a network endpoint without authentication
+ * (CURVE; basic auth for metrics) while protected_mode is on; with it off, a warning is logged
+ * (at every start) and TALLY_OK returned. */
+tally_status_t td_config_check_endpoint(const td_config_t *cfg, const char *endpoint, bool metrics,
+                                        char *msg, size_t cap);
+/* td_config_check_endpoint for every bind and the metrics endpoint. */
+tally_status_t td_config_check_protected(const td_config_t *cfg, char *msg, size_t cap);
 
 /* Parses a size with an optional K, M, G suffix (powers of two). */
 tally_status_t td_config_parse_size(const char *text, size_t *out);

@@ -55,6 +55,11 @@ static const td_config_key_t config_keys[] = {
     {"state", "dir", "--state-dir"},
     {"state", "interval", "--state-interval"},
     {"metrics", "listen", "--metrics"},
+    {"metrics", "auth_file", "--metrics-auth-file"},
+    {"security", "curve_secret_key", "--curve-secret-key"},
+    {"security", "curve_clients_dir", "--curve-clients-dir"},
+    {"security", "curve_clients", "--curve-clients"},
+    {"security", "protected_mode", "--protected-mode"},
     {"gpu", "streams", "--gpu-streams"},
     {"gpu", "min_batch", "--gpu-min-batch"},
     {"shm", "enabled", "--shm"},
@@ -251,6 +256,21 @@ static bool same_binds(const td_config_t *a, const td_config_t *b)
     return true;
 }
 
+/* A reloadable string setting: next's value replaces live's (kept when out of memory). */
+static void take_string(const char *key, char **live, const char *next)
+{
+    if (same_string(*live, next))
+        return;
+    char *copy = next ? strdup(next) : NULL;
+    if (next && !copy) {
+        td_err("reload: %s: out of memory; kept", key);
+        return;
+    }
+    td_notice("reload: %s: %s -> %s", key, *live ? *live : "(none)", next ? next : "(none)");
+    free(*live);
+    *live = copy;
+}
+
 static void log_ignored(const char *key)
 {
     td_warn("reload: %s changed; ignored until tallyd restarts", key);
@@ -310,6 +330,15 @@ bool td_config_apply_runtime(td_config_t *live, const td_config_t *next)
         log_ignored("state dir");
     if (!same_string(live->metrics_listen, next->metrics_listen))
         log_ignored("metrics listen");
+    if (!same_string(live->metrics_auth_file, next->metrics_auth_file))
+        log_ignored("metrics auth_file");
+    if (!same_string(live->curve_secret_key, next->curve_secret_key))
+        log_ignored("security curve_secret_key");
+    if (live->protected_mode != next->protected_mode)
+        log_ignored("security protected_mode");
+    /* The allowed client keys are read again on every reload (td_auth_reload), from these. */
+    take_string("security curve_clients_dir", &live->curve_clients_dir, next->curve_clients_dir);
+    take_string("security curve_clients", &live->curve_clients, next->curve_clients);
     if (live->gpu_streams != next->gpu_streams)
         log_ignored("gpu streams");
     if (live->gpu_min_batch != next->gpu_min_batch)

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "td_auth.h"
 #include "tally_proto.h"
 
 /* Latency histogram upper bounds in microseconds (Prometheus `le` labels), plus +Inf. */
@@ -55,6 +56,8 @@ typedef struct {
     uint64_t shm_bytes;           /* their bytes */
     unsigned peers;               /* connections and clients tracked for the per-peer limits */
     const struct td_peers *users; /* CURVE users and their counters; NULL without CURVE */
+    bool curve;
+    td_auth_counts_t auth; /* handshakes allowed and refused, with CURVE */
 } td_gauges_t;
 
 void td_metrics_observe(td_metrics_t *m, unsigned opcode, tally_status_t status, size_t bytes_in,

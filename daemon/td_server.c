@@ -57,6 +57,7 @@
 #include <uv.h>
 #include <zmq.h>
 
+#include "td_auth.h"
 #include "td_exec.h"
 #include "td_log.h"
 #include "td_metrics.h"
@@ -82,7 +83,9 @@
 #define TD_TEXT_REPLY_MAX (64 * 1024)
 
 struct td_server {
-    td_config_t cfg; /* copy; binds are borrowed from the caller's config */
+    /* A copy; binds and strings are borrowed from the caller's config, except the ones a reload
+     * replaces (the allowed CURVE keys), which the server owns (own_reloadable_strings). */
+    td_config_t cfg;
     uv_loop_t loop;
     void *zmq_ctx;
     void *router;
@@ -109,6 +112,7 @@ struct td_server {
 
     td_streams_t *streams;
     td_peers_t *peers;      /* per-connection and per-client limits */
+    td_auth_t *auth;        /* CURVE and its ZAP handler; NULL when CURVE is off */
     tk_backend_t *backend;  /* the backend compute requests run on */
     tk_backend_t *cpu;      /* always present; the fallback */
     td_exec_t *exec;        /* where compute requests run: CPU workers or the GPU pipeline */
@@ -233,7 +237,12 @@ static void sample_gauges(void *ctx, td_gauges_t *g)
         .device_memory_bytes = td_exec_device_bytes(s->exec),
         .uptime_s = (double)(uv_hrtime() - s->started_ns) / 1e9,
         .peers = td_peers_count(s->peers),
+        .users = s->auth ? s->peers : NULL,
     };
+    if (s->auth) {
+        g->curve = true;
+        td_auth_counts(s->auth, &g->auth);
+    }
     td_shm_gauges(s->shm, &g->shm_regions, &g->shm_bytes);
 }
 
@@ -816,6 +825,8 @@ static void signal_cb(uv_signal_t *handle, int signum)
     td_server_t *s = handle->data;
     if (signum == SIGHUP) {
         td_service_reload(s->service);
+        if (!s->closed)
+            td_auth_reload(s->auth, &s->cfg); /* the allowed client keys, read again */
         return;
     }
     if (s->stopping) {
@@ -900,6 +911,18 @@ static tally_status_t open_socket(td_server_t *s)
             return TALLY_E_INTERNAL;
         }
     }
+    /* Before any bind, so that no connection is ever made without CURVE. */
+    if (s->cfg.curve_secret_key) {
+        char msg[1024];
+        tally_status_t st = td_auth_new(s->zmq_ctx, &s->cfg, &s->auth, msg, sizeof msg);
+        if (st != TALLY_OK) {
+            td_err("curve: %s", msg);
+            return st;
+        }
+        st = td_auth_apply(s->auth, s->router);
+        if (st != TALLY_OK)
+            return st;
+    }
     for (int i = 0; i < s->cfg.bind_count; i++) {
         if (zmq_bind(s->router, s->cfg.binds[i]) != 0) {
             td_err("cannot bind %s: %s", s->cfg.binds[i], zmq_strerror(errno));
@@ -907,7 +930,7 @@ static tally_status_t open_socket(td_server_t *s)
         }
         td_info("listening on %s", s->cfg.binds[i]);
     }
-    if (td_listen_fds_bind(s->router) != TALLY_OK) /* sockets passed by systemd */
+    if (td_listen_fds_bind(s->router, &s->cfg) != TALLY_OK) /* sockets passed by systemd */
         return TALLY_E_PARAM;
     size_t size = sizeof s->zmq_fd;
     if (zmq_getsockopt(s->router, ZMQ_FD, &s->zmq_fd, &size) != 0)
@@ -940,6 +963,27 @@ static tally_status_t open_backends(td_server_t *s)
     return TALLY_OK;
 }
 
+/* The strings a reload replaces in the live configuration (td_config_apply_runtime frees the
+ * old value) must be the server's own, not the caller's. */
+static bool own_reloadable_strings(td_server_t *s)
+{
+    char **fields[] = {&s->cfg.curve_clients_dir, &s->cfg.curve_clients};
+    bool ok = true;
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        const char *borrowed = *fields[i];
+        *fields[i] = borrowed ? strdup(borrowed) : NULL;
+        ok &= !borrowed || *fields[i];
+    }
+    return ok;
+}
+
+static void free_reloadable_strings(td_server_t *s)
+{
+    free(s->cfg.curve_clients_dir);
+    free(s->cfg.curve_clients);
+    s->cfg.curve_clients_dir = s->cfg.curve_clients = NULL;
+}
+
 tally_status_t td_server_new(const td_config_t *cfg, td_server_t **out)
 {
     td_server_t *s = calloc(1, sizeof *s);
@@ -948,6 +992,8 @@ tally_status_t td_server_new(const td_config_t *cfg, td_server_t **out)
     s->cfg = *cfg;
     s->started_ns = uv_hrtime();
     tally_status_t st = TALLY_E_INTERNAL;
+    if (!own_reloadable_strings(s))
+        goto fail_free;
     if (uv_loop_init(&s->loop) != 0)
         goto fail_free;
     st = td_streams_new(cfg->max_streams, &s->streams);
@@ -1002,6 +1048,7 @@ fail_socket:
     }
     if (s->router)
         zmq_close(s->router);
+    td_auth_destroy(&s->auth); /* its sockets are in the context */
     if (s->zmq_ctx)
         zmq_ctx_term(s->zmq_ctx);
 fail_backends:
@@ -1015,6 +1062,7 @@ fail_backends:
 fail_loop:
     uv_loop_close(&s->loop);
 fail_free:
+    free_reloadable_strings(s);
     free(s);
     return st;
 }
@@ -1041,6 +1089,7 @@ void td_server_destroy(td_server_t **self_p)
         uv_run(&s->loop, UV_RUN_DEFAULT);
     }
     td_service_destroy(&s->service);
+    td_auth_destroy(&s->auth); /* its sockets are in the context */
     /* Waits (up to the linger) for the last replies to leave. A signal (a second SIGTERM)
      * interrupts the wait with EINTR and leaves the context, its I/O thread and every message
      * it holds allocated: wait again. */
@@ -1063,6 +1112,7 @@ void td_server_destroy(td_server_t **self_p)
     s->cpu->destroy(&s->cpu);
     td_streams_destroy(&s->streams);
     td_peers_destroy(&s->peers);
+    free_reloadable_strings(s);
     free(s);
     *self_p = NULL;
 }

@@ -18,12 +18,54 @@
 #include "harness.h"
 
 static void *zmq_context;
+static char curve_keys[3][41]; /* server public, client public, client secret; "" = no CURVE */
 
 static void *context(void)
 {
     if (!zmq_context)
         zmq_context = zmq_ctx_new();
     return zmq_context;
+}
+
+void th_use_curve(const char *server_public, const char *client_public, const char *client_secret)
+{
+    snprintf(curve_keys[0], sizeof curve_keys[0], "%s", server_public ? server_public : "");
+    snprintf(curve_keys[1], sizeof curve_keys[1], "%s", client_public ? client_public : "");
+    snprintf(curve_keys[2], sizeof curve_keys[2], "%s", client_secret ? client_secret : "");
+}
+
+char *th_http_get(int port, const char *method, const char *path, const char *headers)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in in = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (fd < 0 || connect(fd, (struct sockaddr *)&in, sizeof in) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return NULL;
+    }
+    char req[1024];
+    int n = snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n%s\r\n", method, path,
+                     headers ? headers : "");
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    if (write(fd, req, (size_t)n) != n) {
+        close(fd);
+        free(buf);
+        return NULL;
+    }
+    for (;;) {
+        if (len + 1 >= cap)
+            buf = realloc(buf, cap *= 2);
+        ssize_t got = read(fd, buf + len, cap - len - 1);
+        if (got <= 0)
+            break;
+        len += (size_t)got;
+    }
+    buf[len] = '\0';
+    close(fd);
+    return buf;
 }
 
 int th_free_port(void)
@@ -160,6 +202,11 @@ void *th_connect(const char *endpoint, int timeout_ms)
     zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(sock, ZMQ_RCVTIMEO, &timeout_ms, sizeof timeout_ms);
     zmq_setsockopt(sock, ZMQ_SNDTIMEO, &timeout_ms, sizeof timeout_ms);
+    if (curve_keys[0][0]) {
+        zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, curve_keys[0], 40);
+        zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, curve_keys[1], 40);
+        zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, curve_keys[2], 40);
+    }
     zmq_connect(sock, endpoint);
     return sock;
 }

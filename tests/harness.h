@@ -31,13 +31,20 @@ int th_daemon_wait(th_daemon_t *d, int timeout_ms);
 /* True when the daemon's log contains text. */
 bool th_daemon_log_contains(const th_daemon_t *d, const char *text);
 
+/* An HTTP/1.0 request to 127.0.0.1:port with extra header lines (each ending in \r\n; may be
+ * NULL); returns the malloc'ed response (headers and body), or NULL when it cannot connect. */
+char *th_http_get(int port, const char *method, const char *path, const char *headers);
+
 /* A loopback TCP port that was free a moment ago (bound, read, closed). */
 int th_free_port(void);
 /* The tallyd under test: $TALLYD_BIN, or ./tallyd. */
 const char *th_tallyd_bin(void);
 
-/* A DEALER socket connected to endpoint (shared context), receive timeout in ms. */
+/* A DEALER socket connected to endpoint (shared context), receive timeout in ms. After
+ * th_use_curve, a CURVE client with those keys (th_daemon_start's readiness ping included). */
 void *th_connect(const char *endpoint, int timeout_ms);
+/* CURVE keys (Z85) for the sockets th_connect makes from now on; NULLs: plain sockets again. */
+void th_use_curve(const char *server_public, const char *client_public, const char *client_secret);
 void th_close(void *sock);
 
 /* Sends frames: each (data, len); returns 0 or -1. */

@@ -895,27 +895,9 @@ static void test_config_file_and_sighup_reload(void **state)
 /* GET path from 127.0.0.1:port; returns the malloc'ed response (headers and body). */
 static char *http_get(int port, const char *method, const char *path)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in in = {.sin_family = AF_INET,
-                             .sin_port = htons((uint16_t)port),
-                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    assert_int_equal(connect(fd, (struct sockaddr *)&in, sizeof in), 0);
-    char req[256];
-    int n = snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", method, path);
-    assert_int_equal(write(fd, req, (size_t)n), n);
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (len + 1 >= cap)
-            buf = realloc(buf, cap *= 2);
-        ssize_t got = read(fd, buf + len, cap - len - 1);
-        if (got <= 0)
-            break;
-        len += (size_t)got;
-    }
-    buf[len] = '\0';
-    close(fd);
-    return buf;
+    char *resp = th_http_get(port, method, path, NULL);
+    assert_non_null(resp);
+    return resp;
 }
 
 /* Checks every sample line is `name{labels} value` with a numeric value; returns the count. */
