@@ -192,6 +192,29 @@ void tally_client_destroy(tally_client_t **self_p)
     *self_p = NULL;
 }
 
+tally_status_t tally_client_set_curve(tally_client_t *self, const tally_curve_keys_t *keys)
+{
+    if (!self)
+        return TALLY_E_ARG;
+    if (!keys || !keys->server_public[0])
+        return TALLY_OK;
+    /* The options apply to connections made after them: reconnect to the same endpoint. */
+    char endpoint[1024];
+    size_t size = sizeof endpoint;
+    if (zmq_getsockopt(self->sock, ZMQ_LAST_ENDPOINT, endpoint, &size) != 0 || !endpoint[0])
+        return fail(self, TALLY_E_TRANSPORT, "cannot find the endpoint to reconnect to");
+    zmq_disconnect(self->sock, endpoint);
+    if (zmq_setsockopt(self->sock, ZMQ_CURVE_SERVERKEY, keys->server_public, 40) != 0 ||
+        zmq_setsockopt(self->sock, ZMQ_CURVE_PUBLICKEY, keys->client_public, 40) != 0 ||
+        zmq_setsockopt(self->sock, ZMQ_CURVE_SECRETKEY, keys->client_secret, 40) != 0)
+        return fail(self, TALLY_E_ARG, "CURVE keys refused by ZeroMQ (not 40 characters of Z85)");
+    if (zmq_connect(self->sock, endpoint) != 0) {
+        set_msg(self->error, "reconnecting to %s: %s", endpoint, zmq_strerror(errno));
+        return TALLY_E_TRANSPORT;
+    }
+    return TALLY_OK;
+}
+
 int tally_client_timeout(const tally_client_t *self)
 {
     return self ? self->timeout_ms : 0;

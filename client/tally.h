@@ -235,6 +235,33 @@ tally_status_t tally_run(tally_client_t *self, const tally_req_t *req, const voi
                          size_t len, const tally_run_opts_t *opts, tally_buf_t *out,
                          tally_run_result_t *result);
 
+/* ---- CURVE: authentication and encryption (PROTOCOL.md §11) ------------------------------ */
+
+/* The keys of one CURVE connection, Z85 text (40 characters). An empty server_public means
+ * CURVE is off. */
+typedef struct {
+    char server_public[41];
+    char client_public[41];
+    char client_secret[41];
+} tally_curve_keys_t;
+
+/* Finds the keys to connect with. server_key is the server's public key (40 characters of Z85)
+ * or a file holding it (the server's NAME.pub); client_key is the client's secret key file
+ * (from `tally keygen`: both halves, mode 0600). Each that is NULL is taken from
+ * $TALLY_SERVER_KEY and $TALLY_CLIENT_KEY, then from `server_key = ...` and `client_key = ...`
+ * lines in $XDG_CONFIG_HOME/tally/tally.conf (default ~/.config/tally/tally.conf). With no
+ * server key anywhere, keys->server_public is "" (CURVE off) and the result TALLY_OK.
+ * TALLY_E_ARG (TALLY_E_IO for a file that cannot be read) with msg: a malformed key, a secret
+ * key file that group or others can read, or a server key without a client key. */
+tally_status_t tally_curve_keys_load(const char *server_key, const char *client_key,
+                                     tally_curve_keys_t *keys, char *msg, size_t msg_cap);
+
+/* Makes the client a CURVE client with keys (it reconnects with them): call before the first
+ * request. keys NULL or with an empty server_public: nothing changes. A daemon that does not
+ * accept the keys (an unknown client key, a wrong server key) never answers: requests end in
+ * TALLY_E_TIMEOUT, and the daemon logs and counts the refusal. */
+tally_status_t tally_client_set_curve(tally_client_t *self, const tally_curve_keys_t *keys);
+
 #ifdef __cplusplus
 }
 #endif

@@ -30,6 +30,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "tally.h"
 
 #define KEY 41              /* Z85 and its NUL */
 #define REFUSED_WAIT_MS 700 /* how long a refused client waits for a reply that never comes */
@@ -359,6 +360,77 @@ static void test_metrics_protected_mode_and_basic_auth(void **state)
     assert_true(file_contains(log, "chmod 600"));
 }
 
+/* libtally: keys from the user's configuration file, the environment, or arguments. */
+static void test_libtally_curve_keys(void **state)
+{
+    (void)state;
+    char home[160], conf_dir[200], conf[240], alice_key[160], bob_key[160], server_file[160];
+    snprintf(home, sizeof home, "%s/home", dir);
+    snprintf(conf_dir, sizeof conf_dir, "%s/.config", home);
+    mkdir(home, 0700);
+    mkdir(conf_dir, 0700);
+    snprintf(conf_dir, sizeof conf_dir, "%s/.config/tally", home);
+    mkdir(conf_dir, 0700);
+    snprintf(conf, sizeof conf, "%s/tally.conf", conf_dir);
+    snprintf(alice_key, sizeof alice_key, "%s/alice.key", dir);
+    snprintf(bob_key, sizeof bob_key, "%s/bob.key", dir);
+    snprintf(server_file, sizeof server_file, "%s/server.pub", dir);
+    write_key(alice_key, alice_pub, alice_sec, 0600);
+    write_key(bob_key, bob_pub, bob_sec, 0600);
+    write_key(server_file, server_pub, NULL, 0644);
+    setenv("HOME", home, 1);
+    unsetenv("XDG_CONFIG_HOME");
+    unsetenv("TALLY_SERVER_KEY");
+    unsetenv("TALLY_CLIENT_KEY");
+    tally_curve_keys_t keys;
+    char msg[512];
+    /* Nothing configured: CURVE off. */
+    assert_int_equal(tally_curve_keys_load(NULL, NULL, &keys, msg, sizeof msg), TALLY_OK);
+    assert_string_equal(keys.server_public, "");
+
+    FILE *f = fopen(conf, "w");
+    fprintf(f, "# tally's keys\nserver_key = %s\nclient_key = %s\n", server_file, alice_key);
+    fclose(f);
+    start_curve(NULL, NULL);
+    tally_client_t *client = NULL;
+    assert_int_equal(tally_curve_keys_load(NULL, NULL, &keys, msg, sizeof msg), TALLY_OK);
+    assert_string_equal(keys.server_public, server_pub);
+    assert_string_equal(keys.client_public, alice_pub);
+    assert_int_equal(tally_client_new(daemon_.endpoint, 5000, &client), TALLY_OK);
+    assert_int_equal(tally_client_set_curve(client, &keys), TALLY_OK);
+    assert_int_equal(tally_ping(client, NULL), TALLY_OK);
+    tally_client_destroy(&client);
+
+    /* The environment wins over the file: bob is not allowed, so no answer. */
+    setenv("TALLY_CLIENT_KEY", bob_key, 1);
+    assert_int_equal(tally_curve_keys_load(NULL, NULL, &keys, msg, sizeof msg), TALLY_OK);
+    assert_string_equal(keys.client_public, bob_pub);
+    assert_int_equal(tally_client_new(daemon_.endpoint, REFUSED_WAIT_MS, &client), TALLY_OK);
+    assert_int_equal(tally_client_set_curve(client, &keys), TALLY_OK);
+    assert_int_equal(tally_ping(client, NULL), TALLY_E_TIMEOUT);
+    tally_client_destroy(&client);
+    /* Arguments win over both; a server key may be given as the key itself. */
+    assert_int_equal(tally_curve_keys_load(server_pub, alice_key, &keys, msg, sizeof msg),
+                     TALLY_OK);
+    assert_string_equal(keys.client_public, alice_pub);
+    assert_int_equal(tally_client_new(daemon_.endpoint, 5000, &client), TALLY_OK);
+    assert_int_equal(tally_client_set_curve(client, &keys), TALLY_OK);
+    assert_int_equal(tally_ping(client, NULL), TALLY_OK);
+    tally_client_destroy(&client);
+
+    /* Mistakes are named: a readable secret key, a server key without a client key. */
+    assert_int_equal(chmod(alice_key, 0644), 0);
+    assert_int_equal(tally_curve_keys_load(server_pub, alice_key, &keys, msg, sizeof msg),
+                     TALLY_E_ARG);
+    assert_non_null(strstr(msg, "chmod 600"));
+    unsetenv("TALLY_CLIENT_KEY");
+    unlink(conf);
+    assert_int_equal(tally_curve_keys_load(server_pub, NULL, &keys, msg, sizeof msg), TALLY_E_ARG);
+    assert_non_null(strstr(msg, "tally keygen"));
+    assert_int_equal(tally_curve_keys_load("short", NULL, &keys, msg, sizeof msg), TALLY_E_IO);
+    assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -366,6 +438,7 @@ int main(void)
         cmocka_unit_test_teardown(test_unknown_no_and_wrong_server_key_refused, stop_daemon),
         cmocka_unit_test_teardown(test_reload_adds_a_key, stop_daemon),
         cmocka_unit_test_teardown(test_curve_on_ipc, stop_daemon),
+        cmocka_unit_test_teardown(test_libtally_curve_keys, stop_daemon),
         cmocka_unit_test(test_secret_key_must_be_private),
         cmocka_unit_test_teardown(test_protected_mode, stop_daemon),
         cmocka_unit_test_teardown(test_metrics_protected_mode_and_basic_auth, stop_daemon),
