@@ -94,6 +94,7 @@
 #define TD_DEFAULT_SHM true
 #define TD_SHM_SOCKET_NAME "tallyd-shm.sock" /* in the runtime directory */
 #define TD_SHM_SOCKET_MODE 0660
+#define TD_IPC_SOCKET_MODE 0660 /* the ZeroMQ ipc sockets tallyd binds itself */
 #define TD_SHM_ALLOW_MAX 32 /* entries in each of shm_allow_uids, shm_allow_gids */
 #define TD_DEFAULT_SHM_MAX_REGIONS_PER_PEER 16u
 #define TD_SHM_MAX_REGIONS_LIMIT 4096u

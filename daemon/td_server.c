@@ -54,6 +54,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <uv.h>
 #include <zmq.h>
 
@@ -874,6 +875,18 @@ static void close_all(td_server_t *s)
     td_notice("stopped");
 }
 
+/* An ipc socket that tallyd made: mode 0660 whatever the umask (UMask=0077 under systemd), so
+ * tallyd's group can connect and nobody else. Without CURVE whoever connects may use every
+ * stream, so the socket's mode is the access control (PROTOCOL.md §11). */
+static void restrict_ipc_socket(const char *endpoint)
+{
+    if (strncmp(endpoint, "ipc://", 6) != 0 || endpoint[6] == '@') /* @: abstract, no file */
+        return;
+    if (chmod(endpoint + 6, TD_IPC_SOCKET_MODE) != 0)
+        td_warn("cannot set mode %04o on %s: %s", TD_IPC_SOCKET_MODE, endpoint + 6,
+                strerror(errno));
+}
+
 static tally_status_t open_socket(td_server_t *s)
 {
     s->zmq_ctx = zmq_ctx_new();
@@ -928,6 +941,7 @@ static tally_status_t open_socket(td_server_t *s)
             td_err("cannot bind %s: %s", s->cfg.binds[i], zmq_strerror(errno));
             return TALLY_E_PARAM;
         }
+        restrict_ipc_socket(s->cfg.binds[i]);
         td_info("listening on %s", s->cfg.binds[i]);
     }
     if (td_listen_fds_bind(s->router, &s->cfg) != TALLY_OK) /* sockets passed by systemd */

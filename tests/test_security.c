@@ -2,7 +2,8 @@
  * test_security.c — CURVE authentication and protected mode (PROTOCOL.md §11), against the real
  * tallyd:
  *   - a client whose key is allowed (from curve_clients_dir, or the curve_clients list) is
- *     served, over tcp and ipc, and counted under its user id;
+ *     served, over tcp and ipc (whose socket tallyd makes 0660 whatever its umask), and counted
+ *     under its user id;
  *   - an unknown key, no key at all, and a wrong server key are refused (no reply) and counted
  *     in tallyd_auth_total{result};
  *   - SIGHUP re-reads the allowed keys: a key added to the configuration is then served;
@@ -217,7 +218,12 @@ static void test_curve_on_ipc(void **state)
     (void)state;
     char endpoint[160];
     snprintf(endpoint, sizeof endpoint, "ipc://%s/tallyd.sock", dir);
+    mode_t old = umask(0077); /* as under systemd's UMask=0077: tallyd still makes it 0660 */
     start_curve("--bind", endpoint);
+    umask(old);
+    struct stat sb;
+    assert_int_equal(stat(endpoint + 6, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0660);
     assert_true(ping_as(endpoint, server_pub, alice_pub, alice_sec, 5000));
     assert_false(ping_as(endpoint, server_pub, bob_pub, bob_sec, REFUSED_WAIT_MS));
     assert_false(ping_as(endpoint, NULL, NULL, NULL, REFUSED_WAIT_MS));
