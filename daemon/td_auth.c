@@ -267,7 +267,8 @@ static void handle_event(td_auth_t *self)
         break;
     case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
         atomic_fetch_add(&self->bad_handshake, 1);
-        td_warn("curve: a client's handshake failed");
+        td_warn("curve: a client's handshake failed (it hung up during the handshake: a "
+                "client without keys, or with another server key, may)");
         break;
     default:
         break;
