@@ -256,6 +256,13 @@ typedef struct {
 tally_status_t tally_curve_keys_load(const char *server_key, const char *client_key,
                                      tally_curve_keys_t *keys, char *msg, size_t msg_cap);
 
+/* Makes a new CURVE key pair and writes it as two key files (CZMQ's certificate format):
+ * BASE.key holds both halves (mode 0600: the client's --client-key, or tallyd's
+ * curve_secret_key) and BASE.pub the public half (for the other side: a client's goes into
+ * tallyd's curve_clients_dir, the server's to its clients). Existing files are not overwritten
+ * (TALLY_E_IO, with msg). public_key (may be NULL) receives the public key. */
+tally_status_t tally_keygen(const char *base, char public_key[41], char *msg, size_t msg_cap);
+
 /* Makes the client a CURVE client with keys (it reconnects with them): call before the first
  * request. keys NULL or with an empty server_public: nothing changes. A daemon that does not
  * accept the keys (an unknown client key, a wrong server key) never answers: requests end in

@@ -31,10 +31,13 @@
 #include <unistd.h>
 
 enum { EXIT_DAEMON = 1, EXIT_USAGE = 2, EXIT_TRANSPORT = 3 };
+enum { OPT_SERVER_KEY = 1000, OPT_CLIENT_KEY }; /* long-only options before the command */
 
 typedef struct {
     const char *endpoint;
     int timeout_ms;
+    const char *server_key; /* --server-key: tallyd's CURVE public key or .pub file, or NULL */
+    const char *client_key; /* --client-key: this client's key file, or NULL */
 } cli_t;
 
 static void errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -78,7 +81,20 @@ static int usage_error(const char *cmd, const char *fmt, ...)
 
 static int connect_client(const cli_t *cli, tally_client_t **client)
 {
-    tally_status_t status = tally_client_new(cli->endpoint, cli->timeout_ms, client);
+    /* CURVE keys: --server-key/--client-key, else TALLY_SERVER_KEY/TALLY_CLIENT_KEY, else
+     * ~/.config/tally/tally.conf; none anywhere: a plain connection. */
+    tally_curve_keys_t keys;
+    char why[512];
+    tally_status_t status =
+        tally_curve_keys_load(cli->server_key, cli->client_key, &keys, why, sizeof why);
+    if (status != TALLY_OK) {
+        errorf("CURVE keys: %s", why);
+        return EXIT_USAGE;
+    }
+    status = tally_client_new(cli->endpoint, cli->timeout_ms, client);
+    if (status == TALLY_OK)
+        status = tally_client_set_curve(*client, &keys);
+    explicit_bzero(&keys, sizeof keys);
     if (status == TALLY_OK)
         return 0;
     if (status == TALLY_E_ARG) {
@@ -1015,6 +1031,33 @@ static int text_command(cli_t *cli, int argc, char **argv, tally_op_t op)
     return rc;
 }
 
+static const char KEYGEN_HELP[] =
+    "usage: tally keygen NAME\n"
+    "Make a CURVE key pair: NAME.key (both halves, mode 0600: this side's secret) and NAME.pub\n"
+    "(the public half, for the other side). For tallyd: `tally keygen /etc/tallyd/server`, then\n"
+    "curve_secret_key = /etc/tallyd/server.key, and server.pub to the clients. For a client:\n"
+    "`tally keygen cam1`, cam1.pub into tallyd's curve_clients_dir, and connect with\n"
+    "--server-key server.pub --client-key cam1.key (or TALLY_SERVER_KEY and TALLY_CLIENT_KEY,\n"
+    "or server_key = and client_key = in ~/.config/tally/tally.conf). Prints the public key;\n"
+    "never overwrites a file.\n";
+
+static int cmd_keygen(cli_t *cli, int argc, char **argv)
+{
+    int rc = simple_args(cli, "keygen", KEYGEN_HELP, argc, argv, 1);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    char pub[41], why[512] = "";
+    tally_status_t st = tally_keygen(argv[optind], pub, why, sizeof why);
+    if (st == TALLY_E_ARG)
+        return usage_error("keygen", "%s", why[0] ? why : "bad NAME");
+    if (st != TALLY_OK) {
+        errorf("keygen: %s", why);
+        return EXIT_USAGE;
+    }
+    printf("%s\n", pub);
+    return finish_stdout();
+}
+
 static int cmd_info(cli_t *cli, int argc, char **argv)
 {
     return text_command(cli, argc, argv, TALLY_OP_INFO);
@@ -1041,6 +1084,7 @@ static const struct {
     {"ping", cmd_ping, "check that tallyd answers"},
     {"info", cmd_info, "daemon version, backends and limits"},
     {"stats", cmd_stats, "daemon metrics (Prometheus text)"},
+    {"keygen", cmd_keygen, "make a CURVE key pair (NAME.key, NAME.pub)"},
 };
 
 static void print_usage(FILE *f)
@@ -1054,6 +1098,11 @@ static void print_usage(FILE *f)
             "  -e, --endpoint E   daemon endpoint (default: $TALLY_ENDPOINT or %s)\n"
             "  -t, --timeout MS   give up after MS milliseconds without a reply "
             "(default %d)\n"
+            "      --server-key K tallyd's CURVE public key, or its .pub file (default:\n"
+            "                     $TALLY_SERVER_KEY, or server_key in ~/.config/tally/tally.conf;\n"
+            "                     none: no CURVE)\n"
+            "      --client-key F this client's key file from `tally keygen` (default:\n"
+            "                     $TALLY_CLIENT_KEY, or client_key in that file)\n"
             "  -h, --help         show this help; 'tally COMMAND --help' for a command\n"
             "  -V, --version      print the version\n"
             "\n"
@@ -1072,6 +1121,8 @@ int main(int argc, char **argv)
         {"timeout", required_argument, NULL, 't'},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
+        {"server-key", required_argument, NULL, OPT_SERVER_KEY},
+        {"client-key", required_argument, NULL, OPT_CLIENT_KEY},
         {0},
     };
     cli_t cli = {.endpoint = getenv("TALLY_ENDPOINT"), .timeout_ms = TALLY_DEFAULT_TIMEOUT_MS};
@@ -1095,6 +1146,12 @@ int main(int argc, char **argv)
         case 'V':
             printf("tally %s\n", TALLY_VERSION);
             return 0;
+        case OPT_SERVER_KEY:
+            cli.server_key = optarg;
+            break;
+        case OPT_CLIENT_KEY:
+            cli.client_key = optarg;
+            break;
         default:
             return common_option(&cli, NULL, opt, argv);
         }

@@ -3,10 +3,15 @@
  * arguments, then the environment, then the user's configuration file. Pure file and string
  * work over tally_keys.h; tally_client_set_curve (tally.c) applies the keys to the socket.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <zmq.h>
 
 #include "tally.h"
 #include "tally_keys.h"
@@ -114,4 +119,63 @@ tally_status_t tally_curve_keys_load(const char *server_key, const char *client_
 fail:
     memset(keys, 0, sizeof *keys);
     return status_of(st);
+}
+
+/* One key file, created (never replaced) with mode `mode`. */
+static tally_status_t write_key_file(const char *path, mode_t mode, const char *pub,
+                                     const char *sec, char *msg, size_t msg_cap)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+    if (fd < 0) {
+        snprintf(msg, msg_cap, "cannot create %s: %s", path, strerror(errno));
+        return TALLY_E_IO;
+    }
+    char text[512];
+    int n = snprintf(text, sizeof text,
+                     "#   ZeroMQ CURVE %s certificate, made by tally keygen\n"
+                     "#   %s\n"
+                     "metadata\n"
+                     "curve\n"
+                     "    public-key = \"%s\"\n",
+                     sec ? "**secret**" : "public",
+                     sec ? "keep it private (mode 0600); give the .pub file to the other side"
+                         : "the public half: give it to the other side",
+                     pub);
+    if (sec)
+        n += snprintf(text + n, sizeof text - (size_t)n, "    secret-key = \"%s\"\n", sec);
+    bool ok = fchmod(fd, mode) == 0 && write(fd, text, (size_t)n) == n;
+    explicit_bzero(text, sizeof text);
+    ok &= close(fd) == 0;
+    if (!ok) {
+        snprintf(msg, msg_cap, "cannot write %s: %s", path, strerror(errno));
+        unlink(path);
+        return TALLY_E_IO;
+    }
+    return TALLY_OK;
+}
+
+tally_status_t tally_keygen(const char *base, char public_key[41], char *msg, size_t msg_cap)
+{
+    char pub[TALLY_KEY_LEN + 1], sec[TALLY_KEY_LEN + 1], path[4096];
+    if (!base || !base[0] || strlen(base) + 5 > sizeof path)
+        return TALLY_E_ARG;
+    if (zmq_curve_keypair(pub, sec) != 0) {
+        snprintf(msg, msg_cap, "cannot make a key pair: %s", zmq_strerror(errno));
+        return TALLY_E_ARG;
+    }
+    snprintf(path, sizeof path, "%s.key", base);
+    tally_status_t st = write_key_file(path, 0600, pub, sec, msg, msg_cap);
+    explicit_bzero(sec, sizeof sec);
+    if (st != TALLY_OK)
+        return st;
+    snprintf(path, sizeof path, "%s.pub", base);
+    st = write_key_file(path, 0644, pub, NULL, msg, msg_cap);
+    if (st != TALLY_OK) { /* no half a pair */
+        snprintf(path, sizeof path, "%s.key", base);
+        unlink(path);
+        return st;
+    }
+    if (public_key)
+        snprintf(public_key, TALLY_KEY_LEN + 1, "%s", pub);
+    return TALLY_OK;
 }

@@ -32,6 +32,7 @@
 
 #include "harness.h"
 #include "tally.h"
+#include "tally_keys.h"
 
 #define KEY 41              /* Z85 and its NUL */
 #define REFUSED_WAIT_MS 700 /* how long a refused client waits for a reply that never comes */
@@ -463,6 +464,82 @@ static void test_libtally_curve_keys(void **state)
     assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
 }
 
+/* The CLI: `tally keygen` writes a pair (a private .key, a .pub), tallyd runs on its server key,
+ * and `tally --server-key --client-key ping` is answered; without keys it gets no reply. */
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh(const char *fmt, ...)
+{
+    char cmd[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    int status = system(cmd);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void test_cli_keygen_and_keys(void **state)
+{
+    (void)state;
+    const char *tally = getenv("TALLY_BIN");
+    if (!tally) {
+        print_message("TALLY_BIN not set: cannot run the CLI\n");
+        skip();
+    }
+    char base[160], cdir[160], path[200], pub[KEY], sec[KEY];
+    snprintf(base, sizeof base, "%s/cli-server", dir);
+    snprintf(cdir, sizeof cdir, "%s/cli-clients", dir);
+    assert_int_equal(mkdir(cdir, 0700), 0);
+    assert_int_equal(sh("%s keygen %s >%s/keygen.out", tally, base, dir), 0);
+    assert_int_equal(sh("%s keygen %s 2>/dev/null", tally, base), 2); /* never overwrites */
+    assert_int_equal(sh("cd %s && %s keygen cli-clients/cam1 >/dev/null", dir, tally), 0);
+    struct stat sb;
+    snprintf(path, sizeof path, "%s.key", base);
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0600);
+    /* What it printed is the public key in both files; the .pub holds no secret. */
+    char printed[64] = "";
+    snprintf(path, sizeof path, "%s/keygen.out", dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(fgets(printed, sizeof printed, f));
+    fclose(f);
+    printed[strcspn(printed, "\n")] = '\0';
+    char msg[256];
+    snprintf(path, sizeof path, "%s.key", base);
+    assert_int_equal(tally_key_file_read(path, true, pub, sec, msg, sizeof msg), TALLY_OK);
+    assert_string_equal(pub, printed);
+    snprintf(path, sizeof path, "%s.pub", base);
+    assert_int_equal(tally_key_file_read(path, false, pub, sec, msg, sizeof msg), TALLY_OK);
+    assert_string_equal(pub, printed);
+    assert_string_equal(sec, "");
+
+    /* tallyd on that key; the harness pings as cam1. */
+    char cam_key[200], cam_pub_file[200], cam_pub[KEY], cam_sec[KEY], server_key[200];
+    snprintf(cam_key, sizeof cam_key, "%s/cam1.key", cdir);
+    snprintf(cam_pub_file, sizeof cam_pub_file, "%s/cam1.pub", cdir);
+    assert_int_equal(tally_key_file_read(cam_key, true, cam_pub, cam_sec, msg, sizeof msg),
+                     TALLY_OK);
+    snprintf(server_key, sizeof server_key, "%s.key", base);
+    const char *args[] = {"--curve-secret-key", server_key, "--curve-clients-dir", cdir, NULL};
+    th_use_curve(printed, cam_pub, cam_sec);
+    assert_int_equal(th_daemon_start(&daemon_, args), 0);
+    unsetenv("TALLY_SERVER_KEY");
+    unsetenv("TALLY_CLIENT_KEY");
+    setenv("HOME", dir, 1); /* no ~/.config/tally/tally.conf there */
+    assert_int_equal(sh("%s -e %s --server-key %s.pub --client-key %s ping >/dev/null", tally,
+                        daemon_.endpoint, base, cam_key),
+                     0);
+    assert_int_equal(sh("TALLY_SERVER_KEY='%s' TALLY_CLIENT_KEY=%s %s -e %s ping >/dev/null",
+                        printed, cam_key, tally, daemon_.endpoint),
+                     0);
+    assert_int_equal(sh("%s -e %s -t 500 ping 2>/dev/null", tally, daemon_.endpoint), 3);
+    assert_int_equal(
+        sh("%s -e %s --server-key %s.pub ping 2>/dev/null", tally, daemon_.endpoint, base),
+        2); /* a server key without a client key */
+    assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
+    assert_true(th_daemon_log_contains(&daemon_, "curve: client 'cam1' connected"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -471,6 +548,7 @@ int main(void)
         cmocka_unit_test_teardown(test_reload_adds_a_key, stop_daemon),
         cmocka_unit_test_teardown(test_curve_on_ipc, stop_daemon),
         cmocka_unit_test_teardown(test_libtally_curve_keys, stop_daemon),
+        cmocka_unit_test_teardown(test_cli_keygen_and_keys, stop_daemon),
         cmocka_unit_test(test_secret_key_must_be_private),
         cmocka_unit_test_teardown(test_protected_mode, stop_daemon),
         cmocka_unit_test_teardown(test_metrics_protected_mode_and_basic_auth, stop_daemon),
