@@ -263,11 +263,13 @@ tally_status_t tally_curve_keys_load(const char *server_key, const char *client_
  * (TALLY_E_IO, with msg). public_key (may be NULL) receives the public key. */
 tally_status_t tally_keygen(const char *base, char public_key[41], char *msg, size_t msg_cap);
 
-/* Makes the client a CURVE client with keys (it reconnects with them): call before the first
- * request. keys NULL or with an empty server_public: nothing changes. A daemon that does not
- * accept the keys (an unknown client key, a wrong server key) never answers: requests end in
- * TALLY_E_TIMEOUT, and the daemon logs and counts the refusal. */
-tally_status_t tally_client_set_curve(tally_client_t *self, const tally_curve_keys_t *keys);
+/* tally_client_new for a daemon with CURVE on: keys from tally_curve_keys_load (NULL, or an
+ * empty server_public: a plain connection, as tally_client_new). A daemon that does not accept
+ * the keys (an unknown client key, a wrong server key) never answers: requests end in
+ * TALLY_E_TIMEOUT, and the daemon logs and counts the refusal. TALLY_E_ARG for keys that are not
+ * 40 characters of Z85. */
+tally_status_t tally_client_new_curve(const char *endpoint, int timeout_ms,
+                                      const tally_curve_keys_t *keys, tally_client_t **out);
 
 #ifdef __cplusplus
 }

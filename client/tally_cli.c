@@ -91,9 +91,7 @@ static int connect_client(const cli_t *cli, tally_client_t **client)
         errorf("CURVE keys: %s", why);
         return EXIT_USAGE;
     }
-    status = tally_client_new(cli->endpoint, cli->timeout_ms, client);
-    if (status == TALLY_OK)
-        status = tally_client_set_curve(*client, &keys);
+    status = tally_client_new_curve(cli->endpoint, cli->timeout_ms, &keys, client);
     explicit_bzero(&keys, sizeof keys);
     if (status == TALLY_OK)
         return 0;

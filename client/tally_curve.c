@@ -1,7 +1,7 @@
 /*
  * tally_curve.c — where a client's CURVE keys come from (tally_curve_keys_load, tally.h):
  * arguments, then the environment, then the user's configuration file. Pure file and string
- * work over tally_keys.h; tally_client_set_curve (tally.c) applies the keys to the socket.
+ * work over tally_keys.h; tally_client_new_curve (tally.c) applies the keys to the socket.
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -429,25 +429,26 @@ static void test_libtally_curve_keys(void **state)
     assert_int_equal(tally_curve_keys_load(NULL, NULL, &keys, msg, sizeof msg), TALLY_OK);
     assert_string_equal(keys.server_public, server_pub);
     assert_string_equal(keys.client_public, alice_pub);
-    assert_int_equal(tally_client_new(daemon_.endpoint, 5000, &client), TALLY_OK);
-    assert_int_equal(tally_client_set_curve(client, &keys), TALLY_OK);
+    long long failed = failed_handshakes();
+    assert_int_equal(tally_client_new_curve(daemon_.endpoint, 5000, &keys, &client), TALLY_OK);
     assert_int_equal(tally_ping(client, NULL), TALLY_OK);
     tally_client_destroy(&client);
+    /* The keys were set before connecting: no plain handshake was tried (and refused) first. */
+    assert_int_equal(failed_handshakes(), failed);
 
     /* The environment wins over the file: bob is not allowed, so no answer. */
     setenv("TALLY_CLIENT_KEY", bob_key, 1);
     assert_int_equal(tally_curve_keys_load(NULL, NULL, &keys, msg, sizeof msg), TALLY_OK);
     assert_string_equal(keys.client_public, bob_pub);
-    assert_int_equal(tally_client_new(daemon_.endpoint, REFUSED_WAIT_MS, &client), TALLY_OK);
-    assert_int_equal(tally_client_set_curve(client, &keys), TALLY_OK);
+    assert_int_equal(tally_client_new_curve(daemon_.endpoint, REFUSED_WAIT_MS, &keys, &client),
+                     TALLY_OK);
     assert_int_equal(tally_ping(client, NULL), TALLY_E_TIMEOUT);
     tally_client_destroy(&client);
     /* Arguments win over both; a server key may be given as the key itself. */
     assert_int_equal(tally_curve_keys_load(server_pub, alice_key, &keys, msg, sizeof msg),
                      TALLY_OK);
     assert_string_equal(keys.client_public, alice_pub);
-    assert_int_equal(tally_client_new(daemon_.endpoint, 5000, &client), TALLY_OK);
-    assert_int_equal(tally_client_set_curve(client, &keys), TALLY_OK);
+    assert_int_equal(tally_client_new_curve(daemon_.endpoint, 5000, &keys, &client), TALLY_OK);
     assert_int_equal(tally_ping(client, NULL), TALLY_OK);
     tally_client_destroy(&client);
 
