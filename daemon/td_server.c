@@ -216,11 +216,12 @@ static void op_info(td_server_t *s, td_request_t *r)
     }
     int n = snprintf(text, TD_TEXT_REPLY_MAX,
                      "version=%s\nprotocol=%d\nbackend=%s\nbackends=%s\ndevices=%s\n"
-                     "max_batch=%zu\nmax_inflight=%u\nmax_streams=%u\nshm=%s\nshm_socket=%s\n",
+                     "max_batch=%zu\nmax_inflight=%u\nmax_streams=%u\nshm=%s\nshm_socket=%s\n"
+                     "curve=%s\n",
                      TALLY_VERSION, TALLY_PROTO_VERSION, td_exec_backend_name(s->exec),
                      td_exec_backends(s->exec), td_exec_devices(s->exec), s->cfg.max_batch,
                      s->cfg.max_inflight, s->cfg.max_streams, s->shm ? "on" : "off",
-                     s->shm ? td_shm_path(s->shm) : "");
+                     s->shm ? td_shm_path(s->shm) : "", s->auth ? "on" : "off");
     reply_text(s, r, text, n > 0 ? (size_t)n : 0);
 }
 

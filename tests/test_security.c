@@ -179,6 +179,10 @@ static void test_allowed_key_served(void **state)
     /* Counted under the key's name: the start-up ping, the hist, and this stats request. */
     assert_true(th_stat(sock, "tallyd_client_requests_total{client=\"alice\"}") >= 3);
     assert_true(th_stat(sock, "tallyd_auth_total{result=\"allowed\"}") >= 1);
+    tally_req_t info = th_req(TALLY_OP_INFO, TALLY_DTYPE_NONE, 8);
+    assert_int_equal(th_call(sock, &info, NULL, 0, &reply), 0);
+    assert_non_null(strstr((const char *)reply.payload, "\ncurve=on\n"));
+    th_reply_free(&reply);
     th_close(sock);
     assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
     assert_true(th_daemon_log_contains(&daemon_, "curve: client 'alice' connected"));
