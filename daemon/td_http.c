@@ -123,9 +123,9 @@ static tally_status_t read_auth_file(td_http_t *self, const char *path)
         td_err("metrics: auth_file %s must hold USER:PASSWORD on its first line", path);
         goto done;
     }
-    *colon = '\0';
-    snprintf(self->user, sizeof self->user, "%s", line);
-    snprintf(self->password, sizeof self->password, "%s", colon + 1);
+    *colon = '\0'; /* both lengths were checked above */
+    memcpy(self->user, line, (size_t)(colon - line) + 1);
+    memcpy(self->password, colon + 1, strlen(colon + 1) + 1);
     st = TALLY_OK;
 done:
     explicit_bzero(line, sizeof line);
