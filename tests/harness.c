@@ -275,6 +275,18 @@ int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len,
     return th_recv_reply(sock, reply);
 }
 
+bool th_ping(const char *endpoint, int timeout_ms)
+{
+    void *sock = th_connect(endpoint, timeout_ms);
+    tally_req_t req = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 1);
+    th_reply_t reply;
+    bool ok = th_call(sock, &req, NULL, 0, &reply) == 0 && reply.rep.status == TALLY_OK;
+    if (ok)
+        th_reply_free(&reply);
+    th_close(sock);
+    return ok;
+}
+
 long long th_stat(void *sock, const char *name)
 {
     tally_req_t req = th_req(TALLY_OP_STATS, TALLY_DTYPE_NONE, 999999);

@@ -69,6 +69,9 @@ int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len,
  * `tallyd_limited_total{reason="stream_rate"}`), asked on sock; -1 when absent or on no reply. */
 long long th_stat(void *sock, const char *name);
 
+/* One ping on a fresh th_connect socket: true when answered ok within timeout_ms. */
+bool th_ping(const char *endpoint, int timeout_ms);
+
 /* A request with the common fields set. */
 tally_req_t th_req(uint8_t opcode, uint8_t dtype, uint64_t id);
 

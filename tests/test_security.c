@@ -114,14 +114,8 @@ static bool ping_as(const char *endpoint, const char *server, const char *pub, c
                     int timeout_ms)
 {
     th_use_curve(server, pub, sec);
-    void *sock = th_connect(endpoint, timeout_ms);
+    bool ok = th_ping(endpoint, timeout_ms);
     th_use_curve(server_pub, alice_pub, alice_sec);
-    tally_req_t ping = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 5);
-    th_reply_t reply;
-    bool ok = th_call(sock, &ping, NULL, 0, &reply) == 0 && reply.rep.status == TALLY_OK;
-    if (ok)
-        th_reply_free(&reply);
-    th_close(sock);
     return ok;
 }
 

@@ -60,14 +60,7 @@ static int spawned_count;
 
 static bool ping(const char *endpoint, int timeout_ms)
 {
-    void *sock = th_connect(endpoint, timeout_ms);
-    tally_req_t req = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 1);
-    th_reply_t reply;
-    bool ok = th_call(sock, &req, NULL, 0, &reply) == 0 && reply.rep.status == TALLY_OK;
-    if (ok)
-        th_reply_free(&reply);
-    th_close(sock);
-    return ok;
+    return th_ping(endpoint, timeout_ms);
 }
 
 /* In the child: moves the fds to 3.. and sets the variables systemd would. */
@@ -466,7 +459,6 @@ static void test_socket_activation_rejects_datagram_socket(void **state)
 }
 
 /* ---- persistent state ------------------------------------------------------------------- */
-
 
 /* Fills streams cam0 (u8 histogram) and s1 (a scan over 1..n) on a daemon. */
 static void fill_streams(const th_daemon_t *d, int32_t *scan_values, size_t n)
