@@ -31,6 +31,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "td_config.h"
 #include "tally.h"
 #include "tally_keys.h"
 
@@ -539,9 +540,34 @@ static void test_cli_keygen_and_keys(void **state)
     assert_true(th_daemon_log_contains(&daemon_, "curve: client 'cam1' connected"));
 }
 
+/* What protected mode counts as local: only loopback tcp, ipc and inproc. */
+static void test_endpoint_is_local(void **state)
+{
+    (void)state;
+    static const char *const local[] = {
+        "tcp://127.0.0.1:5555", "tcp://127.1.2.3:1",
+        "tcp://localhost:5555", "tcp://lo:5555",
+        "tcp://[::1]:5555",     "ipc:///run/tallyd/tallyd.sock",
+        "inproc://x",           "127.0.0.1:9464",
+        "[::1]:9464",           "tcp://[::ffff:127.0.0.1]:5555",
+    };
+    static const char *const network[] = {
+        "tcp://0.0.0.0:5555",   "tcp://*:5555",           "tcp://[::]:5555", "tcp://eth0:5555",
+        "tcp://10.0.0.5:5555",  "tcp://example.org:5555", "0.0.0.0:9464",    "[::]:9464",
+        "tcp://128.0.0.1:5555", "ws://127.0.0.1:5555",    "tcp://:5555",
+    };
+    for (size_t i = 0; i < sizeof local / sizeof local[0]; i++)
+        if (!td_endpoint_is_local(local[i]))
+            fail_msg("%s should count as local", local[i]);
+    for (size_t i = 0; i < sizeof network / sizeof network[0]; i++)
+        if (td_endpoint_is_local(network[i]))
+            fail_msg("%s should count as a network endpoint", network[i]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_endpoint_is_local),
         cmocka_unit_test_teardown(test_allowed_key_served, stop_daemon),
         cmocka_unit_test_teardown(test_unknown_no_and_wrong_server_key_refused, stop_daemon),
         cmocka_unit_test_teardown(test_reload_adds_a_key, stop_daemon),
