@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <zmq.h>
 
 #include "td_auth.h"
@@ -27,6 +28,10 @@
 #define AUTH_POLL_MS 100 /* how soon the handler thread notices td_auth_destroy */
 #define USER_ID_MAX 64   /* a key's name: the file name less .pub, or the list item's NAME */
 #define ALLOWED_KEYS_MAX 65536
+/* Refusals logged per second at most: a peer that reconnects in a loop with a bad key (ZeroMQ
+ * retries every 100 ms by default, and a hostile one faster) must not flood the journal. The
+ * counters still count every one. */
+#define REFUSAL_LOGS_PER_S 10
 
 typedef struct {
     uint8_t key[32]; /* binary, as ZAP hands it over */
@@ -51,7 +56,30 @@ struct td_auth {
     pthread_mutex_t lock; /* guards allowed */
     key_set_t allowed;
     _Atomic uint64_t allowed_count, unknown_key, no_curve, bad_handshake;
+    /* Handler thread only: the refusal log's rate limit. */
+    time_t log_second;
+    unsigned logged, suppressed;
 };
+
+/* Whether to log one more refusal now (REFUSAL_LOGS_PER_S a second); says how many were left
+ * out once a new second starts. */
+static bool refusal_log_ok(td_auth_t *self)
+{
+    time_t now = time(NULL);
+    if (now != self->log_second) {
+        if (self->suppressed)
+            td_warn("curve: %u more refusals not logged (tallyd_auth_total counts them)",
+                    self->suppressed);
+        self->log_second = now;
+        self->logged = self->suppressed = 0;
+    }
+    if (self->logged < REFUSAL_LOGS_PER_S) {
+        self->logged++;
+        return true;
+    }
+    self->suppressed++;
+    return false;
+}
 
 /* ---- The allowed keys ------------------------------------------------------------------- */
 
@@ -219,9 +247,10 @@ static void handle_zap(td_auth_t *self)
     char z85[TALLY_KEY_LEN + 1] = "?";
     if (curve)
         zmq_z85_encode(z85, zmq_msg_data(&f[6]), 32);
-    td_warn("curve: refused a client from %s: key %s is not allowed (curve_clients_dir, "
-            "curve_clients)",
-            address[0] ? address : "?", z85);
+    if (refusal_log_ok(self))
+        td_warn("curve: refused a client from %s: key %s is not allowed (curve_clients_dir, "
+                "curve_clients)",
+                address[0] ? address : "?", z85);
     zap_reply(self->zap, &f[1], "400", "key not allowed", "");
 done:
     for (int i = 0; i < n; i++)
@@ -256,19 +285,22 @@ static void handle_event(td_auth_t *self)
     case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
         if (value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
             atomic_fetch_add(&self->no_curve, 1);
-            td_warn("curve: refused a client that does not use CURVE (no key; set the "
-                    "server's public key and a client key pair)");
+            if (refusal_log_ok(self))
+                td_warn("curve: refused a client that does not use CURVE (no key; set the "
+                        "server's public key and a client key pair)");
             break;
         }
         atomic_fetch_add(&self->bad_handshake, 1);
-        td_warn("curve: refused a client whose handshake failed (error 0x%x: most likely it "
-                "uses another server public key)",
-                (unsigned)value);
+        if (refusal_log_ok(self))
+            td_warn("curve: refused a client whose handshake failed (error 0x%x: most likely it "
+                    "uses another server public key)",
+                    (unsigned)value);
         break;
     case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
         atomic_fetch_add(&self->bad_handshake, 1);
-        td_warn("curve: a client's handshake failed (it hung up during the handshake: a "
-                "client without keys, or with another server key, may)");
+        if (refusal_log_ok(self))
+            td_warn("curve: a client's handshake failed (it hung up during the handshake: a "
+                    "client without keys, or with another server key, may)");
         break;
     default:
         break;
