@@ -6,6 +6,7 @@
  *     under its user id;
  *   - an unknown key, no key at all, and a wrong server key are refused (no reply) and counted
  *     in tallyd_auth_total{result};
+ *   - under CURVE the per-client limits count a key's streams across its connections;
  *   - SIGHUP re-reads the allowed keys: a key added to the configuration is then served;
  *   - a secret key file that group or others can read stops tallyd at start;
  *   - protected mode: a network bind without CURVE, or metrics on a network address without
@@ -207,6 +208,32 @@ static void test_unknown_no_and_wrong_server_key_refused(void **state)
     assert_int_equal(wait_stat("tallyd_requests_total{op=\"ping\",status=\"ok\"}", 2), 2);
     assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
     assert_true(th_daemon_log_contains(&daemon_, bob_pub)); /* the refused key is logged */
+}
+
+/* Under CURVE a client is its key, whatever connections it uses: alice's streams count together
+ * across two connections (max_streams_per_client), and her refusals are counted under her name. */
+static void test_limits_per_user_across_connections(void **state)
+{
+    (void)state;
+    start_curve("--max-streams-per-client", "2");
+    void *one = th_connect(daemon_.endpoint, 5000);
+    void *two = th_connect(daemon_.endpoint, 5000);
+    uint8_t byte = 1;
+    const char *names[] = {"u0", "u1", "u2"};
+    void *socks[] = {one, two, two};
+    for (int i = 0; i < 3; i++) {
+        tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 30 + (uint64_t)i);
+        assert_int_equal(tally_req_set_stream(&req, names[i]), TALLY_OK);
+        th_reply_t reply;
+        assert_int_equal(th_call(socks[i], &req, &byte, 1, &reply), 0);
+        assert_int_equal(reply.rep.status, i < 2 ? TALLY_OK : TALLY_E_CLIENT_STREAMS);
+        th_reply_free(&reply);
+    }
+    assert_int_equal(th_stat(one, "tallyd_client_limited_total{client=\"alice\"}"), 1);
+    assert_int_equal(th_stat(one, "tallyd_limited_total{reason=\"client_streams\"}"), 1);
+    th_close(one);
+    th_close(two);
+    assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
 }
 
 /* The allowed keys are read again on SIGHUP: bob, added to the file's list, is then served. */
@@ -570,6 +597,7 @@ int main(void)
         cmocka_unit_test(test_endpoint_is_local),
         cmocka_unit_test_teardown(test_allowed_key_served, stop_daemon),
         cmocka_unit_test_teardown(test_unknown_no_and_wrong_server_key_refused, stop_daemon),
+        cmocka_unit_test_teardown(test_limits_per_user_across_connections, stop_daemon),
         cmocka_unit_test_teardown(test_reload_adds_a_key, stop_daemon),
         cmocka_unit_test_teardown(test_curve_on_ipc, stop_daemon),
         cmocka_unit_test_teardown(test_libtally_curve_keys, stop_daemon),
