@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tally_keys.h"
 #include "td_config.h"
 #include "td_log.h"
 
@@ -263,6 +264,21 @@ static tally_status_t replace_string(char **field, const char *value)
     free(*field);
     *field = copy;
     return TALLY_OK;
+}
+
+/* curve_clients: comma-separated KEY or NAME:KEY items (td_auth.c reads them; checked here too,
+ * so that a typo stops tallyd at start and --check-config reports it). */
+static bool valid_key_list(const char *text)
+{
+    for (const char *p = text; *p;) {
+        size_t len = strcspn(p, ",");
+        bool bare = len == TALLY_KEY_LEN;
+        bool named = len > TALLY_KEY_LEN + 1 && p[len - TALLY_KEY_LEN - 1] == ':';
+        if ((!bare && !named) || !tally_key_valid(p + len - TALLY_KEY_LEN, TALLY_KEY_LEN))
+            return false;
+        p += len + (p[len] == ',');
+    }
+    return true;
 }
 
 /* replace_string for a file or directory: a relative path names a credential systemd passed
@@ -544,7 +560,7 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
                 goto bad;
             break;
         case OPT_CURVE_CLIENTS:
-            if (replace_string(&cfg->curve_clients, optarg) != TALLY_OK)
+            if (!valid_key_list(optarg) || replace_string(&cfg->curve_clients, optarg) != TALLY_OK)
                 goto bad;
             break;
         case OPT_PROTECTED_MODE:

@@ -356,6 +356,9 @@ static void test_protected_mode(void **state)
     assert_int_equal(run_refused(bare, log), 2);
     assert_true(file_contains(log, "protected mode: refusing to listen on tcp://0.0.0.0"));
     assert_true(file_contains(log, "tally keygen"));
+    const char *bad_list[] = {"--curve-clients", "cam1:not-a-key", "--check-config", NULL};
+    assert_int_equal(run_refused(bad_list, log), 2);
+    assert_true(file_contains(log, "invalid value 'cam1:not-a-key'"));
     const char *check[] = {"--bind", endpoint, "--check-config", NULL};
     assert_int_equal(run_refused(check, log), 2);
     assert_true(file_contains(log, "protected mode"));
