@@ -95,7 +95,7 @@
 #define TD_SHM_SOCKET_NAME "tallyd-shm.sock" /* in the runtime directory */
 #define TD_SHM_SOCKET_MODE 0660
 #define TD_IPC_SOCKET_MODE 0660 /* the ZeroMQ ipc sockets tallyd binds itself */
-#define TD_SHM_ALLOW_MAX 32 /* entries in each of shm_allow_uids, shm_allow_gids */
+#define TD_SHM_ALLOW_MAX 32     /* entries in each of shm_allow_uids, shm_allow_gids */
 #define TD_DEFAULT_SHM_MAX_REGIONS_PER_PEER 16u
 #define TD_SHM_MAX_REGIONS_LIMIT 4096u
 /* Registered (pinned, for the GPU) bytes in total: pinned memory is a host resource, and 2 GiB
