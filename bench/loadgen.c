@@ -3,8 +3,8 @@
  *
  *   loadgen --endpoint EP --op filter|scan|hist [--size B] [--producers N] [--window W]
  *           [--seconds S | --count C] [--stream] [--scan-i32] [--shm | --shm-out]
- *           [--pid PID] [--label TEXT]
- *   loadgen --serve-echo EP [EP...]
+ *           [--pid PID] [--label TEXT] [--server-key KEY|FILE --client-key FILE]
+ *   loadgen [--echo-key FILE] --serve-echo EP [EP...]
  *
  * Producers are threads, each with its own libtally client (one DEALER socket) keeping W
  * requests in flight with tally_send/tally_recv, so the numbers include exactly what a real
@@ -20,6 +20,11 @@
  * payload once, and every request references it (tally_send_shm) instead of carrying it: the
  * data path of PROTOCOL.md §10, the GPU copying straight from the region. --shm-out also gives
  * filter and scan an output range per window slot, so the replies carry only their headers.
+ *
+ * CURVE (PROTOCOL.md §12): --server-key and --client-key make every producer a CURVE client
+ * (tally_curve_keys_load, tally_client_new_curve); --echo-key FILE (a `tally keygen` .key) makes
+ * the echo server a CURVE server (no ZAP handler: any client key), so bench/run-curve.sh can put
+ * CURVE's cost beside the plain runs, for tallyd and for the transport ceiling alike.
  *
  * Output: one markdown table row per run (see BENCH_ROW_HEADER), the throughput counting request
  * payload bytes only, latency from tally_send to the reply, over every request answered in the
@@ -42,6 +47,7 @@
 
 #include "tally.h"
 #include "tally_proto.h" /* the echo peer speaks the wire protocol directly */
+#include "tally_keys.h"
 
 #define WARMUP_S 0.3
 #define MAX_WINDOW 1024
@@ -58,6 +64,7 @@ typedef struct {
     bool shm;     /* input by shared-memory reference */
     bool shm_out; /* and output into the region (filter, scan) */
     int pid;
+    tally_curve_keys_t curve; /* server_public "" = no CURVE */
 } opts_t;
 
 typedef struct {
@@ -112,7 +119,7 @@ static void *producer_main(void *arg)
     tally_reply_init(&reply);
     double sent_at[MAX_WINDOW * 4];
     tally_req_t req = make_req(o, p->index);
-    tally_status_t st = tally_client_new(o->c.endpoint, TIMEOUT_MS, &c);
+    tally_status_t st = tally_client_new_curve(o->c.endpoint, TIMEOUT_MS, &o->curve, &c);
     if (st != TALLY_OK) {
         snprintf(p->error, sizeof p->error, "connect: %s", tally_status_text(st));
         p->errors++;
@@ -275,11 +282,20 @@ static void on_signal(int sig)
     echo_stop = 1;
 }
 
-static int serve_echo(char **endpoints, int count)
+static int serve_echo(char **endpoints, int count, const char *key_file)
 {
     void *ctx = zmq_ctx_new();
     void *sock = zmq_socket(ctx, ZMQ_ROUTER);
     int hwm = 1000, timeout = 200, one = 1;
+    if (key_file) {
+        char pub[TALLY_KEY_LEN + 1], sec[TALLY_KEY_LEN + 1], msg[512];
+        if (tally_key_file_read(key_file, true, pub, sec, msg, sizeof msg) != TALLY_OK) {
+            fprintf(stderr, "loadgen: %s\n", msg);
+            return 2;
+        }
+        zmq_setsockopt(sock, ZMQ_CURVE_SERVER, &one, sizeof one);
+        zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sec, TALLY_KEY_LEN);
+    }
     zmq_setsockopt(sock, ZMQ_SNDHWM, &hwm, sizeof hwm);
     zmq_setsockopt(sock, ZMQ_RCVHWM, &hwm, sizeof hwm);
     zmq_setsockopt(sock, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
@@ -335,20 +351,21 @@ static void usage(void)
             "usage: loadgen --endpoint EP --op filter|scan|hist|echo [--size BYTES]\n"
             "               [--producers N] [--window W] [--seconds S | --count C] [--stream]\n"
             "               [--scan-i32] [--shm | --shm-out] [--pid PID] [--label TEXT]\n"
-            "               [--header]\n"
-            "       loadgen --serve-echo EP [EP...]\n");
+            "               [--header] [--server-key KEY|FILE --client-key FILE]\n"
+            "       loadgen [--echo-key FILE] --serve-echo EP [EP...]\n");
 }
 
 int main(int argc, char **argv)
 {
     opts_t o = {.c = {.label = "run", .size = 65536, .producers = 1, .window = 8, .seconds = 2.0},
                 .op = "hist"};
+    const char *echo_key = NULL, *server_key = NULL, *client_key = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--serve-echo") == 0 && v) {
             int count = argc - i - 1 < MAX_ENDPOINTS ? argc - i - 1 : MAX_ENDPOINTS;
-            return serve_echo(argv + i + 1, count);
+            return serve_echo(argv + i + 1, count, echo_key);
         }
         if (strcmp(a, "--stream") == 0) {
             o.stream = true;
@@ -376,6 +393,12 @@ int main(int argc, char **argv)
             o.count = strtoull(v, NULL, 0);
         else if (strcmp(a, "--pid") == 0)
             o.pid = atoi(v);
+        else if (strcmp(a, "--echo-key") == 0)
+            echo_key = v;
+        else if (strcmp(a, "--server-key") == 0)
+            server_key = v;
+        else if (strcmp(a, "--client-key") == 0)
+            client_key = v;
         else {
             usage();
             return 2;
@@ -384,6 +407,12 @@ int main(int argc, char **argv)
     if (!o.c.endpoint || !o.c.producers || o.c.producers > MAX_PRODUCERS || !o.c.window ||
         o.c.window > MAX_WINDOW || (o.c.size % 4 && strcmp(o.op, "hist") && strcmp(o.op, "echo"))) {
         usage();
+        return 2;
+    }
+    char why[512];
+    if (server_key &&
+        tally_curve_keys_load(server_key, client_key, &o.curve, why, sizeof why) != TALLY_OK) {
+        fprintf(stderr, "loadgen: CURVE keys: %s\n", why);
         return 2;
     }
     return run(&o);

@@ -150,6 +150,12 @@ const cli_option_t cli_common_options[] = {
      "tallyd's endpoint: tcp://HOST:PORT or ipc://PATH (default:\n"
      "$TALLY_ENDPOINT, else " TALLY_DEFAULT_ENDPOINT ")"},
     {"timeout", required_argument, 't', "MS", "give up after MS ms without a reply (default 5000)"},
+    {"server-key", required_argument, CLI_OPT_SERVER_KEY, "K",
+     "tallyd's CURVE public key, or its .pub file (default:\n"
+     "$TALLY_SERVER_KEY, else server_key in ~/.config/tally/tally.conf;\nnone: no CURVE)"},
+    {"client-key", required_argument, CLI_OPT_CLIENT_KEY, "FILE",
+     "this client's key file from `tally keygen` (default:\n"
+     "$TALLY_CLIENT_KEY, else client_key in that file)"},
     {"help", no_argument, 'h', NULL, "show this help"},
     {0},
 };
@@ -166,6 +172,12 @@ int cli_common_option(cli_t *cli, const char *cmd, int id, const char *arg)
         if ((rc = cli_option_i64(cmd, "--timeout", arg, 1, INT_MAX, &v)) != 0)
             return rc;
         cli->timeout_ms = (int)v;
+        return 0;
+    case CLI_OPT_SERVER_KEY:
+        cli->server_key = arg;
+        return 0;
+    case CLI_OPT_CLIENT_KEY:
+        cli->client_key = arg;
         return 0;
     default:
         return 1;
@@ -369,7 +381,18 @@ int cli_connect(const cli_t *cli, tally_client_t **client)
         cli_error("cannot connect to %s: %s (is tallyd running?)", ep, strerror(err));
         return EXIT_TRANSPORT;
     }
-    tally_status_t status = tally_client_new(ep, cli->timeout_ms, client);
+    /* CURVE keys: --server-key/--client-key, else $TALLY_SERVER_KEY/$TALLY_CLIENT_KEY, else
+     * ~/.config/tally/tally.conf; none anywhere: a plain connection. */
+    tally_curve_keys_t keys;
+    char kwhy[512];
+    tally_status_t status =
+        tally_curve_keys_load(cli->server_key, cli->client_key, &keys, kwhy, sizeof kwhy);
+    if (status != TALLY_OK) {
+        cli_error("CURVE keys: %s", kwhy);
+        return EXIT_USAGE;
+    }
+    status = tally_client_new_curve(ep, cli->timeout_ms, &keys, client);
+    explicit_bzero(&keys, sizeof keys);
     if (status != TALLY_OK)
         return cli_report(status, "connect", NULL);
     return 0;

@@ -37,6 +37,8 @@ enum { EXIT_DAEMON = 1, EXIT_USAGE = 2, EXIT_TRANSPORT = 3, EXIT_INTERRUPTED = 1
 typedef struct {
     const char *endpoint; /* -e, else $TALLY_ENDPOINT, else TALLY_DEFAULT_ENDPOINT */
     int timeout_ms;       /* -t */
+    const char *server_key; /* --server-key: tallyd's CURVE public key or .pub file, or NULL */
+    const char *client_key; /* --client-key: this client's key file, or NULL */
 } cli_t;
 
 /* One option: getopt_long's fields plus what --help prints for it. */
@@ -54,6 +56,8 @@ typedef struct {
 
 /* Ids of long-only options start here (above every letter). */
 #define CLI_OPT_FIRST 256
+/* Ids of the long-only common options (above every command's own). */
+enum { CLI_OPT_SERVER_KEY = 4096, CLI_OPT_CLIENT_KEY };
 
 typedef struct {
     const char *title; /* "Options", "Predicate (exactly one)"; NULL ends the list */
@@ -78,7 +82,7 @@ struct cli_command {
 int cli_parse(cli_t *cli, const cli_command_t *cmd, void *ctx, int argc, char **argv);
 void cli_print_help(const cli_command_t *cmd, FILE *f);
 void cli_print_options(const cli_option_t *options, FILE *f);
-/* The common options (-e, -t, -h): shared by every command and the top level. */
+/* The common options (-e, -t, --server-key, --client-key, -h): shared by every command and the top level. */
 extern const cli_option_t cli_common_options[];
 int cli_common_option(cli_t *cli, const char *cmd, int id, const char *arg);
 
@@ -124,6 +128,6 @@ int cli_begin(cli_t *cli, const cli_command_t *cmd, int argc, char **argv,
 extern const cli_command_t cli_cmd_filter, cli_cmd_scan, cli_cmd_hist;
 extern const cli_command_t cli_cmd_query, cli_cmd_reset, cli_cmd_delete, cli_cmd_streams;
 extern const cli_command_t cli_cmd_watch;
-extern const cli_command_t cli_cmd_ping, cli_cmd_info, cli_cmd_stats;
+extern const cli_command_t cli_cmd_ping, cli_cmd_info, cli_cmd_stats, cli_cmd_keygen;
 
 #endif /* TALLY_CLI_H */

@@ -81,3 +81,36 @@ const cli_command_t cli_cmd_stats = {
     .about = "Print the daemon's metrics in the Prometheus text format.\n",
     .run = run_stats,
 };
+
+static int run_keygen(cli_t *cli, int argc, char **argv)
+{
+    int rc = cli_parse(cli, &cli_cmd_keygen, NULL, argc, argv);
+    if (rc)
+        return rc == CLI_HELP_SHOWN ? 0 : rc;
+    char pub[41], why[512] = "";
+    tally_status_t st = tally_keygen(argv[optind], pub, why, sizeof why);
+    if (st == TALLY_E_ARG)
+        return cli_usage_error("keygen", "%s", why[0] ? why : "bad NAME");
+    if (st != TALLY_OK) {
+        cli_error("keygen: %s", why);
+        return EXIT_USAGE;
+    }
+    printf("%s\n", pub);
+    return cli_finish_stdout();
+}
+
+const cli_command_t cli_cmd_keygen = {
+    .name = "keygen",
+    .summary = "make a CURVE key pair (NAME.key, NAME.pub)",
+    .usage = "keygen NAME",
+    .about =
+        "Make a CURVE key pair: NAME.key (both halves, mode 0600: this side's secret) and NAME.pub\n"
+        "(the public half, for the other side). For tallyd: `tally keygen /etc/tallyd/server`, then\n"
+        "curve_secret_key = /etc/tallyd/server.key, and server.pub to the clients. For a client:\n"
+        "`tally keygen cam1`, cam1.pub into tallyd's curve_clients_dir, and connect with\n"
+        "--server-key server.pub --client-key cam1.key (or TALLY_SERVER_KEY and TALLY_CLIENT_KEY,\n"
+        "or server_key = and client_key = in ~/.config/tally/tally.conf). Prints the public key;\n"
+        "never overwrites a file.\n",
+    .nargs = 1,
+    .run = run_keygen,
+};

@@ -14,7 +14,7 @@
 static const cli_command_t *const commands[] = {
     &cli_cmd_filter, &cli_cmd_scan,    &cli_cmd_hist, &cli_cmd_query, &cli_cmd_watch,
     &cli_cmd_reset,  &cli_cmd_delete,  &cli_cmd_streams, &cli_cmd_ping, &cli_cmd_info,
-    &cli_cmd_stats,
+    &cli_cmd_stats,  &cli_cmd_keygen,
 };
 
 static const cli_option_t top_options[] = {
@@ -36,7 +36,9 @@ static void print_usage(FILE *f)
         fprintf(f, "  %-8s %s\n", commands[i]->name, commands[i]->summary);
     fprintf(f, "\n'tally COMMAND --help' describes a command.\n"
                "\n"
-               "Environment: TALLY_ENDPOINT, the endpoint when -e is not given.\n"
+               "Environment: TALLY_ENDPOINT, the endpoint when -e is not given;\n"
+               "TALLY_SERVER_KEY and TALLY_CLIENT_KEY, the CURVE keys when --server-key and\n"
+               "--client-key are not given.\n"
                "Exit status: 0 ok, 1 error reported by tallyd, 2 usage or input error,\n"
                "3 no reply (nothing listening, timeout or transport failure), 130 interrupted.\n");
 }
@@ -47,6 +49,8 @@ static int top_level(cli_t *cli, int argc, char **argv)
     static const struct option opts[] = {
         {"endpoint", required_argument, NULL, 'e'},
         {"timeout", required_argument, NULL, 't'},
+        {"server-key", required_argument, NULL, CLI_OPT_SERVER_KEY},
+        {"client-key", required_argument, NULL, CLI_OPT_CLIENT_KEY},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
         {0},

@@ -129,6 +129,25 @@ static tally_status_t set_int_opt(void *sock, int opt, int value)
 
 tally_status_t tally_client_new(const char *endpoint, int timeout_ms, tally_client_t **out)
 {
+    return tally_client_new_curve(endpoint, timeout_ms, NULL, out);
+}
+
+/* CURVE options must be set before the connect: a connection made without them would start a
+ * plain handshake that tallyd refuses (and counts). */
+static tally_status_t set_curve(void *sock, const tally_curve_keys_t *keys)
+{
+    if (!keys || !keys->server_public[0])
+        return TALLY_OK;
+    if (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, keys->server_public, 40) != 0 ||
+        zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, keys->client_public, 40) != 0 ||
+        zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, keys->client_secret, 40) != 0)
+        return TALLY_E_ARG;
+    return TALLY_OK;
+}
+
+tally_status_t tally_client_new_curve(const char *endpoint, int timeout_ms,
+                                      const tally_curve_keys_t *keys, tally_client_t **out)
+{
     if (!out)
         return TALLY_E_ARG;
     *out = NULL;
@@ -167,6 +186,10 @@ tally_status_t tally_client_new(const char *endpoint, int timeout_ms, tally_clie
     self->routing_id[0] |= 0x80;
     if (zmq_setsockopt(self->sock, ZMQ_ROUTING_ID, self->routing_id, sizeof self->routing_id))
         goto fail_sock;
+    if (set_curve(self->sock, keys) != TALLY_OK) {
+        status = TALLY_E_ARG; /* keys that are not 40 characters of Z85 */
+        goto fail_sock;
+    }
     if (zmq_connect(self->sock, endpoint) != 0) {
         /* An endpoint that does not parse is the caller's mistake, not the network's. */
         status = (errno == EINVAL || errno == EPROTONOSUPPORT) ? TALLY_E_ARG : TALLY_E_TRANSPORT;

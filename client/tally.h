@@ -425,6 +425,42 @@ TALLY_API tally_status_t tally_hist_json(const tally_hist_t *hist, tally_buf_t *
 TALLY_API tally_status_t tally_hist_csv(const tally_hist_t *hist, const char *label, bool header,
                               tally_buf_t *out);
 
+/* ---- CURVE: authentication and encryption (PROTOCOL.md §12) ------------------------------ */
+
+/* The keys of one CURVE connection, Z85 text (40 characters). An empty server_public means
+ * CURVE is off. */
+typedef struct {
+    char server_public[41];
+    char client_public[41];
+    char client_secret[41];
+} tally_curve_keys_t;
+
+/* Finds the keys to connect with. server_key is the server's public key (40 characters of Z85)
+ * or a file holding it (the server's NAME.pub); client_key is the client's secret key file
+ * (from `tally keygen`: both halves, mode 0600). Each that is NULL is taken from
+ * $TALLY_SERVER_KEY and $TALLY_CLIENT_KEY, then from `server_key = ...` and `client_key = ...`
+ * lines in $XDG_CONFIG_HOME/tally/tally.conf (default ~/.config/tally/tally.conf). With no
+ * server key anywhere, keys->server_public is "" (CURVE off) and the result TALLY_OK.
+ * TALLY_E_ARG (TALLY_E_IO for a file that cannot be read) with msg: a malformed key, a secret
+ * key file that group or others can read, or a server key without a client key. */
+TALLY_API tally_status_t tally_curve_keys_load(const char *server_key, const char *client_key,
+                                     tally_curve_keys_t *keys, char *msg, size_t msg_cap);
+
+/* Makes a new CURVE key pair and writes it as two key files (CZMQ's certificate format):
+ * BASE.key holds both halves (mode 0600: the client's --client-key, or tallyd's
+ * curve_secret_key) and BASE.pub the public half (for the other side: a client's goes into
+ * tallyd's curve_clients_dir, the server's to its clients). Existing files are not overwritten
+ * (TALLY_E_IO, with msg). public_key (may be NULL) receives the public key. */
+TALLY_API tally_status_t tally_keygen(const char *base, char public_key[41], char *msg, size_t msg_cap);
+
+/* tally_client_new for a daemon with CURVE on: keys from tally_curve_keys_load (NULL, or an
+ * empty server_public: a plain connection, as tally_client_new). A daemon that does not accept
+ * the keys (an unknown client key, a wrong server key) never answers: requests end in
+ * TALLY_E_TIMEOUT, and the daemon logs and counts the refusal. TALLY_E_ARG for keys that are not
+ * 40 characters of Z85. */
+TALLY_API tally_status_t tally_client_new_curve(const char *endpoint, int timeout_ms,
+                                      const tally_curve_keys_t *keys, tally_client_t **out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -29,6 +29,12 @@ int main(int argc, char **argv)
         code = 0;
         goto done;
     }
+    /* Protected mode: before anything starts, and what --check-config reports too. */
+    if (td_config_check_protected(&cfg, msg, sizeof msg) != TALLY_OK) {
+        fprintf(stderr, "tallyd: %s\n", msg);
+        code = 2;
+        goto done;
+    }
     if (cfg.check_only) {
         printf("configuration ok (%s)\n",
                cfg.config_file ? cfg.config_file : TD_DEFAULT_CONFIG_FILE " if present");

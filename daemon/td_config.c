@@ -1,6 +1,7 @@
 /*
  * td_config.c — defaults and the command line (see td_config.h).
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
 #include <grp.h>
@@ -12,6 +13,7 @@
 #include <string.h>
 
 #include "tally_args.h"
+#include "tally_keys.h"
 #include "td_config.h"
 #include "td_log.h"
 
@@ -22,6 +24,9 @@ void td_config_init(td_config_t *cfg)
     cfg->max_batch = TD_DEFAULT_MAX_BATCH;
     cfg->max_inflight = TD_DEFAULT_MAX_INFLIGHT;
     cfg->max_streams = TD_DEFAULT_MAX_STREAMS;
+    cfg->max_inflight_per_peer = TD_DEFAULT_MAX_INFLIGHT_PER_PEER;
+    cfg->max_streams_per_client = TD_DEFAULT_MAX_STREAMS_PER_CLIENT;
+    cfg->stream_create_rate = TD_DEFAULT_STREAM_CREATE_RATE;
     cfg->log_level = TD_LOG_INFO;
     cfg->gpu_streams = TD_DEFAULT_GPU_STREAMS;
     cfg->gpu_spin_us = TD_DEFAULT_GPU_SPIN_US;
@@ -37,11 +42,28 @@ void td_config_init(td_config_t *cfg)
     cfg->window_interval_ms = TD_DEFAULT_WINDOW_INTERVAL_MS;
     cfg->pub_interval_ms = TD_DEFAULT_PUB_INTERVAL_MS;
     cfg->metrics_streams = TD_DEFAULT_METRICS_STREAMS;
+    cfg->protected_mode = TD_DEFAULT_PROTECTED_MODE;
 }
 
 size_t td_config_max_frame(const td_config_t *cfg)
 {
     return cfg->max_frame ? cfg->max_frame : TD_MAX_FRAME_FACTOR * cfg->max_batch;
+}
+
+unsigned td_config_inflight_per_peer(const td_config_t *cfg, unsigned active)
+{
+    if (cfg->max_inflight_per_peer)
+        return cfg->max_inflight_per_peer;
+    unsigned floor = cfg->max_inflight < TD_FAIR_SHARE_MIN ? cfg->max_inflight : TD_FAIR_SHARE_MIN;
+    unsigned share = cfg->max_inflight / (active ? active : 1);
+    return share > floor ? share : floor;
+}
+
+unsigned td_config_streams_per_client(const td_config_t *cfg)
+{
+    if (cfg->max_streams_per_client)
+        return cfg->max_streams_per_client;
+    return cfg->max_streams / 2 ? cfg->max_streams / 2 : 1;
 }
 
 unsigned td_config_io_threads(const td_config_t *cfg)
@@ -79,7 +101,94 @@ void td_config_clear(td_config_t *cfg)
     free(cfg->shm_socket);
     free(cfg->pub_endpoint);
     free(cfg->test_clock);
+    free(cfg->curve_secret_key);
+    free(cfg->curve_clients_dir);
+    free(cfg->curve_clients);
+    free(cfg->metrics_auth_file);
     td_config_init(cfg);
+}
+
+bool td_endpoint_is_local(const char *endpoint)
+{
+    if (strncmp(endpoint, "ipc://", 6) == 0 || strncmp(endpoint, "inproc://", 9) == 0)
+        return true;
+    const char *host = endpoint;
+    if (strstr(endpoint, "://")) {
+        if (strncmp(endpoint, "tcp://", 6) != 0)
+            return false;
+        host = endpoint + 6;
+    }
+    char addr[INET6_ADDRSTRLEN + 2];
+    const char *colon = strrchr(host, ':');
+    size_t len = colon ? (size_t)(colon - host) : strlen(host);
+    if (len >= 2 && host[0] == '[' && host[len - 1] == ']') {
+        host++;
+        len -= 2;
+    }
+    if (len == 0 || len >= sizeof addr)
+        return false;
+    memcpy(addr, host, len);
+    addr[len] = '\0';
+    if (strcmp(addr, "localhost") == 0 || strcmp(addr, "lo") == 0)
+        return true;
+    struct in_addr v4;
+    struct in6_addr v6;
+    if (inet_pton(AF_INET, addr, &v4) == 1)
+        return (ntohl(v4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, addr, &v6) == 1)
+        return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
+    return false; /* a wildcard, an interface or a host name */
+}
+
+static void protected_mode_message(const char *endpoint, bool metrics, char *msg, size_t cap)
+{
+    if (metrics) {
+        snprintf(msg, cap,
+                 "protected mode: refusing to serve metrics on %s, a network address, without "
+                 "authentication. Put USER:PASSWORD in a file only tallyd can read and set "
+                 "[metrics] auth_file = FILE (--metrics-auth-file), listen on 127.0.0.1, or set "
+                 "[security] protected_mode = off if the network is trusted",
+                 endpoint);
+        return;
+    }
+    snprintf(msg, cap,
+             "protected mode: refusing to listen on %s, a network address, without CURVE: anyone "
+             "who reaches it could push into, reset or read any stream. Set up keys: `tally "
+             "keygen /etc/tallyd/server` (writes server.key and server.pub), then in [security] "
+             "curve_secret_key = /etc/tallyd/server.key and curve_clients_dir = a directory "
+             "holding each client's NAME.pub (`tally keygen NAME` on the client); give clients "
+             "server.pub (PROTOCOL.md §12). Or bind 127.0.0.1 or ipc://, or set [security] "
+             "protected_mode = off if the network is trusted",
+             endpoint);
+}
+
+tally_status_t td_config_check_endpoint(const td_config_t *cfg, const char *endpoint, bool metrics,
+                                        char *msg, size_t cap)
+{
+    bool authenticated = metrics ? cfg->metrics_auth_file != NULL : cfg->curve_secret_key != NULL;
+    /* A metrics address that is not HOST:PORT at all is td_http's to refuse, more helpfully. */
+    bool malformed = metrics && !strchr(endpoint, ':');
+    if (authenticated || malformed || td_endpoint_is_local(endpoint))
+        return TALLY_OK;
+    if (cfg->protected_mode) {
+        protected_mode_message(endpoint, metrics, msg, cap);
+        return TALLY_E_PARAM;
+    }
+    td_warn("protected_mode is off: %s%s is a network address without authentication; anyone "
+            "who reaches it can %s",
+            metrics ? "metrics endpoint " : "", endpoint,
+            metrics ? "read tallyd's metrics" : "push into, reset or read any stream");
+    return TALLY_OK;
+}
+
+tally_status_t td_config_check_protected(const td_config_t *cfg, char *msg, size_t cap)
+{
+    for (int i = 0; i < cfg->bind_count; i++)
+        if (td_config_check_endpoint(cfg, cfg->binds[i], false, msg, cap) != TALLY_OK)
+            return TALLY_E_PARAM;
+    if (cfg->metrics_listen)
+        return td_config_check_endpoint(cfg, cfg->metrics_listen, true, msg, cap);
+    return TALLY_OK;
 }
 
 tally_status_t td_config_add_bind(td_config_t *cfg, const char *endpoint)
@@ -131,6 +240,34 @@ static tally_status_t replace_string(char **field, const char *value)
     free(*field);
     *field = copy;
     return TALLY_OK;
+}
+
+/* curve_clients: comma-separated KEY or NAME:KEY items (td_auth.c reads them; checked here too,
+ * so that a typo stops tallyd at start and --check-config reports it). */
+static bool valid_key_list(const char *text)
+{
+    for (const char *p = text; *p;) {
+        size_t len = strcspn(p, ",");
+        bool bare = len == TALLY_KEY_LEN;
+        bool named = len > TALLY_KEY_LEN + 1 && p[len - TALLY_KEY_LEN - 1] == ':';
+        if ((!bare && !named) || !tally_key_valid(p + len - TALLY_KEY_LEN, TALLY_KEY_LEN))
+            return false;
+        p += len + (p[len] == ',');
+    }
+    return true;
+}
+
+/* replace_string for a file or directory: a relative path names a credential systemd passed
+ * (LoadCredential=: $CREDENTIALS_DIRECTORY/PATH) when that is set, else it is taken as given. */
+static tally_status_t replace_path(char **field, const char *value)
+{
+    const char *creds = getenv("CREDENTIALS_DIRECTORY");
+    if (!value[0] || value[0] == '/' || !creds || !creds[0])
+        return replace_string(field, value);
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", creds, value) >= sizeof path)
+        return TALLY_E_PARAM;
+    return replace_string(field, path);
 }
 
 /* One user or group: a number, or a name looked up in the passwd or group database. */
@@ -196,6 +333,15 @@ void td_config_usage(const char *argv0)
            "      --max-batch BYTES   largest request payload, K/M/G suffixes (default %u)\n"
            "      --max-inflight N    requests in flight before tallyd stops reading (default %u)\n"
            "      --max-streams N     named streams kept at once (default %u)\n"
+           "      --max-inflight-per-peer N  requests in flight per connection, beyond which\n"
+           "                          it is answered `busy` (default 0: a fair share,\n"
+           "                          max-inflight / connections with requests in flight,\n"
+           "                          at least 8)\n"
+           "      --max-streams-per-client N  streams one client may create (its CURVE key, or\n"
+           "                          its connection), beyond which `client_streams` (default\n"
+           "                          0: half of max-streams)\n"
+           "      --stream-create-rate N  streams one client may create per second, beyond\n"
+           "                          which `rate_limited` (default %u; 0 = unlimited)\n"
            "      --max-frame BYTES   a frame over this closes its connection without a reply;\n"
            "                          payloads over max-batch are answered too_large (default\n"
            "                          %u x max-batch)\n"
@@ -230,12 +376,23 @@ void td_config_usage(const char *argv0)
            "      --pub-interval-ms MS  how often (default %u)\n"
            "      --metrics-streams N  streams with their own metrics label; the rest are\n"
            "                          summed as stream=\"_other\" (default %u)\n"
+           "      --curve-secret-key FILE  turn CURVE on with the server key pair in FILE (from\n"
+           "                          `tally keygen`; mode 0600; a relative FILE is looked up\n"
+           "                          in $CREDENTIALS_DIRECTORY when systemd set it)\n"
+           "      --curve-clients-dir DIR  allowed client keys: DIR/NAME.pub, client NAME\n"
+           "      --curve-clients LIST  allowed client keys: KEY or NAME:KEY, comma-separated\n"
+           "      --protected-mode on|off  refuse network endpoints (tcp other than loopback)\n"
+           "                          without CURVE, and metrics on one without basic auth\n"
+           "                          (default on)\n"
+           "      --metrics-auth-file FILE  USER:PASSWORD that /metrics and /healthz must present\n"
+           "                          (HTTP basic auth)\n"
            "      --check-config      check the configuration file and options, then exit\n"
            "  -h, --help              this text\n"
            "  -V, --version           print the version\n",
            argv0, TD_DEFAULT_ENDPOINT, TD_DEFAULT_MAX_BATCH, TD_DEFAULT_MAX_INFLIGHT,
-           TD_DEFAULT_MAX_STREAMS, TD_MAX_FRAME_FACTOR, TD_DEFAULT_DRAIN_MS, TD_DEFAULT_CONFIG_FILE,
-           TD_DEFAULT_STATE_INTERVAL, TD_SHM_SOCKET_NAME, TD_DEFAULT_SHM_MAX_REGIONS_PER_PEER,
+           TD_DEFAULT_MAX_STREAMS, TD_DEFAULT_STREAM_CREATE_RATE, TD_MAX_FRAME_FACTOR,
+           TD_DEFAULT_DRAIN_MS, TD_DEFAULT_CONFIG_FILE, TD_DEFAULT_STATE_INTERVAL,
+           TD_SHM_SOCKET_NAME, TD_DEFAULT_SHM_MAX_REGIONS_PER_PEER,
            (unsigned long long)TD_DEFAULT_SHM_MAX_BYTES, TD_DEFAULT_WINDOW_INTERVALS,
            TD_DEFAULT_WINDOW_INTERVAL_MS, TD_DEFAULT_PUB_INTERVAL_MS, TD_DEFAULT_METRICS_STREAMS);
 }
@@ -273,6 +430,14 @@ enum {
     OPT_PUB_INTERVAL_MS,
     OPT_METRICS_STREAMS,
     OPT_TEST_CLOCK,
+    OPT_MAX_INFLIGHT_PER_PEER,
+    OPT_MAX_STREAMS_PER_CLIENT,
+    OPT_STREAM_CREATE_RATE,
+    OPT_CURVE_SECRET_KEY,
+    OPT_CURVE_CLIENTS_DIR,
+    OPT_CURVE_CLIENTS,
+    OPT_PROTECTED_MODE,
+    OPT_METRICS_AUTH_FILE,
 };
 
 tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, bool *exit_now,
@@ -285,6 +450,14 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
         {"max-inflight", required_argument, NULL, OPT_MAX_INFLIGHT},
         {"max-streams", required_argument, NULL, OPT_MAX_STREAMS},
         {"max-frame", required_argument, NULL, OPT_MAX_FRAME},
+        {"max-inflight-per-peer", required_argument, NULL, OPT_MAX_INFLIGHT_PER_PEER},
+        {"max-streams-per-client", required_argument, NULL, OPT_MAX_STREAMS_PER_CLIENT},
+        {"stream-create-rate", required_argument, NULL, OPT_STREAM_CREATE_RATE},
+        {"curve-secret-key", required_argument, NULL, OPT_CURVE_SECRET_KEY},
+        {"curve-clients-dir", required_argument, NULL, OPT_CURVE_CLIENTS_DIR},
+        {"curve-clients", required_argument, NULL, OPT_CURVE_CLIENTS},
+        {"protected-mode", required_argument, NULL, OPT_PROTECTED_MODE},
+        {"metrics-auth-file", required_argument, NULL, OPT_METRICS_AUTH_FILE},
         {"drain-ms", required_argument, NULL, OPT_DRAIN_MS},
         {"workers", required_argument, NULL, OPT_WORKERS},
         {"gpu-streams", required_argument, NULL, OPT_GPU_STREAMS},
@@ -365,6 +538,40 @@ tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, boo
             break;
         case OPT_MAX_STREAMS:
             if (parse_unsigned(optarg, 1, 1u << 24, &cfg->max_streams) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_MAX_INFLIGHT_PER_PEER:
+            if (parse_unsigned(optarg, 0, TD_MAX_INFLIGHT_LIMIT, &cfg->max_inflight_per_peer) !=
+                TALLY_OK)
+                goto bad;
+            break;
+        case OPT_MAX_STREAMS_PER_CLIENT:
+            if (parse_unsigned(optarg, 0, 1u << 24, &cfg->max_streams_per_client) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_STREAM_CREATE_RATE:
+            if (parse_unsigned(optarg, 0, TD_STREAM_CREATE_RATE_LIMIT, &cfg->stream_create_rate) !=
+                TALLY_OK)
+                goto bad;
+            break;
+        case OPT_CURVE_SECRET_KEY:
+            if (replace_path(&cfg->curve_secret_key, optarg) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_CURVE_CLIENTS_DIR:
+            if (replace_path(&cfg->curve_clients_dir, optarg) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_CURVE_CLIENTS:
+            if (!valid_key_list(optarg) || replace_string(&cfg->curve_clients, optarg) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_PROTECTED_MODE:
+            if (parse_on_off(optarg, &cfg->protected_mode) != TALLY_OK)
+                goto bad;
+            break;
+        case OPT_METRICS_AUTH_FILE:
+            if (replace_path(&cfg->metrics_auth_file, optarg) != TALLY_OK)
                 goto bad;
             break;
         case OPT_MAX_FRAME:

@@ -18,6 +18,19 @@
 #define TD_DEFAULT_MAX_BATCH (16u << 20) /* bytes of payload in one request */
 #define TD_DEFAULT_MAX_INFLIGHT 64u      /* requests accepted and not yet answered */
 #define TD_DEFAULT_MAX_STREAMS 4096u
+/* Per-peer limits (td_peers.h), so that no peer can hurt another: a connection may hold at most
+ * max_inflight_per_peer of the max_inflight slots. 0, the default, is a fair share: max_inflight
+ * divided among the connections that have requests in flight, but never below
+ * TD_FAIR_SHARE_MIN (libtally's default window), so that a peer alone keeps its whole pipeline
+ * and 8 producers x 8 in flight (the benchmark) are never refused at the default 64. A client
+ * identity may create at most max_streams_per_client streams (0: half of max_streams), and at
+ * most stream_create_rate per second, in bursts of one second's worth (0: unlimited). */
+#define TD_DEFAULT_MAX_INFLIGHT_PER_PEER 0u
+#define TD_FAIR_SHARE_MIN 8u
+#define TD_DEFAULT_MAX_STREAMS_PER_CLIENT 0u
+#define TD_DEFAULT_STREAM_CREATE_RATE 1000u
+#define TD_STREAM_CREATE_RATE_LIMIT 1000000u
+#define TD_PEERS_SWEEP_MS 1000 /* how often idle per-peer entries are freed */
 /* A frame over max_frame makes ZeroMQ close the connection (ZMQ_MAXMSGSIZE) instead of tallyd
  * answering too_large. It is a memory guard, not the batch limit: ZeroMQ reads a whole frame
  * into memory before tallyd sees it, and queues up to RCVHWM messages per peer, so a peer can
@@ -105,13 +118,18 @@
 #define TD_DEFAULT_SHM true
 #define TD_SHM_SOCKET_NAME "tallyd-shm.sock" /* in the runtime directory */
 #define TD_SHM_SOCKET_MODE 0660
-#define TD_SHM_ALLOW_MAX 32 /* entries in each of shm_allow_uids, shm_allow_gids */
+#define TD_IPC_SOCKET_MODE 0660 /* the ZeroMQ ipc sockets tallyd binds itself */
+#define TD_SHM_ALLOW_MAX 32     /* entries in each of shm_allow_uids, shm_allow_gids */
 #define TD_DEFAULT_SHM_MAX_REGIONS_PER_PEER 16u
 #define TD_SHM_MAX_REGIONS_LIMIT 4096u
 /* Registered (pinned, for the GPU) bytes in total: pinned memory is a host resource, and 2 GiB
  * is 128 regions of the default 16 MiB batch. */
 #define TD_DEFAULT_SHM_MAX_BYTES (2ull << 30)
 #define TD_SHM_CONNECTIONS_MAX 1024 /* side-channel connections at once */
+/* Security (td_auth.h, PROTOCOL.md §12). Protected mode, on by default like Redis's: tallyd
+ * refuses to listen on a network address (tcp other than loopback) without CURVE, and to serve
+ * metrics on one without HTTP basic auth, unless protected_mode is off. */
+#define TD_DEFAULT_PROTECTED_MODE true
 #define TD_DEFAULT_CONFIG_FILE "/etc/tallyd/tallyd.conf"
 #define TD_MAX_BINDS 16
 #define TD_MAX_BATCH_LIMIT (1024ull << 20) /* --max-batch may not exceed 1 GiB */
@@ -154,6 +172,9 @@ typedef struct {
     size_t max_batch;      /* bytes */
     unsigned max_inflight; /* requests */
     unsigned max_streams;
+    unsigned max_inflight_per_peer;  /* per connection; 0 = a fair share */
+    unsigned max_streams_per_client; /* per client identity; 0 = max_streams / 2 */
+    unsigned stream_create_rate;     /* per client identity and second; 0 = unlimited */
     size_t max_frame;  /* bytes; ZeroMQ's hard frame limit; 0 = TD_MAX_FRAME_FACTOR x max_batch */
     unsigned drain_ms; /* reading after a stop signal */
     unsigned workers;  /* CPU threads for batch work; 0 = number of cores */
@@ -187,6 +208,11 @@ typedef struct {
     unsigned pub_interval_ms;          /* publication interval */
     unsigned metrics_streams;          /* streams with their own metrics label */
     char *test_clock;                  /* owned; test only: the window clock read from a file */
+    char *curve_secret_key;            /* owned; the server's key file; NULL = CURVE off */
+    char *curve_clients_dir;           /* owned; a directory of allowed NAME.pub files, or NULL */
+    char *curve_clients;     /* owned; allowed KEY or NAME:KEY items, comma-separated, or NULL */
+    bool protected_mode;     /* refuse network endpoints without authentication */
+    char *metrics_auth_file; /* owned; USER:PASSWORD for the metrics endpoint's basic auth */
     int argc; /* the command line, kept so SIGHUP can re-apply it (borrowed) */
     char **argv;
 } td_config_t;
@@ -212,6 +238,24 @@ unsigned td_config_io_threads(const td_config_t *cfg);
 void td_config_default_shm_socket(char *buf, size_t cap);
 /* The frame limit in force: cfg->max_frame, or its default from max_batch. */
 size_t td_config_max_frame(const td_config_t *cfg);
+/* The per-peer limits in force. In flight: the setting, else max_inflight / active (the
+ * connections with requests in flight), at least min(TD_FAIR_SHARE_MIN, max_inflight). Streams:
+ * the setting, else half of max_streams (at least 1). */
+unsigned td_config_inflight_per_peer(const td_config_t *cfg, unsigned active);
+unsigned td_config_streams_per_client(const td_config_t *cfg);
+
+/* True for an endpoint that only this host can reach: ipc, inproc, or tcp on a loopback
+ * address (127.0.0.0/8, ::1, localhost, lo). A wildcard, an interface name or any other address
+ * (and any other transport) is a network endpoint. Also takes HOST:PORT (the metrics listen). */
+bool td_endpoint_is_local(const char *endpoint);
+/* Protected mode for one endpoint (metrics: the HTTP metrics listen address): TALLY_E_PARAM,
+ * with a message that says how to set up keys, for a network endpoint without authentication
+ * (CURVE; basic auth for metrics) while protected_mode is on; with it off, a warning is logged
+ * (at every start) and TALLY_OK returned. */
+tally_status_t td_config_check_endpoint(const td_config_t *cfg, const char *endpoint, bool metrics,
+                                        char *msg, size_t cap);
+/* td_config_check_endpoint for every bind and the metrics endpoint. */
+tally_status_t td_config_check_protected(const td_config_t *cfg, char *msg, size_t cap);
 
 /* Parses a size with an optional K, M, G suffix (powers of two). */
 tally_status_t td_config_parse_size(const char *text, size_t *out);

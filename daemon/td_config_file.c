@@ -45,6 +45,9 @@ static const td_config_key_t config_keys[] = {
     {"server", "max_inflight", "--max-inflight"},
     {"server", "max_streams", "--max-streams"},
     {"server", "max_frame", "--max-frame"},
+    {"server", "max_inflight_per_peer", "--max-inflight-per-peer"},
+    {"server", "max_streams_per_client", "--max-streams-per-client"},
+    {"server", "stream_create_rate", "--stream-create-rate"},
     {"server", "drain_ms", "--drain-ms"},
     {"server", "workers", "--workers"},
     {"server", "log_level", "--log-level"},
@@ -52,6 +55,11 @@ static const td_config_key_t config_keys[] = {
     {"state", "dir", "--state-dir"},
     {"state", "interval", "--state-interval"},
     {"metrics", "listen", "--metrics"},
+    {"metrics", "auth_file", "--metrics-auth-file"},
+    {"security", "curve_secret_key", "--curve-secret-key"},
+    {"security", "curve_clients_dir", "--curve-clients-dir"},
+    {"security", "curve_clients", "--curve-clients"},
+    {"security", "protected_mode", "--protected-mode"},
     {"gpu", "streams", "--gpu-streams"},
     {"gpu", "min_batch", "--gpu-min-batch"},
     {"shm", "enabled", "--shm"},
@@ -253,6 +261,21 @@ static bool same_binds(const td_config_t *a, const td_config_t *b)
     return true;
 }
 
+/* A reloadable string setting: next's value replaces live's (kept when out of memory). */
+static void take_string(const char *key, char **live, const char *next)
+{
+    if (same_string(*live, next))
+        return;
+    char *copy = next ? strdup(next) : NULL;
+    if (next && !copy) {
+        td_err("reload: %s: out of memory; kept", key);
+        return;
+    }
+    td_notice("reload: %s: %s -> %s", key, *live ? *live : "(none)", next ? next : "(none)");
+    free(*live);
+    *live = copy;
+}
+
 static void log_ignored(const char *key)
 {
     td_warn("reload: %s changed; ignored until tallyd restarts", key);
@@ -276,6 +299,9 @@ bool td_config_apply_runtime(td_config_t *live, const td_config_t *next)
     }
     APPLY_NUMBER(max_inflight, "%u")
     APPLY_NUMBER(max_streams, "%u")
+    APPLY_NUMBER(max_inflight_per_peer, "%u")
+    APPLY_NUMBER(max_streams_per_client, "%u")
+    APPLY_NUMBER(stream_create_rate, "%u")
     APPLY_NUMBER(max_batch, "%zu")
     APPLY_NUMBER(state_interval, "%u")
     APPLY_NUMBER(drain_ms, "%u")
@@ -309,6 +335,15 @@ bool td_config_apply_runtime(td_config_t *live, const td_config_t *next)
         log_ignored("state dir");
     if (!same_string(live->metrics_listen, next->metrics_listen))
         log_ignored("metrics listen");
+    if (!same_string(live->metrics_auth_file, next->metrics_auth_file))
+        log_ignored("metrics auth_file");
+    if (!same_string(live->curve_secret_key, next->curve_secret_key))
+        log_ignored("security curve_secret_key");
+    if (live->protected_mode != next->protected_mode)
+        log_ignored("security protected_mode");
+    /* The allowed client keys are read again on every reload (td_auth_reload), from these. */
+    take_string("security curve_clients_dir", &live->curve_clients_dir, next->curve_clients_dir);
+    take_string("security curve_clients", &live->curve_clients, next->curve_clients);
     if (live->gpu_streams != next->gpu_streams)
         log_ignored("gpu streams");
     if (live->gpu_min_batch != next->gpu_min_batch)

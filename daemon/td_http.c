@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "td_config.h"
@@ -61,6 +62,10 @@ struct td_http {
     const char *why;
     bool closing;
     bool ready; /* the async handle exists */
+
+    /* HTTP basic auth (--metrics-auth-file): empty user = none. Read-only after start. */
+    char user[128];
+    char password[256];
 };
 
 /* Resolves "HOST:PORT" or "[IPv6]:PORT" (a name, an IPv4 or IPv6 address; port 0 picks one)
@@ -80,6 +85,69 @@ static tally_status_t parse_listen(const char *listen, struct sockaddr_storage *
     memcpy(ss, res->ai_addr, res->ai_addrlen);
     freeaddrinfo(res);
     return TALLY_OK;
+}
+
+/* Constant-time comparison, so a scrape cannot learn the password a byte at a time. */
+static bool same_secret(const char *given, const char *expected)
+{
+    size_t n = strlen(expected), m = given ? strlen(given) : 0;
+    unsigned char diff = (unsigned char)(n != m);
+    for (size_t i = 0; i < n; i++)
+        diff |= (unsigned char)(expected[i] ^ (i < m ? given[i] : 0));
+    return diff == 0 && given;
+}
+
+/* The auth file: USER:PASSWORD on its first line; group and others may not access it. */
+static tally_status_t read_auth_file(td_http_t *self, const char *path)
+{
+    FILE *f = fopen(path, "r");
+    struct stat sb;
+    char line[512] = "";
+    tally_status_t st = TALLY_E_PARAM;
+    if (!f) {
+        td_err("metrics: cannot read auth_file %s: %s", path, strerror(errno));
+        return st;
+    }
+    if (fstat(fileno(f), &sb) == 0 && (sb.st_mode & 077)) {
+        td_err("metrics: auth_file %s has mode %04o: a password file must not be accessible to "
+               "group or others (chmod 600 %s)",
+               path, (unsigned)(sb.st_mode & 07777), path);
+        goto done;
+    }
+    if (!fgets(line, sizeof line, f))
+        line[0] = '\0';
+    line[strcspn(line, "\r\n")] = '\0';
+    char *colon = strchr(line, ':');
+    if (!colon || colon == line || !colon[1] || (size_t)(colon - line) >= sizeof self->user ||
+        strlen(colon + 1) >= sizeof self->password) {
+        td_err("metrics: auth_file %s must hold USER:PASSWORD on its first line", path);
+        goto done;
+    }
+    *colon = '\0'; /* both lengths were checked above */
+    memcpy(self->user, line, (size_t)(colon - line) + 1);
+    memcpy(self->password, colon + 1, strlen(colon + 1) + 1);
+    st = TALLY_OK;
+done:
+    explicit_bzero(line, sizeof line);
+    fclose(f);
+    return st;
+}
+
+/* Basic auth, when configured: true when the request may proceed. */
+static bool authorized(td_http_t *self, struct MHD_Connection *conn)
+{
+    if (!self->user[0])
+        return true;
+    char *password = NULL;
+    char *user = MHD_basic_auth_get_username_password(conn, &password);
+    bool ok = same_secret(user, self->user) & same_secret(password, self->password);
+    if (password) {
+        explicit_bzero(password, strlen(password));
+        MHD_free(password);
+    }
+    if (user)
+        MHD_free(user);
+    return ok;
 }
 
 static bool is_loopback(const struct sockaddr_storage *ss)
@@ -213,6 +281,17 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
                          "not found: tallyd serves /metrics and /healthz\n");
     if (!get && !head)
         return send_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET\n");
+    /* With metrics_auth_file both /metrics and /healthz need the credentials. */
+    if (!authorized(self, conn)) {
+        static const char denied[] = "tallyd metrics: authentication required\n";
+        struct MHD_Response *resp = MHD_create_response_from_buffer(
+            sizeof denied - 1, (void *)denied, MHD_RESPMEM_PERSISTENT);
+        if (!resp)
+            return MHD_NO;
+        enum MHD_Result rc = MHD_queue_basic_auth_fail_response(conn, "tallyd", resp);
+        MHD_destroy_response(resp);
+        return rc;
+    }
     if (healthz) {
         const char *why = NULL;
         if (fetch_health(self, &why))
@@ -245,8 +324,9 @@ static void log_mhd(void *cls, const char *fmt, va_list ap)
     td_warn("metrics http: %s", line);
 }
 
-tally_status_t td_http_new(uv_loop_t *loop, const char *listen, td_http_render_fn render,
-                           td_http_health_fn health, void *ctx, td_http_t **out)
+tally_status_t td_http_new(uv_loop_t *loop, const char *listen, const char *auth_file,
+                           td_http_render_fn render, td_http_health_fn health, void *ctx,
+                           td_http_t **out)
 {
     struct sockaddr_storage ss;
     if (parse_listen(listen, &ss) != TALLY_OK) {
@@ -255,12 +335,17 @@ tally_status_t td_http_new(uv_loop_t *loop, const char *listen, td_http_render_f
                listen);
         return TALLY_E_PARAM;
     }
-    if (!is_loopback(&ss))
-        td_warn("metrics: %s is not a loopback address; the endpoint has no authentication",
-                listen);
     td_http_t *self = calloc(1, sizeof *self);
     if (!self)
         return TALLY_E_INTERNAL;
+    if (auth_file && read_auth_file(self, auth_file) != TALLY_OK) {
+        free(self);
+        return TALLY_E_PARAM;
+    }
+    /* Protected mode (td_config_check_protected) has refused this unless it was turned off. */
+    if (!is_loopback(&ss) && !self->user[0])
+        td_warn("metrics: %s is not a loopback address; the endpoint has no authentication",
+                listen);
     self->render = render;
     self->health = health;
     self->ctx = ctx;
@@ -296,6 +381,7 @@ tally_status_t td_http_new(uv_loop_t *loop, const char *listen, td_http_render_f
     return TALLY_OK;
 
 fail:
+    explicit_bzero(self->password, sizeof self->password);
     pthread_cond_destroy(&self->done);
     pthread_mutex_destroy(&self->lock);
     free(self);

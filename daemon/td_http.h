@@ -21,9 +21,12 @@ typedef bool (*td_http_health_fn)(void *ctx, const char **why);
 typedef struct td_http td_http_t;
 
 /* Starts serving on listen ("IP:PORT", "[IPv6]:PORT"; port 0 picks a free one, which is
- * logged). render runs on loop's thread whenever a scrape arrives. */
-tally_status_t td_http_new(uv_loop_t *loop, const char *listen, td_http_render_fn render,
-                           td_http_health_fn health, void *ctx, td_http_t **out);
+ * logged). render runs on loop's thread whenever a scrape arrives. With auth_file (USER:PASSWORD,
+ * mode 0600; may be NULL) every scrape must present those credentials (HTTP basic auth, else
+ * 401). */
+tally_status_t td_http_new(uv_loop_t *loop, const char *listen, const char *auth_file,
+                           td_http_render_fn render, td_http_health_fn health, void *ctx,
+                           td_http_t **out);
 /* The port actually bound. */
 unsigned td_http_port(const td_http_t *self);
 /* Loop thread: stops the HTTP thread (answering any waiting scrape with 503) and closes the

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "td_metrics.h"
+#include "td_peers.h"
 
 const double td_latency_bounds_us[TD_LATENCY_BUCKETS] = {
     25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 1000000,
@@ -164,6 +165,51 @@ static void render_process(const td_gauges_t *g, char *buf, size_t cap, size_t *
          (unsigned long long)rl.rlim_cur, start);
 }
 
+typedef struct {
+    char *buf;
+    size_t cap;
+    size_t *len;
+    bool limited; /* which counter this pass renders */
+} user_render_t;
+
+static void render_user(void *ctx, const td_peer_t *user)
+{
+    user_render_t *u = ctx;
+    emit(u->buf, u->cap, u->len, "tallyd_client_%s_total{client=\"%s\"} %llu\n",
+         u->limited ? "limited" : "requests", user->name,
+         (unsigned long long)(u->limited ? user->limited : user->requests));
+}
+
+/* CURVE: handshakes by outcome, and per client (ZAP user id) its requests and refusals. A user
+ * id is the name an operator gave a key (a file name or a list item), so it is a safe label. */
+static void render_auth(const td_gauges_t *g, char *buf, size_t cap, size_t *len)
+{
+    emit(buf, cap, len,
+         "# HELP tallyd_auth_total CURVE handshakes: allowed, or refused because the key is not "
+         "allowed (unknown_key), the client used no CURVE (no_curve), or the handshake failed "
+         "(bad_handshake: most often a wrong server key).\n"
+         "# TYPE tallyd_auth_total counter\n"
+         "tallyd_auth_total{result=\"allowed\"} %llu\n"
+         "tallyd_auth_total{result=\"unknown_key\"} %llu\n"
+         "tallyd_auth_total{result=\"no_curve\"} %llu\n"
+         "tallyd_auth_total{result=\"bad_handshake\"} %llu\n",
+         (unsigned long long)g->auth.allowed, (unsigned long long)g->auth.unknown_key,
+         (unsigned long long)g->auth.no_curve, (unsigned long long)g->auth.bad_handshake);
+    if (!g->users)
+        return;
+    user_render_t u = {.buf = buf, .cap = cap, .len = len};
+    emit(buf, cap, len,
+         "# HELP tallyd_client_requests_total Requests read, per CURVE client.\n"
+         "# TYPE tallyd_client_requests_total counter\n");
+    td_peers_each_user(g->users, render_user, &u);
+    u.limited = true;
+    emit(buf, cap, len,
+         "# HELP tallyd_client_limited_total Requests refused by a per-peer limit, per CURVE "
+         "client.\n"
+         "# TYPE tallyd_client_limited_total counter\n");
+    td_peers_each_user(g->users, render_user, &u);
+}
+
 size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf, size_t cap)
 {
     size_t len = 0;
@@ -257,6 +303,23 @@ size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf,
     for (unsigned d = 0; d < m->gpu_devices && d < TD_METRICS_GPUS_MAX; d++)
         emit(buf, cap, &len, "tallyd_gpu_requests_total{device=\"%u\"} %llu\n", d,
              (unsigned long long)m->gpu_requests[d]);
+    static const char *const limit_names[TD_LIMIT_COUNT] = {"inflight_share", "client_streams",
+                                                            "stream_rate"};
+    emit(buf, cap, &len,
+         "# HELP tallyd_limited_total Requests refused by a per-peer limit: the connection's "
+         "share of in-flight slots (busy), the client's streams (client_streams), its stream "
+         "creation rate (rate_limited).\n"
+         "# TYPE tallyd_limited_total counter\n");
+    for (unsigned i = 0; i < TD_LIMIT_COUNT; i++)
+        emit(buf, cap, &len, "tallyd_limited_total{reason=\"%s\"} %llu\n", limit_names[i],
+             (unsigned long long)m->limited[i]);
+    if (g->curve)
+        render_auth(g, buf, cap, &len);
+    emit(buf, cap, &len,
+         "# HELP tallyd_peers Connections and clients tracked for the per-peer limits.\n"
+         "# TYPE tallyd_peers gauge\n"
+         "tallyd_peers %u\n",
+         g->peers);
     emit(buf, cap, &len,
          "# HELP tallyd_requests_in_flight Requests accepted and not yet answered.\n"
          "# TYPE tallyd_requests_in_flight gauge\n"

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "td_auth.h"
 #include "tally_proto.h"
 #include "td_stream.h"
 
@@ -20,6 +21,14 @@
 /* Latency histogram upper bounds in microseconds (Prometheus `le` labels), plus +Inf. */
 #define TD_LATENCY_BUCKETS 14
 extern const double td_latency_bounds_us[TD_LATENCY_BUCKETS];
+
+/* The per-peer limits (td_peers.h), for tallyd_limited_total{reason}. */
+typedef enum {
+    TD_LIMIT_INFLIGHT = 0, /* busy: the connection's share of max_inflight */
+    TD_LIMIT_STREAMS = 1,  /* client_streams: max_streams_per_client */
+    TD_LIMIT_RATE = 2,     /* rate_limited: stream_create_rate */
+    TD_LIMIT_COUNT = 3,
+} td_limit_t;
 
 typedef struct {
     uint64_t requests[TALLY_OP_COUNT]
@@ -36,6 +45,7 @@ typedef struct {
     uint64_t shm_requests;         /* requests whose input was a shared-memory reference */
     uint64_t gpu_requests[TD_METRICS_GPUS_MAX]; /* completed on each GPU (by ordinal) */
     unsigned gpu_devices;                       /* how many of those to report */
+    uint64_t limited[TD_LIMIT_COUNT]; /* requests refused by a per-peer limit */
 } td_metrics_t;
 
 /* Values that are not counters: sampled when rendering. */
@@ -58,6 +68,10 @@ typedef struct {
      * summed under TD_METRICS_OTHER_STREAMS. NULL: none. */
     td_streams_t *streams;
     unsigned metrics_streams;
+    unsigned peers;               /* connections and clients tracked for the per-peer limits */
+    const struct td_peers *users; /* CURVE users and their counters; NULL without CURVE */
+    bool curve;
+    td_auth_counts_t auth; /* handshakes allowed and refused, with CURVE */
 } td_gauges_t;
 
 /* The `stream` label of the streams beyond metrics_streams: a space and parentheses, which no

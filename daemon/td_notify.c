@@ -119,7 +119,7 @@ static tally_status_t fd_endpoint(int fd, char *buf, size_t cap, int *family)
     return TALLY_E_PARAM;
 }
 
-tally_status_t td_listen_fds_bind(void *zsock)
+tally_status_t td_listen_fds_bind(void *zsock, const td_config_t *cfg)
 {
     int n = td_listen_fds_count();
     tally_status_t st = TALLY_OK;
@@ -136,6 +136,12 @@ tally_status_t td_listen_fds_bind(void *zsock)
         st = fd_endpoint(fd, endpoint, sizeof endpoint, &family);
         if (st != TALLY_OK)
             break;
+        char why[1024];
+        st = td_config_check_endpoint(cfg, endpoint, false, why, sizeof why);
+        if (st != TALLY_OK) {
+            td_err("socket activation: fd %d: %s", fd, why);
+            break;
+        }
         if (family == AF_INET6) {
             int one = 1;
             zmq_setsockopt(zsock, ZMQ_IPV6, &one, sizeof one);

@@ -10,6 +10,7 @@
 
 #include <stdint.h>
 
+#include "td_config.h"
 #include "tally_proto.h"
 
 /* READY=1 with a STATUS= line: sockets are bound, the backend is up, state is restored. */
@@ -32,7 +33,8 @@ uint64_t td_notify_watchdog_usec(void);
 int td_listen_fds_count(void);
 /* Hands every passed socket to the ZeroMQ socket `zsock` (ZMQ_USE_FD, then zmq_bind with the
  * endpoint the fd's address names: tcp://IP:PORT or ipc://PATH). Logs and returns
- * TALLY_E_PARAM for a socket that is not a listening stream socket of a supported family. */
-tally_status_t td_listen_fds_bind(void *zsock);
+ * TALLY_E_PARAM for a socket that is not a listening stream socket of a supported family, or
+ * one on a network address that protected mode refuses (td_config_check_endpoint). */
+tally_status_t td_listen_fds_bind(void *zsock, const td_config_t *cfg);
 
 #endif

@@ -33,6 +33,11 @@ typedef struct td_request {
     uint8_t identity[TD_IDENTITY_MAX];
     size_t identity_len;
     bool has_delimiter; /* a REQ peer: echo the empty delimiter frame */
+    /* Who sent it (td_peers.h): its connection, held to a share of max_inflight, and its client
+     * identity (the ZAP user id under CURVE, else the same entry), held to stream limits. Each
+     * holds a reference until the reply; NULL when the table had no memory. */
+    struct td_peer *conn;
+    struct td_peer *client;
 
     /* The request. payload points into payload_msg, or into payload_copy when the frame's
      * data was not aligned for its element type. */

@@ -54,14 +54,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <uv.h>
 #include <zmq.h>
 
+#include "td_auth.h"
 #include "td_exec.h"
 #include "td_log.h"
 #include "td_metrics.h"
 #include "td_notify.h"
 #include "td_pub.h"
+#include "td_peers.h"
 #include "td_request.h"
 #include "td_server.h"
 #include "td_service.h"
@@ -82,7 +85,9 @@
 #define TD_TEXT_REPLY_MAX (64 * 1024)
 
 struct td_server {
-    td_config_t cfg; /* copy; binds are borrowed from the caller's config */
+    /* A copy; binds and strings are borrowed from the caller's config, except the ones a reload
+     * replaces (the allowed CURVE keys), which the server owns (own_reloadable_strings). */
+    td_config_t cfg;
     uv_loop_t loop;
     void *zmq_ctx;
     void *router;
@@ -95,6 +100,7 @@ struct td_server {
     uv_signal_t sig_hup;
     uv_timer_t drain_timer; /* the end of reading after a stop signal */
     uv_timer_t quiet_timer; /* a stopping socket that stayed empty long enough */
+    uv_timer_t sweep_timer; /* frees idle per-peer entries */
     uint64_t last_input_ns; /* stopping: the signal, or the last message read since */
     bool idle_active;
     bool paused;        /* reading stopped at the in-flight limit */
@@ -102,10 +108,13 @@ struct td_server {
     bool drain_expired; /* drain_ms has passed since: read nothing more */
     bool closed;        /* socket and handles closed */
 
-    unsigned inflight; /* requests read and not yet answered */
-    unsigned queued;   /* of those, waiting behind another request on their stream */
+    unsigned inflight;     /* requests read and not yet answered */
+    unsigned queued;       /* of those, waiting behind another request on their stream */
+    unsigned active_conns; /* connections with requests in flight (the fair share's divisor) */
 
     td_streams_t *streams;
+    td_peers_t *peers;      /* per-connection and per-client limits */
+    td_auth_t *auth;        /* CURVE and its ZAP handler; NULL when CURVE is off */
     tk_backend_t *backend;  /* the backend compute requests run on */
     tk_backend_t *cpu;      /* always present; the fallback */
     td_exec_t *exec;        /* where compute requests run: CPU workers or the GPU pipeline */
@@ -187,6 +196,10 @@ static void reply(td_server_t *s, td_request_t *r)
     td_metrics_observe(&s->metrics, r->req.opcode, (tally_status_t)r->rep.status, r->payload_len,
                        r->reply_len, uv_hrtime() - r->received_ns);
     s->inflight--;
+    if (r->conn && --r->conn->inflight == 0)
+        s->active_conns--;
+    td_peers_release(s->peers, &r->conn);
+    td_peers_release(s->peers, &r->client);
     td_request_destroy(&r);
 }
 
@@ -210,13 +223,14 @@ static void op_info(td_server_t *s, td_request_t *r)
     int n = snprintf(text, TD_TEXT_REPLY_MAX,
                      "version=%s\nprotocol=%d\nbackend=%s\nbackends=%s\ndevices=%s\n"
                      "max_batch=%zu\nmax_inflight=%u\nmax_streams=%u\nshm=%s\nshm_socket=%s\n"
-                     "window_intervals=%u\nwindow_interval_ms=%u\npub=%s\npub_interval_ms=%u\n",
+                     "window_intervals=%u\nwindow_interval_ms=%u\npub=%s\npub_interval_ms=%u\n"
+                     "curve=%s\n",
                      TALLY_VERSION, TALLY_PROTO_VERSION, td_exec_backend_name(s->exec),
                      td_exec_backends(s->exec), td_exec_devices(s->exec), s->cfg.max_batch,
                      s->cfg.max_inflight, s->cfg.max_streams, s->shm ? "on" : "off",
                      s->shm ? td_shm_path(s->shm) : "", s->cfg.window_intervals,
                      s->cfg.window_interval_ms, s->pub ? td_pub_endpoint(s->pub) : "",
-                     s->cfg.pub_interval_ms);
+                     s->cfg.pub_interval_ms, s->auth ? "on" : "off");
     reply_text(s, r, text, n > 0 ? (size_t)n : 0);
 }
 
@@ -239,7 +253,13 @@ static void sample_gauges(void *ctx, td_gauges_t *g)
         .devices = td_exec_devices(s->exec),
         .device_memory_bytes = td_exec_device_bytes(s->exec),
         .uptime_s = (double)(uv_hrtime() - s->started_ns) / 1e9,
+        .peers = td_peers_count(s->peers),
+        .users = s->auth ? s->peers : NULL,
     };
+    if (s->auth) {
+        g->curve = true;
+        td_auth_counts(s->auth, &g->auth);
+    }
     td_shm_gauges(s->shm, &g->shm_regions, &g->shm_bytes);
 }
 
@@ -460,8 +480,12 @@ static void stream_advance_locked(td_server_t *s, td_stream_t *stream)
         }
         td_exec_submit(s->exec, r);
     }
-    if (forgotten && !stream->queue_head) /* nothing else refers to it: forget the name */
+    if (forgotten && !stream->queue_head) { /* nothing else refers to it: forget the name */
+        if (stream->owner)
+            stream->owner->streams--;
+        td_peers_release(s->peers, &stream->owner);
         td_streams_remove(s->streams, &stream);
+    }
 }
 
 static void enqueue_on_stream(td_server_t *s, td_stream_t *stream, td_request_t *r)
@@ -477,6 +501,49 @@ static void enqueue_on_stream(td_server_t *s, td_stream_t *stream, td_request_t 
     stream->queued++;
     s->queued++;
     stream_advance(s, stream);
+}
+
+/* A filter, scan or hist names a stream that does not exist yet: its client's stream count and
+ * creation rate, then the global max_streams. Returns false when the request was failed. */
+static bool create_stream(td_server_t *s, td_request_t *r, td_stream_t **out)
+{
+    const tally_req_t *q = &r->req;
+    td_peer_t *client = r->client;
+    unsigned per_client = td_config_streams_per_client(&s->cfg);
+    if (client && client->streams >= per_client) {
+        s->metrics.limited[TD_LIMIT_STREAMS]++;
+        client->limited++;
+        td_request_fail(r, TALLY_E_CLIENT_STREAMS,
+                        "this client already holds %u streams (max_streams_per_client %u); "
+                        "delete one it no longer needs",
+                        client->streams, per_client);
+        return false;
+    }
+    if (client && !td_peer_take_token(s->peers, client, uv_hrtime())) {
+        s->metrics.limited[TD_LIMIT_RATE]++;
+        client->limited++;
+        td_request_fail(r, TALLY_E_RATE,
+                        "this client creates streams faster than stream_create_rate (%u per "
+                        "second); retry later",
+                        s->cfg.stream_create_rate);
+        return false;
+    }
+    tally_status_t st = td_streams_get(s->streams, q->stream, q->stream_len, out);
+    if (st == TALLY_E_LIMIT) {
+        td_request_fail(r, st, "tallyd already holds its maximum of %u streams",
+                        s->cfg.max_streams);
+        return false;
+    }
+    if (st != TALLY_OK) {
+        td_request_fail(r, st, "cannot create stream '%s'", q->stream);
+        return false;
+    }
+    if (client) {
+        client->refs++; /* the stream's reference */
+        client->streams++;
+        (*out)->owner = client;
+    }
+    return true;
 }
 
 static void dispatch(td_server_t *s, td_request_t *r)
@@ -511,16 +578,9 @@ static void dispatch(td_server_t *s, td_request_t *r)
             submit(s, r);
             return;
         }
-        tally_status_t st = td_streams_get(s->streams, q->stream, q->stream_len, &stream);
-        if (st == TALLY_E_LIMIT) {
-            td_request_fail(r, st, "tallyd already holds its maximum of %u streams",
-                            s->cfg.max_streams);
+        stream = td_streams_find(s->streams, q->stream, q->stream_len);
+        if (!stream && !create_stream(s, r, &stream))
             break;
-        }
-        if (st != TALLY_OK) {
-            td_request_fail(r, st, "cannot create stream '%s'", q->stream);
-            break;
-        }
         enqueue_on_stream(s, stream, r);
         return;
     }
@@ -569,6 +629,47 @@ static void answer_stopping(td_server_t *s, td_request_t *r, bool decoded)
     reply(s, r);
 }
 
+/* Who sent r (td_peers.h): its connection, and its client identity — the ZAP user id that CURVE
+ * authenticated (the "User-Id" property of every message of the connection), else the connection
+ * itself. The connection counts r as in flight until its reply. */
+static void identify(td_server_t *s, td_request_t *r, zmq_msg_t *frames, int kept)
+{
+    uint64_t now = uv_hrtime();
+    td_peers_set_rate(s->peers, s->cfg.stream_create_rate); /* the live value: reloads apply */
+    r->conn = td_peers_acquire(s->peers, TD_PEER_CONNECTION, r->identity, r->identity_len, now);
+    if (r->conn && r->conn->inflight++ == 0)
+        s->active_conns++;
+    const char *user = kept > 1 ? zmq_msg_gets(&frames[kept - 1], "User-Id") : NULL;
+    if (user && user[0])
+        r->client = td_peers_acquire(s->peers, TD_PEER_USER, user, strlen(user), now);
+    else
+        r->client =
+            td_peers_acquire(s->peers, TD_PEER_CONNECTION, r->identity, r->identity_len, now);
+    if (r->client && user && user[0])
+        r->client->requests++;
+}
+
+/* The connection's fair share of max_inflight: past it the request is answered `busy` at once,
+ * so one peer that floods tallyd (or never reads) cannot keep every slot and stop tallyd reading
+ * for everyone else. A peer alone may use every slot (at the limit tallyd stops reading, as
+ * before); once others have requests in flight each is held to its share, and as the greedy
+ * peer's slots turn over ZeroMQ's fair queueing hands the freed ones to the others. Returns true
+ * when r was failed. */
+static bool over_share(td_server_t *s, td_request_t *r)
+{
+    unsigned share = td_config_inflight_per_peer(&s->cfg, s->active_conns);
+    if (!r->conn || r->conn->inflight <= share) /* inflight counts r itself */
+        return false;
+    s->metrics.limited[TD_LIMIT_INFLIGHT]++;
+    if (r->client)
+        r->client->limited++;
+    td_request_fail(r, TALLY_E_BUSY,
+                    "this connection already has %u requests in flight (max_inflight_per_peer "
+                    "%u); send more once replies arrive",
+                    r->conn->inflight - 1, share);
+    return true;
+}
+
 /* Turns one received message (frames[0..kept) of `total`) into a request and dispatches it,
  * or answers it with an error. */
 static void handle_message(td_server_t *s, zmq_msg_t *frames, int kept, int total)
@@ -583,6 +684,7 @@ static void handle_message(td_server_t *s, zmq_msg_t *frames, int kept, int tota
     size_t id_len = zmq_msg_size(&frames[0]);
     r->identity_len = id_len < TD_IDENTITY_MAX ? id_len : TD_IDENTITY_MAX;
     memcpy(r->identity, zmq_msg_data(&frames[0]), r->identity_len);
+    identify(s, r, frames, kept);
 
     /* A REQ peer puts an empty delimiter frame before its body. Any peer's empty first frame is
      * taken as one and echoed (PROTOCOL.md §1): a header is never empty. */
@@ -626,6 +728,8 @@ static void handle_message(td_server_t *s, zmq_msg_t *frames, int kept, int tota
         td_request_fail(r, st, "%s", msg);
         goto answer;
     }
+    if (over_share(s, r))
+        goto answer;
     st = td_request_take_payload(r, &frames[body + 1]);
     if (st != TALLY_OK) {
         td_request_fail(r, st, "out of memory for a payload of %zu bytes", r->payload_len);
@@ -771,6 +875,13 @@ static void idle_cb(uv_idle_t *handle)
 
 /* ---- Lifecycle -------------------------------------------------------------------------- */
 
+static void sweep_cb(uv_timer_t *handle)
+{
+    td_server_t *s = handle->data;
+    td_peers_set_rate(s->peers, s->cfg.stream_create_rate);
+    td_peers_sweep(s->peers, uv_hrtime());
+}
+
 static void drain_cb(uv_timer_t *handle)
 {
     td_server_t *s = handle->data;
@@ -795,6 +906,8 @@ static void signal_cb(uv_signal_t *handle, int signum)
     td_server_t *s = handle->data;
     if (signum == SIGHUP) {
         td_service_reload(s->service);
+        if (!s->closed)
+            td_auth_reload(s->auth, &s->cfg); /* the allowed client keys, read again */
         return;
     }
     if (s->stopping) {
@@ -824,6 +937,7 @@ static void close_all(td_server_t *s)
     uv_close((uv_handle_t *)&s->idle, NULL);
     uv_close((uv_handle_t *)&s->drain_timer, NULL);
     uv_close((uv_handle_t *)&s->quiet_timer, NULL);
+    uv_close((uv_handle_t *)&s->sweep_timer, NULL);
     /* The signal handles stay installed (but no longer keep the loop alive) until
      * td_server_destroy: closing the last handle for a signal restores its default action, and
      * a second SIGTERM during the final flush would then kill tallyd mid-exit. */
@@ -840,6 +954,18 @@ static void close_all(td_server_t *s)
     zmq_close(s->router);
     s->router = NULL;
     td_notice("stopped");
+}
+
+/* An ipc socket that tallyd made: mode 0660 whatever the umask (UMask=0077 under systemd), so
+ * tallyd's group can connect and nobody else. Without CURVE whoever connects may use every
+ * stream, so the socket's mode is the access control (PROTOCOL.md §12). */
+static void restrict_ipc_socket(const char *endpoint)
+{
+    if (strncmp(endpoint, "ipc://", 6) != 0 || endpoint[6] == '@') /* @: abstract, no file */
+        return;
+    if (chmod(endpoint + 6, TD_IPC_SOCKET_MODE) != 0)
+        td_warn("cannot set mode %04o on %s: %s", TD_IPC_SOCKET_MODE, endpoint + 6,
+                strerror(errno));
 }
 
 static tally_status_t open_socket(td_server_t *s)
@@ -879,14 +1005,27 @@ static tally_status_t open_socket(td_server_t *s)
             return TALLY_E_INTERNAL;
         }
     }
+    /* Before any bind, so that no connection is ever made without CURVE. */
+    if (s->cfg.curve_secret_key) {
+        char msg[1024];
+        tally_status_t st = td_auth_new(s->zmq_ctx, &s->cfg, &s->auth, msg, sizeof msg);
+        if (st != TALLY_OK) {
+            td_err("curve: %s", msg);
+            return st;
+        }
+        st = td_auth_apply(s->auth, s->router);
+        if (st != TALLY_OK)
+            return st;
+    }
     for (int i = 0; i < s->cfg.bind_count; i++) {
         if (zmq_bind(s->router, s->cfg.binds[i]) != 0) {
             td_err("cannot bind %s: %s", s->cfg.binds[i], zmq_strerror(errno));
             return TALLY_E_PARAM;
         }
+        restrict_ipc_socket(s->cfg.binds[i]);
         td_info("listening on %s", s->cfg.binds[i]);
     }
-    if (td_listen_fds_bind(s->router) != TALLY_OK) /* sockets passed by systemd */
+    if (td_listen_fds_bind(s->router, &s->cfg) != TALLY_OK) /* sockets passed by systemd */
         return TALLY_E_PARAM;
     size_t size = sizeof s->zmq_fd;
     if (zmq_getsockopt(s->router, ZMQ_FD, &s->zmq_fd, &size) != 0)
@@ -919,6 +1058,27 @@ static tally_status_t open_backends(td_server_t *s)
     return TALLY_OK;
 }
 
+/* The strings a reload replaces in the live configuration (td_config_apply_runtime frees the
+ * old value) must be the server's own, not the caller's. */
+static bool own_reloadable_strings(td_server_t *s)
+{
+    char **fields[] = {&s->cfg.curve_clients_dir, &s->cfg.curve_clients};
+    bool ok = true;
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        const char *borrowed = *fields[i];
+        *fields[i] = borrowed ? strdup(borrowed) : NULL;
+        ok &= !borrowed || *fields[i];
+    }
+    return ok;
+}
+
+static void free_reloadable_strings(td_server_t *s)
+{
+    free(s->cfg.curve_clients_dir);
+    free(s->cfg.curve_clients);
+    s->cfg.curve_clients_dir = s->cfg.curve_clients = NULL;
+}
+
 tally_status_t td_server_new(const td_config_t *cfg, td_server_t **out)
 {
     td_server_t *s = calloc(1, sizeof *s);
@@ -927,6 +1087,8 @@ tally_status_t td_server_new(const td_config_t *cfg, td_server_t **out)
     s->cfg = *cfg;
     s->started_ns = uv_hrtime();
     tally_status_t st = TALLY_E_INTERNAL;
+    if (!own_reloadable_strings(s))
+        goto fail_free;
     if (uv_loop_init(&s->loop) != 0)
         goto fail_free;
     st = td_streams_new(cfg->max_streams, &s->streams);
@@ -934,6 +1096,9 @@ tally_status_t td_server_new(const td_config_t *cfg, td_server_t **out)
         goto fail_loop;
     td_streams_set_window(s->streams, cfg->window_intervals, cfg->window_interval_ms);
     td_clock_set_test_file(cfg->test_clock);
+    st = td_peers_new(&s->peers);
+    if (st != TALLY_OK)
+        goto fail_backends;
     st = open_backends(s);
     if (st != TALLY_OK)
         goto fail_backends;
@@ -964,14 +1129,17 @@ tally_status_t td_server_new(const td_config_t *cfg, td_server_t **out)
     uv_idle_init(&s->loop, &s->idle);
     uv_timer_init(&s->loop, &s->drain_timer);
     uv_timer_init(&s->loop, &s->quiet_timer);
+    uv_timer_init(&s->loop, &s->sweep_timer);
     uv_signal_init(&s->loop, &s->sig_int);
     uv_signal_init(&s->loop, &s->sig_term);
     uv_signal_init(&s->loop, &s->sig_hup);
     s->poll.data = s->check.data = s->idle.data = s;
-    s->drain_timer.data = s->quiet_timer.data = s;
+    s->drain_timer.data = s->quiet_timer.data = s->sweep_timer.data = s;
     s->sig_int.data = s->sig_term.data = s->sig_hup.data = s;
     uv_poll_start(&s->poll, UV_READABLE, poll_cb);
     uv_check_start(&s->check, check_cb);
+    uv_timer_start(&s->sweep_timer, sweep_cb, TD_PEERS_SWEEP_MS, TD_PEERS_SWEEP_MS);
+    uv_unref((uv_handle_t *)&s->sweep_timer);
     uv_signal_start(&s->sig_int, signal_cb, SIGINT);
     uv_signal_start(&s->sig_term, signal_cb, SIGTERM);
     uv_signal_start(&s->sig_hup, signal_cb, SIGHUP);
@@ -991,6 +1159,7 @@ fail_socket:
     }
     if (s->router)
         zmq_close(s->router);
+    td_auth_destroy(&s->auth); /* its sockets are in the context */
     if (s->zmq_ctx)
         zmq_ctx_term(s->zmq_ctx);
 fail_backends:
@@ -999,10 +1168,12 @@ fail_backends:
         s->backend->destroy(&s->backend);
     if (s->cpu)
         s->cpu->destroy(&s->cpu);
+    td_peers_destroy(&s->peers);
     td_streams_destroy(&s->streams);
 fail_loop:
     uv_loop_close(&s->loop);
 fail_free:
+    free_reloadable_strings(s);
     free(s);
     return st;
 }
@@ -1029,6 +1200,7 @@ void td_server_destroy(td_server_t **self_p)
         uv_run(&s->loop, UV_RUN_DEFAULT);
     }
     td_service_destroy(&s->service);
+    td_auth_destroy(&s->auth); /* its sockets are in the context */
     /* Waits (up to the linger) for the last replies to leave. A signal (a second SIGTERM)
      * interrupts the wait with EINTR and leaves the context, its I/O thread and every message
      * it holds allocated: wait again. */
@@ -1051,6 +1223,8 @@ void td_server_destroy(td_server_t **self_p)
         s->backend->destroy(&s->backend);
     s->cpu->destroy(&s->cpu);
     td_streams_destroy(&s->streams);
+    td_peers_destroy(&s->peers);
+    free_reloadable_strings(s);
     free(s);
     *self_p = NULL;
 }

@@ -289,8 +289,8 @@ tally_status_t td_service_new(const td_service_host_t *host, td_service_t **out)
         td_info("state: no state directory (--state-dir); streams are not persisted");
     }
     if (host->cfg->metrics_listen) {
-        st = td_http_new(host->loop, host->cfg->metrics_listen, render_cb, health_cb, self,
-                         &self->http);
+        st = td_http_new(host->loop, host->cfg->metrics_listen, host->cfg->metrics_auth_file,
+                         render_cb, health_cb, self, &self->http);
         if (st != TALLY_OK)
             goto fail;
     }

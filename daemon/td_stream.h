@@ -40,6 +40,9 @@ typedef struct td_stream {
      * seq_admitted the last one started, which runs ahead of it while GPU-pipelined requests are
      * in flight (it equals info.last_seq whenever nothing is). */
     uint64_t seq_admitted;
+    /* The client that created it (td_peers.h; a reference, counted in its `streams`), NULL for
+     * a stream restored from the state file. */
+    struct td_peer *owner;
     /* Executor bookkeeping (td_exec.c): requests started and not yet completed, whether they run
      * on the GPU pipeline and on which lane (a stream is pinned to one lane while it has requests
      * in flight), and the generation that a GPU failure bumps so that requests enqueued behind

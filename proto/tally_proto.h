@@ -115,29 +115,31 @@ typedef enum {
  * local to the client library and never sent. */
 typedef enum {
     TALLY_OK = 0,
-    TALLY_E_HEADER = 1,         /* header frame truncated or oversized */
-    TALLY_E_MAGIC = 2,          /* magic bytes are not "TLYD" */
-    TALLY_E_VERSION = 3,        /* unsupported protocol version */
-    TALLY_E_OPCODE = 4,         /* unknown opcode */
-    TALLY_E_DTYPE = 5,          /* unknown dtype, or one the operation does not take */
-    TALLY_E_PAYLOAD = 6,        /* payload not a whole number of elements, or not empty */
-    TALLY_E_TOO_LARGE = 7,      /* payload over the daemon's configured maximum batch */
-    TALLY_E_STREAM_NAME = 8,    /* stream name empty, too long, or not printable ASCII */
-    TALLY_E_UNKNOWN_STREAM = 9, /* query/reset of a stream that does not exist */
-    TALLY_E_FRAMES = 10,        /* message with missing or extra frames */
-    TALLY_E_PARAM = 11,         /* bad predicate, flags, range or reserved field */
-    TALLY_E_STREAM_STATE = 12,  /* request conflicts with the stream's state (e.g. hist type) */
-    TALLY_E_LIMIT = 13,         /* a daemon resource limit was hit (e.g. too many streams) */
-    TALLY_E_BACKEND = 14,       /* the compute backend failed; the request had no effect */
-    TALLY_E_SHUTDOWN = 15,      /* daemon is shutting down */
-    TALLY_E_INTERNAL = 16,      /* a bug or out of memory in the daemon */
-    TALLY_E_DUPLICATE = 17,     /* seq already applied on the stream: not applied again */
-    TALLY_E_SEQ_GAP = 18,       /* seq skips one the stream has not applied: not applied */
-    TALLY_E_BAD_REF = 19,       /* a shared-memory reference names no region of this peer, or a
-                                 * range outside it */
-    TALLY_E_QUOTA = 20,         /* side channel: a shared-memory quota would be exceeded */
-    /* 21..23 are reserved for issue 11 (security and limits). */
-    TALLY_E_WINDOW = 24, /* a window query longer than the daemon keeps, or windows are off */
+    TALLY_E_HEADER = 1,          /* header frame truncated or oversized */
+    TALLY_E_MAGIC = 2,           /* magic bytes are not "TLYD" */
+    TALLY_E_VERSION = 3,         /* unsupported protocol version */
+    TALLY_E_OPCODE = 4,          /* unknown opcode */
+    TALLY_E_DTYPE = 5,           /* unknown dtype, or one the operation does not take */
+    TALLY_E_PAYLOAD = 6,         /* payload not a whole number of elements, or not empty */
+    TALLY_E_TOO_LARGE = 7,       /* payload over the daemon's configured maximum batch */
+    TALLY_E_STREAM_NAME = 8,     /* stream name empty, too long, or not printable ASCII */
+    TALLY_E_UNKNOWN_STREAM = 9,  /* query/reset of a stream that does not exist */
+    TALLY_E_FRAMES = 10,         /* message with missing or extra frames */
+    TALLY_E_PARAM = 11,          /* bad predicate, flags, range or reserved field */
+    TALLY_E_STREAM_STATE = 12,   /* request conflicts with the stream's state (e.g. hist type) */
+    TALLY_E_LIMIT = 13,          /* a daemon resource limit was hit (e.g. too many streams) */
+    TALLY_E_BACKEND = 14,        /* the compute backend failed; the request had no effect */
+    TALLY_E_SHUTDOWN = 15,       /* daemon is shutting down */
+    TALLY_E_INTERNAL = 16,       /* a bug or out of memory in the daemon */
+    TALLY_E_DUPLICATE = 17,      /* seq already applied on the stream: not applied again */
+    TALLY_E_SEQ_GAP = 18,        /* seq skips one the stream has not applied: not applied */
+    TALLY_E_BAD_REF = 19,        /* a shared-memory reference names no region of this peer, or a
+                                  * range outside it */
+    TALLY_E_QUOTA = 20,          /* side channel: a shared-memory quota would be exceeded */
+    TALLY_E_BUSY = 21,           /* the peer already has its share of in-flight requests */
+    TALLY_E_CLIENT_STREAMS = 22, /* the client identity holds its maximum of streams */
+    TALLY_E_RATE = 23,           /* the client identity creates streams faster than allowed */
+    TALLY_E_WINDOW = 24,         /* a window query longer than the daemon keeps, or windows are off */
     /* 25 is reserved for issue 12. */
     TALLY_STATUS_WIRE_COUNT = 25,
 

@@ -19,12 +19,20 @@
 #include "harness.h"
 
 static void *zmq_context;
+static char curve_keys[3][41]; /* server public, client public, client secret; "" = no CURVE */
 
 static void *context(void)
 {
     if (!zmq_context)
         zmq_context = zmq_ctx_new();
     return zmq_context;
+}
+
+void th_use_curve(const char *server_public, const char *client_public, const char *client_secret)
+{
+    snprintf(curve_keys[0], sizeof curve_keys[0], "%s", server_public ? server_public : "");
+    snprintf(curve_keys[1], sizeof curve_keys[1], "%s", client_public ? client_public : "");
+    snprintf(curve_keys[2], sizeof curve_keys[2], "%s", client_secret ? client_secret : "");
 }
 
 int th_free_port(void)
@@ -161,6 +169,11 @@ void *th_connect(const char *endpoint, int timeout_ms)
     zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(sock, ZMQ_RCVTIMEO, &timeout_ms, sizeof timeout_ms);
     zmq_setsockopt(sock, ZMQ_SNDTIMEO, &timeout_ms, sizeof timeout_ms);
+    if (curve_keys[0][0]) {
+        zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, curve_keys[0], 40);
+        zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, curve_keys[1], 40);
+        zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, curve_keys[2], 40);
+    }
     zmq_connect(sock, endpoint);
     return sock;
 }
@@ -227,6 +240,34 @@ int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len,
     if (th_send_request(sock, req, payload, len) != 0)
         return -1;
     return th_recv_reply(sock, reply);
+}
+
+bool th_ping(const char *endpoint, int timeout_ms)
+{
+    void *sock = th_connect(endpoint, timeout_ms);
+    tally_req_t req = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 1);
+    th_reply_t reply;
+    bool ok = th_call(sock, &req, NULL, 0, &reply) == 0 && reply.rep.status == TALLY_OK;
+    if (ok)
+        th_reply_free(&reply);
+    th_close(sock);
+    return ok;
+}
+
+long long th_stat(void *sock, const char *name)
+{
+    tally_req_t req = th_req(TALLY_OP_STATS, TALLY_DTYPE_NONE, 999999);
+    th_reply_t reply;
+    if (th_call(sock, &req, NULL, 0, &reply) != 0)
+        return -1;
+    long long value = -1;
+    size_t len = strlen(name);
+    for (const char *at = strstr((const char *)reply.payload, name); at && value < 0;
+         at = strstr(at + 1, name))
+        if ((at == (const char *)reply.payload || at[-1] == '\n') && at[len] == ' ')
+            value = strtoll(at + len + 1, NULL, 10);
+    th_reply_free(&reply);
+    return value;
 }
 
 tally_req_t th_req(uint8_t opcode, uint8_t dtype, uint64_t id)
@@ -296,7 +337,7 @@ int th_write_file(const char *dir, const char *name, const void *data, size_t le
     return fclose(f) == 0 ? rc : -1;
 }
 
-char *th_http_get(int port, const char *method, const char *path)
+char *th_http_get(int port, const char *method, const char *path, const char *headers)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in in = {.sin_family = AF_INET,
@@ -307,8 +348,9 @@ char *th_http_get(int port, const char *method, const char *path)
             close(fd);
         return NULL;
     }
-    char req[256];
-    int n = snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", method, path);
+    char req[1024];
+    int n = snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n%s\r\n", method, path,
+                     headers ? headers : "");
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap);
     if (!buf || write(fd, req, (size_t)n) != n) {

@@ -36,8 +36,11 @@ int th_free_port(void);
 /* The tallyd under test: $TALLYD_BIN, or ./tallyd. */
 const char *th_tallyd_bin(void);
 
-/* A DEALER socket connected to endpoint (shared context), receive timeout in ms. */
+/* A DEALER socket connected to endpoint (shared context), receive timeout in ms. After
+ * th_use_curve, a CURVE client with those keys (th_daemon_start's readiness ping included). */
 void *th_connect(const char *endpoint, int timeout_ms);
+/* CURVE keys (Z85) for the sockets th_connect makes from now on; NULLs: plain sockets again. */
+void th_use_curve(const char *server_public, const char *client_public, const char *client_secret);
 void th_close(void *sock);
 
 /* Sends frames: each (data, len); returns 0 or -1. */
@@ -58,6 +61,13 @@ void th_reply_free(th_reply_t *reply);
 
 /* One request, one reply. */
 int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len, th_reply_t *reply);
+/* The value of the line `name value` in tallyd's stats text (name with its labels, e.g.
+ * `tallyd_limited_total{reason="stream_rate"}`), asked on sock; -1 when absent or on no reply. */
+long long th_stat(void *sock, const char *name);
+
+/* One ping on a fresh th_connect socket: true when answered ok within timeout_ms. */
+bool th_ping(const char *endpoint, int timeout_ms);
+
 /* A request with the common fields set. */
 tally_req_t th_req(uint8_t opcode, uint8_t dtype, uint64_t id);
 
@@ -65,9 +75,10 @@ tally_req_t th_req(uint8_t opcode, uint8_t dtype, uint64_t id);
 char *th_slurp(const char *path);
 /* Writes len bytes to dir/name (created or truncated); 0, or -1. */
 int th_write_file(const char *dir, const char *name, const void *data, size_t len);
-/* HTTP: `method path` on 127.0.0.1:port over HTTP/1.0; the whole response (status line,
- * headers, body), malloc'ed and NUL-terminated, or NULL when the connection fails. */
-char *th_http_get(int port, const char *method, const char *path);
+/* HTTP: `method path` on 127.0.0.1:port over HTTP/1.0 with extra header lines (each ending in
+ * \r\n; may be NULL); the whole response (status line, headers, body), malloc'ed and
+ * NUL-terminated, or NULL when the connection fails. */
+char *th_http_get(int port, const char *method, const char *path, const char *headers);
 /* The port of the daemon's metrics endpoint, from its log ("metrics: serving http://..."), or
  * -1. */
 int th_metrics_port(const th_daemon_t *d);

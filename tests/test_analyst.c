@@ -467,7 +467,7 @@ static void test_metrics_and_health(void **state)
     static tally_stream_info_t info;
     assert_int_equal(query(sock, "q\"\\", 0, &info, NULL, NULL), TALLY_OK);
 
-    char *resp = th_http_get(port, "GET", "/metrics");
+    char *resp = th_http_get(port, "GET", "/metrics", NULL);
     assert_non_null(resp);
     const char *m = body_of(resp);
     assert_true(sample(m, "tallyd_stream_values_total{stream=\"q\\\"\\\\\"}") == 10);
@@ -492,7 +492,7 @@ static void test_metrics_and_health(void **state)
     assert_true(sample(m, "tallyd_gpus_lost") == 0 && sample(m, "tallyd_draining") == 0);
     free(resp);
 
-    resp = th_http_get(port, "GET", "/healthz");
+    resp = th_http_get(port, "GET", "/healthz", NULL);
     assert_non_null(resp);
     assert_non_null(strstr(resp, " 200 "));
     assert_string_equal(body_of(resp), "ok\n");
@@ -557,7 +557,7 @@ static void test_metrics_streams_reload(void **state)
 static bool health_becomes(int port, const char *code, const char *body, double seconds)
 {
     for (double start = now_s(); now_s() - start < seconds; usleep(20000)) {
-        char *resp = th_http_get(port, "GET", "/healthz");
+        char *resp = th_http_get(port, "GET", "/healthz", NULL);
         bool match = resp && strstr(resp, code) && strcmp(body_of(resp), body) == 0;
         free(resp);
         if (match)
@@ -611,7 +611,7 @@ static void test_health_gpu_lost(void **state)
         u8_batch(sock, "g", 5, 100);
     assert_int_equal(query(sock, "g", 0, &(tally_stream_info_t){0}, NULL, NULL), TALLY_OK);
     assert_true(health_becomes(port, " 503 ", "gpu lost\n", 10));
-    char *resp = th_http_get(port, "GET", "/metrics");
+    char *resp = th_http_get(port, "GET", "/metrics", NULL);
     assert_non_null(resp);
     assert_true(sample(body_of(resp), "tallyd_gpus_lost") == 1);
     free(resp);

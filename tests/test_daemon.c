@@ -560,7 +560,8 @@ static void test_stream_limit(void **state)
 {
     (void)state;
     th_daemon_t d;
-    const char *args[] = {"--max-streams", "2", NULL};
+    /* The global limit (the per-client one is set above it, so it does not bite first). */
+    const char *args[] = {"--max-streams", "2", "--max-streams-per-client", "3", NULL};
     assert_int_equal(th_daemon_start(&d, args), 0);
     void *sock = th_connect(d.endpoint, 5000);
     uint8_t byte = 1;

@@ -67,21 +67,6 @@ static void start(const char *const *args)
     assert_int_equal(th_daemon_start(&daemon_, args), 0);
 }
 
-/* The value of a counter line `name value` in tallyd's stats text, or -1. */
-static long long stat_value(void *sock, const char *name)
-{
-    tally_req_t req = th_req(TALLY_OP_STATS, TALLY_DTYPE_NONE, 999999);
-    th_reply_t reply;
-    assert_int_equal(th_call(sock, &req, NULL, 0, &reply), 0);
-    assert_int_equal(reply.rep.status, TALLY_OK);
-    long long value = -1;
-    const char *at = strstr((const char *)reply.payload, name);
-    if (at && at[strlen(name)] == ' ')
-        value = strtoll(at + strlen(name) + 1, NULL, 10);
-    th_reply_free(&reply);
-    return value;
-}
-
 /* One ping on sock; returns its round trip in microseconds. */
 static uint64_t timed_ping(void *sock, uint64_t id)
 {
@@ -163,7 +148,7 @@ static void test_peer_that_never_reads_does_not_stall_others(void **state)
      * its last ping is answered), until the counter proves that replies were dropped. */
     while (dropped == 0 && rounds < FLOOD_ROUNDS_MAX) {
         flood_round(slow, fast, rounds++, rtt, &pings);
-        dropped = stat_value(fast, "tallyd_replies_dropped_total{reason=\"peer_not_reading\"}");
+        dropped = th_stat(fast, "tallyd_replies_dropped_total{reason=\"peer_not_reading\"}");
     }
     qsort(rtt, (size_t)pings, sizeof rtt[0], cmp_u64);
     fprintf(stderr,

@@ -162,6 +162,9 @@ static void test_status_names(void **state)
         {TALLY_E_SEQ_GAP, "sequence_gap"},
         {TALLY_E_BAD_REF, "bad_ref"},
         {TALLY_E_QUOTA, "quota"},
+        {TALLY_E_BUSY, "busy"},
+        {TALLY_E_CLIENT_STREAMS, "client_streams"},
+        {TALLY_E_RATE, "rate_limited"},
         {TALLY_E_TIMEOUT, "timeout"},
         {TALLY_E_TRANSPORT, "transport"},
         {TALLY_E_REPLY, "bad_reply"},
@@ -178,6 +181,9 @@ static void test_status_names(void **state)
     assert_int_equal(TALLY_E_SEQ_GAP, 18);
     assert_int_equal(TALLY_E_BAD_REF, 19);
     assert_int_equal(TALLY_E_QUOTA, 20);
+    assert_int_equal(TALLY_E_BUSY, 21);
+    assert_int_equal(TALLY_E_CLIENT_STREAMS, 22);
+    assert_int_equal(TALLY_E_RATE, 23);
     assert_int_equal(TALLY_E_WINDOW, 24);
     assert_string_equal(tally_status_name(TALLY_E_WINDOW), "bad_window");
     assert_int_equal(TALLY_STATUS_WIRE_COUNT, 25);

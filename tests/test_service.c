@@ -38,6 +38,8 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "tally.h"
+#include "tally_keys.h"
 #include "td_state.h" /* the state file layout, to damage it precisely */
 
 #define MAX_ENV 8
@@ -58,14 +60,7 @@ static int spawned_count;
 
 static bool ping(const char *endpoint, int timeout_ms)
 {
-    void *sock = th_connect(endpoint, timeout_ms);
-    tally_req_t req = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 1);
-    th_reply_t reply;
-    bool ok = th_call(sock, &req, NULL, 0, &reply) == 0 && reply.rep.status == TALLY_OK;
-    if (ok)
-        th_reply_free(&reply);
-    th_close(sock);
-    return ok;
+    return th_ping(endpoint, timeout_ms);
 }
 
 /* In the child: moves the fds to 3.. and sets the variables systemd would. */
@@ -375,6 +370,78 @@ static void test_socket_activation_tcp_and_ipc(void **state)
     unlink(un.sun_path);
 }
 
+static void make_dir(char *out, size_t cap, const char *name)
+{
+    snprintf(out, cap, "%s/%s", scratch, name);
+    mkdir(out, 0700);
+}
+
+/* A listening socket on all addresses, as a .socket unit with ListenStream=5555 makes. */
+static int listen_any(int *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in in = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
+    socklen_t len = sizeof in;
+    assert_int_equal(bind(fd, (struct sockaddr *)&in, sizeof in), 0);
+    assert_int_equal(listen(fd, 16), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&in, &len), 0);
+    *port = ntohs(in.sin_port);
+    return fd;
+}
+
+/* Passed sockets obey protected mode (one on 0.0.0.0 without CURVE stops tallyd) and take
+ * CURVE like bound ones: a client with an allowed key is served over them, one without keys is
+ * not. */
+static void test_socket_activation_protected_and_curve(void **state)
+{
+    (void)state;
+    int port;
+    int any = listen_any(&port);
+    spawn_opts_t o = {.fds = {any}, .nfds = 1, .no_bind = true, .no_wait = true};
+    th_daemon_t d;
+    assert_int_equal(spawn(&d, NULL, &o), 0);
+    int status = 0;
+    assert_int_equal(waitpid(d.pid, &status, 0), d.pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) != 0);
+    assert_true(th_daemon_log_contains(&d, "protected mode: refusing to listen on tcp://0.0.0.0"));
+
+    char base[200], client_base[240], clients[200], key[260], msg[256];
+    char server_pub[41], client_pub[41], client_sec[41];
+    snprintf(base, sizeof base, "%s/sa-server", scratch);
+    make_dir(clients, sizeof clients, "sa-clients");
+    snprintf(client_base, sizeof client_base, "%s/producer", clients);
+    assert_int_equal(tally_keygen(base, server_pub, msg, sizeof msg), TALLY_OK);
+    assert_int_equal(tally_keygen(client_base, NULL, msg, sizeof msg), TALLY_OK);
+    snprintf(key, sizeof key, "%s.key", client_base);
+    assert_int_equal(tally_key_file_read(key, true, client_pub, client_sec, msg, sizeof msg),
+                     TALLY_OK);
+    snprintf(key, sizeof key, "%s.key", base);
+
+    int unx = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un un = {.sun_family = AF_UNIX};
+    snprintf(un.sun_path, sizeof un.sun_path, "%s/curve.sock", scratch);
+    unlink(un.sun_path);
+    assert_int_equal(bind(unx, (struct sockaddr *)&un, sizeof un), 0);
+    assert_int_equal(listen(unx, 16), 0);
+    spawn_opts_t oc = {.fds = {any, unx}, .nfds = 2, .no_bind = true};
+    const char *args[] = {"--curve-secret-key", key, "--curve-clients-dir", clients, NULL};
+    assert_int_equal(spawn(&d, args, &oc), 0);
+    close(any);
+    close(unx);
+    char tcp_ep[64], ipc_ep[300];
+    snprintf(tcp_ep, sizeof tcp_ep, "tcp://127.0.0.1:%d", port);
+    snprintf(ipc_ep, sizeof ipc_ep, "ipc://%s", un.sun_path);
+    assert_false(ping(tcp_ep, 500)); /* no keys */
+    th_use_curve(server_pub, client_pub, client_sec);
+    bool tcp_ok = ping(tcp_ep, 5000), ipc_ok = ping(ipc_ep, 5000);
+    th_use_curve(NULL, NULL, NULL);
+    assert_true(tcp_ok);
+    assert_true(ipc_ok);
+    assert_true(th_daemon_log_contains(&d, "curve: client 'producer' connected"));
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    unlink(un.sun_path);
+}
+
 static void test_socket_activation_rejects_datagram_socket(void **state)
 {
     (void)state;
@@ -392,12 +459,6 @@ static void test_socket_activation_rejects_datagram_socket(void **state)
 }
 
 /* ---- persistent state ------------------------------------------------------------------- */
-
-static void make_dir(char *out, size_t cap, const char *name)
-{
-    snprintf(out, cap, "%s/%s", scratch, name);
-    mkdir(out, 0700);
-}
 
 /* Fills streams cam0 (u8 histogram) and s1 (a scan over 1..n) on a daemon. */
 static void fill_streams(const th_daemon_t *d, int32_t *scan_values, size_t n)
@@ -899,7 +960,7 @@ static void test_config_file_and_sighup_reload(void **state)
 /* GET path from 127.0.0.1:port; returns the malloc'ed response (headers and body). */
 static char *http_get(int port, const char *method, const char *path)
 {
-    char *resp = th_http_get(port, method, path);
+    char *resp = th_http_get(port, method, path, NULL);
     assert_non_null(resp);
     return resp;
 }
@@ -1110,6 +1171,7 @@ int main(void)
         cmocka_unit_test_teardown(test_status_line_refreshes, kill_leftovers),
         cmocka_unit_test_teardown(test_socket_activation_tcp_and_ipc, kill_leftovers),
         cmocka_unit_test_teardown(test_socket_activation_rejects_datagram_socket, kill_leftovers),
+        cmocka_unit_test_teardown(test_socket_activation_protected_and_curve, kill_leftovers),
         cmocka_unit_test_teardown(test_state_survives_clean_restart, kill_leftovers),
         cmocka_unit_test_teardown(test_state_stop_under_load_keeps_every_answered_request,
                                   kill_leftovers),

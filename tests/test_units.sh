@@ -25,7 +25,9 @@ fi
 # What the issue asks of the service unit, spelled out.
 for key in 'Type=notify' 'Restart=on-failure' 'DynamicUser=yes' 'StateDirectory=tallyd' \
   'RuntimeDirectory=tallyd' 'ProtectSystem=strict' 'NoNewPrivileges=yes' \
-  'DevicePolicy=closed' 'DeviceAllow=char-nvidia-frontend rw' 'WatchdogSec='; do
+  'DevicePolicy=closed' 'DeviceAllow=char-nvidia-frontend rw' 'WatchdogSec=' \
+  'ExecReload=/bin/kill -HUP $MAINPID' 'UMask=0077' 'SystemCallFilter=@system-service' \
+  'RestrictAddressFamilies=' 'ProtectProc=invisible'; do
   grep -qF "$key" "$unit_dir/tallyd.service" || { echo "FAIL: tallyd.service lacks $key"; exit 1; }
 done
 # Reload: systemd 253+ sends SIGHUP itself (Type=notify-reload); before, ExecReload does.
@@ -37,6 +39,20 @@ fi
 if grep -q '^PrivateDevices=yes' "$unit_dir/tallyd.service"; then
   echo "FAIL: PrivateDevices=yes would hide the GPU"
   exit 1
+fi
+if grep -q '^MemoryDenyWriteExecute=yes' "$unit_dir/tallyd.service"; then
+  echo "FAIL: MemoryDenyWriteExecute=yes would stop the CUDA driver's JIT"
+  exit 1
+fi
+grep -q '^SocketMode=0660' "$unit_dir/tallyd.socket" || { echo "FAIL: socket not 0660"; exit 1; }
+# The exposure score (issue 11: at most 2.0), where this systemd can rate a unit file offline.
+if sec=$(systemd-analyze security --offline=true "$unit_dir/tallyd.service" 2>/dev/null); then
+  score=$(printf '%s\n' "$sec" | sed -n 's/.*Overall exposure level for tallyd.service: \([0-9.]*\).*/\1/p')
+  echo "systemd-analyze security: $score"
+  if [ -z "$score" ] || awk -v s="$score" 'BEGIN { exit !(s > 2.0) }'; then
+    echo "FAIL: exposure level '$score' is above 2.0"
+    exit 1
+  fi
 fi
 grep -q '^ListenStream=127.0.0.1:5555' "$unit_dir/tallyd.socket" || exit 1
 grep -q '^ListenStream=/run/tallyd/tallyd.sock' "$unit_dir/tallyd.socket" || exit 1

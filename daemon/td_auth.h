@@ -1,0 +1,59 @@
+/*
+ * td_auth.h — CURVE authentication: the server's key pair, the allowed client keys, and the ZAP
+ * handler that checks each connection against them (PROTOCOL.md §12).
+ *
+ * libzmq runs the CURVE handshake itself and asks a ZAP handler (ZeroMQ RFC 27: a REP socket
+ * bound at inproc://zeromq.zap.01 in the socket's context) whether the client's public key may
+ * connect. td_auth runs that handler on a thread of its own: it answers 200 with the key's user
+ * id (the name it was listed under) or 400. Every message of an allowed connection then carries
+ * that id as its "User-Id" property, which the server uses as the client's identity for the
+ * per-client limits and metrics (td_peers.h).
+ *
+ * The same thread reads the ROUTER's monitor (zmq_socket_monitor) for handshake failures that
+ * never reach ZAP — a client without CURVE (mechanism mismatch) or one that encrypted to another
+ * server key (the handshake does not decrypt) — so that every refusal is counted and logged.
+ *
+ * Keys are ZeroMQ's Z85 text (40 characters). A key file is CZMQ's certificate format (what
+ * `tally keygen` writes: `public-key = "..."` and, in the secret file, `secret-key = "..."`), or
+ * a single line holding the key. The secret key file must not be accessible to group or others.
+ * The allowed keys (the files of curve_clients_dir, named by file name less .pub/.key, and the
+ * NAME:KEY or KEY items of curve_clients) are read at start and again on SIGHUP.
+ */
+#ifndef TD_AUTH_H
+#define TD_AUTH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "td_config.h"
+#include "tally_keys.h"
+#include "tally_proto.h"
+
+/* Refusals and acceptances, for tallyd_auth_total{result}. */
+typedef struct {
+    uint64_t allowed;       /* handshakes completed with an allowed key */
+    uint64_t unknown_key;   /* the ZAP handler refused the client's key */
+    uint64_t no_curve;      /* the client did not use CURVE (no key) */
+    uint64_t bad_handshake; /* CURVE failed: a wrong server key, or a broken client */
+} td_auth_counts_t;
+
+typedef struct td_auth td_auth_t;
+
+/* Reads the keys named by cfg (curve_secret_key, curve_clients_dir, curve_clients) and starts
+ * the ZAP handler in zmq_ctx. TALLY_E_PARAM with msg for a missing, unreadable, badly formed or
+ * group/other-accessible secret key, or a bad allowed key. Call before any socket binds. */
+tally_status_t td_auth_new(void *zmq_ctx, const td_config_t *cfg, td_auth_t **out, char *msg,
+                           size_t msg_cap);
+/* Makes router a CURVE server with the secret key and watches its handshakes. */
+tally_status_t td_auth_apply(td_auth_t *self, void *router);
+/* SIGHUP: re-reads the allowed keys (cfg holds the live curve_clients_dir and curve_clients).
+ * On an error the current set stays and the error is logged. */
+void td_auth_reload(td_auth_t *self, const td_config_t *cfg);
+void td_auth_counts(td_auth_t *self, td_auth_counts_t *out);
+/* The server's public key (Z85). */
+const char *td_auth_public_key(const td_auth_t *self);
+/* Stops the handler thread and closes its sockets: before zmq_ctx_term. */
+void td_auth_destroy(td_auth_t **self_p);
+
+#endif

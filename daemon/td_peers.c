@@ -1,0 +1,171 @@
+/*
+ * td_peers.c — the per-peer table (see td_peers.h): a chained hash table (FNV-1a over the kind
+ * and id bytes) of fixed width, since it holds one entry per live connection and client, and
+ * every entry is looked up once per request.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "td_peers.h"
+
+#define TD_PEERS_BUCKETS 1024u /* a power of two */
+
+struct td_peers {
+    td_peer_t *buckets[TD_PEERS_BUCKETS];
+    unsigned count;
+    double rate; /* stream creations per second; 0 = unlimited */
+};
+
+static uint64_t key_hash(const uint8_t *key, size_t len)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < len; i++) {
+        h ^= key[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+tally_status_t td_peers_new(td_peers_t **out)
+{
+    td_peers_t *self = calloc(1, sizeof *self);
+    if (!self)
+        return TALLY_E_INTERNAL;
+    *out = self;
+    return TALLY_OK;
+}
+
+void td_peers_destroy(td_peers_t **self_p)
+{
+    td_peers_t *self = *self_p;
+    if (!self)
+        return;
+    for (unsigned b = 0; b < TD_PEERS_BUCKETS; b++) {
+        td_peer_t *p = self->buckets[b];
+        while (p) {
+            td_peer_t *next = p->hash_next;
+            free(p);
+            p = next;
+        }
+    }
+    free(self);
+    *self_p = NULL;
+}
+
+/* One second's worth of creations, at least one. */
+static double burst(const td_peers_t *self)
+{
+    return self->rate < 1 ? 1 : self->rate;
+}
+
+void td_peers_set_rate(td_peers_t *self, unsigned per_second)
+{
+    self->rate = per_second;
+}
+
+/* The printable name: a user id as it is (it came from our own key list), a routing id in hex
+ * (ZeroMQ's generated ids are binary). */
+static void set_name(td_peer_t *p, td_peer_kind_t kind, const uint8_t *id, size_t len)
+{
+    if (kind == TD_PEER_USER) {
+        snprintf(p->name, sizeof p->name, "%.*s", (int)len, (const char *)id);
+        return;
+    }
+    size_t at = 0;
+    for (size_t i = 0; i < len && at + 3 <= sizeof p->name; i++)
+        at += (size_t)snprintf(p->name + at, sizeof p->name - at, "%02x", id[i]);
+}
+
+td_peer_t *td_peers_acquire(td_peers_t *self, td_peer_kind_t kind, const void *id, size_t len,
+                            uint64_t now_ns)
+{
+    uint8_t key[1 + TD_PEER_KEY_MAX];
+    if (len > TD_PEER_KEY_MAX)
+        len = TD_PEER_KEY_MAX;
+    key[0] = (uint8_t)kind;
+    memcpy(key + 1, id, len);
+    size_t key_len = len + 1;
+    unsigned b = (unsigned)(key_hash(key, key_len) & (TD_PEERS_BUCKETS - 1));
+    td_peer_t *p = self->buckets[b];
+    while (p && (p->key_len != key_len || memcmp(p->key, key, key_len) != 0))
+        p = p->hash_next;
+    if (!p) {
+        p = calloc(1, sizeof *p);
+        if (!p)
+            return NULL;
+        memcpy(p->key, key, key_len);
+        p->key_len = key_len;
+        set_name(p, kind, id, len);
+        p->tokens = burst(self);
+        p->tokens_ns = now_ns;
+        p->hash_next = self->buckets[b];
+        self->buckets[b] = p;
+        self->count++;
+    }
+    p->refs++;
+    return p;
+}
+
+void td_peers_release(td_peers_t *self, td_peer_t **peer_p)
+{
+    (void)self;
+    td_peer_t *p = *peer_p;
+    if (p && p->refs > 0)
+        p->refs--;
+    *peer_p = NULL;
+}
+
+/* Brings the bucket up to now: tokens accrue at `rate` per second up to the burst. */
+static void refill(const td_peers_t *self, td_peer_t *p, uint64_t now_ns)
+{
+    double cap = burst(self);
+    if (now_ns > p->tokens_ns)
+        p->tokens += self->rate * (double)(now_ns - p->tokens_ns) / 1e9;
+    p->tokens_ns = now_ns;
+    if (p->tokens > cap)
+        p->tokens = cap;
+}
+
+bool td_peer_take_token(td_peers_t *self, td_peer_t *client, uint64_t now_ns)
+{
+    if (self->rate <= 0)
+        return true;
+    refill(self, client, now_ns);
+    if (client->tokens < 1)
+        return false;
+    client->tokens -= 1;
+    return true;
+}
+
+void td_peers_sweep(td_peers_t *self, uint64_t now_ns)
+{
+    for (unsigned b = 0; b < TD_PEERS_BUCKETS; b++) {
+        td_peer_t **link = &self->buckets[b];
+        while (*link) {
+            td_peer_t *p = *link;
+            refill(self, p, now_ns);
+            bool idle = p->refs == 0 && p->key[0] != TD_PEER_USER;
+            if (idle && (self->rate <= 0 || p->tokens >= burst(self))) {
+                *link = p->hash_next;
+                free(p);
+                self->count--;
+                continue;
+            }
+            link = &p->hash_next;
+        }
+    }
+}
+
+unsigned td_peers_count(const td_peers_t *self)
+{
+    return self->count;
+}
+
+void td_peers_each_user(const td_peers_t *self, td_peer_visit_fn visit, void *ctx)
+{
+    for (unsigned b = 0; b < TD_PEERS_BUCKETS; b++)
+        for (const td_peer_t *p = self->buckets[b]; p; p = p->hash_next)
+            if (p->key[0] == TD_PEER_USER)
+                visit(ctx, p);
+}

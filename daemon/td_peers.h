@@ -1,0 +1,79 @@
+/*
+ * td_peers.h — who is asking: the bookkeeping behind the limits that keep one peer from hurting
+ * another (PROTOCOL.md §8, "Per-peer limits").
+ *
+ * One table of entries keyed by bytes, of two kinds:
+ *   - a connection (its ZeroMQ routing id): the requests it has in flight, held to its fair
+ *     share of max_inflight (max_inflight_per_peer, answered `busy`);
+ *   - a client identity: the ZAP user id when CURVE is on (one entry per allowed key, whatever
+ *     connections it uses), else the connection itself: the streams it created (held to
+ *     max_streams_per_client, answered `client_streams`) and a token bucket for the rate at which
+ *     it creates streams (stream_create_rate per second, burst of one second's worth, answered
+ *     `rate_limited`).
+ * Without CURVE the two kinds are the same entry.
+ *
+ * An entry is referenced by the requests and streams that point to it and lives while they do.
+ * Once unreferenced it stays until its token bucket has refilled (td_peers_sweep), so closing and
+ * reopening nothing resets a rate; a user entry (CURVE) stays for good, since it carries the
+ * per-user counters that the metrics report and there is one per allowed key at most.
+ * Loop thread only.
+ */
+#ifndef TD_PEERS_H
+#define TD_PEERS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tally_proto.h"
+
+#define TD_PEER_KEY_MAX 256 /* routing ids and ZAP user ids are at most 255 bytes */
+#define TD_PEER_NAME_MAX 80 /* printable form for logs and metric labels */
+
+typedef enum {
+    TD_PEER_CONNECTION = 'c',
+    TD_PEER_USER = 'u',
+} td_peer_kind_t;
+
+typedef struct td_peer {
+    uint8_t key[1 + TD_PEER_KEY_MAX]; /* the kind, then the routing id or user id */
+    size_t key_len;
+    char name[TD_PEER_NAME_MAX]; /* the user id, or the routing id in hex */
+    unsigned refs;               /* requests and streams pointing here */
+    unsigned inflight;           /* connection: requests read and not yet answered */
+    unsigned streams;            /* client: streams it created that still exist */
+    double tokens;               /* client: stream creations it may make now */
+    uint64_t tokens_ns;          /* when tokens was last brought up to date */
+    uint64_t requests;           /* user: requests read */
+    uint64_t limited;            /* user: requests refused by a per-peer limit */
+    struct td_peer *hash_next;
+} td_peer_t;
+
+typedef struct td_peers td_peers_t;
+
+tally_status_t td_peers_new(td_peers_t **out);
+void td_peers_destroy(td_peers_t **self_p);
+
+/* Sets the stream creation rate (per second, 0 = unlimited) used by td_peer_take_token and the
+ * sweep: taken from the live configuration, so a reload applies. */
+void td_peers_set_rate(td_peers_t *self, unsigned per_second);
+
+/* The entry for (kind, id), created when missing, with one more reference. NULL when out of
+ * memory (the caller then applies no per-peer limit to this request). */
+td_peer_t *td_peers_acquire(td_peers_t *self, td_peer_kind_t kind, const void *id, size_t len,
+                            uint64_t now_ns);
+/* Drops one reference (and sets *peer_p to NULL); the entry goes once the sweep finds it idle. */
+void td_peers_release(td_peers_t *self, td_peer_t **peer_p);
+
+/* Takes one stream creation from the client's bucket; false when it is empty. */
+bool td_peer_take_token(td_peers_t *self, td_peer_t *client, uint64_t now_ns);
+
+/* Frees the entries nothing refers to whose bucket is full again (user entries stay). */
+void td_peers_sweep(td_peers_t *self, uint64_t now_ns);
+
+/* Entries in the table, and iteration over the user entries (for the metrics). */
+unsigned td_peers_count(const td_peers_t *self);
+typedef void (*td_peer_visit_fn)(void *ctx, const td_peer_t *user);
+void td_peers_each_user(const td_peers_t *self, td_peer_visit_fn visit, void *ctx);
+
+#endif
