@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 MD="$OUT/curve.md"
 LG="$B/bench/loadgen"
 TD="$B/daemon/tallyd"
-TALLY="$B/client/tally"
+TALLY="$B/cli/tally"
 export LD_LIBRARY_PATH="$B/client${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 KEYS=$(mktemp -d /tmp/tally-curve-keys.XXXXXX)
 pids=()

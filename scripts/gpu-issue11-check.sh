@@ -30,9 +30,9 @@ if [ "$(systemctl is-system-running 2>/dev/null)" = running ] ||
     $PWD/$B/daemon/tallyd --backend cuda --bind tcp://127.0.0.1:5799 --shm off >>$S 2>&1
   sleep 5
   head -c 1048576 /dev/urandom >$OUT/frame.raw
-  $B/client/tally -e tcp://127.0.0.1:5799 hist --type u8 --in $OUT/frame.raw | head -2 >>$S
+  $B/cli/tally -e tcp://127.0.0.1:5799 hist --type u8 --in $OUT/frame.raw | head -2 >>$S
   echo "sandboxed hist rc=${PIPESTATUS[0]}" >>$S
-  $B/client/tally -e tcp://127.0.0.1:5799 info | grep -E "backend=" >>$S
+  $B/cli/tally -e tcp://127.0.0.1:5799 info | grep -E "backend=" >>$S
   journalctl -u tallyd-sandbox-check --no-pager 2>/dev/null | grep -iE "backend|EPERM|denied|error" | head -10 >>$S
   systemctl stop tallyd-sandbox-check 2>/dev/null
 else
