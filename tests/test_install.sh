@@ -75,17 +75,20 @@ int main(void)
     return 0;
 }
 C
-# The GPU host has no pkg-config: there the consumer is built with find_package only (CI, where
-# scripts/install-deps.sh installs pkg-config, builds both).
-if command -v pkg-config >/dev/null; then
-  PKG_CONFIG_PATH="$libdir/pkgconfig" pkg-config --cflags --libs tally >"$prefix/flags"
+# Where pkg-config cannot see libzmq (the GPU host unpacks its -dev packages outside the system
+# paths), tally.pc's Requires cannot resolve: that host builds with find_package only.
+if command -v pkg-config >/dev/null && pkg-config --exists libzmq; then
+  # An empty sysroot: the prefix under test is a real path (the GPU host sets
+  # PKG_CONFIG_SYSROOT_DIR for its unpacked packages, and it would be prepended to ours).
+  PKG_CONFIG_SYSROOT_DIR= PKG_CONFIG_PATH="$libdir/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}" \
+    pkg-config --cflags --libs tally >"$prefix/flags"
   # shellcheck disable=SC2046
   # shellcheck disable=SC2086
   "$cc" -std=c11 -Wall -Wextra -Werror $cflags "$prefix/app/app.c" -o "$prefix/app/app-pc" \
     $(cat "$prefix/flags") -Wl,-rpath,"$libdir"
   "$prefix/app/app-pc"
 else
-  echo "skip pkg-config consumer: pkg-config is not installed"
+  echo "skip pkg-config consumer: no pkg-config, or it cannot find libzmq here"
 fi
 cat >"$prefix/app/CMakeLists.txt" <<'CM'
 cmake_minimum_required(VERSION 3.16)
