@@ -1,0 +1,40 @@
+/*
+ * td_err.h — the daemon's own error type.
+ *
+ * Wire statuses (tally_status_t, proto/tally_proto.h) say what went wrong with a *request*, for
+ * the client that sent it. What goes wrong inside tallyd — a configuration file that does not
+ * parse, an endpoint that cannot be bound, a state file that cannot be written, a library
+ * initialiser that fails — is not a request's fault and has no wire status: a missing file is
+ * not "unknown stream", a bind failure is not "bad parameter". Internal functions return a
+ * td_err_t (with a message buffer where the caller shows one to a person), and the edge that
+ * answers a request maps what it must with td_err_to_wire(); start-up maps to an exit status
+ * with td_err_exit_code().
+ */
+#ifndef TD_ERR_H
+#define TD_ERR_H
+
+#include "tally_proto.h"
+
+typedef enum {
+    TD_OK = 0,
+    TD_ERR_CONFIG,  /* a setting, option or configuration file is invalid */
+    TD_ERR_IO,      /* a file, directory or socket path could not be read, written or made */
+    TD_ERR_BIND,    /* an endpoint could not be bound or adopted */
+    TD_ERR_BACKEND, /* no usable compute backend (or device) */
+    TD_ERR_NOMEM,   /* out of memory */
+    TD_ERR_CORRUPT, /* stored data (state file, record) failed its checks */
+    TD_ERR_LIBRARY, /* a library call (ZeroMQ, libuv, libmicrohttpd, CUDA) failed */
+} td_err_t;
+
+/* "config", "io", ...: for logs and tests. */
+const char *td_err_name(td_err_t err);
+
+/* The wire status a request gets when an internal error stops it: TALLY_E_BACKEND for a
+ * backend error, TALLY_E_INTERNAL for everything else (none is the client's fault). */
+tally_status_t td_err_to_wire(td_err_t err);
+
+/* tallyd's exit status when start-up fails with err: 2 for a configuration error (as for a
+ * bad command line), 1 otherwise. */
+int td_err_exit_code(td_err_t err);
+
+#endif
