@@ -137,9 +137,9 @@ tally_status_t td_listen_fds_bind(void *zsock, const td_config_t *cfg)
         if (st != TALLY_OK)
             break;
         char why[1024];
-        st = td_config_check_endpoint(cfg, endpoint, false, why, sizeof why);
-        if (st != TALLY_OK) {
+        if (td_config_check_endpoint(cfg, endpoint, false, why, sizeof why) != TD_OK) {
             td_err("socket activation: fd %d: %s", fd, why);
+            st = TALLY_E_PARAM;
             break;
         }
         if (family == AF_INET6) {
