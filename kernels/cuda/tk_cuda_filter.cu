@@ -4,7 +4,7 @@
  *
  * The host first reduces every predicate of the protocol (gt, ge, lt, le, eq, ne, between with
  * int64 thresholds) to one test on the element type: keep x iff (lo <= x <= hi) != invert, with
- * lo/hi clamped to the type's range (an empty range keeps nothing; ne is an inverted point).
+ * lo/hi inside the type's range (tk_predicate.h, shared with the CPU backend).
  *
  * One block compacts one tile of TK_FILTER_WARPS * 32 * V 16-byte vectors:
  *   1. Each warp owns a contiguous segment; lane l loads vector v at segment + (v * 32 + l) * 16
@@ -29,6 +29,7 @@
 #include <limits.h>
 
 #include "tk_cuda_internal.cuh"
+#include "tk_predicate.h"
 
 typedef unsigned long long u64;
 
@@ -125,7 +126,7 @@ __global__ void __launch_bounds__(TK_FILTER_THREADS)
 #pragma unroll
         for (int k = 0; k < E; k++) {
             int x = elem<T>(w[v], k);
-            bool keep = ((x >= lo) & (x <= hi)) != (invert != 0);
+            bool keep = tk_keep_in_range(x, lo, hi, invert);
             f |= (unsigned)keep << k;
         }
         if (!full) { /* elements past n are never kept */
@@ -221,64 +222,9 @@ __global__ void tk_filter_zero_kernel(u64 *kept)
     *kept = 0;
 }
 
-typedef struct {
-    int lo, hi, invert;
-} tk_range_t;
-
-/* Reduces spec to lo <= x <= hi (!= invert) over [tmin, tmax]; TALLY_E_PARAM for a bad pred. */
-static tally_status_t reduce_predicate(const tk_filter_spec_t *spec, int64_t tmin, int64_t tmax,
-                                       tk_range_t *r)
-{
-    int64_t v = spec->lo, a = tmin, b = tmax;
-    int invert = 0;
-    switch (spec->pred) {
-    case TALLY_PRED_GT:
-        if (v >= tmax)
-            a = 1, b = 0;
-        else
-            a = v + 1;
-        break;
-    case TALLY_PRED_GE:
-        a = v;
-        break;
-    case TALLY_PRED_LT:
-        if (v <= tmin)
-            a = 1, b = 0;
-        else
-            b = v - 1;
-        break;
-    case TALLY_PRED_LE:
-        b = v;
-        break;
-    case TALLY_PRED_EQ:
-        a = b = v;
-        break;
-    case TALLY_PRED_NE:
-        a = b = v;
-        invert = 1;
-        break;
-    case TALLY_PRED_BETWEEN:
-        a = spec->lo;
-        b = spec->hi;
-        break;
-    default:
-        return TALLY_E_PARAM;
-    }
-    if (a < tmin)
-        a = tmin;
-    if (b > tmax)
-        b = tmax;
-    if (a > b) /* empty: keeps nothing (or everything when inverted) */
-        a = 1, b = 0;
-    r->lo = (int)a;
-    r->hi = (int)b;
-    r->invert = invert;
-    return TALLY_OK;
-}
-
 template <typename T, bool STABLE>
 static void launch_filter(bool vec, unsigned tiles, cudaStream_t s, const void *in, size_t n,
-                          void *out, u64 *kept, tk_tile_state_t *st, const tk_range_t *r)
+                          void *out, u64 *kept, tk_tile_state_t *st, const tk_keep_range_t *r)
 {
     const T *i = static_cast<const T *>(in);
     T *o = static_cast<T *>(out);
@@ -320,11 +266,13 @@ extern "C" tally_status_t tk_cuda_filter(tally_dtype_t dtype, const void *d_in, 
         return TALLY_E_PARAM;
     if (tk_div_up(n, tile_elems(dtype)) > 0x7fffffffu)
         return TALLY_E_PARAM;
-    tk_range_t r;
-    tally_status_t st = dtype == TALLY_DTYPE_U8 ? reduce_predicate(spec, 0, UINT8_MAX, &r)
-                                                : reduce_predicate(spec, INT32_MIN, INT32_MAX, &r);
+    tk_keep_rule_t rule;
+    tally_status_t st = dtype == TALLY_DTYPE_U8
+                            ? tk_keep_rule_make(spec, 0, UINT8_MAX, &rule)
+                            : tk_keep_rule_make(spec, INT32_MIN, INT32_MAX, &rule);
     if (st != TALLY_OK)
         return st;
+    tk_keep_range_t r = tk_keep_range(&rule);
 
     u64 *kept = reinterpret_cast<u64 *>(d_kept);
     unsigned tiles = (unsigned)tk_div_up(n, tile_elems(dtype));
