@@ -172,14 +172,9 @@ td_err_t td_config_add_bind(td_config_t *cfg, const char *endpoint)
 
 const char *td_backend_choice_name(td_backend_choice_t choice)
 {
-    switch (choice) {
-    case TD_BACKEND_CPU:
-        return "cpu";
-    case TD_BACKEND_CUDA:
-        return "cuda";
-    default:
-        return "auto";
-    }
+    static const char *const names[] = {
+        [TD_BACKEND_AUTO] = "auto", [TD_BACKEND_CPU] = "cpu", [TD_BACKEND_CUDA] = "cuda"};
+    return (unsigned)choice < sizeof names / sizeof names[0] ? names[choice] : "auto";
 }
 
 /* ---- The command line ---------------------------------------------------------------------- */
