@@ -27,13 +27,13 @@ static uint64_t key_hash(const uint8_t *key, size_t len)
     return h;
 }
 
-tally_status_t td_peers_new(td_peers_t **out)
+td_err_t td_peers_new(td_peers_t **out)
 {
     td_peers_t *self = calloc(1, sizeof *self);
     if (!self)
-        return TALLY_E_INTERNAL;
+        return TD_ERR_NOMEM;
     *out = self;
-    return TALLY_OK;
+    return TD_OK;
 }
 
 void td_peers_destroy(td_peers_t **self_p)

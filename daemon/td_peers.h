@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tally_proto.h"
+#include "td_err.h"
 
 #define TD_PEER_KEY_MAX 256 /* routing ids and ZAP user ids are at most 255 bytes */
 #define TD_PEER_NAME_MAX 80 /* printable form for logs and metric labels */
@@ -51,7 +51,8 @@ typedef struct td_peer {
 
 typedef struct td_peers td_peers_t;
 
-tally_status_t td_peers_new(td_peers_t **out);
+/* TD_ERR_NOMEM when out of memory. */
+td_err_t td_peers_new(td_peers_t **out);
 void td_peers_destroy(td_peers_t **self_p);
 
 /* Sets the stream creation rate (per second, 0 = unlimited) used by td_peer_take_token and the

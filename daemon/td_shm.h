@@ -18,6 +18,7 @@
 #include <uv.h>
 
 #include "td_config.h"
+#include "td_err.h"
 #include "tally_proto.h"
 
 typedef struct td_shm td_shm_t;
@@ -50,10 +51,11 @@ typedef struct {
     void *ctx;
 } td_shm_env_t;
 
-/* Binds the side channel at cfg->shm_socket. With shm off, *out is NULL and TALLY_OK. A path
- * that cannot be bound (another tallyd holds it, no such directory) is TALLY_E_PARAM when the
- * path was configured explicitly; for the default path it is logged and shm is off (*out NULL). */
-tally_status_t td_shm_new(const td_shm_env_t *env, td_shm_t **out);
+/* Binds the side channel at cfg->shm_socket. With shm off, *out is NULL and TD_OK. A path that
+ * cannot be bound (another tallyd holds it, no such directory) is TD_ERR_BIND (logged) when the
+ * path was configured explicitly; for the default path it is logged and shm is off (*out NULL).
+ * TD_ERR_NOMEM when out of memory. */
+td_err_t td_shm_new(const td_shm_env_t *env, td_shm_t **out);
 /* Stops listening and closes every side connection (their regions stay mapped while requests
  * hold them). Closes the loop handles. */
 void td_shm_close(td_shm_t *self);
