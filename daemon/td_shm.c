@@ -103,6 +103,11 @@ static void region_free(td_shm_t *shm, td_shm_region_t *region)
     free(region);
 }
 
+bool td_shm_region_direct(const td_shm_region_t *region)
+{
+    return region && region->device_registered;
+}
+
 void td_shm_region_put(td_shm_region_t **region_p)
 {
     td_shm_region_t *region = *region_p;

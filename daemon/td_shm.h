@@ -23,7 +23,9 @@
 
 typedef struct td_shm td_shm_t;
 
-/* One registered region. Read-only for everything outside td_shm.c. */
+/* One registered region. Its fields are td_shm.c's: others ask td_shm_region_direct (td_exec.c
+ * and td_gpu.c still read device_registered until they move to it; then the struct moves into
+ * td_shm.c). */
 typedef struct td_shm_region {
     uint64_t handle;
     uint8_t *base; /* the mapping: size bytes */
@@ -73,6 +75,9 @@ const char *td_shm_path(const td_shm_t *self);
 tally_status_t td_shm_resolve(td_shm_t *self, const uint8_t *id, size_t id_len, uint64_t handle,
                               uint64_t offset, uint64_t length, bool output,
                               td_shm_region_t **region, uint8_t **ptr, char *msg, size_t msg_cap);
+/* Whether the GPU reads or writes region directly (it is registered with the GPU engine);
+ * false for NULL (no region) and for an unregistered one (the GPU copies through staging). */
+bool td_shm_region_direct(const td_shm_region_t *region);
 /* Releases a reference (loop thread); sets *region_p to NULL. */
 void td_shm_region_put(td_shm_region_t **region_p);
 

@@ -574,21 +574,16 @@ static void test_version_2_restores(void **state)
     td_streams_destroy(&t);
 }
 
-/* Window rings: saved with their non-empty slots inside the ring, restored byte for byte at
- * the same clock; a later clock drops what the ring no longer reaches; another interval length
- * drops every slot; windows off restores no ring; a slot whose total is not its bins refuses
- * that stream only. */
-static void test_window_rings(void **state)
+/* Fills the ring of every stream with a histogram: 12 intervals up to NOW_MS (the oldest 4 age
+ * out of an 8-slot ring). Returns how many streams have a ring. */
+static unsigned fill_rings(td_streams_t *t)
 {
-    (void)state;
-    td_streams_t *t = random_table(6);
-    td_streams_set_window(t, 8, 1000);
     unsigned with_ring = 0;
     for (td_stream_t *s = td_streams_first(t); s; s = s->list_next) {
         if (s->info.hist_dtype == TALLY_DTYPE_NONE)
             continue;
         static uint64_t bins[TALLY_HIST_VALUES_MAX];
-        for (int k = 11; k >= 0; k--) { /* 12 intervals, in time order: the oldest 4 age out */
+        for (int k = 11; k >= 0; k--) { /* in time order */
             unsigned channels = tally_hist_channels(s->info.hist_dtype);
             uint64_t n = 0, under = next_rand() % 3, over = next_rand() % 3;
             for (int b = 0; b < TALLY_HIST_BINS; b++)
@@ -603,6 +598,64 @@ static void test_window_rings(void **state)
         }
         with_ring++;
     }
+    return with_ring;
+}
+
+/* Decodes buf at now_ms into a table with windows of `intervals` x interval_ms (0: windows
+ * off), which must restore all 6 streams; returns the window slots dropped. */
+static unsigned decode_windowed(const uint8_t *buf, size_t len, uint64_t now_ms, unsigned intervals,
+                                uint32_t interval_ms)
+{
+    td_streams_t *later = NULL;
+    assert_int_equal(td_streams_new(100, &later), TALLY_OK);
+    if (intervals)
+        td_streams_set_window(later, intervals, interval_ms);
+    td_state_report_t r;
+    char msg[256];
+    assert_int_equal(td_state_decode(buf, len, now_ms, later, &r, msg, sizeof msg), TD_OK);
+    assert_int_equal(r.restored, 6);
+    for (td_stream_t *s = td_streams_first(later); s && !intervals; s = s->list_next)
+        assert_null(s->window);
+    td_streams_destroy(&later);
+    return r.window_slots_dropped;
+}
+
+/* Stream 1 (u8): one slot's total off by one under a good checksum; and a bit flip in stream 2's
+ * ring: each loses that stream only. */
+static void check_damaged_rings(td_streams_t *t, const uint8_t *buf, size_t len)
+{
+    td_state_report_t r;
+    uint8_t *copy = malloc(len);
+    memcpy(copy, buf, len);
+    uint8_t *rec = record(copy, 1);
+    size_t slot0 = TD_STATE_RECORD_INFO_OFF + tally_get_u32(rec + TD_STATE_RECORD_INFO_LEN_OFF);
+    assert_true(tally_get_u32(rec + TD_STATE_RECORD_SLOTS_OFF) == 8);
+    tally_put_u64(rec + slot0 + 24, tally_get_u64(rec + slot0 + 24) + 1);
+    reseal_record(rec);
+    td_streams_t *back = decode_new(copy, len, TD_OK, &r);
+    assert_int_equal(r.damaged, 1);
+    assert_tables_equal_but(t, back, 1);
+    td_streams_destroy(&back);
+    memcpy(copy, buf, len);
+    rec = record(copy, 2);
+    rec[tally_get_u32(rec + 8) - 100] ^= 0x10;
+    back = decode_new(copy, len, TD_OK, &r);
+    assert_int_equal(r.damaged, 1);
+    assert_tables_equal_but(t, back, 2);
+    td_streams_destroy(&back);
+    free(copy);
+}
+
+/* Window rings: saved with their non-empty slots inside the ring, restored byte for byte at
+ * the same clock; a later clock drops what the ring no longer reaches; another interval length
+ * drops every slot; windows off restores no ring; a slot whose total is not its bins refuses
+ * that stream only. */
+static void test_window_rings(void **state)
+{
+    (void)state;
+    td_streams_t *t = random_table(6);
+    td_streams_set_window(t, 8, 1000);
+    unsigned with_ring = fill_rings(t);
     uint8_t *buf = NULL;
     size_t len = 0;
     encode(t, &buf, &len);
@@ -625,51 +678,13 @@ static void test_window_rings(void **state)
     td_streams_destroy(&back);
 
     /* Restored 5 s later: the ring reaches back to NOW - 2 s, so 5 of the 8 saved slots drop. */
-    td_streams_t *later = NULL;
-    assert_int_equal(td_streams_new(100, &later), TALLY_OK);
-    td_streams_set_window(later, 8, 1000);
-    char msg[256];
-    assert_int_equal(td_state_decode(buf, len, NOW_MS + 5000, later, &r, msg, sizeof msg),
-                     TD_OK);
-    assert_int_equal(r.restored, 6);
-    assert_int_equal(r.window_slots_dropped, 5 * with_ring);
-    td_streams_destroy(&later);
+    assert_int_equal(decode_windowed(buf, len, NOW_MS + 5000, 8, 1000), 5 * with_ring);
     /* Another interval length: every slot dropped, the streams restored. */
-    assert_int_equal(td_streams_new(100, &later), TALLY_OK);
-    td_streams_set_window(later, 8, 500);
-    assert_int_equal(td_state_decode(buf, len, NOW_MS, later, &r, msg, sizeof msg), TD_OK);
-    assert_int_equal(r.restored, 6);
-    assert_int_equal(r.window_slots_dropped, 8 * with_ring);
-    td_streams_destroy(&later);
+    assert_int_equal(decode_windowed(buf, len, NOW_MS, 8, 500), 8 * with_ring);
     /* Windows off: no ring. */
-    assert_int_equal(td_streams_new(100, &later), TALLY_OK);
-    assert_int_equal(td_state_decode(buf, len, NOW_MS, later, &r, msg, sizeof msg), TD_OK);
-    assert_int_equal(r.restored, 6);
-    for (td_stream_t *s = td_streams_first(later); s; s = s->list_next)
-        assert_null(s->window);
-    td_streams_destroy(&later);
+    decode_windowed(buf, len, NOW_MS, 0, 0);
 
-    /* Stream 1 (u8): one slot's total off by one under a good checksum; and a bit flip in
-     * stream 2's ring: each loses that stream only. */
-    uint8_t *copy = malloc(len);
-    memcpy(copy, buf, len);
-    uint8_t *rec = record(copy, 1);
-    size_t slot0 = TD_STATE_RECORD_INFO_OFF + tally_get_u32(rec + TD_STATE_RECORD_INFO_LEN_OFF);
-    assert_true(tally_get_u32(rec + TD_STATE_RECORD_SLOTS_OFF) == 8);
-    tally_put_u64(rec + slot0 + 24, tally_get_u64(rec + slot0 + 24) + 1);
-    reseal_record(rec);
-    back = decode_new(copy, len, TD_OK, &r);
-    assert_int_equal(r.damaged, 1);
-    assert_tables_equal_but(t, back, 1);
-    td_streams_destroy(&back);
-    memcpy(copy, buf, len);
-    rec = record(copy, 2);
-    rec[tally_get_u32(rec + 8) - 100] ^= 0x10;
-    back = decode_new(copy, len, TD_OK, &r);
-    assert_int_equal(r.damaged, 1);
-    assert_tables_equal_but(t, back, 2);
-    td_streams_destroy(&back);
-    free(copy);
+    check_damaged_rings(t, buf, len);
     free(buf);
     td_streams_destroy(&t);
 }

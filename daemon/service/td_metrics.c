@@ -180,7 +180,8 @@ static void render_user(void *ctx, const td_peer_t *user)
 {
     user_render_t *u = ctx;
     emit(u->o, "tallyd_client_%s_total{client=\"%s\"} %llu\n", u->limited ? "limited" : "requests",
-         user->name, (unsigned long long)(u->limited ? user->limited : user->requests));
+         td_peer_name(user),
+         (unsigned long long)(u->limited ? td_peer_limited(user) : td_peer_requests(user)));
 }
 
 /* CURVE: handshakes by outcome, and per client (ZAP user id) its requests and refusals. A user

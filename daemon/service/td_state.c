@@ -25,6 +25,7 @@
 #include <zlib.h>
 
 #include "td_config.h"
+#include "td_hash.h"
 #include "td_log.h"
 #include "td_state.h"
 #include "td_window.h"
@@ -48,12 +49,7 @@ uint32_t td_state_crc(const uint8_t *buf, size_t len)
 
 uint64_t td_state_checksum(const uint8_t *buf, size_t len)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a 64 */
-    for (size_t i = 0; i < len; i++) {
-        h ^= buf[i];
-        h *= 1099511628211ull;
-    }
-    return h;
+    return td_fnv1a64(buf, len);
 }
 
 uint64_t td_state_records_digest(const uint8_t *buf, size_t len)
