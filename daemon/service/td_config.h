@@ -17,8 +17,8 @@
 #include "td_err.h"
 
 #define TD_DEFAULT_ENDPOINT TALLY_DEFAULT_ENDPOINT /* proto/tally_proto.h */
-#define TD_DEFAULT_MAX_BATCH (16u << 20) /* bytes of payload in one request */
-#define TD_DEFAULT_MAX_INFLIGHT 64u      /* requests accepted and not yet answered */
+#define TD_DEFAULT_MAX_BATCH (16u << 20)           /* bytes of payload in one request */
+#define TD_DEFAULT_MAX_INFLIGHT 64u                /* requests accepted and not yet answered */
 #define TD_DEFAULT_MAX_STREAMS 4096u
 #define TD_MAX_STREAMS_LIMIT (1u << 24)
 #define TD_WORKERS_LIMIT 1024u
@@ -160,8 +160,8 @@
 #define TD_PUB_INTERVAL_MS_LIMIT 3600000u
 #define TD_PUB_SNDHWM 1000 /* messages queued per subscriber before ZeroMQ drops them */
 /* Per-stream Prometheus series (td_metrics.c): the first this many streams, in creation order,
- * get their own `stream` label; the rest are summed under stream="_other", so a scrape has at
- * most (metrics_streams + 1) x 3 per-stream series however many streams exist. */
+ * get their own `stream` label; the rest are summed under stream="(other streams)", so a scrape has
+ * at most (metrics_streams + 1) x 3 per-stream series however many streams exist. */
 #define TD_DEFAULT_METRICS_STREAMS 100u
 #define TD_METRICS_STREAMS_LIMIT 10000u
 

@@ -16,6 +16,7 @@
 #include "tally_args.h"
 #include "tally_keys.h"
 #include "td_log.h"
+#include "td_metrics.h"
 #include "td_settings.h"
 
 #define FIELD(name) offsetof(td_config_t, name)
@@ -116,7 +117,7 @@ const td_setting_t td_settings[] = {
      .type = TD_SET_UINT, .offset = FIELD(metrics_streams), .def = TD_DEFAULT_METRICS_STREAMS,
      .max = TD_METRICS_STREAMS_LIMIT, .reload = TD_RELOAD_APPLIES,
      .help = "streams with their own `stream` label (the first ones created); the rest are summed "
-             "as stream=\"_other\""},
+             "as stream=\"" TD_METRICS_OTHER_STREAMS "\""},
     /* [security] */
     {.option = "curve-secret-key", .arg = "FILE", .section = "security", .key = "curve_secret_key",
      .type = TD_SET_PATH, .offset = FIELD(curve_secret_key), .reload = TD_RELOAD_RESTART,
