@@ -264,11 +264,8 @@ static tally_status_t enqueue_piece(cuda_lane_t *l0, cuda_lane_t *li, const td_g
     if (job->opcode == TALLY_OP_HIST) {
         if (i > 0) /* l0's histogram is zeroed (and its earlier jobs done with it) */
             TRY(cudaStreamWaitEvent(li->stream, l0->ev_start, 0));
-        if (job->dtype == TALLY_DTYPE_U8)
-            return tk_cuda_hist_u8(li->d_in, n, &l0->d_small->hist, li->d_scratch,
-                                   li->scratch_bytes, li->stream);
-        return tk_cuda_hist_i32(li->d_in, n, job->lo, job->hi, &l0->d_small->hist, li->d_scratch,
-                                li->scratch_bytes, li->stream);
+        return tk_cuda_hist(job->dtype, li->d_in, n, job->lo, job->hi, &l0->d_small->hist,
+                            li->d_scratch, li->scratch_bytes, li->stream);
     }
     int64_t *carry = &l0->d_carries[job->carry_index];
     size_t osize = job->out_i32 ? 4 : 8;

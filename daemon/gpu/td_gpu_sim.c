@@ -186,10 +186,8 @@ static tally_status_t sim_run_split(sim_lane_t *l, unsigned count, const td_gpu_
         if (job->opcode == TALLY_OP_SCAN) {
             st = cpu->scan(cpu->ctx, l->d_in, n, job->exclusive, job->out_i32, l->d_out, carry);
             memcpy((uint8_t *)job->dst + first * osize, l->d_out, n * osize);
-        } else if (job->dtype == TALLY_DTYPE_U8) {
-            st = cpu->hist_u8(cpu->ctx, l->d_in, n, &l->d_small.hist);
         } else {
-            st = cpu->hist_i32(cpu->ctx, l->d_in, n, job->lo, job->hi, &l->d_small.hist);
+            st = tk_backend_hist(cpu, job->dtype, l->d_in, n, job->lo, job->hi, &l->d_small.hist);
         }
     }
     l->d_small.carry = *carry;
