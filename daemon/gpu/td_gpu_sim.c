@@ -123,7 +123,7 @@ static tally_status_t sim_run(sim_lane_t *l, const td_gpu_job_t *job)
     const void *src = job->src ? job->src : l->staging[job->slot].in;
     void *dst = job->dst ? job->dst : l->staging[job->slot].out;
     memcpy(l->d_in, src, job->n * esize);
-    if (job->carry_upload) /* whatever the operation: it starts the stream's chain */
+    if (job->carry_upload) /* whatever the operation: it starts the named stream's chain */
         *carry = small->carry;
     switch (job->opcode) {
     case TALLY_OP_FILTER:
