@@ -372,6 +372,24 @@ static void cuda_engine_destroy(td_gpu_engine_t **self_p)
     *self_p = NULL;
 }
 
+static const td_gpu_engine_t cuda_engine = {
+    .name = "cuda",
+    .device_count = cuda_device_count,
+    .describe = cuda_describe,
+    .lane_open = cuda_lane_open,
+    .lane_close = cuda_lane_close,
+    .lane_bind = cuda_lane_bind,
+    .lane_launch = cuda_lane_launch,
+    .lane_launch_split = cuda_lane_launch_split,
+    .lane_check = cuda_lane_check,
+    .region_register = cuda_region_register,
+    .region_unregister = cuda_region_unregister,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .error_string = tk_cuda_error_string,
+    .destroy = cuda_engine_destroy,
+};
+
 tally_status_t td_gpu_engine_cuda_new(td_gpu_engine_t **out, char *why, size_t why_cap)
 {
     int count = tk_cuda_device_count();
@@ -384,21 +402,7 @@ tally_status_t td_gpu_engine_cuda_new(td_gpu_engine_t **out, char *why, size_t w
         snprintf(why, why_cap, "out of memory");
         return TALLY_E_INTERNAL;
     }
-    e->name = "cuda";
-    e->device_count = cuda_device_count;
-    e->describe = cuda_describe;
-    e->lane_open = cuda_lane_open;
-    e->lane_close = cuda_lane_close;
-    e->lane_bind = cuda_lane_bind;
-    e->lane_launch = cuda_lane_launch;
-    e->lane_launch_split = cuda_lane_launch_split;
-    e->lane_check = cuda_lane_check;
-    e->region_register = cuda_region_register;
-    e->region_unregister = cuda_region_unregister;
-    e->host_alloc = cuda_host_alloc;
-    e->host_free = cuda_host_free;
-    e->error_string = tk_cuda_error_string;
-    e->destroy = cuda_engine_destroy;
+    *e = cuda_engine;
     *out = e;
     return TALLY_OK;
 }

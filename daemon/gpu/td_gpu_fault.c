@@ -298,6 +298,23 @@ static void fault_destroy(td_gpu_engine_t **self_p)
     *self_p = NULL;
 }
 
+static const td_gpu_engine_t fault_engine = {
+    .device_count = fault_device_count,
+    .describe = fault_describe,
+    .lane_open = fault_lane_open,
+    .lane_close = fault_lane_close,
+    .lane_bind = fault_lane_bind,
+    .lane_launch = fault_lane_launch,
+    .lane_launch_split = fault_lane_launch_split,
+    .lane_check = fault_lane_check,
+    .region_register = fault_region_register,
+    .region_unregister = fault_region_unregister,
+    .host_alloc = fault_host_alloc,
+    .host_free = fault_host_free,
+    .error_string = fault_error_string,
+    .destroy = fault_destroy,
+};
+
 tally_status_t td_gpu_engine_fault_new(td_gpu_engine_t *inner, const td_gpu_fault_opts_t *opts,
                                        td_gpu_engine_t **out)
 {
@@ -313,22 +330,11 @@ tally_status_t td_gpu_engine_fault_new(td_gpu_engine_t *inner, const td_gpu_faul
     f->opts = *opts;
     atomic_init(&f->launches, 0);
     atomic_init(&f->lanes_opened, 0);
+    *e = fault_engine;
     e->name = inner->name; /* what runs the batches: the metrics and info say "sim" or "cuda" */
     e->ctx = f;
-    e->device_count = fault_device_count;
-    e->describe = fault_describe;
-    e->lane_open = fault_lane_open;
-    e->lane_close = fault_lane_close;
-    e->lane_bind = fault_lane_bind;
-    e->lane_launch = fault_lane_launch;
-    e->lane_launch_split = inner->lane_launch_split ? fault_lane_launch_split : NULL;
-    e->lane_check = fault_lane_check;
-    e->region_register = fault_region_register;
-    e->region_unregister = fault_region_unregister;
-    e->host_alloc = fault_host_alloc;
-    e->host_free = fault_host_free;
-    e->error_string = fault_error_string;
-    e->destroy = fault_destroy;
+    if (!inner->lane_launch_split)
+        e->lane_launch_split = NULL;
     *out = e;
     return TALLY_OK;
 }

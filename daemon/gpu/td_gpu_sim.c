@@ -270,6 +270,24 @@ static void sim_destroy(td_gpu_engine_t **self_p)
     *self_p = NULL;
 }
 
+static const td_gpu_engine_t sim_engine = {
+    .name = "sim",
+    .device_count = sim_device_count,
+    .describe = sim_describe,
+    .lane_open = sim_lane_open,
+    .lane_close = sim_lane_close,
+    .lane_bind = sim_lane_bind,
+    .lane_launch = sim_lane_launch,
+    .lane_launch_split = sim_lane_launch_split,
+    .lane_check = sim_lane_check,
+    .region_register = sim_region_register,
+    .region_unregister = sim_region_unregister,
+    .host_alloc = sim_host_alloc,
+    .host_free = sim_host_free,
+    .error_string = sim_error_string,
+    .destroy = sim_destroy,
+};
+
 tally_status_t td_gpu_engine_sim_new(unsigned devices, td_gpu_engine_t **out)
 {
     td_gpu_engine_t *e = calloc(1, sizeof *e);
@@ -284,22 +302,8 @@ tally_status_t td_gpu_engine_sim_new(unsigned devices, td_gpu_engine_t **out)
     sim->latency_us = latency ? (unsigned)strtoul(latency, NULL, 10) : 0;
     const char *reg = getenv("TALLYD_TEST_SIM_REGISTER_US");
     sim->register_us = reg ? (unsigned)strtoul(reg, NULL, 10) : 0;
-    e->name = "sim";
+    *e = sim_engine;
     e->ctx = sim;
-    e->device_count = sim_device_count;
-    e->describe = sim_describe;
-    e->lane_open = sim_lane_open;
-    e->lane_close = sim_lane_close;
-    e->lane_bind = sim_lane_bind;
-    e->lane_launch = sim_lane_launch;
-    e->lane_launch_split = sim_lane_launch_split;
-    e->lane_check = sim_lane_check;
-    e->region_register = sim_region_register;
-    e->region_unregister = sim_region_unregister;
-    e->host_alloc = sim_host_alloc;
-    e->host_free = sim_host_free;
-    e->error_string = sim_error_string;
-    e->destroy = sim_destroy;
     *out = e;
     return TALLY_OK;
 }
