@@ -151,6 +151,18 @@ __global__ void tk_lookback_init_kernel(tk_tile_state_t *states, unsigned n);
  * launch when tiles is 0). */
 void tk_lookback_init(tk_tile_state_t *states, unsigned tiles, cudaStream_t stream);
 
+/* Inclusive scan of v across the 32 lanes of a warp (lane = threadIdx.x & 31), all lanes. */
+template <typename U> static __device__ __forceinline__ U tk_warp_inclusive_scan(U v, int lane)
+{
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        U t = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o)
+            v += t;
+    }
+    return v;
+}
+
 static __device__ __forceinline__ long long tk_warp_sum64(long long v)
 {
 #pragma unroll
