@@ -592,17 +592,7 @@ static void cpu_destroy(tk_backend_t **self_p)
     *self_p = NULL;
 }
 
-static const tk_backend_t cpu_table = {
-    .name = "cpu",
-    .filter = cpu_filter,
-    .scan = cpu_scan,
-    .hist_u8 = cpu_hist_u8,
-    .hist_i32 = cpu_hist_i32,
-    .hist_u16 = cpu_hist_u16,
-    .hist_rgb = cpu_hist_rgb,
-    .describe = cpu_describe,
-    .destroy = cpu_destroy,
-};
+static const tk_backend_t cpu_table = TK_BACKEND_TABLE(cpu);
 
 tally_status_t tk_cpu_backend_new(tk_backend_t **out)
 {

@@ -366,29 +366,18 @@ static void cuda_host_free(void *ctx, void *p)
     cudaFreeHost(p);
 }
 
-static void cuda_engine_destroy(td_gpu_engine_t **self_p)
+static const char *cuda_error_string(void)
+{
+    return tk_cuda_error_string();
+}
+
+static void cuda_destroy(td_gpu_engine_t **self_p)
 {
     free(*self_p);
     *self_p = NULL;
 }
 
-static const td_gpu_engine_t cuda_engine = {
-    .name = "cuda",
-    .device_count = cuda_device_count,
-    .describe = cuda_describe,
-    .lane_open = cuda_lane_open,
-    .lane_close = cuda_lane_close,
-    .lane_bind = cuda_lane_bind,
-    .lane_launch = cuda_lane_launch,
-    .lane_launch_split = cuda_lane_launch_split,
-    .lane_check = cuda_lane_check,
-    .region_register = cuda_region_register,
-    .region_unregister = cuda_region_unregister,
-    .host_alloc = cuda_host_alloc,
-    .host_free = cuda_host_free,
-    .error_string = tk_cuda_error_string,
-    .destroy = cuda_engine_destroy,
-};
+static const td_gpu_engine_t cuda_engine = TD_GPU_ENGINE_TABLE(cuda);
 
 tally_status_t td_gpu_engine_cuda_new(td_gpu_engine_t **out, char *why, size_t why_cap)
 {

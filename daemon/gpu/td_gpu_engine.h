@@ -138,6 +138,21 @@ struct td_gpu_engine {
     void (*destroy)(td_gpu_engine_t **self_p);
 };
 
+/* An engine's table, its functions named after it: TD_GPU_ENGINE_TABLE(sim) takes
+ * sim_device_count, sim_describe, sim_lane_open ... sim_destroy (one per member, in the order
+ * above), and the name "sim" (ctx is set at creation). */
+#define TD_GPU_ENGINE_TABLE(prefix)                                                                \
+    {                                                                                              \
+        .name = #prefix, .device_count = prefix##_device_count, .describe = prefix##_describe,     \
+        .lane_open = prefix##_lane_open, .lane_close = prefix##_lane_close,                        \
+        .lane_bind = prefix##_lane_bind, .lane_launch = prefix##_lane_launch,                      \
+        .lane_launch_split = prefix##_lane_launch_split, .lane_check = prefix##_lane_check,        \
+        .region_register = prefix##_region_register,                                               \
+        .region_unregister = prefix##_region_unregister, .host_alloc = prefix##_host_alloc,        \
+        .host_free = prefix##_host_free, .error_string = prefix##_error_string,                    \
+        .destroy = prefix##_destroy,                                                               \
+    }
+
 /* Simulated devices: host memory and the CPU backend. */
 tally_status_t td_gpu_engine_sim_new(unsigned devices, td_gpu_engine_t **out);
 /* Faults on command, for the tests (td_gpu_fault.c). */

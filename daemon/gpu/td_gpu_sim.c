@@ -72,13 +72,10 @@ static tally_status_t sim_lane_open(void *ctx, int device, size_t max_batch, uns
                                     uint64_t *device_bytes, char *why, size_t why_cap)
 {
     (void)device;
-    sim_lane_t *l = calloc(1, sizeof *l);
+    sim_lane_t *l = malloc(sizeof *l);
     if (!l)
         goto fail;
-    l->sim = ctx;
-    l->slots = slots;
-    l->staging = staging;
-    l->carries = carries;
+    *l = (sim_lane_t){.sim = ctx, .slots = slots, .staging = staging, .carries = carries};
     memset(staging, 0, slots * sizeof *staging);
     for (unsigned i = 0; i < slots; i++) {
         staging[i].in = malloc(max_batch);
@@ -270,23 +267,7 @@ static void sim_destroy(td_gpu_engine_t **self_p)
     *self_p = NULL;
 }
 
-static const td_gpu_engine_t sim_engine = {
-    .name = "sim",
-    .device_count = sim_device_count,
-    .describe = sim_describe,
-    .lane_open = sim_lane_open,
-    .lane_close = sim_lane_close,
-    .lane_bind = sim_lane_bind,
-    .lane_launch = sim_lane_launch,
-    .lane_launch_split = sim_lane_launch_split,
-    .lane_check = sim_lane_check,
-    .region_register = sim_region_register,
-    .region_unregister = sim_region_unregister,
-    .host_alloc = sim_host_alloc,
-    .host_free = sim_host_free,
-    .error_string = sim_error_string,
-    .destroy = sim_destroy,
-};
+static const td_gpu_engine_t sim_engine = TD_GPU_ENGINE_TABLE(sim);
 
 tally_status_t td_gpu_engine_sim_new(unsigned devices, td_gpu_engine_t **out)
 {

@@ -214,17 +214,7 @@ int tk_cuda_device_count(void)
     return count;
 }
 
-static const tk_backend_t cuda_table = {
-    .name = "cuda",
-    .filter = cuda_filter,
-    .scan = cuda_scan,
-    .hist_u8 = cuda_hist_u8,
-    .hist_i32 = cuda_hist_i32,
-    .hist_u16 = cuda_hist_u16,
-    .hist_rgb = cuda_hist_rgb,
-    .describe = cuda_describe,
-    .destroy = cuda_destroy,
-};
+static const tk_backend_t cuda_table = TK_BACKEND_TABLE(cuda);
 
 tally_status_t tk_cuda_backend_new(int device, size_t max_batch_bytes, tk_backend_t **out,
                                    char *msg, size_t msg_cap)
