@@ -159,15 +159,8 @@ static __device__ __forceinline__ u64 place_tile(const unsigned *warp_count, uns
     if (!STABLE) {
         if (lane == 0 && total)
             where = atomicAdd(kept, (u64)total);
-    } else if (tile == 0) {
-        if (lane == 0)
-            tk_tile_store(tk_tile_at(states, 0), TK_TILE_INCLUSIVE, (long long)total);
     } else {
-        if (lane == 0)
-            tk_tile_store(tk_tile_at(states, tile), TK_TILE_AGGREGATE, (long long)total);
-        where = (u64)tk_lookback(states, tile);
-        if (lane == 0)
-            tk_tile_store(tk_tile_at(states, tile), TK_TILE_INCLUSIVE, (long long)(where + total));
+        where = tk_tile_publish(states, tile, total, lane);
     }
     *total_out = total;
     return where;

@@ -216,6 +216,26 @@ static __device__ __forceinline__ long long tk_lookback(const tk_tile_state_t *s
     }
 }
 
+/* Called by all 32 lanes of one warp of tile `tile`: publishes the tile's total (lane 0) and
+ * returns, to every lane, the sum of all tiles before it (0 for tile 0) by the look-back. */
+template <typename T>
+static __device__ __forceinline__ unsigned long long
+tk_tile_publish(tk_tile_state_t *states, unsigned tile, T total, int lane)
+{
+    unsigned long long prefix = 0;
+    if (tile == 0) {
+        if (lane == 0)
+            tk_tile_store(tk_tile_at(states, 0), TK_TILE_INCLUSIVE, (long long)total);
+    } else {
+        if (lane == 0)
+            tk_tile_store(tk_tile_at(states, tile), TK_TILE_AGGREGATE, (long long)total);
+        prefix = (unsigned long long)tk_lookback(states, tile);
+        if (lane == 0)
+            tk_tile_store(tk_tile_at(states, tile), TK_TILE_INCLUSIVE, (long long)(prefix + total));
+    }
+    return prefix;
+}
+
 /* ---- Errors --------------------------------------------------------------------------------- */
 
 /* cudaGetLastError after a launch: TALLY_OK or tk_cuda_status's TALLY_E_BACKEND. */

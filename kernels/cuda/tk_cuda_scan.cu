@@ -88,18 +88,7 @@ static __device__ __forceinline__ void tile_prefix(unsigned tile, unsigned num_t
     u64 t = lane < TK_SCAN_WARPS ? warp_total[lane] : 0;
     u64 inc = tk_warp_inclusive_scan(t, lane);
     u64 tile_total = __shfl_sync(0xffffffffu, inc, 31);
-    u64 prefix = 0;
-    if (tile == 0) {
-        if (lane == 0)
-            tk_tile_store(tk_tile_at(states, 0), TK_TILE_INCLUSIVE, (long long)tile_total);
-    } else {
-        if (lane == 0)
-            tk_tile_store(tk_tile_at(states, tile), TK_TILE_AGGREGATE, (long long)tile_total);
-        prefix = (u64)tk_lookback(states, tile);
-        if (lane == 0)
-            tk_tile_store(tk_tile_at(states, tile), TK_TILE_INCLUSIVE,
-                          (long long)(prefix + tile_total));
-    }
+    u64 prefix = tk_tile_publish(states, tile, tile_total, lane);
     if (tile == num_tiles - 1 && lane == 0)
         *carry_out = (int64_t)(carry + prefix + tile_total);
     if (lane < TK_SCAN_WARPS)
