@@ -222,9 +222,7 @@ static void test_window_queries(void **state)
     th_reply_free(&r);
     th_close(sock);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
-    char cmd[200];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(th_rmrf(dir), 0);
 }
 
 /* ---- 16-bit and colour ------------------------------------------------------------------ */

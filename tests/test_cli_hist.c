@@ -78,12 +78,6 @@ static size_t count_of(const char *haystack, const char *needle)
     return n;
 }
 
-static int cmp_i64(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
-}
-
 /* Nearest rank over sorted values: the ceil(q * n)-th, q in millionths. */
 static int64_t exact_q(const int64_t *sorted, size_t n, uint64_t q_millionths)
 {
@@ -94,8 +88,7 @@ static int64_t exact_q(const int64_t *sorted, size_t n, uint64_t q_millionths)
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/tally-clihist-XXXXXX");
-    if (!mkdtemp(tmpdir) || !getenv("TALLY_BIN"))
+    if (th_tmpdir(tmpdir, sizeof tmpdir, "tally-clihist") != 0 || !getenv("TALLY_BIN"))
         return -1;
     th_seed();
     const char *args[] = {"--window-intervals", "10", "--window-interval-ms", "1000", NULL};
@@ -105,12 +98,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    int status = th_daemon_stop(&daemon_, SIGTERM, 20000);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (system(cmd) != 0)
-        return -1;
-    return status == 0 ? 0 : -1;
+    return th_daemon_teardown(&daemon_, 20000, tmpdir);
 }
 
 /* ---- query: u8 ------------------------------------------------------------------------------ */
@@ -127,7 +115,7 @@ static void u8_data(uint8_t *x, int64_t *sorted, uint64_t bins[256])
         sorted[i] = x[i];
         bins[x[i]]++;
     }
-    qsort(sorted, U8_N, sizeof *sorted, cmp_i64);
+    qsort(sorted, U8_N, sizeof *sorted, th_cmp_i64);
 }
 
 static void test_query_u8_formats(void **state)
@@ -229,7 +217,7 @@ static void check_ranged(const char *type, const char *stream, int64_t lo, int64
         else
             tally_put_u32(raw + 4 * i, (uint32_t)v[i]);
     }
-    qsort(v, N, sizeof *v, cmp_i64);
+    qsort(v, N, sizeof *v, th_cmp_i64);
     char file[64], want[256], buf[256];
     snprintf(file, sizeof file, "%s.raw", type);
     write_file(file, raw, esize * N);
@@ -300,7 +288,7 @@ static void test_u16_exact(void **state)
         v[i] = 40000 + (int64_t)(th_rand() % 256);
         tally_put_u16((uint8_t *)&raw[i], (uint16_t)v[i]);
     }
-    qsort(v, N, sizeof *v, cmp_i64);
+    qsort(v, N, sizeof *v, th_cmp_i64);
     write_file("u16x.raw", raw, sizeof raw);
     expect_status(cli("hist --type u16 --range 40000 40256 --stream q/u16x --in u16x.raw "
                       "> /dev/null"),

@@ -1176,9 +1176,7 @@ static void make_dir(char *dir, size_t cap, const char *tag)
 
 static void remove_dir(const char *dir)
 {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(th_rmrf(dir), 0);
 }
 
 static void differential(uint64_t seed, const char *inflight_before, const char *inflight_after,

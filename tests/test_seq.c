@@ -664,9 +664,7 @@ static void test_cli_push_across_restart(void **state)
     th_close(sock);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 
-    char cmd[160];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(th_rmrf(dir), 0);
 }
 
 int main(void)

@@ -242,6 +242,16 @@ int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len,
     return th_recv_reply(sock, reply);
 }
 
+int th_call_status(void *sock, const tally_req_t *req, const void *payload, size_t len)
+{
+    th_reply_t reply;
+    if (th_call(sock, req, payload, len, &reply) != 0)
+        return -1;
+    int status = (int)reply.rep.status;
+    th_reply_free(&reply);
+    return status;
+}
+
 bool th_ping(const char *endpoint, int timeout_ms)
 {
     void *sock = th_connect(endpoint, timeout_ms);
@@ -302,6 +312,57 @@ uint64_t th_rand(void)
     rng_state ^= rng_state >> 7;
     rng_state ^= rng_state << 17;
     return rng_state;
+}
+
+int32_t *th_random_i32(size_t n, int64_t lo, int64_t hi)
+{
+    int32_t *x = malloc(4 * n + 4);
+    if (!x)
+        abort(); /* a failed test, as an assertion would be */
+    for (size_t i = 0; i < n; i++)
+        x[i] = (int32_t)(lo + (int64_t)(th_rand() % (uint64_t)(hi - lo + 1)));
+    return x;
+}
+
+int th_cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+int th_cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+const char *th_tally_bin(void)
+{
+    const char *bin = getenv("TALLY_BIN");
+    return bin && *bin ? bin : "./cli/tally";
+}
+
+int th_tmpdir(char *dir, size_t cap, const char *prefix)
+{
+    int n = snprintf(dir, cap, "/tmp/%s-XXXXXX", prefix);
+    if (n < 0 || (size_t)n >= cap)
+        return -1;
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+int th_rmrf(const char *dir)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int th_daemon_teardown(th_daemon_t *d, int timeout_ms, const char *dir)
+{
+    int status = th_daemon_stop(d, SIGTERM, timeout_ms);
+    if (th_rmrf(dir) != 0)
+        return -1;
+    return status == 0 ? 0 : -1;
 }
 
 char *th_slurp(const char *path)
@@ -421,14 +482,13 @@ void th_sleep_ms(int ms)
 
 th_cli_t th_cli(const char *dir, const char *endpoint, const char *fmt, ...)
 {
-    const char *bin = getenv("TALLY_BIN");
     char args[2048], cmd[4096], path[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(args, sizeof args, fmt, ap);
     va_end(ap);
     snprintf(cmd, sizeof cmd, "cd '%s' && '%s' -e '%s' %s > cli.out 2> cli.err", dir,
-             bin && *bin ? bin : "./tally", endpoint, args);
+             th_tally_bin(), endpoint, args);
     int rc = system(cmd);
     th_cli_t r = {.status = rc != -1 && WIFEXITED(rc) ? WEXITSTATUS(rc) : -1};
     snprintf(path, sizeof path, "%s/cli.out", dir);

@@ -65,6 +65,9 @@ int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len,
  * `tallyd_limited_total{reason="stream_rate"}`), asked on sock; -1 when absent or on no reply. */
 long long th_stat(void *sock, const char *name);
 
+/* One request, one reply, only its status kept: the reply's status, or -1 without a reply. */
+int th_call_status(void *sock, const tally_req_t *req, const void *payload, size_t len);
+
 /* One ping on a fresh th_connect socket: true when answered ok within timeout_ms. */
 bool th_ping(const char *endpoint, int timeout_ms);
 
@@ -91,7 +94,7 @@ int th_write_clock(const char *path, uint64_t ms);
 int64_t th_now_ms(void);
 void th_sleep_ms(int ms);
 
-/* The `tally` CLI under test ($TALLY_BIN) run through sh in `dir`, so ARGS may redirect:
+/* The `tally` CLI under test (th_tally_bin) run through sh in `dir`, so ARGS may redirect:
  * `tally -e ENDPOINT ARGS`; its exit status (-1 when it did not exit), stdout and stderr. */
 typedef struct {
     int status;
@@ -102,8 +105,25 @@ th_cli_t th_cli(const char *dir, const char *endpoint, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void th_cli_free(th_cli_t *r);
 
+/* The `tally` CLI under test: $TALLY_BIN, or ./cli/tally. */
+const char *th_tally_bin(void);
+
+/* A fresh scratch directory /tmp/PREFIX-XXXXXX, its path in dir (cap bytes); 0, or -1. */
+int th_tmpdir(char *dir, size_t cap, const char *prefix);
+/* Removes dir and all in it (rm -rf); 0, or -1. */
+int th_rmrf(const char *dir);
+/* What most suites' teardowns do: stop d with SIGTERM (timeout_ms), then remove dir; 0 when
+ * the daemon exited 0 and the directory is gone, else -1. */
+int th_daemon_teardown(th_daemon_t *d, int timeout_ms, const char *dir);
+
 /* Seeded xorshift so failures reproduce: the seed is printed by th_seed(). */
 uint64_t th_seed(void);
 uint64_t th_rand(void);
+/* n values uniform in [lo, hi] from th_rand, malloc'ed with room for one more (n may be 0);
+ * aborts when out of memory. */
+int32_t *th_random_i32(size_t n, int64_t lo, int64_t hi);
+/* qsort's order of int32_t and of int64_t. */
+int th_cmp_i32(const void *a, const void *b);
+int th_cmp_i64(const void *a, const void *b);
 
 #endif
