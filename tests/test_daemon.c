@@ -76,12 +76,6 @@ static int32_t *random_i32(size_t n)
     return v;
 }
 
-static int cmp_i32(const void *a, const void *b)
-{
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
 /* ---- operations ------------------------------------------------------------------------- */
 
 static void test_ping_info_stats(void **state)
@@ -132,10 +126,10 @@ static void test_filter_i32_both_modes(void **state)
         assert_int_equal(reply.len, kept * sizeof(int32_t));
         int32_t *got = (int32_t *)reply.payload;
         if (!stable) {
-            qsort(got, kept, sizeof *got, cmp_i32);
+            qsort(got, kept, sizeof *got, th_cmp_i32);
             int32_t *sorted = malloc(kept * sizeof *sorted + 1);
             memcpy(sorted, expect, kept * sizeof *sorted);
-            qsort(sorted, kept, sizeof *sorted, cmp_i32);
+            qsort(sorted, kept, sizeof *sorted, th_cmp_i32);
             assert_memory_equal(got, sorted, kept * sizeof *got);
             free(sorted);
         } else {
@@ -315,9 +309,7 @@ static void test_hist_stream_query_reset(void **state)
      * count 0. */
     tally_req_t reset = th_req(TALLY_OP_RESET, TALLY_DTYPE_NONE, next_id++);
     tally_req_set_stream(&reset, name);
-    assert_int_equal(th_call(sock, &reset, NULL, 0, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_OK);
-    th_reply_free(&r);
+    assert_int_equal(th_call_status(sock, &reset, NULL, 0), TALLY_OK);
     q.request_id = next_id++;
     assert_int_equal(th_call(sock, &q, NULL, 0, &qr), 0);
     assert_int_equal(qr.rep.status, TALLY_OK);
@@ -330,9 +322,7 @@ static void test_hist_stream_query_reset(void **state)
         assert_int_equal(info.bins[b], 0);
     th_reply_free(&qr);
     h32.request_id = next_id++;
-    assert_int_equal(th_call(sock, &h32, values, sizeof values, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_E_STREAM_STATE);
-    th_reply_free(&r);
+    assert_int_equal(th_call_status(sock, &h32, values, sizeof values), TALLY_E_STREAM_STATE);
 
     /* streams lists it; delete removes it; then query says unknown and hist i32 works. */
     tally_req_t ls = th_req(TALLY_OP_STREAMS, TALLY_DTYPE_NONE, next_id++);
@@ -346,13 +336,9 @@ static void test_hist_stream_query_reset(void **state)
 
     tally_req_t del = th_req(TALLY_OP_DELETE, TALLY_DTYPE_NONE, next_id++);
     tally_req_set_stream(&del, name);
-    assert_int_equal(th_call(sock, &del, NULL, 0, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_OK);
-    th_reply_free(&r);
+    assert_int_equal(th_call_status(sock, &del, NULL, 0), TALLY_OK);
     q.request_id = next_id++;
-    assert_int_equal(th_call(sock, &q, NULL, 0, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_E_UNKNOWN_STREAM);
-    th_reply_free(&r);
+    assert_int_equal(th_call_status(sock, &q, NULL, 0), TALLY_E_UNKNOWN_STREAM);
     h32.request_id = next_id++;
     assert_int_equal(th_call(sock, &h32, values, sizeof values, &r), 0);
     assert_int_equal(r.rep.status, TALLY_OK);
@@ -569,10 +555,7 @@ static void test_stream_limit(void **state)
     for (int i = 0; i < 3; i++) {
         tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 70 + i);
         tally_req_set_stream(&req, names[i]);
-        th_reply_t r;
-        assert_int_equal(th_call(sock, &req, &byte, 1, &r), 0);
-        assert_int_equal(r.rep.status, i < 2 ? TALLY_OK : TALLY_E_LIMIT);
-        th_reply_free(&r);
+        assert_int_equal(th_call_status(sock, &req, &byte, 1), i < 2 ? TALLY_OK : TALLY_E_LIMIT);
     }
     th_close(sock);
     assert_int_equal(th_daemon_stop(&d, SIGINT, 10000), 0);
