@@ -254,13 +254,11 @@ static void test_scan_chunked_stream_exclusive_i32(void **state)
     check_chunked_scan(TALLY_FLAG_SCAN_EXCLUSIVE | TALLY_FLAG_SCAN_OUT_I32, "scan/excl32");
 }
 
-static void test_hist_stream_query_reset(void **state)
+/* Five u8 chunks of 4099 bytes (the third all 7s) on stream `name`, each reply checked; their
+ * histogram added to expect. */
+static void push_u8_chunks(void *sock, const char *name, uint64_t expect[256])
 {
-    (void)state;
-    void *sock = connect_main();
-    uint64_t expect[256] = {0};
     uint8_t chunk[4099];
-    const char *name = "cam0";
     for (int c = 0; c < 5; c++) {
         for (size_t i = 0; i < sizeof chunk; i++) {
             chunk[i] = (uint8_t)(c == 2 ? 7 : th_rand()); /* one all-equal chunk */
@@ -280,18 +278,47 @@ static void test_hist_stream_query_reset(void **state)
         assert_int_equal(sum, sizeof chunk);
         th_reply_free(&r);
     }
+}
+
+/* A query of stream `name` that succeeds, its record decoded into info. */
+static void query_ok(void *sock, const char *name, tally_stream_info_t *info)
+{
     tally_req_t q = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, next_id++);
     tally_req_set_stream(&q, name);
     th_reply_t qr;
     assert_int_equal(th_call(sock, &q, NULL, 0, &qr), 0);
     assert_int_equal(qr.rep.status, TALLY_OK);
+    assert_int_equal(tally_stream_info_decode(qr.payload, qr.len, info), TALLY_OK);
+    th_reply_free(&qr);
+}
+
+/* A name-prefixed entry of the streams reply is the 4-byte name "cam0". */
+static void assert_cam0_listed(void *sock)
+{
+    tally_req_t ls = th_req(TALLY_OP_STREAMS, TALLY_DTYPE_NONE, next_id++);
+    th_reply_t r;
+    assert_int_equal(th_call(sock, &ls, NULL, 0, &r), 0);
+    assert_int_equal(r.rep.status, TALLY_OK);
+    bool listed = false;
+    for (size_t at = 0; at < r.len; at += 1 + r.payload[at])
+        listed |= r.payload[at] == 4 && memcmp(r.payload + at + 1, "cam0", 4) == 0;
+    assert_true(listed);
+    th_reply_free(&r);
+}
+
+static void test_hist_stream_query_reset(void **state)
+{
+    (void)state;
+    void *sock = connect_main();
+    uint64_t expect[256] = {0};
+    const char *name = "cam0";
+    push_u8_chunks(sock, name, expect);
     tally_stream_info_t info;
-    assert_int_equal(tally_stream_info_decode(qr.payload, qr.len, &info), TALLY_OK);
+    query_ok(sock, name, &info);
     assert_int_equal(info.hist_dtype, TALLY_DTYPE_U8);
     assert_int_equal(info.batches, 5);
-    assert_int_equal(info.hist_total, 5 * sizeof chunk);
+    assert_int_equal(info.hist_total, 5 * 4099);
     assert_memory_equal(info.bins, expect, sizeof expect);
-    th_reply_free(&qr);
 
     /* A histogram of another type on the same stream conflicts until the stream is deleted. */
     int32_t values[3] = {1, 2, 3};
@@ -310,34 +337,23 @@ static void test_hist_stream_query_reset(void **state)
     tally_req_t reset = th_req(TALLY_OP_RESET, TALLY_DTYPE_NONE, next_id++);
     tally_req_set_stream(&reset, name);
     assert_int_equal(th_call_status(sock, &reset, NULL, 0), TALLY_OK);
-    q.request_id = next_id++;
-    assert_int_equal(th_call(sock, &q, NULL, 0, &qr), 0);
-    assert_int_equal(qr.rep.status, TALLY_OK);
-    assert_int_equal(tally_stream_info_decode(qr.payload, qr.len, &info), TALLY_OK);
+    query_ok(sock, name, &info);
     assert_int_equal(info.hist_dtype, TALLY_DTYPE_U8);
     assert_int_equal(info.batches, 0);
     assert_int_equal(info.elements, 0);
     assert_int_equal(info.hist_total, 0);
     for (int b = 0; b < 256; b++)
         assert_int_equal(info.bins[b], 0);
-    th_reply_free(&qr);
     h32.request_id = next_id++;
     assert_int_equal(th_call_status(sock, &h32, values, sizeof values), TALLY_E_STREAM_STATE);
 
     /* streams lists it; delete removes it; then query says unknown and hist i32 works. */
-    tally_req_t ls = th_req(TALLY_OP_STREAMS, TALLY_DTYPE_NONE, next_id++);
-    assert_int_equal(th_call(sock, &ls, NULL, 0, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_OK);
-    bool listed = false;
-    for (size_t at = 0; at < r.len; at += 1 + r.payload[at])
-        listed |= r.payload[at] == 4 && memcmp(r.payload + at + 1, "cam0", 4) == 0;
-    assert_true(listed);
-    th_reply_free(&r);
-
+    assert_cam0_listed(sock);
     tally_req_t del = th_req(TALLY_OP_DELETE, TALLY_DTYPE_NONE, next_id++);
     tally_req_set_stream(&del, name);
     assert_int_equal(th_call_status(sock, &del, NULL, 0), TALLY_OK);
-    q.request_id = next_id++;
+    tally_req_t q = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, next_id++);
+    tally_req_set_stream(&q, name);
     assert_int_equal(th_call_status(sock, &q, NULL, 0), TALLY_E_UNKNOWN_STREAM);
     h32.request_id = next_id++;
     assert_int_equal(th_call(sock, &h32, values, sizeof values, &r), 0);
