@@ -306,6 +306,64 @@ static void test_u16_exact(void **state)
 /* ---- rgb, rgba --------------------------------------------------------------------------------
  */
 
+/* `tally query` of the rgba stream: one column per channel, with the counts, the lowest bins
+ * and the medians that bins (the channels' histograms of `pixels` pixels) imply. */
+static void check_rgba_summary(uint64_t bins[4][256], int pixels)
+{
+    cli_result_t r = cli("query q/rgba");
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "type       rgba8, 256 bins per channel"));
+    char buf[256];
+    assert_non_null(strstr(line_of(r.out, "channel", buf, sizeof buf), " r "));
+    /* One right-aligned column per channel: the counts, the lowest bins, the medians. */
+    int v[4];
+    assert_int_equal(sscanf(line_of(r.out, "count", buf, sizeof buf), "count %d %d %d %d", &v[0],
+                            &v[1], &v[2], &v[3]),
+                     4);
+    for (int k = 0; k < 4; k++)
+        assert_int_equal(v[k], pixels);
+    assert_int_equal(sscanf(line_of(r.out, "min ", buf, sizeof buf), "min %d %d %d %d", &v[0],
+                            &v[1], &v[2], &v[3]),
+                     4);
+    for (int k = 0; k < 4; k++) {
+        int lowest = 0;
+        while (!bins[k][lowest])
+            lowest++;
+        assert_int_equal(v[k], lowest);
+    }
+    assert_int_equal(sscanf(line_of(r.out, "p50 ", buf, sizeof buf), "p50 %d %d %d %d", &v[0],
+                            &v[1], &v[2], &v[3]),
+                     4);
+    for (int k = 0; k < 4; k++) { /* nearest rank from the bins: exact for bytes */
+        uint64_t seen = 0, rank = (pixels + 1) / 2;
+        int b = 0;
+        while ((seen += bins[k][b]) < rank)
+            b++;
+        assert_int_equal(v[k], b);
+    }
+    cli_free(&r);
+}
+
+/* rgb from --text: three byte tokens a pixel; a partial pixel is an input error. */
+static void check_rgb_text(void)
+{
+    write_file("px.txt", "1 2 3 1 200 3\n", 14);
+    cli_result_t r = cli("hist --type rgb --text --in px.txt");
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "r 1 2\n"));
+    assert_non_null(strstr(r.out, "g 2 1\ng 3 0\n"));
+    assert_non_null(strstr(r.out, "g 200 1\n"));
+    assert_non_null(strstr(r.out, "b 3 2\n"));
+    cli_free(&r);
+    write_file("px2.txt", "1 2 3 4\n", 8);
+    expect_status(cli("hist --type rgb --text --in px2.txt"), 2, "whole number");
+    expect_status(cli("hist --type u16 --text --in px2.txt"), 2, "--range");
+    expect_status(cli("hist --type u16 --range 0 70000 --text --in px2.txt"), 2, "65536");
+    expect_status(cli("hist --type rgb --range 0 10 --text --in px2.txt"), 2, "--range");
+    write_file("big.txt", "65536\n", 6);
+    expect_status(cli("hist --type u16 --range 0 10 --text --in big.txt"), 2, "out of range");
+}
+
 static void test_hist_rgb(void **state)
 {
     (void)state;
@@ -334,38 +392,7 @@ static void test_hist_rgb(void **state)
     }
     cli_free(&r);
 
-    r = cli("query q/rgba");
-    assert_int_equal(r.status, 0);
-    assert_non_null(strstr(r.out, "type       rgba8, 256 bins per channel"));
-    char buf[256];
-    assert_non_null(strstr(line_of(r.out, "channel", buf, sizeof buf), " r "));
-    /* One right-aligned column per channel: the counts, the lowest bins, the medians. */
-    int v[4];
-    assert_int_equal(sscanf(line_of(r.out, "count", buf, sizeof buf), "count %d %d %d %d", &v[0],
-                            &v[1], &v[2], &v[3]),
-                     4);
-    for (int k = 0; k < 4; k++)
-        assert_int_equal(v[k], PIXELS);
-    assert_int_equal(sscanf(line_of(r.out, "min ", buf, sizeof buf), "min %d %d %d %d", &v[0],
-                            &v[1], &v[2], &v[3]),
-                     4);
-    for (int k = 0; k < 4; k++) {
-        int lowest = 0;
-        while (!bins[k][lowest])
-            lowest++;
-        assert_int_equal(v[k], lowest);
-    }
-    assert_int_equal(sscanf(line_of(r.out, "p50 ", buf, sizeof buf), "p50 %d %d %d %d", &v[0],
-                            &v[1], &v[2], &v[3]),
-                     4);
-    for (int k = 0; k < 4; k++) { /* nearest rank from the bins: exact for bytes */
-        uint64_t seen = 0, rank = (PIXELS + 1) / 2;
-        int b = 0;
-        while ((seen += bins[k][b]) < rank)
-            b++;
-        assert_int_equal(v[k], b);
-    }
-    cli_free(&r);
+    check_rgba_summary(bins, PIXELS);
 
     r = cli("query --json q/rgba");
     assert_int_equal(r.status, 0);
@@ -380,22 +407,7 @@ static void test_hist_rgb(void **state)
     assert_non_null(strstr(r.out, want));
     cli_free(&r);
 
-    /* rgb from --text: three byte tokens a pixel; a partial pixel is an input error. */
-    write_file("px.txt", "1 2 3 1 200 3\n", 14);
-    r = cli("hist --type rgb --text --in px.txt");
-    assert_int_equal(r.status, 0);
-    assert_non_null(strstr(r.out, "r 1 2\n"));
-    assert_non_null(strstr(r.out, "g 2 1\ng 3 0\n"));
-    assert_non_null(strstr(r.out, "g 200 1\n"));
-    assert_non_null(strstr(r.out, "b 3 2\n"));
-    cli_free(&r);
-    write_file("px2.txt", "1 2 3 4\n", 8);
-    expect_status(cli("hist --type rgb --text --in px2.txt"), 2, "whole number");
-    expect_status(cli("hist --type u16 --text --in px2.txt"), 2, "--range");
-    expect_status(cli("hist --type u16 --range 0 70000 --text --in px2.txt"), 2, "65536");
-    expect_status(cli("hist --type rgb --range 0 10 --text --in px2.txt"), 2, "--range");
-    write_file("big.txt", "65536\n", 6);
-    expect_status(cli("hist --type u16 --range 0 10 --text --in big.txt"), 2, "out of range");
+    check_rgb_text();
 }
 
 /* ---- reset versus delete -------------------------------------------------------------------- */
