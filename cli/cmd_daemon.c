@@ -104,8 +104,10 @@ const cli_command_t cli_cmd_keygen = {
     .summary = "make a CURVE key pair (NAME.key, NAME.pub)",
     .usage = "keygen NAME",
     .about =
-        "Make a CURVE key pair: NAME.key (both halves, mode 0600: this side's secret) and NAME.pub\n"
-        "(the public half, for the other side). For tallyd: `tally keygen /etc/tallyd/server`, then\n"
+        "Make a CURVE key pair: NAME.key (both halves, mode 0600: this side's secret) and "
+        "NAME.pub\n"
+        "(the public half, for the other side). For tallyd: `tally keygen /etc/tallyd/server`, "
+        "then\n"
         "curve_secret_key = /etc/tallyd/server.key, and server.pub to the clients. For a client:\n"
         "`tally keygen cam1`, cam1.pub into tallyd's curve_clients_dir, and connect with\n"
         "--server-key server.pub --client-key cam1.key (or TALLY_SERVER_KEY and TALLY_CLIENT_KEY,\n"

@@ -88,8 +88,8 @@ static tally_status_t print_raw(const hv_stream_t *s, tally_buf_t *out)
     for (unsigned c = 0; c < channels && st == TALLY_OK; c++) {
         const char *name = hv_channel_name(s, c);
         for (unsigned b = 0; b < TALLY_HIST_BINS && st == TALLY_OK; b++)
-            st = tally_buf_printf(out, "%s%s%u %" PRIu64 "\n", name ? name : "", name ? " " : "",
-                                  b, i->bins[c * TALLY_HIST_BINS + b]);
+            st = tally_buf_printf(out, "%s%s%u %" PRIu64 "\n", name ? name : "", name ? " " : "", b,
+                                  i->bins[c * TALLY_HIST_BINS + b]);
     }
     return st;
 }
@@ -131,9 +131,9 @@ static int run_query(cli_t *cli, int argc, char **argv)
         return rc;
     tally_stream_info_t info;
     uint64_t start_ms = 0, end_ms = 0;
-    tally_status_t status = q.last_ms ? tally_query_window(client, name, q.last_ms, &info,
-                                                           &start_ms, &end_ms)
-                                      : tally_query(client, name, &info);
+    tally_status_t status =
+        q.last_ms ? tally_query_window(client, name, q.last_ms, &info, &start_ms, &end_ms)
+                  : tally_query(client, name, &info);
     if (status != TALLY_OK)
         rc = cli_report(status, "query", tally_client_error(client));
     else
