@@ -97,12 +97,16 @@ struct cli_command {
     const char *usage;   /* after "usage: tally " */
     const char *about;   /* the paragraph(s) of --help before the options */
     const cli_group_t *groups;
-    int nargs; /* positional arguments required; CLI_ARGS_ONE_OR_MORE: at least one */
+    tally_op_t op;       /* what a shared run sends: info or stats, filter, scan or hist, ... */
+    tally_dtype_t dtype; /* data commands: the element type without --type */
+    int nargs;           /* positional arguments required; CLI_ARGS_ONE_OR_MORE: at least one */
     /* The options that only set a field of ctx (may be NULL); the handler gets the others. */
     const cli_setter_t *setters;
     /* Handles one option of the command's groups: 0, or an exit status for a usage error. */
     int (*option)(void *ctx, int id, const char *arg, int argc, char **argv);
-    int (*run)(cli_t *cli, int argc, char **argv);
+    /* The command's run, called with the command itself (commands that share a run tell
+     * themselves apart by op): 0, CLI_HELP_SHOWN (exit 0) or an exit status. */
+    int (*run)(cli_t *cli, const cli_command_t *cmd, int argc, char **argv);
 };
 
 /* Parses argv (argv[0] is the command name) into ctx through cmd->option. Returns 0 (the

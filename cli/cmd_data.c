@@ -136,15 +136,14 @@ static int hist_check_range(const data_args_t *a)
 }
 
 /* Parses the command line, checks what the options say together, and runs the push. */
-static int data_command(cli_t *cli, const cli_command_t *cmd, tally_op_t op, tally_dtype_t dtype,
-                        int argc, char **argv)
+static int run_data(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
 {
     data_args_t args = {.cmd = cmd->name, .progress = -1}, *a = &args;
-    a->req.opcode = (uint8_t)op;
-    a->req.dtype = (uint8_t)dtype;
+    a->req.opcode = (uint8_t)cmd->op;
+    a->req.dtype = (uint8_t)cmd->dtype;
     int rc = cli_parse(cli, cmd, a, argc, argv);
     if (rc)
-        return rc == CLI_HELP_SHOWN ? 0 : rc;
+        return rc;
     if (a->req.opcode == TALLY_OP_FILTER && !a->req.pred)
         return cli_usage_error(a->cmd, "a predicate is required (--gt N, ..., --between LO HI)");
     if (a->req.opcode == TALLY_OP_HIST && (rc = hist_check_range(a)) != 0)
@@ -225,11 +224,6 @@ static int filter_option(void *ctx, int id, const char *arg, int argc, char **ar
     }
 }
 
-static int run_filter(cli_t *cli, int argc, char **argv)
-{
-    return data_command(cli, &cli_cmd_filter, TALLY_OP_FILTER, TALLY_DTYPE_I32, argc, argv);
-}
-
 const cli_command_t cli_cmd_filter = {
     .name = "filter",
     .summary = "keep the elements that satisfy a predicate",
@@ -239,7 +233,9 @@ const cli_command_t cli_cmd_filter = {
     .groups = filter_groups,
     .setters = data_setters,
     .option = filter_option,
-    .run = run_filter,
+    .op = TALLY_OP_FILTER,
+    .dtype = TALLY_DTYPE_I32,
+    .run = run_data,
 };
 
 /* ---- scan --------------------------------------------------------------------------------- */
@@ -268,11 +264,6 @@ static int scan_option(void *ctx, int id, const char *arg, int argc, char **argv
     return 0;
 }
 
-static int run_scan(cli_t *cli, int argc, char **argv)
-{
-    return data_command(cli, &cli_cmd_scan, TALLY_OP_SCAN, TALLY_DTYPE_I32, argc, argv);
-}
-
 const cli_command_t cli_cmd_scan = {
     .name = "scan",
     .summary = "prefix sums of int32 input",
@@ -283,7 +274,9 @@ const cli_command_t cli_cmd_scan = {
     .groups = scan_groups,
     .setters = data_setters,
     .option = scan_option,
-    .run = run_scan,
+    .op = TALLY_OP_SCAN,
+    .dtype = TALLY_DTYPE_I32,
+    .run = run_data,
 };
 
 /* ---- hist --------------------------------------------------------------------------------- */
@@ -341,11 +334,6 @@ static int hist_option(void *ctx, int id, const char *arg, int argc, char **argv
     return 0;
 }
 
-static int run_hist(cli_t *cli, int argc, char **argv)
-{
-    return data_command(cli, &cli_cmd_hist, TALLY_OP_HIST, TALLY_DTYPE_U8, argc, argv);
-}
-
 const cli_command_t cli_cmd_hist = {
     .name = "hist",
     .summary = "256-bin histogram of u8, i32, u16 or rgb/rgba input",
@@ -362,5 +350,7 @@ const cli_command_t cli_cmd_hist = {
     .groups = hist_groups,
     .setters = data_setters,
     .option = hist_option,
-    .run = run_hist,
+    .op = TALLY_OP_HIST,
+    .dtype = TALLY_DTYPE_U8,
+    .run = run_data,
 };

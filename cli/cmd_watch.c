@@ -706,12 +706,12 @@ static int subscribe(watch_t *w)
     return st == TALLY_OK ? 0 : cli_report(st, "watch: --sub", "cannot subscribe");
 }
 
-static int run_watch(cli_t *cli, int argc, char **argv)
+static int run_watch(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
 {
     watch_t w = {.cli = cli, .interval_s = 1.0};
-    int rc = cli_parse(cli, &cli_cmd_watch, &w, argc, argv);
+    int rc = cli_parse(cli, cmd, &w, argc, argv);
     if (rc)
-        return rc == CLI_HELP_SHOWN ? 0 : rc;
+        return rc;
     w.count = (size_t)(argc - optind);
     w.streams = calloc(w.count, sizeof *w.streams);
     if (!w.streams) {
