@@ -307,10 +307,7 @@ static void test_pipelined_scans_at_sigterm_ok_prefix_then_shutdown(void **state
     th_reply_free(&reply);
     th_close(sock);
     assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
-    char path[300];
-    snprintf(path, sizeof path, "%s/streams.state", dir);
-    unlink(path);
-    rmdir(dir);
+    th_rmrf(dir);
 }
 
 #define OVERSIZE_MAX_BATCH (64 * 1024)

@@ -82,14 +82,8 @@ static void expect_scan_refused(void *sock, const char *stream, uint64_t seq, co
 /* The raw query payload of a stream (TALLY_QUERY_PAYLOAD_SIZE bytes into out). */
 static void query_raw(void *sock, const char *stream, uint8_t *out)
 {
-    tally_req_t req = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, next_id++);
-    assert_int_equal(tally_req_set_stream(&req, stream), TALLY_OK);
-    th_reply_t r;
-    assert_int_equal(th_call(sock, &req, NULL, 0, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_OK);
-    assert_int_equal(r.len, TALLY_QUERY_PAYLOAD_SIZE);
-    memcpy(out, r.payload, TALLY_QUERY_PAYLOAD_SIZE);
-    th_reply_free(&r);
+    long len = th_query_raw(sock, stream, next_id++, out, TALLY_QUERY_PAYLOAD_SIZE);
+    assert_int_equal(len, TALLY_QUERY_PAYLOAD_SIZE);
 }
 
 static tally_stream_info_t query(void *sock, const char *stream)
@@ -359,10 +353,7 @@ static void test_seq_survives_restart(void **state)
     assert_int_equal(query(sock, "keep").last_seq, 4);
     th_close(sock);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
-    char path[128];
-    snprintf(path, sizeof path, "%s/streams.state", dir);
-    unlink(path);
-    rmdir(dir);
+    th_rmrf(dir);
 }
 
 /* ---- pipelined on the simulated GPU ------------------------------------------------------- */

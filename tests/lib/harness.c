@@ -252,6 +252,19 @@ int th_call_status(void *sock, const tally_req_t *req, const void *payload, size
     return status;
 }
 
+long th_query_raw(void *sock, const char *stream, uint64_t id, uint8_t *out, size_t cap)
+{
+    tally_req_t q = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, id);
+    th_reply_t r;
+    if (tally_req_set_stream(&q, stream) != TALLY_OK || th_call(sock, &q, NULL, 0, &r) != 0)
+        return -1;
+    long len = r.rep.status == TALLY_OK ? (long)r.len : -1;
+    if (len >= 0)
+        memcpy(out, r.payload, r.len < cap ? r.len : cap);
+    th_reply_free(&r);
+    return len;
+}
+
 bool th_ping(const char *endpoint, int timeout_ms)
 {
     void *sock = th_connect(endpoint, timeout_ms);

@@ -68,6 +68,10 @@ long long th_stat(void *sock, const char *name);
 /* One request, one reply, only its status kept: the reply's status, or -1 without a reply. */
 int th_call_status(void *sock, const tally_req_t *req, const void *payload, size_t len);
 
+/* A query of `stream` (request id `id`): its record copied into out (at most cap bytes); the
+ * record's length, or -1 when the name is invalid or no ok reply came. */
+long th_query_raw(void *sock, const char *stream, uint64_t id, uint8_t *out, size_t cap);
+
 /* One ping on a fresh th_connect socket: true when answered ok within timeout_ms. */
 bool th_ping(const char *endpoint, int timeout_ms);
 
