@@ -23,9 +23,10 @@
  * ordering argument above trivial. After TD_GPU_DEAD_AFTER failures in a row a device is
  * marked unusable (td_gpu.c) and new work takes the CPU path on the worker pool.
  *
- * Test switch: --test-fault-every N makes the pipeline report every Nth GPU request as failed
- * after its kernels ran (and clobber the device carry it left), so the tests drive all of this
- * on the CPU build through simulated devices (--test-sim-gpus) and on a real GPU alike.
+ * Test switch: --test-fault-every N wraps the engine in the fault engine (td_gpu_fault.c): every
+ * Nth GPU launch fails after its kernels ran (and leaves its device carry clobbered), so the
+ * tests drive all of this on the CPU build through simulated devices (--test-sim-gpus) and on a
+ * real GPU alike.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -41,10 +42,8 @@ struct td_exec {
     td_backend_choice_t choice;
     size_t gpu_min_batch;
     size_t gpu_max_batch; /* the staging size, fixed at start */
-    unsigned fault_every;
-    uint64_t gpu_submitted; /* for the fault switch */
-    td_gpu_t *gpu;          /* NULL: CPU only */
-    char devices[512];      /* td_exec_devices */
+    td_gpu_t *gpu;        /* NULL: CPU only */
+    char devices[512];    /* td_exec_devices */
 };
 
 static void retire(td_exec_t *x, td_request_t *r)
@@ -188,7 +187,6 @@ void td_exec_submit(td_exec_t *x, td_request_t *r)
     td_stream_t *stream = r->stream;
     bool gpu = wants_gpu(x, r);
     r->exec_failed = false;
-    r->exec_fault = false;
     r->exec_gen = stream ? stream->exec_gen : 0;
     if (stream) {
         stream->exec_submitted++;
@@ -206,8 +204,6 @@ void td_exec_submit(td_exec_t *x, td_request_t *r)
     }
     r->exec_on_gpu = true;
     r->owner = x;
-    x->gpu_submitted++;
-    r->exec_fault = x->fault_every && x->gpu_submitted % x->fault_every == 0;
     td_gpu_submit(x->gpu, r);
 }
 
@@ -231,6 +227,10 @@ static tally_status_t open_gpu(td_exec_t *x)
     td_gpu_engine_t *engine = NULL;
     tally_status_t st = cfg->test_sim_gpus ? td_gpu_engine_sim_new(cfg->test_sim_gpus, &engine)
                                            : td_gpu_engine_cuda_new(&engine, why, sizeof why);
+    if (st == TALLY_OK && cfg->test_fault_every) {
+        td_gpu_fault_opts_t faults = {.fail_every = cfg->test_fault_every};
+        st = td_gpu_engine_fault_new(engine, &faults, &engine);
+    }
     if (st == TALLY_OK) {
         x->gpu_max_batch = gpu_buffer_bytes(cfg);
         td_gpu_opts_t opts = {
@@ -270,7 +270,6 @@ tally_status_t td_exec_new(const td_exec_env_t *env, td_exec_t **out)
     x->env = *env;
     x->choice = env->cfg->backend;
     x->gpu_min_batch = env->cfg->gpu_min_batch;
-    x->fault_every = env->cfg->test_fault_every;
     if (x->choice != TD_BACKEND_CPU) {
         tally_status_t st = open_gpu(x);
         if (st != TALLY_OK) {

@@ -72,7 +72,6 @@ typedef struct td_request {
     unsigned exec_carry_index;
     bool exec_on_gpu;
     bool exec_carry_upload; /* first in flight on its stream: upload the host carry */
-    bool exec_fault;        /* test-only: the pipeline must report this one as failed */
     bool exec_failed;       /* the GPU failed it: rerun on the CPU */
 
     /* Result: the reply header and payload (owned; handed to ZeroMQ without a copy). reply_data

@@ -278,7 +278,7 @@ static void op_stats(td_server_t *s, td_request_t *r)
     td_service_host_t host = service_host(s);
     char *text = NULL;
     size_t len = 0;
-    if (td_service_render_metrics(&host, &text, &len) != TALLY_OK) {
+    if (td_service_render_metrics(&host, &text, &len) != TD_OK) {
         td_request_fail(r, TALLY_E_INTERNAL, "out of memory");
         return;
     }
@@ -1008,12 +1008,13 @@ static tally_status_t open_socket(td_server_t *s)
     /* Before any bind, so that no connection is ever made without CURVE. */
     if (s->cfg.curve_secret_key) {
         char msg[1024];
-        tally_status_t st = td_auth_new(s->zmq_ctx, &s->cfg, &s->auth, msg, sizeof msg);
+        tally_status_t st =
+            td_err_to_wire(td_auth_new(s->zmq_ctx, &s->cfg, &s->auth, msg, sizeof msg));
         if (st != TALLY_OK) {
             td_err("curve: %s", msg);
             return st;
         }
-        st = td_auth_apply(s->auth, s->router);
+        st = td_err_to_wire(td_auth_apply(s->auth, s->router));
         if (st != TALLY_OK)
             return st;
     }
@@ -1025,7 +1026,7 @@ static tally_status_t open_socket(td_server_t *s)
         restrict_ipc_socket(s->cfg.binds[i]);
         td_info("listening on %s", s->cfg.binds[i]);
     }
-    if (td_listen_fds_bind(s->router, &s->cfg) != TALLY_OK) /* sockets passed by systemd */
+    if (td_listen_fds_bind(s->router, &s->cfg) != TD_OK) /* sockets passed by systemd */
         return TALLY_E_PARAM;
     size_t size = sizeof s->zmq_fd;
     if (zmq_getsockopt(s->router, ZMQ_FD, &s->zmq_fd, &size) != 0)
@@ -1096,7 +1097,7 @@ tally_status_t td_server_new(const td_config_t *cfg, td_server_t **out)
         goto fail_loop;
     td_streams_set_window(s->streams, cfg->window_intervals, cfg->window_interval_ms);
     td_clock_set_test_file(cfg->test_clock);
-    st = td_peers_new(&s->peers);
+    st = td_err_to_wire(td_peers_new(&s->peers));
     if (st != TALLY_OK)
         goto fail_backends;
     st = open_backends(s);
@@ -1107,20 +1108,20 @@ tally_status_t td_server_new(const td_config_t *cfg, td_server_t **out)
         goto fail_socket;
     td_shm_env_t shm_env = {.loop = &s->loop, .cfg = &s->cfg};
     td_exec_shm_env(s->exec, &shm_env);
-    st = td_shm_new(&shm_env, &s->shm);
+    st = td_err_to_wire(td_shm_new(&shm_env, &s->shm));
     if (st != TALLY_OK)
         goto fail_socket;
     if (cfg->pub_endpoint) {
         char why[512];
-        st = td_pub_new(&s->loop, s->zmq_ctx, cfg->pub_endpoint, cfg->pub_interval_ms, s->streams,
-                        &s->pub, why, sizeof why);
+        st = td_err_to_wire(td_pub_new(&s->loop, s->zmq_ctx, cfg->pub_endpoint,
+                                       cfg->pub_interval_ms, s->streams, &s->pub, why, sizeof why));
         if (st != TALLY_OK) {
             td_err("%s", why);
             goto fail_socket;
         }
     }
     td_service_host_t host = service_host(s); /* restores stream state before READY */
-    st = td_service_new(&host, &s->service);
+    st = td_err_to_wire(td_service_new(&host, &s->service));
     if (st != TALLY_OK)
         goto fail_socket;
 

@@ -49,7 +49,8 @@
  * its next request goes to the least loaded lane again ("least loaded at creation", renewed
  * whenever the stream starts from idle, with no hook needed when a stream is reset or removed).
  *
- * Failures: a failed launch, a job marked as a test fault, or work the watchdog finds failed
+ * Failures: a failed launch (the tests inject them with the fault engine, td_gpu_fault.c) or
+ * work the watchdog finds failed
  * (an asynchronous kernel error never runs its host function; lane threads with work on the
  * device wake every TD_GPU_WATCHDOG_MS and ask the engine) comes back with r->exec_failed;
  * td_exec.c reruns it on the CPU. Here a device counts its failures in a row: at
@@ -89,7 +90,6 @@ typedef struct {
     unsigned index;
     slot_state_t state;
     td_request_t *r;
-    bool fault;
     void *reply_buf; /* a pinned reply buffer the device writes the output to, or NULL */
 } slot_t;
 
@@ -316,7 +316,7 @@ static void build_reply(lane_t *l, slot_t *slot)
 static void retire(lane_t *l, slot_t *slot)
 {
     td_request_t *r = slot->r;
-    if (slot->state == SLOT_FAILED || slot->fault)
+    if (slot->state == SLOT_FAILED)
         r->exec_failed = true;
     else
         build_reply(l, slot);
@@ -352,7 +352,6 @@ static td_gpu_job_t make_job(const td_request_t *r, unsigned slot)
         .hi = r->req.hi,
         .carry_index = r->exec_carry_index,
         .carry_upload = r->exec_carry_upload,
-        .fault = r->exec_fault,
         .slot = slot,
         /* A registered shared-memory region is copied to and from directly. */
         .src = r->shm_in && r->shm_in->device_registered ? r->payload : NULL,
@@ -543,7 +542,6 @@ static void *lane_main(void *arg)
             if (!l->wait_head)
                 l->wait_tail = NULL;
             slot->r = r;
-            slot->fault = r->exec_fault;
             slot->state = atomic_load(&l->dev->dead) ? SLOT_FAILED : SLOT_INFLIGHT;
             l->ring[(l->ring_head + l->ring_count) % slots] = slot->index;
             l->ring_count++;
