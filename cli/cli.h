@@ -64,18 +64,12 @@ typedef struct {
     int value;
 } cli_setter_t;
 
-#define CLI_SET_TRUE(id, type, field)                                                              \
-    {                                                                                              \
-        (id), CLI_STORE_TRUE, offsetof(type, field), 0                                             \
-    }
-#define CLI_SET_ARG(id, type, field)                                                               \
-    {                                                                                              \
-        (id), CLI_STORE_ARG, offsetof(type, field), 0                                              \
-    }
-#define CLI_SET_INT(id, type, field, v)                                                            \
-    {                                                                                              \
-        (id), CLI_STORE_INT, offsetof(type, field), (v)                                            \
-    }
+/* Rows of a cli_setter_t table. */
+/* clang-format off */
+#define CLI_SET_TRUE(id, type, field) {(id), CLI_STORE_TRUE, offsetof(type, field), 0}
+#define CLI_SET_ARG(id, type, field) {(id), CLI_STORE_ARG, offsetof(type, field), 0}
+#define CLI_SET_INT(id, type, field, v) {(id), CLI_STORE_INT, offsetof(type, field), (v)}
+/* clang-format on */
 
 /* cli_command_t.nargs of a command that takes a list (watch STREAM...). */
 #define CLI_ARGS_ONE_OR_MORE (-1)

@@ -94,10 +94,10 @@ typedef struct {
     uint8_t width;   /* 1, 4 or 8 bytes, the same in the struct and on the wire */
 } wire_field_t;
 
-#define FIELD(off, type, member)                                                                   \
-    {                                                                                              \
-        (off), (uint16_t)offsetof(type, member), (uint8_t)sizeof(((type *)0)->member)              \
-    }
+/* clang-format off */
+#define FIELD(off, type, member) \
+    {(off), (uint16_t)offsetof(type, member), (uint8_t)sizeof(((type *)0)->member)}
+/* clang-format on */
 #define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
 
 static void put_fields(uint8_t *out, const void *src, const wire_field_t *fields, size_t n)
@@ -175,13 +175,10 @@ typedef struct {
     } reserved[2];
 } wire_layout_t;
 
-#define LAYOUT(size, head, fields, ...)                                                            \
-    {                                                                                              \
-        (size), (head), (fields), COUNT_OF(fields),                                                \
-        {                                                                                          \
-            __VA_ARGS__                                                                            \
-        }                                                                                          \
-    }
+/* clang-format off */
+#define LAYOUT(size, head, fields, ...) \
+    {(size), (head), (fields), COUNT_OF(fields), {__VA_ARGS__}}
+/* clang-format on */
 
 /* Writes l->size bytes: the fields, zeros elsewhere, the magic and version when l->head. */
 static void layout_encode(const wire_layout_t *l, const void *src, uint8_t *out)
