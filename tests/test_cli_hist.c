@@ -47,12 +47,7 @@ static void expect_status(cli_result_t r, int status, const char *err_needle)
 
 static void write_file(const char *name, const void *data, size_t len)
 {
-    char path[128];
-    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(data, 1, len, f), len);
-    fclose(f);
+    assert_int_equal(th_write_file(tmpdir, name, data, len), 0);
 }
 
 /* A line of the output that starts with `prefix`, copied (without its newline) into buf. */

@@ -46,14 +46,7 @@ static bool use_cuda(void)
 /* Starts tallyd on the GPU path of the engine under test, plus extra (NULL-terminated). */
 static int start(th_daemon_t *d, const char *const *extra)
 {
-    const char *argv[32];
-    int argc = 0;
-    for (int i = 0; engine_args[i]; i++)
-        argv[argc++] = engine_args[i];
-    for (int i = 0; extra && extra[i] && argc < 30; i++)
-        argv[argc++] = extra[i];
-    argv[argc] = NULL;
-    return th_daemon_start(d, argv);
+    return th_daemon_start_with(d, engine_args, extra);
 }
 
 static int32_t *random_i32(size_t n, uint32_t range)

@@ -50,12 +50,8 @@ static void start(th_daemon_t *d, const char *const *extra)
     static int count;
     snprintf(sock_path, sizeof sock_path, "/tmp/tallyd-shm-test-%d-%d/shm.sock", (int)getpid(),
              count++);
-    const char *argv[32] = {"--shm-socket", sock_path};
-    int argc = 2;
-    for (int i = 0; extra && extra[i] && argc < 30; i++)
-        argv[argc++] = extra[i];
-    argv[argc] = NULL;
-    assert_int_equal(th_daemon_start(d, argv), 0);
+    const char *const args[] = {"--shm-socket", sock_path, NULL};
+    assert_int_equal(th_daemon_start_with(d, args, extra), 0);
 }
 
 /* Starts tallyd on `gpus` simulated GPUs (--backend cuda), with the test-only environment

@@ -123,6 +123,18 @@ int th_daemon_start(th_daemon_t *d, const char *const *extra_args)
     return -1;
 }
 
+int th_daemon_start_with(th_daemon_t *d, const char *const *args, const char *const *extra)
+{
+    const char *argv[32];
+    int argc = 0;
+    for (int i = 0; args && args[i] && argc < 30; i++)
+        argv[argc++] = args[i];
+    for (int i = 0; extra && extra[i] && argc < 30; i++)
+        argv[argc++] = extra[i];
+    argv[argc] = NULL;
+    return th_daemon_start(d, argv);
+}
+
 int th_daemon_stop(th_daemon_t *d, int sig, int timeout_ms)
 {
     if (d->pid <= 0)

@@ -23,6 +23,9 @@ typedef struct {
 /* Starts $TALLYD_BIN (or ./tallyd) with --bind on a free port plus extra_args (NULL-terminated,
  * may be NULL) and waits until it answers a ping. Returns 0, or -1 (and logs) on failure. */
 int th_daemon_start(th_daemon_t *d, const char *const *extra_args);
+/* The same with two argument lists, args then extra (each NULL-terminated, may be NULL; 30
+ * arguments at most in all). */
+int th_daemon_start_with(th_daemon_t *d, const char *const *args, const char *const *extra);
 /* Sends sig and waits for the exit; returns the exit status, or -1 if it did not exit within
  * timeout_ms (then it is killed). */
 int th_daemon_stop(th_daemon_t *d, int sig, int timeout_ms);
