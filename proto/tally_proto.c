@@ -29,14 +29,19 @@
 
 /* ---- Wire offsets ----------------------------------------------------------------------- */
 
+/* Every header (request, reply, publication, side channel) starts with the magic at byte 0
+ * and the version at byte 4; a request and its reply also share the next 12 bytes. */
 enum {
-    REQ_OFF_MAGIC = 0,
-    REQ_OFF_VERSION = 4,
-    REQ_OFF_OPCODE = 5,
-    REQ_OFF_DTYPE = 6,
-    REQ_OFF_FLAGS = 7,
-    REQ_OFF_REQUEST_ID = 8,
-    REQ_OFF_PRED = 16,
+    HEAD_OFF_MAGIC = 0,
+    HEAD_OFF_VERSION = 4,
+    HEAD_OFF_OPCODE = 5,
+    HEAD_OFF_DTYPE = 6,
+    HEAD_OFF_FLAGS = 7,
+    HEAD_OFF_REQUEST_ID = 8,
+};
+
+enum {
+    REQ_OFF_PRED = 16, /* after the 16 bytes it shares with the reply */
     REQ_OFF_STREAM_LEN = 17,
     REQ_OFF_RESERVED_A = 18, /* 18..23 */
     REQ_OFF_LO = 24,
@@ -48,13 +53,7 @@ enum {
 };
 
 enum {
-    REP_OFF_MAGIC = 0,
-    REP_OFF_VERSION = 4,
-    REP_OFF_OPCODE = 5,
-    REP_OFF_DTYPE = 6,
-    REP_OFF_FLAGS = 7,
-    REP_OFF_REQUEST_ID = 8,
-    REP_OFF_STATUS = 16,
+    REP_OFF_STATUS = 16,     /* after the 16 bytes it shares with the request */
     REP_OFF_RESERVED_A = 20, /* 20..23 */
     REP_OFF_COUNT = 24,
     REP_OFF_AUX0 = 32,
@@ -138,10 +137,7 @@ static void get_fields(const uint8_t *buf, void *dst, const wire_field_t *fields
     }
 }
 
-/* Every header (request, reply, publication, side channel) starts with the magic at byte 0
- * and the version at byte 4; the encoders stamp both over whatever the struct's version says. */
-enum { HEAD_OFF_MAGIC = 0, HEAD_OFF_VERSION = 4 };
-
+/* The encoders stamp the magic and version over whatever the struct's version says. */
 static void head_stamp(uint8_t *out)
 {
     tally_put_u32(out + HEAD_OFF_MAGIC, TALLY_MAGIC);
@@ -163,21 +159,23 @@ static bool all_zero(const uint8_t *p, size_t n)
     return true;
 }
 
-/* A fixed-size layout: its fields, whether it starts with the magic and version, and up to
- * two spans of reserved bytes [from, to) that must be zero. */
+/* A fixed-size layout: its fields, whether it starts with the magic and version, what a
+ * decoded value must satisfy beyond its bytes (NULL: nothing), and up to two spans of reserved
+ * bytes [from, to) that must be zero. */
 typedef struct {
     size_t size;
     bool head;
     const wire_field_t *fields;
     size_t nfields;
+    bool (*valid)(const void *decoded);
     struct {
         uint16_t from, to;
     } reserved[2];
 } wire_layout_t;
 
 /* clang-format off */
-#define LAYOUT(size, head, fields, ...) \
-    {(size), (head), (fields), COUNT_OF(fields), {__VA_ARGS__}}
+#define LAYOUT(size, head, fields, valid, ...) \
+    {(size), (head), (fields), COUNT_OF(fields), (valid), {__VA_ARGS__}}
 /* clang-format on */
 
 /* Writes l->size bytes: the fields, zeros elsewhere, the magic and version when l->head. */
@@ -202,6 +200,29 @@ static bool layout_decode(const wire_layout_t *l, const uint8_t *buf, void *dst)
     }
     return true;
 }
+
+/* The client's side of a whole message of one layout: dst zeroed, then every field read;
+ * anything but exactly l->size well-formed bytes that l->valid accepts is TALLY_E_REPLY. */
+static tally_status_t layout_decode_reply(const wire_layout_t *l, const uint8_t *buf, size_t len,
+                                          void *dst, size_t dst_size)
+{
+    memset(dst, 0, dst_size);
+    if (buf == NULL || len != l->size || !layout_decode(l, buf, dst))
+        return TALLY_E_REPLY;
+    return l->valid == NULL || l->valid(dst) ? TALLY_OK : TALLY_E_REPLY;
+}
+
+/* The public encoder and decoder of a message that is one layout and nothing else:
+ *   void NAME_encode(const TYPE *v, uint8_t out[SIZE]) writes the layout's SIZE bytes;
+ *   tally_status_t NAME_decode(const uint8_t *buf, size_t len, TYPE *v) is layout_decode_reply. */
+/* clang-format off */
+#define LAYOUT_CODEC(name, type, layout, size)                                                  \
+    void name##_encode(const type *v, uint8_t out[size]) { layout_encode(&(layout), v, out); } \
+    tally_status_t name##_decode(const uint8_t *buf, size_t len, type *v)                       \
+    {                                                                                           \
+        return layout_decode_reply(&(layout), buf, len, v, sizeof *v);                          \
+    }
+/* clang-format on */
 
 /* ---- Names ------------------------------------------------------------------------------ */
 
@@ -702,9 +723,9 @@ tally_status_t tally_req_validate(const tally_req_t *req, size_t payload_len, si
 /* The first REQ_PREFIX_SIZE bytes (what an error reply echoes), then the rest of the fields;
  * stream_len and the name are written apart, the length clamped to the name's room. */
 static const wire_field_t req_prefix_fields[] = {
-    FIELD(REQ_OFF_VERSION, tally_req_t, version), FIELD(REQ_OFF_OPCODE, tally_req_t, opcode),
-    FIELD(REQ_OFF_DTYPE, tally_req_t, dtype), FIELD(REQ_OFF_FLAGS, tally_req_t, flags),
-    FIELD(REQ_OFF_REQUEST_ID, tally_req_t, request_id)};
+    FIELD(HEAD_OFF_VERSION, tally_req_t, version), FIELD(HEAD_OFF_OPCODE, tally_req_t, opcode),
+    FIELD(HEAD_OFF_DTYPE, tally_req_t, dtype), FIELD(HEAD_OFF_FLAGS, tally_req_t, flags),
+    FIELD(HEAD_OFF_REQUEST_ID, tally_req_t, request_id)};
 static const wire_field_t req_rest_fields[] = {
     FIELD(REQ_OFF_PRED, tally_req_t, pred), FIELD(REQ_OFF_LO, tally_req_t, lo),
     FIELD(REQ_OFF_HI, tally_req_t, hi), FIELD(REQ_OFF_SEQ, tally_req_t, seq)};
@@ -784,7 +805,7 @@ tally_status_t tally_req_decode(const uint8_t *buf, size_t len, tally_req_t *req
     if (len != TALLY_REQ_HEADER_SIZE)
         return fail(TALLY_E_HEADER, msg, msg_cap, "request header of %zu bytes, expected %d", len,
                     TALLY_REQ_HEADER_SIZE);
-    uint32_t magic = tally_get_u32(buf + REQ_OFF_MAGIC);
+    uint32_t magic = tally_get_u32(buf + HEAD_OFF_MAGIC);
     if (magic != TALLY_MAGIC)
         return fail(TALLY_E_MAGIC, msg, msg_cap,
                     "header starts with bytes %02x %02x %02x %02x, not the magic \"TLYD\"", buf[0],
@@ -807,33 +828,27 @@ tally_status_t tally_req_decode(const uint8_t *buf, size_t len, tally_req_t *req
 
 /* ---- Reply header ----------------------------------------------------------------------- */
 
-static const wire_field_t rep_fields[] = {FIELD(REP_OFF_VERSION, tally_rep_t, version),
-                                          FIELD(REP_OFF_OPCODE, tally_rep_t, opcode),
-                                          FIELD(REP_OFF_DTYPE, tally_rep_t, dtype),
-                                          FIELD(REP_OFF_FLAGS, tally_rep_t, flags),
-                                          FIELD(REP_OFF_REQUEST_ID, tally_rep_t, request_id),
+static const wire_field_t rep_fields[] = {FIELD(HEAD_OFF_VERSION, tally_rep_t, version),
+                                          FIELD(HEAD_OFF_OPCODE, tally_rep_t, opcode),
+                                          FIELD(HEAD_OFF_DTYPE, tally_rep_t, dtype),
+                                          FIELD(HEAD_OFF_FLAGS, tally_rep_t, flags),
+                                          FIELD(HEAD_OFF_REQUEST_ID, tally_rep_t, request_id),
                                           FIELD(REP_OFF_STATUS, tally_rep_t, status),
                                           FIELD(REP_OFF_COUNT, tally_rep_t, count),
                                           FIELD(REP_OFF_AUX0, tally_rep_t, aux0),
                                           FIELD(REP_OFF_AUX1, tally_rep_t, aux1)};
+/* A status in the client-local range (>= 100) is one a daemon never sends. */
+static bool rep_status_from_daemon(const void *rep)
+{
+    return ((const tally_rep_t *)rep)->status < 100;
+}
 static const wire_layout_t rep_layout =
-    LAYOUT(TALLY_REP_HEADER_SIZE, true, rep_fields, {REP_OFF_RESERVED_A, REP_OFF_COUNT},
-           {REP_OFF_RESERVED_B, TALLY_REP_HEADER_SIZE});
+    LAYOUT(TALLY_REP_HEADER_SIZE, true, rep_fields, rep_status_from_daemon,
+           {REP_OFF_RESERVED_A, REP_OFF_COUNT}, {REP_OFF_RESERVED_B, TALLY_REP_HEADER_SIZE});
 
-void tally_rep_encode(const tally_rep_t *rep, uint8_t out[TALLY_REP_HEADER_SIZE])
-{
-    layout_encode(&rep_layout, rep, out);
-}
-
-/* The client's side: anything but a well-formed v1 reply header is TALLY_E_REPLY, including a
- * status in the client-local range (>= 100), which a daemon never sends. */
-tally_status_t tally_rep_decode(const uint8_t *buf, size_t len, tally_rep_t *rep)
-{
-    memset(rep, 0, sizeof *rep);
-    if (buf == NULL || len != TALLY_REP_HEADER_SIZE || !layout_decode(&rep_layout, buf, rep))
-        return TALLY_E_REPLY;
-    return rep->status < 100 ? TALLY_OK : TALLY_E_REPLY;
-}
+/* tally_rep_encode, tally_rep_decode (the client's side: anything but a well-formed v1 reply
+ * header is TALLY_E_REPLY). */
+LAYOUT_CODEC(tally_rep, tally_rep_t, rep_layout, TALLY_REP_HEADER_SIZE)
 
 /* ---- Query payload ---------------------------------------------------------------------- */
 
@@ -860,7 +875,7 @@ static const wire_field_t info_fields[] = {INFO_FIELD(BATCHES, batches),
                                            INFO_FIELD(LAST_SEQ, last_seq)};
 /* The fixed part before the bins. */
 static const wire_layout_t info_layout =
-    LAYOUT(INFO_OFF_BINS, false, info_fields, {INFO_OFF_RESERVED_A, INFO_OFF_HIST_LO},
+    LAYOUT(INFO_OFF_BINS, false, info_fields, NULL, {INFO_OFF_RESERVED_A, INFO_OFF_HIST_LO},
            {INFO_OFF_RESERVED_B, INFO_OFF_BINS});
 
 size_t tally_stream_info_encode(const tally_stream_info_t *info, uint8_t *out)
@@ -898,9 +913,7 @@ tally_status_t tally_stream_info_decode(const uint8_t *buf, size_t len, tally_st
 /* ---- Publications ----------------------------------------------------------------------- */
 
 enum {
-    PUB_OFF_MAGIC = 0,
-    PUB_OFF_VERSION = 4,
-    PUB_OFF_KIND = 5,
+    PUB_OFF_KIND = 5,       /* after the magic and version */
     PUB_OFF_RESERVED_A = 6, /* 6..7 */
     PUB_OFF_SEQ = 8,
     PUB_OFF_TIME = 16,
@@ -911,23 +924,17 @@ enum {
 static const wire_field_t pub_fields[] = {
     FIELD(PUB_OFF_KIND, tally_pub_t, kind), FIELD(PUB_OFF_SEQ, tally_pub_t, pub_seq),
     FIELD(PUB_OFF_TIME, tally_pub_t, time_ms), FIELD(PUB_OFF_INTERVAL, tally_pub_t, interval_ms)};
+static bool pub_kind_known(const void *pub)
+{
+    uint8_t kind = ((const tally_pub_t *)pub)->kind;
+    return kind == TALLY_PUB_UPDATE || kind == TALLY_PUB_DELETED;
+}
 static const wire_layout_t pub_layout =
-    LAYOUT(TALLY_PUB_HEADER_SIZE, true, pub_fields, {PUB_OFF_RESERVED_A, PUB_OFF_SEQ},
-           {PUB_OFF_RESERVED_B, TALLY_PUB_HEADER_SIZE});
+    LAYOUT(TALLY_PUB_HEADER_SIZE, true, pub_fields, pub_kind_known,
+           {PUB_OFF_RESERVED_A, PUB_OFF_SEQ}, {PUB_OFF_RESERVED_B, TALLY_PUB_HEADER_SIZE});
 
-void tally_pub_encode(const tally_pub_t *pub, uint8_t out[TALLY_PUB_HEADER_SIZE])
-{
-    layout_encode(&pub_layout, pub, out);
-}
-
-tally_status_t tally_pub_decode(const uint8_t *buf, size_t len, tally_pub_t *pub)
-{
-    memset(pub, 0, sizeof *pub);
-    if (buf == NULL || len != TALLY_PUB_HEADER_SIZE || !layout_decode(&pub_layout, buf, pub))
-        return TALLY_E_REPLY;
-    bool kind_known = pub->kind == TALLY_PUB_UPDATE || pub->kind == TALLY_PUB_DELETED;
-    return kind_known ? TALLY_OK : TALLY_E_REPLY;
-}
+/* tally_pub_encode, tally_pub_decode. */
+LAYOUT_CODEC(tally_pub, tally_pub_t, pub_layout, TALLY_PUB_HEADER_SIZE)
 
 /* ---- Shared memory ---------------------------------------------------------------------- */
 
@@ -941,9 +948,7 @@ enum {
 };
 
 enum {
-    SHM_OFF_MAGIC = 0,
-    SHM_OFF_VERSION = 4,
-    SHM_OFF_OP = 5,
+    SHM_OFF_OP = 5,     /* after the magic and version */
     SHM_OFF_ID_LEN = 6, /* request; reserved (zero) in the answer */
     SHM_OFF_RESERVED = 7,
     SHM_OFF_HANDLE = 8, /* request */
@@ -1042,10 +1047,10 @@ static const wire_field_t shm_answer_fields[] = {FIELD(SHM_OFF_OP, tally_shm_ans
                                                  FIELD(ANS_OFF_HANDLE, tally_shm_answer_t, handle),
                                                  FIELD(ANS_OFF_SIZE, tally_shm_answer_t, size)};
 static const wire_layout_t shm_msg_layout =
-    LAYOUT(TALLY_SHM_MSG_HEADER, true, shm_msg_fields, {0, 0});
+    LAYOUT(TALLY_SHM_MSG_HEADER, true, shm_msg_fields, NULL, {0, 0});
 /* Byte 6 (the request's id_len) and 7, then 12..15, are zero in an answer. */
 static const wire_layout_t shm_answer_layout =
-    LAYOUT(TALLY_SHM_ANSWER_SIZE, true, shm_answer_fields, {SHM_OFF_ID_LEN, SHM_OFF_HANDLE},
+    LAYOUT(TALLY_SHM_ANSWER_SIZE, true, shm_answer_fields, NULL, {SHM_OFF_ID_LEN, SHM_OFF_HANDLE},
            {ANS_OFF_RESERVED, ANS_OFF_HANDLE});
 
 size_t tally_shm_msg_encode(const tally_shm_msg_t *m,
@@ -1064,11 +1069,11 @@ tally_status_t tally_shm_msg_decode(const uint8_t *buf, size_t len, tally_shm_ms
     if (len < TALLY_SHM_MSG_HEADER)
         return fail(TALLY_E_HEADER, msg, msg_cap, "side-channel message of %zu bytes is short",
                     len);
-    if (tally_get_u32(buf + SHM_OFF_MAGIC) != TALLY_MAGIC)
+    if (tally_get_u32(buf + HEAD_OFF_MAGIC) != TALLY_MAGIC)
         return fail(TALLY_E_MAGIC, msg, msg_cap, "side-channel message without the magic");
-    if (buf[SHM_OFF_VERSION] != TALLY_PROTO_VERSION)
+    if (buf[HEAD_OFF_VERSION] != TALLY_PROTO_VERSION)
         return fail(TALLY_E_VERSION, msg, msg_cap, "side-channel version %u is not supported",
-                    buf[SHM_OFF_VERSION]);
+                    buf[HEAD_OFF_VERSION]);
     get_fields(buf, m, shm_msg_fields, COUNT_OF(shm_msg_fields));
     if (m->op != TALLY_SHM_OP_REGISTER && m->op != TALLY_SHM_OP_RELEASE)
         return fail(TALLY_E_OPCODE, msg, msg_cap, "unknown side-channel operation %u", m->op);
