@@ -322,14 +322,19 @@ void cli_print_help(const cli_command_t *cmd, FILE *f)
     cli_print_options(cli_common_options, f);
 }
 
-int cli_begin(cli_t *cli, const cli_command_t *cmd, int argc, char **argv,
-              int (*check)(const char *cmd, int argc, char **argv), tally_client_t **client)
+int cli_run(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
 {
+    if (!cmd->request)
+        return cmd->run(cli, cmd, argc, argv);
+    tally_client_t *client = NULL;
     int rc = cli_parse(cli, cmd, NULL, argc, argv);
-    if (rc == 0 && check)
-        rc = check(cmd->name, argc, argv);
+    if (rc == 0 && cmd->check)
+        rc = cmd->check(cmd->name, argv + optind);
     if (rc == 0)
-        rc = cli_connect(cli, client);
+        rc = cli_connect(cli, &client);
+    if (rc == 0)
+        rc = cmd->request(client, cmd, argv + optind);
+    tally_client_destroy(&client);
     return rc;
 }
 

@@ -101,6 +101,11 @@ struct cli_command {
     /* The command's run, called with the command itself (commands that share a run tell
      * themselves apart by op): 0, CLI_HELP_SHOWN (exit 0) or an exit status. */
     int (*run)(cli_t *cli, const cli_command_t *cmd, int argc, char **argv);
+    /* Instead of run, for a command without options of its own that sends its requests on one
+     * connection: cli_run parses, checks the positional arguments `args` with check (may be
+     * NULL), connects, and calls request with the client (closed after). 0 or an exit status. */
+    int (*check)(const char *cmd, char **args);
+    int (*request)(tally_client_t *client, const cli_command_t *cmd, char **args);
 };
 
 /* Parses argv (argv[0] is the command name) into ctx through cmd->option. Returns 0 (the
@@ -146,10 +151,9 @@ int cli_option_duration_ms(const char *cmd, const char *option, const char *arg,
  * the client. 0 or an exit status (after reporting). */
 int cli_connect(const cli_t *cli, tally_client_t **client);
 
-/* What most commands start with: parse (no options of their own), check the positional
- * arguments with `check` (may be NULL), connect. 0, CLI_HELP_SHOWN or an exit status. */
-int cli_begin(cli_t *cli, const cli_command_t *cmd, int argc, char **argv,
-              int (*check)(const char *cmd, int argc, char **argv), tally_client_t **client);
+/* Runs a command on argv (argv[0] is its name): cmd->run, or cmd->request on a connection.
+ * 0, CLI_HELP_SHOWN or an exit status. */
+int cli_run(cli_t *cli, const cli_command_t *cmd, int argc, char **argv);
 
 /* ---- The commands (main.c lists them) --------------------------------------------------- */
 

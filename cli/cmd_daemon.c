@@ -7,22 +7,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int run_ping(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
+static int ping(tally_client_t *client, const cli_command_t *cmd, char **args)
 {
-    tally_client_t *client = NULL;
-    int rc = cli_begin(cli, cmd, argc, argv, NULL, &client);
-    if (rc)
-        return rc;
+    (void)cmd, (void)args;
     double rtt_us = 0;
     tally_status_t status = tally_ping(client, &rtt_us);
-    if (status != TALLY_OK) {
-        rc = cli_report(status, "ping", tally_client_error(client));
-    } else {
-        printf("pong %.3f ms\n", rtt_us / 1000.0);
-        rc = cli_finish_stdout();
-    }
-    tally_client_destroy(&client);
-    return rc;
+    if (status != TALLY_OK)
+        return cli_report(status, "ping", tally_client_error(client));
+    printf("pong %.3f ms\n", rtt_us / 1000.0);
+    return cli_finish_stdout();
 }
 
 const cli_command_t cli_cmd_ping = {
@@ -30,17 +23,15 @@ const cli_command_t cli_cmd_ping = {
     .summary = "check that tallyd answers",
     .usage = "ping",
     .about = "Check that tallyd answers; prints 'pong <round trip> ms'.\n",
-    .run = run_ping,
+    .request = ping,
 };
 
 /* info and stats: one request, its text printed as it came. */
-static int run_text(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
+static int print_text(tally_client_t *client, const cli_command_t *cmd, char **args)
 {
-    tally_client_t *client = NULL;
-    int rc = cli_begin(cli, cmd, argc, argv, NULL, &client);
-    if (rc)
-        return rc;
+    (void)args;
     char *text = NULL;
+    int rc;
     tally_status_t status = tally_info(client, cmd->op, &text);
     if (status != TALLY_OK) {
         rc = cli_report(status, cmd->name, tally_client_error(client));
@@ -52,7 +43,6 @@ static int run_text(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
         rc = cli_finish_stdout();
     }
     free(text);
-    tally_client_destroy(&client);
     return rc;
 }
 
@@ -62,7 +52,7 @@ const cli_command_t cli_cmd_info = {
     .usage = "info",
     .about = "Print the daemon's version, backends, devices and limits as 'key=value' lines.\n",
     .op = TALLY_OP_INFO,
-    .run = run_text,
+    .request = print_text,
 };
 
 const cli_command_t cli_cmd_stats = {
@@ -71,7 +61,7 @@ const cli_command_t cli_cmd_stats = {
     .usage = "stats",
     .about = "Print the daemon's metrics in the Prometheus text format.\n",
     .op = TALLY_OP_STATS,
-    .run = run_text,
+    .request = print_text,
 };
 
 static int run_keygen(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)

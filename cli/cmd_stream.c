@@ -10,10 +10,9 @@
 #include <string.h>
 
 /* The stream named by the command's one argument, checked before anything is sent. */
-static int stream_arg(const char *cmd, int argc, char **argv)
+static int stream_arg(const char *cmd, char **args)
 {
-    (void)argc;
-    const char *name = argv[optind];
+    const char *name = args[0];
     if (!tally_stream_name_valid(name, strlen(name)))
         return cli_usage_error(cmd,
                                "invalid stream name '%s': 1-64 printable ASCII bytes, no "
@@ -127,7 +126,7 @@ static int run_query(cli_t *cli, const cli_command_t *cmd, int argc, char **argv
         return cli_usage_error("query", "--json, --csv and --raw exclude each other");
     const char *name = argv[optind];
     tally_client_t *client = NULL;
-    if ((rc = stream_arg("query", argc, argv)) != 0 || (rc = cli_connect(cli, &client)) != 0)
+    if ((rc = stream_arg("query", argv + optind)) != 0 || (rc = cli_connect(cli, &client)) != 0)
         return rc;
     tally_stream_info_t info;
     uint64_t start_ms = 0, end_ms = 0;
@@ -167,18 +166,11 @@ const cli_command_t cli_cmd_query = {
 /* ---- reset, delete ------------------------------------------------------------------------ */
 
 /* reset and delete: one stream name, an empty reply. */
-static int run_stream_control(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
+static int stream_control(tally_client_t *client, const cli_command_t *cmd, char **args)
 {
-    tally_client_t *client = NULL;
-    int rc = cli_begin(cli, cmd, argc, argv, stream_arg, &client);
-    if (rc)
-        return rc;
-    tally_status_t status = cmd->op == TALLY_OP_RESET ? tally_reset(client, argv[optind])
-                                                      : tally_delete(client, argv[optind]);
-    if (status != TALLY_OK)
-        rc = cli_report(status, cmd->name, tally_client_error(client));
-    tally_client_destroy(&client);
-    return rc;
+    tally_status_t status =
+        cmd->op == TALLY_OP_RESET ? tally_reset(client, args[0]) : tally_delete(client, args[0]);
+    return status == TALLY_OK ? 0 : cli_report(status, cmd->name, tally_client_error(client));
 }
 
 const cli_command_t cli_cmd_reset = {
@@ -191,7 +183,8 @@ const cli_command_t cli_cmd_reset = {
              "To remove a stream, use 'tally delete'.\n",
     .nargs = 1,
     .op = TALLY_OP_RESET,
-    .run = run_stream_control,
+    .check = stream_arg,
+    .request = stream_control,
 };
 
 const cli_command_t cli_cmd_delete = {
@@ -203,14 +196,14 @@ const cli_command_t cli_cmd_delete = {
              "range, sequence numbers from 1). To zero a stream and keep it, use 'tally reset'.\n",
     .nargs = 1,
     .op = TALLY_OP_DELETE,
-    .run = run_stream_control,
+    .check = stream_arg,
+    .request = stream_control,
 };
-static int run_streams(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
+
+static int list_streams(tally_client_t *client, const cli_command_t *cmd, char **args)
 {
-    tally_client_t *client = NULL;
-    int rc = cli_begin(cli, cmd, argc, argv, NULL, &client);
-    if (rc)
-        return rc;
+    (void)cmd, (void)args;
+    int rc;
     char **names = NULL;
     size_t count = 0;
     tally_status_t status = tally_streams(client, &names, &count);
@@ -222,7 +215,6 @@ static int run_streams(cli_t *cli, const cli_command_t *cmd, int argc, char **ar
         rc = cli_finish_stdout();
     }
     tally_strings_free(names, count);
-    tally_client_destroy(&client);
     return rc;
 }
 
@@ -231,5 +223,5 @@ const cli_command_t cli_cmd_streams = {
     .summary = "list streams",
     .usage = "streams",
     .about = "List the daemon's streams, one name per line.\n",
-    .run = run_streams,
+    .request = list_streams,
 };

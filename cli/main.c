@@ -102,7 +102,7 @@ int main(int argc, char **argv)
         char **sub_argv = argv + optind;
         optind = 0; /* glibc: restart getopt on the command's own arguments */
         setvbuf(stdout, NULL, _IOFBF, 1 << 16);
-        rc = commands[i]->run(&cli, commands[i], sub_argc, sub_argv);
+        rc = cli_run(&cli, commands[i], sub_argc, sub_argv);
         return rc == CLI_HELP_SHOWN ? 0 : rc;
     }
     return cli_usage_error(NULL, "unknown command '%s'", name);
