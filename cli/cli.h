@@ -108,6 +108,10 @@ struct cli_command {
     int (*request)(tally_client_t *client, const cli_command_t *cmd, char **args);
 };
 
+/* Defines cli_cmd_NAME, the command `tally NAME`, from the other fields of cli_command_t:
+ *   CLI_COMMAND(ping, .usage = "ping", .summary = "...", .about = "...", .request = ping); */
+#define CLI_COMMAND(name_, ...) const cli_command_t cli_cmd_##name_ = {.name = #name_, __VA_ARGS__}
+
 /* Parses argv (argv[0] is the command name) into ctx through cmd->option. Returns 0 (the
  * positional arguments are argv[optind..argc)), CLI_HELP_SHOWN, or an exit status. */
 int cli_parse(cli_t *cli, const cli_command_t *cmd, void *ctx, int argc, char **argv);

@@ -18,13 +18,9 @@ static int ping(tally_client_t *client, const cli_command_t *cmd, char **args)
     return cli_finish_stdout();
 }
 
-const cli_command_t cli_cmd_ping = {
-    .name = "ping",
-    .summary = "check that tallyd answers",
-    .usage = "ping",
-    .about = "Check that tallyd answers; prints 'pong <round trip> ms'.\n",
-    .request = ping,
-};
+CLI_COMMAND(ping, .usage = "ping", .summary = "check that tallyd answers",
+            .about = "Check that tallyd answers; prints 'pong <round trip> ms'.\n",
+            .request = ping);
 
 /* info and stats: one request, its text printed as it came. */
 static int print_text(tally_client_t *client, const cli_command_t *cmd, char **args)
@@ -46,23 +42,14 @@ static int print_text(tally_client_t *client, const cli_command_t *cmd, char **a
     return rc;
 }
 
-const cli_command_t cli_cmd_info = {
-    .name = "info",
-    .summary = "daemon version, backends and limits",
-    .usage = "info",
+CLI_COMMAND(
+    info, .usage = "info", .summary = "daemon version, backends and limits",
     .about = "Print the daemon's version, backends, devices and limits as 'key=value' lines.\n",
-    .op = TALLY_OP_INFO,
-    .request = print_text,
-};
+    .op = TALLY_OP_INFO, .request = print_text);
 
-const cli_command_t cli_cmd_stats = {
-    .name = "stats",
-    .summary = "daemon metrics (Prometheus text)",
-    .usage = "stats",
-    .about = "Print the daemon's metrics in the Prometheus text format.\n",
-    .op = TALLY_OP_STATS,
-    .request = print_text,
-};
+CLI_COMMAND(stats, .usage = "stats", .summary = "daemon metrics (Prometheus text)",
+            .about = "Print the daemon's metrics in the Prometheus text format.\n",
+            .op = TALLY_OP_STATS, .request = print_text);
 
 static int run_keygen(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
 {
@@ -81,10 +68,8 @@ static int run_keygen(cli_t *cli, const cli_command_t *cmd, int argc, char **arg
     return cli_finish_stdout();
 }
 
-const cli_command_t cli_cmd_keygen = {
-    .name = "keygen",
-    .summary = "make a CURVE key pair (NAME.key, NAME.pub)",
-    .usage = "keygen NAME",
+CLI_COMMAND(
+    keygen, .usage = "keygen NAME", .summary = "make a CURVE key pair (NAME.key, NAME.pub)",
     .about =
         "Make a CURVE key pair: NAME.key (both halves, mode 0600: this side's secret) and "
         "NAME.pub\n"
@@ -95,6 +80,4 @@ const cli_command_t cli_cmd_keygen = {
         "--server-key server.pub --client-key cam1.key (or TALLY_SERVER_KEY and TALLY_CLIENT_KEY,\n"
         "or server_key = and client_key = in ~/.config/tally/tally.conf). Prints the public key;\n"
         "never overwrites a file.\n",
-    .nargs = 1,
-    .run = run_keygen,
-};
+    .nargs = 1, .run = run_keygen);

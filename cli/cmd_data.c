@@ -91,9 +91,15 @@ static const cli_setter_t data_setters[] = {
     {0},
 };
 
-/* Handles an option every data command takes; 1 if `id` is not one of them. */
-static int data_option(data_args_t *a, int id, const char *arg)
+static int filter_predicate(data_args_t *a, int id, const char *arg, int argc, char **argv);
+static int hist_range(data_args_t *a, const char *arg, int argc, char **argv);
+static int type_option(data_args_t *a, const char *arg);
+
+/* The option handler of every data command: getopt only returns the options of the command's
+ * own groups, so one switch serves filter, scan and hist. */
+static int data_option(void *ctx, int id, const char *arg, int argc, char **argv)
 {
+    data_args_t *a = ctx;
     int64_t v;
     int rc;
     switch (id) {
@@ -116,8 +122,21 @@ static int data_option(data_args_t *a, int id, const char *arg)
         return rc;
     case OPT_FRAMES:
         return cli_option_size(a->cmd, "--frames", arg, 1, &a->frame);
+    case OPT_TYPE:
+        return type_option(a, arg);
+    case OPT_STABLE:
+        a->req.flags |= TALLY_FLAG_FILTER_STABLE;
+        return 0;
+    case OPT_EXCLUSIVE:
+        a->req.flags |= TALLY_FLAG_SCAN_EXCLUSIVE;
+        return 0;
+    case OPT_OUT32:
+        a->req.flags |= TALLY_FLAG_SCAN_OUT_I32;
+        return 0;
+    case OPT_RANGE:
+        return hist_range(a, arg, argc, argv);
     default:
-        return 1;
+        return filter_predicate(a, id, arg, argc, argv);
     }
 }
 
@@ -203,40 +222,13 @@ static int filter_predicate(data_args_t *a, int id, const char *arg, int argc, c
     return 0;
 }
 
-static int filter_option(void *ctx, int id, const char *arg, int argc, char **argv)
-{
-    data_args_t *a = ctx;
-    tally_dtype_t dtype;
-    int rc = data_option(a, id, arg);
-    if (rc != 1)
-        return rc;
-    switch (id) {
-    case OPT_STABLE:
-        a->req.flags |= TALLY_FLAG_FILTER_STABLE;
-        return 0;
-    case OPT_TYPE:
-        if (!cli_parse_dtype(arg, &dtype))
-            return cli_usage_error(a->cmd, "--type: '%s' is not i32 or u8", arg);
-        a->req.dtype = (uint8_t)dtype;
-        return 0;
-    default:
-        return filter_predicate(a, id, arg, argc, argv);
-    }
-}
-
-const cli_command_t cli_cmd_filter = {
-    .name = "filter",
-    .summary = "keep the elements that satisfy a predicate",
-    .usage = "filter PREDICATE [--stable] [--type i32|u8] [--count] [OPTIONS]",
-    .about = "Keep the elements that satisfy PREDICATE and print them, one per line. --out\n"
-             "writes them as binary elements of the input type.\n",
-    .groups = filter_groups,
-    .setters = data_setters,
-    .option = filter_option,
-    .op = TALLY_OP_FILTER,
-    .dtype = TALLY_DTYPE_I32,
-    .run = run_data,
-};
+CLI_COMMAND(filter, .usage = "filter PREDICATE [--stable] [--type i32|u8] [--count] [OPTIONS]",
+            .summary = "keep the elements that satisfy a predicate",
+            .about =
+                "Keep the elements that satisfy PREDICATE and print them, one per line. --out\n"
+                "writes them as binary elements of the input type.\n",
+            .op = TALLY_OP_FILTER, .dtype = TALLY_DTYPE_I32, .groups = filter_groups,
+            .setters = data_setters, .option = data_option, .run = run_data);
 
 /* ---- scan --------------------------------------------------------------------------------- */
 
@@ -253,31 +245,14 @@ static const cli_group_t scan_groups[] = {
     {0},
 };
 
-static int scan_option(void *ctx, int id, const char *arg, int argc, char **argv)
-{
-    (void)argc, (void)argv;
-    data_args_t *a = ctx;
-    int rc = data_option(a, id, arg);
-    if (rc != 1)
-        return rc;
-    a->req.flags |= id == OPT_EXCLUSIVE ? TALLY_FLAG_SCAN_EXCLUSIVE : TALLY_FLAG_SCAN_OUT_I32;
-    return 0;
-}
-
-const cli_command_t cli_cmd_scan = {
-    .name = "scan",
-    .summary = "prefix sums of int32 input",
-    .usage = "scan [--exclusive] [--out32] [OPTIONS]",
-    .about = "Prefix sums of int32 input, printed one per line (--out: binary int64, or int32\n"
-             "with --out32). With --stream the sums continue from the stream's running total,\n"
-             "so an array sent in pieces gets the sums it would get whole.\n",
-    .groups = scan_groups,
-    .setters = data_setters,
-    .option = scan_option,
-    .op = TALLY_OP_SCAN,
-    .dtype = TALLY_DTYPE_I32,
-    .run = run_data,
-};
+CLI_COMMAND(scan, .usage = "scan [--exclusive] [--out32] [OPTIONS]",
+            .summary = "prefix sums of int32 input",
+            .about =
+                "Prefix sums of int32 input, printed one per line (--out: binary int64, or int32\n"
+                "with --out32). With --stream the sums continue from the stream's running total,\n"
+                "so an array sent in pieces gets the sums it would get whole.\n",
+            .op = TALLY_OP_SCAN, .dtype = TALLY_DTYPE_I32, .groups = scan_groups,
+            .setters = data_setters, .option = data_option, .run = run_data);
 
 /* ---- hist --------------------------------------------------------------------------------- */
 
@@ -309,19 +284,21 @@ static bool hist_parse_dtype(const char *s, tally_dtype_t *out)
     return true;
 }
 
-static int hist_option(void *ctx, int id, const char *arg, int argc, char **argv)
+/* --type: filter takes i32 and u8, hist also u16, rgb and rgba. */
+static int type_option(data_args_t *a, const char *arg)
 {
-    data_args_t *a = ctx;
     tally_dtype_t dtype;
-    int rc = data_option(a, id, arg);
-    if (rc != 1)
-        return rc;
-    if (id == OPT_TYPE) {
-        if (!hist_parse_dtype(arg, &dtype))
-            return cli_usage_error(a->cmd, "--type: '%s' is not u8, i32, u16, rgb or rgba", arg);
-        a->req.dtype = (uint8_t)dtype;
-        return 0;
-    }
+    if (a->req.opcode == TALLY_OP_HIST && !hist_parse_dtype(arg, &dtype))
+        return cli_usage_error(a->cmd, "--type: '%s' is not u8, i32, u16, rgb or rgba", arg);
+    if (a->req.opcode != TALLY_OP_HIST && !cli_parse_dtype(arg, &dtype))
+        return cli_usage_error(a->cmd, "--type: '%s' is not i32 or u8", arg);
+    a->req.dtype = (uint8_t)dtype;
+    return 0;
+}
+
+/* --range LO HI (hist). */
+static int hist_range(data_args_t *a, const char *arg, int argc, char **argv)
+{
     const int64_t min = INT32_MIN, max = (int64_t)INT32_MAX + 1;
     if (!cli_parse_i64(arg, min, max, &a->req.lo) || optind >= argc ||
         !cli_parse_i64(argv[optind], min, max, &a->req.hi))
@@ -334,23 +311,17 @@ static int hist_option(void *ctx, int id, const char *arg, int argc, char **argv
     return 0;
 }
 
-const cli_command_t cli_cmd_hist = {
-    .name = "hist",
-    .summary = "256-bin histogram of u8, i32, u16 or rgb/rgba input",
-    .usage = "hist [--type u8|i32|u16|rgb|rgba] [--range LO HI] [OPTIONS]",
-    .about = "Histogram of this input in 256 bins, printed as 'bin count' lines (bins 0..255).\n"
-             "u8: one bin per byte value. i32 and u16: 256 even bins over [LO, HI) plus\n"
-             "'underflow N' and 'overflow N' lines; x in [LO, HI) goes to bin\n"
-             "(x - LO) * 256 / (HI - LO). rgb and rgba: interleaved 8-bit pixels (R,G,B or\n"
-             "R,G,B,A; --text: one byte a token), one byte histogram per channel, printed as\n"
-             "'CHANNEL bin count' lines (r, g, b, then a). With --stream the counts are also\n"
-             "added to the stream's running histogram (see 'tally query'). --out writes the\n"
-             "counts as binary uint64: 256 for u8, 258 for i32 and u16 (the bins, then\n"
-             "underflow and overflow), 768 for rgb and 1024 for rgba (256 per channel).\n",
-    .groups = hist_groups,
-    .setters = data_setters,
-    .option = hist_option,
-    .op = TALLY_OP_HIST,
-    .dtype = TALLY_DTYPE_U8,
-    .run = run_data,
-};
+CLI_COMMAND(hist, .usage = "hist [--type u8|i32|u16|rgb|rgba] [--range LO HI] [OPTIONS]",
+            .summary = "256-bin histogram of u8, i32, u16 or rgb/rgba input",
+            .about =
+                "Histogram of this input in 256 bins, printed as 'bin count' lines (bins 0..255).\n"
+                "u8: one bin per byte value. i32 and u16: 256 even bins over [LO, HI) plus\n"
+                "'underflow N' and 'overflow N' lines; x in [LO, HI) goes to bin\n"
+                "(x - LO) * 256 / (HI - LO). rgb and rgba: interleaved 8-bit pixels (R,G,B or\n"
+                "R,G,B,A; --text: one byte a token), one byte histogram per channel, printed as\n"
+                "'CHANNEL bin count' lines (r, g, b, then a). With --stream the counts are also\n"
+                "added to the stream's running histogram (see 'tally query'). --out writes the\n"
+                "counts as binary uint64: 256 for u8, 258 for i32 and u16 (the bins, then\n"
+                "underflow and overflow), 768 for rgb and 1024 for rgba (256 per channel).\n",
+            .op = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8, .groups = hist_groups,
+            .setters = data_setters, .option = data_option, .run = run_data);

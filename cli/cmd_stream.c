@@ -141,10 +141,9 @@ static int run_query(cli_t *cli, const cli_command_t *cmd, int argc, char **argv
     return rc;
 }
 
-const cli_command_t cli_cmd_query = {
-    .name = "query",
+CLI_COMMAND(
+    query, .usage = "query [--json|--csv|--raw] [--last DURATION] STREAM",
     .summary = "a stream's histogram summary, counters and bins",
-    .usage = "query [--json|--csv|--raw] [--last DURATION] STREAM",
     .about =
         "Summarise a stream's running histogram: the count of values, the mean (of the values\n"
         "in range, each at the centre of its bin), the lowest and highest non-empty bin, the\n"
@@ -157,11 +156,7 @@ const cli_command_t cli_cmd_query = {
         "edge + floor((2j - 1) x w / 2c), the values spread evenly over the bin. A quantile\n"
         "that is an underflow or overflow value shows as '< LO' or '>= HI' (in JSON: LO or\n"
         "HI, with the underflow and overflow counts beside).\n",
-    .groups = query_groups,
-    .nargs = 1,
-    .option = query_option,
-    .run = run_query,
-};
+    .groups = query_groups, .nargs = 1, .option = query_option, .run = run_query);
 
 /* ---- reset, delete ------------------------------------------------------------------------ */
 
@@ -173,32 +168,20 @@ static int stream_control(tally_client_t *client, const cli_command_t *cmd, char
     return status == TALLY_OK ? 0 : cli_report(status, cmd->name, tally_client_error(client));
 }
 
-const cli_command_t cli_cmd_reset = {
-    .name = "reset",
-    .summary = "zero a stream's counts, keep the stream",
-    .usage = "reset STREAM",
-    .about = "Zero a stream and keep it: its counters, histogram (all time and the recent\n"
-             "windows) and scan carry become 0. It stays in 'tally streams' with its name, its\n"
-             "histogram's type and range, and its last_seq (a numbered push continues).\n"
-             "To remove a stream, use 'tally delete'.\n",
-    .nargs = 1,
-    .op = TALLY_OP_RESET,
-    .check = stream_arg,
-    .request = stream_control,
-};
+CLI_COMMAND(reset, .usage = "reset STREAM", .summary = "zero a stream's counts, keep the stream",
+            .about =
+                "Zero a stream and keep it: its counters, histogram (all time and the recent\n"
+                "windows) and scan carry become 0. It stays in 'tally streams' with its name, its\n"
+                "histogram's type and range, and its last_seq (a numbered push continues).\n"
+                "To remove a stream, use 'tally delete'.\n",
+            .nargs = 1, .op = TALLY_OP_RESET, .check = stream_arg, .request = stream_control);
 
-const cli_command_t cli_cmd_delete = {
-    .name = "delete",
-    .summary = "remove a stream",
-    .usage = "delete STREAM",
+CLI_COMMAND(
+    delete, .usage = "delete STREAM", .summary = "remove a stream",
     .about = "Remove a stream: its state and its name are forgotten, it leaves 'tally streams',\n"
              "and the next request that names it starts a new stream (any histogram type and\n"
              "range, sequence numbers from 1). To zero a stream and keep it, use 'tally reset'.\n",
-    .nargs = 1,
-    .op = TALLY_OP_DELETE,
-    .check = stream_arg,
-    .request = stream_control,
-};
+    .nargs = 1, .op = TALLY_OP_DELETE, .check = stream_arg, .request = stream_control);
 
 static int list_streams(tally_client_t *client, const cli_command_t *cmd, char **args)
 {
@@ -218,10 +201,5 @@ static int list_streams(tally_client_t *client, const cli_command_t *cmd, char *
     return rc;
 }
 
-const cli_command_t cli_cmd_streams = {
-    .name = "streams",
-    .summary = "list streams",
-    .usage = "streams",
-    .about = "List the daemon's streams, one name per line.\n",
-    .request = list_streams,
-};
+CLI_COMMAND(streams, .usage = "streams", .summary = "list streams",
+            .about = "List the daemon's streams, one name per line.\n", .request = list_streams);

@@ -758,10 +758,9 @@ done:
     return rc;
 }
 
-const cli_command_t cli_cmd_watch = {
-    .name = "watch",
+CLI_COMMAND(
+    watch, .usage = "watch [OPTIONS] STREAM...",
     .summary = "live view of streams' histograms in the terminal",
-    .usage = "watch [OPTIONS] STREAM...",
     .about = "Show streams' running histograms, refreshed every interval: per stream (per\n"
              "channel for rgb8/rgba8) a line with the count, the rate (values/s since the last\n"
              "refresh), the mean and p50/p90/p99, then the 256 bins folded to the terminal's\n"
@@ -771,9 +770,5 @@ const cli_command_t cli_cmd_watch = {
              "says when it has reconnected. With --sub the histograms come from tallyd's\n"
              "publications (PROTOCOL.md §11): a frame as soon as they arrive, a ping each\n"
              "interval to tell whether tallyd is there. Quit with q or Ctrl-C (exit status 0).\n",
-    .groups = watch_groups,
-    .setters = watch_setters,
-    .nargs = CLI_ARGS_ONE_OR_MORE,
-    .option = watch_option,
-    .run = run_watch,
-};
+    .groups = watch_groups, .setters = watch_setters, .nargs = CLI_ARGS_ONE_OR_MORE,
+    .option = watch_option, .run = run_watch);
