@@ -146,17 +146,17 @@ bool cli_parse_dtype(const char *s, tally_dtype_t *out)
 /* ---- Options ------------------------------------------------------------------------------ */
 
 const cli_option_t cli_common_options[] = {
-    {"endpoint", required_argument, 'e', "E",
+    {"endpoint", 'e', "E",
      "tallyd's endpoint: tcp://HOST:PORT or ipc://PATH (default:\n"
      "$TALLY_ENDPOINT, else " TALLY_DEFAULT_ENDPOINT ")"},
-    {"timeout", required_argument, 't', "MS", "give up after MS ms without a reply (default 5000)"},
-    {"server-key", required_argument, CLI_OPT_SERVER_KEY, "K",
+    {"timeout", 't', "MS", "give up after MS ms without a reply (default 5000)"},
+    {"server-key", CLI_OPT_SERVER_KEY, "K",
      "tallyd's CURVE public key, or its .pub file (default:\n"
      "$TALLY_SERVER_KEY, else server_key in ~/.config/tally/tally.conf;\nnone: no CURVE)"},
-    {"client-key", required_argument, CLI_OPT_CLIENT_KEY, "FILE",
+    {"client-key", CLI_OPT_CLIENT_KEY, "FILE",
      "this client's key file from `tally keygen` (default:\n"
      "$TALLY_CLIENT_KEY, else client_key in that file)"},
-    {"help", no_argument, 'h', NULL, "show this help"},
+    {"help", 'h', NULL, "show this help"},
     {0},
 };
 
@@ -213,11 +213,12 @@ static size_t count_options(const cli_group_t *groups)
 static void add_options(struct option *table, size_t *n, char *shorts, const cli_option_t *opts)
 {
     for (const cli_option_t *o = opts; o->name; o++) {
-        table[(*n)++] = (struct option){o->name, o->has_arg, NULL, o->id};
+        int has_arg = o->arg_name ? required_argument : no_argument;
+        table[(*n)++] = (struct option){o->name, has_arg, NULL, o->id};
         if (o->id < CLI_OPT_FIRST) { /* a letter: also a short option */
             size_t at = strlen(shorts);
             shorts[at++] = (char)o->id;
-            if (o->has_arg == required_argument)
+            if (has_arg == required_argument)
                 shorts[at++] = ':';
             shorts[at] = '\0';
         }

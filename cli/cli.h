@@ -44,10 +44,10 @@ typedef struct {
 /* One option: getopt_long's fields plus what --help prints for it. */
 typedef struct {
     const char *name;     /* long name without "--"; NULL ends a table */
-    int has_arg;          /* no_argument or required_argument */
     int id;               /* what the handler receives: a letter (also the short option) or
                            * a value >= CLI_OPT_FIRST */
-    const char *arg_name; /* in --help: "N", "FILE", "LO HI" (the handler takes the second) */
+    const char *arg_name; /* the option takes an argument, shown in --help as this: "N", "FILE",
+                           * "LO HI" (the handler takes the second); NULL: no argument */
     const char *help;     /* one line; '\n' continues on an indented line */
 } cli_option_t;
 

@@ -40,39 +40,38 @@ enum {
 };
 
 static const cli_option_t data_options[] = {
-    {"stream", required_argument, OPT_STREAM, "NAME",
-     "apply to stream NAME (1-64 printable ASCII bytes, no spaces)"},
-    {"in", required_argument, OPT_IN, "FILE", "read input from FILE (default: stdin)"},
-    {"text", no_argument, OPT_TEXT, NULL,
+    {"stream", OPT_STREAM, "NAME", "apply to stream NAME (1-64 printable ASCII bytes, no spaces)"},
+    {"in", OPT_IN, "FILE", "read input from FILE (default: stdin)"},
+    {"text", OPT_TEXT, NULL,
      "input is whitespace-separated decimal integers (default:\n"
      "binary, little-endian elements)"},
-    {"binary", no_argument, OPT_BINARY, NULL,
+    {"binary", OPT_BINARY, NULL,
      "send binary input even when it looks like decimal text\n"
      "(which is refused without --text or --binary)"},
-    {"frames", required_argument, OPT_FRAMES, "SIZE",
+    {"frames", OPT_FRAMES, "SIZE",
      "the input is frames of SIZE bytes: every chunk holds whole\n"
      "frames (as many as fit in --chunk, at least one)"},
-    {"out", required_argument, OPT_OUT, "FILE",
+    {"out", OPT_OUT, "FILE",
      "write the result to FILE in binary, as described above\n(default: text on stdout)"},
-    {"chunk", required_argument, OPT_CHUNK, "SIZE",
+    {"chunk", OPT_CHUNK, "SIZE",
      "send the input in chunks of SIZE bytes (K, M, G suffixes;\n"
      "default 1M; at most the daemon's max_batch, from info)"},
-    {"window", required_argument, OPT_WINDOW, "N", "keep N chunks in flight (1-256, default 8)"},
-    {"shm", no_argument, OPT_SHM, NULL,
+    {"window", OPT_WINDOW, "N", "keep N chunks in flight (1-256, default 8)"},
+    {"shm", OPT_SHM, NULL,
      "pass the chunks through shared memory (tallyd on this host;\nthe same output)"},
-    {"resume", no_argument, OPT_RESUME, NULL,
+    {"resume", OPT_RESUME, NULL,
      "with --stream: continue this stream's push that stopped\n"
      "(Ctrl-C, a failure): the chunks the stream has are skipped"},
-    {"seq-base", required_argument, OPT_SEQ_BASE, "N",
+    {"seq-base", OPT_SEQ_BASE, "N",
      "with --stream: continue a push that stopped; N is the seq\n"
      "base it printed (chunks the stream already has are skipped)"},
-    {"no-seq", no_argument, OPT_NO_SEQ, NULL,
+    {"no-seq", OPT_NO_SEQ, NULL,
      "with --stream: send chunks without sequence numbers (several\n"
      "producers on one stream); a resent chunk is then applied twice"},
-    {"progress", no_argument, OPT_PROGRESS, NULL,
+    {"progress", OPT_PROGRESS, NULL,
      "show a progress line on stderr (default: only when stdout\n"
      "and stderr are terminals)"},
-    {"no-progress", no_argument, OPT_NO_PROGRESS, NULL, "never show the progress line"},
+    {"no-progress", OPT_NO_PROGRESS, NULL, "never show the progress line"},
     {0},
 };
 
@@ -179,22 +178,22 @@ static int run_data(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
 /* ---- filter ------------------------------------------------------------------------------- */
 
 static const cli_option_t filter_predicates[] = {
-    {"gt", required_argument, OPT_GT, "N", "keep x > N"},
-    {"ge", required_argument, OPT_GE, "N", "keep x >= N"},
-    {"lt", required_argument, OPT_LT, "N", "keep x < N"},
-    {"le", required_argument, OPT_LE, "N", "keep x <= N"},
-    {"eq", required_argument, OPT_EQ, "N", "keep x == N"},
-    {"ne", required_argument, OPT_NE, "N", "keep x != N"},
-    {"between", required_argument, OPT_BETWEEN, "LO HI", "keep LO <= x <= HI"},
+    {"gt", OPT_GT, "N", "keep x > N"},
+    {"ge", OPT_GE, "N", "keep x >= N"},
+    {"lt", OPT_LT, "N", "keep x < N"},
+    {"le", OPT_LE, "N", "keep x <= N"},
+    {"eq", OPT_EQ, "N", "keep x == N"},
+    {"ne", OPT_NE, "N", "keep x != N"},
+    {"between", OPT_BETWEEN, "LO HI", "keep LO <= x <= HI"},
     {0},
 };
 
 static const cli_option_t filter_options[] = {
-    {"stable", no_argument, OPT_STABLE, NULL,
+    {"stable", OPT_STABLE, NULL,
      "keep input order inside each chunk (default: unordered,\n"
      "faster; chunks are always put back in input order)"},
-    {"type", required_argument, OPT_TYPE, "T", "element type: i32 (default) or u8"},
-    {"count", no_argument, OPT_COUNT, NULL, "print only the number kept"},
+    {"type", OPT_TYPE, "T", "element type: i32 (default) or u8"},
+    {"count", OPT_COUNT, NULL, "print only the number kept"},
     {0},
 };
 
@@ -233,9 +232,9 @@ CLI_COMMAND(filter, .usage = "filter PREDICATE [--stable] [--type i32|u8] [--cou
 /* ---- scan --------------------------------------------------------------------------------- */
 
 static const cli_option_t scan_options[] = {
-    {"exclusive", no_argument, OPT_EXCLUSIVE, NULL,
+    {"exclusive", OPT_EXCLUSIVE, NULL,
      "exclusive sums (element i excluded; the first sum is the\ncarry-in)"},
-    {"out32", no_argument, OPT_OUT32, NULL, "int32 sums wrapping modulo 2^32 (default: int64)"},
+    {"out32", OPT_OUT32, NULL, "int32 sums wrapping modulo 2^32 (default: int64)"},
     {0},
 };
 
@@ -257,10 +256,10 @@ CLI_COMMAND(scan, .usage = "scan [--exclusive] [--out32] [OPTIONS]",
 /* ---- hist --------------------------------------------------------------------------------- */
 
 static const cli_option_t hist_options[] = {
-    {"type", required_argument, OPT_TYPE, "T",
+    {"type", OPT_TYPE, "T",
      "element type: u8 (default), i32, u16 (12- and 16-bit\nsensors), rgb or rgba "
      "(interleaved 8-bit pixels,\none histogram per channel)"},
-    {"range", required_argument, OPT_RANGE, "LO HI",
+    {"range", OPT_RANGE, "LO HI",
      "the range [LO, HI) of i32 and u16 histograms (required\nfor them; u16 within [0, 65536])"},
     {0},
 };

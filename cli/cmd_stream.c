@@ -34,14 +34,13 @@ typedef struct {
 enum { OPT_JSON = CLI_OPT_FIRST, OPT_CSV, OPT_RAW, OPT_LAST };
 
 static const cli_option_t query_options[] = {
-    {"json", no_argument, OPT_JSON, NULL,
+    {"json", OPT_JSON, NULL,
      "one JSON object: the counters, count, mean, min, max,\nquantiles {p50, p90, p99} and "
      "bins [{lo, hi, count}]\n(per channel under \"channels\" for rgb8/rgba8)"},
-    {"csv", no_argument, OPT_CSV, NULL,
-     "the bins as CSV: lo,hi,count (channel,lo,hi,count for\nrgb8/rgba8)"},
-    {"raw", no_argument, OPT_RAW, NULL,
+    {"csv", OPT_CSV, NULL, "the bins as CSV: lo,hi,count (channel,lo,hi,count for\nrgb8/rgba8)"},
+    {"raw", OPT_RAW, NULL,
      "every field of the record as 'key value' lines, then\nthe bins as 'bin count' lines"},
-    {"last", required_argument, OPT_LAST, "DURATION",
+    {"last", OPT_LAST, "DURATION",
      "only the last DURATION of the histogram (10s, 500ms,\n2m, 1h; tallyd keeps "
      "window_intervals x\nwindow_interval_ms, see 'tally info')"},
     {0},

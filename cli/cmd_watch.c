@@ -637,16 +637,16 @@ static int watch_once(watch_t *w)
 enum { OPT_INTERVAL = CLI_OPT_FIRST, OPT_LOG, OPT_ASCII, OPT_ONCE, OPT_SUB };
 
 static const cli_option_t watch_options[] = {
-    {"interval", required_argument, OPT_INTERVAL, "DURATION",
+    {"interval", OPT_INTERVAL, "DURATION",
      "refresh every DURATION (1s, 500ms; 100ms to 1h;\ndefault 1s)"},
-    {"log", no_argument, OPT_LOG, NULL, "bar heights on a log scale (default linear)"},
-    {"ascii", no_argument, OPT_ASCII, NULL,
+    {"log", OPT_LOG, NULL, "bar heights on a log scale (default linear)"},
+    {"ascii", OPT_ASCII, NULL,
      "draw bars with '#' and '.' (default: block\n"
      "characters when the locale is UTF-8)"},
-    {"once", no_argument, OPT_ONCE, NULL,
+    {"once", OPT_ONCE, NULL,
      "print one frame (sampled twice, an interval apart, for\nthe rate) and exit; no terminal "
      "needed"},
-    {"sub", required_argument, OPT_SUB, "ENDPOINT",
+    {"sub", OPT_SUB, "ENDPOINT",
      "take the histograms tallyd publishes on ENDPOINT\n(tallyd --pub) instead of querying "
      "each interval"},
     {0},

@@ -18,7 +18,7 @@ static const cli_command_t *const commands[] = {
 };
 
 static const cli_option_t top_options[] = {
-    {"version", no_argument, 'V', NULL, "print the version"},
+    {"version", 'V', NULL, "print the version"},
     {0},
 };
 
