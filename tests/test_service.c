@@ -184,6 +184,13 @@ static void write_file(const char *path, const char *text)
 
 /* ---- protocol helpers ------------------------------------------------------------------- */
 
+/* Closes sock and stops d, which must exit 0. */
+static void close_and_stop(th_daemon_t *d, void *sock)
+{
+    th_close(sock);
+    assert_int_equal(th_daemon_stop(d, SIGTERM, 10000), 0);
+}
+
 static void *connect_to(const th_daemon_t *d)
 {
     return th_connect(d->endpoint, 5000);
@@ -327,22 +334,39 @@ static void test_status_line_refreshes(void **state)
 
 /* ---- socket activation ------------------------------------------------------------------ */
 
+/* A listening TCP socket on addr (INADDR_LOOPBACK, or INADDR_ANY as a .socket unit with
+ * ListenStream=5555 makes) and a free port, which *port receives. */
+static int listen_tcp(in_addr_t addr, int *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in in = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(addr)};
+    socklen_t len = sizeof in;
+    assert_int_equal(bind(fd, (struct sockaddr *)&in, sizeof in), 0);
+    assert_int_equal(listen(fd, 16), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&in, &len), 0);
+    *port = ntohs(in.sin_port);
+    return fd;
+}
+
+/* A listening Unix socket at scratch/name, whose address un receives. */
+static int listen_unix(const char *name, struct sockaddr_un *un)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    *un = (struct sockaddr_un){.sun_family = AF_UNIX};
+    snprintf(un->sun_path, sizeof un->sun_path, "%s/%s", scratch, name);
+    unlink(un->sun_path);
+    assert_int_equal(bind(fd, (struct sockaddr *)un, sizeof *un), 0);
+    assert_int_equal(listen(fd, 16), 0);
+    return fd;
+}
+
 static void test_socket_activation_tcp_and_ipc(void **state)
 {
     (void)state;
-    int tcp = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in in = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof in;
-    assert_int_equal(bind(tcp, (struct sockaddr *)&in, sizeof in), 0);
-    assert_int_equal(listen(tcp, 16), 0);
-    assert_int_equal(getsockname(tcp, (struct sockaddr *)&in, &len), 0);
-
-    int unx = socket(AF_UNIX, SOCK_STREAM, 0);
-    struct sockaddr_un un = {.sun_family = AF_UNIX};
-    snprintf(un.sun_path, sizeof un.sun_path, "%s/tallyd.sock", scratch);
-    unlink(un.sun_path);
-    assert_int_equal(bind(unx, (struct sockaddr *)&un, sizeof un), 0);
-    assert_int_equal(listen(unx, 16), 0);
+    int port;
+    int tcp = listen_tcp(INADDR_LOOPBACK, &port);
+    struct sockaddr_un un;
+    int unx = listen_unix("tallyd.sock", &un);
 
     spawn_opts_t o = {.fds = {tcp, unx}, .nfds = 2, .no_bind = true};
     th_daemon_t d;
@@ -351,7 +375,7 @@ static void test_socket_activation_tcp_and_ipc(void **state)
     close(unx);
 
     char tcp_ep[64], ipc_ep[300];
-    snprintf(tcp_ep, sizeof tcp_ep, "tcp://127.0.0.1:%d", ntohs(in.sin_port));
+    snprintf(tcp_ep, sizeof tcp_ep, "tcp://127.0.0.1:%d", port);
     snprintf(ipc_ep, sizeof ipc_ep, "ipc://%s", un.sun_path);
     assert_true(ping(tcp_ep, 5000));
     assert_true(ping(ipc_ep, 5000));
@@ -376,19 +400,6 @@ static void make_dir(char *out, size_t cap, const char *name)
     mkdir(out, 0700);
 }
 
-/* A listening socket on all addresses, as a .socket unit with ListenStream=5555 makes. */
-static int listen_any(int *port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in in = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
-    socklen_t len = sizeof in;
-    assert_int_equal(bind(fd, (struct sockaddr *)&in, sizeof in), 0);
-    assert_int_equal(listen(fd, 16), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&in, &len), 0);
-    *port = ntohs(in.sin_port);
-    return fd;
-}
-
 /* Passed sockets obey protected mode (one on 0.0.0.0 without CURVE stops tallyd) and take
  * CURVE like bound ones: a client with an allowed key is served over them, one without keys is
  * not. */
@@ -396,7 +407,7 @@ static void test_socket_activation_protected_and_curve(void **state)
 {
     (void)state;
     int port;
-    int any = listen_any(&port);
+    int any = listen_tcp(INADDR_ANY, &port);
     spawn_opts_t o = {.fds = {any}, .nfds = 1, .no_bind = true, .no_wait = true};
     th_daemon_t d;
     assert_int_equal(spawn(&d, NULL, &o), 0);
@@ -417,12 +428,8 @@ static void test_socket_activation_protected_and_curve(void **state)
                      TALLY_OK);
     snprintf(key, sizeof key, "%s.key", base);
 
-    int unx = socket(AF_UNIX, SOCK_STREAM, 0);
-    struct sockaddr_un un = {.sun_family = AF_UNIX};
-    snprintf(un.sun_path, sizeof un.sun_path, "%s/curve.sock", scratch);
-    unlink(un.sun_path);
-    assert_int_equal(bind(unx, (struct sockaddr *)&un, sizeof un), 0);
-    assert_int_equal(listen(unx, 16), 0);
+    struct sockaddr_un un;
+    int unx = listen_unix("curve.sock", &un);
     spawn_opts_t oc = {.fds = {any, unx}, .nfds = 2, .no_bind = true};
     const char *args[] = {"--curve-secret-key", key, "--curve-clients-dir", clients, NULL};
     assert_int_equal(spawn(&d, args, &oc), 0);
@@ -473,6 +480,16 @@ static void fill_streams(const th_daemon_t *d, int32_t *scan_values, size_t n)
     th_close(sock);
 }
 
+/* The records of fill_streams' two streams, then a clean stop. */
+static void query_fill_streams_and_stop(th_daemon_t *d, uint8_t cam0[TALLY_QUERY_PAYLOAD_SIZE],
+                                        uint8_t s1[TALLY_QUERY_PAYLOAD_SIZE])
+{
+    void *sock = connect_to(d);
+    assert_int_equal(query(sock, "cam0", cam0), TALLY_OK);
+    assert_int_equal(query(sock, "s1", s1), TALLY_OK);
+    close_and_stop(d, sock);
+}
+
 static void test_state_survives_clean_restart(void **state)
 {
     (void)state;
@@ -486,16 +503,12 @@ static void test_state_survives_clean_restart(void **state)
         values[i] = (i + 1) * 1000003;
     fill_streams(&d, values, 5);
     uint8_t before_cam[TALLY_QUERY_PAYLOAD_SIZE], before_s1[TALLY_QUERY_PAYLOAD_SIZE];
-    void *sock = connect_to(&d);
-    assert_int_equal(query(sock, "cam0", before_cam), TALLY_OK);
-    assert_int_equal(query(sock, "s1", before_s1), TALLY_OK);
-    th_close(sock);
     /* The interval is 30 s: only the shutdown snapshot can have written the file. */
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    query_fill_streams_and_stop(&d, before_cam, before_s1);
 
     assert_int_equal(spawn(&d, args, NULL), 0);
     assert_true(th_daemon_log_contains(&d, "state: restored 2 streams"));
-    sock = connect_to(&d);
+    void *sock = connect_to(&d);
     uint8_t after[TALLY_QUERY_PAYLOAD_SIZE];
     assert_int_equal(query(sock, "cam0", after), TALLY_OK);
     assert_memory_equal(after, before_cam, TALLY_QUERY_PAYLOAD_SIZE);
@@ -521,8 +534,7 @@ static void test_state_survives_clean_restart(void **state)
     assert_int_equal(reply.rep.count, 2);
     assert_memory_equal(reply.payload, "\4cam0\2s1", 8);
     th_reply_free(&reply);
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    close_and_stop(&d, sock);
 }
 
 /* Stopped with requests in flight: every request that was answered OK is in the restored
@@ -554,8 +566,7 @@ static void test_state_stop_under_load_keeps_every_answered_request(void **state
         ok += reply.rep.status == TALLY_OK;
         th_reply_free(&reply);
     }
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    close_and_stop(&d, sock);
     fprintf(stderr, "%d of %d requests answered before the stop\n", ok, sent);
 
     assert_int_equal(spawn(&d, args, NULL), 0);
@@ -570,8 +581,7 @@ static void test_state_stop_under_load_keeps_every_answered_request(void **state
         assert_int_equal(info.batches, (uint64_t)ok);
         assert_int_equal(info.hist_total, (uint64_t)ok * n);
     }
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    close_and_stop(&d, sock);
 }
 
 static void test_state_kill9_loses_at_most_one_interval(void **state)
@@ -597,8 +607,7 @@ static void test_state_kill9_loses_at_most_one_interval(void **state)
     uint8_t after[TALLY_QUERY_PAYLOAD_SIZE];
     assert_int_equal(query(sock, "cam0", after), TALLY_OK);
     assert_memory_equal(after, before, TALLY_QUERY_PAYLOAD_SIZE);
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    close_and_stop(&d, sock);
 }
 
 /* True when dir holds a streams.state.corrupt-* file. */
@@ -636,11 +645,7 @@ static void corrupt_and_restart(const char *name, corruption_t how, const char *
     int32_t values[3] = {1, 2, 3};
     fill_streams(&d, values, 3);
     uint8_t before_cam[TALLY_QUERY_PAYLOAD_SIZE], before_s1[TALLY_QUERY_PAYLOAD_SIZE];
-    void *sock = connect_to(&d);
-    assert_int_equal(query(sock, "cam0", before_cam), TALLY_OK);
-    assert_int_equal(query(sock, "s1", before_s1), TALLY_OK);
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    query_fill_streams_and_stop(&d, before_cam, before_s1);
 
     struct stat sb;
     assert_int_equal(stat(path, &sb), 0);
@@ -687,7 +692,7 @@ static void corrupt_and_restart(const char *name, corruption_t how, const char *
     /* An unusable file is moved away, not left to be read again; a partly good one stays
      * until the next snapshot replaces it. */
     assert_int_equal(stat(path, &sb), partial ? 0 : -1);
-    sock = connect_to(&d);
+    void *sock = connect_to(&d);
     uint8_t info[TALLY_QUERY_PAYLOAD_SIZE];
     assert_int_equal(query(sock, "cam0", info), cam0_kept ? TALLY_OK : TALLY_E_UNKNOWN_STREAM);
     if (cam0_kept)
@@ -697,8 +702,7 @@ static void corrupt_and_restart(const char *name, corruption_t how, const char *
         assert_memory_equal(info, before_s1, sizeof info);
     fill_streams(&d, values, 3); /* and serves */
     assert_int_equal(query(sock, "cam0", info), TALLY_OK);
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    close_and_stop(&d, sock);
     assert_int_equal(stat(path, &sb), 0); /* a fresh, good file */
     assert_int_equal(spawn(&d, args, NULL), 0);
     assert_true(th_daemon_log_contains(&d, "state: restored 2 streams"));

@@ -3,6 +3,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -532,4 +533,33 @@ void th_cli_free(th_cli_t *r)
     free(r->out);
     free(r->err);
     r->out = r->err = NULL;
+}
+
+void th_hist_i32(const int32_t *x, size_t n, int64_t lo, int64_t hi,
+                 uint64_t counts[TALLY_HIST_I32_VALUES])
+{
+    for (size_t i = 0; i < n; i++) {
+        if (x[i] < lo)
+            counts[TALLY_HIST_BINS]++;
+        else if (x[i] >= hi)
+            counts[TALLY_HIST_BINS + 1]++;
+        else
+            counts[tally_hist_bin_i32(x[i], lo, hi)]++;
+    }
+}
+
+bool th_u64s_equal(const uint8_t *le, size_t len, const uint64_t *expect, size_t n)
+{
+    if (len != 8 * n) {
+        fprintf(stderr, "%zu bytes, expected %zu uint64_t (%zu bytes)\n", len, n, 8 * n);
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (tally_get_u64(le + 8 * i) != expect[i]) {
+            fprintf(stderr, "value %zu is %" PRIu64 ", expected %" PRIu64 "\n", i,
+                    tally_get_u64(le + 8 * i), expect[i]);
+            return false;
+        }
+    }
+    return true;
 }
