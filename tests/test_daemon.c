@@ -47,14 +47,7 @@ static void *connect_main(void)
 /* Asserts the daemon still answers a ping on a fresh connection. */
 static void assert_still_serving(void)
 {
-    void *sock = connect_main();
-    tally_req_t ping = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 77);
-    th_reply_t reply;
-    assert_int_equal(th_call(sock, &ping, NULL, 0, &reply), 0);
-    assert_int_equal(reply.rep.status, TALLY_OK);
-    assert_int_equal(reply.rep.request_id, 77);
-    th_reply_free(&reply);
-    th_close(sock);
+    assert_true(th_ping(daemon_main.endpoint, 5000));
 }
 
 static int32_t *random_i32(size_t n)
@@ -84,8 +77,7 @@ static void test_ping_info_stats(void **state)
     void *sock = connect_main();
     th_reply_t reply;
     tally_req_t req = th_req(TALLY_OP_INFO, TALLY_DTYPE_NONE, 5);
-    assert_int_equal(th_call(sock, &req, NULL, 0, &reply), 0);
-    assert_int_equal(reply.rep.status, TALLY_OK);
+    assert_int_equal(th_call_reply_status(sock, &req, NULL, 0, &reply), TALLY_OK);
     assert_int_equal(reply.rep.dtype, TALLY_DTYPE_TEXT);
     assert_non_null(strstr((char *)reply.payload, "protocol=1\n"));
     assert_non_null(strstr((char *)reply.payload, "max_batch=1048576\n"));
@@ -93,8 +85,7 @@ static void test_ping_info_stats(void **state)
     th_reply_free(&reply);
 
     req = th_req(TALLY_OP_STATS, TALLY_DTYPE_NONE, 6);
-    assert_int_equal(th_call(sock, &req, NULL, 0, &reply), 0);
-    assert_int_equal(reply.rep.status, TALLY_OK);
+    assert_int_equal(th_call_reply_status(sock, &req, NULL, 0, &reply), TALLY_OK);
     assert_non_null(
         strstr((char *)reply.payload, "tallyd_requests_total{op=\"info\",status=\"ok\"}"));
     assert_non_null(strstr((char *)reply.payload, "# TYPE tallyd_requests_in_flight gauge"));
@@ -119,8 +110,7 @@ static void test_filter_i32_both_modes(void **state)
         req.lo = 0;
         req.flags = stable ? TALLY_FLAG_FILTER_STABLE : 0;
         th_reply_t reply;
-        assert_int_equal(th_call(sock, &req, in, n * sizeof *in, &reply), 0);
-        assert_int_equal(reply.rep.status, TALLY_OK);
+        assert_int_equal(th_call_reply_status(sock, &req, in, n * sizeof *in, &reply), TALLY_OK);
         assert_int_equal(reply.rep.count, kept);
         assert_int_equal(reply.rep.aux0, n);
         assert_int_equal(reply.len, kept * sizeof(int32_t));
@@ -155,8 +145,7 @@ static void test_filter_u8_between(void **state)
     req.hi = 20;
     req.flags = TALLY_FLAG_FILTER_STABLE;
     th_reply_t reply;
-    assert_int_equal(th_call(sock, &req, in, sizeof in, &reply), 0);
-    assert_int_equal(reply.rep.status, TALLY_OK);
+    assert_int_equal(th_call_reply_status(sock, &req, in, sizeof in, &reply), TALLY_OK);
     size_t k = 0;
     for (size_t i = 0; i < sizeof in; i++)
         if (in[i] >= 10 && in[i] <= 20) {
@@ -179,8 +168,7 @@ static void check_chunked_scan(uint8_t flags, const char *stream)
     tally_req_t req = th_req(TALLY_OP_SCAN, TALLY_DTYPE_I32, next_id++);
     req.flags = flags;
     th_reply_t whole;
-    assert_int_equal(th_call(sock, &req, in, n * sizeof *in, &whole), 0);
-    assert_int_equal(whole.rep.status, TALLY_OK);
+    assert_int_equal(th_call_reply_status(sock, &req, in, n * sizeof *in, &whole), TALLY_OK);
     assert_int_equal(whole.len, n * out_size);
 
     /* Chunks of odd sizes, all sent before any reply is read. */
@@ -222,8 +210,7 @@ static void check_chunked_scan(uint8_t flags, const char *stream)
     tally_req_t q = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, next_id++);
     tally_req_set_stream(&q, stream);
     th_reply_t qr;
-    assert_int_equal(th_call(sock, &q, NULL, 0, &qr), 0);
-    assert_int_equal(qr.rep.status, TALLY_OK);
+    assert_int_equal(th_call_reply_status(sock, &q, NULL, 0, &qr), TALLY_OK);
     tally_stream_info_t info;
     assert_int_equal(tally_stream_info_decode(qr.payload, qr.len, &info), TALLY_OK);
     assert_int_equal((uint64_t)info.scan_carry, whole.rep.aux0);
@@ -267,8 +254,7 @@ static void push_u8_chunks(void *sock, const char *name, uint64_t expect[256])
         tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, next_id++);
         tally_req_set_stream(&req, name);
         th_reply_t r;
-        assert_int_equal(th_call(sock, &req, chunk, sizeof chunk, &r), 0);
-        assert_int_equal(r.rep.status, TALLY_OK);
+        assert_int_equal(th_call_reply_status(sock, &req, chunk, sizeof chunk, &r), TALLY_OK);
         assert_int_equal(r.rep.count, 256);
         assert_int_equal(r.len, 256 * 8);
         assert_int_equal(r.rep.aux0, sizeof chunk);
@@ -286,8 +272,7 @@ static void query_ok(void *sock, const char *name, tally_stream_info_t *info)
     tally_req_t q = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, next_id++);
     tally_req_set_stream(&q, name);
     th_reply_t qr;
-    assert_int_equal(th_call(sock, &q, NULL, 0, &qr), 0);
-    assert_int_equal(qr.rep.status, TALLY_OK);
+    assert_int_equal(th_call_reply_status(sock, &q, NULL, 0, &qr), TALLY_OK);
     assert_int_equal(tally_stream_info_decode(qr.payload, qr.len, info), TALLY_OK);
     th_reply_free(&qr);
 }
@@ -297,8 +282,7 @@ static void assert_cam0_listed(void *sock)
 {
     tally_req_t ls = th_req(TALLY_OP_STREAMS, TALLY_DTYPE_NONE, next_id++);
     th_reply_t r;
-    assert_int_equal(th_call(sock, &ls, NULL, 0, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_OK);
+    assert_int_equal(th_call_reply_status(sock, &ls, NULL, 0, &r), TALLY_OK);
     bool listed = false;
     for (size_t at = 0; at < r.len; at += 1 + r.payload[at])
         listed |= r.payload[at] == 4 && memcmp(r.payload + at + 1, "cam0", 4) == 0;
@@ -356,8 +340,7 @@ static void test_hist_stream_query_reset(void **state)
     tally_req_set_stream(&q, name);
     assert_int_equal(th_call_status(sock, &q, NULL, 0), TALLY_E_UNKNOWN_STREAM);
     h32.request_id = next_id++;
-    assert_int_equal(th_call(sock, &h32, values, sizeof values, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_OK);
+    assert_int_equal(th_call_reply_status(sock, &h32, values, sizeof values, &r), TALLY_OK);
     assert_int_equal(r.rep.count, TALLY_HIST_I32_VALUES);
     /* bins of 1, 2, 3 over [0, 100): floor(x * 256 / 100) = 2, 5, 7 */
     assert_int_equal(tally_get_u64(r.payload + 8 * 2), 1);

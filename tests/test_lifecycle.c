@@ -298,8 +298,7 @@ static void test_pipelined_scans_at_sigterm_ok_prefix_then_shutdown(void **state
     sock = th_connect(daemon_.endpoint, 5000);
     tally_req_t req = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, 1);
     assert_int_equal(tally_req_set_stream(&req, "big"), TALLY_OK);
-    assert_int_equal(th_call(sock, &req, NULL, 0, &reply), 0);
-    assert_int_equal(reply.rep.status, TALLY_OK);
+    assert_int_equal(th_call_reply_status(sock, &req, NULL, 0, &reply), TALLY_OK);
     tally_stream_info_t info;
     assert_int_equal(tally_stream_info_decode(reply.payload, reply.len, &info), TALLY_OK);
     assert_int_equal(info.scan_carry, prefix[ok]);
@@ -359,8 +358,7 @@ static void test_oversize_payloads_answered_too_large_between_valid_ones(void **
     tally_req_t req = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, 100);
     assert_int_equal(tally_req_set_stream(&req, "oversize"), TALLY_OK);
     th_reply_t reply;
-    assert_int_equal(th_call(sock, &req, NULL, 0, &reply), 0);
-    assert_int_equal(reply.rep.status, TALLY_OK);
+    assert_int_equal(th_call_reply_status(sock, &req, NULL, 0, &reply), TALLY_OK);
     tally_stream_info_t info;
     assert_int_equal(tally_stream_info_decode(reply.payload, reply.len, &info), TALLY_OK);
     assert_int_equal(info.batches, 25);

@@ -65,8 +65,7 @@ static char *stats_text(void *sock)
 {
     tally_req_t req = th_req(TALLY_OP_STATS, TALLY_DTYPE_NONE, next_id++);
     th_reply_t r;
-    assert_int_equal(th_call(sock, &req, NULL, 0, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_OK);
+    assert_int_equal(th_call_reply_status(sock, &req, NULL, 0, &r), TALLY_OK);
     return (char *)r.payload; /* malloc'd and NUL-terminated by the harness */
 }
 
@@ -91,8 +90,7 @@ static void check_ops(void *sock)
     req.pred = TALLY_PRED_GT;
     req.flags = TALLY_FLAG_FILTER_STABLE;
     th_reply_t r;
-    assert_int_equal(th_call(sock, &req, in, n * 4, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_OK);
+    assert_int_equal(th_call_reply_status(sock, &req, in, n * 4, &r), TALLY_OK);
     size_t kept = 0;
     for (size_t i = 0; i < n; i++)
         if (in[i] > 0) {
@@ -119,8 +117,7 @@ static void check_ops(void *sock)
 
     /* scan, int64 inclusive, no stream */
     req = th_req(TALLY_OP_SCAN, TALLY_DTYPE_I32, next_id++);
-    assert_int_equal(th_call(sock, &req, in, n * 4, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_OK);
+    assert_int_equal(th_call_reply_status(sock, &req, in, n * 4, &r), TALLY_OK);
     assert_int_equal(r.len, n * 8);
     int64_t acc = 0;
     for (size_t i = 0; i < n; i++) {
@@ -136,8 +133,7 @@ static void check_ops(void *sock)
     for (size_t i = 0; i < n * 4; i++)
         bins[((uint8_t *)in)[i]]++;
     req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, next_id++);
-    assert_int_equal(th_call(sock, &req, in, n * 4, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_OK);
+    assert_int_equal(th_call_reply_status(sock, &req, in, n * 4, &r), TALLY_OK);
     for (int b = 0; b < 256; b++)
         assert_int_equal(tally_get_u64(r.payload + 8 * b), bins[b]);
     th_reply_free(&r);
@@ -152,8 +148,7 @@ static void check_ops(void *sock)
     req = th_req(TALLY_OP_HIST, TALLY_DTYPE_I32, next_id++);
     req.lo = -1000;
     req.hi = 1000;
-    assert_int_equal(th_call(sock, &req, small, n * 4, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_OK);
+    assert_int_equal(th_call_reply_status(sock, &req, small, n * 4, &r), TALLY_OK);
     assert_int_equal(tally_get_u64(r.payload + 8 * 256), under);
     assert_int_equal(tally_get_u64(r.payload + 8 * 257), over);
     th_reply_free(&r);
@@ -378,8 +373,7 @@ static void test_scan_behind_hist_or_filter(void **state)
         tally_req_t lead = th_req(TALLY_OP_SCAN, TALLY_DTYPE_I32, next_id++);
         tally_req_set_stream(&lead, name);
         th_reply_t lr;
-        assert_int_equal(th_call(sock, &lead, head, sizeof head, &lr), 0);
-        assert_int_equal(lr.rep.status, TALLY_OK);
+        assert_int_equal(th_call_reply_status(sock, &lead, head, sizeof head, &lr), TALLY_OK);
         uint64_t carry = lr.rep.aux0;
         th_reply_free(&lr);
         uint8_t bytes[1000];

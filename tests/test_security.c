@@ -163,8 +163,7 @@ static void test_allowed_key_served(void **state)
     tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 7);
     assert_int_equal(tally_req_set_stream(&req, "cam0"), TALLY_OK);
     th_reply_t reply;
-    assert_int_equal(th_call(sock, &req, bytes, sizeof bytes, &reply), 0);
-    assert_int_equal(reply.rep.status, TALLY_OK);
+    assert_int_equal(th_call_reply_status(sock, &req, bytes, sizeof bytes, &reply), TALLY_OK);
     assert_int_equal(reply.len, 256 * 8);
     uint64_t bin2;
     memcpy(&bin2, reply.payload + 2 * 8, 8);

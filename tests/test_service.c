@@ -201,8 +201,7 @@ static void send_hist_u8(void *sock, const char *stream, const uint8_t *data, si
     tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 11);
     assert_int_equal(tally_req_set_stream(&req, stream), TALLY_OK);
     th_reply_t reply;
-    assert_int_equal(th_call(sock, &req, data, n, &reply), 0);
-    assert_int_equal(reply.rep.status, TALLY_OK);
+    assert_int_equal(th_call_reply_status(sock, &req, data, n, &reply), TALLY_OK);
     th_reply_free(&reply);
 }
 
@@ -212,8 +211,8 @@ static int64_t *send_scan(void *sock, const char *stream, const int32_t *values,
     tally_req_t req = th_req(TALLY_OP_SCAN, TALLY_DTYPE_I32, 12);
     assert_int_equal(tally_req_set_stream(&req, stream), TALLY_OK);
     th_reply_t reply;
-    assert_int_equal(th_call(sock, &req, values, n * sizeof *values, &reply), 0);
-    assert_int_equal(reply.rep.status, TALLY_OK);
+    assert_int_equal(th_call_reply_status(sock, &req, values, n * sizeof *values, &reply),
+                     TALLY_OK);
     assert_int_equal(reply.len, n * sizeof(int64_t));
     int64_t *out = malloc(reply.len + 1);
     memcpy(out, reply.payload, reply.len);
@@ -242,8 +241,7 @@ static char *text_op(void *sock, uint8_t opcode)
 {
     tally_req_t req = th_req(opcode, TALLY_DTYPE_NONE, 14);
     th_reply_t reply;
-    assert_int_equal(th_call(sock, &req, NULL, 0, &reply), 0);
-    assert_int_equal(reply.rep.status, TALLY_OK);
+    assert_int_equal(th_call_reply_status(sock, &req, NULL, 0, &reply), TALLY_OK);
     char *text = (char *)reply.payload; /* NUL-terminated by the harness */
     reply.payload = NULL;
     th_reply_free(&reply);
@@ -286,16 +284,25 @@ static bool notify_wait(int fd, const char *want, int timeout_ms, char *last, si
     }
 }
 
+/* Starts d with NOTIFY_SOCKET at scratch/name (path receives it, 300 bytes), with
+ * WATCHDOG_USEC when watchdog; the socket's fd. */
+static int spawn_notified(th_daemon_t *d, const char *name, bool watchdog, char *path)
+{
+    char env[320];
+    snprintf(path, 300, "%s/%s", scratch, name);
+    snprintf(env, sizeof env, "NOTIFY_SOCKET=%s", path);
+    int fd = notify_socket(path);
+    spawn_opts_t o = {.env = {env}, .watchdog = watchdog};
+    assert_int_equal(spawn(d, NULL, &o), 0);
+    return fd;
+}
+
 static void test_notify_ready_status_watchdog_stopping(void **state)
 {
     (void)state;
-    char path[300], env[320], msg[1024];
-    snprintf(path, sizeof path, "%s/notify.sock", scratch);
-    snprintf(env, sizeof env, "NOTIFY_SOCKET=%s", path);
-    int fd = notify_socket(path);
-    spawn_opts_t o = {.env = {env}, .watchdog = true};
+    char path[300], msg[1024];
     th_daemon_t d;
-    assert_int_equal(spawn(&d, NULL, &o), 0);
+    int fd = spawn_notified(&d, "notify.sock", true, path);
 
     assert_true(notify_wait(fd, "READY=1", 5000, msg, sizeof msg));
     assert_non_null(strstr(msg, "STATUS=serving on cpu"));
@@ -316,13 +323,9 @@ static void test_notify_ready_status_watchdog_stopping(void **state)
 static void test_status_line_refreshes(void **state)
 {
     (void)state;
-    char path[300], env[320], msg[1024];
-    snprintf(path, sizeof path, "%s/notify2.sock", scratch);
-    snprintf(env, sizeof env, "NOTIFY_SOCKET=%s", path);
-    int fd = notify_socket(path);
-    spawn_opts_t o = {.env = {env}};
+    char path[300], msg[1024];
     th_daemon_t d;
-    assert_int_equal(spawn(&d, NULL, &o), 0);
+    int fd = spawn_notified(&d, "notify2.sock", false, path);
     assert_true(notify_wait(fd, "READY=1", 5000, msg, sizeof msg));
     /* The periodic STATUS= line (every 5 s) counts the pings answered since. */
     assert_true(notify_wait(fd, "requests answered", 8000, msg, sizeof msg));
@@ -467,6 +470,24 @@ static void test_socket_activation_rejects_datagram_socket(void **state)
 
 /* ---- persistent state ------------------------------------------------------------------- */
 
+/* A state directory and the command line that names it, for every start of a test's daemon. */
+typedef struct {
+    char dir[300];
+    char file[400];      /* dir/streams.state */
+    const char *args[3]; /* --state-dir dir */
+} state_dir_t;
+
+/* Makes scratch/name the state directory s and starts d on it. */
+static void spawn_with_state(th_daemon_t *d, state_dir_t *s, const char *name)
+{
+    make_dir(s->dir, sizeof s->dir, name);
+    snprintf(s->file, sizeof s->file, "%s/streams.state", s->dir);
+    s->args[0] = "--state-dir";
+    s->args[1] = s->dir;
+    s->args[2] = NULL;
+    assert_int_equal(spawn(d, s->args, NULL), 0);
+}
+
 /* Fills streams cam0 (u8 histogram) and s1 (a scan over 1..n) on a daemon. */
 static void fill_streams(const th_daemon_t *d, int32_t *scan_values, size_t n)
 {
@@ -493,11 +514,9 @@ static void query_fill_streams_and_stop(th_daemon_t *d, uint8_t cam0[TALLY_QUERY
 static void test_state_survives_clean_restart(void **state)
 {
     (void)state;
-    char dir[300];
-    make_dir(dir, sizeof dir, "state-clean");
-    const char *args[] = {"--state-dir", dir, NULL};
+    state_dir_t s;
     th_daemon_t d;
-    assert_int_equal(spawn(&d, args, NULL), 0);
+    spawn_with_state(&d, &s, "state-clean");
     int32_t values[10];
     for (int i = 0; i < 10; i++)
         values[i] = (i + 1) * 1000003;
@@ -506,7 +525,7 @@ static void test_state_survives_clean_restart(void **state)
     /* The interval is 30 s: only the shutdown snapshot can have written the file. */
     query_fill_streams_and_stop(&d, before_cam, before_s1);
 
-    assert_int_equal(spawn(&d, args, NULL), 0);
+    assert_int_equal(spawn(&d, s.args, NULL), 0);
     assert_true(th_daemon_log_contains(&d, "state: restored 2 streams"));
     void *sock = connect_to(&d);
     uint8_t after[TALLY_QUERY_PAYLOAD_SIZE];
@@ -542,11 +561,9 @@ static void test_state_survives_clean_restart(void **state)
 static void test_state_stop_under_load_keeps_every_answered_request(void **state)
 {
     (void)state;
-    char dir[300];
-    make_dir(dir, sizeof dir, "state-load");
-    const char *args[] = {"--state-dir", dir, NULL};
+    state_dir_t s;
     th_daemon_t d;
-    assert_int_equal(spawn(&d, args, NULL), 0);
+    spawn_with_state(&d, &s, "state-load");
     void *sock = th_connect(d.endpoint, 2000);
     size_t n = 64 * 1024;
     uint8_t *bytes = malloc(n);
@@ -569,7 +586,7 @@ static void test_state_stop_under_load_keeps_every_answered_request(void **state
     close_and_stop(&d, sock);
     fprintf(stderr, "%d of %d requests answered before the stop\n", ok, sent);
 
-    assert_int_equal(spawn(&d, args, NULL), 0);
+    assert_int_equal(spawn(&d, s.args, NULL), 0);
     sock = connect_to(&d);
     uint8_t raw[TALLY_QUERY_PAYLOAD_SIZE];
     tally_stream_info_t info;
@@ -636,20 +653,17 @@ typedef enum {
  * set-aside copy (moved aside when its header is unusable), and the next snapshot is clean. */
 static void corrupt_and_restart(const char *name, corruption_t how, const char *reason)
 {
-    char dir[300], path[400];
-    make_dir(dir, sizeof dir, name);
-    snprintf(path, sizeof path, "%s/streams.state", dir);
-    const char *args[] = {"--state-dir", dir, NULL};
+    state_dir_t s;
     th_daemon_t d;
-    assert_int_equal(spawn(&d, args, NULL), 0);
+    spawn_with_state(&d, &s, name);
     int32_t values[3] = {1, 2, 3};
     fill_streams(&d, values, 3);
     uint8_t before_cam[TALLY_QUERY_PAYLOAD_SIZE], before_s1[TALLY_QUERY_PAYLOAD_SIZE];
     query_fill_streams_and_stop(&d, before_cam, before_s1);
 
     struct stat sb;
-    assert_int_equal(stat(path, &sb), 0);
-    int fd = open(path, O_RDWR);
+    assert_int_equal(stat(s.file, &sb), 0);
+    int fd = open(s.file, O_RDWR);
     assert_true(fd >= 0);
     uint8_t byte, size_field[4];
     /* Version-3 records carry their size (td_state.h): two of them fill the file. */
@@ -683,15 +697,15 @@ static void corrupt_and_restart(const char *name, corruption_t how, const char *
 
     bool cam0_kept = how == CORRUPT_TRUNCATE, s1_kept = how == CORRUPT_FLIP;
     bool partial = cam0_kept || s1_kept;
-    assert_int_equal(spawn(&d, args, NULL), 0);
+    assert_int_equal(spawn(&d, s.args, NULL), 0);
     assert_true(th_daemon_log_contains(&d, "<4>state: "));
     assert_true(th_daemon_log_contains(&d, reason));
     assert_true(th_daemon_log_contains(&d, partial ? "a copy of the file is set aside as"
                                                    : "starting with no streams"));
-    assert_true(has_corrupt_file(dir));
+    assert_true(has_corrupt_file(s.dir));
     /* An unusable file is moved away, not left to be read again; a partly good one stays
      * until the next snapshot replaces it. */
-    assert_int_equal(stat(path, &sb), partial ? 0 : -1);
+    assert_int_equal(stat(s.file, &sb), partial ? 0 : -1);
     void *sock = connect_to(&d);
     uint8_t info[TALLY_QUERY_PAYLOAD_SIZE];
     assert_int_equal(query(sock, "cam0", info), cam0_kept ? TALLY_OK : TALLY_E_UNKNOWN_STREAM);
@@ -703,8 +717,8 @@ static void corrupt_and_restart(const char *name, corruption_t how, const char *
     fill_streams(&d, values, 3); /* and serves */
     assert_int_equal(query(sock, "cam0", info), TALLY_OK);
     close_and_stop(&d, sock);
-    assert_int_equal(stat(path, &sb), 0); /* a fresh, good file */
-    assert_int_equal(spawn(&d, args, NULL), 0);
+    assert_int_equal(stat(s.file, &sb), 0); /* a fresh, good file */
+    assert_int_equal(spawn(&d, s.args, NULL), 0);
     assert_true(th_daemon_log_contains(&d, "state: restored 2 streams"));
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
@@ -790,13 +804,11 @@ static void test_state_periodic_write_failure_retried(void **state)
 static void test_state_final_write_failure_exits_nonzero(void **state)
 {
     (void)state;
-    char dir[300], tmp[400], path[400];
-    make_dir(dir, sizeof dir, "state-final");
-    snprintf(tmp, sizeof tmp, "%s/streams.state.tmp", dir);
-    snprintf(path, sizeof path, "%s/streams.state", dir);
-    const char *args[] = {"--state-dir", dir, NULL};
+    state_dir_t s;
     th_daemon_t d;
-    assert_int_equal(spawn(&d, args, NULL), 0);
+    spawn_with_state(&d, &s, "state-final");
+    char tmp[410];
+    snprintf(tmp, sizeof tmp, "%s.tmp", s.file);
     int32_t values[3] = {7, 8, 9};
     fill_streams(&d, values, 3);
     assert_int_equal(mkdir(tmp, 0700), 0);
@@ -805,14 +817,14 @@ static void test_state_final_write_failure_exits_nonzero(void **state)
     assert_true(th_daemon_log_contains(&d, "Is a directory"));
     assert_true(th_daemon_log_contains(&d, "exiting with status 1"));
     struct stat sb;
-    assert_int_equal(stat(path, &sb), -1); /* nothing claims to hold what was lost */
+    assert_int_equal(stat(s.file, &sb), -1); /* nothing claims to hold what was lost */
     assert_int_equal(rmdir(tmp), 0);
 
     /* The same daemon with a clear path exits 0 and its state comes back. */
-    assert_int_equal(spawn(&d, args, NULL), 0);
+    assert_int_equal(spawn(&d, s.args, NULL), 0);
     fill_streams(&d, values, 3);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
-    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(stat(s.file, &sb), 0);
 }
 
 /* streams.state that is not a regular file stops tallyd at start with the reason at err,

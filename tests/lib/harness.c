@@ -255,13 +255,20 @@ int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len,
     return th_recv_reply(sock, reply);
 }
 
+int th_call_reply_status(void *sock, const tally_req_t *req, const void *payload, size_t len,
+                         th_reply_t *reply)
+{
+    if (th_call(sock, req, payload, len, reply) != 0)
+        return -1;
+    return (int)reply->rep.status;
+}
+
 int th_call_status(void *sock, const tally_req_t *req, const void *payload, size_t len)
 {
     th_reply_t reply;
-    if (th_call(sock, req, payload, len, &reply) != 0)
-        return -1;
-    int status = (int)reply.rep.status;
-    th_reply_free(&reply);
+    int status = th_call_reply_status(sock, req, payload, len, &reply);
+    if (status >= 0)
+        th_reply_free(&reply);
     return status;
 }
 
@@ -281,11 +288,14 @@ long th_query_raw(void *sock, const char *stream, uint64_t id, uint8_t *out, siz
 bool th_ping(const char *endpoint, int timeout_ms)
 {
     void *sock = th_connect(endpoint, timeout_ms);
-    tally_req_t req = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 1);
+    tally_req_t req = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 77);
     th_reply_t reply;
-    bool ok = th_call(sock, &req, NULL, 0, &reply) == 0 && reply.rep.status == TALLY_OK;
-    if (ok)
-        th_reply_free(&reply);
+    if (th_call(sock, &req, NULL, 0, &reply) != 0) {
+        th_close(sock);
+        return false;
+    }
+    bool ok = reply.rep.status == TALLY_OK && reply.rep.request_id == req.request_id;
+    th_reply_free(&reply);
     th_close(sock);
     return ok;
 }

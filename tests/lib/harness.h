@@ -68,6 +68,10 @@ int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len,
  * `tallyd_limited_total{reason="stream_rate"}`), asked on sock; -1 when absent or on no reply. */
 long long th_stat(void *sock, const char *name);
 
+/* One request, one reply in *reply (th_reply_free it): the reply's status, or -1 without a
+ * reply. */
+int th_call_reply_status(void *sock, const tally_req_t *req, const void *payload, size_t len,
+                         th_reply_t *reply);
 /* One request, one reply, only its status kept: the reply's status, or -1 without a reply. */
 int th_call_status(void *sock, const tally_req_t *req, const void *payload, size_t len);
 
@@ -75,7 +79,8 @@ int th_call_status(void *sock, const tally_req_t *req, const void *payload, size
  * record's length, or -1 when the name is invalid or no ok reply came. */
 long th_query_raw(void *sock, const char *stream, uint64_t id, uint8_t *out, size_t cap);
 
-/* One ping on a fresh th_connect socket: true when answered ok within timeout_ms. */
+/* One ping on a fresh th_connect socket: true when answered ok, with the ping's request id,
+ * within timeout_ms. */
 bool th_ping(const char *endpoint, int timeout_ms);
 
 /* A request with the common fields set. */
