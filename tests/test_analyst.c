@@ -205,8 +205,7 @@ static void check_windows_off(void)
     assert_non_null(strstr((char *)r.payload, "\nwindow_intervals=0\nwindow_interval_ms=1000\n"));
     assert_non_null(strstr((char *)r.payload, "\npub=\npub_interval_ms=1000\n"));
     th_reply_free(&r);
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 10000), 0);
 }
 
 static void test_window_queries(void **state)
@@ -232,13 +231,11 @@ static void test_window_queries(void **state)
     check_windows_over_time(sock, clock, i0);
 
     /* ...and a restart keeps the ring (state file v3). */
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 10000), 0);
     assert_int_equal(th_daemon_start(&d, args), 0);
     sock = th_connect(d.endpoint, 10000);
     check_windows_after_restart(sock, i0);
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 10000), 0);
 
     check_windows_off();
     assert_int_equal(th_rmrf(dir), 0);
@@ -310,8 +307,7 @@ static void test_u16_rgb_streams(void **state)
         assert_int_equal(info.bins[256 * (channels - 1) + 10 * (channels - 1)], 4);
         th_reply_free(&r);
     }
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 10000), 0);
 }
 
 /* ---- subscriptions ---------------------------------------------------------------------- */
@@ -435,8 +431,7 @@ static void test_subscriptions(void **state)
 
     zmq_close(sub);
     zmq_ctx_term(ctx);
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 10000), 0);
 }
 
 /* ---- metrics and health ----------------------------------------------------------------- */
@@ -505,8 +500,7 @@ static void test_metrics_and_health(void **state)
     assert_non_null(strstr(resp, " 200 "));
     assert_string_equal(body_of(resp), "ok\n");
     free(resp);
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 10000), 0);
 }
 
 /* The `stats` text (the same as GET /metrics), malloc'ed. */
@@ -555,8 +549,7 @@ static void test_metrics_streams_reload(void **state)
     }
     assert_true(applied);
     assert_true(th_daemon_log_contains(&d, "reload: metrics streams: 1 -> 3"));
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 10000), 0);
     unlink(path);
 }
 
@@ -622,8 +615,7 @@ static void test_health_gpu_lost(void **state)
     assert_non_null(resp);
     assert_true(sample(body_of(resp), "tallyd_gpus_lost") == 1);
     free(resp);
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 10000), 0);
 }
 
 int main(void)

@@ -595,8 +595,7 @@ static void test_backpressure_answers_everything(void **state)
     assert_null(strstr((char *)r.payload, "tallyd_read_pauses_total 0\n"));
     th_reply_free(&r);
     free(in);
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 10000), 0);
 }
 
 /* SIGTERM with work in flight: every request already read is answered, then exit 0. The scan
@@ -642,8 +641,7 @@ static void test_stop_answers_inflight(void **state)
     assert_true(signalled);
     assert_int_equal(answered, COUNT);
     assert_true(ok >= 1); /* the first was running when stats was answered */
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 10000), 0);
     assert_true(th_daemon_log_contains(&d, "stopping"));
     free(in);
 }

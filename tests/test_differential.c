@@ -1324,8 +1324,7 @@ static void test_query_behind_delete(void **state)
     assert_int_equal(th_call_reply_status(sock, &list, NULL, 0, &r), TALLY_OK);
     assert_int_equal(r.rep.count, 0);
     th_reply_free(&r);
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 20000), 0);
 }
 
 /* ---- snapshot consistency under SIGKILL ----------------------------------------------- */
@@ -1466,8 +1465,7 @@ static void snapshot_round(int sig)
             sig == SIGTERM ? "SIGTERM" : "SIGKILL", stop_at, acked, o.n, restored);
     /* Requests ran for over a second with 1 s snapshots: some state was saved. */
     assert_true(restored > 0);
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 30000), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 30000), 0);
     for (size_t i = 0; i < o.n; i++)
         free(after[i]);
     free(after);

@@ -346,8 +346,7 @@ static void test_gpu_ops_and_streams(void **state)
     char *stats = stats_text(sock);
     assert_int_equal(stat_value(stats, "tallyd_backend_fallbacks_total "), 0);
     free(stats);
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 20000), 0);
 }
 
 /* auto mode: small chunks on the CPU, large ones on the GPU, on the same streams. */
@@ -426,8 +425,7 @@ static void test_scan_behind_hist_or_filter(void **state)
             th_reply_free(&r);
         }
     }
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 10000), 0);
 }
 
 static void test_auto_threshold_mixes_paths(void **state)
@@ -438,8 +436,7 @@ static void test_auto_threshold_mixes_paths(void **state)
     assert_int_equal(start(&d, extra), 0);
     void *sock = th_connect(d.endpoint, 20000);
     check_streams(sock, "auto", 32 * 1024);
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 20000), 0);
 }
 
 /* Every 3rd GPU request fails after its kernels ran (its device carry clobbered): answers stay
@@ -464,8 +461,7 @@ static void test_fault_fallback_exact(void **state)
     char *stats = stats_text(sock);
     assert_true(stat_value(stats, "tallyd_backend_fallbacks_total ") >= 10);
     free(stats);
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 20000), 0);
     assert_true(th_daemon_log_contains(&d, "failed on the GPU: rerun on the CPU backend"));
     /* Whether a stream's later requests were still in flight when its failed one came back is
      * a matter of timing on a real GPU (it may finish first; then nothing needs the rerun); the
@@ -494,8 +490,7 @@ static void test_fault_device_unusable(void **state)
     assert_non_null(strstr(stats, "unusable"));
     assert_non_null(strstr(stats, "backend=\"cpu\""));
     free(stats);
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 20000), 0);
     assert_true(th_daemon_log_contains(&d, "<3>GPU "));
     assert_true(th_daemon_log_contains(&d, "is unusable after 3 errors in a row"));
 }
@@ -541,8 +536,7 @@ static void test_backpressure_gpu(void **state)
     assert_true(stat_value(stats, "tallyd_read_pauses_total ") > 0);
     free(stats);
     free(in);
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 20000), 0);
 }
 
 int main(void)

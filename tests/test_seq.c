@@ -283,8 +283,7 @@ static void test_in_order_duplicate_gap(void **state)
     expect_scan_ok(sock, "s", 1, x, 100);
     assert_int_equal(query(sock, "s").last_seq, 1);
 
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 10000), 0);
 }
 
 /* A request that fails (here: a histogram that conflicts with the stream's) leaves its seq
@@ -323,8 +322,7 @@ static void test_failed_request_keeps_its_seq(void **state)
     info = query(sock, "h");
     assert_int_equal(info.last_seq, 2);
     assert_int_equal(info.hist_total, 2 * sizeof bytes);
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 10000), 0);
 }
 
 static void test_seq_survives_restart(void **state)
@@ -338,8 +336,7 @@ static void test_seq_survives_restart(void **state)
     void *sock = th_connect(d.endpoint, 10000);
     int32_t x[50];
     int64_t carry = scan_first_three(sock, "keep", 50);
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 10000), 0);
 
     assert_int_equal(th_daemon_start(&d, args), 0);
     sock = th_connect(d.endpoint, 10000);
@@ -351,8 +348,7 @@ static void test_seq_survives_restart(void **state)
     fill_chunk(x, 50, 4);
     expect_scan_ok(sock, "keep", 4, x, 50);
     assert_int_equal(query(sock, "keep").last_seq, 4);
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 10000), 0);
     th_rmrf(dir);
 }
 
@@ -469,8 +465,7 @@ static void run_pipelined(const char *const *args)
     assert_int_equal(info.last_seq, base + 3);
     assert_true(info.scan_carry == carry_ok);
 
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 10000), 0);
 }
 
 /* TALLY_SEQ_ENGINE=cuda (test_seq_gpu, CUDA builds): the real GPUs instead of simulated ones. */
@@ -601,8 +596,7 @@ static void test_cli_push_across_restart(void **state)
             break;
         sleep_ms(1);
     }
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 20000), 0);
     assert_int_equal(th_daemon_start(&d, args), 0);
     int rc = wait_exit(push);
     const char *text = read_text(err);
@@ -637,8 +631,7 @@ static void test_cli_push_across_restart(void **state)
     assert_int_equal(info.last_seq, PUSH_CHUNKS);
     assert_true(info.scan_carry == prefix[PUSH_CHUNKS]);
     assert_int_equal(info.scan_elements, (uint64_t)PUSH_CHUNKS * PUSH_N);
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 10000), 0);
 
     assert_int_equal(th_rmrf(dir), 0);
 }

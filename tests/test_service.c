@@ -187,8 +187,7 @@ static void write_file(const char *path, const char *text)
 /* Closes sock and stops d, which must exit 0. */
 static void close_and_stop(th_daemon_t *d, void *sock)
 {
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(d, SIGTERM, 10000), 0);
+    assert_int_equal(th_close_and_stop(sock, d, 10000), 0);
 }
 
 static void *connect_to(const th_daemon_t *d)

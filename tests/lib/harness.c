@@ -197,6 +197,12 @@ void th_close(void *sock)
         zmq_close(sock);
 }
 
+int th_close_and_stop(void *sock, th_daemon_t *d, int timeout_ms)
+{
+    th_close(sock);
+    return th_daemon_stop(d, SIGTERM, timeout_ms);
+}
+
 int th_send_frames(void *sock, int count, const void *const *data, const size_t *lens)
 {
     for (int i = 0; i < count; i++)

@@ -45,6 +45,9 @@ void *th_connect(const char *endpoint, int timeout_ms);
 /* CURVE keys (Z85) for the sockets th_connect makes from now on; NULLs: plain sockets again. */
 void th_use_curve(const char *server_public, const char *client_public, const char *client_secret);
 void th_close(void *sock);
+/* The end of most tests: closes sock and stops d with SIGTERM (th_daemon_stop): d's exit
+ * status, or -1. */
+int th_close_and_stop(void *sock, th_daemon_t *d, int timeout_ms);
 
 /* Sends frames: each (data, len); returns 0 or -1. */
 int th_send_frames(void *sock, int count, const void *const *data, const size_t *lens);
