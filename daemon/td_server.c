@@ -4,9 +4,12 @@
  * Design
  * ------
  * One libuv loop thread owns the ROUTER socket and every piece of shared state (the stream
- * table, the metrics, the request queues). Compute work goes to the executor (td_exec.h: the
- * CPU on libuv's worker pool, or the GPU pipeline of td_gpu.h) and comes back to the loop
- * thread through exec_done, so nothing here needs a lock.
+ * table, the metrics, the scheduler's queues). The scheduler (td_sched.h) decides when and where
+ * a request runs; compute work goes to the executor (td_exec.h: the CPU on libuv's worker pool,
+ * or the GPU pipeline of td_gpu.h) and comes back to the loop thread through exec_done, so
+ * nothing here needs a lock. The server reads, validates and answers; the scheduler calls back
+ * into it (sched_*) to fold a result into its stream, run a query, reset or delete, send a reply
+ * and forget a deleted stream.
  *
  * ZeroMQ's ZMQ_FD is edge-triggered: it signals when the socket's state changes, and only
  * after ZMQ_EVENTS has been read. So the socket is serviced by one function, pump(), called
@@ -19,8 +22,8 @@
  * the loop from blocking in poll so the next iteration continues; otherwise the loop sleeps
  * until the fd or a completion wakes it.
  *
- * Ordering: requests on one named stream apply in arrival order (the stream's FIFO,
- * td_stream.h): on the GPU they are pipelined on the stream's lane, which completes them in
+ * Ordering: requests on one named stream apply in arrival order (the stream's FIFO in
+ * td_sched.c): on the GPU they are pipelined on the stream's lane, which completes them in
  * order; on the CPU they run one at a time; requests without a stream run concurrently. Replies are
  * matched to requests by request_id, so they may leave in a different order than requests arrived.
  *
@@ -31,7 +34,8 @@
  * backends need nothing else. The request holds the regions until it is destroyed.
  *
  * Bounded memory: every request counts against max_inflight from the moment it is read until
- * its reply is handed to ZeroMQ (or dropped). At the limit pump() stops reading, ZeroMQ's
+ * its reply is handed to ZeroMQ (or dropped) (td_sched_received/answered). At the limit pump()
+ * stops reading, ZeroMQ's
  * receive high-water mark fills and TCP pushes back on producers: nothing is dropped. Sizes are
  * checked here, not by ZeroMQ: a payload over max_batch gets too_large like any other bad
  * request; only a frame over max_frame (far above max_batch) makes ZeroMQ drop the connection.
@@ -729,6 +733,19 @@ static bool may_read(const td_server_t *s)
     return td_sched_may_read(s->sched);
 }
 
+/* Keeps the loop from blocking in poll while input remains that pump() has not read yet. */
+static void set_idle(td_server_t *s, bool on)
+{
+    if (on == s->idle_active)
+        return;
+    int rc = on ? uv_idle_start(&s->idle, idle_cb) : uv_idle_stop(&s->idle);
+    if (rc != 0) { /* cannot happen (a valid handle and callback); the check handle still pumps */
+        td_err("%s the idle handle: %s", on ? "starting" : "stopping", uv_strerror(rc));
+        return;
+    }
+    s->idle_active = on;
+}
+
 static void pump(td_server_t *s)
 {
     if (s->closed)
@@ -756,11 +773,7 @@ static void pump(td_server_t *s)
     }
     s->paused = input && at_limit;
     bool more = input && reading;
-    if (more && !s->idle_active)
-        uv_idle_start(&s->idle, idle_cb);
-    if (!more && s->idle_active)
-        uv_idle_stop(&s->idle);
-    s->idle_active = more;
+    set_idle(s, more);
     if (s->stopping && td_sched_inflight(s->sched) == 0 && !more)
         stop_when_quiet(s);
 }
@@ -820,7 +833,11 @@ static void signal_cb(uv_signal_t *handle, int signum)
     s->stopping = true;
     s->last_input_ns = uv_hrtime();
     td_service_stopping(s->service);
-    uv_timer_start(&s->drain_timer, drain_cb, s->cfg.drain_ms, 0);
+    int rc = uv_timer_start(&s->drain_timer, drain_cb, s->cfg.drain_ms, 0);
+    if (rc != 0) { /* without its deadline the drain could last forever: end reading now */
+        td_err("cannot start the drain timer: %s; reading stops now", uv_strerror(rc));
+        s->drain_expired = true;
+    }
     td_sched_stop(s->sched); /* answers what waits on a stream, in each stream's order */
     pump(s);
 }
@@ -1101,8 +1118,8 @@ static void close_started(td_server_t *s)
     if (s->router && zmq_close(s->router) != 0)
         td_warn("closing the socket: %s", zmq_strerror(errno));
     td_auth_destroy(&s->auth); /* its sockets are in the context */
-    if (s->zmq_ctx)
-        zmq_ctx_term(s->zmq_ctx);
+    while (s->zmq_ctx && zmq_ctx_term(s->zmq_ctx) == -1 && errno == EINTR)
+        continue;
 }
 
 /* The strings a reload replaces in the live configuration (td_config_apply_runtime frees the
