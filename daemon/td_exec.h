@@ -32,7 +32,7 @@ typedef void (*td_exec_done_fn)(void *owner, td_request_t *r);
 typedef struct {
     uv_loop_t *loop;
     const td_config_t *cfg;
-    td_metrics_t *metrics; /* backend_fallbacks */
+    td_metrics_t *metrics; /* gpu_devices */
     tk_backend_t *cpu;     /* borrowed; outlives the executor */
     td_exec_done_fn done;
     void *owner;
