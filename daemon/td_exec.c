@@ -19,9 +19,10 @@
  * ordering argument above trivial. After TD_GPU_DEAD_AFTER failures in a row a device is
  * marked unusable (td_gpu.c) and new work takes the CPU path on the worker pool.
  *
- * Test switch: --test-fault-every N makes the pipeline report every Nth GPU request as failed
- * after its kernels ran (and clobber the device carry it left), so the tests drive all of this
- * on the CPU build through simulated devices (--test-sim-gpus) and on a real GPU alike.
+ * Test switch: --test-fault-every N wraps the engine in the fault engine (td_gpu_fault.c): every
+ * Nth GPU launch fails after its kernels ran (and leaves its device carry clobbered), so the
+ * tests drive all of this on the CPU build through simulated devices (--test-sim-gpus) and on a
+ * real GPU alike.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -35,10 +36,8 @@
 struct td_exec {
     td_exec_env_t env;
     size_t gpu_max_batch; /* the staging size, fixed at start */
-    unsigned fault_every;
-    uint64_t gpu_submitted; /* for the fault switch */
-    td_gpu_t *gpu;          /* NULL: CPU only */
-    char devices[512];      /* td_exec_devices */
+    td_gpu_t *gpu;        /* NULL: CPU only */
+    char devices[512];    /* td_exec_devices */
 };
 
 /* ---- CPU path ----------------------------------------------------------------------------- */
@@ -79,10 +78,7 @@ static void gpu_complete(void *owner, td_request_t *r)
 
 static void gpu_submit(td_exec_t *x, td_request_t *r)
 {
-    r->exec_fault = false;
     r->owner = x;
-    x->gpu_submitted++;
-    r->exec_fault = x->fault_every && x->gpu_submitted % x->fault_every == 0;
     td_gpu_submit(x->gpu, r);
 }
 
@@ -156,6 +152,10 @@ static tally_status_t open_gpu(td_exec_t *x)
     td_gpu_engine_t *engine = NULL;
     tally_status_t st = cfg->test_sim_gpus ? td_gpu_engine_sim_new(cfg->test_sim_gpus, &engine)
                                            : td_gpu_engine_cuda_new(&engine, why, sizeof why);
+    if (st == TALLY_OK && cfg->test_fault_every) {
+        td_gpu_fault_opts_t faults = {.fail_every = cfg->test_fault_every};
+        st = td_gpu_engine_fault_new(engine, &faults, &engine);
+    }
     if (st == TALLY_OK) {
         x->gpu_max_batch = gpu_buffer_bytes(cfg);
         td_gpu_opts_t opts = {
@@ -193,7 +193,6 @@ tally_status_t td_exec_new(const td_exec_env_t *env, td_exec_t **out)
     if (!x)
         return TALLY_E_INTERNAL;
     x->env = *env;
-    x->fault_every = env->cfg->test_fault_every;
     if (env->cfg->backend != TD_BACKEND_CPU) {
         tally_status_t st = open_gpu(x);
         if (st != TALLY_OK) {

@@ -80,7 +80,6 @@ typedef struct td_request {
     uv_work_t work;
     void *owner;          /* the executor, for its worker callbacks */
     td_placement_t where; /* set by td_sched before the machine runs it */
-    bool exec_fault;      /* test-only: the pipeline must report this one as failed */
     bool gpu_failed;      /* the GPU failed it: td_sched reruns it on the CPU */
 
     /* Result: the reply header and payload (owned; handed to ZeroMQ without a copy). reply_data

@@ -6,11 +6,11 @@
  * is unused), so concurrent calls need no locking. Speed comes from loops with no
  * data-dependent branches, which the compiler can pipeline or vectorize:
  *
- * - filter: the predicate and its int64 thresholds are first reduced, on mathematical integers,
- *   to what it means for the element type: keep nothing, keep everything, keep x != t, or keep
- *   an inclusive range [a, b] of the type (gt t -> [t+1, MAX], le t -> [MIN, t], ...). So u8
- *   `gt 300` keeps nothing and `gt -5` keeps everything without any comparison in the loop, and
- *   the six range predicates share one loop whose test is a single unsigned compare,
+ * - filter: the predicate and its int64 thresholds are first reduced (tk_predicate.h, shared with
+ *   the CUDA filter) to what it means for the element type: keep nothing, keep everything, keep
+ *   x != t, or keep an inclusive range [a, b] of the type. So u8 `gt 300` keeps nothing and
+ *   `gt -5` keeps everything without any comparison in the loop, and the six range predicates
+ *   share one loop whose test is a single unsigned compare,
  *   (x - a) <= (b - a) modulo 2^bits. The input is taken in blocks: a vectorized count of the
  *   block's kept elements skips blocks that keep nothing and copies blocks that keep
  *   everything; mixed blocks go through a branch-free compaction (`out[k] = x; k += keep`) that
@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "tk_backend.h"
+#include "tk_predicate.h"
 
 /* ---- filter --------------------------------------------------------------------------------- */
 
@@ -45,70 +46,6 @@
  * re-reads it from L1, so a block must fit there comfortably (4 KiB of int32), and be long enough
  * that the skip/copy decision is rare next to the work. */
 #define FILTER_BLOCK 1024
-
-/* What a predicate means for one element type. */
-typedef enum { KEEP_NONE, KEEP_ALL, KEEP_RANGE, KEEP_NE } keep_kind_t;
-
-typedef struct {
-    keep_kind_t kind;
-    int64_t a; /* KEEP_RANGE: a <= x <= b, both inside the type; KEEP_NE: x != a */
-    int64_t b;
-} keep_rule_t;
-
-/* Reduces spec to a rule over the integers [tmin, tmax] of the element type, exactly: the
- * thresholds are arbitrary int64 values, and no step below can overflow. */
-static tally_status_t keep_rule_make(const tk_filter_spec_t *spec, int64_t tmin, int64_t tmax,
-                                     keep_rule_t *rule)
-{
-    int64_t a = tmin, b = tmax, t = spec->lo;
-
-    switch (spec->pred) {
-    case TALLY_PRED_GT:
-        if (t >= tmax)
-            goto none;
-        a = t + 1;
-        break;
-    case TALLY_PRED_GE:
-        a = t;
-        break;
-    case TALLY_PRED_LT:
-        if (t <= tmin)
-            goto none;
-        b = t - 1;
-        break;
-    case TALLY_PRED_LE:
-        b = t;
-        break;
-    case TALLY_PRED_EQ:
-        a = b = t;
-        break;
-    case TALLY_PRED_BETWEEN:
-        a = spec->lo;
-        b = spec->hi;
-        break;
-    case TALLY_PRED_NE:
-        /* A threshold outside the type differs from every element. */
-        rule->kind = (t < tmin || t > tmax) ? KEEP_ALL : KEEP_NE;
-        rule->a = rule->b = t;
-        return TALLY_OK;
-    default:
-        return TALLY_E_PARAM;
-    }
-    if (a < tmin)
-        a = tmin;
-    if (b > tmax)
-        b = tmax;
-    if (a > b)
-        goto none;
-    rule->kind = (a == tmin && b == tmax) ? KEEP_ALL : KEEP_RANGE;
-    rule->a = a;
-    rule->b = b;
-    return TALLY_OK;
-none:
-    rule->kind = KEEP_NONE;
-    rule->a = rule->b = 0;
-    return TALLY_OK;
-}
 
 /* The count pass sums KEEP into a lane of the element's own unsigned type for this many elements
  * (at most 255, so a uint8_t lane cannot overflow) before widening: 16 u8 lanes per SSE vector
@@ -174,7 +111,7 @@ static tally_status_t cpu_filter(void *ctx, tally_dtype_t dtype, const void *in,
                                  const tk_filter_spec_t *spec, void *out, size_t *kept)
 {
     (void)ctx;
-    keep_rule_t rule;
+    tk_keep_rule_t rule;
     tally_status_t st;
     size_t esize;
 
@@ -182,10 +119,10 @@ static tally_status_t cpu_filter(void *ctx, tally_dtype_t dtype, const void *in,
         return TALLY_E_PARAM;
     if (dtype == TALLY_DTYPE_I32) {
         esize = sizeof(int32_t);
-        st = keep_rule_make(spec, INT32_MIN, INT32_MAX, &rule);
+        st = tk_keep_rule_make(spec, INT32_MIN, INT32_MAX, &rule);
     } else if (dtype == TALLY_DTYPE_U8) {
         esize = sizeof(uint8_t);
-        st = keep_rule_make(spec, 0, UINT8_MAX, &rule);
+        st = tk_keep_rule_make(spec, 0, UINT8_MAX, &rule);
     } else {
         return TALLY_E_PARAM;
     }
@@ -193,15 +130,15 @@ static tally_status_t cpu_filter(void *ctx, tally_dtype_t dtype, const void *in,
         return st;
 
     switch (rule.kind) {
-    case KEEP_NONE:
+    case TK_KEEP_NONE:
         *kept = 0;
         break;
-    case KEEP_ALL:
+    case TK_KEEP_ALL:
         if (n && out != in)
             memmove(out, in, n * esize);
         *kept = n;
         break;
-    case KEEP_RANGE:
+    case TK_KEEP_RANGE:
         /* The rule's bounds lie inside the type, so these conversions are exact. */
         if (dtype == TALLY_DTYPE_I32)
             *kept = filter_range_i32(in, n, (int32_t)rule.a,
@@ -209,7 +146,7 @@ static tally_status_t cpu_filter(void *ctx, tally_dtype_t dtype, const void *in,
         else
             *kept = filter_range_u8(in, n, (uint8_t)rule.a, (uint8_t)(rule.b - rule.a), out);
         break;
-    case KEEP_NE:
+    case TK_KEEP_NE:
         if (dtype == TALLY_DTYPE_I32)
             *kept = filter_ne_i32(in, n, (int32_t)rule.a, 0, out);
         else

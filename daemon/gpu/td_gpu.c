@@ -48,13 +48,13 @@
  * running histogram stays on the host: every batch's histogram comes back in its reply anyway,
  * adding 256 counters there is free, and query needs no device round trip.
  *
- * Failures: a failed launch, a job marked as a test fault, or work the watchdog finds failed
- * (an asynchronous kernel error never runs its host function; lane threads with work on the
- * device wake every TD_GPU_WATCHDOG_MS and ask the engine) comes back with r->gpu_failed;
- * td_sched.c reruns it on the CPU. Here a device counts its failures in a row: at
- * TD_GPU_DEAD_AFTER, or at once for a watchdog failure (the CUDA context is gone), it is marked
- * unusable, logged at err, and its lanes fail what they still hold (in order) so it all reruns
- * on the CPU.
+ * Failures: a failed launch (the tests inject them with the fault engine, td_gpu_fault.c) or
+ * work the watchdog finds failed (an asynchronous kernel error never runs its host function;
+ * lane threads with work on the device wake every TD_GPU_WATCHDOG_MS and ask the engine) comes
+ * back with r->gpu_failed; td_sched.c reruns it on the CPU. Here a device counts its failures
+ * in a row: at TD_GPU_DEAD_AFTER, or at once for a watchdog failure (the CUDA context is gone),
+ * it is marked unusable, logged at err, and its lanes fail what they still hold (in order) so it
+ * all reruns on the CPU.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -88,7 +88,6 @@ typedef struct {
     unsigned index;
     slot_state_t state;
     td_request_t *r;
-    bool fault;
     void *reply_buf; /* a pinned reply buffer the device writes the output to, or NULL */
 } slot_t;
 
@@ -301,7 +300,7 @@ static void build_reply(lane_t *l, slot_t *slot)
 static void retire(lane_t *l, slot_t *slot)
 {
     td_request_t *r = slot->r;
-    if (slot->state == SLOT_FAILED || slot->fault)
+    if (slot->state == SLOT_FAILED)
         r->gpu_failed = true;
     else
         build_reply(l, slot);
@@ -337,7 +336,6 @@ static td_gpu_job_t make_job(const td_request_t *r, unsigned slot)
         .hi = r->req.hi,
         .carry_index = r->where.carry_index,
         .carry_upload = r->where.carry_upload,
-        .fault = r->exec_fault,
         .slot = slot,
         /* A registered shared-memory region is copied to and from directly. */
         .src = r->shm_in && r->shm_in->device_registered ? r->payload : NULL,
@@ -500,7 +498,6 @@ static void *lane_main(void *arg)
             if (!l->wait_head)
                 l->wait_tail = NULL;
             slot->r = r;
-            slot->fault = r->exec_fault;
             slot->state = atomic_load(&l->dev->dead) ? SLOT_FAILED : SLOT_INFLIGHT;
             l->ring[(l->ring_head + l->ring_count) % slots] = slot->index;
             l->ring_count++;

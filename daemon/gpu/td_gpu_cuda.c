@@ -241,8 +241,6 @@ static tally_status_t cuda_lane_launch(void *lane, const td_gpu_job_t *job, td_g
                             cudaMemcpyDeviceToHost, l->stream));
         break;
     }
-    if (job->fault) /* test only: leave the device carry as a failing device might */
-        TRY(cudaMemsetAsync(d_carry, 0x5a, sizeof(int64_t), l->stream));
     TRY(cudaLaunchHostFunc(l->stream, done, arg));
     return TALLY_OK;
 fail:
@@ -330,8 +328,6 @@ static tally_status_t cuda_lane_launch_split(void *lane, void *const *lanes, uns
     else
         TRY(cudaMemcpyAsync(&s->small->carry, d_carry, sizeof(int64_t), cudaMemcpyDeviceToHost,
                             l0->stream));
-    if (job->fault)
-        TRY(cudaMemsetAsync(d_carry, 0x5a, sizeof(int64_t), l0->stream));
     TRY(cudaLaunchHostFunc(l0->stream, done, arg));
     return TALLY_OK;
 fail:

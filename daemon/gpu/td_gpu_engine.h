@@ -11,6 +11,10 @@
  *     inside the launch. It exists so that the CPU build and CI test the pipeline itself —
  *     ordering on a lane, the scan carry chained in "device" memory, the fallback after a
  *     failure, a device marked unusable — with `--test-sim-gpus N`.
+ * and one that wraps either of them for the tests:
+ *   - fault (td_gpu_fault.c): passes everything through, but fails on command as a failing
+ *     device does (every Nth launch, out of memory at lane_open, slow completions); tallyd
+ *     installs it with `--test-fault-every N`, so no layer above this table has test hooks.
  *
  * A lane owns, allocated once at lane_open: `slots` staging buffers on the host (pinned for
  * cuda) that the pipeline fills and reads, device buffers for one batch at a time (input,
@@ -57,11 +61,15 @@ typedef struct {
     int64_t lo, hi;        /* hist int32, uint16 */
     unsigned carry_index;  /* scan: the device carry it continues from and updates */
     bool carry_upload;     /* scan: first load the carry from staging[slot].small->carry */
-    bool fault;            /* test only: clobber the device carry; the pipeline then fails it */
     unsigned slot;
     const void *src; /* registered input, or NULL */
     void *dst;       /* registered output (at least the operation's worst case), or NULL */
 } td_gpu_job_t;
+
+/* What a device scan carry holds in the sim and fault engines when no request uploaded it, or
+ * after a failure clobbered it, as stale or corrupted device memory would: far from any test's
+ * sums, so a pipeline that chains from it gives wrong answers the tests see. */
+#define TD_GPU_GARBAGE_CARRY 0x5A5A5A5A5A5A5A5All
 
 /* Called once per successful launch when its results are in the staging slot, from any
  * thread (CUDA's callback thread for cuda); it must not call CUDA. */
@@ -132,6 +140,16 @@ struct td_gpu_engine {
 
 /* Simulated devices: host memory and the CPU backend. */
 tally_status_t td_gpu_engine_sim_new(unsigned devices, td_gpu_engine_t **out);
+/* Faults on command, for the tests (td_gpu_fault.c). */
+typedef struct {
+    unsigned fail_every;       /* every Nth launch runs, clobbers its carry and fails; 0: none */
+    bool oom_at_open;          /* lane_open fails, out of memory, ... */
+    unsigned lanes_before_oom; /* ... after this many lanes opened */
+    unsigned slow_us;          /* every completion comes this much later */
+} td_gpu_fault_opts_t;
+/* Wraps `inner`, which it owns from here (destroyed with it, or at once on failure). */
+tally_status_t td_gpu_engine_fault_new(td_gpu_engine_t *inner, const td_gpu_fault_opts_t *opts,
+                                       td_gpu_engine_t **out);
 /* CUDA devices; TALLY_E_BACKEND with a reason when CUDA is not built in or no GPU is usable. */
 tally_status_t td_gpu_engine_cuda_new(td_gpu_engine_t **out, char *why, size_t why_cap);
 

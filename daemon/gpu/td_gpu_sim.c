@@ -5,10 +5,9 @@
  * array of "device" scan carries, all in host memory. A launch copies staging -> device
  * buffers, runs the CPU backend there (the scan continuing from and updating the carry in the
  * carries array, exactly as tk_cuda_scan does in place), copies the results back to staging
- * and calls done() before returning. With job->fault the carry is clobbered, as a device that
- * went wrong would leave it, so a pipeline that trusted later requests' chained carries would
- * give wrong sums and the tests would see it. Carries start as the same garbage, so a chain
- * that begins without uploading the host carry is caught too.
+ * and calls done() before returning. Carries start as garbage (TD_GPU_GARBAGE_CARRY), so a
+ * chain that begins without uploading the host carry gives wrong sums the tests see. Failures
+ * on command come from the fault engine (td_gpu_fault.c) wrapped around this one.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,9 +15,6 @@
 #include <unistd.h>
 
 #include "td_gpu_engine.h"
-
-/* What a clobbered (or never uploaded) carry holds: far from any test's sums. */
-#define SIM_FAULT_CARRY 0x5A5A5A5A5A5A5A5All
 
 typedef struct {
     unsigned devices;
@@ -99,7 +95,7 @@ static tally_status_t sim_lane_open(void *ctx, int device, size_t max_batch, uns
     /* A carry no request has uploaded into holds garbage, as stale device memory would: a
      * pipeline that reads one without uploading it first gives wrong sums the tests see. */
     for (unsigned c = 0; c < carries; c++)
-        l->d_carries[c] = SIM_FAULT_CARRY;
+        l->d_carries[c] = TD_GPU_GARBAGE_CARRY;
     *device_bytes = 3 * (uint64_t)max_batch + carries * sizeof(int64_t);
     *lane = l;
     return TALLY_OK;
@@ -148,8 +144,6 @@ static tally_status_t sim_run(sim_lane_t *l, const td_gpu_job_t *job)
     default:
         break;
     }
-    if (job->fault) /* as a device that went wrong might leave it */
-        *carry = SIM_FAULT_CARRY;
     *small = l->d_small;
     return st;
 }
@@ -199,8 +193,6 @@ static tally_status_t sim_run_split(sim_lane_t *l, unsigned count, const td_gpu_
         }
     }
     l->d_small.carry = *carry;
-    if (job->fault)
-        *carry = SIM_FAULT_CARRY;
     *small = l->d_small;
     return st;
 }

@@ -4,7 +4,7 @@
  *
  * The host first reduces every predicate of the protocol (gt, ge, lt, le, eq, ne, between with
  * int64 thresholds) to one test on the element type: keep x iff (lo <= x <= hi) != invert, with
- * lo/hi clamped to the type's range (an empty range keeps nothing; ne is an inverted point).
+ * lo/hi inside the type's range (tk_predicate.h, shared with the CPU backend).
  *
  * One block compacts one tile of TK_FILTER_WARPS * 32 * V 16-byte vectors:
  *   1. Each warp owns a contiguous segment; lane l loads vector v at segment + (v * 32 + l) * 16
@@ -29,6 +29,7 @@
 #include <limits.h>
 
 #include "tk_cuda_internal.cuh"
+#include "tk_predicate.h"
 
 typedef unsigned long long u64;
 
@@ -93,31 +94,20 @@ static __device__ __forceinline__ void load_tile(const T *__restrict__ in, size_
     }
 }
 
-/* One block per tile: tile = blockIdx.x (blocks start in index order, so a stable tile's
- * predecessors are running or done). */
-template <typename T, bool STABLE, bool VEC>
-__global__ void __launch_bounds__(TK_FILTER_THREADS)
-    tk_filter_kernel(const T *__restrict__ in, size_t n, T *__restrict__ out, u64 *kept,
-                     tk_tile_state_t *states, unsigned num_tiles, int lo, int hi, int invert)
+/* Step 2: each lane's flag bitmask per vector (elements past n never kept), and their ranks in
+ * the warp segment: run_offset[v] is where the lane's kept elements of vector v start among the
+ * warp's (order: vector, lane, element = input order). Returns the warp's kept count. */
+template <typename T, bool VEC>
+static __device__ __forceinline__ unsigned
+warp_ranks(const uint32_t (&w)[tk_filter_shape<T>::V][4], size_t n, unsigned tile, int lo, int hi,
+           int invert, unsigned (&flags)[tk_filter_shape<T>::V],
+           unsigned (&run_offset)[tk_filter_shape<T>::V])
 {
     typedef tk_filter_shape<T> S;
     constexpr int V = S::V, E = S::E;
-    __shared__ T stage[S::TILE];
-    __shared__ unsigned warp_count[TK_FILTER_WARPS];
-    __shared__ unsigned warp_offset[TK_FILTER_WARPS];
-    __shared__ u64 tile_out;
-    __shared__ unsigned tile_count;
-
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const unsigned tile = blockIdx.x;
-    uint32_t w[V][4];
-    load_tile<T, VEC>(in, n, tile, w);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const size_t seg = (size_t)tile * S::TILE + (size_t)warp * S::WARP_ELEMS;
     const bool full = VEC && (size_t)(tile + 1) * S::TILE <= n;
-
-    /* 2. Flags, counts, and ranks inside the warp segment. */
-    unsigned flags[V];
     u64 packed = 0;
 #pragma unroll
     for (int v = 0; v < V; v++) {
@@ -125,7 +115,7 @@ __global__ void __launch_bounds__(TK_FILTER_THREADS)
 #pragma unroll
         for (int k = 0; k < E; k++) {
             int x = elem<T>(w[v], k);
-            bool keep = ((x >= lo) & (x <= hi)) != (invert != 0);
+            bool keep = tk_keep_in_range(x, lo, hi, invert);
             f |= (unsigned)keep << k;
         }
         if (!full) { /* elements past n are never kept */
@@ -147,7 +137,6 @@ __global__ void __launch_bounds__(TK_FILTER_THREADS)
     }
     const u64 warp_sums = __shfl_sync(0xffffffffu, inc, 31);
     const u64 excl = inc - packed;
-    unsigned run_offset[V];
     unsigned acc = 0;
 #pragma unroll
     for (int v = 0; v < V; v++) {
@@ -155,38 +144,100 @@ __global__ void __launch_bounds__(TK_FILTER_THREADS)
         run_offset[v] = acc + (unsigned)((excl >> (S::FIELD * v)) & mask);
         acc += (unsigned)((warp_sums >> (S::FIELD * v)) & mask);
     }
+    return acc;
+}
+
+/* Step 3, warp 0: the block scan of the warp counts (warp_offset), then the tile's place in the
+ * output, returned, by one atomic (unordered) or the look-back (stable); *total receives the
+ * tile's count. */
+template <bool STABLE>
+static __device__ __forceinline__ u64 place_tile(const unsigned *warp_count, unsigned *warp_offset,
+                                                 u64 *kept, tk_tile_state_t *states, unsigned tile,
+                                                 unsigned *total_out)
+{
+    const int lane = threadIdx.x & 31;
+    unsigned c = lane < TK_FILTER_WARPS ? warp_count[lane] : 0;
+    unsigned ic = c;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        unsigned t = __shfl_up_sync(0xffffffffu, ic, o);
+        if (lane >= o)
+            ic += t;
+    }
+    unsigned total = __shfl_sync(0xffffffffu, ic, 31);
+    if (lane < TK_FILTER_WARPS)
+        warp_offset[lane] = ic - c;
+    u64 where = 0;
+    if (!STABLE) {
+        if (lane == 0 && total)
+            where = atomicAdd(kept, (u64)total);
+    } else if (tile == 0) {
+        if (lane == 0)
+            tk_tile_store(tk_tile_at(states, 0), TK_TILE_INCLUSIVE, (long long)total);
+    } else {
+        if (lane == 0)
+            tk_tile_store(tk_tile_at(states, tile), TK_TILE_AGGREGATE, (long long)total);
+        where = (u64)tk_lookback(states, tile);
+        if (lane == 0)
+            tk_tile_store(tk_tile_at(states, tile), TK_TILE_INCLUSIVE, (long long)(where + total));
+    }
+    *total_out = total;
+    return where;
+}
+
+/* Step 4a: the lane's kept elements into the staging tile, in input order from pos. */
+template <typename T>
+static __device__ __forceinline__ void
+scatter_kept(const uint32_t (&w)[tk_filter_shape<T>::V][4],
+             const unsigned (&flags)[tk_filter_shape<T>::V],
+             const unsigned (&run_offset)[tk_filter_shape<T>::V], unsigned wbase, T *stage)
+{
+    typedef tk_filter_shape<T> S;
+#pragma unroll
+    for (int v = 0; v < S::V; v++) {
+        unsigned f = flags[v];
+        unsigned pos = wbase + run_offset[v];
+#pragma unroll
+        for (int k = 0; k < S::E; k++) {
+            if (f & (1u << k))
+                stage[pos++] = (T)elem<T>(w[v], k);
+        }
+    }
+}
+
+/* One block per tile: tile = blockIdx.x (blocks start in index order, so a stable tile's
+ * predecessors are running or done). */
+template <typename T, bool STABLE, bool VEC>
+__global__ void __launch_bounds__(TK_FILTER_THREADS)
+    tk_filter_kernel(const T *__restrict__ in, size_t n, T *__restrict__ out, u64 *kept,
+                     tk_tile_state_t *states, unsigned num_tiles, int lo, int hi, int invert)
+{
+    typedef tk_filter_shape<T> S;
+    __shared__ T stage[S::TILE];
+    __shared__ unsigned warp_count[TK_FILTER_WARPS];
+    __shared__ unsigned warp_offset[TK_FILTER_WARPS];
+    __shared__ u64 tile_out;
+    __shared__ unsigned tile_count;
+
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const unsigned tile = blockIdx.x;
+    /* 1. The tile's vectors into registers. */
+    uint32_t w[S::V][4];
+    load_tile<T, VEC>(in, n, tile, w);
+
+    /* 2. Flags, counts, and ranks inside the warp segment. */
+    unsigned flags[S::V];
+    unsigned run_offset[S::V];
+    const unsigned acc = warp_ranks<T, VEC>(w, n, tile, lo, hi, invert, flags, run_offset);
     if (lane == 0)
         warp_count[warp] = acc;
     __syncthreads();
 
     /* 3. Block scan of warp counts, then the tile's place in the output. */
     if (warp == 0) {
-        unsigned c = lane < TK_FILTER_WARPS ? warp_count[lane] : 0;
-        unsigned ic = c;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            unsigned t = __shfl_up_sync(0xffffffffu, ic, o);
-            if (lane >= o)
-                ic += t;
-        }
-        unsigned total = __shfl_sync(0xffffffffu, ic, 31);
-        if (lane < TK_FILTER_WARPS)
-            warp_offset[lane] = ic - c;
-        u64 where = 0;
-        if (!STABLE) {
-            if (lane == 0 && total)
-                where = atomicAdd(kept, (u64)total);
-        } else if (tile == 0) {
-            if (lane == 0)
-                tk_tile_store(tk_tile_at(states, 0), TK_TILE_INCLUSIVE, (long long)total);
-        } else {
-            if (lane == 0)
-                tk_tile_store(tk_tile_at(states, tile), TK_TILE_AGGREGATE, (long long)total);
-            where = (u64)tk_lookback(states, tile);
-            if (lane == 0)
-                tk_tile_store(tk_tile_at(states, tile), TK_TILE_INCLUSIVE,
-                              (long long)(where + total));
-        }
+        unsigned total;
+        u64 where = place_tile<STABLE>(warp_count, warp_offset, kept, states, tile, &total);
         if (lane == 0) {
             if (STABLE && tile == num_tiles - 1)
                 *kept = where + total;
@@ -197,17 +248,7 @@ __global__ void __launch_bounds__(TK_FILTER_THREADS)
     __syncthreads();
 
     /* 4. Scatter kept elements into the staging tile in input order, then write it out. */
-    const unsigned wbase = warp_offset[warp];
-#pragma unroll
-    for (int v = 0; v < V; v++) {
-        unsigned f = flags[v];
-        unsigned pos = wbase + run_offset[v];
-#pragma unroll
-        for (int k = 0; k < E; k++) {
-            if (f & (1u << k))
-                stage[pos++] = (T)elem<T>(w[v], k);
-        }
-    }
+    scatter_kept<T>(w, flags, run_offset, warp_offset[warp], stage);
     __syncthreads();
 
     const unsigned count = tile_count;
@@ -221,64 +262,9 @@ __global__ void tk_filter_zero_kernel(u64 *kept)
     *kept = 0;
 }
 
-typedef struct {
-    int lo, hi, invert;
-} tk_range_t;
-
-/* Reduces spec to lo <= x <= hi (!= invert) over [tmin, tmax]; TALLY_E_PARAM for a bad pred. */
-static tally_status_t reduce_predicate(const tk_filter_spec_t *spec, int64_t tmin, int64_t tmax,
-                                       tk_range_t *r)
-{
-    int64_t v = spec->lo, a = tmin, b = tmax;
-    int invert = 0;
-    switch (spec->pred) {
-    case TALLY_PRED_GT:
-        if (v >= tmax)
-            a = 1, b = 0;
-        else
-            a = v + 1;
-        break;
-    case TALLY_PRED_GE:
-        a = v;
-        break;
-    case TALLY_PRED_LT:
-        if (v <= tmin)
-            a = 1, b = 0;
-        else
-            b = v - 1;
-        break;
-    case TALLY_PRED_LE:
-        b = v;
-        break;
-    case TALLY_PRED_EQ:
-        a = b = v;
-        break;
-    case TALLY_PRED_NE:
-        a = b = v;
-        invert = 1;
-        break;
-    case TALLY_PRED_BETWEEN:
-        a = spec->lo;
-        b = spec->hi;
-        break;
-    default:
-        return TALLY_E_PARAM;
-    }
-    if (a < tmin)
-        a = tmin;
-    if (b > tmax)
-        b = tmax;
-    if (a > b) /* empty: keeps nothing (or everything when inverted) */
-        a = 1, b = 0;
-    r->lo = (int)a;
-    r->hi = (int)b;
-    r->invert = invert;
-    return TALLY_OK;
-}
-
 template <typename T, bool STABLE>
 static void launch_filter(bool vec, unsigned tiles, cudaStream_t s, const void *in, size_t n,
-                          void *out, u64 *kept, tk_tile_state_t *st, const tk_range_t *r)
+                          void *out, u64 *kept, tk_tile_state_t *st, const tk_keep_range_t *r)
 {
     const T *i = static_cast<const T *>(in);
     T *o = static_cast<T *>(out);
@@ -320,11 +306,13 @@ extern "C" tally_status_t tk_cuda_filter(tally_dtype_t dtype, const void *d_in, 
         return TALLY_E_PARAM;
     if (tk_div_up(n, tile_elems(dtype)) > 0x7fffffffu)
         return TALLY_E_PARAM;
-    tk_range_t r;
-    tally_status_t st = dtype == TALLY_DTYPE_U8 ? reduce_predicate(spec, 0, UINT8_MAX, &r)
-                                                : reduce_predicate(spec, INT32_MIN, INT32_MAX, &r);
+    tk_keep_rule_t rule;
+    tally_status_t st = dtype == TALLY_DTYPE_U8
+                            ? tk_keep_rule_make(spec, 0, UINT8_MAX, &rule)
+                            : tk_keep_rule_make(spec, INT32_MIN, INT32_MAX, &rule);
     if (st != TALLY_OK)
         return st;
+    tk_keep_range_t r = tk_keep_range(&rule);
 
     u64 *kept = reinterpret_cast<u64 *>(d_kept);
     unsigned tiles = (unsigned)tk_div_up(n, tile_elems(dtype));

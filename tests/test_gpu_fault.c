@@ -1,0 +1,272 @@
+/*
+ * test_gpu_fault.c — the fault engine (daemon/gpu/td_gpu_fault.c) over the simulated engine.
+ *
+ * Every Nth launch must run, leave its device carry clobbered and report failure without calling
+ * done; the launches between pass through exactly (done once, exact sums); a split job counts as
+ * one launch; out of memory at lane_open after a given number of lanes (and what the pipeline
+ * makes of it: the device skipped, or no GPU); slow completions come that much later; with
+ * nothing asked for, the wrapper is invisible.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "td_gpu.h"
+#include "td_gpu_engine.h"
+
+#define MAX_BATCH (256u << 10) /* a split job's 64 KiB-element pieces fit */
+#define SLOTS 2u
+#define CARRIES 4u
+
+typedef struct {
+    td_gpu_engine_t *e;
+    void *lanes[2];
+    td_gpu_staging_t staging[2][SLOTS];
+} rig_t;
+
+static void rig_open(rig_t *g, unsigned devices, const td_gpu_fault_opts_t *opts)
+{
+    td_gpu_engine_t *sim = NULL;
+    memset(g, 0, sizeof *g);
+    assert_int_equal(td_gpu_engine_sim_new(devices, &sim), TALLY_OK);
+    assert_int_equal(td_gpu_engine_fault_new(sim, opts, &g->e), TALLY_OK);
+    for (unsigned i = 0; i < 2; i++) {
+        char why[128] = "";
+        uint64_t bytes = 0;
+        assert_int_equal(g->e->lane_open(g->e->ctx, 0, MAX_BATCH, SLOTS, CARRIES, &g->lanes[i],
+                                         g->staging[i], &bytes, why, sizeof why),
+                         TALLY_OK);
+        assert_true(bytes >= 3 * MAX_BATCH);
+        assert_int_equal(g->e->lane_bind(g->lanes[i]), TALLY_OK);
+    }
+}
+
+static void rig_close(rig_t *g)
+{
+    for (unsigned i = 0; i < 2; i++)
+        g->e->lane_close(g->lanes[i]);
+    g->e->destroy(&g->e);
+    assert_null(g->e);
+}
+
+static void count_done(void *arg)
+{
+    (*(unsigned *)arg)++;
+}
+
+/* A scan of 1, 2, .. n on lane 0, slot 0, carry 1; `upload`: from `carry_in`. Returns the
+ * launch's status; *dones counts the done calls. */
+static tally_status_t scan_job(rig_t *g, size_t n, bool upload, int64_t carry_in, unsigned *dones)
+{
+    td_gpu_staging_t *s = &g->staging[0][0];
+    int32_t *in = s->in;
+    for (size_t i = 0; i < n; i++)
+        in[i] = (int32_t)(i + 1);
+    s->small->carry = carry_in;
+    td_gpu_job_t job = {
+        .opcode = TALLY_OP_SCAN,
+        .dtype = TALLY_DTYPE_I32,
+        .n = n,
+        .carry_index = 1,
+        .carry_upload = upload,
+        .slot = 0,
+    };
+    return g->e->lane_launch(g->lanes[0], &job, count_done, dones);
+}
+
+/* Every 3rd launch fails after running and leaves garbage in its device carry; the others are
+ * exact and chain from whatever the carry holds. */
+static void test_every_third_launch_fails(void **state)
+{
+    (void)state;
+    rig_t g;
+    rig_open(&g, 1, &(td_gpu_fault_opts_t){.fail_every = 3});
+    const int64_t *out = g.staging[0][0].out;
+    unsigned dones = 0;
+    assert_int_equal(scan_job(&g, 4, true, 0, &dones), TALLY_OK); /* 1: 1 3 6 10 */
+    assert_int_equal(dones, 1);
+    assert_int_equal(g.staging[0][0].small->carry, 10);
+    assert_int_equal(scan_job(&g, 4, false, 0, &dones), TALLY_OK); /* 2: from 10 */
+    assert_int_equal(dones, 2);
+    assert_int_equal(out[0], 11);
+    assert_int_equal(out[3], 20);
+    assert_int_equal(g.staging[0][0].small->carry, 20);
+    assert_int_equal(scan_job(&g, 4, false, 0, &dones), TALLY_E_BACKEND); /* 3: injected */
+    assert_int_equal(dones, 2);
+    assert_non_null(strstr(g.e->error_string(), "injected fault: 1 launch in 3 fails"));
+    assert_int_equal(scan_job(&g, 4, false, 0, &dones), TALLY_OK); /* 4: chains from garbage */
+    assert_int_equal(g.staging[0][0].small->carry, (int64_t)TD_GPU_GARBAGE_CARRY + 10);
+    assert_int_equal(scan_job(&g, 4, true, 100, &dones), TALLY_OK); /* 5: uploaded again */
+    assert_int_equal(out[3], 110);
+    assert_int_equal(scan_job(&g, 1, true, 0, &dones), TALLY_E_BACKEND); /* 6 */
+    assert_int_equal(dones, 4);
+    rig_close(&g);
+}
+
+/* A split job is one launch: with every launch failing it reports failure with its carry
+ * clobbered; with every 2nd, the first split hist over both lanes is exact. */
+static void test_split_launch(void **state)
+{
+    (void)state;
+    for (unsigned every = 1; every <= 2; every++) {
+        rig_t g;
+        rig_open(&g, 1, &(td_gpu_fault_opts_t){.fail_every = every});
+        size_t n = 3 * (64u << 10); /* three 64 KiB pieces over two lanes */
+        uint8_t *src = malloc(n);
+        assert_non_null(src);
+        for (size_t i = 0; i < n; i++)
+            src[i] = (uint8_t)(i % 7);
+        td_gpu_job_t job = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8, .n = n, .src = src};
+        unsigned dones = 0;
+        tally_status_t st =
+            g.e->lane_launch_split(g.lanes[0], g.lanes, 2, 3, &job, count_done, &dones);
+        if (every == 1) {
+            assert_int_equal(st, TALLY_E_BACKEND);
+            assert_int_equal(dones, 0);
+        } else {
+            assert_int_equal(st, TALLY_OK);
+            assert_int_equal(dones, 1);
+            const tk_hist_t *h = &g.staging[0][0].small->hist;
+            uint64_t total = 0;
+            for (unsigned b = 0; b < 256; b++)
+                total += h->bins[b];
+            assert_int_equal(total, n);
+            assert_int_equal(h->bins[6], n / 7);
+            assert_int_equal(h->bins[7], 0);
+        }
+        free(src);
+        rig_close(&g);
+    }
+}
+
+/* The clobbered carry of a failed split job, seen by the next (passing) launch. */
+static void test_split_fault_clobbers_carry(void **state)
+{
+    (void)state;
+    rig_t g;
+    rig_open(&g, 1, &(td_gpu_fault_opts_t){.fail_every = 2});
+    unsigned dones = 0;
+    assert_int_equal(scan_job(&g, 4, true, 0, &dones), TALLY_OK); /* 1: carry 10 */
+    size_t n = 2 * (64u << 10);
+    int32_t *src = calloc(n, sizeof *src);
+    int64_t *dst = calloc(n, sizeof *dst);
+    assert_non_null(src);
+    assert_non_null(dst);
+    td_gpu_job_t job = {.opcode = TALLY_OP_SCAN,
+                        .dtype = TALLY_DTYPE_I32,
+                        .n = n,
+                        .carry_index = 1,
+                        .src = src,
+                        .dst = dst};
+    assert_int_equal(g.e->lane_launch_split(g.lanes[0], g.lanes, 2, 2, &job, count_done, &dones),
+                     TALLY_E_BACKEND); /* 2 */
+    assert_int_equal(dst[n - 1], 10);  /* it ran (zeros continue the carry 10) */
+    assert_int_equal(scan_job(&g, 4, false, 0, &dones), TALLY_OK); /* 3 */
+    assert_int_equal(g.staging[0][0].small->carry, (int64_t)TD_GPU_GARBAGE_CARRY + 10);
+    assert_int_equal(dones, 2);
+    free(src);
+    free(dst);
+    rig_close(&g);
+}
+
+static void ignore_complete(void *owner, td_request_t *r)
+{
+    (void)owner;
+    (void)r;
+}
+
+/* Out of memory at open: lane_open fails after the lanes asked for, and the pipeline skips the
+ * device that could not open (or finds no GPU at all). */
+static void test_oom_at_open(void **state)
+{
+    (void)state;
+    td_gpu_opts_t opts = {.max_batch = MAX_BATCH, .lanes = 2, .slots = SLOTS, .max_inflight = 4};
+    for (unsigned before = 0; before <= 2; before += 2) {
+        td_gpu_engine_t *sim = NULL, *e = NULL;
+        assert_int_equal(td_gpu_engine_sim_new(2, &sim), TALLY_OK);
+        td_gpu_fault_opts_t faults = {.oom_at_open = true, .lanes_before_oom = before};
+        assert_int_equal(td_gpu_engine_fault_new(sim, &faults, &e), TALLY_OK);
+        uv_loop_t loop;
+        assert_int_equal(uv_loop_init(&loop), 0);
+        td_gpu_t *gpu = NULL;
+        char why[256] = "";
+        tally_status_t st =
+            td_gpu_new(&loop, e, &opts, ignore_complete, NULL, &gpu, why, sizeof why);
+        if (before == 0) { /* no lane opens: no device */
+            assert_int_equal(st, TALLY_E_BACKEND);
+            assert_null(gpu);
+        } else { /* device 0's two lanes open, device 1 is skipped */
+            assert_int_equal(st, TALLY_OK);
+            assert_int_equal(td_gpu_device_count(gpu), 1);
+            assert_true(td_gpu_usable(gpu));
+            td_gpu_close(gpu);
+            uv_run(&loop, UV_RUN_DEFAULT);
+            td_gpu_destroy(&gpu);
+        }
+        /* the last device's reason */
+        assert_non_null(strstr(why, "device 1: out of memory (injected fault)"));
+        assert_int_equal(uv_loop_close(&loop), 0);
+    }
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Slow completions: done comes slow_us later (the sim completes inside the launch). */
+static void test_slow_completions(void **state)
+{
+    (void)state;
+    rig_t g;
+    rig_open(&g, 1, &(td_gpu_fault_opts_t){.slow_us = 30000});
+    unsigned dones = 0;
+    double t0 = now_ms();
+    assert_int_equal(scan_job(&g, 4, true, 5, &dones), TALLY_OK);
+    assert_true(now_ms() - t0 >= 30.0);
+    assert_int_equal(dones, 1);
+    assert_int_equal(g.staging[0][0].small->carry, 15);
+    rig_close(&g);
+}
+
+/* Nothing asked for: the inner engine's name, devices and results, every launch passing. */
+static void test_pass_through(void **state)
+{
+    (void)state;
+    rig_t g;
+    rig_open(&g, 2, &(td_gpu_fault_opts_t){0});
+    assert_string_equal(g.e->name, "sim");
+    assert_int_equal(g.e->device_count(g.e->ctx), 2);
+    char desc[64];
+    g.e->describe(g.e->ctx, 1, desc, sizeof desc);
+    assert_string_equal(desc, "simulated GPU 1");
+    unsigned dones = 0;
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(scan_job(&g, 4, i == 0, 0, &dones), TALLY_OK);
+    assert_int_equal(dones, 10);
+    assert_int_equal(g.staging[0][0].small->carry, 100);
+    assert_int_equal(g.e->lane_check(g.lanes[0]), TALLY_OK);
+    void *p = g.e->host_alloc(g.e->ctx, 0, 64);
+    assert_non_null(p);
+    g.e->host_free(g.e->ctx, p);
+    rig_close(&g);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_third_launch_fails),   cmocka_unit_test(test_split_launch),
+        cmocka_unit_test(test_split_fault_clobbers_carry), cmocka_unit_test(test_oom_at_open),
+        cmocka_unit_test(test_slow_completions),           cmocka_unit_test(test_pass_through),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
