@@ -483,11 +483,6 @@ void td_sched_arrived(td_sched_t *s, td_request_t *r, td_stream_t *stream)
     advance(s, rec);
 }
 
-bool td_sched_stream_busy(const td_stream_t *stream)
-{
-    return stream->sched != NULL;
-}
-
 void td_sched_stop(td_sched_t *s)
 {
     s->stopping = true;

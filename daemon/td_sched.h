@@ -106,8 +106,6 @@ unsigned td_sched_queued(const td_sched_t *self);
 void td_sched_arrived(td_sched_t *self, td_request_t *r, td_stream_t *stream);
 /* The machine hands r back with its result, or r->gpu_failed set. */
 void td_sched_finished(td_sched_t *self, td_request_t *r);
-/* True while stream has requests waiting or running. */
-bool td_sched_stream_busy(const td_stream_t *stream);
 /* Stopping: start nothing new; answer every waiting request `shutdown`, each once its stream's
  * running requests are done (then as they finish). */
 void td_sched_stop(td_sched_t *self);
