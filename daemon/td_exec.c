@@ -145,7 +145,7 @@ static size_t gpu_buffer_bytes(const td_config_t *cfg)
     return bytes < 16 ? 16 : bytes;
 }
 
-static tally_status_t open_gpu(td_exec_t *x)
+static td_err_t open_gpu(td_exec_t *x)
 {
     const td_config_t *cfg = x->env.cfg;
     char why[256] = "";
@@ -177,31 +177,31 @@ static tally_status_t open_gpu(td_exec_t *x)
                 cfg->backend == TD_BACKEND_CUDA ? "every batch on the GPU"
                                                 : "smaller batches on the CPU (--gpu-min-batch)",
                 cfg->test_fault_every ? " (test faults on)" : "");
-        return TALLY_OK;
+        return TD_OK;
     }
     if (cfg->backend == TD_BACKEND_CUDA) {
         td_err("--backend cuda: no usable GPU: %s", why);
-        return TALLY_E_BACKEND;
+        return TD_ERR_BACKEND;
     }
     td_info("no usable GPU (%s): serving on the CPU backend", why);
-    return TALLY_OK;
+    return TD_OK;
 }
 
-tally_status_t td_exec_new(const td_exec_env_t *env, td_exec_t **out)
+td_err_t td_exec_new(const td_exec_env_t *env, td_exec_t **out)
 {
     td_exec_t *x = calloc(1, sizeof *x);
     if (!x)
-        return TALLY_E_INTERNAL;
+        return TD_ERR_NOMEM;
     x->env = *env;
     if (env->cfg->backend != TD_BACKEND_CPU) {
-        tally_status_t st = open_gpu(x);
-        if (st != TALLY_OK) {
+        td_err_t err = open_gpu(x);
+        if (err != TD_OK) {
             free(x);
-            return st;
+            return err;
         }
     }
     *out = x;
-    return TALLY_OK;
+    return TD_OK;
 }
 
 void td_exec_close(td_exec_t *x)

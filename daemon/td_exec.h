@@ -18,6 +18,7 @@
 #include <uv.h>
 
 #include "td_config.h"
+#include "td_err.h"
 #include "td_metrics.h"
 #include "td_request.h"
 #include "td_sched.h"
@@ -39,9 +40,9 @@ typedef struct {
 } td_exec_env_t;
 
 /* Creates the executor: the CPU path always, the GPU pipeline unless cfg->backend is cpu
- * (simulated devices with cfg->test_sim_gpus). TALLY_E_BACKEND when --backend cuda finds no
+ * (simulated devices with cfg->test_sim_gpus). TD_ERR_BACKEND when --backend cuda finds no
  * usable GPU. */
-tally_status_t td_exec_new(const td_exec_env_t *env, td_exec_t **out);
+td_err_t td_exec_new(const td_exec_env_t *env, td_exec_t **out);
 /* Closes the loop handles; call once nothing is in flight, before the loop's last run. */
 void td_exec_close(td_exec_t *self);
 void td_exec_destroy(td_exec_t **self_p);

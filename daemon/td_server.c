@@ -987,9 +987,9 @@ static td_err_t open_backends(td_server_t *s)
         .done = exec_done,
         .owner = s,
     };
-    st = td_exec_new(&env, &s->exec);
-    if (st != TALLY_OK)
-        return st == TALLY_E_BACKEND ? TD_ERR_BACKEND : TD_ERR_NOMEM;
+    td_err_t err = td_exec_new(&env, &s->exec);
+    if (err != TD_OK)
+        return err;
     td_sched_machine_t machine;
     td_exec_machine(s->exec, &machine);
     td_sched_host_t host = {.owner = s,
@@ -997,7 +997,7 @@ static td_err_t open_backends(td_server_t *s)
                             .control = sched_control,
                             .answer = sched_answer,
                             .forget = sched_forget};
-    td_err_t err = td_sched_new(&s->cfg, &s->metrics, &machine, &host, &s->sched);
+    err = td_sched_new(&s->cfg, &s->metrics, &machine, &host, &s->sched);
     if (err != TD_OK)
         return err;
     td_exec_describe(s->exec, s->devices, sizeof s->devices);
