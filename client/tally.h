@@ -40,7 +40,6 @@
 extern "C" {
 #endif
 
-#define TALLY_DEFAULT_ENDPOINT "tcp://127.0.0.1:5555"
 #define TALLY_DEFAULT_TIMEOUT_MS 5000
 #define TALLY_DEFAULT_CHUNK_BYTES (1u << 20)
 #define TALLY_DEFAULT_WINDOW 8u

@@ -5,24 +5,18 @@
 
 const char *td_err_name(td_err_t err)
 {
-    switch (err) {
-    case TD_OK:
-        return "ok";
-    case TD_ERR_CONFIG:
-        return "config";
-    case TD_ERR_IO:
-        return "io";
-    case TD_ERR_BIND:
-        return "bind";
-    case TD_ERR_BACKEND:
-        return "backend";
-    case TD_ERR_NOMEM:
-        return "nomem";
-    case TD_ERR_CORRUPT:
-        return "corrupt";
-    case TD_ERR_LIBRARY:
-        return "library";
-    }
+    static const char *const names[] = {
+        [TD_OK] = "ok",
+        [TD_ERR_CONFIG] = "config",
+        [TD_ERR_IO] = "io",
+        [TD_ERR_BIND] = "bind",
+        [TD_ERR_BACKEND] = "backend",
+        [TD_ERR_NOMEM] = "nomem",
+        [TD_ERR_CORRUPT] = "corrupt",
+        [TD_ERR_LIBRARY] = "library",
+    };
+    if ((unsigned)err < sizeof names / sizeof names[0] && names[err])
+        return names[err];
     return "unknown";
 }
 

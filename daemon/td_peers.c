@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "td_hash.h"
 #include "td_peers.h"
 
 #define TD_PEERS_BUCKETS 1024u /* a power of two */
@@ -17,23 +18,13 @@ struct td_peers {
     double rate; /* stream creations per second; 0 = unlimited */
 };
 
-static uint64_t key_hash(const uint8_t *key, size_t len)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < len; i++) {
-        h ^= key[i];
-        h *= 1099511628211ull;
-    }
-    return h;
-}
-
-tally_status_t td_peers_new(td_peers_t **out)
+td_err_t td_peers_new(td_peers_t **out)
 {
     td_peers_t *self = calloc(1, sizeof *self);
     if (!self)
-        return TALLY_E_INTERNAL;
+        return TD_ERR_NOMEM;
     *out = self;
-    return TALLY_OK;
+    return TD_OK;
 }
 
 void td_peers_destroy(td_peers_t **self_p)
@@ -86,7 +77,7 @@ td_peer_t *td_peers_acquire(td_peers_t *self, td_peer_kind_t kind, const void *i
     key[0] = (uint8_t)kind;
     memcpy(key + 1, id, len);
     size_t key_len = len + 1;
-    unsigned b = (unsigned)(key_hash(key, key_len) & (TD_PEERS_BUCKETS - 1));
+    unsigned b = (unsigned)(td_fnv1a64(key, key_len) & (TD_PEERS_BUCKETS - 1));
     td_peer_t *p = self->buckets[b];
     while (p && (p->key_len != key_len || memcmp(p->key, key, key_len) != 0))
         p = p->hash_next;
@@ -168,4 +159,60 @@ void td_peers_each_user(const td_peers_t *self, td_peer_visit_fn visit, void *ct
         for (const td_peer_t *p = self->buckets[b]; p; p = p->hash_next)
             if (p->key[0] == TD_PEER_USER)
                 visit(ctx, p);
+}
+
+const char *td_peer_name(const td_peer_t *peer)
+{
+    return peer->name;
+}
+
+bool td_peer_inflight_begin(td_peer_t *conn)
+{
+    return conn->inflight++ == 0;
+}
+
+bool td_peer_inflight_end(td_peer_t *conn)
+{
+    return --conn->inflight == 0;
+}
+
+unsigned td_peer_inflight(const td_peer_t *conn)
+{
+    return conn->inflight;
+}
+
+unsigned td_peer_streams(const td_peer_t *client)
+{
+    return client->streams;
+}
+
+void td_peer_stream_added(td_peer_t *client)
+{
+    client->refs++; /* the stream's reference */
+    client->streams++;
+}
+
+void td_peer_stream_removed(td_peer_t *client)
+{
+    client->streams--;
+}
+
+void td_peer_count_request(td_peer_t *user)
+{
+    user->requests++;
+}
+
+void td_peer_count_limited(td_peer_t *user)
+{
+    user->limited++;
+}
+
+uint64_t td_peer_requests(const td_peer_t *user)
+{
+    return user->requests;
+}
+
+uint64_t td_peer_limited(const td_peer_t *user)
+{
+    return user->limited;
 }

@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tally_proto.h"
+#include "td_err.h"
 
 #define TD_PEER_KEY_MAX 256 /* routing ids and ZAP user ids are at most 255 bytes */
 #define TD_PEER_NAME_MAX 80 /* printable form for logs and metric labels */
@@ -35,6 +35,9 @@ typedef enum {
     TD_PEER_USER = 'u',
 } td_peer_kind_t;
 
+/* The entry. Its fields are td_peers.c's: other modules use the functions below (td_server.c
+ * still reads and counts some fields directly, until it moves to them; then the struct moves
+ * into td_peers.c). */
 typedef struct td_peer {
     uint8_t key[1 + TD_PEER_KEY_MAX]; /* the kind, then the routing id or user id */
     size_t key_len;
@@ -51,7 +54,8 @@ typedef struct td_peer {
 
 typedef struct td_peers td_peers_t;
 
-tally_status_t td_peers_new(td_peers_t **out);
+/* TD_ERR_NOMEM when out of memory. */
+td_err_t td_peers_new(td_peers_t **out);
 void td_peers_destroy(td_peers_t **self_p);
 
 /* Sets the stream creation rate (per second, 0 = unlimited) used by td_peer_take_token and the
@@ -70,6 +74,26 @@ bool td_peer_take_token(td_peers_t *self, td_peer_t *client, uint64_t now_ns);
 
 /* Frees the entries nothing refers to whose bucket is full again (user entries stay). */
 void td_peers_sweep(td_peers_t *self, uint64_t now_ns);
+
+/* ---- One entry: what the server counts and checks (use these, not the fields) ------------ */
+
+/* The printable name: the user id, or the routing id in hex. */
+const char *td_peer_name(const td_peer_t *peer);
+/* A connection's requests in flight: one more (true when it had none before), one fewer (true
+ * when it has none left). */
+bool td_peer_inflight_begin(td_peer_t *conn);
+bool td_peer_inflight_end(td_peer_t *conn);
+unsigned td_peer_inflight(const td_peer_t *conn);
+/* A client's streams: how many it holds; one more (it also references the entry, released with
+ * td_peers_release when the stream goes), one fewer. */
+unsigned td_peer_streams(const td_peer_t *client);
+void td_peer_stream_added(td_peer_t *client);
+void td_peer_stream_removed(td_peer_t *client);
+/* A user's counters (tallyd_client_*_total): a request read, a request refused by a limit. */
+void td_peer_count_request(td_peer_t *user);
+void td_peer_count_limited(td_peer_t *user);
+uint64_t td_peer_requests(const td_peer_t *user);
+uint64_t td_peer_limited(const td_peer_t *user);
 
 /* Entries in the table, and iteration over the user entries (for the metrics). */
 unsigned td_peers_count(const td_peers_t *self);

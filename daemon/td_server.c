@@ -278,7 +278,7 @@ static void op_stats(td_server_t *s, td_request_t *r)
     td_service_host_t host = service_host(s);
     char *text = NULL;
     size_t len = 0;
-    if (td_service_render_metrics(&host, &text, &len) != TALLY_OK) {
+    if (td_service_render_metrics(&host, &text, &len) != TD_OK) {
         td_request_fail(r, TALLY_E_INTERNAL, "out of memory");
         return;
     }
@@ -921,11 +921,12 @@ static td_err_t open_curve(td_server_t *s)
     if (!s->cfg.curve_secret_key)
         return TD_OK;
     char msg[1024];
-    if (td_auth_new(s->zmq_ctx, &s->cfg, &s->auth, msg, sizeof msg) != TALLY_OK) {
+    td_err_t err = td_auth_new(s->zmq_ctx, &s->cfg, &s->auth, msg, sizeof msg);
+    if (err != TD_OK) {
         td_err("curve: %s", msg);
-        return TD_ERR_CONFIG;
+        return err;
     }
-    return td_auth_apply(s->auth, s->router) == TALLY_OK ? TD_OK : TD_ERR_LIBRARY;
+    return td_auth_apply(s->auth, s->router);
 }
 
 static td_err_t bind_endpoints(td_server_t *s)
@@ -938,9 +939,7 @@ static td_err_t bind_endpoints(td_server_t *s)
         restrict_ipc_socket(s->cfg.binds[i]);
         td_info("listening on %s", s->cfg.binds[i]);
     }
-    if (td_listen_fds_bind(s->router, &s->cfg) != TALLY_OK) /* sockets passed by systemd */
-        return TD_ERR_BIND;
-    return TD_OK;
+    return td_listen_fds_bind(s->router, &s->cfg); /* sockets passed by systemd */
 }
 
 static td_err_t open_socket(td_server_t *s)
@@ -1087,18 +1086,20 @@ static td_err_t open_services(td_server_t *s)
 {
     td_shm_env_t shm_env = {.loop = &s->loop, .cfg = &s->cfg};
     td_exec_shm_env(s->exec, &shm_env);
-    if (td_shm_new(&shm_env, &s->shm) != TALLY_OK)
-        return TD_ERR_IO;
+    td_err_t err = td_shm_new(&shm_env, &s->shm);
+    if (err != TD_OK)
+        return err;
     if (s->cfg.pub_endpoint) {
         char why[512];
-        if (td_pub_new(&s->loop, s->zmq_ctx, s->cfg.pub_endpoint, s->cfg.pub_interval_ms,
-                       s->streams, &s->pub, why, sizeof why) != TALLY_OK) {
+        err = td_pub_new(&s->loop, s->zmq_ctx, s->cfg.pub_endpoint, s->cfg.pub_interval_ms,
+                         s->streams, &s->pub, why, sizeof why);
+        if (err != TD_OK) {
             td_err("%s", why);
-            return TD_ERR_BIND;
+            return err;
         }
     }
     td_service_host_t host = service_host(s);
-    return td_service_new(&host, &s->service) == TALLY_OK ? TD_OK : TD_ERR_IO;
+    return td_service_new(&host, &s->service);
 }
 
 /* Undoes open_socket, open_handles and open_services after a failure in one of them. */
@@ -1150,7 +1151,7 @@ static td_err_t open_tables(td_server_t *s)
         return TD_ERR_NOMEM;
     td_streams_set_window(s->streams, s->cfg.window_intervals, s->cfg.window_interval_ms);
     td_clock_set_test_file(s->cfg.test_clock);
-    return td_peers_new(&s->peers) == TALLY_OK ? TD_OK : TD_ERR_NOMEM;
+    return td_peers_new(&s->peers);
 }
 
 static void close_tables(td_server_t *s)

@@ -103,6 +103,11 @@ static void region_free(td_shm_t *shm, td_shm_region_t *region)
     free(region);
 }
 
+bool td_shm_region_direct(const td_shm_region_t *region)
+{
+    return region && region->device_registered;
+}
+
 void td_shm_region_put(td_shm_region_t **region_p)
 {
     td_shm_region_t *region = *region_p;
@@ -288,6 +293,17 @@ static bool answer_registered(td_shm_conn_t *c, td_shm_region_t *r)
 static void conn_close(td_shm_t *shm, td_shm_conn_t *c);
 static void conn_cb(uv_poll_t *handle, int status, int events);
 
+/* Reads the connection's messages as they come; false (logged) when libuv cannot, and the
+ * caller closes the connection: its producer sees it closed rather than waiting forever. */
+static bool watch_conn(td_shm_conn_t *c)
+{
+    int rc = uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, conn_cb);
+    if (rc != 0)
+        td_warn("shm: side connection of pid %d closed: cannot watch it: %s", (int)c->cred.pid,
+                uv_strerror(rc));
+    return rc == 0;
+}
+
 /* A worker thread: cudaHostRegister pins every page of the region, which takes milliseconds per
  * hundred MiB (52-55 ms per GiB on the H100 host): never on the loop thread, where it would stall
  * every request of every peer. */
@@ -310,10 +326,8 @@ static void register_after(uv_work_t *work, int status)
     td_shm_conn_t *c = r->conn;
     if (c) {
         c->registering = false;
-        if (!answer_registered(c, r))
+        if (!answer_registered(c, r) || !watch_conn(c))
             conn_close(r->shm, c);
-        else
-            uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, conn_cb);
     }
     td_shm_region_put(&r);
 }
@@ -537,7 +551,10 @@ static void accept_cb(uv_poll_t *handle, int status, int events)
         c->next = shm->conns;
         shm->conns = c;
         shm->conn_count++;
-        uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, conn_cb);
+        if (!watch_conn(c)) {
+            conn_close(shm, c);
+            continue;
+        }
         td_debug("shm: side connection from pid %d uid %u gid %u%s", (int)c->cred.pid,
                  (unsigned)c->cred.uid, (unsigned)c->cred.gid, c->allowed ? "" : " (not allowed)");
     }
@@ -547,37 +564,37 @@ static void accept_cb(uv_poll_t *handle, int status, int events)
 
 /* Creates the socket's directory when missing (0711: others may reach a socket whose own mode
  * lets them in); an existing one must be ours or root's, and not writable by others. */
-static tally_status_t prepare_dir(const char *path, char *why, size_t cap)
+static bool prepare_dir(const char *path, char *why, size_t cap)
 {
     char dir[sizeof((td_shm_t *)0)->path];
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
     if (!slash || slash == dir)
-        return TALLY_OK;
+        return true;
     *slash = '\0';
     if (mkdir(dir, 0711) != 0 && errno != EEXIST) {
         snprintf(why, cap, "cannot create %s: %s", dir, strerror(errno));
-        return TALLY_E_PARAM;
+        return false;
     }
     struct stat st;
     if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) ||
         (st.st_uid != geteuid() && st.st_uid != 0) ||
         ((st.st_mode & S_IWOTH) && !(st.st_mode & S_ISVTX))) {
         snprintf(why, cap, "%s is not a directory owned by tallyd's user or root", dir);
-        return TALLY_E_PARAM;
+        return false;
     }
-    return TALLY_OK;
+    return true;
 }
 
-/* Takes PATH.lock, removes a stale socket, binds and listens. */
-static tally_status_t bind_socket(td_shm_t *shm, char *why, size_t cap)
+/* Takes PATH.lock, removes a stale socket, binds and listens; false with why. */
+static bool bind_socket(td_shm_t *shm, char *why, size_t cap)
 {
     char lock[sizeof shm->path + 8];
     snprintf(lock, sizeof lock, "%s.lock", shm->path);
     shm->lock_fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (shm->lock_fd < 0 || flock(shm->lock_fd, LOCK_EX | LOCK_NB) != 0) {
         snprintf(why, cap, "%s is held by another tallyd (%s)", lock, strerror(errno));
-        return TALLY_E_PARAM;
+        return false;
     }
     unlink(shm->path); /* a stale socket of a tallyd that died: we hold the lock */
     shm->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -586,15 +603,15 @@ static tally_status_t bind_socket(td_shm_t *shm, char *why, size_t cap)
     if (shm->listen_fd < 0 || bind(shm->listen_fd, (struct sockaddr *)&addr, sizeof addr) != 0 ||
         chmod(shm->path, TD_SHM_SOCKET_MODE) != 0 || listen(shm->listen_fd, 64) != 0) {
         snprintf(why, cap, "cannot listen on %s: %s", shm->path, strerror(errno));
-        return TALLY_E_PARAM;
+        return false;
     }
     int gid = shm->env.cfg->shm_socket_gid;
     if (gid >= 0 && chown(shm->path, (uid_t)-1, (gid_t)gid) != 0) {
         snprintf(why, cap, "cannot give %s to group %d (is tallyd a member?): %s", shm->path, gid,
                  strerror(errno));
-        return TALLY_E_PARAM;
+        return false;
     }
-    return TALLY_OK;
+    return true;
 }
 
 static void release_socket(td_shm_t *shm)
@@ -610,15 +627,35 @@ static void release_socket(td_shm_t *shm)
     }
 }
 
-tally_status_t td_shm_new(const td_shm_env_t *env, td_shm_t **out)
+/* The listening socket and its uv_poll, started; false with why. */
+static bool start_listening(td_shm_t *shm, char *why, size_t cap)
+{
+    if (!prepare_dir(shm->path, why, cap) || !bind_socket(shm, why, cap))
+        return false;
+    int rc = uv_poll_init(shm->env.loop, &shm->listen_poll, shm->listen_fd);
+    if (rc != 0) {
+        snprintf(why, cap, "cannot watch the side channel");
+        return false;
+    }
+    shm->listen_poll.data = shm;
+    shm->listening = true; /* td_shm_close closes the handle from here on */
+    rc = uv_poll_start(&shm->listen_poll, UV_READABLE, accept_cb);
+    if (rc != 0) {
+        snprintf(why, cap, "cannot watch the side channel: %s", uv_strerror(rc));
+        return false;
+    }
+    return true;
+}
+
+td_err_t td_shm_new(const td_shm_env_t *env, td_shm_t **out)
 {
     const td_config_t *cfg = env->cfg;
     *out = NULL;
     if (!cfg->shm)
-        return TALLY_OK;
+        return TD_OK;
     td_shm_t *shm = calloc(1, sizeof *shm);
     if (!shm)
-        return TALLY_E_INTERNAL;
+        return TD_ERR_NOMEM;
     shm->env = *env;
     shm->listen_fd = shm->lock_fd = -1;
     if (cfg->shm_socket)
@@ -626,30 +663,24 @@ tally_status_t td_shm_new(const td_shm_env_t *env, td_shm_t **out)
     else
         td_config_default_shm_socket(shm->path, sizeof shm->path);
     char why[512];
-    tally_status_t st = prepare_dir(shm->path, why, sizeof why);
-    if (st == TALLY_OK)
-        st = bind_socket(shm, why, sizeof why);
-    if (st == TALLY_OK && uv_poll_init(env->loop, &shm->listen_poll, shm->listen_fd) != 0) {
-        snprintf(why, sizeof why, "cannot watch the side channel");
-        st = TALLY_E_INTERNAL;
-    }
-    if (st != TALLY_OK) {
+    if (!start_listening(shm, why, sizeof why)) {
+        if (shm->listening) { /* its handle must be closed before shm goes */
+            td_shm_close(shm);
+            uv_run(env->loop, UV_RUN_NOWAIT);
+        }
         release_socket(shm);
         free(shm);
         if (cfg->shm_socket_explicit) {
             td_err("shm: %s", why);
-            return TALLY_E_PARAM;
+            return TD_ERR_BIND;
         }
         td_warn("shm: %s; shared memory is off (set [shm] socket to another path)", why);
-        return TALLY_OK;
+        return TD_OK;
     }
-    shm->listen_poll.data = shm;
-    shm->listening = true;
-    uv_poll_start(&shm->listen_poll, UV_READABLE, accept_cb);
     td_info("shm: side channel on %s (regions up to %zu bytes in total, %u per peer)", shm->path,
             cfg->shm_max_bytes, cfg->shm_max_regions_per_peer);
     *out = shm;
-    return TALLY_OK;
+    return TD_OK;
 }
 
 void td_shm_close(td_shm_t *shm)

@@ -18,11 +18,14 @@
 #include <uv.h>
 
 #include "td_config.h"
+#include "td_err.h"
 #include "tally_proto.h"
 
 typedef struct td_shm td_shm_t;
 
-/* One registered region. Read-only for everything outside td_shm.c. */
+/* One registered region. Its fields are td_shm.c's: others ask td_shm_region_direct (td_exec.c
+ * and td_gpu.c still read device_registered until they move to it; then the struct moves into
+ * td_shm.c). */
 typedef struct td_shm_region {
     uint64_t handle;
     uint8_t *base; /* the mapping: size bytes */
@@ -50,10 +53,11 @@ typedef struct {
     void *ctx;
 } td_shm_env_t;
 
-/* Binds the side channel at cfg->shm_socket. With shm off, *out is NULL and TALLY_OK. A path
- * that cannot be bound (another tallyd holds it, no such directory) is TALLY_E_PARAM when the
- * path was configured explicitly; for the default path it is logged and shm is off (*out NULL). */
-tally_status_t td_shm_new(const td_shm_env_t *env, td_shm_t **out);
+/* Binds the side channel at cfg->shm_socket. With shm off, *out is NULL and TD_OK. A path that
+ * cannot be bound (another tallyd holds it, no such directory) is TD_ERR_BIND (logged) when the
+ * path was configured explicitly; for the default path it is logged and shm is off (*out NULL).
+ * TD_ERR_NOMEM when out of memory. */
+td_err_t td_shm_new(const td_shm_env_t *env, td_shm_t **out);
 /* Stops listening and closes every side connection (their regions stay mapped while requests
  * hold them). Closes the loop handles. */
 void td_shm_close(td_shm_t *self);
@@ -71,6 +75,9 @@ const char *td_shm_path(const td_shm_t *self);
 tally_status_t td_shm_resolve(td_shm_t *self, const uint8_t *id, size_t id_len, uint64_t handle,
                               uint64_t offset, uint64_t length, bool output,
                               td_shm_region_t **region, uint8_t **ptr, char *msg, size_t msg_cap);
+/* Whether the GPU reads or writes region directly (it is registered with the GPU engine);
+ * false for NULL (no region) and for an unregistered one (the GPU copies through staging). */
+bool td_shm_region_direct(const td_shm_region_t *region);
 /* Releases a reference (loop thread); sets *region_p to NULL. */
 void td_shm_region_put(td_shm_region_t **region_p);
 

@@ -21,7 +21,7 @@ struct td_window {
     uint32_t interval_ms;
     unsigned channels;
     size_t slot_words; /* u64 per slot */
-    uint64_t *slots;
+    uint64_t slots[];  /* intervals x slot_words, allocated with the ring */
 };
 
 size_t td_window_slot_size(unsigned channels)
@@ -38,18 +38,16 @@ td_window_t *td_window_new(unsigned intervals, uint32_t interval_ms, unsigned ch
 {
     if (intervals == 0 || interval_ms == 0 || channels == 0 || channels > TALLY_HIST_CHANNELS_MAX)
         return NULL;
-    td_window_t *w = calloc(1, sizeof *w);
+    size_t slot_words = td_window_slot_size(channels) / 8;
+    if (intervals > (SIZE_MAX - sizeof(td_window_t)) / (slot_words * 8))
+        return NULL;
+    td_window_t *w = calloc(1, sizeof *w + td_window_bytes(intervals, channels));
     if (!w)
         return NULL;
     w->intervals = intervals;
     w->interval_ms = interval_ms;
     w->channels = channels;
-    w->slot_words = td_window_slot_size(channels) / 8;
-    w->slots = calloc(intervals, w->slot_words * 8);
-    if (!w->slots) {
-        free(w);
-        return NULL;
-    }
+    w->slot_words = slot_words;
     return w;
 }
 
@@ -58,7 +56,6 @@ void td_window_destroy(td_window_t **self_p)
     td_window_t *w = *self_p;
     if (!w)
         return;
-    free(w->slots);
     free(w);
     *self_p = NULL;
 }
@@ -73,16 +70,17 @@ uint32_t td_window_interval_ms(const td_window_t *w)
     return w->interval_ms;
 }
 
-static uint64_t *slot_of(const td_window_t *w, uint64_t interval)
+/* Where interval's slot starts in w->slots. */
+static size_t slot_of(const td_window_t *w, uint64_t interval)
 {
-    return w->slots + (size_t)(interval % w->intervals) * w->slot_words;
+    return (size_t)(interval % w->intervals) * w->slot_words;
 }
 
 void td_window_add(td_window_t *w, uint64_t now_ms, const uint64_t *bins, uint64_t underflow,
                    uint64_t overflow, uint64_t n)
 {
     uint64_t interval = now_ms / w->interval_ms;
-    uint64_t *slot = slot_of(w, interval);
+    uint64_t *slot = w->slots + slot_of(w, interval);
     if (slot[SLOT_TAG] != interval + 1) { /* stale: an interval the ring has left behind */
         memset(slot, 0, w->slot_words * 8);
         slot[SLOT_TAG] = interval + 1;
@@ -109,7 +107,7 @@ uint64_t td_window_sum(const td_window_t *w, uint64_t now_ms, unsigned k, tally_
     info->hist_underflow = info->hist_overflow = info->hist_total = 0;
     memset(info->bins, 0, sizeof info->bins);
     for (unsigned i = 0; i < k; i++) {
-        const uint64_t *slot = slot_of(w, now - i);
+        const uint64_t *slot = w->slots + slot_of(w, now - i);
         if (slot[SLOT_TAG] != now - i + 1)
             continue;
         info->hist_underflow += slot[SLOT_UNDER];
@@ -190,7 +188,7 @@ long td_window_decode(td_window_t *w, uint64_t now_ms, uint32_t saved_interval_m
             dropped++;
             continue;
         }
-        uint64_t *slot = slot_of(w, interval);
+        uint64_t *slot = w->slots + slot_of(w, interval);
         slot[SLOT_TAG] = interval + 1;
         for (size_t j = 1; j < w->slot_words; j++)
             slot[j] = tally_get_u64(p + 8 * j);

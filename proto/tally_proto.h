@@ -35,6 +35,8 @@ extern "C" {
 #endif
 
 #define TALLY_PROTO_VERSION 1
+/* Where tallyd listens and clients connect when nothing else is said (PROTOCOL.md §1). */
+#define TALLY_DEFAULT_ENDPOINT "tcp://127.0.0.1:5555"
 /* The four magic bytes "TLYD" at offset 0 of every header (0x44594C54 read as uint32 LE). */
 #define TALLY_MAGIC 0x44594C54u
 #define TALLY_REQ_HEADER_SIZE 128

@@ -873,6 +873,28 @@ static void test_config_file_errors_exit_2(void **state)
     assert_int_equal(WEXITSTATUS(status), 2);
 }
 
+/* `info` holds each of the NULL-terminated lines ("max_inflight=64\n"...). */
+static void assert_info_has(void *sock, const char *const *lines)
+{
+    char *info = text_op(sock, TALLY_OP_INFO);
+    for (; *lines; lines++)
+        assert_non_null(strstr(info, *lines));
+    free(info);
+}
+
+/* Debug lines appear: a rejected request (one frame) is logged at debug. */
+static void assert_debug_logged(th_daemon_t *d, void *sock)
+{
+    const void *frames[1] = {"x"};
+    size_t lens[1] = {1};
+    assert_int_equal(th_send_frames(sock, 1, frames, lens), 0);
+    th_reply_t reply;
+    assert_int_equal(th_recv_reply(sock, &reply), 0);
+    assert_int_equal(reply.rep.status, TALLY_E_FRAMES);
+    th_reply_free(&reply);
+    assert_true(log_waits_for(d, "<7>", 2000));
+}
+
 static void test_config_file_and_sighup_reload(void **state)
 {
     (void)state;
@@ -889,11 +911,8 @@ static void test_config_file_and_sighup_reload(void **state)
     th_daemon_t d;
     assert_int_equal(spawn(&d, args, NULL), 0);
     void *sock = connect_to(&d);
-    char *info = text_op(sock, TALLY_OP_INFO);
-    assert_non_null(strstr(info, "max_inflight=64\n"));
-    assert_non_null(strstr(info, "max_streams=10\n"));
-    assert_non_null(strstr(info, "max_batch=1048576\n"));
-    free(info);
+    assert_info_has(sock, (const char *[]){"max_inflight=64\n", "max_streams=10\n",
+                                           "max_batch=1048576\n", NULL});
     assert_false(th_daemon_log_contains(&d, "<7>")); /* log_level info: no debug lines */
 
     /* A good change: log level and limits apply at once, each logged. */
@@ -915,29 +934,16 @@ static void test_config_file_and_sighup_reload(void **state)
     assert_true(th_daemon_log_contains(&d, "reload: metrics listen changed; ignored until tallyd "
                                            "restarts"));
     assert_false(th_daemon_log_contains(&d, "max_streams: 10"));
-    info = text_op(sock, TALLY_OP_INFO);
-    assert_non_null(strstr(info, "max_inflight=8\n"));
-    assert_non_null(strstr(info, "max_streams=10\n"));
-    assert_non_null(strstr(info, "max_batch=524288\n"));
-    free(info);
-    /* Debug lines now appear: a rejected request is logged at debug. */
-    const void *frames[1] = {"x"};
-    size_t lens[1] = {1};
-    assert_int_equal(th_send_frames(sock, 1, frames, lens), 0);
-    th_reply_t reply;
-    assert_int_equal(th_recv_reply(sock, &reply), 0);
-    assert_int_equal(reply.rep.status, TALLY_E_FRAMES);
-    th_reply_free(&reply);
-    assert_true(log_waits_for(&d, "<7>", 2000));
+    assert_info_has(
+        sock, (const char *[]){"max_inflight=8\n", "max_streams=10\n", "max_batch=524288\n", NULL});
+    assert_debug_logged(&d, sock);
 
     /* A bad file is logged and the running configuration kept. */
     write_file(conf, "[server]\nmax_inflight = -3\n");
     kill(d.pid, SIGHUP);
     assert_true(log_waits_for(&d, "reload failed: ", 5000));
     assert_true(th_daemon_log_contains(&d, "reload.conf:2: invalid value '-3' for max_inflight"));
-    info = text_op(sock, TALLY_OP_INFO);
-    assert_non_null(strstr(info, "max_inflight=8\n"));
-    free(info);
+    assert_info_has(sock, (const char *[]){"max_inflight=8\n", NULL});
 
     /* max_inflight may rise past its start value; max_batch may not (it sized ZeroMQ's frame
      * limit and the GPU's staging buffers), so it is capped at the start value. */
@@ -946,10 +952,7 @@ static void test_config_file_and_sighup_reload(void **state)
     assert_true(log_waits_for(&d, "reload: max_inflight: 8 -> 1000", 5000));
     assert_true(th_daemon_log_contains(&d, "max_batch 4194304 is above the 1048576 tallyd"));
     assert_true(th_daemon_log_contains(&d, "reload: max_batch: 524288 -> 1048576"));
-    info = text_op(sock, TALLY_OP_INFO);
-    assert_non_null(strstr(info, "max_inflight=1000\n"));
-    assert_non_null(strstr(info, "max_batch=1048576\n"));
-    free(info);
+    assert_info_has(sock, (const char *[]){"max_inflight=1000\n", "max_batch=1048576\n", NULL});
     th_close(sock);
     assert_true(ping(d.endpoint, 5000));
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);

@@ -145,7 +145,7 @@ static void assert_tables_equal(td_streams_t *a, td_streams_t *b)
 }
 
 /* Decodes buf into a fresh table (caller destroys it). */
-static td_streams_t *decode_new(const uint8_t *buf, size_t len, tally_status_t want,
+static td_streams_t *decode_new(const uint8_t *buf, size_t len, td_err_t want,
                                 td_state_report_t *report)
 {
     td_streams_t *t = NULL;
@@ -153,7 +153,7 @@ static td_streams_t *decode_new(const uint8_t *buf, size_t len, tally_status_t w
     char msg[256] = "";
     td_streams_set_window(t, 8, 1000);
     assert_int_equal(td_state_decode(buf, len, NOW_MS, t, report, msg, sizeof msg), want);
-    if (want != TALLY_OK) {
+    if (want != TD_OK) {
         assert_true(msg[0] != '\0');
         assert_int_equal(td_streams_count(t), 0); /* an unusable file adds nothing */
     }
@@ -171,7 +171,7 @@ static size_t record_off(const uint8_t *buf, unsigned k)
 
 static void encode(td_streams_t *t, uint8_t **buf, size_t *len)
 {
-    assert_int_equal(td_state_encode(t, NOW_MS, buf, len), TALLY_OK);
+    assert_int_equal(td_state_encode(t, NOW_MS, buf, len), TD_OK);
     assert_int_equal(*len, record_off(*buf, td_streams_count(t)));
 }
 
@@ -192,7 +192,7 @@ static void test_round_trip(void **state)
         size_t len = 0;
         encode(t, &buf, &len);
         td_state_report_t r;
-        td_streams_t *back = decode_new(buf, len, TALLY_OK, &r);
+        td_streams_t *back = decode_new(buf, len, TD_OK, &r);
         assert_int_equal(r.version, 3);
         assert_int_equal(r.records, n);
         assert_int_equal(r.restored, n);
@@ -214,7 +214,7 @@ static void test_every_truncation(void **state)
     td_state_report_t r;
     for (size_t cut = 0; cut < len; cut++) {
         bool header = cut < TD_STATE_HEADER_SIZE;
-        td_streams_t *back = decode_new(buf, cut, header ? TALLY_E_PARAM : TALLY_OK, &r);
+        td_streams_t *back = decode_new(buf, cut, header ? TD_ERR_CORRUPT : TD_OK, &r);
         if (!header) {
             unsigned whole = 0;
             while (whole < 3 && record_off(buf, whole + 1) <= cut)
@@ -245,11 +245,11 @@ static void test_every_bit_flip_loses_only_its_stream(void **state)
         for (int bit = 0; bit < 8; bit += 3) {
             buf[i] ^= (uint8_t)(1u << bit);
             if (i < TD_STATE_HEADER_SIZE) {
-                td_streams_t *back = decode_new(buf, len, TALLY_E_PARAM, &r);
+                td_streams_t *back = decode_new(buf, len, TD_ERR_CORRUPT, &r);
                 td_streams_destroy(&back);
             } else {
                 /* A flip in the last record's size can make it look cut off: lost either way. */
-                td_streams_t *back = decode_new(buf, len, TALLY_OK, &r);
+                td_streams_t *back = decode_new(buf, len, TD_OK, &r);
                 int k = 0;
                 while (k < 2 && record_off(buf, (unsigned)k + 1) <= i)
                     k++;
@@ -299,18 +299,18 @@ static void test_header_errors_under_a_good_checksum(void **state)
         memcpy(copy, buf, len);
         copy[cases[c].off] = cases[c].value;
         reseal_header(copy);
-        td_streams_t *back = decode_new(copy, len, TALLY_E_PARAM, &r);
+        td_streams_t *back = decode_new(copy, len, TD_ERR_CORRUPT, &r);
         td_streams_destroy(&back);
     }
     memcpy(copy, buf, len); /* bad magic */
     copy[0] = 'X';
-    td_streams_t *back = decode_new(copy, len, TALLY_E_PARAM, &r);
+    td_streams_t *back = decode_new(copy, len, TD_ERR_CORRUPT, &r);
     td_streams_destroy(&back);
 
     memcpy(copy, buf, len); /* more records announced than present: the rest are missing */
     tally_put_u32(copy + 12, 5);
     reseal_header(copy);
-    back = decode_new(copy, len, TALLY_OK, &r);
+    back = decode_new(copy, len, TD_OK, &r);
     assert_int_equal(r.restored, 2);
     assert_int_equal(r.missing, 3);
     assert_tables_equal(t, back);
@@ -319,7 +319,7 @@ static void test_header_errors_under_a_good_checksum(void **state)
     memcpy(copy, buf, len); /* fewer: the bytes after the last one are reported */
     tally_put_u32(copy + 12, 1);
     reseal_header(copy);
-    back = decode_new(copy, len, TALLY_OK, &r);
+    back = decode_new(copy, len, TD_OK, &r);
     assert_int_equal(r.restored, 1);
     assert_int_equal(r.extra_bytes, len - record_off(buf, 1));
     assert_true(td_state_report_lossy(&r));
@@ -406,7 +406,7 @@ static void test_invariant_violations_refuse_only_that_stream(void **state)
         memcpy(copy, buf, len);
         tally_stream_info_encode(&bad, record(copy, 2) + TD_STATE_RECORD_INFO_OFF);
         reseal_record(record(copy, 2));
-        td_streams_t *back = decode_new(copy, len, TALLY_OK, &r);
+        td_streams_t *back = decode_new(copy, len, TD_OK, &r);
         assert_int_equal(r.damaged, 1);
         assert_tables_equal_but(t, back, 2);
         td_streams_destroy(&back);
@@ -435,7 +435,7 @@ static void test_invariant_violations_refuse_only_that_stream(void **state)
         else
             rec[92] = 1;
         reseal_record(rec);
-        td_streams_t *back = decode_new(copy, len, TALLY_OK, &r);
+        td_streams_t *back = decode_new(copy, len, TD_OK, &r);
         assert_int_equal(r.damaged, 1);
         assert_tables_equal_but(t, back, 2);
         td_streams_destroy(&back);
@@ -494,7 +494,7 @@ static uint8_t *encode_v1(td_streams_t *t, size_t *len_out)
 static void expect_whole(const uint8_t *buf, size_t len, unsigned version, td_streams_t *t)
 {
     td_state_report_t r;
-    td_streams_t *back = decode_new(buf, len, TALLY_OK, &r);
+    td_streams_t *back = decode_new(buf, len, TD_OK, &r);
     assert_int_equal(r.version, version);
     assert_int_equal(r.restored, td_streams_count(t));
     assert_false(td_state_report_lossy(&r));
@@ -550,11 +550,11 @@ static void test_version_2_restores(void **state)
     td_streams_t *back;
     /* A flip in record 3 loses stream 3 only; a cut loses the records it reaches. */
     v2[TD_STATE_HEADER_SIZE + 3 * TD_STATE_V2_RECORD_SIZE + 700] ^= 4;
-    back = decode_new(v2, len, TALLY_OK, &r);
+    back = decode_new(v2, len, TD_OK, &r);
     assert_int_equal(r.damaged, 1);
     assert_tables_equal_but(t, back, 3);
     td_streams_destroy(&back);
-    back = decode_new(v2, len - 1, TALLY_OK, &r);
+    back = decode_new(v2, len - 1, TD_OK, &r);
     assert_int_equal(r.restored, 3);
     assert_int_equal(r.missing, 1);
     td_streams_destroy(&back);
@@ -562,9 +562,9 @@ static void test_version_2_restores(void **state)
     uint8_t *v3 = NULL;
     size_t len3 = 0;
     v2[TD_STATE_HEADER_SIZE + 3 * TD_STATE_V2_RECORD_SIZE + 700] ^= 4;
-    back = decode_new(v2, len, TALLY_OK, &r);
+    back = decode_new(v2, len, TD_OK, &r);
     encode(back, &v3, &len3);
-    td_streams_t *again = decode_new(v3, len3, TALLY_OK, &r);
+    td_streams_t *again = decode_new(v3, len3, TD_OK, &r);
     assert_int_equal(r.version, 3);
     assert_tables_equal(t, again);
     td_streams_destroy(&again);
@@ -574,21 +574,16 @@ static void test_version_2_restores(void **state)
     td_streams_destroy(&t);
 }
 
-/* Window rings: saved with their non-empty slots inside the ring, restored byte for byte at
- * the same clock; a later clock drops what the ring no longer reaches; another interval length
- * drops every slot; windows off restores no ring; a slot whose total is not its bins refuses
- * that stream only. */
-static void test_window_rings(void **state)
+/* Fills the ring of every stream with a histogram: 12 intervals up to NOW_MS (the oldest 4 age
+ * out of an 8-slot ring). Returns how many streams have a ring. */
+static unsigned fill_rings(td_streams_t *t)
 {
-    (void)state;
-    td_streams_t *t = random_table(6);
-    td_streams_set_window(t, 8, 1000);
     unsigned with_ring = 0;
     for (td_stream_t *s = td_streams_first(t); s; s = s->list_next) {
         if (s->info.hist_dtype == TALLY_DTYPE_NONE)
             continue;
         static uint64_t bins[TALLY_HIST_VALUES_MAX];
-        for (int k = 11; k >= 0; k--) { /* 12 intervals, in time order: the oldest 4 age out */
+        for (int k = 11; k >= 0; k--) { /* in time order */
             unsigned channels = tally_hist_channels(s->info.hist_dtype);
             uint64_t n = 0, under = next_rand() % 3, over = next_rand() % 3;
             for (int b = 0; b < TALLY_HIST_BINS; b++)
@@ -603,11 +598,69 @@ static void test_window_rings(void **state)
         }
         with_ring++;
     }
+    return with_ring;
+}
+
+/* Decodes buf at now_ms into a table with windows of `intervals` x interval_ms (0: windows
+ * off), which must restore all 6 streams; returns the window slots dropped. */
+static unsigned decode_windowed(const uint8_t *buf, size_t len, uint64_t now_ms, unsigned intervals,
+                                uint32_t interval_ms)
+{
+    td_streams_t *later = NULL;
+    assert_int_equal(td_streams_new(100, &later), TALLY_OK);
+    if (intervals)
+        td_streams_set_window(later, intervals, interval_ms);
+    td_state_report_t r;
+    char msg[256];
+    assert_int_equal(td_state_decode(buf, len, now_ms, later, &r, msg, sizeof msg), TD_OK);
+    assert_int_equal(r.restored, 6);
+    for (td_stream_t *s = td_streams_first(later); s && !intervals; s = s->list_next)
+        assert_null(s->window);
+    td_streams_destroy(&later);
+    return r.window_slots_dropped;
+}
+
+/* Stream 1 (u8): one slot's total off by one under a good checksum; and a bit flip in stream 2's
+ * ring: each loses that stream only. */
+static void check_damaged_rings(td_streams_t *t, const uint8_t *buf, size_t len)
+{
+    td_state_report_t r;
+    uint8_t *copy = malloc(len);
+    memcpy(copy, buf, len);
+    uint8_t *rec = record(copy, 1);
+    size_t slot0 = TD_STATE_RECORD_INFO_OFF + tally_get_u32(rec + TD_STATE_RECORD_INFO_LEN_OFF);
+    assert_true(tally_get_u32(rec + TD_STATE_RECORD_SLOTS_OFF) == 8);
+    tally_put_u64(rec + slot0 + 24, tally_get_u64(rec + slot0 + 24) + 1);
+    reseal_record(rec);
+    td_streams_t *back = decode_new(copy, len, TD_OK, &r);
+    assert_int_equal(r.damaged, 1);
+    assert_tables_equal_but(t, back, 1);
+    td_streams_destroy(&back);
+    memcpy(copy, buf, len);
+    rec = record(copy, 2);
+    rec[tally_get_u32(rec + 8) - 100] ^= 0x10;
+    back = decode_new(copy, len, TD_OK, &r);
+    assert_int_equal(r.damaged, 1);
+    assert_tables_equal_but(t, back, 2);
+    td_streams_destroy(&back);
+    free(copy);
+}
+
+/* Window rings: saved with their non-empty slots inside the ring, restored byte for byte at
+ * the same clock; a later clock drops what the ring no longer reaches; another interval length
+ * drops every slot; windows off restores no ring; a slot whose total is not its bins refuses
+ * that stream only. */
+static void test_window_rings(void **state)
+{
+    (void)state;
+    td_streams_t *t = random_table(6);
+    td_streams_set_window(t, 8, 1000);
+    unsigned with_ring = fill_rings(t);
     uint8_t *buf = NULL;
     size_t len = 0;
     encode(t, &buf, &len);
     td_state_report_t r;
-    td_streams_t *back = decode_new(buf, len, TALLY_OK, &r);
+    td_streams_t *back = decode_new(buf, len, TD_OK, &r);
     assert_int_equal(r.restored, 6);
     assert_int_equal(r.window_slots_dropped, 0);
     assert_tables_equal(t, back);
@@ -625,51 +678,13 @@ static void test_window_rings(void **state)
     td_streams_destroy(&back);
 
     /* Restored 5 s later: the ring reaches back to NOW - 2 s, so 5 of the 8 saved slots drop. */
-    td_streams_t *later = NULL;
-    assert_int_equal(td_streams_new(100, &later), TALLY_OK);
-    td_streams_set_window(later, 8, 1000);
-    char msg[256];
-    assert_int_equal(td_state_decode(buf, len, NOW_MS + 5000, later, &r, msg, sizeof msg),
-                     TALLY_OK);
-    assert_int_equal(r.restored, 6);
-    assert_int_equal(r.window_slots_dropped, 5 * with_ring);
-    td_streams_destroy(&later);
+    assert_int_equal(decode_windowed(buf, len, NOW_MS + 5000, 8, 1000), 5 * with_ring);
     /* Another interval length: every slot dropped, the streams restored. */
-    assert_int_equal(td_streams_new(100, &later), TALLY_OK);
-    td_streams_set_window(later, 8, 500);
-    assert_int_equal(td_state_decode(buf, len, NOW_MS, later, &r, msg, sizeof msg), TALLY_OK);
-    assert_int_equal(r.restored, 6);
-    assert_int_equal(r.window_slots_dropped, 8 * with_ring);
-    td_streams_destroy(&later);
+    assert_int_equal(decode_windowed(buf, len, NOW_MS, 8, 500), 8 * with_ring);
     /* Windows off: no ring. */
-    assert_int_equal(td_streams_new(100, &later), TALLY_OK);
-    assert_int_equal(td_state_decode(buf, len, NOW_MS, later, &r, msg, sizeof msg), TALLY_OK);
-    assert_int_equal(r.restored, 6);
-    for (td_stream_t *s = td_streams_first(later); s; s = s->list_next)
-        assert_null(s->window);
-    td_streams_destroy(&later);
+    decode_windowed(buf, len, NOW_MS, 0, 0);
 
-    /* Stream 1 (u8): one slot's total off by one under a good checksum; and a bit flip in
-     * stream 2's ring: each loses that stream only. */
-    uint8_t *copy = malloc(len);
-    memcpy(copy, buf, len);
-    uint8_t *rec = record(copy, 1);
-    size_t slot0 = TD_STATE_RECORD_INFO_OFF + tally_get_u32(rec + TD_STATE_RECORD_INFO_LEN_OFF);
-    assert_true(tally_get_u32(rec + TD_STATE_RECORD_SLOTS_OFF) == 8);
-    tally_put_u64(rec + slot0 + 24, tally_get_u64(rec + slot0 + 24) + 1);
-    reseal_record(rec);
-    back = decode_new(copy, len, TALLY_OK, &r);
-    assert_int_equal(r.damaged, 1);
-    assert_tables_equal_but(t, back, 1);
-    td_streams_destroy(&back);
-    memcpy(copy, buf, len);
-    rec = record(copy, 2);
-    rec[tally_get_u32(rec + 8) - 100] ^= 0x10;
-    back = decode_new(copy, len, TALLY_OK, &r);
-    assert_int_equal(r.damaged, 1);
-    assert_tables_equal_but(t, back, 2);
-    td_streams_destroy(&back);
-    free(copy);
+    check_damaged_rings(t, buf, len);
     free(buf);
     td_streams_destroy(&t);
 }
@@ -686,10 +701,10 @@ static void test_version_1_restores(void **state)
 
     /* Its one checksum covers everything: any flip loses the file. */
     v1[len / 2] ^= 1;
-    back = decode_new(v1, len, TALLY_E_PARAM, &r);
+    back = decode_new(v1, len, TD_ERR_CORRUPT, &r);
     td_streams_destroy(&back);
     v1[len / 2] ^= 1;
-    back = decode_new(v1, len - 1, TALLY_E_PARAM, &r);
+    back = decode_new(v1, len - 1, TD_ERR_CORRUPT, &r);
     td_streams_destroy(&back);
 
     /* A consistent checksum over a broken invariant: that stream only. */
@@ -698,7 +713,7 @@ static void test_version_1_restores(void **state)
     off += 1 + td_streams_first(t)->list_next->name_len + 96;            /* its hist_total */
     v1[off] ^= 1;
     tally_put_u64(v1 + len - 8, td_state_checksum(v1, len - TD_STATE_V1_TRAILER_SIZE));
-    back = decode_new(v1, len, TALLY_OK, &r);
+    back = decode_new(v1, len, TD_OK, &r);
     assert_int_equal(r.damaged, 1);
     assert_tables_equal_but(t, back, 1);
     td_streams_destroy(&back);
@@ -716,7 +731,7 @@ static void test_max_streams_respected(void **state)
     assert_int_equal(td_streams_new(4, &small), TALLY_OK);
     char msg[256];
     td_state_report_t r;
-    assert_int_equal(td_state_decode(buf, len, NOW_MS, small, &r, msg, sizeof msg), TALLY_OK);
+    assert_int_equal(td_state_decode(buf, len, NOW_MS, small, &r, msg, sizeof msg), TD_OK);
     assert_int_equal(td_streams_count(small), 4);
     assert_int_equal(r.restored, 4);
     assert_int_equal(r.over_limit, 6);
@@ -778,7 +793,7 @@ static unsigned restore_into_new(const char *dir, td_streams_t **out, td_state_r
 {
     char msg[512] = "";
     assert_int_equal(td_streams_new(1000, out), TALLY_OK);
-    assert_int_equal(td_state_restore(dir, *out, r, msg, sizeof msg), TALLY_OK);
+    assert_int_equal(td_state_restore(dir, *out, r, msg, sizeof msg), TD_OK);
     return td_streams_count(*out);
 }
 
@@ -791,7 +806,7 @@ static void test_write_restore_and_set_aside(void **state)
     size_t len = 0;
     td_streams_t *t = random_image(5, &buf, &len);
     char msg[512];
-    assert_int_equal(td_state_write(dir, buf, len, msg, sizeof msg), TALLY_OK);
+    assert_int_equal(td_state_write(dir, buf, len, msg, sizeof msg), TD_OK);
     td_streams_t *back = NULL;
     td_state_report_t r;
     assert_int_equal(restore_into_new(dir, &back, &r), 5);
@@ -910,7 +925,7 @@ static void test_unusable_state_path_refused(void **state)
         else
             assert_int_equal(symlink("/dev/null", cases[c].where), 0);
         msg[0] = '\0';
-        assert_int_equal(td_state_restore(dir, t, &r, msg, sizeof msg), TALLY_E_IO);
+        assert_int_equal(td_state_restore(dir, t, &r, msg, sizeof msg), TD_ERR_IO);
         assert_non_null(strstr(msg, cases[c].says));
         assert_non_null(strstr(msg, cases[c].where));
         assert_int_equal(td_streams_count(t), 0);
@@ -937,14 +952,14 @@ static void test_write_failures_reported(void **state)
     snprintf(tmp, sizeof tmp, "%s/%s.tmp", dir, TD_STATE_FILE);
     assert_int_equal(mkdir(tmp, 0700), 0);
     msg[0] = '\0';
-    assert_int_equal(td_state_write(dir, buf, len, msg, sizeof msg), TALLY_E_IO);
+    assert_int_equal(td_state_write(dir, buf, len, msg, sizeof msg), TD_ERR_IO);
     assert_non_null(strstr(msg, "create"));
     assert_non_null(strstr(msg, "Is a directory"));
     rmdir(tmp);
 
     snprintf(missing, sizeof missing, "%s/missing", dir);
     msg[0] = '\0';
-    assert_int_equal(td_state_write(missing, buf, len, msg, sizeof msg), TALLY_E_IO);
+    assert_int_equal(td_state_write(missing, buf, len, msg, sizeof msg), TD_ERR_IO);
     assert_non_null(strstr(msg, "No such file or directory"));
 
     free(buf);

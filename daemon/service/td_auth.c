@@ -55,7 +55,7 @@ struct td_auth {
     char secret_key[TALLY_KEY_LEN + 1];
     pthread_mutex_t lock; /* guards allowed */
     key_set_t allowed;
-    _Atomic uint64_t allowed_count, unknown_key, no_curve, bad_handshake;
+    _Atomic uint64_t allowed_count, unknown_key, no_curve, bad_handshake, zap_errors;
     /* Handler thread only: the refusal log's rate limit. */
     time_t log_second;
     unsigned logged, suppressed;
@@ -83,62 +83,71 @@ static bool refusal_log_ok(td_auth_t *self)
 
 /* ---- The allowed keys ------------------------------------------------------------------- */
 
-static tally_status_t add_key(key_set_t *set, const char *z85, const char *user, size_t user_len)
+/* bad_key: what a key that is not Z85 is (a file's or a setting's error). */
+static td_err_t add_key(key_set_t *set, const char *z85, const char *user, size_t user_len,
+                        td_err_t bad_key)
 {
     if (set->count == set->cap) {
         size_t cap = set->cap ? 2 * set->cap : 16;
         allowed_key_t *keys =
             cap <= ALLOWED_KEYS_MAX ? realloc(set->keys, cap * sizeof *keys) : NULL;
         if (!keys)
-            return TALLY_E_INTERNAL;
+            return TD_ERR_NOMEM;
         set->keys = keys;
         set->cap = cap;
     }
     allowed_key_t *k = &set->keys[set->count];
     if (!zmq_z85_decode(k->key, z85))
-        return TALLY_E_PARAM;
+        return bad_key;
     if (user_len > USER_ID_MAX)
         user_len = USER_ID_MAX;
     memcpy(k->user, user, user_len);
     k->user[user_len] = '\0';
     set->count++;
-    return TALLY_OK;
+    return TD_OK;
+}
+
+/* The public key in the file dir/name, under the name less .pub. */
+static td_err_t load_key_file(key_set_t *set, const char *dir, const char *name, size_t len,
+                              char *msg, size_t cap)
+{
+    char path[4096], pub[TALLY_KEY_LEN + 1], sec[TALLY_KEY_LEN + 1];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    tally_status_t st = tally_key_file_read(path, false, pub, sec, msg, cap);
+    explicit_bzero(sec, sizeof sec);
+    if (st != TALLY_OK)
+        return TD_ERR_IO;
+    if (!pub[0]) {
+        snprintf(msg, cap, "%s holds no public-key", path);
+        return TD_ERR_IO;
+    }
+    /* Whatever went wrong, the directory's keys are not usable as they are. */
+    return add_key(set, pub, name, len - 4, TD_ERR_IO) == TD_OK ? TD_OK : TD_ERR_IO;
 }
 
 /* Every NAME.pub file of dir: the key in it, under NAME. */
-static tally_status_t load_dir(key_set_t *set, const char *dir, char *msg, size_t cap)
+static td_err_t load_dir(key_set_t *set, const char *dir, char *msg, size_t cap)
 {
     DIR *d = opendir(dir);
     if (!d) {
         snprintf(msg, cap, "curve_clients_dir %s: %s", dir, strerror(errno));
-        return TALLY_E_PARAM;
+        return TD_ERR_IO;
     }
-    tally_status_t st = TALLY_OK;
+    td_err_t err = TD_OK;
     struct dirent *e;
-    while (st == TALLY_OK && (e = readdir(d)) != NULL) {
+    while (err == TD_OK && (e = readdir(d)) != NULL) {
         size_t len = strlen(e->d_name);
         if (e->d_name[0] == '.' || len <= 4 || strcmp(e->d_name + len - 4, ".pub") != 0)
             continue;
-        char path[4096], pub[TALLY_KEY_LEN + 1], sec[TALLY_KEY_LEN + 1];
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        st = tally_key_file_read(path, false, pub, sec, msg, cap);
-        explicit_bzero(sec, sizeof sec);
-        if (st == TALLY_OK && !pub[0]) {
-            snprintf(msg, cap, "%s holds no public-key", path);
-            st = TALLY_E_PARAM;
-        }
-        if (st == TALLY_OK)
-            st = add_key(set, pub, e->d_name, len - 4);
-        if (st != TALLY_OK && st != TALLY_E_PARAM)
-            st = TALLY_E_PARAM;
+        err = load_key_file(set, dir, e->d_name, len, msg, cap);
     }
     closedir(d);
-    return st;
+    return err;
 }
 
 /* curve_clients: comma-separated KEY or NAME:KEY items (a key is 40 characters, so the name is
  * what comes before the last 41). */
-static tally_status_t load_list(key_set_t *set, const char *list, char *msg, size_t cap)
+static td_err_t load_list(key_set_t *set, const char *list, char *msg, size_t cap)
 {
     for (const char *p = list; *p;) {
         size_t len = strcspn(p, ",");
@@ -150,31 +159,31 @@ static tally_status_t load_list(key_set_t *set, const char *list, char *msg, siz
                      "curve_clients: '%.*s' is not KEY or NAME:KEY (a key is 40 "
                      "characters of Z85)",
                      (int)len, p);
-            return TALLY_E_PARAM;
+            return TD_ERR_CONFIG;
         }
         char z85[TALLY_KEY_LEN + 1];
         memcpy(z85, key, TALLY_KEY_LEN);
         z85[TALLY_KEY_LEN] = '\0';
-        tally_status_t st = named ? add_key(set, z85, p, len - TALLY_KEY_LEN - 1)
-                                  : add_key(set, z85, key, TALLY_KEY_LEN);
-        if (st != TALLY_OK) {
+        td_err_t err = named ? add_key(set, z85, p, len - TALLY_KEY_LEN - 1, TD_ERR_CONFIG)
+                             : add_key(set, z85, key, TALLY_KEY_LEN, TD_ERR_CONFIG);
+        if (err != TD_OK) {
             snprintf(msg, cap, "curve_clients: cannot add '%.*s'", (int)len, p);
-            return st;
+            return err;
         }
         p += len + (p[len] == ',');
     }
-    return TALLY_OK;
+    return TD_OK;
 }
 
-static tally_status_t load_allowed(const td_config_t *cfg, key_set_t *set, char *msg, size_t cap)
+static td_err_t load_allowed(const td_config_t *cfg, key_set_t *set, char *msg, size_t cap)
 {
     memset(set, 0, sizeof *set);
-    tally_status_t st = TALLY_OK;
+    td_err_t st = TD_OK;
     if (cfg->curve_clients_dir)
         st = load_dir(set, cfg->curve_clients_dir, msg, cap);
-    if (st == TALLY_OK && cfg->curve_clients)
+    if (st == TD_OK && cfg->curve_clients)
         st = load_list(set, cfg->curve_clients, msg, cap);
-    if (st != TALLY_OK) {
+    if (st != TD_OK) {
         free(set->keys);
         memset(set, 0, sizeof *set);
     }
@@ -198,16 +207,23 @@ static bool lookup(td_auth_t *self, const uint8_t key[32], char *user, size_t ca
     return found;
 }
 
-static void zap_reply(void *zap, const zmq_msg_t *request_id, const char *code, const char *text,
-                      const char *user)
+/* The answer to one ZAP request. ZeroMQ refusing a frame (it cannot, on an inproc REP socket
+ * with a request waiting, short of running out of memory) is logged and counted: that client's
+ * handshake then waits for an answer that never comes. */
+static void zap_reply(td_auth_t *self, const zmq_msg_t *request_id, const char *code,
+                      const char *text, const char *user)
 {
-    zmq_send(zap, "1.0", 3, ZMQ_SNDMORE);
-    zmq_send(zap, zmq_msg_data((zmq_msg_t *)request_id), zmq_msg_size((zmq_msg_t *)request_id),
-             ZMQ_SNDMORE);
-    zmq_send(zap, code, strlen(code), ZMQ_SNDMORE);
-    zmq_send(zap, text, strlen(text), ZMQ_SNDMORE);
-    zmq_send(zap, user, strlen(user), ZMQ_SNDMORE);
-    zmq_send(zap, "", 0, 0); /* no metadata */
+    zmq_msg_t *id = (zmq_msg_t *)request_id;
+    const void *frames[] = {"1.0", zmq_msg_data(id), code, text, user, ""};
+    size_t sizes[] = {3, zmq_msg_size(id), strlen(code), strlen(text), strlen(user), 0};
+    size_t n = sizeof frames / sizeof frames[0]; /* the last: no metadata */
+    for (size_t i = 0; i < n; i++) {
+        if (zmq_send(self->zap, frames[i], sizes[i], i + 1 < n ? ZMQ_SNDMORE : 0) < 0) {
+            atomic_fetch_add(&self->zap_errors, 1);
+            td_warn("curve: cannot answer a ZAP request (%s): %s", code, zmq_strerror(errno));
+            return;
+        }
+    }
 }
 
 /* One ZAP request (RFC 27): version, request id, domain, address, routing id, mechanism, then
@@ -241,7 +257,7 @@ static void handle_zap(td_auth_t *self)
     char user[USER_ID_MAX + 1];
     if (curve && lookup(self, zmq_msg_data(&f[6]), user, sizeof user)) {
         td_info("curve: client '%s' connected from %s", user, address[0] ? address : "?");
-        zap_reply(self->zap, &f[1], "200", "OK", user);
+        zap_reply(self, &f[1], "200", "OK", user);
         goto done;
     }
     char z85[TALLY_KEY_LEN + 1] = "?";
@@ -251,7 +267,7 @@ static void handle_zap(td_auth_t *self)
         td_warn("curve: refused a client from %s: key %s is not allowed (curve_clients_dir, "
                 "curve_clients)",
                 address[0] ? address : "?", z85);
-    zap_reply(self->zap, &f[1], "400", "key not allowed", "");
+    zap_reply(self, &f[1], "400", "key not allowed", "");
 done:
     for (int i = 0; i < n; i++)
         zmq_msg_close(&f[i]);
@@ -327,46 +343,54 @@ static void *auth_thread(void *arg)
 
 /* ---- Life cycle ------------------------------------------------------------------------- */
 
-tally_status_t td_auth_new(void *zmq_ctx, const td_config_t *cfg, td_auth_t **out, char *msg,
-                           size_t msg_cap)
+/* The server's key pair, from curve_secret_key. */
+static td_err_t load_secret(td_auth_t *self, const char *path, char *msg, size_t msg_cap)
+{
+    if (tally_key_file_read(path, true, self->public_key, self->secret_key, msg, msg_cap) !=
+        TALLY_OK)
+        return TD_ERR_IO;
+    /* A bare secret key: derive its public half. */
+    if (!self->public_key[0] && zmq_curve_public(self->public_key, self->secret_key) != 0) {
+        snprintf(msg, msg_cap, "%s: cannot derive the public key", path);
+        return TD_ERR_IO;
+    }
+    return TD_OK;
+}
+
+td_err_t td_auth_new(void *zmq_ctx, const td_config_t *cfg, td_auth_t **out, char *msg,
+                     size_t msg_cap)
 {
     td_auth_t *self = calloc(1, sizeof *self);
     if (!self)
-        return TALLY_E_INTERNAL;
+        return TD_ERR_NOMEM;
     self->ctx = zmq_ctx;
-    pthread_mutex_init(&self->lock, NULL);
-    tally_status_t st = tally_key_file_read(cfg->curve_secret_key, true, self->public_key,
-                                            self->secret_key, msg, msg_cap);
-    if (st != TALLY_OK) {
-        st = TALLY_E_PARAM;
-        goto fail;
+    int rc = pthread_mutex_init(&self->lock, NULL);
+    if (rc != 0) {
+        snprintf(msg, msg_cap, "cannot create a lock: %s", strerror(rc));
+        free(self);
+        return TD_ERR_LIBRARY;
     }
-    if (!self->public_key[0]) { /* a bare secret key: derive its public half */
-        if (zmq_curve_public(self->public_key, self->secret_key) != 0) {
-            snprintf(msg, msg_cap, "%s: cannot derive the public key", cfg->curve_secret_key);
-            st = TALLY_E_PARAM;
-            goto fail;
-        }
-    }
-    st = load_allowed(cfg, &self->allowed, msg, msg_cap);
-    if (st != TALLY_OK)
+    td_err_t err = load_secret(self, cfg->curve_secret_key, msg, msg_cap);
+    if (err == TD_OK)
+        err = load_allowed(cfg, &self->allowed, msg, msg_cap);
+    if (err != TD_OK)
         goto fail;
     self->zap = zmq_socket(zmq_ctx, ZMQ_REP);
     if (!self->zap || zmq_bind(self->zap, ZAP_ENDPOINT) != 0) {
         snprintf(msg, msg_cap, "cannot start the ZAP handler: %s", zmq_strerror(errno));
-        st = TALLY_E_INTERNAL;
+        err = TD_ERR_LIBRARY;
         goto fail;
     }
     td_notice("curve: on, server public key %s, %zu client keys allowed", self->public_key,
               self->allowed.count);
     *out = self;
-    return TALLY_OK;
+    return TD_OK;
 fail:
     td_auth_destroy(&self);
-    return st;
+    return err;
 }
 
-tally_status_t td_auth_apply(td_auth_t *self, void *router)
+td_err_t td_auth_apply(td_auth_t *self, void *router)
 {
     int one = 1;
     char endpoint[64];
@@ -378,19 +402,19 @@ tally_status_t td_auth_apply(td_auth_t *self, void *router)
         zmq_setsockopt(router, ZMQ_ZAP_DOMAIN, ZAP_DOMAIN, strlen(ZAP_DOMAIN)) != 0 ||
         zmq_socket_monitor(router, endpoint, events) != 0) {
         td_err("cannot make the socket a CURVE server: %s", zmq_strerror(errno));
-        return TALLY_E_INTERNAL;
+        return TD_ERR_LIBRARY;
     }
     self->monitor = zmq_socket(self->ctx, ZMQ_PAIR);
     if (!self->monitor || zmq_connect(self->monitor, endpoint) != 0) {
         td_err("cannot watch the socket's handshakes: %s", zmq_strerror(errno));
-        return TALLY_E_INTERNAL;
+        return TD_ERR_LIBRARY;
     }
     if (pthread_create(&self->thread, NULL, auth_thread, self) != 0) {
         td_err("cannot start the ZAP handler thread");
-        return TALLY_E_INTERNAL;
+        return TD_ERR_LIBRARY;
     }
     self->thread_started = true;
-    return TALLY_OK;
+    return TD_OK;
 }
 
 void td_auth_reload(td_auth_t *self, const td_config_t *cfg)
@@ -399,7 +423,7 @@ void td_auth_reload(td_auth_t *self, const td_config_t *cfg)
         return;
     key_set_t next, old;
     char msg[512];
-    if (load_allowed(cfg, &next, msg, sizeof msg) != TALLY_OK) {
+    if (load_allowed(cfg, &next, msg, sizeof msg) != TD_OK) {
         td_err("reload: %s; keeping the %zu client keys allowed", msg, self->allowed.count);
         return;
     }
@@ -419,6 +443,7 @@ void td_auth_counts(td_auth_t *self, td_auth_counts_t *out)
         .unknown_key = atomic_load(&self->unknown_key),
         .no_curve = atomic_load(&self->no_curve),
         .bad_handshake = atomic_load(&self->bad_handshake),
+        .zap_errors = atomic_load(&self->zap_errors),
     };
 }
 

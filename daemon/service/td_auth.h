@@ -27,8 +27,8 @@
 #include <stdint.h>
 
 #include "td_config.h"
+#include "td_err.h"
 #include "tally_keys.h"
-#include "tally_proto.h"
 
 /* Refusals and acceptances, for tallyd_auth_total{result}. */
 typedef struct {
@@ -36,17 +36,20 @@ typedef struct {
     uint64_t unknown_key;   /* the ZAP handler refused the client's key */
     uint64_t no_curve;      /* the client did not use CURVE (no key) */
     uint64_t bad_handshake; /* CURVE failed: a wrong server key, or a broken client */
+    uint64_t zap_errors;    /* ZAP answers ZeroMQ would not take (the handshake then stalls) */
 } td_auth_counts_t;
 
 typedef struct td_auth td_auth_t;
 
 /* Reads the keys named by cfg (curve_secret_key, curve_clients_dir, curve_clients) and starts
- * the ZAP handler in zmq_ctx. TALLY_E_PARAM with msg for a missing, unreadable, badly formed or
- * group/other-accessible secret key, or a bad allowed key. Call before any socket binds. */
-tally_status_t td_auth_new(void *zmq_ctx, const td_config_t *cfg, td_auth_t **out, char *msg,
-                           size_t msg_cap);
-/* Makes router a CURVE server with the secret key and watches its handshakes. */
-tally_status_t td_auth_apply(td_auth_t *self, void *router);
+ * the ZAP handler in zmq_ctx. Fails with msg: TD_ERR_IO for a missing, unreadable, badly formed
+ * or group/other-accessible key file, TD_ERR_CONFIG for a bad curve_clients item, TD_ERR_NOMEM,
+ * TD_ERR_LIBRARY when ZeroMQ cannot start the handler. Call before any socket binds. */
+td_err_t td_auth_new(void *zmq_ctx, const td_config_t *cfg, td_auth_t **out, char *msg,
+                     size_t msg_cap);
+/* Makes router a CURVE server with the secret key and watches its handshakes; TD_ERR_LIBRARY
+ * (logged) when ZeroMQ or the handler thread cannot. */
+td_err_t td_auth_apply(td_auth_t *self, void *router);
 /* SIGHUP: re-reads the allowed keys (cfg holds the live curve_clients_dir and curve_clients).
  * On an error the current set stays and the error is logged. */
 void td_auth_reload(td_auth_t *self, const td_config_t *cfg);

@@ -14,7 +14,7 @@
 
 #include "tally_proto.h"
 
-#define TD_DEFAULT_ENDPOINT "tcp://127.0.0.1:5555"
+#define TD_DEFAULT_ENDPOINT TALLY_DEFAULT_ENDPOINT /* proto/tally_proto.h */
 #define TD_DEFAULT_MAX_BATCH (16u << 20) /* bytes of payload in one request */
 #define TD_DEFAULT_MAX_INFLIGHT 64u      /* requests accepted and not yet answered */
 #define TD_DEFAULT_MAX_STREAMS 4096u

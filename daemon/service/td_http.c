@@ -70,21 +70,21 @@ struct td_http {
 
 /* Resolves "HOST:PORT" or "[IPv6]:PORT" (a name, an IPv4 or IPv6 address; port 0 picks one)
  * into ss with getaddrinfo, taking the first address it gives. */
-static tally_status_t parse_listen(const char *listen, struct sockaddr_storage *ss)
+static bool parse_listen(const char *listen, struct sockaddr_storage *ss)
 {
     char host[256], port[16];
     if (!tally_hostport_split(listen, host, sizeof host, port, sizeof port) || !host[0] ||
         !port[0] || strspn(port, "0123456789") != strlen(port))
-        return TALLY_E_PARAM;
+        return false;
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_NUMERICSERV | AI_PASSIVE | AI_ADDRCONFIG};
     struct addrinfo *res = NULL;
     if (getaddrinfo(host, port, &hints, &res) != 0 || !res)
-        return TALLY_E_PARAM;
+        return false;
     memset(ss, 0, sizeof *ss);
     memcpy(ss, res->ai_addr, res->ai_addrlen);
     freeaddrinfo(res);
-    return TALLY_OK;
+    return true;
 }
 
 /* Constant-time comparison, so a scrape cannot learn the password a byte at a time. */
@@ -98,12 +98,12 @@ static bool same_secret(const char *given, const char *expected)
 }
 
 /* The auth file: USER:PASSWORD on its first line; group and others may not access it. */
-static tally_status_t read_auth_file(td_http_t *self, const char *path)
+static td_err_t read_auth_file(td_http_t *self, const char *path)
 {
     FILE *f = fopen(path, "r");
     struct stat sb;
     char line[512] = "";
-    tally_status_t st = TALLY_E_PARAM;
+    td_err_t st = TD_ERR_IO;
     if (!f) {
         td_err("metrics: cannot read auth_file %s: %s", path, strerror(errno));
         return st;
@@ -126,7 +126,7 @@ static tally_status_t read_auth_file(td_http_t *self, const char *path)
     *colon = '\0'; /* both lengths were checked above */
     memcpy(self->user, line, (size_t)(colon - line) + 1);
     memcpy(self->password, colon + 1, strlen(colon + 1) + 1);
-    st = TALLY_OK;
+    st = TD_OK;
 done:
     explicit_bzero(line, sizeof line);
     fclose(f);
@@ -167,7 +167,7 @@ static void async_cb(uv_async_t *handle)
     bool metrics = self->rendered < self->requested;
     bool health = self->health_rendered < self->health_requested;
     pthread_mutex_unlock(&self->lock);
-    if (metrics && self->render(self->ctx, &text, &len) != TALLY_OK) {
+    if (metrics && self->render(self->ctx, &text, &len) != TD_OK) {
         text = NULL;
         len = 0;
     }
@@ -202,20 +202,29 @@ static struct timespec wait_deadline(void)
     return deadline;
 }
 
+/* HTTP thread, with the lock held: asks the loop thread for one more generation of *requested
+ * and waits (at most TD_METRICS_WAIT_MS) for *answered to reach it; true when it did. */
+static bool ask_loop(td_http_t *self, uint64_t *requested, const uint64_t *answered)
+{
+    struct timespec deadline = wait_deadline();
+    uint64_t mine = ++*requested;
+    bool ask = self->ready && !self->closing;
+    if (ask && uv_async_send(&self->async) != 0) {
+        td_warn("metrics http: cannot wake the loop thread; answering 503");
+        ask = false;
+    }
+    int rc = 0;
+    while (ask && !self->closing && *answered < mine && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&self->done, &self->lock, &deadline);
+    return !self->closing && *answered >= mine;
+}
+
 /* HTTP thread: gets a fresh copy of the text from the loop thread, or NULL. */
 static char *fetch_text(td_http_t *self, size_t *len)
 {
-    struct timespec deadline = wait_deadline();
     char *copy = NULL;
     pthread_mutex_lock(&self->lock);
-    uint64_t mine = ++self->requested;
-    bool ask = self->ready && !self->closing;
-    if (ask)
-        uv_async_send(&self->async);
-    int rc = 0;
-    while (ask && !self->closing && self->rendered < mine && rc != ETIMEDOUT)
-        rc = pthread_cond_timedwait(&self->done, &self->lock, &deadline);
-    if (!self->closing && self->rendered >= mine && self->text) {
+    if (ask_loop(self, &self->requested, &self->rendered) && self->text) {
         copy = malloc(self->len + 1);
         if (copy) {
             memcpy(copy, self->text, self->len + 1);
@@ -230,20 +239,19 @@ static char *fetch_text(td_http_t *self, size_t *len)
  * that does not answer in time, or a closing endpoint, included). */
 static bool fetch_health(td_http_t *self, const char **why)
 {
-    struct timespec deadline = wait_deadline();
     pthread_mutex_lock(&self->lock);
-    uint64_t mine = ++self->health_requested;
-    bool ask = self->ready && !self->closing;
-    if (ask)
-        uv_async_send(&self->async);
-    int rc = 0;
-    while (ask && !self->closing && self->health_rendered < mine && rc != ETIMEDOUT)
-        rc = pthread_cond_timedwait(&self->done, &self->lock, &deadline);
-    bool answered = !self->closing && self->health_rendered >= mine;
+    bool answered = ask_loop(self, &self->health_requested, &self->health_rendered);
     bool healthy = answered && self->healthy;
     *why = !answered ? "not answering" : self->why ? self->why : "unhealthy";
     pthread_mutex_unlock(&self->lock);
     return healthy;
+}
+
+/* Adds the Content-Type header; a failure (out of memory) is logged: the body still goes. */
+static void set_content_type(struct MHD_Response *resp, const char *type)
+{
+    if (MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type) != MHD_YES)
+        td_warn("metrics http: cannot add the Content-Type header");
 }
 
 static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned code, const char *text)
@@ -252,7 +260,7 @@ static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned code, con
         MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_MUST_COPY);
     if (!resp)
         return MHD_NO;
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
+    set_content_type(resp, "text/plain; charset=utf-8");
     enum MHD_Result rc = MHD_queue_response(conn, code, resp);
     MHD_destroy_response(resp);
     return rc;
@@ -309,7 +317,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
         free(text);
         return MHD_NO;
     }
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, CONTENT_TYPE);
+    set_content_type(resp, CONTENT_TYPE);
     enum MHD_Result rc = MHD_queue_response(conn, MHD_HTTP_OK, resp);
     MHD_destroy_response(resp);
     return rc;
@@ -324,24 +332,62 @@ static void log_mhd(void *cls, const char *fmt, va_list ap)
     td_warn("metrics http: %s", line);
 }
 
-tally_status_t td_http_new(uv_loop_t *loop, const char *listen, const char *auth_file,
-                           td_http_render_fn render, td_http_health_fn health, void *ctx,
-                           td_http_t **out)
+/* The lock and condition variable the HTTP thread and the loop thread share. */
+static td_err_t init_sync(td_http_t *self)
+{
+    int rc = pthread_mutex_init(&self->lock, NULL);
+    if (rc == 0) {
+        rc = pthread_cond_init(&self->done, NULL);
+        if (rc != 0)
+            pthread_mutex_destroy(&self->lock);
+    }
+    if (rc != 0) {
+        td_err("metrics: cannot create a lock: %s", strerror(rc));
+        return TD_ERR_LIBRARY;
+    }
+    return TD_OK;
+}
+
+/* MHD's own thread, listening at ss. */
+static td_err_t start_mhd(td_http_t *self, const char *listen, const struct sockaddr_storage *ss)
+{
+    /* AUTO: epoll or poll rather than select, which fails on fds above 1023. */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
+    if (ss->ss_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    self->mhd = MHD_start_daemon(flags, 0, NULL, NULL, handle, self, MHD_OPTION_EXTERNAL_LOGGER,
+                                 log_mhd, NULL, MHD_OPTION_SOCK_ADDR, (const struct sockaddr *)ss,
+                                 MHD_OPTION_CONNECTION_LIMIT, 16u, MHD_OPTION_CONNECTION_TIMEOUT,
+                                 10u, MHD_OPTION_END);
+    if (!self->mhd) {
+        td_err("metrics: cannot listen on %s: %s", listen, strerror(errno));
+        return TD_ERR_BIND;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(self->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    self->port = info ? info->port : 0;
+    return TD_OK;
+}
+
+td_err_t td_http_new(uv_loop_t *loop, const char *listen, const char *auth_file,
+                     td_http_render_fn render, td_http_health_fn health, void *ctx, td_http_t **out)
 {
     struct sockaddr_storage ss;
-    if (parse_listen(listen, &ss) != TALLY_OK) {
+    if (!parse_listen(listen, &ss)) {
         td_err("metrics: '%s' is not IP:PORT or HOST:PORT (e.g. 127.0.0.1:9464, [::1]:9464, "
                "localhost:9464)",
                listen);
-        return TALLY_E_PARAM;
+        return TD_ERR_BIND;
     }
     td_http_t *self = calloc(1, sizeof *self);
     if (!self)
-        return TALLY_E_INTERNAL;
-    if (auth_file && read_auth_file(self, auth_file) != TALLY_OK) {
-        free(self);
-        return TALLY_E_PARAM;
-    }
+        return TD_ERR_NOMEM;
+    bool synced = false;
+    td_err_t err = auth_file ? read_auth_file(self, auth_file) : TD_OK;
+    if (err == TD_OK)
+        err = init_sync(self);
+    if (err != TD_OK)
+        goto fail;
+    synced = true;
     /* Protected mode (td_config_check_protected) has refused this unless it was turned off. */
     if (!is_loopback(&ss) && !self->user[0])
         td_warn("metrics: %s is not a loopback address; the endpoint has no authentication",
@@ -349,43 +395,35 @@ tally_status_t td_http_new(uv_loop_t *loop, const char *listen, const char *auth
     self->render = render;
     self->health = health;
     self->ctx = ctx;
-    pthread_mutex_init(&self->lock, NULL);
-    pthread_cond_init(&self->done, NULL);
-    /* AUTO: epoll or poll rather than select, which fails on fds above 1023. */
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
-    if (ss.ss_family == AF_INET6)
-        flags |= MHD_USE_IPv6;
-    self->mhd = MHD_start_daemon(flags, 0, NULL, NULL, handle, self, MHD_OPTION_EXTERNAL_LOGGER,
-                                 log_mhd, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                                 MHD_OPTION_CONNECTION_LIMIT, 16u, MHD_OPTION_CONNECTION_TIMEOUT,
-                                 10u, MHD_OPTION_END);
-    if (!self->mhd) {
-        td_err("metrics: cannot listen on %s: %s", listen, strerror(errno));
+    err = start_mhd(self, listen, &ss);
+    if (err != TD_OK)
         goto fail;
-    }
     /* Last, so that a failure above leaves no libuv handle to close. Until `ready` is set a
      * scrape is answered 503 without touching the handle. */
-    if (uv_async_init(loop, &self->async, async_cb) != 0) {
+    int rc = uv_async_init(loop, &self->async, async_cb);
+    if (rc != 0) {
+        td_err("metrics: cannot create the loop's wake-up handle: %s", uv_strerror(rc));
         MHD_stop_daemon(self->mhd);
+        err = TD_ERR_LIBRARY;
         goto fail;
     }
     self->async.data = self;
     pthread_mutex_lock(&self->lock);
     self->ready = true;
     pthread_mutex_unlock(&self->lock);
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(self->mhd, MHD_DAEMON_INFO_BIND_PORT);
-    self->port = info ? info->port : 0;
     td_info("metrics: serving http://%.*s:%u/metrics", (int)(strrchr(listen, ':') - listen), listen,
             self->port);
     *out = self;
-    return TALLY_OK;
+    return TD_OK;
 
 fail:
     explicit_bzero(self->password, sizeof self->password);
-    pthread_cond_destroy(&self->done);
-    pthread_mutex_destroy(&self->lock);
+    if (synced) {
+        pthread_cond_destroy(&self->done);
+        pthread_mutex_destroy(&self->lock);
+    }
     free(self);
-    return TALLY_E_PARAM;
+    return err;
 }
 
 unsigned td_http_port(const td_http_t *self)

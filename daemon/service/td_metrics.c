@@ -33,17 +33,24 @@ void td_metrics_observe(td_metrics_t *m, unsigned opcode, tally_status_t status,
     m->latency_sum_s[op] += (double)latency_ns / 1e9;
 }
 
-/* An snprintf that appends at *len and keeps counting past cap. */
-static void emit(char *buf, size_t cap, size_t *len, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void emit(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+/* The text being rendered: buf[0..cap), of which len bytes are needed so far. */
+typedef struct {
+    char *buf;
+    size_t cap;
+    size_t len;
+} out_t;
+
+/* An snprintf that appends at o->len and keeps counting past cap. */
+static void emit(out_t *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void emit(out_t *o, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(*len < cap ? buf + *len : NULL, *len < cap ? cap - *len : 0, fmt, ap);
+    bool room = o->len < o->cap;
+    int n = vsnprintf(room ? o->buf + o->len : NULL, room ? o->cap - o->len : 0, fmt, ap);
     va_end(ap);
     if (n > 0)
-        *len += (size_t)n;
+        o->len += (size_t)n;
 }
 
 static const char *op_label(unsigned op)
@@ -68,10 +75,9 @@ typedef struct {
     uint64_t values, bytes, requests;
 } stream_sums_t;
 
-static void emit_stream(char *buf, size_t cap, size_t *len, const char *label,
-                        const stream_sums_t *v)
+static void emit_stream(out_t *o, const char *label, const stream_sums_t *v)
 {
-    emit(buf, cap, len,
+    emit(o,
          "tallyd_stream_values_total{stream=\"%s\"} %llu\n"
          "tallyd_stream_bytes_total{stream=\"%s\"} %llu\n"
          "tallyd_stream_requests_total{stream=\"%s\"} %llu\n",
@@ -80,11 +86,11 @@ static void emit_stream(char *buf, size_t cap, size_t *len, const char *label,
 }
 
 /* At most metrics_streams + 1 label values per metric, however many streams exist. */
-static void render_streams(const td_gauges_t *g, char *buf, size_t cap, size_t *len)
+static void render_streams(const td_gauges_t *g, out_t *o)
 {
     if (!g->streams)
         return;
-    emit(buf, cap, len,
+    emit(o,
          "# HELP tallyd_stream_values_total Elements applied to the stream (since it was created "
          "or reset), per stream; streams beyond metrics_streams are summed as "
          "stream=\"" TD_METRICS_OTHER_STREAMS "\".\n"
@@ -107,14 +113,14 @@ static void render_streams(const td_gauges_t *g, char *buf, size_t cap, size_t *
         }
         char label[2 * TALLY_STREAM_NAME_MAX + 1];
         label_value(label, sizeof label, s->name, s->name_len);
-        emit_stream(buf, cap, len, label, &v);
+        emit_stream(o, label, &v);
     }
     if (any_other)
-        emit_stream(buf, cap, len, TD_METRICS_OTHER_STREAMS, &other);
+        emit_stream(o, TD_METRICS_OTHER_STREAMS, &other);
 }
 
 /* The process_* metrics every Prometheus client library exports, from getrusage and /proc. */
-static void render_process(const td_gauges_t *g, char *buf, size_t cap, size_t *len)
+static void render_process(const td_gauges_t *g, out_t *o)
 {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
@@ -141,7 +147,7 @@ static void render_process(const td_gauges_t *g, char *buf, size_t cap, size_t *
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     double start = (double)now.tv_sec + now.tv_nsec / 1e9 - g->uptime_s;
-    emit(buf, cap, len,
+    emit(o,
          "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
          "# TYPE process_cpu_seconds_total counter\n"
          "process_cpu_seconds_total %.6f\n"
@@ -166,25 +172,23 @@ static void render_process(const td_gauges_t *g, char *buf, size_t cap, size_t *
 }
 
 typedef struct {
-    char *buf;
-    size_t cap;
-    size_t *len;
+    out_t *o;
     bool limited; /* which counter this pass renders */
 } user_render_t;
 
 static void render_user(void *ctx, const td_peer_t *user)
 {
     user_render_t *u = ctx;
-    emit(u->buf, u->cap, u->len, "tallyd_client_%s_total{client=\"%s\"} %llu\n",
-         u->limited ? "limited" : "requests", user->name,
-         (unsigned long long)(u->limited ? user->limited : user->requests));
+    emit(u->o, "tallyd_client_%s_total{client=\"%s\"} %llu\n", u->limited ? "limited" : "requests",
+         td_peer_name(user),
+         (unsigned long long)(u->limited ? td_peer_limited(user) : td_peer_requests(user)));
 }
 
 /* CURVE: handshakes by outcome, and per client (ZAP user id) its requests and refusals. A user
  * id is the name an operator gave a key (a file name or a list item), so it is a safe label. */
-static void render_auth(const td_gauges_t *g, char *buf, size_t cap, size_t *len)
+static void render_auth(const td_gauges_t *g, out_t *o)
 {
-    emit(buf, cap, len,
+    emit(o,
          "# HELP tallyd_auth_total CURVE handshakes: allowed, or refused because the key is not "
          "allowed (unknown_key), the client used no CURVE (no_curve), or the handshake failed "
          "(bad_handshake: most often a wrong server key).\n"
@@ -195,27 +199,28 @@ static void render_auth(const td_gauges_t *g, char *buf, size_t cap, size_t *len
          "tallyd_auth_total{result=\"bad_handshake\"} %llu\n",
          (unsigned long long)g->auth.allowed, (unsigned long long)g->auth.unknown_key,
          (unsigned long long)g->auth.no_curve, (unsigned long long)g->auth.bad_handshake);
+    emit(o,
+         "# HELP tallyd_auth_zap_errors_total CURVE handshakes left unanswered: ZeroMQ refused "
+         "the ZAP handler's answer.\n"
+         "# TYPE tallyd_auth_zap_errors_total counter\n"
+         "tallyd_auth_zap_errors_total %llu\n",
+         (unsigned long long)g->auth.zap_errors);
     if (!g->users)
         return;
-    user_render_t u = {.buf = buf, .cap = cap, .len = len};
-    emit(buf, cap, len,
-         "# HELP tallyd_client_requests_total Requests read, per CURVE client.\n"
-         "# TYPE tallyd_client_requests_total counter\n");
+    user_render_t u = {.o = o};
+    emit(o, "# HELP tallyd_client_requests_total Requests read, per CURVE client.\n"
+            "# TYPE tallyd_client_requests_total counter\n");
     td_peers_each_user(g->users, render_user, &u);
     u.limited = true;
-    emit(buf, cap, len,
-         "# HELP tallyd_client_limited_total Requests refused by a per-peer limit, per CURVE "
-         "client.\n"
-         "# TYPE tallyd_client_limited_total counter\n");
+    emit(o, "# HELP tallyd_client_limited_total Requests refused by a per-peer limit, per CURVE "
+            "client.\n"
+            "# TYPE tallyd_client_limited_total counter\n");
     td_peers_each_user(g->users, render_user, &u);
 }
 
-size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf, size_t cap)
+static void render_build(out_t *o)
 {
-    size_t len = 0;
-    if (cap)
-        buf[0] = '\0';
-    emit(buf, cap, &len,
+    emit(o,
          "# HELP tallyd_build_info tallyd's version, protocol and whether CUDA was built in.\n"
          "# TYPE tallyd_build_info gauge\n"
          "tallyd_build_info{version=\"%s\",protocol=\"%d\",cuda=\"%s\"} 1\n",
@@ -226,40 +231,46 @@ size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf,
          "no"
 #endif
     );
-    emit(buf, cap, &len,
-         "# HELP tallyd_requests_total Requests answered, by operation and status.\n"
-         "# TYPE tallyd_requests_total counter\n");
+}
+
+/* Requests answered by operation and status, and their latency histogram per operation. */
+static void render_requests(const td_metrics_t *m, out_t *o)
+{
+    emit(o, "# HELP tallyd_requests_total Requests answered, by operation and status.\n"
+            "# TYPE tallyd_requests_total counter\n");
     for (unsigned op = 0; op < TALLY_OP_COUNT; op++)
         for (unsigned st = 0; st < TALLY_STATUS_WIRE_COUNT; st++)
             if (m->requests[op][st])
-                emit(buf, cap, &len, "tallyd_requests_total{op=\"%s\",status=\"%s\"} %llu\n",
-                     op_label(op), tally_status_name((tally_status_t)st),
+                emit(o, "tallyd_requests_total{op=\"%s\",status=\"%s\"} %llu\n", op_label(op),
+                     tally_status_name((tally_status_t)st),
                      (unsigned long long)m->requests[op][st]);
-    emit(buf, cap, &len,
-         "# HELP tallyd_request_duration_seconds Time from receipt to reply, by operation.\n"
-         "# TYPE tallyd_request_duration_seconds histogram\n");
+    emit(o, "# HELP tallyd_request_duration_seconds Time from receipt to reply, by operation.\n"
+            "# TYPE tallyd_request_duration_seconds histogram\n");
     for (unsigned op = 0; op < TALLY_OP_COUNT; op++) {
-        uint64_t cumulative = 0;
+        uint64_t total = 0;
         for (unsigned b = 0; b <= TD_LATENCY_BUCKETS; b++)
-            cumulative += m->latency_buckets[op][b];
-        if (cumulative == 0)
+            total += m->latency_buckets[op][b];
+        if (total == 0)
             continue;
-        uint64_t total = cumulative;
-        cumulative = 0;
+        uint64_t cumulative = 0;
         for (unsigned b = 0; b < TD_LATENCY_BUCKETS; b++) {
             cumulative += m->latency_buckets[op][b];
-            emit(buf, cap, &len,
-                 "tallyd_request_duration_seconds_bucket{op=\"%s\",le=\"%g\"} %llu\n", op_label(op),
-                 td_latency_bounds_us[b] / 1e6, (unsigned long long)cumulative);
+            emit(o, "tallyd_request_duration_seconds_bucket{op=\"%s\",le=\"%g\"} %llu\n",
+                 op_label(op), td_latency_bounds_us[b] / 1e6, (unsigned long long)cumulative);
         }
-        emit(buf, cap, &len,
+        emit(o,
              "tallyd_request_duration_seconds_bucket{op=\"%s\",le=\"+Inf\"} %llu\n"
              "tallyd_request_duration_seconds_sum{op=\"%s\"} %.9f\n"
              "tallyd_request_duration_seconds_count{op=\"%s\"} %llu\n",
              op_label(op), (unsigned long long)total, op_label(op), m->latency_sum_s[op],
              op_label(op), (unsigned long long)total);
     }
-    emit(buf, cap, &len,
+}
+
+/* Bytes, dropped replies, fallbacks, read pauses and failures: one value each. */
+static void render_counters(const td_metrics_t *m, out_t *o)
+{
+    emit(o,
          "# HELP tallyd_received_bytes_total Request payload bytes received.\n"
          "# TYPE tallyd_received_bytes_total counter\n"
          "tallyd_received_bytes_total %llu\n"
@@ -279,12 +290,21 @@ size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf,
          "tallyd_read_pauses_total %llu\n"
          "# HELP tallyd_state_write_failures_total State snapshots that could not be written.\n"
          "# TYPE tallyd_state_write_failures_total counter\n"
-         "tallyd_state_write_failures_total %llu\n",
+         "tallyd_state_write_failures_total %llu\n"
+         "# HELP tallyd_notify_failures_total systemd notifications (READY, STATUS, WATCHDOG...) "
+         "that could not be sent.\n"
+         "# TYPE tallyd_notify_failures_total counter\n"
+         "tallyd_notify_failures_total %llu\n",
          (unsigned long long)m->bytes_in, (unsigned long long)m->bytes_out,
          (unsigned long long)m->replies_dropped_gone, (unsigned long long)m->replies_dropped_slow,
          (unsigned long long)m->backend_fallbacks, (unsigned long long)m->read_pauses,
-         (unsigned long long)m->state_write_failures);
-    emit(buf, cap, &len,
+         (unsigned long long)m->state_write_failures, (unsigned long long)m->notify_failures);
+}
+
+/* Shared memory, requests per GPU and the per-peer limits. */
+static void render_resources(const td_metrics_t *m, const td_gauges_t *g, out_t *o)
+{
+    emit(o,
          "# HELP tallyd_shm_requests_total Requests whose input was in shared memory.\n"
          "# TYPE tallyd_shm_requests_total counter\n"
          "tallyd_shm_requests_total %llu\n"
@@ -296,31 +316,32 @@ size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf,
          "tallyd_shm_bytes %llu\n",
          (unsigned long long)m->shm_requests, g->shm_regions, (unsigned long long)g->shm_bytes);
     if (m->gpu_devices)
-        emit(buf, cap, &len,
-             "# HELP tallyd_gpu_requests_total Requests completed on each GPU (a request split "
-             "over a GPU's streams counts once).\n"
-             "# TYPE tallyd_gpu_requests_total counter\n");
+        emit(o, "# HELP tallyd_gpu_requests_total Requests completed on each GPU (a request split "
+                "over a GPU's streams counts once).\n"
+                "# TYPE tallyd_gpu_requests_total counter\n");
     for (unsigned d = 0; d < m->gpu_devices && d < TD_METRICS_GPUS_MAX; d++)
-        emit(buf, cap, &len, "tallyd_gpu_requests_total{device=\"%u\"} %llu\n", d,
+        emit(o, "tallyd_gpu_requests_total{device=\"%u\"} %llu\n", d,
              (unsigned long long)m->gpu_requests[d]);
     static const char *const limit_names[TD_LIMIT_COUNT] = {"inflight_share", "client_streams",
                                                             "stream_rate"};
-    emit(buf, cap, &len,
-         "# HELP tallyd_limited_total Requests refused by a per-peer limit: the connection's "
-         "share of in-flight slots (busy), the client's streams (client_streams), its stream "
-         "creation rate (rate_limited).\n"
-         "# TYPE tallyd_limited_total counter\n");
+    emit(o, "# HELP tallyd_limited_total Requests refused by a per-peer limit: the connection's "
+            "share of in-flight slots (busy), the client's streams (client_streams), its stream "
+            "creation rate (rate_limited).\n"
+            "# TYPE tallyd_limited_total counter\n");
     for (unsigned i = 0; i < TD_LIMIT_COUNT; i++)
-        emit(buf, cap, &len, "tallyd_limited_total{reason=\"%s\"} %llu\n", limit_names[i],
+        emit(o, "tallyd_limited_total{reason=\"%s\"} %llu\n", limit_names[i],
              (unsigned long long)m->limited[i]);
-    if (g->curve)
-        render_auth(g, buf, cap, &len);
-    emit(buf, cap, &len,
+}
+
+/* The sampled gauges: peers, load, streams, backend, uptime, health, subscriptions. */
+static void render_gauges(const td_gauges_t *g, out_t *o)
+{
+    emit(o,
          "# HELP tallyd_peers Connections and clients tracked for the per-peer limits.\n"
          "# TYPE tallyd_peers gauge\n"
          "tallyd_peers %u\n",
          g->peers);
-    emit(buf, cap, &len,
+    emit(o,
          "# HELP tallyd_requests_in_flight Requests accepted and not yet answered.\n"
          "# TYPE tallyd_requests_in_flight gauge\n"
          "tallyd_requests_in_flight %u\n"
@@ -344,7 +365,7 @@ size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf,
          "tallyd_uptime_seconds %.3f\n",
          g->inflight, g->max_inflight, g->queued, g->stream_count, g->backend, g->devices,
          (unsigned long long)g->device_memory_bytes, g->uptime_s);
-    emit(buf, cap, &len,
+    emit(o,
          "# HELP tallyd_gpus_lost GPUs marked unusable since tallyd started.\n"
          "# TYPE tallyd_gpus_lost gauge\n"
          "tallyd_gpus_lost %u\n"
@@ -358,7 +379,21 @@ size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf,
          "tallyd_pub_messages_total{result=\"failed\"} %llu\n",
          g->gpus_lost, g->stopping ? 1 : 0, (unsigned long long)g->pub_messages,
          (unsigned long long)g->pub_failed);
-    render_streams(g, buf, cap, &len);
-    render_process(g, buf, cap, &len);
-    return len;
+}
+
+size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf, size_t cap)
+{
+    out_t o = {.buf = buf, .cap = cap};
+    if (cap)
+        buf[0] = '\0';
+    render_build(&o);
+    render_requests(m, &o);
+    render_counters(m, &o);
+    render_resources(m, g, &o);
+    if (g->curve)
+        render_auth(g, &o);
+    render_gauges(g, &o);
+    render_streams(g, &o);
+    render_process(g, &o);
+    return o.len;
 }

@@ -42,10 +42,11 @@ typedef struct {
     uint64_t backend_fallbacks;    /* requests rerun on the CPU after a GPU failure */
     uint64_t read_pauses;          /* times reading stopped because max_inflight was reached */
     uint64_t state_write_failures; /* state snapshots that could not be written */
+    uint64_t notify_failures;      /* systemd notifications that could not be sent */
     uint64_t shm_requests;         /* requests whose input was a shared-memory reference */
     uint64_t gpu_requests[TD_METRICS_GPUS_MAX]; /* completed on each GPU (by ordinal) */
     unsigned gpu_devices;                       /* how many of those to report */
-    uint64_t limited[TD_LIMIT_COUNT]; /* requests refused by a per-peer limit */
+    uint64_t limited[TD_LIMIT_COUNT];           /* requests refused by a per-peer limit */
 } td_metrics_t;
 
 /* Values that are not counters: sampled when rendering. */

@@ -22,37 +22,56 @@
 #include "td_log.h"
 #include "td_notify.h"
 
-void td_notify_ready(const char *status)
+/* sd_notify's result (negative: an errno): a failure is logged and returned to be counted. */
+static td_err_t notified(int rc, const char *what)
 {
-    sd_notifyf(0, "READY=1\nSTATUS=%s", status);
+    static bool warned; /* loop thread only */
+    if (rc >= 0)
+        return TD_OK;
+    if (!warned)
+        td_warn("systemd: cannot send %s: %s (later failures are logged at debug and counted in "
+                "tallyd_notify_failures_total)",
+                what, strerror(-rc));
+    else
+        td_debug("systemd: cannot send %s: %s", what, strerror(-rc));
+    warned = true;
+    return TD_ERR_LIBRARY;
 }
 
-void td_notify_status(const char *status)
+td_err_t td_notify_ready(const char *status)
 {
-    sd_notifyf(0, "STATUS=%s", status);
+    return notified(sd_notifyf(0, "READY=1\nSTATUS=%s", status), "READY=1");
 }
 
-void td_notify_reloading(void)
+td_err_t td_notify_status(const char *status)
+{
+    return notified(sd_notifyf(0, "STATUS=%s", status), "STATUS=");
+}
+
+td_err_t td_notify_reloading(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%llu\nSTATUS=reloading the configuration",
-               (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000);
+    int rc = sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%llu\nSTATUS=reloading the configuration",
+                        (unsigned long long)ts.tv_sec * 1000000ull +
+                            (unsigned long long)ts.tv_nsec / 1000);
+    return notified(rc, "RELOADING=1");
 }
 
-void td_notify_reloaded(void)
+td_err_t td_notify_reloaded(void)
 {
-    sd_notify(0, "READY=1");
+    return notified(sd_notify(0, "READY=1"), "READY=1");
 }
 
-void td_notify_stopping(void)
+td_err_t td_notify_stopping(void)
 {
-    sd_notify(0, "STOPPING=1\nSTATUS=stopping: answering requests in flight");
+    return notified(sd_notify(0, "STOPPING=1\nSTATUS=stopping: answering requests in flight"),
+                    "STOPPING=1");
 }
 
-void td_notify_watchdog(void)
+td_err_t td_notify_watchdog(void)
 {
-    sd_notify(0, "WATCHDOG=1");
+    return notified(sd_notify(0, "WATCHDOG=1"), "WATCHDOG=1");
 }
 
 uint64_t td_notify_watchdog_usec(void)
@@ -76,14 +95,14 @@ int td_listen_fds_count(void)
 }
 
 /* Writes the ZeroMQ endpoint naming fd's local address into buf. */
-static tally_status_t fd_endpoint(int fd, char *buf, size_t cap, int *family)
+static td_err_t fd_endpoint(int fd, char *buf, size_t cap, int *family)
 {
     struct sockaddr_storage ss;
     socklen_t len = sizeof ss;
     memset(&ss, 0, sizeof ss);
     if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0) {
         td_err("socket activation: fd %d: getsockname: %s", fd, strerror(errno));
-        return TALLY_E_PARAM;
+        return TD_ERR_BIND;
     }
     *family = ss.ss_family;
     char ip[INET6_ADDRSTRLEN];
@@ -91,13 +110,13 @@ static tally_status_t fd_endpoint(int fd, char *buf, size_t cap, int *family)
         const struct sockaddr_in *in = (const struct sockaddr_in *)&ss;
         inet_ntop(AF_INET, &in->sin_addr, ip, sizeof ip);
         snprintf(buf, cap, "tcp://%s:%u", ip, (unsigned)ntohs(in->sin_port));
-        return TALLY_OK;
+        return TD_OK;
     }
     if (ss.ss_family == AF_INET6) {
         const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&ss;
         inet_ntop(AF_INET6, &in6->sin6_addr, ip, sizeof ip);
         snprintf(buf, cap, "tcp://[%s]:%u", ip, (unsigned)ntohs(in6->sin6_port));
-        return TALLY_OK;
+        return TD_OK;
     }
     if (ss.ss_family == AF_UNIX) {
         const struct sockaddr_un *un = (const struct sockaddr_un *)&ss;
@@ -106,57 +125,59 @@ static tally_status_t fd_endpoint(int fd, char *buf, size_t cap, int *family)
                               : 0;
         if (path_len == 0) {
             td_err("socket activation: fd %d is an unnamed unix socket", fd);
-            return TALLY_E_PARAM;
+            return TD_ERR_BIND;
         }
         if (un->sun_path[0] == '\0') /* abstract namespace: ZeroMQ spells it ipc://@name */
             snprintf(buf, cap, "ipc://@%.*s", (int)(path_len - 1), un->sun_path + 1);
         else
             snprintf(buf, cap, "ipc://%.*s", (int)strnlen(un->sun_path, path_len), un->sun_path);
-        return TALLY_OK;
+        return TD_OK;
     }
     td_err("socket activation: fd %d has address family %d; tallyd takes inet, inet6 and unix", fd,
            (int)ss.ss_family);
-    return TALLY_E_PARAM;
+    return TD_ERR_BIND;
 }
 
-tally_status_t td_listen_fds_bind(void *zsock, const td_config_t *cfg)
+/* One passed socket, checked and adopted by zsock. */
+static td_err_t adopt_fd(void *zsock, const td_config_t *cfg, int fd)
+{
+    if (sd_is_socket(fd, AF_UNSPEC, SOCK_STREAM, 1) <= 0) {
+        td_err("socket activation: fd %d is not a listening stream socket "
+               "(use ListenStream= in the .socket unit)",
+               fd);
+        return TD_ERR_BIND;
+    }
+    char endpoint[160];
+    int family = 0;
+    td_err_t err = fd_endpoint(fd, endpoint, sizeof endpoint, &family);
+    if (err != TD_OK)
+        return err;
+    char why[1024];
+    if (td_config_check_endpoint(cfg, endpoint, false, why, sizeof why) != TALLY_OK) {
+        td_err("socket activation: fd %d: %s", fd, why);
+        return TD_ERR_BIND;
+    }
+    int one = 1, use_fd = fd;
+    if ((family == AF_INET6 && zmq_setsockopt(zsock, ZMQ_IPV6, &one, sizeof one) != 0) ||
+        zmq_setsockopt(zsock, ZMQ_USE_FD, &use_fd, sizeof use_fd) != 0 ||
+        zmq_bind(zsock, endpoint) != 0) {
+        td_err("socket activation: cannot adopt fd %d (%s): %s", fd, endpoint, zmq_strerror(errno));
+        return TD_ERR_BIND;
+    }
+    td_info("listening on %s (socket fd %d from systemd)", endpoint, fd);
+    return TD_OK;
+}
+
+td_err_t td_listen_fds_bind(void *zsock, const td_config_t *cfg)
 {
     int n = td_listen_fds_count();
-    tally_status_t st = TALLY_OK;
-    for (int fd = SD_LISTEN_FDS_START; fd < SD_LISTEN_FDS_START + n; fd++) {
-        if (sd_is_socket(fd, AF_UNSPEC, SOCK_STREAM, 1) <= 0) {
-            td_err("socket activation: fd %d is not a listening stream socket "
-                   "(use ListenStream= in the .socket unit)",
-                   fd);
-            st = TALLY_E_PARAM;
-            break;
-        }
-        char endpoint[160];
-        int family = 0;
-        st = fd_endpoint(fd, endpoint, sizeof endpoint, &family);
-        if (st != TALLY_OK)
-            break;
-        char why[1024];
-        st = td_config_check_endpoint(cfg, endpoint, false, why, sizeof why);
-        if (st != TALLY_OK) {
-            td_err("socket activation: fd %d: %s", fd, why);
-            break;
-        }
-        if (family == AF_INET6) {
-            int one = 1;
-            zmq_setsockopt(zsock, ZMQ_IPV6, &one, sizeof one);
-        }
-        int use_fd = fd;
-        zmq_setsockopt(zsock, ZMQ_USE_FD, &use_fd, sizeof use_fd);
-        if (zmq_bind(zsock, endpoint) != 0) {
-            td_err("socket activation: cannot adopt fd %d (%s): %s", fd, endpoint,
-                   zmq_strerror(errno));
-            st = TALLY_E_PARAM;
-            break;
-        }
-        td_info("listening on %s (socket fd %d from systemd)", endpoint, fd);
-    }
+    td_err_t err = TD_OK;
+    for (int fd = SD_LISTEN_FDS_START; fd < SD_LISTEN_FDS_START + n && err == TD_OK; fd++)
+        err = adopt_fd(zsock, cfg, fd);
     int none = -1; /* later binds create their own sockets */
-    zmq_setsockopt(zsock, ZMQ_USE_FD, &none, sizeof none);
-    return st;
+    if (n > 0 && zmq_setsockopt(zsock, ZMQ_USE_FD, &none, sizeof none) != 0 && err == TD_OK) {
+        td_err("socket activation: cannot reset ZMQ_USE_FD: %s", zmq_strerror(errno));
+        err = TD_ERR_LIBRARY;
+    }
+    return err;
 }

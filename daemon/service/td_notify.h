@@ -4,6 +4,10 @@
  *
  * Every function is a no-op when tallyd does not run under systemd (NOTIFY_SOCKET or
  * LISTEN_FDS unset), so the daemon behaves the same from a terminal.
+ *
+ * A notification that cannot be sent returns TD_ERR_LIBRARY for the caller to count
+ * (tallyd_notify_failures_total); the first failure is logged at warning, later ones at debug,
+ * so a watchdog ping every few seconds to a broken socket cannot flood the journal.
  */
 #ifndef TD_NOTIFY_H
 #define TD_NOTIFY_H
@@ -11,20 +15,20 @@
 #include <stdint.h>
 
 #include "td_config.h"
-#include "tally_proto.h"
+#include "td_err.h"
 
 /* READY=1 with a STATUS= line: sockets are bound, the backend is up, state is restored. */
-void td_notify_ready(const char *status);
+td_err_t td_notify_ready(const char *status);
 /* STATUS=<line>: the one-line summary `systemctl status` shows. */
-void td_notify_status(const char *status);
-/* STOPPING=1: shutdown has begun (in-flight requests are being answered). */
+td_err_t td_notify_status(const char *status);
 /* Around a configuration reload (SIGHUP): RELOADING=1 with the monotonic time, then READY=1
  * (what Type=notify-reload waits for; older systemd takes them as status updates). */
-void td_notify_reloading(void);
-void td_notify_reloaded(void);
-void td_notify_stopping(void);
+td_err_t td_notify_reloading(void);
+td_err_t td_notify_reloaded(void);
+/* STOPPING=1: shutdown has begun (in-flight requests are being answered). */
+td_err_t td_notify_stopping(void);
 /* WATCHDOG=1: the loop thread is alive. */
-void td_notify_watchdog(void);
+td_err_t td_notify_watchdog(void);
 /* The watchdog interval systemd expects pings within (WatchdogSec=), 0 when none. */
 uint64_t td_notify_watchdog_usec(void);
 
@@ -32,9 +36,9 @@ uint64_t td_notify_watchdog_usec(void);
  * the environment variables are then unset so child processes do not inherit them. */
 int td_listen_fds_count(void);
 /* Hands every passed socket to the ZeroMQ socket `zsock` (ZMQ_USE_FD, then zmq_bind with the
- * endpoint the fd's address names: tcp://IP:PORT or ipc://PATH). Logs and returns
- * TALLY_E_PARAM for a socket that is not a listening stream socket of a supported family, or
- * one on a network address that protected mode refuses (td_config_check_endpoint). */
-tally_status_t td_listen_fds_bind(void *zsock, const td_config_t *cfg);
+ * endpoint the fd's address names: tcp://IP:PORT or ipc://PATH). Logs and returns TD_ERR_BIND
+ * for a socket that is not a listening stream socket of a supported family, one on a network
+ * address that protected mode refuses (td_config_check_endpoint), or one ZeroMQ cannot adopt. */
+td_err_t td_listen_fds_bind(void *zsock, const td_config_t *cfg);
 
 #endif

@@ -26,7 +26,8 @@ struct td_pub {
     uint64_t seq;
     uint64_t messages;
     uint64_t failed;
-    deleted_t *deleted_head, *deleted_tail;
+    deleted_t *deleted;      /* the deletions to publish, oldest first */
+    deleted_t **deleted_end; /* where the next one is linked: &deleted, or the last's next */
     bool closed;
     char endpoint[256];
 };
@@ -49,19 +50,27 @@ static void publish(td_pub_t *p, const char *name, size_t len, uint8_t kind, con
     p->messages++;
 }
 
+/* The oldest deletion not yet published (the caller frees it), or NULL. */
+static deleted_t *pop_deleted(td_pub_t *p)
+{
+    deleted_t *d = p->deleted;
+    if (d)
+        p->deleted = d->next;
+    if (!p->deleted)
+        p->deleted_end = &p->deleted;
+    return d;
+}
+
 void td_pub_tick(td_pub_t *p)
 {
     static uint8_t record[TALLY_QUERY_PAYLOAD_MAX]; /* loop thread only */
     if (p->closed)
         return;
     uint64_t now = td_clock_ms();
-    while (p->deleted_head) {
-        deleted_t *d = p->deleted_head;
-        p->deleted_head = d->next;
+    for (deleted_t *d; (d = pop_deleted(p));) {
         publish(p, d->name, d->len, TALLY_PUB_DELETED, NULL, 0, now);
         free(d);
     }
-    p->deleted_tail = NULL;
     for (td_stream_t *s = td_streams_first(p->streams); s; s = s->list_next) {
         if (!s->pub_dirty)
             continue;
@@ -76,17 +85,14 @@ static void timer_cb(uv_timer_t *timer)
     td_pub_tick(timer->data);
 }
 
-tally_status_t td_pub_new(uv_loop_t *loop, void *zmq_ctx, const char *endpoint,
-                          unsigned interval_ms, td_streams_t *streams, td_pub_t **out, char *why,
-                          size_t why_cap)
+static void free_after_close(uv_handle_t *handle)
 {
-    td_pub_t *p = calloc(1, sizeof *p);
-    if (!p) {
-        snprintf(why, why_cap, "out of memory");
-        return TALLY_E_INTERNAL;
-    }
-    p->streams = streams;
-    p->interval_ms = interval_ms;
+    free(handle->data);
+}
+
+/* The PUB socket, bound at endpoint; false with why. */
+static bool open_socket(td_pub_t *p, void *zmq_ctx, const char *endpoint, char *why, size_t why_cap)
+{
     p->socket = zmq_socket(zmq_ctx, ZMQ_PUB);
     int hwm = TD_PUB_SNDHWM, linger = 0;
     size_t cap = sizeof p->endpoint;
@@ -96,17 +102,51 @@ tally_status_t td_pub_new(uv_loop_t *loop, void *zmq_ctx, const char *endpoint,
         zmq_getsockopt(p->socket, ZMQ_LAST_ENDPOINT, p->endpoint, &cap) != 0) {
         snprintf(why, why_cap, "cannot bind the PUB socket to %s: %s", endpoint,
                  zmq_strerror(errno));
-        if (p->socket)
-            zmq_close(p->socket);
-        free(p);
-        return TALLY_E_PARAM;
+        return false;
     }
-    uv_timer_init(loop, &p->timer);
+    return true;
+}
+
+td_err_t td_pub_new(uv_loop_t *loop, void *zmq_ctx, const char *endpoint, unsigned interval_ms,
+                    td_streams_t *streams, td_pub_t **out, char *why, size_t why_cap)
+{
+    td_pub_t *p = calloc(1, sizeof *p);
+    if (!p) {
+        snprintf(why, why_cap, "out of memory");
+        return TD_ERR_NOMEM;
+    }
+    p->streams = streams;
+    p->interval_ms = interval_ms;
+    p->deleted_end = &p->deleted;
+    td_err_t err = TD_OK;
+    if (!open_socket(p, zmq_ctx, endpoint, why, why_cap)) {
+        err = TD_ERR_BIND;
+        goto fail;
+    }
+    /* The timer last: a failure above leaves no libuv handle to close. */
+    int rc = uv_timer_init(loop, &p->timer);
+    if (rc != 0) {
+        snprintf(why, why_cap, "cannot create the PUB timer: %s", uv_strerror(rc));
+        err = TD_ERR_LIBRARY;
+        goto fail;
+    }
     p->timer.data = p;
-    uv_timer_start(&p->timer, timer_cb, interval_ms, interval_ms);
+    rc = uv_timer_start(&p->timer, timer_cb, interval_ms, interval_ms);
+    if (rc != 0) { /* cannot happen to a timer just made, with a callback */
+        snprintf(why, why_cap, "cannot start the PUB timer: %s", uv_strerror(rc));
+        zmq_close(p->socket);
+        uv_close((uv_handle_t *)&p->timer, free_after_close);
+        return TD_ERR_LIBRARY;
+    }
     td_info("publishing changed streams on %s every %u ms", p->endpoint, interval_ms);
     *out = p;
-    return TALLY_OK;
+    return TD_OK;
+
+fail:
+    if (p->socket)
+        zmq_close(p->socket);
+    free(p);
+    return err;
 }
 
 void td_pub_close(td_pub_t *p)
@@ -125,11 +165,8 @@ void td_pub_destroy(td_pub_t **self_p)
     td_pub_t *p = *self_p;
     if (!p)
         return;
-    while (p->deleted_head) {
-        deleted_t *d = p->deleted_head;
-        p->deleted_head = d->next;
+    for (deleted_t *d; (d = pop_deleted(p));)
         free(d);
-    }
     free(p);
     *self_p = NULL;
 }
@@ -149,11 +186,8 @@ void td_pub_deleted(td_pub_t *p, const char *name, size_t len)
     }
     memcpy(d->name, name, len);
     d->len = len;
-    if (p->deleted_tail)
-        p->deleted_tail->next = d;
-    else
-        p->deleted_head = d;
-    p->deleted_tail = d;
+    *p->deleted_end = d;
+    p->deleted_end = &d->next;
 }
 
 uint64_t td_pub_messages(const td_pub_t *p)

@@ -20,16 +20,15 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "td_err.h"
 #include "td_stream.h"
-#include "tally_proto.h"
 
 typedef struct td_pub td_pub_t;
 
 /* Binds a PUB socket of zmq_ctx at endpoint and starts publishing `streams` every interval_ms.
- * TALLY_E_PARAM with why when the endpoint cannot be bound. */
-tally_status_t td_pub_new(uv_loop_t *loop, void *zmq_ctx, const char *endpoint,
-                          unsigned interval_ms, td_streams_t *streams, td_pub_t **out, char *why,
-                          size_t why_cap);
+ * TD_ERR_BIND with why when the endpoint cannot be bound; TD_ERR_NOMEM, TD_ERR_LIBRARY. */
+td_err_t td_pub_new(uv_loop_t *loop, void *zmq_ctx, const char *endpoint, unsigned interval_ms,
+                    td_streams_t *streams, td_pub_t **out, char *why, size_t why_cap);
 /* Stops the timer and closes the socket (nothing is published after it); the loop must run
  * once more before td_pub_destroy frees it. */
 void td_pub_close(td_pub_t *self);

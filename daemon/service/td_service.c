@@ -46,7 +46,7 @@ typedef struct {
     uint64_t body_sum;
     unsigned streams;
     bool final; /* the shutdown snapshot: its failure decides the exit code */
-    tally_status_t status;
+    td_err_t status;
     char msg[512];
 } state_job_t;
 
@@ -56,6 +56,7 @@ struct td_service {
     uv_timer_t status_timer;
     uv_timer_t watchdog_timer;
     uv_timer_t state_timer;
+    size_t timers_open; /* status, watchdog, state: how many of them are initialised */
     bool status_on, watchdog_on, state_on;
     bool closed;
     bool final_failed; /* the shutdown snapshot could not be written */
@@ -69,21 +70,21 @@ struct td_service {
     uint64_t written_sum; /* checksum of the records last written (or restored) */
 };
 
-tally_status_t td_service_render_metrics(const td_service_host_t *host, char **text, size_t *len)
+td_err_t td_service_render_metrics(const td_service_host_t *host, char **text, size_t *len)
 {
     td_gauges_t g;
     host->gauges(host->ctx, &g);
     size_t need = td_metrics_render(host->metrics, &g, NULL, 0) + 1;
     char *out = malloc(need);
     if (!out)
-        return TALLY_E_INTERNAL;
+        return TD_ERR_NOMEM;
     td_metrics_render(host->metrics, &g, out, need);
     *text = out;
     *len = need - 1;
-    return TALLY_OK;
+    return TD_OK;
 }
 
-static tally_status_t render_cb(void *ctx, char **text, size_t *len)
+static td_err_t render_cb(void *ctx, char **text, size_t *len)
 {
     td_service_t *self = ctx;
     return td_service_render_metrics(&self->host, text, len);
@@ -112,18 +113,24 @@ static void summary(td_service_t *self, char *buf, size_t cap)
              g.stream_count, g.inflight, (unsigned long long)answered);
 }
 
+/* A systemd notification that could not be sent (td_notify logged it) is counted. */
+static void notified(td_service_t *self, td_err_t err)
+{
+    if (err != TD_OK)
+        self->host.metrics->notify_failures++;
+}
+
 static void status_cb(uv_timer_t *timer)
 {
     td_service_t *self = timer->data;
     char line[256];
     summary(self, line, sizeof line);
-    td_notify_status(line);
+    notified(self, td_notify_status(line));
 }
 
 static void watchdog_cb(uv_timer_t *timer)
 {
-    (void)timer;
-    td_notify_watchdog();
+    notified(timer->data, td_notify_watchdog());
 }
 
 /* ---- State snapshots -------------------------------------------------------------------- */
@@ -141,10 +148,10 @@ static void state_after(uv_work_t *work, int status)
     state_job_t *job = work->data;
     td_service_t *self = job->owner;
     if (status == UV_ECANCELED) {
-        job->status = TALLY_E_IO;
+        job->status = TD_ERR_IO;
         snprintf(job->msg, sizeof job->msg, "cancelled");
     }
-    if (job->status == TALLY_OK) {
+    if (job->status == TD_OK) {
         self->written_sum = job->body_sum;
         td_debug("state: wrote %u streams (%zu bytes) to %s/%s", job->streams, job->len, job->dir,
                  TD_STATE_FILE);
@@ -189,8 +196,7 @@ static void state_save(td_service_t *self)
         return;
     }
     state_job_t *job = calloc(1, sizeof *job);
-    if (!job ||
-        td_state_encode(self->host.streams, td_clock_ms(), &job->buf, &job->len) != TALLY_OK) {
+    if (!job || td_state_encode(self->host.streams, td_clock_ms(), &job->buf, &job->len) != TD_OK) {
         state_not_queued(self, "out of memory for a snapshot");
         free(job);
         return;
@@ -223,113 +229,155 @@ static void state_cb(uv_timer_t *timer)
     state_save(timer->data);
 }
 
-static tally_status_t restore_state(td_service_t *self)
+static td_err_t restore_state(td_service_t *self)
 {
     td_state_report_t report;
     char msg[4400];
-    if (td_state_restore(self->state_dir, self->host.streams, &report, msg, sizeof msg) !=
-        TALLY_OK) {
+    td_err_t err = td_state_restore(self->state_dir, self->host.streams, &report, msg, sizeof msg);
+    if (err != TD_OK) {
         td_err("state: %s", msg);
-        return TALLY_E_PARAM;
+        return err;
     }
     /* When what is in memory now is what is on disk, there is no need to write it back
      * unchanged. A file that lost records is rewritten at the first snapshot instead. */
     if (td_state_report_lossy(&report))
-        return TALLY_OK;
+        return TD_OK;
     uint8_t *buf = NULL;
     size_t len = 0;
-    if (td_state_encode(self->host.streams, td_clock_ms(), &buf, &len) == TALLY_OK)
+    if (td_state_encode(self->host.streams, td_clock_ms(), &buf, &len) == TD_OK)
         self->written_sum = td_state_records_digest(buf, len);
     free(buf);
-    return TALLY_OK;
+    return TD_OK;
 }
 
 /* Persistence was asked for: a directory that cannot hold the state file stops tallyd at
  * start rather than losing every snapshot later. A missing last component is created. */
-static tally_status_t check_state_dir(const char *dir)
+static td_err_t check_state_dir(const char *dir)
 {
     struct stat sb;
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
         td_err("state: cannot create the state directory %s: %s", dir, strerror(errno));
-        return TALLY_E_PARAM;
+        return TD_ERR_IO;
     }
     if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
         td_err("state: %s is not a directory", dir);
-        return TALLY_E_PARAM;
+        return TD_ERR_IO;
     }
     if (access(dir, W_OK | X_OK) != 0) {
         td_err("state: cannot write to the state directory %s: %s", dir, strerror(errno));
-        return TALLY_E_PARAM;
+        return TD_ERR_IO;
     }
-    return TALLY_OK;
+    return TD_OK;
 }
 
 /* ---- Lifecycle -------------------------------------------------------------------------- */
 
-tally_status_t td_service_new(const td_service_host_t *host, td_service_t **out)
+/* With a state directory: checks it and restores the streams saved in it. */
+static td_err_t open_state(td_service_t *self)
+{
+    const td_config_t *cfg = self->host.cfg;
+    if (!cfg->state_dir) {
+        td_info("state: no state directory (--state-dir); streams are not persisted");
+        return TD_OK;
+    }
+    self->state_dir = strdup(cfg->state_dir);
+    if (!self->state_dir)
+        return TD_ERR_NOMEM;
+    td_err_t err = check_state_dir(self->state_dir);
+    if (err == TD_OK)
+        err = restore_state(self);
+    if (err == TD_OK)
+        td_info("state: snapshots to %s/%s every %u s", self->state_dir, TD_STATE_FILE,
+                cfg->state_interval);
+    return err;
+}
+
+/* Starts `timer` (initialised by open_timers) when `on`; records that it runs. */
+static td_err_t start_timer(uv_timer_t *timer, bool on, uv_timer_cb cb, uint64_t first_ms,
+                            uint64_t every_ms, bool *running, const char *what)
+{
+    if (!on)
+        return TD_OK;
+    int rc = uv_timer_start(timer, cb, first_ms, every_ms);
+    if (rc != 0) {
+        td_err("cannot start the %s timer: %s", what, uv_strerror(rc));
+        return TD_ERR_LIBRARY;
+    }
+    *running = true;
+    return TD_OK;
+}
+
+/* The status, watchdog and state timers (each only where it has work). */
+static td_err_t open_timers(td_service_t *self)
+{
+    uv_timer_t *timers[] = {&self->status_timer, &self->watchdog_timer, &self->state_timer};
+    for (size_t i = 0; i < sizeof timers / sizeof timers[0]; i++) {
+        int rc = uv_timer_init(self->host.loop, timers[i]);
+        if (rc != 0) {
+            td_err("cannot create a service timer: %s", uv_strerror(rc));
+            return TD_ERR_LIBRARY;
+        }
+        timers[i]->data = self;
+        self->timers_open = i + 1;
+    }
+    uint64_t watchdog_usec = td_notify_watchdog_usec();
+    uint64_t watchdog_ms = watchdog_usec / 2000 ? watchdog_usec / 2000 : 1;
+    uint64_t state_ms = (uint64_t)self->host.cfg->state_interval * 1000;
+    td_err_t err =
+        start_timer(&self->status_timer, getenv("NOTIFY_SOCKET") != NULL, status_cb,
+                    TD_STATUS_INTERVAL_MS, TD_STATUS_INTERVAL_MS, &self->status_on, "status");
+    if (err == TD_OK)
+        err = start_timer(&self->watchdog_timer, watchdog_usec != 0, watchdog_cb, 0, watchdog_ms,
+                          &self->watchdog_on, "watchdog");
+    if (err == TD_OK && self->watchdog_on)
+        td_info("systemd watchdog: pinging every %llu ms", (unsigned long long)watchdog_ms);
+    if (err == TD_OK)
+        err = start_timer(&self->state_timer, self->state_dir != NULL, state_cb, state_ms, state_ms,
+                          &self->state_on, "state snapshot");
+    return err;
+}
+
+/* Closes the endpoint and the timers opened so far. */
+static void close_handles(td_service_t *self)
+{
+    uv_timer_t *timers[] = {&self->status_timer, &self->watchdog_timer, &self->state_timer};
+    if (self->http)
+        td_http_destroy(&self->http);
+    for (size_t i = 0; i < self->timers_open; i++)
+        uv_close((uv_handle_t *)timers[i], NULL);
+    self->timers_open = 0;
+}
+
+td_err_t td_service_new(const td_service_host_t *host, td_service_t **out)
 {
     td_service_t *self = calloc(1, sizeof *self);
     if (!self)
-        return TALLY_E_INTERNAL;
-    self->host = *host;
-    self->start_max_batch = host->cfg->max_batch;
-    tally_status_t st = TALLY_E_INTERNAL;
-    if (host->cfg->state_dir) {
-        self->state_dir = strdup(host->cfg->state_dir);
-        if (!self->state_dir)
-            goto fail;
-        st = check_state_dir(self->state_dir);
-        if (st == TALLY_OK)
-            st = restore_state(self);
-        if (st != TALLY_OK)
-            goto fail;
-        td_info("state: snapshots to %s/%s every %u s", self->state_dir, TD_STATE_FILE,
-                host->cfg->state_interval);
-    } else {
-        td_info("state: no state directory (--state-dir); streams are not persisted");
-    }
-    if (host->cfg->metrics_listen) {
-        st = td_http_new(host->loop, host->cfg->metrics_listen, host->cfg->metrics_auth_file,
-                         render_cb, health_cb, self, &self->http);
-        if (st != TALLY_OK)
-            goto fail;
-    }
-
-    /* Timers last: from here on nothing fails. */
-    uv_timer_init(host->loop, &self->status_timer);
-    uv_timer_init(host->loop, &self->watchdog_timer);
-    uv_timer_init(host->loop, &self->state_timer);
-    self->status_timer.data = self->watchdog_timer.data = self->state_timer.data = self;
-    if (getenv("NOTIFY_SOCKET")) {
-        uv_timer_start(&self->status_timer, status_cb, TD_STATUS_INTERVAL_MS,
-                       TD_STATUS_INTERVAL_MS);
-        self->status_on = true;
-    }
-    uint64_t watchdog_usec = td_notify_watchdog_usec();
-    if (watchdog_usec) {
-        uint64_t every_ms = watchdog_usec / 2000 ? watchdog_usec / 2000 : 1;
-        uv_timer_start(&self->watchdog_timer, watchdog_cb, 0, every_ms);
-        self->watchdog_on = true;
-        td_info("systemd watchdog: pinging every %llu ms", (unsigned long long)every_ms);
-    }
-    if (self->state_dir) {
-        uint64_t ms = (uint64_t)host->cfg->state_interval * 1000;
-        uv_timer_start(&self->state_timer, state_cb, ms, ms);
-        self->state_on = true;
+        return TD_ERR_NOMEM;
+    *self = (td_service_t){.host = *host, .start_max_batch = host->cfg->max_batch};
+    td_err_t err = open_state(self);
+    if (err == TD_OK && host->cfg->metrics_listen)
+        err = td_http_new(host->loop, host->cfg->metrics_listen, host->cfg->metrics_auth_file,
+                          render_cb, health_cb, self, &self->http);
+    if (err == TD_OK)
+        err = open_timers(self);
+    if (err != TD_OK) {
+        bool had_handles = self->http || self->timers_open;
+        close_handles(self);
+        if (had_handles) /* their close callbacks run before self goes */
+            uv_run(host->loop, UV_RUN_NOWAIT);
+        free(self->state_dir);
+        free(self);
+        return err;
     }
     *out = self;
-    return TALLY_OK;
-fail:
-    free(self->state_dir);
-    free(self);
-    return st;
+    return TD_OK;
 }
 
 void td_service_ready(td_service_t *self)
 {
     char line[256];
     summary(self, line, sizeof line);
-    td_notify_ready(line);
+    notified(self, td_notify_ready(line));
 }
 
 void td_service_reload(td_service_t *self)
@@ -343,10 +391,10 @@ void td_service_reload(td_service_t *self)
     const char *file =
         self->host.cfg->config_file ? self->host.cfg->config_file : TD_DEFAULT_CONFIG_FILE;
     td_notice("SIGHUP: reloading the configuration (%s)", file);
-    td_notify_reloading(); /* Type=notify-reload: systemd waits for READY=1 again */
+    notified(self, td_notify_reloading()); /* Type=notify-reload: systemd waits for READY=1 */
     if (td_config_reload(self->host.cfg, &next, msg, sizeof msg) != TALLY_OK) {
         td_err("reload failed: %s; keeping the running configuration", msg);
-        td_notify_reloaded();
+        notified(self, td_notify_reloaded());
         return;
     }
     if (next.max_batch > self->start_max_batch) {
@@ -363,17 +411,20 @@ void td_service_reload(td_service_t *self)
     td_streams_set_max(self->host.streams, live->max_streams);
     if (self->state_on && old_interval != live->state_interval) {
         uint64_t ms = (uint64_t)live->state_interval * 1000;
-        uv_timer_start(&self->state_timer, state_cb, ms, ms);
+        int rc = uv_timer_start(&self->state_timer, state_cb, ms, ms);
+        if (rc != 0) /* cannot happen to an open timer; the old interval would stay */
+            td_err("reload: cannot restart the state snapshot timer: %s", uv_strerror(rc));
     }
     if (self->status_on)
         status_cb(&self->status_timer);
-    td_notify_reloaded();
+    notified(self, td_notify_reloaded());
 }
 
 void td_service_stopping(td_service_t *self)
 {
-    (void)self;
-    td_notify_stopping();
+    td_err_t err = td_notify_stopping();
+    if (self)
+        notified(self, err);
 }
 
 void td_service_close(td_service_t *self)
@@ -381,11 +432,7 @@ void td_service_close(td_service_t *self)
     if (!self || self->closed)
         return;
     self->closed = true;
-    if (self->http)
-        td_http_destroy(&self->http);
-    uv_close((uv_handle_t *)&self->status_timer, NULL);
-    uv_close((uv_handle_t *)&self->watchdog_timer, NULL);
-    uv_close((uv_handle_t *)&self->state_timer, NULL);
+    close_handles(self);
     /* The final snapshot; the loop keeps running until its write has finished. */
     state_save(self);
 }

@@ -10,6 +10,7 @@
 #include <uv.h>
 
 #include "td_config.h"
+#include "td_err.h"
 #include "td_metrics.h"
 #include "td_stream.h"
 
@@ -27,7 +28,7 @@ typedef struct td_service td_service_t;
 /* Loop thread, before the loop runs: restores stream state, starts the metrics endpoint and
  * the timers. Fails (leaving no libuv handle behind, the reason logged at err) when the state
  * directory or the state file in it cannot be used, or the metrics endpoint cannot start. */
-tally_status_t td_service_new(const td_service_host_t *host, td_service_t **out);
+td_err_t td_service_new(const td_service_host_t *host, td_service_t **out);
 /* The server is ready to serve: READY=1. */
 void td_service_ready(td_service_t *self);
 /* SIGHUP: re-read the configuration and apply what can change at run time. */
@@ -43,7 +44,7 @@ int td_service_exit_code(const td_service_t *self);
 /* After the loop has finished. */
 void td_service_destroy(td_service_t **self_p);
 
-/* The metrics text (what `stats` returns and GET /metrics serves), malloc'ed. */
-tally_status_t td_service_render_metrics(const td_service_host_t *host, char **text, size_t *len);
+/* The metrics text (what `stats` returns and GET /metrics serves), malloc'ed; TD_ERR_NOMEM. */
+td_err_t td_service_render_metrics(const td_service_host_t *host, char **text, size_t *len);
 
 #endif

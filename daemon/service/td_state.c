@@ -25,6 +25,7 @@
 #include <zlib.h>
 
 #include "td_config.h"
+#include "td_hash.h"
 #include "td_log.h"
 #include "td_state.h"
 #include "td_window.h"
@@ -48,12 +49,7 @@ uint32_t td_state_crc(const uint8_t *buf, size_t len)
 
 uint64_t td_state_checksum(const uint8_t *buf, size_t len)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a 64 */
-    for (size_t i = 0; i < len; i++) {
-        h ^= buf[i];
-        h *= 1099511628211ull;
-    }
-    return h;
+    return td_fnv1a64(buf, len);
 }
 
 uint64_t td_state_records_digest(const uint8_t *buf, size_t len)
@@ -86,7 +82,7 @@ static size_t encode_record(const td_stream_t *s, uint64_t now_ms, uint8_t *out)
     return size;
 }
 
-tally_status_t td_state_encode(td_streams_t *streams, uint64_t now_ms, uint8_t **buf, size_t *len)
+td_err_t td_state_encode(td_streams_t *streams, uint64_t now_ms, uint8_t **buf, size_t *len)
 {
     uint32_t count = td_streams_count(streams);
     size_t total = TD_STATE_HEADER_SIZE;
@@ -94,7 +90,7 @@ tally_status_t td_state_encode(td_streams_t *streams, uint64_t now_ms, uint8_t *
         total += encode_record(s, now_ms, NULL);
     uint8_t *out = calloc(1, total); /* zero: reserved bytes and name padding */
     if (!out)
-        return TALLY_E_INTERNAL;
+        return TD_ERR_NOMEM;
     memcpy(out, TD_STATE_MAGIC, 8);
     tally_put_u32(out + 8, TD_STATE_VERSION);
     tally_put_u32(out + 12, count);
@@ -105,7 +101,7 @@ tally_status_t td_state_encode(td_streams_t *streams, uint64_t now_ms, uint8_t *
         rec += encode_record(s, now_ms, rec);
     *buf = out;
     *len = total;
-    return TALLY_OK;
+    return TD_OK;
 }
 
 /* ---- Invariants ------------------------------------------------------------------------- */
@@ -312,33 +308,33 @@ static void restore_record(td_streams_t *streams, td_state_report_t *r, unsigned
 static const saved_ring_t no_ring;
 
 /* The header of versions 2 and 3: checksum, reserved bytes, the record size field. */
-static tally_status_t check_header(const uint8_t *buf, size_t len, uint32_t record_size, char *msg,
-                                   size_t cap)
+static td_err_t check_header(const uint8_t *buf, size_t len, uint32_t record_size, char *msg,
+                             size_t cap)
 {
     if (len < TD_STATE_HEADER_SIZE) {
         snprintf(msg, cap, "truncated: %zu bytes is shorter than the header", len);
-        return TALLY_E_PARAM;
+        return TD_ERR_CORRUPT;
     }
     if (td_state_crc(buf, TD_STATE_HEADER_CRC_OFF) !=
         tally_get_u32(buf + TD_STATE_HEADER_CRC_OFF)) {
         snprintf(msg, cap, "header checksum mismatch");
-        return TALLY_E_PARAM;
+        return TD_ERR_CORRUPT;
     }
     if (tally_get_u32(buf + 16) != record_size || tally_get_u32(buf + 20) ||
         tally_get_u32(buf + 32)) {
         snprintf(msg, cap,
                  "records of %u bytes or reserved header bytes set: not this tallyd's layout",
                  tally_get_u32(buf + 16));
-        return TALLY_E_PARAM;
+        return TD_ERR_CORRUPT;
     }
-    return TALLY_OK;
+    return TD_OK;
 }
 
-static tally_status_t decode_v2(const uint8_t *buf, size_t len, td_streams_t *streams,
-                                td_state_report_t *r, char *msg, size_t cap)
+static td_err_t decode_v2(const uint8_t *buf, size_t len, td_streams_t *streams,
+                          td_state_report_t *r, char *msg, size_t cap)
 {
-    tally_status_t st = check_header(buf, len, TD_STATE_V2_RECORD_SIZE, msg, cap);
-    if (st != TALLY_OK)
+    td_err_t st = check_header(buf, len, TD_STATE_V2_RECORD_SIZE, msg, cap);
+    if (st != TD_OK)
         return st;
     r->records = tally_get_u32(buf + 12);
     size_t room = (len - TD_STATE_HEADER_SIZE) / TD_STATE_V2_RECORD_SIZE;
@@ -364,7 +360,7 @@ static tally_status_t decode_v2(const uint8_t *buf, size_t len, td_streams_t *st
             restore_record(streams, r, i, name, name_len, rec + TD_STATE_V2_RECORD_INFO_OFF,
                            TALLY_QUERY_PAYLOAD_SIZE, &no_ring, 0);
     }
-    return TALLY_OK;
+    return TD_OK;
 }
 
 /* The size of a well-formed version-3 record at p (with `room` bytes after p), or 0: the magic,
@@ -427,11 +423,11 @@ static void v3_restore(td_streams_t *streams, td_state_report_t *r, unsigned i, 
                    now_ms);
 }
 
-static tally_status_t decode_v3(const uint8_t *buf, size_t len, uint64_t now_ms,
-                                td_streams_t *streams, td_state_report_t *r, char *msg, size_t cap)
+static td_err_t decode_v3(const uint8_t *buf, size_t len, uint64_t now_ms, td_streams_t *streams,
+                          td_state_report_t *r, char *msg, size_t cap)
 {
-    tally_status_t st = check_header(buf, len, 0, msg, cap);
-    if (st != TALLY_OK)
+    td_err_t st = check_header(buf, len, 0, msg, cap);
+    if (st != TD_OK)
         return st;
     r->records = tally_get_u32(buf + 12);
     const uint8_t *p = buf + TD_STATE_HEADER_SIZE, *end = buf + len;
@@ -466,16 +462,16 @@ static tally_status_t decode_v3(const uint8_t *buf, size_t len, uint64_t now_ms,
         td_info("state: %u window slots dropped (another interval length, or older than the "
                 "ring reaches)",
                 r->window_slots_dropped);
-    return TALLY_OK;
+    return TD_OK;
 }
 
 /* Version 1: the whole-file checksum, then the framing of every record, before any insert. */
-static tally_status_t decode_v1(const uint8_t *buf, size_t len, td_streams_t *streams,
-                                td_state_report_t *r, char *msg, size_t cap)
+static td_err_t decode_v1(const uint8_t *buf, size_t len, td_streams_t *streams,
+                          td_state_report_t *r, char *msg, size_t cap)
 {
     if (len < TD_STATE_V1_HEADER_SIZE + TD_STATE_V1_TRAILER_SIZE) {
         snprintf(msg, cap, "truncated: %zu bytes is shorter than the header", len);
-        return TALLY_E_PARAM;
+        return TD_ERR_CORRUPT;
     }
     size_t body = len - TD_STATE_V1_HEADER_SIZE - TD_STATE_V1_TRAILER_SIZE;
     if (tally_get_u64(buf + 16) != body) {
@@ -483,49 +479,48 @@ static tally_status_t decode_v1(const uint8_t *buf, size_t len, td_streams_t *st
                  "truncated or extended: header says %" PRIu64 " bytes of records, "
                  "file has %zu",
                  tally_get_u64(buf + 16), body);
-        return TALLY_E_PARAM;
+        return TD_ERR_CORRUPT;
     }
     if (td_state_checksum(buf, len - TD_STATE_V1_TRAILER_SIZE) !=
         tally_get_u64(buf + len - TD_STATE_V1_TRAILER_SIZE)) {
         snprintf(msg, cap, "checksum mismatch");
-        return TALLY_E_PARAM;
+        return TD_ERR_CORRUPT;
     }
     r->records = tally_get_u32(buf + 12);
     const uint8_t *start = buf + TD_STATE_V1_HEADER_SIZE, *end = start + body, *p = start;
     for (uint32_t i = 0; i < r->records; i++) {
         if (p >= end || (size_t)(end - p) < 1u + *p + TALLY_QUERY_PAYLOAD_SIZE) {
             snprintf(msg, cap, "record %u of %u is malformed", i + 1, r->records);
-            return TALLY_E_PARAM;
+            return TD_ERR_CORRUPT;
         }
         p += 1 + *p + TALLY_QUERY_PAYLOAD_SIZE;
     }
     if (p != end) {
         snprintf(msg, cap, "%zu bytes after the last record", (size_t)(end - p));
-        return TALLY_E_PARAM;
+        return TD_ERR_CORRUPT;
     }
     p = start;
     for (uint32_t i = 0; i < r->records; i++) {
         restore_record(streams, r, i, p + 1, *p, p + 1 + *p, TALLY_QUERY_PAYLOAD_SIZE, &no_ring, 0);
         p += 1 + *p + TALLY_QUERY_PAYLOAD_SIZE;
     }
-    return TALLY_OK;
+    return TD_OK;
 }
 
-tally_status_t td_state_decode(const uint8_t *buf, size_t len, uint64_t now_ms,
-                               td_streams_t *streams, td_state_report_t *report, char *msg,
-                               size_t msg_cap)
+td_err_t td_state_decode(const uint8_t *buf, size_t len, uint64_t now_ms, td_streams_t *streams,
+                         td_state_report_t *report, char *msg, size_t msg_cap)
 {
     memset(report, 0, sizeof *report);
     if (len < 12) {
         snprintf(msg, msg_cap, "truncated: %zu bytes is shorter than the header", len);
-        return TALLY_E_PARAM;
+        return TD_ERR_CORRUPT;
     }
     if (memcmp(buf, TD_STATE_MAGIC, 8) != 0) {
         snprintf(msg, msg_cap, "not a tallyd state file (bad magic)");
-        return TALLY_E_PARAM;
+        return TD_ERR_CORRUPT;
     }
     report->version = tally_get_u32(buf + 8);
-    tally_status_t st = TALLY_E_PARAM;
+    td_err_t st = TD_ERR_CORRUPT;
     if (report->version == TD_STATE_VERSION)
         st = decode_v3(buf, len, now_ms, streams, report, msg, msg_cap);
     else if (report->version == 2)
@@ -543,66 +538,74 @@ tally_status_t td_state_decode(const uint8_t *buf, size_t len, uint64_t now_ms,
 
 /* ---- Writing ---------------------------------------------------------------------------- */
 
-static tally_status_t write_all(int fd, const uint8_t *buf, size_t len)
+/* false with errno on error. */
+static bool write_all(int fd, const uint8_t *buf, size_t len)
 {
     while (len > 0) {
         ssize_t n = write(fd, buf, len);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0)
-            return TALLY_E_IO;
+            return false;
         buf += n;
         len -= (size_t)n;
     }
-    return TALLY_OK;
+    return true;
 }
 
-tally_status_t td_state_write(const char *dir, const uint8_t *buf, size_t len, char *msg,
-                              size_t msg_cap)
+/* A rename is durable only once the directory entry is on disk. -1 with errno on error. */
+static int fsync_dir(const char *dir)
+{
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return -1;
+    int rc = fsync(dfd);
+    int saved = errno;
+    close(dfd);
+    errno = saved;
+    return rc;
+}
+
+td_err_t td_state_write(const char *dir, const uint8_t *buf, size_t len, char *msg, size_t msg_cap)
 {
     char path[4096], tmp[4096];
     snprintf(path, sizeof path, "%s/%s", dir, TD_STATE_FILE);
     snprintf(tmp, sizeof tmp, "%s/%s.tmp", dir, TD_STATE_FILE);
     const char *step = "create";
     const char *target = tmp;
-    int dfd = -1;
+    bool made_tmp = false; /* a failure from here on removes the temporary file */
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0)
         goto fail;
+    made_tmp = true;
     step = "write";
-    if (write_all(fd, buf, len) != TALLY_OK)
-        goto fail_unlink;
+    if (!write_all(fd, buf, len))
+        goto fail;
     step = "fsync";
     if (fsync(fd) != 0)
-        goto fail_unlink;
+        goto fail;
     step = "close";
     int rc = close(fd);
     fd = -1;
     if (rc != 0)
-        goto fail_unlink;
+        goto fail;
     step = "rename";
     if (rename(tmp, path) != 0)
-        goto fail_unlink;
-    /* The rename is durable only once the directory entry is on disk. */
+        goto fail;
+    made_tmp = false; /* renamed: it is the state file now */
     step = "fsync";
     target = dir;
-    dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0 || fsync(dfd) != 0)
+    if (fsync_dir(dir) != 0)
         goto fail;
-    close(dfd);
-    return TALLY_OK;
+    return TD_OK;
 
-fail_unlink:
+fail:
     snprintf(msg, msg_cap, "%s %s: %s", step, target, strerror(errno));
     if (fd >= 0)
         close(fd);
-    unlink(tmp);
-    return TALLY_E_IO;
-fail:
-    snprintf(msg, msg_cap, "%s %s: %s", step, target, strerror(errno));
-    if (dfd >= 0)
-        close(dfd);
-    return TALLY_E_IO;
+    if (made_tmp)
+        unlink(tmp);
+    return TD_ERR_IO;
 }
 
 /* ---- Restoring -------------------------------------------------------------------------- */
@@ -623,36 +626,36 @@ static const char *file_kind(mode_t mode)
 /* Every snapshot is written to the temporary name and renamed over the state file: something
  * other than a regular file at either name would make every snapshot fail (or, for a symbolic
  * link, be replaced by the first one). */
-static tally_status_t check_tmp(const char *tmp, char *msg, size_t cap)
+static td_err_t check_tmp(const char *tmp, char *msg, size_t cap)
 {
     struct stat sb;
     if (lstat(tmp, &sb) == 0 && !S_ISREG(sb.st_mode)) {
         snprintf(msg, cap, "%s is %s, where tallyd writes every snapshot; remove it", tmp,
                  file_kind(sb.st_mode));
-        return TALLY_E_IO;
+        return TD_ERR_IO;
     }
-    return TALLY_OK;
+    return TD_OK;
 }
 
-/* Opens the state file for reading: absent (TALLY_E_UNKNOWN_STREAM, reused as "absent"), a
- * regular file (TALLY_OK, *fd_out) or unusable (TALLY_E_IO, msg). O_NONBLOCK so a FIFO cannot
- * block the start; O_NOFOLLOW so a link is refused, not replaced. */
-static tally_status_t open_state(const char *path, int *fd_out, struct stat *sb, char *msg,
-                                 size_t cap)
+/* Opens the state file for reading: absent (TD_OK, *fd_out -1), a regular file (TD_OK, *fd_out)
+ * or unusable (TD_ERR_IO, msg). O_NONBLOCK so a FIFO cannot block the start; O_NOFOLLOW so a
+ * link is refused, not replaced. */
+static td_err_t open_state(const char *path, int *fd_out, struct stat *sb, char *msg, size_t cap)
 {
+    *fd_out = -1;
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0 && errno == ENOENT)
-        return TALLY_E_UNKNOWN_STREAM;
+        return TD_OK;
     if (fd < 0 && errno == ELOOP) {
         snprintf(msg, cap,
                  "%s is a symbolic link; tallyd replaces the file on every snapshot, "
                  "so point the state directory at the real one",
                  path);
-        return TALLY_E_IO;
+        return TD_ERR_IO;
     }
     if (fd < 0) {
         snprintf(msg, cap, "cannot open %s: %s", path, strerror(errno));
-        return TALLY_E_IO;
+        return TD_ERR_IO;
     }
     if (fstat(fd, sb) != 0 || !S_ISREG(sb->st_mode)) {
         snprintf(msg, cap,
@@ -660,34 +663,36 @@ static tally_status_t open_state(const char *path, int *fd_out, struct stat *sb,
                  "directory",
                  path, file_kind(sb->st_mode));
         close(fd);
-        return TALLY_E_IO;
+        return TD_ERR_IO;
     }
     *fd_out = fd;
-    return TALLY_OK;
+    return TD_OK;
 }
 
-/* Reads the whole state file. TALLY_E_PARAM (*buf NULL) when it is too large to be ours. */
-static tally_status_t read_state(const char *path, uint8_t **buf, size_t *len, char *msg,
-                                 size_t cap)
+/* Reads the whole state file into *buf (NULL when there is none). TD_ERR_CORRUPT when it is too
+ * large to be ours; TD_ERR_IO or TD_ERR_NOMEM when it cannot be read. */
+static td_err_t read_state(const char *path, uint8_t **buf, size_t *len, char *msg, size_t cap)
 {
     struct stat sb = {0};
     int fd = -1;
-    tally_status_t st = open_state(path, &fd, &sb, msg, cap);
-    if (st != TALLY_OK)
+    *buf = NULL;
+    td_err_t st = open_state(path, &fd, &sb, msg, cap);
+    if (st != TD_OK || fd < 0)
         return st;
     uint8_t *data = NULL;
     size_t size = (size_t)sb.st_size, got = 0;
     if (sb.st_size < 0 || size > STATE_FILE_MAX) {
         snprintf(msg, cap, "%lld bytes is too large for a state file", (long long)sb.st_size);
-        st = TALLY_E_PARAM;
+        st = TD_ERR_CORRUPT;
         goto cleanup;
     }
-    st = TALLY_E_IO;
+    st = TD_ERR_NOMEM;
     data = malloc(size ? size : 1);
     if (!data) {
         snprintf(msg, cap, "out of memory for %zu bytes of %s", size, path);
         goto cleanup;
     }
+    st = TD_ERR_IO;
     while (got < size) {
         ssize_t n = read(fd, data + got, size - got);
         if (n < 0 && errno == EINTR)
@@ -703,7 +708,7 @@ static tally_status_t read_state(const char *path, uint8_t **buf, size_t *len, c
     *buf = data;
     *len = got;
     data = NULL;
-    st = TALLY_OK;
+    st = TD_OK;
 cleanup:
     free(data);
     close(fd);
@@ -749,7 +754,7 @@ static int set_aside(const char *dir, const char *path, const uint8_t *buf, size
         } else {
             int fd = open(aside, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
             if (fd >= 0) {
-                int rc = write_all(fd, buf, len) == TALLY_OK && fsync(fd) == 0 ? 0 : -1;
+                int rc = write_all(fd, buf, len) && fsync(fd) == 0 ? 0 : -1;
                 int saved = errno;
                 close(fd);
                 errno = saved;
@@ -764,11 +769,11 @@ static int set_aside(const char *dir, const char *path, const uint8_t *buf, size
 
 /* Logs what a restore found and keeps the evidence: an unusable file is moved aside, a file
  * that lost records is copied aside (it stays in place until the next snapshot replaces it). */
-static void report_restore(const char *dir, const char *path, tally_status_t st, const uint8_t *buf,
+static void report_restore(const char *dir, const char *path, td_err_t st, const uint8_t *buf,
                            size_t len, const td_state_report_t *r, const char *why)
 {
     char aside[4200];
-    if (st != TALLY_OK) {
+    if (st != TD_OK) {
         if (set_aside(dir, path, NULL, 0, aside, sizeof aside) == 0)
             td_warn("state: %s is unusable (%s); set aside as %s; starting with no streams", path,
                     why, aside);
@@ -794,30 +799,30 @@ static void report_restore(const char *dir, const char *path, tally_status_t st,
                 strerror(errno));
 }
 
-tally_status_t td_state_restore(const char *dir, td_streams_t *streams, td_state_report_t *report,
-                                char *msg, size_t msg_cap)
+td_err_t td_state_restore(const char *dir, td_streams_t *streams, td_state_report_t *report,
+                          char *msg, size_t msg_cap)
 {
     char path[4096], tmp[4096], why[256] = "";
     snprintf(path, sizeof path, "%s/%s", dir, TD_STATE_FILE);
     snprintf(tmp, sizeof tmp, "%s/%s.tmp", dir, TD_STATE_FILE);
     memset(report, 0, sizeof *report);
-    tally_status_t st = check_tmp(tmp, msg, msg_cap);
-    if (st != TALLY_OK)
+    td_err_t st = check_tmp(tmp, msg, msg_cap);
+    if (st != TD_OK)
         return st;
     uint8_t *buf = NULL;
     size_t len = 0;
     st = read_state(path, &buf, &len, msg, msg_cap);
-    if (st == TALLY_E_UNKNOWN_STREAM) {
+    if (st == TD_OK && !buf) {
         td_info("state: no %s yet; starting with no streams", path);
-        return TALLY_OK;
+        return TD_OK;
     }
-    if (st == TALLY_E_IO)
+    if (st != TD_OK && st != TD_ERR_CORRUPT) /* the path is unusable: every snapshot would fail */
         return st;
-    if (st == TALLY_OK)
+    if (st == TD_OK)
         st = td_state_decode(buf, len, td_clock_ms(), streams, report, why, sizeof why);
     else
         snprintf(why, sizeof why, "%s", msg);
     report_restore(dir, path, st, buf, len, report, why);
     free(buf);
-    return TALLY_OK;
+    return TD_OK;
 }

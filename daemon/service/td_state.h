@@ -65,6 +65,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "td_err.h"
 #include "td_stream.h"
 
 #define TD_STATE_MAGIC "TLYDSTAT"
@@ -104,15 +105,14 @@ static inline bool td_state_report_lossy(const td_state_report_t *r)
 }
 
 /* Loop thread: serialises every stream into a malloc'ed version-3 file image (*buf, *len),
- * with the window slots still inside the ring at now_ms. */
-tally_status_t td_state_encode(td_streams_t *streams, uint64_t now_ms, uint8_t **buf, size_t *len);
+ * with the window slots still inside the ring at now_ms. TD_ERR_NOMEM when out of memory. */
+td_err_t td_state_encode(td_streams_t *streams, uint64_t now_ms, uint8_t **buf, size_t *len);
 /* Adds the streams of a file image (version 1, 2 or 3) to `streams`, record by record (see the
  * top of this file); each skipped record is logged at warning. Window slots are placed for the
- * window clock at now_ms. TALLY_E_PARAM with a reason in msg, and nothing added, when the
+ * window clock at now_ms. TD_ERR_CORRUPT with a reason in msg, and nothing added, when the
  * header is unusable. */
-tally_status_t td_state_decode(const uint8_t *buf, size_t len, uint64_t now_ms,
-                               td_streams_t *streams, td_state_report_t *report, char *msg,
-                               size_t msg_cap);
+td_err_t td_state_decode(const uint8_t *buf, size_t len, uint64_t now_ms, td_streams_t *streams,
+                         td_state_report_t *report, char *msg, size_t msg_cap);
 /* The invariants a restored stream must hold; false with the first violation in msg. */
 bool td_state_check_info(const tally_stream_info_t *info, char *msg, size_t msg_cap);
 /* The header and record checksum (CRC-32, zlib's crc32). */
@@ -123,14 +123,13 @@ uint64_t td_state_checksum(const uint8_t *buf, size_t len);
  * digests mean the same streams in the same state. */
 uint64_t td_state_records_digest(const uint8_t *buf, size_t len);
 
-/* Any thread: writes the image to DIR/streams.state atomically. TALLY_E_IO with msg on error. */
-tally_status_t td_state_write(const char *dir, const uint8_t *buf, size_t len, char *msg,
-                              size_t msg_cap);
+/* Any thread: writes the image to DIR/streams.state atomically. TD_ERR_IO with msg on error. */
+td_err_t td_state_write(const char *dir, const uint8_t *buf, size_t len, char *msg, size_t msg_cap);
 /* Loop thread, at start: restores DIR/streams.state into `streams` and fills *report. A missing
  * file restores nothing; a damaged one is handled as described at the top of this file.
- * TALLY_E_IO with msg (and nothing restored) when the state path is unusable: tallyd must not
- * start then. */
-tally_status_t td_state_restore(const char *dir, td_streams_t *streams, td_state_report_t *report,
-                                char *msg, size_t msg_cap);
+ * TD_ERR_IO (TD_ERR_NOMEM when the file does not fit in memory) with msg, and nothing
+ * restored, when the state path is unusable: tallyd must not start then. */
+td_err_t td_state_restore(const char *dir, td_streams_t *streams, td_state_report_t *report,
+                          char *msg, size_t msg_cap);
 
 #endif
