@@ -411,6 +411,11 @@ static void test_metrics_protected_mode_and_basic_auth(void **state)
     assert_non_null(strstr(resp, " 200 "));
     assert_non_null(strstr(resp, "tallyd_requests_total"));
     free(resp);
+    /* The health probe needs no credentials (it tells only ok / draining / gpu lost). */
+    resp = th_http_get(port, "GET", "/healthz", NULL);
+    assert_non_null(strstr(resp, " 200 "));
+    assert_non_null(strstr(resp, "\r\n\r\nok\n"));
+    free(resp);
     assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
 
     /* The password file, like a secret key, must be private. */

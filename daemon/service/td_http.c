@@ -289,8 +289,10 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
                          "not found: tallyd serves /metrics and /healthz\n");
     if (!get && !head)
         return send_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET\n");
-    /* With metrics_auth_file both /metrics and /healthz need the credentials. */
-    if (!authorized(self, conn)) {
+    /* With metrics_auth_file /metrics needs the credentials; /healthz never does: it says only
+     * "ok", "draining" or "gpu lost", and the probes that ask it (load balancers, orchestrators,
+     * monitoring) rarely carry a password. */
+    if (!healthz && !authorized(self, conn)) {
         static const char denied[] = "tallyd metrics: authentication required\n";
         struct MHD_Response *resp = MHD_create_response_from_buffer(
             sizeof denied - 1, (void *)denied, MHD_RESPMEM_PERSISTENT);
