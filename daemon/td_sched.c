@@ -131,9 +131,8 @@ static size_t gpu_min_batch(const td_sched_t *s, const td_request_t *r)
 {
     if (s->cfg->gpu_min_batch)
         return s->cfg->gpu_min_batch;
-    bool direct_in = r->shm_in && r->shm_in->device_registered;
-    bool direct_out =
-        r->req.opcode == TALLY_OP_HIST || (r->shm_out && r->shm_out->device_registered);
+    bool direct_in = td_shm_region_direct(r->shm_in);
+    bool direct_out = r->req.opcode == TALLY_OP_HIST || td_shm_region_direct(r->shm_out);
     if (direct_in && direct_out)
         return TD_GPU_MIN_BATCH_SHM;
     switch (r->req.opcode) {

@@ -196,7 +196,7 @@ static void reply(td_server_t *s, td_request_t *r)
     td_metrics_observe(&s->metrics, r->req.opcode, (tally_status_t)r->rep.status, r->payload_len,
                        r->reply_len, uv_hrtime() - r->received_ns);
     td_sched_answered(s->sched);
-    if (r->conn && --r->conn->inflight == 0)
+    if (r->conn && td_peer_inflight_end(r->conn))
         s->active_conns--;
     td_peers_release(s->peers, &r->conn);
     td_peers_release(s->peers, &r->client);
@@ -410,7 +410,7 @@ static void sched_forget(void *owner, td_stream_t *stream)
 {
     td_server_t *s = owner;
     if (stream->owner)
-        stream->owner->streams--;
+        td_peer_stream_removed(stream->owner);
     td_peers_release(s->peers, &stream->owner);
     td_streams_remove(s->streams, &stream);
 }
@@ -429,18 +429,18 @@ static bool create_stream(td_server_t *s, td_request_t *r, td_stream_t **out)
     const tally_req_t *q = &r->req;
     td_peer_t *client = r->client;
     unsigned per_client = td_config_streams_per_client(&s->cfg);
-    if (client && client->streams >= per_client) {
+    if (client && td_peer_streams(client) >= per_client) {
         s->metrics.limited[TD_LIMIT_STREAMS]++;
-        client->limited++;
+        td_peer_count_limited(client);
         td_request_fail(r, TALLY_E_CLIENT_STREAMS,
                         "this client already holds %u streams (max_streams_per_client %u); "
                         "delete one it no longer needs",
-                        client->streams, per_client);
+                        td_peer_streams(client), per_client);
         return false;
     }
     if (client && !td_peer_take_token(s->peers, client, uv_hrtime())) {
         s->metrics.limited[TD_LIMIT_RATE]++;
-        client->limited++;
+        td_peer_count_limited(client);
         td_request_fail(r, TALLY_E_RATE,
                         "this client creates streams faster than stream_create_rate (%u per "
                         "second); retry later",
@@ -458,8 +458,7 @@ static bool create_stream(td_server_t *s, td_request_t *r, td_stream_t **out)
         return false;
     }
     if (client) {
-        client->refs++; /* the stream's reference */
-        client->streams++;
+        td_peer_stream_added(client); /* and the stream's reference to it */
         (*out)->owner = client;
     }
     return true;
@@ -550,7 +549,7 @@ static void identify(td_server_t *s, td_request_t *r, zmq_msg_t *frames, int kep
     uint64_t now = uv_hrtime();
     td_peers_set_rate(s->peers, s->cfg.stream_create_rate); /* the live value: reloads apply */
     r->conn = td_peers_acquire(s->peers, TD_PEER_CONNECTION, r->identity, r->identity_len, now);
-    if (r->conn && r->conn->inflight++ == 0)
+    if (r->conn && td_peer_inflight_begin(r->conn))
         s->active_conns++;
     const char *user = kept > 1 ? zmq_msg_gets(&frames[kept - 1], "User-Id") : NULL;
     if (user && user[0])
@@ -559,7 +558,7 @@ static void identify(td_server_t *s, td_request_t *r, zmq_msg_t *frames, int kep
         r->client =
             td_peers_acquire(s->peers, TD_PEER_CONNECTION, r->identity, r->identity_len, now);
     if (r->client && user && user[0])
-        r->client->requests++;
+        td_peer_count_request(r->client);
 }
 
 /* The connection's fair share of max_inflight: past it the request is answered `busy` at once,
@@ -571,15 +570,15 @@ static void identify(td_server_t *s, td_request_t *r, zmq_msg_t *frames, int kep
 static bool over_share(td_server_t *s, td_request_t *r)
 {
     unsigned share = td_config_inflight_per_peer(&s->cfg, s->active_conns);
-    if (!r->conn || r->conn->inflight <= share) /* inflight counts r itself */
+    if (!r->conn || td_peer_inflight(r->conn) <= share) /* it counts r itself */
         return false;
     s->metrics.limited[TD_LIMIT_INFLIGHT]++;
     if (r->client)
-        r->client->limited++;
+        td_peer_count_limited(r->client);
     td_request_fail(r, TALLY_E_BUSY,
                     "this connection already has %u requests in flight (max_inflight_per_peer "
                     "%u); send more once replies arrive",
-                    r->conn->inflight - 1, share);
+                    td_peer_inflight(r->conn) - 1, share);
     return true;
 }
 

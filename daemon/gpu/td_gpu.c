@@ -274,7 +274,7 @@ static void build_reply(lane_t *l, slot_t *slot)
     /* The device wrote the output where the reply goes (an output region, or a pinned reply
      * buffer sent as it is), or into staging, from where it is copied into a malloc'd reply. */
     void *lent = slot->reply_buf;
-    bool direct = lent || (r->shm_out && r->shm_out->device_registered);
+    bool direct = lent || td_shm_region_direct(r->shm_out);
     void *out = r->out_ptr ? r->out_ptr : lent;
     if (!out)
         out = malloc(bytes ? bytes : 1);
@@ -338,16 +338,16 @@ static td_gpu_job_t make_job(const td_request_t *r, unsigned slot)
         .carry_upload = r->where.carry_upload,
         .slot = slot,
         /* A registered shared-memory region is copied to and from directly. */
-        .src = r->shm_in && r->shm_in->device_registered ? r->payload : NULL,
-        .dst = r->shm_out && r->shm_out->device_registered ? r->out_ptr : NULL,
+        .src = td_shm_region_direct(r->shm_in) ? r->payload : NULL,
+        .dst = td_shm_region_direct(r->shm_out) ? r->out_ptr : NULL,
     };
     return job;
 }
 
 bool td_gpu_splittable(const td_gpu_t *g, const td_request_t *r)
 {
-    bool direct_in = r->shm_in && r->shm_in->device_registered;
-    bool direct_out = r->shm_out && r->shm_out->device_registered;
+    bool direct_in = td_shm_region_direct(r->shm_in);
+    bool direct_out = td_shm_region_direct(r->shm_out);
     return g->engine->lane_launch_split && direct_in &&
            (r->req.opcode == TALLY_OP_HIST || (r->req.opcode == TALLY_OP_SCAN && direct_out));
 }
