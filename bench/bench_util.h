@@ -89,4 +89,19 @@ static inline bool bench_common_opt(int argc, char **argv, int *i, bench_opts_t 
     return true;
 }
 
+/* A program's own options: takes argv[*i] (advancing *i past a value it takes) and returns
+ * true, or false for an option it does not know or a value that is missing. */
+typedef bool (*bench_own_opt_fn)(void *ctx, int argc, char **argv, int *i);
+
+/* Parses argv[1..]: the common options into *c, every other one through own(ctx, ...). False
+ * on an option neither knows (the caller prints its usage). */
+static inline bool bench_parse_opts(int argc, char **argv, bench_opts_t *c, bench_own_opt_fn own,
+                                    void *ctx)
+{
+    for (int i = 1; i < argc; i++)
+        if (!bench_common_opt(argc, argv, &i, c) && !own(ctx, argc, argv, &i))
+            return false;
+    return true;
+}
+
 #endif

@@ -302,29 +302,32 @@ static void usage(void)
                     "             [--label TEXT] [--header]\n");
 }
 
+/* --reply and --io-threads (bench_own_opt_fn). */
+static bool own_opt(void *ctx, int argc, char **argv, int *i)
+{
+    opts_t *o = ctx;
+    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    if (!v)
+        return false;
+    if (strcmp(a, "--reply") == 0)
+        o->reply = strcmp(v, "echo") == 0 ? 0 : strtoull(v, NULL, 0);
+    else if (strcmp(a, "--io-threads") == 0)
+        o->io_threads = atoi(v);
+    else
+        return false;
+    (*i)++;
+    return true;
+}
+
 int main(int argc, char **argv)
 {
     opts_t o = {
         .c = {.label = "raw", .producers = 8, .window = 8, .size = 1u << 20, .seconds = 1.5},
         .reply = 2048,
         .io_threads = 1};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (bench_common_opt(argc, argv, &i, &o.c))
-            continue;
-        if (!v) {
-            usage();
-            return 2;
-        }
-        i++;
-        if (strcmp(a, "--reply") == 0)
-            o.reply = strcmp(v, "echo") == 0 ? 0 : strtoull(v, NULL, 0);
-        else if (strcmp(a, "--io-threads") == 0)
-            o.io_threads = atoi(v);
-        else {
-            usage();
-            return 2;
-        }
+    if (!bench_parse_opts(argc, argv, &o.c, own_opt, &o)) {
+        usage();
+        return 2;
     }
     if (!o.c.endpoint || !o.c.producers || o.c.producers > MAX_PRODUCERS || !o.c.window ||
         o.c.window > MAX_WINDOW || o.io_threads < 1 || o.c.seconds <= 0) {

@@ -25,16 +25,9 @@
 #include <cub/cub.cuh>
 #include <cuda_runtime.h>
 
+#include "bench_cuda.h"
 #include "tk_cuda.h"
 
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 #define TK(call)                                                                                   \
     do {                                                                                           \
         tally_status_t s_ = (call);                                                                \
@@ -166,6 +159,260 @@ static void row(const std::string &op, double gb, double ceiling, const char *cn
     fflush(stdout);
 }
 
+/* The device buffers every measurement uses, and the ceilings measured first. */
+struct Bench {
+    int *d_i32;
+    unsigned char *d_u8;
+    void *d_out, *d_scratch, *d_cub;
+    size_t cub_bytes;
+    uint64_t *d_small; /* [0] kept, [1] carry, [2..] tk_hist_t (8 KiB with 4 channels) */
+    int *d_cub_count;
+    unsigned *d_sink;
+    int sms;
+    double copy, readc; /* GB/s */
+};
+
+static void bench_open(Bench &b)
+{
+    size_t scratch = tk_cuda_scratch_bytes_max(BYTES);
+    CK(cudaMalloc(&b.d_i32, BYTES));
+    CK(cudaMalloc(&b.d_u8, BYTES));
+    CK(cudaMalloc(&b.d_out, 2 * BYTES));
+    CK(cudaMalloc(&b.d_scratch, scratch ? scratch : 16));
+    const size_t small_bytes = 16 + sizeof(tk_hist_t);
+    CK(cudaMalloc(&b.d_small, small_bytes));
+    CK(cudaMalloc(&b.d_cub_count, 16));
+    CK(cudaMalloc(&b.d_sink, 16));
+    CK(cudaMemset(b.d_small, 0, small_bytes));
+    gen_i32<<<4096, 256, 0, stream>>>(b.d_i32, N32);
+    CK(cudaGetLastError());
+
+    /* CUB's temporary storage: the largest of the operations timed. */
+    size_t t1 = 0, t2 = 0, t3 = 0, t4 = 0;
+    CK(cub::DeviceSelect::If(nullptr, t1, b.d_i32, (int *)b.d_out, b.d_cub_count, (int)N32,
+                             LessThan{0}, stream));
+    CK(cub::DeviceScan::InclusiveSum(nullptr, t2, b.d_i32, (int *)b.d_out, (int)N32, stream));
+    CK(cub::DeviceHistogram::HistogramEven(nullptr, t3, b.d_u8, (int *)b.d_out, 257, 0, 256,
+                                           (int)BYTES, stream));
+    CK(cub::DeviceHistogram::HistogramEven(nullptr, t4, b.d_i32, (int *)b.d_out, 257, 0,
+                                           FILTER_RANGE, (int)N32, stream));
+    b.cub_bytes = std::max(std::max(t1, t2), std::max(t3, t4));
+    CK(cudaMalloc(&b.d_cub, b.cub_bytes));
+}
+
+static void bench_close(Bench &b)
+{
+    cudaFree(b.d_i32);
+    cudaFree(b.d_u8);
+    cudaFree(b.d_out);
+    cudaFree(b.d_scratch);
+    cudaFree(b.d_small);
+    cudaFree(b.d_cub_count);
+    cudaFree(b.d_sink);
+    cudaFree(b.d_cub);
+}
+
+static void bench_ceilings(Bench &b)
+{
+    b.copy =
+        gbps(2.0 * BYTES, time_ms([&] {
+                 CK(cudaMemcpyAsync(b.d_out, b.d_i32, BYTES, cudaMemcpyDeviceToDevice, stream));
+             }));
+    b.readc = gbps(BYTES, time_ms([&] {
+                       read_only<<<b.sms * 8, 256, 0, stream>>>((const uint4 *)b.d_i32, BYTES / 16,
+                                                                b.d_sink);
+                   }));
+    row("d2d copy (ceiling: filter, scan)", b.copy, b.copy, "copy", 0, 0);
+    row("read-only (ceiling: hist)", b.readc, b.readc, "read", 0, 0);
+}
+
+/* Filter, int32, lt t: unordered and stable, with CUB's stable DeviceSelect::If beside. False
+ * when a kept count differs from CUB's. */
+static bool bench_filter(Bench &b)
+{
+    const int pct[] = {0, 5, 50, 95, 100};
+    for (int p : pct) {
+        int t = (int)((long long)FILTER_RANGE * p / 100);
+        tk_filter_spec_t s = {TALLY_PRED_LT, t, 0, 0};
+        size_t tb = tk_cuda_filter_scratch_bytes(TALLY_DTYPE_I32, N32, 1);
+        double cub_ms = time_ms([&] {
+            CK(cub::DeviceSelect::If(b.d_cub, b.cub_bytes, b.d_i32, (int *)b.d_out, b.d_cub_count,
+                                     (int)N32, LessThan{t}, stream));
+        });
+        int cub_kept = 0;
+        CK(cudaMemcpy(&cub_kept, b.d_cub_count, 4, cudaMemcpyDeviceToHost));
+        double bytes = (double)BYTES + 4.0 * cub_kept;
+        double cub = gbps(bytes, cub_ms);
+        for (int stable = 0; stable < 2; stable++) {
+            s.stable = stable;
+            double ms = time_ms([&] {
+                TK(tk_cuda_filter(TALLY_DTYPE_I32, b.d_i32, N32, &s, b.d_out, &b.d_small[0],
+                                  b.d_scratch, tb, stream));
+            });
+            uint64_t kept = 0;
+            CK(cudaMemcpy(&kept, &b.d_small[0], 8, cudaMemcpyDeviceToHost));
+            if (kept != (uint64_t)cub_kept) {
+                fprintf(stderr, "filter %d%%: kept %llu, CUB %d\n", p, (unsigned long long)kept,
+                        cub_kept);
+                return false;
+            }
+            char name[64];
+            snprintf(name, sizeof name, "filter %s i32, %3d%% kept",
+                     stable ? "stable   " : "unordered", p);
+            row(name, gbps(bytes, ms), b.copy, "copy", cub, stable ? cub / b.copy : 0.90);
+        }
+    }
+    return true;
+}
+
+/* Scan int32 -> int64 and -> int32, inclusive, carry on the device. */
+static void bench_scan(Bench &b)
+{
+    double cub = gbps(8.0 * N32, time_ms([&] {
+                          CK(cub::DeviceScan::InclusiveSum(b.d_cub, b.cub_bytes, b.d_i32,
+                                                           (int *)b.d_out, (int)N32, stream));
+                      }));
+    size_t sb = tk_cuda_scan_scratch_bytes(N32);
+    int64_t *carry = (int64_t *)&b.d_small[1];
+    double ms64 = time_ms([&] {
+        TK(tk_cuda_scan(b.d_i32, N32, 0, 0, b.d_out, carry, carry, b.d_scratch, sb, stream));
+    });
+    double ms32 = time_ms([&] {
+        TK(tk_cuda_scan(b.d_i32, N32, 0, 1, b.d_out, carry, carry, b.d_scratch, sb, stream));
+    });
+    row("scan i32 -> i64 (inclusive)", gbps(12.0 * N32, ms64), b.copy, "copy", cub, 0.90);
+    row("scan i32 -> i32 (inclusive)", gbps(8.0 * N32, ms32), b.copy, "copy", cub, 0.90);
+}
+
+static const char *const kinds[] = {"uniform", "all-equal", "narrow"};
+
+/* Histograms: u8 on uniform, all-equal and narrow bytes; i32 over [0, 10^6). */
+static void bench_hist(Bench &b)
+{
+    tk_hist_t *dh = (tk_hist_t *)&b.d_small[2];
+    for (int k = 0; k < 3; k++) {
+        gen_u8<<<4096, 256, 0, stream>>>((unsigned *)b.d_u8, BYTES / 4, k);
+        CK(cudaGetLastError());
+        double cub = gbps(BYTES, time_ms([&] {
+                              CK(cub::DeviceHistogram::HistogramEven(b.d_cub, b.cub_bytes, b.d_u8,
+                                                                     (int *)b.d_out, 257, 0, 256,
+                                                                     (int)BYTES, stream));
+                          }));
+        double ms = time_ms([&] { TK(tk_cuda_hist_u8(b.d_u8, BYTES, dh, nullptr, 0, stream)); });
+        row(std::string("hist u8 ") + kinds[k], gbps(BYTES, ms), b.readc, "read", cub, 0.90);
+    }
+    double cub = gbps(BYTES, time_ms([&] {
+                          CK(cub::DeviceHistogram::HistogramEven(b.d_cub, b.cub_bytes, b.d_i32,
+                                                                 (int *)b.d_out, 257, 0,
+                                                                 FILTER_RANGE, (int)N32, stream));
+                      }));
+    double ms = time_ms(
+        [&] { TK(tk_cuda_hist_i32(b.d_i32, N32, 0, FILTER_RANGE, dh, nullptr, 0, stream)); });
+    row("hist i32 [0, 10^6) uniform", gbps(BYTES, ms), b.readc, "read", cub, 0.90);
+}
+
+/* Zeroes the device histogram dh before a checked run. The kernels run on `stream`, which does
+ * not wait for the legacy default stream's cudaMemset/cudaMemcpy: synchronise on both sides. */
+static void zero_hist(tk_hist_t *dh)
+{
+    CK(cudaStreamSynchronize(stream));
+    CK(cudaMemset(dh, 0, sizeof *dh));
+    CK(cudaDeviceSynchronize());
+}
+
+/* After one run from zero: every channel counts every one of its n values (exits if not). */
+static void check_channel_sums(const tk_hist_t *dh, size_t n, unsigned channels, bool ranged,
+                               const char *what)
+{
+    static tk_hist_t h;
+    CK(cudaStreamSynchronize(stream));
+    CK(cudaMemcpy(&h, dh, sizeof h, cudaMemcpyDeviceToHost));
+    for (unsigned c = 0; c < channels; c++) {
+        unsigned long long sum = ranged ? h.underflow + h.overflow : 0;
+        for (int b = 0; b < 256; b++)
+            sum += h.bins[c * 256 + b];
+        if (sum != n) {
+            fprintf(stderr, "%s: channel %u counts %llu of %zu\n", what, c, sum, n);
+            exit(1);
+        }
+    }
+}
+
+/* Issue 12: uint16 (12-bit data over [0, 4096), all-equal, 16-bit over [0, 65536)), each
+ * checked: every value counted. */
+static void bench_hist_u16(Bench &b)
+{
+    tk_hist_t *dh = (tk_hist_t *)&b.d_small[2];
+    const size_t n16 = BYTES / 2;
+    struct {
+        const char *name;
+        int kind;
+        int64_t hi;
+    } u16s[] = {{"hist u16 [0, 4096) 12-bit uniform", 0, 4096},
+                {"hist u16 [0, 4096) all-equal", 1, 4096},
+                {"hist u16 [0, 65536) uniform", 2, 65536}};
+    for (const auto &c : u16s) {
+        gen_u16<<<4096, 256, 0, stream>>>((unsigned *)b.d_out, BYTES / 4, c.kind);
+        CK(cudaGetLastError());
+        const uint16_t *in = (const uint16_t *)b.d_out;
+        zero_hist(dh);
+        TK(tk_cuda_hist_u16(in, n16, 0, c.hi, dh, nullptr, 0, stream));
+        check_channel_sums(dh, n16, 1, true, c.name);
+        double ms =
+            time_ms([&] { TK(tk_cuda_hist_u16(in, n16, 0, c.hi, dh, nullptr, 0, stream)); });
+        row(c.name, gbps(BYTES, ms), b.readc, "read", 0, 0.90);
+    }
+}
+
+/* Issue 12: colour (RGB, RGBA on uniform and all-equal bytes, with 32 and 16 sub-histogram
+ * copies per block; TK_HIST_RGB_COPIES picks one), each checked: every channel counts every
+ * value. */
+static void bench_hist_rgb(Bench &b)
+{
+    tk_hist_t *dh = (tk_hist_t *)&b.d_small[2];
+    for (int k = 0; k < 2; k++) {
+        gen_u8<<<4096, 256, 0, stream>>>((unsigned *)b.d_u8, BYTES / 4, k);
+        CK(cudaGetLastError());
+        for (unsigned channels = 3; channels <= 4; channels++) {
+            for (unsigned copies = 32; copies >= 16; copies /= 2) {
+                size_t pixels = BYTES / channels;
+                char name[96];
+                snprintf(name, sizeof name, "hist %s %s, %u copies%s",
+                         channels == 3 ? "rgb8" : "rgba8", kinds[k], copies,
+                         copies == tk_cuda_hist_rgb_default_copies() ? " (default)" : "");
+                zero_hist(dh);
+                TK(tk_cuda_hist_rgb_copies(b.d_u8, pixels, channels, copies, dh, stream));
+                check_channel_sums(dh, pixels, channels, false, name);
+                double ms = time_ms([&] {
+                    TK(tk_cuda_hist_rgb_copies(b.d_u8, pixels, channels, copies, dh, stream));
+                });
+                row(name, gbps((double)pixels * channels, ms), b.readc, "read", 0, 0.90);
+            }
+        }
+    }
+}
+
+/* The table for RESULTS.md. */
+static void print_table(void)
+{
+    printf("\n| op | GB/s | ratio to ceiling | CUB GB/s | CUB ratio | target | met |\n");
+    printf("|---|---:|---:|---:|---:|---|---|\n");
+    for (const Row &r : rows) {
+        char cub[32] = "", cubr[32] = "", tgt[48] = "", met[8] = "";
+        if (r.cub > 0) {
+            snprintf(cub, sizeof cub, "%.0f", r.cub);
+            snprintf(cubr, sizeof cubr, "%.3f", r.cub / r.ceiling);
+        }
+        if (r.target > 0) {
+            bool vs_cub = r.op.find("stable") != std::string::npos;
+            snprintf(tgt, sizeof tgt, vs_cub ? ">= CUB" : ">= 0.90 x %s", r.ceiling_name);
+            snprintf(met, sizeof met, "%s", r.gb / r.ceiling >= r.target ? "yes" : "no");
+        }
+        printf("| %s | %.0f | %.3f x %s | %s | %s | %s | %s |\n", r.op.c_str(), r.gb,
+               r.gb / r.ceiling, r.ceiling_name, cub, cubr, tgt, met);
+    }
+}
+
 int main(int argc, char **argv)
 {
     std::string label = "";
@@ -186,218 +433,18 @@ int main(int argc, char **argv)
     printf("kernel_bench %s: %s, %d SMs, 1 GiB inputs, median of %d runs\n", label.c_str(),
            prop.name, prop.multiProcessorCount, reps);
     CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-
-    int *d_i32;
-    unsigned char *d_u8;
-    void *d_out, *d_scratch, *d_cub = nullptr;
-    uint64_t *d_small; /* [0] kept, [1] carry, [2..] tk_hist_t (8 KiB with 4 channels) */
-    int *d_cub_count;
-    unsigned *d_sink;
-    size_t scratch = tk_cuda_scratch_bytes_max(BYTES);
-    CK(cudaMalloc(&d_i32, BYTES));
-    CK(cudaMalloc(&d_u8, BYTES));
-    CK(cudaMalloc(&d_out, 2 * BYTES));
-    CK(cudaMalloc(&d_scratch, scratch ? scratch : 16));
-    const size_t small_bytes = 16 + sizeof(tk_hist_t);
-    CK(cudaMalloc(&d_small, small_bytes));
-    CK(cudaMalloc(&d_cub_count, 16));
-    CK(cudaMalloc(&d_sink, 16));
-    CK(cudaMemset(d_small, 0, small_bytes));
-    gen_i32<<<4096, 256, 0, stream>>>(d_i32, N32);
-    CK(cudaGetLastError());
-
-    /* CUB's temporary storage: the largest of the operations timed. */
-    size_t t1 = 0, t2 = 0, t3 = 0, t4 = 0;
-    CK(cub::DeviceSelect::If(nullptr, t1, d_i32, (int *)d_out, d_cub_count, (int)N32, LessThan{0},
-                             stream));
-    CK(cub::DeviceScan::InclusiveSum(nullptr, t2, d_i32, (int *)d_out, (int)N32, stream));
-    CK(cub::DeviceHistogram::HistogramEven(nullptr, t3, d_u8, (int *)d_out, 257, 0, 256, (int)BYTES,
-                                           stream));
-    CK(cub::DeviceHistogram::HistogramEven(nullptr, t4, d_i32, (int *)d_out, 257, 0, FILTER_RANGE,
-                                           (int)N32, stream));
-    size_t cub_bytes = std::max(std::max(t1, t2), std::max(t3, t4));
-    CK(cudaMalloc(&d_cub, cub_bytes));
-
-    /* Ceilings. */
-    double copy =
-        gbps(2.0 * BYTES, time_ms([&] {
-                 CK(cudaMemcpyAsync(d_out, d_i32, BYTES, cudaMemcpyDeviceToDevice, stream));
-             }));
-    double readc = gbps(BYTES, time_ms([&] {
-                            read_only<<<prop.multiProcessorCount * 8, 256, 0, stream>>>(
-                                (const uint4 *)d_i32, BYTES / 16, d_sink);
-                        }));
-    row("d2d copy (ceiling: filter, scan)", copy, copy, "copy", 0, 0);
-    row("read-only (ceiling: hist)", readc, readc, "read", 0, 0);
-
-    /* Filter, int32, lt t: unordered and stable, with CUB's stable DeviceSelect::If beside. */
-    const int pct[] = {0, 5, 50, 95, 100};
-    for (int p : pct) {
-        int t = (int)((long long)FILTER_RANGE * p / 100);
-        tk_filter_spec_t s = {TALLY_PRED_LT, t, 0, 0};
-        size_t tb = tk_cuda_filter_scratch_bytes(TALLY_DTYPE_I32, N32, 1);
-        double cub_ms = time_ms([&] {
-            CK(cub::DeviceSelect::If(d_cub, cub_bytes, d_i32, (int *)d_out, d_cub_count, (int)N32,
-                                     LessThan{t}, stream));
-        });
-        int cub_kept = 0;
-        CK(cudaMemcpy(&cub_kept, d_cub_count, 4, cudaMemcpyDeviceToHost));
-        double bytes = (double)BYTES + 4.0 * cub_kept;
-        double cub = gbps(bytes, cub_ms);
-        for (int stable = 0; stable < 2; stable++) {
-            s.stable = stable;
-            double ms = time_ms([&] {
-                TK(tk_cuda_filter(TALLY_DTYPE_I32, d_i32, N32, &s, d_out, &d_small[0], d_scratch,
-                                  tb, stream));
-            });
-            uint64_t kept = 0;
-            CK(cudaMemcpy(&kept, &d_small[0], 8, cudaMemcpyDeviceToHost));
-            if (kept != (uint64_t)cub_kept) {
-                fprintf(stderr, "filter %d%%: kept %llu, CUB %d\n", p, (unsigned long long)kept,
-                        cub_kept);
-                return 1;
-            }
-            char name[64];
-            snprintf(name, sizeof name, "filter %s i32, %3d%% kept",
-                     stable ? "stable   " : "unordered", p);
-            row(name, gbps(bytes, ms), copy, "copy", cub, stable ? cub / copy : 0.90);
-        }
-    }
-
-    /* Scan int32 -> int64 and -> int32, inclusive, carry on the device. */
-    {
-        double cub = gbps(8.0 * N32, time_ms([&] {
-                              CK(cub::DeviceScan::InclusiveSum(d_cub, cub_bytes, d_i32,
-                                                               (int *)d_out, (int)N32, stream));
-                          }));
-        size_t sb = tk_cuda_scan_scratch_bytes(N32);
-        int64_t *carry = (int64_t *)&d_small[1];
-        double ms64 = time_ms([&] {
-            TK(tk_cuda_scan(d_i32, N32, 0, 0, d_out, carry, carry, d_scratch, sb, stream));
-        });
-        double ms32 = time_ms([&] {
-            TK(tk_cuda_scan(d_i32, N32, 0, 1, d_out, carry, carry, d_scratch, sb, stream));
-        });
-        row("scan i32 -> i64 (inclusive)", gbps(12.0 * N32, ms64), copy, "copy", cub, 0.90);
-        row("scan i32 -> i32 (inclusive)", gbps(8.0 * N32, ms32), copy, "copy", cub, 0.90);
-    }
-
-    /* Histograms: u8 on uniform, all-equal and narrow bytes; i32 over [0, 10^6). */
-    tk_hist_t *dh = (tk_hist_t *)&d_small[2];
-    const char *kinds[] = {"uniform", "all-equal", "narrow"};
-    for (int k = 0; k < 3; k++) {
-        gen_u8<<<4096, 256, 0, stream>>>((unsigned *)d_u8, BYTES / 4, k);
-        CK(cudaGetLastError());
-        double cub =
-            gbps(BYTES, time_ms([&] {
-                     CK(cub::DeviceHistogram::HistogramEven(d_cub, cub_bytes, d_u8, (int *)d_out,
-                                                            257, 0, 256, (int)BYTES, stream));
-                 }));
-        double ms = time_ms([&] { TK(tk_cuda_hist_u8(d_u8, BYTES, dh, nullptr, 0, stream)); });
-        row(std::string("hist u8 ") + kinds[k], gbps(BYTES, ms), readc, "read", cub, 0.90);
-    }
-    {
-        double cub = gbps(
-            BYTES, time_ms([&] {
-                CK(cub::DeviceHistogram::HistogramEven(d_cub, cub_bytes, d_i32, (int *)d_out, 257,
-                                                       0, FILTER_RANGE, (int)N32, stream));
-            }));
-        double ms = time_ms(
-            [&] { TK(tk_cuda_hist_i32(d_i32, N32, 0, FILTER_RANGE, dh, nullptr, 0, stream)); });
-        row("hist i32 [0, 10^6) uniform", gbps(BYTES, ms), readc, "read", cub, 0.90);
-    }
-
-    /* Issue 12: uint16 (12-bit data over [0, 4096), all-equal, 16-bit over [0, 65536)) and
-     * colour (RGB, RGBA on uniform and all-equal bytes, with 32 and 16 sub-histogram copies per
-     * block; TK_HIST_RGB_COPIES picks one). Each checked: every channel counts every value. */
-    {
-        static tk_hist_t h;
-        auto channel_sums_ok = [&](size_t n, unsigned channels, bool ranged, const char *what) {
-            /* The kernels run on `stream`, which does not wait for the legacy default stream's
-             * cudaMemset/cudaMemcpy: synchronise on both sides. */
-            CK(cudaStreamSynchronize(stream));
-            CK(cudaMemset(dh, 0, sizeof *dh));
-            CK(cudaDeviceSynchronize());
-            return std::function<void()>([=] {
-                CK(cudaStreamSynchronize(stream));
-                CK(cudaMemcpy(&h, dh, sizeof h, cudaMemcpyDeviceToHost));
-                for (unsigned c = 0; c < channels; c++) {
-                    unsigned long long sum = ranged ? h.underflow + h.overflow : 0;
-                    for (int b = 0; b < 256; b++)
-                        sum += h.bins[c * 256 + b];
-                    if (sum != n) {
-                        fprintf(stderr, "%s: channel %u counts %llu of %zu\n", what, c, sum, n);
-                        exit(1);
-                    }
-                }
-            });
-        };
-        const size_t n16 = BYTES / 2;
-        struct {
-            const char *name;
-            int kind;
-            int64_t hi;
-        } u16s[] = {{"hist u16 [0, 4096) 12-bit uniform", 0, 4096},
-                    {"hist u16 [0, 4096) all-equal", 1, 4096},
-                    {"hist u16 [0, 65536) uniform", 2, 65536}};
-        for (const auto &c : u16s) {
-            gen_u16<<<4096, 256, 0, stream>>>((unsigned *)d_out, BYTES / 4, c.kind);
-            CK(cudaGetLastError());
-            const uint16_t *in = (const uint16_t *)d_out;
-            auto verify = channel_sums_ok(n16, 1, true, c.name);
-            TK(tk_cuda_hist_u16(in, n16, 0, c.hi, dh, nullptr, 0, stream));
-            verify();
-            double ms =
-                time_ms([&] { TK(tk_cuda_hist_u16(in, n16, 0, c.hi, dh, nullptr, 0, stream)); });
-            row(c.name, gbps(BYTES, ms), readc, "read", 0, 0.90);
-        }
-        for (int k = 0; k < 2; k++) {
-            gen_u8<<<4096, 256, 0, stream>>>((unsigned *)d_u8, BYTES / 4, k);
-            CK(cudaGetLastError());
-            for (unsigned channels = 3; channels <= 4; channels++) {
-                for (unsigned copies = 32; copies >= 16; copies /= 2) {
-                    size_t pixels = BYTES / channels;
-                    char name[96];
-                    snprintf(name, sizeof name, "hist %s %s, %u copies%s",
-                             channels == 3 ? "rgb8" : "rgba8", kinds[k], copies,
-                             copies == tk_cuda_hist_rgb_default_copies() ? " (default)" : "");
-                    auto verify = channel_sums_ok(pixels, channels, false, name);
-                    TK(tk_cuda_hist_rgb_copies(d_u8, pixels, channels, copies, dh, stream));
-                    verify();
-                    double ms = time_ms([&] {
-                        TK(tk_cuda_hist_rgb_copies(d_u8, pixels, channels, copies, dh, stream));
-                    });
-                    row(name, gbps((double)pixels * channels, ms), readc, "read", 0, 0.90);
-                }
-            }
-        }
-    }
-
-    /* The table for RESULTS.md. */
-    printf("\n| op | GB/s | ratio to ceiling | CUB GB/s | CUB ratio | target | met |\n");
-    printf("|---|---:|---:|---:|---:|---|---|\n");
-    for (const Row &r : rows) {
-        char cub[32] = "", cubr[32] = "", tgt[48] = "", met[8] = "";
-        if (r.cub > 0) {
-            snprintf(cub, sizeof cub, "%.0f", r.cub);
-            snprintf(cubr, sizeof cubr, "%.3f", r.cub / r.ceiling);
-        }
-        if (r.target > 0) {
-            bool vs_cub = r.op.find("stable") != std::string::npos;
-            snprintf(tgt, sizeof tgt, vs_cub ? ">= CUB" : ">= 0.90 x %s", r.ceiling_name);
-            snprintf(met, sizeof met, "%s", r.gb / r.ceiling >= r.target ? "yes" : "no");
-        }
-        printf("| %s | %.0f | %.3f x %s | %s | %s | %s | %s |\n", r.op.c_str(), r.gb,
-               r.gb / r.ceiling, r.ceiling_name, cub, cubr, tgt, met);
-    }
-    cudaFree(d_i32);
-    cudaFree(d_u8);
-    cudaFree(d_out);
-    cudaFree(d_scratch);
-    cudaFree(d_small);
-    cudaFree(d_cub_count);
-    cudaFree(d_sink);
-    cudaFree(d_cub);
+    Bench b = {};
+    b.sms = prop.multiProcessorCount;
+    bench_open(b);
+    bench_ceilings(b);
+    if (!bench_filter(b))
+        return 1;
+    bench_scan(b);
+    bench_hist(b);
+    bench_hist_u16(b);
+    bench_hist_rgb(b);
+    print_table();
+    bench_close(b);
     cudaStreamDestroy(stream);
     return 0;
 }

@@ -110,39 +110,76 @@ static tally_req_t make_req(const opts_t *o, unsigned producer)
     return req;
 }
 
+/* A failure of the producer's own (connect, send, recv): counted, and the one reported. */
+static void producer_error(producer_t *p, const char *what, const char *why)
+{
+    snprintf(p->error, sizeof p->error, "%s: %s", what, why);
+    p->errors++;
+}
+
+/* Connects, and with --shm creates the producer's region: the payload, then (--shm-out) one
+ * output slice per request in flight, *out_slice bytes each. False (error noted) on failure. */
+static bool producer_connect(producer_t *p, const tally_req_t *req, tally_client_t **c,
+                             tally_region_t **region, size_t *out_slice)
+{
+    const opts_t *o = p->o;
+    tally_status_t st = tally_client_new_curve(o->c.endpoint, TIMEOUT_MS, &o->curve, c);
+    if (st != TALLY_OK) {
+        producer_error(p, "connect", tally_status_text(st));
+        return false;
+    }
+    *out_slice = o->shm_out ? (o->scan_i32 || req->opcode != TALLY_OP_SCAN ? 1 : 2) * o->c.size : 0;
+    if (!o->shm)
+        return true;
+    st = tally_region_create(*c, o->c.size + (size_t)o->c.window * *out_slice, region);
+    if (st != TALLY_OK) {
+        producer_error(p, "region", tally_client_error(*c));
+        tally_client_destroy(c);
+        return false;
+    }
+    memcpy(tally_region_data(*region), p->payload, o->c.size);
+    return true;
+}
+
+/* One reply received at t: counted, and measured inside the interval. */
+static void producer_note_reply(producer_t *p, tally_status_t st, const tally_reply_t *reply,
+                                double t, double t_stop, const double *sent_at)
+{
+    p->answered++;
+    if (st != TALLY_OK) { /* counted; reported only when nothing else failed before */
+        if (!p->error[0])
+            snprintf(p->error, sizeof p->error, "reply: %.200s", reply->error);
+        p->errors++;
+    }
+    if (t >= p->t_start && (p->o->count || t < t_stop)) {
+        double lat = (t - sent_at[reply->rep.request_id % (MAX_WINDOW * 4)]) * 1e6;
+        if (p->measured < p->lat_cap)
+            p->lat_us[p->measured] = lat;
+        p->measured++;
+        p->bytes += p->o->c.size;
+        p->t_end = t;
+    }
+}
+
 static void *producer_main(void *arg)
 {
     producer_t *p = arg;
     const opts_t *o = p->o;
     tally_client_t *c = NULL;
-    tally_reply_t reply;
-    tally_reply_init(&reply);
+    tally_region_t *region = NULL;
+    size_t out_slice = 0;
     double sent_at[MAX_WINDOW * 4];
     tally_req_t req = make_req(o, p->index);
-    tally_status_t st = tally_client_new_curve(o->c.endpoint, TIMEOUT_MS, &o->curve, &c);
-    if (st != TALLY_OK) {
-        snprintf(p->error, sizeof p->error, "connect: %s", tally_status_text(st));
-        p->errors++;
+    if (!producer_connect(p, &req, &c, &region, &out_slice))
         return NULL;
-    }
-    tally_region_t *region = NULL;
-    size_t out_slice =
-        o->shm_out ? (o->scan_i32 || req.opcode != TALLY_OP_SCAN ? 1 : 2) * o->c.size : 0;
-    if (o->shm) {
-        st = tally_region_create(c, o->c.size + (size_t)o->c.window * out_slice, &region);
-        if (st != TALLY_OK) {
-            snprintf(p->error, sizeof p->error, "region: %s", tally_client_error(c));
-            p->errors++;
-            tally_client_destroy(&c);
-            return NULL;
-        }
-        memcpy(tally_region_data(region), p->payload, o->c.size);
-    }
+    tally_reply_t reply;
+    tally_reply_init(&reply);
     double t0 = bench_now_s();
     p->t_start = t0 + WARMUP_S;
     double t_stop = t0 + WARMUP_S + o->c.seconds;
     uint64_t inflight = 0;
     bool sending = true;
+    tally_status_t st;
     while (sending || inflight) {
         while (sending && inflight < o->c.window) {
             uint64_t id = 0;
@@ -152,8 +189,7 @@ static void *producer_main(void *arg)
             else
                 st = tally_send(c, &req, p->payload, o->c.size, &id);
             if (st != TALLY_OK) {
-                snprintf(p->error, sizeof p->error, "send: %s", tally_client_error(c));
-                p->errors++;
+                producer_error(p, "send", tally_client_error(c));
                 sending = false;
                 break;
             }
@@ -166,25 +202,11 @@ static void *producer_main(void *arg)
         st = tally_recv(c, &reply);
         double t = bench_now_s();
         if (st == TALLY_E_TIMEOUT || st == TALLY_E_TRANSPORT) {
-            snprintf(p->error, sizeof p->error, "recv: %s", tally_client_error(c));
-            p->errors++;
+            producer_error(p, "recv", tally_client_error(c));
             break;
         }
         inflight--;
-        p->answered++;
-        if (st != TALLY_OK) {
-            if (!p->error[0])
-                snprintf(p->error, sizeof p->error, "reply: %.200s", reply.error);
-            p->errors++;
-        }
-        if (t >= p->t_start && (o->count || t < t_stop)) {
-            double lat = (t - sent_at[reply.rep.request_id % (MAX_WINDOW * 4)]) * 1e6;
-            if (p->measured < p->lat_cap)
-                p->lat_us[p->measured] = lat;
-            p->measured++;
-            p->bytes += o->c.size;
-            p->t_end = t;
-        }
+        producer_note_reply(p, st, &reply, t, t_stop, sent_at);
         if (o->count ? p->sent >= o->count : t >= t_stop)
             sending = false;
     }
@@ -355,63 +377,77 @@ static void usage(void)
             "       loadgen [--echo-key FILE] --serve-echo EP [EP...]\n");
 }
 
+/* Loadgen's own options (bench_own_opt_fn); --serve-echo takes the rest of the line. */
+typedef struct {
+    opts_t *o;
+    const char *echo_key, *server_key, *client_key;
+    char **serve_echo; /* the endpoints after --serve-echo, or NULL */
+    int serve_echo_count;
+} args_t;
+
+static bool own_opt(void *ctx, int argc, char **argv, int *i)
+{
+    args_t *g = ctx;
+    opts_t *o = g->o;
+    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    if (strcmp(a, "--stream") == 0) {
+        o->stream = true;
+        return true;
+    }
+    if (strcmp(a, "--scan-i32") == 0) {
+        o->scan_i32 = true;
+        return true;
+    }
+    if (strcmp(a, "--shm") == 0 || strcmp(a, "--shm-out") == 0) {
+        o->shm = true;
+        o->shm_out = strcmp(a, "--shm-out") == 0;
+        return true;
+    }
+    if (!v)
+        return false;
+    if (strcmp(a, "--serve-echo") == 0) {
+        g->serve_echo = argv + *i + 1;
+        g->serve_echo_count = argc - *i - 1 < MAX_ENDPOINTS ? argc - *i - 1 : MAX_ENDPOINTS;
+        *i = argc;
+        return true;
+    }
+    if (strcmp(a, "--op") == 0)
+        o->op = v;
+    else if (strcmp(a, "--count") == 0)
+        o->count = strtoull(v, NULL, 0);
+    else if (strcmp(a, "--pid") == 0)
+        o->pid = atoi(v);
+    else if (strcmp(a, "--echo-key") == 0)
+        g->echo_key = v;
+    else if (strcmp(a, "--server-key") == 0)
+        g->server_key = v;
+    else if (strcmp(a, "--client-key") == 0)
+        g->client_key = v;
+    else
+        return false;
+    (*i)++;
+    return true;
+}
+
 int main(int argc, char **argv)
 {
     opts_t o = {.c = {.label = "run", .size = 65536, .producers = 1, .window = 8, .seconds = 2.0},
                 .op = "hist"};
-    const char *echo_key = NULL, *server_key = NULL, *client_key = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--serve-echo") == 0 && v) {
-            int count = argc - i - 1 < MAX_ENDPOINTS ? argc - i - 1 : MAX_ENDPOINTS;
-            return serve_echo(argv + i + 1, count, echo_key);
-        }
-        if (strcmp(a, "--stream") == 0) {
-            o.stream = true;
-            continue;
-        }
-        if (strcmp(a, "--scan-i32") == 0) {
-            o.scan_i32 = true;
-            continue;
-        }
-        if (strcmp(a, "--shm") == 0 || strcmp(a, "--shm-out") == 0) {
-            o.shm = true;
-            o.shm_out = strcmp(a, "--shm-out") == 0;
-            continue;
-        }
-        if (bench_common_opt(argc, argv, &i, &o.c))
-            continue;
-        if (!v) {
-            usage();
-            return 2;
-        }
-        i++;
-        if (strcmp(a, "--op") == 0)
-            o.op = v;
-        else if (strcmp(a, "--count") == 0)
-            o.count = strtoull(v, NULL, 0);
-        else if (strcmp(a, "--pid") == 0)
-            o.pid = atoi(v);
-        else if (strcmp(a, "--echo-key") == 0)
-            echo_key = v;
-        else if (strcmp(a, "--server-key") == 0)
-            server_key = v;
-        else if (strcmp(a, "--client-key") == 0)
-            client_key = v;
-        else {
-            usage();
-            return 2;
-        }
+    args_t g = {.o = &o};
+    if (!bench_parse_opts(argc, argv, &o.c, own_opt, &g)) {
+        usage();
+        return 2;
     }
+    if (g.serve_echo)
+        return serve_echo(g.serve_echo, g.serve_echo_count, g.echo_key);
     if (!o.c.endpoint || !o.c.producers || o.c.producers > MAX_PRODUCERS || !o.c.window ||
         o.c.window > MAX_WINDOW || (o.c.size % 4 && strcmp(o.op, "hist") && strcmp(o.op, "echo"))) {
         usage();
         return 2;
     }
     char why[512];
-    if (server_key &&
-        tally_curve_keys_load(server_key, client_key, &o.curve, why, sizeof why) != TALLY_OK) {
+    if (g.server_key &&
+        tally_curve_keys_load(g.server_key, g.client_key, &o.curve, why, sizeof why) != TALLY_OK) {
         fprintf(stderr, "loadgen: CURVE keys: %s\n", why);
         return 2;
     }

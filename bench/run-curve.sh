@@ -6,23 +6,12 @@
 # the producers). GPU_ARGS (default "--backend cuda") are the tallyds' options ("--backend cpu"
 # to try it without a GPU); SECONDS_PER_RUN (default 3) each run's measured time.
 set -uo pipefail
-B=${1:?build dir}
-OUT=${2:?out dir}
+# shellcheck source-path=SCRIPTDIR source=bench-env.sh
+. "$(dirname "$0")/bench-env.sh"
 T=${SECONDS_PER_RUN:-3}
-mkdir -p "$OUT"
 MD="$OUT/curve.md"
-LG="$B/bench/loadgen"
-TD="$B/daemon/tallyd"
-TALLY="$B/cli/tally"
-export LD_LIBRARY_PATH="$B/client${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 KEYS=$(mktemp -d /tmp/tally-curve-keys.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  rm -rf "$KEYS"
-}
-trap cleanup EXIT
+BENCH_TMP=$KEYS
 
 mkdir -p "$KEYS/clients"
 "$TALLY" keygen "$KEYS/server" >/dev/null || exit 1

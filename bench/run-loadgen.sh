@@ -14,17 +14,10 @@
 # "--backend cuda") the GPU tallyd's options (e.g. "--backend cuda --test-sim-gpus 1" to try the
 # script without a GPU).
 set -uo pipefail
-B=${1:?build dir}
-OUT=${2:?out dir}
+# shellcheck source-path=SCRIPTDIR source=bench-env.sh
+. "$(dirname "$0")/bench-env.sh"
 T=${SECONDS_PER_RUN:-1.5}
-mkdir -p "$OUT"
 MD="$OUT/loadgen.md"
-LG="$B/bench/loadgen"
-TD="$B/daemon/tallyd"
-export LD_LIBRARY_PATH="$B/client${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
-trap cleanup EXIT
 
 start_tallyd() { # name port extra-args...
   local name=$1 port=$2
@@ -100,8 +93,7 @@ lg() { timeout 60 "$LG" "$@" || echo "| FAILED: loadgen $* (rc $?) |"; }
   echo
   echo "## 4. Eight producers x 8 in flight on named streams, fresh tallyd (auto), tcp"
   echo
-  cleanup
-  pids=()
+  bench_stop_all
   start_tallyd p8 5705 --backend auto
   sleep 2
   first=--header

@@ -19,30 +19,19 @@
 # GPU_ARGS (default "--backend cuda") is the GPU tallyd's backend: "--backend cuda
 # --test-sim-gpus 1" tries the script on a machine without a GPU (the PCIe step is then skipped).
 set -uo pipefail
-B=${1:?build dir}
-OUT=${2:?out dir}
+# shellcheck source-path=SCRIPTDIR source=bench-env.sh
+. "$(dirname "$0")/bench-env.sh"
 T=${SECONDS_PER_RUN:-1.2}
 GPU_ARGS=${GPU_ARGS:---backend cuda}
-mkdir -p "$OUT"
 MD="$OUT/path.md"
 RES="$OUT/results.txt"
 ERR="$OUT/runs.err"
-LG="$B/bench/loadgen"
-FI="$B/bench/fanin"
-TD="$B/daemon/tallyd"
 IO=$(nproc | awk '{n = int($1 / 4); print n < 1 ? 1 : (n > 4 ? 4 : n)}') # tallyd's default
 RUN=/tmp/tallyd-path-$$
 mkdir -p "$RUN"
-export LD_LIBRARY_PATH="$B/client${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+BENCH_TMP=$RUN
 : >"$RES"
 : >"$ERR"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  rm -rf "$RUN"
-}
-trap cleanup EXIT
 
 port=5810
 start_tallyd() { # name args...: tcp on the next port, ipc in $RUN, its own side channel
@@ -261,7 +250,5 @@ done
   echo
   echo "whole run: $((SECONDS - t0)) s; errors from the runs: $(grep -c . "$ERR") lines (runs.err)"
 } >>"$MD"
-for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-wait 2>/dev/null
-pids=()
+bench_stop_all
 cat "$MD"

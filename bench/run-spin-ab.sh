@@ -4,22 +4,17 @@
 # and on (B, $SPIN_US, default 50), 1 producer x 8 in flight at 64 KiB and 1 MiB (tcp, ipc),
 # and 4 KiB with one in flight; then the echo for reference. Writes OUT_DIR/spin-ab.md.
 set -uo pipefail
-B=${1:?build dir}
-OUT=${2:?out dir}
+# shellcheck source-path=SCRIPTDIR source=bench-env.sh
+. "$(dirname "$0")/bench-env.sh"
 SPIN=${SPIN_US:-50}
-mkdir -p "$OUT"
-LG="$B/bench/loadgen"
-TD="$B/daemon/tallyd"
-export LD_LIBRARY_PATH="$B/client${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 "$TD" --bind tcp://127.0.0.1:5711 --bind ipc:///tmp/tl-a.ipc --backend cuda --gpu-spin-us 0 \
   --log-level notice 2>"$OUT/tallyd-a.log" &
-PA=$!
+pids+=($!)
 "$TD" --bind tcp://127.0.0.1:5712 --bind ipc:///tmp/tl-b.ipc --backend cuda --gpu-spin-us "$SPIN" \
   --log-level notice 2>"$OUT/tallyd-b.log" &
-PB=$!
+pids+=($!)
 "$LG" --serve-echo tcp://127.0.0.1:5713 ipc:///tmp/tl-e.ipc &
-PE=$!
-trap 'kill $PA $PB $PE 2>/dev/null' EXIT
+pids+=($!)
 sleep 2
 ep() { case $1-$2 in a-tcp) echo tcp://127.0.0.1:5711 ;; b-tcp) echo tcp://127.0.0.1:5712 ;;
   e-tcp) echo tcp://127.0.0.1:5713 ;; *) echo "ipc:///tmp/tl-$1.ipc" ;; esac; }

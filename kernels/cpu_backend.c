@@ -592,23 +592,16 @@ static void cpu_destroy(tk_backend_t **self_p)
     *self_p = NULL;
 }
 
+static const tk_backend_t cpu_table = TK_BACKEND_TABLE(cpu);
+
 tally_status_t tk_cpu_backend_new(tk_backend_t **out)
 {
     if (!out)
         return TALLY_E_PARAM;
-    tk_backend_t *self = calloc(1, sizeof *self);
+    tk_backend_t *self = malloc(sizeof *self);
     *out = self;
     if (!self)
         return TALLY_E_INTERNAL;
-    self->name = "cpu";
-    self->ctx = NULL;
-    self->filter = cpu_filter;
-    self->scan = cpu_scan;
-    self->hist_u8 = cpu_hist_u8;
-    self->hist_i32 = cpu_hist_i32;
-    self->hist_u16 = cpu_hist_u16;
-    self->hist_rgb = cpu_hist_rgb;
-    self->describe = cpu_describe;
-    self->destroy = cpu_destroy;
+    *self = cpu_table; /* ctx NULL: the backend is stateless */
     return TALLY_OK;
 }

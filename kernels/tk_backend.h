@@ -104,6 +104,16 @@ static inline tally_status_t tk_backend_hist(tk_backend_t *b, uint8_t dtype, con
     }
 }
 
+/* A backend's table, its functions named after it: TK_BACKEND_TABLE(cpu) takes cpu_filter,
+ * cpu_scan, cpu_hist_u8, cpu_hist_i32, cpu_hist_u16, cpu_hist_rgb, cpu_describe and
+ * cpu_destroy, and the name "cpu" (ctx is set at creation). */
+#define TK_BACKEND_TABLE(prefix)                                                                   \
+    {                                                                                              \
+        .name = #prefix, .filter = prefix##_filter, .scan = prefix##_scan,                         \
+        .hist_u8 = prefix##_hist_u8, .hist_i32 = prefix##_hist_i32, .hist_u16 = prefix##_hist_u16, \
+        .hist_rgb = prefix##_hist_rgb, .describe = prefix##_describe, .destroy = prefix##_destroy, \
+    }
+
 /* The CPU backend: always available. */
 tally_status_t tk_cpu_backend_new(tk_backend_t **out);
 

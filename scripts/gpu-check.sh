@@ -17,15 +17,10 @@ STEPS=${GPU_CHECK_STEPS:-"test memcheck racecheck bench variants"}
 VARIANTS=${GPU_CHECK_VARIANTS:-}
 B=build-dev
 JOBS=$(nproc)
-summary="$OUT/summary.txt"
-: >"$summary"
-note() { echo "$*" | tee -a "$summary"; }
+# shellcheck source-path=SCRIPTDIR source=gpu-steps.sh
+. scripts/gpu-steps.sh
+gpu_summary "$OUT/summary.txt" name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu
 has() { [[ " $STEPS " == *" $1 "* ]]; }
-
-
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu \
-  --format=csv >>"$summary" 2>&1
-date -u >>"$summary"
 
 configure() { # dir, extra CUDA flags
   cmake -S . -B "$1" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 \

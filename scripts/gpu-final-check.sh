@@ -8,11 +8,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-final}
 mkdir -p "$OUT"
-summary="$OUT/summary.txt"
-: >"$summary"
-note() { echo "$*" | tee -a "$summary"; }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >>"$summary" 2>&1
-date -u >>"$summary"
+# shellcheck source-path=SCRIPTDIR source=gpu-steps.sh
+. scripts/gpu-steps.sh
+gpu_summary "$OUT/summary.txt"
 
 B=build-final
 t0=$SECONDS
@@ -36,9 +34,4 @@ done
 
 # The differential test (issue 10) once more at a larger scale, with its seeds in the summary: a
 # fixed one and a random one (rerun with TALLY_TEST_SEED=N to reproduce).
-t0=$SECONDS
-TALLY_PIPELINE_ENGINE=cuda TALLY_DIFF_SCALE=${DIFF_SCALE:-8} timeout 500 \
-  "$B/tests/test_differential" >"$OUT/test_differential-cuda.log" 2>&1
-note "test_differential (cuda, scale ${DIFF_SCALE:-8}): rc=$? ($((SECONDS - t0)) s)"
-grep -E "seed|every reply|snapshot:|PASSED|FAILED|ERROR|LINE" "$OUT/test_differential-cuda.log" |
-  head -16 | tee -a "$summary"
+gpu_differential $B "${DIFF_SCALE:-8}" 500 "$OUT/test_differential-cuda.log"

@@ -14,12 +14,9 @@ cd "$(dirname "$0")/.."
 FINAL=${OUT:-/tmp/gpu-pipeline}
 OUT=$FINAL/work # everything here goes back as one logs.tgz (the tool returns at most 8 files)
 mkdir -p "$OUT"
-summary="$OUT/summary.txt"
-: >"$summary"
-note() { echo "$*" | tee -a "$summary"; }
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv \
-  >>"$summary" 2>&1
-date -u >>"$summary"
+# shellcheck source-path=SCRIPTDIR source=gpu-steps.sh
+. scripts/gpu-steps.sh
+gpu_summary "$OUT/summary.txt" name,driver_version,memory.total,clocks.sm,clocks.max.sm
 TARGETS="tallyd loadgen test_pipeline test_daemon test_differential"
 
 B=build-carry
@@ -45,12 +42,7 @@ grep -E "PASSED|FAILED|ERROR|LINE" "$OUT/test-pipeline-gpu.log" | head -12 | tee
 # every reply and restored state compared; a fixed seed and a random one (printed: rerun with
 # TALLY_TEST_SEED=N to reproduce), then the SIGKILL snapshot-prefix test.
 if [ -x "$B/tests/test_differential" ]; then
-  t0=$SECONDS
-  TALLY_PIPELINE_ENGINE=cuda TALLY_DIFF_SCALE=${DIFF_SCALE:-4} timeout 400 \
-    "$B/tests/test_differential" >"$OUT/test-differential-gpu.log" 2>&1
-  note "test_differential (cuda, scale ${DIFF_SCALE:-4}): rc=$? ($((SECONDS - t0)) s)"
-  grep -E "seed|every reply|snapshot:|PASSED|FAILED|ERROR|LINE" "$OUT/test-differential-gpu.log" |
-    head -16 | tee -a "$summary"
+  gpu_differential $B "${DIFF_SCALE:-4}" 400 "$OUT/test-differential-gpu.log"
 else
   note "test_differential: not in $B (add it to the carried build)"
 fi

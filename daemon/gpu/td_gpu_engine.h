@@ -6,7 +6,7 @@
  * implementations:
  *   - cuda (td_gpu_cuda.c, built with TALLY_HAVE_CUDA): a lane is one CUDA stream with its own
  *     device buffers; a launch is H2D copy -> kernel -> D2H copies -> cudaLaunchHostFunc, all
- *     asynchronous on that stream, from pinned staging.
+ *     asynchronous on the lane, from pinned staging.
  *   - sim (td_gpu_sim.c, always built): a lane is host memory and the CPU backend, completing
  *     inside the launch. It exists so that the CPU build and CI test the pipeline itself —
  *     ordering on a lane, the scan carry chained in "device" memory, the fallback after a
@@ -19,7 +19,7 @@
  * A lane owns, allocated once at lane_open: `slots` staging buffers on the host (pinned for
  * cuda) that the pipeline fills and reads, device buffers for one batch at a time (input,
  * output, kernel scratch, small results) and `carries` device int64 scan carries that the
- * pipeline hands out to named streams (index 0 is kept for requests without a stream).
+ * pipeline hands out to named streams (index 0 is kept for requests without one).
  * Nothing is allocated after lane_open.
  */
 #ifndef TD_GPU_ENGINE_H
@@ -108,15 +108,15 @@ struct td_gpu_engine {
     /* The same job split into `count` pieces of consecutive elements (each at most the
      * max_batch the lanes were opened with), piece i on lanes[i % lane_count] (lanes[0] is
      * `lane`, the one whose thread calls this and whose slot, carries and small results the job
-     * uses; the others are lanes of the same device; pieces on one lane run in its stream
-     * order). Only for a hist, or a scan
-     * with job->dst, with job->src set: the pieces read src and write dst directly. The scan's
-     * carry chains from piece to piece through lane's carry job->carry_index (each piece's kernel
-     * waits for the one before it; the copies do not), the hist's pieces add into one device
-     * histogram; done(arg) follows once every piece is complete, on `lane`'s stream, so that
-     * lane's later jobs see the final carry. Work enqueued on the other lanes runs in their stream
-     * order beside their own jobs. TALLY_E_BACKEND when enqueuing failed (then nothing of the job
-     * is still running). NULL when the engine cannot split. */
+     * uses; the others are lanes of the same device; pieces on one lane run in its order). Only
+     * for a hist, or a scan with job->dst, with job->src set: the pieces read src and write dst
+     * directly. The scan's carry chains from piece to piece through lane's carry
+     * job->carry_index (each piece's kernel waits for the one before it; the copies do not), the
+     * hist's pieces add into one device histogram; done(arg) follows once every piece is
+     * complete, in `lane`'s order, so that lane's later jobs see the final carry. Work enqueued
+     * on the other lanes runs in their order beside their own jobs. TALLY_E_BACKEND when
+     * enqueuing failed (then nothing of the job is still running). NULL when the engine cannot
+     * split. */
     tally_status_t (*lane_launch_split)(void *lane, void *const *lanes, unsigned lane_count,
                                         unsigned count, const td_gpu_job_t *job,
                                         td_gpu_done_fn done, void *arg);
@@ -137,6 +137,21 @@ struct td_gpu_engine {
     const char *(*error_string)(void);
     void (*destroy)(td_gpu_engine_t **self_p);
 };
+
+/* An engine's table, its functions named after it: TD_GPU_ENGINE_TABLE(sim) takes
+ * sim_device_count, sim_describe, sim_lane_open ... sim_destroy (one per member, in the order
+ * above), and the name "sim" (ctx is set at creation). */
+#define TD_GPU_ENGINE_TABLE(prefix)                                                                \
+    {                                                                                              \
+        .name = #prefix, .device_count = prefix##_device_count, .describe = prefix##_describe,     \
+        .lane_open = prefix##_lane_open, .lane_close = prefix##_lane_close,                        \
+        .lane_bind = prefix##_lane_bind, .lane_launch = prefix##_lane_launch,                      \
+        .lane_launch_split = prefix##_lane_launch_split, .lane_check = prefix##_lane_check,        \
+        .region_register = prefix##_region_register,                                               \
+        .region_unregister = prefix##_region_unregister, .host_alloc = prefix##_host_alloc,        \
+        .host_free = prefix##_host_free, .error_string = prefix##_error_string,                    \
+        .destroy = prefix##_destroy,                                                               \
+    }
 
 /* Simulated devices: host memory and the CPU backend. */
 tally_status_t td_gpu_engine_sim_new(unsigned devices, td_gpu_engine_t **out);

@@ -65,9 +65,12 @@ typedef struct {
  * one of its calls failed through here (error_string has no context to reach the inner). */
 static _Thread_local char fault_error[256] = "no error";
 
-static void note_inner_error(const fault_t *f)
+/* The status of a call passed through to the inner engine, its words kept when it failed. */
+static tally_status_t passed(const fault_t *f, tally_status_t st)
 {
-    snprintf(fault_error, sizeof fault_error, "%s", f->inner->error_string());
+    if (st != TALLY_OK)
+        snprintf(fault_error, sizeof fault_error, "%s", f->inner->error_string());
+    return st;
 }
 
 static bool fault_due(fault_t *f)
@@ -106,22 +109,16 @@ static tally_status_t inner_launch(fault_lane_t *l, const split_t *split, const 
                                    td_gpu_done_fn done, void *arg)
 {
     const td_gpu_engine_t *e = l->f->inner;
-    tally_status_t st;
-    if (!split) {
-        st = e->lane_launch(l->inner, job, done, arg);
-    } else {
-        /* Piece i goes on lanes[i % lane_count] and i < count <= TD_GPU_SPLIT_MAX_PIECES: lanes
-         * past that many are never used, so fewer inner lanes place every piece the same. */
-        void *inner[TD_GPU_SPLIT_MAX_PIECES];
-        unsigned used = split->lane_count < TD_GPU_SPLIT_MAX_PIECES ? split->lane_count
-                                                                    : TD_GPU_SPLIT_MAX_PIECES;
-        for (unsigned i = 0; i < used; i++)
-            inner[i] = ((fault_lane_t *)split->lanes[i])->inner;
-        st = e->lane_launch_split(l->inner, inner, used, split->count, job, done, arg);
-    }
-    if (st != TALLY_OK)
-        note_inner_error(l->f);
-    return st;
+    if (!split)
+        return passed(l->f, e->lane_launch(l->inner, job, done, arg));
+    /* Piece i goes on lanes[i % lane_count] and i < count <= TD_GPU_SPLIT_MAX_PIECES: lanes past
+     * that many are never used, so fewer inner lanes place every piece the same. */
+    void *inner[TD_GPU_SPLIT_MAX_PIECES];
+    unsigned used =
+        split->lane_count < TD_GPU_SPLIT_MAX_PIECES ? split->lane_count : TD_GPU_SPLIT_MAX_PIECES;
+    for (unsigned i = 0; i < used; i++)
+        inner[i] = ((fault_lane_t *)split->lanes[i])->inner;
+    return passed(l->f, e->lane_launch_split(l->inner, inner, used, split->count, job, done, arg));
 }
 
 /* The job runs, then its device carry is overwritten with TD_GPU_GARBAGE_CARRY (a scan of no
@@ -151,7 +148,7 @@ static tally_status_t inject(fault_lane_t *l, const split_t *split, const td_gpu
     pthread_cond_destroy(&w.cond);
     pthread_mutex_destroy(&w.lock);
     if (st != TALLY_OK)
-        return st; /* the inner engine's own failure, already noted */
+        return st; /* the inner engine's own failure, its words kept */
     snprintf(fault_error, sizeof fault_error,
              "injected fault: 1 launch in %u fails (a test setting)", l->f->opts.fail_every);
     return TALLY_E_BACKEND;
@@ -227,19 +224,13 @@ static tally_status_t fault_lane_open(void *ctx, int device, size_t max_batch, u
 static tally_status_t fault_lane_bind(void *lane)
 {
     fault_lane_t *l = lane;
-    tally_status_t st = l->f->inner->lane_bind(l->inner);
-    if (st != TALLY_OK)
-        note_inner_error(l->f);
-    return st;
+    return passed(l->f, l->f->inner->lane_bind(l->inner));
 }
 
 static tally_status_t fault_lane_check(void *lane)
 {
     fault_lane_t *l = lane;
-    tally_status_t st = l->f->inner->lane_check(l->inner);
-    if (st != TALLY_OK)
-        note_inner_error(l->f);
-    return st;
+    return passed(l->f, l->f->inner->lane_check(l->inner));
 }
 
 static int fault_device_count(void *ctx)
@@ -257,10 +248,7 @@ static void fault_describe(void *ctx, int device, char *buf, size_t cap)
 static tally_status_t fault_region_register(void *ctx, void *base, size_t size, bool read_only)
 {
     fault_t *f = ctx;
-    tally_status_t st = f->inner->region_register(f->inner->ctx, base, size, read_only);
-    if (st != TALLY_OK)
-        note_inner_error(f);
-    return st;
+    return passed(f, f->inner->region_register(f->inner->ctx, base, size, read_only));
 }
 
 static void fault_region_unregister(void *ctx, void *base)
@@ -298,6 +286,9 @@ static void fault_destroy(td_gpu_engine_t **self_p)
     *self_p = NULL;
 }
 
+/* (Its name is the inner engine\'s.) */
+static const td_gpu_engine_t fault_engine = TD_GPU_ENGINE_TABLE(fault);
+
 tally_status_t td_gpu_engine_fault_new(td_gpu_engine_t *inner, const td_gpu_fault_opts_t *opts,
                                        td_gpu_engine_t **out)
 {
@@ -313,22 +304,11 @@ tally_status_t td_gpu_engine_fault_new(td_gpu_engine_t *inner, const td_gpu_faul
     f->opts = *opts;
     atomic_init(&f->launches, 0);
     atomic_init(&f->lanes_opened, 0);
+    *e = fault_engine;
     e->name = inner->name; /* what runs the batches: the metrics and info say "sim" or "cuda" */
     e->ctx = f;
-    e->device_count = fault_device_count;
-    e->describe = fault_describe;
-    e->lane_open = fault_lane_open;
-    e->lane_close = fault_lane_close;
-    e->lane_bind = fault_lane_bind;
-    e->lane_launch = fault_lane_launch;
-    e->lane_launch_split = inner->lane_launch_split ? fault_lane_launch_split : NULL;
-    e->lane_check = fault_lane_check;
-    e->region_register = fault_region_register;
-    e->region_unregister = fault_region_unregister;
-    e->host_alloc = fault_host_alloc;
-    e->host_free = fault_host_free;
-    e->error_string = fault_error_string;
-    e->destroy = fault_destroy;
+    if (!inner->lane_launch_split)
+        e->lane_launch_split = NULL;
     *out = e;
     return TALLY_OK;
 }

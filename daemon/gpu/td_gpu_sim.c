@@ -72,13 +72,10 @@ static tally_status_t sim_lane_open(void *ctx, int device, size_t max_batch, uns
                                     uint64_t *device_bytes, char *why, size_t why_cap)
 {
     (void)device;
-    sim_lane_t *l = calloc(1, sizeof *l);
+    sim_lane_t *l = malloc(sizeof *l);
     if (!l)
         goto fail;
-    l->sim = ctx;
-    l->slots = slots;
-    l->staging = staging;
-    l->carries = carries;
+    *l = (sim_lane_t){.sim = ctx, .slots = slots, .staging = staging, .carries = carries};
     memset(staging, 0, slots * sizeof *staging);
     for (unsigned i = 0; i < slots; i++) {
         staging[i].in = malloc(max_batch);
@@ -123,7 +120,7 @@ static tally_status_t sim_run(sim_lane_t *l, const td_gpu_job_t *job)
     const void *src = job->src ? job->src : l->staging[job->slot].in;
     void *dst = job->dst ? job->dst : l->staging[job->slot].out;
     memcpy(l->d_in, src, job->n * esize);
-    if (job->carry_upload) /* whatever the operation: it starts the stream's chain */
+    if (job->carry_upload) /* whatever the operation: it starts the named stream's chain */
         *carry = small->carry;
     switch (job->opcode) {
     case TALLY_OP_FILTER:
@@ -186,10 +183,8 @@ static tally_status_t sim_run_split(sim_lane_t *l, unsigned count, const td_gpu_
         if (job->opcode == TALLY_OP_SCAN) {
             st = cpu->scan(cpu->ctx, l->d_in, n, job->exclusive, job->out_i32, l->d_out, carry);
             memcpy((uint8_t *)job->dst + first * osize, l->d_out, n * osize);
-        } else if (job->dtype == TALLY_DTYPE_U8) {
-            st = cpu->hist_u8(cpu->ctx, l->d_in, n, &l->d_small.hist);
         } else {
-            st = cpu->hist_i32(cpu->ctx, l->d_in, n, job->lo, job->hi, &l->d_small.hist);
+            st = tk_backend_hist(cpu, job->dtype, l->d_in, n, job->lo, job->hi, &l->d_small.hist);
         }
     }
     l->d_small.carry = *carry;
@@ -272,6 +267,8 @@ static void sim_destroy(td_gpu_engine_t **self_p)
     *self_p = NULL;
 }
 
+static const td_gpu_engine_t sim_engine = TD_GPU_ENGINE_TABLE(sim);
+
 tally_status_t td_gpu_engine_sim_new(unsigned devices, td_gpu_engine_t **out)
 {
     td_gpu_engine_t *e = calloc(1, sizeof *e);
@@ -286,22 +283,8 @@ tally_status_t td_gpu_engine_sim_new(unsigned devices, td_gpu_engine_t **out)
     sim->latency_us = latency ? (unsigned)strtoul(latency, NULL, 10) : 0;
     const char *reg = getenv("TALLYD_TEST_SIM_REGISTER_US");
     sim->register_us = reg ? (unsigned)strtoul(reg, NULL, 10) : 0;
-    e->name = "sim";
+    *e = sim_engine;
     e->ctx = sim;
-    e->device_count = sim_device_count;
-    e->describe = sim_describe;
-    e->lane_open = sim_lane_open;
-    e->lane_close = sim_lane_close;
-    e->lane_bind = sim_lane_bind;
-    e->lane_launch = sim_lane_launch;
-    e->lane_launch_split = sim_lane_launch_split;
-    e->lane_check = sim_lane_check;
-    e->region_register = sim_region_register;
-    e->region_unregister = sim_region_unregister;
-    e->host_alloc = sim_host_alloc;
-    e->host_free = sim_host_free;
-    e->error_string = sim_error_string;
-    e->destroy = sim_destroy;
     *out = e;
     return TALLY_OK;
 }

@@ -2,19 +2,19 @@
  * cuda_backend.c — the CUDA backend of tk_backend.h: the synchronous, host-memory table built on
  * the asynchronous kernels of tk_cuda.h.
  *
- * Everything a call needs is allocated at creation, sized for max_batch_bytes: device input,
- * output (twice the input, for int64 scan output), the kernels' scratch, a small block for the
- * kept count, scan carry and histogram, and one non-blocking stream. A call takes the backend's
+ * Everything a call needs is allocated at creation, sized for max_batch_bytes (tk_cuda_buffers_t:
+ * device input, output, the kernels' scratch, a small block for the kept count, scan carry and
+ * histogram, and one non-blocking stream). A call takes the backend's
  * mutex (the device buffers are one set), copies its input in, launches, copies the result out
  * and synchronises the stream. Results that the kernels accumulate (scan carry, histogram) are
  * copied to the device first, so the kernels continue from the caller's state exactly as the
  * daemon's pipeline does with state that lives on the device.
  *
  * Errors: every CUDA call is checked; a failure becomes TALLY_E_BACKEND, CUDA's string is kept
- * for tk_cuda_error_string(), the stream is drained and the error cleared, so the next call
- * works (except after a sticky error such as an illegal address, which poisons the CUDA context
- * for the whole process; the kernels are tested under compute-sanitizer so that it does not
- * happen).
+ * for tk_cuda_error_string(), the stream is drained and the error cleared (tk_cuda_drain), so
+ * the next call works (except after a sticky error such as an illegal address, which poisons the
+ * CUDA context for the whole process; the kernels are tested under compute-sanitizer so that it
+ * does not happen).
  *
  * This is plain C that includes tk_cuda.h: it also proves that header works for C callers.
  */
@@ -36,78 +36,67 @@ typedef struct {
 } small_t;
 
 typedef struct {
-    int device;
     size_t max_bytes;
     pthread_mutex_t lock;
-    cudaStream_t stream;
-    void *d_in;
-    void *d_out;
-    void *d_scratch;
-    size_t scratch_bytes;
-    small_t *d_small;
+    tk_cuda_buffers_t buf; /* buf.d_small: a small_t */
     char describe[300];
 } cuda_ctx_t;
 
-/* Drains the stream after a failure and clears the non-sticky error, keeping the first one. */
-static tally_status_t fail(cuda_ctx_t *c, cudaError_t err)
+/* Starts a call: takes the lock (the device buffers are one set), makes the device current and
+ * enqueues the copy of `bytes` of input. Whatever it returns, call_end follows. */
+static tally_status_t call_begin(cuda_ctx_t *c, const void *in, size_t bytes)
 {
-    tally_status_t st = tk_cuda_status(err);
-    (void)cudaStreamSynchronize(c->stream);
-    (void)cudaGetLastError();
+    tally_status_t st = TALLY_OK;
+    pthread_mutex_lock(&c->lock);
+    TK_CUDA_TRY(cudaSetDevice(c->buf.device));
+    if (bytes)
+        TK_CUDA_TRY(cudaMemcpyAsync(c->buf.d_in, in, bytes, cudaMemcpyHostToDevice, c->buf.stream));
+fail:
     return st;
 }
 
-/* Runs after a sequence of enqueued steps: waits for the stream and maps its error. */
-static tally_status_t finish(cuda_ctx_t *c, tally_status_t st)
+/* Ends a call whose steps so far returned st: waits for the stream (its error is the call's if
+ * none came before), drains it after any failure, and lets the next call in. */
+static tally_status_t call_end(cuda_ctx_t *c, tally_status_t st)
 {
-    cudaError_t err = cudaStreamSynchronize(c->stream);
-    if (st != TALLY_OK) {
-        (void)cudaGetLastError();
-        return st;
-    }
-    return err == cudaSuccess ? TALLY_OK : fail(c, err);
+    cudaError_t err = cudaStreamSynchronize(c->buf.stream);
+    if (st == TALLY_OK)
+        st = tk_cuda_status(err);
+    if (st != TALLY_OK)
+        tk_cuda_drain(c->buf.stream);
+    pthread_mutex_unlock(&c->lock);
+    return st;
 }
-
-#define TRY(c, call)                                                                               \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            st = fail((c), e_);                                                                    \
-            goto out;                                                                              \
-        }                                                                                          \
-    } while (0)
 
 static tally_status_t cuda_filter(void *ctx, tally_dtype_t dtype, const void *in, size_t n,
                                   const tk_filter_spec_t *spec, void *out, size_t *kept)
 {
     cuda_ctx_t *c = ctx;
+    small_t *d_small = c->buf.d_small;
     size_t esize = tally_dtype_size(dtype);
-    tally_status_t st = TALLY_OK;
     uint64_t k = 0;
     if (dtype != TALLY_DTYPE_I32 && dtype != TALLY_DTYPE_U8)
         return TALLY_E_DTYPE;
     if (n > c->max_bytes / esize)
         return TALLY_E_TOO_LARGE;
-    pthread_mutex_lock(&c->lock);
-    TRY(c, cudaSetDevice(c->device));
-    if (n)
-        TRY(c, cudaMemcpyAsync(c->d_in, in, n * esize, cudaMemcpyHostToDevice, c->stream));
-    st = tk_cuda_filter(dtype, c->d_in, n, spec, c->d_out, &c->d_small->kept, c->d_scratch,
-                        c->scratch_bytes, c->stream);
-    if (st != TALLY_OK) { /* bad arguments: drain what was enqueued */
-        (void)cudaStreamSynchronize(c->stream);
-        goto out;
-    }
-    TRY(c, cudaMemcpyAsync(&k, &c->d_small->kept, sizeof k, cudaMemcpyDeviceToHost, c->stream));
-    TRY(c, cudaStreamSynchronize(c->stream));
+    tally_status_t st = call_begin(c, in, n * esize);
+    if (st != TALLY_OK)
+        goto fail;
+    st = tk_cuda_filter(dtype, c->buf.d_in, n, spec, c->buf.d_out, &d_small->kept, c->buf.d_scratch,
+                        c->buf.scratch_bytes, c->buf.stream);
+    if (st != TALLY_OK) /* bad arguments */
+        goto fail;
+    /* The count first, so only the kept elements come back. */
+    TK_CUDA_TRY(
+        cudaMemcpyAsync(&k, &d_small->kept, sizeof k, cudaMemcpyDeviceToHost, c->buf.stream));
+    TK_CUDA_TRY(cudaStreamSynchronize(c->buf.stream));
     if (k)
-        TRY(c,
-            cudaMemcpyAsync(out, c->d_out, (size_t)k * esize, cudaMemcpyDeviceToHost, c->stream));
-    st = finish(c, st);
+        TK_CUDA_TRY(cudaMemcpyAsync(out, c->buf.d_out, (size_t)k * esize, cudaMemcpyDeviceToHost,
+                                    c->buf.stream));
+fail:
+    st = call_end(c, st);
     if (st == TALLY_OK)
         *kept = (size_t)k;
-out:
-    pthread_mutex_unlock(&c->lock);
     return st;
 }
 
@@ -115,30 +104,28 @@ static tally_status_t cuda_scan(void *ctx, const int32_t *in, size_t n, int excl
                                 void *out, int64_t *carry)
 {
     cuda_ctx_t *c = ctx;
-    tally_status_t st = TALLY_OK;
+    small_t *d_small = c->buf.d_small;
     int64_t cy = *carry;
     if (n > c->max_bytes / 4)
         return TALLY_E_TOO_LARGE;
-    pthread_mutex_lock(&c->lock);
-    TRY(c, cudaSetDevice(c->device));
+    tally_status_t st = call_begin(c, in, n * 4);
+    if (st != TALLY_OK)
+        goto fail;
+    TK_CUDA_TRY(
+        cudaMemcpyAsync(&d_small->carry, &cy, sizeof cy, cudaMemcpyHostToDevice, c->buf.stream));
+    st = tk_cuda_scan(c->buf.d_in, n, exclusive, out_i32, c->buf.d_out, &d_small->carry,
+                      &d_small->carry, c->buf.d_scratch, c->buf.scratch_bytes, c->buf.stream);
+    if (st != TALLY_OK) /* bad arguments */
+        goto fail;
     if (n)
-        TRY(c, cudaMemcpyAsync(c->d_in, in, n * 4, cudaMemcpyHostToDevice, c->stream));
-    TRY(c, cudaMemcpyAsync(&c->d_small->carry, &cy, sizeof cy, cudaMemcpyHostToDevice, c->stream));
-    st = tk_cuda_scan(c->d_in, n, exclusive, out_i32, c->d_out, &c->d_small->carry,
-                      &c->d_small->carry, c->d_scratch, c->scratch_bytes, c->stream);
-    if (st != TALLY_OK) { /* bad arguments: drain what was enqueued */
-        (void)cudaStreamSynchronize(c->stream);
-        goto out;
-    }
-    if (n)
-        TRY(c, cudaMemcpyAsync(out, c->d_out, n * (out_i32 ? 4 : 8), cudaMemcpyDeviceToHost,
-                               c->stream));
-    TRY(c, cudaMemcpyAsync(&cy, &c->d_small->carry, sizeof cy, cudaMemcpyDeviceToHost, c->stream));
-    st = finish(c, st);
+        TK_CUDA_TRY(cudaMemcpyAsync(out, c->buf.d_out, n * (out_i32 ? 4 : 8),
+                                    cudaMemcpyDeviceToHost, c->buf.stream));
+    TK_CUDA_TRY(
+        cudaMemcpyAsync(&cy, &d_small->carry, sizeof cy, cudaMemcpyDeviceToHost, c->buf.stream));
+fail:
+    st = call_end(c, st);
     if (st == TALLY_OK)
         *carry = cy;
-out:
-    pthread_mutex_unlock(&c->lock);
     return st;
 }
 
@@ -146,30 +133,24 @@ out:
 static tally_status_t cuda_hist(cuda_ctx_t *c, tally_dtype_t dtype, const void *in, size_t n,
                                 int64_t lo, int64_t hi, tk_hist_t *hist)
 {
-    size_t esize = tally_dtype_size(dtype);
-    tally_status_t st = TALLY_OK;
-    if (n > c->max_bytes / esize)
+    small_t *d_small = c->buf.d_small;
+    if (n > c->max_bytes / tally_dtype_size(dtype))
         return TALLY_E_TOO_LARGE;
-    pthread_mutex_lock(&c->lock);
-    TRY(c, cudaSetDevice(c->device));
-    if (n)
-        TRY(c, cudaMemcpyAsync(c->d_in, in, n * esize, cudaMemcpyHostToDevice, c->stream));
-    TRY(c,
-        cudaMemcpyAsync(&c->d_small->hist, hist, sizeof *hist, cudaMemcpyHostToDevice, c->stream));
-    st = tk_cuda_hist(dtype, c->d_in, n, lo, hi, &c->d_small->hist, c->d_scratch, c->scratch_bytes,
-                      c->stream);
-    if (st != TALLY_OK) { /* bad arguments: drain what was enqueued */
-        (void)cudaStreamSynchronize(c->stream);
-        goto out;
-    }
+    tally_status_t st = call_begin(c, in, n * tally_dtype_size(dtype));
+    if (st != TALLY_OK)
+        goto fail;
+    TK_CUDA_TRY(
+        cudaMemcpyAsync(&d_small->hist, hist, sizeof *hist, cudaMemcpyHostToDevice, c->buf.stream));
+    st = tk_cuda_hist(dtype, c->buf.d_in, n, lo, hi, &d_small->hist, c->buf.d_scratch,
+                      c->buf.scratch_bytes, c->buf.stream);
+    if (st != TALLY_OK) /* bad arguments */
+        goto fail;
     /* The caller's hist is pageable, so this copy completes before the call returns; the
-     * stream sync below then reports any error of the kernel. */
-    TRY(c,
-        cudaMemcpyAsync(hist, &c->d_small->hist, sizeof *hist, cudaMemcpyDeviceToHost, c->stream));
-    st = finish(c, st);
-out:
-    pthread_mutex_unlock(&c->lock);
-    return st;
+     * stream sync in call_end then reports any error of the kernel. */
+    TK_CUDA_TRY(
+        cudaMemcpyAsync(hist, &d_small->hist, sizeof *hist, cudaMemcpyDeviceToHost, c->buf.stream));
+fail:
+    return call_end(c, st);
 }
 
 static tally_status_t cuda_hist_u8(void *ctx, const uint8_t *in, size_t n, tk_hist_t *hist)
@@ -209,16 +190,7 @@ static void free_ctx(cuda_ctx_t *c)
 {
     if (!c)
         return;
-    (void)cudaSetDevice(c->device);
-    if (c->stream)
-        (void)cudaStreamSynchronize(c->stream);
-    cudaFree(c->d_in);
-    cudaFree(c->d_out);
-    cudaFree(c->d_scratch);
-    cudaFree(c->d_small);
-    if (c->stream)
-        cudaStreamDestroy(c->stream);
-    (void)cudaGetLastError();
+    tk_cuda_buffers_close(&c->buf);
     pthread_mutex_destroy(&c->lock);
     free(c);
 }
@@ -242,16 +214,12 @@ int tk_cuda_device_count(void)
     return count;
 }
 
+static const tk_backend_t cuda_table = TK_BACKEND_TABLE(cuda);
+
 tally_status_t tk_cuda_backend_new(int device, size_t max_batch_bytes, tk_backend_t **out,
                                    char *msg, size_t msg_cap)
 {
-    tk_backend_t *b = NULL;
-    cuda_ctx_t *c = NULL;
-    struct cudaDeviceProp prop;
-    cudaError_t err = cudaSuccess;
-    const char *step = "";
     int count = tk_cuda_device_count();
-
     *out = NULL;
     if (device < 0 || device >= count) {
         if (msg && msg_cap)
@@ -260,8 +228,8 @@ tally_status_t tk_cuda_backend_new(int device, size_t max_batch_bytes, tk_backen
     }
     if (max_batch_bytes < 16)
         max_batch_bytes = 16;
-    b = calloc(1, sizeof *b);
-    c = calloc(1, sizeof *c);
+    tk_backend_t *b = calloc(1, sizeof *b);
+    cuda_ctx_t *c = calloc(1, sizeof *c);
     if (!b || !c) {
         free(b);
         free(c);
@@ -269,47 +237,20 @@ tally_status_t tk_cuda_backend_new(int device, size_t max_batch_bytes, tk_backen
             snprintf(msg, msg_cap, "out of memory");
         return TALLY_E_INTERNAL;
     }
-    c->device = device;
     c->max_bytes = max_batch_bytes;
-    c->scratch_bytes = tk_cuda_scratch_bytes_max(max_batch_bytes);
     pthread_mutex_init(&c->lock, NULL);
-
-#define STEP(what, call)                                                                           \
-    do {                                                                                           \
-        step = (what);                                                                             \
-        if ((err = (call)) != cudaSuccess)                                                         \
-            goto fail;                                                                             \
-    } while (0)
-    STEP("cudaSetDevice", cudaSetDevice(device));
-    STEP("cudaGetDeviceProperties", cudaGetDeviceProperties(&prop, device));
-    STEP("cudaStreamCreate", cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
-    STEP("cudaMalloc(input)", cudaMalloc(&c->d_in, max_batch_bytes));
-    STEP("cudaMalloc(output)", cudaMalloc(&c->d_out, 2 * max_batch_bytes));
-    if (c->scratch_bytes)
-        STEP("cudaMalloc(scratch)", cudaMalloc(&c->d_scratch, c->scratch_bytes));
-    STEP("cudaMalloc(small)", cudaMalloc((void **)&c->d_small, sizeof(small_t)));
-#undef STEP
-
+    struct cudaDeviceProp prop;
+    if (tk_cuda_buffers_open(&c->buf, device, max_batch_bytes, sizeof(small_t), msg, msg_cap) !=
+            TALLY_OK ||
+        !tk_cuda_setup_step(cudaGetDeviceProperties(&prop, device), device,
+                            "cudaGetDeviceProperties", msg, msg_cap)) {
+        free_ctx(c);
+        free(b);
+        return TALLY_E_BACKEND;
+    }
     snprintf(c->describe, sizeof c->describe, "cuda: %d:%s", device, prop.name);
-    b->name = "cuda";
+    *b = cuda_table;
     b->ctx = c;
-    b->filter = cuda_filter;
-    b->scan = cuda_scan;
-    b->hist_u8 = cuda_hist_u8;
-    b->hist_i32 = cuda_hist_i32;
-    b->hist_u16 = cuda_hist_u16;
-    b->hist_rgb = cuda_hist_rgb;
-    b->describe = cuda_describe;
-    b->destroy = cuda_destroy;
     *out = b;
     return TALLY_OK;
-
-fail:
-    if (msg && msg_cap)
-        snprintf(msg, msg_cap, "CUDA device %d: %s failed: %s", device, step,
-                 cudaGetErrorString(err));
-    (void)tk_cuda_status(err);
-    free_ctx(c);
-    free(b);
-    return TALLY_E_BACKEND;
 }

@@ -28,6 +28,7 @@
 #ifndef TK_CUDA_H
 #define TK_CUDA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -115,6 +116,55 @@ tally_status_t tk_cuda_status(cudaError_t err);
 /* CUDA's description of the last error a tk_cuda_* function on this thread returned
  * TALLY_E_BACKEND for ("no error" if none). */
 const char *tk_cuda_error_string(void);
+
+/* ---- host side: what every caller of the functions above needs ----------------------------
+ * The one layer of CUDA host code: the synchronous backend (cuda_backend.c) and the daemon's
+ * GPU lanes (daemon/gpu/td_gpu_cuda.c) both build on it (tk_cuda_buffers.c). */
+
+/* The device buffers for one batch at a time on one CUDA stream, allocated once for batches of
+ * at most max_batch bytes: a non-blocking stream, input (max_batch bytes), output (2 x
+ * max_batch: an int64 scan of int32 input doubles), the kernels' scratch
+ * (tk_cuda_scratch_bytes_max) and small_bytes for the caller's small results (kept count,
+ * carry, histogram). One set is enough for work that runs in stream order: the next batch's
+ * input copy only runs after this batch's output copy. */
+typedef struct {
+    int device;
+    cudaStream_t stream;
+    void *d_in;
+    void *d_out;
+    void *d_scratch;
+    size_t scratch_bytes;
+    void *d_small;
+    size_t device_bytes; /* what open allocated on the device */
+} tk_cuda_buffers_t;
+
+/* Makes `device` current on this thread and allocates. On failure it frees what it took, says
+ * which step failed in why (as tk_cuda_setup_step) and returns TALLY_E_BACKEND. */
+tally_status_t tk_cuda_buffers_open(tk_cuda_buffers_t *b, int device, size_t max_batch,
+                                    size_t small_bytes, char *why, size_t why_cap);
+/* Waits for the stream and frees everything open allocated (what a failed open left too). */
+void tk_cuda_buffers_close(tk_cuda_buffers_t *b);
+
+/* One step of a setup (an allocation, a stream, an event): true when err is cudaSuccess; else
+ * false, err recorded (tk_cuda_status), and why (may be NULL) says
+ * "CUDA device D: WHAT failed: CUDA's words". */
+bool tk_cuda_setup_step(cudaError_t err, int device, const char *what, char *why, size_t why_cap);
+
+/* After a failure on `stream`: waits for what it still runs (so no copy reads the caller's
+ * buffers any more) and clears the error if it is not sticky. The first error stays recorded
+ * for tk_cuda_error_string(). */
+void tk_cuda_drain(cudaStream_t stream);
+
+/* The device's name ("NVIDIA H100 80GB HBM3"), or "CUDA device N" when it cannot be read. */
+void tk_cuda_device_name(int device, char *buf, size_t cap);
+
+/* In a function with a tally_status_t st and a `fail:` label: runs a CUDA call, and goes to
+ * fail with st = TALLY_E_BACKEND (the error recorded) when it failed. */
+#define TK_CUDA_TRY(call)                                                                          \
+    do {                                                                                           \
+        if ((st = tk_cuda_status(call)) != TALLY_OK)                                               \
+            goto fail;                                                                             \
+    } while (0)
 
 #ifdef __cplusplus
 }

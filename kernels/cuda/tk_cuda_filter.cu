@@ -128,13 +128,7 @@ warp_ranks(const uint32_t (&w)[tk_filter_shape<T>::V][4], size_t n, unsigned til
         flags[v] = f;
         packed |= (u64)__popc(f) << (S::FIELD * v);
     }
-    u64 inc = packed;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        u64 t = __shfl_up_sync(0xffffffffu, inc, o);
-        if (lane >= o)
-            inc += t;
-    }
+    const u64 inc = tk_warp_inclusive_scan(packed, lane);
     const u64 warp_sums = __shfl_sync(0xffffffffu, inc, 31);
     const u64 excl = inc - packed;
     unsigned acc = 0;
@@ -157,13 +151,7 @@ static __device__ __forceinline__ u64 place_tile(const unsigned *warp_count, uns
 {
     const int lane = threadIdx.x & 31;
     unsigned c = lane < TK_FILTER_WARPS ? warp_count[lane] : 0;
-    unsigned ic = c;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        unsigned t = __shfl_up_sync(0xffffffffu, ic, o);
-        if (lane >= o)
-            ic += t;
-    }
+    unsigned ic = tk_warp_inclusive_scan(c, lane);
     unsigned total = __shfl_sync(0xffffffffu, ic, 31);
     if (lane < TK_FILTER_WARPS)
         warp_offset[lane] = ic - c;
@@ -171,15 +159,8 @@ static __device__ __forceinline__ u64 place_tile(const unsigned *warp_count, uns
     if (!STABLE) {
         if (lane == 0 && total)
             where = atomicAdd(kept, (u64)total);
-    } else if (tile == 0) {
-        if (lane == 0)
-            tk_tile_store(tk_tile_at(states, 0), TK_TILE_INCLUSIVE, (long long)total);
     } else {
-        if (lane == 0)
-            tk_tile_store(tk_tile_at(states, tile), TK_TILE_AGGREGATE, (long long)total);
-        where = (u64)tk_lookback(states, tile);
-        if (lane == 0)
-            tk_tile_store(tk_tile_at(states, tile), TK_TILE_INCLUSIVE, (long long)(where + total));
+        where = tk_tile_publish(states, tile, total, lane);
     }
     *total_out = total;
     return where;

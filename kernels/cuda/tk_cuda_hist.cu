@@ -98,6 +98,27 @@ static __device__ __forceinline__ void count_word(unsigned *lane_bins, uint32_t 
     }
 }
 
+/* A grid-stride pass over the 16-byte-aligned body of the input, TK_HIST_UNROLL vectors in flight
+ * per thread (all loads first, then the counting): count(v, i) for every vector i. */
+template <typename F>
+static __device__ __forceinline__ void for_each_body_vec(const uint4 *body, size_t body_vecs,
+                                                         F count)
+{
+    const size_t stride = (size_t)gridDim.x * TK_HIST_THREADS;
+    size_t i = (size_t)blockIdx.x * TK_HIST_THREADS + threadIdx.x;
+    for (; i + (TK_HIST_UNROLL - 1) * stride < body_vecs; i += TK_HIST_UNROLL * stride) {
+        uint4 v[TK_HIST_UNROLL];
+#pragma unroll
+        for (int u = 0; u < TK_HIST_UNROLL; u++)
+            v[u] = __ldg(body + i + u * stride);
+#pragma unroll
+        for (int u = 0; u < TK_HIST_UNROLL; u++)
+            count(v[u], i + u * stride);
+    }
+    for (; i < body_vecs; i += stride)
+        count(__ldg(body + i), i);
+}
+
 template <int MODE>
 __global__ void __launch_bounds__(TK_HIST_THREADS)
     tk_hist_kernel(const void *__restrict__ in, size_t head, size_t body_vecs, size_t tail,
@@ -113,31 +134,15 @@ __global__ void __launch_bounds__(TK_HIST_THREADS)
     const int lane = threadIdx.x & 31;
     unsigned *lane_bins = bins + lane;
 
-    /* The 16-byte-aligned body, TK_HIST_UNROLL vectors in flight per thread. */
+    /* The 16-byte-aligned body. */
     const uint4 *body =
         reinterpret_cast<const uint4 *>(static_cast<const char *>(in) + head * ESIZE);
-    const size_t stride = (size_t)gridDim.x * TK_HIST_THREADS;
-    size_t i = (size_t)blockIdx.x * TK_HIST_THREADS + threadIdx.x;
-    for (; i + (TK_HIST_UNROLL - 1) * stride < body_vecs; i += TK_HIST_UNROLL * stride) {
-        uint4 v[TK_HIST_UNROLL];
-#pragma unroll
-        for (int u = 0; u < TK_HIST_UNROLL; u++)
-            v[u] = __ldg(body + i + u * stride);
-#pragma unroll
-        for (int u = 0; u < TK_HIST_UNROLL; u++) {
-            count_word<MODE>(lane_bins, v[u].x, r);
-            count_word<MODE>(lane_bins, v[u].y, r);
-            count_word<MODE>(lane_bins, v[u].z, r);
-            count_word<MODE>(lane_bins, v[u].w, r);
-        }
-    }
-    for (; i < body_vecs; i += stride) {
-        uint4 v = __ldg(body + i);
+    for_each_body_vec(body, body_vecs, [&](uint4 v, size_t) {
         count_word<MODE>(lane_bins, v.x, r);
         count_word<MODE>(lane_bins, v.y, r);
         count_word<MODE>(lane_bins, v.z, r);
         count_word<MODE>(lane_bins, v.w, r);
-    }
+    });
 
     /* The unaligned ends: fewer than 16 bytes each, counted element by element by block 0. */
     if (blockIdx.x == 0 && threadIdx.x < head + tail) {
@@ -322,19 +327,9 @@ __global__ void __launch_bounds__(TK_HIST_THREADS)
     unsigned *lane_bins = rgb_bins + (threadIdx.x & (COPIES - 1));
 
     const uint4 *body = reinterpret_cast<const uint4 *>(in + head);
-    const size_t stride = (size_t)gridDim.x * TK_HIST_THREADS;
-    size_t i = (size_t)blockIdx.x * TK_HIST_THREADS + threadIdx.x;
-    for (; i + (TK_HIST_UNROLL - 1) * stride < body_vecs; i += TK_HIST_UNROLL * stride) {
-        uint4 v[TK_HIST_UNROLL];
-#pragma unroll
-        for (int u = 0; u < TK_HIST_UNROLL; u++)
-            v[u] = __ldg(body + i + u * stride);
-#pragma unroll
-        for (int u = 0; u < TK_HIST_UNROLL; u++)
-            rgb_vec<CH, COPIES>(lane_bins, v[u], rgb_c0<CH>(head, i + u * stride));
-    }
-    for (; i < body_vecs; i += stride)
-        rgb_vec<CH, COPIES>(lane_bins, __ldg(body + i), rgb_c0<CH>(head, i));
+    for_each_body_vec(body, body_vecs, [&](uint4 v, size_t i) {
+        rgb_vec<CH, COPIES>(lane_bins, v, rgb_c0<CH>(head, i));
+    });
 
     /* The unaligned ends, byte by byte, by block 0: byte e is channel e mod CH. */
     if (blockIdx.x == 0 && threadIdx.x < head + tail) {

@@ -151,6 +151,18 @@ __global__ void tk_lookback_init_kernel(tk_tile_state_t *states, unsigned n);
  * launch when tiles is 0). */
 void tk_lookback_init(tk_tile_state_t *states, unsigned tiles, cudaStream_t stream);
 
+/* Inclusive scan of v across the 32 lanes of a warp (lane = threadIdx.x & 31), all lanes. */
+template <typename U> static __device__ __forceinline__ U tk_warp_inclusive_scan(U v, int lane)
+{
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        U t = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o)
+            v += t;
+    }
+    return v;
+}
+
 static __device__ __forceinline__ long long tk_warp_sum64(long long v)
 {
 #pragma unroll
@@ -202,6 +214,26 @@ static __device__ __forceinline__ long long tk_lookback(const tk_tile_state_t *s
             pos -= 32;
         }
     }
+}
+
+/* Called by all 32 lanes of one warp of tile `tile`: publishes the tile's total (lane 0) and
+ * returns, to every lane, the sum of all tiles before it (0 for tile 0) by the look-back. */
+template <typename T>
+static __device__ __forceinline__ unsigned long long
+tk_tile_publish(tk_tile_state_t *states, unsigned tile, T total, int lane)
+{
+    unsigned long long prefix = 0;
+    if (tile == 0) {
+        if (lane == 0)
+            tk_tile_store(tk_tile_at(states, 0), TK_TILE_INCLUSIVE, (long long)total);
+    } else {
+        if (lane == 0)
+            tk_tile_store(tk_tile_at(states, tile), TK_TILE_AGGREGATE, (long long)total);
+        prefix = (unsigned long long)tk_lookback(states, tile);
+        if (lane == 0)
+            tk_tile_store(tk_tile_at(states, tile), TK_TILE_INCLUSIVE, (long long)(prefix + total));
+    }
+    return prefix;
 }
 
 /* ---- Errors --------------------------------------------------------------------------------- */

@@ -29,17 +29,6 @@ typedef unsigned long long u64;
 #define TK_SCAN_WARP_ELEMS (32 * TK_SCAN_VECS * 4)
 #define TK_SCAN_TILE (TK_SCAN_WARPS * TK_SCAN_WARP_ELEMS)
 
-static __device__ __forceinline__ u64 warp_inclusive_scan(u64 v, int lane)
-{
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        u64 t = __shfl_up_sync(0xffffffffu, v, o);
-        if (lane >= o)
-            v += t;
-    }
-    return v;
-}
-
 /* Step 1: the tile's elements into registers (16-byte loads when the whole tile is in range). */
 template <bool VEC>
 static __device__ __forceinline__ void load_tile(const int32_t *__restrict__ in, size_t n,
@@ -78,7 +67,7 @@ static __device__ __forceinline__ u64 warp_offsets(const int (&x)[TK_SCAN_VECS][
     for (int v = 0; v < TK_SCAN_VECS; v++) {
         u64 s = (u64)(long long)x[v][0] + (u64)(long long)x[v][1] + (u64)(long long)x[v][2] +
                 (u64)(long long)x[v][3];
-        u64 inc = warp_inclusive_scan(s, lane);
+        u64 inc = tk_warp_inclusive_scan(s, lane);
         run_prefix[v] = acc + inc - s;
         acc += __shfl_sync(0xffffffffu, inc, 31);
     }
@@ -97,20 +86,9 @@ static __device__ __forceinline__ void tile_prefix(unsigned tile, unsigned num_t
 {
     const int lane = threadIdx.x & 31;
     u64 t = lane < TK_SCAN_WARPS ? warp_total[lane] : 0;
-    u64 inc = warp_inclusive_scan(t, lane);
+    u64 inc = tk_warp_inclusive_scan(t, lane);
     u64 tile_total = __shfl_sync(0xffffffffu, inc, 31);
-    u64 prefix = 0;
-    if (tile == 0) {
-        if (lane == 0)
-            tk_tile_store(tk_tile_at(states, 0), TK_TILE_INCLUSIVE, (long long)tile_total);
-    } else {
-        if (lane == 0)
-            tk_tile_store(tk_tile_at(states, tile), TK_TILE_AGGREGATE, (long long)tile_total);
-        prefix = (u64)tk_lookback(states, tile);
-        if (lane == 0)
-            tk_tile_store(tk_tile_at(states, tile), TK_TILE_INCLUSIVE,
-                          (long long)(prefix + tile_total));
-    }
+    u64 prefix = tk_tile_publish(states, tile, tile_total, lane);
     if (tile == num_tiles - 1 && lane == 0)
         *carry_out = (int64_t)(carry + prefix + tile_total);
     if (lane < TK_SCAN_WARPS)

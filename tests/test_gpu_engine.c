@@ -1,7 +1,9 @@
 /*
- * test_gpu_fault.c — the fault engine (daemon/gpu/td_gpu_fault.c) over the simulated engine.
+ * test_gpu_engine.c — the GPU engines without a GPU: the simulated engine (td_gpu_sim.c) and the
+ * fault engine (td_gpu_fault.c) over it.
  *
- * Every Nth launch must run, leave its device carry clobbered and report failure without calling
+ * A split hist of every dtype must equal the CPU backend's histogram of the whole batch. Every
+ * Nth launch must run, leave its device carry clobbered and report failure without calling
  * done; the launches between pass through exactly (done once, exact sums); a split job counts as
  * one launch; out of memory at lane_open after a given number of lanes (and what the pipeline
  * makes of it: the device skipped, or no GPU); slow completions come that much later; with
@@ -21,7 +23,7 @@
 #include "td_gpu.h"
 #include "td_gpu_engine.h"
 
-#define MAX_BATCH (256u << 10) /* a split job's 64 KiB-element pieces fit */
+#define MAX_BATCH (1u << 20) /* a split job's 64 KiB-element pieces fit */
 #define SLOTS 2u
 #define CARRIES 4u
 
@@ -261,12 +263,59 @@ static void test_pass_through(void **state)
     rig_close(&g);
 }
 
+/* A hist split over two lanes, of every dtype, equals the CPU backend's of the whole batch. */
+static void test_split_hist_every_dtype(void **state)
+{
+    (void)state;
+    static const struct {
+        uint8_t dtype;
+        int64_t lo, hi;
+    } cases[] = {{TALLY_DTYPE_U8, 0, 0},
+                 {TALLY_DTYPE_I32, -1000, 1000},
+                 {TALLY_DTYPE_U16, 100, 4096},
+                 {TALLY_DTYPE_RGB8, 0, 0},
+                 {TALLY_DTYPE_RGBA8, 0, 0}};
+    rig_t g;
+    rig_open(&g, 1, &(td_gpu_fault_opts_t){0});
+    tk_backend_t *cpu = NULL;
+    assert_int_equal(tk_cpu_backend_new(&cpu), TALLY_OK);
+    size_t bytes = 3 * (64u << 10) * 4 + 12; /* three pieces or more, whatever the dtype */
+    uint8_t *src = malloc(bytes);
+    assert_non_null(src);
+    for (size_t i = 0; i < bytes; i++)
+        src[i] = (uint8_t)(i * 2654435761u >> 13);
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        size_t esize = tally_dtype_size((tally_dtype_t)cases[k].dtype);
+        size_t n = bytes / esize;
+        td_gpu_job_t job = {.opcode = TALLY_OP_HIST,
+                            .dtype = cases[k].dtype,
+                            .n = n,
+                            .lo = cases[k].lo,
+                            .hi = cases[k].hi,
+                            .src = src};
+        unsigned dones = 0;
+        assert_int_equal(
+            g.e->lane_launch_split(g.lanes[0], g.lanes, 2, 3, &job, count_done, &dones), TALLY_OK);
+        assert_int_equal(dones, 1);
+        tk_hist_t want;
+        memset(&want, 0, sizeof want);
+        assert_int_equal(
+            tk_backend_hist(cpu, cases[k].dtype, src, n, cases[k].lo, cases[k].hi, &want),
+            TALLY_OK);
+        assert_memory_equal(&g.staging[0][0].small->hist, &want, sizeof want);
+    }
+    free(src);
+    cpu->destroy(&cpu);
+    rig_close(&g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_third_launch_fails),   cmocka_unit_test(test_split_launch),
         cmocka_unit_test(test_split_fault_clobbers_carry), cmocka_unit_test(test_oom_at_open),
         cmocka_unit_test(test_slow_completions),           cmocka_unit_test(test_pass_through),
+        cmocka_unit_test(test_split_hist_every_dtype),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
