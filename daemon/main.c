@@ -61,7 +61,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     td_server_t *server = NULL;
-    if (td_server_new(&cfg, &server) != TALLY_OK)
+    if (td_server_new(&cfg, &server) != TD_OK)
         goto done;
     code = td_server_run(server);
     td_server_destroy(&server);
