@@ -3,12 +3,14 @@
  * errors (and the exit status each kind of failure gets), the option tables every command is
  * parsed from, and the number, size and endpoint parsers.
  *
- * A command is a cli_command_t: its usage line, a paragraph, its option groups and a handler.
+ * A command is a cli_command_t, defined by CLI_COMMAND: its usage line, a paragraph, its
+ * option groups, and either a run (which parses and does the rest) or, for a command without
+ * options of its own, a request function that cli_run calls with a connected client.
  * cli_parse builds getopt_long's table from the groups, adds the common options (-e, -t,
  * --help), and prints --help from the same groups, so an option added to a table is parsed
  * and documented at once. Commands live one group to a file (cmd_data.c: filter, scan,
- * hist; cmd_stream.c: query, reset, streams; cmd_daemon.c: ping, info, stats) and are listed
- * in main.c.
+ * hist; cmd_stream.c: query, reset, delete, streams; cmd_watch.c: watch; cmd_daemon.c: ping,
+ * info, stats, keygen) and are listed in main.c.
  *
  * Exit status, one meaning each so scripts can tell failures apart:
  *   0 success; 1 the daemon replied with an error; 2 usage or input error (bad option, bad
