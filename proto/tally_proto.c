@@ -2,9 +2,10 @@
  * tally_proto.c — encode, decode and validate protocol v1 (specified in proto/PROTOCOL.md).
  *
  * How it works:
- * - Every field has a fixed byte offset (the REQ_OFF_ / REP_OFF_ / INFO_OFF_ constants below,
- *   the same tables as PROTOCOL.md). Encoders write every byte of their output, reserved bytes
- *   as zero; decoders read with the tally_get_* helpers, so the host's endianness never matters.
+ * - Every field has a fixed byte offset (the HEAD_OFF_, REQ_OFF_, REP_OFF_ and INFO_OFF_
+ *   constants below, the same tables as PROTOCOL.md). Encoders write every byte of their
+ *   output, reserved bytes as zero; decoders read with the tally_get_* helpers, so the host's
+ *   endianness never matters.
  * - Decoding is strict: a header decodes OK only when every byte has its one defined meaning
  *   (reserved bytes zero, name padding zero). Hence "decode OK" implies "re-encoding gives the
  *   same bytes", which the fuzz test in tests/test_proto.c checks on 200k inputs, and a v1
