@@ -1,13 +1,14 @@
 /*
  * cmd_daemon.c — the commands about the daemon itself: ping (a round trip), info (version,
- * backends, limits) and stats (its metrics in the Prometheus text format).
+ * backends, limits) and stats (its metrics in the Prometheus text format); and keygen (a CURVE
+ * key pair for tallyd or a client).
  */
 #include "cli.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-static int ping(tally_client_t *client, const cli_command_t *cmd, char **args)
+static int send_ping(tally_client_t *client, const cli_command_t *cmd, char **args)
 {
     (void)cmd, (void)args;
     double rtt_us = 0;
@@ -20,7 +21,7 @@ static int ping(tally_client_t *client, const cli_command_t *cmd, char **args)
 
 CLI_COMMAND(ping, .usage = "ping", .summary = "check that tallyd answers",
             .about = "Check that tallyd answers; prints 'pong <round trip> ms'.\n",
-            .request = ping);
+            .request = send_ping);
 
 /* info and stats: one request, its text printed as it came. */
 static int print_text(tally_client_t *client, const cli_command_t *cmd, char **args)
