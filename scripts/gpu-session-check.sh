@@ -3,7 +3,8 @@
 # build, every CTest test with the GPU present (the GPU twins run for real), the CPU-vs-GPU
 # differential test, the kernel benchmark (kernels split into steps must keep their speed), and
 # where tallyd's threads spend their time under the ZeroMQ 8 x 8 hist load (bench/thread-cpu.sh;
-# the host has no perf). Summary in $OUT/summary.txt, logs beside it.
+# the host has no perf); with RUN_PATH=1 also bench/run-path.sh. Summary in $OUT/summary.txt,
+# logs beside it.
 #   run (carry: [".deps"], after scripts/fetch-device-deps.sh): bash scripts/gpu-session-check.sh
 OUT=${OUT:-/tmp/gpu-session}
 CTEST_EXCLUDE='test_differential'
@@ -37,4 +38,11 @@ done
 kill $td
 wait $td 2>/dev/null
 rm -rf $run
+# RUN_PATH=1: then issue 9's whole benchmark (bench/run-path.sh, about 3 minutes).
+if [ "${RUN_PATH:-0}" = 1 ]; then
+  t0=$SECONDS
+  SECONDS_PER_RUN=1.2 timeout 300 bench/run-path.sh "$B" "$OUT/bench" >/dev/null 2>&1
+  note "run-path rc=$? ($((SECONDS - t0)) s)"
+  cp "$OUT/bench/path.md" "$OUT/path.md" 2>/dev/null
+fi
 cat $S
