@@ -160,28 +160,42 @@ const cli_option_t cli_common_options[] = {
     {0},
 };
 
+static const cli_setter_t common_setters[] = {
+    CLI_SET_ARG('e', cli_t, endpoint),
+    CLI_SET_ARG(CLI_OPT_SERVER_KEY, cli_t, server_key),
+    CLI_SET_ARG(CLI_OPT_CLIENT_KEY, cli_t, client_key),
+    {0},
+};
+
+/* Sets the field that setters' row for `id` names in ctx; false when no row names id. */
+static bool set_option(const cli_setter_t *setters, void *ctx, int id, const char *arg)
+{
+    for (const cli_setter_t *s = setters; s && s->id; s++) {
+        if (s->id != id)
+            continue;
+        char *field = (char *)ctx + s->offset;
+        if (s->store == CLI_STORE_TRUE)
+            *(bool *)field = true;
+        else if (s->store == CLI_STORE_ARG)
+            *(const char **)field = arg;
+        else
+            *(int *)field = s->value;
+        return true;
+    }
+    return false;
+}
+
 int cli_common_option(cli_t *cli, const char *cmd, int id, const char *arg)
 {
-    int64_t v;
-    int rc;
-    switch (id) {
-    case 'e':
-        cli->endpoint = arg;
+    if (set_option(common_setters, cli, id, arg))
         return 0;
-    case 't':
-        if ((rc = cli_option_i64(cmd, "--timeout", arg, 1, INT_MAX, &v)) != 0)
-            return rc;
-        cli->timeout_ms = (int)v;
-        return 0;
-    case CLI_OPT_SERVER_KEY:
-        cli->server_key = arg;
-        return 0;
-    case CLI_OPT_CLIENT_KEY:
-        cli->client_key = arg;
-        return 0;
-    default:
+    if (id != 't') /* -t: the one common option with code (-h is the caller's) */
         return 1;
-    }
+    int64_t v;
+    int rc = cli_option_i64(cmd, "--timeout", arg, 1, INT_MAX, &v);
+    if (rc == 0)
+        cli->timeout_ms = (int)v;
+    return rc;
 }
 
 /* How many options the groups hold (common ones included). */
@@ -220,6 +234,19 @@ static int getopt_complaint(const char *cmd, int opt, char **argv)
     return cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
 }
 
+/* One option (its argument in optarg): a common one, one a row sets, or the handler's. */
+static int parse_option(cli_t *cli, const cli_command_t *cmd, void *ctx, int opt, int argc,
+                        char **argv)
+{
+    int rc = cli_common_option(cli, cmd->name, opt, optarg);
+    if (rc != 1)
+        return rc;
+    if (set_option(cmd->setters, ctx, opt, optarg))
+        return 0;
+    return cmd->option ? cmd->option(ctx, opt, optarg, argc, argv)
+                       : cli_usage_error(cmd->name, "unknown option");
+}
+
 int cli_parse(cli_t *cli, const cli_command_t *cmd, void *ctx, int argc, char **argv)
 {
     size_t total = count_options(cmd->groups), n = 0;
@@ -239,9 +266,8 @@ int cli_parse(cli_t *cli, const cli_command_t *cmd, void *ctx, int argc, char **
         else if (opt == 'h') {
             cli_print_help(cmd, stdout);
             rc = CLI_HELP_SHOWN;
-        } else if ((rc = cli_common_option(cli, cmd->name, opt, optarg)) == 1)
-            rc = cmd->option ? cmd->option(ctx, opt, optarg, argc, argv)
-                             : cli_usage_error(cmd->name, "unknown option");
+        } else
+            rc = parse_option(cli, cmd, ctx, opt, argc, argv);
     }
     free(table);
     if (rc == 0 && cmd->nargs == CLI_ARGS_ONE_OR_MORE)

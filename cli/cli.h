@@ -35,8 +35,8 @@ enum { EXIT_DAEMON = 1, EXIT_USAGE = 2, EXIT_TRANSPORT = 3, EXIT_INTERRUPTED = 1
 
 /* Settings given before or after the command name. */
 typedef struct {
-    const char *endpoint; /* -e, else $TALLY_ENDPOINT, else TALLY_DEFAULT_ENDPOINT */
-    int timeout_ms;       /* -t */
+    const char *endpoint;   /* -e, else $TALLY_ENDPOINT, else TALLY_DEFAULT_ENDPOINT */
+    int timeout_ms;         /* -t */
     const char *server_key; /* --server-key: tallyd's CURVE public key or .pub file, or NULL */
     const char *client_key; /* --client-key: this client's key file, or NULL */
 } cli_t;
@@ -50,6 +50,26 @@ typedef struct {
     const char *arg_name; /* in --help: "N", "FILE", "LO HI" (the handler takes the second) */
     const char *help;     /* one line; '\n' continues on an indented line */
 } cli_option_t;
+
+/* An option that only sets a field of the command's context: cli_parse sets it by this row,
+ * so such an option is a row in a table and no code in a handler. */
+typedef struct {
+    int id; /* the option's id; 0 ends a table */
+    enum {
+        CLI_STORE_TRUE = 1, /* the bool at offset becomes true */
+        CLI_STORE_ARG,      /* the const char * at offset becomes the option's argument */
+        CLI_STORE_INT,      /* the int at offset becomes value */
+    } store;
+    size_t offset; /* in the context (cli_t for the common options) */
+    int value;
+} cli_setter_t;
+
+/* Rows of a cli_setter_t table. */
+/* clang-format off */
+#define CLI_SET_TRUE(id, type, field) {(id), CLI_STORE_TRUE, offsetof(type, field), 0}
+#define CLI_SET_ARG(id, type, field) {(id), CLI_STORE_ARG, offsetof(type, field), 0}
+#define CLI_SET_INT(id, type, field, v) {(id), CLI_STORE_INT, offsetof(type, field), (v)}
+/* clang-format on */
 
 /* cli_command_t.nargs of a command that takes a list (watch STREAM...). */
 #define CLI_ARGS_ONE_OR_MORE (-1)
@@ -71,10 +91,16 @@ struct cli_command {
     const char *usage;   /* after "usage: tally " */
     const char *about;   /* the paragraph(s) of --help before the options */
     const cli_group_t *groups;
-    int nargs; /* positional arguments required; CLI_ARGS_ONE_OR_MORE: at least one */
+    tally_op_t op;       /* what a shared run sends: info or stats, filter, scan or hist, ... */
+    tally_dtype_t dtype; /* data commands: the element type without --type */
+    int nargs;           /* positional arguments required; CLI_ARGS_ONE_OR_MORE: at least one */
+    /* The options that only set a field of ctx (may be NULL); the handler gets the others. */
+    const cli_setter_t *setters;
     /* Handles one option of the command's groups: 0, or an exit status for a usage error. */
     int (*option)(void *ctx, int id, const char *arg, int argc, char **argv);
-    int (*run)(cli_t *cli, int argc, char **argv);
+    /* The command's run, called with the command itself (commands that share a run tell
+     * themselves apart by op): 0, CLI_HELP_SHOWN (exit 0) or an exit status. */
+    int (*run)(cli_t *cli, const cli_command_t *cmd, int argc, char **argv);
 };
 
 /* Parses argv (argv[0] is the command name) into ctx through cmd->option. Returns 0 (the
@@ -82,8 +108,10 @@ struct cli_command {
 int cli_parse(cli_t *cli, const cli_command_t *cmd, void *ctx, int argc, char **argv);
 void cli_print_help(const cli_command_t *cmd, FILE *f);
 void cli_print_options(const cli_option_t *options, FILE *f);
-/* The common options (-e, -t, --server-key, --client-key, -h): shared by every command and the top level. */
+/* The common options (-e, -t, --server-key, --client-key, -h): shared by every command and the top
+ * level. */
 extern const cli_option_t cli_common_options[];
+/* Handles common option `id` on cli: 0, an exit status, or 1 when id is not a common option. */
 int cli_common_option(cli_t *cli, const char *cmd, int id, const char *arg);
 
 /* ---- Reporting ------------------------------------------------------------------------ */

@@ -7,12 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int run_ping(cli_t *cli, int argc, char **argv)
+static int run_ping(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
 {
     tally_client_t *client = NULL;
-    int rc = cli_begin(cli, &cli_cmd_ping, argc, argv, NULL, &client);
+    int rc = cli_begin(cli, cmd, argc, argv, NULL, &client);
     if (rc)
-        return rc == CLI_HELP_SHOWN ? 0 : rc;
+        return rc;
     double rtt_us = 0;
     tally_status_t status = tally_ping(client, &rtt_us);
     if (status != TALLY_OK) {
@@ -34,14 +34,14 @@ const cli_command_t cli_cmd_ping = {
 };
 
 /* info and stats: one request, its text printed as it came. */
-static int text_command(cli_t *cli, const cli_command_t *cmd, tally_op_t op, int argc, char **argv)
+static int run_text(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
 {
     tally_client_t *client = NULL;
     int rc = cli_begin(cli, cmd, argc, argv, NULL, &client);
     if (rc)
-        return rc == CLI_HELP_SHOWN ? 0 : rc;
+        return rc;
     char *text = NULL;
-    tally_status_t status = tally_info(client, op, &text);
+    tally_status_t status = tally_info(client, cmd->op, &text);
     if (status != TALLY_OK) {
         rc = cli_report(status, cmd->name, tally_client_error(client));
     } else {
@@ -56,22 +56,13 @@ static int text_command(cli_t *cli, const cli_command_t *cmd, tally_op_t op, int
     return rc;
 }
 
-static int run_info(cli_t *cli, int argc, char **argv)
-{
-    return text_command(cli, &cli_cmd_info, TALLY_OP_INFO, argc, argv);
-}
-
-static int run_stats(cli_t *cli, int argc, char **argv)
-{
-    return text_command(cli, &cli_cmd_stats, TALLY_OP_STATS, argc, argv);
-}
-
 const cli_command_t cli_cmd_info = {
     .name = "info",
     .summary = "daemon version, backends and limits",
     .usage = "info",
     .about = "Print the daemon's version, backends, devices and limits as 'key=value' lines.\n",
-    .run = run_info,
+    .op = TALLY_OP_INFO,
+    .run = run_text,
 };
 
 const cli_command_t cli_cmd_stats = {
@@ -79,14 +70,15 @@ const cli_command_t cli_cmd_stats = {
     .summary = "daemon metrics (Prometheus text)",
     .usage = "stats",
     .about = "Print the daemon's metrics in the Prometheus text format.\n",
-    .run = run_stats,
+    .op = TALLY_OP_STATS,
+    .run = run_text,
 };
 
-static int run_keygen(cli_t *cli, int argc, char **argv)
+static int run_keygen(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
 {
-    int rc = cli_parse(cli, &cli_cmd_keygen, NULL, argc, argv);
+    int rc = cli_parse(cli, cmd, NULL, argc, argv);
     if (rc)
-        return rc == CLI_HELP_SHOWN ? 0 : rc;
+        return rc;
     char pub[41], why[512] = "";
     tally_status_t st = tally_keygen(argv[optind], pub, why, sizeof why);
     if (st == TALLY_E_ARG)
@@ -104,8 +96,10 @@ const cli_command_t cli_cmd_keygen = {
     .summary = "make a CURVE key pair (NAME.key, NAME.pub)",
     .usage = "keygen NAME",
     .about =
-        "Make a CURVE key pair: NAME.key (both halves, mode 0600: this side's secret) and NAME.pub\n"
-        "(the public half, for the other side). For tallyd: `tally keygen /etc/tallyd/server`, then\n"
+        "Make a CURVE key pair: NAME.key (both halves, mode 0600: this side's secret) and "
+        "NAME.pub\n"
+        "(the public half, for the other side). For tallyd: `tally keygen /etc/tallyd/server`, "
+        "then\n"
         "curve_secret_key = /etc/tallyd/server.key, and server.pub to the clients. For a client:\n"
         "`tally keygen cam1`, cam1.pub into tallyd's curve_clients_dir, and connect with\n"
         "--server-key server.pub --client-key cam1.key (or TALLY_SERVER_KEY and TALLY_CLIENT_KEY,\n"

@@ -76,6 +76,21 @@ static const cli_option_t data_options[] = {
     {0},
 };
 
+/* The options of the data commands that only set a field (--count is filter's). */
+static const cli_setter_t data_setters[] = {
+    CLI_SET_ARG(OPT_IN, data_args_t, in),
+    CLI_SET_ARG(OPT_OUT, data_args_t, out),
+    CLI_SET_TRUE(OPT_TEXT, data_args_t, text),
+    CLI_SET_TRUE(OPT_BINARY, data_args_t, binary),
+    CLI_SET_INT(OPT_SHM, data_args_t, opts.shm, 1),
+    CLI_SET_TRUE(OPT_NO_SEQ, data_args_t, no_seq),
+    CLI_SET_TRUE(OPT_RESUME, data_args_t, resume),
+    CLI_SET_INT(OPT_PROGRESS, data_args_t, progress, 1),
+    CLI_SET_INT(OPT_NO_PROGRESS, data_args_t, progress, 0),
+    CLI_SET_TRUE(OPT_COUNT, data_args_t, count_only),
+    {0},
+};
+
 /* Handles an option every data command takes; 1 if `id` is not one of them. */
 static int data_option(data_args_t *a, int id, const char *arg)
 {
@@ -87,20 +102,8 @@ static int data_option(data_args_t *a, int id, const char *arg)
             return cli_usage_error(
                 a->cmd, "invalid stream name '%s': 1-64 printable ASCII bytes, no spaces", arg);
         return 0;
-    case OPT_IN:
-        a->in = arg;
-        return 0;
-    case OPT_OUT:
-        a->out = arg;
-        return 0;
-    case OPT_TEXT:
-        a->text = true;
-        return 0;
     case OPT_CHUNK:
         return cli_option_size(a->cmd, "--chunk", arg, 1, &a->opts.chunk_bytes);
-    case OPT_SHM:
-        a->opts.shm = 1;
-        return 0;
     case OPT_WINDOW:
         if ((rc = cli_option_i64(a->cmd, "--window", arg, 1, TALLY_MAX_WINDOW, &v)) == 0)
             a->opts.window = (unsigned)v;
@@ -111,19 +114,6 @@ static int data_option(data_args_t *a, int id, const char *arg)
             a->opts.seq_base = (uint64_t)v;
         }
         return rc;
-    case OPT_NO_SEQ:
-        a->no_seq = true;
-        return 0;
-    case OPT_RESUME:
-        a->resume = true;
-        return 0;
-    case OPT_BINARY:
-        a->binary = true;
-        return 0;
-    case OPT_PROGRESS:
-    case OPT_NO_PROGRESS:
-        a->progress = id == OPT_PROGRESS;
-        return 0;
     case OPT_FRAMES:
         return cli_option_size(a->cmd, "--frames", arg, 1, &a->frame);
     default:
@@ -146,15 +136,14 @@ static int hist_check_range(const data_args_t *a)
 }
 
 /* Parses the command line, checks what the options say together, and runs the push. */
-static int data_command(cli_t *cli, const cli_command_t *cmd, tally_op_t op, tally_dtype_t dtype,
-                        int argc, char **argv)
+static int run_data(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
 {
     data_args_t args = {.cmd = cmd->name, .progress = -1}, *a = &args;
-    a->req.opcode = (uint8_t)op;
-    a->req.dtype = (uint8_t)dtype;
+    a->req.opcode = (uint8_t)cmd->op;
+    a->req.dtype = (uint8_t)cmd->dtype;
     int rc = cli_parse(cli, cmd, a, argc, argv);
     if (rc)
-        return rc == CLI_HELP_SHOWN ? 0 : rc;
+        return rc;
     if (a->req.opcode == TALLY_OP_FILTER && !a->req.pred)
         return cli_usage_error(a->cmd, "a predicate is required (--gt N, ..., --between LO HI)");
     if (a->req.opcode == TALLY_OP_HIST && (rc = hist_check_range(a)) != 0)
@@ -230,17 +219,9 @@ static int filter_option(void *ctx, int id, const char *arg, int argc, char **ar
             return cli_usage_error(a->cmd, "--type: '%s' is not i32 or u8", arg);
         a->req.dtype = (uint8_t)dtype;
         return 0;
-    case OPT_COUNT:
-        a->count_only = true;
-        return 0;
     default:
         return filter_predicate(a, id, arg, argc, argv);
     }
-}
-
-static int run_filter(cli_t *cli, int argc, char **argv)
-{
-    return data_command(cli, &cli_cmd_filter, TALLY_OP_FILTER, TALLY_DTYPE_I32, argc, argv);
 }
 
 const cli_command_t cli_cmd_filter = {
@@ -250,8 +231,11 @@ const cli_command_t cli_cmd_filter = {
     .about = "Keep the elements that satisfy PREDICATE and print them, one per line. --out\n"
              "writes them as binary elements of the input type.\n",
     .groups = filter_groups,
+    .setters = data_setters,
     .option = filter_option,
-    .run = run_filter,
+    .op = TALLY_OP_FILTER,
+    .dtype = TALLY_DTYPE_I32,
+    .run = run_data,
 };
 
 /* ---- scan --------------------------------------------------------------------------------- */
@@ -280,11 +264,6 @@ static int scan_option(void *ctx, int id, const char *arg, int argc, char **argv
     return 0;
 }
 
-static int run_scan(cli_t *cli, int argc, char **argv)
-{
-    return data_command(cli, &cli_cmd_scan, TALLY_OP_SCAN, TALLY_DTYPE_I32, argc, argv);
-}
-
 const cli_command_t cli_cmd_scan = {
     .name = "scan",
     .summary = "prefix sums of int32 input",
@@ -293,8 +272,11 @@ const cli_command_t cli_cmd_scan = {
              "with --out32). With --stream the sums continue from the stream's running total,\n"
              "so an array sent in pieces gets the sums it would get whole.\n",
     .groups = scan_groups,
+    .setters = data_setters,
     .option = scan_option,
-    .run = run_scan,
+    .op = TALLY_OP_SCAN,
+    .dtype = TALLY_DTYPE_I32,
+    .run = run_data,
 };
 
 /* ---- hist --------------------------------------------------------------------------------- */
@@ -352,11 +334,6 @@ static int hist_option(void *ctx, int id, const char *arg, int argc, char **argv
     return 0;
 }
 
-static int run_hist(cli_t *cli, int argc, char **argv)
-{
-    return data_command(cli, &cli_cmd_hist, TALLY_OP_HIST, TALLY_DTYPE_U8, argc, argv);
-}
-
 const cli_command_t cli_cmd_hist = {
     .name = "hist",
     .summary = "256-bin histogram of u8, i32, u16 or rgb/rgba input",
@@ -371,6 +348,9 @@ const cli_command_t cli_cmd_hist = {
              "counts as binary uint64: 256 for u8, 258 for i32 and u16 (the bins, then\n"
              "underflow and overflow), 768 for rgb and 1024 for rgba (256 per channel).\n",
     .groups = hist_groups,
+    .setters = data_setters,
     .option = hist_option,
-    .run = run_hist,
+    .op = TALLY_OP_HIST,
+    .dtype = TALLY_DTYPE_U8,
+    .run = run_data,
 };

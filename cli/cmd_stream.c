@@ -88,8 +88,8 @@ static tally_status_t print_raw(const hv_stream_t *s, tally_buf_t *out)
     for (unsigned c = 0; c < channels && st == TALLY_OK; c++) {
         const char *name = hv_channel_name(s, c);
         for (unsigned b = 0; b < TALLY_HIST_BINS && st == TALLY_OK; b++)
-            st = tally_buf_printf(out, "%s%s%u %" PRIu64 "\n", name ? name : "", name ? " " : "",
-                                  b, i->bins[c * TALLY_HIST_BINS + b]);
+            st = tally_buf_printf(out, "%s%s%u %" PRIu64 "\n", name ? name : "", name ? " " : "", b,
+                                  i->bins[c * TALLY_HIST_BINS + b]);
     }
     return st;
 }
@@ -117,12 +117,12 @@ static int query_print(const query_args_t *q, const char *name, const tally_stre
     return cli_finish_stdout();
 }
 
-static int run_query(cli_t *cli, int argc, char **argv)
+static int run_query(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
 {
     query_args_t q = {.format = QUERY_TEXT};
-    int rc = cli_parse(cli, &cli_cmd_query, &q, argc, argv);
+    int rc = cli_parse(cli, cmd, &q, argc, argv);
     if (rc)
-        return rc == CLI_HELP_SHOWN ? 0 : rc;
+        return rc;
     if (q.formats > 1)
         return cli_usage_error("query", "--json, --csv and --raw exclude each other");
     const char *name = argv[optind];
@@ -131,9 +131,9 @@ static int run_query(cli_t *cli, int argc, char **argv)
         return rc;
     tally_stream_info_t info;
     uint64_t start_ms = 0, end_ms = 0;
-    tally_status_t status = q.last_ms ? tally_query_window(client, name, q.last_ms, &info,
-                                                           &start_ms, &end_ms)
-                                      : tally_query(client, name, &info);
+    tally_status_t status =
+        q.last_ms ? tally_query_window(client, name, q.last_ms, &info, &start_ms, &end_ms)
+                  : tally_query(client, name, &info);
     if (status != TALLY_OK)
         rc = cli_report(status, "query", tally_client_error(client));
     else
@@ -167,23 +167,18 @@ const cli_command_t cli_cmd_query = {
 /* ---- reset, delete ------------------------------------------------------------------------ */
 
 /* reset and delete: one stream name, an empty reply. */
-static int stream_command(cli_t *cli, const cli_command_t *cmd, int argc, char **argv,
-                          tally_status_t (*call)(tally_client_t *, const char *))
+static int run_stream_control(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
 {
     tally_client_t *client = NULL;
     int rc = cli_begin(cli, cmd, argc, argv, stream_arg, &client);
     if (rc)
-        return rc == CLI_HELP_SHOWN ? 0 : rc;
-    tally_status_t status = call(client, argv[optind]);
+        return rc;
+    tally_status_t status = cmd->op == TALLY_OP_RESET ? tally_reset(client, argv[optind])
+                                                      : tally_delete(client, argv[optind]);
     if (status != TALLY_OK)
         rc = cli_report(status, cmd->name, tally_client_error(client));
     tally_client_destroy(&client);
     return rc;
-}
-
-static int run_reset(cli_t *cli, int argc, char **argv)
-{
-    return stream_command(cli, &cli_cmd_reset, argc, argv, tally_reset);
 }
 
 const cli_command_t cli_cmd_reset = {
@@ -195,13 +190,9 @@ const cli_command_t cli_cmd_reset = {
              "histogram's type and range, and its last_seq (a numbered push continues).\n"
              "To remove a stream, use 'tally delete'.\n",
     .nargs = 1,
-    .run = run_reset,
+    .op = TALLY_OP_RESET,
+    .run = run_stream_control,
 };
-
-static int run_delete(cli_t *cli, int argc, char **argv)
-{
-    return stream_command(cli, &cli_cmd_delete, argc, argv, tally_delete);
-}
 
 const cli_command_t cli_cmd_delete = {
     .name = "delete",
@@ -211,14 +202,15 @@ const cli_command_t cli_cmd_delete = {
              "and the next request that names it starts a new stream (any histogram type and\n"
              "range, sequence numbers from 1). To zero a stream and keep it, use 'tally reset'.\n",
     .nargs = 1,
-    .run = run_delete,
+    .op = TALLY_OP_DELETE,
+    .run = run_stream_control,
 };
-static int run_streams(cli_t *cli, int argc, char **argv)
+static int run_streams(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
 {
     tally_client_t *client = NULL;
-    int rc = cli_begin(cli, &cli_cmd_streams, argc, argv, NULL, &client);
+    int rc = cli_begin(cli, cmd, argc, argv, NULL, &client);
     if (rc)
-        return rc == CLI_HELP_SHOWN ? 0 : rc;
+        return rc;
     char **names = NULL;
     size_t count = 0;
     tally_status_t status = tally_streams(client, &names, &count);

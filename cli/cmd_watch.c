@@ -654,33 +654,25 @@ static const cli_option_t watch_options[] = {
 
 static const cli_group_t watch_groups[] = {{"Options", watch_options}, {0}};
 
+static const cli_setter_t watch_setters[] = {
+    CLI_SET_TRUE(OPT_LOG, watch_t, log),
+    CLI_SET_TRUE(OPT_ASCII, watch_t, ascii),
+    CLI_SET_TRUE(OPT_ONCE, watch_t, once),
+    CLI_SET_ARG(OPT_SUB, watch_t, sub_endpoint),
+    {0},
+};
+
 static int watch_option(void *ctx, int id, const char *arg, int argc, char **argv)
 {
     (void)argc;
     (void)argv;
     watch_t *w = ctx;
-    switch (id) {
-    case OPT_INTERVAL: {
-        uint64_t ms;
-        int rc = cli_option_duration_ms("watch", "--interval", arg, 100, 3600000, &ms);
-        w->interval_s = (double)ms / 1000.0;
-        return rc;
-    }
-    case OPT_LOG:
-        w->log = true;
-        return 0;
-    case OPT_ASCII:
-        w->ascii = true;
-        return 0;
-    case OPT_ONCE:
-        w->once = true;
-        return 0;
-    case OPT_SUB:
-        w->sub_endpoint = arg;
-        return 0;
-    default:
+    if (id != OPT_INTERVAL) /* the others are watch_setters' */
         return cli_usage_error("watch", "unknown option");
-    }
+    uint64_t ms;
+    int rc = cli_option_duration_ms("watch", "--interval", arg, 100, 3600000, &ms);
+    w->interval_s = (double)ms / 1000.0;
+    return rc;
 }
 
 static bool locale_is_utf8(void)
@@ -714,12 +706,12 @@ static int subscribe(watch_t *w)
     return st == TALLY_OK ? 0 : cli_report(st, "watch: --sub", "cannot subscribe");
 }
 
-static int run_watch(cli_t *cli, int argc, char **argv)
+static int run_watch(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
 {
     watch_t w = {.cli = cli, .interval_s = 1.0};
-    int rc = cli_parse(cli, &cli_cmd_watch, &w, argc, argv);
+    int rc = cli_parse(cli, cmd, &w, argc, argv);
     if (rc)
-        return rc == CLI_HELP_SHOWN ? 0 : rc;
+        return rc;
     w.count = (size_t)(argc - optind);
     w.streams = calloc(w.count, sizeof *w.streams);
     if (!w.streams) {
@@ -780,6 +772,7 @@ const cli_command_t cli_cmd_watch = {
              "publications (PROTOCOL.md §11): a frame as soon as they arrive, a ping each\n"
              "interval to tell whether tallyd is there. Quit with q or Ctrl-C (exit status 0).\n",
     .groups = watch_groups,
+    .setters = watch_setters,
     .nargs = CLI_ARGS_ONE_OR_MORE,
     .option = watch_option,
     .run = run_watch,

@@ -12,9 +12,9 @@
 #include <string.h>
 
 static const cli_command_t *const commands[] = {
-    &cli_cmd_filter, &cli_cmd_scan,    &cli_cmd_hist, &cli_cmd_query, &cli_cmd_watch,
-    &cli_cmd_reset,  &cli_cmd_delete,  &cli_cmd_streams, &cli_cmd_ping, &cli_cmd_info,
-    &cli_cmd_stats,  &cli_cmd_keygen,
+    &cli_cmd_filter, &cli_cmd_scan,  &cli_cmd_hist,   &cli_cmd_query,
+    &cli_cmd_watch,  &cli_cmd_reset, &cli_cmd_delete, &cli_cmd_streams,
+    &cli_cmd_ping,   &cli_cmd_info,  &cli_cmd_stats,  &cli_cmd_keygen,
 };
 
 static const cli_option_t top_options[] = {
@@ -102,7 +102,8 @@ int main(int argc, char **argv)
         char **sub_argv = argv + optind;
         optind = 0; /* glibc: restart getopt on the command's own arguments */
         setvbuf(stdout, NULL, _IOFBF, 1 << 16);
-        return commands[i]->run(&cli, sub_argc, sub_argv);
+        rc = commands[i]->run(&cli, commands[i], sub_argc, sub_argv);
+        return rc == CLI_HELP_SHOWN ? 0 : rc;
     }
     return cli_usage_error(NULL, "unknown command '%s'", name);
 }

@@ -190,11 +190,8 @@ tally_status_t tally_client_new_curve(const char *endpoint, int timeout_ms,
         status = TALLY_E_ARG; /* keys that are not 40 characters of Z85 */
         goto fail_sock;
     }
-    if (zmq_connect(self->sock, endpoint) != 0) {
-        /* An endpoint that does not parse is the caller's mistake, not the network's. */
-        status = (errno == EINVAL || errno == EPROTONOSUPPORT) ? TALLY_E_ARG : TALLY_E_TRANSPORT;
+    if ((status = tally__connect(self->sock, endpoint)) != TALLY_OK)
         goto fail_sock;
-    }
     *out = self;
     return TALLY_OK;
 
@@ -517,14 +514,26 @@ static void simple_req(tally_req_t *req, tally_op_t op)
     req->dtype = TALLY_DTYPE_NONE;
 }
 
-tally_status_t tally_ping(tally_client_t *self, double *rtt_us)
+/* A request without a payload; reply is initialised here, cleared by the caller. */
+static tally_status_t call_empty(tally_client_t *self, const tally_req_t *req, tally_reply_t *reply)
+{
+    tally_reply_init(reply);
+    return tally_call(self, req, NULL, 0, reply);
+}
+
+/* The same for a request that is only an opcode (ping, info, stats, streams). */
+static tally_status_t call_op(tally_client_t *self, tally_op_t op, tally_reply_t *reply)
 {
     tally_req_t req;
-    simple_req(&req, TALLY_OP_PING);
+    simple_req(&req, op);
+    return call_empty(self, &req, reply);
+}
+
+tally_status_t tally_ping(tally_client_t *self, double *rtt_us)
+{
     tally_reply_t reply;
-    tally_reply_init(&reply);
     int64_t start = now_us();
-    tally_status_t status = tally_call(self, &req, NULL, 0, &reply);
+    tally_status_t status = call_op(self, TALLY_OP_PING, &reply);
     if (rtt_us)
         *rtt_us = (double)(now_us() - start);
     tally_reply_clear(&reply);
@@ -536,11 +545,8 @@ tally_status_t tally_info(tally_client_t *self, tally_op_t op, char **text)
     if (!text || (op != TALLY_OP_INFO && op != TALLY_OP_STATS))
         return TALLY_E_ARG;
     *text = NULL;
-    tally_req_t req;
-    simple_req(&req, op);
     tally_reply_t reply;
-    tally_reply_init(&reply);
-    tally_status_t status = tally_call(self, &req, NULL, 0, &reply);
+    tally_status_t status = call_op(self, op, &reply);
     if (status != TALLY_OK)
         goto out;
     *text = malloc(reply.len + 1);
@@ -586,8 +592,7 @@ static tally_status_t query_call(tally_client_t *self, const char *stream, uint6
         req.lo = (int64_t)window_ms;
     }
     tally_reply_t reply;
-    tally_reply_init(&reply);
-    status = tally_call(self, &req, NULL, 0, &reply);
+    status = call_empty(self, &req, &reply);
     if (status == TALLY_OK &&
         tally_stream_info_decode(reply.payload, reply.len, info) != TALLY_OK) {
         status = fail(self, TALLY_E_REPLY, "query reply does not decode");
@@ -633,8 +638,7 @@ static tally_status_t stream_control(tally_client_t *self, tally_op_t op, const 
     if (status != TALLY_OK)
         return status;
     tally_reply_t reply;
-    tally_reply_init(&reply);
-    status = tally_call(self, &req, NULL, 0, &reply);
+    status = call_empty(self, &req, &reply);
     tally_reply_clear(&reply);
     return status;
 }
@@ -688,11 +692,8 @@ tally_status_t tally_streams(tally_client_t *self, char ***names, size_t *count)
         return TALLY_E_ARG;
     *names = NULL;
     *count = 0;
-    tally_req_t req;
-    simple_req(&req, TALLY_OP_STREAMS);
     tally_reply_t reply;
-    tally_reply_init(&reply);
-    tally_status_t status = tally_call(self, &req, NULL, 0, &reply);
+    tally_status_t status = call_op(self, TALLY_OP_STREAMS, &reply);
     if (status == TALLY_OK) {
         status = parse_streams(reply.payload, reply.len, names, count);
         if (status == TALLY_E_REPLY)
@@ -749,6 +750,14 @@ static tally_status_t side_connect(tally_client_t *self)
     }
     self->side_fd = fd;
     return TALLY_OK;
+}
+
+tally_status_t tally__connect(void *sock, const char *endpoint)
+{
+    if (zmq_connect(sock, endpoint) == 0)
+        return TALLY_OK;
+    /* An endpoint that does not parse is the caller's mistake, not the network's. */
+    return (errno == EINVAL || errno == EPROTONOSUPPORT) ? TALLY_E_ARG : TALLY_E_TRANSPORT;
 }
 
 void tally__side_send(int sock, const tally_shm_msg_t *m, int fd)
@@ -983,7 +992,6 @@ tally_status_t tally_buf_printf(tally_buf_t *buf, const char *fmt, ...)
     buf->len += (size_t)n;
     return TALLY_OK;
 }
-
 
 /* ---- Reassembly arithmetic (tally_internal.h) --------------------------------------------- */
 

@@ -118,7 +118,8 @@ TALLY_API tally_status_t tally_ping(tally_client_t *self, double *rtt_us);
  * free it with free(). */
 TALLY_API tally_status_t tally_info(tally_client_t *self, tally_op_t op, char **text);
 /* The stream's record (all time). info->bins holds channel c's bins at c x 256 for rgb8/rgba8. */
-TALLY_API tally_status_t tally_query(tally_client_t *self, const char *stream, tally_stream_info_t *info);
+TALLY_API tally_status_t tally_query(tally_client_t *self, const char *stream,
+                                     tally_stream_info_t *info);
 /* The stream record of a successful `query` reply taken with tally_recv (queries pipelined with
  * tally_send, as `tally watch` does for many streams at once). TALLY_E_REPLY when the payload
  * is not a record. */
@@ -127,8 +128,9 @@ TALLY_API tally_status_t tally_reply_stream_info(const tally_reply_t *reply,
 /* The stream's record for the last window_ms milliseconds (PROTOCOL.md, "Windows"): the
  * histogram fields count only that window, which runs from *start_ms to *end_ms (ms since the
  * epoch; either may be NULL). TALLY_E_WINDOW when the daemon keeps less than that. */
-TALLY_API tally_status_t tally_query_window(tally_client_t *self, const char *stream, uint64_t window_ms,
-                                  tally_stream_info_t *info, uint64_t *start_ms, uint64_t *end_ms);
+TALLY_API tally_status_t tally_query_window(tally_client_t *self, const char *stream,
+                                            uint64_t window_ms, tally_stream_info_t *info,
+                                            uint64_t *start_ms, uint64_t *end_ms);
 /* Zeroes the stream's counters, histogram and window and keeps the stream (its histogram's
  * type and range, and its last_seq). */
 TALLY_API tally_status_t tally_reset(tally_client_t *self, const char *stream);
@@ -386,7 +388,7 @@ typedef struct {
  * tally_hist_channels. TALLY_E_ARG when the stream has no histogram yet (hist_dtype is
  * TALLY_DTYPE_NONE), for an unknown type or a channel it does not have. */
 TALLY_API tally_status_t tally_hist_from_info(const tally_stream_info_t *info, unsigned channel,
-                                    tally_hist_t *hist);
+                                              tally_hist_t *hist);
 
 /* The lower edge of bin b (0 <= b <= 256; edge(256) = hi): the smallest integer in the bin. */
 TALLY_API int64_t tally_hist_edge(const tally_hist_t *hist, unsigned b);
@@ -401,7 +403,8 @@ TALLY_API int64_t tally_hist_edge(const tally_hist_t *hist, unsigned b);
  * (the centre of the j-th of c equal slices of the bin, rounded down to an integer). The
  * estimate is always in the same bin as the true quantile; for u8 (w = 1) it is exact.
  * TALLY_E_ARG when q is outside [0, 1] or the histogram is empty. */
-TALLY_API tally_status_t tally_hist_quantile(const tally_hist_t *hist, double q, tally_quantile_t *out);
+TALLY_API tally_status_t tally_hist_quantile(const tally_hist_t *hist, double q,
+                                             tally_quantile_t *out);
 
 /* Count, mean, min/max non-empty bin, p50/p90/p99, underflow and overflow. */
 TALLY_API void tally_hist_summarize(const tally_hist_t *hist, tally_hist_summary_t *out);
@@ -422,7 +425,7 @@ TALLY_API tally_status_t tally_hist_json(const tally_hist_t *hist, tally_buf_t *
  * preceded by "label," when label is not NULL; with `header`, first the line "lo,hi,count"
  * (or "channel,lo,hi,count" with a label). */
 TALLY_API tally_status_t tally_hist_csv(const tally_hist_t *hist, const char *label, bool header,
-                              tally_buf_t *out);
+                                        tally_buf_t *out);
 
 /* ---- CURVE: authentication and encryption (PROTOCOL.md §12) ------------------------------ */
 
@@ -443,14 +446,15 @@ typedef struct {
  * TALLY_E_ARG (TALLY_E_IO for a file that cannot be read) with msg: a malformed key, a secret
  * key file that group or others can read, or a server key without a client key. */
 TALLY_API tally_status_t tally_curve_keys_load(const char *server_key, const char *client_key,
-                                     tally_curve_keys_t *keys, char *msg, size_t msg_cap);
+                                               tally_curve_keys_t *keys, char *msg, size_t msg_cap);
 
 /* Makes a new CURVE key pair and writes it as two key files (CZMQ's certificate format):
  * BASE.key holds both halves (mode 0600: the client's --client-key, or tallyd's
  * curve_secret_key) and BASE.pub the public half (for the other side: a client's goes into
  * tallyd's curve_clients_dir, the server's to its clients). Existing files are not overwritten
  * (TALLY_E_IO, with msg). public_key (may be NULL) receives the public key. */
-TALLY_API tally_status_t tally_keygen(const char *base, char public_key[41], char *msg, size_t msg_cap);
+TALLY_API tally_status_t tally_keygen(const char *base, char public_key[41], char *msg,
+                                      size_t msg_cap);
 
 /* tally_client_new for a daemon with CURVE on: keys from tally_curve_keys_load (NULL, or an
  * empty server_public: a plain connection, as tally_client_new). A daemon that does not accept
@@ -458,7 +462,8 @@ TALLY_API tally_status_t tally_keygen(const char *base, char public_key[41], cha
  * TALLY_E_TIMEOUT, and the daemon logs and counts the refusal. TALLY_E_ARG for keys that are not
  * 40 characters of Z85. */
 TALLY_API tally_status_t tally_client_new_curve(const char *endpoint, int timeout_ms,
-                                      const tally_curve_keys_t *keys, tally_client_t **out);
+                                                const tally_curve_keys_t *keys,
+                                                tally_client_t **out);
 
 #ifdef __cplusplus
 }

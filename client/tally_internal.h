@@ -33,6 +33,10 @@ size_t tally__chunk_bytes(size_t requested, size_t elem_size);
 /* Chunks for an input of `len` bytes: at least 1 (an empty input is still one request). */
 uint64_t tally__chunk_count(size_t len, size_t chunk_bytes);
 
+/* zmq_connect as a status: TALLY_OK; TALLY_E_ARG for an endpoint ZeroMQ does not take;
+ * TALLY_E_TRANSPORT for anything else. */
+tally_status_t tally__connect(void *sock, const char *endpoint);
+
 /* Sends one shared-memory side-channel message on `sock`, with descriptor `fd` attached
  * (SCM_RIGHTS) when fd >= 0; errors show in the answer that does not come. */
 void tally__side_send(int sock, const tally_shm_msg_t *m, int fd);

@@ -11,6 +11,7 @@
  * or it may wait forever for an edge that already passed.
  */
 #include "tally.h"
+#include "tally_internal.h"
 #include "tally_proto.h"
 
 #include <errno.h>
@@ -40,10 +41,8 @@ tally_status_t tally_sub_new(const char *endpoint, tally_sub_t **out)
     self->sock = zmq_socket(self->ctx, ZMQ_SUB);
     if (!self->sock || zmq_setsockopt(self->sock, ZMQ_LINGER, &zero, sizeof zero) != 0)
         goto fail;
-    if (zmq_connect(self->sock, endpoint) != 0) {
-        status = (errno == EINVAL || errno == EPROTONOSUPPORT) ? TALLY_E_ARG : TALLY_E_TRANSPORT;
+    if ((status = tally__connect(self->sock, endpoint)) != TALLY_OK)
         goto fail;
-    }
     *out = self;
     return TALLY_OK;
 fail:

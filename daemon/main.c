@@ -20,9 +20,10 @@ int main(int argc, char **argv)
     bool exit_now = false;
     char msg[256];
     int code = 1;
-    if (td_config_load(&cfg, argc, argv, &exit_now, msg, sizeof msg) != TALLY_OK) {
+    td_err_t err = td_config_load(&cfg, argc, argv, &exit_now, msg, sizeof msg);
+    if (err != TD_OK) {
         fprintf(stderr, SD_ERR "tallyd: %s\n", msg);
-        code = 2;
+        code = td_err_exit_code(err);
         goto done;
     }
     if (exit_now) {
@@ -30,9 +31,10 @@ int main(int argc, char **argv)
         goto done;
     }
     /* Protected mode: before anything starts, and what --check-config reports too. */
-    if (td_config_check_protected(&cfg, msg, sizeof msg) != TALLY_OK) {
+    err = td_config_check_protected(&cfg, msg, sizeof msg);
+    if (err != TD_OK) {
         fprintf(stderr, "tallyd: %s\n", msg);
-        code = 2;
+        code = td_err_exit_code(err);
         goto done;
     }
     if (cfg.check_only) {
@@ -42,8 +44,11 @@ int main(int argc, char **argv)
         goto done;
     }
     /* Under socket activation the passed sockets replace the default endpoint. */
-    if (cfg.bind_count == 0 && td_listen_fds_count() == 0)
-        td_config_add_bind(&cfg, TD_DEFAULT_ENDPOINT);
+    if (cfg.bind_count == 0 && td_listen_fds_count() == 0 &&
+        td_config_add_bind(&cfg, TD_DEFAULT_ENDPOINT) != TD_OK) {
+        fprintf(stderr, SD_ERR "tallyd: out of memory\n");
+        goto done;
+    }
     td_log_set_level((td_log_level_t)cfg.log_level);
 
     /* libuv sizes its worker pool from this variable when the pool first starts. */
@@ -56,7 +61,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     td_server_t *server = NULL;
-    if (td_server_new(&cfg, &server) != TALLY_OK)
+    if (td_server_new(&cfg, &server) != TD_OK)
         goto done;
     code = td_server_run(server);
     td_server_destroy(&server);

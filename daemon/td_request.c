@@ -110,13 +110,31 @@ void td_request_succeed(td_request_t *self, uint8_t dtype, void *data, size_t le
     self->rep.count = count;
 }
 
-void td_request_succeed_out(td_request_t *self, uint8_t dtype, void *data, size_t len,
-                            uint64_t count)
+/* A filter's or scan's output at data: in the output region the reply carries only the header. */
+static void succeed_out(td_request_t *self, uint8_t dtype, void *data, size_t len, uint64_t count)
 {
-    if (data == self->out_ptr) /* in the output region: the reply carries only the header */
+    if (data == self->out_ptr)
         td_request_succeed(self, dtype, NULL, 0, count);
     else
         td_request_succeed(self, dtype, data, len, count);
+}
+
+void td_request_filter_result(td_request_t *self, void *out, uint64_t kept)
+{
+    size_t size = tally_dtype_size((tally_dtype_t)self->req.dtype);
+    self->kept = kept;
+    succeed_out(self, self->req.dtype, out, kept * size, kept);
+    self->rep.aux0 = td_request_elements(self);
+}
+
+void td_request_scan_result(td_request_t *self, void *out, int64_t carry)
+{
+    bool out32 = (self->req.flags & TALLY_FLAG_SCAN_OUT_I32) != 0;
+    size_t n = td_request_elements(self);
+    self->carry = carry;
+    succeed_out(self, out32 ? TALLY_DTYPE_I32 : TALLY_DTYPE_I64, out,
+                n * (out32 ? sizeof(int32_t) : sizeof(int64_t)), n);
+    self->rep.aux0 = (uint64_t)carry;
 }
 
 bool td_op_is_compute(uint8_t opcode)
@@ -187,17 +205,15 @@ static void seq_refuse(td_request_t *self, tally_status_t status, const char *wh
     self->rep.aux0 = stream->info.last_seq; /* the one error reply whose aux0 is not 0 */
 }
 
-bool td_request_seq_waits(const td_request_t *self)
+bool td_request_seq_waits(const td_request_t *self, bool stream_busy)
 {
-    const td_stream_t *stream = self->stream;
-    return self->req.seq != 0 && stream->exec_submitted > 0 &&
-           self->req.seq != stream->seq_admitted + 1;
+    return self->req.seq != 0 && stream_busy && self->req.seq != self->stream->seq_admitted + 1;
 }
 
-bool td_request_admit(td_request_t *self)
+bool td_request_admit(td_request_t *self, bool stream_busy)
 {
     td_stream_t *stream = self->stream;
-    if (stream->exec_submitted == 0) /* nothing in flight: admitted is applied */
+    if (!stream_busy) /* nothing in flight: admitted is applied */
         stream->seq_admitted = stream->info.last_seq;
     uint64_t seq = self->req.seq;
     if (seq != 0 && seq <= stream->seq_admitted) {
@@ -242,9 +258,7 @@ static void execute_filter(td_request_t *self, size_t n)
         td_request_fail(self, st, "%s backend failed the filter", self->backend->name);
         return;
     }
-    self->kept = kept;
-    td_request_succeed_out(self, self->req.dtype, out, kept * size, kept);
-    self->rep.aux0 = n;
+    td_request_filter_result(self, out, kept);
 }
 
 static void execute_scan(td_request_t *self, size_t n)
@@ -266,9 +280,7 @@ static void execute_scan(td_request_t *self, size_t n)
         td_request_fail(self, st, "%s backend failed the scan", self->backend->name);
         return;
     }
-    self->carry = carry;
-    td_request_succeed_out(self, out32 ? TALLY_DTYPE_I32 : TALLY_DTYPE_I64, out, n * size, n);
-    self->rep.aux0 = (uint64_t)carry;
+    td_request_scan_result(self, out, carry);
 }
 
 static void execute_hist(td_request_t *self, size_t n)
@@ -280,10 +292,10 @@ static void execute_hist(td_request_t *self, size_t n)
         td_request_fail(self, st, "%s backend failed the histogram", self->backend->name);
         return;
     }
-    td_request_hist_reply(self, n);
+    td_request_hist_result(self);
 }
 
-void td_request_hist_reply(td_request_t *self, size_t n)
+void td_request_hist_result(td_request_t *self)
 {
     bool ranged = tally_hist_ranged(self->req.dtype);
     size_t values = tally_hist_values(self->req.dtype);
@@ -300,7 +312,7 @@ void td_request_hist_reply(td_request_t *self, size_t n)
         tally_put_u64(out + 8 * (TALLY_HIST_BINS + 1), self->hist.overflow);
     }
     td_request_succeed(self, TALLY_DTYPE_U64, out, values * sizeof(uint64_t), values);
-    self->rep.aux0 = n;
+    self->rep.aux0 = td_request_elements(self);
 }
 
 void td_request_execute(td_request_t *self)

@@ -28,6 +28,19 @@
 
 #define TD_IDENTITY_MAX 256
 
+/* Where a compute request runs: chosen by the scheduler (td_sched.h), read by the executor
+ * (td_exec.c) and the GPU pipeline (td_gpu.c). */
+typedef struct {
+    bool gpu;             /* else the CPU backend */
+    bool cpu_inline;      /* CPU: on the loop thread (a tiny batch, or a stream's rerun) */
+    unsigned device;      /* GPU: index of the device in the pipeline */
+    unsigned lane;        /* GPU: the device's lane it is queued on */
+    unsigned pieces;      /* GPU: 1, or split over that many pieces on lanes lane, lane+1, ... */
+    unsigned carry_index; /* GPU: the lane's device carry it chains through (0: stateless) */
+    bool carry_upload;    /* GPU: first of its stream in flight: upload r->carry first */
+    uint32_t generation;  /* the stream's generation it started in (a GPU failure bumps it) */
+} td_placement_t;
+
 typedef struct td_request {
     /* Envelope: where the reply goes. */
     uint8_t identity[TD_IDENTITY_MAX];
@@ -40,7 +53,7 @@ typedef struct td_request {
     struct td_peer *client;
 
     /* The request. payload points into payload_msg, or into payload_copy when the frame's
-     * data was not aligned for its element type. */
+     * data was not aligned for its element type, or into a shared-memory region (shm_in). */
     tally_req_t req;
     zmq_msg_t payload_msg;
     bool payload_msg_open;
@@ -54,25 +67,20 @@ typedef struct td_request {
     td_shm_region_t *shm_in;
     td_shm_region_t *shm_out;
     void *out_ptr;
-    struct td_request *stream_next; /* FIFO link on the stream */
     uint64_t received_ns;
+    /* The link of the one queue that holds the request at a time: its stream's FIFO
+     * (td_sched.c), then a GPU lane's wait list and the pipeline's completion queue (td_gpu.c). */
+    struct td_request *next;
 
     /* Execution. */
     int64_t carry;         /* scan: carry-in, then carry-out */
     tk_hist_t hist;        /* hist: this batch's histogram */
     uint64_t kept;         /* filter: elements kept */
-    tk_backend_t *backend; /* backend chosen for execute */
+    tk_backend_t *backend; /* CPU backend for execute (td_exec.c) */
     uv_work_t work;
-    void *owner; /* the server, for callbacks */
-    /* Executor (td_exec.c, td_gpu.c): the path it took, its GPU lane and place in the lane's
-     * queues, the stream generation it was started in, and what the pipeline reported. */
-    struct td_request *exec_next;
-    void *exec_lane;
-    uint32_t exec_gen;
-    unsigned exec_carry_index;
-    bool exec_on_gpu;
-    bool exec_carry_upload; /* first in flight on its stream: upload the host carry */
-    bool exec_failed;       /* the GPU failed it: rerun on the CPU */
+    void *owner;          /* the executor, for its worker callbacks */
+    td_placement_t where; /* set by td_sched before the machine runs it */
+    bool gpu_failed;      /* the GPU failed it: td_sched reruns it on the CPU */
 
     /* Result: the reply header and payload (owned; handed to ZeroMQ without a copy). reply_data
      * is malloc'd, unless reply_free is set: then it is a buffer lent by its owner (the GPU
@@ -85,7 +93,7 @@ typedef struct td_request {
     void *reply_hint;
 } td_request_t;
 
-/* Allocates a request with the reply header pre-filled from req. NULL when out of memory. */
+/* Allocates an empty request (its reply header's version set). NULL when out of memory. */
 td_request_t *td_request_new(void);
 void td_request_destroy(td_request_t **self_p);
 
@@ -104,26 +112,30 @@ void td_request_lend_reply(td_request_t *self, void (*free_fn)(void *data, void 
 /* Frees (or gives back) the reply payload; reply_data is NULL after. */
 void td_request_drop_reply(td_request_t *self);
 
-/* td_request_succeed for a filter or scan result at `data`: when data is the output region
- * (out_ptr) the reply has an empty payload, else data is malloc'd and handed over. */
-void td_request_succeed_out(td_request_t *self, uint8_t dtype, void *data, size_t len,
-                            uint64_t count);
+/* The results of a compute request, turned into its reply: the one place each operation's reply
+ * is built, for the CPU backend and the GPU pipeline alike (any thread). A filter kept `kept`
+ * elements at out, a scan wrote its sums at out and ends with `carry`: when out is the output
+ * region (out_ptr) the reply carries only the header, else out is malloc'd or a lent buffer
+ * (td_request_lend_reply after) and becomes the reply payload. A hist's bins are in self->hist. */
+void td_request_filter_result(td_request_t *self, void *out, uint64_t kept);
+void td_request_scan_result(td_request_t *self, void *out, int64_t carry);
+void td_request_hist_result(td_request_t *self);
 
 /* Loop thread, before execute: reads the stream's state. Fails the request (returns false)
  * when it conflicts with the stream (a histogram of another type or range). */
 bool td_request_prepare(td_request_t *self);
 /* Loop thread: true while a request at the head of its stream's FIFO must wait before
- * td_request_admit: its seq is not the next one, and the stream has requests in flight whose
- * outcome decides whether it is a duplicate, a gap or (after a failure) the next one. */
-bool td_request_seq_waits(const td_request_t *self);
+ * td_request_admit: its seq is not the next one, and the stream has requests in flight
+ * (stream_busy, td_sched.c knows) whose outcome decides whether it is a duplicate, a gap or
+ * (after a failure) the next one. */
+bool td_request_seq_waits(const td_request_t *self, bool stream_busy);
 /* Loop thread, for a request at the head of its stream's FIFO: the sequence rule (refuses a
  * duplicate or a gap, with the stream's last applied seq in aux0), then td_request_prepare;
- * the seq counts as admitted only when both pass. Returns false when the request failed. */
-bool td_request_admit(td_request_t *self);
+ * the seq counts as admitted only when both pass. stream_busy: the stream has requests in
+ * flight (else what was admitted is what was applied). Returns false when the request failed. */
+bool td_request_admit(td_request_t *self, bool stream_busy);
 /* Any thread: computes the reply with self->backend. */
 void td_request_execute(td_request_t *self);
-/* Any thread: builds the hist reply from self->hist for a batch of n elements. */
-void td_request_hist_reply(td_request_t *self, size_t n);
 /* Loop thread, after execute: applies a successful result to the stream's state. A request
  * whose seq no longer follows the stream's last applied one (a request admitted before it
  * failed) is turned into a sequence_gap reply instead, its result discarded. Returns true when

@@ -4,9 +4,12 @@
  * Design
  * ------
  * One libuv loop thread owns the ROUTER socket and every piece of shared state (the stream
- * table, the metrics, the request queues). Compute work goes to the executor (td_exec.h: the
- * CPU on libuv's worker pool, or the GPU pipeline of td_gpu.h) and comes back to the loop
- * thread through exec_done, so nothing here needs a lock.
+ * table, the metrics, the scheduler's queues). The scheduler (td_sched.h) decides when and where
+ * a request runs; compute work goes to the executor (td_exec.h: the CPU on libuv's worker pool,
+ * or the GPU pipeline of td_gpu.h) and comes back to the loop thread through exec_done, so
+ * nothing here needs a lock. The server reads, validates and answers; the scheduler calls back
+ * into it (sched_*) to fold a result into its stream, run a query, reset or delete, send a reply
+ * and forget a deleted stream.
  *
  * ZeroMQ's ZMQ_FD is edge-triggered: it signals when the socket's state changes, and only
  * after ZMQ_EVENTS has been read. So the socket is serviced by one function, pump(), called
@@ -19,8 +22,8 @@
  * the loop from blocking in poll so the next iteration continues; otherwise the loop sleeps
  * until the fd or a completion wakes it.
  *
- * Ordering: requests on one named stream apply in arrival order (the stream's FIFO,
- * td_stream.h): on the GPU they are pipelined on the stream's lane, which completes them in
+ * Ordering: requests on one named stream apply in arrival order (the stream's FIFO in
+ * td_sched.c): on the GPU they are pipelined on the stream's lane, which completes them in
  * order; on the CPU they run one at a time; requests without a stream run concurrently. Replies are
  * matched to requests by request_id, so they may leave in a different order than requests arrived.
  *
@@ -31,7 +34,8 @@
  * backends need nothing else. The request holds the regions until it is destroyed.
  *
  * Bounded memory: every request counts against max_inflight from the moment it is read until
- * its reply is handed to ZeroMQ (or dropped). At the limit pump() stops reading, ZeroMQ's
+ * its reply is handed to ZeroMQ (or dropped) (td_sched_received/answered). At the limit pump()
+ * stops reading, ZeroMQ's
  * receive high-water mark fills and TCP pushes back on producers: nothing is dropped. Sizes are
  * checked here, not by ZeroMQ: a payload over max_batch gets too_large like any other bad
  * request; only a frame over max_frame (far above max_batch) makes ZeroMQ drop the connection.
@@ -67,6 +71,7 @@
 #include "td_peers.h"
 #include "td_request.h"
 #include "td_server.h"
+#include "td_sched.h"
 #include "td_service.h"
 #include "td_shm.h"
 #include "td_stream.h"
@@ -108,29 +113,24 @@ struct td_server {
     bool drain_expired; /* drain_ms has passed since: read nothing more */
     bool closed;        /* socket and handles closed */
 
-    unsigned inflight;     /* requests read and not yet answered */
-    unsigned queued;       /* of those, waiting behind another request on their stream */
     unsigned active_conns; /* connections with requests in flight (the fair share's divisor) */
 
     td_streams_t *streams;
-    td_peers_t *peers;      /* per-connection and per-client limits */
-    td_auth_t *auth;        /* CURVE and its ZAP handler; NULL when CURVE is off */
-    tk_backend_t *backend;  /* the backend compute requests run on */
-    tk_backend_t *cpu;      /* always present; the fallback */
-    td_exec_t *exec;        /* where compute requests run: CPU workers or the GPU pipeline */
-    td_shm_t *shm;          /* shared-memory side channel and regions; NULL when off */
-    td_pub_t *pub;          /* the PUB socket (subscriptions); NULL when off */
-    td_stream_t *advancing; /* the stream stream_advance is working on, if any */
+    td_peers_t *peers; /* per-connection and per-client limits */
+    td_auth_t *auth;   /* CURVE and its ZAP handler; NULL when CURVE is off */
+    tk_backend_t *cpu; /* the CPU backend; the GPU runs through the executor's pipeline */
+    td_exec_t *exec;   /* where compute requests run: CPU workers or the GPU pipeline */
+    td_sched_t *sched; /* what runs when and where; the in-flight count */
+    td_shm_t *shm;     /* shared-memory side channel and regions; NULL when off */
+    td_pub_t *pub;     /* the PUB socket (subscriptions); NULL when off */
     char devices[256];
     td_metrics_t metrics;
     td_service_t *service; /* systemd, state persistence, HTTP metrics, reload */
     uint64_t started_ns;
-    int exit_code;
 };
 
 static void pump(td_server_t *s);
 static void reply(td_server_t *s, td_request_t *r);
-static void stream_advance(td_server_t *s, td_stream_t *stream);
 
 /* ---- Replies ---------------------------------------------------------------------------- */
 
@@ -195,8 +195,8 @@ static void reply(td_server_t *s, td_request_t *r)
     }
     td_metrics_observe(&s->metrics, r->req.opcode, (tally_status_t)r->rep.status, r->payload_len,
                        r->reply_len, uv_hrtime() - r->received_ns);
-    s->inflight--;
-    if (r->conn && --r->conn->inflight == 0)
+    td_sched_answered(s->sched);
+    if (r->conn && td_peer_inflight_end(r->conn))
         s->active_conns--;
     td_peers_release(s->peers, &r->conn);
     td_peers_release(s->peers, &r->client);
@@ -239,9 +239,9 @@ static void sample_gauges(void *ctx, td_gauges_t *g)
 {
     td_server_t *s = ctx;
     *g = (td_gauges_t){
-        .inflight = s->inflight,
+        .inflight = td_sched_inflight(s->sched),
         .max_inflight = s->cfg.max_inflight,
-        .queued = s->queued,
+        .queued = td_sched_queued(s->sched),
         .stream_count = td_streams_count(s->streams),
         .stopping = s->stopping,
         .gpus_lost = td_exec_devices_lost(s->exec),
@@ -361,146 +361,65 @@ static void op_query(td_server_t *s, td_request_t *r, const td_stream_t *stream)
     r->rep.aux1 = end;
 }
 
-/* ---- Scheduling ------------------------------------------------------------------------- */
+/* ---- What the scheduler asks of the server (td_sched.h) ---------------------------------- */
 
-/* The executor (td_exec.h) hands every compute request back here, on the loop thread, with
- * its result: a stream's requests in the order they started. */
-static void exec_done(void *owner, td_request_t *r)
+/* A compute request's result: folded into its stream (and the stream's window ring), answered. */
+static bool sched_complete(void *owner, td_request_t *r)
 {
     td_server_t *s = owner;
     td_stream_t *stream = r->stream;
-    if (!td_request_apply(r)) {
-        if (stream)
-            td_exec_stream_failed(s->exec, stream);
-    } else if (stream && r->req.opcode == TALLY_OP_HIST &&
-               !td_stream_window_add(s->streams, stream, r->hist.bins, r->hist.underflow,
-                                     r->hist.overflow, td_request_elements(r), td_clock_ms())) {
+    bool applied = td_request_apply(r);
+    if (applied && stream && r->req.opcode == TALLY_OP_HIST &&
+        !td_stream_window_add(s->streams, stream, r->hist.bins, r->hist.underflow, r->hist.overflow,
+                              td_request_elements(r), td_clock_ms()))
         td_warn("stream '%s': out of memory for its window ring; its window queries count "
                 "nothing",
                 stream->name);
-    }
     reply(s, r);
-    if (stream) {
-        if (stream->exec_submitted == 0)
-            stream->running = NULL;
-        if (stream != s->advancing) /* else stream_advance's own loop goes on */
-            stream_advance(s, stream);
+    return applied;
+}
+
+/* query, reset or delete, on a stream whose earlier requests are done. A reset zeroes the stream
+ * and keeps it (td_stream_zero); a delete clears it, and td_sched forgets its name. */
+static void sched_control(void *owner, td_request_t *r, td_stream_t *stream)
+{
+    td_server_t *s = owner;
+    switch (r->req.opcode) {
+    case TALLY_OP_QUERY:
+        op_query(s, r, stream);
+        return;
+    case TALLY_OP_RESET:
+        td_stream_zero(stream);
+        break;
+    default: /* TALLY_OP_DELETE */
+        if (s->pub)
+            td_pub_deleted(s->pub, stream->name, stream->name_len);
+        td_stream_clear(stream);
+        stream->pub_dirty = false;
+        break;
     }
+    td_request_succeed(r, TALLY_DTYPE_NONE, NULL, 0, 0);
 }
 
-/* A request without a stream: nothing to wait for. */
-static void submit(td_server_t *s, td_request_t *r)
+static void sched_answer(void *owner, td_request_t *r)
 {
-    td_request_prepare(r);
-    td_exec_submit(s->exec, r);
+    reply(owner, r);
 }
 
-static void stream_advance_locked(td_server_t *s, td_stream_t *stream);
-
-/* Starts the requests waiting on a stream, in order, as far as the executor allows: on the GPU
- * a stream's batches are enqueued back to back on its lane; a CPU batch, query, reset and
- * anything after a GPU failure wait until the stream's earlier requests are done
- * (td_exec_may_start), and so does a request whose seq is not the next one
- * (td_request_seq_waits). query and reset run right here. */
-static void stream_advance(td_server_t *s, td_stream_t *stream)
+static void sched_forget(void *owner, td_stream_t *stream)
 {
-    td_stream_t *outer = s->advancing;
-    s->advancing = stream;
-    stream_advance_locked(s, stream);
-    s->advancing = outer;
+    td_server_t *s = owner;
+    if (stream->owner)
+        td_peer_stream_removed(stream->owner);
+    td_peers_release(s->peers, &stream->owner);
+    td_streams_remove(s->streams, &stream);
 }
 
-/* Stopping: a waiting request is answered `shutdown` once nothing of its stream runs any more,
- * so a stream's replies still leave in order. */
-static bool may_advance(td_server_t *s, td_stream_t *stream, td_request_t *r)
+/* The executor (td_exec.h) hands every compute request back here, on the loop thread. */
+static void exec_done(void *owner, td_request_t *r)
 {
-    if (s->stopping)
-        return stream->exec_submitted == 0;
-    return !td_request_seq_waits(r) && td_exec_may_start(s->exec, stream, r);
-}
-
-/* After a delete the stream's name is forgotten (PROTOCOL.md, `delete`), even while requests
- * that were queued behind the delete still hold the stream object: a query, reset or delete
- * among them gets unknown_stream, exactly as if it had been read after the delete ran, and the
- * next filter, scan or hist starts the stream anew. (They used to find the cleared stream: the
- * query answered an empty state and the stream stayed listed and saved with nothing in it, so
- * the answer depended on whether the query was read before or after the delete ran.) A
- * forgotten stream is removed once its queue is empty; nothing can be in flight on it, since a
- * delete only runs on a drained stream and a forgotten one starts nothing. A reset zeroes the
- * stream and keeps it (td_stream_zero). */
-static void stream_advance_locked(td_server_t *s, td_stream_t *stream)
-{
-    bool forgotten = false;
-    while (stream->queue_head && may_advance(s, stream, stream->queue_head)) {
-        td_request_t *r = stream->queue_head;
-        stream->queue_head = r->stream_next;
-        if (!stream->queue_head)
-            stream->queue_tail = NULL;
-        stream->queued--;
-        s->queued--;
-        bool control = !td_op_is_compute(r->req.opcode);
-        if (s->stopping || (forgotten && control)) {
-            if (s->stopping)
-                td_request_fail(r, TALLY_E_SHUTDOWN, "tallyd is shutting down; not run");
-            else
-                td_request_fail(r, TALLY_E_UNKNOWN_STREAM, "no stream named '%s'", r->req.stream);
-            r->stream = NULL;
-            reply(s, r);
-            continue;
-        }
-        if (r->req.opcode == TALLY_OP_QUERY) {
-            op_query(s, r, stream);
-            reply(s, r);
-            continue;
-        }
-        if (r->req.opcode == TALLY_OP_RESET) {
-            td_stream_zero(stream);
-            td_request_succeed(r, TALLY_DTYPE_NONE, NULL, 0, 0);
-            reply(s, r);
-            continue;
-        }
-        if (r->req.opcode == TALLY_OP_DELETE) {
-            if (s->pub)
-                td_pub_deleted(s->pub, stream->name, stream->name_len);
-            td_stream_clear(stream);
-            stream->pub_dirty = false;
-            td_request_succeed(r, TALLY_DTYPE_NONE, NULL, 0, 0);
-            r->stream = NULL;
-            reply(s, r);
-            forgotten = true;
-            continue;
-        }
-        forgotten = false; /* a filter, scan or hist starts the stream anew */
-        stream->running = r;
-        if (!td_request_admit(r)) {
-            if (stream->exec_submitted == 0)
-                stream->running = NULL;
-            reply(s, r);
-            continue;
-        }
-        td_exec_submit(s->exec, r);
-    }
-    if (forgotten && !stream->queue_head) { /* nothing else refers to it: forget the name */
-        if (stream->owner)
-            stream->owner->streams--;
-        td_peers_release(s->peers, &stream->owner);
-        td_streams_remove(s->streams, &stream);
-    }
-}
-
-static void enqueue_on_stream(td_server_t *s, td_stream_t *stream, td_request_t *r)
-{
-    stream->requests++;
-    r->stream = stream;
-    r->stream_next = NULL;
-    if (stream->queue_tail)
-        stream->queue_tail->stream_next = r;
-    else
-        stream->queue_head = r;
-    stream->queue_tail = r;
-    stream->queued++;
-    s->queued++;
-    stream_advance(s, stream);
+    td_server_t *s = owner;
+    td_sched_finished(s->sched, r);
 }
 
 /* A filter, scan or hist names a stream that does not exist yet: its client's stream count and
@@ -510,18 +429,18 @@ static bool create_stream(td_server_t *s, td_request_t *r, td_stream_t **out)
     const tally_req_t *q = &r->req;
     td_peer_t *client = r->client;
     unsigned per_client = td_config_streams_per_client(&s->cfg);
-    if (client && client->streams >= per_client) {
+    if (client && td_peer_streams(client) >= per_client) {
         s->metrics.limited[TD_LIMIT_STREAMS]++;
-        client->limited++;
+        td_peer_count_limited(client);
         td_request_fail(r, TALLY_E_CLIENT_STREAMS,
                         "this client already holds %u streams (max_streams_per_client %u); "
                         "delete one it no longer needs",
-                        client->streams, per_client);
+                        td_peer_streams(client), per_client);
         return false;
     }
     if (client && !td_peer_take_token(s->peers, client, uv_hrtime())) {
         s->metrics.limited[TD_LIMIT_RATE]++;
-        client->limited++;
+        td_peer_count_limited(client);
         td_request_fail(r, TALLY_E_RATE,
                         "this client creates streams faster than stream_create_rate (%u per "
                         "second); retry later",
@@ -539,8 +458,7 @@ static bool create_stream(td_server_t *s, td_request_t *r, td_stream_t **out)
         return false;
     }
     if (client) {
-        client->refs++; /* the stream's reference */
-        client->streams++;
+        td_peer_stream_added(client); /* and the stream's reference to it */
         (*out)->owner = client;
     }
     return true;
@@ -571,17 +489,15 @@ static void dispatch(td_server_t *s, td_request_t *r)
             td_request_fail(r, TALLY_E_UNKNOWN_STREAM, "no stream named '%s'", q->stream);
             break;
         }
-        enqueue_on_stream(s, stream, r);
+        td_sched_arrived(s->sched, r, stream);
         return;
-    default: /* filter, scan, hist */
-        if (q->stream_len == 0) {
-            submit(s, r);
-            return;
+    default: /* filter, scan, hist; without a stream nothing to wait for */
+        if (q->stream_len != 0) {
+            stream = td_streams_find(s->streams, q->stream, q->stream_len);
+            if (!stream && !create_stream(s, r, &stream))
+                break;
         }
-        stream = td_streams_find(s->streams, q->stream, q->stream_len);
-        if (!stream && !create_stream(s, r, &stream))
-            break;
-        enqueue_on_stream(s, stream, r);
+        td_sched_arrived(s->sched, r, stream);
         return;
     }
     reply(s, r);
@@ -622,11 +538,7 @@ static void answer_stopping(td_server_t *s, td_request_t *r, bool decoded)
     td_stream_t *stream = decoded && r->req.stream_len
                               ? td_streams_find(s->streams, r->req.stream, r->req.stream_len)
                               : NULL;
-    if (stream && (stream->queue_head || stream->exec_submitted)) {
-        enqueue_on_stream(s, stream, r);
-        return;
-    }
-    reply(s, r);
+    td_sched_arrived(s->sched, r, stream);
 }
 
 /* Who sent r (td_peers.h): its connection, and its client identity — the ZAP user id that CURVE
@@ -637,7 +549,7 @@ static void identify(td_server_t *s, td_request_t *r, zmq_msg_t *frames, int kep
     uint64_t now = uv_hrtime();
     td_peers_set_rate(s->peers, s->cfg.stream_create_rate); /* the live value: reloads apply */
     r->conn = td_peers_acquire(s->peers, TD_PEER_CONNECTION, r->identity, r->identity_len, now);
-    if (r->conn && r->conn->inflight++ == 0)
+    if (r->conn && td_peer_inflight_begin(r->conn))
         s->active_conns++;
     const char *user = kept > 1 ? zmq_msg_gets(&frames[kept - 1], "User-Id") : NULL;
     if (user && user[0])
@@ -646,7 +558,7 @@ static void identify(td_server_t *s, td_request_t *r, zmq_msg_t *frames, int kep
         r->client =
             td_peers_acquire(s->peers, TD_PEER_CONNECTION, r->identity, r->identity_len, now);
     if (r->client && user && user[0])
-        r->client->requests++;
+        td_peer_count_request(r->client);
 }
 
 /* The connection's fair share of max_inflight: past it the request is answered `busy` at once,
@@ -658,15 +570,15 @@ static void identify(td_server_t *s, td_request_t *r, zmq_msg_t *frames, int kep
 static bool over_share(td_server_t *s, td_request_t *r)
 {
     unsigned share = td_config_inflight_per_peer(&s->cfg, s->active_conns);
-    if (!r->conn || r->conn->inflight <= share) /* inflight counts r itself */
+    if (!r->conn || td_peer_inflight(r->conn) <= share) /* it counts r itself */
         return false;
     s->metrics.limited[TD_LIMIT_INFLIGHT]++;
     if (r->client)
-        r->client->limited++;
+        td_peer_count_limited(r->client);
     td_request_fail(r, TALLY_E_BUSY,
                     "this connection already has %u requests in flight (max_inflight_per_peer "
                     "%u); send more once replies arrive",
-                    r->conn->inflight - 1, share);
+                    td_peer_inflight(r->conn) - 1, share);
     return true;
 }
 
@@ -679,7 +591,7 @@ static void handle_message(td_server_t *s, zmq_msg_t *frames, int kept, int tota
         td_err("out of memory: dropping a message of %d frames", total);
         return;
     }
-    s->inflight++;
+    td_sched_received(s->sched);
     r->received_ns = uv_hrtime();
     size_t id_len = zmq_msg_size(&frames[0]);
     r->identity_len = id_len < TD_IDENTITY_MAX ? id_len : TD_IDENTITY_MAX;
@@ -817,7 +729,20 @@ static bool may_read(const td_server_t *s)
 {
     if (s->stopping)
         return !s->drain_expired;
-    return s->inflight < s->cfg.max_inflight;
+    return td_sched_may_read(s->sched);
+}
+
+/* Keeps the loop from blocking in poll while input remains that pump() has not read yet. */
+static void set_idle(td_server_t *s, bool on)
+{
+    if (on == s->idle_active)
+        return;
+    int rc = on ? uv_idle_start(&s->idle, idle_cb) : uv_idle_stop(&s->idle);
+    if (rc != 0) { /* cannot happen (a valid handle and callback); the check handle still pumps */
+        td_err("%s the idle handle: %s", on ? "starting" : "stopping", uv_strerror(rc));
+        return;
+    }
+    s->idle_active = on;
 }
 
 static void pump(td_server_t *s)
@@ -843,16 +768,12 @@ static void pump(td_server_t *s)
     bool at_limit = !s->stopping && !reading;
     if (input && at_limit && !s->paused) {
         s->metrics.read_pauses++;
-        td_debug("%u requests in flight: reading paused", s->inflight);
+        td_debug("%u requests in flight: reading paused", td_sched_inflight(s->sched));
     }
     s->paused = input && at_limit;
     bool more = input && reading;
-    if (more && !s->idle_active)
-        uv_idle_start(&s->idle, idle_cb);
-    if (!more && s->idle_active)
-        uv_idle_stop(&s->idle);
-    s->idle_active = more;
-    if (s->stopping && s->inflight == 0 && !more)
+    set_idle(s, more);
+    if (s->stopping && td_sched_inflight(s->sched) == 0 && !more)
         stop_when_quiet(s);
 }
 
@@ -886,19 +807,9 @@ static void drain_cb(uv_timer_t *handle)
 {
     td_server_t *s = handle->data;
     s->drain_expired = true;
-    td_notice("drain time over: reading stopped; %u requests still running", s->inflight);
+    td_notice("drain time over: reading stopped; %u requests still running",
+              td_sched_inflight(s->sched));
     pump(s);
-}
-
-/* Answers `shutdown` to every request waiting on a stream whose earlier requests are done; the
- * rest are answered as those finish (exec_done advances their stream). */
-static void shutdown_waiting(td_server_t *s)
-{
-    td_stream_t *next;
-    for (td_stream_t *st = td_streams_first(s->streams); st; st = next) {
-        next = st->list_next;
-        stream_advance(s, st);
-    }
 }
 
 static void signal_cb(uv_signal_t *handle, int signum)
@@ -912,17 +823,21 @@ static void signal_cb(uv_signal_t *handle, int signum)
     }
     if (s->stopping) {
         td_notice("%s again: still stopping, %u requests in flight", strsignal(signum),
-                  s->inflight);
+                  td_sched_inflight(s->sched));
         return;
     }
     td_notice("%s: stopping; finishing %u requests in flight, answering the rest `shutdown` "
               "for up to %u ms",
-              strsignal(signum), s->inflight, s->cfg.drain_ms);
+              strsignal(signum), td_sched_inflight(s->sched), s->cfg.drain_ms);
     s->stopping = true;
     s->last_input_ns = uv_hrtime();
     td_service_stopping(s->service);
-    uv_timer_start(&s->drain_timer, drain_cb, s->cfg.drain_ms, 0);
-    shutdown_waiting(s);
+    int rc = uv_timer_start(&s->drain_timer, drain_cb, s->cfg.drain_ms, 0);
+    if (rc != 0) { /* without its deadline the drain could last forever: end reading now */
+        td_err("cannot start the drain timer: %s; reading stops now", uv_strerror(rc));
+        s->drain_expired = true;
+    }
+    td_sched_stop(s->sched); /* answers what waits on a stream, in each stream's order */
     pump(s);
 }
 
@@ -951,7 +866,8 @@ static void close_all(td_server_t *s)
     int linger = TD_SHUTDOWN_LINGER_MS;
     if (zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof linger) != 0)
         td_warn("setting the socket's linger: %s", zmq_strerror(errno));
-    zmq_close(s->router);
+    if (zmq_close(s->router) != 0)
+        td_warn("closing the socket: %s", zmq_strerror(errno));
     s->router = NULL;
     td_notice("stopped");
 }
@@ -968,19 +884,9 @@ static void restrict_ipc_socket(const char *endpoint)
                 strerror(errno));
 }
 
-static tally_status_t open_socket(td_server_t *s)
+/* The ROUTER socket's options (td_config.h says why each value). */
+static td_err_t set_socket_options(td_server_t *s)
 {
-    s->zmq_ctx = zmq_ctx_new();
-    if (!s->zmq_ctx)
-        return TALLY_E_INTERNAL;
-    /* Before the first socket: the I/O threads start with it. */
-    int io_threads = (int)td_config_io_threads(&s->cfg);
-    if (zmq_ctx_set(s->zmq_ctx, ZMQ_IO_THREADS, io_threads) != 0)
-        td_warn("cannot set %d ZeroMQ I/O threads: %s", io_threads, zmq_strerror(errno));
-    td_info("%d ZeroMQ I/O threads", io_threads);
-    s->router = zmq_socket(s->zmq_ctx, ZMQ_ROUTER);
-    if (!s->router)
-        return TALLY_E_INTERNAL;
     int one = 1, rcvhwm = TD_DEFAULT_RCVHWM, sndhwm = TD_DEFAULT_SNDHWM, linger = 0;
     /* tallyd checks payload sizes itself (too_large), so a client that sends too much still
      * gets its answer and keeps its connection. ZeroMQ's own limit is only the memory guard
@@ -1002,46 +908,75 @@ static tally_status_t open_socket(td_server_t *s)
     for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
         if (zmq_setsockopt(s->router, opts[i].option, opts[i].value, opts[i].len) != 0) {
             td_err("cannot set %s: %s", opts[i].name, zmq_strerror(errno));
-            return TALLY_E_INTERNAL;
+            return TD_ERR_LIBRARY;
         }
     }
-    /* Before any bind, so that no connection is ever made without CURVE. */
-    if (s->cfg.curve_secret_key) {
-        char msg[1024];
-        tally_status_t st =
-            td_err_to_wire(td_auth_new(s->zmq_ctx, &s->cfg, &s->auth, msg, sizeof msg));
-        if (st != TALLY_OK) {
-            td_err("curve: %s", msg);
-            return st;
-        }
-        st = td_err_to_wire(td_auth_apply(s->auth, s->router));
-        if (st != TALLY_OK)
-            return st;
+    return TD_OK;
+}
+
+/* CURVE, before any bind, so that no connection is ever made without it. */
+static td_err_t open_curve(td_server_t *s)
+{
+    if (!s->cfg.curve_secret_key)
+        return TD_OK;
+    char msg[1024];
+    td_err_t err = td_auth_new(s->zmq_ctx, &s->cfg, &s->auth, msg, sizeof msg);
+    if (err != TD_OK) {
+        td_err("curve: %s", msg);
+        return err;
     }
+    return td_auth_apply(s->auth, s->router);
+}
+
+static td_err_t bind_endpoints(td_server_t *s)
+{
     for (int i = 0; i < s->cfg.bind_count; i++) {
         if (zmq_bind(s->router, s->cfg.binds[i]) != 0) {
             td_err("cannot bind %s: %s", s->cfg.binds[i], zmq_strerror(errno));
-            return TALLY_E_PARAM;
+            return TD_ERR_BIND;
         }
         restrict_ipc_socket(s->cfg.binds[i]);
         td_info("listening on %s", s->cfg.binds[i]);
     }
-    if (td_listen_fds_bind(s->router, &s->cfg) != TD_OK) /* sockets passed by systemd */
-        return TALLY_E_PARAM;
-    size_t size = sizeof s->zmq_fd;
-    if (zmq_getsockopt(s->router, ZMQ_FD, &s->zmq_fd, &size) != 0)
-        return TALLY_E_INTERNAL;
-    return TALLY_OK;
+    return td_listen_fds_bind(s->router, &s->cfg); /* sockets passed by systemd */
 }
 
-static tally_status_t open_backends(td_server_t *s)
+static td_err_t open_socket(td_server_t *s)
+{
+    s->zmq_ctx = zmq_ctx_new();
+    if (!s->zmq_ctx)
+        return TD_ERR_LIBRARY;
+    /* Before the first socket: the I/O threads start with it. */
+    int io_threads = (int)td_config_io_threads(&s->cfg);
+    if (zmq_ctx_set(s->zmq_ctx, ZMQ_IO_THREADS, io_threads) != 0)
+        td_warn("cannot set %d ZeroMQ I/O threads: %s", io_threads, zmq_strerror(errno));
+    td_info("%d ZeroMQ I/O threads", io_threads);
+    s->router = zmq_socket(s->zmq_ctx, ZMQ_ROUTER);
+    if (!s->router)
+        return TD_ERR_LIBRARY;
+    td_err_t err = set_socket_options(s);
+    if (err == TD_OK)
+        err = open_curve(s);
+    if (err == TD_OK)
+        err = bind_endpoints(s);
+    if (err != TD_OK)
+        return err;
+    size_t size = sizeof s->zmq_fd;
+    if (zmq_getsockopt(s->router, ZMQ_FD, &s->zmq_fd, &size) != 0) {
+        td_err("reading ZMQ_FD: %s", zmq_strerror(errno));
+        return TD_ERR_LIBRARY;
+    }
+    return TD_OK;
+}
+
+/* The executor, and the scheduler that places work on it. */
+static td_err_t open_backends(td_server_t *s)
 {
     tally_status_t st = tk_cpu_backend_new(&s->cpu);
     if (st != TALLY_OK) {
         td_err("cannot start the CPU backend: %s", tally_status_text(st));
-        return st;
+        return TD_ERR_BACKEND;
     }
-    s->backend = s->cpu; /* the GPU runs through the executor's pipeline, not a table */
     td_exec_env_t env = {
         .loop = &s->loop,
         .cfg = &s->cfg,
@@ -1050,13 +985,141 @@ static tally_status_t open_backends(td_server_t *s)
         .done = exec_done,
         .owner = s,
     };
-    st = td_exec_new(&env, &s->exec);
-    if (st != TALLY_OK)
-        return st;
+    td_err_t err = td_exec_new(&env, &s->exec);
+    if (err != TD_OK)
+        return err;
+    td_sched_machine_t machine;
+    td_exec_machine(s->exec, &machine);
+    td_sched_host_t host = {.owner = s,
+                            .complete = sched_complete,
+                            .control = sched_control,
+                            .answer = sched_answer,
+                            .forget = sched_forget};
+    err = td_sched_new(&s->cfg, &s->metrics, &machine, &host, &s->sched);
+    if (err != TD_OK)
+        return err;
     td_exec_describe(s->exec, s->devices, sizeof s->devices);
     td_notice("backend %s (%s; chosen by --backend %s)", td_exec_backend_name(s->exec), s->devices,
               td_backend_choice_name(s->cfg.backend));
-    return TALLY_OK;
+    return TD_OK;
+}
+
+/* The loop's handles: in td_server_new's order, so that a failure closes what was opened. */
+#define TD_LOOP_HANDLES 9
+static void loop_handles(td_server_t *s, uv_handle_t *all[TD_LOOP_HANDLES])
+{
+    uv_handle_t *list[TD_LOOP_HANDLES] = {
+        (uv_handle_t *)&s->poll,        (uv_handle_t *)&s->check,
+        (uv_handle_t *)&s->idle,        (uv_handle_t *)&s->drain_timer,
+        (uv_handle_t *)&s->quiet_timer, (uv_handle_t *)&s->sweep_timer,
+        (uv_handle_t *)&s->sig_int,     (uv_handle_t *)&s->sig_term,
+        (uv_handle_t *)&s->sig_hup,
+    };
+    memcpy(all, list, sizeof list);
+}
+
+static int init_handles(td_server_t *s)
+{
+    int rc = uv_poll_init_socket(&s->loop, &s->poll, s->zmq_fd);
+    if (rc == 0)
+        rc = uv_check_init(&s->loop, &s->check);
+    if (rc == 0)
+        rc = uv_idle_init(&s->loop, &s->idle);
+    uv_timer_t *timers[] = {&s->drain_timer, &s->quiet_timer, &s->sweep_timer};
+    for (size_t i = 0; rc == 0 && i < sizeof timers / sizeof timers[0]; i++)
+        rc = uv_timer_init(&s->loop, timers[i]);
+    uv_signal_t *signals[] = {&s->sig_int, &s->sig_term, &s->sig_hup};
+    for (size_t i = 0; rc == 0 && i < sizeof signals / sizeof signals[0]; i++)
+        rc = uv_signal_init(&s->loop, signals[i]);
+    uv_handle_t *handles[TD_LOOP_HANDLES];
+    loop_handles(s, handles);
+    for (size_t i = 0; i < TD_LOOP_HANDLES; i++)
+        handles[i]->data = s;
+    return rc;
+}
+
+static int start_handles(td_server_t *s)
+{
+    int rc = uv_poll_start(&s->poll, UV_READABLE, poll_cb);
+    if (rc == 0)
+        rc = uv_check_start(&s->check, check_cb);
+    if (rc == 0)
+        rc = uv_timer_start(&s->sweep_timer, sweep_cb, TD_PEERS_SWEEP_MS, TD_PEERS_SWEEP_MS);
+    if (rc == 0)
+        uv_unref((uv_handle_t *)&s->sweep_timer);
+    if (rc == 0)
+        rc = uv_signal_start(&s->sig_int, signal_cb, SIGINT);
+    if (rc == 0)
+        rc = uv_signal_start(&s->sig_term, signal_cb, SIGTERM);
+    if (rc == 0)
+        rc = uv_signal_start(&s->sig_hup, signal_cb, SIGHUP);
+    return rc;
+}
+
+static td_err_t open_handles(td_server_t *s)
+{
+    int rc = init_handles(s);
+    if (rc == 0)
+        rc = start_handles(s);
+    if (rc != 0) {
+        td_err("cannot set up the event loop: %s", uv_strerror(rc));
+        return TD_ERR_LIBRARY;
+    }
+    return TD_OK;
+}
+
+/* A failed start: closes the handles that were initialised (a zeroed handle has no type yet). */
+static void close_handles(td_server_t *s)
+{
+    uv_handle_t *handles[TD_LOOP_HANDLES];
+    loop_handles(s, handles);
+    for (size_t i = 0; i < TD_LOOP_HANDLES; i++)
+        if (handles[i]->type != UV_UNKNOWN_HANDLE && !uv_is_closing(handles[i]))
+            uv_close(handles[i], NULL);
+    uv_run(&s->loop, UV_RUN_NOWAIT);
+}
+
+/* What serves beside the ROUTER socket: the shared-memory side channel, the PUB socket, and the
+ * service (which restores stream state before READY). */
+static td_err_t open_services(td_server_t *s)
+{
+    td_shm_env_t shm_env = {.loop = &s->loop, .cfg = &s->cfg};
+    td_exec_shm_env(s->exec, &shm_env);
+    td_err_t err = td_shm_new(&shm_env, &s->shm);
+    if (err != TD_OK)
+        return err;
+    if (s->cfg.pub_endpoint) {
+        char why[512];
+        err = td_pub_new(&s->loop, s->zmq_ctx, s->cfg.pub_endpoint, s->cfg.pub_interval_ms,
+                         s->streams, &s->pub, why, sizeof why);
+        if (err != TD_OK) {
+            td_err("%s", why);
+            return err;
+        }
+    }
+    td_service_host_t host = service_host(s);
+    return td_service_new(&host, &s->service);
+}
+
+/* Undoes open_socket, open_handles and open_services after a failure in one of them. */
+static void close_started(td_server_t *s)
+{
+    close_handles(s);
+    if (s->pub) {
+        td_pub_close(s->pub);
+        uv_run(&s->loop, UV_RUN_NOWAIT);
+        td_pub_destroy(&s->pub);
+    }
+    if (s->shm) {
+        td_shm_close(s->shm);
+        uv_run(&s->loop, UV_RUN_NOWAIT);
+        td_shm_destroy(&s->shm);
+    }
+    if (s->router && zmq_close(s->router) != 0)
+        td_warn("closing the socket: %s", zmq_strerror(errno));
+    td_auth_destroy(&s->auth); /* its sockets are in the context */
+    while (s->zmq_ctx && zmq_ctx_term(s->zmq_ctx) == -1 && errno == EINTR)
+        continue;
 }
 
 /* The strings a reload replaces in the live configuration (td_config_apply_runtime frees the
@@ -1080,103 +1143,63 @@ static void free_reloadable_strings(td_server_t *s)
     s->cfg.curve_clients_dir = s->cfg.curve_clients = NULL;
 }
 
-tally_status_t td_server_new(const td_config_t *cfg, td_server_t **out)
+/* The stream table (windows, the test clock) and the per-peer table. */
+static td_err_t open_tables(td_server_t *s)
 {
-    td_server_t *s = calloc(1, sizeof *s);
-    if (!s)
-        return TALLY_E_INTERNAL;
-    s->cfg = *cfg;
-    s->started_ns = uv_hrtime();
-    tally_status_t st = TALLY_E_INTERNAL;
-    if (!own_reloadable_strings(s))
-        goto fail_free;
-    if (uv_loop_init(&s->loop) != 0)
-        goto fail_free;
-    st = td_streams_new(cfg->max_streams, &s->streams);
-    if (st != TALLY_OK)
-        goto fail_loop;
-    td_streams_set_window(s->streams, cfg->window_intervals, cfg->window_interval_ms);
-    td_clock_set_test_file(cfg->test_clock);
-    st = td_err_to_wire(td_peers_new(&s->peers));
-    if (st != TALLY_OK)
-        goto fail_backends;
-    st = open_backends(s);
-    if (st != TALLY_OK)
-        goto fail_backends;
-    st = open_socket(s);
-    if (st != TALLY_OK)
-        goto fail_socket;
-    td_shm_env_t shm_env = {.loop = &s->loop, .cfg = &s->cfg};
-    td_exec_shm_env(s->exec, &shm_env);
-    st = td_err_to_wire(td_shm_new(&shm_env, &s->shm));
-    if (st != TALLY_OK)
-        goto fail_socket;
-    if (cfg->pub_endpoint) {
-        char why[512];
-        st = td_err_to_wire(td_pub_new(&s->loop, s->zmq_ctx, cfg->pub_endpoint,
-                                       cfg->pub_interval_ms, s->streams, &s->pub, why, sizeof why));
-        if (st != TALLY_OK) {
-            td_err("%s", why);
-            goto fail_socket;
-        }
-    }
-    td_service_host_t host = service_host(s); /* restores stream state before READY */
-    st = td_err_to_wire(td_service_new(&host, &s->service));
-    if (st != TALLY_OK)
-        goto fail_socket;
+    if (td_streams_new(s->cfg.max_streams, &s->streams) != TALLY_OK)
+        return TD_ERR_NOMEM;
+    td_streams_set_window(s->streams, s->cfg.window_intervals, s->cfg.window_interval_ms);
+    td_clock_set_test_file(s->cfg.test_clock);
+    return td_peers_new(&s->peers);
+}
 
-    uv_poll_init_socket(&s->loop, &s->poll, s->zmq_fd);
-    uv_check_init(&s->loop, &s->check);
-    uv_idle_init(&s->loop, &s->idle);
-    uv_timer_init(&s->loop, &s->drain_timer);
-    uv_timer_init(&s->loop, &s->quiet_timer);
-    uv_timer_init(&s->loop, &s->sweep_timer);
-    uv_signal_init(&s->loop, &s->sig_int);
-    uv_signal_init(&s->loop, &s->sig_term);
-    uv_signal_init(&s->loop, &s->sig_hup);
-    s->poll.data = s->check.data = s->idle.data = s;
-    s->drain_timer.data = s->quiet_timer.data = s->sweep_timer.data = s;
-    s->sig_int.data = s->sig_term.data = s->sig_hup.data = s;
-    uv_poll_start(&s->poll, UV_READABLE, poll_cb);
-    uv_check_start(&s->check, check_cb);
-    uv_timer_start(&s->sweep_timer, sweep_cb, TD_PEERS_SWEEP_MS, TD_PEERS_SWEEP_MS);
-    uv_unref((uv_handle_t *)&s->sweep_timer);
-    uv_signal_start(&s->sig_int, signal_cb, SIGINT);
-    uv_signal_start(&s->sig_term, signal_cb, SIGTERM);
-    uv_signal_start(&s->sig_hup, signal_cb, SIGHUP);
-    *out = s;
-    return TALLY_OK;
-
-fail_socket:
-    if (s->pub) {
-        td_pub_close(s->pub);
-        uv_run(&s->loop, UV_RUN_NOWAIT);
-        td_pub_destroy(&s->pub);
-    }
-    if (s->shm) {
-        td_shm_close(s->shm);
-        uv_run(&s->loop, UV_RUN_NOWAIT);
-        td_shm_destroy(&s->shm);
-    }
-    if (s->router)
-        zmq_close(s->router);
-    td_auth_destroy(&s->auth); /* its sockets are in the context */
-    if (s->zmq_ctx)
-        zmq_ctx_term(s->zmq_ctx);
-fail_backends:
+static void close_tables(td_server_t *s)
+{
+    td_sched_destroy(&s->sched);
     td_exec_destroy(&s->exec);
-    if (s->backend && s->backend != s->cpu)
-        s->backend->destroy(&s->backend);
     if (s->cpu)
         s->cpu->destroy(&s->cpu);
     td_peers_destroy(&s->peers);
     td_streams_destroy(&s->streams);
-fail_loop:
+}
+
+td_err_t td_server_new(const td_config_t *cfg, td_server_t **out)
+{
+    td_server_t *s = calloc(1, sizeof *s);
+    if (!s)
+        return TD_ERR_NOMEM;
+    s->cfg = *cfg;
+    s->started_ns = uv_hrtime();
+    td_err_t err = TD_ERR_NOMEM;
+    if (!own_reloadable_strings(s))
+        goto fail_free;
+    err = TD_ERR_LIBRARY;
+    if (uv_loop_init(&s->loop) != 0)
+        goto fail_free;
+    err = open_tables(s);
+    if (err == TD_OK)
+        err = open_backends(s);
+    if (err != TD_OK)
+        goto fail_tables;
+    err = open_socket(s);
+    if (err == TD_OK)
+        err = open_handles(s);
+    if (err == TD_OK)
+        err = open_services(s);
+    if (err != TD_OK)
+        goto fail_started;
+    *out = s;
+    return TD_OK;
+
+fail_started:
+    close_started(s);
+fail_tables:
+    close_tables(s);
     uv_loop_close(&s->loop);
 fail_free:
     free_reloadable_strings(s);
     free(s);
-    return st;
+    return err;
 }
 
 int td_server_run(td_server_t *s)
@@ -1186,9 +1209,7 @@ int td_server_run(td_server_t *s)
     td_service_ready(s->service);
     pump(s); /* messages may have queued between bind and the first poll */
     uv_run(&s->loop, UV_RUN_DEFAULT);
-    if (s->exit_code == 0) /* the final snapshot has finished: did it reach the disk? */
-        s->exit_code = td_service_exit_code(s->service);
-    return s->exit_code;
+    return td_service_exit_code(s->service); /* the final snapshot: did it reach the disk? */
 }
 
 void td_server_destroy(td_server_t **self_p)
@@ -1217,14 +1238,10 @@ void td_server_destroy(td_server_t **self_p)
     signal(SIGHUP, SIG_IGN);
     uv_run(&s->loop, UV_RUN_DEFAULT);
     td_pub_destroy(&s->pub);
-    td_shm_destroy(&s->shm);   /* before the executor: regions unregister from the GPU */
-    td_exec_destroy(&s->exec); /* joins the GPU lane threads */
-    uv_loop_close(&s->loop);
-    if (s->backend != s->cpu)
-        s->backend->destroy(&s->backend);
-    s->cpu->destroy(&s->cpu);
-    td_streams_destroy(&s->streams);
-    td_peers_destroy(&s->peers);
+    td_shm_destroy(&s->shm); /* before the executor: regions unregister from the GPU */
+    close_tables(s);         /* td_exec_destroy joins the GPU lane threads */
+    if (uv_loop_close(&s->loop) != 0)
+        td_warn("the event loop still had handles open at exit");
     free_reloadable_strings(s);
     free(s);
     *self_p = NULL;

@@ -6,12 +6,13 @@
 #define TD_SERVER_H
 
 #include "td_config.h"
+#include "td_err.h"
 
 typedef struct td_server td_server_t;
 
 /* Creates the backends, binds the sockets and sets up the loop; logs and returns an error
  * (nothing half-started is left behind) when any of that fails. cfg is copied. */
-tally_status_t td_server_new(const td_config_t *cfg, td_server_t **out);
+td_err_t td_server_new(const td_config_t *cfg, td_server_t **out);
 /* Runs until SIGINT/SIGTERM and every in-flight request has been answered. Returns the
  * process exit code: 0 on a clean stop, 1 when the final state snapshot failed. */
 int td_server_run(td_server_t *self);

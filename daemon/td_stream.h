@@ -2,10 +2,10 @@
  * td_stream.h — named streams: the state tallyd keeps between requests.
  *
  * A stream holds a tally_stream_info_t (its counters, scan carry and running histogram: the
- * same struct that `query` puts on the wire and the state file stores), plus a FIFO of the
- * requests waiting to run on it. The table is owned by the loop thread and is only ever touched
- * there: workers compute into their request and the loop thread applies the result, so reads
- * (query, metrics, state snapshots) never race with updates.
+ * same struct that `query` puts on the wire and the state file stores); the requests waiting or
+ * running on it are the scheduler's (td_sched.h). The table is owned by the loop thread and is only
+ * ever touched there: workers compute into their request and the loop thread applies the result, so
+ * reads (query, metrics, state snapshots) never race with updates.
  */
 #ifndef TD_STREAM_H
 #define TD_STREAM_H
@@ -17,7 +17,7 @@
 #include "tally_proto.h"
 #include "td_window.h"
 
-struct td_request;
+struct td_sched_stream;
 
 typedef struct td_stream {
     char name[TALLY_STREAM_NAME_MAX + 1];
@@ -30,12 +30,6 @@ typedef struct td_stream {
     bool pub_dirty;
     /* Requests that named the stream (for per-stream metrics). */
     uint64_t requests;
-    /* Requests on this stream run one at a time in arrival order: `running` is the one
-     * executing (NULL when idle), `queue_head..queue_tail` wait behind it. */
-    struct td_request *running;
-    struct td_request *queue_head;
-    struct td_request *queue_tail;
-    unsigned queued;
     /* Sequence numbers (PROTOCOL.md, "Sequence numbers"): info.last_seq is the last one applied;
      * seq_admitted the last one started, which runs ahead of it while GPU-pipelined requests are
      * in flight (it equals info.last_seq whenever nothing is). */
@@ -43,16 +37,9 @@ typedef struct td_stream {
     /* The client that created it (td_peers.h; a reference, counted in its `streams`), NULL for
      * a stream restored from the state file. */
     struct td_peer *owner;
-    /* Executor bookkeeping (td_exec.c): requests started and not yet completed, whether they run
-     * on the GPU pipeline and on which lane (a stream is pinned to one lane while it has requests
-     * in flight), and the generation that a GPU failure bumps so that requests enqueued behind
-     * the failed one are rerun on the CPU (their device carry cannot be trusted). */
-    unsigned exec_submitted;
-    bool exec_on_gpu;
-    bool exec_resync; /* a GPU failure: start nothing new until the stream drains */
-    uint32_t exec_gen;
-    void *exec_lane;
-    unsigned exec_carry_index;
+    /* The scheduler's record of the stream (td_sched.c: its FIFO, requests in flight, GPU lane
+     * and carry); NULL while nothing of the stream waits or runs. */
+    struct td_sched_stream *sched;
     /* Table links: hash chain and the creation-ordered list used by `streams`. */
     struct td_stream *hash_next;
     struct td_stream *list_prev;
@@ -78,7 +65,7 @@ uint32_t td_streams_window_interval_ms(const td_streams_t *self);
  * cannot be allocated. */
 bool td_stream_window_add(td_streams_t *self, td_stream_t *stream, const uint64_t *bins,
                           uint64_t underflow, uint64_t overflow, uint64_t n, uint64_t now_ms);
-/* Removes and frees a stream that has no running or queued request. */
+/* Removes and frees a stream that has no running or queued request (stream->sched NULL). */
 void td_streams_remove(td_streams_t *self, td_stream_t **stream_p);
 
 unsigned td_streams_count(const td_streams_t *self);

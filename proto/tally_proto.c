@@ -23,6 +23,7 @@
 
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -81,6 +82,127 @@ enum {
     INFO_OFF_BINS = 128,
 };
 
+/* ---- Field tables ----------------------------------------------------------------------- */
+
+/* Every message and payload starts its fixed-width fields from one table: a row per field with
+ * its byte offset on the wire, its width and where it lives in the struct. The encoder and the
+ * decoder of a layout walk the same table, so they cannot disagree about it. A signed 64-bit
+ * field travels as its two's-complement bits (memcpy keeps them). */
+typedef struct {
+    uint16_t wire;   /* byte offset in the buffer */
+    uint16_t member; /* offsetof the field in its struct */
+    uint8_t width;   /* 1, 4 or 8 bytes, the same in the struct and on the wire */
+} wire_field_t;
+
+/* clang-format off */
+#define FIELD(off, type, member) \
+    {(off), (uint16_t)offsetof(type, member), (uint8_t)sizeof(((type *)0)->member)}
+/* clang-format on */
+#define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+static void put_fields(uint8_t *out, const void *src, const wire_field_t *fields, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *from = (const uint8_t *)src + fields[i].member;
+        uint8_t *to = out + fields[i].wire;
+        uint32_t v32;
+        uint64_t v64;
+        if (fields[i].width == 1) {
+            *to = *from;
+        } else if (fields[i].width == 4) {
+            memcpy(&v32, from, 4);
+            tally_put_u32(to, v32);
+        } else {
+            memcpy(&v64, from, 8);
+            tally_put_u64(to, v64);
+        }
+    }
+}
+
+static void get_fields(const uint8_t *buf, void *dst, const wire_field_t *fields, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *from = buf + fields[i].wire;
+        uint8_t *to = (uint8_t *)dst + fields[i].member;
+        uint32_t v32;
+        uint64_t v64;
+        if (fields[i].width == 1) {
+            *to = *from;
+        } else if (fields[i].width == 4) {
+            v32 = tally_get_u32(from);
+            memcpy(to, &v32, 4);
+        } else {
+            v64 = tally_get_u64(from);
+            memcpy(to, &v64, 8);
+        }
+    }
+}
+
+/* Every header (request, reply, publication, side channel) starts with the magic at byte 0
+ * and the version at byte 4; the encoders stamp both over whatever the struct's version says. */
+enum { HEAD_OFF_MAGIC = 0, HEAD_OFF_VERSION = 4 };
+
+static void head_stamp(uint8_t *out)
+{
+    tally_put_u32(out + HEAD_OFF_MAGIC, TALLY_MAGIC);
+    out[HEAD_OFF_VERSION] = TALLY_PROTO_VERSION;
+}
+
+static bool head_is_v1(const uint8_t *buf)
+{
+    return tally_get_u32(buf + HEAD_OFF_MAGIC) == TALLY_MAGIC &&
+           buf[HEAD_OFF_VERSION] == TALLY_PROTO_VERSION;
+}
+
+static bool all_zero(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] != 0)
+            return false;
+    }
+    return true;
+}
+
+/* A fixed-size layout: its fields, whether it starts with the magic and version, and up to
+ * two spans of reserved bytes [from, to) that must be zero. */
+typedef struct {
+    size_t size;
+    bool head;
+    const wire_field_t *fields;
+    size_t nfields;
+    struct {
+        uint16_t from, to;
+    } reserved[2];
+} wire_layout_t;
+
+/* clang-format off */
+#define LAYOUT(size, head, fields, ...) \
+    {(size), (head), (fields), COUNT_OF(fields), {__VA_ARGS__}}
+/* clang-format on */
+
+/* Writes l->size bytes: the fields, zeros elsewhere, the magic and version when l->head. */
+static void layout_encode(const wire_layout_t *l, const void *src, uint8_t *out)
+{
+    memset(out, 0, l->size);
+    put_fields(out, src, l->fields, l->nfields);
+    if (l->head)
+        head_stamp(out);
+}
+
+/* Reads every field of the l->size bytes at buf into dst, whatever they hold; true when the
+ * magic, version and reserved bytes are right. */
+static bool layout_decode(const wire_layout_t *l, const uint8_t *buf, void *dst)
+{
+    get_fields(buf, dst, l->fields, l->nfields);
+    if (l->head && !head_is_v1(buf))
+        return false;
+    for (size_t i = 0; i < COUNT_OF(l->reserved); i++) {
+        if (!all_zero(buf + l->reserved[i].from, l->reserved[i].to - l->reserved[i].from))
+            return false;
+    }
+    return true;
+}
+
 /* ---- Names ------------------------------------------------------------------------------ */
 
 /* One row per status: the stable name tools and logs print, and the sentence for people. */
@@ -127,8 +249,6 @@ static const struct {
     {TALLY_E_ARG, "bad_argument", "invalid argument"},
     {TALLY_E_IO, "io", "input/output error"},
 };
-
-#define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
 
 const char *tally_status_name(tally_status_t status)
 {
@@ -483,8 +603,8 @@ static tally_status_t check_seq(const tally_req_t *req, char *msg, size_t msg_ca
     return TALLY_OK;
 }
 
-/* Opcode and dtype ranges, the stream name, then the rules of the operation, then seq. */
-static tally_status_t validate_fields(const tally_req_t *req, char *msg, size_t msg_cap)
+/* The opcode and dtype are ones this version knows. */
+static tally_status_t check_ranges(const tally_req_t *req, char *msg, size_t msg_cap)
 {
     if (req->opcode < TALLY_OP_PING || req->opcode >= TALLY_OP_COUNT)
         return fail(TALLY_E_OPCODE, msg, msg_cap, "unknown opcode %u (known: 1..%d)", req->opcode,
@@ -492,7 +612,15 @@ static tally_status_t validate_fields(const tally_req_t *req, char *msg, size_t 
     if (req->dtype >= TALLY_DTYPE_COUNT)
         return fail(TALLY_E_DTYPE, msg, msg_cap, "unknown dtype %u (known: 0..%d)", req->dtype,
                     TALLY_DTYPE_COUNT - 1);
-    tally_status_t st = check_stream_name(req, msg, msg_cap);
+    return TALLY_OK;
+}
+
+/* Opcode and dtype ranges, the stream name, then the rules of the operation, then seq. */
+static tally_status_t validate_fields(const tally_req_t *req, char *msg, size_t msg_cap)
+{
+    tally_status_t st = check_ranges(req, msg, msg_cap);
+    if (st == TALLY_OK)
+        st = check_stream_name(req, msg, msg_cap);
     if (st != TALLY_OK)
         return st;
 
@@ -571,6 +699,16 @@ tally_status_t tally_req_validate(const tally_req_t *req, size_t payload_len, si
 
 /* ---- Request header --------------------------------------------------------------------- */
 
+/* The first REQ_PREFIX_SIZE bytes (what an error reply echoes), then the rest of the fields;
+ * stream_len and the name are written apart, the length clamped to the name's room. */
+static const wire_field_t req_prefix_fields[] = {
+    FIELD(REQ_OFF_VERSION, tally_req_t, version), FIELD(REQ_OFF_OPCODE, tally_req_t, opcode),
+    FIELD(REQ_OFF_DTYPE, tally_req_t, dtype), FIELD(REQ_OFF_FLAGS, tally_req_t, flags),
+    FIELD(REQ_OFF_REQUEST_ID, tally_req_t, request_id)};
+static const wire_field_t req_rest_fields[] = {
+    FIELD(REQ_OFF_PRED, tally_req_t, pred), FIELD(REQ_OFF_LO, tally_req_t, lo),
+    FIELD(REQ_OFF_HI, tally_req_t, hi), FIELD(REQ_OFF_SEQ, tally_req_t, seq)};
+
 void tally_req_encode(const tally_req_t *req, uint8_t out[TALLY_REQ_HEADER_SIZE])
 {
     size_t name_len = req->stream_len;
@@ -578,27 +716,11 @@ void tally_req_encode(const tally_req_t *req, uint8_t out[TALLY_REQ_HEADER_SIZE]
         name_len = TALLY_STREAM_NAME_MAX;
 
     memset(out, 0, TALLY_REQ_HEADER_SIZE);
-    tally_put_u32(out + REQ_OFF_MAGIC, TALLY_MAGIC);
-    out[REQ_OFF_VERSION] = TALLY_PROTO_VERSION;
-    out[REQ_OFF_OPCODE] = req->opcode;
-    out[REQ_OFF_DTYPE] = req->dtype;
-    out[REQ_OFF_FLAGS] = req->flags;
-    tally_put_u64(out + REQ_OFF_REQUEST_ID, req->request_id);
-    out[REQ_OFF_PRED] = req->pred;
+    put_fields(out, req, req_prefix_fields, COUNT_OF(req_prefix_fields));
+    put_fields(out, req, req_rest_fields, COUNT_OF(req_rest_fields));
+    head_stamp(out);
     out[REQ_OFF_STREAM_LEN] = (uint8_t)name_len;
-    tally_put_u64(out + REQ_OFF_LO, (uint64_t)req->lo);
-    tally_put_u64(out + REQ_OFF_HI, (uint64_t)req->hi);
-    tally_put_u64(out + REQ_OFF_SEQ, req->seq);
     memcpy(out + REQ_OFF_STREAM, req->stream, name_len);
-}
-
-static bool all_zero(const uint8_t *p, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        if (p[i] != 0)
-            return false;
-    }
-    return true;
 }
 
 /* The first non-zero byte offset in buf[from..to), or `to` when there is none. */
@@ -612,11 +734,8 @@ static size_t first_nonzero(const uint8_t *buf, size_t from, size_t to)
 /* Reads every field of a complete 128-byte header into req, without judging it. */
 static void read_req_fields(const uint8_t *buf, tally_req_t *req)
 {
-    req->pred = buf[REQ_OFF_PRED];
+    get_fields(buf, req, req_rest_fields, COUNT_OF(req_rest_fields));
     req->stream_len = buf[REQ_OFF_STREAM_LEN];
-    req->lo = (int64_t)tally_get_u64(buf + REQ_OFF_LO);
-    req->hi = (int64_t)tally_get_u64(buf + REQ_OFF_HI);
-    req->seq = tally_get_u64(buf + REQ_OFF_SEQ);
     size_t copy = req->stream_len;
     if (copy > TALLY_STREAM_NAME_MAX)
         copy = TALLY_STREAM_NAME_MAX;
@@ -656,13 +775,8 @@ tally_status_t tally_req_decode(const uint8_t *buf, size_t len, tally_req_t *req
         len = 0;
 
     /* Step 1: read what is there, so that even a rejected request's reply echoes its id. */
-    if (len >= REQ_PREFIX_SIZE) {
-        req->version = buf[REQ_OFF_VERSION];
-        req->opcode = buf[REQ_OFF_OPCODE];
-        req->dtype = buf[REQ_OFF_DTYPE];
-        req->flags = buf[REQ_OFF_FLAGS];
-        req->request_id = tally_get_u64(buf + REQ_OFF_REQUEST_ID);
-    }
+    if (len >= REQ_PREFIX_SIZE)
+        get_fields(buf, req, req_prefix_fields, COUNT_OF(req_prefix_fields));
     if (len == TALLY_REQ_HEADER_SIZE)
         read_req_fields(buf, req);
 
@@ -681,13 +795,9 @@ tally_status_t tally_req_decode(const uint8_t *buf, size_t len, tally_req_t *req
                     req->version, TALLY_PROTO_VERSION);
 
     /* Step 3: ranges before layout, so that an unknown opcode is reported as such. */
-    if (req->opcode < TALLY_OP_PING || req->opcode >= TALLY_OP_COUNT)
-        return fail(TALLY_E_OPCODE, msg, msg_cap, "unknown opcode %u (known: 1..%d)", req->opcode,
-                    TALLY_OP_COUNT - 1);
-    if (req->dtype >= TALLY_DTYPE_COUNT)
-        return fail(TALLY_E_DTYPE, msg, msg_cap, "unknown dtype %u (known: 0..%d)", req->dtype,
-                    TALLY_DTYPE_COUNT - 1);
-    tally_status_t st = check_req_layout(buf, req, msg, msg_cap);
+    tally_status_t st = check_ranges(req, msg, msg_cap);
+    if (st == TALLY_OK)
+        st = check_req_layout(buf, req, msg, msg_cap);
     if (st != TALLY_OK)
         return st;
 
@@ -697,19 +807,22 @@ tally_status_t tally_req_decode(const uint8_t *buf, size_t len, tally_req_t *req
 
 /* ---- Reply header ----------------------------------------------------------------------- */
 
+static const wire_field_t rep_fields[] = {FIELD(REP_OFF_VERSION, tally_rep_t, version),
+                                          FIELD(REP_OFF_OPCODE, tally_rep_t, opcode),
+                                          FIELD(REP_OFF_DTYPE, tally_rep_t, dtype),
+                                          FIELD(REP_OFF_FLAGS, tally_rep_t, flags),
+                                          FIELD(REP_OFF_REQUEST_ID, tally_rep_t, request_id),
+                                          FIELD(REP_OFF_STATUS, tally_rep_t, status),
+                                          FIELD(REP_OFF_COUNT, tally_rep_t, count),
+                                          FIELD(REP_OFF_AUX0, tally_rep_t, aux0),
+                                          FIELD(REP_OFF_AUX1, tally_rep_t, aux1)};
+static const wire_layout_t rep_layout =
+    LAYOUT(TALLY_REP_HEADER_SIZE, true, rep_fields, {REP_OFF_RESERVED_A, REP_OFF_COUNT},
+           {REP_OFF_RESERVED_B, TALLY_REP_HEADER_SIZE});
+
 void tally_rep_encode(const tally_rep_t *rep, uint8_t out[TALLY_REP_HEADER_SIZE])
 {
-    memset(out, 0, TALLY_REP_HEADER_SIZE);
-    tally_put_u32(out + REP_OFF_MAGIC, TALLY_MAGIC);
-    out[REP_OFF_VERSION] = TALLY_PROTO_VERSION;
-    out[REP_OFF_OPCODE] = rep->opcode;
-    out[REP_OFF_DTYPE] = rep->dtype;
-    out[REP_OFF_FLAGS] = rep->flags;
-    tally_put_u64(out + REP_OFF_REQUEST_ID, rep->request_id);
-    tally_put_u32(out + REP_OFF_STATUS, rep->status);
-    tally_put_u64(out + REP_OFF_COUNT, rep->count);
-    tally_put_u64(out + REP_OFF_AUX0, rep->aux0);
-    tally_put_u64(out + REP_OFF_AUX1, rep->aux1);
+    layout_encode(&rep_layout, rep, out);
 }
 
 /* The client's side: anything but a well-formed v1 reply header is TALLY_E_REPLY, including a
@@ -717,28 +830,9 @@ void tally_rep_encode(const tally_rep_t *rep, uint8_t out[TALLY_REP_HEADER_SIZE]
 tally_status_t tally_rep_decode(const uint8_t *buf, size_t len, tally_rep_t *rep)
 {
     memset(rep, 0, sizeof *rep);
-    if (buf == NULL || len != TALLY_REP_HEADER_SIZE)
+    if (buf == NULL || len != TALLY_REP_HEADER_SIZE || !layout_decode(&rep_layout, buf, rep))
         return TALLY_E_REPLY;
-    rep->version = buf[REP_OFF_VERSION];
-    rep->opcode = buf[REP_OFF_OPCODE];
-    rep->dtype = buf[REP_OFF_DTYPE];
-    rep->flags = buf[REP_OFF_FLAGS];
-    rep->request_id = tally_get_u64(buf + REP_OFF_REQUEST_ID);
-    rep->status = tally_get_u32(buf + REP_OFF_STATUS);
-    rep->count = tally_get_u64(buf + REP_OFF_COUNT);
-    rep->aux0 = tally_get_u64(buf + REP_OFF_AUX0);
-    rep->aux1 = tally_get_u64(buf + REP_OFF_AUX1);
-
-    if (tally_get_u32(buf + REP_OFF_MAGIC) != TALLY_MAGIC)
-        return TALLY_E_REPLY;
-    if (rep->version != TALLY_PROTO_VERSION)
-        return TALLY_E_REPLY;
-    if (!all_zero(buf + REP_OFF_RESERVED_A, REP_OFF_COUNT - REP_OFF_RESERVED_A) ||
-        !all_zero(buf + REP_OFF_RESERVED_B, TALLY_REP_HEADER_SIZE - REP_OFF_RESERVED_B))
-        return TALLY_E_REPLY;
-    if (rep->status >= 100)
-        return TALLY_E_REPLY;
-    return TALLY_OK;
+    return rep->status < 100 ? TALLY_OK : TALLY_E_REPLY;
 }
 
 /* ---- Query payload ---------------------------------------------------------------------- */
@@ -749,24 +843,30 @@ size_t tally_stream_info_size(const tally_stream_info_t *info)
     return INFO_OFF_BINS + 8 * TALLY_HIST_BINS * (size_t)(channels ? channels : 1);
 }
 
+#define INFO_FIELD(off, member) FIELD(INFO_OFF_##off, tally_stream_info_t, member)
+static const wire_field_t info_fields[] = {INFO_FIELD(BATCHES, batches),
+                                           INFO_FIELD(ELEMENTS, elements),
+                                           INFO_FIELD(BYTES, bytes),
+                                           INFO_FIELD(FILTER_SEEN, filter_seen),
+                                           INFO_FIELD(FILTER_KEPT, filter_kept),
+                                           INFO_FIELD(SCAN_CARRY, scan_carry),
+                                           INFO_FIELD(SCAN_ELEMENTS, scan_elements),
+                                           INFO_FIELD(HIST_DTYPE, hist_dtype),
+                                           INFO_FIELD(HIST_LO, hist_lo),
+                                           INFO_FIELD(HIST_HI, hist_hi),
+                                           INFO_FIELD(HIST_UNDERFLOW, hist_underflow),
+                                           INFO_FIELD(HIST_OVERFLOW, hist_overflow),
+                                           INFO_FIELD(HIST_TOTAL, hist_total),
+                                           INFO_FIELD(LAST_SEQ, last_seq)};
+/* The fixed part before the bins. */
+static const wire_layout_t info_layout =
+    LAYOUT(INFO_OFF_BINS, false, info_fields, {INFO_OFF_RESERVED_A, INFO_OFF_HIST_LO},
+           {INFO_OFF_RESERVED_B, INFO_OFF_BINS});
+
 size_t tally_stream_info_encode(const tally_stream_info_t *info, uint8_t *out)
 {
     size_t size = tally_stream_info_size(info);
-    memset(out, 0, INFO_OFF_BINS);
-    tally_put_u64(out + INFO_OFF_BATCHES, info->batches);
-    tally_put_u64(out + INFO_OFF_ELEMENTS, info->elements);
-    tally_put_u64(out + INFO_OFF_BYTES, info->bytes);
-    tally_put_u64(out + INFO_OFF_FILTER_SEEN, info->filter_seen);
-    tally_put_u64(out + INFO_OFF_FILTER_KEPT, info->filter_kept);
-    tally_put_u64(out + INFO_OFF_SCAN_CARRY, (uint64_t)info->scan_carry);
-    tally_put_u64(out + INFO_OFF_SCAN_ELEMENTS, info->scan_elements);
-    out[INFO_OFF_HIST_DTYPE] = info->hist_dtype;
-    tally_put_u64(out + INFO_OFF_HIST_LO, (uint64_t)info->hist_lo);
-    tally_put_u64(out + INFO_OFF_HIST_HI, (uint64_t)info->hist_hi);
-    tally_put_u64(out + INFO_OFF_HIST_UNDERFLOW, info->hist_underflow);
-    tally_put_u64(out + INFO_OFF_HIST_OVERFLOW, info->hist_overflow);
-    tally_put_u64(out + INFO_OFF_HIST_TOTAL, info->hist_total);
-    tally_put_u64(out + INFO_OFF_LAST_SEQ, info->last_seq);
+    layout_encode(&info_layout, info, out);
     for (size_t i = 0; i < (size - INFO_OFF_BINS) / 8; i++)
         tally_put_u64(out + INFO_OFF_BINS + 8 * i, info->bins[i]);
     return size;
@@ -789,26 +889,10 @@ tally_status_t tally_stream_info_decode(const uint8_t *buf, size_t len, tally_st
         info->hist_dtype = 0;
         return TALLY_E_REPLY;
     }
-    info->batches = tally_get_u64(buf + INFO_OFF_BATCHES);
-    info->elements = tally_get_u64(buf + INFO_OFF_ELEMENTS);
-    info->bytes = tally_get_u64(buf + INFO_OFF_BYTES);
-    info->filter_seen = tally_get_u64(buf + INFO_OFF_FILTER_SEEN);
-    info->filter_kept = tally_get_u64(buf + INFO_OFF_FILTER_KEPT);
-    info->scan_carry = (int64_t)tally_get_u64(buf + INFO_OFF_SCAN_CARRY);
-    info->scan_elements = tally_get_u64(buf + INFO_OFF_SCAN_ELEMENTS);
-    info->hist_lo = (int64_t)tally_get_u64(buf + INFO_OFF_HIST_LO);
-    info->hist_hi = (int64_t)tally_get_u64(buf + INFO_OFF_HIST_HI);
-    info->hist_underflow = tally_get_u64(buf + INFO_OFF_HIST_UNDERFLOW);
-    info->hist_overflow = tally_get_u64(buf + INFO_OFF_HIST_OVERFLOW);
-    info->hist_total = tally_get_u64(buf + INFO_OFF_HIST_TOTAL);
-    info->last_seq = tally_get_u64(buf + INFO_OFF_LAST_SEQ);
+    bool layout_ok = layout_decode(&info_layout, buf, info);
     for (size_t i = 0; i < (len - INFO_OFF_BINS) / 8; i++)
         info->bins[i] = tally_get_u64(buf + INFO_OFF_BINS + 8 * i);
-
-    if (!all_zero(buf + INFO_OFF_RESERVED_A, INFO_OFF_HIST_LO - INFO_OFF_RESERVED_A) ||
-        !all_zero(buf + INFO_OFF_RESERVED_B, INFO_OFF_BINS - INFO_OFF_RESERVED_B))
-        return TALLY_E_REPLY;
-    return TALLY_OK;
+    return layout_ok ? TALLY_OK : TALLY_E_REPLY;
 }
 
 /* ---- Publications ----------------------------------------------------------------------- */
@@ -824,35 +908,25 @@ enum {
     PUB_OFF_RESERVED_B = 32, /* 32..63 */
 };
 
+static const wire_field_t pub_fields[] = {
+    FIELD(PUB_OFF_KIND, tally_pub_t, kind), FIELD(PUB_OFF_SEQ, tally_pub_t, pub_seq),
+    FIELD(PUB_OFF_TIME, tally_pub_t, time_ms), FIELD(PUB_OFF_INTERVAL, tally_pub_t, interval_ms)};
+static const wire_layout_t pub_layout =
+    LAYOUT(TALLY_PUB_HEADER_SIZE, true, pub_fields, {PUB_OFF_RESERVED_A, PUB_OFF_SEQ},
+           {PUB_OFF_RESERVED_B, TALLY_PUB_HEADER_SIZE});
+
 void tally_pub_encode(const tally_pub_t *pub, uint8_t out[TALLY_PUB_HEADER_SIZE])
 {
-    memset(out, 0, TALLY_PUB_HEADER_SIZE);
-    tally_put_u32(out + PUB_OFF_MAGIC, TALLY_MAGIC);
-    out[PUB_OFF_VERSION] = TALLY_PROTO_VERSION;
-    out[PUB_OFF_KIND] = pub->kind;
-    tally_put_u64(out + PUB_OFF_SEQ, pub->pub_seq);
-    tally_put_u64(out + PUB_OFF_TIME, pub->time_ms);
-    tally_put_u64(out + PUB_OFF_INTERVAL, pub->interval_ms);
+    layout_encode(&pub_layout, pub, out);
 }
 
 tally_status_t tally_pub_decode(const uint8_t *buf, size_t len, tally_pub_t *pub)
 {
     memset(pub, 0, sizeof *pub);
-    if (buf == NULL || len != TALLY_PUB_HEADER_SIZE)
+    if (buf == NULL || len != TALLY_PUB_HEADER_SIZE || !layout_decode(&pub_layout, buf, pub))
         return TALLY_E_REPLY;
-    pub->kind = buf[PUB_OFF_KIND];
-    pub->pub_seq = tally_get_u64(buf + PUB_OFF_SEQ);
-    pub->time_ms = tally_get_u64(buf + PUB_OFF_TIME);
-    pub->interval_ms = tally_get_u64(buf + PUB_OFF_INTERVAL);
-    if (tally_get_u32(buf + PUB_OFF_MAGIC) != TALLY_MAGIC ||
-        buf[PUB_OFF_VERSION] != TALLY_PROTO_VERSION)
-        return TALLY_E_REPLY;
-    if (pub->kind != TALLY_PUB_UPDATE && pub->kind != TALLY_PUB_DELETED)
-        return TALLY_E_REPLY;
-    if (!all_zero(buf + PUB_OFF_RESERVED_A, PUB_OFF_SEQ - PUB_OFF_RESERVED_A) ||
-        !all_zero(buf + PUB_OFF_RESERVED_B, TALLY_PUB_HEADER_SIZE - PUB_OFF_RESERVED_B))
-        return TALLY_E_REPLY;
-    return TALLY_OK;
+    bool kind_known = pub->kind == TALLY_PUB_UPDATE || pub->kind == TALLY_PUB_DELETED;
+    return kind_known ? TALLY_OK : TALLY_E_REPLY;
 }
 
 /* ---- Shared memory ---------------------------------------------------------------------- */
@@ -880,14 +954,15 @@ enum {
     ANS_OFF_SIZE = 24,
 };
 
+#define REF_FIELD(off, member) FIELD(REF_OFF_##off, tally_shm_ref_t, member)
+static const wire_field_t ref_fields[] = {
+    REF_FIELD(IN_HANDLE, in_handle),   REF_FIELD(IN_OFFSET, in_offset),
+    REF_FIELD(IN_LENGTH, in_length),   REF_FIELD(OUT_HANDLE, out_handle),
+    REF_FIELD(OUT_OFFSET, out_offset), REF_FIELD(OUT_LENGTH, out_length)};
+
 void tally_shm_ref_encode(const tally_shm_ref_t *ref, uint8_t out[TALLY_SHM_REF_SIZE])
 {
-    tally_put_u64(out + REF_OFF_IN_HANDLE, ref->in_handle);
-    tally_put_u64(out + REF_OFF_IN_OFFSET, ref->in_offset);
-    tally_put_u64(out + REF_OFF_IN_LENGTH, ref->in_length);
-    tally_put_u64(out + REF_OFF_OUT_HANDLE, ref->out_handle);
-    tally_put_u64(out + REF_OFF_OUT_OFFSET, ref->out_offset);
-    tally_put_u64(out + REF_OFF_OUT_LENGTH, ref->out_length);
+    put_fields(out, ref, ref_fields, COUNT_OF(ref_fields));
 }
 
 tally_status_t tally_shm_ref_decode(const uint8_t *buf, size_t len, tally_shm_ref_t *ref, char *msg,
@@ -898,12 +973,7 @@ tally_status_t tally_shm_ref_decode(const uint8_t *buf, size_t len, tally_shm_re
     if (len != TALLY_SHM_REF_SIZE)
         return fail(TALLY_E_PAYLOAD, msg, msg_cap,
                     "a shared-memory reference is %d bytes (got %zu)", TALLY_SHM_REF_SIZE, len);
-    ref->in_handle = tally_get_u64(buf + REF_OFF_IN_HANDLE);
-    ref->in_offset = tally_get_u64(buf + REF_OFF_IN_OFFSET);
-    ref->in_length = tally_get_u64(buf + REF_OFF_IN_LENGTH);
-    ref->out_handle = tally_get_u64(buf + REF_OFF_OUT_HANDLE);
-    ref->out_offset = tally_get_u64(buf + REF_OFF_OUT_OFFSET);
-    ref->out_length = tally_get_u64(buf + REF_OFF_OUT_LENGTH);
+    get_fields(buf, ref, ref_fields, COUNT_OF(ref_fields));
     return TALLY_OK;
 }
 
@@ -963,15 +1033,25 @@ tally_status_t tally_shm_ref_validate(const tally_req_t *req, const tally_shm_re
     return TALLY_OK;
 }
 
+/* The side channel's request and answer share the magic, version and op (PROTOCOL.md §10). */
+static const wire_field_t shm_msg_fields[] = {FIELD(SHM_OFF_OP, tally_shm_msg_t, op),
+                                              FIELD(SHM_OFF_ID_LEN, tally_shm_msg_t, id_len),
+                                              FIELD(SHM_OFF_HANDLE, tally_shm_msg_t, handle)};
+static const wire_field_t shm_answer_fields[] = {FIELD(SHM_OFF_OP, tally_shm_answer_t, op),
+                                                 FIELD(ANS_OFF_STATUS, tally_shm_answer_t, status),
+                                                 FIELD(ANS_OFF_HANDLE, tally_shm_answer_t, handle),
+                                                 FIELD(ANS_OFF_SIZE, tally_shm_answer_t, size)};
+static const wire_layout_t shm_msg_layout =
+    LAYOUT(TALLY_SHM_MSG_HEADER, true, shm_msg_fields, {0, 0});
+/* Byte 6 (the request's id_len) and 7, then 12..15, are zero in an answer. */
+static const wire_layout_t shm_answer_layout =
+    LAYOUT(TALLY_SHM_ANSWER_SIZE, true, shm_answer_fields, {SHM_OFF_ID_LEN, SHM_OFF_HANDLE},
+           {ANS_OFF_RESERVED, ANS_OFF_HANDLE});
+
 size_t tally_shm_msg_encode(const tally_shm_msg_t *m,
                             uint8_t out[TALLY_SHM_MSG_HEADER + TALLY_SHM_ROUTING_ID_MAX])
 {
-    memset(out, 0, TALLY_SHM_MSG_HEADER);
-    tally_put_u32(out + SHM_OFF_MAGIC, TALLY_MAGIC);
-    out[SHM_OFF_VERSION] = TALLY_PROTO_VERSION;
-    out[SHM_OFF_OP] = m->op;
-    out[SHM_OFF_ID_LEN] = m->id_len;
-    tally_put_u64(out + SHM_OFF_HANDLE, m->handle);
+    layout_encode(&shm_msg_layout, m, out);
     memcpy(out + SHM_OFF_ID, m->id, m->id_len);
     return TALLY_SHM_MSG_HEADER + m->id_len;
 }
@@ -989,9 +1069,7 @@ tally_status_t tally_shm_msg_decode(const uint8_t *buf, size_t len, tally_shm_ms
     if (buf[SHM_OFF_VERSION] != TALLY_PROTO_VERSION)
         return fail(TALLY_E_VERSION, msg, msg_cap, "side-channel version %u is not supported",
                     buf[SHM_OFF_VERSION]);
-    m->op = buf[SHM_OFF_OP];
-    m->id_len = buf[SHM_OFF_ID_LEN];
-    m->handle = tally_get_u64(buf + SHM_OFF_HANDLE);
+    get_fields(buf, m, shm_msg_fields, COUNT_OF(shm_msg_fields));
     if (m->op != TALLY_SHM_OP_REGISTER && m->op != TALLY_SHM_OP_RELEASE)
         return fail(TALLY_E_OPCODE, msg, msg_cap, "unknown side-channel operation %u", m->op);
     if (buf[SHM_OFF_RESERVED] != 0)
@@ -1011,25 +1089,17 @@ tally_status_t tally_shm_msg_decode(const uint8_t *buf, size_t len, tally_shm_ms
 
 void tally_shm_answer_encode(const tally_shm_answer_t *a, uint8_t out[TALLY_SHM_ANSWER_SIZE])
 {
-    memset(out, 0, TALLY_SHM_ANSWER_SIZE);
-    tally_put_u32(out + SHM_OFF_MAGIC, TALLY_MAGIC);
-    out[SHM_OFF_VERSION] = TALLY_PROTO_VERSION;
-    out[SHM_OFF_OP] = a->op;
-    tally_put_u32(out + ANS_OFF_STATUS, a->status);
-    tally_put_u64(out + ANS_OFF_HANDLE, a->handle);
-    tally_put_u64(out + ANS_OFF_SIZE, a->size);
+    layout_encode(&shm_answer_layout, a, out);
 }
 
 tally_status_t tally_shm_answer_decode(const uint8_t *buf, size_t len, tally_shm_answer_t *a)
 {
     memset(a, 0, sizeof *a);
-    if (len < TALLY_SHM_ANSWER_SIZE || tally_get_u32(buf + SHM_OFF_MAGIC) != TALLY_MAGIC ||
-        buf[SHM_OFF_VERSION] != TALLY_PROTO_VERSION || buf[SHM_OFF_ID_LEN] != 0 ||
-        buf[SHM_OFF_RESERVED] != 0 || tally_get_u32(buf + ANS_OFF_RESERVED) != 0)
+    if (len < TALLY_SHM_ANSWER_SIZE)
         return TALLY_E_REPLY;
-    a->op = buf[SHM_OFF_OP];
-    a->status = tally_get_u32(buf + ANS_OFF_STATUS);
-    a->handle = tally_get_u64(buf + ANS_OFF_HANDLE);
-    a->size = tally_get_u64(buf + ANS_OFF_SIZE);
+    if (!layout_decode(&shm_answer_layout, buf, a)) {
+        memset(a, 0, sizeof *a); /* a malformed answer leaves nothing behind */
+        return TALLY_E_REPLY;
+    }
     return a->status < 100 ? TALLY_OK : TALLY_E_REPLY;
 }

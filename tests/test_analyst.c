@@ -119,35 +119,15 @@ static void control(void *sock, uint8_t opcode, const char *stream, uint32_t wan
 {
     tally_req_t q = th_req(opcode, TALLY_DTYPE_NONE, next_id++);
     assert_int_equal(tally_req_set_stream(&q, stream), TALLY_OK);
-    th_reply_t r;
-    assert_int_equal(th_call(sock, &q, NULL, 0, &r), 0);
-    assert_int_equal(r.rep.status, want);
-    th_reply_free(&r);
+    assert_int_equal(th_call_status(sock, &q, NULL, 0), want);
 }
 
 /* ---- windows ---------------------------------------------------------------------------- */
 
-static void test_window_queries(void **state)
+/* Three batches an interval apart on stream "w" (clock at T0), then windows of 1 ms to 4 s
+ * over them, too long ones refused, all time; two seconds later the first two have left. */
+static void check_windows_over_time(void *sock, const char *clock, uint64_t i0)
 {
-    (void)state;
-    char clock[128], dir[] = "/tmp/tallyd-analyst-XXXXXX";
-    assert_non_null(mkdtemp(dir));
-    snprintf(clock, sizeof clock, "%s/clock", dir);
-    clock_write(clock, T0);
-    const char *args[] = {"--test-clock",
-                          clock,
-                          "--window-intervals",
-                          "4",
-                          "--window-interval-ms",
-                          "1000",
-                          "--state-dir",
-                          dir,
-                          NULL};
-    th_daemon_t d;
-    assert_int_equal(th_daemon_start(&d, args), 0);
-    void *sock = th_connect(d.endpoint, 10000);
-    const uint64_t i0 = T0 / 1000 * 1000; /* the start of T0's interval */
-
     u8_batch(sock, "w", 1, 10); /* interval i0 */
     clock_write(clock, T0 + 1000);
     u8_batch(sock, "w", 2, 20); /* i0 + 1 s */
@@ -174,12 +154,13 @@ static void test_window_queries(void **state)
     clock_write(clock, T0 + 4000);
     assert_int_equal(window_total(sock, "w", 4000, i0 + 1000, T0 + 4000), 50);
     assert_int_equal(window_total(sock, "w", 1000, i0 + 4000, T0 + 4000), 0);
+}
 
-    /* ...and a restart keeps the ring (state file v3). */
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
-    assert_int_equal(th_daemon_start(&d, args), 0);
-    sock = th_connect(d.endpoint, 10000);
+/* After the restart (clock at T0 + 4 s): the ring kept, a stream without a histogram has an
+ * empty window, reset empties the ring and keeps the stream, delete removes it. */
+static void check_windows_after_restart(void *sock, uint64_t i0)
+{
+    tally_stream_info_t info;
     assert_int_equal(window_total(sock, "w", 4000, i0 + 1000, T0 + 4000), 50);
     assert_int_equal(window_total(sock, "w", 2000, i0 + 3000, T0 + 4000), 0);
     assert_int_equal(query(sock, "w", 0, &info, NULL, NULL), TALLY_OK);
@@ -206,25 +187,61 @@ static void test_window_queries(void **state)
     assert_int_equal(query(sock, "w", 1000, &info, NULL, NULL), TALLY_E_UNKNOWN_STREAM);
     control(sock, TALLY_OP_DELETE, "w", TALLY_E_UNKNOWN_STREAM);
     control(sock, TALLY_OP_RESET, "w", TALLY_E_UNKNOWN_STREAM);
-    th_close(sock);
-    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
 
-    /* Windows off. */
+/* Windows off: a window query is refused, and info says so. */
+static void check_windows_off(void)
+{
     const char *off[] = {"--window-intervals", "0", NULL};
+    th_daemon_t d;
     assert_int_equal(th_daemon_start(&d, off), 0);
-    sock = th_connect(d.endpoint, 10000);
+    void *sock = th_connect(d.endpoint, 10000);
     u8_batch(sock, "w", 1, 3);
+    tally_stream_info_t info;
     assert_int_equal(query(sock, "w", 1000, &info, NULL, NULL), TALLY_E_WINDOW);
     tally_req_t inf = th_req(TALLY_OP_INFO, TALLY_DTYPE_NONE, next_id++);
+    th_reply_t r;
     assert_int_equal(th_call(sock, &inf, NULL, 0, &r), 0);
     assert_non_null(strstr((char *)r.payload, "\nwindow_intervals=0\nwindow_interval_ms=1000\n"));
     assert_non_null(strstr((char *)r.payload, "\npub=\npub_interval_ms=1000\n"));
     th_reply_free(&r);
     th_close(sock);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
-    char cmd[200];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+}
+
+static void test_window_queries(void **state)
+{
+    (void)state;
+    char clock[128], dir[] = "/tmp/tallyd-analyst-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    snprintf(clock, sizeof clock, "%s/clock", dir);
+    clock_write(clock, T0);
+    const char *args[] = {"--test-clock",
+                          clock,
+                          "--window-intervals",
+                          "4",
+                          "--window-interval-ms",
+                          "1000",
+                          "--state-dir",
+                          dir,
+                          NULL};
+    th_daemon_t d;
+    assert_int_equal(th_daemon_start(&d, args), 0);
+    void *sock = th_connect(d.endpoint, 10000);
+    const uint64_t i0 = T0 / 1000 * 1000; /* the start of T0's interval */
+    check_windows_over_time(sock, clock, i0);
+
+    /* ...and a restart keeps the ring (state file v3). */
+    th_close(sock);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_int_equal(th_daemon_start(&d, args), 0);
+    sock = th_connect(d.endpoint, 10000);
+    check_windows_after_restart(sock, i0);
+    th_close(sock);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+
+    check_windows_off();
+    assert_int_equal(th_rmrf(dir), 0);
 }
 
 /* ---- 16-bit and colour ------------------------------------------------------------------ */
@@ -253,9 +270,7 @@ static void test_u16_rgb_streams(void **state)
     th_reply_free(&r);
     q.hi = 65536; /* another range: the stream keeps its first */
     q.request_id = next_id++;
-    assert_int_equal(th_call(sock, &q, v, sizeof v, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_E_STREAM_STATE);
-    th_reply_free(&r);
+    assert_int_equal(th_call_status(sock, &q, v, sizeof v), TALLY_E_STREAM_STATE);
     q.request_id = next_id++;
     assert_int_equal(th_call(sock, &q, v, 5, &r), 0); /* half an element */
     assert_int_equal(r.rep.status, TALLY_E_PAYLOAD);
@@ -337,17 +352,12 @@ static bool pub_recv(void *sub, int timeout_ms, pub_msg_t *m)
     return true;
 }
 
+/* A stream's record (up to TALLY_QUERY_PAYLOAD_MAX bytes) into out: its length. */
 static size_t raw_query(void *sock, const char *stream, uint8_t *out)
 {
-    tally_req_t q = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, next_id++);
-    assert_int_equal(tally_req_set_stream(&q, stream), TALLY_OK);
-    th_reply_t r;
-    assert_int_equal(th_call(sock, &q, NULL, 0, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_OK);
-    memcpy(out, r.payload, r.len);
-    size_t len = r.len;
-    th_reply_free(&r);
-    return len;
+    long len = th_query_raw(sock, stream, next_id++, out, TALLY_QUERY_PAYLOAD_MAX);
+    assert_true(len >= 0);
+    return (size_t)len;
 }
 
 static void test_subscriptions(void **state)

@@ -47,12 +47,7 @@ static void expect_status(cli_result_t r, int status, const char *err_needle)
 
 static void write_file(const char *name, const void *data, size_t len)
 {
-    char path[128];
-    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(data, 1, len, f), len);
-    fclose(f);
+    assert_int_equal(th_write_file(tmpdir, name, data, len), 0);
 }
 
 /* A line of the output that starts with `prefix`, copied (without its newline) into buf. */
@@ -78,12 +73,6 @@ static size_t count_of(const char *haystack, const char *needle)
     return n;
 }
 
-static int cmp_i64(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
-}
-
 /* Nearest rank over sorted values: the ceil(q * n)-th, q in millionths. */
 static int64_t exact_q(const int64_t *sorted, size_t n, uint64_t q_millionths)
 {
@@ -94,8 +83,7 @@ static int64_t exact_q(const int64_t *sorted, size_t n, uint64_t q_millionths)
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/tally-clihist-XXXXXX");
-    if (!mkdtemp(tmpdir) || !getenv("TALLY_BIN"))
+    if (th_tmpdir(tmpdir, sizeof tmpdir, "tally-clihist") != 0 || !getenv("TALLY_BIN"))
         return -1;
     th_seed();
     const char *args[] = {"--window-intervals", "10", "--window-interval-ms", "1000", NULL};
@@ -105,12 +93,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    int status = th_daemon_stop(&daemon_, SIGTERM, 20000);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (system(cmd) != 0)
-        return -1;
-    return status == 0 ? 0 : -1;
+    return th_daemon_teardown(&daemon_, 20000, tmpdir);
 }
 
 /* ---- query: u8 ------------------------------------------------------------------------------ */
@@ -127,7 +110,7 @@ static void u8_data(uint8_t *x, int64_t *sorted, uint64_t bins[256])
         sorted[i] = x[i];
         bins[x[i]]++;
     }
-    qsort(sorted, U8_N, sizeof *sorted, cmp_i64);
+    qsort(sorted, U8_N, sizeof *sorted, th_cmp_i64);
 }
 
 static void test_query_u8_formats(void **state)
@@ -229,7 +212,7 @@ static void check_ranged(const char *type, const char *stream, int64_t lo, int64
         else
             tally_put_u32(raw + 4 * i, (uint32_t)v[i]);
     }
-    qsort(v, N, sizeof *v, cmp_i64);
+    qsort(v, N, sizeof *v, th_cmp_i64);
     char file[64], want[256], buf[256];
     snprintf(file, sizeof file, "%s.raw", type);
     write_file(file, raw, esize * N);
@@ -300,7 +283,7 @@ static void test_u16_exact(void **state)
         v[i] = 40000 + (int64_t)(th_rand() % 256);
         tally_put_u16((uint8_t *)&raw[i], (uint16_t)v[i]);
     }
-    qsort(v, N, sizeof *v, cmp_i64);
+    qsort(v, N, sizeof *v, th_cmp_i64);
     write_file("u16x.raw", raw, sizeof raw);
     expect_status(cli("hist --type u16 --range 40000 40256 --stream q/u16x --in u16x.raw "
                       "> /dev/null"),
@@ -317,6 +300,64 @@ static void test_u16_exact(void **state)
 
 /* ---- rgb, rgba --------------------------------------------------------------------------------
  */
+
+/* `tally query` of the rgba stream: one column per channel, with the counts, the lowest bins
+ * and the medians that bins (the channels' histograms of `pixels` pixels) imply. */
+static void check_rgba_summary(uint64_t bins[4][256], int pixels)
+{
+    cli_result_t r = cli("query q/rgba");
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "type       rgba8, 256 bins per channel"));
+    char buf[256];
+    assert_non_null(strstr(line_of(r.out, "channel", buf, sizeof buf), " r "));
+    /* One right-aligned column per channel: the counts, the lowest bins, the medians. */
+    int v[4];
+    assert_int_equal(sscanf(line_of(r.out, "count", buf, sizeof buf), "count %d %d %d %d", &v[0],
+                            &v[1], &v[2], &v[3]),
+                     4);
+    for (int k = 0; k < 4; k++)
+        assert_int_equal(v[k], pixels);
+    assert_int_equal(sscanf(line_of(r.out, "min ", buf, sizeof buf), "min %d %d %d %d", &v[0],
+                            &v[1], &v[2], &v[3]),
+                     4);
+    for (int k = 0; k < 4; k++) {
+        int lowest = 0;
+        while (!bins[k][lowest])
+            lowest++;
+        assert_int_equal(v[k], lowest);
+    }
+    assert_int_equal(sscanf(line_of(r.out, "p50 ", buf, sizeof buf), "p50 %d %d %d %d", &v[0],
+                            &v[1], &v[2], &v[3]),
+                     4);
+    for (int k = 0; k < 4; k++) { /* nearest rank from the bins: exact for bytes */
+        uint64_t seen = 0, rank = (pixels + 1) / 2;
+        int b = 0;
+        while ((seen += bins[k][b]) < rank)
+            b++;
+        assert_int_equal(v[k], b);
+    }
+    cli_free(&r);
+}
+
+/* rgb from --text: three byte tokens a pixel; a partial pixel is an input error. */
+static void check_rgb_text(void)
+{
+    write_file("px.txt", "1 2 3 1 200 3\n", 14);
+    cli_result_t r = cli("hist --type rgb --text --in px.txt");
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "r 1 2\n"));
+    assert_non_null(strstr(r.out, "g 2 1\ng 3 0\n"));
+    assert_non_null(strstr(r.out, "g 200 1\n"));
+    assert_non_null(strstr(r.out, "b 3 2\n"));
+    cli_free(&r);
+    write_file("px2.txt", "1 2 3 4\n", 8);
+    expect_status(cli("hist --type rgb --text --in px2.txt"), 2, "whole number");
+    expect_status(cli("hist --type u16 --text --in px2.txt"), 2, "--range");
+    expect_status(cli("hist --type u16 --range 0 70000 --text --in px2.txt"), 2, "65536");
+    expect_status(cli("hist --type rgb --range 0 10 --text --in px2.txt"), 2, "--range");
+    write_file("big.txt", "65536\n", 6);
+    expect_status(cli("hist --type u16 --range 0 10 --text --in big.txt"), 2, "out of range");
+}
 
 static void test_hist_rgb(void **state)
 {
@@ -346,38 +387,7 @@ static void test_hist_rgb(void **state)
     }
     cli_free(&r);
 
-    r = cli("query q/rgba");
-    assert_int_equal(r.status, 0);
-    assert_non_null(strstr(r.out, "type       rgba8, 256 bins per channel"));
-    char buf[256];
-    assert_non_null(strstr(line_of(r.out, "channel", buf, sizeof buf), " r "));
-    /* One right-aligned column per channel: the counts, the lowest bins, the medians. */
-    int v[4];
-    assert_int_equal(sscanf(line_of(r.out, "count", buf, sizeof buf), "count %d %d %d %d", &v[0],
-                            &v[1], &v[2], &v[3]),
-                     4);
-    for (int k = 0; k < 4; k++)
-        assert_int_equal(v[k], PIXELS);
-    assert_int_equal(sscanf(line_of(r.out, "min ", buf, sizeof buf), "min %d %d %d %d", &v[0],
-                            &v[1], &v[2], &v[3]),
-                     4);
-    for (int k = 0; k < 4; k++) {
-        int lowest = 0;
-        while (!bins[k][lowest])
-            lowest++;
-        assert_int_equal(v[k], lowest);
-    }
-    assert_int_equal(sscanf(line_of(r.out, "p50 ", buf, sizeof buf), "p50 %d %d %d %d", &v[0],
-                            &v[1], &v[2], &v[3]),
-                     4);
-    for (int k = 0; k < 4; k++) { /* nearest rank from the bins: exact for bytes */
-        uint64_t seen = 0, rank = (PIXELS + 1) / 2;
-        int b = 0;
-        while ((seen += bins[k][b]) < rank)
-            b++;
-        assert_int_equal(v[k], b);
-    }
-    cli_free(&r);
+    check_rgba_summary(bins, PIXELS);
 
     r = cli("query --json q/rgba");
     assert_int_equal(r.status, 0);
@@ -392,22 +402,7 @@ static void test_hist_rgb(void **state)
     assert_non_null(strstr(r.out, want));
     cli_free(&r);
 
-    /* rgb from --text: three byte tokens a pixel; a partial pixel is an input error. */
-    write_file("px.txt", "1 2 3 1 200 3\n", 14);
-    r = cli("hist --type rgb --text --in px.txt");
-    assert_int_equal(r.status, 0);
-    assert_non_null(strstr(r.out, "r 1 2\n"));
-    assert_non_null(strstr(r.out, "g 2 1\ng 3 0\n"));
-    assert_non_null(strstr(r.out, "g 200 1\n"));
-    assert_non_null(strstr(r.out, "b 3 2\n"));
-    cli_free(&r);
-    write_file("px2.txt", "1 2 3 4\n", 8);
-    expect_status(cli("hist --type rgb --text --in px2.txt"), 2, "whole number");
-    expect_status(cli("hist --type u16 --text --in px2.txt"), 2, "--range");
-    expect_status(cli("hist --type u16 --range 0 70000 --text --in px2.txt"), 2, "65536");
-    expect_status(cli("hist --type rgb --range 0 10 --text --in px2.txt"), 2, "--range");
-    write_file("big.txt", "65536\n", 6);
-    expect_status(cli("hist --type u16 --range 0 10 --text --in big.txt"), 2, "out of range");
+    check_rgb_text();
 }
 
 /* ---- reset versus delete -------------------------------------------------------------------- */

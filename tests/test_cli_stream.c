@@ -45,8 +45,7 @@ static char tmpdir[64];
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/tally-stream-XXXXXX");
-    if (!mkdtemp(tmpdir))
+    if (th_tmpdir(tmpdir, sizeof tmpdir, "tally-stream") != 0)
         return -1;
     static char shm[128];
     snprintf(shm, sizeof shm, "%s/shm.sock", tmpdir);
@@ -57,18 +56,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    int status = th_daemon_stop(&daemon_, SIGTERM, 10000);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (system(cmd) != 0)
-        return -1;
-    return status == 0 ? 0 : -1;
-}
-
-static const char *tally_bin(void)
-{
-    const char *bin = getenv("TALLY_BIN");
-    return bin && *bin ? bin : "./cli/tally";
+    return th_daemon_teardown(&daemon_, 10000, tmpdir);
 }
 
 /* A running `tally -e ENDPOINT <args...>` with its stdin a pipe from us and its stdout and
@@ -94,7 +82,7 @@ static child_t spawn(const char *const *args)
         dup2(out, 1);
         dup2(err, 2);
         close(fds[1]);
-        const char *argv[32] = {tally_bin(), "-e", daemon_.endpoint};
+        const char *argv[32] = {th_tally_bin(), "-e", daemon_.endpoint};
         for (int i = 0; args[i] && i < 28; i++)
             argv[3 + i] = args[i];
         if (chdir(tmpdir) != 0)

@@ -31,18 +31,10 @@
 static th_daemon_t daemon_;
 static char tmpdir[64];
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/tally-cli-XXXXXX");
-    if (!mkdtemp(tmpdir))
+    if (th_tmpdir(tmpdir, sizeof tmpdir, "tally-cli") != 0)
         return -1;
     /* CPU by default so the suite runs anywhere; TALLY_TEST_BACKEND=cuda (or auto) runs the
      * same checks against the GPU pipeline, whose replies come back out of order. */
@@ -54,12 +46,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    int status = th_daemon_stop(&daemon_, SIGTERM, 10000);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (system(cmd) != 0)
-        return -1;
-    return status == 0 ? 0 : -1;
+    return th_daemon_teardown(&daemon_, 10000, tmpdir);
 }
 
 static tally_client_t *connect_daemon(void)
@@ -67,15 +54,6 @@ static tally_client_t *connect_daemon(void)
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new(daemon_.endpoint, 10000, &c), TALLY_OK);
     return c;
-}
-
-static int32_t *random_i32(size_t n, int64_t lo, int64_t hi)
-{
-    int32_t *x = malloc(4 * n + 4);
-    assert_non_null(x);
-    for (size_t i = 0; i < n; i++)
-        x[i] = (int32_t)(lo + (int64_t)(th_rand() % (uint64_t)(hi - lo + 1)));
-    return x;
 }
 
 /* ---- libtally ---------------------------------------------------------------------------- */
@@ -103,18 +81,12 @@ static void test_lib_control(void **state)
     tally_client_destroy(&c);
 }
 
-static int cmp_i32(const void *a, const void *b)
-{
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
 static void test_lib_filter_chunked(void **state)
 {
     (void)state;
     tally_client_t *c = connect_daemon();
     enum { N = 300007 };
-    int32_t *x = random_i32(N, INT32_MIN, INT32_MAX);
+    int32_t *x = th_random_i32(N, INT32_MIN, INT32_MAX);
     x[5] = INT32_MIN;
     x[6] = INT32_MAX;
     int32_t *expect = malloc(4 * N);
@@ -152,10 +124,10 @@ static void test_lib_filter_chunked(void **state)
             assert_int_equal(res.seen, N);
             assert_int_equal(out.len, 4 * kept);
             if (!stable) { /* unordered: the same multiset */
-                qsort(out.data, kept, 4, cmp_i32);
+                qsort(out.data, kept, 4, th_cmp_i32);
                 int32_t *sorted = malloc(4 * kept + 4);
                 memcpy(sorted, expect, 4 * kept);
-                qsort(sorted, kept, 4, cmp_i32);
+                qsort(sorted, kept, 4, th_cmp_i32);
                 assert_memory_equal(out.data, sorted, 4 * kept);
                 free(sorted);
             } else if (kept) {
@@ -175,7 +147,7 @@ static void test_lib_scan_chunked(void **state)
     (void)state;
     tally_client_t *c = connect_daemon();
     enum { N = 200003 };
-    int32_t *x = random_i32(N, INT32_MAX - 100, INT32_MAX); /* int32 sums wrap every step */
+    int32_t *x = th_random_i32(N, INT32_MAX - 100, INT32_MAX); /* int32 sums wrap every step */
     for (size_t i = 0; i < N; i += 3)
         x[i] = INT32_MIN;
     for (uint8_t flags = 0; flags < 4; flags++) {
@@ -210,7 +182,7 @@ static void test_lib_scan_stream(void **state)
     (void)state;
     tally_client_t *c = connect_daemon();
     enum { N = 100001 };
-    int32_t *x = random_i32(N, INT32_MIN, INT32_MAX);
+    int32_t *x = th_random_i32(N, INT32_MIN, INT32_MAX);
     tally_req_t req = {.opcode = TALLY_OP_SCAN, .dtype = TALLY_DTYPE_I32};
     assert_int_equal(tally_req_set_stream(&req, "lib/scan"), TALLY_OK);
     uint64_t run = 0;
@@ -275,7 +247,7 @@ static void test_lib_hist_stream(void **state)
         assert_int_equal(info.bins[b], 2 * expect[b]);
 
     /* i32 with a range, stateless, chunked. */
-    int32_t *x = random_i32(N, -3000, 3000);
+    int32_t *x = th_random_i32(N, -3000, 3000);
     uint64_t iexp[TALLY_HIST_I32_VALUES] = {0};
     for (size_t i = 0; i < N; i++) {
         if (x[i] < -1000)
@@ -324,7 +296,7 @@ static void test_lib_push(void **state)
 {
     (void)state;
     enum { N = 100003 };
-    int32_t *x = random_i32(N, -1000, 1000);
+    int32_t *x = th_random_i32(N, -1000, 1000);
     tally_client_t *c = connect_daemon();
     tally_req_t req = {.opcode = TALLY_OP_SCAN, .dtype = TALLY_DTYPE_I32};
     assert_int_equal(tally_req_set_stream(&req, "push1"), TALLY_OK);
@@ -410,11 +382,7 @@ static void test_lib_chunk_too_large(void **state)
 
 /* ---- The CLI ----------------------------------------------------------------------------- */
 
-typedef struct {
-    int status; /* exit status, or -1 */
-    char *out;
-    char *err;
-} cli_result_t;
+typedef th_cli_t cli_result_t;
 
 static char *slurp(const char *path)
 {
@@ -428,35 +396,10 @@ static void write_file(const char *name, const void *data, size_t len)
     assert_int_equal(th_write_file(tmpdir, name, data, len), 0);
 }
 
-/* Runs `tally -e ENDPOINT <args>` in tmpdir through sh (so args may redirect stdin). */
-static cli_result_t cli_at(const char *endpoint, const char *fmt, ...)
-{
-    const char *bin = getenv("TALLY_BIN");
-    if (!bin)
-        bin = "./client/tally";
-    char args[1024], cmd[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' -e '%s' %s > cli.out 2> cli.err", tmpdir, bin,
-             endpoint, args);
-    int rc = system(cmd);
-    cli_result_t r = {.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1};
-    char path[128];
-    snprintf(path, sizeof path, "%s/cli.out", tmpdir);
-    r.out = slurp(path);
-    snprintf(path, sizeof path, "%s/cli.err", tmpdir);
-    r.err = slurp(path);
-    return r;
-}
+/* `tally -e ENDPOINT <args>` in tmpdir through sh (so args may redirect stdin). */
+#define cli_at(endpoint, ...) th_cli(tmpdir, (endpoint), __VA_ARGS__)
 #define cli(...) cli_at(daemon_.endpoint, __VA_ARGS__)
-
-static void cli_free(cli_result_t *r)
-{
-    free(r->out);
-    free(r->err);
-}
+#define cli_free th_cli_free
 
 /* Checks an exact stdout, an empty stderr and exit 0. */
 static void expect_ok(cli_result_t r, const char *out)
@@ -554,7 +497,7 @@ static void test_cli_binary_chunked(void **state)
 {
     (void)state;
     enum { N = 250001 };
-    int32_t *x = random_i32(N, -1000, 1000);
+    int32_t *x = th_random_i32(N, -1000, 1000);
     write_file("data.i32", x, 4 * N);
     int64_t *sums = malloc(8 * N);
     int32_t *kept = malloc(4 * N);
@@ -675,7 +618,7 @@ static void test_cli_daemon_errors_and_timeout(void **state)
     /* Nobody listening: exit 3 at once (not after the timeout), naming the endpoint and the
      * reason. Port 1 is privileged: nobody there. */
     const char *endpoint = "tcp://127.0.0.1:1";
-    int64_t start = now_ms();
+    int64_t start = th_now_ms();
     r = cli_at(endpoint, "-t 20000 ping");
     assert_int_equal(r.status, 3);
     assert_string_equal(r.err, "tally: cannot connect to tcp://127.0.0.1:1: Connection refused "
@@ -692,7 +635,7 @@ static void test_cli_daemon_errors_and_timeout(void **state)
     assert_non_null(strstr(r.err, "No such file or directory"));
     cli_free(&r);
     /* Generous: the old path waited for the whole 20 s timeout. */
-    assert_true(now_ms() - start < 10000);
+    assert_true(th_now_ms() - start < 10000);
 }
 
 /* Endpoints are checked before anything connects or binds; sizes name the option and why. */
@@ -713,7 +656,7 @@ static void test_cli_endpoint_and_size_errors(void **state)
     /* TALLY_ENDPOINT is the default endpoint (documented in --help). */
     char cmd[512];
     snprintf(cmd, sizeof cmd, "TALLY_ENDPOINT='%s' '%s' ping > /dev/null", daemon_.endpoint,
-             getenv("TALLY_BIN") ? getenv("TALLY_BIN") : "./cli/tally");
+             th_tally_bin());
     assert_int_equal(system(cmd), 0);
     r = cli("--help");
     assert_non_null(strstr(r.out, "TALLY_ENDPOINT"));

@@ -76,12 +76,6 @@ static int32_t *random_i32(size_t n)
     return v;
 }
 
-static int cmp_i32(const void *a, const void *b)
-{
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
 /* ---- operations ------------------------------------------------------------------------- */
 
 static void test_ping_info_stats(void **state)
@@ -132,10 +126,10 @@ static void test_filter_i32_both_modes(void **state)
         assert_int_equal(reply.len, kept * sizeof(int32_t));
         int32_t *got = (int32_t *)reply.payload;
         if (!stable) {
-            qsort(got, kept, sizeof *got, cmp_i32);
+            qsort(got, kept, sizeof *got, th_cmp_i32);
             int32_t *sorted = malloc(kept * sizeof *sorted + 1);
             memcpy(sorted, expect, kept * sizeof *sorted);
-            qsort(sorted, kept, sizeof *sorted, cmp_i32);
+            qsort(sorted, kept, sizeof *sorted, th_cmp_i32);
             assert_memory_equal(got, sorted, kept * sizeof *got);
             free(sorted);
         } else {
@@ -260,13 +254,11 @@ static void test_scan_chunked_stream_exclusive_i32(void **state)
     check_chunked_scan(TALLY_FLAG_SCAN_EXCLUSIVE | TALLY_FLAG_SCAN_OUT_I32, "scan/excl32");
 }
 
-static void test_hist_stream_query_reset(void **state)
+/* Five u8 chunks of 4099 bytes (the third all 7s) on stream `name`, each reply checked; their
+ * histogram added to expect. */
+static void push_u8_chunks(void *sock, const char *name, uint64_t expect[256])
 {
-    (void)state;
-    void *sock = connect_main();
-    uint64_t expect[256] = {0};
     uint8_t chunk[4099];
-    const char *name = "cam0";
     for (int c = 0; c < 5; c++) {
         for (size_t i = 0; i < sizeof chunk; i++) {
             chunk[i] = (uint8_t)(c == 2 ? 7 : th_rand()); /* one all-equal chunk */
@@ -286,18 +278,47 @@ static void test_hist_stream_query_reset(void **state)
         assert_int_equal(sum, sizeof chunk);
         th_reply_free(&r);
     }
+}
+
+/* A query of stream `name` that succeeds, its record decoded into info. */
+static void query_ok(void *sock, const char *name, tally_stream_info_t *info)
+{
     tally_req_t q = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, next_id++);
     tally_req_set_stream(&q, name);
     th_reply_t qr;
     assert_int_equal(th_call(sock, &q, NULL, 0, &qr), 0);
     assert_int_equal(qr.rep.status, TALLY_OK);
+    assert_int_equal(tally_stream_info_decode(qr.payload, qr.len, info), TALLY_OK);
+    th_reply_free(&qr);
+}
+
+/* A name-prefixed entry of the streams reply is the 4-byte name "cam0". */
+static void assert_cam0_listed(void *sock)
+{
+    tally_req_t ls = th_req(TALLY_OP_STREAMS, TALLY_DTYPE_NONE, next_id++);
+    th_reply_t r;
+    assert_int_equal(th_call(sock, &ls, NULL, 0, &r), 0);
+    assert_int_equal(r.rep.status, TALLY_OK);
+    bool listed = false;
+    for (size_t at = 0; at < r.len; at += 1 + r.payload[at])
+        listed |= r.payload[at] == 4 && memcmp(r.payload + at + 1, "cam0", 4) == 0;
+    assert_true(listed);
+    th_reply_free(&r);
+}
+
+static void test_hist_stream_query_reset(void **state)
+{
+    (void)state;
+    void *sock = connect_main();
+    uint64_t expect[256] = {0};
+    const char *name = "cam0";
+    push_u8_chunks(sock, name, expect);
     tally_stream_info_t info;
-    assert_int_equal(tally_stream_info_decode(qr.payload, qr.len, &info), TALLY_OK);
+    query_ok(sock, name, &info);
     assert_int_equal(info.hist_dtype, TALLY_DTYPE_U8);
     assert_int_equal(info.batches, 5);
-    assert_int_equal(info.hist_total, 5 * sizeof chunk);
+    assert_int_equal(info.hist_total, 5 * 4099);
     assert_memory_equal(info.bins, expect, sizeof expect);
-    th_reply_free(&qr);
 
     /* A histogram of another type on the same stream conflicts until the stream is deleted. */
     int32_t values[3] = {1, 2, 3};
@@ -315,44 +336,25 @@ static void test_hist_stream_query_reset(void **state)
      * count 0. */
     tally_req_t reset = th_req(TALLY_OP_RESET, TALLY_DTYPE_NONE, next_id++);
     tally_req_set_stream(&reset, name);
-    assert_int_equal(th_call(sock, &reset, NULL, 0, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_OK);
-    th_reply_free(&r);
-    q.request_id = next_id++;
-    assert_int_equal(th_call(sock, &q, NULL, 0, &qr), 0);
-    assert_int_equal(qr.rep.status, TALLY_OK);
-    assert_int_equal(tally_stream_info_decode(qr.payload, qr.len, &info), TALLY_OK);
+    assert_int_equal(th_call_status(sock, &reset, NULL, 0), TALLY_OK);
+    query_ok(sock, name, &info);
     assert_int_equal(info.hist_dtype, TALLY_DTYPE_U8);
     assert_int_equal(info.batches, 0);
     assert_int_equal(info.elements, 0);
     assert_int_equal(info.hist_total, 0);
     for (int b = 0; b < 256; b++)
         assert_int_equal(info.bins[b], 0);
-    th_reply_free(&qr);
     h32.request_id = next_id++;
-    assert_int_equal(th_call(sock, &h32, values, sizeof values, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_E_STREAM_STATE);
-    th_reply_free(&r);
+    assert_int_equal(th_call_status(sock, &h32, values, sizeof values), TALLY_E_STREAM_STATE);
 
     /* streams lists it; delete removes it; then query says unknown and hist i32 works. */
-    tally_req_t ls = th_req(TALLY_OP_STREAMS, TALLY_DTYPE_NONE, next_id++);
-    assert_int_equal(th_call(sock, &ls, NULL, 0, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_OK);
-    bool listed = false;
-    for (size_t at = 0; at < r.len; at += 1 + r.payload[at])
-        listed |= r.payload[at] == 4 && memcmp(r.payload + at + 1, "cam0", 4) == 0;
-    assert_true(listed);
-    th_reply_free(&r);
-
+    assert_cam0_listed(sock);
     tally_req_t del = th_req(TALLY_OP_DELETE, TALLY_DTYPE_NONE, next_id++);
     tally_req_set_stream(&del, name);
-    assert_int_equal(th_call(sock, &del, NULL, 0, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_OK);
-    th_reply_free(&r);
-    q.request_id = next_id++;
-    assert_int_equal(th_call(sock, &q, NULL, 0, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_E_UNKNOWN_STREAM);
-    th_reply_free(&r);
+    assert_int_equal(th_call_status(sock, &del, NULL, 0), TALLY_OK);
+    tally_req_t q = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, next_id++);
+    tally_req_set_stream(&q, name);
+    assert_int_equal(th_call_status(sock, &q, NULL, 0), TALLY_E_UNKNOWN_STREAM);
     h32.request_id = next_id++;
     assert_int_equal(th_call(sock, &h32, values, sizeof values, &r), 0);
     assert_int_equal(r.rep.status, TALLY_OK);
@@ -569,10 +571,7 @@ static void test_stream_limit(void **state)
     for (int i = 0; i < 3; i++) {
         tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 70 + i);
         tally_req_set_stream(&req, names[i]);
-        th_reply_t r;
-        assert_int_equal(th_call(sock, &req, &byte, 1, &r), 0);
-        assert_int_equal(r.rep.status, i < 2 ? TALLY_OK : TALLY_E_LIMIT);
-        th_reply_free(&r);
+        assert_int_equal(th_call_status(sock, &req, &byte, 1), i < 2 ? TALLY_OK : TALLY_E_LIMIT);
     }
     th_close(sock);
     assert_int_equal(th_daemon_stop(&d, SIGINT, 10000), 0);

@@ -928,12 +928,6 @@ static int cmp_u8(const void *a, const void *b)
     return (int)*(const uint8_t *)a - (int)*(const uint8_t *)b;
 }
 
-static int cmp_i32(const void *a, const void *b)
-{
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
 /* `streams` names as a sorted, NUL-separated list. */
 static char *sorted_names(const uint8_t *p, size_t len, size_t *count)
 {
@@ -1013,8 +1007,8 @@ static void compare_op(op_t *op)
     if (ra.status == TALLY_OK && op->req.opcode == TALLY_OP_FILTER &&
         !(op->req.flags & TALLY_FLAG_FILTER_STABLE)) { /* only the multiset is defined */
         size_t es = tally_dtype_size((tally_dtype_t)op->req.dtype);
-        qsort(a->payload, a->len / es, es, es == 1 ? cmp_u8 : cmp_i32);
-        qsort(b->payload, b->len / es, es, es == 1 ? cmp_u8 : cmp_i32);
+        qsort(a->payload, a->len / es, es, es == 1 ? cmp_u8 : th_cmp_i32);
+        qsort(b->payload, b->len / es, es, es == 1 ? cmp_u8 : th_cmp_i32);
     }
     if (op->req.opcode == TALLY_OP_STREAMS) {
         size_t ca, cb;
@@ -1176,9 +1170,7 @@ static void make_dir(char *dir, size_t cap, const char *tag)
 
 static void remove_dir(const char *dir)
 {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(th_rmrf(dir), 0);
 }
 
 static void differential(uint64_t seed, const char *inflight_before, const char *inflight_after,

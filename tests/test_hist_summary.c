@@ -67,6 +67,17 @@ static int64_t exact_quantile(const int64_t *sorted, size_t n, uint64_t q_millio
 
 static const uint64_t qs[] = {0, 10000, 250000, 500000, 750000, 900000, 990000, 999000, 1000000};
 
+/* Every quantile in qs of h is in range and the exact nearest rank of the sorted values x. */
+static void assert_quantiles_exact(const tally_hist_t *h, const int64_t *x, size_t n)
+{
+    for (size_t k = 0; k < sizeof qs / sizeof qs[0]; k++) {
+        tally_quantile_t q;
+        assert_int_equal(tally_hist_quantile(h, (double)qs[k] / 1e6, &q), TALLY_OK);
+        assert_int_equal(q.side, 0);
+        assert_int_equal(q.value, exact_quantile(x, n, qs[k]));
+    }
+}
+
 /* Histograms values over [lo, hi) as tallyd does (dtype I32). */
 static void hist_i32(tally_hist_t *h, int64_t lo, int64_t hi, const int64_t *x, size_t n)
 {
@@ -111,12 +122,7 @@ static void test_u8_exact(void **state)
         tally_hist_t h;
         hist_u8(&h, x, n);
         qsort(x, n, sizeof *x, cmp_i64);
-        for (size_t k = 0; k < sizeof qs / sizeof qs[0]; k++) {
-            tally_quantile_t q;
-            assert_int_equal(tally_hist_quantile(&h, (double)qs[k] / 1e6, &q), TALLY_OK);
-            assert_int_equal(q.side, 0);
-            assert_int_equal(q.value, exact_quantile(x, n, qs[k]));
-        }
+        assert_quantiles_exact(&h, x, n);
         tally_hist_summary_t s;
         tally_hist_summarize(&h, &s);
         assert_int_equal(s.count, n);
@@ -230,12 +236,7 @@ static void test_i32_even_fill_exact(void **state)
             x[i] = lo + (int64_t)(i / reps);
         tally_hist_t h;
         hist_i32(&h, lo, hi, x, n);
-        for (size_t k = 0; k < sizeof qs / sizeof qs[0]; k++) {
-            tally_quantile_t q;
-            assert_int_equal(tally_hist_quantile(&h, (double)qs[k] / 1e6, &q), TALLY_OK);
-            assert_int_equal(q.side, 0);
-            assert_int_equal(q.value, exact_quantile(x, n, qs[k]));
-        }
+        assert_quantiles_exact(&h, x, n);
         tally_hist_summary_t s;
         tally_hist_summarize(&h, &s);
         assert_close(s.mean, (double)(lo + hi - 1) / 2, 1e-9);

@@ -129,25 +129,32 @@ static tally_stream_info_t u8_info(void)
     return info;
 }
 
+/* The summary text of a stream `name` with record info is exactly `want`. */
+static void expect_summary(const char *name, const tally_stream_info_t *info, const char *want)
+{
+    hv_stream_t s;
+    assert_int_equal(hv_stream_init(&s, name, info), TALLY_OK);
+    tally_buf_t out = {0};
+    assert_int_equal(hv_summary_text(&s, &out), TALLY_OK);
+    assert_string_equal(text_of(&out), want);
+    tally_buf_free(&out);
+}
+
 static void test_summary_u8(void **state)
 {
     (void)state;
     tally_stream_info_t info = u8_info();
-    hv_stream_t s;
-    assert_int_equal(hv_stream_init(&s, "cam0", &info), TALLY_OK);
-    tally_buf_t out = {0};
-    assert_int_equal(hv_summary_text(&s, &out), TALLY_OK);
-    assert_string_equal(text_of(&out), "stream     cam0\n"
-                                       "type       u8, 256 bins, one per byte value\n"
-                                       "count      10\n"
-                                       "mean       55.00\n"
-                                       "min        10\n"
-                                       "max        100\n"
-                                       "p50        50\n"
-                                       "p90        90\n"
-                                       "p99        100\n"
-                                       "counters   batches 2, elements 10, bytes 10, last_seq 2\n");
-    tally_buf_free(&out);
+    expect_summary("cam0", &info,
+                   "stream     cam0\n"
+                   "type       u8, 256 bins, one per byte value\n"
+                   "count      10\n"
+                   "mean       55.00\n"
+                   "min        10\n"
+                   "max        100\n"
+                   "p50        50\n"
+                   "p90        90\n"
+                   "p99        100\n"
+                   "counters   batches 2, elements 10, bytes 10, last_seq 2\n");
 }
 
 static void test_summary_i32_out_of_range(void **state)
@@ -164,27 +171,22 @@ static void test_summary_i32_out_of_range(void **state)
     info.hist_total = 8;
     info.filter_seen = 6;
     info.filter_kept = 3;
-    hv_stream_t s;
-    assert_int_equal(hv_stream_init(&s, "line3/pressure", &info), TALLY_OK);
-    tally_buf_t out = {0};
-    assert_int_equal(hv_summary_text(&s, &out), TALLY_OK);
     /* 8 values: rank 1 underflow, 2-3 bin 0, 4 bin 255, 5-8 overflow. p50 = rank 4: 997 +
      * floor(1 * 3 / 2) = 998; p90 and p99 are overflow values. */
-    assert_string_equal(text_of(&out),
-                        "stream     line3/pressure\n"
-                        "type       i32, 256 bins over [0, 1000), 3-4 values each\n"
-                        "count      8\n"
-                        "mean       333.67\n"
-                        "min        bin 0 [0, 4)\n"
-                        "max        bin 255 [997, 1000)\n"
-                        "p50        998\n"
-                        "p90        >= 1000\n"
-                        "p99        >= 1000\n"
-                        "underflow  1\n"
-                        "overflow   4\n"
-                        "counters   batches 1, elements 8, bytes 32, last_seq 0; filter kept 3 "
-                        "of 6\n");
-    tally_buf_free(&out);
+    expect_summary("line3/pressure", &info,
+                   "stream     line3/pressure\n"
+                   "type       i32, 256 bins over [0, 1000), 3-4 values each\n"
+                   "count      8\n"
+                   "mean       333.67\n"
+                   "min        bin 0 [0, 4)\n"
+                   "max        bin 255 [997, 1000)\n"
+                   "p50        998\n"
+                   "p90        >= 1000\n"
+                   "p99        >= 1000\n"
+                   "underflow  1\n"
+                   "overflow   4\n"
+                   "counters   batches 1, elements 8, bytes 32, last_seq 0; filter kept 3 "
+                   "of 6\n");
 }
 
 static void test_summary_no_hist(void **state)
@@ -192,15 +194,14 @@ static void test_summary_no_hist(void **state)
     (void)state;
     tally_stream_info_t info = {.batches = 1, .elements = 3, .bytes = 12, .scan_elements = 3};
     info.scan_carry = -7;
+    expect_summary("s1", &info,
+                   "stream     s1\n"
+                   "type       none (no hist on this stream yet)\n"
+                   "counters   batches 1, elements 3, bytes 12, last_seq 0; "
+                   "scan carry -7 after 3 elements\n");
     hv_stream_t s;
     assert_int_equal(hv_stream_init(&s, "s1", &info), TALLY_OK);
     tally_buf_t out = {0};
-    assert_int_equal(hv_summary_text(&s, &out), TALLY_OK);
-    assert_string_equal(text_of(&out), "stream     s1\n"
-                                       "type       none (no hist on this stream yet)\n"
-                                       "counters   batches 1, elements 3, bytes 12, last_seq 0; "
-                                       "scan carry -7 after 3 elements\n");
-    tally_buf_free(&out);
     assert_int_equal(hv_json(&s, &out), TALLY_OK);
     assert_non_null(strstr(text_of(&out), "\"type\":null,"));
     assert_non_null(strstr((char *)out.data, "\"count\":0,\"mean\":null,\"quantiles\":null,"

@@ -45,13 +45,6 @@
 
 static th_daemon_t daemon_;
 
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 static int kill_leftovers(void **state)
 {
     (void)state;
@@ -161,10 +154,10 @@ static void test_peer_that_never_reads_does_not_stall_others(void **state)
     assert_true(rtt[pings - 1] <= PING_MAX_US);
 
     /* SIGTERM with the non-reader still connected and its queue full. */
-    uint64_t t0 = now_ms();
+    int64_t t0 = th_now_ms();
     kill(daemon_.pid, SIGTERM);
     assert_int_equal(th_daemon_wait(&daemon_, DRAIN_MS + LINGER_MS + STOP_SLACK_MS), 0);
-    fprintf(stderr, "stopped in %llu ms\n", (unsigned long long)(now_ms() - t0));
+    fprintf(stderr, "stopped in %lld ms\n", (long long)(th_now_ms() - t0));
     th_close(fast);
     zmq_close(slow);
     zmq_ctx_term(ctx);
@@ -215,7 +208,7 @@ static void test_requests_sent_while_stopped_all_answered(void **state)
     for (int i = 0; i < STOPPED_REQUESTS; i++)
         send_mixed(sock, i);
     usleep(200000); /* into tallyd's kernel socket buffer */
-    uint64_t t0 = now_ms();
+    int64_t t0 = th_now_ms();
     assert_int_equal(kill(daemon_.pid, SIGTERM), 0);
     assert_int_equal(kill(daemon_.pid, SIGCONT), 0);
 
@@ -238,8 +231,8 @@ static void test_requests_sent_while_stopped_all_answered(void **state)
     }
     assert_int_equal(ok + shutdown, STOPPED_REQUESTS);
     assert_int_equal(th_daemon_wait(&daemon_, DRAIN_MS + LINGER_MS + STOP_SLACK_MS), 0);
-    fprintf(stderr, "%d answered ok, %d shutdown; stopped in %llu ms\n", ok, shutdown,
-            (unsigned long long)(now_ms() - t0));
+    fprintf(stderr, "%d answered ok, %d shutdown; stopped in %lld ms\n", ok, shutdown,
+            (long long)(th_now_ms() - t0));
     /* Exactly one reply each: nothing more arrives. */
     int timeout = 200;
     zmq_setsockopt(sock, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
@@ -314,10 +307,7 @@ static void test_pipelined_scans_at_sigterm_ok_prefix_then_shutdown(void **state
     th_reply_free(&reply);
     th_close(sock);
     assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
-    char path[300];
-    snprintf(path, sizeof path, "%s/streams.state", dir);
-    unlink(path);
-    rmdir(dir);
+    th_rmrf(dir);
 }
 
 #define OVERSIZE_MAX_BATCH (64 * 1024)

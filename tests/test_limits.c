@@ -131,19 +131,14 @@ static void test_streams_per_client(void **state)
     assert_int_equal(hist_on(a, "a0", 20), TALLY_OK); /* its existing streams still work */
     assert_int_equal(hist_on(b, "b0", 21), TALLY_OK); /* another client is not held back */
 
-    th_reply_t reply;
     tally_req_t reset = th_req(TALLY_OP_RESET, TALLY_DTYPE_NONE, 22);
     assert_int_equal(tally_req_set_stream(&reset, "a1"), TALLY_OK);
-    assert_int_equal(th_call(a, &reset, NULL, 0, &reply), 0);
-    assert_int_equal(reply.rep.status, TALLY_OK);
-    th_reply_free(&reply);
+    assert_int_equal(th_call_status(a, &reset, NULL, 0), TALLY_OK);
     assert_int_equal(hist_on(a, "a3", 25), TALLY_E_CLIENT_STREAMS); /* reset kept a1 */
 
     tally_req_t del = th_req(TALLY_OP_DELETE, TALLY_DTYPE_NONE, 26);
     assert_int_equal(tally_req_set_stream(&del, "a1"), TALLY_OK);
-    assert_int_equal(th_call(a, &del, NULL, 0, &reply), 0);
-    assert_int_equal(reply.rep.status, TALLY_OK);
-    th_reply_free(&reply);
+    assert_int_equal(th_call_status(a, &del, NULL, 0), TALLY_OK);
     assert_int_equal(hist_on(a, "a3", 23), TALLY_OK);
     assert_int_equal(hist_on(a, "a4", 24), TALLY_E_CLIENT_STREAMS);
 
@@ -152,13 +147,6 @@ static void test_streams_per_client(void **state)
     th_close(a);
     th_close(b);
     assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
-}
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
 #define RATE 3
@@ -173,7 +161,7 @@ static void test_stream_create_rate(void **state)
     const char *args[] = {"--stream-create-rate", RATE_TEXT, NULL};
     assert_int_equal(th_daemon_start(&daemon_, args), 0);
     void *sock = th_connect(daemon_.endpoint, 5000);
-    uint64_t t0 = now_ms();
+    int64_t t0 = th_now_ms();
     int created = 0, limited = 0;
     for (int i = 0; i < RATE_TRIES; i++) {
         char name[16];
@@ -183,7 +171,7 @@ static void test_stream_create_rate(void **state)
         created += status == TALLY_OK;
         limited += status == TALLY_E_RATE;
     }
-    double elapsed_s = (double)(now_ms() - t0) / 1e3;
+    double elapsed_s = (double)(th_now_ms() - t0) / 1e3;
     fprintf(stderr, "%d streams created, %d rate_limited in %.3f s\n", created, limited, elapsed_s);
     assert_true(created >= RATE);
     assert_true(created <= RATE + (int)(RATE * elapsed_s) + 1);

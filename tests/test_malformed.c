@@ -260,13 +260,11 @@ static void test_truncated_and_oversized_headers(void **state)
     }
 }
 
-/* 128-byte headers whose fields lie or carry unknown codes. */
-static void test_lying_headers(void **state)
+/* Headers with a bad magic, version, opcode or dtype, or a reserved byte set. */
+static void check_lying_codes(void)
 {
-    (void)state;
     uint8_t h[TALLY_REQ_HEADER_SIZE];
     char what[96];
-
     for (int byte = 0; byte < 4; byte++) {
         tally_req_t req = filter_gt();
         encode(&req, h);
@@ -308,6 +306,14 @@ static void test_lying_headers(void **state)
         want_t w = rejected(what, &req, TALLY_E_PARAM);
         exchange2(h, sizeof h, NULL, 0, &w);
     }
+}
+
+/* 128-byte headers whose fields lie or carry unknown codes. */
+static void test_lying_headers(void **state)
+{
+    (void)state;
+    uint8_t h[TALLY_REQ_HEADER_SIZE];
+    check_lying_codes();
     /* stream_len against the name bytes. */
     static const struct {
         const char *what;
@@ -346,78 +352,70 @@ static void test_lying_headers(void **state)
 }
 
 /* Valid framing, fields against the operation's rules (§5). */
+static const struct {
+    const char *what;
+    uint8_t opcode, dtype, pred, flags;
+    int64_t lo, hi;
+    tally_status_t status;
+} bad_field_cases[] = {
+    {"filter pred 0", TALLY_OP_FILTER, TALLY_DTYPE_I32, 0, 0, 0, 0, TALLY_E_PARAM},
+    {"filter pred 8", TALLY_OP_FILTER, TALLY_DTYPE_I32, 8, 0, 0, 0, TALLY_E_PARAM},
+    {"filter pred 255", TALLY_OP_FILTER, TALLY_DTYPE_U8, 255, 0, 0, 0, TALLY_E_PARAM},
+    {"filter gt with hi", TALLY_OP_FILTER, TALLY_DTYPE_I32, TALLY_PRED_GT, 0, 0, 1, TALLY_E_PARAM},
+    {"filter ne with hi", TALLY_OP_FILTER, TALLY_DTYPE_U8, TALLY_PRED_NE, 0, 5, -1, TALLY_E_PARAM},
+    {"filter between lo > hi", TALLY_OP_FILTER, TALLY_DTYPE_I32, TALLY_PRED_BETWEEN, 0, 2, 1,
+     TALLY_E_PARAM},
+    {"filter flags 0x01", TALLY_OP_FILTER, TALLY_DTYPE_I32, TALLY_PRED_GT, 0x01, 0, 0,
+     TALLY_E_PARAM},
+    {"filter flags 0x40", TALLY_OP_FILTER, TALLY_DTYPE_I32, TALLY_PRED_GT, 0x40, 0, 0,
+     TALLY_E_PARAM},
+    {"filter dtype i64", TALLY_OP_FILTER, TALLY_DTYPE_I64, TALLY_PRED_GT, 0, 0, 0, TALLY_E_DTYPE},
+    {"scan u8", TALLY_OP_SCAN, TALLY_DTYPE_U8, 0, 0, 0, 0, TALLY_E_DTYPE},
+    {"scan pred 1", TALLY_OP_SCAN, TALLY_DTYPE_I32, 1, 0, 0, 0, TALLY_E_PARAM},
+    {"scan flags 0x04", TALLY_OP_SCAN, TALLY_DTYPE_I32, 0, 0x04, 0, 0, TALLY_E_PARAM},
+    {"scan lo 1", TALLY_OP_SCAN, TALLY_DTYPE_I32, 0, 0, 1, 0, TALLY_E_PARAM},
+    {"hist u8 hi 1", TALLY_OP_HIST, TALLY_DTYPE_U8, 0, 0, 0, 1, TALLY_E_PARAM},
+    {"hist i32 lo == hi", TALLY_OP_HIST, TALLY_DTYPE_I32, 0, 0, 5, 5, TALLY_E_PARAM},
+    {"hist i32 hi 2^31 + 1", TALLY_OP_HIST, TALLY_DTYPE_I32, 0, 0, 0, 2147483649LL, TALLY_E_PARAM},
+    {"hist i32 lo INT64_MIN", TALLY_OP_HIST, TALLY_DTYPE_I32, 0, 0, INT64_MIN, 0, TALLY_E_PARAM},
+    {"hist text", TALLY_OP_HIST, TALLY_DTYPE_TEXT, 0, 0, 0, 0, TALLY_E_DTYPE},
+    {"ping dtype i32", TALLY_OP_PING, TALLY_DTYPE_I32, 0, 0, 0, 0, TALLY_E_DTYPE},
+    {"ping flags 0x01", TALLY_OP_PING, TALLY_DTYPE_NONE, 0, 0x01, 0, 0, TALLY_E_PARAM},
+    {"info lo -1", TALLY_OP_INFO, TALLY_DTYPE_NONE, 0, 0, -1, 0, TALLY_E_PARAM},
+    {"query without a stream", TALLY_OP_QUERY, TALLY_DTYPE_NONE, 0, 0, 0, 0, TALLY_E_STREAM_NAME},
+    {"reset without a stream", TALLY_OP_RESET, TALLY_DTYPE_NONE, 0, 0, 0, 0, TALLY_E_STREAM_NAME},
+    /* issue 12: delete, u16 ranges, colour parameters, window queries, reserved flags */
+    {"delete without a stream", TALLY_OP_DELETE, TALLY_DTYPE_NONE, 0, 0, 0, 0, TALLY_E_STREAM_NAME},
+    {"delete dtype u16", TALLY_OP_DELETE, TALLY_DTYPE_U16, 0, 0, 0, 0, TALLY_E_DTYPE},
+    {"hist u16 hi 65537", TALLY_OP_HIST, TALLY_DTYPE_U16, 0, 0, 0, 65537, TALLY_E_PARAM},
+    {"hist u16 lo -1", TALLY_OP_HIST, TALLY_DTYPE_U16, 0, 0, -1, 100, TALLY_E_PARAM},
+    {"hist rgb8 hi 1", TALLY_OP_HIST, TALLY_DTYPE_RGB8, 0, 0, 0, 1, TALLY_E_PARAM},
+    {"hist rgba8 pred 1", TALLY_OP_HIST, TALLY_DTYPE_RGBA8, 1, 0, 0, 0, TALLY_E_PARAM},
+    {"filter u16", TALLY_OP_FILTER, TALLY_DTYPE_U16, TALLY_PRED_GT, 0, 0, 0, TALLY_E_DTYPE},
+    {"scan rgb8", TALLY_OP_SCAN, TALLY_DTYPE_RGB8, 0, 0, 0, 0, TALLY_E_DTYPE},
+    {"query lo without the window flag", TALLY_OP_QUERY, TALLY_DTYPE_NONE, 0, 0, 1000, 0,
+     TALLY_E_PARAM},
+    {"query window of 0 ms", TALLY_OP_QUERY, TALLY_DTYPE_NONE, 0, TALLY_FLAG_QUERY_WINDOW, 0, 0,
+     TALLY_E_PARAM},
+    {"query window over 2^32 ms", TALLY_OP_QUERY, TALLY_DTYPE_NONE, 0, TALLY_FLAG_QUERY_WINDOW,
+     1LL << 32, 0, TALLY_E_PARAM},
+    {"reset with the window flag", TALLY_OP_RESET, TALLY_DTYPE_NONE, 0, TALLY_FLAG_QUERY_WINDOW, 0,
+     0, TALLY_E_PARAM},
+    {"hist u8 flags 0x10 (reserved)", TALLY_OP_HIST, TALLY_DTYPE_U8, 0, 0x10, 0, 0, TALLY_E_PARAM},
+};
+
 static void test_bad_fields(void **state)
 {
     (void)state;
     uint8_t h[TALLY_REQ_HEADER_SIZE];
-    static const struct {
-        const char *what;
-        uint8_t opcode, dtype, pred, flags;
-        int64_t lo, hi;
-        tally_status_t status;
-    } cases[] = {
-        {"filter pred 0", TALLY_OP_FILTER, TALLY_DTYPE_I32, 0, 0, 0, 0, TALLY_E_PARAM},
-        {"filter pred 8", TALLY_OP_FILTER, TALLY_DTYPE_I32, 8, 0, 0, 0, TALLY_E_PARAM},
-        {"filter pred 255", TALLY_OP_FILTER, TALLY_DTYPE_U8, 255, 0, 0, 0, TALLY_E_PARAM},
-        {"filter gt with hi", TALLY_OP_FILTER, TALLY_DTYPE_I32, TALLY_PRED_GT, 0, 0, 1,
-         TALLY_E_PARAM},
-        {"filter ne with hi", TALLY_OP_FILTER, TALLY_DTYPE_U8, TALLY_PRED_NE, 0, 5, -1,
-         TALLY_E_PARAM},
-        {"filter between lo > hi", TALLY_OP_FILTER, TALLY_DTYPE_I32, TALLY_PRED_BETWEEN, 0, 2, 1,
-         TALLY_E_PARAM},
-        {"filter flags 0x01", TALLY_OP_FILTER, TALLY_DTYPE_I32, TALLY_PRED_GT, 0x01, 0, 0,
-         TALLY_E_PARAM},
-        {"filter flags 0x40", TALLY_OP_FILTER, TALLY_DTYPE_I32, TALLY_PRED_GT, 0x40, 0, 0,
-         TALLY_E_PARAM},
-        {"filter dtype i64", TALLY_OP_FILTER, TALLY_DTYPE_I64, TALLY_PRED_GT, 0, 0, 0,
-         TALLY_E_DTYPE},
-        {"scan u8", TALLY_OP_SCAN, TALLY_DTYPE_U8, 0, 0, 0, 0, TALLY_E_DTYPE},
-        {"scan pred 1", TALLY_OP_SCAN, TALLY_DTYPE_I32, 1, 0, 0, 0, TALLY_E_PARAM},
-        {"scan flags 0x04", TALLY_OP_SCAN, TALLY_DTYPE_I32, 0, 0x04, 0, 0, TALLY_E_PARAM},
-        {"scan lo 1", TALLY_OP_SCAN, TALLY_DTYPE_I32, 0, 0, 1, 0, TALLY_E_PARAM},
-        {"hist u8 hi 1", TALLY_OP_HIST, TALLY_DTYPE_U8, 0, 0, 0, 1, TALLY_E_PARAM},
-        {"hist i32 lo == hi", TALLY_OP_HIST, TALLY_DTYPE_I32, 0, 0, 5, 5, TALLY_E_PARAM},
-        {"hist i32 hi 2^31 + 1", TALLY_OP_HIST, TALLY_DTYPE_I32, 0, 0, 0, 2147483649LL,
-         TALLY_E_PARAM},
-        {"hist i32 lo INT64_MIN", TALLY_OP_HIST, TALLY_DTYPE_I32, 0, 0, INT64_MIN, 0,
-         TALLY_E_PARAM},
-        {"hist text", TALLY_OP_HIST, TALLY_DTYPE_TEXT, 0, 0, 0, 0, TALLY_E_DTYPE},
-        {"ping dtype i32", TALLY_OP_PING, TALLY_DTYPE_I32, 0, 0, 0, 0, TALLY_E_DTYPE},
-        {"ping flags 0x01", TALLY_OP_PING, TALLY_DTYPE_NONE, 0, 0x01, 0, 0, TALLY_E_PARAM},
-        {"info lo -1", TALLY_OP_INFO, TALLY_DTYPE_NONE, 0, 0, -1, 0, TALLY_E_PARAM},
-        {"query without a stream", TALLY_OP_QUERY, TALLY_DTYPE_NONE, 0, 0, 0, 0,
-         TALLY_E_STREAM_NAME},
-        {"reset without a stream", TALLY_OP_RESET, TALLY_DTYPE_NONE, 0, 0, 0, 0,
-         TALLY_E_STREAM_NAME},
-        /* issue 12: delete, u16 ranges, colour parameters, window queries, reserved flags */
-        {"delete without a stream", TALLY_OP_DELETE, TALLY_DTYPE_NONE, 0, 0, 0, 0,
-         TALLY_E_STREAM_NAME},
-        {"delete dtype u16", TALLY_OP_DELETE, TALLY_DTYPE_U16, 0, 0, 0, 0, TALLY_E_DTYPE},
-        {"hist u16 hi 65537", TALLY_OP_HIST, TALLY_DTYPE_U16, 0, 0, 0, 65537, TALLY_E_PARAM},
-        {"hist u16 lo -1", TALLY_OP_HIST, TALLY_DTYPE_U16, 0, 0, -1, 100, TALLY_E_PARAM},
-        {"hist rgb8 hi 1", TALLY_OP_HIST, TALLY_DTYPE_RGB8, 0, 0, 0, 1, TALLY_E_PARAM},
-        {"hist rgba8 pred 1", TALLY_OP_HIST, TALLY_DTYPE_RGBA8, 1, 0, 0, 0, TALLY_E_PARAM},
-        {"filter u16", TALLY_OP_FILTER, TALLY_DTYPE_U16, TALLY_PRED_GT, 0, 0, 0, TALLY_E_DTYPE},
-        {"scan rgb8", TALLY_OP_SCAN, TALLY_DTYPE_RGB8, 0, 0, 0, 0, TALLY_E_DTYPE},
-        {"query lo without the window flag", TALLY_OP_QUERY, TALLY_DTYPE_NONE, 0, 0, 1000, 0,
-         TALLY_E_PARAM},
-        {"query window of 0 ms", TALLY_OP_QUERY, TALLY_DTYPE_NONE, 0, TALLY_FLAG_QUERY_WINDOW, 0, 0,
-         TALLY_E_PARAM},
-        {"query window over 2^32 ms", TALLY_OP_QUERY, TALLY_DTYPE_NONE, 0, TALLY_FLAG_QUERY_WINDOW,
-         1LL << 32, 0, TALLY_E_PARAM},
-        {"reset with the window flag", TALLY_OP_RESET, TALLY_DTYPE_NONE, 0, TALLY_FLAG_QUERY_WINDOW,
-         0, 0, TALLY_E_PARAM},
-        {"hist u8 flags 0x10 (reserved)", TALLY_OP_HIST, TALLY_DTYPE_U8, 0, 0x10, 0, 0,
-         TALLY_E_PARAM},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        tally_req_t req = req_of(cases[i].opcode, cases[i].dtype);
-        req.pred = cases[i].pred;
-        req.flags = cases[i].flags;
-        req.lo = cases[i].lo;
-        req.hi = cases[i].hi;
+    for (size_t i = 0; i < sizeof bad_field_cases / sizeof bad_field_cases[0]; i++) {
+        tally_req_t req = req_of(bad_field_cases[i].opcode, bad_field_cases[i].dtype);
+        req.pred = bad_field_cases[i].pred;
+        req.flags = bad_field_cases[i].flags;
+        req.lo = bad_field_cases[i].lo;
+        req.hi = bad_field_cases[i].hi;
         encode(&req, h);
-        want_t w = rejected(cases[i].what, &req, cases[i].status);
+        want_t w = rejected(bad_field_cases[i].what, &req, bad_field_cases[i].status);
         exchange2(h, sizeof h, NULL, 0, &w);
     }
     /* A stream given to an operation without streams. */

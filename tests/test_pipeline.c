@@ -46,14 +46,7 @@ static bool use_cuda(void)
 /* Starts tallyd on the GPU path of the engine under test, plus extra (NULL-terminated). */
 static int start(th_daemon_t *d, const char *const *extra)
 {
-    const char *argv[32];
-    int argc = 0;
-    for (int i = 0; engine_args[i]; i++)
-        argv[argc++] = engine_args[i];
-    for (int i = 0; extra && extra[i] && argc < 30; i++)
-        argv[argc++] = extra[i];
-    argv[argc] = NULL;
-    return th_daemon_start(d, argv);
+    return th_daemon_start_with(d, engine_args, extra);
 }
 
 static int32_t *random_i32(size_t n, uint32_t range)
@@ -200,21 +193,12 @@ static void cut(scan_stream_t *s, size_t min_big)
 
 /* Sends STREAMS streams' chunks interleaved (and a query per stream midway), then checks every
  * reply against a host scan, and the streams' state. min_big: bytes of the "large" chunks. */
-static void check_streams(void *sock, const char *tag, size_t min_big)
+/* Sends every stream's chunks interleaved (chunk c of each stream in turn), with a query in
+ * the middle of each stream's chunks; its id in query_ids. */
+static void send_interleaved(void *sock, scan_stream_t st[STREAMS], size_t total,
+                             uint64_t query_ids[STREAMS])
 {
-    scan_stream_t st[STREAMS];
-    for (int k = 0; k < STREAMS; k++) {
-        snprintf(st[k].name, sizeof st[k].name, "%s/%d", tag, k);
-        st[k].n = 60000 + th_rand() % 40000;
-        st[k].in = random_i32(st[k].n, 0);
-        st[k].joined = calloc(st[k].n, sizeof(int64_t));
-        st[k].got = 0;
-        cut(&st[k], min_big);
-    }
-    size_t sent = 0, total = 0;
-    for (int k = 0; k < STREAMS; k++)
-        total += st[k].chunks;
-    uint64_t query_ids[STREAMS];
+    size_t sent = 0;
     for (size_t c = 0; sent < total; c++) {
         for (int k = 0; k < STREAMS; k++) {
             scan_stream_t *s = &st[k];
@@ -234,55 +218,85 @@ static void check_streams(void *sock, const char *tag, size_t min_big)
             }
         }
     }
+}
+
+/* Puts reply r where it belongs: a mid-stream query (which must have seen exactly the chunks
+ * before it) or a chunk's sums (copied into its stream's joined output). False if r is neither. */
+static bool place_reply(scan_stream_t st[STREAMS], const uint64_t query_ids[STREAMS],
+                        const th_reply_t *r)
+{
+    for (int k = 0; k < STREAMS; k++) {
+        scan_stream_t *s = &st[k];
+        if (r->rep.request_id == query_ids[k]) {
+            tally_stream_info_t info;
+            assert_int_equal(tally_stream_info_decode(r->payload, r->len, &info), TALLY_OK);
+            size_t half = s->chunks / 2; /* the query follows chunk `half` */
+            assert_int_equal(info.batches, half + 1);
+            assert_int_equal(info.scan_elements, s->bounds[half + 1]);
+            return true;
+        }
+        for (size_t c = 0; c < s->chunks; c++) {
+            if (s->ids[c] != r->rep.request_id)
+                continue;
+            size_t len = s->bounds[c + 1] - s->bounds[c];
+            assert_int_equal(r->len, len * 8);
+            memcpy(s->joined + s->bounds[c], r->payload, r->len);
+            s->got++;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* All of a stream's sums came and are its inclusive scan; the stream's carry and batch count
+ * agree. Frees its buffers. */
+static void verify_stream(void *sock, scan_stream_t *s)
+{
+    assert_int_equal(s->got, s->chunks);
+    int64_t acc = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        acc = (int64_t)((uint64_t)acc + (uint64_t)(int64_t)s->in[i]);
+        if (s->joined[i] != acc)
+            fail_msg("stream %s: scan differs at %zu of %zu", s->name, i, s->n);
+    }
+    tally_req_t q = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, next_id++);
+    tally_req_set_stream(&q, s->name);
+    th_reply_t r;
+    assert_int_equal(th_call(sock, &q, NULL, 0, &r), 0);
+    tally_stream_info_t info;
+    assert_int_equal(tally_stream_info_decode(r.payload, r.len, &info), TALLY_OK);
+    assert_int_equal(info.scan_carry, acc);
+    assert_int_equal(info.batches, s->chunks);
+    th_reply_free(&r);
+    free(s->in);
+    free(s->joined);
+}
+
+static void check_streams(void *sock, const char *tag, size_t min_big)
+{
+    scan_stream_t st[STREAMS];
+    for (int k = 0; k < STREAMS; k++) {
+        snprintf(st[k].name, sizeof st[k].name, "%s/%d", tag, k);
+        st[k].n = 60000 + th_rand() % 40000;
+        st[k].in = random_i32(st[k].n, 0);
+        st[k].joined = calloc(st[k].n, sizeof(int64_t));
+        st[k].got = 0;
+        cut(&st[k], min_big);
+    }
+    size_t total = 0;
+    for (int k = 0; k < STREAMS; k++)
+        total += st[k].chunks;
+    uint64_t query_ids[STREAMS];
+    send_interleaved(sock, st, total, query_ids);
     for (size_t i = 0; i < total + STREAMS; i++) {
         th_reply_t r;
         assert_int_equal(th_recv_reply(sock, &r), 0);
         assert_int_equal(r.rep.status, TALLY_OK);
-        bool placed = false;
-        for (int k = 0; k < STREAMS && !placed; k++) {
-            scan_stream_t *s = &st[k];
-            if (r.rep.request_id == query_ids[k]) {
-                tally_stream_info_t info;
-                assert_int_equal(tally_stream_info_decode(r.payload, r.len, &info), TALLY_OK);
-                size_t half = s->chunks / 2; /* the query follows chunk `half` */
-                assert_int_equal(info.batches, half + 1);
-                assert_int_equal(info.scan_elements, s->bounds[half + 1]);
-                placed = true;
-            }
-            for (size_t c = 0; c < s->chunks && !placed; c++) {
-                if (s->ids[c] != r.rep.request_id)
-                    continue;
-                size_t len = s->bounds[c + 1] - s->bounds[c];
-                assert_int_equal(r.len, len * 8);
-                memcpy(s->joined + s->bounds[c], r.payload, r.len);
-                s->got++;
-                placed = true;
-            }
-        }
-        assert_true(placed);
+        assert_true(place_reply(st, query_ids, &r));
         th_reply_free(&r);
     }
-    for (int k = 0; k < STREAMS; k++) {
-        scan_stream_t *s = &st[k];
-        assert_int_equal(s->got, s->chunks);
-        int64_t acc = 0;
-        for (size_t i = 0; i < s->n; i++) {
-            acc = (int64_t)((uint64_t)acc + (uint64_t)(int64_t)s->in[i]);
-            if (s->joined[i] != acc)
-                fail_msg("stream %s: scan differs at %zu of %zu", s->name, i, s->n);
-        }
-        tally_req_t q = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, next_id++);
-        tally_req_set_stream(&q, s->name);
-        th_reply_t r;
-        assert_int_equal(th_call(sock, &q, NULL, 0, &r), 0);
-        tally_stream_info_t info;
-        assert_int_equal(tally_stream_info_decode(r.payload, r.len, &info), TALLY_OK);
-        assert_int_equal(info.scan_carry, acc);
-        assert_int_equal(info.batches, s->chunks);
-        th_reply_free(&r);
-        free(s->in);
-        free(s->joined);
-    }
+    for (int k = 0; k < STREAMS; k++)
+        verify_stream(sock, &st[k]);
 }
 
 /* A stream histogram built from pipelined chunks equals the whole input's. */

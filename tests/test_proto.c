@@ -1360,110 +1360,119 @@ static void test_pub_header(void **state)
 
 /* Headers with two or more problems, each a valid request of `op` with bytes patched: the status
  * is the one of the earliest step in §6, and the reply would still echo the opcode and id. */
+enum { PATCH_END = -1 };
+typedef struct {
+    const char *what;
+    tally_op_t op;
+    size_t len;
+    int patch[5][2]; /* offset, value; offset PATCH_END ends the list */
+    tally_status_t want;
+} order_case_t;
+
+static const order_case_t header_order_cases[] = {
+    {"127 bytes, bad magic", TALLY_OP_PING, 127, {{0, 'X'}, {PATCH_END, 0}}, TALLY_E_HEADER},
+    {"129 bytes, bad version", TALLY_OP_PING, 129, {{4, 9}, {PATCH_END, 0}}, TALLY_E_HEADER},
+    {"bad magic, version, opcode",
+     TALLY_OP_PING,
+     128,
+     {{0, 'X'}, {4, 2}, {5, 0}, {PATCH_END, 0}},
+     TALLY_E_MAGIC},
+    {"bad version, opcode", TALLY_OP_PING, 128, {{4, 2}, {5, 0}, {PATCH_END, 0}}, TALLY_E_VERSION},
+    {"opcode 0, dtype 200", TALLY_OP_PING, 128, {{5, 0}, {6, 200}, {PATCH_END, 0}}, TALLY_E_OPCODE},
+    {"opcode 0, reserved", TALLY_OP_PING, 128, {{5, 0}, {20, 1}, {PATCH_END, 0}}, TALLY_E_OPCODE},
+    {"dtype 200, reserved", TALLY_OP_SCAN, 128, {{6, 200}, {20, 1}, {PATCH_END, 0}}, TALLY_E_DTYPE},
+    {"dtype 200, stream_len 65",
+     TALLY_OP_SCAN,
+     128,
+     {{6, 200}, {17, 65}, {PATCH_END, 0}},
+     TALLY_E_DTYPE},
+    {"scan u8 (known dtype), reserved",
+     TALLY_OP_SCAN,
+     128,
+     {{6, TALLY_DTYPE_U8}, {60, 1}, {PATCH_END, 0}},
+     TALLY_E_PARAM},
+    {"reserved, stream_len 65",
+     TALLY_OP_FILTER,
+     128,
+     {{20, 1}, {17, 65}, {PATCH_END, 0}},
+     TALLY_E_PARAM},
+    {"stream_len 65, scan u8",
+     TALLY_OP_SCAN,
+     128,
+     {{17, 65}, {6, TALLY_DTYPE_U8}, {PATCH_END, 0}},
+     TALLY_E_STREAM_NAME},
+    {"name \"a b\", scan u8",
+     TALLY_OP_SCAN,
+     128,
+     {{17, 3}, {64, 'a'}, {65, ' '}, {66, 'b'}, {6, TALLY_DTYPE_U8}},
+     TALLY_E_STREAM_NAME},
+    {"name with a NUL byte, filter pred 0",
+     TALLY_OP_FILTER,
+     128,
+     {{17, 3}, {64, 'a'}, {66, 'b'}, {16, 0}, {PATCH_END, 0}},
+     TALLY_E_STREAM_NAME},
+    {"scan u8, flags 0x40",
+     TALLY_OP_SCAN,
+     128,
+     {{6, TALLY_DTYPE_U8}, {7, 0x40}, {PATCH_END, 0}},
+     TALLY_E_DTYPE},
+    {"filter dtype none, pred 0",
+     TALLY_OP_FILTER,
+     128,
+     {{6, TALLY_DTYPE_NONE}, {16, 0}, {PATCH_END, 0}},
+     TALLY_E_DTYPE},
+    {"ping flags 0x01 and a stream",
+     TALLY_OP_PING,
+     128,
+     {{7, 1}, {17, 1}, {64, 'a'}, {PATCH_END, 0}},
+     TALLY_E_PARAM},
+    {"query without a stream, pred 1",
+     TALLY_OP_QUERY,
+     128,
+     {{17, 0}, {64, 0}, {65, 0}, {66, 0}, {67, 0}},
+     TALLY_E_STREAM_NAME /* patched again below: pred 1 */},
+    {"filter gt, hi 1, flags 0x40",
+     TALLY_OP_FILTER,
+     128,
+     {{32, 1}, {7, 0x40}, {PATCH_END, 0}},
+     TALLY_E_PARAM},
+};
+
+/* Case i of header_order_cases: its request (id ...00 + i) patched, decoded, the status and
+ * the echoed prefix checked. */
+static void check_header_order_case(size_t i)
+{
+    const order_case_t *c = &header_order_cases[i];
+    tally_req_t req = make_req(c->op);
+    req.request_id = 0x1122334455667700ull + i;
+    uint8_t buf[TALLY_REQ_HEADER_SIZE + 1] = {0};
+    tally_req_encode(&req, buf);
+    for (size_t k = 0; k < 5 && c->patch[k][0] != PATCH_END; k++)
+        buf[c->patch[k][0]] = (uint8_t)c->patch[k][1];
+    tally_status_t want = c->want;
+    if (c->op == TALLY_OP_QUERY) {
+        /* Without the predicate the missing name is the only problem; with it, bad_param
+         * comes first (step 7 checks pred before the stream rule). */
+        tally_req_t out;
+        assert_int_equal(decode_buf(buf, c->len, &out), TALLY_E_STREAM_NAME);
+        buf[16] = 1;
+        want = TALLY_E_PARAM;
+    }
+    tally_req_t out;
+    tally_status_t got = decode_buf(buf, c->len, &out);
+    if (got != want)
+        fail_msg("%s: got %s, want %s", c->what, tally_status_name(got), tally_status_name(want));
+    /* §3: the first 16 bytes are echoed whatever else is wrong. */
+    assert_int_equal(out.request_id, req.request_id);
+    assert_int_equal(out.opcode, buf[5]);
+    assert_int_equal(out.flags, buf[7]);
+}
+
 static void test_validation_order_header(void **state)
 {
     (void)state;
-    enum { NONE = -1 };
-    static const struct {
-        const char *what;
-        tally_op_t op;
-        size_t len;
-        int patch[5][2]; /* offset, value; offset NONE ends the list */
-        tally_status_t want;
-    } cases[] = {
-        {"127 bytes, bad magic", TALLY_OP_PING, 127, {{0, 'X'}, {NONE, 0}}, TALLY_E_HEADER},
-        {"129 bytes, bad version", TALLY_OP_PING, 129, {{4, 9}, {NONE, 0}}, TALLY_E_HEADER},
-        {"bad magic, version, opcode",
-         TALLY_OP_PING,
-         128,
-         {{0, 'X'}, {4, 2}, {5, 0}, {NONE, 0}},
-         TALLY_E_MAGIC},
-        {"bad version, opcode", TALLY_OP_PING, 128, {{4, 2}, {5, 0}, {NONE, 0}}, TALLY_E_VERSION},
-        {"opcode 0, dtype 200", TALLY_OP_PING, 128, {{5, 0}, {6, 200}, {NONE, 0}}, TALLY_E_OPCODE},
-        {"opcode 0, reserved", TALLY_OP_PING, 128, {{5, 0}, {20, 1}, {NONE, 0}}, TALLY_E_OPCODE},
-        {"dtype 200, reserved", TALLY_OP_SCAN, 128, {{6, 200}, {20, 1}, {NONE, 0}}, TALLY_E_DTYPE},
-        {"dtype 200, stream_len 65",
-         TALLY_OP_SCAN,
-         128,
-         {{6, 200}, {17, 65}, {NONE, 0}},
-         TALLY_E_DTYPE},
-        {"scan u8 (known dtype), reserved",
-         TALLY_OP_SCAN,
-         128,
-         {{6, TALLY_DTYPE_U8}, {60, 1}, {NONE, 0}},
-         TALLY_E_PARAM},
-        {"reserved, stream_len 65",
-         TALLY_OP_FILTER,
-         128,
-         {{20, 1}, {17, 65}, {NONE, 0}},
-         TALLY_E_PARAM},
-        {"stream_len 65, scan u8",
-         TALLY_OP_SCAN,
-         128,
-         {{17, 65}, {6, TALLY_DTYPE_U8}, {NONE, 0}},
-         TALLY_E_STREAM_NAME},
-        {"name \"a b\", scan u8",
-         TALLY_OP_SCAN,
-         128,
-         {{17, 3}, {64, 'a'}, {65, ' '}, {66, 'b'}, {6, TALLY_DTYPE_U8}},
-         TALLY_E_STREAM_NAME},
-        {"name with a NUL byte, filter pred 0",
-         TALLY_OP_FILTER,
-         128,
-         {{17, 3}, {64, 'a'}, {66, 'b'}, {16, 0}, {NONE, 0}},
-         TALLY_E_STREAM_NAME},
-        {"scan u8, flags 0x40",
-         TALLY_OP_SCAN,
-         128,
-         {{6, TALLY_DTYPE_U8}, {7, 0x40}, {NONE, 0}},
-         TALLY_E_DTYPE},
-        {"filter dtype none, pred 0",
-         TALLY_OP_FILTER,
-         128,
-         {{6, TALLY_DTYPE_NONE}, {16, 0}, {NONE, 0}},
-         TALLY_E_DTYPE},
-        {"ping flags 0x01 and a stream",
-         TALLY_OP_PING,
-         128,
-         {{7, 1}, {17, 1}, {64, 'a'}, {NONE, 0}},
-         TALLY_E_PARAM},
-        {"query without a stream, pred 1",
-         TALLY_OP_QUERY,
-         128,
-         {{17, 0}, {64, 0}, {65, 0}, {66, 0}, {67, 0}},
-         TALLY_E_STREAM_NAME /* patched again below: pred 1 */},
-        {"filter gt, hi 1, flags 0x40",
-         TALLY_OP_FILTER,
-         128,
-         {{32, 1}, {7, 0x40}, {NONE, 0}},
-         TALLY_E_PARAM},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        tally_req_t req = make_req(cases[i].op);
-        req.request_id = 0x1122334455667700ull + i;
-        uint8_t buf[TALLY_REQ_HEADER_SIZE + 1] = {0};
-        tally_req_encode(&req, buf);
-        for (size_t k = 0; k < 5 && cases[i].patch[k][0] != NONE; k++)
-            buf[cases[i].patch[k][0]] = (uint8_t)cases[i].patch[k][1];
-        tally_status_t want = cases[i].want;
-        if (cases[i].op == TALLY_OP_QUERY) {
-            /* Without the predicate the missing name is the only problem; with it, bad_param
-             * comes first (step 7 checks pred before the stream rule). */
-            tally_req_t out;
-            assert_int_equal(decode_buf(buf, cases[i].len, &out), TALLY_E_STREAM_NAME);
-            buf[16] = 1;
-            want = TALLY_E_PARAM;
-        }
-        tally_req_t out;
-        tally_status_t got = decode_buf(buf, cases[i].len, &out);
-        if (got != want)
-            fail_msg("%s: got %s, want %s", cases[i].what, tally_status_name(got),
-                     tally_status_name(want));
-        /* §3: the first 16 bytes are echoed whatever else is wrong. */
-        assert_int_equal(out.request_id, req.request_id);
-        assert_int_equal(out.opcode, buf[5]);
-        assert_int_equal(out.flags, buf[7]);
-    }
+    for (size_t i = 0; i < sizeof header_order_cases / sizeof header_order_cases[0]; i++)
+        check_header_order_case(i);
 }
 
 /* The payload comes after the field rules, and its size before its shape. */

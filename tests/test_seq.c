@@ -82,14 +82,8 @@ static void expect_scan_refused(void *sock, const char *stream, uint64_t seq, co
 /* The raw query payload of a stream (TALLY_QUERY_PAYLOAD_SIZE bytes into out). */
 static void query_raw(void *sock, const char *stream, uint8_t *out)
 {
-    tally_req_t req = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, next_id++);
-    assert_int_equal(tally_req_set_stream(&req, stream), TALLY_OK);
-    th_reply_t r;
-    assert_int_equal(th_call(sock, &req, NULL, 0, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_OK);
-    assert_int_equal(r.len, TALLY_QUERY_PAYLOAD_SIZE);
-    memcpy(out, r.payload, TALLY_QUERY_PAYLOAD_SIZE);
-    th_reply_free(&r);
+    long len = th_query_raw(sock, stream, next_id++, out, TALLY_QUERY_PAYLOAD_SIZE);
+    assert_int_equal(len, TALLY_QUERY_PAYLOAD_SIZE);
 }
 
 static tally_stream_info_t query(void *sock, const char *stream)
@@ -146,30 +140,29 @@ static void test_admit_rules(void **state)
     stream.seq_admitted = 2; /* stale: nothing in flight, so the applied seq counts */
 
     td_request_t *r = unit_req(&stream, 5);
-    assert_false(td_request_admit(r));
+    assert_false(td_request_admit(r, false));
     assert_int_equal(r->rep.status, TALLY_E_DUPLICATE);
     assert_int_equal(r->rep.aux0, 5);
     td_request_destroy(&r);
     r = unit_req(&stream, 7);
-    assert_false(td_request_admit(r));
+    assert_false(td_request_admit(r, false));
     assert_int_equal(r->rep.status, TALLY_E_SEQ_GAP);
     assert_int_equal(r->rep.aux0, 5);
     td_request_destroy(&r);
     r = unit_req(&stream, 6);
-    assert_true(td_request_admit(r));
+    assert_true(td_request_admit(r, false));
     assert_int_equal(stream.seq_admitted, 6);
     td_request_destroy(&r);
 
     /* While 6 is in flight, 7 is the next one and may start; 6 again or 8 must wait. */
-    stream.exec_submitted = 1;
     r = unit_req(&stream, 7);
-    assert_false(td_request_seq_waits(r));
+    assert_false(td_request_seq_waits(r, true));
     r->req.seq = 6;
-    assert_true(td_request_seq_waits(r));
+    assert_true(td_request_seq_waits(r, true));
     r->req.seq = 8;
-    assert_true(td_request_seq_waits(r));
+    assert_true(td_request_seq_waits(r, true));
     r->req.seq = 0; /* unnumbered requests are never held */
-    assert_false(td_request_seq_waits(r));
+    assert_false(td_request_seq_waits(r, true));
     td_request_destroy(&r);
 }
 
@@ -261,23 +254,17 @@ static void test_in_order_duplicate_gap(void **state)
     /* seq is for batches on a stream: elsewhere it is bad_param. */
     tally_req_t bad = th_req(TALLY_OP_SCAN, TALLY_DTYPE_I32, next_id++);
     bad.seq = 1;
-    assert_int_equal(th_call(sock, &bad, x, 4, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_E_PARAM);
-    th_reply_free(&r);
+    assert_int_equal(th_call_status(sock, &bad, x, 4), TALLY_E_PARAM);
     bad = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, next_id++);
     assert_int_equal(tally_req_set_stream(&bad, "s"), TALLY_OK);
     bad.seq = 4;
-    assert_int_equal(th_call(sock, &bad, NULL, 0, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_E_PARAM);
-    th_reply_free(&r);
+    assert_int_equal(th_call_status(sock, &bad, NULL, 0), TALLY_E_PARAM);
 
     /* reset zeroes the stream and keeps last_seq: the producer goes on with seq 5, and the
      * scan carry starts again from 0. */
     tally_req_t reset = th_req(TALLY_OP_RESET, TALLY_DTYPE_NONE, next_id++);
     assert_int_equal(tally_req_set_stream(&reset, "s"), TALLY_OK);
-    assert_int_equal(th_call(sock, &reset, NULL, 0, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_OK);
-    th_reply_free(&r);
+    assert_int_equal(th_call_status(sock, &reset, NULL, 0), TALLY_OK);
     info = query(sock, "s");
     assert_int_equal(info.last_seq, 4);
     assert_int_equal(info.batches, 0);
@@ -290,9 +277,7 @@ static void test_in_order_duplicate_gap(void **state)
     /* delete forgets the stream: its sequence starts again at 1. */
     tally_req_t del = th_req(TALLY_OP_DELETE, TALLY_DTYPE_NONE, next_id++);
     assert_int_equal(tally_req_set_stream(&del, "s"), TALLY_OK);
-    assert_int_equal(th_call(sock, &del, NULL, 0, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_OK);
-    th_reply_free(&r);
+    assert_int_equal(th_call_status(sock, &del, NULL, 0), TALLY_OK);
     expect_scan_refused(sock, "s", 6, x, 100, TALLY_E_SEQ_GAP, 0);
     expect_scan_ok(sock, "s", 1, x, 100);
     assert_int_equal(query(sock, "s").last_seq, 1);
@@ -316,9 +301,7 @@ static void test_failed_request_keeps_its_seq(void **state)
     assert_int_equal(tally_req_set_stream(&u8, "h"), TALLY_OK);
     u8.seq = 1;
     th_reply_t r;
-    assert_int_equal(th_call(sock, &u8, bytes, sizeof bytes, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_OK);
-    th_reply_free(&r);
+    assert_int_equal(th_call_status(sock, &u8, bytes, sizeof bytes), TALLY_OK);
 
     tally_req_t i32 = th_req(TALLY_OP_HIST, TALLY_DTYPE_I32, next_id++);
     assert_int_equal(tally_req_set_stream(&i32, "h"), TALLY_OK);
@@ -335,9 +318,7 @@ static void test_failed_request_keeps_its_seq(void **state)
 
     u8.request_id = next_id++;
     u8.seq = 2;
-    assert_int_equal(th_call(sock, &u8, bytes, sizeof bytes, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_OK);
-    th_reply_free(&r);
+    assert_int_equal(th_call_status(sock, &u8, bytes, sizeof bytes), TALLY_OK);
     info = query(sock, "h");
     assert_int_equal(info.last_seq, 2);
     assert_int_equal(info.hist_total, 2 * sizeof bytes);
@@ -371,10 +352,7 @@ static void test_seq_survives_restart(void **state)
     assert_int_equal(query(sock, "keep").last_seq, 4);
     th_close(sock);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
-    char path[128];
-    snprintf(path, sizeof path, "%s/streams.state", dir);
-    unlink(path);
-    rmdir(dir);
+    th_rmrf(dir);
 }
 
 /* ---- pipelined on the simulated GPU ------------------------------------------------------- */
@@ -457,10 +435,7 @@ static void run_pipelined(const char *const *args)
     tally_req_t u8 = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, next_id++);
     assert_int_equal(tally_req_set_stream(&u8, "p"), TALLY_OK);
     u8.seq = PIPE_CHUNKS + 1;
-    th_reply_t r;
-    assert_int_equal(th_call(sock, &u8, bytes, sizeof bytes, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_OK);
-    th_reply_free(&r);
+    assert_int_equal(th_call_status(sock, &u8, bytes, sizeof bytes), TALLY_OK);
     count = 0;
     uint64_t base = PIPE_CHUNKS + 1;
     int64_t carry_ok = carry;
@@ -664,9 +639,7 @@ static void test_cli_push_across_restart(void **state)
     th_close(sock);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 
-    char cmd[160];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(th_rmrf(dir), 0);
 }
 
 int main(void)

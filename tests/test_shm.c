@@ -50,12 +50,8 @@ static void start(th_daemon_t *d, const char *const *extra)
     static int count;
     snprintf(sock_path, sizeof sock_path, "/tmp/tallyd-shm-test-%d-%d/shm.sock", (int)getpid(),
              count++);
-    const char *argv[32] = {"--shm-socket", sock_path};
-    int argc = 2;
-    for (int i = 0; extra && extra[i] && argc < 30; i++)
-        argv[argc++] = extra[i];
-    argv[argc] = NULL;
-    assert_int_equal(th_daemon_start(d, argv), 0);
+    const char *const args[] = {"--shm-socket", sock_path, NULL};
+    assert_int_equal(th_daemon_start_with(d, args, extra), 0);
 }
 
 /* Starts tallyd on `gpus` simulated GPUs (--backend cuda), with the test-only environment
@@ -135,12 +131,6 @@ static tally_req_t case_req(const op_case_t *c, const char *stream)
     return req;
 }
 
-static int cmp_i32(const void *a, const void *b)
-{
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
 static int cmp_u8(const void *a, const void *b)
 {
     return (int)*(const uint8_t *)a - (int)*(const uint8_t *)b;
@@ -158,8 +148,8 @@ static void assert_output_equal(const op_case_t *oc, const void *a, const void *
     assert_true(sa && sb);
     memcpy(sa, a, len);
     memcpy(sb, b, len);
-    qsort(sa, len / esize, esize, esize == 4 ? cmp_i32 : cmp_u8);
-    qsort(sb, len / esize, esize, esize == 4 ? cmp_i32 : cmp_u8);
+    qsort(sa, len / esize, esize, esize == 4 ? th_cmp_i32 : cmp_u8);
+    qsort(sb, len / esize, esize, esize == 4 ? th_cmp_i32 : cmp_u8);
     assert_memory_equal(sa, sb, len);
     free(sa);
     free(sb);
@@ -343,31 +333,10 @@ static void expect_ref(void *sock, uint8_t opcode, uint8_t flags, tally_shm_ref_
     th_reply_free(&reply);
 }
 
-static void test_bad_refs(void **state)
+/* Peer A's input references, each wrong in one way, against its 64 KiB region ha (ok is a good
+ * reference into it); hb is peer B's region. */
+static void check_bad_input_refs(void *a, tally_shm_ref_t ok, uint64_t ha, uint64_t hb)
 {
-    (void)state;
-    th_daemon_t d;
-    static const char *const args[] = {"--max-batch", "1M", NULL};
-    start(&d, args);
-    int side_a = side_open(), side_b = side_open();
-    answer_t ans;
-    int fd = memfd(65536, SEALS);
-    assert_int_equal(side_send(side_a, TALLY_SHM_OP_REGISTER, "peerA", 0, fd, &ans), TALLY_OK);
-    uint64_t ha = ans.a.handle;
-    assert_int_equal(ans.a.size, 65536);
-    assert_int_equal(ftruncate(fd, 0), -1); /* the seals the daemon relies on hold */
-    close(fd);
-    fd = memfd(65536, SEALS);
-    assert_int_equal(side_send(side_b, TALLY_SHM_OP_REGISTER, "peerB", 0, fd, &ans), TALLY_OK);
-    uint64_t hb = ans.a.handle;
-    close(fd);
-    assert_true(ha != 0 && hb != 0 && ha != hb);
-
-    void *ctx = zmq_ctx_new();
-    void *a = dealer(ctx, d.endpoint, "peerA");
-    tally_shm_ref_t ok = {.in_handle = ha, .in_offset = 4096, .in_length = 4096};
-    expect_ref(a, TALLY_OP_HIST, 0, ok, TALLY_OK, NULL);
-
     tally_shm_ref_t r = ok;
     r.in_offset = 65536 + 4;
     expect_ref(a, TALLY_OP_HIST, 0, r, TALLY_E_BAD_REF, "outside the region");
@@ -393,7 +362,12 @@ static void test_bad_refs(void **state)
     r = ok;
     r.in_length = 2 << 20;
     expect_ref(a, TALLY_OP_HIST, 0, r, TALLY_E_TOO_LARGE, "exceeds the maximum");
-    r = ok;
+}
+
+/* The same for output ranges: too small, past the region's end, another peer's, hist's. */
+static void check_bad_output_refs(void *a, tally_shm_ref_t ok, uint64_t ha, uint64_t hb)
+{
+    tally_shm_ref_t r = ok;
     r.out_handle = ha;
     r.out_offset = 8192;
     r.out_length = 8191; /* an int64 scan of 1024 elements needs 8192 */
@@ -407,14 +381,42 @@ static void test_bad_refs(void **state)
     expect_ref(a, TALLY_OP_SCAN, 0, r, TALLY_E_BAD_REF, "not a region registered by this peer");
     r.out_handle = ha;
     expect_ref(a, TALLY_OP_HIST, 0, r, TALLY_E_BAD_REF, "hist takes no output region");
+}
+
+/* Registers a sealed 64 KiB memfd on side as routing id `peer`: the region's handle. */
+static uint64_t register_64k(int side, const char *peer)
+{
+    answer_t ans;
+    int fd = memfd(65536, SEALS);
+    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, peer, 0, fd, &ans), TALLY_OK);
+    assert_int_equal(ans.a.size, 65536);
+    assert_int_equal(ftruncate(fd, 0), -1); /* the seals the daemon relies on hold */
+    close(fd);
+    return ans.a.handle;
+}
+
+static void test_bad_refs(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    static const char *const args[] = {"--max-batch", "1M", NULL};
+    start(&d, args);
+    int side_a = side_open(), side_b = side_open();
+    answer_t ans;
+    uint64_t ha = register_64k(side_a, "peerA"), hb = register_64k(side_b, "peerB");
+    assert_true(ha != 0 && hb != 0 && ha != hb);
+
+    void *ctx = zmq_ctx_new();
+    void *a = dealer(ctx, d.endpoint, "peerA");
+    tally_shm_ref_t ok = {.in_handle = ha, .in_offset = 4096, .in_length = 4096};
+    expect_ref(a, TALLY_OP_HIST, 0, ok, TALLY_OK, NULL);
+    check_bad_input_refs(a, ok, ha, hb);
+    check_bad_output_refs(a, ok, ha, hb);
 
     /* A reference frame of the wrong size. */
     tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 5);
     req.flags = TALLY_FLAG_SHM_REF;
-    th_reply_t reply;
-    assert_int_equal(th_call(a, &req, "short", 5, &reply), 0);
-    assert_int_equal(reply.rep.status, TALLY_E_PAYLOAD);
-    th_reply_free(&reply);
+    assert_int_equal(th_call_status(a, &req, "short", 5), TALLY_E_PAYLOAD);
 
     /* Released: the handle is gone for new requests. */
     assert_int_equal(side_send(side_a, TALLY_SHM_OP_RELEASE, NULL, ha, -1, &ans), TALLY_OK);
@@ -435,9 +437,7 @@ static void test_bad_refs(void **state)
     }
     assert_int_equal(stat_value(d.endpoint, "tallyd_shm_regions "), 0);
     tally_req_t ping = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 9);
-    assert_int_equal(th_call(a, &ping, NULL, 0, &reply), 0); /* still serving */
-    assert_int_equal(reply.rep.status, TALLY_OK);
-    th_reply_free(&reply);
+    assert_int_equal(th_call_status(a, &ping, NULL, 0), TALLY_OK); /* still serving */
     zmq_close(a);
     zmq_close(b);
     zmq_ctx_term(ctx);
@@ -747,58 +747,46 @@ static void test_register_off_loop(void **state)
  * the lanes, must match it byte for byte: hists (u8, i32) and scans (inclusive, exclusive, int32
  * out) into an output region, on a stream twice (the carry chains across requests as well as
  * across pieces) and once pipelined behind a small scan on the same stream. */
-static void run_split(const char *const *engine_args, const char *split_log)
-{
-    const char *args[16];
-    int n = 0;
-    for (; engine_args[n]; n++)
-        args[n] = engine_args[n];
-    args[n++] = "--log-level";
-    args[n++] = "debug";
-    args[n] = NULL;
-    th_daemon_t d;
-    start(&d, args);
-    tally_client_t *c = NULL;
-    assert_int_equal(tally_client_new(d.endpoint, 30000, &c), TALLY_OK);
-    tally_region_t *region = NULL;
-    size_t out_off = SPLIT_BYTES;
-    assert_int_equal(tally_region_create(c, SPLIT_BYTES * 4, &region), TALLY_OK);
-    uint8_t *base = tally_region_data(region);
-    fill_random(base, SPLIT_BYTES);
-    static const op_case_t split_cases[] = {
-        {TALLY_OP_HIST, TALLY_DTYPE_U8, 0, 0, 0, 0},
-        {TALLY_OP_HIST, TALLY_DTYPE_I32, 0, 0, -1000, 1000},
-        {TALLY_OP_SCAN, TALLY_DTYPE_I32, 0, 0, 0, 0},
-        {TALLY_OP_SCAN, TALLY_DTYPE_I32, TALLY_FLAG_SCAN_EXCLUSIVE, 0, 0, 0},
-        {TALLY_OP_SCAN, TALLY_DTYPE_I32, TALLY_FLAG_SCAN_OUT_I32, 0, 0, 0},
-    };
-    for (size_t k = 0; k < sizeof split_cases / sizeof split_cases[0]; k++) {
-        const op_case_t *oc = &split_cases[k];
-        bool scan = oc->opcode == TALLY_OP_SCAN;
-        char s_pay[16], s_ref[16];
-        snprintf(s_pay, sizeof s_pay, "spay%zu", k);
-        snprintf(s_ref, sizeof s_ref, "sref%zu", k);
-        for (int round = 0; round < 3; round++) {
-            tally_req_t rp = case_req(oc, round < 2 ? s_pay : NULL);
-            tally_req_t rr = case_req(oc, round < 2 ? s_ref : NULL);
-            tally_reply_t a, b;
-            tally_reply_init(&a);
-            tally_reply_init(&b);
-            assert_int_equal(tally_call(c, &rp, base, SPLIT_BYTES, &a), TALLY_OK);
-            memset(base + out_off, 0xee, 2 * SPLIT_BYTES);
-            assert_int_equal(tally_call_shm(c, &rr, region, 0, SPLIT_BYTES, scan ? region : NULL,
-                                            scan ? out_off : 0, &b),
-                             TALLY_OK);
-            assert_int_equal(a.rep.count, b.rep.count);
-            assert_int_equal(a.rep.aux0, b.rep.aux0);
-            assert_memory_equal(scan ? base + out_off : b.payload, a.payload, a.len);
-            tally_reply_clear(&a);
-            tally_reply_clear(&b);
-        }
-    }
-    assert_true(th_daemon_log_contains(&d, split_log));
+static const op_case_t split_cases[] = {
+    {TALLY_OP_HIST, TALLY_DTYPE_U8, 0, 0, 0, 0},
+    {TALLY_OP_HIST, TALLY_DTYPE_I32, 0, 0, -1000, 1000},
+    {TALLY_OP_SCAN, TALLY_DTYPE_I32, 0, 0, 0, 0},
+    {TALLY_OP_SCAN, TALLY_DTYPE_I32, TALLY_FLAG_SCAN_EXCLUSIVE, 0, 0, 0},
+    {TALLY_OP_SCAN, TALLY_DTYPE_I32, TALLY_FLAG_SCAN_OUT_I32, 0, 0, 0},
+};
 
-    /* Pipelined on one stream: small scan, split scan, small scan; the carries must chain. */
+/* split_cases[k] three times (twice on a stream, once without): by payload, then by reference
+ * (scans into the region at out_off), the replies equal. */
+static void compare_split_case(tally_client_t *c, tally_region_t *region, size_t out_off, size_t k)
+{
+    uint8_t *base = tally_region_data(region);
+    const op_case_t *oc = &split_cases[k];
+    bool scan = oc->opcode == TALLY_OP_SCAN;
+    char s_pay[16], s_ref[16];
+    snprintf(s_pay, sizeof s_pay, "spay%zu", k);
+    snprintf(s_ref, sizeof s_ref, "sref%zu", k);
+    for (int round = 0; round < 3; round++) {
+        tally_req_t rp = case_req(oc, round < 2 ? s_pay : NULL);
+        tally_req_t rr = case_req(oc, round < 2 ? s_ref : NULL);
+        tally_reply_t a, b;
+        tally_reply_init(&a);
+        tally_reply_init(&b);
+        assert_int_equal(tally_call(c, &rp, base, SPLIT_BYTES, &a), TALLY_OK);
+        memset(base + out_off, 0xee, 2 * SPLIT_BYTES);
+        assert_int_equal(tally_call_shm(c, &rr, region, 0, SPLIT_BYTES, scan ? region : NULL,
+                                        scan ? out_off : 0, &b),
+                         TALLY_OK);
+        assert_int_equal(a.rep.count, b.rep.count);
+        assert_int_equal(a.rep.aux0, b.rep.aux0);
+        assert_memory_equal(scan ? base + out_off : b.payload, a.payload, a.len);
+        tally_reply_clear(&a);
+        tally_reply_clear(&b);
+    }
+}
+
+/* Pipelined on one stream: small scan, split scan, small scan; the carries must chain. */
+static void check_split_carries(tally_client_t *c, tally_region_t *region, size_t out_off)
+{
     tally_req_t req = case_req(&split_cases[2], "pipe");
     size_t small = 64 << 10;
     uint64_t ids[3];
@@ -810,7 +798,7 @@ static void run_split(const char *const *engine_args, const char *split_log)
                                     out_off + 2 * small + 2 * SPLIT_BYTES, &ids[2]),
                      TALLY_OK);
     int64_t carry = 0, want = 0;
-    const int32_t *x = (const int32_t *)base;
+    const int32_t *x = (const int32_t *)tally_region_data(region);
     for (size_t i = 0; i < small / 4; i++)
         want += x[i];
     int64_t whole = 0;
@@ -828,6 +816,29 @@ static void run_split(const char *const *engine_args, const char *split_log)
         assert_int_equal((int64_t)r.rep.aux0, carry);
         tally_reply_clear(&r);
     }
+}
+
+static void run_split(const char *const *engine_args, const char *split_log)
+{
+    const char *args[16];
+    int n = 0;
+    for (; engine_args[n]; n++)
+        args[n] = engine_args[n];
+    args[n++] = "--log-level";
+    args[n++] = "debug";
+    args[n] = NULL;
+    th_daemon_t d;
+    start(&d, args);
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(d.endpoint, 30000, &c), TALLY_OK);
+    tally_region_t *region = NULL;
+    size_t out_off = SPLIT_BYTES;
+    assert_int_equal(tally_region_create(c, SPLIT_BYTES * 4, &region), TALLY_OK);
+    fill_random(tally_region_data(region), SPLIT_BYTES);
+    for (size_t k = 0; k < sizeof split_cases / sizeof split_cases[0]; k++)
+        compare_split_case(c, region, out_off, k);
+    assert_true(th_daemon_log_contains(&d, split_log));
+    check_split_carries(c, region, out_off);
     tally_region_destroy(&region);
     tally_client_destroy(&c);
     stop(&d);
@@ -858,6 +869,74 @@ static void test_split_beyond_buffers(void **state)
 
 /* ---- SIGTERM with references in flight ---------------------------------------------------- */
 
+enum { TERM_N = 24, TERM_QUERY_AT = 3, TERM_HISTS_FROM = 12 };
+
+/* The TERM_N requests, ids 1..TERM_N: scans of stream "term" by reference into the region
+ * `handle` (the query at TERM_QUERY_AT among them), then unnamed hists; scan[i] says which. */
+static void send_term_requests(void *sock, uint64_t handle, bool scan[TERM_N])
+{
+    for (int i = 0; i < TERM_N; i++) {
+        bool named = i < TERM_HISTS_FROM;
+        scan[i] = named && i != TERM_QUERY_AT;
+        tally_req_t req = case_req(&cases[named ? 5 : 8], named ? "term" : NULL);
+        req.request_id = (uint64_t)i + 1;
+        if (i == TERM_QUERY_AT) {
+            req.opcode = TALLY_OP_QUERY;
+            req.dtype = TALLY_DTYPE_NONE;
+            assert_int_equal(th_send_request(sock, &req, NULL, 0), 0);
+            continue;
+        }
+        tally_shm_ref_t ref = {.in_handle = handle, .in_length = 64 << 10};
+        if (scan[i]) {
+            ref.out_handle = handle;
+            ref.out_offset = (1u << 20) + (uint64_t)(i % 3) * (512u << 10);
+            ref.out_length = 128 << 10;
+        }
+        uint8_t bytes[TALLY_SHM_REF_SIZE];
+        tally_shm_ref_encode(&ref, bytes);
+        req.flags |= TALLY_FLAG_SHM_REF;
+        assert_int_equal(th_send_request(sock, &req, bytes, sizeof bytes), 0);
+    }
+}
+
+/* Receives the TERM_N replies, sending SIGTERM after the first: one reply each, ok or
+ * shutdown, at least one of both, the stream's ok scans a prefix. */
+static void collect_term_replies(void *sock, th_daemon_t *d, const bool scan[TERM_N])
+{
+    int got[TERM_N] = {0};
+    int ok = 0, shutdown = 0, last_ok_scan = -1, first_shut_scan = TERM_N;
+    for (int k = 0; k < TERM_N; k++) {
+        th_reply_t r;
+        if (th_recv_reply(sock, &r) != 0) {
+            for (int i = 0; i < TERM_N; i++)
+                if (!got[i])
+                    print_error("no reply to request %d\n", i);
+            fail_msg("reply %d of %d did not come; tallyd log %s", k + 1, TERM_N, d->log_path);
+        }
+        int i = (int)r.rep.request_id - 1;
+        assert_true(i >= 0 && i < TERM_N);
+        got[i]++;
+        if (r.rep.status == TALLY_OK) {
+            ok++;
+            if (scan[i] && i > last_ok_scan)
+                last_ok_scan = i;
+        } else {
+            assert_int_equal(r.rep.status, TALLY_E_SHUTDOWN);
+            shutdown++;
+            if (scan[i] && i < first_shut_scan)
+                first_shut_scan = i;
+        }
+        th_reply_free(&r);
+        if (k == 0) /* a first batch is done: the stream's scans are still running or waiting */
+            assert_int_equal(kill(d->pid, SIGTERM), 0);
+    }
+    for (int i = 0; i < TERM_N; i++)
+        assert_int_equal(got[i], 1);
+    assert_true(ok >= 1);
+    assert_true(shutdown >= 1);
+    assert_true(last_ok_scan < first_shut_scan); /* the stream's ok replies are a prefix */
+}
+
 /* A stream's scans referencing a region, with a query among them (so the scans behind it wait
  * on the stream, holding their references), and unnamed hists, all in tallyd (simulated launches
  * of 300 ms) when SIGTERM arrives. Every request gets exactly one reply: the ones running on the
@@ -882,61 +961,9 @@ static void test_sigterm_inflight_refs(void **state)
     close(fd);
     void *ctx = zmq_ctx_new();
     void *sock = dealer(ctx, d.endpoint, "peerT");
-    enum { N = 24, QUERY_AT = 3, HISTS_FROM = 12 };
-    bool scan[N];
-    for (int i = 0; i < N; i++) {
-        scan[i] = i < HISTS_FROM && i != QUERY_AT;
-        tally_req_t req = case_req(&cases[i < HISTS_FROM ? 5 : 8], i < HISTS_FROM ? "term" : NULL);
-        req.request_id = (uint64_t)i + 1;
-        if (i == QUERY_AT) {
-            req.opcode = TALLY_OP_QUERY;
-            req.dtype = TALLY_DTYPE_NONE;
-            assert_int_equal(th_send_request(sock, &req, NULL, 0), 0);
-            continue;
-        }
-        tally_shm_ref_t ref = {.in_handle = ans.a.handle, .in_length = 64 << 10};
-        if (scan[i]) {
-            ref.out_handle = ans.a.handle;
-            ref.out_offset = (1u << 20) + (uint64_t)(i % 3) * (512u << 10);
-            ref.out_length = 128 << 10;
-        }
-        uint8_t bytes[TALLY_SHM_REF_SIZE];
-        tally_shm_ref_encode(&ref, bytes);
-        req.flags |= TALLY_FLAG_SHM_REF;
-        assert_int_equal(th_send_request(sock, &req, bytes, sizeof bytes), 0);
-    }
-    int got[N] = {0};
-    int ok = 0, shutdown = 0, last_ok_scan = -1, first_shut_scan = N;
-    for (int k = 0; k < N; k++) {
-        th_reply_t r;
-        if (th_recv_reply(sock, &r) != 0) {
-            for (int i = 0; i < N; i++)
-                if (!got[i])
-                    print_error("no reply to request %d\n", i);
-            fail_msg("reply %d of %d did not come; tallyd log %s", k + 1, N, d.log_path);
-        }
-        int i = (int)r.rep.request_id - 1;
-        assert_true(i >= 0 && i < N);
-        got[i]++;
-        if (r.rep.status == TALLY_OK) {
-            ok++;
-            if (scan[i] && i > last_ok_scan)
-                last_ok_scan = i;
-        } else {
-            assert_int_equal(r.rep.status, TALLY_E_SHUTDOWN);
-            shutdown++;
-            if (scan[i] && i < first_shut_scan)
-                first_shut_scan = i;
-        }
-        th_reply_free(&r);
-        if (k == 0) /* a first batch is done: the stream's scans are still running or waiting */
-            assert_int_equal(kill(d.pid, SIGTERM), 0);
-    }
-    for (int i = 0; i < N; i++)
-        assert_int_equal(got[i], 1);
-    assert_true(ok >= 1);
-    assert_true(shutdown >= 1);
-    assert_true(last_ok_scan < first_shut_scan); /* the stream's ok replies are a prefix */
+    bool scan[TERM_N];
+    send_term_requests(sock, ans.a.handle, scan);
+    collect_term_replies(sock, &d, scan);
     assert_int_equal(th_daemon_stop(&d, 0, 30000), 0);
     assert_true(th_daemon_log_contains(&d, "unmapped"));
     assert_false(th_daemon_log_contains(&d, "still referenced at exit"));

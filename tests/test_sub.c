@@ -37,8 +37,7 @@ static tally_client_t *client;
 static int setup(void **state)
 {
     (void)state;
-    snprintf(dir, sizeof dir, "/tmp/tally-sub-XXXXXX");
-    if (!mkdtemp(dir))
+    if (th_tmpdir(dir, sizeof dir, "tally-sub") != 0)
         return -1;
     snprintf(pub, sizeof pub, "ipc://%s/pub", dir);
     const char *args[] = {"--pub", pub, "--pub-interval-ms", "100", NULL};
@@ -51,10 +50,7 @@ static int teardown(void **state)
 {
     (void)state;
     tally_client_destroy(&client);
-    int status = th_daemon_stop(&daemon_, SIGTERM, 20000);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return status == 0 && system(cmd) == 0 ? 0 : -1;
+    return th_daemon_teardown(&daemon_, 20000, dir);
 }
 
 static void push(const char *stream, uint8_t value, size_t n)

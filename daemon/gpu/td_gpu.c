@@ -31,32 +31,30 @@
  * lane's CUDA stream (see slot_done), and a multi-megabyte copy-out must stay off the loop thread
  * too.
  *
- * Ordering: requests of one named stream all go to the lane the stream is pinned to (for as
- * long as it has requests in flight), so they are enqueued on one CUDA stream back to back,
- * retired in that order, and applied to the host copy of the stream's state in that order.
+ * Placement is the scheduler's (td_sched.c): each request arrives with the device and lane it
+ * goes to, its carry index and whether it starts its stream's chain, and how many pieces it is
+ * split into. Ordering: requests of one named stream all go to the lane the stream is pinned to
+ * (for as long as it has requests in flight), so they are enqueued on one CUDA stream back to
+ * back, retired in that order, and applied to the host copy of the stream's state in that order.
  * A lane's launch failure is retired in its place too (it is marked failed, not completed
  * early), so a later request never overtakes an earlier one.
  *
  * Stream state on the device: only the scan carry. It must chain there, because the next
  * batch's kernel needs it before the previous reply has come back; each stream in flight holds
- * one device int64 of its lane (handed out by the loop thread), initialised from the host copy
+ * one device int64 of its lane (handed out by the scheduler), initialised from the host copy
  * by the stream's first request in flight, whatever its operation (so a state restored from
  * disk, a reset or a CPU rerun is picked up, and a scan pipelined behind a hist never reads a
  * carry index last used by another stream), and updated in place by tk_cuda_scan. A stream's
  * running histogram stays on the host: every batch's histogram comes back in its reply anyway,
- * adding 256 counters there is free, and query needs no device round trip. A stream is pinned to
- * its lane only while it has requests in flight; an idle stream's state is all in the host copy, so
- * its next request goes to the least loaded lane again ("least loaded at creation", renewed
- * whenever the stream starts from idle, with no hook needed when a stream is reset or removed).
+ * adding 256 counters there is free, and query needs no device round trip.
  *
  * Failures: a failed launch (the tests inject them with the fault engine, td_gpu_fault.c) or
- * work the watchdog finds failed
- * (an asynchronous kernel error never runs its host function; lane threads with work on the
- * device wake every TD_GPU_WATCHDOG_MS and ask the engine) comes back with r->exec_failed;
- * td_exec.c reruns it on the CPU. Here a device counts its failures in a row: at
- * TD_GPU_DEAD_AFTER, or at once for a watchdog failure (the CUDA context is gone), it is marked
- * unusable, logged at err, and its lanes fail what they still hold (in order) so it all reruns
- * on the CPU.
+ * work the watchdog finds failed (an asynchronous kernel error never runs its host function;
+ * lane threads with work on the device wake every TD_GPU_WATCHDOG_MS and ask the engine) comes
+ * back with r->gpu_failed; td_sched.c reruns it on the CPU. Here a device counts its failures
+ * in a row: at TD_GPU_DEAD_AFTER, or at once for a watchdog failure (the CUDA context is gone),
+ * it is marked unusable, logged at err, and its lanes fail what they still hold (in order) so it
+ * all reruns on the CPU.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -115,11 +113,6 @@ struct lane {
     unsigned retiring; /* slots popped from the ring whose completion is not pushed yet */
     bool stop;
     atomic_uint events; /* bumped on every slot done and request queued (for spinning) */
-
-    /* Loop thread only. */
-    unsigned load;        /* requests submitted and not yet completed */
-    unsigned *carry_free; /* carry indices 1..carries-1 not held by a stream */
-    unsigned carry_free_count;
 };
 
 /* The device's pinned reply buffers (TD_GPU_REPLY_BUFS in td_config.h says why). Taken by lane
@@ -142,7 +135,6 @@ struct device {
     lane_t *lanes;
     unsigned lane_count;
     atomic_bool dead;
-    unsigned load;          /* loop thread only */
     unsigned errors_in_row; /* loop thread only */
 };
 
@@ -186,10 +178,10 @@ static void slot_done(void *arg)
  * send is done, so the last request's send never races td_gpu_close. */
 static void push_completion(td_gpu_t *g, td_request_t *r)
 {
-    r->exec_next = NULL;
+    r->next = NULL;
     pthread_mutex_lock(&g->done_lock);
     if (g->done_tail)
-        g->done_tail->exec_next = r;
+        g->done_tail->next = r;
     else
         g->done_head = r;
     g->done_tail = r;
@@ -266,44 +258,36 @@ static void build_reply(lane_t *l, slot_t *slot)
 {
     td_request_t *r = slot->r;
     td_gpu_staging_t *s = &l->staging[slot->index];
-    size_t n = td_request_elements(r);
-    size_t esize = tally_dtype_size((tally_dtype_t)r->req.dtype);
     if (r->req.opcode == TALLY_OP_HIST) {
         r->hist = s->small->hist;
-        td_request_hist_reply(r, n);
+        td_request_hist_result(r);
         return;
     }
+    size_t n = td_request_elements(r);
     bool scan = r->req.opcode == TALLY_OP_SCAN;
-    bool out32 = (r->req.flags & TALLY_FLAG_SCAN_OUT_I32) != 0;
     size_t count = scan ? n : (size_t)s->small->kept;
-    size_t size = scan ? (out32 ? 4 : 8) : esize;
+    size_t bytes = output_bytes(r) / (n ? n : 1) * count; /* bytes per element x count */
     if (count > n) { /* a count the kernel cannot have produced: distrust the batch */
-        r->exec_failed = true;
+        r->gpu_failed = true;
         return;
     }
     /* The device wrote the output where the reply goes (an output region, or a pinned reply
      * buffer sent as it is), or into staging, from where it is copied into a malloc'd reply. */
     void *lent = slot->reply_buf;
-    bool direct = lent || (r->shm_out && r->shm_out->device_registered);
+    bool direct = lent || td_shm_region_direct(r->shm_out);
     void *out = r->out_ptr ? r->out_ptr : lent;
     if (!out)
-        out = malloc(count ? count * size : 1);
+        out = malloc(bytes ? bytes : 1);
     if (!out) {
-        td_request_fail(r, TALLY_E_INTERNAL, "out of memory for a reply of %zu bytes",
-                        count * size);
+        td_request_fail(r, TALLY_E_INTERNAL, "out of memory for a reply of %zu bytes", bytes);
         return;
     }
     if (!direct)
-        memcpy(out, s->out, count * size);
-    if (scan) {
-        r->carry = s->small->carry;
-        td_request_succeed_out(r, out32 ? TALLY_DTYPE_I32 : TALLY_DTYPE_I64, out, count * size, n);
-        r->rep.aux0 = (uint64_t)r->carry;
-    } else {
-        r->kept = count;
-        td_request_succeed_out(r, r->req.dtype, out, count * size, count);
-        r->rep.aux0 = n;
-    }
+        memcpy(out, s->out, bytes);
+    if (scan)
+        td_request_scan_result(r, out, s->small->carry);
+    else
+        td_request_filter_result(r, out, count);
     if (lent) { /* the request owns it now, and gives it back to the pool when freed */
         td_request_lend_reply(r, pool_give_back, &l->dev->pool);
         slot->reply_buf = NULL;
@@ -317,7 +301,7 @@ static void retire(lane_t *l, slot_t *slot)
 {
     td_request_t *r = slot->r;
     if (slot->state == SLOT_FAILED)
-        r->exec_failed = true;
+        r->gpu_failed = true;
     else
         build_reply(l, slot);
     if (slot->reply_buf) { /* not handed to the reply: the request failed */
@@ -350,50 +334,22 @@ static td_gpu_job_t make_job(const td_request_t *r, unsigned slot)
         .out_i32 = (r->req.flags & TALLY_FLAG_SCAN_OUT_I32) != 0,
         .lo = r->req.lo,
         .hi = r->req.hi,
-        .carry_index = r->exec_carry_index,
-        .carry_upload = r->exec_carry_upload,
+        .carry_index = r->where.carry_index,
+        .carry_upload = r->where.carry_upload,
         .slot = slot,
         /* A registered shared-memory region is copied to and from directly. */
-        .src = r->shm_in && r->shm_in->device_registered ? r->payload : NULL,
-        .dst = r->shm_out && r->shm_out->device_registered ? r->out_ptr : NULL,
+        .src = td_shm_region_direct(r->shm_in) ? r->payload : NULL,
+        .dst = td_shm_region_direct(r->shm_out) ? r->out_ptr : NULL,
     };
     return job;
 }
 
-/* Can r run split: its input (and a scan's output) in regions registered with the device, a
- * hist or a scan, and an engine that splits? */
-static bool splittable(const td_gpu_t *g, const td_request_t *r)
+bool td_gpu_splittable(const td_gpu_t *g, const td_request_t *r)
 {
-    bool direct_in = r->shm_in && r->shm_in->device_registered;
-    bool direct_out = r->shm_out && r->shm_out->device_registered;
+    bool direct_in = td_shm_region_direct(r->shm_in);
+    bool direct_out = td_shm_region_direct(r->shm_out);
     return g->engine->lane_launch_split && direct_in &&
            (r->req.opcode == TALLY_OP_HIST || (r->req.opcode == TALLY_OP_SCAN && direct_out));
-}
-
-unsigned td_gpu_split_min_pieces(const td_gpu_t *g, const td_request_t *r)
-{
-    if (!splittable(g, r))
-        return 0;
-    size_t pieces = (r->payload_len + g->opts.max_batch - 1) / g->opts.max_batch;
-    return pieces <= TD_GPU_SPLIT_MAX_PIECES ? (unsigned)(pieces ? pieces : 1) : 0;
-}
-
-/* How many pieces r's job is split into over the device's lanes (1: not split): as many as the
- * device has lanes (pieces of at least TD_GPU_SPLIT_PIECE_MIN_BYTES), and at least as many as
- * make every piece fit the device buffers; see TD_GPU_SPLIT_MIN_BYTES in td_config.h. */
-static unsigned split_pieces(const lane_t *l, const td_request_t *r)
-{
-    unsigned least = td_gpu_split_min_pieces(l->gpu, r);
-    if (!least || (r->payload_len < TD_GPU_SPLIT_MIN_BYTES && least == 1))
-        return 1;
-    size_t pieces = r->payload_len / TD_GPU_SPLIT_PIECE_MIN_BYTES;
-    if (pieces > l->dev->lane_count)
-        pieces = l->dev->lane_count;
-    if (pieces < least)
-        pieces = least;
-    if (pieces > TD_GPU_SPLIT_MAX_PIECES)
-        pieces = TD_GPU_SPLIT_MAX_PIECES;
-    return (unsigned)pieces;
 }
 
 /* Fills the slot and launches it (lane thread, no lock held; the slot is already in the ring
@@ -406,9 +362,9 @@ static void launch(lane_t *l, slot_t *slot)
     td_gpu_staging_t *s = &l->staging[slot->index];
     td_gpu_job_t job = make_job(r, slot->index);
     const td_gpu_engine_t *e = l->gpu->engine;
-    unsigned pieces = split_pieces(l, r);
+    unsigned pieces = r->where.pieces;
     tally_status_t st = TALLY_E_BACKEND;
-    /* A batch above the buffers only comes here when it splits (td_exec.c); never overrun the
+    /* A batch above the buffers only comes here when it splits (td_sched.c); never overrun the
      * staging slot should that ever not hold: fail it, and the CPU reruns it. */
     if (pieces < 2 && r->payload_len > l->gpu->opts.max_batch)
         goto failed;
@@ -538,7 +494,7 @@ static void *lane_main(void *arg)
         slot_t *slot = l->wait_head ? take_free_slot(l) : NULL;
         if (slot) {
             td_request_t *r = l->wait_head;
-            l->wait_head = r->exec_next;
+            l->wait_head = r->next;
             if (!l->wait_head)
                 l->wait_tail = NULL;
             slot->r = r;
@@ -561,10 +517,14 @@ static void *lane_main(void *arg)
 
 /* ---- loop thread -------------------------------------------------------------------------- */
 
-static void note_result(td_gpu_t *g, lane_t *l, td_request_t *r)
+static lane_t *lane_of(const td_gpu_t *g, const td_request_t *r)
 {
-    device_t *d = l->dev;
-    if (!r->exec_failed) {
+    return &g->devices[r->where.device].lanes[r->where.lane];
+}
+
+static void note_result(device_t *d, const td_request_t *r)
+{
+    if (!r->gpu_failed) {
         d->errors_in_row = 0;
         return;
     }
@@ -573,7 +533,6 @@ static void note_result(td_gpu_t *g, lane_t *l, td_request_t *r)
         td_err("GPU %d (%s) is unusable after %u errors in a row; its work goes to the CPU "
                "backend",
                d->ordinal, d->name, d->errors_in_row);
-    (void)g;
 }
 
 static void async_cb(uv_async_t *handle)
@@ -584,82 +543,26 @@ static void async_cb(uv_async_t *handle)
     g->done_head = g->done_tail = NULL;
     pthread_mutex_unlock(&g->done_lock);
     while (r) {
-        td_request_t *next = r->exec_next;
-        lane_t *l = r->exec_lane;
-        l->load--;
-        l->dev->load--;
-        note_result(g, l, r);
+        td_request_t *next = r->next;
+        note_result(lane_of(g, r)->dev, r);
         g->complete(g->owner, r);
         r = next;
     }
 }
 
-static lane_t *least_loaded_lane(td_gpu_t *g)
-{
-    device_t *best = NULL;
-    for (unsigned i = 0; i < g->device_count; i++) {
-        device_t *d = &g->devices[i];
-        if (!atomic_load(&d->dead) && (!best || d->load < best->load))
-            best = d;
-    }
-    if (!best) /* every device is unusable: td_exec.c stops routing here; fail on any lane */
-        best = &g->devices[0];
-    lane_t *lane = &best->lanes[0];
-    for (unsigned i = 1; i < best->lane_count; i++)
-        if (best->lanes[i].load < lane->load)
-            lane = &best->lanes[i];
-    return lane;
-}
-
 void td_gpu_submit(td_gpu_t *g, td_request_t *r)
 {
-    td_stream_t *stream = r->stream;
-    lane_t *l;
-    if (stream && stream->exec_lane) { /* the stream has requests in flight on this lane */
-        l = stream->exec_lane;
-        r->exec_carry_upload = false;
-        r->exec_carry_index = stream->exec_carry_index;
-    } else {
-        l = least_loaded_lane(g);
-        /* The stream has nothing in flight, so its host copy is authoritative: this request
-         * starts the chain by uploading it, whatever its operation. (Only a scan's prepare
-         * reads the carry; a hist or filter that starts the chain must upload it too, or the
-         * scans pipelined behind it read a carry index last used by another stream.) */
-        r->exec_carry_upload = true;
-        r->carry = stream ? stream->info.scan_carry : 0;
-        r->exec_carry_index = 0;
-        if (stream && l->carry_free_count) {
-            stream->exec_lane = l;
-            stream->exec_carry_index = l->carry_free[--l->carry_free_count];
-            r->exec_carry_index = stream->exec_carry_index;
-        } else if (stream) { /* cannot happen: carries = max_inflight + 1 */
-            td_err("GPU lane out of scan carries; stream '%s' runs unpinned", stream->name);
-        }
-    }
-    r->exec_lane = l;
-    l->load++;
-    l->dev->load++;
-    r->exec_next = NULL;
+    lane_t *l = lane_of(g, r);
+    r->next = NULL;
     pthread_mutex_lock(&l->lock);
     if (l->wait_tail)
-        l->wait_tail->exec_next = r;
+        l->wait_tail->next = r;
     else
         l->wait_head = r;
     l->wait_tail = r;
     atomic_fetch_add(&l->events, 1);
     pthread_cond_signal(&l->cond);
     pthread_mutex_unlock(&l->lock);
-}
-
-void td_gpu_stream_idle(td_gpu_t *g, td_stream_t *stream)
-{
-    (void)g;
-    lane_t *l = stream->exec_lane;
-    if (!l)
-        return;
-    l->carry_free[l->carry_free_count++] = stream->exec_carry_index;
-    stream->exec_lane = NULL;
-    stream->exec_carry_index = 0;
 }
 
 bool td_gpu_usable(const td_gpu_t *g)
@@ -678,10 +581,24 @@ unsigned td_gpu_devices_lost(const td_gpu_t *g)
     return lost;
 }
 
-bool td_gpu_lane_usable(const td_gpu_t *g, const void *lane)
+bool td_gpu_device_usable(const td_gpu_t *g, unsigned device)
 {
-    (void)g;
-    return lane && !atomic_load(&((const lane_t *)lane)->dev->dead);
+    return device < g->device_count && !atomic_load(&g->devices[device].dead);
+}
+
+int td_gpu_device_ordinal(const td_gpu_t *g, unsigned device)
+{
+    return device < g->device_count ? g->devices[device].ordinal : -1;
+}
+
+unsigned td_gpu_lanes(const td_gpu_t *g)
+{
+    return g->opts.lanes;
+}
+
+unsigned td_gpu_carries(const td_gpu_t *g)
+{
+    return g->carries;
 }
 
 bool td_gpu_region_register(td_gpu_t *g, void *base, size_t size, bool read_only)
@@ -699,13 +616,12 @@ void td_gpu_region_unregister(td_gpu_t *g, void *base)
     g->engine->region_unregister(g->engine->ctx, base);
 }
 
-int td_gpu_request_device(const td_request_t *r)
+unsigned td_gpu_device_count(const td_gpu_t *g)
 {
-    const lane_t *l = r->exec_lane;
-    return l ? l->dev->ordinal : -1;
+    return g->device_count;
 }
 
-unsigned td_gpu_device_count(const td_gpu_t *g)
+unsigned td_gpu_ordinals(const td_gpu_t *g)
 {
     unsigned n = 0; /* ordinals, so a skipped device leaves its number out, not the last one */
     for (unsigned i = 0; i < g->device_count; i++)
@@ -750,8 +666,7 @@ static tally_status_t lane_open(td_gpu_t *g, device_t *d, lane_t *l, unsigned in
     l->staging = calloc(slots, sizeof *l->staging);
     l->slots = calloc(slots, sizeof *l->slots);
     l->ring = calloc(slots, sizeof *l->ring);
-    l->carry_free = calloc(g->carries, sizeof *l->carry_free);
-    if (!l->staging || !l->slots || !l->ring || !l->carry_free) {
+    if (!l->staging || !l->slots || !l->ring) {
         snprintf(why, why_cap, "out of memory");
         return TALLY_E_INTERNAL;
     }
@@ -759,8 +674,6 @@ static tally_status_t lane_open(td_gpu_t *g, device_t *d, lane_t *l, unsigned in
         l->slots[i].lane = l;
         l->slots[i].index = i;
     }
-    for (unsigned c = g->carries - 1; c >= 1; c--) /* hand out low indices first */
-        l->carry_free[l->carry_free_count++] = c;
     uint64_t bytes = 0;
     tally_status_t st = g->engine->lane_open(g->engine->ctx, d->ordinal, g->opts.max_batch, slots,
                                              g->carries, &l->hw, l->staging, &bytes, why, why_cap);
@@ -789,7 +702,6 @@ static void lane_close(td_gpu_t *g, lane_t *l)
     free(l->staging);
     free(l->slots);
     free(l->ring);
-    free(l->carry_free);
     free(l->peer_hw);
     pthread_cond_destroy(&l->cond);
     pthread_mutex_destroy(&l->lock);

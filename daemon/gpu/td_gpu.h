@@ -1,13 +1,12 @@
 /*
  * td_gpu.h — the GPU pipeline: one per host, one set of lanes per device.
  *
- * Called on the loop thread only (the lane threads are internal). td_exec.c decides which
- * requests come here and handles what comes back; this module moves them through the devices:
- * a request submitted goes to a lane (a stream's lane while the stream has requests in flight,
- * else the least loaded lane of the least loaded usable device), waits there for a staging slot
- * (bounded by max_inflight, which counts it), is copied into pinned staging and launched by the
- * lane's thread, and comes back through `complete` on the loop thread, in launch order per
- * lane, with either its reply built (OK) or r->exec_failed set.
+ * Called on the loop thread only (the lane threads are internal). The scheduler (td_sched.c)
+ * decides which requests come here and where (r->where: device, lane, carry, pieces) and handles
+ * what comes back; this module moves them through the devices: a request submitted goes to its
+ * lane, waits there for a staging slot (bounded by max_inflight, which counts it), is copied into
+ * pinned staging and launched by the lane's thread, and comes back through `complete` on the loop
+ * thread, in launch order per lane, with either its reply built (OK) or r->gpu_failed set.
  */
 #ifndef TD_GPU_H
 #define TD_GPU_H
@@ -18,7 +17,6 @@
 
 #include "td_gpu_engine.h"
 #include "td_request.h"
-#include "td_stream.h"
 
 typedef struct td_gpu td_gpu_t;
 
@@ -48,17 +46,19 @@ void td_gpu_close(td_gpu_t *self);
 bool td_gpu_usable(const td_gpu_t *self);
 /* Devices marked unusable since start (the health endpoint reports them). */
 unsigned td_gpu_devices_lost(const td_gpu_t *self);
-/* True when the lane a stream is pinned to is still on a usable device. */
-bool td_gpu_lane_usable(const td_gpu_t *self, const void *lane);
-/* Queues a prepared compute request (r->exec_* set by td_exec.c) on a lane. */
+/* Devices are numbered 0..td_gpu_device_count()-1 as opened (a device that could not be opened
+ * is skipped); each has td_gpu_lanes() lanes with td_gpu_carries() device scan carries each. */
+unsigned td_gpu_device_count(const td_gpu_t *self);
+unsigned td_gpu_lanes(const td_gpu_t *self);
+unsigned td_gpu_carries(const td_gpu_t *self);
+bool td_gpu_device_usable(const td_gpu_t *self, unsigned device);
+/* The CUDA ordinal of a device; -1 when there is no such device. */
+int td_gpu_device_ordinal(const td_gpu_t *self, unsigned device);
+/* Queues a prepared compute request on the lane r->where names. */
 void td_gpu_submit(td_gpu_t *self, td_request_t *r);
-/* The stream has nothing in flight any more: its carry index goes back to its lane. */
-void td_gpu_stream_idle(td_gpu_t *self, td_stream_t *stream);
-
-/* Would r (prepared, about to be submitted) be split over a device's lanes, and into how many
- * pieces at least so each fits the device buffers (TD_GPU_SPLIT_MIN_BYTES in td_config.h)?
- * 0 when it cannot be split; then a batch above the buffers cannot run on the GPU. */
-unsigned td_gpu_split_min_pieces(const td_gpu_t *self, const td_request_t *r);
+/* Can r be split over a device's lanes: its input (and a scan's output) in regions registered
+ * with the devices, a hist or a scan, and an engine that splits? */
+bool td_gpu_splittable(const td_gpu_t *self, const td_request_t *r);
 
 /* Registers a shared-memory region with the engine (every device), so lanes copy straight from
  * and to it; false when the engine could not (the lanes then go through staging). Any thread
@@ -66,10 +66,8 @@ unsigned td_gpu_split_min_pieces(const td_gpu_t *self, const td_request_t *r);
 bool td_gpu_region_register(td_gpu_t *self, void *base, size_t size, bool read_only);
 void td_gpu_region_unregister(td_gpu_t *self, void *base);
 
-/* The ordinal of the device a request completed on (after `complete`), and one more than the
- * highest ordinal opened. */
-int td_gpu_request_device(const td_request_t *r);
-unsigned td_gpu_device_count(const td_gpu_t *self);
+/* One more than the highest ordinal opened (the per-GPU counters are indexed by ordinal). */
+unsigned td_gpu_ordinals(const td_gpu_t *self);
 
 uint64_t td_gpu_device_bytes(const td_gpu_t *self);
 /* "cuda: 0:NVIDIA H100 80GB HBM3 (4 streams)" */

@@ -3,7 +3,9 @@
  *
  * A td_config_t is filled in three layers, each overriding the last: the defaults below, the
  * configuration file (INI, see td_config_load_file), then the command line. SIGHUP re-reads the
- * file and applies what can change at run time (td_config_reloadable).
+ * file and applies what can change at run time (td_config_apply_runtime). Which option, key,
+ * default, range and reload behaviour each field has is one row of the table in td_settings.c;
+ * the limits and defaults it uses are here.
  */
 #ifndef TD_CONFIG_H
 #define TD_CONFIG_H
@@ -12,12 +14,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tally_proto.h"
+#include "td_err.h"
 
 #define TD_DEFAULT_ENDPOINT TALLY_DEFAULT_ENDPOINT /* proto/tally_proto.h */
-#define TD_DEFAULT_MAX_BATCH (16u << 20) /* bytes of payload in one request */
-#define TD_DEFAULT_MAX_INFLIGHT 64u      /* requests accepted and not yet answered */
+#define TD_DEFAULT_MAX_BATCH (16u << 20)           /* bytes of payload in one request */
+#define TD_DEFAULT_MAX_INFLIGHT 64u                /* requests accepted and not yet answered */
 #define TD_DEFAULT_MAX_STREAMS 4096u
+#define TD_MAX_STREAMS_LIMIT (1u << 24)
+#define TD_WORKERS_LIMIT 1024u
 /* Per-peer limits (td_peers.h), so that no peer can hurt another: a connection may hold at most
  * max_inflight_per_peer of the max_inflight slots. 0, the default, is a fair share: max_inflight
  * divided among the connections that have requests in flight, but never below
@@ -39,6 +43,7 @@
  * mistake (a payload a little or a few times too large) is still answered too_large on a
  * connection that stays open. --max-frame sets it (at least max_batch + 64 KiB, so that every
  * too_large-sized payload a client may plausibly send is answered); 0 means 4 x max_batch. */
+#define TD_DEFAULT_MAX_FRAME 0u
 #define TD_MAX_FRAME_FACTOR 4u
 #define TD_MAX_FRAME_HEADROOM (64u << 10)
 #define TD_MAX_FRAME_LIMIT (16ull << 30)
@@ -87,6 +92,7 @@
  * before it sleeps, saving a wake-up per request when batches are short (--gpu-spin-us; see
  * bench/NOTES.md for the A/B that chose it). */
 #define TD_DEFAULT_GPU_SPIN_US 0u
+#define TD_GPU_SPIN_US_LIMIT 10000u
 /* CPU batches up to this size run on the loop thread itself (a 16 KiB batch takes a few
  * microseconds there): through the worker pool, a 4 KiB request's p50 was 27-43 us over the
  * ZeroMQ echo on the H200 host (bench/NOTES.md), two thread wake-ups more than needed. */
@@ -154,8 +160,8 @@
 #define TD_PUB_INTERVAL_MS_LIMIT 3600000u
 #define TD_PUB_SNDHWM 1000 /* messages queued per subscriber before ZeroMQ drops them */
 /* Per-stream Prometheus series (td_metrics.c): the first this many streams, in creation order,
- * get their own `stream` label; the rest are summed under stream="_other", so a scrape has at
- * most (metrics_streams + 1) x 3 per-stream series however many streams exist. */
+ * get their own `stream` label; the rest are summed under stream="(other streams)", so a scrape has
+ * at most (metrics_streams + 1) x 3 per-stream series however many streams exist. */
 #define TD_DEFAULT_METRICS_STREAMS 100u
 #define TD_METRICS_STREAMS_LIMIT 10000u
 
@@ -213,7 +219,7 @@ typedef struct {
     char *curve_clients;     /* owned; allowed KEY or NAME:KEY items, comma-separated, or NULL */
     bool protected_mode;     /* refuse network endpoints without authentication */
     char *metrics_auth_file; /* owned; USER:PASSWORD for the metrics endpoint's basic auth */
-    int argc; /* the command line, kept so SIGHUP can re-apply it (borrowed) */
+    int argc;                /* the command line, kept so SIGHUP can re-apply it (borrowed) */
     char **argv;
 } td_config_t;
 
@@ -222,14 +228,14 @@ void td_config_init(td_config_t *cfg);
 /* Frees owned strings and resets *cfg to the defaults. */
 void td_config_clear(td_config_t *cfg);
 
-/* Parses argv into cfg (over whatever it holds). Returns TALLY_OK, or TALLY_E_PARAM with a
- * message in msg. *exit_now is set (and TALLY_OK returned) for --help and --version, which
- * print to stdout. */
-tally_status_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, bool *exit_now,
-                                    char *msg, size_t msg_cap);
+/* Parses argv into cfg (over whatever it holds). Returns TD_OK, or TD_ERR_CONFIG (TD_ERR_NOMEM)
+ * with a message in msg. *exit_now is set (and TD_OK returned) for --help, --version and the
+ * hidden --print-settings-md and --print-example-conf, which print to stdout. */
+td_err_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, bool *exit_now, char *msg,
+                              size_t msg_cap);
 
-/* Adds an endpoint to cfg->binds. */
-tally_status_t td_config_add_bind(td_config_t *cfg, const char *endpoint);
+/* Adds an endpoint to cfg->binds: TD_ERR_CONFIG for an invalid one or one too many. */
+td_err_t td_config_add_bind(td_config_t *cfg, const char *endpoint);
 
 /* The ZeroMQ I/O threads to use: cfg->io_threads, or the default from the core count. */
 unsigned td_config_io_threads(const td_config_t *cfg);
@@ -248,39 +254,35 @@ unsigned td_config_streams_per_client(const td_config_t *cfg);
  * address (127.0.0.0/8, ::1, localhost, lo). A wildcard, an interface name or any other address
  * (and any other transport) is a network endpoint. Also takes HOST:PORT (the metrics listen). */
 bool td_endpoint_is_local(const char *endpoint);
-/* Protected mode for one endpoint (metrics: the HTTP metrics listen address): TALLY_E_PARAM,
+/* Protected mode for one endpoint (metrics: the HTTP metrics listen address): TD_ERR_CONFIG,
  * with a message that says how to set up keys, for a network endpoint without authentication
  * (CURVE; basic auth for metrics) while protected_mode is on; with it off, a warning is logged
- * (at every start) and TALLY_OK returned. */
-tally_status_t td_config_check_endpoint(const td_config_t *cfg, const char *endpoint, bool metrics,
-                                        char *msg, size_t cap);
+ * (at every start) and TD_OK returned. */
+td_err_t td_config_check_endpoint(const td_config_t *cfg, const char *endpoint, bool metrics,
+                                  char *msg, size_t cap);
 /* td_config_check_endpoint for every bind and the metrics endpoint. */
-tally_status_t td_config_check_protected(const td_config_t *cfg, char *msg, size_t cap);
+td_err_t td_config_check_protected(const td_config_t *cfg, char *msg, size_t cap);
 
-/* Parses a size with an optional K, M, G suffix (powers of two). */
-tally_status_t td_config_parse_size(const char *text, size_t *out);
 const char *td_backend_choice_name(td_backend_choice_t choice);
-
-void td_config_usage(const char *argv0);
 
 /* ---- td_config_file.c: the configuration file and reload -------------------------------- */
 
 /* Fills cfg in layers: defaults, then the configuration file (--config FILE, or
  * TD_DEFAULT_CONFIG_FILE when it exists), then the command line; then $STATE_DIRECTORY as the
- * state directory when none was set. Returns TALLY_OK, or TALLY_E_PARAM with a message
- * ("FILE:LINE: ..." for the file). argv is kept (borrowed) in cfg for td_config_reload. */
-tally_status_t td_config_load(td_config_t *cfg, int argc, char **argv, bool *exit_now, char *msg,
-                              size_t msg_cap);
-/* Applies an INI file over cfg. TALLY_E_IO when it cannot be opened, TALLY_E_PARAM (with
+ * state directory when none was set. Returns TD_OK, or TD_ERR_CONFIG with a message
+ * ("FILE:LINE: ..." for the file; a --config FILE that cannot be read is TD_ERR_CONFIG too), or
+ * TD_ERR_NOMEM. argv is kept (borrowed) in cfg for td_config_reload. */
+td_err_t td_config_load(td_config_t *cfg, int argc, char **argv, bool *exit_now, char *msg,
+                        size_t msg_cap);
+/* Applies an INI file over cfg. TD_ERR_IO when it cannot be opened, TD_ERR_CONFIG (with
  * "FILE:LINE: ..." in msg) for an unknown section or key or a bad value. */
-tally_status_t td_config_load_file(td_config_t *cfg, const char *path, char *msg, size_t msg_cap);
+td_err_t td_config_load_file(td_config_t *cfg, const char *path, char *msg, size_t msg_cap);
 /* SIGHUP: builds the configuration afresh (defaults < file < command line) into *next. On
  * failure *next is cleared, msg says why and the caller keeps running with live. */
-tally_status_t td_config_reload(const td_config_t *live, td_config_t *next, char *msg,
-                                size_t msg_cap);
+td_err_t td_config_reload(const td_config_t *live, td_config_t *next, char *msg, size_t msg_cap);
 /* Copies the settings that can change at run time from next into live, logging each change
- * ("log_level: info -> debug") and each change that needs a restart as ignored. Returns true
- * when anything run-time changed. */
+ * ("reload: log_level: info -> debug") and each change that needs a restart as ignored (the
+ * table's reload column). Returns true when anything run-time changed. */
 bool td_config_apply_runtime(td_config_t *live, const td_config_t *next);
 
 #endif

@@ -153,7 +153,7 @@ static td_err_t adopt_fd(void *zsock, const td_config_t *cfg, int fd)
     if (err != TD_OK)
         return err;
     char why[1024];
-    if (td_config_check_endpoint(cfg, endpoint, false, why, sizeof why) != TALLY_OK) {
+    if (td_config_check_endpoint(cfg, endpoint, false, why, sizeof why) != TD_OK) {
         td_err("socket activation: fd %d: %s", fd, why);
         return TD_ERR_BIND;
     }

@@ -392,7 +392,7 @@ void td_service_reload(td_service_t *self)
         self->host.cfg->config_file ? self->host.cfg->config_file : TD_DEFAULT_CONFIG_FILE;
     td_notice("SIGHUP: reloading the configuration (%s)", file);
     notified(self, td_notify_reloading()); /* Type=notify-reload: systemd waits for READY=1 */
-    if (td_config_reload(self->host.cfg, &next, msg, sizeof msg) != TALLY_OK) {
+    if (td_config_reload(self->host.cfg, &next, msg, sizeof msg) != TD_OK) {
         td_err("reload failed: %s; keeping the running configuration", msg);
         notified(self, td_notify_reloaded());
         return;

@@ -123,6 +123,18 @@ int th_daemon_start(th_daemon_t *d, const char *const *extra_args)
     return -1;
 }
 
+int th_daemon_start_with(th_daemon_t *d, const char *const *args, const char *const *extra)
+{
+    const char *argv[32];
+    int argc = 0;
+    for (int i = 0; args && args[i] && argc < 30; i++)
+        argv[argc++] = args[i];
+    for (int i = 0; extra && extra[i] && argc < 30; i++)
+        argv[argc++] = extra[i];
+    argv[argc] = NULL;
+    return th_daemon_start(d, argv);
+}
+
 int th_daemon_stop(th_daemon_t *d, int sig, int timeout_ms)
 {
     if (d->pid <= 0)
@@ -242,6 +254,29 @@ int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len,
     return th_recv_reply(sock, reply);
 }
 
+int th_call_status(void *sock, const tally_req_t *req, const void *payload, size_t len)
+{
+    th_reply_t reply;
+    if (th_call(sock, req, payload, len, &reply) != 0)
+        return -1;
+    int status = (int)reply.rep.status;
+    th_reply_free(&reply);
+    return status;
+}
+
+long th_query_raw(void *sock, const char *stream, uint64_t id, uint8_t *out, size_t cap)
+{
+    tally_req_t q = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, id);
+    th_reply_t r;
+    if (tally_req_set_stream(&q, stream) != TALLY_OK || th_call(sock, &q, NULL, 0, &r) != 0)
+        return -1;
+    long len = r.rep.status == TALLY_OK ? (long)r.len : -1;
+    if (len >= 0)
+        memcpy(out, r.payload, r.len < cap ? r.len : cap);
+    th_reply_free(&r);
+    return len;
+}
+
 bool th_ping(const char *endpoint, int timeout_ms)
 {
     void *sock = th_connect(endpoint, timeout_ms);
@@ -302,6 +337,57 @@ uint64_t th_rand(void)
     rng_state ^= rng_state >> 7;
     rng_state ^= rng_state << 17;
     return rng_state;
+}
+
+int32_t *th_random_i32(size_t n, int64_t lo, int64_t hi)
+{
+    int32_t *x = malloc(4 * n + 4);
+    if (!x)
+        abort(); /* a failed test, as an assertion would be */
+    for (size_t i = 0; i < n; i++)
+        x[i] = (int32_t)(lo + (int64_t)(th_rand() % (uint64_t)(hi - lo + 1)));
+    return x;
+}
+
+int th_cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+int th_cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+const char *th_tally_bin(void)
+{
+    const char *bin = getenv("TALLY_BIN");
+    return bin && *bin ? bin : "./cli/tally";
+}
+
+int th_tmpdir(char *dir, size_t cap, const char *prefix)
+{
+    int n = snprintf(dir, cap, "/tmp/%s-XXXXXX", prefix);
+    if (n < 0 || (size_t)n >= cap)
+        return -1;
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+int th_rmrf(const char *dir)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int th_daemon_teardown(th_daemon_t *d, int timeout_ms, const char *dir)
+{
+    int status = th_daemon_stop(d, SIGTERM, timeout_ms);
+    if (th_rmrf(dir) != 0)
+        return -1;
+    return status == 0 ? 0 : -1;
 }
 
 char *th_slurp(const char *path)
@@ -421,14 +507,13 @@ void th_sleep_ms(int ms)
 
 th_cli_t th_cli(const char *dir, const char *endpoint, const char *fmt, ...)
 {
-    const char *bin = getenv("TALLY_BIN");
     char args[2048], cmd[4096], path[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(args, sizeof args, fmt, ap);
     va_end(ap);
     snprintf(cmd, sizeof cmd, "cd '%s' && '%s' -e '%s' %s > cli.out 2> cli.err", dir,
-             bin && *bin ? bin : "./tally", endpoint, args);
+             th_tally_bin(), endpoint, args);
     int rc = system(cmd);
     th_cli_t r = {.status = rc != -1 && WIFEXITED(rc) ? WEXITSTATUS(rc) : -1};
     snprintf(path, sizeof path, "%s/cli.out", dir);

@@ -23,6 +23,9 @@ typedef struct {
 /* Starts $TALLYD_BIN (or ./tallyd) with --bind on a free port plus extra_args (NULL-terminated,
  * may be NULL) and waits until it answers a ping. Returns 0, or -1 (and logs) on failure. */
 int th_daemon_start(th_daemon_t *d, const char *const *extra_args);
+/* The same with two argument lists, args then extra (each NULL-terminated, may be NULL; 30
+ * arguments at most in all). */
+int th_daemon_start_with(th_daemon_t *d, const char *const *args, const char *const *extra);
 /* Sends sig and waits for the exit; returns the exit status, or -1 if it did not exit within
  * timeout_ms (then it is killed). */
 int th_daemon_stop(th_daemon_t *d, int sig, int timeout_ms);
@@ -65,6 +68,13 @@ int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len,
  * `tallyd_limited_total{reason="stream_rate"}`), asked on sock; -1 when absent or on no reply. */
 long long th_stat(void *sock, const char *name);
 
+/* One request, one reply, only its status kept: the reply's status, or -1 without a reply. */
+int th_call_status(void *sock, const tally_req_t *req, const void *payload, size_t len);
+
+/* A query of `stream` (request id `id`): its record copied into out (at most cap bytes); the
+ * record's length, or -1 when the name is invalid or no ok reply came. */
+long th_query_raw(void *sock, const char *stream, uint64_t id, uint8_t *out, size_t cap);
+
 /* One ping on a fresh th_connect socket: true when answered ok within timeout_ms. */
 bool th_ping(const char *endpoint, int timeout_ms);
 
@@ -91,7 +101,7 @@ int th_write_clock(const char *path, uint64_t ms);
 int64_t th_now_ms(void);
 void th_sleep_ms(int ms);
 
-/* The `tally` CLI under test ($TALLY_BIN) run through sh in `dir`, so ARGS may redirect:
+/* The `tally` CLI under test (th_tally_bin) run through sh in `dir`, so ARGS may redirect:
  * `tally -e ENDPOINT ARGS`; its exit status (-1 when it did not exit), stdout and stderr. */
 typedef struct {
     int status;
@@ -102,8 +112,25 @@ th_cli_t th_cli(const char *dir, const char *endpoint, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void th_cli_free(th_cli_t *r);
 
+/* The `tally` CLI under test: $TALLY_BIN, or ./cli/tally. */
+const char *th_tally_bin(void);
+
+/* A fresh scratch directory /tmp/PREFIX-XXXXXX, its path in dir (cap bytes); 0, or -1. */
+int th_tmpdir(char *dir, size_t cap, const char *prefix);
+/* Removes dir and all in it (rm -rf); 0, or -1. */
+int th_rmrf(const char *dir);
+/* What most suites' teardowns do: stop d with SIGTERM (timeout_ms), then remove dir; 0 when
+ * the daemon exited 0 and the directory is gone, else -1. */
+int th_daemon_teardown(th_daemon_t *d, int timeout_ms, const char *dir);
+
 /* Seeded xorshift so failures reproduce: the seed is printed by th_seed(). */
 uint64_t th_seed(void);
 uint64_t th_rand(void);
+/* n values uniform in [lo, hi] from th_rand, malloc'ed with room for one more (n may be 0);
+ * aborts when out of memory. */
+int32_t *th_random_i32(size_t n, int64_t lo, int64_t hi);
+/* qsort's order of int32_t and of int64_t. */
+int th_cmp_i32(const void *a, const void *b);
+int th_cmp_i64(const void *a, const void *b);
 
 #endif

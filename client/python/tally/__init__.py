@@ -148,6 +148,26 @@ def library_version():
     return _lib.tally_version().decode()
 
 
+class _Handle:
+    """A libtally object held through a pointer: close() destroys it (once: the destroy sets
+    the pointer to NULL), and `with` closes it on leaving the block. Subclasses name the
+    attribute that holds the pointer (_handle_attr) and the tally_*_destroy to call."""
+
+    _handle_attr = None
+    _destroy = None
+
+    def close(self):
+        handle = getattr(self, self._handle_attr)
+        if handle:
+            type(self)._destroy(ctypes.byref(handle))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 class Error(Exception):
     """A failed call: .status (the number), .name ("unknown_stream", ...), .message."""
 
@@ -214,12 +234,14 @@ def _opts(chunk_bytes, window, shm, seq, seq_base=0, total_bytes=0):
                     seq=seq, seq_base=seq_base, total_bytes=total_bytes)
 
 
-class Push:
+class Push(_Handle):
     """A streaming push (tally_push_*): write() chunks of any length, read the output in order.
 
     Outputs go to `on_output(array)` chunk by chunk when given, else they are collected and
     returned by finish(). `result` holds the counters after finish() (applied, bytes, ...).
     """
+
+    _handle_attr, _destroy = "_push", _lib.tally_push_destroy
 
     def __init__(self, client, req, opts, on_output=None):
         self._client, self._req, self._on_output = client, req, on_output
@@ -271,13 +293,6 @@ class Push:
             return np.zeros(0, dtype=self._dtype)
         return np.concatenate(self._parts)
 
-    def close(self):
-        if self._push:
-            _lib.tally_push_destroy(ctypes.byref(self._push))
-
-    def __enter__(self):
-        return self
-
     def __exit__(self, kind, value, tb):
         try:
             if kind is None:
@@ -286,9 +301,11 @@ class Push:
             self.close()
 
 
-class Region:
+class Region(_Handle):
     """A shared-memory region registered with tallyd (tally_region_create): write the data
     into array(), then name ranges of it in *_shm calls."""
+
+    _handle_attr, _destroy = "_r", _lib.tally_region_destroy
 
     def __init__(self, client, size):
         self._client, self._r = client, ctypes.c_void_p()
@@ -305,18 +322,13 @@ class Region:
 
     def close(self):
         self._bytes = None
-        if self._r:
-            _lib.tally_region_destroy(ctypes.byref(self._r))
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        super().close()
 
 
-class Client:
+class Client(_Handle):
     """One connection to tallyd (a libtally client). Use it from one thread."""
+
+    _handle_attr, _destroy = "_c", _lib.tally_client_destroy
 
     def __init__(self, endpoint=None, timeout_ms=5000):
         endpoint = endpoint or os.environ.get("TALLY_ENDPOINT") or "tcp://127.0.0.1:5555"
@@ -325,16 +337,6 @@ class Client:
         if st:
             raise Error(st, f"cannot create a client for {endpoint!r}")
         self.endpoint = endpoint
-
-    def close(self):
-        if self._c:
-            _lib.tally_client_destroy(ctypes.byref(self._c))
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def _check(self, status, message=None):
         if status:

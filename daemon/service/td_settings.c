@@ -1,0 +1,722 @@
+/*
+ * td_settings.c — the table of settings and what each kind of value does (see td_settings.h).
+ *
+ * The rows are in the order --help, the README and the example file list them: the file's
+ * sections in turn, then the options of the command line alone, then the hidden ones.
+ * td_settings_doc.c prints the documents from them.
+ */
+#include <errno.h>
+#include <grp.h>
+#include <pwd.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tally_args.h"
+#include "tally_keys.h"
+#include "td_log.h"
+#include "td_metrics.h"
+#include "td_settings.h"
+
+#define FIELD(name) offsetof(td_config_t, name)
+
+/* One setting a paragraph: it reads better than one field a line. */
+/* clang-format off */
+const td_setting_t td_settings[] = {
+    /* [server] */
+    {.option = "bind", .short_flag = 'b', .arg = "ENDPOINT", .section = "server", .key = "bind",
+     .type = TD_SET_ENDPOINTS, .offset = FIELD(binds), .aux = FIELD(bind_count),
+     .reload = TD_RELOAD_RESTART,
+     .help = "ZeroMQ endpoint to bind, repeatable; leave it unset when tallyd.socket passes the "
+             "sockets"},
+    {.option = "backend", .arg = "NAME", .section = "server", .key = "backend",
+     .type = TD_SET_BACKEND, .offset = FIELD(backend), .def = TD_BACKEND_AUTO,
+     .reload = TD_RELOAD_RESTART,
+     .help = "which backend runs batches: auto (CUDA when a GPU is usable, else CPU), cpu or "
+             "cuda"},
+    {.option = "max-batch", .arg = "BYTES", .section = "server", .key = "max_batch",
+     .type = TD_SET_SIZE, .offset = FIELD(max_batch), .def = TD_DEFAULT_MAX_BATCH, .min = 1,
+     .max = TD_MAX_BATCH_LIMIT, .reload = TD_RELOAD_UP_TO_START,
+     .reload_note = "it sized the buffers",
+     .help = "largest request payload, K/M/G suffixes; it sizes the GPU staging buffers at start"},
+    {.option = "max-inflight", .arg = "N", .section = "server", .key = "max_inflight",
+     .type = TD_SET_UINT, .offset = FIELD(max_inflight), .def = TD_DEFAULT_MAX_INFLIGHT, .min = 1,
+     .max = TD_MAX_INFLIGHT_LIMIT, .reload = TD_RELOAD_APPLIES,
+     .help = "requests accepted and not yet answered before tallyd stops reading (backpressure)"},
+    {.option = "max-streams", .arg = "N", .section = "server", .key = "max_streams",
+     .type = TD_SET_UINT, .offset = FIELD(max_streams), .def = TD_DEFAULT_MAX_STREAMS, .min = 1,
+     .max = TD_MAX_STREAMS_LIMIT, .reload = TD_RELOAD_APPLIES,
+     .reload_note = "existing streams are kept", .help = "named streams kept at once"},
+    {.option = "max-inflight-per-peer", .arg = "N", .section = "server",
+     .key = "max_inflight_per_peer", .type = TD_SET_UINT, .offset = FIELD(max_inflight_per_peer),
+     .def = TD_DEFAULT_MAX_INFLIGHT_PER_PEER, .max = TD_MAX_INFLIGHT_LIMIT,
+     .reload = TD_RELOAD_APPLIES,
+     .help = "requests in flight per connection, beyond which it is answered `busy`",
+     .default_doc = "a fair share, max_inflight / connections with requests in flight, at least "
+                    "8"},
+    {.option = "max-streams-per-client", .arg = "N", .section = "server",
+     .key = "max_streams_per_client", .type = TD_SET_UINT, .offset = FIELD(max_streams_per_client),
+     .def = TD_DEFAULT_MAX_STREAMS_PER_CLIENT, .max = TD_MAX_STREAMS_LIMIT,
+     .reload = TD_RELOAD_APPLIES,
+     .help = "streams one client (its CURVE key, else its connection) may create, beyond which "
+             "`client_streams`",
+     .default_doc = "half of max_streams"},
+    {.option = "stream-create-rate", .arg = "N", .section = "server", .key = "stream_create_rate",
+     .type = TD_SET_UINT, .offset = FIELD(stream_create_rate), .def = TD_DEFAULT_STREAM_CREATE_RATE,
+     .max = TD_STREAM_CREATE_RATE_LIMIT, .reload = TD_RELOAD_APPLIES,
+     .help = "streams one client may create per second (bursts of one second's worth), beyond "
+             "which `rate_limited`; 0 = unlimited"},
+    {.option = "max-frame", .arg = "BYTES", .section = "server", .key = "max_frame",
+     .type = TD_SET_SIZE, .offset = FIELD(max_frame), .def = TD_DEFAULT_MAX_FRAME,
+     .max = TD_MAX_FRAME_LIMIT, .reload = TD_RELOAD_RESTART, .example = "64M",
+     .help = "a hard memory guard, K/M/G: a frame over it makes ZeroMQ close its connection, with "
+             "no reply; payloads over max_batch and up to it are answered `too_large`; at least "
+             "max_batch + 64K",
+     .default_doc = "4 x max_batch"},
+    {.option = "drain-ms", .arg = "MS", .section = "server", .key = "drain_ms", .type = TD_SET_UINT,
+     .offset = FIELD(drain_ms), .def = TD_DEFAULT_DRAIN_MS, .max = TD_DRAIN_MS_LIMIT,
+     .reload = TD_RELOAD_APPLIES,
+     .help = "on stop (SIGTERM), answer what is still queued in the socket `shutdown` for up to "
+             "MS milliseconds; requests running on a backend finish first"},
+    {.option = "workers", .arg = "N", .section = "server", .key = "workers", .type = TD_SET_UINT,
+     .offset = FIELD(workers), .min = 1, .max = TD_WORKERS_LIMIT, .reload = TD_RELOAD_RESTART,
+     .example = "8", .help = "CPU worker threads", .default_doc = "the number of cores"},
+    {.option = "log-level", .arg = "LEVEL", .section = "server", .key = "log_level",
+     .type = TD_SET_LOG_LEVEL, .offset = FIELD(log_level), .def = TD_LOG_INFO,
+     .reload = TD_RELOAD_APPLIES,
+     .help = "log messages up to LEVEL: err, warning, notice, info or debug"},
+    {.option = "io-threads", .arg = "N", .section = "server", .key = "io_threads",
+     .type = TD_SET_UINT, .offset = FIELD(io_threads), .def = TD_DEFAULT_IO_THREADS, .min = 1,
+     .max = TD_IO_THREADS_LIMIT, .reload = TD_RELOAD_RESTART, .example = "4",
+     .help = "ZeroMQ I/O threads", .default_doc = "cores / 4, from 1 to 4"},
+    /* [state] */
+    {.option = "state-dir", .arg = "DIR", .section = "state", .key = "dir", .type = TD_SET_STRING,
+     .offset = FIELD(state_dir), .reload = TD_RELOAD_RESTART, .example = "/var/lib/tallyd",
+     .help = "keep stream state (streams.state) in DIR; empty = no persistence",
+     .default_doc = "$STATE_DIRECTORY, which systemd sets to /var/lib/tallyd; else none"},
+    {.option = "state-interval", .arg = "S", .section = "state", .key = "interval",
+     .type = TD_SET_UINT, .offset = FIELD(state_interval), .def = TD_DEFAULT_STATE_INTERVAL,
+     .min = 1, .max = TD_STATE_INTERVAL_LIMIT, .reload = TD_RELOAD_APPLIES,
+     .help = "seconds between state snapshots: a kill -9 loses at most this much, a clean stop "
+             "nothing"},
+    /* [metrics] */
+    {.option = "metrics", .arg = "ADDR:PORT", .section = "metrics", .key = "listen",
+     .type = TD_SET_STRING, .offset = FIELD(metrics_listen), .reload = TD_RELOAD_RESTART,
+     .example = "127.0.0.1:9464",
+     .help = "serve Prometheus text over HTTP at http://ADDR:PORT/metrics, and GET /healthz (200 "
+             "serving, 503 draining or a GPU lost)",
+     .default_doc = "off"},
+    {.option = "metrics-auth-file", .arg = "FILE", .section = "metrics", .key = "auth_file",
+     .type = TD_SET_PATH, .offset = FIELD(metrics_auth_file), .reload = TD_RELOAD_RESTART,
+     .example = "/etc/tallyd/metrics.auth",
+     .help = "a file (mode 0600) whose first line is the USER:PASSWORD that every request, "
+             "/metrics and /healthz alike, must present (HTTP basic auth); needed to listen on a "
+             "network address in protected mode"},
+    {.option = "metrics-streams", .arg = "N", .section = "metrics", .key = "streams",
+     .type = TD_SET_UINT, .offset = FIELD(metrics_streams), .def = TD_DEFAULT_METRICS_STREAMS,
+     .max = TD_METRICS_STREAMS_LIMIT, .reload = TD_RELOAD_APPLIES,
+     .help = "streams with their own `stream` label (the first ones created); the rest are summed "
+             "as stream=\"" TD_METRICS_OTHER_STREAMS "\""},
+    /* [security] */
+    {.option = "curve-secret-key", .arg = "FILE", .section = "security", .key = "curve_secret_key",
+     .type = TD_SET_PATH, .offset = FIELD(curve_secret_key), .reload = TD_RELOAD_RESTART,
+     .example = "server.key",
+     .help = "turn CURVE on with the server key pair in FILE, from `tally keygen` (mode 0600); a "
+             "relative FILE is looked up in $CREDENTIALS_DIRECTORY (systemd's LoadCredential=)",
+     .default_doc = "none: CURVE off"},
+    {.option = "curve-clients-dir", .arg = "DIR", .section = "security", .key = "curve_clients_dir",
+     .type = TD_SET_PATH, .offset = FIELD(curve_clients_dir), .reload = TD_RELOAD_REREAD,
+     .example = "/etc/tallyd/clients",
+     .help = "allowed client keys: DIR/NAME.pub each, client NAME"},
+    {.option = "curve-clients", .arg = "LIST", .section = "security", .key = "curve_clients",
+     .type = TD_SET_KEY_LIST, .offset = FIELD(curve_clients), .reload = TD_RELOAD_REREAD,
+     .example = "cam1:rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7",
+     .help = "allowed client keys: KEY or NAME:KEY, comma-separated"},
+    {.option = "protected-mode", .arg = "on|off", .section = "security", .key = "protected_mode",
+     .type = TD_SET_BOOL, .offset = FIELD(protected_mode), .def = TD_DEFAULT_PROTECTED_MODE,
+     .reload = TD_RELOAD_RESTART,
+     .help = "refuse a network endpoint (tcp other than loopback) without CURVE, and metrics on "
+             "one without auth_file; set it off only on a trusted network (a warning at every "
+             "start)"},
+    /* [gpu] */
+    {.option = "gpu-streams", .arg = "K", .section = "gpu", .key = "streams", .type = TD_SET_UINT,
+     .offset = FIELD(gpu_streams), .def = TD_DEFAULT_GPU_STREAMS, .min = 1,
+     .max = TD_GPU_STREAMS_LIMIT, .reload = TD_RELOAD_RESTART,
+     .help = "CUDA streams (lanes) per GPU"},
+    {.option = "gpu-min-batch", .arg = "B", .section = "gpu", .key = "min_batch",
+     .type = TD_SET_SIZE, .offset = FIELD(gpu_min_batch), .def = TD_DEFAULT_GPU_MIN_BATCH,
+     .max = SIZE_MAX, .reload = TD_RELOAD_RESTART,
+     .help = "auto mode: smaller batches run on the CPU",
+     .default_doc = "per operation, from the measured crossover: hist 64K, filter 4M, scan stays "
+                    "on the CPU; shared-memory requests with input and output in registered "
+                    "regions 64K"},
+    /* [shm] */
+    {.option = "shm", .arg = "on|off", .section = "shm", .key = "enabled", .type = TD_SET_BOOL,
+     .offset = FIELD(shm), .def = TD_DEFAULT_SHM, .reload = TD_RELOAD_RESTART,
+     .help = "offer shared-memory input to producers on this host (PROTOCOL.md §10)"},
+    {.option = "shm-socket", .arg = "PATH", .section = "shm", .key = "socket",
+     .type = TD_SET_STRING, .offset = FIELD(shm_socket), .aux = FIELD(shm_socket_explicit),
+     .reload = TD_RELOAD_RESTART, .example = "/run/tallyd/tallyd-shm.sock",
+     .help = "the side channel, a Unix socket of mode 0660",
+     .default_doc = TD_SHM_SOCKET_NAME " in $RUNTIME_DIRECTORY, which systemd sets to "
+                                       "/run/tallyd; else in /run/tallyd as root, "
+                                       "$XDG_RUNTIME_DIR, or /tmp/tallyd-UID"},
+    {.option = "shm-socket-group", .arg = "G", .section = "shm", .key = "socket_group",
+     .type = TD_SET_GROUP, .offset = FIELD(shm_socket_gid), .reload = TD_RELOAD_RESTART,
+     .example = "camera",
+     .help = "the socket's group (name or number), so that its members can connect; tallyd must "
+             "be a member (under systemd: SupplementaryGroups=)",
+     .default_doc = "tallyd's group"},
+    {.option = "shm-allow-uids", .arg = "L", .section = "shm", .key = "allow_uids",
+     .type = TD_SET_UIDS, .offset = FIELD(shm_allow_uids), .aux = FIELD(shm_allow_uid_count),
+     .reload = TD_RELOAD_APPLIES, .example = "camera,1001",
+     .help = "users (names or numbers, comma-separated) allowed besides tallyd's own; they also "
+             "need access to the socket file (socket_group)",
+     .default_doc = "none; tallyd's own user is always allowed"},
+    {.option = "shm-allow-gids", .arg = "L", .section = "shm", .key = "allow_gids",
+     .type = TD_SET_GIDS, .offset = FIELD(shm_allow_gids), .aux = FIELD(shm_allow_gid_count),
+     .reload = TD_RELOAD_APPLIES, .example = "video",
+     .help = "groups allowed (the peer's primary or supplementary), likewise"},
+    {.option = "shm-max-regions-per-peer", .arg = "N", .section = "shm",
+     .key = "max_regions_per_peer", .type = TD_SET_UINT, .offset = FIELD(shm_max_regions_per_peer),
+     .def = TD_DEFAULT_SHM_MAX_REGIONS_PER_PEER, .min = 1, .max = TD_SHM_MAX_REGIONS_LIMIT,
+     .reload = TD_RELOAD_APPLIES, .help = "regions per side-channel connection"},
+    {.option = "shm-max-bytes", .arg = "B", .section = "shm", .key = "max_bytes",
+     .type = TD_SET_SIZE, .offset = FIELD(shm_max_bytes), .def = TD_DEFAULT_SHM_MAX_BYTES, .min = 1,
+     .max = SIZE_MAX, .reload = TD_RELOAD_APPLIES,
+     .help = "registered (pinned) bytes in total, K/M/G"},
+    /* [windows] */
+    {.option = "window-intervals", .arg = "N", .section = "windows", .key = "intervals",
+     .type = TD_SET_UINT, .offset = FIELD(window_intervals), .def = TD_DEFAULT_WINDOW_INTERVALS,
+     .max = TD_WINDOW_INTERVALS_LIMIT, .reload = TD_RELOAD_RESTART,
+     .help = "intervals in each stream's window ring, 0 = off"},
+    {.option = "window-interval-ms", .arg = "MS", .section = "windows", .key = "interval_ms",
+     .type = TD_SET_UINT, .offset = FIELD(window_interval_ms), .def = TD_DEFAULT_WINDOW_INTERVAL_MS,
+     .min = TD_WINDOW_INTERVAL_MS_MIN, .max = TD_WINDOW_INTERVAL_MS_LIMIT,
+     .reload = TD_RELOAD_RESTART, .help = "the length of one interval, in milliseconds"},
+    /* [pub] */
+    {.option = "pub", .arg = "ENDPOINT", .section = "pub", .key = "endpoint", .type = TD_SET_STRING,
+     .offset = FIELD(pub_endpoint), .reload = TD_RELOAD_RESTART, .example = "tcp://127.0.0.1:5556",
+     .help = "publish changed streams on a ZeroMQ PUB socket at ENDPOINT, topic = stream name "
+             "(PROTOCOL.md §11)",
+     .default_doc = "off"},
+    {.option = "pub-interval-ms", .arg = "MS", .section = "pub", .key = "interval_ms",
+     .type = TD_SET_UINT, .offset = FIELD(pub_interval_ms), .def = TD_DEFAULT_PUB_INTERVAL_MS,
+     .min = TD_PUB_INTERVAL_MS_MIN, .max = TD_PUB_INTERVAL_MS_LIMIT, .reload = TD_RELOAD_RESTART,
+     .help = "how often to publish, in milliseconds"},
+    /* The command line alone. */
+    {.option = "config", .short_flag = 'c', .arg = "FILE", .type = TD_SET_CONFIG,
+     .offset = FIELD(config_file), .aux = FIELD(config_file_explicit), .help = "configuration file",
+     .default_doc = TD_DEFAULT_CONFIG_FILE " if present"},
+    {.option = "check-config", .type = TD_SET_FLAG, .offset = FIELD(check_only),
+     .help = "check the configuration file and options, then exit"},
+    {.option = "help", .short_flag = 'h', .type = TD_SET_ACTION, .action = TD_ACTION_HELP,
+     .help = "this text"},
+    {.option = "version", .short_flag = 'V', .type = TD_SET_ACTION, .action = TD_ACTION_VERSION,
+     .help = "print the version"},
+    /* Hidden: tuning (bench/NOTES.md), the tests' hooks, and the documents' generators. */
+    {.option = "gpu-spin-us", .arg = "US", .type = TD_SET_UINT, .offset = FIELD(gpu_spin_us),
+     .def = TD_DEFAULT_GPU_SPIN_US, .max = TD_GPU_SPIN_US_LIMIT, .hidden = true,
+     .help = "lane threads poll this long for a completion before they sleep"},
+    {.option = "test-fault-every", .arg = "N", .type = TD_SET_UINT,
+     .offset = FIELD(test_fault_every), .max = 1u << 30, .hidden = true,
+     .help = "every Nth GPU request reports a failure"},
+    {.option = "test-sim-gpus", .arg = "N", .type = TD_SET_UINT, .offset = FIELD(test_sim_gpus),
+     .max = 16, .hidden = true, .help = "N simulated GPUs (host memory, CPU kernels)"},
+    {.option = "test-shm-deny-own-uid", .type = TD_SET_FLAG, .offset = FIELD(test_shm_deny_own_uid),
+     .hidden = true, .help = "refuse tallyd's own uid too, to test the refusal"},
+    {.option = "test-clock", .arg = "FILE", .type = TD_SET_STRING, .offset = FIELD(test_clock),
+     .hidden = true, .help = "the window clock, read from FILE"},
+    {.option = "print-settings-md", .type = TD_SET_ACTION, .action = TD_ACTION_PRINT_MD,
+     .hidden = true, .help = "print the README's configuration table"},
+    {.option = "print-example-conf", .type = TD_SET_ACTION, .action = TD_ACTION_PRINT_CONF,
+     .hidden = true, .help = "print systemd/tallyd.conf.example"},
+};
+/* clang-format on */
+
+const size_t td_settings_count = sizeof td_settings / sizeof td_settings[0];
+_Static_assert(sizeof td_settings / sizeof td_settings[0] <= TD_SETTINGS_MAX,
+               "raise TD_SETTINGS_MAX");
+
+const td_setting_t *td_setting_by_option(const char *option)
+{
+    for (size_t i = 0; i < td_settings_count; i++)
+        if (strcmp(td_settings[i].option, option) == 0)
+            return &td_settings[i];
+    return NULL;
+}
+
+const td_setting_t *td_setting_by_key(const char *section, const char *key)
+{
+    for (size_t i = 0; i < td_settings_count; i++) {
+        const td_setting_t *s = &td_settings[i];
+        if (s->section && strcmp(s->section, section) == 0 && strcmp(s->key, key) == 0)
+            return s;
+    }
+    return NULL;
+}
+
+bool td_settings_has_section(const char *section)
+{
+    for (size_t i = 0; i < td_settings_count; i++)
+        if (td_settings[i].section && strcmp(td_settings[i].section, section) == 0)
+            return true;
+    return false;
+}
+
+void td_setting_name(const td_setting_t *s, char *buf, size_t cap)
+{
+    if (!s->section)
+        snprintf(buf, cap, "%s", s->option);
+    else if (strcmp(s->section, "server") == 0)
+        snprintf(buf, cap, "%s", s->key);
+    else
+        snprintf(buf, cap, "%s %s", s->section, s->key);
+}
+
+/* ---- Where a setting lives in td_config_t ------------------------------------------------ */
+
+static void *field(const td_setting_t *s, const td_config_t *cfg)
+{
+    return (char *)cfg + s->offset;
+}
+
+static void *aux_field(const td_setting_t *s, const td_config_t *cfg)
+{
+    return (char *)cfg + s->aux;
+}
+
+static bool is_string(const td_setting_t *s)
+{
+    return s->type == TD_SET_STRING || s->type == TD_SET_PATH || s->type == TD_SET_KEY_LIST ||
+           s->type == TD_SET_CONFIG;
+}
+
+static bool is_id_list(const td_setting_t *s)
+{
+    return s->type == TD_SET_UIDS || s->type == TD_SET_GIDS;
+}
+
+void td_setting_init(const td_setting_t *s, td_config_t *cfg)
+{
+    void *p = field(s, cfg);
+    switch (s->type) {
+    case TD_SET_UINT:
+        *(unsigned *)p = (unsigned)s->def;
+        break;
+    case TD_SET_SIZE:
+        *(size_t *)p = (size_t)s->def;
+        break;
+    case TD_SET_BOOL:
+    case TD_SET_FLAG:
+        *(bool *)p = s->def != 0;
+        break;
+    case TD_SET_BACKEND:
+        *(td_backend_choice_t *)p = (td_backend_choice_t)s->def;
+        break;
+    case TD_SET_LOG_LEVEL:
+        *(int *)p = (int)s->def;
+        break;
+    case TD_SET_GROUP:
+        *(int *)p = -1;
+        break;
+    default: /* strings and lists start empty: td_config_init zeroed them */
+        break;
+    }
+}
+
+void td_setting_free(const td_setting_t *s, td_config_t *cfg)
+{
+    if (is_string(s)) {
+        char **str = field(s, cfg);
+        free(*str);
+        *str = NULL;
+    } else if (s->type == TD_SET_ENDPOINTS) {
+        char **binds = field(s, cfg);
+        int *count = aux_field(s, cfg);
+        for (int i = 0; i < *count; i++) {
+            free(binds[i]);
+            binds[i] = NULL;
+        }
+        *count = 0;
+    }
+}
+
+/* ---- Parsing ------------------------------------------------------------------------------ */
+
+static td_err_t parse_number(const td_setting_t *s, const char *text, unsigned long long *out)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long long value = strtoull(text, &end, 10);
+    if (errno || end == text || *end != '\0' || text[0] == '-')
+        return TD_ERR_CONFIG;
+    *out = value;
+    return value < s->min || value > s->max ? TD_ERR_CONFIG : TD_OK;
+}
+
+static td_err_t parse_size(const td_setting_t *s, const char *text, size_t *out)
+{
+    size_t value = 0;
+    if (tally_size_parse(text, &value, NULL, 0) != TALLY_OK || value < s->min || value > s->max)
+        return TD_ERR_CONFIG;
+    *out = value;
+    return TD_OK;
+}
+
+static td_err_t parse_on_off(const char *text, bool *out)
+{
+    if (strcmp(text, "on") == 0 || strcmp(text, "yes") == 0 || strcmp(text, "true") == 0)
+        *out = true;
+    else if (strcmp(text, "off") == 0 || strcmp(text, "no") == 0 || strcmp(text, "false") == 0)
+        *out = false;
+    else
+        return TD_ERR_CONFIG;
+    return TD_OK;
+}
+
+static td_err_t parse_backend(const char *text, td_backend_choice_t *out)
+{
+    static const td_backend_choice_t choices[] = {TD_BACKEND_AUTO, TD_BACKEND_CPU, TD_BACKEND_CUDA};
+    for (size_t i = 0; i < sizeof choices / sizeof choices[0]; i++)
+        if (strcmp(text, td_backend_choice_name(choices[i])) == 0) {
+            *out = choices[i];
+            return TD_OK;
+        }
+    return TD_ERR_CONFIG;
+}
+
+static td_err_t parse_log_level(const char *text, int *out)
+{
+    int level = td_log_parse_level(text);
+    if (level < 0)
+        return TD_ERR_CONFIG;
+    *out = level;
+    return TD_OK;
+}
+
+/* Sets an owned string; an empty value means "none". */
+static td_err_t replace_string(char **field_p, const char *value)
+{
+    char *copy = value[0] ? strdup(value) : NULL;
+    if (value[0] && !copy)
+        return TD_ERR_NOMEM;
+    free(*field_p);
+    *field_p = copy;
+    return TD_OK;
+}
+
+/* replace_string for a file or directory: a relative path names a credential systemd passed
+ * (LoadCredential=: $CREDENTIALS_DIRECTORY/PATH) when that is set, else it is taken as given. */
+static td_err_t replace_path(char **field_p, const char *value)
+{
+    const char *creds = getenv("CREDENTIALS_DIRECTORY");
+    if (!value[0] || value[0] == '/' || !creds || !creds[0])
+        return replace_string(field_p, value);
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", creds, value) >= sizeof path)
+        return TD_ERR_CONFIG;
+    return replace_string(field_p, path);
+}
+
+/* curve_clients: comma-separated KEY or NAME:KEY items (td_auth.c reads them; checked here too,
+ * so that a typo stops tallyd at start and --check-config reports it). */
+static bool valid_key_list(const char *text)
+{
+    for (const char *p = text; *p;) {
+        size_t len = strcspn(p, ",");
+        bool bare = len == TALLY_KEY_LEN;
+        bool named = len > TALLY_KEY_LEN + 1 && p[len - TALLY_KEY_LEN - 1] == ':';
+        if ((!bare && !named) || !tally_key_valid(p + len - TALLY_KEY_LEN, TALLY_KEY_LEN))
+            return false;
+        p += len + (p[len] == ',');
+    }
+    return true;
+}
+
+/* One user or group: a number, or a name looked up in the passwd or group database. */
+static bool parse_id(const char *text, bool group, unsigned *out)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long value = strtoul(text, &end, 10);
+    if (!errno && end != text && *end == '\0' && text[0] != '-' && value < UINT32_MAX) {
+        *out = (unsigned)value;
+        return true;
+    }
+    if (group) {
+        struct group *gr = getgrnam(text);
+        if (gr)
+            *out = (unsigned)gr->gr_gid;
+        return gr != NULL;
+    }
+    struct passwd *pw = getpwnam(text);
+    if (pw)
+        *out = (unsigned)pw->pw_uid;
+    return pw != NULL;
+}
+
+/* A comma-separated list of users or groups (empty: none). */
+static td_err_t parse_id_list(const char *text, bool group, unsigned *ids, unsigned *count)
+{
+    unsigned n = 0;
+    char item[256];
+    for (const char *p = text; *p;) {
+        size_t len = strcspn(p, ",");
+        if (len == 0 || len >= sizeof item || n >= TD_SHM_ALLOW_MAX)
+            return TD_ERR_CONFIG;
+        memcpy(item, p, len);
+        item[len] = '\0';
+        if (!parse_id(item, group, &ids[n++]))
+            return TD_ERR_CONFIG;
+        p += len + (p[len] == ',');
+    }
+    *count = n;
+    return TD_OK;
+}
+
+static td_err_t parse_group(const char *text, int *gid)
+{
+    unsigned id = 0;
+    if (text[0] && !parse_id(text, true, &id))
+        return TD_ERR_CONFIG;
+    *gid = text[0] ? (int)id : -1;
+    return TD_OK;
+}
+
+static td_err_t add_endpoint(const td_setting_t *s, td_config_t *cfg, const char *endpoint,
+                             char *why, size_t why_cap)
+{
+    char reason[160];
+    if (tally_endpoint_check(endpoint, TALLY_ENDPOINT_BIND, reason, sizeof reason) != TALLY_OK) {
+        snprintf(why, why_cap, "invalid endpoint '%s' for --%s: %s", endpoint, s->option, reason);
+        return TD_ERR_CONFIG;
+    }
+    return td_config_add_bind(cfg, endpoint);
+}
+
+/* A string setting with its flag that says it was given (aux). */
+static td_err_t parse_string(const td_setting_t *s, td_config_t *cfg, const char *value)
+{
+    char **str = field(s, cfg);
+    td_err_t err = s->type == TD_SET_PATH ? replace_path(str, value) : replace_string(str, value);
+    if (err == TD_OK && s->aux)
+        *(bool *)aux_field(s, cfg) = *str != NULL;
+    return err;
+}
+
+/* --config FILE: kept as given, even empty (a file that cannot be read is then an error). */
+static td_err_t parse_config(const td_setting_t *s, td_config_t *cfg, const char *value)
+{
+    char *copy = strdup(value);
+    if (!copy)
+        return TD_ERR_NOMEM;
+    char **str = field(s, cfg);
+    free(*str);
+    *str = copy;
+    *(bool *)aux_field(s, cfg) = true;
+    return TD_OK;
+}
+
+td_err_t td_setting_parse(const td_setting_t *s, td_config_t *cfg, const char *value, char *why,
+                          size_t why_cap)
+{
+    void *p = field(s, cfg);
+    unsigned long long number = 0;
+    td_err_t err;
+    why[0] = '\0';
+    switch (s->type) {
+    case TD_SET_UINT:
+        if ((err = parse_number(s, value, &number)) == TD_OK)
+            *(unsigned *)p = (unsigned)number;
+        return err;
+    case TD_SET_SIZE:
+        return parse_size(s, value, p);
+    case TD_SET_BOOL:
+        return parse_on_off(value, p);
+    case TD_SET_KEY_LIST:
+        return valid_key_list(value) ? parse_string(s, cfg, value) : TD_ERR_CONFIG;
+    case TD_SET_STRING:
+    case TD_SET_PATH:
+        return parse_string(s, cfg, value);
+    case TD_SET_CONFIG:
+        return parse_config(s, cfg, value);
+    case TD_SET_BACKEND:
+        return parse_backend(value, p);
+    case TD_SET_LOG_LEVEL:
+        return parse_log_level(value, p);
+    case TD_SET_ENDPOINTS:
+        return add_endpoint(s, cfg, value, why, why_cap);
+    case TD_SET_GROUP:
+        return parse_group(value, p);
+    case TD_SET_UIDS:
+    case TD_SET_GIDS:
+        return parse_id_list(value, s->type == TD_SET_GIDS, p, aux_field(s, cfg));
+    case TD_SET_FLAG:
+        *(bool *)p = true;
+        return TD_OK;
+    case TD_SET_ACTION:
+        break;
+    }
+    return TD_ERR_CONFIG; /* an action has no value */
+}
+
+/* ---- Showing, comparing and copying values ------------------------------------------------ */
+
+/* A size as the file takes it: the largest of G, M, K that divides it, else bytes. */
+static void format_size(size_t value, char *buf, size_t cap)
+{
+    static const char suffixes[] = "GMK";
+    for (int i = 0; i < 3; i++) {
+        size_t unit = (size_t)1 << (10 * (3 - i));
+        if (value && value % unit == 0) {
+            snprintf(buf, cap, "%zu%c", value / unit, suffixes[i]);
+            return;
+        }
+    }
+    snprintf(buf, cap, "%zu", value);
+}
+
+/* Items joined with commas: strings (ids NULL) or numbers. */
+static void format_list(char *const *strs, const unsigned *ids, int count, char *buf, size_t cap)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < count && used < cap; i++) {
+        int n = ids ? snprintf(buf + used, cap - used, "%s%u", i ? "," : "", ids[i])
+                    : snprintf(buf + used, cap - used, "%s%s", i ? "," : "", strs[i]);
+        used += n > 0 ? (size_t)n : 0;
+    }
+}
+
+static void format_lists(const td_setting_t *s, const td_config_t *cfg, bool docs, char *buf,
+                         size_t cap)
+{
+    if (s->type == TD_SET_ENDPOINTS)
+        format_list(field(s, cfg), NULL, *(int *)aux_field(s, cfg), buf, cap);
+    else
+        format_list(NULL, field(s, cfg), (int)*(unsigned *)aux_field(s, cfg), buf, cap);
+    if (!buf[0] && s->type == TD_SET_ENDPOINTS && docs)
+        snprintf(buf, cap, "%s", TD_DEFAULT_ENDPOINT);
+    else if (!buf[0] && !docs)
+        snprintf(buf, cap, "(none)");
+}
+
+void td_setting_format(const td_setting_t *s, const td_config_t *cfg, bool docs, char *buf,
+                       size_t cap)
+{
+    const void *p = field(s, cfg);
+    buf[0] = '\0';
+    if (is_string(s)) {
+        const char *str = *(char *const *)p;
+        snprintf(buf, cap, "%s", str ? str : docs ? "" : "(none)");
+    } else if (s->type == TD_SET_ENDPOINTS || is_id_list(s)) {
+        format_lists(s, cfg, docs, buf, cap);
+    } else if (s->type == TD_SET_UINT) {
+        snprintf(buf, cap, "%u", *(const unsigned *)p);
+    } else if (s->type == TD_SET_SIZE && docs) {
+        format_size(*(const size_t *)p, buf, cap);
+    } else if (s->type == TD_SET_SIZE) {
+        snprintf(buf, cap, "%zu", *(const size_t *)p);
+    } else if (s->type == TD_SET_BOOL || s->type == TD_SET_FLAG) {
+        snprintf(buf, cap, "%s", *(const bool *)p ? "on" : "off");
+    } else if (s->type == TD_SET_BACKEND) {
+        snprintf(buf, cap, "%s", td_backend_choice_name(*(const td_backend_choice_t *)p));
+    } else if (s->type == TD_SET_LOG_LEVEL) {
+        snprintf(buf, cap, "%s", td_log_level_name((td_log_level_t) * (const int *)p));
+    } else if (s->type == TD_SET_GROUP && (*(const int *)p >= 0 || !docs)) {
+        snprintf(buf, cap, "%d", *(const int *)p);
+    }
+}
+
+static bool same_string(const char *a, const char *b)
+{
+    return (!a && !b) || (a && b && strcmp(a, b) == 0);
+}
+
+static bool same_binds(const td_setting_t *s, const td_config_t *live, const td_config_t *next)
+{
+    int count = *(int *)aux_field(s, next);
+    char *const *a = field(s, live);
+    char *const *b = field(s, next);
+    if (count == 0) /* the default endpoint, or the sockets systemd passed */
+        return true;
+    if (count != *(int *)aux_field(s, live))
+        return false;
+    for (int i = 0; i < count; i++)
+        if (strcmp(a[i], b[i]) != 0)
+            return false;
+    return true;
+}
+
+/* The bytes of a setting's value, for the kinds compared byte for byte. */
+static size_t value_bytes(const td_setting_t *s)
+{
+    switch (s->type) {
+    case TD_SET_UINT:
+        return sizeof(unsigned);
+    case TD_SET_SIZE:
+        return sizeof(size_t);
+    case TD_SET_BOOL:
+    case TD_SET_FLAG:
+        return sizeof(bool);
+    case TD_SET_BACKEND:
+        return sizeof(td_backend_choice_t);
+    case TD_SET_UIDS:
+    case TD_SET_GIDS:
+        return TD_SHM_ALLOW_MAX * sizeof(unsigned);
+    default: /* log level, group */
+        return sizeof(int);
+    }
+}
+
+bool td_setting_same(const td_setting_t *s, const td_config_t *live, const td_config_t *next)
+{
+    if (is_string(s))
+        return same_string(*(char **)field(s, live), *(char **)field(s, next));
+    if (s->type == TD_SET_ENDPOINTS)
+        return same_binds(s, live, next);
+    if (s->type == TD_SET_ACTION)
+        return true;
+    if (is_id_list(s) && *(unsigned *)aux_field(s, live) != *(unsigned *)aux_field(s, next))
+        return false;
+    return memcmp(field(s, live), field(s, next), value_bytes(s)) == 0;
+}
+
+static td_err_t copy_binds(const td_setting_t *s, td_config_t *live, const td_config_t *next)
+{
+    char *copies[TD_MAX_BINDS] = {NULL};
+    int count = *(int *)aux_field(s, next);
+    char *const *from = field(s, next);
+    for (int i = 0; i < count; i++)
+        if (!(copies[i] = strdup(from[i]))) {
+            while (i-- > 0)
+                free(copies[i]);
+            return TD_ERR_NOMEM;
+        }
+    td_setting_free(s, live);
+    memcpy(field(s, live), copies, sizeof copies);
+    *(int *)aux_field(s, live) = count;
+    return TD_OK;
+}
+
+td_err_t td_setting_copy(const td_setting_t *s, td_config_t *live, const td_config_t *next)
+{
+    if (is_string(s)) {
+        const char *from = *(char **)field(s, next);
+        char *copy = from ? strdup(from) : NULL;
+        if (from && !copy)
+            return TD_ERR_NOMEM;
+        td_setting_free(s, live);
+        *(char **)field(s, live) = copy;
+        return TD_OK;
+    }
+    if (s->type == TD_SET_ENDPOINTS)
+        return copy_binds(s, live, next);
+    if (is_id_list(s))
+        *(unsigned *)aux_field(s, live) = *(unsigned *)aux_field(s, next);
+    if (s->type != TD_SET_ACTION)
+        memcpy(field(s, live), field(s, next), value_bytes(s));
+    return TD_OK;
+}

@@ -1,0 +1,113 @@
+/*
+ * td_sched.h — the scheduler: what may run now, where, and what follows when it finishes.
+ *
+ * Every rule that orders requests or places them lives here, on the loop thread:
+ *   - order on a named stream: requests apply in arrival order (the stream's FIFO); compute
+ *     requests of a stream pipeline on the GPU (all on the lane the stream is pinned to, which
+ *     completes them in order, the scan carry chained on the device); a CPU batch, a query, reset
+ *     or delete, a histogram whose type is not yet known, a request whose seq is not the next one
+ *     and anything after a GPU failure wait until the stream's earlier requests are done;
+ *   - delete forgets the stream's name at once: a query, reset or delete queued behind it answers
+ *     unknown_stream, the next compute request starts the stream anew, and a forgotten stream is
+ *     removed once its FIFO is empty;
+ *   - where a compute request runs: the CPU (on the loop thread for a batch of at most
+ *     TD_EXEC_INLINE_MAX bytes, else a worker) or the GPU (in auto mode from its operation's
+ *     threshold, td_config.h), on which device and lane (a stream's pinned lane, else the least
+ *     loaded lane of the least loaded usable device), and whether a large shared-memory request is
+ *     split over the device's lanes: only when those lanes have nothing else queued or running,
+ *     or when it only fits the device buffers split (issue 9: with 8 requests in flight, pieces
+ *     chained by the scan carry serialised where whole requests overlapped on the lanes; H100,
+ *     16 MiB shm scan 0.68 x the H2D+D2H bound against above 0.8 unsplit);
+ *   - what follows a result: a request that failed on the GPU, or was queued on the device behind
+ *     one of its stream that did, runs again on the CPU (td_exec.c says why that is correct), then
+ *     the host folds it into the stream and answers it, then the stream's next requests start;
+ *   - backpressure: every request counts against max_inflight from the moment it is read until
+ *     it is answered; the server stops reading at the limit;
+ *   - stopping: nothing new starts; a waiting request is answered `shutdown` once nothing of its
+ *     stream runs any more, so a stream's replies still leave in order.
+ *
+ * The scheduler owns its per-stream record (FIFO, requests in flight, the GPU pin and carry);
+ * it does not run anything itself: the machine (td_exec.c in tallyd, a fake in test_sched.c)
+ * runs a request where td_placement_t says and hands it back with td_sched_finished, and the
+ * host (td_server.c) answers, runs control operations and forgets deleted streams.
+ */
+#ifndef TD_SCHED_H
+#define TD_SCHED_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "td_config.h"
+#include "td_err.h"
+#include "td_metrics.h"
+#include "td_request.h"
+#include "td_stream.h"
+
+typedef struct td_sched td_sched_t;
+
+/* What the scheduler places work on, and how it runs it. The GPU's shape is fixed at start
+ * (gpu_devices 0: no GPU pipeline). */
+typedef struct {
+    void *ctx;
+    unsigned gpu_devices;
+    unsigned gpu_lanes;      /* per device */
+    unsigned gpu_carries;    /* device scan carries per lane; index 0 is for stateless requests */
+    size_t gpu_buffer_bytes; /* the most a lane's buffers hold of one batch (whole) */
+    bool (*device_usable)(void *ctx, unsigned device);
+    int (*device_ordinal)(void *ctx, unsigned device); /* for the per-GPU request counter */
+    /* Can r run split over a device's lanes (the engine splits, r's input (and a scan's output)
+     * in regions registered with the device, a hist or a scan)? */
+    bool (*splittable)(void *ctx, const td_request_t *r);
+    /* Runs r where r->where says; r comes back through td_sched_finished (at once, for an inline
+     * CPU run). */
+    void (*run)(void *ctx, td_request_t *r);
+} td_sched_machine_t;
+
+/* What the scheduler asks of the server. Each callback gets `owner`. */
+typedef struct {
+    void *owner;
+    /* A compute request's result is in (r->stream, if any, is current up to r): fold it into its
+     * stream and answer it. Returns false when it failed (nothing was applied). */
+    bool (*complete)(void *owner, td_request_t *r);
+    /* A query, reset or delete at the head of its drained stream: run it (r's reply is then
+     * sent by `answer`). */
+    void (*control)(void *owner, td_request_t *r, td_stream_t *stream);
+    /* Sends r's reply (or drops it) and frees r; td_sched_answered follows from it. */
+    void (*answer)(void *owner, td_request_t *r);
+    /* A deleted stream nothing refers to any more: forget its name (and free it). */
+    void (*forget)(void *owner, td_stream_t *stream);
+} td_sched_host_t;
+
+/* cfg is the live configuration (max_inflight may be reloaded); metrics for the fallbacks and
+ * the per-GPU counters. */
+td_err_t td_sched_new(const td_config_t *cfg, td_metrics_t *metrics,
+                      const td_sched_machine_t *machine, const td_sched_host_t *host,
+                      td_sched_t **out);
+void td_sched_destroy(td_sched_t **self_p);
+
+/* ---- backpressure ------------------------------------------------------------------------ */
+
+/* A message was read (it counts until td_sched_answered). */
+void td_sched_received(td_sched_t *self);
+/* Its reply was handed to ZeroMQ or dropped. */
+void td_sched_answered(td_sched_t *self);
+/* Under max_inflight; always while stopping (every message is answered at once then). */
+bool td_sched_may_read(const td_sched_t *self);
+unsigned td_sched_inflight(const td_sched_t *self);
+/* Requests waiting behind another one on their stream. */
+unsigned td_sched_queued(const td_sched_t *self);
+
+/* ---- requests ---------------------------------------------------------------------------- */
+
+/* A request arrived. stream NULL: a stateless compute request, run at once. Else a compute
+ * request or a query, reset or delete on `stream`: queued on its FIFO and started when the rules
+ * allow. While stopping r is already failed (`shutdown`): it is answered at once, or queued
+ * behind its stream's requests so that stream's replies keep their order. */
+void td_sched_arrived(td_sched_t *self, td_request_t *r, td_stream_t *stream);
+/* The machine hands r back with its result, or r->gpu_failed set. */
+void td_sched_finished(td_sched_t *self, td_request_t *r);
+/* Stopping: start nothing new; answer every waiting request `shutdown`, each once its stream's
+ * running requests are done (then as they finish). */
+void td_sched_stop(td_sched_t *self);
+
+#endif

@@ -1,0 +1,53 @@
+#!/bin/sh
+# test_config_docs.sh TALLYD SOURCE_DIR: the README's configuration table and
+# systemd/tallyd.conf.example are what the table of settings (daemon/service/td_settings.c)
+# prints, so the documents cannot disagree with the code; to update them after changing a row:
+#   tallyd --print-example-conf > systemd/tallyd.conf.example
+#   tallyd --print-settings-md   (replaces the table under "Configuration" in README.md)
+# Also: the example file's values are valid (uncommented, it passes --check-config), and the
+# hidden options work while --help leaves them out.
+set -eu
+tallyd=$1
+src=$2
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail() {
+    echo "FAIL: $*" >&2
+    exit 1
+}
+
+"$tallyd" --print-settings-md >"$dir/table.md"
+awk '/^\| section \| key \|/ { inside = 1 } inside && !/^\|/ { exit } inside' \
+    "$src/README.md" >"$dir/readme.md"
+[ -s "$dir/readme.md" ] || fail "no '| section | key |' table in README.md"
+diff -u "$dir/readme.md" "$dir/table.md" >&2 ||
+    fail "README.md's configuration table differs from tallyd --print-settings-md (+ is the table's)"
+echo "README table: $(($(wc -l <"$dir/table.md") - 2)) settings, as generated"
+
+"$tallyd" --print-example-conf >"$dir/example.conf"
+diff -u "$src/systemd/tallyd.conf.example" "$dir/example.conf" >&2 ||
+    fail "systemd/tallyd.conf.example differs from tallyd --print-example-conf (+ is the table's)"
+echo "tallyd.conf.example: as generated"
+
+# Every example value is one tallyd takes (user and group names are the host's: left out).
+sed -n 's/^#\([a-z_]* = \)/\1/p; /^\[/p' "$dir/example.conf" |
+    grep -v '^\(socket_group\|allow_uids\|allow_gids\) = ' >"$dir/uncommented.conf"
+[ "$(grep -c ' = ' "$dir/uncommented.conf")" -ge 30 ] || fail "too few keys in the example file"
+"$tallyd" --config "$dir/uncommented.conf" --check-config >"$dir/check.out" 2>&1 ||
+    { cat "$dir/check.out" >&2; fail "the example file's values do not pass --check-config"; }
+echo "example values: $(grep -c ' = ' "$dir/uncommented.conf") keys pass --check-config"
+
+# Hidden options: out of --help, still taken.
+"$tallyd" --help >"$dir/help.txt"
+grep -q -- '--max-inflight-per-peer N' "$dir/help.txt" || fail "--help lacks --max-inflight-per-peer"
+if grep -q -- '--test-\|--gpu-spin-us\|--print-' "$dir/help.txt"; then
+    fail "--help shows a hidden option"
+fi
+"$tallyd" --config /dev/null --test-sim-gpus 2 --test-fault-every 3 --test-clock "$dir/clock" \
+    --test-shm-deny-own-uid --gpu-spin-us 5 --check-config >/dev/null ||
+    fail "a hidden option is refused"
+if "$tallyd" --config /dev/null --gpu-spin-us 10001 --check-config 2>"$dir/err.txt"; then
+    fail "--gpu-spin-us above its limit was taken"
+fi
+grep -q "invalid value '10001' for --gpu-spin-us" "$dir/err.txt" || fail "wrong message: $(cat "$dir/err.txt")"
+echo "hidden options: taken, not in --help"

@@ -1,0 +1,548 @@
+/*
+ * test_sched.c — the scheduler (daemon/td_sched.c) on its own: no sockets, no loop, no backend.
+ *
+ * A fake machine records every request the scheduler starts, with its placement, and the test
+ * finishes them in the order it chooses (as the CPU workers and GPU lanes would), OK or failed
+ * on the GPU; a fake host records every reply in the order it leaves. What is checked: the order
+ * on a stream (arrival order; pipelined GPU requests on one lane with one carry; query, reset
+ * and delete wait for the stream to drain; a CPU batch waits), delete forgetting the name,
+ * fairness across streams (a busy stream holds up no other; streams spread over lanes and
+ * devices), backpressure (max_inflight), the rerun on the CPU after a GPU failure, shutdown
+ * answering waiting requests in order, and issue 9's split rule (a large shared-memory request is
+ * split only onto idle lanes, unless it fits the device buffers only when split).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "td_sched.h"
+
+#define MIB (1u << 20)
+#define RUNNING_MAX 64
+#define LOG_MAX 64
+
+typedef struct {
+    uint64_t id;
+    uint32_t status;
+} answer_t;
+
+typedef struct {
+    td_config_t cfg;
+    td_metrics_t metrics;
+    td_streams_t *streams;
+    td_sched_t *sched;
+    unsigned devices;
+    bool dead[2];
+    size_t buffer_bytes;
+    td_request_t *running[RUNNING_MAX]; /* started, not finished, in start order */
+    unsigned running_count;
+    answer_t log[LOG_MAX]; /* replies, in the order they left */
+    unsigned log_count;
+} fake_t;
+
+/* ---- the fake machine and host ------------------------------------------------------------ */
+
+static bool fake_device_usable(void *ctx, unsigned device)
+{
+    fake_t *f = ctx;
+    return device < f->devices && !f->dead[device];
+}
+
+static int fake_device_ordinal(void *ctx, unsigned device)
+{
+    (void)ctx;
+    return (int)device;
+}
+
+/* A request flagged SHM_REF stands for one whose regions are registered with the devices. */
+static bool fake_splittable(void *ctx, const td_request_t *r)
+{
+    (void)ctx;
+    return (r->req.flags & TALLY_FLAG_SHM_REF) &&
+           (r->req.opcode == TALLY_OP_HIST || r->req.opcode == TALLY_OP_SCAN);
+}
+
+static void succeed(td_request_t *r)
+{
+    td_request_succeed(r, TALLY_DTYPE_NONE, NULL, 0, 0);
+}
+
+/* An inline CPU run completes at once, as td_exec's does; anything else waits for the test. */
+static void fake_run(void *ctx, td_request_t *r)
+{
+    fake_t *f = ctx;
+    if (!r->where.gpu && r->where.cpu_inline) {
+        succeed(r);
+        td_sched_finished(f->sched, r);
+        return;
+    }
+    assert_true(f->running_count < RUNNING_MAX);
+    f->running[f->running_count++] = r;
+}
+
+static void record(fake_t *f, td_request_t *r)
+{
+    assert_true(f->log_count < LOG_MAX);
+    f->log[f->log_count++] = (answer_t){r->req.request_id, r->rep.status};
+    td_request_destroy(&r);
+    td_sched_answered(f->sched);
+}
+
+static bool fake_complete(void *owner, td_request_t *r)
+{
+    bool applied = td_request_apply(r);
+    record(owner, r);
+    return applied;
+}
+
+static void fake_control(void *owner, td_request_t *r, td_stream_t *stream)
+{
+    (void)owner;
+    if (r->req.opcode == TALLY_OP_RESET)
+        td_stream_zero(stream);
+    if (r->req.opcode == TALLY_OP_DELETE)
+        td_stream_clear(stream);
+    succeed(r);
+}
+
+static void fake_answer(void *owner, td_request_t *r)
+{
+    record(owner, r);
+}
+
+static void fake_forget(void *owner, td_stream_t *stream)
+{
+    fake_t *f = owner;
+    td_streams_remove(f->streams, &stream);
+}
+
+/* A scheduler over `devices` simulated GPUs of 4 lanes (0: CPU only) with buffers of `bytes`. */
+static fake_t *fake_new_buffers(unsigned devices, td_backend_choice_t backend,
+                                unsigned max_inflight, size_t bytes)
+{
+    fake_t *f = calloc(1, sizeof *f);
+    assert_non_null(f);
+    td_config_init(&f->cfg);
+    f->cfg.backend = backend;
+    f->cfg.max_inflight = max_inflight;
+    f->devices = devices;
+    f->buffer_bytes = bytes;
+    assert_int_equal(td_streams_new(100, &f->streams), TALLY_OK);
+    td_sched_machine_t m = {
+        .ctx = f,
+        .gpu_devices = devices,
+        .gpu_lanes = 4,
+        .gpu_carries = 17,
+        .gpu_buffer_bytes = f->buffer_bytes,
+        .device_usable = fake_device_usable,
+        .device_ordinal = fake_device_ordinal,
+        .splittable = fake_splittable,
+        .run = fake_run,
+    };
+    td_sched_host_t h = {f, fake_complete, fake_control, fake_answer, fake_forget};
+    assert_int_equal(td_sched_new(&f->cfg, &f->metrics, &m, &h, &f->sched), TD_OK);
+    return f;
+}
+
+static fake_t *fake_new(unsigned devices, td_backend_choice_t backend, unsigned max_inflight)
+{
+    return fake_new_buffers(devices, backend, max_inflight, 64 * MIB);
+}
+
+static void fake_destroy(fake_t **f_p)
+{
+    fake_t *f = *f_p;
+    assert_int_equal(f->running_count, 0);
+    assert_int_equal(td_sched_inflight(f->sched), 0);
+    assert_int_equal(td_sched_queued(f->sched), 0);
+    td_sched_destroy(&f->sched);
+    td_streams_destroy(&f->streams);
+    td_config_clear(&f->cfg);
+    free(f);
+    *f_p = NULL;
+}
+
+/* ---- driving it --------------------------------------------------------------------------- */
+
+static const uint8_t payload[1];
+
+/* Request `id`: `op` of `bytes` on `stream` (NULL: stateless), read and handed to the scheduler
+ * as td_server's dispatch does (a compute request creates its stream). Returns it. */
+static td_request_t *arrive_flags(fake_t *f, uint8_t op, const char *stream, uint64_t id,
+                                  size_t bytes, uint16_t flags)
+{
+    td_request_t *r = td_request_new();
+    assert_non_null(r);
+    r->req.opcode = op;
+    r->req.dtype = op == TALLY_OP_HIST ? TALLY_DTYPE_U8 : TALLY_DTYPE_I32;
+    r->req.request_id = id;
+    r->req.flags = flags;
+    r->rep.request_id = id;
+    r->payload = payload;
+    r->payload_len = bytes;
+    td_stream_t *st = NULL;
+    if (stream) {
+        r->req.stream_len = (uint8_t)strlen(stream);
+        memcpy(r->req.stream, stream, r->req.stream_len);
+        if (td_op_is_compute(op))
+            assert_int_equal(td_streams_get(f->streams, stream, r->req.stream_len, &st), TALLY_OK);
+        else
+            st = td_streams_find(f->streams, stream, r->req.stream_len);
+        assert_non_null(st);
+    }
+    td_sched_received(f->sched);
+    td_sched_arrived(f->sched, r, st);
+    return r;
+}
+
+static td_request_t *arrive(fake_t *f, uint8_t op, const char *stream, uint64_t id, size_t bytes)
+{
+    return arrive_flags(f, op, stream, id, bytes, 0);
+}
+
+/* Read while stopping: the server fails it `shutdown`, then hands it over with its stream, if
+ * that exists. */
+static void arrive_stopping(fake_t *f, const char *stream, uint64_t id)
+{
+    td_request_t *r = td_request_new();
+    assert_non_null(r);
+    r->req.request_id = r->rep.request_id = id;
+    td_request_fail(r, TALLY_E_SHUTDOWN, "tallyd is shutting down; not run");
+    td_sched_received(f->sched);
+    td_sched_arrived(f->sched, r,
+                     stream ? td_streams_find(f->streams, stream, strlen(stream)) : NULL);
+}
+
+static int running_index(const fake_t *f, uint64_t id)
+{
+    for (unsigned i = 0; i < f->running_count; i++)
+        if (f->running[i]->req.request_id == id)
+            return (int)i;
+    return -1;
+}
+
+static bool is_running(const fake_t *f, uint64_t id)
+{
+    return running_index(f, id) >= 0;
+}
+
+/* The machine hands request `id` back: OK, or failed on the GPU. */
+static void finish_as(fake_t *f, uint64_t id, bool gpu_failed)
+{
+    int i = running_index(f, id);
+    assert_true(i >= 0);
+    td_request_t *r = f->running[i];
+    memmove(&f->running[i], &f->running[i + 1], (f->running_count - (unsigned)i - 1) * sizeof r);
+    f->running_count--;
+    if (gpu_failed)
+        r->gpu_failed = true;
+    else
+        succeed(r);
+    td_sched_finished(f->sched, r);
+}
+
+static void finish(fake_t *f, uint64_t id)
+{
+    finish_as(f, id, false);
+}
+
+/* The replies so far are exactly ids[0..n), in that order, with statuses[i] (NULL: all OK). */
+static void assert_log(const fake_t *f, const uint64_t *ids, unsigned n, const uint32_t *statuses)
+{
+    assert_int_equal(f->log_count, n);
+    for (unsigned i = 0; i < n; i++) {
+        assert_int_equal(f->log[i].id, ids[i]);
+        assert_int_equal(f->log[i].status, statuses ? statuses[i] : TALLY_OK);
+    }
+}
+
+/* ---- order on a stream -------------------------------------------------------------------- */
+
+/* On the CPU a stream's batches run one at a time in arrival order; a stateless one and another
+ * stream's run beside them at once (a busy stream holds up no other). */
+static void test_cpu_stream_in_order(void **state)
+{
+    (void)state;
+    fake_t *f = fake_new(0, TD_BACKEND_CPU, 64);
+    for (uint64_t id = 1; id <= 3; id++)
+        arrive(f, TALLY_OP_SCAN, "a", id, MIB);
+    arrive(f, TALLY_OP_HIST, NULL, 4, MIB);
+    arrive(f, TALLY_OP_HIST, "b", 5, MIB);
+    assert_true(is_running(f, 1) && !is_running(f, 2) && !is_running(f, 3));
+    assert_true(is_running(f, 4) && is_running(f, 5));
+    assert_int_equal(td_sched_queued(f->sched), 2);
+    assert_false(f->running[0]->where.gpu);
+    assert_false(f->running[0]->where.cpu_inline); /* 1 MiB: on a worker */
+    finish(f, 5);
+    finish(f, 1);
+    assert_true(is_running(f, 2) && !is_running(f, 3));
+    finish(f, 2);
+    finish(f, 3);
+    finish(f, 4);
+    uint64_t want[] = {5, 1, 2, 3, 4};
+    assert_log(f, want, 5, NULL);
+    /* A tiny batch runs inline: answered before arrive returns. */
+    arrive(f, TALLY_OP_HIST, "a", 6, 4096);
+    assert_int_equal(f->log_count, 6);
+    assert_int_equal(td_streams_find(f->streams, "a", 1)->info.batches, 4);
+    fake_destroy(&f);
+}
+
+/* On the GPU a stream's batches pipeline on one lane: the first uploads the host carry into the
+ * stream's carry, the rest chain from it. A query waits until they are all done. */
+static void test_gpu_pipelined_query_waits(void **state)
+{
+    (void)state;
+    fake_t *f = fake_new(1, TD_BACKEND_CUDA, 64);
+    td_stream_t *a = NULL;
+    assert_int_equal(td_streams_get(f->streams, "a", 1, &a), TALLY_OK);
+    a->info.scan_carry = 42;
+    for (uint64_t id = 1; id <= 3; id++)
+        arrive(f, TALLY_OP_SCAN, "a", id, MIB);
+    arrive(f, TALLY_OP_QUERY, "a", 4, 0);
+    assert_int_equal(f->running_count, 3);
+    const td_placement_t *w0 = &f->running[0]->where;
+    assert_true(w0->gpu && w0->carry_upload && w0->carry_index != 0 && w0->pieces == 1);
+    assert_int_equal(f->running[0]->carry, 42);
+    for (unsigned i = 1; i < 3; i++) {
+        const td_placement_t *w = &f->running[i]->where;
+        assert_true(w->gpu && !w->carry_upload);
+        assert_int_equal(w->lane, w0->lane);
+        assert_int_equal(w->carry_index, w0->carry_index);
+    }
+    finish(f, 1);
+    finish(f, 2);
+    assert_int_equal(f->log_count, 2); /* the query still waits */
+    finish(f, 3);
+    uint64_t want[] = {1, 2, 3, 4};
+    assert_log(f, want, 4, NULL);
+    assert_int_equal(f->metrics.gpu_requests[0], 3);
+    fake_destroy(&f);
+}
+
+/* A CPU batch (auto mode: below hist's 64 KiB threshold) behind a GPU batch waits for it; and a
+ * histogram whose type the stream does not know yet waits too. */
+static void test_cpu_batch_waits_for_gpu(void **state)
+{
+    (void)state;
+    fake_t *f = fake_new(1, TD_BACKEND_AUTO, 64);
+    arrive(f, TALLY_OP_HIST, "a", 1, MIB);   /* GPU */
+    arrive(f, TALLY_OP_HIST, "a", 2, 32768); /* CPU (worker: above the inline size) */
+    assert_true(is_running(f, 1) && !is_running(f, 2));
+    finish(f, 1);
+    assert_true(is_running(f, 2));
+    assert_false(f->running[running_index(f, 2)]->where.gpu);
+    finish(f, 2);
+    /* A fresh stream: its first hist sets the type, so the second waits even on the GPU. */
+    arrive(f, TALLY_OP_HIST, "b", 3, MIB);
+    arrive(f, TALLY_OP_HIST, "b", 4, MIB);
+    assert_true(is_running(f, 3) && !is_running(f, 4));
+    finish(f, 3);
+    arrive(f, TALLY_OP_HIST, "b", 5, MIB); /* the type is known now: pipelined behind 4 */
+    assert_true(is_running(f, 4) && is_running(f, 5));
+    finish(f, 4);
+    finish(f, 5);
+    uint64_t want[] = {1, 2, 3, 4, 5};
+    assert_log(f, want, 5, NULL);
+    fake_destroy(&f);
+}
+
+/* reset and delete wait for the stream to drain; after a delete a query queued behind it gets
+ * unknown_stream, a compute request starts the stream anew, and a stream deleted with nothing
+ * behind it is forgotten. */
+static void test_reset_delete_sequencing(void **state)
+{
+    (void)state;
+    fake_t *f = fake_new(1, TD_BACKEND_CUDA, 64);
+    arrive(f, TALLY_OP_SCAN, "a", 1, MIB);
+    arrive(f, TALLY_OP_RESET, "a", 2, 0);
+    arrive(f, TALLY_OP_SCAN, "a", 3, MIB);
+    arrive(f, TALLY_OP_DELETE, "a", 4, 0);
+    arrive(f, TALLY_OP_QUERY, "a", 5, 0);
+    arrive(f, TALLY_OP_HIST, "a", 6, MIB);
+    assert_int_equal(f->running_count, 1); /* the reset waits for 1, and everything behind it */
+    finish(f, 1);
+    assert_int_equal(f->log_count, 2); /* 1, then the reset ran; 3 started */
+    assert_true(is_running(f, 3) && !is_running(f, 6));
+    finish(f, 3);
+    assert_true(is_running(f, 6)); /* the delete ran, the query was refused, 6 started anew */
+    finish(f, 6);
+    uint64_t ids[] = {1, 2, 3, 4, 5, 6};
+    uint32_t want[] = {TALLY_OK, TALLY_OK, TALLY_OK, TALLY_OK, TALLY_E_UNKNOWN_STREAM, TALLY_OK};
+    assert_log(f, ids, 6, want);
+    td_stream_t *a = td_streams_find(f->streams, "a", 1);
+    assert_non_null(a);
+    assert_int_equal(a->info.batches, 1); /* only 6, after the delete */
+    arrive(f, TALLY_OP_DELETE, "a", 7, 0);
+    assert_null(td_streams_find(f->streams, "a", 1));
+    fake_destroy(&f);
+}
+
+/* ---- placement ---------------------------------------------------------------------------- */
+
+/* Streams spread over the lanes, stateless requests over the devices, by load; a device that is
+ * unusable gets nothing. */
+static void test_spread_over_lanes_and_devices(void **state)
+{
+    (void)state;
+    fake_t *f = fake_new(2, TD_BACKEND_CUDA, 64);
+    const char *names[] = {"s0", "s1", "s2", "s3"};
+    for (uint64_t i = 0; i < 4; i++)
+        arrive(f, TALLY_OP_SCAN, names[i], i + 1, MIB);
+    unsigned per_device[2] = {0, 0};
+    for (unsigned i = 0; i < 4; i++)
+        per_device[f->running[i]->where.device]++;
+    assert_int_equal(per_device[0], 2);
+    assert_int_equal(per_device[1], 2);
+    assert_true(f->running[0]->where.device != f->running[1]->where.device);
+    for (uint64_t id = 1; id <= 4; id++)
+        finish(f, id);
+    f->dead[0] = true;
+    for (uint64_t id = 5; id <= 8; id++)
+        arrive(f, TALLY_OP_HIST, NULL, id, MIB);
+    for (unsigned i = 0; i < 4; i++) {
+        assert_int_equal(f->running[i]->where.device, 1);
+        assert_int_equal(f->running[i]->where.lane, i); /* one per lane */
+        assert_int_equal(f->running[i]->where.carry_index, 0);
+    }
+    for (uint64_t id = 5; id <= 8; id++)
+        finish(f, id);
+    fake_destroy(&f);
+}
+
+/* Backpressure: reading stops at max_inflight until a reply leaves; stopping reads on. */
+static void test_backpressure(void **state)
+{
+    (void)state;
+    fake_t *f = fake_new(0, TD_BACKEND_CPU, 3);
+    arrive(f, TALLY_OP_SCAN, "a", 1, MIB);
+    arrive(f, TALLY_OP_SCAN, "a", 2, MIB);
+    assert_true(td_sched_may_read(f->sched));
+    arrive(f, TALLY_OP_SCAN, "a", 3, MIB);
+    assert_int_equal(td_sched_inflight(f->sched), 3);
+    assert_false(td_sched_may_read(f->sched));
+    finish(f, 1);
+    assert_true(td_sched_may_read(f->sched));
+    f->cfg.max_inflight = 1; /* a reload lowers the limit */
+    assert_false(td_sched_may_read(f->sched));
+    finish(f, 2);
+    finish(f, 3);
+    assert_true(td_sched_may_read(f->sched));
+    fake_destroy(&f);
+}
+
+/* A GPU failure: the failed request reruns on the CPU (inline), the ones pipelined behind it
+ * rerun too as they come back, nothing new starts until the stream drains, then it starts on
+ * the GPU again with the host carry uploaded. */
+static void test_gpu_failure_reruns_on_cpu(void **state)
+{
+    (void)state;
+    fake_t *f = fake_new(1, TD_BACKEND_CUDA, 64);
+    for (uint64_t id = 1; id <= 3; id++)
+        arrive(f, TALLY_OP_SCAN, "a", id, MIB);
+    finish_as(f, 1, true);
+    assert_int_equal(f->log_count, 1); /* rerun inline, answered */
+    arrive(f, TALLY_OP_SCAN, "a", 4, MIB);
+    assert_false(is_running(f, 4)); /* resync: waits for the stream to drain */
+    finish(f, 2);
+    finish(f, 3);
+    assert_int_equal(f->metrics.backend_fallbacks, 3);
+    assert_int_equal(f->metrics.gpu_requests[0], 0);
+    assert_true(is_running(f, 4));
+    assert_true(f->running[0]->where.gpu && f->running[0]->where.carry_upload);
+    finish(f, 4);
+    uint64_t want[] = {1, 2, 3, 4};
+    assert_log(f, want, 4, NULL);
+    assert_int_equal(f->metrics.gpu_requests[0], 1);
+    fake_destroy(&f);
+}
+
+/* ---- shutdown ----------------------------------------------------------------------------- */
+
+/* Stopping: a stream's running request finishes and is answered, then what waited behind it is
+ * answered `shutdown` in order; a stream with nothing running is answered at once, and so is a
+ * request read while stopping, unless its stream still has requests (then it queues behind). */
+static void test_shutdown_in_order(void **state)
+{
+    (void)state;
+    fake_t *f = fake_new(0, TD_BACKEND_CPU, 64);
+    td_stream_t *b = NULL;
+    assert_int_equal(td_streams_get(f->streams, "b", 1, &b), TALLY_OK);
+    arrive(f, TALLY_OP_SCAN, "a", 1, MIB);
+    arrive(f, TALLY_OP_SCAN, "a", 2, MIB);
+    arrive(f, TALLY_OP_QUERY, "a", 3, 0);
+    td_sched_stop(f->sched);
+    assert_int_equal(f->log_count, 0);
+    assert_true(td_sched_may_read(f->sched));
+    arrive_stopping(f, "a", 4);
+    arrive_stopping(f, NULL, 5);
+    arrive_stopping(f, "b", 6); /* exists, nothing of it waits or runs */
+    assert_int_equal(f->log_count, 2);
+    finish(f, 1);
+    uint64_t ids[] = {5, 6, 1, 2, 3, 4};
+    uint32_t want[] = {TALLY_E_SHUTDOWN, TALLY_E_SHUTDOWN, TALLY_OK,
+                       TALLY_E_SHUTDOWN, TALLY_E_SHUTDOWN, TALLY_E_SHUTDOWN};
+    assert_log(f, ids, 6, want);
+    fake_destroy(&f);
+}
+
+/* ---- issue 9: splitting only onto idle lanes ---------------------------------------------- */
+
+/* A 16 MiB shared-memory scan alone is split over the 4 lanes; while it runs another is run
+ * whole (its lanes are busy), and a third after they are done splits again. A request that
+ * fits the buffers only split is split whatever the load. */
+static void test_split_only_onto_idle_lanes(void **state)
+{
+    (void)state;
+    fake_t *f = fake_new(1, TD_BACKEND_CUDA, 64);
+    arrive_flags(f, TALLY_OP_SCAN, NULL, 1, 16 * MIB, TALLY_FLAG_SHM_REF);
+    assert_int_equal(f->running[0]->where.pieces, 4);
+    arrive_flags(f, TALLY_OP_SCAN, NULL, 2, 16 * MIB, TALLY_FLAG_SHM_REF);
+    assert_int_equal(f->running[1]->where.pieces, 1);
+    arrive_flags(f, TALLY_OP_HIST, "a", 3, 16 * MIB, TALLY_FLAG_SHM_REF);
+    assert_int_equal(f->running[2]->where.pieces, 1);
+    arrive(f, TALLY_OP_HIST, NULL, 4, 16 * MIB); /* by payload: never split */
+    assert_int_equal(f->running[3]->where.pieces, 1);
+    for (uint64_t id = 1; id <= 4; id++)
+        finish(f, id);
+    arrive_flags(f, TALLY_OP_SCAN, "a", 5, 16 * MIB, TALLY_FLAG_SHM_REF);
+    assert_int_equal(f->running[0]->where.pieces, 4);
+    /* Pipelined behind it on its stream: its lane is busy, so whole. */
+    arrive_flags(f, TALLY_OP_SCAN, "a", 6, 16 * MIB, TALLY_FLAG_SHM_REF);
+    assert_int_equal(f->running[1]->where.pieces, 1);
+    finish(f, 5);
+    finish(f, 6);
+    fake_destroy(&f);
+
+    f = fake_new_buffers(1, TD_BACKEND_CUDA, 64, 4 * MIB); /* 12 MiB fits in 3 pieces or more */
+    arrive(f, TALLY_OP_HIST, NULL, 7, MIB);
+    arrive_flags(f, TALLY_OP_SCAN, NULL, 8, 12 * MIB, TALLY_FLAG_SHM_REF);
+    assert_int_equal(f->running[1]->where.pieces, 4); /* lanes busy, split all the same */
+    arrive(f, TALLY_OP_SCAN, NULL, 9, 12 * MIB);      /* by payload, above the buffers: the CPU */
+    assert_false(f->running[2]->where.gpu);
+    for (uint64_t id = 7; id <= 9; id++)
+        finish(f, id);
+    fake_destroy(&f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cpu_stream_in_order),
+        cmocka_unit_test(test_gpu_pipelined_query_waits),
+        cmocka_unit_test(test_cpu_batch_waits_for_gpu),
+        cmocka_unit_test(test_reset_delete_sequencing),
+        cmocka_unit_test(test_spread_over_lanes_and_devices),
+        cmocka_unit_test(test_backpressure),
+        cmocka_unit_test(test_gpu_failure_reruns_on_cpu),
+        cmocka_unit_test(test_shutdown_in_order),
+        cmocka_unit_test(test_split_only_onto_idle_lanes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
