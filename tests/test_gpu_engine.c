@@ -309,13 +309,49 @@ static void test_split_hist_every_dtype(void **state)
     rig_close(&g);
 }
 
+/* A split whose rounded pieces would not fit the lanes' buffers is refused, not run past them:
+ * 3 MiB of rgb8 pixels in 3 pieces over 1 MiB buffers (each piece 64 KiB too long); in 4 it
+ * runs, and equals the CPU's histogram. */
+static void test_split_too_large_refused(void **state)
+{
+    (void)state;
+    rig_t g;
+    rig_open(&g, 1, &(td_gpu_fault_opts_t){0});
+    size_t bytes = 3 * MAX_BATCH;
+    uint8_t *src = malloc(bytes);
+    assert_non_null(src);
+    for (size_t i = 0; i < bytes; i++)
+        src[i] = (uint8_t)(i * 40503u >> 7);
+    td_gpu_job_t job = {
+        .opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_RGB8, .n = bytes / 3, .src = src};
+    unsigned dones = 0;
+    assert_int_equal(g.e->lane_launch_split(g.lanes[0], g.lanes, 2, 3, &job, count_done, &dones),
+                     TALLY_E_PARAM);
+    assert_int_equal(g.e->lane_launch_split(g.lanes[0], g.lanes, 2, 4, &job, count_done, &dones),
+                     TALLY_OK);
+    assert_int_equal(dones, 1);
+    tk_backend_t *cpu = NULL;
+    assert_int_equal(tk_cpu_backend_new(&cpu), TALLY_OK);
+    tk_hist_t want;
+    memset(&want, 0, sizeof want);
+    assert_int_equal(tk_backend_hist(cpu, TALLY_DTYPE_RGB8, src, bytes / 3, 0, 0, &want), TALLY_OK);
+    assert_memory_equal(&g.staging[0][0].small->hist, &want, sizeof want);
+    cpu->destroy(&cpu);
+    free(src);
+    rig_close(&g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_every_third_launch_fails),   cmocka_unit_test(test_split_launch),
-        cmocka_unit_test(test_split_fault_clobbers_carry), cmocka_unit_test(test_oom_at_open),
-        cmocka_unit_test(test_slow_completions),           cmocka_unit_test(test_pass_through),
+        cmocka_unit_test(test_every_third_launch_fails),
+        cmocka_unit_test(test_split_launch),
+        cmocka_unit_test(test_split_fault_clobbers_carry),
+        cmocka_unit_test(test_oom_at_open),
+        cmocka_unit_test(test_slow_completions),
+        cmocka_unit_test(test_pass_through),
         cmocka_unit_test(test_split_hist_every_dtype),
+        cmocka_unit_test(test_split_too_large_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

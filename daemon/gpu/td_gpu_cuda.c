@@ -38,6 +38,7 @@
 
 typedef struct {
     tk_cuda_buffers_t dev; /* the lane's CUDA stream and device buffers (small: td_gpu_small_t) */
+    size_t max_batch;
     unsigned slots;
     td_gpu_staging_t *staging;
     int64_t *d_carries;
@@ -133,6 +134,7 @@ static tally_status_t cuda_lane_open(void *ctx, int device, size_t max_batch, un
         snprintf(why, why_cap, "CUDA device %d: calloc failed: out of memory", device);
         return TALLY_E_BACKEND;
     }
+    l->max_batch = max_batch;
     l->slots = slots;
     l->staging = staging;
     l->carries = carries;
@@ -286,7 +288,7 @@ static tally_status_t cuda_lane_launch_split(void *lane, void *const *lanes, uns
     int64_t *d_carry = &l0->d_carries[job->carry_index];
     size_t per = td_gpu_piece_elems(job->n, count, tally_dtype_size((tally_dtype_t)job->dtype));
     unsigned used = 0;
-    if (count > TD_GPU_SPLIT_MAX_PIECES || !job->src || (job->opcode == TALLY_OP_SCAN && !job->dst))
+    if (!td_gpu_split_fits(job, count, l0->max_batch))
         return TALLY_E_PARAM;
     if (job->carry_upload)
         TK_CUDA_TRY(cudaMemcpyAsync(d_carry, &s->small->carry, sizeof(int64_t),

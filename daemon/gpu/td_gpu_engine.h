@@ -85,6 +85,19 @@ static inline size_t td_gpu_piece_elems(size_t n, unsigned count, size_t esize)
     return (per + unit - 1) / unit * unit;
 }
 
+/* Can `job` be split into `count` pieces on lanes opened for max_batch bytes: few enough pieces,
+ * its input (and a scan's output) in registered memory, and every piece within the device
+ * buffers? With 3-byte pixels the rounding above can make a piece up to 64 KiB longer than
+ * n / count elements, so a count that only divides the bytes evenly may not fit; the engines
+ * refuse such a job (TALLY_E_PARAM) rather than overrun their buffers. */
+static inline bool td_gpu_split_fits(const td_gpu_job_t *job, unsigned count, size_t max_batch)
+{
+    size_t esize = tally_dtype_size((tally_dtype_t)job->dtype);
+    return count <= TD_GPU_SPLIT_MAX_PIECES && job->src &&
+           (job->opcode != TALLY_OP_SCAN || job->dst) &&
+           td_gpu_piece_elems(job->n, count, esize) * esize <= max_batch;
+}
+
 typedef struct td_gpu_engine td_gpu_engine_t;
 struct td_gpu_engine {
     const char *name; /* "cuda" or "sim" */

@@ -29,6 +29,7 @@ typedef struct {
 
 typedef struct {
     sim_t *sim;
+    size_t max_batch;
     unsigned slots;
     td_gpu_staging_t *staging;
     void *d_in;
@@ -75,7 +76,8 @@ static tally_status_t sim_lane_open(void *ctx, int device, size_t max_batch, uns
     sim_lane_t *l = malloc(sizeof *l);
     if (!l)
         goto fail;
-    *l = (sim_lane_t){.sim = ctx, .slots = slots, .staging = staging, .carries = carries};
+    *l = (sim_lane_t){
+        .sim = ctx, .max_batch = max_batch, .slots = slots, .staging = staging, .carries = carries};
     memset(staging, 0, slots * sizeof *staging);
     for (unsigned i = 0; i < slots; i++) {
         staging[i].in = malloc(max_batch);
@@ -199,8 +201,10 @@ static tally_status_t sim_lane_launch_split(void *lane, void *const *lanes, unsi
     sim_lane_t *l = lane;
     (void)lanes;
     (void)lane_count;
-    if (count > TD_GPU_SPLIT_MAX_PIECES || !job->src || (job->opcode == TALLY_OP_SCAN && !job->dst))
+    if (!td_gpu_split_fits(job, count, l->max_batch)) {
+        snprintf(sim_error, sizeof sim_error, "split job does not fit the lanes' buffers");
         return TALLY_E_PARAM;
+    }
     if (l->sim->latency_us)
         usleep(l->sim->latency_us);
     if (sim_run_split(l, count, job) != TALLY_OK) {
