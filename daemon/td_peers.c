@@ -12,6 +12,20 @@
 
 #define TD_PEERS_BUCKETS 1024u /* a power of two */
 
+struct td_peer {
+    uint8_t key[1 + TD_PEER_KEY_MAX]; /* the kind, then the routing id or user id */
+    size_t key_len;
+    char name[TD_PEER_NAME_MAX]; /* the user id, or the routing id in hex */
+    unsigned refs;               /* requests and streams pointing here */
+    unsigned inflight;           /* connection: requests read and not yet answered */
+    unsigned streams;            /* client: streams it created that still exist */
+    double tokens;               /* client: stream creations it may make now */
+    uint64_t tokens_ns;          /* when tokens was last brought up to date */
+    uint64_t requests;           /* user: requests read */
+    uint64_t limited;            /* user: requests refused by a per-peer limit */
+    struct td_peer *hash_next;
+};
+
 struct td_peers {
     td_peer_t *buckets[TD_PEERS_BUCKETS];
     unsigned count;
@@ -164,6 +178,11 @@ void td_peers_each_user(const td_peers_t *self, td_peer_visit_fn visit, void *ct
 const char *td_peer_name(const td_peer_t *peer)
 {
     return peer->name;
+}
+
+unsigned td_peer_refs(const td_peer_t *peer)
+{
+    return peer->refs;
 }
 
 bool td_peer_inflight_begin(td_peer_t *conn)

@@ -35,22 +35,8 @@ typedef enum {
     TD_PEER_USER = 'u',
 } td_peer_kind_t;
 
-/* The entry. Its fields are td_peers.c's: other modules use the functions below (td_server.c
- * still reads and counts some fields directly, until it moves to them; then the struct moves
- * into td_peers.c). */
-typedef struct td_peer {
-    uint8_t key[1 + TD_PEER_KEY_MAX]; /* the kind, then the routing id or user id */
-    size_t key_len;
-    char name[TD_PEER_NAME_MAX]; /* the user id, or the routing id in hex */
-    unsigned refs;               /* requests and streams pointing here */
-    unsigned inflight;           /* connection: requests read and not yet answered */
-    unsigned streams;            /* client: streams it created that still exist */
-    double tokens;               /* client: stream creations it may make now */
-    uint64_t tokens_ns;          /* when tokens was last brought up to date */
-    uint64_t requests;           /* user: requests read */
-    uint64_t limited;            /* user: requests refused by a per-peer limit */
-    struct td_peer *hash_next;
-} td_peer_t;
+/* One entry: its fields are td_peers.c's; the functions below read and count them. */
+typedef struct td_peer td_peer_t;
 
 typedef struct td_peers td_peers_t;
 
@@ -75,10 +61,13 @@ bool td_peer_take_token(td_peers_t *self, td_peer_t *client, uint64_t now_ns);
 /* Frees the entries nothing refers to whose bucket is full again (user entries stay). */
 void td_peers_sweep(td_peers_t *self, uint64_t now_ns);
 
-/* ---- One entry: what the server counts and checks (use these, not the fields) ------------ */
+/* ---- One entry: what the server counts and checks ------------------------------------------ */
 
 /* The printable name: the user id, or the routing id in hex. */
 const char *td_peer_name(const td_peer_t *peer);
+/* The requests and streams that hold a reference to it (td_peers_acquire, td_peer_stream_added;
+ * td_peers_release drops one). */
+unsigned td_peer_refs(const td_peer_t *peer);
 /* A connection's requests in flight: one more (true when it had none before), one fewer (true
  * when it has none left). */
 bool td_peer_inflight_begin(td_peer_t *conn);

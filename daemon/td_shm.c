@@ -59,6 +59,21 @@
 #define TD_SHM_FDS_MAX 4      /* descriptors accepted in one message (extras are closed) */
 #define TD_SHM_PEER_GROUPS 64 /* supplementary groups looked at */
 
+struct td_shm_region {
+    uint64_t handle;
+    uint8_t *base; /* the mapping: size bytes */
+    size_t size;
+    bool writable;          /* mapped PROT_WRITE: may be an output region */
+    bool device_registered; /* registered with the GPU engine: the GPU copies it directly */
+    bool registering;       /* the GPU registration runs on a worker: not yet usable */
+    unsigned refs;
+    struct td_shm_conn *conn; /* the side connection that registered it; NULL once detached */
+    struct td_shm_region *next;
+    td_shm_t *shm;
+    uint8_t id_len; /* the ZeroMQ routing id allowed to reference it */
+    uint8_t id[TALLY_SHM_ROUTING_ID_MAX];
+};
+
 typedef struct td_shm_conn {
     td_shm_t *shm;
     int fd;

@@ -23,23 +23,9 @@
 
 typedef struct td_shm td_shm_t;
 
-/* One registered region. Its fields are td_shm.c's: others ask td_shm_region_direct (td_exec.c
- * and td_gpu.c still read device_registered until they move to it; then the struct moves into
- * td_shm.c). */
-typedef struct td_shm_region {
-    uint64_t handle;
-    uint8_t *base; /* the mapping: size bytes */
-    size_t size;
-    bool writable;          /* mapped PROT_WRITE: may be an output region */
-    bool device_registered; /* registered with the GPU engine: the GPU copies it directly */
-    bool registering;       /* the GPU registration runs on a worker: not yet usable */
-    unsigned refs;
-    struct td_shm_conn *conn; /* the side connection that registered it; NULL once detached */
-    struct td_shm_region *next;
-    td_shm_t *shm;
-    uint8_t id_len; /* the ZeroMQ routing id allowed to reference it */
-    uint8_t id[TALLY_SHM_ROUTING_ID_MAX];
-} td_shm_region_t;
+/* One registered region: its fields are td_shm.c's. Requests hold references
+ * (td_shm_resolve, td_shm_region_put) and ask td_shm_region_direct how the GPU reaches it. */
+typedef struct td_shm_region td_shm_region_t;
 
 /* How regions reach the GPU: register once at registration (on a libuv worker thread),
  * unregister at the last release (loop thread). Both may be NULL (no GPU). region_register returns
