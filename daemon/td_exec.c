@@ -25,6 +25,7 @@
  * real GPU alike.
  */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,15 +43,22 @@ struct td_exec {
 
 /* ---- CPU path ----------------------------------------------------------------------------- */
 
-static void work_cb(uv_work_t *work)
+/* The job is the request's cpu_job; its data is the executor. */
+static td_request_t *job_request(uv_work_t *job)
 {
-    td_request_execute(work->data);
+    return (td_request_t *)((char *)job - offsetof(td_request_t, cpu_job));
 }
 
-static void after_work_cb(uv_work_t *work, int status)
+static void work_cb(uv_work_t *job)
 {
-    td_request_t *r = work->data;
-    td_exec_t *x = r->owner;
+    td_exec_t *x = job->data;
+    td_request_execute(job_request(job), x->env.cpu);
+}
+
+static void after_work_cb(uv_work_t *job, int status)
+{
+    td_exec_t *x = job->data;
+    td_request_t *r = job_request(job);
     if (status == UV_ECANCELED)
         td_request_fail(r, TALLY_E_SHUTDOWN, "tallyd is shutting down");
     x->env.done(x->env.owner, r);
@@ -58,9 +66,8 @@ static void after_work_cb(uv_work_t *work, int status)
 
 static void cpu_submit(td_exec_t *x, td_request_t *r)
 {
-    r->owner = x;
-    r->work.data = r;
-    int rc = uv_queue_work(x->env.loop, &r->work, work_cb, after_work_cb);
+    r->cpu_job.data = x;
+    int rc = uv_queue_work(x->env.loop, &r->cpu_job, work_cb, after_work_cb);
     if (rc != 0) {
         td_request_fail(r, TALLY_E_INTERNAL, "cannot queue work: %s", uv_strerror(rc));
         x->env.done(x->env.owner, r);
@@ -76,27 +83,20 @@ static void gpu_complete(void *owner, td_request_t *r)
     x->env.done(x->env.owner, r);
 }
 
-static void gpu_submit(td_exec_t *x, td_request_t *r)
-{
-    r->owner = x;
-    td_gpu_submit(x->gpu, r);
-}
-
 /* ---- the machine (td_sched.h) --------------------------------------------------------------- */
 
 static void exec_run(void *ctx, td_request_t *r)
 {
     td_exec_t *x = ctx;
     if (r->where.gpu) {
-        gpu_submit(x, r);
+        td_gpu_submit(x->gpu, r);
         return;
     }
-    r->backend = x->env.cpu;
     if (!r->where.cpu_inline) {
         cpu_submit(x, r);
         return;
     }
-    td_request_execute(r);
+    td_request_execute(r, x->env.cpu);
     x->env.done(x->env.owner, r);
 }
 
@@ -156,7 +156,8 @@ static td_err_t open_gpu(td_exec_t *x)
         td_gpu_fault_opts_t faults = {.fail_every = cfg->test_fault_every};
         st = td_gpu_engine_fault_new(engine, &faults, &engine);
     }
-    if (st == TALLY_OK) {
+    td_err_t err = st == TALLY_OK ? TD_OK : TD_ERR_BACKEND;
+    if (err == TD_OK) {
         x->gpu_max_batch = gpu_buffer_bytes(cfg);
         td_gpu_opts_t opts = {
             .max_batch = x->gpu_max_batch,
@@ -165,11 +166,10 @@ static td_err_t open_gpu(td_exec_t *x)
             .spin_us = cfg->gpu_spin_us,
             .max_inflight = TD_MAX_INFLIGHT_LIMIT, /* a reload may raise max_inflight */
         };
-        st = td_gpu_new(x->env.loop, engine, &opts, gpu_complete, x, &x->gpu, why, sizeof why);
+        err = td_gpu_new(x->env.loop, engine, &opts, gpu_complete, x, &x->gpu, why, sizeof why);
     }
-    if (st == TALLY_OK) {
-        unsigned devices = td_gpu_ordinals(x->gpu);
-        x->env.metrics->gpu_devices = devices < TD_METRICS_GPUS_MAX ? devices : TD_METRICS_GPUS_MAX;
+    if (err == TD_OK) {
+        td_metrics_set_gpus(x->env.metrics, td_gpu_ordinals(x->gpu));
         char desc[512];
         td_gpu_describe(x->gpu, desc, sizeof desc);
         td_info("GPU pipeline: %s; %" PRIu64 " bytes of device memory; %s%s", desc,

@@ -235,14 +235,34 @@ bool td_request_admit(td_request_t *self, bool stream_busy)
 
 /* ---- execute --------------------------------------------------------------------------- */
 
-static void execute_filter(td_request_t *self, size_t n)
+/* Where a filter's or scan's output goes: the output region, or a malloc'd buffer that becomes
+ * the reply payload. NULL (the request failed) when out of memory. */
+static void *output_buffer(td_request_t *self, size_t n, size_t size, const char *op)
 {
-    size_t size = tally_dtype_size((tally_dtype_t)self->req.dtype);
     void *out = self->out_ptr ? self->out_ptr : malloc(n ? n * size : 1);
-    if (!out) {
-        td_request_fail(self, TALLY_E_INTERNAL, "out of memory for a filter of %zu elements", n);
+    if (!out)
+        td_request_fail(self, TALLY_E_INTERNAL, "out of memory for a %s of %zu elements", op, n);
+    return out;
+}
+
+/* The backend returned st: false, with out freed (unless it is the output region) and the
+ * request failed, when it is not TALLY_OK. */
+static bool backend_ok(td_request_t *self, const tk_backend_t *backend, tally_status_t st,
+                       void *out, const char *op)
+{
+    if (st == TALLY_OK)
+        return true;
+    if (out != self->out_ptr)
+        free(out);
+    td_request_fail(self, st, "%s backend failed the %s", backend->name, op);
+    return false;
+}
+
+static void execute_filter(td_request_t *self, tk_backend_t *backend, size_t n)
+{
+    void *out = output_buffer(self, n, tally_dtype_size((tally_dtype_t)self->req.dtype), "filter");
+    if (!out)
         return;
-    }
     tk_filter_spec_t spec = {
         .pred = (tally_pred_t)self->req.pred,
         .lo = self->req.lo,
@@ -250,49 +270,33 @@ static void execute_filter(td_request_t *self, size_t n)
         .stable = (self->req.flags & TALLY_FLAG_FILTER_STABLE) != 0,
     };
     size_t kept = 0;
-    tally_status_t st = self->backend->filter(self->backend->ctx, (tally_dtype_t)self->req.dtype,
-                                              self->payload, n, &spec, out, &kept);
-    if (st != TALLY_OK) {
-        if (!self->out_ptr)
-            free(out);
-        td_request_fail(self, st, "%s backend failed the filter", self->backend->name);
-        return;
-    }
-    td_request_filter_result(self, out, kept);
+    tally_status_t st = backend->filter(backend->ctx, (tally_dtype_t)self->req.dtype, self->payload,
+                                        n, &spec, out, &kept);
+    if (backend_ok(self, backend, st, out, "filter"))
+        td_request_filter_result(self, out, kept);
 }
 
-static void execute_scan(td_request_t *self, size_t n)
+static void execute_scan(td_request_t *self, tk_backend_t *backend, size_t n)
 {
     bool out32 = (self->req.flags & TALLY_FLAG_SCAN_OUT_I32) != 0;
-    size_t size = out32 ? sizeof(int32_t) : sizeof(int64_t);
-    void *out = self->out_ptr ? self->out_ptr : malloc(n ? n * size : 1);
-    if (!out) {
-        td_request_fail(self, TALLY_E_INTERNAL, "out of memory for a scan of %zu elements", n);
+    void *out = output_buffer(self, n, out32 ? sizeof(int32_t) : sizeof(int64_t), "scan");
+    if (!out)
         return;
-    }
     int64_t carry = self->carry;
     tally_status_t st =
-        self->backend->scan(self->backend->ctx, self->payload, n,
-                            (self->req.flags & TALLY_FLAG_SCAN_EXCLUSIVE) != 0, out32, out, &carry);
-    if (st != TALLY_OK) {
-        if (!self->out_ptr)
-            free(out);
-        td_request_fail(self, st, "%s backend failed the scan", self->backend->name);
-        return;
-    }
-    td_request_scan_result(self, out, carry);
+        backend->scan(backend->ctx, self->payload, n,
+                      (self->req.flags & TALLY_FLAG_SCAN_EXCLUSIVE) != 0, out32, out, &carry);
+    if (backend_ok(self, backend, st, out, "scan"))
+        td_request_scan_result(self, out, carry);
 }
 
-static void execute_hist(td_request_t *self, size_t n)
+static void execute_hist(td_request_t *self, tk_backend_t *backend, size_t n)
 {
     memset(&self->hist, 0, sizeof self->hist);
-    tally_status_t st = tk_backend_hist(self->backend, self->req.dtype, self->payload, n,
-                                        self->req.lo, self->req.hi, &self->hist);
-    if (st != TALLY_OK) {
-        td_request_fail(self, st, "%s backend failed the histogram", self->backend->name);
-        return;
-    }
-    td_request_hist_result(self);
+    tally_status_t st = tk_backend_hist(backend, self->req.dtype, self->payload, n, self->req.lo,
+                                        self->req.hi, &self->hist);
+    if (backend_ok(self, backend, st, NULL, "histogram"))
+        td_request_hist_result(self);
 }
 
 void td_request_hist_result(td_request_t *self)
@@ -315,18 +319,18 @@ void td_request_hist_result(td_request_t *self)
     self->rep.aux0 = td_request_elements(self);
 }
 
-void td_request_execute(td_request_t *self)
+void td_request_execute(td_request_t *self, tk_backend_t *backend)
 {
     size_t n = td_request_elements(self);
     switch (self->req.opcode) {
     case TALLY_OP_FILTER:
-        execute_filter(self, n);
+        execute_filter(self, backend, n);
         break;
     case TALLY_OP_SCAN:
-        execute_scan(self, n);
+        execute_scan(self, backend, n);
         break;
     case TALLY_OP_HIST:
-        execute_hist(self, n);
+        execute_hist(self, backend, n);
         break;
     default:
         td_request_fail(self, TALLY_E_INTERNAL, "opcode %u is not a compute operation",

@@ -73,14 +73,12 @@ typedef struct td_request {
     struct td_request *next;
 
     /* Execution. */
-    int64_t carry;         /* scan: carry-in, then carry-out */
-    tk_hist_t hist;        /* hist: this batch's histogram */
-    uint64_t kept;         /* filter: elements kept */
-    tk_backend_t *backend; /* CPU backend for execute (td_exec.c) */
-    uv_work_t work;
-    void *owner;          /* the executor, for its worker callbacks */
+    int64_t carry;        /* scan: carry-in, then carry-out */
+    tk_hist_t hist;       /* hist: this batch's histogram */
+    uint64_t kept;        /* filter: elements kept */
     td_placement_t where; /* set by td_sched before the machine runs it */
     bool gpu_failed;      /* the GPU failed it: td_sched reruns it on the CPU */
+    uv_work_t cpu_job;    /* td_exec.c's: the CPU path's job on libuv's worker pool */
 
     /* Result: the reply header and payload (owned; handed to ZeroMQ without a copy). reply_data
      * is malloc'd, unless reply_free is set: then it is a buffer lent by its owner (the GPU
@@ -134,8 +132,8 @@ bool td_request_seq_waits(const td_request_t *self, bool stream_busy);
  * the seq counts as admitted only when both pass. stream_busy: the stream has requests in
  * flight (else what was admitted is what was applied). Returns false when the request failed. */
 bool td_request_admit(td_request_t *self, bool stream_busy);
-/* Any thread: computes the reply with self->backend. */
-void td_request_execute(td_request_t *self);
+/* Any thread: computes the reply with the CPU backend. */
+void td_request_execute(td_request_t *self, tk_backend_t *backend);
 /* Loop thread, after execute: applies a successful result to the stream's state. A request
  * whose seq no longer follows the stream's last applied one (a request admitted before it
  * failed) is turned into a sequence_gap reply instead, its result discarded. Returns true when

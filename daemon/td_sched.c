@@ -436,9 +436,8 @@ void td_sched_finished(td_sched_t *s, td_request_t *r)
         add_load(s, &r->where, -1);
         if (rerun_on_cpu(s, r, rec))
             return;
-        int ordinal = s->machine.device_ordinal(s->machine.ctx, r->where.device);
-        if (ordinal >= 0 && ordinal < TD_METRICS_GPUS_MAX)
-            s->metrics->gpu_requests[ordinal]++;
+        td_metrics_count_gpu_request(s->metrics,
+                                     s->machine.device_ordinal(s->machine.ctx, r->where.device));
     }
     if (rec && --rec->inflight == 0) {
         unpin(s, rec);

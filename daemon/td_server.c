@@ -422,6 +422,14 @@ static void exec_done(void *owner, td_request_t *r)
     td_sched_finished(s->sched, r);
 }
 
+/* r is refused by a per-peer limit: counted for tallyd_limited_total and for its client. */
+static void count_limited(td_server_t *s, const td_request_t *r, td_limit_t limit)
+{
+    s->metrics.limited[limit]++;
+    if (r->client)
+        td_peer_count_limited(r->client);
+}
+
 /* A filter, scan or hist names a stream that does not exist yet: its client's stream count and
  * creation rate, then the global max_streams. Returns false when the request was failed. */
 static bool create_stream(td_server_t *s, td_request_t *r, td_stream_t **out)
@@ -430,8 +438,7 @@ static bool create_stream(td_server_t *s, td_request_t *r, td_stream_t **out)
     td_peer_t *client = r->client;
     unsigned per_client = td_config_streams_per_client(&s->cfg);
     if (client && td_peer_streams(client) >= per_client) {
-        s->metrics.limited[TD_LIMIT_STREAMS]++;
-        td_peer_count_limited(client);
+        count_limited(s, r, TD_LIMIT_STREAMS);
         td_request_fail(r, TALLY_E_CLIENT_STREAMS,
                         "this client already holds %u streams (max_streams_per_client %u); "
                         "delete one it no longer needs",
@@ -439,8 +446,7 @@ static bool create_stream(td_server_t *s, td_request_t *r, td_stream_t **out)
         return false;
     }
     if (client && !td_peer_take_token(s->peers, client, uv_hrtime())) {
-        s->metrics.limited[TD_LIMIT_RATE]++;
-        td_peer_count_limited(client);
+        count_limited(s, r, TD_LIMIT_RATE);
         td_request_fail(r, TALLY_E_RATE,
                         "this client creates streams faster than stream_create_rate (%u per "
                         "second); retry later",
@@ -572,9 +578,7 @@ static bool over_share(td_server_t *s, td_request_t *r)
     unsigned share = td_config_inflight_per_peer(&s->cfg, s->active_conns);
     if (!r->conn || td_peer_inflight(r->conn) <= share) /* it counts r itself */
         return false;
-    s->metrics.limited[TD_LIMIT_INFLIGHT]++;
-    if (r->client)
-        td_peer_count_limited(r->client);
+    count_limited(s, r, TD_LIMIT_INFLIGHT);
     td_request_fail(r, TALLY_E_BUSY,
                     "this connection already has %u requests in flight (max_inflight_per_peer "
                     "%u); send more once replies arrive",
@@ -1146,8 +1150,9 @@ static void free_reloadable_strings(td_server_t *s)
 /* The stream table (windows, the test clock) and the per-peer table. */
 static td_err_t open_tables(td_server_t *s)
 {
-    if (td_streams_new(s->cfg.max_streams, &s->streams) != TALLY_OK)
-        return TD_ERR_NOMEM;
+    td_err_t err = td_streams_new(s->cfg.max_streams, &s->streams);
+    if (err != TD_OK)
+        return err;
     td_streams_set_window(s->streams, s->cfg.window_intervals, s->cfg.window_interval_ms);
     td_clock_set_test_file(s->cfg.test_clock);
     return td_peers_new(&s->peers);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "td_hash.h"
 #include "td_stream.h"
 
 struct td_streams {
@@ -19,30 +20,20 @@ struct td_streams {
     td_stream_t *list_tail;
 };
 
-static uint64_t name_hash(const char *name, size_t len)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < len; i++) {
-        h ^= (uint8_t)name[i];
-        h *= 1099511628211ull;
-    }
-    return h;
-}
-
-tally_status_t td_streams_new(unsigned max_streams, td_streams_t **out)
+td_err_t td_streams_new(unsigned max_streams, td_streams_t **out)
 {
     td_streams_t *self = calloc(1, sizeof *self);
     if (!self)
-        return TALLY_E_INTERNAL;
+        return TD_ERR_NOMEM;
     self->bucket_count = 64;
     self->buckets = calloc(self->bucket_count, sizeof *self->buckets);
     if (!self->buckets) {
         free(self);
-        return TALLY_E_INTERNAL;
+        return TD_ERR_NOMEM;
     }
     self->max_streams = max_streams;
     *out = self;
-    return TALLY_OK;
+    return TD_OK;
 }
 
 void td_streams_destroy(td_streams_t **self_p)
@@ -64,7 +55,7 @@ void td_streams_destroy(td_streams_t **self_p)
 
 td_stream_t *td_streams_find(td_streams_t *self, const char *name, size_t len)
 {
-    size_t slot = name_hash(name, len) & (self->bucket_count - 1);
+    size_t slot = td_fnv1a64(name, len) & (self->bucket_count - 1);
     for (td_stream_t *s = self->buckets[slot]; s; s = s->hash_next)
         if (s->name_len == len && memcmp(s->name, name, len) == 0)
             return s;
@@ -79,7 +70,7 @@ static void grow(td_streams_t *self)
     if (!buckets)
         return;
     for (td_stream_t *s = self->list_head; s; s = s->list_next) {
-        size_t slot = name_hash(s->name, s->name_len) & (count - 1);
+        size_t slot = td_fnv1a64(s->name, s->name_len) & (count - 1);
         s->hash_next = buckets[slot];
         buckets[slot] = s;
     }
@@ -104,7 +95,7 @@ tally_status_t td_streams_get(td_streams_t *self, const char *name, size_t len, 
     s->name_len = len;
     if (self->count + 1 > self->bucket_count)
         grow(self);
-    size_t slot = name_hash(name, len) & (self->bucket_count - 1);
+    size_t slot = td_fnv1a64(name, len) & (self->bucket_count - 1);
     s->hash_next = self->buckets[slot];
     self->buckets[slot] = s;
     s->list_prev = self->list_tail;
@@ -121,7 +112,7 @@ tally_status_t td_streams_get(td_streams_t *self, const char *name, size_t len, 
 void td_streams_remove(td_streams_t *self, td_stream_t **stream_p)
 {
     td_stream_t *s = *stream_p;
-    size_t slot = name_hash(s->name, s->name_len) & (self->bucket_count - 1);
+    size_t slot = td_fnv1a64(s->name, s->name_len) & (self->bucket_count - 1);
     td_stream_t **link = &self->buckets[slot];
     while (*link && *link != s)
         link = &(*link)->hash_next;

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "tally_proto.h"
+#include "td_err.h"
 #include "td_window.h"
 
 struct td_sched_stream;
@@ -48,7 +49,8 @@ typedef struct td_stream {
 
 typedef struct td_streams td_streams_t;
 
-tally_status_t td_streams_new(unsigned max_streams, td_streams_t **out);
+/* TD_ERR_NOMEM when out of memory. */
+td_err_t td_streams_new(unsigned max_streams, td_streams_t **out);
 void td_streams_destroy(td_streams_t **self_p);
 
 /* NULL when no stream of that name exists. */

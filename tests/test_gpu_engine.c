@@ -199,13 +199,12 @@ static void test_oom_at_open(void **state)
         assert_int_equal(uv_loop_init(&loop), 0);
         td_gpu_t *gpu = NULL;
         char why[256] = "";
-        tally_status_t st =
-            td_gpu_new(&loop, e, &opts, ignore_complete, NULL, &gpu, why, sizeof why);
+        td_err_t err = td_gpu_new(&loop, e, &opts, ignore_complete, NULL, &gpu, why, sizeof why);
         if (before == 0) { /* no lane opens: no device */
-            assert_int_equal(st, TALLY_E_BACKEND);
+            assert_int_equal(err, TD_ERR_BACKEND);
             assert_null(gpu);
         } else { /* device 0's two lanes open, device 1 is skipped */
-            assert_int_equal(st, TALLY_OK);
+            assert_int_equal(err, TD_OK);
             assert_int_equal(td_gpu_device_count(gpu), 1);
             assert_true(td_gpu_usable(gpu));
             td_gpu_close(gpu);

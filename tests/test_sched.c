@@ -133,7 +133,7 @@ static fake_t *fake_new_buffers(unsigned devices, td_backend_choice_t backend,
     f->cfg.max_inflight = max_inflight;
     f->devices = devices;
     f->buffer_bytes = bytes;
-    assert_int_equal(td_streams_new(100, &f->streams), TALLY_OK);
+    assert_int_equal(td_streams_new(100, &f->streams), TD_OK);
     td_sched_machine_t m = {
         .ctx = f,
         .gpu_devices = devices,

@@ -77,7 +77,7 @@ static void random_info(tally_stream_info_t *in, unsigned i)
 static td_streams_t *random_table(unsigned n)
 {
     td_streams_t *t = NULL;
-    assert_int_equal(td_streams_new(1000, &t), TALLY_OK);
+    assert_int_equal(td_streams_new(1000, &t), TD_OK);
     for (unsigned i = 0; i < n; i++) {
         char name[TALLY_STREAM_NAME_MAX + 1];
         size_t len = 6 + next_rand() % (TALLY_STREAM_NAME_MAX - 5); /* 6..64 bytes */
@@ -149,7 +149,7 @@ static td_streams_t *decode_new(const uint8_t *buf, size_t len, td_err_t want,
                                 td_state_report_t *report)
 {
     td_streams_t *t = NULL;
-    assert_int_equal(td_streams_new(1000, &t), TALLY_OK);
+    assert_int_equal(td_streams_new(1000, &t), TD_OK);
     char msg[256] = "";
     td_streams_set_window(t, 8, 1000);
     assert_int_equal(td_state_decode(buf, len, NOW_MS, t, report, msg, sizeof msg), want);
@@ -607,7 +607,7 @@ static unsigned decode_windowed(const uint8_t *buf, size_t len, uint64_t now_ms,
                                 uint32_t interval_ms)
 {
     td_streams_t *later = NULL;
-    assert_int_equal(td_streams_new(100, &later), TALLY_OK);
+    assert_int_equal(td_streams_new(100, &later), TD_OK);
     if (intervals)
         td_streams_set_window(later, intervals, interval_ms);
     td_state_report_t r;
@@ -728,7 +728,7 @@ static void test_max_streams_respected(void **state)
     size_t len = 0;
     td_streams_t *t = random_image(10, &buf, &len);
     td_streams_t *small = NULL;
-    assert_int_equal(td_streams_new(4, &small), TALLY_OK);
+    assert_int_equal(td_streams_new(4, &small), TD_OK);
     char msg[256];
     td_state_report_t r;
     assert_int_equal(td_state_decode(buf, len, NOW_MS, small, &r, msg, sizeof msg), TD_OK);
@@ -792,7 +792,7 @@ static void clear_dir(const char *dir)
 static unsigned restore_into_new(const char *dir, td_streams_t **out, td_state_report_t *r)
 {
     char msg[512] = "";
-    assert_int_equal(td_streams_new(1000, out), TALLY_OK);
+    assert_int_equal(td_streams_new(1000, out), TD_OK);
     assert_int_equal(td_state_restore(dir, *out, r, msg, sizeof msg), TD_OK);
     return td_streams_count(*out);
 }
@@ -907,7 +907,7 @@ static void test_unusable_state_path_refused(void **state)
     snprintf(path, sizeof path, "%s/%s", dir, TD_STATE_FILE);
     snprintf(tmp, sizeof tmp, "%s/%s.tmp", dir, TD_STATE_FILE);
     td_streams_t *t = NULL;
-    assert_int_equal(td_streams_new(10, &t), TALLY_OK);
+    assert_int_equal(td_streams_new(10, &t), TD_OK);
     td_state_report_t r;
     struct {
         const char *where;

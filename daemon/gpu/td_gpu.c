@@ -752,16 +752,16 @@ static tally_status_t device_open(td_gpu_t *g, device_t *d, int ordinal, char *w
     return TALLY_OK;
 }
 
-tally_status_t td_gpu_new(uv_loop_t *loop, td_gpu_engine_t *engine, const td_gpu_opts_t *opts,
-                          td_gpu_complete_fn complete, void *owner, td_gpu_t **out, char *why,
-                          size_t why_cap)
+td_err_t td_gpu_new(uv_loop_t *loop, td_gpu_engine_t *engine, const td_gpu_opts_t *opts,
+                    td_gpu_complete_fn complete, void *owner, td_gpu_t **out, char *why,
+                    size_t why_cap)
 {
-    tally_status_t st = TALLY_E_INTERNAL;
+    td_err_t err = TD_ERR_NOMEM;
     td_gpu_t *g = calloc(1, sizeof *g);
     if (!g) {
         snprintf(why, why_cap, "out of memory");
         engine->destroy(&engine);
-        return TALLY_E_INTERNAL;
+        return TD_ERR_NOMEM;
     }
     g->loop = loop;
     g->engine = engine; /* owned from here: td_gpu_destroy frees it */
@@ -769,7 +769,7 @@ tally_status_t td_gpu_new(uv_loop_t *loop, td_gpu_engine_t *engine, const td_gpu
     int count = engine->device_count(engine->ctx);
     if (count <= 0) {
         snprintf(why, why_cap, "no device");
-        st = TALLY_E_BACKEND;
+        err = TD_ERR_BACKEND;
         goto fail;
     }
     g->opts = *opts;
@@ -778,6 +778,7 @@ tally_status_t td_gpu_new(uv_loop_t *loop, td_gpu_engine_t *engine, const td_gpu
     g->owner = owner;
     if (uv_async_init(loop, &g->async, async_cb) != 0) {
         snprintf(why, why_cap, "cannot create the completion wake-up");
+        err = TD_ERR_LIBRARY;
         goto fail;
     }
     g->async.data = g;
@@ -790,8 +791,7 @@ tally_status_t td_gpu_new(uv_loop_t *loop, td_gpu_engine_t *engine, const td_gpu
     for (int i = 0; i < count; i++) {
         char reason[256];
         device_t *d = &g->devices[g->device_count];
-        st = device_open(g, d, i, reason, sizeof reason);
-        if (st == TALLY_OK) {
+        if (device_open(g, d, i, reason, sizeof reason) == TALLY_OK) {
             g->device_count++;
             continue;
         }
@@ -800,14 +800,14 @@ tally_status_t td_gpu_new(uv_loop_t *loop, td_gpu_engine_t *engine, const td_gpu
         memset(d, 0, sizeof *d);
     }
     if (g->device_count == 0) {
-        st = TALLY_E_BACKEND;
+        err = TD_ERR_BACKEND;
         goto fail;
     }
     *out = g;
-    return TALLY_OK;
+    return TD_OK;
 fail:
     td_gpu_destroy(&g);
-    return st;
+    return err;
 }
 
 void td_gpu_close(td_gpu_t *g)

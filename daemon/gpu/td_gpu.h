@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "td_err.h"
 #include "td_gpu_engine.h"
 #include "td_request.h"
 
@@ -32,11 +33,11 @@ typedef struct {
 } td_gpu_opts_t;
 
 /* Opens every device of the engine (taking ownership of it, also on failure) with its lanes
- * and threads. A device that cannot be opened is skipped with a warning; TALLY_E_BACKEND
- * (and why) when none could. */
-tally_status_t td_gpu_new(uv_loop_t *loop, td_gpu_engine_t *engine, const td_gpu_opts_t *opts,
-                          td_gpu_complete_fn complete, void *owner, td_gpu_t **out, char *why,
-                          size_t why_cap);
+ * and threads. A device that cannot be opened is skipped with a warning; TD_ERR_BACKEND (and
+ * why) when none could, TD_ERR_NOMEM or TD_ERR_LIBRARY (libuv) otherwise. */
+td_err_t td_gpu_new(uv_loop_t *loop, td_gpu_engine_t *engine, const td_gpu_opts_t *opts,
+                    td_gpu_complete_fn complete, void *owner, td_gpu_t **out, char *why,
+                    size_t why_cap);
 /* Stops and joins the lane threads (after the loop stopped) and frees everything. */
 void td_gpu_destroy(td_gpu_t **self_p);
 /* Closes the loop handle (the completion wake-up); call with nothing in flight. */

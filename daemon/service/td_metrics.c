@@ -33,6 +33,26 @@ void td_metrics_observe(td_metrics_t *m, unsigned opcode, tally_status_t status,
     m->latency_sum_s[op] += (double)latency_ns / 1e9;
 }
 
+uint64_t td_metrics_answered(const td_metrics_t *m)
+{
+    uint64_t answered = 0;
+    for (unsigned op = 0; op < TALLY_OP_COUNT; op++)
+        for (unsigned st = 0; st < TALLY_STATUS_WIRE_COUNT; st++)
+            answered += m->requests[op][st];
+    return answered;
+}
+
+void td_metrics_set_gpus(td_metrics_t *m, unsigned devices)
+{
+    m->gpu_devices = devices < TD_METRICS_GPUS_MAX ? devices : TD_METRICS_GPUS_MAX;
+}
+
+void td_metrics_count_gpu_request(td_metrics_t *m, int ordinal)
+{
+    if (ordinal >= 0 && ordinal < TD_METRICS_GPUS_MAX)
+        m->gpu_requests[ordinal]++;
+}
+
 /* The text being rendered: buf[0..cap), of which len bytes are needed so far. */
 typedef struct {
     char *buf;
@@ -319,7 +339,7 @@ static void render_resources(const td_metrics_t *m, const td_gauges_t *g, out_t 
         emit(o, "# HELP tallyd_gpu_requests_total Requests completed on each GPU (a request split "
                 "over a GPU's streams counts once).\n"
                 "# TYPE tallyd_gpu_requests_total counter\n");
-    for (unsigned d = 0; d < m->gpu_devices && d < TD_METRICS_GPUS_MAX; d++)
+    for (unsigned d = 0; d < m->gpu_devices; d++)
         emit(o, "tallyd_gpu_requests_total{device=\"%u\"} %llu\n", d,
              (unsigned long long)m->gpu_requests[d]);
     static const char *const limit_names[TD_LIMIT_COUNT] = {"inflight_share", "client_streams",

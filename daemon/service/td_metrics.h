@@ -4,6 +4,11 @@
  * The counters are plain integers owned by the loop thread (every request is accepted and
  * answered there), so updating them needs no atomics. Anything that reads them from another
  * thread (the HTTP exporter) asks the loop thread for a rendered snapshot instead.
+ *
+ * A counter that is one increment is written directly (`m->read_pauses++`: the field's name and
+ * comment say what it counts, and a function per counter would say nothing more); a write that
+ * needs more than that goes through a function here (a request's status and latency bucket, a
+ * GPU's ordinal kept inside the table), and so does the sum the status line reads.
  */
 #ifndef TD_METRICS_H
 #define TD_METRICS_H
@@ -79,8 +84,15 @@ typedef struct {
  * stream name holds (names are printable ASCII without spaces), so it never collides. */
 #define TD_METRICS_OTHER_STREAMS "(other streams)"
 
+/* A request answered: its opcode and status, bytes in and out, and latency. */
 void td_metrics_observe(td_metrics_t *m, unsigned opcode, tally_status_t status, size_t bytes_in,
                         size_t bytes_out, uint64_t latency_ns);
+/* Requests answered so far, whatever their operation and status. */
+uint64_t td_metrics_answered(const td_metrics_t *m);
+/* How many GPUs the pipeline has (by ordinal), and a request completed on GPU `ordinal`; only the
+ * first TD_METRICS_GPUS_MAX are counted. */
+void td_metrics_set_gpus(td_metrics_t *m, unsigned devices);
+void td_metrics_count_gpu_request(td_metrics_t *m, int ordinal);
 
 /* Renders the Prometheus text format into buf; returns the length it needed (like snprintf).
  * Besides tallyd's own: tallyd_build_info, the per-stream series (tallyd_stream_*), and the

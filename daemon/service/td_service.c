@@ -105,12 +105,9 @@ static void summary(td_service_t *self, char *buf, size_t cap)
 {
     td_gauges_t g;
     self->host.gauges(self->host.ctx, &g);
-    uint64_t answered = 0;
-    for (unsigned op = 0; op < TALLY_OP_COUNT; op++)
-        for (unsigned st = 0; st < TALLY_STATUS_WIRE_COUNT; st++)
-            answered += self->host.metrics->requests[op][st];
     snprintf(buf, cap, "serving on %s: %u streams, %u in flight, %llu requests answered", g.backend,
-             g.stream_count, g.inflight, (unsigned long long)answered);
+             g.stream_count, g.inflight,
+             (unsigned long long)td_metrics_answered(self->host.metrics));
 }
 
 /* A systemd notification that could not be sent (td_notify logged it) is counted. */
