@@ -33,7 +33,7 @@ typedef void (*td_exec_done_fn)(void *owner, td_request_t *r);
 typedef struct {
     uv_loop_t *loop;
     const td_config_t *cfg;
-    td_metrics_t *metrics; /* gpu_devices */
+    td_metrics_t *metrics; /* the GPU count (td_metrics_set_gpus) */
     tk_backend_t *cpu;     /* borrowed; outlives the executor */
     td_exec_done_fn done;
     void *owner;

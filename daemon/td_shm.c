@@ -15,7 +15,7 @@
  * Who may register: the connection's SO_PEERCRED (the kernel's record of the peer, not a claim
  * of the peer) must show tallyd's own uid, a uid of shm_allow_uids, or a primary or (through
  * SO_PEERGROUPS) supplementary gid of shm_allow_gids; the socket's mode (0660, group
- * shm_socket_group when set) is the first gate, this is the second. A refused peer gets an answer
+ * --shm-socket-group when set) is the first gate, this is the second. A refused peer gets an answer
  * saying why to its first message and is disconnected.
  *
  * What may be registered: only a memfd sealed with F_SEAL_SHRINK | F_SEAL_GROW. The seals are

@@ -30,7 +30,7 @@
  * (when nothing is in flight), and the model keeps each stream's per-interval histograms, so a
  * window query's record and its start/end (aux0/aux1) are checked too, across the restart.
  *
- * test_query_behind_reset: a query, reset and delete pipelined behind a delete get
+ * test_query_behind_delete: a query, reset and delete pipelined behind a delete get
  * unknown_stream (they used to find the cleared stream, which then stayed listed: the
  * differential test found it, as a reply that depended on timing).
  *
