@@ -331,6 +331,7 @@ class Client(_Handle):
     _handle_attr, _destroy = "_c", _lib.tally_client_destroy
 
     def __init__(self, endpoint=None, timeout_ms=5000):
+        # Kept equal to TALLY_DEFAULT_ENDPOINT (proto/tally_proto.h): no libtally function returns it.
         endpoint = endpoint or os.environ.get("TALLY_ENDPOINT") or "tcp://127.0.0.1:5555"
         self._c = ctypes.c_void_p()
         st = _lib.tally_client_new(endpoint.encode(), timeout_ms, ctypes.byref(self._c))
