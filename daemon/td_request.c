@@ -14,6 +14,35 @@
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
                "tallyd sends arrays in host order and the protocol is little-endian");
 
+void td_request_queue_push(td_request_queue_t *q, td_request_t *r)
+{
+    r->next = NULL;
+    if (q->tail)
+        q->tail->next = r;
+    else
+        q->head = r;
+    q->tail = r;
+}
+
+td_request_t *td_request_queue_pop(td_request_queue_t *q)
+{
+    td_request_t *r = q->head;
+    if (!r)
+        return NULL;
+    q->head = r->next;
+    if (!q->head)
+        q->tail = NULL;
+    r->next = NULL;
+    return r;
+}
+
+td_request_t *td_request_queue_take_all(td_request_queue_t *q)
+{
+    td_request_t *first = q->head;
+    q->head = q->tail = NULL;
+    return first;
+}
+
 td_request_t *td_request_new(void)
 {
     td_request_t *self = calloc(1, sizeof *self);

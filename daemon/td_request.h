@@ -91,6 +91,20 @@ typedef struct td_request {
     void *reply_hint;
 } td_request_t;
 
+/* A FIFO of requests linked through their `next`: a stream's FIFO (td_sched.c), a GPU lane's
+ * wait list and the pipeline's completion queue (td_gpu.c). Zeroed is empty. */
+typedef struct {
+    td_request_t *head;
+    td_request_t *tail;
+} td_request_queue_t;
+
+void td_request_queue_push(td_request_queue_t *q, td_request_t *r);
+/* The first request, unlinked; NULL when the queue is empty. */
+td_request_t *td_request_queue_pop(td_request_queue_t *q);
+/* Every request, still linked in order through next (the last one's is NULL); the queue is
+ * empty after. */
+td_request_t *td_request_queue_take_all(td_request_queue_t *q);
+
 /* Allocates an empty request (its reply header's version set). NULL when out of memory. */
 td_request_t *td_request_new(void);
 void td_request_destroy(td_request_t **self_p);

@@ -23,11 +23,10 @@
 
 typedef struct td_sched_stream {
     td_stream_t *stream;
-    td_request_t *head; /* waiting, in arrival order */
-    td_request_t *tail;
-    unsigned inflight;   /* started and not yet finished */
-    bool on_gpu;         /* the last one started runs on the GPU */
-    bool resync;         /* a GPU failure: start nothing new until the stream drains */
+    td_request_queue_t waiting; /* in arrival order */
+    unsigned inflight;          /* started and not yet finished */
+    bool on_gpu;                /* the last one started runs on the GPU */
+    bool resync;                /* a GPU failure: start nothing new until the stream drains */
     uint32_t generation; /* bumped by a GPU failure: what it started before reruns on the CPU */
     bool pinned;         /* GPU: device, lane and carry_index hold while inflight > 0 */
     unsigned device;
@@ -96,22 +95,13 @@ static void record_free(td_sched_t *s, record_t *rec)
 static void push(td_sched_t *s, record_t *rec, td_request_t *r)
 {
     r->stream = rec->stream;
-    r->next = NULL;
-    if (rec->tail)
-        rec->tail->next = r;
-    else
-        rec->head = r;
-    rec->tail = r;
+    td_request_queue_push(&rec->waiting, r);
     s->queued++;
 }
 
 static td_request_t *pop(td_sched_t *s, record_t *rec)
 {
-    td_request_t *r = rec->head;
-    rec->head = r->next;
-    if (!rec->head)
-        rec->tail = NULL;
-    r->next = NULL;
+    td_request_t *r = td_request_queue_pop(&rec->waiting);
     s->queued--;
     return r;
 }
@@ -352,7 +342,7 @@ static void run_control(td_sched_t *s, record_t *rec, td_request_t *r, bool *for
 static bool advance_locked(td_sched_t *s, record_t *rec)
 {
     bool forgotten = false;
-    while (rec->head && may_advance(s, rec, rec->head)) {
+    while (rec->waiting.head && may_advance(s, rec, rec->waiting.head)) {
         td_request_t *r = pop(s, rec);
         if (s->stopping) {
             td_request_fail(r, TALLY_E_SHUTDOWN, "tallyd is shutting down; not run");
@@ -383,7 +373,7 @@ static void advance(td_sched_t *s, record_t *rec)
     s->advancing = stream;
     bool forgotten = advance_locked(s, rec);
     s->advancing = outer;
-    if (rec->head || rec->inflight)
+    if (rec->waiting.head || rec->inflight)
         return;
     record_free(s, rec);
     if (forgotten)

@@ -105,9 +105,8 @@ struct lane {
     /* Under lock: shared between the loop thread, the lane thread and the host function. */
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    td_request_t *wait_head; /* submitted, waiting for a slot, in order */
-    td_request_t *wait_tail;
-    unsigned *ring; /* slot indices in launch order */
+    td_request_queue_t waiting; /* submitted, waiting for a slot, in order */
+    unsigned *ring;             /* slot indices in launch order */
     unsigned ring_head;
     unsigned ring_count;
     unsigned retiring; /* slots popped from the ring whose completion is not pushed yet */
@@ -152,8 +151,7 @@ struct td_gpu {
     uv_async_t async;
     bool async_open; /* written under done_lock once the lane threads run */
     pthread_mutex_t done_lock;
-    td_request_t *done_head;
-    td_request_t *done_tail;
+    td_request_queue_t done;
 };
 
 /* ---- lane thread -------------------------------------------------------------------------- */
@@ -178,13 +176,8 @@ static void slot_done(void *arg)
  * send is done, so the last request's send never races td_gpu_close. */
 static void push_completion(td_gpu_t *g, td_request_t *r)
 {
-    r->next = NULL;
     pthread_mutex_lock(&g->done_lock);
-    if (g->done_tail)
-        g->done_tail->next = r;
-    else
-        g->done_head = r;
-    g->done_tail = r;
+    td_request_queue_push(&g->done, r);
     if (g->async_open)
         uv_async_send(&g->async);
     pthread_mutex_unlock(&g->done_lock);
@@ -491,13 +484,9 @@ static void *lane_main(void *arg)
             }
         }
         /* 2. Start the next waiting request when a slot is free. */
-        slot_t *slot = l->wait_head ? take_free_slot(l) : NULL;
+        slot_t *slot = l->waiting.head ? take_free_slot(l) : NULL;
         if (slot) {
-            td_request_t *r = l->wait_head;
-            l->wait_head = r->next;
-            if (!l->wait_head)
-                l->wait_tail = NULL;
-            slot->r = r;
+            slot->r = td_request_queue_pop(&l->waiting);
             slot->state = atomic_load(&l->dev->dead) ? SLOT_FAILED : SLOT_INFLIGHT;
             l->ring[(l->ring_head + l->ring_count) % slots] = slot->index;
             l->ring_count++;
@@ -506,7 +495,7 @@ static void *lane_main(void *arg)
             pthread_mutex_lock(&l->lock);
             continue;
         }
-        if (l->stop && !l->ring_count && !l->wait_head && !l->retiring)
+        if (l->stop && !l->ring_count && !l->waiting.head && !l->retiring)
             break;
         if (!spin_for_event(l))
             wait_with_watchdog(l);
@@ -539,8 +528,7 @@ static void async_cb(uv_async_t *handle)
 {
     td_gpu_t *g = handle->data;
     pthread_mutex_lock(&g->done_lock);
-    td_request_t *r = g->done_head;
-    g->done_head = g->done_tail = NULL;
+    td_request_t *r = td_request_queue_take_all(&g->done);
     pthread_mutex_unlock(&g->done_lock);
     while (r) {
         td_request_t *next = r->next;
@@ -553,13 +541,8 @@ static void async_cb(uv_async_t *handle)
 void td_gpu_submit(td_gpu_t *g, td_request_t *r)
 {
     lane_t *l = lane_of(g, r);
-    r->next = NULL;
     pthread_mutex_lock(&l->lock);
-    if (l->wait_tail)
-        l->wait_tail->next = r;
-    else
-        l->wait_head = r;
-    l->wait_tail = r;
+    td_request_queue_push(&l->waiting, r);
     atomic_fetch_add(&l->events, 1);
     pthread_cond_signal(&l->cond);
     pthread_mutex_unlock(&l->lock);
