@@ -13,7 +13,8 @@
 #   4c. on a host with 2+ GPUs: shared-memory hist, 2 and 4 producers, one GPU against all;
 #   5. 4 KiB requests, one in flight: ZeroMQ echo p50 against tallyd (auto) p50;
 # then the ratios the issue's targets name. With perf installed, a profile of the GPU tallyd under
-# the ZeroMQ 8 x 8 load goes to OUT_DIR/perf-hist8x8.txt. Markdown in OUT_DIR/path.md (rows, then ratios),
+# the ZeroMQ 8 x 8 load goes to OUT_DIR/perf-hist8x8.txt; without, its threads' CPU shares go
+# into path.md (bench/thread-cpu.sh). Markdown in OUT_DIR/path.md (rows, then ratios),
 # `key GB/s p50` lines in OUT_DIR/results.txt, every tallyd's log and stderr in OUT_DIR.
 # SECONDS_PER_RUN (default 1.2) sets each run's measured time; the whole run takes about 3 min.
 # GPU_ARGS (default "--backend cuda") is the GPU tallyd's backend: "--backend cuda
@@ -134,6 +135,14 @@ if command -v perf >/dev/null 2>&1; then
   } >"$OUT/perf-hist8x8.txt" 2>>"$ERR"
   rm -f "$OUT/perf.data"
   echo "(perf profile of the GPU tallyd under hist 1 MiB 8 x 8, ipc: perf-hist8x8.txt)" >>"$MD"
+else # no perf (the GPU host): each thread's share of a core, from /proc (bench/thread-cpu.sh)
+  "$LG" --endpoint "$(ep gpu ipc)" --op hist --size 1048576 --producers 8 --window 8 \
+    --seconds 3 >/dev/null 2>>"$ERR" &
+  lgpid=$!
+  sleep 0.5
+  { echo; echo "Threads of the GPU tallyd under hist 1 MiB 8 x 8, ipc (% of one core over 2 s):"; echo
+    bash "$(dirname "$0")/thread-cpu.sh" "$PID_gpu" 2 | head -14 | sed 's/^/    /'; } >>"$MD"
+  wait $lgpid
 fi
 
 # ---- 4. tallyd over shared memory -------------------------------------------------------------

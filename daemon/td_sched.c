@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "td_gpu_engine.h"
 #include "td_log.h"
 #include "td_sched.h"
 
@@ -136,14 +137,23 @@ static size_t gpu_min_batch(const td_sched_t *s, const td_request_t *r)
 }
 
 /* The fewest pieces r splits into so that each fits the device buffers; 0 when it cannot be
- * split (then a batch above the buffers cannot run on the GPU). */
+ * split (then a batch above the buffers cannot run on the GPU). The engines cut pieces of whole
+ * 64 KiB multiples of elements (td_gpu_piece_elems), so with 3-byte rgb8 pixels a piece can be
+ * up to 64 KiB longer than payload / pieces: the count grows until the engines' pieces fit (more
+ * pieces never make a piece longer, so every count from this one up fits too). */
 static unsigned split_min_pieces(const td_sched_t *s, const td_request_t *r)
 {
     if (!s->machine.splittable || !s->machine.splittable(s->machine.ctx, r))
         return 0;
     size_t buffer = s->machine.gpu_buffer_bytes;
+    size_t esize = tally_dtype_size((tally_dtype_t)r->req.dtype);
     size_t pieces = (r->payload_len + buffer - 1) / buffer;
-    return pieces <= TD_GPU_SPLIT_MAX_PIECES ? (unsigned)(pieces ? pieces : 1) : 0;
+    if (!pieces)
+        pieces = 1;
+    while (pieces <= TD_GPU_SPLIT_MAX_PIECES && esize &&
+           td_gpu_piece_elems(r->payload_len / esize, (unsigned)pieces, esize) * esize > buffer)
+        pieces++;
+    return pieces <= TD_GPU_SPLIT_MAX_PIECES ? (unsigned)pieces : 0;
 }
 
 static bool wants_gpu(const td_sched_t *s, const td_request_t *r)

@@ -21,6 +21,7 @@
 
 #include <cmocka.h>
 
+#include "td_gpu_engine.h"
 #include "td_sched.h"
 
 #define MIB (1u << 20)
@@ -174,13 +175,13 @@ static const uint8_t payload[1];
 
 /* Request `id`: `op` of `bytes` on `stream` (NULL: stateless), read and handed to the scheduler
  * as td_server's dispatch does (a compute request creates its stream). Returns it. */
-static td_request_t *arrive_flags(fake_t *f, uint8_t op, const char *stream, uint64_t id,
-                                  size_t bytes, uint16_t flags)
+static td_request_t *arrive_typed(fake_t *f, uint8_t op, uint8_t dtype, const char *stream,
+                                  uint64_t id, size_t bytes, uint16_t flags)
 {
     td_request_t *r = td_request_new();
     assert_non_null(r);
     r->req.opcode = op;
-    r->req.dtype = op == TALLY_OP_HIST ? TALLY_DTYPE_U8 : TALLY_DTYPE_I32;
+    r->req.dtype = dtype;
     r->req.request_id = id;
     r->req.flags = flags;
     r->rep.request_id = id;
@@ -199,6 +200,13 @@ static td_request_t *arrive_flags(fake_t *f, uint8_t op, const char *stream, uin
     td_sched_received(f->sched);
     td_sched_arrived(f->sched, r, st);
     return r;
+}
+
+static td_request_t *arrive_flags(fake_t *f, uint8_t op, const char *stream, uint64_t id,
+                                  size_t bytes, uint16_t flags)
+{
+    uint8_t dtype = op == TALLY_OP_HIST ? TALLY_DTYPE_U8 : TALLY_DTYPE_I32;
+    return arrive_typed(f, op, dtype, stream, id, bytes, flags);
 }
 
 static td_request_t *arrive(fake_t *f, uint8_t op, const char *stream, uint64_t id, size_t bytes)
@@ -528,6 +536,16 @@ static void test_split_only_onto_idle_lanes(void **state)
     assert_false(f->running[2]->where.gpu);
     for (uint64_t id = 7; id <= 9; id++)
         finish(f, id);
+    /* 16 MiB - 1 of rgb8 pixels (5592405) over 4 MiB buffers: 4 pieces by bytes, but the
+     * engines round a piece to whole 64 KiB multiples of 3-byte pixels, which makes 4 pieces of
+     * 4259775 bytes, over the buffers: 5 pieces. */
+    arrive(f, TALLY_OP_HIST, NULL, 10, MIB);
+    arrive_typed(f, TALLY_OP_HIST, TALLY_DTYPE_RGB8, NULL, 11, 16 * MIB - 1, TALLY_FLAG_SHM_REF);
+    assert_int_equal(f->running[1]->where.pieces, 5);
+    size_t piece = td_gpu_piece_elems((16 * MIB - 1) / 3, f->running[1]->where.pieces, 3) * 3;
+    assert_true(piece <= 4 * MIB);
+    finish(f, 10);
+    finish(f, 11);
     fake_destroy(&f);
 }
 

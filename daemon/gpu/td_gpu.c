@@ -377,7 +377,7 @@ static void launch(lane_t *l, slot_t *slot)
     if (st == TALLY_OK)
         return;
 failed:
-    td_warn("GPU %d (%s) stream %u: launch of request %" PRIu64 " failed: %s", l->dev->ordinal,
+    td_warn("GPU %d (%s) lane %u: launch of request %" PRIu64 " failed: %s", l->dev->ordinal,
             l->dev->name, l->index, r->rep.request_id, e->error_string());
     pthread_mutex_lock(&l->lock);
     slot->state = SLOT_FAILED;
@@ -628,7 +628,7 @@ void td_gpu_describe(const td_gpu_t *g, char *buf, size_t cap)
     size_t len = (size_t)snprintf(buf, cap, "%s:", g->engine->name);
     for (unsigned i = 0; i < g->device_count && len < cap; i++) {
         const device_t *d = &g->devices[i];
-        len += (size_t)snprintf(buf + len, cap - len, "%s %d:%s (%u streams%s)", i ? "," : "",
+        len += (size_t)snprintf(buf + len, cap - len, "%s %d:%s (%u CUDA streams%s)", i ? "," : "",
                                 d->ordinal, d->name, d->lane_count,
                                 atomic_load(&d->dead) ? ", unusable" : "");
     }

@@ -71,7 +71,7 @@ void td_gpu_region_unregister(td_gpu_t *self, void *base);
 unsigned td_gpu_ordinals(const td_gpu_t *self);
 
 uint64_t td_gpu_device_bytes(const td_gpu_t *self);
-/* "cuda: 0:NVIDIA H100 80GB HBM3 (4 streams)" */
+/* "cuda: 0:NVIDIA H100 80GB HBM3 (4 CUDA streams)" */
 void td_gpu_describe(const td_gpu_t *self, char *buf, size_t cap);
 const char *td_gpu_engine_name(const td_gpu_t *self);
 
