@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# bench/run-malloc-ab.sh BUILD_DIR OUT_DIR — does glibc's malloc cost tallyd's ZeroMQ I/O threads
+# page faults? ZeroMQ mallocs every received 1 MiB message on an I/O thread; tallyd frees it on
+# a lane thread once it is copied into pinned staging, with up to max_inflight (64) alive. A/B:
+# tallyd as is against tallyd with GLIBC_TUNABLES that keep freed memory in the heap (mmap
+# threshold 64 MiB, trim threshold 1 GiB), under hist 1 MiB from 8 producers x 8 in flight over
+# ipc, alternating, with tallyd's minor page faults per MiB received. Markdown in
+# OUT_DIR/malloc.md. GPU_ARGS (default --backend cuda), SECONDS_PER_RUN (default 3), ROUNDS (3).
+set -uo pipefail
+# shellcheck source-path=SCRIPTDIR source=bench-env.sh
+. "$(dirname "$0")/bench-env.sh"
+T=${SECONDS_PER_RUN:-3}
+MD="$OUT/malloc.md"
+RUN=$(mktemp -d /tmp/tally-malloc.XXXXXX)
+BENCH_TMP=$RUN
+TUNED="glibc.malloc.mmap_threshold=67108864:glibc.malloc.trim_threshold=1073741824"
+minflt() { awk '{print $10}' "/proc/$1/stat"; }
+{
+  echo "| tallyd malloc | round | GB/s | p50 us | minor faults per MiB |"
+  echo "|---|---|---|---|---|"
+} >"$MD"
+for round in $(seq "${ROUNDS:-3}"); do
+  for variant in default tuned; do
+    tun=""
+    [ $variant = tuned ] && tun=$TUNED
+    # shellcheck disable=SC2086
+    GLIBC_TUNABLES=$tun "$TD" ${GPU_ARGS:---backend cuda} --bind "ipc://$RUN/$variant.ipc" \
+      --shm off --log-level notice 2>>"$OUT/tallyd-malloc.log" &
+    td=$!
+    pids+=($td)
+    sleep 1.5
+    f0=$(minflt $td)
+    out=$("$LG" --endpoint "ipc://$RUN/$variant.ipc" --op hist --size 1048576 --producers 8 \
+      --window 8 --seconds "$T" 2>>"$OUT/malloc.err" | grep '^| ' | grep -v '^| run | op |' | tail -1)
+    f1=$(minflt $td)
+    gbs=$(echo "$out" | awk -F'|' '{gsub(/ /, "", $7); print $7}')
+    p50=$(echo "$out" | awk -F'|' '{gsub(/ /, "", $8); print $8}')
+    answered=$(echo "$out" | awk -F'|' '{split($11, a, "/"); gsub(/ /, "", a[1]); print a[1]}')
+    per=$(awk -v f=$((f1 - f0)) -v n="${answered:-0}" 'BEGIN { printf "%.1f", (n > 0 ? f / n : 0) }')
+    echo "| $variant | $round | $gbs | $p50 | $per |" >>"$MD"
+    kill $td
+    wait $td 2>/dev/null
+  done
+done
+cat "$MD"
