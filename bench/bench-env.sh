@@ -25,3 +25,12 @@ bench_exit() {
   if [ -n "$BENCH_TMP" ]; then rm -rf "$BENCH_TMP"; fi
 }
 trap bench_exit EXIT
+# bench_setup NAME SECONDS: what a run-*.sh script that writes one markdown file needs: T (each
+# run's measured seconds: $SECONDS_PER_RUN, default SECONDS), MD ($OUT/NAME.md) and RUN, a
+# temporary folder (BENCH_TMP, removed at exit) for sockets and scratch files.
+bench_setup() {
+  T=${SECONDS_PER_RUN:-$2}
+  MD="$OUT/$1.md"
+  BENCH_TMP=$(mktemp -d "/tmp/tally-$1.XXXXXX")
+  RUN=$BENCH_TMP
+}

@@ -9,10 +9,7 @@
 set -uo pipefail
 # shellcheck source-path=SCRIPTDIR source=bench-env.sh
 . "$(dirname "$0")/bench-env.sh"
-T=${SECONDS_PER_RUN:-2}
-MD="$OUT/io-threads.md"
-RUN=$(mktemp -d /tmp/tally-io.XXXXXX)
-BENCH_TMP=$RUN
+bench_setup io-threads 2
 row() { # label command...: the command's last markdown row, relabelled
   local label=$1 out
   shift

@@ -9,10 +9,7 @@
 set -uo pipefail
 # shellcheck source-path=SCRIPTDIR source=bench-env.sh
 . "$(dirname "$0")/bench-env.sh"
-T=${SECONDS_PER_RUN:-3}
-MD="$OUT/malloc.md"
-RUN=$(mktemp -d /tmp/tally-malloc.XXXXXX)
-BENCH_TMP=$RUN
+bench_setup malloc 3
 TUNED="glibc.malloc.mmap_threshold=67108864:glibc.malloc.trim_threshold=1073741824"
 minflt() { awk '{print $10}' "/proc/$1/stat"; }
 {
