@@ -110,9 +110,9 @@ const td_setting_t td_settings[] = {
     {.option = "metrics-auth-file", .arg = "FILE", .section = "metrics", .key = "auth_file",
      .type = TD_SET_PATH, .offset = FIELD(metrics_auth_file), .reload = TD_RELOAD_RESTART,
      .example = "/etc/tallyd/metrics.auth",
-     .help = "a file (mode 0600) whose first line is the USER:PASSWORD that every request, "
-             "/metrics and /healthz alike, must present (HTTP basic auth); needed to listen on a "
-             "network address in protected mode"},
+     .help = "a file (mode 0600) whose first line is the USER:PASSWORD that GET /metrics "
+             "must present (HTTP basic auth; /healthz stays open); needed to listen on a network "
+             "address in protected mode"},
     {.option = "metrics-streams", .arg = "N", .section = "metrics", .key = "streams",
      .type = TD_SET_UINT, .offset = FIELD(metrics_streams), .def = TD_DEFAULT_METRICS_STREAMS,
      .max = TD_METRICS_STREAMS_LIMIT, .reload = TD_RELOAD_APPLIES,
