@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define BENCH_ROW_HEADER                                                                           \
     "| run | op | size | producers x window | req/s | GB/s | p50 us | p99 us | p99.9 us | "        \
@@ -24,9 +25,10 @@ typedef struct {
     const char *label;
     size_t size; /* request payload bytes */
     unsigned producers;
-    unsigned window; /* requests in flight per producer */
-    double seconds;  /* measured, after the warm-up */
-    bool header;     /* print BENCH_ROW_HEADER first */
+    unsigned window;     /* requests in flight per producer */
+    double seconds;      /* measured, after the warm-up */
+    bool header;         /* print BENCH_ROW_HEADER first */
+    unsigned stagger_ms; /* --stagger-ms: producer i connects i x this after the first */
 } bench_opts_t;
 
 static inline double bench_now_s(void)
@@ -83,10 +85,26 @@ static inline bool bench_common_opt(int argc, char **argv, int *i, bench_opts_t 
         o->window = (unsigned)strtoul(v, NULL, 0);
     else if (strcmp(a, "--seconds") == 0)
         o->seconds = strtod(v, NULL);
+    else if (strcmp(a, "--stagger-ms") == 0)
+        o->stagger_ms = (unsigned)strtoul(v, NULL, 0);
     else
         return false;
     (*i)++;
     return true;
+}
+
+/* --stagger-ms: producer `index` waits index x stagger_ms before it connects, because
+ * connections that arrive together can land on the same ZeroMQ I/O thread (bench/NOTES.md, "Where
+ * tallyd's time goes"). Returns when its warm-up starts: the same moment for every producer,
+ * after the last one has connected, so all of them measure the same interval; 0 without
+ * staggering (each producer then starts its warm-up when it has connected). origin: when the
+ * first producer started (bench_now_s()). */
+static inline double bench_stagger(const bench_opts_t *o, unsigned index, double origin)
+{
+    if (!o->stagger_ms)
+        return 0;
+    usleep((useconds_t)index * o->stagger_ms * 1000u);
+    return origin + (double)(o->producers - 1) * o->stagger_ms / 1000.0 + 0.05;
 }
 
 /* A program's own options: takes argv[*i] (advancing *i past a value it takes) and returns

@@ -3,7 +3,7 @@
  * (issue 9, part B).
  *
  *   fanin --endpoint EP [--producers P] [--window W] [--size BYTES] [--reply echo|BYTES]
- *         [--io-threads N] [--seconds S] [--label TEXT] [--header]
+ *         [--io-threads N] [--seconds S] [--stagger-ms MS] [--label TEXT] [--header]
  *
  * One process, one application thread: it binds a ROUTER (with N ZeroMQ I/O threads) and serves
  * it in a plain recv/send loop, exactly the shape of tallyd's loop thread minus the work. It forks
@@ -96,8 +96,9 @@ static uint64_t recv_reply(void *sock)
     return id;
 }
 
-static void producer_run(const opts_t *o, result_t *res)
+static void producer_run(const opts_t *o, unsigned index, double origin, result_t *res)
 {
+    double warmup_from = bench_stagger(&o->c, index, origin);
     void *ctx = zmq_ctx_new();
     void *sock = zmq_socket(ctx, ZMQ_DEALER);
     int hwm = 1000, timeout = 10000, linger = 0;
@@ -117,7 +118,8 @@ static void producer_run(const opts_t *o, result_t *res)
     }
     for (size_t i = 0; i < o->c.size; i++)
         payload[i] = (uint8_t)(i * 2654435761u >> 24);
-    double t0 = bench_now_s(), t_start = t0 + WARMUP_S, t_stop = t_start + o->c.seconds;
+    double t0 = fmax(bench_now_s(), warmup_from), t_start = t0 + WARMUP_S;
+    double t_stop = t_start + o->c.seconds;
     res->t_first = 1e300;
     unsigned inflight = 0;
     bool sending = true;
@@ -251,6 +253,7 @@ static int run(opts_t *o)
     int pipes[MAX_PRODUCERS][2];
     pid_t pids[MAX_PRODUCERS];
     fflush(stdout);
+    double origin = bench_now_s();
     for (unsigned i = 0; i < o->c.producers; i++) {
         if (pipe(pipes[i]) != 0)
             return 2;
@@ -258,7 +261,7 @@ static int run(opts_t *o)
         if (pids[i] == 0) { /* never touches the parent's context: a fresh one of its own */
             prctl(PR_SET_PDEATHSIG, SIGKILL);
             result_t res;
-            producer_run(o, &res);
+            producer_run(o, i, origin, &res);
             ssize_t w = write(pipes[i][1], &res, sizeof res);
             _exit(w == (ssize_t)sizeof res && !res.failed ? 0 : 1);
         }
@@ -299,7 +302,7 @@ static void usage(void)
 {
     fprintf(stderr, "usage: fanin --endpoint EP [--producers P] [--window W] [--size BYTES]\n"
                     "             [--reply echo|BYTES] [--io-threads N] [--seconds S]\n"
-                    "             [--label TEXT] [--header]\n");
+                    "             [--stagger-ms MS] [--label TEXT] [--header]\n");
 }
 
 /* --reply and --io-threads (bench_own_opt_fn). */

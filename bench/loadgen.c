@@ -70,6 +70,7 @@ typedef struct {
 typedef struct {
     const opts_t *o;
     unsigned index;
+    double origin; /* when the first producer started (--stagger-ms) */
     const void *payload;
     pthread_t thread;
     /* results */
@@ -170,11 +171,12 @@ static void *producer_main(void *arg)
     size_t out_slice = 0;
     double sent_at[MAX_WINDOW * 4];
     tally_req_t req = make_req(o, p->index);
+    double warmup_from = bench_stagger(&o->c, p->index, p->origin);
     if (!producer_connect(p, &req, &c, &region, &out_slice))
         return NULL;
     tally_reply_t reply;
     tally_reply_init(&reply);
-    double t0 = bench_now_s();
+    double t0 = fmax(bench_now_s(), warmup_from);
     p->t_start = t0 + WARMUP_S;
     double t_stop = t0 + WARMUP_S + o->c.seconds;
     uint64_t inflight = 0;
@@ -243,9 +245,11 @@ static int run(const opts_t *o)
     }
     producer_t ps[MAX_PRODUCERS];
     memset(ps, 0, sizeof ps);
+    double origin = bench_now_s();
     for (unsigned i = 0; i < o->c.producers; i++) {
         ps[i].o = o;
         ps[i].index = i;
+        ps[i].origin = origin;
         ps[i].payload = payload;
         ps[i].lat_cap = 4u << 20;
         ps[i].lat_us = malloc(ps[i].lat_cap * sizeof(double));
@@ -372,7 +376,8 @@ static void usage(void)
     fprintf(stderr,
             "usage: loadgen --endpoint EP --op filter|scan|hist|echo [--size BYTES]\n"
             "               [--producers N] [--window W] [--seconds S | --count C] [--stream]\n"
-            "               [--scan-i32] [--shm | --shm-out] [--pid PID] [--label TEXT]\n"
+            "               [--scan-i32] [--shm | --shm-out] [--pid PID] [--stagger-ms MS]\n"
+            "               [--label TEXT]\n"
             "               [--header] [--server-key KEY|FILE --client-key FILE]\n"
             "       loadgen [--echo-key FILE] --serve-echo EP [EP...]\n");
 }

@@ -6,10 +6,13 @@
 # 8 producers x 8 in flight over ipc (and tallyd over tcp), plus the per-thread CPU of each
 # tallyd under that load (bench/thread-cpu.sh: which thread is the bottleneck). Markdown in
 # OUT_DIR/io-threads.md. SECONDS_PER_RUN (default 2) each run's measured time; about 1 min.
+# STAGGER_MS (default 0) has producer i connect i x STAGGER_MS after the first (--stagger-ms):
+# connections that arrive together can share one ZeroMQ I/O thread.
 set -uo pipefail
 # shellcheck source-path=SCRIPTDIR source=bench-env.sh
 . "$(dirname "$0")/bench-env.sh"
 bench_setup io-threads 2
+ST=(--stagger-ms "${STAGGER_MS:-0}")
 row() { # label command...: the command's last markdown row, relabelled
   local label=$1 out
   shift
@@ -17,7 +20,7 @@ row() { # label command...: the command's last markdown row, relabelled
   echo "${out:-| FAILED |}" | sed "s/^| [^|]* |/| $label |/" >>"$MD"
 }
 {
-  echo "# ZeroMQ I/O threads: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(nproc) cores, $(date -u '+%F %H:%M') UTC"
+  echo "# ZeroMQ I/O threads (stagger ${STAGGER_MS:-0} ms): $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(nproc) cores, $(date -u '+%F %H:%M') UTC"
   echo
   echo "| run | op | size | producers x window | req/s | GB/s | p50 us | p99 us | p99.9 us | answered | errors | VmHWM MiB |"
   echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
@@ -32,11 +35,11 @@ for n in ${IO_LIST:-2 4 6 8}; do
   pids+=($td)
   sleep 1 # tallyd's pinned staging
   row "fanin ipc io $n" "$FI" --endpoint "ipc://$RUN/fanin$n.ipc" --producers 8 --window 8 \
-    --size 1048576 --reply 2048 --io-threads "$n" --seconds "$T"
+    --size 1048576 --reply 2048 --io-threads "$n" --seconds "$T" "${ST[@]}"
   row "tallyd tcp io $n" "$LG" --endpoint "tcp://127.0.0.1:$port" --op hist --size 1048576 \
-    --producers 8 --window 8 --seconds "$T"
+    --producers 8 --window 8 --seconds "$T" "${ST[@]}"
   "$LG" --endpoint "ipc://$RUN/td$n.ipc" --op hist --size 1048576 --producers 8 --window 8 \
-    --seconds "$((T + 2))" >"$RUN/lg.txt" 2>>"$OUT/io-threads.err" &
+    --seconds "$((T + 2))" "${ST[@]}" >"$RUN/lg.txt" 2>>"$OUT/io-threads.err" &
   lg=$!
   sleep 1
   bash "$(dirname "$0")/thread-cpu.sh" $td "$T" | head -12 | sed 's/^/    /' >"$OUT/threads-io$n.txt"
