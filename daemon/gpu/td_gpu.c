@@ -206,7 +206,7 @@ static void pool_give_back(void *buf, void *hint)
 
 static void pool_open(reply_pool_t *p, td_gpu_engine_t *engine, int ordinal, size_t max_batch)
 {
-    pthread_mutex_init(&p->lock, NULL);
+    p->lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER; /* cannot fail, unlike _init */
     p->engine = engine;
     p->buf_bytes = 2 * max_batch < TD_GPU_REPLY_BUF_BYTES ? 2 * max_batch : TD_GPU_REPLY_BUF_BYTES;
     p->all = calloc(TD_GPU_REPLY_BUFS, sizeof *p->all);
@@ -643,8 +643,8 @@ static tally_status_t lane_open(td_gpu_t *g, device_t *d, lane_t *l, unsigned in
     l->gpu = g;
     l->dev = d;
     l->index = index;
-    pthread_mutex_init(&l->lock, NULL);
-    pthread_cond_init(&l->cond, NULL);
+    l->lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER; /* cannot fail, unlike _init */
+    l->cond = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
     atomic_init(&l->events, 0);
     l->staging = calloc(slots, sizeof *l->staging);
     l->slots = calloc(slots, sizeof *l->slots);
@@ -748,7 +748,7 @@ td_err_t td_gpu_new(uv_loop_t *loop, td_gpu_engine_t *engine, const td_gpu_opts_
     }
     g->loop = loop;
     g->engine = engine; /* owned from here: td_gpu_destroy frees it */
-    pthread_mutex_init(&g->done_lock, NULL);
+    g->done_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER; /* cannot fail, unlike _init */
     int count = engine->device_count(engine->ctx);
     if (count <= 0) {
         snprintf(why, why_cap, "no device");

@@ -126,9 +126,8 @@ static tally_status_t inner_launch(fault_lane_t *l, const split_t *split, const 
  * garbage goes into the staging slot the job's own carry comes back to. */
 static tally_status_t inject(fault_lane_t *l, const split_t *split, const td_gpu_job_t *job)
 {
-    waiter_t w = {.done = false};
-    pthread_mutex_init(&w.lock, NULL);
-    pthread_cond_init(&w.cond, NULL);
+    /* Static initialisers: nothing to fail (pthread_*_init returns would need checking). */
+    waiter_t w = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
     tally_status_t st = inner_launch(l, split, job, waiter_done, &w);
     if (st == TALLY_OK) {
         waiter_wait(&w);
