@@ -175,6 +175,14 @@ static void encode(td_streams_t *t, uint8_t **buf, size_t *len)
     assert_int_equal(*len, record_off(*buf, td_streams_count(t)));
 }
 
+/* t's file image (*buf, *len, owned by the caller) and a table decoded from it. */
+static td_streams_t *encode_decode(td_streams_t *t, uint8_t **buf, size_t *len,
+                                   td_state_report_t *report)
+{
+    encode(t, buf, len);
+    return decode_new(*buf, *len, TD_OK, report);
+}
+
 /* A random table of n streams and its file image. */
 static td_streams_t *random_image(unsigned n, uint8_t **buf, size_t *len)
 {
@@ -190,9 +198,8 @@ static void test_round_trip(void **state)
         td_streams_t *t = random_table(n);
         uint8_t *buf = NULL;
         size_t len = 0;
-        encode(t, &buf, &len);
         td_state_report_t r;
-        td_streams_t *back = decode_new(buf, len, TD_OK, &r);
+        td_streams_t *back = encode_decode(t, &buf, &len, &r);
         assert_int_equal(r.version, 3);
         assert_int_equal(r.records, n);
         assert_int_equal(r.restored, n);
@@ -658,9 +665,8 @@ static void test_window_rings(void **state)
     unsigned with_ring = fill_rings(t);
     uint8_t *buf = NULL;
     size_t len = 0;
-    encode(t, &buf, &len);
     td_state_report_t r;
-    td_streams_t *back = decode_new(buf, len, TD_OK, &r);
+    td_streams_t *back = encode_decode(t, &buf, &len, &r);
     assert_int_equal(r.restored, 6);
     assert_int_equal(r.window_slots_dropped, 0);
     assert_tables_equal(t, back);
