@@ -3,16 +3,21 @@
  * (issue 9, part B).
  *
  *   fanin --endpoint EP [--producers P] [--window W] [--size BYTES] [--reply echo|BYTES]
- *         [--io-threads N] [--seconds S] [--stagger-ms MS] [--label TEXT] [--header]
+ *         [--io-threads N] [--seconds S] [--stagger-ms MS] [--send zc|copy] [--hold N]
+ *         [--label TEXT] [--header]
  *
  * One process, one application thread: it binds a ROUTER (with N ZeroMQ I/O threads) and serves
  * it in a plain recv/send loop, exactly the shape of tallyd's loop thread minus the work. It forks
  * P producer processes (separate processes, as real producers are: each has its own ZeroMQ context
  * and I/O thread, so the producers themselves never share a core-bound thread); each connects a
  * DEALER and keeps W requests in flight. A request is tallyd's framing: a 128-byte header frame
- * and a payload frame of BYTES (sent zero-copy from one buffer). The reply is the header frame
+ * and a payload frame of BYTES (sent zero-copy from one buffer; --send copy copies it into a new
+ * message each time, as libtally's tally_send does). The reply is the header frame
  * echoed back and either the request's own payload frame (--reply echo: zero copy, the reply as
- * large as the request) or a BYTES-byte buffer (--reply 2048: a histogram's reply).
+ * large as the request) or a BYTES-byte buffer (--reply 2048: a histogram's reply). --hold N keeps
+ * the last N request payloads open before closing them, as tallyd holds a request's payload until
+ * it has been copied to the device: it tells whether the life of received buffers is what costs
+ * (bench/NOTES.md).
  *
  * Each producer measures, after a warm-up, S seconds: requests answered, request payload bytes,
  * and the round-trip latency of each (send to reply). It hands its figures to the parent over a
@@ -47,6 +52,8 @@ typedef struct {
     bench_opts_t c; /* --endpoint --label --size --producers --window --seconds --header */
     size_t reply;   /* 0: echo the payload frame */
     int io_threads;
+    bool send_copy; /* --send copy: zmq_send (a copy per request), else zero-copy */
+    unsigned hold;  /* --hold: request payloads kept open, oldest closed first */
 } opts_t;
 
 /* What a producer reports to the parent. */
@@ -61,11 +68,14 @@ typedef struct {
 
 /* ---- producer process --------------------------------------------------------------------- */
 
-static int send_request(void *sock, uint8_t *header, uint64_t id, void *payload, size_t size)
+static int send_request(void *sock, uint8_t *header, uint64_t id, void *payload, size_t size,
+                        bool copy)
 {
     memcpy(header + 8, &id, sizeof id);
     if (zmq_send(sock, header, HEADER_BYTES, ZMQ_SNDMORE) != HEADER_BYTES)
         return -1;
+    if (copy)
+        return zmq_send(sock, payload, size, 0) == (int)size ? 0 : -1;
     zmq_msg_t body;
     zmq_msg_init_data(&body, payload, size, NULL, NULL); /* the buffer outlives the socket */
     if (zmq_msg_send(&body, sock, 0) < 0) {
@@ -126,7 +136,7 @@ static void producer_run(const opts_t *o, unsigned index, double origin, result_
     while (sending || inflight) {
         while (sending && inflight < o->c.window) {
             sent_at[res->sent % (MAX_WINDOW * 4)] = bench_now_s();
-            if (send_request(sock, header, res->sent, payload, o->c.size) != 0) {
+            if (send_request(sock, header, res->sent, payload, o->c.size, o->send_copy) != 0) {
                 res->failed = 1;
                 goto out;
             }
@@ -165,8 +175,31 @@ out:
 
 /* ---- the ROUTER, one application thread --------------------------------------------------- */
 
+/* The request payloads --hold keeps open: a ring, the oldest closed when a new one comes. */
+typedef struct {
+    zmq_msg_t *msgs;
+    unsigned cap, next, count;
+} held_t;
+
+/* Keeps body (moved) in the ring, closing the oldest when it is full; with no ring, closes it. */
+static void hold_body(held_t *h, zmq_msg_t *body)
+{
+    if (!h->cap) {
+        zmq_msg_close(body);
+        return;
+    }
+    if (h->count == h->cap)
+        zmq_msg_close(&h->msgs[h->next]);
+    else
+        h->count++;
+    zmq_msg_init(&h->msgs[h->next]);
+    zmq_msg_move(&h->msgs[h->next], body);
+    zmq_msg_close(body);
+    h->next = (h->next + 1) % h->cap;
+}
+
 /* Serves one message if one arrives within the receive timeout: 1 served, 0 none, -1 error. */
-static int serve_one(void *router, const void *reply, size_t reply_len)
+static int serve_one(void *router, const void *reply, size_t reply_len, held_t *held)
 {
     zmq_msg_t id, header, body;
     zmq_msg_init(&id);
@@ -192,7 +225,7 @@ static int serve_one(void *router, const void *reply, size_t reply_len)
 out:
     zmq_msg_close(&id);
     zmq_msg_close(&header);
-    zmq_msg_close(&body);
+    hold_body(held, &body); /* echoed: body is empty now */
     return rc;
 }
 
@@ -214,12 +247,17 @@ static void print_row(const opts_t *o, const result_t *rs, unsigned n, int error
     qsort(p99, n, sizeof(double), bench_cmp_double);
     qsort(p999, n, sizeof(double), bench_cmp_double);
     double span = t_last > t_first ? t_last - t_first : NAN;
-    char size[32], op[48];
+    char size[32], op[80];
     bench_size_label(o->c.size, size, sizeof size);
+    char hold[32] = "";
+    if (o->hold)
+        snprintf(hold, sizeof hold, ", hold %u", o->hold);
     if (o->reply)
-        snprintf(op, sizeof op, "fan-in %zu B reply, %d io", o->reply, o->io_threads);
+        snprintf(op, sizeof op, "fan-in %zu B reply, %d io%s%s", o->reply, o->io_threads,
+                 o->send_copy ? ", copy" : "", hold);
     else
-        snprintf(op, sizeof op, "fan-in echo, %d io", o->io_threads);
+        snprintf(op, sizeof op, "fan-in echo, %d io%s%s", o->io_threads,
+                 o->send_copy ? ", copy" : "", hold);
     if (o->c.header)
         printf(BENCH_ROW_HEADER);
     printf("| %s | %s | %s | %u x %u | %.0f | %.3f | %.1f | %.1f | %.1f | %" PRIu64 "/%" PRIu64
@@ -268,10 +306,12 @@ static int run(opts_t *o)
         close(pipes[i][1]);
     }
     void *reply = calloc(1, o->reply ? o->reply : 1);
+    held_t held = {.msgs = o->hold ? calloc(o->hold, sizeof(zmq_msg_t)) : NULL};
+    held.cap = held.msgs ? o->hold : 0;
     unsigned running = o->c.producers;
     int errors = 0;
     while (running) {
-        int rc = serve_one(router, reply, o->reply);
+        int rc = serve_one(router, reply, o->reply, &held);
         if (rc < 0) {
             fprintf(stderr, "fanin: serving: %s\n", zmq_strerror(errno));
             errors++;
@@ -292,6 +332,9 @@ static int run(opts_t *o)
     while (waitpid(-1, NULL, 0) > 0)
         continue;
     print_row(o, rs, o->c.producers, errors);
+    for (unsigned i = 0; i < held.count; i++)
+        zmq_msg_close(&held.msgs[(held.next + held.cap - held.count + i) % held.cap]);
+    free(held.msgs);
     free(reply);
     zmq_close(router);
     zmq_ctx_term(ctx);
@@ -302,10 +345,11 @@ static void usage(void)
 {
     fprintf(stderr, "usage: fanin --endpoint EP [--producers P] [--window W] [--size BYTES]\n"
                     "             [--reply echo|BYTES] [--io-threads N] [--seconds S]\n"
-                    "             [--stagger-ms MS] [--label TEXT] [--header]\n");
+                    "             [--stagger-ms MS] [--send zc|copy] [--hold N]\n"
+                    "             [--label TEXT] [--header]\n");
 }
 
-/* --reply and --io-threads (bench_own_opt_fn). */
+/* --reply, --io-threads, --send and --hold (bench_own_opt_fn). */
 static bool own_opt(void *ctx, int argc, char **argv, int *i)
 {
     opts_t *o = ctx;
@@ -316,6 +360,10 @@ static bool own_opt(void *ctx, int argc, char **argv, int *i)
         o->reply = strcmp(v, "echo") == 0 ? 0 : strtoull(v, NULL, 0);
     else if (strcmp(a, "--io-threads") == 0)
         o->io_threads = atoi(v);
+    else if (strcmp(a, "--send") == 0 && (strcmp(v, "zc") == 0 || strcmp(v, "copy") == 0))
+        o->send_copy = strcmp(v, "copy") == 0;
+    else if (strcmp(a, "--hold") == 0)
+        o->hold = (unsigned)strtoul(v, NULL, 0);
     else
         return false;
     (*i)++;

@@ -3,8 +3,9 @@
  *
  *   loadgen --endpoint EP --op filter|scan|hist [--size B] [--producers N] [--window W]
  *           [--seconds S | --count C] [--stream] [--scan-i32] [--shm | --shm-out]
- *           [--pid PID] [--label TEXT] [--server-key KEY|FILE --client-key FILE]
- *   loadgen [--echo-key FILE] --serve-echo EP [EP...]
+ *           [--send copy|zc] [--pid PID] [--label TEXT] [--server-key KEY|FILE --client-key FILE]
+ *   loadgen [--echo-key FILE] [--echo-reply BYTES] [--echo-io-threads N] [--echo-touch N]
+ *           --serve-echo EP [EP...]
  *
  * Producers are threads, each with its own libtally client (one DEALER socket) keeping W
  * requests in flight with tally_send/tally_recv, so the numbers include exactly what a real
@@ -13,8 +14,19 @@
  * The echo server is the transport ceiling: a ROUTER socket that sends every request's payload
  * frame straight back (zero copy) behind a reply header naming the request id, so the very same
  * client code path (tally_recv decodes a valid reply) measures it. `--op echo` sends to it.
- * Request and reply are then the same size; note that a scan's reply is twice its request
+ * --echo-reply BYTES makes it answer every request with BYTES zero bytes instead (2048: a
+ * histogram's reply), so it is the raw transport under tallyd's hist load for the very same
+ * producers (bench/run-recv-ab.sh); --echo-io-threads N gives it N ZeroMQ I/O threads (default
+ * 1); --echo-touch N hands every received payload to one of N threads that copies it into a
+ * buffer of its own and frees it, as tallyd's lane threads copy payloads into pinned staging
+ * (the reply does not wait for it): the raw transport with tallyd's memory traffic and none of
+ * its code. Otherwise request and reply are the same size; note that a scan's reply is twice its request
  * (int64 sums of int32 input) unless --scan-i32, so its transport work is 1.5x the echo's.
+ *
+ * --send zc sends each payload with tally_send_zc, straight from the one payload buffer (ZeroMQ
+ * calls a no-op free function when it has sent it), instead of tally_send's copy into a new
+ * message: the producers of bench/fanin do the same, so the two compare tallyd with the raw
+ * transport for one producer code path (bench/NOTES.md).
  *
  * --shm: each producer registers a shared-memory region (tally_region_create) holding the
  * payload once, and every request references it (tally_send_shm) instead of carrying it: the
@@ -63,6 +75,7 @@ typedef struct {
     bool scan_i32;
     bool shm;     /* input by shared-memory reference */
     bool shm_out; /* and output into the region (filter, scan) */
+    bool send_zc; /* --send zc: tally_send_zc from the shared payload */
     int pid;
     tally_curve_keys_t curve; /* server_public "" = no CURVE */
 } opts_t;
@@ -162,6 +175,13 @@ static void producer_note_reply(producer_t *p, tally_status_t st, const tally_re
     }
 }
 
+/* --send zc's free function: the payload is run()'s, freed after every producer has joined. */
+static void keep_payload(void *data, void *hint)
+{
+    (void)data;
+    (void)hint;
+}
+
 static void *producer_main(void *arg)
 {
     producer_t *p = arg;
@@ -188,6 +208,8 @@ static void *producer_main(void *arg)
             if (region) /* output slices by send count: a benchmark ignores their contents */
                 st = tally_send_shm(c, &req, region, 0, o->c.size, out_slice ? region : NULL,
                                     o->c.size + (size_t)(p->sent % o->c.window) * out_slice, &id);
+            else if (o->send_zc) /* the buffer outlives every send: nothing to free */
+                st = tally_send_zc(c, &req, (void *)p->payload, o->c.size, keep_payload, NULL, &id);
             else
                 st = tally_send(c, &req, p->payload, o->c.size, &id);
             if (st != TALLY_OK) {
@@ -286,9 +308,10 @@ static int run(const opts_t *o)
         printf(BENCH_ROW_HEADER);
     char size[32];
     bench_size_label(o->c.size, size, sizeof size);
-    printf("| %s | %s%s | %s | %u x %u | %.0f | %.3f | %.1f | %.1f | %.1f | %" PRIu64 "/%" PRIu64
+    printf("| %s | %s%s%s | %s | %u x %u | %.0f | %.3f | %.1f | %.1f | %.1f | %" PRIu64 "/%" PRIu64
            " | %" PRIu64 " | %.0f |\n",
-           o->c.label, o->op, o->scan_i32 ? " (i32 out)" : "", size, o->c.producers, o->c.window,
+           o->c.label, o->op, o->scan_i32 ? " (i32 out)" : "", o->send_zc ? " (zc)" : "", size,
+           o->c.producers, o->c.window,
            (double)measured / span, (double)bytes / span / 1e9,
            bench_percentile(all, measured, 0.50), bench_percentile(all, measured, 0.99),
            bench_percentile(all, measured, 0.999), answered, sent, errors, hwm);
@@ -300,6 +323,67 @@ static int run(const opts_t *o)
 
 /* ---- the echo server ------------------------------------------------------------------------ */
 
+/* --echo-touch: payloads (references to the received frames) waiting for a touch thread. */
+#define TOUCH_QUEUE 64
+
+typedef struct {
+    pthread_mutex_t lock;
+    pthread_cond_t work; /* a payload queued, or stop */
+    pthread_cond_t room; /* the queue has room */
+    zmq_msg_t queue[TOUCH_QUEUE];
+    unsigned head, count;
+    bool stop;
+} touch_t;
+
+static void *touch_main(void *arg)
+{
+    touch_t *t = arg;
+    void *staging = NULL;
+    size_t cap = 0;
+    pthread_mutex_lock(&t->lock);
+    for (;;) {
+        while (!t->count && !t->stop)
+            pthread_cond_wait(&t->work, &t->lock);
+        if (!t->count)
+            break;
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        zmq_msg_move(&m, &t->queue[t->head]);
+        zmq_msg_close(&t->queue[t->head]);
+        t->head = (t->head + 1) % TOUCH_QUEUE;
+        t->count--;
+        pthread_cond_signal(&t->room);
+        pthread_mutex_unlock(&t->lock);
+        size_t n = zmq_msg_size(&m);
+        if (n > cap) {
+            free(staging);
+            staging = malloc(n);
+            cap = staging ? n : 0;
+        }
+        if (staging)
+            memcpy(staging, zmq_msg_data(&m), n);
+        zmq_msg_close(&m); /* the received buffer is freed here, as a lane frees it */
+        pthread_mutex_lock(&t->lock);
+    }
+    pthread_mutex_unlock(&t->lock);
+    free(staging);
+    return NULL;
+}
+
+/* Queues a reference to payload for a touch thread (waits while the queue is full). */
+static void touch_push(touch_t *t, zmq_msg_t *payload)
+{
+    pthread_mutex_lock(&t->lock);
+    while (t->count == TOUCH_QUEUE)
+        pthread_cond_wait(&t->room, &t->lock);
+    zmq_msg_t *slot = &t->queue[(t->head + t->count) % TOUCH_QUEUE];
+    zmq_msg_init(slot);
+    zmq_msg_copy(slot, payload);
+    t->count++;
+    pthread_cond_signal(&t->work);
+    pthread_mutex_unlock(&t->lock);
+}
+
 static volatile sig_atomic_t echo_stop;
 
 static void on_signal(int sig)
@@ -308,9 +392,19 @@ static void on_signal(int sig)
     echo_stop = 1;
 }
 
-static int serve_echo(char **endpoints, int count, const char *key_file)
+static int serve_echo(char **endpoints, int count, const char *key_file, size_t reply_bytes,
+                      int io_threads, unsigned touch_threads)
 {
+    touch_t touch = {.lock = PTHREAD_MUTEX_INITIALIZER,
+                     .work = PTHREAD_COND_INITIALIZER,
+                     .room = PTHREAD_COND_INITIALIZER};
+    pthread_t touchers[16];
+    touch_threads = touch_threads < 16 ? touch_threads : 16;
+    for (unsigned i = 0; i < touch_threads; i++)
+        pthread_create(&touchers[i], NULL, touch_main, &touch);
+    void *reply = reply_bytes ? calloc(1, reply_bytes) : NULL;
     void *ctx = zmq_ctx_new();
+    zmq_ctx_set(ctx, ZMQ_IO_THREADS, io_threads);
     void *sock = zmq_socket(ctx, ZMQ_ROUTER);
     int hwm = 1000, timeout = 200, one = 1;
     if (key_file) {
@@ -344,6 +438,8 @@ static int serve_echo(char **endpoints, int count, const char *key_file)
         zmq_msg_init(&payload);
         zmq_msg_recv(&header, sock, 0);
         zmq_msg_recv(&payload, sock, 0);
+        if (touch_threads)
+            touch_push(&touch, &payload);
         tally_req_t req;
         tally_rep_t rep;
         memset(&rep, 0, sizeof rep);
@@ -355,17 +451,27 @@ static int serve_echo(char **endpoints, int count, const char *key_file)
             rep.request_id = req.request_id;
             rep.status = TALLY_OK;
             rep.dtype = TALLY_DTYPE_U8;
-            rep.count = zmq_msg_size(&payload);
+            rep.count = reply ? reply_bytes : zmq_msg_size(&payload);
         }
         uint8_t out[TALLY_REP_HEADER_SIZE];
         tally_rep_encode(&rep, out);
         zmq_msg_send(&id, sock, ZMQ_SNDMORE);
         zmq_send(sock, out, sizeof out, ZMQ_SNDMORE);
-        zmq_msg_send(&payload, sock, 0); /* the request's own frame: no copy */
+        if (reply)
+            zmq_send(sock, reply, reply_bytes, 0);
+        else
+            zmq_msg_send(&payload, sock, 0); /* the request's own frame: no copy */
         zmq_msg_close(&header);
         zmq_msg_close(&id);
         zmq_msg_close(&payload);
     }
+    pthread_mutex_lock(&touch.lock);
+    touch.stop = true;
+    pthread_cond_broadcast(&touch.work);
+    pthread_mutex_unlock(&touch.lock);
+    for (unsigned i = 0; i < touch_threads; i++)
+        pthread_join(touchers[i], NULL);
+    free(reply);
     zmq_close(sock);
     zmq_ctx_term(ctx);
     return 0;
@@ -377,15 +483,19 @@ static void usage(void)
             "usage: loadgen --endpoint EP --op filter|scan|hist|echo [--size BYTES]\n"
             "               [--producers N] [--window W] [--seconds S | --count C] [--stream]\n"
             "               [--scan-i32] [--shm | --shm-out] [--pid PID] [--stagger-ms MS]\n"
-            "               [--label TEXT]\n"
+            "               [--send copy|zc] [--label TEXT]\n"
             "               [--header] [--server-key KEY|FILE --client-key FILE]\n"
-            "       loadgen [--echo-key FILE] --serve-echo EP [EP...]\n");
+            "       loadgen [--echo-key FILE] [--echo-reply BYTES] [--echo-io-threads N]\n"
+            "               [--echo-touch N] --serve-echo EP [EP...]\n");
 }
 
 /* Loadgen's own options (bench_own_opt_fn); --serve-echo takes the rest of the line. */
 typedef struct {
     opts_t *o;
     const char *echo_key, *server_key, *client_key;
+    size_t echo_reply; /* --echo-reply: bytes of every echo reply; 0 = the request's payload */
+    int echo_io_threads;
+    unsigned echo_touch; /* --echo-touch: threads that copy each payload out */
     char **serve_echo; /* the endpoints after --serve-echo, or NULL */
     int serve_echo_count;
 } args_t;
@@ -418,12 +528,20 @@ static bool own_opt(void *ctx, int argc, char **argv, int *i)
     }
     if (strcmp(a, "--op") == 0)
         o->op = v;
+    else if (strcmp(a, "--send") == 0 && (strcmp(v, "zc") == 0 || strcmp(v, "copy") == 0))
+        o->send_zc = strcmp(v, "zc") == 0;
     else if (strcmp(a, "--count") == 0)
         o->count = strtoull(v, NULL, 0);
     else if (strcmp(a, "--pid") == 0)
         o->pid = atoi(v);
     else if (strcmp(a, "--echo-key") == 0)
         g->echo_key = v;
+    else if (strcmp(a, "--echo-reply") == 0)
+        g->echo_reply = strtoull(v, NULL, 0);
+    else if (strcmp(a, "--echo-io-threads") == 0)
+        g->echo_io_threads = atoi(v);
+    else if (strcmp(a, "--echo-touch") == 0)
+        g->echo_touch = (unsigned)strtoul(v, NULL, 0);
     else if (strcmp(a, "--server-key") == 0)
         g->server_key = v;
     else if (strcmp(a, "--client-key") == 0)
@@ -444,7 +562,8 @@ int main(int argc, char **argv)
         return 2;
     }
     if (g.serve_echo)
-        return serve_echo(g.serve_echo, g.serve_echo_count, g.echo_key);
+        return serve_echo(g.serve_echo, g.serve_echo_count, g.echo_key, g.echo_reply,
+                          g.echo_io_threads > 0 ? g.echo_io_threads : 1, g.echo_touch);
     if (!o.c.endpoint || !o.c.producers || o.c.producers > MAX_PRODUCERS || !o.c.window ||
         o.c.window > MAX_WINDOW || (o.c.size % 4 && strcmp(o.op, "hist") && strcmp(o.op, "echo"))) {
         usage();

@@ -7,12 +7,14 @@
 # tallyd under that load (bench/thread-cpu.sh: which thread is the bottleneck). Markdown in
 # OUT_DIR/io-threads.md. SECONDS_PER_RUN (default 2) each run's measured time; about 1 min.
 # STAGGER_MS (default 0) has producer i connect i x STAGGER_MS after the first (--stagger-ms):
-# connections that arrive together can share one ZeroMQ I/O thread.
+# connections that arrive together can share one ZeroMQ I/O thread. SEND (default copy) is
+# loadgen's --send: zc sends as the fan-in's producers do (bench/run-recv-ab.sh says why).
 set -uo pipefail
 # shellcheck source-path=SCRIPTDIR source=bench-env.sh
 . "$(dirname "$0")/bench-env.sh"
 bench_setup io-threads 2
-ST=(--stagger-ms "${STAGGER_MS:-0}")
+ST=(--stagger-ms "${STAGGER_MS:-0}" --send "${SEND:-copy}")
+FI_ST=(--stagger-ms "${STAGGER_MS:-0}")
 row() { # label command...: the command's last markdown row, relabelled
   local label=$1 out
   shift
@@ -20,7 +22,7 @@ row() { # label command...: the command's last markdown row, relabelled
   echo "${out:-| FAILED |}" | sed "s/^| [^|]* |/| $label |/" >>"$MD"
 }
 {
-  echo "# ZeroMQ I/O threads (stagger ${STAGGER_MS:-0} ms): $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(nproc) cores, $(date -u '+%F %H:%M') UTC"
+  echo "# ZeroMQ I/O threads (stagger ${STAGGER_MS:-0} ms, loadgen --send ${SEND:-copy}): $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(nproc) cores, $(date -u '+%F %H:%M') UTC"
   echo
   echo "| run | op | size | producers x window | req/s | GB/s | p50 us | p99 us | p99.9 us | answered | errors | VmHWM MiB |"
   echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
@@ -35,7 +37,7 @@ for n in ${IO_LIST:-2 4 6 8}; do
   pids+=($td)
   sleep 1 # tallyd's pinned staging
   row "fanin ipc io $n" "$FI" --endpoint "ipc://$RUN/fanin$n.ipc" --producers 8 --window 8 \
-    --size 1048576 --reply 2048 --io-threads "$n" --seconds "$T" "${ST[@]}"
+    --size 1048576 --reply 2048 --io-threads "$n" --seconds "$T" "${FI_ST[@]}"
   row "tallyd tcp io $n" "$LG" --endpoint "tcp://127.0.0.1:$port" --op hist --size 1048576 \
     --producers 8 --window 8 --seconds "$T" "${ST[@]}"
   "$LG" --endpoint "ipc://$RUN/td$n.ipc" --op hist --size 1048576 --producers 8 --window 8 \

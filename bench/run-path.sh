@@ -5,7 +5,12 @@
 #   2. raw ZeroMQ fan-in (bench/fanin): 8 producer processes x 8 in flight, 1 MiB requests,
 #      echo and 2 KiB replies, 1 and N I/O threads, ipc and tcp; and 1 producer;
 #   3. tallyd over ZeroMQ: hist 1 MiB, 8 producers x 8 and 1 x 8, ipc and tcp, --backend cuda and
-#      cpu; and --io-threads 1 against the default (the A/B that picks the default);
+#      cpu; and --io-threads 1 against the default (the A/B that picks the default). The 8 x 8
+#      producers send zero-copy (tally_send_zc), as the fan-in's do, so the ratio compares tallyd
+#      with the transport for one producer code path; a row with tally_send's copy stands beside
+#      it. Every 8-producer run connects its producers STAGGER_MS apart (default 50), because
+#      connections that arrive together share ZeroMQ I/O threads and the figure would then
+#      measure where they landed (bench/NOTES.md);
 #   4. tallyd over shared memory: hist / filter / scan (output regions), GPU and CPU, 1 x 8 and
 #      8 x 4, and single 256 MiB requests one in flight (split over the device's lanes);
 #   4b. shared-memory requests one in flight, 16 KiB - 4 MiB, GPU against CPU p50 (the auto
@@ -27,6 +32,7 @@ GPU_ARGS=${GPU_ARGS:---backend cuda}
 MD="$OUT/path.md"
 RES="$OUT/results.txt"
 ERR="$OUT/runs.err"
+ST=(--stagger-ms "${STAGGER_MS:-50}")
 IO=$(nproc | awk '{n = int($1 / 4); print n < 1 ? 1 : (n > 4 ? 4 : n)}') # tallyd's default
 RUN=/tmp/tallyd-path-$$
 mkdir -p "$RUN"
@@ -97,7 +103,7 @@ for tr in ipc tcp; do
     for reply in echo 2048; do
       if [ $tr = tcp ]; then e=tcp://127.0.0.1:0; else e="ipc://$RUN/fanin.ipc"; fi
       row "fanin_${tr}_io${io}_${reply}_8x8" "$FI" --endpoint "$e" --producers 8 --window 8 \
-        --size 1048576 --reply $reply --io-threads "$io" --seconds "$T"
+        --size 1048576 --reply $reply --io-threads "$io" --seconds "$T" "${ST[@]}"
     done
   done
   row "fanin_${tr}_io${IO}_2048_1x8" "$FI" --endpoint "$e" --producers 1 --window 8 \
@@ -110,21 +116,23 @@ table "tallyd hist over ZeroMQ, 1 MiB (payload path)"
 for tr in ipc tcp; do
   for be in gpu cpu; do
     row "td_${tr}_${be}_hist_8x8" "$LG" --endpoint "$(ep $be $tr)" --op hist --size 1048576 \
-      --producers 8 --window 8 --seconds "$T"
+      --producers 8 --window 8 --seconds "$T" --send zc "${ST[@]}"
     row "td_${tr}_${be}_hist_1x8" "$LG" --endpoint "$(ep $be $tr)" --op hist --size 1048576 \
       --producers 1 --window 8 --seconds "$T"
   done
+  row "td_${tr}_gpu_hist_8x8_copy" "$LG" --endpoint "$(ep gpu $tr)" --op hist --size 1048576 \
+    --producers 8 --window 8 --seconds "$T" --send copy "${ST[@]}"
   row "td_${tr}_gpuio1_hist_8x8" "$LG" --endpoint "$(ep gpuio1 $tr)" --op hist --size 1048576 \
-    --producers 8 --window 8 --seconds "$T"
+    --producers 8 --window 8 --seconds "$T" --send zc "${ST[@]}"
 done
 
 # Where tallyd's time goes on the ZeroMQ path (issue 9 B): a perf profile of the GPU tallyd
 # under the 8 x 8 hist load over ipc, when perf is installed (perf-hist8x8.txt).
 if command -v perf >/dev/null 2>&1; then
   "$LG" --endpoint "$(ep gpu ipc)" --op hist --size 1048576 --producers 8 --window 8 \
-    --seconds 3 >/dev/null 2>>"$ERR" &
+    --seconds 3 --send zc "${ST[@]}" >/dev/null 2>>"$ERR" &
   lgpid=$!
-  sleep 0.5
+  sleep 1
   # shellcheck disable=SC2154
   timeout 20 perf record -g -o "$OUT/perf.data" -p "$PID_gpu" -- sleep 2 >/dev/null 2>>"$ERR"
   wait $lgpid
@@ -137,9 +145,9 @@ if command -v perf >/dev/null 2>&1; then
   echo "(perf profile of the GPU tallyd under hist 1 MiB 8 x 8, ipc: perf-hist8x8.txt)" >>"$MD"
 else # no perf (the GPU host): each thread's share of a core, from /proc (bench/thread-cpu.sh)
   "$LG" --endpoint "$(ep gpu ipc)" --op hist --size 1048576 --producers 8 --window 8 \
-    --seconds 3 >/dev/null 2>>"$ERR" &
+    --seconds 3 --send zc "${ST[@]}" >/dev/null 2>>"$ERR" &
   lgpid=$!
-  sleep 0.5
+  sleep 1
   { echo; echo "Threads of the GPU tallyd under hist 1 MiB 8 x 8, ipc (% of one core over 2 s):"; echo
     bash "$(dirname "$0")/thread-cpu.sh" "$PID_gpu" 2 | head -14 | sed 's/^/    /'; } >>"$MD"
   wait $lgpid
@@ -230,9 +238,10 @@ done
       for (t = 0; t < 2; t++) {
         tr = t ? "tcp" : "ipc"
         printf "| %s: tallyd cuda hist 1 MiB 8x8 / raw fan-in (2 KiB replies, %d io) | %s | >= 0.8 |\n", tr, io, r(gb["td_" tr "_gpu_hist_8x8"], gb["fanin_" tr "_io" io "_2048_8x8"])
+        printf "| %s: the same, producers copying (tally_send) / raw fan-in | %s | (reference) |\n", tr, r(gb["td_" tr "_gpu_hist_8x8_copy"], gb["fanin_" tr "_io" io "_2048_8x8"])
         printf "| %s: tallyd cpu hist 1 MiB 8x8 / raw fan-in (2 KiB replies, %d io) | %s | >= 0.8 |\n", tr, io, r(gb["td_" tr "_cpu_hist_8x8"], gb["fanin_" tr "_io" io "_2048_8x8"])
         printf "| %s: tallyd cuda hist 8x8, --io-threads 1 / default %d | %s | (A/B) |\n", tr, io, r(gb["td_" tr "_gpuio1_hist_8x8"], gb["td_" tr "_gpu_hist_8x8"])
-        printf "| %s: tallyd cuda hist 1 MiB 1x8 (GB/s) / raw fan-in 1x8 | %s / %s | no slower than 5.3 (ipc, 2026-11-23) |\n", tr, gb["td_" tr "_gpu_hist_1x8"], r(gb["td_" tr "_gpu_hist_1x8"], gb["fanin_" tr "_io" io "_2048_1x8"])
+        printf "| %s: tallyd cuda hist 1 MiB 1x8 (GB/s) / raw fan-in 1x8 | %s / %s | no slower than 3.5 (issue 9: today, ipc) |\n", tr, gb["td_" tr "_gpu_hist_1x8"], r(gb["td_" tr "_gpu_hist_1x8"], gb["fanin_" tr "_io" io "_2048_1x8"])
       }
       if ("multi_one_hist_2x8" in gb)
         for (p = 2; p <= 4; p += 2)

@@ -2,16 +2,32 @@
  * main.c — tallyd's entry point: settings (defaults < configuration file < command line, see
  * td_config_load), then the server.
  */
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <systemd/sd-daemon.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "td_config.h"
 #include "td_log.h"
 #include "td_notify.h"
 #include "td_server.h"
+
+/* Before any thread starts (td_config.h says why). An operator's own glibc.malloc tunables
+ * (GLIBC_TUNABLES) are left alone: mallopt would override them. */
+static void set_malloc_thresholds(void)
+{
+    const char *tunables = getenv("GLIBC_TUNABLES");
+    if (tunables && strstr(tunables, "glibc.malloc.")) {
+        td_info("malloc thresholds left to GLIBC_TUNABLES");
+        return;
+    }
+    if (!mallopt(M_MMAP_THRESHOLD, TD_MALLOC_MMAP_THRESHOLD) ||
+        !mallopt(M_TRIM_THRESHOLD, TD_MALLOC_TRIM_THRESHOLD))
+        td_warn("cannot set malloc's thresholds: received frames will page-fault");
+}
 
 int main(int argc, char **argv)
 {
@@ -59,6 +75,7 @@ int main(int argc, char **argv)
         setenv("UV_THREADPOOL_SIZE", msg, 1);
     }
     signal(SIGPIPE, SIG_IGN);
+    set_malloc_thresholds();
 
     td_server_t *server = NULL;
     if (td_server_new(&cfg, &server) != TD_OK)
