@@ -12,24 +12,17 @@ set -uo pipefail
 . "$(dirname "$0")/bench-env.sh"
 BASE=${3:?base tallyd binary}
 bench_setup ab 2
-row() { # label command...: the command's last markdown row, relabelled
-  local label=$1 out
-  shift
-  out=$(timeout 40 "$@" 2>>"$OUT/ab.err" | grep '^| ' | grep -v -e '^| run | op |' -e '^|---' | tail -1)
-  echo "${out:-| FAILED |}" | sed "s/^| [^|]* |/| $label |/" >>"$MD"
-}
 {
   echo "# tallyd A/B: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u '+%F %H:%M') UTC"
   echo
-  echo "| run | op | size | producers x window | req/s | GB/s | p50 us | p99 us | p99.9 us | answered | errors | VmHWM MiB |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+  bench_table_header
 } >"$MD"
 for round in $(seq "${ROUNDS:-4}"); do
   "$LG" --serve-echo "ipc://$RUN/echo.ipc" 2>>"$OUT/ab.err" &
   echo_pid=$!
   pids+=("$echo_pid")
   sleep 0.3
-  row "echo r$round" "$LG" --endpoint "ipc://$RUN/echo.ipc" --op echo --size 4096 --window 1 \
+  bench_row "echo r$round" "$LG" --endpoint "ipc://$RUN/echo.ipc" --op echo --size 4096 --window 1 \
     --seconds "$T"
   kill "$echo_pid"
   wait "$echo_pid" 2>/dev/null
@@ -48,10 +41,10 @@ for round in $(seq "${ROUNDS:-4}"); do
     pids+=("$auto" "$gpu")
     sleep 1.5
     for op in hist filter scan; do
-      row "$v $op 4 KiB r$round" "$LG" --endpoint "ipc://$RUN/auto.ipc" --op $op --size 4096 \
+      bench_row "$v $op 4 KiB r$round" "$LG" --endpoint "ipc://$RUN/auto.ipc" --op $op --size 4096 \
         --window 1 --seconds "$T"
     done
-    row "$v hist 1 MiB 1x8 r$round" "$LG" --endpoint "ipc://$RUN/gpu.ipc" --op hist \
+    bench_row "$v hist 1 MiB 1x8 r$round" "$LG" --endpoint "ipc://$RUN/gpu.ipc" --op hist \
       --size 1048576 --producers 1 --window 8 --seconds "$T"
     kill "$auto" "$gpu"
     wait "$auto" "$gpu" 2>/dev/null

@@ -15,17 +15,10 @@ set -uo pipefail
 bench_setup io-threads 2
 ST=(--stagger-ms "${STAGGER_MS:-0}" --send "${SEND:-copy}")
 FI_ST=(--stagger-ms "${STAGGER_MS:-0}")
-row() { # label command...: the command's last markdown row, relabelled
-  local label=$1 out
-  shift
-  out=$(timeout 30 "$@" 2>>"$OUT/io-threads.err" | grep '^| ' | grep -v -e '^| run | op |' -e '^|---' | tail -1)
-  echo "${out:-| FAILED |}" | sed "s/^| [^|]* |/| $label |/" >>"$MD"
-}
 {
   echo "# ZeroMQ I/O threads (stagger ${STAGGER_MS:-0} ms, loadgen --send ${SEND:-copy}): $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(nproc) cores, $(date -u '+%F %H:%M') UTC"
   echo
-  echo "| run | op | size | producers x window | req/s | GB/s | p50 us | p99 us | p99.9 us | answered | errors | VmHWM MiB |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+  bench_table_header
 } >"$MD"
 port=5870
 for n in ${IO_LIST:-2 4 6 8}; do
@@ -36,9 +29,9 @@ for n in ${IO_LIST:-2 4 6 8}; do
   td=$!
   pids+=($td)
   sleep 1 # tallyd's pinned staging
-  row "fanin ipc io $n" "$FI" --endpoint "ipc://$RUN/fanin$n.ipc" --producers 8 --window 8 \
+  bench_row "fanin ipc io $n" "$FI" --endpoint "ipc://$RUN/fanin$n.ipc" --producers 8 --window 8 \
     --size 1048576 --reply 2048 --io-threads "$n" --seconds "$T" "${FI_ST[@]}"
-  row "tallyd tcp io $n" "$LG" --endpoint "tcp://127.0.0.1:$port" --op hist --size 1048576 \
+  bench_row "tallyd tcp io $n" "$LG" --endpoint "tcp://127.0.0.1:$port" --op hist --size 1048576 \
     --producers 8 --window 8 --seconds "$T" "${ST[@]}"
   "$LG" --endpoint "ipc://$RUN/td$n.ipc" --op hist --size 1048576 --producers 8 --window 8 \
     --seconds "$((T + 2))" "${ST[@]}" >"$RUN/lg.txt" 2>>"$OUT/io-threads.err" &
@@ -46,7 +39,7 @@ for n in ${IO_LIST:-2 4 6 8}; do
   sleep 1
   bash "$(dirname "$0")/thread-cpu.sh" $td "$T" | head -12 | sed 's/^/    /' >"$OUT/threads-io$n.txt"
   wait $lg
-  grep '^| ' "$RUN/lg.txt" | grep -v -e '^| run | op |' -e '^|---' | tail -1 |
+  bench_last_row <"$RUN/lg.txt" |
     sed "s/^| [^|]* |/| tallyd ipc io $n |/" >>"$MD"
   kill $td
   wait $td 2>/dev/null

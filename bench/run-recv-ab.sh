@@ -27,13 +27,6 @@ ST=(--stagger-ms "${STAGGER_MS:-50}")
 # glibc keeps freed memory in the heap (bench/run-malloc-ab.sh): no page faults on receive
 KEEP_HEAP="glibc.malloc.mmap_threshold=67108864:glibc.malloc.trim_threshold=1073741824"
 LOAD=(--size 1048576 --window 8 --seconds "$T")
-last_row() { grep '^| ' | grep -v -e '^| run | op |' -e '^|---' | tail -1; }
-row() { # label command...: the command's last markdown row, relabelled
-  local label=$1 out
-  shift
-  out=$(timeout 40 "$@" 2>>"$OUT/recv-ab.err" | last_row)
-  echo "${out:-| FAILED |}" | sed "s/^| [^|]* |/| $label |/" >>"$MD"
-}
 start() { # name command...: starts a server on ipc://$RUN/name.ipc; its pid in $srv
   local name=$1
   shift
@@ -74,7 +67,7 @@ profile() { # title server-pid name op: the server's and loadgen's threads under
     echo
     head -6 "$RUN/lg-threads.txt" | sed 's/^/    /'
     awk '{ s += $1 } END { printf "    all threads: %.0f %% of one core\n", s }' "$RUN/lg-threads.txt"
-    echo "    $(last_row <"$RUN/lg.txt")"
+    echo "    $(bench_last_row <"$RUN/lg.txt")"
   } >>"$MD"
 }
 {
@@ -84,32 +77,31 @@ profile() { # title server-pid name op: the server's and loadgen's threads under
   echo
   echo "hist 1 MiB, ipc, 4 I/O threads receiving, stagger ${STAGGER_MS:-50} ms, $T s per run."
   echo
-  echo "| run | op | size | producers x window | req/s | GB/s | p50 us | p99 us | p99.9 us | answered | errors | VmHWM MiB |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+  bench_table_header
 } >"$MD"
 for round in $(seq "${ROUNDS:-2}"); do
   for variant in zc: copy:--send\ copy hold64:--hold\ 64; do
     # shellcheck disable=SC2086
-    row "fanin 8x8 ${variant%%:*} r$round" "$FI" --endpoint "ipc://$RUN/fanin.ipc" --producers 8 \
+    bench_row "fanin 8x8 ${variant%%:*} r$round" "$FI" --endpoint "ipc://$RUN/fanin.ipc" --producers 8 \
       --reply 2048 --io-threads 4 ${variant#*:} "${LOAD[@]}" "${ST[@]}"
   done
   echo_server
   for send in zc copy; do
-    row "raw ROUTER 8x8 $send r$round" "$LG" --endpoint "ipc://$RUN/echo.ipc" --op echo \
+    bench_row "raw ROUTER 8x8 $send r$round" "$LG" --endpoint "ipc://$RUN/echo.ipc" --op echo \
       --producers 8 --send $send "${LOAD[@]}" "${ST[@]}"
   done
   stop
   echo_server --echo-touch 4
-  row "raw ROUTER + 4 touch 8x8 zc r$round" "$LG" --endpoint "ipc://$RUN/echo.ipc" --op echo \
+  bench_row "raw ROUTER + 4 touch 8x8 zc r$round" "$LG" --endpoint "ipc://$RUN/echo.ipc" --op echo \
     --producers 8 --send zc "${LOAD[@]}" "${ST[@]}"
   stop
   GLIBC_TUNABLES=$KEEP_HEAP tallyd tdm --io-threads 4
-  row "tallyd heap kept 8x8 zc r$round" "$LG" --endpoint "ipc://$RUN/tdm.ipc" --op hist \
+  bench_row "tallyd heap kept 8x8 zc r$round" "$LG" --endpoint "ipc://$RUN/tdm.ipc" --op hist \
     --producers 8 --send zc "${LOAD[@]}" "${ST[@]}"
   stop
   tallyd td --io-threads 4
   for send in zc copy; do
-    row "tallyd 8x8 $send r$round" "$LG" --endpoint "ipc://$RUN/td.ipc" --op hist --producers 8 \
+    bench_row "tallyd 8x8 $send r$round" "$LG" --endpoint "ipc://$RUN/td.ipc" --op hist --producers 8 \
       --send $send "${LOAD[@]}" "${ST[@]}"
   done
   "$LG" --endpoint "ipc://$RUN/td.ipc" --op hist --producers 4 --send zc "${LOAD[@]}" "${ST[@]}" \
@@ -122,7 +114,7 @@ for round in $(seq "${ROUNDS:-2}"); do
   echo "| tallyd 2 loadgens x 4x8 zc r$round | hist (zc) | 1 MiB | 2 x (4 x 8) | - | $gbs | - | - | - | - | - | - |" >>"$MD"
   stop
   tallyd td8 --io-threads 8
-  row "tallyd io8 8x8 zc r$round" "$LG" --endpoint "ipc://$RUN/td8.ipc" --op hist --producers 8 \
+  bench_row "tallyd io8 8x8 zc r$round" "$LG" --endpoint "ipc://$RUN/td8.ipc" --op hist --producers 8 \
     --send zc "${LOAD[@]}" "${ST[@]}"
   stop
 done
