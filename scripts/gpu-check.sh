@@ -22,7 +22,9 @@
 #   daemon-memcheck
 #               test_pipeline_gpu and test_shm_gpu with tallyd itself under compute-sanitizer
 #               memcheck (the split over real CUDA streams included); reports in
-#               $OUT/memcheck-PID.log
+#               $OUT/memcheck-PID.log. test_shm's test_sigterm_inflight_refs counts on requests
+#               still running at SIGTERM; under the tool they may all have finished (seen on the
+#               H100, 2026-11-23: its only failure there, with 0 memcheck errors in every run)
 #   kernels     bench/kernel_bench (kernels against copy bandwidth and CUB)
 #   variants    kernel_bench and the quick kernel test of builds with other tuning constants:
 #               VARIANTS="name:-DFLAG=V,-DFLAG2=W ..."
@@ -100,16 +102,23 @@ step_sanitizer() { # memcheck | racecheck
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAILED|PASSED" "$OUT/$1.log" | head -5 | tee -a "$S"
 }
 
-# The tests stop tallyd with SIGTERM: the wrapper hands it on to tallyd (the tool's child), so
-# that tallyd exits cleanly and the tool writes its summary.
+# tallyd itself under compute-sanitizer: a wrapper the tests start as TALLYD_BIN. The tests stop
+# tallyd with SIGTERM; the wrapper hands it on to tallyd (the tool's child), so that tallyd exits
+# cleanly and the tool writes its summary. The tool cannot tell the exit status of a child that
+# a signal made exit ("couldn't find exit code"): then the wrapper exits 0 if the tool found no
+# error (or tallyd made no CUDA call), else with the tool's status (9 on an error).
 step_daemon_memcheck() {
   local wrap="$OUT/tallyd-memcheck.sh"
   cat >"$wrap" <<EOF
 #!/bin/bash
-compute-sanitizer --tool memcheck --error-exitcode 9 --log-file $OUT/memcheck-%p.log $TALLYD_BIN "\$@" &
+log=$OUT/memcheck-\$\$.log
+compute-sanitizer --tool memcheck --error-exitcode 9 --log-file \$log $TALLYD_BIN "\$@" &
 cs=\$!
 trap 'kill -TERM \$(pgrep -P \$cs) 2>/dev/null' TERM INT
 rc=0; while kill -0 \$cs 2>/dev/null; do wait \$cs; rc=\$?; done
+# No summary when tallyd made no CUDA call (--backend cpu, simulated GPUs): nothing to check.
+if grep -q "find exit code" \$log &&
+  grep -qE "ERROR SUMMARY: 0 errors|before first instrumented API call" \$log; then rc=0; fi
 exit \$rc
 EOF
   chmod +x "$wrap"
@@ -117,6 +126,8 @@ EOF
     240 "$B/tests/test_pipeline_gpu" >"$OUT/test_pipeline-memcheck.log" 2>&1
   TALLYD_BIN="$wrap" TALLY_SHM_ENGINE=cuda timed "test_shm (tallyd under memcheck)" 240 \
     "$B/tests/test_shm_gpu" >"$OUT/test_shm-memcheck.log" 2>&1
+  grep -hE "\[  FAILED  \]|did not start|LINE|timed out" "$OUT"/test_*-memcheck.log | sort | uniq -c |
+    head -20 | tee -a "$S"
   note "memcheck summaries: $(grep -h 'ERROR SUMMARY' "$OUT"/memcheck-*.log 2>/dev/null | sort | uniq -c | tr '\n' ';')"
 }
 
