@@ -20,8 +20,8 @@
  * 1); --echo-touch N hands every received payload to one of N threads that copies it into a
  * buffer of its own and frees it, as tallyd's lane threads copy payloads into pinned staging
  * (the reply does not wait for it): the raw transport with tallyd's memory traffic and none of
- * its code. Otherwise request and reply are the same size; note that a scan's reply is twice its request
- * (int64 sums of int32 input) unless --scan-i32, so its transport work is 1.5x the echo's.
+ * its code. Otherwise request and reply are the same size; note that a scan's reply is twice its
+ * request (int64 sums of int32 input) unless --scan-i32, so its transport work is 1.5x the echo's.
  *
  * --send zc sends each payload with tally_send_zc, straight from the one payload buffer (ZeroMQ
  * calls a no-op free function when it has sent it), instead of tally_send's copy into a new
@@ -311,8 +311,7 @@ static int run(const opts_t *o)
     printf("| %s | %s%s%s | %s | %u x %u | %.0f | %.3f | %.1f | %.1f | %.1f | %" PRIu64 "/%" PRIu64
            " | %" PRIu64 " | %.0f |\n",
            o->c.label, o->op, o->scan_i32 ? " (i32 out)" : "", o->send_zc ? " (zc)" : "", size,
-           o->c.producers, o->c.window,
-           (double)measured / span, (double)bytes / span / 1e9,
+           o->c.producers, o->c.window, (double)measured / span, (double)bytes / span / 1e9,
            bench_percentile(all, measured, 0.50), bench_percentile(all, measured, 0.99),
            bench_percentile(all, measured, 0.999), answered, sent, errors, hwm);
     fflush(stdout);
@@ -326,6 +325,8 @@ static int run(const opts_t *o)
 /* --echo-touch: payloads (references to the received frames) waiting for a touch thread. */
 #define TOUCH_QUEUE 64
 
+#define TOUCH_THREADS_MAX 16
+
 typedef struct {
     pthread_mutex_t lock;
     pthread_cond_t work; /* a payload queued, or stop */
@@ -333,6 +334,8 @@ typedef struct {
     zmq_msg_t queue[TOUCH_QUEUE];
     unsigned head, count;
     bool stop;
+    pthread_t threads[TOUCH_THREADS_MAX];
+    unsigned thread_count;
 } touch_t;
 
 static void *touch_main(void *arg)
@@ -384,6 +387,26 @@ static void touch_push(touch_t *t, zmq_msg_t *payload)
     pthread_mutex_unlock(&t->lock);
 }
 
+/* Starts up to n touch threads (TOUCH_THREADS_MAX at most); returns how many run. */
+static unsigned touch_start(touch_t *t, unsigned n)
+{
+    for (unsigned i = 0; i < n && i < TOUCH_THREADS_MAX; i++)
+        if (pthread_create(&t->threads[t->thread_count], NULL, touch_main, t) == 0)
+            t->thread_count++;
+    return t->thread_count;
+}
+
+/* Lets the touch threads finish the queue, and joins them. */
+static void touch_stop(touch_t *t)
+{
+    pthread_mutex_lock(&t->lock);
+    t->stop = true;
+    pthread_cond_broadcast(&t->work);
+    pthread_mutex_unlock(&t->lock);
+    for (unsigned i = 0; i < t->thread_count; i++)
+        pthread_join(t->threads[i], NULL);
+}
+
 static volatile sig_atomic_t echo_stop;
 
 static void on_signal(int sig)
@@ -398,10 +421,7 @@ static int serve_echo(char **endpoints, int count, const char *key_file, size_t 
     touch_t touch = {.lock = PTHREAD_MUTEX_INITIALIZER,
                      .work = PTHREAD_COND_INITIALIZER,
                      .room = PTHREAD_COND_INITIALIZER};
-    pthread_t touchers[16];
-    touch_threads = touch_threads < 16 ? touch_threads : 16;
-    for (unsigned i = 0; i < touch_threads; i++)
-        pthread_create(&touchers[i], NULL, touch_main, &touch);
+    touch_threads = touch_start(&touch, touch_threads);
     void *reply = reply_bytes ? calloc(1, reply_bytes) : NULL;
     void *ctx = zmq_ctx_new();
     zmq_ctx_set(ctx, ZMQ_IO_THREADS, io_threads);
@@ -465,12 +485,7 @@ static int serve_echo(char **endpoints, int count, const char *key_file, size_t 
         zmq_msg_close(&id);
         zmq_msg_close(&payload);
     }
-    pthread_mutex_lock(&touch.lock);
-    touch.stop = true;
-    pthread_cond_broadcast(&touch.work);
-    pthread_mutex_unlock(&touch.lock);
-    for (unsigned i = 0; i < touch_threads; i++)
-        pthread_join(touchers[i], NULL);
+    touch_stop(&touch);
     free(reply);
     zmq_close(sock);
     zmq_ctx_term(ctx);
@@ -496,7 +511,7 @@ typedef struct {
     size_t echo_reply; /* --echo-reply: bytes of every echo reply; 0 = the request's payload */
     int echo_io_threads;
     unsigned echo_touch; /* --echo-touch: threads that copy each payload out */
-    char **serve_echo; /* the endpoints after --serve-echo, or NULL */
+    char **serve_echo;   /* the endpoints after --serve-echo, or NULL */
     int serve_echo_count;
 } args_t;
 

@@ -1,84 +1,223 @@
 #!/usr/bin/env bash
-# One call on the lent GPU machine does the whole CUDA check: configure and build (sm_90, tests
-# on), the GPU test, the GPU test under compute-sanitizer memcheck and racecheck (quick mode,
-# without the 2^28 size), the kernel benchmark, and optionally benchmark variants built with
-# other tuning constants. Everything is logged under $OUT (the device tool brings it back).
+# scripts/gpu-check.sh — everything the GPU host checks, in one device call: one CUDA build
+# (sm_90, -Werror, tests on) of the whole tree, then the steps named in STEPS, each with its own
+# time limit (a hang in one still leaves the others' logs). Logs go under $OUT (the device tool
+# brings them back), the summary to $OUT/summary.txt, which is printed at the end.
 #
-#   source scripts/device-env.sh; scripts/gpu-check.sh
-#   GPU_CHECK_STEPS="bench variants" GPU_CHECK_VARIANTS="scan8:-DTK_SCAN_VECS=8 hist3:-DTK_HIST_UNROLL=2" \
-#     scripts/gpu-check.sh
+#   run (carry: [".deps"], after scripts/fetch-device-deps.sh here):
+#     bash scripts/gpu-check.sh                          # STEPS="ctest diff", about 4 minutes
+#     STEPS="ctest diff kernels path" bash scripts/gpu-check.sh
+#     STEPS="variants" VARIANTS="scan8:-DTK_SCAN_VECS=8" bash scripts/gpu-check.sh
 #
-# Each step has its own time limit, so a hang in one step still leaves the others' logs.
+# Steps:
+#   ctest       every CTest test with the GPU present (the *_gpu twins run for real);
+#               CTEST_INCLUDE / CTEST_EXCLUDE (regexes) narrow it; test_differential_gpu is
+#               left to `diff` unless CTEST_EXCLUDE is set
+#   suites      the integration suites again with tallyd --backend cuda (TALLY_TEST_BACKEND)
+#   diff        the CPU-vs-GPU differential test (fixed and random seed, DIFF_SCALE, default 4;
+#               rerun a seed with TALLY_TEST_SEED=N) and the snapshot tests
+#   kernel-test the long kernel test (test_cuda_backend, every size up to 2^28)
+#   memcheck, racecheck
+#               the kernel test (quick) under compute-sanitizer
+#   daemon-memcheck
+#               test_pipeline_gpu and test_shm_gpu with tallyd itself under compute-sanitizer
+#               memcheck (the split over real CUDA streams included); reports in
+#               $OUT/memcheck-PID.log
+#   kernels     bench/kernel_bench (kernels against copy bandwidth and CUB)
+#   variants    kernel_bench and the quick kernel test of builds with other tuning constants:
+#               VARIANTS="name:-DFLAG=V,-DFLAG2=W ..."
+#   profile     where tallyd's threads spend their time under the ZeroMQ 8 x 8 hist load
+#               (bench/thread-cpu.sh; the host has no perf)
+#   path        bench/run-path.sh (issue 9's whole data-path benchmark, about 2 minutes)
+#   loadgen, curve, recv-ab, io-threads, malloc-ab
+#               bench/run-<step>.sh
+#   info        `tally info` of a tallyd on every GPU of the host (a multi-GPU kind shows
+#               them all)
+#   systemd     the unit's systemd-analyze security score, and where systemd runs, tallyd on
+#               the GPU under the unit's sandbox answering a hist
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu-check}
+STEPS=${STEPS:-ctest diff}
+B=build-gpu
+S=$OUT/summary.txt
 mkdir -p "$OUT"
-STEPS=${GPU_CHECK_STEPS:-"test memcheck racecheck bench variants"}
-VARIANTS=${GPU_CHECK_VARIANTS:-}
-B=build-dev
-JOBS=$(nproc)
-# shellcheck source-path=SCRIPTDIR source=gpu-steps.sh
-. scripts/gpu-steps.sh
-gpu_summary "$OUT/summary.txt" name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu
-has() { [[ " $STEPS " == *" $1 "* ]]; }
+# shellcheck source=device-env.sh
+source scripts/device-env.sh
 
-configure() { # dir, extra CUDA flags
-  cmake -S . -B "$1" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DTALLY_CUDA=ON -DBUILD_TESTING=ON -DCMAKE_CUDA_FLAGS="$2" >>"$OUT/build.log" 2>&1
+note() { echo "$*" | tee -a "$S"; }
+# timed NAME LIMIT command...: runs the command (at most LIMIT seconds), notes its exit status
+# and time.
+timed() {
+  local name=$1 limit=$2 t0=$SECONDS
+  shift 2
+  timeout "$limit" "$@"
+  note "$name: rc=$? ($((SECONDS - t0)) s)"
 }
-t0=$SECONDS
-if configure $B "" && cmake --build $B -j "$JOBS" --target test_cuda_backend kernel_bench \
-  >>"$OUT/build.log" 2>&1; then
-  note "build: ok ($((SECONDS - t0)) s)"
-else
-  note "build: FAILED (see build.log)"
-  tail -30 "$OUT/build.log"
-  exit 1
-fi
-T=$B/tests/test_cuda_backend
-K=$B/bench/kernel_bench
 
-if has test; then
-  t0=$SECONDS
-  timeout 300 $T >"$OUT/test.log" 2>&1
-  note "test: rc=$? ($((SECONDS - t0)) s)"
-  grep -E "PASSED|FAILED|\[  FAILED|ERROR|rror" "$OUT/test.log" | head -20 | tee -a "$summary"
-fi
-for tool in memcheck racecheck; do
-  has $tool || continue
-  t0=$SECONDS
-  TALLY_TEST_QUICK=1 timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 \
-    --print-limit 20 $T >"$OUT/$tool.log" 2>&1
-  note "$tool: rc=$? ($((SECONDS - t0)) s)"
-  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAILED|PASSED" "$OUT/$tool.log" | head -5 | tee -a "$summary"
-done
-if has bench; then
-  timeout 150 $K --label base >"$OUT/bench.log" 2>&1
-  note "bench: rc=$?"
-fi
-if has variants; then
-  for v in $VARIANTS; do
-    name=${v%%:*}
-    flags=${v#*:}
+build() {
+  local t0=$SECONDS
+  cmake -S . -B $B -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DTALLY_CUDA=ON -DTALLY_WERROR=ON -DTALLY_FUZZ=OFF >"$OUT/build.log" 2>&1 &&
+    cmake --build $B -j"$(nproc)" >>"$OUT/build.log" 2>&1
+  local rc=$?
+  note "build: rc=$rc ($((SECONDS - t0)) s)"
+  [ $rc = 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
+  export LD_LIBRARY_PATH="$PWD/$B/client${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export TALLYD_BIN="$PWD/$B/daemon/tallyd" TALLY_BIN="$PWD/$B/cli/tally"
+}
+
+step_ctest() {
+  local exclude=${CTEST_EXCLUDE:-test_differential_gpu}
+  (cd $B && timed ctest 420 ctest -j6 ${CTEST_INCLUDE:+-R "$CTEST_INCLUDE"} -E "$exclude" \
+    --output-on-failure >"$OUT/ctest.log" 2>&1)
+  grep -E "tests passed|\*\*\*|Failed" "$OUT/ctest.log" | tee -a "$S"
+}
+
+step_suites() {
+  for t in test_daemon test_client_daemon test_lifecycle test_seq test_security test_limits; do
+    TALLY_TEST_BACKEND=cuda timed "$t (--backend cuda)" 180 "$B/tests/$t" >"$OUT/$t-cuda.log" 2>&1
+    grep -E "FAILED|ERROR" "$OUT/$t-cuda.log" | head -5 | tee -a "$S"
+  done
+}
+
+step_diff() {
+  TALLY_PIPELINE_ENGINE=cuda TALLY_DIFF_SCALE=${DIFF_SCALE:-4} \
+    timed "test_differential (cuda, scale ${DIFF_SCALE:-4})" 300 "$B/tests/test_differential" \
+    >"$OUT/test_differential-cuda.log" 2>&1
+  grep -E "seed|every reply|snapshot:|PASSED|FAILED|ERROR|LINE" "$OUT/test_differential-cuda.log" |
+    head -16 | tee -a "$S"
+}
+
+step_kernel_test() {
+  timed "test_cuda_backend" 300 "$B/tests/test_cuda_backend" >"$OUT/kernel-test.log" 2>&1
+  grep -E "PASSED|FAILED|ERROR" "$OUT/kernel-test.log" | head -10 | tee -a "$S"
+}
+
+step_sanitizer() { # memcheck | racecheck
+  TALLY_TEST_QUICK=1 timed "$1 (kernel test, quick)" 240 compute-sanitizer --tool "$1" \
+    --error-exitcode 9 --print-limit 20 "$B/tests/test_cuda_backend" >"$OUT/$1.log" 2>&1
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAILED|PASSED" "$OUT/$1.log" | head -5 | tee -a "$S"
+}
+
+# The tests stop tallyd with SIGTERM: the wrapper hands it on to tallyd (the tool's child), so
+# that tallyd exits cleanly and the tool writes its summary.
+step_daemon_memcheck() {
+  local wrap="$OUT/tallyd-memcheck.sh"
+  cat >"$wrap" <<EOF
+#!/bin/bash
+compute-sanitizer --tool memcheck --error-exitcode 9 --log-file $OUT/memcheck-%p.log $TALLYD_BIN "\$@" &
+cs=\$!
+trap 'kill -TERM \$(pgrep -P \$cs) 2>/dev/null' TERM INT
+rc=0; while kill -0 \$cs 2>/dev/null; do wait \$cs; rc=\$?; done
+exit \$rc
+EOF
+  chmod +x "$wrap"
+  TALLYD_BIN="$wrap" TALLY_PIPELINE_ENGINE=cuda timed "test_pipeline (tallyd under memcheck)" \
+    240 "$B/tests/test_pipeline_gpu" >"$OUT/test_pipeline-memcheck.log" 2>&1
+  TALLYD_BIN="$wrap" TALLY_SHM_ENGINE=cuda timed "test_shm (tallyd under memcheck)" 240 \
+    "$B/tests/test_shm_gpu" >"$OUT/test_shm-memcheck.log" 2>&1
+  note "memcheck summaries: $(grep -h 'ERROR SUMMARY' "$OUT"/memcheck-*.log 2>/dev/null | sort | uniq -c | tr '\n' ';')"
+}
+
+step_kernels() {
+  timed kernel_bench 200 "$B/bench/kernel_bench" --label gpu-check >"$OUT/kernel.txt" 2>&1
+  grep -E "^\|" "$OUT/kernel.txt" | tee -a "$S"
+}
+
+step_variants() {
+  for v in ${VARIANTS:-}; do
+    local name=${v%%:*} flags=${v#*:} d
     flags=${flags//,/ }
     d=build-var-$name
-    if configure "$d" "$flags" && cmake --build "$d" -j "$JOBS" --target kernel_bench \
-      test_cuda_backend >>"$OUT/build.log" 2>&1; then
-      # The quick test first: a variant's figures count only if it computes the right thing.
-      TALLY_TEST_QUICK=1 timeout 120 "$d/tests/test_cuda_backend" >"$OUT/variant-test.log" 2>&1
-      rc=$?
-      note "variant $name: quick test rc=$rc"
-      [ $rc = 0 ] || grep -E "FAILED|rror|want" "$OUT/variant-test.log" | head -5 | tee -a "$summary"
-      timeout 120 "$d/bench/kernel_bench" --label "$name ($flags)" >>"$OUT/variants.log" 2>&1
-      note "variant $name: bench rc=$?"
+    if cmake -S . -B "$d" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 \
+      -DTALLY_CUDA=ON -DCMAKE_CUDA_FLAGS="$flags" >>"$OUT/build.log" 2>&1 &&
+      cmake --build "$d" -j"$(nproc)" --target kernel_bench test_cuda_backend >>"$OUT/build.log" 2>&1; then
+      # A variant's figures count only if it computes the right thing.
+      TALLY_TEST_QUICK=1 timed "variant $name: quick test" 120 "$d/tests/test_cuda_backend" \
+        >"$OUT/variant-$name-test.log" 2>&1
+      timed "variant $name: bench" 150 "$d/bench/kernel_bench" --label "$name ($flags)" \
+        >>"$OUT/variants.txt" 2>&1
     else
       note "variant $name: build FAILED"
     fi
   done
-fi
-echo "==== bench"
-grep -E "^\|" "$OUT/bench.log" 2>/dev/null
-echo "==== variants"
-grep -E "kernel_bench|GB/s" "$OUT/variants.log" 2>/dev/null | cut -c1-90
+}
+
+step_profile() {
+  local run=/tmp/tallyd-profile-$$ td lg
+  mkdir -p $run
+  "$TALLYD_BIN" --backend cuda --bind "ipc://$run/t.ipc" --shm off --log-level notice \
+    >"$OUT/tallyd-profile.log" 2>&1 &
+  td=$!
+  sleep 2
+  "$B/bench/loadgen" --endpoint "ipc://$run/t.ipc" --op hist --size 1048576 --producers 8 \
+    --window 8 --seconds 4 --send zc --stagger-ms 50 >"$OUT/loadgen-profile.txt" 2>&1 &
+  lg=$!
+  sleep 1.5
+  note "threads of tallyd --backend cuda under hist 1 MiB 8 x 8 ipc (% of one core over 2 s):"
+  bash bench/thread-cpu.sh $td 2 | head -16 | tee -a "$S"
+  wait $lg
+  grep '^| ' "$OUT/loadgen-profile.txt" | tail -1 | tee -a "$S"
+  kill $td
+  wait $td 2>/dev/null
+  rm -rf $run
+}
+
+step_bench() { # NAME: bench/run-NAME.sh into $OUT/NAME
+  SECONDS_PER_RUN=${SECONDS_PER_RUN:-1.2} timed "run-$1" 420 "bench/run-$1.sh" "$B" "$OUT/$1" \
+    >"$OUT/run-$1.log" 2>&1
+  cp "$OUT/$1"/*.md "$OUT/" 2>/dev/null
+}
+
+step_info() {
+  "$TALLYD_BIN" --backend cuda --bind tcp://127.0.0.1:5701 --shm off 2>"$OUT/tallyd-info.log" &
+  local pid=$!
+  sleep 3
+  "$TALLY_BIN" -e tcp://127.0.0.1:5701 info | tee -a "$S"
+  kill -TERM $pid
+  wait $pid
+  note "tallyd exit: $?"
+}
+
+# The unit's [Service] settings on a transient unit, where systemd runs.
+step_systemd() {
+  systemd-analyze security --offline=true $B/systemd/tallyd.service 2>/dev/null | tail -1 | tee -a "$S"
+  local state
+  state=$(systemctl is-system-running 2>/dev/null)
+  if [ "$state" != running ] && [ "$state" != degraded ]; then
+    note "systemd is not running here: the unit's sandbox with the GPU cannot be checked"
+    return
+  fi
+  local props=()
+  while IFS= read -r line; do props+=(-p "$line"); done < <(
+    sed -n '/^\[Service\]/,/^\[/p' $B/systemd/tallyd.service | grep -E '^[A-Za-z]+=' |
+      grep -vE '^(Type|ExecStart|ExecReload|Restart|RestartSec|WatchdogSec|TimeoutStopSec|KillMode)=')
+  systemd-run --unit tallyd-sandbox-check "${props[@]}" -p Type=notify "$TALLYD_BIN" \
+    --backend cuda --bind tcp://127.0.0.1:5799 --shm off >>"$S" 2>&1
+  sleep 5
+  head -c 1048576 /dev/urandom >"$OUT/frame.raw"
+  "$TALLY_BIN" -e tcp://127.0.0.1:5799 hist --type u8 --in "$OUT/frame.raw" | head -2 | tee -a "$S"
+  "$TALLY_BIN" -e tcp://127.0.0.1:5799 info | grep -E "backend=" | tee -a "$S"
+  journalctl -u tallyd-sandbox-check --no-pager 2>/dev/null |
+    grep -iE "backend|EPERM|denied|error" | head -10 | tee -a "$S"
+  systemctl stop tallyd-sandbox-check 2>/dev/null
+}
+
+: >"$S"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv \
+  >>"$S" 2>&1
+date -u >>"$S"
+build
+for step in $STEPS; do
+  case $step in
+  ctest | suites | diff | kernels | variants | profile | info | systemd) "step_$step" ;;
+  kernel-test) step_kernel_test ;;
+  daemon-memcheck) step_daemon_memcheck ;;
+  memcheck | racecheck) step_sanitizer "$step" ;;
+  path | loadgen | curve | recv-ab | io-threads | malloc-ab) step_bench "$step" ;;
+  *) note "unknown step: $step" ;;
+  esac
+done
 echo "==== summary"
-cat "$summary"
+cat "$S"
