@@ -2,7 +2,8 @@
 NumPy computing the same thing: filter, scan (stateless and carried by a stream), hist (u8 and
 int32 with under/overflow), the stream calls, errors, a streaming push (outputs in order,
 bounded chunks, its result), the shared-memory path (regions read and written in place, and
-shm=True rings), and that the installed package is the one imported."""
+shm=True rings), that the installed package is the one imported, and that its import-time
+check of the ctypes structs against the C layouts refuses a mismatch."""
 
 import os
 import time
@@ -39,6 +40,21 @@ class TallyTest(unittest.TestCase):
     def test_installed_package(self):
         self.assertNotIn(os.sep + "client" + os.sep + "python", tally.__file__)
         self.assertEqual(tally.library_version(), "0.1.0")
+
+    def test_layout_check(self):
+        # The import-time check passes the real table and refuses a ctypes struct whose size,
+        # field offset or field set differs from the C struct's (tally/_wire.py's LAYOUT).
+        size, fields = tally._wire.LAYOUT["tally_req_t"]
+        tally._check_layouts([tally._Req], {"tally_req_t": (size, fields)})
+        moved = {**fields, "seq": (fields["seq"][0] + 8, 8)}
+        fewer = {n: at for n, at in fields.items() if n != "pred"}
+        for bad, why in (((size + 8, fields), "sizeof"), ((size, moved), "seq (offset, size)"),
+                         ((size, fewer), "pred (offset, size)")):
+            with self.assertRaises(ImportError) as e:
+                tally._check_layouts([tally._Req], {"tally_req_t": bad})
+            self.assertIn("_Req does not match the C tally_req_t: " + why, str(e.exception))
+        with self.assertRaises(ImportError):
+            tally._check_layouts([tally._Req], {})
 
     def test_filter(self):
         x = RNG.integers(-1000, 1000, 100001, dtype=np.int32)
