@@ -57,7 +57,8 @@ struct tally_client {
     uint64_t next_id;
     char error[TALLY_ERROR_MESSAGE_MAX + 1];
     uint8_t routing_id[TALLY_ROUTING_ID_BYTES];
-    int side_fd; /* the shared-memory side channel, -1 until the first region */
+    int side_fd;           /* the shared-memory side channel, -1 until the first region */
+    tally_bufpool_t *pool; /* tally_send's copies of large payloads (tally_bufpool.c) */
 };
 
 struct tally_region {
@@ -165,6 +166,9 @@ tally_status_t tally_client_new_curve(const char *endpoint, int timeout_ms,
     self->timeout_ms = timeout_ms;
     self->next_id = 1;
     self->side_fd = -1;
+    self->pool = tally__bufpool_new();
+    if (!self->pool)
+        goto fail_free;
 
     status = TALLY_E_TRANSPORT;
     self->ctx = zmq_ctx_new();
@@ -200,6 +204,7 @@ fail_sock:
 fail_ctx:
     zmq_ctx_term(self->ctx);
 fail_free:
+    tally__bufpool_destroy(&self->pool);
     free(self);
 fail:
     return status;
@@ -213,7 +218,8 @@ void tally_client_destroy(tally_client_t **self_p)
     if (self->side_fd >= 0)
         close(self->side_fd);
     zmq_close(self->sock);
-    zmq_ctx_term(self->ctx);
+    zmq_ctx_term(self->ctx); /* gives back every pooled buffer still queued */
+    tally__bufpool_destroy(&self->pool);
     free(self);
     *self_p = NULL;
 }
@@ -278,6 +284,27 @@ static tally_status_t send_header_until(tally_client_t *self, const tally_req_t 
     return TALLY_OK;
 }
 
+/* Queues the payload frame, a copy of payload: into a pooled buffer for a large one (sent
+ * without a second copy, given back to the pool once sent), else through zmq_send. */
+static int send_payload_copy(tally_client_t *self, const void *payload, size_t len)
+{
+    void *buf = tally__bufpool_take(self->pool, len);
+    if (!buf)
+        return zmq_send(self->sock, len ? payload : "", len, 0) < 0 ? -1 : 0;
+    memcpy(buf, payload, len);
+    zmq_msg_t frame;
+    if (zmq_msg_init_data(&frame, buf, len, tally__bufpool_give_back, NULL) != 0) {
+        tally__bufpool_give_back(buf, NULL); /* out of memory for ZeroMQ's bookkeeping */
+        return zmq_send(self->sock, payload, len, 0) < 0 ? -1 : 0;
+    }
+    if (zmq_msg_send(&frame, self->sock, 0) >= 0)
+        return 0;
+    int err = zmq_errno();
+    zmq_msg_close(&frame); /* gives buf back */
+    errno = err;
+    return -1;
+}
+
 static tally_status_t send_until(tally_client_t *self, const tally_req_t *req, const void *payload,
                                  size_t len, uint64_t *request_id, int64_t deadline)
 {
@@ -288,7 +315,7 @@ static tally_status_t send_until(tally_client_t *self, const tally_req_t *req, c
     if (status != TALLY_OK)
         return status;
     /* Multipart messages are atomic: once the first frame is queued the last one is too. */
-    if (zmq_send(self->sock, len ? payload : "", len, 0) < 0)
+    if (send_payload_copy(self, payload, len) != 0)
         return fail(self, TALLY_E_TRANSPORT, zmq_strerror(zmq_errno()));
     if (request_id)
         *request_id = id;

@@ -41,4 +41,27 @@ tally_status_t tally__connect(void *sock, const char *endpoint);
  * (SCM_RIGHTS) when fd >= 0; errors show in the answer that does not come. */
 void tally__side_send(int sock, const tally_shm_msg_t *m, int fd);
 
+/* ---- tally_bufpool.c: the buffers tally_send copies large payloads into -------------------- */
+
+/* Payloads from this size on go through the pool (smaller ones: a plain ZeroMQ copy, which glibc
+ * serves from memory it keeps anyway); the pool keeps at most this many buffers and bytes. */
+#define TALLY_POOL_MIN_BYTES (64u << 10)
+#define TALLY_POOL_BUFFERS 16u
+#define TALLY_POOL_BYTES (64u << 20)
+
+typedef struct tally_bufpool tally_bufpool_t;
+
+/* NULL when out of memory. */
+tally_bufpool_t *tally__bufpool_new(void);
+/* Frees the kept buffers; every buffer taken must have been given back. */
+void tally__bufpool_destroy(tally_bufpool_t **self_p);
+/* A buffer of at least len bytes (a kept one, or a new one), or NULL: len outside
+ * [TALLY_POOL_MIN_BYTES, TALLY_POOL_BYTES], or out of memory. */
+void *tally__bufpool_take(tally_bufpool_t *self, size_t len);
+/* Gives a taken buffer back (a zmq_free_fn: any thread; hint unused): kept while the pool has
+ * room, else freed. */
+void tally__bufpool_give_back(void *data, void *hint);
+/* How many buffers (and, in *bytes if not NULL, how many bytes) the pool keeps now. */
+unsigned tally__bufpool_kept(tally_bufpool_t *self, size_t *bytes);
+
 #endif /* TALLY_INTERNAL_H */

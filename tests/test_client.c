@@ -1007,6 +1007,89 @@ static void test_send_zero_copy(void **state)
     tally_client_destroy(&c);
 }
 
+/* tally_send's pool (tally_bufpool.c): sizes it takes, reuse, best fit, and its bounds. */
+static void test_bufpool_reuses_and_bounds(void **state)
+{
+    (void)state;
+    tally_bufpool_t *pool = tally__bufpool_new();
+    assert_non_null(pool);
+    assert_null(tally__bufpool_take(pool, TALLY_POOL_MIN_BYTES - 1)); /* small: zmq_send's */
+    assert_null(tally__bufpool_take(pool, (size_t)TALLY_POOL_BYTES + 1));
+    uint8_t *mib = tally__bufpool_take(pool, 1u << 20);
+    assert_non_null(mib);
+    memset(mib, 7, 1u << 20); /* all of it is ours (ASan checks) */
+    tally__bufpool_give_back(mib, NULL);
+    size_t bytes = 0;
+    assert_int_equal(tally__bufpool_kept(pool, &bytes), 1);
+    assert_int_equal(bytes, 1u << 20);
+    assert_ptr_equal(tally__bufpool_take(pool, 1u << 20), mib); /* the same memory again */
+    assert_int_equal(tally__bufpool_kept(pool, NULL), 0);
+
+    /* Best fit, and never a buffer more than twice what is asked for. */
+    uint8_t *four = tally__bufpool_take(pool, 4u << 20);
+    tally__bufpool_give_back(mib, NULL);
+    tally__bufpool_give_back(four, NULL);
+    assert_ptr_equal(tally__bufpool_take(pool, 3u << 20), four);
+    tally__bufpool_give_back(four, NULL);
+    uint8_t *small = tally__bufpool_take(pool, 300u << 10); /* neither fits: a new one */
+    assert_ptr_not_equal(small, mib);
+    assert_ptr_not_equal(small, four);
+    tally__bufpool_give_back(small, NULL);
+    assert_int_equal(tally__bufpool_kept(pool, NULL), 3);
+
+    /* At most TALLY_POOL_BUFFERS buffers and TALLY_POOL_BYTES bytes are kept. */
+    void *held[TALLY_POOL_BUFFERS + 4];
+    for (unsigned i = 0; i < TALLY_POOL_BUFFERS + 4; i++)
+        held[i] = tally__bufpool_take(pool, 8u << 20);
+    for (unsigned i = 0; i < TALLY_POOL_BUFFERS + 4; i++)
+        tally__bufpool_give_back(held[i], NULL);
+    unsigned kept = tally__bufpool_kept(pool, &bytes);
+    assert_true(kept <= TALLY_POOL_BUFFERS);
+    assert_true(bytes <= TALLY_POOL_BYTES);
+    assert_true(bytes >= TALLY_POOL_BYTES - (8u << 20)); /* filled up to what fits */
+    for (unsigned i = 0; i < TALLY_POOL_BUFFERS + 4; i++)
+        held[i] = tally__bufpool_take(pool, TALLY_POOL_MIN_BYTES);
+    for (unsigned i = 0; i < TALLY_POOL_BUFFERS + 4; i++)
+        tally__bufpool_give_back(held[i], NULL);
+    assert_int_equal(tally__bufpool_kept(pool, NULL), TALLY_POOL_BUFFERS);
+    tally__bufpool_destroy(&pool);
+    assert_null(pool);
+}
+
+/* tally_send copies: the caller may overwrite its buffer as soon as the call returns, and a
+ * pipelined run of large sends (pooled buffers, reused) still gets every answer right. */
+static void test_send_copies_large_payloads(void **state)
+{
+    tally_client_t *c = fake_client(state);
+    enum { N = 256 << 10, ROUNDS = 40, WINDOW = 4 };
+    int32_t *x = malloc(4 * N);
+    tally_req_t req = {
+        .opcode = TALLY_OP_FILTER, .dtype = TALLY_DTYPE_I32, .pred = TALLY_PRED_GT, .lo = 0};
+    uint64_t expect[ROUNDS + 1] = {0};
+    int sent = 0, got = 0;
+    while (got < ROUNDS) {
+        while (sent < ROUNDS && sent - got < WINDOW) {
+            size_t kept = 0;
+            for (int i = 0; i < N; i++) /* round k keeps about k/ROUNDS of them */
+                kept += (x[i] = (int32_t)(rng() % ROUNDS) - sent) > 0;
+            uint64_t id = 0;
+            assert_int_equal(tally_send(c, &req, x, 4 * N, &id), TALLY_OK);
+            assert_true(id <= ROUNDS);
+            expect[id] = kept;
+            memset(x, 0x55, 4 * N); /* the copy went, whatever the buffer holds now */
+            sent++;
+        }
+        tally_reply_t reply;
+        tally_reply_init(&reply);
+        assert_int_equal(tally_recv(c, &reply), TALLY_OK);
+        assert_int_equal(reply.rep.count, expect[reply.rep.request_id]);
+        tally_reply_clear(&reply);
+        got++;
+    }
+    free(x);
+    tally_client_destroy(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest unit[] = {
@@ -1019,6 +1102,7 @@ int main(void)
         cmocka_unit_test(test_hist_add_sums),
         cmocka_unit_test(test_chunk_sizes),
         cmocka_unit_test(test_buf_grows),
+        cmocka_unit_test(test_bufpool_reuses_and_bounds),
         cmocka_unit_test(test_unreachable_endpoint_times_out),
         cmocka_unit_test(test_silent_peer_times_out),
     };
@@ -1032,6 +1116,7 @@ int main(void)
         cmocka_unit_test(test_run_respects_window),
         cmocka_unit_test(test_run_failures),
         cmocka_unit_test(test_send_zero_copy),
+        cmocka_unit_test(test_send_copies_large_payloads),
     };
     int failed = cmocka_run_group_tests_name("client", unit, NULL, NULL);
     failed += cmocka_run_group_tests_name("client_fake_daemon", fake, fake_setup, fake_teardown);
