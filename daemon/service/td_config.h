@@ -124,12 +124,12 @@
  * (1 MiB each under a hist load) and tallyd frees it once the request is done. With glibc's
  * defaults the trim threshold follows the last large block freed (about 2 MiB here), so the heap
  * top is handed back to the kernel again and again and the next frame page-faults it in anew:
- * 16-35 minor faults per MiB received, in the kernel's receive copy on the I/O threads, which
+ * 9.6-35 minor faults per MiB received, in the kernel's receive copy on the I/O threads, which
  * are what limits tallyd's ZeroMQ path. Keeping up to TD_MALLOC_TRIM_THRESHOLD free at the top of
- * each heap ends that; blocks from TD_MALLOC_MMAP_THRESHOLD up (glibc's own ceiling for its
- * moving threshold) are still mapped and unmapped on their own, so only that much memory per heap
- * stays with tallyd after a burst. GLIBC_TUNABLES naming any glibc.malloc.* setting replaces
- * these. Measured: bench/NOTES.md, "Received buffers". */
+ * each heap ends that (0.3 faults per MiB), and bounds what stays with tallyd after a burst;
+ * blocks from TD_MALLOC_MMAP_THRESHOLD up (glibc's own ceiling for its moving threshold) are still
+ * mapped and unmapped on their own. GLIBC_TUNABLES naming any glibc.malloc.* setting replaces
+ * these. Measured: bench/NOTES.md, "The producers, not the receive buffers". */
 #define TD_MALLOC_MMAP_THRESHOLD (32u << 20)
 #define TD_MALLOC_TRIM_THRESHOLD (128u << 20)
 /* Shared-memory input (td_shm.c, PROTOCOL.md §10). */
