@@ -1758,9 +1758,32 @@ static void test_robustness(void **state)
     assert_true(ok_info > 500);
 }
 
+/* The byte helpers write and read little-endian whatever the host (one load or store where
+ * the host is little-endian, a byte loop elsewhere), at any alignment. */
+static void test_le_helpers(void **state)
+{
+    (void)state;
+    uint8_t buf[17] = {0};
+    const uint8_t want64[8] = {0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01};
+    const uint8_t want32[4] = {0xd4, 0xc3, 0xb2, 0xa1};
+    tally_put_u64(buf + 1, 0x0102030405060708ull); /* odd address: unaligned */
+    assert_memory_equal(buf + 1, want64, 8);
+    assert_true(tally_get_u64(buf + 1) == 0x0102030405060708ull);
+    tally_put_u32(buf + 9, 0xa1b2c3d4u);
+    assert_memory_equal(buf + 9, want32, 4);
+    assert_true(tally_get_u32(buf + 9) == 0xa1b2c3d4u);
+    tally_put_u16(buf + 13, 0xbeefu);
+    assert_int_equal(buf[13], 0xef);
+    assert_int_equal(buf[14], 0xbe);
+    assert_int_equal(tally_get_u16(buf + 13), 0xbeef);
+    assert_int_equal(buf[0], 0); /* nothing written outside */
+    assert_int_equal(buf[15], 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_le_helpers),
         cmocka_unit_test(test_status_names),
         cmocka_unit_test(test_op_dtype_pred_names),
         cmocka_unit_test(test_req_round_trip),
