@@ -16,7 +16,11 @@
  *
  * Nothing blocks forever: every wait is bounded by the client's timeout and reports
  * TALLY_E_TIMEOUT. The socket sets ZMQ_IMMEDIATE, so a request is never queued toward a
- * daemon that is not connected (a DEALER would otherwise hold it until one appears).
+ * daemon that is not connected (a DEALER would otherwise hold it until one appears). The other
+ * side of that option: when the connection breaks (tallyd stops or restarts), ZeroMQ drops the
+ * replies this client has received but not yet read, so a request tallyd answered can still
+ * end in TALLY_E_TIMEOUT here. Read replies as they come; on a stream, the seq rules
+ * (PROTOCOL.md) tell what was applied.
  *
  * Buffers holding elements (inputs, reply payloads, tally_run outputs) are little-endian
  * element arrays exactly as on the wire, that is plain C arrays on the little-endian hosts
