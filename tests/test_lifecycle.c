@@ -105,7 +105,15 @@ static void *connect_non_reader(void *ctx, const char *endpoint)
 #define PING_EVERY 250
 #define PINGS_AFTER 20
 #define PINGS_PER_ROUND (SLOW_REQUESTS / PING_EVERY + PINGS_AFTER)
-#define PING_MAX_US 100000 /* the promise: each ping answered within 100 ms */
+/* The promise: each ping answered within 100 ms. Under AddressSanitizer on the 2-core CI machine,
+ * with another suite running beside it, single pings were seen at 40-64 ms and, about one run in
+ * ten, over 100 ms (2026-11-23): the sanitizer build checks memory, not latency, so it allows
+ * 250 ms; the plain build keeps the promise's figure. */
+#ifdef __SANITIZE_ADDRESS__
+#define PING_MAX_US 250000
+#else
+#define PING_MAX_US 100000
+#endif
 
 /* One round: SLOW_REQUESTS hist requests from the non-reader, a timed ping from the other
  * client every PING_EVERY of them and PINGS_AFTER more after; the round trips go to rtt. */
