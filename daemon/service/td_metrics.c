@@ -91,18 +91,49 @@ static void label_value(char *out, size_t cap, const char *name, size_t len)
     out[at] = '\0';
 }
 
-typedef struct {
-    uint64_t values, bytes, requests;
-} stream_sums_t;
+/* The per-stream counter families: each is rendered whole under its HELP and TYPE (a parser
+ * reads a sample whose family is not the current one as an untyped family of its own). */
+typedef enum { STREAM_VALUES, STREAM_BYTES, STREAM_REQUESTS, STREAM_FAMILIES } stream_family_t;
 
-static void emit_stream(out_t *o, const char *label, const stream_sums_t *v)
+static const char *const stream_family_head[STREAM_FAMILIES] = {
+    "# HELP tallyd_stream_values_total Elements applied to the stream (since it was created or "
+    "reset), per stream; streams beyond metrics_streams are summed as "
+    "stream=\"" TD_METRICS_OTHER_STREAMS "\".\n"
+    "# TYPE tallyd_stream_values_total counter\n",
+    "# HELP tallyd_stream_bytes_total Payload bytes applied to the stream, per stream.\n"
+    "# TYPE tallyd_stream_bytes_total counter\n",
+    "# HELP tallyd_stream_requests_total Requests that named the stream, per stream.\n"
+    "# TYPE tallyd_stream_requests_total counter\n",
+};
+static const char *const stream_family_name[STREAM_FAMILIES] = {
+    "tallyd_stream_values_total", "tallyd_stream_bytes_total", "tallyd_stream_requests_total"};
+
+static uint64_t stream_counter(const td_stream_t *s, stream_family_t f)
 {
-    emit(o,
-         "tallyd_stream_values_total{stream=\"%s\"} %llu\n"
-         "tallyd_stream_bytes_total{stream=\"%s\"} %llu\n"
-         "tallyd_stream_requests_total{stream=\"%s\"} %llu\n",
-         label, (unsigned long long)v->values, label, (unsigned long long)v->bytes, label,
-         (unsigned long long)v->requests);
+    return f == STREAM_VALUES ? s->info.elements : f == STREAM_BYTES ? s->info.bytes : s->requests;
+}
+
+/* One family: the first metrics_streams streams by name, the rest summed. */
+static void render_stream_family(const td_gauges_t *g, stream_family_t f, out_t *o)
+{
+    emit(o, "%s", stream_family_head[f]);
+    unsigned n = 0;
+    uint64_t other = 0;
+    bool any_other = false;
+    for (td_stream_t *s = td_streams_first(g->streams); s; s = s->list_next, n++) {
+        if (n >= g->metrics_streams) {
+            other += stream_counter(s, f);
+            any_other = true;
+            continue;
+        }
+        char label[2 * TALLY_STREAM_NAME_MAX + 1];
+        label_value(label, sizeof label, s->name, s->name_len);
+        emit(o, "%s{stream=\"%s\"} %llu\n", stream_family_name[f], label,
+             (unsigned long long)stream_counter(s, f));
+    }
+    if (any_other)
+        emit(o, "%s{stream=\"" TD_METRICS_OTHER_STREAMS "\"} %llu\n", stream_family_name[f],
+             (unsigned long long)other);
 }
 
 /* At most metrics_streams + 1 label values per metric, however many streams exist. */
@@ -110,33 +141,8 @@ static void render_streams(const td_gauges_t *g, out_t *o)
 {
     if (!g->streams)
         return;
-    emit(o,
-         "# HELP tallyd_stream_values_total Elements applied to the stream (since it was created "
-         "or reset), per stream; streams beyond metrics_streams are summed as "
-         "stream=\"" TD_METRICS_OTHER_STREAMS "\".\n"
-         "# TYPE tallyd_stream_values_total counter\n"
-         "# HELP tallyd_stream_bytes_total Payload bytes applied to the stream, per stream.\n"
-         "# TYPE tallyd_stream_bytes_total counter\n"
-         "# HELP tallyd_stream_requests_total Requests that named the stream, per stream.\n"
-         "# TYPE tallyd_stream_requests_total counter\n");
-    unsigned n = 0;
-    stream_sums_t other = {0};
-    bool any_other = false;
-    for (td_stream_t *s = td_streams_first(g->streams); s; s = s->list_next, n++) {
-        stream_sums_t v = {s->info.elements, s->info.bytes, s->requests};
-        if (n >= g->metrics_streams) {
-            other.values += v.values;
-            other.bytes += v.bytes;
-            other.requests += v.requests;
-            any_other = true;
-            continue;
-        }
-        char label[2 * TALLY_STREAM_NAME_MAX + 1];
-        label_value(label, sizeof label, s->name, s->name_len);
-        emit_stream(o, label, &v);
-    }
-    if (any_other)
-        emit_stream(o, TD_METRICS_OTHER_STREAMS, &other);
+    for (stream_family_t f = 0; f < STREAM_FAMILIES; f++)
+        render_stream_family(g, f, o);
 }
 
 /* The process_* metrics every Prometheus client library exports, from getrusage and /proc. */
