@@ -10,7 +10,10 @@ parsed by prometheus_client.parser.text_string_to_metric_families and checked:
     TYPE), every family tallyd documents is there with its type;
   - the per-stream counters and the "(other streams)" sum have their exact values; label
     escaping round-trips;
-  - `tally stats` (the stats opcode) has the same families, types and per-stream samples.
+  - `tally stats` (the stats opcode) has the same families, types and per-stream samples;
+  - each stream's histogram (tallyd_stream_values_bucket/_sum/_count, per channel for rgb): 16
+    buckets (+ underflow, + +Inf), each counting exactly the values <= le, _sum by the README's
+    rule, and PromQL's histogram_quantile of p50/p90/p99 within one bucket of `tally query`'s.
 dashboard: contrib/grafana/tallyd-dashboard.json parses, and every metric its panels and
 variables name is a sample name of the exposition; contrib/prometheus/prometheus.yml names
 tallyd's scrape path.
@@ -33,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 TALLYD, TALLY, SRC = sys.argv[2], sys.argv[3], sys.argv[4]
 
 # Every family tallyd exports, with its type, in this test's configuration (CURVE on, one
-# simulated GPU, streams with histograms).
+# simulated GPU, streams with histograms); other families may come, typed and whole too.
 FAMILIES = {
     "tallyd_build_info": "gauge",
     "tallyd_requests": "counter",
@@ -65,9 +68,9 @@ FAMILIES = {
     "tallyd_gpus_lost": "gauge",
     "tallyd_draining": "gauge",
     "tallyd_pub_messages": "counter",
-    "tallyd_stream_values_total": "counter",  # the parser keys counters without _total
     "tallyd_stream_bytes": "counter",
     "tallyd_stream_requests": "counter",
+    "tallyd_stream_values": "histogram",
     "process_cpu_seconds": "counter",
     "process_resident_memory_bytes": "gauge",
     "process_virtual_memory_bytes": "gauge",
@@ -75,8 +78,10 @@ FAMILIES = {
     "process_max_fds": "gauge",
     "process_start_time_seconds": "gauge",
 }
-# The counter tallyd_stream_values_total is the family "tallyd_stream_values" to the parser.
-FAMILIES["tallyd_stream_values"] = FAMILIES.pop("tallyd_stream_values_total")
+
+# The parser names a counter family without _total: tallyd_stream_values_total is the counter
+# "tallyd_stream_values", beside the histogram of that name.
+FAMILIES = sorted(FAMILIES.items()) + [("tallyd_stream_values", "counter")]
 
 ODD = 'q"\\'  # a stream name that needs escaping in a label value
 
@@ -186,6 +191,11 @@ def feed(d, streams):
 
 
 def parse(text, what):
+    heads = [" ".join(line.split()[:3]) for line in text.splitlines() if line.startswith("# ")]
+    twice = sorted({h for h in heads if heads.count(h) > 1})
+    if twice:
+        fail("%s: lines given twice (the text format allows one HELP and one TYPE per family): %s"
+             % (what, twice))
     families = {}
     for fam in text_string_to_metric_families(text):
         if fam.type in ("untyped", "unknown"):
@@ -214,7 +224,7 @@ def value(families, sample_name, **labels):
 
 def check_families(families, what):
     names = by_name(families)
-    for name, typ in FAMILIES.items():
+    for name, typ in FAMILIES:
         if typ not in names.get(name, {}):
             fail("%s: family %s (%s) missing; there: %s" % (what, name, typ, names.get(name)))
 
@@ -256,6 +266,121 @@ def check_stats_same(d, scraped):
              % (stream_samples(stats) ^ stream_samples(scraped)))
 
 
+def edge(lo, hi, b):
+    """The lower edge of bin b over [lo, hi) (PROTOCOL.md; tally_hist_edge_at)."""
+    return lo + (b * (hi - lo) + 255) // 256
+
+
+def histograms(families):
+    """{(stream, channel or None): {"buckets": [(le, count)...], "sum": x, "count": n}}"""
+    out = {}
+    fam = families.get(("tallyd_stream_values", "histogram"))
+    if fam is None:
+        fail("no tallyd_stream_values histogram family")
+    for smp in fam.samples:
+        key = (smp.labels["stream"], smp.labels.get("channel"))
+        h = out.setdefault(key, {"buckets": []})
+        if smp.name.endswith("_bucket"):
+            h["buckets"].append((float(smp.labels["le"]), smp.value))
+        else:
+            h[smp.name.rsplit("_", 1)[1]] = smp.value
+    return out
+
+
+def promql_quantile(q, buckets):
+    """histogram_quantile as Prometheus computes it (promql/quantile.go, bucketQuantile):
+    linear interpolation inside the bucket holding rank q x count; the first bucket starts at 0
+    unless its upper bound is <= 0; in +Inf the answer is the last finite bound."""
+    rank = q * buckets[-1][1]
+    b = next(i for i, (_, c) in enumerate(buckets) if c >= rank)
+    if b == len(buckets) - 1:
+        return buckets[-2][0]
+    if b == 0 and buckets[0][0] <= 0:
+        return buckets[0][0]
+    start, end, count = 0.0, buckets[b][0], buckets[b][1]
+    if b > 0:
+        start = buckets[b - 1][0]
+        count -= buckets[b - 1][1]
+        rank -= buckets[b - 1][1]
+    return start + (end - start) * (rank / count)
+
+
+def bucket_index(buckets, v):
+    return next(i for i, (le, _) in enumerate(buckets) if v <= le)
+
+
+def expected_sum(values, lo, hi, ranged):
+    """_sum's rule (README, Metrics): in-range values at the centre of their bin's integers,
+    underflow at lo - 1, overflow at hi; exact for u8 and colour channels."""
+    if not ranged:
+        return sum(values)
+    total = 0.0
+    for v in values:
+        if v < lo:
+            total += lo - 1
+        elif v >= hi:
+            total += hi
+        else:
+            b = (v - lo) * 256 // (hi - lo)
+            total += (edge(lo, hi, b) + edge(lo, hi, b + 1) - 1) / 2
+    return total
+
+
+def tally_quantiles(d, name, channel):
+    q = json.loads(d.tally("query", "--json", name).stdout)
+    if channel is not None:
+        q = next(c for c in q["channels"] if c["channel"] == channel)
+    out = {}
+    for key, v in q["quantiles"].items():
+        out[float(key[1:]) / 100] = v["value"] if isinstance(v, dict) else v
+    return out
+
+
+def check_histogram(d, name, channel, values, hist, h, buckets_setting):
+    ranged = hist[1] in ("u16", "i32")
+    lo, hi = (int(hist[3]), int(hist[4])) if ranged else (0, 256)
+    bk = h["buckets"]
+    what = "tallyd_stream_values{stream=%r,channel=%r}" % (name, channel)
+    les = [le for le, _ in bk]
+    if les != sorted(set(les)) or les[-1] != float("inf"):
+        fail("%s: le not increasing up to +Inf: %s" % (what, les))
+    least = {"u16": 0, "i32": -2**31}.get(hist[1], 0)
+    underflow_bucket = ranged and lo > least
+    if len(bk) != buckets_setting + 1 + underflow_bucket:
+        fail("%s: %d buckets, want %d folded + +Inf%s"
+             % (what, len(bk), buckets_setting, " + underflow" if underflow_bucket else ""))
+    for le, count in bk:
+        want = sum(1 for v in values if v <= le)
+        if count != want:
+            fail("%s: bucket le=%g holds %d, want %d values <= le" % (what, le, count, want))
+    if h["count"] != len(values) or abs(h["sum"] - expected_sum(values, lo, hi, ranged)) > 1e-6:
+        fail("%s: _count %d _sum %r, want %d and %r"
+             % (what, h["count"], h["sum"], len(values), expected_sum(values, lo, hi, ranged)))
+    for q, v in tally_quantiles(d, name, channel).items():
+        est = promql_quantile(q, bk)
+        if abs(bucket_index(bk, est) - bucket_index(bk, v)) > 1:
+            fail("%s: histogram_quantile(%g) = %g, tally query says %d: more than one bucket "
+                 "apart (buckets %s)" % (what, q, est, v, bk))
+        print("%-40s q%-5g tally query %6d  histogram_quantile %9.2f" % (what, q, v, est))
+
+
+def check_histograms(d, families, streams, buckets_setting):
+    hs = histograms(families)
+    seen = 0
+    for name, hist, _, values in streams[:-1]:
+        if hist is None:
+            if any(k[0] == name for k in hs):
+                fail("stream %r has no histogram but histogram series" % name)
+            continue
+        channels = ["r", "g", "b"] if hist[1] == "rgb" else [None]
+        for c, channel in enumerate(channels):
+            vals = values[c::3] if channel else values
+            check_histogram(d, name, channel, vals, hist, hs[(name, channel)], buckets_setting)
+            seen += 1
+    if seen != len(hs):
+        fail("histograms for streams the test did not expect: %s" % sorted(hs))
+
+
 def exposition(tmp):
     streams = known_data()
     d = Daemon(tmp, ["--metrics-streams", str(len(streams) - 1)])
@@ -265,11 +390,92 @@ def exposition(tmp):
         families = parse(text, "GET /metrics")
         check_families(families, "GET /metrics")
         check_stream_counters(families, streams)
-        check_stats_same(d, families)
+        check_stats_same(d, families)  # before the queries below, which count as requests
+        check_histograms(d, families, streams, 16)
         print("GET /metrics: %d families, %d samples, all typed and grouped"
               % (len(families), sum(len(f.samples) for f in families.values())))
     finally:
         d.stop()
+
+
+def promql_of(dashboard):
+    """(where, expression) for every query of the panels (rows' included) and variables."""
+    out = []
+    panels = list(dashboard["panels"])
+    while panels:
+        p = panels.pop(0)
+        panels += p.get("panels", [])
+        for t in p.get("targets", []):
+            out.append(("panel %r" % p.get("title"), t["expr"]))
+    for v in dashboard["templating"]["list"]:
+        if v.get("type") == "query":
+            q = v["query"]
+            out.append(("variable %r" % v["name"], q["query"] if isinstance(q, dict) else q))
+    return out
+
+
+def check_dashboard(sample_names):
+    path = os.path.join(SRC, "contrib", "grafana", "tallyd-dashboard.json")
+    with open(path) as f:
+        dashboard = json.load(f)
+    ids = [p["id"] for p in dashboard["panels"]]
+    if len(ids) != len(set(ids)) or not ids:
+        fail("%s: panel ids missing or repeated: %s" % (path, ids))
+    named = set()
+    for where, expr in promql_of(dashboard):
+        metrics = set(re.findall(r"\b(?:tallyd|process)_[a-zA-Z0-9_]+\b", expr))
+        if not metrics:
+            fail("%s: %s queries no tallyd metric: %s" % (path, where, expr))
+        unknown = metrics - sample_names
+        if unknown:
+            fail("%s: %s names %s, which tallyd does not export" % (path, where, sorted(unknown)))
+        named |= metrics
+    for panel in dashboard["panels"]:
+        if not panel.get("targets"):
+            fail("%s: panel %r has no query" % (path, panel.get("title")))
+    # What the dashboard is for: request rates, latency, bytes, in flight, streams' quantiles.
+    for want in ("tallyd_requests_total", "tallyd_request_duration_seconds_bucket",
+                 "tallyd_received_bytes_total", "tallyd_sent_bytes_total",
+                 "tallyd_requests_in_flight", "tallyd_stream_values_bucket"):
+        if want not in named:
+            fail("%s: no panel shows %s" % (path, want))
+    stream_panels = [e for _, e in promql_of(dashboard)
+                     if "histogram_quantile" in e and "tallyd_stream_values_bucket" in e
+                     and "$stream" in e]
+    if not stream_panels:
+        fail("%s: no histogram_quantile panel over tallyd_stream_values_bucket{stream=~$stream}"
+             % path)
+    if "stream" not in [v["name"] for v in dashboard["templating"]["list"]]:
+        fail("%s: no stream variable" % path)
+    print("%s: %d panels, %d metrics named, all exported" % (path, len(ids), len(named)))
+
+
+def check_scrape_example():
+    import yaml  # python3-yaml
+
+    path = os.path.join(SRC, "contrib", "prometheus", "prometheus.yml")
+    with open(path) as f:
+        text = f.read()
+    job = next(j for j in yaml.safe_load(text)["scrape_configs"] if j["job_name"] == "tallyd")
+    if job.get("metrics_path", "/metrics") != "/metrics" or "# basic_auth:" not in text:
+        fail("%s: the tallyd job scrapes %r; basic auth not shown" % (path, job.get("metrics_path")))
+    target = job["static_configs"][0]["targets"][0]
+    if target != "127.0.0.1:9464":  # the documented example address
+        fail("%s: target %s" % (path, target))
+
+
+def dashboard(tmp):
+    streams = known_data()
+    d = Daemon(tmp, [])
+    try:
+        feed(d, streams)
+        text = d.scrape()
+    finally:
+        d.stop()
+    families = parse(text, "GET /metrics")
+    names = {smp.name for fam in families.values() for smp in fam.samples}
+    check_dashboard(names)
+    check_scrape_example()
 
 
 def main():
@@ -278,6 +484,8 @@ def main():
     try:
         if mode == "exposition":
             exposition(tmp)
+        elif mode == "dashboard":
+            dashboard(tmp)
         else:
             fail("unknown mode " + mode)
     finally:

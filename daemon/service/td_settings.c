@@ -118,6 +118,12 @@ const td_setting_t td_settings[] = {
      .max = TD_METRICS_STREAMS_LIMIT, .reload = TD_RELOAD_APPLIES,
      .help = "streams with their own `stream` label (the first ones created); the rest are summed "
              "as stream=\"" TD_METRICS_OTHER_STREAMS "\""},
+    {.option = "metrics-histogram-buckets", .arg = "N", .section = "metrics",
+     .key = "histogram_buckets", .type = TD_SET_UINT, .offset = FIELD(metrics_histogram_buckets),
+     .def = TD_DEFAULT_METRICS_HISTOGRAM_BUCKETS, .max = TALLY_HIST_BINS,
+     .reload = TD_RELOAD_APPLIES,
+     .help = "buckets of each labelled stream's Prometheus histogram (tallyd_stream_values_bucket), "
+             "folded from its 256 bins; 0: no per-stream histograms"},
     {.option = "metrics-request-timeout-ms", .arg = "MS", .section = "metrics",
      .key = "request_timeout_ms", .type = TD_SET_UINT, .offset = FIELD(metrics_request_timeout_ms),
      .def = TD_DEFAULT_METRICS_REQUEST_TIMEOUT_MS, .min = TD_METRICS_REQUEST_TIMEOUT_MS_MIN,
