@@ -242,12 +242,19 @@ static void test_busy_connections_refuse_then_expire(void **state)
     start(&d, &port,
           (const char *[]){"--metrics-request-timeout-ms", "1500", "--metrics-max-connections", "2",
                            NULL});
+    /* With Expect: 100-continue, tallyd's "100 Continue" says that the request's headers were
+     * handled: the connection is inside its request. */
     static const char post[] = "POST /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                               "Content-Length: 1000\r\n\r\nx";
+                               "Content-Length: 1000\r\nExpect: 100-continue\r\n\r\n";
     slow_t busy[2];
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2; i++) {
         slow_open_with(&busy[i], i ? "127.0.0.3" : "127.0.0.2", port, post);
-    th_sleep_ms(200);                                         /* both inside their request */
+        char reply[64] = "";
+        struct pollfd p = {.fd = busy[i].fd, .events = POLLIN};
+        assert_int_equal(poll(&p, 1, 5000), 1);
+        assert_true(read(busy[i].fd, reply, sizeof reply - 1) > 0);
+        assert_non_null(strstr(reply, " 100 "));
+    }
     assert_int_equal(probe(port, NULL, "/healthz", NULL), 0); /* refused */
     assert_int_equal(count_closed(busy, 2), 0);
     int64_t t0 = th_now_ms();
