@@ -13,6 +13,7 @@
  * p90 of 10 values is the 9th value, not the 10th that 0.9 * 10 = 9.000000000000002 would give.
  */
 #include "tally.h"
+#include "tally_proto.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -47,8 +48,7 @@ tally_status_t tally_hist_from_info(const tally_stream_info_t *info, unsigned ch
 
 int64_t tally_hist_edge(const tally_hist_t *hist, unsigned b)
 {
-    uint64_t width = (uint64_t)(hist->hi - hist->lo); /* at most 2^32: the product fits */
-    return hist->lo + (int64_t)((b * width + TALLY_HIST_BINS - 1) / TALLY_HIST_BINS);
+    return tally_hist_edge_at(hist->lo, hist->hi, b);
 }
 
 /* The part of the type's domain below and above the range: the underflow and overflow

@@ -249,6 +249,7 @@ static void sample_gauges(void *ctx, td_gauges_t *g)
         .pub_failed = td_pub_failed(s->pub),
         .streams = s->streams,
         .metrics_streams = s->cfg.metrics_streams,
+        .metrics_histogram_buckets = s->cfg.metrics_histogram_buckets,
         .backend = td_exec_backend_name(s->exec),
         .devices = td_exec_devices(s->exec),
         .device_memory_bytes = td_exec_device_bytes(s->exec),

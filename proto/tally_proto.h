@@ -372,6 +372,15 @@ static inline unsigned tally_hist_bin_i32(int32_t x, int64_t lo, int64_t hi)
     return (unsigned)(((uint64_t)((int64_t)x - lo) * TALLY_HIST_BINS) / (uint64_t)(hi - lo));
 }
 
+/* Its inverse: the lower edge of bin b (0 <= b <= 256; edge(256) = hi), the smallest integer
+ * of the bin, lo + ceil(b (hi - lo) / 256); bin b holds the integers [edge(b), edge(b + 1)).
+ * One definition for libtally's summaries and the daemon's Prometheus buckets. */
+static inline int64_t tally_hist_edge_at(int64_t lo, int64_t hi, unsigned b)
+{
+    uint64_t width = (uint64_t)(hi - lo); /* at most 2^32: the product fits */
+    return lo + (int64_t)((b * width + TALLY_HIST_BINS - 1) / TALLY_HIST_BINS);
+}
+
 /* The uint16 histogram's bin without a division, shared by every backend: for d = x - lo in
  * [0, R) with R = hi - lo <= 2^16, bin = floor(256 d / R) = (256 d * mul) >> shift, exactly,
  * where shift = 24 + ceil(log2 R) and mul = ceil(2^shift / R). Why it is exact: with

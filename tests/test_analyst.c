@@ -512,7 +512,18 @@ static char *stats_text(void *sock)
     return (char *)r.payload; /* NUL-terminated by the harness */
 }
 
-/* [metrics] streams changes at reload (SIGHUP): the bound follows at the next scrape. */
+/* Lines of text that start with prefix. */
+static int count_lines(const char *text, const char *prefix)
+{
+    int n = 0;
+    for (const char *line = text; line && *line;
+         line = strchr(line, '\n'), line = line ? line + 1 : NULL)
+        n += strncmp(line, prefix, strlen(prefix)) == 0;
+    return n;
+}
+
+/* [metrics] streams and histogram_buckets change at reload (SIGHUP): the bound and the buckets
+ * follow at the next scrape. */
 static void test_metrics_streams_reload(void **state)
 {
     (void)state;
@@ -521,7 +532,7 @@ static void test_metrics_streams_reload(void **state)
     assert_true(fd >= 0);
     close(fd);
     FILE *f = fopen(path, "w");
-    fprintf(f, "[metrics]\nstreams = 1\n");
+    fprintf(f, "[metrics]\nstreams = 1\nhistogram_buckets = 4\n");
     fclose(f);
     const char *args[] = {"--config", path, NULL};
     th_daemon_t d;
@@ -534,21 +545,29 @@ static void test_metrics_streams_reload(void **state)
     assert_true(sample(m, "tallyd_stream_values_total{stream=\"a\"}") == 1);
     assert_true(sample(m, "tallyd_stream_values_total{stream=\"(other streams)\"}") == 5);
     assert_true(sample(m, "tallyd_stream_values_total{stream=\"b\"}") == -1);
+    /* Four buckets of 64 bytes, +Inf, and only the labelled stream's. */
+    assert_int_equal(count_lines(m, "tallyd_stream_values_bucket{"), 5);
+    assert_true(sample(m, "tallyd_stream_values_bucket{stream=\"a\",le=\"63\"}") == 1);
+    assert_true(sample(m, "tallyd_stream_values_bucket{stream=\"a\",le=\"255\"}") == 1);
+    assert_true(sample(m, "tallyd_stream_values_sum{stream=\"a\"}") == 1);
     free(m);
     f = fopen(path, "w");
-    fprintf(f, "[metrics]\nstreams = 3\n");
+    fprintf(f, "[metrics]\nstreams = 3\nhistogram_buckets = 0\n");
     fclose(f);
     assert_int_equal(kill(d.pid, SIGHUP), 0);
     bool applied = false;
     for (double start = now_s(); !applied && now_s() - start < 10; usleep(20000)) {
         m = stats_text(sock);
         applied = sample(m, "tallyd_stream_values_total{stream=\"c\"}") == 3;
-        if (applied)
+        if (applied) {
             assert_null(strstr(m, "{stream=\"(other streams)\"}"));
+            assert_int_equal(count_lines(m, "tallyd_stream_values_bucket{"), 0);
+        }
         free(m);
     }
     assert_true(applied);
     assert_true(th_daemon_log_contains(&d, "reload: metrics streams: 1 -> 3"));
+    assert_true(th_daemon_log_contains(&d, "reload: metrics histogram_buckets: 4 -> 0"));
     assert_int_equal(th_close_and_stop(sock, &d, 10000), 0);
     unlink(path);
 }

@@ -173,9 +173,25 @@
 #define TD_PUB_SNDHWM 1000 /* messages queued per subscriber before ZeroMQ drops them */
 /* Per-stream Prometheus series (td_metrics.c): the first this many streams, in creation order,
  * get their own `stream` label; the rest are summed under stream="(other streams)", so a scrape has
- * at most (metrics_streams + 1) x 3 per-stream series however many streams exist. */
+ * at most (metrics_streams + 1) x 3 per-stream counters however many streams exist (and the
+ * labelled streams' histograms, below). */
 #define TD_DEFAULT_METRICS_STREAMS 100u
 #define TD_METRICS_STREAMS_LIMIT 10000u
+/* Per-stream Prometheus histograms (tallyd_stream_values): each stream's 256 bins folded into
+ * this many buckets, so a histogram is at most buckets + 4 series (an underflow bucket, +Inf,
+ * _sum, _count) per channel: 20 with the default, 80 for an rgba8 stream. */
+#define TD_DEFAULT_METRICS_HISTOGRAM_BUCKETS 16u
+/* The HTTP port's guard (td_http_guard.h): a deadline for each whole request, and connections
+ * per address and in total. 5 s is well above a scrape's time (a render is milliseconds; a
+ * scrape waits at most TD_METRICS_WAIT_MS for a busy loop) and short enough that slow
+ * connections come and go. Each connection holds a descriptor: 256 and the slack fit the usual
+ * soft limit of 1024 beside ZeroMQ's. */
+#define TD_DEFAULT_METRICS_REQUEST_TIMEOUT_MS 5000u
+#define TD_METRICS_REQUEST_TIMEOUT_MS_MIN 100u
+#define TD_METRICS_REQUEST_TIMEOUT_MS_LIMIT 600000u
+#define TD_DEFAULT_METRICS_MAX_CONNECTIONS 256u
+#define TD_DEFAULT_METRICS_MAX_CONNECTIONS_PER_ADDRESS 16u
+#define TD_METRICS_MAX_CONNECTIONS_LIMIT 4096u
 
 typedef enum {
     TD_BACKEND_AUTO = 0,
@@ -233,6 +249,12 @@ typedef struct {
     char *metrics_auth_file; /* owned; USER:PASSWORD for the metrics endpoint's basic auth */
     int argc;                /* the command line, kept so SIGHUP can re-apply it (borrowed) */
     char **argv;
+    /* The HTTP port's guard (td_http_guard.h): the deadline for each whole request, and the
+     * connections at once in total and from one address (an IPv6 /64 counts as one). */
+    unsigned metrics_request_timeout_ms;
+    unsigned metrics_max_connections;
+    unsigned metrics_max_connections_per_address;
+    unsigned metrics_histogram_buckets; /* per-stream Prometheus histogram buckets; 0 = none */
 } td_config_t;
 
 /* Fills *cfg with the defaults. */

@@ -21,6 +21,11 @@
  * Shutdown: MHD_stop_daemon joins MHD's thread, which may be waiting for the loop thread — the
  * very thread calling MHD_stop_daemon. So `closing` is set and broadcast first; a waiting
  * handler then answers 503 at once and the join cannot deadlock.
+ *
+ * Slow and many connections: td_http_guard.c gives every request a deadline and bounds the
+ * connections per address and in total; this file hands it libmicrohttpd's callbacks. One MHD
+ * thread (epoll) serves every connection: a slow one costs it nothing while it waits, and
+ * MHD's messages about them are rate-limited (log_mhd) so that a flood cannot fill the journal.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -38,12 +43,17 @@
 #include "td_config.h"
 #include "tally_args.h"
 #include "td_http.h"
+#include "td_http_guard.h"
 #include "td_log.h"
 
 #define CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
+/* libmicrohttpd's messages: at most this many per LOG_WINDOW_NS, then a count of the rest. */
+#define LOG_BURST 5
+#define LOG_WINDOW_NS (10ull * 1000000000ull)
 
 struct td_http {
     struct MHD_Daemon *mhd;
+    td_http_guard_t *guard;
     uv_async_t async;
     td_http_render_fn render;
     td_http_health_fn health;
@@ -66,6 +76,11 @@ struct td_http {
     /* HTTP basic auth (--metrics-auth-file): empty user = none. Read-only after start. */
     char user[128];
     char password[256];
+
+    pthread_mutex_t log_lock; /* guards the rate limit of log_mhd */
+    uint64_t log_window_ns;   /* the start of the current window */
+    unsigned log_lines;       /* lines written in it */
+    unsigned long long log_dropped;
 };
 
 /* Resolves "HOST:PORT" or "[IPv6]:PORT" (a name, an IPv4 or IPv6 address; port 0 picks one)
@@ -275,6 +290,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     td_http_t *self = cls;
     if (*con_cls == NULL) { /* first call: headers only; answer on the next */
         *con_cls = self;
+        td_http_guard_request(self->guard, conn);
         return MHD_YES;
     }
     if (*upload_size) { /* a body we do not want */
@@ -325,16 +341,42 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     return rc;
 }
 
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* libmicrohttpd's messages (one per connection that a peer or the guard cut short, one per
+ * connection refused): LOG_BURST per window, and how many were left out. */
 static void log_mhd(void *cls, const char *fmt, va_list ap)
 {
-    (void)cls;
+    td_http_t *self = cls;
+    uint64_t now = mono_ns();
+    unsigned long long dropped = 0;
+    pthread_mutex_lock(&self->log_lock);
+    if (now - self->log_window_ns >= LOG_WINDOW_NS) {
+        dropped = self->log_dropped;
+        self->log_dropped = 0;
+        self->log_lines = 0;
+        self->log_window_ns = now;
+    }
+    bool write = self->log_lines < LOG_BURST;
+    self->log_lines += write;
+    self->log_dropped += !write;
+    pthread_mutex_unlock(&self->log_lock);
+    if (dropped)
+        td_warn("metrics http: %llu more messages from libmicrohttpd left out", dropped);
+    if (!write)
+        return;
     char line[512];
     vsnprintf(line, sizeof line, fmt, ap);
     line[strcspn(line, "\n")] = '\0';
     td_warn("metrics http: %s", line);
 }
 
-/* The lock and condition variable the HTTP thread and the loop thread share. */
+/* The locks and the condition variable the HTTP thread and the loop thread share. */
 static td_err_t init_sync(td_http_t *self)
 {
     int rc = pthread_mutex_init(&self->lock, NULL);
@@ -343,6 +385,13 @@ static td_err_t init_sync(td_http_t *self)
         if (rc != 0)
             pthread_mutex_destroy(&self->lock);
     }
+    if (rc == 0) {
+        rc = pthread_mutex_init(&self->log_lock, NULL);
+        if (rc != 0) {
+            pthread_cond_destroy(&self->done);
+            pthread_mutex_destroy(&self->lock);
+        }
+    }
     if (rc != 0) {
         td_err("metrics: cannot create a lock: %s", strerror(rc));
         return TD_ERR_LIBRARY;
@@ -350,17 +399,31 @@ static td_err_t init_sync(td_http_t *self)
     return TD_OK;
 }
 
-/* MHD's own thread, listening at ss. */
-static td_err_t start_mhd(td_http_t *self, const char *listen, const struct sockaddr_storage *ss)
+static void destroy_sync(td_http_t *self)
+{
+    pthread_mutex_destroy(&self->log_lock);
+    pthread_cond_destroy(&self->done);
+    pthread_mutex_destroy(&self->lock);
+}
+
+/* MHD's own thread, listening at ss, with the guard's callbacks and limits. */
+static td_err_t start_mhd(td_http_t *self, const char *listen, const struct sockaddr_storage *ss,
+                          unsigned deadline_ms)
 {
     /* AUTO: epoll or poll rather than select, which fails on fds above 1023. */
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
     if (ss->ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    self->mhd = MHD_start_daemon(flags, 0, NULL, NULL, handle, self, MHD_OPTION_EXTERNAL_LOGGER,
-                                 log_mhd, NULL, MHD_OPTION_SOCK_ADDR, (const struct sockaddr *)ss,
-                                 MHD_OPTION_CONNECTION_LIMIT, 16u, MHD_OPTION_CONNECTION_TIMEOUT,
-                                 10u, MHD_OPTION_END);
+    /* MHD's idle timeout is only a backstop: the guard's deadline comes first. */
+    unsigned idle_s = deadline_ms / 1000 + 1;
+    td_http_guard_t *g = self->guard;
+    self->mhd = MHD_start_daemon(
+        flags, 0, td_http_guard_accept, g, handle, self, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, self,
+        MHD_OPTION_SOCK_ADDR, (const struct sockaddr *)ss, MHD_OPTION_CONNECTION_LIMIT,
+        td_http_guard_mhd_limit(g), MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+        td_http_guard_mhd_per_ip_limit(g), MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
+        MHD_OPTION_NOTIFY_CONNECTION, td_http_guard_notify, g, MHD_OPTION_NOTIFY_COMPLETED,
+        td_http_guard_completed, g, MHD_OPTION_END);
     if (!self->mhd) {
         td_err("metrics: cannot listen on %s: %s", listen, strerror(errno));
         return TD_ERR_BIND;
@@ -370,9 +433,27 @@ static td_err_t start_mhd(td_http_t *self, const char *listen, const struct sock
     return TD_OK;
 }
 
-td_err_t td_http_new(uv_loop_t *loop, const char *listen, const char *auth_file,
-                     td_http_render_fn render, td_http_health_fn health, void *ctx, td_http_t **out)
+/* The guard, then MHD's thread. */
+static td_err_t start_serving(td_http_t *self, const td_config_t *cfg,
+                              const struct sockaddr_storage *ss)
 {
+    td_http_limits_t limits = {
+        .max_connections = cfg->metrics_max_connections,
+        .max_per_address = cfg->metrics_max_connections_per_address,
+        .deadline_ms = cfg->metrics_request_timeout_ms,
+    };
+    td_err_t err = td_http_guard_new(&limits, &self->guard);
+    if (err == TD_OK)
+        err = start_mhd(self, cfg->metrics_listen, ss, limits.deadline_ms);
+    if (err != TD_OK)
+        td_http_guard_destroy(&self->guard);
+    return err;
+}
+
+td_err_t td_http_new(uv_loop_t *loop, const td_config_t *cfg, td_http_render_fn render,
+                     td_http_health_fn health, void *ctx, td_http_t **out)
+{
+    const char *listen = cfg->metrics_listen;
     struct sockaddr_storage ss;
     if (!parse_listen(listen, &ss)) {
         td_err("metrics: '%s' is not IP:PORT or HOST:PORT (e.g. 127.0.0.1:9464, [::1]:9464, "
@@ -384,6 +465,7 @@ td_err_t td_http_new(uv_loop_t *loop, const char *listen, const char *auth_file,
     if (!self)
         return TD_ERR_NOMEM;
     bool synced = false;
+    const char *auth_file = cfg->metrics_auth_file;
     td_err_t err = auth_file ? read_auth_file(self, auth_file) : TD_OK;
     if (err == TD_OK)
         err = init_sync(self);
@@ -397,7 +479,7 @@ td_err_t td_http_new(uv_loop_t *loop, const char *listen, const char *auth_file,
     self->render = render;
     self->health = health;
     self->ctx = ctx;
-    err = start_mhd(self, listen, &ss);
+    err = start_serving(self, cfg, &ss);
     if (err != TD_OK)
         goto fail;
     /* Last, so that a failure above leaves no libuv handle to close. Until `ready` is set a
@@ -406,6 +488,7 @@ td_err_t td_http_new(uv_loop_t *loop, const char *listen, const char *auth_file,
     if (rc != 0) {
         td_err("metrics: cannot create the loop's wake-up handle: %s", uv_strerror(rc));
         MHD_stop_daemon(self->mhd);
+        td_http_guard_destroy(&self->guard);
         err = TD_ERR_LIBRARY;
         goto fail;
     }
@@ -420,10 +503,8 @@ td_err_t td_http_new(uv_loop_t *loop, const char *listen, const char *auth_file,
 
 fail:
     explicit_bzero(self->password, sizeof self->password);
-    if (synced) {
-        pthread_cond_destroy(&self->done);
-        pthread_mutex_destroy(&self->lock);
-    }
+    if (synced)
+        destroy_sync(self);
     free(self);
     return err;
 }
@@ -436,8 +517,7 @@ unsigned td_http_port(const td_http_t *self)
 static void free_after_close(uv_handle_t *handle)
 {
     td_http_t *self = handle->data;
-    pthread_cond_destroy(&self->done);
-    pthread_mutex_destroy(&self->lock);
+    destroy_sync(self);
     free(self->text);
     free(self);
 }
@@ -451,7 +531,8 @@ void td_http_destroy(td_http_t **self_p)
     self->closing = true;
     pthread_cond_broadcast(&self->done);
     pthread_mutex_unlock(&self->lock);
-    MHD_stop_daemon(self->mhd);
+    MHD_stop_daemon(self->mhd); /* closes every connection: the guard has nothing left */
+    td_http_guard_destroy(&self->guard);
     uv_close((uv_handle_t *)&self->async, free_after_close);
     *self_p = NULL;
 }

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <uv.h>
 
+#include "td_config.h"
 #include "td_err.h"
 
 /* Renders the metrics text on the loop thread: a malloc'ed, NUL-terminated string. */
@@ -20,14 +21,15 @@ typedef bool (*td_http_health_fn)(void *ctx, const char **why);
 
 typedef struct td_http td_http_t;
 
-/* Starts serving on listen ("IP:PORT", "[IPv6]:PORT"; port 0 picks a free one, which is
- * logged). render runs on loop's thread whenever a scrape arrives. With auth_file (USER:PASSWORD,
- * mode 0600; may be NULL) every scrape must present those credentials (HTTP basic auth, else
- * 401). Fails, with the reason logged at err: TD_ERR_BIND when listen cannot be resolved or
- * bound, TD_ERR_IO when the auth file cannot be used, TD_ERR_NOMEM, TD_ERR_LIBRARY. */
-td_err_t td_http_new(uv_loop_t *loop, const char *listen, const char *auth_file,
-                     td_http_render_fn render, td_http_health_fn health, void *ctx,
-                     td_http_t **out);
+/* Starts serving on cfg->metrics_listen ("IP:PORT", "[IPv6]:PORT"; port 0 picks a free one,
+ * which is logged), with the request deadline and connection bounds of cfg (td_http_guard.h).
+ * render runs on loop's thread whenever a scrape arrives. With cfg->metrics_auth_file
+ * (USER:PASSWORD, mode 0600; may be NULL) every scrape must present those credentials (HTTP
+ * basic auth, else 401). Fails, with the reason logged at err: TD_ERR_BIND when listen cannot be
+ * resolved or bound, TD_ERR_IO when the auth file cannot be used, TD_ERR_NOMEM,
+ * TD_ERR_LIBRARY. */
+td_err_t td_http_new(uv_loop_t *loop, const td_config_t *cfg, td_http_render_fn render,
+                     td_http_health_fn health, void *ctx, td_http_t **out);
 /* The port actually bound. */
 unsigned td_http_port(const td_http_t *self);
 /* Loop thread: stops the HTTP thread (answering any waiting scrape with 503) and closes the

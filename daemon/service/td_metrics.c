@@ -3,6 +3,7 @@
  * prefix, _total for counters, base units: seconds and bytes).
  */
 #include <dirent.h>
+#include <stdint.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -91,18 +92,123 @@ static void label_value(char *out, size_t cap, const char *name, size_t len)
     out[at] = '\0';
 }
 
-typedef struct {
-    uint64_t values, bytes, requests;
-} stream_sums_t;
+/* The per-stream counter families: each is rendered whole under its HELP and TYPE (a parser
+ * reads a sample whose family is not the current one as an untyped family of its own). */
+typedef enum { STREAM_VALUES, STREAM_BYTES, STREAM_REQUESTS, STREAM_FAMILIES } stream_family_t;
 
-static void emit_stream(out_t *o, const char *label, const stream_sums_t *v)
+static const char *const stream_family_head[STREAM_FAMILIES] = {
+    "# HELP tallyd_stream_values_total Elements applied to the stream (since it was created or "
+    "reset), per stream; streams beyond metrics_streams are summed as "
+    "stream=\"" TD_METRICS_OTHER_STREAMS "\".\n"
+    "# TYPE tallyd_stream_values_total counter\n",
+    "# HELP tallyd_stream_bytes_total Payload bytes applied to the stream, per stream.\n"
+    "# TYPE tallyd_stream_bytes_total counter\n",
+    "# HELP tallyd_stream_requests_total Requests that named the stream, per stream.\n"
+    "# TYPE tallyd_stream_requests_total counter\n",
+};
+static const char *const stream_family_name[STREAM_FAMILIES] = {
+    "tallyd_stream_values_total", "tallyd_stream_bytes_total", "tallyd_stream_requests_total"};
+
+static uint64_t stream_counter(const td_stream_t *s, stream_family_t f)
 {
+    return f == STREAM_VALUES ? s->info.elements : f == STREAM_BYTES ? s->info.bytes : s->requests;
+}
+
+/* One family: the first metrics_streams streams by name, the rest summed. */
+static void render_stream_family(const td_gauges_t *g, stream_family_t f, out_t *o)
+{
+    emit(o, "%s", stream_family_head[f]);
+    unsigned n = 0;
+    uint64_t other = 0;
+    bool any_other = false;
+    for (td_stream_t *s = td_streams_first(g->streams); s; s = s->list_next, n++) {
+        if (n >= g->metrics_streams) {
+            other += stream_counter(s, f);
+            any_other = true;
+            continue;
+        }
+        char label[2 * TALLY_STREAM_NAME_MAX + 1];
+        label_value(label, sizeof label, s->name, s->name_len);
+        emit(o, "%s{stream=\"%s\"} %llu\n", stream_family_name[f], label,
+             (unsigned long long)stream_counter(s, f));
+    }
+    if (any_other)
+        emit(o, "%s{stream=\"" TD_METRICS_OTHER_STREAMS "\"} %llu\n", stream_family_name[f],
+             (unsigned long long)other);
+}
+
+/* One histogram of a stream (one channel's): its 256 bins folded into `buckets` buckets, bucket
+ * i holding bins [i * 256 / buckets, (i + 1) * 256 / buckets). Bins hold integers, so a bucket's
+ * `le` is the largest integer in it (the next bucket's first edge minus one); a bucket with no
+ * integer (a range narrower than the buckets) shares its le with the one before and is left
+ * out (its count is that one's: an empty range takes no value). Ranged histograms get a bucket
+ * le = lo - 1 first, holding the underflow, unless lo is the type's least value, so that a
+ * quantile in the first bucket interpolates from lo - 1 rather than from 0; the overflow is
+ * only in +Inf. _sum takes each value at the centre of its bin's integers (exact for u8 and
+ * colour channels), each underflow value at lo - 1 and each overflow value at hi. */
+static void render_histogram(out_t *o, const char *labels, const tally_stream_info_t *info,
+                             const uint64_t *bins, unsigned buckets)
+{
+    bool ranged = tally_hist_ranged(info->hist_dtype);
+    int64_t lo = ranged ? info->hist_lo : 0, hi = ranged ? info->hist_hi : TALLY_HIST_BINS;
+    uint64_t under = ranged ? info->hist_underflow : 0, over = ranged ? info->hist_overflow : 0;
+    int64_t least = info->hist_dtype == TALLY_DTYPE_I32 ? INT32_MIN : 0;
+    uint64_t cumulative = under;
+    long double sum = (long double)under * (long double)(lo - 1) + (long double)over * hi;
+    int64_t last_le = lo - 1;
+    if (ranged && lo > least)
+        emit(o, "tallyd_stream_values_bucket{%s,le=\"%lld\"} %llu\n", labels, (long long)last_le,
+             (unsigned long long)under);
+    unsigned b = 0;
+    for (unsigned i = 1; i <= buckets; i++) {
+        for (unsigned end = i * TALLY_HIST_BINS / buckets; b < end; b++) {
+            int64_t first = tally_hist_edge_at(lo, hi, b), next = tally_hist_edge_at(lo, hi, b + 1);
+            cumulative += bins[b];
+            sum += (long double)bins[b] * ((long double)first + (long double)next - 1) / 2;
+        }
+        int64_t le = tally_hist_edge_at(lo, hi, b) - 1;
+        if (le == last_le)
+            continue;
+        last_le = le;
+        emit(o, "tallyd_stream_values_bucket{%s,le=\"%lld\"} %llu\n", labels, (long long)le,
+             (unsigned long long)cumulative);
+    }
     emit(o,
-         "tallyd_stream_values_total{stream=\"%s\"} %llu\n"
-         "tallyd_stream_bytes_total{stream=\"%s\"} %llu\n"
-         "tallyd_stream_requests_total{stream=\"%s\"} %llu\n",
-         label, (unsigned long long)v->values, label, (unsigned long long)v->bytes, label,
-         (unsigned long long)v->requests);
+         "tallyd_stream_values_bucket{%s,le=\"+Inf\"} %llu\n"
+         "tallyd_stream_values_sum{%s} %.17g\n"
+         "tallyd_stream_values_count{%s} %llu\n",
+         labels, (unsigned long long)(cumulative + over), labels, (double)sum, labels,
+         (unsigned long long)(cumulative + over));
+}
+
+/* The histograms of the first metrics_streams streams that have one (the others are of other
+ * types and ranges: they cannot be summed), one per channel for rgb8/rgba8. */
+static void render_stream_histograms(const td_gauges_t *g, out_t *o)
+{
+    unsigned buckets = g->metrics_histogram_buckets < TALLY_HIST_BINS ? g->metrics_histogram_buckets
+                                                                      : TALLY_HIST_BINS;
+    if (!buckets)
+        return;
+    emit(o, "# HELP tallyd_stream_values Values histogrammed on the stream (since it was created "
+            "or reset), its 256 bins folded into metrics_histogram_buckets buckets; le is the "
+            "largest value in a bucket; per channel (r, g, b, a) for rgb8/rgba8; the first "
+            "metrics_streams streams only.\n"
+            "# TYPE tallyd_stream_values histogram\n");
+    unsigned n = 0;
+    for (td_stream_t *s = td_streams_first(g->streams); s && n < g->metrics_streams;
+         s = s->list_next, n++) {
+        unsigned channels = tally_hist_channels(s->info.hist_dtype);
+        char label[2 * TALLY_STREAM_NAME_MAX + 1], labels[sizeof label + 32];
+        label_value(label, sizeof label, s->name, s->name_len);
+        for (unsigned c = 0; c < channels; c++) {
+            if (channels > 1)
+                snprintf(labels, sizeof labels, "stream=\"%s\",channel=\"%c\"", label, "rgba"[c]);
+            else
+                snprintf(labels, sizeof labels, "stream=\"%s\"", label);
+            render_histogram(o, labels, &s->info, s->info.bins + (size_t)c * TALLY_HIST_BINS,
+                             buckets);
+        }
+    }
 }
 
 /* At most metrics_streams + 1 label values per metric, however many streams exist. */
@@ -110,33 +216,9 @@ static void render_streams(const td_gauges_t *g, out_t *o)
 {
     if (!g->streams)
         return;
-    emit(o,
-         "# HELP tallyd_stream_values_total Elements applied to the stream (since it was created "
-         "or reset), per stream; streams beyond metrics_streams are summed as "
-         "stream=\"" TD_METRICS_OTHER_STREAMS "\".\n"
-         "# TYPE tallyd_stream_values_total counter\n"
-         "# HELP tallyd_stream_bytes_total Payload bytes applied to the stream, per stream.\n"
-         "# TYPE tallyd_stream_bytes_total counter\n"
-         "# HELP tallyd_stream_requests_total Requests that named the stream, per stream.\n"
-         "# TYPE tallyd_stream_requests_total counter\n");
-    unsigned n = 0;
-    stream_sums_t other = {0};
-    bool any_other = false;
-    for (td_stream_t *s = td_streams_first(g->streams); s; s = s->list_next, n++) {
-        stream_sums_t v = {s->info.elements, s->info.bytes, s->requests};
-        if (n >= g->metrics_streams) {
-            other.values += v.values;
-            other.bytes += v.bytes;
-            other.requests += v.requests;
-            any_other = true;
-            continue;
-        }
-        char label[2 * TALLY_STREAM_NAME_MAX + 1];
-        label_value(label, sizeof label, s->name, s->name_len);
-        emit_stream(o, label, &v);
-    }
-    if (any_other)
-        emit_stream(o, TD_METRICS_OTHER_STREAMS, &other);
+    for (stream_family_t f = 0; f < STREAM_FAMILIES; f++)
+        render_stream_family(g, f, o);
+    render_stream_histograms(g, o);
 }
 
 /* The process_* metrics every Prometheus client library exports, from getrusage and /proc. */

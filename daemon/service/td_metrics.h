@@ -74,6 +74,7 @@ typedef struct {
      * summed under TD_METRICS_OTHER_STREAMS. NULL: none. */
     td_streams_t *streams;
     unsigned metrics_streams;
+    unsigned metrics_histogram_buckets; /* tallyd_stream_values buckets per histogram; 0 = none */
     unsigned peers;               /* connections and clients tracked for the per-peer limits */
     const struct td_peers *users; /* CURVE users and their counters; NULL without CURVE */
     bool curve;

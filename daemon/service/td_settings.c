@@ -118,6 +118,32 @@ const td_setting_t td_settings[] = {
      .max = TD_METRICS_STREAMS_LIMIT, .reload = TD_RELOAD_APPLIES,
      .help = "streams with their own `stream` label (the first ones created); the rest are summed "
              "as stream=\"" TD_METRICS_OTHER_STREAMS "\""},
+    {.option = "metrics-histogram-buckets", .arg = "N", .section = "metrics",
+     .key = "histogram_buckets", .type = TD_SET_UINT, .offset = FIELD(metrics_histogram_buckets),
+     .def = TD_DEFAULT_METRICS_HISTOGRAM_BUCKETS, .max = TALLY_HIST_BINS,
+     .reload = TD_RELOAD_APPLIES,
+     .help = "buckets of each labelled stream's Prometheus histogram (tallyd_stream_values_bucket), "
+             "folded from its 256 bins; 0: no per-stream histograms"},
+    {.option = "metrics-request-timeout-ms", .arg = "MS", .section = "metrics",
+     .key = "request_timeout_ms", .type = TD_SET_UINT, .offset = FIELD(metrics_request_timeout_ms),
+     .def = TD_DEFAULT_METRICS_REQUEST_TIMEOUT_MS, .min = TD_METRICS_REQUEST_TIMEOUT_MS_MIN,
+     .max = TD_METRICS_REQUEST_TIMEOUT_MS_LIMIT, .reload = TD_RELOAD_RESTART,
+     .help = "deadline for each whole HTTP request, from the moment its connection is ready for "
+             "it until its response is sent; then the connection is closed, however steadily it "
+             "sends"},
+    {.option = "metrics-max-connections", .arg = "N", .section = "metrics",
+     .key = "max_connections", .type = TD_SET_UINT, .offset = FIELD(metrics_max_connections),
+     .def = TD_DEFAULT_METRICS_MAX_CONNECTIONS, .min = 1, .max = TD_METRICS_MAX_CONNECTIONS_LIMIT,
+     .reload = TD_RELOAD_RESTART,
+     .help = "HTTP connections at once; a new one over the bound closes the oldest connection "
+             "still waiting for a request, or is refused when all are inside one"},
+    {.option = "metrics-max-connections-per-address", .arg = "N", .section = "metrics",
+     .key = "max_connections_per_address", .type = TD_SET_UINT,
+     .offset = FIELD(metrics_max_connections_per_address),
+     .def = TD_DEFAULT_METRICS_MAX_CONNECTIONS_PER_ADDRESS, .min = 1,
+     .max = TD_METRICS_MAX_CONNECTIONS_LIMIT, .reload = TD_RELOAD_RESTART,
+     .help = "HTTP connections at once from one address (an IPv6 /64 counts as one), with the "
+             "same rule"},
     /* [security] */
     {.option = "curve-secret-key", .arg = "FILE", .section = "security", .key = "curve_secret_key",
      .type = TD_SET_PATH, .offset = FIELD(curve_secret_key), .reload = TD_RELOAD_RESTART,

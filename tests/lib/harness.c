@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -440,42 +441,69 @@ int th_write_file(const char *dir, const char *name, const void *data, size_t le
     return fclose(f) == 0 ? rc : -1;
 }
 
-char *th_http_get(int port, const char *method, const char *path, const char *headers)
+int th_tcp_connect_from(const char *src, int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in in = {.sin_family = AF_INET,
-                             .sin_port = htons((uint16_t)port),
-                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (fd < 0 || connect(fd, (struct sockaddr *)&in, sizeof in) != 0) {
-        if (fd >= 0)
-            close(fd);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_in in = {.sin_family = AF_INET};
+    if (src && (inet_pton(AF_INET, src, &in.sin_addr) != 1 ||
+                bind(fd, (struct sockaddr *)&in, sizeof in) != 0))
+        goto fail;
+    in.sin_port = htons((uint16_t)port);
+    in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&in, sizeof in) != 0)
+        goto fail;
+    return fd;
+fail:
+    close(fd);
+    return -1;
+}
+
+char *th_http_exchange(int port, const char *src, const char *request, int timeout_ms)
+{
+    int fd = th_tcp_connect_from(src, port);
+    if (fd < 0)
         return NULL;
-    }
-    char req[1024];
-    int n = snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n%s\r\n", method, path,
-                     headers ? headers : "");
-    size_t cap = 1 << 16, len = 0;
+    size_t cap = 1 << 16, len = 0, n = strlen(request);
     char *buf = malloc(cap);
-    if (!buf || write(fd, req, (size_t)n) != n) {
+    if (!buf || write(fd, request, n) != (ssize_t)n) {
         free(buf);
         close(fd);
         return NULL;
     }
-    for (;;) {
+    int64_t end = th_now_ms() + timeout_ms;
+    bool complete = false;
+    while (!complete) {
         if (len + 1 >= cap) {
             char *bigger = realloc(buf, cap *= 2);
             if (!bigger)
                 break;
             buf = bigger;
         }
-        ssize_t got = read(fd, buf + len, cap - len - 1);
-        if (got <= 0)
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int left = timeout_ms < 0 ? -1 : (int)(end - th_now_ms());
+        if (timeout_ms >= 0 && (left <= 0 || poll(&p, 1, left) != 1))
             break;
-        len += (size_t)got;
+        ssize_t got = read(fd, buf + len, cap - len - 1);
+        complete = got <= 0;
+        len += got > 0 ? (size_t)got : 0;
     }
     buf[len] = '\0';
     close(fd);
+    if (!complete) {
+        free(buf);
+        return NULL;
+    }
     return buf;
+}
+
+char *th_http_get(int port, const char *method, const char *path, const char *headers)
+{
+    char req[1024];
+    snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n%s\r\n", method, path,
+             headers ? headers : "");
+    return th_http_exchange(port, NULL, req, -1);
 }
 
 int th_metrics_port(const th_daemon_t *d)

@@ -97,6 +97,13 @@ int th_write_file(const char *dir, const char *name, const void *data, size_t le
  * \r\n; may be NULL); the whole response (status line, headers, body), malloc'ed and
  * NUL-terminated, or NULL when the connection fails. */
 char *th_http_get(int port, const char *method, const char *path, const char *headers);
+/* A TCP connection from src (a dotted IPv4 address, e.g. another loopback address 127.0.0.N;
+ * NULL: any) to 127.0.0.1:port; the descriptor, or -1. */
+int th_tcp_connect_from(const char *src, int port);
+/* Sends request (the whole HTTP request) from src (as above) and reads the response until the
+ * server closes the connection: the response, malloc'ed and NUL-terminated, or NULL when the
+ * connection fails or the response has not ended within timeout_ms (-1: no limit). */
+char *th_http_exchange(int port, const char *src, const char *request, int timeout_ms);
 /* The port of the daemon's metrics endpoint, from its log ("metrics: serving http://..."), or
  * -1. */
 int th_metrics_port(const th_daemon_t *d);
