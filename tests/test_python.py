@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 import tally
@@ -84,7 +85,8 @@ class Daemon:
         return out.stdout
 
     def cli_json(self, *args: str) -> Dict[str, Any]:
-        return json.loads(self.cli("query", "--json", *args))
+        parsed: Dict[str, Any] = json.loads(self.cli("query", "--json", *args))
+        return parsed
 
 
 @pytest.fixture(scope="module")
@@ -261,7 +263,7 @@ def test_streams_and_errors(c: tally.Client) -> None:
 # ---- Summaries and quantiles ----------------------------------------------------------------
 
 
-def nearest_rank(values: np.ndarray, q: float) -> int:
+def nearest_rank(values: npt.NDArray[Any], q: float) -> int:
     """The value of rank max(1, ceil(q N)) of the sorted values (tally_hist_quantile's rule)."""
     s = np.sort(values.astype(np.int64))
     return int(s[max(1, math.ceil(round(q * 1e6) * len(s) / 1e6)) - 1])
@@ -370,7 +372,7 @@ def test_window_queries(c: tally.Client, daemon: Daemon) -> None:
         assert c.quantiles("py-win", [0.0], last_ms=1000)[0] == int(bb.min())
         with pytest.raises(tally.Error) as e:
             c.query("py-win", last_ms=9 * INTERVAL_MS)  # the ring holds 8 intervals
-        assert e.value.status == tally.E_WINDOW and e.value.name == "bad_window"
+        assert e.value.status == tally._wire.E_WINDOW and e.value.name == "bad_window"
         with pytest.raises(ValueError, match="last_ms 0"):
             c.query("py-win", last_ms=0)
     finally:
@@ -475,7 +477,7 @@ def test_numbered_push_and_resume(c: tally.Client) -> None:
 
 def test_push(c: tally.Client) -> None:
     x = RNG.integers(-50, 50, 250000, dtype=np.int32)
-    parts: List[np.ndarray] = []
+    parts: List[npt.NDArray[Any]] = []
     with c.push("scan", stream="py-push", chunk_bytes=40000, window=4,
                 on_output=parts.append) as p:
         for at in range(0, len(x), 33333):  # writes of any length, cut into chunks

@@ -302,9 +302,9 @@ class Push(_Handle):
             return np.zeros(0, dtype=self._dtype)
         return np.concatenate(self._parts) if len(self._parts) > 1 else self._parts[0]
 
-    def __exit__(self, kind: object, value: object, tb: object) -> None:
+    def __exit__(self, *exc: object) -> None:
         try:
-            if kind is None:
+            if exc[0] is None:
                 self.output = self.finish()
         finally:
             self.close()
@@ -389,7 +389,7 @@ class Client(_Handle):
         try:
             return ctypes.string_at(text).decode()
         finally:
-            lib.free(text)
+            _lib.free(text)
 
     def info(self) -> Dict[str, str]:
         """The daemon's info as a dict (version, backend, max_batch, ...; values are strings)."""

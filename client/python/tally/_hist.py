@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-from typing import Any, Dict, List, Optional, Sequence, TypedDict, Union
+from typing import Any, Dict, List, Optional, Sequence, TypedDict, Union, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -103,14 +103,15 @@ def record_from_info(stream: str, info: _lib.StreamInfo,
     """The C record as a Record (the bins copied out)."""
     n = max(1, int(lib.tally_hist_channels(info.hist_dtype)))
     bins = np.ctypeslib.as_array(info.bins)[:n * HIST_BINS].copy()
-    scalars: Dict[str, Any] = {name: getattr(info, name) for name, _ in _lib.STREAM_INFO_SCALARS}
-    return Record(stream=stream, type=dtype_name(info.hist_dtype),
-                  bins=bins if n == 1 else bins.reshape(n, HIST_BINS), window=window,
-                  **scalars)
+    record: Dict[str, Any] = {name: getattr(info, name) for name, _ in _lib.STREAM_INFO_SCALARS}
+    record.update(stream=stream, type=dtype_name(info.hist_dtype),
+                  bins=bins if n == 1 else bins.reshape(n, HIST_BINS), window=window)
+    return cast(Record, record)
 
 
 def _info_from_record(record: Record) -> _lib.StreamInfo:
-    info = _lib.StreamInfo(**{name: record[name] for name, _ in _lib.STREAM_INFO_SCALARS})
+    fields = cast(Dict[str, Any], record)
+    info = _lib.StreamInfo(**{name: fields[name] for name, _ in _lib.STREAM_INFO_SCALARS})
     flat = np.ascontiguousarray(record["bins"], dtype=np.uint64).reshape(-1)
     np.ctypeslib.as_array(info.bins)[:len(flat)] = flat
     return info

@@ -259,14 +259,12 @@ def load(path: Optional[str] = None) -> Any:
     for name, (res, args) in SIGNATURES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
-    libc = ctypes.CDLL(None)
-    lib.free = libc.free  # what tally_info's text is released with
-    lib.free.argtypes, lib.free.restype = [_P], None
-    lib.path = path
     return lib
 
 
 lib = load()
+free = ctypes.CDLL(None).free  # what tally_info's text is released with
+free.argtypes, free.restype = [_P], None
 
 
 class Error(Exception):
