@@ -7,6 +7,7 @@
  * name; each command parses its own options in its file (cli.h says how).
  */
 #include "cli.h"
+#include "tally_revision.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -64,7 +65,8 @@ static int top_level(cli_t *cli, int argc, char **argv)
             print_usage(stdout);
             return CLI_HELP_SHOWN;
         case 'V':
-            printf("tally %s (libtally %s)\n", TALLY_VERSION, tally_version());
+            printf("tally %s (libtally %s, revision %s)\n", TALLY_VERSION, tally_version(),
+                   tally_build_revision);
             return CLI_HELP_SHOWN;
         case ':':
             return cli_usage_error(NULL, "option '%s' needs an argument", argv[optind - 1]);
