@@ -228,6 +228,12 @@ static void run_action(td_action_t action, const char *argv0)
     case TD_ACTION_PRINT_CONF:
         td_settings_print_conf(stdout);
         break;
+    case TD_ACTION_PRINT_OPTIONS_SCD:
+        td_settings_print_options_scd(stdout);
+        break;
+    case TD_ACTION_PRINT_CONF_SCD:
+        td_settings_print_conf_scd(stdout);
+        break;
     case TD_ACTION_NONE:
         break;
     }
