@@ -557,3 +557,31 @@ def test_curve_keys(tmp_path: Path) -> None:
         d.stop()
     with pytest.raises(tally.Error, match="CURVE keys"):
         tally.Client("ipc:///nonexistent", 100, server_key="not-a-key")
+
+
+# ---- The README's examples -------------------------------------------------------------------
+
+
+def readme_examples() -> List[str]:
+    """The README's Python blocks that follow a "<!-- python: run -->" line."""
+    lines = Path(os.environ["TALLY_README"]).read_text().splitlines()
+    blocks, at = [], 0
+    while at < len(lines):
+        if lines[at].strip() == "<!-- python: run -->" and lines[at + 1] == "```python":
+            end = lines.index("```", at + 2)
+            blocks.append("\n".join(lines[at + 2:end]))
+            at = end
+        at += 1
+    return blocks
+
+
+def test_readme_examples(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each runs as printed, without an error, against this tallyd (tally.Client() reads
+    # $TALLY_ENDPOINT), so the README cannot show a call the binding does not take.
+    blocks = readme_examples()
+    assert len(blocks) >= 2
+    monkeypatch.setenv("TALLY_ENDPOINT", daemon.endpoint)
+    for code in blocks:
+        exec(compile(code, "README.md", "exec"), {})
+    with tally.Client(daemon.endpoint) as c:  # what the first example did
+        assert c.query("cam1")["bins"].shape == (3, 256) and c.query("s1")["scan_carry"] == 20
