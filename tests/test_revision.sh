@@ -2,8 +2,9 @@
 # test_revision.sh TALLYD TALLY SOURCE_DIR: the git revision the binaries were built from.
 #   - `tallyd --version`, `tally --version` and the metric tallyd_build_info{revision=...} (read
 #     with `tally stats` from a tallyd on an ipc socket in a scratch folder) name the same
-#     revision, and it is this checkout's HEAD (`git describe --always --dirty`: a tag, or a
-#     hash HEAD starts with), or "unknown" when the source tree is not a git checkout;
+#     revision, and it is this checkout's (`git describe --always --dirty`: a tag or a hash,
+#     HEAD's or, after a commit not yet built, one before it), or "unknown" when the source
+#     tree is not a git checkout;
 #   - cmake/revision.cmake, which writes it at every build, on scratch repositories: "unknown"
 #     outside git and in a folder that is only part of another repository, the short hash after
 #     a commit, a new one after the next commit (no re-configure: the build runs the script),
@@ -31,15 +32,14 @@ rev=$("$tallyd" --version | sed -n 's/^tallyd [0-9.]* (protocol [0-9]*, revision
     fail "tally --version does not name revision $rev: $("$tally" --version)"
 if command -v git >/dev/null && [ "$(git -C "$src" rev-parse --show-toplevel 2>/dev/null)" = \
     "$(cd "$src" && pwd -P)" ]; then
-    head=$(git -C "$src" rev-parse HEAD)
+    # A tag, or a hash: a commit of this checkout that HEAD is, or descends from (a commit made
+    # after the build shows at the next build).
     clean=${rev%-dirty}
-    hash=${clean##*-g}
-    case "$head" in
-    "$hash"*) ;;
-    *) git -C "$src" tag --points-at HEAD | grep -qx "$clean" ||
-        fail "revision $rev is not HEAD $head (rebuild after changing HEAD?)" ;;
-    esac
-    echo "ok   --version: revision $rev, HEAD $head"
+    commit=$(git -C "$src" rev-parse -q --verify "${clean##*-g}^{commit}") ||
+        fail "revision $rev names no commit of $src"
+    git -C "$src" merge-base --is-ancestor "$commit" HEAD ||
+        fail "revision $rev ($commit) is not HEAD nor before it (rebuild after changing HEAD)"
+    echo "ok   --version: revision $rev, commit $commit of this checkout"
 else
     [ "$rev" = unknown ] || fail "not a git checkout, yet revision $rev"
     echo "ok   --version: revision unknown outside a git checkout"
