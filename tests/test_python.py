@@ -17,6 +17,7 @@ import importlib.metadata
 import json
 import math
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -405,17 +406,15 @@ def test_subscriptions(c: tally.Client, daemon: Daemon) -> None:
         pub = wait_for(sub, "py-sub", "update", lambda: c.hist(x, stream="py-sub"))
         assert pub.interval_ms == 50 and pub.pub_seq >= 1 and pub.time_ms == T0
         assert pub.record is not None
-        # The record is the stream's all-time record, as a query gives it now that it is quiet.
-        time.sleep(0.2)
-        while sub.recv(timeout_ms=0) is not None:
-            pass
+        # The record is the stream's all-time record: once the stream is quiet, the last
+        # publication holds what a query gives.
         latest = wait_for(sub, "py-sub", "update", lambda: c.hist(x, stream="py-sub"))
         assert latest.pub_seq > pub.pub_seq and latest.record is not None
-        time.sleep(0.2)
         q = c.query("py-sub")
-        final = latest
-        while (more := sub.recv(timeout_ms=0)) is not None:
-            final = more
+        final, deadline = latest, time.monotonic() + 20
+        while final.record is not None and final.record["hist_total"] != q["hist_total"] \
+                and time.monotonic() < deadline:
+            final = sub.recv(timeout_ms=200) or final
         assert final.record is not None
         np.testing.assert_array_equal(final.record["bins"], q["bins"])
         assert final.record["hist_total"] == q["hist_total"]
@@ -432,6 +431,24 @@ def test_subscriptions(c: tally.Client, daemon: Daemon) -> None:
         for _ in range(5):
             other = sub.recv(timeout_ms=100)
             assert other is None or other.stream == "py-only"
+    # Iteration, and fileno() for select(): readable once a publication may have arrived
+    # (edge-triggered: drain with recv(0) before waiting again).
+    with tally.Subscriber(daemon.pub, "py-iter") as sub:
+        first = wait_for(sub, "py-iter", "update", lambda: c.hist(x, stream="py-iter"))
+        while sub.recv(timeout_ms=0) is not None:
+            pass
+        c.hist(x, stream="py-iter")
+        got = next(iter(sub))
+        assert got.stream == "py-iter" and got.pub_seq > first.pub_seq
+        while sub.recv(timeout_ms=0) is not None:
+            pass
+        c.hist(x, stream="py-iter")
+        deadline, seen = time.monotonic() + 10, None
+        while seen is None and time.monotonic() < deadline:
+            readable, _, _ = select.select([sub], [], [], deadline - time.monotonic())
+            while readable and (arrived := sub.recv(timeout_ms=0)) is not None:
+                seen = arrived
+        assert seen is not None and seen.stream == "py-iter" and seen.pub_seq > got.pub_seq
     with pytest.raises(tally.Error, match="at most 64 bytes"):
         tally.Subscriber(daemon.pub, "x" * 65)
 
