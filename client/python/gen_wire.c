@@ -235,12 +235,18 @@ static const field_t curve_keys_fields[] = {
 };
 
 static const layout_t layouts[] = {
-    LAYOUT(tally_req_t, req_fields),           LAYOUT(tally_rep_t, rep_fields),
-    LAYOUT(tally_reply_t, reply_fields),       LAYOUT(tally_stream_info_t, stream_info_fields),
-    LAYOUT(tally_run_opts_t, run_opts_fields), LAYOUT(tally_run_result_t, run_result_fields),
-    LAYOUT(tally_buf_t, buf_fields),           LAYOUT(tally_pub_t, pub_fields),
-    LAYOUT(tally_pub_msg_t, pub_msg_fields),   LAYOUT(tally_hist_t, hist_fields),
-    LAYOUT(tally_quantile_t, quantile_fields), LAYOUT(tally_hist_summary_t, summary_fields),
+    LAYOUT(tally_req_t, req_fields),
+    LAYOUT(tally_rep_t, rep_fields),
+    LAYOUT(tally_reply_t, reply_fields),
+    LAYOUT(tally_stream_info_t, stream_info_fields),
+    LAYOUT(tally_run_opts_t, run_opts_fields),
+    LAYOUT(tally_run_result_t, run_result_fields),
+    LAYOUT(tally_buf_t, buf_fields),
+    LAYOUT(tally_pub_t, pub_fields),
+    LAYOUT(tally_pub_msg_t, pub_msg_fields),
+    LAYOUT(tally_hist_t, hist_fields),
+    LAYOUT(tally_quantile_t, quantile_fields),
+    LAYOUT(tally_hist_summary_t, summary_fields),
     LAYOUT(tally_curve_keys_t, curve_keys_fields),
 };
 

@@ -57,8 +57,8 @@ typedef enum {
     TD_ACTION_NONE = 0,
     TD_ACTION_HELP,
     TD_ACTION_VERSION,
-    TD_ACTION_PRINT_MD,   /* the README's configuration table */
-    TD_ACTION_PRINT_CONF, /* systemd/tallyd.conf.example */
+    TD_ACTION_PRINT_MD,          /* the README's configuration table */
+    TD_ACTION_PRINT_CONF,        /* systemd/tallyd.conf.example */
     TD_ACTION_PRINT_OPTIONS_SCD, /* tallyd(8)'s OPTIONS, scdoc (man/tallyd.8.scd) */
     TD_ACTION_PRINT_CONF_SCD,    /* tallyd.conf(5)'s settings, scdoc (man/tallyd.conf.5.scd) */
 } td_action_t;
