@@ -117,9 +117,10 @@ def _dtype_name(dtype: DtypeLike) -> str:
     raise TypeError(f"tally takes int32, uint8 or uint16 elements, not {np_type}")
 
 
-def _infer_dtype(x: Array) -> str:
-    """An array's tallyd type: by its NumPy type, and an (H, W, 3|4) uint8 image is rgb8/rgba8."""
-    if x.dtype == np.uint8 and x.ndim == 3 and x.shape[-1] in (3, 4):
+def _infer_dtype(x: Array, op: str) -> str:
+    """An array's tallyd type: by its NumPy type, and for hist an (H, W, 3|4) uint8 image is
+    rgb8/rgba8 (filter takes its bytes as u8)."""
+    if op == "hist" and x.dtype == np.uint8 and x.ndim == 3 and x.shape[-1] in (3, 4):
         return "rgb8" if x.shape[-1] == 3 else "rgba8"
     return _dtype_name(x.dtype)
 
@@ -129,7 +130,7 @@ def _as_input(x: Any, op: str, dtype: Optional[DtypeLike]) -> Tuple[Array, int]:
     if not isinstance(x, np.ndarray):
         raise TypeError(f"tally takes NumPy arrays (np.asarray(x, np.int32), ...), not "
                         f"{type(x).__name__}")
-    name = _infer_dtype(x) if dtype is None else _dtype_name(dtype)
+    name = _infer_dtype(x, op) if dtype is None else _dtype_name(dtype)
     if name not in _OP_DTYPES[op]:
         raise TypeError(f"{op} takes {', '.join(_OP_DTYPES[op])} elements, not {name}")
     if x.dtype != _NUMPY_TYPE[name]:
