@@ -7,7 +7,7 @@ packages=(build-essential cmake pkg-config libzmq3-dev libuv1-dev libcmocka-dev
           clang libclang-rt-dev  # clang + libFuzzer: the fuzz target in tests/fuzz/
           python3 python3-numpy python3-pip python3-venv  # the Python binding
           python3-pytest python3-mypy  # its tests and type check
-          scdoc)  # the man pages (man/)
+          scdoc man-db)  # the man pages (man/) and their test
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
