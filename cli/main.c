@@ -7,6 +7,8 @@
  * name; each command parses its own options in its file (cli.h says how).
  */
 #include "cli.h"
+#include "cli_doc.h"
+#include "tally_revision.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -43,10 +45,15 @@ static void print_usage(FILE *f)
                "3 no reply (nothing listening, timeout or transport failure), 130 interrupted.\n");
 }
 
+/* Hidden: the tables printed for the bash completion and the man page (cli_doc.h). */
+enum { OPT_COMPLETE = CLI_OPT_FIRST, OPT_PRINT_SCD };
+
 /* The options before the command: 0 to go on, CLI_HELP_SHOWN, or an exit status. */
 static int top_level(cli_t *cli, int argc, char **argv)
 {
     static const struct option opts[] = {
+        {"complete", no_argument, NULL, OPT_COMPLETE},
+        {"print-commands-scd", no_argument, NULL, OPT_PRINT_SCD},
         {"endpoint", required_argument, NULL, 'e'},
         {"timeout", required_argument, NULL, 't'},
         {"server-key", required_argument, NULL, CLI_OPT_SERVER_KEY},
@@ -63,8 +70,14 @@ static int top_level(cli_t *cli, int argc, char **argv)
         case 'h':
             print_usage(stdout);
             return CLI_HELP_SHOWN;
+        case OPT_COMPLETE:
+        case OPT_PRINT_SCD:
+            (opt == OPT_COMPLETE ? cli_doc_complete : cli_doc_scd)(
+                commands, sizeof commands / sizeof commands[0], top_options, stdout);
+            return CLI_HELP_SHOWN;
         case 'V':
-            printf("tally %s (libtally %s)\n", TALLY_VERSION, tally_version());
+            printf("tally %s (libtally %s, revision %s)\n", TALLY_VERSION, tally_version(),
+                   tally_build_revision);
             return CLI_HELP_SHOWN;
         case ':':
             return cli_usage_error(NULL, "option '%s' needs an argument", argv[optind - 1]);

@@ -5,8 +5,10 @@ set -euo pipefail
 packages=(build-essential cmake pkg-config libzmq3-dev libuv1-dev libcmocka-dev
           libinih-dev libmicrohttpd-dev libsystemd-dev zlib1g-dev systemd curl
           clang libclang-rt-dev  # clang + libFuzzer: the fuzz target in tests/fuzz/
-          python3 python3-numpy python3-pip python3-venv  # the Python binding and its test
-          python3-prometheus-client python3-yaml)  # test_prometheus, test_grafana_dashboard
+          python3 python3-numpy python3-pip python3-venv  # the Python binding
+          python3-pytest python3-mypy  # its tests and type check
+          python3-prometheus-client python3-yaml  # test_prometheus, test_grafana_dashboard
+          scdoc man-db)  # the man pages (man/) and their test
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -7,13 +7,19 @@
 #   - libtally exports exactly the functions the installed headers declare with TALLY_API;
 #   - a tiny consumer builds against P both with pkg-config and with find_package(tally), runs,
 #     and sees the library version its header names;
-#   - the installed binaries run from P (libtally found through RPATH).
-# usage: test_install.sh BUILD_DIR CC [CFLAGS] (CFLAGS: the sanitizer flags of an ASan build,
-# whose libtally needs its runtime loaded first)
+#   - the installed binaries run from P (libtally found through RPATH) and name their git
+#     revision;
+#   - what a package ships besides: the LICENSE, the bash completion of tally (sourced, it
+#     completes `tally q` with P's tally), and with MAN=man the man pages tally(1), tallyd(8)
+#     and tallyd.conf(5) under share/man, which `man -l` renders.
+# usage: test_install.sh BUILD_DIR CC [CFLAGS] [MAN] (CFLAGS: the sanitizer flags of an ASan
+# build, whose libtally needs its runtime loaded first; MAN: "man" when the build made the man
+# pages, empty when it did not, without scdoc)
 set -eu
 build=$1
 cc=$2
 cflags=${3:-}
+man=${4:-}
 prefix=$(mktemp -d "${TMPDIR:-/tmp}/tallyd-install.XXXXXX")
 trap 'rm -rf "$prefix"' EXIT
 cmake --install "$build" --prefix "$prefix" >"$prefix/install.log" 2>&1 ||
@@ -36,6 +42,13 @@ absent include/tally_args.h
 check lib/systemd/system/tallyd.service
 check lib/systemd/system/tallyd.socket
 check share/doc/tallyd/tallyd.conf.example
+check share/doc/tallyd/LICENSE
+check share/bash-completion/completions/tally
+if [ "$man" = man ]; then
+  check share/man/man1/tally.1
+  check share/man/man8/tallyd.8
+  check share/man/man5/tallyd.conf.5
+fi
 libdir=$(dirname "$(ls -d "$prefix"/lib*/libtally.so 2>/dev/null | head -1)")
 [ -e "$libdir/libtally.so" ] || { echo "MISSING libtally.so"; fail=1; }
 [ -e "$libdir/pkgconfig/tally.pc" ] || { echo "MISSING tally.pc"; fail=1; }
@@ -105,8 +118,25 @@ cmake -S "$prefix/app" -B "$prefix/app/build" -DCMAKE_PREFIX_PATH="$prefix" \
 "$prefix/app/build/app"
 
 # The installed binaries run from the prefix (libtally found through RPATH).
+"$prefix/bin/tallyd" --version | grep -q ', revision [^)]' ||
+  { echo "FAIL: the installed tallyd names no revision: $("$prefix/bin/tallyd" --version)"; exit 1; }
+"$prefix/bin/tally" --version | grep -q ', revision [^)]' ||
+  { echo "FAIL: the installed tally names no revision: $("$prefix/bin/tally" --version)"; exit 1; }
 "$prefix/bin/tallyd" --version
-"$prefix/bin/tally" --version
+# The completion, as bash-completion loads it, with the installed tally.
+if command -v bash >/dev/null; then
+  got=$(PATH="$prefix/bin:$PATH" bash -c ". '$prefix/share/bash-completion/completions/tally'
+    COMP_LINE='tally q' COMP_POINT=7; _tally; echo \"\${COMPREPLY[*]}\"")
+  [ "$got" = query ] || { echo "FAIL: the installed completion of 'tally q' gave '$got'"; exit 1; }
+  echo "ok   the installed completion: tally q -> query"
+fi
+if [ "$man" = man ] && command -v man >/dev/null; then
+  for page in man1/tally.1 man8/tallyd.8 man5/tallyd.conf.5; do
+    man -l -P cat "$prefix/share/man/$page" | grep -q '^NAME' ||
+      { echo "FAIL: man -l cannot render the installed $page"; exit 1; }
+  done
+  echo "ok   the installed man pages render"
+fi
 # The GPU minimum batch default reads the same in --help and the example configuration.
 "$prefix/bin/tallyd" --help | grep -q 'run on the CPU (default 0:' ||
   { echo "FAIL: tallyd --help does not give --gpu-min-batch's default as 0"; exit 1; }

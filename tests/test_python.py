@@ -1,158 +1,607 @@
-"""The Python binding against a running tallyd ($TALLY_ENDPOINT), each result checked against
-NumPy computing the same thing: filter, scan (stateless and carried by a stream), hist (u8 and
-int32 with under/overflow), the stream calls, errors, a streaming push (outputs in order,
-bounded chunks, its result), the shared-memory path (regions read and written in place, and
-shm=True rings), that the installed package is the one imported, and that its import-time
-check of the ctypes structs against the C layouts refuses a mismatch."""
+"""The Python binding (client/python) against a real tallyd that this module starts ($TALLYD,
+on ipc:// sockets in a scratch folder: no ports to collide), each result checked against NumPy
+computing the same thing or against the `tally` CLI ($TALLY_CLI, `query --json`) reading the
+same stream: every dtype (u8, i32, u16, rgb8, rgba8) through arrays, pushes and shared memory;
+summaries, quantiles and bin edges; window queries (a test clock file moves tallyd's window
+clock); subscriptions; numbered pushes and their resume; CURVE keys; the errors (a clear
+ImportError when libtally cannot be loaded); the installed package (py.typed, its version) and
+the import-time check of the ctypes structs against the C layouts.
 
+Run by tests/test_python.sh (CTest test_python), which installs the package with pip into a
+scratch virtual environment first.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import math
 import os
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
-import unittest
+from pathlib import Path
+from typing import Any, Dict, Iterator, List
 
 import numpy as np
+import numpy.typing as npt
+import pytest
 
 import tally
+from tally import _lib
 
 RNG = np.random.default_rng(20261123)
+T0 = 1_800_000_000_000  # the test clock's start, ms since the epoch (a whole interval)
+INTERVAL_MS = 1000
 
 
-def ready(endpoint):
-    for _ in range(200):
-        try:
-            with tally.Client(endpoint, 500) as c:
-                c.ping()
-                return
-        except tally.Error:
-            time.sleep(0.05)
-    raise RuntimeError(f"tallyd does not answer at {endpoint}")
+class Daemon:
+    """A tallyd started for these tests, and the CLI pointed at it."""
+
+    def __init__(self, tallyd: str, extra: List[str], **client_kw: Any):
+        self.dir = Path(tempfile.mkdtemp(prefix="tally-py.", dir=os.environ.get("TMPDIR")))
+        self.endpoint = f"ipc://{self.dir}/tallyd.sock"
+        self.pub = f"ipc://{self.dir}/pub.sock"
+        self.clock = self.dir / "clock"
+        self.set_clock(T0)
+        self.log = open(self.dir / "tallyd.log", "wb")
+        self.proc = subprocess.Popen(
+            [tallyd, "--bind", self.endpoint, "--backend", "cpu", "--shm-socket",
+             str(self.dir / "shm.sock"), "--pub", self.pub, "--pub-interval-ms", "50",
+             "--test-clock", str(self.clock), "--window-intervals", "8",
+             "--window-interval-ms", str(INTERVAL_MS)] + extra,
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self.wait_ready(client_kw)
+
+    def set_clock(self, ms: int) -> None:
+        tmp = self.clock.with_suffix(".tmp")
+        tmp.write_text(f"{ms}\n")
+        tmp.replace(self.clock)  # atomic: tallyd never reads half a number
+
+    def wait_ready(self, client_kw: Dict[str, Any]) -> None:
+        for _ in range(400):
+            if self.proc.poll() is not None:
+                break
+            try:
+                with tally.Client(self.endpoint, 500, **client_kw) as c:
+                    c.ping()
+                    return
+            except tally.Error:
+                time.sleep(0.05)
+        raise RuntimeError(f"tallyd did not start: {(self.dir / 'tallyd.log').read_text()}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def cli(self, *args: str) -> str:
+        out = subprocess.run([os.environ["TALLY_CLI"], "-e", self.endpoint, *args],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    def cli_json(self, *args: str) -> Dict[str, Any]:
+        parsed: Dict[str, Any] = json.loads(self.cli("query", "--json", *args))
+        return parsed
 
 
-class TallyTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        ready(os.environ["TALLY_ENDPOINT"])
-        cls.c = tally.Client(os.environ["TALLY_ENDPOINT"], 10000)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.c.close()
-
-    def test_installed_package(self):
-        self.assertNotIn(os.sep + "client" + os.sep + "python", tally.__file__)
-        self.assertEqual(tally.library_version(), "0.1.0")
-
-    def test_layout_check(self):
-        # The import-time check passes the real table and refuses a ctypes struct whose size,
-        # field offset or field set differs from the C struct's (tally/_wire.py's LAYOUT).
-        size, fields = tally._wire.LAYOUT["tally_req_t"]
-        tally._check_layouts([tally._Req], {"tally_req_t": (size, fields)})
-        moved = {**fields, "seq": (fields["seq"][0] + 8, 8)}
-        fewer = {n: at for n, at in fields.items() if n != "pred"}
-        for bad, why in (((size + 8, fields), "sizeof"), ((size, moved), "seq (offset, size)"),
-                         ((size, fewer), "pred (offset, size)")):
-            with self.assertRaises(ImportError) as e:
-                tally._check_layouts([tally._Req], {"tally_req_t": bad})
-            self.assertIn("_Req does not match the C tally_req_t: " + why, str(e.exception))
-        with self.assertRaises(ImportError):
-            tally._check_layouts([tally._Req], {})
-
-    def test_filter(self):
-        x = RNG.integers(-1000, 1000, 100001, dtype=np.int32)
-        got = self.c.filter(x, gt=0, stable=True, chunk_bytes=4096, window=3)
-        np.testing.assert_array_equal(got, x[x > 0])
-        self.assertEqual(got.dtype, np.int32)
-        got = self.c.filter(x, between=(-5, 5))  # unordered: compare as multisets
-        np.testing.assert_array_equal(np.sort(got), np.sort(x[(x >= -5) & (x <= 5)]))
-        b = RNG.integers(0, 256, 5000, dtype=np.uint8)
-        np.testing.assert_array_equal(self.c.filter(b, eq=7, stable=True), b[b == 7])
-
-    def test_scan(self):
-        x = RNG.integers(-(2**31), 2**31 - 1, 70000, dtype=np.int32)
-        np.testing.assert_array_equal(self.c.scan(x, chunk_bytes=10000), np.cumsum(x, dtype=np.int64))
-        excl = self.c.scan(x, exclusive=True, out32=True)
-        self.assertEqual(excl.dtype, np.int32)
-        want = (np.cumsum(x, dtype=np.int64) - x).astype(np.int32)
-        np.testing.assert_array_equal(excl, want)
-        # A stream carries across calls.
-        self.c.scan(x[:30000], stream="py-scan")
-        rest = self.c.scan(x[30000:], stream="py-scan")
-        np.testing.assert_array_equal(rest, np.cumsum(x, dtype=np.int64)[30000:])
-        self.assertEqual(self.c.query("py-scan")["scan_carry"], int(np.sum(x, dtype=np.int64)))
-
-    def test_hist(self):
-        b = RNG.integers(0, 256, 300000, dtype=np.uint8)
-        got = self.c.hist(b, chunk_bytes=65536)
-        np.testing.assert_array_equal(got, np.bincount(b, minlength=256))
-        self.assertEqual(got.dtype, np.uint64)
-        x = RNG.integers(-100, 400, 10000, dtype=np.int32)
-        got = self.c.hist(x, range=(0, 256))
-        self.assertEqual(len(got), 258)
-        inside = x[(x >= 0) & (x < 256)]
-        np.testing.assert_array_equal(got[:256], np.bincount(inside, minlength=256))
-        self.assertEqual(got[256], np.sum(x < 0))
-        self.assertEqual(got[257], np.sum(x >= 256))
-        with self.assertRaises(TypeError):
-            self.c.hist(x)
-
-    def test_streams_and_errors(self):
-        b = np.frombuffer(b"hello", np.uint8)
-        self.c.hist(b, stream="py-cam")
-        q = self.c.query("py-cam")
-        self.assertEqual(q["hist_total"], 5)
-        self.assertEqual(q["bins"][ord("l")], 2)
-        self.assertIn("py-cam", self.c.streams())
-        self.c.reset("py-cam")
-        q = self.c.query("py-cam")
-        self.assertEqual(q["hist_total"], 0)
-        self.assertEqual(int(q["bins"].sum()), 0)
-        self.c.delete("py-cam")
-        with self.assertRaises(tally.Error) as e:
-            self.c.query("py-cam")
-        self.assertEqual(e.exception.name, "unknown_stream")
-        self.assertIn("py-cam", e.exception.message)
-        self.assertGreater(self.c.ping(), 0)
-        self.assertEqual(self.c.info()["protocol"], "1")
-        self.assertIn("# TYPE", self.c.stats())
-        with self.assertRaises(ValueError):
-            self.c.scan(np.zeros(3, np.int32), stream="a b")
-        with self.assertRaises(TypeError):
-            self.c.scan(np.zeros(3, np.float32))
-
-    def test_push(self):
-        x = RNG.integers(-50, 50, 250000, dtype=np.int32)
-        parts = []
-        with self.c.push("scan", stream="py-push", chunk_bytes=40000, window=4,
-                         on_output=parts.append) as p:
-            for at in range(0, len(x), 33333):  # writes of any length, cut into chunks
-                p.write(x[at:at + 33333])
-        np.testing.assert_array_equal(np.concatenate(parts), np.cumsum(x, dtype=np.int64))
-        self.assertTrue(all(len(part) <= 10000 for part in parts))
-        self.assertEqual(p.result["bytes"], x.nbytes)
-        self.assertEqual(p.result["applied"], p.result["chunks"])
-        self.assertEqual(p.result["last_seq"], p.result["chunks"])  # numbered on a stream
-        with self.c.push("filter", gt=0, stable=True) as p:
-            p.write(x)
-        np.testing.assert_array_equal(p.output, x[x > 0])
-        b = RNG.integers(0, 256, 100000, dtype=np.uint8)
-        with self.c.push("hist", chunk_bytes=30000) as p:
-            p.write(b)
-        np.testing.assert_array_equal(p.output, np.bincount(b, minlength=256))
-
-    def test_shared_memory(self):
-        with self.c.region(4 << 20) as r:
-            b = RNG.integers(0, 256, 1 << 20, dtype=np.uint8)
-            r.array(np.uint8, 0, len(b))[:] = b
-            np.testing.assert_array_equal(self.c.hist_shm(r, 0, len(b)), np.bincount(b, minlength=256))
-            x = RNG.integers(-9, 9, 1000, dtype=np.int32)
-            r.array(np.int32, 0, len(x))[:] = x
-            sums = self.c.scan_shm(r, 0, x.nbytes, 1 << 20)
-            np.testing.assert_array_equal(sums, np.cumsum(x, dtype=np.int64))
-            kept = self.c.filter_shm(r, 0, x.nbytes, 2 << 20, gt=0, stable=True)
-            np.testing.assert_array_equal(kept, x[x > 0])
-        x = RNG.integers(-1000, 1000, 300000, dtype=np.int32)
-        got = self.c.filter(x, lt=0, stable=True, shm=True, chunk_bytes=65536)
-        np.testing.assert_array_equal(got, x[x < 0])
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    d = Daemon(os.environ["TALLYD"], [])
+    yield d
+    d.stop()
 
 
-if __name__ == "__main__":
-    unittest.main()
+@pytest.fixture(scope="module")
+def c(daemon: Daemon) -> Iterator[tally.Client]:
+    with tally.Client(daemon.endpoint, 10000) as client:
+        yield client
+
+
+def cli_bins(entry: Dict[str, Any]) -> List[int]:
+    """The counts of `tally query --json`'s bins (u8: 256; i32/u16: underflow, 256, overflow)."""
+    return [b["count"] for b in entry["bins"]]
+
+
+# ---- The package ------------------------------------------------------------------------------
+
+
+def test_installed_package() -> None:
+    # The pip-installed copy is the one imported, typed, at libtally's version.
+    assert os.sep + "client" + os.sep + "python" not in tally.__file__
+    assert (Path(tally.__file__).parent / "py.typed").is_file()
+    assert importlib.metadata.version("tally") == tally.library_version()
+
+
+def test_layout_check() -> None:
+    # The import-time check passes the real table and refuses a ctypes struct whose size,
+    # field offset or field set differs from the C struct's (tally/_wire.py's LAYOUT).
+    size, fields = tally._wire.LAYOUT["tally_req_t"]
+    _lib.check_layouts([_lib.Req], {"tally_req_t": (size, fields)})
+    moved = {**fields, "seq": (fields["seq"][0] + 8, 8)}
+    fewer = {n: at for n, at in fields.items() if n != "pred"}
+    for bad, why in (((size + 8, fields), "sizeof"), ((size, moved), "seq (offset, size)"),
+                     ((size, fewer), "pred (offset, size)")):
+        with pytest.raises(ImportError, match=r"Req does not match the C tally_req_t: " +
+                           why.replace("(", r"\(").replace(")", r"\)")):
+            _lib.check_layouts([_lib.Req], {"tally_req_t": bad})
+    with pytest.raises(ImportError, match="not in tally/_wire.py's LAYOUT"):
+        _lib.check_layouts([_lib.Req], {})
+    # Every struct the binding mirrors is checked, the new ones included.
+    assert {cls._c_name for cls in _lib.STRUCTS} == set(tally._wire.LAYOUT)
+
+
+def _import_with(library: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, TALLY_LIBRARY=library)
+    return subprocess.run([sys.executable, "-c", "import tally"], env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_import_error_names_the_library(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nowhere" / "libtally.so.0")
+    out = _import_with(missing)
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: tally: cannot load libtally"), last
+    assert repr(missing) in last and "from $TALLY_LIBRARY" in last
+    assert "set TALLY_LIBRARY to the path of libtally.so" in last
+    # A library that is not libtally: the functions it lacks are named.
+    out = _import_with(np.__file__)  # a file that is not a shared object
+    assert "ImportError: tally: cannot load libtally" in out.stderr
+    import ctypes.util
+    other = ctypes.util.find_library("m") or "libm.so.6"
+    out = _import_with(other)
+    last = out.stderr.strip().splitlines()[-1]
+    assert "is not a libtally this binding can use: it lacks tally_version" in last, last
+
+
+# ---- Data operations ------------------------------------------------------------------------
+
+
+def test_filter(c: tally.Client) -> None:
+    x = RNG.integers(-1000, 1000, 100001, dtype=np.int32)
+    got = c.filter(x, gt=0, stable=True, chunk_bytes=4096, window=3)
+    np.testing.assert_array_equal(got, x[x > 0])
+    assert got.dtype == np.int32
+    got = c.filter(x, between=(-5, 5))  # unordered: compare as multisets
+    np.testing.assert_array_equal(np.sort(got), np.sort(x[(x >= -5) & (x <= 5)]))
+    b = RNG.integers(0, 256, 5000, dtype=np.uint8)
+    np.testing.assert_array_equal(c.filter(b, eq=7, stable=True), b[b == 7])
+    np.testing.assert_array_equal(c.filter(x[::3], lt=0, stable=True), x[::3][x[::3] < 0])
+
+
+def test_scan(c: tally.Client) -> None:
+    x = RNG.integers(-(2**31), 2**31 - 1, 70000, dtype=np.int32)
+    np.testing.assert_array_equal(c.scan(x, chunk_bytes=10000), np.cumsum(x, dtype=np.int64))
+    excl = c.scan(x, exclusive=True, out32=True)
+    assert excl.dtype == np.int32
+    np.testing.assert_array_equal(excl, (np.cumsum(x, dtype=np.int64) - x).astype(np.int32))
+    c.scan(x[:30000], stream="py-scan")  # a stream carries across calls
+    rest = c.scan(x[30000:], stream="py-scan")
+    np.testing.assert_array_equal(rest, np.cumsum(x, dtype=np.int64)[30000:])
+    assert c.query("py-scan")["scan_carry"] == int(np.sum(x, dtype=np.int64))
+
+
+def test_hist_u8_i32(c: tally.Client) -> None:
+    b = RNG.integers(0, 256, 300000, dtype=np.uint8)
+    got = c.hist(b, chunk_bytes=65536)
+    np.testing.assert_array_equal(got, np.bincount(b, minlength=256))
+    assert got.dtype == np.uint64 and got.shape == (256,)
+    x = RNG.integers(-100, 400, 10000, dtype=np.int32)
+    got = c.hist(x, range=(0, 256))
+    assert got.shape == (258,)
+    np.testing.assert_array_equal(got[:256], np.bincount(x[(x >= 0) & (x < 256)], minlength=256))
+    assert got[256] == np.sum(x < 0) and got[257] == np.sum(x >= 256)
+    with pytest.raises(TypeError, match="i32 histogram needs range"):
+        c.hist(x)
+
+
+def test_hist_u16_rgb_rgba(c: tally.Client, daemon: Daemon) -> None:
+    # u16: 256 bins of 16 values over a 12-bit range, under/overflow as for i32.
+    v = RNG.integers(0, 5000, 20000, dtype=np.uint16)
+    got = c.hist(v, range=(0, 4096), stream="py-u16")
+    inside = v[v < 4096]
+    np.testing.assert_array_equal(got[:256], np.bincount(inside // 16, minlength=256))
+    assert got[256] == 0 and got[257] == np.sum(v >= 4096)
+    q = c.query("py-u16")
+    assert q["type"] == "u16" and (q["hist_lo"], q["hist_hi"]) == (0, 4096)
+    np.testing.assert_array_equal(q["bins"], got[:256])
+    # rgb8: an (H, W, 3) image is rgb8 by its shape; one histogram per channel.
+    img = RNG.integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    got = c.hist(img, stream="py-rgb")
+    assert got.shape == (3, 256)
+    for ch in range(3):
+        np.testing.assert_array_equal(got[ch], np.bincount(img[..., ch].ravel(), minlength=256))
+    q = c.query("py-rgb")
+    assert q["type"] == "rgb8" and q["bins"].shape == (3, 256) and tally.channels(q) == 3
+    np.testing.assert_array_equal(q["bins"], got)
+    cli = daemon.cli_json("py-rgb")
+    assert [e["channel"] for e in cli["channels"]] == ["r", "g", "b"]
+    for ch in range(3):
+        assert cli_bins(cli["channels"][ch]) == q["bins"][ch].tolist()
+    # rgba8 from interleaved bytes, named explicitly ("rgba" as the CLI spells it).
+    px = RNG.integers(0, 256, 4 * 1000, dtype=np.uint8)
+    got = c.hist(px, dtype="rgba", chunk_bytes=4 * 97)
+    assert got.shape == (4, 256)
+    np.testing.assert_array_equal(got[3], np.bincount(px[3::4], minlength=256))
+    # filter takes an image's bytes as u8.
+    flat = img.ravel()
+    np.testing.assert_array_equal(c.filter(img, gt=250, stable=True), flat[flat > 250])
+    with pytest.raises(TypeError, match="u16 histogram needs range"):
+        c.hist(v)
+    with pytest.raises(TypeError, match="filter takes i32, u8 elements, not u16"):
+        c.filter(v, gt=1)
+    with pytest.raises(TypeError, match="dtype u16 needs a uint16 array, not uint8"):
+        c.hist(px, dtype="u16", range=(0, 10))
+    with pytest.raises(TypeError, match="takes NumPy arrays"):
+        c.hist([1, 2, 3])  # type: ignore[arg-type]
+
+
+def test_streams_and_errors(c: tally.Client) -> None:
+    c.hist(np.frombuffer(b"hello", np.uint8), stream="py-cam")
+    q = c.query("py-cam")
+    assert q["hist_total"] == 5 and q["bins"][ord("l")] == 2 and q["bins"].shape == (256,)
+    assert q["type"] == "u8" and q["stream"] == "py-cam" and q["window"] is None
+    assert "py-cam" in c.streams()
+    c.reset("py-cam")
+    q = c.query("py-cam")
+    assert q["hist_total"] == 0 and int(q["bins"].sum()) == 0
+    c.delete("py-cam")
+    with pytest.raises(tally.Error) as e:
+        c.query("py-cam")
+    assert e.value.name == "unknown_stream" and "py-cam" in e.value.message
+    assert c.ping() > 0
+    assert c.info()["protocol"] == "1"
+    assert "# TYPE" in c.stats()
+    with pytest.raises(ValueError, match="invalid stream name"):
+        c.scan(np.zeros(3, np.int32), stream="a b")
+    with pytest.raises(TypeError):
+        c.scan(np.zeros(3, np.float32))
+
+
+# ---- Summaries and quantiles ----------------------------------------------------------------
+
+
+def nearest_rank(values: npt.NDArray[Any], q: float) -> int:
+    """The value of rank max(1, ceil(q N)) of the sorted values (tally_hist_quantile's rule)."""
+    s = np.sort(values.astype(np.int64))
+    return int(s[max(1, math.ceil(round(q * 1e6) * len(s) / 1e6)) - 1])
+
+
+def assert_summary_matches_cli(summary: tally.Summary, cli: Dict[str, Any]) -> None:
+    for key in ("count", "in_range", "underflow", "overflow", "min", "max", "quantiles"):
+        assert summary[key] == cli[key], key  # type: ignore[literal-required]
+    if cli["mean"] is None:
+        assert summary["mean"] is None
+    else:
+        assert summary["mean"] == pytest.approx(cli["mean"], rel=1e-9)
+
+
+def test_summaries_match_the_cli(c: tally.Client, daemon: Daemon) -> None:
+    b = RNG.integers(0, 256, 10007, dtype=np.uint8)
+    c.hist(b, stream="py-sum-u8")
+    x = RNG.normal(500, 300, 20000).astype(np.int32)  # some under and over [0, 1000)
+    c.hist(x, range=(0, 1000), stream="py-sum-i32")
+    v = RNG.integers(0, 70, 3000, dtype=np.uint16)
+    c.hist(v, range=(0, 1000), stream="py-sum-u16")  # narrow data in wide bins
+    img = RNG.integers(0, 200, (20, 30, 4), dtype=np.uint8)
+    c.hist(img, stream="py-sum-rgba")
+    for name in ("py-sum-u8", "py-sum-i32", "py-sum-u16"):
+        assert_summary_matches_cli(c.summary(name), daemon.cli_json(name))
+    cli = daemon.cli_json("py-sum-rgba")
+    for ch, channel in enumerate("rgba"):
+        assert_summary_matches_cli(c.summary("py-sum-rgba", channel=channel),
+                                   cli["channels"][ch])
+        assert c.summary("py-sum-rgba", channel=ch) == c.summary("py-sum-rgba", channel=channel)
+    s = c.summary("py-sum-i32")
+    assert s["underflow"] == np.sum(x < 0) and s["overflow"] == np.sum(x >= 1000)
+    assert s["count"] == len(x) and s["in_range"] == len(x) - s["underflow"] - s["overflow"]
+    # A stream without a histogram yet summarizes as empty, as the CLI says.
+    c.scan(np.arange(3, dtype=np.int32), stream="py-sum-none")
+    s = c.summary("py-sum-none")
+    assert s["count"] == 0 and s["mean"] is None and s["quantiles"] is None
+    assert daemon.cli_json("py-sum-none")["quantiles"] is None
+    with pytest.raises(ValueError, match="no histogram yet"):
+        c.quantiles("py-sum-none", [0.5])
+    with pytest.raises(ValueError, match="channels 0..0, not 1"):
+        c.summary("py-sum-u8", channel=1)
+
+
+def test_arbitrary_quantiles(c: tally.Client) -> None:
+    b = RNG.integers(0, 256, 10007, dtype=np.uint8)
+    c.hist(b, stream="py-q-u8")
+    qs = [0.0, 0.001, 0.25, 0.5, 0.9, 0.99, 0.999, 0.9999, 1.0]
+    got = c.quantiles("py-q-u8", qs)
+    # u8: one value per bin, so the estimate is the exact nearest-rank quantile.
+    assert [int(v) for v in got] == [nearest_rank(b, q) for q in qs]
+    assert all(v.side == 0 for v in got)
+    s = c.summary("py-q-u8", quantiles=[0.5, 0.999, 0.9999])
+    assert s["quantiles"] == {"p50": nearest_rank(b, 0.5), "p99.9": nearest_rank(b, 0.999),
+                              "p99.99": nearest_rank(b, 0.9999)}
+    # i32 over wide bins: the estimate is in the same bin as the true quantile; beyond the
+    # range it is the edge, with its side.
+    x = RNG.integers(-500, 3000, 50000, dtype=np.int32)
+    c.hist(x, range=(0, 2560), stream="py-q-i32")
+    rec = c.query("py-q-i32")
+    e = tally.edges(rec)
+    assert e[0] == 0 and e[256] == 2560 and np.all(np.diff(e) == 10)
+    for q in (0.2, 0.5, 0.75, 0.8):
+        true = nearest_rank(x, q)
+        est = tally.quantile(rec, q)
+        assert est.side == 0 and (true - 0) // 10 == (est - 0) // 10, (q, true, int(est))
+    low, high = tally.quantiles(rec, [0.05, 0.99])
+    assert (int(low), low.side) == (0, -1) and (int(high), high.side) == (2560, 1)
+    assert repr(high) == "Quantile(2560, side=1)"
+    np.testing.assert_array_equal(tally.edges(c.query("py-q-u8")), np.arange(257))
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        tally.quantile(rec, 1.5)
+    c.reset("py-q-u8")
+    with pytest.raises(ValueError, match="empty histogram"):
+        c.quantiles("py-q-u8", [0.5])
+
+
+# ---- Windows ---------------------------------------------------------------------------------
+
+
+def test_window_queries(c: tally.Client, daemon: Daemon) -> None:
+    a = RNG.integers(0, 100, 5000, dtype=np.uint8)
+    bb = RNG.integers(100, 256, 3000, dtype=np.uint8)
+    try:
+        daemon.set_clock(T0 + 200)
+        c.hist(a, stream="py-win")
+        daemon.set_clock(T0 + 3 * INTERVAL_MS + 100)
+        c.hist(bb, stream="py-win")
+        daemon.set_clock(T0 + 3 * INTERVAL_MS + 500)
+        last = c.query("py-win", last_ms=1000)  # the current interval only: batch bb
+        np.testing.assert_array_equal(last["bins"], np.bincount(bb, minlength=256))
+        assert last["hist_total"] == len(bb)
+        assert last["window"] == {"start_ms": T0 + 3 * INTERVAL_MS,
+                                  "end_ms": T0 + 3 * INTERVAL_MS + 500}
+        assert last["batches"] == 2  # the counters are the stream's, not the window's
+        both = c.query("py-win", last_ms=4 * INTERVAL_MS)
+        np.testing.assert_array_equal(both["bins"], np.bincount(np.concatenate([a, bb]),
+                                                                minlength=256))
+        assert both["window"] is not None and both["window"]["start_ms"] == T0
+        np.testing.assert_array_equal(c.query("py-win")["bins"], both["bins"])
+        # The CLI's window over the same stream at the same clock: the same numbers.
+        cli = daemon.cli_json("--last", "1s", "py-win")
+        assert cli_bins(cli) == last["bins"].tolist()
+        assert cli["window"] == last["window"]
+        assert_summary_matches_cli(c.summary("py-win", last_ms=1000), cli)
+        assert c.quantiles("py-win", [0.0], last_ms=1000)[0] == int(bb.min())
+        with pytest.raises(tally.Error) as e:
+            c.query("py-win", last_ms=9 * INTERVAL_MS)  # the ring holds 8 intervals
+        assert e.value.status == tally._wire.E_WINDOW and e.value.name == "bad_window"
+        with pytest.raises(ValueError, match="last_ms 0"):
+            c.query("py-win", last_ms=0)
+    finally:
+        daemon.set_clock(T0)
+
+
+# ---- Subscriptions ---------------------------------------------------------------------------
+
+
+def wait_for(sub: tally.Subscriber, stream: str, kind: str,
+             poke: Any = None) -> tally.Publication:
+    """The next publication of kind for stream, poking tallyd (a new batch) while none comes:
+    the SUB socket connects in the background and misses what was published before."""
+    for _ in range(100):
+        if poke:
+            poke()
+        pub = sub.recv(timeout_ms=200)
+        while pub is not None:
+            if pub.stream == stream and pub.kind == kind:
+                return pub
+            pub = sub.recv(timeout_ms=0)
+    raise AssertionError(f"no {kind} publication of {stream}")
+
+
+def test_subscriptions(c: tally.Client, daemon: Daemon) -> None:
+    assert c.info()["pub"] == daemon.pub
+    with c.subscribe("py-sub") as sub:
+        assert sub.fileno() >= 0
+        x = np.frombuffer(b"subscribe", np.uint8)
+        pub = wait_for(sub, "py-sub", "update", lambda: c.hist(x, stream="py-sub"))
+        assert pub.interval_ms == 50 and pub.pub_seq >= 1 and pub.time_ms == T0
+        assert pub.record is not None
+        # The record is the stream's all-time record: once the stream is quiet, the last
+        # publication holds what a query gives.
+        latest = wait_for(sub, "py-sub", "update", lambda: c.hist(x, stream="py-sub"))
+        assert latest.pub_seq > pub.pub_seq and latest.record is not None
+        q = c.query("py-sub")
+        final, deadline = latest, time.monotonic() + 20
+        while final.record is not None and final.record["hist_total"] != q["hist_total"] \
+                and time.monotonic() < deadline:
+            final = sub.recv(timeout_ms=200) or final
+        assert final.record is not None
+        np.testing.assert_array_equal(final.record["bins"], q["bins"])
+        assert final.record["hist_total"] == q["hist_total"]
+        assert tally.summarize(final.record) == c.summary("py-sub")
+        c.delete("py-sub")
+        gone = wait_for(sub, "py-sub", "deleted")
+        assert gone.record is None and gone.pub_seq > final.pub_seq
+        assert sub.recv(timeout_ms=0) is None  # nothing else is pending
+    # An explicit endpoint and prefix; other streams' publications do not arrive.
+    with tally.Subscriber(daemon.pub, "py-only") as sub:
+        pub = wait_for(sub, "py-only", "update",
+                       lambda: (c.hist(x, stream="py-only"), c.hist(x, stream="py-other")))
+        assert pub.stream == "py-only"
+        for _ in range(5):
+            other = sub.recv(timeout_ms=100)
+            assert other is None or other.stream == "py-only"
+    # Iteration, and fileno() for select(): readable once a publication may have arrived
+    # (edge-triggered: drain with recv(0) before waiting again).
+    with tally.Subscriber(daemon.pub, "py-iter") as sub:
+        first = wait_for(sub, "py-iter", "update", lambda: c.hist(x, stream="py-iter"))
+        while sub.recv(timeout_ms=0) is not None:
+            pass
+        c.hist(x, stream="py-iter")
+        got = next(iter(sub))
+        assert got.stream == "py-iter" and got.pub_seq > first.pub_seq
+        while sub.recv(timeout_ms=0) is not None:
+            pass
+        c.hist(x, stream="py-iter")
+        deadline, seen = time.monotonic() + 10, None
+        while seen is None and time.monotonic() < deadline:
+            readable, _, _ = select.select([sub], [], [], deadline - time.monotonic())
+            while readable and (arrived := sub.recv(timeout_ms=0)) is not None:
+                seen = arrived
+        assert seen is not None and seen.stream == "py-iter" and seen.pub_seq > got.pub_seq
+    with pytest.raises(tally.Error, match="at most 64 bytes"):
+        tally.Subscriber(daemon.pub, "x" * 65)
+
+
+# ---- Numbered pushes -------------------------------------------------------------------------
+
+
+def test_numbered_push_and_resume(c: tally.Client) -> None:
+    b = RNG.integers(0, 256, 10 * 1000, dtype=np.uint8)
+    # A push that stopped after 4 of its 10 chunks (the first 4 chunks sent, numbered).
+    c.hist(b[:4000], stream="py-seq", seq=True, chunk_bytes=1000)
+    first = c.last_result
+    assert first is not None and first["chunks"] == 4 and first["last_seq"] == 4
+    base = first["seq_base"]
+    assert base == 0  # a new stream: numbered from 1
+    # Resuming with its seq base sends only the 6 chunks the stream lacks.
+    got = c.hist(b, stream="py-seq", seq_base=base, chunk_bytes=1000)
+    res = c.last_result
+    assert res is not None and (res["skipped"], res["applied"], res["chunks"]) == (4, 10, 6)
+    np.testing.assert_array_equal(got, np.bincount(b[4000:], minlength=256))
+    q = c.query("py-seq")
+    np.testing.assert_array_equal(q["bins"], np.bincount(b, minlength=256))  # each chunk once
+    assert q["last_seq"] == 10 and q["batches"] == 10
+    # Resuming again applies nothing twice.
+    c.hist(b, stream="py-seq", seq_base=base, chunk_bytes=1000)
+    assert c.last_result is not None and c.last_result["skipped"] == 10
+    assert c.query("py-seq")["last_seq"] == 10
+    # The same with a push: numbered from the stream's last_seq, resumed after a failure.
+    with c.push("hist", stream="py-seq", chunk_bytes=1000) as p:
+        p.write(b[:3000])
+    assert p.result is not None and p.result["seq_base"] == 10 and p.result["last_seq"] == 13
+    with c.push("hist", stream="py-seq", chunk_bytes=1000, seq_base=10) as p:
+        p.write(b)
+    assert p.result is not None and (p.result["skipped"], p.result["last_seq"]) == (3, 20)
+    # A failure says what was applied: a u8 stream refuses int32 data (stream_state).
+    with pytest.raises(tally.Error) as e:
+        c.hist(np.arange(10, dtype=np.int32), range=(0, 10), stream="py-seq", seq=True)
+    assert e.value.name == "stream_state" and e.value.result is not None
+    assert e.value.result["applied"] == 0 and e.value.result["last_seq"] == 20
+    with pytest.raises(ValueError, match="seq_base resumes a numbered push on a stream"):
+        c.hist(b, seq_base=3)
+
+
+def test_push(c: tally.Client) -> None:
+    x = RNG.integers(-50, 50, 250000, dtype=np.int32)
+    parts: List[npt.NDArray[Any]] = []
+    with c.push("scan", stream="py-push", chunk_bytes=40000, window=4,
+                on_output=parts.append) as p:
+        for at in range(0, len(x), 33333):  # writes of any length, cut into chunks
+            p.write(x[at:at + 33333])
+            p.flush()  # every output so far handed over
+            assert sum(len(part) for part in parts) == min(at + 33333, len(x))
+    np.testing.assert_array_equal(np.concatenate(parts), np.cumsum(x, dtype=np.int64))
+    assert all(len(part) <= 10000 for part in parts)
+    assert p.result is not None and p.result["bytes"] == x.nbytes
+    assert p.result["applied"] == p.result["chunks"] == p.result["last_seq"]
+    with c.push("filter", gt=0, stable=True) as p:
+        p.write(x)
+    np.testing.assert_array_equal(p.output, x[x > 0])
+    b = RNG.integers(0, 256, 100000, dtype=np.uint8)
+    with c.push("hist", chunk_bytes=30000) as p:
+        p.write(b)
+    np.testing.assert_array_equal(p.output, np.bincount(b, minlength=256))
+    img = RNG.integers(0, 256, (10, 10, 3), dtype=np.uint8)
+    with c.push("hist", dtype="rgb8", chunk_bytes=31) as p:  # 10 whole pixels a chunk
+        p.write(img)
+    assert p.output is not None and p.output.shape == (3, 256)
+    np.testing.assert_array_equal(p.output[1], np.bincount(img[..., 1].ravel(), minlength=256))
+    with c.push("hist", dtype="u16", range=(0, 100)) as p:
+        p.write(np.arange(200, dtype=np.uint16))
+    assert p.output is not None and p.output[257] == 100
+    with pytest.raises(TypeError, match="this push takes uint16 arrays"):
+        with c.push("hist", dtype="u16", range=(0, 100)) as p:
+            p.write(np.arange(3, dtype=np.int32))
+
+
+def test_shared_memory(c: tally.Client) -> None:
+    with c.region(4 << 20) as r:
+        b = RNG.integers(0, 256, 1 << 20, dtype=np.uint8)
+        r.array(np.uint8, 0, len(b))[:] = b
+        np.testing.assert_array_equal(c.hist_shm(r, 0, len(b)), np.bincount(b, minlength=256))
+        rgb = c.hist_shm(r, 0, 3 * 1000, dtype="rgb8")
+        np.testing.assert_array_equal(rgb[2], np.bincount(b[2:3000:3], minlength=256))
+        v = RNG.integers(0, 1000, 5000, dtype=np.uint16)
+        r.array(np.uint16, 0, len(v))[:] = v
+        got = c.hist_shm(r, 0, v.nbytes, dtype=np.uint16, range=(0, 512))
+        np.testing.assert_array_equal(got[:256], np.bincount(v[v < 512] // 2, minlength=256))
+        assert got[257] == np.sum(v >= 512)
+        x = RNG.integers(-9, 9, 1000, dtype=np.int32)
+        r.array(np.int32, 0, len(x))[:] = x
+        sums = c.scan_shm(r, 0, x.nbytes, 1 << 20)
+        np.testing.assert_array_equal(sums, np.cumsum(x, dtype=np.int64))
+        kept = c.filter_shm(r, 0, x.nbytes, 2 << 20, gt=0, stable=True)
+        np.testing.assert_array_equal(kept, x[x > 0])
+    x = RNG.integers(-1000, 1000, 300000, dtype=np.int32)
+    got = c.filter(x, lt=0, stable=True, shm=True, chunk_bytes=65536)
+    np.testing.assert_array_equal(got, x[x < 0])
+
+
+# ---- CURVE -----------------------------------------------------------------------------------
+
+
+def test_curve_keys(tmp_path: Path) -> None:
+    server_public = tally.keygen(str(tmp_path / "server"))
+    client_public = tally.keygen(str(tmp_path / "cam1"))
+    assert len(server_public) == 40 and (tmp_path / "server.pub").is_file()
+    assert (tmp_path / "cam1.key").stat().st_mode & 0o077 == 0
+    with pytest.raises(tally.Error, match="exist"):
+        tally.keygen(str(tmp_path / "cam1"))  # never overwritten
+    keys = dict(server_key=str(tmp_path / "server.pub"), client_key=str(tmp_path / "cam1.key"))
+    d = Daemon(os.environ["TALLYD"], ["--curve-secret-key", str(tmp_path / "server.key"),
+                                      "--curve-clients", f"cam1:{client_public}"], **keys)
+    try:
+        with tally.Client(d.endpoint, 5000, **keys) as secure:
+            assert secure.curve and secure.info()["curve"] == "on"
+            np.testing.assert_array_equal(secure.scan(np.ones(4, np.int32)), [1, 2, 3, 4])
+        with tally.Client(d.endpoint, 300) as plain:  # no keys: tallyd never answers
+            assert not plain.curve
+            with pytest.raises(tally.Error) as e:
+                plain.ping()
+            assert e.value.name == "timeout"
+    finally:
+        d.stop()
+    with pytest.raises(tally.Error, match="CURVE keys"):
+        tally.Client("ipc:///nonexistent", 100, server_key="not-a-key")
+
+
+# ---- The README's examples -------------------------------------------------------------------
+
+
+def readme_examples() -> List[str]:
+    """The README's Python blocks that follow a "<!-- python: run -->" line."""
+    lines = Path(os.environ["TALLY_README"]).read_text().splitlines()
+    blocks, at = [], 0
+    while at < len(lines):
+        if lines[at].strip() == "<!-- python: run -->" and lines[at + 1] == "```python":
+            end = lines.index("```", at + 2)
+            blocks.append("\n".join(lines[at + 2:end]))
+            at = end
+        at += 1
+    return blocks
+
+
+def test_readme_examples(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each runs as printed, without an error, against this tallyd (tally.Client() reads
+    # $TALLY_ENDPOINT), so the README cannot show a call the binding does not take.
+    blocks = readme_examples()
+    assert len(blocks) >= 2
+    monkeypatch.setenv("TALLY_ENDPOINT", daemon.endpoint)
+    for code in blocks:
+        exec(compile(code, "README.md", "exec"), {})
+    with tally.Client(daemon.endpoint) as c:  # what the first example did
+        assert c.query("cam1")["bins"].shape == (3, 256) and c.query("s1")["scan_carry"] == 20

@@ -47,6 +47,13 @@ static const constant_t preds[] = {
     CONSTANT(TALLY_PRED_BETWEEN),
 };
 
+/* Every dtype, named as tally_dtype_name names it ("i32", "rgb8", ...). */
+static const constant_t dtypes[] = {
+    CONSTANT(TALLY_DTYPE_NONE), CONSTANT(TALLY_DTYPE_I32),  CONSTANT(TALLY_DTYPE_U8),
+    CONSTANT(TALLY_DTYPE_I64),  CONSTANT(TALLY_DTYPE_U64),  CONSTANT(TALLY_DTYPE_TEXT),
+    CONSTANT(TALLY_DTYPE_U16),  CONSTANT(TALLY_DTYPE_RGB8), CONSTANT(TALLY_DTYPE_RGBA8),
+};
+
 static const constant_t numbers[] = {
     CONSTANT(TALLY_DTYPE_I32),
     CONSTANT(TALLY_DTYPE_U8),
@@ -54,12 +61,20 @@ static const constant_t numbers[] = {
     CONSTANT(TALLY_FLAG_SCAN_OUT_I32),
     CONSTANT(TALLY_FLAG_FILTER_STABLE),
     CONSTANT(TALLY_E_UNKNOWN_STREAM),
+    CONSTANT(TALLY_E_WINDOW),
+    CONSTANT(TALLY_E_TIMEOUT),
+    CONSTANT(TALLY_E_REPLY),
+    CONSTANT(TALLY_E_ARG),
     CONSTANT(TALLY_E_IO),
     CONSTANT(TALLY_RUN_SEQ_OFF),
     CONSTANT(TALLY_RUN_SEQ_APPEND),
     CONSTANT(TALLY_RUN_SEQ_RESUME),
     CONSTANT(TALLY_HIST_BINS),
     CONSTANT(TALLY_HIST_VALUES_MAX),
+    CONSTANT(TALLY_HIST_CHANNELS_MAX),
+    CONSTANT(TALLY_WINDOW_MS_MAX),
+    CONSTANT(TALLY_PUB_UPDATE),
+    CONSTANT(TALLY_PUB_DELETED),
     CONSTANT(TALLY_STREAM_NAME_MAX),
     CONSTANT(TALLY_ERROR_MESSAGE_MAX),
     CONSTANT(TALLY_DEFAULT_TIMEOUT_MS),
@@ -100,6 +115,7 @@ static void print_constants(void)
 {
     print_dict("OP", ops, COUNT_OF(ops), "TALLY_OP_");
     print_dict("PRED", preds, COUNT_OF(preds), "TALLY_PRED_");
+    print_dict("DTYPE", dtypes, COUNT_OF(dtypes), "TALLY_DTYPE_");
     for (size_t i = 0; i < COUNT_OF(numbers); i++) {
         /* TALLY_RUN_SEQ_OFF is SEQ_OFF in Python: "RUN_" says nothing there. */
         const char *prefix = strncmp(numbers[i].name, "TALLY_RUN_", 10) ? "TALLY_" : "TALLY_RUN_";
@@ -181,11 +197,57 @@ static const field_t buf_fields[] = {
     FIELD(tally_buf_t, cap),
 };
 
+static const field_t pub_fields[] = {
+    FIELD(tally_pub_t, kind),
+    FIELD(tally_pub_t, pub_seq),
+    FIELD(tally_pub_t, time_ms),
+    FIELD(tally_pub_t, interval_ms),
+};
+
+static const field_t pub_msg_fields[] = {
+    FIELD(tally_pub_msg_t, pub),
+    FIELD(tally_pub_msg_t, stream),
+    FIELD(tally_pub_msg_t, info),
+};
+
+static const field_t hist_fields[] = {
+    FIELD(tally_hist_t, dtype), FIELD(tally_hist_t, lo),        FIELD(tally_hist_t, hi),
+    FIELD(tally_hist_t, bins),  FIELD(tally_hist_t, underflow), FIELD(tally_hist_t, overflow),
+};
+
+static const field_t quantile_fields[] = {
+    FIELD(tally_quantile_t, value),
+    FIELD(tally_quantile_t, side),
+};
+
+static const field_t summary_fields[] = {
+    FIELD(tally_hist_summary_t, count),     FIELD(tally_hist_summary_t, in_range),
+    FIELD(tally_hist_summary_t, underflow), FIELD(tally_hist_summary_t, overflow),
+    FIELD(tally_hist_summary_t, mean),      FIELD(tally_hist_summary_t, min_bin),
+    FIELD(tally_hist_summary_t, max_bin),   FIELD(tally_hist_summary_t, p50),
+    FIELD(tally_hist_summary_t, p90),       FIELD(tally_hist_summary_t, p99),
+};
+
+static const field_t curve_keys_fields[] = {
+    FIELD(tally_curve_keys_t, server_public),
+    FIELD(tally_curve_keys_t, client_public),
+    FIELD(tally_curve_keys_t, client_secret),
+};
+
 static const layout_t layouts[] = {
-    LAYOUT(tally_req_t, req_fields),           LAYOUT(tally_rep_t, rep_fields),
-    LAYOUT(tally_reply_t, reply_fields),       LAYOUT(tally_stream_info_t, stream_info_fields),
-    LAYOUT(tally_run_opts_t, run_opts_fields), LAYOUT(tally_run_result_t, run_result_fields),
+    LAYOUT(tally_req_t, req_fields),
+    LAYOUT(tally_rep_t, rep_fields),
+    LAYOUT(tally_reply_t, reply_fields),
+    LAYOUT(tally_stream_info_t, stream_info_fields),
+    LAYOUT(tally_run_opts_t, run_opts_fields),
+    LAYOUT(tally_run_result_t, run_result_fields),
     LAYOUT(tally_buf_t, buf_fields),
+    LAYOUT(tally_pub_t, pub_fields),
+    LAYOUT(tally_pub_msg_t, pub_msg_fields),
+    LAYOUT(tally_hist_t, hist_fields),
+    LAYOUT(tally_quantile_t, quantile_fields),
+    LAYOUT(tally_hist_summary_t, summary_fields),
+    LAYOUT(tally_curve_keys_t, curve_keys_fields),
 };
 
 static void print_layouts(void)

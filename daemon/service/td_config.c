@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "tally_args.h"
+#include "tally_revision.h"
 #include "td_config.h"
 #include "td_log.h"
 #include "td_settings.h"
@@ -218,13 +219,20 @@ static void run_action(td_action_t action, const char *argv0)
         td_settings_print_help(stdout, argv0);
         break;
     case TD_ACTION_VERSION:
-        printf("tallyd %s (protocol %d)\n", TALLY_VERSION, TALLY_PROTO_VERSION);
+        printf("tallyd %s (protocol %d, revision %s)\n", TALLY_VERSION, TALLY_PROTO_VERSION,
+               tally_build_revision);
         break;
     case TD_ACTION_PRINT_MD:
         td_settings_print_md(stdout);
         break;
     case TD_ACTION_PRINT_CONF:
         td_settings_print_conf(stdout);
+        break;
+    case TD_ACTION_PRINT_OPTIONS_SCD:
+        td_settings_print_options_scd(stdout);
+        break;
+    case TD_ACTION_PRINT_CONF_SCD:
+        td_settings_print_conf_scd(stdout);
         break;
     case TD_ACTION_NONE:
         break;

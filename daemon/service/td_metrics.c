@@ -13,6 +13,7 @@
 
 #include "td_metrics.h"
 #include "td_peers.h"
+#include "tally_revision.h"
 
 const double td_latency_bounds_us[TD_LATENCY_BUCKETS] = {
     25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 1000000,
@@ -323,16 +324,17 @@ static void render_auth(const td_gauges_t *g, out_t *o)
 static void render_build(out_t *o)
 {
     emit(o,
-         "# HELP tallyd_build_info tallyd's version, protocol and whether CUDA was built in.\n"
+         "# HELP tallyd_build_info tallyd's version, protocol, whether CUDA was built in, and "
+         "the git revision.\n"
          "# TYPE tallyd_build_info gauge\n"
-         "tallyd_build_info{version=\"%s\",protocol=\"%d\",cuda=\"%s\"} 1\n",
+         "tallyd_build_info{version=\"%s\",protocol=\"%d\",cuda=\"%s\",revision=\"%s\"} 1\n",
          TALLY_VERSION, TALLY_PROTO_VERSION,
 #ifdef TALLY_HAVE_CUDA
-         "yes"
+         "yes",
 #else
-         "no"
+         "no",
 #endif
-    );
+         tally_build_revision);
 }
 
 /* Requests answered by operation and status, and their latency histogram per operation. */

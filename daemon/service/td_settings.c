@@ -258,6 +258,10 @@ const td_setting_t td_settings[] = {
      .hidden = true, .help = "print the README's configuration table"},
     {.option = "print-example-conf", .type = TD_SET_ACTION, .action = TD_ACTION_PRINT_CONF,
      .hidden = true, .help = "print systemd/tallyd.conf.example"},
+    {.option = "print-options-scd", .type = TD_SET_ACTION, .action = TD_ACTION_PRINT_OPTIONS_SCD,
+     .hidden = true, .help = "print tallyd(8)'s OPTIONS (scdoc)"},
+    {.option = "print-settings-scd", .type = TD_SET_ACTION, .action = TD_ACTION_PRINT_CONF_SCD,
+     .hidden = true, .help = "print tallyd.conf(5)'s settings (scdoc)"},
 };
 /* clang-format on */
 

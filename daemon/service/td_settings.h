@@ -8,7 +8,9 @@
  * the defaults (td_config_init), the reload (td_config_apply_runtime), `tallyd --help`, and the
  * README's configuration table and systemd/tallyd.conf.example (the hidden options
  * --print-settings-md and --print-example-conf; tests/test_config_docs.sh fails when the
- * committed files differ from what they print).
+ * committed files differ from what they print), and the options of tallyd(8) and the keys of
+ * tallyd.conf(5) (--print-options-scd, --print-settings-scd: the build puts them into the man
+ * pages, man/).
  *
  * Adding a setting: a field in td_config_t, its limits in td_config.h, one row here. A new kind
  * of value (not a number, size, switch, string, list...) is a td_setting_type_t and its
@@ -55,8 +57,10 @@ typedef enum {
     TD_ACTION_NONE = 0,
     TD_ACTION_HELP,
     TD_ACTION_VERSION,
-    TD_ACTION_PRINT_MD,   /* the README's configuration table */
-    TD_ACTION_PRINT_CONF, /* systemd/tallyd.conf.example */
+    TD_ACTION_PRINT_MD,          /* the README's configuration table */
+    TD_ACTION_PRINT_CONF,        /* systemd/tallyd.conf.example */
+    TD_ACTION_PRINT_OPTIONS_SCD, /* tallyd(8)'s OPTIONS, scdoc (man/tallyd.8.scd) */
+    TD_ACTION_PRINT_CONF_SCD,    /* tallyd.conf(5)'s settings, scdoc (man/tallyd.conf.5.scd) */
 } td_action_t;
 
 typedef struct {
@@ -110,9 +114,12 @@ td_err_t td_setting_copy(const td_setting_t *s, td_config_t *live, const td_conf
 /* The name reload logs use: the key in [server], else "section key". */
 void td_setting_name(const td_setting_t *s, char *buf, size_t cap);
 
-/* `tallyd --help`, the README's configuration table, the example configuration file. */
+/* `tallyd --help`, the README's configuration table, the example configuration file, and the
+ * generated parts of the man pages tallyd(8) (the options) and tallyd.conf(5) (the keys). */
 void td_settings_print_help(FILE *out, const char *argv0);
 void td_settings_print_md(FILE *out);
 void td_settings_print_conf(FILE *out);
+void td_settings_print_options_scd(FILE *out);
+void td_settings_print_conf_scd(FILE *out);
 
 #endif

@@ -2,7 +2,9 @@
  * td_settings_doc.c — the documents generated from the table of settings: `tallyd --help`, the
  * README's configuration table (--print-settings-md) and systemd/tallyd.conf.example
  * (--print-example-conf). tests/test_config_docs.sh compares the last two with the committed
- * files, so a change to a row here shows up as a diff to commit, never as a disagreement.
+ * files, so a change to a row here shows up as a diff to commit, never as a disagreement. The
+ * man pages take their options (tallyd(8), --print-options-scd) and keys (tallyd.conf(5),
+ * --print-settings-scd) from here too, in scdoc, at build time (man/CMakeLists.txt).
  */
 #include <ctype.h>
 #include <string.h>
@@ -219,4 +221,99 @@ void td_settings_print_conf(FILE *out)
     fputs("# ", out);
     wrap(out, conf_header, 2, "# ", CONF_WIDTH);
     for_each_documented(out, conf_section, conf_row);
+}
+
+/* ---- The man pages: tallyd(8)'s OPTIONS and tallyd.conf(5)'s keys, in scdoc ---------------- */
+
+/* Text for scdoc: '*', '_' and '\' are its markup, escaped to stand for themselves. */
+static void scd_text(FILE *out, const char *text)
+{
+    for (const char *p = text; *p; p++) {
+        if (*p == '*' || *p == '_' || *p == '\\')
+            fputc('\\', out);
+        fputc(*p, out);
+    }
+}
+
+/* The indented paragraph under an entry: "Help (other name). Default: D." and for the file's
+ * keys what a reload does. */
+static void scd_paragraph(FILE *out, const td_setting_t *s, bool conf)
+{
+    char dflt[512], reload[256], other[128];
+    default_text(s, "", "", dflt, sizeof dflt);
+    reload_text(s, true, reload, sizeof reload);
+    if (conf)
+        snprintf(other, sizeof other, " (*--%s*)", s->option);
+    else if (s->section)
+        snprintf(other, sizeof other, " (*%s* in [%s])", s->key, s->section);
+    else
+        other[0] = '\0';
+    fprintf(out, "\t%c", toupper((unsigned char)s->help[0]));
+    scd_text(out, s->help + 1);
+    /* The other name holds no markup of its own but its '*'s: keys' '_'s are escaped here. */
+    for (const char *p = other; *p; p++) {
+        if (*p == '_')
+            fputc('\\', out);
+        fputc(*p, out);
+    }
+    fputs(".", out);
+    if (dflt[0]) {
+        fputs(" Default: ", out);
+        scd_text(out, dflt);
+        fputs(".", out);
+    }
+    if (conf && reload[0]) {
+        fputc(' ', out);
+        scd_text(out, reload);
+        fputs(".", out);
+    }
+    fputs("\n\n", out);
+}
+
+void td_settings_print_options_scd(FILE *out)
+{
+    for (size_t i = 0; i < td_settings_count; i++) {
+        const td_setting_t *s = &td_settings[i];
+        if (s->hidden)
+            continue;
+        fputc('*', out);
+        if (s->short_flag)
+            fprintf(out, "-%c, ", s->short_flag);
+        fputs("--", out);
+        scd_text(out, s->option);
+        fputc('*', out);
+        if (s->arg) {
+            fputs(" _", out);
+            scd_text(out, s->arg);
+            fputc('_', out);
+        }
+        fputc('\n', out);
+        scd_paragraph(out, s, false);
+    }
+}
+
+static void scd_section(FILE *out, const char *section)
+{
+    fprintf(out, "## [%s]\n\n", section);
+    for (size_t i = 0; i < sizeof section_docs / sizeof section_docs[0]; i++)
+        if (strcmp(section_docs[i].section, section) == 0) {
+            scd_text(out, section_docs[i].doc);
+            fputs("\n\n", out);
+        }
+}
+
+static void scd_key(FILE *out, const td_setting_t *s, bool first)
+{
+    (void)first;
+    fputc('*', out);
+    scd_text(out, s->key);
+    fputs("* = _", out);
+    scd_text(out, s->arg ? s->arg : "VALUE");
+    fputs(s->type == TD_SET_ENDPOINTS ? "_ (repeatable)\n" : "_\n", out);
+    scd_paragraph(out, s, true);
+}
+
+void td_settings_print_conf_scd(FILE *out)
+{
+    for_each_documented(out, scd_section, scd_key);
 }

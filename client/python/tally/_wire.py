@@ -23,18 +23,37 @@ PRED = {
     "ne": 6,
     "between": 7,
 }
+DTYPE = {
+    "none": 0,
+    "i32": 1,
+    "u8": 2,
+    "i64": 3,
+    "u64": 4,
+    "text": 5,
+    "u16": 6,
+    "rgb8": 7,
+    "rgba8": 8,
+}
 DTYPE_I32 = 1
 DTYPE_U8 = 2
 FLAG_SCAN_EXCLUSIVE = 1
 FLAG_SCAN_OUT_I32 = 2
 FLAG_FILTER_STABLE = 4
 E_UNKNOWN_STREAM = 9
+E_WINDOW = 24
+E_TIMEOUT = 100
+E_REPLY = 102
+E_ARG = 104
 E_IO = 105
 SEQ_OFF = 0
 SEQ_APPEND = 1
 SEQ_RESUME = 2
 HIST_BINS = 256
 HIST_VALUES_MAX = 1024
+HIST_CHANNELS_MAX = 4
+WINDOW_MS_MAX = 4294967295
+PUB_UPDATE = 1
+PUB_DELETED = 2
 STREAM_NAME_MAX = 64
 ERROR_MESSAGE_MAX = 255
 DEFAULT_TIMEOUT_MS = 5000
@@ -120,5 +139,45 @@ LAYOUT = {
         "data": (0, 8),
         "len": (8, 8),
         "cap": (16, 8),
+    }),
+    "tally_pub_t": (32, {
+        "kind": (0, 1),
+        "pub_seq": (8, 8),
+        "time_ms": (16, 8),
+        "interval_ms": (24, 8),
+    }),
+    "tally_pub_msg_t": (8408, {
+        "pub": (0, 32),
+        "stream": (32, 65),
+        "info": (104, 8304),
+    }),
+    "tally_hist_t": (2088, {
+        "dtype": (0, 4),
+        "lo": (8, 8),
+        "hi": (16, 8),
+        "bins": (24, 2048),
+        "underflow": (2072, 8),
+        "overflow": (2080, 8),
+    }),
+    "tally_quantile_t": (16, {
+        "value": (0, 8),
+        "side": (8, 4),
+    }),
+    "tally_hist_summary_t": (96, {
+        "count": (0, 8),
+        "in_range": (8, 8),
+        "underflow": (16, 8),
+        "overflow": (24, 8),
+        "mean": (32, 8),
+        "min_bin": (40, 4),
+        "max_bin": (44, 4),
+        "p50": (48, 16),
+        "p90": (64, 16),
+        "p99": (80, 16),
+    }),
+    "tally_curve_keys_t": (123, {
+        "server_public": (0, 41),
+        "client_public": (41, 41),
+        "client_secret": (82, 41),
     }),
 }
