@@ -809,21 +809,52 @@ void tally__side_send(int sock, const tally_shm_msg_t *m, int fd)
     (void)sendmsg(sock, &mh, MSG_NOSIGNAL);
 }
 
-/* Sends one side-channel message (with `fd` attached when >= 0) and waits for its answer. */
+/* One message on the side connection and its answer (n bytes in buf): 1, 0 when the connection
+ * had been closed by tallyd (no answer), -1 on a timeout, -2 on another error. */
+static int side_exchange(tally_client_t *self, const tally_shm_msg_t *m, int fd, uint8_t *buf,
+                         size_t cap, ssize_t *n)
+{
+    tally__side_send(self->side_fd, m, fd);
+    struct pollfd p = {.fd = self->side_fd, .events = POLLIN};
+    int rc = poll(&p, 1, self->timeout_ms);
+    *n = rc > 0 ? recv(self->side_fd, buf, cap, MSG_DONTWAIT) : -1;
+    if (*n == 0 || (*n < 0 && rc > 0 && (errno == ECONNRESET || errno == EPIPE)))
+        return 0;
+    return *n > 0 ? 1 : rc == 0 ? -1 : -2;
+}
+
+static void side_disconnect(tally_client_t *self)
+{
+    if (self->side_fd >= 0)
+        close(self->side_fd);
+    self->side_fd = -1;
+}
+
+/* Sends one side-channel message (with `fd` attached when >= 0) and waits for its answer. A
+ * register on a connection tallyd has closed (one that registered nothing within its
+ * register_timeout_ms) was not applied: it is sent again once on a new connection. After an
+ * answer with op 0 (a refusal of the connection itself) tallyd has closed it: the next message
+ * opens a new one (PROTOCOL.md §10). */
 static tally_status_t side_call(tally_client_t *self, const tally_shm_msg_t *m, int fd,
                                 tally_shm_answer_t *answer)
 {
     uint8_t buf[TALLY_SHM_ANSWER_SIZE + TALLY_ERROR_MESSAGE_MAX];
-    tally__side_send(self->side_fd, m, fd);
-    struct pollfd p = {.fd = self->side_fd, .events = POLLIN};
-    int rc = poll(&p, 1, self->timeout_ms);
-    ssize_t n = rc > 0 ? recv(self->side_fd, buf, sizeof buf, MSG_DONTWAIT) : -1;
-    if (n <= 0 || tally_shm_answer_decode(buf, (size_t)n, answer) != TALLY_OK) {
-        close(self->side_fd);
-        self->side_fd = -1;
-        return fail(self, rc == 0 ? TALLY_E_TIMEOUT : TALLY_E_TRANSPORT,
+    ssize_t n = -1;
+    int got = side_exchange(self, m, fd, buf, sizeof buf, &n);
+    if (got == 0 && m->op == TALLY_SHM_OP_REGISTER) {
+        side_disconnect(self);
+        tally_status_t status = side_connect(self);
+        if (status != TALLY_OK)
+            return status;
+        got = side_exchange(self, m, fd, buf, sizeof buf, &n);
+    }
+    if (got != 1 || tally_shm_answer_decode(buf, (size_t)n, answer) != TALLY_OK) {
+        side_disconnect(self);
+        return fail(self, got == -1 ? TALLY_E_TIMEOUT : TALLY_E_TRANSPORT,
                     "no answer from the shared-memory side channel");
     }
+    if (answer->op == 0)
+        side_disconnect(self);
     if (answer->status != TALLY_OK) {
         char msg[TALLY_ERROR_MESSAGE_MAX + 1];
         size_t mlen = (size_t)n - TALLY_SHM_ANSWER_SIZE;

@@ -37,6 +37,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "shm_side.h"
 #include "tally.h"
 #include "tally_internal.h"
 
@@ -245,46 +246,10 @@ static void test_identical_gpu(void **state)
 
 /* ---- raw side channel and raw references -------------------------------------------------- */
 
-typedef struct {
-    tally_shm_answer_t a;
-    char msg[TALLY_ERROR_MESSAGE_MAX + 1];
-} answer_t;
-
 static int side_open(void)
 {
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", sock_path);
-    assert_int_equal(connect(fd, (struct sockaddr *)&addr, sizeof addr), 0);
-    return fd;
-}
-
-/* Sends a register (fd >= 0 attached) or release; returns the answer's status. */
-static uint32_t side_send(int side, uint8_t op, const char *id, uint64_t handle, int fd,
-                          answer_t *ans)
-{
-    tally_shm_msg_t m = {.op = op, .handle = handle};
-    if (id) {
-        m.id_len = (uint8_t)strlen(id);
-        memcpy(m.id, id, m.id_len);
-    }
-    tally__side_send(side, &m, fd);
-    uint8_t buf[TALLY_SHM_ANSWER_SIZE + TALLY_ERROR_MESSAGE_MAX];
-    ssize_t n = recv(side, buf, sizeof buf, 0);
-    assert_true(n >= TALLY_SHM_ANSWER_SIZE);
-    assert_int_equal(tally_shm_answer_decode(buf, (size_t)n, &ans->a), TALLY_OK);
-    snprintf(ans->msg, sizeof ans->msg, "%.*s", (int)(n - TALLY_SHM_ANSWER_SIZE),
-             (char *)buf + TALLY_SHM_ANSWER_SIZE);
-    return ans->a.status;
-}
-
-static int memfd(size_t size, int seals)
-{
-    int fd = memfd_create("test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    int fd = th_side_connect(sock_path);
     assert_true(fd >= 0);
-    assert_int_equal(ftruncate(fd, (off_t)size), 0);
-    if (seals)
-        assert_int_equal(fcntl(fd, F_ADD_SEALS, seals), 0);
     return fd;
 }
 
@@ -386,9 +351,9 @@ static void check_bad_output_refs(void *a, tally_shm_ref_t ok, uint64_t ha, uint
 /* Registers a sealed 64 KiB memfd on side as routing id `peer`: the region's handle. */
 static uint64_t register_64k(int side, const char *peer)
 {
-    answer_t ans;
-    int fd = memfd(65536, SEALS);
-    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, peer, 0, fd, &ans), TALLY_OK);
+    th_answer_t ans;
+    int fd = th_memfd(65536, SEALS);
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, peer, 0, fd, &ans), TALLY_OK);
     assert_int_equal(ans.a.size, 65536);
     assert_int_equal(ftruncate(fd, 0), -1); /* the seals the daemon relies on hold */
     close(fd);
@@ -402,7 +367,7 @@ static void test_bad_refs(void **state)
     static const char *const args[] = {"--max-batch", "1M", NULL};
     start(&d, args);
     int side_a = side_open(), side_b = side_open();
-    answer_t ans;
+    th_answer_t ans;
     uint64_t ha = register_64k(side_a, "peerA"), hb = register_64k(side_b, "peerB");
     assert_true(ha != 0 && hb != 0 && ha != hb);
 
@@ -419,8 +384,8 @@ static void test_bad_refs(void **state)
     assert_int_equal(th_call_status(a, &req, "short", 5), TALLY_E_PAYLOAD);
 
     /* Released: the handle is gone for new requests. */
-    assert_int_equal(side_send(side_a, TALLY_SHM_OP_RELEASE, NULL, ha, -1, &ans), TALLY_OK);
-    assert_int_equal(side_send(side_a, TALLY_SHM_OP_RELEASE, NULL, ha, -1, &ans), TALLY_E_BAD_REF);
+    assert_int_equal(th_side_call(side_a, TALLY_SHM_OP_RELEASE, NULL, ha, -1, &ans), TALLY_OK);
+    assert_int_equal(th_side_call(side_a, TALLY_SHM_OP_RELEASE, NULL, ha, -1, &ans), TALLY_E_BAD_REF);
     expect_ref(a, TALLY_OP_HIST, 0, ok, TALLY_E_BAD_REF, "not a region registered by this peer");
     /* peerB's connection closes: its region goes. */
     close(side_b);
@@ -451,31 +416,34 @@ static void test_side_channel_refusals(void **state)
     th_daemon_t d;
     start(&d, NULL);
     int side = side_open();
-    answer_t ans;
-    int fd = memfd(4096, 0);
-    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, "p", 0, fd, &ans), TALLY_E_PARAM);
+    th_answer_t ans;
+    int fd = th_memfd(4096, 0);
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, "p", 0, fd, &ans), TALLY_E_PARAM);
     assert_non_null(strstr(ans.msg, "not sealed"));
     close(fd);
-    fd = memfd(4096, F_SEAL_SHRINK); /* growing is still possible */
-    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, "p", 0, fd, &ans), TALLY_E_PARAM);
+    fd = th_memfd(4096, F_SEAL_SHRINK); /* growing is still possible */
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, "p", 0, fd, &ans), TALLY_E_PARAM);
     close(fd);
-    fd = memfd(0, SEALS); /* truncated to nothing */
-    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, "p", 0, fd, &ans), TALLY_E_PARAM);
+    fd = th_memfd(0, SEALS); /* truncated to nothing */
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, "p", 0, fd, &ans), TALLY_E_PARAM);
     assert_non_null(strstr(ans.msg, "empty"));
     close(fd);
     int pipefd[2];
     assert_int_equal(pipe(pipefd), 0);
-    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, "p", 0, pipefd[0], &ans),
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, "p", 0, pipefd[0], &ans),
                      TALLY_E_PARAM);
     assert_non_null(strstr(ans.msg, "not a memfd"));
     close(pipefd[0]);
     close(pipefd[1]);
-    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, "p", 0, -1, &ans), TALLY_E_PARAM);
-    assert_non_null(strstr(ans.msg, "exactly one descriptor"));
-    /* After all that, the same connection still registers a good region. */
-    fd = memfd(4096, SEALS);
-    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, "p", 0, fd, &ans), TALLY_OK);
+    /* After all those refusals, the same connection still registers a good region. */
+    fd = th_memfd(4096, SEALS);
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, "p", 0, fd, &ans), TALLY_OK);
     close(fd);
+    /* A register without a descriptor is malformed: answered, then the connection is closed. */
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, "p", 0, -1, &ans), TALLY_E_PARAM);
+    assert_non_null(strstr(ans.msg, "exactly one descriptor"));
+    assert_int_equal(ans.a.op, TALLY_SHM_OP_REGISTER);
+    assert_true(th_side_closed(side, 5000));
     close(side);
     stop(&d);
 
@@ -483,16 +451,21 @@ static void test_side_channel_refusals(void **state)
     static const char *const deny[] = {"--test-shm-deny-own-uid", NULL};
     start(&d, deny);
     side = side_open();
-    fd = memfd(4096, SEALS);
-    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, "p", 0, fd, &ans), TALLY_E_PARAM);
+    fd = th_memfd(4096, SEALS);
+    /* Refused at accept, before its message is read: one answer with op 0, then closed. */
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, "p", 0, fd, &ans), TALLY_E_PARAM);
     assert_non_null(strstr(ans.msg, "may not register"));
+    assert_int_equal(ans.a.op, 0);
+    assert_true(th_side_closed(side, 5000));
     close(fd);
     close(side);
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new(d.endpoint, 5000, &c), TALLY_OK);
     tally_region_t *region = NULL;
-    assert_int_equal(tally_region_create(c, 4096, &region), TALLY_E_PARAM);
-    assert_non_null(strstr(tally_client_error(c), "may not register"));
+    for (int i = 0; i < 2; i++) { /* the second time on a new side connection, same answer */
+        assert_int_equal(tally_region_create(c, 4096, &region), TALLY_E_PARAM);
+        assert_non_null(strstr(tally_client_error(c), "may not register"));
+    }
     assert_int_equal(tally_ping(c, NULL), TALLY_OK);
     tally_client_destroy(&c);
     stop(&d);
@@ -696,7 +669,7 @@ static void test_register_off_loop(void **state)
 
     /* A raw registration whose answer we wait for later. */
     int side = side_open();
-    int fd = memfd(1 << 20, SEALS);
+    int fd = th_memfd(1 << 20, SEALS);
     tally_shm_msg_t m = {.op = TALLY_SHM_OP_REGISTER, .id_len = 5};
     memcpy(m.id, "peerA", 5);
     tally__side_send(side, &m, fd);
@@ -722,7 +695,7 @@ static void test_register_off_loop(void **state)
 
     /* Closed while its registration runs: mapped until the worker is done, then gone. */
     side = side_open();
-    fd = memfd(1 << 20, SEALS);
+    fd = th_memfd(1 << 20, SEALS);
     tally__side_send(side, &m, fd);
     close(fd);
     usleep(200000);
@@ -951,13 +924,13 @@ static void test_sigterm_inflight_refs(void **state)
     th_daemon_t d;
     start_sim(&d, "1", "TALLYD_TEST_SIM_LATENCY_US", "300000", true);
     int side = side_open();
-    int fd = memfd(4 << 20, SEALS);
+    int fd = th_memfd(4 << 20, SEALS);
     uint8_t *data = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     assert_true(data != MAP_FAILED);
     fill_random(data, 1 << 20);
     munmap(data, 1 << 20);
-    answer_t ans;
-    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, "peerT", 0, fd, &ans), TALLY_OK);
+    th_answer_t ans;
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, "peerT", 0, fd, &ans), TALLY_OK);
     close(fd);
     void *ctx = zmq_ctx_new();
     void *sock = dealer(ctx, d.endpoint, "peerT");
