@@ -174,7 +174,14 @@ static void test_not_allowed_flood(void **state)
     th_daemon_t d;
     char group[16];
     snprintf(group, sizeof group, "%d", NOBODY); /* nobody can reach the socket, not register */
-    const char *const args[] = {"--shm-socket-group", group, NULL};
+    /* Neither the per-uid cap nor the register timeout may be what keeps the slots free. */
+    const char *const args[] = {"--shm-socket-group",
+                                group,
+                                "--shm-max-connections-per-uid",
+                                "1024",
+                                "--shm-register-timeout-ms",
+                                "3600000",
+                                NULL};
     start(&d, args);
     int base = th_fd_count(d.pid);
     int hold, connected = 0;
@@ -245,8 +252,15 @@ static void test_per_uid_cap_other_uid(void **state)
     th_daemon_t d;
     char group[16];
     snprintf(group, sizeof group, "%d", NOBODY);
-    const char *const args[] = {"--shm-socket-group", group, "--shm-allow-uids", group,
-                                "--shm-max-connections-per-uid", "3", NULL};
+    const char *const args[] = {"--shm-socket-group",
+                                group,
+                                "--shm-allow-uids",
+                                group,
+                                "--shm-max-connections-per-uid",
+                                "3",
+                                "--shm-register-timeout-ms", /* not what closes them */
+                                "3600000",
+                                NULL};
     start(&d, args);
     int base = th_fd_count(d.pid);
     int hold, connected = 0;
@@ -367,7 +381,9 @@ static void test_malformed_closes(void **state)
 {
     (void)state;
     th_daemon_t d;
-    start(&d, NULL);
+    /* The connections close for their message, not for registering nothing in time. */
+    const char *const args[] = {"--shm-register-timeout-ms", "3600000", NULL};
+    start(&d, args);
     for (size_t i = 0; i < sizeof malformed / sizeof malformed[0]; i++)
         send_malformed(&d, &malformed[i]);
     /* Still serving. */
