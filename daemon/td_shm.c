@@ -223,6 +223,16 @@ const char *td_shm_path(const td_shm_t *shm)
     return shm ? shm->path : NULL;
 }
 
+size_t td_shm_info(const td_config_t *cfg, char *buf, size_t cap)
+{
+    int n = snprintf(buf, cap,
+                     "shm_max_regions_per_peer=%u\nshm_max_bytes=%zu\n"
+                     "shm_max_connections_per_uid=%u\nshm_register_timeout_ms=%u\n",
+                     cfg->shm_max_regions_per_peer, cfg->shm_max_bytes, cfg->shm_max_conns_per_uid,
+                     cfg->shm_register_timeout_ms);
+    return n < 0 || cap == 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+}
+
 /* ---- the side channel: answers ------------------------------------------------------------ */
 
 /* Sends an answer on fd, with msg after it for an error. False when it could not be sent

@@ -493,6 +493,11 @@ static void test_quotas(void **state)
     assert_int_equal(st.st_mode & 0777, 0660);
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new(d.endpoint, 5000, &c), TALLY_OK);
+    char *info = NULL; /* the limits a producer can meet, with the defaults of the other two */
+    assert_int_equal(tally_info(c, TALLY_OP_INFO, &info), TALLY_OK);
+    assert_non_null(strstr(info, "\nshm_max_regions_per_peer=2\nshm_max_bytes=1048576\n"
+                                 "shm_max_connections_per_uid=64\nshm_register_timeout_ms=5000\n"));
+    free(info);
     tally_region_t *r1 = NULL, *r2 = NULL, *r3 = NULL;
     assert_int_equal(tally_region_create(c, 2 << 20, &r1), TALLY_E_QUOTA); /* over the bytes */
     assert_non_null(strstr(tally_client_error(c), "shm_max_bytes"));
