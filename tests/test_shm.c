@@ -410,6 +410,173 @@ static void test_bad_refs(void **state)
     stop(&d);
 }
 
+/* One reference with several problems per row: the status and message of the first check
+ * in PROTOCOL.md §10's order. */
+typedef struct {
+    uint8_t opcode;
+    tally_shm_ref_t ref; /* handles: 1 = ha, 2 = the read-only hro, 3 = unknown, 4 = another */
+    uint32_t status;
+    const char *text;
+} order_case_t;
+
+static const order_case_t order_cases[] = {
+    {TALLY_OP_HIST, {3, 2, 2 << 20, 0, 0, 0}, TALLY_E_TOO_LARGE, "exceeds the maximum"},
+    {TALLY_OP_HIST, {3, 2, 7, 0, 0, 0}, TALLY_E_PAYLOAD, "whole number"},
+    {TALLY_OP_HIST, {3, 2, 8, 0, 8, 0}, TALLY_E_BAD_REF, "input offset 2 is not a multiple"},
+    {TALLY_OP_HIST, {3, 0, 8, 0, 8, 0}, TALLY_E_BAD_REF, "must be 0 without an output region"},
+    {TALLY_OP_HIST, {3, 0, 8, 1, 3, 8}, TALLY_E_BAD_REF, "hist takes no output region"},
+    {TALLY_OP_SCAN, {3, 0, 1024, 1, 4, 1}, TALLY_E_BAD_REF, "not a multiple of the 8-byte"},
+    {TALLY_OP_SCAN, {3, 0, 1024, 4, 8, 100}, TALLY_E_BAD_REF, "smaller than the 2048 bytes"},
+    {TALLY_OP_SCAN, {3, 1 << 20, 1024, 4, 8, 2048}, TALLY_E_BAD_REF, "input handle"},
+    {TALLY_OP_SCAN, {1, 65536, 1024, 4, 8, 2048}, TALLY_E_BAD_REF, "input range"},
+    {TALLY_OP_SCAN, {1, 0, 1024, 4, 1 << 20, 2048}, TALLY_E_BAD_REF, "output handle"},
+    {TALLY_OP_SCAN, {1, 0, 1024, 2, 1 << 20, 2048}, TALLY_E_BAD_REF, "output range"},
+    {TALLY_OP_SCAN, {1, 0, 1024, 2, 0, 2048}, TALLY_E_BAD_REF, "read-only"},
+};
+
+static uint64_t order_handle(uint64_t which, const uint64_t handles[4])
+{
+    return which ? handles[which - 1] : 0;
+}
+
+static void test_ref_check_order(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    static const char *const args[] = {"--max-batch", "1M", NULL};
+    start(&d, args);
+    int side = side_open();
+    th_answer_t ans;
+    int fd = th_memfd(65536, SEALS | F_SEAL_WRITE); /* mapped read-only: no output region */
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, "peerA", 0, fd, &ans), TALLY_OK);
+    close(fd);
+    uint64_t handles[4] = {register_64k(side, "peerA"), ans.a.handle, 0, 0};
+    handles[2] = handles[0] ^ handles[1] ^ 1; /* neither */
+    int other = side_open();
+    handles[3] = register_64k(other, "peerB");
+    void *ctx = zmq_ctx_new();
+    void *a = dealer(ctx, d.endpoint, "peerA");
+    for (size_t i = 0; i < sizeof order_cases / sizeof order_cases[0]; i++) {
+        const order_case_t *oc = &order_cases[i];
+        tally_shm_ref_t ref = oc->ref;
+        ref.in_handle = order_handle(ref.in_handle, handles);
+        ref.out_handle = order_handle(ref.out_handle, handles);
+        expect_ref(a, oc->opcode, 0, ref, oc->status, oc->text);
+    }
+    zmq_close(a);
+    zmq_ctx_term(ctx);
+    close(other);
+    close(side);
+    stop(&d);
+}
+
+/* §6: the connection's share of in-flight slots (busy) comes before the reference's contents.
+ * With one slot per connection and a request holding it for a second (simulated GPU), a
+ * reference over max_batch gets busy, not too_large. */
+static void test_ref_busy_first(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    static const char *const args[] = {"--backend", "cuda", "--test-sim-gpus", "1",
+                                       "--max-inflight-per-peer", "1", NULL};
+    setenv("TALLYD_TEST_SIM_LATENCY_US", "1000000", 1);
+    start(&d, args);
+    unsetenv("TALLYD_TEST_SIM_LATENCY_US");
+    int side = side_open();
+    uint64_t ha = register_64k(side, "peerA");
+    void *ctx = zmq_ctx_new();
+    void *a = dealer(ctx, d.endpoint, "peerA");
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 1);
+    req.flags = TALLY_FLAG_SHM_REF;
+    uint8_t bytes[TALLY_SHM_REF_SIZE];
+    tally_shm_ref_encode(&(tally_shm_ref_t){.in_handle = ha, .in_length = 65536}, bytes);
+    assert_int_equal(th_send_request(a, &req, bytes, sizeof bytes), 0); /* holds the slot */
+    tally_shm_ref_t big = {.in_handle = ha, .in_length = 1ull << 40};
+    th_reply_t reply;
+    assert_int_equal(ref_call(a, TALLY_OP_HIST, TALLY_DTYPE_U8, 0, &big, &reply), TALLY_E_BUSY);
+    th_reply_free(&reply);
+    assert_int_equal(th_recv_reply(a, &reply), 0);
+    assert_int_equal(reply.rep.request_id, 1);
+    assert_int_equal(reply.rep.status, TALLY_OK);
+    th_reply_free(&reply);
+    assert_int_equal(ref_call(a, TALLY_OP_HIST, TALLY_DTYPE_U8, 0, &big, &reply),
+                     TALLY_E_TOO_LARGE); /* the slot is free again */
+    th_reply_free(&reply);
+    zmq_close(a);
+    zmq_ctx_term(ctx);
+    close(side);
+    stop(&d);
+}
+
+/* tallyd_received_bytes_total and tallyd_sent_bytes_total of one stats reply on c, and that
+ * reply's length in *len (the next one counts it in tallyd_sent_bytes_total). */
+static void stats_pair(tally_client_t *c, uint64_t *in, uint64_t *out, size_t *len)
+{
+    char *text = NULL;
+    assert_int_equal(tally_info(c, TALLY_OP_STATS, &text), TALLY_OK);
+    const char *i = strstr(text, "\ntallyd_received_bytes_total ");
+    const char *o = strstr(text, "\ntallyd_sent_bytes_total ");
+    assert_true(i && o);
+    *in = strtoull(i + strlen("\ntallyd_received_bytes_total "), NULL, 10);
+    *out = strtoull(o + strlen("\ntallyd_sent_bytes_total "), NULL, 10);
+    *len = strlen(text);
+    free(text);
+}
+
+/* A referenced batch counts as its bytes, as a payload would: the stream's `bytes` and
+ * tallyd_received_bytes_total add in_length; a refused reference adds the 48 bytes of its
+ * frame; output written into a region is not in tallyd_sent_bytes_total. */
+static void test_ref_counters(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    start(&d, NULL);
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(d.endpoint, 10000, &c), TALLY_OK);
+    tally_region_t *region = NULL;
+    assert_int_equal(tally_region_create(c, 1 << 20, &region), TALLY_OK);
+    uint64_t in[4], out[4];
+    size_t len[4];
+    stats_pair(c, &in[0], &out[0], &len[0]);
+    tally_req_t hist = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8};
+    assert_int_equal(tally_req_set_stream(&hist, "counted"), TALLY_OK);
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    assert_int_equal(tally_call_shm(c, &hist, region, 4096, 300000, NULL, 0, &reply), TALLY_OK);
+    tally_reply_clear(&reply);
+    stats_pair(c, &in[1], &out[1], &len[1]);
+    assert_int_equal(in[1] - in[0], 300000); /* stats requests carry no payload */
+    assert_int_equal(out[1] - out[0], len[0] + 256 * 8);
+    tally_stream_info_t info;
+    assert_int_equal(tally_query(c, "counted", &info), TALLY_OK);
+    assert_int_equal(info.batches, 1);
+    assert_int_equal(info.bytes, 300000);
+    stats_pair(c, &in[1], &out[1], &len[1]); /* after the query's reply */
+    /* A scan into the region: its output is not sent. */
+    tally_req_t scan = {.opcode = TALLY_OP_SCAN, .dtype = TALLY_DTYPE_I32};
+    assert_int_equal(tally_call_shm(c, &scan, region, 0, 4096, region, 8192, &reply), TALLY_OK);
+    assert_int_equal(reply.len, 0);
+    tally_reply_clear(&reply);
+    stats_pair(c, &in[2], &out[2], &len[2]);
+    assert_int_equal(in[2] - in[1], 4096);
+    assert_int_equal(out[2] - out[1], len[1]);
+    /* A refused reference (an unknown handle, from a raw socket) counts its 48-byte frame. */
+    void *ctx = zmq_ctx_new();
+    void *raw = dealer(ctx, d.endpoint, "peerR");
+    tally_shm_ref_t unknown = {.in_handle = 1, .in_length = 16};
+    th_reply_t r;
+    assert_int_equal(ref_call(raw, TALLY_OP_HIST, TALLY_DTYPE_U8, 0, &unknown, &r),
+                     TALLY_E_BAD_REF);
+    th_reply_free(&r);
+    zmq_close(raw);
+    zmq_ctx_term(ctx);
+    stats_pair(c, &in[3], &out[3], &len[3]);
+    assert_int_equal(in[3] - in[2], TALLY_SHM_REF_SIZE);
+    tally_region_destroy(&region);
+    tally_client_destroy(&c);
+    stop(&d);
+}
+
 static void test_side_channel_refusals(void **state)
 {
     (void)state;
@@ -652,6 +819,19 @@ static void test_shm_off(void **state)
     assert_int_equal(ref_call(a, TALLY_OP_HIST, TALLY_DTYPE_I32, 0, &ref, &reply), TALLY_E_BAD_REF);
     assert_non_null(strstr((char *)reply.payload, "shared memory is off"));
     th_reply_free(&reply);
+    /* Off is found where the handles are looked up (§10): a reference that fails an earlier
+     * check gets that check's status, as with shared memory on. */
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 7);
+    req.flags = TALLY_FLAG_SHM_REF;
+    uint8_t short_ref[TALLY_SHM_REF_SIZE - 1] = {0};
+    assert_int_equal(th_call_status(a, &req, short_ref, sizeof short_ref), TALLY_E_PAYLOAD);
+    ref.in_length = 32 << 20; /* over the default max_batch */
+    expect_ref(a, TALLY_OP_HIST, 0, ref, TALLY_E_TOO_LARGE, "exceeds the maximum");
+    ref.in_length = 7;
+    expect_ref(a, TALLY_OP_HIST, 0, ref, TALLY_E_PAYLOAD, "whole number");
+    ref.in_length = 8;
+    ref.in_offset = 2;
+    expect_ref(a, TALLY_OP_HIST, 0, ref, TALLY_E_BAD_REF, "not a multiple");
     zmq_close(a);
     zmq_ctx_term(ctx);
     tally_client_destroy(&c);
@@ -1033,6 +1213,9 @@ int main(void)
         cmocka_unit_test(test_identical_cpu),
         cmocka_unit_test(test_identical_gpu),
         cmocka_unit_test(test_bad_refs),
+        cmocka_unit_test(test_ref_check_order),
+        cmocka_unit_test(test_ref_busy_first),
+        cmocka_unit_test(test_ref_counters),
         cmocka_unit_test(test_side_channel_refusals),
         cmocka_unit_test(test_quotas),
         cmocka_unit_test(test_dead_producer),
@@ -1044,5 +1227,8 @@ int main(void)
         cmocka_unit_test(test_spread_over_gpus),
         cmocka_unit_test(test_split_beyond_buffers),
     };
+    const char *only = getenv("TALLY_TEST_FILTER"); /* one test by name (a mutation check) */
+    if (only && *only)
+        cmocka_set_test_filter(only);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
