@@ -1002,6 +1002,82 @@ static void run_split(const char *const *engine_args, const char *split_log)
     stop(&d);
 }
 
+/* ---- a hist by reference over max_batch, in pieces (libtally) ----------------------------- */
+
+/* The hist of [off, off + len) of region by tally_call_shm on stream `stream` equals the hist of
+ * the same bytes by payload in chunks of at most max_batch (tally_run), and the stream holds one
+ * batch per piece. */
+static void compare_pieces(tally_client_t *c, tally_region_t *region, tally_req_t req,
+                           const char *stream, size_t off, size_t len, uint64_t pieces)
+{
+    tally_reply_t got;
+    tally_reply_init(&got);
+    assert_int_equal(tally_req_set_stream(&req, stream), TALLY_OK);
+    assert_int_equal(tally_call_shm(c, &req, region, off, len, NULL, 0, &got), TALLY_OK);
+    size_t esize = tally_dtype_size((tally_dtype_t)req.dtype);
+    assert_int_equal(got.rep.aux0, len / esize);
+    assert_int_equal(got.rep.count, tally_hist_values(req.dtype));
+    tally_buf_t want = {0};
+    tally_run_opts_t opts = {.chunk_bytes = 60000 - 60000 % esize, .window = 2};
+    req.stream_len = 0; /* by payload, without a stream */
+    memset(req.stream, 0, sizeof req.stream);
+    assert_int_equal(tally_run(c, &req, (uint8_t *)tally_region_data(region) + off, len, &opts,
+                               &want, NULL),
+                     TALLY_OK);
+    assert_int_equal(got.len, want.len);
+    assert_memory_equal(got.payload, want.data, want.len);
+    tally_buf_free(&want);
+    tally_reply_clear(&got);
+    tally_stream_info_t info;
+    assert_int_equal(tally_query(c, stream, &info), TALLY_OK);
+    assert_int_equal(info.batches, pieces);
+    assert_int_equal(info.bytes, len);
+}
+
+/* max_batch 64 KiB, two in flight per connection (so most of libtally's eight pieces in flight
+ * are answered busy and sent again): u8, i32 with a range, rgb8 (pieces of 65535 bytes, whole
+ * pixels); a failing piece stops the rest; a numbered hist is not split. */
+static void test_hist_pieces(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    static const char *const args[] = {"--max-batch", "64K", "--max-inflight-per-peer", "2",
+                                       NULL};
+    start(&d, args);
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(d.endpoint, 10000, &c), TALLY_OK);
+    tally_region_t *region = NULL;
+    assert_int_equal(tally_region_create(c, 1 << 20, &region), TALLY_OK);
+    fill_random(tally_region_data(region), 1 << 20);
+    tally_req_t u8 = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8};
+    compare_pieces(c, region, u8, "p-u8", 1, 300001, 5);
+    tally_req_t i32 = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_I32, .lo = -1000, .hi = 1000};
+    compare_pieces(c, region, i32, "p-i32", 4, 4 * 70001, 5);
+    tally_req_t rgb = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_RGB8};
+    compare_pieces(c, region, rgb, "p-rgb", 0, 3 * 65535, 3);
+    assert_true(stat_value(d.endpoint, "tallyd_limited_total{reason=\"inflight_share\"} ") > 0);
+    /* Every piece fails (an i32 hist on a u8 stream): the first failure is reported. */
+    tally_req_t wrong = i32;
+    assert_int_equal(tally_req_set_stream(&wrong, "p-u8"), TALLY_OK);
+    tally_reply_t r;
+    tally_reply_init(&r);
+    assert_int_equal(tally_call_shm(c, &wrong, region, 0, 300000, NULL, 0, &r),
+                     TALLY_E_STREAM_STATE);
+    assert_non_null(strstr(r.error, "hist piece 1 of 5 failed"));
+    assert_non_null(strstr(r.error, "(0 of the 5 pieces applied)"));
+    assert_non_null(strstr(tally_client_error(c), "hist piece 1 of 5 failed"));
+    /* One seq cannot number several pieces: sent whole, refused. */
+    tally_req_t numbered = u8;
+    numbered.seq = 1;
+    assert_int_equal(tally_req_set_stream(&numbered, "p-seq"), TALLY_OK);
+    assert_int_equal(tally_call_shm(c, &numbered, region, 0, 300000, NULL, 0, &r),
+                     TALLY_E_TOO_LARGE);
+    tally_reply_clear(&r);
+    tally_region_destroy(&region);
+    tally_client_destroy(&c);
+    stop(&d);
+}
+
 static void test_split(void **state)
 {
     (void)state;
@@ -1223,6 +1299,7 @@ int main(void)
         cmocka_unit_test(test_shm_off),
         cmocka_unit_test(test_register_off_loop),
         cmocka_unit_test(test_split),
+        cmocka_unit_test(test_hist_pieces),
         cmocka_unit_test(test_sigterm_inflight_refs),
         cmocka_unit_test(test_spread_over_gpus),
         cmocka_unit_test(test_split_beyond_buffers),
