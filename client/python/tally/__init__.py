@@ -513,7 +513,9 @@ class Client(_Handle):
             _lib.tally_reply_clear(ctypes.byref(reply))
 
     def hist_shm(self, region, offset, length, dtype=np.uint8, range=None, stream=None):
-        """hist of region bytes [offset, offset + length): the counts, read in place."""
+        """hist of region bytes [offset, offset + length): the counts, read in place. Over the
+        daemon's max_batch it is sent in pieces of at most max_batch (one batch each on a
+        stream) and their counts summed."""
         dt = _dtype_of(np.zeros(0, dtype))
         lo, hi = _hist_args(dt, range)
         req = _request("hist", dt, stream, lo=lo, hi=hi)
