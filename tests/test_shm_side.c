@@ -164,35 +164,44 @@ static void end_nobody(pid_t pid, int hold_w)
     assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+/* Starts tallyd with the socket's group nobody's and `extra`; nobody opens `count` side
+ * connections and keeps them; tallyd holds at most `kept` of them (its descriptors), and a
+ * producer of tallyd's own uid still registers a region. Returns with tallyd running. */
+static void nobody_keeps_no_one_out(th_daemon_t *d, const char *const *extra, int count,
+                                    int kept)
+{
+    char group[16];
+    snprintf(group, sizeof group, "%d", NOBODY); /* nobody can reach the socket */
+    const char *args[16] = {"--shm-socket-group", group};
+    int argc = 2;
+    for (int i = 0; extra[i] && argc < 15; i++)
+        args[argc++] = extra[i];
+    args[argc] = NULL;
+    start(d, args);
+    int base = th_fd_count(d->pid);
+    int hold, connected = 0;
+    pid_t child = spawn_nobody(count, &hold, &connected);
+    assert_int_equal(connected, count);
+    assert_true(wait_fd_count(d->pid, base + kept) <= base + kept);
+    th_answer_t ans;
+    int side = connect_side();
+    assert_int_equal(register_4k(side, &ans), TALLY_OK);
+    close(side);
+    end_nobody(child, hold);
+}
+
 /* 1,100 connections of a uid that may not register (more than tallyd's 1,024 slots): each is
- * refused at accept, none keeps a descriptor in tallyd, and an allowed producer registers. */
+ * refused at accept, none keeps a descriptor in tallyd, and an allowed producer registers.
+ * Neither the per-uid cap nor the register timeout may be what frees the slots. */
 static void test_not_allowed_flood(void **state)
 {
     (void)state;
     if (geteuid() != 0)
         skip(); /* switching to nobody needs root (as in CI) */
     th_daemon_t d;
-    char group[16];
-    snprintf(group, sizeof group, "%d", NOBODY); /* nobody can reach the socket, not register */
-    /* Neither the per-uid cap nor the register timeout may be what keeps the slots free. */
-    const char *const args[] = {"--shm-socket-group",
-                                group,
-                                "--shm-max-connections-per-uid",
-                                "1024",
-                                "--shm-register-timeout-ms",
-                                "3600000",
-                                NULL};
-    start(&d, args);
-    int base = th_fd_count(d.pid);
-    int hold, connected = 0;
-    pid_t child = spawn_nobody(1100, &hold, &connected);
-    assert_int_equal(connected, 1100);
-    assert_true(wait_fd_count(d.pid, base) <= base); /* all closed again */
-    th_answer_t ans;
-    int side = connect_side();
-    assert_int_equal(register_4k(side, &ans), TALLY_OK);
-    close(side);
-    end_nobody(child, hold);
+    static const char *const args[] = {"--shm-max-connections-per-uid", "1024",
+                                       "--shm-register-timeout-ms", "3600000", NULL};
+    nobody_keeps_no_one_out(&d, args, 1100, 0);
     assert_true(th_daemon_log_contains(&d, "uid 65534 refused: uid 65534 gid 65534 may not"));
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
@@ -243,35 +252,19 @@ static void test_per_uid_cap(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
 
-/* Another allowed uid at its cap does not keep tallyd's own uid out (root only). */
+/* Another allowed uid at its cap (it holds 3 of its 50) does not keep tallyd's own uid out
+ * (root only). The register timeout is not what closes the others. */
 static void test_per_uid_cap_other_uid(void **state)
 {
     (void)state;
     if (geteuid() != 0)
         skip();
     th_daemon_t d;
-    char group[16];
-    snprintf(group, sizeof group, "%d", NOBODY);
-    const char *const args[] = {"--shm-socket-group",
-                                group,
-                                "--shm-allow-uids",
-                                group,
-                                "--shm-max-connections-per-uid",
-                                "3",
-                                "--shm-register-timeout-ms", /* not what closes them */
-                                "3600000",
-                                NULL};
-    start(&d, args);
-    int base = th_fd_count(d.pid);
-    int hold, connected = 0;
-    pid_t child = spawn_nobody(50, &hold, &connected);
-    assert_int_equal(connected, 50);
-    assert_true(wait_fd_count(d.pid, base + 3) <= base + 3); /* nobody holds 3, no more */
-    th_answer_t ans;
-    int side = connect_side();
-    assert_int_equal(register_4k(side, &ans), TALLY_OK);
-    close(side);
-    end_nobody(child, hold);
+    char uid[16];
+    snprintf(uid, sizeof uid, "%d", NOBODY);
+    const char *const args[] = {"--shm-allow-uids", uid, "--shm-max-connections-per-uid", "3",
+                                "--shm-register-timeout-ms", "3600000", NULL};
+    nobody_keeps_no_one_out(&d, args, 50, 3);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
 
