@@ -470,18 +470,23 @@ static bool start_device_register(td_shm_t *shm, td_shm_conn_t *c, td_shm_region
     return true;
 }
 
+/* Registers the memfd fd (closed here, before any answer: once a producer has its answer,
+ * tallyd holds no descriptor of its message). */
 static bool do_register(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_msg_t *m, int fd)
 {
     const td_config_t *cfg = shm->env.cfg;
     char why[TALLY_ERROR_MESSAGE_MAX + 1];
-    if (c->regions >= cfg->shm_max_regions_per_peer)
+    if (c->regions >= cfg->shm_max_regions_per_peer) {
+        close(fd);
         return answer(c, m->op, TALLY_E_QUOTA, 0, 0,
                       "this connection already holds its maximum of %u regions",
                       cfg->shm_max_regions_per_peer);
+    }
     uint8_t *base = NULL;
     size_t size = 0;
     bool writable = false;
     tally_status_t st = map_memfd(fd, &base, &size, &writable, why, sizeof why);
+    close(fd); /* the mapping keeps the memory */
     if (st != TALLY_OK)
         return answer(c, m->op, st, 0, 0, "%s", why);
     if (size > cfg->shm_max_bytes || shm->region_bytes > cfg->shm_max_bytes - size) {
@@ -560,8 +565,8 @@ static void conn_close(td_shm_t *shm, td_shm_conn_t *c)
     uv_close((uv_handle_t *)&c->poll, conn_closed_cb);
 }
 
-/* Handles one message with its nfds descriptors (the first is fd); false when the connection
- * must close. A message that is malformed (it does not decode, or carries the wrong number of
+/* Handles one message with its nfds descriptors (the first is fd, closed before the answer);
+ * false when the connection must close. A message that is malformed (it does not decode, or carries the wrong number of
  * descriptors: register one, release none) is answered and closes the connection; a well-formed
  * one that is refused (a descriptor that is not a sealed memfd, a quota, an unknown handle) is
  * answered and the connection stays (PROTOCOL.md §10). */
@@ -577,18 +582,15 @@ static bool handle_message(td_shm_t *shm, td_shm_conn_t *c, const uint8_t *buf, 
         snprintf(why, sizeof why, "%s carries %s descriptor (this one carried %u)",
                  reg ? "register" : "release", reg ? "exactly one" : "no", nfds);
     }
-    bool keep;
-    if (st != TALLY_OK) {
+    if (st != TALLY_OK || !reg) {
+        if (fd >= 0) /* before the answer, as do_register does */
+            close(fd);
+        if (st == TALLY_OK)
+            return do_release(shm, c, &m);
         answer(c, m.op, st, 0, 0, "%s", why);
-        keep = false;
-    } else if (reg) {
-        keep = do_register(shm, c, &m, fd);
-    } else {
-        keep = do_release(shm, c, &m);
+        return false;
     }
-    if (fd >= 0)
-        close(fd);
-    return keep;
+    return do_register(shm, c, &m, fd);
 }
 
 static void conn_cb(uv_poll_t *handle, int status, int events)
@@ -605,14 +607,14 @@ static void conn_cb(uv_poll_t *handle, int status, int events)
         if (n < 0 && (errno == EAGAIN || errno == EINTR) && status >= 0)
             return;
         if (n <= 0 || truncated) {
+            if (fd >= 0)
+                close(fd);
             if (n > 0) { /* a message too long, or with too many descriptors: malformed */
                 tally_shm_msg_t m; /* decoded for its op alone */
                 char why[TALLY_ERROR_MESSAGE_MAX + 1];
                 (void)tally_shm_msg_decode(buf, (size_t)n, &m, why, sizeof why);
                 answer(c, m.op, TALLY_E_HEADER, 0, 0, "message or descriptors truncated");
             }
-            if (fd >= 0)
-                close(fd);
             conn_close(shm, c);
             return;
         }
