@@ -1007,8 +1007,8 @@ static tally_status_t piece_send(shm_pieces_t *p)
     size_t slot = 0;
     while (p->ids[slot])
         slot++;
-    tally_status_t st = tally_send_shm(p->client, p->req, p->in, p->offset + at, len, NULL, 0,
-                                       &p->ids[slot]);
+    tally_status_t st =
+        tally_send_shm(p->client, p->req, p->in, p->offset + at, len, NULL, 0, &p->ids[slot]);
     p->piece_of[slot] = k;
     p->inflight += st == TALLY_OK;
     return st;
@@ -1070,8 +1070,13 @@ static tally_status_t call_shm_pieces(tally_client_t *self, const tally_req_t *r
                                       tally_reply_t *reply)
 {
     size_t esize = tally_dtype_size((tally_dtype_t)req->dtype);
-    shm_pieces_t p = {.client = self, .req = req, .in = in, .offset = offset, .length = length,
-                      .piece_bytes = self->max_batch - self->max_batch % esize, .sum = reply};
+    shm_pieces_t p = {.client = self,
+                      .req = req,
+                      .in = in,
+                      .offset = offset,
+                      .length = length,
+                      .piece_bytes = self->max_batch - self->max_batch % esize,
+                      .sum = reply};
     p.count = (length + p.piece_bytes - 1) / p.piece_bytes;
     tally_status_t st = TALLY_OK;
     while (st == TALLY_OK && (p.inflight || (p.failed == TALLY_OK && p.applied < p.count))) {
@@ -1105,8 +1110,9 @@ tally_status_t tally_call_shm(tally_client_t *self, const tally_req_t *req,
         return TALLY_E_ARG;
     tally_reply_clear(reply);
     if (req && req->opcode == TALLY_OP_HIST && !req->seq && !out && self->max_batch &&
-        length > self->max_batch && tally_dtype_size((tally_dtype_t)req->dtype) <= self->max_batch &&
-        in && offset <= in->size && length <= in->size - offset)
+        length > self->max_batch &&
+        tally_dtype_size((tally_dtype_t)req->dtype) <= self->max_batch && in &&
+        offset <= in->size && length <= in->size - offset)
         return call_shm_pieces(self, req, in, offset, length, reply);
     int64_t deadline = deadline_after(self);
     uint8_t ref[TALLY_SHM_REF_SIZE];

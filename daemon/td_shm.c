@@ -104,8 +104,8 @@ struct td_shm {
     bool in_use; /* start-up: another tallyd serves the path */
     uv_poll_t listen_poll;
     bool listening;
-    uv_timer_t register_timer; /* closes connections that registered nothing in time */
-    bool timer_open;           /* register_timer initialised: td_shm_close closes it */
+    uv_timer_t register_timer;  /* closes connections that registered nothing in time */
+    bool timer_open;            /* register_timer initialised: td_shm_close closes it */
     bool refused_any;           /* refusals at accept: one was logged */
     uint64_t refused_logged_ms; /* when the last one was */
     unsigned refused_unlogged;  /* refusals since, not logged */
@@ -354,8 +354,7 @@ static bool peer_allowed(td_shm_t *shm, int fd, const struct ucred *cred)
 #ifdef SO_PEERGROUPS
     gid_t groups[TD_SHM_PEER_GROUPS];
     socklen_t len = sizeof groups;
-    if (cfg->shm_allow_gid_count &&
-        getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0) {
+    if (cfg->shm_allow_gid_count && getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0) {
         for (size_t i = 0; i < len / sizeof(gid_t); i++)
             if (id_in(groups[i], cfg->shm_allow_gids, cfg->shm_allow_gid_count))
                 return true;
@@ -566,10 +565,10 @@ static void conn_close(td_shm_t *shm, td_shm_conn_t *c)
 }
 
 /* Handles one message with its nfds descriptors (the first is fd, closed before the answer);
- * false when the connection must close. A message that is malformed (it does not decode, or carries the wrong number of
- * descriptors: register one, release none) is answered and closes the connection; a well-formed
- * one that is refused (a descriptor that is not a sealed memfd, a quota, an unknown handle) is
- * answered and the connection stays (PROTOCOL.md §10). */
+ * false when the connection must close. A message that is malformed (it does not decode, or carries
+ * the wrong number of descriptors: register one, release none) is answered and closes the
+ * connection; a well-formed one that is refused (a descriptor that is not a sealed memfd, a quota,
+ * an unknown handle) is answered and the connection stays (PROTOCOL.md §10). */
 static bool handle_message(td_shm_t *shm, td_shm_conn_t *c, const uint8_t *buf, size_t len, int fd,
                            unsigned nfds)
 {
@@ -609,7 +608,8 @@ static void conn_cb(uv_poll_t *handle, int status, int events)
         if (n <= 0 || truncated) {
             if (fd >= 0)
                 close(fd);
-            if (n > 0) { /* a message too long, or with too many descriptors: malformed */
+            /* A message too long, or with too many descriptors: malformed. */
+            if (n > 0) {
                 tally_shm_msg_t m; /* decoded for its op alone */
                 char why[TALLY_ERROR_MESSAGE_MAX + 1];
                 (void)tally_shm_msg_decode(buf, (size_t)n, &m, why, sizeof why);

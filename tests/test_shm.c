@@ -385,7 +385,8 @@ static void test_bad_refs(void **state)
 
     /* Released: the handle is gone for new requests. */
     assert_int_equal(th_side_call(side_a, TALLY_SHM_OP_RELEASE, NULL, ha, -1, &ans), TALLY_OK);
-    assert_int_equal(th_side_call(side_a, TALLY_SHM_OP_RELEASE, NULL, ha, -1, &ans), TALLY_E_BAD_REF);
+    assert_int_equal(th_side_call(side_a, TALLY_SHM_OP_RELEASE, NULL, ha, -1, &ans),
+                     TALLY_E_BAD_REF);
     expect_ref(a, TALLY_OP_HIST, 0, ok, TALLY_E_BAD_REF, "not a region registered by this peer");
     /* peerB's connection closes: its region goes. */
     close(side_b);
@@ -477,8 +478,8 @@ static void test_ref_busy_first(void **state)
 {
     (void)state;
     th_daemon_t d;
-    static const char *const args[] = {"--backend", "cuda", "--test-sim-gpus", "1",
-                                       "--max-inflight-per-peer", "1", NULL};
+    static const char *const args[] = {
+        "--backend", "cuda", "--test-sim-gpus", "1", "--max-inflight-per-peer", "1", NULL};
     setenv("TALLYD_TEST_SIM_LATENCY_US", "1000000", 1);
     start(&d, args);
     unsetenv("TALLYD_TEST_SIM_LATENCY_US");
@@ -1021,9 +1022,9 @@ static void compare_pieces(tally_client_t *c, tally_region_t *region, tally_req_
     tally_run_opts_t opts = {.chunk_bytes = 60000 - 60000 % esize, .window = 2};
     req.stream_len = 0; /* by payload, without a stream */
     memset(req.stream, 0, sizeof req.stream);
-    assert_int_equal(tally_run(c, &req, (uint8_t *)tally_region_data(region) + off, len, &opts,
-                               &want, NULL),
-                     TALLY_OK);
+    assert_int_equal(
+        tally_run(c, &req, (uint8_t *)tally_region_data(region) + off, len, &opts, &want, NULL),
+        TALLY_OK);
     assert_int_equal(got.len, want.len);
     assert_memory_equal(got.payload, want.data, want.len);
     tally_buf_free(&want);
@@ -1041,8 +1042,7 @@ static void test_hist_pieces(void **state)
 {
     (void)state;
     th_daemon_t d;
-    static const char *const args[] = {"--max-batch", "64K", "--max-inflight-per-peer", "2",
-                                       NULL};
+    static const char *const args[] = {"--max-batch", "64K", "--max-inflight-per-peer", "2", NULL};
     start(&d, args);
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new(d.endpoint, 10000, &c), TALLY_OK);

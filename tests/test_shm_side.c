@@ -167,8 +167,7 @@ static void end_nobody(pid_t pid, int hold_w)
 /* Starts tallyd with the socket's group nobody's and `extra`; nobody opens `count` side
  * connections and keeps them; tallyd holds at most `kept` of them (its descriptors), and a
  * producer of tallyd's own uid still registers a region. Returns with tallyd running. */
-static void nobody_keeps_no_one_out(th_daemon_t *d, const char *const *extra, int count,
-                                    int kept)
+static void nobody_keeps_no_one_out(th_daemon_t *d, const char *const *extra, int count, int kept)
 {
     char group[16];
     snprintf(group, sizeof group, "%d", NOBODY); /* nobody can reach the socket */
@@ -268,8 +267,9 @@ static void test_per_uid_cap_other_uid(void **state)
     th_daemon_t d;
     char uid[16];
     snprintf(uid, sizeof uid, "%d", NOBODY);
-    const char *const args[] = {"--shm-allow-uids", uid, "--shm-max-connections-per-uid", "3",
-                                "--shm-register-timeout-ms", "3600000", NULL};
+    const char *const args[] = {
+        "--shm-allow-uids", uid, "--shm-max-connections-per-uid", "3", "--shm-register-timeout-ms",
+        "3600000",          NULL};
     nobody_keeps_no_one_out(&d, args, 50, 3);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
@@ -313,23 +313,21 @@ static void test_register_timeout(void **state)
 
 typedef struct {
     const char *what;
-    int len;          /* bytes sent */
-    int byte, value;  /* one byte of a good register header changed (-1: none) */
-    uint8_t op;       /* the op of the message */
-    int nfds;         /* memfds attached */
-    uint32_t status;  /* the answer's */
-    uint8_t echo;     /* the answer's op */
+    int len;         /* bytes sent */
+    int byte, value; /* one byte of a good register header changed (-1: none) */
+    uint8_t op;      /* the op of the message */
+    int nfds;        /* memfds attached */
+    uint32_t status; /* the answer's */
+    uint8_t echo;    /* the answer's op */
 } malformed_t;
 
 static const malformed_t malformed[] = {
     {"bad magic", 16 + 1, 0, 'X', TALLY_SHM_OP_REGISTER, 1, TALLY_E_MAGIC, TALLY_SHM_OP_REGISTER},
     {"bad magic, release", 16, 1, 'X', TALLY_SHM_OP_RELEASE, 0, TALLY_E_MAGIC,
      TALLY_SHM_OP_RELEASE},
-    {"bad version", 16 + 1, 4, 9, TALLY_SHM_OP_REGISTER, 1, TALLY_E_VERSION,
-     TALLY_SHM_OP_REGISTER},
+    {"bad version", 16 + 1, 4, 9, TALLY_SHM_OP_REGISTER, 1, TALLY_E_VERSION, TALLY_SHM_OP_REGISTER},
     {"bad op", 16 + 1, 5, 7, TALLY_SHM_OP_REGISTER, 1, TALLY_E_OPCODE, 7},
-    {"reserved byte", 16 + 1, 7, 1, TALLY_SHM_OP_REGISTER, 1, TALLY_E_PARAM,
-     TALLY_SHM_OP_REGISTER},
+    {"reserved byte", 16 + 1, 7, 1, TALLY_SHM_OP_REGISTER, 1, TALLY_E_PARAM, TALLY_SHM_OP_REGISTER},
     {"short", 10, -1, 0, TALLY_SHM_OP_REGISTER, 1, TALLY_E_HEADER, 0},
     {"too long", 300, -1, 0, TALLY_SHM_OP_REGISTER, 1, TALLY_E_HEADER, TALLY_SHM_OP_REGISTER},
     {"two descriptors", 16 + 1, -1, 0, TALLY_SHM_OP_REGISTER, 2, TALLY_E_PARAM,
@@ -485,12 +483,9 @@ static void test_stale_socket_replaced(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_not_allowed_flood),
-        cmocka_unit_test(test_per_uid_cap),
-        cmocka_unit_test(test_per_uid_cap_other_uid),
-        cmocka_unit_test(test_register_timeout),
-        cmocka_unit_test(test_malformed_closes),
-        cmocka_unit_test(test_second_tallyd_refused),
+        cmocka_unit_test(test_not_allowed_flood),     cmocka_unit_test(test_per_uid_cap),
+        cmocka_unit_test(test_per_uid_cap_other_uid), cmocka_unit_test(test_register_timeout),
+        cmocka_unit_test(test_malformed_closes),      cmocka_unit_test(test_second_tallyd_refused),
         cmocka_unit_test(test_stale_socket_replaced),
     };
     const char *only = getenv("TALLY_TEST_FILTER"); /* one test by name (a mutation check) */
