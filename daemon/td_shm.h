@@ -40,9 +40,10 @@ typedef struct {
 } td_shm_env_t;
 
 /* Binds the side channel at cfg->shm_socket. With shm off, *out is NULL and TD_OK. A path that
- * cannot be bound (another tallyd holds it, no such directory) is TD_ERR_BIND (logged) when the
- * path was configured explicitly; for the default path it is logged and shm is off (*out NULL).
- * TD_ERR_NOMEM when out of memory. */
+ * another tallyd serves (it holds PATH.lock, or the socket accepts a connection) is TD_ERR_BIND
+ * (logged), the default path too; a stale socket file is replaced. Another path that cannot be
+ * bound (no such directory) is TD_ERR_BIND when it was configured explicitly; for the default
+ * path it is logged and shm is off (*out NULL). TD_ERR_NOMEM when out of memory. */
 td_err_t td_shm_new(const td_shm_env_t *env, td_shm_t **out);
 /* Stops listening and closes every side connection (their regions stay mapped while requests
  * hold them). Closes the loop handles. */
