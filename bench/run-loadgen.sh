@@ -23,7 +23,7 @@ start_tallyd() { # name port extra-args...
   local name=$1 port=$2
   shift 2
   "$TD" --bind "tcp://127.0.0.1:$port" --bind "ipc:///tmp/tl-$name.ipc" --log-level notice \
-    "$@" 2>"$OUT/tallyd-$name.log" &
+    --shm off "$@" 2>"$OUT/tallyd-$name.log" & # off: several at once, one default side channel
   pids+=($!)
   eval "PID_$name=$!"
 }

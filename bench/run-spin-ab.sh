@@ -8,10 +8,10 @@ set -uo pipefail
 . "$(dirname "$0")/bench-env.sh"
 SPIN=${SPIN_US:-50}
 "$TD" --bind tcp://127.0.0.1:5711 --bind ipc:///tmp/tl-a.ipc --backend cuda --gpu-spin-us 0 \
-  --log-level notice 2>"$OUT/tallyd-a.log" &
+  --shm off --log-level notice 2>"$OUT/tallyd-a.log" &
 pids+=($!)
 "$TD" --bind tcp://127.0.0.1:5712 --bind ipc:///tmp/tl-b.ipc --backend cuda --gpu-spin-us "$SPIN" \
-  --log-level notice 2>"$OUT/tallyd-b.log" &
+  --shm off --log-level notice 2>"$OUT/tallyd-b.log" &
 pids+=($!)
 "$LG" --serve-echo tcp://127.0.0.1:5713 ipc:///tmp/tl-e.ipc &
 pids+=($!)

@@ -58,6 +58,7 @@ struct tally_client {
     char error[TALLY_ERROR_MESSAGE_MAX + 1];
     uint8_t routing_id[TALLY_ROUTING_ID_BYTES];
     int side_fd;           /* the shared-memory side channel, -1 until the first region */
+    size_t max_batch;      /* the daemon's, from the info side_connect reads; 0 until then */
     tally_bufpool_t *pool; /* tally_send's copies of large payloads (tally_bufpool.c) */
 };
 
@@ -758,10 +759,12 @@ static tally_status_t side_connect(tally_client_t *self)
     tally_status_t status = tally_info(self, TALLY_OP_INFO, &text);
     if (status != TALLY_OK)
         return status;
-    char on[8], path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    char on[8], path[sizeof(((struct sockaddr_un *)0)->sun_path)], batch[24];
     info_value(text, "shm", on, sizeof on);
     info_value(text, "shm_socket", path, sizeof path);
+    info_value(text, "max_batch", batch, sizeof batch);
     free(text);
+    self->max_batch = (size_t)strtoull(batch, NULL, 10);
     if (strcmp(on, "on") != 0 || !path[0])
         return fail(self, TALLY_E_ARG, "the daemon offers no shared memory (info: shm=off)");
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -809,21 +812,52 @@ void tally__side_send(int sock, const tally_shm_msg_t *m, int fd)
     (void)sendmsg(sock, &mh, MSG_NOSIGNAL);
 }
 
-/* Sends one side-channel message (with `fd` attached when >= 0) and waits for its answer. */
+/* One message on the side connection and its answer (n bytes in buf): 1, 0 when the connection
+ * had been closed by tallyd (no answer), -1 on a timeout, -2 on another error. */
+static int side_exchange(tally_client_t *self, const tally_shm_msg_t *m, int fd, uint8_t *buf,
+                         size_t cap, ssize_t *n)
+{
+    tally__side_send(self->side_fd, m, fd);
+    struct pollfd p = {.fd = self->side_fd, .events = POLLIN};
+    int rc = poll(&p, 1, self->timeout_ms);
+    *n = rc > 0 ? recv(self->side_fd, buf, cap, MSG_DONTWAIT) : -1;
+    if (*n == 0 || (*n < 0 && rc > 0 && (errno == ECONNRESET || errno == EPIPE)))
+        return 0;
+    return *n > 0 ? 1 : rc == 0 ? -1 : -2;
+}
+
+static void side_disconnect(tally_client_t *self)
+{
+    if (self->side_fd >= 0)
+        close(self->side_fd);
+    self->side_fd = -1;
+}
+
+/* Sends one side-channel message (with `fd` attached when >= 0) and waits for its answer. A
+ * register on a connection tallyd has closed (one that registered nothing within its
+ * register_timeout_ms) was not applied: it is sent again once on a new connection. After an
+ * answer with op 0 (a refusal of the connection itself) tallyd has closed it: the next message
+ * opens a new one (PROTOCOL.md §10). */
 static tally_status_t side_call(tally_client_t *self, const tally_shm_msg_t *m, int fd,
                                 tally_shm_answer_t *answer)
 {
     uint8_t buf[TALLY_SHM_ANSWER_SIZE + TALLY_ERROR_MESSAGE_MAX];
-    tally__side_send(self->side_fd, m, fd);
-    struct pollfd p = {.fd = self->side_fd, .events = POLLIN};
-    int rc = poll(&p, 1, self->timeout_ms);
-    ssize_t n = rc > 0 ? recv(self->side_fd, buf, sizeof buf, MSG_DONTWAIT) : -1;
-    if (n <= 0 || tally_shm_answer_decode(buf, (size_t)n, answer) != TALLY_OK) {
-        close(self->side_fd);
-        self->side_fd = -1;
-        return fail(self, rc == 0 ? TALLY_E_TIMEOUT : TALLY_E_TRANSPORT,
+    ssize_t n = -1;
+    int got = side_exchange(self, m, fd, buf, sizeof buf, &n);
+    if (got == 0 && m->op == TALLY_SHM_OP_REGISTER) {
+        side_disconnect(self);
+        tally_status_t status = side_connect(self);
+        if (status != TALLY_OK)
+            return status;
+        got = side_exchange(self, m, fd, buf, sizeof buf, &n);
+    }
+    if (got != 1 || tally_shm_answer_decode(buf, (size_t)n, answer) != TALLY_OK) {
+        side_disconnect(self);
+        return fail(self, got == -1 ? TALLY_E_TIMEOUT : TALLY_E_TRANSPORT,
                     "no answer from the shared-memory side channel");
     }
+    if (answer->op == 0)
+        side_disconnect(self);
     if (answer->status != TALLY_OK) {
         char msg[TALLY_ERROR_MESSAGE_MAX + 1];
         size_t mlen = (size_t)n - TALLY_SHM_ANSWER_SIZE;
@@ -941,6 +975,133 @@ tally_status_t tally_send_shm(tally_client_t *self, const tally_req_t *req,
     return tally_send(self, &wire, ref, sizeof ref, request_id);
 }
 
+/* ---- A shared-memory hist over max_batch, in pieces ---------------------------------------- */
+
+#define SHM_PIECES_WINDOW TALLY_DEFAULT_WINDOW
+
+/* One hist of [offset, offset + length) of `in`, sent as `count` pieces of piece_bytes (the
+ * last one shorter), at most SHM_PIECES_WINDOW in flight, their counts summed into `sum`. */
+typedef struct {
+    tally_client_t *client;
+    const tally_req_t *req;
+    const tally_region_t *in;
+    size_t offset, length, piece_bytes, count;
+    size_t next;                        /* the next piece never sent */
+    size_t retry[SHM_PIECES_WINDOW];    /* pieces answered `busy`, to send again */
+    size_t retries;                     /* in retry[] */
+    uint64_t ids[SHM_PIECES_WINDOW];    /* the request in flight in each slot; 0: free */
+    size_t piece_of[SHM_PIECES_WINDOW]; /* and its piece */
+    size_t inflight, applied;           /* pieces in flight, and answered ok */
+    bool was_busy;                      /* the last reply was `busy` */
+    tally_reply_t *sum;                 /* the first ok reply, the others added into it */
+    tally_status_t failed;              /* the first failure; TALLY_OK while none */
+    size_t failed_piece;
+    char error[TALLY_ERROR_MESSAGE_MAX + 1];
+} shm_pieces_t;
+
+static tally_status_t piece_send(shm_pieces_t *p)
+{
+    size_t k = p->retries ? p->retry[--p->retries] : p->next++;
+    size_t at = k * p->piece_bytes;
+    size_t len = p->length - at < p->piece_bytes ? p->length - at : p->piece_bytes;
+    size_t slot = 0;
+    while (p->ids[slot])
+        slot++;
+    tally_status_t st =
+        tally_send_shm(p->client, p->req, p->in, p->offset + at, len, NULL, 0, &p->ids[slot]);
+    p->piece_of[slot] = k;
+    p->inflight += st == TALLY_OK;
+    return st;
+}
+
+/* Adds an ok reply into the sum (the first one becomes it). */
+static tally_status_t piece_add(shm_pieces_t *p, tally_reply_t *r)
+{
+    size_t values = tally__hist_values(p->req->dtype);
+    if (r->len != values * 8)
+        return fail(p->client, TALLY_E_REPLY, "a hist reply of the wrong length");
+    if (!p->sum->payload) {
+        *p->sum = *r; /* takes over the payload */
+        tally_reply_init(r);
+    } else { /* the frame's data is ours until the reply is cleared */
+        tally__hist_add((uint8_t *)p->sum->payload, r->payload, values);
+        p->sum->rep.aux0 += r->rep.aux0;
+    }
+    p->applied++;
+    return TALLY_OK;
+}
+
+/* One reply of a piece: summed, its piece queued again (`busy`: it had no effect, and a hist's
+ * pieces add up in any order), or the first failure kept. A local failure is returned. */
+static tally_status_t piece_receive(shm_pieces_t *p)
+{
+    tally_reply_t r;
+    tally_reply_init(&r);
+    tally_status_t st = tally_recv(p->client, &r);
+    size_t slot = 0;
+    while (slot < SHM_PIECES_WINDOW && (!p->ids[slot] || p->ids[slot] != r.rep.request_id))
+        slot++;
+    if (is_local_failure(st) || slot == SHM_PIECES_WINDOW) { /* or a reply to an earlier call */
+        tally_reply_clear(&r);
+        return is_local_failure(st) ? st : TALLY_OK;
+    }
+    p->ids[slot] = 0;
+    p->inflight--;
+    p->was_busy = st == TALLY_E_BUSY;
+    if (st == TALLY_OK)
+        st = piece_add(p, &r);
+    if (st == TALLY_E_BUSY) {
+        p->retry[p->retries++] = p->piece_of[slot];
+    } else if (st != TALLY_OK && p->failed == TALLY_OK) {
+        p->failed = st;
+        p->failed_piece = p->piece_of[slot];
+        snprintf(p->error, sizeof p->error, "%s", r.error[0] ? r.error : p->client->error);
+    }
+    tally_reply_clear(&r);
+    return TALLY_OK;
+}
+
+/* tally_call_shm's hist over the daemon's max_batch (PROTOCOL.md §10): pieces of at most
+ * max_batch bytes in whole elements, one reply with their counts summed and aux0 the elements
+ * of all. After the first failure no more pieces are sent; those in flight are waited for, and
+ * the error says how many pieces were applied. */
+static tally_status_t call_shm_pieces(tally_client_t *self, const tally_req_t *req,
+                                      const tally_region_t *in, size_t offset, size_t length,
+                                      tally_reply_t *reply)
+{
+    size_t esize = tally_dtype_size((tally_dtype_t)req->dtype);
+    shm_pieces_t p = {.client = self,
+                      .req = req,
+                      .in = in,
+                      .offset = offset,
+                      .length = length,
+                      .piece_bytes = self->max_batch - self->max_batch % esize,
+                      .sum = reply};
+    p.count = (length + p.piece_bytes - 1) / p.piece_bytes;
+    tally_status_t st = TALLY_OK;
+    while (st == TALLY_OK && (p.inflight || (p.failed == TALLY_OK && p.applied < p.count))) {
+        while (st == TALLY_OK && p.failed == TALLY_OK && p.inflight < SHM_PIECES_WINDOW &&
+               (p.retries || p.next < p.count)) {
+            if (p.was_busy && !p.inflight)
+                usleep(1000); /* busy with nothing of ours in flight: others hold the slots */
+            st = piece_send(&p);
+        }
+        if (st == TALLY_OK && p.inflight)
+            st = piece_receive(&p);
+    }
+    if (st == TALLY_OK && p.failed != TALLY_OK) {
+        st = p.failed;
+        set_msg(self->error, "hist piece %zu of %zu failed: %s (%zu of the %zu pieces applied)",
+                p.failed_piece + 1, p.count, p.error, p.applied, p.count);
+    }
+    if (st != TALLY_OK) {
+        tally_reply_clear(reply);
+        reply->rep.status = (uint32_t)st;
+        snprintf(reply->error, sizeof reply->error, "%s", self->error);
+    }
+    return st;
+}
+
 tally_status_t tally_call_shm(tally_client_t *self, const tally_req_t *req,
                               const tally_region_t *in, size_t offset, size_t length,
                               const tally_region_t *out, size_t out_offset, tally_reply_t *reply)
@@ -948,6 +1109,11 @@ tally_status_t tally_call_shm(tally_client_t *self, const tally_req_t *req,
     if (!self || !reply)
         return TALLY_E_ARG;
     tally_reply_clear(reply);
+    if (req && req->opcode == TALLY_OP_HIST && !req->seq && !out && self->max_batch &&
+        length > self->max_batch &&
+        tally_dtype_size((tally_dtype_t)req->dtype) <= self->max_batch && in &&
+        offset <= in->size && length <= in->size - offset)
+        return call_shm_pieces(self, req, in, offset, length, reply);
     int64_t deadline = deadline_after(self);
     uint8_t ref[TALLY_SHM_REF_SIZE];
     uint64_t id = 0;

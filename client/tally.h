@@ -155,7 +155,9 @@ typedef struct tally_region tally_region_t;
 /* Creates a region of `size` bytes (zero-filled) and registers it with the daemon the client
  * is connected to. Fails with the daemon's status (TALLY_E_QUOTA, ...; tally_client_error says
  * why), TALLY_E_ARG when the daemon offers no shared memory, TALLY_E_IO or TALLY_E_TRANSPORT
- * when the side channel cannot be reached. Destroy regions before their client. */
+ * when the side channel cannot be reached. The client's regions share one side connection; when
+ * tallyd has closed it (it registered nothing in time, or was refused), the next registration
+ * opens a new one. Destroy regions before their client. */
 TALLY_API tally_status_t tally_region_create(tally_client_t *client, size_t size,
                                              tally_region_t **out);
 /* The region's memory (page-aligned) and size. */
@@ -175,7 +177,13 @@ TALLY_API tally_status_t tally_send_shm(tally_client_t *self, const tally_req_t 
                                         const tally_region_t *in, size_t offset, size_t length,
                                         const tally_region_t *out, size_t out_offset,
                                         uint64_t *request_id);
-/* The same, waiting for the reply (as tally_call). */
+/* The same, waiting for the reply (as tally_call). A hist (without seq or out) of more than
+ * the daemon's max_batch is sent as pieces of at most max_batch bytes (whole elements), up to
+ * TALLY_DEFAULT_WINDOW in flight (a piece answered TALLY_E_BUSY is sent again), and `reply` is
+ * one reply with their counts summed and aux0 the elements of all; on a stream each piece is one
+ * batch. After the first piece that fails no more are sent: the status is that piece's and the
+ * error says which piece failed and how many were applied. tally_send_shm always sends one
+ * request (over max_batch: TALLY_E_TOO_LARGE). */
 TALLY_API tally_status_t tally_call_shm(tally_client_t *self, const tally_req_t *req,
                                         const tally_region_t *in, size_t offset, size_t length,
                                         const tally_region_t *out, size_t out_offset,

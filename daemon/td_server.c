@@ -231,7 +231,10 @@ static void op_info(td_server_t *s, td_request_t *r)
                      s->shm ? td_shm_path(s->shm) : "", s->cfg.window_intervals,
                      s->cfg.window_interval_ms, s->pub ? td_pub_endpoint(s->pub) : "",
                      s->cfg.pub_interval_ms, s->auth ? "on" : "off");
-    reply_text(s, r, text, n > 0 ? (size_t)n : 0);
+    size_t len = n > 0 ? (size_t)n : 0;
+    if (len < TD_TEXT_REPLY_MAX)
+        len += td_shm_info(&s->cfg, text + len, TD_TEXT_REPLY_MAX - len);
+    reply_text(s, r, text, len);
 }
 
 /* The gauges `stats`, GET /metrics and the systemd status line report. */

@@ -15,8 +15,18 @@
  * Who may register: the connection's SO_PEERCRED (the kernel's record of the peer, not a claim
  * of the peer) must show tallyd's own uid, a uid of shm_allow_uids, or a primary or (through
  * SO_PEERGROUPS) supplementary gid of shm_allow_gids; the socket's mode (0660, group
- * --shm-socket-group when set) is the first gate, this is the second. A refused peer gets an answer
- * saying why to its first message and is disconnected.
+ * --shm-socket-group when set) is the first gate, this is the second. It is checked at accept,
+ * before the connection takes one of the TD_SHM_CONNECTIONS_MAX slots: a peer that may not
+ * register gets one answer saying why and is closed at once, so no number of such connections
+ * can keep an allowed producer out (issue 21). An allowed uid holds at most
+ * shm_max_conns_per_uid connections, and a connection that has registered nothing within
+ * shm_register_timeout_ms is closed (one timer for all of them), so idle connections cannot
+ * hold the slots either.
+ *
+ * Closing: a connection refused at accept, or closed after a malformed message, first stops
+ * reading (shutdown SHUT_RD: the peer's further sends fail with EPIPE) and drains what it had
+ * queued, closing the descriptors in it; a Unix socket closed with unread messages would reset
+ * the peer (ECONNRESET) before it could read the answer that says why.
  *
  * What may be registered: only a memfd sealed with F_SEAL_SHRINK | F_SEAL_GROW. The seals are
  * what make the mapping safe to read: a file that the producer could truncate would turn
@@ -79,9 +89,10 @@ typedef struct td_shm_conn {
     int fd;
     uv_poll_t poll;
     struct ucred cred;
-    bool allowed;
     bool registering; /* a registration runs on a worker: reading paused, answers stay in order */
-    unsigned regions; /* attached to this connection */
+    bool registered;  /* has registered a region: the register timeout no longer applies */
+    uint64_t accepted_ms; /* uv_now at accept */
+    unsigned regions;     /* attached to this connection */
     struct td_shm_conn *next;
 } td_shm_conn_t;
 
@@ -90,8 +101,14 @@ struct td_shm {
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     int listen_fd;
     int lock_fd; /* flock on PATH.lock: one tallyd per path */
+    bool in_use; /* start-up: another tallyd serves the path */
     uv_poll_t listen_poll;
     bool listening;
+    uv_timer_t register_timer;  /* closes connections that registered nothing in time */
+    bool timer_open;            /* register_timer initialised: td_shm_close closes it */
+    bool refused_any;           /* refusals at accept: one was logged */
+    uint64_t refused_logged_ms; /* when the last one was */
+    unsigned refused_unlogged;  /* refusals since, not logged */
     td_shm_conn_t *conns;
     unsigned conn_count;
     td_shm_region_t *regions; /* attached and detached-but-referenced */
@@ -206,30 +223,113 @@ const char *td_shm_path(const td_shm_t *shm)
     return shm ? shm->path : NULL;
 }
 
+size_t td_shm_info(const td_config_t *cfg, char *buf, size_t cap)
+{
+    int n = snprintf(buf, cap,
+                     "shm_max_regions_per_peer=%u\nshm_max_bytes=%zu\n"
+                     "shm_max_connections_per_uid=%u\nshm_register_timeout_ms=%u\n",
+                     cfg->shm_max_regions_per_peer, cfg->shm_max_bytes, cfg->shm_max_conns_per_uid,
+                     cfg->shm_register_timeout_ms);
+    return n < 0 || cap == 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+}
+
 /* ---- the side channel: answers ------------------------------------------------------------ */
 
-/* Sends an answer (with a message for an error). False when the peer must be dropped. */
+/* Sends an answer on fd, with msg after it for an error. False when it could not be sent
+ * whole: the peer does not read, or has gone. */
+static bool send_answer(int fd, uint8_t op, tally_status_t status, uint64_t handle, uint64_t size,
+                        const char *msg)
+{
+    uint8_t buf[TALLY_SHM_ANSWER_SIZE + TALLY_ERROR_MESSAGE_MAX];
+    tally_shm_answer_t a = {.op = op, .status = (uint32_t)status, .handle = handle, .size = size};
+    tally_shm_answer_encode(&a, buf);
+    size_t len = TALLY_SHM_ANSWER_SIZE;
+    if (status != TALLY_OK && msg) {
+        size_t n = strnlen(msg, TALLY_ERROR_MESSAGE_MAX);
+        memcpy(buf + len, msg, n);
+        len += n;
+    }
+    return send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)len;
+}
+
+/* Sends an answer to c (with a message for an error). False when the peer must be dropped. */
 static bool answer(td_shm_conn_t *c, uint8_t op, tally_status_t status, uint64_t handle,
                    uint64_t size, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 static bool answer(td_shm_conn_t *c, uint8_t op, tally_status_t status, uint64_t handle,
                    uint64_t size, const char *fmt, ...)
 {
-    uint8_t buf[TALLY_SHM_ANSWER_SIZE + TALLY_ERROR_MESSAGE_MAX + 1];
-    tally_shm_answer_t a = {.op = op, .status = (uint32_t)status, .handle = handle, .size = size};
-    tally_shm_answer_encode(&a, buf);
-    size_t len = TALLY_SHM_ANSWER_SIZE;
+    char msg[TALLY_ERROR_MESSAGE_MAX + 1] = "";
     if (status != TALLY_OK && fmt) {
         va_list ap;
         va_start(ap, fmt);
-        int n = vsnprintf((char *)buf + len, TALLY_ERROR_MESSAGE_MAX + 1, fmt, ap);
+        vsnprintf(msg, sizeof msg, fmt, ap);
         va_end(ap);
-        if (n > 0)
-            len += (size_t)n > TALLY_ERROR_MESSAGE_MAX ? TALLY_ERROR_MESSAGE_MAX : (size_t)n;
-        td_info("shm: peer pid %d uid %u: %s: %.*s", (int)c->cred.pid, (unsigned)c->cred.uid,
-                tally_status_name(status), (int)(len - TALLY_SHM_ANSWER_SIZE),
-                (char *)buf + TALLY_SHM_ANSWER_SIZE);
+        td_info("shm: peer pid %d uid %u: %s: %s", (int)c->cred.pid, (unsigned)c->cred.uid,
+                tally_status_name(status), msg);
     }
-    return send(c->fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)len;
+    return send_answer(c->fd, op, status, handle, size, msg);
+}
+
+/* The descriptors of a received message: the first in *fd (-1 when none), the others closed.
+ * Returns how many there were. */
+static unsigned take_fds(struct msghdr *mh, int *fd)
+{
+    unsigned count = 0;
+    *fd = -1;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm; cm = CMSG_NXTHDR(mh, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < n; i++, count++) {
+            int each;
+            memcpy(&each, CMSG_DATA(cm) + i * sizeof(int), sizeof each);
+            if (*fd < 0)
+                *fd = each;
+            else
+                close(each);
+        }
+    }
+    return count;
+}
+
+/* One message from fd into buf (cap bytes), its descriptors taken as take_fds does: its length
+ * (0 at the end of the connection, -1 with errno), *nfds and *truncated set. */
+static ssize_t recv_message(int fd, uint8_t *buf, size_t cap, int *msg_fd, unsigned *nfds,
+                            bool *truncated)
+{
+    union {
+        struct cmsghdr align;
+        char space[CMSG_SPACE(TD_SHM_FDS_MAX * sizeof(int))];
+    } control;
+    struct iovec iov = {.iov_base = buf, .iov_len = cap};
+    struct msghdr mh = {.msg_iov = &iov,
+                        .msg_iovlen = 1,
+                        .msg_control = control.space,
+                        .msg_controllen = sizeof control.space};
+    ssize_t n = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    *msg_fd = -1;
+    *nfds = 0;
+    *truncated = false;
+    if (n < 0)
+        return n;
+    /* The kernel closes what did not fit in control (MSG_CTRUNC); the rest are ours. */
+    *nfds = take_fds(&mh, msg_fd);
+    *truncated = (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0;
+    return n;
+}
+
+/* Stops reading fd and drops what the peer had queued (closing the descriptors in it), so
+ * that closing fd does not reset the peer before it reads its last answer. */
+static void stop_reading(int fd)
+{
+    (void)shutdown(fd, SHUT_RD); /* from here the peer's sends fail (EPIPE) */
+    uint8_t buf[TALLY_SHM_MSG_HEADER + TALLY_SHM_ROUTING_ID_MAX + 1];
+    int msg_fd;
+    unsigned nfds;
+    bool truncated;
+    while (recv_message(fd, buf, sizeof buf, &msg_fd, &nfds, &truncated) > 0)
+        if (msg_fd >= 0)
+            close(msg_fd);
 }
 
 /* ---- the side channel: register and release ----------------------------------------------- */
@@ -242,19 +342,19 @@ static bool id_in(unsigned id, const unsigned *list, unsigned count)
     return false;
 }
 
-static bool peer_allowed(td_shm_t *shm, td_shm_conn_t *c)
+/* Whether the peer of fd (its credentials cred) may register regions. */
+static bool peer_allowed(td_shm_t *shm, int fd, const struct ucred *cred)
 {
     const td_config_t *cfg = shm->env.cfg;
-    if (c->cred.uid == geteuid() && !cfg->test_shm_deny_own_uid)
+    if (cred->uid == geteuid() && !cfg->test_shm_deny_own_uid)
         return true;
-    if (id_in(c->cred.uid, cfg->shm_allow_uids, cfg->shm_allow_uid_count) ||
-        id_in(c->cred.gid, cfg->shm_allow_gids, cfg->shm_allow_gid_count))
+    if (id_in(cred->uid, cfg->shm_allow_uids, cfg->shm_allow_uid_count) ||
+        id_in(cred->gid, cfg->shm_allow_gids, cfg->shm_allow_gid_count))
         return true;
 #ifdef SO_PEERGROUPS
     gid_t groups[TD_SHM_PEER_GROUPS];
     socklen_t len = sizeof groups;
-    if (cfg->shm_allow_gid_count &&
-        getsockopt(c->fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0) {
+    if (cfg->shm_allow_gid_count && getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0) {
         for (size_t i = 0; i < len / sizeof(gid_t); i++)
             if (id_in(groups[i], cfg->shm_allow_gids, cfg->shm_allow_gid_count))
                 return true;
@@ -369,20 +469,23 @@ static bool start_device_register(td_shm_t *shm, td_shm_conn_t *c, td_shm_region
     return true;
 }
 
+/* Registers the memfd fd (closed here, before any answer: once a producer has its answer,
+ * tallyd holds no descriptor of its message). */
 static bool do_register(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_msg_t *m, int fd)
 {
     const td_config_t *cfg = shm->env.cfg;
     char why[TALLY_ERROR_MESSAGE_MAX + 1];
-    if (fd < 0)
-        return answer(c, m->op, TALLY_E_PARAM, 0, 0, "register carries exactly one descriptor");
-    if (c->regions >= cfg->shm_max_regions_per_peer)
+    if (c->regions >= cfg->shm_max_regions_per_peer) {
+        close(fd);
         return answer(c, m->op, TALLY_E_QUOTA, 0, 0,
                       "this connection already holds its maximum of %u regions",
                       cfg->shm_max_regions_per_peer);
+    }
     uint8_t *base = NULL;
     size_t size = 0;
     bool writable = false;
     tally_status_t st = map_memfd(fd, &base, &size, &writable, why, sizeof why);
+    close(fd); /* the mapping keeps the memory */
     if (st != TALLY_OK)
         return answer(c, m->op, st, 0, 0, "%s", why);
     if (size > cfg->shm_max_bytes || shm->region_bytes > cfg->shm_max_bytes - size) {
@@ -411,6 +514,7 @@ static bool do_register(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_msg_t *
     shm->region_count++;
     shm->region_bytes += size; /* counted from now on: the quota covers pending registrations */
     c->regions++;
+    c->registered = true; /* the register timeout is over for c */
     if (shm->env.region_register) {
         if (start_device_register(shm, c, r))
             return true; /* answered by register_after once the worker is done */
@@ -455,51 +559,37 @@ static void conn_close(td_shm_t *shm, td_shm_conn_t *c)
             region_detach(r);
     }
     td_debug("shm: side connection of pid %d closed", (int)c->cred.pid);
+    stop_reading(c->fd);
     uv_poll_stop(&c->poll);
     uv_close((uv_handle_t *)&c->poll, conn_closed_cb);
 }
 
-/* Takes the first descriptor of the message; closes any others. */
-static int take_fds(struct msghdr *mh)
-{
-    int fd = -1;
-    for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm; cm = CMSG_NXTHDR(mh, cm)) {
-        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-            continue;
-        size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        int *fds = (int *)CMSG_DATA(cm);
-        for (size_t i = 0; i < n; i++) {
-            if (fd < 0 && n == 1)
-                fd = fds[i];
-            else
-                close(fds[i]);
-        }
-    }
-    return fd;
-}
-
-/* Handles one message; false when the connection must close. */
-static bool handle_message(td_shm_t *shm, td_shm_conn_t *c, const uint8_t *buf, size_t len, int fd)
+/* Handles one message with its nfds descriptors (the first is fd, closed before the answer);
+ * false when the connection must close. A message that is malformed (it does not decode, or carries
+ * the wrong number of descriptors: register one, release none) is answered and closes the
+ * connection; a well-formed one that is refused (a descriptor that is not a sealed memfd, a quota,
+ * an unknown handle) is answered and the connection stays (PROTOCOL.md §10). */
+static bool handle_message(td_shm_t *shm, td_shm_conn_t *c, const uint8_t *buf, size_t len, int fd,
+                           unsigned nfds)
 {
     char why[TALLY_ERROR_MESSAGE_MAX + 1];
     tally_shm_msg_t m;
     tally_status_t st = tally_shm_msg_decode(buf, len, &m, why, sizeof why);
-    bool keep;
-    if (!c->allowed) {
-        answer(c, m.op, TALLY_E_PARAM, 0, 0,
-               "uid %u gid %u may not register shared memory (shm_allow_uids, shm_allow_gids)",
-               (unsigned)c->cred.uid, (unsigned)c->cred.gid);
-        keep = false;
-    } else if (st != TALLY_OK) {
-        keep = answer(c, m.op, st, 0, 0, "%s", why);
-    } else if (m.op == TALLY_SHM_OP_REGISTER) {
-        keep = do_register(shm, c, &m, fd);
-    } else {
-        keep = do_release(shm, c, &m);
+    bool reg = m.op == TALLY_SHM_OP_REGISTER;
+    if (st == TALLY_OK && nfds != (reg ? 1u : 0u)) {
+        st = TALLY_E_PARAM;
+        snprintf(why, sizeof why, "%s carries %s descriptor (this one carried %u)",
+                 reg ? "register" : "release", reg ? "exactly one" : "no", nfds);
     }
-    if (fd >= 0)
-        close(fd);
-    return keep;
+    if (st != TALLY_OK || !reg) {
+        if (fd >= 0) /* before the answer, as do_register does */
+            close(fd);
+        if (st == TALLY_OK)
+            return do_release(shm, c, &m);
+        answer(c, m.op, st, 0, 0, "%s", why);
+        return false;
+    }
+    return do_register(shm, c, &m, fd);
 }
 
 static void conn_cb(uv_poll_t *handle, int status, int events)
@@ -509,34 +599,150 @@ static void conn_cb(uv_poll_t *handle, int status, int events)
     td_shm_t *shm = c->shm;
     for (;;) {
         uint8_t buf[TALLY_SHM_MSG_HEADER + TALLY_SHM_ROUTING_ID_MAX + 1];
-        union {
-            struct cmsghdr align;
-            char space[CMSG_SPACE(TD_SHM_FDS_MAX * sizeof(int))];
-        } control;
-        struct iovec iov = {.iov_base = buf, .iov_len = sizeof buf};
-        struct msghdr mh = {.msg_iov = &iov,
-                            .msg_iovlen = 1,
-                            .msg_control = control.space,
-                            .msg_controllen = sizeof control.space};
-        ssize_t n = status < 0 ? -1 : recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        int fd = -1;
+        unsigned nfds = 0;
+        bool truncated = false;
+        ssize_t n = status < 0 ? -1 : recv_message(c->fd, buf, sizeof buf, &fd, &nfds, &truncated);
         if (n < 0 && (errno == EAGAIN || errno == EINTR) && status >= 0)
             return;
-        int fd = n > 0 ? take_fds(&mh) : -1;
-        if (n <= 0 || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
-            if (n > 0) /* a message too long, or with too many descriptors: a broken peer */
-                answer(c, buf[5], TALLY_E_HEADER, 0, 0, "message or descriptors truncated");
+        if (n <= 0 || truncated) {
             if (fd >= 0)
                 close(fd);
+            /* A message too long, or with too many descriptors: malformed. */
+            if (n > 0) {
+                tally_shm_msg_t m; /* decoded for its op alone */
+                char why[TALLY_ERROR_MESSAGE_MAX + 1];
+                (void)tally_shm_msg_decode(buf, (size_t)n, &m, why, sizeof why);
+                answer(c, m.op, TALLY_E_HEADER, 0, 0, "message or descriptors truncated");
+            }
             conn_close(shm, c);
             return;
         }
-        if (!handle_message(shm, c, buf, (size_t)n, fd)) {
+        if (!handle_message(shm, c, buf, (size_t)n, fd, nfds)) {
             conn_close(shm, c);
             return;
         }
         if (c->registering) /* the rest waits for register_after */
             return;
     }
+}
+
+/* Closes every connection that has registered nothing within register_timeout_ms, then waits
+ * for the next one's deadline. */
+static void register_timer_cb(uv_timer_t *timer)
+{
+    td_shm_t *shm = timer->data;
+    uint64_t now = uv_now(shm->env.loop);
+    uint64_t timeout = shm->env.cfg->shm_register_timeout_ms;
+    uint64_t next = 0; /* ms to the earliest deadline still ahead; 0 = none */
+    for (td_shm_conn_t *c = shm->conns, *later; c; c = later) {
+        later = c->next; /* conn_close unlinks c */
+        if (c->registered)
+            continue;
+        uint64_t age = now - c->accepted_ms;
+        if (age >= timeout) {
+            td_info("shm: side connection of pid %d uid %u closed: no region registered within "
+                    "%" PRIu64 " ms (register_timeout_ms)",
+                    (int)c->cred.pid, (unsigned)c->cred.uid, timeout);
+            conn_close(shm, c);
+        } else if (next == 0 || timeout - age < next) {
+            next = timeout - age;
+        }
+    }
+    if (next)
+        uv_timer_start(timer, register_timer_cb, next, 0);
+}
+
+/* Whether a new connection from cred may take a slot: TALLY_OK, or the status that refuses it
+ * with why. Checked before the connection costs anything but its descriptor. */
+static tally_status_t admit(td_shm_t *shm, int fd, const struct ucred *cred, char *why, size_t cap)
+{
+    const td_config_t *cfg = shm->env.cfg;
+    if (!peer_allowed(shm, fd, cred)) {
+        snprintf(why, cap,
+                 "uid %u gid %u may not register shared memory (shm_allow_uids, shm_allow_gids)",
+                 (unsigned)cred->uid, (unsigned)cred->gid);
+        return TALLY_E_PARAM;
+    }
+    unsigned same_uid = 0;
+    for (const td_shm_conn_t *c = shm->conns; c; c = c->next)
+        same_uid += c->cred.uid == cred->uid;
+    if (same_uid >= cfg->shm_max_conns_per_uid) {
+        snprintf(why, cap,
+                 "uid %u already holds %u side-channel connections (shm max_connections_per_uid)",
+                 (unsigned)cred->uid, same_uid);
+        return TALLY_E_QUOTA;
+    }
+    if (shm->conn_count >= TD_SHM_CONNECTIONS_MAX) {
+        snprintf(why, cap, "tallyd already serves its maximum of %d side-channel connections",
+                 TD_SHM_CONNECTIONS_MAX);
+        return TALLY_E_QUOTA;
+    }
+    return TALLY_OK;
+}
+
+/* Refuses a connection before it takes a slot: one answer (op 0) saying why, then closed.
+ * Logged once a second at most, so a flood of refused connections cannot flood the log. */
+static void refuse(td_shm_t *shm, int fd, const struct ucred *cred, tally_status_t status,
+                   const char *why)
+{
+    stop_reading(fd);
+    uint64_t now = uv_now(shm->env.loop);
+    if (!shm->refused_any || now - shm->refused_logged_ms >= 1000) {
+        if (shm->refused_unlogged)
+            td_info("shm: %u more side connections refused, not logged", shm->refused_unlogged);
+        td_info("shm: side connection of pid %d uid %u refused: %s", (int)cred->pid,
+                (unsigned)cred->uid, why);
+        shm->refused_any = true;
+        shm->refused_logged_ms = now;
+        shm->refused_unlogged = 0;
+    } else {
+        shm->refused_unlogged++;
+    }
+    (void)send_answer(fd, 0, status, 0, 0, why);
+    close(fd);
+}
+
+/* Takes one accepted connection: refused, or served (a slot, reading, the register timer). */
+static void accept_one(td_shm_t *shm, int fd)
+{
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+        td_warn("shm: side connection refused: no credentials (%s)", strerror(errno));
+        close(fd);
+        return;
+    }
+    char why[TALLY_ERROR_MESSAGE_MAX + 1];
+    tally_status_t st = admit(shm, fd, &cred, why, sizeof why);
+    if (st != TALLY_OK) {
+        refuse(shm, fd, &cred, st, why);
+        return;
+    }
+    td_shm_conn_t *c = calloc(1, sizeof *c);
+    if (!c || uv_poll_init(shm->env.loop, &c->poll, fd) != 0) {
+        td_warn("shm: side connection refused: out of memory");
+        free(c);
+        close(fd);
+        return;
+    }
+    c->shm = shm;
+    c->fd = fd;
+    c->cred = cred;
+    c->accepted_ms = uv_now(shm->env.loop);
+    c->poll.data = c;
+    c->next = shm->conns;
+    shm->conns = c;
+    shm->conn_count++;
+    if (!watch_conn(c)) {
+        conn_close(shm, c);
+        return;
+    }
+    if (!uv_is_active((uv_handle_t *)&shm->register_timer))
+        uv_timer_start(&shm->register_timer, register_timer_cb,
+                       shm->env.cfg->shm_register_timeout_ms, 0);
+    td_debug("shm: side connection from pid %d uid %u gid %u", (int)cred.pid, (unsigned)cred.uid,
+             (unsigned)cred.gid);
 }
 
 static void accept_cb(uv_poll_t *handle, int status, int events)
@@ -548,30 +754,7 @@ static void accept_cb(uv_poll_t *handle, int status, int events)
         int fd = accept4(shm->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0)
             return; /* EAGAIN, or a transient error (EMFILE...): the next wake-up retries */
-        td_shm_conn_t *c = calloc(1, sizeof *c);
-        socklen_t len = sizeof c->cred;
-        if (!c || shm->conn_count >= TD_SHM_CONNECTIONS_MAX ||
-            getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c->cred, &len) != 0 ||
-            uv_poll_init(shm->env.loop, &c->poll, fd) != 0) {
-            td_warn("shm: side connection refused (%s)",
-                    c ? "too many connections or no credentials" : "out of memory");
-            free(c);
-            close(fd);
-            continue;
-        }
-        c->shm = shm;
-        c->fd = fd;
-        c->allowed = peer_allowed(shm, c);
-        c->poll.data = c;
-        c->next = shm->conns;
-        shm->conns = c;
-        shm->conn_count++;
-        if (!watch_conn(c)) {
-            conn_close(shm, c);
-            continue;
-        }
-        td_debug("shm: side connection from pid %d uid %u gid %u%s", (int)c->cred.pid,
-                 (unsigned)c->cred.uid, (unsigned)c->cred.gid, c->allowed ? "" : " (not allowed)");
+        accept_one(shm, fd);
     }
 }
 
@@ -601,17 +784,61 @@ static bool prepare_dir(const char *path, char *why, size_t cap)
     return true;
 }
 
-/* Takes PATH.lock, removes a stale socket, binds and listens; false with why. */
-static bool bind_socket(td_shm_t *shm, char *why, size_t cap)
+/* Whether something serves the socket at path: connects to it (without waiting) and hangs up.
+ * 1: it answers (a full backlog, EAGAIN, counts as answering); 0: nothing there, or a stale
+ * socket file left by a tallyd that died (ECONNREFUSED); -1 with errno: cannot tell. */
+static int socket_live(const char *path)
+{
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path);
+    int rc = connect(fd, (struct sockaddr *)&addr, sizeof addr);
+    int err = errno;
+    close(fd);
+    if (rc == 0 || err == EAGAIN)
+        return 1;
+    if (err == ECONNREFUSED || err == ENOENT)
+        return 0;
+    errno = err;
+    return -1;
+}
+
+/* Takes PATH.lock and makes sure no other tallyd serves PATH (shm->in_use and false when one
+ * does); false with why. The lock settles two tallyds starting at once; the connection tells a
+ * live socket from a stale one even when the lock file was removed under a running tallyd. */
+static bool claim_path(td_shm_t *shm, char *why, size_t cap)
 {
     char lock[sizeof shm->path + 8];
     snprintf(lock, sizeof lock, "%s.lock", shm->path);
     shm->lock_fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (shm->lock_fd < 0 || flock(shm->lock_fd, LOCK_EX | LOCK_NB) != 0) {
-        snprintf(why, cap, "%s is held by another tallyd (%s)", lock, strerror(errno));
+    if (shm->lock_fd < 0) {
+        snprintf(why, cap, "cannot open %s: %s", lock, strerror(errno));
+        return false;
+    }
+    if (flock(shm->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        shm->in_use = errno == EWOULDBLOCK;
+        snprintf(why, cap, "%s: it holds the lock %s (%s)", shm->path, lock, strerror(errno));
+        return false;
+    }
+    int live = socket_live(shm->path);
+    if (live != 0) {
+        shm->in_use = true;
+        snprintf(why, cap, "%s: %s%s", shm->path,
+                 live > 0 ? "it accepts connections" : "cannot tell, a connection fails: ",
+                 live > 0 ? "" : strerror(errno));
         return false;
     }
     unlink(shm->path); /* a stale socket of a tallyd that died: we hold the lock */
+    return true;
+}
+
+/* Claims the path, binds and listens; false with why. */
+static bool bind_socket(td_shm_t *shm, char *why, size_t cap)
+{
+    if (!claim_path(shm, why, cap))
+        return false;
     shm->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     snprintf(addr.sun_path, sizeof addr.sun_path, "%s", shm->path);
@@ -642,14 +869,21 @@ static void release_socket(td_shm_t *shm)
     }
 }
 
-/* The listening socket and its uv_poll, started; false with why. */
+/* The register timer, the listening socket and its uv_poll, started; false with why. */
 static bool start_listening(td_shm_t *shm, char *why, size_t cap)
 {
+    int rc = uv_timer_init(shm->env.loop, &shm->register_timer);
+    if (rc != 0) {
+        snprintf(why, cap, "cannot create a timer: %s", uv_strerror(rc));
+        return false;
+    }
+    shm->register_timer.data = shm;
+    shm->timer_open = true; /* td_shm_close closes it from here on */
     if (!prepare_dir(shm->path, why, cap) || !bind_socket(shm, why, cap))
         return false;
-    int rc = uv_poll_init(shm->env.loop, &shm->listen_poll, shm->listen_fd);
+    rc = uv_poll_init(shm->env.loop, &shm->listen_poll, shm->listen_fd);
     if (rc != 0) {
-        snprintf(why, cap, "cannot watch the side channel");
+        snprintf(why, cap, "cannot watch the side channel: %s", uv_strerror(rc));
         return false;
     }
     shm->listen_poll.data = shm;
@@ -679,12 +913,23 @@ td_err_t td_shm_new(const td_shm_env_t *env, td_shm_t **out)
         td_config_default_shm_socket(shm->path, sizeof shm->path);
     char why[512];
     if (!start_listening(shm, why, sizeof why)) {
-        if (shm->listening) { /* its handle must be closed before shm goes */
+        bool in_use = shm->in_use;
+        if (shm->listening || shm->timer_open) { /* handles must be closed before shm goes */
             td_shm_close(shm);
             uv_run(env->loop, UV_RUN_NOWAIT);
         }
         release_socket(shm);
         free(shm);
+        /* Another tallyd's side channel is never taken over, nor silently done without: the
+         * operator asked for two daemons on one path. Other failures of the default path
+         * (no runtime directory to be had) leave shared memory off. */
+        if (in_use) {
+            td_err("shm: another tallyd serves the side channel %s; stop it, or give this "
+                   "tallyd another path ([shm] socket, --shm-socket) or turn shared memory off "
+                   "(--shm off)",
+                   why);
+            return TD_ERR_BIND;
+        }
         if (cfg->shm_socket_explicit) {
             td_err("shm: %s", why);
             return TD_ERR_BIND;
@@ -704,6 +949,11 @@ void td_shm_close(td_shm_t *shm)
         return;
     while (shm->conns)
         conn_close(shm, shm->conns);
+    if (shm->timer_open) {
+        uv_timer_stop(&shm->register_timer);
+        uv_close((uv_handle_t *)&shm->register_timer, NULL);
+        shm->timer_open = false;
+    }
     if (shm->listening) {
         uv_poll_stop(&shm->listen_poll);
         uv_close((uv_handle_t *)&shm->listen_poll, NULL);

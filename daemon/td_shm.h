@@ -40,9 +40,10 @@ typedef struct {
 } td_shm_env_t;
 
 /* Binds the side channel at cfg->shm_socket. With shm off, *out is NULL and TD_OK. A path that
- * cannot be bound (another tallyd holds it, no such directory) is TD_ERR_BIND (logged) when the
- * path was configured explicitly; for the default path it is logged and shm is off (*out NULL).
- * TD_ERR_NOMEM when out of memory. */
+ * another tallyd serves (it holds PATH.lock, or the socket accepts a connection) is TD_ERR_BIND
+ * (logged), the default path too; a stale socket file is replaced. Another path that cannot be
+ * bound (no such directory) is TD_ERR_BIND when it was configured explicitly; for the default
+ * path it is logged and shm is off (*out NULL). TD_ERR_NOMEM when out of memory. */
 td_err_t td_shm_new(const td_shm_env_t *env, td_shm_t **out);
 /* Stops listening and closes every side connection (their regions stay mapped while requests
  * hold them). Closes the loop handles. */
@@ -52,6 +53,10 @@ void td_shm_destroy(td_shm_t **self_p);
 
 /* The side channel's path (for `info`), or NULL when self is NULL. */
 const char *td_shm_path(const td_shm_t *self);
+/* Appends the side channel's limits to `info` at buf (cap bytes): the lines
+ * shm_max_regions_per_peer, shm_max_bytes, shm_max_connections_per_uid and
+ * shm_register_timeout_ms (PROTOCOL.md §5 info). Returns the bytes written (at most cap - 1). */
+size_t td_shm_info(const td_config_t *cfg, char *buf, size_t cap);
 
 /* Resolves [offset, offset + length) of region `handle` for a request from routing id `id`:
  * the handle must be known and registered for that id, the range inside the region (overflow

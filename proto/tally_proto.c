@@ -1070,12 +1070,14 @@ tally_status_t tally_shm_msg_decode(const uint8_t *buf, size_t len, tally_shm_ms
     if (len < TALLY_SHM_MSG_HEADER)
         return fail(TALLY_E_HEADER, msg, msg_cap, "side-channel message of %zu bytes is short",
                     len);
+    /* Read first, so that the answer to a message refused for its magic or version echoes its
+     * op too (PROTOCOL.md §10), as a reply echoes a request's opcode (§3). */
+    get_fields(buf, m, shm_msg_fields, COUNT_OF(shm_msg_fields));
     if (tally_get_u32(buf + HEAD_OFF_MAGIC) != TALLY_MAGIC)
         return fail(TALLY_E_MAGIC, msg, msg_cap, "side-channel message without the magic");
     if (buf[HEAD_OFF_VERSION] != TALLY_PROTO_VERSION)
         return fail(TALLY_E_VERSION, msg, msg_cap, "side-channel version %u is not supported",
                     buf[HEAD_OFF_VERSION]);
-    get_fields(buf, m, shm_msg_fields, COUNT_OF(shm_msg_fields));
     if (m->op != TALLY_SHM_OP_REGISTER && m->op != TALLY_SHM_OP_RELEASE)
         return fail(TALLY_E_OPCODE, msg, msg_cap, "unknown side-channel operation %u", m->op);
     if (buf[SHM_OFF_RESERVED] != 0)

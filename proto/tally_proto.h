@@ -356,7 +356,8 @@ typedef struct {
 /* Writes a side-channel request; returns its length (16 + id_len). */
 size_t tally_shm_msg_encode(const tally_shm_msg_t *m,
                             uint8_t out[TALLY_SHM_MSG_HEADER + TALLY_SHM_ROUTING_ID_MAX]);
-/* TALLY_E_HEADER, E_MAGIC, E_VERSION, E_OPCODE or E_PARAM (with msg) for a malformed request. */
+/* TALLY_E_HEADER, E_MAGIC, E_VERSION, E_OPCODE or E_PARAM (with msg) for a malformed request.
+ * m->op is byte 5 whenever len >= TALLY_SHM_MSG_HEADER, even then (an answer echoes it). */
 tally_status_t tally_shm_msg_decode(const uint8_t *buf, size_t len, tally_shm_msg_t *m, char *msg,
                                     size_t msg_cap);
 void tally_shm_answer_encode(const tally_shm_answer_t *a, uint8_t out[TALLY_SHM_ANSWER_SIZE]);

@@ -546,6 +546,14 @@ def test_shared_memory(c: tally.Client) -> None:
         np.testing.assert_array_equal(sums, np.cumsum(x, dtype=np.int64))
         kept = c.filter_shm(r, 0, x.nbytes, 2 << 20, gt=0, stable=True)
         np.testing.assert_array_equal(kept, x[x > 0])
+    # Over max_batch (16 MiB here): hist_shm sends it in pieces, one answer.
+    big = int(c.info()["max_batch"]) * 2 + 12345
+    with c.region(big) as r:
+        b = RNG.integers(0, 256, big, dtype=np.uint8)
+        r.array(np.uint8, 0, big)[:] = b
+        np.testing.assert_array_equal(c.hist_shm(r, 0, big, stream="py-big"),
+                                      np.bincount(b, minlength=256))
+        assert c.query("py-big")["batches"] == 3
     x = RNG.integers(-1000, 1000, 300000, dtype=np.int32)
     got = c.filter(x, lt=0, stable=True, shm=True, chunk_bytes=65536)
     np.testing.assert_array_equal(got, x[x < 0])

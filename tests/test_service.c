@@ -110,6 +110,10 @@ static int spawn(th_daemon_t *d, const char *const *args, const spawn_opts_t *o)
     }
     argv[argc++] = "--backend";
     argv[argc++] = "cpu";
+    /* A side channel of its own: the default path may be another test run's tallyd's. */
+    snprintf(d->shm_socket, sizeof d->shm_socket, "%s/shm-%d.sock", scratch, serial);
+    argv[argc++] = "--shm-socket";
+    argv[argc++] = d->shm_socket;
     for (int i = 0; args && args[i] && argc < 46; i++)
         argv[argc++] = args[i];
     argv[argc] = NULL;

@@ -37,6 +37,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "shm_side.h"
 #include "tally.h"
 #include "tally_internal.h"
 
@@ -245,46 +246,10 @@ static void test_identical_gpu(void **state)
 
 /* ---- raw side channel and raw references -------------------------------------------------- */
 
-typedef struct {
-    tally_shm_answer_t a;
-    char msg[TALLY_ERROR_MESSAGE_MAX + 1];
-} answer_t;
-
 static int side_open(void)
 {
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", sock_path);
-    assert_int_equal(connect(fd, (struct sockaddr *)&addr, sizeof addr), 0);
-    return fd;
-}
-
-/* Sends a register (fd >= 0 attached) or release; returns the answer's status. */
-static uint32_t side_send(int side, uint8_t op, const char *id, uint64_t handle, int fd,
-                          answer_t *ans)
-{
-    tally_shm_msg_t m = {.op = op, .handle = handle};
-    if (id) {
-        m.id_len = (uint8_t)strlen(id);
-        memcpy(m.id, id, m.id_len);
-    }
-    tally__side_send(side, &m, fd);
-    uint8_t buf[TALLY_SHM_ANSWER_SIZE + TALLY_ERROR_MESSAGE_MAX];
-    ssize_t n = recv(side, buf, sizeof buf, 0);
-    assert_true(n >= TALLY_SHM_ANSWER_SIZE);
-    assert_int_equal(tally_shm_answer_decode(buf, (size_t)n, &ans->a), TALLY_OK);
-    snprintf(ans->msg, sizeof ans->msg, "%.*s", (int)(n - TALLY_SHM_ANSWER_SIZE),
-             (char *)buf + TALLY_SHM_ANSWER_SIZE);
-    return ans->a.status;
-}
-
-static int memfd(size_t size, int seals)
-{
-    int fd = memfd_create("test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    int fd = th_side_connect(sock_path);
     assert_true(fd >= 0);
-    assert_int_equal(ftruncate(fd, (off_t)size), 0);
-    if (seals)
-        assert_int_equal(fcntl(fd, F_ADD_SEALS, seals), 0);
     return fd;
 }
 
@@ -386,9 +351,9 @@ static void check_bad_output_refs(void *a, tally_shm_ref_t ok, uint64_t ha, uint
 /* Registers a sealed 64 KiB memfd on side as routing id `peer`: the region's handle. */
 static uint64_t register_64k(int side, const char *peer)
 {
-    answer_t ans;
-    int fd = memfd(65536, SEALS);
-    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, peer, 0, fd, &ans), TALLY_OK);
+    th_answer_t ans;
+    int fd = th_memfd(65536, SEALS);
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, peer, 0, fd, &ans), TALLY_OK);
     assert_int_equal(ans.a.size, 65536);
     assert_int_equal(ftruncate(fd, 0), -1); /* the seals the daemon relies on hold */
     close(fd);
@@ -402,7 +367,7 @@ static void test_bad_refs(void **state)
     static const char *const args[] = {"--max-batch", "1M", NULL};
     start(&d, args);
     int side_a = side_open(), side_b = side_open();
-    answer_t ans;
+    th_answer_t ans;
     uint64_t ha = register_64k(side_a, "peerA"), hb = register_64k(side_b, "peerB");
     assert_true(ha != 0 && hb != 0 && ha != hb);
 
@@ -419,8 +384,9 @@ static void test_bad_refs(void **state)
     assert_int_equal(th_call_status(a, &req, "short", 5), TALLY_E_PAYLOAD);
 
     /* Released: the handle is gone for new requests. */
-    assert_int_equal(side_send(side_a, TALLY_SHM_OP_RELEASE, NULL, ha, -1, &ans), TALLY_OK);
-    assert_int_equal(side_send(side_a, TALLY_SHM_OP_RELEASE, NULL, ha, -1, &ans), TALLY_E_BAD_REF);
+    assert_int_equal(th_side_call(side_a, TALLY_SHM_OP_RELEASE, NULL, ha, -1, &ans), TALLY_OK);
+    assert_int_equal(th_side_call(side_a, TALLY_SHM_OP_RELEASE, NULL, ha, -1, &ans),
+                     TALLY_E_BAD_REF);
     expect_ref(a, TALLY_OP_HIST, 0, ok, TALLY_E_BAD_REF, "not a region registered by this peer");
     /* peerB's connection closes: its region goes. */
     close(side_b);
@@ -445,37 +411,207 @@ static void test_bad_refs(void **state)
     stop(&d);
 }
 
+/* One reference with several problems per row: the status and message of the first check
+ * in PROTOCOL.md §10's order. */
+typedef struct {
+    uint8_t opcode;
+    tally_shm_ref_t ref; /* handles: 1 = ha, 2 = the read-only hro, 3 = unknown, 4 = another */
+    uint32_t status;
+    const char *text;
+} order_case_t;
+
+static const order_case_t order_cases[] = {
+    {TALLY_OP_HIST, {3, 2, 2 << 20, 0, 0, 0}, TALLY_E_TOO_LARGE, "exceeds the maximum"},
+    {TALLY_OP_HIST, {3, 2, 7, 0, 0, 0}, TALLY_E_PAYLOAD, "whole number"},
+    {TALLY_OP_HIST, {3, 2, 8, 0, 8, 0}, TALLY_E_BAD_REF, "input offset 2 is not a multiple"},
+    {TALLY_OP_HIST, {3, 0, 8, 0, 8, 0}, TALLY_E_BAD_REF, "must be 0 without an output region"},
+    {TALLY_OP_HIST, {3, 0, 8, 1, 3, 8}, TALLY_E_BAD_REF, "hist takes no output region"},
+    {TALLY_OP_SCAN, {3, 0, 1024, 1, 4, 1}, TALLY_E_BAD_REF, "not a multiple of the 8-byte"},
+    {TALLY_OP_SCAN, {3, 0, 1024, 4, 8, 100}, TALLY_E_BAD_REF, "smaller than the 2048 bytes"},
+    {TALLY_OP_SCAN, {3, 1 << 20, 1024, 4, 8, 2048}, TALLY_E_BAD_REF, "input handle"},
+    {TALLY_OP_SCAN, {1, 65536, 1024, 4, 8, 2048}, TALLY_E_BAD_REF, "input range"},
+    {TALLY_OP_SCAN, {1, 0, 1024, 4, 1 << 20, 2048}, TALLY_E_BAD_REF, "output handle"},
+    {TALLY_OP_SCAN, {1, 0, 1024, 2, 1 << 20, 2048}, TALLY_E_BAD_REF, "output range"},
+    {TALLY_OP_SCAN, {1, 0, 1024, 2, 0, 2048}, TALLY_E_BAD_REF, "read-only"},
+};
+
+static uint64_t order_handle(uint64_t which, const uint64_t handles[4])
+{
+    return which ? handles[which - 1] : 0;
+}
+
+static void test_ref_check_order(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    static const char *const args[] = {"--max-batch", "1M", NULL};
+    start(&d, args);
+    int side = side_open();
+    th_answer_t ans;
+    int fd = th_memfd(65536, SEALS | F_SEAL_WRITE); /* mapped read-only: no output region */
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, "peerA", 0, fd, &ans), TALLY_OK);
+    close(fd);
+    uint64_t handles[4] = {register_64k(side, "peerA"), ans.a.handle, 0, 0};
+    handles[2] = handles[0] ^ handles[1] ^ 1; /* neither */
+    int other = side_open();
+    handles[3] = register_64k(other, "peerB");
+    void *ctx = zmq_ctx_new();
+    void *a = dealer(ctx, d.endpoint, "peerA");
+    for (size_t i = 0; i < sizeof order_cases / sizeof order_cases[0]; i++) {
+        const order_case_t *oc = &order_cases[i];
+        tally_shm_ref_t ref = oc->ref;
+        ref.in_handle = order_handle(ref.in_handle, handles);
+        ref.out_handle = order_handle(ref.out_handle, handles);
+        expect_ref(a, oc->opcode, 0, ref, oc->status, oc->text);
+    }
+    zmq_close(a);
+    zmq_ctx_term(ctx);
+    close(other);
+    close(side);
+    stop(&d);
+}
+
+/* §6: the connection's share of in-flight slots (busy) comes before the reference's contents.
+ * With one slot per connection and a request holding it for a second (simulated GPU), a
+ * reference over max_batch gets busy, not too_large. */
+static void test_ref_busy_first(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    static const char *const args[] = {
+        "--backend", "cuda", "--test-sim-gpus", "1", "--max-inflight-per-peer", "1", NULL};
+    setenv("TALLYD_TEST_SIM_LATENCY_US", "1000000", 1);
+    start(&d, args);
+    unsetenv("TALLYD_TEST_SIM_LATENCY_US");
+    int side = side_open();
+    uint64_t ha = register_64k(side, "peerA");
+    void *ctx = zmq_ctx_new();
+    void *a = dealer(ctx, d.endpoint, "peerA");
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 1);
+    req.flags = TALLY_FLAG_SHM_REF;
+    uint8_t bytes[TALLY_SHM_REF_SIZE];
+    tally_shm_ref_encode(&(tally_shm_ref_t){.in_handle = ha, .in_length = 65536}, bytes);
+    assert_int_equal(th_send_request(a, &req, bytes, sizeof bytes), 0); /* holds the slot */
+    tally_shm_ref_t big = {.in_handle = ha, .in_length = 1ull << 40};
+    th_reply_t reply;
+    assert_int_equal(ref_call(a, TALLY_OP_HIST, TALLY_DTYPE_U8, 0, &big, &reply), TALLY_E_BUSY);
+    th_reply_free(&reply);
+    assert_int_equal(th_recv_reply(a, &reply), 0);
+    assert_int_equal(reply.rep.request_id, 1);
+    assert_int_equal(reply.rep.status, TALLY_OK);
+    th_reply_free(&reply);
+    assert_int_equal(ref_call(a, TALLY_OP_HIST, TALLY_DTYPE_U8, 0, &big, &reply),
+                     TALLY_E_TOO_LARGE); /* the slot is free again */
+    th_reply_free(&reply);
+    zmq_close(a);
+    zmq_ctx_term(ctx);
+    close(side);
+    stop(&d);
+}
+
+/* tallyd_received_bytes_total and tallyd_sent_bytes_total of one stats reply on c, and that
+ * reply's length in *len (the next one counts it in tallyd_sent_bytes_total). */
+static void stats_pair(tally_client_t *c, uint64_t *in, uint64_t *out, size_t *len)
+{
+    char *text = NULL;
+    assert_int_equal(tally_info(c, TALLY_OP_STATS, &text), TALLY_OK);
+    const char *i = strstr(text, "\ntallyd_received_bytes_total ");
+    const char *o = strstr(text, "\ntallyd_sent_bytes_total ");
+    assert_true(i && o);
+    *in = strtoull(i + strlen("\ntallyd_received_bytes_total "), NULL, 10);
+    *out = strtoull(o + strlen("\ntallyd_sent_bytes_total "), NULL, 10);
+    *len = strlen(text);
+    free(text);
+}
+
+/* A referenced batch counts as its bytes, as a payload would: the stream's `bytes` and
+ * tallyd_received_bytes_total add in_length; a refused reference adds the 48 bytes of its
+ * frame; output written into a region is not in tallyd_sent_bytes_total. */
+static void test_ref_counters(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    start(&d, NULL);
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(d.endpoint, 10000, &c), TALLY_OK);
+    tally_region_t *region = NULL;
+    assert_int_equal(tally_region_create(c, 1 << 20, &region), TALLY_OK);
+    uint64_t in[4], out[4];
+    size_t len[4];
+    stats_pair(c, &in[0], &out[0], &len[0]);
+    tally_req_t hist = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8};
+    assert_int_equal(tally_req_set_stream(&hist, "counted"), TALLY_OK);
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    assert_int_equal(tally_call_shm(c, &hist, region, 4096, 300000, NULL, 0, &reply), TALLY_OK);
+    tally_reply_clear(&reply);
+    stats_pair(c, &in[1], &out[1], &len[1]);
+    assert_int_equal(in[1] - in[0], 300000); /* stats requests carry no payload */
+    assert_int_equal(out[1] - out[0], len[0] + 256 * 8);
+    tally_stream_info_t info;
+    assert_int_equal(tally_query(c, "counted", &info), TALLY_OK);
+    assert_int_equal(info.batches, 1);
+    assert_int_equal(info.bytes, 300000);
+    stats_pair(c, &in[1], &out[1], &len[1]); /* after the query's reply */
+    /* A scan into the region: its output is not sent. */
+    tally_req_t scan = {.opcode = TALLY_OP_SCAN, .dtype = TALLY_DTYPE_I32};
+    assert_int_equal(tally_call_shm(c, &scan, region, 0, 4096, region, 8192, &reply), TALLY_OK);
+    assert_int_equal(reply.len, 0);
+    tally_reply_clear(&reply);
+    stats_pair(c, &in[2], &out[2], &len[2]);
+    assert_int_equal(in[2] - in[1], 4096);
+    assert_int_equal(out[2] - out[1], len[1]);
+    /* A refused reference (an unknown handle, from a raw socket) counts its 48-byte frame. */
+    void *ctx = zmq_ctx_new();
+    void *raw = dealer(ctx, d.endpoint, "peerR");
+    tally_shm_ref_t unknown = {.in_handle = 1, .in_length = 16};
+    th_reply_t r;
+    assert_int_equal(ref_call(raw, TALLY_OP_HIST, TALLY_DTYPE_U8, 0, &unknown, &r),
+                     TALLY_E_BAD_REF);
+    th_reply_free(&r);
+    zmq_close(raw);
+    zmq_ctx_term(ctx);
+    stats_pair(c, &in[3], &out[3], &len[3]);
+    assert_int_equal(in[3] - in[2], TALLY_SHM_REF_SIZE);
+    tally_region_destroy(&region);
+    tally_client_destroy(&c);
+    stop(&d);
+}
+
 static void test_side_channel_refusals(void **state)
 {
     (void)state;
     th_daemon_t d;
     start(&d, NULL);
     int side = side_open();
-    answer_t ans;
-    int fd = memfd(4096, 0);
-    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, "p", 0, fd, &ans), TALLY_E_PARAM);
+    th_answer_t ans;
+    int fd = th_memfd(4096, 0);
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, "p", 0, fd, &ans), TALLY_E_PARAM);
     assert_non_null(strstr(ans.msg, "not sealed"));
     close(fd);
-    fd = memfd(4096, F_SEAL_SHRINK); /* growing is still possible */
-    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, "p", 0, fd, &ans), TALLY_E_PARAM);
+    fd = th_memfd(4096, F_SEAL_SHRINK); /* growing is still possible */
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, "p", 0, fd, &ans), TALLY_E_PARAM);
     close(fd);
-    fd = memfd(0, SEALS); /* truncated to nothing */
-    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, "p", 0, fd, &ans), TALLY_E_PARAM);
+    fd = th_memfd(0, SEALS); /* truncated to nothing */
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, "p", 0, fd, &ans), TALLY_E_PARAM);
     assert_non_null(strstr(ans.msg, "empty"));
     close(fd);
     int pipefd[2];
     assert_int_equal(pipe(pipefd), 0);
-    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, "p", 0, pipefd[0], &ans),
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, "p", 0, pipefd[0], &ans),
                      TALLY_E_PARAM);
     assert_non_null(strstr(ans.msg, "not a memfd"));
     close(pipefd[0]);
     close(pipefd[1]);
-    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, "p", 0, -1, &ans), TALLY_E_PARAM);
-    assert_non_null(strstr(ans.msg, "exactly one descriptor"));
-    /* After all that, the same connection still registers a good region. */
-    fd = memfd(4096, SEALS);
-    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, "p", 0, fd, &ans), TALLY_OK);
+    /* After all those refusals, the same connection still registers a good region. */
+    fd = th_memfd(4096, SEALS);
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, "p", 0, fd, &ans), TALLY_OK);
     close(fd);
+    /* A register without a descriptor is malformed: answered, then the connection is closed. */
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, "p", 0, -1, &ans), TALLY_E_PARAM);
+    assert_non_null(strstr(ans.msg, "exactly one descriptor"));
+    assert_int_equal(ans.a.op, TALLY_SHM_OP_REGISTER);
+    assert_true(th_side_closed(side, 5000));
     close(side);
     stop(&d);
 
@@ -483,16 +619,21 @@ static void test_side_channel_refusals(void **state)
     static const char *const deny[] = {"--test-shm-deny-own-uid", NULL};
     start(&d, deny);
     side = side_open();
-    fd = memfd(4096, SEALS);
-    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, "p", 0, fd, &ans), TALLY_E_PARAM);
+    fd = th_memfd(4096, SEALS);
+    /* Refused at accept, before its message is read: one answer with op 0, then closed. */
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, "p", 0, fd, &ans), TALLY_E_PARAM);
     assert_non_null(strstr(ans.msg, "may not register"));
+    assert_int_equal(ans.a.op, 0);
+    assert_true(th_side_closed(side, 5000));
     close(fd);
     close(side);
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new(d.endpoint, 5000, &c), TALLY_OK);
     tally_region_t *region = NULL;
-    assert_int_equal(tally_region_create(c, 4096, &region), TALLY_E_PARAM);
-    assert_non_null(strstr(tally_client_error(c), "may not register"));
+    for (int i = 0; i < 2; i++) { /* the second time on a new side connection, same answer */
+        assert_int_equal(tally_region_create(c, 4096, &region), TALLY_E_PARAM);
+        assert_non_null(strstr(tally_client_error(c), "may not register"));
+    }
     assert_int_equal(tally_ping(c, NULL), TALLY_OK);
     tally_client_destroy(&c);
     stop(&d);
@@ -520,6 +661,11 @@ static void test_quotas(void **state)
     assert_int_equal(st.st_mode & 0777, 0660);
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new(d.endpoint, 5000, &c), TALLY_OK);
+    char *info = NULL; /* the limits a producer can meet, with the defaults of the other two */
+    assert_int_equal(tally_info(c, TALLY_OP_INFO, &info), TALLY_OK);
+    assert_non_null(strstr(info, "\nshm_max_regions_per_peer=2\nshm_max_bytes=1048576\n"
+                                 "shm_max_connections_per_uid=64\nshm_register_timeout_ms=5000\n"));
+    free(info);
     tally_region_t *r1 = NULL, *r2 = NULL, *r3 = NULL;
     assert_int_equal(tally_region_create(c, 2 << 20, &r1), TALLY_E_QUOTA); /* over the bytes */
     assert_non_null(strstr(tally_client_error(c), "shm_max_bytes"));
@@ -674,6 +820,19 @@ static void test_shm_off(void **state)
     assert_int_equal(ref_call(a, TALLY_OP_HIST, TALLY_DTYPE_I32, 0, &ref, &reply), TALLY_E_BAD_REF);
     assert_non_null(strstr((char *)reply.payload, "shared memory is off"));
     th_reply_free(&reply);
+    /* Off is found where the handles are looked up (§10): a reference that fails an earlier
+     * check gets that check's status, as with shared memory on. */
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 7);
+    req.flags = TALLY_FLAG_SHM_REF;
+    uint8_t short_ref[TALLY_SHM_REF_SIZE - 1] = {0};
+    assert_int_equal(th_call_status(a, &req, short_ref, sizeof short_ref), TALLY_E_PAYLOAD);
+    ref.in_length = 32 << 20; /* over the default max_batch */
+    expect_ref(a, TALLY_OP_HIST, 0, ref, TALLY_E_TOO_LARGE, "exceeds the maximum");
+    ref.in_length = 7;
+    expect_ref(a, TALLY_OP_HIST, 0, ref, TALLY_E_PAYLOAD, "whole number");
+    ref.in_length = 8;
+    ref.in_offset = 2;
+    expect_ref(a, TALLY_OP_HIST, 0, ref, TALLY_E_BAD_REF, "not a multiple");
     zmq_close(a);
     zmq_ctx_term(ctx);
     tally_client_destroy(&c);
@@ -696,7 +855,7 @@ static void test_register_off_loop(void **state)
 
     /* A raw registration whose answer we wait for later. */
     int side = side_open();
-    int fd = memfd(1 << 20, SEALS);
+    int fd = th_memfd(1 << 20, SEALS);
     tally_shm_msg_t m = {.op = TALLY_SHM_OP_REGISTER, .id_len = 5};
     memcpy(m.id, "peerA", 5);
     tally__side_send(side, &m, fd);
@@ -722,7 +881,7 @@ static void test_register_off_loop(void **state)
 
     /* Closed while its registration runs: mapped until the worker is done, then gone. */
     side = side_open();
-    fd = memfd(1 << 20, SEALS);
+    fd = th_memfd(1 << 20, SEALS);
     tally__side_send(side, &m, fd);
     close(fd);
     usleep(200000);
@@ -844,6 +1003,81 @@ static void run_split(const char *const *engine_args, const char *split_log)
     stop(&d);
 }
 
+/* ---- a hist by reference over max_batch, in pieces (libtally) ----------------------------- */
+
+/* The hist of [off, off + len) of region by tally_call_shm on stream `stream` equals the hist of
+ * the same bytes by payload in chunks of at most max_batch (tally_run), and the stream holds one
+ * batch per piece. */
+static void compare_pieces(tally_client_t *c, tally_region_t *region, tally_req_t req,
+                           const char *stream, size_t off, size_t len, uint64_t pieces)
+{
+    tally_reply_t got;
+    tally_reply_init(&got);
+    assert_int_equal(tally_req_set_stream(&req, stream), TALLY_OK);
+    assert_int_equal(tally_call_shm(c, &req, region, off, len, NULL, 0, &got), TALLY_OK);
+    size_t esize = tally_dtype_size((tally_dtype_t)req.dtype);
+    assert_int_equal(got.rep.aux0, len / esize);
+    assert_int_equal(got.rep.count, tally_hist_values(req.dtype));
+    tally_buf_t want = {0};
+    tally_run_opts_t opts = {.chunk_bytes = 60000 - 60000 % esize, .window = 2};
+    req.stream_len = 0; /* by payload, without a stream */
+    memset(req.stream, 0, sizeof req.stream);
+    assert_int_equal(
+        tally_run(c, &req, (uint8_t *)tally_region_data(region) + off, len, &opts, &want, NULL),
+        TALLY_OK);
+    assert_int_equal(got.len, want.len);
+    assert_memory_equal(got.payload, want.data, want.len);
+    tally_buf_free(&want);
+    tally_reply_clear(&got);
+    tally_stream_info_t info;
+    assert_int_equal(tally_query(c, stream, &info), TALLY_OK);
+    assert_int_equal(info.batches, pieces);
+    assert_int_equal(info.bytes, len);
+}
+
+/* max_batch 64 KiB, two in flight per connection (so most of libtally's eight pieces in flight
+ * are answered busy and sent again): u8, i32 with a range, rgb8 (pieces of 65535 bytes, whole
+ * pixels); a failing piece stops the rest; a numbered hist is not split. */
+static void test_hist_pieces(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    static const char *const args[] = {"--max-batch", "64K", "--max-inflight-per-peer", "2", NULL};
+    start(&d, args);
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(d.endpoint, 10000, &c), TALLY_OK);
+    tally_region_t *region = NULL;
+    assert_int_equal(tally_region_create(c, 1 << 20, &region), TALLY_OK);
+    fill_random(tally_region_data(region), 1 << 20);
+    tally_req_t u8 = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8};
+    compare_pieces(c, region, u8, "p-u8", 1, 300001, 5);
+    tally_req_t i32 = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_I32, .lo = -1000, .hi = 1000};
+    compare_pieces(c, region, i32, "p-i32", 4, 4 * 70001, 5);
+    tally_req_t rgb = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_RGB8};
+    compare_pieces(c, region, rgb, "p-rgb", 0, 3 * 65535, 3);
+    assert_true(stat_value(d.endpoint, "tallyd_limited_total{reason=\"inflight_share\"} ") > 0);
+    /* Every piece fails (an i32 hist on a u8 stream): the first failure is reported. */
+    tally_req_t wrong = i32;
+    assert_int_equal(tally_req_set_stream(&wrong, "p-u8"), TALLY_OK);
+    tally_reply_t r;
+    tally_reply_init(&r);
+    assert_int_equal(tally_call_shm(c, &wrong, region, 0, 300000, NULL, 0, &r),
+                     TALLY_E_STREAM_STATE);
+    assert_non_null(strstr(r.error, "hist piece 1 of 5 failed"));
+    assert_non_null(strstr(r.error, "(0 of the 5 pieces applied)"));
+    assert_non_null(strstr(tally_client_error(c), "hist piece 1 of 5 failed"));
+    /* One seq cannot number several pieces: sent whole, refused. */
+    tally_req_t numbered = u8;
+    numbered.seq = 1;
+    assert_int_equal(tally_req_set_stream(&numbered, "p-seq"), TALLY_OK);
+    assert_int_equal(tally_call_shm(c, &numbered, region, 0, 300000, NULL, 0, &r),
+                     TALLY_E_TOO_LARGE);
+    tally_reply_clear(&r);
+    tally_region_destroy(&region);
+    tally_client_destroy(&c);
+    stop(&d);
+}
+
 static void test_split(void **state)
 {
     (void)state;
@@ -951,13 +1185,13 @@ static void test_sigterm_inflight_refs(void **state)
     th_daemon_t d;
     start_sim(&d, "1", "TALLYD_TEST_SIM_LATENCY_US", "300000", true);
     int side = side_open();
-    int fd = memfd(4 << 20, SEALS);
+    int fd = th_memfd(4 << 20, SEALS);
     uint8_t *data = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     assert_true(data != MAP_FAILED);
     fill_random(data, 1 << 20);
     munmap(data, 1 << 20);
-    answer_t ans;
-    assert_int_equal(side_send(side, TALLY_SHM_OP_REGISTER, "peerT", 0, fd, &ans), TALLY_OK);
+    th_answer_t ans;
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, "peerT", 0, fd, &ans), TALLY_OK);
     close(fd);
     void *ctx = zmq_ctx_new();
     void *sock = dealer(ctx, d.endpoint, "peerT");
@@ -1055,6 +1289,9 @@ int main(void)
         cmocka_unit_test(test_identical_cpu),
         cmocka_unit_test(test_identical_gpu),
         cmocka_unit_test(test_bad_refs),
+        cmocka_unit_test(test_ref_check_order),
+        cmocka_unit_test(test_ref_busy_first),
+        cmocka_unit_test(test_ref_counters),
         cmocka_unit_test(test_side_channel_refusals),
         cmocka_unit_test(test_quotas),
         cmocka_unit_test(test_dead_producer),
@@ -1062,9 +1299,13 @@ int main(void)
         cmocka_unit_test(test_shm_off),
         cmocka_unit_test(test_register_off_loop),
         cmocka_unit_test(test_split),
+        cmocka_unit_test(test_hist_pieces),
         cmocka_unit_test(test_sigterm_inflight_refs),
         cmocka_unit_test(test_spread_over_gpus),
         cmocka_unit_test(test_split_beyond_buffers),
     };
+    const char *only = getenv("TALLY_TEST_FILTER"); /* one test by name (a mutation check) */
+    if (only && *only)
+        cmocka_set_test_filter(only);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

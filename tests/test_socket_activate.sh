@@ -21,7 +21,7 @@ trap cleanup EXIT
 for attempt in 1 2 3 4 5; do
   port=$((20000 + $(od -An -N2 -tu2 /dev/urandom) % 40000))
   systemd-socket-activate -l "127.0.0.1:$port" -l "$dir/tallyd.sock" \
-    "$tallyd" --backend cpu --log-level debug >"$dir/log" 2>&1 &
+    "$tallyd" --backend cpu --log-level debug --shm-socket "$dir/shm.sock" >"$dir/log" 2>&1 &
   pid=$!
   for i in $(seq 50); do
     grep -q "Listening on" "$dir/log" 2>/dev/null && [ -S "$dir/tallyd.sock" ] && break

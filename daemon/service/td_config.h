@@ -144,6 +144,15 @@
  * is 128 regions of the default 16 MiB batch. */
 #define TD_DEFAULT_SHM_MAX_BYTES (2ull << 30)
 #define TD_SHM_CONNECTIONS_MAX 1024 /* side-channel connections at once */
+/* Side connections per uid: one uid (allowed, or in socket_group) cannot take every slot. A
+ * producer process needs one (libtally opens one per client); 64 leaves room for 16 busy uids
+ * in the 1024 slots. */
+#define TD_DEFAULT_SHM_MAX_CONNECTIONS_PER_UID 64u
+/* A side connection that has registered no region this long after it connected is closed, so
+ * idle connections cannot hold slots: libtally registers right after connecting. */
+#define TD_DEFAULT_SHM_REGISTER_TIMEOUT_MS 5000u
+#define TD_SHM_REGISTER_TIMEOUT_MS_MIN 10u
+#define TD_SHM_REGISTER_TIMEOUT_MS_LIMIT 3600000u
 /* Security (td_auth.h, PROTOCOL.md §12). Protected mode, on by default like Redis's: tallyd
  * refuses to listen on a network address (tcp other than loopback) without CURVE, and to serve
  * metrics on one without HTTP basic auth, unless protected_mode is off. */
@@ -234,6 +243,8 @@ typedef struct {
     unsigned shm_allow_gid_count;
     unsigned shm_max_regions_per_peer; /* per side-channel connection */
     size_t shm_max_bytes;              /* registered in total */
+    unsigned shm_max_conns_per_uid;    /* side connections per peer uid */
+    unsigned shm_register_timeout_ms;  /* a side connection's time to register its first region */
     bool test_shm_deny_own_uid;        /* test only: tallyd's own uid is not allowed either */
     bool check_only;                   /* --check-config: load the configuration, report, exit */
     unsigned window_intervals;         /* per-stream window ring; 0 = windows off */

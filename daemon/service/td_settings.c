@@ -212,6 +212,19 @@ const td_setting_t td_settings[] = {
      .type = TD_SET_SIZE, .offset = FIELD(shm_max_bytes), .def = TD_DEFAULT_SHM_MAX_BYTES, .min = 1,
      .max = SIZE_MAX, .reload = TD_RELOAD_APPLIES,
      .help = "registered (pinned) bytes in total, K/M/G"},
+    {.option = "shm-max-connections-per-uid", .arg = "N", .section = "shm",
+     .key = "max_connections_per_uid", .type = TD_SET_UINT, .offset = FIELD(shm_max_conns_per_uid),
+     .def = TD_DEFAULT_SHM_MAX_CONNECTIONS_PER_UID, .min = 1, .max = TD_SHM_CONNECTIONS_MAX,
+     .reload = TD_RELOAD_APPLIES,
+     .help = "side-channel connections one user (uid) may hold at once, of the 1024 tallyd "
+             "serves; beyond it a connection is answered `quota` and closed"},
+    {.option = "shm-register-timeout-ms", .arg = "MS", .section = "shm",
+     .key = "register_timeout_ms", .type = TD_SET_UINT,
+     .offset = FIELD(shm_register_timeout_ms), .def = TD_DEFAULT_SHM_REGISTER_TIMEOUT_MS,
+     .min = TD_SHM_REGISTER_TIMEOUT_MS_MIN, .max = TD_SHM_REGISTER_TIMEOUT_MS_LIMIT,
+     .reload = TD_RELOAD_APPLIES,
+     .help = "a side-channel connection that has registered no region this long after it "
+             "connected is closed"},
     /* [windows] */
     {.option = "window-intervals", .arg = "N", .section = "windows", .key = "intervals",
      .type = TD_SET_UINT, .offset = FIELD(window_intervals), .def = TD_DEFAULT_WINDOW_INTERVALS,

@@ -57,6 +57,30 @@ const char *th_tallyd_bin(void)
     return bin && *bin ? bin : "./tallyd";
 }
 
+/* Adds --shm-socket in a fresh directory of d's own to argv, unless args names one. */
+static int own_shm_socket(th_daemon_t *d, const char *const *args, const char **argv, int *argc)
+{
+    for (int i = 0; args && args[i]; i++)
+        if (strcmp(args[i], "--shm-socket") == 0 || strncmp(args[i], "--shm-socket=", 13) == 0)
+            return 0;
+    if (th_tmpdir(d->shm_dir, sizeof d->shm_dir, "tallyd-shm") != 0) {
+        d->shm_dir[0] = '\0';
+        return -1;
+    }
+    snprintf(d->shm_socket, sizeof d->shm_socket, "%s/shm.sock", d->shm_dir);
+    argv[(*argc)++] = "--shm-socket";
+    argv[(*argc)++] = d->shm_socket;
+    return 0;
+}
+
+/* Removes d's side-channel directory, if it has one. */
+static void remove_shm_dir(th_daemon_t *d)
+{
+    if (d->shm_dir[0])
+        th_rmrf(d->shm_dir);
+    d->shm_dir[0] = '\0';
+}
+
 int th_daemon_start(th_daemon_t *d, const char *const *extra_args)
 {
     for (int attempt = 0; attempt < 5; attempt++) {
@@ -73,7 +97,7 @@ int th_daemon_start(th_daemon_t *d, const char *const *extra_args)
         argv[argc++] = "--log-level";
         argv[argc++] = "debug";
         bool has_backend = false;
-        for (int i = 0; extra_args && extra_args[i] && argc < 60; i++) {
+        for (int i = 0; extra_args && extra_args[i] && argc < 56; i++) {
             has_backend |= strcmp(extra_args[i], "--backend") == 0;
             argv[argc++] = extra_args[i];
         }
@@ -84,6 +108,8 @@ int th_daemon_start(th_daemon_t *d, const char *const *extra_args)
             argv[argc++] = "--backend";
             argv[argc++] = getenv("TALLY_TEST_BACKEND");
         }
+        if (own_shm_socket(d, extra_args, argv, &argc) != 0)
+            return -1;
         argv[argc] = NULL;
         pid_t pid = fork();
         if (pid < 0)
@@ -120,6 +146,7 @@ int th_daemon_start(th_daemon_t *d, const char *const *extra_args)
         th_close(sock);
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
+        remove_shm_dir(d);
         fprintf(stderr, "tallyd did not start on %s (log %s)\n", d->endpoint, d->log_path);
     }
     return -1;
@@ -153,6 +180,7 @@ int th_daemon_wait(th_daemon_t *d, int timeout_ms)
         int status;
         if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
             d->pid = 0;
+            remove_shm_dir(d);
             return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         }
         usleep(10000);
@@ -160,6 +188,7 @@ int th_daemon_wait(th_daemon_t *d, int timeout_ms)
     kill(d->pid, SIGKILL);
     waitpid(d->pid, NULL, 0);
     d->pid = 0;
+    remove_shm_dir(d);
     return -1;
 }
 

@@ -17,11 +17,16 @@ typedef struct {
     pid_t pid;
     int port;
     char endpoint[64];
-    char log_path[128]; /* tallyd's stderr */
+    char log_path[128];   /* tallyd's stderr */
+    char shm_dir[64];     /* its own directory for the side channel; "" when the test set it */
+    char shm_socket[128]; /* the side channel's path in shm_dir */
 } th_daemon_t;
 
 /* Starts $TALLYD_BIN (or ./tallyd) with --bind on a free port plus extra_args (NULL-terminated,
- * may be NULL) and waits until it answers a ping. Returns 0, or -1 (and logs) on failure. */
+ * may be NULL) and waits until it answers a ping. Returns 0, or -1 (and logs) on failure.
+ * Unless extra_args has --shm-socket, the daemon's side channel is shm_socket in a directory of
+ * its own (shm_dir, removed when it has exited: th_daemon_wait), so that daemons of concurrent
+ * test runs never share the default path, which a second tallyd refuses (PROTOCOL.md §10). */
 int th_daemon_start(th_daemon_t *d, const char *const *extra_args);
 /* The same with two argument lists, args then extra (each NULL-terminated, may be NULL; 30
  * arguments at most in all). */

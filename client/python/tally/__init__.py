@@ -544,7 +544,9 @@ class Client(_Handle):
 
     def hist_shm(self, region: Region, offset: int, length: int, dtype: DtypeLike = "u8",
                  range: Optional[Tuple[int, int]] = None, stream: Optional[str] = None) -> Array:
-        """hist of region bytes [offset, offset + length) of dtype (as hist), read in place."""
+        """hist of region bytes [offset, offset + length) of dtype (as hist), read in place. Over
+        the daemon's max_batch it is sent in pieces of at most max_batch (one batch each on a
+        stream) and their counts summed."""
         req = _op_request("hist", DTYPE[_dtype_name(dtype)], stream, dict(range=range))
         return self._call_shm(req, region, offset, length)[0]
 

@@ -1,0 +1,495 @@
+/*
+ * test_shm_side.c — the shared-memory side channel (daemon/td_shm.c, PROTOCOL.md §10) under
+ * hostile or careless peers (issue 21), against a real tallyd:
+ * - a uid that may not register is refused at accept: a flood of its connections takes no slot
+ *   and no descriptor, and an allowed producer still registers (run as root: a child switches to
+ *   nobody, 65534; skipped otherwise);
+ * - max_connections_per_uid: the connection past it is answered `quota` (op 0) and closed, for
+ *   another allowed uid too, while tallyd's own uid still gets in;
+ * - a connection that registers nothing within register_timeout_ms is closed, one that did is
+ *   kept;
+ * - a malformed message (bad magic, version, op, reserved byte, short, too long, the wrong number
+ *   of descriptors) is answered, echoing its op, and closes the connection; the descriptors that
+ *   came with it are closed (tallyd's /proc/PID/fd count returns to where it was);
+ * - a second tallyd on a live side-channel path refuses to start (explicit path, the default
+ *   path, and a path whose lock file was removed), a stale socket left by a killed tallyd is
+ *   replaced.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "shm_side.h"
+#include "tally.h"
+
+#define SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
+#define NOBODY 65534
+
+static char dir[64];       /* this run's scratch directory (0711: nobody may pass) */
+static char sock_path[96]; /* the side channel in it */
+
+static int setup(void **state)
+{
+    (void)state;
+    if (th_tmpdir(dir, sizeof dir, "tallyd-shm-side") != 0 || chmod(dir, 0711) != 0)
+        return -1;
+    snprintf(sock_path, sizeof sock_path, "%s/shm.sock", dir);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    return th_rmrf(dir);
+}
+
+/* Starts tallyd with its side channel at sock_path, plus extra (NULL-terminated). */
+static void start(th_daemon_t *d, const char *const *extra)
+{
+    const char *const args[] = {"--shm-socket", sock_path, NULL};
+    assert_int_equal(th_daemon_start_with(d, args, extra), 0);
+}
+
+static int connect_side(void)
+{
+    int fd = th_side_connect(sock_path);
+    assert_true(fd >= 0);
+    return fd;
+}
+
+/* Registers a sealed 4 KiB memfd on side: the answer's status. */
+static int register_4k(int side, th_answer_t *ans)
+{
+    int fd = th_memfd(4096, SEALS);
+    int st = th_side_call(side, TALLY_SHM_OP_REGISTER, "producer", 0, fd, ans);
+    close(fd);
+    return st;
+}
+
+/* Waits (up to 10 s) until the daemon holds at most `most` descriptors: the count it ends
+ * with. (At most: a connection of the harness's readiness ping may still be closing.) */
+static int wait_fd_count(pid_t pid, int most)
+{
+    int n = -1;
+    for (int i = 0; i < 1000 && (n = th_fd_count(pid)) > most; i++)
+        th_sleep_ms(10);
+    return n;
+}
+
+/* How many lines of d's log contain text. */
+static int log_count(const th_daemon_t *d, const char *text)
+{
+    char *log = th_slurp(d->log_path);
+    int n = 0;
+    for (const char *at = log; at && (at = strstr(at, text)); at++)
+        n++;
+    free(log);
+    return n;
+}
+
+/* Waits (up to 10 s) until d's log holds `want` lines with text. */
+static bool wait_log_count(const th_daemon_t *d, const char *text, int want)
+{
+    for (int i = 0; i < 1000; i++) {
+        if (log_count(d, text) >= want)
+            return true;
+        th_sleep_ms(10);
+    }
+    return false;
+}
+
+/* ---- connections refused at accept ------------------------------------------------------- */
+
+/* In a child that has become uid/gid NOBODY: opens `count` side connections and keeps them,
+ * tells the parent on `ready` how many connected, and waits for the parent to close `hold`. */
+static void nobody_opens(int count, int ready, int hold)
+{
+    struct rlimit lim = {.rlim_cur = (rlim_t)count + 64, .rlim_max = (rlim_t)count + 64};
+    if (setrlimit(RLIMIT_NOFILE, &lim) != 0 || setgroups(0, NULL) != 0 || setgid(NOBODY) != 0 ||
+        setuid(NOBODY) != 0)
+        _exit(2);
+    int connected = 0;
+    for (int i = 0; i < count; i++)
+        connected += th_side_connect(sock_path) >= 0;
+    if (write(ready, &connected, sizeof connected) != (ssize_t)sizeof connected)
+        _exit(3);
+    char x;
+    (void)!read(hold, &x, 1); /* until the parent is done: the connections stay open */
+    _exit(0);
+}
+
+/* Forks nobody_opens; returns its pid and the write end of its hold pipe (close it to end it);
+ * *connected is how many of its connections the kernel accepted. */
+static pid_t spawn_nobody(int count, int *hold_w, int *connected)
+{
+    int ready[2], hold[2];
+    assert_int_equal(pipe(ready), 0);
+    assert_int_equal(pipe(hold), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(ready[0]);
+        close(hold[1]);
+        nobody_opens(count, ready[1], hold[0]);
+    }
+    close(ready[1]);
+    close(hold[0]);
+    assert_int_equal(read(ready[0], connected, sizeof *connected), (ssize_t)sizeof *connected);
+    close(ready[0]);
+    *hold_w = hold[1];
+    return pid;
+}
+
+static void end_nobody(pid_t pid, int hold_w)
+{
+    close(hold_w);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/* Starts tallyd with the socket's group nobody's and `extra`; nobody opens `count` side
+ * connections and keeps them; tallyd holds at most `kept` of them (its descriptors), and a
+ * producer of tallyd's own uid still registers a region. Returns with tallyd running. */
+static void nobody_keeps_no_one_out(th_daemon_t *d, const char *const *extra, int count, int kept)
+{
+    char group[16];
+    snprintf(group, sizeof group, "%d", NOBODY); /* nobody can reach the socket */
+    const char *args[16] = {"--shm-socket-group", group};
+    int argc = 2;
+    for (int i = 0; extra[i] && argc < 15; i++)
+        args[argc++] = extra[i];
+    args[argc] = NULL;
+    start(d, args);
+    /* A first producer, kept: whatever tallyd opens on its first side connection is in base. */
+    th_answer_t ans;
+    int first = connect_side();
+    assert_int_equal(register_4k(first, &ans), TALLY_OK);
+    int base = th_fd_count(d->pid);
+    int hold, connected = 0;
+    pid_t child = spawn_nobody(count, &hold, &connected);
+    assert_int_equal(connected, count);
+    /* Accepted after all of nobody's (the backlog is in order): once it is answered, tallyd
+     * has taken or refused each of them (and closed the memfd it sent, before answering). */
+    int side = connect_side();
+    assert_int_equal(register_4k(side, &ans), TALLY_OK);
+    assert_true(th_fd_count(d->pid) <= base + kept + 1); /* + 1: this one */
+    close(side);
+    close(first);
+    end_nobody(child, hold);
+}
+
+/* 1,100 connections of a uid that may not register (more than tallyd's 1,024 slots): each is
+ * refused at accept, none keeps a descriptor in tallyd, and an allowed producer registers.
+ * Neither the per-uid cap nor the register timeout may be what frees the slots. */
+static void test_not_allowed_flood(void **state)
+{
+    (void)state;
+    if (geteuid() != 0)
+        skip(); /* switching to nobody needs root (as in CI) */
+    th_daemon_t d;
+    static const char *const args[] = {"--shm-max-connections-per-uid", "1024",
+                                       "--shm-register-timeout-ms", "3600000", NULL};
+    nobody_keeps_no_one_out(&d, args, 1100, 0);
+    assert_true(th_daemon_log_contains(&d, "uid 65534 refused: uid 65534 gid 65534 may not"));
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
+/* The connection past max_connections_per_uid: one answer, `quota` with op 0, then closed. */
+static void expect_quota_refusal(void)
+{
+    int side = connect_side();
+    th_answer_t ans;
+    assert_int_equal(th_side_recv(side, &ans, 5000), 1); /* sent unasked, at accept */
+    assert_int_equal(ans.a.status, TALLY_E_QUOTA);
+    assert_int_equal(ans.a.op, 0);
+    assert_non_null(strstr(ans.msg, "max_connections_per_uid"));
+    assert_true(th_side_closed(side, 5000));
+    close(side);
+}
+
+static void test_per_uid_cap(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    const char *const args[] = {"--shm-max-connections-per-uid", "3", NULL};
+    start(&d, args);
+    th_answer_t ans;
+    int sides[3];
+    for (int i = 0; i < 3; i++)
+        sides[i] = connect_side();
+    assert_int_equal(register_4k(sides[0], &ans), TALLY_OK); /* all three were taken */
+    expect_quota_refusal();
+    assert_int_equal(register_4k(sides[2], &ans), TALLY_OK); /* the three are served */
+    close(sides[1]);
+    /* Once tallyd has seen that close, there is room for one more. */
+    int again = -1;
+    for (int i = 0; i < 500 && again < 0; i++) {
+        int side = connect_side();
+        if (register_4k(side, &ans) == TALLY_OK) {
+            again = side;
+        } else {
+            assert_int_equal(ans.a.status, TALLY_E_QUOTA);
+            close(side);
+            th_sleep_ms(10);
+        }
+    }
+    assert_true(again >= 0);
+    close(again);
+    close(sides[0]);
+    close(sides[2]);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
+/* Another allowed uid at its cap (it holds 3 of its 50) does not keep tallyd's own uid out
+ * (root only). The register timeout is not what closes the others. */
+static void test_per_uid_cap_other_uid(void **state)
+{
+    (void)state;
+    if (geteuid() != 0)
+        skip();
+    th_daemon_t d;
+    char uid[16];
+    snprintf(uid, sizeof uid, "%d", NOBODY);
+    const char *const args[] = {
+        "--shm-allow-uids", uid, "--shm-max-connections-per-uid", "3", "--shm-register-timeout-ms",
+        "3600000",          NULL};
+    nobody_keeps_no_one_out(&d, args, 50, 3);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
+/* ---- register timeout -------------------------------------------------------------------- */
+
+static void test_register_timeout(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    const char *const args[] = {"--shm-register-timeout-ms", "200", "--shm-max-bytes", "64K", NULL};
+    start(&d, args);
+    const char *closed = "no region registered within 200 ms";
+    int idle = connect_side(), busy = connect_side();
+    th_answer_t ans;
+    assert_int_equal(register_4k(busy, &ans), TALLY_OK);
+    uint64_t handle = ans.a.handle;
+    assert_true(th_side_closed(idle, 10000)); /* closed by tallyd, unasked */
+    close(idle);
+    assert_true(wait_log_count(&d, closed, 1));
+    /* The one that registered is still served, long after the deadline, even once it holds no
+     * region any more. */
+    assert_int_equal(th_side_call(busy, TALLY_SHM_OP_RELEASE, NULL, handle, -1, &ans), TALLY_OK);
+    th_sleep_ms(600);
+    assert_int_equal(register_4k(busy, &ans), TALLY_OK);
+    close(busy);
+    /* libtally: a registration refused (quota) leaves its side connection idle, tallyd closes
+     * it, and the next registration opens a new one. */
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(d.endpoint, 5000, &c), TALLY_OK);
+    tally_region_t *r = NULL;
+    assert_int_equal(tally_region_create(c, 1 << 20, &r), TALLY_E_QUOTA);
+    assert_true(wait_log_count(&d, closed, 2));
+    assert_int_equal(tally_region_create(c, 4096, &r), TALLY_OK);
+    tally_region_destroy(&r);
+    tally_client_destroy(&c);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
+/* ---- malformed messages ------------------------------------------------------------------ */
+
+typedef struct {
+    const char *what;
+    int len;         /* bytes sent */
+    int byte, value; /* one byte of a good register header changed (-1: none) */
+    uint8_t op;      /* the op of the message */
+    int nfds;        /* memfds attached */
+    uint32_t status; /* the answer's */
+    uint8_t echo;    /* the answer's op */
+} malformed_t;
+
+static const malformed_t malformed[] = {
+    {"bad magic", 16 + 1, 0, 'X', TALLY_SHM_OP_REGISTER, 1, TALLY_E_MAGIC, TALLY_SHM_OP_REGISTER},
+    {"bad magic, release", 16, 1, 'X', TALLY_SHM_OP_RELEASE, 0, TALLY_E_MAGIC,
+     TALLY_SHM_OP_RELEASE},
+    {"bad version", 16 + 1, 4, 9, TALLY_SHM_OP_REGISTER, 1, TALLY_E_VERSION, TALLY_SHM_OP_REGISTER},
+    {"bad op", 16 + 1, 5, 7, TALLY_SHM_OP_REGISTER, 1, TALLY_E_OPCODE, 7},
+    {"reserved byte", 16 + 1, 7, 1, TALLY_SHM_OP_REGISTER, 1, TALLY_E_PARAM, TALLY_SHM_OP_REGISTER},
+    {"short", 10, -1, 0, TALLY_SHM_OP_REGISTER, 1, TALLY_E_HEADER, 0},
+    {"too long", 300, -1, 0, TALLY_SHM_OP_REGISTER, 1, TALLY_E_HEADER, TALLY_SHM_OP_REGISTER},
+    {"two descriptors", 16 + 1, -1, 0, TALLY_SHM_OP_REGISTER, 2, TALLY_E_PARAM,
+     TALLY_SHM_OP_REGISTER},
+    {"a descriptor on a release", 16, -1, 0, TALLY_SHM_OP_RELEASE, 1, TALLY_E_PARAM,
+     TALLY_SHM_OP_RELEASE},
+    {"six descriptors", 16 + 1, -1, 0, TALLY_SHM_OP_REGISTER, 6, TALLY_E_HEADER,
+     TALLY_SHM_OP_REGISTER},
+};
+
+/* Sends m on a new connection: the answer is as expected, the connection ends, and tallyd's
+ * descriptors are as many as before it (the memfds sent closed too). */
+static void send_malformed(const th_daemon_t *d, const malformed_t *m)
+{
+    int base = th_fd_count(d->pid);
+    int side = connect_side();
+    uint8_t buf[300] = {0};
+    tally_shm_msg_t msg = {.op = m->op, .handle = m->op == TALLY_SHM_OP_RELEASE ? 42 : 0};
+    if (m->op == TALLY_SHM_OP_REGISTER) {
+        msg.id_len = 1;
+        msg.id[0] = 'p';
+    }
+    tally_shm_msg_encode(&msg, buf);
+    if (m->byte >= 0)
+        buf[m->byte] = (uint8_t)m->value;
+    int fds[6];
+    for (int i = 0; i < m->nfds; i++)
+        fds[i] = th_memfd(4096, SEALS);
+    assert_int_equal(th_side_send_raw(side, buf, (size_t)m->len, fds, m->nfds), 0);
+    for (int i = 0; i < m->nfds; i++)
+        close(fds[i]);
+    th_answer_t ans;
+    if (th_side_recv(side, &ans, 5000) != 1)
+        fail_msg("%s: no answer", m->what);
+    if (ans.a.status != m->status || ans.a.op != m->echo)
+        fail_msg("%s: answered %s op %u (%s), expected %s op %u", m->what,
+                 tally_status_name((tally_status_t)ans.a.status), ans.a.op, ans.msg,
+                 tally_status_name((tally_status_t)m->status), m->echo);
+    if (!th_side_closed(side, 5000))
+        fail_msg("%s: the connection stayed open", m->what);
+    close(side);
+    int now = wait_fd_count(d->pid, base);
+    if (now > base)
+        fail_msg("%s: tallyd holds %d descriptors, %d before", m->what, now, base);
+}
+
+static void test_malformed_closes(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    /* The connections close for their message, not for registering nothing in time. */
+    const char *const args[] = {"--shm-register-timeout-ms", "3600000", NULL};
+    start(&d, args);
+    for (size_t i = 0; i < sizeof malformed / sizeof malformed[0]; i++)
+        send_malformed(&d, &malformed[i]);
+    /* Still serving. */
+    th_answer_t ans;
+    int side = connect_side();
+    assert_int_equal(register_4k(side, &ans), TALLY_OK);
+    close(side);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
+/* ---- two tallyds, one path --------------------------------------------------------------- */
+
+/* Runs tallyd with args (and RUNTIME_DIRECTORY=runtime when not NULL) until it exits, at most
+ * 20 s; returns its exit status (-1 when it did not exit: then it is killed) and leaves its stderr
+ * in dir/second.log. */
+static int run_second(const char *const *args, const char *runtime)
+{
+    char log[128];
+    snprintf(log, sizeof log, "%s/second.log", dir);
+    char bind[64];
+    snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", th_free_port());
+    const char *argv[16] = {th_tallyd_bin(), "--bind", bind, "--backend", "cpu"};
+    int argc = 5;
+    for (int i = 0; args && args[i] && argc < 15; i++)
+        argv[argc++] = args[i];
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (runtime)
+            setenv("RUNTIME_DIRECTORY", runtime, 1);
+        if (!freopen(log, "w", stderr) || !freopen("/dev/null", "w", stdout))
+            _exit(126);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    th_daemon_t d = {.pid = pid};
+    int status = th_daemon_wait(&d, 20000);
+    return status;
+}
+
+static bool second_log_contains(const char *text)
+{
+    th_daemon_t d = {0};
+    snprintf(d.log_path, sizeof d.log_path, "%s/second.log", dir);
+    return th_daemon_log_contains(&d, text);
+}
+
+/* The first tallyd still serves its side channel (a region registers). */
+static void assert_still_serving(void)
+{
+    th_answer_t ans;
+    int side = connect_side();
+    assert_int_equal(register_4k(side, &ans), TALLY_OK);
+    close(side);
+}
+
+static void test_second_tallyd_refused(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    start(&d, NULL);
+    /* The same explicit path. */
+    const char *const same[] = {"--shm-socket", sock_path, NULL};
+    assert_int_equal(run_second(same, NULL), 1);
+    assert_true(second_log_contains("another tallyd serves the side channel"));
+    assert_still_serving();
+    /* The lock file removed under the running tallyd: the connection still tells. */
+    char lock[128];
+    snprintf(lock, sizeof lock, "%s.lock", sock_path);
+    assert_int_equal(unlink(lock), 0);
+    assert_int_equal(run_second(same, NULL), 1);
+    assert_true(second_log_contains("it accepts connections"));
+    assert_still_serving();
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+
+    /* The default path ($RUNTIME_DIRECTORY/tallyd-shm.sock): refused too, not run without
+     * shared memory. */
+    snprintf(sock_path, sizeof sock_path, "%s/tallyd-shm.sock", dir);
+    start(&d, NULL);
+    assert_int_equal(run_second(NULL, dir), 1);
+    assert_true(second_log_contains("another tallyd serves the side channel"));
+    assert_still_serving();
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    snprintf(sock_path, sizeof sock_path, "%s/shm.sock", dir);
+}
+
+/* A tallyd killed with SIGKILL leaves its socket file: the next one replaces it. */
+static void test_stale_socket_replaced(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    start(&d, NULL);
+    assert_int_equal(th_daemon_stop(&d, SIGKILL, 10000), 128 + SIGKILL);
+    assert_int_equal(access(sock_path, F_OK), 0); /* left behind */
+    start(&d, NULL);
+    assert_still_serving();
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_not_allowed_flood),     cmocka_unit_test(test_per_uid_cap),
+        cmocka_unit_test(test_per_uid_cap_other_uid), cmocka_unit_test(test_register_timeout),
+        cmocka_unit_test(test_malformed_closes),      cmocka_unit_test(test_second_tallyd_refused),
+        cmocka_unit_test(test_stale_socket_replaced),
+    };
+    const char *only = getenv("TALLY_TEST_FILTER"); /* one test by name (a mutation check) */
+    if (only && *only)
+        cmocka_set_test_filter(only);
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
