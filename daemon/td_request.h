@@ -89,6 +89,7 @@ typedef struct td_request {
     size_t reply_len;
     void (*reply_free)(void *data, void *hint);
     void *reply_hint;
+    uint64_t reply_reserved; /* bytes reserved for the reply until it is sent (td_reply.h) */
 } td_request_t;
 
 /* A FIFO of requests linked through their `next`: a stream's FIFO (td_sched.c), a GPU lane's

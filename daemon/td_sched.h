@@ -53,6 +53,11 @@ typedef struct {
     unsigned gpu_lanes;      /* per device */
     unsigned gpu_carries;    /* device scan carries per lane; index 0 is for stateless requests */
     size_t gpu_buffer_bytes; /* the most a lane's buffers hold of one batch (whole) */
+    /* How much work is handed to the machine at once; the rest waits in the peers' queues, which
+     * take turns (deficit round robin): requests on the CPU workers, cpu_workers (+
+     * TD_SCHED_CPU_AHEAD), and per GPU lane gpu_lane_depth. 0: no limit. */
+    unsigned cpu_workers;
+    unsigned gpu_lane_depth;
     bool (*device_usable)(void *ctx, unsigned device);
     int (*device_ordinal)(void *ctx, unsigned device); /* for the per-GPU request counter */
     /* Can r run split over a device's lanes (the engine splits, r's input (and a scan's output)

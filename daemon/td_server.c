@@ -69,6 +69,7 @@
 #include "td_notify.h"
 #include "td_pub.h"
 #include "td_peers.h"
+#include "td_reply.h"
 #include "td_request.h"
 #include "td_server.h"
 #include "td_sched.h"
@@ -117,6 +118,7 @@ struct td_server {
 
     td_streams_t *streams;
     td_peers_t *peers; /* per-connection and per-client limits */
+    td_replies_t *replies; /* what unread replies hold; lives until after zmq_ctx_term */
     td_auth_t *auth;   /* CURVE and its ZAP handler; NULL when CURVE is off */
     tk_backend_t *cpu; /* the CPU backend; the GPU runs through the executor's pipeline */
     td_exec_t *exec;   /* where compute requests run: CPU workers or the GPU pipeline */
@@ -134,55 +136,10 @@ static void reply(td_server_t *s, td_request_t *r);
 
 /* ---- Replies ---------------------------------------------------------------------------- */
 
-static void free_reply_data(void *data, void *hint)
-{
-    (void)hint;
-    free(data);
-}
-
-/* Hands r's reply to ZeroMQ without waiting. Returns 0 when sent, else the errno of the failed
- * send: EHOSTUNREACH (the peer has gone) or EAGAIN (the peer's send high-water mark is full: it
- * is not reading). Only the first frame can meet either: once it is accepted ZeroMQ takes the
- * rest of the message whole, so a later frame failing is a broken socket (logged). */
-static int try_send(td_server_t *s, td_request_t *r)
-{
-    const int more = ZMQ_DONTWAIT | ZMQ_SNDMORE;
-    if (zmq_send(s->router, r->identity, r->identity_len, more) == -1)
-        return errno;
-    int err = 0;
-    if (r->has_delimiter && zmq_send(s->router, "", 0, more) == -1)
-        err = errno;
-    uint8_t header[TALLY_REP_HEADER_SIZE];
-    tally_rep_encode(&r->rep, header);
-    if (!err && zmq_send(s->router, header, sizeof header, more) == -1)
-        err = errno;
-    zmq_msg_t body;
-    if (!err && r->reply_data && r->reply_len) {
-        /* Sent where it was built (a malloc'd reply, or a pinned buffer the GPU wrote it to):
-         * ZeroMQ frees or gives it back once the bytes have left. */
-        zmq_free_fn *give_back = r->reply_free ? r->reply_free : free_reply_data;
-        if (zmq_msg_init_data(&body, r->reply_data, r->reply_len, give_back, r->reply_hint) == 0) {
-            r->reply_data = NULL; /* ZeroMQ owns it now */
-            r->reply_free = NULL;
-        } else
-            err = errno;
-    } else if (!err) {
-        zmq_msg_init(&body);
-    }
-    if (!err && zmq_msg_send(&body, s->router, ZMQ_DONTWAIT) == -1) {
-        err = errno;
-        zmq_msg_close(&body);
-    }
-    if (err)
-        td_err("sending the reply to request %" PRIu64 ": %s", r->rep.request_id,
-               zmq_strerror(err));
-    return err;
-}
-
 /* The end of every request: send its reply (or drop it), metrics, in-flight slot, memory. */
 static void reply(td_server_t *s, td_request_t *r)
 {
-    int err = try_send(s, r);
+    int err = td_replies_send(s->replies, s->router, r);
     if (err == EHOSTUNREACH) {
         s->metrics.replies_dropped_gone++;
         td_debug("reply to request %" PRIu64 " dropped: the peer has gone", r->rep.request_id);
@@ -256,6 +213,7 @@ static void sample_gauges(void *ctx, td_gauges_t *g)
         .peers = td_peers_count(s->peers),
         .users = s->auth ? s->peers : NULL,
     };
+    td_replies_gauges(s->replies, g);
     if (s->auth) {
         g->curve = true;
         td_auth_counts(s->auth, &g->auth);
@@ -586,6 +544,31 @@ static bool over_share(td_server_t *s, td_request_t *r)
     return true;
 }
 
+/* What r's connection's unread replies hold (td_reply.h): past its bound, or past the bound of
+ * all connections together, r is answered `busy` before anything is computed, so a peer that
+ * does not read its replies cannot make tallyd build more of them. Returns true when r was
+ * failed. */
+static bool over_reply_bound(td_server_t *s, td_request_t *r)
+{
+    td_reply_admit_t verdict = td_replies_admit(s->replies, r);
+    if (verdict == TD_REPLY_ADMITTED)
+        return false;
+    if (verdict == TD_REPLY_OVER_PEER) {
+        count_limited(s, r, TD_LIMIT_REPLY_PEER);
+        td_request_fail(r, TALLY_E_BUSY,
+                        "this connection's unread replies hold max_reply_bytes_per_peer (%" PRIu64
+                        " bytes); read your replies, then send it again",
+                        td_config_reply_bytes_per_peer(&s->cfg));
+    } else {
+        count_limited(s, r, TD_LIMIT_REPLY_TOTAL);
+        td_request_fail(r, TALLY_E_BUSY,
+                        "unread replies of all connections hold max_reply_bytes (%" PRIu64
+                        " bytes); send it again later",
+                        td_config_reply_bytes(&s->cfg));
+    }
+    return true;
+}
+
 /* Turns one received message (frames[0..kept) of `total`) into a request and dispatches it,
  * or answers it with an error. */
 static void handle_message(td_server_t *s, zmq_msg_t *frames, int kept, int total)
@@ -660,6 +643,8 @@ static void handle_message(td_server_t *s, zmq_msg_t *frames, int kept, int tota
             goto answer;
         }
     }
+    if (over_reply_bound(s, r))
+        goto answer;
     dispatch(s, r);
     return;
 answer:
@@ -1155,6 +1140,9 @@ static td_err_t open_tables(td_server_t *s)
         return err;
     td_streams_set_window(s->streams, s->cfg.window_intervals, s->cfg.window_interval_ms);
     td_clock_set_test_file(s->cfg.test_clock);
+    err = td_replies_new(&s->cfg, &s->replies);
+    if (err != TD_OK)
+        return err;
     return td_peers_new(&s->peers);
 }
 
@@ -1165,6 +1153,7 @@ static void close_tables(td_server_t *s)
     if (s->cpu)
         s->cpu->destroy(&s->cpu);
     td_peers_destroy(&s->peers);
+    td_replies_destroy(&s->replies); /* after zmq_ctx_term: ZeroMQ frees replies until then */
     td_streams_destroy(&s->streams);
 }
 

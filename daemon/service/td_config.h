@@ -47,6 +47,20 @@
 #define TD_MAX_FRAME_FACTOR 4u
 #define TD_MAX_FRAME_HEADROOM (64u << 10)
 #define TD_MAX_FRAME_LIMIT (16ull << 30)
+/* Replies handed to ZeroMQ and not yet written out (a peer that does not read its replies) hold
+ * memory that ZeroMQ's high-water mark bounds only in messages (1024 per connection, each up to
+ * 2 x max_batch for an int64 scan): one peer pipelining 16 MiB scans without reading took
+ * tallyd to 3.2 GiB in 8 s (issue 21). So tallyd counts reply bytes from when a request is read
+ * (its largest possible reply is reserved) until ZeroMQ frees the reply, per connection and in
+ * total, and answers `busy` to a request whose reply would go past either bound (td_reply.h).
+ * Per connection, 0 (the default) means TD_FAIR_SHARE_MIN (libtally's window) of the largest
+ * reply, 2 x max_batch: 256 MiB at the default max_batch, so a client that keeps 8 scans of the
+ * largest batch in flight is never refused. In total, 0 means twice that: 512 MiB. A connection
+ * (and tallyd) holding nothing may always have one request, whatever its reply. */
+#define TD_DEFAULT_MAX_REPLY_BYTES_PER_PEER 0u
+#define TD_DEFAULT_MAX_REPLY_BYTES 0u
+#define TD_REPLY_BYTES_TOTAL_FACTOR 2u
+#define TD_MAX_REPLY_BYTES_LIMIT (1ull << 40)
 /* After SIGTERM/SIGINT tallyd keeps reading what is queued in its socket, answering each with
  * `shutdown`, for at most this long (--drain-ms); requests running on a backend finish first. */
 #define TD_DEFAULT_DRAIN_MS 2000u
@@ -97,6 +111,19 @@
  * microseconds there): through the worker pool, a 4 KiB request's p50 was 27-43 us over the
  * ZeroMQ echo on the H200 host (bench/NOTES.md), two thread wake-ups more than needed. */
 #define TD_EXEC_INLINE_MAX (16u << 10)
+/* Fair service between peers (td_sched.c): compute requests wait in a queue per connection and
+ * class (CPU workers, GPU lanes), and the queues take turns by bytes (deficit round robin), so a
+ * peer flooding 1 MiB batches holds up another's batch by about one of its own, not by its whole
+ * backlog (issue 21: a light peer's p50 rose 10-35x while libuv's one FIFO held the flood). Each
+ * turn adds TD_SCHED_QUANTUM bytes to a queue's allowance; a request costs its payload plus
+ * TD_SCHED_REQUEST_COST. At most the workers plus TD_SCHED_CPU_AHEAD requests are handed to the
+ * CPU pool at once (one queued in the pool, so that a worker that finishes starts the next at
+ * once instead of waiting for the loop thread to hand it one), and per GPU lane
+ * TD_SCHED_LANE_DEPTH (its TD_GPU_SLOTS_PER_LANE staging slots busy, as many waiting). */
+#define TD_SCHED_QUANTUM (256u << 10)
+#define TD_SCHED_REQUEST_COST (4u << 10)
+#define TD_SCHED_CPU_AHEAD 1u
+#define TD_SCHED_LANE_DEPTH (2u * TD_GPU_SLOTS_PER_LANE)
 /* In auto mode a batch runs on the GPU from this size on, per operation: the end-to-end
  * crossover of one request in flight, CPU vs GPU backend, measured on the GPU host (an H200;
  * bench/NOTES.md "GPU crossover"). hist (a 2 KiB reply) gains from 64 KiB; filter and scan
@@ -194,6 +221,8 @@ typedef struct {
     unsigned max_streams_per_client; /* per client identity; 0 = max_streams / 2 */
     unsigned stream_create_rate;     /* per client identity and second; 0 = unlimited */
     size_t max_frame;  /* bytes; ZeroMQ's hard frame limit; 0 = TD_MAX_FRAME_FACTOR x max_batch */
+    size_t max_reply_bytes_per_peer; /* unread reply bytes per connection; 0 = computed */
+    size_t max_reply_bytes;          /* unread reply bytes in total; 0 = computed */
     unsigned drain_ms; /* reading after a stop signal */
     unsigned workers;  /* CPU threads for batch work; 0 = number of cores */
     int log_level;     /* td_log_level_t */
@@ -261,6 +290,10 @@ size_t td_config_max_frame(const td_config_t *cfg);
  * the setting, else half of max_streams (at least 1). */
 unsigned td_config_inflight_per_peer(const td_config_t *cfg, unsigned active);
 unsigned td_config_streams_per_client(const td_config_t *cfg);
+/* The bounds on unread reply bytes in force: the settings, else TD_FAIR_SHARE_MIN x 2 x
+ * max_batch per connection and TD_REPLY_BYTES_TOTAL_FACTOR x that in total. */
+uint64_t td_config_reply_bytes_per_peer(const td_config_t *cfg);
+uint64_t td_config_reply_bytes(const td_config_t *cfg);
 
 /* True for an endpoint that only this host can reach: ipc, inproc, or tcp on a loopback
  * address (127.0.0.0/8, ::1, localhost, lo). A wildcard, an interface name or any other address

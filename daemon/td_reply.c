@@ -1,0 +1,237 @@
+/*
+ * td_reply.c — sending replies and counting what unread replies hold (see td_reply.h).
+ *
+ * A reply's payload goes to ZeroMQ without a copy (zmq_msg_init_data): a malloc'd buffer, or a
+ * pinned buffer the GPU wrote it into, which ZeroMQ frees or gives back once written out. To know
+ * when, the payload is sent with a free function of ours, reply_freed, and a small record (a
+ * ticket) that says how many bytes to uncount from which meter and how to free the buffer after.
+ * ZeroMQ calls it exactly once, on its I/O thread (or on ours, when a send fails and the message
+ * is closed), so the counters it touches are atomics: the connection's meter (td_peers.h) and
+ * the total here, which lives until after zmq_ctx_term (td_server_destroy).
+ *
+ * Reservations are loop-thread counters (the connection's in its td_peer_t, the total here):
+ * taken when a request is admitted, given back when its reply is sent or dropped. Held bytes are
+ * counted before the message is built, so they never go below zero whatever thread frees it.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <zmq.h>
+
+#include "td_log.h"
+#include "td_peers.h"
+#include "td_reply.h"
+
+struct td_replies {
+    const td_config_t *cfg;
+    _Atomic uint64_t held; /* reply bytes inside ZeroMQ, all connections */
+    uint64_t reserved;     /* loop thread: reserved for requests in flight */
+    uint64_t peak_peer;    /* loop thread: the most one connection has used */
+    uint64_t peak_total;
+};
+
+/* What reply_freed needs: the bytes, the meters, and the buffer's own free function. */
+typedef struct {
+    uint64_t bytes;
+    td_reply_meter_t *meter; /* a reference; NULL: no per-peer entry */
+    _Atomic uint64_t *total;
+    zmq_free_fn *free_fn; /* NULL: free() */
+    void *hint;
+} ticket_t;
+
+td_err_t td_replies_new(const td_config_t *cfg, td_replies_t **out)
+{
+    td_replies_t *self = calloc(1, sizeof *self);
+    if (!self)
+        return TD_ERR_NOMEM;
+    self->cfg = cfg;
+    atomic_init(&self->held, 0);
+    *out = self;
+    return TD_OK;
+}
+
+void td_replies_destroy(td_replies_t **self_p)
+{
+    td_replies_t *self = *self_p;
+    if (!self)
+        return;
+    uint64_t held = atomic_load(&self->held);
+    if (held) /* zmq_ctx_term frees every message: a leak of ours if not */
+        td_warn("%" PRIu64 " reply bytes still counted at exit", held);
+    free(self);
+    *self_p = NULL;
+}
+
+uint64_t td_reply_need(const td_request_t *r)
+{
+    if (r->out_ptr) /* the output goes to a shared-memory region: the reply is a header */
+        return 0;
+    return tally_shm_out_worst(&r->req, r->payload_len); /* filter, scan; others 0 */
+}
+
+static uint64_t meter_held(const td_peer_t *conn)
+{
+    const td_reply_meter_t *m = conn ? td_peer_meter((td_peer_t *)conn) : NULL;
+    return m ? atomic_load_explicit(&m->held, memory_order_relaxed) : 0;
+}
+
+static uint64_t peer_used(const td_peer_t *conn)
+{
+    return conn ? meter_held(conn) + td_peer_reserved(conn) : 0;
+}
+
+static uint64_t total_used(const td_replies_t *self)
+{
+    return atomic_load_explicit(&self->held, memory_order_relaxed) + self->reserved;
+}
+
+static void note_peaks(td_replies_t *self, const td_peer_t *conn)
+{
+    uint64_t peer = peer_used(conn), total = total_used(self);
+    if (peer > self->peak_peer)
+        self->peak_peer = peer;
+    if (total > self->peak_total)
+        self->peak_total = total;
+}
+
+td_reply_admit_t td_replies_admit(td_replies_t *self, td_request_t *r)
+{
+    if (r->req.opcode == TALLY_OP_PING) /* its reply is a header: always answered */
+        return TD_REPLY_ADMITTED;
+    uint64_t need = td_reply_need(r);
+    uint64_t peer = peer_used(r->conn);
+    if (r->conn && peer > 0 && peer + need > td_config_reply_bytes_per_peer(self->cfg))
+        return TD_REPLY_OVER_PEER;
+    uint64_t total = total_used(self);
+    if (need > 0 && total > 0 && total + need > td_config_reply_bytes(self->cfg))
+        return TD_REPLY_OVER_TOTAL;
+    r->reply_reserved = need;
+    self->reserved += need;
+    if (r->conn)
+        td_peer_reserve(r->conn, need);
+    note_peaks(self, r->conn);
+    return TD_REPLY_ADMITTED;
+}
+
+static void unreserve(td_replies_t *self, td_request_t *r)
+{
+    self->reserved -= r->reply_reserved;
+    if (r->conn)
+        td_peer_unreserve(r->conn, r->reply_reserved);
+    r->reply_reserved = 0;
+}
+
+static void uncount(const ticket_t *t)
+{
+    atomic_fetch_sub_explicit(t->total, t->bytes, memory_order_relaxed);
+    if (t->meter) {
+        atomic_fetch_sub_explicit(&t->meter->held, t->bytes, memory_order_relaxed);
+        td_reply_meter_release(t->meter);
+    }
+}
+
+/* ZeroMQ is done with a reply's payload (any thread): uncount it, then free it. */
+static void reply_freed(void *data, void *hint)
+{
+    ticket_t *t = hint;
+    uncount(t);
+    t->free_fn(data, t->hint);
+    free(t);
+}
+
+static void free_reply_data(void *data, void *hint)
+{
+    (void)hint;
+    free(data);
+}
+
+/* A ticket for r's payload, counted from now on; NULL for an error reply (a message of at most
+ * 255 bytes is not counted) or when out of memory (then it goes uncounted: a reply is never
+ * dropped for its bookkeeping). */
+static ticket_t *ticket_new(td_replies_t *self, td_request_t *r, zmq_free_fn *free_fn)
+{
+    if (r->rep.status != TALLY_OK)
+        return NULL;
+    ticket_t *t = malloc(sizeof *t);
+    if (!t) {
+        td_warn("out of memory: reply to request %" PRIu64 " not counted", r->rep.request_id);
+        return NULL;
+    }
+    *t = (ticket_t){.bytes = r->reply_len,
+                    .meter = r->conn ? td_peer_meter(r->conn) : NULL,
+                    .total = &self->held,
+                    .free_fn = free_fn,
+                    .hint = r->reply_hint};
+    atomic_fetch_add_explicit(&self->held, t->bytes, memory_order_relaxed);
+    if (t->meter) {
+        td_reply_meter_hold(t->meter);
+        atomic_fetch_add_explicit(&t->meter->held, t->bytes, memory_order_relaxed);
+    }
+    return t;
+}
+
+/* The payload as a message that ZeroMQ frees (or gives back) once written out, counted until
+ * then. Returns 0 or an errno. */
+static int payload_message(td_replies_t *self, td_request_t *r, zmq_msg_t *body)
+{
+    zmq_free_fn *free_fn = r->reply_free ? r->reply_free : free_reply_data;
+    void *hint = r->reply_hint;
+    ticket_t *t = ticket_new(self, r, free_fn);
+    if (t) {
+        free_fn = reply_freed;
+        hint = t;
+    }
+    if (zmq_msg_init_data(body, r->reply_data, r->reply_len, free_fn, hint) != 0) {
+        int err = errno; /* ZeroMQ took nothing: the payload stays the request's */
+        if (t) {
+            uncount(t);
+            free(t);
+        }
+        return err;
+    }
+    r->reply_data = NULL; /* ZeroMQ owns it now */
+    r->reply_free = NULL;
+    note_peaks(self, r->conn);
+    return 0;
+}
+
+int td_replies_send(td_replies_t *self, void *router, td_request_t *r)
+{
+    unreserve(self, r);
+    /* Only the first frame can meet EHOSTUNREACH or EAGAIN: once it is accepted ZeroMQ takes
+     * the rest of the message whole, so a later frame failing is a broken socket (logged). */
+    const int more = ZMQ_DONTWAIT | ZMQ_SNDMORE;
+    if (zmq_send(router, r->identity, r->identity_len, more) == -1)
+        return errno;
+    int err = 0;
+    if (r->has_delimiter && zmq_send(router, "", 0, more) == -1)
+        err = errno;
+    uint8_t header[TALLY_REP_HEADER_SIZE];
+    tally_rep_encode(&r->rep, header);
+    if (!err && zmq_send(router, header, sizeof header, more) == -1)
+        err = errno;
+    zmq_msg_t body;
+    if (!err && r->reply_data && r->reply_len)
+        err = payload_message(self, r, &body);
+    else if (!err)
+        zmq_msg_init(&body);
+    if (!err && zmq_msg_send(&body, router, ZMQ_DONTWAIT) == -1) {
+        err = errno;
+        zmq_msg_close(&body);
+    }
+    if (err)
+        td_err("sending the reply to request %" PRIu64 ": %s", r->rep.request_id,
+               zmq_strerror(err));
+    return err;
+}
+
+void td_replies_gauges(const td_replies_t *self, td_gauges_t *g)
+{
+    g->reply_held = atomic_load_explicit(&((td_replies_t *)self)->held, memory_order_relaxed);
+    g->reply_reserved = self->reserved;
+    g->reply_peak_peer = self->peak_peer;
+    g->reply_peak_total = self->peak_total;
+    g->reply_bound_peer = td_config_reply_bytes_per_peer(self->cfg);
+    g->reply_bound_total = td_config_reply_bytes(self->cfg);
+}
