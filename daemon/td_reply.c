@@ -17,18 +17,32 @@
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <uv.h>
 #include <zmq.h>
 
 #include "td_log.h"
 #include "td_peers.h"
 #include "td_reply.h"
 
+/* The replies kept for a connection that has closed, in order, since when. */
+typedef struct lost {
+    td_peer_t *conn; /* referenced by the kept requests */
+    td_request_queue_t kept;
+    uint64_t since_ns;
+    struct lost *next;
+} lost_t;
+
 struct td_replies {
     const td_config_t *cfg;
-    _Atomic uint64_t held; /* reply bytes inside ZeroMQ, all connections */
-    uint64_t reserved;     /* loop thread: reserved for requests in flight */
-    uint64_t peak_peer;    /* loop thread: the most one connection has used */
+    td_reply_done_fn done;
+    void *owner;
+    _Atomic uint64_t held; /* reply bytes inside ZeroMQ or kept, all connections */
+    uint64_t reserved;     /* loop thread, like the rest: reserved for requests in flight */
+    uint64_t peak_peer;    /* the most one connection has used */
     uint64_t peak_total;
+    lost_t *lost;          /* connections that closed with replies kept */
+    uint64_t lost_total;   /* connections found closed with requests unanswered */
+    uint64_t resent_total; /* kept replies sent once their connection came back */
 };
 
 /* What reply_freed needs: the bytes, the meters, and the buffer's own free function. */
@@ -40,12 +54,15 @@ typedef struct {
     void *hint;
 } ticket_t;
 
-td_err_t td_replies_new(const td_config_t *cfg, td_replies_t **out)
+td_err_t td_replies_new(const td_config_t *cfg, td_reply_done_fn done, void *owner,
+                        td_replies_t **out)
 {
     td_replies_t *self = calloc(1, sizeof *self);
     if (!self)
         return TD_ERR_NOMEM;
     self->cfg = cfg;
+    self->done = done;
+    self->owner = owner;
     atomic_init(&self->held, 0);
     *out = self;
     return TD_OK;
@@ -56,6 +73,7 @@ void td_replies_destroy(td_replies_t **self_p)
     td_replies_t *self = *self_p;
     if (!self)
         return;
+    td_replies_close(self); /* normally done at close already */
     uint64_t held = atomic_load(&self->held);
     if (held) /* zmq_ctx_term frees every message: a leak of ours if not */
         td_warn("%" PRIu64 " reply bytes still counted at exit", held);
@@ -196,9 +214,10 @@ static int payload_message(td_replies_t *self, td_request_t *r, zmq_msg_t *body)
     return 0;
 }
 
-int td_replies_send(td_replies_t *self, void *router, td_request_t *r)
+/* Sends r's reply now: 0, or the errno of the failed send (EHOSTUNREACH: the peer has gone;
+ * EAGAIN: its send queue is full). */
+static int send_now(td_replies_t *self, void *router, td_request_t *r)
 {
-    unreserve(self, r);
     /* Only the first frame can meet EHOSTUNREACH or EAGAIN: once it is accepted ZeroMQ takes
      * the rest of the message whole, so a later frame failing is a broken socket (logged). */
     const int more = ZMQ_DONTWAIT | ZMQ_SNDMORE;
@@ -226,6 +245,138 @@ int td_replies_send(td_replies_t *self, void *router, td_request_t *r)
     return err;
 }
 
+static td_reply_outcome_t outcome_of(int err)
+{
+    switch (err) {
+    case 0:
+        return TD_REPLY_SENT;
+    case EHOSTUNREACH:
+        return TD_REPLY_GONE;
+    case EAGAIN:
+        return TD_REPLY_SLOW;
+    default:
+        return TD_REPLY_BROKEN;
+    }
+}
+
+/* A kept reply counts as held, like one inside ZeroMQ (sign +1 when kept, -1 when it leaves). */
+static void count_kept(td_replies_t *self, const td_request_t *r, int sign)
+{
+    if (r->rep.status != TALLY_OK)
+        return;
+    uint64_t bytes = r->reply_len;
+    td_reply_meter_t *m = r->conn ? td_peer_meter(r->conn) : NULL;
+    if (sign > 0) {
+        atomic_fetch_add_explicit(&self->held, bytes, memory_order_relaxed);
+        if (m)
+            atomic_fetch_add_explicit(&m->held, bytes, memory_order_relaxed);
+    } else {
+        atomic_fetch_sub_explicit(&self->held, bytes, memory_order_relaxed);
+        if (m)
+            atomic_fetch_sub_explicit(&m->held, bytes, memory_order_relaxed);
+    }
+}
+
+static lost_t *lost_find(const td_replies_t *self, const td_peer_t *conn)
+{
+    lost_t *l = self->lost;
+    while (l && l->conn != conn)
+        l = l->next;
+    return l;
+}
+
+static void keep(td_replies_t *self, lost_t *l, td_request_t *r)
+{
+    td_request_release_input(r); /* a kept reply holds only itself */
+    count_kept(self, r, +1);
+    td_request_queue_push(&l->kept, r);
+}
+
+/* r's connection has just been found closed: its replies are kept from now on. NULL when out of
+ * memory (then r is dropped). */
+static lost_t *lost_new(td_replies_t *self, td_request_t *r)
+{
+    lost_t *l = calloc(1, sizeof *l);
+    if (!l)
+        return NULL;
+    l->conn = r->conn;
+    l->since_ns = uv_hrtime();
+    l->next = self->lost;
+    self->lost = l;
+    self->lost_total++;
+    td_notice("connection %s closed with requests unanswered (the client closed it, or ZeroMQ "
+              "did after a frame over max_frame); its replies are kept %u ms for it to reconnect",
+              td_peer_name(r->conn), TD_REPLY_RECONNECT_GRACE_MS);
+    return l;
+}
+
+td_reply_outcome_t td_replies_send(td_replies_t *self, void *router, td_request_t *r)
+{
+    unreserve(self, r);
+    lost_t *l = r->conn ? lost_find(self, r->conn) : NULL;
+    if (!l) {
+        int err = send_now(self, router, r);
+        if (err != EHOSTUNREACH || !r->conn)
+            return outcome_of(err);
+        if (!(l = lost_new(self, r)))
+            return TD_REPLY_GONE;
+    }
+    keep(self, l, r); /* behind the replies kept before it: a stream's order holds */
+    return TD_REPLY_KEPT;
+}
+
+/* Ends every reply still kept for l (with `outcome`), then l itself. */
+static void lost_free(td_replies_t *self, lost_t *l, td_reply_outcome_t outcome)
+{
+    lost_t **link = &self->lost;
+    while (*link != l)
+        link = &(*link)->next;
+    *link = l->next;
+    td_request_t *r;
+    while ((r = td_request_queue_pop(&l->kept))) {
+        count_kept(self, r, -1);
+        self->done(self->owner, r, outcome);
+    }
+    free(l);
+}
+
+/* Sends l's kept replies in order while its connection takes them. */
+static void lost_retry(td_replies_t *self, void *router, lost_t *l)
+{
+    td_request_t *r;
+    while ((r = l->kept.head)) {
+        count_kept(self, r, -1);
+        int err = send_now(self, router, r);
+        if (err == EHOSTUNREACH) { /* not back yet */
+            count_kept(self, r, +1);
+            return;
+        }
+        td_request_queue_pop(&l->kept);
+        if (!err)
+            self->resent_total++;
+        self->done(self->owner, r, outcome_of(err));
+    }
+}
+
+bool td_replies_retry(td_replies_t *self, void *router, uint64_t now_ns)
+{
+    uint64_t grace_ns = (uint64_t)TD_REPLY_RECONNECT_GRACE_MS * 1000000u;
+    lost_t *next;
+    for (lost_t *l = self->lost; l; l = next) {
+        next = l->next;
+        lost_retry(self, router, l);
+        if (!l->kept.head || now_ns - l->since_ns >= grace_ns)
+            lost_free(self, l, TD_REPLY_GONE);
+    }
+    return self->lost != NULL;
+}
+
+void td_replies_close(td_replies_t *self)
+{
+    while (self->lost)
+        lost_free(self, self->lost, TD_REPLY_GONE);
+}
+
 void td_replies_gauges(const td_replies_t *self, td_gauges_t *g)
 {
     g->reply_held = atomic_load_explicit(&((td_replies_t *)self)->held, memory_order_relaxed);
@@ -234,4 +385,6 @@ void td_replies_gauges(const td_replies_t *self, td_gauges_t *g)
     g->reply_peak_total = self->peak_total;
     g->reply_bound_peer = td_config_reply_bytes_per_peer(self->cfg);
     g->reply_bound_total = td_config_reply_bytes(self->cfg);
+    g->connections_lost = self->lost_total;
+    g->replies_resent = self->resent_total;
 }

@@ -62,6 +62,7 @@
 #include <uv.h>
 #include <zmq.h>
 
+#include "tally_args.h"
 #include "td_auth.h"
 #include "td_exec.h"
 #include "td_log.h"
@@ -107,6 +108,7 @@ struct td_server {
     uv_timer_t drain_timer; /* the end of reading after a stop signal */
     uv_timer_t quiet_timer; /* a stopping socket that stayed empty long enough */
     uv_timer_t sweep_timer; /* frees idle per-peer entries */
+    uv_timer_t retry_timer; /* replies kept for connections that closed (td_reply.h) */
     uint64_t last_input_ns; /* stopping: the signal, or the last message read since */
     bool idle_active;
     bool paused;        /* reading stopped at the in-flight limit */
@@ -136,28 +138,51 @@ static void reply(td_server_t *s, td_request_t *r);
 
 /* ---- Replies ---------------------------------------------------------------------------- */
 
-/* The end of every request: send its reply (or drop it), metrics, in-flight slot, memory. */
-static void reply(td_server_t *s, td_request_t *r)
+/* A reply's end (sent, or dropped): its metrics and memory. */
+static void retire(td_server_t *s, td_request_t *r, td_reply_outcome_t outcome)
 {
-    int err = td_replies_send(s->replies, s->router, r);
-    if (err == EHOSTUNREACH) {
+    if (outcome == TD_REPLY_GONE || outcome == TD_REPLY_BROKEN) { /* broken: logged */
         s->metrics.replies_dropped_gone++;
         td_debug("reply to request %" PRIu64 " dropped: the peer has gone", r->rep.request_id);
-    } else if (err == EAGAIN) {
+    } else if (outcome == TD_REPLY_SLOW) {
         s->metrics.replies_dropped_slow++;
         td_debug("reply to request %" PRIu64 " dropped: the peer is not reading its replies",
                  r->rep.request_id);
-    } else if (err) {
-        s->metrics.replies_dropped_gone++; /* a broken connection; logged by try_send */
     }
     td_metrics_observe(&s->metrics, r->req.opcode, (tally_status_t)r->rep.status, r->payload_len,
                        r->reply_len, uv_hrtime() - r->received_ns);
-    td_sched_answered(s->sched);
-    if (r->conn && td_peer_inflight_end(r->conn))
-        s->active_conns--;
     td_peers_release(s->peers, &r->conn);
     td_peers_release(s->peers, &r->client);
     td_request_destroy(&r);
+}
+
+static void reply_done(void *owner, td_request_t *r, td_reply_outcome_t outcome)
+{
+    retire(owner, r, outcome);
+}
+
+static void retry_cb(uv_timer_t *handle)
+{
+    td_server_t *s = handle->data;
+    if (!td_replies_retry(s->replies, s->router, uv_hrtime()))
+        uv_timer_stop(handle);
+}
+
+/* The end of every request: its in-flight slot, then its reply: sent, kept a while for a
+ * connection that has closed (td_reply.h; retried on a timer), or dropped. */
+static void reply(td_server_t *s, td_request_t *r)
+{
+    td_sched_answered(s->sched);
+    if (r->conn && td_peer_inflight_end(r->conn))
+        s->active_conns--;
+    td_reply_outcome_t outcome = td_replies_send(s->replies, s->router, r);
+    if (outcome != TD_REPLY_KEPT) {
+        retire(s, r, outcome);
+        return;
+    }
+    if (!uv_is_active((uv_handle_t *)&s->retry_timer) &&
+        uv_timer_start(&s->retry_timer, retry_cb, TD_REPLY_RETRY_MS, TD_REPLY_RETRY_MS) != 0)
+        td_replies_close(s->replies); /* cannot happen; without retries nothing may wait */
 }
 
 /* ---- Operations answered on the loop thread -------------------------------------------- */
@@ -177,17 +202,28 @@ static void op_info(td_server_t *s, td_request_t *r)
         td_request_fail(r, TALLY_E_INTERNAL, "out of memory");
         return;
     }
+    const td_config_t *c = &s->cfg;
     int n = snprintf(text, TD_TEXT_REPLY_MAX,
                      "version=%s\nprotocol=%d\nbackend=%s\nbackends=%s\ndevices=%s\n"
                      "max_batch=%zu\nmax_inflight=%u\nmax_streams=%u\nshm=%s\nshm_socket=%s\n"
                      "window_intervals=%u\nwindow_interval_ms=%u\npub=%s\npub_interval_ms=%u\n"
                      "curve=%s\n",
                      TALLY_VERSION, TALLY_PROTO_VERSION, td_exec_backend_name(s->exec),
-                     td_exec_backends(s->exec), td_exec_devices(s->exec), s->cfg.max_batch,
-                     s->cfg.max_inflight, s->cfg.max_streams, s->shm ? "on" : "off",
-                     s->shm ? td_shm_path(s->shm) : "", s->cfg.window_intervals,
-                     s->cfg.window_interval_ms, s->pub ? td_pub_endpoint(s->pub) : "",
-                     s->cfg.pub_interval_ms, s->auth ? "on" : "off");
+                     td_exec_backends(s->exec), td_exec_devices(s->exec), c->max_batch,
+                     c->max_inflight, c->max_streams, s->shm ? "on" : "off",
+                     s->shm ? td_shm_path(s->shm) : "", c->window_intervals,
+                     c->window_interval_ms, s->pub ? td_pub_endpoint(s->pub) : "",
+                     c->pub_interval_ms, s->auth ? "on" : "off");
+    /* The per-peer limits a client can meet (PROTOCOL.md §8), as in force: 0 for the in-flight
+     * share means the fair share, which changes with the connections in flight. */
+    if (n > 0 && n < TD_TEXT_REPLY_MAX)
+        n += snprintf(text + n, TD_TEXT_REPLY_MAX - (size_t)n,
+                      "max_inflight_per_peer=%u\nmax_streams_per_client=%u\n"
+                      "stream_create_rate=%u\nmax_frame=%zu\nmax_unread_replies=%d\n"
+                      "max_reply_bytes_per_peer=%" PRIu64 "\nmax_reply_bytes=%" PRIu64 "\n",
+                      c->max_inflight_per_peer, td_config_streams_per_client(c),
+                      c->stream_create_rate, td_config_max_frame(c), TD_DEFAULT_SNDHWM,
+                      td_config_reply_bytes_per_peer(c), td_config_reply_bytes(c));
     reply_text(s, r, text, n > 0 ? (size_t)n : 0);
 }
 
@@ -842,6 +878,8 @@ static void close_all(td_server_t *s)
     uv_close((uv_handle_t *)&s->drain_timer, NULL);
     uv_close((uv_handle_t *)&s->quiet_timer, NULL);
     uv_close((uv_handle_t *)&s->sweep_timer, NULL);
+    uv_close((uv_handle_t *)&s->retry_timer, NULL);
+    td_replies_close(s->replies); /* replies kept for connections that closed are dropped */
     /* The signal handles stay installed (but no longer keep the loop alive) until
      * td_server_destroy: closing the last handle for a signal restores its default action, and
      * a second SIGTERM during the final flush would then kill tallyd mid-exit. */
@@ -920,7 +958,9 @@ static td_err_t open_curve(td_server_t *s)
 static td_err_t bind_endpoints(td_server_t *s)
 {
     for (int i = 0; i < s->cfg.bind_count; i++) {
-        if (zmq_bind(s->router, s->cfg.binds[i]) != 0) {
+        int ipv6 = tally_endpoint_ipv6(s->cfg.binds[i]); /* tcp://[::1]:PORT; read at bind */
+        if (zmq_setsockopt(s->router, ZMQ_IPV6, &ipv6, sizeof ipv6) != 0 ||
+            zmq_bind(s->router, s->cfg.binds[i]) != 0) {
             td_err("cannot bind %s: %s", s->cfg.binds[i], zmq_strerror(errno));
             return TD_ERR_BIND;
         }
@@ -994,15 +1034,15 @@ static td_err_t open_backends(td_server_t *s)
 }
 
 /* The loop's handles: in td_server_new's order, so that a failure closes what was opened. */
-#define TD_LOOP_HANDLES 9
+#define TD_LOOP_HANDLES 10
 static void loop_handles(td_server_t *s, uv_handle_t *all[TD_LOOP_HANDLES])
 {
     uv_handle_t *list[TD_LOOP_HANDLES] = {
         (uv_handle_t *)&s->poll,        (uv_handle_t *)&s->check,
         (uv_handle_t *)&s->idle,        (uv_handle_t *)&s->drain_timer,
         (uv_handle_t *)&s->quiet_timer, (uv_handle_t *)&s->sweep_timer,
-        (uv_handle_t *)&s->sig_int,     (uv_handle_t *)&s->sig_term,
-        (uv_handle_t *)&s->sig_hup,
+        (uv_handle_t *)&s->retry_timer, (uv_handle_t *)&s->sig_int,
+        (uv_handle_t *)&s->sig_term,    (uv_handle_t *)&s->sig_hup,
     };
     memcpy(all, list, sizeof list);
 }
@@ -1014,7 +1054,7 @@ static int init_handles(td_server_t *s)
         rc = uv_check_init(&s->loop, &s->check);
     if (rc == 0)
         rc = uv_idle_init(&s->loop, &s->idle);
-    uv_timer_t *timers[] = {&s->drain_timer, &s->quiet_timer, &s->sweep_timer};
+    uv_timer_t *timers[] = {&s->drain_timer, &s->quiet_timer, &s->sweep_timer, &s->retry_timer};
     for (size_t i = 0; rc == 0 && i < sizeof timers / sizeof timers[0]; i++)
         rc = uv_timer_init(&s->loop, timers[i]);
     uv_signal_t *signals[] = {&s->sig_int, &s->sig_term, &s->sig_hup};
@@ -1140,7 +1180,7 @@ static td_err_t open_tables(td_server_t *s)
         return err;
     td_streams_set_window(s->streams, s->cfg.window_intervals, s->cfg.window_interval_ms);
     td_clock_set_test_file(s->cfg.test_clock);
-    err = td_replies_new(&s->cfg, &s->replies);
+    err = td_replies_new(&s->cfg, reply_done, s, &s->replies);
     if (err != TD_OK)
         return err;
     return td_peers_new(&s->peers);

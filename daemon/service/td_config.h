@@ -61,6 +61,12 @@
 #define TD_DEFAULT_MAX_REPLY_BYTES 0u
 #define TD_REPLY_BYTES_TOTAL_FACTOR 2u
 #define TD_MAX_REPLY_BYTES_LIMIT (1ull << 40)
+/* A reply to a connection that has closed is kept this long for a connection with the same
+ * routing id to come back (libtally's DEALER reconnects after ZeroMQ's 100 ms), and retried every
+ * TD_REPLY_RETRY_MS meanwhile (td_reply.h). ZeroMQ closes a connection that sends a frame over
+ * max_frame: the requests it sent before were accepted and are still answered. */
+#define TD_REPLY_RECONNECT_GRACE_MS 2000u
+#define TD_REPLY_RETRY_MS 20u
 /* After SIGTERM/SIGINT tallyd keeps reading what is queued in its socket, answering each with
  * `shutdown`, for at most this long (--drain-ms); requests running on a backend finish first. */
 #define TD_DEFAULT_DRAIN_MS 2000u

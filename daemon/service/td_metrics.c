@@ -402,7 +402,8 @@ static void render_gauges(const td_gauges_t *g, out_t *o)
          (unsigned long long)g->pub_failed);
 }
 
-/* What unread replies hold (td_reply.h) and the bounds on it. */
+/* What unread replies hold (td_reply.h), the bounds on it, and connections lost with requests
+ * unanswered. */
 static void render_replies(const td_gauges_t *g, out_t *o)
 {
     emit(o,
@@ -421,10 +422,19 @@ static void render_replies(const td_gauges_t *g, out_t *o)
          "and max_reply_bytes (total).\n"
          "# TYPE tallyd_reply_bytes_limit gauge\n"
          "tallyd_reply_bytes_limit{scope=\"peer\"} %llu\n"
-         "tallyd_reply_bytes_limit{scope=\"total\"} %llu\n",
+         "tallyd_reply_bytes_limit{scope=\"total\"} %llu\n"
+         "# HELP tallyd_connections_lost_total Connections found closed while requests of theirs "
+         "were unanswered (the client closed it, or ZeroMQ did after a frame over max_frame).\n"
+         "# TYPE tallyd_connections_lost_total counter\n"
+         "tallyd_connections_lost_total %llu\n"
+         "# HELP tallyd_replies_resent_total Replies kept for such a connection and sent once a "
+         "connection with its routing id came back.\n"
+         "# TYPE tallyd_replies_resent_total counter\n"
+         "tallyd_replies_resent_total %llu\n",
          (unsigned long long)g->reply_held, (unsigned long long)g->reply_reserved,
          (unsigned long long)g->reply_peak_peer, (unsigned long long)g->reply_peak_total,
-         (unsigned long long)g->reply_bound_peer, (unsigned long long)g->reply_bound_total);
+         (unsigned long long)g->reply_bound_peer, (unsigned long long)g->reply_bound_total,
+         (unsigned long long)g->connections_lost, (unsigned long long)g->replies_resent);
 }
 
 size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf, size_t cap)

@@ -88,6 +88,8 @@ typedef struct {
     uint64_t reply_peak_total;
     uint64_t reply_bound_peer;
     uint64_t reply_bound_total;
+    uint64_t connections_lost; /* found closed with requests unanswered (counter) */
+    uint64_t replies_resent;   /* kept for such a connection and sent once it came back */
 } td_gauges_t;
 
 /* The `stream` label of the streams beyond metrics_streams: a space and parentheses, which no
