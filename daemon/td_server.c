@@ -38,12 +38,15 @@
  * stops reading, ZeroMQ's
  * receive high-water mark fills and TCP pushes back on producers: nothing is dropped. Sizes are
  * checked here, not by ZeroMQ: a payload over max_batch gets too_large like any other bad
- * request; only a frame over max_frame (far above max_batch) makes ZeroMQ drop the connection.
+ * request; only a frame over max_frame (far above max_batch) makes ZeroMQ drop the connection
+ * (the replies to its earlier requests are then kept for it to reconnect: td_reply.h).
  *
- * A reply never waits for its peer. ROUTER_MANDATORY is on, so a send fails at once when the
- * peer has gone (EHOSTUNREACH) or stopped reading and filled its send high-water mark (EAGAIN);
- * the reply is then dropped and counted, and its in-flight slot freed. Queueing it instead would
- * let one peer that never reads hold every slot and stop tallyd serving anyone.
+ * A reply never waits for a connected peer. ROUTER_MANDATORY is on, so a send fails at once when
+ * the peer has gone (EHOSTUNREACH) or stopped reading and filled its send high-water mark
+ * (EAGAIN); a reply to a peer that does not read is dropped and counted, and its in-flight slot
+ * freed. Queueing it instead would let one peer that never reads hold every slot and stop tallyd
+ * serving anyone. What unread replies hold in bytes is bounded, and a reply to a connection that
+ * has closed is kept a while for it to come back: td_reply.h.
  *
  * Stopping (SIGTERM, SIGINT): nothing new starts. Requests running on a backend finish and are
  * answered; requests waiting on a stream FIFO are answered `shutdown` in order, once the stream's

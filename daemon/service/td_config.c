@@ -63,8 +63,8 @@ unsigned td_config_io_threads(const td_config_t *cfg)
         return cfg->io_threads;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned n = cores > 0 ? (unsigned)(cores / 4) : 1;
-    if (n < 1)
-        n = 1;
+    if (n < TD_IO_THREADS_MIN)
+        n = TD_IO_THREADS_MIN;
     return n > TD_IO_THREADS_MAX ? TD_IO_THREADS_MAX : n;
 }
 

@@ -145,12 +145,17 @@
  * beyond; what is left is hist's case (fixed costs, a small reply), so it takes hist's 64 KiB.
  * Not measured on its own yet (bench/loadgen --shm-out on the GPU host). */
 #define TD_GPU_MIN_BATCH_SHM (64u << 10)
-/* ZeroMQ I/O threads (--io-threads; 0 = from the core count): min(4, cores / 4), at least 1.
+/* ZeroMQ I/O threads (--io-threads; 0 = from the core count): min(4, cores / 4), at least 2.
  * ZeroMQ's guide budgets one I/O thread per ~1 GB/s; measured on the 16-core H100 host, 8
  * producers fanning 1 MiB requests into one ROUTER moved 4.8 GB/s with 1 I/O thread and 14.3 with
  * 4 (README), while every thread taken from the cores is one less CPU worker, so a quarter of the
- * cores, capped at the 4 measured. To be re-measured with tallyd on the GPU host. */
+ * cores, capped at the 4 measured. To be re-measured with tallyd on the GPU host. At least 2:
+ * ZeroMQ serves a connection on one I/O thread (each new one on the least loaded), and a light
+ * client that shares it with a peer sending 16 MiB frames waits behind that peer's reads: its
+ * 4 KiB p50 was 27-32x idle with 1 I/O thread, 0.76-0.96x with 2 (issue 21, 2-core dev box,
+ * bench/RESULTS.md). An idle I/O thread costs nothing. */
 #define TD_DEFAULT_IO_THREADS 0u
+#define TD_IO_THREADS_MIN 2u
 #define TD_IO_THREADS_MAX 4u
 #define TD_IO_THREADS_LIMIT 64u
 /* glibc's malloc, set once at start (main.c). ZeroMQ's I/O threads malloc every received frame

@@ -103,7 +103,7 @@ const td_setting_t td_settings[] = {
     {.option = "io-threads", .arg = "N", .section = "server", .key = "io_threads",
      .type = TD_SET_UINT, .offset = FIELD(io_threads), .def = TD_DEFAULT_IO_THREADS, .min = 1,
      .max = TD_IO_THREADS_LIMIT, .reload = TD_RELOAD_RESTART, .example = "4",
-     .help = "ZeroMQ I/O threads", .default_doc = "cores / 4, from 1 to 4"},
+     .help = "ZeroMQ I/O threads", .default_doc = "cores / 4, from 2 to 4"},
     /* [state] */
     {.option = "state-dir", .arg = "DIR", .section = "state", .key = "dir", .type = TD_SET_STRING,
      .offset = FIELD(state_dir), .reload = TD_RELOAD_RESTART, .example = "/var/lib/tallyd",
