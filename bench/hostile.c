@@ -38,8 +38,8 @@
 #include "tally_proto.h"
 
 #define HOSTILE_ROW_HEADER                                                                         \
-    "| run | attack | light | idle p50 us | attacked p50 us | ratio | attacked p99 us | light "     \
-    "requests | attacker replies ok / busy / sent | tallyd peak VmRSS MiB | VmHWM MiB |\n"          \
+    "| run | attack | light | idle p50 us | attacked p50 us | ratio | attacked p99 us | light "    \
+    "requests | attacker replies ok / busy / sent | tallyd peak VmRSS MiB | VmHWM MiB |\n"         \
     "|---|---|---|---|---|---|---|---|---|---|---|\n"
 #define ATTACKERS_MAX 16
 #define LAT_MAX (1u << 20)
@@ -157,8 +157,7 @@ static void flood(attacker_t *a, void *s)
 {
     uint64_t inflight = 0, id = 0;
     while (!atomic_load(a->stop) || inflight) {
-        while (!atomic_load(a->stop) && !atomic_load(a->paused) &&
-               inflight < a->o->flood_window) {
+        while (!atomic_load(a->stop) && !atomic_load(a->paused) && inflight < a->o->flood_window) {
             tally_req_t req = request(TALLY_OP_HIST, TALLY_DTYPE_U8, ++id);
             if (!send_req(s, &req, a->payload, a->o->flood_size))
                 break;
@@ -241,8 +240,7 @@ typedef struct {
 } light_t;
 
 /* The light client for `seconds`: one hist at a time, its latencies added to l. */
-static void light_run(const opts_t *o, void *s, const uint8_t *payload, double seconds,
-                      light_t *l)
+static void light_run(const opts_t *o, void *s, const uint8_t *payload, double seconds, light_t *l)
 {
     static uint64_t id;
     double stop = bench_now_s() + seconds;
@@ -361,8 +359,8 @@ int main(int argc, char **argv)
     attacker_t as[ATTACKERS_MAX];
     memset(as, 0, sizeof as);
     for (unsigned i = 0; i < o.attackers; i++) {
-        as[i] = (attacker_t){
-            .o = &o, .index = i, .payload = payload, .stop = &stop, .paused = &paused};
+        as[i] =
+            (attacker_t){.o = &o, .index = i, .payload = payload, .stop = &stop, .paused = &paused};
         pthread_create(&as[i].thread, NULL, attacker_main, &as[i]);
     }
     sampler_t m = {.pid = o.pid, .stop = &stop};

@@ -34,6 +34,7 @@ typedef struct lost {
 
 struct td_replies {
     const td_config_t *cfg;
+    td_metrics_t *metrics; /* replies dropped */
     td_reply_done_fn done;
     void *owner;
     _Atomic uint64_t held; /* reply bytes inside ZeroMQ or kept, all connections */
@@ -54,13 +55,14 @@ typedef struct {
     void *hint;
 } ticket_t;
 
-td_err_t td_replies_new(const td_config_t *cfg, td_reply_done_fn done, void *owner,
-                        td_replies_t **out)
+td_err_t td_replies_new(const td_config_t *cfg, td_metrics_t *metrics, td_reply_done_fn done,
+                        void *owner, td_replies_t **out)
 {
     td_replies_t *self = calloc(1, sizeof *self);
     if (!self)
         return TD_ERR_NOMEM;
     self->cfg = cfg;
+    self->metrics = metrics;
     self->done = done;
     self->owner = owner;
     atomic_init(&self->held, 0);
@@ -245,18 +247,20 @@ static int send_now(td_replies_t *self, void *router, td_request_t *r)
     return err;
 }
 
-static td_reply_outcome_t outcome_of(int err)
+/* What a send's errno means for r, counted when r is dropped. */
+static td_reply_outcome_t outcome_of(td_replies_t *self, const td_request_t *r, int err)
 {
-    switch (err) {
-    case 0:
+    if (err == 0)
         return TD_REPLY_SENT;
-    case EHOSTUNREACH:
-        return TD_REPLY_GONE;
-    case EAGAIN:
+    if (err == EAGAIN) {
+        self->metrics->replies_dropped_slow++;
+        td_debug("reply to request %" PRIu64 " dropped: the peer is not reading its replies",
+                 r->rep.request_id);
         return TD_REPLY_SLOW;
-    default:
-        return TD_REPLY_BROKEN;
     }
+    self->metrics->replies_dropped_gone++; /* a broken socket too (logged by send_now) */
+    td_debug("reply to request %" PRIu64 " dropped: the peer has gone", r->rep.request_id);
+    return err == EHOSTUNREACH ? TD_REPLY_GONE : TD_REPLY_BROKEN;
 }
 
 /* A kept reply counts as held, like one inside ZeroMQ (sign +1 when kept, -1 when it leaves). */
@@ -316,17 +320,15 @@ td_reply_outcome_t td_replies_send(td_replies_t *self, void *router, td_request_
     lost_t *l = r->conn ? lost_find(self, r->conn) : NULL;
     if (!l) {
         int err = send_now(self, router, r);
-        if (err != EHOSTUNREACH || !r->conn)
-            return outcome_of(err);
-        if (!(l = lost_new(self, r)))
-            return TD_REPLY_GONE;
+        if (err != EHOSTUNREACH || !r->conn || !(l = lost_new(self, r)))
+            return outcome_of(self, r, err);
     }
     keep(self, l, r); /* behind the replies kept before it: a stream's order holds */
     return TD_REPLY_KEPT;
 }
 
-/* Ends every reply still kept for l (with `outcome`), then l itself. */
-static void lost_free(td_replies_t *self, lost_t *l, td_reply_outcome_t outcome)
+/* Ends every reply still kept for l (dropped as by a send that failed with err), then l. */
+static void lost_free(td_replies_t *self, lost_t *l, int err)
 {
     lost_t **link = &self->lost;
     while (*link != l)
@@ -335,7 +337,7 @@ static void lost_free(td_replies_t *self, lost_t *l, td_reply_outcome_t outcome)
     td_request_t *r;
     while ((r = td_request_queue_pop(&l->kept))) {
         count_kept(self, r, -1);
-        self->done(self->owner, r, outcome);
+        self->done(self->owner, r, outcome_of(self, r, err));
     }
     free(l);
 }
@@ -354,7 +356,7 @@ static void lost_retry(td_replies_t *self, void *router, lost_t *l)
         td_request_queue_pop(&l->kept);
         if (!err)
             self->resent_total++;
-        self->done(self->owner, r, outcome_of(err));
+        self->done(self->owner, r, outcome_of(self, r, err));
     }
 }
 
@@ -366,7 +368,7 @@ bool td_replies_retry(td_replies_t *self, void *router, uint64_t now_ns)
         next = l->next;
         lost_retry(self, router, l);
         if (!l->kept.head || now_ns - l->since_ns >= grace_ns)
-            lost_free(self, l, TD_REPLY_GONE);
+            lost_free(self, l, EHOSTUNREACH);
     }
     return self->lost != NULL;
 }
@@ -374,7 +376,7 @@ bool td_replies_retry(td_replies_t *self, void *router, uint64_t now_ns)
 void td_replies_close(td_replies_t *self)
 {
     while (self->lost)
-        lost_free(self, self->lost, TD_REPLY_GONE);
+        lost_free(self, self->lost, EHOSTUNREACH);
 }
 
 void td_replies_gauges(const td_replies_t *self, td_gauges_t *g)

@@ -20,16 +20,16 @@
  *     output goes to a shared-memory region; other operations: nothing, their replies are small)
  *     is reserved, on the loop thread, until its reply is sent or dropped;
  *   - held: a reply's payload handed to ZeroMQ counts until ZeroMQ frees it (written out, or
- *     dropped with its connection), and so does a reply kept for a connection that closed. ZeroMQ calls the free function on its I/O thread, so these
- *     counters are atomics, the connection's in its reply meter (td_peers.h), which outlives the
- *     connection's entry while replies hold it.
- * A request is refused (`busy`, before it runs) when its connection already uses something and
- * would go past max_reply_bytes_per_peer with it, or, for a filter or scan that needs a
- * reservation, when all connections already use something and would go past max_reply_bytes.
- * So a connection (and tallyd) with nothing outstanding always gets one request through,
- * whatever the size of its reply; a peer at its bound is answered `busy` (retry-safe, cheap:
- * nothing is computed), until it reads; every other peer keeps being served. Headers, routing
- * ids and error messages are not counted: they are small, and the 1024-message queue bounds them.
+ *     dropped with its connection), and so does a reply kept for a connection that closed. ZeroMQ
+ * calls the free function on its I/O thread, so these counters are atomics, the connection's in its
+ * reply meter (td_peers.h), which outlives the connection's entry while replies hold it. A request
+ * is refused (`busy`, before it runs) when its connection already uses something and would go past
+ * max_reply_bytes_per_peer with it, or, for a filter or scan that needs a reservation, when all
+ * connections already use something and would go past max_reply_bytes. So a connection (and tallyd)
+ * with nothing outstanding always gets one request through, whatever the size of its reply; a peer
+ * at its bound is answered `busy` (retry-safe, cheap: nothing is computed), until it reads; every
+ * other peer keeps being served. Headers, routing ids and error messages are not counted: they are
+ * small, and the 1024-message queue bounds them.
  *
  * Loop thread, except the free function that ZeroMQ calls.
  */
@@ -46,7 +46,7 @@
 
 typedef struct td_replies td_replies_t;
 
-/* What became of a reply. */
+/* What became of a reply (a dropped one is counted already). */
 typedef enum {
     TD_REPLY_SENT = 0,
     TD_REPLY_KEPT,   /* its connection has closed: kept for a while (td_replies_retry) */
@@ -58,10 +58,11 @@ typedef enum {
 /* A kept reply's end (sent after all, or dropped), on the loop thread. */
 typedef void (*td_reply_done_fn)(void *owner, td_request_t *r, td_reply_outcome_t outcome);
 
-/* cfg is the live configuration (the bounds may be reloaded); done is called for each kept reply
- * when it is finally sent or dropped. */
-td_err_t td_replies_new(const td_config_t *cfg, td_reply_done_fn done, void *owner,
-                        td_replies_t **out);
+/* cfg is the live configuration (the bounds may be reloaded); dropped replies are counted in
+ * metrics (replies_dropped_gone, _slow); done is called for each kept reply when it is finally
+ * sent or dropped. */
+td_err_t td_replies_new(const td_config_t *cfg, td_metrics_t *metrics, td_reply_done_fn done,
+                        void *owner, td_replies_t **out);
 /* After zmq_ctx_term: ZeroMQ may free replies until then. */
 void td_replies_destroy(td_replies_t **self_p);
 

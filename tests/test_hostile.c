@@ -62,8 +62,8 @@ static long long wait_stat_at_most(void *sock, const char *stat, long long want)
 static void test_reply_bytes_bounded(void **state)
 {
     (void)state;
-    const char *args[] = {"--max-batch", "1M", "--max-reply-bytes-per-peer", "8M",
-                          "--max-reply-bytes", "64M", NULL};
+    const char *args[] = {
+        "--max-batch", "1M", "--max-reply-bytes-per-peer", "8M", "--max-reply-bytes", "64M", NULL};
     assert_int_equal(th_daemon_start(&daemon_, args), 0);
     void *peer = th_dealer(30000);
     int one = 1, small = 4096;
@@ -131,8 +131,8 @@ static void test_reply_bytes_bounded(void **state)
 static void test_oversize_frame_keeps_earlier_replies(void **state)
 {
     (void)state;
-    const char *args[] = {"--max-batch", "1M", "--max-frame", "2M", "--backend", "cuda",
-                          "--test-sim-gpus", "1", NULL};
+    const char *args[] = {"--max-batch",     "1M", "--max-frame", "2M", "--backend", "cuda",
+                          "--test-sim-gpus", "1",  NULL};
     setenv("TALLYD_TEST_SIM_LATENCY_US", "100000", 1);
     int started = th_daemon_start(&daemon_, args);
     unsetenv("TALLYD_TEST_SIM_LATENCY_US");
@@ -201,9 +201,8 @@ static void test_info_reports_limits(void **state)
 {
     (void)state;
     static const char *const keys[] = {
-        "max_inflight_per_peer", "max_streams_per_client", "stream_create_rate",
-        "max_frame",             "max_unread_replies",     "max_reply_bytes_per_peer",
-        "max_reply_bytes"};
+        "max_inflight_per_peer", "max_streams_per_client",   "stream_create_rate", "max_frame",
+        "max_unread_replies",    "max_reply_bytes_per_peer", "max_reply_bytes"};
     const char *args[] = {"--max-batch", "1M", "--max-streams", "100", NULL};
     assert_int_equal(th_daemon_start(&daemon_, args), 0);
     void *sock = th_connect(daemon_.endpoint, 10000);
@@ -223,9 +222,21 @@ static void test_info_reports_limits(void **state)
     free(text);
     assert_int_equal(th_close_and_stop(sock, &daemon_, 10000), 0);
 
-    const char *set[] = {"--max-inflight-per-peer", "5", "--max-streams-per-client", "7",
-                         "--stream-create-rate", "9", "--max-batch", "1M", "--max-frame", "3M",
-                         "--max-reply-bytes-per-peer", "10M", "--max-reply-bytes", "20M", NULL};
+    const char *set[] = {"--max-inflight-per-peer",
+                         "5",
+                         "--max-streams-per-client",
+                         "7",
+                         "--stream-create-rate",
+                         "9",
+                         "--max-batch",
+                         "1M",
+                         "--max-frame",
+                         "3M",
+                         "--max-reply-bytes-per-peer",
+                         "10M",
+                         "--max-reply-bytes",
+                         "20M",
+                         NULL};
     assert_int_equal(th_daemon_start(&daemon_, set), 0);
     sock = th_connect(daemon_.endpoint, 10000);
     text = info_text(sock);
