@@ -12,6 +12,12 @@
  * Reservations are loop-thread counters (the connection's in its td_peer_t, the total here):
  * taken when a request is admitted, given back when its reply is sent or dropped. Held bytes are
  * counted before the message is built, so they never go below zero whatever thread frees it.
+ *
+ * Replies kept for a connection that has closed sit in a `lost` record per connection, in order,
+ * their requests' input already freed; a reply for that connection that comes later joins them
+ * (a stream's replies stay in order). td_replies_retry, on the server's timer, sends them while
+ * the connection takes them, and drops them all once TD_REPLY_RECONNECT_GRACE_MS have passed
+ * since the connection was found closed. They count as held meanwhile.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -51,7 +57,7 @@ typedef struct {
     uint64_t bytes;
     td_reply_meter_t *meter; /* a reference; NULL: no per-peer entry */
     _Atomic uint64_t *total;
-    zmq_free_fn *free_fn; /* NULL: free() */
+    zmq_free_fn *free_fn; /* the buffer's own: free, or the GPU pipeline's give-back */
     void *hint;
 } ticket_t;
 
