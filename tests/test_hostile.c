@@ -126,8 +126,9 @@ static void test_reply_bytes_bounded(void **state)
 
 /* A client (a fixed routing id, as libtally sets) pipelines 20 valid 256 KiB hists, then a frame
  * over max_frame. ZeroMQ closes the connection on that frame's size; the simulated GPU's 100 ms
- * launches make every earlier reply ready after that. The client's DEALER reconnects, and all 20
- * replies arrive; the oversize frame's request gets none. */
+ * launches make every earlier reply ready after that, and the client's reconnect interval of
+ * 500 ms makes the first ones find the connection closed. Once its DEALER has reconnected, all
+ * 20 replies arrive; the oversize frame's request gets none. */
 static void test_oversize_frame_keeps_earlier_replies(void **state)
 {
     (void)state;
@@ -140,6 +141,9 @@ static void test_oversize_frame_keeps_earlier_replies(void **state)
     void *sock = th_dealer(10000);
     static const char id[] = "\x80oversize-client";
     assert_int_equal(zmq_setsockopt(sock, ZMQ_ROUTING_ID, id, sizeof id - 1), 0);
+    int reconnect_ms = 500;
+    assert_int_equal(zmq_setsockopt(sock, ZMQ_RECONNECT_IVL, &reconnect_ms, sizeof reconnect_ms),
+                     0);
     assert_int_equal(zmq_connect(sock, daemon_.endpoint), 0);
     size_t len = 256 * 1024;
     uint8_t *bytes = malloc(2 * MIB + 1);
