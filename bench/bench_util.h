@@ -107,6 +107,25 @@ static inline double bench_stagger(const bench_opts_t *o, unsigned index, double
     return origin + (double)(o->producers - 1) * o->stagger_ms / 1000.0 + 0.05;
 }
 
+/* A field of /proc/PID/status in KiB ("VmHWM", "VmRSS"); -1 when it cannot be read. */
+static inline long bench_proc_kib(int pid, const char *key)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", pid);
+    FILE *f = fopen(path, "r");
+    long kib = -1;
+    if (!f)
+        return -1;
+    size_t n = strlen(key);
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, key, n) == 0 && line[n] == ':') {
+            kib = strtol(line + n + 1, NULL, 10);
+            break;
+        }
+    fclose(f);
+    return kib;
+}
+
 /* A program's own options: takes argv[*i] (advancing *i past a value it takes) and returns
  * true, or false for an option it does not know or a value that is missing. */
 typedef bool (*bench_own_opt_fn)(void *ctx, int argc, char **argv, int *i);

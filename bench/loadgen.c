@@ -240,21 +240,6 @@ static void *producer_main(void *arg)
     return NULL;
 }
 
-static long vm_hwm_kib(int pid)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", pid);
-    FILE *f = fopen(path, "r");
-    long kib = -1;
-    if (!f)
-        return -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "VmHWM: %ld kB", &kib) == 1)
-            break;
-    fclose(f);
-    return kib;
-}
-
 static int run(const opts_t *o)
 {
     uint8_t *payload = malloc(o->c.size ? o->c.size : 1);
@@ -303,7 +288,7 @@ static int run(const opts_t *o)
     }
     qsort(all, measured, sizeof *all, bench_cmp_double);
     double span = t_end > t_start ? t_end - t_start : NAN;
-    double hwm = o->pid > 0 ? (double)vm_hwm_kib(o->pid) / 1024.0 : NAN;
+    double hwm = o->pid > 0 ? (double)bench_proc_kib(o->pid, "VmHWM") / 1024.0 : NAN;
     if (o->c.header)
         printf(BENCH_ROW_HEADER);
     char size[32];

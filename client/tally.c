@@ -784,6 +784,9 @@ static tally_status_t side_connect(tally_client_t *self)
 
 tally_status_t tally__connect(void *sock, const char *endpoint)
 {
+    int ipv6 = tally_endpoint_ipv6(endpoint); /* tcp://[::1]:PORT */
+    if (zmq_setsockopt(sock, ZMQ_IPV6, &ipv6, sizeof ipv6) != 0)
+        return TALLY_E_TRANSPORT;
     if (zmq_connect(sock, endpoint) == 0)
         return TALLY_OK;
     /* An endpoint that does not parse is the caller's mistake, not the network's. */

@@ -115,10 +115,23 @@ static bool exec_splittable(void *ctx, const td_request_t *r)
     return td_gpu_splittable(((td_exec_t *)ctx)->gpu, r);
 }
 
+/* The threads of libuv's pool that runs the CPU path: UV_THREADPOOL_SIZE, which main.c sets
+ * from --workers (libuv's default 4 when unset, its cap 1024). */
+static unsigned cpu_workers(void)
+{
+    const char *size = getenv("UV_THREADPOOL_SIZE");
+    unsigned long n = size ? strtoul(size, NULL, 10) : 0;
+    if (n == 0)
+        n = 4;
+    return n > 1024 ? 1024 : (unsigned)n;
+}
+
 void td_exec_machine(td_exec_t *x, td_sched_machine_t *m)
 {
     *m = (td_sched_machine_t){
         .ctx = x,
+        .cpu_workers = cpu_workers(),
+        .gpu_lane_depth = TD_SCHED_LANE_DEPTH,
         .device_usable = exec_device_usable,
         .device_ordinal = exec_device_ordinal,
         .splittable = exec_splittable,

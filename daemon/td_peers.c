@@ -23,6 +23,9 @@ struct td_peer {
     uint64_t tokens_ns;          /* when tokens was last brought up to date */
     uint64_t requests;           /* user: requests read */
     uint64_t limited;            /* user: requests refused by a per-peer limit */
+    uint64_t reserved;           /* connection: reply bytes reserved for requests in flight */
+    td_reply_meter_t *meter;     /* connection: reply bytes inside ZeroMQ (td_peers.h) */
+    struct td_sched_flow *flows[TD_PEER_FLOWS]; /* connection: the scheduler's queues */
     struct td_peer *hash_next;
 };
 
@@ -31,6 +34,13 @@ struct td_peers {
     unsigned count;
     double rate; /* stream creations per second; 0 = unlimited */
 };
+
+static void entry_free(td_peer_t *p)
+{
+    if (p->meter)
+        td_reply_meter_release(p->meter);
+    free(p);
+}
 
 td_err_t td_peers_new(td_peers_t **out)
 {
@@ -50,7 +60,7 @@ void td_peers_destroy(td_peers_t **self_p)
         td_peer_t *p = self->buckets[b];
         while (p) {
             td_peer_t *next = p->hash_next;
-            free(p);
+            entry_free(p);
             p = next;
         }
     }
@@ -99,6 +109,9 @@ td_peer_t *td_peers_acquire(td_peers_t *self, td_peer_kind_t kind, const void *i
         p = calloc(1, sizeof *p);
         if (!p)
             return NULL;
+        p->meter = calloc(1, sizeof *p->meter);
+        if (p->meter)
+            atomic_init(&p->meter->refs, 1);
         memcpy(p->key, key, key_len);
         p->key_len = key_len;
         set_name(p, kind, id, len);
@@ -150,10 +163,14 @@ void td_peers_sweep(td_peers_t *self, uint64_t now_ns)
         while (*link) {
             td_peer_t *p = *link;
             refill(self, p, now_ns);
-            bool idle = p->refs == 0 && p->key[0] != TD_PEER_USER;
+            /* A connection whose replies still sit in ZeroMQ keeps its entry, or its next
+             * request would find a fresh meter and the bound on its unread replies would not
+             * hold. */
+            bool idle = p->refs == 0 && p->key[0] != TD_PEER_USER &&
+                        (!p->meter || atomic_load(&p->meter->held) == 0);
             if (idle && (self->rate <= 0 || p->tokens >= burst(self))) {
                 *link = p->hash_next;
-                free(p);
+                entry_free(p);
                 self->count--;
                 continue;
             }
@@ -234,4 +251,46 @@ uint64_t td_peer_requests(const td_peer_t *user)
 uint64_t td_peer_limited(const td_peer_t *user)
 {
     return user->limited;
+}
+
+td_reply_meter_t *td_peer_meter(td_peer_t *conn)
+{
+    return conn->meter;
+}
+
+void td_reply_meter_hold(td_reply_meter_t *meter)
+{
+    atomic_fetch_add_explicit(&meter->refs, 1, memory_order_relaxed);
+}
+
+void td_reply_meter_release(td_reply_meter_t *meter)
+{
+    /* acq_rel: the thread that frees it sees every other thread's last update */
+    if (atomic_fetch_sub_explicit(&meter->refs, 1, memory_order_acq_rel) == 1)
+        free(meter);
+}
+
+uint64_t td_peer_reserved(const td_peer_t *conn)
+{
+    return conn->reserved;
+}
+
+void td_peer_reserve(td_peer_t *conn, uint64_t bytes)
+{
+    conn->reserved += bytes;
+}
+
+void td_peer_unreserve(td_peer_t *conn, uint64_t bytes)
+{
+    conn->reserved -= bytes;
+}
+
+struct td_sched_flow *td_peer_flow(const td_peer_t *conn, unsigned cls)
+{
+    return conn->flows[cls];
+}
+
+void td_peer_set_flow(td_peer_t *conn, unsigned cls, struct td_sched_flow *flow)
+{
+    conn->flows[cls] = flow;
 }

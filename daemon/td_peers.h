@@ -12,6 +12,14 @@
  *     `rate_limited`).
  * Without CURVE the two kinds are the same entry.
  *
+ * A connection also carries what its unread replies hold (td_reply.h): the bytes reserved for the
+ * replies of its requests in flight (loop thread), and a reply meter, the bytes of its replies
+ * handed to ZeroMQ and not yet freed by it. ZeroMQ frees a reply on its I/O thread, possibly
+ * after the entry is gone, so the meter is a record of its own with an atomic count and a
+ * reference count: the entry holds one reference, every reply inside ZeroMQ another. And it
+ * carries the scheduler's per-peer queues (td_sched.c, deficit round robin), one per class of
+ * worker, while they hold requests.
+ *
  * An entry is referenced by the requests and streams that point to it and lives while they do.
  * Once unreferenced it stays until its token bucket has refilled (td_peers_sweep), so closing and
  * reopening nothing resets a rate; a user entry (CURVE) stays for good, since it carries the
@@ -21,6 +29,7 @@
 #ifndef TD_PEERS_H
 #define TD_PEERS_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -83,6 +92,28 @@ void td_peer_count_request(td_peer_t *user);
 void td_peer_count_limited(td_peer_t *user);
 uint64_t td_peer_requests(const td_peer_t *user);
 uint64_t td_peer_limited(const td_peer_t *user);
+
+/* A connection's reply meter (see the top): created with the entry; NULL when that had no memory.
+ * td_reply_meter_hold and _release take and drop a reference from any thread; the last release
+ * frees it. */
+typedef struct td_reply_meter {
+    _Atomic uint64_t held; /* reply bytes inside ZeroMQ */
+    _Atomic unsigned refs;
+} td_reply_meter_t;
+td_reply_meter_t *td_peer_meter(td_peer_t *conn);
+void td_reply_meter_hold(td_reply_meter_t *meter);
+void td_reply_meter_release(td_reply_meter_t *meter);
+/* A connection's reply bytes reserved for its requests in flight (loop thread): add or remove. */
+uint64_t td_peer_reserved(const td_peer_t *conn);
+void td_peer_reserve(td_peer_t *conn, uint64_t bytes);
+void td_peer_unreserve(td_peer_t *conn, uint64_t bytes);
+
+/* The scheduler's queue of this connection for worker class `cls` (< TD_PEER_FLOWS), or NULL;
+ * the scheduler sets it while the queue holds requests (each of which references the entry). */
+#define TD_PEER_FLOWS 2
+struct td_sched_flow;
+struct td_sched_flow *td_peer_flow(const td_peer_t *conn, unsigned cls);
+void td_peer_set_flow(td_peer_t *conn, unsigned cls, struct td_sched_flow *flow);
 
 /* Entries in the table, and iteration over the user entries (for the metrics). */
 unsigned td_peers_count(const td_peers_t *self);

@@ -52,17 +52,26 @@ td_request_t *td_request_new(void)
     return self;
 }
 
+void td_request_release_input(td_request_t *self)
+{
+    if (self->payload_msg_open)
+        zmq_msg_close(&self->payload_msg);
+    self->payload_msg_open = false;
+    free(self->payload_copy);
+    self->payload_copy = NULL;
+    self->payload = NULL;
+    self->out_ptr = NULL;
+    td_shm_region_put(&self->shm_in);
+    td_shm_region_put(&self->shm_out);
+}
+
 void td_request_destroy(td_request_t **self_p)
 {
     td_request_t *self = *self_p;
     if (!self)
         return;
-    if (self->payload_msg_open)
-        zmq_msg_close(&self->payload_msg);
-    free(self->payload_copy);
+    td_request_release_input(self);
     td_request_drop_reply(self);
-    td_shm_region_put(&self->shm_in);
-    td_shm_region_put(&self->shm_out);
     free(self);
     *self_p = NULL;
 }

@@ -89,6 +89,7 @@ typedef struct td_request {
     size_t reply_len;
     void (*reply_free)(void *data, void *hint);
     void *reply_hint;
+    uint64_t reply_reserved; /* bytes reserved for the reply until it is sent (td_reply.h) */
 } td_request_t;
 
 /* A FIFO of requests linked through their `next`: a stream's FIFO (td_sched.c), a GPU lane's
@@ -108,6 +109,9 @@ td_request_t *td_request_queue_take_all(td_request_queue_t *q);
 /* Allocates an empty request (its reply header's version set). NULL when out of memory. */
 td_request_t *td_request_new(void);
 void td_request_destroy(td_request_t **self_p);
+/* Frees the payload and gives back the shared-memory regions (payload_len stays): for a request
+ * that is done but whose reply waits (td_reply.c). */
+void td_request_release_input(td_request_t *self);
 
 /* Takes the payload frame (moved from msg) and makes payload aligned for its dtype. */
 tally_status_t td_request_take_payload(td_request_t *self, zmq_msg_t *msg);

@@ -15,17 +15,21 @@
  * request of it finishing meanwhile leaves the walk to the loop already running.
  */
 #include <inttypes.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "td_gpu_engine.h"
 #include "td_log.h"
+#include "td_peers.h"
 #include "td_sched.h"
 
 typedef struct td_sched_stream {
     td_stream_t *stream;
     td_request_queue_t waiting; /* in arrival order */
-    unsigned inflight;          /* started and not yet finished */
+    unsigned inflight;          /* started (or waiting in a peer's queue) and not finished */
+    unsigned held;              /* of those, waiting in a peer's queue (at most one) */
+    td_request_queue_t failed;  /* refused at admission while others ran: answered in turn */
     bool on_gpu;                /* the last one started runs on the GPU */
     bool resync;                /* a GPU failure: start nothing new until the stream drains */
     uint32_t generation; /* bumped by a GPU failure: what it started before reruns on the CPU */
@@ -48,6 +52,26 @@ typedef struct {
     lane_t *lanes;
 } device_t;
 
+/* A peer's queue of requests for one class of worker (deficit round robin, below). */
+typedef struct td_sched_flow {
+    td_peer_t *peer; /* NULL: the queue of requests whose connection has no table entry */
+    unsigned cls;
+    td_request_queue_t queue;
+    uint64_t deficit; /* bytes it may still start in its turn */
+    bool turn;        /* its turn has begun (its quantum was added) */
+    struct td_sched_flow *next;
+} flow_t;
+
+enum { CLASS_CPU = 0, CLASS_GPU = 1 }; /* TD_PEER_FLOWS classes */
+
+/* The flows of one class with requests, in turn order: head is the one whose turn it is. */
+typedef struct {
+    flow_t *head;
+    flow_t *tail;
+    unsigned running; /* requests of the class on the machine, not yet back */
+    flow_t anonymous;
+} drr_t;
+
 struct td_sched {
     const td_config_t *cfg;
     td_metrics_t *metrics;
@@ -59,6 +83,9 @@ struct td_sched {
     unsigned inflight;
     unsigned queued;
     bool stopping;
+    drr_t drr[TD_PEER_FLOWS];
+    bool dispatching;    /* dispatch() is running: a nested call only asks it to look again */
+    bool dispatch_again;
 };
 
 static void advance(td_sched_t *s, record_t *rec);
@@ -283,21 +310,183 @@ static void unpin(td_sched_t *s, record_t *rec)
     rec->pinned = false;
 }
 
-/* Starts a prepared compute request where it belongs. */
+/* Runs on the loop thread rather than a worker: a tiny batch is cheaper there than two thread
+ * hops. */
+static bool runs_inline(const td_request_t *r, bool gpu)
+{
+    return !gpu && r->payload_len <= TD_EXEC_INLINE_MAX;
+}
+
+/* Starts a prepared compute request (counted in its stream's inflight) where it belongs. */
 static void start(td_sched_t *s, td_request_t *r, record_t *rec)
 {
     bool gpu = wants_gpu(s, r);
     r->gpu_failed = false;
     r->where = (td_placement_t){.generation = rec ? rec->generation : 0, .pieces = 1};
-    if (rec) {
-        rec->inflight++;
+    if (rec)
         rec->on_gpu = gpu;
-    }
     if (gpu)
         place_gpu(s, r, rec);
-    else /* a tiny batch is cheaper on the loop thread than two thread hops */
-        r->where.cpu_inline = r->payload_len <= TD_EXEC_INLINE_MAX;
+    else
+        r->where.cpu_inline = runs_inline(r, false);
+    if (gpu || !r->where.cpu_inline)
+        s->drr[gpu ? CLASS_GPU : CLASS_CPU].running++;
     s->machine.run(s->machine.ctx, r);
+}
+
+/* The stream has nothing in flight any more: its GPU pin and state go. */
+static void settle(td_sched_t *s, record_t *rec)
+{
+    if (rec->inflight)
+        return;
+    unpin(s, rec);
+    rec->on_gpu = false;
+    rec->resync = false;
+}
+
+/* ---- fair service between peers (deficit round robin) ------------------------------------- */
+
+/* What a request costs its peer's turn: its bytes, plus the fixed cost of any request. */
+static uint64_t cost_of(const td_request_t *r)
+{
+    return (uint64_t)r->payload_len + TD_SCHED_REQUEST_COST;
+}
+
+/* How many requests of a class may be on the machine at once: beyond it they wait in their
+ * peer's queue, where the turns decide which starts next (0 from the machine: no limit). */
+static unsigned capacity(const td_sched_t *s, unsigned cls)
+{
+    const td_sched_machine_t *m = &s->machine;
+    unsigned n = cls == CLASS_CPU ? m->cpu_workers + (m->cpu_workers ? TD_SCHED_CPU_AHEAD : 0)
+                                  : m->gpu_devices * m->gpu_lanes * m->gpu_lane_depth;
+    return n ? n : UINT_MAX;
+}
+
+static flow_t *flow_of(td_sched_t *s, td_peer_t *peer, unsigned cls)
+{
+    if (!peer)
+        return &s->drr[cls].anonymous;
+    flow_t *f = td_peer_flow(peer, cls);
+    if (f)
+        return f;
+    f = calloc(1, sizeof *f);
+    if (!f)
+        return &s->drr[cls].anonymous; /* out of memory: shares the anonymous queue */
+    f->peer = peer;
+    f->cls = cls;
+    td_peer_set_flow(peer, cls, f);
+    return f;
+}
+
+/* A flow whose queue emptied leaves the turns (and forgets its deficit, as DRR does). */
+static void flow_retire(drr_t *d, flow_t *f)
+{
+    d->head = f->next;
+    if (!d->head)
+        d->tail = NULL;
+    f->next = NULL;
+    f->deficit = 0;
+    f->turn = false;
+    if (f == &d->anonymous)
+        return;
+    td_peer_set_flow(f->peer, f->cls, NULL);
+    free(f);
+}
+
+/* The next request of a class: the head flow's first, when its deficit (topped up by a quantum
+ * once per turn) covers it; else the turn passes to the next flow. Terminates: each pass adds a
+ * quantum to some flow's deficit. */
+static td_request_t *drr_next(drr_t *d)
+{
+    for (;;) {
+        flow_t *f = d->head;
+        if (!f->turn) {
+            f->deficit += TD_SCHED_QUANTUM;
+            f->turn = true;
+        }
+        uint64_t cost = cost_of(f->queue.head);
+        if (cost <= f->deficit) {
+            f->deficit -= cost;
+            td_request_t *r = td_request_queue_pop(&f->queue);
+            if (!f->queue.head)
+                flow_retire(d, f);
+            return r;
+        }
+        f->turn = false;
+        if (f->next) { /* to the back of the turns */
+            d->head = f->next;
+            f->next = NULL;
+            d->tail->next = f;
+            d->tail = f;
+        }
+    }
+}
+
+/* Starts a request taken from its peer's queue, then lets its stream go on: the next request of
+ * the stream may enter a queue now that this one has its lane. The stream is held busy across
+ * the start, which may finish the request at once (a failed submission). */
+static void launch(td_sched_t *s, td_request_t *r)
+{
+    td_stream_t *stream = r->stream;
+    record_t *rec = stream ? stream->sched : NULL;
+    if (rec) {
+        rec->held--;
+        rec->inflight++;
+    }
+    start(s, r, rec);
+    if (!rec)
+        return;
+    rec->inflight--;
+    settle(s, rec);
+    if (stream != s->advancing) /* else advance's own loop goes on */
+        advance(s, rec);
+}
+
+/* Starts queued requests, each class up to its capacity, in the peers' turns. */
+static void dispatch(td_sched_t *s)
+{
+    if (s->dispatching) {
+        s->dispatch_again = true;
+        return;
+    }
+    s->dispatching = true;
+    do {
+        s->dispatch_again = false;
+        for (unsigned c = 0; c < TD_PEER_FLOWS; c++)
+            while (s->drr[c].head && s->drr[c].running < capacity(s, c))
+                launch(s, drr_next(&s->drr[c]));
+    } while (s->dispatch_again);
+    s->dispatching = false;
+}
+
+/* An admitted compute request (prepared): a tiny CPU batch runs at once on the loop thread;
+ * any other waits in its peer's queue for its class (CPU workers, or GPU lanes) and starts in
+ * turn. It counts in its stream's inflight from now. */
+static void submit(td_sched_t *s, td_request_t *r, record_t *rec)
+{
+    bool gpu = wants_gpu(s, r);
+    if (rec)
+        rec->inflight++;
+    if (runs_inline(r, gpu)) {
+        start(s, r, rec);
+        return;
+    }
+    if (rec) {
+        rec->held++;
+        rec->on_gpu = gpu;
+    }
+    unsigned cls = gpu ? CLASS_GPU : CLASS_CPU;
+    drr_t *d = &s->drr[cls];
+    flow_t *f = flow_of(s, r->conn, cls);
+    if (!f->queue.head) { /* joins the turns at the back */
+        if (d->tail)
+            d->tail->next = f;
+        else
+            d->head = f;
+        d->tail = f;
+    }
+    td_request_queue_push(&f->queue, r);
+    dispatch(s);
 }
 
 /* ---- a stream's order --------------------------------------------------------------------- */
@@ -309,6 +498,10 @@ static bool may_start(const td_sched_t *s, const record_t *rec, const td_request
 {
     if (rec->inflight == 0)
         return true;
+    /* One waiting in a peer's queue has no lane yet; a refused one waits for the stream to
+     * drain (it is answered then, in its turn). */
+    if (rec->held || rec->failed.head)
+        return false;
     if (!td_op_is_compute(r->req.opcode) || !rec->on_gpu || rec->resync || !rec->pinned)
         return false;
     if (!wants_gpu(s, r) || !s->machine.device_usable(s->machine.ctx, rec->device))
@@ -347,11 +540,23 @@ static void run_control(td_sched_t *s, record_t *rec, td_request_t *r, bool *for
     s->host.answer(s->host.owner, r);
 }
 
+/* Requests refused at admission while others of their stream were in flight: answered once
+ * those are done, so that the stream's replies leave in arrival order (issue 21: a `hist` of the
+ * wrong type overtook the GPU requests before it). */
+static void answer_failed(td_sched_t *s, record_t *rec)
+{
+    while (rec->inflight == 0 && rec->failed.head) {
+        td_request_t *r = td_request_queue_pop(&rec->failed);
+        s->host.answer(s->host.owner, r);
+    }
+}
+
 /* Starts the requests waiting on a stream, in order, as far as the rules allow. Returns true when
  * the stream was deleted and nothing queued behind the delete started it anew. */
 static bool advance_locked(td_sched_t *s, record_t *rec)
 {
     bool forgotten = false;
+    answer_failed(s, rec);
     while (rec->waiting.head && may_advance(s, rec, rec->waiting.head)) {
         td_request_t *r = pop(s, rec);
         if (s->stopping) {
@@ -366,10 +571,13 @@ static bool advance_locked(td_sched_t *s, record_t *rec)
         }
         forgotten = false; /* a filter, scan or hist starts the stream anew */
         if (!td_request_admit(r, rec->inflight > 0)) {
-            s->host.answer(s->host.owner, r);
+            if (rec->inflight > 0)
+                td_request_queue_push(&rec->failed, r);
+            else
+                s->host.answer(s->host.owner, r);
             continue;
         }
-        start(s, r, rec);
+        submit(s, r, rec);
     }
     return forgotten;
 }
@@ -410,7 +618,8 @@ static bool rerun_on_cpu(td_sched_t *s, td_request_t *r, record_t *rec)
                 r->rep.request_id, rec->stream->name);
     r->gpu_failed = false;
     r->where = (td_placement_t){.generation = r->where.generation, .pieces = 1};
-    if (!rec) { /* stateless: on a worker */
+    if (!rec) { /* stateless: on a worker, ahead of the queues (it was started once) */
+        s->drr[CLASS_CPU].running++;
         s->machine.run(s->machine.ctx, r);
         return true;
     }
@@ -432,29 +641,34 @@ void td_sched_finished(td_sched_t *s, td_request_t *r)
 {
     td_stream_t *stream = r->stream;
     record_t *rec = stream ? stream->sched : NULL;
+    if (r->where.gpu || !r->where.cpu_inline)
+        s->drr[r->where.gpu ? CLASS_GPU : CLASS_CPU].running--;
     if (r->where.gpu) {
         add_load(s, &r->where, -1);
-        if (rerun_on_cpu(s, r, rec))
+        if (rerun_on_cpu(s, r, rec)) {
+            dispatch(s);
             return;
+        }
         td_metrics_count_gpu_request(s->metrics,
                                      s->machine.device_ordinal(s->machine.ctx, r->where.device));
     }
-    if (rec && --rec->inflight == 0) {
-        unpin(s, rec);
-        rec->on_gpu = false;
-        rec->resync = false;
+    if (rec) {
+        rec->inflight--;
+        settle(s, rec);
     }
     bool applied = s->host.complete(s->host.owner, r); /* r is freed */
-    if (!rec)
-        return;
-    /* Its successors still on the GPU chained their scan carry from the device carry it left,
-     * which the host copy never took: rerun them from the host copy, as after a GPU failure. */
-    if (!applied && rec->inflight > 0 && rec->on_gpu) {
-        rec->generation++;
-        rec->resync = true;
+    if (rec) {
+        /* Its successors still on the GPU chained their scan carry from the device carry it
+         * left, which the host copy never took: rerun them from the host copy, as after a GPU
+         * failure. */
+        if (!applied && rec->inflight > 0 && rec->on_gpu) {
+            rec->generation++;
+            rec->resync = true;
+        }
+        if (stream != s->advancing) /* else advance's own loop goes on */
+            advance(s, rec);
     }
-    if (stream != s->advancing) /* else advance's own loop goes on */
-        advance(s, rec);
+    dispatch(s); /* a worker or lane is free: the next peer in turn */
 }
 
 /* ---- interface ---------------------------------------------------------------------------- */
@@ -467,7 +681,7 @@ void td_sched_arrived(td_sched_t *s, td_request_t *r, td_stream_t *stream)
     }
     if (!stream) {
         td_request_prepare(r); /* nothing to read without a stream: cannot fail */
-        start(s, r, NULL);
+        submit(s, r, NULL);
         return;
     }
     record_t *rec = record_of(s, stream);
@@ -567,6 +781,11 @@ void td_sched_destroy(td_sched_t **self_p)
         return;
     while (s->busy) /* only when tallyd did not stop cleanly: nothing refers to them now */
         record_free(s, s->busy);
+    for (unsigned c = 0; c < TD_PEER_FLOWS; c++) /* likewise */
+        while (s->drr[c].head) {
+            td_request_t *r = drr_next(&s->drr[c]);
+            td_request_destroy(&r);
+        }
     for (unsigned d = 0; s->devices && d < s->machine.gpu_devices; d++) {
         for (unsigned i = 0; s->devices[d].lanes && i < s->machine.gpu_lanes; i++)
             free(s->devices[d].lanes[i].carry_free);

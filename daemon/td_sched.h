@@ -21,6 +21,15 @@
  *   - what follows a result: a request that failed on the GPU, or was queued on the device behind
  *     one of its stream that did, runs again on the CPU (td_exec.c says why that is correct), then
  *     the host folds it into the stream and answers it, then the stream's next requests start;
+ *   - a request refused at admission (a hist of another type: stream_state) while earlier
+ *     requests of its stream run is answered once they are done, and nothing of the stream starts
+ *     meanwhile, so its reply keeps its place in the stream's order;
+ *   - fair service between peers: a compute request that will run on a CPU worker or a GPU lane
+ *     waits in its connection's queue for that class while the workers (cpu_workers, +
+ *     TD_SCHED_CPU_AHEAD) or the lanes (gpu_lane_depth each) are full, and the queues take turns
+ *     by bytes (deficit round robin, TD_SCHED_QUANTUM, td_config.h); a stream has at most one
+ *     request in such a queue, and its next waits until that one has its lane, so a stream's
+ *     order holds; a tiny CPU batch runs at once on the loop thread;
  *   - backpressure: every request counts against max_inflight from the moment it is read until
  *     it is answered; the server stops reading at the limit;
  *   - stopping: nothing new starts; a waiting request is answered `shutdown` once nothing of its
@@ -53,6 +62,11 @@ typedef struct {
     unsigned gpu_lanes;      /* per device */
     unsigned gpu_carries;    /* device scan carries per lane; index 0 is for stateless requests */
     size_t gpu_buffer_bytes; /* the most a lane's buffers hold of one batch (whole) */
+    /* How much work is handed to the machine at once; the rest waits in the peers' queues, which
+     * take turns (deficit round robin): requests on the CPU workers, cpu_workers (+
+     * TD_SCHED_CPU_AHEAD), and per GPU lane gpu_lane_depth. 0: no limit. */
+    unsigned cpu_workers;
+    unsigned gpu_lane_depth;
     bool (*device_usable)(void *ctx, unsigned device);
     int (*device_ordinal)(void *ctx, unsigned device); /* for the per-GPU request counter */
     /* Can r run split over a device's lanes (the engine splits, r's input (and a scan's output)

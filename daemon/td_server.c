@@ -9,7 +9,9 @@
  * or the GPU pipeline of td_gpu.h) and comes back to the loop thread through exec_done, so
  * nothing here needs a lock. The server reads, validates and answers; the scheduler calls back
  * into it (sched_*) to fold a result into its stream, run a query, reset or delete, send a reply
- * and forget a deleted stream.
+ * and forget a deleted stream. Beside it, leaf parts that call nothing here: td_router (opening
+ * the socket), td_admit (who sent a request, the per-connection limits), td_ops (info, streams,
+ * query) and td_reply (sending replies, the bytes unread replies hold).
  *
  * ZeroMQ's ZMQ_FD is edge-triggered: it signals when the socket's state changes, and only
  * after ZMQ_EVENTS has been read. So the socket is serviced by one function, pump(), called
@@ -35,15 +37,17 @@
  *
  * Bounded memory: every request counts against max_inflight from the moment it is read until
  * its reply is handed to ZeroMQ (or dropped) (td_sched_received/answered). At the limit pump()
- * stops reading, ZeroMQ's
- * receive high-water mark fills and TCP pushes back on producers: nothing is dropped. Sizes are
- * checked here, not by ZeroMQ: a payload over max_batch gets too_large like any other bad
- * request; only a frame over max_frame (far above max_batch) makes ZeroMQ drop the connection.
+ * stops reading, ZeroMQ's receive high-water mark fills and TCP pushes back: nothing is lost. Sizes
+ * are checked here, not by ZeroMQ: a payload over max_batch gets too_large like any other bad
+ * request; only a frame over max_frame (far above max_batch) makes ZeroMQ drop the connection
+ * (the replies to its earlier requests are then kept for it to reconnect: td_reply.h).
  *
- * A reply never waits for its peer. ROUTER_MANDATORY is on, so a send fails at once when the
- * peer has gone (EHOSTUNREACH) or stopped reading and filled its send high-water mark (EAGAIN);
- * the reply is then dropped and counted, and its in-flight slot freed. Queueing it instead would
- * let one peer that never reads hold every slot and stop tallyd serving anyone.
+ * A reply never waits for a connected peer. ROUTER_MANDATORY is on, so a send fails at once when
+ * the peer has gone (EHOSTUNREACH) or stopped reading and filled its send high-water mark
+ * (EAGAIN); a reply to a peer that does not read is dropped and counted, and its in-flight slot
+ * freed. Queueing it instead would let one peer that never reads hold every slot and stop tallyd
+ * serving anyone. What unread replies hold in bytes is bounded, and a reply to a connection that
+ * has closed is kept a while for it to come back: td_reply.h.
  *
  * Stopping (SIGTERM, SIGINT): nothing new starts. Requests running on a backend finish and are
  * answered; requests waiting on a stream FIFO are answered `shutdown` in order, once the stream's
@@ -58,17 +62,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <uv.h>
 #include <zmq.h>
 
+#include "td_admit.h"
 #include "td_auth.h"
 #include "td_exec.h"
 #include "td_log.h"
 #include "td_metrics.h"
-#include "td_notify.h"
 #include "td_pub.h"
 #include "td_peers.h"
+#include "td_ops.h"
+#include "td_reply.h"
+#include "td_router.h"
 #include "td_request.h"
 #include "td_server.h"
 #include "td_sched.h"
@@ -86,17 +92,13 @@
  * peer that reads at once, so this is only spent on a peer that does not read, which must not
  * hold tallyd up for long. */
 #define TD_SHUTDOWN_LINGER_MS 1000
-/* Space for an info/stats reply. */
-#define TD_TEXT_REPLY_MAX (64 * 1024)
 
 struct td_server {
     /* A copy; binds and strings are borrowed from the caller's config, except the ones a reload
      * replaces (the allowed CURVE keys), which the server owns (own_reloadable_strings). */
     td_config_t cfg;
     uv_loop_t loop;
-    void *zmq_ctx;
-    void *router;
-    uv_os_sock_t zmq_fd;
+    td_router_t zmq; /* the context, the ROUTER socket, CURVE */
     uv_poll_t poll;
     uv_check_t check;
     uv_idle_t idle;
@@ -106,6 +108,7 @@ struct td_server {
     uv_timer_t drain_timer; /* the end of reading after a stop signal */
     uv_timer_t quiet_timer; /* a stopping socket that stayed empty long enough */
     uv_timer_t sweep_timer; /* frees idle per-peer entries */
+    uv_timer_t retry_timer; /* replies kept for connections that closed (td_reply.h) */
     uint64_t last_input_ns; /* stopping: the signal, or the last message read since */
     bool idle_active;
     bool paused;        /* reading stopped at the in-flight limit */
@@ -113,16 +116,15 @@ struct td_server {
     bool drain_expired; /* drain_ms has passed since: read nothing more */
     bool closed;        /* socket and handles closed */
 
-    unsigned active_conns; /* connections with requests in flight (the fair share's divisor) */
-
     td_streams_t *streams;
-    td_peers_t *peers; /* per-connection and per-client limits */
-    td_auth_t *auth;   /* CURVE and its ZAP handler; NULL when CURVE is off */
-    tk_backend_t *cpu; /* the CPU backend; the GPU runs through the executor's pipeline */
-    td_exec_t *exec;   /* where compute requests run: CPU workers or the GPU pipeline */
-    td_sched_t *sched; /* what runs when and where; the in-flight count */
-    td_shm_t *shm;     /* shared-memory side channel and regions; NULL when off */
-    td_pub_t *pub;     /* the PUB socket (subscriptions); NULL when off */
+    td_peers_t *peers;     /* per-connection and per-client limits */
+    td_replies_t *replies; /* what unread replies hold; lives until after zmq_ctx_term */
+    td_admit_t admit;      /* who sent a request, and its per-connection limits */
+    tk_backend_t *cpu;     /* the CPU backend; the GPU runs through the executor's pipeline */
+    td_exec_t *exec;       /* where compute requests run: CPU workers or the GPU pipeline */
+    td_sched_t *sched;     /* what runs when and where; the in-flight count */
+    td_shm_t *shm;         /* shared-memory side channel and regions; NULL when off */
+    td_pub_t *pub;         /* the PUB socket (subscriptions); NULL when off */
     char devices[256];
     td_metrics_t metrics;
     td_service_t *service; /* systemd, state persistence, HTTP metrics, reload */
@@ -134,107 +136,53 @@ static void reply(td_server_t *s, td_request_t *r);
 
 /* ---- Replies ---------------------------------------------------------------------------- */
 
-static void free_reply_data(void *data, void *hint)
+/* A reply's end (sent, or dropped and counted by td_reply): its metrics and memory. */
+static void retire(void *owner, td_request_t *r, td_reply_outcome_t outcome)
 {
-    (void)hint;
-    free(data);
-}
-
-/* Hands r's reply to ZeroMQ without waiting. Returns 0 when sent, else the errno of the failed
- * send: EHOSTUNREACH (the peer has gone) or EAGAIN (the peer's send high-water mark is full: it
- * is not reading). Only the first frame can meet either: once it is accepted ZeroMQ takes the
- * rest of the message whole, so a later frame failing is a broken socket (logged). */
-static int try_send(td_server_t *s, td_request_t *r)
-{
-    const int more = ZMQ_DONTWAIT | ZMQ_SNDMORE;
-    if (zmq_send(s->router, r->identity, r->identity_len, more) == -1)
-        return errno;
-    int err = 0;
-    if (r->has_delimiter && zmq_send(s->router, "", 0, more) == -1)
-        err = errno;
-    uint8_t header[TALLY_REP_HEADER_SIZE];
-    tally_rep_encode(&r->rep, header);
-    if (!err && zmq_send(s->router, header, sizeof header, more) == -1)
-        err = errno;
-    zmq_msg_t body;
-    if (!err && r->reply_data && r->reply_len) {
-        /* Sent where it was built (a malloc'd reply, or a pinned buffer the GPU wrote it to):
-         * ZeroMQ frees or gives it back once the bytes have left. */
-        zmq_free_fn *give_back = r->reply_free ? r->reply_free : free_reply_data;
-        if (zmq_msg_init_data(&body, r->reply_data, r->reply_len, give_back, r->reply_hint) == 0) {
-            r->reply_data = NULL; /* ZeroMQ owns it now */
-            r->reply_free = NULL;
-        } else
-            err = errno;
-    } else if (!err) {
-        zmq_msg_init(&body);
-    }
-    if (!err && zmq_msg_send(&body, s->router, ZMQ_DONTWAIT) == -1) {
-        err = errno;
-        zmq_msg_close(&body);
-    }
-    if (err)
-        td_err("sending the reply to request %" PRIu64 ": %s", r->rep.request_id,
-               zmq_strerror(err));
-    return err;
-}
-
-/* The end of every request: send its reply (or drop it), metrics, in-flight slot, memory. */
-static void reply(td_server_t *s, td_request_t *r)
-{
-    int err = try_send(s, r);
-    if (err == EHOSTUNREACH) {
-        s->metrics.replies_dropped_gone++;
-        td_debug("reply to request %" PRIu64 " dropped: the peer has gone", r->rep.request_id);
-    } else if (err == EAGAIN) {
-        s->metrics.replies_dropped_slow++;
-        td_debug("reply to request %" PRIu64 " dropped: the peer is not reading its replies",
-                 r->rep.request_id);
-    } else if (err) {
-        s->metrics.replies_dropped_gone++; /* a broken connection; logged by try_send */
-    }
+    td_server_t *s = owner;
+    (void)outcome;
     td_metrics_observe(&s->metrics, r->req.opcode, (tally_status_t)r->rep.status, r->payload_len,
                        r->reply_len, uv_hrtime() - r->received_ns);
-    td_sched_answered(s->sched);
-    if (r->conn && td_peer_inflight_end(r->conn))
-        s->active_conns--;
     td_peers_release(s->peers, &r->conn);
     td_peers_release(s->peers, &r->client);
     td_request_destroy(&r);
 }
 
-/* ---- Operations answered on the loop thread -------------------------------------------- */
-
-static void reply_text(td_server_t *s, td_request_t *r, char *text, size_t len)
+static void retry_cb(uv_timer_t *handle)
 {
-    (void)s;
-    if (len > TD_TEXT_REPLY_MAX - 1)
-        len = TD_TEXT_REPLY_MAX - 1;
-    td_request_succeed(r, TALLY_DTYPE_TEXT, text, len, len);
+    td_server_t *s = handle->data;
+    if (!td_replies_retry(s->replies, s->zmq.socket, uv_hrtime()))
+        uv_timer_stop(handle);
 }
+
+/* The end of every request: its in-flight slot, then its reply: sent, kept a while for a
+ * connection that has closed (td_reply.h; retried on a timer), or dropped. */
+static void reply(td_server_t *s, td_request_t *r)
+{
+    td_sched_answered(s->sched);
+    td_admit_answered(&s->admit, r);
+    td_reply_outcome_t outcome = td_replies_send(s->replies, s->zmq.socket, r);
+    if (outcome != TD_REPLY_KEPT) {
+        retire(s, r, outcome);
+        return;
+    }
+    if (!uv_is_active((uv_handle_t *)&s->retry_timer) &&
+        uv_timer_start(&s->retry_timer, retry_cb, TD_REPLY_RETRY_MS, TD_REPLY_RETRY_MS) != 0)
+        td_replies_close(s->replies); /* cannot happen; without retries nothing may wait */
+}
+
+/* ---- Operations answered on the loop thread (td_ops.h) ---------------------------------- */
 
 static void op_info(td_server_t *s, td_request_t *r)
 {
-    char *text = malloc(TD_TEXT_REPLY_MAX);
-    if (!text) {
-        td_request_fail(r, TALLY_E_INTERNAL, "out of memory");
-        return;
-    }
-    int n = snprintf(text, TD_TEXT_REPLY_MAX,
-                     "version=%s\nprotocol=%d\nbackend=%s\nbackends=%s\ndevices=%s\n"
-                     "max_batch=%zu\nmax_inflight=%u\nmax_streams=%u\nshm=%s\nshm_socket=%s\n"
-                     "window_intervals=%u\nwindow_interval_ms=%u\npub=%s\npub_interval_ms=%u\n"
-                     "curve=%s\n",
-                     TALLY_VERSION, TALLY_PROTO_VERSION, td_exec_backend_name(s->exec),
-                     td_exec_backends(s->exec), td_exec_devices(s->exec), s->cfg.max_batch,
-                     s->cfg.max_inflight, s->cfg.max_streams, s->shm ? "on" : "off",
-                     s->shm ? td_shm_path(s->shm) : "", s->cfg.window_intervals,
-                     s->cfg.window_interval_ms, s->pub ? td_pub_endpoint(s->pub) : "",
-                     s->cfg.pub_interval_ms, s->auth ? "on" : "off");
-    size_t len = n > 0 ? (size_t)n : 0;
-    if (len < TD_TEXT_REPLY_MAX)
-        len += td_shm_info(&s->cfg, text + len, TD_TEXT_REPLY_MAX - len);
-    reply_text(s, r, text, len);
+    td_info_t info = {.cfg = &s->cfg,
+                      .backend = td_exec_backend_name(s->exec),
+                      .backends = td_exec_backends(s->exec),
+                      .devices = td_exec_devices(s->exec),
+                      .shm_path = s->shm ? td_shm_path(s->shm) : NULL,
+                      .pub_endpoint = s->pub ? td_pub_endpoint(s->pub) : NULL,
+                      .curve = s->zmq.auth != NULL};
+    td_op_info(&info, r);
 }
 
 /* The gauges `stats`, GET /metrics and the systemd status line report. */
@@ -258,11 +206,12 @@ static void sample_gauges(void *ctx, td_gauges_t *g)
         .device_memory_bytes = td_exec_device_bytes(s->exec),
         .uptime_s = (double)(uv_hrtime() - s->started_ns) / 1e9,
         .peers = td_peers_count(s->peers),
-        .users = s->auth ? s->peers : NULL,
+        .users = s->zmq.auth ? s->peers : NULL,
     };
-    if (s->auth) {
+    td_replies_gauges(s->replies, g);
+    if (s->zmq.auth) {
         g->curve = true;
-        td_auth_counts(s->auth, &g->auth);
+        td_auth_counts(s->zmq.auth, &g->auth);
     }
     td_shm_gauges(s->shm, &g->shm_regions, &g->shm_bytes);
 }
@@ -287,82 +236,6 @@ static void op_stats(td_server_t *s, td_request_t *r)
         return;
     }
     td_request_succeed(r, TALLY_DTYPE_TEXT, text, len, len);
-}
-
-static void op_streams(td_server_t *s, td_request_t *r)
-{
-    size_t len = 0;
-    uint64_t count = 0;
-    for (td_stream_t *st = td_streams_first(s->streams); st; st = st->list_next)
-        len += 1 + st->name_len;
-    uint8_t *out = malloc(len ? len : 1);
-    if (!out) {
-        td_request_fail(r, TALLY_E_INTERNAL, "out of memory");
-        return;
-    }
-    size_t at = 0;
-    for (td_stream_t *st = td_streams_first(s->streams); st; st = st->list_next) {
-        out[at++] = (uint8_t)st->name_len;
-        memcpy(out + at, st->name, st->name_len);
-        at += st->name_len;
-        count++;
-    }
-    td_request_succeed(r, TALLY_DTYPE_NONE, out, len, count);
-}
-
-/* A window query (PROTOCOL.md "Windows"): the stream's record with the histogram of the last
- * ceil(W / interval) intervals; false (r failed) when the ring is shorter or windows are off. */
-static bool window_view(td_server_t *s, td_request_t *r, const td_stream_t *stream,
-                        tally_stream_info_t *view)
-{
-    unsigned intervals = s->cfg.window_intervals;
-    uint64_t interval_ms = s->cfg.window_interval_ms;
-    uint64_t want = ((uint64_t)r->req.lo + interval_ms - 1) / interval_ms;
-    if (intervals == 0) {
-        td_request_fail(r, TALLY_E_WINDOW, "windows are off (window_intervals = 0)");
-        return false;
-    }
-    if (want > intervals) {
-        td_request_fail(r, TALLY_E_WINDOW,
-                        "a window of %" PRId64 " ms needs %" PRIu64 " intervals; tallyd keeps %u "
-                        "of %" PRIu64 " ms (%" PRIu64 " ms)",
-                        r->req.lo, want, intervals, interval_ms, intervals * interval_ms);
-        return false;
-    }
-    uint64_t now = td_clock_ms();
-    *view = stream->info;
-    if (stream->window) {
-        r->rep.aux0 = td_window_sum(stream->window, now, (unsigned)want, view);
-    } else { /* no hist yet: nothing counted in any interval */
-        view->hist_underflow = view->hist_overflow = view->hist_total = 0;
-        memset(view->bins, 0, sizeof view->bins);
-        uint64_t current = now / interval_ms;
-        r->rep.aux0 = (current + 1 - (want < current + 1 ? want : current + 1)) * interval_ms;
-    }
-    r->rep.aux1 = now;
-    return true;
-}
-
-static void op_query(td_server_t *s, td_request_t *r, const td_stream_t *stream)
-{
-    static tally_stream_info_t view; /* loop thread only; 8 KiB off the stack */
-    const tally_stream_info_t *info = &stream->info;
-    if (r->req.flags & TALLY_FLAG_QUERY_WINDOW) {
-        if (!window_view(s, r, stream, &view))
-            return;
-        info = &view;
-    }
-    size_t size = tally_stream_info_size(info);
-    uint8_t *out = malloc(size);
-    if (!out) {
-        td_request_fail(r, TALLY_E_INTERNAL, "out of memory");
-        return;
-    }
-    tally_stream_info_encode(info, out);
-    uint64_t start = r->rep.aux0, end = r->rep.aux1;
-    td_request_succeed(r, TALLY_DTYPE_NONE, out, size, 1);
-    r->rep.aux0 = start;
-    r->rep.aux1 = end;
 }
 
 /* ---- What the scheduler asks of the server (td_sched.h) ---------------------------------- */
@@ -390,7 +263,7 @@ static void sched_control(void *owner, td_request_t *r, td_stream_t *stream)
     td_server_t *s = owner;
     switch (r->req.opcode) {
     case TALLY_OP_QUERY:
-        op_query(s, r, stream);
+        td_op_query(&s->cfg, r, stream);
         return;
     case TALLY_OP_RESET:
         td_stream_zero(stream);
@@ -426,14 +299,6 @@ static void exec_done(void *owner, td_request_t *r)
     td_sched_finished(s->sched, r);
 }
 
-/* r is refused by a per-peer limit: counted for tallyd_limited_total and for its client. */
-static void count_limited(td_server_t *s, const td_request_t *r, td_limit_t limit)
-{
-    s->metrics.limited[limit]++;
-    if (r->client)
-        td_peer_count_limited(r->client);
-}
-
 /* A filter, scan or hist names a stream that does not exist yet: its client's stream count and
  * creation rate, then the global max_streams. Returns false when the request was failed. */
 static bool create_stream(td_server_t *s, td_request_t *r, td_stream_t **out)
@@ -442,7 +307,7 @@ static bool create_stream(td_server_t *s, td_request_t *r, td_stream_t **out)
     td_peer_t *client = r->client;
     unsigned per_client = td_config_streams_per_client(&s->cfg);
     if (client && td_peer_streams(client) >= per_client) {
-        count_limited(s, r, TD_LIMIT_STREAMS);
+        td_admit_count_limited(&s->admit, r, TD_LIMIT_STREAMS);
         td_request_fail(r, TALLY_E_CLIENT_STREAMS,
                         "this client already holds %u streams (max_streams_per_client %u); "
                         "delete one it no longer needs",
@@ -450,7 +315,7 @@ static bool create_stream(td_server_t *s, td_request_t *r, td_stream_t **out)
         return false;
     }
     if (client && !td_peer_take_token(s->peers, client, uv_hrtime())) {
-        count_limited(s, r, TD_LIMIT_RATE);
+        td_admit_count_limited(&s->admit, r, TD_LIMIT_RATE);
         td_request_fail(r, TALLY_E_RATE,
                         "this client creates streams faster than stream_create_rate (%u per "
                         "second); retry later",
@@ -489,7 +354,7 @@ static void dispatch(td_server_t *s, td_request_t *r)
         op_stats(s, r);
         break;
     case TALLY_OP_STREAMS:
-        op_streams(s, r);
+        td_op_streams(s->streams, r);
         break;
     case TALLY_OP_QUERY:
     case TALLY_OP_RESET:
@@ -551,43 +416,44 @@ static void answer_stopping(td_server_t *s, td_request_t *r, bool decoded)
     td_sched_arrived(s->sched, r, stream);
 }
 
-/* Who sent r (td_peers.h): its connection, and its client identity — the ZAP user id that CURVE
- * authenticated (the "User-Id" property of every message of the connection), else the connection
- * itself. The connection counts r as in flight until its reply. */
-static void identify(td_server_t *s, td_request_t *r, zmq_msg_t *frames, int kept)
+/* The envelope of a message into r: its sender (its routing id, and who that is) and a REQ
+ * peer's delimiter: any peer's empty first frame is taken as one and echoed (PROTOCOL.md §1), a
+ * header is never empty. Returns the index of the first request frame. */
+static int read_envelope(td_server_t *s, td_request_t *r, zmq_msg_t *frames, int kept)
 {
-    uint64_t now = uv_hrtime();
-    td_peers_set_rate(s->peers, s->cfg.stream_create_rate); /* the live value: reloads apply */
-    r->conn = td_peers_acquire(s->peers, TD_PEER_CONNECTION, r->identity, r->identity_len, now);
-    if (r->conn && td_peer_inflight_begin(r->conn))
-        s->active_conns++;
-    const char *user = kept > 1 ? zmq_msg_gets(&frames[kept - 1], "User-Id") : NULL;
-    if (user && user[0])
-        r->client = td_peers_acquire(s->peers, TD_PEER_USER, user, strlen(user), now);
-    else
-        r->client =
-            td_peers_acquire(s->peers, TD_PEER_CONNECTION, r->identity, r->identity_len, now);
-    if (r->client && user && user[0])
-        td_peer_count_request(r->client);
+    size_t id_len = zmq_msg_size(&frames[0]);
+    r->identity_len = id_len < TD_IDENTITY_MAX ? id_len : TD_IDENTITY_MAX;
+    memcpy(r->identity, zmq_msg_data(&frames[0]), r->identity_len);
+    td_admit_identify(&s->admit, r, kept > 1 ? zmq_msg_gets(&frames[kept - 1], "User-Id") : NULL);
+    r->has_delimiter = kept > 1 && zmq_msg_size(&frames[1]) == 0;
+    return r->has_delimiter ? 2 : 1;
 }
 
-/* The connection's fair share of max_inflight: past it the request is answered `busy` at once,
- * so one peer that floods tallyd (or never reads) cannot keep every slot and stop tallyd reading
- * for everyone else. A peer alone may use every slot (at the limit tallyd stops reading, as
- * before); once others have requests in flight each is held to its share, and as the greedy
- * peer's slots turn over ZeroMQ's fair queueing hands the freed ones to the others. Returns true
- * when r was failed. */
-static bool over_share(td_server_t *s, td_request_t *r)
+/* A request with a valid header: its payload checked on the frame's size before it is taken (an
+ * oversize one is never copied), the per-connection limits, then the payload taken (and a
+ * shared-memory reference resolved from it). False when r was failed. */
+static bool take_request(td_server_t *s, td_request_t *r, zmq_msg_t *payload, char *msg, size_t cap)
 {
-    unsigned share = td_config_inflight_per_peer(&s->cfg, s->active_conns);
-    if (!r->conn || td_peer_inflight(r->conn) <= share) /* it counts r itself */
+    r->payload_len = zmq_msg_size(payload);
+    tally_status_t st = tally_req_validate(&r->req, r->payload_len, s->cfg.max_batch, msg, cap);
+    if (st != TALLY_OK) {
+        td_request_fail(r, st, "%s", msg);
         return false;
-    count_limited(s, r, TD_LIMIT_INFLIGHT);
-    td_request_fail(r, TALLY_E_BUSY,
-                    "this connection already has %u requests in flight (max_inflight_per_peer "
-                    "%u); send more once replies arrive",
-                    td_peer_inflight(r->conn) - 1, share);
-    return true;
+    }
+    if (td_admit_over_share(&s->admit, r))
+        return false;
+    st = td_request_take_payload(r, payload);
+    if (st != TALLY_OK) {
+        td_request_fail(r, st, "out of memory for a payload of %zu bytes", r->payload_len);
+        return false;
+    }
+    /* After the take: the reference is decoded from the taken payload, which then points into
+     * the producer's region instead. */
+    if ((r->req.flags & TALLY_FLAG_SHM_REF) && (st = resolve_shm_ref(s, r, msg, cap)) != TALLY_OK) {
+        td_request_fail(r, st, "%s", msg);
+        return false;
+    }
+    return !td_admit_over_reply_bound(&s->admit, r);
 }
 
 /* Turns one received message (frames[0..kept) of `total`) into a request and dispatches it,
@@ -601,72 +467,33 @@ static void handle_message(td_server_t *s, zmq_msg_t *frames, int kept, int tota
     }
     td_sched_received(s->sched);
     r->received_ns = uv_hrtime();
-    size_t id_len = zmq_msg_size(&frames[0]);
-    r->identity_len = id_len < TD_IDENTITY_MAX ? id_len : TD_IDENTITY_MAX;
-    memcpy(r->identity, zmq_msg_data(&frames[0]), r->identity_len);
-    identify(s, r, frames, kept);
-
-    /* A REQ peer puts an empty delimiter frame before its body. Any peer's empty first frame is
-     * taken as one and echoed (PROTOCOL.md §1): a header is never empty. */
-    int body = 1;
-    if (kept > 1 && zmq_msg_size(&frames[1]) == 0) {
-        r->has_delimiter = true;
-        body = 2;
-    }
+    int body = read_envelope(s, r, frames, kept);
     /* Decoded even when the frame count is wrong, so that every reply echoes the first request
      * frame's opcode, flags and id (§3); with no request frame at all they stay 0. */
     bool have_header = body < kept;
-    const uint8_t *header = have_header ? zmq_msg_data(&frames[body]) : NULL;
-    size_t header_len = have_header ? zmq_msg_size(&frames[body]) : 0;
     char msg[TALLY_ERROR_MESSAGE_MAX + 1];
-    tally_status_t st = tally_req_decode(header, header_len, &r->req, msg, sizeof msg);
+    tally_status_t st =
+        tally_req_decode(have_header ? zmq_msg_data(&frames[body]) : NULL,
+                         have_header ? zmq_msg_size(&frames[body]) : 0, &r->req, msg, sizeof msg);
     r->rep.opcode = r->req.opcode;
     r->rep.flags = r->req.flags;
     r->rep.request_id = r->req.request_id;
-
     int body_frames = total - body;
     if (s->stopping) {
         answer_stopping(s, r, st == TALLY_OK && body_frames == 2);
         return;
     }
-    if (body_frames != 2) {
+    if (body_frames != 2)
         td_request_fail(r, TALLY_E_FRAMES,
                         "a request is 2 frames (header, payload) after the routing envelope; "
                         "this message has %d",
                         body_frames);
-        goto answer;
-    }
-    if (st != TALLY_OK) {
+    else if (st != TALLY_OK)
         td_request_fail(r, st, "%s", msg);
-        goto answer;
+    else if (take_request(s, r, &frames[body + 1], msg, sizeof msg)) {
+        dispatch(s, r);
+        return;
     }
-    /* Validated on the frame's size before the payload is taken, so an oversize payload is
-     * never copied (realigned). */
-    r->payload_len = zmq_msg_size(&frames[body + 1]);
-    st = tally_req_validate(&r->req, r->payload_len, s->cfg.max_batch, msg, sizeof msg);
-    if (st != TALLY_OK) {
-        td_request_fail(r, st, "%s", msg);
-        goto answer;
-    }
-    if (over_share(s, r))
-        goto answer;
-    st = td_request_take_payload(r, &frames[body + 1]);
-    if (st != TALLY_OK) {
-        td_request_fail(r, st, "out of memory for a payload of %zu bytes", r->payload_len);
-        goto answer;
-    }
-    /* After the take: the reference is decoded from the taken payload, which then points into
-     * the producer's region instead. */
-    if (r->req.flags & TALLY_FLAG_SHM_REF) {
-        st = resolve_shm_ref(s, r, msg, sizeof msg);
-        if (st != TALLY_OK) {
-            td_request_fail(r, st, "%s", msg);
-            goto answer;
-        }
-    }
-    dispatch(s, r);
-    return;
-answer:
     td_debug("request %" PRIu64 " answered %s", r->rep.request_id,
              tally_status_name((tally_status_t)r->rep.status));
     reply(s, r);
@@ -681,7 +508,7 @@ static int read_message(td_server_t *s)
     for (;;) {
         zmq_msg_t frame;
         zmq_msg_init(&frame);
-        if (zmq_msg_recv(&frame, s->router, ZMQ_DONTWAIT) == -1) {
+        if (zmq_msg_recv(&frame, s->zmq.socket, ZMQ_DONTWAIT) == -1) {
             int err = errno;
             zmq_msg_close(&frame);
             if (total == 0 && (err == EAGAIN || err == EINTR))
@@ -767,7 +594,7 @@ static void pump(td_server_t *s)
     /* Reading ZMQ_EVENTS last re-arms the edge-triggered fd. */
     uint32_t events = 0;
     size_t size = sizeof events;
-    if (zmq_getsockopt(s->router, ZMQ_EVENTS, &events, &size) != 0) {
+    if (zmq_getsockopt(s->zmq.socket, ZMQ_EVENTS, &events, &size) != 0) {
         td_err("reading ZMQ_EVENTS: %s", zmq_strerror(errno));
         events = ZMQ_POLLIN; /* look again on the next iteration rather than sleep */
     }
@@ -826,7 +653,7 @@ static void signal_cb(uv_signal_t *handle, int signum)
     if (signum == SIGHUP) {
         td_service_reload(s->service);
         if (!s->closed)
-            td_auth_reload(s->auth, &s->cfg); /* the allowed client keys, read again */
+            td_auth_reload(s->zmq.auth, &s->cfg); /* the allowed client keys, read again */
         return;
     }
     if (s->stopping) {
@@ -861,6 +688,8 @@ static void close_all(td_server_t *s)
     uv_close((uv_handle_t *)&s->drain_timer, NULL);
     uv_close((uv_handle_t *)&s->quiet_timer, NULL);
     uv_close((uv_handle_t *)&s->sweep_timer, NULL);
+    uv_close((uv_handle_t *)&s->retry_timer, NULL);
+    td_replies_close(s->replies); /* replies kept for connections that closed are dropped */
     /* The signal handles stay installed (but no longer keep the loop alive) until
      * td_server_destroy: closing the last handle for a signal restores its default action, and
      * a second SIGTERM during the final flush would then kill tallyd mid-exit. */
@@ -872,109 +701,12 @@ static void close_all(td_server_t *s)
     td_exec_close(s->exec);       /* nothing is in flight any more */
     td_service_close(s->service); /* the final state snapshot: every request is answered */
     int linger = TD_SHUTDOWN_LINGER_MS;
-    if (zmq_setsockopt(s->router, ZMQ_LINGER, &linger, sizeof linger) != 0)
+    if (zmq_setsockopt(s->zmq.socket, ZMQ_LINGER, &linger, sizeof linger) != 0)
         td_warn("setting the socket's linger: %s", zmq_strerror(errno));
-    if (zmq_close(s->router) != 0)
+    if (zmq_close(s->zmq.socket) != 0)
         td_warn("closing the socket: %s", zmq_strerror(errno));
-    s->router = NULL;
+    s->zmq.socket = NULL;
     td_notice("stopped");
-}
-
-/* An ipc socket that tallyd made: mode 0660 whatever the umask (UMask=0077 under systemd), so
- * tallyd's group can connect and nobody else. Without CURVE whoever connects may use every
- * stream, so the socket's mode is the access control (PROTOCOL.md §12). */
-static void restrict_ipc_socket(const char *endpoint)
-{
-    if (strncmp(endpoint, "ipc://", 6) != 0 || endpoint[6] == '@') /* @: abstract, no file */
-        return;
-    if (chmod(endpoint + 6, TD_IPC_SOCKET_MODE) != 0)
-        td_warn("cannot set mode %04o on %s: %s", TD_IPC_SOCKET_MODE, endpoint + 6,
-                strerror(errno));
-}
-
-/* The ROUTER socket's options (td_config.h says why each value). */
-static td_err_t set_socket_options(td_server_t *s)
-{
-    int one = 1, rcvhwm = TD_DEFAULT_RCVHWM, sndhwm = TD_DEFAULT_SNDHWM, linger = 0;
-    /* tallyd checks payload sizes itself (too_large), so a client that sends too much still
-     * gets its answer and keeps its connection. ZeroMQ's own limit is only the memory guard
-     * max_frame, far above max_batch (td_config.h says why): a frame over it closes the
-     * connection. */
-    int64_t maxmsg = (int64_t)td_config_max_frame(&s->cfg);
-    struct {
-        int option;
-        const void *value;
-        size_t len;
-        const char *name;
-    } opts[] = {
-        {ZMQ_ROUTER_MANDATORY, &one, sizeof one, "ZMQ_ROUTER_MANDATORY"},
-        {ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm, "ZMQ_RCVHWM"},
-        {ZMQ_SNDHWM, &sndhwm, sizeof sndhwm, "ZMQ_SNDHWM"},
-        {ZMQ_LINGER, &linger, sizeof linger, "ZMQ_LINGER"},
-        {ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg, "ZMQ_MAXMSGSIZE"},
-    };
-    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
-        if (zmq_setsockopt(s->router, opts[i].option, opts[i].value, opts[i].len) != 0) {
-            td_err("cannot set %s: %s", opts[i].name, zmq_strerror(errno));
-            return TD_ERR_LIBRARY;
-        }
-    }
-    return TD_OK;
-}
-
-/* CURVE, before any bind, so that no connection is ever made without it. */
-static td_err_t open_curve(td_server_t *s)
-{
-    if (!s->cfg.curve_secret_key)
-        return TD_OK;
-    char msg[1024];
-    td_err_t err = td_auth_new(s->zmq_ctx, &s->cfg, &s->auth, msg, sizeof msg);
-    if (err != TD_OK) {
-        td_err("curve: %s", msg);
-        return err;
-    }
-    return td_auth_apply(s->auth, s->router);
-}
-
-static td_err_t bind_endpoints(td_server_t *s)
-{
-    for (int i = 0; i < s->cfg.bind_count; i++) {
-        if (zmq_bind(s->router, s->cfg.binds[i]) != 0) {
-            td_err("cannot bind %s: %s", s->cfg.binds[i], zmq_strerror(errno));
-            return TD_ERR_BIND;
-        }
-        restrict_ipc_socket(s->cfg.binds[i]);
-        td_info("listening on %s", s->cfg.binds[i]);
-    }
-    return td_listen_fds_bind(s->router, &s->cfg); /* sockets passed by systemd */
-}
-
-static td_err_t open_socket(td_server_t *s)
-{
-    s->zmq_ctx = zmq_ctx_new();
-    if (!s->zmq_ctx)
-        return TD_ERR_LIBRARY;
-    /* Before the first socket: the I/O threads start with it. */
-    int io_threads = (int)td_config_io_threads(&s->cfg);
-    if (zmq_ctx_set(s->zmq_ctx, ZMQ_IO_THREADS, io_threads) != 0)
-        td_warn("cannot set %d ZeroMQ I/O threads: %s", io_threads, zmq_strerror(errno));
-    td_info("%d ZeroMQ I/O threads", io_threads);
-    s->router = zmq_socket(s->zmq_ctx, ZMQ_ROUTER);
-    if (!s->router)
-        return TD_ERR_LIBRARY;
-    td_err_t err = set_socket_options(s);
-    if (err == TD_OK)
-        err = open_curve(s);
-    if (err == TD_OK)
-        err = bind_endpoints(s);
-    if (err != TD_OK)
-        return err;
-    size_t size = sizeof s->zmq_fd;
-    if (zmq_getsockopt(s->router, ZMQ_FD, &s->zmq_fd, &size) != 0) {
-        td_err("reading ZMQ_FD: %s", zmq_strerror(errno));
-        return TD_ERR_LIBRARY;
-    }
-    return TD_OK;
 }
 
 /* The executor, and the scheduler that places work on it. */
@@ -1013,27 +745,27 @@ static td_err_t open_backends(td_server_t *s)
 }
 
 /* The loop's handles: in td_server_new's order, so that a failure closes what was opened. */
-#define TD_LOOP_HANDLES 9
+#define TD_LOOP_HANDLES 10
 static void loop_handles(td_server_t *s, uv_handle_t *all[TD_LOOP_HANDLES])
 {
     uv_handle_t *list[TD_LOOP_HANDLES] = {
         (uv_handle_t *)&s->poll,        (uv_handle_t *)&s->check,
         (uv_handle_t *)&s->idle,        (uv_handle_t *)&s->drain_timer,
         (uv_handle_t *)&s->quiet_timer, (uv_handle_t *)&s->sweep_timer,
-        (uv_handle_t *)&s->sig_int,     (uv_handle_t *)&s->sig_term,
-        (uv_handle_t *)&s->sig_hup,
+        (uv_handle_t *)&s->retry_timer, (uv_handle_t *)&s->sig_int,
+        (uv_handle_t *)&s->sig_term,    (uv_handle_t *)&s->sig_hup,
     };
     memcpy(all, list, sizeof list);
 }
 
 static int init_handles(td_server_t *s)
 {
-    int rc = uv_poll_init_socket(&s->loop, &s->poll, s->zmq_fd);
+    int rc = uv_poll_init_socket(&s->loop, &s->poll, s->zmq.fd);
     if (rc == 0)
         rc = uv_check_init(&s->loop, &s->check);
     if (rc == 0)
         rc = uv_idle_init(&s->loop, &s->idle);
-    uv_timer_t *timers[] = {&s->drain_timer, &s->quiet_timer, &s->sweep_timer};
+    uv_timer_t *timers[] = {&s->drain_timer, &s->quiet_timer, &s->sweep_timer, &s->retry_timer};
     for (size_t i = 0; rc == 0 && i < sizeof timers / sizeof timers[0]; i++)
         rc = uv_timer_init(&s->loop, timers[i]);
     uv_signal_t *signals[] = {&s->sig_int, &s->sig_term, &s->sig_hup};
@@ -1098,7 +830,7 @@ static td_err_t open_services(td_server_t *s)
         return err;
     if (s->cfg.pub_endpoint) {
         char why[512];
-        err = td_pub_new(&s->loop, s->zmq_ctx, s->cfg.pub_endpoint, s->cfg.pub_interval_ms,
+        err = td_pub_new(&s->loop, s->zmq.ctx, s->cfg.pub_endpoint, s->cfg.pub_interval_ms,
                          s->streams, &s->pub, why, sizeof why);
         if (err != TD_OK) {
             td_err("%s", why);
@@ -1123,10 +855,10 @@ static void close_started(td_server_t *s)
         uv_run(&s->loop, UV_RUN_NOWAIT);
         td_shm_destroy(&s->shm);
     }
-    if (s->router && zmq_close(s->router) != 0)
+    if (s->zmq.socket && zmq_close(s->zmq.socket) != 0)
         td_warn("closing the socket: %s", zmq_strerror(errno));
-    td_auth_destroy(&s->auth); /* its sockets are in the context */
-    while (s->zmq_ctx && zmq_ctx_term(s->zmq_ctx) == -1 && errno == EINTR)
+    td_auth_destroy(&s->zmq.auth); /* its sockets are in the context */
+    while (s->zmq.ctx && zmq_ctx_term(s->zmq.ctx) == -1 && errno == EINTR)
         continue;
 }
 
@@ -1159,7 +891,12 @@ static td_err_t open_tables(td_server_t *s)
         return err;
     td_streams_set_window(s->streams, s->cfg.window_intervals, s->cfg.window_interval_ms);
     td_clock_set_test_file(s->cfg.test_clock);
-    return td_peers_new(&s->peers);
+    err = td_replies_new(&s->cfg, &s->metrics, retire, s, &s->replies);
+    if (err == TD_OK)
+        err = td_peers_new(&s->peers);
+    s->admit = (td_admit_t){
+        .cfg = &s->cfg, .peers = s->peers, .replies = s->replies, .metrics = &s->metrics};
+    return err;
 }
 
 static void close_tables(td_server_t *s)
@@ -1169,6 +906,7 @@ static void close_tables(td_server_t *s)
     if (s->cpu)
         s->cpu->destroy(&s->cpu);
     td_peers_destroy(&s->peers);
+    td_replies_destroy(&s->replies); /* after zmq_ctx_term: ZeroMQ frees replies until then */
     td_streams_destroy(&s->streams);
 }
 
@@ -1190,7 +928,7 @@ td_err_t td_server_new(const td_config_t *cfg, td_server_t **out)
         err = open_backends(s);
     if (err != TD_OK)
         goto fail_tables;
-    err = open_socket(s);
+    err = td_router_open(&s->cfg, &s->zmq);
     if (err == TD_OK)
         err = open_handles(s);
     if (err == TD_OK)
@@ -1231,11 +969,11 @@ void td_server_destroy(td_server_t **self_p)
         uv_run(&s->loop, UV_RUN_DEFAULT);
     }
     td_service_destroy(&s->service);
-    td_auth_destroy(&s->auth); /* its sockets are in the context */
+    td_auth_destroy(&s->zmq.auth); /* its sockets are in the context */
     /* Waits (up to the linger) for the last replies to leave. A signal (a second SIGTERM)
      * interrupts the wait with EINTR and leaves the context, its I/O thread and every message
      * it holds allocated: wait again. */
-    while (zmq_ctx_term(s->zmq_ctx) == -1 && errno == EINTR)
+    while (zmq_ctx_term(s->zmq.ctx) == -1 && errno == EINTR)
         continue;
     uv_close((uv_handle_t *)&s->sig_int, NULL);
     uv_close((uv_handle_t *)&s->sig_term, NULL);

@@ -106,6 +106,11 @@ bool tally_hostport_split(const char *text, char *host, size_t host_cap, char *p
     return true;
 }
 
+bool tally_endpoint_ipv6(const char *endpoint)
+{
+    return strncmp(endpoint, "tcp://[", 7) == 0;
+}
+
 /* A decimal TCP port 1..65535, nothing else. */
 static bool port_valid(const char *port)
 {

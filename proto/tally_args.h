@@ -36,4 +36,9 @@ tally_status_t tally_endpoint_check(const char *endpoint, tally_endpoint_use_t u
 bool tally_hostport_split(const char *text, char *host, size_t host_cap, char *port,
                           size_t port_cap);
 
+/* True for a tcp:// endpoint whose host is an IPv6 address in brackets ("tcp://[::1]:5555"):
+ * ZeroMQ binds or connects to it only with ZMQ_IPV6 set on the socket (a host name is left to
+ * IPv4, as before, so that "localhost" keeps meaning 127.0.0.1). */
+bool tally_endpoint_ipv6(const char *endpoint);
+
 #endif /* TALLY_ARGS_H */

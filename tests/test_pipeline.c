@@ -13,7 +13,8 @@
  * switching between the CPU and GPU paths (auto mode threshold); every request answered at a
  * tiny in-flight limit; and the error path forced by --test-fault-every: results still exact,
  * backend_fallbacks counted, and with every request failing the device marked unusable, logged,
- * and the work served by the CPU backend.
+ * and the work served by the CPU backend; and a stream's replies in send order when one of its
+ * requests is refused while the ones before it are on the GPU.
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -539,6 +540,50 @@ static void test_backpressure_gpu(void **state)
     assert_int_equal(th_close_and_stop(sock, &d, 20000), 0);
 }
 
+/* Issue 21: a request refused at admission (a hist i32 on a u8 stream: stream_state) while the
+ * stream's earlier requests are on the GPU is answered after them, and the ones sent after it
+ * after it: the replies of a stream leave in send order (PROTOCOL.md §1). It overtook them
+ * before (reply order 0, 2, 1, 3 on two H200s). Simulated launches of 20 ms keep the earlier
+ * ones on the "device" while the refusal is decided. */
+static void test_refusal_keeps_stream_order(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    setenv("TALLYD_TEST_SIM_LATENCY_US", "20000", 1);
+    int started = start(&d, NULL);
+    unsetenv("TALLYD_TEST_SIM_LATENCY_US");
+    assert_int_equal(started, 0);
+    void *sock = th_connect(d.endpoint, 20000);
+    enum { BEFORE = 3, AFTER = 3, ALL = BEFORE + 1 + AFTER };
+    static uint8_t bytes[256 * 1024];
+    for (size_t i = 0; i < sizeof bytes; i++)
+        bytes[i] = (uint8_t)th_rand();
+    tally_req_t first = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, next_id++);
+    tally_req_set_stream(&first, "order/u8");
+    assert_int_equal(th_call_status(sock, &first, bytes, sizeof bytes), TALLY_OK);
+    uint64_t ids[ALL];
+    for (int k = 0; k < ALL; k++) {
+        bool wrong = k == BEFORE;
+        tally_req_t req = th_req(TALLY_OP_HIST, wrong ? TALLY_DTYPE_I32 : TALLY_DTYPE_U8,
+                                 next_id++);
+        if (wrong)
+            req.lo = 0, req.hi = 256;
+        tally_req_set_stream(&req, "order/u8");
+        ids[k] = req.request_id;
+        assert_int_equal(th_send_request(sock, &req, bytes, sizeof bytes), 0);
+    }
+    for (int k = 0; k < ALL; k++) {
+        th_reply_t r;
+        assert_int_equal(th_recv_reply(sock, &r), 0);
+        if (r.rep.request_id != ids[k])
+            fail_msg("reply %d is request %llu, want %llu (send order)", k,
+                     (unsigned long long)r.rep.request_id, (unsigned long long)ids[k]);
+        assert_int_equal(r.rep.status, k == BEFORE ? TALLY_E_STREAM_STATE : TALLY_OK);
+        th_reply_free(&r);
+    }
+    assert_int_equal(th_close_and_stop(sock, &d, 20000), 0);
+}
+
 int main(void)
 {
     th_seed();
@@ -568,6 +613,7 @@ int main(void)
         cmocka_unit_test(test_fault_fallback_exact),
         cmocka_unit_test(test_fault_device_unusable),
         cmocka_unit_test(test_backpressure_gpu),
+        cmocka_unit_test(test_refusal_keeps_stream_order),
     };
     return cmocka_run_group_tests_name(use_cuda() ? "pipeline (cuda)" : "pipeline (sim)", tests,
                                        NULL, NULL);

@@ -9,7 +9,10 @@
  * fairness across streams (a busy stream holds up no other; streams spread over lanes and
  * devices), backpressure (max_inflight), the rerun on the CPU after a GPU failure, shutdown
  * answering waiting requests in order, and issue 9's split rule (a large shared-memory request is
- * split only onto idle lanes, unless it fits the device buffers only when split).
+ * split only onto idle lanes, unless it fits the device buffers only when split). Issue 21: the
+ * peers' queues take turns by bytes (deficit round robin) on the CPU workers and the GPU lanes,
+ * and a request refused at admission while earlier ones of its stream run is answered after
+ * them.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,6 +25,7 @@
 #include <cmocka.h>
 
 #include "td_gpu_engine.h"
+#include "td_peers.h"
 #include "td_sched.h"
 
 #define MIB (1u << 20)
@@ -45,6 +49,9 @@ typedef struct {
     unsigned running_count;
     answer_t log[LOG_MAX]; /* replies, in the order they left */
     unsigned log_count;
+    uint64_t started[LOG_MAX]; /* requests handed to the machine, in that order */
+    unsigned started_count;
+    td_peer_t *conn; /* the connection the next arrivals come from (NULL: none) */
 } fake_t;
 
 /* ---- the fake machine and host ------------------------------------------------------------ */
@@ -78,6 +85,8 @@ static void succeed(td_request_t *r)
 static void fake_run(void *ctx, td_request_t *r)
 {
     fake_t *f = ctx;
+    assert_true(f->started_count < LOG_MAX);
+    f->started[f->started_count++] = r->req.request_id;
     if (!r->where.gpu && r->where.cpu_inline) {
         succeed(r);
         td_sched_finished(f->sched, r);
@@ -123,9 +132,11 @@ static void fake_forget(void *owner, td_stream_t *stream)
     td_streams_remove(f->streams, &stream);
 }
 
-/* A scheduler over `devices` simulated GPUs of 4 lanes (0: CPU only) with buffers of `bytes`. */
-static fake_t *fake_new_buffers(unsigned devices, td_backend_choice_t backend,
-                                unsigned max_inflight, size_t bytes)
+/* A scheduler over `devices` simulated GPUs of 4 lanes (0: CPU only) with buffers of `bytes`;
+ * the machine takes any number of requests at once unless fake_new_limited says otherwise. */
+static fake_t *fake_new_limited(unsigned devices, td_backend_choice_t backend,
+                                unsigned max_inflight, size_t bytes, unsigned cpu_workers,
+                                unsigned lane_depth)
 {
     fake_t *f = calloc(1, sizeof *f);
     assert_non_null(f);
@@ -141,6 +152,8 @@ static fake_t *fake_new_buffers(unsigned devices, td_backend_choice_t backend,
         .gpu_lanes = 4,
         .gpu_carries = 17,
         .gpu_buffer_bytes = f->buffer_bytes,
+        .cpu_workers = cpu_workers,
+        .gpu_lane_depth = lane_depth,
         .device_usable = fake_device_usable,
         .device_ordinal = fake_device_ordinal,
         .splittable = fake_splittable,
@@ -149,6 +162,12 @@ static fake_t *fake_new_buffers(unsigned devices, td_backend_choice_t backend,
     td_sched_host_t h = {f, fake_complete, fake_control, fake_answer, fake_forget};
     assert_int_equal(td_sched_new(&f->cfg, &f->metrics, &m, &h, &f->sched), TD_OK);
     return f;
+}
+
+static fake_t *fake_new_buffers(unsigned devices, td_backend_choice_t backend,
+                                unsigned max_inflight, size_t bytes)
+{
+    return fake_new_limited(devices, backend, max_inflight, bytes, 0, 0);
 }
 
 static fake_t *fake_new(unsigned devices, td_backend_choice_t backend, unsigned max_inflight)
@@ -187,6 +206,7 @@ static td_request_t *arrive_typed(fake_t *f, uint8_t op, uint8_t dtype, const ch
     r->rep.request_id = id;
     r->payload = payload;
     r->payload_len = bytes;
+    r->conn = f->conn;
     td_stream_t *st = NULL;
     if (stream) {
         r->req.stream_len = (uint8_t)strlen(stream);
@@ -549,6 +569,135 @@ static void test_split_only_onto_idle_lanes(void **state)
     fake_destroy(&f);
 }
 
+/* ---- issue 21: fair service between peers, and replies in turn after a refusal ------------ */
+
+/* The started requests so far are exactly ids[0..n), in that order. */
+static void assert_started(const fake_t *f, const uint64_t *ids, unsigned n)
+{
+    assert_int_equal(f->started_count, n);
+    for (unsigned i = 0; i < n; i++)
+        assert_int_equal(f->started[i], ids[i]);
+}
+
+/* Finishes the oldest running request. */
+static void finish_oldest(fake_t *f)
+{
+    assert_true(f->running_count > 0);
+    finish(f, f->running[0]->req.request_id);
+}
+
+/* Two connections of a fresh per-peer table. */
+static td_peers_t *two_peers(td_peer_t **heavy, td_peer_t **light)
+{
+    td_peers_t *peers = NULL;
+    assert_int_equal(td_peers_new(&peers), TD_OK);
+    *heavy = td_peers_acquire(peers, TD_PEER_CONNECTION, "heavy", 5, 0);
+    *light = td_peers_acquire(peers, TD_PEER_CONNECTION, "light", 5, 0);
+    return peers;
+}
+
+/* Two peers on one CPU worker (2 requests on the machine at once: the worker's and one queued,
+ * TD_SCHED_CPU_AHEAD): a peer that queued six 1 MiB batches holds up another's three 64 KiB
+ * batches by one of its own, not six; the light peer's all start before the heavy peer's third,
+ * as their bytes allow (deficit round robin), where one FIFO would start them last. */
+static void test_drr_between_peers(void **state)
+{
+    (void)state;
+    td_peer_t *heavy, *light;
+    td_peers_t *peers = two_peers(&heavy, &light);
+    fake_t *f = fake_new_limited(0, TD_BACKEND_CPU, 64, 64 * MIB, 1, 0);
+    f->conn = heavy;
+    for (uint64_t id = 1; id <= 6; id++)
+        arrive(f, TALLY_OP_HIST, NULL, id, MIB);
+    f->conn = light;
+    for (uint64_t id = 11; id <= 13; id++)
+        arrive(f, TALLY_OP_HIST, NULL, id, 64 * 1024);
+    uint64_t first[] = {1, 2};
+    assert_started(f, first, 2); /* the machine is full: the rest wait in their queues */
+    assert_non_null(td_peer_flow(heavy, 0));
+    while (f->running_count)
+        finish_oldest(f);
+    uint64_t want[] = {1, 2, 11, 12, 13, 3, 4, 5, 6};
+    assert_started(f, want, 9);
+    assert_null(td_peer_flow(heavy, 0)); /* an empty queue leaves the turns */
+    assert_null(td_peer_flow(light, 0));
+    fake_destroy(&f);
+
+    /* Byte fairness between two heavy peers: 1 MiB batches against 256 KiB ones, turn by turn,
+     * start in the ratio of their sizes (4 of the smaller for one of the larger). */
+    f = fake_new_limited(0, TD_BACKEND_CPU, 64, 64 * MIB, 1, 0);
+    f->conn = heavy;
+    for (uint64_t id = 1; id <= 3; id++)
+        arrive(f, TALLY_OP_HIST, NULL, id, MIB);
+    f->conn = light;
+    for (uint64_t id = 11; id <= 19; id++)
+        arrive(f, TALLY_OP_HIST, NULL, id, 256 * 1024 - TD_SCHED_REQUEST_COST);
+    while (f->running_count)
+        finish_oldest(f);
+    uint64_t fair[] = {1, 2, 11, 12, 13, 14, 3, 15, 16, 17, 18, 19};
+    assert_started(f, fair, 12);
+    fake_destroy(&f);
+    td_peers_destroy(&peers);
+}
+
+/* On the GPU lanes too: a peer's pipelined stream fills the lanes' places, and another peer's
+ * smaller batch starts at the next free place, ahead of the first peer's backlog. A stream keeps
+ * its order: its next request waits for the one in the queue before it. */
+static void test_drr_gpu_lanes(void **state)
+{
+    (void)state;
+    td_peer_t *heavy, *light;
+    td_peers_t *peers = two_peers(&heavy, &light);
+    /* 1 device x 4 lanes x depth 1: 4 GPU requests at once */
+    fake_t *f = fake_new_limited(1, TD_BACKEND_CUDA, 64, 64 * MIB, 0, 1);
+    f->conn = heavy;
+    for (uint64_t id = 1; id <= 8; id++)
+        arrive(f, TALLY_OP_SCAN, "a", id, MIB);
+    assert_int_equal(f->running_count, 4);
+    for (unsigned i = 1; i < 4; i++) /* pipelined on the stream's lane, in order */
+        assert_int_equal(f->running[i]->where.lane, f->running[0]->where.lane);
+    f->conn = light;
+    arrive(f, TALLY_OP_HIST, NULL, 21, 64 * 1024);
+    assert_false(is_running(f, 21));
+    finish(f, 1);
+    assert_true(is_running(f, 21) && !is_running(f, 5));
+    assert_int_not_equal(f->running[running_index(f, 21)]->where.lane, f->running[0]->where.lane);
+    while (f->running_count)
+        finish_oldest(f);
+    uint64_t want[] = {1, 2, 3, 4, 21, 5, 6, 7, 8};
+    assert_started(f, want, 9);
+    uint64_t replies[] = {1, 2, 3, 4, 21, 5, 6, 7, 8};
+    assert_log(f, replies, 9, NULL);
+    fake_destroy(&f);
+    td_peers_destroy(&peers);
+}
+
+/* A request refused at admission (a hist of another type: stream_state) while the stream's
+ * earlier requests are on the GPU is answered after them, and what follows it waits its turn:
+ * the replies leave in the order the requests arrived (issue 21: 0, 2, 1, 3 before). */
+static void test_refused_answered_in_turn(void **state)
+{
+    (void)state;
+    fake_t *f = fake_new(1, TD_BACKEND_CUDA, 64);
+    arrive(f, TALLY_OP_HIST, "a", 1, MIB); /* sets the stream's type: u8 */
+    finish(f, 1);
+    arrive(f, TALLY_OP_HIST, "a", 2, MIB);
+    arrive(f, TALLY_OP_HIST, "a", 3, MIB);
+    arrive_typed(f, TALLY_OP_HIST, TALLY_DTYPE_I32, "a", 4, MIB, 0);
+    arrive(f, TALLY_OP_HIST, "a", 5, MIB);
+    assert_true(is_running(f, 2) && is_running(f, 3) && !is_running(f, 5));
+    assert_int_equal(f->log_count, 1); /* 4 is not answered before 2 and 3 */
+    finish(f, 2);
+    assert_int_equal(f->log_count, 2);
+    finish(f, 3); /* the stream drained: 4 is answered, 5 starts */
+    assert_true(is_running(f, 5));
+    finish(f, 5);
+    uint64_t ids[] = {1, 2, 3, 4, 5};
+    uint32_t want[] = {TALLY_OK, TALLY_OK, TALLY_OK, TALLY_E_STREAM_STATE, TALLY_OK};
+    assert_log(f, ids, 5, want);
+    fake_destroy(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -561,6 +710,9 @@ int main(void)
         cmocka_unit_test(test_gpu_failure_reruns_on_cpu),
         cmocka_unit_test(test_shutdown_in_order),
         cmocka_unit_test(test_split_only_onto_idle_lanes),
+        cmocka_unit_test(test_drr_between_peers),
+        cmocka_unit_test(test_drr_gpu_lanes),
+        cmocka_unit_test(test_refused_answered_in_turn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -44,14 +44,28 @@ unsigned td_config_streams_per_client(const td_config_t *cfg)
     return cfg->max_streams / 2 ? cfg->max_streams / 2 : 1;
 }
 
+uint64_t td_config_reply_bytes_per_peer(const td_config_t *cfg)
+{
+    if (cfg->max_reply_bytes_per_peer)
+        return cfg->max_reply_bytes_per_peer;
+    return (uint64_t)TD_FAIR_SHARE_MIN * 2 * cfg->max_batch;
+}
+
+uint64_t td_config_reply_bytes(const td_config_t *cfg)
+{
+    if (cfg->max_reply_bytes)
+        return cfg->max_reply_bytes;
+    return TD_REPLY_BYTES_TOTAL_FACTOR * td_config_reply_bytes_per_peer(cfg);
+}
+
 unsigned td_config_io_threads(const td_config_t *cfg)
 {
     if (cfg->io_threads)
         return cfg->io_threads;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned n = cores > 0 ? (unsigned)(cores / 4) : 1;
-    if (n < 1)
-        n = 1;
+    if (n < TD_IO_THREADS_MIN)
+        n = TD_IO_THREADS_MIN;
     return n > TD_IO_THREADS_MAX ? TD_IO_THREADS_MAX : n;
 }
 

@@ -47,6 +47,26 @@
 #define TD_MAX_FRAME_FACTOR 4u
 #define TD_MAX_FRAME_HEADROOM (64u << 10)
 #define TD_MAX_FRAME_LIMIT (16ull << 30)
+/* Replies handed to ZeroMQ and not yet written out (a peer that does not read its replies) hold
+ * memory that ZeroMQ's high-water mark bounds only in messages (1024 per connection, each up to
+ * 2 x max_batch for an int64 scan): one peer pipelining 16 MiB scans without reading took
+ * tallyd to 3.2 GiB in 8 s (issue 21). So tallyd counts reply bytes from when a request is read
+ * (its largest possible reply is reserved) until ZeroMQ frees the reply, per connection and in
+ * total, and answers `busy` to a request whose reply would go past either bound (td_reply.h).
+ * Per connection, 0 (the default) means TD_FAIR_SHARE_MIN (libtally's window) of the largest
+ * reply, 2 x max_batch: 256 MiB at the default max_batch, so a client that keeps 8 scans of the
+ * largest batch in flight is never refused. In total, 0 means twice that: 512 MiB. A connection
+ * (and tallyd) holding nothing may always have one request, whatever its reply. */
+#define TD_DEFAULT_MAX_REPLY_BYTES_PER_PEER 0u
+#define TD_DEFAULT_MAX_REPLY_BYTES 0u
+#define TD_REPLY_BYTES_TOTAL_FACTOR 2u
+#define TD_MAX_REPLY_BYTES_LIMIT (1ull << 40)
+/* A reply to a connection that has closed is kept this long for a connection with the same
+ * routing id to come back (libtally's DEALER reconnects after ZeroMQ's 100 ms), and retried every
+ * TD_REPLY_RETRY_MS meanwhile (td_reply.h). ZeroMQ closes a connection that sends a frame over
+ * max_frame: the requests it sent before were accepted and are still answered. */
+#define TD_REPLY_RECONNECT_GRACE_MS 2000u
+#define TD_REPLY_RETRY_MS 20u
 /* After SIGTERM/SIGINT tallyd keeps reading what is queued in its socket, answering each with
  * `shutdown`, for at most this long (--drain-ms); requests running on a backend finish first. */
 #define TD_DEFAULT_DRAIN_MS 2000u
@@ -97,6 +117,19 @@
  * microseconds there): through the worker pool, a 4 KiB request's p50 was 27-43 us over the
  * ZeroMQ echo on the H200 host (bench/NOTES.md), two thread wake-ups more than needed. */
 #define TD_EXEC_INLINE_MAX (16u << 10)
+/* Fair service between peers (td_sched.c): compute requests wait in a queue per connection and
+ * class (CPU workers, GPU lanes), and the queues take turns by bytes (deficit round robin), so a
+ * peer flooding 1 MiB batches holds up another's batch by about one of its own, not by its whole
+ * backlog (issue 21: a light peer's p50 rose 10-35x while libuv's one FIFO held the flood). Each
+ * turn adds TD_SCHED_QUANTUM bytes to a queue's allowance; a request costs its payload plus
+ * TD_SCHED_REQUEST_COST. At most the workers plus TD_SCHED_CPU_AHEAD requests are handed to the
+ * CPU pool at once (one queued in the pool, so that a worker that finishes starts the next at
+ * once instead of waiting for the loop thread to hand it one), and per GPU lane
+ * TD_SCHED_LANE_DEPTH (its TD_GPU_SLOTS_PER_LANE staging slots busy, as many waiting). */
+#define TD_SCHED_QUANTUM (256u << 10)
+#define TD_SCHED_REQUEST_COST (4u << 10)
+#define TD_SCHED_CPU_AHEAD 1u
+#define TD_SCHED_LANE_DEPTH (2u * TD_GPU_SLOTS_PER_LANE)
 /* In auto mode a batch runs on the GPU from this size on, per operation: the end-to-end
  * crossover of one request in flight, CPU vs GPU backend, measured on the GPU host (an H200;
  * bench/NOTES.md "GPU crossover"). hist (a 2 KiB reply) gains from 64 KiB; filter and scan
@@ -112,12 +145,17 @@
  * beyond; what is left is hist's case (fixed costs, a small reply), so it takes hist's 64 KiB.
  * Not measured on its own yet (bench/loadgen --shm-out on the GPU host). */
 #define TD_GPU_MIN_BATCH_SHM (64u << 10)
-/* ZeroMQ I/O threads (--io-threads; 0 = from the core count): min(4, cores / 4), at least 1.
+/* ZeroMQ I/O threads (--io-threads; 0 = from the core count): min(4, cores / 4), at least 2.
  * ZeroMQ's guide budgets one I/O thread per ~1 GB/s; measured on the 16-core H100 host, 8
  * producers fanning 1 MiB requests into one ROUTER moved 4.8 GB/s with 1 I/O thread and 14.3 with
  * 4 (README), while every thread taken from the cores is one less CPU worker, so a quarter of the
- * cores, capped at the 4 measured. To be re-measured with tallyd on the GPU host. */
+ * cores, capped at the 4 measured. To be re-measured with tallyd on the GPU host. At least 2:
+ * ZeroMQ serves a connection on one I/O thread (each new one on the least loaded), and a light
+ * client that shares it with a peer sending 16 MiB frames waits behind that peer's reads: its
+ * 4 KiB p50 was 27-32x idle with 1 I/O thread, 0.76-0.96x with 2 (issue 21, 2-core dev box,
+ * bench/RESULTS.md). An idle I/O thread costs nothing. */
 #define TD_DEFAULT_IO_THREADS 0u
+#define TD_IO_THREADS_MIN 2u
 #define TD_IO_THREADS_MAX 4u
 #define TD_IO_THREADS_LIMIT 64u
 /* glibc's malloc, set once at start (main.c). ZeroMQ's I/O threads malloc every received frame
@@ -219,6 +257,8 @@ typedef struct {
     unsigned max_streams_per_client; /* per client identity; 0 = max_streams / 2 */
     unsigned stream_create_rate;     /* per client identity and second; 0 = unlimited */
     size_t max_frame;  /* bytes; ZeroMQ's hard frame limit; 0 = TD_MAX_FRAME_FACTOR x max_batch */
+    size_t max_reply_bytes_per_peer; /* unread reply bytes per connection; 0 = computed */
+    size_t max_reply_bytes;          /* unread reply bytes in total; 0 = computed */
     unsigned drain_ms; /* reading after a stop signal */
     unsigned workers;  /* CPU threads for batch work; 0 = number of cores */
     int log_level;     /* td_log_level_t */
@@ -294,6 +334,10 @@ size_t td_config_max_frame(const td_config_t *cfg);
  * the setting, else half of max_streams (at least 1). */
 unsigned td_config_inflight_per_peer(const td_config_t *cfg, unsigned active);
 unsigned td_config_streams_per_client(const td_config_t *cfg);
+/* The bounds on unread reply bytes in force: the settings, else TD_FAIR_SHARE_MIN x 2 x
+ * max_batch per connection and TD_REPLY_BYTES_TOTAL_FACTOR x that in total. */
+uint64_t td_config_reply_bytes_per_peer(const td_config_t *cfg);
+uint64_t td_config_reply_bytes(const td_config_t *cfg);
 
 /* True for an endpoint that only this host can reach: ipc, inproc, or tcp on a loopback
  * address (127.0.0.0/8, ::1, localhost, lo). A wildcard, an interface name or any other address

@@ -426,11 +426,12 @@ static void render_resources(const td_metrics_t *m, const td_gauges_t *g, out_t 
     for (unsigned d = 0; d < m->gpu_devices; d++)
         emit(o, "tallyd_gpu_requests_total{device=\"%u\"} %llu\n", d,
              (unsigned long long)m->gpu_requests[d]);
-    static const char *const limit_names[TD_LIMIT_COUNT] = {"inflight_share", "client_streams",
-                                                            "stream_rate"};
+    static const char *const limit_names[TD_LIMIT_COUNT] = {
+        "inflight_share", "client_streams", "stream_rate", "reply_bytes_peer", "reply_bytes"};
     emit(o, "# HELP tallyd_limited_total Requests refused by a per-peer limit: the connection's "
             "share of in-flight slots (busy), the client's streams (client_streams), its stream "
-            "creation rate (rate_limited).\n"
+            "creation rate (rate_limited), the reply bytes of the connection (reply_bytes_peer) "
+            "or of all connections (reply_bytes) (busy).\n"
             "# TYPE tallyd_limited_total counter\n");
     for (unsigned i = 0; i < TD_LIMIT_COUNT; i++)
         emit(o, "tallyd_limited_total{reason=\"%s\"} %llu\n", limit_names[i],
@@ -485,6 +486,41 @@ static void render_gauges(const td_gauges_t *g, out_t *o)
          (unsigned long long)g->pub_failed);
 }
 
+/* What unread replies hold (td_reply.h), the bounds on it, and connections lost with requests
+ * unanswered. */
+static void render_replies(const td_gauges_t *g, out_t *o)
+{
+    emit(o,
+         "# HELP tallyd_reply_bytes Reply bytes held for peers: handed to ZeroMQ and not yet "
+         "written out (held), or reserved for requests in flight at their largest reply "
+         "(reserved).\n"
+         "# TYPE tallyd_reply_bytes gauge\n"
+         "tallyd_reply_bytes{state=\"held\"} %llu\n"
+         "tallyd_reply_bytes{state=\"reserved\"} %llu\n"
+         "# HELP tallyd_reply_bytes_peak The most reply bytes held and reserved since start, by "
+         "one connection (peer) and by all together (total).\n"
+         "# TYPE tallyd_reply_bytes_peak gauge\n"
+         "tallyd_reply_bytes_peak{scope=\"peer\"} %llu\n"
+         "tallyd_reply_bytes_peak{scope=\"total\"} %llu\n"
+         "# HELP tallyd_reply_bytes_limit The bounds in force: max_reply_bytes_per_peer (peer) "
+         "and max_reply_bytes (total).\n"
+         "# TYPE tallyd_reply_bytes_limit gauge\n"
+         "tallyd_reply_bytes_limit{scope=\"peer\"} %llu\n"
+         "tallyd_reply_bytes_limit{scope=\"total\"} %llu\n"
+         "# HELP tallyd_connections_lost_total Connections found closed while requests of theirs "
+         "were unanswered (the client closed it, or ZeroMQ did after a frame over max_frame).\n"
+         "# TYPE tallyd_connections_lost_total counter\n"
+         "tallyd_connections_lost_total %llu\n"
+         "# HELP tallyd_replies_resent_total Replies kept for such a connection and sent once a "
+         "connection with its routing id came back.\n"
+         "# TYPE tallyd_replies_resent_total counter\n"
+         "tallyd_replies_resent_total %llu\n",
+         (unsigned long long)g->reply_held, (unsigned long long)g->reply_reserved,
+         (unsigned long long)g->reply_peak_peer, (unsigned long long)g->reply_peak_total,
+         (unsigned long long)g->reply_bound_peer, (unsigned long long)g->reply_bound_total,
+         (unsigned long long)g->connections_lost, (unsigned long long)g->replies_resent);
+}
+
 size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf, size_t cap)
 {
     out_t o = {.buf = buf, .cap = cap};
@@ -497,6 +533,7 @@ size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf,
     if (g->curve)
         render_auth(g, &o);
     render_gauges(g, &o);
+    render_replies(g, &o);
     render_streams(g, &o);
     render_process(g, &o);
     return o.len;

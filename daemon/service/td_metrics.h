@@ -32,7 +32,9 @@ typedef enum {
     TD_LIMIT_INFLIGHT = 0, /* busy: the connection's share of max_inflight */
     TD_LIMIT_STREAMS = 1,  /* client_streams: max_streams_per_client */
     TD_LIMIT_RATE = 2,     /* rate_limited: stream_create_rate */
-    TD_LIMIT_COUNT = 3,
+    TD_LIMIT_REPLY_PEER = 3,  /* busy: max_reply_bytes_per_peer (td_reply.h) */
+    TD_LIMIT_REPLY_TOTAL = 4, /* busy: max_reply_bytes */
+    TD_LIMIT_COUNT = 5,
 } td_limit_t;
 
 typedef struct {
@@ -79,6 +81,16 @@ typedef struct {
     const struct td_peers *users; /* CURVE users and their counters; NULL without CURVE */
     bool curve;
     td_auth_counts_t auth; /* handshakes allowed and refused, with CURVE */
+    /* Unread replies (td_reply.h): bytes inside ZeroMQ and reserved for requests in flight, the
+     * most one connection and all together have used since start, and the bounds. */
+    uint64_t reply_held;
+    uint64_t reply_reserved;
+    uint64_t reply_peak_peer;
+    uint64_t reply_peak_total;
+    uint64_t reply_bound_peer;
+    uint64_t reply_bound_total;
+    uint64_t connections_lost; /* found closed with requests unanswered (counter) */
+    uint64_t replies_resent;   /* kept for such a connection and sent once it came back */
 } td_gauges_t;
 
 /* The `stream` label of the streams beyond metrics_streams: a space and parentheses, which no

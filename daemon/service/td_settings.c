@@ -74,6 +74,20 @@ const td_setting_t td_settings[] = {
              "no reply; payloads over max_batch and up to it are answered `too_large`; at least "
              "max_batch + 64K",
      .default_doc = "4 x max_batch"},
+    {.option = "max-reply-bytes-per-peer", .arg = "BYTES", .section = "server",
+     .key = "max_reply_bytes_per_peer", .type = TD_SET_SIZE,
+     .offset = FIELD(max_reply_bytes_per_peer), .def = TD_DEFAULT_MAX_REPLY_BYTES_PER_PEER,
+     .max = TD_MAX_REPLY_BYTES_LIMIT, .reload = TD_RELOAD_APPLIES, .example = "256M",
+     .help = "reply bytes one connection may have unread (in ZeroMQ, or reserved for its "
+             "requests in flight, at their largest reply), K/M/G; a request whose reply would go "
+             "past it is answered `busy`",
+     .default_doc = "8 x 2 x max_batch"},
+    {.option = "max-reply-bytes", .arg = "BYTES", .section = "server", .key = "max_reply_bytes",
+     .type = TD_SET_SIZE, .offset = FIELD(max_reply_bytes), .def = TD_DEFAULT_MAX_REPLY_BYTES,
+     .max = TD_MAX_REPLY_BYTES_LIMIT, .reload = TD_RELOAD_APPLIES, .example = "512M",
+     .help = "the same for all connections together; a filter or scan whose reply would go past "
+             "it is answered `busy`",
+     .default_doc = "2 x max_reply_bytes_per_peer"},
     {.option = "drain-ms", .arg = "MS", .section = "server", .key = "drain_ms", .type = TD_SET_UINT,
      .offset = FIELD(drain_ms), .def = TD_DEFAULT_DRAIN_MS, .max = TD_DRAIN_MS_LIMIT,
      .reload = TD_RELOAD_APPLIES,
@@ -89,7 +103,7 @@ const td_setting_t td_settings[] = {
     {.option = "io-threads", .arg = "N", .section = "server", .key = "io_threads",
      .type = TD_SET_UINT, .offset = FIELD(io_threads), .def = TD_DEFAULT_IO_THREADS, .min = 1,
      .max = TD_IO_THREADS_LIMIT, .reload = TD_RELOAD_RESTART, .example = "4",
-     .help = "ZeroMQ I/O threads", .default_doc = "cores / 4, from 1 to 4"},
+     .help = "ZeroMQ I/O threads", .default_doc = "cores / 4, from 2 to 4"},
     /* [state] */
     {.option = "state-dir", .arg = "DIR", .section = "state", .key = "dir", .type = TD_SET_STRING,
      .offset = FIELD(state_dir), .reload = TD_RELOAD_RESTART, .example = "/var/lib/tallyd",

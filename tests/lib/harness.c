@@ -207,6 +207,13 @@ bool th_daemon_log_contains(const th_daemon_t *d, const char *text)
 
 void *th_connect(const char *endpoint, int timeout_ms)
 {
+    void *sock = th_dealer(timeout_ms);
+    zmq_connect(sock, endpoint);
+    return sock;
+}
+
+void *th_dealer(int timeout_ms)
+{
     void *sock = zmq_socket(context(), ZMQ_DEALER);
     int linger = 0;
     zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
@@ -217,7 +224,6 @@ void *th_connect(const char *endpoint, int timeout_ms)
         zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, curve_keys[1], 40);
         zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, curve_keys[2], 40);
     }
-    zmq_connect(sock, endpoint);
     return sock;
 }
 

@@ -47,6 +47,9 @@ const char *th_tallyd_bin(void);
 /* A DEALER socket connected to endpoint (shared context), receive timeout in ms. After
  * th_use_curve, a CURVE client with those keys (th_daemon_start's readiness ping included). */
 void *th_connect(const char *endpoint, int timeout_ms);
+/* The same socket not yet connected, for options that must come first (ZMQ_ROUTING_ID,
+ * ZMQ_RCVHWM, ZMQ_IPV6...); zmq_connect it after. */
+void *th_dealer(int timeout_ms);
 /* CURVE keys (Z85) for the sockets th_connect makes from now on; NULLs: plain sockets again. */
 void th_use_curve(const char *server_public, const char *client_public, const char *client_secret);
 void th_close(void *sock);

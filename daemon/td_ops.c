@@ -1,0 +1,134 @@
+/*
+ * td_ops.c — the operations answered on the loop thread from what tallyd holds (see td_ops.h).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "td_ops.h"
+#include "td_shm.h"
+#include "td_window.h"
+
+/* Space for an info reply. */
+#define TD_TEXT_REPLY_MAX (64 * 1024)
+
+static void reply_text(td_request_t *r, char *text, size_t len)
+{
+    if (len > TD_TEXT_REPLY_MAX - 1)
+        len = TD_TEXT_REPLY_MAX - 1;
+    td_request_succeed(r, TALLY_DTYPE_TEXT, text, len, len);
+}
+
+void td_op_info(const td_info_t *info, td_request_t *r)
+{
+    char *text = malloc(TD_TEXT_REPLY_MAX);
+    if (!text) {
+        td_request_fail(r, TALLY_E_INTERNAL, "out of memory");
+        return;
+    }
+    const td_config_t *c = info->cfg;
+    int n =
+        snprintf(text, TD_TEXT_REPLY_MAX,
+                 "version=%s\nprotocol=%d\nbackend=%s\nbackends=%s\ndevices=%s\n"
+                 "max_batch=%zu\nmax_inflight=%u\nmax_streams=%u\nshm=%s\nshm_socket=%s\n"
+                 "window_intervals=%u\nwindow_interval_ms=%u\npub=%s\npub_interval_ms=%u\n"
+                 "curve=%s\n",
+                 TALLY_VERSION, TALLY_PROTO_VERSION, info->backend, info->backends, info->devices,
+                 c->max_batch, c->max_inflight, c->max_streams, info->shm_path ? "on" : "off",
+                 info->shm_path ? info->shm_path : "", c->window_intervals, c->window_interval_ms,
+                 info->pub_endpoint ? info->pub_endpoint : "", c->pub_interval_ms,
+                 info->curve ? "on" : "off");
+    /* The per-peer limits a client can meet (PROTOCOL.md §8), as in force: 0 for the in-flight
+     * share means the fair share, which changes with the connections in flight. */
+    if (n > 0 && n < TD_TEXT_REPLY_MAX)
+        n += snprintf(text + n, TD_TEXT_REPLY_MAX - (size_t)n,
+                      "max_inflight_per_peer=%u\nmax_streams_per_client=%u\n"
+                      "stream_create_rate=%u\nmax_frame=%zu\nmax_unread_replies=%d\n"
+                      "max_reply_bytes_per_peer=%" PRIu64 "\nmax_reply_bytes=%" PRIu64 "\n",
+                      c->max_inflight_per_peer, td_config_streams_per_client(c),
+                      c->stream_create_rate, td_config_max_frame(c), TD_DEFAULT_SNDHWM,
+                      td_config_reply_bytes_per_peer(c), td_config_reply_bytes(c));
+    size_t len = n > 0 ? (size_t)n : 0;
+    if (len > TD_TEXT_REPLY_MAX - 1)
+        len = TD_TEXT_REPLY_MAX - 1;
+    /* The shared-memory side channel's limits (PROTOCOL.md §10), after the per-peer ones. */
+    len += td_shm_info(c, text + len, TD_TEXT_REPLY_MAX - len);
+    reply_text(r, text, len);
+}
+
+void td_op_streams(td_streams_t *streams, td_request_t *r)
+{
+    size_t len = 0;
+    uint64_t count = 0;
+    for (td_stream_t *st = td_streams_first(streams); st; st = st->list_next)
+        len += 1 + st->name_len;
+    uint8_t *out = malloc(len ? len : 1);
+    if (!out) {
+        td_request_fail(r, TALLY_E_INTERNAL, "out of memory");
+        return;
+    }
+    size_t at = 0;
+    for (td_stream_t *st = td_streams_first(streams); st; st = st->list_next) {
+        out[at++] = (uint8_t)st->name_len;
+        memcpy(out + at, st->name, st->name_len);
+        at += st->name_len;
+        count++;
+    }
+    td_request_succeed(r, TALLY_DTYPE_NONE, out, len, count);
+}
+
+/* A window query (PROTOCOL.md "Windows"): the stream's record with the histogram of the last
+ * ceil(W / interval) intervals; false (r failed) when the ring is shorter or windows are off. */
+static bool window_view(const td_config_t *cfg, td_request_t *r, const td_stream_t *stream,
+                        tally_stream_info_t *view)
+{
+    unsigned intervals = cfg->window_intervals;
+    uint64_t interval_ms = cfg->window_interval_ms;
+    uint64_t want = ((uint64_t)r->req.lo + interval_ms - 1) / interval_ms;
+    if (intervals == 0) {
+        td_request_fail(r, TALLY_E_WINDOW, "windows are off (window_intervals = 0)");
+        return false;
+    }
+    if (want > intervals) {
+        td_request_fail(r, TALLY_E_WINDOW,
+                        "a window of %" PRId64 " ms needs %" PRIu64 " intervals; tallyd keeps %u "
+                        "of %" PRIu64 " ms (%" PRIu64 " ms)",
+                        r->req.lo, want, intervals, interval_ms, intervals * interval_ms);
+        return false;
+    }
+    uint64_t now = td_clock_ms();
+    *view = stream->info;
+    if (stream->window) {
+        r->rep.aux0 = td_window_sum(stream->window, now, (unsigned)want, view);
+    } else { /* no hist yet: nothing counted in any interval */
+        view->hist_underflow = view->hist_overflow = view->hist_total = 0;
+        memset(view->bins, 0, sizeof view->bins);
+        uint64_t current = now / interval_ms;
+        r->rep.aux0 = (current + 1 - (want < current + 1 ? want : current + 1)) * interval_ms;
+    }
+    r->rep.aux1 = now;
+    return true;
+}
+
+void td_op_query(const td_config_t *cfg, td_request_t *r, const td_stream_t *stream)
+{
+    static tally_stream_info_t view; /* loop thread only; 8 KiB off the stack */
+    const tally_stream_info_t *info = &stream->info;
+    if (r->req.flags & TALLY_FLAG_QUERY_WINDOW) {
+        if (!window_view(cfg, r, stream, &view))
+            return;
+        info = &view;
+    }
+    size_t size = tally_stream_info_size(info);
+    uint8_t *out = malloc(size);
+    if (!out) {
+        td_request_fail(r, TALLY_E_INTERNAL, "out of memory");
+        return;
+    }
+    tally_stream_info_encode(info, out);
+    uint64_t start = r->rep.aux0, end = r->rep.aux1;
+    td_request_succeed(r, TALLY_DTYPE_NONE, out, size, 1);
+    r->rep.aux0 = start;
+    r->rep.aux1 = end;
+}

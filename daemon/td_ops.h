@@ -1,0 +1,33 @@
+/*
+ * td_ops.h — the operations tallyd answers on the loop thread from what it holds, with no
+ * backend: `info` (the settings and limits in force, PROTOCOL.md §5), `streams` (the names) and
+ * `query` (a stream's record, or a window of it). Each fills r's reply, or fails r; the server
+ * sends it. (`stats` renders the metrics through the service, td_server.c.)
+ */
+#ifndef TD_OPS_H
+#define TD_OPS_H
+
+#include <stdbool.h>
+
+#include "td_config.h"
+#include "td_request.h"
+#include "td_stream.h"
+
+/* What `info` reports beside the configuration. */
+typedef struct {
+    const td_config_t *cfg;
+    const char *backend;      /* "cpu", "cuda" (or "sim") */
+    const char *backends;     /* "cpu,cuda" */
+    const char *devices;      /* one line for people */
+    const char *shm_path;     /* the side channel; NULL when shared memory is off */
+    const char *pub_endpoint; /* NULL when subscriptions are off */
+    bool curve;
+} td_info_t;
+
+void td_op_info(const td_info_t *info, td_request_t *r);
+void td_op_streams(td_streams_t *streams, td_request_t *r);
+/* A query of a stream whose earlier requests are done (td_sched); a window query with
+ * TALLY_FLAG_QUERY_WINDOW (PROTOCOL.md "Windows"). */
+void td_op_query(const td_config_t *cfg, td_request_t *r, const td_stream_t *stream);
+
+#endif

@@ -1,0 +1,114 @@
+/*
+ * td_router.c — the ROUTER socket tallyd serves on (see td_router.h): the context and its I/O
+ * threads, the socket's options, CURVE before any bind, the binds (ZMQ_IPV6 for an IPv6 address
+ * in brackets) and the sockets systemd passes.
+ */
+#include <errno.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <zmq.h>
+
+#include "tally_args.h"
+#include "td_log.h"
+#include "td_notify.h"
+#include "td_router.h"
+
+/* An ipc socket that tallyd made: mode 0660 whatever the umask (UMask=0077 under systemd), so
+ * tallyd's group can connect and nobody else. Without CURVE whoever connects may use every
+ * stream, so the socket's mode is the access control (PROTOCOL.md §12). */
+static void restrict_ipc_socket(const char *endpoint)
+{
+    if (strncmp(endpoint, "ipc://", 6) != 0 || endpoint[6] == '@') /* @: abstract, no file */
+        return;
+    if (chmod(endpoint + 6, TD_IPC_SOCKET_MODE) != 0)
+        td_warn("cannot set mode %04o on %s: %s", TD_IPC_SOCKET_MODE, endpoint + 6,
+                strerror(errno));
+}
+
+/* The ROUTER socket's options (td_config.h says why each value). */
+static td_err_t set_socket_options(void *router, const td_config_t *cfg)
+{
+    int one = 1, rcvhwm = TD_DEFAULT_RCVHWM, sndhwm = TD_DEFAULT_SNDHWM, linger = 0;
+    /* tallyd checks payload sizes itself (too_large), so a client that sends too much still
+     * gets its answer and keeps its connection. ZeroMQ's own limit is only the memory guard
+     * max_frame, far above max_batch (td_config.h says why): a frame over it closes the
+     * connection. */
+    int64_t maxmsg = (int64_t)td_config_max_frame(cfg);
+    struct {
+        int option;
+        const void *value;
+        size_t len;
+        const char *name;
+    } opts[] = {
+        {ZMQ_ROUTER_MANDATORY, &one, sizeof one, "ZMQ_ROUTER_MANDATORY"},
+        {ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm, "ZMQ_RCVHWM"},
+        {ZMQ_SNDHWM, &sndhwm, sizeof sndhwm, "ZMQ_SNDHWM"},
+        {ZMQ_LINGER, &linger, sizeof linger, "ZMQ_LINGER"},
+        {ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg, "ZMQ_MAXMSGSIZE"},
+    };
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+        if (zmq_setsockopt(router, opts[i].option, opts[i].value, opts[i].len) != 0) {
+            td_err("cannot set %s: %s", opts[i].name, zmq_strerror(errno));
+            return TD_ERR_LIBRARY;
+        }
+    }
+    return TD_OK;
+}
+
+/* CURVE, before any bind, so that no connection is ever made without it. */
+static td_err_t open_curve(td_router_t *rt, const td_config_t *cfg)
+{
+    if (!cfg->curve_secret_key)
+        return TD_OK;
+    char msg[1024];
+    td_err_t err = td_auth_new(rt->ctx, cfg, &rt->auth, msg, sizeof msg);
+    if (err != TD_OK) {
+        td_err("curve: %s", msg);
+        return err;
+    }
+    return td_auth_apply(rt->auth, rt->socket);
+}
+
+static td_err_t bind_endpoints(void *router, const td_config_t *cfg)
+{
+    for (int i = 0; i < cfg->bind_count; i++) {
+        int ipv6 = tally_endpoint_ipv6(cfg->binds[i]); /* tcp://[::1]:PORT; read at bind */
+        if (zmq_setsockopt(router, ZMQ_IPV6, &ipv6, sizeof ipv6) != 0 ||
+            zmq_bind(router, cfg->binds[i]) != 0) {
+            td_err("cannot bind %s: %s", cfg->binds[i], zmq_strerror(errno));
+            return TD_ERR_BIND;
+        }
+        restrict_ipc_socket(cfg->binds[i]);
+        td_info("listening on %s", cfg->binds[i]);
+    }
+    return td_listen_fds_bind(router, cfg); /* sockets passed by systemd */
+}
+
+td_err_t td_router_open(const td_config_t *cfg, td_router_t *rt)
+{
+    *rt = (td_router_t){0};
+    rt->ctx = zmq_ctx_new();
+    if (!rt->ctx)
+        return TD_ERR_LIBRARY;
+    /* Before the first socket: the I/O threads start with it. */
+    int io_threads = (int)td_config_io_threads(cfg);
+    if (zmq_ctx_set(rt->ctx, ZMQ_IO_THREADS, io_threads) != 0)
+        td_warn("cannot set %d ZeroMQ I/O threads: %s", io_threads, zmq_strerror(errno));
+    td_info("%d ZeroMQ I/O threads", io_threads);
+    rt->socket = zmq_socket(rt->ctx, ZMQ_ROUTER);
+    if (!rt->socket)
+        return TD_ERR_LIBRARY;
+    td_err_t err = set_socket_options(rt->socket, cfg);
+    if (err == TD_OK)
+        err = open_curve(rt, cfg);
+    if (err == TD_OK)
+        err = bind_endpoints(rt->socket, cfg);
+    if (err != TD_OK)
+        return err;
+    size_t size = sizeof rt->fd;
+    if (zmq_getsockopt(rt->socket, ZMQ_FD, &rt->fd, &size) != 0) {
+        td_err("reading ZMQ_FD: %s", zmq_strerror(errno));
+        return TD_ERR_LIBRARY;
+    }
+    return TD_OK;
+}
