@@ -549,17 +549,31 @@ static void expect_usage(cli_result_t r, const char *needle)
 static void test_cli_usage_errors(void **state)
 {
     (void)state;
+    /* --text: what is wrong and where (line, column), the token escaped and cut short. */
     write_file("bad.txt", "1 2\n300 4\n", 10);
-    expect_usage(cli("filter --gt 0 --type u8 --text --in bad.txt"), "'300'");
+    expect_usage(cli("filter --gt 0 --type u8 --text --in bad.txt"),
+                 "bad.txt: line 2, column 1: '300' is out of range for u8 [0, 255]");
     write_file("junk.txt", "1 2 x3\n", 7);
-    expect_usage(cli("scan --text --in junk.txt"), "'x3'");
+    expect_usage(cli("scan --text --in junk.txt"), "junk.txt: line 1, column 5: 'x3' is not");
     write_file("big.txt", "2147483648\n", 11);
     expect_usage(cli("scan --text --in big.txt"), "'2147483648'");
     write_file("nul.txt", "1\0 2", 4);
-    expect_usage(cli("scan --text --in nul.txt"), "NUL");
+    expect_usage(cli("scan --text --in nul.txt"), "line 1, column 1: '1\\x00' is binary");
+    write_file("json.txt", "[1, 2,\n {\"x\": 3}]\n", 18);
+    expect_usage(cli("scan --text --in json.txt"), "json.txt: line 1, column 1: '[1,' is not");
+    /* JSON (any text) is not binary i32: refused without --text, as decimal text is. */
+    expect_usage(cli("scan --in json.txt"), "json.txt looks like text ('[1, 2,'), not binary i32");
+    write_file("esc.txt", "1 2 \x1b[31mred\x7f 4\n", 16);
+    cli_result_t esc = cli("scan --text --in esc.txt");
+    assert_null(strchr(esc.err, '\x1b')); /* no control sequence reaches the terminal */
+    assert_non_null(strstr(esc.err, "line 1, column 5: '\\x1b[31mred\\x7f' is binary"));
+    expect_usage(esc, NULL);
+    write_file("long.txt", "1 aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n", 53);
+    expect_usage(cli("scan --text --in long.txt"), "'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa...'");
     expect_usage(cli("scan --window 257"), "--window");
-    write_file("odd.bin", "abcdefg", 7);
-    expect_usage(cli("scan --in odd.bin"), "7 bytes");
+    write_file("odd.bin", "\x01\x02\x03\x04\x05\x06\x07", 7);
+    expect_usage(cli("scan --in odd.bin"), "odd.bin is 7 bytes, not a whole number of 4-byte i32 "
+                                           "elements: nothing was sent");
     expect_usage(cli("filter --in numbers.txt"), "predicate");
     expect_usage(cli("filter --gt 1 --lt 2"), "exactly one");
     expect_usage(cli("filter --gt abc"), "'abc'");
