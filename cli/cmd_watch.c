@@ -11,7 +11,8 @@
  * subscription's fd.
  *
  * It never gives up on the daemon: a round that gets no answer drops the connection, says
- * "unreachable" on the status line and tries again each interval with a new one; the first
+ * "unreachable" and why (what a connection attempt says: refused, no socket file) on the status
+ * line and tries again each interval with a new one; the first
  * answer after that says "reconnected". Counts that go down (a reset, or a daemon restarted
  * without its state) restart the rate instead of showing a negative one.
  *
@@ -263,8 +264,9 @@ static void mark_down(watch_t *w, tally_status_t status, const char *error)
     char since[16];
     clock_text(w->down_since_s, since, sizeof since);
     down_reason(w, status, error, w->down_why, sizeof w->down_why);
-    snprintf(w->status, sizeof w->status, "tallyd at %.80s unreachable since %s (%.120s); retrying",
-             w->cli->endpoint, since, w->down_why);
+    /* The reason first: a narrow screen cuts the line (the endpoint is on the title line). */
+    snprintf(w->status, sizeof w->status, "tallyd unreachable since %s (%.120s); retrying", since,
+             w->down_why);
     tally_client_destroy(&w->client); /* the next round starts on a fresh connection */
 }
 
@@ -882,6 +884,10 @@ CLI_COMMAND(
              "tallyd does not answer, the status line says so and watch keeps retrying; it\n"
              "says when it has reconnected. With --sub the histograms come from tallyd's\n"
              "publications (PROTOCOL.md §11): a frame as soon as they arrive, a ping each\n"
-             "interval to tell whether tallyd is there. Quit with q or Ctrl-C (exit status 0).\n",
+             "interval to tell whether tallyd is there. Streams that do not fit the screen are\n"
+             "named on a last line, \"+N more\". Quit with q or Ctrl-C (exit status 0).\n"
+             "\n"
+             "--once prints one frame and exits: 0, or 1 when tallyd refused a stream (an\n"
+             "unknown stream: its message on stderr), 3 when tallyd cannot be reached.\n",
     .groups = watch_groups, .setters = watch_setters, .nargs = CLI_ARGS_ONE_OR_MORE,
     .option = watch_option, .run = run_watch);
