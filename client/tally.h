@@ -286,7 +286,8 @@ TALLY_API tally_status_t tally_run(tally_client_t *self, const tally_req_t *req,
  * file larger than memory): the caller writes it chunk by chunk, the push keeps opts->window
  * chunks in flight, and each chunk's output goes to an output function, in input order, as
  * soon as the chunks before it have been answered. Memory stays bounded by the window: about
- * window x (chunk + its output), whatever the input's length.
+ * window x (chunk + its output), whatever the input's length (and at most 64 KiB for the lengths
+ * of short chunks, which say how many bytes the applied chunks hold).
  *
  *   tally_push_t *push;
  *   tally_push_new(client, &req, &opts, write_out, file, &push);
