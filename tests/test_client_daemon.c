@@ -383,6 +383,18 @@ static void start_own(th_daemon_t *d, const char *dir, char *ipc, size_t cap)
     assert_int_equal(th_daemon_start(d, args), 0);
 }
 
+/* A scratch folder `dir` (64 bytes) named after prefix, a tallyd in it at `ipc` (128 bytes),
+ * and a client of it with timeout_ms. */
+static tally_client_t *own_start(th_daemon_t *d, char *dir, char *ipc, const char *prefix,
+                                 int timeout_ms)
+{
+    assert_int_equal(th_tmpdir(dir, 64, prefix), 0);
+    start_own(d, dir, ipc, 128);
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(ipc, timeout_ms, &c), TALLY_OK);
+    return c;
+}
+
 /* The stream's record through a fresh client (its own connection). */
 static tally_status_t query_fresh(const char *endpoint, const char *stream,
                                   tally_stream_info_t *info)
@@ -403,11 +415,8 @@ static void test_lib_replies_survive_disconnect(void **state)
     (void)state;
     enum { N = 24 };
     char dir[64], ipc[128];
-    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-keep"), 0);
     th_daemon_t d;
-    start_own(&d, dir, ipc, sizeof ipc);
-    tally_client_t *c = NULL;
-    assert_int_equal(tally_client_new(ipc, 10000, &c), TALLY_OK);
+    tally_client_t *c = own_start(&d, dir, ipc, "tally-keep", 10000);
     static uint8_t chunk[64 << 10];
     tally_req_t req = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8};
     assert_int_equal(tally_req_set_stream(&req, "kept"), TALLY_OK);
@@ -439,11 +448,8 @@ static void test_lib_no_send_while_down(void **state)
 {
     (void)state;
     char dir[64], ipc[128];
-    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-down"), 0);
     th_daemon_t d;
-    start_own(&d, dir, ipc, sizeof ipc);
-    tally_client_t *c = NULL;
-    assert_int_equal(tally_client_new(ipc, 500, &c), TALLY_OK);
+    tally_client_t *c = own_start(&d, dir, ipc, "tally-down", 500);
     assert_int_equal(tally_ping(c, NULL), TALLY_OK);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
     th_sleep_ms(200);
@@ -474,11 +480,8 @@ static void test_lib_push_cut_by_stop_is_exact(void **state)
     (void)state;
     enum { CHUNK = 256 << 10 };
     char dir[64], ipc[128];
-    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-cut"), 0);
     th_daemon_t d;
-    start_own(&d, dir, ipc, sizeof ipc);
-    tally_client_t *c = NULL;
-    assert_int_equal(tally_client_new(ipc, 2000, &c), TALLY_OK);
+    tally_client_t *c = own_start(&d, dir, ipc, "tally-cut", 2000);
     tally_req_t req = {.opcode = TALLY_OP_SCAN, .dtype = TALLY_DTYPE_I32};
     assert_int_equal(tally_req_set_stream(&req, "cut"), TALLY_OK);
     tally_run_opts_t opts = {.chunk_bytes = CHUNK, .window = 4, .seq = TALLY_RUN_SEQ_APPEND};
