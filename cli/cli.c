@@ -55,7 +55,11 @@ const char *cli_escape(const void *data, size_t len, size_t max, char *out, size
         char piece[5];
         uint8_t c = p[i];
         if (c == '\n' || c == '\t' || c == '\r' || c == '\\')
-            snprintf(piece, sizeof piece, "\\%c", c == '\n' ? 'n' : c == '\t' ? 't' : c == '\r' ? 'r' : '\\');
+            snprintf(piece, sizeof piece, "\\%c",
+                     c == '\n'   ? 'n'
+                     : c == '\t' ? 't'
+                     : c == '\r' ? 'r'
+                                 : '\\');
         else if (c >= 0x20 && c < 0x7f)
             snprintf(piece, sizeof piece, "%c", c);
         else
@@ -429,7 +433,7 @@ static int probe_tcp(const char *hostport, int timeout_ms)
 int cli_probe(const char *endpoint, int timeout_ms)
 {
     return !strncmp(endpoint, "ipc://", 6) ? probe_ipc(endpoint + 6)
-                                            : probe_tcp(endpoint + 6, timeout_ms);
+                                           : probe_tcp(endpoint + 6, timeout_ms);
 }
 
 /* The client alone: CURVE keys as the common options say, timeout_ms for every wait. */

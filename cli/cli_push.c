@@ -231,8 +231,8 @@ static bool resume_can_help(tally_status_t status)
 /* After a push that stopped: exactly what was applied (chunks, and the bytes of those same
  * chunks), out of what was read, and for a stream where it stands and, when resuming can
  * help, how to continue. */
-static void report_stopped(const data_args_t *a, const tally_run_result_t *res,
-                           const reader_t *in, const char *why, bool can_resume)
+static void report_stopped(const data_args_t *a, const tally_run_result_t *res, const reader_t *in,
+                           const char *why, bool can_resume)
 {
     if (!res->chunks && !res->skipped && !cli_interrupted)
         return; /* nothing was sent: the error said it all */

@@ -70,8 +70,9 @@ static int quantile_option(query_args_t *q, const char *arg)
     }
     char name[TALLY_QUANTILE_NAME_MAX];
     if (tally_quantile_name(v, name, sizeof name) != TALLY_OK)
-        return cli_usage_error("query", "invalid quantile '%s' for --quantile: a number from 0 "
-                                        "to 1 (0.999 for p99.9)",
+        return cli_usage_error("query",
+                               "invalid quantile '%s' for --quantile: a number from 0 "
+                               "to 1 (0.999 for p99.9)",
                                arg);
     for (size_t i = 0; i < q->nquantiles; i++) {
         char other[TALLY_QUANTILE_NAME_MAX];

@@ -66,7 +66,7 @@ typedef struct {
     double interval_s;
     bool log, ascii, once;
     const char *sub_endpoint;
-    const char *size;   /* --size COLSxROWS, or NULL: the terminal's */
+    const char *size; /* --size COLSxROWS, or NULL: the terminal's */
     unsigned size_cols, size_rows;
     tally_curve_keys_t keys; /* loaded once, at start (CURVE off when server_public is "") */
     watch_stream_t *streams;
@@ -758,8 +758,9 @@ static int size_option(watch_t *w, const char *arg)
     char end;
     if (sscanf(arg, "%ux%u%c", &cols, &rows, &end) != 2 || cols < 16 || rows < 4 || cols > 1000 ||
         rows > 1000)
-        return cli_usage_error("watch", "invalid size '%s' for --size: COLSxROWS, from 16x4 to "
-                                        "1000x1000",
+        return cli_usage_error("watch",
+                               "invalid size '%s' for --size: COLSxROWS, from 16x4 to "
+                               "1000x1000",
                                arg);
     w->size = arg;
     w->size_cols = cols;
@@ -873,21 +874,21 @@ done:
     return rc;
 }
 
-CLI_COMMAND(
-    watch, .usage = "watch [OPTIONS] STREAM...",
-    .summary = "live view of streams' histograms in the terminal",
-    .about = "Show streams' running histograms, refreshed every interval: per stream (per\n"
-             "channel for rgb8/rgba8) a line with the count, the rate (values/s since the last\n"
-             "refresh), the mean and p50/p90/p99, then the 256 bins folded to the terminal's\n"
-             "width as bars, and the first and last value of the range. Streams are shown one\n"
-             "under another and share the terminal's height. A resize redraws at once. When\n"
-             "tallyd does not answer, the status line says so and watch keeps retrying; it\n"
-             "says when it has reconnected. With --sub the histograms come from tallyd's\n"
-             "publications (PROTOCOL.md §11): a frame as soon as they arrive, a ping each\n"
-             "interval to tell whether tallyd is there. Streams that do not fit the screen are\n"
-             "named on a last line, \"+N more\". Quit with q or Ctrl-C (exit status 0).\n"
-             "\n"
-             "--once prints one frame and exits: 0, or 1 when tallyd refused a stream (an\n"
-             "unknown stream: its message on stderr), 3 when tallyd cannot be reached.\n",
-    .groups = watch_groups, .setters = watch_setters, .nargs = CLI_ARGS_ONE_OR_MORE,
-    .option = watch_option, .run = run_watch);
+CLI_COMMAND(watch, .usage = "watch [OPTIONS] STREAM...",
+            .summary = "live view of streams' histograms in the terminal",
+            .about =
+                "Show streams' running histograms, refreshed every interval: per stream (per\n"
+                "channel for rgb8/rgba8) a line with the count, the rate (values/s since the last\n"
+                "refresh), the mean and p50/p90/p99, then the 256 bins folded to the terminal's\n"
+                "width as bars, and the first and last value of the range. Streams are shown one\n"
+                "under another and share the terminal's height. A resize redraws at once. When\n"
+                "tallyd does not answer, the status line says so and watch keeps retrying; it\n"
+                "says when it has reconnected. With --sub the histograms come from tallyd's\n"
+                "publications (PROTOCOL.md §11): a frame as soon as they arrive, a ping each\n"
+                "interval to tell whether tallyd is there. Streams that do not fit the screen are\n"
+                "named on a last line, \"+N more\". Quit with q or Ctrl-C (exit status 0).\n"
+                "\n"
+                "--once prints one frame and exits: 0, or 1 when tallyd refused a stream (an\n"
+                "unknown stream: its message on stderr), 3 when tallyd cannot be reached.\n",
+            .groups = watch_groups, .setters = watch_setters, .nargs = CLI_ARGS_ONE_OR_MORE,
+            .option = watch_option, .run = run_watch);

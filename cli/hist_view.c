@@ -310,8 +310,8 @@ tally_status_t hv_json(const hv_stream_t *s, tally_buf_t *out)
 tally_status_t hv_csv(const hv_stream_t *s, tally_buf_t *out)
 {
     if (!s->channels)
-        return tally_buf_printf(out, s->nquantiles ? "quantile,q,value,side\n"
-                                                   : "lo,hi,count,kind\n");
+        return tally_buf_printf(out,
+                                s->nquantiles ? "quantile,q,value,side\n" : "lo,hi,count,kind\n");
     tally_status_t st = TALLY_OK;
     for (unsigned c = 0; c < s->channels && st == TALLY_OK; c++) {
         const char *label = hv_channel_name(s, c);

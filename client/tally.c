@@ -164,7 +164,8 @@ static tally_status_t set_int_opt(void *sock, int opt, int value)
 /* The events that say whether requests can go out: the ZMTP handshake is done (the moment
  * ZMQ_IMMEDIATE would attach the pipe), or the connection broke. */
 #define TALLY_MONITOR_EVENTS (ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED)
-#define TALLY_MONITOR_ADDR "inproc://tally-monitor" /* one per context, and a client has its own */
+#define TALLY_MONITOR_ADDR "inproc://tally-monitor" /* one per context, and a client has its own   \
+                                                     */
 
 /* Before the connect, so that no event is missed. */
 static tally_status_t monitor_start(tally_client_t *self)
@@ -1534,8 +1535,8 @@ tally_status_t tally_push_write(tally_push_t *push, const void *data, size_t len
         return fail(push->client, TALLY_E_ARG, msg); /* refused; the push goes on */
     }
     uint64_t k = push->next_send;
-    if (len < push->chunk_bytes && short_chunk_note(&push->shorts, k, push->chunk_bytes - len) !=
-                                       TALLY_OK)
+    if (len < push->chunk_bytes &&
+        short_chunk_note(&push->shorts, k, push->chunk_bytes - len) != TALLY_OK)
         return push_fail(push, TALLY_E_NOMEM, "out of memory");
     if (k < push->first) { /* a resumed push: the stream has this chunk already */
         push->next_send = push->next_merge = k + 1;

@@ -299,8 +299,8 @@ static void test_pipe_ends_inside_element(void **state)
     (void)state;
     enum { N = (5 << 19) + 1 }; /* 2.5 MiB and a byte */
     uint8_t *data = calloc(1, N);
-    const char *args[] = {"scan", "--stream", "partial", "--chunk", "1M", "--out", "/dev/null",
-                          NULL};
+    const char *args[] = {"scan", "--stream", "partial",   "--chunk",
+                          "1M",   "--out",    "/dev/null", NULL};
     child_t c = spawn(args);
     put(c.in, data, N);
     assert_int_equal(finish(&c, NULL), 2);
@@ -329,8 +329,8 @@ static void test_permanent_error_no_resume_hint(void **state)
     assert_int_equal(finish(&c, NULL), 0);
     static int32_t x[3 << 16];
     write_file("perm.i32", x, sizeof x);
-    const char *i32[] = {"hist",    "--type", "i32",  "--range", "0",        "10", "--stream",
-                         "perm",    "--chunk", "256K", "--in",   "perm.i32", NULL};
+    const char *i32[] = {"hist", "--type",  "i32",  "--range", "0",        "10", "--stream",
+                         "perm", "--chunk", "256K", "--in",    "perm.i32", NULL};
     c = spawn(i32);
     assert_int_equal(finish(&c, NULL), 1);
     char *err = slurp("err");
@@ -352,12 +352,12 @@ static void test_restart_lost_chunks_counts_agree(void **state)
     assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-lost"), 0);
     snprintf(ipc, sizeof ipc, "ipc://%s/sock", dir);
     snprintf(state_dir, sizeof state_dir, "%s", dir);
-    const char *dargs[] = {"--backend", "cpu", "--state-dir", state_dir, "--state-interval",
-                           "3600",      "--bind", ipc,      NULL};
+    const char *dargs[] = {"--backend", "cpu",    "--state-dir", state_dir, "--state-interval",
+                           "3600",      "--bind", ipc,           NULL};
     th_daemon_t d;
     assert_int_equal(th_daemon_start(&d, dargs), 0);
-    const char *args[] = {"-e", ipc, "scan", "--stream", "lost", "--chunk", "1M", "--out",
-                          "/dev/null", NULL};
+    const char *args[] = {"-e",      ipc,  "scan",  "--stream",  "lost",
+                          "--chunk", "1M", "--out", "/dev/null", NULL};
     child_t c = spawn(args);
     uint8_t *mib = calloc(1, MIB);
     for (int i = 0; i < 3; i++)
@@ -377,9 +377,10 @@ static void test_restart_lost_chunks_counts_agree(void **state)
     char *err = slurp("err");
     print_message("%s", err);
     assert_non_null(strstr(err, "tally: scan: sequence_gap: "));
-    assert_non_null(strstr(err, "tally: scan: stopped: applied 0 of 4 chunks, 0 of the 4194304 "
-                                "bytes read (stream 'lost' is at seq 0, this input's chunks are seq "
-                                "1..4); re-run with --resume (or --seq-base 0) to continue\n"));
+    assert_non_null(strstr(err,
+                           "tally: scan: stopped: applied 0 of 4 chunks, 0 of the 4194304 "
+                           "bytes read (stream 'lost' is at seq 0, this input's chunks are seq "
+                           "1..4); re-run with --resume (or --seq-base 0) to continue\n"));
     free(err);
     free(mib);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);

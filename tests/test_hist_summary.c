@@ -329,8 +329,9 @@ static void test_empty(void **state)
     const double low[] = {0.3};
     assert_int_equal(tally_hist_json_quantiles(&h, low, 1, &out), TALLY_OK);
     assert_int_equal(tally_buf_append(&out, "", 1), TALLY_OK);
-    assert_non_null(strstr((char *)out.data,
-                           "\"quantiles\":{\"p30\":{\"q\":0.3,\"value\":0,\"side\":\"underflow\"}}"));
+    assert_non_null(
+        strstr((char *)out.data,
+               "\"quantiles\":{\"p30\":{\"q\":0.3,\"value\":0,\"side\":\"underflow\"}}"));
     tally_buf_free(&out);
     memset(&h, 0, sizeof h);
     h.dtype = TALLY_DTYPE_U8, h.hi = 256;
@@ -466,9 +467,12 @@ static void test_quantile_names(void **state)
     static const struct {
         double q;
         const char *name;
-    } cases[] = {{0.5, "p50"},       {0.9, "p90"},         {0.99, "p99"},   {0.999, "p99.9"},
-                 {0.9999, "p99.99"}, {0, "p0"},            {1, "p100"},     {0.000001, "p0.0001"},
-                 {0.25, "p25"},      {0.123456, "p12.3456"}, {0.0005, "p0.05"}};
+    } cases[] = {{0.5, "p50"},       {0.9, "p90"},
+                 {0.99, "p99"},      {0.999, "p99.9"},
+                 {0.9999, "p99.99"}, {0, "p0"},
+                 {1, "p100"},        {0.000001, "p0.0001"},
+                 {0.25, "p25"},      {0.123456, "p12.3456"},
+                 {0.0005, "p0.05"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char name[TALLY_QUANTILE_NAME_MAX];
         assert_int_equal(tally_quantile_name(cases[i].q, name, sizeof name), TALLY_OK);

@@ -135,7 +135,8 @@ static size_t parse_tour(char *readme, block_t *blocks, size_t max)
     return count;
 }
 
-/* ---- Normalising what depends on the clock ---------------------------------------------------- */
+/* ---- Normalising what depends on the clock ----------------------------------------------------
+ */
 
 typedef struct {
     const char *pattern; /* POSIX ERE */
@@ -207,7 +208,8 @@ static char *normalise(const char *text)
     return out;
 }
 
-/* ---- Running the blocks ----------------------------------------------------------------------- */
+/* ---- Running the blocks -----------------------------------------------------------------------
+ */
 
 /* What the block prints (stdout and stderr), run by bash in the scratch folder. */
 static char *run_block(const block_t *b, int index)
