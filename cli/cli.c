@@ -45,11 +45,47 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
     return EXIT_USAGE;
 }
 
+const char *cli_escape(const void *data, size_t len, size_t max, char *out, size_t cap)
+{
+    const uint8_t *p = data;
+    size_t at = 0;
+    if (!cap)
+        return out;
+    for (size_t i = 0; i < len && i < max; i++) {
+        char piece[5];
+        uint8_t c = p[i];
+        if (c == '\n' || c == '\t' || c == '\r' || c == '\\')
+            snprintf(piece, sizeof piece, "\\%c",
+                     c == '\n'   ? 'n'
+                     : c == '\t' ? 't'
+                     : c == '\r' ? 'r'
+                                 : '\\');
+        else if (c >= 0x20 && c < 0x7f)
+            snprintf(piece, sizeof piece, "%c", c);
+        else
+            snprintf(piece, sizeof piece, "\\x%02x", c);
+        size_t n = strlen(piece);
+        if (at + n + 4 > cap) /* room kept for "..." and the terminator */
+            break;
+        memcpy(out + at, piece, n);
+        at += n;
+    }
+    if (len > max && at + 4 <= cap) {
+        memcpy(out + at, "...", 3);
+        at += 3;
+    }
+    out[at < cap ? at : cap - 1] = '\0';
+    return out;
+}
+
 int cli_report(tally_status_t status, const char *what, const char *detail)
 {
     if (!detail || !*detail)
         detail = tally_status_text(status);
-    cli_error("%s: %s: %s", what, tally_status_name(status), detail);
+    /* The detail may be the daemon's words: nothing in it reaches the terminal raw. */
+    char shown[CLI_ESCAPED_SIZE(TALLY_ERROR_MESSAGE_MAX)];
+    cli_escape(detail, strlen(detail), TALLY_ERROR_MESSAGE_MAX, shown, sizeof shown);
+    cli_error("%s: %s: %s", what, tally_status_name(status), shown);
     if (status == TALLY_E_TIMEOUT || status == TALLY_E_TRANSPORT || status == TALLY_E_REPLY)
         return EXIT_TRANSPORT;
     if (status == TALLY_E_ARG || status == TALLY_E_IO)
@@ -394,25 +430,15 @@ static int probe_tcp(const char *hostport, int timeout_ms)
     return err;
 }
 
-int cli_connect(const cli_t *cli, tally_client_t **client)
+int cli_probe(const char *endpoint, int timeout_ms)
 {
-    char why[320];
-    const char *ep = cli->endpoint;
-    if (tally_endpoint_check(ep, TALLY_ENDPOINT_CONNECT, why, sizeof why) != TALLY_OK) {
-        cli_error("invalid endpoint '%s': %s", ep, why);
-        return EXIT_USAGE;
-    }
-    /* ZeroMQ connects in the background and retries forever: ask the system once first, so
-     * that nothing listening is an immediate, named failure instead of a timeout. */
-    int err = !strncmp(ep, "ipc://", 6) ? probe_ipc(ep + 6) : probe_tcp(ep + 6, cli->timeout_ms);
-    if (err == ETIMEDOUT) {
-        cli_error("cannot connect to %s: no answer within %d ms", ep, cli->timeout_ms);
-        return EXIT_TRANSPORT;
-    }
-    if (err) {
-        cli_error("cannot connect to %s: %s (is tallyd running?)", ep, strerror(err));
-        return EXIT_TRANSPORT;
-    }
+    return !strncmp(endpoint, "ipc://", 6) ? probe_ipc(endpoint + 6)
+                                           : probe_tcp(endpoint + 6, timeout_ms);
+}
+
+/* The client alone: CURVE keys as the common options say, timeout_ms for every wait. */
+static int client_new(const cli_t *cli, int timeout_ms, tally_client_t **client)
+{
     /* CURVE keys: --server-key/--client-key, else $TALLY_SERVER_KEY/$TALLY_CLIENT_KEY, else
      * ~/.config/tally/tally.conf; none anywhere: a plain connection. */
     tally_curve_keys_t keys;
@@ -423,9 +449,31 @@ int cli_connect(const cli_t *cli, tally_client_t **client)
         cli_error("CURVE keys: %s", kwhy);
         return EXIT_USAGE;
     }
-    status = tally_client_new_curve(ep, cli->timeout_ms, &keys, client);
+    status = tally_client_new_curve(cli->endpoint, timeout_ms, &keys, client);
     explicit_bzero(&keys, sizeof keys);
     if (status != TALLY_OK)
         return cli_report(status, "connect", NULL);
     return 0;
+}
+
+int cli_connect(const cli_t *cli, tally_client_t **client)
+{
+    char why[320];
+    const char *ep = cli->endpoint;
+    if (tally_endpoint_check(ep, TALLY_ENDPOINT_CONNECT, why, sizeof why) != TALLY_OK) {
+        cli_error("invalid endpoint '%s': %s", ep, why);
+        return EXIT_USAGE;
+    }
+    /* ZeroMQ connects in the background and retries forever: ask the system once first, so
+     * that nothing listening is an immediate, named failure instead of a timeout. */
+    int err = cli_probe(ep, cli->timeout_ms);
+    if (err == ETIMEDOUT) {
+        cli_error("cannot connect to %s: no answer within %d ms", ep, cli->timeout_ms);
+        return EXIT_TRANSPORT;
+    }
+    if (err) {
+        cli_error("cannot connect to %s: %s (is tallyd running?)", ep, strerror(err));
+        return EXIT_TRANSPORT;
+    }
+    return client_new(cli, cli->timeout_ms, client);
 }

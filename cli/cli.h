@@ -134,6 +134,13 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format
 int cli_report(tally_status_t status, const char *what, const char *detail);
 /* Flushes stdout: 0, or EXIT_USAGE after reporting a write error. */
 int cli_finish_stdout(void);
+/* Bytes from input or argv, fit for a message on a terminal: printable ASCII stays, the rest
+ * becomes \n, \t, \r, \\ or \xNN (so no control sequence reaches the terminal), and only the
+ * first `max` bytes are shown, then "...". Writes into out (cap bytes, at least 4 x max + 4 for
+ * all of it to fit) and returns out. */
+const char *cli_escape(const void *data, size_t len, size_t max, char *out, size_t cap);
+/* The size cli_escape needs for `max` bytes. */
+#define CLI_ESCAPED_SIZE(max) (4 * (max) + 4)
 
 /* ---- Parsing ---------------------------------------------------------------------------- */
 
@@ -156,6 +163,10 @@ int cli_option_duration_ms(const char *cmd, const char *option, const char *arg,
  * daemon that is not there fails at once, naming the endpoint and the reason), and creates
  * the client. 0 or an exit status (after reporting). */
 int cli_connect(const cli_t *cli, tally_client_t **client);
+/* One connection attempt to the endpoint (an ipc:// path, or a tcp:// port within timeout_ms),
+ * closed at once: 0 when something accepts it, else the errno (ECONNREFUSED, ENOENT,
+ * ETIMEDOUT, ...). */
+int cli_probe(const char *endpoint, int timeout_ms);
 
 /* Runs a command on argv (argv[0] is its name): cmd->run, or cmd->request on a connection.
  * 0, CLI_HELP_SHOWN or an exit status. */

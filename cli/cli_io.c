@@ -41,27 +41,66 @@ void cli_catch_interrupts(void)
     sigaction(SIGTERM, &sa, NULL);
 }
 
-int reader_open(reader_t *r, const char *path, bool text, tally_dtype_t dtype, size_t frame)
+static int check_not_text(reader_t *r, const uint8_t *p, size_t len);
+
+/* A whole number of units: "nothing was sent" for a file checked before sending. */
+static void not_whole(const reader_t *r, uint64_t bytes, const char *tail)
+{
+    size_t esize = tally_dtype_size(r->dtype);
+    if (r->unit == esize)
+        cli_error("%s is %" PRIu64 " bytes, not a whole number of %zu-byte %s elements%s", r->name,
+                  bytes, esize, tally_dtype_name(r->dtype), tail);
+    else
+        cli_error("%s is %" PRIu64 " bytes, not a whole number of %zu-byte frames%s", r->name,
+                  bytes, r->unit, tail);
+}
+
+/* Binary input from a regular file: what it holds (from the read offset on, for `< file` after
+ * something read part of it) is checked before anything is sent. 0 or an exit status. */
+static int check_file(reader_t *r, const struct stat *st)
+{
+    off_t at = lseek(r->fd, 0, SEEK_CUR);
+    if (at < 0 || at > st->st_size)
+        at = 0;
+    r->size = (uint64_t)(st->st_size - at);
+    uint8_t sample[4096];
+    ssize_t n = pread(r->fd, sample, sizeof sample, at);
+    int rc = n > 0 ? check_not_text(r, sample, (size_t)n) : 0;
+    if (rc)
+        return rc;
+    r->checked = false; /* the first fill checks again: a file may change */
+    if (r->size % r->unit) {
+        not_whole(r, r->size, ": nothing was sent");
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
+int reader_open(reader_t *r, const char *path, bool text, tally_dtype_t dtype, size_t frame,
+                bool force_binary)
 {
     bool use_stdin = !path || !strcmp(path, "-");
     *r = (reader_t){.fd = use_stdin ? STDIN_FILENO : open(path, O_RDONLY | O_CLOEXEC),
                     .name = use_stdin ? "stdin" : path,
                     .text = text,
+                    .force_binary = force_binary,
                     .dtype = dtype,
-                    .unit = frame ? frame : tally_dtype_size(dtype)};
+                    .unit = frame ? frame : tally_dtype_size(dtype),
+                    .line = 1};
     if (r->fd < 0) {
         cli_error("cannot open '%s': %s", path, strerror(errno));
         return EXIT_USAGE;
     }
-    struct stat st;
-    if (!text && fstat(r->fd, &st) == 0 && S_ISREG(st.st_mode))
-        r->size = (uint64_t)st.st_size;
-    r->live = fstat(r->fd, &st) == 0 && !S_ISREG(st.st_mode);
     if ((text && !(r->raw = malloc(TEXT_WINDOW))) || !(r->pending = malloc(r->unit))) {
         cli_error("out of memory");
         return EXIT_USAGE;
     }
     r->cap = TEXT_WINDOW;
+    struct stat st;
+    bool known = fstat(r->fd, &st) == 0;
+    r->live = known && !S_ISREG(st.st_mode);
+    if (!text && known && S_ISREG(st.st_mode))
+        return check_file(r, &st);
     return 0;
 }
 
@@ -113,11 +152,30 @@ bool reader_done(const reader_t *r)
     return r->eof && r->pending_len == 0 && r->pos == r->len;
 }
 
-/* Binary input that is nothing but digits, signs and whitespace is decimal text sent
- * without --text: refuse it rather than print the sums of its ASCII codes. */
+int reader_tail_error(const reader_t *r)
+{
+    if (!r->trailing)
+        return 0;
+    if (r->text)
+        cli_error("%s: %" PRIu64 " values are not a whole number of %zu-value %s pixels: the last "
+                  "%zu were not sent",
+                  r->name, r->token, r->unit, tally_dtype_name(r->dtype), r->trailing);
+    else {
+        char tail[64];
+        snprintf(tail, sizeof tail, ": its last %zu byte%s not sent", r->trailing,
+                 r->trailing == 1 ? " was" : "s were");
+        not_whole(r, r->bytes_read, tail);
+    }
+    return EXIT_USAGE;
+}
+
+/* Binary input that is text is refused, rather than sent as elements made of its characters:
+ * decimal numbers for every type, and for i32 and u16 any printable text (JSON, CSV: real
+ * multi-byte elements are next to never all printable). Bytes (u8, rgb) may well be text, whose
+ * byte histogram is a fair question, so for them only decimal numbers are refused. */
 static int check_not_text(reader_t *r, const uint8_t *p, size_t len)
 {
-    size_t n = len < 4096 ? len : 4096, digits = 0, spaces = 0;
+    size_t n = len < 4096 ? len : 4096, digits = 0, spaces = 0, other = 0;
     r->checked = true;
     if (r->force_binary || n == 0)
         return 0;
@@ -126,17 +184,27 @@ static int check_not_text(reader_t *r, const uint8_t *p, size_t len)
             digits++;
         else if (p[i] == ' ' || p[i] == '\n' || p[i] == '\t' || p[i] == '\r')
             spaces++;
-        else if (p[i] != '-' && p[i] != '+')
-            return 0;
+        else if (p[i] >= 0x20 && p[i] < 0x7f)
+            other += p[i] != '-' && p[i] != '+';
+        else
+            return 0; /* a byte no text holds */
     }
-    if (!digits || !spaces)
+    bool decimal = digits && spaces && !other;
+    if (!decimal && (tally_dtype_size(r->dtype) == 1 || n < 4))
         return 0;
-    size_t shown = 0;
-    while (shown < n && shown < 24 && p[shown] != '\n')
-        shown++;
-    cli_error("%s looks like decimal text ('%.*s'), not binary %s elements: add --text to parse "
-              "it, or --binary to send its bytes as they are",
-              r->name, (int)shown, (const char *)p, tally_dtype_name(r->dtype));
+    size_t line = 0;
+    while (line < n && p[line] != '\n')
+        line++;
+    char shown[CLI_ESCAPED_SIZE(24)];
+    cli_escape(p, line, 24, shown, sizeof shown);
+    if (decimal)
+        cli_error("%s looks like decimal text ('%s'), not binary %s elements: add --text to "
+                  "parse it, or --binary to send its bytes as they are",
+                  r->name, shown, tally_dtype_name(r->dtype));
+    else
+        cli_error("%s looks like text ('%s'), not binary %s elements: --text takes whitespace-"
+                  "separated decimal integers, --binary sends its bytes as they are",
+                  r->name, shown, tally_dtype_name(r->dtype));
     return EXIT_USAGE;
 }
 
@@ -152,19 +220,12 @@ static int fill_binary(reader_t *r, uint8_t *buf, size_t cap, size_t *len)
     if (!r->checked && (rc = check_not_text(r, buf, *len)) != 0)
         return rc;
     size_t rest = *len % r->unit;
+    *len -= rest;
     if (rest && r->eof && !cli_interrupted) {
-        size_t esize = tally_dtype_size(r->dtype);
-        if (r->unit == esize)
-            cli_error("%s is %" PRIu64 " bytes, not a whole number of %zu-byte %s elements",
-                      r->name, r->bytes_read, esize, tally_dtype_name(r->dtype));
-        else
-            cli_error("%s ends inside a frame: %" PRIu64 " bytes is not a whole number of "
-                      "%zu-byte frames",
-                      r->name, r->bytes_read, r->unit);
-        return EXIT_USAGE;
+        r->trailing = rest; /* the whole units before it go; reader_tail_error says the rest */
+        return 0;
     }
-    *len -= rest; /* a unit cut by a pause (or Ctrl-C) waits for the next fill */
-    memcpy(r->pending, buf + *len, rest);
+    memcpy(r->pending, buf + *len, rest); /* a unit cut by a pause (or Ctrl-C) waits */
     r->pending_len = rest;
     return 0;
 }
@@ -199,21 +260,29 @@ static int parse_token(const char *s, const char *end, int64_t min, int64_t max,
     return 0;
 }
 
+/* A --text token that is not a value: where it is (line and column, counted in bytes from 1)
+ * and what it is, escaped and cut short. */
 static int bad_token(const reader_t *r, const char *start, size_t len, int bad, int64_t min,
                      int64_t max)
 {
-    int shown = len > 40 ? 40 : (int)len;
-    const char *more = len > 40 ? "..." : "";
-    if (memchr(start, '\0', len))
-        cli_error("--text: token %" PRIu64 " contains a NUL byte (binary input? drop --text)",
-                  r->token);
+    uint64_t column = r->raw_offset + (uint64_t)(start - r->raw) - r->line_start + 1;
+    char shown[CLI_ESCAPED_SIZE(32)];
+    cli_escape(start, len, 32, shown, sizeof shown);
+    bool binary = false;
+    for (size_t i = 0; i < len; i++)
+        binary = binary || (uint8_t)start[i] < 0x20 || (uint8_t)start[i] >= 0x7f;
+    if (binary)
+        cli_error("%s: line %" PRIu64 ", column %" PRIu64 ": '%s' is binary, not text: --text "
+                  "takes whitespace-separated decimal integers (drop --text for binary input)",
+                  r->name, r->line, column, shown);
     else if (bad == 1)
-        cli_error("--text: token %" PRIu64 " '%.*s%s' is not an integer", r->token, shown, start,
-                  more);
+        cli_error("%s: line %" PRIu64 ", column %" PRIu64 ": '%s' is not an integer (--text takes "
+                  "whitespace-separated decimal integers)",
+                  r->name, r->line, column, shown);
     else
-        cli_error("--text: token %" PRIu64 " '%.*s%s' is out of range for %s [%" PRId64 ", %" PRId64
-                  "]",
-                  r->token, shown, start, more, tally_dtype_name(r->dtype), min, max);
+        cli_error("%s: line %" PRIu64 ", column %" PRIu64 ": '%s' is out of range for %s [%" PRId64
+                  ", %" PRId64 "]",
+                  r->name, r->line, column, shown, tally_dtype_name(r->dtype), min, max);
     return EXIT_USAGE;
 }
 
@@ -227,8 +296,12 @@ static int text_refill(reader_t *r, bool may_idle, bool *ready)
 {
     *ready = false;
     for (;;) {
-        while (r->pos < r->len && is_space(r->raw[r->pos]))
-            r->pos++;
+        while (r->pos < r->len && is_space(r->raw[r->pos])) {
+            if (r->raw[r->pos++] == '\n') {
+                r->line++;
+                r->line_start = r->raw_offset + r->pos;
+            }
+        }
         const char *p = r->raw + r->pos, *end = r->raw + r->len;
         while (p < end && !is_space(*p))
             p++;
@@ -239,6 +312,7 @@ static int text_refill(reader_t *r, bool may_idle, bool *ready)
         if (cli_interrupted)
             return 0;
         memmove(r->raw, r->raw + r->pos, r->len - r->pos);
+        r->raw_offset += r->pos;
         r->len -= r->pos;
         r->pos = 0;
         size_t got;
@@ -292,13 +366,12 @@ static int fill_text(reader_t *r, uint8_t *buf, size_t cap, size_t *len)
     size_t rest = *len % r->unit;
     if (rc || !rest)
         return rc;
+    *len -= rest;
     if (r->eof && r->pos == r->len && !cli_interrupted) {
-        cli_error("%s: %" PRIu64 " values are not a whole number of %zu-value %s pixels", r->name,
-                  r->token, r->unit, tally_dtype_name(r->dtype));
-        return EXIT_USAGE;
+        r->trailing = rest; /* the whole pixels before them go; reader_tail_error says it */
+        return 0;
     }
-    *len -= rest; /* a pixel cut by a pause waits for its other values */
-    memcpy(r->pending, buf + *len, rest);
+    memcpy(r->pending, buf + *len, rest); /* a pixel cut by a pause waits for its other values */
     r->pending_len = rest;
     return 0;
 }

@@ -202,21 +202,69 @@ static int check_sequencing(const cli_t *cli, data_args_t *a)
 
 /* ---- The push ----------------------------------------------------------------------------- */
 
-/* After a push that stopped: exactly what was applied, and for a stream how to continue. */
-static void report_stopped(const data_args_t *a, const tally_run_result_t *res, const char *why)
+/* Whether `--resume` can finish a push that stopped with `status`: after an interruption, a
+ * lost connection or daemon, a refusal that passes (busy, limits, a GPU that failed), a lost
+ * chunk (sequence_gap) or an output that could not be written, yes; after a refusal of the
+ * input itself (stream_state, bad_payload, ...), a duplicate (someone else pushes to the
+ * stream) or input that ends inside an element, no: the same input would fail the same way. */
+static bool resume_can_help(tally_status_t status)
+{
+    switch (status) {
+    case TALLY_E_TIMEOUT:
+    case TALLY_E_TRANSPORT:
+    case TALLY_E_SHUTDOWN:
+    case TALLY_E_BUSY:
+    case TALLY_E_RATE:
+    case TALLY_E_LIMIT:
+    case TALLY_E_CLIENT_STREAMS:
+    case TALLY_E_BACKEND:
+    case TALLY_E_INTERNAL:
+    case TALLY_E_SEQ_GAP:
+    case TALLY_E_NOMEM:
+    case TALLY_E_IO:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* After a push that stopped: exactly what was applied (chunks, and the bytes of those same
+ * chunks), out of what was read, and for a stream where it stands and, when resuming can
+ * help, how to continue. */
+static void report_stopped(const data_args_t *a, const tally_run_result_t *res, const reader_t *in,
+                           const char *why, bool can_resume)
 {
     if (!res->chunks && !res->skipped && !cli_interrupted)
         return; /* nothing was sent: the error said it all */
-    char seq[400] = "";
-    if (a->opts.seq != TALLY_RUN_SEQ_OFF && res->input_chunks)
-        snprintf(seq, sizeof seq,
-                 " (stream '%s' is at seq %" PRIu64 ", this input's chunks are seq %" PRIu64
-                 "..%" PRIu64 ")%s; re-run with --resume (or --seq-base %" PRIu64 ") to continue",
-                 a->req.stream, res->last_seq, res->seq_base + 1, res->seq_base + res->input_chunks,
-                 res->applied_known ? "" : " (tallyd could not be asked)", res->seq_base);
-    cli_error("%s: %s: applied %s%" PRIu64 " of %" PRIu64 " chunks, %" PRIu64 " bytes%s", a->cmd,
-              why, res->applied_known ? "" : "at least ", res->applied, res->input_chunks,
-              res->applied_bytes, seq);
+    char bytes[96], seq[400] = "";
+    uint8_t dtype = a->req.dtype;
+    if (res->applied_bytes == UINT64_MAX)
+        snprintf(bytes, sizeof bytes, "(their bytes are not known)");
+    else if (in->text) /* a --text token is one value: an i32, a u16 or a byte */
+        snprintf(bytes, sizeof bytes, "%" PRIu64 " values",
+                 res->applied_bytes / (dtype == TALLY_DTYPE_I32   ? 4u
+                                       : dtype == TALLY_DTYPE_U16 ? 2u
+                                                                  : 1u));
+    else if (in->size)
+        snprintf(bytes, sizeof bytes, "%" PRIu64 " of %" PRIu64 " bytes", res->applied_bytes,
+                 in->size);
+    else
+        snprintf(bytes, sizeof bytes, "%" PRIu64 " of the %" PRIu64 " bytes read",
+                 res->applied_bytes, in->bytes_read);
+    if (a->opts.seq != TALLY_RUN_SEQ_OFF && res->input_chunks) {
+        int n = snprintf(seq, sizeof seq,
+                         " (stream '%s' is at seq %" PRIu64 ", this input's chunks are seq %" PRIu64
+                         "..%" PRIu64 ")%s",
+                         a->req.stream, res->last_seq, res->seq_base + 1,
+                         res->seq_base + res->input_chunks,
+                         res->applied_known ? "" : " (tallyd could not be asked)");
+        if (can_resume && n > 0 && (size_t)n < sizeof seq)
+            snprintf(seq + n, sizeof seq - (size_t)n,
+                     "; re-run with --resume (or --seq-base %" PRIu64 ") to continue",
+                     res->seq_base);
+    }
+    cli_error("%s: %s: applied %s%" PRIu64 " of %" PRIu64 " chunks, %s%s", a->cmd, why,
+              res->applied_known ? "" : "at least ", res->applied, res->input_chunks, bytes, seq);
 }
 
 typedef struct {
@@ -251,7 +299,7 @@ static int pump(push_run_t *p, size_t chunk)
         if (n < chunk && !reader_done(&p->in) && tally_push_flush(p->push) != TALLY_OK)
             return 0;
         if (reader_done(&p->in))
-            return 0;
+            return reader_tail_error(&p->in);
     }
     return 0;
 }
@@ -259,10 +307,9 @@ static int pump(push_run_t *p, size_t chunk)
 /* Opens input, output and connection, and starts the push. 0 or an exit status. */
 static int push_open(cli_t *cli, data_args_t *a, push_run_t *p, size_t *chunk)
 {
-    int rc = reader_open(&p->in, a->in, a->text, (tally_dtype_t)a->req.dtype, a->frame);
+    int rc = reader_open(&p->in, a->in, a->text, (tally_dtype_t)a->req.dtype, a->frame, a->binary);
     if (rc)
         return rc;
-    p->in.force_binary = a->binary;
     p->sink.a = a;
     p->sink.f = stdout;
     p->sink.flush = p->in.live;
@@ -325,7 +372,8 @@ int cli_push(cli_t *cli, data_args_t *a)
     else
         rc = input_rc;
     if (rc) {
-        report_stopped(a, res, cli_interrupted ? "interrupted" : "stopped");
+        bool can_resume = cli_interrupted || (status != TALLY_OK && resume_can_help(status));
+        report_stopped(a, res, &p.in, cli_interrupted ? "interrupted" : "stopped", can_resume);
         goto out;
     }
     if (a->opts.seq != TALLY_RUN_SEQ_OFF)

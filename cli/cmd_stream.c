@@ -6,7 +6,9 @@
 #include "cli.h"
 #include "hist_view.h"
 
+#include <errno.h>
 #include <inttypes.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The stream named by the command's one argument, checked before anything is sent. */
@@ -29,15 +31,22 @@ typedef struct {
     query_format_t format;
     int formats; /* how many of --json, --csv, --raw were given */
     uint64_t last_ms;
+    double quantiles[TALLY_QUANTILES_MAX]; /* --quantile, in the order given, each once */
+    size_t nquantiles;
 } query_args_t;
 
-enum { OPT_JSON = CLI_OPT_FIRST, OPT_CSV, OPT_RAW, OPT_LAST };
+enum { OPT_JSON = CLI_OPT_FIRST, OPT_CSV, OPT_RAW, OPT_LAST, OPT_QUANTILE };
 
 static const cli_option_t query_options[] = {
     {"json", OPT_JSON, NULL,
-     "one JSON object: the counters, count, mean, min, max,\nquantiles {p50, p90, p99} and "
-     "bins [{lo, hi, count}]\n(per channel under \"channels\" for rgb8/rgba8)"},
-    {"csv", OPT_CSV, NULL, "the bins as CSV: lo,hi,count (channel,lo,hi,count for\nrgb8/rgba8)"},
+     "one JSON object: the counters, count, mean, min, max,\nquantiles {p50: {q, value, side}, "
+     "...} and bins\n[{lo, hi, count}] (per channel under \"channels\" for\nrgb8/rgba8)"},
+    {"csv", OPT_CSV, NULL,
+     "the bins as CSV: lo,hi,count,kind (kind: underflow, bin,\noverflow; a channel column "
+     "first for rgb8/rgba8); with\n--quantile the quantiles: quantile,q,value,side"},
+    {"quantile", OPT_QUANTILE, "Q",
+     "show the Q-quantile (0 <= Q <= 1: 0.999 is p99.9)\ninstead of p50, p90, p99; "
+     "repeatable"},
     {"raw", OPT_RAW, NULL,
      "every field of the record as 'key value' lines, then\nthe bins as 'bin count' lines"},
     {"last", OPT_LAST, "DURATION",
@@ -47,6 +56,35 @@ static const cli_option_t query_options[] = {
 };
 
 static const cli_group_t query_groups[] = {{"Options", query_options}, {0}};
+
+/* --quantile Q: a decimal number in [0, 1], to the nearest millionth; given twice, shown once. */
+static int quantile_option(query_args_t *q, const char *arg)
+{
+    char *end = NULL;
+    double v = -1;
+    if ((*arg >= '0' && *arg <= '9') || *arg == '.') { /* no sign, no "nan", no hex */
+        errno = 0;
+        v = strtod(arg, &end);
+        if (errno || end == arg || *end)
+            v = -1;
+    }
+    char name[TALLY_QUANTILE_NAME_MAX];
+    if (tally_quantile_name(v, name, sizeof name) != TALLY_OK)
+        return cli_usage_error("query",
+                               "invalid quantile '%s' for --quantile: a number from 0 "
+                               "to 1 (0.999 for p99.9)",
+                               arg);
+    for (size_t i = 0; i < q->nquantiles; i++) {
+        char other[TALLY_QUANTILE_NAME_MAX];
+        tally_quantile_name(q->quantiles[i], other, sizeof other);
+        if (!strcmp(name, other))
+            return 0;
+    }
+    if (q->nquantiles == TALLY_QUANTILES_MAX)
+        return cli_usage_error("query", "at most %d --quantile", TALLY_QUANTILES_MAX);
+    q->quantiles[q->nquantiles++] = v;
+    return 0;
+}
 
 static int query_option(void *ctx, int id, const char *arg, int argc, char **argv)
 {
@@ -62,6 +100,8 @@ static int query_option(void *ctx, int id, const char *arg, int argc, char **arg
         return 0;
     case OPT_LAST:
         return cli_option_duration_ms("query", "--last", arg, 1, TALLY_WINDOW_MS_MAX, &q->last_ms);
+    case OPT_QUANTILE:
+        return quantile_option(q, arg);
     default:
         return cli_usage_error("query", "unknown option");
     }
@@ -100,6 +140,8 @@ static int query_print(const query_args_t *q, const char *name, const tally_stre
         return cli_report(TALLY_E_REPLY, "query", "the stream's histogram type is unknown here");
     s.window_start_ms = start_ms;
     s.window_end_ms = end_ms;
+    s.quantiles = q->quantiles;
+    s.nquantiles = q->nquantiles;
     tally_buf_t out = {0};
     tally_status_t st = q->format == QUERY_JSON  ? hv_json(&s, &out)
                         : q->format == QUERY_CSV ? hv_csv(&s, &out)
@@ -123,6 +165,8 @@ static int run_query(cli_t *cli, const cli_command_t *cmd, int argc, char **argv
         return rc;
     if (q.formats > 1)
         return cli_usage_error("query", "--json, --csv and --raw exclude each other");
+    if (q.nquantiles && q.format == QUERY_RAW)
+        return cli_usage_error("query", "--raw prints the record as it is: no --quantile");
     const char *name = argv[optind];
     tally_client_t *client = NULL;
     if ((rc = stream_arg("query", argv + optind)) != 0 || (rc = cli_connect(cli, &client)) != 0)
@@ -141,20 +185,21 @@ static int run_query(cli_t *cli, const cli_command_t *cmd, int argc, char **argv
 }
 
 CLI_COMMAND(
-    query, .usage = "query [--json|--csv|--raw] [--last DURATION] STREAM",
+    query, .usage = "query [--json|--csv|--raw] [--last DURATION] [--quantile Q]... STREAM",
     .summary = "a stream's histogram summary, counters and bins",
     .about =
         "Summarise a stream's running histogram: the count of values, the mean (of the values\n"
-        "in range, each at the centre of its bin), the lowest and highest non-empty bin, the\n"
-        "quantiles p50, p90 and p99 estimated from the bins, and for i32/u16 histograms the\n"
-        "underflow and overflow; then the stream's counters. rgb8/rgba8 streams show one\n"
-        "column per channel.\n"
+        "in range, each at the centre of its bin: '(in range)' for i32/u16, whose underflow\n"
+        "and overflow it leaves out), the lowest and highest non-empty bin, the quantiles p50,\n"
+        "p90 and p99 (or those of --quantile) estimated from the bins, and for i32/u16\n"
+        "histograms the underflow and overflow; then the stream's counters. rgb8/rgba8\n"
+        "streams show one column per channel.\n"
         "\n"
         "Quantiles: of the N values, the one of rank ceil(q x N) (nearest rank; exact for u8\n"
         "and colour channels). In a bin of w integers holding c values, the j-th is taken as\n"
         "edge + floor((2j - 1) x w / 2c), the values spread evenly over the bin. A quantile\n"
-        "that is an underflow or overflow value shows as '< LO' or '>= HI' (in JSON: LO or\n"
-        "HI, with the underflow and overflow counts beside).\n",
+        "that is an underflow or overflow value shows as '< LO' or '>= HI' (in JSON and CSV:\n"
+        "value LO or HI with side \"underflow\" or \"overflow\").\n",
     .groups = query_groups, .nargs = 1, .option = query_option, .run = run_query);
 
 /* ---- reset, delete ------------------------------------------------------------------------ */

@@ -11,7 +11,8 @@
  * subscription's fd.
  *
  * It never gives up on the daemon: a round that gets no answer drops the connection, says
- * "unreachable" on the status line and tries again each interval with a new one; the first
+ * "unreachable" and why (what a connection attempt says: refused, no socket file) on the status
+ * line and tries again each interval with a new one; the first
  * answer after that says "reconnected". Counts that go down (a reset, or a daemon restarted
  * without its state) restart the rate instead of showing a negative one.
  *
@@ -46,6 +47,10 @@ typedef struct {
     const char *name;
     bool known;        /* view holds the stream's last record */
     char problem[128]; /* why there is no record (unknown stream, ...); "" when known */
+    /* The daemon's refusal of the last query (--once reports it): its status, or TALLY_OK, and
+     * its words. */
+    tally_status_t refused;
+    char refusal[TALLY_ERROR_MESSAGE_MAX + 1];
     hv_stream_t view;
     /* The rate: values per second between the last two records. */
     uint64_t prev_total;
@@ -61,6 +66,9 @@ typedef struct {
     double interval_s;
     bool log, ascii, once;
     const char *sub_endpoint;
+    const char *size; /* --size COLSxROWS, or NULL: the terminal's */
+    unsigned size_cols, size_rows;
+    tally_curve_keys_t keys; /* loaded once, at start (CURVE off when server_public is "") */
     watch_stream_t *streams;
     size_t count;
     tally_client_t *client;
@@ -69,7 +77,8 @@ typedef struct {
     bool down;               /* the last round got no answer */
     double down_since_s;     /* wall clock, for the status line */
     double reconnected_at_s; /* monotonic; 0 = never */
-    char status[256];
+    char status[320];
+    char down_why[160]; /* why the last round got no answer */
     unsigned rows, cols;
     bool utf8;
     tally_buf_t frame;
@@ -153,7 +162,10 @@ static void terminal_size(watch_t *w)
 {
     struct winsize ws;
     unsigned rows = 0, cols = 0;
-    if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_row && ws.ws_col) {
+    if (w->size) {
+        rows = w->size_rows;
+        cols = w->size_cols;
+    } else if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_row && ws.ws_col) {
         rows = ws.ws_row;
         cols = ws.ws_col;
     } else { /* not a terminal (--once into a pipe): $LINES and $COLUMNS, else 24 x 80 */
@@ -202,6 +214,7 @@ static void stream_update(watch_stream_t *s, const tally_stream_info_t *info, do
     }
     s->known = true;
     s->problem[0] = '\0';
+    s->refused = TALLY_OK;
     uint64_t total = info->hist_total;
     if (s->have_prev && total >= s->prev_total && t > s->prev_time_s) {
         s->rate = (double)(total - s->prev_total) / (t - s->prev_time_s);
@@ -219,10 +232,26 @@ static void stream_problem(watch_stream_t *s, tally_status_t status, const char 
     s->known = false;
     s->have_prev = false;
     s->have_rate = false;
+    s->refused = status;
+    snprintf(s->refusal, sizeof s->refusal, "%s", error);
     if (status == TALLY_E_UNKNOWN_STREAM)
         snprintf(s->problem, sizeof s->problem, "no such stream (yet)");
     else
         snprintf(s->problem, sizeof s->problem, "%s: %.100s", tally_status_name(status), error);
+}
+
+/* Why tallyd did not answer, in words: what a connection attempt says (refused, no socket
+ * file), else the library's status. */
+static void down_reason(const watch_t *w, tally_status_t status, const char *error, char *buf,
+                        size_t cap)
+{
+    int err = 0;
+    if (status == TALLY_E_TIMEOUT || status == TALLY_E_TRANSPORT)
+        err = cli_probe(w->cli->endpoint, w->cli->timeout_ms < 1000 ? w->cli->timeout_ms : 1000);
+    if (err && err != ETIMEDOUT)
+        snprintf(buf, cap, "cannot connect: %s", strerror(err));
+    else
+        snprintf(buf, cap, "%s: %.80s", tally_status_name(status), error);
 }
 
 /* `error` may be the client's own message: it is used before the client goes. */
@@ -234,9 +263,10 @@ static void mark_down(watch_t *w, tally_status_t status, const char *error)
     }
     char since[16];
     clock_text(w->down_since_s, since, sizeof since);
-    snprintf(w->status, sizeof w->status,
-             "tallyd at %.80s unreachable since %s (%s: %.80s); retrying", w->cli->endpoint, since,
-             tally_status_name(status), error);
+    down_reason(w, status, error, w->down_why, sizeof w->down_why);
+    /* The reason first: a narrow screen cuts the line (the endpoint is on the title line). */
+    snprintf(w->status, sizeof w->status, "tallyd unreachable since %s (%.120s); retrying", since,
+             w->down_why);
     tally_client_destroy(&w->client); /* the next round starts on a fresh connection */
 }
 
@@ -262,7 +292,7 @@ static void poll_round(watch_t *w)
         /* Each wait is bounded by about one interval, so 'q' never waits long. */
         int timeout = (int)(w->interval_s * 1000);
         timeout = timeout < 250 ? 250 : timeout > w->cli->timeout_ms ? w->cli->timeout_ms : timeout;
-        tally_status_t st = tally_client_new(w->cli->endpoint, timeout, &w->client);
+        tally_status_t st = tally_client_new_curve(w->cli->endpoint, timeout, &w->keys, &w->client);
         if (st != TALLY_OK) {
             mark_down(w, st, "cannot create a client");
             return;
@@ -506,6 +536,45 @@ static unsigned blocks_of(const watch_stream_t *s)
     return s->known && s->view.channels ? s->view.channels : 1;
 }
 
+/* How many streams fit the screen, their blocks at one bar row each, with a line left for
+ * "+N more" when not all do; and the lines those take besides their bars (*fixed, the title
+ * and status lines included). --once prints every stream: its frame is not cut. */
+static size_t streams_shown(const watch_t *w, const header_t *headers, unsigned *fixed,
+                            unsigned *blocks)
+{
+    unsigned used = 2, k = 0;
+    *blocks = 0;
+    size_t shown = 0;
+    for (size_t i = 0; i < w->count; i++) {
+        unsigned need = 0, n = blocks_of(&w->streams[i]);
+        for (unsigned c = 0; c < n; c++)
+            need += header_lines(w, &headers[k + c]) + 2; /* a bar row and the axis */
+        unsigned more = i + 1 < w->count ? 1 : 0;
+        if (!w->once && used + need + more > w->rows)
+            break;
+        used += need;
+        k += n;
+        *blocks += n;
+        shown++;
+    }
+    *fixed = used - *blocks; /* every block's one bar row is the bars' */
+    return shown;
+}
+
+static void draw_block(watch_t *w, const watch_stream_t *s, unsigned c, const header_t *hd,
+                       unsigned bar_rows)
+{
+    header_draw(w, hd);
+    if (s->known && s->view.channels) {
+        block_bars(w, &s->view.hist[c], bar_rows);
+        return;
+    }
+    if (w->once) /* nothing to keep room for */
+        return;
+    for (unsigned r = 0; r <= bar_rows; r++) /* room kept for when it shows up */
+        line(w, "%s", "");
+}
+
 static void draw(watch_t *w, bool resized)
 {
     w->frame.len = 0;
@@ -517,31 +586,28 @@ static void draw(watch_t *w, bool resized)
          w->sub_endpoint ? "  sub " : "", w->sub_endpoint ? w->sub_endpoint : "", w->interval_s,
          w->log ? "log" : "linear", now, w->once ? "" : "  (q quits)");
     line(w, "%s", w->status);
-    /* Each block: its header, its bars, an axis; the bars share what is left equally. */
-    unsigned blocks = 0, fixed = 2;
     header_t *headers = calloc(w->count * HV_CHANNELS_MAX, sizeof *headers);
     if (!headers)
         return;
-    for (size_t i = 0; i < w->count; i++) {
-        for (unsigned c = 0; c < blocks_of(&w->streams[i]); c++, blocks++) {
-            block_header(&w->streams[i], c, &headers[blocks]);
-            fixed += header_lines(w, &headers[blocks]) + 1;
-        }
-    }
-    int spare = (int)w->rows - (int)fixed;
-    unsigned bar_rows = spare >= (int)blocks ? (unsigned)spare / blocks : 1;
     unsigned k = 0;
-    for (size_t i = 0; i < w->count; i++) {
-        const watch_stream_t *s = &w->streams[i];
-        for (unsigned c = 0; c < blocks_of(s); c++) {
-            header_draw(w, &headers[k++]);
-            if (s->known && s->view.channels) {
-                block_bars(w, &s->view.hist[c], bar_rows);
-                continue;
-            }
-            for (unsigned r = 0; r <= bar_rows; r++) /* room kept for when it shows up */
-                line(w, "%s", "");
-        }
+    for (size_t i = 0; i < w->count; i++)
+        for (unsigned c = 0; c < blocks_of(&w->streams[i]); c++)
+            block_header(&w->streams[i], c, &headers[k++]);
+    /* Each block: its header, its bars, an axis; the bars share what is left equally. */
+    unsigned fixed, blocks;
+    size_t shown = streams_shown(w, headers, &fixed, &blocks);
+    int spare = (int)w->rows - (int)fixed - (shown < w->count ? 1 : 0);
+    unsigned bar_rows = blocks && spare >= (int)blocks ? (unsigned)spare / blocks : 1;
+    k = 0;
+    for (size_t i = 0; i < shown; i++)
+        for (unsigned c = 0; c < blocks_of(&w->streams[i]); c++, k++)
+            draw_block(w, &w->streams[i], c, &headers[k], bar_rows);
+    if (shown < w->count) { /* never silently: say what the screen has no room for */
+        char names[512] = "";
+        for (size_t i = shown; i < w->count && strlen(names) + 70 < sizeof names; i++)
+            snprintf(names + strlen(names), sizeof names - strlen(names), " %s",
+                     w->streams[i].name);
+        line(w, "+%zu more (make the terminal taller):%s", w->count - shown, names);
     }
     free(headers);
     if (!w->once)
@@ -615,26 +681,46 @@ static void watch_loop(watch_t *w)
     }
 }
 
-/* --once: two rounds an interval apart (the second has rates), one frame, no terminal codes. */
+/* --once: two rounds an interval apart (the second has rates), one frame, no terminal codes.
+ * Exit status as for any command: 3 when tallyd did not answer, 1 when it refused a stream
+ * (each refusal said on stderr, in its words), else 0. */
 static int watch_once(watch_t *w)
 {
     poll_round(w);
+    if (!w->down) {
+        struct timespec ts = {(time_t)w->interval_s,
+                              (long)((w->interval_s - floor(w->interval_s)) * 1e9)};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR && !got_quit) {
+        }
+        poll_round(w);
+    }
     if (w->down) {
-        cli_error("watch: %s", w->status);
+        cli_error("watch: cannot reach tallyd at %s (%s)", w->cli->endpoint, w->down_why);
         return EXIT_TRANSPORT;
     }
-    struct timespec ts = {(time_t)w->interval_s,
-                          (long)((w->interval_s - floor(w->interval_s)) * 1e9)};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR && !got_quit) {
+    for (size_t i = 0; i < w->count; i++) { /* the daemon's words, not "(yet)": it is over */
+        watch_stream_t *s = &w->streams[i];
+        if (!s->known && s->refused != TALLY_OK)
+            snprintf(s->problem, sizeof s->problem, "%s: %.100s", tally_status_name(s->refused),
+                     s->refusal);
     }
-    poll_round(w);
     draw(w, false);
-    return w->down ? EXIT_TRANSPORT : 0;
+    int rc = cli_finish_stdout();
+    for (size_t i = 0; i < w->count; i++) {
+        const watch_stream_t *s = &w->streams[i];
+        if (s->known || s->refused == TALLY_OK)
+            continue;
+        char what[16 + TALLY_STREAM_NAME_MAX];
+        snprintf(what, sizeof what, "watch: %s", s->name);
+        int src = cli_report(s->refused, what, s->refusal);
+        rc = rc ? rc : src;
+    }
+    return rc;
 }
 
 /* ---- The command -------------------------------------------------------------------------- */
 
-enum { OPT_INTERVAL = CLI_OPT_FIRST, OPT_LOG, OPT_ASCII, OPT_ONCE, OPT_SUB };
+enum { OPT_INTERVAL = CLI_OPT_FIRST, OPT_LOG, OPT_ASCII, OPT_ONCE, OPT_SUB, OPT_SIZE };
 
 static const cli_option_t watch_options[] = {
     {"interval", OPT_INTERVAL, "DURATION",
@@ -649,6 +735,9 @@ static const cli_option_t watch_options[] = {
     {"sub", OPT_SUB, "ENDPOINT",
      "take the histograms tallyd publishes on ENDPOINT\n(tallyd --pub) instead of querying "
      "each interval"},
+    {"size", OPT_SIZE, "COLSxROWS",
+     "draw for a screen of this size (80x24) instead of the\nterminal's (default: the "
+     "terminal's, else $COLUMNS x\n$LINES, else 80x24)"},
     {0},
 };
 
@@ -662,11 +751,30 @@ static const cli_setter_t watch_setters[] = {
     {0},
 };
 
+/* --size COLSxROWS: from 16x4 (a status line, a block) to 1000x1000. */
+static int size_option(watch_t *w, const char *arg)
+{
+    unsigned cols, rows;
+    char end;
+    if (sscanf(arg, "%ux%u%c", &cols, &rows, &end) != 2 || cols < 16 || rows < 4 || cols > 1000 ||
+        rows > 1000)
+        return cli_usage_error("watch",
+                               "invalid size '%s' for --size: COLSxROWS, from 16x4 to "
+                               "1000x1000",
+                               arg);
+    w->size = arg;
+    w->size_cols = cols;
+    w->size_rows = rows;
+    return 0;
+}
+
 static int watch_option(void *ctx, int id, const char *arg, int argc, char **argv)
 {
     (void)argc;
     (void)argv;
     watch_t *w = ctx;
+    if (id == OPT_SIZE)
+        return size_option(w, arg);
     if (id != OPT_INTERVAL) /* the others are watch_setters' */
         return cli_usage_error("watch", "unknown option");
     uint64_t ms;
@@ -730,6 +838,13 @@ static int run_watch(cli_t *cli, const cli_command_t *cmd, int argc, char **argv
         (w.sub_endpoint && (rc = endpoint_arg("--sub", w.sub_endpoint)) != 0))
         goto done;
     w.utf8 = !w.ascii && locale_is_utf8();
+    char kwhy[512];
+    if (tally_curve_keys_load(cli->server_key, cli->client_key, &w.keys, kwhy, sizeof kwhy) !=
+        TALLY_OK) {
+        cli_error("CURVE keys: %s", kwhy);
+        rc = EXIT_USAGE;
+        goto done;
+    }
     if (install_signals() != 0) {
         cli_error("watch: cannot set up signals: %s", strerror(errno));
         rc = EXIT_USAGE;
@@ -751,6 +866,7 @@ static int run_watch(cli_t *cli, const cli_command_t *cmd, int argc, char **argv
     terminal_restore();
     rc = 0; /* q and Ctrl-C are the ways to stop watching: both succeed */
 done:
+    explicit_bzero(&w.keys, sizeof w.keys);
     tally_client_destroy(&w.client);
     tally_sub_destroy(&w.sub);
     tally_buf_free(&w.frame);
@@ -758,17 +874,21 @@ done:
     return rc;
 }
 
-CLI_COMMAND(
-    watch, .usage = "watch [OPTIONS] STREAM...",
-    .summary = "live view of streams' histograms in the terminal",
-    .about = "Show streams' running histograms, refreshed every interval: per stream (per\n"
-             "channel for rgb8/rgba8) a line with the count, the rate (values/s since the last\n"
-             "refresh), the mean and p50/p90/p99, then the 256 bins folded to the terminal's\n"
-             "width as bars, and the first and last value of the range. Streams are shown one\n"
-             "under another and share the terminal's height. A resize redraws at once. When\n"
-             "tallyd does not answer, the status line says so and watch keeps retrying; it\n"
-             "says when it has reconnected. With --sub the histograms come from tallyd's\n"
-             "publications (PROTOCOL.md §11): a frame as soon as they arrive, a ping each\n"
-             "interval to tell whether tallyd is there. Quit with q or Ctrl-C (exit status 0).\n",
-    .groups = watch_groups, .setters = watch_setters, .nargs = CLI_ARGS_ONE_OR_MORE,
-    .option = watch_option, .run = run_watch);
+CLI_COMMAND(watch, .usage = "watch [OPTIONS] STREAM...",
+            .summary = "live view of streams' histograms in the terminal",
+            .about =
+                "Show streams' running histograms, refreshed every interval: per stream (per\n"
+                "channel for rgb8/rgba8) a line with the count, the rate (values/s since the last\n"
+                "refresh), the mean and p50/p90/p99, then the 256 bins folded to the terminal's\n"
+                "width as bars, and the first and last value of the range. Streams are shown one\n"
+                "under another and share the terminal's height. A resize redraws at once. When\n"
+                "tallyd does not answer, the status line says so and watch keeps retrying; it\n"
+                "says when it has reconnected. With --sub the histograms come from tallyd's\n"
+                "publications (PROTOCOL.md §11): a frame as soon as they arrive, a ping each\n"
+                "interval to tell whether tallyd is there. Streams that do not fit the screen are\n"
+                "named on a last line, \"+N more\". Quit with q or Ctrl-C (exit status 0).\n"
+                "\n"
+                "--once prints one frame and exits: 0, or 1 when tallyd refused a stream (an\n"
+                "unknown stream: its message on stderr), 3 when tallyd cannot be reached.\n",
+            .groups = watch_groups, .setters = watch_setters, .nargs = CLI_ARGS_ONE_OR_MORE,
+            .option = watch_option, .run = run_watch);

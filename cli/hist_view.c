@@ -52,11 +52,38 @@ static const char *type_name(const hv_stream_t *s)
 
 /* ---- Human summary ---------------------------------------------------------------------- */
 
-enum { ROW_COUNT, ROW_MEAN, ROW_MIN, ROW_MAX, ROW_P50, ROW_P90, ROW_P99, ROW_UNDER, ROW_OVER };
-static const char *const row_names[] = {"count", "mean", "min",       "max",     "p50",
-                                        "p90",   "p99",  "underflow", "overflow"};
-#define ROWS (sizeof row_names / sizeof row_names[0])
+/* The table's rows: count, mean, min, max, one per quantile, and for ranged histograms
+ * underflow and overflow. */
+enum { ROW_COUNT, ROW_MEAN, ROW_MIN, ROW_MAX, ROW_QUANTILES };
+#define ROWS_MAX (ROW_QUANTILES + TALLY_QUANTILES_MAX + 2)
 #define CELL 48
+
+static const double default_quantiles[] = {0.50, 0.90, 0.99};
+
+/* The quantiles shown: the ones asked for, else p50, p90, p99. */
+static const double *shown_quantiles(const hv_stream_t *s, size_t *n)
+{
+    *n = s->nquantiles ? s->nquantiles : 3;
+    return s->nquantiles ? s->quantiles : default_quantiles;
+}
+
+/* The rows' names for s: "count" ... "p99.9" ... "overflow"; returns how many. */
+static unsigned row_names(const hv_stream_t *s, bool ranged_rows, char names[ROWS_MAX][CELL])
+{
+    static const char *const fixed[] = {"count", "mean", "min", "max"};
+    unsigned r = 0;
+    for (; r < ROW_QUANTILES; r++)
+        snprintf(names[r], CELL, "%s", fixed[r]);
+    size_t nq;
+    const double *qs = shown_quantiles(s, &nq);
+    for (size_t i = 0; i < nq; i++)
+        tally_quantile_name(qs[i], names[r++], CELL);
+    if (ranged_rows) {
+        snprintf(names[r++], CELL, "underflow");
+        snprintf(names[r++], CELL, "overflow");
+    }
+    return r;
+}
 
 static void quantile_cell(const tally_hist_t *h, const tally_quantile_t *q, char *cell)
 {
@@ -82,26 +109,32 @@ static void bin_cell(const tally_hist_t *h, int bin, char *cell)
         snprintf(cell, CELL, "bin %d [%" PRId64 ", %" PRId64 ")", bin, lo, hi);
 }
 
-static void fill_cells(const tally_hist_t *h, char cells[ROWS][CELL])
+/* One channel's column. The mean of a ranged histogram leaves the underflow and overflow out,
+ * and says so. */
+static void fill_cells(const hv_stream_t *s, const tally_hist_t *h, char cells[ROWS_MAX][CELL])
 {
     tally_hist_summary_t sum;
     tally_hist_summarize(h, &sum);
     snprintf(cells[ROW_COUNT], CELL, "%" PRIu64, sum.count);
     if (sum.in_range)
-        snprintf(cells[ROW_MEAN], CELL, "%.2f", sum.mean);
+        snprintf(cells[ROW_MEAN], CELL, "%.2f%s", sum.mean,
+                 h->dtype != TALLY_DTYPE_U8 ? " (in range)" : "");
     else
         snprintf(cells[ROW_MEAN], CELL, "-");
     bin_cell(h, sum.min_bin, cells[ROW_MIN]);
     bin_cell(h, sum.max_bin, cells[ROW_MAX]);
-    const tally_quantile_t *qs[] = {&sum.p50, &sum.p90, &sum.p99};
-    for (int k = 0; k < 3; k++) {
-        if (sum.count)
-            quantile_cell(h, qs[k], cells[ROW_P50 + k]);
+    size_t nq;
+    const double *qs = shown_quantiles(s, &nq);
+    unsigned r = ROW_QUANTILES;
+    for (size_t i = 0; i < nq; i++, r++) {
+        tally_quantile_t q;
+        if (sum.count && tally_hist_quantile(h, qs[i], &q) == TALLY_OK)
+            quantile_cell(h, &q, cells[r]);
         else
-            snprintf(cells[ROW_P50 + k], CELL, "-");
+            snprintf(cells[r], CELL, "-");
     }
-    snprintf(cells[ROW_UNDER], CELL, "%" PRIu64, sum.underflow);
-    snprintf(cells[ROW_OVER], CELL, "%" PRIu64, sum.overflow);
+    snprintf(cells[r++], CELL, "%" PRIu64, sum.underflow);
+    snprintf(cells[r], CELL, "%" PRIu64, sum.overflow);
 }
 
 /* "i32, 256 bins over [0, 1000), 3-4 values each". */
@@ -166,12 +199,14 @@ static tally_status_t counters_line(const tally_stream_info_t *i, tally_buf_t *o
 
 static tally_status_t table(const hv_stream_t *s, tally_buf_t *out)
 {
-    char cells[HV_CHANNELS_MAX][ROWS][CELL];
+    char cells[HV_CHANNELS_MAX][ROWS_MAX][CELL];
+    char names[ROWS_MAX][CELL];
+    unsigned rows = row_names(s, ranged(s), names);
     int width[HV_CHANNELS_MAX];
     for (unsigned c = 0; c < s->channels; c++) {
-        fill_cells(&s->hist[c], cells[c]);
+        fill_cells(s, &s->hist[c], cells[c]);
         width[c] = s->channels > 1 ? 1 : 0;
-        for (unsigned r = 0; r < ROWS; r++)
+        for (unsigned r = 0; r < rows; r++)
             if ((int)strlen(cells[c][r]) > width[c])
                 width[c] = (int)strlen(cells[c][r]);
     }
@@ -183,9 +218,8 @@ static tally_status_t table(const hv_stream_t *s, tally_buf_t *out)
         if (st == TALLY_OK)
             st = tally_buf_printf(out, "\n");
     }
-    unsigned rows = ranged(s) ? ROWS : ROW_UNDER;
     for (unsigned r = 0; r < rows && st == TALLY_OK; r++) {
-        st = tally_buf_printf(out, "%-10s", row_names[r]);
+        st = tally_buf_printf(out, "%-10s", names[r]);
         for (unsigned c = 0; c < s->channels && st == TALLY_OK; c++)
             st = s->channels > 1 ? tally_buf_printf(out, " %*s", width[c], cells[c][r])
                                  : tally_buf_printf(out, " %s", cells[c][r]);
@@ -251,17 +285,19 @@ tally_status_t hv_json(const hv_stream_t *s, tally_buf_t *out)
     tally_status_t st = json_head(s, out);
     if (st != TALLY_OK)
         return st;
+    size_t nq;
+    const double *qs = shown_quantiles(s, &nq);
     if (!s->channels)
         st = tally_buf_printf(out, "\"count\":0,\"mean\":null,\"quantiles\":null,\"bins\":[]");
     else if (s->channels == 1)
-        st = tally_hist_json(&s->hist[0], out);
+        st = tally_hist_json_quantiles(&s->hist[0], qs, nq, out);
     else {
         st = tally_buf_printf(out, "\"channels\":[");
         for (unsigned c = 0; c < s->channels && st == TALLY_OK; c++) {
             st = tally_buf_printf(out, "%s{\"channel\":\"%s\",", c ? "," : "",
                                   hv_channel_name(s, c));
             if (st == TALLY_OK)
-                st = tally_hist_json(&s->hist[c], out);
+                st = tally_hist_json_quantiles(&s->hist[c], qs, nq, out);
             if (st == TALLY_OK)
                 st = tally_buf_printf(out, "}");
         }
@@ -274,10 +310,15 @@ tally_status_t hv_json(const hv_stream_t *s, tally_buf_t *out)
 tally_status_t hv_csv(const hv_stream_t *s, tally_buf_t *out)
 {
     if (!s->channels)
-        return tally_buf_printf(out, "lo,hi,count\n");
+        return tally_buf_printf(out,
+                                s->nquantiles ? "quantile,q,value,side\n" : "lo,hi,count,kind\n");
     tally_status_t st = TALLY_OK;
-    for (unsigned c = 0; c < s->channels && st == TALLY_OK; c++)
-        st = tally_hist_csv(&s->hist[c], hv_channel_name(s, c), c == 0, out);
+    for (unsigned c = 0; c < s->channels && st == TALLY_OK; c++) {
+        const char *label = hv_channel_name(s, c);
+        st = s->nquantiles ? tally_hist_csv_quantiles(&s->hist[c], label, c == 0, s->quantiles,
+                                                      s->nquantiles, out)
+                           : tally_hist_csv(&s->hist[c], label, c == 0, out);
+    }
     return st;
 }
 

@@ -25,6 +25,10 @@ typedef struct {
     tally_hist_t hist[HV_CHANNELS_MAX];
     /* A window query: the interval the counts cover, ms since the epoch; 0, 0 for all time. */
     uint64_t window_start_ms, window_end_ms;
+    /* The quantiles to show (`tally query --quantile`), nquantiles <= TALLY_QUANTILES_MAX; 0
+     * for the default p50, p90, p99 (and for CSV: the bins instead of the quantiles). */
+    const double *quantiles;
+    size_t nquantiles;
 } hv_stream_t;
 
 /* Fills *s from a query record; TALLY_E_REPLY for a histogram type this CLI cannot show. */
@@ -33,7 +37,8 @@ tally_status_t hv_stream_init(hv_stream_t *s, const char *name, const tally_stre
 /* The channel's name in a multi-channel stream ("r", "g", "b", "a"); NULL for one channel. */
 const char *hv_channel_name(const hv_stream_t *s, unsigned channel);
 
-/* `tally query`: the human summary, the JSON object (one line) and the CSV of the bins. */
+/* `tally query`: the human summary, the JSON object (one line) and the CSV of the bins (of the
+ * quantiles, when s->nquantiles > 0). */
 tally_status_t hv_summary_text(const hv_stream_t *s, tally_buf_t *out);
 tally_status_t hv_json(const hv_stream_t *s, tally_buf_t *out);
 tally_status_t hv_csv(const hv_stream_t *s, tally_buf_t *out);

@@ -2,11 +2,21 @@
  * tally.c — libtally: the ZeroMQ client of tallyd (API and contracts in tally.h).
  *
  * Transport. One ZeroMQ context and one DEALER socket per client. LINGER 0 so destroying a
- * client never waits for a dead daemon; IMMEDIATE so messages are only queued toward a
- * connected peer (otherwise a DEALER connected to nothing accepts and holds them forever and
- * the caller learns nothing); high-water marks sized for a deep pipeline of 1 MiB chunks.
- * Every wait is a zmq_poll against a deadline computed once per call, so a call that sends
- * and then receives is bounded by one timeout, not two.
+ * client never waits for a dead daemon; high-water marks sized for a deep pipeline of 1 MiB
+ * chunks. Every wait is a zmq_poll against a deadline computed once per call, so a call that
+ * sends and then receives is bounded by one timeout, not two.
+ *
+ * Connection. A request must never be queued toward a daemon that is not connected (a DEALER
+ * would hold it and deliver it whenever one appears, perhaps long after the caller gave up).
+ * ZMQ_IMMEDIATE would do that, but it has a cost we cannot accept: when the connection breaks,
+ * ZeroMQ's session hiccups the pipe and, with IMMEDIATE, the socket terminates it at once
+ * (socket_base_t::hiccuped -> pipe_t::terminate(false)), dropping every reply that had arrived
+ * but was not yet read. A numbered push stopped by a restart then under-reported what was
+ * applied (1-3 of 24 replies lost in about one SIGTERM in four; all of them when the reader is
+ * not inside libtally at that moment). So the socket keeps ZeroMQ's default (its pipe outlives
+ * the connection and every received reply stays readable), and the client tracks the
+ * connection itself from a socket monitor (handshake done / disconnected, on an inproc PAIR):
+ * a send waits, within its deadline, until the connection is up.
  *
  * Replies. A reply is exactly [64-byte header][payload]. The payload frame is kept as a
  * zmq_msg_t inside tally_reply_t (no copy); error payloads are copied into reply->error.
@@ -60,6 +70,9 @@ struct tally_client {
     int side_fd;           /* the shared-memory side channel, -1 until the first region */
     size_t max_batch;      /* the daemon's, from the info side_connect reads; 0 until then */
     tally_bufpool_t *pool; /* tally_send's copies of large payloads (tally_bufpool.c) */
+    void *monitor;         /* PAIR receiving sock's connection events */
+    bool connected;        /* the last event said: handshake done (not: disconnected) */
+    int64_t checked_us;    /* when the monitor was last read */
 };
 
 struct tally_region {
@@ -117,6 +130,24 @@ static tally_status_t wait_socket(tally_client_t *self, short events, int64_t de
     }
 }
 
+/* Reads and discards the rest of a multipart message; returns how many frames it had. */
+static int drain_frames(void *sock)
+{
+    int frames = 0, more = 1;
+    while (more) {
+        zmq_msg_t part;
+        zmq_msg_init(&part);
+        if (zmq_msg_recv(&part, sock, 0) < 0) {
+            zmq_msg_close(&part);
+            break;
+        }
+        frames++;
+        more = zmq_msg_more(&part);
+        zmq_msg_close(&part);
+    }
+    return frames;
+}
+
 const char *tally_version(void)
 {
     return TALLY_VERSION;
@@ -127,6 +158,85 @@ const char *tally_version(void)
 static tally_status_t set_int_opt(void *sock, int opt, int value)
 {
     return zmq_setsockopt(sock, opt, &value, sizeof value) == 0 ? TALLY_OK : TALLY_E_TRANSPORT;
+}
+
+/* ---- The connection's state (see "Connection" above) ---------------------------------------- */
+
+/* The events that say whether requests can go out: the ZMTP handshake is done (the moment
+ * ZMQ_IMMEDIATE would attach the pipe), or the connection broke. */
+#define TALLY_MONITOR_EVENTS (ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED)
+#define TALLY_MONITOR_ADDR "inproc://tally-monitor" /* one per context, and a client has its own   \
+                                                     */
+
+/* Before the connect, so that no event is missed. */
+static tally_status_t monitor_start(tally_client_t *self)
+{
+    if (zmq_socket_monitor(self->sock, TALLY_MONITOR_ADDR, TALLY_MONITOR_EVENTS) != 0)
+        return TALLY_E_TRANSPORT;
+    self->monitor = zmq_socket(self->ctx, ZMQ_PAIR);
+    if (!self->monitor || set_int_opt(self->monitor, ZMQ_LINGER, 0) != TALLY_OK ||
+        zmq_connect(self->monitor, TALLY_MONITOR_ADDR) != 0)
+        return TALLY_E_TRANSPORT;
+    return TALLY_OK;
+}
+
+static void monitor_stop(tally_client_t *self)
+{
+    zmq_socket_monitor(self->sock, NULL, 0);
+    if (self->monitor)
+        zmq_close(self->monitor);
+    self->monitor = NULL;
+}
+
+/* Takes the events that have arrived; the last one decides. An event is two frames: 6 bytes
+ * (uint16 event, uint32 value, native order) and the endpoint. */
+static void monitor_drain(tally_client_t *self)
+{
+    for (;;) {
+        zmq_msg_t ev;
+        zmq_msg_init(&ev);
+        if (zmq_msg_recv(&ev, self->monitor, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&ev);
+            return;
+        }
+        uint16_t event = 0;
+        if (zmq_msg_size(&ev) >= sizeof event)
+            memcpy(&event, zmq_msg_data(&ev), sizeof event);
+        if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
+            self->connected = true;
+        else if (event == ZMQ_EVENT_DISCONNECTED)
+            self->connected = false;
+        bool more = zmq_msg_more(&ev);
+        zmq_msg_close(&ev);
+        if (more)
+            drain_frames(self->monitor);
+    }
+}
+
+/* Reading the monitor costs a system call (ZeroMQ polls its command mailbox: 0.8-1 us on the
+ * loaded 2-core dev box, 2026-11-26), too much for every send of a 4 KiB request; a connection
+ * known to be up is taken as up for this long. A disconnect in that time is the same case as one
+ * that comes just after the send: the request waits in the queue for the connection. */
+#define TALLY_CONNECTED_TRUST_US 1000
+
+/* Waits until the connection is up or the deadline passes. */
+static tally_status_t wait_connected(tally_client_t *self, int64_t deadline)
+{
+    int64_t now = now_us();
+    if (self->connected && now - self->checked_us < TALLY_CONNECTED_TRUST_US)
+        return TALLY_OK;
+    self->checked_us = now;
+    monitor_drain(self);
+    while (!self->connected) {
+        int64_t left_us = deadline - now_us();
+        if (left_us <= 0)
+            return TALLY_E_TIMEOUT;
+        zmq_pollitem_t item = {.socket = self->monitor, .events = ZMQ_POLLIN};
+        if (zmq_poll(&item, 1, (long)((left_us + 999) / 1000)) < 0 && errno != EINTR)
+            return TALLY_E_TRANSPORT;
+        monitor_drain(self);
+    }
+    return TALLY_OK;
 }
 
 tally_status_t tally_client_new(const char *endpoint, int timeout_ms, tally_client_t **out)
@@ -178,8 +288,7 @@ tally_status_t tally_client_new_curve(const char *endpoint, int timeout_ms,
     self->sock = zmq_socket(self->ctx, ZMQ_DEALER);
     if (!self->sock)
         goto fail_ctx;
-    if (set_int_opt(self->sock, ZMQ_LINGER, 0) || set_int_opt(self->sock, ZMQ_IMMEDIATE, 1) ||
-        set_int_opt(self->sock, ZMQ_SNDHWM, TALLY_HWM) ||
+    if (set_int_opt(self->sock, ZMQ_LINGER, 0) || set_int_opt(self->sock, ZMQ_SNDHWM, TALLY_HWM) ||
         set_int_opt(self->sock, ZMQ_RCVHWM, TALLY_HWM) ||
         /* A backstop only: sends wait in wait_socket with the caller's deadline. */
         set_int_opt(self->sock, ZMQ_SNDTIMEO, timeout_ms))
@@ -195,11 +304,15 @@ tally_status_t tally_client_new_curve(const char *endpoint, int timeout_ms,
         status = TALLY_E_ARG; /* keys that are not 40 characters of Z85 */
         goto fail_sock;
     }
+    if (monitor_start(self) != TALLY_OK)
+        goto fail_monitor;
     if ((status = tally__connect(self->sock, endpoint)) != TALLY_OK)
-        goto fail_sock;
+        goto fail_monitor;
     *out = self;
     return TALLY_OK;
 
+fail_monitor:
+    monitor_stop(self);
 fail_sock:
     zmq_close(self->sock);
 fail_ctx:
@@ -218,6 +331,7 @@ void tally_client_destroy(tally_client_t **self_p)
     tally_client_t *self = *self_p;
     if (self->side_fd >= 0)
         close(self->side_fd);
+    monitor_stop(self);
     zmq_close(self->sock);
     zmq_ctx_term(self->ctx); /* gives back every pooled buffer still queued */
     tally__bufpool_destroy(&self->pool);
@@ -270,6 +384,13 @@ static tally_status_t send_header_until(tally_client_t *self, const tally_req_t 
 
     uint8_t header[TALLY_REQ_HEADER_SIZE];
     tally_req_encode(&wire, header);
+    status = wait_connected(self, deadline);
+    if (status == TALLY_E_TIMEOUT)
+        return fail(self, status,
+                    "timed out waiting for a connection to tallyd (is tallyd running? with "
+                    "CURVE: does it accept this client's key?)");
+    if (status != TALLY_OK)
+        return fail(self, status, zmq_strerror(zmq_errno()));
     for (;;) {
         status = wait_socket(self, ZMQ_POLLOUT, deadline);
         if (status == TALLY_E_TIMEOUT)
@@ -362,24 +483,6 @@ release:
     if (free_fn && payload)
         free_fn(payload, hint);
     return status;
-}
-
-/* Reads and discards the rest of a multipart message; returns how many frames it had. */
-static int drain_frames(void *sock)
-{
-    int frames = 0, more = 1;
-    while (more) {
-        zmq_msg_t part;
-        zmq_msg_init(&part);
-        if (zmq_msg_recv(&part, sock, 0) < 0) {
-            zmq_msg_close(&part);
-            break;
-        }
-        frames++;
-        more = zmq_msg_more(&part);
-        zmq_msg_close(&part);
-    }
-    return frames;
 }
 
 /* Fills reply from a header frame and payload frame already received. Takes `payload`. */
@@ -1228,6 +1331,28 @@ uint64_t tally__chunk_count(size_t len, size_t chunk_bytes)
 
 /* ---- Streaming pushes (tally_push_*) and tally_run ------------------------------------------ */
 
+/* "Applied k chunks, B bytes" must take B from the same k, whatever k the daemon reports (a
+ * tallyd restarted from an older snapshot may hold fewer chunks than it acknowledged). A chunk
+ * is chunk_bytes long except the short ones (a live input's pause, the input's end), so
+ * bytes(k) = k x chunk_bytes - the shortfall of the short chunks before chunk k. The push keeps
+ * the last PUSH_SHORT_KEPT short chunks (index, shortfall through it), which answers every k
+ * after the newest one it let go; a file has one short chunk at most. Memory: 64 KiB at most,
+ * taken at the first short chunk. */
+#define PUSH_SHORT_KEPT 4096u
+
+typedef struct {
+    uint64_t index;     /* the chunk */
+    uint64_t shortfall; /* chunk_bytes minus the length, summed over short chunks up to it */
+} short_chunk_t;
+
+typedef struct {
+    short_chunk_t *kept; /* a ring: kept[(first + i) % PUSH_SHORT_KEPT], i < count */
+    unsigned first, count;
+    uint64_t shortfall; /* over every short chunk so far */
+    bool let_go;        /* records were dropped; `newest_gone` is the last one dropped */
+    short_chunk_t newest_gone;
+} short_chunks_t;
+
 typedef struct {
     uint64_t request_id;
     size_t len;     /* the chunk's input bytes */
@@ -1249,7 +1374,7 @@ struct tally_push {
     uint64_t next_send;    /* chunks written so far (sent or skipped) */
     uint64_t next_merge;   /* the next chunk to merge, in order */
     uint64_t total_chunks; /* opts->total_bytes in chunks; 0 when unknown */
-    uint64_t skipped_bytes, merged_bytes;
+    short_chunks_t shorts;
     bool sequenced; /* chunk k carries seq res.seq_base + 1 + k */
     bool finished;
     uint64_t scan_offset;                    /* stateless scan: total of the chunks merged so far */
@@ -1347,7 +1472,6 @@ static tally_status_t merge_hist(tally_push_t *push, const tally_reply_t *reply)
 
 static tally_status_t merge_chunk(tally_push_t *push, uint64_t k, const push_slot_t *slot)
 {
-    push->merged_bytes += slot->len;
     switch (push->req.opcode) {
     case TALLY_OP_FILTER:
         return merge_filter(push, k, &slot->reply);
@@ -1383,6 +1507,33 @@ static tally_status_t push_send(tally_push_t *push, uint64_t k, const void *chun
     return TALLY_OK;
 }
 
+/* A numbered chunk in slot `slot` failed with the daemon's `status`: what the stream holds, when
+ * the reply says it. duplicate and sequence_gap carry the stream's last_seq. Any other failure
+ * of chunk k, once every chunk before it has been answered ok, means exactly k chunks are in:
+ * replies on a stream come in send order, a failed request does not use up its seq, and every
+ * later one then gets sequence_gap (PROTOCOL.md, "Sequence numbers"). */
+static void push_failed_at(tally_push_t *push, unsigned slot, tally_status_t status,
+                           const tally_reply_t *reply)
+{
+    if (!push->sequenced)
+        return;
+    if (status == TALLY_E_DUPLICATE || status == TALLY_E_SEQ_GAP) {
+        push->res.last_seq = reply->rep.aux0; /* the stream's position, exactly */
+        push->res.applied_known = true;
+        return;
+    }
+    for (uint64_t k = push->next_merge; k < push->next_send; k++) {
+        const push_slot_t *s = &push->slots[k % push->window];
+        if (k % push->window == slot) {
+            push->res.last_seq = push->res.seq_base + k;
+            push->res.applied_known = true;
+            return;
+        }
+        if (!s->done)
+            return; /* an earlier chunk is still unanswered: ask the daemon */
+    }
+}
+
 /* Receives one reply and parks it in its slot; replies to requests not in the window (left
  * over from an earlier failed call) are dropped. */
 static tally_status_t push_receive(tally_push_t *push, tally_reply_t *reply)
@@ -1395,10 +1546,7 @@ static tally_status_t push_receive(tally_push_t *push, tally_reply_t *reply)
         if (!slot->in_flight || slot->request_id != reply->rep.request_id)
             continue;
         if (status != TALLY_OK) {
-            if (status == TALLY_E_DUPLICATE || status == TALLY_E_SEQ_GAP) {
-                push->res.last_seq = reply->rep.aux0; /* the stream's position, exactly */
-                push->res.applied_known = true;
-            }
+            push_failed_at(push, i, status, reply);
             return push_fail(push, status, reply->error);
         }
         slot->in_flight = false;
@@ -1526,6 +1674,23 @@ size_t tally_push_chunk_bytes(const tally_push_t *push)
     return push ? push->chunk_bytes : 0;
 }
 
+/* Records chunk `index`, `shortfall` bytes shorter than chunk_bytes (indexes grow). */
+static tally_status_t short_chunk_note(short_chunks_t *sc, uint64_t index, uint64_t shortfall)
+{
+    if (!sc->kept && !(sc->kept = malloc(PUSH_SHORT_KEPT * sizeof *sc->kept)))
+        return TALLY_E_NOMEM;
+    sc->shortfall += shortfall;
+    if (sc->count == PUSH_SHORT_KEPT) { /* the oldest goes */
+        sc->newest_gone = sc->kept[sc->first];
+        sc->let_go = true;
+        sc->first = (sc->first + 1) % PUSH_SHORT_KEPT;
+        sc->count--;
+    }
+    sc->kept[(sc->first + sc->count++) % PUSH_SHORT_KEPT] =
+        (short_chunk_t){.index = index, .shortfall = sc->shortfall};
+    return TALLY_OK;
+}
+
 tally_status_t tally_push_write(tally_push_t *push, const void *data, size_t len)
 {
     if (!push || (len && !data) || push->finished)
@@ -1539,10 +1704,12 @@ tally_status_t tally_push_write(tally_push_t *push, const void *data, size_t len
         return fail(push->client, TALLY_E_ARG, msg); /* refused; the push goes on */
     }
     uint64_t k = push->next_send;
+    if (len < push->chunk_bytes &&
+        short_chunk_note(&push->shorts, k, push->chunk_bytes - len) != TALLY_OK)
+        return push_fail(push, TALLY_E_NOMEM, "out of memory");
     if (k < push->first) { /* a resumed push: the stream has this chunk already */
         push->next_send = push->next_merge = k + 1;
         push->res.skipped++;
-        push->skipped_bytes += len;
     } else {
         tally_status_t status = TALLY_OK;
         while (status == TALLY_OK && push->next_send - push->next_merge >= push->window)
@@ -1558,14 +1725,26 @@ tally_status_t tally_push_write(tally_push_t *push, const void *data, size_t len
     return TALLY_OK;
 }
 
-/* Input bytes of the chunks the stream holds: the skipped and merged ones, plus those in
- * flight that the daemon reported applied (chunks before index `applied`). */
+/* Input bytes of the first `applied` chunks; UINT64_MAX when the records that would say were let
+ * go (see PUSH_SHORT_KEPT). */
 static uint64_t applied_bytes(const tally_push_t *push, uint64_t applied)
 {
-    uint64_t bytes = push->skipped_bytes + push->merged_bytes;
-    for (uint64_t k = push->next_merge; k < applied && k < push->next_send; k++)
-        bytes += push->slots[k % push->window].len;
-    return bytes;
+    const short_chunks_t *sc = &push->shorts;
+    uint64_t before = 0; /* the shortfall of the short chunks before chunk `applied` */
+    bool found = false;
+    for (unsigned i = sc->count; i-- > 0 && !found;) {
+        const short_chunk_t *r = &sc->kept[(sc->first + i) % PUSH_SHORT_KEPT];
+        if (r->index < applied) {
+            before = r->shortfall;
+            found = true;
+        }
+    }
+    if (!found && sc->let_go) {
+        if (sc->newest_gone.index >= applied)
+            return UINT64_MAX;
+        before = sc->newest_gone.shortfall;
+    }
+    return applied * push->chunk_bytes - before;
 }
 
 /* After a push: how many chunks of the input the stream holds. A failed push asks the daemon
@@ -1643,6 +1822,7 @@ void tally_push_destroy(tally_push_t **push_p)
         free(push->slots);
     }
     tally_region_destroy(&push->region);
+    free(push->shorts.kept);
     free(push);
     *push_p = NULL;
 }

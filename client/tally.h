@@ -15,12 +15,12 @@
  *      with a window, whose output is what one whole message would have produced.
  *
  * Nothing blocks forever: every wait is bounded by the client's timeout and reports
- * TALLY_E_TIMEOUT. The socket sets ZMQ_IMMEDIATE, so a request is never queued toward a
- * daemon that is not connected (a DEALER would otherwise hold it until one appears). The other
- * side of that option: when the connection breaks (tallyd stops or restarts), ZeroMQ drops the
- * replies this client has received but not yet read, so a request tallyd answered can still
- * end in TALLY_E_TIMEOUT here. Read replies as they come; on a stream, the seq rules
- * (PROTOCOL.md) tell what was applied.
+ * TALLY_E_TIMEOUT. A request is never queued toward a daemon that is not connected: a send
+ * waits (within the timeout) until the connection is up, so a request sent while tallyd is
+ * down is not delivered later when it comes back. Every reply that has arrived stays readable
+ * after the connection breaks (tallyd stops or restarts): tally_recv returns it. Requests
+ * still waiting in this client's queue when the connection breaks go out when it comes back;
+ * on a stream, sequence numbers (PROTOCOL.md) make that harmless.
  *
  * Buffers holding elements (inputs, reply payloads, tally_run outputs) are little-endian
  * element arrays exactly as on the wire, that is plain C arrays on the little-endian hosts
@@ -241,8 +241,10 @@ typedef struct {
     /* Without sequence numbers, `applied` is the chunks acknowledged, in order.
      * With sequence numbers: chunk k was sent as seq seq_base + 1 + k; `applied` chunks of the
      * input are in the stream (all of them on success; on failure the stream's last_seq minus
-     * seq_base, as the daemon reported it in a duplicate or sequence_gap reply or a query after
-     * the failure, or, when it could not be asked, the chunks acknowledged), of which `skipped`
+     * seq_base, as the daemon reported it in a duplicate or sequence_gap reply, or as the
+     * replies show it (chunk k failed after every chunk before it was answered ok: k), or from
+     * a query after the failure, or, when it could not be asked, the chunks acknowledged), of
+     * which `skipped`
      * were applied before this call (TALLY_RUN_SEQ_RESUME) and not sent; last_seq is the
      * stream's last_seq as far as known (seq_base + applied). A chunk is never counted twice. */
     uint64_t input_chunks; /* chunks the input is cut into (set once sequence numbers are known) */
@@ -250,9 +252,12 @@ typedef struct {
     uint64_t applied;
     uint64_t skipped;
     uint64_t last_seq;
-    bool applied_known;     /* false: the daemon could not be asked; applied is a lower bound */
-    uint64_t bytes;         /* input bytes written (sent or skipped) */
-    uint64_t applied_bytes; /* input bytes of the `applied` chunks */
+    bool applied_known; /* false: the daemon could not be asked; applied is a lower bound */
+    uint64_t bytes;     /* input bytes written (sent or skipped) */
+    /* Input bytes of the `applied` chunks (the first `applied` of the input), from the same
+     * count; UINT64_MAX when not known: the daemon holds fewer chunks than it acknowledged and
+     * the lengths of those were let go (more than 4096 short chunks ago, a live input). */
+    uint64_t applied_bytes;
     tally_status_t status;
     char error[TALLY_ERROR_MESSAGE_MAX + 1]; /* why it failed, "" on success */
 } tally_run_result_t;
@@ -289,7 +294,8 @@ TALLY_API tally_status_t tally_run(tally_client_t *self, const tally_req_t *req,
  * file larger than memory): the caller writes it chunk by chunk, the push keeps opts->window
  * chunks in flight, and each chunk's output goes to an output function, in input order, as
  * soon as the chunks before it have been answered. Memory stays bounded by the window: about
- * window x (chunk + its output), whatever the input's length.
+ * window x (chunk + its output), whatever the input's length (and at most 64 KiB for the lengths
+ * of short chunks, which say how many bytes the applied chunks hold).
  *
  *   tally_push_t *push;
  *   tally_push_new(client, &req, &opts, write_out, file, &push);
@@ -421,23 +427,52 @@ TALLY_API tally_status_t tally_hist_quantile(const tally_hist_t *hist, double q,
 /* Count, mean, min/max non-empty bin, p50/p90/p99, underflow and overflow. */
 TALLY_API void tally_hist_summarize(const tally_hist_t *hist, tally_hist_summary_t *out);
 
+/* The most quantiles one JSON or CSV rendering takes, and the room a quantile's name needs. */
+#define TALLY_QUANTILES_MAX 64
+#define TALLY_QUANTILE_NAME_MAX 16
+
+/* The name of quantile q (0 <= q <= 1, taken to the nearest millionth) in summaries: "p" and
+ * 100 q with at most four decimals and no trailing zeros: 0.5 "p50", 0.999 "p99.9", 0.000001
+ * "p0.0001", 1 "p100". buf holds at least TALLY_QUANTILE_NAME_MAX bytes. TALLY_E_ARG for a q
+ * outside [0, 1]. */
+TALLY_API tally_status_t tally_quantile_name(double q, char *buf, size_t cap);
+/* A quantile's side (tally_quantile_t.side) as the JSON and CSV give it: "underflow" (-1),
+ * "in_range" (0), "overflow" (+1). */
+TALLY_API const char *tally_quantile_side_name(int side);
+
 /* Appends the histogram as the members of a JSON object (no braces, so a caller can add its own
  * members such as a stream or channel name around them):
  *   "count":N,"in_range":N,"underflow":N,"overflow":N,"mean":X|null,
  *   "min":{"bin":B,"lo":L,"hi":H}|null,"max":{...}|null,
- *   "quantiles":{"p50":V,"p90":V,"p99":V}|null,
+ *   "quantiles":{"p50":{"q":0.5,"value":V,"side":S},"p90":{...},"p99":{...}}|null,
  *   "bins":[{"lo":L,"hi":H,"count":N},...]
- * `bins` lists the real integer edges, hi exclusive, in increasing order: for u8 the 256 byte
- * values; for i32 and u16 an underflow entry, the 256 bins, then an overflow entry (258). A
- * quantile outside the range is given as its nearest edge (lo or hi, see tally_hist_quantile);
- * the underflow and overflow counts say when that can happen. */
+ * `mean` is the mean of the in_range values only. `quantiles` is null when count is 0; each
+ * member is named by tally_quantile_name, `q` is the quantile (to the nearest millionth),
+ * `value` its estimate (tally_hist_quantile) and `side` "in_range", or "underflow" (the
+ * quantile is an underflow value, `value` is lo) or "overflow" (an overflow value, `value` is
+ * hi). `bins` lists the real integer edges, hi exclusive, in increasing order: for u8 the 256
+ * byte values; for i32 and u16 an underflow entry, the 256 bins, then an overflow entry
+ * (258). */
 TALLY_API tally_status_t tally_hist_json(const tally_hist_t *hist, tally_buf_t *out);
+/* The same with the quantiles qs[0..n) (each in [0, 1], n <= TALLY_QUANTILES_MAX), in that
+ * order, instead of p50, p90 and p99 (tally_hist_json is this with 0.5, 0.9, 0.99). Give each
+ * quantile once: two that round to the same millionth would share a name. TALLY_E_ARG for a
+ * quantile outside [0, 1] or too many. */
+TALLY_API tally_status_t tally_hist_json_quantiles(const tally_hist_t *hist, const double *qs,
+                                                   size_t n, tally_buf_t *out);
 
-/* Appends the bins as CSV rows "lo,hi,count" (the same entries as the JSON `bins`), each
- * preceded by "label," when label is not NULL; with `header`, first the line "lo,hi,count"
- * (or "channel,lo,hi,count" with a label). */
+/* Appends the bins as CSV rows "lo,hi,count,kind" (the same entries as the JSON `bins`; kind
+ * is "underflow", "bin" or "overflow"), each preceded by "label," when label is not NULL; with
+ * `header`, first the line "lo,hi,count,kind" (or "channel,lo,hi,count,kind" with a label). */
 TALLY_API tally_status_t tally_hist_csv(const tally_hist_t *hist, const char *label, bool header,
                                         tally_buf_t *out);
+/* Appends the quantiles qs[0..n) as CSV rows "quantile,q,value,side" (name, q, estimate and
+ * side as in the JSON; value and side empty for an empty histogram), each preceded by "label,"
+ * when label is not NULL; with `header`, first "quantile,q,value,side" (or
+ * "channel,quantile,q,value,side"). TALLY_E_ARG as tally_hist_json_quantiles. */
+TALLY_API tally_status_t tally_hist_csv_quantiles(const tally_hist_t *hist, const char *label,
+                                                  bool header, const double *qs, size_t n,
+                                                  tally_buf_t *out);
 
 /* ---- CURVE: authentication and encryption (PROTOCOL.md §12) ------------------------------ */
 

@@ -113,6 +113,42 @@ static void u8_data(uint8_t *x, int64_t *sorted, uint64_t bins[256])
     qsort(sorted, U8_N, sizeof *sorted, th_cmp_i64);
 }
 
+/* --quantile Q (repeatable): exactly those quantiles, in that order, in every format; bad
+ * values refused before anything is sent. */
+static void check_quantile_option(const int64_t *sorted)
+{
+    char want[512], buf[256];
+    cli_result_t r = cli("query --quantile 0.999 --quantile 0.001 --quantile 0.999 q/u8");
+    assert_int_equal(r.status, 0);
+    snprintf(want, sizeof want, "p99.9      %" PRId64, exact_q(sorted, U8_N, 999000));
+    assert_string_equal(line_of(r.out, "p99.9 ", buf, sizeof buf), want);
+    snprintf(want, sizeof want, "p0.1       %" PRId64, exact_q(sorted, U8_N, 1000));
+    assert_string_equal(line_of(r.out, "p0.1 ", buf, sizeof buf), want);
+    assert_null(strstr(r.out, "p50"));
+    assert_int_equal(count_of(r.out, "p99.9"), 1); /* given twice, shown once */
+    assert_true(strstr(r.out, "p99.9") < strstr(r.out, "p0.1"));
+    cli_free(&r);
+    r = cli("query --json --quantile 0.999 q/u8");
+    assert_int_equal(r.status, 0);
+    snprintf(want, sizeof want,
+             "\"quantiles\":{\"p99.9\":{\"q\":0.999,\"value\":%" PRId64 ",\"side\":\"in_range\"}},",
+             exact_q(sorted, U8_N, 999000));
+    assert_non_null(strstr(r.out, want));
+    cli_free(&r);
+    r = cli("query --csv --quantile 0.5 --quantile 1 q/u8");
+    assert_int_equal(r.status, 0);
+    snprintf(want, sizeof want,
+             "quantile,q,value,side\np50,0.5,%" PRId64 ",in_range\np100,1,%" PRId64 ",in_range\n",
+             exact_q(sorted, U8_N, 500000), sorted[U8_N - 1]);
+    assert_string_equal(r.out, want);
+    cli_free(&r);
+    expect_status(cli("query --quantile 1.5 q/u8"), 2, "invalid quantile '1.5'");
+    expect_status(cli("query --quantile -0.1 q/u8"), 2, "invalid quantile");
+    expect_status(cli("query --quantile nan q/u8"), 2, "invalid quantile");
+    expect_status(cli("query --quantile 0.5x q/u8"), 2, "invalid quantile");
+    expect_status(cli("query --raw --quantile 0.5 q/u8"), 2, "--raw");
+}
+
 static void test_query_u8_formats(void **state)
 {
     (void)state;
@@ -156,7 +192,9 @@ static void test_query_u8_formats(void **state)
              U8_N, U8_N);
     assert_non_null(strstr(r.out, want));
     snprintf(want, sizeof want,
-             "\"quantiles\":{\"p50\":%" PRId64 ",\"p90\":%" PRId64 ",\"p99\":%" PRId64 "}",
+             "\"quantiles\":{\"p50\":{\"q\":0.5,\"value\":%" PRId64 ",\"side\":\"in_range\"},"
+             "\"p90\":{\"q\":0.9,\"value\":%" PRId64 ",\"side\":\"in_range\"},"
+             "\"p99\":{\"q\":0.99,\"value\":%" PRId64 ",\"side\":\"in_range\"}}",
              exact_q(sorted, U8_N, qs[0]), exact_q(sorted, U8_N, qs[1]),
              exact_q(sorted, U8_N, qs[2]));
     assert_non_null(strstr(r.out, want));
@@ -173,9 +211,10 @@ static void test_query_u8_formats(void **state)
     r = cli("query --csv q/u8");
     assert_int_equal(r.status, 0);
     char csv[8192];
-    size_t at = (size_t)snprintf(csv, sizeof csv, "lo,hi,count\n");
+    size_t at = (size_t)snprintf(csv, sizeof csv, "lo,hi,count,kind\n");
     for (unsigned b = 0; b < 256; b++)
-        at += (size_t)snprintf(csv + at, sizeof csv - at, "%u,%u,%" PRIu64 "\n", b, b + 1, bins[b]);
+        at += (size_t)snprintf(csv + at, sizeof csv - at, "%u,%u,%" PRIu64 ",bin\n", b, b + 1,
+                               bins[b]);
     assert_string_equal(r.out, csv);
     cli_free(&r);
 
@@ -189,6 +228,7 @@ static void test_query_u8_formats(void **state)
     cli_free(&r);
 
     expect_status(cli("query --json --csv q/u8"), 2, "exclude");
+    check_quantile_option(sorted);
 }
 
 /* ---- query: i32 and u16 ranges ------------------------------------------------------------ */
@@ -262,6 +302,32 @@ static void check_ranged(const char *type, const char *stream, int64_t lo, int64
     snprintf(want, sizeof want, "\"type\":\"%s\",\"lo\":%" PRId64 ",\"hi\":%" PRId64 ",", type, lo,
              hi);
     assert_non_null(strstr(r.out, want));
+    /* A quantile beyond the range names its side, its value the edge. */
+    int64_t p99 = exact_q(v, N, 990000), p50 = exact_q(v, N, 500000);
+    if (p99 >= hi) {
+        snprintf(want, sizeof want,
+                 "\"p99\":{\"q\":0.99,\"value\":%" PRId64 ",\"side\":\"overflow\"}", hi);
+        assert_non_null(strstr(r.out, want));
+    }
+    if (p50 >= lo && p50 < hi)
+        assert_non_null(strstr(r.out, "\"p50\":{\"q\":0.5,\"value\":"));
+    cli_free(&r);
+
+    /* CSV: the outer rows say what they are. */
+    r = cli("query --csv %s", stream);
+    assert_int_equal(r.status, 0);
+    snprintf(want, sizeof want, "lo,hi,count,kind\n%s,%" PRId64 ",%" PRIu64 ",underflow\n",
+             esize == 2 ? "0" : "-2147483648", lo, under);
+    assert_int_equal(strncmp(r.out, want, strlen(want)), 0);
+    snprintf(want, sizeof want, "\n%" PRId64 ",%s,%" PRIu64 ",overflow\n", hi,
+             esize == 2 ? "65536" : "2147483648", over);
+    assert_non_null(strstr(r.out, want));
+    assert_int_equal(count_of(r.out, ",bin\n"), 256);
+    cli_free(&r);
+
+    /* The mean leaves the underflow and overflow out, and says so. */
+    r = cli("query %s", stream);
+    assert_non_null(strstr(line_of(r.out, "mean ", buf, sizeof buf), " (in range)"));
     cli_free(&r);
 }
 
@@ -397,8 +463,8 @@ static void test_hist_rgb(void **state)
     cli_free(&r);
     r = cli("query --csv q/rgba");
     assert_int_equal(r.status, 0);
-    assert_int_equal(strncmp(r.out, "channel,lo,hi,count\nr,0,1,", 26), 0);
-    snprintf(want, sizeof want, "\nb,250,251,%" PRIu64 "\n", bins[2][250]);
+    assert_int_equal(strncmp(r.out, "channel,lo,hi,count,kind\nr,0,1,", 31), 0);
+    snprintf(want, sizeof want, "\nb,250,251,%" PRIu64 ",bin\n", bins[2][250]);
     assert_non_null(strstr(r.out, want));
     cli_free(&r);
 
@@ -481,19 +547,46 @@ static void test_watch_once(void **state)
     write_file("once.txt", "10 10 20 250\n", 13);
     expect_status(cli("hist --text --stream once --in once.txt > /dev/null"), 0, NULL);
     setenv("COLUMNS", "80", 1); /* not a terminal: watch takes the width from $COLUMNS */
-    cli_result_t r = cli("watch --once --ascii --interval 200ms once never-made | cat");
+    cli_result_t r = cli("watch --once --ascii --interval 200ms once");
     assert_int_equal(r.status, 0);
+    assert_string_equal(r.err, "");
     assert_null(strchr(r.out, '\x1b')); /* no terminal control */
     char buf[512];
     assert_string_equal(line_of(r.out, "once ", buf, sizeof buf),
                         "once  u8  count 4  rate 0/s  mean 72.5  p50 10  p90 250  p99 250");
-    assert_string_equal(line_of(r.out, "never-made", buf, sizeof buf),
-                        "never-made  no such stream (yet)");
     /* 80 columns: bins 0..255 folded into 80; the axis spans them. */
     line_of(r.out, "0 ", buf, sizeof buf);
     assert_int_equal(strlen(buf), 80);
     assert_string_equal(buf + 76, " 255");
     assert_non_null(strstr(r.out, "#"));
+    cli_free(&r);
+
+    /* A stream tallyd does not have: exit 1 and the daemon's words, in the frame (no blank
+     * lines kept for it) and on stderr; the other streams are still drawn. */
+    r = cli("watch --once --ascii --interval 200ms never-made once");
+    assert_int_equal(r.status, 1);
+    assert_string_equal(r.err, "tally: watch: never-made: unknown_stream: no stream named "
+                               "'never-made'\n");
+    assert_string_equal(line_of(r.out, "never-made", buf, sizeof buf),
+                        "never-made  unknown_stream: no stream named 'never-made'");
+    assert_null(strstr(r.out, "\n\n\n")); /* the title's empty status line, then no others */
+    assert_non_null(strstr(r.out, "once  u8  count 4"));
+    cli_free(&r);
+
+    /* --size draws for that screen whatever $COLUMNS says. */
+    r = cli("watch --once --ascii --interval 200ms --size 50x10 once");
+    assert_int_equal(r.status, 0);
+    line_of(r.out, "0 ", buf, sizeof buf);
+    assert_int_equal(strlen(buf), 50);
+    cli_free(&r);
+    expect_status(cli("watch --once --size 10x2 once"), 2, "--size");
+    expect_status(cli("watch --once --size 80 once"), 2, "--size");
+
+    /* Nothing listening: the reason, not a timeout, and no "retrying" (exit 3). */
+    r = cli("watch -e tcp://127.0.0.1:%d --once once", th_free_port());
+    assert_int_equal(r.status, 3);
+    assert_non_null(strstr(r.err, "cannot connect: Connection refused"));
+    assert_null(strstr(r.err, "retrying"));
     cli_free(&r);
     setenv("COLUMNS", "40", 1);
     r = cli("watch --once --ascii --interval 200ms once");

@@ -69,7 +69,8 @@ typedef struct {
 static child_t spawn(const char *const *args)
 {
     int fds[2];
-    assert_int_equal(pipe(fds), 0);
+    /* Close-on-exec: a tallyd the test starts later must not hold the write end open. */
+    assert_int_equal(pipe2(fds, O_CLOEXEC), 0);
     child_t c = {.pid = fork(), .in = fds[1]};
     assert_true(c.pid >= 0);
     if (c.pid == 0) {
@@ -248,11 +249,13 @@ static void test_interrupt_reports_and_resume_finishes(void **state)
     kill(c.pid, SIGINT);
     assert_int_equal(finish(&c, NULL), 130);
     char *err = slurp("err");
-    unsigned long long applied, chunks, bytes;
+    unsigned long long applied, chunks, bytes, read;
     assert_int_equal(sscanf(err,
-                            "tally: hist: interrupted: applied %llu of %llu chunks, %llu bytes",
-                            &applied, &chunks, &bytes),
-                     3);
+                            "tally: hist: interrupted: applied %llu of %llu chunks, %llu of the "
+                            "%llu bytes read",
+                            &applied, &chunks, &bytes, &read),
+                     4);
+    assert_int_equal(read, 3 * CHUNK);
     assert_non_null(strstr(err, "re-run with --resume (or --seq-base 0) to continue\n"));
     free(err);
     /* Exactly what the stream holds: every byte written, no more (chunks are 64 KiB unless a
@@ -288,6 +291,102 @@ static void test_interrupt_reports_and_resume_finishes(void **state)
     free(data);
 }
 
+/* A pipe that ends inside an element: the whole elements before it are applied, the partial
+ * one is not sent, and the message says both exactly; resuming would not help, so it is not
+ * suggested. */
+static void test_pipe_ends_inside_element(void **state)
+{
+    (void)state;
+    enum { N = (5 << 19) + 1 }; /* 2.5 MiB and a byte */
+    uint8_t *data = calloc(1, N);
+    const char *args[] = {"scan", "--stream", "partial",   "--chunk",
+                          "1M",   "--out",    "/dev/null", NULL};
+    child_t c = spawn(args);
+    put(c.in, data, N);
+    assert_int_equal(finish(&c, NULL), 2);
+    char *err = slurp("err");
+    assert_string_equal(err, "tally: stdin is 2621441 bytes, not a whole number of 4-byte i32 "
+                             "elements: its last 1 byte was not sent\n"
+                             "tally: scan: stopped: applied 3 of 3 chunks, 2621440 of the 2621441 "
+                             "bytes read (stream 'partial' is at seq 3, this input's chunks are "
+                             "seq 1..3)\n");
+    free(err);
+    tally_stream_info_t info = query("partial");
+    assert_int_equal(info.last_seq, 3);
+    assert_int_equal(info.bytes, 2621440);
+    free(data);
+}
+
+/* A refusal of the input itself (stream_state: the stream histograms bytes, this push i32)
+ * stops the push with what was applied and no --resume hint: the same input would be refused
+ * again. */
+static void test_permanent_error_no_resume_hint(void **state)
+{
+    (void)state;
+    write_file("perm.txt", "1 2 3\n", 6);
+    const char *u8[] = {"hist", "--stream", "perm", "--text", "--in", "perm.txt", NULL};
+    child_t c = spawn(u8);
+    assert_int_equal(finish(&c, NULL), 0);
+    static int32_t x[3 << 16];
+    write_file("perm.i32", x, sizeof x);
+    const char *i32[] = {"hist", "--type",  "i32",  "--range", "0",        "10", "--stream",
+                         "perm", "--chunk", "256K", "--in",    "perm.i32", NULL};
+    c = spawn(i32);
+    assert_int_equal(finish(&c, NULL), 1);
+    char *err = slurp("err");
+    assert_non_null(strstr(err, "tally: hist: stream_state: "));
+    assert_non_null(strstr(err, "tally: hist: stopped: applied 0 of 3 chunks, 0 of 786432 bytes "
+                                "(stream 'perm' is at seq 1, this input's chunks are seq 2..4)\n"));
+    assert_null(strstr(err, "--resume"));
+    free(err);
+}
+
+/* tallyd killed (-9) and restarted without the chunks it had acknowledged (its last snapshot
+ * is older): the push learns where the stream really is, and reports the chunks and bytes of
+ * that same count (it said "applied 0 of 4 chunks, 3145728 bytes" before). */
+static void test_restart_lost_chunks_counts_agree(void **state)
+{
+    (void)state;
+    enum { MIB = 1 << 20 };
+    char dir[64], ipc[128], state_dir[128];
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-lost"), 0);
+    snprintf(ipc, sizeof ipc, "ipc://%s/sock", dir);
+    snprintf(state_dir, sizeof state_dir, "%s", dir);
+    const char *dargs[] = {"--backend", "cpu",    "--state-dir", state_dir, "--state-interval",
+                           "3600",      "--bind", ipc,           NULL};
+    th_daemon_t d;
+    assert_int_equal(th_daemon_start(&d, dargs), 0);
+    const char *args[] = {"-e",      ipc,  "scan",  "--stream",  "lost",
+                          "--chunk", "1M", "--out", "/dev/null", NULL};
+    child_t c = spawn(args);
+    uint8_t *mib = calloc(1, MIB);
+    for (int i = 0; i < 3; i++)
+        put(c.in, mib, MIB);
+    tally_client_t *q = NULL;
+    assert_int_equal(tally_client_new(ipc, 10000, &q), TALLY_OK);
+    tally_stream_info_t info = {0};
+    for (int64_t end = th_now_ms() + 30000; info.last_seq < 3 && th_now_ms() < end;)
+        if (tally_query(q, "lost", &info) != TALLY_OK || info.last_seq < 3)
+            th_sleep_ms(10);
+    assert_int_equal(info.last_seq, 3);
+    tally_client_destroy(&q);
+    assert_int_equal(th_daemon_stop(&d, SIGKILL, 20000), 128 + SIGKILL);
+    assert_int_equal(th_daemon_start(&d, dargs), 0); /* no snapshot had the stream */
+    put(c.in, mib, MIB);
+    assert_int_equal(finish(&c, NULL), 1);
+    char *err = slurp("err");
+    print_message("%s", err);
+    assert_non_null(strstr(err, "tally: scan: sequence_gap: "));
+    assert_non_null(strstr(err,
+                           "tally: scan: stopped: applied 0 of 4 chunks, 0 of the 4194304 "
+                           "bytes read (stream 'lost' is at seq 0, this input's chunks are seq "
+                           "1..4); re-run with --resume (or --seq-base 0) to continue\n"));
+    free(err);
+    free(mib);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+    assert_int_equal(th_rmrf(dir), 0);
+}
+
 /* --frames: a chunk holds whole frames, so 100 frames are 100 requests (or 34 of three). */
 static void test_frames_never_split(void **state)
 {
@@ -317,10 +416,10 @@ static void test_frames_never_split(void **state)
     c = spawn(cut);
     assert_int_equal(finish(&c, NULL), 2);
     char *err = slurp("err");
-    assert_string_equal(err, "tally: cut.raw ends inside a frame: 6005 bytes is not a whole "
-                             "number of 3000-byte frames\n");
+    assert_string_equal(err, "tally: cut.raw is 6005 bytes, not a whole number of 3000-byte "
+                             "frames: nothing was sent\n");
     free(err);
-    const char *big[] = {"hist", "--in", "cut.raw", "--frames", "2M", NULL};
+    const char *big[] = {"hist", "--frames", "2M", NULL}; /* a pipe: nothing to check first */
     c = spawn(big);
     assert_int_equal(finish(&c, NULL), 2);
     err = slurp("err");
@@ -427,6 +526,9 @@ int main(void)
         cmocka_unit_test(test_live_pipe_output_before_eof),
         cmocka_unit_test(test_interrupt_reports_and_resume_finishes),
         cmocka_unit_test(test_frames_never_split),
+        cmocka_unit_test(test_pipe_ends_inside_element),
+        cmocka_unit_test(test_permanent_error_no_resume_hint),
+        cmocka_unit_test(test_restart_lost_chunks_counts_agree),
         cmocka_unit_test(test_chunk_capped_to_max_batch),
         cmocka_unit_test(test_text_without_text_refused),
         cmocka_unit_test(test_progress_line),

@@ -369,6 +369,151 @@ static void test_lib_chunk_too_large(void **state)
     tally_client_destroy(&c);
 }
 
+/* ---- Across a daemon that stops --------------------------------------------------------- */
+
+/* A tallyd of the test's own at an ipc:// path in `dir`, so that a restart comes back at the
+ * same endpoint; with its state in `dir` too. */
+static void start_own(th_daemon_t *d, const char *dir, char *ipc, size_t cap)
+{
+    static char state[128], bind[160];
+    snprintf(state, sizeof state, "%s", dir);
+    snprintf(ipc, cap, "ipc://%s/own.sock", dir);
+    snprintf(bind, sizeof bind, "%s", ipc);
+    const char *args[] = {"--backend", "cpu", "--state-dir", state, "--bind", bind, NULL};
+    assert_int_equal(th_daemon_start(d, args), 0);
+}
+
+/* A scratch folder `dir` (64 bytes) named after prefix, a tallyd in it at `ipc` (128 bytes),
+ * and a client of it with timeout_ms. */
+static tally_client_t *own_start(th_daemon_t *d, char *dir, char *ipc, const char *prefix,
+                                 int timeout_ms)
+{
+    assert_int_equal(th_tmpdir(dir, 64, prefix), 0);
+    start_own(d, dir, ipc, 128);
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(ipc, timeout_ms, &c), TALLY_OK);
+    return c;
+}
+
+/* The stream's record through a fresh client (its own connection). */
+static tally_status_t query_fresh(const char *endpoint, const char *stream,
+                                  tally_stream_info_t *info)
+{
+    tally_client_t *q = NULL;
+    assert_int_equal(tally_client_new(endpoint, 10000, &q), TALLY_OK);
+    tally_status_t st = tally_query(q, stream, info);
+    tally_client_destroy(&q);
+    return st;
+}
+
+/* Replies that arrived before tallyd closed the connection stay readable. 24 hists go out
+ * unread; once tallyd has applied all of them (so their replies were sent), it is stopped, and
+ * only then are the replies read: all 24, ok. With ZMQ_IMMEDIATE the DEALER dropped every one
+ * of them at the disconnect. */
+static void test_lib_replies_survive_disconnect(void **state)
+{
+    (void)state;
+    enum { N = 24 };
+    char dir[64], ipc[128];
+    th_daemon_t d;
+    tally_client_t *c = own_start(&d, dir, ipc, "tally-keep", 10000);
+    static uint8_t chunk[64 << 10];
+    tally_req_t req = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8};
+    assert_int_equal(tally_req_set_stream(&req, "kept"), TALLY_OK);
+    uint64_t ids[N];
+    for (int i = 0; i < N; i++)
+        assert_int_equal(tally_send(c, &req, chunk, sizeof chunk, &ids[i]), TALLY_OK);
+    tally_stream_info_t info = {0};
+    for (int64_t end = th_now_ms() + 20000; info.batches < N && th_now_ms() < end;)
+        if (query_fresh(ipc, "kept", &info) != TALLY_OK)
+            th_sleep_ms(10);
+    assert_int_equal(info.batches, N);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+    th_sleep_ms(200); /* the disconnect reaches the client's I/O thread */
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(tally_recv(c, &reply), TALLY_OK);
+        assert_int_equal(reply.rep.request_id, ids[i]); /* one stream: in send order */
+    }
+    tally_reply_clear(&reply);
+    tally_client_destroy(&c);
+    assert_int_equal(th_rmrf(dir), 0);
+}
+
+/* A request sent while tallyd is down is not queued to go out when it comes back: the send
+ * waits for the connection, within the timeout, and fails; tallyd, back at the same endpoint,
+ * never sees it, though the client is still there. */
+static void test_lib_no_send_while_down(void **state)
+{
+    (void)state;
+    char dir[64], ipc[128];
+    th_daemon_t d;
+    tally_client_t *c = own_start(&d, dir, ipc, "tally-down", 500);
+    assert_int_equal(tally_ping(c, NULL), TALLY_OK);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+    th_sleep_ms(200);
+    tally_req_t req = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8};
+    assert_int_equal(tally_req_set_stream(&req, "held"), TALLY_OK);
+    int64_t start = th_now_ms();
+    assert_int_equal(tally_send(c, &req, "abcd", 4, NULL), TALLY_E_TIMEOUT);
+    assert_true(th_now_ms() - start >= 400);
+    assert_non_null(strstr(tally_client_error(c), "connection to tallyd"));
+    start_own(&d, dir, ipc, sizeof ipc);
+    tally_status_t st = TALLY_E_TIMEOUT;
+    for (int64_t end = th_now_ms() + 20000; st != TALLY_OK && th_now_ms() < end;)
+        st = tally_ping(c, NULL); /* the same client, connected again */
+    assert_int_equal(st, TALLY_OK);
+    tally_stream_info_t info;
+    assert_int_equal(tally_query(c, "held", &info), TALLY_E_UNKNOWN_STREAM);
+    tally_client_destroy(&c);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+    assert_int_equal(th_rmrf(dir), 0);
+}
+
+/* A numbered push that tallyd's stop cuts short knows exactly what the stream holds from the
+ * replies alone (every reply kept; the first failed chunk k after k answered ok means k applied),
+ * though tallyd cannot be asked afterwards; the restarted tallyd agrees, and the bytes are
+ * those of the same chunks. */
+static void test_lib_push_cut_by_stop_is_exact(void **state)
+{
+    (void)state;
+    enum { CHUNK = 256 << 10 };
+    char dir[64], ipc[128];
+    th_daemon_t d;
+    tally_client_t *c = own_start(&d, dir, ipc, "tally-cut", 2000);
+    tally_req_t req = {.opcode = TALLY_OP_SCAN, .dtype = TALLY_DTYPE_I32};
+    assert_int_equal(tally_req_set_stream(&req, "cut"), TALLY_OK);
+    tally_run_opts_t opts = {.chunk_bytes = CHUNK, .window = 4, .seq = TALLY_RUN_SEQ_APPEND};
+    tally_push_t *push = NULL;
+    assert_int_equal(tally_push_new(c, &req, &opts, NULL, NULL, &push), TALLY_OK);
+    static int32_t data[CHUNK / 4];
+    for (size_t i = 0; i < CHUNK / 4; i++)
+        data[i] = (int32_t)i;
+    int writes = 0;
+    while (writes < 10000 && tally_push_write(push, data, CHUNK) == TALLY_OK)
+        if (++writes == 20)
+            kill(d.pid, SIGTERM); /* the next chunks meet a stopping tallyd */
+    assert_true(writes >= 20 && writes < 10000);
+    assert_int_not_equal(tally_push_finish(push), TALLY_OK);
+    const tally_run_result_t *res = tally_push_result(push);
+    print_message("push stopped with %s after %d writes: applied %" PRIu64 " (%s)\n",
+                  tally_status_name(res->status), writes, res->applied,
+                  res->applied_known ? "known" : "at least");
+    assert_true(res->applied_known);
+    assert_int_equal(res->applied_bytes, res->applied * CHUNK);
+    uint64_t applied = res->applied;
+    tally_push_destroy(&push);
+    tally_client_destroy(&c);
+    assert_int_equal(th_daemon_wait(&d, 20000), 0);
+    start_own(&d, dir, ipc, sizeof ipc);
+    tally_stream_info_t info;
+    assert_int_equal(query_fresh(ipc, "cut", &info), TALLY_OK);
+    assert_int_equal(info.last_seq, applied);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+    assert_int_equal(th_rmrf(dir), 0);
+}
+
 /* ---- The CLI ----------------------------------------------------------------------------- */
 
 typedef th_cli_t cli_result_t;
@@ -549,17 +694,31 @@ static void expect_usage(cli_result_t r, const char *needle)
 static void test_cli_usage_errors(void **state)
 {
     (void)state;
+    /* --text: what is wrong and where (line, column), the token escaped and cut short. */
     write_file("bad.txt", "1 2\n300 4\n", 10);
-    expect_usage(cli("filter --gt 0 --type u8 --text --in bad.txt"), "'300'");
+    expect_usage(cli("filter --gt 0 --type u8 --text --in bad.txt"),
+                 "bad.txt: line 2, column 1: '300' is out of range for u8 [0, 255]");
     write_file("junk.txt", "1 2 x3\n", 7);
-    expect_usage(cli("scan --text --in junk.txt"), "'x3'");
+    expect_usage(cli("scan --text --in junk.txt"), "junk.txt: line 1, column 5: 'x3' is not");
     write_file("big.txt", "2147483648\n", 11);
     expect_usage(cli("scan --text --in big.txt"), "'2147483648'");
     write_file("nul.txt", "1\0 2", 4);
-    expect_usage(cli("scan --text --in nul.txt"), "NUL");
+    expect_usage(cli("scan --text --in nul.txt"), "line 1, column 1: '1\\x00' is binary");
+    write_file("json.txt", "[1, 2,\n {\"x\": 3}]\n", 18);
+    expect_usage(cli("scan --text --in json.txt"), "json.txt: line 1, column 1: '[1,' is not");
+    /* JSON (any text) is not binary i32: refused without --text, as decimal text is. */
+    expect_usage(cli("scan --in json.txt"), "json.txt looks like text ('[1, 2,'), not binary i32");
+    write_file("esc.txt", "1 2 \x1b[31mred\x7f 4\n", 16);
+    cli_result_t esc = cli("scan --text --in esc.txt");
+    assert_null(strchr(esc.err, '\x1b')); /* no control sequence reaches the terminal */
+    assert_non_null(strstr(esc.err, "line 1, column 5: '\\x1b[31mred\\x7f' is binary"));
+    expect_usage(esc, NULL);
+    write_file("long.txt", "1 aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n", 53);
+    expect_usage(cli("scan --text --in long.txt"), "'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa...'");
     expect_usage(cli("scan --window 257"), "--window");
-    write_file("odd.bin", "abcdefg", 7);
-    expect_usage(cli("scan --in odd.bin"), "7 bytes");
+    write_file("odd.bin", "\x01\x02\x03\x04\x05\x06\x07", 7);
+    expect_usage(cli("scan --in odd.bin"), "odd.bin is 7 bytes, not a whole number of 4-byte i32 "
+                                           "elements: nothing was sent");
     expect_usage(cli("filter --in numbers.txt"), "predicate");
     expect_usage(cli("filter --gt 1 --lt 2"), "exactly one");
     expect_usage(cli("filter --gt abc"), "'abc'");
@@ -682,6 +841,9 @@ int main(void)
         cmocka_unit_test(test_lib_hist_stream),
         cmocka_unit_test(test_lib_push),
         cmocka_unit_test(test_lib_chunk_too_large),
+        cmocka_unit_test(test_lib_replies_survive_disconnect),
+        cmocka_unit_test(test_lib_no_send_while_down),
+        cmocka_unit_test(test_lib_push_cut_by_stop_is_exact),
         cmocka_unit_test(test_cli_readme_examples),
         cmocka_unit_test(test_cli_text_forms),
         cmocka_unit_test(test_cli_binary_chunked),

@@ -320,8 +320,18 @@ static void test_empty(void **state)
     assert_int_equal(tally_hist_json(&h, &out), TALLY_OK);
     assert_int_equal(tally_buf_append(&out, "", 1), TALLY_OK);
     assert_non_null(strstr((char *)out.data, "\"mean\":null,\"min\":null,\"max\":null,"));
+    /* Each quantile says which side of the range it fell on: never a bare edge. */
+    assert_non_null(strstr((char *)out.data,
+                           "\"quantiles\":{\"p50\":{\"q\":0.5,\"value\":100,\"side\":\"overflow\"},"
+                           "\"p90\":{\"q\":0.9,\"value\":100,\"side\":\"overflow\"},"
+                           "\"p99\":{\"q\":0.99,\"value\":100,\"side\":\"overflow\"}}"));
+    tally_buf_free(&out);
+    const double low[] = {0.3};
+    assert_int_equal(tally_hist_json_quantiles(&h, low, 1, &out), TALLY_OK);
+    assert_int_equal(tally_buf_append(&out, "", 1), TALLY_OK);
     assert_non_null(
-        strstr((char *)out.data, "\"quantiles\":{\"p50\":100,\"p90\":100,\"p99\":100}"));
+        strstr((char *)out.data,
+               "\"quantiles\":{\"p30\":{\"q\":0.3,\"value\":0,\"side\":\"underflow\"}}"));
     tally_buf_free(&out);
     memset(&h, 0, sizeof h);
     h.dtype = TALLY_DTYPE_U8, h.hi = 256;
@@ -370,9 +380,9 @@ static void test_from_info(void **state)
     tally_buf_t out = {0};
     assert_int_equal(tally_hist_csv(&h, NULL, false, &out), TALLY_OK);
     assert_int_equal(tally_buf_append(&out, "", 1), TALLY_OK);
-    const char *head = "0,100,4\n100,116,0\n116,132,3\n";
+    const char *head = "0,100,4,underflow\n100,116,0,bin\n116,132,3,bin\n";
     assert_int_equal(strncmp((char *)out.data, head, strlen(head)), 0);
-    assert_non_null(strstr((char *)out.data, "\n4180,4196,765\n4196,65536,9\n"));
+    assert_non_null(strstr((char *)out.data, "\n4180,4196,765,bin\n4196,65536,9,overflow\n"));
     tally_buf_free(&out);
 
     /* rgba8: channel c's bins at c * 256, each a byte histogram. */
@@ -412,7 +422,9 @@ static void test_json_csv(void **state)
     p += snprintf(p, (size_t)(end - p),
                   "\"count\":15,\"in_range\":8,\"underflow\":5,\"overflow\":2,\"mean\":103.5,"
                   "\"min\":{\"bin\":3,\"lo\":6,\"hi\":8},\"max\":{\"bin\":100,\"lo\":200,\"hi\":"
-                  "202},\"quantiles\":{\"p50\":7,\"p90\":512,\"p99\":512},\"bins\":["
+                  "202},\"quantiles\":{\"p50\":{\"q\":0.5,\"value\":7,\"side\":\"in_range\"},"
+                  "\"p90\":{\"q\":0.9,\"value\":512,\"side\":\"overflow\"},"
+                  "\"p99\":{\"q\":0.99,\"value\":512,\"side\":\"overflow\"}},\"bins\":["
                   "{\"lo\":-2147483648,\"hi\":0,\"count\":5}");
     for (unsigned b = 0; b < 256; b++)
         p += snprintf(p, (size_t)(end - p), ",{\"lo\":%u,\"hi\":%u,\"count\":%" PRIu64 "}", 2 * b,
@@ -425,10 +437,11 @@ static void test_json_csv(void **state)
     tally_buf_free(&out);
 
     p = want;
-    p += snprintf(p, (size_t)(end - p), "channel,lo,hi,count\ng,-2147483648,0,5\n");
+    p += snprintf(p, (size_t)(end - p), "channel,lo,hi,count,kind\ng,-2147483648,0,5,underflow\n");
     for (unsigned b = 0; b < 256; b++)
-        p += snprintf(p, (size_t)(end - p), "g,%u,%u,%" PRIu64 "\n", 2 * b, 2 * b + 2, h.bins[b]);
-    p += snprintf(p, (size_t)(end - p), "g,512,2147483648,2\n");
+        p += snprintf(p, (size_t)(end - p), "g,%u,%u,%" PRIu64 ",bin\n", 2 * b, 2 * b + 2,
+                      h.bins[b]);
+    p += snprintf(p, (size_t)(end - p), "g,512,2147483648,2,overflow\n");
     assert_int_equal(tally_hist_csv(&h, "g", true, &out), TALLY_OK);
     assert_int_equal(out.len, strlen(want));
     assert_memory_equal(out.data, want, out.len);
@@ -442,8 +455,82 @@ static void test_json_csv(void **state)
     for (size_t i = 0; i < out.len; i++)
         lines += out.data[i] == '\n';
     assert_int_equal(lines, 256);
-    assert_memory_equal(out.data, "0,1,0\n", 6);
-    assert_memory_equal(out.data + out.len - 10, "255,256,1\n", 10);
+    assert_memory_equal(out.data, "0,1,0,bin\n", 10);
+    assert_memory_equal(out.data + out.len - 14, "255,256,1,bin\n", 14);
+    tally_buf_free(&out);
+}
+
+/* Quantile names: "p" and 100 q to four decimals, no trailing zeros; q outside [0, 1] refused. */
+static void test_quantile_names(void **state)
+{
+    (void)state;
+    static const struct {
+        double q;
+        const char *name;
+    } cases[] = {{0.5, "p50"},       {0.9, "p90"},
+                 {0.99, "p99"},      {0.999, "p99.9"},
+                 {0.9999, "p99.99"}, {0, "p0"},
+                 {1, "p100"},        {0.000001, "p0.0001"},
+                 {0.25, "p25"},      {0.123456, "p12.3456"},
+                 {0.0005, "p0.05"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char name[TALLY_QUANTILE_NAME_MAX];
+        assert_int_equal(tally_quantile_name(cases[i].q, name, sizeof name), TALLY_OK);
+        assert_string_equal(name, cases[i].name);
+    }
+    char name[TALLY_QUANTILE_NAME_MAX];
+    assert_int_equal(tally_quantile_name(1.01, name, sizeof name), TALLY_E_ARG);
+    assert_int_equal(tally_quantile_name(-0.1, name, sizeof name), TALLY_E_ARG);
+    assert_int_equal(tally_quantile_name(NAN, name, sizeof name), TALLY_E_ARG);
+    assert_string_equal(tally_quantile_side_name(-1), "underflow");
+    assert_string_equal(tally_quantile_side_name(0), "in_range");
+    assert_string_equal(tally_quantile_side_name(1), "overflow");
+}
+
+/* Arbitrary quantiles: JSON and CSV in the order given, each with its value and side, equal to
+ * tally_hist_quantile's; a bad quantile or too many refused. */
+static void test_arbitrary_quantiles(void **state)
+{
+    (void)state;
+    /* u8: values 0..199 once each and 255 800 times: p99.9 is 255, p10 (rank 100) is 99. */
+    tally_hist_t h = {.dtype = TALLY_DTYPE_U8, .lo = 0, .hi = 256};
+    for (unsigned v = 0; v < 200; v++)
+        h.bins[v] = 1;
+    h.bins[255] = 800;
+    const double asked[] = {0.999, 0.1, 0};
+    tally_buf_t out = {0};
+    assert_int_equal(tally_hist_json_quantiles(&h, asked, 3, &out), TALLY_OK);
+    assert_int_equal(tally_buf_append(&out, "", 1), TALLY_OK);
+    assert_non_null(strstr((char *)out.data,
+                           "\"quantiles\":{\"p99.9\":{\"q\":0.999,\"value\":255,\"side\":"
+                           "\"in_range\"},\"p10\":{\"q\":0.1,\"value\":99,\"side\":\"in_range\"},"
+                           "\"p0\":{\"q\":0,\"value\":0,\"side\":\"in_range\"}},\"bins\":["));
+    tally_buf_free(&out);
+    assert_int_equal(tally_hist_csv_quantiles(&h, NULL, true, asked, 3, &out), TALLY_OK);
+    assert_int_equal(tally_buf_append(&out, "", 1), TALLY_OK);
+    assert_string_equal((char *)out.data, "quantile,q,value,side\np99.9,0.999,255,in_range\n"
+                                          "p10,0.1,99,in_range\np0,0,0,in_range\n");
+    tally_buf_free(&out);
+    /* Ranged, with a label, beyond both ends; an empty histogram has no values to give. */
+    tally_hist_t r = {.dtype = TALLY_DTYPE_I32, .lo = 0, .hi = 10, .underflow = 1, .overflow = 1};
+    const double ends[] = {0.01, 1};
+    assert_int_equal(tally_hist_csv_quantiles(&r, "g", false, ends, 2, &out), TALLY_OK);
+    assert_int_equal(tally_buf_append(&out, "", 1), TALLY_OK);
+    assert_string_equal((char *)out.data, "g,p1,0.01,0,underflow\ng,p100,1,10,overflow\n");
+    tally_buf_free(&out);
+    memset(&r, 0, sizeof r);
+    r.dtype = TALLY_DTYPE_I32, r.hi = 10;
+    assert_int_equal(tally_hist_csv_quantiles(&r, NULL, false, ends, 1, &out), TALLY_OK);
+    assert_int_equal(tally_buf_append(&out, "", 1), TALLY_OK);
+    assert_string_equal((char *)out.data, "p1,0.01,,\n");
+    tally_buf_free(&out);
+    const double bad[] = {0.5, 1.5};
+    assert_int_equal(tally_hist_json_quantiles(&h, bad, 2, &out), TALLY_E_ARG);
+    assert_int_equal(tally_hist_csv_quantiles(&h, NULL, true, bad, 2, &out), TALLY_E_ARG);
+    static double many[TALLY_QUANTILES_MAX + 1];
+    assert_int_equal(tally_hist_json_quantiles(&h, many, TALLY_QUANTILES_MAX + 1, &out),
+                     TALLY_E_ARG);
+    assert_int_equal(tally_hist_json_quantiles(&h, many, TALLY_QUANTILES_MAX, &out), TALLY_OK);
     tally_buf_free(&out);
 }
 
@@ -459,6 +546,8 @@ int main(void)
         cmocka_unit_test(test_empty),
         cmocka_unit_test(test_from_info),
         cmocka_unit_test(test_json_csv),
+        cmocka_unit_test(test_quantile_names),
+        cmocka_unit_test(test_arbitrary_quantiles),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

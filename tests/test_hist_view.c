@@ -177,7 +177,7 @@ static void test_summary_i32_out_of_range(void **state)
                    "stream     line3/pressure\n"
                    "type       i32, 256 bins over [0, 1000), 3-4 values each\n"
                    "count      8\n"
-                   "mean       333.67\n"
+                   "mean       333.67 (in range)\n"
                    "min        bin 0 [0, 4)\n"
                    "max        bin 255 [997, 1000)\n"
                    "p50        998\n"
@@ -208,7 +208,41 @@ static void test_summary_no_hist(void **state)
                                              "\"bins\":[]}\n"));
     tally_buf_free(&out);
     assert_int_equal(hv_csv(&s, &out), TALLY_OK);
-    assert_string_equal(text_of(&out), "lo,hi,count\n");
+    assert_string_equal(text_of(&out), "lo,hi,count,kind\n");
+    tally_buf_free(&out);
+}
+
+/* --quantile: the summary's quantile rows are the ones asked for, in that order, named by
+ * tally_quantile_name; the JSON's too; the CSV becomes the quantiles. */
+static void test_quantiles_asked(void **state)
+{
+    (void)state;
+    tally_stream_info_t info = u8_info();
+    hv_stream_t s;
+    assert_int_equal(hv_stream_init(&s, "cam0", &info), TALLY_OK);
+    const double qs[] = {0.999, 0.25};
+    s.quantiles = qs;
+    s.nquantiles = 2;
+    tally_buf_t out = {0};
+    assert_int_equal(hv_summary_text(&s, &out), TALLY_OK);
+    assert_string_equal(text_of(&out), "stream     cam0\n"
+                                       "type       u8, 256 bins, one per byte value\n"
+                                       "count      10\n"
+                                       "mean       55.00\n"
+                                       "min        10\n"
+                                       "max        100\n"
+                                       "p99.9      100\n"
+                                       "p25        30\n"
+                                       "counters   batches 2, elements 10, bytes 10, last_seq 2\n");
+    tally_buf_free(&out);
+    assert_int_equal(hv_json(&s, &out), TALLY_OK);
+    assert_non_null(strstr(text_of(&out), "\"quantiles\":{\"p99.9\":{\"q\":0.999,\"value\":100,"
+                                          "\"side\":\"in_range\"},\"p25\":{\"q\":0.25,\"value\":30,"
+                                          "\"side\":\"in_range\"}},\"bins\":["));
+    tally_buf_free(&out);
+    assert_int_equal(hv_csv(&s, &out), TALLY_OK);
+    assert_string_equal(text_of(&out), "quantile,q,value,side\np99.9,0.999,100,in_range\n"
+                                       "p25,0.25,30,in_range\n");
     tally_buf_free(&out);
 }
 
@@ -230,7 +264,10 @@ static void test_json_csv(void **state)
              "\"scan_elements\":0,\"hist_total\":10,\"last_seq\":2,%s}\n",
              text_of(&members));
     assert_string_equal(text_of(&out), want);
-    assert_non_null(strstr(want, "\"quantiles\":{\"p50\":50,\"p90\":90,\"p99\":100}"));
+    assert_non_null(strstr(want, "\"quantiles\":{\"p50\":{\"q\":0.5,\"value\":50,\"side\":"
+                                 "\"in_range\"},\"p90\":{\"q\":0.9,\"value\":90,\"side\":"
+                                 "\"in_range\"},\"p99\":{\"q\":0.99,\"value\":100,\"side\":"
+                                 "\"in_range\"}}"));
     tally_buf_free(&out);
     tally_buf_free(&members);
 
@@ -248,7 +285,7 @@ static void test_json_csv(void **state)
     assert_int_equal(hv_csv(&s, &out), TALLY_OK);
     assert_int_equal(tally_hist_csv(&s.hist[0], NULL, true, &members), TALLY_OK);
     assert_string_equal(text_of(&out), text_of(&members));
-    assert_int_equal(strncmp((char *)out.data, "lo,hi,count\n0,1,0\n", 18), 0);
+    assert_int_equal(strncmp((char *)out.data, "lo,hi,count,kind\n0,1,0,bin\n", 27), 0);
     tally_buf_free(&out);
     tally_buf_free(&members);
 }
@@ -263,6 +300,7 @@ int main(void)
         cmocka_unit_test(test_summary_i32_out_of_range),
         cmocka_unit_test(test_summary_no_hist),
         cmocka_unit_test(test_json_csv),
+        cmocka_unit_test(test_quantiles_asked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -88,20 +88,38 @@ int main(void)
     return 0;
 }
 C
-# Where pkg-config cannot see libzmq (the GPU host unpacks its -dev packages outside the system
-# paths), tally.pc's Requires cannot resolve: that host builds with find_package only.
-if command -v pkg-config >/dev/null && pkg-config --exists libzmq; then
+# Only the shared library is installed (no libtally.a), and it names libzmq itself (DT_NEEDED):
+# tally.pc has no Libs.private or Requires.private, so `pkg-config --static` gives the same
+# flags, and both link against the installed tree (no -dev package of libzmq needed, so the GPU
+# host, which unpacks its -dev packages outside the system paths, runs this too).
+absent lib/libtally.a
+[ $fail -eq 0 ] || exit 1
+if command -v pkg-config >/dev/null; then
   # An empty sysroot: the prefix under test is a real path (the GPU host sets
   # PKG_CONFIG_SYSROOT_DIR for its unpacked packages, and it would be prepended to ours).
-  PKG_CONFIG_SYSROOT_DIR= PKG_CONFIG_PATH="$libdir/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}" \
-    pkg-config --cflags --libs tally >"$prefix/flags"
-  # shellcheck disable=SC2046
-  # shellcheck disable=SC2086
-  "$cc" -std=c11 -Wall -Wextra -Werror $cflags "$prefix/app/app.c" -o "$prefix/app/app-pc" \
-    $(cat "$prefix/flags") -Wl,-rpath,"$libdir"
-  "$prefix/app/app-pc"
+  pc() {
+    PKG_CONFIG_SYSROOT_DIR= PKG_CONFIG_PATH="$libdir/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}" \
+      pkg-config "$@"
+  }
+  pc --cflags --libs tally >"$prefix/flags"
+  pc --cflags --libs --static tally >"$prefix/flags-static" ||
+    { echo "FAIL: pkg-config --libs --static tally fails"; exit 1; }
+  if ! cmp -s "$prefix/flags" "$prefix/flags-static"; then
+    echo "FAIL: tally.pc adds private dependencies for a static libtally that is not installed:"
+    echo "  --libs:          $(cat "$prefix/flags")"
+    echo "  --libs --static: $(cat "$prefix/flags-static")"
+    exit 1
+  fi
+  for flags in flags flags-static; do
+    # shellcheck disable=SC2046
+    # shellcheck disable=SC2086
+    "$cc" -std=c11 -Wall -Wextra -Werror $cflags "$prefix/app/app.c" -o "$prefix/app/app-pc" \
+      $(cat "$prefix/$flags") -Wl,-rpath,"$libdir"
+    "$prefix/app/app-pc"
+  done
+  echo "ok   pkg-config --libs and --libs --static tally: $(cat "$prefix/flags-static")"
 else
-  echo "skip pkg-config consumer: no pkg-config, or it cannot find libzmq here"
+  echo "skip pkg-config consumer: no pkg-config"
 fi
 cat >"$prefix/app/CMakeLists.txt" <<'CM'
 cmake_minimum_required(VERSION 3.16)

@@ -3,7 +3,8 @@
 # README that follows a "<!-- compiled: NAME -->" marker against libtally, with only the
 # public headers' folders on the include path (tally.h, tally_wire.h, tally_version.h: not
 # proto/), so the examples cannot drift from the API or lean on private headers; and checks
-# that no code block carries "$ " prompts.
+# that no code block carries "$ " prompts. The tour's shell examples are run, and their output
+# compared with the README's, by test_readme_tour.c (it needs a tallyd: the harness's).
 set -eu
 readme=$1
 cc=$2

@@ -267,9 +267,13 @@ static void test_watch_live(void **state)
     free(out);
     expect_width("w", 60);
 
-    /* The daemon goes away, then comes back at the same endpoint with its state. */
+    /* The daemon goes away, then comes back at the same endpoint with its state. The status
+     * line says why it is unreachable (nothing accepts the connection), not "timed out". */
     assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 20000), 0);
-    wait_screen("w", "unreachable", NULL);
+    wait_screen("w", "unreachable", "(cannot connect: ", NULL);
+    s = screen("w");
+    assert_null(strstr(s, "timed out"));
+    free(s);
     assert_int_equal(th_daemon_start(&daemon_, daemon_args), 0);
     wait_screen("w", "reconnected", "cam0  u8  count 200k", NULL);
 
@@ -288,6 +292,33 @@ static void test_watch_ctrl_c_and_unknown(void **state)
     free(out);
     assert_int_equal(wait_exit("c"), 0);
     expect_terminal_restored("c");
+}
+
+/* More streams than the screen holds: the ones that fit are drawn, and a last line says how
+ * many more there are and which, never silently fewer. A taller screen shows them all. */
+static void test_watch_small_terminal(void **state)
+{
+    (void)state;
+    push("small1", TALLY_DTYPE_U8, 100);
+    push("small2", TALLY_DTYPE_U8, 100);
+    push("small3", TALLY_DTYPE_U8, 100);
+    /* 10 lines: title and status, then 3 a stream at least (header, a bar row, the axis) and
+     * a line kept for "+N more": two streams fit (2 + 3 + 3 + 1), all three would take 11. */
+    start_watch("m", 80, 10, "--interval 0.5 --ascii small1 small2 small3");
+    wait_screen("m", "small1  u8  count 100", "small2  u8  count 100",
+                "+1 more (make the terminal taller): small3", NULL);
+    char *s = screen("m");
+    assert_null(strstr(s, "small3  u8"));
+    free(s);
+    char *out = run("tmux -L %s resize-window -t m -x 80 -y 30 2>&1", tmux_sock);
+    assert_string_equal(out, "");
+    free(out);
+    wait_screen("m", "small3  u8  count 100", NULL);
+    s = screen("m");
+    assert_null(strstr(s, "more (make"));
+    free(s);
+    free(run("tmux -L %s send-keys -t m q", tmux_sock));
+    assert_int_equal(wait_exit("m"), 0);
 }
 
 /* --sub: with an interval of an hour, only tallyd's publications can bring new counts. */
@@ -324,6 +355,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_watch_live),
         cmocka_unit_test(test_watch_ctrl_c_and_unknown),
+        cmocka_unit_test(test_watch_small_terminal),
         cmocka_unit_test(test_watch_sub),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
