@@ -51,15 +51,18 @@ void cli_doc_complete(const cli_command_t *const *commands, size_t count,
  * indentation scdoc would take for markup of its own. */
 static void scd_text(const char *text, FILE *f)
 {
+    bool line_start = true; /* scdoc reads '-' or '.' there as a list item */
     for (const char *p = text; *p; p++) {
         if (*p == '\n') {
-            fputs(p[1] == '\n' ? "\n\n" : " ", f);
+            line_start = p[1] == '\n';
+            fputs(line_start ? "\n\n" : " ", f);
             p += strspn(p + 1, "\n ");
             continue;
         }
-        if (strchr("*_\\`", *p))
+        if (strchr("*_\\`", *p) || (line_start && strchr("-.", *p)))
             fputc('\\', f);
         fputc(*p, f);
+        line_start = false;
     }
 }
 

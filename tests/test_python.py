@@ -274,8 +274,16 @@ def nearest_rank(values: npt.NDArray[Any], q: float) -> int:
 
 
 def assert_summary_matches_cli(summary: tally.Summary, cli: Dict[str, Any]) -> None:
-    for key in ("count", "in_range", "underflow", "overflow", "min", "max", "quantiles"):
+    for key in ("count", "in_range", "underflow", "overflow", "min", "max"):
         assert summary[key] == cli[key], key  # type: ignore[literal-required]
+    # The CLI's JSON gives each quantile as {q, value, side}; the binding as a Quantile (an int
+    # with .side -1/0/+1).
+    sides = {-1: "underflow", 0: "in_range", 1: "overflow"}
+    got = summary["quantiles"]
+    assert got is not None and set(got) == set(cli["quantiles"])
+    for name, q in got.items():
+        want = cli["quantiles"][name]
+        assert (int(q), sides[q.side]) == (want["value"], want["side"]), name
     if cli["mean"] is None:
         assert summary["mean"] is None
     else:

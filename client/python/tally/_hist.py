@@ -62,7 +62,8 @@ class BinRef(TypedDict):
 
 class Summary(TypedDict):
     """One channel's summary, the members of `tally query --json` (its "channels" entry for
-    rgb8/rgba8) without the bins: quantiles maps "p50", "p99.9", ... to values."""
+    rgb8/rgba8) without the bins: quantiles maps "p50", "p99.9", ... to values (each a Quantile:
+    an int with .side, as the CLI's JSON gives {q, value, side})."""
     count: int
     in_range: int
     underflow: int
@@ -70,7 +71,7 @@ class Summary(TypedDict):
     mean: Optional[float]
     min: Optional[BinRef]
     max: Optional[BinRef]
-    quantiles: Optional[Dict[str, int]]
+    quantiles: Optional[Dict[str, Quantile]]
 
 
 class Quantile(int):
@@ -209,5 +210,5 @@ def summarize(record: Record, channel: Union[int, str] = 0,
     return Summary(count=s.count, in_range=s.in_range, underflow=s.underflow,
                    overflow=s.overflow, mean=None if math.isnan(s.mean) else s.mean,
                    min=_bin_ref(hist, s.min_bin), max=_bin_ref(hist, s.max_bin),
-                   quantiles={quantile_key(q): int(_quantile(hist, q)) for q in qs}
+                   quantiles={quantile_key(q): _quantile(hist, q) for q in qs}
                    if s.count else None)
