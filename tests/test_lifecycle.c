@@ -6,8 +6,9 @@
  *     tallyd), and SIGTERM still ends tallyd within its drain time;
  *   - requests sent while tallyd is stopped (SIGSTOP), then SIGTERM: each gets exactly one
  *     reply, a result or `shutdown`;
- *   - pipelined scans on one stream, then SIGTERM: the ok replies are a prefix in order, the rest
- *     `shutdown`, and the state restored after the restart holds exactly the ok ones;
+ *   - pipelined numbered scans on one stream, then SIGTERM: the ok replies are a prefix in order,
+ *     the rest `shutdown` (not sequence_gap, though each follows a request answered `shutdown`),
+ *     and the state restored after the restart holds exactly the ok ones, last_seq included;
  *   - oversize payloads among pipelined requests: answered too_large on a connection that stays
  *     open, and the replies of the requests around them all arrive; a frame over the max_frame
  *     guard closes only its own connection;
@@ -274,6 +275,7 @@ static void test_pipelined_scans_at_sigterm_ok_prefix_then_shutdown(void **state
         prefix[c + 1] = prefix[c] + sum;
         tally_req_t req = th_req(TALLY_OP_SCAN, TALLY_DTYPE_I32, (uint64_t)c);
         assert_int_equal(tally_req_set_stream(&req, "big"), TALLY_OK);
+        req.seq = (uint64_t)c + 1; /* numbered: waiting ones get `shutdown`, not sequence_gap */
         assert_int_equal(th_send_request(sock, &req, values, SCAN_ELEMENTS * sizeof *values), 0);
     }
     free(values);
@@ -315,6 +317,7 @@ static void test_pipelined_scans_at_sigterm_ok_prefix_then_shutdown(void **state
     assert_int_equal(tally_stream_info_decode(reply.payload, reply.len, &info), TALLY_OK);
     assert_int_equal(info.scan_carry, prefix[ok]);
     assert_int_equal(info.batches, (uint64_t)ok);
+    assert_int_equal(info.last_seq, (uint64_t)ok);
     th_reply_free(&reply);
     th_close(sock);
     assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
