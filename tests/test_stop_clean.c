@@ -2,16 +2,19 @@
  * test_stop_clean.c — tallyd stops cleanly under load, round after round (issue 21, item 10).
  *
  * Each round starts tallyd with everything that holds ZeroMQ or libuv resources at a stop: the
- * shared-memory side channel, the PUB socket (with a subscriber), the metrics port (scraped),
- * and on odd rounds the simulated GPUs (whose replies are pinned buffers lent to ZeroMQ with a
- * free function). It then leaves requests in every state tallyd can hold them in and sends
- * SIGTERM:
+ * shared-memory side channel, the PUB socket (with a subscriber), the metrics port (scraped);
+ * rounds take turns: the CPU backend; two simulated GPUs (whose replies are pinned buffers lent
+ * to ZeroMQ with a free function) and 2 ZeroMQ I/O threads; CURVE (the ZAP handler thread and
+ * the socket monitor), with a client whose key is not allowed and one without keys. It then
+ * leaves requests in every state tallyd can hold them in and sends SIGTERM:
  *   - a DEALER with pipelined hist, scan and filter requests on streams and without, 4 KiB to
  *     1 MiB, not yet read (running, queued on a stream FIFO, unread in the socket);
  *   - a DEALER that sends and never reads, so replies for it wait in ZeroMQ's pipe and the
  *     kernel's buffers when the socket closes (the 1 s linger ends with them unsent);
- *   - a libtally client with requests by shared-memory reference in flight;
- *   - a peer that connects and leaves without a word (a half-finished handshake).
+ *   - a libtally client with requests by shared-memory reference in flight (not under CURVE);
+ *   - a peer that connects and never speaks, and one that sends half of a 16 MiB frame (not
+ *     under CURVE: a ZMTP greeting by hand), so that tallyd's I/O thread holds a message it is
+ *     still receiving.
  * Every reply must arrive, ok or `shutdown` (or `busy`, beyond a connection's fair share of the
  * in-flight slots), tallyd must exit 0, and its log must hold no
  * sanitizer report: in an ASan build (TALLY_SANITIZE) run with ASAN_OPTIONS=detect_leaks=1, a
@@ -20,7 +23,11 @@
  * Rounds: TALLY_STOP_ROUNDS (default 2, so the CTest run stays short); scripts/asan-stop-loop.sh
  * runs 50 in the ASan build.
  */
+#include <arpa/inet.h>
 #include <inttypes.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -44,12 +51,17 @@
 #define SHM_BYTES (1u << 20)
 #define STOP_TIMEOUT_MS 30000
 
+typedef enum { ROUND_CPU, ROUND_SIM, ROUND_CURVE, ROUND_KINDS } round_kind_t;
+
 static th_daemon_t daemon_;
 static char dir[64];
+static char server_pub[41], server_sec[41], alice_pub[41], alice_sec[41];
+static char server_key[128], clients_dir[128];
 
 static int teardown(void **state)
 {
     (void)state;
+    th_use_curve(NULL, NULL, NULL);
     if (daemon_.pid > 0)
         th_daemon_stop(&daemon_, SIGKILL, 5000);
     return 0;
@@ -102,7 +114,7 @@ static void *never_reads(const uint8_t *bytes)
 /* A PUB subscriber that has seen at least one message (so tallyd's PUB socket has a peer). */
 static tally_sub_t *subscribe(const char *endpoint, void *sock, const uint8_t *bytes)
 {
-    tally_sub_t *sub = NULL;
+    tally_sub_t *sub = NULL; /* PUB is not under CURVE (§11) */
     assert_int_equal(tally_sub_new(endpoint, &sub), TALLY_OK);
     assert_int_equal(tally_sub_subscribe(sub, ""), TALLY_OK);
     tally_pub_msg_t *msg = malloc(sizeof *msg);
@@ -149,7 +161,7 @@ static int collect(void *sock, tally_client_t *client)
         ok += st == TALLY_OK;
         th_reply_free(&reply);
     }
-    for (int i = 0; i < SHM_REQUESTS; i++) {
+    for (int i = 0; client && i < SHM_REQUESTS; i++) {
         tally_reply_t reply;
         tally_reply_init(&reply);
         tally_status_t st = tally_recv(client, &reply); /* the reply's status */
@@ -159,22 +171,93 @@ static int collect(void *sock, tally_client_t *client)
     return ok;
 }
 
-static void start(int round, char *pub, size_t pub_cap)
+/* A raw TCP peer that greets as a ZMTP 3.0 DEALER (NULL mechanism), then sends the first
+ * 100 KiB of a 16 MiB frame and stops there: tallyd's I/O thread has allocated the message and
+ * waits for the rest when the stop comes. Returns the connected descriptor. */
+static int half_sent_frame(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in addr = {.sin_family = AF_INET,
+                               .sin_port = htons((uint16_t)port),
+                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(connect(fd, (struct sockaddr *)&addr, sizeof addr), 0);
+    static const uint8_t greeting[64] = {0xff, 0,    0, 0, 0,   0,   0,   0,
+                                         0,    0x7f, 3, 0, 'N', 'U', 'L', 'L'};
+    static const uint8_t ready[] = {0x04, 28,  5,   'R', 'E', 'A', 'D', 'Y', 11,  'S',
+                                    'o',  'c', 'k', 'e', 't', '-', 'T', 'y', 'p', 'e',
+                                    0,    0,   0,   6,   'D', 'E', 'A', 'L', 'E', 'R'};
+    static uint8_t frame[9 + 100 * 1024] = {0x02, 0, 0, 0, 0, 0x01, 0, 0, 0}; /* long: 16 MiB */
+    assert_int_equal(send(fd, greeting, sizeof greeting, 0), (ssize_t)sizeof greeting);
+    assert_int_equal(send(fd, ready, sizeof ready, 0), (ssize_t)sizeof ready);
+    assert_int_equal(send(fd, frame, sizeof frame, 0), (ssize_t)sizeof frame);
+    return fd;
+}
+
+/* A key file in CZMQ's certificate format, as `tally keygen` writes it. */
+static void write_key(const char *path, const char *pub, const char *sec)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "#   ZeroMQ CURVE certificate\nmetadata\ncurve\n    public-key = \"%s\"\n", pub);
+    if (sec)
+        fprintf(f, "    secret-key = \"%s\"\n", sec);
+    fclose(f);
+    assert_int_equal(chmod(path, sec ? 0600 : 0644), 0);
+}
+
+static void curve_setup(void)
+{
+    assert_int_equal(zmq_curve_keypair(server_pub, server_sec), 0);
+    assert_int_equal(zmq_curve_keypair(alice_pub, alice_sec), 0);
+    snprintf(server_key, sizeof server_key, "%s/server.key", dir);
+    write_key(server_key, server_pub, server_sec);
+    snprintf(clients_dir, sizeof clients_dir, "%s/clients", dir);
+    assert_int_equal(mkdir(clients_dir, 0700), 0);
+    char path[160];
+    snprintf(path, sizeof path, "%s/alice.pub", clients_dir);
+    write_key(path, alice_pub, NULL);
+}
+
+static void start(int round, round_kind_t kind, char *pub, size_t pub_cap)
 {
     char shm[128];
     snprintf(pub, pub_cap, "ipc://%s/pub", dir);
     snprintf(shm, sizeof shm, "%s/shm%d/shm.sock", dir, round);
     const char *args[] = {"--shm-socket", shm,         "--pub",       pub, "--pub-interval-ms",
                           "20",           "--metrics", "127.0.0.1:0", NULL};
-    const char *sim[] = {"--backend", "cuda", "--test-sim-gpus", "2", NULL};
-    assert_int_equal(th_daemon_start_with(&daemon_, args, round % 2 ? sim : NULL), 0);
+    const char *sim[] = {"--backend", "cuda", "--test-sim-gpus", "2", "--io-threads", "2", NULL};
+    const char *curve[] = {"--curve-secret-key", server_key, "--curve-clients-dir", clients_dir,
+                           NULL};
+    const char *const *extra = kind == ROUND_SIM ? sim : kind == ROUND_CURVE ? curve : NULL;
+    th_use_curve(kind == ROUND_CURVE ? server_pub : NULL, alice_pub, alice_sec);
+    assert_int_equal(th_daemon_start_with(&daemon_, args, extra), 0);
+}
+
+/* Under CURVE: a client whose key is not allowed, and one without keys, each sending a request
+ * that gets no reply (their handshakes fail). Returns them, to close after the stop. */
+static void refused_clients(void *out[2], const uint8_t *bytes)
+{
+    char pub[41], sec[41];
+    assert_int_equal(zmq_curve_keypair(pub, sec), 0);
+    th_use_curve(server_pub, pub, sec);
+    out[0] = th_connect(daemon_.endpoint, 100);
+    th_use_curve(NULL, NULL, NULL);
+    out[1] = th_connect(daemon_.endpoint, 100);
+    th_use_curve(server_pub, alice_pub, alice_sec);
+    for (int i = 0; i < 2; i++) {
+        tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 1);
+        th_send_request(out[i], &req, bytes, 4096); /* may time out: nothing to check */
+    }
 }
 
 /* One round: start, load, SIGTERM, collect; tallyd exits 0 with no sanitizer report. */
 static void one_round(int round, const uint8_t *bytes)
 {
+    round_kind_t kind = (round_kind_t)(round % ROUND_KINDS);
+    static const char *const names[] = {"CPU", "simulated GPUs", "CURVE"};
     char pub[128];
-    start(round, pub, sizeof pub);
+    start(round, kind, pub, sizeof pub);
     void *sock = th_connect(daemon_.endpoint, 20000);
     tally_sub_t *sub = subscribe(pub, sock, bytes);
     int metrics_port = th_metrics_port(&daemon_);
@@ -183,17 +266,25 @@ static void one_round(int round, const uint8_t *bytes)
     assert_non_null(text);
     free(text);
     void *silent = th_connect(daemon_.endpoint, 1000); /* connects, never speaks */
-    void *greedy = never_reads(bytes);
+    void *refused[2] = {NULL, NULL};
+    int half = -1;
     tally_region_t *region = NULL;
-    tally_client_t *client = shm_requests(&region);
+    tally_client_t *client = NULL;
+    if (kind == ROUND_CURVE) {
+        refused_clients(refused, bytes);
+    } else {
+        half = half_sent_frame(daemon_.port);
+        client = shm_requests(&region);
+    }
+    void *greedy = never_reads(bytes);
     for (int i = 0; i < PIPELINED; i++)
         send_mixed(sock, i, bytes);
 
     assert_int_equal(kill(daemon_.pid, SIGTERM), 0);
     int ok = collect(sock, client);
     int status = th_daemon_wait(&daemon_, STOP_TIMEOUT_MS);
-    fprintf(stderr, "round %d%s: %d of %d pipelined ok before the stop; exit %d\n", round,
-            round % 2 ? " (simulated GPUs)" : "", ok, PIPELINED, status);
+    fprintf(stderr, "round %d (%s): %d of %d pipelined ok before the stop; exit %d\n", round,
+            names[kind], ok, PIPELINED, status);
     bool report = th_daemon_log_contains(&daemon_, "Sanitizer");
     if (status != 0 || report)
         fprintf(stderr, "tallyd's log: %s\n", daemon_.log_path);
@@ -202,6 +293,10 @@ static void one_round(int round, const uint8_t *bytes)
     tally_region_destroy(&region);
     tally_client_destroy(&client);
     tally_sub_destroy(&sub);
+    if (half >= 0)
+        close(half);
+    th_close(refused[0]);
+    th_close(refused[1]);
     th_close(greedy);
     th_close(silent);
     th_close(sock);
@@ -218,6 +313,7 @@ static void test_stop_under_load_is_clean(void **state)
         bytes[i] = (uint8_t)th_rand();
     snprintf(dir, sizeof dir, "/tmp/tallyd-stop-XXXXXX");
     assert_non_null(mkdtemp(dir));
+    curve_setup();
     for (int round = 0; round < rounds; round++)
         one_round(round, bytes);
     fprintf(stderr, "%d stops in a row clean\n", rounds);
