@@ -123,6 +123,16 @@ sample end >>"$TSV"
     }
   ' "$TSV"
 } | tee "$SUM"
+# What each malloc arena holds and has in use at the end (glibc's malloc_stats, on tallyd's
+# stderr), where gdb may attach: allocator retention shows as system bytes far above in use.
+if [ "${SOAK_MALLOC_STATS:-1}" = 1 ] && command -v gdb >/dev/null; then
+  gdb -p "$TPID" -batch -ex 'call (void)malloc_stats()' >/dev/null 2>&1
+  sleep 0.5
+  awk '/^Arena|system bytes|in use bytes|Total/' "$OUT/tallyd-soak.log" >"$OUT/soak-malloc-stats.txt"
+  awk '/^Total \(incl. mmap\)/ { total = 1 } total && /system bytes/ { s = $4 } total && /in use bytes/ { u = $5 }
+       END { if (s) printf "  malloc at the end: %.0f MB from the system, %.0f MB in use\n", s / 1048576, u / 1048576 }' \
+    "$OUT/soak-malloc-stats.txt" | tee -a "$SUM"
+fi
 kill -TERM "$TPID" 2>/dev/null
 wait "$TPID"
 echo "tallyd exit: $?" | tee -a "$SUM"
