@@ -46,7 +46,7 @@ sleep 1
 
 # sample: one line of the table above from /proc/$TPID/smaps.
 sample() {
-  awk -v t="$1" -v threads="$(ls /proc/"$TPID"/task 2>/dev/null | wc -l)" '
+  awk -v t="$1" -v threads="$(find /proc/"$TPID"/task -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)" '
     function flush() {
       if (!have) return
       rss += m_rss

@@ -75,7 +75,8 @@ typedef struct {
     void (*control)(void *owner, td_request_t *r, td_stream_t *stream);
     /* Sends r's reply (or drops it) and frees r; td_sched_answered follows from it. */
     void (*answer)(void *owner, td_request_t *r);
-    /* A deleted stream nothing refers to any more: forget its name (and free it). */
+    /* A stream nothing refers to any more that is not live (td_stream_t's life: deleted, or
+     * created by requests that all failed): forget its name (and free it). */
     void (*forget)(void *owner, td_stream_t *stream);
 } td_sched_host_t;
 

@@ -33,6 +33,13 @@
 #   path        bench/run-path.sh (issue 9's whole data-path benchmark, about 2 minutes)
 #   loadgen, curve, recv-ab, io-threads, malloc-ab
 #               bench/run-<step>.sh
+#   soak        bench/soak.sh (issue 21, item 7): tallyd (SOAK_BACKEND, default cuda) under the
+#               soak mix for SOAK_SECONDS (default 420, so that one call holds it with the build),
+#               its RSS by kind of mapping every second and the slopes of each half, in $OUT/soak/.
+#               Longer than one call (the 20-minute soak: SOAK_SECONDS=1200): SOAK_DETACH=1 starts
+#               it in a session of its own, which outlives the call, writing into build-gpu/soak;
+#               then calls with STEPS=soak-collect each wait up to SOAK_WAIT s (default 540) for
+#               it to end and bring what it wrote so far into $OUT/soak/
 #   info        `tally info` of a tallyd on every GPU of the host (a multi-GPU kind shows
 #               them all)
 #   systemd     the unit's systemd-analyze security score, and where systemd runs, tallyd on
@@ -181,6 +188,36 @@ step_bench() { # NAME: bench/run-NAME.sh into $OUT/NAME
   cp "$OUT/$1"/*.md "$OUT/" 2>/dev/null
 }
 
+step_soak() {
+  local secs=${SOAK_SECONDS:-420}
+  export SOAK_SECONDS=$secs SOAK_BACKEND=${SOAK_BACKEND:-cuda}
+  if [ "${SOAK_DETACH:-0}" = 1 ]; then
+    rm -rf "$B/soak"
+    mkdir -p "$B/soak"
+    setsid nohup bash bench/soak.sh "$B" "$PWD/$B/soak" >"$B/soak/soak.log" 2>&1 </dev/null &
+    note "soak: started in its own session for $secs s (pid $!); collect with STEPS=soak-collect"
+    return
+  fi
+  timed soak $((secs + 90)) bash bench/soak.sh "$B" "$OUT/soak" >"$OUT/soak.log" 2>&1
+  tee -a "$S" <"$OUT/soak/soak-summary.txt"
+}
+
+step_soak_collect() {
+  local waited=0 sum=$B/soak/soak-summary.txt
+  until grep -q "tallyd exit" "$sum" 2>/dev/null || [ $waited -ge "${SOAK_WAIT:-540}" ]; do
+    sleep 10
+    waited=$((waited + 10))
+  done
+  mkdir -p "$OUT/soak"
+  cp -r "$B/soak/." "$OUT/soak/"
+  if grep -q "tallyd exit" "$sum" 2>/dev/null; then
+    tee -a "$S" <"$sum"
+  else
+    note "soak: still running; its last samples (t_s rss_kb main_heap_kb arenas arena_rss_kb ...):"
+    tail -3 "$B/soak/soak-rss.tsv" | tee -a "$S"
+  fi
+}
+
 step_info() {
   "$TALLYD_BIN" --backend cuda --bind tcp://127.0.0.1:5701 --shm off 2>"$OUT/tallyd-info.log" &
   local pid=$!
@@ -222,7 +259,8 @@ date -u >>"$S"
 build
 for step in $STEPS; do
   case $step in
-  ctest | suites | diff | kernels | variants | profile | info | systemd) "step_$step" ;;
+  ctest | suites | diff | kernels | variants | profile | info | systemd | soak) "step_$step" ;;
+  soak-collect) step_soak_collect ;;
   kernel-test) step_kernel_test ;;
   daemon-memcheck) step_daemon_memcheck ;;
   memcheck | racecheck) step_sanitizer "$step" ;;
