@@ -19,7 +19,10 @@
 #
 #   SOAK_SECONDS=1200 SOAK_BACKEND=cuda bench/soak.sh build-gpu /tmp/soak
 #   SOAK_SECONDS=120 SOAK_BACKEND=sim SOAK_WINDOW=2 bench/soak.sh build /tmp/soak
-# SOAK_TALLYD_ARGS adds options to tallyd (e.g. "--malloc-arenas 0" to compare).
+# SOAK_TALLYD_ARGS adds options to tallyd. To compare with glibc's own arenas (one per thread),
+# keep tallyd's thresholds and leave the arena count to glibc:
+#   GLIBC_TUNABLES=glibc.malloc.trim_threshold=134217728:glibc.malloc.mmap_threshold=33554432
+# (any glibc.malloc tunable makes tallyd leave malloc alone: README, "Memory").
 set -uo pipefail
 # shellcheck source-path=SCRIPTDIR source=bench-env.sh
 . "$(dirname "$0")/bench-env.sh"
