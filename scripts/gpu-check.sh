@@ -40,6 +40,9 @@
 #               it in a session of its own, which outlives the call, writing into build-gpu/soak;
 #               then calls with STEPS=soak-collect each wait up to SOAK_WAIT s (default 540) for
 #               it to end and bring what it wrote so far into $OUT/soak/
+#   asan-stop   an ASan+UBSan build with CUDA (build-gpu-asan) and STOP_ROUNDS (default 24) stops
+#               of tests/test_stop_clean.c with leak detection, its GPU rounds on the real GPUs
+#               (issue 21, item 10: the leak at stop was seen under ASan, not on the dev box)
 #   info        `tally info` of a tallyd on every GPU of the host (a multi-GPU kind shows
 #               them all)
 #   systemd     the unit's systemd-analyze security score, and where systemd runs, tallyd on
@@ -218,6 +221,25 @@ step_soak_collect() {
   fi
 }
 
+step_asan_stop() {
+  local d=build-gpu-asan t0=$SECONDS
+  if ! { cmake -S . -B $d -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CUDA_ARCHITECTURES=90 -DTALLY_CUDA=ON \
+    -DTALLY_SANITIZE=ON -DTALLY_FUZZ=OFF >"$OUT/build-asan.log" 2>&1 &&
+    cmake --build $d -j"$(nproc)" --target tallyd test_stop_clean >>"$OUT/build-asan.log" 2>&1; }; then
+    note "asan-stop: build FAILED ($((SECONDS - t0)) s)"
+    tail -20 "$OUT/build-asan.log"
+    return
+  fi
+  # protect_shadow_gap=0: CUDA maps memory where ASan's shadow gap would be
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:protect_shadow_gap=0 \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 TALLY_STOP_ENGINE=cuda \
+    TALLY_STOP_ROUNDS=${STOP_ROUNDS:-24} TALLYD_BIN="$PWD/$d/daemon/tallyd" \
+    timed "asan-stop (${STOP_ROUNDS:-24} stops)" 420 "$d/tests/test_stop_clean" >"$OUT/asan-stop.log" 2>&1
+  grep -E "^round|clean|ERROR|LINE|tallyd's log" "$OUT/asan-stop.log" | tail -8 | tee -a "$S"
+  grep -o "/tmp/tallyd-test-[0-9-]*.log" "$OUT/asan-stop.log" | sort -u |
+    while read -r log; do cp "$log" "$OUT/"; done
+}
+
 step_info() {
   "$TALLYD_BIN" --backend cuda --bind tcp://127.0.0.1:5701 --shm off 2>"$OUT/tallyd-info.log" &
   local pid=$!
@@ -261,6 +283,7 @@ for step in $STEPS; do
   case $step in
   ctest | suites | diff | kernels | variants | profile | info | systemd | soak) "step_$step" ;;
   soak-collect) step_soak_collect ;;
+  asan-stop) step_asan_stop ;;
   kernel-test) step_kernel_test ;;
   daemon-memcheck) step_daemon_memcheck ;;
   memcheck | racecheck) step_sanitizer "$step" ;;

@@ -4,7 +4,8 @@
  * Each round starts tallyd with everything that holds ZeroMQ or libuv resources at a stop: the
  * shared-memory side channel, the PUB socket (with a subscriber), the metrics port (scraped);
  * rounds take turns: the CPU backend; two simulated GPUs (whose replies are pinned buffers lent
- * to ZeroMQ with a free function) and 2 ZeroMQ I/O threads; CURVE (the ZAP handler thread and
+ * to ZeroMQ with a free function; the real ones with TALLY_STOP_ENGINE=cuda) and 2 ZeroMQ I/O
+ * threads; CURVE (the ZAP handler thread and
  * the socket monitor), with a client whose key is not allowed and one without keys. It then
  * leaves requests in every state tallyd can hold them in and sends SIGTERM:
  *   - a DEALER with pipelined hist, scan and filter requests on streams and without, 4 KiB to
@@ -226,7 +227,12 @@ static void start(int round, round_kind_t kind, char *pub, size_t pub_cap)
     snprintf(shm, sizeof shm, "%s/shm%d/shm.sock", dir, round);
     const char *args[] = {"--shm-socket", shm,         "--pub",       pub, "--pub-interval-ms",
                           "20",           "--metrics", "127.0.0.1:0", NULL};
-    const char *sim[] = {"--backend", "cuda", "--test-sim-gpus", "2", "--io-threads", "2", NULL};
+    /* TALLY_STOP_ENGINE=cuda (scripts/gpu-check.sh, step asan-stop): the real GPUs instead. */
+    const char *engine = getenv("TALLY_STOP_ENGINE");
+    bool real = engine && !strcmp(engine, "cuda");
+    const char *sim[] = {"--backend", "cuda", "--io-threads", "2", "--test-sim-gpus", "2", NULL};
+    if (real)
+        sim[4] = NULL;
     const char *curve[] = {"--curve-secret-key", server_key, "--curve-clients-dir", clients_dir,
                            NULL};
     const char *const *extra = kind == ROUND_SIM ? sim : kind == ROUND_CURVE ? curve : NULL;
@@ -255,7 +261,7 @@ static void refused_clients(void *out[2], const uint8_t *bytes)
 static void one_round(int round, const uint8_t *bytes)
 {
     round_kind_t kind = (round_kind_t)(round % ROUND_KINDS);
-    static const char *const names[] = {"CPU", "simulated GPUs", "CURVE"};
+    static const char *const names[] = {"CPU", "GPUs", "CURVE"};
     char pub[128];
     start(round, kind, pub, sizeof pub);
     void *sock = th_connect(daemon_.endpoint, 20000);
