@@ -232,6 +232,7 @@ step_asan_stop() {
   fi
   # protect_shadow_gap=0: CUDA maps memory where ASan's shadow gap would be
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:protect_shadow_gap=0 \
+    LSAN_OPTIONS=suppressions=$PWD/tests/lsan/libzmq.supp \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 TALLY_STOP_ENGINE=cuda \
     TALLY_STOP_ROUNDS=${STOP_ROUNDS:-24} TALLYD_BIN="$PWD/$d/daemon/tallyd" \
     timed "asan-stop (${STOP_ROUNDS:-24} stops)" 420 "$d/tests/test_stop_clean" >"$OUT/asan-stop.log" 2>&1
