@@ -15,8 +15,9 @@
 #include "td_notify.h"
 #include "td_server.h"
 
-/* Before any thread starts (td_config.h says why). An operator's own glibc.malloc tunables
- * (GLIBC_TUNABLES) are left alone: mallopt would override them. */
+/* Before any thread starts (td_config.h says why): the thresholds and the arena limit. An
+ * operator's own glibc.malloc tunables (GLIBC_TUNABLES) are left alone: mallopt would override
+ * them. */
 static void set_malloc_thresholds(void)
 {
     const char *tunables = getenv("GLIBC_TUNABLES");
@@ -27,6 +28,8 @@ static void set_malloc_thresholds(void)
     if (!mallopt(M_MMAP_THRESHOLD, TD_MALLOC_MMAP_THRESHOLD) ||
         !mallopt(M_TRIM_THRESHOLD, TD_MALLOC_TRIM_THRESHOLD))
         td_warn("cannot set malloc's thresholds: received frames will page-fault");
+    if (!mallopt(M_ARENA_MAX, TD_MALLOC_ARENA_MAX))
+        td_warn("cannot limit malloc's arenas: freed memory may pile up in one per thread");
 }
 
 int main(int argc, char **argv)

@@ -156,6 +156,15 @@ bool td_peer_take_token(td_peers_t *self, td_peer_t *client, uint64_t now_ns)
     return true;
 }
 
+void td_peer_give_token(td_peers_t *self, td_peer_t *client)
+{
+    if (self->rate <= 0)
+        return;
+    client->tokens += 1;
+    if (client->tokens > burst(self))
+        client->tokens = burst(self);
+}
+
 void td_peers_sweep(td_peers_t *self, uint64_t now_ns)
 {
     for (unsigned b = 0; b < TD_PEERS_BUCKETS; b++) {

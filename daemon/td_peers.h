@@ -66,6 +66,9 @@ void td_peers_release(td_peers_t *self, td_peer_t **peer_p);
 
 /* Takes one stream creation from the client's bucket; false when it is empty. */
 bool td_peer_take_token(td_peers_t *self, td_peer_t *client, uint64_t now_ns);
+/* Gives back the token of a creation that did not happen after all (the stream's request
+ * failed: PROTOCOL.md §8), up to the burst. */
+void td_peer_give_token(td_peers_t *self, td_peer_t *client);
 
 /* Frees the entries nothing refers to whose bucket is full again (user entries stay). */
 void td_peers_sweep(td_peers_t *self, uint64_t now_ns);

@@ -523,18 +523,20 @@ static bool may_advance(const td_sched_t *s, const record_t *rec, const td_reque
  * the stream's name is forgotten (PROTOCOL.md, `delete`), even while requests that were queued
  * behind the delete still hold the stream object: a query, reset or delete among them gets
  * unknown_stream, exactly as if it had been read after the delete ran, and the next filter, scan
- * or hist starts the stream anew. (They used to find the cleared stream: the answer depended on
- * whether the query was read before or after the delete ran.) */
-static void run_control(td_sched_t *s, record_t *rec, td_request_t *r, bool *forgotten)
+ * or hist that is applied starts the stream anew. (They used to find the cleared stream: the
+ * answer depended on whether the query was read before or after the delete ran.) The same holds
+ * for a stream created by a request not applied yet: it does not exist until one is. */
+static void run_control(td_sched_t *s, record_t *rec, td_request_t *r)
 {
-    if (*forgotten) {
+    td_stream_t *stream = rec->stream;
+    if (stream->life != TD_STREAM_LIVE) {
         td_request_fail(r, TALLY_E_UNKNOWN_STREAM, "no stream named '%s'", r->req.stream);
         r->stream = NULL;
     } else {
-        s->host.control(s->host.owner, r, rec->stream);
+        s->host.control(s->host.owner, r, stream);
         if (r->req.opcode == TALLY_OP_DELETE) {
             r->stream = NULL;
-            *forgotten = true;
+            stream->life = TD_STREAM_DELETED;
         }
     }
     s->host.answer(s->host.owner, r);
@@ -551,11 +553,9 @@ static void answer_failed(td_sched_t *s, record_t *rec)
     }
 }
 
-/* Starts the requests waiting on a stream, in order, as far as the rules allow. Returns true when
- * the stream was deleted and nothing queued behind the delete started it anew. */
-static bool advance_locked(td_sched_t *s, record_t *rec)
+/* Starts the requests waiting on a stream, in order, as far as the rules allow. */
+static void advance_locked(td_sched_t *s, record_t *rec)
 {
-    bool forgotten = false;
     answer_failed(s, rec);
     while (rec->waiting.head && may_advance(s, rec, rec->waiting.head)) {
         td_request_t *r = pop(s, rec);
@@ -566,10 +566,9 @@ static bool advance_locked(td_sched_t *s, record_t *rec)
             continue;
         }
         if (!td_op_is_compute(r->req.opcode)) {
-            run_control(s, rec, r, &forgotten);
+            run_control(s, rec, r);
             continue;
         }
-        forgotten = false; /* a filter, scan or hist starts the stream anew */
         if (!td_request_admit(r, rec->inflight > 0)) {
             if (rec->inflight > 0)
                 td_request_queue_push(&rec->failed, r);
@@ -579,22 +578,23 @@ static bool advance_locked(td_sched_t *s, record_t *rec)
         }
         submit(s, r, rec);
     }
-    return forgotten;
 }
 
-/* A forgotten stream is removed once its FIFO is empty; nothing can be in flight on it, since a
- * delete only runs on a drained stream and a forgotten one starts nothing. */
+/* Once its FIFO is empty and nothing of it runs, a stream that no request was applied to since
+ * it was created or deleted is removed (PROTOCOL.md §5 "Streams": a request that fails, for
+ * whatever reason, creates no stream); a stream that other queued requests are about to use
+ * stays until they are done. */
 static void advance(td_sched_t *s, record_t *rec)
 {
     td_stream_t *outer = s->advancing;
     td_stream_t *stream = rec->stream;
     s->advancing = stream;
-    bool forgotten = advance_locked(s, rec);
+    advance_locked(s, rec);
     s->advancing = outer;
     if (rec->waiting.head || rec->inflight)
         return;
     record_free(s, rec);
-    if (forgotten)
+    if (stream->life != TD_STREAM_LIVE)
         s->host.forget(s->host.owner, stream);
 }
 
@@ -658,6 +658,8 @@ void td_sched_finished(td_sched_t *s, td_request_t *r)
     }
     bool applied = s->host.complete(s->host.owner, r); /* r is freed */
     if (rec) {
+        if (applied) /* the stream exists now, if it did not (a new or deleted one) */
+            stream->life = TD_STREAM_LIVE;
         /* Its successors still on the GPU chained their scan carry from the device carry it
          * left, which the host copy never took: rerun them from the host copy, as after a GPU
          * failure. */
@@ -688,6 +690,8 @@ void td_sched_arrived(td_sched_t *s, td_request_t *r, td_stream_t *stream)
     if (!rec) {
         td_request_fail(r, TALLY_E_INTERNAL, "out of memory");
         s->host.answer(s->host.owner, r);
+        if (stream->life != TD_STREAM_LIVE) /* nothing of it waits or runs (no record) */
+            s->host.forget(s->host.owner, stream);
         return;
     }
     stream->requests++;

@@ -8,8 +8,9 @@
  *     or delete, a histogram whose type is not yet known, a request whose seq is not the next one
  *     and anything after a GPU failure wait until the stream's earlier requests are done;
  *   - delete forgets the stream's name at once: a query, reset or delete queued behind it answers
- *     unknown_stream, the next compute request starts the stream anew, and a forgotten stream is
- *     removed once its FIFO is empty;
+ *     unknown_stream, the next compute request applied starts the stream anew, and a forgotten
+ *     stream is removed once its FIFO is empty; so is a stream created by a request that failed
+ *     (td_stream_t's life: a request that fails leaves no stream behind);
  *   - where a compute request runs: the CPU (on the loop thread for a batch of at most
  *     TD_EXEC_INLINE_MAX bytes, else a worker) or the GPU (in auto mode from its operation's
  *     threshold, td_config.h), on which device and lane (a stream's pinned lane, else the least
@@ -88,7 +89,8 @@ typedef struct {
     void (*control)(void *owner, td_request_t *r, td_stream_t *stream);
     /* Sends r's reply (or drops it) and frees r; td_sched_answered follows from it. */
     void (*answer)(void *owner, td_request_t *r);
-    /* A deleted stream nothing refers to any more: forget its name (and free it). */
+    /* A stream nothing refers to any more that is not live (td_stream_t's life: deleted, or
+     * created by requests that all failed): forget its name (and free it). */
     void (*forget)(void *owner, td_stream_t *stream);
 } td_sched_host_t;
 

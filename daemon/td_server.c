@@ -283,9 +283,13 @@ static void sched_answer(void *owner, td_request_t *r)
     reply(owner, r);
 }
 
+/* A deleted stream, or one whose creating request failed (td_stream_t's life): the latter gives
+ * its client the stream and the creation token back, as if it had never been made. */
 static void sched_forget(void *owner, td_stream_t *stream)
 {
     td_server_t *s = owner;
+    if (stream->owner && stream->life == TD_STREAM_NEW)
+        td_peer_give_token(s->peers, stream->owner);
     if (stream->owner)
         td_peer_stream_removed(stream->owner);
     td_peers_release(s->peers, &stream->owner);
@@ -336,6 +340,7 @@ static bool create_stream(td_server_t *s, td_request_t *r, td_stream_t **out)
         td_peer_stream_added(client); /* and the stream's reference to it */
         (*out)->owner = client;
     }
+    (*out)->life = TD_STREAM_NEW; /* until a request is applied to it (td_sched.c) */
     return true;
 }
 

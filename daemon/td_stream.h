@@ -20,6 +20,12 @@
 
 struct td_sched_stream;
 
+typedef enum {
+    TD_STREAM_LIVE = 0, /* a stream restored from the state file is live */
+    TD_STREAM_NEW,
+    TD_STREAM_DELETED,
+} td_stream_life_t;
+
 typedef struct td_stream {
     char name[TALLY_STREAM_NAME_MAX + 1];
     size_t name_len;
@@ -35,6 +41,13 @@ typedef struct td_stream {
      * seq_admitted the last one started, which runs ahead of it while GPU-pipelined requests are
      * in flight (it equals info.last_seq whenever nothing is). */
     uint64_t seq_admitted;
+    /* Whether clients can see it yet (PROTOCOL.md §5 "Streams": a failed request has no
+     * effect, so it creates no stream). TD_STREAM_NEW: created by a filter, scan or hist that
+     * is not applied yet; TD_STREAM_DELETED: deleted while requests queued behind the delete
+     * still hold it. td_sched removes such a stream once nothing of it waits or runs, unless a
+     * request was applied to it meanwhile (that makes it TD_STREAM_LIVE); a query, reset or
+     * delete that reaches it meanwhile gets unknown_stream. */
+    td_stream_life_t life;
     /* The client that created it (td_peers.h; a reference, counted in its `streams`), NULL for
      * a stream restored from the state file. */
     struct td_peer *owner;

@@ -33,6 +33,16 @@
 #   path        bench/run-path.sh (issue 9's whole data-path benchmark, about 2 minutes)
 #   loadgen, curve, recv-ab, io-threads, malloc-ab
 #               bench/run-<step>.sh
+#   soak        bench/soak.sh (issue 21, item 7): tallyd (SOAK_BACKEND, default cuda) under the
+#               soak mix for SOAK_SECONDS (default 420, so that one call holds it with the build),
+#               its RSS by kind of mapping every second and the slopes of each half, in $OUT/soak/.
+#               Longer than one call (the 20-minute soak: SOAK_SECONDS=1200): SOAK_DETACH=1 starts
+#               it in a session of its own, which outlives the call, writing into build-gpu/soak;
+#               then calls with STEPS=soak-collect each wait up to SOAK_WAIT s (default 540) for
+#               it to end and bring what it wrote so far into $OUT/soak/
+#   asan-stop   an ASan+UBSan build with CUDA (build-gpu-asan) and STOP_ROUNDS (default 24) stops
+#               of tests/test_stop_clean.c with leak detection, its GPU rounds on the real GPUs
+#               (issue 21, item 10: the leak at stop was seen under ASan, not on the dev box)
 #   info        `tally info` of a tallyd on every GPU of the host (a multi-GPU kind shows
 #               them all)
 #   systemd     the unit's systemd-analyze security score, and where systemd runs, tallyd on
@@ -181,6 +191,56 @@ step_bench() { # NAME: bench/run-NAME.sh into $OUT/NAME
   cp "$OUT/$1"/*.md "$OUT/" 2>/dev/null
 }
 
+step_soak() {
+  local secs=${SOAK_SECONDS:-420}
+  export SOAK_SECONDS=$secs SOAK_BACKEND=${SOAK_BACKEND:-cuda}
+  if [ "${SOAK_DETACH:-0}" = 1 ]; then
+    rm -rf "$B/soak"
+    mkdir -p "$B/soak"
+    setsid nohup bash bench/soak.sh "$B" "$PWD/$B/soak" >"$B/soak/soak.log" 2>&1 </dev/null &
+    note "soak: started in its own session for $secs s (pid $!); collect with STEPS=soak-collect"
+    return
+  fi
+  timed soak $((secs + 90)) bash bench/soak.sh "$B" "$OUT/soak" >"$OUT/soak.log" 2>&1
+  tee -a "$S" <"$OUT/soak/soak-summary.txt"
+}
+
+step_soak_collect() {
+  local waited=0 sum=$B/soak/soak-summary.txt
+  until grep -q "tallyd exit" "$sum" 2>/dev/null || [ $waited -ge "${SOAK_WAIT:-540}" ]; do
+    sleep 10
+    waited=$((waited + 10))
+  done
+  mkdir -p "$OUT/soak"
+  cp -r "$B/soak/." "$OUT/soak/"
+  if grep -q "tallyd exit" "$sum" 2>/dev/null; then
+    tee -a "$S" <"$sum"
+  else
+    note "soak: still running; its last samples (t_s rss_kb main_heap_kb arenas arena_rss_kb ...):"
+    tail -3 "$B/soak/soak-rss.tsv" | tee -a "$S"
+  fi
+}
+
+step_asan_stop() {
+  local d=build-gpu-asan t0=$SECONDS
+  if ! { cmake -S . -B $d -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CUDA_ARCHITECTURES=90 -DTALLY_CUDA=ON \
+    -DTALLY_SANITIZE=ON -DTALLY_FUZZ=OFF >"$OUT/build-asan.log" 2>&1 &&
+    cmake --build $d -j"$(nproc)" --target tallyd test_stop_clean >>"$OUT/build-asan.log" 2>&1; }; then
+    note "asan-stop: build FAILED ($((SECONDS - t0)) s)"
+    tail -20 "$OUT/build-asan.log"
+    return
+  fi
+  # protect_shadow_gap=0: CUDA maps memory where ASan's shadow gap would be
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:protect_shadow_gap=0 \
+    LSAN_OPTIONS=suppressions=$PWD/tests/lsan/libzmq.supp \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 TALLY_STOP_ENGINE=cuda \
+    TALLY_STOP_ROUNDS=${STOP_ROUNDS:-24} TALLYD_BIN="$PWD/$d/daemon/tallyd" \
+    timed "asan-stop (${STOP_ROUNDS:-24} stops)" 420 "$d/tests/test_stop_clean" >"$OUT/asan-stop.log" 2>&1
+  grep -E "^round|clean|ERROR|LINE|tallyd's log" "$OUT/asan-stop.log" | tail -8 | tee -a "$S"
+  grep -o "/tmp/tallyd-test-[0-9-]*.log" "$OUT/asan-stop.log" | sort -u |
+    while read -r log; do cp "$log" "$OUT/"; done
+}
+
 step_info() {
   "$TALLYD_BIN" --backend cuda --bind tcp://127.0.0.1:5701 --shm off 2>"$OUT/tallyd-info.log" &
   local pid=$!
@@ -222,7 +282,9 @@ date -u >>"$S"
 build
 for step in $STEPS; do
   case $step in
-  ctest | suites | diff | kernels | variants | profile | info | systemd) "step_$step" ;;
+  ctest | suites | diff | kernels | variants | profile | info | systemd | soak) "step_$step" ;;
+  soak-collect) step_soak_collect ;;
+  asan-stop) step_asan_stop ;;
   kernel-test) step_kernel_test ;;
   daemon-memcheck) step_daemon_memcheck ;;
   memcheck | racecheck) step_sanitizer "$step" ;;

@@ -6,8 +6,9 @@
  *     tallyd), and SIGTERM still ends tallyd within its drain time;
  *   - requests sent while tallyd is stopped (SIGSTOP), then SIGTERM: each gets exactly one
  *     reply, a result or `shutdown`;
- *   - pipelined scans on one stream, then SIGTERM: the ok replies are a prefix in order, the rest
- *     `shutdown`, and the state restored after the restart holds exactly the ok ones;
+ *   - pipelined numbered scans on one stream, then SIGTERM: the ok replies are a prefix in order,
+ *     the rest `shutdown` (not sequence_gap, though each follows a request answered `shutdown`),
+ *     and the state restored after the restart holds exactly the ok ones, last_seq included;
  *   - oversize payloads among pipelined requests: answered too_large on a connection that stays
  *     open, and the replies of the requests around them all arrive; a frame over the max_frame
  *     guard closes only its own connection;
@@ -34,6 +35,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "td_config.h"
 
 /* The drain time the stop tests give tallyd, and the bound on its stop (td_server.c: the drain
  * deadline, then a 1 s linger for replies to a peer that does not read). The slack covers a
@@ -274,6 +276,7 @@ static void test_pipelined_scans_at_sigterm_ok_prefix_then_shutdown(void **state
         prefix[c + 1] = prefix[c] + sum;
         tally_req_t req = th_req(TALLY_OP_SCAN, TALLY_DTYPE_I32, (uint64_t)c);
         assert_int_equal(tally_req_set_stream(&req, "big"), TALLY_OK);
+        req.seq = (uint64_t)c + 1; /* numbered: waiting ones get `shutdown`, not sequence_gap */
         assert_int_equal(th_send_request(sock, &req, values, SCAN_ELEMENTS * sizeof *values), 0);
     }
     free(values);
@@ -315,6 +318,7 @@ static void test_pipelined_scans_at_sigterm_ok_prefix_then_shutdown(void **state
     assert_int_equal(tally_stream_info_decode(reply.payload, reply.len, &info), TALLY_OK);
     assert_int_equal(info.scan_carry, prefix[ok]);
     assert_int_equal(info.batches, (uint64_t)ok);
+    assert_int_equal(info.last_seq, (uint64_t)ok);
     th_reply_free(&reply);
     th_close(sock);
     assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
@@ -456,6 +460,73 @@ static void test_received_frames_do_not_page_fault(void **state)
     assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
 }
 
+/* glibc's per-thread heaps in /proc/PID/maps: an anonymous rw-p mapping at a 64 MiB-aligned
+ * address (HEAP_MAX_SIZE, the alignment glibc gives every heap of an arena other than the main
+ * one) that is 64 MiB long, or whose unused rest follows it as a ---p mapping. */
+static int malloc_heaps(pid_t pid)
+{
+    const unsigned long long heap = 64ull << 20;
+    char path[64], line[512], perms[8], name[256];
+    snprintf(path, sizeof path, "/proc/%d/maps", (int)pid);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    int heaps = 0;
+    bool open_heap = false; /* the last mapping was an aligned rw-p one shorter than a heap */
+    unsigned long long heap_start = 0, prev_end = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long lo, hi;
+        name[0] = '\0';
+        if (sscanf(line, "%llx-%llx %7s %*s %*s %*s %255s", &lo, &hi, perms, name) < 3)
+            continue;
+        bool anon = name[0] == '\0';
+        if (open_heap && anon && !strcmp(perms, "---p") && lo == prev_end &&
+            hi - heap_start == heap)
+            heaps++;
+        bool aligned_rw = anon && !strcmp(perms, "rw-p") && lo % heap == 0;
+        if (aligned_rw && hi - lo == heap)
+            heaps++;
+        open_heap = aligned_rw && hi - lo < heap;
+        heap_start = lo;
+        prev_end = hi;
+    }
+    fclose(f);
+    return heaps;
+}
+
+/* Issue 21 (7): tallyd caps glibc's malloc arenas at TD_MALLOC_ARENA_MAX, where glibc gives every
+ * thread that allocates one of its own (8 per core), each keeping the memory its thread freed.
+ * With two simulated GPUs (8 lane threads), 2 I/O threads and the CPU workers all allocating,
+ * the heaps besides the main one stay within the cap (without it: 9 on the 2-core dev box). */
+static void test_malloc_arenas_bounded(void **state)
+{
+    (void)state;
+#ifdef __SANITIZE_ADDRESS__
+    skip(); /* ASan's allocator replaces glibc's and ignores mallopt */
+#endif
+    const char *args[] = {"--backend", "auto", "--test-sim-gpus", "2", "--io-threads", "2", NULL};
+    start(args);
+    void *socks[FAULT_CONNECTIONS];
+    for (int c = 0; c < FAULT_CONNECTIONS; c++)
+        socks[c] = th_connect(daemon_.endpoint, 10000);
+    uint8_t *mib = malloc(1 << 20);
+    assert_non_null(mib);
+    for (size_t i = 0; i < (1 << 20); i++)
+        mib[i] = (uint8_t)th_rand();
+    pipeline_hists(socks, mib, FAULT_WARMUP); /* on the simulated GPUs' lanes */
+    for (int i = 0; i < FAULT_WARMUP; i++) {  /* 16 KiB: on the CPU workers */
+        tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, (uint64_t)i);
+        assert_int_equal(th_call_status(socks[i % FAULT_CONNECTIONS], &req, mib, 16384), 0);
+    }
+    int heaps = malloc_heaps(daemon_.pid);
+    print_message("%d malloc heaps besides the main one\n", heaps);
+    assert_true(heaps >= 1); /* the threads did allocate */
+    assert_true(heaps <= TD_MALLOC_ARENA_MAX - 1);
+    free(mib);
+    for (int c = 0; c < FAULT_CONNECTIONS; c++)
+        th_close(socks[c]);
+    assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
+}
+
 /* GLIBC_TUNABLES naming a malloc tunable: tallyd leaves malloc to it (and says so). */
 static void test_operator_malloc_tunables_win(void **state)
 {
@@ -537,6 +608,7 @@ int main(void)
                                   kill_leftovers),
         cmocka_unit_test(test_drain_ms_and_max_frame_settings),
         cmocka_unit_test_teardown(test_received_frames_do_not_page_fault, kill_leftovers),
+        cmocka_unit_test_teardown(test_malloc_arenas_bounded, kill_leftovers),
         cmocka_unit_test_teardown(test_operator_malloc_tunables_win, kill_leftovers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

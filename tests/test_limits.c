@@ -4,9 +4,12 @@
  *   - a connection over its share of in-flight slots is answered `busy` (others are not), and
  *     tallyd_limited_total{reason="inflight_share"} counts exactly those replies;
  *   - a client over max_streams_per_client is answered `client_streams`, while another client
- *     still creates streams, and a reset gives the slot back;
+ *     still creates streams, and a delete gives the slot back (a reset keeps the stream, so it
+ *     keeps the slot: §8);
  *   - a client creating streams faster than stream_create_rate is answered `rate_limited`, and
  *     may create again once its bucket refills;
+ *   - a request refused on a stream it would create (sequence_gap) uses neither the quota nor a
+ *     creation token, and leaves no stream behind (issue 21);
  *   - the fair share's arithmetic and the token bucket's, on a clock the test controls.
  * The flood test (a peer that never reads while another's pings are answered within 100 ms) is
  * in test_lifecycle.c.
@@ -153,6 +156,108 @@ static void test_streams_per_client(void **state)
 #define RATE_TEXT "3"
 #define RATE_TRIES 12
 
+#define GAP_QUOTA_TEXT "10"
+#define GAP_REQUESTS 12
+
+/* Sends a one-byte hist with `seq` on `stream`. */
+static void send_hist_seq(void *sock, const char *stream, uint64_t seq, uint64_t id)
+{
+    uint8_t byte = 7;
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, id);
+    assert_int_equal(tally_req_set_stream(&req, stream), TALLY_OK);
+    req.seq = seq;
+    assert_int_equal(th_send_request(sock, &req, &byte, 1), 0);
+}
+
+/* The `streams` reply: how many streams it lists (and that `only`, if given, is the one). */
+static uint64_t streams_listed(void *sock, const char *only)
+{
+    tally_req_t ls = th_req(TALLY_OP_STREAMS, TALLY_DTYPE_NONE, 900);
+    th_reply_t r;
+    assert_int_equal(th_call_reply_status(sock, &ls, NULL, 0, &r), TALLY_OK);
+    uint64_t count = r.rep.count;
+    if (only) {
+        assert_int_equal(count, 1);
+        assert_int_equal(r.payload[0], strlen(only));
+        assert_memory_equal(r.payload + 1, only, strlen(only));
+    }
+    th_reply_free(&r);
+    return count;
+}
+
+static int control_on(void *sock, uint8_t op, const char *stream, uint64_t id)
+{
+    tally_req_t req = th_req(op, TALLY_DTYPE_NONE, id);
+    assert_int_equal(tally_req_set_stream(&req, stream), TALLY_OK);
+    return th_call_status(sock, &req, NULL, 0);
+}
+
+/* Issue 21 (8): a request refused on a stream it would create leaves no stream behind (§3: a
+ * failed request has no effect). 12 hists with seq 5 on 12 new streams, pipelined, against a
+ * quota of 10 streams and 3 creations a second: each is answered sequence_gap (before the fix
+ * they created their streams, the 11th got client_streams and the 4th rate_limited), `streams`
+ * lists none, and the client then creates a stream as if they had never been sent. After a
+ * delete, a refused request does not bring the stream back either. */
+static void test_refused_request_creates_no_stream(void **state)
+{
+    (void)state;
+    const char *args[] = {"--max-streams-per-client", GAP_QUOTA_TEXT, "--stream-create-rate",
+                          RATE_TEXT, NULL};
+    assert_int_equal(th_daemon_start(&daemon_, args), 0);
+    void *sock = th_connect(daemon_.endpoint, 5000);
+    for (int i = 0; i < GAP_REQUESTS; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "gap%d", i);
+        send_hist_seq(sock, name, 5, 100 + (uint64_t)i);
+    }
+    for (int i = 0; i < GAP_REQUESTS; i++) {
+        th_reply_t reply;
+        assert_int_equal(th_recv_reply(sock, &reply), 0);
+        assert_int_equal(reply.rep.request_id, 100 + (uint64_t)i);
+        assert_int_equal(reply.rep.status, TALLY_E_SEQ_GAP);
+        assert_int_equal(reply.rep.aux0, 0);
+        th_reply_free(&reply);
+    }
+    assert_int_equal(streams_listed(sock, NULL), 0);
+    assert_int_equal(th_stat(sock, "tallyd_streams"), 0);
+    assert_int_equal(control_on(sock, TALLY_OP_QUERY, "gap0", 200), TALLY_E_UNKNOWN_STREAM);
+
+    /* The quota and the creation tokens are untouched: 2 of the burst of 3 now. */
+    assert_int_equal(hist_on(sock, "ok0", 201), TALLY_OK);
+    assert_int_equal(hist_on(sock, "ok1", 202), TALLY_OK);
+    assert_int_equal(th_stat(sock, "tallyd_limited_total{reason=\"client_streams\"}"), 0);
+    assert_int_equal(th_stat(sock, "tallyd_limited_total{reason=\"stream_rate\"}"), 0);
+
+    /* A delete queued behind a large batch, then a refused request on the name: the stream is
+     * gone all the same (and whether the refused request found the deleted stream still held
+     * by its queue or created it anew, the last creation token is still there after). */
+    size_t big_len = 4u << 20;
+    uint8_t *big = calloc(1, big_len);
+    assert_non_null(big);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 210);
+    assert_int_equal(tally_req_set_stream(&req, "ok1"), TALLY_OK);
+    assert_int_equal(th_send_request(sock, &req, big, big_len), 0);
+    free(big);
+    req = th_req(TALLY_OP_DELETE, TALLY_DTYPE_NONE, 211);
+    assert_int_equal(tally_req_set_stream(&req, "ok1"), TALLY_OK);
+    assert_int_equal(th_send_request(sock, &req, NULL, 0), 0);
+    send_hist_seq(sock, "ok1", 2, 212);
+    uint32_t want[] = {TALLY_OK, TALLY_OK, TALLY_E_SEQ_GAP};
+    for (int i = 0; i < 3; i++) {
+        th_reply_t reply;
+        assert_int_equal(th_recv_reply(sock, &reply), 0);
+        assert_int_equal(reply.rep.request_id, 210 + (uint64_t)i);
+        assert_int_equal(reply.rep.status, want[i]);
+        th_reply_free(&reply);
+    }
+    assert_int_equal(control_on(sock, TALLY_OP_QUERY, "ok1", 213), TALLY_E_UNKNOWN_STREAM);
+    assert_int_equal(streams_listed(sock, "ok0"), 1);
+    assert_int_equal(hist_on(sock, "ok2", 214), TALLY_OK);
+    assert_int_equal(streams_listed(sock, NULL), 2);
+    th_close(sock);
+    assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
+}
+
 /* A client that creates streams back to back gets about RATE of them per second (a burst of RATE,
  * then RATE a second), the rest `rate_limited`; after a pause it creates again. */
 static void test_stream_create_rate(void **state)
@@ -267,6 +372,7 @@ int main(void)
         cmocka_unit_test_teardown(test_busy_beyond_the_share, stop_daemon),
         cmocka_unit_test_teardown(test_streams_per_client, stop_daemon),
         cmocka_unit_test_teardown(test_stream_create_rate, stop_daemon),
+        cmocka_unit_test_teardown(test_refused_request_creates_no_stream, stop_daemon),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

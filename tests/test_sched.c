@@ -8,11 +8,12 @@
  * and delete wait for the stream to drain; a CPU batch waits), delete forgetting the name,
  * fairness across streams (a busy stream holds up no other; streams spread over lanes and
  * devices), backpressure (max_inflight), the rerun on the CPU after a GPU failure, shutdown
- * answering waiting requests in order, and issue 9's split rule (a large shared-memory request is
- * split only onto idle lanes, unless it fits the device buffers only when split). Issue 21: the
- * peers' queues take turns by bytes (deficit round robin) on the CPU workers and the GPU lanes,
- * and a request refused at admission while earlier ones of its stream run is answered after
- * them.
+ * answering waiting requests in order (`shutdown`, even where a numbered one would otherwise get
+ * sequence_gap), a stream created by a request that fails being removed, and issue 9's split
+ * rule (a large shared-memory request is split only onto idle lanes, unless it fits the device
+ * buffers only when split). Issue 21: the peers' queues take turns by bytes (deficit round
+ * robin) on the CPU workers and the GPU lanes, and a request refused at admission while earlier
+ * ones of its stream run is answered after them.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -192,10 +193,9 @@ static void fake_destroy(fake_t **f_p)
 
 static const uint8_t payload[1];
 
-/* Request `id`: `op` of `bytes` on `stream` (NULL: stateless), read and handed to the scheduler
- * as td_server's dispatch does (a compute request creates its stream). Returns it. */
-static td_request_t *arrive_typed(fake_t *f, uint8_t op, uint8_t dtype, const char *stream,
-                                  uint64_t id, size_t bytes, uint16_t flags)
+/* Request `id`: `op` of `bytes` on `stream` (NULL: stateless), not handed over yet. */
+static td_request_t *request_new(uint8_t op, uint8_t dtype, const char *stream, uint64_t id,
+                                 size_t bytes, uint16_t flags)
 {
     td_request_t *r = td_request_new();
     assert_non_null(r);
@@ -206,19 +206,37 @@ static td_request_t *arrive_typed(fake_t *f, uint8_t op, uint8_t dtype, const ch
     r->rep.request_id = id;
     r->payload = payload;
     r->payload_len = bytes;
-    r->conn = f->conn;
-    td_stream_t *st = NULL;
     if (stream) {
         r->req.stream_len = (uint8_t)strlen(stream);
         memcpy(r->req.stream, stream, r->req.stream_len);
-        if (td_op_is_compute(op))
-            assert_int_equal(td_streams_get(f->streams, stream, r->req.stream_len, &st), TALLY_OK);
-        else
-            st = td_streams_find(f->streams, stream, r->req.stream_len);
+    }
+    return r;
+}
+
+/* r read and handed to the scheduler as td_server's dispatch does: a compute request creates
+ * its stream when it does not exist (TD_STREAM_NEW until a request is applied to it). */
+static void hand_over(fake_t *f, td_request_t *r)
+{
+    r->conn = f->conn;
+    td_stream_t *st = NULL;
+    if (r->req.stream_len) {
+        st = td_streams_find(f->streams, r->req.stream, r->req.stream_len);
+        if (!st && td_op_is_compute(r->req.opcode)) {
+            assert_int_equal(td_streams_get(f->streams, r->req.stream, r->req.stream_len, &st),
+                             TALLY_OK);
+            st->life = TD_STREAM_NEW;
+        }
         assert_non_null(st);
     }
     td_sched_received(f->sched);
     td_sched_arrived(f->sched, r, st);
+}
+
+static td_request_t *arrive_typed(fake_t *f, uint8_t op, uint8_t dtype, const char *stream,
+                                  uint64_t id, size_t bytes, uint16_t flags)
+{
+    td_request_t *r = request_new(op, dtype, stream, id, bytes, flags);
+    hand_over(f, r);
     return r;
 }
 
@@ -260,14 +278,21 @@ static bool is_running(const fake_t *f, uint64_t id)
     return running_index(f, id) >= 0;
 }
 
-/* The machine hands request `id` back: OK, or failed on the GPU. */
-static void finish_as(fake_t *f, uint64_t id, bool gpu_failed)
+/* Request `id`, taken off the running list. */
+static td_request_t *take_running(fake_t *f, uint64_t id)
 {
     int i = running_index(f, id);
     assert_true(i >= 0);
     td_request_t *r = f->running[i];
     memmove(&f->running[i], &f->running[i + 1], (f->running_count - (unsigned)i - 1) * sizeof r);
     f->running_count--;
+    return r;
+}
+
+/* The machine hands request `id` back: OK, or failed on the GPU. */
+static void finish_as(fake_t *f, uint64_t id, bool gpu_failed)
+{
+    td_request_t *r = take_running(f, id);
     if (gpu_failed)
         r->gpu_failed = true;
     else
@@ -278,6 +303,14 @@ static void finish_as(fake_t *f, uint64_t id, bool gpu_failed)
 static void finish(fake_t *f, uint64_t id)
 {
     finish_as(f, id, false);
+}
+
+/* The machine hands request `id` back failed with `status` (a backend error, out of memory). */
+static void finish_failed(fake_t *f, uint64_t id, tally_status_t status)
+{
+    td_request_t *r = take_running(f, id);
+    td_request_fail(r, status, "failed by the test");
+    td_sched_finished(f->sched, r);
 }
 
 /* The replies so far are exactly ids[0..n), in that order, with statuses[i] (NULL: all OK). */
@@ -520,6 +553,100 @@ static void test_shutdown_in_order(void **state)
     fake_destroy(&f);
 }
 
+/* ---- issue 21: a failed request leaves no stream behind ---------------------------------- */
+
+static bool exists(fake_t *f, const char *name)
+{
+    return td_streams_find(f->streams, name, strlen(name)) != NULL;
+}
+
+/* A stream created by a request that fails is removed once nothing of it waits or runs: at
+ * once, or after the requests queued behind (a query among them gets unknown_stream), unless one
+ * of those is applied; the same after a delete, whatever refused the request (here a backend
+ * failure). */
+static void test_failed_request_leaves_no_stream(void **state)
+{
+    (void)state;
+    fake_t *f = fake_new(0, TD_BACKEND_CPU, 64);
+    arrive(f, TALLY_OP_SCAN, "n", 1, MIB);
+    arrive(f, TALLY_OP_QUERY, "n", 2, 0); /* finds the stream its predecessor created */
+    finish_failed(f, 1, TALLY_E_BACKEND);
+    assert_false(exists(f, "n"));
+    arrive(f, TALLY_OP_SCAN, "m", 3, MIB);
+    arrive(f, TALLY_OP_SCAN, "m", 4, MIB);
+    finish_failed(f, 3, TALLY_E_INTERNAL);
+    assert_true(exists(f, "m")); /* 4 is about to use it */
+    finish(f, 4);
+    assert_true(exists(f, "m"));
+    assert_int_equal(td_streams_find(f->streams, "m", 1)->life, TD_STREAM_LIVE);
+    /* Deleted while a request is queued behind the delete, which then fails. */
+    arrive(f, TALLY_OP_SCAN, "m", 5, MIB);
+    arrive(f, TALLY_OP_DELETE, "m", 6, 0);
+    arrive(f, TALLY_OP_SCAN, "m", 7, MIB);
+    arrive(f, TALLY_OP_QUERY, "m", 8, 0);
+    finish(f, 5);
+    assert_true(is_running(f, 7));
+    finish_failed(f, 7, TALLY_E_BACKEND);
+    assert_false(exists(f, "m"));
+    uint64_t ids[] = {1, 2, 3, 4, 5, 6, 7, 8};
+    uint32_t want[] = {
+        TALLY_E_BACKEND, TALLY_E_UNKNOWN_STREAM, TALLY_E_INTERNAL,      TALLY_OK, TALLY_OK,
+        TALLY_OK,        TALLY_E_BACKEND,        TALLY_E_UNKNOWN_STREAM};
+    assert_log(f, ids, 8, want);
+    assert_int_equal(td_streams_count(f->streams), 0);
+    fake_destroy(&f);
+}
+
+/* Stopping: a new stream whose running request fails and whose waiting ones get `shutdown` is
+ * removed; one whose running request was applied stays. */
+static void test_shutdown_leaves_no_new_stream(void **state)
+{
+    (void)state;
+    fake_t *f = fake_new(0, TD_BACKEND_CPU, 64);
+    arrive(f, TALLY_OP_SCAN, "k", 1, MIB);
+    arrive(f, TALLY_OP_SCAN, "k", 2, MIB);
+    arrive(f, TALLY_OP_SCAN, "j", 3, MIB);
+    arrive(f, TALLY_OP_SCAN, "j", 4, MIB);
+    td_sched_stop(f->sched);
+    finish_failed(f, 1, TALLY_E_BACKEND);
+    finish(f, 3);
+    assert_false(exists(f, "k"));
+    assert_true(exists(f, "j"));
+    uint64_t ids[] = {1, 2, 3, 4};
+    uint32_t want[] = {TALLY_E_BACKEND, TALLY_E_SHUTDOWN, TALLY_OK, TALLY_E_SHUTDOWN};
+    assert_log(f, ids, 4, want);
+    fake_destroy(&f);
+}
+
+/* Numbered requests waiting when tallyd stops get `shutdown`, never sequence_gap (PROTOCOL.md
+ * §1, §5): even one whose seq skips, and those behind one answered `shutdown`. Without the stop
+ * the same requests get sequence_gap, then ok. */
+static void test_shutdown_wins_over_sequence_gap(void **state)
+{
+    (void)state;
+    for (int stopping = 0; stopping <= 1; stopping++) {
+        fake_t *f = fake_new(0, TD_BACKEND_CPU, 64);
+        uint64_t seqs[] = {1, 3, 2, 3};
+        for (uint64_t i = 0; i < 4; i++) {
+            td_request_t *r = request_new(TALLY_OP_SCAN, TALLY_DTYPE_I32, "q", i + 1, MIB, 0);
+            r->req.seq = seqs[i];
+            hand_over(f, r);
+        }
+        assert_int_equal(f->running_count, 1);
+        if (stopping)
+            td_sched_stop(f->sched);
+        finish(f, 1);
+        while (f->running_count)
+            finish(f, f->running[0]->req.request_id);
+        uint64_t ids[] = {1, 2, 3, 4};
+        uint32_t run[] = {TALLY_OK, TALLY_E_SEQ_GAP, TALLY_OK, TALLY_OK};
+        uint32_t stop[] = {TALLY_OK, TALLY_E_SHUTDOWN, TALLY_E_SHUTDOWN, TALLY_E_SHUTDOWN};
+        assert_log(f, ids, 4, stopping ? stop : run);
+        assert_int_equal(td_streams_find(f->streams, "q", 1)->info.last_seq, stopping ? 1 : 3);
+        fake_destroy(&f);
+    }
+}
+
 /* ---- issue 9: splitting only onto idle lanes ---------------------------------------------- */
 
 /* A 16 MiB shared-memory scan alone is split over the 4 lanes; while it runs another is run
@@ -713,6 +840,9 @@ int main(void)
         cmocka_unit_test(test_drr_between_peers),
         cmocka_unit_test(test_drr_gpu_lanes),
         cmocka_unit_test(test_refused_answered_in_turn),
+        cmocka_unit_test(test_failed_request_leaves_no_stream),
+        cmocka_unit_test(test_shutdown_leaves_no_new_stream),
+        cmocka_unit_test(test_shutdown_wins_over_sequence_gap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

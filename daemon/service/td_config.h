@@ -170,6 +170,17 @@
  * these. Measured: bench/NOTES.md, "The producers, not the receive buffers". */
 #define TD_MALLOC_MMAP_THRESHOLD (32u << 20)
 #define TD_MALLOC_TRIM_THRESHOLD (128u << 20)
+/* And at most this many malloc arenas (M_ARENA_MAX; issue 21, item 7). glibc gives every thread
+ * that mallocs an arena of its own, up to 8 per core, and with the trim threshold above the size of
+ * its 64 MiB heaps, an arena never hands back what it freed: each keeps the peak of its thread's
+ * replies and received frames, and that peak creeps up (bench/soak.sh, sim GPUs on the 2-core dev
+ * box, 2026-11-26, 60 s: 9 arenas, RSS 448 MB and still rising in steps of one 8 MiB scan reply;
+ * 4 arenas: 367 MB; 2: 305 MB; every request answered, the same rate within the box's noise).
+ * The threads that allocate on the hot path (up to 4 ZeroMQ I/O threads, the lanes, the
+ * workers) then share 4 arenas: a large block holds an arena's lock for one malloc, small ones
+ * mostly come from the thread's own cache (tcache) without it. What a burst leaves is kept by 4
+ * arenas, not by one per thread (up to 256 on 32 cores). GLIBC_TUNABLES replaces this too. */
+#define TD_MALLOC_ARENA_MAX 4
 /* Shared-memory input (td_shm.c, PROTOCOL.md §10). */
 #define TD_DEFAULT_SHM true
 #define TD_SHM_SOCKET_NAME "tallyd-shm.sock" /* in the runtime directory */
