@@ -326,15 +326,7 @@ static bool window_view(td_server_t *s, td_request_t *r, const td_stream_t *stre
         return false;
     }
     uint64_t now = td_clock_ms();
-    *view = stream->info;
-    if (stream->window) {
-        r->rep.aux0 = td_window_sum(stream->window, now, (unsigned)want, view);
-    } else { /* no hist yet: nothing counted in any interval */
-        view->hist_underflow = view->hist_overflow = view->hist_total = 0;
-        memset(view->bins, 0, sizeof view->bins);
-        uint64_t current = now / interval_ms;
-        r->rep.aux0 = (current + 1 - (want < current + 1 ? want : current + 1)) * interval_ms;
-    }
+    r->rep.aux0 = td_stream_window_info(stream, now, (unsigned)want, (uint32_t)interval_ms, view);
     r->rep.aux1 = now;
     return true;
 }
@@ -342,11 +334,12 @@ static bool window_view(td_server_t *s, td_request_t *r, const td_stream_t *stre
 static void op_query(td_server_t *s, td_request_t *r, const td_stream_t *stream)
 {
     static tally_stream_info_t view; /* loop thread only; 8 KiB off the stack */
-    const tally_stream_info_t *info = &stream->info;
+    const tally_stream_info_t *info = &view;
     if (r->req.flags & TALLY_FLAG_QUERY_WINDOW) {
         if (!window_view(s, r, stream, &view))
             return;
-        info = &view;
+    } else {
+        td_stream_info(stream, &view);
     }
     size_t size = tally_stream_info_size(info);
     uint8_t *out = malloc(size);
@@ -367,14 +360,7 @@ static void op_query(td_server_t *s, td_request_t *r, const td_stream_t *stream)
 static bool sched_complete(void *owner, td_request_t *r)
 {
     td_server_t *s = owner;
-    td_stream_t *stream = r->stream;
     bool applied = td_request_apply(r);
-    if (applied && stream && r->req.opcode == TALLY_OP_HIST &&
-        !td_stream_window_add(s->streams, stream, r->hist.bins, r->hist.underflow, r->hist.overflow,
-                              td_request_elements(r), td_clock_ms()))
-        td_warn("stream '%s': out of memory for its window ring; its window queries count "
-                "nothing",
-                stream->name);
     reply(s, r);
     return applied;
 }
@@ -409,10 +395,11 @@ static void sched_answer(void *owner, td_request_t *r)
 static void sched_forget(void *owner, td_stream_t *stream)
 {
     td_server_t *s = owner;
-    if (stream->owner)
-        td_peer_stream_removed(stream->owner);
-    td_peers_release(s->peers, &stream->owner);
-    td_streams_remove(s->streams, &stream);
+    td_peer_t *client = stream->owner;
+    td_streams_remove(s->streams, &stream); /* its bytes leave the client's count */
+    if (client)
+        td_peer_stream_removed(client);
+    td_peers_release(s->peers, &client);
 }
 
 /* The executor (td_exec.h) hands every compute request back here, on the loop thread. */
@@ -453,20 +440,17 @@ static bool create_stream(td_server_t *s, td_request_t *r, td_stream_t **out)
                         s->cfg.stream_create_rate);
         return false;
     }
-    tally_status_t st = td_streams_get(s->streams, q->stream, q->stream_len, out);
-    if (st == TALLY_E_LIMIT) {
-        td_request_fail(r, st, "tallyd already holds its maximum of %u streams",
-                        s->cfg.max_streams);
-        return false;
-    }
+    char msg[TALLY_ERROR_MESSAGE_MAX];
+    tally_status_t st =
+        td_streams_create(s->streams, q->stream, q->stream_len, client, msg, sizeof msg, out);
+    if (st == TALLY_E_CLIENT_STREAMS)
+        count_limited(s, r, TD_LIMIT_STREAMS);
     if (st != TALLY_OK) {
-        td_request_fail(r, st, "cannot create stream '%s'", q->stream);
+        td_request_fail(r, st, "cannot create stream '%s': %s", q->stream, msg);
         return false;
     }
-    if (client) {
+    if (client)
         td_peer_stream_added(client); /* and the stream's reference to it */
-        (*out)->owner = client;
-    }
     return true;
 }
 

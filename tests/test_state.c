@@ -86,9 +86,11 @@ static td_streams_t *random_table(unsigned n)
             name[k] = (char)(0x21 + next_rand() % 94); /* printable, no space */
         td_stream_t *s = NULL;
         assert_int_equal(td_streams_get(t, name, len, &s), TALLY_OK);
-        random_info(&s->info, i);
+        static tally_stream_info_t info;
+        random_info(&info, i);
         char why[160];
-        assert_true(td_state_check_info(&s->info, why, sizeof why));
+        assert_true(td_state_check_info(&info, why, sizeof why));
+        assert_true(td_stream_set_info(s, &info));
     }
     return t;
 }
@@ -96,7 +98,9 @@ static td_streams_t *random_table(unsigned n)
 /* The stream's query payload: what a client sees (its length returned). */
 static size_t payload_of(const td_stream_t *s, uint8_t out[TALLY_QUERY_PAYLOAD_MAX])
 {
-    return tally_stream_info_encode(&s->info, out);
+    static tally_stream_info_t info;
+    td_stream_info(s, &info);
+    return tally_stream_info_encode(&info, out);
 }
 
 /* The stream's window ring as the state file holds it (its length returned; 0 without one). */
@@ -105,9 +109,9 @@ static size_t ring_of(const td_stream_t *s, uint8_t *out, size_t cap)
     uint32_t slots = 0;
     if (!s->window)
         return 0;
-    size_t len = td_window_encode(s->window, NOW_MS, NULL, &slots);
+    size_t len = td_window_encode_v3(s->window, NOW_MS, NULL, &slots);
     assert_true(len <= cap);
-    td_window_encode(s->window, NOW_MS, out, &slots);
+    td_window_encode_v3(s->window, NOW_MS, out, &slots);
     return len;
 }
 
@@ -404,7 +408,8 @@ static void test_invariant_violations_refuse_only_that_stream(void **state)
     encode(t, &buf, &len);
     td_state_report_t r;
     for (size_t c = 0; c < sizeof breakers / sizeof breakers[0]; c++) {
-        tally_stream_info_t bad = s1->info;
+        static tally_stream_info_t bad;
+        td_stream_info(s1, &bad);
         breakers[c](&bad);
         char why[160] = "";
         assert_false(td_state_check_info(&bad, why, sizeof why));
@@ -489,7 +494,9 @@ static uint8_t *encode_v1(td_streams_t *t, size_t *len_out)
         *p++ = (uint8_t)s->name_len;
         memcpy(p, s->name, s->name_len);
         p += s->name_len;
-        tally_stream_info_encode(&s->info, p);
+        static tally_stream_info_t info;
+        td_stream_info(s, &info);
+        tally_stream_info_encode(&info, p);
         p += TALLY_QUERY_PAYLOAD_SIZE;
     }
     tally_put_u64(p, td_state_checksum(out, len - TD_STATE_V1_TRAILER_SIZE));
@@ -515,10 +522,13 @@ static td_streams_t *random_table_v2(unsigned n)
     td_streams_t *t = random_table(n);
     for (td_stream_t *s = td_streams_first(t); s; s = s->list_next) {
         if (tally_hist_channels(s->info.hist_dtype) > 1) {
-            s->info.elements -= s->info.hist_total;
-            memset(&s->info.bins, 0, sizeof s->info.bins);
-            s->info.hist_dtype = TALLY_DTYPE_NONE;
-            s->info.hist_total = 0;
+            static tally_stream_info_t info;
+            td_stream_info(s, &info);
+            info.elements -= info.hist_total;
+            memset(&info.bins, 0, sizeof info.bins);
+            info.hist_dtype = TALLY_DTYPE_NONE;
+            info.hist_total = 0;
+            assert_true(td_stream_set_info(s, &info));
         }
     }
     return t;
@@ -538,7 +548,9 @@ static uint8_t *encode_v2(td_streams_t *t, size_t *len_out)
     for (td_stream_t *s = td_streams_first(t); s; s = s->list_next) {
         tally_put_u32(rec + 4, (uint32_t)s->name_len);
         memcpy(rec + TD_STATE_V2_RECORD_NAME_OFF, s->name, s->name_len);
-        tally_stream_info_encode(&s->info, rec + TD_STATE_V2_RECORD_INFO_OFF);
+        static tally_stream_info_t info;
+        td_stream_info(s, &info);
+        tally_stream_info_encode(&info, rec + TD_STATE_V2_RECORD_INFO_OFF);
         tally_put_u32(rec, td_state_crc(rec + 4, TD_STATE_V2_RECORD_SIZE - 4));
         rec += TD_STATE_V2_RECORD_SIZE;
     }
@@ -600,8 +612,13 @@ static unsigned fill_rings(td_streams_t *t)
                     bins[c * TALLY_HIST_BINS + b] = bins[(b + 7 * c) % TALLY_HIST_BINS];
             if (!tally_hist_ranged(s->info.hist_dtype))
                 under = over = 0;
-            assert_true(td_stream_window_add(t, s, bins, under, over, n + under + over,
-                                             NOW_MS - 1000ull * (uint64_t)k));
+            if (!s->window)
+                s->window = td_window_new(td_streams_window_intervals(t),
+                                          td_streams_window_interval_ms(t), channels);
+            assert_non_null(s->window);
+            assert_true(td_window_add(s->window, NOW_MS - 1000ull * (uint64_t)k, bins, under,
+                                      over, n + under + over));
+            td_stream_recount(s);
         }
         with_ring++;
     }

@@ -62,9 +62,11 @@ uint64_t td_state_records_digest(const uint8_t *buf, size_t len)
 /* One stream's version-3 record at out (NULL: only its size). */
 static size_t encode_record(const td_stream_t *s, uint64_t now_ms, uint8_t *out)
 {
-    size_t info_len = tally_stream_info_size(&s->info);
+    static tally_stream_info_t info; /* loop thread only */
+    td_stream_info(s, &info);
+    size_t info_len = tally_stream_info_size(&info);
     uint32_t slots = 0;
-    size_t ring = s->window ? td_window_encode(s->window, now_ms, NULL, &slots) : 0;
+    size_t ring = s->window ? td_window_encode_v3(s->window, now_ms, NULL, &slots) : 0;
     size_t size = TD_STATE_RECORD_INFO_OFF + info_len + ring;
     if (!out)
         return size;
@@ -75,9 +77,9 @@ static size_t encode_record(const td_stream_t *s, uint64_t now_ms, uint8_t *out)
     tally_put_u32(out + TD_STATE_RECORD_INFO_LEN_OFF, (uint32_t)info_len);
     tally_put_u32(out + TD_STATE_RECORD_SLOTS_OFF, slots);
     tally_put_u32(out + TD_STATE_RECORD_INTERVAL_OFF, slots ? td_window_interval_ms(s->window) : 0);
-    tally_stream_info_encode(&s->info, out + TD_STATE_RECORD_INFO_OFF);
+    tally_stream_info_encode(&info, out + TD_STATE_RECORD_INFO_OFF);
     if (slots)
-        td_window_encode(s->window, now_ms, out + TD_STATE_RECORD_INFO_OFF + info_len, &slots);
+        td_window_encode_v3(s->window, now_ms, out + TD_STATE_RECORD_INFO_OFF + info_len, &slots);
     tally_put_u32(out + 4, td_state_crc(out + 8, size - 8));
     return size;
 }
@@ -245,6 +247,7 @@ static bool restore_ring(td_streams_t *streams, td_stream_t *stream, const saved
 {
     unsigned intervals = td_streams_window_intervals(streams);
     unsigned channels = tally_hist_channels(stream->info.hist_dtype);
+    long dropped = 0;
     if (ring->count == 0 || intervals == 0)
         return true;
     stream->window =
@@ -253,13 +256,17 @@ static bool restore_ring(td_streams_t *streams, td_stream_t *stream, const saved
         snprintf(why, cap, "out of memory for its window ring");
         return false;
     }
-    long dropped =
-        td_window_decode(stream->window, now_ms, ring->interval_ms, ring->slots, ring->count);
+    dropped = td_window_decode_v3(stream->window, now_ms, ring->interval_ms, ring->slots, ring->count);
+    if (dropped == -2) {
+        snprintf(why, cap, "out of memory for its window ring");
+        return false;
+    }
     if (dropped < 0) {
         snprintf(why, cap, "a window slot's total is not its bins, or an interval appears twice");
         return false;
     }
     r->window_slots_dropped += (unsigned)dropped;
+    td_stream_recount(stream);
     return true;
 }
 
@@ -296,7 +303,11 @@ static void restore_record(td_streams_t *streams, td_state_report_t *r, unsigned
         r->over_limit++;
         return;
     }
-    stream->info = info;
+    if (!td_stream_set_info(stream, &info)) {
+        td_streams_remove(streams, &stream);
+        skip_record(r, i, name, name_len, "out of memory");
+        return;
+    }
     if (!restore_ring(streams, stream, ring, now_ms, r, why, sizeof why)) {
         td_streams_remove(streams, &stream);
         skip_record(r, i, name, name_len, why);
@@ -409,7 +420,7 @@ static void v3_restore(td_streams_t *streams, td_state_report_t *r, unsigned i, 
     unsigned channels = 0;
     if (info_len >= TALLY_QUERY_PAYLOAD_SIZE && info_len <= size - TD_STATE_RECORD_INFO_OFF)
         channels = tally_hist_channels(rec[TD_STATE_RECORD_INFO_OFF + 56]);
-    size_t slot = td_window_slot_size(channels ? channels : 1);
+    size_t slot = td_window_slot_size_v3(channels ? channels : 1);
     if (channels == 0 && info_len == TALLY_QUERY_PAYLOAD_SIZE && ring.count == 0)
         channels = 1; /* a stream without a histogram, and no ring */
     if (channels == 0 || tally_get_u32(rec + 92) ||
