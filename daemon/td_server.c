@@ -224,13 +224,14 @@ static void op_info(td_server_t *s, td_request_t *r)
                      "version=%s\nprotocol=%d\nbackend=%s\nbackends=%s\ndevices=%s\n"
                      "max_batch=%zu\nmax_inflight=%u\nmax_streams=%u\nshm=%s\nshm_socket=%s\n"
                      "window_intervals=%u\nwindow_interval_ms=%u\npub=%s\npub_interval_ms=%u\n"
-                     "curve=%s\n",
+                     "curve=%s\nmax_state_bytes=%zu\nmax_state_bytes_per_client=%zu\n",
                      TALLY_VERSION, TALLY_PROTO_VERSION, td_exec_backend_name(s->exec),
                      td_exec_backends(s->exec), td_exec_devices(s->exec), s->cfg.max_batch,
                      s->cfg.max_inflight, s->cfg.max_streams, s->shm ? "on" : "off",
                      s->shm ? td_shm_path(s->shm) : "", s->cfg.window_intervals,
                      s->cfg.window_interval_ms, s->pub ? td_pub_endpoint(s->pub) : "",
-                     s->cfg.pub_interval_ms, s->auth ? "on" : "off");
+                     s->cfg.pub_interval_ms, s->auth ? "on" : "off", s->cfg.max_state_bytes,
+                     td_config_state_bytes_per_client(&s->cfg));
     reply_text(s, r, text, n > 0 ? (size_t)n : 0);
 }
 
@@ -243,6 +244,8 @@ static void sample_gauges(void *ctx, td_gauges_t *g)
         .max_inflight = s->cfg.max_inflight,
         .queued = td_sched_queued(s->sched),
         .stream_count = td_streams_count(s->streams),
+        .state_bytes = td_streams_bytes(s->streams),
+        .state_bytes_max = s->cfg.max_state_bytes,
         .stopping = s->stopping,
         .gpus_lost = td_exec_devices_lost(s->exec),
         .pub_messages = td_pub_messages(s->pub),
@@ -789,6 +792,7 @@ static void sweep_cb(uv_timer_t *handle)
     td_server_t *s = handle->data;
     td_peers_set_rate(s->peers, s->cfg.stream_create_rate);
     td_peers_sweep(s->peers, uv_hrtime());
+    td_streams_sweep(s->streams, td_clock_ms(), TD_STREAMS_SWEEP_PER_TICK);
 }
 
 static void drain_cb(uv_timer_t *handle)
@@ -1138,6 +1142,8 @@ static td_err_t open_tables(td_server_t *s)
     if (err != TD_OK)
         return err;
     td_streams_set_window(s->streams, s->cfg.window_intervals, s->cfg.window_interval_ms);
+    td_streams_set_budget(s->streams, s->cfg.max_state_bytes,
+                          td_config_state_bytes_per_client(&s->cfg));
     td_clock_set_test_file(s->cfg.test_clock);
     return td_peers_new(&s->peers);
 }

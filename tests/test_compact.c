@@ -9,6 +9,10 @@
  *     u64 slot per ring position, tagged with its interval), with the clock moving forward,
  *     jumping past the whole ring, and stepping back: every window sum, intervals expiring at a
  *     write and at a sweep, reset, and the state record's form round trip.
+ *   - td_stream's byte accounting (every stream's bytes, the table's sum and each client's share
+ *     agree after random creations, hists, resets, deletes and sweeps) and the memory budget (a
+ *     creation or a hist past max_state_bytes or the client's share is refused with `limit` or
+ *     `client_streams` and changes nothing).
  * Set TALLY_TEST_SEED to replay a run.
  */
 #include <setjmp.h>
@@ -24,6 +28,8 @@
 #include "harness.h"
 #include "tally_proto.h"
 #include "td_bins.h"
+#include "td_peers.h"
+#include "td_stream.h"
 #include "td_window.h"
 
 static const size_t value_counts[] = {256, 768, 1024}; /* one, three and four channels */
@@ -460,6 +466,152 @@ static void test_window_memory_follows_data(void **state)
     td_window_destroy(&w);
 }
 
+/* ---- accounting and the budget ---------------------------------------------------------- */
+
+/* The table's bytes are its streams' plus its buckets (64 x 8 for up to 64 streams), and each
+ * client's are its streams'. */
+static void assert_accounts(td_streams_t *t, td_peer_t *const *clients, size_t n_clients)
+{
+    size_t sum = 0, per[4] = {0};
+    for (td_stream_t *s = td_streams_first(t); s; s = s->list_next) {
+        assert_int_equal(s->bytes, td_stream_bytes(s));
+        sum += s->bytes;
+        for (size_t c = 0; c < n_clients; c++)
+            if (s->owner == clients[c])
+                per[c] += s->bytes;
+    }
+    assert_int_equal(td_streams_bytes(t), sum + 64 * sizeof(td_stream_t *));
+    for (size_t c = 0; c < n_clients; c++)
+        assert_int_equal(td_peer_state_bytes(clients[c]), per[c]);
+}
+
+/* A random hist batch for stream s (its dtype, or u8 for a new one). */
+static tally_status_t random_hist(td_stream_t *s, uint64_t now_ms, char *msg, size_t cap)
+{
+    static uint64_t bins[TALLY_HIST_VALUES_MAX], zero[TALLY_HIST_VALUES_MAX];
+    uint8_t dtype = s->info.hist_dtype ? s->info.hist_dtype : TALLY_DTYPE_U8;
+    size_t values = tally_hist_values(dtype);
+    random_batch(bins, values, zero);
+    uint64_t n = 0;
+    for (size_t b = 0; b < TALLY_HIST_BINS; b++)
+        n += bins[b];
+    return td_stream_add_hist(s, dtype, 0, 0, bins, 0, 0, n, now_ms, msg, cap);
+}
+
+static void test_accounting_follows_every_change(void **state)
+{
+    (void)state;
+    td_peers_t *peers = NULL;
+    assert_int_equal(td_peers_new(&peers), TD_OK);
+    td_peer_t *clients[2] = {td_peers_acquire(peers, TD_PEER_CONNECTION, "a", 1, 0),
+                             td_peers_acquire(peers, TD_PEER_CONNECTION, "b", 1, 0)};
+    td_streams_t *t = NULL;
+    assert_int_equal(td_streams_new(64, &t), TD_OK);
+    td_streams_set_window(t, 8, 1000);
+    uint64_t now = 1795000000000ull;
+    char msg[256], name[16];
+    for (int step = 0; step < 3000; step++) {
+        now += th_rand() % 700;
+        unsigned k = (unsigned)(th_rand() % 40);
+        snprintf(name, sizeof name, "s%u", k);
+        td_stream_t *s = td_streams_find(t, name, strlen(name));
+        unsigned op = (unsigned)(th_rand() % 10);
+        if (!s) {
+            td_peer_t *owner = k % 3 == 2 ? NULL : clients[k % 3];
+            assert_int_equal(td_streams_create(t, name, strlen(name), owner, msg, sizeof msg, &s),
+                             TALLY_OK);
+        } else if (op < 6) {
+            assert_int_equal(random_hist(s, now, msg, sizeof msg), TALLY_OK);
+        } else if (op == 6) {
+            td_stream_zero(s);
+        } else if (op == 7) {
+            td_stream_clear(s);
+        } else if (op == 8) {
+            td_streams_remove(t, &s);
+        } else {
+            td_streams_sweep(t, now, 7);
+        }
+        assert_accounts(t, clients, 2);
+    }
+    td_streams_destroy(&t);
+    td_peers_release(peers, &clients[0]);
+    td_peers_release(peers, &clients[1]);
+    td_peers_destroy(&peers);
+}
+
+/* Everything a query could see of s: its record and every window sum. */
+static void snapshot_of(const td_stream_t *s, uint64_t now_ms, tally_stream_info_t *out)
+{
+    td_stream_info(s, &out[0]);
+    for (unsigned k = 1; k <= 8; k++)
+        td_stream_window_info(s, now_ms, k, 1000, &out[k]);
+}
+
+static void test_budget_refuses_and_changes_nothing(void **state)
+{
+    (void)state;
+    static tally_stream_info_t before[9], after[9];
+    static uint64_t bins[256];
+    td_peers_t *peers = NULL;
+    assert_int_equal(td_peers_new(&peers), TD_OK);
+    td_peer_t *a = td_peers_acquire(peers, TD_PEER_CONNECTION, "a", 1, 0);
+    td_streams_t *t = NULL;
+    assert_int_equal(td_streams_new(64, &t), TD_OK);
+    td_streams_set_window(t, 8, 1000);
+    char msg[256];
+    td_stream_t *s = NULL, *x = NULL;
+    uint64_t now = 1795000000000ull;
+    assert_int_equal(td_streams_create(t, "narrow", 6, a, msg, sizeof msg, &s), TALLY_OK);
+    memset(bins, 0, sizeof bins);
+    bins[40] = 3;
+    assert_int_equal(td_stream_add_hist(s, TALLY_DTYPE_U8, 0, 0, bins, 0, 0, 3, now, msg,
+                                        sizeof msg),
+                     TALLY_OK);
+    /* The whole table's budget: just what it holds now. A batch over every bin would make both
+     * histograms dense: refused, and nothing a query sees changes. */
+    td_streams_set_budget(t, td_streams_bytes(t), 0);
+    for (size_t b = 0; b < 256; b++)
+        bins[b] = 1;
+    snapshot_of(s, now, before);
+    size_t bytes = td_streams_bytes(t);
+    assert_int_equal(td_stream_add_hist(s, TALLY_DTYPE_U8, 0, 0, bins, 0, 0, 256, now, msg,
+                                        sizeof msg),
+                     TALLY_E_LIMIT);
+    assert_non_null(strstr(msg, "max_state_bytes"));
+    snapshot_of(s, now, after);
+    assert_memory_equal(before, after, sizeof before);
+    assert_int_equal(td_streams_bytes(t), bytes);
+    /* A new stream does not fit either; a batch that needs no new byte does. */
+    assert_int_equal(td_streams_create(t, "more", 4, a, msg, sizeof msg, &x), TALLY_E_LIMIT);
+    assert_null(td_streams_find(t, "more", 4));
+    memset(bins, 0, sizeof bins);
+    bins[40] = 1;
+    assert_int_equal(td_stream_add_hist(s, TALLY_DTYPE_U8, 0, 0, bins, 0, 0, 1, now, msg,
+                                        sizeof msg),
+                     TALLY_OK);
+    /* The client's share: the same refusals as client_streams, the table's budget lifted. */
+    td_streams_set_budget(t, 0, td_peer_state_bytes(a));
+    assert_int_equal(td_streams_create(t, "more", 4, a, msg, sizeof msg, &x),
+                     TALLY_E_CLIENT_STREAMS);
+    assert_non_null(strstr(msg, "max_state_bytes_per_client"));
+    assert_int_equal(td_streams_create(t, "other", 5, NULL, msg, sizeof msg, &x), TALLY_OK);
+    for (size_t b = 0; b < 256; b++)
+        bins[b] = 1;
+    snapshot_of(s, now, before);
+    assert_int_equal(td_stream_add_hist(s, TALLY_DTYPE_U8, 0, 0, bins, 0, 0, 256, now, msg,
+                                        sizeof msg),
+                     TALLY_E_CLIENT_STREAMS);
+    snapshot_of(s, now, after);
+    assert_memory_equal(before, after, sizeof before);
+    /* Deleting frees the share: the stream fits again. */
+    td_streams_remove(t, &s);
+    assert_int_equal(td_peer_state_bytes(a), 0);
+    assert_int_equal(td_streams_create(t, "more", 4, a, msg, sizeof msg, &x), TALLY_OK);
+    td_streams_destroy(&t);
+    td_peers_release(peers, &a);
+    td_peers_destroy(&peers);
+}
+
 int main(void)
 {
     th_seed();
@@ -471,6 +623,8 @@ int main(void)
         cmocka_unit_test(test_bins_decode_refuses),
         cmocka_unit_test(test_window_against_dense_ring),
         cmocka_unit_test(test_window_memory_follows_data),
+        cmocka_unit_test(test_accounting_follows_every_change),
+        cmocka_unit_test(test_budget_refuses_and_changes_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

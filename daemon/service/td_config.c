@@ -43,6 +43,13 @@ unsigned td_config_streams_per_client(const td_config_t *cfg)
     return cfg->max_streams / 2 ? cfg->max_streams / 2 : 1;
 }
 
+size_t td_config_state_bytes_per_client(const td_config_t *cfg)
+{
+    if (cfg->max_state_bytes_per_client)
+        return cfg->max_state_bytes_per_client;
+    return cfg->max_state_bytes / 2 ? cfg->max_state_bytes / 2 : 1;
+}
+
 unsigned td_config_io_threads(const td_config_t *cfg)
 {
     if (cfg->io_threads)

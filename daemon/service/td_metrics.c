@@ -374,6 +374,12 @@ static void render_gauges(const td_gauges_t *g, out_t *o)
          "# HELP tallyd_streams Named streams held.\n"
          "# TYPE tallyd_streams gauge\n"
          "tallyd_streams %u\n"
+         "# HELP tallyd_state_bytes Bytes of stream state: counters, histograms, window rings.\n"
+         "# TYPE tallyd_state_bytes gauge\n"
+         "tallyd_state_bytes %llu\n"
+         "# HELP tallyd_state_bytes_limit The configured max_state_bytes.\n"
+         "# TYPE tallyd_state_bytes_limit gauge\n"
+         "tallyd_state_bytes_limit %llu\n"
          "# HELP tallyd_backend_info The compute backend in use and its devices.\n"
          "# TYPE tallyd_backend_info gauge\n"
          "tallyd_backend_info{backend=\"%s\",devices=\"%s\"} 1\n"
@@ -383,7 +389,9 @@ static void render_gauges(const td_gauges_t *g, out_t *o)
          "# HELP tallyd_uptime_seconds Seconds since tallyd started.\n"
          "# TYPE tallyd_uptime_seconds gauge\n"
          "tallyd_uptime_seconds %.3f\n",
-         g->inflight, g->max_inflight, g->queued, g->stream_count, g->backend, g->devices,
+         g->inflight, g->max_inflight, g->queued, g->stream_count,
+         (unsigned long long)g->state_bytes, (unsigned long long)g->state_bytes_max, g->backend,
+         g->devices,
          (unsigned long long)g->device_memory_bytes, g->uptime_s);
     emit(o,
          "# HELP tallyd_gpus_lost GPUs marked unusable since tallyd started.\n"

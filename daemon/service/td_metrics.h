@@ -60,6 +60,8 @@ typedef struct {
     unsigned max_inflight;
     unsigned queued; /* requests waiting behind another on their stream */
     unsigned stream_count;
+    uint64_t state_bytes;     /* bytes of stream state (td_streams_bytes) */
+    uint64_t state_bytes_max; /* max_state_bytes */
     const char *backend; /* "cpu" or "cuda" */
     const char *devices; /* the backend's one-line description */
     uint64_t device_memory_bytes;

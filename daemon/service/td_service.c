@@ -406,6 +406,8 @@ void td_service_reload(td_service_t *self)
     td_config_clear(&next);
 
     td_streams_set_max(self->host.streams, live->max_streams);
+    td_streams_set_budget(self->host.streams, live->max_state_bytes,
+                          td_config_state_bytes_per_client(live));
     if (self->state_on && old_interval != live->state_interval) {
         uint64_t ms = (uint64_t)live->state_interval * 1000;
         int rc = uv_timer_start(&self->state_timer, state_cb, ms, ms);
