@@ -345,15 +345,15 @@ void td_streams_take_removed(td_streams_t *self, uint8_t **names, size_t *len, u
 
 /* ---- One stream ------------------------------------------------------------------------- */
 
-static size_t values_of(uint8_t dtype)
+size_t td_stream_values(uint8_t dtype)
 {
     unsigned channels = tally_hist_channels(dtype);
     return (size_t)(channels ? channels : 1) * TALLY_HIST_BINS;
 }
 
-/* The counters of info into out (the bins are not touched). */
-static void counters_out(const td_stream_info_t *in, tally_stream_info_t *out)
+void td_stream_info_head(const td_stream_t *s, tally_stream_info_t *out)
 {
+    const td_stream_info_t *in = &s->info;
     out->batches = in->batches;
     out->elements = in->elements;
     out->bytes = in->bytes;
@@ -373,15 +373,15 @@ static void counters_out(const td_stream_info_t *in, tally_stream_info_t *out)
 void td_stream_info(const td_stream_t *s, tally_stream_info_t *out)
 {
     memset(out, 0, sizeof *out);
-    counters_out(&s->info, out);
-    td_bins_get(&s->bins, values_of(s->info.hist_dtype), out->bins);
+    td_stream_info_head(s, out);
+    td_bins_get(&s->bins, td_stream_values(s->info.hist_dtype), out->bins);
 }
 
 uint64_t td_stream_window_info(const td_stream_t *s, uint64_t now_ms, unsigned k,
                                uint32_t interval_ms, tally_stream_info_t *out)
 {
     memset(out, 0, sizeof *out);
-    counters_out(&s->info, out);
+    td_stream_info_head(s, out);
     if (s->window)
         return td_window_sum(s->window, now_ms, k, out);
     /* No hist yet: nothing counted in any interval. */
@@ -392,7 +392,7 @@ uint64_t td_stream_window_info(const td_stream_t *s, uint64_t now_ms, unsigned k
 
 bool td_stream_set_info(td_stream_t *s, const tally_stream_info_t *in)
 {
-    if (!td_bins_set(&s->bins, values_of(in->hist_dtype), in->bins))
+    if (!td_bins_set(&s->bins, td_stream_values(in->hist_dtype), in->bins))
         return false;
     s->info = (td_stream_info_t){
         .batches = in->batches,
@@ -473,7 +473,7 @@ tally_status_t td_stream_add_hist(td_stream_t *s, uint8_t dtype, int64_t lo, int
 {
     td_stream_info_t *info = &s->info;
     uint8_t have = info->hist_dtype != TALLY_DTYPE_NONE ? info->hist_dtype : dtype;
-    size_t values = values_of(have), after = 0;
+    size_t values = td_stream_values(have), after = 0;
     hist_plan_t p;
     if (!plan_hist(s, values, bins, now_ms, &p, &after)) {
         snprintf(msg, msg_cap, "out of memory for the stream's window ring");

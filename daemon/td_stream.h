@@ -135,8 +135,12 @@ void td_streams_take_removed(td_streams_t *self, uint8_t **names, size_t *len, u
 
 /* ---- One stream ----------------------------------------------------------------------- */
 
+/* The counts a histogram of hist_dtype keeps: 256 per channel (256 for a stream without one). */
+size_t td_stream_values(uint8_t hist_dtype);
 /* Bytes the stream has allocated: itself with its name, its histogram's counts, its ring. */
 size_t td_stream_bytes(const td_stream_t *stream);
+/* The stream's counters into out: every field of its record but the bins (left as they are). */
+void td_stream_info_head(const td_stream_t *stream, tally_stream_info_t *out);
 /* The stream's `query` record (all time). */
 void td_stream_info(const td_stream_t *stream, tally_stream_info_t *out);
 /* The record of a window query for the k intervals ending with now_ms's (interval_ms each):

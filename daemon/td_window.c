@@ -279,7 +279,7 @@ static bool slot_saved(const td_window_t *w, const slot_t *s, uint64_t now)
     return s->interval <= now && now - s->interval < w->intervals && counted;
 }
 
-/* A slot's interval, underflow, overflow and total (SLOT_FIXED bytes, both forms). */
+/* A slot's interval, underflow, overflow and total (SLOT_FIXED bytes). */
 static void put_fixed(uint8_t *out, const slot_t *s)
 {
     tally_put_u64(out, s->interval);
@@ -402,30 +402,6 @@ invalid:
 size_t td_window_slot_size_v3(unsigned channels)
 {
     return TD_WINDOW_SLOT_HEADER + 8u * TALLY_HIST_BINS * channels;
-}
-
-size_t td_window_encode_v3(const td_window_t *w, uint64_t now_ms, uint8_t *out, uint32_t *slots)
-{
-    static uint64_t bins[TALLY_HIST_VALUES_MAX]; /* loop thread only */
-    uint64_t now = now_ms / w->interval_ms;
-    size_t at = 0, size = td_window_slot_size_v3(w->channels);
-    *slots = 0;
-    for (unsigned pos = 0; pos < w->intervals; pos++) { /* in ring order, as version 3 wrote */
-        for (unsigned i = 0; i < w->count; i++) {
-            const slot_t *s = &w->slots[i];
-            if (s->interval % w->intervals != pos || !slot_saved(w, s, now))
-                continue;
-            if (out) {
-                put_fixed(out + at, s);
-                td_bins_get(&s->bins, values_of(w), bins);
-                for (size_t b = 0; b < values_of(w); b++)
-                    tally_put_u64(out + at + TD_WINDOW_SLOT_HEADER + 8 * b, bins[b]);
-            }
-            at += size;
-            (*slots)++;
-        }
-    }
-    return at;
 }
 
 long td_window_decode_v3(td_window_t *w, uint64_t now_ms, uint32_t saved_interval_ms,

@@ -105,9 +105,6 @@ size_t td_window_decode(td_window_t *self, uint64_t now_ms, uint32_t saved_inter
  * inconsistent or an interval appears twice (nothing added), -2 when out of memory. */
 long td_window_decode_v3(td_window_t *self, uint64_t now_ms, uint32_t saved_interval_ms,
                          const uint8_t *in, uint32_t slots);
-/* Version 3's form of the slots td_window_encode would write (in ring order); the size,
- * written to out when not NULL; *slots the slot count. */
-size_t td_window_encode_v3(const td_window_t *self, uint64_t now_ms, uint8_t *out, uint32_t *slots);
 /* Size of one version-3 slot of `channels`. */
 size_t td_window_slot_size_v3(unsigned channels);
 

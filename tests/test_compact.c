@@ -490,7 +490,7 @@ static tally_status_t random_hist(td_stream_t *s, uint64_t now_ms, char *msg, si
 {
     static uint64_t bins[TALLY_HIST_VALUES_MAX], zero[TALLY_HIST_VALUES_MAX];
     uint8_t dtype = s->info.hist_dtype ? s->info.hist_dtype : TALLY_DTYPE_U8;
-    size_t values = tally_hist_values(dtype);
+    size_t values = td_stream_values(dtype);
     random_batch(bins, values, zero);
     uint64_t n = 0;
     for (size_t b = 0; b < TALLY_HIST_BINS; b++)

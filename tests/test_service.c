@@ -665,15 +665,17 @@ static void corrupt_and_restart(const char *name, corruption_t how, const char *
     int fd = open(s.file, O_RDWR);
     assert_true(fd >= 0);
     uint8_t byte, size_field[4];
-    /* Version-3 records carry their size (td_state.h): two of them fill the file. */
+    /* The first snapshot is a whole state file (td_state.h), its records with their sizes:
+     * two of them fill it. */
     assert_int_equal(pread(fd, size_field, 4, TD_STATE_HEADER_SIZE + 8), 4);
     off_t first = tally_get_u32(size_field);
     assert_int_equal(pread(fd, size_field, 4, TD_STATE_HEADER_SIZE + first + 8), 4);
     assert_int_equal(sb.st_size, TD_STATE_HEADER_SIZE + first + tally_get_u32(size_field));
-    off_t at = TD_STATE_HEADER_SIZE + TD_STATE_RECORD_INFO_OFF + 128 + 8 * 37; /* cam0, bin 37 */
+    off_t at = TD_STATE_HEADER_SIZE + TD_STATE_RECORD_NAME_OFF + 4 + 8; /* cam0's elements */
     switch (how) {
     case CORRUPT_TRUNCATE:
-        assert_int_equal(ftruncate(fd, TD_STATE_HEADER_SIZE + first + 500), 0);
+        assert_int_equal(ftruncate(fd, TD_STATE_HEADER_SIZE + first + tally_get_u32(size_field) / 2),
+                         0);
         break;
     case CORRUPT_FLIP:
     case CORRUPT_HEADER:
@@ -682,8 +684,8 @@ static void corrupt_and_restart(const char *name, corruption_t how, const char *
         byte ^= 0x10;
         assert_int_equal(pwrite(fd, &byte, 1, at), 1);
         break;
-    case CORRUPT_VERSION:
-        byte = 99;
+    case CORRUPT_VERSION: /* one below any this tallyd reads (a newer one: test_upgrade.c) */
+        byte = 0;
         assert_int_equal(pwrite(fd, &byte, 1, 8), 1);
         break;
     case CORRUPT_GARBAGE:
@@ -744,7 +746,7 @@ static void test_state_header_damage_set_aside(void **state)
 static void test_state_wrong_version_set_aside(void **state)
 {
     (void)state;
-    corrupt_and_restart("state-version", CORRUPT_VERSION, "format version 99");
+    corrupt_and_restart("state-version", CORRUPT_VERSION, "format version 0");
 }
 
 static void test_state_garbage_set_aside(void **state)

@@ -166,6 +166,7 @@
 #define TD_DEFAULT_STATE_INTERVAL 30u /* seconds between stream-state snapshots */
 #define TD_STATE_INTERVAL_LIMIT 86400u
 #define TD_STATE_FILE "streams.state" /* in the state directory */
+#define TD_STATE_LOG_FILE "streams.log"  /* beside it: the changes since (td_state.h) */
 #define TD_STATUS_INTERVAL_MS 5000    /* systemd STATUS= line refresh */
 #define TD_METRICS_WAIT_MS 2000       /* an HTTP scrape waits this long for the loop */
 /* Windows (PROTOCOL.md "Windows", td_window.h): each stream's ring of recent intervals, one

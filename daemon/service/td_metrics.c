@@ -311,6 +311,10 @@ static void render_counters(const td_metrics_t *m, out_t *o)
          "# HELP tallyd_state_write_failures_total State snapshots that could not be written.\n"
          "# TYPE tallyd_state_write_failures_total counter\n"
          "tallyd_state_write_failures_total %llu\n"
+         "# HELP tallyd_state_written_bytes_total Bytes state snapshots wrote: the records of the "
+         "streams that changed, or a whole state file.\n"
+         "# TYPE tallyd_state_written_bytes_total counter\n"
+         "tallyd_state_written_bytes_total %llu\n"
          "# HELP tallyd_notify_failures_total systemd notifications (READY, STATUS, WATCHDOG...) "
          "that could not be sent.\n"
          "# TYPE tallyd_notify_failures_total counter\n"
@@ -318,7 +322,8 @@ static void render_counters(const td_metrics_t *m, out_t *o)
          (unsigned long long)m->bytes_in, (unsigned long long)m->bytes_out,
          (unsigned long long)m->replies_dropped_gone, (unsigned long long)m->replies_dropped_slow,
          (unsigned long long)m->backend_fallbacks, (unsigned long long)m->read_pauses,
-         (unsigned long long)m->state_write_failures, (unsigned long long)m->notify_failures);
+         (unsigned long long)m->state_write_failures,
+         (unsigned long long)m->state_bytes_written, (unsigned long long)m->notify_failures);
 }
 
 /* Shared memory, requests per GPU and the per-peer limits. */
