@@ -220,7 +220,8 @@ void td_window_commit(td_window_t *w, const uint64_t *bins, uint64_t underflow,
 {
     sweep(w, plan->interval, doomed);
     if (plan->array) {
-        memcpy(plan->array, w->slots, w->count * sizeof(slot_t));
+        if (w->count) /* memcpy may not be given a NULL array, even for 0 bytes */
+            memcpy(plan->array, w->slots, w->count * sizeof(slot_t));
         free(w->slots);
         w->slots = plan->array;
         w->bytes += (plan->cap - w->cap) * sizeof(slot_t);
