@@ -8,7 +8,7 @@
 #     (60 x 1 s) and with windows off;
 #   - the same for streams busy in every interval: one such batch per stream in each of the 60
 #     intervals of the ring, the window clock stepped by a --test-clock file (BUSY_NS, default
-#     "1000 10000");
+#     "1000 10000"; BASE_BUSY_NS for the base);
 #   - snapshots, SNAP_N streams (default 100000): the bytes of a whole state file, then the
 #     bytes written per interval (tallyd_state_written_bytes_total; a base tallyd from before
 #     issue 26 wrote its whole file at every interval with a change) while 1 % of the streams
@@ -18,7 +18,7 @@
 #   - query p50 (state_bench query, 2000 sequential queries of one stream, ipc) and hist
 #     throughput (loadgen, 4 KiB, 1 producer x 8, one named stream, 3 s), ROUNDS rounds (default
 #     3) alternating the two binaries.
-# Rows in OUT_DIR/state.md. Stream creation needs stream_create_rate 0 and limits raised: the
+# PARTS (default "memory snapshots speed") picks the sections. Rows in OUT_DIR/state.md. Stream creation needs stream_create_rate 0 and limits raised: the
 # script passes them.
 set -uo pipefail
 # shellcheck source-path=SCRIPTDIR source=bench-env.sh
@@ -29,7 +29,11 @@ bench_setup state 3
 LIMITS=(--backend cpu --log-level notice --max-streams 4000000 --max-streams-per-client 4000000
   --stream-create-rate 0)
 # Only a tallyd that knows the setting gets it (a base from before issue 26 has no budget).
-budget() { "$1" --help 2>&1 | grep -q max-state-bytes && echo "--max-state-bytes 16G"; }
+budget() {
+  local help
+  help=$("$1" --help 2>&1) # not a pipe into grep -q: under pipefail, tallyd's SIGPIPE fails it
+  case "$help" in *max-state-bytes*) echo "--max-state-bytes 16G" ;; esac
+}
 
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 # start BIN EXTRA...: starts BIN on $RUN/td.ipc; sets TPID; waits until it answers.
@@ -132,28 +136,32 @@ bin_of() { if [ "$1" = base ]; then echo "$BASE"; else echo "$TD"; fi; }
   echo "| run | batches | tallyd args | streams | RSS MiB | RSS KiB per stream | tallyd_state_bytes |"
   echo "|---|---|---|---|---|---|---|"
 } >"$MD"
+part() { case " ${PARTS:-memory snapshots speed} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 for v in "${binaries[@]}"; do
+  part memory || break
   ns=${NS:-1000 10000 100000}
   [ "$v" = base ] && ns=${BASE_NS:-$ns}
   for n in $ns; do
     per_stream "$v" "$(bin_of $v)" "$n" one
     per_stream "$v" "$(bin_of $v)" "$n" one --window-intervals 0
   done
-  for n in ${BUSY_NS:-1000 10000}; do per_stream "$v" "$(bin_of $v)" "$n" busy; done
+  busy=${BUSY_NS:-1000 10000}
+  [ "$v" = base ] && busy=${BASE_BUSY_NS:-$busy}
+  for n in $busy; do per_stream "$v" "$(bin_of $v)" "$n" busy; done
 done
 {
   echo
   echo "| run | streams | whole state file B | written per interval, 1 % active, B | of whole | restart s | RSS after restart MiB |"
   echo "|---|---|---|---|---|---|---|"
 } >>"$MD"
-for v in "${binaries[@]}"; do snapshots "$v" "$(bin_of $v)"; done
+part snapshots && for v in "${binaries[@]}"; do snapshots "$v" "$(bin_of $v)"; done
 {
   echo
   echo "| run | op | p50 us | p99 us |"
   echo "|---|---|---|---|"
   echo "(hist rows: loadgen's columns)"
 } >>"$MD"
-for round in $(seq "${ROUNDS:-3}"); do
+part speed && for round in $(seq "${ROUNDS:-3}"); do
   order=("${binaries[@]}")
   [ $((round % 2)) = 0 ] && [ ${#binaries[@]} = 2 ] && order=(base new)
   for v in "${order[@]}"; do speed "$v r$round" "$(bin_of $v)"; done

@@ -150,8 +150,57 @@ static uint64_t sum_into(const td_bins_t *b, size_t values, const uint64_t *add,
     return max;
 }
 
+/* Whether dense counts of `width` bytes (not 8) plus add all still fit that width: the busy
+ * case, one pass. A count is below 2^32 and an addend below 2^62 (else: no, and the general
+ * path works it out, wrapping included), so their sum cannot wrap and its bits above the width
+ * say whether it fits. */
+#define FITS_LOOP(type, bits)                                                                      \
+    do {                                                                                           \
+        const type *c = (const type *)data;                                                        \
+        for (size_t i = 0; i < values; i++)                                                        \
+            over |= ((c[i] + add[i]) >> (bits)) | (add[i] >> 62);                                  \
+    } while (0)
+
+static bool dense_fits(const uint8_t *data, uint8_t width, size_t values, const uint64_t *add)
+{
+    uint64_t over = 0;
+    if (width == 1)
+        FITS_LOOP(uint8_t, 8);
+    else if (width == 2)
+        FITS_LOOP(uint16_t, 16);
+    else
+        FITS_LOOP(uint32_t, 32);
+    return over == 0;
+}
+
+static uint8_t bit_length(uint64_t v)
+{
+    return v ? (uint8_t)(64 - __builtin_clzll(v)) : 0;
+}
+
+/* Whether dense counts plus add fit their width, mostly without reading them: the largest count
+ * has maxbits bits and the largest addend a bits, so every sum has at most max(maxbits, a) + 1.
+ * The addends' bits are those of their OR (the same highest bit as their maximum, and a
+ * reduction SSE2 vectorises, which a 64-bit maximum is not). */
+static bool dense_stays(const td_bins_t *b, size_t values, const uint64_t *add)
+{
+    if (b->width == 8)
+        return true; /* u64 counts wrap as they would anyway */
+    uint64_t any = 0;
+    for (size_t i = 0; i < values; i++)
+        any |= add[i];
+    uint8_t a = bit_length(any), bits = a > b->maxbits ? a : b->maxbits;
+    if (bits + 1 <= 8 * b->width)
+        return true;
+    return dense_fits(b->data, b->width, values, add);
+}
+
 void td_bins_plan(const td_bins_t *b, size_t values, const uint64_t *add, td_bins_plan_t *plan)
 {
+    if (b->width && !b->sparse && dense_stays(b, values, add)) {
+        *plan = (td_bins_plan_t){.width = b->width, .cap = b->cap, .bytes = td_bins_bytes(b)};
+        return; /* dense stays dense in its width; u64 counts wrap as they would anyway */
+    }
     uint64_t sum[VALUES_MAX];
     size_t n = 0;
     uint64_t max = sum_into(b, values, add, sum, &n);
@@ -192,11 +241,13 @@ static void encode_form(const td_bins_plan_t *p, size_t values, const uint64_t *
     }
 }
 
-/* Installs sum (laid out as p says) into b. */
-static void install(td_bins_t *b, size_t values, const uint64_t *sum, td_bins_plan_t *p)
+/* Installs sum (laid out as p says, its largest count max) into b. */
+static void install(td_bins_t *b, size_t values, const uint64_t *sum, uint64_t max,
+                    td_bins_plan_t *p)
 {
     if (!p->width)
         return;
+    b->maxbits = bit_length(max);
     uint8_t *data = p->fresh ? p->data : b->data;
     encode_form(p, values, sum, data);
     if (p->fresh) {
@@ -210,19 +261,43 @@ static void install(td_bins_t *b, size_t values, const uint64_t *sum, td_bins_pl
     b->cap = p->cap;
 }
 
+#define ADD_LOOP(type)                                                                             \
+    do {                                                                                           \
+        type *c = (type *)data, m = 0;                                                             \
+        for (size_t i = 0; i < values; i++) {                                                      \
+            type v = (type)(c[i] + add[i]);                                                        \
+            c[i] = v;                                                                              \
+            m |= v;                                                                                \
+        }                                                                                          \
+        max = m;                                                                                   \
+    } while (0)
+
+/* Dense counts += add, in place (the plan says they fit); returns the OR of the counts (the
+ * bits of the largest). */
+static uint64_t add_dense(uint8_t *data, uint8_t width, size_t values, const uint64_t *add)
+{
+    uint64_t max = 0;
+    if (width == 1)
+        ADD_LOOP(uint8_t);
+    else if (width == 2)
+        ADD_LOOP(uint16_t);
+    else if (width == 4)
+        ADD_LOOP(uint32_t);
+    else
+        ADD_LOOP(uint64_t);
+    return max;
+}
+
 void td_bins_commit(td_bins_t *b, size_t values, const uint64_t *add, td_bins_plan_t *plan)
 {
     if (b->width && !b->sparse && !plan->fresh) { /* the busy case: dense, no wider count */
-        for (size_t i = 0; i < values; i++) {
-            uint8_t *p = b->data + i * b->width;
-            put_count(p, b->width, get_count(p, b->width) + add[i]);
-        }
+        b->maxbits = bit_length(add_dense(b->data, b->width, values, add));
         return;
     }
     uint64_t sum[VALUES_MAX];
     size_t n = 0;
-    sum_into(b, values, add, sum, &n);
-    install(b, values, sum, plan);
+    uint64_t max = sum_into(b, values, add, sum, &n);
+    install(b, values, sum, max, plan);
 }
 
 bool td_bins_add(td_bins_t *b, size_t values, const uint64_t *add)

@@ -38,8 +38,10 @@ typedef struct {
     uint8_t *data;  /* NULL when empty */
     uint16_t used;  /* sparse: pairs in use */
     uint16_t cap;   /* sparse: pairs allocated; dense: the number of counts */
-    uint8_t width;  /* bytes per count: 0 (empty), 1, 2, 4 or 8 */
+    uint8_t width;   /* bytes per count: 0 (empty), 1, 2, 4 or 8 */
     bool sparse;
+    uint8_t maxbits; /* bits of the largest count: a batch whose largest addend leaves room
+                      * fits without reading the counts */
 } td_bins_t; /* zeroed = empty */
 
 /* What adding a batch to a histogram needs (td_bins_plan). */

@@ -106,41 +106,70 @@ static long find(const td_window_t *w, uint64_t interval)
     return -1;
 }
 
-/* A slot that goes when a batch of interval `now` is added: out of the ring's reach, or on the
- * batch's ring position in another interval (the clock stepped back by a whole ring). */
-static bool doomed(const td_window_t *w, uint64_t interval, uint64_t now)
-{
-    if (interval <= now && now - interval >= w->intervals)
-        return true;
-    return interval != now && interval % w->intervals == now % w->intervals;
-}
-
-typedef bool slot_gone_fn(const td_window_t *w, uint64_t interval, uint64_t now);
-
-/* Removes the slots gone() names, freeing their bins. */
-static void sweep(td_window_t *w, uint64_t now, slot_gone_fn *gone)
-{
-    unsigned kept = 0;
-    for (unsigned i = 0; i < w->count; i++) {
-        slot_t *s = &w->slots[i];
-        if (gone(w, s->interval, now)) {
-            w->bytes -= td_bins_bytes(&s->bins);
-            td_bins_clear(&s->bins);
-            continue;
-        }
-        w->slots[kept++] = *s;
-    }
-    w->count = kept;
-}
-
 static bool expired(const td_window_t *w, uint64_t interval, uint64_t now)
 {
     return interval <= now && now - interval >= w->intervals;
 }
 
+/* How many slots from the first the ring no longer reaches at interval now (a prefix: the
+ * slots are sorted). */
+static unsigned expired_prefix(const td_window_t *w, uint64_t now)
+{
+    unsigned from = 0;
+    while (from < w->count && expired(w, w->slots[from].interval, now))
+        from++;
+    return from;
+}
+
+/* The slots that go when a batch of interval `now` is added: the expired prefix (its length
+ * returned), and, only when the clock stepped back by a whole ring, a slot of the future on the
+ * batch's ring position (*gone_late its index, else -1; such slots are at the end). So this
+ * reads the one or two slots at each end, not the ring. */
+static unsigned doomed(const td_window_t *w, uint64_t now, long *gone_late)
+{
+    unsigned from = expired_prefix(w, now);
+    *gone_late = -1;
+    for (unsigned i = w->count; i-- > from && w->slots[i].interval > now;)
+        if (w->slots[i].interval % w->intervals == now % w->intervals)
+            *gone_late = (long)i;
+    return from;
+}
+
+/* Removes slot i, freeing its bins. */
+static void drop(td_window_t *w, unsigned i)
+{
+    w->bytes -= td_bins_bytes(&w->slots[i].bins);
+    td_bins_clear(&w->slots[i].bins);
+    memmove(w->slots + i, w->slots + i + 1, (w->count - i - 1) * sizeof(slot_t));
+    w->count--;
+}
+
+/* Removes the first `from` slots, freeing their bins. */
+static void drop_prefix(td_window_t *w, unsigned from)
+{
+    if (!from) /* slots may be NULL (none yet), which memmove may not be given */
+        return;
+    for (unsigned i = 0; i < from; i++) {
+        w->bytes -= td_bins_bytes(&w->slots[i].bins);
+        td_bins_clear(&w->slots[i].bins);
+    }
+    memmove(w->slots, w->slots + from, (w->count - from) * sizeof(slot_t));
+    w->count -= from;
+}
+
+/* Removes what doomed() names: the late slot, then the prefix. */
+static void sweep(td_window_t *w, uint64_t now)
+{
+    long late = -1;
+    unsigned from = doomed(w, now, &late);
+    if (late >= 0)
+        drop(w, (unsigned)late);
+    drop_prefix(w, from);
+}
+
 void td_window_expire(td_window_t *w, uint64_t now_ms)
 {
-    sweep(w, now_ms / w->interval_ms, expired);
+    drop_prefix(w, expired_prefix(w, now_ms / w->interval_ms));
     if (w->count == 0 && w->slots) {
         free(w->slots);
         w->slots = NULL;
@@ -155,13 +184,12 @@ void td_window_plan(const td_window_t *w, uint64_t now_ms, const uint64_t *bins,
     static const td_bins_t empty;
     uint64_t now = now_ms / w->interval_ms;
     size_t freed = 0;
-    unsigned kept = 0;
-    for (unsigned i = 0; i < w->count; i++) {
-        if (doomed(w, w->slots[i].interval, now))
-            freed += td_bins_bytes(&w->slots[i].bins);
-        else
-            kept++;
-    }
+    long late = -1;
+    unsigned from = doomed(w, now, &late), kept = w->count - from - (late >= 0);
+    for (unsigned i = 0; i < from; i++)
+        freed += td_bins_bytes(&w->slots[i].bins);
+    if (late >= 0)
+        freed += td_bins_bytes(&w->slots[late].bins);
     plan->interval = now;
     plan->slot = find(w, now);
     plan->array = NULL;
@@ -218,7 +246,7 @@ static slot_t *insert(td_window_t *w, uint64_t interval)
 void td_window_commit(td_window_t *w, const uint64_t *bins, uint64_t underflow,
                       uint64_t overflow, uint64_t n, td_window_plan_t *plan)
 {
-    sweep(w, plan->interval, doomed);
+    sweep(w, plan->interval);
     if (plan->array) {
         if (w->count) /* memcpy may not be given a NULL array, even for 0 bytes */
             memcpy(plan->array, w->slots, w->count * sizeof(slot_t));

@@ -626,6 +626,45 @@ static void test_state_kill9_loses_at_most_one_interval(void **state)
     close_and_stop(&d, sock);
 }
 
+/* After the first (whole) snapshot, snapshots append the streams that changed to the log: a
+ * kill -9 after such appends restores the last appended state of each stream, byte for byte,
+ * and a deleted stream stays deleted. */
+static void test_state_kill9_after_appends(void **state)
+{
+    (void)state;
+    char dir[300];
+    make_dir(dir, sizeof dir, "state-append");
+    const char *args[] = {"--state-dir", dir, "--state-interval", "1", "--log-level",
+                          "debug",       NULL};
+    th_daemon_t d;
+    assert_int_equal(spawn(&d, args, NULL), 0);
+    int32_t values[3] = {7, 8, 9};
+    fill_streams(&d, values, 3);
+    assert_true(log_waits_for(&d, "a whole state file", 5000));
+    fill_streams(&d, values, 2); /* both change again */
+    assert_true(log_waits_for(&d, "state: wrote 2 streams", 5000));
+    assert_true(log_waits_for(&d, "appended to the log", 5000));
+    void *sock = connect_to(&d);
+    tally_req_t q = th_req(TALLY_OP_DELETE, TALLY_DTYPE_NONE, 77);
+    q.stream_len = 2;
+    memcpy(q.stream, "s1", 2);
+    assert_int_equal(th_call_status(sock, &q, NULL, 0), TALLY_OK);
+    uint8_t before[TALLY_QUERY_PAYLOAD_SIZE];
+    assert_int_equal(query(sock, "cam0", before), TALLY_OK);
+    th_close(sock);
+    assert_true(log_waits_for(&d, "state: wrote 0 streams", 5000)); /* the deletion's record */
+    assert_int_equal(th_daemon_stop(&d, SIGKILL, 5000), 128 + SIGKILL);
+
+    assert_int_equal(spawn(&d, args, NULL), 0);
+    assert_true(th_daemon_log_contains(&d, "changes from"));
+    sock = connect_to(&d);
+    uint8_t after[TALLY_QUERY_PAYLOAD_SIZE];
+    assert_int_equal(query(sock, "cam0", after), TALLY_OK);
+    assert_memory_equal(after, before, TALLY_QUERY_PAYLOAD_SIZE);
+    assert_int_equal(query(sock, "s1", after), TALLY_E_UNKNOWN_STREAM);
+    close_and_stop(&d, sock);
+}
+
 /* True when dir holds a streams.state.corrupt-* file. */
 static bool has_corrupt_file(const char *dir)
 {
@@ -1196,6 +1235,7 @@ int main(void)
         cmocka_unit_test_teardown(test_state_stop_under_load_keeps_every_answered_request,
                                   kill_leftovers),
         cmocka_unit_test_teardown(test_state_kill9_loses_at_most_one_interval, kill_leftovers),
+        cmocka_unit_test_teardown(test_state_kill9_after_appends, kill_leftovers),
         cmocka_unit_test_teardown(test_state_truncated_file_keeps_whole_records, kill_leftovers),
         cmocka_unit_test_teardown(test_state_bit_flip_loses_only_its_stream, kill_leftovers),
         cmocka_unit_test_teardown(test_state_header_damage_set_aside, kill_leftovers),

@@ -170,9 +170,10 @@
 #define TD_STATUS_INTERVAL_MS 5000    /* systemd STATUS= line refresh */
 #define TD_METRICS_WAIT_MS 2000       /* an HTTP scrape waits this long for the loop */
 /* Windows (PROTOCOL.md "Windows", td_window.h): each stream's ring of recent intervals, one
- * minute in seconds by default. A ring costs intervals x (32 + 2048 x channels) bytes per
- * stream: 122 KiB single-channel at the defaults, so the limits keep one stream's ring under
- * 16 MiB (rgba8 at 2048 intervals). */
+ * minute in seconds by default. A ring keeps only the intervals that counted something, each
+ * 48 bytes plus its counts (at most 8 x 256 x channels bytes), so the limits keep one stream's
+ * ring under 17 MiB (rgba8 with u64 counts in all 2048 intervals); max_state_bytes bounds them
+ * all. */
 #define TD_DEFAULT_WINDOW_INTERVALS 60u
 #define TD_WINDOW_INTERVALS_LIMIT 2048u
 #define TD_DEFAULT_WINDOW_INTERVAL_MS 1000u
