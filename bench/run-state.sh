@@ -9,10 +9,11 @@
 #   - the same for streams busy in every interval: one such batch per stream in each of the 60
 #     intervals of the ring, the window clock stepped by a --test-clock file (BUSY_NS, default
 #     "1000 10000"; BASE_BUSY_NS for the base);
-#   - snapshots, SNAP_N streams (default 100000): the bytes of a whole state file, then the
-#     bytes written per interval (tallyd_state_written_bytes_total; a base tallyd from before
-#     issue 26 wrote its whole file at every interval with a change) while 1 % of the streams
-#     get a batch per interval, over SNAP_ROUNDS intervals (default 8) of --state-interval 1;
+#   - snapshots, SNAP_N streams (default 100000): the bytes of a whole state file (the final
+#     snapshot of a tallyd that took no other), then, restarted on it, the bytes written per
+#     interval (tallyd_state_written_bytes_total; a base tallyd from before issue 26 wrote its
+#     whole file at every interval with a change) while 1 % of the streams get a batch per
+#     interval, over SNAP_ROUNDS intervals (default 8) of --state-interval 1;
 #     then the restart: from the start of a tallyd on the same directory (after SIGTERM's final
 #     snapshot) to its first answered ping, and its resident memory;
 #   - query p50 (state_bench query, 2000 sequential queries of one stream, ipc) and hist
@@ -36,6 +37,7 @@ budget() {
 }
 
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 # start BIN EXTRA...: starts BIN on $RUN/td.ipc; sets TPID; waits until it answers.
 start() {
   local bin=$1
@@ -87,11 +89,13 @@ per_stream() {
 snapshots() {
   local label=$1 bin=$2 n=${SNAP_N:-100000} dir="$RUN/state-$1"
   rm -rf "$dir"
-  start "$bin" --state-dir "$dir" --state-interval 1 || return
+  # Created with no snapshot before the final one, which writes every stream: the whole file.
+  start "$bin" --state-dir "$dir" --state-interval 3600 || return
   "$SB" "ipc://$RUN/td.ipc" hist "$n" >>"$OUT/state-bench.log"
-  sleep 3 # the first snapshot: the whole file
+  stop
   local whole w0 w1 rounds=${SNAP_ROUNDS:-8} active=$((n / 100)) r
   whole=$(stat -c %s "$dir/streams.state")
+  start "$bin" --state-dir "$dir" --state-interval 1 || return
   w0=$(stat_of tallyd_state_written_bytes_total)
   for r in $(seq "$rounds"); do
     "$SB" "ipc://$RUN/td.ipc" hist "$active" --from $((r * active)) --seed "$r" \
@@ -102,8 +106,8 @@ snapshots() {
   w1=$(stat_of tallyd_state_written_bytes_total)
   local per
   if [ -n "$w0" ]; then per=$(((w1 - w0) / rounds)); else per=$(stat -c %s "$dir/streams.state"); fi
-  local t_start t_up
   stop
+  local t_start t_up
   t_start=$(date +%s.%N)
   start "$bin" --state-dir "$dir" --state-interval 1 || return
   t_up=$(date +%s.%N)
@@ -122,8 +126,16 @@ speed() {
   local q
   q=$("$SB" "ipc://$RUN/td.ipc" query s0000000 --count 2000)
   echo "| $label | query | $(echo "$q" | sed 's/.*p50_us=\([^ ]*\) p99_us=\([^ ]*\).*/\1 | \2/') |" >>"$MD"
+  local c0 c1
+  c0=$(cpu_ticks "$TPID")
   bench_row "$label hist" "$LG" --endpoint "ipc://$RUN/td.ipc" --op hist --size 4096 --producers 1 \
     --window 8 --seconds "$T" --stream
+  c1=$(cpu_ticks "$TPID")
+  # tallyd's CPU time per request over the run (warm-up included): less at the mercy of a busy
+  # machine than the rate.
+  local answered
+  answered=$(tail -1 "$MD" | awk -F'|' '{split($11, a, "/"); print a[1]}')
+  echo "| $label hist | tallyd CPU per request | $(echo "($c1 - $c0) * 1000000 / $(getconf CLK_TCK) / ($answered + 1)" | bc -l | xargs printf '%.1f') us | |" >>"$MD"
   stop
 }
 
