@@ -53,8 +53,8 @@
  *
  * Evidence is kept: a base or log with damaged or missing records (or more streams than
  * max_streams or max_state_bytes allow) is copied aside, and one whose header is unusable (not
- * a state file, another format version below 4's successors, header checksum) is renamed
- * aside; tallyd then starts with what it could read. Set-aside files are named
+ * a state file, a format version that no release wrote, header checksum) is renamed aside;
+ * tallyd then starts with what it could read. Set-aside files are named
  * streams.state.corrupt-<UTC time>-<pid>-<n> (streams.log.corrupt-... for the log) and never
  * replace an existing file. A path that cannot hold the state (streams.state, streams.log or
  * their .tmp present but not a regular file, or unreadable) fails the start instead: every
