@@ -125,7 +125,8 @@ speed() {
   "$SB" "ipc://$RUN/td.ipc" hist 1 >>"$OUT/state-bench.log"
   local q
   q=$("$SB" "ipc://$RUN/td.ipc" query s0000000 --count 2000)
-  echo "| $label | query | $(echo "$q" | sed 's/.*p50_us=\([^ ]*\) p99_us=\([^ ]*\).*/\1 | \2/') |" >>"$MD"
+  local p50=${q#*p50_us=} p99=${q#*p99_us=}
+  echo "| $label | query | ${p50%% *} | ${p99%% *} |" >>"$MD"
   local c0 c1
   c0=$(cpu_ticks "$TPID")
   bench_row "$label hist" "$LG" --endpoint "ipc://$RUN/td.ipc" --op hist --size 4096 --producers 1 \
@@ -154,19 +155,19 @@ for v in "${binaries[@]}"; do
   ns=${NS:-1000 10000 100000}
   [ "$v" = base ] && ns=${BASE_NS:-$ns}
   for n in $ns; do
-    per_stream "$v" "$(bin_of $v)" "$n" one
-    per_stream "$v" "$(bin_of $v)" "$n" one --window-intervals 0
+    per_stream "$v" "$(bin_of "$v")" "$n" one
+    per_stream "$v" "$(bin_of "$v")" "$n" one --window-intervals 0
   done
   busy=${BUSY_NS:-1000 10000}
   [ "$v" = base ] && busy=${BASE_BUSY_NS:-$busy}
-  for n in $busy; do per_stream "$v" "$(bin_of $v)" "$n" busy; done
+  for n in $busy; do per_stream "$v" "$(bin_of "$v")" "$n" busy; done
 done
 {
   echo
   echo "| run | streams | whole state file B | written per interval, 1 % active, B | of whole | restart s | RSS after restart MiB |"
   echo "|---|---|---|---|---|---|---|"
 } >>"$MD"
-part snapshots && for v in "${binaries[@]}"; do snapshots "$v" "$(bin_of $v)"; done
+part snapshots && for v in "${binaries[@]}"; do snapshots "$v" "$(bin_of "$v")"; done
 {
   echo
   echo "| run | op | p50 us | p99 us |"
@@ -176,6 +177,6 @@ part snapshots && for v in "${binaries[@]}"; do snapshots "$v" "$(bin_of $v)"; d
 part speed && for round in $(seq "${ROUNDS:-3}"); do
   order=("${binaries[@]}")
   [ $((round % 2)) = 0 ] && [ ${#binaries[@]} = 2 ] && order=(base new)
-  for v in "${order[@]}"; do speed "$v r$round" "$(bin_of $v)"; done
+  for v in "${order[@]}"; do speed "$v r$round" "$(bin_of "$v")"; done
 done
 cat "$MD"
