@@ -13,6 +13,7 @@ const char *td_err_name(td_err_t err)
         [TD_ERR_BACKEND] = "backend",
         [TD_ERR_NOMEM] = "nomem",
         [TD_ERR_CORRUPT] = "corrupt",
+        [TD_ERR_VERSION] = "version",
         [TD_ERR_LIBRARY] = "library",
     };
     if ((unsigned)err < sizeof names / sizeof names[0] && names[err])

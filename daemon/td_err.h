@@ -24,6 +24,7 @@ typedef enum {
     TD_ERR_NOMEM,   /* out of memory */
     TD_ERR_CORRUPT, /* stored data (state file, record) failed its checks */
     TD_ERR_LIBRARY, /* a library call (ZeroMQ, libuv, libmicrohttpd, CUDA) failed */
+    TD_ERR_VERSION, /* stored data written by a newer tallyd, in a format this one cannot read */
 } td_err_t;
 
 /* "config", "io", ...: for logs and tests. */

@@ -54,6 +54,12 @@ void td_op_info(const td_info_t *info, td_request_t *r)
         len = TD_TEXT_REPLY_MAX - 1;
     /* The shared-memory side channel's limits (PROTOCOL.md §10), after the per-peer ones. */
     len += td_shm_info(c, text + len, TD_TEXT_REPLY_MAX - len);
+    /* The stream state's memory budget (PROTOCOL.md §8). */
+    n = snprintf(text + len, TD_TEXT_REPLY_MAX - len,
+                 "max_state_bytes=%zu\nmax_state_bytes_per_client=%zu\n", c->max_state_bytes,
+                 td_config_state_bytes_per_client(c));
+    if (n > 0)
+        len += (size_t)n < TD_TEXT_REPLY_MAX - len ? (size_t)n : TD_TEXT_REPLY_MAX - len - 1;
     reply_text(r, text, len);
 }
 
@@ -98,15 +104,7 @@ static bool window_view(const td_config_t *cfg, td_request_t *r, const td_stream
         return false;
     }
     uint64_t now = td_clock_ms();
-    *view = stream->info;
-    if (stream->window) {
-        r->rep.aux0 = td_window_sum(stream->window, now, (unsigned)want, view);
-    } else { /* no hist yet: nothing counted in any interval */
-        view->hist_underflow = view->hist_overflow = view->hist_total = 0;
-        memset(view->bins, 0, sizeof view->bins);
-        uint64_t current = now / interval_ms;
-        r->rep.aux0 = (current + 1 - (want < current + 1 ? want : current + 1)) * interval_ms;
-    }
+    r->rep.aux0 = td_stream_window_info(stream, now, (unsigned)want, (uint32_t)interval_ms, view);
     r->rep.aux1 = now;
     return true;
 }
@@ -114,11 +112,12 @@ static bool window_view(const td_config_t *cfg, td_request_t *r, const td_stream
 void td_op_query(const td_config_t *cfg, td_request_t *r, const td_stream_t *stream)
 {
     static tally_stream_info_t view; /* loop thread only; 8 KiB off the stack */
-    const tally_stream_info_t *info = &stream->info;
+    const tally_stream_info_t *info = &view;
     if (r->req.flags & TALLY_FLAG_QUERY_WINDOW) {
         if (!window_view(cfg, r, stream, &view))
             return;
-        info = &view;
+    } else {
+        td_stream_info(stream, &view);
     }
     size_t size = tally_stream_info_size(info);
     uint8_t *out = malloc(size);

@@ -19,6 +19,7 @@ struct td_peer {
     unsigned refs;               /* requests and streams pointing here */
     unsigned inflight;           /* connection: requests read and not yet answered */
     unsigned streams;            /* client: streams it created that still exist */
+    size_t state_bytes;          /* client: the bytes of those streams (td_stream.h) */
     double tokens;               /* client: stream creations it may make now */
     uint64_t tokens_ns;          /* when tokens was last brought up to date */
     uint64_t requests;           /* user: requests read */
@@ -229,6 +230,16 @@ unsigned td_peer_inflight(const td_peer_t *conn)
 unsigned td_peer_streams(const td_peer_t *client)
 {
     return client->streams;
+}
+
+size_t td_peer_state_bytes(const td_peer_t *client)
+{
+    return client->state_bytes;
+}
+
+void td_peer_state_bytes_change(td_peer_t *client, size_t before, size_t after)
+{
+    client->state_bytes = client->state_bytes - before + after;
 }
 
 void td_peer_stream_added(td_peer_t *client)

@@ -90,6 +90,10 @@ unsigned td_peer_inflight(const td_peer_t *conn);
 unsigned td_peer_streams(const td_peer_t *client);
 void td_peer_stream_added(td_peer_t *client);
 void td_peer_stream_removed(td_peer_t *client);
+/* The bytes of stream state a client's streams hold (max_state_bytes_per_client), and one of
+ * them going from `before` to `after` bytes (kept by td_stream.c). */
+size_t td_peer_state_bytes(const td_peer_t *client);
+void td_peer_state_bytes_change(td_peer_t *client, size_t before, size_t after);
 /* A user's counters (tallyd_client_*_total): a request read, a request refused by a limit. */
 void td_peer_count_request(td_peer_t *user);
 void td_peer_count_limited(td_peer_t *user);

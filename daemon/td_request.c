@@ -206,7 +206,7 @@ bool td_request_prepare(td_request_t *self)
     if (self->req.opcode == TALLY_OP_SCAN)
         self->carry = stream->info.scan_carry;
     if (self->req.opcode == TALLY_OP_HIST && stream->info.hist_dtype != TALLY_DTYPE_NONE) {
-        const tally_stream_info_t *info = &stream->info;
+        const td_stream_info_t *info = &stream->info;
         bool same = info->hist_dtype == self->req.dtype &&
                     (!tally_hist_ranged(self->req.dtype) ||
                      (info->hist_lo == self->req.lo && info->hist_hi == self->req.hi));
@@ -378,12 +378,25 @@ void td_request_execute(td_request_t *self, tk_backend_t *backend)
 
 /* ---- apply ----------------------------------------------------------------------------- */
 
+/* A hist batch into the stream's histograms (all-time and window, at the window clock now):
+ * false, with the request failed, when the budget or memory refuses it (nothing changed). */
+static bool apply_hist(td_request_t *self, td_stream_t *stream, size_t n)
+{
+    char msg[TALLY_ERROR_MESSAGE_MAX];
+    tally_status_t st = td_stream_add_hist(stream, self->req.dtype, self->req.lo, self->req.hi,
+                                           self->hist.bins, self->hist.underflow,
+                                           self->hist.overflow, n, td_clock_ms(), msg, sizeof msg);
+    if (st != TALLY_OK)
+        td_request_fail(self, st, "stream '%s': %s; the batch was not applied", stream->name, msg);
+    return st == TALLY_OK;
+}
+
 bool td_request_apply(td_request_t *self)
 {
     td_stream_t *stream = self->stream;
     if (!stream || self->rep.status != TALLY_OK)
         return self->rep.status == TALLY_OK;
-    tally_stream_info_t *info = &stream->info;
+    td_stream_info_t *info = &stream->info;
     uint64_t seq = self->req.seq;
     if (seq != 0 && seq != info->last_seq + 1) { /* a request admitted before it failed */
         char why[96];
@@ -392,10 +405,12 @@ bool td_request_apply(td_request_t *self)
         seq_refuse(self, TALLY_E_SEQ_GAP, why);
         return false;
     }
+    size_t n = td_request_elements(self);
+    if (self->req.opcode == TALLY_OP_HIST && !apply_hist(self, stream, n))
+        return false; /* the one step that can refuse: first, before anything changes */
     if (seq != 0)
         info->last_seq = seq;
-    stream->pub_dirty = true;
-    size_t n = td_request_elements(self);
+    td_stream_changed(stream);
     info->batches++;
     info->elements += n;
     info->bytes += self->payload_len;
@@ -407,19 +422,6 @@ bool td_request_apply(td_request_t *self)
     case TALLY_OP_SCAN:
         info->scan_carry = self->carry;
         info->scan_elements += n;
-        break;
-    case TALLY_OP_HIST:
-        if (info->hist_dtype == TALLY_DTYPE_NONE) {
-            bool ranged = tally_hist_ranged(self->req.dtype);
-            info->hist_dtype = self->req.dtype;
-            info->hist_lo = ranged ? self->req.lo : 0;
-            info->hist_hi = ranged ? self->req.hi : 0;
-        }
-        for (size_t b = 0; b < tally_hist_channels(info->hist_dtype) * TALLY_HIST_BINS; b++)
-            info->bins[b] += self->hist.bins[b];
-        info->hist_underflow += self->hist.underflow;
-        info->hist_overflow += self->hist.overflow;
-        info->hist_total += n;
         break;
     default:
         break;

@@ -194,6 +194,8 @@ static void sample_gauges(void *ctx, td_gauges_t *g)
         .max_inflight = s->cfg.max_inflight,
         .queued = td_sched_queued(s->sched),
         .stream_count = td_streams_count(s->streams),
+        .state_bytes = td_streams_bytes(s->streams),
+        .state_bytes_max = s->cfg.max_state_bytes,
         .stopping = s->stopping,
         .gpus_lost = td_exec_devices_lost(s->exec),
         .pub_messages = td_pub_messages(s->pub),
@@ -244,14 +246,7 @@ static void op_stats(td_server_t *s, td_request_t *r)
 static bool sched_complete(void *owner, td_request_t *r)
 {
     td_server_t *s = owner;
-    td_stream_t *stream = r->stream;
     bool applied = td_request_apply(r);
-    if (applied && stream && r->req.opcode == TALLY_OP_HIST &&
-        !td_stream_window_add(s->streams, stream, r->hist.bins, r->hist.underflow, r->hist.overflow,
-                              td_request_elements(r), td_clock_ms()))
-        td_warn("stream '%s': out of memory for its window ring; its window queries count "
-                "nothing",
-                stream->name);
     reply(s, r);
     return applied;
 }
@@ -288,12 +283,13 @@ static void sched_answer(void *owner, td_request_t *r)
 static void sched_forget(void *owner, td_stream_t *stream)
 {
     td_server_t *s = owner;
-    if (stream->owner && stream->life == TD_STREAM_NEW)
-        td_peer_give_token(s->peers, stream->owner);
-    if (stream->owner)
-        td_peer_stream_removed(stream->owner);
-    td_peers_release(s->peers, &stream->owner);
-    td_streams_remove(s->streams, &stream);
+    td_peer_t *client = stream->owner;
+    if (client && stream->life == TD_STREAM_NEW) /* it was never used: PROTOCOL.md §8 */
+        td_peer_give_token(s->peers, client);
+    td_streams_remove(s->streams, &stream); /* its bytes leave the client's count */
+    if (client)
+        td_peer_stream_removed(client);
+    td_peers_release(s->peers, &client);
 }
 
 /* The executor (td_exec.h) hands every compute request back here, on the loop thread. */
@@ -326,20 +322,19 @@ static bool create_stream(td_server_t *s, td_request_t *r, td_stream_t **out)
                         s->cfg.stream_create_rate);
         return false;
     }
-    tally_status_t st = td_streams_get(s->streams, q->stream, q->stream_len, out);
-    if (st == TALLY_E_LIMIT) {
-        td_request_fail(r, st, "tallyd already holds its maximum of %u streams",
-                        s->cfg.max_streams);
-        return false;
-    }
+    char msg[TALLY_ERROR_MESSAGE_MAX];
+    tally_status_t st =
+        td_streams_create(s->streams, q->stream, q->stream_len, client, msg, sizeof msg, out);
+    if (st == TALLY_E_CLIENT_STREAMS)
+        td_admit_count_limited(&s->admit, r, TD_LIMIT_STREAMS);
     if (st != TALLY_OK) {
-        td_request_fail(r, st, "cannot create stream '%s'", q->stream);
+        if (client) /* a refused request uses none of the creation rate (PROTOCOL.md §8) */
+            td_peer_give_token(s->peers, client);
+        td_request_fail(r, st, "cannot create stream '%s': %s", q->stream, msg);
         return false;
     }
-    if (client) {
+    if (client)
         td_peer_stream_added(client); /* and the stream's reference to it */
-        (*out)->owner = client;
-    }
     (*out)->life = TD_STREAM_NEW; /* until a request is applied to it (td_sched.c) */
     return true;
 }
@@ -641,6 +636,7 @@ static void sweep_cb(uv_timer_t *handle)
     td_server_t *s = handle->data;
     td_peers_set_rate(s->peers, s->cfg.stream_create_rate);
     td_peers_sweep(s->peers, uv_hrtime());
+    td_streams_sweep(s->streams, td_clock_ms(), TD_STREAMS_SWEEP_PER_TICK);
 }
 
 static void drain_cb(uv_timer_t *handle)
@@ -895,6 +891,8 @@ static td_err_t open_tables(td_server_t *s)
     if (err != TD_OK)
         return err;
     td_streams_set_window(s->streams, s->cfg.window_intervals, s->cfg.window_interval_ms);
+    td_streams_set_budget(s->streams, s->cfg.max_state_bytes,
+                          td_config_state_bytes_per_client(&s->cfg));
     td_clock_set_test_file(s->cfg.test_clock);
     err = td_replies_new(&s->cfg, &s->metrics, retire, s, &s->replies);
     if (err == TD_OK)

@@ -1,11 +1,20 @@
 /*
  * td_stream.h — named streams: the state tallyd keeps between requests.
  *
- * A stream holds a tally_stream_info_t (its counters, scan carry and running histogram: the
- * same struct that `query` puts on the wire and the state file stores); the requests waiting or
- * running on it are the scheduler's (td_sched.h). The table is owned by the loop thread and is only
- * ever touched there: workers compute into their request and the loop thread applies the result, so
- * reads (query, metrics, state snapshots) never race with updates.
+ * A stream holds its counters (td_stream_info_t: every field of the `query` record but the
+ * bins), its all-time histogram in the compact form of td_bins.h, and its window ring
+ * (td_window.h); td_stream_info rebuilds the record `query` puts on the wire. The requests
+ * waiting or running on it are the scheduler's (td_sched.h). The table is owned by the loop
+ * thread and is only ever touched there: workers compute into their request and the loop thread
+ * applies the result, so reads (query, metrics, state snapshots) never race with updates.
+ *
+ * Memory (issue 26): every stream knows the bytes it has allocated (td_stream_bytes: the stream
+ * itself with its name, its histogram's counts, its window ring), and the table keeps the sum
+ * (plus its hash buckets) and each creating client's share. A memory budget bounds them:
+ * max_state_bytes for the table, max_state_bytes_per_client for the streams one client created;
+ * a stream is not created, and a hist that would grow one is not applied, past either. These
+ * are the sizes tallyd asks malloc for; the allocator's own overhead (8 to 16 bytes per
+ * allocation, a few per stream) is not in them.
  */
 #ifndef TD_STREAM_H
 #define TD_STREAM_H
@@ -15,10 +24,32 @@
 #include <stdint.h>
 
 #include "tally_proto.h"
+#include "td_bins.h"
 #include "td_err.h"
 #include "td_window.h"
 
 struct td_sched_stream;
+struct td_peer;
+typedef struct td_streams td_streams_t;
+
+/* A stream's counters: the fields of tally_stream_info_t but its bins, with the same names and
+ * meanings (PROTOCOL.md, `query`). */
+typedef struct {
+    uint64_t batches;
+    uint64_t elements;
+    uint64_t bytes;
+    uint64_t filter_seen;
+    uint64_t filter_kept;
+    int64_t scan_carry;
+    uint64_t scan_elements;
+    uint8_t hist_dtype;
+    int64_t hist_lo;
+    int64_t hist_hi;
+    uint64_t hist_underflow;
+    uint64_t hist_overflow;
+    uint64_t hist_total;
+    uint64_t last_seq;
+} td_stream_info_t;
 
 typedef enum {
     TD_STREAM_LIVE = 0, /* a stream restored from the state file is live */
@@ -27,14 +58,19 @@ typedef enum {
 } td_stream_life_t;
 
 typedef struct td_stream {
-    char name[TALLY_STREAM_NAME_MAX + 1];
-    size_t name_len;
-    tally_stream_info_t info;
+    td_stream_info_t info;
+    /* The all-time histogram: tally_hist_channels(info.hist_dtype) x 256 counts. */
+    td_bins_t bins;
     /* The ring of recent intervals (td_window.h): NULL until the first hist is applied, or
      * when windows are off. */
     td_window_t *window;
+    td_streams_t *table;
+    /* Bytes allocated for the stream (td_stream_bytes), as last counted into the table. */
+    size_t bytes;
     /* Changed since it was last published on the PUB socket (td_pub.h). */
     bool pub_dirty;
+    /* Changed since the last state snapshot took it (td_state.h): its record is due. */
+    bool state_dirty;
     /* Requests that named the stream (for per-stream metrics). */
     uint64_t requests;
     /* Sequence numbers (PROTOCOL.md, "Sequence numbers"): info.last_seq is the last one applied;
@@ -48,8 +84,8 @@ typedef struct td_stream {
      * request was applied to it meanwhile (that makes it TD_STREAM_LIVE); a query, reset or
      * delete that reaches it meanwhile gets unknown_stream. */
     td_stream_life_t life;
-    /* The client that created it (td_peers.h; a reference, counted in its `streams`), NULL for
-     * a stream restored from the state file. */
+    /* The client that created it (td_peers.h; a reference, counted in its `streams` and its
+     * state bytes), NULL for a stream restored from the state file. */
     struct td_peer *owner;
     /* The scheduler's record of the stream (td_sched.c: its FIFO, requests in flight, GPU lane
      * and carry); NULL while nothing of the stream waits or runs. */
@@ -58,9 +94,9 @@ typedef struct td_stream {
     struct td_stream *hash_next;
     struct td_stream *list_prev;
     struct td_stream *list_next;
+    size_t name_len;
+    char name[]; /* name_len bytes and a NUL, allocated with the stream */
 } td_stream_t;
-
-typedef struct td_streams td_streams_t;
 
 /* TD_ERR_NOMEM when out of memory. */
 td_err_t td_streams_new(unsigned max_streams, td_streams_t **out);
@@ -68,25 +104,79 @@ void td_streams_destroy(td_streams_t **self_p);
 
 /* NULL when no stream of that name exists. */
 td_stream_t *td_streams_find(td_streams_t *self, const char *name, size_t len);
-/* Finds or creates; TALLY_E_LIMIT when max_streams exist already. */
+/* Finds or creates a stream that belongs to no client (the state file's, tests');
+ * TALLY_E_LIMIT when max_streams exist already or max_state_bytes is reached. */
 tally_status_t td_streams_get(td_streams_t *self, const char *name, size_t len, td_stream_t **out);
+/* Creates a stream for `owner` (a client entry, or NULL): TALLY_E_LIMIT past max_streams or
+ * max_state_bytes, TALLY_E_CLIENT_STREAMS past the owner's max_state_bytes_per_client, each
+ * with a message in msg; TALLY_E_INTERNAL when out of memory. The owner's bytes count the
+ * stream from here on; the caller counts the stream in the owner's `streams` and holds the
+ * reference stream->owner stands for. */
+tally_status_t td_streams_create(td_streams_t *self, const char *name, size_t len,
+                                 struct td_peer *owner, char *msg, size_t msg_cap,
+                                 td_stream_t **out);
+/* Removes and frees a stream that has no running or queued request (stream->sched NULL); its
+ * bytes leave its owner's count (the caller then releases its reference to the owner). */
+void td_streams_remove(td_streams_t *self, td_stream_t **stream_p);
+
 /* The window ring every stream gets at its first hist: `intervals` (0 = windows off) of
  * interval_ms. Set at start, before streams exist. */
 void td_streams_set_window(td_streams_t *self, unsigned intervals, uint32_t interval_ms);
 unsigned td_streams_window_intervals(const td_streams_t *self);
 uint32_t td_streams_window_interval_ms(const td_streams_t *self);
-/* Adds a hist batch to the stream's window ring at now_ms (the ring is allocated at the first
- * one, with the channels of the stream's histogram). False when windows are on and the ring
- * cannot be allocated. */
-bool td_stream_window_add(td_streams_t *self, td_stream_t *stream, const uint64_t *bins,
-                          uint64_t underflow, uint64_t overflow, uint64_t n, uint64_t now_ms);
-/* Removes and frees a stream that has no running or queued request (stream->sched NULL). */
-void td_streams_remove(td_streams_t *self, td_stream_t **stream_p);
 
 unsigned td_streams_count(const td_streams_t *self);
 void td_streams_set_max(td_streams_t *self, unsigned max_streams);
+/* The memory budget (0 = none): all streams, and the streams one client created. */
+void td_streams_set_budget(td_streams_t *self, size_t max_bytes, size_t max_bytes_per_client);
+/* Bytes allocated for stream state: every stream's td_stream_bytes plus the hash buckets. */
+size_t td_streams_bytes(const td_streams_t *self);
 /* Iteration in creation order: for (s = td_streams_first(t); s; s = s->list_next). */
 td_stream_t *td_streams_first(td_streams_t *self);
+/* Frees, in up to `max` streams from where the last call stopped, the window slots that have
+ * left the ring at now_ms, so a stream gone quiet gives its intervals back without a batch. */
+void td_streams_sweep(td_streams_t *self, uint64_t now_ms, unsigned max);
+
+/* Change tracking for incremental snapshots (td_state.h): on, every stream removed from now on
+ * leaves its name in a list td_streams_take_removed hands over. */
+void td_streams_track_removed(td_streams_t *self, bool on);
+/* The names removed since the last call, as `count` entries of [u8 length][name] in *names
+ * (malloc'ed, the caller frees; NULL when none); *lost when a name could not be kept (out of
+ * memory): the list is incomplete. */
+void td_streams_take_removed(td_streams_t *self, uint8_t **names, size_t *len, unsigned *count,
+                             bool *lost);
+
+/* ---- One stream ----------------------------------------------------------------------- */
+
+/* The counts a histogram of hist_dtype keeps: 256 per channel (256 for a stream without one). */
+size_t td_stream_values(uint8_t hist_dtype);
+/* Bytes the stream has allocated: itself with its name, its histogram's counts, its ring. */
+size_t td_stream_bytes(const td_stream_t *stream);
+/* The stream's counters into out: every field of its record but the bins (left as they are). */
+void td_stream_info_head(const td_stream_t *stream, tally_stream_info_t *out);
+/* The stream's `query` record (all time). */
+void td_stream_info(const td_stream_t *stream, tally_stream_info_t *out);
+/* The record of a window query for the k intervals ending with now_ms's (interval_ms each):
+ * counters as td_stream_info, the histogram fields over those intervals only (zero without a
+ * ring yet). Returns the window's start, ms since the epoch. */
+uint64_t td_stream_window_info(const td_stream_t *stream, uint64_t now_ms, unsigned k,
+                               uint32_t interval_ms, tally_stream_info_t *out);
+/* Sets the stream's whole state from a record (a restore): its counters and bins, its ring
+ * emptied. False (the stream unchanged) when out of memory. No budget check. */
+bool td_stream_set_info(td_stream_t *stream, const tally_stream_info_t *info);
+
+/* A hist batch on the stream: its histogram (tally_hist_channels(dtype) x 256 bins, underflow,
+ * overflow) of n elements, counted all-time and in the window ring at now_ms. The stream's first
+ * hist fixes its dtype and range (dtype, lo, hi; the caller has checked that a later one
+ * matches). TALLY_E_LIMIT or TALLY_E_CLIENT_STREAMS when the growth would pass the budget,
+ * TALLY_E_INTERNAL when out of memory, each with msg; then nothing changed. */
+tally_status_t td_stream_add_hist(td_stream_t *stream, uint8_t dtype, int64_t lo, int64_t hi,
+                                  const uint64_t *bins, uint64_t underflow, uint64_t overflow,
+                                  uint64_t n, uint64_t now_ms, char *msg, size_t msg_cap);
+/* Counts the stream's bytes again, after its ring was set from outside (a restore). */
+void td_stream_recount(td_stream_t *stream);
+/* The stream changed: due for publication and for the next snapshot. */
+void td_stream_changed(td_stream_t *stream);
 
 /* `delete` (PROTOCOL.md): clears counters, carry, histogram, window and sequence numbers, as
  * for a new stream (the object stays while requests queued behind the delete hold it). */

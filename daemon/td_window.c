@@ -1,8 +1,8 @@
 /*
- * td_window.c — see td_window.h. A slot is an array of u64 in host order: [0] the interval
- * tag + 1 (0 = never used), [1] underflow, [2] overflow, [3] total, [4..] channels x 256 bins.
- * The tag is stored plus one so that a zeroed slot is an empty one and interval 0 (the epoch's
- * first) is still representable.
+ * td_window.c — see td_window.h. The slots are kept sorted by interval, so the newest (where
+ * nearly every batch lands) is found from the end, and the state record lists them oldest
+ * first. A ring never holds more than `intervals` slots (one per ring position), so the array's
+ * capacity stays at most the next power of two above that.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -14,41 +14,49 @@
 
 #include "td_window.h"
 
-enum { SLOT_TAG, SLOT_UNDER, SLOT_OVER, SLOT_TOTAL, SLOT_BINS };
+typedef struct {
+    uint64_t interval;
+    uint64_t underflow;
+    uint64_t overflow;
+    uint64_t total;
+    td_bins_t bins;
+} slot_t;
 
 struct td_window {
-    unsigned intervals;
+    slot_t *slots; /* sorted by interval; cap allocated, count in use */
+    size_t bytes;  /* td_window_bytes, kept up to date */
     uint32_t interval_ms;
+    unsigned intervals;
+    unsigned count;
+    unsigned cap;
     unsigned channels;
-    size_t slot_words; /* u64 per slot */
-    uint64_t slots[];  /* intervals x slot_words, allocated with the ring */
 };
 
-size_t td_window_slot_size(unsigned channels)
-{
-    return TD_WINDOW_SLOT_HEADER + 8u * TALLY_HIST_BINS * channels;
-}
-
-size_t td_window_bytes(unsigned intervals, unsigned channels)
-{
-    return (size_t)intervals * td_window_slot_size(channels);
-}
+/* The encoded slot's fixed part (interval, underflow, overflow, total). */
+#define SLOT_FIXED 32u
 
 td_window_t *td_window_new(unsigned intervals, uint32_t interval_ms, unsigned channels)
 {
     if (intervals == 0 || interval_ms == 0 || channels == 0 || channels > TALLY_HIST_CHANNELS_MAX)
         return NULL;
-    size_t slot_words = td_window_slot_size(channels) / 8;
-    if (intervals > (SIZE_MAX - sizeof(td_window_t)) / (slot_words * 8))
-        return NULL;
-    td_window_t *w = calloc(1, sizeof *w + td_window_bytes(intervals, channels));
+    td_window_t *w = calloc(1, sizeof *w);
     if (!w)
         return NULL;
     w->intervals = intervals;
     w->interval_ms = interval_ms;
     w->channels = channels;
-    w->slot_words = slot_words;
+    w->bytes = sizeof *w;
     return w;
+}
+
+void td_window_clear(td_window_t *w)
+{
+    for (unsigned i = 0; i < w->count; i++)
+        td_bins_clear(&w->slots[i].bins);
+    free(w->slots);
+    w->slots = NULL;
+    w->count = w->cap = 0;
+    w->bytes = sizeof *w;
 }
 
 void td_window_destroy(td_window_t **self_p)
@@ -56,6 +64,7 @@ void td_window_destroy(td_window_t **self_p)
     td_window_t *w = *self_p;
     if (!w)
         return;
+    td_window_clear(w);
     free(w);
     *self_p = NULL;
 }
@@ -70,31 +79,201 @@ uint32_t td_window_interval_ms(const td_window_t *w)
     return w->interval_ms;
 }
 
-/* Where interval's slot starts in w->slots. */
-static size_t slot_of(const td_window_t *w, uint64_t interval)
+unsigned td_window_slots(const td_window_t *w)
 {
-    return (size_t)(interval % w->intervals) * w->slot_words;
+    return w->count;
 }
 
-void td_window_add(td_window_t *w, uint64_t now_ms, const uint64_t *bins, uint64_t underflow,
+size_t td_window_bytes(const td_window_t *w)
+{
+    return w->bytes;
+}
+
+static size_t values_of(const td_window_t *w)
+{
+    return (size_t)w->channels * TALLY_HIST_BINS;
+}
+
+/* The index of interval's slot, or -1. */
+static long find(const td_window_t *w, uint64_t interval)
+{
+    for (unsigned i = w->count; i-- > 0;) {
+        if (w->slots[i].interval == interval)
+            return (long)i;
+        if (w->slots[i].interval < interval)
+            break;
+    }
+    return -1;
+}
+
+static bool expired(const td_window_t *w, uint64_t interval, uint64_t now)
+{
+    return interval <= now && now - interval >= w->intervals;
+}
+
+/* How many slots from the first the ring no longer reaches at interval now (a prefix: the
+ * slots are sorted). */
+static unsigned expired_prefix(const td_window_t *w, uint64_t now)
+{
+    unsigned from = 0;
+    while (from < w->count && expired(w, w->slots[from].interval, now))
+        from++;
+    return from;
+}
+
+/* The slots that go when a batch of interval `now` is added: the expired prefix (its length
+ * returned), and, only when the clock stepped back by a whole ring, a slot of the future on the
+ * batch's ring position (*gone_late its index, else -1; such slots are at the end). So this
+ * reads the one or two slots at each end, not the ring. */
+static unsigned doomed(const td_window_t *w, uint64_t now, long *gone_late)
+{
+    unsigned from = expired_prefix(w, now);
+    *gone_late = -1;
+    for (unsigned i = w->count; i-- > from && w->slots[i].interval > now;)
+        if (w->slots[i].interval % w->intervals == now % w->intervals)
+            *gone_late = (long)i;
+    return from;
+}
+
+/* Removes slot i, freeing its bins. */
+static void drop(td_window_t *w, unsigned i)
+{
+    w->bytes -= td_bins_bytes(&w->slots[i].bins);
+    td_bins_clear(&w->slots[i].bins);
+    memmove(w->slots + i, w->slots + i + 1, (w->count - i - 1) * sizeof(slot_t));
+    w->count--;
+}
+
+/* Removes the first `from` slots, freeing their bins. */
+static void drop_prefix(td_window_t *w, unsigned from)
+{
+    if (!from) /* slots may be NULL (none yet), which memmove may not be given */
+        return;
+    for (unsigned i = 0; i < from; i++) {
+        w->bytes -= td_bins_bytes(&w->slots[i].bins);
+        td_bins_clear(&w->slots[i].bins);
+    }
+    memmove(w->slots, w->slots + from, (w->count - from) * sizeof(slot_t));
+    w->count -= from;
+}
+
+/* Removes what doomed() names: the late slot, then the prefix. */
+static void sweep(td_window_t *w, uint64_t now)
+{
+    long late = -1;
+    unsigned from = doomed(w, now, &late);
+    if (late >= 0)
+        drop(w, (unsigned)late);
+    drop_prefix(w, from);
+}
+
+void td_window_expire(td_window_t *w, uint64_t now_ms)
+{
+    drop_prefix(w, expired_prefix(w, now_ms / w->interval_ms));
+    if (w->count == 0 && w->slots) {
+        free(w->slots);
+        w->slots = NULL;
+        w->bytes -= w->cap * sizeof(slot_t);
+        w->cap = 0;
+    }
+}
+
+void td_window_plan(const td_window_t *w, uint64_t now_ms, const uint64_t *bins,
+                    td_window_plan_t *plan)
+{
+    static const td_bins_t empty;
+    uint64_t now = now_ms / w->interval_ms;
+    size_t freed = 0;
+    long late = -1;
+    unsigned from = doomed(w, now, &late), kept = w->count - from - (late >= 0);
+    for (unsigned i = 0; i < from; i++)
+        freed += td_bins_bytes(&w->slots[i].bins);
+    if (late >= 0)
+        freed += td_bins_bytes(&w->slots[late].bins);
+    plan->interval = now;
+    plan->slot = find(w, now);
+    plan->array = NULL;
+    plan->cap = w->cap;
+    plan->grow = false;
+    const td_bins_t *target = plan->slot >= 0 ? &w->slots[plan->slot].bins : &empty;
+    td_bins_plan(target, values_of(w), bins, &plan->bins);
+    if (plan->slot < 0 && kept + 1 > w->cap) {
+        unsigned cap = w->cap ? w->cap : 1;
+        while (cap < kept + 1)
+            cap *= 2;
+        plan->cap = cap;
+        plan->grow = true;
+    }
+    plan->bytes = w->bytes - freed + (plan->cap - w->cap) * sizeof(slot_t) + plan->bins.bytes -
+                  td_bins_bytes(target);
+}
+
+bool td_window_prepare(td_window_plan_t *plan)
+{
+    if (!td_bins_prepare(&plan->bins))
+        return false;
+    if (plan->grow) {
+        plan->array = malloc(plan->cap * sizeof(slot_t));
+        if (!plan->array) {
+            td_bins_abort(&plan->bins);
+            return false;
+        }
+    }
+    return true;
+}
+
+void td_window_abort(td_window_plan_t *plan)
+{
+    td_bins_abort(&plan->bins);
+    free(plan->array);
+    plan->array = NULL;
+}
+
+/* Inserts an empty slot for interval, keeping the order; the array has room. */
+static slot_t *insert(td_window_t *w, uint64_t interval)
+{
+    unsigned at = w->count;
+    while (at > 0 && w->slots[at - 1].interval > interval)
+        at--;
+    memmove(w->slots + at + 1, w->slots + at, (w->count - at) * sizeof(slot_t));
+    w->count++;
+    slot_t *s = &w->slots[at];
+    memset(s, 0, sizeof *s);
+    s->interval = interval;
+    return s;
+}
+
+void td_window_commit(td_window_t *w, const uint64_t *bins, uint64_t underflow,
+                      uint64_t overflow, uint64_t n, td_window_plan_t *plan)
+{
+    sweep(w, plan->interval);
+    if (plan->array) {
+        if (w->count) /* memcpy may not be given a NULL array, even for 0 bytes */
+            memcpy(plan->array, w->slots, w->count * sizeof(slot_t));
+        free(w->slots);
+        w->slots = plan->array;
+        w->bytes += (plan->cap - w->cap) * sizeof(slot_t);
+        w->cap = plan->cap;
+        plan->array = NULL;
+    }
+    slot_t *s = plan->slot >= 0 ? &w->slots[find(w, plan->interval)] : insert(w, plan->interval);
+    w->bytes -= td_bins_bytes(&s->bins);
+    td_bins_commit(&s->bins, values_of(w), bins, &plan->bins);
+    w->bytes += td_bins_bytes(&s->bins);
+    s->underflow += underflow;
+    s->overflow += overflow;
+    s->total += n;
+}
+
+bool td_window_add(td_window_t *w, uint64_t now_ms, const uint64_t *bins, uint64_t underflow,
                    uint64_t overflow, uint64_t n)
 {
-    uint64_t interval = now_ms / w->interval_ms;
-    uint64_t *slot = w->slots + slot_of(w, interval);
-    if (slot[SLOT_TAG] != interval + 1) { /* stale: an interval the ring has left behind */
-        memset(slot, 0, w->slot_words * 8);
-        slot[SLOT_TAG] = interval + 1;
-    }
-    slot[SLOT_UNDER] += underflow;
-    slot[SLOT_OVER] += overflow;
-    slot[SLOT_TOTAL] += n;
-    for (size_t b = 0; b < (size_t)w->channels * TALLY_HIST_BINS; b++)
-        slot[SLOT_BINS + b] += bins[b];
-}
-
-void td_window_clear(td_window_t *w)
-{
-    memset(w->slots, 0, (size_t)w->intervals * w->slot_words * 8);
+    td_window_plan_t plan;
+    td_window_plan(w, now_ms, bins, &plan);
+    if (!td_window_prepare(&plan))
+        return false;
+    td_window_commit(w, bins, underflow, overflow, n, &plan);
+    return true;
 }
 
 uint64_t td_window_sum(const td_window_t *w, uint64_t now_ms, unsigned k, tally_stream_info_t *info)
@@ -106,92 +285,186 @@ uint64_t td_window_sum(const td_window_t *w, uint64_t now_ms, unsigned k, tally_
         k = (unsigned)(now + 1);
     info->hist_underflow = info->hist_overflow = info->hist_total = 0;
     memset(info->bins, 0, sizeof info->bins);
-    for (unsigned i = 0; i < k; i++) {
-        const uint64_t *slot = w->slots + slot_of(w, now - i);
-        if (slot[SLOT_TAG] != now - i + 1)
+    for (unsigned i = 0; i < w->count; i++) {
+        const slot_t *s = &w->slots[i];
+        if (s->interval > now || now - s->interval >= k)
             continue;
-        info->hist_underflow += slot[SLOT_UNDER];
-        info->hist_overflow += slot[SLOT_OVER];
-        info->hist_total += slot[SLOT_TOTAL];
-        for (size_t b = 0; b < (size_t)w->channels * TALLY_HIST_BINS; b++)
-            info->bins[b] += slot[SLOT_BINS + b];
+        info->hist_underflow += s->underflow;
+        info->hist_overflow += s->overflow;
+        info->hist_total += s->total;
+        td_bins_accumulate(&s->bins, values_of(w), info->bins);
     }
     return (now + 1 - k) * w->interval_ms;
 }
 
-/* A slot the ring still reaches at interval `now`: used, not older than intervals - 1 back, and
- * not in the future (a clock that stepped back leaves those to be overwritten). */
-static bool slot_live(const td_window_t *w, const uint64_t *slot, uint64_t now)
+/* ---- the state record's form ------------------------------------------------------------ */
+
+/* A slot the ring still reaches at interval `now` and that counted something (a total that
+ * wrapped to 0 still has its bins): what a state record keeps (a slot in the future of a clock
+ * that stepped back is not). */
+static bool slot_saved(const td_window_t *w, const slot_t *s, uint64_t now)
 {
-    if (slot[SLOT_TAG] == 0)
-        return false;
-    uint64_t interval = slot[SLOT_TAG] - 1;
-    return interval <= now && now - interval < w->intervals;
+    bool counted = s->total || s->underflow || s->overflow || s->bins.width;
+    return s->interval <= now && now - s->interval < w->intervals && counted;
 }
 
-size_t td_window_encode(const td_window_t *w, uint64_t now_ms, uint8_t *out, uint32_t *slots)
+/* A slot's interval, underflow, overflow and total (SLOT_FIXED bytes). */
+static void put_fixed(uint8_t *out, const slot_t *s)
+{
+    tally_put_u64(out, s->interval);
+    tally_put_u64(out + 8, s->underflow);
+    tally_put_u64(out + 16, s->overflow);
+    tally_put_u64(out + 24, s->total);
+}
+
+size_t td_window_encode(const td_window_t *w, uint64_t now_ms, uint8_t *out)
 {
     uint64_t now = now_ms / w->interval_ms;
-    size_t at = 0;
-    *slots = 0;
-    for (unsigned i = 0; i < w->intervals; i++) {
-        const uint64_t *slot = w->slots + (size_t)i * w->slot_words;
-        if (!slot_live(w, slot, now) || slot[SLOT_TOTAL] == 0)
+    size_t at = 4;
+    uint32_t slots = 0;
+    for (unsigned i = 0; i < w->count; i++) {
+        const slot_t *s = &w->slots[i];
+        if (!slot_saved(w, s, now))
             continue;
-        if (out) {
-            tally_put_u64(out + at, slot[SLOT_TAG] - 1);
-            for (size_t j = 1; j < w->slot_words; j++)
-                tally_put_u64(out + at + 8 * j, slot[j]);
-        }
-        at += w->slot_words * 8;
-        (*slots)++;
+        if (out)
+            put_fixed(out + at, s);
+        at += SLOT_FIXED;
+        at += td_bins_encode(&s->bins, values_of(w), out ? out + at : NULL);
+        slots++;
     }
+    if (out)
+        tally_put_u32(out, slots);
     return at;
 }
 
-/* total == bins of channel 0 + underflow + overflow (every channel counts each element once:
- * checked for each channel). Sums wrap like the counters. */
-static bool slot_consistent(const uint8_t *p, unsigned channels)
+/* total == bins of each channel + underflow + overflow (every channel counts each element
+ * once). Sums wrap like the counters. */
+static bool slot_consistent(uint64_t underflow, uint64_t overflow, uint64_t total,
+                            const uint64_t *bins, unsigned channels)
 {
-    uint64_t total = tally_get_u64(p + 24);
     for (unsigned c = 0; c < channels; c++) {
-        uint64_t sum = tally_get_u64(p + 8) + tally_get_u64(p + 16);
+        uint64_t sum = underflow + overflow;
         for (size_t b = 0; b < TALLY_HIST_BINS; b++)
-            sum += tally_get_u64(p + TD_WINDOW_SLOT_HEADER + 8 * (c * TALLY_HIST_BINS + b));
+            sum += bins[c * TALLY_HIST_BINS + b];
         if (sum != total)
             return false;
     }
     return true;
 }
 
-long td_window_decode(td_window_t *w, uint64_t now_ms, uint32_t saved_interval_ms,
-                      const uint8_t *in, uint32_t slots)
+/* Adds one decoded slot to a ring being restored (its intervals distinct and all reachable, so
+ * none replaces another); false when out of memory. */
+static bool place(td_window_t *w, uint64_t interval, uint64_t underflow, uint64_t overflow,
+                  uint64_t total, const uint64_t *bins)
 {
-    size_t size = w->slot_words * 8;
+    td_bins_t counts = {0};
+    if (!td_bins_set(&counts, values_of(w), bins))
+        return false;
+    if (w->count == w->cap) {
+        unsigned cap = w->cap ? 2 * w->cap : 1;
+        slot_t *grown = realloc(w->slots, cap * sizeof(slot_t));
+        if (!grown) {
+            td_bins_clear(&counts);
+            return false;
+        }
+        w->bytes += (cap - w->cap) * sizeof(slot_t);
+        w->slots = grown;
+        w->cap = cap;
+    }
+    slot_t *s = insert(w, interval);
+    s->underflow = underflow;
+    s->overflow = overflow;
+    s->total = total;
+    s->bins = counts;
+    w->bytes += td_bins_bytes(&counts);
+    return true;
+}
+
+/* Whether a saved slot of interval is placed: the same interval length, and reachable now. */
+static bool slot_wanted(const td_window_t *w, uint32_t saved_interval_ms, uint64_t interval,
+                        uint64_t now)
+{
+    return saved_interval_ms == w->interval_ms && interval <= now && now - interval < w->intervals;
+}
+
+size_t td_window_decode(td_window_t *w, uint64_t now_ms, uint32_t saved_interval_ms,
+                        const uint8_t *in, size_t len, unsigned *dropped, bool *nomem)
+{
+    static uint64_t bins[TALLY_HIST_VALUES_MAX]; /* loop thread only */
+    uint64_t now = now_ms / w->interval_ms;
+    *dropped = 0;
+    *nomem = false;
+    if (len < 4 || w->count)
+        return 0;
+    uint32_t slots = tally_get_u32(in);
+    size_t at = 4;
+    uint64_t prev = 0;
+    for (uint32_t i = 0; i < slots; i++) {
+        if (len - at < SLOT_FIXED)
+            goto invalid;
+        uint64_t interval = tally_get_u64(in + at), under = tally_get_u64(in + at + 8),
+                 over = tally_get_u64(in + at + 16), total = tally_get_u64(in + at + 24);
+        size_t got = td_bins_decode(in + at + SLOT_FIXED, len - at - SLOT_FIXED, values_of(w), bins);
+        /* Slots are written oldest first, so an interval twice is out of order. */
+        if (!got || !slot_consistent(under, over, total, bins, w->channels) ||
+            (i > 0 && interval <= prev))
+            goto invalid;
+        prev = interval;
+        at += SLOT_FIXED + got;
+        if (!slot_wanted(w, saved_interval_ms, interval, now)) {
+            (*dropped)++;
+            continue;
+        }
+        if (!place(w, interval, under, over, total, bins)) {
+            *nomem = true;
+            goto invalid;
+        }
+    }
+    return at;
+invalid:
+    td_window_clear(w);
+    return 0;
+}
+
+/* ---- version 3's form (old state files) ------------------------------------------------- */
+
+size_t td_window_slot_size_v3(unsigned channels)
+{
+    return TD_WINDOW_SLOT_HEADER + 8u * TALLY_HIST_BINS * channels;
+}
+
+long td_window_decode_v3(td_window_t *w, uint64_t now_ms, uint32_t saved_interval_ms,
+                         const uint8_t *in, uint32_t slots)
+{
+    static uint64_t bins[TALLY_HIST_VALUES_MAX]; /* loop thread only */
+    size_t size = td_window_slot_size_v3(w->channels);
     for (uint32_t i = 0; i < slots; i++) {
         const uint8_t *p = in + (size_t)i * size;
-        if (!slot_consistent(p, w->channels))
+        for (size_t b = 0; b < values_of(w); b++)
+            bins[b] = tally_get_u64(p + TD_WINDOW_SLOT_HEADER + 8 * b);
+        if (!slot_consistent(tally_get_u64(p + 8), tally_get_u64(p + 16), tally_get_u64(p + 24),
+                             bins, w->channels))
             return -1;
         for (uint32_t j = 0; j < i; j++)
             if (tally_get_u64(in + (size_t)j * size) == tally_get_u64(p))
                 return -1;
     }
-    if (saved_interval_ms != w->interval_ms)
-        return (long)slots; /* the intervals mean other times: nothing carries over */
     uint64_t now = now_ms / w->interval_ms;
     long dropped = 0;
     for (uint32_t i = 0; i < slots; i++) {
         const uint8_t *p = in + (size_t)i * size;
         uint64_t interval = tally_get_u64(p);
-        uint64_t tag[1] = {interval + 1};
-        if (interval == UINT64_MAX || !slot_live(w, tag, now)) {
+        if (!slot_wanted(w, saved_interval_ms, interval, now)) {
             dropped++;
             continue;
         }
-        uint64_t *slot = w->slots + slot_of(w, interval);
-        slot[SLOT_TAG] = interval + 1;
-        for (size_t j = 1; j < w->slot_words; j++)
-            slot[j] = tally_get_u64(p + 8 * j);
+        for (size_t b = 0; b < values_of(w); b++)
+            bins[b] = tally_get_u64(p + TD_WINDOW_SLOT_HEADER + 8 * b);
+        if (!place(w, interval, tally_get_u64(p + 8), tally_get_u64(p + 16),
+                   tally_get_u64(p + 24), bins)) {
+            td_window_clear(w);
+            return -2;
+        }
     }
     return dropped;
 }

@@ -1,15 +1,25 @@
 /*
  * td_window.h — a stream's ring of recent intervals (PROTOCOL.md, "Windows").
  *
- * The ring holds `intervals` slots; the slot of interval k (the window-clock milliseconds
- * [k * interval_ms, (k + 1) * interval_ms)) is k mod intervals, tagged with k, so a slot whose
- * tag is not the interval being asked about is stale and counts as empty: nothing has to run
- * when time passes, and a ring restored after a long stop is simply empty. A slot is the
- * histogram of the hist batches applied in its interval: underflow, overflow, total and
- * channels x 256 bins, all u64.
+ * The ring covers `intervals` intervals; interval k is the window-clock milliseconds
+ * [k * interval_ms, (k + 1) * interval_ms) and sits at ring position k mod intervals. Only the
+ * intervals in which something was counted are kept (issue 26: an interval with no data costs
+ * nothing): a slot per such interval, in an array sorted by interval, each holding its
+ * underflow, overflow and total and its bins in the compact form of td_bins.h. A slot is freed
+ * once the ring no longer reaches it (it is `intervals` or more intervals old: at the stream's
+ * next hist, or when td_window_expire sweeps it), or when a hist lands on its ring position in
+ * another interval (a clock that stepped back by a whole ring); so the array never holds more
+ * than `intervals` slots, and a slot that has left the ring is never counted again, even if
+ * the clock steps back. Nothing has to run when time passes: a reader sums only the intervals
+ * it asks for.
  *
- * Memory: intervals x (TD_WINDOW_SLOT_HEADER + 2048 x channels) bytes, allocated once when the
- * stream's first hist is applied (td_window_new), never on the query path.
+ * Memory: td_window_bytes, what the ring has allocated: this header, the slot array
+ * (48 bytes per slot, the array doubling as it fills) and each slot's bins. A
+ * stream that got one batch of bytes holds one slot (~300 bytes for 1 KiB of uniform u8).
+ *
+ * An add is planned first (td_window_plan: the bytes the ring will hold after it), so the stream
+ * can check its memory budget before anything changes; td_window_prepare allocates, and
+ * td_window_commit, which cannot fail, applies it (td_bins.h has the same three steps).
  *
  * The window clock (td_clock_ms) is the host's wall clock in milliseconds since the epoch, so
  * the intervals saved in the state file mean the same after a restart. Tests replace it with a
@@ -20,50 +30,83 @@
 #ifndef TD_WINDOW_H
 #define TD_WINDOW_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "tally_proto.h"
+#include "td_bins.h"
 
-/* Per slot, before the bins: interval tag, underflow, overflow, total (u64 each). */
+/* A version-3 state file's slot, before its bins: interval, underflow, overflow, total (u64
+ * each); its bins follow as channels x 256 u64. */
 #define TD_WINDOW_SLOT_HEADER 32u
 
 typedef struct td_window td_window_t;
 
-/* Bytes of a ring of `intervals` slots for `channels` channels (what a stream pays). */
-size_t td_window_bytes(unsigned intervals, unsigned channels);
+/* What adding a batch to the ring needs (td_window_plan). */
+typedef struct {
+    uint64_t interval;   /* the batch's interval */
+    long slot;           /* its slot's index, or -1: a new slot */
+    unsigned cap;        /* the slot array's capacity after the add */
+    bool grow;           /* the array must grow to cap */
+    size_t bytes;        /* td_window_bytes after the add */
+    void *array;         /* the grown slot array, once prepared (NULL: no growth) */
+    td_bins_plan_t bins; /* the slot's bins */
+} td_window_plan_t;
 
-/* A ring of `intervals` (>= 1) slots of interval_ms (>= 1) for channels (1, 3 or 4); NULL when
- * out of memory. */
+/* A ring of `intervals` (>= 1) intervals of interval_ms (>= 1) for channels (1, 3 or 4); NULL
+ * when out of memory. No slot is allocated until a batch is added. */
 td_window_t *td_window_new(unsigned intervals, uint32_t interval_ms, unsigned channels);
 void td_window_destroy(td_window_t **self_p);
 
 unsigned td_window_intervals(const td_window_t *self);
 uint32_t td_window_interval_ms(const td_window_t *self);
+/* Slots held (intervals with data, not yet freed). */
+unsigned td_window_slots(const td_window_t *self);
+/* Bytes allocated for the ring: header, slot array and bins. */
+size_t td_window_bytes(const td_window_t *self);
 
-/* Adds a batch's histogram (bins: channels x 256, underflow, overflow) of n elements to the
- * slot of now_ms's interval. */
-void td_window_add(td_window_t *self, uint64_t now_ms, const uint64_t *bins, uint64_t underflow,
+/* Plans adding a batch's histogram (bins: channels x 256) at now_ms. */
+void td_window_plan(const td_window_t *self, uint64_t now_ms, const uint64_t *bins,
+                    td_window_plan_t *plan);
+/* Allocates what the plan needs; false when out of memory (nothing to abort then). */
+bool td_window_prepare(td_window_plan_t *plan);
+/* Adds the batch as planned and prepared (the same ring, now_ms and bins as td_window_plan):
+ * bins, underflow, overflow and n elements to the slot of now_ms's interval. */
+void td_window_commit(td_window_t *self, const uint64_t *bins, uint64_t underflow,
+                      uint64_t overflow, uint64_t n, td_window_plan_t *plan);
+void td_window_abort(td_window_plan_t *plan);
+/* Plan, prepare and commit in one step; false (nothing changed) when out of memory. */
+bool td_window_add(td_window_t *self, uint64_t now_ms, const uint64_t *bins, uint64_t underflow,
                    uint64_t overflow, uint64_t n);
-/* Empties every slot (reset). */
+
+/* Frees the slots the ring no longer reaches at now_ms (and the slot array once empty). */
+void td_window_expire(td_window_t *self, uint64_t now_ms);
+/* Frees every slot (reset). */
 void td_window_clear(td_window_t *self);
 /* Sums the `k` (1..intervals) intervals ending with now_ms's: sets info's hist_underflow,
  * hist_overflow, hist_total and bins to the sums and returns the window's start (ms). */
 uint64_t td_window_sum(const td_window_t *self, uint64_t now_ms, unsigned k,
                        tally_stream_info_t *info);
 
-/* The state file's form (td_state.h): the non-empty slots that are still inside the ring at
- * now_ms, each its interval, underflow, overflow, total and bins as u64 LE. Returns the bytes
- * td_window_encode writes, which it writes to out when out is not NULL; *slots the slot count. */
-size_t td_window_encode(const td_window_t *self, uint64_t now_ms, uint8_t *out, uint32_t *slots);
-/* Size of one encoded slot of `channels`. */
-size_t td_window_slot_size(unsigned channels);
-/* Adds `slots` encoded slots (written by a ring of saved_interval_ms) to the ring. Slots of
- * another interval length, or that are older than the ring reaches at now_ms, are dropped and
- * counted in the return value. Returns -1 (nothing added) when a slot's total is not its bins
- * plus underflow plus overflow, or two slots name the same interval. */
-long td_window_decode(td_window_t *self, uint64_t now_ms, uint32_t saved_interval_ms,
-                      const uint8_t *in, uint32_t slots);
+/* The state record's form (td_state_record.h): u32 M, then M slots, each u64 interval,
+ * underflow, overflow and total and its bins (td_bins_encode), for the slots the ring still
+ * reaches at now_ms that counted anything. Returns the size, writing to out when not NULL. */
+size_t td_window_encode(const td_window_t *self, uint64_t now_ms, uint8_t *out);
+/* Adds the slots of that form (len bytes available; written by a ring of saved_interval_ms) to
+ * an empty ring. Returns the bytes taken, or 0 when the form is not valid, a slot's total is
+ * not its bins plus underflow plus overflow (in every channel), or an interval appears twice;
+ * *dropped counts the slots not added: of another interval length, or older than the ring
+ * reaches at now_ms. *nomem is set (0 returned) when out of memory. */
+size_t td_window_decode(td_window_t *self, uint64_t now_ms, uint32_t saved_interval_ms,
+                        const uint8_t *in, size_t len, unsigned *dropped, bool *nomem);
+/* Version 3's form, for reading old state files: `slots` slots of TD_WINDOW_SLOT_HEADER + 2048 x
+ * channels bytes. Returns the slots dropped (as td_window_decode), -1 when a slot is
+ * inconsistent or an interval appears twice (nothing added), -2 when out of memory. */
+long td_window_decode_v3(td_window_t *self, uint64_t now_ms, uint32_t saved_interval_ms,
+                         const uint8_t *in, uint32_t slots);
+/* Size of one version-3 slot of `channels`. */
+size_t td_window_slot_size_v3(unsigned channels);
 
 /* ---- the window clock ------------------------------------------------------------------ */
 

@@ -879,6 +879,11 @@ static const wire_layout_t info_layout =
     LAYOUT(INFO_OFF_BINS, false, info_fields, NULL, {INFO_OFF_RESERVED_A, INFO_OFF_HIST_LO},
            {INFO_OFF_RESERVED_B, INFO_OFF_BINS});
 
+void tally_stream_info_encode_head(const tally_stream_info_t *info, uint8_t *out)
+{
+    layout_encode(&info_layout, info, out);
+}
+
 size_t tally_stream_info_encode(const tally_stream_info_t *info, uint8_t *out)
 {
     size_t size = tally_stream_info_size(info);
@@ -909,6 +914,16 @@ tally_status_t tally_stream_info_decode(const uint8_t *buf, size_t len, tally_st
     for (size_t i = 0; i < (len - INFO_OFF_BINS) / 8; i++)
         info->bins[i] = tally_get_u64(buf + INFO_OFF_BINS + 8 * i);
     return layout_ok ? TALLY_OK : TALLY_E_REPLY;
+}
+
+_Static_assert(TALLY_STREAM_INFO_HEAD_SIZE == INFO_OFF_BINS, "the head is what precedes the bins");
+
+tally_status_t tally_stream_info_decode_head(const uint8_t *buf, tally_stream_info_t *info)
+{
+    info->hist_dtype = buf[INFO_OFF_HIST_DTYPE];
+    if (!hist_dtype_known(info->hist_dtype))
+        return TALLY_E_REPLY;
+    return layout_decode(&info_layout, buf, info) ? TALLY_OK : TALLY_E_REPLY;
 }
 
 /* ---- Publications ----------------------------------------------------------------------- */

@@ -281,6 +281,13 @@ size_t tally_stream_info_encode(const tally_stream_info_t *info, uint8_t *out);
 /* TALLY_E_REPLY unless hist_dtype is NONE, I32, U8, U16, RGB8 or RGBA8, len is the record
  * size that dtype implies, and the reserved bytes are zero. */
 tally_status_t tally_stream_info_decode(const uint8_t *buf, size_t len, tally_stream_info_t *info);
+/* The record's fixed part: its first TALLY_STREAM_INFO_HEAD_SIZE bytes, every field but the
+ * bins (the daemon's state records keep the bins in a compact form of their own). Decoding
+ * sets those fields only: TALLY_E_REPLY unless hist_dtype is one the record allows and the
+ * reserved bytes are zero. */
+#define TALLY_STREAM_INFO_HEAD_SIZE 128
+void tally_stream_info_encode_head(const tally_stream_info_t *info, uint8_t *out);
+tally_status_t tally_stream_info_decode_head(const uint8_t *buf, tally_stream_info_t *info);
 
 #ifndef TALLY_WIRE_H /* PUBLIC: begin (copied into the installed tally_wire.h) */
 /* ---- Subscriptions (PROTOCOL.md §11) ---------------------------------------------------- */

@@ -122,40 +122,40 @@ static td_request_t *unit_req(td_stream_t *stream, uint64_t seq)
     return r;
 }
 
-/* An idle stream named "u" that has applied seq 1..5. */
-static td_stream_t unit_stream(void)
+/* An idle stream named "u" that has applied seq 1..5, in a table of its own (*table). */
+static td_stream_t *unit_stream(td_streams_t **table)
 {
-    td_stream_t stream;
-    memset(&stream, 0, sizeof stream);
-    strcpy(stream.name, "u");
-    stream.name_len = 1;
-    stream.info.last_seq = 5;
+    td_stream_t *stream = NULL;
+    assert_int_equal(td_streams_new(8, table), TD_OK);
+    assert_int_equal(td_streams_get(*table, "u", 1, &stream), TALLY_OK);
+    stream->info.last_seq = 5;
     return stream;
 }
 
 static void test_admit_rules(void **state)
 {
     (void)state;
-    td_stream_t stream = unit_stream();
-    stream.seq_admitted = 2; /* stale: nothing in flight, so the applied seq counts */
+    td_streams_t *table = NULL;
+    td_stream_t *stream = unit_stream(&table);
+    stream->seq_admitted = 2; /* stale: nothing in flight, so the applied seq counts */
 
-    td_request_t *r = unit_req(&stream, 5);
+    td_request_t *r = unit_req(stream, 5);
     assert_false(td_request_admit(r, false));
     assert_int_equal(r->rep.status, TALLY_E_DUPLICATE);
     assert_int_equal(r->rep.aux0, 5);
     td_request_destroy(&r);
-    r = unit_req(&stream, 7);
+    r = unit_req(stream, 7);
     assert_false(td_request_admit(r, false));
     assert_int_equal(r->rep.status, TALLY_E_SEQ_GAP);
     assert_int_equal(r->rep.aux0, 5);
     td_request_destroy(&r);
-    r = unit_req(&stream, 6);
+    r = unit_req(stream, 6);
     assert_true(td_request_admit(r, false));
-    assert_int_equal(stream.seq_admitted, 6);
+    assert_int_equal(stream->seq_admitted, 6);
     td_request_destroy(&r);
 
     /* While 6 is in flight, 7 is the next one and may start; 6 again or 8 must wait. */
-    r = unit_req(&stream, 7);
+    r = unit_req(stream, 7);
     assert_false(td_request_seq_waits(r, true));
     r->req.seq = 6;
     assert_true(td_request_seq_waits(r, true));
@@ -164,40 +164,43 @@ static void test_admit_rules(void **state)
     r->req.seq = 0; /* unnumbered requests are never held */
     assert_false(td_request_seq_waits(r, true));
     td_request_destroy(&r);
+    td_streams_destroy(&table);
 }
 
 /* 6 and 7 were admitted (pipelined); 6 failed; 7 must be refused when it comes back. */
 static void test_apply_refuses_after_failed_predecessor(void **state)
 {
     (void)state;
-    td_stream_t stream = unit_stream();
-    stream.info.scan_carry = 40;
-    stream.info.batches = 5;
-    tally_stream_info_t before = stream.info;
+    td_streams_t *table = NULL;
+    td_stream_t *stream = unit_stream(&table);
+    stream->info.scan_carry = 40;
+    stream->info.batches = 5;
+    td_stream_info_t before = stream->info;
 
-    td_request_t *six = unit_req(&stream, 6);
+    td_request_t *six = unit_req(stream, 6);
     td_request_fail(six, TALLY_E_BACKEND, "test: the backend failed");
     assert_false(td_request_apply(six));
     td_request_destroy(&six);
 
-    td_request_t *seven = unit_req(&stream, 7);
+    td_request_t *seven = unit_req(stream, 7);
     seven->carry = 123; /* its computed carry-out, to be discarded */
     td_request_succeed(seven, TALLY_DTYPE_I64, malloc(8), 8, 1);
     assert_false(td_request_apply(seven));
     assert_int_equal(seven->rep.status, TALLY_E_SEQ_GAP);
     assert_int_equal(seven->rep.aux0, 5);
     assert_int_equal(seven->rep.dtype, TALLY_DTYPE_TEXT);
-    assert_memory_equal(&stream.info, &before, sizeof before);
+    assert_memory_equal(&stream->info, &before, sizeof before);
     td_request_destroy(&seven);
 
-    td_request_t *again = unit_req(&stream, 6); /* the resent 6 applies */
+    td_request_t *again = unit_req(stream, 6); /* the resent 6 applies */
     again->carry = 77;
     td_request_succeed(again, TALLY_DTYPE_I64, NULL, 0, 0);
     assert_true(td_request_apply(again));
-    assert_int_equal(stream.info.last_seq, 6);
-    assert_int_equal(stream.info.scan_carry, 77);
-    assert_int_equal(stream.info.batches, 6);
+    assert_int_equal(stream->info.last_seq, 6);
+    assert_int_equal(stream->info.scan_carry, 77);
+    assert_int_equal(stream->info.batches, 6);
     td_request_destroy(&again);
+    td_streams_destroy(&table);
 }
 
 /* ---- a real tallyd ------------------------------------------------------------------------ */

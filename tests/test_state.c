@@ -1,12 +1,15 @@
 /*
- * test_state.c — the state file format on its own (td_state.c): round trips of random stream
- * tables; every truncation and every single-bit flip loses exactly what it damaged (a flip in
- * the header loses the file, a flip in a record loses that record's stream only, the others
- * restored byte for byte); each invariant violated under a correct record checksum refuses
- * that stream only; version-1 and version-2 files still restore; window rings round-trip, with
- * slots of another interval length or too old dropped; td_state_restore sets aside unusable files
- * (renamed) and files that lost records (copied), under names that never collide; a state
- * path that is not a regular file is refused; a write into a blocked path fails cleanly.
+ * test_state.c — the state file format on its own (td_state.c, td_state_record.c): round trips
+ * of random stream tables; every truncation and every single-bit flip loses exactly what it
+ * damaged (a flip in the header loses the file, a flip in a record loses that record's stream
+ * only, the others restored byte for byte); each invariant violated, and each field made
+ * invalid, under a correct record checksum refuses that stream only; a newer format version is
+ * refused as such; version-1 and version-2 files still restore, and random flips in a real
+ * version-3 file (tests/data/state-v3) lose at most the stream they hit; window rings
+ * round-trip, with slots of another interval length or too old dropped; td_state_restore sets
+ * aside unusable files (renamed) and files that lost records (copied), under names that never
+ * collide; a state path that is not a regular file is refused; a write into a blocked path
+ * fails cleanly. The log and the snapshots are test_state_log.c's.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -25,6 +28,7 @@
 #include "td_config.h"
 #include "td_state.h"
 #include "td_stream.h"
+#include "td_window.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 
@@ -86,9 +90,11 @@ static td_streams_t *random_table(unsigned n)
             name[k] = (char)(0x21 + next_rand() % 94); /* printable, no space */
         td_stream_t *s = NULL;
         assert_int_equal(td_streams_get(t, name, len, &s), TALLY_OK);
-        random_info(&s->info, i);
+        static tally_stream_info_t info;
+        random_info(&info, i);
         char why[160];
-        assert_true(td_state_check_info(&s->info, why, sizeof why));
+        assert_true(td_state_check_info(&info, why, sizeof why));
+        assert_true(td_stream_set_info(s, &info));
     }
     return t;
 }
@@ -96,32 +102,35 @@ static td_streams_t *random_table(unsigned n)
 /* The stream's query payload: what a client sees (its length returned). */
 static size_t payload_of(const td_stream_t *s, uint8_t out[TALLY_QUERY_PAYLOAD_MAX])
 {
-    return tally_stream_info_encode(&s->info, out);
+    static tally_stream_info_t info;
+    td_stream_info(s, &info);
+    return tally_stream_info_encode(&info, out);
 }
 
 /* The stream's window ring as the state file holds it (its length returned; 0 without one). */
 static size_t ring_of(const td_stream_t *s, uint8_t *out, size_t cap)
 {
-    uint32_t slots = 0;
     if (!s->window)
         return 0;
-    size_t len = td_window_encode(s->window, NOW_MS, NULL, &slots);
+    size_t len = td_window_encode(s->window, NOW_MS, NULL);
     assert_true(len <= cap);
-    td_window_encode(s->window, NOW_MS, out, &slots);
+    td_window_encode(s->window, NOW_MS, out);
     return len;
 }
 
 /* b holds exactly a's streams, skipping a's stream number `skip` (-1: none), in order, with
- * byte-for-byte equal query payloads. */
-static void assert_tables_equal_but(td_streams_t *a, td_streams_t *b, int skip)
+ * byte-for-byte equal query payloads; with `present`, b holds stream `skip` too, in whatever
+ * state. */
+static void assert_tables_like(td_streams_t *a, td_streams_t *b, int skip, bool present)
 {
-    unsigned want = td_streams_count(a) - (skip >= 0 ? 1 : 0);
+    unsigned want = td_streams_count(a) - (skip >= 0 && !present ? 1 : 0);
     assert_int_equal(td_streams_count(b), want);
     td_stream_t *y = td_streams_first(b);
     int i = 0;
     for (td_stream_t *x = td_streams_first(a); x; x = x->list_next, i++) {
         if (i == skip) {
-            assert_null(td_streams_find(b, x->name, x->name_len));
+            assert_true((td_streams_find(b, x->name, x->name_len) != NULL) == present);
+            y = present ? y->list_next : y;
             continue;
         }
         assert_non_null(y);
@@ -137,6 +146,11 @@ static void assert_tables_equal_but(td_streams_t *a, td_streams_t *b, int skip)
         assert_memory_equal(rx, ry, nx);
         y = y->list_next;
     }
+}
+
+static void assert_tables_equal_but(td_streams_t *a, td_streams_t *b, int skip)
+{
+    assert_tables_like(a, b, skip, false);
 }
 
 static void assert_tables_equal(td_streams_t *a, td_streams_t *b)
@@ -171,7 +185,7 @@ static size_t record_off(const uint8_t *buf, unsigned k)
 
 static void encode(td_streams_t *t, uint8_t **buf, size_t *len)
 {
-    assert_int_equal(td_state_encode(t, NOW_MS, buf, len), TD_OK);
+    assert_int_equal(td_state_encode(t, NOW_MS, 1, buf, len), TD_OK);
     assert_int_equal(*len, record_off(*buf, td_streams_count(t)));
 }
 
@@ -200,7 +214,8 @@ static void test_round_trip(void **state)
         size_t len = 0;
         td_state_report_t r;
         td_streams_t *back = encode_decode(t, &buf, &len, &r);
-        assert_int_equal(r.version, 3);
+        assert_int_equal(r.version, 4);
+        assert_int_equal(r.generation, 1);
         assert_int_equal(r.records, n);
         assert_int_equal(r.restored, n);
         assert_false(td_state_report_lossy(&r));
@@ -230,8 +245,12 @@ static void test_every_truncation(void **state)
             assert_int_equal(r.missing, 3 - whole);
             assert_true(td_state_report_lossy(&r));
             td_stream_t *x = td_streams_first(t), *y = td_streams_first(back);
-            for (unsigned i = 0; i < whole; i++, x = x->list_next, y = y->list_next)
-                assert_memory_equal(&x->info, &y->info, sizeof x->info);
+            for (unsigned i = 0; i < whole; i++, x = x->list_next, y = y->list_next) {
+                static uint8_t px[TALLY_QUERY_PAYLOAD_MAX], py[TALLY_QUERY_PAYLOAD_MAX];
+                size_t n = payload_of(x, px);
+                assert_int_equal(payload_of(y, py), n);
+                assert_memory_equal(px, py, n);
+            }
         }
         td_streams_destroy(&back);
     }
@@ -251,8 +270,10 @@ static void test_every_bit_flip_loses_only_its_stream(void **state)
     for (size_t i = 0; i < len; i++) {
         for (int bit = 0; bit < 8; bit += 3) {
             buf[i] ^= (uint8_t)(1u << bit);
-            if (i < TD_STATE_HEADER_SIZE) {
-                td_streams_t *back = decode_new(buf, len, TD_ERR_CORRUPT, &r);
+            if (i < TD_STATE_HEADER_SIZE) { /* a version made higher reads as a newer one */
+                bool newer = tally_get_u32(buf + 8) > TD_STATE_VERSION;
+                td_streams_t *back =
+                    decode_new(buf, len, newer ? TD_ERR_VERSION : TD_ERR_CORRUPT, &r);
                 td_streams_destroy(&back);
             } else {
                 /* A flip in the last record's size can make it look cut off: lost either way. */
@@ -301,14 +322,28 @@ static void test_header_errors_under_a_good_checksum(void **state)
     struct {
         size_t off;
         uint8_t value;
-    } cases[] = {{8, 99}, {8, 4}, {8, 2}, {16, 1}, {20, 1}, {32, 1}};
+        td_err_t want;
+    } cases[] = {{8, 99, TD_ERR_VERSION}, {8, 5, TD_ERR_VERSION}, {8, 3, TD_ERR_CORRUPT},
+                 {8, 2, TD_ERR_CORRUPT},  {8, 0, TD_ERR_CORRUPT}, {16, 0, TD_ERR_CORRUPT},
+                 {32, 1, TD_ERR_CORRUPT}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         memcpy(copy, buf, len);
         copy[cases[c].off] = cases[c].value;
         reseal_header(copy);
-        td_streams_t *back = decode_new(copy, len, TD_ERR_CORRUPT, &r);
+        td_streams_t *back = decode_new(copy, len, cases[c].want, &r);
         td_streams_destroy(&back);
     }
+    /* A newer version is refused as newer, whatever its header's checksum says. */
+    memcpy(copy, buf, len);
+    copy[8] = 7;
+    char msg[256] = "";
+    td_streams_t *newer = NULL;
+    assert_int_equal(td_streams_new(10, &newer), TD_OK);
+    assert_int_equal(td_state_decode(copy, len, NOW_MS, newer, &r, msg, sizeof msg),
+                     TD_ERR_VERSION);
+    assert_non_null(strstr(msg, "written by a newer tallyd (format version 7"));
+    assert_int_equal(td_streams_count(newer), 0);
+    td_streams_destroy(&newer);
     memcpy(copy, buf, len); /* bad magic */
     copy[0] = 'X';
     td_streams_t *back = decode_new(copy, len, TD_ERR_CORRUPT, &r);
@@ -387,6 +422,27 @@ static void b_carry(tally_stream_info_t *in)
     in->elements -= in->scan_elements, in->scan_elements = 0, in->scan_carry = 5;
 }
 
+/* The image buf (of t's streams) with record k replaced by the record of a stream named
+ * `name` holding `info` (no check on it: set_info takes anything); *len_out its length. */
+static uint8_t *replace_record(const uint8_t *buf, size_t len, unsigned k, const char *name,
+                               size_t name_len, const tally_stream_info_t *info, size_t *len_out)
+{
+    td_streams_t *one = NULL;
+    td_stream_t *s = NULL;
+    assert_int_equal(td_streams_new(2, &one), TD_OK);
+    assert_int_equal(td_streams_get(one, name, name_len, &s), TALLY_OK);
+    assert_true(td_stream_set_info(s, info));
+    size_t rec_len = td_state_record_encode(s, NOW_MS, NULL);
+    size_t from = record_off(buf, k), to = record_off(buf, k + 1);
+    *len_out = len - (to - from) + rec_len;
+    uint8_t *out = malloc(*len_out);
+    memcpy(out, buf, from);
+    td_state_record_encode(s, NOW_MS, out + from);
+    memcpy(out + from + rec_len, buf + to, len - to);
+    td_streams_destroy(&one);
+    return out;
+}
+
 /* Each invariant, broken in stream 2 of 0..2 under a correct record checksum: stream 2 alone
  * is refused. Stream 2 has an i32 histogram and scanned elements (random_info). */
 static void test_invariant_violations_refuse_only_that_stream(void **state)
@@ -404,45 +460,52 @@ static void test_invariant_violations_refuse_only_that_stream(void **state)
     encode(t, &buf, &len);
     td_state_report_t r;
     for (size_t c = 0; c < sizeof breakers / sizeof breakers[0]; c++) {
-        tally_stream_info_t bad = s1->info;
+        static tally_stream_info_t bad;
+        td_stream_info(s1, &bad);
         breakers[c](&bad);
         char why[160] = "";
         assert_false(td_state_check_info(&bad, why, sizeof why));
         assert_true(why[0] != '\0');
-        uint8_t *copy = malloc(len);
-        memcpy(copy, buf, len);
-        tally_stream_info_encode(&bad, record(copy, 2) + TD_STATE_RECORD_INFO_OFF);
-        reseal_record(record(copy, 2));
-        td_streams_t *back = decode_new(copy, len, TD_OK, &r);
+        size_t n = 0;
+        uint8_t *copy = replace_record(buf, len, 2, s1->name, s1->name_len, &bad, &n);
+        td_streams_t *back = decode_new(copy, n, TD_OK, &r);
         assert_int_equal(r.damaged, 1);
         assert_tables_equal_but(t, back, 2);
         td_streams_destroy(&back);
         free(copy);
     }
-    /* A bad dtype (decode refuses it), an rgb8 dtype in a one-channel record (the lengths do
-     * not fit), a name with a space, a name of 65 bytes, garbage after the name, a second
-     * record of stream 0's name, a reserved word set. */
-    for (int c = 0; c < 7; c++) {
+    /* Under a good checksum: a bad dtype (the head refuses it), an rgb8 dtype over one channel's
+     * counts, a name with a space, a name of 65 bytes, an unknown kind, reserved bytes set, a
+     * ring interval without a ring, a second record of stream 0's name. */
+    for (int c = 0; c < 8; c++) {
         uint8_t *copy = malloc(len);
+        size_t n = len;
         memcpy(copy, buf, len);
-        uint8_t *rec = record(copy, 2);
+        uint8_t *rec = record(copy, 2), *head = rec + TD_STATE_RECORD_NAME_OFF + rec[13];
         if (c == 0)
-            rec[TD_STATE_RECORD_INFO_OFF + 56] = 9;
+            head[56] = 9;
         else if (c == 1)
-            rec[TD_STATE_RECORD_INFO_OFF + 56] = TALLY_DTYPE_RGB8;
+            head[56] = TALLY_DTYPE_RGB8;
         else if (c == 2)
             rec[TD_STATE_RECORD_NAME_OFF + 2] = ' ';
         else if (c == 3)
-            tally_put_u32(rec + 12, TALLY_STREAM_NAME_MAX + 1);
+            rec[13] = TALLY_STREAM_NAME_MAX + 1;
         else if (c == 4)
-            rec[TD_STATE_RECORD_NAME_OFF + TALLY_STREAM_NAME_MAX - 1] = 'x',
-                                                                   tally_put_u32(rec + 12, 6);
+            rec[12] = 3;
         else if (c == 5)
-            memcpy(rec + 12, record(copy, 0) + 12, TD_STATE_RECORD_INFO_LEN_OFF - 12);
-        else
-            rec[92] = 1;
-        reseal_record(rec);
-        td_streams_t *back = decode_new(copy, len, TD_OK, &r);
+            rec[14] = 1;
+        else if (c == 6)
+            tally_put_u32(head + 128, 1000);
+        if (c == 7) {
+            static tally_stream_info_t other;
+            td_stream_info(s1, &other);
+            free(copy);
+            const td_stream_t *s0 = td_streams_first(t);
+            copy = replace_record(buf, len, 2, s0->name, s0->name_len, &other, &n);
+        } else {
+            reseal_record(rec);
+        }
+        td_streams_t *back = decode_new(copy, n, TD_OK, &r);
         assert_int_equal(r.damaged, 1);
         assert_tables_equal_but(t, back, 2);
         td_streams_destroy(&back);
@@ -452,21 +515,24 @@ static void test_invariant_violations_refuse_only_that_stream(void **state)
     td_streams_destroy(&t);
 }
 
-/* Bytes 104..111 of the payload belong to the idempotency work (last_seq); the state file
- * carries the payload as it is, so a record is never refused for a field it does not know
- * beyond what tally_stream_info_decode refuses. */
-static void test_record_carries_the_payload_as_is(void **state)
+/* A stream record holds the first 128 bytes of the stream's `query` record as they are, after
+ * its name. */
+static void test_record_carries_the_query_head(void **state)
 {
     (void)state;
     uint8_t *buf = NULL;
     size_t len = 0;
     td_streams_t *t = random_image(2, &buf, &len);
     uint8_t want[TALLY_QUERY_PAYLOAD_MAX];
-    size_t n = payload_of(td_streams_first(t), want);
-    assert_int_equal(tally_get_u32(record(buf, 0) + TD_STATE_RECORD_INFO_LEN_OFF), n);
-    assert_memory_equal(record(buf, 0) + TD_STATE_RECORD_INFO_OFF, want, n);
-    assert_int_equal(tally_get_u32(record(buf, 0) + 12), td_streams_first(t)->name_len);
-    assert_memory_equal(record(buf, 0), "TLYR", 4);
+    const td_stream_t *s = td_streams_first(t)->list_next;
+    payload_of(s, want);
+    const uint8_t *rec = record(buf, 1);
+    assert_memory_equal(rec, TD_STATE_RECORD_MAGIC, 4);
+    assert_int_equal(rec[12], TD_STATE_RECORD_STREAM);
+    assert_int_equal(rec[13], s->name_len);
+    assert_memory_equal(rec + TD_STATE_RECORD_NAME_OFF, s->name, s->name_len);
+    assert_memory_equal(rec + TD_STATE_RECORD_NAME_OFF + s->name_len, want,
+                        TALLY_STREAM_INFO_HEAD_SIZE);
     free(buf);
     td_streams_destroy(&t);
 }
@@ -489,7 +555,9 @@ static uint8_t *encode_v1(td_streams_t *t, size_t *len_out)
         *p++ = (uint8_t)s->name_len;
         memcpy(p, s->name, s->name_len);
         p += s->name_len;
-        tally_stream_info_encode(&s->info, p);
+        static tally_stream_info_t info;
+        td_stream_info(s, &info);
+        tally_stream_info_encode(&info, p);
         p += TALLY_QUERY_PAYLOAD_SIZE;
     }
     tally_put_u64(p, td_state_checksum(out, len - TD_STATE_V1_TRAILER_SIZE));
@@ -515,10 +583,13 @@ static td_streams_t *random_table_v2(unsigned n)
     td_streams_t *t = random_table(n);
     for (td_stream_t *s = td_streams_first(t); s; s = s->list_next) {
         if (tally_hist_channels(s->info.hist_dtype) > 1) {
-            s->info.elements -= s->info.hist_total;
-            memset(&s->info.bins, 0, sizeof s->info.bins);
-            s->info.hist_dtype = TALLY_DTYPE_NONE;
-            s->info.hist_total = 0;
+            static tally_stream_info_t info;
+            td_stream_info(s, &info);
+            info.elements -= info.hist_total;
+            memset(&info.bins, 0, sizeof info.bins);
+            info.hist_dtype = TALLY_DTYPE_NONE;
+            info.hist_total = 0;
+            assert_true(td_stream_set_info(s, &info));
         }
     }
     return t;
@@ -538,7 +609,9 @@ static uint8_t *encode_v2(td_streams_t *t, size_t *len_out)
     for (td_stream_t *s = td_streams_first(t); s; s = s->list_next) {
         tally_put_u32(rec + 4, (uint32_t)s->name_len);
         memcpy(rec + TD_STATE_V2_RECORD_NAME_OFF, s->name, s->name_len);
-        tally_stream_info_encode(&s->info, rec + TD_STATE_V2_RECORD_INFO_OFF);
+        static tally_stream_info_t info;
+        td_stream_info(s, &info);
+        tally_stream_info_encode(&info, rec + TD_STATE_V2_RECORD_INFO_OFF);
         tally_put_u32(rec, td_state_crc(rec + 4, TD_STATE_V2_RECORD_SIZE - 4));
         rec += TD_STATE_V2_RECORD_SIZE;
     }
@@ -565,14 +638,14 @@ static void test_version_2_restores(void **state)
     assert_int_equal(r.restored, 3);
     assert_int_equal(r.missing, 1);
     td_streams_destroy(&back);
-    /* The next snapshot is written as version 3 and restores the same. */
+    /* The next snapshot is written as version 4 and restores the same. */
     uint8_t *v3 = NULL;
     size_t len3 = 0;
     v2[TD_STATE_HEADER_SIZE + 3 * TD_STATE_V2_RECORD_SIZE + 700] ^= 4;
     back = decode_new(v2, len, TD_OK, &r);
     encode(back, &v3, &len3);
     td_streams_t *again = decode_new(v3, len3, TD_OK, &r);
-    assert_int_equal(r.version, 3);
+    assert_int_equal(r.version, 4);
     assert_tables_equal(t, again);
     td_streams_destroy(&again);
     td_streams_destroy(&back);
@@ -600,8 +673,13 @@ static unsigned fill_rings(td_streams_t *t)
                     bins[c * TALLY_HIST_BINS + b] = bins[(b + 7 * c) % TALLY_HIST_BINS];
             if (!tally_hist_ranged(s->info.hist_dtype))
                 under = over = 0;
-            assert_true(td_stream_window_add(t, s, bins, under, over, n + under + over,
-                                             NOW_MS - 1000ull * (uint64_t)k));
+            if (!s->window)
+                s->window = td_window_new(td_streams_window_intervals(t),
+                                          td_streams_window_interval_ms(t), channels);
+            assert_non_null(s->window);
+            assert_true(td_window_add(s->window, NOW_MS - 1000ull * (uint64_t)k, bins, under,
+                                      over, n + under + over));
+            td_stream_recount(s);
         }
         with_ring++;
     }
@@ -635,8 +713,13 @@ static void check_damaged_rings(td_streams_t *t, const uint8_t *buf, size_t len)
     uint8_t *copy = malloc(len);
     memcpy(copy, buf, len);
     uint8_t *rec = record(copy, 1);
-    size_t slot0 = TD_STATE_RECORD_INFO_OFF + tally_get_u32(rec + TD_STATE_RECORD_INFO_LEN_OFF);
-    assert_true(tally_get_u32(rec + TD_STATE_RECORD_SLOTS_OFF) == 8);
+    /* After the name: the query head (128), the interval and a reserved u32, the bins. */
+    static uint64_t bins[TALLY_HIST_VALUES_MAX];
+    size_t bins_at = TD_STATE_RECORD_NAME_OFF + rec[13] + 136;
+    size_t ring = bins_at + td_bins_decode(rec + bins_at, tally_get_u32(rec + 8) - bins_at,
+                                           TALLY_HIST_BINS, bins);
+    assert_int_equal(tally_get_u32(rec + ring), 8); /* its slot count */
+    size_t slot0 = ring + 4;
     tally_put_u64(rec + slot0 + 24, tally_get_u64(rec + slot0 + 24) + 1);
     reseal_record(rec);
     td_streams_t *back = decode_new(copy, len, TD_OK, &r);
@@ -727,6 +810,73 @@ static void test_version_1_restores(void **state)
     td_streams_destroy(&t);
 }
 
+/* The whole file at path (malloc'ed), its length in *len. */
+static uint8_t *read_whole(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    long n = ftell(f);
+    rewind(f);
+    uint8_t *buf = malloc((size_t)n);
+    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return buf;
+}
+
+/* A real version-3 file (an earlier release's, tests/data/state-v3): read whole at its clock,
+ * then with one byte flipped, 600 times at random places: a flip in a record loses that stream
+ * at most, every other stream restored byte for byte (record and ring), a flip in the header
+ * loses the file. */
+static void test_version_3_file_flips(void **state)
+{
+    (void)state;
+    const uint64_t when = 1795000000500ull; /* the fixture's clock (make_state_fixture.c) */
+    size_t len = 0;
+    uint8_t *buf = read_whole(TALLY_TEST_DATA "/state-v3/streams.state", &len);
+    td_streams_t *whole = NULL;
+    td_state_report_t r;
+    char msg[256];
+    assert_int_equal(td_streams_new(100, &whole), TD_OK);
+    td_streams_set_window(whole, 60, 1000);
+    assert_int_equal(td_state_decode(buf, len, when, whole, &r, msg, sizeof msg), TD_OK);
+    assert_int_equal(r.version, 3);
+    assert_int_equal(r.restored, 11);
+    assert_false(td_state_report_lossy(&r));
+    for (int k = 0; k < 600; k++) {
+        size_t at = next_rand() % len;
+        uint8_t was = buf[at];
+        buf[at] ^= (uint8_t)(1u << (next_rand() % 8));
+        td_streams_t *back = NULL;
+        assert_int_equal(td_streams_new(100, &back), TD_OK);
+        td_streams_set_window(back, 60, 1000);
+        td_err_t st = td_state_decode(buf, len, when, back, &r, msg, sizeof msg);
+        if (at < TD_STATE_HEADER_SIZE) {
+            assert_true(st == TD_ERR_CORRUPT || st == TD_ERR_VERSION);
+        } else {
+            assert_int_equal(st, TD_OK);
+            assert_true(r.restored >= 10 && r.damaged + r.missing <= 1);
+            for (td_stream_t *y = td_streams_first(back); y; y = y->list_next) {
+                td_stream_t *x = td_streams_find(whole, y->name, y->name_len);
+                static uint8_t px[TALLY_QUERY_PAYLOAD_MAX], py[TALLY_QUERY_PAYLOAD_MAX];
+                static uint8_t rx[1 << 17], ry[1 << 17];
+                assert_non_null(x);
+                size_t n = payload_of(x, px);
+                assert_int_equal(payload_of(y, py), n);
+                assert_memory_equal(px, py, n);
+                n = x->window ? td_window_encode(x->window, when, rx) : 0;
+                assert_int_equal(y->window ? td_window_encode(y->window, when, ry) : 0, n);
+                assert_memory_equal(rx, ry, n);
+            }
+        }
+        td_streams_destroy(&back);
+        buf[at] = was;
+    }
+    td_streams_destroy(&whole);
+    free(buf);
+}
+
 static void test_max_streams_respected(void **state)
 {
     (void)state;
@@ -812,7 +962,7 @@ static void test_write_restore_and_set_aside(void **state)
     size_t len = 0;
     td_streams_t *t = random_image(5, &buf, &len);
     char msg[512];
-    assert_int_equal(td_state_write(dir, buf, len, msg, sizeof msg), TD_OK);
+    assert_int_equal(td_state_write_file(dir, TD_STATE_FILE, buf, len, msg, sizeof msg), TD_OK);
     td_streams_t *back = NULL;
     td_state_report_t r;
     assert_int_equal(restore_into_new(dir, &back, &r), 5);
@@ -826,7 +976,7 @@ static void test_write_restore_and_set_aside(void **state)
 
     /* One record damaged: the other four restored, the file kept, a copy set aside. */
     snprintf(path, sizeof path, "%s/%s", dir, TD_STATE_FILE);
-    buf[record_off(buf, 3) + 500] ^= 0x40;
+    buf[record_off(buf, 3) + 100] ^= 0x40;
     write_bytes(path, buf, len);
     assert_int_equal(restore_into_new(dir, &back, &r), 4);
     assert_int_equal(r.damaged, 1);
@@ -908,10 +1058,13 @@ static void test_set_aside_names_are_unique(void **state)
 static void test_unusable_state_path_refused(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/tallyd-path-XXXXXX", path[600], tmp[600], msg[512];
+    char dir[] = "/tmp/tallyd-path-XXXXXX", path[600], tmp[600], log[600], log_tmp[600];
+    char msg[512];
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/%s", dir, TD_STATE_FILE);
     snprintf(tmp, sizeof tmp, "%s/%s.tmp", dir, TD_STATE_FILE);
+    snprintf(log, sizeof log, "%s/%s", dir, TD_STATE_LOG_FILE);
+    snprintf(log_tmp, sizeof log_tmp, "%s/%s.tmp", dir, TD_STATE_LOG_FILE);
     td_streams_t *t = NULL;
     assert_int_equal(td_streams_new(10, &t), TD_OK);
     td_state_report_t r;
@@ -922,7 +1075,9 @@ static void test_unusable_state_path_refused(void **state)
     } cases[] = {{path, 0, "is a directory, not a regular file"},
                  {path, 1, "is a FIFO, not a regular file"},
                  {path, 2, "is a symbolic link"},
-                 {tmp, 0, "is a directory, where tallyd writes every snapshot"}};
+                 {tmp, 0, "is a directory, where tallyd writes every snapshot"},
+                 {log, 1, "is a FIFO, not a regular file"},
+                 {log_tmp, 0, "is a directory, where tallyd writes every snapshot"}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         if (cases[c].kind == 0)
             assert_int_equal(mkdir(cases[c].where, 0700), 0);
@@ -958,19 +1113,428 @@ static void test_write_failures_reported(void **state)
     snprintf(tmp, sizeof tmp, "%s/%s.tmp", dir, TD_STATE_FILE);
     assert_int_equal(mkdir(tmp, 0700), 0);
     msg[0] = '\0';
-    assert_int_equal(td_state_write(dir, buf, len, msg, sizeof msg), TD_ERR_IO);
+    assert_int_equal(td_state_write_file(dir, TD_STATE_FILE, buf, len, msg, sizeof msg),
+                     TD_ERR_IO);
     assert_non_null(strstr(msg, "create"));
     assert_non_null(strstr(msg, "Is a directory"));
     rmdir(tmp);
 
     snprintf(missing, sizeof missing, "%s/missing", dir);
     msg[0] = '\0';
-    assert_int_equal(td_state_write(missing, buf, len, msg, sizeof msg), TD_ERR_IO);
+    assert_int_equal(td_state_write_file(missing, TD_STATE_FILE, buf, len, msg, sizeof msg),
+                     TD_ERR_IO);
     assert_non_null(strstr(msg, "No such file or directory"));
 
     free(buf);
     td_streams_destroy(&t);
     rmdir(dir);
+}
+
+/* ---- the log: incremental snapshots (td_state_log.c) ------------------------------------- */
+
+/* A scratch directory whose clock file says NOW_MS (the window clock restores read). */
+static void log_dir(char *dir, size_t cap)
+{
+    snprintf(dir, cap, "/tmp/tallyd-log-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    char clock[600];
+    snprintf(clock, sizeof clock, "%s/clock", dir);
+    FILE *f = fopen(clock, "w");
+    assert_non_null(f);
+    fprintf(f, "%llu\n", (unsigned long long)NOW_MS);
+    fclose(f);
+    td_clock_set_test_file(clock);
+}
+
+static void log_dir_done(const char *dir)
+{
+    td_clock_set_test_file(NULL);
+    clear_dir(dir);
+    rmdir(dir);
+}
+
+/* A table of n random streams with rings (8 intervals of 1 s). */
+static td_streams_t *windowed_table(unsigned n)
+{
+    td_streams_t *t = random_table(n);
+    td_streams_set_window(t, 8, 1000);
+    fill_rings(t);
+    return t;
+}
+
+/* What dir restores into a fresh table with the same windows (the report in *r). */
+static td_streams_t *restored(const char *dir, td_state_report_t *r)
+{
+    td_streams_t *t = NULL;
+    char msg[512] = "";
+    assert_int_equal(td_streams_new(1000, &t), TD_OK);
+    td_streams_set_window(t, 8, 1000);
+    assert_int_equal(td_state_restore(dir, t, r, msg, sizeof msg), TD_OK);
+    return t;
+}
+
+/* One snapshot of t through the store, written: its bytes (0 when nothing changed). */
+static size_t snapshot(td_state_store_t *store, td_streams_t *t, bool *full)
+{
+    td_state_job_t *job = NULL;
+    assert_int_equal(td_state_store_begin(store, t, NOW_MS, &job), TD_OK);
+    if (!job)
+        return 0;
+    td_state_job_write(job);
+    char msg[512];
+    size_t written = 0;
+    unsigned streams = 0;
+    bool was_full = false;
+    assert_int_equal(td_state_store_end(store, &job, msg, sizeof msg, &written, &streams,
+                                        &was_full),
+                     TD_OK);
+    assert_null(job);
+    if (full)
+        *full = was_full;
+    return written;
+}
+
+static td_state_store_t *open_store(const char *dir, td_streams_t *t)
+{
+    td_state_store_t *store = NULL;
+    char msg[512];
+    assert_int_equal(td_state_store_open(dir, t, &store, msg, sizeof msg), TD_OK);
+    return store;
+}
+
+/* A hist batch on stream k of t at NOW_MS (a few bins; its histogram's dtype). */
+static void touch(td_streams_t *t, unsigned k)
+{
+    static uint64_t bins[TALLY_HIST_VALUES_MAX];
+    td_stream_t *s = td_streams_first(t);
+    for (unsigned i = 0; i < k; i++)
+        s = s->list_next;
+    char msg[256];
+    if (s->info.hist_dtype == TALLY_DTYPE_NONE) {
+        s->info.filter_seen += 10, s->info.elements += 10, s->info.batches++;
+        td_stream_changed(s);
+        return;
+    }
+    memset(bins, 0, sizeof bins);
+    for (unsigned c = 0; c < tally_hist_channels(s->info.hist_dtype); c++)
+        bins[c * TALLY_HIST_BINS + 5] = 3;
+    assert_int_equal(td_stream_add_hist(s, s->info.hist_dtype, s->info.hist_lo, s->info.hist_hi,
+                                        bins, 0, 0, 3, NOW_MS, msg, sizeof msg),
+                     TALLY_OK);
+    s->info.elements += 3, s->info.batches++;
+    td_stream_changed(s);
+}
+
+/* The first snapshot writes everything; then each writes only the streams that changed (1 of
+ * 60: a few per cent of the whole), removals included; a restore reads base and log back to the
+ * table as it is, byte for byte. */
+static void test_log_appends_what_changed(void **state)
+{
+    (void)state;
+    char dir[64];
+    log_dir(dir, sizeof dir);
+    td_streams_t *t = windowed_table(60);
+    td_state_store_t *store = open_store(dir, t); /* nothing there: empty */
+    assert_int_equal(td_streams_count(t), 60);
+    bool full = false;
+    size_t whole = snapshot(store, t, &full);
+    assert_true(full && whole > 60 * 200);
+    assert_int_equal(snapshot(store, t, &full), 0); /* nothing changed: nothing written */
+    for (int round = 0; round < 5; round++) {
+        touch(t, (unsigned)(7 + 11 * round));
+        size_t bytes = snapshot(store, t, &full);
+        assert_false(full);
+        assert_true(bytes > 0 && bytes * 20 < whole);
+    }
+    /* A removal, and a stream removed and made again: both as they are now. */
+    td_stream_t *gone = td_streams_first(t)->list_next, *again = NULL;
+    char name[TALLY_STREAM_NAME_MAX + 1];
+    snprintf(name, sizeof name, "%.*s", (int)gone->name_len, gone->name);
+    td_streams_remove(t, &gone);
+    td_stream_t *twice = td_streams_first(t)->list_next->list_next;
+    snprintf(name, sizeof name, "%.*s", (int)twice->name_len, twice->name);
+    td_streams_remove(t, &twice);
+    assert_int_equal(td_streams_get(t, name, strlen(name), &again), TALLY_OK);
+    touch(t, td_streams_count(t) - 1);
+    assert_true(snapshot(store, t, &full) > 0);
+    assert_false(full);
+    td_state_report_t r;
+    td_streams_t *back = restored(dir, &r);
+    assert_int_equal(r.version, 4);
+    assert_true(r.log_used);
+    assert_int_equal(r.log_records, 5 + 2 + 1);
+    assert_false(td_state_report_lossy(&r));
+    assert_int_equal(r.log_torn, 0);
+    assert_tables_equal(t, back);
+    td_streams_destroy(&back);
+    td_state_store_close(&store);
+    td_streams_destroy(&t);
+    log_dir_done(dir);
+}
+
+/* A log larger than its base (and TD_STATE_LOG_MIN) is compacted: the next snapshot is whole,
+ * of the next generation, with an empty log; the restore is the same. */
+static void test_log_compacts(void **state)
+{
+    (void)state;
+    char dir[64];
+    log_dir(dir, sizeof dir);
+    td_streams_t *t = windowed_table(24);
+    td_state_store_t *store = open_store(dir, t);
+    bool full = false;
+    size_t base = snapshot(store, t, &full), log = TD_STATE_HEADER_SIZE;
+    assert_true(full);
+    int appends = 0;
+    for (; appends < 1000; appends++) {
+        for (unsigned k = 0; k < 24; k++)
+            touch(t, k);
+        size_t bytes = snapshot(store, t, &full);
+        if (full)
+            break;
+        log += bytes;
+    }
+    assert_true(full);
+    assert_true(log > base && log > TD_STATE_LOG_MIN);
+    td_state_report_t r;
+    td_streams_t *back = restored(dir, &r);
+    assert_int_equal(r.generation, 2);
+    assert_true(r.log_used);
+    assert_int_equal(r.log_records, 0);
+    assert_tables_equal(t, back);
+    td_streams_destroy(&back);
+    td_state_store_close(&store);
+    td_streams_destroy(&t);
+    log_dir_done(dir);
+}
+
+/* The log's bytes in *len (malloc'ed). */
+static uint8_t *read_log(const char *dir, size_t *len)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", dir, TD_STATE_LOG_FILE);
+    return read_whole(path, len);
+}
+
+static void write_log(const char *dir, const uint8_t *buf, size_t len)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", dir, TD_STATE_LOG_FILE);
+    write_bytes(path, buf, len);
+}
+
+/* A crash in the middle of an append leaves its last record cut off: the restore applies every
+ * whole record and ignores the rest (not a loss: it was never written whole), and the next
+ * append writes over it; a record damaged in the middle of the log is skipped, its stream keeps
+ * the state of an earlier snapshot, every later record applies, and the log is copied aside
+ * and compacted at the next snapshot. */
+static void test_log_torn_and_damaged(void **state)
+{
+    (void)state;
+    char dir[64];
+    log_dir(dir, sizeof dir);
+    td_streams_t *t = windowed_table(12);
+    td_state_store_t *store = open_store(dir, t);
+    bool full = false;
+    snapshot(store, t, &full);
+    td_streams_t *at_base = restored(dir, &(td_state_report_t){0});
+    touch(t, 3);
+    snapshot(store, t, NULL);
+    touch(t, 4);
+    touch(t, 5);
+    snapshot(store, t, NULL);
+    size_t len = 0;
+    uint8_t *log = read_log(dir, &len);
+    /* The last append (streams 4 and 5) cut inside its second record. */
+    size_t off = TD_STATE_HEADER_SIZE, ends[8];
+    unsigned n = 0;
+    while (off < len && n < 8) {
+        off += tally_get_u32(log + off + 8);
+        ends[n++] = off;
+    }
+    assert_int_equal(n, 3);
+    write_log(dir, log, ends[2] - 7);
+    td_state_report_t r;
+    td_streams_t *back = restored(dir, &r);
+    assert_int_equal(r.log_records, 2);
+    assert_int_equal(r.log_torn, ends[2] - 7 - ends[1]);
+    assert_false(td_state_report_lossy(&r));
+    assert_tables_like(t, back, 5, true); /* 5 is as the base had it */
+    static uint8_t px[TALLY_QUERY_PAYLOAD_MAX], py[TALLY_QUERY_PAYLOAD_MAX];
+    const td_stream_t *b5 = td_streams_first(back), *o5 = td_streams_first(at_base);
+    for (int i = 0; i < 5; i++)
+        b5 = b5->list_next, o5 = o5->list_next;
+    size_t pl = payload_of(b5, px);
+    assert_int_equal(payload_of(o5, py), pl);
+    assert_memory_equal(px, py, pl);
+    td_streams_destroy(&back);
+    /* A store opened on it appends after the whole records: stream 5 again, and 6. */
+    td_state_store_close(&store);
+    td_streams_t *t2 = NULL;
+    assert_int_equal(td_streams_new(1000, &t2), TD_OK);
+    td_streams_set_window(t2, 8, 1000);
+    store = open_store(dir, t2);
+    touch(t2, 5);
+    touch(t2, 6);
+    assert_true(snapshot(store, t2, &full) > 0);
+    assert_false(full);
+    back = restored(dir, &r);
+    assert_int_equal(r.log_torn, 0);
+    assert_int_equal(r.log_records, 4);
+    assert_tables_equal(t2, back);
+    td_streams_destroy(&back);
+
+    /* Now the middle record (stream 4's, the second) damaged: 4 keeps its base state, 5 and 6
+     * (after it) apply, the log is copied aside, the next snapshot compacts. */
+    free(log);
+    log = read_log(dir, &len);
+    log[ends[1] - 30] ^= 0x20;
+    write_log(dir, log, len);
+    td_state_store_close(&store);
+    td_streams_t *t3 = NULL;
+    assert_int_equal(td_streams_new(1000, &t3), TD_OK);
+    td_streams_set_window(t3, 8, 1000);
+    store = open_store(dir, t3);
+    back = restored(dir, &r);
+    assert_int_equal(r.log_damaged, 1);
+    assert_int_equal(r.log_records, 3); /* the whole ones */
+    assert_true(td_state_report_lossy(&r));
+    assert_tables_equal(t3, back);
+    td_stream_t *x4 = td_streams_first(t3);
+    const td_stream_t *a4 = td_streams_first(at_base);
+    for (int i = 0; i < 4; i++)
+        x4 = x4->list_next, a4 = a4->list_next;
+    pl = payload_of(x4, px);
+    assert_int_equal(payload_of(a4, py), pl);
+    assert_memory_equal(px, py, pl);
+    bool aside = false;
+    DIR *dp = opendir(dir);
+    for (struct dirent *e; (e = readdir(dp));)
+        aside |= strncmp(e->d_name, "streams.log.corrupt-", 20) == 0;
+    closedir(dp);
+    assert_true(aside);
+    assert_true(snapshot(store, t3, &full) > 0);
+    assert_true(full);
+    td_streams_destroy(&back);
+    back = restored(dir, &r);
+    assert_false(td_state_report_lossy(&r));
+    assert_tables_equal(t3, back);
+    td_streams_destroy(&back);
+    free(log);
+    td_state_store_close(&store);
+    td_streams_destroy(&t3);
+    td_streams_destroy(&t2);
+    td_streams_destroy(&at_base);
+    td_streams_destroy(&t);
+    log_dir_done(dir);
+}
+
+/* The compaction's crash windows (td_state.h): before its base is renamed, the old base and
+ * log are the state; after, the new base alone is (the old log, of the generation before, is
+ * ignored: applying it would bring back an older state of stream 2); after the log is renamed
+ * too, the new pair. A store opened on the middle window compacts again, to a generation never
+ * used before. */
+static void test_log_compaction_crash_windows(void **state)
+{
+    (void)state;
+    char dir[64], base_path[600], tmp_path[600], log_tmp[600];
+    log_dir(dir, sizeof dir);
+    snprintf(base_path, sizeof base_path, "%s/%s", dir, TD_STATE_FILE);
+    snprintf(tmp_path, sizeof tmp_path, "%s/%s.tmp", dir, TD_STATE_FILE);
+    snprintf(log_tmp, sizeof log_tmp, "%s/%s.tmp", dir, TD_STATE_LOG_FILE);
+    td_streams_t *t = windowed_table(10);
+    td_state_store_t *store = open_store(dir, t);
+    snapshot(store, t, NULL); /* generation 1 */
+    touch(t, 2);
+    snapshot(store, t, NULL); /* the log holds stream 2 as it is now */
+    td_state_report_t r;
+    td_streams_t *before = restored(dir, &r);
+    size_t base2_len = 0;
+    touch(t, 2);
+    touch(t, 3);
+    uint8_t *base2 = NULL, log2[TD_STATE_HEADER_SIZE];
+    assert_int_equal(td_state_encode(t, NOW_MS, 2, &base2, &base2_len), TD_OK);
+    td_state_log_header(2, log2);
+
+    write_bytes(tmp_path, base2, base2_len / 2); /* 1: the new base half written */
+    td_streams_t *back = restored(dir, &r);
+    assert_true(r.log_used && !td_state_report_lossy(&r));
+    assert_tables_equal(before, back);
+    td_streams_destroy(&back);
+
+    write_bytes(base_path, base2, base2_len); /* 2: renamed; the log is the old one's */
+    write_bytes(log_tmp, log2, sizeof log2);
+    back = restored(dir, &r);
+    assert_true(r.log_stale && !r.log_used);
+    assert_tables_equal(t, back);
+    td_streams_destroy(&back);
+    td_streams_t *t2 = NULL;
+    assert_int_equal(td_streams_new(1000, &t2), TD_OK);
+    td_streams_set_window(t2, 8, 1000);
+    td_state_store_t *store2 = open_store(dir, t2);
+    bool full = false;
+    assert_true(snapshot(store2, t2, &full) > 0);
+    assert_true(full);
+    size_t len = 0;
+    uint8_t *now_base = read_whole(base_path, &len), *now_log = read_log(dir, &len);
+    assert_int_equal(tally_get_u64(now_base + 16), 3);
+    assert_int_equal(tally_get_u64(now_log + 16), 3);
+    free(now_base);
+    free(now_log);
+    td_state_store_close(&store2);
+    td_streams_destroy(&t2);
+
+    write_bytes(base_path, base2, base2_len); /* 3: both renamed */
+    write_log(dir, log2, sizeof log2);
+    back = restored(dir, &r);
+    assert_true(r.log_used && r.log_records == 0 && !td_state_report_lossy(&r));
+    assert_int_equal(r.generation, 2);
+    assert_tables_equal(t, back);
+    td_streams_destroy(&back);
+
+    free(base2);
+    td_streams_destroy(&before);
+    td_state_store_close(&store);
+    td_streams_destroy(&t);
+    log_dir_done(dir);
+}
+
+/* An append that fails (the log's path blocked) says why, and the next snapshot writes every
+ * stream: nothing the failed one held is lost. */
+static void test_log_failed_append_compacts(void **state)
+{
+    (void)state;
+    char dir[64], log_path[600];
+    log_dir(dir, sizeof dir);
+    snprintf(log_path, sizeof log_path, "%s/%s", dir, TD_STATE_LOG_FILE);
+    td_streams_t *t = windowed_table(6);
+    td_state_store_t *store = open_store(dir, t);
+    snapshot(store, t, NULL);
+    assert_int_equal(remove(log_path), 0);
+    assert_int_equal(mkdir(log_path, 0700), 0);
+    touch(t, 1);
+    td_state_job_t *job = NULL;
+    assert_int_equal(td_state_store_begin(store, t, NOW_MS, &job), TD_OK);
+    assert_non_null(job);
+    td_state_job_write(job);
+    char msg[512] = "";
+    size_t written = 0;
+    unsigned streams = 0;
+    bool full = true;
+    assert_int_equal(td_state_store_end(store, &job, msg, sizeof msg, &written, &streams, &full),
+                     TD_ERR_IO);
+    assert_false(full);
+    assert_non_null(strstr(msg, log_path));
+    assert_int_equal(rmdir(log_path), 0);
+    assert_true(snapshot(store, t, &full) > 0); /* nothing changed since, but written whole */
+    assert_true(full);
+    td_state_report_t r;
+    td_streams_t *back = restored(dir, &r);
+    assert_false(td_state_report_lossy(&r));
+    assert_tables_equal(t, back);
+    td_streams_destroy(&back);
+    td_state_store_close(&store);
+    td_streams_destroy(&t);
+    log_dir_done(dir);
 }
 
 int main(void)
@@ -981,15 +1545,21 @@ int main(void)
         cmocka_unit_test(test_every_bit_flip_loses_only_its_stream),
         cmocka_unit_test(test_header_errors_under_a_good_checksum),
         cmocka_unit_test(test_invariant_violations_refuse_only_that_stream),
-        cmocka_unit_test(test_record_carries_the_payload_as_is),
+        cmocka_unit_test(test_record_carries_the_query_head),
         cmocka_unit_test(test_version_1_restores),
         cmocka_unit_test(test_version_2_restores),
         cmocka_unit_test(test_window_rings),
+        cmocka_unit_test(test_version_3_file_flips),
         cmocka_unit_test(test_max_streams_respected),
         cmocka_unit_test(test_write_restore_and_set_aside),
         cmocka_unit_test(test_set_aside_names_are_unique),
         cmocka_unit_test(test_unusable_state_path_refused),
         cmocka_unit_test(test_write_failures_reported),
+        cmocka_unit_test(test_log_appends_what_changed),
+        cmocka_unit_test(test_log_compacts),
+        cmocka_unit_test(test_log_torn_and_damaged),
+        cmocka_unit_test(test_log_compaction_crash_windows),
+        cmocka_unit_test(test_log_failed_append_compacts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

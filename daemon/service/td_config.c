@@ -58,6 +58,13 @@ uint64_t td_config_reply_bytes(const td_config_t *cfg)
     return TD_REPLY_BYTES_TOTAL_FACTOR * td_config_reply_bytes_per_peer(cfg);
 }
 
+size_t td_config_state_bytes_per_client(const td_config_t *cfg)
+{
+    if (cfg->max_state_bytes_per_client)
+        return cfg->max_state_bytes_per_client;
+    return cfg->max_state_bytes / 2 ? cfg->max_state_bytes / 2 : 1;
+}
+
 unsigned td_config_io_threads(const td_config_t *cfg)
 {
     if (cfg->io_threads)

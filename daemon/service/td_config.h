@@ -19,7 +19,10 @@
 #define TD_DEFAULT_ENDPOINT TALLY_DEFAULT_ENDPOINT /* proto/tally_proto.h */
 #define TD_DEFAULT_MAX_BATCH (16u << 20)           /* bytes of payload in one request */
 #define TD_DEFAULT_MAX_INFLIGHT 64u                /* requests accepted and not yet answered */
-#define TD_DEFAULT_MAX_STREAMS 4096u
+/* As many streams as max_state_bytes holds of streams that got a batch of bytes (~850 bytes
+ * each with the default window ring, 1 KiB with the allocator's overhead: bench/RESULTS.md,
+ * issue 26); max_state_bytes is the limit that matters. */
+#define TD_DEFAULT_MAX_STREAMS (unsigned)(TD_DEFAULT_MAX_STATE_BYTES / 1024u)
 #define TD_MAX_STREAMS_LIMIT (1u << 24)
 #define TD_WORKERS_LIMIT 1024u
 /* Per-peer limits (td_peers.h), so that no peer can hurt another: a connection may hold at most
@@ -35,6 +38,14 @@
 #define TD_DEFAULT_STREAM_CREATE_RATE 1000u
 #define TD_STREAM_CREATE_RATE_LIMIT 1000000u
 #define TD_PEERS_SWEEP_MS 1000 /* how often idle per-peer entries are freed */
+/* Memory for stream state (td_stream.h): every stream's counters, histogram and window ring,
+ * at most max_state_bytes in all and max_state_bytes_per_client for the streams one client
+ * created (0: half of max_state_bytes). */
+#define TD_DEFAULT_MAX_STATE_BYTES (2ull << 30)
+#define TD_DEFAULT_MAX_STATE_BYTES_PER_CLIENT 0u
+/* Streams whose expired window intervals are freed per sweep tick (TD_PEERS_SWEEP_MS): 100,000
+ * streams are all visited every 25 s. */
+#define TD_STREAMS_SWEEP_PER_TICK 4096u
 /* A frame over max_frame makes ZeroMQ close the connection (ZMQ_MAXMSGSIZE) instead of tallyd
  * answering too_large. It is a memory guard, not the batch limit: ZeroMQ reads a whole frame
  * into memory before tallyd sees it, and queues up to RCVHWM messages per peer, so a peer can
@@ -213,12 +224,14 @@
 #define TD_DEFAULT_STATE_INTERVAL 30u /* seconds between stream-state snapshots */
 #define TD_STATE_INTERVAL_LIMIT 86400u
 #define TD_STATE_FILE "streams.state" /* in the state directory */
+#define TD_STATE_LOG_FILE "streams.log"  /* beside it: the changes since (td_state.h) */
 #define TD_STATUS_INTERVAL_MS 5000    /* systemd STATUS= line refresh */
 #define TD_METRICS_WAIT_MS 2000       /* an HTTP scrape waits this long for the loop */
 /* Windows (PROTOCOL.md "Windows", td_window.h): each stream's ring of recent intervals, one
- * minute in seconds by default. A ring costs intervals x (32 + 2048 x channels) bytes per
- * stream: 122 KiB single-channel at the defaults, so the limits keep one stream's ring under
- * 16 MiB (rgba8 at 2048 intervals). */
+ * minute in seconds by default. A ring keeps only the intervals that counted something, each
+ * 48 bytes plus its counts (at most 8 x 256 x channels bytes), so the limits keep one stream's
+ * ring under 17 MiB (rgba8 with u64 counts in all 2048 intervals); max_state_bytes bounds them
+ * all. */
 #define TD_DEFAULT_WINDOW_INTERVALS 60u
 #define TD_WINDOW_INTERVALS_LIMIT 2048u
 #define TD_DEFAULT_WINDOW_INTERVAL_MS 1000u
@@ -267,6 +280,8 @@ typedef struct {
     unsigned max_inflight_per_peer;  /* per connection; 0 = a fair share */
     unsigned max_streams_per_client; /* per client identity; 0 = max_streams / 2 */
     unsigned stream_create_rate;     /* per client identity and second; 0 = unlimited */
+    size_t max_state_bytes;            /* bytes of stream state in all */
+    size_t max_state_bytes_per_client; /* per client identity; 0 = max_state_bytes / 2 */
     size_t max_frame;  /* bytes; ZeroMQ's hard frame limit; 0 = TD_MAX_FRAME_FACTOR x max_batch */
     size_t max_reply_bytes_per_peer; /* unread reply bytes per connection; 0 = computed */
     size_t max_reply_bytes;          /* unread reply bytes in total; 0 = computed */
@@ -349,6 +364,9 @@ unsigned td_config_streams_per_client(const td_config_t *cfg);
  * max_batch per connection and TD_REPLY_BYTES_TOTAL_FACTOR x that in total. */
 uint64_t td_config_reply_bytes_per_peer(const td_config_t *cfg);
 uint64_t td_config_reply_bytes(const td_config_t *cfg);
+
+/* The state bytes one client's streams may hold: the setting, else half of max_state_bytes. */
+size_t td_config_state_bytes_per_client(const td_config_t *cfg);
 
 /* True for an endpoint that only this host can reach: ipc, inproc, or tcp on a loopback
  * address (127.0.0.0/8, ::1, localhost, lo). A wildcard, an interface name or any other address

@@ -198,7 +198,9 @@ static void render_stream_histograms(const td_gauges_t *g, out_t *o)
     unsigned n = 0;
     for (td_stream_t *s = td_streams_first(g->streams); s && n < g->metrics_streams;
          s = s->list_next, n++) {
-        unsigned channels = tally_hist_channels(s->info.hist_dtype);
+        static tally_stream_info_t view; /* the loop thread renders; 8 KiB off the stack */
+        td_stream_info(s, &view);        /* the record, rebuilt from the compact bins */
+        unsigned channels = tally_hist_channels(view.hist_dtype);
         char label[2 * TALLY_STREAM_NAME_MAX + 1], labels[sizeof label + 32];
         label_value(label, sizeof label, s->name, s->name_len);
         for (unsigned c = 0; c < channels; c++) {
@@ -206,8 +208,7 @@ static void render_stream_histograms(const td_gauges_t *g, out_t *o)
                 snprintf(labels, sizeof labels, "stream=\"%s\",channel=\"%c\"", label, "rgba"[c]);
             else
                 snprintf(labels, sizeof labels, "stream=\"%s\"", label);
-            render_histogram(o, labels, &s->info, s->info.bins + (size_t)c * TALLY_HIST_BINS,
-                             buckets);
+            render_histogram(o, labels, &view, view.bins + (size_t)c * TALLY_HIST_BINS, buckets);
         }
     }
 }
@@ -395,6 +396,10 @@ static void render_counters(const td_metrics_t *m, out_t *o)
          "# HELP tallyd_state_write_failures_total State snapshots that could not be written.\n"
          "# TYPE tallyd_state_write_failures_total counter\n"
          "tallyd_state_write_failures_total %llu\n"
+         "# HELP tallyd_state_written_bytes_total Bytes state snapshots wrote: the records of the "
+         "streams that changed, or a whole state file.\n"
+         "# TYPE tallyd_state_written_bytes_total counter\n"
+         "tallyd_state_written_bytes_total %llu\n"
          "# HELP tallyd_notify_failures_total systemd notifications (READY, STATUS, WATCHDOG...) "
          "that could not be sent.\n"
          "# TYPE tallyd_notify_failures_total counter\n"
@@ -402,7 +407,8 @@ static void render_counters(const td_metrics_t *m, out_t *o)
          (unsigned long long)m->bytes_in, (unsigned long long)m->bytes_out,
          (unsigned long long)m->replies_dropped_gone, (unsigned long long)m->replies_dropped_slow,
          (unsigned long long)m->backend_fallbacks, (unsigned long long)m->read_pauses,
-         (unsigned long long)m->state_write_failures, (unsigned long long)m->notify_failures);
+         (unsigned long long)m->state_write_failures,
+         (unsigned long long)m->state_bytes_written, (unsigned long long)m->notify_failures);
 }
 
 /* Shared memory, requests per GPU and the per-peer limits. */
@@ -459,6 +465,12 @@ static void render_gauges(const td_gauges_t *g, out_t *o)
          "# HELP tallyd_streams Named streams held.\n"
          "# TYPE tallyd_streams gauge\n"
          "tallyd_streams %u\n"
+         "# HELP tallyd_state_bytes Bytes of stream state: counters, histograms, window rings.\n"
+         "# TYPE tallyd_state_bytes gauge\n"
+         "tallyd_state_bytes %llu\n"
+         "# HELP tallyd_state_bytes_limit The configured max_state_bytes.\n"
+         "# TYPE tallyd_state_bytes_limit gauge\n"
+         "tallyd_state_bytes_limit %llu\n"
          "# HELP tallyd_backend_info The compute backend in use and its devices.\n"
          "# TYPE tallyd_backend_info gauge\n"
          "tallyd_backend_info{backend=\"%s\",devices=\"%s\"} 1\n"
@@ -468,7 +480,9 @@ static void render_gauges(const td_gauges_t *g, out_t *o)
          "# HELP tallyd_uptime_seconds Seconds since tallyd started.\n"
          "# TYPE tallyd_uptime_seconds gauge\n"
          "tallyd_uptime_seconds %.3f\n",
-         g->inflight, g->max_inflight, g->queued, g->stream_count, g->backend, g->devices,
+         g->inflight, g->max_inflight, g->queued, g->stream_count,
+         (unsigned long long)g->state_bytes, (unsigned long long)g->state_bytes_max, g->backend,
+         g->devices,
          (unsigned long long)g->device_memory_bytes, g->uptime_s);
     emit(o,
          "# HELP tallyd_gpus_lost GPUs marked unusable since tallyd started.\n"

@@ -49,6 +49,7 @@ typedef struct {
     uint64_t backend_fallbacks;    /* requests rerun on the CPU after a GPU failure */
     uint64_t read_pauses;          /* times reading stopped because max_inflight was reached */
     uint64_t state_write_failures; /* state snapshots that could not be written */
+    uint64_t state_bytes_written;  /* bytes state snapshots wrote (td_state.h) */
     uint64_t notify_failures;      /* systemd notifications that could not be sent */
     uint64_t shm_requests;         /* requests whose input was a shared-memory reference */
     uint64_t gpu_requests[TD_METRICS_GPUS_MAX]; /* completed on each GPU (by ordinal) */
@@ -62,6 +63,8 @@ typedef struct {
     unsigned max_inflight;
     unsigned queued; /* requests waiting behind another on their stream */
     unsigned stream_count;
+    uint64_t state_bytes;     /* bytes of stream state (td_streams_bytes) */
+    uint64_t state_bytes_max; /* max_state_bytes */
     const char *backend; /* "cpu" or "cuda" */
     const char *devices; /* the backend's one-line description */
     uint64_t device_memory_bytes;

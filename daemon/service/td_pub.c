@@ -64,6 +64,7 @@ static deleted_t *pop_deleted(td_pub_t *p)
 void td_pub_tick(td_pub_t *p)
 {
     static uint8_t record[TALLY_QUERY_PAYLOAD_MAX]; /* loop thread only */
+    static tally_stream_info_t info;
     if (p->closed)
         return;
     uint64_t now = td_clock_ms();
@@ -75,7 +76,8 @@ void td_pub_tick(td_pub_t *p)
         if (!s->pub_dirty)
             continue;
         s->pub_dirty = false;
-        size_t len = tally_stream_info_encode(&s->info, record);
+        td_stream_info(s, &info);
+        size_t len = tally_stream_info_encode(&info, record);
         publish(p, s->name, s->name_len, TALLY_PUB_UPDATE, record, len, now);
     }
 }

@@ -10,12 +10,12 @@
  *     the loop thread means a loop that hangs stops pinging, and systemd restarts tallyd;
  *   - state timer (every state_interval seconds, with a state directory): snapshot.
  *
- * State snapshots: the stream table only changes on the loop thread, so encoding it there
- * (td_state_encode, a memcpy-speed pass) is a consistent snapshot. The write (which fsyncs
- * twice) runs on a libuv worker so the loop never blocks on the disk. At most one write is in
- * flight; a snapshot asked for meanwhile is taken when the write finishes. A snapshot whose
- * records are byte-for-byte those last written is skipped (an idle daemon does not fsync every
- * interval). At shutdown the server calls td_service_close once every request has been
+ * State snapshots: the stream table only changes on the loop thread, so taking a snapshot there
+ * (td_state_store_begin: the records of the streams changed since the last one, or every
+ * stream when the store compacts) is consistent. The write (which fsyncs) runs on a libuv
+ * worker so the loop never blocks on the disk. At most one write is in flight; a snapshot asked
+ * for meanwhile is taken when the write finishes. A snapshot with nothing changed writes
+ * nothing (an idle daemon does not fsync every interval). At shutdown the server calls td_service_close once every request has been
  * answered, so the final snapshot holds everything acknowledged: a clean restart loses
  * nothing. A kill -9 loses what changed since the last snapshot, at most one interval.
  *
@@ -40,14 +40,8 @@
 typedef struct {
     uv_work_t work;
     td_service_t *owner;
-    char *dir;
-    uint8_t *buf;
-    size_t len;
-    uint64_t body_sum;
-    unsigned streams;
+    td_state_job_t *job;
     bool final; /* the shutdown snapshot: its failure decides the exit code */
-    td_err_t status;
-    char msg[512];
 } state_job_t;
 
 struct td_service {
@@ -65,9 +59,9 @@ struct td_service {
      * is bound) and the GPU's staging buffers, so a reload may lower max_batch but not raise it
      * above this. */
     size_t start_max_batch;
-    bool write_inflight;  /* a state write is running on a worker */
-    bool write_again;     /* a snapshot was asked for meanwhile */
-    uint64_t written_sum; /* checksum of the records last written (or restored) */
+    td_state_store_t *store; /* the snapshots' (td_state.h); NULL without a state directory */
+    bool write_inflight;     /* a state write is running on a worker */
+    bool write_again;        /* a snapshot was asked for meanwhile */
 };
 
 td_err_t td_service_render_metrics(const td_service_host_t *host, char **text, size_t *len)
@@ -137,33 +131,35 @@ static void state_save(td_service_t *self);
 static void state_work(uv_work_t *work)
 {
     state_job_t *job = work->data;
-    job->status = td_state_write(job->dir, job->buf, job->len, job->msg, sizeof job->msg);
+    td_state_job_write(job->job);
 }
 
 static void state_after(uv_work_t *work, int status)
 {
     state_job_t *job = work->data;
     td_service_t *self = job->owner;
-    if (status == UV_ECANCELED) {
-        job->status = TD_ERR_IO;
-        snprintf(job->msg, sizeof job->msg, "cancelled");
-    }
-    if (job->status == TD_OK) {
-        self->written_sum = job->body_sum;
-        td_debug("state: wrote %u streams (%zu bytes) to %s/%s", job->streams, job->len, job->dir,
-                 TD_STATE_FILE);
+    char msg[512] = "cancelled";
+    size_t written = 0;
+    unsigned streams = 0;
+    bool full = false;
+    td_err_t err = td_state_store_end(self->store, &job->job, msg, sizeof msg, &written,
+                                      &streams, &full);
+    if (status == UV_ECANCELED)
+        err = TD_ERR_IO;
+    if (err == TD_OK) {
+        self->host.metrics->state_bytes_written += written;
+        td_debug("state: wrote %u streams (%zu bytes, %s) to %s", streams, written,
+                 full ? "a whole state file" : "appended to the log", self->state_dir);
     } else if (job->final) {
         self->host.metrics->state_write_failures++;
         self->final_failed = true;
-        td_err("state: the final snapshot failed: cannot write %s/%s: %s; %s holds only the last "
-               "good snapshot; exiting with status 1",
-               job->dir, TD_STATE_FILE, job->msg, TD_STATE_FILE);
+        td_err("state: the final snapshot failed: %s; %s/%s holds only the last good snapshot; "
+               "exiting with status 1",
+               msg, self->state_dir, TD_STATE_FILE);
     } else {
         self->host.metrics->state_write_failures++;
-        td_warn("state: cannot write %s/%s: %s; trying again at the next snapshot", job->dir,
-                TD_STATE_FILE, job->msg);
+        td_warn("state: cannot write a snapshot: %s; the next one writes every stream", msg);
     }
-    free(job->buf);
     free(job);
     self->write_inflight = false;
     if (self->write_again) {
@@ -186,35 +182,36 @@ static void state_not_queued(td_service_t *self, const char *why)
 
 static void state_save(td_service_t *self)
 {
-    if (!self->state_dir)
+    if (!self->store)
         return;
     if (self->write_inflight) {
         self->write_again = true;
         return;
     }
-    state_job_t *job = calloc(1, sizeof *job);
-    if (!job || td_state_encode(self->host.streams, td_clock_ms(), &job->buf, &job->len) != TD_OK) {
+    td_state_job_t *records = NULL;
+    if (td_state_store_begin(self->store, self->host.streams, td_clock_ms(), &records) != TD_OK) {
         state_not_queued(self, "out of memory for a snapshot");
-        free(job);
         return;
     }
-    job->body_sum = td_state_records_digest(job->buf, job->len);
-    if (job->body_sum == self->written_sum) { /* nothing changed since the last write */
-        free(job->buf);
-        free(job);
+    if (!records) /* nothing changed since the last snapshot */
         return;
+    state_job_t *job = calloc(1, sizeof *job);
+    int rc = job ? 0 : UV_ENOMEM;
+    if (job) {
+        job->owner = self;
+        job->job = records;
+        job->final = self->closed;
+        job->work.data = job;
+        rc = uv_queue_work(self->host.loop, &job->work, state_work, state_after);
     }
-    job->owner = self;
-    job->final = self->closed;
-    job->dir = self->state_dir;
-    job->streams = td_streams_count(self->host.streams);
-    job->work.data = job;
-    int rc = uv_queue_work(self->host.loop, &job->work, state_work, state_after);
     if (rc != 0) {
-        char why[128];
+        char why[128], msg[512];
+        size_t written;
+        unsigned streams;
+        bool full;
         snprintf(why, sizeof why, "cannot queue a write: %s", uv_strerror(rc));
+        td_state_store_end(self->store, &records, msg, sizeof msg, &written, &streams, &full);
         state_not_queued(self, why);
-        free(job->buf);
         free(job);
         return;
     }
@@ -228,23 +225,12 @@ static void state_cb(uv_timer_t *timer)
 
 static td_err_t restore_state(td_service_t *self)
 {
-    td_state_report_t report;
     char msg[4400];
-    td_err_t err = td_state_restore(self->state_dir, self->host.streams, &report, msg, sizeof msg);
-    if (err != TD_OK) {
+    td_err_t err =
+        td_state_store_open(self->state_dir, self->host.streams, &self->store, msg, sizeof msg);
+    if (err != TD_OK)
         td_err("state: %s", msg);
-        return err;
-    }
-    /* When what is in memory now is what is on disk, there is no need to write it back
-     * unchanged. A file that lost records is rewritten at the first snapshot instead. */
-    if (td_state_report_lossy(&report))
-        return TD_OK;
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    if (td_state_encode(self->host.streams, td_clock_ms(), &buf, &len) == TD_OK)
-        self->written_sum = td_state_records_digest(buf, len);
-    free(buf);
-    return TD_OK;
+    return err;
 }
 
 /* Persistence was asked for: a directory that cannot hold the state file stops tallyd at
@@ -361,6 +347,7 @@ td_err_t td_service_new(const td_service_host_t *host, td_service_t **out)
         close_handles(self);
         if (had_handles) /* their close callbacks run before self goes */
             uv_run(host->loop, UV_RUN_NOWAIT);
+        td_state_store_close(&self->store);
         free(self->state_dir);
         free(self);
         return err;
@@ -405,6 +392,8 @@ void td_service_reload(td_service_t *self)
     td_config_clear(&next);
 
     td_streams_set_max(self->host.streams, live->max_streams);
+    td_streams_set_budget(self->host.streams, live->max_state_bytes,
+                          td_config_state_bytes_per_client(live));
     if (self->state_on && old_interval != live->state_interval) {
         uint64_t ms = (uint64_t)live->state_interval * 1000;
         int rc = uv_timer_start(&self->state_timer, state_cb, ms, ms);
@@ -443,6 +432,7 @@ void td_service_destroy(td_service_t **self_p)
     td_service_t *self = *self_p;
     if (!self)
         return;
+    td_state_store_close(&self->store);
     free(self->state_dir);
     free(self);
     *self_p = NULL;

@@ -67,6 +67,19 @@ const td_setting_t td_settings[] = {
      .max = TD_STREAM_CREATE_RATE_LIMIT, .reload = TD_RELOAD_APPLIES,
      .help = "streams one client may create per second (bursts of one second's worth), beyond "
              "which `rate_limited`; 0 = unlimited"},
+    {.option = "max-state-bytes", .arg = "BYTES", .section = "server", .key = "max_state_bytes",
+     .type = TD_SET_SIZE, .offset = FIELD(max_state_bytes), .def = TD_DEFAULT_MAX_STATE_BYTES,
+     .min = 1, .max = SIZE_MAX, .reload = TD_RELOAD_APPLIES,
+     .reload_note = "existing streams are kept",
+     .help = "memory for stream state, K/M/G (every stream's counters, histogram and window "
+             "ring): a new stream, or a hist that would grow one, beyond it is answered `limit`"},
+    {.option = "max-state-bytes-per-client", .arg = "BYTES", .section = "server",
+     .key = "max_state_bytes_per_client", .type = TD_SET_SIZE,
+     .offset = FIELD(max_state_bytes_per_client), .def = TD_DEFAULT_MAX_STATE_BYTES_PER_CLIENT,
+     .max = SIZE_MAX, .reload = TD_RELOAD_APPLIES,
+     .help = "memory for the state of the streams one client created, K/M/G; beyond it "
+             "`client_streams`",
+     .default_doc = "half of max_state_bytes"},
     {.option = "max-frame", .arg = "BYTES", .section = "server", .key = "max_frame",
      .type = TD_SET_SIZE, .offset = FIELD(max_frame), .def = TD_DEFAULT_MAX_FRAME,
      .max = TD_MAX_FRAME_LIMIT, .reload = TD_RELOAD_RESTART, .example = "64M",

@@ -175,8 +175,10 @@ static const struct {
 } section_docs[] = {
     {"security", "CURVE authentication and encryption (PROTOCOL.md §12)."},
     {"windows", "Each stream keeps a ring of its recent intervals for window queries (tally query "
-                "--last 10s). Memory per stream with a histogram: intervals x (32 + 2048 x "
-                "channels) bytes, 122 KiB single-channel / 482 KiB rgba8 at the defaults."},
+                "--last 10s). Only the intervals that counted something take memory, their "
+                "counts in the narrowest width: at the defaults a stream with one batch of 1 KiB "
+                "of bytes takes about 0.9 KiB in all, one with such a batch every second about "
+                "21 KiB (bench/RESULTS.md); max_state_bytes bounds the total."},
 };
 
 static void conf_section(FILE *out, const char *section)
