@@ -792,7 +792,7 @@ tally_status_t tally__connect(void *sock, const char *endpoint)
 
 void tally__side_send(int sock, const tally_shm_msg_t *m, int fd)
 {
-    uint8_t buf[TALLY_SHM_MSG_HEADER + TALLY_SHM_ROUTING_ID_MAX];
+    uint8_t buf[TALLY_SHM_MSG_MAX];
     struct iovec iov = {.iov_base = buf, .iov_len = tally_shm_msg_encode(m, buf)};
     union {
         struct cmsghdr align;

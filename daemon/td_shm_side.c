@@ -106,7 +106,7 @@ static ssize_t recv_message(int fd, uint8_t *buf, size_t cap, int *msg_fd, unsig
 static void stop_reading(int fd)
 {
     (void)shutdown(fd, SHUT_RD); /* from here the peer's sends fail (EPIPE) */
-    uint8_t buf[TALLY_SHM_MSG_HEADER + TALLY_SHM_ROUTING_ID_MAX + 1];
+    uint8_t buf[TALLY_SHM_MSG_MAX + 1];
     int msg_fd;
     unsigned nfds;
     bool truncated;
@@ -346,7 +346,7 @@ static void conn_cb(uv_poll_t *handle, int status, int events)
     td_shm_conn_t *c = handle->data;
     td_shm_t *shm = c->shm;
     for (;;) {
-        uint8_t buf[TALLY_SHM_MSG_HEADER + TALLY_SHM_ROUTING_ID_MAX + 1];
+        uint8_t buf[TALLY_SHM_MSG_MAX + 1];
         int fd = -1;
         unsigned nfds = 0;
         bool truncated = false;
