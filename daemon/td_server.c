@@ -234,6 +234,11 @@ static void op_info(td_server_t *s, td_request_t *r)
     size_t len = n > 0 ? (size_t)n : 0;
     if (len < TD_TEXT_REPLY_MAX)
         len += td_shm_info(&s->cfg, text + len, TD_TEXT_REPLY_MAX - len);
+    if (len + 12 < TD_TEXT_REPLY_MAX) { /* PROTOCOL.md §10 "Device memory" */
+        len += (size_t)snprintf(text + len, TD_TEXT_REPLY_MAX - len, "gpu_uuids=");
+        len += td_exec_gpu_uuids(s->exec, text + len, TD_TEXT_REPLY_MAX - len - 1);
+        text[len++] = '\n';
+    }
     reply_text(s, r, text, len);
 }
 

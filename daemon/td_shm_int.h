@@ -23,6 +23,9 @@ struct td_shm_region {
     bool writable;          /* mapped PROT_WRITE: may be an output region */
     bool device_registered; /* registered with the GPU engine: the GPU copies it directly */
     bool registering;       /* the GPU registration runs on a worker: not yet usable */
+    bool device;            /* a device region: base is a device address on GPU gpu */
+    unsigned gpu;
+    void *import; /* the engine's import of a device region (holds its descriptor) */
     unsigned refs;
     struct td_shm_conn *conn; /* the side connection that registered it; NULL once detached */
     struct td_shm_region *next;
@@ -61,6 +64,8 @@ struct td_shm {
     td_shm_region_t *regions; /* attached and detached-but-referenced */
     unsigned region_count;
     uint64_t region_bytes;
+    unsigned device_count; /* of them device regions, and their bytes */
+    uint64_t device_bytes;
 };
 
 /* ---- td_shm_regions.c --------------------------------------------------------------------- */
@@ -71,8 +76,11 @@ void td_shm_region_free(td_shm_t *shm, td_shm_region_t *region);
 void td_shm_region_detach(td_shm_region_t *region);
 /* An attached, usable region by handle, or NULL. */
 td_shm_region_t *td_shm_find_region(td_shm_t *shm, uint64_t handle);
-/* A new random handle, never 0 and not in use. */
-uint64_t td_shm_new_handle(td_shm_t *shm);
+/* Adds a region registered by c for the routing id of m (one reference, c's), counted in the
+ * quotas from now on; NULL when out of memory. A device region's handle has
+ * TALLY_SHM_DEVICE_HANDLE_BIT set, a host region's never. */
+td_shm_region_t *td_shm_region_add(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_msg_t *m,
+                                   uint8_t *base, size_t size, bool writable, bool device);
 /* Checks the descriptor and maps it. TALLY_OK with *base, *size and *writable set. */
 tally_status_t td_shm_map_memfd(int fd, uint8_t **base, size_t *size, bool *writable, char *why,
                                 size_t cap);

@@ -28,6 +28,15 @@ void td_shm_region_free(td_shm_t *shm, td_shm_region_t *region)
     }
     shm->region_count--;
     shm->region_bytes -= region->size;
+    if (region->device) { /* unmapped on its GPU, and its descriptor closed, only now */
+        shm->device_count--;
+        shm->device_bytes -= region->size;
+        shm->env.dev_release(shm->env.ctx, region->gpu, region->import);
+        td_debug("shm: device region %016" PRIx64 " released (%zu bytes)", region->handle,
+                 region->size);
+        free(region);
+        return;
+    }
     if (region->device_registered && shm->env.region_unregister)
         shm->env.region_unregister(shm->env.ctx, region->base);
     munmap(region->base, region->size);
@@ -67,15 +76,59 @@ td_shm_region_t *td_shm_find_region(td_shm_t *shm, uint64_t handle)
     return NULL;
 }
 
-uint64_t td_shm_new_handle(td_shm_t *shm)
+/* 63 random bits, and bit 63 saying which memory the handle names (PROTOCOL.md §10). */
+static uint64_t new_handle(td_shm_t *shm, bool device)
 {
     for (;;) {
         uint64_t h = 0;
         if (getrandom(&h, sizeof h, 0) != (ssize_t)sizeof h)
             h = ((uint64_t)rand() << 32) ^ (uint64_t)rand() ^ (uint64_t)uv_hrtime();
+        h = device ? h | TALLY_SHM_DEVICE_HANDLE_BIT : h & ~TALLY_SHM_DEVICE_HANDLE_BIT;
         if (h != 0 && !td_shm_find_region(shm, h))
             return h;
     }
+}
+
+td_shm_region_t *td_shm_region_add(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_msg_t *m,
+                                   uint8_t *base, size_t size, bool writable, bool device)
+{
+    td_shm_region_t *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    *r = (td_shm_region_t){.handle = new_handle(shm, device),
+                           .base = base,
+                           .size = size,
+                           .writable = writable,
+                           .device = device,
+                           .refs = 1,
+                           .conn = c,
+                           .shm = shm,
+                           .id_len = m->id_len};
+    memcpy(r->id, m->id, m->id_len);
+    r->next = shm->regions;
+    shm->regions = r;
+    shm->region_count++;
+    shm->region_bytes += size; /* counted from now on: the quota covers pending registrations */
+    shm->device_count += device;
+    shm->device_bytes += device ? size : 0;
+    c->regions++;
+    c->registered = true; /* the register timeout is over for c */
+    return r;
+}
+
+bool td_shm_region_device(const td_shm_region_t *region, unsigned *gpu, void **import)
+{
+    if (!region || !region->device)
+        return false;
+    *gpu = region->gpu;
+    *import = region->import;
+    return true;
+}
+
+void td_shm_device_gauges(const td_shm_t *shm, unsigned *regions, uint64_t *bytes)
+{
+    *regions = shm ? shm->device_count : 0;
+    *bytes = shm ? shm->device_bytes : 0;
 }
 
 tally_status_t td_shm_resolve(td_shm_t *shm, const uint8_t *id, size_t id_len, uint64_t handle,
@@ -102,8 +155,16 @@ tally_status_t td_shm_resolve(td_shm_t *shm, const uint8_t *id, size_t id_len, u
         return TALLY_E_BAD_REF;
     }
     if (output && !r->writable) {
-        snprintf(msg, msg_cap, "output region %016" PRIx64 " is read-only (write-sealed memfd)",
-                 handle);
+        snprintf(msg, msg_cap, "output region %016" PRIx64 " is read-only (%s)", handle,
+                 r->device ? "registered without DEV_OUTPUT" : "write-sealed memfd");
+        return TALLY_E_BAD_REF;
+    }
+    if (r->device && output) { /* PROTOCOL.md §10: not in this version */
+        snprintf(msg, msg_cap, "output to a device region is not supported yet");
+        return TALLY_E_BAD_REF;
+    }
+    if (r->device && shm->env.dev_usable && !shm->env.dev_usable(shm->env.ctx, r->gpu)) {
+        snprintf(msg, msg_cap, "the GPU holding region %016" PRIx64 " is unusable", handle);
         return TALLY_E_BAD_REF;
     }
     r->refs++;
