@@ -351,6 +351,38 @@ static void test_requests_in_place(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
 }
 
+/* A request by device reference runs on the GPU that holds the region, even where the
+ * scheduler would otherwise pick the least loaded one (GPU 0 when both are idle). */
+static void test_runs_on_its_gpu(void **state)
+{
+    (void)state;
+    enum { N = 1024, COUNT = 6 };
+    th_daemon_t d;
+    uint8_t uuid[TALLY_GPU_UUID_SIZE];
+    int side = start_side(&d, sim2, 1, uuid);
+    th_answer_t ans;
+    int fd = filled_memfd(REGION_BYTES, NULL, 0);
+    assert_int_equal(dev_register(side, fd, REGION_BYTES, uuid, 0, &ans), TALLY_OK);
+    close(fd);
+    void *ctx = zmq_ctx_new();
+    void *sock = dealer(ctx, d.endpoint, "producer");
+    for (int i = 0; i < COUNT; i++) {
+        th_reply_t r;
+        assert_int_equal(
+            ref_call(sock, TALLY_OP_HIST, i % 2 ? "cam" : NULL, ans.a.handle, 0, N * 4, 0, &r),
+            TALLY_OK);
+        assert_int_equal(r.len, 258 * 8);
+        th_reply_free(&r);
+    }
+    assert_int_equal(th_stat(sock, "tallyd_gpu_requests_total{device=\"1\"}"), COUNT);
+    long long on0 = th_stat(sock, "tallyd_gpu_requests_total{device=\"0\"}");
+    assert_true(on0 <= 0);
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    close(side);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
 /* A region released (its connection closed) while requests use it stays until they are
  * answered: their replies are right, and only then is the descriptor closed. */
 static void test_deferred_release(void **state)
@@ -422,6 +454,7 @@ int main(void)
         cmocka_unit_test(test_quotas),
         cmocka_unit_test(test_descriptor_held_until_release),
         cmocka_unit_test(test_requests_in_place),
+        cmocka_unit_test(test_runs_on_its_gpu),
         cmocka_unit_test(test_deferred_release),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
