@@ -364,9 +364,12 @@ static void launch(lane_t *l, slot_t *slot)
     tally_status_t st = TALLY_E_BACKEND;
     /* A batch above the buffers only comes here when it splits (td_sched.c); never overrun the
      * staging slot should that ever not hold: fail it, and the CPU reruns it. */
-    if (pieces < 2 && r->payload_len > l->gpu->opts.max_batch)
+    bool in_place_hist = job.dev_src && r->req.opcode == TALLY_OP_HIST; /* no device buffer */
+    if (pieces < 2 && r->payload_len > l->gpu->opts.max_batch && !in_place_hist)
         goto failed;
-    if (job.src == NULL) /* a ZeroMQ payload (pageable): through pinned staging */
+    /* A ZeroMQ payload (pageable) goes through pinned staging; a device region's payload is a
+     * device address, never read here. */
+    if (job.src == NULL && job.dev_src == NULL)
         memcpy(s->in, r->payload, r->payload_len);
     if (job.dst == NULL && !r->out_ptr && output_bytes(r)) /* the reply, built in place */
         job.dst = slot->reply_buf = pool_take(&l->dev->pool, output_bytes(r));

@@ -27,6 +27,7 @@
  * (cudaLaunchHostFunc skips it on error), so the pipeline's watchdog asks lane_check
  * (cudaStreamQuery) when a launch takes too long.
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +37,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include "td_cu_driver.h"
 #include "td_gpu_engine.h"
 #include "tk_cuda.h"
 
@@ -182,6 +184,16 @@ typedef struct {
     cudaEvent_t event; /* NULL without DEV_EVENT */
 } cuda_import_t;
 
+/* The driver functions, resolved once (td_cu_driver.h); cu_ok false: no device regions. */
+static td_cu_driver_t cu;
+static bool cu_ok;
+static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
+
+static void cu_load(void)
+{
+    cu_ok = td_cu_driver_load(&cu);
+}
+
 static tally_status_t cuda_device_uuid(void *ctx, int device, uint8_t uuid[TALLY_GPU_UUID_SIZE])
 {
     (void)ctx;
@@ -200,11 +212,11 @@ static void import_undo(cuda_import_t *im)
     if (im->event)
         (void)cudaEventDestroy(im->event);
     if (im->mapped)
-        (void)cuMemUnmap(im->ptr, im->size);
+        (void)cu.mem_unmap(im->ptr, im->size);
     if (im->reserved)
-        (void)cuMemAddressFree(im->ptr, im->size);
+        (void)cu.address_free(im->ptr, im->size);
     if (im->handle_held)
-        (void)cuMemRelease(im->handle);
+        (void)cu.mem_release(im->handle);
     (void)cudaGetLastError();
 }
 
@@ -212,12 +224,12 @@ static void import_undo(cuda_import_t *im)
  * input region, so a kernel that writes to it faults instead of changing the producer's data. */
 static tally_status_t import_map(cuda_import_t *im, bool writable, char *why, size_t why_cap)
 {
-    if (cuMemAddressReserve(&im->ptr, im->size, 0, 0, 0) != CUDA_SUCCESS) {
+    if (cu.address_reserve(&im->ptr, im->size, 0, 0, 0) != CUDA_SUCCESS) {
         snprintf(why, why_cap, "cannot reserve %zu bytes of device addresses", im->size);
         return TALLY_E_BACKEND;
     }
     im->reserved = true;
-    CUresult rc = cuMemMap(im->ptr, im->size, 0, im->handle, 0);
+    CUresult rc = cu.mem_map(im->ptr, im->size, 0, im->handle, 0);
     if (rc != CUDA_SUCCESS) { /* NOT_SUPPORTED: any size but the whole allocation's */
         snprintf(why, why_cap, "size %zu is not the allocation's size (cuMemMap: %d)", im->size,
                  (int)rc);
@@ -227,7 +239,7 @@ static tally_status_t import_map(cuda_import_t *im, bool writable, char *why, si
     CUmemAccessDesc access = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = im->device},
                               .flags = writable ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
                                                 : CU_MEM_ACCESS_FLAGS_PROT_READ};
-    if (cuMemSetAccess(im->ptr, im->size, &access, 1) != CUDA_SUCCESS) {
+    if (cu.set_access(im->ptr, im->size, &access, 1) != CUDA_SUCCESS) {
         snprintf(why, why_cap, "cannot give GPU %d access to the allocation", im->device);
         return TALLY_E_BACKEND;
     }
@@ -261,14 +273,19 @@ static tally_status_t cuda_dev_import(void *ctx, int device, int fd, uint64_t si
         return TALLY_E_INTERNAL;
     }
     *im = (cuda_import_t){.fd = fd, .device = device, .size = (size_t)size};
+    pthread_once(&cu_once, cu_load);
+    if (!cu_ok) {
+        snprintf(why, why_cap, "the CUDA driver lacks the virtual memory management API");
+        goto fail;
+    }
     /* The runtime's primary context of the device, current on this thread for the driver calls. */
     if (cudaSetDevice(device) != cudaSuccess || cudaFree(0) != cudaSuccess) {
         snprintf(why, why_cap, "GPU %d: %s", device, cudaGetErrorString(cudaGetLastError()));
         goto fail;
     }
     /* A garbage descriptor gives CUDA_ERROR_UNKNOWN here, not sticky: the client's fault. */
-    if (cuMemImportFromShareableHandle(&im->handle, (void *)(uintptr_t)fd,
-                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != CUDA_SUCCESS) {
+    if (cu.mem_import(&im->handle, (void *)(uintptr_t)fd,
+                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != CUDA_SUCCESS) {
         snprintf(why, why_cap, "the descriptor is not an exportable GPU allocation");
         st = TALLY_E_BAD_REF;
         goto fail;
@@ -292,8 +309,9 @@ static void cuda_dev_release(void *ctx, void *import)
 {
     (void)ctx;
     cuda_import_t *im = import;
+    /* No kernel of ours still reads it: the last request using it has been answered, after its
+     * kernel completed. So no synchronisation, which would stall the loop thread. */
     (void)cudaSetDevice(im->device);
-    (void)cudaDeviceSynchronize(); /* no kernel of ours still reads it (requests are answered) */
     import_undo(im);
     close(im->fd); /* now the producer's driver may free the memory */
     free(im);
