@@ -312,6 +312,16 @@ static void start(td_sched_t *s, td_request_t *r, record_t *rec)
         rec->inflight++;
         rec->on_gpu = gpu;
     }
+    unsigned dev;
+    if (device_ref(r, &dev) && r->req.opcode != TALLY_OP_HIST &&
+        r->payload_len > s->machine.gpu_buffer_bytes) { /* its output must fit the GPU's buffers */
+        td_request_fail(r, TALLY_E_TOO_LARGE,
+                        "a filter or scan by device reference is limited to %zu bytes (the GPU's "
+                        "buffers)",
+                        s->machine.gpu_buffer_bytes);
+        td_sched_finished(s, r);
+        return;
+    }
     if (gpu)
         place_gpu(s, r, rec);
     else /* a tiny batch is cheaper on the loop thread than two thread hops */

@@ -383,6 +383,91 @@ static void test_runs_on_its_gpu(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
 }
 
+/* Failure is contained (issue 23): a device-referenced request whose GPU fails is answered
+ * `internal` (its input is on the GPU: the CPU cannot rerun it), the GPU is marked unusable
+ * after TD_GPU_DEAD_AFTER (3) failures in a row, then references to its regions get bad_ref,
+ * `info` no longer lists it, new device regions on it are refused, and tallyd serves on (a
+ * payload runs on the CPU). Every launch fails here (--test-fault-every 1). */
+static void test_gpu_failure_contained(void **state)
+{
+    (void)state;
+    const char *const args[] = {"--backend", "cuda", "--test-sim-gpus", "1", "--test-fault-every",
+                                "1",         NULL};
+    th_daemon_t d;
+    uint8_t uuid[TALLY_GPU_UUID_SIZE];
+    int side = start_side(&d, args, 0, uuid);
+    th_answer_t ans;
+    int fd = filled_memfd(REGION_BYTES, NULL, 0);
+    assert_int_equal(dev_register(side, fd, REGION_BYTES, uuid, 0, &ans), TALLY_OK);
+    uint64_t h = ans.a.handle;
+    void *ctx = zmq_ctx_new();
+    void *sock = dealer(ctx, d.endpoint, "producer");
+    th_reply_t r;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(ref_call(sock, TALLY_OP_HIST, NULL, h, 0, 4096, 0, &r), TALLY_E_INTERNAL);
+        assert_non_null(strstr((const char *)r.payload, "the GPU failed"));
+        th_reply_free(&r);
+    }
+    assert_int_equal(ref_call(sock, TALLY_OP_HIST, NULL, h, 0, 4096, 0, &r), TALLY_E_BAD_REF);
+    assert_non_null(strstr((const char *)r.payload, "is unusable"));
+    th_reply_free(&r);
+    char value[256];
+    info_value(sock, "gpu_uuids", value, sizeof value);
+    assert_string_equal(value, "");
+    assert_int_equal(dev_register(side, fd, REGION_BYTES, uuid, 0, &ans), TALLY_E_BAD_REF);
+    assert_non_null(strstr(ans.msg, "a GPU is needed"));
+    close(fd);
+    int32_t batch[64] = {0};
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_I32, 5);
+    req.lo = -100;
+    req.hi = 100;
+    assert_int_equal(th_call(sock, &req, batch, sizeof batch, &r), 0);
+    assert_int_equal(r.rep.status, TALLY_OK);
+    th_reply_free(&r);
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    close(side);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
+/* A filter or scan by device reference above the GPU's buffers (64 MiB) is refused too_large,
+ * without counting as a GPU failure; a hist that long reads in place and is answered. */
+static void test_device_buffers_bound(void **state)
+{
+    (void)state;
+    const char *const args[] = {"--backend", "cuda", "--test-sim-gpus", "1", "--max-batch",
+                                "134217728", NULL};
+    const size_t big = 80u << 20;
+    th_daemon_t d;
+    uint8_t uuid[TALLY_GPU_UUID_SIZE];
+    int side = start_side(&d, args, 0, uuid);
+    th_answer_t ans;
+    int fd = filled_memfd(big, NULL, 0);
+    assert_int_equal(dev_register(side, fd, big, uuid, 0, &ans), TALLY_OK);
+    close(fd);
+    void *ctx = zmq_ctx_new();
+    void *sock = dealer(ctx, d.endpoint, "producer");
+    th_reply_t r;
+    for (int i = 0; i < 4; i++) { /* more than TD_GPU_DEAD_AFTER: the GPU stays usable */
+        assert_int_equal(ref_call(sock, TALLY_OP_FILTER, NULL, ans.a.handle, 0, big, 0, &r),
+                         TALLY_E_TOO_LARGE);
+        assert_non_null(strstr((const char *)r.payload, "limited to 67108864 bytes"));
+        th_reply_free(&r);
+    }
+    assert_int_equal(ref_call(sock, TALLY_OP_HIST, "big", ans.a.handle, 0, big, 0, &r), TALLY_OK);
+    uint64_t under; /* the region is zeros: all of it in the bin of 0, none below -100 */
+    memcpy(&under, r.payload + 256 * 8, 8);
+    assert_int_equal(under, 0);
+    th_reply_free(&r);
+    char value[256];
+    info_value(sock, "gpu_uuids", value, sizeof value);
+    assert_string_equal(value, "GPU-74616c6c-7964-2d73-696d-2d6770750000");
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    close(side);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
 /* A region released (its connection closed) while requests use it stays until they are
  * answered: their replies are right, and only then is the descriptor closed. */
 static void test_deferred_release(void **state)
@@ -455,6 +540,8 @@ int main(void)
         cmocka_unit_test(test_descriptor_held_until_release),
         cmocka_unit_test(test_requests_in_place),
         cmocka_unit_test(test_runs_on_its_gpu),
+        cmocka_unit_test(test_gpu_failure_contained),
+        cmocka_unit_test(test_device_buffers_bound),
         cmocka_unit_test(test_deferred_release),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

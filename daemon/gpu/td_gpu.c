@@ -661,6 +661,10 @@ tally_status_t td_gpu_dev_import(td_gpu_t *g, const uint8_t *uuid, int fd, uint6
     tally_status_t st = g->engine->dev_import(g->engine->ctx, g->devices[i].ordinal, fd, size,
                                               writable, event, import, ptr, why, why_cap);
     *gpu = (unsigned)i;
+    if (st == TALLY_E_BACKEND) { /* the device's own failure: `internal` (PROTOCOL.md §10) */
+        td_warn("GPU %d: cannot import a device region: %s", g->devices[i].ordinal, why);
+        st = TALLY_E_INTERNAL;
+    }
     return st;
 }
 

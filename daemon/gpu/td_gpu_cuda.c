@@ -224,9 +224,12 @@ static void import_undo(cuda_import_t *im)
  * input region, so a kernel that writes to it faults instead of changing the producer's data. */
 static tally_status_t import_map(cuda_import_t *im, bool writable, char *why, size_t why_cap)
 {
+    /* A size that is no multiple of the granularity fails here, another wrong one at cuMemMap:
+     * either way the client's (running out of addresses in 2^47 bytes is not plausible). */
     if (cu.address_reserve(&im->ptr, im->size, 0, 0, 0) != CUDA_SUCCESS) {
-        snprintf(why, why_cap, "cannot reserve %zu bytes of device addresses", im->size);
-        return TALLY_E_BACKEND;
+        snprintf(why, why_cap, "size %zu is not the allocation's size (no such address range)",
+                 im->size);
+        return TALLY_E_BAD_REF;
     }
     im->reserved = true;
     CUresult rc = cu.mem_map(im->ptr, im->size, 0, im->handle, 0);
