@@ -468,6 +468,58 @@ static void test_device_buffers_bound(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
 }
 
+/* libtally: tally_gpu_register_fd registers a descriptor as a device region (a sealed memfd on
+ * simulated GPUs), tally_call_shm answers from it, tally_region_destroy releases it (tallyd
+ * closes its copy of the descriptor), the descriptor stays the caller's, and refusals come back
+ * with tallyd's reason. tally_gpu_alloc without a CUDA driver says so. */
+static void test_libtally_gpu_register(void **state)
+{
+    (void)state;
+    enum { N = 8192 };
+    uint8_t data[N];
+    for (int i = 0; i < N; i++)
+        data[i] = (uint8_t)(i * 7);
+    th_daemon_t d;
+    uint8_t uuid[TALLY_GPU_UUID_SIZE];
+    int side = start_side(&d, sim2, 1, uuid);
+    close(side); /* libtally opens its own */
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(d.endpoint, 10000, &c), TALLY_OK);
+    int fd = filled_memfd(N, data, N);
+    tally_region_t *region = NULL;
+    uint8_t other[TALLY_GPU_UUID_SIZE];
+    sim_uuid(5, other);
+    assert_int_equal(tally_gpu_register_fd(c, fd, N, other, 0, NULL, NULL, &region),
+                     TALLY_E_BAD_REF);
+    assert_non_null(strstr(tally_client_error(c), "no GPU with UUID"));
+    int base = stable_fds(d.pid);
+    assert_int_equal(tally_gpu_register_fd(c, fd, N, uuid, 0, NULL, NULL, &region), TALLY_OK);
+    assert_int_equal(fds_reach(d.pid, base + 1), base + 1);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    assert_int_equal(tally_call_shm(c, &req, region, 0, N, NULL, 0, &reply), TALLY_OK);
+    uint64_t bin7;
+    memcpy(&bin7, (const uint8_t *)reply.payload + 7 * 8, 8);
+    uint64_t want = 0;
+    for (int i = 0; i < N; i++)
+        want += data[i] == 7;
+    assert_int_equal(bin7, want);
+    tally_reply_clear(&reply);
+    tally_region_destroy(&region);
+    assert_int_equal(fds_reach(d.pid, base), base);
+    assert_true(fcntl(fd, F_GETFD) >= 0); /* still the caller's */
+    close(fd);
+    tally_gpu_mem_t *mem = NULL;
+    if (access("/dev/nvidiactl", F_OK) != 0) { /* no driver here: a clear refusal */
+        assert_int_equal(tally_gpu_alloc(0, 1 << 20, &mem), TALLY_E_ARG);
+        assert_non_null(strstr(tally_gpu_error(), "CUDA"));
+        assert_null(mem);
+    }
+    tally_client_destroy(&c);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
 /* A region released (its connection closed) while requests use it stays until they are
  * answered: their replies are right, and only then is the descriptor closed. */
 static void test_deferred_release(void **state)
@@ -542,6 +594,7 @@ int main(void)
         cmocka_unit_test(test_runs_on_its_gpu),
         cmocka_unit_test(test_gpu_failure_contained),
         cmocka_unit_test(test_device_buffers_bound),
+        cmocka_unit_test(test_libtally_gpu_register),
         cmocka_unit_test(test_deferred_release),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
