@@ -142,7 +142,7 @@ EOF
 
 step_region() {
   timed test_gpu_region 300 "$B/tests/test_gpu_region" >"$OUT/test_gpu_region.log" 2>&1
-  grep -E "differential|wrong size|producer killed|bench:|PASSED|FAILED|ERROR|LINE|skipped" \
+  grep -E "differential|libtally|wrong size|producer killed|bench:|PASSED|FAILED|ERROR|LINE|skipped" \
     "$OUT/test_gpu_region.log" | head -32 | tee -a "$S"
 }
 
