@@ -342,9 +342,10 @@ uint64_t tally_shm_out_worst(const tally_req_t *req, uint64_t in_length);
  * by TALLY_SHM_DEV_SIZE bytes (size, GPU UUID, flags, reserved, IPC event handle). */
 #define TALLY_SHM_OP_REGISTER_DEVICE 3
 #define TALLY_SHM_DEV_SIZE 96
-#define TALLY_SHM_DEV_EVENT 0x1u  /* event holds an IPC event handle: tallyd's stream waits on it  \
-                                   */
-#define TALLY_SHM_DEV_OUTPUT 0x2u /* the region may be written (an output region) */
+/* DEV_EVENT: `event` holds an IPC event handle, tallyd's stream waits on it; DEV_OUTPUT: the
+ * region may be written (an output region). */
+#define TALLY_SHM_DEV_EVENT 0x1u
+#define TALLY_SHM_DEV_OUTPUT 0x2u
 #define TALLY_GPU_UUID_SIZE 16
 #define TALLY_GPU_EVENT_SIZE 64 /* cudaIpcEventHandle_t */
 /* A device region's handle has this bit set; a host region's never does. */

@@ -70,8 +70,8 @@ void td_gpu_region_unregister(td_gpu_t *self, void *base);
  * imports on the usable device with `uuid` (TALLY_E_BAD_REF "no GPU with UUID ..." when none
  * has it); *gpu is that device's number here. */
 tally_status_t td_gpu_dev_import(td_gpu_t *self, const uint8_t *uuid, int fd, uint64_t size,
-                                 bool writable, const uint8_t *event, unsigned *gpu,
-                                 void **import, void **ptr, char *why, size_t why_cap);
+                                 bool writable, const uint8_t *event, unsigned *gpu, void **import,
+                                 void **ptr, char *why, size_t why_cap);
 void td_gpu_dev_release(td_gpu_t *self, unsigned gpu, void *import);
 /* "GPU-" and the 16 bytes in hex, 8-4-4-4-12 (nvidia-smi -L's form), at buf (>= 41 bytes). */
 void td_gpu_uuid_string(const uint8_t *uuid, char *buf, size_t cap);
