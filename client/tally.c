@@ -80,6 +80,7 @@ struct tally_region {
     void *base;
     size_t size;
     uint64_t handle;
+    bool device; /* a device region (tally_gpu_register_fd): base is a device address */
 };
 
 /* ---- Small helpers ------------------------------------------------------------------------ */
@@ -898,7 +899,7 @@ tally_status_t tally__connect(void *sock, const char *endpoint)
 
 void tally__side_send(int sock, const tally_shm_msg_t *m, int fd)
 {
-    uint8_t buf[TALLY_SHM_MSG_HEADER + TALLY_SHM_ROUTING_ID_MAX];
+    uint8_t buf[TALLY_SHM_MSG_MAX];
     struct iovec iov = {.iov_base = buf, .iov_len = tally_shm_msg_encode(m, buf)};
     union {
         struct cmsghdr align;
@@ -950,7 +951,7 @@ static tally_status_t side_call(tally_client_t *self, const tally_shm_msg_t *m, 
     uint8_t buf[TALLY_SHM_ANSWER_SIZE + TALLY_ERROR_MESSAGE_MAX];
     ssize_t n = -1;
     int got = side_exchange(self, m, fd, buf, sizeof buf, &n);
-    if (got == 0 && m->op == TALLY_SHM_OP_REGISTER) {
+    if (got == 0 && m->op != TALLY_SHM_OP_RELEASE) { /* op 1 or 3 */
         side_disconnect(self);
         tally_status_t status = side_connect(self);
         if (status != TALLY_OK)
@@ -1044,9 +1045,48 @@ void tally_region_destroy(tally_region_t **region_p)
         tally_shm_answer_t answer;
         (void)side_call(client, &m, -1, &answer);
     }
-    munmap(region->base, region->size);
+    if (!region->device) /* device memory is its allocator's (tally_gpu_free) */
+        munmap(region->base, region->size);
     free(region);
     *region_p = NULL;
+}
+
+tally_status_t tally_gpu_register_fd(tally_client_t *client, int fd, size_t size,
+                                     const uint8_t uuid[16], unsigned flags, const void *ipc_event,
+                                     void *device_ptr, tally_region_t **out)
+{
+    if (!client || !out || fd < 0 || size == 0 || !uuid ||
+        (flags & ~(unsigned)(TALLY_GPU_OUTPUT | TALLY_GPU_EVENT)) ||
+        (!ipc_event != !(flags & TALLY_GPU_EVENT)))
+        return TALLY_E_ARG;
+    *out = NULL;
+    tally_status_t status = side_connect(client);
+    if (status != TALLY_OK)
+        return status;
+    tally_region_t *region = calloc(1, sizeof *region);
+    if (!region)
+        return fail(client, TALLY_E_NOMEM, "out of memory");
+    tally_shm_msg_t m = {.op = TALLY_SHM_OP_REGISTER_DEVICE,
+                         .id_len = TALLY_ROUTING_ID_BYTES,
+                         .dev_size = size,
+                         .dev_flags = flags};
+    memcpy(m.id, client->routing_id, TALLY_ROUTING_ID_BYTES);
+    memcpy(m.gpu_uuid, uuid, TALLY_GPU_UUID_SIZE);
+    if (ipc_event)
+        memcpy(m.event, ipc_event, TALLY_GPU_EVENT_SIZE);
+    tally_shm_answer_t answer;
+    status = side_call(client, &m, fd, &answer);
+    if (status != TALLY_OK) {
+        free(region);
+        return status;
+    }
+    *region = (tally_region_t){.client = client,
+                               .base = device_ptr,
+                               .size = size,
+                               .handle = answer.handle,
+                               .device = true};
+    *out = region;
+    return TALLY_OK;
 }
 
 /* Encodes the reference of a shared-memory request into ref_bytes. */

@@ -189,6 +189,49 @@ TALLY_API tally_status_t tally_call_shm(tally_client_t *self, const tally_req_t 
                                         const tally_region_t *out, size_t out_offset,
                                         tally_reply_t *reply);
 
+/* ---- Device memory (producers whose data is on a GPU; PROTOCOL.md §10 "Device memory") -- */
+
+/* Registration flags: the region may be written (an output region: accepted, for later
+ * versions), and `ipc_event` is an IPC event handle tallyd waits on before it reads. */
+#define TALLY_GPU_OUTPUT 0x2u
+#define TALLY_GPU_EVENT 0x1u
+
+/* Registers device memory exported as a descriptor (fd: cuMemExportToShareableHandle with
+ * CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR; size its whole allocation) on the GPU with `uuid`
+ * (16 bytes, cuDeviceGetUuid), optionally with `ipc_event` (64 bytes, cudaIpcGetEventHandle of an
+ * event created with cudaEventInterprocess | cudaEventDisableTiming; flag TALLY_GPU_EVENT). The
+ * descriptor stays the caller's (tallyd receives its own copy). tally_region_data is
+ * `device_ptr` (never read by libtally). Requests name it with tally_send_shm / tally_call_shm
+ * as any region; tally_region_destroy releases it. tallyd's refusals come back as TALLY_E_BAD_REF
+ * with tally_client_error saying why (a GPU is needed, no GPU with that UUID, not an exported
+ * allocation, a wrong size). */
+TALLY_API tally_status_t tally_gpu_register_fd(tally_client_t *client, int fd, size_t size,
+                                               const uint8_t uuid[16], unsigned flags,
+                                               const void *ipc_event, void *device_ptr,
+                                               tally_region_t **out);
+
+/* Exportable device memory from libtally (tally_gpu.c): libcuda.so.1 is opened at run time
+ * (dlopen), so libtally never depends on CUDA; without it these return TALLY_E_ARG and
+ * tally_gpu_error says so. */
+typedef struct tally_gpu_mem tally_gpu_mem_t;
+/* Allocates at least `size` bytes on CUDA device `device` (rounded up to the allocation
+ * granularity), exportable as a descriptor, mapped read-write for that device in this process;
+ * its context is the device's primary context. */
+TALLY_API tally_status_t tally_gpu_alloc(int device, size_t size, tally_gpu_mem_t **out);
+/* The device address (a CUdeviceptr) and the size after rounding. */
+TALLY_API void *tally_gpu_ptr(const tally_gpu_mem_t *mem);
+TALLY_API size_t tally_gpu_size(const tally_gpu_mem_t *mem);
+/* Registers it with the client's tallyd (tally_gpu_register_fd with its descriptor, size and
+ * device UUID). */
+TALLY_API tally_status_t tally_gpu_register(tally_client_t *client, const tally_gpu_mem_t *mem,
+                                            unsigned flags, const void *ipc_event,
+                                            tally_region_t **out);
+/* Unmaps and frees it here (tallyd holds its own reference until it releases the region);
+ * sets *mem_p to NULL. */
+TALLY_API void tally_gpu_free(tally_gpu_mem_t **mem_p);
+/* Why the last tally_gpu_alloc failed (this thread). */
+TALLY_API const char *tally_gpu_error(void);
+
 /* ---- Chunked, pipelined operations ------------------------------------------------------- */
 
 /* A growable output buffer. Start from {0}; tally_buf_free releases it. */

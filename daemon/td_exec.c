@@ -243,12 +243,43 @@ static void exec_region_unregister(void *ctx, void *base)
     td_gpu_region_unregister(ctx, base);
 }
 
+static tally_status_t exec_dev_import(void *ctx, const uint8_t *uuid, int fd, uint64_t size,
+                                      bool writable, const uint8_t *event, unsigned *gpu,
+                                      void **import, void **ptr, char *why, size_t why_cap)
+{
+    if (!td_gpu_usable(ctx)) {
+        snprintf(why, why_cap, "a GPU is needed for device regions (every GPU is unusable)");
+        return TALLY_E_BAD_REF;
+    }
+    return td_gpu_dev_import(ctx, uuid, fd, size, writable, event, gpu, import, ptr, why, why_cap);
+}
+
+static void exec_dev_release(void *ctx, unsigned gpu, void *import)
+{
+    td_gpu_dev_release(ctx, gpu, import);
+}
+
+static bool exec_dev_usable(void *ctx, unsigned gpu)
+{
+    return td_gpu_device_usable(ctx, gpu);
+}
+
+size_t td_exec_gpu_uuids(const td_exec_t *x, char *buf, size_t cap)
+{
+    if (cap)
+        buf[0] = '\0';
+    return x->gpu ? td_gpu_uuids(x->gpu, buf, cap) : 0;
+}
+
 void td_exec_shm_env(td_exec_t *x, td_shm_env_t *env)
 {
     if (!x->gpu)
         return;
     env->region_register = exec_region_register;
     env->region_unregister = exec_region_unregister;
+    env->dev_import = exec_dev_import;
+    env->dev_release = exec_dev_release;
+    env->dev_usable = exec_dev_usable;
     env->ctx = x->gpu;
 }
 

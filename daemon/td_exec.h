@@ -54,6 +54,8 @@ void td_exec_machine(td_exec_t *self, td_sched_machine_t *machine);
 /* Fills the region callbacks of a td_shm_env_t: shared-memory regions are registered with the
  * GPU engine (once, at registration) when a GPU pipeline runs; left NULL on the CPU. */
 void td_exec_shm_env(td_exec_t *self, td_shm_env_t *env);
+/* The usable GPUs' UUIDs for `info` (gpu_uuids; empty without a GPU); their length. */
+size_t td_exec_gpu_uuids(const td_exec_t *self, char *buf, size_t cap);
 
 /* "cuda" while a GPU is usable, else "cpu". */
 const char *td_exec_backend_name(const td_exec_t *self);

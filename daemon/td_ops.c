@@ -60,6 +60,11 @@ void td_op_info(const td_info_t *info, td_request_t *r)
                  td_config_state_bytes_per_client(c));
     if (n > 0)
         len += (size_t)n < TD_TEXT_REPLY_MAX - len ? (size_t)n : TD_TEXT_REPLY_MAX - len - 1;
+    /* The GPUs a device region may be registered on (PROTOCOL.md §10 "Device memory"). */
+    n = snprintf(text + len, TD_TEXT_REPLY_MAX - len, "gpu_uuids=%s\n",
+                 info->gpu_uuids ? info->gpu_uuids : "");
+    if (n > 0)
+        len += (size_t)n < TD_TEXT_REPLY_MAX - len ? (size_t)n : TD_TEXT_REPLY_MAX - len - 1;
     reply_text(r, text, len);
 }
 

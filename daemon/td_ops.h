@@ -21,6 +21,7 @@ typedef struct {
     const char *devices;      /* one line for people */
     const char *shm_path;     /* the side channel; NULL when shared memory is off */
     const char *pub_endpoint; /* NULL when subscriptions are off */
+    const char *gpu_uuids;    /* the GPUs device regions may name (PROTOCOL.md §10), or "" */
     bool curve;
 } td_info_t;
 

@@ -183,8 +183,18 @@ static unsigned split_min_pieces(const td_sched_t *s, const td_request_t *r)
     return pieces <= TD_GPU_SPLIT_MAX_PIECES ? (unsigned)pieces : 0;
 }
 
+/* A request whose input is a device region: *gpu is the device that holds it. */
+static bool device_ref(const td_request_t *r, unsigned *gpu)
+{
+    void *import;
+    return td_shm_region_device(r->shm_in, gpu, &import);
+}
+
 static bool wants_gpu(const td_sched_t *s, const td_request_t *r)
 {
+    unsigned gpu;
+    if (device_ref(r, &gpu)) /* never the CPU: the pipeline fails it if its GPU is lost */
+        return true;
     if (!gpu_usable(s))
         return false;
     /* Above the device buffers (TD_GPU_BUFFER_MAX_BYTES, or a reload raised max_batch above
@@ -270,6 +280,15 @@ static void place_first(td_sched_t *s, td_request_t *r, record_t *rec)
 {
     td_placement_t *w = &r->where;
     least_loaded(s, &w->device, &w->lane);
+    unsigned gpu;
+    if (device_ref(r, &gpu) && gpu < s->machine.gpu_devices) { /* the GPU holding its input */
+        const device_t *dev = &s->devices[gpu];
+        w->device = gpu;
+        w->lane = 0;
+        for (unsigned i = 1; i < s->machine.gpu_lanes; i++)
+            if (dev->lanes[i].load < dev->lanes[w->lane].load)
+                w->lane = i;
+    }
     w->carry_upload = true;
     r->carry = r->stream ? r->stream->info.scan_carry : 0;
     if (!rec)
@@ -464,6 +483,19 @@ static void dispatch(td_sched_t *s)
  * turn. It counts in its stream's inflight from now. */
 static void submit(td_sched_t *s, td_request_t *r, record_t *rec)
 {
+    unsigned dev;
+    if (device_ref(r, &dev) && r->req.opcode != TALLY_OP_HIST &&
+        r->payload_len > s->machine.gpu_buffer_bytes) { /* its output must fit the GPU's buffers */
+        td_request_fail(r, TALLY_E_TOO_LARGE,
+                        "a filter or scan by device reference is limited to %zu bytes (the GPU's "
+                        "buffers)",
+                        s->machine.gpu_buffer_bytes);
+        if (rec && rec->inflight > 0) /* answered in its stream's turn, as a refusal */
+            td_request_queue_push(&rec->failed, r);
+        else
+            s->host.answer(s->host.owner, r);
+        return;
+    }
     bool gpu = wants_gpu(s, r);
     if (rec)
         rec->inflight++;
@@ -505,6 +537,9 @@ static bool may_start(const td_sched_t *s, const record_t *rec, const td_request
     if (!td_op_is_compute(r->req.opcode) || !rec->on_gpu || rec->resync || !rec->pinned)
         return false;
     if (!wants_gpu(s, r) || !s->machine.device_usable(s->machine.ctx, rec->device))
+        return false;
+    unsigned gpu; /* pipelined only on the GPU holding its input: else after the stream drains */
+    if (device_ref(r, &gpu) && gpu != rec->device)
         return false;
     /* The type check of a stream's first histogram needs the earlier requests applied. */
     return r->req.opcode != TALLY_OP_HIST || rec->stream->info.hist_dtype != TALLY_DTYPE_NONE;
@@ -608,6 +643,21 @@ static bool rerun_on_cpu(td_sched_t *s, td_request_t *r, record_t *rec)
     bool behind_failure = rec && r->where.generation != rec->generation;
     if (!r->gpu_failed && !behind_failure)
         return false;
+    unsigned gpu;
+    if (device_ref(r, &gpu)) { /* its input is on the GPU: the CPU cannot read it */
+        s->metrics->backend_fallbacks++;
+        td_warn("request %" PRIu64 " on device region of GPU %u failed on the GPU: answered "
+                "internal",
+                r->rep.request_id, gpu);
+        td_request_fail(r, TALLY_E_INTERNAL,
+                        "the GPU failed while running this device-region "
+                        "request; it was not run");
+        if (rec && !behind_failure) { /* distrust what follows it on the device */
+            rec->generation++;
+            rec->resync = true;
+        }
+        return false;
+    }
     s->metrics->backend_fallbacks++;
     if (r->gpu_failed)
         td_warn("request %" PRIu64 " failed on the GPU: rerun on the CPU backend",

@@ -175,12 +175,15 @@ static void reply(td_server_t *s, td_request_t *r)
 
 static void op_info(td_server_t *s, td_request_t *r)
 {
+    char gpu_uuids[1024];
+    td_exec_gpu_uuids(s->exec, gpu_uuids, sizeof gpu_uuids);
     td_info_t info = {.cfg = &s->cfg,
                       .backend = td_exec_backend_name(s->exec),
                       .backends = td_exec_backends(s->exec),
                       .devices = td_exec_devices(s->exec),
                       .shm_path = s->shm ? td_shm_path(s->shm) : NULL,
                       .pub_endpoint = s->pub ? td_pub_endpoint(s->pub) : NULL,
+                      .gpu_uuids = gpu_uuids,
                       .curve = s->zmq.auth != NULL};
     td_op_info(&info, r);
 }

@@ -36,6 +36,16 @@ typedef struct {
     const td_config_t *cfg; /* live: the allow lists and quotas apply at each registration */
     bool (*region_register)(void *ctx, void *base, size_t size, bool read_only);
     void (*region_unregister)(void *ctx, void *base);
+    /* Device regions (PROTOCOL.md §10 "Device memory"); NULL without a GPU (op 3 is then refused,
+     * "a GPU is needed"). dev_import imports fd (an exported allocation of `size` bytes) on the
+     * usable GPU with `uuid`: TALLY_OK with *gpu (the pipeline's device number), *import and
+     * *ptr (the device address), the import owning fd; else a status and why, fd the caller's.
+     * dev_release undoes it and closes fd; dev_usable says whether *gpu still is. */
+    tally_status_t (*dev_import)(void *ctx, const uint8_t *uuid, int fd, uint64_t size,
+                                 bool writable, const uint8_t *event, unsigned *gpu, void **import,
+                                 void **ptr, char *why, size_t why_cap);
+    void (*dev_release)(void *ctx, unsigned gpu, void *import);
+    bool (*dev_usable)(void *ctx, unsigned gpu);
     void *ctx;
 } td_shm_env_t;
 
@@ -69,6 +79,13 @@ tally_status_t td_shm_resolve(td_shm_t *self, const uint8_t *id, size_t id_len, 
 /* Whether the GPU reads or writes region directly (it is registered with the GPU engine);
  * false for NULL (no region) and for an unregistered one (the GPU copies through staging). */
 bool td_shm_region_direct(const td_shm_region_t *region);
+/* Whether region is a device region (PROTOCOL.md §10 "Device memory"): then *gpu is the
+ * pipeline's device that imported it and *import the engine's import (td_gpu_job_t.dev_import),
+ * and td_shm_resolve's pointer is a device address, never to be read on the host. False for
+ * NULL. */
+bool td_shm_region_device(const td_shm_region_t *region, unsigned *gpu, void **import);
+/* Device regions mapped and their bytes (a part of td_shm_gauges'). */
+void td_shm_device_gauges(const td_shm_t *self, unsigned *regions, uint64_t *bytes);
 /* Releases a reference (loop thread); sets *region_p to NULL. */
 void td_shm_region_put(td_shm_region_t **region_p);
 

@@ -1069,12 +1069,48 @@ static const wire_layout_t shm_answer_layout =
     LAYOUT(TALLY_SHM_ANSWER_SIZE, true, shm_answer_fields, NULL, {SHM_OFF_ID_LEN, SHM_OFF_HANDLE},
            {ANS_OFF_RESERVED, ANS_OFF_HANDLE});
 
-size_t tally_shm_msg_encode(const tally_shm_msg_t *m,
-                            uint8_t out[TALLY_SHM_MSG_HEADER + TALLY_SHM_ROUTING_ID_MAX])
+/* Op 3's block after the routing id (PROTOCOL.md §10 "Device memory"). */
+enum {
+    DEV_OFF_SIZE = 0,
+    DEV_OFF_UUID = 8,
+    DEV_OFF_FLAGS = 24,
+    DEV_OFF_RESERVED = 28,
+    DEV_OFF_EVENT = 32
+};
+
+size_t tally_shm_msg_encode(const tally_shm_msg_t *m, uint8_t out[TALLY_SHM_MSG_MAX])
 {
     layout_encode(&shm_msg_layout, m, out);
     memcpy(out + SHM_OFF_ID, m->id, m->id_len);
-    return TALLY_SHM_MSG_HEADER + m->id_len;
+    size_t len = TALLY_SHM_MSG_HEADER + m->id_len;
+    if (m->op != TALLY_SHM_OP_REGISTER_DEVICE)
+        return len;
+    uint8_t *dev = out + len;
+    memset(dev, 0, TALLY_SHM_DEV_SIZE);
+    tally_put_u64(dev + DEV_OFF_SIZE, m->dev_size);
+    memcpy(dev + DEV_OFF_UUID, m->gpu_uuid, TALLY_GPU_UUID_SIZE);
+    tally_put_u32(dev + DEV_OFF_FLAGS, m->dev_flags);
+    memcpy(dev + DEV_OFF_EVENT, m->event, TALLY_GPU_EVENT_SIZE);
+    return len + TALLY_SHM_DEV_SIZE;
+}
+
+/* Op 3's block at dev (its length already checked). */
+static tally_status_t dev_decode(const uint8_t *dev, tally_shm_msg_t *m, char *msg, size_t msg_cap)
+{
+    m->dev_size = tally_get_u64(dev + DEV_OFF_SIZE);
+    memcpy(m->gpu_uuid, dev + DEV_OFF_UUID, TALLY_GPU_UUID_SIZE);
+    m->dev_flags = tally_get_u32(dev + DEV_OFF_FLAGS);
+    memcpy(m->event, dev + DEV_OFF_EVENT, TALLY_GPU_EVENT_SIZE);
+    if (m->dev_size == 0)
+        return fail(TALLY_E_PARAM, msg, msg_cap, "device region of size 0");
+    if (m->dev_flags & ~(TALLY_SHM_DEV_EVENT | TALLY_SHM_DEV_OUTPUT))
+        return fail(TALLY_E_PARAM, msg, msg_cap, "unknown device-region flags 0x%x",
+                    (unsigned)m->dev_flags);
+    if (!all_zero(dev + DEV_OFF_RESERVED, 4))
+        return fail(TALLY_E_PARAM, msg, msg_cap, "reserved device-region bytes are not zero");
+    if (!(m->dev_flags & TALLY_SHM_DEV_EVENT) && !all_zero(m->event, TALLY_GPU_EVENT_SIZE))
+        return fail(TALLY_E_PARAM, msg, msg_cap, "an event handle without DEV_EVENT");
+    return TALLY_OK;
 }
 
 tally_status_t tally_shm_msg_decode(const uint8_t *buf, size_t len, tally_shm_msg_t *m, char *msg,
@@ -1093,21 +1129,24 @@ tally_status_t tally_shm_msg_decode(const uint8_t *buf, size_t len, tally_shm_ms
     if (buf[HEAD_OFF_VERSION] != TALLY_PROTO_VERSION)
         return fail(TALLY_E_VERSION, msg, msg_cap, "side-channel version %u is not supported",
                     buf[HEAD_OFF_VERSION]);
-    if (m->op != TALLY_SHM_OP_REGISTER && m->op != TALLY_SHM_OP_RELEASE)
+    if (m->op != TALLY_SHM_OP_REGISTER && m->op != TALLY_SHM_OP_RELEASE &&
+        m->op != TALLY_SHM_OP_REGISTER_DEVICE)
         return fail(TALLY_E_OPCODE, msg, msg_cap, "unknown side-channel operation %u", m->op);
     if (buf[SHM_OFF_RESERVED] != 0)
         return fail(TALLY_E_PARAM, msg, msg_cap, "reserved byte 7 is not zero");
-    bool reg = m->op == TALLY_SHM_OP_REGISTER;
+    bool reg = m->op != TALLY_SHM_OP_RELEASE;
+    bool dev = m->op == TALLY_SHM_OP_REGISTER_DEVICE;
     if (reg && (m->id_len == 0 || m->handle != 0))
         return fail(TALLY_E_PARAM, msg, msg_cap, "register needs a routing id and handle 0");
     if (!reg && m->id_len != 0)
         return fail(TALLY_E_PARAM, msg, msg_cap, "release takes no routing id");
-    if (len != TALLY_SHM_MSG_HEADER + (size_t)m->id_len)
+    size_t want = TALLY_SHM_MSG_HEADER + (size_t)m->id_len + (dev ? TALLY_SHM_DEV_SIZE : 0);
+    if (len != want)
         return fail(TALLY_E_HEADER, msg, msg_cap,
-                    "side-channel message of %zu bytes, expected %d + %u", len,
-                    TALLY_SHM_MSG_HEADER, m->id_len);
+                    "side-channel message of %zu bytes, expected %d + %u%s", len,
+                    TALLY_SHM_MSG_HEADER, m->id_len, dev ? " + 96" : "");
     memcpy(m->id, buf + SHM_OFF_ID, m->id_len);
-    return TALLY_OK;
+    return dev ? dev_decode(buf + SHM_OFF_ID + m->id_len, m, msg, msg_cap) : TALLY_OK;
 }
 
 void tally_shm_answer_encode(const tally_shm_answer_t *a, uint8_t out[TALLY_SHM_ANSWER_SIZE])

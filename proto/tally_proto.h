@@ -141,7 +141,7 @@ typedef enum {
     TALLY_E_BUSY = 21,           /* the peer already has its share of in-flight requests */
     TALLY_E_CLIENT_STREAMS = 22, /* the client identity holds its maximum of streams */
     TALLY_E_RATE = 23,           /* the client identity creates streams faster than allowed */
-    TALLY_E_WINDOW = 24,         /* a window query longer than the daemon keeps, or windows are off */
+    TALLY_E_WINDOW = 24, /* a window query longer than the daemon keeps, or windows are off */
     /* 25 is reserved for issue 12. */
     TALLY_STATUS_WIRE_COUNT = 25,
 
@@ -157,7 +157,7 @@ typedef enum {
 /* A stable, lower-case, one-word name for a status ("ok", "bad_header", ...) and a sentence. */
 TALLY_API const char *tally_status_name(tally_status_t status);
 TALLY_API const char *tally_status_text(tally_status_t status);
-TALLY_API const char *tally_op_name(tally_op_t op);          /* "filter", ... or NULL when unknown */
+TALLY_API const char *tally_op_name(tally_op_t op); /* "filter", ... or NULL when unknown */
 TALLY_API const char *tally_dtype_name(tally_dtype_t dtype); /* "i32", "u8", ... or NULL */
 TALLY_API const char *tally_pred_name(tally_pred_t pred);    /* "gt", ... or NULL */
 /* Size in bytes of one element, 0 for NONE/TEXT or an unknown dtype (rgb8: 3, one pixel). */
@@ -345,12 +345,29 @@ uint64_t tally_shm_out_worst(const tally_req_t *req, uint64_t in_length);
 #define TALLY_SHM_MSG_HEADER 16      /* request: magic, version, op, id_len, handle */
 #define TALLY_SHM_ROUTING_ID_MAX 255 /* ZeroMQ routing ids are 1..255 bytes */
 #define TALLY_SHM_ANSWER_SIZE 32     /* answer: magic, version, op, status, handle, size */
+/* Op 3 registers a device region (PROTOCOL.md §10 "Device memory"): the routing id is followed
+ * by TALLY_SHM_DEV_SIZE bytes (size, GPU UUID, flags, reserved, IPC event handle). */
+#define TALLY_SHM_OP_REGISTER_DEVICE 3
+#define TALLY_SHM_DEV_SIZE 96
+/* DEV_EVENT: `event` holds an IPC event handle, tallyd's stream waits on it; DEV_OUTPUT: the
+ * region may be written (an output region). */
+#define TALLY_SHM_DEV_EVENT 0x1u
+#define TALLY_SHM_DEV_OUTPUT 0x2u
+#define TALLY_GPU_UUID_SIZE 16
+#define TALLY_GPU_EVENT_SIZE 64 /* cudaIpcEventHandle_t */
+/* A device region's handle has this bit set; a host region's never does. */
+#define TALLY_SHM_DEVICE_HANDLE_BIT (UINT64_C(1) << 63)
 
 typedef struct {
     uint8_t op;      /* TALLY_SHM_OP_* */
     uint64_t handle; /* release: the region; register: 0 */
     uint8_t id_len;  /* register: the routing id's length, 1..255 */
     uint8_t id[TALLY_SHM_ROUTING_ID_MAX];
+    /* op 3 (register a device region) only: */
+    uint64_t dev_size;                     /* the whole allocation's size, not 0 */
+    uint8_t gpu_uuid[TALLY_GPU_UUID_SIZE]; /* the GPU that holds it */
+    uint32_t dev_flags;                    /* TALLY_SHM_DEV_* */
+    uint8_t event[TALLY_GPU_EVENT_SIZE];   /* with TALLY_SHM_DEV_EVENT; else zero */
 } tally_shm_msg_t;
 
 typedef struct {
@@ -360,9 +377,10 @@ typedef struct {
     uint64_t size;   /* register: the region's size in bytes */
 } tally_shm_answer_t;
 
-/* Writes a side-channel request; returns its length (16 + id_len). */
-size_t tally_shm_msg_encode(const tally_shm_msg_t *m,
-                            uint8_t out[TALLY_SHM_MSG_HEADER + TALLY_SHM_ROUTING_ID_MAX]);
+/* The longest side-channel request: a device registration with a 255-byte routing id. */
+#define TALLY_SHM_MSG_MAX (TALLY_SHM_MSG_HEADER + TALLY_SHM_ROUTING_ID_MAX + TALLY_SHM_DEV_SIZE)
+/* Writes a side-channel request; returns its length (16 + id_len, + 96 for op 3). */
+size_t tally_shm_msg_encode(const tally_shm_msg_t *m, uint8_t out[TALLY_SHM_MSG_MAX]);
 /* TALLY_E_HEADER, E_MAGIC, E_VERSION, E_OPCODE or E_PARAM (with msg) for a malformed request.
  * m->op is byte 5 whenever len >= TALLY_SHM_MSG_HEADER, even then (an answer echoes it). */
 tally_status_t tally_shm_msg_decode(const uint8_t *buf, size_t len, tally_shm_msg_t *m, char *msg,

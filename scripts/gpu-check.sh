@@ -20,11 +20,18 @@
 #   memcheck, racecheck
 #               the kernel test (quick) under compute-sanitizer
 #   daemon-memcheck
-#               test_pipeline_gpu and test_shm_gpu with tallyd itself under compute-sanitizer
+#               test_pipeline_gpu, test_shm_gpu and test_gpu_region (without its bench) with
+#               tallyd itself under compute-sanitizer
 #               memcheck (the split over real CUDA streams included); reports in
 #               $OUT/memcheck-PID.log. test_shm's test_sigterm_inflight_refs counts on requests
 #               still running at SIGTERM; under the tool they may all have finished (seen on the
 #               H100, 2026-11-23: its only failure there, with 0 memcheck errors in every run)
+#   region      device regions (issue 23, PROTOCOL.md §10 "Device memory"): test_gpu_region, one
+#               run of about a minute: every op and dtype by device reference against the same
+#               bytes as payloads on a CPU-backend tallyd (replies and stream records identical),
+#               a garbage fd, a wrong size, an unknown UUID, a producer killed with requests in
+#               flight, and the bench row (hist u8 on 64 and 256 MiB device regions, 8 in flight,
+#               against tk_cuda_hist_u8 on local memory in the same run: lines "bench:")
 #   kernels     bench/kernel_bench (kernels against copy bandwidth and CUB)
 #   variants    kernel_bench and the quick kernel test of builds with other tuning constants:
 #               VARIANTS="name:-DFLAG=V,-DFLAG2=W ..."
@@ -136,9 +143,17 @@ EOF
     240 "$B/tests/test_pipeline_gpu" >"$OUT/test_pipeline-memcheck.log" 2>&1
   TALLYD_BIN="$wrap" TALLY_SHM_ENGINE=cuda timed "test_shm (tallyd under memcheck)" 240 \
     "$B/tests/test_shm_gpu" >"$OUT/test_shm-memcheck.log" 2>&1
+  TALLYD_BIN="$wrap" TALLY_REGION_QUICK=1 timed "test_gpu_region (tallyd under memcheck)" 300 \
+    "$B/tests/test_gpu_region" >"$OUT/test_gpu_region-memcheck.log" 2>&1
   grep -hE "\[  FAILED  \]|did not start|LINE|timed out" "$OUT"/test_*-memcheck.log | sort | uniq -c |
     head -20 | tee -a "$S"
   note "memcheck summaries: $(grep -h 'ERROR SUMMARY' "$OUT"/memcheck-*.log 2>/dev/null | sort | uniq -c | tr '\n' ';')"
+}
+
+step_region() {
+  timed test_gpu_region 300 "$B/tests/test_gpu_region" >"$OUT/test_gpu_region.log" 2>&1
+  grep -E "differential|libtally|wrong size|producer killed|bench:|PASSED|FAILED|ERROR|LINE|skipped" \
+    "$OUT/test_gpu_region.log" | head -32 | tee -a "$S"
 }
 
 step_kernels() {
@@ -282,7 +297,7 @@ date -u >>"$S"
 build
 for step in $STEPS; do
   case $step in
-  ctest | suites | diff | kernels | variants | profile | info | systemd | soak) "step_$step" ;;
+  ctest | suites | diff | region | kernels | variants | profile | info | systemd | soak) "step_$step" ;;
   soak-collect) step_soak_collect ;;
   asan-stop) step_asan_stop ;;
   kernel-test) step_kernel_test ;;

@@ -1059,12 +1059,60 @@ static void test_shm_ref(void **state)
     assert_int_equal(tally_shm_ref_validate(&hist, &r, MAX_BATCH, msg, sizeof msg), TALLY_OK);
 }
 
+/* Op 3 (PROTOCOL.md §10 "Device memory"): the 96-byte block after the routing id, at its offsets,
+ * and every rule that makes it malformed. */
+static void test_shm_device_message(void **state)
+{
+    (void)state;
+    char msg[256];
+    tally_shm_msg_t m = {.op = TALLY_SHM_OP_REGISTER_DEVICE,
+                         .id_len = 2,
+                         .id = {'p', 'q'},
+                         .dev_size = 2u << 20,
+                         .dev_flags = TALLY_SHM_DEV_EVENT | TALLY_SHM_DEV_OUTPUT},
+                    back;
+    for (int i = 0; i < TALLY_GPU_UUID_SIZE; i++)
+        m.gpu_uuid[i] = (uint8_t)(0xA0 + i);
+    for (int i = 0; i < TALLY_GPU_EVENT_SIZE; i++)
+        m.event[i] = (uint8_t)(i + 1);
+    uint8_t buf[TALLY_SHM_MSG_MAX];
+    size_t len = tally_shm_msg_encode(&m, buf);
+    assert_int_equal(len, 16 + 2 + 96);
+    assert_int_equal(tally_get_u64(buf + 18), 2u << 20); /* size right after the routing id */
+    assert_int_equal(buf[18 + 8], 0xA0);                 /* the UUID at 8 */
+    assert_int_equal(tally_get_u32(buf + 18 + 24), 3);   /* flags at 24 */
+    assert_int_equal(buf[18 + 32], 1);                   /* the event at 32 */
+    assert_int_equal(tally_shm_msg_decode(buf, len, &back, msg, sizeof msg), TALLY_OK);
+    assert_int_equal(back.dev_size, 2u << 20);
+    assert_memory_equal(back.gpu_uuid, m.gpu_uuid, TALLY_GPU_UUID_SIZE);
+    assert_memory_equal(back.event, m.event, TALLY_GPU_EVENT_SIZE);
+    assert_int_equal(back.dev_flags, 3);
+    /* the block is exactly 96 bytes */
+    assert_int_equal(tally_shm_msg_decode(buf, len - 1, &back, msg, sizeof msg), TALLY_E_HEADER);
+    assert_int_equal(tally_shm_msg_decode(buf, len - 96, &back, msg, sizeof msg), TALLY_E_HEADER);
+    buf[18 + 28] = 1; /* reserved */
+    assert_int_equal(tally_shm_msg_decode(buf, len, &back, msg, sizeof msg), TALLY_E_PARAM);
+    buf[18 + 28] = 0;
+    tally_put_u32(buf + 18 + 24, 4); /* unknown flag */
+    assert_int_equal(tally_shm_msg_decode(buf, len, &back, msg, sizeof msg), TALLY_E_PARAM);
+    tally_put_u32(buf + 18 + 24, TALLY_SHM_DEV_OUTPUT); /* an event without DEV_EVENT */
+    assert_int_equal(tally_shm_msg_decode(buf, len, &back, msg, sizeof msg), TALLY_E_PARAM);
+    memset(buf + 18 + 32, 0, TALLY_GPU_EVENT_SIZE);
+    assert_int_equal(tally_shm_msg_decode(buf, len, &back, msg, sizeof msg), TALLY_OK);
+    tally_put_u64(buf + 18, 0); /* size 0 */
+    assert_int_equal(tally_shm_msg_decode(buf, len, &back, msg, sizeof msg), TALLY_E_PARAM);
+    assert_int_equal(back.op, TALLY_SHM_OP_REGISTER_DEVICE);
+    m.id_len = 0; /* op 3 needs a routing id, as op 1 does */
+    len = tally_shm_msg_encode(&m, buf);
+    assert_int_equal(tally_shm_msg_decode(buf, len, &back, msg, sizeof msg), TALLY_E_PARAM);
+}
+
 static void test_shm_side_messages(void **state)
 {
     (void)state;
     char msg[256];
     tally_shm_msg_t m = {.op = TALLY_SHM_OP_REGISTER, .id_len = 3, .id = {'a', 'b', 'c'}}, back;
-    uint8_t buf[TALLY_SHM_MSG_HEADER + TALLY_SHM_ROUTING_ID_MAX];
+    uint8_t buf[TALLY_SHM_MSG_MAX];
     size_t len = tally_shm_msg_encode(&m, buf);
     assert_int_equal(len, 19);
     assert_int_equal(tally_shm_msg_decode(buf, len, &back, msg, sizeof msg), TALLY_OK);
@@ -1816,6 +1864,7 @@ int main(void)
         cmocka_unit_test(test_reject_filter_flags),
         cmocka_unit_test(test_shm_ref),
         cmocka_unit_test(test_shm_side_messages),
+        cmocka_unit_test(test_shm_device_message),
         cmocka_unit_test(test_reject_scan_flags),
         cmocka_unit_test(test_reject_scan_params),
         cmocka_unit_test(test_reject_hist_u8_params),

@@ -344,7 +344,7 @@ static void send_malformed(const th_daemon_t *d, const malformed_t *m)
 {
     int base = th_fd_count(d->pid);
     int side = connect_side();
-    uint8_t buf[300] = {0};
+    uint8_t buf[TALLY_SHM_MSG_MAX] = {0};
     tally_shm_msg_t msg = {.op = m->op, .handle = m->op == TALLY_SHM_OP_RELEASE ? 42 : 0};
     if (m->op == TALLY_SHM_OP_REGISTER) {
         msg.id_len = 1;

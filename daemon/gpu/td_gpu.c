@@ -131,6 +131,8 @@ struct device {
     int ordinal;
     reply_pool_t pool;
     char name[128];
+    uint8_t uuid[TALLY_GPU_UUID_SIZE]; /* device regions name it (PROTOCOL.md §10) */
+    bool has_uuid;
     lane_t *lanes;
     unsigned lane_count;
     atomic_bool dead;
@@ -334,6 +336,9 @@ static td_gpu_job_t make_job(const td_request_t *r, unsigned slot)
         .src = td_shm_region_direct(r->shm_in) ? r->payload : NULL,
         .dst = td_shm_region_direct(r->shm_out) ? r->out_ptr : NULL,
     };
+    unsigned gpu; /* a device region is read in place (td_sched placed r on its GPU) */
+    if (td_shm_region_device(r->shm_in, &gpu, &job.dev_import))
+        job.dev_src = r->payload;
     return job;
 }
 
@@ -359,9 +364,12 @@ static void launch(lane_t *l, slot_t *slot)
     tally_status_t st = TALLY_E_BACKEND;
     /* A batch above the buffers only comes here when it splits (td_sched.c); never overrun the
      * staging slot should that ever not hold: fail it, and the CPU reruns it. */
-    if (pieces < 2 && r->payload_len > l->gpu->opts.max_batch)
+    bool in_place_hist = job.dev_src && r->req.opcode == TALLY_OP_HIST; /* no device buffer */
+    if (pieces < 2 && r->payload_len > l->gpu->opts.max_batch && !in_place_hist)
         goto failed;
-    if (job.src == NULL) /* a ZeroMQ payload (pageable): through pinned staging */
+    /* A ZeroMQ payload (pageable) goes through pinned staging; a device region's payload is a
+     * device address, never read here. */
+    if (job.src == NULL && job.dev_src == NULL)
         memcpy(s->in, r->payload, r->payload_len);
     if (job.dst == NULL && !r->out_ptr && output_bytes(r)) /* the reply, built in place */
         job.dst = slot->reply_buf = pool_take(&l->dev->pool, output_bytes(r));
@@ -599,6 +607,73 @@ void td_gpu_region_unregister(td_gpu_t *g, void *base)
     g->engine->region_unregister(g->engine->ctx, base);
 }
 
+/* The usable device with this UUID, or -1. */
+static int device_by_uuid(const td_gpu_t *g, const uint8_t *uuid)
+{
+    for (unsigned i = 0; i < g->device_count; i++) {
+        const device_t *d = &g->devices[i];
+        if (d->has_uuid && !atomic_load(&d->dead) && memcmp(d->uuid, uuid, sizeof d->uuid) == 0)
+            return (int)i;
+    }
+    return -1;
+}
+
+void td_gpu_uuid_string(const uint8_t *uuid, char *buf, size_t cap)
+{
+    const uint8_t *u = uuid;
+    snprintf(buf, cap, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+             u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
+             u[14], u[15]);
+}
+
+size_t td_gpu_uuids(const td_gpu_t *g, char *buf, size_t cap)
+{
+    size_t len = 0;
+    if (cap)
+        buf[0] = '\0';
+    for (unsigned i = 0; g && i < g->device_count; i++) {
+        const device_t *d = &g->devices[i];
+        if (!d->has_uuid || atomic_load(&d->dead) || len + 42 > cap)
+            continue;
+        if (len)
+            buf[len++] = ',';
+        td_gpu_uuid_string(d->uuid, buf + len, cap - len);
+        len += strlen(buf + len);
+    }
+    return len;
+}
+
+tally_status_t td_gpu_dev_import(td_gpu_t *g, const uint8_t *uuid, int fd, uint64_t size,
+                                 bool writable, const uint8_t *event, unsigned *gpu, void **import,
+                                 void **ptr, char *why, size_t why_cap)
+{
+    int i = device_by_uuid(g, uuid);
+    if (i < 0) {
+        char s[48];
+        td_gpu_uuid_string(uuid, s, sizeof s);
+        snprintf(why, why_cap, "no GPU with UUID %s", s);
+        return TALLY_E_BAD_REF;
+    }
+    if (!g->engine->dev_import) {
+        snprintf(why, why_cap, "the %s engine cannot import GPU memory", g->engine->name);
+        return TALLY_E_BAD_REF;
+    }
+    tally_status_t st = g->engine->dev_import(g->engine->ctx, g->devices[i].ordinal, fd, size,
+                                              writable, event, import, ptr, why, why_cap);
+    *gpu = (unsigned)i;
+    if (st == TALLY_E_BACKEND) { /* the device's own failure: `internal` (PROTOCOL.md §10) */
+        td_warn("GPU %d: cannot import a device region: %s", g->devices[i].ordinal, why);
+        st = TALLY_E_INTERNAL;
+    }
+    return st;
+}
+
+void td_gpu_dev_release(td_gpu_t *g, unsigned gpu, void *import)
+{
+    (void)gpu;
+    g->engine->dev_release(g->engine->ctx, import);
+}
+
 unsigned td_gpu_device_count(const td_gpu_t *g)
 {
     return g->device_count;
@@ -704,6 +779,7 @@ static tally_status_t device_open(td_gpu_t *g, device_t *d, int ordinal, char *w
     d->ordinal = ordinal;
     atomic_init(&d->dead, false);
     g->engine->describe(g->engine->ctx, ordinal, d->name, sizeof d->name);
+    d->has_uuid = g->engine->device_uuid(g->engine->ctx, ordinal, d->uuid) == TALLY_OK;
     pool_open(&d->pool, g->engine, ordinal, g->opts.max_batch);
     d->lanes = calloc(g->opts.lanes, sizeof *d->lanes);
     if (!d->lanes) {

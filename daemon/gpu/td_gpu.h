@@ -66,6 +66,17 @@ bool td_gpu_splittable(const td_gpu_t *self, const td_request_t *r);
  * (td_shm.c calls it on a worker); unregister on the loop thread. */
 bool td_gpu_region_register(td_gpu_t *self, void *base, size_t size, bool read_only);
 void td_gpu_region_unregister(td_gpu_t *self, void *base);
+/* Device regions (PROTOCOL.md §10 "Device memory", td_shm_env_t's dev_import and dev_release):
+ * imports on the usable device with `uuid` (TALLY_E_BAD_REF "no GPU with UUID ..." when none
+ * has it); *gpu is that device's number here. */
+tally_status_t td_gpu_dev_import(td_gpu_t *self, const uint8_t *uuid, int fd, uint64_t size,
+                                 bool writable, const uint8_t *event, unsigned *gpu, void **import,
+                                 void **ptr, char *why, size_t why_cap);
+void td_gpu_dev_release(td_gpu_t *self, unsigned gpu, void *import);
+/* "GPU-" and the 16 bytes in hex, 8-4-4-4-12 (nvidia-smi -L's form), at buf (>= 41 bytes). */
+void td_gpu_uuid_string(const uint8_t *uuid, char *buf, size_t cap);
+/* The usable devices' UUIDs, comma-separated, at buf (`info` gpu_uuids); their length. */
+size_t td_gpu_uuids(const td_gpu_t *self, char *buf, size_t cap);
 
 /* One more than the highest ordinal opened (the per-GPU counters are indexed by ordinal). */
 unsigned td_gpu_ordinals(const td_gpu_t *self);

@@ -27,12 +27,17 @@
  * (cudaLaunchHostFunc skips it on error), so the pipeline's watchdog asks lane_check
  * (cudaStreamQuery) when a launch takes too long.
  */
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include "td_cu_driver.h"
 #include "td_gpu_engine.h"
 #include "tk_cuda.h"
 
@@ -159,31 +164,198 @@ static tally_status_t cuda_lane_bind(void *lane)
     return tk_cuda_status(cudaSetDevice(((cuda_lane_t *)lane)->dev.device));
 }
 
+/* ---- device regions (PROTOCOL.md §10 "Device memory") ------------------------------------ */
+
+/* One imported allocation: the producer exported it as a descriptor (cuMemExportToShareableHandle,
+ * CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR); it is imported and mapped once, on the device with
+ * the producer's UUID, and stays mapped until released: mapping per request would cost ~140 us
+ * (the probe of issue 23), the import once ~1.2 ms. The received descriptor is kept open until
+ * release: the memory lives until the last holder closes it, so a producer killed with
+ * requests in flight leaves it valid. The IPC event is opened with this device current: opening
+ * it on another device and waiting on it from this device's stream segfaults (issue 23). */
+typedef struct {
+    int fd;
+    int device;
+    size_t size;
+    CUmemGenericAllocationHandle handle;
+    bool handle_held;
+    CUdeviceptr ptr;
+    bool reserved, mapped;
+    cudaEvent_t event; /* NULL without DEV_EVENT */
+} cuda_import_t;
+
+/* The driver functions, resolved once (td_cu_driver.h); cu_ok false: no device regions. */
+static td_cu_driver_t cu;
+static bool cu_ok;
+static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
+
+static void cu_load(void)
+{
+    cu_ok = td_cu_driver_load(&cu);
+}
+
+static tally_status_t cuda_device_uuid(void *ctx, int device, uint8_t uuid[TALLY_GPU_UUID_SIZE])
+{
+    (void)ctx;
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return TALLY_E_BACKEND;
+    }
+    memcpy(uuid, prop.uuid.bytes, TALLY_GPU_UUID_SIZE);
+    return TALLY_OK;
+}
+
+/* Undoes what an import got to (its descriptor stays open: the caller's or release's). */
+static void import_undo(cuda_import_t *im)
+{
+    if (im->event)
+        (void)cudaEventDestroy(im->event);
+    if (im->mapped)
+        (void)cu.mem_unmap(im->ptr, im->size);
+    if (im->reserved)
+        (void)cu.address_free(im->ptr, im->size);
+    if (im->handle_held)
+        (void)cu.mem_release(im->handle);
+    (void)cudaGetLastError();
+}
+
+/* Maps the imported handle at a reserved range and gives the device access: read-only for an
+ * input region, so a kernel that writes to it faults instead of changing the producer's data. */
+static tally_status_t import_map(cuda_import_t *im, bool writable, char *why, size_t why_cap)
+{
+    /* A size that is no multiple of the granularity fails here, another wrong one at cuMemMap:
+     * either way the client's (running out of addresses in 2^47 bytes is not plausible). */
+    if (cu.address_reserve(&im->ptr, im->size, 0, 0, 0) != CUDA_SUCCESS) {
+        snprintf(why, why_cap, "size %zu is not the allocation's size (no such address range)",
+                 im->size);
+        return TALLY_E_BAD_REF;
+    }
+    im->reserved = true;
+    CUresult rc = cu.mem_map(im->ptr, im->size, 0, im->handle, 0);
+    if (rc != CUDA_SUCCESS) { /* NOT_SUPPORTED: any size but the whole allocation's */
+        snprintf(why, why_cap, "size %zu is not the allocation's size (cuMemMap: %d)", im->size,
+                 (int)rc);
+        return TALLY_E_BAD_REF;
+    }
+    im->mapped = true;
+    CUmemAccessDesc access = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = im->device},
+                              .flags = writable ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                                                : CU_MEM_ACCESS_FLAGS_PROT_READ};
+    if (cu.set_access(im->ptr, im->size, &access, 1) != CUDA_SUCCESS) {
+        snprintf(why, why_cap, "cannot give GPU %d access to the allocation", im->device);
+        return TALLY_E_BACKEND;
+    }
+    return TALLY_OK;
+}
+
+/* Opens the producer's IPC event with the device current (see cuda_import_t). */
+static tally_status_t import_event(cuda_import_t *im, const uint8_t *event, char *why,
+                                   size_t why_cap)
+{
+    cudaIpcEventHandle_t h;
+    memcpy(&h, event, sizeof h < TALLY_GPU_EVENT_SIZE ? sizeof h : TALLY_GPU_EVENT_SIZE);
+    if (cudaIpcOpenEventHandle(&im->event, h) != cudaSuccess) {
+        (void)cudaGetLastError();
+        im->event = NULL;
+        snprintf(why, why_cap, "the IPC event does not open");
+        return TALLY_E_BAD_REF;
+    }
+    return TALLY_OK;
+}
+
+static tally_status_t cuda_dev_import(void *ctx, int device, int fd, uint64_t size, bool writable,
+                                      const uint8_t *event, void **import, void **ptr, char *why,
+                                      size_t why_cap)
+{
+    (void)ctx;
+    tally_status_t st = TALLY_E_BACKEND;
+    cuda_import_t *im = calloc(1, sizeof *im);
+    if (!im) {
+        snprintf(why, why_cap, "out of memory");
+        return TALLY_E_INTERNAL;
+    }
+    *im = (cuda_import_t){.fd = fd, .device = device, .size = (size_t)size};
+    pthread_once(&cu_once, cu_load);
+    if (!cu_ok) {
+        snprintf(why, why_cap, "the CUDA driver lacks the virtual memory management API");
+        goto fail;
+    }
+    /* The runtime's primary context of the device, current on this thread for the driver calls. */
+    if (cudaSetDevice(device) != cudaSuccess || cudaFree(0) != cudaSuccess) {
+        snprintf(why, why_cap, "GPU %d: %s", device, cudaGetErrorString(cudaGetLastError()));
+        goto fail;
+    }
+    /* A garbage descriptor gives CUDA_ERROR_UNKNOWN here, not sticky: the client's fault. */
+    if (cu.mem_import(&im->handle, (void *)(uintptr_t)fd,
+                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != CUDA_SUCCESS) {
+        snprintf(why, why_cap, "the descriptor is not an exportable GPU allocation");
+        st = TALLY_E_BAD_REF;
+        goto fail;
+    }
+    im->handle_held = true;
+    st = import_map(im, writable, why, why_cap);
+    if (st == TALLY_OK && event)
+        st = import_event(im, event, why, why_cap);
+    if (st != TALLY_OK)
+        goto fail;
+    *import = im;
+    *ptr = (void *)(uintptr_t)im->ptr;
+    return TALLY_OK;
+fail:
+    import_undo(im);
+    free(im);
+    return st;
+}
+
+static void cuda_dev_release(void *ctx, void *import)
+{
+    (void)ctx;
+    cuda_import_t *im = import;
+    /* No kernel of ours still reads it: the last request using it has been answered, after its
+     * kernel completed. So no synchronisation, which would stall the loop thread. */
+    (void)cudaSetDevice(im->device);
+    import_undo(im);
+    close(im->fd); /* now the producer's driver may free the memory */
+    free(im);
+}
+
+/* The lane's stream waits on the region's IPC event, when it has one: the producer recorded it
+ * after filling the range and before sending the request. */
+static tally_status_t cuda_dev_wait(void *import, cudaStream_t stream)
+{
+    cuda_import_t *im = import;
+    if (!im || !im->event)
+        return TALLY_OK;
+    return tk_cuda_status(cudaStreamWaitEvent(stream, im->event, 0));
+}
+
 /* The lane's small results on the device. */
 static td_gpu_small_t *lane_small(const cuda_lane_t *l)
 {
     return l->dev.d_small;
 }
 
-/* Enqueues the kernel of one job on the lane. */
-static tally_status_t enqueue_kernel(cuda_lane_t *l, const td_gpu_job_t *job)
+/* Enqueues the kernel of one job on the lane, reading d_in (the lane's input buffer, or a device
+ * region in place). */
+static tally_status_t enqueue_kernel(cuda_lane_t *l, const td_gpu_job_t *job, const void *d_in)
 {
     switch (job->opcode) {
     case TALLY_OP_FILTER:
-        return tk_cuda_filter((tally_dtype_t)job->dtype, l->dev.d_in, job->n, &job->spec,
-                              l->dev.d_out, &lane_small(l)->kept, l->dev.d_scratch,
-                              l->dev.scratch_bytes, l->dev.stream);
+        return tk_cuda_filter((tally_dtype_t)job->dtype, d_in, job->n, &job->spec, l->dev.d_out,
+                              &lane_small(l)->kept, l->dev.d_scratch, l->dev.scratch_bytes,
+                              l->dev.stream);
     case TALLY_OP_SCAN: {
         int64_t *carry = &l->d_carries[job->carry_index];
-        return tk_cuda_scan(l->dev.d_in, job->n, job->exclusive, job->out_i32, l->dev.d_out, carry,
-                            carry, l->dev.d_scratch, l->dev.scratch_bytes, l->dev.stream);
+        return tk_cuda_scan(d_in, job->n, job->exclusive, job->out_i32, l->dev.d_out, carry, carry,
+                            l->dev.d_scratch, l->dev.scratch_bytes, l->dev.stream);
     }
     case TALLY_OP_HIST: {
         tally_status_t st = tk_cuda_status(
             cudaMemsetAsync(&lane_small(l)->hist, 0, sizeof lane_small(l)->hist, l->dev.stream));
         if (st != TALLY_OK)
             return st;
-        return tk_cuda_hist(job->dtype, l->dev.d_in, job->n, job->lo, job->hi, &lane_small(l)->hist,
+        return tk_cuda_hist(job->dtype, d_in, job->n, job->lo, job->hi, &lane_small(l)->hist,
                             l->dev.d_scratch, l->dev.scratch_bytes, l->dev.stream);
     }
     default:
@@ -200,16 +372,21 @@ static tally_status_t cuda_lane_launch(void *lane, const td_gpu_job_t *job, td_g
     tally_status_t st = TALLY_OK;
     int64_t *d_carry = &l->d_carries[job->carry_index];
 
-    /* From a registered shared-memory region directly, else from pinned staging. */
+    /* A device region is read in place (after its producer's event); a registered
+     * shared-memory region is copied directly, anything else from pinned staging. */
     const void *src = job->src ? job->src : s->in;
     void *dst = job->dst ? job->dst : s->out;
-    if (job->n)
+    if (job->dev_src)
+        st = cuda_dev_wait(job->dev_import, l->dev.stream);
+    else if (job->n)
         TK_CUDA_TRY(cudaMemcpyAsync(l->dev.d_in, src, job->n * esize, cudaMemcpyHostToDevice,
                                     l->dev.stream));
+    if (st != TALLY_OK)
+        goto fail;
     if (job->carry_upload) /* whatever the operation: it starts the named stream's chain */
         TK_CUDA_TRY(cudaMemcpyAsync(d_carry, &s->small->carry, sizeof(int64_t),
                                     cudaMemcpyHostToDevice, l->dev.stream));
-    st = enqueue_kernel(l, job);
+    st = enqueue_kernel(l, job, job->dev_src ? job->dev_src : l->dev.d_in);
     if (st != TALLY_OK)
         goto fail;
     switch (job->opcode) {

@@ -64,6 +64,11 @@ typedef struct {
     unsigned slot;
     const void *src; /* registered input, or NULL */
     void *dst;       /* registered output (at least the operation's worst case), or NULL */
+    /* Input in a device region (PROTOCOL.md §10 "Device memory"): the kernel reads it in place,
+     * no copy; NULL otherwise. dev_import is that region's import (dev_import's *import): when
+     * it opened an IPC event, the lane waits on it first. */
+    const void *dev_src;
+    void *dev_import;
 } td_gpu_job_t;
 
 /* What a device scan carry holds in the sim and fault engines when no request uploaded it, or
@@ -142,6 +147,24 @@ struct td_gpu_engine {
      * libuv worker thread (pinning a large region takes milliseconds), never per request. */
     tally_status_t (*region_register)(void *ctx, void *base, size_t size, bool read_only);
     void (*region_unregister)(void *ctx, void *base);
+    /* Device regions (PROTOCOL.md §10 "Device memory"). The device's UUID, as cuDeviceGetUuid
+     * gives it (sim: "tallyd-sim-gpu", 0, the device number). */
+    tally_status_t (*device_uuid)(void *ctx, int device, uint8_t uuid[TALLY_GPU_UUID_SIZE]);
+    /* Imports an allocation another process exported as a descriptor (fd, `size` bytes: the
+     * whole allocation) on `device`, maps it once and gives `device` access to it, read-only
+     * unless `writable`; with `event` (TALLY_GPU_EVENT_SIZE bytes) opens that IPC event on
+     * `device` (where the streams that wait on it are). TALLY_OK: *import is what dev_release
+     * takes, *ptr the address the device reads, and the import owns fd (closed at dev_release:
+     * only then can the producer's driver free the memory). TALLY_E_BAD_REF with why when the
+     * client is at fault (not an exported allocation, a wrong size, an event that does not
+     * open), TALLY_E_BACKEND for the device's own failure; fd stays the caller's. On a libuv
+     * worker thread (an import takes about a millisecond), never per request. NULL: the engine
+     * cannot import. */
+    tally_status_t (*dev_import)(void *ctx, int device, int fd, uint64_t size, bool writable,
+                                 const uint8_t *event, void **import, void **ptr, char *why,
+                                 size_t why_cap);
+    /* Unmaps, releases the imported handle and the event, closes the descriptor. */
+    void (*dev_release)(void *ctx, void *import);
     /* Host memory the devices copy to and from directly (cudaMallocHost for cuda, malloc for
      * sim), allocated at start only: the pipeline's pinned reply buffers. NULL when it cannot. */
     void *(*host_alloc)(void *ctx, int device, size_t size);
@@ -161,9 +184,10 @@ struct td_gpu_engine {
         .lane_bind = prefix##_lane_bind, .lane_launch = prefix##_lane_launch,                      \
         .lane_launch_split = prefix##_lane_launch_split, .lane_check = prefix##_lane_check,        \
         .region_register = prefix##_region_register,                                               \
-        .region_unregister = prefix##_region_unregister, .host_alloc = prefix##_host_alloc,        \
-        .host_free = prefix##_host_free, .error_string = prefix##_error_string,                    \
-        .destroy = prefix##_destroy,                                                               \
+        .region_unregister = prefix##_region_unregister, .device_uuid = prefix##_device_uuid,      \
+        .dev_import = prefix##_dev_import, .dev_release = prefix##_dev_release,                    \
+        .host_alloc = prefix##_host_alloc, .host_free = prefix##_host_free,                        \
+        .error_string = prefix##_error_string, .destroy = prefix##_destroy,                        \
     }
 
 /* Simulated devices: host memory and the CPU backend. */

@@ -256,6 +256,27 @@ static void fault_region_unregister(void *ctx, void *base)
     f->inner->region_unregister(f->inner->ctx, base);
 }
 
+static tally_status_t fault_device_uuid(void *ctx, int device, uint8_t uuid[TALLY_GPU_UUID_SIZE])
+{
+    fault_t *f = ctx;
+    return f->inner->device_uuid(f->inner->ctx, device, uuid);
+}
+
+static tally_status_t fault_dev_import(void *ctx, int device, int fd, uint64_t size, bool writable,
+                                       const uint8_t *event, void **import, void **ptr, char *why,
+                                       size_t why_cap)
+{
+    fault_t *f = ctx;
+    return f->inner->dev_import(f->inner->ctx, device, fd, size, writable, event, import, ptr, why,
+                                why_cap);
+}
+
+static void fault_dev_release(void *ctx, void *import)
+{
+    fault_t *f = ctx;
+    f->inner->dev_release(f->inner->ctx, import);
+}
+
 static void *fault_host_alloc(void *ctx, int device, size_t size)
 {
     fault_t *f = ctx;

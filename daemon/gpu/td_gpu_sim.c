@@ -9,9 +9,13 @@
  * chain that begins without uploading the host carry gives wrong sums the tests see. Failures
  * on command come from the fault engine (td_gpu_fault.c) wrapped around this one.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "td_gpu_engine.h"
@@ -119,26 +123,29 @@ static tally_status_t sim_run(sim_lane_t *l, const td_gpu_job_t *job)
     size_t kept = 0;
     int64_t *carry = &l->d_carries[job->carry_index];
     /* A registered region is read and written in place, as the CUDA engine's copies do. */
-    const void *src = job->src ? job->src : l->staging[job->slot].in;
+    const void *src = job->dev_src ? job->dev_src : job->src ? job->src : l->staging[job->slot].in;
     void *dst = job->dst ? job->dst : l->staging[job->slot].out;
-    memcpy(l->d_in, src, job->n * esize);
+    /* A device region is read in place, as the CUDA engine's kernels read it. */
+    const void *in = job->dev_src ? job->dev_src : l->d_in;
+    if (!job->dev_src)
+        memcpy(l->d_in, src, job->n * esize);
     if (job->carry_upload) /* whatever the operation: it starts the named stream's chain */
         *carry = small->carry;
     switch (job->opcode) {
     case TALLY_OP_FILTER:
-        st = cpu->filter(cpu->ctx, (tally_dtype_t)job->dtype, l->d_in, job->n, &job->spec, l->d_out,
+        st = cpu->filter(cpu->ctx, (tally_dtype_t)job->dtype, in, job->n, &job->spec, l->d_out,
                          &kept);
         l->d_small.kept = kept;
         memcpy(dst, l->d_out, job->n * esize);
         break;
     case TALLY_OP_SCAN:
-        st = cpu->scan(cpu->ctx, l->d_in, job->n, job->exclusive, job->out_i32, l->d_out, carry);
+        st = cpu->scan(cpu->ctx, in, job->n, job->exclusive, job->out_i32, l->d_out, carry);
         l->d_small.carry = *carry;
         memcpy(dst, l->d_out, job->n * (job->out_i32 ? 4 : 8));
         break;
     case TALLY_OP_HIST:
         memset(&l->d_small.hist, 0, sizeof l->d_small.hist);
-        st = tk_backend_hist(cpu, job->dtype, l->d_in, job->n, job->lo, job->hi, &l->d_small.hist);
+        st = tk_backend_hist(cpu, job->dtype, in, job->n, job->lo, job->hi, &l->d_small.hist);
         break;
     default:
         break;
@@ -238,6 +245,65 @@ static void sim_region_unregister(void *ctx, void *base)
 {
     (void)ctx;
     (void)base;
+}
+
+/* A simulated GPU's UUID: "tallyd-sim-gpu", 0, then the device number (PROTOCOL.md §10). */
+static tally_status_t sim_device_uuid(void *ctx, int device, uint8_t uuid[TALLY_GPU_UUID_SIZE])
+{
+    (void)ctx;
+    memset(uuid, 0, TALLY_GPU_UUID_SIZE);
+    memcpy(uuid, "tallyd-sim-gpu", 14);
+    uuid[15] = (uint8_t)device;
+    return TALLY_OK;
+}
+
+/* A simulated device region: the "exported allocation" is a memfd sealed against shrinking and
+ * growing (so the mapping cannot fault), mapped as the GPU would map the allocation; the
+ * descriptor is kept until release, as the CUDA engine keeps the received one. */
+typedef struct {
+    int fd;
+    void *base;
+    size_t size;
+} sim_import_t;
+
+static tally_status_t sim_dev_import(void *ctx, int device, int fd, uint64_t size, bool writable,
+                                     const uint8_t *event, void **import, void **ptr, char *why,
+                                     size_t why_cap)
+{
+    (void)ctx;
+    (void)device;
+    (void)event; /* the simulated device runs synchronously: nothing to wait for */
+    int seals = fcntl(fd, F_GET_SEALS);
+    struct stat st;
+    if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW) ||
+        fstat(fd, &st) != 0 || st.st_size <= 0) {
+        snprintf(why, why_cap, "the descriptor is not an exportable GPU allocation");
+        return TALLY_E_BAD_REF;
+    }
+    if ((uint64_t)st.st_size != size) { /* CUDA: mapping another size is NOT_SUPPORTED */
+        snprintf(why, why_cap, "size %llu is not the allocation's size", (unsigned long long)size);
+        return TALLY_E_BAD_REF;
+    }
+    sim_import_t *im = calloc(1, sizeof *im);
+    void *base = mmap(NULL, size, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
+    if (!im || base == MAP_FAILED) {
+        snprintf(why, why_cap, "cannot map the allocation: %s", im ? strerror(errno) : "no memory");
+        free(im);
+        return TALLY_E_BAD_REF;
+    }
+    *im = (sim_import_t){.fd = fd, .base = base, .size = size};
+    *import = im;
+    *ptr = base;
+    return TALLY_OK;
+}
+
+static void sim_dev_release(void *ctx, void *import)
+{
+    (void)ctx;
+    sim_import_t *im = import;
+    munmap(im->base, im->size);
+    close(im->fd);
+    free(im);
 }
 
 static void *sim_host_alloc(void *ctx, int device, size_t size)

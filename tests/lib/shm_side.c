@@ -62,7 +62,7 @@ int th_side_send(int side, uint8_t op, const char *id, uint64_t handle, int fd)
         m.id_len = (uint8_t)strlen(id);
         memcpy(m.id, id, m.id_len);
     }
-    uint8_t buf[TALLY_SHM_MSG_HEADER + TALLY_SHM_ROUTING_ID_MAX];
+    uint8_t buf[TALLY_SHM_MSG_MAX];
     size_t len = tally_shm_msg_encode(&m, buf);
     return th_side_send_raw(side, buf, len, &fd, fd >= 0 ? 1 : 0);
 }

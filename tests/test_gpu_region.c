@@ -1,0 +1,529 @@
+/*
+ * test_gpu_region.c — device regions on a real GPU (PROTOCOL.md §10 "Device memory", issue 23),
+ * the GPU host's one decisive run (scripts/gpu-check.sh STEPS=region; label gpu; exits 77 without
+ * a GPU). This process is the producer: it allocates exportable device memory (cuMemCreate with
+ * CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, rounded to the granularity), fills it, exports the
+ * descriptor and registers it with a tallyd on the GPU (--backend cuda), with an IPC event
+ * recorded after each fill. Then:
+ *   - differential: every operation and dtype by device reference against the same bytes sent as
+ *     payloads to a tallyd on the CPU backend, on named streams, twice each (the scan's carry
+ *     chained), replies and the streams' records byte for byte;
+ *   - refusals on the GPU: a descriptor that is not an exported allocation (a memfd), a wrong
+ *     size, a UUID that is not here; tallyd serves on after each;
+ *   - a producer (this program re-executed with --producer) killed with requests in flight:
+ *     tallyd goes on serving, and releases its region (the descriptor closed) once they finish;
+ *   - a benchmark row: hist u8 on 64 MiB and 256 MiB device regions, 8 in flight, against the
+ *     same kernel (tk_cuda_hist_u8) on this process's own cudaMalloc memory, in the same run.
+ */
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <cmocka.h>
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include "harness.h"
+#include "shm_side.h"
+#include "td_cu_driver.h"
+#include "tally.h"
+#include "tk_cuda.h"
+
+#define MIB (1024u * 1024u)
+#define ID "gpu-producer"
+
+typedef struct {
+    CUmemGenericAllocationHandle handle;
+    CUdeviceptr ptr;
+    size_t size;
+    int fd;
+} galloc_t;
+
+static td_cu_driver_t cu; /* the driver through the runtime: no link to libcuda.so.1 */
+static uint8_t uuid[TALLY_GPU_UUID_SIZE];
+static th_daemon_t gpu_d, cpu_d;
+static int side = -1;
+static void *zctx, *gpu_sock, *cpu_sock;
+
+#define CU_OK(call) assert_int_equal((int)(call), (int)CUDA_SUCCESS)
+#define RT_OK(call) assert_int_equal((int)(call), (int)cudaSuccess)
+
+/* size bytes (rounded up to the granularity) of exportable memory on device 0, mapped
+ * read-write here, and its descriptor. */
+static void galloc(size_t size, galloc_t *g)
+{
+    CUmemAllocationProp prop = {0};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    size_t gran = 0;
+    CU_OK(cu.mem_granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    g->size = (size + gran - 1) / gran * gran;
+    CU_OK(cu.mem_create(&g->handle, g->size, &prop, 0));
+    CU_OK(cu.address_reserve(&g->ptr, g->size, 0, 0, 0));
+    CU_OK(cu.mem_map(g->ptr, g->size, 0, g->handle, 0));
+    CUmemAccessDesc access = {.location = prop.location,
+                              .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    CU_OK(cu.set_access(g->ptr, g->size, &access, 1));
+    CU_OK(cu.mem_export(&g->fd, g->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+}
+
+static void gfree(galloc_t *g)
+{
+    cu.mem_unmap(g->ptr, g->size);
+    cu.address_free(g->ptr, g->size);
+    cu.mem_release(g->handle);
+    close(g->fd);
+}
+
+/* Op 3 on s: the answer's status (handle in *handle), -1 without an answer. */
+static int dev_register(int s, int fd, uint64_t size, const uint8_t *id_uuid,
+                        const cudaIpcEventHandle_t *event, uint64_t *handle, char *msg,
+                        size_t msg_cap)
+{
+    tally_shm_msg_t m = {
+        .op = TALLY_SHM_OP_REGISTER_DEVICE, .id_len = (uint8_t)strlen(ID), .dev_size = size};
+    memcpy(m.id, ID, strlen(ID));
+    memcpy(m.gpu_uuid, id_uuid, TALLY_GPU_UUID_SIZE);
+    if (event) {
+        m.dev_flags = TALLY_SHM_DEV_EVENT;
+        memcpy(m.event, event, sizeof *event);
+    }
+    uint8_t buf[TALLY_SHM_MSG_MAX];
+    size_t len = tally_shm_msg_encode(&m, buf);
+    th_answer_t ans;
+    if (th_side_send_raw(s, buf, len, &fd, 1) != 0 || th_side_recv(s, &ans, 10000) != 1)
+        return -1;
+    *handle = ans.a.handle;
+    if (msg)
+        snprintf(msg, msg_cap, "%s", ans.msg);
+    return (int)ans.a.status;
+}
+
+static void *dealer(const char *endpoint, const char *id)
+{
+    void *s = zmq_socket(zctx, ZMQ_DEALER);
+    int timeout = 30000, linger = 0;
+    if (id)
+        zmq_setsockopt(s, ZMQ_ROUTING_ID, id, strlen(id));
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    assert_int_equal(zmq_connect(s, endpoint), 0);
+    return s;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        print_message("no GPU: skipped\n");
+        exit(77);
+    }
+    struct cudaDeviceProp prop;
+    if (cudaSetDevice(0) != cudaSuccess || cudaFree(0) != cudaSuccess ||
+        cudaGetDeviceProperties(&prop, 0) != cudaSuccess)
+        return -1;
+    memcpy(uuid, prop.uuid.bytes, sizeof uuid);
+    if (!td_cu_driver_load(&cu))
+        return -1;
+    const char *const gpu_args[] = {"--backend", "cuda", "--max-batch", "268435456", NULL};
+    const char *const cpu_args[] = {"--backend", "cpu", "--max-batch", "268435456", NULL};
+    if (th_daemon_start(&gpu_d, gpu_args) != 0 || th_daemon_start(&cpu_d, cpu_args) != 0)
+        return -1;
+    side = th_side_connect(gpu_d.shm_socket);
+    zctx = zmq_ctx_new();
+    gpu_sock = dealer(gpu_d.endpoint, ID);
+    cpu_sock = dealer(cpu_d.endpoint, NULL);
+    return side >= 0 ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    zmq_close(gpu_sock);
+    zmq_close(cpu_sock);
+    zmq_ctx_term(zctx);
+    close(side);
+    int rc = th_daemon_stop(&gpu_d, SIGTERM, 30000);
+    return th_daemon_stop(&cpu_d, SIGTERM, 30000) || rc;
+}
+
+typedef struct {
+    const char *name;
+    uint8_t op, dtype, flags, pred;
+    int64_t lo, hi;
+} diff_case_t;
+
+static const diff_case_t cases[] = {
+    {"hist-u8", TALLY_OP_HIST, TALLY_DTYPE_U8, 0, 0, 0, 0},
+    {"hist-i32", TALLY_OP_HIST, TALLY_DTYPE_I32, 0, 0, -1000000, 1000000},
+    {"hist-u16", TALLY_OP_HIST, TALLY_DTYPE_U16, 0, 0, 0, 4096},
+    {"hist-rgb8", TALLY_OP_HIST, TALLY_DTYPE_RGB8, 0, 0, 0, 0},
+    {"hist-rgba8", TALLY_OP_HIST, TALLY_DTYPE_RGBA8, 0, 0, 0, 0},
+    {"filter-i32", TALLY_OP_FILTER, TALLY_DTYPE_I32, TALLY_FLAG_FILTER_STABLE, TALLY_PRED_GT, 0, 0},
+    {"filter-u8", TALLY_OP_FILTER, TALLY_DTYPE_U8, TALLY_FLAG_FILTER_STABLE, TALLY_PRED_GT, 100, 0},
+    {"filter-i32-fast", TALLY_OP_FILTER, TALLY_DTYPE_I32, 0, TALLY_PRED_LT, -5, 0},
+    {"scan", TALLY_OP_SCAN, TALLY_DTYPE_I32, 0, 0, 0, 0},
+    {"scan-excl", TALLY_OP_SCAN, TALLY_DTYPE_I32, TALLY_FLAG_SCAN_EXCLUSIVE, 0, 0, 0},
+    {"scan-i32", TALLY_OP_SCAN, TALLY_DTYPE_I32, TALLY_FLAG_SCAN_OUT_I32, 0, 0, 0},
+};
+
+static tally_req_t case_req(const diff_case_t *c, uint64_t id, bool by_ref)
+{
+    tally_req_t req = th_req(c->op, c->dtype, id);
+    req.flags = (uint8_t)(c->flags | (by_ref ? TALLY_FLAG_SHM_REF : 0));
+    req.pred = c->pred;
+    req.lo = c->lo;
+    req.hi = c->hi;
+    req.stream_len = (uint8_t)strlen(c->name);
+    memcpy(req.stream, c->name, req.stream_len);
+    return req;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* One case, one batch: by reference on the GPU, as a payload on the CPU; the same reply. */
+static void diff_one(const diff_case_t *c, uint64_t handle, const uint8_t *host, size_t off,
+                     size_t len, uint64_t id)
+{
+    tally_req_t req = case_req(c, id, true);
+    tally_shm_ref_t ref = {.in_handle = handle, .in_offset = off, .in_length = len};
+    uint8_t bytes[TALLY_SHM_REF_SIZE];
+    tally_shm_ref_encode(&ref, bytes);
+    th_reply_t g, p;
+    assert_int_equal(th_call(gpu_sock, &req, bytes, sizeof bytes, &g), 0);
+    req = case_req(c, id, false);
+    assert_int_equal(th_call(cpu_sock, &req, host + off, len, &p), 0);
+    if (g.rep.status != TALLY_OK || p.rep.status != TALLY_OK)
+        fail_msg("%s: gpu %s '%s', cpu %s", c->name,
+                 tally_status_name((tally_status_t)g.rep.status), (char *)g.payload,
+                 tally_status_name((tally_status_t)p.rep.status));
+    assert_int_equal(g.rep.count, p.rep.count);
+    assert_int_equal(g.rep.aux0, p.rep.aux0);
+    assert_int_equal(g.len, p.len);
+    if (c->op == TALLY_OP_FILTER && !(c->flags & TALLY_FLAG_FILTER_STABLE)) {
+        qsort(g.payload, g.len / 4, 4, cmp_u32); /* the unordered filter: the same multiset */
+        qsort(p.payload, p.len / 4, 4, cmp_u32);
+    }
+    if (memcmp(g.payload, p.payload, g.len) != 0)
+        fail_msg("%s at %zu (+%zu): the replies differ", c->name, off, len);
+    th_reply_free(&g);
+    th_reply_free(&p);
+}
+
+/* Every case twice on its stream, by reference against payloads, then the streams' records. */
+static void test_differential(void **state)
+{
+    (void)state;
+    const size_t bytes = 24 * MIB;
+    galloc_t g;
+    galloc(bytes, &g);
+    uint8_t *host = malloc(g.size);
+    assert_non_null(host);
+    for (size_t i = 0; i < g.size; i += 8) {
+        uint64_t r = th_rand();
+        memcpy(host + i, &r, 8);
+    }
+    for (size_t i = 0; i < g.size / 4; i += 3) /* i32 values near 0 too, for the filter and hist */
+        ((int32_t *)host)[i] = (int32_t)(th_rand() % 2000001) - 1000000;
+    cudaEvent_t ev;
+    cudaIpcEventHandle_t evh;
+    RT_OK(cudaEventCreateWithFlags(&ev, cudaEventInterprocess | cudaEventDisableTiming));
+    RT_OK(cudaIpcGetEventHandle(&evh, ev));
+    uint64_t handle = 0;
+    char msg[256];
+    assert_int_equal(dev_register(side, g.fd, g.size, uuid, &evh, &handle, msg, sizeof msg),
+                     TALLY_OK);
+    assert_true(handle & TALLY_SHM_DEVICE_HANDLE_BIT);
+    /* The fill is asynchronous; the event recorded after it is what tallyd's stream waits on. */
+    RT_OK(cudaMemcpyAsync((void *)(uintptr_t)g.ptr, host, g.size, cudaMemcpyHostToDevice, 0));
+    RT_OK(cudaEventRecord(ev, 0));
+    uint64_t id = 1;
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const diff_case_t *c = &cases[k];
+        size_t esize = tally_dtype_size((tally_dtype_t)c->dtype);
+        size_t n = (4 * MIB + 4097 * k) / esize; /* odd lengths, odd offsets for bytes */
+        size_t off = k * 12 + (esize == 1 ? 1 : 0);
+        diff_one(c, handle, host, off, n * esize, id++);
+        diff_one(c, handle, host, off + n * esize, n * esize, id++); /* the next chunk */
+        uint8_t rg[TALLY_QUERY_PAYLOAD_MAX], rc[TALLY_QUERY_PAYLOAD_MAX];
+        long lg = th_query_raw(gpu_sock, c->name, id++, rg, sizeof rg);
+        long lc = th_query_raw(cpu_sock, c->name, id++, rc, sizeof rc);
+        assert_true(lg > 0);
+        assert_int_equal(lg, lc);
+        if (memcmp(rg, rc, (size_t)lg) != 0)
+            fail_msg("%s: the streams' records differ", c->name);
+        print_message("differential %s: replies and stream record identical\n", c->name);
+    }
+    th_answer_t ans;
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_RELEASE, NULL, handle, -1, &ans), TALLY_OK);
+    cudaEventDestroy(ev);
+    gfree(&g);
+    free(host);
+}
+
+/* A hist u8 by reference over the first n bytes of a region of zeros: ok, and its count. */
+static void expect_hist_ok(uint64_t handle, size_t n)
+{
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 77);
+    req.flags = TALLY_FLAG_SHM_REF;
+    tally_shm_ref_t ref = {.in_handle = handle, .in_length = n};
+    uint8_t bytes[TALLY_SHM_REF_SIZE];
+    tally_shm_ref_encode(&ref, bytes);
+    th_reply_t r;
+    assert_int_equal(th_call(gpu_sock, &req, bytes, sizeof bytes, &r), 0);
+    assert_int_equal(r.rep.status, TALLY_OK);
+    uint64_t bin0;
+    memcpy(&bin0, r.payload, 8);
+    assert_int_equal(bin0, n);
+    th_reply_free(&r);
+}
+
+/* libtally's own allocator and registration (tally_gpu.c, libcuda.so.1 through dlopen): a size
+ * rounded up to the granularity, filled here, answered in place. */
+static void test_libtally(void **state)
+{
+    (void)state;
+    tally_gpu_mem_t *mem = NULL;
+    if (tally_gpu_alloc(0, 3 * MIB, &mem) != TALLY_OK)
+        fail_msg("tally_gpu_alloc: %s", tally_gpu_error());
+    size_t size = tally_gpu_size(mem);
+    assert_true(size >= 3 * MIB && size % (2 * MIB) == 0);
+    RT_OK(cudaMemset(tally_gpu_ptr(mem), 5, size));
+    RT_OK(cudaDeviceSynchronize());
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(gpu_d.endpoint, 30000, &c), TALLY_OK);
+    tally_region_t *region = NULL;
+    if (tally_gpu_register(c, mem, 0, NULL, &region) != TALLY_OK)
+        fail_msg("tally_gpu_register: %s", tally_client_error(c));
+    assert_ptr_equal(tally_region_data(region), tally_gpu_ptr(mem));
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    assert_int_equal(tally_call_shm(c, &req, region, 0, size, NULL, 0, &reply), TALLY_OK);
+    uint64_t bin5;
+    memcpy(&bin5, reply.payload + 5 * 8, 8);
+    assert_int_equal(bin5, size);
+    tally_reply_clear(&reply);
+    tally_region_destroy(&region);
+    tally_client_destroy(&c);
+    tally_gpu_free(&mem);
+    print_message("libtally: tally_gpu_alloc %zu bytes, registered, hist in place right\n", size);
+}
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    char msg[256];
+    uint64_t handle;
+    int memfd = th_memfd(2 * MIB, F_SEAL_SHRINK | F_SEAL_GROW); /* not an exported allocation */
+    assert_int_equal(dev_register(side, memfd, 2 * MIB, uuid, NULL, &handle, msg, sizeof msg),
+                     TALLY_E_BAD_REF);
+    assert_non_null(strstr(msg, "not an exportable GPU allocation"));
+    close(memfd);
+    galloc_t g;
+    galloc(2 * MIB, &g);
+    RT_OK(cudaMemset((void *)(uintptr_t)g.ptr, 0, g.size));
+    RT_OK(cudaDeviceSynchronize());
+    assert_int_equal(dev_register(side, g.fd, g.size / 2, uuid, NULL, &handle, msg, sizeof msg),
+                     TALLY_E_BAD_REF);
+    print_message("wrong size: %s\n", msg);
+    uint8_t other[TALLY_GPU_UUID_SIZE];
+    for (int i = 0; i < TALLY_GPU_UUID_SIZE; i++)
+        other[i] = (uint8_t)~uuid[i];
+    assert_int_equal(dev_register(side, g.fd, g.size, other, NULL, &handle, msg, sizeof msg),
+                     TALLY_E_BAD_REF);
+    assert_non_null(strstr(msg, "no GPU with UUID"));
+    /* tallyd serves on, and the right registration works (the producer's promise: synced). */
+    assert_int_equal(dev_register(side, g.fd, g.size, uuid, NULL, &handle, msg, sizeof msg),
+                     TALLY_OK);
+    expect_hist_ok(handle, g.size);
+    th_answer_t ans;
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_RELEASE, NULL, handle, -1, &ans), TALLY_OK);
+    gfree(&g);
+}
+
+/* --producer SIDE ENDPOINT: registers 64 MiB, sends 16 hists by reference, says "1" on stdout
+ * once the first reply is in, and waits to be killed. */
+static int producer(const char *side_path, const char *endpoint)
+{
+    if (cudaSetDevice(0) != cudaSuccess || cudaFree(0) != cudaSuccess || !td_cu_driver_load(&cu))
+        return 2;
+    struct cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, 0);
+    galloc_t g;
+    galloc(64 * MIB, &g);
+    cudaMemset((void *)(uintptr_t)g.ptr, 3, g.size);
+    cudaDeviceSynchronize();
+    int s = th_side_connect(side_path);
+    uint64_t handle;
+    if (dev_register(s, g.fd, g.size, (const uint8_t *)prop.uuid.bytes, NULL, &handle, NULL, 0) !=
+        TALLY_OK)
+        return 3;
+    zctx = zmq_ctx_new();
+    void *sock = dealer(endpoint, "killed-producer");
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 1);
+    req.flags = TALLY_FLAG_SHM_REF;
+    tally_shm_ref_t ref = {.in_handle = handle, .in_length = g.size};
+    uint8_t bytes[TALLY_SHM_REF_SIZE];
+    tally_shm_ref_encode(&ref, bytes);
+    for (int i = 0; i < 16; i++)
+        th_send_request(sock, &req, bytes, sizeof bytes);
+    th_reply_t r;
+    th_recv_reply(sock, &r);
+    if (write(1, "1", 1) != 1)
+        return 4;
+    for (;;)
+        pause();
+}
+
+static void test_producer_killed(void **state)
+{
+    (void)state;
+    int base = th_fd_count(gpu_d.pid);
+    int out[2];
+    assert_int_equal(pipe(out), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(out[1], 1);
+        char self[4096];
+        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        self[n > 0 ? n : 0] = '\0';
+        execl(self, self, "--producer", gpu_d.shm_socket, gpu_d.endpoint, (char *)NULL);
+        _exit(127);
+    }
+    close(out[1]);
+    char c = 0;
+    assert_int_equal(read(out[0], &c, 1), 1); /* registered, requests in flight */
+    close(out[0]);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    /* tallyd answers (or drops, the peer gone) the requests, then releases the region. */
+    int now = -1;
+    for (int i = 0; i < 200 && (now = th_fd_count(gpu_d.pid)) > base; i++)
+        th_sleep_ms(50);
+    assert_true(now <= base);
+    assert_true(th_ping(gpu_d.endpoint, 5000));
+    print_message("producer killed with 15 requests in flight: tallyd serves on, descriptors "
+                  "back to %d\n",
+                  now);
+}
+
+static double seconds(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* GB/s of hist u8 by reference on a region of `size` bytes through tallyd, 8 in flight. */
+static double tallyd_rate(uint64_t handle, size_t size, int total)
+{
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 1);
+    req.flags = TALLY_FLAG_SHM_REF;
+    tally_shm_ref_t ref = {.in_handle = handle, .in_length = size};
+    uint8_t bytes[TALLY_SHM_REF_SIZE];
+    tally_shm_ref_encode(&ref, bytes);
+    double t0 = seconds();
+    int sent = 0, got = 0;
+    for (; sent < 8 && sent < total; sent++)
+        assert_int_equal(th_send_request(gpu_sock, &req, bytes, sizeof bytes), 0);
+    while (got < total) {
+        th_reply_t r;
+        assert_int_equal(th_recv_reply(gpu_sock, &r), 0);
+        assert_int_equal(r.rep.status, TALLY_OK);
+        th_reply_free(&r);
+        got++;
+        if (sent < total) {
+            assert_int_equal(th_send_request(gpu_sock, &req, bytes, sizeof bytes), 0);
+            sent++;
+        }
+    }
+    return (double)size * total / (seconds() - t0) / 1e9;
+}
+
+/* GB/s of the same kernel on this process's own memory, back to back on one stream. */
+static double kernel_rate(size_t size, int total)
+{
+    void *d_in = NULL, *d_hist = NULL;
+    RT_OK(cudaMalloc(&d_in, size));
+    RT_OK(cudaMalloc(&d_hist, sizeof(tk_hist_t)));
+    RT_OK(cudaMemset(d_in, 3, size));
+    cudaEvent_t a, b;
+    RT_OK(cudaEventCreate(&a));
+    RT_OK(cudaEventCreate(&b));
+    assert_int_equal(tk_cuda_hist_u8(d_in, size, d_hist, NULL, 0, 0), TALLY_OK); /* warm-up */
+    RT_OK(cudaEventRecord(a, 0));
+    for (int i = 0; i < total; i++) {
+        RT_OK(cudaMemsetAsync(d_hist, 0, sizeof(tk_hist_t), 0));
+        assert_int_equal(tk_cuda_hist_u8(d_in, size, d_hist, NULL, 0, 0), TALLY_OK);
+    }
+    RT_OK(cudaEventRecord(b, 0));
+    RT_OK(cudaEventSynchronize(b));
+    float ms = 0;
+    RT_OK(cudaEventElapsedTime(&ms, a, b));
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    cudaFree(d_in);
+    cudaFree(d_hist);
+    return (double)size * total / (ms * 1e-3) / 1e9;
+}
+
+static void test_bench(void **state)
+{
+    (void)state;
+    if (getenv("TALLY_REGION_QUICK")) { /* under compute-sanitizer: no figures to take */
+        print_message("bench skipped (TALLY_REGION_QUICK)\n");
+        return;
+    }
+    const size_t sizes[] = {64 * MIB, 256 * MIB};
+    struct cudaDeviceProp prop;
+    RT_OK(cudaGetDeviceProperties(&prop, 0));
+    for (size_t k = 0; k < 2; k++) {
+        galloc_t g;
+        galloc(sizes[k], &g);
+        RT_OK(cudaMemset((void *)(uintptr_t)g.ptr, 3, g.size));
+        RT_OK(cudaDeviceSynchronize());
+        uint64_t handle;
+        assert_int_equal(dev_register(side, g.fd, g.size, uuid, NULL, &handle, NULL, 0), TALLY_OK);
+        int total = k == 0 ? 400 : 100;
+        (void)tallyd_rate(handle, g.size, 16); /* warm-up */
+        double in_place = tallyd_rate(handle, g.size, total);
+        double kernel = kernel_rate(g.size, total);
+        print_message("bench: %s, hist u8 %zu MiB device region via tallyd (8 in flight): %.0f "
+                      "GB/s; the kernel on local memory: %.0f GB/s; ratio %.2f\n",
+                      prop.name, g.size / MIB, in_place, kernel, in_place / kernel);
+        th_answer_t ans;
+        assert_int_equal(th_side_call(side, TALLY_SHM_OP_RELEASE, NULL, handle, -1, &ans),
+                         TALLY_OK);
+        gfree(&g);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 4 && strcmp(argv[1], "--producer") == 0)
+        return producer(argv[2], argv[3]);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_differential), cmocka_unit_test(test_libtally),
+        cmocka_unit_test(test_refusals),     cmocka_unit_test(test_producer_killed),
+        cmocka_unit_test(test_bench),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,601 @@
+/*
+ * test_shm_device.c — device regions (PROTOCOL.md §10 "Device memory", issue 23) against
+ * simulated GPUs (--backend cuda --test-sim-gpus N), where the "exported allocation" is a sealed
+ * memfd of exactly the declared size and a GPU's UUID is "tallyd-sim-gpu", 0, its number:
+ * the CPU backend's refusal, every registration refusal (unknown UUID, not an allocation, a
+ * wrong size, a malformed op 3), the quotas shared with host regions, the descriptor that tallyd
+ * holds until the region is released (counted in /proc/PID/fd), the release deferred while a
+ * request uses the region, the handle's bit 63, `info` gpu_uuids, and requests by reference read
+ * in place with the results a payload gets. The real import is gpu-check.sh's (test_gpu_region).
+ */
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "shm_side.h"
+#include "tally.h"
+
+#define SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
+#define REGION_BYTES (1u << 20)
+
+static const char *const sim2[] = {"--backend", "cuda", "--test-sim-gpus", "2", NULL};
+
+static void sim_uuid(unsigned gpu, uint8_t uuid[TALLY_GPU_UUID_SIZE])
+{
+    memset(uuid, 0, TALLY_GPU_UUID_SIZE);
+    memcpy(uuid, "tallyd-sim-gpu", 14);
+    uuid[15] = (uint8_t)gpu;
+}
+
+/* Sends op 3 for fd (declared size bytes, on the GPU with uuid, flags) and reads the answer:
+ * its status, or -1 without one. */
+static int dev_register(int side, int fd, uint64_t size, const uint8_t *uuid, uint32_t flags,
+                        th_answer_t *ans)
+{
+    tally_shm_msg_t m = {
+        .op = TALLY_SHM_OP_REGISTER_DEVICE, .id_len = 8, .dev_size = size, .dev_flags = flags};
+    memcpy(m.id, "producer", 8);
+    memcpy(m.gpu_uuid, uuid, TALLY_GPU_UUID_SIZE);
+    if (flags & TALLY_SHM_DEV_EVENT)
+        memset(m.event, 0x11, sizeof m.event);
+    uint8_t buf[TALLY_SHM_MSG_MAX];
+    size_t len = tally_shm_msg_encode(&m, buf);
+    if (th_side_send_raw(side, buf, len, &fd, fd >= 0 ? 1 : 0) != 0)
+        return -1;
+    return th_side_recv(side, ans, 5000) == 1 ? (int)ans->a.status : -1;
+}
+
+/* A sealed memfd of size bytes holding data (len bytes, may be NULL). */
+static int filled_memfd(size_t size, const void *data, size_t len)
+{
+    int fd = th_memfd(size, SEALS);
+    if (data)
+        assert_int_equal(pwrite(fd, data, len, 0), (ssize_t)len);
+    return fd;
+}
+
+static void *dealer(void *ctx, const char *endpoint, const char *id)
+{
+    void *s = zmq_socket(ctx, ZMQ_DEALER);
+    int timeout = 10000, linger = 0;
+    zmq_setsockopt(s, ZMQ_ROUTING_ID, id, strlen(id));
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    assert_int_equal(zmq_connect(s, endpoint), 0);
+    return s;
+}
+
+/* `info`'s value of key, copied to out. */
+static void info_value(void *sock, const char *key, char *out, size_t cap)
+{
+    th_reply_t r;
+    tally_req_t req = th_req(TALLY_OP_INFO, TALLY_DTYPE_NONE, 1);
+    assert_int_equal(th_call(sock, &req, NULL, 0, &r), 0);
+    char want[64];
+    snprintf(want, sizeof want, "\n%s=", key);
+    const char *p = strstr((const char *)r.payload, want);
+    assert_non_null(p);
+    p += strlen(want);
+    size_t n = strcspn(p, "\n");
+    assert_true(n < cap);
+    memcpy(out, p, n);
+    out[n] = '\0';
+    th_reply_free(&r);
+}
+
+/* Starts tallyd with args and connects to its side channel; uuid is simulated GPU gpu's. */
+static int start_side(th_daemon_t *d, const char *const *args, unsigned gpu, uint8_t *uuid)
+{
+    assert_int_equal(th_daemon_start(d, args), 0);
+    int side = th_side_connect(d->shm_socket);
+    assert_true(side >= 0);
+    sim_uuid(gpu, uuid);
+    return side;
+}
+
+/* tallyd's descriptors once they stop changing (the harness's ping and other connections close
+ * asynchronously): the same count twice, 200 ms apart. */
+static int stable_fds(pid_t pid)
+{
+    int last = th_fd_count(pid);
+    for (int i = 0; i < 50; i++) {
+        th_sleep_ms(200);
+        int now = th_fd_count(pid);
+        if (now == last)
+            return now;
+        last = now;
+    }
+    return last;
+}
+
+/* tallyd's descriptor count once it is want (up to 10 s), else what it is then. */
+static int fds_reach(pid_t pid, int want)
+{
+    int now = th_fd_count(pid);
+    for (int i = 0; i < 200 && now != want; i++) {
+        th_sleep_ms(50);
+        now = th_fd_count(pid);
+    }
+    return now;
+}
+
+static void test_cpu_backend_refuses(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    uint8_t uuid[TALLY_GPU_UUID_SIZE];
+    int side = start_side(&d, NULL, 0, uuid);
+    th_answer_t ans;
+    for (int i = 0; i < 2; i++) { /* refused, and the connection stays */
+        int fd = filled_memfd(REGION_BYTES, NULL, 0);
+        assert_int_equal(dev_register(side, fd, REGION_BYTES, uuid, 0, &ans), TALLY_E_BAD_REF);
+        assert_non_null(strstr(ans.msg, "a GPU is needed"));
+        assert_int_equal(ans.a.op, TALLY_SHM_OP_REGISTER_DEVICE);
+        close(fd);
+    }
+    void *ctx = zmq_ctx_new();
+    void *sock = dealer(ctx, d.endpoint, "producer");
+    char value[256];
+    info_value(sock, "gpu_uuids", value, sizeof value);
+    assert_string_equal(value, "");
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    close(side);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    uint8_t uuid[TALLY_GPU_UUID_SIZE];
+    int side = start_side(&d, sim2, 7, uuid); /* no such GPU */
+    th_answer_t ans;
+    int fd = filled_memfd(REGION_BYTES, NULL, 0);
+    assert_int_equal(dev_register(side, fd, REGION_BYTES, uuid, 0, &ans), TALLY_E_BAD_REF);
+    assert_non_null(strstr(ans.msg, "no GPU with UUID GPU-74616c6c-7964-2d73-696d-2d6770750007"));
+    sim_uuid(1, uuid);
+    assert_int_equal(dev_register(side, fd, REGION_BYTES / 2, uuid, 0, &ans), TALLY_E_BAD_REF);
+    assert_non_null(strstr(ans.msg, "is not the allocation's size"));
+    close(fd);
+    int pipefd[2];
+    assert_int_equal(pipe(pipefd), 0);
+    assert_int_equal(dev_register(side, pipefd[0], 4096, uuid, 0, &ans), TALLY_E_BAD_REF);
+    assert_non_null(strstr(ans.msg, "not an exportable GPU allocation"));
+    close(pipefd[0]);
+    close(pipefd[1]);
+    /* Accepted, on GPU 1, with bit 63 set in the handle. */
+    fd = filled_memfd(REGION_BYTES, NULL, 0);
+    assert_int_equal(dev_register(side, fd, REGION_BYTES, uuid, 0, &ans), TALLY_OK);
+    close(fd);
+    assert_true(ans.a.handle & TALLY_SHM_DEVICE_HANDLE_BIT);
+    assert_int_equal(ans.a.size, REGION_BYTES);
+    /* A malformed op 3 (no descriptor) is answered and closes the connection. */
+    assert_int_equal(dev_register(side, -1, REGION_BYTES, uuid, 0, &ans), TALLY_E_PARAM);
+    assert_true(th_side_closed(side, 5000));
+    close(side);
+    void *ctx = zmq_ctx_new();
+    void *sock = dealer(ctx, d.endpoint, "producer");
+    char value[256];
+    info_value(sock, "gpu_uuids", value, sizeof value);
+    assert_string_equal(value, "GPU-74616c6c-7964-2d73-696d-2d6770750000,"
+                               "GPU-74616c6c-7964-2d73-696d-2d6770750001");
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
+/* Device regions count in max_regions_per_peer and, with host regions, in max_bytes. */
+static void test_quotas(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    const char *const args[] = {"--backend",
+                                "cuda",
+                                "--test-sim-gpus",
+                                "1",
+                                "--shm-max-regions-per-peer",
+                                "2",
+                                "--shm-max-bytes",
+                                "3145728",
+                                NULL};
+    uint8_t uuid[TALLY_GPU_UUID_SIZE];
+    int side = start_side(&d, args, 0, uuid);
+    th_answer_t ans;
+    int fd = filled_memfd(2 * REGION_BYTES, NULL, 0);
+    assert_int_equal(dev_register(side, fd, 2 * REGION_BYTES, uuid, 0, &ans), TALLY_OK);
+    close(fd);
+    fd = th_memfd(2 * REGION_BYTES, SEALS); /* a host region over the 3 MiB left: 2 + 2 > 3 */
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, "producer", 0, fd, &ans),
+                     TALLY_E_QUOTA);
+    close(fd);
+    fd = filled_memfd(2 * REGION_BYTES, NULL, 0); /* a device one too */
+    assert_int_equal(dev_register(side, fd, 2 * REGION_BYTES, uuid, 0, &ans), TALLY_E_QUOTA);
+    assert_non_null(strstr(ans.msg, "shm_max_bytes"));
+    close(fd);
+    fd = th_memfd(REGION_BYTES, SEALS); /* the second region fits */
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, "producer", 0, fd, &ans), TALLY_OK);
+    close(fd);
+    fd = filled_memfd(4096, NULL, 0); /* a third does not: regions per connection */
+    assert_int_equal(dev_register(side, fd, 4096, uuid, 0, &ans), TALLY_E_QUOTA);
+    assert_non_null(strstr(ans.msg, "maximum of 2 regions"));
+    close(fd);
+    close(side);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
+/* tallyd holds the received descriptor while the region lives (the memory lives while someone
+ * holds it), and closes it at release and at the connection's close. */
+static void test_descriptor_held_until_release(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    uint8_t uuid[TALLY_GPU_UUID_SIZE];
+    int side = start_side(&d, sim2, 0, uuid);
+    th_answer_t ans;
+    int fd = filled_memfd(4096, NULL, 0);
+    /* A base after a first registration: the connection's own descriptor is in it. */
+    assert_int_equal(dev_register(side, fd, 4096, uuid, 0, &ans), TALLY_OK);
+    uint64_t first = ans.a.handle;
+    int base = stable_fds(d.pid);
+    assert_int_equal(dev_register(side, fd, 4096, uuid, 0, &ans), TALLY_OK);
+    assert_int_equal(fds_reach(d.pid, base + 1), base + 1);
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_RELEASE, NULL, ans.a.handle, -1, &ans),
+                     TALLY_OK);
+    assert_int_equal(fds_reach(d.pid, base), base);
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_RELEASE, NULL, first, -1, &ans), TALLY_OK);
+    assert_int_equal(fds_reach(d.pid, base - 1), base - 1);
+    /* Refusals leave nothing behind. */
+    assert_int_equal(dev_register(side, fd, 8192, uuid, 0, &ans), TALLY_E_BAD_REF);
+    assert_int_equal(fds_reach(d.pid, base - 1), base - 1);
+    /* Closing the connection releases its regions and their descriptors. */
+    assert_int_equal(dev_register(side, fd, 4096, uuid, 0, &ans), TALLY_OK);
+    assert_int_equal(dev_register(side, fd, 4096, uuid, 0, &ans), TALLY_OK);
+    assert_int_equal(fds_reach(d.pid, base + 1), base + 1);
+    close(side);
+    assert_int_equal(fds_reach(d.pid, base - 2), base - 2);
+    close(fd);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
+static uint32_t ref_call(void *sock, uint8_t opcode, const char *stream, uint64_t handle,
+                         uint64_t offset, uint64_t length, uint64_t out_handle, th_reply_t *r)
+{
+    static uint64_t id = 100;
+    tally_req_t req = th_req(opcode, TALLY_DTYPE_I32, ++id);
+    req.flags = TALLY_FLAG_SHM_REF;
+    if (opcode == TALLY_OP_FILTER)
+        req.pred = TALLY_PRED_GT;
+    if (opcode == TALLY_OP_HIST) {
+        req.lo = -100;
+        req.hi = 100;
+    }
+    if (stream) {
+        req.stream_len = (uint8_t)strlen(stream);
+        memcpy(req.stream, stream, req.stream_len);
+    }
+    tally_shm_ref_t ref = {.in_handle = handle, .in_offset = offset, .in_length = length};
+    if (out_handle) {
+        ref.out_handle = out_handle;
+        ref.out_length = 2 * length;
+    }
+    uint8_t bytes[TALLY_SHM_REF_SIZE];
+    tally_shm_ref_encode(&ref, bytes);
+    assert_int_equal(th_call(sock, &req, bytes, sizeof bytes, r), 0);
+    assert_int_equal(r->rep.request_id, id);
+    return r->rep.status;
+}
+
+/* The same batch by device reference and as a payload: the same replies, the scan's carry
+ * continued on a stream across both forms. */
+static void test_requests_in_place(void **state)
+{
+    (void)state;
+    enum { N = 50000 };
+    int32_t *data = th_random_i32(N, -120, 120);
+    th_daemon_t d;
+    uint8_t uuid[TALLY_GPU_UUID_SIZE];
+    int side = start_side(&d, sim2, 1, uuid);
+    th_answer_t ans;
+    int fd = filled_memfd(REGION_BYTES, data, N * sizeof(int32_t));
+    assert_int_equal(dev_register(side, fd, REGION_BYTES, uuid, TALLY_SHM_DEV_OUTPUT, &ans),
+                     TALLY_OK);
+    close(fd);
+    uint64_t h = ans.a.handle;
+    void *ctx = zmq_ctx_new();
+    void *sock = dealer(ctx, d.endpoint, "producer");
+    static const uint8_t ops[] = {TALLY_OP_HIST, TALLY_OP_FILTER, TALLY_OP_SCAN};
+    for (size_t i = 0; i < sizeof ops; i++) {
+        th_reply_t by_ref, by_payload;
+        assert_int_equal(ref_call(sock, ops[i], "s", h, 8, (N - 2) * 4, 0, &by_ref), TALLY_OK);
+        tally_req_t req = th_req(ops[i], TALLY_DTYPE_I32, 7);
+        req.pred = ops[i] == TALLY_OP_FILTER ? TALLY_PRED_GT : 0;
+        req.lo = ops[i] == TALLY_OP_HIST ? -100 : 0;
+        req.hi = ops[i] == TALLY_OP_HIST ? 100 : 0;
+        req.stream_len = 1;
+        req.stream[0] = 't';
+        assert_int_equal(th_call(sock, &req, data + 2, (N - 2) * 4, &by_payload), 0);
+        assert_int_equal(by_payload.rep.status, TALLY_OK);
+        assert_int_equal(by_ref.rep.count, by_payload.rep.count);
+        assert_int_equal(by_ref.rep.aux0, by_payload.rep.aux0);
+        assert_int_equal(by_ref.len, by_payload.len);
+        if (ops[i] != TALLY_OP_FILTER) /* the unordered filter's order may differ */
+            assert_memory_equal(by_ref.payload, by_payload.payload, by_ref.len);
+        th_reply_free(&by_ref);
+        th_reply_free(&by_payload);
+    }
+    /* Bounds as for host regions; no output into a device region in this version. */
+    th_reply_t r;
+    assert_int_equal(ref_call(sock, TALLY_OP_HIST, NULL, h, REGION_BYTES - 4, 8, 0, &r),
+                     TALLY_E_BAD_REF);
+    th_reply_free(&r);
+    assert_int_equal(ref_call(sock, TALLY_OP_SCAN, NULL, h, 0, 4096, h, &r), TALLY_E_BAD_REF);
+    assert_non_null(strstr((const char *)r.payload, "not supported yet"));
+    th_reply_free(&r);
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    close(side);
+    free(data);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
+/* A request by device reference runs on the GPU that holds the region, even where the
+ * scheduler would otherwise pick the least loaded one (GPU 0 when both are idle). */
+static void test_runs_on_its_gpu(void **state)
+{
+    (void)state;
+    enum { N = 1024, COUNT = 6 };
+    th_daemon_t d;
+    uint8_t uuid[TALLY_GPU_UUID_SIZE];
+    int side = start_side(&d, sim2, 1, uuid);
+    th_answer_t ans;
+    int fd = filled_memfd(REGION_BYTES, NULL, 0);
+    assert_int_equal(dev_register(side, fd, REGION_BYTES, uuid, 0, &ans), TALLY_OK);
+    close(fd);
+    void *ctx = zmq_ctx_new();
+    void *sock = dealer(ctx, d.endpoint, "producer");
+    for (int i = 0; i < COUNT; i++) {
+        th_reply_t r;
+        assert_int_equal(
+            ref_call(sock, TALLY_OP_HIST, i % 2 ? "cam" : NULL, ans.a.handle, 0, N * 4, 0, &r),
+            TALLY_OK);
+        assert_int_equal(r.len, 258 * 8);
+        th_reply_free(&r);
+    }
+    assert_int_equal(th_stat(sock, "tallyd_gpu_requests_total{device=\"1\"}"), COUNT);
+    long long on0 = th_stat(sock, "tallyd_gpu_requests_total{device=\"0\"}");
+    assert_true(on0 <= 0);
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    close(side);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
+/* Failure is contained (issue 23): a device-referenced request whose GPU fails is answered
+ * `internal` (its input is on the GPU: the CPU cannot rerun it), the GPU is marked unusable
+ * after TD_GPU_DEAD_AFTER (3) failures in a row, then references to its regions get bad_ref,
+ * `info` no longer lists it, new device regions on it are refused, and tallyd serves on (a
+ * payload runs on the CPU). Every launch fails here (--test-fault-every 1). */
+static void test_gpu_failure_contained(void **state)
+{
+    (void)state;
+    const char *const args[] = {"--backend", "cuda", "--test-sim-gpus", "1", "--test-fault-every",
+                                "1",         NULL};
+    th_daemon_t d;
+    uint8_t uuid[TALLY_GPU_UUID_SIZE];
+    int side = start_side(&d, args, 0, uuid);
+    th_answer_t ans;
+    int fd = filled_memfd(REGION_BYTES, NULL, 0);
+    assert_int_equal(dev_register(side, fd, REGION_BYTES, uuid, 0, &ans), TALLY_OK);
+    uint64_t h = ans.a.handle;
+    void *ctx = zmq_ctx_new();
+    void *sock = dealer(ctx, d.endpoint, "producer");
+    th_reply_t r;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(ref_call(sock, TALLY_OP_HIST, NULL, h, 0, 4096, 0, &r), TALLY_E_INTERNAL);
+        assert_non_null(strstr((const char *)r.payload, "the GPU failed"));
+        th_reply_free(&r);
+    }
+    assert_int_equal(ref_call(sock, TALLY_OP_HIST, NULL, h, 0, 4096, 0, &r), TALLY_E_BAD_REF);
+    assert_non_null(strstr((const char *)r.payload, "is unusable"));
+    th_reply_free(&r);
+    char value[256];
+    info_value(sock, "gpu_uuids", value, sizeof value);
+    assert_string_equal(value, "");
+    assert_int_equal(dev_register(side, fd, REGION_BYTES, uuid, 0, &ans), TALLY_E_BAD_REF);
+    assert_non_null(strstr(ans.msg, "a GPU is needed"));
+    close(fd);
+    int32_t batch[64] = {0};
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_I32, 5);
+    req.lo = -100;
+    req.hi = 100;
+    assert_int_equal(th_call(sock, &req, batch, sizeof batch, &r), 0);
+    assert_int_equal(r.rep.status, TALLY_OK);
+    th_reply_free(&r);
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    close(side);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
+/* A filter or scan by device reference above the GPU's buffers (64 MiB) is refused too_large,
+ * without counting as a GPU failure; a hist that long reads in place and is answered. */
+static void test_device_buffers_bound(void **state)
+{
+    (void)state;
+    const char *const args[] = {"--backend", "cuda", "--test-sim-gpus", "1", "--max-batch",
+                                "134217728", NULL};
+    const size_t big = 80u << 20;
+    th_daemon_t d;
+    uint8_t uuid[TALLY_GPU_UUID_SIZE];
+    int side = start_side(&d, args, 0, uuid);
+    th_answer_t ans;
+    int fd = filled_memfd(big, NULL, 0);
+    assert_int_equal(dev_register(side, fd, big, uuid, 0, &ans), TALLY_OK);
+    close(fd);
+    void *ctx = zmq_ctx_new();
+    void *sock = dealer(ctx, d.endpoint, "producer");
+    th_reply_t r;
+    for (int i = 0; i < 4; i++) { /* more than TD_GPU_DEAD_AFTER: the GPU stays usable */
+        assert_int_equal(ref_call(sock, TALLY_OP_FILTER, NULL, ans.a.handle, 0, big, 0, &r),
+                         TALLY_E_TOO_LARGE);
+        assert_non_null(strstr((const char *)r.payload, "limited to 67108864 bytes"));
+        th_reply_free(&r);
+    }
+    assert_int_equal(ref_call(sock, TALLY_OP_HIST, "big", ans.a.handle, 0, big, 0, &r), TALLY_OK);
+    uint64_t under; /* the region is zeros: all of it in the bin of 0, none below -100 */
+    memcpy(&under, r.payload + 256 * 8, 8);
+    assert_int_equal(under, 0);
+    th_reply_free(&r);
+    char value[256];
+    info_value(sock, "gpu_uuids", value, sizeof value);
+    assert_string_equal(value, "GPU-74616c6c-7964-2d73-696d-2d6770750000");
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    close(side);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
+/* libtally: tally_gpu_register_fd registers a descriptor as a device region (a sealed memfd on
+ * simulated GPUs), tally_call_shm answers from it, tally_region_destroy releases it (tallyd
+ * closes its copy of the descriptor), the descriptor stays the caller's, and refusals come back
+ * with tallyd's reason. tally_gpu_alloc without a CUDA driver says so. */
+static void test_libtally_gpu_register(void **state)
+{
+    (void)state;
+    enum { N = 8192 };
+    uint8_t data[N];
+    for (int i = 0; i < N; i++)
+        data[i] = (uint8_t)(i * 7);
+    th_daemon_t d;
+    uint8_t uuid[TALLY_GPU_UUID_SIZE];
+    int side = start_side(&d, sim2, 1, uuid);
+    close(side); /* libtally opens its own */
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(d.endpoint, 10000, &c), TALLY_OK);
+    int fd = filled_memfd(N, data, N);
+    tally_region_t *region = NULL;
+    uint8_t other[TALLY_GPU_UUID_SIZE];
+    sim_uuid(5, other);
+    assert_int_equal(tally_gpu_register_fd(c, fd, N, other, 0, NULL, NULL, &region),
+                     TALLY_E_BAD_REF);
+    assert_non_null(strstr(tally_client_error(c), "no GPU with UUID"));
+    int base = stable_fds(d.pid);
+    assert_int_equal(tally_gpu_register_fd(c, fd, N, uuid, 0, NULL, NULL, &region), TALLY_OK);
+    assert_int_equal(fds_reach(d.pid, base + 1), base + 1);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    assert_int_equal(tally_call_shm(c, &req, region, 0, N, NULL, 0, &reply), TALLY_OK);
+    uint64_t bin7;
+    memcpy(&bin7, (const uint8_t *)reply.payload + 7 * 8, 8);
+    uint64_t want = 0;
+    for (int i = 0; i < N; i++)
+        want += data[i] == 7;
+    assert_int_equal(bin7, want);
+    tally_reply_clear(&reply);
+    tally_region_destroy(&region);
+    assert_int_equal(fds_reach(d.pid, base), base);
+    assert_true(fcntl(fd, F_GETFD) >= 0); /* still the caller's */
+    close(fd);
+    tally_gpu_mem_t *mem = NULL;
+    if (access("/dev/nvidiactl", F_OK) != 0) { /* no driver here: a clear refusal */
+        assert_int_equal(tally_gpu_alloc(0, 1 << 20, &mem), TALLY_E_ARG);
+        assert_non_null(strstr(tally_gpu_error(), "CUDA"));
+        assert_null(mem);
+    }
+    tally_client_destroy(&c);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
+/* A region released (its connection closed) while requests use it stays until they are
+ * answered: their replies are right, and only then is the descriptor closed. */
+static void test_deferred_release(void **state)
+{
+    (void)state;
+    enum { N = 4096, INFLIGHT = 4 };
+    int32_t data[N];
+    for (int i = 0; i < N; i++)
+        data[i] = i % 50;
+    th_daemon_t d;
+    setenv("TALLYD_TEST_SIM_LATENCY_US", "1000000", 1);
+    uint8_t uuid[TALLY_GPU_UUID_SIZE];
+    int side = start_side(&d, sim2, 0, uuid);
+    unsetenv("TALLYD_TEST_SIM_LATENCY_US");
+    th_answer_t ans;
+    int fd = filled_memfd(REGION_BYTES, data, sizeof data);
+    void *ctx = zmq_ctx_new();
+    void *sock = dealer(ctx, d.endpoint, "producer");
+    char value[256];
+    info_value(sock, "gpu_uuids", value, sizeof value); /* the DEALER's connection is up */
+    int base = stable_fds(d.pid); /* the side and the DEALER connections are in it */
+    assert_int_equal(dev_register(side, fd, REGION_BYTES, uuid, 0, &ans), TALLY_OK);
+    close(fd);
+    assert_int_equal(fds_reach(d.pid, base + 1), base + 1);
+    for (int i = 0; i < INFLIGHT; i++) {
+        tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_I32, 1000 + (uint64_t)i);
+        req.flags = TALLY_FLAG_SHM_REF;
+        req.lo = 0;
+        req.hi = 256;
+        tally_shm_ref_t ref = {.in_handle = ans.a.handle, .in_length = sizeof data};
+        uint8_t bytes[TALLY_SHM_REF_SIZE];
+        tally_shm_ref_encode(&ref, bytes);
+        assert_int_equal(th_send_request(sock, &req, bytes, sizeof bytes), 0);
+    }
+    /* An `info` behind them on the same socket: its reply (immediate, while the hists take a
+     * second each) says that tallyd has read and resolved them. Then the producer goes. */
+    tally_req_t info = th_req(TALLY_OP_INFO, TALLY_DTYPE_NONE, 999);
+    assert_int_equal(th_send_request(sock, &info, NULL, 0), 0);
+    th_reply_t ir;
+    assert_int_equal(th_recv_reply(sock, &ir), 0);
+    assert_int_equal(ir.rep.request_id, 999);
+    th_reply_free(&ir);
+    close(side);
+    assert_int_equal(fds_reach(d.pid, base), base); /* the side socket gone, the region's kept */
+    uint64_t want7 = 0;
+    for (int i = 0; i < N; i++)
+        want7 += data[i] == 7;
+    for (int i = 0; i < INFLIGHT; i++) {
+        th_reply_t r;
+        assert_int_equal(th_recv_reply(sock, &r), 0);
+        assert_int_equal(r.rep.status, TALLY_OK);
+        assert_int_equal(r.len, 258 * 8); /* i32: 256 bins, under- and overflow */
+        uint64_t bin7;
+        memcpy(&bin7, r.payload + 7 * 8, 8);
+        assert_int_equal(bin7, want7);
+        th_reply_free(&r);
+    }
+    assert_int_equal(fds_reach(d.pid, base - 1), base - 1);
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cpu_backend_refuses),
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_quotas),
+        cmocka_unit_test(test_descriptor_held_until_release),
+        cmocka_unit_test(test_requests_in_place),
+        cmocka_unit_test(test_runs_on_its_gpu),
+        cmocka_unit_test(test_gpu_failure_contained),
+        cmocka_unit_test(test_device_buffers_bound),
+        cmocka_unit_test(test_libtally_gpu_register),
+        cmocka_unit_test(test_deferred_release),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
