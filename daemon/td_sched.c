@@ -341,7 +341,9 @@ static void start(td_sched_t *s, td_request_t *r, record_t *rec)
 {
     bool gpu = wants_gpu(s, r);
     r->gpu_failed = false;
-    r->where = (td_placement_t){.generation = rec ? rec->generation : 0, .pieces = 1};
+    /* The generation it was admitted in (submit): a GPU failure of its stream since then makes
+     * it one queued behind the failure, rerun from the host copy like the others. */
+    r->where = (td_placement_t){.generation = r->where.generation, .pieces = 1};
     if (rec)
         rec->on_gpu = gpu;
     if (gpu)
@@ -497,6 +499,10 @@ static void submit(td_sched_t *s, td_request_t *r, record_t *rec)
         return;
     }
     bool gpu = wants_gpu(s, r);
+    /* Admitted now, its carry-in chosen now (td_request_admit): the stream's generation too, so
+     * that a GPU failure while it waits in a queue reruns it (issue 21: a scan launched after an
+     * earlier one of its stream failed on the GPU chained the distrusted device carry). */
+    r->where.generation = rec ? rec->generation : 0;
     if (rec)
         rec->inflight++;
     if (runs_inline(r, gpu)) {

@@ -825,6 +825,31 @@ static void test_refused_answered_in_turn(void **state)
     fake_destroy(&f);
 }
 
+/* A scan admitted while its stream's earlier scans run on the GPU, and waiting in its peer's
+ * queue (the lanes are full) when one of them fails there: it chose to chain the device carry
+ * when it was admitted, so when it runs it must be rerun from the host copy like the others
+ * behind the failure (seen on an H200, 2026-11-26: test_seq_gpu's faults run ended with a wrong
+ * scan carry, 6 runs in 6). */
+static void test_queued_behind_gpu_failure_reruns(void **state)
+{
+    (void)state;
+    /* 1 device x 4 lanes x depth 1: 4 GPU requests at once */
+    fake_t *f = fake_new_limited(1, TD_BACKEND_CUDA, 64, 64 * MIB, 0, 1);
+    for (uint64_t id = 1; id <= 5; id++)
+        arrive(f, TALLY_OP_SCAN, "a", id, MIB);
+    assert_int_equal(f->running_count, 4);
+    assert_false(is_running(f, 5)); /* admitted, waiting for a place */
+    finish_as(f, 1, true);           /* fails on the GPU: rerun inline, answered */
+    assert_true(is_running(f, 5));   /* started in the place 1 left */
+    while (f->running_count)
+        finish_oldest(f);
+    assert_int_equal(f->metrics.backend_fallbacks, 5); /* 1, and 2..5 behind it */
+    assert_int_equal(f->metrics.gpu_requests[0], 0);
+    uint64_t want[] = {1, 2, 3, 4, 5};
+    assert_log(f, want, 5, NULL);
+    fake_destroy(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -843,6 +868,7 @@ int main(void)
         cmocka_unit_test(test_failed_request_leaves_no_stream),
         cmocka_unit_test(test_shutdown_leaves_no_new_stream),
         cmocka_unit_test(test_shutdown_wins_over_sequence_gap),
+        cmocka_unit_test(test_queued_behind_gpu_failure_reruns),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
