@@ -151,7 +151,7 @@ static int run_to_exit(const char *dir, char *log, size_t cap)
         FILE *f = freopen(log_path, "w", stderr);
         (void)f;
         execl(th_tallyd_bin(), th_tallyd_bin(), "--bind", endpoint, "--backend", "cpu",
-              "--state-dir", dir, (char *)NULL);
+              "--state-dir", dir, "--shm", "off", (char *)NULL);
         _exit(127);
     }
     int status = -1;
