@@ -413,6 +413,16 @@ TALLY_API tally_status_t tally_hist_quantile(const tally_hist_t *hist, double q,
 /* Count, mean, min/max non-empty bin, p50/p90/p99, underflow and overflow. */
 TALLY_API void tally_hist_summarize(const tally_hist_t *hist, tally_hist_summary_t *out);
 
+/* The most quantiles one JSON rendering takes, and the room a quantile's name needs. */
+#define TALLY_QUANTILES_MAX 64
+#define TALLY_QUANTILE_NAME_MAX 16
+
+/* The name of quantile q (0 <= q <= 1, taken to the nearest millionth) in summaries: "p" and
+ * 100 q with at most four decimals and no trailing zeros: 0.5 "p50", 0.999 "p99.9", 0.000001
+ * "p0.0001", 1 "p100". buf holds at least TALLY_QUANTILE_NAME_MAX bytes. TALLY_E_ARG for a q
+ * outside [0, 1]. */
+TALLY_API tally_status_t tally_quantile_name(double q, char *buf, size_t cap);
+
 /* Appends the histogram as the members of a JSON object (no braces, so a caller can add its own
  * members such as a stream or channel name around them):
  *   "count":N,"in_range":N,"underflow":N,"overflow":N,"mean":X|null,
@@ -424,12 +434,39 @@ TALLY_API void tally_hist_summarize(const tally_hist_t *hist, tally_hist_summary
  * quantile outside the range is given as its nearest edge (lo or hi, see tally_hist_quantile);
  * the underflow and overflow counts say when that can happen. */
 TALLY_API tally_status_t tally_hist_json(const tally_hist_t *hist, tally_buf_t *out);
+/* The same with the quantiles qs[0..n) (each in [0, 1], n <= TALLY_QUANTILES_MAX), in that
+ * order, instead of p50, p90 and p99 (tally_hist_json is this with 0.5, 0.9, 0.99), each named
+ * by tally_quantile_name. Give each quantile once: two that round to the same millionth would
+ * share a name. TALLY_E_ARG for a quantile outside [0, 1] or too many. */
+TALLY_API tally_status_t tally_hist_json_quantiles(const tally_hist_t *hist, const double *qs,
+                                                   size_t n, tally_buf_t *out);
 
 /* Appends the bins as CSV rows "lo,hi,count" (the same entries as the JSON `bins`), each
  * preceded by "label," when label is not NULL; with `header`, first the line "lo,hi,count"
  * (or "channel,lo,hi,count" with a label). */
 TALLY_API tally_status_t tally_hist_csv(const tally_hist_t *hist, const char *label, bool header,
                                         tally_buf_t *out);
+
+/* A stream's record as one JSON object (tally_json.c): what `tally query --json` prints and
+ * tallyd's HTTP API serves (GET /api/v1/streams/NAME), one rendering for both. The schema is
+ * web/schema/stream.json:
+ *   {"stream":NAME,"type":"u8"|"i32"|"u16"|"rgb8"|"rgba8"|null,["lo":L,"hi":H,] (i32, u16)
+ *    "batches":N,"elements":N,"bytes":N,"filter_seen":N,"filter_kept":N,"scan_carry":N,
+ *    "scan_elements":N,"hist_total":N,"last_seq":N,["window":{"start_ms":T,"end_ms":T},]
+ *    then the members of tally_hist_json_quantiles (one channel), or
+ *    "channels":[{"channel":"r",...},...] (rgb8, rgba8), or for a stream without a histogram
+ *    "count":0,"mean":null,"quantiles":null,"bins":[]}
+ * with no line break. */
+typedef struct {
+    const char *name;
+    const tally_stream_info_t *info;
+    uint64_t window_start_ms, window_end_ms; /* a window query's interval; 0, 0 for all time */
+    const double *quantiles;                 /* NULL (nquantiles 0): p50, p90, p99 */
+    size_t nquantiles;
+} tally_stream_view_t;
+
+/* Appends the record; TALLY_E_ARG for an unknown histogram type or bad quantiles. */
+TALLY_API tally_status_t tally_stream_json(const tally_stream_view_t *view, tally_buf_t *out);
 
 /* ---- CURVE: authentication and encryption (PROTOCOL.md §12) ------------------------------ */
 

@@ -91,15 +91,46 @@ static int64_t value_in_bin(const tally_hist_t *hist, unsigned b, uint64_t j, ui
     return start + (int64_t)(num / ((unsigned __int128)2 * c));
 }
 
+/* q in millionths (the precision every quantile is taken to); -1 outside [0, 1] or NaN. */
+static int64_t q_micros(double q)
+{
+    if (!(q >= 0.0 && q <= 1.0))
+        return -1;
+    return (int64_t)(q * QUANTILE_SCALE + 0.5);
+}
+
+/* v / 10^digits in decimal, without trailing zeros: (500000, 6) "0.5", (999000, 4) "99.9". */
+static void decimal_text(uint64_t v, unsigned digits, char *buf, size_t cap)
+{
+    uint64_t unit = 1;
+    for (unsigned i = 0; i < digits; i++)
+        unit *= 10;
+    int n = snprintf(buf, cap, "%" PRIu64 ".%0*" PRIu64, v / unit, (int)digits, v % unit);
+    while (n > 0 && (size_t)n < cap && buf[n - 1] == '0')
+        buf[--n] = '\0';
+    if (n > 0 && (size_t)n < cap && buf[n - 1] == '.')
+        buf[--n] = '\0';
+}
+
+tally_status_t tally_quantile_name(double q, char *buf, size_t cap)
+{
+    int64_t micros = q_micros(q);
+    if (micros < 0 || !buf || cap < TALLY_QUANTILE_NAME_MAX)
+        return TALLY_E_ARG;
+    buf[0] = 'p';
+    decimal_text((uint64_t)micros, 4, buf + 1, cap - 1); /* percent = millionths / 10^4 */
+    return TALLY_OK;
+}
+
 tally_status_t tally_hist_quantile(const tally_hist_t *hist, double q, tally_quantile_t *out)
 {
-    if (!hist || !out || !(q >= 0.0 && q <= 1.0))
+    if (!hist || !out || q_micros(q) < 0)
         return TALLY_E_ARG;
     uint64_t in_range = in_range_count(hist);
     unsigned __int128 n = (unsigned __int128)hist->underflow + in_range + hist->overflow;
     if (n == 0)
         return TALLY_E_ARG;
-    uint64_t scaled = (uint64_t)(q * QUANTILE_SCALE + 0.5);
+    uint64_t scaled = (uint64_t)q_micros(q);
     unsigned __int128 rank = (n * scaled + QUANTILE_SCALE - 1) / QUANTILE_SCALE;
     if (rank == 0)
         rank = 1;
@@ -190,8 +221,27 @@ static tally_status_t json_bin_ref(const tally_hist_t *hist, const char *key, in
                             tally_hist_edge(hist, (unsigned)bin + 1));
 }
 
+/* "quantiles":{"p50":V,"p99.9":V,...}, or null when empty. */
+static tally_status_t json_quantiles(const tally_hist_t *hist, uint64_t count, const double *qs,
+                                     size_t n, tally_buf_t *out)
+{
+    if (!count)
+        return tally_buf_printf(out, "\"quantiles\":null,");
+    tally_status_t st = tally_buf_printf(out, "\"quantiles\":{");
+    for (size_t i = 0; i < n && st == TALLY_OK; i++) {
+        char name[TALLY_QUANTILE_NAME_MAX];
+        tally_quantile_t v;
+        st = tally_quantile_name(qs[i], name, sizeof name);
+        if (st == TALLY_OK)
+            st = tally_hist_quantile(hist, qs[i], &v);
+        if (st == TALLY_OK)
+            st = tally_buf_printf(out, "%s\"%s\":%" PRId64, i ? "," : "", name, v.value);
+    }
+    return st == TALLY_OK ? tally_buf_printf(out, "},") : st;
+}
+
 static tally_status_t json_head(const tally_hist_t *hist, const tally_hist_summary_t *s,
-                                tally_buf_t *out)
+                                const double *qs, size_t nq, tally_buf_t *out)
 {
     tally_status_t st = tally_buf_printf(out,
                                          "\"count\":%" PRIu64 ",\"in_range\":%" PRIu64
@@ -204,26 +254,39 @@ static tally_status_t json_head(const tally_hist_t *hist, const tally_hist_summa
         st = json_bin_ref(hist, "min", s->min_bin, out);
     if (st == TALLY_OK)
         st = json_bin_ref(hist, "max", s->max_bin, out);
-    if (st != TALLY_OK)
-        return st;
-    if (!s->count)
-        return tally_buf_printf(out, "\"quantiles\":null,");
-    return tally_buf_printf(
-        out, "\"quantiles\":{\"p50\":%" PRId64 ",\"p90\":%" PRId64 ",\"p99\":%" PRId64 "},",
-        s->p50.value, s->p90.value, s->p99.value);
+    return st == TALLY_OK ? json_quantiles(hist, s->count, qs, nq, out) : st;
 }
+
+/* Every quantile in [0, 1], and not too many. */
+static bool quantiles_valid(const double *qs, size_t n)
+{
+    if (n > TALLY_QUANTILES_MAX || (n && !qs))
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (q_micros(qs[i]) < 0)
+            return false;
+    return true;
+}
+
+static const double default_quantiles[] = {0.50, 0.90, 0.99};
 
 tally_status_t tally_hist_json(const tally_hist_t *hist, tally_buf_t *out)
 {
-    if (!hist || !out)
+    return tally_hist_json_quantiles(hist, default_quantiles, 3, out);
+}
+
+tally_status_t tally_hist_json_quantiles(const tally_hist_t *hist, const double *qs, size_t n,
+                                         tally_buf_t *out)
+{
+    if (!hist || !out || !quantiles_valid(qs, n))
         return TALLY_E_ARG;
     tally_hist_summary_t s;
     tally_hist_summarize(hist, &s);
-    tally_status_t st = json_head(hist, &s, out);
+    tally_status_t st = json_head(hist, &s, qs, n, out);
     if (st == TALLY_OK)
         st = tally_buf_printf(out, "\"bins\":[");
-    unsigned n = entry_count(hist);
-    for (unsigned i = 0; i < n && st == TALLY_OK; i++) {
+    unsigned entries = entry_count(hist);
+    for (unsigned i = 0; i < entries && st == TALLY_OK; i++) {
         int64_t lo, hi;
         uint64_t count;
         entry(hist, i, &lo, &hi, &count);

@@ -12,6 +12,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "tally_proto.h"
 
@@ -35,5 +36,12 @@ tally_status_t tally_endpoint_check(const char *endpoint, tally_endpoint_use_t u
  * into host (brackets removed) and port. False when it has no port. */
 bool tally_hostport_split(const char *text, char *host, size_t host_cap, char *port,
                           size_t port_cap);
+
+/* A duration: a decimal number (no sign) and a unit, ms, s, m or h; a bare number is seconds
+ * ("10s", "500ms", "1.5m", "2h", "10"). Rounded to whole milliseconds. TALLY_E_PARAM for
+ * anything else or a value outside [min_ms, max_ms]. `tally query --last` and the HTTP API's
+ * `last=` read it. */
+tally_status_t tally_duration_parse(const char *text, uint64_t min_ms, uint64_t max_ms,
+                                    uint64_t *out_ms);
 
 #endif /* TALLY_ARGS_H */
