@@ -467,6 +467,9 @@ typedef struct {
 
 /* Appends the record; TALLY_E_ARG for an unknown histogram type or bad quantiles. */
 TALLY_API tally_status_t tally_stream_json(const tally_stream_view_t *view, tally_buf_t *out);
+/* Appends str as a JSON string: quoted, '"' and backslash escaped, control characters as \u00XX
+ * (a stream name, printable ASCII, needs only the first two). */
+TALLY_API tally_status_t tally_json_string(const char *str, tally_buf_t *out);
 
 /* ---- CURVE: authentication and encryption (PROTOCOL.md §12) ------------------------------ */
 

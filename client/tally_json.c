@@ -16,12 +16,19 @@ static const char *const channel_names[] = {"r", "g", "b", "a"};
 
 static const double default_quantiles[] = {0.50, 0.90, 0.99};
 
-/* Stream names are printable ASCII: only '"' and '\' need escaping. */
-static tally_status_t json_string(const char *str, tally_buf_t *out)
+tally_status_t tally_json_string(const char *str, tally_buf_t *out)
 {
+    if (!str || !out)
+        return TALLY_E_ARG;
     tally_status_t st = tally_buf_printf(out, "\"");
-    for (const char *p = str; *p && st == TALLY_OK; p++)
-        st = tally_buf_printf(out, *p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
+    for (const unsigned char *p = (const unsigned char *)str; *p && st == TALLY_OK; p++) {
+        if (*p == '"' || *p == '\\')
+            st = tally_buf_printf(out, "\\%c", *p);
+        else if (*p < 0x20)
+            st = tally_buf_printf(out, "\\u%04x", *p);
+        else
+            st = tally_buf_append(out, p, 1);
+    }
     return st == TALLY_OK ? tally_buf_printf(out, "\"") : st;
 }
 
@@ -33,7 +40,7 @@ static tally_status_t json_head(const tally_stream_view_t *v, const tally_hist_t
     const char *type = tally_dtype_name((tally_dtype_t)i->hist_dtype);
     tally_status_t st = tally_buf_printf(out, "{\"stream\":");
     if (st == TALLY_OK)
-        st = json_string(v->name, out);
+        st = tally_json_string(v->name, out);
     if (st == TALLY_OK)
         st = channels ? tally_buf_printf(out, ",\"type\":\"%s\"", type)
                       : tally_buf_printf(out, ",\"type\":null");

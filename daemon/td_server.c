@@ -182,7 +182,11 @@ static int try_send(td_server_t *s, td_request_t *r)
 /* The end of every request: send its reply (or drop it), metrics, in-flight slot, memory. */
 static void reply(td_server_t *s, td_request_t *r)
 {
-    int err = try_send(s, r);
+    int err = 0;
+    if (r->done) /* another transport's request (td_service_host_t.submit) */
+        r->done(r->done_arg, &r->rep, r->reply_data, r->reply_len);
+    else
+        err = try_send(s, r);
     if (err == EHOSTUNREACH) {
         s->metrics.replies_dropped_gone++;
         td_debug("reply to request %" PRIu64 " dropped: the peer has gone", r->rep.request_id);
@@ -264,6 +268,11 @@ static void sample_gauges(void *ctx, td_gauges_t *g)
     td_shm_gauges(s->shm, &g->shm_regions, &g->shm_bytes);
 }
 
+static tally_status_t host_view(void *ctx, const td_stream_t *stream, uint64_t window_ms,
+                                tally_stream_info_t *out, uint64_t *start_ms, uint64_t *end_ms,
+                                char *msg, size_t msg_cap);
+static void host_submit(void *ctx, const tally_req_t *req, td_reply_fn done, void *arg);
+
 static td_service_host_t service_host(td_server_t *s)
 {
     return (td_service_host_t){.loop = &s->loop,
@@ -271,6 +280,8 @@ static td_service_host_t service_host(td_server_t *s)
                                .streams = s->streams,
                                .metrics = &s->metrics,
                                .gauges = sample_gauges,
+                               .view = host_view,
+                               .submit = host_submit,
                                .ctx = s};
 }
 
@@ -307,36 +318,70 @@ static void op_streams(td_server_t *s, td_request_t *r)
     td_request_succeed(r, TALLY_DTYPE_NONE, out, len, count);
 }
 
-/* A window query (PROTOCOL.md "Windows"): the stream's record with the histogram of the last
- * ceil(W / interval) intervals; false (r failed) when the ring is shorter or windows are off. */
-static bool window_view(td_server_t *s, td_request_t *r, const td_stream_t *stream,
-                        tally_stream_info_t *view)
+/* A stream's record as `query` answers it (td_service_host_t.view): all time, or with
+ * window_ms the histogram of the last ceil(window_ms / interval) intervals (PROTOCOL.md
+ * "Windows"); TALLY_E_WINDOW with msg when the ring is shorter or windows are off. With no
+ * stream, only that check. */
+static tally_status_t stream_view(td_server_t *s, const td_stream_t *stream, uint64_t window_ms,
+                                  tally_stream_info_t *view, uint64_t *start_ms,
+                                  uint64_t *end_ms, char *msg, size_t cap)
 {
+    *start_ms = *end_ms = 0;
+    if (stream)
+        *view = stream->info;
+    if (!window_ms)
+        return TALLY_OK;
     unsigned intervals = s->cfg.window_intervals;
     uint64_t interval_ms = s->cfg.window_interval_ms;
-    uint64_t want = ((uint64_t)r->req.lo + interval_ms - 1) / interval_ms;
+    uint64_t want = (window_ms + interval_ms - 1) / interval_ms;
     if (intervals == 0) {
-        td_request_fail(r, TALLY_E_WINDOW, "windows are off (window_intervals = 0)");
-        return false;
+        snprintf(msg, cap, "windows are off (window_intervals = 0)");
+        return TALLY_E_WINDOW;
     }
     if (want > intervals) {
-        td_request_fail(r, TALLY_E_WINDOW,
-                        "a window of %" PRId64 " ms needs %" PRIu64 " intervals; tallyd keeps %u "
-                        "of %" PRIu64 " ms (%" PRIu64 " ms)",
-                        r->req.lo, want, intervals, interval_ms, intervals * interval_ms);
-        return false;
+        snprintf(msg, cap,
+                 "a window of %" PRIu64 " ms needs %" PRIu64 " intervals; tallyd keeps %u of "
+                 "%" PRIu64 " ms (%" PRIu64 " ms)",
+                 window_ms, want, intervals, interval_ms, intervals * interval_ms);
+        return TALLY_E_WINDOW;
     }
+    if (!stream) /* only the window's check */
+        return TALLY_OK;
     uint64_t now = td_clock_ms();
-    *view = stream->info;
     if (stream->window) {
-        r->rep.aux0 = td_window_sum(stream->window, now, (unsigned)want, view);
+        *start_ms = td_window_sum(stream->window, now, (unsigned)want, view);
     } else { /* no hist yet: nothing counted in any interval */
         view->hist_underflow = view->hist_overflow = view->hist_total = 0;
         memset(view->bins, 0, sizeof view->bins);
         uint64_t current = now / interval_ms;
-        r->rep.aux0 = (current + 1 - (want < current + 1 ? want : current + 1)) * interval_ms;
+        *start_ms = (current + 1 - (want < current + 1 ? want : current + 1)) * interval_ms;
     }
-    r->rep.aux1 = now;
+    *end_ms = now;
+    return TALLY_OK;
+}
+
+static tally_status_t host_view(void *ctx, const td_stream_t *stream, uint64_t window_ms,
+                                tally_stream_info_t *out, uint64_t *start_ms, uint64_t *end_ms,
+                                char *msg, size_t msg_cap)
+{
+    return stream_view(ctx, stream, window_ms, out, start_ms, end_ms, msg, msg_cap);
+}
+
+/* A window query's record (PROTOCOL.md "Windows"); false (r failed) when the ring is shorter
+ * or windows are off. */
+static bool window_view(td_server_t *s, td_request_t *r, const td_stream_t *stream,
+                        tally_stream_info_t *view)
+{
+    char msg[TALLY_ERROR_MESSAGE_MAX + 1];
+    uint64_t start = 0, end = 0;
+    tally_status_t st =
+        stream_view(s, stream, (uint64_t)r->req.lo, view, &start, &end, msg, sizeof msg);
+    if (st != TALLY_OK) {
+        td_request_fail(r, st, "%s", msg);
+        return false;
+    }
+    r->rep.aux0 = start;
+    r->rep.aux1 = end;
     return true;
 }
 
@@ -370,9 +415,12 @@ static bool sched_complete(void *owner, td_request_t *r)
     td_server_t *s = owner;
     td_stream_t *stream = r->stream;
     bool applied = td_request_apply(r);
-    if (applied && stream && r->req.opcode == TALLY_OP_HIST &&
+    uint64_t now = applied && stream ? td_clock_ms() : 0;
+    if (now)
+        stream->updated_ms = now;
+    if (now && r->req.opcode == TALLY_OP_HIST &&
         !td_stream_window_add(s->streams, stream, r->hist.bins, r->hist.underflow, r->hist.overflow,
-                              td_request_elements(r), td_clock_ms()))
+                              td_request_elements(r), now))
         td_warn("stream '%s': out of memory for its window ring; its window queries count "
                 "nothing",
                 stream->name);
@@ -391,6 +439,7 @@ static void sched_control(void *owner, td_request_t *r, td_stream_t *stream)
         return;
     case TALLY_OP_RESET:
         td_stream_zero(stream);
+        stream->updated_ms = td_clock_ms();
         break;
     default: /* TALLY_OP_DELETE */
         if (s->pub)
@@ -546,6 +595,36 @@ static void answer_stopping(td_server_t *s, td_request_t *r, bool decoded)
                               ? td_streams_find(s->streams, r->req.stream, r->req.stream_len)
                               : NULL;
     td_sched_arrived(s->sched, r, stream);
+}
+
+/* A query, reset or delete from HTTP (td_web.c): a request like the opcode's, in the same
+ * scheduler path and metrics, answered through done instead of ZeroMQ (reply). */
+static void host_submit(void *ctx, const tally_req_t *req, td_reply_fn done, void *arg)
+{
+    td_server_t *s = ctx;
+    td_request_t *r = td_request_new();
+    if (!r) {
+        tally_rep_t rep = {.opcode = req->opcode, .status = TALLY_E_INTERNAL};
+        done(arg, &rep, "out of memory", 13);
+        return;
+    }
+    td_sched_received(s->sched);
+    r->received_ns = uv_hrtime();
+    r->req = *req;
+    r->rep.opcode = req->opcode;
+    r->rep.flags = req->flags;
+    r->done = done;
+    r->done_arg = arg;
+    char msg[TALLY_ERROR_MESSAGE_MAX + 1];
+    tally_status_t st = tally_req_validate(&r->req, 0, s->cfg.max_batch, msg, sizeof msg);
+    if (s->stopping) {
+        answer_stopping(s, r, true);
+    } else if (st != TALLY_OK) {
+        td_request_fail(r, st, "%s", msg);
+        reply(s, r);
+    } else {
+        dispatch(s, r);
+    }
 }
 
 /* Who sent r (td_peers.h): its connection, and its client identity — the ZAP user id that CURVE
