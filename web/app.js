@@ -277,7 +277,7 @@
     if (canvas.height !== h) canvas.height = h;
     const g = canvas.getContext('2d');
     g.clearRect(0, 0, w, h);
-    const top = 14 * ratio;
+    const top = 34 * ratio; // room for the three quantile labels, one row each
     const step = w / heights.length;
     g.fillStyle = colour;
     heights.forEach((v, i) => {
@@ -296,9 +296,8 @@
       g.moveTo(x, top);
       g.lineTo(x, h);
       g.stroke();
-      const label = name;
-      const tw = g.measureText(label).width;
-      g.fillText(label, Math.min(Math.max(0, x - tw / 2), w - tw), (10 + i * 0) * ratio);
+      const tw = g.measureText(name).width;
+      g.fillText(name, Math.min(Math.max(0, x - tw / 2), w - tw), (10 + i * 11) * ratio);
     });
   }
 
