@@ -540,14 +540,35 @@ static void control_done(void *arg, const tally_rep_t *rep, const void *payload,
     answer_buf(job->web, job, st, &out, msg);
 }
 
-static void submit_control(td_web_t *self, td_web_job_t *job)
+/* A query's reply from the request path: the record rendered as `tally query --json`. */
+static void query_done(void *arg, const tally_rep_t *rep, const void *payload, size_t len)
 {
-    tally_req_t req = {.opcode = job->kind == TD_WEB_RESET ? TALLY_OP_RESET : TALLY_OP_DELETE};
+    td_web_job_t *job = arg;
+    tally_buf_t out = {0};
+    char msg[TALLY_ERROR_MESSAGE_MAX + 1];
+    tally_status_t st = td_web_reply_json(job->params.streams[0], &job->params, rep, payload,
+                                          len, &out, msg, sizeof msg);
+    answer_buf(job->web, job, st, &out, msg);
+}
+
+/* A query, reset or delete of the job's stream, handed to the request path like the opcode:
+ * ordered after the stream's queued requests, answered when it is done. */
+static void submit(td_web_t *self, td_web_job_t *job)
+{
+    static const uint8_t opcodes[] = {[TD_WEB_STREAM] = TALLY_OP_QUERY,
+                                      [TD_WEB_RESET] = TALLY_OP_RESET,
+                                      [TD_WEB_DELETE] = TALLY_OP_DELETE};
+    tally_req_t req = {.opcode = opcodes[job->kind]};
+    if (job->kind == TD_WEB_STREAM && job->params.last_ms) {
+        req.flags = TALLY_FLAG_QUERY_WINDOW;
+        req.lo = (int64_t)job->params.last_ms;
+    }
     if (tally_req_set_stream(&req, job->params.streams[0]) != TALLY_OK) { /* checked before */
         answer_error(self, job, MHD_HTTP_BAD_REQUEST, "stream_name", "not a stream name");
         return;
     }
-    self->host.submit(self->host.ctx, &req, control_done, job);
+    self->host.submit(self->host.ctx, &req, job->kind == TD_WEB_STREAM ? query_done : control_done,
+                      job);
 }
 
 /* An event stream: the window checked, the stream found (for one stream's events), its first
@@ -583,9 +604,11 @@ static void run_job(td_web_t *self, td_web_job_t *job)
 {
     td_gauges_t g;
     self->host.gauges(self->host.ctx, &g);
-    /* Like the opcodes while tallyd drains: every request answered `shutdown` (a reset or
-     * delete gets it from the request path itself). */
-    if (g.stopping && job->kind != TD_WEB_RESET && job->kind != TD_WEB_DELETE) {
+    /* Like the opcodes while tallyd drains: every request answered `shutdown` (a query,
+     * reset or delete gets it from the request path itself). */
+    bool path = job->kind == TD_WEB_STREAM || job->kind == TD_WEB_RESET ||
+                job->kind == TD_WEB_DELETE;
+    if (g.stopping && !path) {
         answer_error(self, job, MHD_HTTP_SERVICE_UNAVAILABLE, "shutdown",
                      "tallyd is shutting down");
         return;
@@ -596,15 +619,10 @@ static void run_job(td_web_t *self, td_web_job_t *job)
     case TD_WEB_LIST:
         answer_buf(self, job, td_web_list_json(self, &out), &out, msg);
         return;
-    case TD_WEB_STREAM: {
-        tally_status_t st =
-            td_web_record_json(self, job->params.streams[0], &job->params, &out, msg, sizeof msg);
-        answer_buf(self, job, st, &out, msg);
-        return;
-    }
+    case TD_WEB_STREAM:
     case TD_WEB_RESET:
     case TD_WEB_DELETE:
-        submit_control(self, job);
+        submit(self, job);
         return;
     default:
         open_events(self, job);

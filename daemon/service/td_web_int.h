@@ -91,6 +91,11 @@ tally_status_t td_web_list_json(td_web_t *self, tally_buf_t *out);
  * TALLY_E_WINDOW (with msg) or TALLY_E_NOMEM otherwise. */
 tally_status_t td_web_record_json(td_web_t *self, const char *name, const td_web_params_t *p,
                                   tally_buf_t *out, char *msg, size_t cap);
+/* The JSON of a `query` reply (rep, payload: the record) for stream `name` with p's
+ * quantiles, or the reply's error: its status and message in msg. */
+tally_status_t td_web_reply_json(const char *name, const td_web_params_t *p,
+                                 const tally_rep_t *rep, const void *payload, size_t len,
+                                 tally_buf_t *out, char *msg, size_t cap);
 /* The HTTP status and error code of a wire status. */
 unsigned td_web_http_status(tally_status_t st);
 

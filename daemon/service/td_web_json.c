@@ -115,6 +115,31 @@ tally_status_t td_web_list_json(td_web_t *self, tally_buf_t *out)
     return st == TALLY_OK ? tally_buf_printf(out, "]}") : st;
 }
 
+tally_status_t td_web_reply_json(const char *name, const td_web_params_t *p,
+                                 const tally_rep_t *rep, const void *payload, size_t len,
+                                 tally_buf_t *out, char *msg, size_t cap)
+{
+    tally_status_t st = (tally_status_t)rep->status;
+    if (st != TALLY_OK) {
+        snprintf(msg, cap, "%.*s", payload ? (int)len : 0, payload ? (const char *)payload : "");
+        return st;
+    }
+    tally_stream_view_t view = {.name = name,
+                                .info = &scratch,
+                                .window_start_ms = p->last_ms ? rep->aux0 : 0,
+                                .window_end_ms = p->last_ms ? rep->aux1 : 0,
+                                .quantiles = p->quantiles,
+                                .nquantiles = p->nquantiles};
+    if (tally_stream_info_decode(payload, len, &scratch) != TALLY_OK) {
+        snprintf(msg, cap, "the query's record does not decode");
+        return TALLY_E_INTERNAL;
+    }
+    st = tally_stream_json(&view, out);
+    if (st != TALLY_OK)
+        snprintf(msg, cap, "out of memory");
+    return st == TALLY_OK ? TALLY_OK : TALLY_E_NOMEM;
+}
+
 tally_status_t td_web_record_json(td_web_t *self, const char *name, const td_web_params_t *p,
                                   tally_buf_t *out, char *msg, size_t cap)
 {
