@@ -447,6 +447,68 @@ static void test_json_csv(void **state)
     tally_buf_free(&out);
 }
 
+/* Quantile names, arbitrary quantiles in the JSON, and a stream's whole record (the rendering
+ * `tally query --json` and tallyd's HTTP API share). */
+static void test_quantiles_json(void **state)
+{
+    (void)state;
+    char name[TALLY_QUANTILE_NAME_MAX];
+    const struct {
+        double q;
+        const char *name;
+    } names[] = {{0.5, "p50"}, {0.999, "p99.9"}, {0.000001, "p0.0001"}, {1, "p100"},
+                 {0, "p0"},    {0.9999, "p99.99"}, {0.25, "p25"}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        assert_int_equal(tally_quantile_name(names[i].q, name, sizeof name), TALLY_OK);
+        assert_string_equal(name, names[i].name);
+    }
+    assert_int_equal(tally_quantile_name(1.5, name, sizeof name), TALLY_E_ARG);
+    assert_int_equal(tally_quantile_name(0.5, name, 4), TALLY_E_ARG);
+
+    tally_hist_t h = {.dtype = TALLY_DTYPE_U8, .lo = 0, .hi = 256};
+    for (unsigned b = 0; b < 1000; b++) /* the values 0..999 % 256: 1000 of them */
+        h.bins[b % 256]++;
+    const double asked[] = {0.5, 0.999};
+    tally_buf_t out = {0};
+    assert_int_equal(tally_hist_json_quantiles(&h, asked, 2, &out), TALLY_OK);
+    /* rank 500 of the sorted values: 0..231 four times (928 values), then 232..255 three
+     * times: 500 is in the 4-per-value run, value 124; rank 999 is 255 */
+    assert_non_null(strstr((char *)out.data, "\"quantiles\":{\"p50\":124,\"p99.9\":255},"));
+    tally_buf_free(&out);
+    const double bad[] = {0.5, -0.1};
+    assert_int_equal(tally_hist_json_quantiles(&h, bad, 2, &out), TALLY_E_ARG);
+    assert_int_equal(tally_hist_json_quantiles(&h, asked, TALLY_QUANTILES_MAX + 1, &out), TALLY_E_ARG);
+    tally_buf_free(&out);
+
+    static tally_stream_info_t info; /* 8 KiB per channel: off the stack */
+    memset(&info, 0, sizeof info);
+    info.batches = 2;
+    tally_stream_view_t v = {.name = "a\"b\\c", .info = &info};
+    assert_int_equal(tally_stream_json(&v, &out), TALLY_OK);
+    assert_string_equal((char *)out.data,
+                        "{\"stream\":\"a\\\"b\\\\c\",\"type\":null,\"batches\":2,\"elements\":0,"
+                        "\"bytes\":0,\"filter_seen\":0,\"filter_kept\":0,\"scan_carry\":0,"
+                        "\"scan_elements\":0,\"hist_total\":0,\"last_seq\":0,\"count\":0,\"mean\":"
+                        "null,\"quantiles\":null,\"bins\":[]}");
+    tally_buf_free(&out);
+    info.hist_dtype = TALLY_DTYPE_RGB8;
+    info.bins[2 * 256 + 7] = 3; /* blue 7, three times */
+    v.window_start_ms = 1000;
+    v.window_end_ms = 2000;
+    v.quantiles = asked;
+    v.nquantiles = 1;
+    assert_int_equal(tally_stream_json(&v, &out), TALLY_OK);
+    assert_non_null(strstr((char *)out.data, "\"window\":{\"start_ms\":1000,\"end_ms\":2000},"
+                                             "\"channels\":[{\"channel\":\"r\",\"count\":0,"));
+    assert_non_null(strstr((char *)out.data, "{\"channel\":\"b\",\"count\":3,"));
+    assert_non_null(strstr((char *)out.data, "\"quantiles\":{\"p50\":7},"));
+    assert_null(strstr((char *)out.data, "\"channel\":\"a\""));
+    tally_buf_free(&out);
+    info.hist_dtype = 99; /* not a histogram type */
+    assert_int_equal(tally_stream_json(&v, &out), TALLY_E_ARG);
+    tally_buf_free(&out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -459,6 +521,7 @@ int main(void)
         cmocka_unit_test(test_empty),
         cmocka_unit_test(test_from_info),
         cmocka_unit_test(test_json_csv),
+        cmocka_unit_test(test_quantiles_json),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
