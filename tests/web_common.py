@@ -117,8 +117,8 @@ class Events:
         self.headers = {k.lower(): v for k, v in self.resp.getheaders()}
 
     def next(self):
-        """The next event as (name, data), or (None, None) at the end of the stream; comments
-        (keepalives) and retry lines are skipped."""
+        """The next event as (name, data), or (None, None) at the end of the stream; a comment
+        (a keepalive) as (":", text); retry lines are skipped."""
         name, data = None, []
         while True:
             line = self.resp.fp.readline()
@@ -130,7 +130,7 @@ class Events:
                     return name or "message", "\n".join(data)
                 continue
             if line.startswith(":"):
-                continue
+                return ":", line[1:].strip()
             field, _, value = line.partition(":")
             value = value[1:] if value.startswith(" ") else value
             if field == "event":
