@@ -19,7 +19,7 @@
 #include "td_web.h"
 
 /* Streams one event stream may name (stream=...), and the token's room. */
-#define TD_WEB_STREAMS_MAX 64
+#define TD_WEB_STREAMS_MAX 256
 #define TD_WEB_TOKEN_MAX 256
 
 /* What a request asks, parsed from its path and query string. */
