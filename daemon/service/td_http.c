@@ -22,6 +22,11 @@
  * very thread calling MHD_stop_daemon. So `closing` is set and broadcast first; a waiting
  * handler then answers 503 at once and the join cannot deadlock.
  *
+ * The web page and the JSON API (td_web.h) share the port, the guard and the basic auth; their
+ * requests that need the loop do not wait on this thread but suspend their connections
+ * (MHD_ALLOW_SUSPEND_RESUME), and paths reach td_web.c with their %XX escapes kept
+ * (keep_escapes), so that a stream name may hold an escaped '/'.
+ *
  * Slow and many connections: td_http_guard.c gives every request a deadline and bounds the
  * connections per address and in total; this file hands it libmicrohttpd's callbacks. One MHD
  * thread (epoll) serves every connection: a slow one costs it nothing while it waits, and

@@ -2,7 +2,8 @@
  * td_http.h — the HTTP endpoint (libmicrohttpd): GET /metrics, exactly the text the `stats`
  * opcode returns (Prometheus), and GET /healthz, 200 "ok" while tallyd serves, 503 with the
  * reason when it drains after a stop signal or lost a GPU (or its loop does not answer within
- * TD_METRICS_WAIT_MS).
+ * TD_METRICS_WAIT_MS). Every other path of the page and the API (td_web_serves) goes to
+ * td_web.c, with this file's basic auth already checked.
  */
 #ifndef TD_HTTP_H
 #define TD_HTTP_H
