@@ -31,11 +31,12 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from web_common import Daemon, fail  # noqa: E402
+from web_common import Daemon, fail, quote  # noqa: E402
 
 TALLYD, TALLY, SRC, BUILD = sys.argv[1:5]
 WAIT_S = 120
 T0 = 1_800_000_000_000  # the window clock at the first batch, ms since the epoch
+ODD = "a/b#c?d%e+f"  # a name the page must escape in its URLs
 
 
 def browser(tmp):
@@ -161,6 +162,7 @@ def feed(d):
     d.hist("cam0", u8, "--type", "u8")
     d.hist("temp", i32, "--type", "i32", "--range", "-1000", "1000")
     d.hist("img", rgb, "--type", "rgb")
+    d.hist(ODD, bytes(range(0, 256, 3)), "--type", "u8")
 
 
 def run(tmp):
@@ -172,11 +174,13 @@ def run(tmp):
         feed(d)
         drv = browser(tmp)
         page = Page(drv)
-        drv.get("http://127.0.0.1:%d/#stream=cam0&stream=temp&stream=img" % d.port)
-        names = ("cam0", "temp", "img")
-        page.wait("""return ['cam0', 'temp', 'img'].every((n) => [...document.querySelectorAll(
+        drv.get("http://127.0.0.1:%d/#stream=cam0&stream=temp&stream=img&stream=%s"
+                % (d.port, quote(ODD)))
+        names = ("cam0", "temp", "img", ODD)
+        page.wait("""return arguments[0].every((n) => [...document.querySelectorAll(
             'article.card')].some((c) => c.dataset.stream === n && +c.dataset.updates > 0))
-            && document.querySelectorAll('#streams tbody tr').length === 3""", "three streams")
+            && document.querySelectorAll('#streams tbody tr').length === 4""", "four streams",
+                  list(names))
         page.wait("return performance.getEntriesByName('first-render').length === 1",
                   "the first-render mark")
         for name in names:
@@ -185,7 +189,7 @@ def run(tmp):
             .map((r) => [r.dataset.stream, +r.dataset.values])""")
         if rows != [[n, d.query(n)["hist_total"]] for n in names]:
             fail("the list shows %r" % rows)
-        print("ok: the page shows what tally query --json says (u8, i32, rgb8)")
+        print("ok: the page shows what tally query --json says (u8, i32, rgb8, %r)" % ODD)
 
         # A live update: a batch 30 s later (window clock), shown without a reload.
         before = page.card("cam0")["updates"]
