@@ -129,28 +129,8 @@ int cli_option_i64(const char *cmd, const char *option, const char *arg, int64_t
 int cli_option_duration_ms(const char *cmd, const char *option, const char *arg, uint64_t min_ms,
                            uint64_t max_ms, uint64_t *out)
 {
-    static const struct {
-        const char *unit;
-        double ms;
-    } units[] = {{"ms", 1}, {"s", 1000}, {"", 1000}, {"m", 60000}, {"h", 3600000}};
-    char *end = NULL;
-    double v = -1;
-    if ((*arg >= '0' && *arg <= '9') || *arg == '.') { /* no sign, no "inf", no hex */
-        errno = 0;
-        v = strtod(arg, &end);
-        if (errno || end == arg)
-            v = -1;
-    }
-    for (size_t i = 0; v >= 0 && i < sizeof units / sizeof units[0]; i++) {
-        if (strcmp(end, units[i].unit))
-            continue;
-        double ms = v * units[i].ms + 0.5;
-        if (ms >= (double)min_ms && ms < (double)max_ms + 1) {
-            *out = (uint64_t)ms;
-            return 0;
-        }
-        break;
-    }
+    if (tally_duration_parse(arg, min_ms, max_ms, out) == TALLY_OK)
+        return 0;
     return cli_usage_error(cmd,
                            "invalid duration '%s' for %s: a number and ms, s, m or h, from %" PRIu64
                            " ms to %" PRIu64 " ms",

@@ -245,66 +245,17 @@ tally_status_t hv_summary_text(const hv_stream_t *s, tally_buf_t *out)
 
 /* ---- JSON and CSV ------------------------------------------------------------------------- */
 
-/* Stream names are printable ASCII: only '"' and '\' need escaping. */
-static tally_status_t json_string(const char *str, tally_buf_t *out)
-{
-    tally_status_t st = tally_buf_printf(out, "\"");
-    for (const char *p = str; *p && st == TALLY_OK; p++)
-        st = tally_buf_printf(out, *p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
-    return st == TALLY_OK ? tally_buf_printf(out, "\"") : st;
-}
-
-static tally_status_t json_head(const hv_stream_t *s, tally_buf_t *out)
-{
-    const tally_stream_info_t *i = &s->info;
-    tally_status_t st = tally_buf_printf(out, "{\"stream\":");
-    if (st == TALLY_OK)
-        st = json_string(s->name, out);
-    if (st == TALLY_OK)
-        st = s->channels ? tally_buf_printf(out, ",\"type\":\"%s\"", type_name(s))
-                         : tally_buf_printf(out, ",\"type\":null");
-    if (st == TALLY_OK && ranged(s))
-        st = tally_buf_printf(out, ",\"lo\":%" PRId64 ",\"hi\":%" PRId64, s->hist[0].lo,
-                              s->hist[0].hi);
-    if (st == TALLY_OK)
-        st = tally_buf_printf(out,
-                              ",\"batches\":%" PRIu64 ",\"elements\":%" PRIu64 ",\"bytes\":%" PRIu64
-                              ",\"filter_seen\":%" PRIu64 ",\"filter_kept\":%" PRIu64
-                              ",\"scan_carry\":%" PRId64 ",\"scan_elements\":%" PRIu64
-                              ",\"hist_total\":%" PRIu64 ",\"last_seq\":%" PRIu64 ",",
-                              i->batches, i->elements, i->bytes, i->filter_seen, i->filter_kept,
-                              i->scan_carry, i->scan_elements, i->hist_total, i->last_seq);
-    if (st == TALLY_OK && s->window_end_ms)
-        st = tally_buf_printf(out, "\"window\":{\"start_ms\":%" PRIu64 ",\"end_ms\":%" PRIu64 "},",
-                              s->window_start_ms, s->window_end_ms);
-    return st;
-}
-
+/* One rendering for the CLI and tallyd's HTTP API: libtally's (tally_json.c). */
 tally_status_t hv_json(const hv_stream_t *s, tally_buf_t *out)
 {
-    tally_status_t st = json_head(s, out);
-    if (st != TALLY_OK)
-        return st;
-    size_t nq;
-    const double *qs = shown_quantiles(s, &nq);
-    if (!s->channels)
-        st = tally_buf_printf(out, "\"count\":0,\"mean\":null,\"quantiles\":null,\"bins\":[]");
-    else if (s->channels == 1)
-        st = tally_hist_json_quantiles(&s->hist[0], qs, nq, out);
-    else {
-        st = tally_buf_printf(out, "\"channels\":[");
-        for (unsigned c = 0; c < s->channels && st == TALLY_OK; c++) {
-            st = tally_buf_printf(out, "%s{\"channel\":\"%s\",", c ? "," : "",
-                                  hv_channel_name(s, c));
-            if (st == TALLY_OK)
-                st = tally_hist_json_quantiles(&s->hist[c], qs, nq, out);
-            if (st == TALLY_OK)
-                st = tally_buf_printf(out, "}");
-        }
-        if (st == TALLY_OK)
-            st = tally_buf_printf(out, "]");
-    }
-    return st == TALLY_OK ? tally_buf_printf(out, "}\n") : st;
+    tally_stream_view_t view = {.name = s->name,
+                                .info = &s->info,
+                                .window_start_ms = s->window_start_ms,
+                                .window_end_ms = s->window_end_ms,
+                                .quantiles = s->quantiles,
+                                .nquantiles = s->nquantiles};
+    tally_status_t st = tally_stream_json(&view, out);
+    return st == TALLY_OK ? tally_buf_printf(out, "\n") : st;
 }
 
 tally_status_t hv_csv(const hv_stream_t *s, tally_buf_t *out)

@@ -517,6 +517,30 @@ TALLY_API tally_status_t tally_hist_csv_quantiles(const tally_hist_t *hist, cons
                                                   bool header, const double *qs, size_t n,
                                                   tally_buf_t *out);
 
+/* A stream's record as one JSON object (tally_json.c): what `tally query --json` prints and
+ * tallyd's HTTP API serves (GET /api/v1/streams/NAME), one rendering for both. The schema is
+ * web/schema/stream.json:
+ *   {"stream":NAME,"type":"u8"|"i32"|"u16"|"rgb8"|"rgba8"|null,["lo":L,"hi":H,] (i32, u16)
+ *    "batches":N,"elements":N,"bytes":N,"filter_seen":N,"filter_kept":N,"scan_carry":N,
+ *    "scan_elements":N,"hist_total":N,"last_seq":N,["window":{"start_ms":T,"end_ms":T},]
+ *    then the members of tally_hist_json_quantiles (one channel), or
+ *    "channels":[{"channel":"r",...},...] (rgb8, rgba8), or for a stream without a histogram
+ *    "count":0,"mean":null,"quantiles":null,"bins":[]}
+ * with no line break. */
+typedef struct {
+    const char *name;
+    const tally_stream_info_t *info;
+    uint64_t window_start_ms, window_end_ms; /* a window query's interval; 0, 0 for all time */
+    const double *quantiles;                 /* NULL (nquantiles 0): p50, p90, p99 */
+    size_t nquantiles;
+} tally_stream_view_t;
+
+/* Appends the record; TALLY_E_ARG for an unknown histogram type or bad quantiles. */
+TALLY_API tally_status_t tally_stream_json(const tally_stream_view_t *view, tally_buf_t *out);
+/* Appends str as a JSON string: quoted, '"' and backslash escaped, control characters as \u00XX
+ * (a stream name, printable ASCII, needs only the first two). */
+TALLY_API tally_status_t tally_json_string(const char *str, tally_buf_t *out);
+
 /* ---- CURVE: authentication and encryption (PROTOCOL.md §12) ------------------------------ */
 
 /* The keys of one CURVE connection, Z85 text (40 characters). An empty server_public means

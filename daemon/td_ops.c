@@ -89,28 +89,53 @@ void td_op_streams(td_streams_t *streams, td_request_t *r)
     td_request_succeed(r, TALLY_DTYPE_NONE, out, len, count);
 }
 
+tally_status_t td_op_view(const td_config_t *cfg, const td_stream_t *stream, uint64_t window_ms,
+                          tally_stream_info_t *view, uint64_t *start_ms, uint64_t *end_ms,
+                          char *msg, size_t cap)
+{
+    *start_ms = *end_ms = 0;
+    if (!window_ms) {
+        if (stream)
+            td_stream_info(stream, view);
+        return TALLY_OK;
+    }
+    unsigned intervals = cfg->window_intervals;
+    uint64_t interval_ms = cfg->window_interval_ms;
+    if (intervals == 0) {
+        snprintf(msg, cap, "windows are off (window_intervals = 0)");
+        return TALLY_E_WINDOW;
+    }
+    uint64_t want = (window_ms + interval_ms - 1) / interval_ms;
+    if (want > intervals) {
+        snprintf(msg, cap,
+                 "a window of %" PRIu64 " ms needs %" PRIu64 " intervals; tallyd keeps %u of "
+                 "%" PRIu64 " ms (%" PRIu64 " ms)",
+                 window_ms, want, intervals, interval_ms, intervals * interval_ms);
+        return TALLY_E_WINDOW;
+    }
+    if (!stream) /* only the window's check */
+        return TALLY_OK;
+    uint64_t now = td_clock_ms();
+    *start_ms = td_stream_window_info(stream, now, (unsigned)want, (uint32_t)interval_ms, view);
+    *end_ms = now;
+    return TALLY_OK;
+}
+
 /* A window query (PROTOCOL.md "Windows"): the stream's record with the histogram of the last
  * ceil(W / interval) intervals; false (r failed) when the ring is shorter or windows are off. */
 static bool window_view(const td_config_t *cfg, td_request_t *r, const td_stream_t *stream,
                         tally_stream_info_t *view)
 {
-    unsigned intervals = cfg->window_intervals;
-    uint64_t interval_ms = cfg->window_interval_ms;
-    uint64_t want = ((uint64_t)r->req.lo + interval_ms - 1) / interval_ms;
-    if (intervals == 0) {
-        td_request_fail(r, TALLY_E_WINDOW, "windows are off (window_intervals = 0)");
+    char msg[TALLY_ERROR_MESSAGE_MAX + 1];
+    uint64_t start = 0, end = 0;
+    tally_status_t st =
+        td_op_view(cfg, stream, (uint64_t)r->req.lo, view, &start, &end, msg, sizeof msg);
+    if (st != TALLY_OK) {
+        td_request_fail(r, st, "%s", msg);
         return false;
     }
-    if (want > intervals) {
-        td_request_fail(r, TALLY_E_WINDOW,
-                        "a window of %" PRId64 " ms needs %" PRIu64 " intervals; tallyd keeps %u "
-                        "of %" PRIu64 " ms (%" PRIu64 " ms)",
-                        r->req.lo, want, intervals, interval_ms, intervals * interval_ms);
-        return false;
-    }
-    uint64_t now = td_clock_ms();
-    r->rep.aux0 = td_stream_window_info(stream, now, (unsigned)want, (uint32_t)interval_ms, view);
-    r->rep.aux1 = now;
+    r->rep.aux0 = start;
+    r->rep.aux1 = end;
     return true;
 }
 

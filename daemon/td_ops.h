@@ -30,5 +30,12 @@ void td_op_streams(td_streams_t *streams, td_request_t *r);
 /* A query of a stream whose earlier requests are done (td_sched); a window query with
  * TALLY_FLAG_QUERY_WINDOW (PROTOCOL.md "Windows"). */
 void td_op_query(const td_config_t *cfg, td_request_t *r, const td_stream_t *stream);
+/* A stream's record as `query` answers it (td_service_host_t.view, the HTTP API): all time, or
+ * with window_ms the histogram of the last ceil(window_ms / interval) intervals (PROTOCOL.md
+ * "Windows"), its interval in *start_ms, *end_ms (0, 0 for all time); TALLY_E_WINDOW with msg
+ * when the ring is shorter or windows are off. With no stream, only that check. */
+tally_status_t td_op_view(const td_config_t *cfg, const td_stream_t *stream, uint64_t window_ms,
+                          tally_stream_info_t *view, uint64_t *start_ms, uint64_t *end_ms,
+                          char *msg, size_t cap);
 
 #endif

@@ -90,6 +90,10 @@ typedef struct td_request {
     void (*reply_free)(void *data, void *hint);
     void *reply_hint;
     uint64_t reply_reserved; /* bytes reserved for the reply until it is sent (td_reply.h) */
+    /* A request from another transport (HTTP's reset and delete, td_web.c): its reply goes to
+     * done(done_arg, ...) on the loop thread instead of ZeroMQ. NULL for ZeroMQ's. */
+    void (*done)(void *arg, const tally_rep_t *rep, const void *payload, size_t len);
+    void *done_arg;
 } td_request_t;
 
 /* A FIFO of requests linked through their `next`: a stream's FIFO (td_sched.c), a GPU lane's

@@ -161,6 +161,11 @@ static void reply(td_server_t *s, td_request_t *r)
 {
     td_sched_answered(s->sched);
     td_admit_answered(&s->admit, r);
+    if (r->done) { /* another transport's request (td_service_host_t.submit) */
+        r->done(r->done_arg, &r->rep, r->reply_data, r->reply_len);
+        retire(s, r, TD_REPLY_SENT);
+        return;
+    }
     td_reply_outcome_t outcome = td_replies_send(s->replies, s->zmq.socket, r);
     if (outcome != TD_REPLY_KEPT) {
         retire(s, r, outcome);
@@ -221,6 +226,11 @@ static void sample_gauges(void *ctx, td_gauges_t *g)
     td_shm_gauges(s->shm, &g->shm_regions, &g->shm_bytes);
 }
 
+static tally_status_t host_view(void *ctx, const td_stream_t *stream, uint64_t window_ms,
+                                tally_stream_info_t *out, uint64_t *start_ms, uint64_t *end_ms,
+                                char *msg, size_t msg_cap);
+static void host_submit(void *ctx, const tally_req_t *req, td_reply_fn done, void *arg);
+
 static td_service_host_t service_host(td_server_t *s)
 {
     return (td_service_host_t){.loop = &s->loop,
@@ -228,6 +238,8 @@ static td_service_host_t service_host(td_server_t *s)
                                .streams = s->streams,
                                .metrics = &s->metrics,
                                .gauges = sample_gauges,
+                               .view = host_view,
+                               .submit = host_submit,
                                .ctx = s};
 }
 
@@ -243,6 +255,15 @@ static void op_stats(td_server_t *s, td_request_t *r)
     td_request_succeed(r, TALLY_DTYPE_TEXT, text, len, len);
 }
 
+/* A stream's record for the HTTP API (td_service_host_t.view): `query`'s, through td_ops.c. */
+static tally_status_t host_view(void *ctx, const td_stream_t *stream, uint64_t window_ms,
+                                tally_stream_info_t *out, uint64_t *start_ms, uint64_t *end_ms,
+                                char *msg, size_t msg_cap)
+{
+    td_server_t *s = ctx;
+    return td_op_view(&s->cfg, stream, window_ms, out, start_ms, end_ms, msg, msg_cap);
+}
+
 /* ---- What the scheduler asks of the server (td_sched.h) ---------------------------------- */
 
 /* A compute request's result: folded into its stream (and the stream's window ring), answered. */
@@ -250,6 +271,8 @@ static bool sched_complete(void *owner, td_request_t *r)
 {
     td_server_t *s = owner;
     bool applied = td_request_apply(r);
+    if (applied && r->stream)
+        r->stream->updated_ms = td_clock_ms(); /* the web page's "last update" */
     reply(s, r);
     return applied;
 }
@@ -265,6 +288,7 @@ static void sched_control(void *owner, td_request_t *r, td_stream_t *stream)
         return;
     case TALLY_OP_RESET:
         td_stream_zero(stream);
+        stream->updated_ms = td_clock_ms();
         break;
     default: /* TALLY_OP_DELETE */
         if (s->pub)
@@ -417,6 +441,36 @@ static void answer_stopping(td_server_t *s, td_request_t *r, bool decoded)
                               ? td_streams_find(s->streams, r->req.stream, r->req.stream_len)
                               : NULL;
     td_sched_arrived(s->sched, r, stream);
+}
+
+/* A query, reset or delete from HTTP (td_web.c): a request like the opcode's, in the same
+ * scheduler path and metrics, answered through done instead of ZeroMQ (reply). */
+static void host_submit(void *ctx, const tally_req_t *req, td_reply_fn done, void *arg)
+{
+    td_server_t *s = ctx;
+    td_request_t *r = td_request_new();
+    if (!r) {
+        tally_rep_t rep = {.opcode = req->opcode, .status = TALLY_E_INTERNAL};
+        done(arg, &rep, "out of memory", 13);
+        return;
+    }
+    td_sched_received(s->sched);
+    r->received_ns = uv_hrtime();
+    r->req = *req;
+    r->rep.opcode = req->opcode;
+    r->rep.flags = req->flags;
+    r->done = done;
+    r->done_arg = arg;
+    char msg[TALLY_ERROR_MESSAGE_MAX + 1];
+    tally_status_t st = tally_req_validate(&r->req, 0, s->cfg.max_batch, msg, sizeof msg);
+    if (s->stopping) {
+        answer_stopping(s, r, true);
+    } else if (st != TALLY_OK) {
+        td_request_fail(r, st, "%s", msg);
+        reply(s, r);
+    } else {
+        dispatch(s, r);
+    }
 }
 
 /* The envelope of a message into r: its sender (its routing id, and who that is) and a REQ

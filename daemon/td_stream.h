@@ -73,6 +73,9 @@ typedef struct td_stream {
     bool state_dirty;
     /* Requests that named the stream (for per-stream metrics). */
     uint64_t requests;
+    /* When a request last changed it (applied, reset): the window clock (td_clock_ms); 0 when
+     * nothing has since tallyd started. The web page's "last update". */
+    uint64_t updated_ms;
     /* Sequence numbers (PROTOCOL.md, "Sequence numbers"): info.last_seq is the last one applied;
      * seq_admitted the last one started, which runs ahead of it while GPU-pipelined requests are
      * in flight (it equals info.last_seq whenever nothing is). */

@@ -164,3 +164,31 @@ tally_status_t tally_endpoint_check(const char *endpoint, tally_endpoint_use_t u
     }
     return refuse(why, why_cap, "unsupported transport (use tcp://HOST:PORT or ipc://PATH)");
 }
+
+tally_status_t tally_duration_parse(const char *text, uint64_t min_ms, uint64_t max_ms,
+                                    uint64_t *out_ms)
+{
+    static const struct {
+        const char *unit;
+        double ms;
+    } units[] = {{"ms", 1}, {"s", 1000}, {"", 1000}, {"m", 60000}, {"h", 3600000}};
+    char *end = NULL;
+    double v = -1;
+    if (text && ((*text >= '0' && *text <= '9') || *text == '.')) { /* no sign, inf or hex */
+        errno = 0;
+        v = strtod(text, &end);
+        if (errno || end == text)
+            v = -1;
+    }
+    for (size_t i = 0; v >= 0 && i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(end, units[i].unit))
+            continue;
+        double ms = v * units[i].ms + 0.5;
+        if (ms >= (double)min_ms && ms < (double)max_ms + 1) {
+            *out_ms = (uint64_t)ms;
+            return TALLY_OK;
+        }
+        break;
+    }
+    return TALLY_E_PARAM;
+}

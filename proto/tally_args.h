@@ -12,6 +12,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "tally_proto.h"
 
@@ -40,5 +41,11 @@ bool tally_hostport_split(const char *text, char *host, size_t host_cap, char *p
  * ZeroMQ binds or connects to it only with ZMQ_IPV6 set on the socket (a host name is left to
  * IPv4, as before, so that "localhost" keeps meaning 127.0.0.1). */
 bool tally_endpoint_ipv6(const char *endpoint);
+/* A duration: a decimal number (no sign) and a unit, ms, s, m or h; a bare number is seconds
+ * ("10s", "500ms", "1.5m", "2h", "10"). Rounded to whole milliseconds. TALLY_E_PARAM for
+ * anything else or a value outside [min_ms, max_ms]. `tally query --last` and the HTTP API's
+ * `last=` read it. */
+tally_status_t tally_duration_parse(const char *text, uint64_t min_ms, uint64_t max_ms,
+                                    uint64_t *out_ms);
 
 #endif /* TALLY_ARGS_H */

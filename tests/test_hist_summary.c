@@ -534,6 +534,44 @@ static void test_arbitrary_quantiles(void **state)
     tally_buf_free(&out);
 }
 
+/* A stream's whole record (the rendering `tally query --json` and tallyd's HTTP API share):
+ * the name escaped, no histogram, then an rgb8 window with one quantile asked for, in the
+ * quantile object form of tally_hist_json_quantiles. */
+static void test_stream_json(void **state)
+{
+    (void)state;
+    const double asked[] = {0.5};
+    tally_buf_t out = {0};
+    static tally_stream_info_t info; /* 8 KiB per channel: off the stack */
+    memset(&info, 0, sizeof info);
+    info.batches = 2;
+    tally_stream_view_t v = {.name = "a\"b\\c", .info = &info};
+    assert_int_equal(tally_stream_json(&v, &out), TALLY_OK);
+    assert_string_equal((char *)out.data,
+                        "{\"stream\":\"a\\\"b\\\\c\",\"type\":null,\"batches\":2,\"elements\":0,"
+                        "\"bytes\":0,\"filter_seen\":0,\"filter_kept\":0,\"scan_carry\":0,"
+                        "\"scan_elements\":0,\"hist_total\":0,\"last_seq\":0,\"count\":0,\"mean\":"
+                        "null,\"quantiles\":null,\"bins\":[]}");
+    tally_buf_free(&out);
+    info.hist_dtype = TALLY_DTYPE_RGB8;
+    info.bins[2 * 256 + 7] = 3; /* blue 7, three times */
+    v.window_start_ms = 1000;
+    v.window_end_ms = 2000;
+    v.quantiles = asked;
+    v.nquantiles = 1;
+    assert_int_equal(tally_stream_json(&v, &out), TALLY_OK);
+    assert_non_null(strstr((char *)out.data, "\"window\":{\"start_ms\":1000,\"end_ms\":2000},"
+                                             "\"channels\":[{\"channel\":\"r\",\"count\":0,"));
+    assert_non_null(strstr((char *)out.data, "{\"channel\":\"b\",\"count\":3,"));
+    assert_non_null(strstr((char *)out.data,
+                           "\"quantiles\":{\"p50\":{\"q\":0.5,\"value\":7,\"side\":\"in_range\"}},"));
+    assert_null(strstr((char *)out.data, "\"channel\":\"a\""));
+    tally_buf_free(&out);
+    info.hist_dtype = 99; /* not a histogram type */
+    assert_int_equal(tally_stream_json(&v, &out), TALLY_E_ARG);
+    tally_buf_free(&out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -548,6 +586,7 @@ int main(void)
         cmocka_unit_test(test_json_csv),
         cmocka_unit_test(test_quantile_names),
         cmocka_unit_test(test_arbitrary_quantiles),
+        cmocka_unit_test(test_stream_json),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -24,7 +24,6 @@ import os
 import random
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,9 @@ import time
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from web_common import fail, free_port  # noqa: E402
 
 TALLYD, TALLY, SRC = sys.argv[2], sys.argv[3], sys.argv[4]
 
@@ -84,17 +86,6 @@ FAMILIES = {
 FAMILIES = sorted(FAMILIES.items()) + [("tallyd_stream_values", "counter")]
 
 ODD = 'q"\\'  # a stream name that needs escaping in a label value
-
-
-def fail(msg):
-    print("FAIL: " + msg, file=sys.stderr)
-    sys.exit(1)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Daemon:

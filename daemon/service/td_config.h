@@ -263,6 +263,19 @@
 #define TD_DEFAULT_METRICS_MAX_CONNECTIONS 256u
 #define TD_DEFAULT_METRICS_MAX_CONNECTIONS_PER_ADDRESS 16u
 #define TD_METRICS_MAX_CONNECTIONS_LIMIT 4096u
+/* The web page's and the API's event streams (td_web_sse.c). Each holds a connection for as
+ * long as its browser tab is open and costs the loop a render of its streams at every
+ * publication interval, so they have a bound of their own (max_sse_clients), within the
+ * connection bounds above. A stream that has not sent anything for TD_SSE_HEARTBEAT_MS sends a
+ * comment line, so a proxy keeps it open; one whose client has not taken TD_SSE_BACKLOG_MAX
+ * bytes is closed (its browser reconnects and starts afresh). */
+#define TD_DEFAULT_METRICS_MAX_SSE_CLIENTS 16u
+#define TD_METRICS_MAX_SSE_CLIENTS_LIMIT 1024u
+#define TD_SSE_HEARTBEAT_MS 15000u
+#define TD_SSE_BACKLOG_MAX (4u << 20)
+/* The list's `rate`: values histogrammed per second over the last this many milliseconds of
+ * the window ring (or the whole ring when it is shorter). */
+#define TD_WEB_RATE_WINDOW_MS 10000u
 
 typedef enum {
     TD_BACKEND_AUTO = 0,
@@ -332,6 +345,8 @@ typedef struct {
     unsigned metrics_max_connections;
     unsigned metrics_max_connections_per_address;
     unsigned metrics_histogram_buckets; /* per-stream Prometheus histogram buckets; 0 = none */
+    char *metrics_api_token_file; /* owned; the HTTP API's bearer token (td_web.c), or NULL */
+    unsigned metrics_max_sse_clients; /* event streams (SSE) open at once */
 } td_config_t;
 
 /* Fills *cfg with the defaults. */

@@ -22,6 +22,11 @@
  * very thread calling MHD_stop_daemon. So `closing` is set and broadcast first; a waiting
  * handler then answers 503 at once and the join cannot deadlock.
  *
+ * The web page and the JSON API (td_web.h) share the port, the guard and the basic auth; their
+ * requests that need the loop do not wait on this thread but suspend their connections
+ * (MHD_ALLOW_SUSPEND_RESUME), and paths reach td_web.c with their %XX escapes kept
+ * (keep_escapes), so that a stream name may hold an escaped '/'.
+ *
  * Slow and many connections: td_http_guard.c gives every request a deadline and bounds the
  * connections per address and in total; this file hands it libmicrohttpd's callbacks. One MHD
  * thread (epoll) serves every connection: a slow one costs it nothing while it waits, and
@@ -45,6 +50,7 @@
 #include "td_http.h"
 #include "td_http_guard.h"
 #include "td_log.h"
+#include "td_web.h"
 
 #define CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 /* libmicrohttpd's messages: at most this many per LOG_WINDOW_NS, then a count of the rest. */
@@ -54,6 +60,7 @@
 struct td_http {
     struct MHD_Daemon *mhd;
     td_http_guard_t *guard;
+    td_web_t *web; /* the page and the API (td_web.h) */
     uv_async_t async;
     td_http_render_fn render;
     td_http_health_fn health;
@@ -103,7 +110,7 @@ static bool parse_listen(const char *listen, struct sockaddr_storage *ss)
 }
 
 /* Constant-time comparison, so a scrape cannot learn the password a byte at a time. */
-static bool same_secret(const char *given, const char *expected)
+bool td_http_secret_equal(const char *given, const char *expected)
 {
     size_t n = strlen(expected), m = given ? strlen(given) : 0;
     unsigned char diff = (unsigned char)(n != m);
@@ -112,39 +119,54 @@ static bool same_secret(const char *given, const char *expected)
     return diff == 0 && given;
 }
 
-/* The auth file: USER:PASSWORD on its first line; group and others may not access it. */
-static td_err_t read_auth_file(td_http_t *self, const char *path)
+td_err_t td_http_read_secret(const char *path, const char *what, char *line, size_t cap)
 {
     FILE *f = fopen(path, "r");
     struct stat sb;
-    char line[512] = "";
     td_err_t st = TD_ERR_IO;
+    line[0] = '\0';
     if (!f) {
-        td_err("metrics: cannot read auth_file %s: %s", path, strerror(errno));
+        td_err("metrics: cannot read %s %s: %s", what, path, strerror(errno));
         return st;
     }
     if (fstat(fileno(f), &sb) == 0 && (sb.st_mode & 077)) {
-        td_err("metrics: auth_file %s has mode %04o: a password file must not be accessible to "
-               "group or others (chmod 600 %s)",
-               path, (unsigned)(sb.st_mode & 07777), path);
+        td_err("metrics: %s %s has mode %04o: a secret file must not be accessible to group or "
+               "others (chmod 600 %s)",
+               what, path, (unsigned)(sb.st_mode & 07777), path);
         goto done;
     }
-    if (!fgets(line, sizeof line, f))
+    if (!fgets(line, (int)cap, f))
         line[0] = '\0';
     line[strcspn(line, "\r\n")] = '\0';
-    char *colon = strchr(line, ':');
-    if (!colon || colon == line || !colon[1] || (size_t)(colon - line) >= sizeof self->user ||
-        strlen(colon + 1) >= sizeof self->password) {
-        td_err("metrics: auth_file %s must hold USER:PASSWORD on its first line", path);
-        goto done;
-    }
-    *colon = '\0'; /* both lengths were checked above */
-    memcpy(self->user, line, (size_t)(colon - line) + 1);
-    memcpy(self->password, colon + 1, strlen(colon + 1) + 1);
-    st = TD_OK;
+    if (!line[0])
+        td_err("metrics: %s %s is empty", what, path);
+    else
+        st = TD_OK;
 done:
-    explicit_bzero(line, sizeof line);
+    if (st != TD_OK)
+        explicit_bzero(line, cap);
     fclose(f);
+    return st;
+}
+
+/* The auth file: USER:PASSWORD on its first line. */
+static td_err_t read_auth_file(td_http_t *self, const char *path)
+{
+    char line[512];
+    td_err_t st = td_http_read_secret(path, "auth_file", line, sizeof line);
+    char *colon = st == TD_OK ? strchr(line, ':') : NULL;
+    if (st == TD_OK && (!colon || colon == line || !colon[1] ||
+                        (size_t)(colon - line) >= sizeof self->user ||
+                        strlen(colon + 1) >= sizeof self->password)) {
+        td_err("metrics: auth_file %s must hold USER:PASSWORD on its first line", path);
+        st = TD_ERR_IO;
+    }
+    if (st == TD_OK) {
+        *colon = '\0'; /* both lengths were checked above */
+        memcpy(self->user, line, (size_t)(colon - line) + 1);
+        memcpy(self->password, colon + 1, strlen(colon + 1) + 1);
+    }
+    explicit_bzero(line, sizeof line);
     return st;
 }
 
@@ -155,7 +177,7 @@ static bool authorized(td_http_t *self, struct MHD_Connection *conn)
         return true;
     char *password = NULL;
     char *user = MHD_basic_auth_get_username_password(conn, &password);
-    bool ok = same_secret(user, self->user) & same_secret(password, self->password);
+    bool ok = td_http_secret_equal(user, self->user) & td_http_secret_equal(password, self->password);
     if (password) {
         explicit_bzero(password, strlen(password));
         MHD_free(password);
@@ -297,12 +319,15 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
         *upload_size = 0;
         return MHD_YES;
     }
+    if (td_web_serves(url))
+        return td_web_handle(self->web, conn, url, method, con_cls, authorized(self, conn));
     bool get = strcmp(method, MHD_HTTP_METHOD_GET) == 0;
     bool head = strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
     bool healthz = strcmp(url, "/healthz") == 0;
     if (!healthz && strcmp(url, "/metrics") != 0)
         return send_text(conn, MHD_HTTP_NOT_FOUND,
-                         "not found: tallyd serves /metrics and /healthz\n");
+                         "not found: tallyd serves /metrics, /healthz, the web page at / and "
+                         "the API at /api/v1/\n");
     if (!get && !head)
         return send_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET\n");
     /* With metrics_auth_file /metrics needs the credentials; /healthz never does: it says only
@@ -376,6 +401,26 @@ static void log_mhd(void *cls, const char *fmt, va_list ap)
     td_warn("metrics http: %s", line);
 }
 
+/* A request ended: the guard's bookkeeping, and the web's job freed. */
+static void completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                      enum MHD_RequestTerminationCode toe)
+{
+    td_http_t *self = cls;
+    td_http_guard_completed(self->guard, conn, con_cls, toe);
+    if (*con_cls && *con_cls != self)
+        td_web_request_done(self->web, *con_cls);
+    *con_cls = NULL;
+}
+
+/* Paths and query values arrive as sent: a stream name in a path may hold an escaped '/'
+ * (%2F), so td_web.c splits the path before it decodes each part. */
+static size_t keep_escapes(void *cls, struct MHD_Connection *conn, char *s)
+{
+    (void)cls;
+    (void)conn;
+    return strlen(s);
+}
+
 /* The locks and the condition variable the HTTP thread and the loop thread share. */
 static td_err_t init_sync(td_http_t *self)
 {
@@ -411,7 +456,9 @@ static td_err_t start_mhd(td_http_t *self, const char *listen, const struct sock
                           unsigned deadline_ms)
 {
     /* AUTO: epoll or poll rather than select, which fails on fds above 1023. */
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
+    /* Suspend and resume: the web's requests wait for the loop without holding this thread. */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG |
+                     MHD_ALLOW_SUSPEND_RESUME;
     if (ss->ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     /* MHD's idle timeout is only a backstop: the guard's deadline comes first. */
@@ -423,7 +470,7 @@ static td_err_t start_mhd(td_http_t *self, const char *listen, const struct sock
         td_http_guard_mhd_limit(g), MHD_OPTION_PER_IP_CONNECTION_LIMIT,
         td_http_guard_mhd_per_ip_limit(g), MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
         MHD_OPTION_NOTIFY_CONNECTION, td_http_guard_notify, g, MHD_OPTION_NOTIFY_COMPLETED,
-        td_http_guard_completed, g, MHD_OPTION_END);
+        completed, self, MHD_OPTION_UNESCAPE_CALLBACK, keep_escapes, NULL, MHD_OPTION_END);
     if (!self->mhd) {
         td_err("metrics: cannot listen on %s: %s", listen, strerror(errno));
         return TD_ERR_BIND;
@@ -433,10 +480,11 @@ static td_err_t start_mhd(td_http_t *self, const char *listen, const struct sock
     return TD_OK;
 }
 
-/* The guard, then MHD's thread. */
-static td_err_t start_serving(td_http_t *self, const td_config_t *cfg,
+/* The guard, the web, then MHD's thread. */
+static td_err_t start_serving(td_http_t *self, const td_service_host_t *host,
                               const struct sockaddr_storage *ss)
 {
+    const td_config_t *cfg = host->cfg;
     td_http_limits_t limits = {
         .max_connections = cfg->metrics_max_connections,
         .max_per_address = cfg->metrics_max_connections_per_address,
@@ -444,15 +492,20 @@ static td_err_t start_serving(td_http_t *self, const td_config_t *cfg,
     };
     td_err_t err = td_http_guard_new(&limits, &self->guard);
     if (err == TD_OK)
+        err = td_web_new(host, self->guard, &self->web);
+    if (err == TD_OK)
         err = start_mhd(self, cfg->metrics_listen, ss, limits.deadline_ms);
-    if (err != TD_OK)
+    if (err != TD_OK) {
+        td_web_destroy(&self->web);
         td_http_guard_destroy(&self->guard);
+    }
     return err;
 }
 
-td_err_t td_http_new(uv_loop_t *loop, const td_config_t *cfg, td_http_render_fn render,
+td_err_t td_http_new(const td_service_host_t *host, td_http_render_fn render,
                      td_http_health_fn health, void *ctx, td_http_t **out)
 {
+    const td_config_t *cfg = host->cfg;
     const char *listen = cfg->metrics_listen;
     struct sockaddr_storage ss;
     if (!parse_listen(listen, &ss)) {
@@ -479,15 +532,23 @@ td_err_t td_http_new(uv_loop_t *loop, const td_config_t *cfg, td_http_render_fn 
     self->render = render;
     self->health = health;
     self->ctx = ctx;
-    err = start_serving(self, cfg, &ss);
+    err = start_serving(self, host, &ss);
     if (err != TD_OK)
         goto fail;
     /* Last, so that a failure above leaves no libuv handle to close. Until `ready` is set a
-     * scrape is answered 503 without touching the handle. */
-    int rc = uv_async_init(loop, &self->async, async_cb);
+     * scrape is answered 503 without touching the handle (the web's requests likewise until
+     * td_web_open). */
+    int rc = uv_async_init(host->loop, &self->async, async_cb);
+    if (rc == 0 && td_web_open(self->web) != TD_OK) {
+        uv_close((uv_handle_t *)&self->async, NULL);
+        uv_run(host->loop, UV_RUN_NOWAIT); /* the close callback, before self goes */
+        rc = UV_EINVAL;
+    }
     if (rc != 0) {
         td_err("metrics: cannot create the loop's wake-up handle: %s", uv_strerror(rc));
+        td_web_close(self->web);
         MHD_stop_daemon(self->mhd);
+        td_web_destroy(&self->web);
         td_http_guard_destroy(&self->guard);
         err = TD_ERR_LIBRARY;
         goto fail;
@@ -496,8 +557,8 @@ td_err_t td_http_new(uv_loop_t *loop, const td_config_t *cfg, td_http_render_fn 
     pthread_mutex_lock(&self->lock);
     self->ready = true;
     pthread_mutex_unlock(&self->lock);
-    td_info("metrics: serving http://%.*s:%u/metrics", (int)(strrchr(listen, ':') - listen), listen,
-            self->port);
+    td_info("metrics: serving http://%.*s:%u/metrics, the web page at / and the API at /api/v1/",
+            (int)(strrchr(listen, ':') - listen), listen, self->port);
     *out = self;
     return TD_OK;
 
@@ -531,7 +592,9 @@ void td_http_destroy(td_http_t **self_p)
     self->closing = true;
     pthread_cond_broadcast(&self->done);
     pthread_mutex_unlock(&self->lock);
+    td_web_close(self->web); /* no connection may stay suspended past this point */
     MHD_stop_daemon(self->mhd); /* closes every connection: the guard has nothing left */
+    td_web_destroy(&self->web);
     td_http_guard_destroy(&self->guard);
     uv_close((uv_handle_t *)&self->async, free_after_close);
     *self_p = NULL;

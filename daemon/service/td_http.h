@@ -2,7 +2,8 @@
  * td_http.h — the HTTP endpoint (libmicrohttpd): GET /metrics, exactly the text the `stats`
  * opcode returns (Prometheus), and GET /healthz, 200 "ok" while tallyd serves, 503 with the
  * reason when it drains after a stop signal or lost a GPU (or its loop does not answer within
- * TD_METRICS_WAIT_MS).
+ * TD_METRICS_WAIT_MS). Every other path of the page and the API (td_web_serves) goes to
+ * td_web.c, with this file's basic auth already checked.
  */
 #ifndef TD_HTTP_H
 #define TD_HTTP_H
@@ -13,6 +14,7 @@
 
 #include "td_config.h"
 #include "td_err.h"
+#include "td_service.h"
 
 /* Renders the metrics text on the loop thread: a malloc'ed, NUL-terminated string. */
 typedef td_err_t (*td_http_render_fn)(void *ctx, char **text, size_t *len);
@@ -28,8 +30,15 @@ typedef struct td_http td_http_t;
  * basic auth, else 401). Fails, with the reason logged at err: TD_ERR_BIND when listen cannot be
  * resolved or bound, TD_ERR_IO when the auth file cannot be used, TD_ERR_NOMEM,
  * TD_ERR_LIBRARY. */
-td_err_t td_http_new(uv_loop_t *loop, const td_config_t *cfg, td_http_render_fn render,
+td_err_t td_http_new(const td_service_host_t *host, td_http_render_fn render,
                      td_http_health_fn health, void *ctx, td_http_t **out);
+/* The first line of a secret file (auth_file, api_token_file: `what`) into line, which holds
+ * cap bytes; TD_ERR_IO (logged) when the file cannot be read, is empty, or group or others may
+ * access it. */
+td_err_t td_http_read_secret(const char *path, const char *what, char *line, size_t cap);
+/* Whether given (may be NULL) equals expected, in a time that does not depend on where they
+ * differ. */
+bool td_http_secret_equal(const char *given, const char *expected);
 /* The port actually bound. */
 unsigned td_http_port(const td_http_t *self);
 /* Loop thread: stops the HTTP thread (answering any waiting scrape with 503) and closes the

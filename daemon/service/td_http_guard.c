@@ -43,7 +43,8 @@ typedef struct conn {
     uint64_t ready_ns; /* ready for a request since: accepted, or its last response sent */
     uint64_t served;   /* responses sent on it */
     bool busy;         /* a request's headers are in and its response is not yet sent */
-    bool live;         /* in the live list */
+    bool live;         /* in the live list, or with `streaming` in the streaming list */
+    bool streaming;    /* an event stream: no deadline while it streams */
 } conn_t;
 
 struct td_http_guard {
@@ -55,8 +56,9 @@ struct td_http_guard {
     conn_t *slots;
     unsigned slot_count;
     conn_t *pool;
-    conn_t *head, *tail;
-    unsigned live;
+    conn_t *head, *tail;       /* the live list, in deadline order */
+    conn_t *s_head, *s_tail;   /* the streaming list: counted, never closed by the guard */
+    unsigned live;             /* connections in both */
     td_http_guard_counts_t counts; /* since start */
     td_http_guard_counts_t logged; /* at the last summary line */
     uint64_t logged_ns;
@@ -87,32 +89,44 @@ static void address_key(const struct sockaddr *sa, uint8_t key[ADDR_KEY])
     }
 }
 
+/* Unlinks c from its list (the live one, or the streaming one). */
 static void unlink_live(td_http_guard_t *self, conn_t *c)
 {
+    conn_t **head = c->streaming ? &self->s_head : &self->head;
+    conn_t **tail = c->streaming ? &self->s_tail : &self->tail;
     if (c->prev)
         c->prev->next = c->next;
     else
-        self->head = c->next;
+        *head = c->next;
     if (c->next)
         c->next->prev = c->prev;
     else
-        self->tail = c->prev;
+        *tail = c->prev;
     c->prev = c->next = NULL;
     c->live = false;
     self->live--;
 }
 
+/* Appends c to the live list, or with `streaming` to the streaming list. */
+static void append_to(td_http_guard_t *self, conn_t *c, bool streaming)
+{
+    conn_t **head = streaming ? &self->s_head : &self->head;
+    conn_t **tail = streaming ? &self->s_tail : &self->tail;
+    c->prev = *tail;
+    c->next = NULL;
+    if (*tail)
+        (*tail)->next = c;
+    else
+        *head = c;
+    *tail = c;
+    c->live = true;
+    c->streaming = streaming;
+    self->live++;
+}
+
 static void append_live(td_http_guard_t *self, conn_t *c)
 {
-    c->prev = self->tail;
-    c->next = NULL;
-    if (self->tail)
-        self->tail->next = c;
-    else
-        self->head = c;
-    self->tail = c;
-    c->live = true;
-    self->live++;
+    append_to(self, c, false);
 }
 
 /* Ends the connection: libmicrohttpd reads the end of the stream and closes it. */
@@ -152,6 +166,8 @@ enum MHD_Result td_http_guard_accept(void *cls, const struct sockaddr *addr, soc
     pthread_mutex_lock(&self->lock);
     unsigned same = 0;
     for (conn_t *c = self->head; c; c = c->next)
+        same += memcmp(c->addr, key, ADDR_KEY) == 0;
+    for (conn_t *c = self->s_head; c; c = c->next)
         same += memcmp(c->addr, key, ADDR_KEY) == 0;
     bool ok = same < self->limits.max_per_address || make_room(self, key);
     if (ok && self->live >= self->limits.max_connections)
@@ -203,6 +219,20 @@ static conn_t *slot_of(struct MHD_Connection *conn)
     const union MHD_ConnectionInfo *info =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     return info ? info->socket_context : NULL;
+}
+
+void td_http_guard_streaming(td_http_guard_t *self, struct MHD_Connection *conn)
+{
+    conn_t *c = slot_of(conn);
+    if (!c)
+        return;
+    pthread_mutex_lock(&self->lock);
+    if (c->live && !c->streaming) {
+        unlink_live(self, c);
+        c->busy = true;
+        append_to(self, c, true);
+    }
+    pthread_mutex_unlock(&self->lock);
 }
 
 void td_http_guard_request(td_http_guard_t *self, struct MHD_Connection *conn)

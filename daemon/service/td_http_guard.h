@@ -73,5 +73,9 @@ void td_http_guard_completed(void *cls, struct MHD_Connection *conn, void **con_
 /* The access handler's first call for a request (its headers are in): the connection is no
  * longer idle, so it is not closed to make room (its deadline still holds). */
 void td_http_guard_request(td_http_guard_t *self, struct MHD_Connection *conn);
+/* The request's response is an event stream (td_web_sse.c), long-lived by nature: from now
+ * until it completes the connection has no deadline, still counts in both bounds, and is never
+ * closed to make room. */
+void td_http_guard_streaming(td_http_guard_t *self, struct MHD_Connection *conn);
 
 #endif

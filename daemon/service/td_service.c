@@ -339,7 +339,7 @@ td_err_t td_service_new(const td_service_host_t *host, td_service_t **out)
     *self = (td_service_t){.host = *host, .start_max_batch = host->cfg->max_batch};
     td_err_t err = open_state(self);
     if (err == TD_OK && host->cfg->metrics_listen)
-        err = td_http_new(host->loop, host->cfg, render_cb, health_cb, self, &self->http);
+        err = td_http_new(&self->host, render_cb, health_cb, self, &self->http);
     if (err == TD_OK)
         err = open_timers(self);
     if (err != TD_OK) {

@@ -14,12 +14,26 @@
 #include "td_metrics.h"
 #include "td_stream.h"
 
+/* A reply to a request handed over by submit, on the loop thread (td_request_t.done). */
+typedef void (*td_reply_fn)(void *arg, const tally_rep_t *rep, const void *payload, size_t len);
+
 typedef struct {
     uv_loop_t *loop;
     td_config_t *cfg;      /* the server's live configuration; reload updates it */
     td_streams_t *streams; /* loop-thread-only, like everything here */
     td_metrics_t *metrics; /* the service counts state write failures in it */
     void (*gauges)(void *ctx, td_gauges_t *out); /* samples the server's gauges */
+    /* A stream's record as `query` answers it (PROTOCOL.md §5 query): all time when window_ms
+     * is 0, else over the last window_ms ("Windows"), with the window's start and end (ms since
+     * the epoch; 0 for all time). TALLY_E_WINDOW with msg when the ring is shorter or off.
+     * With stream NULL only that check is made. */
+    tally_status_t (*view)(void *ctx, const td_stream_t *stream, uint64_t window_ms,
+                           tally_stream_info_t *out, uint64_t *start_ms, uint64_t *end_ms,
+                           char *msg, size_t msg_cap);
+    /* Hands a query, reset or delete of req->stream to the request path, as if it had come over
+     * ZeroMQ (the scheduler orders it after the stream's queued requests; tallyd stopping
+     * answers it `shutdown`); done is called exactly once, on the loop thread. */
+    void (*submit)(void *ctx, const tally_req_t *req, td_reply_fn done, void *arg);
     void *ctx;
 } td_service_host_t;
 

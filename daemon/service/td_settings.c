@@ -131,15 +131,16 @@ const td_setting_t td_settings[] = {
     {.option = "metrics", .arg = "ADDR:PORT", .section = "metrics", .key = "listen",
      .type = TD_SET_STRING, .offset = FIELD(metrics_listen), .reload = TD_RELOAD_RESTART,
      .example = "127.0.0.1:9464",
-     .help = "serve Prometheus text over HTTP at http://ADDR:PORT/metrics, and GET /healthz (200 "
-             "serving, 503 draining or a GPU lost)",
+     .help = "serve Prometheus text over HTTP at http://ADDR:PORT/metrics, GET /healthz (200 "
+             "serving, 503 draining or a GPU lost), the live web page at / and the JSON API at "
+             "/api/v1/",
      .default_doc = "off"},
     {.option = "metrics-auth-file", .arg = "FILE", .section = "metrics", .key = "auth_file",
      .type = TD_SET_PATH, .offset = FIELD(metrics_auth_file), .reload = TD_RELOAD_RESTART,
      .example = "/etc/tallyd/metrics.auth",
-     .help = "a file (mode 0600) whose first line is the USER:PASSWORD that GET /metrics "
-             "must present (HTTP basic auth; /healthz stays open); needed to listen on a network "
-             "address in protected mode"},
+     .help = "a file (mode 0600) whose first line is the USER:PASSWORD that GET /metrics, the "
+             "web page and the API must present (HTTP basic auth; /healthz stays open); needed to "
+             "listen on a network address in protected mode"},
     {.option = "metrics-streams", .arg = "N", .section = "metrics", .key = "streams",
      .type = TD_SET_UINT, .offset = FIELD(metrics_streams), .def = TD_DEFAULT_METRICS_STREAMS,
      .max = TD_METRICS_STREAMS_LIMIT, .reload = TD_RELOAD_APPLIES,
@@ -171,6 +172,20 @@ const td_setting_t td_settings[] = {
      .max = TD_METRICS_MAX_CONNECTIONS_LIMIT, .reload = TD_RELOAD_RESTART,
      .help = "HTTP connections at once from one address (an IPv6 /64 counts as one), with the "
              "same rule"},
+    {.option = "metrics-api-token-file", .arg = "FILE", .section = "metrics",
+     .key = "api_token_file", .type = TD_SET_PATH, .offset = FIELD(metrics_api_token_file),
+     .reload = TD_RELOAD_RESTART, .example = "/etc/tallyd/api.token",
+     .help = "a file (mode 0600) whose first line is the bearer token that POST "
+             "/api/v1/streams/NAME/reset and DELETE /api/v1/streams/NAME must present "
+             "(Authorization: Bearer TOKEN); without it the HTTP API is read-only (403)",
+     .default_doc = "none: read-only"},
+    {.option = "metrics-max-sse-clients", .arg = "N", .section = "metrics",
+     .key = "max_sse_clients", .type = TD_SET_UINT, .offset = FIELD(metrics_max_sse_clients),
+     .def = TD_DEFAULT_METRICS_MAX_SSE_CLIENTS, .min = 1, .max = TD_METRICS_MAX_SSE_CLIENTS_LIMIT,
+     .reload = TD_RELOAD_RESTART,
+     .help = "event streams (the web page's live updates, GET .../events) open at once; beyond "
+             "it a new one is answered 503. They are exempt from request_timeout_ms once "
+             "streaming, and count in the connection bounds"},
     /* [security] */
     {.option = "curve-secret-key", .arg = "FILE", .section = "security", .key = "curve_secret_key",
      .type = TD_SET_PATH, .offset = FIELD(curve_secret_key), .reload = TD_RELOAD_RESTART,
