@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # bench/bench-env.sh — sourced by the bench/run-*.sh scripts (after `set -uo pipefail`, with
 # the script's arguments BUILD_DIR OUT_DIR): what they all set up.
 #   B, OUT       the build and output folders (OUT is created)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_cuda.h — what the CUDA benchmark programs (kernel_bench.cu, pcie_bench.cu) share: a
  * failed CUDA call ends the run with its place and CUDA's words (a benchmark has no recovery).

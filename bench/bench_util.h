@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_util.h — what the end-to-end benchmark programs (loadgen.c, fanin.c) share: one row
  * layout, so bench/run-path.sh reads both with one parser, the clock, percentiles, and the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fanin.c — the raw ZeroMQ fan-in: the transport ceiling tallyd's ZeroMQ path is measured against
  * (issue 9, part B).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * hostile.c — a well-behaved client's latency beside hostile peers (issue 21, items 1 and 2),
  * and tallyd's resident memory meanwhile.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * http_slowloris.c — GET /healthz latency while slow connections hold tallyd's HTTP port
  * (issue 21, item 5).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kernel_bench.cu — tallyd's CUDA kernels beside CUB and the memory ceilings, on one GPU, in one
  * run, on the same 1 GiB device-resident inputs.

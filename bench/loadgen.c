@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * loadgen.c — tallyd's end-to-end load generator, and the ZeroMQ echo server it is compared to.
  *

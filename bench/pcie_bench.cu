@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * pcie_bench.cu — the PCIe ceiling tallyd's shared-memory path is measured against (issue 9):
  * pinned host-to-device and device-to-host copies of 64 MiB (cudaMallocHost buffers,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/run-ab.sh BUILD_DIR OUT_DIR BASE_TALLYD — did a change move tallyd's latency or its
 # one-producer throughput? This build's tallyd ("new") against another binary ("base", e.g. built
 # from the previous commit), ROUNDS rounds (default 4; the order of the two flips every round),

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/run-curve.sh BUILD_DIR OUT_DIR — what CURVE costs (issue 11): 8 producers x 8 in flight,
 # hist of 1 MiB (and 64 KiB) u8 requests, each run with and without CURVE beside each other, for
 # tallyd and for the plain ZeroMQ echo (the transport ceiling), over tcp and ipc. Markdown goes

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/run-hostile.sh BUILD_DIR OUT_DIR [TALLYD_ARGS...] — issue 21's hostile-peer rows: a light
 # client's p50 alone and beside (1) a peer that pipelines 4 MiB and 16 MiB scans and never reads
 # its replies, (2) a peer flooding 1 MiB hists, each against a fresh tallyd (CPU backend, plus

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/run-io-threads.sh BUILD_DIR OUT_DIR — the A/B that picks tallyd's default ZeroMQ I/O
 # threads (TD_IO_THREADS_MAX in daemon/service/td_config.h): for N in IO_LIST (default
 # "2 4 6 8"), the raw fan-in (bench/fanin: one ROUTER, one application thread, 2 KiB replies)

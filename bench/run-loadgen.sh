@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/run-loadgen.sh BUILD_DIR OUT_DIR — tallyd end to end beside its transport ceiling.
 #
 # Starts, on tcp and ipc each: tallyd with the GPU backend (--backend cuda: every batch on the

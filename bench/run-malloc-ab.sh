@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/run-malloc-ab.sh BUILD_DIR OUT_DIR — does glibc's malloc cost tallyd's ZeroMQ I/O threads
 # page faults? ZeroMQ mallocs every received 1 MiB message on an I/O thread; tallyd frees it when
 # the request is done, with up to max_inflight (64) alive. A/B: tallyd as is (it sets malloc's

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/run-path.sh BUILD_DIR OUT_DIR — issue 9's benchmark, everything in one run (one device
 # call), so every ratio compares figures of the same machine and minute:
 #   1. PCIe ceiling: pinned H2D, D2H and both at once, 64 MiB (bench/pcie_bench);

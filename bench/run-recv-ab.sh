@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/run-recv-ab.sh BUILD_DIR OUT_DIR — what separates tallyd's ZeroMQ path from the raw
 # transport (issue 9 B; bench/NOTES.md, "The producers, not the receive buffers"). Under hist
 # 1 MiB from 8 producers x 8 in flight over ipc, 4 ZeroMQ I/O threads on the receiving side,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/run-spin-ab.sh BUILD_DIR OUT_DIR — A/B of --gpu-spin-us on one machine, interleaved so
 # that both variants see the same machine state: tallyd --backend cuda with spinning off (A)
 # and on (B, $SPIN_US, default 50), 1 producer x 8 in flight at 64 KiB and 1 MiB (tcp, ipc),

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/run-state.sh BUILD_DIR OUT_DIR [BASE_TALLYD] — stream state at scale (issue 26), for this
 # build's tallyd ("new") and, when given, another binary ("base", e.g. built from main), in one
 # session, on the CPU backend, each tallyd started afresh for each measurement:

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/soak.sh BUILD_DIR OUT_DIR — tallyd's memory over a long run (issue 21, item 7).
 #
 # Starts tallyd with SOAK_BACKEND (cpu; sim: two simulated GPUs, the GPU pipeline's own code on

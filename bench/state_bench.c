@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * state_bench.c — drives many streams for the stream-state benchmark (issue 26,
  * bench/run-state.sh): memory per stream, snapshot bytes, restart time, query latency.

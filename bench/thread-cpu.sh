@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/thread-cpu.sh PID SECONDS — where a process's CPU time goes, thread by thread, without
 # perf (the GPU host has none): samples /proc/PID/task/*/stat (utime + stime, in clock ticks)
 # twice, SECONDS apart, and prints each thread's name and share of one core over the interval,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The web page and the API with many streams (issue 24's figures for bench/RESULTS.md).
 
   - the page in headless Chromium with N streams (default 100), all of them chosen: its first

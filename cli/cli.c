@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cli.c — the parts every `tally` command uses: option parsing from cli_option_t tables
  * (getopt_long underneath, --help generated from the same tables), error reporting with one

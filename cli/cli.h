@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cli.h — what the `tally` command's parts share: the global settings, one way to report
  * errors (and the exit status each kind of failure gets), the option tables every command is

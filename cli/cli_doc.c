@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cli_doc.c — `tally --complete` and `tally --print-commands-scd` (cli_doc.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cli_doc.h — the command and option tables of `tally` printed for other tools, so that what
  * they say is what the CLI parses: the bash completion's word lists (`tally --complete`, read by

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cli_io.c — streamed input and output of the data commands (cli_io.h).
  *

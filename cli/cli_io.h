@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cli_io.h — input and output of the data commands (filter, scan, hist), streamed: the input
  * is read chunk by chunk (binary elements, whole frames, or --text integers parsed as they

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cli_push.c — the streamed push of the data commands (cli_push.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cli_push.h — the streamed push behind filter, scan and hist: read the input chunk by chunk,
  * keep a window of chunks in flight through a libtally push, print each chunk's output as it

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cmd_daemon.c — the commands about the daemon itself: ping (a round trip), info (version,
  * backends, limits) and stats (its metrics in the Prometheus text format); and keygen (a CURVE

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cmd_data.c — the data commands: filter, scan and hist. They share one path: the options
  * of data_options (where the input is, how it is cut and sent, where output goes), then

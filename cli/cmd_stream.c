@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cmd_stream.c — the stream commands: query (a stream's histogram summary, or all of its
  * record as JSON, CSV or key-value lines), reset (zero a stream and keep it), delete (remove

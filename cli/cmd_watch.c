@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cmd_watch.c — `tally watch STREAM...`: a live terminal view of streams' histograms.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * hist_view.c — the CLI's views of a stream's histograms (see hist_view.h).
  *

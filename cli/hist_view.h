@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * hist_view.h — how the `tally` CLI shows a stream's histograms: the human summary of `tally
  * query`, its --json and --csv forms, and the bar charts of `tally watch`.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * main.c — the `tally` command: tallyd from the shell, built on libtally.
  *

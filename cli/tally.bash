@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # bash completion for tally (installed as share/bash-completion/completions/tally).
 #
 # The words come from the tally being completed: `tally --complete` prints its commands and each

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tally.c — libtally: the ZeroMQ client of tallyd (API and contracts in tally.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tally_bufpool.c — the buffers tally_send copies large payloads into, kept for the next send.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tally_curve.c — where a client's CURVE keys come from (tally_curve_keys_load, tally.h):
  * arguments, then the environment, then the user's configuration file. Pure file and string

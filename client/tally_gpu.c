@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tally_gpu.c — exportable device memory for producers whose data is on a GPU (PROTOCOL.md §10
  * "Device memory"; tally.h's tally_gpu_*).

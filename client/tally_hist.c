@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tally_hist.c — summaries of tallyd's 256-bin histograms: count, mean, the non-empty range,
  * quantiles estimated from the bins, and the JSON and CSV renderings `tally query` prints.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tally_internal.h — libtally's private helpers, shared by tally.c and the unit tests.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tally_json.c — a stream's record as one JSON object (tally.h: tally_stream_json), the one
  * rendering that `tally query --json` prints and tallyd's HTTP API serves, so the two cannot

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tally_sub.c — subscriptions: a ZeroMQ SUB socket on tallyd's PUB endpoint (PROTOCOL.md §11).
  *

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # revision.cmake — writes the git revision of the source tree into a C file, at every build.
 #
 #   cmake -DSOURCE_DIR=DIR -DOUTPUT=FILE.c -P revision.cmake

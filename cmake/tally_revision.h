@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tally_revision.h — the git revision tallyd and tally were built from: `git describe --always
  * --dirty` of the source tree ("0.1.0-12-g1a2b3c4-dirty", or a short hash), or "unknown" when

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * main.c — tallyd's entry point: settings (defaults < configuration file < command line, see
  * td_config_load), then the server.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_admit.c — who sent a request, and the per-connection limits it meets before it runs (see
  * td_admit.h).

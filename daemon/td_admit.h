@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_admit.h — who sent a request, and the per-connection limits it meets before it runs
  * (PROTOCOL.md §1, §8): the connection's share of the in-flight slots (max_inflight_per_peer),

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_bins.c — see td_bins.h. Counts are read and written through memcpy of their width, so a
  * sparse allocation needs no padding between its bins and its counts, and the compiler turns

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_bins.h — a histogram's counts in the narrowest form that holds them (issue 26).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_exec.c — the executor (see td_exec.h): the CPU path, the GPU pipeline, and what the
  * scheduler needs to know of them.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_exec.h — the executor: runs compute requests where the scheduler placed them.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_hash.h — the one FNV-1a 64 of the daemon: the stream and peer tables hash names with it,
  * and version-1 state files carry it as their checksum (td_state.h).

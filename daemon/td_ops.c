@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_ops.c — the operations answered on the loop thread from what tallyd holds (see td_ops.h).
  */

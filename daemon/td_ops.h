@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_ops.h — the operations tallyd answers on the loop thread from what it holds, with no
  * backend: `info` (the settings and limits in force, PROTOCOL.md §5), `streams` (the names) and

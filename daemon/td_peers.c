@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_peers.c — the per-peer table (see td_peers.h): a chained hash table (FNV-1a over the kind
  * and id bytes) of fixed width, since it holds one entry per live connection and client, and

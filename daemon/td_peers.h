@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_peers.h — who is asking: the bookkeeping behind the limits that keep one peer from hurting
  * another (PROTOCOL.md §8, "Per-peer limits").

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_reply.c — sending replies and counting what unread replies hold (see td_reply.h).
  *

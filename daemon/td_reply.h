@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_reply.h — sending replies over the ROUTER socket, and the bytes that unread replies hold.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_request.c — see td_request.h. The compute results are produced directly in the wire
  * layout: tallyd runs on little-endian hosts only (checked at compile time below), so a

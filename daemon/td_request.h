@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_request.h — one request's life inside tallyd, and the operations on it.
  *

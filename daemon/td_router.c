@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_router.c — the ROUTER socket tallyd serves on (see td_router.h): the context and its I/O
  * threads, the socket's options, CURVE before any bind, the binds (ZMQ_IPV6 for an IPv6 address

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_router.h — the ROUTER socket tallyd serves on, and what it takes to open it.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_sched.c — the scheduler (see td_sched.h for the rules).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_sched.h — the scheduler: what may run now, where, and what follows when it finishes.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_server.c — the loop thread: ZeroMQ in, backends, ZeroMQ out.
  *

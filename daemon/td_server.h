@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_server.h — tallyd's core: the event loop that owns the ZeroMQ ROUTER socket, turns
  * messages into requests, schedules them on the backends and sends every reply.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_shm.c — the shared-memory side channel and region table (see td_shm.h, PROTOCOL.md §10).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_shm.h — shared-memory input: the side channel where producers register memfd regions,
  * and the table of regions that requests reference (PROTOCOL.md §10).

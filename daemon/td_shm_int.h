@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_shm_int.h — what the three files of the shared-memory side channel share (td_shm.c the life
  * cycle, td_shm_side.c the connections and their messages, td_shm_regions.c the region table);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_shm_regions.c — the table of registered regions (PROTOCOL.md §10): handles, lookups for
  * requests, reference counts, mapping a producer's memfd. See td_shm.c for the design.

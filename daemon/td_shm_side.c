@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_shm_side.c — the side channel's connections and their messages (PROTOCOL.md §10): accept
  * and admit, register and release, answers, the register deadline. See td_shm.c for the design.

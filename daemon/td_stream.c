@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_stream.c — the stream table: a chained hash table (FNV-1a, power-of-two buckets that
  * double when the load passes 1) plus a doubly-linked list in creation order, so `streams`

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_stream.h — named streams: the state tallyd keeps between requests.
  *

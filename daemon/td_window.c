@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_window.c — see td_window.h. The slots are kept sorted by interval, so the newest (where
  * nearly every batch lands) is found from the end, and the state record lists them oldest

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_window.h — a stream's ring of recent intervals (PROTOCOL.md, "Windows").
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cpu_backend.c — the CPU backend of tk_backend.h: filter, scan and histogram on host memory.
  *

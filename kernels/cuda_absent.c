@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cuda_absent.c — the CUDA entry points of tk_backend.h for builds without CUDA, so the daemon
  * links the same way everywhere and reports "not compiled in" at run time.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tk_backend.h — the compute backend interface: a table of functions the daemon calls.
  *

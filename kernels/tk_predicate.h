@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tk_predicate.h — what a filter predicate means for one element type: the one reduction the
  * CPU backend (cpu_backend.c) and the CUDA filter (cuda/tk_cuda_filter.cu) both use.

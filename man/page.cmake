@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # page.cmake — builds one man page: the handwritten scdoc source with its @GENERATED@ line
 # replaced by what GENERATOR prints (tallyd's options or keys from its table of settings,
 # tally's options and commands from its option tables), rendered by scdoc.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tally_args.c — sizes and endpoints as people type them (contracts in tally_args.h).
  *

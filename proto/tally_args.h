@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tally_args.h — what people type, parsed once for tallyd and the tally CLI: byte sizes
  * ("16M", "1GiB") and ZeroMQ endpoints ("tcp://127.0.0.1:5555", "tcp://[::1]:5555",

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tally_keys.h — CURVE key files, shared by tallyd, libtally and the `tally` CLI (PROTOCOL.md
  * §12). Pure C on files and strings: no ZeroMQ inside.

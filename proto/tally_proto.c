@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tally_proto.c — encode, decode and validate protocol v1 (specified in proto/PROTOCOL.md).
  *

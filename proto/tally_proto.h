@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tally_proto.h — the tallyd wire protocol, version 1 (specified in proto/PROTOCOL.md).
  *

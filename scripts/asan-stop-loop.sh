@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # scripts/asan-stop-loop.sh [ROUNDS] — tallyd stopped with SIGTERM under load ROUNDS times in a
 # row (default 50) in the ASan+UBSan build, leak detection on (issue 21, item 10): each round
 # of tests/test_stop_clean.c starts tallyd (CPU backend, simulated GPUs with 2 I/O threads, or

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Source this at the start of a command on the lent GPU machine (which has no network and no
 # libzmq/libuv/cmocka): it unpacks the Debian packages carried in .deps/debs (fetched on a
 # developer machine with scripts/fetch-device-deps.sh) into /opt/deps and points the toolchain

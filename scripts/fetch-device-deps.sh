@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Downloads (does not install) the Debian packages the GPU machine lacks into .deps/debs, to be
 # carried there by the device tool (carry: [".deps"]) and unpacked by scripts/device-env.sh.
 set -euo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Fuzzes proto/'s decoders with libFuzzer (the target is tests/fuzz/fuzz_proto.c).
 #
 #   scripts/fuzz.sh [-t SECONDS] [-B BUILD_DIR] [-j JOBS]

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # scripts/gpu-check.sh — everything the GPU host checks, in one device call: one CUDA build
 # (sm_90, -Werror, tests on) of the whole tree, then the steps named in STEPS, each with its own
 # time limit (a hang in one still leaves the others' logs). Logs go under $OUT (the device tool

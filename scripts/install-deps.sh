@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs what tallyd needs to build and test on Debian 12 (the single list of packages).
 # Skips apt entirely when everything is already there. Uses sudo when not run as root.
 set -euo pipefail

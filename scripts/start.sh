@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs what is missing, builds tallyd (Release) and runs it in the foreground on
 # tcp://127.0.0.1:5555. With no usable GPU it serves on the CPU backend. Extra arguments go
 # to tallyd (e.g. --backend cpu, --bind ipc:///tmp/tallyd.sock). Stop it with Ctrl-C.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs what is missing, then builds and runs every test twice: a normal build with
 # warnings as errors (CUDA backend included when nvcc is present; GPU tests report "skipped"
 # without a GPU), then 20 s of libFuzzer on proto/'s decoders (when clang can build it), and a

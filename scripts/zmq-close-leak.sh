@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # scripts/zmq-close-leak.sh [RUNS] — the evidence behind tests/lsan/libzmq.supp: builds
 # tests/lsan/zmq_close_leak.c (libzmq alone, no tallyd code) with AddressSanitizer against the
 # system's libzmq and runs it RUNS times (default 10), each on a free port, counting the runs in

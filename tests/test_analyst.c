@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_analyst.c — issue 12's daemon features against a real tallyd (CPU build; the GPU paths
  * of the new histograms are in test_differential and test_cuda_backend):

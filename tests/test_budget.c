@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_budget.c — the memory budget of stream state against a real tallyd (PROTOCOL.md §7,
  * §8; issue 26): one connection creating streams is stopped at max_state_bytes_per_client with

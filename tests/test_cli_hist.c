@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_cli_hist.c — the analyst's side of the `tally` CLI against a real tallyd: `query` as a
  * human summary, --json, --csv and --raw; --last windows; `hist --type u16|rgb|rgba`; `reset`

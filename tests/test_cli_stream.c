@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_cli_stream.c — the `tally` CLI streams: bounded memory through a pipe, a live producer's
  * results before it exits, Ctrl-C reporting exactly what was applied and --resume finishing the

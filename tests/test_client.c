@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_client.c — libtally without tallyd: argument checks, local rejection of bad requests,
  * the reassembly arithmetic of chunked runs, timeouts against a port nobody listens on, and

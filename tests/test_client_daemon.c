@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_client_daemon.c — libtally and the `tally` CLI against a real tallyd.
  *

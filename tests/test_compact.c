@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_compact.c — the compact forms of stream state (issue 26) against plain dense
  * references, over random data:

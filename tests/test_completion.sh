@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # test_completion.sh TALLY SOURCE_DIR: the bash completion (cli/tally.bash), sourced in bash
 # with TALLY's folder first on PATH, completes what `tally --help` and `tally CMD --help` list
 # (a path independent of `tally --complete`, which the completion reads): the command names

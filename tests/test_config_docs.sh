@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # test_config_docs.sh TALLYD SOURCE_DIR: the README's configuration table and
 # systemd/tallyd.conf.example are what the table of settings (daemon/service/td_settings.c)
 # prints, so the documents cannot disagree with the code; to update them after changing a row:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_cpu_backend.c — the CPU backend (kernels/cpu_backend.c) against plain references.
  *

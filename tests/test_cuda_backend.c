@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_cuda_backend.c — the CUDA kernels against the CPU backend and a plain reference.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_daemon.c — integration tests: a real tallyd on a loopback port, driven over a raw
  * ZeroMQ DEALER socket. Covers every operation end to end, stream ordering and state, every

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_differential.c — the GPU path against the CPU backend, reply for reply (issue 10).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_gpu_engine.c — the GPU engines without a GPU: the simulated engine (td_gpu_sim.c) and the
  * fault engine (td_gpu_fault.c) over it.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_gpu_region.c — device regions on a real GPU (PROTOCOL.md §10 "Device memory", issue 23),
  * the GPU host's one decisive run (scripts/gpu-check.sh STEPS=region; label gpu; exits 77 without

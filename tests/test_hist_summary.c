@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_hist_summary.c — libtally's histogram summaries against references computed here.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_hist_view.c — the CLI's histogram views (cli/hist_view.c): folding 256 bins into a
  * terminal's width, the bars' heights (linear and log, UTF-8 and ASCII), the human summary of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_hostile.c — issue 21 over the wire, against a real tallyd:
  *   - a peer that pipelines scans and never reads its replies: the reply bytes tallyd holds for

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_http.c — the metrics/health port under slow and many connections (issue 21, item 5;
  * td_http_guard.c), against a real tallyd:

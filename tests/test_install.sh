@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # `cmake --install --prefix P` into a scratch prefix installs what a host and a developer need,
 # and nothing private:
 #   - tallyd, tally, libtally, tally.h with tally_wire.h and tally_version.h (not tally_proto.h,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_lifecycle.c — tallyd's promise that every request gets exactly one reply, tested where it
  * is hardest to keep, against the real binary over raw ZeroMQ:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_limits.c — the per-peer limits that keep one peer from hurting another (PROTOCOL.md §8,
  * "Per-peer limits"), against the real tallyd over raw ZeroMQ, and their pieces as units:

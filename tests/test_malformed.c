@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_malformed.c — a corpus of malformed messages against a running tallyd, over raw DEALER
  * sockets, and the points of PROTOCOL.md that a client author would otherwise have to guess.

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # test_man.sh MAN_DIR TALLYD TALLY: the man pages the build made (man/) render without a
 # warning (`man --warnings -l`), and hold what the programs say they take:
 #   - tallyd.conf(5): exactly the [section] key pairs of the table of settings (the README's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_pipeline.c — integration tests of tallyd's executor and GPU pipeline (td_exec.c,
  * td_gpu.c): a real tallyd on a loopback port, driven over a raw DEALER socket.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """GET /metrics read by a real Prometheus parser (python3-prometheus-client), against a real
 tallyd (issue 21: families grouped; issue 24: per-stream histograms).
 

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Runs tests/test_prometheus.py MODE with the first of $PYTHON, python3 and /usr/bin/python3
 # that has prometheus_client and yaml (Debian's python3-prometheus-client and python3-yaml, from
 # install-deps.sh); skipped (77) when none has.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_proto.c — protocol v1: round trips, every rejection path, the worked example of
  * PROTOCOL.md, and a seeded robustness run over 200k random and mutated buffers.

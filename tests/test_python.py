@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Python binding (client/python) against a real tallyd that this module starts ($TALLYD,
 on ipc:// sockets in a scratch folder: no ports to collide), each result checked against NumPy
 computing the same thing or against the `tally` CLI ($TALLY_CLI, `query --json`) reading the

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # The Python binding (client/python) against real tallyds: installs it with pip into a scratch
 # virtual environment (offline, --no-build-isolation: what `pip install ./client/python` does
 # on a host without network), then runs tests/test_python.py with pytest, which starts its

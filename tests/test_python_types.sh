@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # test_python_types.sh SOURCE_DIR: the Python binding's type hints hold (mypy --strict over the
 # package, and over tests/test_python.py, which uses the binding as a caller would), so the
 # py.typed marker promises nothing false. Skipped (77) without mypy (Debian: python3-mypy).

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # test_python_wire.sh GEN_WIRE SOURCE_DIR: client/python/tally/_wire.py, the Python binding's
 # copy of the C headers' constants and struct layouts, is what gen_wire prints from the headers
 # now (client/python/gen_wire.c), so a change on the C side cannot leave Python silently wrong.

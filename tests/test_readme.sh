@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # test_readme.sh README CC LIBTALLY INCLUDE_DIR...: compiles and links every C block of the
 # README that follows a "<!-- compiled: NAME -->" marker against libtally, with only the
 # public headers' folders on the include path (tally.h, tally_wire.h, tally_version.h: not

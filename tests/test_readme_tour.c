@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_readme_tour.c — the README's tour runs as written against a fresh tallyd and prints
  * what the README says it prints (test_readme.sh checks the README's C examples and prompts).

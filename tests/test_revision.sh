@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # test_revision.sh TALLYD TALLY SOURCE_DIR: the git revision the binaries were built from.
 #   - `tallyd --version`, `tally --version` and the metric tallyd_build_info{revision=...} (read
 #     with `tally stats` from a tallyd on an ipc socket in a scratch folder) name the same

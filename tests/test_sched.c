@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_sched.c — the scheduler (daemon/td_sched.c) on its own: no sockets, no loop, no backend.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_security.c — CURVE authentication and protected mode (PROTOCOL.md §12), against the real
  * tallyd:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_seq.c — idempotent requests: per-stream sequence numbers (PROTOCOL.md, "Sequence
  * numbers").

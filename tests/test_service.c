@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_service.c — tallyd as a service, end to end against the real binary: readiness,
  * status, watchdog and stopping notifications to a NOTIFY_SOCKET the test reads; socket

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_shm.c — shared-memory input (daemon/td_shm.c, PROTOCOL.md §10) against a real tallyd.
  *

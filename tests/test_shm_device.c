@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_shm_device.c — device regions (PROTOCOL.md §10 "Device memory", issue 23) against
  * simulated GPUs (--backend cuda --test-sim-gpus N), where the "exported allocation" is a sealed

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_shm_side.c — the shared-memory side channel (daemon/td_shm.c, PROTOCOL.md §10) under
  * hostile or careless peers (issue 21), against a real tallyd:

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Socket activation through systemd's own tool: systemd-socket-activate listens on a loopback
 # port and a unix socket, starts tallyd (same pid, LISTEN_FDS=2) on the first connection, and
 # the tally CLI then gets answers on both. tallyd must stop cleanly (exit 0) on SIGTERM.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_state.c — the state file format on its own (td_state.c, td_state_record.c): round trips
  * of random stream tables; every truncation and every single-bit flip loses exactly what it

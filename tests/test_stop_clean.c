@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_stop_clean.c — tallyd stops cleanly under load, round after round (issue 21, item 10).
  *

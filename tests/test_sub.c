@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_sub.c — libtally's subscriptions (tally_sub_*) against a tallyd started with --pub.
  *

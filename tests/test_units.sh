@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # systemd-analyze verify on tallyd.service and tallyd.socket (the build-tree copies, whose
 # ExecStart names the tallyd built here: verify checks that it exists and is executable).
 # Any diagnostic about our units fails the test, not only an exit status: verify reports

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_upgrade.c — upgrades keep the data: the state file an earlier release wrote
  * (tests/data/state-v3/streams.state, by make_state_fixture against that release) is restored by

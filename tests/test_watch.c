@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_watch.c — `tally watch` in a real terminal: tmux.
  *

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Runs tests/test_web_MODE.py (api: the HTTP JSON API against web/schema/; browser: the page in
 # headless Chromium) with the first of $PYTHON, python3 and /usr/bin/python3 that has what the
 # mode needs: jsonschema (python3-jsonschema); for browser also selenium (python3-selenium),

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """tallyd's HTTP JSON API (README "The web page and the HTTP API"), against real tallyds:
 
   - every document is valid against web/schema/ (python3-jsonschema), and so is `tally query

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """tallyd's live page in a real browser: headless Chromium driven by Selenium
 (python3-selenium, chromium, chromium-driver), against a tallyd fed known data.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What test_web_api.py, test_web_browser.py and bench/web_bench.py share: a tallyd on free
 loopback ports with its HTTP port on, the `tally` CLI against it, HTTP requests, and a reader of
 Server-Sent Events."""

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 // tallyd's live page: the list of streams and, for the chosen ones, their histograms, kept up
 // to date by one event stream (GET api/v1/events, Server-Sent Events at tallyd's publication
 // interval). Plain JavaScript, nothing from elsewhere (the Content-Security-Policy allows only

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Writes OUTPUT, a C file holding every file of assets.cmake as a byte array with its URL,
 # content type and ETag (the first 16 hex digits of its SHA-256, quoted), for
 # daemon/service/td_web_assets.h. Run at build time by web/CMakeLists.txt:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_cu_driver.h — the CUDA driver functions that device regions need (PROTOCOL.md §10 "Device
  * memory"), resolved at run time through the runtime (cudaGetDriverEntryPointByVersion), so that

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_gpu.c — the GPU pipeline (see td_gpu.h): devices, lanes, staging slots, lane threads and
  * the completion queue into the loop.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_gpu.h — the GPU pipeline: one per host, one set of lanes per device.
  *

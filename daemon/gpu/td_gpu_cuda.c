@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_gpu_cuda.c — the CUDA engine of the GPU pipeline (see td_gpu_engine.h), on the one layer
  * of CUDA host code in kernels/cuda (tk_cuda.h: the kernels, tk_cuda_buffers_t, the error and

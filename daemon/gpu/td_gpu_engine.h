@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_gpu_engine.h — what the GPU pipeline (td_gpu.c) needs from a device, as a table.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_gpu_fault.c — an engine that fails on command, for the tests (see td_gpu_engine.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_gpu_sim.c — simulated GPUs for testing the pipeline (see td_gpu_engine.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_auth.h — CURVE authentication: the server's key pair, the allowed client keys, and the ZAP
  * handler that checks each connection against them (PROTOCOL.md §12).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_config.c — defaults, the command line and the checks on a whole configuration (see
  * td_config.h). The settings themselves, and how each kind of value is parsed, are the table in

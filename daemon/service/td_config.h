@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_config.h — tallyd's settings: the one place where every limit and default lives.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_config_file.c — the configuration file (INI, parsed by inih) and SIGHUP reload.
  *

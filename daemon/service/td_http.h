@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_http.h — the HTTP endpoint (libmicrohttpd): GET /metrics, exactly the text the `stats`
  * opcode returns (Prometheus), and GET /healthz, 200 "ok" while tallyd serves, 503 with the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_http_guard.h — keeps tallyd's HTTP port answering when peers hold connections open
  * without finishing their requests (slowloris) or open many of them (issue 21, item 5).

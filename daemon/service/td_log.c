@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_log.c — see td_log.h. The level is an atomic so SIGHUP handling on the loop thread and
  * logging from worker threads need no lock; each line is formatted into one buffer and written

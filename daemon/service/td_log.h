@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_log.h — tallyd's logging: one line per event on stderr, prefixed with sd-daemon(3)'s
  * priority prefix (SD_ERR "<3>" ... SD_DEBUG "<7>") so journald assigns each line its priority

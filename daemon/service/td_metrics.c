@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_metrics.c — see td_metrics.h. Metric names follow Prometheus conventions (a tallyd_
  * prefix, _total for counters, base units: seconds and bytes).

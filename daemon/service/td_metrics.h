@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_metrics.h — tallyd's counters and the Prometheus text rendering of them.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_notify.h — tallyd's side of the systemd service protocol: readiness and status
  * notifications (sd_notify) and socket activation (sd_listen_fds).

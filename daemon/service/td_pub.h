@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_pub.h — subscriptions: the optional ZeroMQ PUB socket (PROTOCOL.md §11).
  *

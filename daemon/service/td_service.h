@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_service.h — what makes tallyd a well-kept service, around the server's loop: systemd
  * notifications and watchdog, periodic and final stream-state snapshots, the HTTP metrics

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_settings.c — the table of settings and what each kind of value does (see td_settings.h).
  *

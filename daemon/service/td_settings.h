@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_settings.h — the table of tallyd's settings: each one written once.
  *

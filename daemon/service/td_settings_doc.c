@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_settings_doc.c — the documents generated from the table of settings: `tallyd --help`, the
  * README's configuration table (--print-settings-md) and systemd/tallyd.conf.example

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_state.c — see td_state.h for the files and the guarantees: encoding a base, decoding a
  * base of any version and the log (the files themselves are td_state_file.c's, the snapshots'

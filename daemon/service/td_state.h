@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_state.h — persistent stream state: every stream's counters, histogram, window ring and
  * last applied seq, in the state directory, written so that the bytes of a snapshot follow what

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_state_file.c — the state directory's files (td_state.h): atomic writes, appends to the
  * log, and the restore at start, which reads the base and the log, refuses a newer tallyd's

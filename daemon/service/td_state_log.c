@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_state_log.c — the snapshots' store (td_state.h): what each snapshot writes, so that the
  * bytes follow what changed.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_state_record.c — see td_state_record.h. Encoding writes the parts in order and seals the
  * record with its CRC; parsing checks every field against the others before anything is

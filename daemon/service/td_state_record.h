@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_state_record.h — one stream's state as a self-checking record of bytes: what the state
  * file and its log hold (td_state.h), and what a fleet's checkpoints can hold (issue 22), with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_web.c — see td_web.h: routing, parameters, credentials, the page's files, and the jobs
  * that carry requests to the loop thread and their answers back.

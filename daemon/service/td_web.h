@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_web.h — the web page and the JSON API on tallyd's HTTP port (td_http.c serves /metrics
  * and /healthz and hands every other request here). README "The web page and the HTTP API"

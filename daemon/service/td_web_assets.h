@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_web_assets.h — the web page's files (web/), embedded at build time by web/embed.cmake and
  * served from memory by td_web.c: nothing is read from disk at run time, so the page always

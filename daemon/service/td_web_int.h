@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_web_int.h — what td_web.c (requests, jobs), td_web_json.c (the API's JSON) and
  * td_web_sse.c (event streams) share. Private to those three files.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_web_json.c — the HTTP API's JSON documents (see td_web.h; the schemas are in web/schema/).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_web_sse.c — event streams (Server-Sent Events) of the web page and the API (td_web.h).
  *

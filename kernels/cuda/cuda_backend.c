@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cuda_backend.c — the CUDA backend of tk_backend.h: the synchronous, host-memory table built on
  * the asynchronous kernels of tk_cuda.h.

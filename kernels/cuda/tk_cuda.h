@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tk_cuda.h — tallyd's CUDA kernels as an asynchronous, device-pointer C API.
  *

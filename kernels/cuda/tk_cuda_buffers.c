@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tk_cuda_buffers.c — the host side every caller of tk_cuda.h's kernels shares (see tk_cuda.h):
  * one batch's device buffers on their CUDA stream, setup steps that say what failed, draining a

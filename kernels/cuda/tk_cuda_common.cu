@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tk_cuda_common.cu — pieces every kernel file uses: the look-back state reset kernel, the
  * per-thread record of the last CUDA error, the cached multiprocessor count, and the scratch

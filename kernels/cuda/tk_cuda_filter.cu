@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tk_cuda_filter.cu — stream compaction of int32 and uint8 batches by a predicate, unordered
  * (fastest) or stable (input order kept).

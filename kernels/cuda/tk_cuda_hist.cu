@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tk_cuda_hist.cu — 256-bin histograms of uint8 (bin = byte), int32 and uint16 (256 even bins
  * over [lo, hi) plus underflow and overflow), and interleaved RGB/RGBA bytes (one 256-bin

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tk_cuda_internal.cuh — what the kernel files share: the tuning constants (all in one place,
  * each with the measurement that chose it), the single-pass decoupled look-back used by the

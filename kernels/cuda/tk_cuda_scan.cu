@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tk_cuda_scan.cu — device-wide prefix sums of int32 into int64 (or wrapping int32), inclusive or
  * exclusive, in one pass over the data, continuing from a carry that stays on the device.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_proto.c — a libFuzzer target for the pure decoders of proto/: the request header decoder
  * and validator (what tallyd runs on every message it reads), the reply header decoder and the

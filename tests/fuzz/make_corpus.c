@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * make_corpus.c — writes the seed corpus of fuzz_proto.c into a directory: one valid message
  * per file for every operation, dtype, predicate and flag, the worked example of PROTOCOL.md §9,

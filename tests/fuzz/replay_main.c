@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * replay_main.c — runs a libFuzzer target without libFuzzer: every file named on the command
  * line, or found in a directory named there (sorted, not recursive), goes once through

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * harness.h — what the integration tests share: start a real tallyd on a free loopback port,
  * stop it with a signal, and speak the protocol over a raw ZeroMQ DEALER socket (so the tests

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * shm_side.h — the shared-memory side channel (PROTOCOL.md §10) spoken raw, for the tests that
  * drive tallyd's td_shm.c: connect to its socket, send a message with any bytes and any number

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * zmq_close_leak.c — libzmq on its own losing a received message at a socket's close (the
  * evidence behind tests/lsan/libzmq.supp; bench/NOTES.md, "Stops under ASan").

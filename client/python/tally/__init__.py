@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """tally: the Python binding of libtally, the C client library of tallyd.
 
 NumPy arrays in, NumPy arrays out. Every call goes through libtally (loaded with ctypes), so

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Stream records and what an analyst asks of their histograms: the record as a dict with NumPy
 bins, and summaries, quantiles and bin edges computed by libtally (tally_hist_summarize,
 tally_hist_quantile, tally_hist_edge), so every number is the one `tally query` prints.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """libtally through ctypes: finding and loading the library, the ctypes mirrors of its C structs
 (checked against the compiler's layouts in _wire.LAYOUT at import), every function's signature,
 and tally.Error. The rest of the package calls the C library only through `lib` here.

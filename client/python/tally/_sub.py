@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Subscriptions (PROTOCOL.md §11): a SUB socket on tallyd's PUB endpoint through libtally's
 tally_sub_*, each publication handed over as a Publication whose record is the same Record a
 query gives (so summarize() and quantiles() work on it).
