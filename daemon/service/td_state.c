@@ -84,10 +84,20 @@ static size_t encode_record(const td_stream_t *s, uint64_t now_ms, uint8_t *out)
 
 td_err_t td_state_encode(td_streams_t *streams, uint64_t now_ms, uint8_t **buf, size_t *len)
 {
-    uint32_t count = td_streams_count(streams);
+    return td_state_encode_some(streams, now_ms, NULL, NULL, buf, len);
+}
+
+td_err_t td_state_encode_some(td_streams_t *streams, uint64_t now_ms,
+                              bool (*keep)(const td_stream_t *s, void *arg), void *arg,
+                              uint8_t **buf, size_t *len)
+{
+    uint32_t count = 0;
     size_t total = TD_STATE_HEADER_SIZE;
     for (td_stream_t *s = td_streams_first(streams); s; s = s->list_next)
-        total += encode_record(s, now_ms, NULL);
+        if (!keep || keep(s, arg)) {
+            total += encode_record(s, now_ms, NULL);
+            count++;
+        }
     uint8_t *out = calloc(1, total); /* zero: reserved bytes and name padding */
     if (!out)
         return TD_ERR_NOMEM;
@@ -98,7 +108,8 @@ td_err_t td_state_encode(td_streams_t *streams, uint64_t now_ms, uint8_t **buf, 
     tally_put_u32(out + TD_STATE_HEADER_CRC_OFF, td_state_crc(out, TD_STATE_HEADER_CRC_OFF));
     uint8_t *rec = out + TD_STATE_HEADER_SIZE;
     for (td_stream_t *s = td_streams_first(streams); s; s = s->list_next)
-        rec += encode_record(s, now_ms, rec);
+        if (!keep || keep(s, arg))
+            rec += encode_record(s, now_ms, rec);
     *buf = out;
     *len = total;
     return TD_OK;

@@ -107,6 +107,11 @@ static inline bool td_state_report_lossy(const td_state_report_t *r)
 /* Loop thread: serialises every stream into a malloc'ed version-3 file image (*buf, *len),
  * with the window slots still inside the ring at now_ms. TD_ERR_NOMEM when out of memory. */
 td_err_t td_state_encode(td_streams_t *streams, uint64_t now_ms, uint8_t **buf, size_t *len);
+/* The same with only the streams keep(s, arg) says yes to (a fleet partition's checkpoint,
+ * daemon/nats/); keep NULL: all of them. */
+td_err_t td_state_encode_some(td_streams_t *streams, uint64_t now_ms,
+                              bool (*keep)(const td_stream_t *s, void *arg), void *arg,
+                              uint8_t **buf, size_t *len);
 /* Adds the streams of a file image (version 1, 2 or 3) to `streams`, record by record (see the
  * top of this file); each skipped record is logged at warning. Window slots are placed for the
  * window clock at now_ms. TD_ERR_CORRUPT with a reason in msg, and nothing added, when the
