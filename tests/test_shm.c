@@ -256,15 +256,10 @@ static int side_open(void)
 
 #define SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
 
-/* A DEALER with routing id `id`. */
 static void *dealer(void *ctx, const char *endpoint, const char *id)
 {
-    void *s = zmq_socket(ctx, ZMQ_DEALER);
-    int timeout = 5000, linger = 0;
-    zmq_setsockopt(s, ZMQ_ROUTING_ID, id, strlen(id));
-    zmq_setsockopt(s, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
-    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
-    assert_int_equal(zmq_connect(s, endpoint), 0);
+    void *s = th_dealer_id(ctx, endpoint, id, 5000);
+    assert_non_null(s);
     return s;
 }
 

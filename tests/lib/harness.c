@@ -213,6 +213,20 @@ void *th_connect(const char *endpoint, int timeout_ms)
     return sock;
 }
 
+void *th_dealer_id(void *ctx, const char *endpoint, const char *id, int timeout_ms)
+{
+    void *s = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(s, ZMQ_ROUTING_ID, id, strlen(id));
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &timeout_ms, sizeof timeout_ms);
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    if (zmq_connect(s, endpoint) != 0) {
+        zmq_close(s);
+        return NULL;
+    }
+    return s;
+}
+
 void *th_dealer(int timeout_ms)
 {
     void *sock = zmq_socket(context(), ZMQ_DEALER);

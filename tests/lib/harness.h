@@ -51,6 +51,9 @@ void *th_connect(const char *endpoint, int timeout_ms);
 /* The same socket not yet connected, for options that must come first (ZMQ_ROUTING_ID,
  * ZMQ_RCVHWM, ZMQ_IPV6...); zmq_connect it after. */
 void *th_dealer(int timeout_ms);
+/* A DEALER of ctx (the caller's context) with routing id `id`, receive timeout timeout_ms and no
+ * linger, connected to endpoint: the peer a shared-memory region is registered for. */
+void *th_dealer_id(void *ctx, const char *endpoint, const char *id, int timeout_ms);
 /* CURVE keys (Z85) for the sockets th_connect makes from now on; NULLs: plain sockets again. */
 void th_use_curve(const char *server_public, const char *client_public, const char *client_secret);
 void th_close(void *sock);
