@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "td_config.h"
+#include "td_settings.h"
 #include "td_log.h"
 #include "td_notify.h"
 #include "td_server.h"

@@ -83,6 +83,7 @@
 #include "td_shm.h"
 #include "td_stream.h"
 #include "tk_backend.h"
+#include "td_settings.h"
 
 /* Messages read per pump() before giving the rest of the loop a turn. */
 #define TD_READ_BUDGET 256
@@ -219,7 +220,7 @@ static void sample_gauges(void *ctx, td_gauges_t *g)
         .peers = td_peers_count(s->peers),
         .users = s->zmq.auth ? s->peers : NULL,
     };
-    td_replies_gauges(s->replies, g);
+    td_replies_gauges(s->replies, &g->reply);
     if (s->zmq.auth) {
         g->curve = true;
         td_auth_counts(s->zmq.auth, &g->auth);

@@ -42,8 +42,21 @@
 
 #include "td_config.h"
 #include "td_err.h"
-#include "td_metrics.h"
+#include "td_counters.h"
 #include "td_request.h"
+
+/* Unread replies, for the metrics: bytes inside ZeroMQ and reserved for requests in flight, the
+ * most one connection and all together have used since start, and the bounds. */
+typedef struct {
+    uint64_t held;
+    uint64_t reserved;
+    uint64_t peak_peer;
+    uint64_t peak_total;
+    uint64_t bound_peer;
+    uint64_t bound_total;
+    uint64_t connections_lost; /* found closed with requests unanswered (counter) */
+    uint64_t resent;           /* kept for such a connection and sent once it came back */
+} td_reply_gauges_t;
 
 typedef struct td_replies td_replies_t;
 
@@ -93,6 +106,6 @@ void td_replies_close(td_replies_t *self);
 /* Fills the reply gauges of g (td_metrics.h): bytes held inside ZeroMQ and reserved now, the
  * most one connection and all of them together have used (held + reserved) since start, and
  * the bounds in force. */
-void td_replies_gauges(const td_replies_t *self, td_gauges_t *g);
+void td_replies_gauges(const td_replies_t *self, td_reply_gauges_t *g);
 
 #endif

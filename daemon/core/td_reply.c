@@ -386,14 +386,14 @@ void td_replies_close(td_replies_t *self)
         lost_free(self, self->lost, EHOSTUNREACH);
 }
 
-void td_replies_gauges(const td_replies_t *self, td_gauges_t *g)
+void td_replies_gauges(const td_replies_t *self, td_reply_gauges_t *g)
 {
-    g->reply_held = atomic_load_explicit(&((td_replies_t *)self)->held, memory_order_relaxed);
-    g->reply_reserved = self->reserved;
-    g->reply_peak_peer = self->peak_peer;
-    g->reply_peak_total = self->peak_total;
-    g->reply_bound_peer = td_config_reply_bytes_per_peer(self->cfg);
-    g->reply_bound_total = td_config_reply_bytes(self->cfg);
+    g->held = atomic_load_explicit(&((td_replies_t *)self)->held, memory_order_relaxed);
+    g->reserved = self->reserved;
+    g->peak_peer = self->peak_peer;
+    g->peak_total = self->peak_total;
+    g->bound_peer = td_config_reply_bytes_per_peer(self->cfg);
+    g->bound_total = td_config_reply_bytes(self->cfg);
     g->connections_lost = self->lost_total;
-    g->replies_resent = self->resent_total;
+    g->resent = self->resent_total;
 }

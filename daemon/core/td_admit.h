@@ -13,7 +13,7 @@
 #include <stdbool.h>
 
 #include "td_config.h"
-#include "td_metrics.h"
+#include "td_counters.h"
 #include "td_peers.h"
 #include "td_reply.h"
 #include "td_request.h"
