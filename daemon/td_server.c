@@ -233,16 +233,14 @@ static void stop(td_server_t *s, int signum)
     td_notice("%s: stopping; finishing %u requests in flight, answering the rest `shutdown` "
               "for up to %u ms",
               strsignal(signum), inflight, s->cfg.drain_ms);
-    td_path_stop(s->path);
     s->last_input_ns = uv_hrtime();
     td_service_stopping(s->service);
     int rc = uv_timer_start(&s->drain_timer, drain_cb, s->cfg.drain_ms, 0);
-    if (rc != 0) { /* without its deadline the drain could last forever: end reading now */
+    td_path_stop(s->path); /* answers what waits on a stream, in each stream's order */
+    if (rc != 0) {         /* without its deadline the drain could last forever: end reading now */
         td_err("cannot start the drain timer: %s; reading stops now", uv_strerror(rc));
         td_path_drain_over(s->path);
     }
-    /* Answers what waits on a stream, in each stream's order. */
-    td_sched_stop(td_path_sched(s->path));
     td_zmq_pump(s->zmq);
 }
 

@@ -436,6 +436,7 @@ td_sched_t *td_path_sched(const td_path_t *self)
 void td_path_stop(td_path_t *self)
 {
     self->stopping = true;
+    td_sched_stop(self->sched); /* answers what waits on a stream, in each stream's order */
 }
 
 void td_path_drain_over(td_path_t *self)

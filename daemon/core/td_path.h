@@ -53,8 +53,8 @@ td_sched_t *td_path_sched(const td_path_t *self);
 /* The executor hands a compute request back (td_exec_env_t.done). */
 void td_path_finished(td_path_t *self, td_request_t *r);
 
-/* A stop signal: every message submitted from now on is answered `shutdown` (then td_sched_stop
- * answers what waits on a stream, in its order). */
+/* A stop signal: every message submitted from now on is answered `shutdown`, and what waits on
+ * a stream is answered so in its order (td_sched_stop). */
 void td_path_stop(td_path_t *self);
 /* The drain deadline has passed: transports read nothing more (td_path_may_read is false from
  * now on). */
