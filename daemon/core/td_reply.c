@@ -1,56 +1,34 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * td_reply.c — sending replies and counting what unread replies hold (see td_reply.h).
+ * td_reply.c — counting what replies hold until their transport frees them (see td_reply.h).
  *
- * A reply's payload goes to ZeroMQ without a copy (zmq_msg_init_data): a malloc'd buffer, or a
- * pinned buffer the GPU wrote it into, which ZeroMQ frees or gives back once written out. To know
- * when, the payload is sent with a free function of ours, reply_freed, and a small record (a
- * ticket) that says how many bytes to uncount from which meter and how to free the buffer after.
- * ZeroMQ calls it exactly once, on its I/O thread (or on ours, when a send fails and the message
- * is closed), so the counters it touches are atomics: the connection's meter (td_peers.h) and
- * the total here, which lives until after zmq_ctx_term (td_server_destroy).
+ * A reply's payload goes to its transport without a copy: a malloc'd buffer, or a pinned buffer
+ * the GPU wrote it into, which the transport frees or gives back once it is done with it (ZeroMQ:
+ * once written out). To know when, the payload is handed over with a free function of ours,
+ * reply_freed, and a small record (a ticket) that says how many bytes to uncount from which meter
+ * and how to free the buffer after. The transport calls it exactly once, on any thread (ZeroMQ's
+ * I/O thread), so the counters it touches are atomics: the connection's meter (td_peers.h) and
+ * the total here, which lives until after every transport is gone (td_server_destroy).
  *
  * Reservations are loop-thread counters (the connection's in its td_peer_t, the total here):
- * taken when a request is admitted, given back when its reply is sent or dropped. Held bytes are
- * counted before the message is built, so they never go below zero whatever thread frees it.
- *
- * Replies kept for a connection that has closed sit in a `lost` record per connection, in order,
- * their requests' input already freed; a reply for that connection that comes later joins them
- * (a stream's replies stay in order). td_replies_retry, on the server's timer, sends them while
- * the connection takes them, and drops them all once TD_REPLY_RECONNECT_GRACE_MS have passed
- * since the connection was found closed. They count as held meanwhile.
+ * taken when a request is admitted, given back when its reply is handed to its transport. Held
+ * bytes are counted before the transport gets them, so they never go below zero whatever thread
+ * frees them.
  */
-#include <errno.h>
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <uv.h>
-#include <zmq.h>
 
 #include "td_log.h"
 #include "td_peers.h"
 #include "td_reply.h"
 
-/* The replies kept for a connection that has closed, in order, since when. */
-typedef struct lost {
-    td_peer_t *conn; /* referenced by the kept requests */
-    td_request_queue_t kept;
-    uint64_t since_ns;
-    struct lost *next;
-} lost_t;
-
 struct td_replies {
     const td_config_t *cfg;
-    td_metrics_t *metrics; /* replies dropped */
-    td_reply_done_fn done;
-    void *owner;
-    _Atomic uint64_t held; /* reply bytes inside ZeroMQ or kept, all connections */
+    _Atomic uint64_t held; /* reply bytes held by transports, all connections */
     uint64_t reserved;     /* loop thread, like the rest: reserved for requests in flight */
     uint64_t peak_peer;    /* the most one connection has used */
     uint64_t peak_total;
-    lost_t *lost;          /* connections that closed with replies kept */
-    uint64_t lost_total;   /* connections found closed with requests unanswered */
-    uint64_t resent_total; /* kept replies sent once their connection came back */
 };
 
 /* What reply_freed needs: the bytes, the meters, and the buffer's own free function. */
@@ -58,20 +36,16 @@ typedef struct {
     uint64_t bytes;
     td_reply_meter_t *meter; /* a reference; NULL: no per-peer entry */
     _Atomic uint64_t *total;
-    zmq_free_fn *free_fn; /* the buffer's own: free, or the GPU pipeline's give-back */
+    void (*free_fn)(void *data, void *hint); /* the buffer's own: free, or the GPU's give-back */
     void *hint;
 } ticket_t;
 
-td_err_t td_replies_new(const td_config_t *cfg, td_metrics_t *metrics, td_reply_done_fn done,
-                        void *owner, td_replies_t **out)
+td_err_t td_replies_new(const td_config_t *cfg, td_replies_t **out)
 {
     td_replies_t *self = calloc(1, sizeof *self);
     if (!self)
         return TD_ERR_NOMEM;
     self->cfg = cfg;
-    self->metrics = metrics;
-    self->done = done;
-    self->owner = owner;
     atomic_init(&self->held, 0);
     *out = self;
     return TD_OK;
@@ -82,9 +56,8 @@ void td_replies_destroy(td_replies_t **self_p)
     td_replies_t *self = *self_p;
     if (!self)
         return;
-    td_replies_close(self); /* normally done at close already */
     uint64_t held = atomic_load(&self->held);
-    if (held) /* zmq_ctx_term frees every message: a leak of ours if not */
+    if (held) /* every transport has freed its replies by now: a leak of ours if not */
         td_warn("%" PRIu64 " reply bytes still counted at exit", held);
     free(self);
     *self_p = NULL;
@@ -158,7 +131,7 @@ static void uncount(const ticket_t *t)
     }
 }
 
-/* ZeroMQ is done with a reply's payload (any thread): uncount it, then free it. */
+/* The transport is done with a reply's payload (any thread): uncount it, then free it. */
 static void reply_freed(void *data, void *hint)
 {
     ticket_t *t = hint;
@@ -176,7 +149,8 @@ static void free_reply_data(void *data, void *hint)
 /* A ticket for r's payload, counted from now on; NULL for an error reply (a message of at most
  * 255 bytes is not counted) or when out of memory (then it goes uncounted: a reply is never
  * dropped for its bookkeeping). */
-static ticket_t *ticket_new(td_replies_t *self, td_request_t *r, zmq_free_fn *free_fn)
+static ticket_t *ticket_new(td_replies_t *self, td_request_t *r,
+                            void (*free_fn)(void *data, void *hint))
 {
     if (r->rep.status != TALLY_OK)
         return NULL;
@@ -198,192 +172,28 @@ static ticket_t *ticket_new(td_replies_t *self, td_request_t *r, zmq_free_fn *fr
     return t;
 }
 
-/* The payload as a message that ZeroMQ frees (or gives back) once written out, counted until
- * then. Returns 0 or an errno. */
-static int payload_message(td_replies_t *self, td_request_t *r, zmq_msg_t *body)
+void td_replies_hand(td_replies_t *self, td_request_t *r)
 {
-    zmq_free_fn *free_fn = r->reply_free ? r->reply_free : free_reply_data;
+    unreserve(self, r);
+    td_reply_t *out = &r->out;
+    out->rep = r->rep;
+    tally_rep_encode(&r->rep, out->header);
+    out->body = (td_bytes_t){0};
+    if (!r->reply_data)
+        return;
+    void (*free_fn)(void *, void *) = r->reply_free ? r->reply_free : free_reply_data;
     void *hint = r->reply_hint;
-    ticket_t *t = ticket_new(self, r, free_fn);
+    ticket_t *t = r->reply_len ? ticket_new(self, r, free_fn) : NULL;
     if (t) {
         free_fn = reply_freed;
         hint = t;
     }
-    if (zmq_msg_init_data(body, r->reply_data, r->reply_len, free_fn, hint) != 0) {
-        int err = errno; /* ZeroMQ took nothing: the payload stays the request's */
-        if (t) {
-            uncount(t);
-            free(t);
-        }
-        return err;
-    }
-    r->reply_data = NULL; /* ZeroMQ owns it now */
+    out->body =
+        (td_bytes_t){.data = r->reply_data, .len = r->reply_len, .free_fn = free_fn, .hint = hint};
+    r->reply_data = NULL; /* the transport's now; reply_len stays for the metrics */
     r->reply_free = NULL;
+    r->reply_hint = NULL;
     note_peaks(self, r->conn);
-    return 0;
-}
-
-/* Sends r's reply now: 0, or the errno of the failed send (EHOSTUNREACH: the peer has gone;
- * EAGAIN: its send queue is full). */
-static int send_now(td_replies_t *self, void *router, td_request_t *r)
-{
-    /* Only the first frame can meet EHOSTUNREACH or EAGAIN: once it is accepted ZeroMQ takes
-     * the rest of the message whole, so a later frame failing is a broken socket (logged). */
-    const int more = ZMQ_DONTWAIT | ZMQ_SNDMORE;
-    if (zmq_send(router, r->identity, r->identity_len, more) == -1)
-        return errno;
-    int err = 0;
-    if (r->has_delimiter && zmq_send(router, "", 0, more) == -1)
-        err = errno;
-    uint8_t header[TALLY_REP_HEADER_SIZE];
-    tally_rep_encode(&r->rep, header);
-    if (!err && zmq_send(router, header, sizeof header, more) == -1)
-        err = errno;
-    zmq_msg_t body;
-    if (!err && r->reply_data && r->reply_len)
-        err = payload_message(self, r, &body);
-    else if (!err)
-        zmq_msg_init(&body);
-    if (!err && zmq_msg_send(&body, router, ZMQ_DONTWAIT) == -1) {
-        err = errno;
-        zmq_msg_close(&body);
-    }
-    if (err)
-        td_err("sending the reply to request %" PRIu64 ": %s", r->rep.request_id,
-               zmq_strerror(err));
-    return err;
-}
-
-/* What a send's errno means for r, counted when r is dropped. */
-static td_reply_outcome_t outcome_of(td_replies_t *self, const td_request_t *r, int err)
-{
-    if (err == 0)
-        return TD_REPLY_SENT;
-    if (err == EAGAIN) {
-        self->metrics->replies_dropped_slow++;
-        td_debug("reply to request %" PRIu64 " dropped: the peer is not reading its replies",
-                 r->rep.request_id);
-        return TD_REPLY_SLOW;
-    }
-    self->metrics->replies_dropped_gone++; /* a broken socket too (logged by send_now) */
-    td_debug("reply to request %" PRIu64 " dropped: the peer has gone", r->rep.request_id);
-    return err == EHOSTUNREACH ? TD_REPLY_GONE : TD_REPLY_BROKEN;
-}
-
-/* A kept reply counts as held, like one inside ZeroMQ (sign +1 when kept, -1 when it leaves). */
-static void count_kept(td_replies_t *self, const td_request_t *r, int sign)
-{
-    if (r->rep.status != TALLY_OK)
-        return;
-    uint64_t bytes = r->reply_len;
-    td_reply_meter_t *m = r->conn ? td_peer_meter(r->conn) : NULL;
-    if (sign > 0) {
-        atomic_fetch_add_explicit(&self->held, bytes, memory_order_relaxed);
-        if (m)
-            atomic_fetch_add_explicit(&m->held, bytes, memory_order_relaxed);
-    } else {
-        atomic_fetch_sub_explicit(&self->held, bytes, memory_order_relaxed);
-        if (m)
-            atomic_fetch_sub_explicit(&m->held, bytes, memory_order_relaxed);
-    }
-}
-
-static lost_t *lost_find(const td_replies_t *self, const td_peer_t *conn)
-{
-    lost_t *l = self->lost;
-    while (l && l->conn != conn)
-        l = l->next;
-    return l;
-}
-
-static void keep(td_replies_t *self, lost_t *l, td_request_t *r)
-{
-    td_request_release_input(r); /* a kept reply holds only itself */
-    count_kept(self, r, +1);
-    td_request_queue_push(&l->kept, r);
-}
-
-/* r's connection has just been found closed: its replies are kept from now on. NULL when out of
- * memory (then r is dropped). */
-static lost_t *lost_new(td_replies_t *self, td_request_t *r)
-{
-    lost_t *l = calloc(1, sizeof *l);
-    if (!l)
-        return NULL;
-    l->conn = r->conn;
-    l->since_ns = uv_hrtime();
-    l->next = self->lost;
-    self->lost = l;
-    self->lost_total++;
-    td_notice("connection %s closed with requests unanswered (the client closed it, or ZeroMQ "
-              "did after a frame over max_frame); its replies are kept %u ms for it to reconnect",
-              td_peer_name(r->conn), TD_REPLY_RECONNECT_GRACE_MS);
-    return l;
-}
-
-td_reply_outcome_t td_replies_send(td_replies_t *self, void *router, td_request_t *r)
-{
-    unreserve(self, r);
-    lost_t *l = r->conn ? lost_find(self, r->conn) : NULL;
-    if (!l) {
-        int err = send_now(self, router, r);
-        if (err != EHOSTUNREACH || !r->conn || !(l = lost_new(self, r)))
-            return outcome_of(self, r, err);
-    }
-    keep(self, l, r); /* behind the replies kept before it: a stream's order holds */
-    return TD_REPLY_KEPT;
-}
-
-/* Ends every reply still kept for l (dropped as by a send that failed with err), then l. */
-static void lost_free(td_replies_t *self, lost_t *l, int err)
-{
-    lost_t **link = &self->lost;
-    while (*link != l)
-        link = &(*link)->next;
-    *link = l->next;
-    td_request_t *r;
-    while ((r = td_request_queue_pop(&l->kept))) {
-        count_kept(self, r, -1);
-        self->done(self->owner, r, outcome_of(self, r, err));
-    }
-    free(l);
-}
-
-/* Sends l's kept replies in order while its connection takes them. */
-static void lost_retry(td_replies_t *self, void *router, lost_t *l)
-{
-    td_request_t *r;
-    while ((r = l->kept.head)) {
-        count_kept(self, r, -1);
-        int err = send_now(self, router, r);
-        if (err == EHOSTUNREACH) { /* not back yet */
-            count_kept(self, r, +1);
-            return;
-        }
-        td_request_queue_pop(&l->kept);
-        if (!err)
-            self->resent_total++;
-        self->done(self->owner, r, outcome_of(self, r, err));
-    }
-}
-
-bool td_replies_retry(td_replies_t *self, void *router, uint64_t now_ns)
-{
-    uint64_t grace_ns = (uint64_t)TD_REPLY_RECONNECT_GRACE_MS * 1000000u;
-    lost_t *next;
-    for (lost_t *l = self->lost; l; l = next) {
-        next = l->next;
-        lost_retry(self, router, l);
-        if (!l->kept.head || now_ns - l->since_ns >= grace_ns)
-            lost_free(self, l, EHOSTUNREACH);
-    }
-    return self->lost != NULL;
-}
-
-void td_replies_close(td_replies_t *self)
-{
-    while (self->lost)
-        lost_free(self, self->lost, EHOSTUNREACH);
 }
 
 void td_replies_gauges(const td_replies_t *self, td_reply_gauges_t *g)
@@ -394,6 +204,4 @@ void td_replies_gauges(const td_replies_t *self, td_reply_gauges_t *g)
     g->peak_total = self->peak_total;
     g->bound_peer = td_config_reply_bytes_per_peer(self->cfg);
     g->bound_total = td_config_reply_bytes(self->cfg);
-    g->connections_lost = self->lost_total;
-    g->resent = self->resent_total;
 }

@@ -1,38 +1,32 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * td_reply.h — sending replies over the ROUTER socket, and the bytes that unread replies hold.
+ * td_reply.h — the bytes that replies hold until their transport is done with them, and the bounds
+ * on them (issue 21).
  *
- * A reply never waits for a peer that is connected: it is handed to ZeroMQ at once, or dropped
- * when the peer's 1024-message send queue is full (it does not read). A reply to a connection
- * that has closed (EHOSTUNREACH) is kept, with the ones after it, for up to
- * TD_REPLY_RECONNECT_GRACE_MS, and sent if a connection with the same routing id comes back
- * (libtally sets one; its DEALER reconnects after 100 ms): ZeroMQ closes a connection that sends
- * a frame over max_frame, and the requests it sent before were accepted and are answered so
- * (issue 21). After the grace they are dropped (peer_gone). The socket monitor cannot tell that
- * close from the client's own (libzmq 4.3.4 reports ZMQ_EVENT_DISCONNECTED for both, and no
- * event names the oversize frame), so the first reply that finds its connection gone is what
- * counts and logs "a connection lost with requests unanswered".
- *
- * ZeroMQ's high-water mark counts messages, not bytes, so a peer that pipelines large scans and
- * never reads could make tallyd hold gigabytes of replies (issue 21). This module counts reply
- * bytes per connection and in total:
+ * A reply is handed to its transport (td_transport.h) at once; what becomes of it there — sent,
+ * queued in a socket, kept for a connection that closed (the ZeroMQ transport keeps replies for
+ * TD_REPLY_RECONNECT_GRACE_MS, td_zmq.h), dropped — is the transport's. ZeroMQ's high-water mark
+ * counts messages, not bytes, so a peer that pipelines large scans and never reads could make
+ * tallyd hold gigabytes of replies. This module counts reply bytes per connection and in total:
  *   - reserved: when a request is admitted (td_replies_admit), its largest possible reply (a
  *     filter: its payload; a scan: its payload, or twice that for int64 sums; nothing when the
  *     output goes to a shared-memory region; other operations: nothing, their replies are small)
- *     is reserved, on the loop thread, until its reply is sent or dropped;
- *   - held: a reply's payload handed to ZeroMQ counts until ZeroMQ frees it (written out, or
- *     dropped with its connection), and so does a reply kept for a connection that closed. ZeroMQ
- * calls the free function on its I/O thread, so these counters are atomics, the connection's in its
- * reply meter (td_peers.h), which outlives the connection's entry while replies hold it. A request
- * is refused (`busy`, before it runs) when its connection already uses something and would go past
- * max_reply_bytes_per_peer with it, or, for a filter or scan that needs a reservation, when all
- * connections already use something and would go past max_reply_bytes. So a connection (and tallyd)
- * with nothing outstanding always gets one request through, whatever the size of its reply; a peer
- * at its bound is answered `busy` (retry-safe, cheap: nothing is computed), until it reads; every
- * other peer keeps being served. Headers, routing ids and error messages are not counted: they are
- * small, and the 1024-message queue bounds them.
+ *     is reserved, on the loop thread, until its reply is handed to its transport;
+ *   - held: a reply's payload counts from the moment it is handed to its transport
+ *     (td_replies_hand) until the transport frees it (written out, kept and then dropped, or
+ *     dropped at once). Transports free on any thread (ZeroMQ on its I/O thread), so these
+ *     counters are atomics, the connection's in its reply meter (td_peers.h), which outlives the
+ *     connection's entry while replies hold it.
+ * A request is refused (`busy`, before it runs) when its connection already uses something and
+ * would go past max_reply_bytes_per_peer with it, or, for a filter or scan that needs a
+ * reservation, when all connections already use something and would go past max_reply_bytes. So a
+ * connection (and tallyd) with nothing outstanding always gets one request through, whatever the
+ * size of its reply; a peer at its bound is answered `busy` (retry-safe, cheap: nothing is
+ * computed), until it reads; every other peer keeps being served. Headers, routing ids and error
+ * messages are not counted: they are small, and the transports bound their number (ZeroMQ's
+ * 1024-message queue).
  *
- * Loop thread, except the free function that ZeroMQ calls.
+ * Loop thread, except the free function that transports call.
  */
 #ifndef TD_REPLY_H
 #define TD_REPLY_H
@@ -60,24 +54,9 @@ typedef struct {
 
 typedef struct td_replies td_replies_t;
 
-/* What became of a reply (a dropped one is counted already). */
-typedef enum {
-    TD_REPLY_SENT = 0,
-    TD_REPLY_KEPT,   /* its connection has closed: kept for a while (td_replies_retry) */
-    TD_REPLY_GONE,   /* dropped: the peer has gone (and did not come back in time) */
-    TD_REPLY_SLOW,   /* dropped: the peer's send queue is full, it does not read its replies */
-    TD_REPLY_BROKEN, /* dropped: the socket failed (logged) */
-} td_reply_outcome_t;
-
-/* A kept reply's end (sent after all, or dropped), on the loop thread. */
-typedef void (*td_reply_done_fn)(void *owner, td_request_t *r, td_reply_outcome_t outcome);
-
-/* cfg is the live configuration (the bounds may be reloaded); dropped replies are counted in
- * metrics (replies_dropped_gone, _slow); done is called for each kept reply when it is finally
- * sent or dropped. */
-td_err_t td_replies_new(const td_config_t *cfg, td_metrics_t *metrics, td_reply_done_fn done,
-                        void *owner, td_replies_t **out);
-/* After zmq_ctx_term: ZeroMQ may free replies until then. */
+/* cfg is the live configuration (the bounds may be reloaded). */
+td_err_t td_replies_new(const td_config_t *cfg, td_replies_t **out);
+/* After every transport has freed its replies (zmq_ctx_term: ZeroMQ may free them until then). */
 void td_replies_destroy(td_replies_t **self_p);
 
 typedef enum {
@@ -93,17 +72,12 @@ td_reply_admit_t td_replies_admit(td_replies_t *self, td_request_t *r);
 /* The largest reply payload r can have, as td_replies_admit reserves it. */
 uint64_t td_reply_need(const td_request_t *r);
 
-/* Hands r's reply to ZeroMQ without waiting, and gives back its reservation; or keeps it
- * (TD_REPLY_KEPT: r now belongs here, its input already freed) when its connection has closed,
- * or has replies kept before it. Otherwise r stays the caller's. */
-td_reply_outcome_t td_replies_send(td_replies_t *self, void *router, td_request_t *r);
-/* Tries the kept replies again, in order per connection, and drops those kept longer than the
- * grace (each ends through `done`). Returns true while replies are still kept. */
-bool td_replies_retry(td_replies_t *self, void *router, uint64_t now_ns);
-/* The socket is closing: every kept reply is dropped. */
-void td_replies_close(td_replies_t *self);
+/* r's reply leaves the path: gives back its reservation and fills r->out (td_transport.h) with
+ * its header and its payload, which counts as held until the transport frees it (an error
+ * message is not counted). r->reply_data belongs to r->out.body after (reply_len stays). */
+void td_replies_hand(td_replies_t *self, td_request_t *r);
 
-/* Fills the reply gauges of g (td_metrics.h): bytes held inside ZeroMQ and reserved now, the
+/* Fills the reply gauges of g (td_metrics.h): bytes held by transports and reserved now, the
  * most one connection and all of them together have used (held + reserved) since start, and
  * the bounds in force. */
 void td_replies_gauges(const td_replies_t *self, td_reply_gauges_t *g);
