@@ -917,6 +917,11 @@ static void test_call_and_wrappers(void **state)
     assert_int_equal(tally_info(c, TALLY_OP_INFO, &text), TALLY_OK);
     assert_string_equal(text, "version=fake");
     free(text);
+    /* ... which is not info as §5 spells it (no '\n' after the last line): refused whole. */
+    tally_info_t *parsed = (tally_info_t *)&parsed;
+    assert_int_equal(tally_info_fetch(c, &parsed), TALLY_E_REPLY);
+    assert_null(parsed);
+    assert_non_null(strstr(tally_client_error(c), "key=value"));
     char **names = NULL;
     size_t count = 0;
     assert_int_equal(tally_streams(c, &names, &count), TALLY_E_REPLY); /* malformed list */

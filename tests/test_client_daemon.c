@@ -69,6 +69,29 @@ static void test_lib_control(void **state)
     char *text = NULL;
     assert_int_equal(tally_info(c, TALLY_OP_INFO, &text), TALLY_OK);
     assert_non_null(strstr(text, "protocol=1"));
+    /* The same info parsed: §5's first keys in order, each value as the text has it. */
+    tally_info_t *parsed = NULL;
+    assert_int_equal(tally_info_fetch(c, &parsed), TALLY_OK);
+    static const char *const first[] = {"version", "protocol", "backend", "backends", "devices",
+                                        "max_batch"};
+    assert_true(tally_info_count(parsed) > sizeof first / sizeof *first);
+    for (size_t i = 0; i < sizeof first / sizeof *first; i++)
+        assert_string_equal(tally_info_key(parsed, i), first[i]);
+    for (size_t i = 0; i < tally_info_count(parsed); i++) {
+        char line[512]; /* "\nkey=value\n": the first line starts the text */
+        int n = snprintf(line, sizeof line, "\n%s=%s\n", tally_info_key(parsed, i),
+                         tally_info_value(parsed, i));
+        assert_true(n > 0 && (size_t)n < sizeof line);
+        if (i == 0)
+            assert_memory_equal(text, line + 1, (size_t)n - 1);
+        else
+            assert_non_null(strstr(text, line));
+    }
+    uint64_t max_batch = 0;
+    assert_int_equal(tally_info_u64(parsed, "max_batch", &max_batch), TALLY_OK);
+    assert_true(max_batch > 0);
+    assert_string_equal(tally_info_lookup(parsed, "protocol"), "1");
+    tally_info_destroy(&parsed);
     free(text);
     assert_int_equal(tally_info(c, TALLY_OP_STATS, &text), TALLY_OK);
     assert_non_null(strstr(text, "# TYPE"));
