@@ -57,6 +57,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "reference.h"
 
 #define SKIP 77
 #define CONNS 4
@@ -342,33 +343,7 @@ static void make_payload(op_t *op, size_t n, size_t esize)
         fill_i32((int32_t *)op->payload, n);
 }
 
-static int64_t elem(const op_t *op, size_t i)
-{
-    return op->req.dtype == TALLY_DTYPE_U8 ? (int64_t)op->payload[i]
-                                           : (int64_t)(int32_t)tally_get_u32(op->payload + 4 * i);
-}
-
 /* ---- the model's expectations ------------------------------------------------------------ */
-
-static bool keeps(const tally_req_t *q, int64_t x)
-{
-    switch (q->pred) {
-    case TALLY_PRED_GT:
-        return x > q->lo;
-    case TALLY_PRED_GE:
-        return x >= q->lo;
-    case TALLY_PRED_LT:
-        return x < q->lo;
-    case TALLY_PRED_LE:
-        return x <= q->lo;
-    case TALLY_PRED_EQ:
-        return x == q->lo;
-    case TALLY_PRED_NE:
-        return x != q->lo;
-    default:
-        return q->lo <= x && x <= q->hi;
-    }
-}
 
 /* A hist batch: its reply (want_hist, the defining formulas), and on a stream the running
  * histogram and the window slot of the current interval. */
@@ -378,23 +353,7 @@ static void expect_hist(op_t *op, size_t n, mstream_t *m)
     bool ranged = tally_hist_ranged(dt);
     unsigned channels = tally_hist_channels(dt);
     uint64_t *h = op->want_hist;
-    for (size_t i = 0; i < n; i++) {
-        if (channels > 1) {
-            for (unsigned c = 0; c < channels; c++)
-                h[c * TALLY_HIST_BINS + op->payload[channels * i + c]]++;
-            continue;
-        }
-        int64_t x =
-            dt == TALLY_DTYPE_U16 ? (int64_t)tally_get_u16(op->payload + 2 * i) : elem(op, i);
-        if (!ranged)
-            h[x]++;
-        else if (x < op->req.lo)
-            h[TALLY_HIST_BINS]++;
-        else if (x >= op->req.hi)
-            h[TALLY_HIST_BINS + 1]++;
-        else
-            h[tally_hist_bin_i32((int32_t)x, op->req.lo, op->req.hi)]++;
-    }
+    tr_hist(dt, op->payload, n, op->req.lo, op->req.hi, h);
     op->check_aux0 = op->check_count = true;
     op->want_aux0 = n;
     op->want_count = tally_hist_values(dt);
@@ -433,9 +392,8 @@ static void expect_compute(op_t *op)
     tally_stream_info_t *info = op->stream >= 0 ? &model[op->stream].info : NULL;
     op->want_status = TALLY_OK;
     if (op->req.opcode == TALLY_OP_FILTER) {
-        uint64_t kept = 0;
-        for (size_t i = 0; i < n; i++)
-            kept += keeps(&op->req, elem(op, i));
+        uint64_t kept =
+            tr_filter(op->req.dtype, op->payload, n, op->req.pred, op->req.lo, op->req.hi, NULL);
         op->check_count = op->check_aux0 = true;
         op->want_count = kept;
         op->want_aux0 = n;
@@ -444,9 +402,7 @@ static void expect_compute(op_t *op)
             info->filter_kept += kept;
         }
     } else if (op->req.opcode == TALLY_OP_SCAN) {
-        uint64_t carry = info ? (uint64_t)info->scan_carry : 0;
-        for (size_t i = 0; i < n; i++)
-            carry += (uint64_t)elem(op, i);
+        uint64_t carry = tr_sum(op->payload, n, info ? (uint64_t)info->scan_carry : 0);
         op->check_aux0 = op->check_count = true;
         op->want_aux0 = carry;
         op->want_count = n;
@@ -536,7 +492,8 @@ static int64_t pick_threshold(const op_t *op)
 {
     size_t n = op->len / tally_dtype_size((tally_dtype_t)op->req.dtype);
     if (n && below(3) == 0)
-        return elem(op, below(n)); /* a value the batch holds: eq and ne matter */
+        /* a value the batch holds: eq and ne matter */
+        return tr_elem(op->req.dtype, op->payload, below(n));
     return thresholds[below(sizeof thresholds / sizeof thresholds[0])];
 }
 
