@@ -24,6 +24,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "reference.h"
 #include "tally.h"
 #include "tally_proto.h"
 
@@ -92,7 +93,7 @@ static void hist_i32(tally_hist_t *h, int64_t lo, int64_t hi, const int64_t *x, 
         else if (x[i] >= hi)
             h->overflow++;
         else
-            h->bins[tally_hist_bin_i32((int32_t)x[i], lo, hi)]++;
+            h->bins[tr_hist_bin(x[i], lo, hi)]++;
     }
 }
 
