@@ -109,18 +109,11 @@ static uint64_t below(uint64_t n)
 
 /* ---- the model of a stream -------------------------------------------------------------- */
 
-/* One interval's histogram of a stream, as the daemon's ring slot (td_window.h). */
-typedef struct {
-    uint64_t interval_plus1; /* 0: empty */
-    uint64_t under, over, total;
-    uint64_t bins[TALLY_HIST_VALUES_MAX];
-} mslot_t;
-
 typedef struct {
     char name[TALLY_STREAM_NAME_MAX + 1];
     bool exists;
     tally_stream_info_t info;
-    mslot_t ring[WIN_INTERVALS];
+    tr_window_t ring; /* its window, as the protocol defines it */
 } mstream_t;
 
 static mstream_t model[NSTREAMS];
@@ -142,6 +135,7 @@ static void model_init(void)
     clock_set(CLOCK_START_MS);
     for (int i = 0; i < NSTREAMS; i++) {
         int conn = i % CONNS;
+        tr_window_init(&model[i].ring, WIN_INTERVALS, WIN_MS);
         if (i == NSTREAMS - 1) /* a name of the longest length */
             snprintf(model[i].name, sizeof model[i].name, "%d/%s", conn,
                      "LLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLL");
@@ -366,22 +360,12 @@ static void expect_hist(op_t *op, size_t n, mstream_t *m)
         info->hist_hi = ranged ? op->req.hi : 0;
     }
     uint64_t under = ranged ? h[TALLY_HIST_BINS] : 0, over = ranged ? h[TALLY_HIST_BINS + 1] : 0;
-    uint64_t interval = clock_ms / WIN_MS;
-    mslot_t *slot = &m->ring[interval % WIN_INTERVALS];
-    if (slot->interval_plus1 != interval + 1) {
-        memset(slot, 0, sizeof *slot);
-        slot->interval_plus1 = interval + 1;
-    }
-    for (size_t b = 0; b < channels * TALLY_HIST_BINS; b++) {
+    for (size_t b = 0; b < channels * TALLY_HIST_BINS; b++)
         info->bins[b] += h[b];
-        slot->bins[b] += h[b];
-    }
     info->hist_underflow += under;
     info->hist_overflow += over;
     info->hist_total += n;
-    slot->under += under;
-    slot->over += over;
-    slot->total += n;
+    tr_window_add(&m->ring, clock_ms, h, channels * TALLY_HIST_BINS, under, over, n);
 }
 
 /* Sets the expectations of a compute request that succeeds, and applies it to its stream. */
@@ -449,24 +433,12 @@ static void gen_window_query(ops_t *o, int conn, int stream)
     }
     static tally_stream_info_t view;
     view = m->info;
-    view.hist_underflow = view.hist_overflow = view.hist_total = 0;
-    memset(view.bins, 0, sizeof view.bins);
-    uint64_t now = clock_ms / WIN_MS;
-    for (uint64_t i = 0; i < k; i++) {
-        const mslot_t *slot = &m->ring[(now - i) % WIN_INTERVALS];
-        if (slot->interval_plus1 != now - i + 1)
-            continue;
-        view.hist_underflow += slot->under;
-        view.hist_overflow += slot->over;
-        view.hist_total += slot->total;
-        for (size_t b = 0; b < TALLY_HIST_VALUES_MAX; b++)
-            view.bins[b] += slot->bins[b];
-    }
+    uint64_t start = tr_window_sum(&m->ring, clock_ms, (unsigned)k, &view);
     op->want_status = TALLY_OK;
     op->want_payload = malloc(TALLY_QUERY_PAYLOAD_MAX);
     op->want_len = tally_stream_info_encode(&view, op->want_payload);
     op->check_aux0 = op->check_aux1 = true;
-    op->want_aux0 = (now + 1 - k) * WIN_MS;
+    op->want_aux0 = start;
     op->want_aux1 = clock_ms;
 }
 
@@ -714,14 +686,14 @@ static void gen_one(ops_t *o, int conn)
             m->info.hist_lo = kept.hist_lo;
             m->info.hist_hi = kept.hist_hi;
             m->info.last_seq = kept.last_seq;
-            memset(m->ring, 0, sizeof m->ring);
+            tr_window_clear(&m->ring);
         }
     } else if (r < 90) { /* delete: forgotten */
         op_t *op = ops_add(o, TALLY_OP_DELETE, TALLY_DTYPE_NONE, conn, stream);
         op->want_status = m->exists ? TALLY_OK : TALLY_E_UNKNOWN_STREAM;
         if (m->exists) {
             memset(&m->info, 0, sizeof m->info);
-            memset(m->ring, 0, sizeof m->ring);
+            tr_window_clear(&m->ring);
             m->exists = false;
         }
     } else if (r < 94) {

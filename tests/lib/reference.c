@@ -4,9 +4,8 @@
  */
 #include "reference.h"
 
+#include <stdlib.h>
 #include <string.h>
-
-#include "tally_proto.h"
 
 /* Reads go through memcpy: a batch may sit at any address (a reply's payload, a small ZeroMQ
  * message kept inside its zmq_msg_t). */
@@ -121,4 +120,66 @@ void tr_hist(unsigned dtype, const void *in, size_t n, int64_t lo, int64_t hi, u
                       &counts[TALLY_HIST_BINS + 1]);
     else
         tr_hist_parts(dtype, in, n, lo, hi, counts, NULL, NULL);
+}
+
+void tr_window_init(tr_window_t *w, unsigned intervals, uint64_t interval_ms)
+{
+    if (intervals == 0 || intervals > TR_WINDOW_INTERVALS_MAX || interval_ms == 0)
+        abort();
+    w->intervals = intervals;
+    w->interval_ms = interval_ms;
+    tr_window_clear(w);
+}
+
+void tr_window_clear(tr_window_t *w)
+{
+    memset(w->tag, 0, sizeof w->tag);
+}
+
+void tr_window_expire(tr_window_t *w, uint64_t now_ms)
+{
+    uint64_t now = now_ms / w->interval_ms;
+    for (unsigned p = 0; p < w->intervals; p++)
+        if (w->tag[p] && w->tag[p] - 1 <= now && now - (w->tag[p] - 1) >= w->intervals)
+            w->tag[p] = 0;
+}
+
+void tr_window_add(tr_window_t *w, uint64_t now_ms, const uint64_t *bins, size_t values,
+                   uint64_t under, uint64_t over, uint64_t n)
+{
+    uint64_t interval = now_ms / w->interval_ms;
+    unsigned p = (unsigned)(interval % w->intervals);
+    tr_window_expire(w, now_ms);
+    if (w->tag[p] != interval + 1) {
+        w->tag[p] = interval + 1;
+        w->under[p] = w->over[p] = w->total[p] = 0;
+        memset(w->bins[p], 0, sizeof w->bins[p]);
+    }
+    w->under[p] += under;
+    w->over[p] += over;
+    w->total[p] += n;
+    for (size_t b = 0; b < values; b++)
+        w->bins[p][b] += bins[b];
+}
+
+uint64_t tr_window_sum(const tr_window_t *w, uint64_t now_ms, unsigned k, tally_stream_info_t *info)
+{
+    uint64_t now = now_ms / w->interval_ms;
+    if (k > w->intervals)
+        k = w->intervals;
+    if (k > now + 1)
+        k = (unsigned)(now + 1);
+    info->hist_underflow = info->hist_overflow = info->hist_total = 0;
+    memset(info->bins, 0, sizeof info->bins);
+    for (unsigned i = 0; i < k; i++) {
+        unsigned p = (unsigned)((now - i) % w->intervals);
+        if (w->tag[p] != now - i + 1)
+            continue;
+        info->hist_underflow += w->under[p];
+        info->hist_overflow += w->over[p];
+        info->hist_total += w->total[p];
+        for (size_t b = 0; b < TALLY_HIST_VALUES_MAX; b++)
+            info->bins[b] += w->bins[p][b];
+    }
+    return (now + 1 - k) * w->interval_ms;
 }

@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tally_proto.h"
+
 /* Element i of a batch of `dtype` (i32, u8 or u16) as an int64_t. */
 int64_t tr_elem(unsigned dtype, const void *in, size_t i);
 
@@ -54,5 +56,37 @@ void tr_hist_parts(unsigned dtype, const void *in, size_t n, int64_t lo, int64_t
 /* The same added into counts laid out as a reply carries them (tally_hist_values(dtype)
  * values: the bins, then for i32 and u16 underflow and overflow). */
 void tr_hist(unsigned dtype, const void *in, size_t n, int64_t lo, int64_t hi, uint64_t *counts);
+
+/* ---- windows (PROTOCOL.md §5 "Windows") ---- */
+
+#define TR_WINDOW_INTERVALS_MAX 8
+
+/* A stream's window ring as the protocol defines it: `intervals` slots of interval_ms, slot
+ * interval % intervals holding that interval's counts while the ring still reaches it. */
+typedef struct {
+    unsigned intervals; /* 1 .. TR_WINDOW_INTERVALS_MAX */
+    uint64_t interval_ms;
+    uint64_t tag[TR_WINDOW_INTERVALS_MAX]; /* the slot's interval + 1; 0: empty */
+    uint64_t under[TR_WINDOW_INTERVALS_MAX], over[TR_WINDOW_INTERVALS_MAX],
+        total[TR_WINDOW_INTERVALS_MAX];
+    uint64_t bins[TR_WINDOW_INTERVALS_MAX][TALLY_HIST_VALUES_MAX];
+} tr_window_t;
+
+/* An empty ring (aborts when intervals is out of range). */
+void tr_window_init(tr_window_t *w, unsigned intervals, uint64_t interval_ms);
+/* Empties every slot (a stream's reset or delete). */
+void tr_window_clear(tr_window_t *w);
+/* Drops the slots the ring no longer reaches at now_ms: intervals at least `intervals` before
+ * it. */
+void tr_window_expire(tr_window_t *w, uint64_t now_ms);
+/* Adds one batch's counts (`values` bins: channels x 256, channel c's bin b at c * 256 + b; n
+ * elements) to the interval of now_ms. */
+void tr_window_add(tr_window_t *w, uint64_t now_ms, const uint64_t *bins, size_t values,
+                   uint64_t under, uint64_t over, uint64_t n);
+/* The histogram of the last k intervals up to now_ms's (k capped at the ring and at the
+ * intervals since the epoch) into info's bins, hist_underflow, hist_overflow and hist_total
+ * (its other fields untouched); returns the window's start in ms. */
+uint64_t tr_window_sum(const tr_window_t *w, uint64_t now_ms, unsigned k,
+                       tally_stream_info_t *info);
 
 #endif
