@@ -164,22 +164,22 @@ void tr_window_add(tr_window_t *w, uint64_t now_ms, const uint64_t *bins, size_t
 
 uint64_t tr_window_sum(const tr_window_t *w, uint64_t now_ms, unsigned k, tally_stream_info_t *info)
 {
+    /* The window is the intervals first .. now: k of them, as many as the ring keeps at most,
+     * none before the epoch. */
     uint64_t now = now_ms / w->interval_ms;
-    if (k > w->intervals)
-        k = w->intervals;
-    if (k > now + 1)
-        k = (unsigned)(now + 1);
-    info->hist_underflow = info->hist_overflow = info->hist_total = 0;
+    uint64_t span = k < w->intervals ? k : w->intervals;
+    uint64_t first = span > now ? 0 : now + 1 - span;
     memset(info->bins, 0, sizeof info->bins);
-    for (unsigned i = 0; i < k; i++) {
-        unsigned p = (unsigned)((now - i) % w->intervals);
-        if (w->tag[p] != now - i + 1)
-            continue;
+    info->hist_underflow = info->hist_overflow = info->hist_total = 0;
+    for (uint64_t t = first; t <= now; t++) {
+        unsigned p = (unsigned)(t % w->intervals);
+        if (w->tag[p] != t + 1)
+            continue; /* that interval counted nothing, or its slot holds another since */
         info->hist_underflow += w->under[p];
         info->hist_overflow += w->over[p];
         info->hist_total += w->total[p];
         for (size_t b = 0; b < TALLY_HIST_VALUES_MAX; b++)
             info->bins[b] += w->bins[p][b];
     }
-    return (now + 1 - k) * w->interval_ms;
+    return first * w->interval_ms;
 }
