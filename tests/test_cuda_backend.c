@@ -607,7 +607,8 @@ static void test_hist_rgb(void **state)
 }
 
 /* Every bin edge of many widths: the values just below, at and above the first value of each
- * bin (the places where a rounded reciprocal would go wrong) land in tally_hist_bin_i32's bin. */
+ * bin (the places where a rounded reciprocal would go wrong) land in the bin of the defining
+ * division (tr_hist_bin). */
 static void test_hist_i32_bin_edges(void **state)
 {
     (void)state;
