@@ -79,15 +79,13 @@ static void print_hist(sink_t *s)
 /* The daemon's max_batch from `info` (0 when it does not say). */
 static size_t daemon_max_batch(tally_client_t *client)
 {
-    char *text = NULL;
-    size_t max = 0;
-    if (tally_info(client, TALLY_OP_INFO, &text) == TALLY_OK) {
-        const char *at = strstr(text, "\nmax_batch=");
-        if (at)
-            max = (size_t)strtoull(at + 11, NULL, 10);
-    }
-    free(text);
-    return max;
+    tally_info_t *info = NULL;
+    uint64_t max = 0;
+    if (tally_info_fetch(client, &info) == TALLY_OK &&
+        tally_info_u64(info, "max_batch", &max) != TALLY_OK)
+        max = 0;
+    tally_info_destroy(&info);
+    return (size_t)max;
 }
 
 /* --chunk capped to max_batch, in whole elements or --frames frames. 0 or an exit status. */

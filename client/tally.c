@@ -695,6 +695,22 @@ out:
     return status;
 }
 
+tally_status_t tally_info_fetch(tally_client_t *self, tally_info_t **out)
+{
+    if (!out)
+        return TALLY_E_ARG;
+    *out = NULL;
+    tally_reply_t reply;
+    tally_status_t status = call_op(self, TALLY_OP_INFO, &reply);
+    if (status == TALLY_OK) {
+        status = tally_info_parse((const char *)reply.payload, reply.len, out);
+        if (status == TALLY_E_REPLY)
+            fail(self, status, "the daemon's info is not key=value lines (PROTOCOL.md §5 info)");
+    }
+    tally_reply_clear(&reply);
+    return status;
+}
+
 /* A query/reset request naming `stream`; the name is checked before anything is sent. */
 static tally_status_t stream_req(tally_client_t *self, tally_req_t *req, tally_op_t op,
                                  const char *stream)
@@ -840,44 +856,34 @@ tally_status_t tally_streams(tally_client_t *self, char ***names, size_t *count)
 
 /* ---- Shared memory ------------------------------------------------------------------------ */
 
-/* The value of `key` in the daemon's info text, copied into buf ("" when absent). */
-static void info_value(const char *text, const char *key, char *buf, size_t cap)
-{
-    size_t klen = strlen(key);
-    buf[0] = '\0';
-    for (const char *line = text; line && *line;
-         line = strchr(line, '\n'), line = line ? line + 1 : NULL) {
-        if (strncmp(line, key, klen) == 0 && line[klen] == '=') {
-            size_t len = strcspn(line + klen + 1, "\n");
-            snprintf(buf, cap, "%.*s", (int)len, line + klen + 1);
-            return;
-        }
-    }
-}
-
 /* Opens the side channel named by the daemon's `info` (once per client). */
 static tally_status_t side_connect(tally_client_t *self)
 {
     if (self->side_fd >= 0)
         return TALLY_OK;
-    char *text = NULL;
-    tally_status_t status = tally_info(self, TALLY_OP_INFO, &text);
+    tally_info_t *info = NULL;
+    tally_status_t status = tally_info_fetch(self, &info);
     if (status != TALLY_OK)
         return status;
-    char on[8], path[sizeof(((struct sockaddr_un *)0)->sun_path)], batch[24];
-    info_value(text, "shm", on, sizeof on);
-    info_value(text, "shm_socket", path, sizeof path);
-    info_value(text, "max_batch", batch, sizeof batch);
-    free(text);
-    self->max_batch = (size_t)strtoull(batch, NULL, 10);
-    if (strcmp(on, "on") != 0 || !path[0])
-        return fail(self, TALLY_E_ARG, "the daemon offers no shared memory (info: shm=off)");
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path);
+    const char *on = tally_info_lookup(info, "shm");
+    const char *path = tally_info_lookup(info, "shm_socket");
+    uint64_t max_batch = 0;
+    (void)tally_info_u64(info, "max_batch", &max_batch); /* 0: the daemon did not say */
+    self->max_batch = (size_t)max_batch;
+    bool offered = on && strcmp(on, "on") == 0 && path && path[0];
+    bool fits = offered && strlen(path) < sizeof addr.sun_path;
+    if (fits)
+        memcpy(addr.sun_path, path, strlen(path) + 1);
+    tally_info_destroy(&info);
+    if (!offered)
+        return fail(self, TALLY_E_ARG, "the daemon offers no shared memory (info: shm=off)");
+    if (!fits)
+        return fail(self, TALLY_E_REPLY, "the daemon's shm_socket path is too long for a socket");
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
         char msg[TALLY_ERROR_MESSAGE_MAX + 1];
-        set_msg(msg, "cannot connect to the shared-memory side channel %s: %s", path,
+        set_msg(msg, "cannot connect to the shared-memory side channel %s: %s", addr.sun_path,
                 strerror(errno));
         if (fd >= 0)
             close(fd);

@@ -122,6 +122,30 @@ TALLY_API tally_status_t tally_ping(tally_client_t *self, double *rtt_us);
 /* Info (TALLY_OP_INFO) or Prometheus metrics (TALLY_OP_STATS) text, NUL-terminated, malloc'd:
  * free it with free(). */
 TALLY_API tally_status_t tally_info(tally_client_t *self, tally_op_t op, char **text);
+
+/* The daemon's info as keys and values (PROTOCOL.md §5 `info`): every `key=value` line, in the
+ * daemon's order, keys this library does not know included (later daemons append keys; look
+ * keys up by name, never by position). An opaque tally_info_t, freed with tally_info_destroy.
+ *   tally_info_fetch: asks the daemon (an `info` request) and parses the reply.
+ *   tally_info_parse: parses len bytes of info text (as tally_info returns it). TALLY_E_REPLY
+ *     for text the protocol rules out, none of it kept: a line without `=`, a key empty or not
+ *     of [a-z0-9_], a key twice, a NUL byte, or a last line without its `\n` (truncated).
+ *     Empty text gives no keys. */
+typedef struct tally_info tally_info_t;
+TALLY_API tally_status_t tally_info_fetch(tally_client_t *self, tally_info_t **out);
+TALLY_API tally_status_t tally_info_parse(const char *text, size_t len, tally_info_t **out);
+/* Frees the info (NULL is fine) and sets *self_p to NULL. */
+TALLY_API void tally_info_destroy(tally_info_t **self_p);
+/* How many keys; the i-th key and its value (NULL for i >= count). Valid until destroyed. */
+TALLY_API size_t tally_info_count(const tally_info_t *self);
+TALLY_API const char *tally_info_key(const tally_info_t *self, size_t i);
+TALLY_API const char *tally_info_value(const tally_info_t *self, size_t i);
+/* The value of `key`, or NULL when the daemon did not send it (an older daemon). */
+TALLY_API const char *tally_info_lookup(const tally_info_t *self, const char *key);
+/* The value of `key` as a decimal integer (§5: no sign, no leading zeros, fits a u64) in
+ * *value: TALLY_OK, TALLY_E_ARG when the key is absent, TALLY_E_REPLY when its value is not
+ * such an integer (*value unchanged on failure). */
+TALLY_API tally_status_t tally_info_u64(const tally_info_t *self, const char *key, uint64_t *value);
 /* The stream's record (all time). info->bins holds channel c's bins at c x 256 for rgb8/rgba8. */
 TALLY_API tally_status_t tally_query(tally_client_t *self, const char *stream,
                                      tally_stream_info_t *info);

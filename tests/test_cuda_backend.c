@@ -25,6 +25,7 @@
 #include <cmocka.h>
 #include <cuda_runtime_api.h>
 
+#include "reference.h"
 #include "tk_backend.h"
 #include "tk_cuda.h"
 
@@ -118,86 +119,6 @@ static void *xmalloc(size_t n)
     return p;
 }
 
-/* ---- the plain reference ------------------------------------------------------------------- */
-
-static int ref_keep(const tk_filter_spec_t *s, int64_t x)
-{
-    switch (s->pred) {
-    case TALLY_PRED_GT:
-        return x > s->lo;
-    case TALLY_PRED_GE:
-        return x >= s->lo;
-    case TALLY_PRED_LT:
-        return x < s->lo;
-    case TALLY_PRED_LE:
-        return x <= s->lo;
-    case TALLY_PRED_EQ:
-        return x == s->lo;
-    case TALLY_PRED_NE:
-        return x != s->lo;
-    default:
-        return x >= s->lo && x <= s->hi;
-    }
-}
-
-static size_t ref_filter(tally_dtype_t dt, const void *in, size_t n, const tk_filter_spec_t *s,
-                         void *out)
-{
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (dt == TALLY_DTYPE_I32) {
-            int32_t x = ((const int32_t *)in)[i];
-            if (ref_keep(s, x))
-                ((int32_t *)out)[k++] = x;
-        } else {
-            uint8_t x = ((const uint8_t *)in)[i];
-            if (ref_keep(s, x))
-                ((uint8_t *)out)[k++] = x;
-        }
-    }
-    return k;
-}
-
-static int64_t ref_scan(const int32_t *in, size_t n, int excl, int out32, void *out, int64_t c)
-{
-    uint64_t r = (uint64_t)c;
-    for (size_t i = 0; i < n; i++) {
-        uint64_t nr = r + (uint64_t)(int64_t)in[i];
-        uint64_t v = excl ? r : nr;
-        if (out32)
-            ((int32_t *)out)[i] = (int32_t)(uint32_t)v;
-        else
-            ((int64_t *)out)[i] = (int64_t)v;
-        r = nr;
-    }
-    return (int64_t)r;
-}
-
-static void ref_hist(tally_dtype_t dt, const void *in, size_t n, int64_t lo, int64_t hi,
-                     tk_hist_t *h)
-{
-    unsigned channels = tally_hist_channels(dt);
-    for (size_t i = 0; i < n; i++) {
-        if (dt == TALLY_DTYPE_U8) {
-            h->bins[((const uint8_t *)in)[i]]++;
-            continue;
-        }
-        if (channels > 1) { /* colour: byte c of pixel i in channel c */
-            for (unsigned c = 0; c < channels; c++)
-                h->bins[c * TALLY_HIST_BINS + ((const uint8_t *)in)[channels * i + c]]++;
-            continue;
-        }
-        /* i32 and u16 share the defining division (not the kernels' reciprocals) */
-        int32_t x = dt == TALLY_DTYPE_U16 ? ((const uint16_t *)in)[i] : ((const int32_t *)in)[i];
-        if (x < lo)
-            h->underflow++;
-        else if (x >= hi)
-            h->overflow++;
-        else
-            h->bins[tally_hist_bin_i32(x, lo, hi)]++;
-    }
-}
-
 /* ---- comparisons --------------------------------------------------------------------------- */
 
 static void expect_bytes(const char *what, const void *got, const void *want, size_t n,
@@ -258,7 +179,7 @@ static void expect_multiset(const char *what, tally_dtype_t dt, void *got, const
     uint64_t hg = 0, hw = 0;
     for (size_t i = 0; i < k; i++) {
         int32_t g = ((int32_t *)got)[i];
-        if (!ref_keep(s, g))
+        if (!tr_keep(s->pred, s->lo, s->hi, g))
             fail_msg("%s: element %zu (%d) does not satisfy the predicate", what, i, g);
         hg += mix64((uint32_t)g);
         hw += mix64((uint32_t)((const int32_t *)want)[i]);
@@ -278,7 +199,7 @@ static void check_filter(tally_dtype_t dt, const void *in, size_t n, const tk_fi
              es == 1 ? "u8" : "i32", tally_pred_name(s->pred), s->stable ? "stable" : "unordered",
              (long long)s->lo, (long long)s->hi, n, in_offset);
     void *want = xmalloc(n * es), *got = xmalloc(n * es);
-    size_t kw = ref_filter(dt, in, n, s, want);
+    size_t kw = tr_filter(dt, in, n, s->pred, s->lo, s->hi, want);
 
     /* The CPU backend agrees with the plain loop (as a multiset in unordered mode). */
     size_t kc = (size_t)-1;
@@ -423,7 +344,7 @@ static void check_scan(const int32_t *in, size_t n, int excl, int out32, int64_t
              excl ? "exclusive" : "inclusive", out32 ? "i32" : "i64", (long long)carry, n,
              in_offset);
     void *want = xmalloc(n * os), *got = xmalloc(n * os);
-    int64_t cw = ref_scan(in, n, excl, out32, want, carry);
+    int64_t cw = (int64_t)tr_scan(in, n, excl, out32, (uint64_t)carry, want);
 
     int64_t cc = carry;
     assert_int_equal(cpu->scan(cpu->ctx, in, n, excl, out32, got, &cc), TALLY_OK);
@@ -493,7 +414,7 @@ static void test_scan_chunks_unaligned(void **state)
 
     int64_t *want = xmalloc(n * 8), *got = xmalloc(n * 8);
     int64_t c0 = (int64_t)rnd();
-    int64_t cw = ref_scan(in, n, 0, 0, want, c0);
+    int64_t cw = (int64_t)tr_scan(in, n, false, false, (uint64_t)c0, want);
     size_t cut = 4096 + 77;
     CK(cudaMemcpyAsync(d_in, in, n * 4, cudaMemcpyHostToDevice, stream));
     CK(cudaMemcpyAsync(&d_small[1], &c0, 8, cudaMemcpyHostToDevice, stream));
@@ -535,7 +456,7 @@ static void check_hist(tally_dtype_t dt, const void *in, size_t n, int64_t lo, i
     start.underflow = tally_hist_ranged(dt) ? rnd() % 1000 : 0;
     start.overflow = tally_hist_ranged(dt) ? rnd() % 1000 : 0;
     want = start;
-    ref_hist(dt, in, n, lo, hi, &want);
+    tr_hist_parts(dt, in, n, lo, hi, want.bins, &want.underflow, &want.overflow);
 
     got = start;
     tally_status_t st = tk_backend_hist(cpu, dt, in, n, lo, hi, &got);
@@ -686,7 +607,8 @@ static void test_hist_rgb(void **state)
 }
 
 /* Every bin edge of many widths: the values just below, at and above the first value of each
- * bin (the places where a rounded reciprocal would go wrong) land in tally_hist_bin_i32's bin. */
+ * bin (the places where a rounded reciprocal would go wrong) land in the bin of the defining
+ * division (tr_hist_bin). */
 static void test_hist_i32_bin_edges(void **state)
 {
     (void)state;

@@ -258,6 +258,8 @@ def test_streams_and_errors(c: tally.Client) -> None:
     assert e.value.name == "unknown_stream" and "py-cam" in e.value.message
     assert c.ping() > 0
     assert c.info()["protocol"] == "1"
+    # libtally's parser: §5's first keys in the daemon's order
+    assert list(c.info())[:5] == ["version", "protocol", "backend", "backends", "devices"]
     assert "# TYPE" in c.stats()
     with pytest.raises(ValueError, match="invalid stream name"):
         c.scan(np.zeros(3, np.int32), stream="a b")

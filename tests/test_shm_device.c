@@ -25,6 +25,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "reference.h"
 #include "shm_side.h"
 #include "tally.h"
 
@@ -498,10 +499,7 @@ static void test_libtally_gpu_register(void **state)
     assert_int_equal(tally_call_shm(c, &req, region, 0, N, NULL, 0, &reply), TALLY_OK);
     uint64_t bin7;
     memcpy(&bin7, (const uint8_t *)reply.payload + 7 * 8, 8);
-    uint64_t want = 0;
-    for (int i = 0; i < N; i++)
-        want += data[i] == 7;
-    assert_int_equal(bin7, want);
+    assert_int_equal(bin7, tr_filter(TALLY_DTYPE_U8, data, N, TALLY_PRED_EQ, 7, 0, NULL));
     tally_reply_clear(&reply);
     tally_region_destroy(&region);
     assert_int_equal(fds_reach(d.pid, base), base);
@@ -561,9 +559,7 @@ static void test_deferred_release(void **state)
     th_reply_free(&ir);
     close(side);
     assert_int_equal(fds_reach(d.pid, base), base); /* the side socket gone, the region's kept */
-    uint64_t want7 = 0;
-    for (int i = 0; i < N; i++)
-        want7 += data[i] == 7;
+    uint64_t want7 = tr_filter(TALLY_DTYPE_I32, data, N, TALLY_PRED_EQ, 7, 0, NULL);
     for (int i = 0; i < INFLIGHT; i++) {
         th_reply_t r;
         assert_int_equal(th_recv_reply(sock, &r), 0);

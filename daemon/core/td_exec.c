@@ -203,10 +203,10 @@ static td_err_t open_gpu(td_exec_t *x)
 
 td_err_t td_exec_new(const td_exec_env_t *env, td_exec_t **out)
 {
-    td_exec_t *x = calloc(1, sizeof *x);
+    td_exec_t *x = malloc(sizeof *x);
     if (!x)
         return TD_ERR_NOMEM;
-    x->env = *env;
+    *x = (td_exec_t){.env = *env};
     if (env->cfg->backend != TD_BACKEND_CPU) {
         td_err_t err = open_gpu(x);
         if (err != TD_OK) {

@@ -394,8 +394,16 @@ class Client(_Handle):
             _lib.free(text)
 
     def info(self) -> Dict[str, str]:
-        """The daemon's info as a dict (version, backend, max_batch, ...; values are strings)."""
-        return dict(line.split("=", 1) for line in self._text("info").splitlines() if "=" in line)
+        """The daemon's info as a dict in the daemon's order (version, backend, max_batch, ...;
+        values are strings; keys this binding does not know are kept), parsed by libtally's
+        tally_info_fetch: Error reply for text that is not key=value lines."""
+        parsed = ctypes.c_void_p()
+        self._check(lib.tally_info_fetch(self._c, ctypes.byref(parsed)))
+        try:
+            return {lib.tally_info_key(parsed, i).decode(): lib.tally_info_value(parsed, i).decode()
+                    for i in range(lib.tally_info_count(parsed))}
+        finally:
+            lib.tally_info_destroy(ctypes.byref(parsed))
 
     def stats(self) -> str:
         """The daemon's metrics, Prometheus text."""
