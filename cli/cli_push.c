@@ -43,9 +43,7 @@ static tally_status_t sink_write(void *arg, const void *data, size_t len)
             return TALLY_E_IO;
         return TALLY_OK;
     }
-    size_t size = tally_dtype_size((tally_dtype_t)req->dtype);
-    if (req->opcode == TALLY_OP_SCAN)
-        size = (req->flags & TALLY_FLAG_SCAN_OUT_I32) ? 4 : 8;
+    size_t size = tally_op_reply_elem(req);
     print_values(s->f, data, len / size, size);
     if (s->flush)
         fflush(s->f);

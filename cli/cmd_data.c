@@ -223,7 +223,6 @@ static int filter_predicate(data_args_t *a, int id, const char *arg, int argc, c
 }
 
 CLI_COMMAND(filter, .usage = "filter PREDICATE [--stable] [--type i32|u8] [--count] [OPTIONS]",
-            .summary = "keep the elements that satisfy a predicate",
             .about =
                 "Keep the elements that satisfy PREDICATE and print them, one per line. --out\n"
                 "writes them as binary elements of the input type.\n",
@@ -246,7 +245,6 @@ static const cli_group_t scan_groups[] = {
 };
 
 CLI_COMMAND(scan, .usage = "scan [--exclusive] [--out32] [OPTIONS]",
-            .summary = "prefix sums of int32 input",
             .about =
                 "Prefix sums of int32 input, printed one per line (--out: binary int64, or int32\n"
                 "with --out32). With --stream the sums continue from the stream's running total,\n"
@@ -271,27 +269,15 @@ static const cli_group_t hist_groups[] = {
     {0},
 };
 
-static bool hist_parse_dtype(const char *s, tally_dtype_t *out)
-{
-    if (!strcmp(s, "u16"))
-        *out = TALLY_DTYPE_U16;
-    else if (!strcmp(s, "rgb") || !strcmp(s, "rgb8"))
-        *out = TALLY_DTYPE_RGB8;
-    else if (!strcmp(s, "rgba") || !strcmp(s, "rgba8"))
-        *out = TALLY_DTYPE_RGBA8;
-    else
-        return cli_parse_dtype(s, out);
-    return true;
-}
-
-/* --type: filter takes i32 and u8, hist also u16, rgb and rgba. */
+/* --type: a dtype (cli_parse_dtype) that the operation's row lists. */
 static int type_option(data_args_t *a, const char *arg)
 {
     tally_dtype_t dtype;
-    if (a->req.opcode == TALLY_OP_HIST && !hist_parse_dtype(arg, &dtype))
-        return cli_usage_error(a->cmd, "--type: '%s' is not u8, i32, u16, rgb or rgba", arg);
-    if (a->req.opcode != TALLY_OP_HIST && !cli_parse_dtype(arg, &dtype))
-        return cli_usage_error(a->cmd, "--type: '%s' is not i32 or u8", arg);
+    if (!cli_parse_dtype(arg, &dtype) || !tally_op_takes_dtype(a->req.opcode, dtype)) {
+        char takes[64];
+        return cli_usage_error(a->cmd, "--type: '%s' is not %s", arg,
+                               tally_op_dtypes_text(a->req.opcode, takes, sizeof takes));
+    }
     a->req.dtype = (uint8_t)dtype;
     return 0;
 }
@@ -312,7 +298,6 @@ static int hist_range(data_args_t *a, const char *arg, int argc, char **argv)
 }
 
 CLI_COMMAND(hist, .usage = "hist [--type u8|i32|u16|rgb|rgba] [--range LO HI] [OPTIONS]",
-            .summary = "256-bin histogram of u8, i32, u16 or rgb/rgba input",
             .about =
                 "Histogram of this input in 256 bins, printed as 'bin count' lines (bins 0..255).\n"
                 "u8: one bin per byte value. i32 and u16: 256 even bins over [LO, HI) plus\n"

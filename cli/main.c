@@ -36,7 +36,7 @@ static void print_usage(FILE *f)
     cli_print_options(top_options, f);
     fprintf(f, "\nCommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(f, "  %-8s %s\n", commands[i]->name, commands[i]->summary);
+        fprintf(f, "  %-8s %s\n", commands[i]->name, cli_command_summary(commands[i]));
     fprintf(f, "\n'tally COMMAND --help' describes a command.\n"
                "\n"
                "Environment: TALLY_ENDPOINT, the endpoint when -e is not given;\n"

@@ -1447,9 +1447,7 @@ static uint8_t *reply_output(const tally_push_t *push, uint64_t k, const tally_r
         *len = reply->len;
         return reply->len ? zmq_msg_data(reply->msg_) : NULL;
     }
-    bool out_i32 = push->req.flags & TALLY_FLAG_SCAN_OUT_I32;
-    size_t size = push->req.opcode == TALLY_OP_SCAN ? (out_i32 ? 4 : 8) : push->elem_size;
-    *len = (size_t)reply->rep.count * size;
+    *len = (size_t)reply->rep.count * tally_op_reply_elem(&push->req);
     if (*len > push->out_slice)
         *len = push->out_slice; /* a count the daemon cannot have sent: merge_* rejects it */
     uint8_t *base = tally_region_data(push->region);
@@ -1623,11 +1621,11 @@ static tally_status_t push_step(tally_push_t *push)
 static tally_status_t push_prepare(tally_push_t *push, const tally_run_opts_t *opts)
 {
     const tally_req_t *req = &push->req;
-    if (req->opcode != TALLY_OP_FILTER && req->opcode != TALLY_OP_SCAN &&
-        req->opcode != TALLY_OP_HIST)
-        return push_fail(push, TALLY_E_ARG, "a push takes filter, scan or hist requests");
+    const tally_op_info_t *op = tally_op_info(req->opcode);
+    if (!op || !op->batch)
+        return push_fail(push, TALLY_E_ARG, "a push takes operations with a batch");
     push->elem_size = tally_dtype_size((tally_dtype_t)req->dtype);
-    if (!push->elem_size || (req->opcode == TALLY_OP_HIST && !tally__hist_values(req->dtype)))
+    if (!push->elem_size || !tally_op_takes_dtype(req->opcode, req->dtype))
         return push_fail(push, TALLY_E_ARG, "request has no input dtype");
     push->chunk_bytes = tally__chunk_bytes(opts ? opts->chunk_bytes : 0, push->elem_size);
     push->window = opts && opts->window ? opts->window : TALLY_DEFAULT_WINDOW;
@@ -1905,12 +1903,10 @@ tally_status_t tally_run(tally_client_t *self, const tally_req_t *req, const voi
         snprintf(self->error, sizeof self->error, "%s", result->error);
         return result->status = TALLY_E_ARG;
     }
-    /* The output's size is known: reserve it once (filter keeps at most the input, scan writes
-     * 4 or 8 bytes per element, hist one set of counts), so appending never reallocates. */
-    size_t need = req->opcode == TALLY_OP_SCAN
-                      ? len / (esize ? esize : 1) * ((req->flags & TALLY_FLAG_SCAN_OUT_I32) ? 4 : 8)
-                  : req->opcode == TALLY_OP_HIST ? 8 * tally__hist_values(req->dtype)
-                                                 : len;
+    /* The output's size is known from the operation's row: reserve it once (filter keeps at
+     * most the input, scan writes 4 or 8 bytes per element, hist one set of counts), so
+     * appending never reallocates. */
+    size_t need = (size_t)tally_op_reply_bytes(req, len);
     if (tally_buf_reserve(out, need ? need : 1) != TALLY_OK) {
         snprintf(result->error, sizeof result->error, "out of memory for the output");
         return result->status = TALLY_E_NOMEM;

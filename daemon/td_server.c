@@ -367,14 +367,10 @@ static bool create_stream(td_server_t *s, td_request_t *r, td_stream_t **out)
     return true;
 }
 
-static void dispatch(td_server_t *s, td_request_t *r)
+/* ping, info, stats, streams: answered here on the loop thread, at once. */
+static void answer_now(td_server_t *s, td_request_t *r)
 {
-    const tally_req_t *q = &r->req;
-    td_stream_t *stream = NULL;
-    switch (q->opcode) {
-    case TALLY_OP_PING:
-        td_request_succeed(r, TALLY_DTYPE_NONE, NULL, 0, 0);
-        break;
+    switch (r->req.opcode) {
     case TALLY_OP_INFO:
         op_info(s, r);
         break;
@@ -384,23 +380,38 @@ static void dispatch(td_server_t *s, td_request_t *r)
     case TALLY_OP_STREAMS:
         td_op_streams(s->streams, r);
         break;
-    case TALLY_OP_QUERY:
-    case TALLY_OP_RESET:
-    case TALLY_OP_DELETE:
+    default: /* TALLY_OP_PING */
+        td_request_succeed(r, TALLY_DTYPE_NONE, NULL, 0, 0);
+        break;
+    }
+}
+
+/* By the operation's row (tally_ops.h): one without a batch or a stream is answered now; one
+ * on a stream without a batch (query, reset, delete) waits for the stream's earlier requests;
+ * a batch goes to the scheduler, with its stream (created on its first batch) if it names one. */
+static void dispatch(td_server_t *s, td_request_t *r)
+{
+    const tally_req_t *q = &r->req;
+    const tally_op_info_t *op = tally_op_info(q->opcode);
+    td_stream_t *stream = NULL;
+    if (!op->batch && op->stream == TALLY_STREAM_NONE) {
+        answer_now(s, r);
+    } else if (!op->batch) {
         stream = td_streams_find(s->streams, q->stream, q->stream_len);
-        if (!stream) {
-            td_request_fail(r, TALLY_E_UNKNOWN_STREAM, "no stream named '%s'", q->stream);
-            break;
+        if (stream) {
+            td_sched_arrived(s->sched, r, stream);
+            return;
         }
-        td_sched_arrived(s->sched, r, stream);
-        return;
-    default: /* filter, scan, hist; without a stream nothing to wait for */
+        td_request_fail(r, TALLY_E_UNKNOWN_STREAM, "no stream named '%s'", q->stream);
+    } else {
         if (q->stream_len != 0) {
             stream = td_streams_find(s->streams, q->stream, q->stream_len);
-            if (!stream && !create_stream(s, r, &stream))
-                break;
+            if (!stream && !create_stream(s, r, &stream)) {
+                reply(s, r);
+                return;
+            }
         }
-        td_sched_arrived(s->sched, r, stream);
+        td_sched_arrived(s->sched, r, stream); /* without a stream nothing to wait for */
         return;
     }
     reply(s, r);

@@ -50,7 +50,7 @@ from ._lib import Error, lib
 from ._sub import Publication, Subscriber
 from ._wire import (DEFAULT_ENDPOINT, DEFAULT_TIMEOUT_MS, DTYPE, E_ARG, E_IO,  # noqa: F401
                     E_UNKNOWN_STREAM, E_WINDOW, FLAG_FILTER_STABLE, FLAG_SCAN_EXCLUSIVE,
-                    FLAG_SCAN_OUT_I32, HIST_BINS, OP, PRED, SEQ_APPEND, SEQ_OFF, SEQ_RESUME,
+                    FLAG_SCAN_OUT_I32, HIST_BINS, OP, OP_DTYPES, PRED, SEQ_APPEND, SEQ_OFF, SEQ_RESUME,
                     WINDOW_MS_MAX)
 
 __all__ = ["BinRef", "Client", "Error", "Publication", "Push", "Quantile", "Record", "Region",
@@ -102,7 +102,7 @@ class _Handle:
 
 _NUMPY_TYPE = {"u8": np.uint8, "i32": np.int32, "u16": np.uint16, "rgb8": np.uint8,
                "rgba8": np.uint8}
-_OP_DTYPES = {"filter": ("i32", "u8"), "scan": ("i32",), "hist": tuple(_NUMPY_TYPE)}
+_OP_DTYPES = OP_DTYPES  # what each operation takes: proto/'s operation table, via _wire.py
 
 
 def _dtype_name(dtype: DtypeLike) -> str:

@@ -15,6 +15,11 @@ OP = {
     "stats": 9,
     "delete": 10,
 }
+OP_DTYPES = {
+    "filter": ("i32", "u8"),
+    "scan": ("i32",),
+    "hist": ("i32", "u8", "u16", "rgb8", "rgba8"),
+}
 PRED = {
     "gt": 1,
     "ge": 2,
