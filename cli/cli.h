@@ -178,7 +178,7 @@ int cli_run(cli_t *cli, const cli_command_t *cmd, int argc, char **argv);
 
 /* ---- The commands (main.c lists them) --------------------------------------------------- */
 
-extern const cli_command_t cli_cmd_filter, cli_cmd_scan, cli_cmd_hist;
+extern const cli_command_t cli_cmd_filter, cli_cmd_scan, cli_cmd_hist, cli_cmd_minmax;
 extern const cli_command_t cli_cmd_query, cli_cmd_reset, cli_cmd_delete, cli_cmd_streams;
 extern const cli_command_t cli_cmd_watch;
 extern const cli_command_t cli_cmd_ping, cli_cmd_info, cli_cmd_stats, cli_cmd_keygen;

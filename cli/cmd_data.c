@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * cmd_data.c — the data commands: filter, scan and hist. They share one path: the options
- * of data_options (where the input is, how it is cut and sent, where output goes), then
+ * cmd_data.c — the data commands: filter, scan, hist and minmax. They share one path: the
+ * options of data_options (where the input is, how it is cut and sent, where output goes), then
  * cli_push (cli_push.c), which streams the input in pipelined chunks through libtally and
  * prints the output as it comes; each command adds its own options.
  */
@@ -167,6 +167,12 @@ static int run_data(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
         return cli_usage_error(a->cmd, "a predicate is required (--gt N, ..., --between LO HI)");
     if (a->req.opcode == TALLY_OP_HIST && (rc = hist_check_range(a)) != 0)
         return rc;
+    /* What the operation's row refuses (tally_ops.h), said before anything is read or sent. */
+    const tally_op_info_t *op = tally_op_info(a->req.opcode);
+    if (a->req.stream_len && op->stream == TALLY_STREAM_NONE)
+        return cli_usage_error(a->cmd, "%s takes no --stream", op->name);
+    if (a->opts.shm && !(op->flags & TALLY_FLAG_SHM_REF))
+        return cli_usage_error(a->cmd, "%s takes no --shm", op->name);
     size_t esize = tally_dtype_size((tally_dtype_t)a->req.dtype);
     if (a->frame && a->frame % esize)
         return cli_usage_error(a->cmd, "--frames: %zu bytes is not a whole number of %zu-byte %s",
@@ -309,4 +315,25 @@ CLI_COMMAND(hist, .usage = "hist [--type u8|i32|u16|rgb|rgba] [--range LO HI] [O
                 "counts as binary uint64: 256 for u8, 258 for i32 and u16 (the bins, then\n"
                 "underflow and overflow), 768 for rgb and 1024 for rgba (256 per channel).\n",
             .op = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8, .groups = hist_groups,
+            .setters = data_setters, .option = data_option, .run = run_data);
+
+/* ---- minmax ------------------------------------------------------------------------------- */
+
+static const cli_option_t minmax_options[] = {
+    {"type", OPT_TYPE, "T", "element type: i32 (default), u8 or u16"},
+    {0},
+};
+
+static const cli_group_t minmax_groups[] = {
+    {"Options", minmax_options},
+    {"Input and output", data_options},
+    {0},
+};
+
+CLI_COMMAND(minmax, .usage = "minmax [--type i32|u8|u16] [OPTIONS]",
+            .about = "The smallest and the largest value of the input, printed as 'min N' and\n"
+                     "'max N' lines (nothing for an empty input). --out writes the two values as\n"
+                     "binary elements of the input type. It keeps no stream state: --stream and\n"
+                     "--shm are refused.\n",
+            .op = TALLY_OP_MINMAX, .dtype = TALLY_DTYPE_I32, .groups = minmax_groups,
             .setters = data_setters, .option = data_option, .run = run_data);

@@ -15,9 +15,9 @@
 #include <string.h>
 
 static const cli_command_t *const commands[] = {
-    &cli_cmd_filter, &cli_cmd_scan,  &cli_cmd_hist,   &cli_cmd_query,
-    &cli_cmd_watch,  &cli_cmd_reset, &cli_cmd_delete, &cli_cmd_streams,
-    &cli_cmd_ping,   &cli_cmd_info,  &cli_cmd_stats,  &cli_cmd_keygen,
+    &cli_cmd_filter, &cli_cmd_scan,  &cli_cmd_hist,   &cli_cmd_minmax,  &cli_cmd_query,
+    &cli_cmd_watch,  &cli_cmd_reset, &cli_cmd_delete, &cli_cmd_streams, &cli_cmd_ping,
+    &cli_cmd_info,   &cli_cmd_stats, &cli_cmd_keygen,
 };
 
 static const cli_option_t top_options[] = {

@@ -371,6 +371,33 @@ void td_request_hist_result(td_request_t *self)
     self->rep.aux0 = td_request_elements(self);
 }
 
+void td_request_minmax_result(td_request_t *self, int64_t min, int64_t max)
+{
+    size_t n = td_request_elements(self), esize = tally_dtype_size((tally_dtype_t)self->req.dtype);
+    if (n == 0) { /* no element: no smallest or largest, a reply of count 0 */
+        td_request_succeed(self, self->req.dtype, NULL, 0, 0);
+        self->rep.aux0 = 0;
+        return;
+    }
+    uint8_t *out = malloc(2 * esize);
+    if (!out) {
+        td_request_fail(self, TALLY_E_INTERNAL, "out of memory for a minmax reply");
+        return;
+    }
+    td_request_succeed(self, self->req.dtype, out,
+                       tally_minmax_encode(self->req.dtype, min, max, out), 2);
+    self->rep.aux0 = n;
+}
+
+static void execute_minmax(td_request_t *self, tk_backend_t *backend, size_t n)
+{
+    int64_t min = TK_MINMAX_EMPTY_MIN, max = TK_MINMAX_EMPTY_MAX;
+    tally_status_t st =
+        backend->minmax(backend->ctx, (tally_dtype_t)self->req.dtype, self->payload, n, &min, &max);
+    if (backend_ok(self, backend, st, NULL, "minmax"))
+        td_request_minmax_result(self, min, max);
+}
+
 void td_request_execute(td_request_t *self, tk_backend_t *backend)
 {
     const td_op_exec_t *exec = td_op_exec(self->req.opcode);
@@ -420,6 +447,9 @@ static const td_op_exec_t op_exec[TALLY_OP_COUNT] = {
     [TALLY_OP_FILTER] = {NULL, execute_filter, apply_filter, TD_GPU_MIN_BATCH_FILTER},
     [TALLY_OP_SCAN] = {prepare_scan, execute_scan, apply_scan, TD_GPU_MIN_BATCH_SCAN},
     [TALLY_OP_HIST] = {prepare_hist, execute_hist, apply_hist, TD_GPU_MIN_BATCH_HIST},
+    /* minmax takes no stream: nothing to prepare or apply; its reply is two values, like a
+     * hist's counts built on the host, so its threshold is the hist's. */
+    [TALLY_OP_MINMAX] = {NULL, execute_minmax, NULL, TD_GPU_MIN_BATCH_HIST},
 };
 
 const td_op_exec_t *td_op_exec(uint8_t opcode)
@@ -445,7 +475,7 @@ bool td_request_apply(td_request_t *self)
     const td_op_exec_t *exec = td_op_exec(self->req.opcode);
     /* The op's own step first: the one that can refuse (a hist the budget refuses) does so
      * before anything changes. */
-    if (exec && !exec->apply(self, stream, n))
+    if (exec && exec->apply && !exec->apply(self, stream, n))
         return false;
     if (seq != 0)
         info->last_seq = seq;

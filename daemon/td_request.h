@@ -143,6 +143,8 @@ void td_request_drop_reply(td_request_t *self);
 void td_request_filter_result(td_request_t *self, void *out, uint64_t kept);
 void td_request_scan_result(td_request_t *self, void *out, int64_t carry);
 void td_request_hist_result(td_request_t *self);
+/* A minmax batch's min and max (TK_MINMAX_EMPTY_* for an empty batch: a reply without values). */
+void td_request_minmax_result(td_request_t *self, int64_t min, int64_t max);
 
 /* Loop thread, before execute: reads the stream's state. Fails the request (returns false)
  * when it conflicts with the stream (a histogram of another type or range). */
@@ -178,7 +180,8 @@ typedef struct {
     /* Any thread: runs the batch of n elements on a CPU backend and builds the reply. */
     void (*execute)(td_request_t *self, tk_backend_t *backend, size_t n);
     /* Loop thread, with a stream, after success: the op's own part of the stream's state;
-     * false, the request failed and nothing changed, when the stream refuses it. */
+     * false, the request failed and nothing changed, when the stream refuses it. NULL: only
+     * the counters every batch adds (batches, elements, bytes, seq). */
     bool (*apply)(td_request_t *self, td_stream_t *stream, size_t n);
     /* Auto mode: the smallest batch worth a GPU (td_config.h has the measurements). */
     size_t gpu_min_batch;

@@ -386,34 +386,23 @@ static void answer_now(td_server_t *s, td_request_t *r)
     }
 }
 
-/* By the operation's row (tally_ops.h): one without a batch or a stream is answered now; one
- * on a stream without a batch (query, reset, delete) waits for the stream's earlier requests;
- * a batch goes to the scheduler, with its stream (created on its first batch) if it names one. */
+/* By the operation's row (tally_ops.h): a batch goes to the scheduler with its stream (made by
+ * its first batch), a query, reset or delete waits for its stream, the rest is answered now. */
 static void dispatch(td_server_t *s, td_request_t *r)
 {
     const tally_req_t *q = &r->req;
     const tally_op_info_t *op = tally_op_info(q->opcode);
-    td_stream_t *stream = NULL;
-    if (!op->batch && op->stream == TALLY_STREAM_NONE) {
-        answer_now(s, r);
-    } else if (!op->batch) {
-        stream = td_streams_find(s->streams, q->stream, q->stream_len);
-        if (stream) {
-            td_sched_arrived(s->sched, r, stream);
-            return;
-        }
-        td_request_fail(r, TALLY_E_UNKNOWN_STREAM, "no stream named '%s'", q->stream);
-    } else {
-        if (q->stream_len != 0) {
-            stream = td_streams_find(s->streams, q->stream, q->stream_len);
-            if (!stream && !create_stream(s, r, &stream)) {
-                reply(s, r);
-                return;
-            }
-        }
-        td_sched_arrived(s->sched, r, stream); /* without a stream nothing to wait for */
+    td_stream_t *stream =
+        q->stream_len ? td_streams_find(s->streams, q->stream, q->stream_len) : NULL;
+    if ((op->batch && (stream || !q->stream_len || create_stream(s, r, &stream))) ||
+        (!op->batch && stream)) {
+        td_sched_arrived(s->sched, r, stream);
         return;
     }
+    if (!op->batch && op->stream == TALLY_STREAM_REQUIRED)
+        td_request_fail(r, TALLY_E_UNKNOWN_STREAM, "no stream named '%s'", q->stream);
+    else if (!op->batch)
+        answer_now(s, r);
     reply(s, r);
 }
 

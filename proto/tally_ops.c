@@ -48,6 +48,10 @@ static const tally_op_info_t op_rows[TALLY_OP_COUNT] = {
                         "daemon metrics (Prometheus text)"},
     [TALLY_OP_DELETE] = {TALLY_OP_DELETE, "delete", BIT(TALLY_DTYPE_NONE), 0, TALLY_PARAMS_NONE,
                          TALLY_STREAM_REQUIRED, false, TALLY_REPLY_EMPTY, "remove a stream"},
+    [TALLY_OP_MINMAX] = {TALLY_OP_MINMAX, "minmax",
+                         BIT(TALLY_DTYPE_I32) | BIT(TALLY_DTYPE_U8) | BIT(TALLY_DTYPE_U16), 0,
+                         TALLY_PARAMS_NONE, TALLY_STREAM_NONE, true, TALLY_REPLY_PAIR,
+                         "smallest and largest value of i32, u8 or u16 input"},
 };
 /* clang-format on */
 
@@ -150,4 +154,28 @@ tally_status_t tally_batch_check(uint64_t bytes, size_t max_batch, char *msg, si
         snprintf(msg, msg_cap, "batch of %" PRIu64 " bytes exceeds the maximum of %zu", bytes,
                  max_batch);
     return TALLY_E_TOO_LARGE;
+}
+
+/* One element of dtype at p, sign-extended for i32. */
+static int64_t elem_get(uint8_t dtype, const uint8_t *p)
+{
+    if (dtype == TALLY_DTYPE_I32)
+        return (int32_t)tally_get_u32(p);
+    return dtype == TALLY_DTYPE_U16 ? tally_get_u16(p) : *p;
+}
+
+size_t tally_minmax_encode(uint8_t dtype, int64_t min, int64_t max, uint8_t out[16])
+{
+    size_t esize = tally_dtype_size((tally_dtype_t)dtype);
+    for (size_t b = 0; b < esize && esize <= 8; b++) { /* the low bytes: the value in its type */
+        out[b] = (uint8_t)((uint64_t)min >> (8 * b));
+        out[esize + b] = (uint8_t)((uint64_t)max >> (8 * b));
+    }
+    return 2 * esize;
+}
+
+void tally_minmax_decode(uint8_t dtype, const uint8_t *p, int64_t *min, int64_t *max)
+{
+    *min = elem_get(dtype, p);
+    *max = elem_get(dtype, p + tally_dtype_size((tally_dtype_t)dtype));
 }

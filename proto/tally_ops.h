@@ -96,6 +96,12 @@ TALLY_API bool tally_op_has_output(unsigned opcode);
 TALLY_API size_t tally_op_reply_elem(const tally_req_t *req);
 #endif /* PUBLIC: end */
 
+/* minmax's reply payload (PROTOCOL.md §5): the smallest then the largest element, each in the
+ * batch's dtype (i32, u8, u16), little-endian. Encoding writes 2 x the element size bytes and
+ * returns that length; decoding reads them (the length already checked). */
+size_t tally_minmax_encode(uint8_t dtype, int64_t min, int64_t max, uint8_t out[16]);
+void tally_minmax_decode(uint8_t dtype, const uint8_t *p, int64_t *min, int64_t *max);
+
 /* The one check of a batch's size against max_batch, for a payload and a shared-memory
  * reference alike: TALLY_E_TOO_LARGE with msg when bytes > max_batch. */
 tally_status_t tally_batch_check(uint64_t bytes, size_t max_batch, char *msg, size_t msg_cap);

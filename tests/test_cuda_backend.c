@@ -647,6 +647,39 @@ static void test_hist_u16(void **state)
     }
 }
 
+/* minmax: i32, u8 and u16 at every size and data kind, the CUDA backend against the CPU
+ * backend and a plain loop; an empty batch leaves the pair as it was. */
+static void test_minmax(void **state)
+{
+    (void)state;
+    static const tally_dtype_t types[] = {TALLY_DTYPE_I32, TALLY_DTYPE_U8, TALLY_DTYPE_U16};
+    for (size_t si = 0; si < n_sizes; si++) {
+        size_t n = all_sizes[si];
+        uint8_t *in = xmalloc(n * 4 + 16);
+        for (int kind = 0; kind < DATA_KINDS; kind++) {
+            fill_u8(in, n * 4 + 16, (data_kind_t)kind);
+            for (size_t t = 0; t < 3; t++) {
+                int64_t lo = INT64_MAX, hi = INT64_MIN, clo = lo, chi = hi, glo = lo, ghi = hi;
+                for (size_t i = 0; i < n; i++) {
+                    int64_t x = types[t] == TALLY_DTYPE_I32   ? ((const int32_t *)in)[i]
+                                : types[t] == TALLY_DTYPE_U16 ? ((const uint16_t *)in)[i]
+                                                              : in[i];
+                    lo = x < lo ? x : lo;
+                    hi = x > hi ? x : hi;
+                }
+                assert_int_equal(cpu->minmax(cpu->ctx, types[t], in, n, &clo, &chi), TALLY_OK);
+                assert_int_equal(gpu->minmax(gpu->ctx, types[t], in, n, &glo, &ghi), TALLY_OK);
+                if (clo != lo || chi != hi || glo != lo || ghi != hi)
+                    fail_msg("minmax %s n=%zu kind %d: want %lld..%lld, cpu %lld..%lld, gpu "
+                             "%lld..%lld",
+                             tally_dtype_name(types[t]), n, kind, (long long)lo, (long long)hi,
+                             (long long)clo, (long long)chi, (long long)glo, (long long)ghi);
+            }
+        }
+        free(in);
+    }
+}
+
 /* RGB and RGBA pixels at every byte offset 0..15 (the channel of a vector's bytes depends on
  * where the body starts), every data kind. */
 static void test_hist_rgb(void **state)
@@ -844,6 +877,7 @@ int main(void)
         cmocka_unit_test(test_hist_i32),
         cmocka_unit_test(test_hist_u16),
         cmocka_unit_test(test_hist_rgb),
+        cmocka_unit_test(test_minmax),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -40,6 +40,7 @@ static const struct {
     {8, "streams", "none", 0x1, 0, TALLY_STREAM_NONE, false},
     {9, "stats", "none", 0x1, 0, TALLY_STREAM_NONE, false},
     {10, "delete", "none", 0x1, 0, TALLY_STREAM_REQUIRED, false},
+    {13, "minmax", "i32, u8 or u16", 0x46, 0, TALLY_STREAM_NONE, true},
 };
 #define SPEC_COUNT (sizeof spec / sizeof spec[0])
 
@@ -238,7 +239,41 @@ static void test_reply_sizes(void **state)
     assert_false(tally_op_has_output(TALLY_OP_HIST));
     assert_true(tally_op_has_output(TALLY_OP_FILTER));
     assert_true(tally_op_has_output(TALLY_OP_SCAN));
+    /* minmax: two elements of the batch's dtype, whatever the batch's length */
+    req = (tally_req_t){.opcode = TALLY_OP_MINMAX, .dtype = TALLY_DTYPE_I32};
+    assert_int_equal(tally_op_reply_bytes(&req, 4000), 8);
+    assert_int_equal(tally_op_reply_elem(&req), 4);
+    assert_int_equal(tally_shm_out_worst(&req, 4000), 0);
+    req.dtype = TALLY_DTYPE_U8;
+    assert_int_equal(tally_op_reply_bytes(&req, 4000), 2);
+    req.dtype = TALLY_DTYPE_U16;
+    assert_int_equal(tally_op_reply_bytes(&req, 4000), 4);
+    assert_false(tally_op_has_output(TALLY_OP_MINMAX));
     assert_false(tally_op_has_output(TALLY_OP_PING));
+}
+
+/* minmax's reply payload: min then max in the batch's type, little-endian (PROTOCOL.md §5). */
+static void test_minmax_payload(void **state)
+{
+    (void)state;
+    uint8_t out[16];
+    int64_t min = 0, max = 0;
+    assert_int_equal(tally_minmax_encode(TALLY_DTYPE_I32, INT32_MIN, -2, out), 8);
+    static const uint8_t i32[8] = {0x00, 0x00, 0x00, 0x80, 0xfe, 0xff, 0xff, 0xff};
+    assert_memory_equal(out, i32, 8);
+    tally_minmax_decode(TALLY_DTYPE_I32, out, &min, &max);
+    assert_int_equal(min, INT32_MIN);
+    assert_int_equal(max, -2);
+    assert_int_equal(tally_minmax_encode(TALLY_DTYPE_U16, 7, 65535, out), 4);
+    static const uint8_t u16[4] = {0x07, 0x00, 0xff, 0xff};
+    assert_memory_equal(out, u16, 4);
+    tally_minmax_decode(TALLY_DTYPE_U16, out, &min, &max);
+    assert_int_equal(min, 7);
+    assert_int_equal(max, 65535);
+    assert_int_equal(tally_minmax_encode(TALLY_DTYPE_U8, 0, 255, out), 2);
+    tally_minmax_decode(TALLY_DTYPE_U8, out, &min, &max);
+    assert_int_equal(min, 0);
+    assert_int_equal(max, 255);
 }
 
 int main(void)
@@ -247,6 +282,7 @@ int main(void)
         cmocka_unit_test(test_rows_match_protocol), cmocka_unit_test(test_dtypes_follow_rows),
         cmocka_unit_test(test_flags_follow_rows),   cmocka_unit_test(test_streams_follow_rows),
         cmocka_unit_test(test_batch_and_max_batch), cmocka_unit_test(test_reply_sizes),
+        cmocka_unit_test(test_minmax_payload),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

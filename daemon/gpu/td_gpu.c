@@ -255,6 +255,10 @@ static void build_reply(lane_t *l, slot_t *slot)
         td_request_hist_result(r);
         return;
     }
+    if (r->req.opcode == TALLY_OP_MINMAX) {
+        td_request_minmax_result(r, s->small->minmax[0], s->small->minmax[1]);
+        return;
+    }
     size_t n = td_request_elements(r);
     bool scan = r->req.opcode == TALLY_OP_SCAN;
     size_t count = scan ? n : (size_t)s->small->kept;

@@ -200,8 +200,8 @@ def _op_request(op: str, dtype: int, stream: Optional[str], params: Dict[str, An
             FLAG_SCAN_OUT_I32 if params.pop("out32", False) else 0)
     elif op == "hist":
         lo, hi = _hist_args(dtype, params.pop("range", None))
-    else:
-        raise ValueError(f"filter, scan or hist, not {op!r}")
+    elif op != "minmax":  # minmax takes no parameters
+        raise ValueError(f"filter, scan, hist or minmax, not {op!r}")
     if params:
         raise TypeError(f"unexpected arguments for {op}: {', '.join(params)}")
     return _request(op, dtype, stream, flags, pred, lo, hi)
@@ -501,13 +501,21 @@ class Client(_Handle):
         x, dt = _as_input(x, "hist", dtype)
         return self.run(_op_request("hist", dt, stream, dict(range=range)), x, **kw)[0]
 
+    def minmax(self, x: Array, dtype: Optional[DtypeLike] = None,
+               **kw: Any) -> Optional[Tuple[int, int]]:
+        """The smallest and largest element of x (int32, uint8 or uint16) as (min, max); None
+        for an empty x. No stream: tallyd keeps nothing of it."""
+        x, dt = _as_input(x, "minmax", dtype)
+        out = self.run(_op_request("minmax", dt, None, {}), x, **kw)[0]
+        return (int(out[0]), int(out[1])) if out.size else None
+
     # -- streaming --
 
     def push(self, op: str, dtype: Optional[DtypeLike] = None, stream: Optional[str] = None,
              on_output: Optional[OutputFn] = None, chunk_bytes: int = 0, window: int = 0,
              shm: bool = False, seq: bool = True, seq_base: Optional[int] = None,
              **params: Any) -> Push:
-        """A streaming push of op ("filter", "scan", "hist"); params as for the array calls
+        """A streaming push of op ("filter", "scan", "hist", "minmax"); params as for the array calls
         (gt=..., stable=..., exclusive=..., out32=..., range=...). dtype: "u8", "i32", "u16",
         "rgb8", "rgba8" or a NumPy type (default: u8 for hist without range, else i32). On a
         stream the chunks are numbered (seq=False: not); seq_base resumes a push that stopped."""
