@@ -14,6 +14,9 @@
 
 #define BIT TALLY_DTYPE_BIT
 
+/* Columns in tally_op_info_t's order: opcode, name, dtypes, flags, params, stream, batch, reply,
+ * summary. PROTOCOL.md §4 and §5 say the same in words (tests/test_optable.c checks the rows
+ * against them). */
 /* clang-format off */
 static const tally_op_info_t op_rows[TALLY_OP_COUNT] = {
     [TALLY_OP_PING] = {TALLY_OP_PING, "ping", BIT(TALLY_DTYPE_NONE), 0, TALLY_PARAMS_NONE,
