@@ -680,6 +680,40 @@ static void test_minmax(void **state)
     }
 }
 
+/* minmax's kernel on inputs that start off a 16-byte boundary (every element offset), and
+ * lengths shorter than the head: the elements block 0 folds outside the vectors. */
+static void test_minmax_unaligned(void **state)
+{
+    (void)state;
+    static const tally_dtype_t types[] = {TALLY_DTYPE_I32, TALLY_DTYPE_U8, TALLY_DTYPE_U16};
+    static const size_t lengths[] = {1, 2, 3, 5, 15, 16, 17, 100, 4099};
+    uint8_t *in = xmalloc(4 * 4099 + 16);
+    fill_u8(in, 4 * 4099 + 16, DATA_UNIFORM);
+    assert_int_equal(cudaMemcpy(d_in, in, 4 * 4099 + 16, cudaMemcpyHostToDevice), cudaSuccess);
+    int64_t *d_pair = (int64_t *)d_small;
+    for (size_t t = 0; t < 3; t++) {
+        size_t es = tally_dtype_size(types[t]);
+        for (size_t off = 0; off < 16; off += es) {
+            for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; li++) {
+                size_t n = lengths[li];
+                int64_t want[2] = {INT64_MAX, INT64_MIN}, got[2];
+                assert_int_equal(cpu->minmax(cpu->ctx, types[t], in + off, n, &want[0], &want[1]),
+                                 TALLY_OK);
+                assert_int_equal(tk_cuda_minmax_reset(d_pair, stream), TALLY_OK);
+                assert_int_equal(tk_cuda_minmax(types[t], (uint8_t *)d_in + off, n, d_pair, stream),
+                                 TALLY_OK);
+                assert_int_equal(cudaMemcpy(got, d_pair, sizeof got, cudaMemcpyDeviceToHost),
+                                 cudaSuccess);
+                if (got[0] != want[0] || got[1] != want[1])
+                    fail_msg("minmax %s off=%zu n=%zu: gpu %lld..%lld, cpu %lld..%lld",
+                             tally_dtype_name(types[t]), off, n, (long long)got[0],
+                             (long long)got[1], (long long)want[0], (long long)want[1]);
+            }
+        }
+    }
+    free(in);
+}
+
 /* RGB and RGBA pixels at every byte offset 0..15 (the channel of a vector's bytes depends on
  * where the body starts), every data kind. */
 static void test_hist_rgb(void **state)
@@ -878,6 +912,7 @@ int main(void)
         cmocka_unit_test(test_hist_u16),
         cmocka_unit_test(test_hist_rgb),
         cmocka_unit_test(test_minmax),
+        cmocka_unit_test(test_minmax_unaligned),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
