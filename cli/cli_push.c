@@ -17,6 +17,8 @@
  */
 #include "cli_push.h"
 
+#include "tally_ops.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -43,9 +45,13 @@ static tally_status_t sink_write(void *arg, const void *data, size_t len)
             return TALLY_E_IO;
         return TALLY_OK;
     }
-    size_t size = tally_dtype_size((tally_dtype_t)req->dtype);
-    if (req->opcode == TALLY_OP_SCAN)
-        size = (req->flags & TALLY_FLAG_SCAN_OUT_I32) ? 4 : 8;
+    if (req->opcode == TALLY_OP_MINMAX) { /* once, at the end: 'min N' and 'max N' */
+        int64_t min, max;
+        tally_minmax_decode(req->dtype, data, &min, &max);
+        fprintf(s->f, "min %" PRId64 "\nmax %" PRId64 "\n", min, max);
+        return ferror(s->f) ? TALLY_E_IO : TALLY_OK;
+    }
+    size_t size = tally_op_reply_elem(req);
     print_values(s->f, data, len / size, size);
     if (s->flush)
         fflush(s->f);

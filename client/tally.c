@@ -40,6 +40,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -1426,6 +1427,7 @@ struct tally_push {
     bool finished;
     uint64_t scan_offset;                    /* stateless scan: total of the chunks merged so far */
     uint8_t hist[8 * TALLY_HIST_VALUES_MAX]; /* hist: the counts summed over chunks */
+    int64_t min, max; /* minmax: over the chunks so far (min > max while none had an element) */
     /* opts->shm: window input slices of in_slice bytes, then window output slices of
      * out_slice bytes (0 for hist), in one region. */
     tally_region_t *region;
@@ -1453,9 +1455,7 @@ static uint8_t *reply_output(const tally_push_t *push, uint64_t k, const tally_r
         *len = reply->len;
         return reply->len ? zmq_msg_data(reply->msg_) : NULL;
     }
-    bool out_i32 = push->req.flags & TALLY_FLAG_SCAN_OUT_I32;
-    size_t size = push->req.opcode == TALLY_OP_SCAN ? (out_i32 ? 4 : 8) : push->elem_size;
-    *len = (size_t)reply->rep.count * size;
+    *len = (size_t)reply->rep.count * tally_op_reply_elem(&push->req);
     if (*len > push->out_slice)
         *len = push->out_slice; /* a count the daemon cannot have sent: merge_* rejects it */
     uint8_t *base = tally_region_data(push->region);
@@ -1517,13 +1517,36 @@ static tally_status_t merge_hist(tally_push_t *push, const tally_reply_t *reply)
     return TALLY_OK;
 }
 
+/* A chunk's min and max (none for an empty chunk) into the push's. */
+static tally_status_t merge_minmax(tally_push_t *push, const tally_reply_t *reply)
+{
+    uint64_t count = reply->rep.count;
+    if ((count != 0 && count != 2) || reply->len != count * push->elem_size) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "minmax reply has %" PRIu64 " values in %zu bytes", count,
+                 reply->len);
+        return push_fail(push, TALLY_E_REPLY, msg);
+    }
+    if (count) {
+        int64_t lo, hi;
+        tally_minmax_decode(push->req.dtype, reply->payload, &lo, &hi);
+        push->min = lo < push->min ? lo : push->min;
+        push->max = hi > push->max ? hi : push->max;
+    }
+    push->res.seen += reply->rep.aux0;
+    return TALLY_OK;
+}
+
+/* By the reply's shape (tally_ops.h): the output of each chunk, in order. */
 static tally_status_t merge_chunk(tally_push_t *push, uint64_t k, const push_slot_t *slot)
 {
-    switch (push->req.opcode) {
-    case TALLY_OP_FILTER:
+    switch (tally_op_info(push->req.opcode)->reply) {
+    case TALLY_REPLY_KEPT:
         return merge_filter(push, k, &slot->reply);
-    case TALLY_OP_SCAN:
+    case TALLY_REPLY_PREFIX:
         return merge_scan(push, k, &slot->reply, slot->len);
+    case TALLY_REPLY_PAIR:
+        return merge_minmax(push, &slot->reply);
     default:
         return merge_hist(push, &slot->reply);
     }
@@ -1629,11 +1652,11 @@ static tally_status_t push_step(tally_push_t *push)
 static tally_status_t push_prepare(tally_push_t *push, const tally_run_opts_t *opts)
 {
     const tally_req_t *req = &push->req;
-    if (req->opcode != TALLY_OP_FILTER && req->opcode != TALLY_OP_SCAN &&
-        req->opcode != TALLY_OP_HIST)
-        return push_fail(push, TALLY_E_ARG, "a push takes filter, scan or hist requests");
+    const tally_op_info_t *op = tally_op_info(req->opcode);
+    if (!op || !op->batch)
+        return push_fail(push, TALLY_E_ARG, "a push takes operations with a batch");
     push->elem_size = tally_dtype_size((tally_dtype_t)req->dtype);
-    if (!push->elem_size || (req->opcode == TALLY_OP_HIST && !tally__hist_values(req->dtype)))
+    if (!push->elem_size || !tally_op_takes_dtype(req->opcode, req->dtype))
         return push_fail(push, TALLY_E_ARG, "request has no input dtype");
     push->chunk_bytes = tally__chunk_bytes(opts ? opts->chunk_bytes : 0, push->elem_size);
     push->window = opts && opts->window ? opts->window : TALLY_DEFAULT_WINDOW;
@@ -1646,6 +1669,10 @@ static tally_status_t push_prepare(tally_push_t *push, const tally_run_opts_t *o
     }
     if (req->opcode == TALLY_OP_HIST)
         push->res.count = tally__hist_values(req->dtype);
+    push->min = INT64_MAX;
+    push->max = INT64_MIN;
+    if (opts && opts->shm && !(op->flags & TALLY_FLAG_SHM_REF))
+        return push_fail(push, TALLY_E_ARG, "this operation takes no shared-memory input");
     push->slots = calloc(push->window, sizeof *push->slots);
     if (!push->slots)
         return push_fail(push, TALLY_E_NOMEM, "out of memory");
@@ -1834,6 +1861,15 @@ tally_status_t tally_push_flush(tally_push_t *push)
     return status;
 }
 
+/* minmax: the smallest and largest element of the whole input, two values of its dtype. */
+static tally_status_t emit_minmax(tally_push_t *push)
+{
+    uint8_t out[16];
+    size_t len = tally_minmax_encode(push->req.dtype, push->min, push->max, out);
+    push->res.count = 2;
+    return emit(push, out, len);
+}
+
 tally_status_t tally_push_finish(tally_push_t *push)
 {
     if (!push)
@@ -1845,6 +1881,8 @@ tally_status_t tally_push_finish(tally_push_t *push)
         status = push_step(push);
     if (status == TALLY_OK && push->req.opcode == TALLY_OP_HIST)
         status = emit(push, push->hist, 8 * tally__hist_values(push->req.dtype));
+    if (status == TALLY_OK && push->req.opcode == TALLY_OP_MINMAX && push->min <= push->max)
+        status = emit_minmax(push);
     push->finished = true;
     push->res.status = status;
     if (status == TALLY_OK)
@@ -1911,12 +1949,10 @@ tally_status_t tally_run(tally_client_t *self, const tally_req_t *req, const voi
         snprintf(self->error, sizeof self->error, "%s", result->error);
         return result->status = TALLY_E_ARG;
     }
-    /* The output's size is known: reserve it once (filter keeps at most the input, scan writes
-     * 4 or 8 bytes per element, hist one set of counts), so appending never reallocates. */
-    size_t need = req->opcode == TALLY_OP_SCAN
-                      ? len / (esize ? esize : 1) * ((req->flags & TALLY_FLAG_SCAN_OUT_I32) ? 4 : 8)
-                  : req->opcode == TALLY_OP_HIST ? 8 * tally__hist_values(req->dtype)
-                                                 : len;
+    /* The output's size is known from the operation's row: reserve it once (filter keeps at
+     * most the input, scan writes 4 or 8 bytes per element, hist one set of counts), so
+     * appending never reallocates. */
+    size_t need = (size_t)tally_op_reply_bytes(req, len);
     if (tally_buf_reserve(out, need ? need : 1) != TALLY_OK) {
         snprintf(result->error, sizeof result->error, "out of memory for the output");
         return result->status = TALLY_E_NOMEM;
@@ -1936,4 +1972,20 @@ tally_status_t tally_run(tally_client_t *self, const tally_req_t *req, const voi
         status = finished;
     tally_push_destroy(&push);
     return result->status = status;
+}
+
+tally_status_t tally_minmax(tally_client_t *self, tally_dtype_t dtype, const void *input,
+                            size_t len, int64_t *min, int64_t *max)
+{
+    if (!min || !max)
+        return TALLY_E_ARG;
+    *min = INT64_MAX;
+    *max = INT64_MIN;
+    tally_req_t req = {.opcode = TALLY_OP_MINMAX, .dtype = (uint8_t)dtype};
+    tally_buf_t out = {0};
+    tally_status_t status = tally_run(self, &req, input, len, NULL, &out, NULL);
+    if (status == TALLY_OK && out.len == 2 * tally_dtype_size(dtype))
+        tally_minmax_decode(req.dtype, out.data, min, max);
+    tally_buf_free(&out);
+    return status;
 }

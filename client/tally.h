@@ -330,8 +330,8 @@ typedef struct {
     char error[TALLY_ERROR_MESSAGE_MAX + 1]; /* why it failed, "" on success */
 } tally_run_result_t;
 
-/* Runs a filter, scan or hist request `req` (its stream, predicate, flags, dtype, range) over
- * `input` (`len` bytes, a whole number of elements, any size, even 0), in chunks of
+/* Runs a filter, scan, hist or minmax request `req` (its stream, predicate, flags, dtype, range)
+ * over `input` (`len` bytes, a whole number of elements, any size, even 0), in chunks of
  * opts->chunk_bytes with at most opts->window requests in flight, and appends to `out`
  * exactly what one request with the whole input would have produced:
  *   filter: the kept elements (input dtype), in input order (chunk replies are put in chunk
@@ -341,7 +341,9 @@ typedef struct {
  *           it (wrapping), so chunks still pipeline; with a stream the daemon carries;
  *   hist:   tally_hist_values(dtype) uint64 counts (u8 256; i32, u16 258: bins, underflow,
  *           overflow; rgb8 768, rgba8 1024: 256 per channel) of this input,
- *           summed over chunks (with a stream, the stream's running histogram grows too).
+ *           summed over chunks (with a stream, the stream's running histogram grows too);
+ *   minmax: two elements of the input's dtype (i32, u8, u16), its smallest and its largest;
+ *           nothing for an empty input.
  * `opts` and `result` may be NULL. On failure, `out` holds what was produced so far and
  * result->error says why; replies still in flight are ignored by later calls.
  *
@@ -355,6 +357,12 @@ typedef struct {
 TALLY_API tally_status_t tally_run(tally_client_t *self, const tally_req_t *req, const void *input,
                                    size_t len, const tally_run_opts_t *opts, tally_buf_t *out,
                                    tally_run_result_t *result);
+
+/* The smallest and largest of `len` bytes of elements of dtype (i32, u8 or u16) at input, with
+ * one `minmax` request per chunk (tally_run, default options). An empty input gives
+ * *min = INT64_MAX and *max = INT64_MIN (min > max: no element). */
+TALLY_API tally_status_t tally_minmax(tally_client_t *self, tally_dtype_t dtype, const void *input,
+                                      size_t len, int64_t *min, int64_t *max);
 
 /* ---- Streaming pushes ---------------------------------------------------------------- */
 
@@ -374,12 +382,12 @@ TALLY_API tally_status_t tally_run(tally_client_t *self, const tally_req_t *req,
  *   tally_push_destroy(&push);
  *
  * The output function gets filter's kept elements and scan's sums chunk by chunk, and hist's
- * summed counts once, from tally_push_finish. Its data is valid during the call only. A
- * status other than TALLY_OK from it stops the push with that status. */
+ * summed counts and minmax's two values once, from tally_push_finish. Its data is valid during the
+ * call only. A status other than TALLY_OK from it stops the push with that status. */
 typedef struct tally_push tally_push_t;
 typedef tally_status_t(tally_output_fn)(void *arg, const void *data, size_t len);
 
-/* Starts a push of `req` (filter, scan or hist) with `opts` as for tally_run (NULL for the
+/* Starts a push of `req` (filter, scan, hist or minmax) with `opts` as for tally_run (NULL for the
  * defaults); with opts->seq it asks the daemon for the stream's last_seq first. `output` may
  * be NULL (filter --count: only the result's counters). */
 TALLY_API tally_status_t tally_push_new(tally_client_t *client, const tally_req_t *req,

@@ -71,8 +71,10 @@ typedef enum {
     TALLY_OP_STREAMS = 8,
     TALLY_OP_STATS = 9,
     TALLY_OP_DELETE = 10, /* forget a stream (what `reset` did before it kept the stream) */
+    /* 11 and 12 stay reserved (issue 12). */
+    TALLY_OP_MINMAX = 13, /* the smallest and largest element of a batch of integers */
 } tally_op_t;
-#define TALLY_OP_COUNT 11 /* one past the largest opcode; 11 and 12 stay reserved (issue 12) */
+#define TALLY_OP_COUNT 14 /* one past the largest opcode */
 
 /* Element types. TALLY_DTYPE_NONE is for operations without a typed payload. */
 typedef enum {

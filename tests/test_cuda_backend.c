@@ -568,6 +568,73 @@ static void test_hist_u16(void **state)
     }
 }
 
+/* minmax: i32, u8 and u16 at every size and data kind, the CUDA backend against the CPU
+ * backend and a plain loop; an empty batch leaves the pair as it was. */
+static void test_minmax(void **state)
+{
+    (void)state;
+    static const tally_dtype_t types[] = {TALLY_DTYPE_I32, TALLY_DTYPE_U8, TALLY_DTYPE_U16};
+    for (size_t si = 0; si < n_sizes; si++) {
+        size_t n = all_sizes[si];
+        uint8_t *in = xmalloc(n * 4 + 16);
+        for (int kind = 0; kind < DATA_KINDS; kind++) {
+            fill_u8(in, n * 4 + 16, (data_kind_t)kind);
+            for (size_t t = 0; t < 3; t++) {
+                int64_t lo = INT64_MAX, hi = INT64_MIN, clo = lo, chi = hi, glo = lo, ghi = hi;
+                for (size_t i = 0; i < n; i++) {
+                    int64_t x = types[t] == TALLY_DTYPE_I32   ? ((const int32_t *)in)[i]
+                                : types[t] == TALLY_DTYPE_U16 ? ((const uint16_t *)in)[i]
+                                                              : in[i];
+                    lo = x < lo ? x : lo;
+                    hi = x > hi ? x : hi;
+                }
+                assert_int_equal(cpu->minmax(cpu->ctx, types[t], in, n, &clo, &chi), TALLY_OK);
+                assert_int_equal(gpu->minmax(gpu->ctx, types[t], in, n, &glo, &ghi), TALLY_OK);
+                if (clo != lo || chi != hi || glo != lo || ghi != hi)
+                    fail_msg("minmax %s n=%zu kind %d: want %lld..%lld, cpu %lld..%lld, gpu "
+                             "%lld..%lld",
+                             tally_dtype_name(types[t]), n, kind, (long long)lo, (long long)hi,
+                             (long long)clo, (long long)chi, (long long)glo, (long long)ghi);
+            }
+        }
+        free(in);
+    }
+}
+
+/* minmax's kernel on inputs that start off a 16-byte boundary (every element offset), and
+ * lengths shorter than the head: the elements block 0 folds outside the vectors. */
+static void test_minmax_unaligned(void **state)
+{
+    (void)state;
+    static const tally_dtype_t types[] = {TALLY_DTYPE_I32, TALLY_DTYPE_U8, TALLY_DTYPE_U16};
+    static const size_t lengths[] = {1, 2, 3, 5, 15, 16, 17, 100, 4099};
+    uint8_t *in = xmalloc(4 * 4099 + 16);
+    fill_u8(in, 4 * 4099 + 16, DATA_UNIFORM);
+    assert_int_equal(cudaMemcpy(d_in, in, 4 * 4099 + 16, cudaMemcpyHostToDevice), cudaSuccess);
+    int64_t *d_pair = (int64_t *)d_small;
+    for (size_t t = 0; t < 3; t++) {
+        size_t es = tally_dtype_size(types[t]);
+        for (size_t off = 0; off < 16; off += es) {
+            for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; li++) {
+                size_t n = lengths[li];
+                int64_t want[2] = {INT64_MAX, INT64_MIN}, got[2];
+                assert_int_equal(cpu->minmax(cpu->ctx, types[t], in + off, n, &want[0], &want[1]),
+                                 TALLY_OK);
+                assert_int_equal(tk_cuda_minmax_reset(d_pair, stream), TALLY_OK);
+                assert_int_equal(tk_cuda_minmax(types[t], (uint8_t *)d_in + off, n, d_pair, stream),
+                                 TALLY_OK);
+                assert_int_equal(cudaMemcpy(got, d_pair, sizeof got, cudaMemcpyDeviceToHost),
+                                 cudaSuccess);
+                if (got[0] != want[0] || got[1] != want[1])
+                    fail_msg("minmax %s off=%zu n=%zu: gpu %lld..%lld, cpu %lld..%lld",
+                             tally_dtype_name(types[t]), off, n, (long long)got[0],
+                             (long long)got[1], (long long)want[0], (long long)want[1]);
+            }
+        }
+    }
+    free(in);
+}
+
 /* RGB and RGBA pixels at every byte offset 0..15 (the channel of a vector's bytes depends on
  * where the body starts), every data kind. */
 static void test_hist_rgb(void **state)
@@ -766,6 +833,8 @@ int main(void)
         cmocka_unit_test(test_hist_i32),
         cmocka_unit_test(test_hist_u16),
         cmocka_unit_test(test_hist_rgb),
+        cmocka_unit_test(test_minmax),
+        cmocka_unit_test(test_minmax_unaligned),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

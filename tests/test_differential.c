@@ -25,6 +25,9 @@
  * holds every request answered ok. The model is computed from the payloads the test sent, and
  * each acknowledged reply is checked against it.
  *
+ * Stateless `minmax` requests (i32, u8, u16, every count above, 0 included) check the CUDA
+ * minmax kernel (kernels/cuda/tk_cuda_minmax.cu) against the CPU's and the model's min and max.
+ *
  * The sequence also covers issue 12: u16, rgb8 and rgba8 histograms, `reset` (zeroed, kept)
  * against `delete` (forgotten), and window queries: both daemons read one test clock file
  * (--test-clock, 4 intervals of 1 s), which the test advances between batches of requests
@@ -661,14 +664,43 @@ static void gen_compute(ops_t *o, int conn, int stream, bool allow_max, size_t c
     expect_compute(op);
 }
 
+/* minmax (no stream): i32, u8 or u16, every count pick_count gives (0 included); the model's
+ * answer is the reference's (tr_minmax), encoded as PROTOCOL.md §5 says
+ * (min then max, each little-endian in the batch's type); no payload for an empty batch. */
+static void gen_minmax(ops_t *o, int conn)
+{
+    static const uint8_t types[] = {TALLY_DTYPE_I32, TALLY_DTYPE_U8, TALLY_DTYPE_U16};
+    op_t *op = ops_add(o, TALLY_OP_MINMAX, types[below(3)], conn, -1);
+    size_t esize = tally_dtype_size((tally_dtype_t)op->req.dtype);
+    size_t n = pick_count(esize, true);
+    make_payload(op, n, esize);
+    int64_t min, max;
+    tr_minmax(op->req.dtype, op->payload, n, &min, &max);
+    op->want_status = TALLY_OK;
+    op->check_aux0 = op->check_count = true;
+    op->want_aux0 = n;
+    op->want_count = n ? 2 : 0;
+    if (!n)
+        return;
+    op->want_len = 2 * esize;
+    op->want_payload = malloc(op->want_len);
+    assert_non_null(op->want_payload);
+    for (size_t b = 0; b < esize; b++) {
+        op->want_payload[b] = (uint8_t)((uint64_t)min >> (8 * b));
+        op->want_payload[esize + b] = (uint8_t)((uint64_t)max >> (8 * b));
+    }
+}
+
 /* One request of connection `conn`: on one of its streams, or stateless. */
 static void gen_one(ops_t *o, int conn)
 {
     int stream = conn + CONNS * (int)below(STREAMS_PER_CONN);
     mstream_t *m = &model[stream];
     uint64_t r = below(100);
-    if (r < 12) {
+    if (r < 9) {
         gen_compute(o, conn, -1, true, 0);
+    } else if (r < 12) {
+        gen_minmax(o, conn);
     } else if (r < 75) {
         gen_compute(o, conn, stream, true, 0);
     } else if (r < 80) {
@@ -1148,11 +1180,12 @@ static void differential(uint64_t seed, const char *inflight_before, const char 
     }
     fprintf(stderr,
             "differential: %zu requests, every reply equal (ok: %zu filter, %zu scan, %zu hist, "
-            "%zu query, %zu reset, %zu delete; %zu errors; %zu of the largest batch)\n",
+            "%zu minmax, %zu query, %zu reset, %zu delete; %zu errors; %zu of the largest "
+            "batch)\n",
             o.n, tally_of_run.ok[TALLY_OP_FILTER], tally_of_run.ok[TALLY_OP_SCAN],
-            tally_of_run.ok[TALLY_OP_HIST], tally_of_run.ok[TALLY_OP_QUERY],
-            tally_of_run.ok[TALLY_OP_RESET], tally_of_run.ok[TALLY_OP_DELETE], tally_of_run.errors,
-            tally_of_run.largest);
+            tally_of_run.ok[TALLY_OP_HIST], tally_of_run.ok[TALLY_OP_MINMAX],
+            tally_of_run.ok[TALLY_OP_QUERY], tally_of_run.ok[TALLY_OP_RESET],
+            tally_of_run.ok[TALLY_OP_DELETE], tally_of_run.errors, tally_of_run.largest);
     for (int which = 0; which < 2; which++)
         stop_one(&p, which);
     ops_free(&o);

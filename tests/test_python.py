@@ -243,6 +243,21 @@ def test_hist_u16_rgb_rgba(c: tally.Client, daemon: Daemon) -> None:
         c.hist([1, 2, 3])  # type: ignore[arg-type]
 
 
+def test_minmax(c: tally.Client) -> None:
+    """minmax against NumPy's min and max, in several chunks, each type; empty and bad types."""
+    x = RNG.integers(-2**31, 2**31, 10000, dtype=np.int64).astype(np.int32)
+    x[1234], x[9876] = -2**31, 2**31 - 1
+    assert c.minmax(x, chunk_bytes=4 * 333) == (-2**31, 2**31 - 1)
+    assert c.minmax(np.array([-5, 3, -7, 2], dtype=np.int32)) == (-7, 3)
+    b = RNG.integers(3, 200, 5000, dtype=np.uint8)
+    assert c.minmax(b, chunk_bytes=777) == (int(b.min()), int(b.max()))
+    w = np.array([60000, 7, 65535, 12], dtype=np.uint16)
+    assert c.minmax(w) == (7, 65535)
+    assert c.minmax(np.array([], dtype=np.int32)) is None
+    with pytest.raises(TypeError, match="minmax takes i32, u8, u16 elements, not rgb8"):
+        c.minmax(b, dtype="rgb8")
+
+
 def test_streams_and_errors(c: tally.Client) -> None:
     c.hist(np.frombuffer(b"hello", np.uint8), stream="py-cam")
     q = c.query("py-cam")

@@ -238,15 +238,11 @@ static void pool_close(reply_pool_t *p)
 }
 
 /* The most bytes the device writes back for r's output: the filter copies all n elements back
- * (td_gpu_cuda.c says why), the scan n sums. 0 for a hist (its reply is built on the host). */
+ * (td_gpu_cuda.c says why), the scan n sums. 0 for the ops whose reply is a few values built on
+ * the host from the small results (hist). */
 static size_t output_bytes(const td_request_t *r)
 {
-    size_t n = td_request_elements(r);
-    if (r->req.opcode == TALLY_OP_FILTER)
-        return n * tally_dtype_size((tally_dtype_t)r->req.dtype);
-    if (r->req.opcode == TALLY_OP_SCAN)
-        return n * ((r->req.flags & TALLY_FLAG_SCAN_OUT_I32) ? 4 : 8);
-    return 0;
+    return (size_t)tally_shm_out_worst(&r->req, r->payload_len);
 }
 
 /* Builds the reply from the slot's staging (lane thread, no lock held). */
@@ -257,6 +253,10 @@ static void build_reply(lane_t *l, slot_t *slot)
     if (r->req.opcode == TALLY_OP_HIST) {
         r->hist = s->small->hist;
         td_request_hist_result(r);
+        return;
+    }
+    if (r->req.opcode == TALLY_OP_MINMAX) {
+        td_request_minmax_result(r, s->small->minmax[0], s->small->minmax[1]);
         return;
     }
     size_t n = td_request_elements(r);

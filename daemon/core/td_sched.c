@@ -151,17 +151,11 @@ static size_t gpu_min_batch(const td_sched_t *s, const td_request_t *r)
     if (s->cfg->gpu_min_batch)
         return s->cfg->gpu_min_batch;
     bool direct_in = td_shm_region_direct(r->shm_in);
-    bool direct_out = r->req.opcode == TALLY_OP_HIST || td_shm_region_direct(r->shm_out);
+    bool direct_out = !tally_op_has_output(r->req.opcode) || td_shm_region_direct(r->shm_out);
     if (direct_in && direct_out)
         return TD_GPU_MIN_BATCH_SHM;
-    switch (r->req.opcode) {
-    case TALLY_OP_HIST:
-        return TD_GPU_MIN_BATCH_HIST;
-    case TALLY_OP_FILTER:
-        return TD_GPU_MIN_BATCH_FILTER;
-    default:
-        return TD_GPU_MIN_BATCH_SCAN;
-    }
+    const td_op_exec_t *exec = td_op_exec(r->req.opcode);
+    return exec ? exec->gpu_min_batch : SIZE_MAX;
 }
 
 /* The fewest pieces r splits into so that each fits the device buffers; 0 when it cannot be
@@ -487,7 +481,7 @@ static void dispatch(td_sched_t *s)
 static void submit(td_sched_t *s, td_request_t *r, record_t *rec)
 {
     unsigned dev;
-    if (device_ref(r, &dev) && r->req.opcode != TALLY_OP_HIST &&
+    if (device_ref(r, &dev) && tally_op_has_output(r->req.opcode) &&
         r->payload_len > s->machine.gpu_buffer_bytes) { /* its output must fit the GPU's buffers */
         td_request_fail(r, TALLY_E_TOO_LARGE,
                         "a filter or scan by device reference is limited to %zu bytes (the GPU's "

@@ -359,6 +359,12 @@ static tally_status_t enqueue_kernel(cuda_lane_t *l, const td_gpu_job_t *job, co
         return tk_cuda_hist(job->dtype, d_in, job->n, job->lo, job->hi, &lane_small(l)->hist,
                             l->dev.d_scratch, l->dev.scratch_bytes, l->dev.stream);
     }
+    case TALLY_OP_MINMAX: {
+        tally_status_t st = tk_cuda_minmax_reset(lane_small(l)->minmax, l->dev.stream);
+        if (st != TALLY_OK)
+            return st;
+        return tk_cuda_minmax(job->dtype, d_in, job->n, lane_small(l)->minmax, l->dev.stream);
+    }
     default:
         return TALLY_E_PARAM;
     }
@@ -404,6 +410,11 @@ static tally_status_t cuda_lane_launch(void *lane, const td_gpu_job_t *job, td_g
                                         cudaMemcpyDeviceToHost, l->dev.stream));
         TK_CUDA_TRY(cudaMemcpyAsync(&s->small->carry, d_carry, sizeof(int64_t),
                                     cudaMemcpyDeviceToHost, l->dev.stream));
+        break;
+    case TALLY_OP_MINMAX:
+        TK_CUDA_TRY(cudaMemcpyAsync(s->small->minmax, lane_small(l)->minmax,
+                                    sizeof s->small->minmax, cudaMemcpyDeviceToHost,
+                                    l->dev.stream));
         break;
     default:
         TK_CUDA_TRY(cudaMemcpyAsync(&s->small->hist, &lane_small(l)->hist, sizeof(tk_hist_t),

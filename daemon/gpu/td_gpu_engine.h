@@ -36,9 +36,10 @@
 
 /* The small results of one batch, next to its staging buffers. */
 typedef struct {
-    uint64_t kept;  /* filter */
-    int64_t carry;  /* scan: in, the host carry to upload (carry_upload); out, the carry after */
-    tk_hist_t hist; /* hist: this batch's histogram */
+    uint64_t kept;     /* filter */
+    int64_t carry;     /* scan: in, the host carry to upload (carry_upload); out, the carry after */
+    tk_hist_t hist;    /* hist: this batch's histogram */
+    int64_t minmax[2]; /* minmax: the batch's min and max (TK_MINMAX_EMPTY_* when empty) */
 } td_gpu_small_t;
 
 /* One staging slot on the host. */

@@ -148,6 +148,12 @@ static tally_status_t sim_run(sim_lane_t *l, const td_gpu_job_t *job)
         memset(&l->d_small.hist, 0, sizeof l->d_small.hist);
         st = tk_backend_hist(cpu, job->dtype, in, job->n, job->lo, job->hi, &l->d_small.hist);
         break;
+    case TALLY_OP_MINMAX:
+        l->d_small.minmax[0] = TK_MINMAX_EMPTY_MIN;
+        l->d_small.minmax[1] = TK_MINMAX_EMPTY_MAX;
+        st = cpu->minmax(cpu->ctx, (tally_dtype_t)job->dtype, in, job->n, &l->d_small.minmax[0],
+                         &l->d_small.minmax[1]);
+        break;
     default:
         break;
     }

@@ -34,6 +34,7 @@ typedef struct {
     uint64_t kept;
     int64_t carry;
     tk_hist_t hist;
+    int64_t minmax[2];
 } small_t;
 
 typedef struct {
@@ -178,6 +179,37 @@ static tally_status_t cuda_hist_rgb(void *ctx, const uint8_t *in, size_t pixels,
         return TALLY_E_PARAM;
     return cuda_hist(ctx, channels == 3 ? TALLY_DTYPE_RGB8 : TALLY_DTYPE_RGBA8, in, pixels, 0, 0,
                      hist);
+}
+
+/* The caller's min and max go to the device, the kernel folds the batch in, they come back. */
+static tally_status_t cuda_minmax(void *ctx, tally_dtype_t dtype, const void *in, size_t n,
+                                  int64_t *min, int64_t *max)
+{
+    cuda_ctx_t *c = ctx;
+    small_t *d_small = c->buf.d_small;
+    size_t esize = tally_dtype_size(dtype);
+    int64_t pair[2] = {*min, *max};
+    if (esize == 0)
+        return TALLY_E_PARAM;
+    if (n > c->max_bytes / esize)
+        return TALLY_E_TOO_LARGE;
+    tally_status_t st = call_begin(c, in, n * esize);
+    if (st != TALLY_OK)
+        goto fail;
+    TK_CUDA_TRY(
+        cudaMemcpyAsync(d_small->minmax, pair, sizeof pair, cudaMemcpyHostToDevice, c->buf.stream));
+    st = tk_cuda_minmax(dtype, c->buf.d_in, n, d_small->minmax, c->buf.stream);
+    if (st != TALLY_OK) /* bad arguments */
+        goto fail;
+    TK_CUDA_TRY(
+        cudaMemcpyAsync(pair, d_small->minmax, sizeof pair, cudaMemcpyDeviceToHost, c->buf.stream));
+fail:
+    st = call_end(c, st);
+    if (st == TALLY_OK) {
+        *min = pair[0];
+        *max = pair[1];
+    }
+    return st;
 }
 
 static void cuda_describe(void *ctx, char *buf, size_t cap)

@@ -103,6 +103,15 @@ tally_status_t tk_cuda_hist(uint8_t dtype, const void *d_in, size_t n, int64_t l
                             tk_hist_t *d_hist, void *d_scratch, size_t scratch_bytes,
                             cudaStream_t stream);
 
+/* ---- minmax --------------------------------------------------------------------------------- */
+
+/* Folds the n elements of d_in (dtype i32, u8 or u16) into d_minmax[0] (the smallest) and
+ * d_minmax[1] (the largest), on the device, in stream order; tk_cuda_minmax_reset first sets
+ * them to TK_MINMAX_EMPTY_MIN and _MAX (what an empty batch leaves). No scratch. */
+tally_status_t tk_cuda_minmax_reset(int64_t *d_minmax, cudaStream_t stream);
+tally_status_t tk_cuda_minmax(uint8_t dtype, const void *d_in, size_t n, int64_t *d_minmax,
+                              cudaStream_t stream);
+
 /* ---- helpers --------------------------------------------------------------------------------- */
 
 /* The largest scratch any operation needs for a batch of at most max_batch_bytes, so a pipeline

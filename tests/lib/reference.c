@@ -26,6 +26,17 @@ int64_t tr_elem(unsigned dtype, const void *in, size_t i)
     }
 }
 
+void tr_minmax(unsigned dtype, const void *in, size_t n, int64_t *min, int64_t *max)
+{
+    *min = INT64_MAX;
+    *max = INT64_MIN;
+    for (size_t i = 0; i < n; i++) {
+        int64_t x = tr_elem(dtype, in, i);
+        *min = x < *min ? x : *min;
+        *max = x > *max ? x : *max;
+    }
+}
+
 bool tr_keep(unsigned pred, int64_t lo, int64_t hi, int64_t x)
 {
     switch (pred) {

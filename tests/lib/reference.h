@@ -23,6 +23,11 @@
 /* Element i of a batch of `dtype` (i32, u8 or u16) as an int64_t. */
 int64_t tr_elem(unsigned dtype, const void *in, size_t i);
 
+/* ---- minmax (PROTOCOL.md §5 minmax) ---- */
+
+/* The smallest and largest of in[0..n) (i32, u8 or u16); INT64_MAX and INT64_MIN for n = 0. */
+void tr_minmax(unsigned dtype, const void *in, size_t n, int64_t *min, int64_t *max);
+
 /* ---- filter (PROTOCOL.md §5 filter) ---- */
 
 /* True when x passes predicate pred (TALLY_PRED_GT .. TALLY_PRED_BETWEEN) with lo and hi. */

@@ -50,7 +50,7 @@ from ._lib import Error, lib
 from ._sub import Publication, Subscriber
 from ._wire import (DEFAULT_ENDPOINT, DEFAULT_TIMEOUT_MS, DTYPE, E_ARG, E_IO,  # noqa: F401
                     E_UNKNOWN_STREAM, E_WINDOW, FLAG_FILTER_STABLE, FLAG_SCAN_EXCLUSIVE,
-                    FLAG_SCAN_OUT_I32, HIST_BINS, OP, PRED, SEQ_APPEND, SEQ_OFF, SEQ_RESUME,
+                    FLAG_SCAN_OUT_I32, HIST_BINS, OP, OP_DTYPES, PRED, SEQ_APPEND, SEQ_OFF, SEQ_RESUME,
                     WINDOW_MS_MAX)
 
 __all__ = ["BinRef", "Client", "Error", "Publication", "Push", "Quantile", "Record", "Region",
@@ -102,7 +102,7 @@ class _Handle:
 
 _NUMPY_TYPE = {"u8": np.uint8, "i32": np.int32, "u16": np.uint16, "rgb8": np.uint8,
                "rgba8": np.uint8}
-_OP_DTYPES = {"filter": ("i32", "u8"), "scan": ("i32",), "hist": tuple(_NUMPY_TYPE)}
+_OP_DTYPES = OP_DTYPES  # what each operation takes: proto/'s operation table, via _wire.py
 
 
 def _dtype_name(dtype: DtypeLike) -> str:
@@ -200,8 +200,8 @@ def _op_request(op: str, dtype: int, stream: Optional[str], params: Dict[str, An
             FLAG_SCAN_OUT_I32 if params.pop("out32", False) else 0)
     elif op == "hist":
         lo, hi = _hist_args(dtype, params.pop("range", None))
-    else:
-        raise ValueError(f"filter, scan or hist, not {op!r}")
+    elif op != "minmax":  # minmax takes no parameters
+        raise ValueError(f"filter, scan, hist or minmax, not {op!r}")
     if params:
         raise TypeError(f"unexpected arguments for {op}: {', '.join(params)}")
     return _request(op, dtype, stream, flags, pred, lo, hi)
@@ -509,13 +509,21 @@ class Client(_Handle):
         x, dt = _as_input(x, "hist", dtype)
         return self.run(_op_request("hist", dt, stream, dict(range=range)), x, **kw)[0]
 
+    def minmax(self, x: Array, dtype: Optional[DtypeLike] = None,
+               **kw: Any) -> Optional[Tuple[int, int]]:
+        """The smallest and largest element of x (int32, uint8 or uint16) as (min, max); None
+        for an empty x. No stream: tallyd keeps nothing of it."""
+        x, dt = _as_input(x, "minmax", dtype)
+        out = self.run(_op_request("minmax", dt, None, {}), x, **kw)[0]
+        return (int(out[0]), int(out[1])) if out.size else None
+
     # -- streaming --
 
     def push(self, op: str, dtype: Optional[DtypeLike] = None, stream: Optional[str] = None,
              on_output: Optional[OutputFn] = None, chunk_bytes: int = 0, window: int = 0,
              shm: bool = False, seq: bool = True, seq_base: Optional[int] = None,
              **params: Any) -> Push:
-        """A streaming push of op ("filter", "scan", "hist"); params as for the array calls
+        """A streaming push of op ("filter", "scan", "hist", "minmax"); params as for the array calls
         (gt=..., stable=..., exclusive=..., out32=..., range=...). dtype: "u8", "i32", "u16",
         "rgb8", "rgba8" or a NumPy type (default: u8 for hist without range, else i32). On a
         stream the chunks are numbered (seq=False: not); seq_base resumes a push that stopped."""
