@@ -192,8 +192,9 @@ TALLY_API tally_status_t tally_call_shm(tally_client_t *self, const tally_req_t 
 
 /* ---- Device memory (producers whose data is on a GPU; PROTOCOL.md §10 "Device memory") -- */
 
-/* Registration flags: the region may be written (an output region: accepted, for later
- * versions), and `ipc_event` is an IPC event handle tallyd waits on before it reads. */
+/* Registration flags: the region may be written (an output region: a filter's or scan's output
+ * goes there when tally_send_shm names it as `out`, and the reply carries only its header), and
+ * `ipc_event` is an IPC event handle tallyd waits on before it reads (or writes). */
 #define TALLY_GPU_OUTPUT 0x2u
 #define TALLY_GPU_EVENT 0x1u
 

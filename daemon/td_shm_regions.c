@@ -144,6 +144,13 @@ tally_status_t td_shm_resolve(td_shm_t *shm, const uint8_t *id, size_t id_len, u
         return TALLY_E_BAD_REF;
     }
     td_shm_region_t *r = td_shm_find_region(shm, handle);
+    if (!r && (handle & TALLY_SHM_DEVICE_HANDLE_BIT) && !shm->env.dev_import) {
+        snprintf(msg, msg_cap,
+                 "%s handle %016" PRIx64 " names a device region: a GPU is needed for device "
+                 "regions (this tallyd runs the CPU backend)",
+                 what, handle);
+        return TALLY_E_BAD_REF;
+    }
     if (!r || r->id_len != id_len || memcmp(r->id, id, id_len) != 0) {
         snprintf(msg, msg_cap, "%s handle %016" PRIx64 " is not a region registered by this peer",
                  what, handle);
@@ -158,10 +165,6 @@ tally_status_t td_shm_resolve(td_shm_t *shm, const uint8_t *id, size_t id_len, u
     if (output && !r->writable) {
         snprintf(msg, msg_cap, "output region %016" PRIx64 " is read-only (%s)", handle,
                  r->device ? "registered without DEV_OUTPUT" : "write-sealed memfd");
-        return TALLY_E_BAD_REF;
-    }
-    if (r->device && output) { /* PROTOCOL.md §10: not in this version */
-        snprintf(msg, msg_cap, "output to a device region is not supported yet");
         return TALLY_E_BAD_REF;
     }
     if (r->device && shm->env.dev_usable && !shm->env.dev_usable(shm->env.ctx, r->gpu)) {

@@ -31,8 +31,12 @@
 #               run of about a minute: every op and dtype by device reference against the same
 #               bytes as payloads on a CPU-backend tallyd (replies and stream records identical),
 #               a garbage fd, a wrong size, an unknown UUID, a producer killed with requests in
-#               flight, and the bench row (hist u8 on 64 and 256 MiB device regions, 8 in flight,
-#               against tk_cuda_hist_u8 on local memory in the same run: lines "bench:")
+#               flight, every filter and scan written into a device output region (DEV_OUTPUT)
+#               against the CPU's replies ("device output NAME: outputs identical"), and the
+#               bench rows (hist u8 on 64 and 256 MiB device regions, 8 in flight, against
+#               tk_cuda_hist_u8 on local memory in the same run; filter and scan i32 32 MiB from
+#               a device region into a device output region against their kernels: lines
+#               "bench:")
 #   kernels     bench/kernel_bench (kernels against copy bandwidth and CUB)
 #   variants    kernel_bench and the quick kernel test of builds with other tuning constants:
 #               VARIANTS="name:-DFLAG=V,-DFLAG2=W ..."
@@ -153,8 +157,8 @@ EOF
 
 step_region() {
   timed test_gpu_region 300 "$B/tests/test_gpu_region" >"$OUT/test_gpu_region.log" 2>&1
-  grep -E "differential|libtally|wrong size|producer killed|bench:|PASSED|FAILED|ERROR|LINE|skipped" \
-    "$OUT/test_gpu_region.log" | head -32 | tee -a "$S"
+  grep -E "differential|device output|libtally|wrong size|producer killed|bench:|PASSED|FAILED|ERROR|LINE|skipped" \
+    "$OUT/test_gpu_region.log" | head -40 | tee -a "$S"
 }
 
 step_kernels() {

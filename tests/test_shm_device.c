@@ -333,18 +333,169 @@ static void test_requests_in_place(void **state)
         th_reply_free(&by_ref);
         th_reply_free(&by_payload);
     }
-    /* Bounds as for host regions; no output into a device region in this version. */
+    /* Bounds as for host regions. */
     th_reply_t r;
     assert_int_equal(ref_call(sock, TALLY_OP_HIST, NULL, h, REGION_BYTES - 4, 8, 0, &r),
                      TALLY_E_BAD_REF);
-    th_reply_free(&r);
-    assert_int_equal(ref_call(sock, TALLY_OP_SCAN, NULL, h, 0, 4096, h, &r), TALLY_E_BAD_REF);
-    assert_non_null(strstr((const char *)r.payload, "not supported yet"));
     th_reply_free(&r);
     zmq_close(sock);
     zmq_ctx_term(ctx);
     close(side);
     free(data);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
+/* A reference with an output range: out_offset and out_length set (the worst case, 2 x the
+ * input's bytes for an int64 scan). */
+static uint32_t ref_out_call(void *sock, uint8_t opcode, const char *stream, uint64_t in,
+                             uint64_t in_length, uint64_t out, uint64_t out_offset, th_reply_t *r)
+{
+    static uint64_t id = 5000;
+    tally_req_t req = th_req(opcode, TALLY_DTYPE_I32, ++id);
+    req.flags = TALLY_FLAG_SHM_REF | (opcode == TALLY_OP_FILTER ? TALLY_FLAG_FILTER_STABLE : 0);
+    req.pred = opcode == TALLY_OP_FILTER ? TALLY_PRED_GT : 0;
+    if (stream) {
+        req.stream_len = (uint8_t)strlen(stream);
+        memcpy(req.stream, stream, req.stream_len);
+    }
+    tally_shm_ref_t ref = {.in_handle = in,
+                           .in_length = in_length,
+                           .out_handle = out,
+                           .out_offset = out_offset,
+                           .out_length = 2 * in_length};
+    uint8_t bytes[TALLY_SHM_REF_SIZE];
+    tally_shm_ref_encode(&ref, bytes);
+    assert_int_equal(th_call(sock, &req, bytes, sizeof bytes, r), 0);
+    assert_int_equal(r->rep.request_id, id);
+    return r->rep.status;
+}
+
+/* Device output regions (PROTOCOL.md §10 "Device memory"): a filter's and a scan's output is
+ * written into a region registered with DEV_OUTPUT and the reply carries only its header, the
+ * output equal to a payload's reply (the scan's carry continued on a stream); the input may be a
+ * host region too, and the request then runs on the output's GPU; refusals: an output region
+ * registered without DEV_OUTPUT (read-only), input and output on two GPUs, a range past the end. */
+static void test_device_output(void **state)
+{
+    (void)state;
+    enum { N = 30000 };
+    int32_t *data = th_random_i32(N, -120, 120);
+    th_daemon_t d;
+    uint8_t uuid1[TALLY_GPU_UUID_SIZE], uuid0[TALLY_GPU_UUID_SIZE];
+    int side = start_side(&d, sim2, 1, uuid1);
+    sim_uuid(0, uuid0);
+    th_answer_t ans;
+    int in_fd = filled_memfd(REGION_BYTES, data, N * sizeof(int32_t));
+    int out_fd = filled_memfd(REGION_BYTES, NULL, 0);
+    int far_fd = filled_memfd(REGION_BYTES, NULL, 0);
+    assert_int_equal(dev_register(side, in_fd, REGION_BYTES, uuid1, 0, &ans), TALLY_OK);
+    uint64_t in = ans.a.handle;
+    assert_int_equal(dev_register(side, out_fd, REGION_BYTES, uuid1, TALLY_SHM_DEV_OUTPUT, &ans),
+                     TALLY_OK);
+    uint64_t out = ans.a.handle;
+    assert_int_equal(dev_register(side, far_fd, REGION_BYTES, uuid0, TALLY_SHM_DEV_OUTPUT, &ans),
+                     TALLY_OK);
+    uint64_t far = ans.a.handle;
+    const uint8_t *seen = mmap(NULL, REGION_BYTES, PROT_READ, MAP_SHARED, out_fd, 0);
+    assert_true(seen != MAP_FAILED);
+    void *ctx = zmq_ctx_new();
+    void *sock = dealer(ctx, d.endpoint, "producer");
+    for (int round = 0; round < 2; round++) { /* the scan's carry runs on across both */
+        static const uint8_t ops[] = {TALLY_OP_FILTER, TALLY_OP_SCAN};
+        for (size_t i = 0; i < sizeof ops; i++) {
+            th_reply_t by_ref, by_payload;
+            assert_int_equal(ref_out_call(sock, ops[i], "o", in, N * 4, out, 64, &by_ref),
+                             TALLY_OK);
+            assert_int_equal(by_ref.len, 0);
+            tally_req_t req = th_req(ops[i], TALLY_DTYPE_I32, 7);
+            req.flags = ops[i] == TALLY_OP_FILTER ? TALLY_FLAG_FILTER_STABLE : 0;
+            req.pred = ops[i] == TALLY_OP_FILTER ? TALLY_PRED_GT : 0;
+            req.stream_len = 1;
+            req.stream[0] = 'p';
+            assert_int_equal(th_call(sock, &req, data, N * 4, &by_payload), 0);
+            assert_int_equal(by_payload.rep.status, TALLY_OK);
+            assert_int_equal(by_ref.rep.count, by_payload.rep.count);
+            assert_int_equal(by_ref.rep.aux0, by_payload.rep.aux0);
+            assert_memory_equal(seen + 64, by_payload.payload, by_payload.len);
+            th_reply_free(&by_ref);
+            th_reply_free(&by_payload);
+        }
+    }
+    /* The payloads ran on the least loaded GPU; the references on the regions' GPU 1. */
+    assert_int_equal(th_stat(sock, "tallyd_gpu_requests_total{device=\"1\"}"), 4);
+    th_reply_t r;
+    assert_int_equal(ref_out_call(sock, TALLY_OP_SCAN, NULL, in, 4096, in, 0, &r),
+                     TALLY_E_BAD_REF);
+    assert_non_null(strstr((const char *)r.payload, "read-only"));
+    th_reply_free(&r);
+    assert_int_equal(ref_out_call(sock, TALLY_OP_SCAN, NULL, in, 4096, far, 0, &r),
+                     TALLY_E_BAD_REF);
+    assert_non_null(strstr((const char *)r.payload, "both must be on one GPU"));
+    th_reply_free(&r);
+    assert_int_equal(ref_out_call(sock, TALLY_OP_SCAN, NULL, in, 4096, out, REGION_BYTES - 4096,
+                                  &r),
+                     TALLY_E_BAD_REF);
+    assert_non_null(strstr((const char *)r.payload, "output range"));
+    th_reply_free(&r);
+    /* A host region's input, a device region's output: run on the output's GPU (0 here). */
+    int host_fd = filled_memfd(REGION_BYTES, data, N * sizeof(int32_t));
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, "producer", 0, host_fd, &ans),
+                     TALLY_OK);
+    close(host_fd);
+    long long on0 = th_stat(sock, "tallyd_gpu_requests_total{device=\"0\"}");
+    assert_int_equal(ref_out_call(sock, TALLY_OP_FILTER, NULL, ans.a.handle, N * 4, far, 0, &r),
+                     TALLY_OK);
+    assert_int_equal(r.len, 0);
+    uint64_t kept = r.rep.count;
+    th_reply_free(&r);
+    const int32_t *far_seen = mmap(NULL, REGION_BYTES, PROT_READ, MAP_SHARED, far_fd, 0);
+    assert_true(far_seen != MAP_FAILED);
+    uint64_t want = 0;
+    for (int i = 0; i < N; i++)
+        if (data[i] > 0)
+            assert_int_equal(far_seen[want++], data[i]); /* stable: in input order */
+    assert_int_equal(kept, want);
+    assert_int_equal(th_stat(sock, "tallyd_gpu_requests_total{device=\"0\"}"), on0 + 1);
+    munmap((void *)far_seen, REGION_BYTES);
+    munmap((void *)seen, REGION_BYTES);
+    close(in_fd);
+    close(out_fd);
+    close(far_fd);
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    close(side);
+    free(data);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
+/* The CPU backend refuses a reference that names a device handle (bit 63) with the reason, as it
+ * refuses registering one. */
+static void test_cpu_backend_refuses_device_handles(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    uint8_t uuid[TALLY_GPU_UUID_SIZE];
+    int side = start_side(&d, NULL, 0, uuid);
+    int fd = filled_memfd(REGION_BYTES, NULL, 0);
+    th_answer_t ans;
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, "producer", 0, fd, &ans), TALLY_OK);
+    close(fd);
+    void *ctx = zmq_ctx_new();
+    void *sock = dealer(ctx, d.endpoint, "producer");
+    th_reply_t r;
+    const uint64_t device_handle = TALLY_SHM_DEVICE_HANDLE_BIT | 0x1234;
+    assert_int_equal(ref_out_call(sock, TALLY_OP_SCAN, NULL, ans.a.handle, 4096, device_handle,
+                                  0, &r),
+                     TALLY_E_BAD_REF);
+    assert_non_null(strstr((const char *)r.payload, "a GPU is needed for device regions"));
+    th_reply_free(&r);
+    assert_int_equal(ref_call(sock, TALLY_OP_HIST, NULL, device_handle, 0, 4096, 0, &r),
+                     TALLY_E_BAD_REF);
+    assert_non_null(strstr((const char *)r.payload, "a GPU is needed for device regions"));
+    th_reply_free(&r);
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    close(side);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
 }
 
@@ -588,6 +739,8 @@ int main(void)
         cmocka_unit_test(test_quotas),
         cmocka_unit_test(test_descriptor_held_until_release),
         cmocka_unit_test(test_requests_in_place),
+        cmocka_unit_test(test_device_output),
+        cmocka_unit_test(test_cpu_backend_refuses_device_handles),
         cmocka_unit_test(test_runs_on_its_gpu),
         cmocka_unit_test(test_gpu_failure_contained),
         cmocka_unit_test(test_device_buffers_bound),

@@ -270,7 +270,10 @@ static void build_reply(lane_t *l, slot_t *slot)
     /* The device wrote the output where the reply goes (an output region, or a pinned reply
      * buffer sent as it is), or into staging, from where it is copied into a malloc'd reply. */
     void *lent = slot->reply_buf;
-    bool direct = lent || td_shm_region_direct(r->shm_out);
+    unsigned gpu;
+    void *import;
+    bool direct = lent || td_shm_region_direct(r->shm_out) ||
+                  td_shm_region_device(r->shm_out, &gpu, &import); /* never read on the host */
     void *out = r->out_ptr ? r->out_ptr : lent;
     if (!out)
         out = malloc(bytes ? bytes : 1);
@@ -340,6 +343,8 @@ static td_gpu_job_t make_job(const td_request_t *r, unsigned slot)
     unsigned gpu; /* a device region is read in place (td_sched placed r on its GPU) */
     if (td_shm_region_device(r->shm_in, &gpu, &job.dev_import))
         job.dev_src = r->payload;
+    if (td_shm_region_device(r->shm_out, &gpu, &job.dev_out_import)) /* written in place */
+        job.dev_dst = r->out_ptr;
     return job;
 }
 

@@ -338,17 +338,19 @@ static td_gpu_small_t *lane_small(const cuda_lane_t *l)
 }
 
 /* Enqueues the kernel of one job on the lane, reading d_in (the lane's input buffer, or a device
- * region in place). */
+ * region in place) and writing a filter's or scan's output to the lane's output buffer, or
+ * straight into a device output region (job->dev_dst). */
 static tally_status_t enqueue_kernel(cuda_lane_t *l, const td_gpu_job_t *job, const void *d_in)
 {
+    void *d_out = job->dev_dst ? job->dev_dst : l->dev.d_out;
     switch (job->opcode) {
     case TALLY_OP_FILTER:
-        return tk_cuda_filter((tally_dtype_t)job->dtype, d_in, job->n, &job->spec, l->dev.d_out,
+        return tk_cuda_filter((tally_dtype_t)job->dtype, d_in, job->n, &job->spec, d_out,
                               &lane_small(l)->kept, l->dev.d_scratch, l->dev.scratch_bytes,
                               l->dev.stream);
     case TALLY_OP_SCAN: {
         int64_t *carry = &l->d_carries[job->carry_index];
-        return tk_cuda_scan(d_in, job->n, job->exclusive, job->out_i32, l->dev.d_out, carry, carry,
+        return tk_cuda_scan(d_in, job->n, job->exclusive, job->out_i32, d_out, carry, carry,
                             l->dev.d_scratch, l->dev.scratch_bytes, l->dev.stream);
     }
     case TALLY_OP_HIST: {
@@ -377,6 +379,9 @@ static tally_status_t cuda_lane_launch(void *lane, const td_gpu_job_t *job, td_g
      * shared-memory region is copied directly, anything else from pinned staging. */
     const void *src = job->src ? job->src : s->in;
     void *dst = job->dst ? job->dst : s->out;
+    /* A device output region's event too: its producer may still be reading the last output. */
+    if (job->dev_dst && (st = cuda_dev_wait(job->dev_out_import, l->dev.stream)) != TALLY_OK)
+        goto fail;
     if (job->dev_src)
         st = cuda_dev_wait(job->dev_import, l->dev.stream);
     else if (job->n)
@@ -392,14 +397,14 @@ static tally_status_t cuda_lane_launch(void *lane, const td_gpu_job_t *job, td_g
         goto fail;
     switch (job->opcode) {
     case TALLY_OP_FILTER:
-        if (job->n)
+        if (job->n && !job->dev_dst) /* a device output region already holds it */
             TK_CUDA_TRY(cudaMemcpyAsync(dst, l->dev.d_out, job->n * esize, cudaMemcpyDeviceToHost,
                                         l->dev.stream));
         TK_CUDA_TRY(cudaMemcpyAsync(&s->small->kept, &lane_small(l)->kept, sizeof(uint64_t),
                                     cudaMemcpyDeviceToHost, l->dev.stream));
         break;
     case TALLY_OP_SCAN:
-        if (job->n)
+        if (job->n && !job->dev_dst)
             TK_CUDA_TRY(cudaMemcpyAsync(dst, l->dev.d_out, job->n * (job->out_i32 ? 4 : 8),
                                         cudaMemcpyDeviceToHost, l->dev.stream));
         TK_CUDA_TRY(cudaMemcpyAsync(&s->small->carry, d_carry, sizeof(int64_t),

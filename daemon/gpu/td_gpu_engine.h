@@ -70,6 +70,11 @@ typedef struct {
      * it opened an IPC event, the lane waits on it first. */
     const void *dev_src;
     void *dev_import;
+    /* Filter or scan output into a device output region (registered with DEV_OUTPUT, on this
+     * lane's device): the kernel writes it there, nothing is copied back; NULL otherwise.
+     * dev_out_import is that region's import: the lane waits on its IPC event too. */
+    void *dev_dst;
+    void *dev_out_import;
 } td_gpu_job_t;
 
 /* What a device scan carry holds in the sim and fault engines when no request uploaded it, or

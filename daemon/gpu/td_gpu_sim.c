@@ -123,9 +123,10 @@ static tally_status_t sim_run(sim_lane_t *l, const td_gpu_job_t *job)
     tally_status_t st = TALLY_E_PARAM;
     size_t kept = 0;
     int64_t *carry = &l->d_carries[job->carry_index];
-    /* A registered region is read and written in place, as the CUDA engine's copies do. */
+    /* A registered region is read and written in place, as the CUDA engine's copies do (a device
+     * output region mapped read-write by sim_dev_import: the kernel's output lands there). */
     const void *src = job->dev_src ? job->dev_src : job->src ? job->src : l->staging[job->slot].in;
-    void *dst = job->dst ? job->dst : l->staging[job->slot].out;
+    void *dst = job->dev_dst ? job->dev_dst : job->dst ? job->dst : l->staging[job->slot].out;
     /* A device region is read in place, as the CUDA engine's kernels read it. */
     const void *in = job->dev_src ? job->dev_src : l->d_in;
     if (!job->dev_src)
