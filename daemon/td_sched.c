@@ -729,8 +729,11 @@ void td_sched_finished(td_sched_t *s, td_request_t *r)
             dispatch(s);
             return;
         }
-        td_metrics_count_gpu_request(s->metrics,
-                                     s->machine.device_ordinal(s->machine.ctx, r->where.device));
+        int ordinal = s->machine.device_ordinal(s->machine.ctx, r->where.device);
+        unsigned holder;
+        td_metrics_count_gpu_request(s->metrics, ordinal);
+        if (device_ref(r, &holder))
+            td_metrics_count_region_request(s->metrics, ordinal, holder != r->where.device);
     }
     if (rec) {
         rec->inflight--;

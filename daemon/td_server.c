@@ -225,6 +225,7 @@ static void sample_gauges(void *ctx, td_gauges_t *g)
         td_auth_counts(s->zmq.auth, &g->auth);
     }
     td_shm_gauges(s->shm, &g->shm_regions, &g->shm_bytes);
+    td_shm_device_gauges(s->shm, &g->gpu_regions, &g->gpu_region_bytes);
 }
 
 static tally_status_t host_view(void *ctx, const td_stream_t *stream, uint64_t window_ms,

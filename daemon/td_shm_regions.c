@@ -32,7 +32,8 @@ void td_shm_region_free(td_shm_t *shm, td_shm_region_t *region)
     if (region->device) { /* unmapped on its GPU, and its descriptor closed, only now */
         shm->device_count--;
         shm->device_bytes -= region->size;
-        shm->env.dev_release(shm->env.ctx, region->gpu, region->import);
+        if (region->import) /* NULL: its import was refused */
+            shm->env.dev_release(shm->env.ctx, region->gpu, region->import);
         td_debug("shm: device region %016" PRIx64 " released (%zu bytes)", region->handle,
                  region->size);
         free(region);

@@ -345,6 +345,75 @@ static void test_requests_in_place(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
 }
 
+/* A device region's import runs on a worker (TALLYD_TEST_SIM_REGISTER_US makes each take 1.5 s
+ * here): meanwhile pings are answered at once, the region's handle is not usable yet, and the
+ * producer's answer comes after; a refused import (a wrong size) is answered the same way, its
+ * descriptor closed; a connection closed mid-import leaves nothing imported (the descriptor
+ * closed). */
+static void test_import_off_loop(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    uint8_t uuid[TALLY_GPU_UUID_SIZE];
+    setenv("TALLYD_TEST_SIM_REGISTER_US", "1500000", 1);
+    int side = start_side(&d, sim2, 0, uuid);
+    unsetenv("TALLYD_TEST_SIM_REGISTER_US");
+    void *ctx = zmq_ctx_new();
+    void *sock = dealer(ctx, d.endpoint, "producer");
+    char value[256];
+    info_value(sock, "gpu_uuids", value, sizeof value);
+    int base = stable_fds(d.pid);
+    tally_shm_msg_t m = {.op = TALLY_SHM_OP_REGISTER_DEVICE,
+                         .id_len = 8,
+                         .dev_size = REGION_BYTES,
+                         .dev_flags = 0};
+    memcpy(m.id, "producer", 8);
+    memcpy(m.gpu_uuid, uuid, TALLY_GPU_UUID_SIZE);
+    uint8_t buf[TALLY_SHM_MSG_MAX];
+    size_t len = tally_shm_msg_encode(&m, buf);
+    int fd = filled_memfd(REGION_BYTES, NULL, 0);
+    assert_int_equal(th_side_send_raw(side, buf, len, &fd, 1), 0);
+    close(fd);
+    th_sleep_ms(200); /* tallyd has read it and handed it to a worker */
+    for (int i = 0; i < 5; i++) {
+        uint64_t t0 = th_now_ms();
+        th_reply_t r;
+        tally_req_t ping = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 40 + (uint64_t)i);
+        assert_int_equal(th_call(sock, &ping, NULL, 0, &r), 0);
+        th_reply_free(&r);
+        assert_true(th_now_ms() - t0 < 1000); /* a loop blocked in the import: ~1.3 s */
+    }
+    th_answer_t ans;
+    assert_int_equal(th_side_recv(side, &ans, 10000), 1);
+    assert_int_equal(ans.a.status, TALLY_OK);
+    assert_int_equal(ans.a.size, REGION_BYTES);
+    assert_int_equal(fds_reach(d.pid, base + 1), base + 1); /* the import holds its descriptor */
+    /* Refused on the worker (a wrong size): answered, its descriptor closed. */
+    fd = filled_memfd(REGION_BYTES, NULL, 0);
+    assert_int_equal(dev_register(side, fd, 2 * REGION_BYTES, uuid, 0, &ans), TALLY_E_BAD_REF);
+    assert_non_null(strstr(ans.msg, "not the allocation's size"));
+    close(fd);
+    assert_int_equal(fds_reach(d.pid, base + 1), base + 1);
+    assert_int_equal(th_stat(sock, "tallyd_gpu_regions"), 1);
+    /* A connection closed mid-import: once the worker is done, nothing of it is left. */
+    int side2 = th_side_connect(d.shm_socket);
+    assert_true(side2 >= 0);
+    fd = filled_memfd(REGION_BYTES, NULL, 0);
+    assert_int_equal(th_side_send_raw(side2, buf, len, &fd, 1), 0);
+    close(fd);
+    th_sleep_ms(200);
+    close(side2);
+    close(side); /* and the first region goes with its connection */
+    assert_int_equal(fds_reach(d.pid, base - 1), base - 1);
+    for (int i = 0; i < 100 && th_stat(sock, "tallyd_gpu_regions") != 0; i++)
+        th_sleep_ms(50);
+    assert_int_equal(th_stat(sock, "tallyd_gpu_regions"), 0);
+    assert_int_equal(th_stat(sock, "tallyd_gpu_region_bytes"), 0);
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
 /* A reference with an output range: out_offset and out_length set (the worst case, 2 x the
  * input's bytes for an int64 scan). */
 static uint32_t ref_out_call(void *sock, uint8_t opcode, const char *stream, uint64_t in,
@@ -525,6 +594,20 @@ static void test_runs_on_its_gpu(void **state)
     assert_int_equal(th_stat(sock, "tallyd_gpu_requests_total{device=\"1\"}"), COUNT);
     long long on0 = th_stat(sock, "tallyd_gpu_requests_total{device=\"0\"}");
     assert_true(on0 <= 0);
+    /* The device-region metrics: the region and its bytes, where its requests ran. */
+    assert_int_equal(th_stat(sock, "tallyd_gpu_regions"), 1);
+    assert_int_equal(th_stat(sock, "tallyd_gpu_region_bytes"), REGION_BYTES);
+    assert_int_equal(
+        th_stat(sock, "tallyd_gpu_region_requests_total{device=\"1\",where=\"owner\"}"), COUNT);
+    assert_int_equal(
+        th_stat(sock, "tallyd_gpu_region_requests_total{device=\"1\",where=\"peer\"}"), 0);
+    assert_int_equal(
+        th_stat(sock, "tallyd_gpu_region_requests_total{device=\"0\",where=\"owner\"}"), 0);
+    th_answer_t rel;
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_RELEASE, NULL, ans.a.handle, -1, &rel),
+                     TALLY_OK);
+    assert_int_equal(th_stat(sock, "tallyd_gpu_regions"), 0);
+    assert_int_equal(th_stat(sock, "tallyd_gpu_region_bytes"), 0);
     zmq_close(sock);
     zmq_ctx_term(ctx);
     close(side);
@@ -739,6 +822,7 @@ int main(void)
         cmocka_unit_test(test_quotas),
         cmocka_unit_test(test_descriptor_held_until_release),
         cmocka_unit_test(test_requests_in_place),
+        cmocka_unit_test(test_import_off_loop),
         cmocka_unit_test(test_device_output),
         cmocka_unit_test(test_cpu_backend_refuses_device_handles),
         cmocka_unit_test(test_runs_on_its_gpu),

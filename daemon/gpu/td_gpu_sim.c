@@ -27,8 +27,9 @@ typedef struct {
     /* Test-only: each simulated launch takes this long (TALLYD_TEST_SIM_LATENCY_US), so a test
      * can be sure a burst of requests is read before the first of them completes. */
     unsigned latency_us;
-    /* Test-only: each region registration takes this long (TALLYD_TEST_SIM_REGISTER_US), as
-     * pinning a large region does, so a test can see that it does not hold up the loop. */
+    /* Test-only: each region registration (host or device) takes this long
+     * (TALLYD_TEST_SIM_REGISTER_US), as pinning a large region does, so a test can see that it
+     * does not hold up the loop. */
     unsigned register_us;
 } sim_t;
 
@@ -272,9 +273,11 @@ static tally_status_t sim_dev_import(void *ctx, int device, int fd, uint64_t siz
                                      const uint8_t *event, void **import, void **ptr, char *why,
                                      size_t why_cap)
 {
-    (void)ctx;
+    sim_t *sim = ctx;
     (void)device;
     (void)event; /* the simulated device runs synchronously: nothing to wait for */
+    if (sim->register_us) /* as an import on a busy driver, when a test asks for it */
+        usleep(sim->register_us);
     int seals = fcntl(fd, F_GET_SEALS);
     struct stat st;
     if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW) ||
