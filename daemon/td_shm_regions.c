@@ -168,8 +168,11 @@ tally_status_t td_shm_resolve(td_shm_t *shm, const uint8_t *id, size_t id_len, u
                  r->device ? "registered without DEV_OUTPUT" : "write-sealed memfd");
         return TALLY_E_BAD_REF;
     }
-    if (r->device && shm->env.dev_usable && !shm->env.dev_usable(shm->env.ctx, r->gpu)) {
-        snprintf(msg, msg_cap, "the GPU holding region %016" PRIx64 " is unusable", handle);
+    const char *unusable = r->device && shm->env.dev_unusable
+                               ? shm->env.dev_unusable(shm->env.ctx, r->gpu, r->import)
+                               : NULL;
+    if (unusable) {
+        snprintf(msg, msg_cap, "the GPU holding region %016" PRIx64 " %s", handle, unusable);
         return TALLY_E_BAD_REF;
     }
     r->refs++;

@@ -92,6 +92,27 @@ static void info_value(void *sock, const char *key, char *out, size_t cap)
     th_reply_free(&r);
 }
 
+/* Closes a test's DEALER, its context and its side connection. */
+static void finish_clients(void *ctx, void *sock, int side)
+{
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    close(side);
+}
+
+/* A hist of a payload is answered ok (tallyd serves on, on a GPU or the CPU). */
+static void expect_payload_served(void *sock)
+{
+    int32_t batch[64] = {0};
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_I32, 5);
+    req.lo = -100;
+    req.hi = 100;
+    th_reply_t r;
+    assert_int_equal(th_call(sock, &req, batch, sizeof batch, &r), 0);
+    assert_int_equal(r.rep.status, TALLY_OK);
+    th_reply_free(&r);
+}
+
 /* Starts tallyd with args and connects to its side channel; uuid is simulated GPU gpu's. */
 static int start_side(th_daemon_t *d, const char *const *args, unsigned gpu, uint8_t *uuid)
 {
@@ -147,9 +168,7 @@ static void test_cpu_backend_refuses(void **state)
     char value[256];
     info_value(sock, "gpu_uuids", value, sizeof value);
     assert_string_equal(value, "");
-    zmq_close(sock);
-    zmq_ctx_term(ctx);
-    close(side);
+    finish_clients(ctx, sock, side);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
 }
 
@@ -338,9 +357,7 @@ static void test_requests_in_place(void **state)
     assert_int_equal(ref_call(sock, TALLY_OP_HIST, NULL, h, REGION_BYTES - 4, 8, 0, &r),
                      TALLY_E_BAD_REF);
     th_reply_free(&r);
-    zmq_close(sock);
-    zmq_ctx_term(ctx);
-    close(side);
+    finish_clients(ctx, sock, side);
     free(data);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
 }
@@ -530,9 +547,7 @@ static void test_device_output(void **state)
     close(in_fd);
     close(out_fd);
     close(far_fd);
-    zmq_close(sock);
-    zmq_ctx_term(ctx);
-    close(side);
+    finish_clients(ctx, sock, side);
     free(data);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
 }
@@ -562,9 +577,7 @@ static void test_cpu_backend_refuses_device_handles(void **state)
                      TALLY_E_BAD_REF);
     assert_non_null(strstr((const char *)r.payload, "a GPU is needed for device regions"));
     th_reply_free(&r);
-    zmq_close(sock);
-    zmq_ctx_term(ctx);
-    close(side);
+    finish_clients(ctx, sock, side);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
 }
 
@@ -608,9 +621,7 @@ static void test_runs_on_its_gpu(void **state)
                      TALLY_OK);
     assert_int_equal(th_stat(sock, "tallyd_gpu_regions"), 0);
     assert_int_equal(th_stat(sock, "tallyd_gpu_region_bytes"), 0);
-    zmq_close(sock);
-    zmq_ctx_term(ctx);
-    close(side);
+    finish_clients(ctx, sock, side);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
 }
 
@@ -648,17 +659,100 @@ static void test_gpu_failure_contained(void **state)
     assert_int_equal(dev_register(side, fd, REGION_BYTES, uuid, 0, &ans), TALLY_E_BAD_REF);
     assert_non_null(strstr(ans.msg, "a GPU is needed"));
     close(fd);
-    int32_t batch[64] = {0};
-    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_I32, 5);
-    req.lo = -100;
-    req.hi = 100;
-    assert_int_equal(th_call(sock, &req, batch, sizeof batch, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_OK);
-    th_reply_free(&r);
-    zmq_close(sock);
-    zmq_ctx_term(ctx);
-    close(side);
+    expect_payload_served(sock);
+    finish_clients(ctx, sock, side);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
+/* `info` lists simulated GPU gpu among the usable ones within timeout_ms: true, else false. */
+static bool gpu_listed(void *sock, unsigned gpu, int timeout_ms)
+{
+    char want[48], value[256];
+    snprintf(want, sizeof want, "GPU-74616c6c-7964-2d73-696d-2d67707500%02x", gpu);
+    for (int waited = 0;; waited += 50) {
+        info_value(sock, "gpu_uuids", value, sizeof value);
+        if (strstr(value, want))
+            return true;
+        if (waited >= timeout_ms)
+            return false;
+        th_sleep_ms(50);
+    }
+}
+
+/* A lost context is contained and recreated (issue 23): the first launch loses GPU 0's context
+ * (TALLYD_TEST_FAULT_STICKY=1: it never completes, and the device fails everything after, as a
+ * CUDA context after an illegal address does). The device-region request on it is answered
+ * `internal`; tallyd serves on (payloads, GPU 1's regions); once GPU 0 is idle its context is
+ * recreated: it is listed again, a region registered before the reset is refused ("was reset",
+ * register it again), its release still closes its descriptor, and a region registered again
+ * runs on GPU 0. With TALLYD_TEST_FAULT_RESET_FAILS=1 the recreation fails: GPU 0 stays out,
+ * regions on it are refused, and tallyd serves on with GPU 1 and the CPU. */
+static void context_lost_run(bool reset_fails)
+{
+    th_daemon_t d;
+    uint8_t uuid0[TALLY_GPU_UUID_SIZE], uuid1[TALLY_GPU_UUID_SIZE];
+    setenv("TALLYD_TEST_FAULT_STICKY", "1", 1);
+    if (reset_fails)
+        setenv("TALLYD_TEST_FAULT_RESET_FAILS", "1", 1);
+    int side = start_side(&d, sim2, 0, uuid0);
+    unsetenv("TALLYD_TEST_FAULT_STICKY");
+    unsetenv("TALLYD_TEST_FAULT_RESET_FAILS");
+    sim_uuid(1, uuid1);
+    void *ctx = zmq_ctx_new();
+    void *sock = dealer(ctx, d.endpoint, "producer");
+    th_answer_t ans;
+    int fd0 = filled_memfd(REGION_BYTES, NULL, 0), fd1 = filled_memfd(REGION_BYTES, NULL, 0);
+    assert_int_equal(dev_register(side, fd0, REGION_BYTES, uuid0, 0, &ans), TALLY_OK);
+    uint64_t h0 = ans.a.handle;
+    assert_int_equal(dev_register(side, fd1, REGION_BYTES, uuid1, 0, &ans), TALLY_OK);
+    uint64_t h1 = ans.a.handle;
+    th_reply_t r;
+    assert_int_equal(ref_call(sock, TALLY_OP_HIST, NULL, h0, 0, 4096, 0, &r), TALLY_E_INTERNAL);
+    assert_non_null(strstr((const char *)r.payload, "the GPU failed"));
+    th_reply_free(&r);
+    expect_payload_served(sock); /* served on: a payload, and the other GPU's region */
+    assert_int_equal(ref_call(sock, TALLY_OP_HIST, NULL, h1, 0, 4096, 0, &r), TALLY_OK);
+    th_reply_free(&r);
+    int base = stable_fds(d.pid);
+    if (reset_fails) {
+        assert_false(gpu_listed(sock, 0, 1000));
+        assert_true(th_daemon_log_contains(&d, "cannot recreate its context"));
+        assert_int_equal(dev_register(side, fd0, REGION_BYTES, uuid0, 0, &ans), TALLY_E_BAD_REF);
+        assert_non_null(strstr(ans.msg, "no GPU with UUID"));
+        assert_int_equal(ref_call(sock, TALLY_OP_HIST, NULL, h0, 0, 4096, 0, &r), TALLY_E_BAD_REF);
+        assert_non_null(strstr((const char *)r.payload, "is unusable"));
+        th_reply_free(&r);
+    } else {
+        assert_true(gpu_listed(sock, 0, 10000));
+        assert_true(th_daemon_log_contains(&d, "context recreated after a failure"));
+        assert_int_equal(ref_call(sock, TALLY_OP_HIST, NULL, h0, 0, 4096, 0, &r), TALLY_E_BAD_REF);
+        assert_non_null(strstr((const char *)r.payload, "register the region again"));
+        th_reply_free(&r);
+        assert_int_equal(th_side_call(side, TALLY_SHM_OP_RELEASE, NULL, h0, -1, &ans), TALLY_OK);
+        assert_int_equal(fds_reach(d.pid, base - 1), base - 1); /* its descriptor closed */
+        long long on0 = th_stat(sock, "tallyd_gpu_requests_total{device=\"0\"}");
+        assert_int_equal(dev_register(side, fd0, REGION_BYTES, uuid0, 0, &ans), TALLY_OK);
+        assert_int_equal(ref_call(sock, TALLY_OP_HIST, NULL, ans.a.handle, 0, 4096, 0, &r),
+                         TALLY_OK);
+        th_reply_free(&r);
+        assert_int_equal(th_stat(sock, "tallyd_gpu_requests_total{device=\"0\"}"), on0 + 1);
+    }
+    close(fd0);
+    close(fd1);
+    finish_clients(ctx, sock, side);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
+static void test_context_recreated(void **state)
+{
+    (void)state;
+    context_lost_run(false);
+}
+
+static void test_context_not_recreated(void **state)
+{
+    (void)state;
+    context_lost_run(true);
 }
 
 /* A filter or scan by device reference above the GPU's buffers (64 MiB) is refused too_large,
@@ -693,9 +787,7 @@ static void test_device_buffers_bound(void **state)
     char value[256];
     info_value(sock, "gpu_uuids", value, sizeof value);
     assert_string_equal(value, "GPU-74616c6c-7964-2d73-696d-2d6770750000");
-    zmq_close(sock);
-    zmq_ctx_term(ctx);
-    close(side);
+    finish_clients(ctx, sock, side);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
 }
 
@@ -827,6 +919,8 @@ int main(void)
         cmocka_unit_test(test_cpu_backend_refuses_device_handles),
         cmocka_unit_test(test_runs_on_its_gpu),
         cmocka_unit_test(test_gpu_failure_contained),
+        cmocka_unit_test(test_context_recreated),
+        cmocka_unit_test(test_context_not_recreated),
         cmocka_unit_test(test_device_buffers_bound),
         cmocka_unit_test(test_libtally_gpu_register),
         cmocka_unit_test(test_deferred_release),

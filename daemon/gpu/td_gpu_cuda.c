@@ -309,16 +309,49 @@ fail:
     return st;
 }
 
-static void cuda_dev_release(void *ctx, void *import)
+static void cuda_dev_release(void *ctx, void *import, bool stale)
 {
     (void)ctx;
     cuda_import_t *im = import;
     /* No kernel of ours still reads it: the last request using it has been answered, after its
-     * kernel completed. So no synchronisation, which would stall the loop thread. */
-    (void)cudaSetDevice(im->device);
-    import_undo(im);
+     * kernel completed. So no synchronisation, which would stall the loop thread. Stale (the
+     * device was reset since): the old context took the mapping, handle and event with it. */
+    if (!stale) {
+        (void)cudaSetDevice(im->device);
+        import_undo(im);
+    }
     close(im->fd); /* now the producer's driver may free the memory */
     free(im);
+}
+
+/* Recreates the device's primary context after a sticky error (td_gpu_device.c), its lanes
+ * closed: cudaDeviceReset, then a probe (an allocation, a memset, a synchronisation). CUDA says
+ * that after some errors only a new process helps; then the probe fails and the device stays
+ * unusable. */
+static tally_status_t cuda_device_reset(void *ctx, int device, char *why, size_t why_cap)
+{
+    (void)ctx;
+    void *probe = NULL;
+    cudaError_t err = cudaSetDevice(device);
+    if (err == cudaSuccess)
+        err = cudaDeviceReset();
+    if (err == cudaSuccess)
+        err = cudaSetDevice(device);
+    if (err == cudaSuccess)
+        err = cudaMalloc(&probe, 4096);
+    if (err == cudaSuccess)
+        err = cudaMemset(probe, 0, 4096);
+    if (err == cudaSuccess)
+        err = cudaDeviceSynchronize();
+    if (probe)
+        (void)cudaFree(probe);
+    if (err != cudaSuccess) {
+        snprintf(why, why_cap, "cudaDeviceReset and a probe on GPU %d: %s", device,
+                 cudaGetErrorString(err));
+        (void)cudaGetLastError();
+        return TALLY_E_BACKEND;
+    }
+    return TALLY_OK;
 }
 
 /* The lane's stream waits on the region's IPC event, when it has one: the producer recorded it

@@ -169,8 +169,15 @@ struct td_gpu_engine {
     tally_status_t (*dev_import)(void *ctx, int device, int fd, uint64_t size, bool writable,
                                  const uint8_t *event, void **import, void **ptr, char *why,
                                  size_t why_cap);
-    /* Unmaps, releases the imported handle and the event, closes the descriptor. */
-    void (*dev_release)(void *ctx, void *import);
+    /* Unmaps, releases the imported handle and the event, closes the descriptor. `stale`: the
+     * import was made before a device_reset of its device, whose context took the mapping, the
+     * handle and the event with it: only the descriptor is closed. */
+    void (*dev_release)(void *ctx, void *import, bool stale);
+    /* Recreates `device`'s context after a failure left it unusable (a sticky error), once its
+     * lanes are closed and nothing of it is in flight, then checks it works: cudaDeviceReset and
+     * a probe for cuda, nothing for sim. TALLY_E_BACKEND with why when the device stays unusable.
+     * On a libuv worker thread. NULL: the engine cannot. */
+    tally_status_t (*device_reset)(void *ctx, int device, char *why, size_t why_cap);
     /* Host memory the devices copy to and from directly (cudaMallocHost for cuda, malloc for
      * sim), allocated at start only: the pipeline's pinned reply buffers. NULL when it cannot. */
     void *(*host_alloc)(void *ctx, int device, size_t size);
@@ -192,6 +199,7 @@ struct td_gpu_engine {
         .region_register = prefix##_region_register,                                               \
         .region_unregister = prefix##_region_unregister, .device_uuid = prefix##_device_uuid,      \
         .dev_import = prefix##_dev_import, .dev_release = prefix##_dev_release,                    \
+        .device_reset = prefix##_device_reset,                                                     \
         .host_alloc = prefix##_host_alloc, .host_free = prefix##_host_free,                        \
         .error_string = prefix##_error_string, .destroy = prefix##_destroy,                        \
     }
@@ -204,6 +212,12 @@ typedef struct {
     bool oom_at_open;          /* lane_open fails, out of memory, ... */
     unsigned lanes_before_oom; /* ... after this many lanes opened */
     unsigned slow_us;          /* every completion comes this much later */
+    /* The sticky_at-th launch (1-based, counted over all lanes; 0: none) loses its device's
+     * context, as an illegal address does on a GPU: it never completes, lane_check reports the
+     * failure and every later launch on that device fails, until device_reset recreates it
+     * (which fails instead with reset_fails). */
+    unsigned sticky_at;
+    bool reset_fails;
 } td_gpu_fault_opts_t;
 /* Wraps `inner`, which it owns from here (destroyed with it, or at once on failure). */
 tally_status_t td_gpu_engine_fault_new(td_gpu_engine_t *inner, const td_gpu_fault_opts_t *opts,

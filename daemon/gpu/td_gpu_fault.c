@@ -13,7 +13,10 @@
  *   - out of memory at lane_open, after lanes_before_oom lanes (oom_at_open), as cudaMalloc
  *     fails on a device that is full;
  *   - slow completions (slow_us): done() comes that much later, on the thread that completes
- *     the job (for cuda, CUDA's callback thread, holding up the lane as a slow device would).
+ *     the job (for cuda, CUDA's callback thread, holding up the lane as a slow device would);
+ *   - a lost context (sticky_at): one launch is accepted and never completes, and from then on
+ *     the device fails lane_check and every launch, as a CUDA context after a sticky error
+ *     (an illegal address) does, until device_reset recreates it (or, with reset_fails, cannot).
  *
  * A failed launch must leave nothing of the job running (the table's contract), so an injected
  * failure waits for the job, and then for the clobber, before it returns: slow, but only ever
@@ -27,11 +30,15 @@
 
 #include "td_gpu_engine.h"
 
+#define FAULT_DEVICES_MAX 64 /* devices whose context can be lost (the sim has at most 16) */
+
 typedef struct {
     td_gpu_engine_t *inner;
     td_gpu_fault_opts_t opts;
     atomic_ulong launches;
+    atomic_ulong sticky_launches;
     atomic_uint lanes_opened;
+    atomic_bool lost[FAULT_DEVICES_MAX]; /* the device's context is lost (sticky_at) */
 } fault_t;
 
 /* The pipeline's completion of one slot's job, delayed (slow_us). */
@@ -44,6 +51,7 @@ typedef struct {
 typedef struct {
     fault_t *f;
     void *inner;
+    int device;
     td_gpu_staging_t *staging;
     delayed_done_t *delayed; /* one per staging slot */
 } fault_lane_t;
@@ -154,9 +162,32 @@ static tally_status_t inject(fault_lane_t *l, const split_t *split, const td_gpu
     return TALLY_E_BACKEND;
 }
 
+/* The lane's device has lost its context (sticky_at), or loses it with this launch: true, and
+ * *st says what the launch returns (accepted, never completing; or failed). */
+static bool context_lost(fault_lane_t *l, tally_status_t *st)
+{
+    fault_t *f = l->f;
+    if (l->device < 0 || l->device >= FAULT_DEVICES_MAX)
+        return false;
+    if (atomic_load(&f->lost[l->device])) {
+        snprintf(fault_error, sizeof fault_error,
+                 "injected fault: the context of device %d is lost (a test setting)", l->device);
+        *st = TALLY_E_BACKEND;
+        return true;
+    }
+    if (!f->opts.sticky_at || atomic_fetch_add(&f->sticky_launches, 1) + 1 != f->opts.sticky_at)
+        return false;
+    atomic_store(&f->lost[l->device], true); /* this job never completes: done is not called */
+    *st = TALLY_OK;
+    return true;
+}
+
 static tally_status_t launch(fault_lane_t *l, const split_t *split, const td_gpu_job_t *job,
                              td_gpu_done_fn done, void *arg)
 {
+    tally_status_t st;
+    if (context_lost(l, &st))
+        return st;
     if (fault_due(l->f))
         return inject(l, split, job);
     if (!l->f->opts.slow_us)
@@ -209,6 +240,7 @@ static tally_status_t fault_lane_open(void *ctx, int device, size_t max_batch, u
         return TALLY_E_INTERNAL;
     }
     l->f = f;
+    l->device = device;
     l->staging = staging;
     tally_status_t st = f->inner->lane_open(f->inner->ctx, device, max_batch, slots, carries,
                                             &l->inner, staging, device_bytes, why, why_cap);
@@ -230,6 +262,11 @@ static tally_status_t fault_lane_bind(void *lane)
 static tally_status_t fault_lane_check(void *lane)
 {
     fault_lane_t *l = lane;
+    if (l->device >= 0 && l->device < FAULT_DEVICES_MAX && atomic_load(&l->f->lost[l->device])) {
+        snprintf(fault_error, sizeof fault_error,
+                 "injected fault: the context of device %d is lost (a test setting)", l->device);
+        return TALLY_E_BACKEND;
+    }
     return passed(l->f, l->f->inner->lane_check(l->inner));
 }
 
@@ -272,10 +309,24 @@ static tally_status_t fault_dev_import(void *ctx, int device, int fd, uint64_t s
                                 why_cap);
 }
 
-static void fault_dev_release(void *ctx, void *import)
+static void fault_dev_release(void *ctx, void *import, bool stale)
 {
     fault_t *f = ctx;
-    f->inner->dev_release(f->inner->ctx, import);
+    f->inner->dev_release(f->inner->ctx, import, stale);
+}
+
+/* Recreates a lost context (sticky_at), unless reset_fails; then the inner engine's reset. */
+static tally_status_t fault_device_reset(void *ctx, int device, char *why, size_t why_cap)
+{
+    fault_t *f = ctx;
+    if (f->opts.reset_fails) {
+        snprintf(why, why_cap, "injected fault: the context of device %d cannot be recreated",
+                 device);
+        return TALLY_E_BACKEND;
+    }
+    if (device >= 0 && device < FAULT_DEVICES_MAX)
+        atomic_store(&f->lost[device], false);
+    return f->inner->device_reset(f->inner->ctx, device, why, why_cap);
 }
 
 static void *fault_host_alloc(void *ctx, int device, size_t size)
@@ -324,12 +375,17 @@ tally_status_t td_gpu_engine_fault_new(td_gpu_engine_t *inner, const td_gpu_faul
     f->inner = inner;
     f->opts = *opts;
     atomic_init(&f->launches, 0);
+    atomic_init(&f->sticky_launches, 0);
     atomic_init(&f->lanes_opened, 0);
+    for (unsigned i = 0; i < FAULT_DEVICES_MAX; i++)
+        atomic_init(&f->lost[i], false);
     *e = fault_engine;
     e->name = inner->name; /* what runs the batches: the metrics and info say "sim" or "cuda" */
     e->ctx = f;
     if (!inner->lane_launch_split)
         e->lane_launch_split = NULL;
+    if (!inner->device_reset)
+        e->device_reset = NULL;
     *out = e;
     return TALLY_OK;
 }

@@ -302,13 +302,24 @@ static tally_status_t sim_dev_import(void *ctx, int device, int fd, uint64_t siz
     return TALLY_OK;
 }
 
-static void sim_dev_release(void *ctx, void *import)
+static void sim_dev_release(void *ctx, void *import, bool stale)
 {
     (void)ctx;
+    (void)stale; /* a simulated reset leaves the mapping: unmapped either way */
     sim_import_t *im = import;
     munmap(im->base, im->size);
     close(im->fd);
     free(im);
+}
+
+/* A simulated device has no context to recreate. */
+static tally_status_t sim_device_reset(void *ctx, int device, char *why, size_t why_cap)
+{
+    (void)ctx;
+    (void)device;
+    (void)why;
+    (void)why_cap;
+    return TALLY_OK;
 }
 
 static void *sim_host_alloc(void *ctx, int device, size_t size)
