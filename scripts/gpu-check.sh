@@ -37,6 +37,17 @@
 #               tk_cuda_hist_u8 on local memory in the same run; filter and scan i32 32 MiB from
 #               a device region into a device output region against their kernels: lines
 #               "bench:")
+#   gpu-region-cli
+#               `tally hist|filter|scan --gpu-region` (libtally's device ring: tally_gpu_alloc,
+#               copies, requests by device reference, filter and scan output written into the
+#               device region by tallyd) against the same commands without it, on a 16 MiB file
+#               (lines "gpu-region-cli: CMD: identical"; "DIFFERS" is a failure), and the
+#               device-region requests counted (tallyd_gpu_region_requests_total ... owner)
+#   recover     a lost context recreated on the real GPU (TALLYD_TEST_FAULT_STICKY=12: the 12th
+#               launch never completes and the device fails after it, as after an illegal
+#               address): every `tally hist` output stays identical, the log says "context
+#               recreated after a failure", GPU requests and a --gpu-region run go on after it
+#               (lines "recover: ...")
 #   kernels     bench/kernel_bench (kernels against copy bandwidth and CUB)
 #   variants    kernel_bench and the quick kernel test of builds with other tuning constants:
 #               VARIANTS="name:-DFLAG=V,-DFLAG2=W ..."
@@ -271,6 +282,75 @@ step_info() {
   note "tallyd exit: $?"
 }
 
+# A tallyd on the GPU for the steps below, on its own port and side channel under $1; its pid in
+# TALLYD_PID. Extra environment comes through the caller's.
+start_gpu_tallyd() {
+  local dir=$1 port=$2
+  "$TALLYD_BIN" --backend cuda --bind "tcp://127.0.0.1:$port" --shm-socket "$dir/shm.sock" \
+    2>"$dir/tallyd.log" &
+  TALLYD_PID=$!
+  for _ in $(seq 50); do
+    "$TALLY_BIN" -e "tcp://127.0.0.1:$port" ping >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  note "tallyd did not start: $(tail -3 "$dir/tallyd.log")"
+  return 1
+}
+
+stop_gpu_tallyd() {
+  kill -TERM "$TALLYD_PID" 2>/dev/null
+  wait "$TALLYD_PID"
+  note "$1: tallyd exit: $?"
+}
+
+# Each data command with --gpu-region against the same without it (binary output files).
+step_gpu_region_cli() {
+  local dir=$OUT/gpu-region-cli ep=tcp://127.0.0.1:5702 cmd i=0
+  mkdir -p "$dir"
+  head -c 16M /dev/urandom >"$dir/in.bin"
+  start_gpu_tallyd "$dir" 5702 || return
+  for cmd in "hist --in in.bin" "hist --type i32 --range -1000000000 1000000000 --in in.bin" \
+    "hist --type rgb --in in.bin" "filter --gt 0 --stable --in in.bin" \
+    "filter --type u8 --lt 100 --stable --in in.bin --chunk 3M" "scan --in in.bin" \
+    "scan --out32 --exclusive --in in.bin --chunk 256K"; do
+    i=$((i + 1))
+    # shellcheck disable=SC2086 # cmd is words
+    (cd "$dir" && "$TALLY_BIN" -e $ep $cmd --out plain$i.bin 2>plain$i.err &&
+      "$TALLY_BIN" -e $ep $cmd --gpu-region --out dev$i.bin 2>dev$i.err)
+    if cmp -s "$dir/plain$i.bin" "$dir/dev$i.bin"; then
+      note "gpu-region-cli: $cmd: identical"
+    else
+      note "gpu-region-cli: $cmd: DIFFERS ($(head -c 300 "$dir/dev$i.err"))"
+    fi
+  done
+  "$TALLY_BIN" -e $ep stats | grep -E "tallyd_gpu_region" | tee -a "$S"
+  stop_gpu_tallyd gpu-region-cli
+}
+
+# A lost context, injected on the real GPU, is recreated and the GPU serves again.
+step_recover() {
+  local dir=$OUT/recover ep=tcp://127.0.0.1:5703 ref i before after
+  mkdir -p "$dir"
+  head -c 8M /dev/urandom >"$dir/in.bin"
+  TALLYD_TEST_FAULT_STICKY=12 start_gpu_tallyd "$dir" 5703 || return
+  (cd "$dir" && "$TALLY_BIN" -e $ep hist --in in.bin --chunk 1M --out ref.bin)
+  for i in 1 2 3 4; do
+    (cd "$dir" && "$TALLY_BIN" -e $ep hist --in in.bin --chunk 1M --out run$i.bin)
+    cmp -s "$dir/ref.bin" "$dir/run$i.bin" && ref=identical || ref=DIFFERS
+    note "recover: hist run $i: $ref"
+  done
+  sleep 2
+  grep -E "unusable|context recreated|cannot recreate" "$dir/tallyd.log" | head -5 | tee -a "$S"
+  before=$("$TALLY_BIN" -e $ep stats | grep -F 'tallyd_gpu_requests_total{device="0"}')
+  (cd "$dir" && "$TALLY_BIN" -e $ep hist --in in.bin --chunk 1M --out after.bin &&
+    "$TALLY_BIN" -e $ep hist --in in.bin --chunk 1M --gpu-region --out region.bin)
+  after=$("$TALLY_BIN" -e $ep stats | grep -F 'tallyd_gpu_requests_total{device="0"}')
+  cmp -s "$dir/ref.bin" "$dir/after.bin" && ref=identical || ref=DIFFERS
+  note "recover: after the recreation: hist $ref; --gpu-region $(cmp -s "$dir/ref.bin" \
+    "$dir/region.bin" && echo identical || echo DIFFERS); GPU 0 requests: $before -> $after"
+  stop_gpu_tallyd recover
+}
+
 # The unit's [Service] settings on a transient unit, where systemd runs.
 step_systemd() {
   systemd-analyze security --offline=true $B/systemd/tallyd.service 2>/dev/null | tail -1 | tee -a "$S"
@@ -306,6 +386,8 @@ for step in $STEPS; do
   soak-collect) step_soak_collect ;;
   asan-stop) step_asan_stop ;;
   kernel-test) step_kernel_test ;;
+  gpu-region-cli) step_gpu_region_cli ;;
+  recover) step_recover ;;
   daemon-memcheck) step_daemon_memcheck ;;
   memcheck | racecheck) step_sanitizer "$step" ;;
   path | loadgen | curve | recv-ab | io-threads | malloc-ab) step_bench "$step" ;;

@@ -431,6 +431,80 @@ static void test_import_off_loop(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
 }
 
+/* `tally hist|filter|scan --gpu-region` (TALLY_TEST_SIM_GPU=1: libtally's "GPU memory" is a
+ * sealed memfd that the simulated GPUs import): the chunks go by device reference, filter and
+ * scan output is written into the device region by tallyd, and every output equals the one
+ * without --gpu-region; the device path was taken (tallyd_gpu_region_requests_total) and its
+ * region released at the end. Without a device region to be had (a CPU-backend tallyd, or no
+ * CUDA driver) the command fails with the reason. */
+static void test_cli_gpu_region(void **state)
+{
+    (void)state;
+    char dir[64];
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-gpuregion"), 0);
+    enum { N = 300000 };
+    int32_t *data = th_random_i32(N, -1000, 1000);
+    assert_int_equal(th_write_file(dir, "in.bin", data, N * sizeof(int32_t)), 0);
+    th_daemon_t d;
+    uint8_t uuid[TALLY_GPU_UUID_SIZE];
+    int side = start_side(&d, sim2, 0, uuid);
+    close(side);
+    static const char *const cmds[] = {
+        "hist --type i32 --range -1000 1000 --in in.bin --chunk 256K",
+        "filter --gt 100 --stable --in in.bin --chunk 256K",
+        "scan --in in.bin --chunk 256K --stream s1",
+        "scan --out32 --exclusive --in in.bin --chunk 64K",
+    };
+    setenv("TALLY_TEST_SIM_GPU", "1", 1);
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        th_cli_t plain = th_cli(dir, d.endpoint, "%s", cmds[i]);
+        th_cli_t dev = th_cli(dir, d.endpoint, "%s --gpu-region", cmds[i]);
+        if (plain.status != 0 || dev.status != 0)
+            fail_msg("%s: exit %d / %d: %s %s", cmds[i], plain.status, dev.status, plain.err,
+                     dev.err);
+        if (i == 2) /* the stream's second push continues its sums: compare with a fresh one */
+            assert_true(strcmp(plain.out, dev.out) != 0);
+        else if (strcmp(plain.out, dev.out) != 0)
+            fail_msg("%s: the output differs with --gpu-region", cmds[i]);
+        th_cli_free(&plain);
+        th_cli_free(&dev);
+    }
+    th_cli_t fresh = th_cli(dir, d.endpoint, "scan --in in.bin --chunk 256K --gpu-region --stream s2");
+    th_cli_t fresh_plain = th_cli(dir, d.endpoint, "scan --in in.bin --chunk 256K --stream s3");
+    assert_int_equal(fresh.status, 0);
+    assert_string_equal(fresh.out, fresh_plain.out);
+    th_cli_free(&fresh);
+    th_cli_free(&fresh_plain);
+    void *ctx = zmq_ctx_new();
+    void *sock = dealer(ctx, d.endpoint, "producer");
+    assert_true(th_stat(sock, "tallyd_gpu_region_requests_total{device=\"0\",where=\"owner\"}") >
+                10);
+    for (int i = 0; i < 100 && th_stat(sock, "tallyd_gpu_regions") != 0; i++)
+        th_sleep_ms(50);
+    assert_int_equal(th_stat(sock, "tallyd_gpu_regions"), 0);
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+    /* A CPU-backend tallyd refuses the region: the reason, exit status 1. */
+    side = start_side(&d, NULL, 0, uuid);
+    close(side);
+    th_cli_t r = th_cli(dir, d.endpoint, "hist --in in.bin --gpu-region");
+    assert_int_not_equal(r.status, 0);
+    assert_non_null(strstr(r.err, "a GPU is needed for device regions"));
+    th_cli_free(&r);
+    unsetenv("TALLY_TEST_SIM_GPU");
+    if (access("/dev/nvidiactl", F_OK) != 0) { /* no driver: says so */
+        r = th_cli(dir, d.endpoint, "hist --in in.bin --gpu-region");
+        assert_int_not_equal(r.status, 0);
+        assert_non_null(strstr(r.err, "cannot allocate"));
+        assert_non_null(strstr(r.err, "CUDA"));
+        th_cli_free(&r);
+    }
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+    assert_int_equal(th_rmrf(dir), 0);
+    free(data);
+}
+
 /* A reference with an output range: out_offset and out_length set (the worst case, 2 x the
  * input's bytes for an int64 scan). */
 static uint32_t ref_out_call(void *sock, uint8_t opcode, const char *stream, uint64_t in,
@@ -915,6 +989,7 @@ int main(void)
         cmocka_unit_test(test_descriptor_held_until_release),
         cmocka_unit_test(test_requests_in_place),
         cmocka_unit_test(test_import_off_loop),
+        cmocka_unit_test(test_cli_gpu_region),
         cmocka_unit_test(test_device_output),
         cmocka_unit_test(test_cpu_backend_refuses_device_handles),
         cmocka_unit_test(test_runs_on_its_gpu),
