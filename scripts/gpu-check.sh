@@ -43,6 +43,14 @@
 #               device region by tallyd) against the same commands without it, on a 16 MiB file
 #               (lines "gpu-region-cli: CMD: identical"; "DIFFERS" is a failure), and the
 #               device-region requests counted (tallyd_gpu_region_requests_total ... owner)
+#   gpu-region-py
+#               the Python binding's GpuRegion on the GPU (bench/gpu_region_py.py): hist by
+#               device reference on 64 and 256 MiB regions, 8 threads with a client each (8 in
+#               flight), lines "gpu-region-py: hist u8 SIZE MiB, 8 in flight: G GB/s" (the
+#               README's CuPy figure; compare with STEPS=region's "bench:" kernel ceiling), the
+#               regions filled through CuPy if installed, torch.as_tensor if PyTorch is; then
+#               the README's GPU examples (<!-- python: gpu -->) when CuPy is there. Needs
+#               NumPy (Debian's, carried by fetch-device-deps.sh, when python3 lacks it)
 #   recover     a lost context recreated on the real GPU (TALLYD_TEST_FAULT_STICKY=12: the 12th
 #               launch never completes and the device fails after it, as after an illegal
 #               address): every `tally hist` output stays identical, the log says "context
@@ -327,6 +335,35 @@ step_gpu_region_cli() {
   stop_gpu_tallyd gpu-region-cli
 }
 
+# The Python binding's GpuRegion on the GPU: the benchmark, then the README's GPU examples.
+step_gpu_region_py() {
+  local dir=$OUT/gpu-region-py py=python3
+  mkdir -p "$dir"
+  export PYTHONPATH=$PWD/client/python:/opt/deps/usr/lib/python3/dist-packages
+  export TALLY_LIBRARY=$PWD/$B/client/libtally.so
+  if ! $py -c 'import numpy' 2>"$dir/numpy.err"; then
+    note "gpu-region-py: no NumPy for $py ($(tail -1 "$dir/numpy.err")): skipped"
+    return
+  fi
+  start_gpu_tallyd "$dir" 5704 || return
+  timed gpu_region_py 240 $py bench/gpu_region_py.py tcp://127.0.0.1:5704 8 5 >"$dir/bench.log" 2>&1
+  grep -E "gpu-region-py|Error|error" "$dir/bench.log" | head -12 | tee -a "$S"
+  if $py -c 'import cupy' 2>/dev/null; then
+    TALLY_ENDPOINT=tcp://127.0.0.1:5704 timed "README GPU examples" 120 $py -c '
+import pathlib, sys
+lines = pathlib.Path("README.md").read_text().splitlines()
+for i, line in enumerate(lines):
+    if line.strip() == "<!-- python: gpu -->" and lines[i + 1] == "```python":
+        end = lines.index("```", i + 2)
+        exec(compile("\n".join(lines[i + 2:end]), "README.md", "exec"), {})
+' >"$dir/readme.log" 2>&1
+    tail -5 "$dir/readme.log" | tee -a "$S"
+  else
+    note "gpu-region-py: CuPy not installed: the README's CuPy example not run"
+  fi
+  stop_gpu_tallyd gpu-region-py
+}
+
 # A lost context, injected on the real GPU, is recreated and the GPU serves again.
 step_recover() {
   local dir=$OUT/recover ep=tcp://127.0.0.1:5703 ref i before after
@@ -387,6 +424,7 @@ for step in $STEPS; do
   asan-stop) step_asan_stop ;;
   kernel-test) step_kernel_test ;;
   gpu-region-cli) step_gpu_region_cli ;;
+  gpu-region-py) step_gpu_region_py ;;
   recover) step_recover ;;
   daemon-memcheck) step_daemon_memcheck ;;
   memcheck | racecheck) step_sanitizer "$step" ;;
