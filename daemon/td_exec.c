@@ -164,8 +164,8 @@ static td_err_t open_gpu(td_exec_t *x)
     const td_config_t *cfg = x->env.cfg;
     char why[256] = "";
     td_gpu_engine_t *engine = NULL;
-    tally_status_t st = cfg->test_sim_gpus ? td_gpu_engine_sim_new(cfg->test_sim_gpus, &engine)
-                                           : td_gpu_engine_cuda_new(&engine, why, sizeof why);
+    td_gpu_err_t st = cfg->test_sim_gpus ? td_gpu_engine_sim_new(cfg->test_sim_gpus, &engine)
+                                         : td_gpu_engine_cuda_new(&engine, why, sizeof why);
     /* Test only: TALLYD_TEST_FAULT_STICKY=N loses a device's context at the Nth launch, and
      * TALLYD_TEST_FAULT_RESET_FAILS=1 makes recreating it fail (td_gpu_fault.c). */
     const char *sticky = getenv("TALLYD_TEST_FAULT_STICKY");
@@ -175,9 +175,9 @@ static td_err_t open_gpu(td_exec_t *x)
         .sticky_at = sticky ? (unsigned)strtoul(sticky, NULL, 10) : 0,
         .reset_fails = reset_fails && strcmp(reset_fails, "1") == 0,
     };
-    if (st == TALLY_OK && (faults.fail_every || faults.sticky_at))
+    if (st == TD_GPU_OK && (faults.fail_every || faults.sticky_at))
         st = td_gpu_engine_fault_new(engine, &faults, &engine);
-    td_err_t err = st == TALLY_OK ? TD_OK : TD_ERR_BACKEND;
+    td_err_t err = st == TD_GPU_OK ? TD_OK : TD_ERR_BACKEND;
     if (err == TD_OK) {
         x->gpu_max_batch = gpu_buffer_bytes(cfg);
         td_gpu_opts_t opts = {
@@ -329,10 +329,10 @@ uint64_t td_exec_device_bytes(const td_exec_t *x)
 }
 
 #ifndef TALLY_HAVE_CUDA
-tally_status_t td_gpu_engine_cuda_new(td_gpu_engine_t **out, char *why, size_t why_cap)
+td_gpu_err_t td_gpu_engine_cuda_new(td_gpu_engine_t **out, char *why, size_t why_cap)
 {
     *out = NULL;
     snprintf(why, why_cap, "tallyd was built without CUDA");
-    return TALLY_E_BACKEND;
+    return TD_GPU_E_DEVICE;
 }
 #endif

@@ -260,7 +260,7 @@ static void launch(lane_t *l, slot_t *slot)
     td_gpu_job_t job = make_job(r, slot->index);
     const td_gpu_engine_t *e = l->gpu->engine;
     unsigned pieces = r->where.pieces;
-    tally_status_t st = TALLY_E_BACKEND;
+    td_gpu_err_t st = TD_GPU_E_DEVICE;
     /* A batch above the buffers only comes here when it splits (td_sched.c); never overrun the
      * staging slot should that ever not hold: fail it, and the CPU reruns it. */
     bool in_place_hist = job.dev_src && r->req.opcode == TALLY_OP_HIST; /* no device buffer */
@@ -281,7 +281,7 @@ static void launch(lane_t *l, slot_t *slot)
     } else {
         st = e->lane_launch(l->hw, &job, slot_done, slot);
     }
-    if (st == TALLY_OK)
+    if (st == TD_GPU_OK)
         return;
 failed:
     td_warn("GPU %d (%s) lane %u: launch of request %" PRIu64 " failed: %s", l->dev->ordinal,
@@ -331,7 +331,7 @@ static void wait_with_watchdog(lane_t *l)
     deadline.tv_nsec %= 1000000000L;
     if (pthread_cond_timedwait(&l->cond, &l->lock, &deadline) == 0)
         return;
-    if (!ring_has_inflight(l) || l->gpu->engine->lane_check(l->hw) == TALLY_OK)
+    if (!ring_has_inflight(l) || l->gpu->engine->lane_check(l->hw) == TD_GPU_OK)
         return;
     atomic_store(&l->dev->context_lost, true); /* td_gpu_device.c recreates it once idle */
     if (!atomic_exchange(&l->dev->dead, true))
@@ -374,7 +374,7 @@ void *td_gpu_lane_main(void *arg)
     char name[16]; /* for profiles and top -H: "tdlane-0.3" is device 0, lane 3 */
     snprintf(name, sizeof name, "tdlane-%d.%u", l->dev->ordinal % 100, l->index % 100);
     pthread_setname_np(pthread_self(), name);
-    if (l->gpu->engine->lane_bind(l->hw) != TALLY_OK)
+    if (l->gpu->engine->lane_bind(l->hw) != TD_GPU_OK)
         atomic_store(&l->dev->dead, true);
     pthread_mutex_lock(&l->lock);
     for (;;) {
@@ -413,6 +413,18 @@ void *td_gpu_lane_main(void *arg)
 }
 
 /* ---- loop thread -------------------------------------------------------------------------- */
+
+tally_status_t td_gpu_status(td_gpu_err_t err)
+{
+    switch (err) {
+    case TD_GPU_OK:
+        return TALLY_OK;
+    case TD_GPU_E_CLIENT: /* the client's descriptor, size or event: `bad_ref` (PROTOCOL.md §10) */
+        return TALLY_E_BAD_REF;
+    default: /* the device's or tallyd's own failure: `internal`, logged where it happened */
+        return TALLY_E_INTERNAL;
+    }
+}
 
 static void note_result(device_t *d, const td_request_t *r)
 {
@@ -499,12 +511,12 @@ unsigned td_gpu_carries(const td_gpu_t *g)
 
 bool td_gpu_region_register(td_gpu_t *g, void *base, size_t size, bool read_only)
 {
-    tally_status_t st = g->engine->region_register(g->engine->ctx, base, size, read_only);
-    if (st != TALLY_OK)
+    td_gpu_err_t st = g->engine->region_register(g->engine->ctx, base, size, read_only);
+    if (st != TD_GPU_OK)
         td_warn("cannot register a shared-memory region of %zu bytes with %s (%s): its requests "
                 "go through staging",
                 size, g->engine->name, g->engine->error_string());
-    return st == TALLY_OK;
+    return st == TD_GPU_OK;
 }
 
 void td_gpu_region_unregister(td_gpu_t *g, void *base)
@@ -603,7 +615,7 @@ td_err_t td_gpu_new(uv_loop_t *loop, td_gpu_engine_t *engine, const td_gpu_opts_
         atomic_init(&d->dead, false);
         atomic_init(&d->context_lost, false);
         atomic_init(&d->generation, 0);
-        if (td_gpu_device_open(g, d, i, reason, sizeof reason) == TALLY_OK) {
+        if (td_gpu_device_open(g, d, i, reason, sizeof reason) == TD_GPU_OK) {
             g->device_count++;
             continue;
         }

@@ -63,7 +63,7 @@ static void pool_close(reply_pool_t *p)
     pthread_mutex_destroy(&p->lock);
 }
 
-static tally_status_t lane_open(td_gpu_t *g, device_t *d, lane_t *l, unsigned index, char *why,
+static td_gpu_err_t lane_open(td_gpu_t *g, device_t *d, lane_t *l, unsigned index, char *why,
                                 size_t why_cap)
 {
     unsigned slots = g->opts.slots;
@@ -78,24 +78,24 @@ static tally_status_t lane_open(td_gpu_t *g, device_t *d, lane_t *l, unsigned in
     l->ring = calloc(slots, sizeof *l->ring);
     if (!l->staging || !l->slots || !l->ring) {
         snprintf(why, why_cap, "out of memory");
-        return TALLY_E_INTERNAL;
+        return TD_GPU_E_NOMEM;
     }
     for (unsigned i = 0; i < slots; i++) {
         l->slots[i].lane = l;
         l->slots[i].index = i;
     }
     uint64_t bytes = 0;
-    tally_status_t st = g->engine->lane_open(g->engine->ctx, d->ordinal, g->opts.max_batch, slots,
+    td_gpu_err_t st = g->engine->lane_open(g->engine->ctx, d->ordinal, g->opts.max_batch, slots,
                                              g->carries, &l->hw, l->staging, &bytes, why, why_cap);
-    if (st != TALLY_OK)
+    if (st != TD_GPU_OK)
         return st;
     d->device_bytes += bytes;
     if (pthread_create(&l->thread, NULL, td_gpu_lane_main, l) != 0) {
         snprintf(why, why_cap, "cannot start a lane thread");
-        return TALLY_E_INTERNAL;
+        return TD_GPU_E_DEVICE;
     }
     l->thread_started = true;
-    return TALLY_OK;
+    return TD_GPU_OK;
 }
 
 static void lane_close(td_gpu_t *g, lane_t *l)
@@ -131,12 +131,12 @@ void td_gpu_device_close(td_gpu_t *g, device_t *d)
     d->pool_open = false;
 }
 
-tally_status_t td_gpu_device_open(td_gpu_t *g, device_t *d, int ordinal, char *why, size_t cap)
+td_gpu_err_t td_gpu_device_open(td_gpu_t *g, device_t *d, int ordinal, char *why, size_t cap)
 {
     if (!d->described) { /* once: a recovery's reopen leaves what the loop thread reads alone */
         d->ordinal = ordinal;
         g->engine->describe(g->engine->ctx, ordinal, d->name, sizeof d->name);
-        d->has_uuid = g->engine->device_uuid(g->engine->ctx, ordinal, d->uuid) == TALLY_OK;
+        d->has_uuid = g->engine->device_uuid(g->engine->ctx, ordinal, d->uuid) == TD_GPU_OK;
         d->described = true;
     }
     pool_open(&d->pool, g->engine, ordinal, g->opts.max_batch);
@@ -145,12 +145,12 @@ tally_status_t td_gpu_device_open(td_gpu_t *g, device_t *d, int ordinal, char *w
     if (!d->lanes) {
         snprintf(why, cap, "out of memory");
         td_gpu_device_close(g, d);
-        return TALLY_E_INTERNAL;
+        return TD_GPU_E_NOMEM;
     }
     d->lane_count = g->opts.lanes;
     for (unsigned i = 0; i < d->lane_count; i++) {
-        tally_status_t st = lane_open(g, d, &d->lanes[i], i, why, cap);
-        if (st != TALLY_OK) {
+        td_gpu_err_t st = lane_open(g, d, &d->lanes[i], i, why, cap);
+        if (st != TD_GPU_OK) {
             d->lane_count = i + 1; /* close what was opened, this one included */
             td_gpu_device_close(g, d);
             return st;
@@ -163,13 +163,13 @@ tally_status_t td_gpu_device_open(td_gpu_t *g, device_t *d, int ordinal, char *w
         if (!l->peer_hw) {
             snprintf(why, cap, "out of memory");
             td_gpu_device_close(g, d);
-            return TALLY_E_INTERNAL;
+            return TD_GPU_E_NOMEM;
         }
         for (unsigned k = 0; k < d->lane_count; k++)
             l->peer_hw[k] = d->lanes[(i + k) % d->lane_count].hw;
     }
     d->lanes_open = true;
-    return TALLY_OK;
+    return TD_GPU_OK;
 }
 
 
@@ -246,19 +246,17 @@ tally_status_t td_gpu_dev_import(td_gpu_t *g, const uint8_t *uuid, int fd, uint6
         return TALLY_E_INTERNAL;
     }
     w->generation = atomic_load(&g->devices[i].generation);
-    tally_status_t st = g->engine->dev_import(g->engine->ctx, g->devices[i].ordinal, fd, size,
-                                              writable, event, &w->engine_import, ptr, why,
-                                              why_cap);
+    td_gpu_err_t err = g->engine->dev_import(g->engine->ctx, g->devices[i].ordinal, fd, size,
+                                             writable, event, &w->engine_import, ptr, why,
+                                             why_cap);
     *gpu = (unsigned)i;
-    if (st != TALLY_OK)
+    if (err != TD_GPU_OK)
         free(w);
     else
         *import = w;
-    if (st == TALLY_E_BACKEND) { /* the device's own failure: `internal` (PROTOCOL.md §10) */
+    if (err != TD_GPU_OK && err != TD_GPU_E_CLIENT) /* the device's own failure: logged */
         td_warn("GPU %d: cannot import a device region: %s", g->devices[i].ordinal, why);
-        st = TALLY_E_INTERNAL;
-    }
-    return st;
+    return td_gpu_status(err);
 }
 
 void td_gpu_dev_release(td_gpu_t *g, unsigned gpu, void *import)
@@ -306,7 +304,7 @@ typedef struct {
     uv_work_t work;
     td_gpu_t *g;
     device_t *d;
-    tally_status_t status;
+    td_gpu_err_t status;
     char why[256];
 } recover_work_t;
 
@@ -321,7 +319,7 @@ static void recover_work(uv_work_t *work)
     device_t *d = w->d;
     td_gpu_device_close(g, d);
     w->status = g->engine->device_reset(g->engine->ctx, d->ordinal, w->why, sizeof w->why);
-    if (w->status == TALLY_OK)
+    if (w->status == TD_GPU_OK)
         w->status = td_gpu_device_open(g, d, d->ordinal, w->why, sizeof w->why);
     atomic_fetch_sub(&g->recovering, 1);
 }
@@ -335,7 +333,7 @@ static void recover_after(uv_work_t *work, int status)
     device_t *d = w->d;
     d->recovering = false;
     d->recoveries++;
-    if (w->status == TALLY_OK) {
+    if (w->status == TD_GPU_OK) {
         atomic_fetch_add(&d->generation, 1);
         d->errors_in_row = 0;
         atomic_store(&d->context_lost, false);

@@ -126,7 +126,7 @@ void *td_gpu_pool_take(reply_pool_t *p, size_t bytes);
 
 /* Opens the device's reply buffers and lanes (with their threads) on `ordinal`; on failure
  * closes what it opened. Does not touch `dead`. */
-tally_status_t td_gpu_device_open(td_gpu_t *g, device_t *d, int ordinal, char *why, size_t cap);
+td_gpu_err_t td_gpu_device_open(td_gpu_t *g, device_t *d, int ordinal, char *why, size_t cap);
 /* Stops and joins its lane threads, closes its lanes and reply buffers (idle ones: a recovery
  * waits for that, td_gpu_destroy runs after the loop). */
 void td_gpu_device_close(td_gpu_t *g, device_t *d);

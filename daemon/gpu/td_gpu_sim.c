@@ -74,7 +74,7 @@ static void sim_lane_close(void *lane)
     free(l);
 }
 
-static tally_status_t sim_lane_open(void *ctx, int device, size_t max_batch, unsigned slots,
+static td_gpu_err_t sim_lane_open(void *ctx, int device, size_t max_batch, unsigned slots,
                                     unsigned carries, void **lane, td_gpu_staging_t *staging,
                                     uint64_t *device_bytes, char *why, size_t why_cap)
 {
@@ -103,17 +103,17 @@ static tally_status_t sim_lane_open(void *ctx, int device, size_t max_batch, uns
         l->d_carries[c] = TD_GPU_GARBAGE_CARRY;
     *device_bytes = 3 * (uint64_t)max_batch + carries * sizeof(int64_t);
     *lane = l;
-    return TALLY_OK;
+    return TD_GPU_OK;
 fail:
     snprintf(why, why_cap, "out of memory for a simulated lane");
     sim_lane_close(l);
-    return TALLY_E_INTERNAL;
+    return TD_GPU_E_NOMEM;
 }
 
-static tally_status_t sim_lane_bind(void *lane)
+static td_gpu_err_t sim_lane_bind(void *lane)
 {
     (void)lane;
-    return TALLY_OK;
+    return TD_GPU_OK;
 }
 
 static tally_status_t sim_run(sim_lane_t *l, const td_gpu_job_t *job)
@@ -157,7 +157,7 @@ static tally_status_t sim_run(sim_lane_t *l, const td_gpu_job_t *job)
     return st;
 }
 
-static tally_status_t sim_lane_launch(void *lane, const td_gpu_job_t *job, td_gpu_done_fn done,
+static td_gpu_err_t sim_lane_launch(void *lane, const td_gpu_job_t *job, td_gpu_done_fn done,
                                       void *arg)
 {
     sim_lane_t *l = lane;
@@ -166,10 +166,10 @@ static tally_status_t sim_lane_launch(void *lane, const td_gpu_job_t *job, td_gp
     tally_status_t st = sim_run(l, job);
     if (st != TALLY_OK) {
         snprintf(sim_error, sizeof sim_error, "simulated kernel failed: %s", tally_status_name(st));
-        return TALLY_E_BACKEND;
+        return TD_GPU_E_DEVICE;
     }
     done(arg);
-    return TALLY_OK;
+    return TD_GPU_OK;
 }
 
 /* A split job, simulated: the same pieces as the CUDA engine's (td_gpu_piece_elems), run one
@@ -204,7 +204,7 @@ static tally_status_t sim_run_split(sim_lane_t *l, unsigned count, const td_gpu_
     return st;
 }
 
-static tally_status_t sim_lane_launch_split(void *lane, void *const *lanes, unsigned lane_count,
+static td_gpu_err_t sim_lane_launch_split(void *lane, void *const *lanes, unsigned lane_count,
                                             unsigned count, const td_gpu_job_t *job,
                                             td_gpu_done_fn done, void *arg)
 {
@@ -213,27 +213,27 @@ static tally_status_t sim_lane_launch_split(void *lane, void *const *lanes, unsi
     (void)lane_count;
     if (!td_gpu_split_fits(job, count, l->max_batch)) {
         snprintf(sim_error, sizeof sim_error, "split job does not fit the lanes' buffers");
-        return TALLY_E_PARAM;
+        return TD_GPU_E_UNFIT;
     }
     if (l->sim->latency_us)
         usleep(l->sim->latency_us);
     if (sim_run_split(l, count, job) != TALLY_OK) {
         snprintf(sim_error, sizeof sim_error, "simulated split kernel failed");
-        return TALLY_E_BACKEND;
+        return TD_GPU_E_DEVICE;
     }
     done(arg);
-    return TALLY_OK;
+    return TD_GPU_OK;
 }
 
-static tally_status_t sim_lane_check(void *lane)
+static td_gpu_err_t sim_lane_check(void *lane)
 {
     (void)lane;
-    return TALLY_OK;
+    return TD_GPU_OK;
 }
 
 /* Host memory is what the simulated device reads: nothing to register (but the time it takes,
  * when a test asks for it). */
-static tally_status_t sim_region_register(void *ctx, void *base, size_t size, bool read_only)
+static td_gpu_err_t sim_region_register(void *ctx, void *base, size_t size, bool read_only)
 {
     sim_t *sim = ctx;
     if (sim->register_us)
@@ -241,7 +241,7 @@ static tally_status_t sim_region_register(void *ctx, void *base, size_t size, bo
     (void)read_only;
     (void)base;
     (void)size;
-    return TALLY_OK;
+    return TD_GPU_OK;
 }
 
 static void sim_region_unregister(void *ctx, void *base)
@@ -251,13 +251,13 @@ static void sim_region_unregister(void *ctx, void *base)
 }
 
 /* A simulated GPU's UUID: "tallyd-sim-gpu", 0, then the device number (PROTOCOL.md §10). */
-static tally_status_t sim_device_uuid(void *ctx, int device, uint8_t uuid[TALLY_GPU_UUID_SIZE])
+static td_gpu_err_t sim_device_uuid(void *ctx, int device, uint8_t uuid[TALLY_GPU_UUID_SIZE])
 {
     (void)ctx;
     memset(uuid, 0, TALLY_GPU_UUID_SIZE);
     memcpy(uuid, "tallyd-sim-gpu", 14);
     uuid[15] = (uint8_t)device;
-    return TALLY_OK;
+    return TD_GPU_OK;
 }
 
 /* A simulated device region: the "exported allocation" is a memfd sealed against shrinking and
@@ -269,7 +269,7 @@ typedef struct {
     size_t size;
 } sim_import_t;
 
-static tally_status_t sim_dev_import(void *ctx, int device, int fd, uint64_t size, bool writable,
+static td_gpu_err_t sim_dev_import(void *ctx, int device, int fd, uint64_t size, bool writable,
                                      const uint8_t *event, void **import, void **ptr, char *why,
                                      size_t why_cap)
 {
@@ -283,23 +283,23 @@ static tally_status_t sim_dev_import(void *ctx, int device, int fd, uint64_t siz
     if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW) ||
         fstat(fd, &st) != 0 || st.st_size <= 0) {
         snprintf(why, why_cap, "the descriptor is not an exportable GPU allocation");
-        return TALLY_E_BAD_REF;
+        return TD_GPU_E_CLIENT;
     }
     if ((uint64_t)st.st_size != size) { /* CUDA: mapping another size is NOT_SUPPORTED */
         snprintf(why, why_cap, "size %llu is not the allocation's size", (unsigned long long)size);
-        return TALLY_E_BAD_REF;
+        return TD_GPU_E_CLIENT;
     }
     sim_import_t *im = calloc(1, sizeof *im);
     void *base = mmap(NULL, size, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
     if (!im || base == MAP_FAILED) {
         snprintf(why, why_cap, "cannot map the allocation: %s", im ? strerror(errno) : "no memory");
         free(im);
-        return TALLY_E_BAD_REF;
+        return TD_GPU_E_CLIENT;
     }
     *im = (sim_import_t){.fd = fd, .base = base, .size = size};
     *import = im;
     *ptr = base;
-    return TALLY_OK;
+    return TD_GPU_OK;
 }
 
 static void sim_dev_release(void *ctx, void *import, bool stale)
@@ -313,13 +313,13 @@ static void sim_dev_release(void *ctx, void *import, bool stale)
 }
 
 /* A simulated device has no context to recreate. */
-static tally_status_t sim_device_reset(void *ctx, int device, char *why, size_t why_cap)
+static td_gpu_err_t sim_device_reset(void *ctx, int device, char *why, size_t why_cap)
 {
     (void)ctx;
     (void)device;
     (void)why;
     (void)why_cap;
-    return TALLY_OK;
+    return TD_GPU_OK;
 }
 
 static void *sim_host_alloc(void *ctx, int device, size_t size)
@@ -355,14 +355,14 @@ static void sim_destroy(td_gpu_engine_t **self_p)
 
 static const td_gpu_engine_t sim_engine = TD_GPU_ENGINE_TABLE(sim);
 
-tally_status_t td_gpu_engine_sim_new(unsigned devices, td_gpu_engine_t **out)
+td_gpu_err_t td_gpu_engine_sim_new(unsigned devices, td_gpu_engine_t **out)
 {
     td_gpu_engine_t *e = calloc(1, sizeof *e);
     sim_t *sim = calloc(1, sizeof *sim);
     if (!e || !sim || tk_cpu_backend_new(&sim->cpu) != TALLY_OK) {
         free(sim);
         free(e);
-        return TALLY_E_INTERNAL;
+        return TD_GPU_E_NOMEM;
     }
     sim->devices = devices;
     const char *latency = getenv("TALLYD_TEST_SIM_LATENCY_US");
@@ -372,5 +372,5 @@ tally_status_t td_gpu_engine_sim_new(unsigned devices, td_gpu_engine_t **out)
     *e = sim_engine;
     e->ctx = sim;
     *out = e;
-    return TALLY_OK;
+    return TD_GPU_OK;
 }
