@@ -2,7 +2,7 @@
 /*
  * td_gpu_cuda.c — the CUDA engine of the GPU pipeline (see td_gpu_engine.h), on the one layer
  * of CUDA host code in kernels/cuda (tk_cuda.h: the kernels, tk_cuda_buffers_t, the error and
- * setup helpers the synchronous backend uses too).
+ * setup helpers; tests/test_cuda_backend.c runs the kernels through this engine too).
  *
  * A lane is one non-blocking CUDA stream (its work runs in lane order) with one set of device
  * buffers (tk_cuda_buffers_t: input, output, kernel scratch, small results; and the carries
