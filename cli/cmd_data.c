@@ -18,6 +18,7 @@ enum {
     OPT_CHUNK,
     OPT_WINDOW,
     OPT_SHM,
+    OPT_GPU_REGION,
     OPT_SEQ_BASE,
     OPT_NO_SEQ,
     OPT_RESUME,
@@ -60,6 +61,11 @@ static const cli_option_t data_options[] = {
     {"window", OPT_WINDOW, "N", "keep N chunks in flight (1-256, default 8)"},
     {"shm", OPT_SHM, NULL,
      "pass the chunks through shared memory (tallyd on this host;\nthe same output)"},
+    {"gpu-region", OPT_GPU_REGION, NULL,
+     "pass the chunks through GPU memory registered as a device\n"
+     "region (GPU 0, CUDA_VISIBLE_DEVICES; tallyd on this host\n"
+     "with that GPU): copied to the GPU, sent by reference, filter\n"
+     "and scan output written there by tallyd; the same output"},
     {"resume", OPT_RESUME, NULL,
      "with --stream: continue this stream's push that stopped\n"
      "(Ctrl-C, a failure): the chunks the stream has are skipped"},
@@ -82,7 +88,8 @@ static const cli_setter_t data_setters[] = {
     CLI_SET_ARG(OPT_OUT, data_args_t, out),
     CLI_SET_TRUE(OPT_TEXT, data_args_t, text),
     CLI_SET_TRUE(OPT_BINARY, data_args_t, binary),
-    CLI_SET_INT(OPT_SHM, data_args_t, opts.shm, 1),
+    CLI_SET_INT(OPT_SHM, data_args_t, opts.shm, TALLY_RUN_SHM_HOST),
+    CLI_SET_INT(OPT_GPU_REGION, data_args_t, opts.shm, TALLY_RUN_SHM_GPU),
     CLI_SET_TRUE(OPT_NO_SEQ, data_args_t, no_seq),
     CLI_SET_TRUE(OPT_RESUME, data_args_t, resume),
     CLI_SET_INT(OPT_PROGRESS, data_args_t, progress, 1),

@@ -1429,8 +1429,12 @@ struct tally_push {
     uint8_t hist[8 * TALLY_HIST_VALUES_MAX]; /* hist: the counts summed over chunks */
     int64_t min, max; /* minmax: over the chunks so far (min > max while none had an element) */
     /* opts->shm: window input slices of in_slice bytes, then window output slices of
-     * out_slice bytes (0 for hist), in one region. */
+     * out_slice bytes (0 for hist), in one region. TALLY_RUN_SHM_GPU: the region is device
+     * memory (gpu_mem): the chunks are copied into it, and the output slices copied out of it
+     * into gpu_out (window slices on the host) before they are merged. */
     tally_region_t *region;
+    tally_gpu_mem_t *gpu_mem;
+    uint8_t *gpu_out;
     size_t in_slice;
     size_t out_slice;
     tally_run_result_t res;
@@ -1458,8 +1462,24 @@ static uint8_t *reply_output(const tally_push_t *push, uint64_t k, const tally_r
     *len = (size_t)reply->rep.count * tally_op_reply_elem(&push->req);
     if (*len > push->out_slice)
         *len = push->out_slice; /* a count the daemon cannot have sent: merge_* rejects it */
+    size_t slice = (size_t)(k % push->window) * push->out_slice;
+    if (push->gpu_mem) /* copied out of the device by device_output */
+        return push->gpu_out + slice;
     uint8_t *base = tally_region_data(push->region);
-    return base + push->window * push->in_slice + (size_t)(k % push->window) * push->out_slice;
+    return base + push->window * push->in_slice + slice;
+}
+
+/* TALLY_RUN_SHM_GPU: a filter's or scan's output slice of chunk k, copied out of the device
+ * region into the host slice reply_output reads (its count elements). */
+static tally_status_t device_output(tally_push_t *push, uint64_t k, const tally_reply_t *reply)
+{
+    if (!push->gpu_mem || !push->out_slice || reply->rep.status != TALLY_OK)
+        return TALLY_OK;
+    size_t len;
+    uint8_t *host = reply_output(push, k, reply, &len);
+    size_t at = push->window * push->in_slice + (size_t)(k % push->window) * push->out_slice;
+    tally_status_t st = tally_gpu_copy_from(push->gpu_mem, at, host, len);
+    return st == TALLY_OK ? TALLY_OK : push_fail(push, st, tally_gpu_error());
 }
 
 static tally_status_t emit(tally_push_t *push, const void *data, size_t len)
@@ -1540,6 +1560,9 @@ static tally_status_t merge_minmax(tally_push_t *push, const tally_reply_t *repl
 /* By the reply's shape (tally_ops.h): the output of each chunk, in order. */
 static tally_status_t merge_chunk(tally_push_t *push, uint64_t k, const push_slot_t *slot)
 {
+    tally_status_t st = device_output(push, k, &slot->reply);
+    if (st != TALLY_OK)
+        return st;
     switch (tally_op_info(push->req.opcode)->reply) {
     case TALLY_REPLY_KEPT:
         return merge_filter(push, k, &slot->reply);
@@ -1561,8 +1584,13 @@ static tally_status_t push_send(tally_push_t *push, uint64_t k, const void *chun
     if (push->region) { /* the chunk's slice is free: its previous chunk has been merged */
         size_t slice = (size_t)(k % push->window);
         uint8_t *base = tally_region_data(push->region);
-        if (len)
+        if (push->gpu_mem) { /* synchronous: the data is on the device before the request */
+            status = tally_gpu_copy_to(push->gpu_mem, slice * push->in_slice, chunk, len);
+            if (status != TALLY_OK)
+                return push_fail(push, status, tally_gpu_error());
+        } else if (len) {
             memcpy(base + slice * push->in_slice, chunk, len);
+        }
         size_t out_at = push->window * push->in_slice + slice * push->out_slice;
         status = tally_send_shm(push->client, &wire, push->region, slice * push->in_slice, len,
                                 push->out_slice ? push->region : NULL, out_at, &slot->request_id);
@@ -1648,6 +1676,24 @@ static tally_status_t push_step(tally_push_t *push)
     return status;
 }
 
+/* TALLY_RUN_SHM_GPU: the rings in device memory on GPU 0 (tally_gpu_alloc: CUDA_VISIBLE_DEVICES
+ * picks it), registered as an output region, and the host slices the outputs are copied into. */
+static tally_status_t push_open_gpu(tally_push_t *push, size_t size)
+{
+    tally_status_t status = tally_gpu_alloc(0, size, &push->gpu_mem);
+    if (status != TALLY_OK) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "cannot allocate %zu bytes of GPU memory: %s", size,
+                 tally_gpu_error());
+        return push_fail(push, status, msg);
+    }
+    status = tally_gpu_register(push->client, push->gpu_mem, TALLY_GPU_OUTPUT, NULL, &push->region);
+    if (status != TALLY_OK)
+        return push_fail(push, status, push->client->error);
+    push->gpu_out = malloc(push->window * push->out_slice + 1);
+    return push->gpu_out ? TALLY_OK : push_fail(push, TALLY_E_NOMEM, "out of memory");
+}
+
 /* Checks the request and options, and sizes chunks and the window. */
 static tally_status_t push_prepare(tally_push_t *push, const tally_run_opts_t *opts)
 {
@@ -1682,6 +1728,8 @@ static tally_status_t push_prepare(tally_push_t *push, const tally_run_opts_t *o
     push->in_slice = push->chunk_bytes;
     push->out_slice = (size_t)tally_shm_out_worst(req, push->chunk_bytes);
     size_t size = push->window * (push->in_slice + push->out_slice);
+    if (opts->shm == TALLY_RUN_SHM_GPU)
+        return push_open_gpu(push, size);
     tally_status_t status = tally_region_create(push->client, size, &push->region);
     if (status != TALLY_OK)
         return push_fail(push, status, push->client->error);
@@ -1907,6 +1955,8 @@ void tally_push_destroy(tally_push_t **push_p)
         free(push->slots);
     }
     tally_region_destroy(&push->region);
+    tally_gpu_free(&push->gpu_mem);
+    free(push->gpu_out);
     free(push->shorts.kept);
     free(push);
     *push_p = NULL;

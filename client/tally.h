@@ -216,8 +216,9 @@ TALLY_API tally_status_t tally_call_shm(tally_client_t *self, const tally_req_t 
 
 /* ---- Device memory (producers whose data is on a GPU; PROTOCOL.md §10 "Device memory") -- */
 
-/* Registration flags: the region may be written (an output region: accepted, for later
- * versions), and `ipc_event` is an IPC event handle tallyd waits on before it reads. */
+/* Registration flags: the region may be written (an output region: a filter's or scan's output
+ * goes there when tally_send_shm names it as `out`, and the reply carries only its header), and
+ * `ipc_event` is an IPC event handle tallyd waits on before it reads (or writes). */
 #define TALLY_GPU_OUTPUT 0x2u
 #define TALLY_GPU_EVENT 0x1u
 
@@ -237,7 +238,8 @@ TALLY_API tally_status_t tally_gpu_register_fd(tally_client_t *client, int fd, s
 
 /* Exportable device memory from libtally (tally_gpu.c): libcuda.so.1 is opened at run time
  * (dlopen), so libtally never depends on CUDA; without it these return TALLY_E_ARG and
- * tally_gpu_error says so. */
+ * tally_gpu_error says so. Tests only: with TALLY_TEST_SIM_GPU=1 in the environment an
+ * allocation is a sealed memfd on simulated GPU `device`, for a tallyd with --test-sim-gpus. */
 typedef struct tally_gpu_mem tally_gpu_mem_t;
 /* Allocates at least `size` bytes on CUDA device `device` (rounded up to the allocation
  * granularity), exportable as a descriptor, mapped read-write for that device in this process;
@@ -251,6 +253,13 @@ TALLY_API size_t tally_gpu_size(const tally_gpu_mem_t *mem);
 TALLY_API tally_status_t tally_gpu_register(tally_client_t *client, const tally_gpu_mem_t *mem,
                                             unsigned flags, const void *ipc_event,
                                             tally_region_t **out);
+/* Copies len bytes from host memory into the allocation at offset, or out of it
+ * (cuMemcpyHtoD / DtoH, synchronous: done when they return). TALLY_E_ARG for a range outside
+ * it; TALLY_E_BACKEND when the driver fails (tally_gpu_error says why). */
+TALLY_API tally_status_t tally_gpu_copy_to(tally_gpu_mem_t *mem, size_t offset, const void *src,
+                                           size_t len);
+TALLY_API tally_status_t tally_gpu_copy_from(const tally_gpu_mem_t *mem, size_t offset,
+                                             void *dst, size_t len);
 /* Unmaps and frees it here (tallyd holds its own reference until it releases the region);
  * sets *mem_p to NULL. */
 TALLY_API void tally_gpu_free(tally_gpu_mem_t **mem_p);
@@ -285,12 +294,18 @@ typedef enum {
     TALLY_RUN_SEQ_RESUME,
 } tally_run_seq_t;
 
+#define TALLY_RUN_SHM_HOST 1
+#define TALLY_RUN_SHM_GPU 2
+
 typedef struct {
     size_t chunk_bytes; /* 0: TALLY_DEFAULT_CHUNK_BYTES; rounded down to whole elements */
     unsigned window;    /* requests in flight; 0: TALLY_DEFAULT_WINDOW; at most TALLY_MAX_WINDOW */
     int shm; /* non-zero: send the chunks through a shared-memory region used as a ring of
               * `window` slices (tally_region_create), filter and scan output through a second
-              * ring in the same region; same output as without */
+              * ring in the same region; same output as without. TALLY_RUN_SHM_GPU: the region
+              * is device memory (tally_gpu_alloc on GPU 0, registered with TALLY_GPU_OUTPUT):
+              * each chunk is copied to the GPU and sent by device reference, the output copied
+              * back; for tests of the device path (tally --gpu-region) */
     tally_run_seq_t seq; /* with a stream only; TALLY_RUN_SEQ_OFF without one */
     uint64_t seq_base;   /* TALLY_RUN_SEQ_RESUME: the base the push started with */
     /* tally_push_new: the input's size in bytes when known in advance (a file), else 0. It

@@ -129,11 +129,8 @@ static inline tally_status_t tk_backend_hist(tk_backend_t *b, uint8_t dtype, con
 /* The CPU backend: always available. */
 tally_status_t tk_cpu_backend_new(tk_backend_t **out);
 
-/* The CUDA backend: TALLY_E_BACKEND with a reason in msg when CUDA is not compiled in or no GPU
- * is usable. `device` is the CUDA device ordinal; max_batch_bytes bounds the batch it accepts
- * (it preallocates device buffers of that size at creation, never on the request path). */
-tally_status_t tk_cuda_backend_new(int device, size_t max_batch_bytes, tk_backend_t **out,
-                                   char *msg, size_t msg_cap);
+/* The GPU is not a table here: the daemon's one GPU interface is its engine table
+ * (daemon/gpu/td_gpu_engine.h), whose CUDA engine calls the kernels of cuda/tk_cuda.h. */
 /* Number of usable CUDA devices (0 when CUDA is not compiled in or no driver/GPU). */
 int tk_cuda_device_count(void);
 

@@ -4,8 +4,9 @@
  *
  * Every kernel is run twice per case: through the asynchronous device-pointer API of tk_cuda.h
  * (on a stream of our own, with poisoned outputs, carries and histograms that stay on the
- * device) and through the synchronous backend table of tk_backend.h. Both results must equal
- * the CPU backend's and a plain loop's (written here from the contract, independent of both
+ * device) and through the daemon's CUDA engine (td_gpu_engine.h: one lane, its pinned staging,
+ * the launch and its completion; batches up to ENGINE_MAX_BYTES, as tallyd's lanes take at most
+ * 64 MiB). Both results must equal the CPU backend's and a plain loop's (written here from the contract, independent of both
  * backends). Inputs are fresh random data each run; the seed is printed and TALLY_TEST_SEED
  * repeats a run. Sizes: 0, 1, 31, 32, 33, 4095, 4096, 2^20 + 7 and 2^28 (TALLY_TEST_QUICK=1
  * leaves out 2^28, for runs under compute-sanitizer). Unordered filter results are compared as
@@ -24,8 +25,10 @@
 
 #include <cmocka.h>
 #include <cuda_runtime_api.h>
+#include <pthread.h>
 
 #include "reference.h"
+#include "td_gpu_engine.h"
 #include "tk_backend.h"
 #include "tk_cuda.h"
 
@@ -35,7 +38,7 @@
 static const size_t all_sizes[] = {0, 1, 31, 32, 33, 4095, 4096, MID_N, BIG_N};
 static size_t n_sizes;          /* all of them, or all but BIG_N in quick mode */
 static int quick;               /* TALLY_TEST_QUICK: also fewer thresholds per predicate */
-static tk_backend_t *gpu, *cpu; /* the table under test and the reference backend */
+static tk_backend_t *cpu; /* the reference backend */
 static cudaStream_t stream;
 static uint64_t rng_state;
 
@@ -50,6 +53,46 @@ static uint64_t *d_small; /* [0] kept, [1] carry, [2..] a tk_hist_t */
         if (e_ != cudaSuccess)                                                                     \
             fail_msg("%s: %s", #call, cudaGetErrorString(e_));                                     \
     } while (0)
+
+/* ---- the daemon's CUDA engine (td_gpu_cuda.c): one lane, one staging slot ------------------ */
+
+#define ENGINE_MAX_BYTES ((MID_N + 16) * 4)
+
+static td_gpu_engine_t *engine;
+static void *lane;
+static td_gpu_staging_t staging[1];
+static pthread_mutex_t engine_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t engine_cond = PTHREAD_COND_INITIALIZER;
+static bool engine_done;
+
+static void engine_done_cb(void *arg) /* CUDA's callback thread */
+{
+    (void)arg;
+    pthread_mutex_lock(&engine_lock);
+    engine_done = true;
+    pthread_cond_signal(&engine_cond);
+    pthread_mutex_unlock(&engine_lock);
+}
+
+/* Runs job (its n elements of input already in staging[0].in) on the lane and waits for its
+ * completion: the results are then in staging[0] (out, and small's kept, carry or hist). */
+static void engine_run(const td_gpu_job_t *job, const char *what)
+{
+    engine_done = false;
+    td_gpu_err_t err = engine->lane_launch(lane, job, engine_done_cb, NULL);
+    if (err != TD_GPU_OK)
+        fail_msg("%s: the engine's launch: %d (%s)", what, (int)err, engine->error_string());
+    pthread_mutex_lock(&engine_lock);
+    while (!engine_done)
+        pthread_cond_wait(&engine_cond, &engine_lock);
+    pthread_mutex_unlock(&engine_lock);
+}
+
+/* Whether the engine takes a batch of this many bytes (its lane's buffers). */
+static bool engine_fits(size_t bytes)
+{
+    return bytes <= ENGINE_MAX_BYTES;
+}
 
 /* ---- random data ------------------------------------------------------------------------------
  */
@@ -228,12 +271,14 @@ static void check_filter(tally_dtype_t dt, const void *in, size_t n, const tk_fi
     else
         expect_multiset(what, dt, got, want, kw, s);
 
-    /* The table. */
-    if (in_offset == 0) {
-        size_t kt = (size_t)-1;
-        memset(got, 0x5A, n * es);
-        assert_int_equal(gpu->filter(gpu->ctx, dt, in, n, s, got, &kt), TALLY_OK);
-        assert_int_equal(kt, kw);
+    /* The engine. */
+    if (in_offset == 0 && engine_fits(n * es)) {
+        memcpy(staging[0].in, in, n * es);
+        memset(staging[0].out, 0x5A, n * es);
+        td_gpu_job_t job = {.opcode = TALLY_OP_FILTER, .dtype = dt, .n = n, .spec = *s};
+        engine_run(&job, what);
+        assert_int_equal(staging[0].small->kept, kw);
+        memcpy(got, staging[0].out, kw * es);
         if (s->stable)
             expect_bytes(what, got, want, kw, es);
         else
@@ -367,12 +412,20 @@ static void check_scan(const int32_t *in, size_t n, int excl, int out32, int64_t
     CK(cudaMemcpy(got, d_out, n * os, cudaMemcpyDeviceToHost));
     expect_bytes(what, got, want, n, os);
 
-    if (in_offset == 0) {
-        int64_t ct = carry;
-        memset(got, 0x5A, n * os);
-        assert_int_equal(gpu->scan(gpu->ctx, in, n, excl, out32, got, &ct), TALLY_OK);
-        assert_int_equal(ct, cw);
-        expect_bytes(what, got, want, n, os);
+    if (in_offset == 0 && engine_fits(n * 4)) { /* the carry uploaded, chained on the device */
+        memcpy(staging[0].in, in, n * 4);
+        memset(staging[0].out, 0x5A, n * os);
+        staging[0].small->carry = carry;
+        td_gpu_job_t job = {.opcode = TALLY_OP_SCAN,
+                            .dtype = TALLY_DTYPE_I32,
+                            .n = n,
+                            .exclusive = excl,
+                            .out_i32 = out32,
+                            .carry_index = 1,
+                            .carry_upload = true};
+        engine_run(&job, what);
+        assert_int_equal(staging[0].small->carry, cw);
+        expect_bytes(what, staging[0].out, want, n, os);
     }
     free(want);
     free(got);
@@ -474,10 +527,15 @@ static void check_hist(tally_dtype_t dt, const void *in, size_t n, int64_t lo, i
     CK(cudaStreamSynchronize(stream));
     expect_bytes(what, &got, &want, sizeof got / 8, 8);
 
-    if (in_offset == 0) {
-        got = start;
-        st = tk_backend_hist(gpu, dt, in, n, lo, hi, &got);
-        assert_int_equal(st, TALLY_OK);
+    if (in_offset == 0 && engine_fits(n * es)) { /* the engine's hist starts from zero */
+        memcpy(staging[0].in, in, n * es);
+        td_gpu_job_t job = {.opcode = TALLY_OP_HIST, .dtype = dt, .n = n, .lo = lo, .hi = hi};
+        engine_run(&job, what);
+        got = staging[0].small->hist;
+        for (size_t b = 0; b < sizeof got.bins / 8; b++)
+            got.bins[b] += start.bins[b];
+        got.underflow += start.underflow;
+        got.overflow += start.overflow;
         expect_bytes(what, &got, &want, sizeof got / 8, 8);
     }
 }
@@ -568,8 +626,41 @@ static void test_hist_u16(void **state)
     }
 }
 
-/* minmax: i32, u8 and u16 at every size and data kind, the CUDA backend against the CPU
- * backend and a plain loop; an empty batch leaves the pair as it was. */
+/* One minmax of n elements of dtype dt: the CPU backend, the kernel (async API) and the daemon's
+ * CUDA engine against the reference; an empty batch leaves the pair empty. */
+static void check_minmax(tally_dtype_t dt, const uint8_t *in, size_t n, int kind)
+{
+    int64_t lo, hi, clo = INT64_MAX, chi = INT64_MIN, glo, ghi;
+    tr_minmax(dt, in, n, &lo, &hi);
+    assert_int_equal(cpu->minmax(cpu->ctx, dt, in, n, &clo, &chi), TALLY_OK);
+    int64_t *d_pair = (int64_t *)d_small, pair[2];
+    size_t es = tally_dtype_size(dt);
+    CK(cudaMemcpyAsync(d_in, in, n * es, cudaMemcpyHostToDevice, stream));
+    assert_int_equal(tk_cuda_minmax_reset(d_pair, stream), TALLY_OK);
+    assert_int_equal(tk_cuda_minmax(dt, d_in, n, d_pair, stream), TALLY_OK);
+    CK(cudaMemcpyAsync(pair, d_pair, sizeof pair, cudaMemcpyDeviceToHost, stream));
+    CK(cudaStreamSynchronize(stream));
+    glo = pair[0];
+    ghi = pair[1];
+    if (clo != lo || chi != hi || glo != lo || ghi != hi)
+        fail_msg("minmax %s n=%zu kind %d: want %lld..%lld, cpu %lld..%lld, gpu %lld..%lld",
+                 tally_dtype_name(dt), n, kind, (long long)lo, (long long)hi, (long long)clo,
+                 (long long)chi, (long long)glo, (long long)ghi);
+    if (engine_fits(n * es)) {
+        char what[96];
+        snprintf(what, sizeof what, "minmax %s n=%zu kind %d (engine)", tally_dtype_name(dt), n,
+                 kind);
+        memcpy(staging[0].in, in, n * es);
+        td_gpu_job_t job = {.opcode = TALLY_OP_MINMAX, .dtype = dt, .n = n};
+        engine_run(&job, what);
+        if (staging[0].small->minmax[0] != lo || staging[0].small->minmax[1] != hi)
+            fail_msg("%s: %lld..%lld, want %lld..%lld", what,
+                     (long long)staging[0].small->minmax[0],
+                     (long long)staging[0].small->minmax[1], (long long)lo, (long long)hi);
+    }
+}
+
+/* minmax: i32, u8 and u16 at every size and data kind. */
 static void test_minmax(void **state)
 {
     (void)state;
@@ -579,23 +670,8 @@ static void test_minmax(void **state)
         uint8_t *in = xmalloc(n * 4 + 16);
         for (int kind = 0; kind < DATA_KINDS; kind++) {
             fill_u8(in, n * 4 + 16, (data_kind_t)kind);
-            for (size_t t = 0; t < 3; t++) {
-                int64_t lo = INT64_MAX, hi = INT64_MIN, clo = lo, chi = hi, glo = lo, ghi = hi;
-                for (size_t i = 0; i < n; i++) {
-                    int64_t x = types[t] == TALLY_DTYPE_I32   ? ((const int32_t *)in)[i]
-                                : types[t] == TALLY_DTYPE_U16 ? ((const uint16_t *)in)[i]
-                                                              : in[i];
-                    lo = x < lo ? x : lo;
-                    hi = x > hi ? x : hi;
-                }
-                assert_int_equal(cpu->minmax(cpu->ctx, types[t], in, n, &clo, &chi), TALLY_OK);
-                assert_int_equal(gpu->minmax(gpu->ctx, types[t], in, n, &glo, &ghi), TALLY_OK);
-                if (clo != lo || chi != hi || glo != lo || ghi != hi)
-                    fail_msg("minmax %s n=%zu kind %d: want %lld..%lld, cpu %lld..%lld, gpu "
-                             "%lld..%lld",
-                             tally_dtype_name(types[t]), n, kind, (long long)lo, (long long)hi,
-                             (long long)clo, (long long)chi, (long long)glo, (long long)ghi);
-            }
+            for (size_t t = 0; t < 3; t++)
+                check_minmax(types[t], in, n, kind);
         }
         free(in);
     }
@@ -738,27 +814,26 @@ static void test_bad_arguments(void **state)
     assert_int_equal(tk_cuda_hist_i32(d_in, 10, INT32_MIN - 1LL, 0, dh, NULL, 0, stream),
                      TALLY_E_PARAM);
 
-    /* The table refuses batches over its maximum and stays usable. */
-    tk_backend_t *small = NULL;
+    /* The engine: a lane on a device that is not there fails with the reason, and a split job
+     * over its buffers is refused (TD_GPU_E_UNFIT) rather than overrun them. */
     char msg[200] = "";
-    assert_int_equal(tk_cuda_backend_new(0, 1024, &small, msg, sizeof msg), TALLY_OK);
-    int32_t in[300] = {0}, out[300];
-    size_t kept = 0;
-    assert_int_equal(small->filter(small->ctx, TALLY_DTYPE_I32, in, 300, &gt, out, &kept),
-                     TALLY_E_TOO_LARGE);
-    assert_int_equal(small->filter(small->ctx, TALLY_DTYPE_I32, in, 256, &gt, out, &kept),
-                     TALLY_OK);
-    assert_int_equal(kept, 0);
-    char d[200] = "";
-    small->describe(small->ctx, d, sizeof d);
-    assert_memory_equal(d, "cuda: 0:", 8);
-    small->destroy(&small);
-    assert_null(small);
-
-    assert_int_equal(tk_cuda_backend_new(tk_cuda_device_count(), 1024, &small, msg, sizeof msg),
-                     TALLY_E_BACKEND);
-    assert_null(small);
+    void *none = NULL;
+    td_gpu_staging_t st_none[1];
+    uint64_t bytes = 0;
+    assert_int_equal(engine->lane_open(engine->ctx, tk_cuda_device_count(), 1024, 1, 2, &none,
+                                       st_none, &bytes, msg, sizeof msg),
+                     TD_GPU_E_DEVICE);
     assert_true(strlen(msg) > 0);
+    char d[200] = "";
+    engine->describe(engine->ctx, 0, d, sizeof d);
+    assert_true(strlen(d) > 0);
+    td_gpu_job_t big = {.opcode = TALLY_OP_HIST,
+                        .dtype = TALLY_DTYPE_U8,
+                        .n = 3 * ENGINE_MAX_BYTES,
+                        .src = staging[0].in};
+    void *lanes[1] = {lane};
+    assert_int_equal(engine->lane_launch_split(lane, lanes, 1, 2, &big, engine_done_cb, NULL),
+                     TD_GPU_E_UNFIT);
 }
 
 /* ---- set-up ---------------------------------------------------------------------------------- */
@@ -769,8 +844,12 @@ static int setup(void **state)
     size_t max_n = all_sizes[n_sizes - 1];
     size_t max_bytes = max_n * 4 + 64;
     char msg[256] = "";
-    if (tk_cuda_backend_new(0, max_bytes, &gpu, msg, sizeof msg) != TALLY_OK) {
-        fprintf(stderr, "tk_cuda_backend_new: %s\n", msg);
+    uint64_t bytes = 0;
+    if (td_gpu_engine_cuda_new(&engine, msg, sizeof msg) != TD_GPU_OK ||
+        engine->lane_open(engine->ctx, 0, ENGINE_MAX_BYTES, 1, 2, &lane, staging, &bytes, msg,
+                          sizeof msg) != TD_GPU_OK ||
+        engine->lane_bind(lane) != TD_GPU_OK) {
+        fprintf(stderr, "the CUDA engine: %s\n", msg);
         return -1;
     }
     if (tk_cpu_backend_new(&cpu) != TALLY_OK)
@@ -796,8 +875,10 @@ static int teardown(void **state)
     cudaFree(d_scratch);
     cudaFree(d_small);
     cudaStreamDestroy(stream);
-    if (gpu)
-        gpu->destroy(&gpu);
+    if (lane)
+        engine->lane_close(lane);
+    if (engine)
+        engine->destroy(&engine);
     if (cpu)
         cpu->destroy(&cpu);
     return 0;

@@ -14,6 +14,7 @@ scratch virtual environment first.
 
 from __future__ import annotations
 
+import ctypes
 import importlib.metadata
 import json
 import math
@@ -583,6 +584,47 @@ def test_shared_memory(c: tally.Client) -> None:
     x = RNG.integers(-1000, 1000, 300000, dtype=np.int32)
     got = c.filter(x, lt=0, stable=True, shm=True, chunk_bytes=65536)
     np.testing.assert_array_equal(got, x[x < 0])
+
+
+def test_gpu_region(c: tally.Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GpuRegion against simulated GPUs (TALLY_TEST_SIM_GPU=1: libtally's GPU memory is a sealed
+    memfd, which --test-sim-gpus imports as device memory): __cuda_array_interface__ points at
+    the region's memory (written through it in place, as cupy.asarray(r) would), hist, filter
+    and scan read it by reference, with out= their output lands in an output region; the
+    module's CPU-backend tallyd refuses one with the reason."""
+    with pytest.raises(tally.Error, match="a GPU is needed"):
+        monkeypatch.setenv("TALLY_TEST_SIM_GPU", "1")
+        c.gpu_region(1 << 20)
+    d = Daemon(os.environ["TALLYD"], ["--backend", "cuda", "--test-sim-gpus", "1"])
+    n = 100_000
+    x = RNG.integers(-100, 100, n, dtype=np.int32)
+    try:
+        with tally.Client(d.endpoint, 10000) as g, g.gpu_region(4 * n, "i32") as r, \
+                g.gpu_region(8 * n, output=True) as o:
+            iface = r.__cuda_array_interface__
+            assert iface["shape"] == (n,) and iface["typestr"] == "<i4" and iface["version"] == 3
+            assert iface["data"] == (r.ptr, False) and r.ptr != 0
+            view = np.ctypeslib.as_array((ctypes.c_int32 * n).from_address(iface["data"][0]))
+            view[:] = x  # in place, through the interface's pointer
+            np.testing.assert_array_equal(r.to_host(), x)
+            hist = g.hist(r, range=(-100, 100), stream="py-gpu")
+            np.testing.assert_array_equal(hist[:256], np.bincount((x + 100) * 256 // 200,
+                                                                   minlength=256))
+            assert g.query("py-gpu")["elements"] == n
+            np.testing.assert_array_equal(g.filter(r, gt=0, stable=True), x[x > 0])
+            kept = g.filter(r, gt=0, stable=True, out=o)
+            assert kept == np.sum(x > 0)
+            np.testing.assert_array_equal(o.to_host(0, kept, np.int32), x[x > 0])
+            assert g.scan(r, out=o) == n
+            np.testing.assert_array_equal(o.to_host(0, n, np.int64), np.cumsum(x, dtype=np.int64))
+            y = RNG.integers(0, 256, 4 * n, dtype=np.uint8)
+            r.copy_from(y)
+            np.testing.assert_array_equal(g.hist(r, dtype="u8"), np.bincount(y, minlength=256))
+            stats = g.stats()
+            assert 'tallyd_gpu_region_requests_total{device="0",where="owner"} 5' in stats
+            assert "tallyd_gpu_regions 2" in stats
+    finally:
+        d.stop()
 
 
 # ---- CURVE -----------------------------------------------------------------------------------

@@ -367,6 +367,30 @@ static void render_counters(const td_metrics_t *m, out_t *o)
                  m->notify_failures);
 }
 
+/* Device regions (PROTOCOL.md §10 "Device memory"): mapped, their bytes, and where the requests
+ * by device reference ran. */
+static void render_gpu_regions(const td_metrics_t *m, const td_gauges_t *g, out_t *o)
+{
+    if (!m->gpu_devices)
+        return;
+    emit(o,
+         "# HELP tallyd_gpu_regions Device regions imported on the GPUs (registered, or in use).\n"
+         "# TYPE tallyd_gpu_regions gauge\n"
+         "tallyd_gpu_regions %u\n"
+         "# HELP tallyd_gpu_region_bytes Bytes of the device regions imported.\n"
+         "# TYPE tallyd_gpu_region_bytes gauge\n"
+         "tallyd_gpu_region_bytes %llu\n"
+         "# HELP tallyd_gpu_region_requests_total Requests by device reference completed on each "
+         "GPU: on the GPU holding the region (owner) or on another one over peer access (peer).\n"
+         "# TYPE tallyd_gpu_region_requests_total counter\n",
+         g->gpu_regions, (unsigned long long)g->gpu_region_bytes);
+    static const char *const where[2] = {"owner", "peer"};
+    for (unsigned d = 0; d < m->gpu_devices; d++)
+        for (unsigned w = 0; w < 2; w++)
+            emit(o, "tallyd_gpu_region_requests_total{device=\"%u\",where=\"%s\"} %llu\n", d,
+                 where[w], (unsigned long long)m->gpu_region_requests[d][w]);
+}
+
 /* Shared memory, requests per GPU and the per-peer limits. */
 static void render_resources(const td_metrics_t *m, const td_gauges_t *g, out_t *o)
 {
@@ -388,6 +412,7 @@ static void render_resources(const td_metrics_t *m, const td_gauges_t *g, out_t 
     for (unsigned d = 0; d < m->gpu_devices; d++)
         emit(o, "tallyd_gpu_requests_total{device=\"%u\"} %llu\n", d,
              (unsigned long long)m->gpu_requests[d]);
+    render_gpu_regions(m, g, o);
     static const char *const limit_names[TD_LIMIT_COUNT] = {
         "inflight_share", "client_streams", "stream_rate", "reply_bytes_peer", "reply_bytes"};
     emit(o, "# HELP tallyd_limited_total Requests refused by a per-peer limit: the connection's "
