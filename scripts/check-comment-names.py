@@ -56,8 +56,11 @@ TICK_RE = re.compile(r"`((?:" + "|".join(PREFIXES) + r")\w*)(?:\([^`]*\))?`")
 C_EXT = (".c", ".h", ".cu", ".cuh", ".h.in", ".c.in")
 DOCS = ("README.md", "proto/PROTOCOL.md", "CONTRIBUTING.md")
 IDENT_RE = re.compile(r"[A-Za-z_]\w*")
+# Where a system header may be; /opt/deps is where scripts/device-env.sh unpacks the Debian
+# packages on the GPU host (libzmq's zmq.h is there, not in /usr/include).
 SYSTEM_INCLUDE = ("/usr/include", "/usr/include/x86_64-linux-gnu", "/usr/include/aarch64-linux-gnu",
-                  "/usr/local/include")
+                  "/usr/local/include", "/opt/deps/usr/include",
+                  "/opt/deps/usr/include/x86_64-linux-gnu")
 PLACEHOLDER_RE = re.compile(r"[A-Z][A-Z0-9_]{2,}")
 
 

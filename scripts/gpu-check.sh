@@ -315,7 +315,8 @@ stop_gpu_tallyd() {
 step_gpu_region_cli() {
   local dir=$OUT/gpu-region-cli ep=tcp://127.0.0.1:5702 cmd i=0
   mkdir -p "$dir"
-  head -c 16M /dev/urandom >"$dir/in.bin"
+  # 12 MiB: a whole number of rgb8 pixels (3 bytes) and of i32 elements (4)
+  head -c 12M /dev/urandom >"$dir/in.bin"
   start_gpu_tallyd "$dir" 5702 || return
   for cmd in "hist --in in.bin" "hist --type i32 --range -1000000000 1000000000 --in in.bin" \
     "hist --type rgb --in in.bin" "filter --gt 0 --stable --in in.bin" \
@@ -339,11 +340,16 @@ step_gpu_region_cli() {
 step_gpu_region_py() {
   local dir=$OUT/gpu-region-py py=python3
   mkdir -p "$dir"
-  export PYTHONPATH=$PWD/client/python:/opt/deps/usr/lib/python3/dist-packages
   export TALLY_LIBRARY=$PWD/$B/client/libtally.so
+  # The host's own NumPy (and CuPy) first; Debian's, unpacked by device-env.sh, only without one
+  # (it shadows the host's when both are on the path).
+  export PYTHONPATH=$PWD/client/python
   if ! $py -c 'import numpy' 2>"$dir/numpy.err"; then
-    note "gpu-region-py: no NumPy for $py ($(tail -1 "$dir/numpy.err")): skipped"
-    return
+    export PYTHONPATH=$PYTHONPATH:/opt/deps/usr/lib/python3/dist-packages
+    if ! $py -c 'import numpy' 2>>"$dir/numpy.err"; then
+      note "gpu-region-py: no NumPy for $py ($($py --version 2>&1); $(grep -v '^$' "$dir/numpy.err" | tail -1)): skipped"
+      return
+    fi
   fi
   start_gpu_tallyd "$dir" 5704 || return
   timed gpu_region_py 240 $py bench/gpu_region_py.py tcp://127.0.0.1:5704 8 5 >"$dir/bench.log" 2>&1
