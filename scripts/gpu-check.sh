@@ -56,6 +56,8 @@
 #               address): every `tally hist` output stays identical, the log says "context
 #               recreated after a failure", GPU requests and a --gpu-region run go on after it
 #               (lines "recover: ...")
+#   region-tune the region step's bench rows under other tallyd options and in-flight counts
+#               (REGION_TUNE="name|options|in flight;...": gpu streams, spinning, 16 in flight)
 #   kernels     bench/kernel_bench (kernels against copy bandwidth and CUB)
 #   variants    kernel_bench and the quick kernel test of builds with other tuning constants:
 #               VARIANTS="name:-DFLAG=V,-DFLAG2=W ..."
@@ -178,6 +180,22 @@ step_region() {
   timed test_gpu_region 300 "$B/tests/test_gpu_region" >"$OUT/test_gpu_region.log" 2>&1
   grep -E "differential|device output|libtally|wrong size|producer killed|bench:|PASSED|FAILED|ERROR|LINE|skipped" \
     "$OUT/test_gpu_region.log" | head -40 | tee -a "$S"
+}
+
+# The device-region bench rows (test_gpu_region) under other tallyd settings and in-flight counts:
+# REGION_TUNE="name|tallyd options|in flight;..." (issue 23's hist 64 MiB row, 0.59 x the kernel).
+step_region_tune() {
+  local v name args inflight i=0
+  local variants=${REGION_TUNE:-"default||8;gpu-streams 8|--gpu-streams 8|8;16 in flight||16;gpu-streams 8 and 16 in flight|--gpu-streams 8|16;spin 20 us|--gpu-spin-us 20|8"}
+  IFS=';' read -ra list <<<"$variants"
+  for v in "${list[@]}"; do
+    IFS='|' read -r name args inflight <<<"$v"
+    i=$((i + 1))
+    TALLY_REGION_GPU_ARGS="$args" TALLY_REGION_INFLIGHT="$inflight" \
+      timed "region-tune $name" 120 "$B/tests/test_gpu_region" >"$OUT/region-tune-$i.log" 2>&1
+    grep -E "bench:" "$OUT/region-tune-$i.log" | sed "s/^/region-tune $name ($inflight in flight): /" |
+      tee -a "$S"
+  done
 }
 
 step_kernels() {
@@ -432,6 +450,7 @@ for step in $STEPS; do
   gpu-region-cli) step_gpu_region_cli ;;
   gpu-region-py) step_gpu_region_py ;;
   recover) step_recover ;;
+  region-tune) step_region_tune ;;
   daemon-memcheck) step_daemon_memcheck ;;
   memcheck | racecheck) step_sanitizer "$step" ;;
   path | loadgen | curve | recv-ab | io-threads | malloc-ab) step_bench "$step" ;;

@@ -150,7 +150,17 @@ static int setup(void **state)
     memcpy(uuid, prop.uuid.bytes, sizeof uuid);
     if (!td_cu_driver_load(&cu))
         return -1;
-    const char *const gpu_args[] = {"--backend", "cuda", "--max-batch", "268435456", NULL};
+    /* TALLY_REGION_GPU_ARGS: more options for the GPU tallyd, split at spaces (the bench's
+     * settings explored by gpu-check's region-tune step, e.g. "--gpu-streams 8"). */
+    static char extra[256];
+    const char *gpu_args[16] = {"--backend", "cuda", "--max-batch", "268435456"};
+    size_t nargs = 4;
+    const char *env = getenv("TALLY_REGION_GPU_ARGS");
+    snprintf(extra, sizeof extra, "%s", env ? env : "");
+    for (char *save = NULL, *w = strtok_r(extra, " ", &save); w && nargs < 15;
+         w = strtok_r(NULL, " ", &save))
+        gpu_args[nargs++] = w;
+    gpu_args[nargs] = NULL;
     const char *const cpu_args[] = {"--backend", "cpu", "--max-batch", "268435456", NULL};
     if (th_daemon_start(&gpu_d, gpu_args) != 0 || th_daemon_start(&cpu_d, cpu_args) != 0)
         return -1;
@@ -545,14 +555,17 @@ static double stop_timing(cudaEvent_t a, cudaEvent_t b)
     return ms * 1e-3;
 }
 
-/* GB/s (input bytes) of req by reference (ref) through tallyd, 8 in flight. */
+/* GB/s (input bytes) of req by reference (ref) through tallyd, 8 in flight (TALLY_REGION_INFLIGHT
+ * sets another number, for gpu-check's region-tune step; the rows still say 8 only at 8). */
 static double ref_rate(const tally_req_t *req, const tally_shm_ref_t *ref, int total)
 {
     uint8_t bytes[TALLY_SHM_REF_SIZE];
     tally_shm_ref_encode(ref, bytes);
+    const char *env = getenv("TALLY_REGION_INFLIGHT");
+    int inflight = env && atoi(env) > 0 ? atoi(env) : 8;
     double t0 = seconds();
     int sent = 0, got = 0;
-    for (; sent < 8 && sent < total; sent++)
+    for (; sent < inflight && sent < total; sent++)
         assert_int_equal(th_send_request(gpu_sock, req, bytes, sizeof bytes), 0);
     while (got < total) {
         th_reply_t r;
