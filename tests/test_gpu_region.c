@@ -555,6 +555,13 @@ static double stop_timing(cudaEvent_t a, cudaEvent_t b)
     return ms * 1e-3;
 }
 
+/* Each bench row moves this many input bytes, after a warm-up of BENCH_WARM_BYTES: at 1-4 TB/s
+ * a tenth of a second to half a second, long enough for the GPU's clocks to have risen and for
+ * the figure to settle (400 requests of 64 MiB, 10 ms, gave 0.59 and 0.84 x the kernel in two
+ * runs on one H200, 2026-11-26). */
+#define BENCH_BYTES (512ull << 30)
+#define BENCH_WARM_BYTES (32ull << 30)
+
 /* GB/s (input bytes) of req by reference (ref) through tallyd, 8 in flight (TALLY_REGION_INFLIGHT
  * sets another number, for gpu-check's region-tune step; the rows still say 8 only at 8). */
 static double ref_rate(const tally_req_t *req, const tally_shm_ref_t *ref, int total)
@@ -639,9 +646,9 @@ static void bench_device_output(const char *gpu_name)
         req.pred = ops[k] == TALLY_OP_FILTER ? TALLY_PRED_GT : 0;
         tally_shm_ref_t ref = {
             .in_handle = in, .in_length = len, .out_handle = out, .out_length = 2 * len};
-        (void)ref_rate(&req, &ref, 16); /* warm-up */
-        double via = ref_rate(&req, &ref, 200);
-        double kernel = kernel_out_rate(ops[k], len / 4, 200);
+        (void)ref_rate(&req, &ref, (int)(BENCH_WARM_BYTES / len)); /* warm-up */
+        double via = ref_rate(&req, &ref, (int)(BENCH_BYTES / len));
+        double kernel = kernel_out_rate(ops[k], len / 4, (int)(BENCH_BYTES / len));
         print_message("bench: %s, %s i32 32 MiB device region -> device output region via "
                       "tallyd (8 in flight): %.0f GB/s; the kernel on local memory: %.0f GB/s; "
                       "ratio %.2f (input bytes)\n",
@@ -703,8 +710,8 @@ static void test_bench(void **state)
         RT_OK(cudaDeviceSynchronize());
         uint64_t handle;
         assert_int_equal(dev_register(side, g.fd, g.size, uuid, NULL, &handle, NULL, 0), TALLY_OK);
-        int total = k == 0 ? 400 : 100;
-        (void)tallyd_rate(handle, g.size, 16); /* warm-up */
+        int total = (int)(BENCH_BYTES / g.size);
+        (void)tallyd_rate(handle, g.size, (int)(BENCH_WARM_BYTES / g.size));
         double in_place = tallyd_rate(handle, g.size, total);
         double kernel = kernel_rate(g.size, total);
         print_message("bench: %s, hist u8 %zu MiB device region via tallyd (8 in flight): %.0f "
