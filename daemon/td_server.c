@@ -514,13 +514,45 @@ static bool take_request(td_server_t *s, td_request_t *r, zmq_msg_t *payload, ch
     return !td_admit_over_reply_bound(&s->admit, r);
 }
 
+/* No memory for a request: the message is answered `internal` all the same, from the stack,
+ * echoing what its header gives, so that it still gets its one reply (found by the allocation
+ * sweep, issue 25: it was dropped, and its sender waited forever). */
+static void answer_no_memory(td_server_t *s, zmq_msg_t *frames, int kept)
+{
+    static const char text[] = "out of memory; not run";
+    bool delimiter = kept > 1 && zmq_msg_size(&frames[1]) == 0;
+    int body = delimiter ? 2 : 1;
+    tally_req_t req = {0};
+    char msg[TALLY_ERROR_MESSAGE_MAX + 1];
+    if (body < kept)
+        tally_req_decode(zmq_msg_data(&frames[body]), zmq_msg_size(&frames[body]), &req, msg,
+                         sizeof msg);
+    tally_rep_t rep = {.version = TALLY_PROTO_VERSION,
+                       .opcode = req.opcode,
+                       .flags = req.flags,
+                       .request_id = req.request_id,
+                       .status = TALLY_E_INTERNAL,
+                       .dtype = TALLY_DTYPE_TEXT};
+    uint8_t header[TALLY_REP_HEADER_SIZE];
+    tally_rep_encode(&rep, header);
+    const int more = ZMQ_DONTWAIT | ZMQ_SNDMORE;
+    void *sock = s->zmq.socket;
+    td_err("out of memory: request %" PRIu64 " answered `internal`", rep.request_id);
+    if (zmq_send(sock, zmq_msg_data(&frames[0]), zmq_msg_size(&frames[0]), more) == -1)
+        return; /* the peer has gone, or does not read: as for any reply */
+    if ((delimiter && zmq_send(sock, "", 0, more) == -1) ||
+        zmq_send(sock, header, sizeof header, more) == -1 ||
+        zmq_send(sock, text, sizeof text - 1, ZMQ_DONTWAIT) == -1)
+        td_err("sending the reply to request %" PRIu64 ": %s", rep.request_id, zmq_strerror(errno));
+}
+
 /* Turns one received message (frames[0..kept) of `total`) into a request and dispatches it,
  * or answers it with an error. */
 static void handle_message(td_server_t *s, zmq_msg_t *frames, int kept, int total)
 {
     td_request_t *r = td_request_new();
     if (!r) {
-        td_err("out of memory: dropping a message of %d frames", total);
+        answer_no_memory(s, frames, kept);
         return;
     }
     td_sched_received(s->sched);
