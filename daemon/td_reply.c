@@ -223,28 +223,48 @@ static int payload_message(td_replies_t *self, td_request_t *r, zmq_msg_t *body)
     return 0;
 }
 
+/* r's payload as the reply's last frame (an empty one when it has none). When ZeroMQ has no
+ * memory for it, a successful reply becomes an `internal` error (the request's effect stands:
+ * PROTOCOL.md §7) and an error reply loses only its text; the reply is never lost. */
+static void body_message(td_replies_t *self, td_request_t *r, zmq_msg_t *body)
+{
+    if (!r->reply_data || !r->reply_len) {
+        zmq_msg_init(body);
+        return;
+    }
+    if (payload_message(self, r, body) == 0)
+        return;
+    td_err("out of memory for the reply to request %" PRIu64 ": answering `internal`",
+           r->rep.request_id);
+    if (r->rep.status == TALLY_OK)
+        td_request_fail(r, TALLY_E_INTERNAL, "out of memory for the reply; the request succeeded");
+    if (r->rep.status == TALLY_OK || !r->reply_data || payload_message(self, r, body) != 0)
+        zmq_msg_init(body);
+}
+
 /* Sends r's reply now: 0, or the errno of the failed send (EHOSTUNREACH: the peer has gone;
  * EAGAIN: its send queue is full). */
 static int send_now(td_replies_t *self, void *router, td_request_t *r)
 {
     /* Only the first frame can meet EHOSTUNREACH or EAGAIN: once it is accepted ZeroMQ takes
-     * the rest of the message whole, so a later frame failing is a broken socket (logged). */
+     * the rest of the message whole, so a later frame failing is a broken socket (logged). The
+     * payload's message is made after it (a kept reply keeps its payload) and before the header
+     * (found out of memory, the reply changes: alloc sweep, issue 25). */
     const int more = ZMQ_DONTWAIT | ZMQ_SNDMORE;
     if (zmq_send(router, r->identity, r->identity_len, more) == -1)
         return errno;
     int err = 0;
     if (r->has_delimiter && zmq_send(router, "", 0, more) == -1)
         err = errno;
+    zmq_msg_t body;
+    if (!err)
+        body_message(self, r, &body);
     uint8_t header[TALLY_REP_HEADER_SIZE];
     tally_rep_encode(&r->rep, header);
-    if (!err && zmq_send(router, header, sizeof header, more) == -1)
+    if (!err && zmq_send(router, header, sizeof header, more) == -1) {
         err = errno;
-    zmq_msg_t body;
-    if (!err && r->reply_data && r->reply_len)
-        err = payload_message(self, r, &body);
-    else if (!err)
-        zmq_msg_init(&body);
-    if (!err && zmq_msg_send(&body, router, ZMQ_DONTWAIT) == -1) {
+        zmq_msg_close(&body);
+    } else if (!err && zmq_msg_send(&body, router, ZMQ_DONTWAIT) == -1) {
         err = errno;
         zmq_msg_close(&body);
     }
