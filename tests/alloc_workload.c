@@ -53,6 +53,7 @@ typedef struct {
     char dir[64];
     char log[128];
     char endpoint[128];
+    char pub[128];
     pid_t pid;
     bool persist;
     uint64_t next_id;
@@ -97,12 +98,14 @@ static int spawn(run_t *r, const char *n)
     snprintf(shm, sizeof shm, "%s/shm.sock", r->dir);
     snprintf(r->endpoint, sizeof r->endpoint, "ipc://%s/tallyd.sock", r->dir);
     snprintf(r->log, sizeof r->log, "%s/tallyd.log", r->dir);
+    snprintf(r->pub, sizeof r->pub, "ipc://%s/pub.sock", r->dir);
     if (copy_fixture(state) != 0)
         return -1;
     /* clang-format off */
     const char *argv[] = {th_tallyd_bin(), "--bind", r->endpoint, "--shm-socket", shm,
                           "--state-dir", state, "--backend", "auto", "--test-sim-gpus", "2",
                           "--gpu-streams", "2", "--gpu-min-batch", "16K", "--max-batch", "1M",
+                          "--metrics", "127.0.0.1:0", "--pub", r->pub, "--pub-interval-ms", "10",
                           NULL};
     /* clang-format on */
     r->pid = fork();
@@ -284,10 +287,38 @@ static void shm_load(run_t *r, void *sock, const int32_t *data)
     close(side);
 }
 
-static void load(run_t *r)
+/* The metrics and the JSON API on the HTTP port: each GET answered (any status; 200 when no
+ * allocation fails). */
+static void http_load(run_t *r, bool count_only)
+{
+    static const char *const paths[] = {"/metrics", "/healthz", "/api/v1/streams",
+                                        "/api/v1/streams/cam0"};
+    th_daemon_t d = {0};
+    snprintf(d.log_path, sizeof d.log_path, "%s", r->log);
+    int port = th_metrics_port(&d);
+    if (port <= 0) {
+        fail(r, "no metrics port in the log");
+        return;
+    }
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        char *got = th_http_get(port, "GET", paths[i], NULL);
+        if (!got || strncmp(got, "HTTP/1.", 7) != 0)
+            fail(r, "an HTTP request without a response");
+        else if (count_only && strncmp(got + 8, " 200", 4) != 0)
+            fail(r, "an HTTP request failed with no allocation failing");
+        free(got);
+    }
+}
+
+static void load(run_t *r, bool count_only)
 {
     void *ctx = zmq_ctx_new();
     void *sock = th_dealer_id(ctx, r->endpoint, PEER, REPLY_TIMEOUT_MS);
+    void *sub = zmq_socket(ctx, ZMQ_SUB); /* a subscriber, so that tallyd publishes */
+    int zero = 0;
+    zmq_setsockopt(sub, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0);
+    zmq_connect(sub, r->pub);
     int32_t *data = th_random_i32(64u << 10, -1000, 1000); /* 256 KiB; the batches take parts */
     if (!sock || !data) {
         fail(r, "no socket or no memory in the driver");
@@ -302,6 +333,11 @@ static void load(run_t *r)
     compute_load(r, sock, data);
     shm_load(r, sock, data);
     call(r, sock, on_stream(TALLY_OP_QUERY, TALLY_DTYPE_NONE, "cam0"), NULL, 0);
+    tally_req_t window = on_stream(TALLY_OP_QUERY, TALLY_DTYPE_NONE, "cam0");
+    window.flags = TALLY_FLAG_QUERY_WINDOW;
+    window.lo = 10000; /* the last 10 s */
+    call(r, sock, window, NULL, 0);
+    http_load(r, count_only);
     call(r, sock, on_stream(TALLY_OP_STREAMS, TALLY_DTYPE_NONE, NULL), NULL, 0);
     call(r, sock, on_stream(TALLY_OP_STATS, TALLY_DTYPE_NONE, NULL), NULL, 0);
     call(r, sock, on_stream(TALLY_OP_RESET, TALLY_DTYPE_NONE, "p0"), NULL, 0);
@@ -325,6 +361,7 @@ done:
     free(data);
     if (sock)
         zmq_close(sock);
+    zmq_close(sub);
     zmq_ctx_term(ctx);
 }
 
@@ -377,7 +414,7 @@ int main(int argc, char **argv)
     int ready = wait_ready(&r, &status);
     if (ready == 1) {
         outcome = "served";
-        load(&r);
+        load(&r, count_only);
         if (count_only && r.refused)
             fail(&r, "a request failed with no allocation failing");
         kill(r.pid, SIGTERM);
