@@ -12,7 +12,8 @@
  * scan on the CPU and on the GPUs, on streams (one with a sequence number, sent twice), pipelined
  * requests, requests by reference into a shared-memory region registered over the side channel,
  * query (a window too), reset, delete, GETs of /metrics, /healthz and the JSON API on the HTTP
- * port, with a PUB subscriber connected; then SIGTERM (the final state snapshot). It passes when:
+ * port, with a PUB subscriber connected, and a SIGHUP that reloads a changed configuration file
+ * (logged, applied or refused); then SIGTERM (the final state snapshot). It passes when:
  *   - every request got exactly one reply with its id (any status: a refusal is fine; an ok one
  *     carries count elements of its dtype), every GET a response, and a ping at the end is
  *     answered ok: tallyd kept serving;
@@ -93,6 +94,29 @@ static int copy_fixture(const char *state)
     return rc;
 }
 
+/* dir/tallyd.conf with a setting a reload applies. */
+static int write_conf(const char *dir, unsigned max_inflight)
+{
+    char text[64];
+    int len = snprintf(text, sizeof text, "[server]\nmax_inflight = %u\n", max_inflight);
+    return th_write_file(dir, "tallyd.conf", text, (size_t)len);
+}
+
+/* SIGHUP with a changed configuration file: the reload is logged, done or refused. */
+static void reload(run_t *r)
+{
+    if (write_conf(r->dir, 48) != 0 || kill(r->pid, SIGHUP) != 0) {
+        fail(r, "cannot ask for a reload");
+        return;
+    }
+    for (int waited = 0; waited < READY_TIMEOUT_MS; waited += 10) {
+        if (log_has(r, "reload: ") || log_has(r, "reload failed"))
+            return;
+        th_sleep_ms(10);
+    }
+    fail(r, "no word of the reload after SIGHUP");
+}
+
 /* Starts tallyd in r->dir with TALLYD_ALLOC_FAIL_AT=n; 0, or -1 when it cannot be started. */
 static int spawn(run_t *r, const char *n)
 {
@@ -102,14 +126,16 @@ static int spawn(run_t *r, const char *n)
     snprintf(r->endpoint, sizeof r->endpoint, "ipc://%s/tallyd.sock", r->dir);
     snprintf(r->log, sizeof r->log, "%s/tallyd.log", r->dir);
     snprintf(r->pub, sizeof r->pub, "ipc://%s/pub.sock", r->dir);
-    if (copy_fixture(state) != 0)
+    char conf[96];
+    snprintf(conf, sizeof conf, "%s/tallyd.conf", r->dir);
+    if (copy_fixture(state) != 0 || write_conf(r->dir, 64) != 0)
         return -1;
     /* clang-format off */
     const char *argv[] = {th_tallyd_bin(), "--bind", r->endpoint, "--shm-socket", shm,
                           "--state-dir", state, "--backend", "auto", "--test-sim-gpus", "2",
                           "--gpu-streams", "2", "--gpu-min-batch", "16K", "--max-batch", "1M",
                           "--metrics", "127.0.0.1:0", "--pub", r->pub, "--pub-interval-ms", "10",
-                          NULL};
+                          "--config", conf, NULL};
     /* clang-format on */
     r->pid = fork();
     if (r->pid < 0)
@@ -334,6 +360,7 @@ static void load(run_t *r, bool count_only)
     if (r->last.status == TALLY_OK && r->last.count != FIXTURE_STREAMS)
         fail(r, "tallyd started without every stream of its state file");
     compute_load(r, sock, data);
+    reload(r);
     shm_load(r, sock, data);
     call(r, sock, on_stream(TALLY_OP_QUERY, TALLY_DTYPE_NONE, "cam0"), NULL, 0);
     tally_req_t window = on_stream(TALLY_OP_QUERY, TALLY_DTYPE_NONE, "cam0");
