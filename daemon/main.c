@@ -83,8 +83,13 @@ int main(int argc, char **argv)
     set_malloc_thresholds();
 
     td_server_t *server = NULL;
-    if (td_server_new(&cfg, &server) != TD_OK)
+    err = td_server_new(&cfg, &server);
+    if (err != TD_OK) {
+        /* Most failures were logged where they happened; out of memory often was not (alloc
+         * sweep, issue 25: tallyd exited 1 without a word). One line says that it did not start. */
+        td_err("not started: %s", err == TD_ERR_NOMEM ? "out of memory" : td_err_name(err));
         goto done;
+    }
     code = td_server_run(server);
     td_server_destroy(&server);
 done:

@@ -3,7 +3,10 @@
 # Installs what is missing, then builds and runs every test twice: a normal build with
 # warnings as errors (CUDA backend included when nvcc is present; GPU tests report "skipped"
 # without a GPU), then 20 s of libFuzzer on proto/'s decoders (when clang can build it), and a
-# build with AddressSanitizer + UndefinedBehaviorSanitizer.
+# build with AddressSanitizer + UndefinedBehaviorSanitizer. That build also has the allocation-
+# failure hooks (-DTALLY_ALLOC_FAULTS=ON: inert unless TALLYD_ALLOC_FAIL_AT is set), so its CTest
+# run includes test_alloc_sweep, the bounded allocation-failure sweep (about 200 runs over the
+# whole range, none started after 200 s; scripts/alloc-sweep.sh runs every N).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -24,8 +27,8 @@ else
 fi
 
 echo "== build and test with AddressSanitizer and UndefinedBehaviorSanitizer"
-cmake -S . -B build-asan -DTALLY_WERROR=ON -DTALLY_SANITIZE=ON -DTALLY_CUDA=OFF \
-  -DCMAKE_BUILD_TYPE=Debug
+cmake -S . -B build-asan -DTALLY_WERROR=ON -DTALLY_SANITIZE=ON -DTALLY_ALLOC_FAULTS=ON \
+  -DTALLY_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
 cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j"$jobs")

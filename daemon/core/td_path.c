@@ -349,8 +349,7 @@ td_err_t td_path_submit(td_path_t *p, td_transport_t *t, td_msg_t *m)
 {
     td_request_t *r = td_request_new();
     if (!r) {
-        td_err("out of memory: dropping a message of %d frames", m->frames);
-        return TD_ERR_NOMEM;
+        return TD_ERR_NOMEM; /* the transport answers it (td_transport.h) */
     }
     td_sched_received(p->sched);
     r->received_ns = uv_hrtime();

@@ -17,6 +17,7 @@
  * drop the connection (the replies to its earlier requests are then kept for it to reconnect).
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
@@ -62,6 +63,35 @@ static td_bytes_t hold_frame(zmq_msg_t *frame)
         .data = zmq_msg_data(held), .len = zmq_msg_size(held), .free_fn = frame_free, .hint = held};
 }
 
+/* No memory for a request: the message is answered `internal` all the same, from the stack,
+ * echoing what its header gives, so that it still gets its one reply (found by the allocation
+ * sweep, issue 25: it was dropped, and its sender waited forever). */
+static void answer_no_memory(td_zmq_t *z, const td_msg_t *m)
+{
+    static const char text[] = "out of memory; not run";
+    tally_req_t req = {0};
+    char msg[TALLY_ERROR_MESSAGE_MAX + 1];
+    if (m->header)
+        tally_req_decode(m->header, m->header_len, &req, msg, sizeof msg);
+    tally_rep_t rep = {.version = TALLY_PROTO_VERSION,
+                       .opcode = req.opcode,
+                       .flags = req.flags,
+                       .request_id = req.request_id,
+                       .status = TALLY_E_INTERNAL,
+                       .dtype = TALLY_DTYPE_TEXT};
+    uint8_t header[TALLY_REP_HEADER_SIZE];
+    tally_rep_encode(&rep, header);
+    const int more = ZMQ_DONTWAIT | ZMQ_SNDMORE;
+    void *sock = z->rt.socket;
+    td_err("out of memory: request %" PRIu64 " answered `internal`", rep.request_id);
+    if (zmq_send(sock, m->from.id, m->from.id_len, more) == -1)
+        return; /* the peer has gone, or does not read: as for any reply */
+    if (((m->from.word & TD_ZMQ_DELIMITER) && zmq_send(sock, "", 0, more) == -1) ||
+        zmq_send(sock, header, sizeof header, more) == -1 ||
+        zmq_send(sock, text, sizeof text - 1, ZMQ_DONTWAIT) == -1)
+        td_err("sending the reply to request %" PRIu64 ": %s", rep.request_id, zmq_strerror(errno));
+}
+
 /* One received message (frames[0..kept) of `total`) to the path. The envelope: its sender (its
  * routing id, and who CURVE says that is) and a REQ peer's delimiter: any peer's empty first
  * frame is taken as one and echoed (PROTOCOL.md §1), a header is never empty. */
@@ -80,8 +110,10 @@ static void handle_message(td_zmq_t *z, zmq_msg_t *frames, int kept, int total)
     };
     if (m.frames == 2)
         m.payload = hold_frame(&frames[body + 1]);
-    if (td_path_submit(z->env.path, &z->base, &m) != TD_OK)
-        td_bytes_free(&m.payload); /* not taken; logged */
+    if (td_path_submit(z->env.path, &z->base, &m) != TD_OK) { /* no memory for the request */
+        td_bytes_free(&m.payload);
+        answer_no_memory(z, &m);
+    }
 }
 
 /* Reads one whole message. Returns 1 when one was handled, 0 when none was waiting. */

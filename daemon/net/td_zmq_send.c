@@ -20,14 +20,36 @@
 #include "td_log.h"
 #include "td_zmq_int.h"
 
-/* The reply's payload as a message ZeroMQ frees once written out. Returns 0 or an errno. */
-static int body_message(td_reply_t *reply, zmq_msg_t *body)
+/* The reply's payload as a message ZeroMQ frees once written out (an empty one when it has
+ * none). When ZeroMQ has no memory for it, a successful reply becomes an `internal` error (the
+ * request's effect stands: PROTOCOL.md §7) and an error reply loses only its text; the reply is
+ * never lost (alloc sweep, issue 25). The header is encoded after this, into reply->header. */
+static void body_message(td_reply_t *reply, zmq_msg_t *body)
 {
     td_bytes_t *b = &reply->body;
-    if (zmq_msg_init_data(body, b->data, b->len, b->free_fn, b->hint) != 0)
-        return errno; /* ZeroMQ took nothing: td_reply_end frees it */
-    td_bytes_taken(b);
-    return 0;
+    if (!b->data || !b->len) {
+        zmq_msg_init(body);
+        return;
+    }
+    if (zmq_msg_init_data(body, b->data, b->len, b->free_fn, b->hint) == 0) {
+        td_bytes_taken(b);
+        return;
+    }
+    /* ZeroMQ took nothing: td_reply_end frees the payload */
+    td_err("out of memory for the reply to request %" PRIu64 ": answering `internal`",
+           reply->rep.request_id);
+    if (reply->rep.status == TALLY_OK) {
+        static const char text[] = "out of memory for the reply; the request succeeded";
+        reply->rep.status = TALLY_E_INTERNAL;
+        reply->rep.dtype = TALLY_DTYPE_TEXT;
+        reply->rep.count = 0;
+        reply->rep.aux0 = 0;
+        if (zmq_msg_init_size(body, sizeof text - 1) == 0) {
+            memcpy(zmq_msg_data(body), text, sizeof text - 1);
+            return;
+        }
+    }
+    zmq_msg_init(body);
 }
 
 /* Sends the reply now: 0, or the errno of the failed send (EHOSTUNREACH: the peer has gone;
@@ -35,7 +57,9 @@ static int body_message(td_reply_t *reply, zmq_msg_t *body)
 static int send_now(td_zmq_t *z, td_reply_t *reply)
 {
     /* Only the first frame can meet EHOSTUNREACH or EAGAIN: once it is accepted ZeroMQ takes
-     * the rest of the message whole, so a later frame failing is a broken socket (logged). */
+     * the rest of the message whole, so a later frame failing is a broken socket (logged). The
+     * payload's message is made after it (a kept reply keeps its payload) and before the header
+     * (found out of memory, the reply changes: alloc sweep, issue 25). */
     void *router = z->rt.socket;
     const int more = ZMQ_DONTWAIT | ZMQ_SNDMORE;
     if (zmq_send(router, reply->to.id, reply->to.id_len, more) == -1)
@@ -43,16 +67,17 @@ static int send_now(td_zmq_t *z, td_reply_t *reply)
     int err = 0;
     if ((reply->to.word & TD_ZMQ_DELIMITER) && zmq_send(router, "", 0, more) == -1)
         err = errno;
-    if (!err && zmq_send(router, reply->header, sizeof reply->header, more) == -1)
-        err = errno;
     zmq_msg_t body;
-    if (!err && reply->body.data && reply->body.len)
-        err = body_message(reply, &body);
-    else if (!err)
-        zmq_msg_init(&body);
-    if (!err && zmq_msg_send(&body, router, ZMQ_DONTWAIT) == -1) {
-        err = errno;
-        zmq_msg_close(&body);
+    if (!err) {
+        body_message(reply, &body);
+        tally_rep_encode(&reply->rep, reply->header);
+        if (zmq_send(router, reply->header, sizeof reply->header, more) == -1) {
+            err = errno;
+            zmq_msg_close(&body);
+        } else if (zmq_msg_send(&body, router, ZMQ_DONTWAIT) == -1) {
+            err = errno;
+            zmq_msg_close(&body);
+        }
     }
     if (err)
         td_err("sending the reply to request %" PRIu64 ": %s", reply->rep.request_id,

@@ -220,15 +220,22 @@ static void restore_old_record(td_streams_t *streams, td_state_report_t *r, unsi
         return;
     }
     td_stream_t *stream = NULL;
-    if (td_streams_get(streams, (const char *)name, name_len, &stream) != TALLY_OK) {
-        r->over_limit++;
+    tally_status_t st = td_streams_get(streams, (const char *)name, name_len, &stream);
+    if (st != TALLY_OK) {
+        if (st == TALLY_E_INTERNAL) /* out of memory, not a limit: the restore fails */
+            r->nomem++;
+        else
+            r->over_limit++;
         return;
     }
     snprintf(why, sizeof why, "out of memory");
-    if (!td_stream_set_info(stream, &info) ||
-        !restore_ring_v3(streams, stream, ring, now_ms, r, why, sizeof why)) {
+    bool nomem = !td_stream_set_info(stream, &info);
+    if (nomem || !restore_ring_v3(streams, stream, ring, now_ms, r, why, sizeof why)) {
         td_streams_remove(streams, &stream);
-        skip_record(r, i, name, name_len, why);
+        if (nomem || strstr(why, "out of memory"))
+            r->nomem++;
+        else
+            skip_record(r, i, name, name_len, why);
         return;
     }
     stream->state_dirty = false;
@@ -464,6 +471,8 @@ static td_state_apply_t apply(td_streams_t *streams, const td_state_record_t *re
     r->window_slots_dropped += dropped;
     if (got == TD_STATE_NO_ROOM)
         r->over_limit++;
+    else if (got == TD_STATE_NO_MEMORY)
+        r->nomem++;
     return got;
 }
 
@@ -488,7 +497,7 @@ static void v4_take(void *ctx, unsigned i, const uint8_t *p, size_t size)
     td_state_apply_t got = apply(b->streams, &rec, b->now_ms, b->r, why, sizeof why);
     if (got == TD_STATE_APPLIED)
         b->r->restored++;
-    else if (got != TD_STATE_NO_ROOM)
+    else if (got != TD_STATE_NO_ROOM && got != TD_STATE_NO_MEMORY)
         skip_record(b->r, i, (const uint8_t *)rec.name, rec.name_len, why);
 }
 
@@ -580,7 +589,7 @@ static void log_take(void *ctx, unsigned i, const uint8_t *p, size_t size)
         return;
     }
     td_state_apply_t got = apply(l->streams, &rec, l->now_ms, l->r, why, sizeof why);
-    if (got == TD_STATE_REFUSED || got == TD_STATE_NO_MEMORY) {
+    if (got == TD_STATE_REFUSED) {
         l->r->log_damaged++;
         warn_skipped("log record", i, 0, rec.name, rec.name_len, why);
     }

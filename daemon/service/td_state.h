@@ -114,6 +114,8 @@ typedef struct {
     unsigned damaged;    /* base records skipped: checksum, name, invariants, duplicate (logged) */
     unsigned missing;    /* records announced but cut off by a truncated base */
     unsigned over_limit; /* good records not added: max_streams or max_state_bytes (both files) */
+    unsigned nomem;      /* good records not added for want of memory (both files): the restore
+                          * fails, tallyd does not start (alloc sweep, issue 25) */
     unsigned window_slots_dropped; /* window slots of another interval or too old (logged) */
     size_t extra_bytes;            /* bytes after the base's last announced record */
     size_t base_bytes;             /* the base's size, when it was decoded */

@@ -305,6 +305,8 @@ static void report_base(const char *dir, const char *path, td_err_t st, const ui
                     path, why, strerror(errno));
         return;
     }
+    if (r->nomem) /* the restore fails (td_state_restore): nothing to set aside */
+        return;
     bool lossy = r->damaged || r->missing || r->over_limit || r->extra_bytes;
     if (!lossy) {
         td_notice("state: restored %u streams from %s (format version %u)", r->restored, path,
@@ -334,6 +336,8 @@ static void restore_log(const char *dir, const uint8_t *buf, size_t len, bool ba
     else
         snprintf(why, sizeof why, "no state file of format version %u for it to continue",
                  TD_STATE_VERSION);
+    if (r->nomem) /* the restore fails (td_state_restore): the log stays where it is */
+        return;
     if (st != TD_OK) {
         r->log_unusable = true;
         if (set_aside(dir, TD_STATE_LOG_FILE, NULL, 0, aside, sizeof aside) == 0)
@@ -405,8 +409,17 @@ td_err_t td_state_restore(const char *dir, td_streams_t *streams, td_state_repor
     } else {
         td_info("state: no %s yet; starting with no streams", path[0]);
     }
-    if (buf[1] || st[1] == TD_ERR_CORRUPT)
+    if (!report->nomem && (buf[1] || st[1] == TD_ERR_CORRUPT))
         restore_log(dir, buf[1], len[1], buf[0] && st[0] == TD_OK, streams, now_ms, report);
+    /* Out of memory for a good record: starting without its stream would lose it at the next
+     * snapshot, so tallyd does not start, and the files stay as they are (alloc sweep, issue 25:
+     * such a stream was counted damaged or over the limits, and dropped). */
+    if (report->nomem) {
+        snprintf(msg, msg_cap,
+                 "out of memory restoring %u streams from %s; the files are unchanged",
+                 report->nomem, dir);
+        err = TD_ERR_NOMEM;
+    }
 done:
     free(buf[0]);
     free(buf[1]);

@@ -200,9 +200,11 @@ td_state_apply_t td_state_record_apply(td_streams_t *streams, const td_state_rec
     bool nomem = false;
     if (!build_ring(streams, rec, now_ms, &ring, dropped, &nomem, why, cap))
         return nomem ? TD_STATE_NO_MEMORY : TD_STATE_REFUSED;
-    if (!s && td_streams_get(streams, rec->name, rec->name_len, &s) != TALLY_OK) {
+    tally_status_t st = s ? TALLY_OK : td_streams_get(streams, rec->name, rec->name_len, &s);
+    if (st != TALLY_OK) {
         td_window_destroy(&ring);
-        return TD_STATE_NO_ROOM;
+        snprintf(why, cap, "out of memory");
+        return st == TALLY_E_INTERNAL ? TD_STATE_NO_MEMORY : TD_STATE_NO_ROOM;
     }
     if (!td_stream_set_info(s, &rec->info)) {
         td_window_destroy(&ring);

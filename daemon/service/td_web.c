@@ -70,9 +70,17 @@ static void add_common_headers(struct MHD_Response *resp, const char *type)
 static enum MHD_Result send_json(struct MHD_Connection *conn, unsigned status, char *json,
                                  size_t len, const char *header_name, const char *header_value)
 {
-    if (!json)
-        return MHD_NO;
-    struct MHD_Response *resp = MHD_create_response_from_buffer(len, json, MHD_RESPMEM_MUST_FREE);
+    /* No memory for the document: a 500 all the same, from a constant, rather than a closed
+     * connection (alloc sweep, issue 25). */
+    static const char nomem[] = "{\"error\":\"internal\",\"message\":\"out of memory\"}";
+    struct MHD_Response *resp =
+        json ? MHD_create_response_from_buffer(len, json, MHD_RESPMEM_MUST_FREE)
+             : MHD_create_response_from_buffer(sizeof nomem - 1, (void *)nomem,
+                                               MHD_RESPMEM_PERSISTENT);
+    if (!json) {
+        status = MHD_HTTP_INTERNAL_SERVER_ERROR;
+        header_name = NULL;
+    }
     if (!resp) {
         free(json);
         return MHD_NO;
@@ -368,7 +376,7 @@ static enum MHD_Result queue_job(td_web_t *self, struct MHD_Connection *conn, vo
 {
     td_web_job_t *job = calloc(1, sizeof *job);
     if (!job)
-        return MHD_NO;
+        return send_error(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal", "out of memory");
     *job = (td_web_job_t){.tag = &td_web_job_tag, .web = self, .conn = conn, .kind = kind,
                           .params = *p};
     pthread_mutex_lock(&self->lock);
@@ -424,7 +432,7 @@ static enum MHD_Result api(td_web_t *self, struct MHD_Connection *conn, const ch
 {
     td_web_params_t *p = calloc(1, sizeof *p);
     if (!p)
-        return MHD_NO;
+        return send_error(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal", "out of memory");
     td_web_kind_t kind = TD_WEB_LIST;
     const char *allow = NULL;
     char why[320] = "";
