@@ -38,24 +38,6 @@ static bool process_running(pid_t pid)
     return running;
 }
 
-/* A connection that knows every node. natsOptions_SetServers, not a comma-separated
- * natsOptions_SetURL: libnats 3.4.1 accepts such a list and then connects to none of it. */
-static natsConnection *connect_all(const tn_cluster_t *c)
-{
-    natsOptions *o = NULL;
-    natsConnection *nc = NULL;
-    const char *urls[TN_MAX_NODES];
-    for (int i = 0; i < c->nodes; i++)
-        urls[i] = c->node[i].url;
-    assert_int_equal(natsOptions_Create(&o), NATS_OK);
-    assert_int_equal(natsOptions_SetServers(o, urls, c->nodes), NATS_OK);
-    assert_int_equal(natsOptions_SetMaxReconnect(o, -1), NATS_OK);
-    assert_int_equal(natsOptions_SetReconnectWait(o, 100), NATS_OK);
-    assert_int_equal(natsConnection_Connect(&nc, o), NATS_OK);
-    natsOptions_Destroy(o);
-    return nc;
-}
-
 /* Publishes data with msg id `id` until a PubAck comes (a lost PubAck is retried with the same
  * id, as a producer must); *duplicate says whether the stream had it already. */
 static int publish_once(jsCtx *js, const char *subject, const char *id, bool *duplicate)
@@ -86,9 +68,9 @@ static void test_cluster_lifecycle(void **state)
     assert_int_equal(tn_cluster_start(&c, 3, NULL, 30000), 0);
     print_message("3-node cluster ready in %lld ms on %s\n", (long long)(th_now_ms() - t0), c.urls);
 
-    natsConnection *nc = connect_all(&c);
+    natsConnection *nc = NULL;
     jsCtx *js = NULL;
-    assert_int_equal(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    assert_int_equal(tn_connect(&c, &nc, &js), 0);
     jsStreamConfig sc;
     jsStreamConfig_Init(&sc);
     sc.Name = "SMOKE";

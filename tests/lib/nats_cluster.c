@@ -56,7 +56,7 @@ static int write_conf(const tn_cluster_t *c, int i, const tn_options_t *opts)
             "listen: 127.0.0.1:%d\n"
             "max_payload: 8MB\n"
             "jetstream {\n  store_dir: \"%s/store%d\"\n  max_memory_store: 256MB\n"
-            "  max_file_store: 2GB\n}\n",
+            "  max_file_store: 16GB\n}\n",
             i, n->client_port, c->dir, i);
     if (c->nodes > 1) {
         fprintf(f, "cluster {\n  name: tallytest\n  listen: 127.0.0.1:%d\n  routes: [",
@@ -259,6 +259,45 @@ bool tn_node_log_contains(const tn_cluster_t *c, int i, const char *text)
     bool found = log && strstr(log, text);
     free(log);
     return found;
+}
+
+/* natsOptions_SetServers, not a comma-separated natsOptions_SetURL: libnats 3.4.1 accepts such
+ * a list and then connects to none of it. */
+int tn_connect(const tn_cluster_t *c, natsConnection **nc, jsCtx **js)
+{
+    natsOptions *o = NULL;
+    const char *urls[TN_MAX_NODES];
+    for (int i = 0; i < c->nodes; i++)
+        urls[i] = c->node[i].url;
+    *nc = NULL;
+    *js = NULL;
+    natsStatus s = natsOptions_Create(&o);
+    if (s == NATS_OK)
+        s = natsOptions_SetServers(o, urls, c->nodes);
+    if (s == NATS_OK)
+        s = natsOptions_SetMaxReconnect(o, -1);
+    if (s == NATS_OK)
+        s = natsOptions_SetReconnectWait(o, 100);
+    if (s == NATS_OK)
+        s = natsConnection_Connect(nc, o);
+    natsOptions_Destroy(o);
+    if (s == NATS_OK)
+        s = natsConnection_JetStream(js, *nc, NULL);
+    if (s != NATS_OK) {
+        fprintf(stderr, "connect to %s: %s\n", c->urls, natsStatus_GetText(s));
+        natsConnection_Destroy(*nc);
+        *nc = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+int tn_node_index(const tn_cluster_t *c, const char *name)
+{
+    for (int i = 0; name && i < c->nodes; i++)
+        if (name[0] == 'n' && atoi(name + 1) == i && name[1] >= '0' && name[1] <= '9')
+            return i;
+    return -1;
 }
 
 void tn_cluster_stop(tn_cluster_t *c)

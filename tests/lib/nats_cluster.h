@@ -54,6 +54,13 @@ int tn_node_kill(tn_cluster_t *c, int i, int sig);
 int tn_node_restart(tn_cluster_t *c, int i, int timeout_ms);
 /* True when node i's log contains text. */
 bool tn_node_log_contains(const tn_cluster_t *c, int i, const char *text);
+/* A connection to every node (reconnecting forever, quickly), and a JetStream context on it
+ * (API waits of 5 s): for tests that look at the cluster directly. 0, or -1. */
+typedef struct __natsConnection natsConnection;
+typedef struct __jsCtx jsCtx;
+int tn_connect(const tn_cluster_t *c, natsConnection **nc, jsCtx **js);
+/* The index of the node named by server name `name` ("n<i>"), or -1. */
+int tn_node_index(const tn_cluster_t *c, const char *name);
 /* Kills every node (SIGKILL: no state is kept), reaps them and removes the scratch
  * directory. Safe to call twice. */
 void tn_cluster_stop(tn_cluster_t *c);
