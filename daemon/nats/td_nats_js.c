@@ -20,6 +20,19 @@ const char *td_nats_last_error(natsStatus s)
     return text && *text ? text : natsStatus_GetText(s);
 }
 
+td_err_t td_nats_kv_keys(kvStore *kv, kvKeysList *list, char *msg, size_t cap)
+{
+    kvWatchOptions wo;
+    kvWatchOptions_Init(&wo);
+    wo.Timeout = 5000;
+    memset(list, 0, sizeof *list);
+    natsStatus s = kvStore_Keys(list, kv, &wo);
+    if (s == NATS_OK || s == NATS_NOT_FOUND) /* not found: no keys */
+        return TD_OK;
+    snprintf(msg, cap, "listing the keys of %s: %s", kvStore_Bucket(kv), td_nats_last_error(s));
+    return TD_ERR_LIBRARY;
+}
+
 static td_err_t ensure_stream(jsCtx *js, const char *name, const char *subject, int replicas,
                               int64_t max_bytes, int64_t max_age_ms, jsDiscardPolicy discard,
                               int32_t max_msg_size, char *msg, size_t cap)

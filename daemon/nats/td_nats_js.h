@@ -35,6 +35,9 @@ td_err_t td_nats_kv_open(jsCtx *js, const char *name, int64_t ttl_ms, int replic
 /* The fleet's partition count from TALLY_FLEET; TD_ERR_CONFIG when there is no fleet yet. */
 td_err_t td_nats_read_partitions(jsCtx *js, uint32_t *partitions, char *msg, size_t cap);
 
+/* Every key of a bucket into *list (kvKeysList_Destroy it; empty when the bucket is). */
+td_err_t td_nats_kv_keys(kvStore *kv, kvKeysList *list, char *msg, size_t cap);
+
 /* nats_GetLastError's text, or the status's when there is none: for messages. */
 const char *td_nats_last_error(natsStatus s);
 

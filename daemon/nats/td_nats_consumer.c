@@ -1,0 +1,111 @@
+/*
+ * td_nats_consumer.c — see td_nats_consumer.h.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "tally_fleet.h"
+#include "td_nats_consumer.h"
+#include "td_nats_js.h"
+
+td_err_t td_consumer_start(jsCtx *js, uint32_t k, uint64_t start_seq, int64_t ack_wait_ms,
+                           natsSubscription **sub, char *msg, size_t cap)
+{
+    char stream[32], durable[32], subject[32];
+    tally_fleet_name(stream, sizeof stream, TALLY_NATS_STREAM_PREFIX, k);
+    tally_fleet_name(durable, sizeof durable, TALLY_NATS_CONSUMER_PREFIX, k);
+    tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k);
+    *sub = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_DeleteConsumer(js, stream, durable, NULL, &jerr);
+    if (s != NATS_OK && s != NATS_NOT_FOUND && jerr != JSConsumerNotFoundErr) {
+        snprintf(msg, cap, "deleting consumer %s: %s", durable, td_nats_last_error(s));
+        return TD_ERR_LIBRARY;
+    }
+    jsConsumerConfig cc;
+    jsConsumerConfig_Init(&cc);
+    cc.Durable = durable;
+    cc.AckPolicy = js_AckAll;
+    cc.AckWait = ack_wait_ms * 1000000;
+    cc.MaxAckPending = -1; /* acknowledged at checkpoints only: no cap on what is in between */
+    cc.DeliverPolicy = start_seq > 1 ? js_DeliverByStartSequence : js_DeliverAll;
+    cc.OptStartSeq = start_seq > 1 ? start_seq : 0;
+    jsConsumerInfo *ci = NULL;
+    s = js_AddConsumer(&ci, js, stream, &cc, NULL, &jerr);
+    jsConsumerInfo_Destroy(ci);
+    if (s != NATS_OK) {
+        snprintf(msg, cap, "creating consumer %s at %" PRIu64 ": %s", durable, start_seq,
+                 td_nats_last_error(s));
+        return TD_ERR_LIBRARY;
+    }
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = stream;
+    so.Consumer = durable; /* bind: the subscription does not own (nor delete) the consumer */
+    s = js_PullSubscribe(sub, js, subject, durable, NULL, &so, &jerr);
+    if (s != NATS_OK) {
+        snprintf(msg, cap, "binding consumer %s: %s", durable, td_nats_last_error(s));
+        *sub = NULL;
+        return TD_ERR_LIBRARY;
+    }
+    return TD_OK;
+}
+
+td_err_t td_consumer_fetch(natsSubscription *sub, int batch, int64_t max_bytes, int64_t wait_ms,
+                           natsMsgList *list, char *msg, size_t cap)
+{
+    jsFetchRequest fr;
+    jsFetchRequest_Init(&fr);
+    fr.Batch = batch;
+    fr.MaxBytes =
+        max_bytes > 0 && max_bytes < TD_NATS_FETCH_MAX_BYTES ? max_bytes : TD_NATS_FETCH_MAX_BYTES;
+    fr.Expires = wait_ms * 1000000;
+    memset(list, 0, sizeof *list);
+    jsErrCode jerr = 0;
+    natsStatus s = natsSubscription_FetchRequest(list, sub, &fr);
+    (void)jerr;
+    if (s == NATS_OK || s == NATS_TIMEOUT)
+        return TD_OK;
+    snprintf(msg, cap, "fetch: %s", td_nats_last_error(s));
+    return TD_ERR_LIBRARY;
+}
+
+uint64_t td_nats_msg_seq(natsMsg *m)
+{
+    jsMsgMetaData *meta = NULL;
+    if (natsMsg_GetMetaData(&meta, m) != NATS_OK)
+        return 0;
+    uint64_t seq = meta->Sequence.Stream;
+    jsMsgMetaData_Destroy(meta);
+    return seq;
+}
+
+td_err_t td_consumer_ack_sync(natsConnection *nc, const char *ack_subject, int64_t timeout_ms,
+                              char *msg, size_t cap)
+{
+    natsMsg *reply = NULL;
+    natsStatus s = natsConnection_Request(&reply, nc, ack_subject, "+ACK", 4, timeout_ms);
+    natsMsg_Destroy(reply);
+    if (s != NATS_OK) {
+        snprintf(msg, cap, "acknowledging: %s", td_nats_last_error(s));
+        return TD_ERR_LIBRARY;
+    }
+    return TD_OK;
+}
+
+td_err_t td_partition_purge_below(jsCtx *js, uint32_t k, uint64_t seq, char *msg, size_t cap)
+{
+    char stream[32];
+    tally_fleet_name(stream, sizeof stream, TALLY_NATS_STREAM_PREFIX, k);
+    jsOptions jo;
+    jsOptions_Init(&jo);
+    jo.Stream.Purge.Sequence = seq;
+    jsErrCode jerr = 0;
+    natsStatus s = js_PurgeStream(js, stream, &jo, &jerr);
+    if (s != NATS_OK) {
+        snprintf(msg, cap, "purging %s below %" PRIu64 ": %s", stream, seq, td_nats_last_error(s));
+        return TD_ERR_LIBRARY;
+    }
+    return TD_OK;
+}
