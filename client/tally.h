@@ -653,6 +653,18 @@ TALLY_API tally_status_t tally_nats_flush(tally_nats_t *self);
  * reply's status, or TALLY_E_TIMEOUT, TALLY_E_TRANSPORT, TALLY_E_REPLY. */
 TALLY_API tally_status_t tally_nats_recv(tally_nats_t *self, int timeout_ms, tally_reply_t *reply);
 
+/* A query of a stream (its partition's owner answers), or ping, info, stats (one worker
+ * answers), by NATS request-reply; the reply as tally_call gives it. While nobody answers (a
+ * partition between two owners) it asks again until the timeout (TALLY_E_TIMEOUT). */
+TALLY_API tally_status_t tally_nats_call(tally_nats_t *self, const tally_req_t *req,
+                                         const void *payload, size_t len, tally_reply_t *reply);
+/* The stream's record, as tally_query. */
+TALLY_API tally_status_t tally_nats_query(tally_nats_t *self, const char *stream,
+                                          tally_stream_info_t *info);
+/* The fleet's streams: every worker's, gathered until as many workers answered as are members
+ * (or the timeout), each name once; freed with tally_strings_free. */
+TALLY_API tally_status_t tally_nats_streams(tally_nats_t *self, char ***names, size_t *count);
+
 #ifdef __cplusplus
 }
 #endif

@@ -630,3 +630,191 @@ tally_status_t tally_nats_recv(tally_nats_t *self, int timeout_ms, tally_reply_t
         natsMsg_Destroy(m);
     }
 }
+
+/* ---- Request-reply: queries, control, streams (PROTOCOL.md §13 "Answers by request-reply") -- */
+
+/* Sends the frame of req (and payload) to subject and waits for the answer, asking again while
+ * nobody answers (a partition between two owners) until the timeout. The raw answer in *out. */
+static tally_status_t request(tally_nats_t *self, const char *subject, const tally_req_t *req,
+                              const void *payload, size_t len, natsMsg **out)
+{
+    size_t total = TALLY_REQ_HEADER_SIZE + len;
+    if (total > self->scratch_cap) {
+        uint8_t *grown = realloc(self->scratch, total);
+        if (!grown)
+            return fail(self, TALLY_E_NOMEM, "out of memory");
+        self->scratch = grown;
+        self->scratch_cap = total;
+    }
+    tally_req_t wire = *req;
+    wire.version = TALLY_PROTO_VERSION;
+    wire.request_id = self->next_n++;
+    tally_req_encode(&wire, self->scratch);
+    if (len)
+        memcpy(self->scratch + TALLY_REQ_HEADER_SIZE, payload, len);
+    int64_t deadline = now_ms() + self->timeout_ms;
+    for (;;) {
+        int64_t left = deadline - now_ms();
+        natsStatus s = left > 0 ? natsConnection_Request(out, self->nc, subject, self->scratch,
+                                                         (int)total, left)
+                                : NATS_TIMEOUT;
+        if (s == NATS_OK)
+            return TALLY_OK;
+        if (s == NATS_NO_RESPONDERS && left > 100) {
+            nats_Sleep(100); /* no owner right now: a take-over is under way */
+            continue;
+        }
+        if (s == NATS_TIMEOUT || s == NATS_NO_RESPONDERS)
+            return fail(self, TALLY_E_TIMEOUT, "no answer on %s within %d ms (no worker owns it?)",
+                        subject, self->timeout_ms);
+        return fail(self, TALLY_E_TRANSPORT, "request on %s: %s", subject, natsStatus_GetText(s));
+    }
+}
+
+tally_status_t tally_nats_call(tally_nats_t *self, const tally_req_t *req, const void *payload,
+                               size_t len, tally_reply_t *reply)
+{
+    if (!self || !req || !reply || (len && !payload))
+        return TALLY_E_ARG;
+    tally_reply_clear(reply);
+    char subject[48];
+    if (req->opcode == TALLY_OP_QUERY && req->stream_len)
+        tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_QUERY,
+                         tally_partition(req->stream, req->stream_len, self->partitions));
+    else if (req->opcode == TALLY_OP_PING || req->opcode == TALLY_OP_INFO ||
+             req->opcode == TALLY_OP_STATS)
+        snprintf(subject, sizeof subject, "%s", TALLY_NATS_SUBJ_CTL);
+    else
+        return fail(self, TALLY_E_ARG,
+                    "only query (with a stream), ping, info and stats are answered this way");
+    natsMsg *m = NULL;
+    tally_status_t st = request(self, subject, req, payload, len, &m);
+    if (st != TALLY_OK) {
+        snprintf(reply->error, sizeof reply->error, "%s", self->error);
+        return st;
+    }
+    return decode_nats_reply(self, m, reply);
+}
+
+tally_status_t tally_nats_query(tally_nats_t *self, const char *stream, tally_stream_info_t *info)
+{
+    if (!self || !stream || !info)
+        return TALLY_E_ARG;
+    tally_req_t req;
+    memset(&req, 0, sizeof req);
+    req.opcode = TALLY_OP_QUERY;
+    if (tally_req_set_stream(&req, stream) != TALLY_OK)
+        return fail(self, TALLY_E_STREAM_NAME, "invalid stream name '%s'", stream);
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    tally_status_t st = tally_nats_call(self, &req, NULL, 0, &reply);
+    if (st == TALLY_OK)
+        st = tally_reply_stream_info(&reply, info);
+    tally_reply_clear(&reply);
+    return st;
+}
+
+/* The number of live members (keys of TALLY_MEMBERS); 0 when it cannot be read. */
+static size_t live_members(tally_nats_t *self)
+{
+    kvStore *kv = NULL;
+    kvKeysList keys = {0};
+    size_t n = 0;
+    if (js_KeyValue(&kv, self->js, TALLY_NATS_BUCKET_MEMBERS) == NATS_OK &&
+        kvStore_Keys(&keys, kv, NULL) == NATS_OK)
+        n = (size_t)keys.Count;
+    kvKeysList_Destroy(&keys);
+    kvStore_Destroy(kv);
+    return n;
+}
+
+/* Adds the names of one member's `streams` answer (entries [u8 length][name]) to *names, each
+ * name once. */
+static tally_status_t merge_names(natsMsg *m, char ***names, size_t *count, size_t *cap)
+{
+    const uint8_t *p = (const uint8_t *)natsMsg_GetData(m) + TALLY_REP_HEADER_SIZE;
+    size_t len = (size_t)natsMsg_GetDataLength(m) - TALLY_REP_HEADER_SIZE;
+    for (size_t at = 0; at < len; at += 1 + p[at]) {
+        if (p[at] == 0 || at + 1 + p[at] > len)
+            return TALLY_E_REPLY;
+        bool seen = false;
+        for (size_t i = 0; i < *count && !seen; i++)
+            seen = strlen((*names)[i]) == p[at] && memcmp((*names)[i], p + at + 1, p[at]) == 0;
+        if (seen) /* two members during a hand-over */
+            continue;
+        if (*count == *cap) {
+            size_t grown_cap = *cap ? 2 * *cap : 64;
+            char **grown = realloc(*names, grown_cap * sizeof *grown);
+            if (!grown)
+                return TALLY_E_NOMEM;
+            *names = grown;
+            *cap = grown_cap;
+        }
+        if (!((*names)[*count] = strndup((const char *)p + at + 1, p[at])))
+            return TALLY_E_NOMEM;
+        (*count)++;
+    }
+    return TALLY_OK;
+}
+
+/* Publishes a `streams` request and gathers answers until every live member has answered. */
+static tally_status_t gather_streams(tally_nats_t *self, natsSubscription *sub, const char *inbox,
+                                     char ***names, size_t *count)
+{
+    tally_req_t req;
+    memset(&req, 0, sizeof req);
+    req.version = TALLY_PROTO_VERSION;
+    req.opcode = TALLY_OP_STREAMS;
+    req.request_id = self->next_n++;
+    uint8_t frame[TALLY_REQ_HEADER_SIZE];
+    tally_req_encode(&req, frame);
+    size_t members = live_members(self), answered = 0, cap = 0;
+    natsStatus s = natsConnection_PublishRequest(self->nc, TALLY_NATS_SUBJ_STREAMS, inbox, frame,
+                                                 (int)sizeof frame);
+    if (s != NATS_OK)
+        return fail(self, TALLY_E_TRANSPORT, "streams: %s", natsStatus_GetText(s));
+    int64_t deadline = now_ms() + self->timeout_ms;
+    tally_status_t st = TALLY_OK;
+    while (st == TALLY_OK && (members == 0 || answered < members)) {
+        int64_t left = deadline - now_ms();
+        natsMsg *m = NULL;
+        if (left <= 0 || natsSubscription_NextMsg(&m, sub, left) != NATS_OK)
+            break; /* those that answered are what there is */
+        tally_rep_t rep;
+        if (natsMsg_GetDataLength(m) >= TALLY_REP_HEADER_SIZE &&
+            tally_rep_decode((const uint8_t *)natsMsg_GetData(m), TALLY_REP_HEADER_SIZE, &rep) ==
+                TALLY_OK &&
+            rep.status == TALLY_OK) {
+            st = merge_names(m, names, count, &cap);
+            answered++;
+        }
+        natsMsg_Destroy(m);
+    }
+    if (st == TALLY_OK && answered == 0)
+        st = fail(self, TALLY_E_TIMEOUT, "no worker answered within %d ms", self->timeout_ms);
+    return st;
+}
+
+tally_status_t tally_nats_streams(tally_nats_t *self, char ***names, size_t *count)
+{
+    if (!self || !names || !count)
+        return TALLY_E_ARG;
+    *names = NULL;
+    *count = 0;
+    natsInbox *inbox = NULL;
+    natsSubscription *sub = NULL;
+    natsStatus s = natsInbox_Create(&inbox);
+    if (s == NATS_OK)
+        s = natsConnection_SubscribeSync(&sub, self->nc, (const char *)inbox);
+    tally_status_t st = s == NATS_OK
+                            ? gather_streams(self, sub, (const char *)inbox, names, count)
+                            : fail(self, TALLY_E_TRANSPORT, "streams: %s", natsStatus_GetText(s));
+    natsSubscription_Destroy(sub);
+    natsInbox_Destroy(inbox);
+    if (st != TALLY_OK) {
+        tally_strings_free(*names, *count);
+        *names = NULL;
+        *count = 0;
+    }
+    return st;
+}

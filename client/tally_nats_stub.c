@@ -74,3 +74,22 @@ tally_status_t tally_nats_recv(tally_nats_t *self, int timeout_ms, tally_reply_t
     (void)self, (void)timeout_ms, (void)reply;
     return TALLY_E_ARG;
 }
+
+tally_status_t tally_nats_call(tally_nats_t *self, const tally_req_t *req, const void *payload,
+                               size_t len, tally_reply_t *reply)
+{
+    (void)self, (void)req, (void)payload, (void)len, (void)reply;
+    return TALLY_E_ARG;
+}
+
+tally_status_t tally_nats_query(tally_nats_t *self, const char *stream, tally_stream_info_t *info)
+{
+    (void)self, (void)stream, (void)info;
+    return TALLY_E_ARG;
+}
+
+tally_status_t tally_nats_streams(tally_nats_t *self, char ***names, size_t *count)
+{
+    (void)self, (void)names, (void)count;
+    return TALLY_E_ARG;
+}

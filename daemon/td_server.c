@@ -1020,6 +1020,16 @@ int td_server_run(td_server_t *s)
     return td_service_exit_code(s->service); /* the final snapshot: did it reach the disk? */
 }
 
+uv_loop_t *td_server_loop(td_server_t *self)
+{
+    return &self->loop;
+}
+
+td_streams_t *td_server_streams(td_server_t *self)
+{
+    return self->streams;
+}
+
 void td_server_destroy(td_server_t **self_p)
 {
     td_server_t *s = *self_p;

@@ -19,4 +19,14 @@ td_err_t td_server_new(const td_config_t *cfg, td_server_t **out);
 int td_server_run(td_server_t *self);
 void td_server_destroy(td_server_t **self_p);
 
+/* What a transport outside the server needs until the transport interface exists (issue 25): the
+ * NATS fleet worker (daemon/nats/td_fleet.h) runs loop-thread work through a handle of its own on
+ * this loop (and must close it for td_server_run to return), and checkpoints and restores its
+ * partitions' streams in this table (loop thread only). Its requests come in through the ZeroMQ
+ * endpoint like any client's. */
+struct uv_loop_s;
+struct td_streams;
+struct uv_loop_s *td_server_loop(td_server_t *self);
+struct td_streams *td_server_streams(td_server_t *self);
+
 #endif

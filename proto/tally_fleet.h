@@ -55,8 +55,6 @@
 /* Room kept for NATS headers below max_payload when a reply's size is judged (PROTOCOL.md §13
  * "Validation"), and by producers when they cut batches. */
 #define TALLY_NATS_HEADROOM 4096u
-/* The default number of partitions of a new fleet. */
-#define TALLY_NATS_DEFAULT_PARTITIONS 8u
 
 /* Writes prefix followed by k in decimal into buf (cap bytes); the length, or 0 when it does not
  * fit. */

@@ -33,16 +33,16 @@
 #define PARTITIONS 4
 #define TTL_MS 2000
 
-static tn_cluster_t cluster;
-static natsConnection *nc;
-static jsCtx *js;
+#define cluster tn_suite
+#define nc tn_suite_nc
+#define js tn_suite_js
 static kvStore *leases, *ckpts;
 static char msg[512];
 
 static int setup(void **state)
 {
     (void)state;
-    if (tn_cluster_start(&cluster, 3, NULL, 30000) != 0 || tn_connect(&cluster, &nc, &js) != 0)
+    if (tn_suite_setup(3) != 0)
         return -1;
     td_nats_layout_t l = {.partitions = PARTITIONS,
                           .replicas = 3,
@@ -68,10 +68,7 @@ static int teardown(void **state)
     (void)state;
     kvStore_Destroy(leases);
     kvStore_Destroy(ckpts);
-    jsCtx_Destroy(js);
-    natsConnection_Destroy(nc);
-    tn_cluster_stop(&cluster);
-    return 0;
+    return tn_suite_teardown();
 }
 
 static void holder_is(uint32_t k, const char *who)
@@ -327,6 +324,12 @@ static void test_consumer_resume(void **state)
     assert_int_equal(td_consumer_start(js, 3, 7, 30000, &sub, msg, sizeof msg), TD_OK);
     assert_int_equal(fetch_all(sub, 4, NULL), 7);
     assert_true(td_nats_now_ms() - t0 < 15000);
+    /* Nothing more: a fetch comes back empty after its wait (not NATS's default 5 s). */
+    natsMsgList list;
+    t0 = td_nats_now_ms();
+    assert_int_equal(td_consumer_fetch(sub, 100, 0, 200, &list, msg, sizeof msg), TD_OK);
+    assert_int_equal(list.Count, 0);
+    assert_true(td_nats_now_ms() - t0 < 4000);
     natsSubscription_Destroy(sub);
     assert_int_equal(td_partition_purge_below(js, 3, 7, msg, sizeof msg), TD_OK);
     jsStreamInfo *si = NULL;

@@ -32,14 +32,14 @@
 
 #define PARTITIONS 4
 
-static tn_cluster_t cluster;
-static natsConnection *nc;
-static jsCtx *js;
+#define cluster tn_suite
+#define nc tn_suite_nc
+#define js tn_suite_js
 
 static int setup(void **state)
 {
     (void)state;
-    if (tn_cluster_start(&cluster, 3, NULL, 30000) != 0 || tn_connect(&cluster, &nc, &js) != 0)
+    if (tn_suite_setup(3) != 0)
         return -1;
     return 0;
 }
@@ -47,10 +47,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    jsCtx_Destroy(js);
-    natsConnection_Destroy(nc);
-    tn_cluster_stop(&cluster);
-    return 0;
+    return tn_suite_teardown();
 }
 
 static void make_fleet(void)

@@ -60,7 +60,9 @@ td_err_t td_consumer_fetch(natsSubscription *sub, int batch, int64_t max_bytes, 
     fr.Batch = batch;
     fr.MaxBytes =
         max_bytes > 0 && max_bytes < TD_NATS_FETCH_MAX_BYTES ? max_bytes : TD_NATS_FETCH_MAX_BYTES;
-    fr.Expires = wait_ms * 1000000;
+    /* A wait is needed: NoWait with an expiry still waits the expiry on nats-server 2.9, and
+     * without one libnats returns before the server's answer can arrive. */
+    fr.Expires = (wait_ms > 0 ? wait_ms : 1) * 1000000;
     memset(list, 0, sizeof *list);
     jsErrCode jerr = 0;
     natsStatus s = natsSubscription_FetchRequest(list, sub, &fr);

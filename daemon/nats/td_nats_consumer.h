@@ -27,7 +27,8 @@
 td_err_t td_consumer_start(jsCtx *js, uint32_t k, uint64_t start_seq, int64_t ack_wait_ms,
                            natsSubscription **sub, char *msg, size_t cap);
 /* Fetches up to batch messages and max_bytes (capped at TD_NATS_FETCH_MAX_BYTES), waiting up
- * to wait_ms for the first; none by then is TD_OK with an empty list. */
+ * to wait_ms (> 0) for them; none is TD_OK with an empty list. It blocks: a worker fetches on a
+ * thread of its own (td_fleet_reader.c). */
 td_err_t td_consumer_fetch(natsSubscription *sub, int batch, int64_t max_bytes, int64_t wait_ms,
                            natsMsgList *list, char *msg, size_t cap);
 /* A delivered message's stream sequence (0 when it has no JetStream metadata). */

@@ -292,6 +292,27 @@ int tn_connect(const tn_cluster_t *c, natsConnection **nc, jsCtx **js)
     return 0;
 }
 
+tn_cluster_t tn_suite;
+natsConnection *tn_suite_nc;
+jsCtx *tn_suite_js;
+
+int tn_suite_setup(int nodes)
+{
+    if (tn_cluster_start(&tn_suite, nodes, NULL, 30000) != 0)
+        return -1;
+    return tn_connect(&tn_suite, &tn_suite_nc, &tn_suite_js);
+}
+
+int tn_suite_teardown(void)
+{
+    jsCtx_Destroy(tn_suite_js);
+    natsConnection_Destroy(tn_suite_nc);
+    tn_suite_js = NULL;
+    tn_suite_nc = NULL;
+    tn_cluster_stop(&tn_suite);
+    return 0;
+}
+
 int tn_node_index(const tn_cluster_t *c, const char *name)
 {
     for (int i = 0; name && i < c->nodes; i++)

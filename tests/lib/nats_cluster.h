@@ -59,6 +59,13 @@ bool tn_node_log_contains(const tn_cluster_t *c, int i, const char *text);
 typedef struct __natsConnection natsConnection;
 typedef struct __jsCtx jsCtx;
 int tn_connect(const tn_cluster_t *c, natsConnection **nc, jsCtx **js);
+/* A test program's one cluster and connection, for cmocka group setup and teardown:
+ * tn_suite_setup starts `nodes` nodes and connects (0, or -1); tn_suite_teardown stops all. */
+extern tn_cluster_t tn_suite;
+extern natsConnection *tn_suite_nc;
+extern jsCtx *tn_suite_js;
+int tn_suite_setup(int nodes);
+int tn_suite_teardown(void);
 /* The index of the node named by server name `name` ("n<i>"), or -1. */
 int tn_node_index(const tn_cluster_t *c, const char *name);
 /* Kills every node (SIGKILL: no state is kept), reaps them and removes the scratch
