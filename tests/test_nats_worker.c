@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include <cmocka.h>
 #include <nats/nats.h>
@@ -30,6 +31,7 @@
 #include "nats_cluster.h"
 #include "tally.h"
 #include "tally_fleet.h"
+#include "td_fleet_plan.h"
 #include "td_nats_ckpt.h"
 #include "td_nats_js.h"
 #include "td_nats_lease.h"
@@ -116,16 +118,22 @@ static void stream_name(char *buf, size_t cap, int i)
     snprintf(buf, cap, "cam%d/px", i);
 }
 
-/* Sends `rounds` hist batches to every stream (recorded in the model); with replies, reads
- * them all and checks each batch's histogram. */
-static void push_hists(tally_nats_t *p, int rounds, bool want_reply)
+/* Sends `rounds` hist batches to every stream (recorded in the model), their bytes drawn from
+ * seed (the same seed, the same messages); with replies, reads them all and checks each batch's
+ * histogram. */
+static void push_hists(tally_nats_t *p, int rounds, bool want_reply, uint64_t seed)
 {
     uint8_t batch[1000];
     int sent = 0;
+    uint64_t x = seed | 1;
     for (int r = 0; r < rounds; r++)
         for (int i = 0; i < STREAMS; i++) {
-            for (size_t j = 0; j < sizeof batch; j++)
-                batch[j] = (uint8_t)(th_rand() >> 32);
+            for (size_t j = 0; j < sizeof batch; j++) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                batch[j] = (uint8_t)(x >> 32);
+            }
             char name[32];
             stream_name(name, sizeof name, i);
             tally_req_t req;
@@ -174,7 +182,7 @@ static void test_apply_reply_query(void **state)
     start_worker(&w, "w1");
     wait_owned("w1", PARTITIONS, 20000);
     tally_nats_t *p = producer("apply");
-    push_hists(p, 2, true);
+    push_hists(p, 2, true, th_rand());
     /* Nothing more comes: each request's reply came once. */
     tally_reply_t reply;
     tally_reply_init(&reply);
@@ -215,6 +223,242 @@ static void test_apply_reply_query(void **state)
     wait_owned(NULL, 0, 5000); /* released at the stop, not left to expire */
 }
 
+/* Every stream's record equals the model once the owners have caught up (after a take-over
+ * the new owner applies again what came after the last checkpoint). */
+static void check_model_eventually(tally_nats_t *p, int timeout_ms)
+{
+    int64_t t0 = th_now_ms();
+    for (;;) {
+        bool equal = true;
+        for (int i = 0; i < STREAMS && equal; i++) {
+            char name[32];
+            stream_name(name, sizeof name, i);
+            tally_stream_info_t info;
+            equal = tally_nats_query(p, name, &info) == TALLY_OK &&
+                    info.hist_total == model_total[i] &&
+                    memcmp(info.bins, model[i], sizeof model[i]) == 0;
+            if (!equal && info.hist_total > model_total[i])
+                fail_msg("%s holds %llu values, more than the %llu sent once: applied twice", name,
+                         (unsigned long long)info.hist_total, (unsigned long long)model_total[i]);
+        }
+        if (equal)
+            return;
+        if (th_now_ms() - t0 > timeout_ms)
+            break;
+        th_sleep_ms(100);
+    }
+    check_model(p); /* fails with the first difference */
+}
+
+/* Publishes raw data to tally.in.<k> with a reply subject; the reply's status. */
+static uint32_t publish_raw(uint32_t k, const void *data, size_t len, natsSubscription *inbox_sub,
+                            const char *inbox)
+{
+    char subject[32];
+    tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k);
+    natsMsg *m = NULL;
+    assert_int_equal(natsMsg_Create(&m, subject, NULL, data, (int)len), NATS_OK);
+    assert_int_equal(natsMsgHeader_Set(m, "Tally-Reply", inbox), NATS_OK);
+    jsErrCode jerr = 0;
+    assert_int_equal(js_PublishMsg(NULL, js, m, NULL, &jerr), NATS_OK);
+    natsMsg_Destroy(m);
+    natsMsg *r = NULL;
+    assert_int_equal(natsSubscription_NextMsg(&r, inbox_sub, 20000), NATS_OK);
+    tally_rep_t rep;
+    assert_true(natsMsg_GetDataLength(r) >= TALLY_REP_HEADER_SIZE);
+    assert_int_equal(
+        tally_rep_decode((const uint8_t *)natsMsg_GetData(r), TALLY_REP_HEADER_SIZE, &rep),
+        TALLY_OK);
+    natsMsg_Destroy(r);
+    return rep.status;
+}
+
+/* A request frame: header (with `stream`) and payload, into out; its length. */
+static size_t frame(uint8_t opcode, uint8_t dtype, const char *stream, const void *payload,
+                    size_t len, uint8_t *out)
+{
+    tally_req_t req;
+    memset(&req, 0, sizeof req);
+    req.version = TALLY_PROTO_VERSION;
+    req.opcode = opcode;
+    req.dtype = dtype;
+    req.request_id = 42;
+    if (opcode == TALLY_OP_HIST && dtype == TALLY_DTYPE_I32)
+        req.hi = 100;
+    if (stream)
+        assert_int_equal(tally_req_set_stream(&req, stream), TALLY_OK);
+    tally_req_encode(&req, out);
+    memcpy(out + TALLY_REQ_HEADER_SIZE, payload, len);
+    return TALLY_REQ_HEADER_SIZE + len;
+}
+
+static void test_poison_dead_letters(void **state)
+{
+    (void)state;
+    th_daemon_t w;
+    start_worker(&w, "w1");
+    wait_owned("w1", PARTITIONS, 20000);
+    natsInbox *inbox = NULL;
+    natsSubscription *sub = NULL;
+    assert_int_equal(natsInbox_Create(&inbox), NATS_OK);
+    assert_int_equal(natsConnection_SubscribeSync(&sub, nc, (const char *)inbox), NATS_OK);
+    char name0[32];
+    stream_name(name0, sizeof name0, 0);
+    uint32_t k0 = tally_partition(name0, strlen(name0), PARTITIONS);
+    uint8_t buf[TALLY_REQ_HEADER_SIZE + 64];
+    int32_t vals[4] = {1, 2, 3, 4};
+    /* A frame shorter than a header; a stream of another partition; a query on the ingest
+     * subject; a hist whose dtype conflicts with the stream's (refused at apply time). */
+    assert_int_equal(publish_raw(k0, "short", 5, sub, (const char *)inbox), TALLY_E_HEADER);
+    const char *other = "x";
+    for (int i = 0; tally_partition(other, strlen(other), PARTITIONS) == k0; i++)
+        other = i % 2 ? "y" : "zz";
+    size_t len = frame(TALLY_OP_HIST, TALLY_DTYPE_U8, other, vals, 4, buf);
+    assert_int_equal(publish_raw(k0, buf, len, sub, (const char *)inbox), TALLY_E_STREAM_NAME);
+    len = frame(TALLY_OP_QUERY, TALLY_DTYPE_NONE, name0, NULL, 0, buf);
+    assert_int_equal(publish_raw(k0, buf, len, sub, (const char *)inbox), TALLY_E_OPCODE);
+    len = frame(TALLY_OP_HIST, TALLY_DTYPE_I32, name0, vals, sizeof vals, buf);
+    assert_int_equal(publish_raw(k0, buf, len, sub, (const char *)inbox), TALLY_E_STREAM_STATE);
+    /* Each is in the dead letters with its reason. */
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    assert_int_equal(js_GetStreamInfo(&si, js, "TALLY_DEAD", NULL, &jerr), NATS_OK);
+    assert_int_equal(si->State.Msgs, 4);
+    uint64_t last = si->State.LastSeq;
+    jsStreamInfo_Destroy(si);
+    const char *want[4] = {"bad_header", "bad_stream_name", "bad_opcode", "stream_state"};
+    for (int i = 0; i < 4; i++) {
+        natsMsg *d = NULL;
+        assert_int_equal(js_GetMsg(&d, js, "TALLY_DEAD", last - 3 + (uint64_t)i, NULL, &jerr),
+                         NATS_OK);
+        const char *status = NULL, *reason = NULL;
+        assert_int_equal(natsMsgHeader_Get(d, "Tally-Status", &status), NATS_OK);
+        assert_int_equal(natsMsgHeader_Get(d, "Tally-Reason", &reason), NATS_OK);
+        assert_string_equal(status, want[i]);
+        assert_true(strlen(reason) > 0);
+        natsMsg_Destroy(d);
+    }
+    /* The partition goes on: the model still holds. */
+    tally_nats_t *p = producer("after-poison");
+    push_hists(p, 1, false, th_rand());
+    check_model_eventually(p, 20000);
+    tally_nats_destroy(&p);
+    natsSubscription_Destroy(sub);
+    natsInbox_Destroy(inbox);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
+static void test_restart_resumes_from_checkpoint(void **state)
+{
+    (void)state;
+    /* The previous worker stopped with SIGTERM: every partition's checkpoint holds the model. */
+    kvStore *ckpts = NULL;
+    assert_int_equal(js_KeyValue(&ckpts, js, TALLY_NATS_BUCKET_CKPT), NATS_OK);
+    for (uint32_t k = 0; k < PARTITIONS; k++) {
+        td_ckpt_manifest_t m;
+        uint8_t *st = NULL;
+        size_t len = 0;
+        assert_int_equal(td_ckpt_read(ckpts, k, &m, &st, &len, msg, sizeof msg), TD_OK);
+        assert_string_equal(m.member, "w1");
+        assert_true(m.applied_seq > 0);
+        free(st);
+    }
+    kvStore_Destroy(ckpts);
+    th_daemon_t w;
+    start_worker(&w, "w2");
+    wait_owned("w2", PARTITIONS, 20000);
+    tally_nats_t *p = producer("restart");
+    check_model(p);
+    push_hists(p, 1, false, th_rand());
+    check_model_eventually(p, 20000);
+    tally_nats_destroy(&p);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
+/* Two members that split the partitions between them (rendezvous: not every pair does). */
+static void two_members(char *a, char *b, size_t cap)
+{
+    for (int i = 0;; i++) {
+        snprintf(a, cap, "wa%d", i);
+        snprintf(b, cap, "wb%d", i);
+        const char *ids[2] = {a, b};
+        int owned_a = 0;
+        for (uint32_t k = 0; k < PARTITIONS; k++)
+            owned_a += td_fleet_owner(ids, 2, k) == 0;
+        if (owned_a == PARTITIONS / 2)
+            return;
+    }
+}
+
+static void test_failover_kill9_exactly_once(void **state)
+{
+    (void)state;
+    char a[16], b[16];
+    two_members(a, b, sizeof a);
+    th_daemon_t wa, wb;
+    start_worker(&wa, a);
+    start_worker(&wb, b);
+    wait_owned(a, PARTITIONS / 2, 20000);
+    wait_owned(b, PARTITIONS / 2, 20000);
+    tally_nats_t *p = producer("failover"), *again = producer("failover");
+    uint64_t seed = th_rand();
+    push_hists(p, 2, false, seed);
+    /* The same messages once more under the same ids: JetStream keeps one copy. */
+    uint64_t saved[STREAMS][256], saved_total[STREAMS];
+    memcpy(saved, model, sizeof model);
+    memcpy(saved_total, model_total, sizeof model_total);
+    push_hists(again, 2, false, seed);
+    memcpy(model, saved, sizeof model);
+    memcpy(model_total, saved_total, sizeof model_total);
+    tally_nats_stats_t st;
+    tally_nats_stats(again, &st);
+    assert_int_equal(st.duplicates, st.sent);
+    /* kill -9 of a worker while its partitions have messages not yet checkpointed. */
+    push_hists(p, 1, false, th_rand());
+    assert_int_equal(th_daemon_stop(&wa, SIGKILL, 5000), 128 + SIGKILL);
+    push_hists(p, 1, false, th_rand());
+    int64_t moved = wait_owned(b, PARTITIONS, TTL_MS + 20000);
+    print_message("partitions of the killed worker moved in %lld ms (lease %d ms)\n",
+                  (long long)moved, TTL_MS);
+    check_model_eventually(p, 30000);
+    tally_nats_destroy(&p);
+    tally_nats_destroy(&again);
+    assert_int_equal(th_daemon_stop(&wb, SIGTERM, 20000), 0);
+}
+
+/* tallyd --check-config with the arguments: its exit status; its stderr in err. */
+static int check_config(const char *args, char *err, size_t cap)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s --check-config %s 2>&1", th_tallyd_bin(), args);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t n = fread(err, 1, cap - 1, f);
+    err[n] = 0;
+    int status = pclose(f);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void test_protected_mode(void **state)
+{
+    (void)state;
+    char out[2048];
+    assert_int_equal(check_config("--nats-servers nats://10.1.2.3:4222", out, sizeof out), 2);
+    assert_non_null(strstr(out, "protected mode"));
+    assert_int_equal(check_config("--nats-servers nats://127.0.0.1:4222", out, sizeof out), 0);
+    assert_int_equal(check_config("--nats-servers nats://10.1.2.3:4222 --nats-credentials /x.creds",
+                                  out, sizeof out),
+                     0);
+    assert_int_equal(check_config("--nats-servers nats://user:pw@10.1.2.3:4222", out, sizeof out),
+                     0);
+    assert_int_equal(
+        check_config("--nats-servers nats://10.1.2.3:4222 --protected-mode off", out, sizeof out),
+        0);
+    assert_int_equal(
+        check_config("--nats-servers nats://127.0.0.1:4222 --nats-member-id a.b", out, sizeof out),
+        2);
+}
+
 int main(void)
 {
     if (!tn_server_bin()) {
@@ -224,6 +468,10 @@ int main(void)
     th_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_apply_reply_query),
+        cmocka_unit_test(test_poison_dead_letters),
+        cmocka_unit_test(test_restart_resumes_from_checkpoint),
+        cmocka_unit_test(test_failover_kill9_exactly_once),
+        cmocka_unit_test(test_protected_mode),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
