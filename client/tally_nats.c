@@ -4,7 +4,10 @@
  * from this producer's reply inbox.
  *
  * Publishing is asynchronous (js_PublishMsgAsync): tally_nats_send queues messages while the
- * bytes awaiting a PubAck stay under the window, tally_nats_flush waits for every PubAck. The
+ * bytes awaiting a PubAck stay under the window, tally_nats_flush waits for every PubAck. Within
+ * one stream it waits for the previous message's PubAck first: a message resent after a failed
+ * PubAck (no stream leader for a moment) must not land after the next one, which the worker
+ * would then refuse as a sequence gap or apply out of order. Streams pipeline side by side. The
  * acknowledgement handler runs on a libnats thread; it only books the outcome under the mutex:
  * a PubAck that says "stored" or "duplicate" frees the message; a failure that may be transient
  * (a PubAck timeout, no responders while a stream leader is elected, a full stream) puts the
@@ -39,6 +42,12 @@
  * that repeats at once (no responders while a stream leader is elected), short beside an
  * election (a few seconds). */
 #define RETRY_DELAY_MS 200
+/* Per-stream order: a message on a stream is published only once every earlier message of this
+ * producer on that stream has its PubAck. Streams are counted in ORDER_SLOTS slots by the hash of
+ * their name; two streams in one slot wait for each other, which costs a little pipelining and
+ * never the order. */
+#define ORDER_SLOTS 4096u
+#define NO_ORDER UINT32_MAX
 
 struct tally_nats {
     natsConnection *nc;
@@ -66,6 +75,7 @@ struct tally_nats {
     natsMsg **retry;
     size_t retry_len, retry_cap;
     int64_t retry_at; /* resend no earlier (ms, monotonic): a failure may repeat at once */
+    uint32_t order[ORDER_SLOTS]; /* messages without a PubAck, per stream slot */
     tally_nats_stats_t stats;
     char ack_error[TALLY_ERROR_MESSAGE_MAX + 1]; /* the last PubAck failure */
 };
@@ -91,6 +101,15 @@ static tally_status_t fail(tally_nats_t *self, tally_status_t st, const char *fm
 static size_t msg_bytes(natsMsg *m)
 {
     return (size_t)natsMsg_GetDataLength(m);
+}
+
+/* The order slot of a message's stream (its request header's name), or NO_ORDER without one. */
+static uint32_t order_slot(natsMsg *m)
+{
+    const uint8_t *d = (const uint8_t *)natsMsg_GetData(m);
+    if (msg_bytes(m) < TALLY_REQ_HEADER_SIZE || d[17] == 0 || d[17] > TALLY_STREAM_NAME_MAX)
+        return NO_ORDER;
+    return (uint32_t)(tally_fnv1a64(d + 64, d[17]) % ORDER_SLOTS);
 }
 
 /* A PubAck failure worth sending the message again for: everything but a message the stream
@@ -132,6 +151,9 @@ static void on_pub_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, 
     if (!keep) {
         self->pending_bytes -= msg_bytes(msg);
         self->pending_msgs--;
+        uint32_t slot = order_slot(msg);
+        if (slot != NO_ORDER)
+            self->order[slot]--;
     }
     pthread_cond_broadcast(&self->cond);
     pthread_mutex_unlock(&self->mu);
@@ -170,15 +192,17 @@ static void resend_failed(tally_nats_t *self)
     pthread_mutex_unlock(&self->mu);
 }
 
-/* Waits (resending what failed) until `done` holds or the deadline passes; called with the
- * mutex not held. */
-static tally_status_t wait_acks(tally_nats_t *self, size_t room, int64_t deadline)
+/* Waits (resending what failed) until there is room for `room` bytes in the window and no
+ * message of order slot `slot` awaits its PubAck (room 0: until every message has its PubAck),
+ * or the deadline passes; called with the mutex not held. */
+static tally_status_t wait_acks(tally_nats_t *self, size_t room, uint32_t slot, int64_t deadline)
 {
     for (;;) {
         resend_failed(self);
         pthread_mutex_lock(&self->mu);
         bool done =
-            room ? self->pending_msgs == 0 || self->pending_bytes + room <= self->window_bytes
+            room ? (self->pending_msgs == 0 || self->pending_bytes + room <= self->window_bytes) &&
+                       (slot == NO_ORDER || self->order[slot] == 0)
                  : self->pending_msgs == 0;
         if (done) {
             pthread_mutex_unlock(&self->mu);
@@ -186,10 +210,13 @@ static tally_status_t wait_acks(tally_nats_t *self, size_t room, int64_t deadlin
         }
         int64_t left = deadline - now_ms();
         if (left <= 0) {
-            tally_status_t st = fail(self, TALLY_E_TIMEOUT,
-                                     "%zu messages without a PubAck after %d ms (last error: %s)",
-                                     self->pending_msgs, self->timeout_ms,
-                                     self->ack_error[0] ? self->ack_error : "none");
+            char url[128] = "";
+            natsConnection_GetConnectedUrl(self->nc, url, sizeof url);
+            tally_status_t st =
+                fail(self, TALLY_E_TIMEOUT,
+                     "%zu messages without a PubAck after %d ms (last error: %s; connected to %s)",
+                     self->pending_msgs, self->timeout_ms,
+                     self->ack_error[0] ? self->ack_error : "none", url[0] ? url : "none");
             pthread_mutex_unlock(&self->mu);
             return st;
         }
@@ -452,11 +479,14 @@ static tally_status_t publish_one(tally_nats_t *self, const tally_req_t *wire, c
                      : self->round_robin++ % self->partitions;
     tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k);
     snprintf(id, sizeof id, "%s.%llu", self->producer_id, (unsigned long long)wire->request_id);
-    tally_status_t st = wait_acks(self, len, deadline);
-    if (st != TALLY_OK)
-        return st;
     natsMsg *m = NULL;
     natsStatus s = natsMsg_Create(&m, subject, NULL, (const char *)self->scratch, (int)len);
+    uint32_t slot = s == NATS_OK ? order_slot(m) : NO_ORDER;
+    tally_status_t st = s == NATS_OK ? wait_acks(self, len, slot, deadline) : TALLY_OK;
+    if (st != TALLY_OK) {
+        natsMsg_Destroy(m);
+        return st;
+    }
     if (s == NATS_OK)
         s = natsMsgHeader_Set(m, TALLY_NATS_HDR_MSG_ID, id);
     if (s == NATS_OK && want_reply)
@@ -470,6 +500,8 @@ static tally_status_t publish_one(tally_nats_t *self, const tally_req_t *wire, c
     pthread_mutex_lock(&self->mu);
     self->pending_bytes += len;
     self->pending_msgs++;
+    if (slot != NO_ORDER)
+        self->order[slot]++;
     self->stats.sent++;
     pthread_mutex_unlock(&self->mu);
     s = publish(self, &m);
@@ -532,11 +564,12 @@ tally_status_t tally_nats_send(tally_nats_t *self, const tally_req_t *req, const
     int64_t deadline = now_ms() + self->timeout_ms;
     for (uint64_t i = 0; i < count; i++) {
         size_t off = i * chunk, clen = len - off < chunk ? len - off : chunk;
-        wire.request_id = self->next_n++;
+        wire.request_id = self->next_n; /* used up only by a message that goes out */
         wire.seq = req->seq ? req->seq + i : 0;
         st = publish_one(self, &wire, (const uint8_t *)payload + off, clen, want_reply, deadline);
         if (st != TALLY_OK)
             return st;
+        self->next_n++;
     }
     return TALLY_OK;
 }
@@ -545,7 +578,7 @@ tally_status_t tally_nats_flush(tally_nats_t *self)
 {
     if (!self)
         return TALLY_E_ARG;
-    return wait_acks(self, 0, now_ms() + self->timeout_ms);
+    return wait_acks(self, 0, NO_ORDER, now_ms() + self->timeout_ms);
 }
 
 /* ---- Replies -------------------------------------------------------------------------------- */

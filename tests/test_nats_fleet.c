@@ -8,7 +8,7 @@
  *     committed); round trips inline and chunked (5 MiB); the first write of an owner removes
  *     its predecessor's chunks; a damaged chunk is caught by the CRC;
  *   - the durable consumer: recreated at a checkpoint's sequence + 1 it delivers from there at
- *     once; acknowledgement confirmed; purge below a sequence; a bound subscription that goes
+ *     once; acknowledgement confirmed, nothing removed; a bound subscription that goes
  *     away leaves the consumer in place.
  */
 #include <setjmp.h>
@@ -47,6 +47,7 @@ static int setup(void **state)
     td_nats_layout_t l = {.partitions = PARTITIONS,
                           .replicas = 3,
                           .partition_max_bytes = 64ll << 20,
+                          .partition_max_age_ms = 3600 * 1000,
                           .lease_ttl_ms = TTL_MS,
                           .max_msg_size = (int32_t)natsConnection_GetMaxPayload(nc)};
     td_err_t err = TD_ERR_LIBRARY;
@@ -134,7 +135,7 @@ static void read_back(uint32_t k, uint64_t seq, const char *member, const void *
     td_ckpt_manifest_t m;
     uint8_t *got = NULL;
     size_t got_len = 0;
-    assert_int_equal(td_ckpt_read(ckpts, k, &m, &got, &got_len, msg, sizeof msg), TD_OK);
+    assert_int_equal(td_ckpt_read(js, k, &m, &got, &got_len, msg, sizeof msg), TD_OK);
     assert_int_equal(m.applied_seq, seq);
     assert_string_equal(m.member, member);
     assert_int_equal(got_len, len);
@@ -150,7 +151,7 @@ static void test_ckpt_fencing(void **state)
     uint8_t *st = NULL;
     size_t len = 0;
     bool fenced = true;
-    assert_int_equal(td_ckpt_take(&a, ckpts, 1, "A", 100, &st, &len, &fenced, msg, sizeof msg),
+    assert_int_equal(td_ckpt_take(&a, js, ckpts, 1, "A", 100, &st, &len, &fenced, msg, sizeof msg),
                      TD_OK);
     assert_false(fenced);
     assert_null(st);
@@ -160,7 +161,7 @@ static void test_ckpt_fencing(void **state)
     read_back(1, 5, "A", "hello", 5);
 
     /* B takes over (A paused past its lease): B loads A's state and fences A. */
-    assert_int_equal(td_ckpt_take(&b, ckpts, 1, "B", 200, &st, &len, &fenced, msg, sizeof msg),
+    assert_int_equal(td_ckpt_take(&b, js, ckpts, 1, "B", 200, &st, &len, &fenced, msg, sizeof msg),
                      TD_OK);
     assert_false(fenced);
     assert_int_equal(len, 5);
@@ -205,7 +206,7 @@ static void test_ckpt_large_chunked(void **state)
     uint8_t *st = NULL;
     size_t len = 0;
     bool fenced = true;
-    assert_int_equal(td_ckpt_take(&b, ckpts, 2, "B", 300, &st, &len, &fenced, msg, sizeof msg),
+    assert_int_equal(td_ckpt_take(&b, js, ckpts, 2, "B", 300, &st, &len, &fenced, msg, sizeof msg),
                      TD_OK);
     assert_int_equal(td_ckpt_write(&b, 40, big, big_len, &fenced, msg, sizeof msg), TD_OK);
     assert_false(fenced);
@@ -214,7 +215,7 @@ static void test_ckpt_large_chunked(void **state)
     assert_int_equal(count_keys("p2.300."), 6);
 
     /* A new owner loads it whole, and its first write removes B's chunks. */
-    assert_int_equal(td_ckpt_take(&c, ckpts, 2, "C", 400, &st, &len, &fenced, msg, sizeof msg),
+    assert_int_equal(td_ckpt_take(&c, js, ckpts, 2, "C", 400, &st, &len, &fenced, msg, sizeof msg),
                      TD_OK);
     assert_int_equal(len, big_len);
     assert_memory_equal(st, big, big_len);
@@ -237,7 +238,7 @@ static void test_ckpt_large_chunked(void **state)
     uint64_t rev = 0;
     assert_int_equal(kvStore_Put(&rev, ckpts, key, big, (int)TD_CKPT_CHUNK_BYTES), NATS_OK);
     td_ckpt_manifest_t m;
-    assert_int_equal(td_ckpt_read(ckpts, 2, &m, &st, &len, msg, sizeof msg), TD_ERR_CORRUPT);
+    assert_int_equal(td_ckpt_read(js, 2, &m, &st, &len, msg, sizeof msg), TD_ERR_CORRUPT);
     assert_non_null(strstr(msg, "CRC"));
     assert_null(st);
     free(big);
@@ -275,7 +276,7 @@ static void publish_n(uint32_t k, int n)
     }
 }
 
-static uint64_t fetch_all(natsSubscription *sub, int expect, char *ack_subject_of_6th)
+static uint64_t fetch_all(natsSubscription *sub, int expect, char (*acks)[256])
 {
     natsMsgList list;
     uint64_t first = 0;
@@ -287,8 +288,8 @@ static uint64_t fetch_all(natsSubscription *sub, int expect, char *ack_subject_o
             if (!first)
                 first = seq;
             assert_int_equal(seq, first + (uint64_t)got); /* in order, no gap */
-            if (seq == 6 && ack_subject_of_6th)
-                snprintf(ack_subject_of_6th, 256, "%s", natsMsg_GetReply(list.Msgs[i]));
+            if (acks && seq <= 10)
+                snprintf(acks[seq], 256, "%s", natsMsg_GetReply(list.Msgs[i]));
             got++;
         }
         natsMsgList_Destroy(&list);
@@ -302,27 +303,39 @@ static void test_consumer_resume(void **state)
     (void)state;
     publish_n(3, 10);
     natsSubscription *sub = NULL;
-    assert_int_equal(td_consumer_start(js, 3, 1, 30000, &sub, msg, sizeof msg), TD_OK);
-    char ack[256] = "";
-    assert_int_equal(fetch_all(sub, 10, ack), 1);
-    assert_true(ack[0] != 0);
-    assert_int_equal(td_consumer_ack_sync(nc, ack, 5000, msg, sizeof msg), TD_OK);
+    assert_int_equal(td_consumer_start(js, 3, 100, 0, 1, 30000, &sub, msg, sizeof msg), TD_OK);
+    static char acks[11][256];
+    assert_int_equal(fetch_all(sub, 10, acks), 1);
+    /* A checkpoint holding 1..6: each acknowledged, the last one confirmed. */
+    for (int i = 1; i < 6; i++)
+        assert_int_equal(natsConnection_PublishString(nc, acks[i], "+ACK"), NATS_OK);
+    assert_int_equal(td_consumer_ack_sync(nc, acks[6], 5000, msg, sizeof msg), TD_OK);
     jsConsumerInfo *ci = NULL;
     jsErrCode jerr = 0;
-    assert_int_equal(js_GetConsumerInfo(&ci, js, "TALLY_P3", "tally-p3", NULL, &jerr), NATS_OK);
-    assert_int_equal(ci->AckFloor.Stream, 6); /* AckAll: everything up to 6 */
+    assert_int_equal(js_GetConsumerInfo(&ci, js, "TALLY_P3", "tally-p3-100-0", NULL, &jerr),
+                     NATS_OK);
+    assert_int_equal(ci->AckFloor.Stream, 6);
     jsConsumerInfo_Destroy(ci);
     /* The subscription goes: the consumer stays (it was bound, not made by the subscribe). */
     natsSubscription_Unsubscribe(sub);
     natsSubscription_Destroy(sub);
-    assert_int_equal(js_GetConsumerInfo(&ci, js, "TALLY_P3", "tally-p3", NULL, &jerr), NATS_OK);
+    assert_int_equal(js_GetConsumerInfo(&ci, js, "TALLY_P3", "tally-p3-100-0", NULL, &jerr),
+                     NATS_OK);
     jsConsumerInfo_Destroy(ci);
 
     /* A new owner whose checkpoint holds 1..6: from 7 at once (7..10 were delivered, not acked,
      * and would otherwise wait for the 30 s ack wait). */
     int64_t t0 = td_nats_now_ms();
-    assert_int_equal(td_consumer_start(js, 3, 7, 30000, &sub, msg, sizeof msg), TD_OK);
+    assert_int_equal(td_consumer_start(js, 3, 200, 0, 7, 30000, &sub, msg, sizeof msg), TD_OK);
     assert_int_equal(fetch_all(sub, 4, NULL), 7);
+    /* The previous owner's consumer is gone; the same name again, having delivered, is refused
+     * (a create that timed out but happened must not be taken for a fresh one). */
+    assert_int_equal(js_GetConsumerInfo(&ci, js, "TALLY_P3", "tally-p3-100-0", NULL, &jerr),
+                     NATS_NOT_FOUND);
+    natsSubscription *again = NULL;
+    assert_int_equal(td_consumer_start(js, 3, 200, 0, 7, 30000, &again, msg, sizeof msg),
+                     TD_ERR_LIBRARY);
+    assert_null(again);
     assert_true(td_nats_now_ms() - t0 < 15000);
     /* Nothing more: a fetch comes back empty after its wait (not NATS's default 5 s). */
     natsMsgList list;
@@ -331,11 +344,10 @@ static void test_consumer_resume(void **state)
     assert_int_equal(list.Count, 0);
     assert_true(td_nats_now_ms() - t0 < 4000);
     natsSubscription_Destroy(sub);
-    assert_int_equal(td_partition_purge_below(js, 3, 7, msg, sizeof msg), TD_OK);
+    /* Nothing was removed from the stream (the fleet never removes: td_nats_consumer.h). */
     jsStreamInfo *si = NULL;
     assert_int_equal(js_GetStreamInfo(&si, js, "TALLY_P3", NULL, &jerr), NATS_OK);
-    assert_int_equal(si->State.FirstSeq, 7);
-    assert_int_equal(si->State.Msgs, 4);
+    assert_int_equal(si->State.Msgs, 10);
     jsStreamInfo_Destroy(si);
 }
 

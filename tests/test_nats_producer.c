@@ -55,6 +55,7 @@ static void make_fleet(void)
     td_nats_layout_t l = {.partitions = PARTITIONS,
                           .replicas = 3,
                           .partition_max_bytes = 256ll << 20,
+                          .partition_max_age_ms = 3600 * 1000,
                           .lease_ttl_ms = 4000,
                           .max_msg_size = (int32_t)natsConnection_GetMaxPayload(nc)};
     char msg[256] = "";
@@ -265,18 +266,29 @@ static void test_pub_ack_after_node_kill(void **state)
 
     tally_nats_t *p = producer("killer", 2000);
     uint64_t before = stream_msgs(k, NULL, NULL);
-    enum { N = 300 };
+    enum { N = 300, NAMES = 16 };
+    /* 16 streams of the partition: a stream keeps one message without PubAck at a time (its
+     * order), so 16 are outstanding when the leader dies. */
+    tally_req_t reqs[NAMES];
+    for (int j = 0, n = 0; n < NAMES; j++) {
+        char sname[32];
+        snprintf(sname, sizeof sname, "killed-%d", j);
+        if (tally_partition(sname, strlen(sname), PARTITIONS) == k)
+            reqs[n++] = hist_u8(sname);
+    }
     uint8_t payload[4096];
     memset(payload, 9, sizeof payload);
-    tally_req_t r = hist_u8("killed");
+    bool killed = false;
     for (int i = 0; i < N; i++) {
-        if (i == N / 2) /* PubAcks are outstanding now: the leader dies under them */
-            assert_int_equal(tn_node_kill(&cluster, leader, SIGKILL), 0);
-        tally_status_t st = tally_nats_send(p, &r, payload, sizeof payload, false, NULL, NULL);
+        if (i == N / 2 && !killed) /* PubAcks are outstanding now: the leader dies under them */
+            killed = tn_node_kill(&cluster, leader, SIGKILL) == 0;
+        tally_status_t st =
+            tally_nats_send(p, &reqs[i % NAMES], payload, sizeof payload, false, NULL, NULL);
         assert_true(st == TALLY_OK || st == TALLY_E_TIMEOUT);
         if (st == TALLY_E_TIMEOUT) /* the window stayed full during the election: retry it */
             i--;
     }
+    assert_true(killed);
     tally_status_t st = TALLY_E_TIMEOUT;
     for (int i = 0; i < 15 && st == TALLY_E_TIMEOUT; i++)
         st = tally_nats_flush(p); /* each resends what is still missing, with the same ids */

@@ -352,18 +352,15 @@ static void test_restart_resumes_from_checkpoint(void **state)
 {
     (void)state;
     /* The previous worker stopped with SIGTERM: every partition's checkpoint holds the model. */
-    kvStore *ckpts = NULL;
-    assert_int_equal(js_KeyValue(&ckpts, js, TALLY_NATS_BUCKET_CKPT), NATS_OK);
     for (uint32_t k = 0; k < PARTITIONS; k++) {
         td_ckpt_manifest_t m;
         uint8_t *st = NULL;
         size_t len = 0;
-        assert_int_equal(td_ckpt_read(ckpts, k, &m, &st, &len, msg, sizeof msg), TD_OK);
+        assert_int_equal(td_ckpt_read(js, k, &m, &st, &len, msg, sizeof msg), TD_OK);
         assert_string_equal(m.member, "w1");
         assert_true(m.applied_seq > 0);
         free(st);
     }
-    kvStore_Destroy(ckpts);
     th_daemon_t w;
     start_worker(&w, "w2");
     wait_owned("w2", PARTITIONS, 20000);

@@ -223,6 +223,7 @@ static td_err_t connect_fleet(td_fleet_t *f, const td_config_t *cfg)
     td_nats_layout_t l = {.partitions = f->partitions,
                           .replicas = (int)cfg->nats_replicas,
                           .partition_max_bytes = (int64_t)cfg->nats_partition_max_bytes,
+                          .partition_max_age_ms = (int64_t)cfg->nats_partition_max_age_s * 1000,
                           .lease_ttl_ms = f->ttl_ms,
                           .max_msg_size = (int32_t)f->max_payload};
     td_err_t err = td_nats_fleet_ensure(f->js, &l, msg, sizeof msg);
@@ -336,7 +337,7 @@ void td_fleet_destroy(td_fleet_t **self_p)
     for (uint32_t k = 0; f->parts && k < f->partitions; k++) {
         td_reader_stop(&f->parts[k].reader);
         natsMsg_Destroy(f->parts[k].retry);
-        free(f->parts[k].ack_subject);
+        free(f->parts[k].acks);
     }
     free(f->parts);
     kvStore_Destroy(f->members);

@@ -75,12 +75,16 @@ typedef struct {
     td_lease_t lease;
     td_ckpt_t ckpt;
     td_reader_t reader;   /* fetches from the bound durable consumer */
+    unsigned restarts;    /* consumers made under the current lease */
     uint64_t applied_seq; /* the last JetStream sequence applied (or judged) */
     uint64_t ckpt_seq;    /* applied_seq of the last checkpoint */
     int64_t last_ckpt_ms;
-    char *ack_subject; /* of the message at applied_seq: AckAll up to it */
-    int inflight;      /* its message in the bridge: a pend slot, or -1 */
-    natsMsg *retry;    /* a message answered `busy`: sent again at retry_at */
+    /* The ack subjects of the messages judged since the last checkpoint, NUL-separated: the
+     * next checkpoint holds them, and then acknowledges each (td_nats_consumer.h). */
+    char *acks;
+    size_t acks_len, acks_cap, acks_count;
+    int inflight;   /* its message in the bridge: a pend slot, or -1 */
+    natsMsg *retry; /* a message answered `busy`: sent again at retry_at */
     int64_t retry_at;
     int64_t no_take_until_ms;
 } td_part_t;

@@ -119,8 +119,7 @@ static void forget_work(td_fleet_t *f, td_part_t *p)
     td_reader_stop(&p->reader);
     natsMsg_Destroy(p->retry);
     p->retry = NULL;
-    free(p->ack_subject);
-    p->ack_subject = NULL;
+    p->acks_len = p->acks_count = 0; /* not ours to acknowledge any more */
     p->owned = false;
 }
 
@@ -137,6 +136,66 @@ static td_err_t restore(td_fleet_t *f, td_part_t *p, uint8_t *state, size_t len)
     return j.err;
 }
 
+/* The partition's consumer from start_seq (the checkpoint's sequence + 1), and its reader. */
+static td_err_t start_consumer(td_fleet_t *f, td_part_t *p, uint64_t start_seq, char *msg,
+                               size_t cap)
+{
+    int64_t ack_wait = f->ckpt_ms * 4 > 30000 ? f->ckpt_ms * 4 : 30000;
+    natsSubscription *sub = NULL;
+    td_err_t err = td_consumer_start(f->js, p->k, p->lease.revision, p->restarts++, start_seq,
+                                     ack_wait, &sub, msg, cap);
+    if (err == TD_OK && (err = td_reader_start(f, &p->reader, p->k, sub)) != TD_OK) {
+        snprintf(msg, cap, "cannot start its reader thread");
+        natsSubscription_Destroy(sub);
+    }
+    return err;
+}
+
+/* A message past applied_seq + 1: were the ones between removed from the stream (a purge: go
+ * on), or not delivered (a consumer that moved on: read again from applied_seq + 1)? True when
+ * the message is to be applied. */
+static bool accept_gap(td_fleet_t *f, td_part_t *p, uint64_t seq)
+{
+    uint64_t first = td_partition_first_seq(f->js, p->k);
+    if (first > p->applied_seq + 1) {
+        f->gaps++;
+        td_warn("fleet: partition %u: sequences %" PRIu64 "..%" PRIu64
+                " were removed from its stream before they were applied",
+                (unsigned)p->k, p->applied_seq + 1, first - 1);
+        return true;
+    }
+    char msg[256];
+    td_warn("fleet: partition %u: sequence %" PRIu64 " came after %" PRIu64
+            "; reading again from %" PRIu64,
+            (unsigned)p->k, seq, p->applied_seq, p->applied_seq + 1);
+    td_reader_stop(&p->reader);
+    if (start_consumer(f, p, p->applied_seq + 1, msg, sizeof msg) != TD_OK) {
+        td_warn("fleet: partition %u: %s", (unsigned)p->k, msg);
+        td_part_drop(f, p, "its consumer could not be made again");
+    }
+    return false;
+}
+
+/* After a checkpoint: acknowledges every message it holds, the last one confirmed (the server
+ * handles one connection's acknowledgements in order), so the consumer does not deliver them
+ * again after its ack wait; a failure only means they come again, and are skipped. */
+static void ack_all(td_fleet_t *f, td_part_t *p)
+{
+    char msg[256];
+    const char *last = NULL;
+    for (size_t at = 0, i = 0; i < p->acks_count; i++) {
+        const char *subject = p->acks + at;
+        at += strlen(subject) + 1;
+        if (i + 1 == p->acks_count)
+            last = subject;
+        else
+            natsConnection_Publish(f->nc, subject, "+ACK", 4);
+    }
+    if (last && td_consumer_ack_sync(f->nc, last, 5000, msg, sizeof msg) != TD_OK)
+        td_warn("fleet: partition %u: %s", (unsigned)p->k, msg);
+    p->acks_len = p->acks_count = 0;
+}
+
 void td_part_take(td_fleet_t *f, td_part_t *p)
 {
     char msg[512];
@@ -148,20 +207,15 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
         return;
     uint8_t *state = NULL;
     size_t len = 0;
-    td_err_t err = td_ckpt_take(&p->ckpt, f->ckpts, p->k, f->member, p->lease.revision, &state,
-                                &len, &fenced, msg, sizeof msg);
+    td_err_t err = td_ckpt_take(&p->ckpt, f->js, f->ckpts, p->k, f->member, p->lease.revision,
+                                &state, &len, &fenced, msg, sizeof msg);
     if (err == TD_OK && !fenced)
         err = restore(f, p, state, len);
     free(state);
     p->applied_seq = p->ckpt_seq = p->ckpt.cur.applied_seq;
-    int64_t ack_wait = f->ckpt_ms * 4 > 30000 ? f->ckpt_ms * 4 : 30000;
-    natsSubscription *sub = NULL;
+    p->restarts = 0;
     if (err == TD_OK && !fenced)
-        err = td_consumer_start(f->js, p->k, p->applied_seq + 1, ack_wait, &sub, msg, sizeof msg);
-    if (err == TD_OK && !fenced && (err = td_reader_start(f, &p->reader, p->k, sub)) != TD_OK) {
-        snprintf(msg, sizeof msg, "cannot start its reader thread");
-        natsSubscription_Destroy(sub);
-    }
+        err = start_consumer(f, p, p->applied_seq + 1, msg, sizeof msg);
     if (err != TD_OK || fenced || !td_lease_valid(&p->lease, td_nats_now_ms())) {
         td_warn("fleet: partition %u not taken: %s", (unsigned)p->k,
                 err != TD_OK ? msg
@@ -236,23 +290,38 @@ bool td_part_checkpoint(td_fleet_t *f, td_part_t *p)
     }
     p->ckpt_seq = p->applied_seq;
     f->checkpoints++;
-    /* The checkpoint holds everything up to applied_seq: confirm it, then drop it from the
-     * stream. Either failing only leaves work for later (the next checkpoint repeats both). */
-    if (p->ack_subject && td_consumer_ack_sync(f->nc, p->ack_subject, 5000, msg, sizeof msg))
-        td_warn("fleet: partition %u: %s", (unsigned)p->k, msg);
-    if (td_partition_purge_below(f->js, p->k, p->applied_seq + 1, msg, sizeof msg) != TD_OK)
-        td_warn("fleet: %s", msg);
+    ack_all(f, p);
     return true;
 }
 
 /* ---- Applying ------------------------------------------------------------------------------ */
 
+/* Keeps m's ack subject for the next checkpoint. */
+static void keep_ack(td_part_t *p, natsMsg *m)
+{
+    const char *ack = natsMsg_GetReply(m);
+    size_t n = ack ? strlen(ack) + 1 : 0;
+    if (n == 0)
+        return;
+    if (p->acks_len + n > p->acks_cap) {
+        size_t cap = p->acks_cap ? 2 * p->acks_cap : 4096;
+        while (cap < p->acks_len + n)
+            cap *= 2;
+        char *grown = realloc(p->acks, cap);
+        if (!grown)
+            return; /* unacknowledged, it comes again after the ack wait and is skipped */
+        p->acks = grown;
+        p->acks_cap = cap;
+    }
+    memcpy(p->acks + p->acks_len, ack, n);
+    p->acks_len += n;
+    p->acks_count++;
+}
+
 static void mark_applied(td_fleet_t *f, td_part_t *p, natsMsg *m, uint64_t seq)
 {
     p->applied_seq = seq;
-    const char *ack = natsMsg_GetReply(m);
-    free(p->ack_subject);
-    p->ack_subject = ack ? strdup(ack) : NULL;
+    keep_ack(p, m);
     f->applied++;
     natsMsg_Destroy(m);
 }
@@ -370,14 +439,16 @@ static void process(td_fleet_t *f, td_part_t *p, natsMsg *m)
 {
     uint64_t seq = td_nats_msg_seq(m);
     if (seq == 0 || seq <= p->applied_seq) {
-        natsMsg_Destroy(m); /* applied before (a redelivery, or the previous owner's) */
+        td_debug("fleet: partition %u sequence %" PRIu64 ": skipped (applied up to %" PRIu64 ")",
+                 (unsigned)p->k, seq, p->applied_seq);
+        keep_ack(p, m); /* applied before (a redelivery, or the previous owner's): in a
+                         * checkpoint already, or in the next one */
+        natsMsg_Destroy(m);
         return;
     }
-    if (seq > p->applied_seq + 1) {
-        f->gaps++;
-        td_warn("fleet: partition %u: sequences %" PRIu64 "..%" PRIu64
-                " are missing from its stream",
-                (unsigned)p->k, p->applied_seq + 1, seq - 1);
+    if (seq > p->applied_seq + 1 && !accept_gap(f, p, seq)) {
+        natsMsg_Destroy(m);
+        return;
     }
     char why[TALLY_ERROR_MESSAGE_MAX + 1] = "";
     tally_status_t st = check_message(f, p, m, why, sizeof why);
@@ -430,6 +501,9 @@ void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *
     const char *to = header(m, TALLY_NATS_HDR_REPLY);
     if (to)
         td_fleet_publish_reply(f, to, m, p->k, seq, reply, len);
+    td_debug("fleet: partition %u sequence %" PRIu64 ": %s (request seq %" PRIu64 ")",
+             (unsigned)p->k, seq, tally_status_name(st),
+             tally_get_u64((const uint8_t *)natsMsg_GetData(m) + 40));
     mark_applied(f, p, m, seq);
 }
 

@@ -3,7 +3,8 @@
  *
  * libnats 3.4.1 does not say why a kvStore_Update failed (no jsErrCode), so a failed
  * compare-and-set is told from a failing server by reading the key again: a revision other
- * than ours means another writer (fenced); our own revision means NATS failed.
+ * than ours means another writer (fenced); our own revision means NATS failed. Reads go to the
+ * bucket stream's leader (leader_get), never to a replica that may lag behind a write.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -77,6 +78,28 @@ td_err_t td_ckpt_manifest_decode(const uint8_t *buf, size_t len, td_ckpt_manifes
     return TD_OK;
 }
 
+/* The latest value of a key, read from the bucket stream's leader (js_GetLastMsg): a KV get may
+ * be served by a replica that lags (direct get), and a checkpoint read right after a write must
+ * see the write. *out is NULL when the key has no value (none, deleted or purged). */
+static natsStatus leader_get(jsCtx *js, const char *key, natsMsg **out)
+{
+    char subject[128];
+    snprintf(subject, sizeof subject, "$KV.%s.%s", TALLY_NATS_BUCKET_CKPT, key);
+    jsErrCode jerr = 0;
+    *out = NULL;
+    natsStatus s = js_GetLastMsg(out, js, "KV_" TALLY_NATS_BUCKET_CKPT, subject, NULL, &jerr);
+    if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr) {
+        *out = NULL;
+        return NATS_OK;
+    }
+    const char *op = NULL;
+    if (s == NATS_OK && natsMsgHeader_Get(*out, "KV-Operation", &op) == NATS_OK && op) {
+        natsMsg_Destroy(*out); /* DEL or PURGE: no value */
+        *out = NULL;
+    }
+    return s;
+}
+
 static void chunk_key(char *key, size_t cap, uint32_t k, uint64_t epoch, uint64_t generation,
                       uint32_t i)
 {
@@ -104,7 +127,7 @@ static uint8_t *manifest_value(const td_ckpt_manifest_t *m, const uint8_t *state
 }
 
 /* Loads the state a manifest (value v of vlen bytes) names. */
-static td_err_t load_state(kvStore *kv, uint32_t k, const td_ckpt_manifest_t *m, const uint8_t *v,
+static td_err_t load_state(jsCtx *js, uint32_t k, const td_ckpt_manifest_t *m, const uint8_t *v,
                            size_t vlen, uint8_t **state, size_t *len, char *msg, size_t cap)
 {
     *state = NULL;
@@ -124,19 +147,21 @@ static td_err_t load_state(kvStore *kv, uint32_t k, const td_ckpt_manifest_t *m,
     for (uint32_t i = 0; i < m->chunks; i++) {
         char key[96];
         chunk_key(key, sizeof key, k, m->chunk_epoch, m->generation, i);
-        kvEntry *e = NULL;
-        natsStatus s = kvStore_Get(&e, kv, key);
-        size_t n = s == NATS_OK ? (size_t)kvEntry_ValueLen(e) : 0;
-        if (s != NATS_OK || at + n > m->state_len) {
+        natsMsg *e = NULL;
+        natsStatus s = leader_get(js, key, &e);
+        size_t n = e ? (size_t)natsMsg_GetDataLength(e) : 0;
+        if (!e || at + n > m->state_len) {
             snprintf(msg, cap, "checkpoint chunk %s: %s", key,
-                     s == NATS_OK ? "longer than the manifest says" : td_nats_last_error(s));
-            kvEntry_Destroy(e);
+                     s != NATS_OK ? td_nats_last_error(s)
+                     : e          ? "longer than the manifest says"
+                                  : "missing");
+            natsMsg_Destroy(e);
             free(buf);
-            return s == NATS_OK || s == NATS_NOT_FOUND ? TD_ERR_CORRUPT : TD_ERR_LIBRARY;
+            return s == NATS_OK ? TD_ERR_CORRUPT : TD_ERR_LIBRARY;
         }
-        memcpy(buf + at, kvEntry_Value(e), n);
+        memcpy(buf + at, natsMsg_GetData(e), n);
         at += n;
-        kvEntry_Destroy(e);
+        natsMsg_Destroy(e);
     }
     if (at != m->state_len || crc_of(buf, at) != m->crc) {
         snprintf(msg, cap, "checkpoint of partition %u: %s", (unsigned)k,
@@ -149,16 +174,12 @@ static td_err_t load_state(kvStore *kv, uint32_t k, const td_ckpt_manifest_t *m,
     return TD_OK;
 }
 
-/* The manifest entry of partition k: *e (NULL when there is none). */
-static td_err_t get_manifest(kvStore *kv, uint32_t k, kvEntry **e, char *msg, size_t cap)
+/* The manifest of partition k, from the leader: *e (NULL when there is none). */
+static td_err_t get_manifest(jsCtx *js, uint32_t k, natsMsg **e, char *msg, size_t cap)
 {
     char key[16];
     manifest_key(key, sizeof key, k);
-    natsStatus s = kvStore_Get(e, kv, key);
-    if (s == NATS_NOT_FOUND) {
-        *e = NULL;
-        return TD_OK;
-    }
+    natsStatus s = leader_get(js, key, e);
     if (s != NATS_OK) {
         snprintf(msg, cap, "reading checkpoint %s: %s", key, td_nats_last_error(s));
         return TD_ERR_LIBRARY;
@@ -168,15 +189,15 @@ static td_err_t get_manifest(kvStore *kv, uint32_t k, kvEntry **e, char *msg, si
 
 /* After a failed compare-and-set on the manifest: fenced (another revision there) or a NATS
  * failure. */
-static td_err_t after_failed_cas(kvStore *kv, uint32_t k, uint64_t expected, natsStatus s,
+static td_err_t after_failed_cas(jsCtx *js, uint32_t k, uint64_t expected, natsStatus s,
                                  bool *fenced, char *msg, size_t cap)
 {
-    kvEntry *e = NULL;
-    td_err_t err = get_manifest(kv, k, &e, msg, cap);
+    natsMsg *e = NULL;
+    td_err_t err = get_manifest(js, k, &e, msg, cap);
     if (err != TD_OK)
         return err;
-    uint64_t now = e ? kvEntry_Revision(e) : 0;
-    kvEntry_Destroy(e);
+    uint64_t now = e ? natsMsg_GetSequence(e) : 0;
+    natsMsg_Destroy(e);
     if (now != expected) {
         *fenced = true;
         snprintf(msg, cap,
@@ -200,15 +221,17 @@ static td_err_t cas_manifest(td_ckpt_t *c, uint64_t expected, const uint8_t *val
     natsStatus s = expected ? kvStore_Update(&rev, c->kv, key, value, (int)len, expected)
                             : kvStore_Create(&rev, c->kv, key, value, (int)len);
     if (s != NATS_OK)
-        return after_failed_cas(c->kv, c->k, expected, s, fenced, msg, cap);
+        return after_failed_cas(c->js, c->k, expected, s, fenced, msg, cap);
     c->revision = rev;
     return TD_OK;
 }
 
-td_err_t td_ckpt_take(td_ckpt_t *c, kvStore *kv, uint32_t k, const char *member, uint64_t epoch,
-                      uint8_t **state, size_t *len, bool *fenced, char *msg, size_t cap)
+td_err_t td_ckpt_take(td_ckpt_t *c, jsCtx *js, kvStore *kv, uint32_t k, const char *member,
+                      uint64_t epoch, uint8_t **state, size_t *len, bool *fenced, char *msg,
+                      size_t cap)
 {
     memset(c, 0, sizeof *c);
+    c->js = js;
     c->kv = kv;
     c->k = k;
     c->epoch = epoch;
@@ -216,19 +239,19 @@ td_err_t td_ckpt_take(td_ckpt_t *c, kvStore *kv, uint32_t k, const char *member,
     *state = NULL;
     *len = 0;
     *fenced = false;
-    kvEntry *e = NULL;
-    td_err_t err = get_manifest(kv, k, &e, msg, cap);
+    natsMsg *e = NULL;
+    td_err_t err = get_manifest(js, k, &e, msg, cap);
     if (err != TD_OK)
         return err;
-    const uint8_t *v = e ? (const uint8_t *)kvEntry_Value(e) : NULL;
-    size_t vlen = e ? (size_t)kvEntry_ValueLen(e) : 0;
-    uint64_t expected = e ? kvEntry_Revision(e) : 0;
+    const uint8_t *v = e ? (const uint8_t *)natsMsg_GetData(e) : NULL;
+    size_t vlen = e ? (size_t)natsMsg_GetDataLength(e) : 0;
+    uint64_t expected = e ? natsMsg_GetSequence(e) : 0;
     td_ckpt_manifest_t m = {.crc = crc_of(NULL, 0)};
     if (e && (err = td_ckpt_manifest_decode(v, vlen, &m, msg, cap)) != TD_OK)
         goto out;
     /* Load first (the chunks are the previous owner's, under its epoch), then fence: if the
      * fence fails nothing is used, and if it succeeds nobody can have moved the manifest. */
-    if ((err = load_state(kv, k, &m, v, vlen, state, len, msg, cap)) != TD_OK)
+    if ((err = load_state(js, k, &m, v, vlen, state, len, msg, cap)) != TD_OK)
         goto out;
     td_ckpt_manifest_t fenced_m = m;
     fenced_m.epoch = epoch;
@@ -244,7 +267,7 @@ td_err_t td_ckpt_take(td_ckpt_t *c, kvStore *kv, uint32_t k, const char *member,
     free(fv);
     c->cur = m;
 out:
-    kvEntry_Destroy(e);
+    natsMsg_Destroy(e);
     if (err != TD_OK || *fenced) {
         free(*state);
         *state = NULL;
@@ -335,24 +358,24 @@ td_err_t td_ckpt_write(td_ckpt_t *c, uint64_t applied_seq, const uint8_t *state,
     return TD_OK;
 }
 
-td_err_t td_ckpt_read(kvStore *kv, uint32_t k, td_ckpt_manifest_t *m, uint8_t **state, size_t *len,
+td_err_t td_ckpt_read(jsCtx *js, uint32_t k, td_ckpt_manifest_t *m, uint8_t **state, size_t *len,
                       char *msg, size_t cap)
 {
-    kvEntry *e = NULL;
+    natsMsg *e = NULL;
     *state = NULL;
     *len = 0;
-    td_err_t err = get_manifest(kv, k, &e, msg, cap);
+    td_err_t err = get_manifest(js, k, &e, msg, cap);
     if (err != TD_OK)
         return err;
     if (!e) {
         snprintf(msg, cap, "partition %u has no checkpoint", (unsigned)k);
         return TD_ERR_CONFIG;
     }
-    const uint8_t *v = (const uint8_t *)kvEntry_Value(e);
-    size_t vlen = (size_t)kvEntry_ValueLen(e);
+    const uint8_t *v = (const uint8_t *)natsMsg_GetData(e);
+    size_t vlen = (size_t)natsMsg_GetDataLength(e);
     err = td_ckpt_manifest_decode(v, vlen, m, msg, cap);
     if (err == TD_OK)
-        err = load_state(kv, k, m, v, vlen, state, len, msg, cap);
-    kvEntry_Destroy(e);
+        err = load_state(js, k, m, v, vlen, state, len, msg, cap);
+    natsMsg_Destroy(e);
     return err;
 }

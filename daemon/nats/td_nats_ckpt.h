@@ -52,7 +52,8 @@ td_err_t td_ckpt_manifest_decode(const uint8_t *buf, size_t len, td_ckpt_manifes
 
 /* One owner's view of one partition's checkpoint. */
 typedef struct {
-    kvStore *kv;
+    jsCtx *js;   /* reads (from the leader) */
+    kvStore *kv; /* writes */
     uint32_t k;
     char member[TALLY_NATS_MEMBER_ID_MAX + 1];
     uint64_t epoch;
@@ -65,15 +66,16 @@ typedef struct {
  * the state (*state malloc'ed, NULL when empty; *len bytes) and the manifest into c->cur.
  * *fenced: another writer moved the manifest meanwhile (this worker does not own the partition
  * after all). TD_ERR_CORRUPT when the stored checkpoint does not check out (crc, length). */
-td_err_t td_ckpt_take(td_ckpt_t *c, kvStore *kv, uint32_t k, const char *member, uint64_t epoch,
-                      uint8_t **state, size_t *len, bool *fenced, char *msg, size_t cap);
+td_err_t td_ckpt_take(td_ckpt_t *c, jsCtx *js, kvStore *kv, uint32_t k, const char *member,
+                      uint64_t epoch, uint8_t **state, size_t *len, bool *fenced, char *msg,
+                      size_t cap);
 /* Writes a checkpoint: state (len bytes) as of applied_seq. *fenced: the manifest moved since
  * this owner's last write (a new owner took the partition): nothing of it is committed. */
 td_err_t td_ckpt_write(td_ckpt_t *c, uint64_t applied_seq, const uint8_t *state, size_t len,
                        bool *fenced, char *msg, size_t cap);
 /* Reads partition k's committed checkpoint without taking it (tests, tools): manifest and state
  * as td_ckpt_take loads them; TD_ERR_CONFIG when there is none. */
-td_err_t td_ckpt_read(kvStore *kv, uint32_t k, td_ckpt_manifest_t *m, uint8_t **state, size_t *len,
+td_err_t td_ckpt_read(jsCtx *js, uint32_t k, td_ckpt_manifest_t *m, uint8_t **state, size_t *len,
                       char *msg, size_t cap);
 
 #endif

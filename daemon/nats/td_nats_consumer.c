@@ -9,34 +9,49 @@
 #include "td_nats_consumer.h"
 #include "td_nats_js.h"
 
-td_err_t td_consumer_start(jsCtx *js, uint32_t k, uint64_t start_seq, int64_t ack_wait_ms,
-                           natsSubscription **sub, char *msg, size_t cap)
+/* Deletes every consumer of stream but `keep`: a previous owner's (it may still deliver). A
+ * failure only leaves one for InactiveThreshold to remove. */
+static void delete_others(jsCtx *js, const char *stream, const char *keep)
 {
-    char stream[32], durable[32], subject[32];
+    jsConsumerNamesList *names = NULL;
+    jsErrCode jerr = 0;
+    if (js_ConsumerNames(&names, js, stream, NULL, &jerr) != NATS_OK || !names)
+        return;
+    for (int i = 0; i < names->Count; i++)
+        if (strcmp(names->List[i], keep) != 0)
+            js_DeleteConsumer(js, stream, names->List[i], NULL, &jerr);
+    jsConsumerNamesList_Destroy(names);
+}
+
+td_err_t td_consumer_start(jsCtx *js, uint32_t k, uint64_t epoch, unsigned restart,
+                           uint64_t start_seq, int64_t ack_wait_ms, natsSubscription **sub,
+                           char *msg, size_t cap)
+{
+    char stream[32], durable[80], subject[32];
     tally_fleet_name(stream, sizeof stream, TALLY_NATS_STREAM_PREFIX, k);
-    tally_fleet_name(durable, sizeof durable, TALLY_NATS_CONSUMER_PREFIX, k);
+    snprintf(durable, sizeof durable, "%s%u-%" PRIu64 "-%u", TALLY_NATS_CONSUMER_PREFIX,
+             (unsigned)k, epoch, restart);
     tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k);
     *sub = NULL;
-    jsErrCode jerr = 0;
-    natsStatus s = js_DeleteConsumer(js, stream, durable, NULL, &jerr);
-    if (s != NATS_OK && s != NATS_NOT_FOUND && jerr != JSConsumerNotFoundErr) {
-        snprintf(msg, cap, "deleting consumer %s: %s", durable, td_nats_last_error(s));
-        return TD_ERR_LIBRARY;
-    }
     jsConsumerConfig cc;
     jsConsumerConfig_Init(&cc);
     cc.Durable = durable;
-    cc.AckPolicy = js_AckAll;
+    cc.AckPolicy = js_AckExplicit;
     cc.AckWait = ack_wait_ms * 1000000;
     cc.MaxAckPending = -1; /* acknowledged at checkpoints only: no cap on what is in between */
     cc.DeliverPolicy = start_seq > 1 ? js_DeliverByStartSequence : js_DeliverAll;
     cc.OptStartSeq = start_seq > 1 ? start_seq : 0;
     jsConsumerInfo *ci = NULL;
-    s = js_AddConsumer(&ci, js, stream, &cc, NULL, &jerr);
+    jsErrCode jerr = 0;
+    natsStatus s = js_AddConsumer(&ci, js, stream, &cc, NULL, &jerr);
+    /* A name that exists already (a create that timed out here but happened there) must start
+     * where this owner needs it; anything else is refused. */
+    bool right = s == NATS_OK && ci && ci->Config && ci->Config->OptStartSeq == cc.OptStartSeq &&
+                 ci->Delivered.Consumer == 0;
     jsConsumerInfo_Destroy(ci);
-    if (s != NATS_OK) {
+    if (!right) {
         snprintf(msg, cap, "creating consumer %s at %" PRIu64 ": %s", durable, start_seq,
-                 td_nats_last_error(s));
+                 s == NATS_OK ? "it exists and has delivered already" : td_nats_last_error(s));
         return TD_ERR_LIBRARY;
     }
     jsSubOptions so;
@@ -49,6 +64,7 @@ td_err_t td_consumer_start(jsCtx *js, uint32_t k, uint64_t start_seq, int64_t ac
         *sub = NULL;
         return TD_ERR_LIBRARY;
     }
+    delete_others(js, stream, durable);
     return TD_OK;
 }
 
@@ -96,18 +112,15 @@ td_err_t td_consumer_ack_sync(natsConnection *nc, const char *ack_subject, int64
     return TD_OK;
 }
 
-td_err_t td_partition_purge_below(jsCtx *js, uint32_t k, uint64_t seq, char *msg, size_t cap)
+uint64_t td_partition_first_seq(jsCtx *js, uint32_t k)
 {
     char stream[32];
     tally_fleet_name(stream, sizeof stream, TALLY_NATS_STREAM_PREFIX, k);
-    jsOptions jo;
-    jsOptions_Init(&jo);
-    jo.Stream.Purge.Sequence = seq;
+    jsStreamInfo *si = NULL;
     jsErrCode jerr = 0;
-    natsStatus s = js_PurgeStream(js, stream, &jo, &jerr);
-    if (s != NATS_OK) {
-        snprintf(msg, cap, "purging %s below %" PRIu64 ": %s", stream, seq, td_nats_last_error(s));
-        return TD_ERR_LIBRARY;
-    }
-    return TD_OK;
+    uint64_t first = 0;
+    if (js_GetStreamInfo(&si, js, stream, NULL, &jerr) == NATS_OK)
+        first = si->State.FirstSeq;
+    jsStreamInfo_Destroy(si);
+    return first;
 }

@@ -34,13 +34,15 @@ td_err_t td_nats_kv_keys(kvStore *kv, kvKeysList *list, char *msg, size_t cap)
 }
 
 static td_err_t ensure_stream(jsCtx *js, const char *name, const char *subject, int replicas,
-                              int64_t max_bytes, int64_t max_age_ms, jsDiscardPolicy discard,
-                              int32_t max_msg_size, char *msg, size_t cap)
+                              int64_t max_bytes, int64_t max_age_ms, jsRetentionPolicy retention,
+                              jsDiscardPolicy discard, int32_t max_msg_size, bool *created,
+                              char *msg, size_t cap)
 {
     jsStreamInfo *si = NULL;
     jsErrCode jerr = 0;
     natsStatus s = js_GetStreamInfo(&si, js, name, NULL, &jerr);
     jsStreamInfo_Destroy(si);
+    *created = false;
     if (s == NATS_OK)
         return TD_OK;
     if (s != NATS_NOT_FOUND && jerr != JSStreamNotFoundErr) {
@@ -53,7 +55,7 @@ static td_err_t ensure_stream(jsCtx *js, const char *name, const char *subject, 
     sc.Subjects = &subject;
     sc.SubjectsLen = 1;
     sc.Storage = js_FileStorage;
-    sc.Retention = js_LimitsPolicy;
+    sc.Retention = retention;
     sc.Replicas = replicas;
     sc.MaxBytes = max_bytes;
     sc.MaxAge = max_age_ms * 1000000;
@@ -66,6 +68,7 @@ static td_err_t ensure_stream(jsCtx *js, const char *name, const char *subject, 
                  td_nats_last_error(s));
         return TD_ERR_LIBRARY;
     }
+    *created = s == NATS_OK;
     return TD_OK;
 }
 
@@ -170,18 +173,23 @@ static td_err_t ensure_partitions(jsCtx *js, const td_nats_layout_t *l, char *ms
 td_err_t td_nats_fleet_ensure(jsCtx *js, const td_nats_layout_t *l, char *msg, size_t cap)
 {
     td_err_t err = ensure_partitions(js, l, msg, cap);
+    /* Limits retention: a message leaves its partition by age alone (and the stream refuses
+     * new ones while it is full); the fleet removes nothing (td_nats_consumer.h says why). */
     for (uint32_t k = 0; err == TD_OK && k < l->partitions; k++) {
         char name[32], subject[32];
+        bool created = false;
         tally_fleet_name(name, sizeof name, TALLY_NATS_STREAM_PREFIX, k);
         tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k);
-        err = ensure_stream(js, name, subject, l->replicas, l->partition_max_bytes, 0,
-                            js_DiscardNew, l->max_msg_size, msg, cap);
+        err = ensure_stream(js, name, subject, l->replicas, l->partition_max_bytes,
+                            l->partition_max_age_ms, js_LimitsPolicy, js_DiscardNew,
+                            l->max_msg_size, &created, msg, cap);
     }
     /* Dead letters: a week, 256 MiB, the oldest dropped first (they are for people to read). */
+    bool created = false;
     if (err == TD_OK)
         err = ensure_stream(js, TALLY_NATS_DEAD_STREAM, TALLY_NATS_SUBJ_DEAD ">", l->replicas,
-                            256ll << 20, 7ll * 24 * 3600 * 1000, js_DiscardOld, l->max_msg_size,
-                            msg, cap);
+                            256ll << 20, 7ll * 24 * 3600 * 1000, js_LimitsPolicy, js_DiscardOld,
+                            l->max_msg_size, &created, msg, cap);
     const char *buckets[3] = {TALLY_NATS_BUCKET_MEMBERS, TALLY_NATS_BUCKET_LEASES,
                               TALLY_NATS_BUCKET_CKPT};
     for (int i = 0; err == TD_OK && i < 3; i++) {

@@ -16,11 +16,12 @@
 #include "td_err.h"
 
 typedef struct {
-    uint32_t partitions;         /* 1 .. TALLY_NATS_MAX_PARTITIONS */
-    int replicas;                /* of every stream and bucket */
-    int64_t partition_max_bytes; /* a partition stream's limit (discard new) */
-    int64_t lease_ttl_ms;        /* TTL of TALLY_MEMBERS and TALLY_LEASES */
-    int32_t max_msg_size;        /* the server's max_payload: the streams' largest message */
+    uint32_t partitions;          /* 1 .. TALLY_NATS_MAX_PARTITIONS */
+    int replicas;                 /* of every stream and bucket */
+    int64_t partition_max_bytes;  /* a partition stream's limit (discard new) */
+    int64_t partition_max_age_ms; /* how long a partition stream keeps a message */
+    int64_t lease_ttl_ms;         /* TTL of TALLY_MEMBERS and TALLY_LEASES */
+    int32_t max_msg_size;         /* the server's max_payload: the streams' largest message */
 } td_nats_layout_t;
 
 /* Creates what is missing; TD_ERR_CONFIG when the fleet's partition count or a bucket's TTL

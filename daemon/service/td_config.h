@@ -292,6 +292,11 @@
 #define TD_NATS_CHECKPOINT_MS_MIN 10u
 #define TD_NATS_CHECKPOINT_MS_LIMIT 3600000u
 #define TD_DEFAULT_NATS_PARTITION_MAX_BYTES (1ull << 30)
+/* A partition's stream keeps a message this long (a worker outage longer than this loses what
+ * was not applied; the fleet removes nothing itself: daemon/nats/td_nats_consumer.h). */
+#define TD_DEFAULT_NATS_PARTITION_MAX_AGE_S 86400u
+#define TD_NATS_PARTITION_MAX_AGE_S_MIN 60u
+#define TD_NATS_PARTITION_MAX_AGE_S_LIMIT (365u * 86400u)
 
 typedef enum {
     TD_BACKEND_AUTO = 0,
@@ -366,6 +371,7 @@ typedef struct {
     unsigned nats_lease_ttl_ms;
     unsigned nats_checkpoint_ms;
     size_t nats_partition_max_bytes;
+    unsigned nats_partition_max_age_s;
     int argc;                /* the command line, kept so SIGHUP can re-apply it (borrowed) */
     char **argv;
     /* The HTTP port's guard (td_http_guard.h): the deadline for each whole request, and the

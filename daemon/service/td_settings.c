@@ -342,6 +342,12 @@ const td_setting_t td_settings[] = {
      .reload = TD_RELOAD_RESTART,
      .help = "messages a partition's JetStream stream holds before producers are refused "
              "(set when the worker creates it), K/M/G"},
+    {.option = "nats-partition-max-age-s", .arg = "S", .section = "nats",
+     .key = "partition_max_age_s", .type = TD_SET_UINT, .offset = FIELD(nats_partition_max_age_s),
+     .def = TD_DEFAULT_NATS_PARTITION_MAX_AGE_S, .min = TD_NATS_PARTITION_MAX_AGE_S_MIN,
+     .max = TD_NATS_PARTITION_MAX_AGE_S_LIMIT, .reload = TD_RELOAD_RESTART,
+     .help = "how long a partition's JetStream stream keeps a message, in seconds (set when the "
+             "worker creates it): what no worker applied within it is lost"},
     /* The command line alone. */
     {.option = "config", .short_flag = 'c', .arg = "FILE", .type = TD_SET_CONFIG,
      .offset = FIELD(config_file), .aux = FIELD(config_file_explicit), .help = "configuration file",
