@@ -26,8 +26,9 @@
  * client keeping at most 8 in flight is never answered `busy` (PROTOCOL.md §1); beyond, the
  * fleet resends after `busy`, which keeps order since a partition has one at a time. */
 #define TD_FLEET_PENDING_MAX 64
-/* A fetch brings at most this much of one partition (several messages up to 8 MiB each). */
-#define TD_FLEET_FETCH_BYTES (16ll << 20)
+/* A partition's reader queues at most this much (a fetch asks for the room left, at least one
+ * message of max_payload: 8 MiB with contrib/nats). */
+#define TD_FLEET_FETCH_BYTES (24ll << 20)
 #define TD_FLEET_FETCH_BATCH 256
 /* How long the thread sleeps in the bridge's poll when nothing was fetched. */
 #define TD_FLEET_IDLE_MS 5

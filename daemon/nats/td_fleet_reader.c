@@ -46,9 +46,11 @@ static void *reader_thread(void *arg)
     td_fleet_t *f = r->fleet;
     while (!atomic_load(&r->stop)) {
         pthread_mutex_lock(&r->mu);
-        while (
-            (r->bytes >= TD_FLEET_FETCH_BYTES || r->len + TD_FLEET_FETCH_BATCH > TD_READER_RING) &&
-            !atomic_load(&r->stop))
+        /* Room for a whole fetch: at least one message of the largest size (a pull request
+         * whose max bytes are below the next message fails instead of waiting). */
+        while ((r->bytes + f->max_payload > TD_FLEET_FETCH_BYTES ||
+                r->len + TD_FLEET_FETCH_BATCH > TD_READER_RING) &&
+               !atomic_load(&r->stop))
             pthread_cond_wait(&r->cond, &r->mu);
         size_t used = r->bytes;
         pthread_mutex_unlock(&r->mu);
