@@ -264,15 +264,21 @@ static void check_model_eventually(tally_nats_t *p, int timeout_ms)
     int64_t t0 = th_now_ms();
     int bad = -1;
     tally_stream_info_t info;
+    memset(&info, 0, sizeof info);
     while (th_now_ms() - t0 < timeout_ms) {
         bad = -1;
         for (int i = 0; i < STREAMS && bad < 0; i++) {
             char name[32];
             stream_name(name, sizeof name, i);
             const stream_model_t *m = &model[i];
-            if (tally_nats_query(p, name, &info) != TALLY_OK || info.hist_total != m->hist_total ||
-                info.scan_carry != m->carry || info.batches != m->batches ||
-                info.last_seq != m->seq || memcmp(info.bins, m->bins, sizeof m->bins) != 0)
+            if (tally_nats_query(p, name, &info) != TALLY_OK) {
+                memset(&info, 0, sizeof info); /* no owner right now: ask again */
+                bad = i;
+                continue;
+            }
+            if (info.hist_total != m->hist_total || info.scan_carry != m->carry ||
+                info.batches != m->batches || info.last_seq != m->seq ||
+                memcmp(info.bins, m->bins, sizeof m->bins) != 0)
                 bad = i;
             if (info.hist_total > m->hist_total || info.batches > m->batches)
                 fail_msg("stream %d applied a batch twice: %llu batches, model %llu", i,

@@ -234,8 +234,11 @@ static void check_model_eventually(tally_nats_t *p, int timeout_ms)
             char name[32];
             stream_name(name, sizeof name, i);
             tally_stream_info_t info;
-            equal = tally_nats_query(p, name, &info) == TALLY_OK &&
-                    info.hist_total == model_total[i] &&
+            if (tally_nats_query(p, name, &info) != TALLY_OK) {
+                equal = false; /* no owner right now: ask again */
+                break;
+            }
+            equal = info.hist_total == model_total[i] &&
                     memcmp(info.bins, model[i], sizeof model[i]) == 0;
             if (!equal && info.hist_total > model_total[i])
                 fail_msg("%s holds %llu values, more than the %llu sent once: applied twice", name,

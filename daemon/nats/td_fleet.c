@@ -226,7 +226,16 @@ static td_err_t connect_fleet(td_fleet_t *f, const td_config_t *cfg)
                           .partition_max_age_ms = (int64_t)cfg->nats_partition_max_age_s * 1000,
                           .lease_ttl_ms = f->ttl_ms,
                           .max_msg_size = (int32_t)f->max_payload};
+    /* A cluster that has just started may not place replicated streams yet ("no suitable
+     * peers"): NATS failures are retried for a while, configuration conflicts are not. */
     td_err_t err = td_nats_fleet_ensure(f->js, &l, msg, sizeof msg);
+    for (int i = 0; err == TD_ERR_LIBRARY && i < TD_FLEET_START_RETRIES; i++) {
+        if (i == 0)
+            td_warn("fleet: %s; trying again for up to %d s", msg,
+                    TD_FLEET_START_RETRIES * TD_FLEET_START_RETRY_MS / 1000);
+        usleep(TD_FLEET_START_RETRY_MS * 1000);
+        err = td_nats_fleet_ensure(f->js, &l, msg, sizeof msg);
+    }
     if (err == TD_OK)
         err = td_nats_kv_open(f->js, TALLY_NATS_BUCKET_MEMBERS, f->ttl_ms, l.replicas, &f->members,
                               msg, sizeof msg);

@@ -34,6 +34,9 @@
 #define TD_FLEET_IDLE_MS 5
 /* Resend after `busy` or `rate_limited`. */
 #define TD_FLEET_RETRY_MS 50
+/* At start, making the fleet's streams and buckets is tried this often, this far apart. */
+#define TD_FLEET_START_RETRIES 60
+#define TD_FLEET_START_RETRY_MS 500
 /* A partition whose take-over failed (a damaged checkpoint, NATS errors) is not tried again
  * before this. */
 #define TD_FLEET_TAKE_BACKOFF_MS 5000
