@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * nats_bench.c — the NATS fleet's rates beside JetStream's own (issue 22; run-nats.sh runs it):
  *

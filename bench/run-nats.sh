@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # run-nats.sh [COUNT] [SIZE]: one tallyd fleet worker applying COUNT hist u8 requests of SIZE
 # bytes (default 512 x 1 MiB) from JetStream, beside a bare JetStream pull consumer reading the
 # same messages, in the same run (issue 22's figure: worker >= 0.8 x bare). One local

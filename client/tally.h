@@ -665,6 +665,16 @@ TALLY_API tally_status_t tally_nats_query(tally_nats_t *self, const char *stream
  * (or the timeout), each name once; freed with tally_strings_free. */
 TALLY_API tally_status_t tally_nats_streams(tally_nats_t *self, char ***names, size_t *count);
 
+/* A client of a fleet instead of one tallyd (PROTOCOL.md §13 "A client over NATS"): the same
+ * tally_send, tally_recv, tally_call, tally_run, pushes and wrappers, over NATS. filter, scan,
+ * hist, reset and delete are published to their partition, each request one message with a
+ * reply subject (a payload over one message is refused, TALLY_E_TOO_LARGE; pushes and tally_run
+ * cut their chunks to fit); query, ping, info and stats go by request-reply; `streams` gathers
+ * every worker's. Shared-memory and device regions are refused (TALLY_E_ARG). Errors as
+ * tally_nats_new. */
+TALLY_API tally_status_t tally_client_new_nats(const tally_nats_opts_t *opts, tally_client_t **out,
+                                               char *msg, size_t msg_cap);
+
 #ifdef __cplusplus
 }
 #endif

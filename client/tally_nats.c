@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tally_nats.c — libtally's NATS JetStream producer (PROTOCOL.md §13): requests published to
  * their partition's subject, each with a dedupe id, the PubAcks awaited, and the results read
@@ -34,6 +35,7 @@
 #include <zmq.h>
 
 #include "tally.h"
+#include "tally_client_nats.h"
 #include "tally_fleet.h"
 #include "tally_nats_conn.h"
 
@@ -409,7 +411,7 @@ void tally_nats_stats(tally_nats_t *self, tally_nats_stats_t *out)
 /* The largest payload of one message for req: the request fits max_payload and, with a reply,
  * so does the reply (PROTOCOL.md §13 "Validation"); whole elements. 0 for a request whose
  * opcode cannot go to JetStream. */
-static size_t chunk_limit(const tally_nats_t *self, const tally_req_t *req, bool want_reply)
+size_t tally__nats_chunk_limit(const tally_nats_t *self, const tally_req_t *req, bool want_reply)
 {
     size_t room = self->max_payload - TALLY_NATS_HEADROOM;
     size_t limit = room - TALLY_REQ_HEADER_SIZE;
@@ -423,6 +425,11 @@ static size_t chunk_limit(const tally_nats_t *self, const tally_req_t *req, bool
     }
     size_t elem = tally_dtype_size((tally_dtype_t)req->dtype);
     return elem ? limit / elem * elem : limit;
+}
+
+uint64_t tally__nats_next_id(const tally_nats_t *self)
+{
+    return self->next_n;
 }
 
 static bool awaited_add(tally_nats_t *self, uint64_t n)
@@ -525,7 +532,7 @@ static tally_status_t check_send(tally_nats_t *self, const tally_req_t *req, siz
                     tally_op_name((tally_op_t)op) ? tally_op_name((tally_op_t)op) : "opcode");
     if (req->flags & TALLY_FLAG_SHM_REF)
         return fail(self, TALLY_E_ARG, "shared-memory references do not travel over NATS");
-    *chunk = chunk_limit(self, req, want_reply);
+    *chunk = tally__nats_chunk_limit(self, req, want_reply);
     *chunks = len ? (len + *chunk - 1) / *chunk : 1;
     if (*chunks > 1 && op == TALLY_OP_SCAN && req->stream_len == 0)
         return fail(self, TALLY_E_ARG,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tally_nats_conn.c — see tally_nats_conn.h.
  *

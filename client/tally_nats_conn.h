@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tally_nats_conn.h — one way to connect to NATS, for libtally's producer and tallyd's worker
  * alike (compiled into both): the servers (a comma-separated list of URLs), the credentials

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tally_nats_stub.c — the NATS producer's API in a libtally built without libnats
  * (TALLY_NATS=OFF, or libnats-dev not installed): every call fails with TALLY_E_ARG and says so,
@@ -6,6 +7,7 @@
 #include <stdio.h>
 
 #include "tally.h"
+#include "tally_client_nats.h"
 
 static const char *const why = "libtally was built without NATS (install libnats-dev, rebuild)";
 
@@ -92,4 +94,18 @@ tally_status_t tally_nats_streams(tally_nats_t *self, char ***names, size_t *cou
 {
     (void)self, (void)names, (void)count;
     return TALLY_E_ARG;
+}
+
+uint64_t tally__nats_next_id(const tally_nats_t *self)
+{
+    (void)self;
+    return 0;
+}
+
+size_t tally__nats_chunk_limit(const tally_nats_t *self, const tally_req_t *req, bool want_reply)
+{
+    (void)self;
+    (void)req;
+    (void)want_reply;
+    return 0;
 }

@@ -56,8 +56,10 @@ static int run(const td_config_t *cfg, td_server_t *server)
 #ifdef TALLY_HAVE_NATS
     td_fleet_t *fleet = NULL;
     if (cfg->nats_servers) {
-        td_fleet_host_t host = {
-            .loop = td_server_loop(server), .streams = td_server_streams(server), .cfg = cfg};
+        td_fleet_host_t host = {.loop = td_server_loop(server),
+                                .streams = td_server_streams(server),
+                                .cfg = cfg,
+                                .status = td_server_fleet_status(server)};
         if (td_fleet_new(&host, &fleet) != TD_OK)
             return 1;
     }

@@ -69,6 +69,7 @@
 #include "td_admit.h"
 #include "td_auth.h"
 #include "td_exec.h"
+#include "td_fleet_status.h"
 #include "td_log.h"
 #include "td_metrics.h"
 #include "td_pub.h"
@@ -130,6 +131,7 @@ struct td_server {
     td_metrics_t metrics;
     td_service_t *service; /* systemd, state persistence, HTTP metrics, reload */
     uint64_t started_ns;
+    td_fleet_status_t fleet_status; /* a NATS fleet worker's info keys and metrics */
 };
 
 static void pump(td_server_t *s);
@@ -190,7 +192,8 @@ static void op_info(td_server_t *s, td_request_t *r)
                       .shm_path = s->shm ? td_shm_path(s->shm) : NULL,
                       .pub_endpoint = s->pub ? td_pub_endpoint(s->pub) : NULL,
                       .gpu_uuids = gpu_uuids,
-                      .curve = s->zmq.auth != NULL};
+                      .curve = s->zmq.auth != NULL,
+                      .fleet = &s->fleet_status};
     td_op_info(&info, r);
 }
 
@@ -218,6 +221,7 @@ static void sample_gauges(void *ctx, td_gauges_t *g)
         .uptime_s = (double)(uv_hrtime() - s->started_ns) / 1e9,
         .peers = td_peers_count(s->peers),
         .users = s->zmq.auth ? s->peers : NULL,
+        .fleet = &s->fleet_status,
     };
     td_replies_gauges(s->replies, g);
     if (s->zmq.auth) {
@@ -1028,6 +1032,11 @@ uv_loop_t *td_server_loop(td_server_t *self)
 td_streams_t *td_server_streams(td_server_t *self)
 {
     return self->streams;
+}
+
+td_fleet_status_t *td_server_fleet_status(td_server_t *self)
+{
+    return &self->fleet_status;
 }
 
 void td_server_destroy(td_server_t **self_p)

@@ -28,5 +28,7 @@ struct uv_loop_s;
 struct td_streams;
 struct uv_loop_s *td_server_loop(td_server_t *self);
 struct td_streams *td_server_streams(td_server_t *self);
+/* What the fleet worker reports through info and /metrics (zero: not in a fleet). */
+struct td_fleet_status *td_server_fleet_status(td_server_t *self);
 
 #endif

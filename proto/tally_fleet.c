@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tally_fleet.c — the partition of a stream and the fleet's names (PROTOCOL.md §13). Pure
  * functions on byte buffers, shared by libtally's NATS producer and the daemon's worker so

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tally_fleet.h — the names of the NATS JetStream transport (PROTOCOL.md §13), defined once for
  * libtally's producer and the daemon's worker: subjects, JetStream streams, key-value buckets

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_nats_cluster.c — the test cluster helper (tests/lib/nats_cluster.c) itself: a 3-node
  * JetStream cluster starts on ports chosen at run time and takes an R3 stream; a duplicate

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # test_nats_contrib.sh TALLYD SOURCE_DIR: the files of contrib/nats are ones the programs take:
 # each node's configuration passes `nats-server -t` (users.conf included), and the worker's
 # [nats] section passes `tallyd --check-config` (protected mode included: its servers are off

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_nats_faults.c — the fleet under faults, end to end (issue 22's test; PROTOCOL.md §13):
  * a 3-node JetStream cluster (R3), 3 tallyd workers, 8 partitions, 200 streams, a producer

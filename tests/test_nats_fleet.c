@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_nats_fleet.c — the worker's coordination (daemon/nats/) against a real 3-node JetStream
  * cluster (PROTOCOL.md §13):

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_nats_plan.c — the fleet's arithmetic without NATS (PROTOCOL.md §13): the partition of a
  * stream is exactly the table of test vectors in PROTOCOL.md (read from the document, so the two

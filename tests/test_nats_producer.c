@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_nats_producer.c — libtally's NATS producer (tally_nats_*, PROTOCOL.md §13) against a
  * real 3-node JetStream cluster (tests/lib/nats_cluster.c) whose fleet objects are made by the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_nats_worker.c — tallyd as a fleet worker ([nats] settings, daemon/nats/td_fleet*.c)
  * against a real JetStream server, driven by libtally's producer (PROTOCOL.md §13):
@@ -64,7 +65,9 @@ static int teardown(void **state)
 
 static void start_worker(th_daemon_t *d, const char *member)
 {
-    const char *args[] = {"--nats-servers",
+    const char *args[] = {"--metrics",
+                          "127.0.0.1:0",
+                          "--nats-servers",
                           cluster.urls,
                           "--nats-replicas",
                           "1",
@@ -80,6 +83,39 @@ static void start_worker(th_daemon_t *d, const char *member)
                           "0",
                           NULL};
     assert_int_equal(th_daemon_start(d, args), 0);
+}
+
+/* The value of a metric line "NAME VALUE" in the worker's /metrics; -1 when absent. */
+static long long metric(th_daemon_t *d, const char *name)
+{
+    int port = th_metrics_port(d);
+    assert_true(port > 0);
+    char *body = th_http_get(port, "GET", "/metrics", NULL);
+    assert_non_null(body);
+    long long v = -1;
+    size_t n = strlen(name);
+    for (const char *at = body; (at = strstr(at, name)) != NULL; at += n)
+        if ((at == body || at[-1] == '\n') && at[n] == ' ') {
+            v = atoll(at + n + 1);
+            break;
+        }
+    free(body);
+    return v;
+}
+
+/* The worker's `info` text, asked by NATS request-reply (tally.ctl); malloc'ed. */
+static char *fleet_info(tally_nats_t *p)
+{
+    tally_req_t req;
+    memset(&req, 0, sizeof req);
+    req.opcode = TALLY_OP_INFO;
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    assert_int_equal(tally_nats_call(p, &req, NULL, 0, &reply), TALLY_OK);
+    char *text = strndup((const char *)reply.payload, reply.len);
+    tally_reply_clear(&reply);
+    assert_non_null(text);
+    return text;
 }
 
 /* Waits until `count` partitions are held by member (NULL: by anyone); the time it took. */
@@ -346,6 +382,25 @@ static void test_poison_dead_letters(void **state)
     tally_nats_t *p = producer("after-poison");
     push_hists(p, 1, false, th_rand());
     check_model_eventually(p, 20000);
+    /* What the worker reports (PROTOCOL.md §13 "What a worker reports"): its four dead
+     * letters, its partitions, no lag once the model holds; and info's fleet keys. */
+    assert_int_equal(metric(&w, "tallyd_nats_dead_letters_total"), 4);
+    assert_int_equal(metric(&w, "tallyd_nats_partitions_owned"), PARTITIONS);
+    assert_int_equal(metric(&w, "tallyd_nats_leases_lost_total"), 0);
+    assert_true(metric(&w, "tallyd_nats_applied_total") >= 4 + STREAMS);
+    assert_true(metric(&w, "tallyd_nats_partitions_taken_total") == PARTITIONS);
+    char lag[64];
+    snprintf(lag, sizeof lag, "tallyd_nats_partition_lag{partition=\"%u\"}", (unsigned)k0);
+    assert_int_equal(metric(&w, lag), 0);
+    char *info = fleet_info(p);
+    char want_payload[64];
+    snprintf(want_payload, sizeof want_payload, "\nnats_max_payload=%zu\n",
+             tally_nats_max_payload(p));
+    assert_non_null(strstr(info, "\nnats=on\nnats_member_id=w1\nnats_partitions=4\n"
+                                 "nats_partitions_owned=4\nnats_lease_ttl_ms=3000\n"
+                                 "nats_checkpoint_interval_ms=200\n"));
+    assert_non_null(strstr(info, want_payload));
+    free(info);
     tally_nats_destroy(&p);
     natsSubscription_Destroy(sub);
     natsInbox_Destroy(inbox);
@@ -440,6 +495,89 @@ static int check_config(const char *args, char *err, size_t cap)
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+/* The CLI's --nats (PROTOCOL.md §13 "A client over NATS"): every command against the fleet, the
+ * data commands' output equal to the same command's over ZeroMQ, a push cut to fit one message
+ * per chunk; libtally's NATS client refuses a payload over one message and shared memory. */
+#define nats_cli(dir, fmt, ...) th_cli((dir), "tcp://127.0.0.1:1", "--nats %s " fmt, __VA_ARGS__)
+
+static void test_cli_over_nats(void **state)
+{
+    (void)state;
+    th_daemon_t w;
+    start_worker(&w, "w1");
+    wait_owned("w1", PARTITIONS, 20000);
+    char dir[256];
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-nats-cli"), 0);
+    size_t n = (20u << 20) + 3; /* over the cluster's max_payload (8 MB): several messages */
+    uint8_t *data = malloc(n);
+    assert_non_null(data);
+    for (size_t i = 0; i < n; i++)
+        data[i] = (uint8_t)(th_rand() >> 7);
+    assert_int_equal(th_write_file(dir, "in.bin", data, n), 0);
+    free(data);
+    const char *u = cluster.urls;
+
+    th_cli_t z = th_cli(dir, w.endpoint, "hist --in in.bin");
+    th_cli_t r = nats_cli(dir, "hist --stream clip/a --chunk 16M --in in.bin", u);
+    assert_int_equal(z.status, 0);
+    assert_int_equal(r.status, 0);
+    assert_string_equal(r.out, z.out); /* the same counts, over NATS */
+    th_cli_free(&z);
+    th_cli_free(&r);
+    assert_int_equal(th_write_file(dir, "t.txt", "1 2 3 -4 5", 10), 0);
+    char reset[512], del[512];
+    snprintf(reset, sizeof reset, "reset clip/a && %s --nats %s query clip/a", th_tally_bin(), u);
+    snprintf(del, sizeof del, "delete clip/a && %s --nats %s query clip/a", th_tally_bin(), u);
+    /* In order: each command, its exit status, and what its stdout (or stderr) holds. */
+    const struct {
+        const char *args;
+        int status;
+        const char *holds;
+    } steps[] = {
+        {"query clip/a", 0, "count      20971523\n"},
+        {"streams", 0, "clip/a\n"},
+        {"scan --stream clip/s --text --in t.txt", 0, "1\n3\n6\n2\n7\n"},
+        {"scan --stream clip/s --text --in t.txt", 0, "8\n10\n13\n9\n14\n"}, /* carried */
+        {"filter --gt 2 --text --in t.txt", 0, "3\n5\n"},
+        {"ping", 0, "pong "},
+        {"info", 0, "\nnats=on\nnats_member_id=w1\n"},
+        {"watch --once clip/a", 0, "clip/a  u8  count 21.0M  rate 0/s  mean "},
+        {reset, 0, "count      0\n"},
+        {del, 1, "unknown_stream"},
+    };
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        r = nats_cli(dir, "%s", u, steps[i].args);
+        if (r.status != steps[i].status || !strstr(r.status ? r.err : r.out, steps[i].holds))
+            fail_msg("tally --nats %s: exit %d, out '%s', err '%s'", steps[i].args, r.status, r.out,
+                     r.err);
+        th_cli_free(&r);
+    }
+    r = th_cli(dir, w.endpoint, "--nats nats://127.0.0.1:1 ping");
+    assert_int_equal(r.status, 3);
+    assert_non_null(strstr(r.err, "cannot connect to NATS at nats://127.0.0.1:1"));
+    th_cli_free(&r);
+
+    /* libtally: one request is one message, shared memory does not travel. */
+    tally_nats_opts_t o = {.servers = u, .timeout_ms = 15000};
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new_nats(&o, &c, msg, sizeof msg), TALLY_OK);
+    size_t big = (8u << 20);
+    uint8_t *payload = calloc(1, big);
+    assert_non_null(payload);
+    tally_req_t req;
+    memset(&req, 0, sizeof req);
+    req.opcode = TALLY_OP_HIST;
+    req.dtype = TALLY_DTYPE_U8;
+    assert_int_equal(tally_send(c, &req, payload, big, NULL), TALLY_E_TOO_LARGE);
+    assert_non_null(strstr(tally_client_error(c), "do not fit one NATS message"));
+    free(payload);
+    tally_region_t *region = NULL;
+    assert_int_equal(tally_region_create(c, 4096, &region), TALLY_E_ARG);
+    tally_client_destroy(&c);
+    th_rmrf(dir);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
 static void test_protected_mode(void **state)
 {
     (void)state;
@@ -472,6 +610,7 @@ int main(void)
         cmocka_unit_test(test_poison_dead_letters),
         cmocka_unit_test(test_restart_resumes_from_checkpoint),
         cmocka_unit_test(test_failover_kill9_exactly_once),
+        cmocka_unit_test(test_cli_over_nats),
         cmocka_unit_test(test_protected_mode),
     };
     int failed = cmocka_run_group_tests(tests, setup, teardown);

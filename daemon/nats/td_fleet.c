@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_fleet.c — the fleet worker's life (td_fleet.h): the settings, connecting and making the
  * fleet's objects, the thread's loop, and the heartbeat that keeps membership, leases and the
@@ -183,7 +184,8 @@ static void leave(td_fleet_t *f)
         td_warn("fleet: %s", msg);
     td_notice("fleet: %s left (%" PRIu64 " messages applied, %" PRIu64 " dead letters, %" PRIu64
               " checkpoints, %" PRIu64 " gaps)",
-              f->member, f->applied, f->dead, f->checkpoints, f->gaps);
+              f->member, atomic_load(&f->st->applied), atomic_load(&f->st->dead_letters),
+              atomic_load(&f->st->checkpoints), atomic_load(&f->st->gaps));
 }
 
 static void *fleet_thread(void *arg)
@@ -282,6 +284,18 @@ static void settings(td_fleet_t *f, const td_config_t *cfg)
     f->ckpt_ms = cfg->nats_checkpoint_ms;
 }
 
+/* What info shows of the settings: before the loop runs, so the loop reads them unlocked. */
+static void publish_settings(td_fleet_t *f)
+{
+    td_fleet_status_t *st = f->st;
+    snprintf(st->member, sizeof st->member, "%s", f->member);
+    st->partitions = f->partitions;
+    st->lease_ttl_ms = (uint64_t)f->ttl_ms;
+    st->checkpoint_interval_ms = (uint64_t)f->ckpt_ms;
+    st->max_payload = f->max_payload;
+    st->on = true;
+}
+
 td_err_t td_fleet_new(const td_fleet_host_t *host, td_fleet_t **out)
 {
     *out = NULL;
@@ -289,6 +303,7 @@ td_err_t td_fleet_new(const td_fleet_host_t *host, td_fleet_t **out)
     if (!f)
         return TD_ERR_NOMEM;
     f->host = *host;
+    f->st = host->status ? host->status : &f->own_status;
     f->wake_fd = -1;
     pthread_mutex_init(&f->mu, NULL);
     pthread_cond_init(&f->cond, NULL);
@@ -304,6 +319,7 @@ td_err_t td_fleet_new(const td_fleet_host_t *host, td_fleet_t **out)
     if ((err = connect_fleet(f, host->cfg)) != TD_OK || (err = td_fleet_bridge_open(f)) != TD_OK ||
         (err = td_fleet_query_open(f)) != TD_OK || (err = open_loop_handles(f)) != TD_OK)
         goto fail;
+    publish_settings(f);
     if (pthread_create(&f->thread, NULL, fleet_thread, f) != 0) {
         err = TD_ERR_LIBRARY;
         goto fail;

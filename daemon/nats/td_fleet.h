@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_fleet.h — tallyd as a worker of a NATS JetStream fleet (PROTOCOL.md §13): it joins the
  * membership, takes the partitions rendezvous hashing gives it under leases, applies their
@@ -28,6 +29,8 @@ typedef struct {
     struct uv_loop_s *loop;     /* the server's loop, not running yet */
     struct td_streams *streams; /* the server's stream table (loop thread only) */
     const td_config_t *cfg;     /* read at td_fleet_new; the NATS settings are copied */
+    struct td_fleet_status *status; /* the server's, filled for info and /metrics; NULL: the
+                                     * fleet keeps its own */
 } td_fleet_host_t;
 
 /* The [nats] settings alone, before anything starts (tallyd --check-config too): a member id

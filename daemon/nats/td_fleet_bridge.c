@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_fleet_bridge.c — the fleet's two ways into the daemon:
  *

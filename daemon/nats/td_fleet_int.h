@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_fleet_int.h — what the files of the fleet worker share (td_fleet.c: the thread, membership
  * and the plan; td_fleet_part.c: a partition's life; td_fleet_bridge.c: the way into the request
@@ -19,6 +20,7 @@
 
 #include "tally_fleet.h"
 #include "td_fleet.h"
+#include "td_fleet_status.h"
 #include "td_nats_ckpt.h"
 #include "td_nats_lease.h"
 
@@ -131,9 +133,14 @@ struct td_fleet {
     pthread_cond_t cond;
     td_fleet_job_t *job;
     bool loop_closed;
-    /* Counters (logged at exit). */
-    uint64_t applied, dead, gaps, checkpoints;
+    /* Counters and what info and /metrics show (the server's, or own_status). */
+    td_fleet_status_t *st;
+    td_fleet_status_t own_status;
 };
+
+/* One more of a td_fleet_status_t counter; a td_fleet_status_t field set (the loop reads them). */
+#define TD_FLEET_COUNT(f, field) atomic_fetch_add_explicit(&(f)->st->field, 1, memory_order_relaxed)
+#define TD_FLEET_SET(f, field, v) atomic_store_explicit(&(f)->st->field, (v), memory_order_relaxed)
 
 /* td_fleet_bridge.c: the request path, and the loop. */
 td_err_t td_fleet_bridge_open(td_fleet_t *f);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_fleet_part.c — one partition's life on this worker (PROTOCOL.md §13 "Exactly once across
  * crashes"): taking it (lease, fence, load the checkpoint into the stream table, the consumer at
@@ -46,11 +47,15 @@ static bool in_partition(const td_stream_t *s, void *arg)
     return tally_partition(s->name, s->name_len, j->partitions) == j->k;
 }
 
+/* A checkpoint's state is a base image alone (no append log goes with it), so its generation
+ * only has to be one a base may carry (1 and up; version 4 refuses 0). */
+#define TD_FLEET_STATE_GENERATION 1
+
 static void snapshot_on_loop(td_fleet_t *f, void *arg)
 {
     table_job_t *j = arg;
-    j->err =
-        td_state_encode_some(f->host.streams, td_clock_ms(), 0, in_partition, j, &j->buf, &j->len);
+    j->err = td_state_encode_some(f->host.streams, td_clock_ms(), TD_FLEET_STATE_GENERATION,
+                                  in_partition, j, &j->buf, &j->len);
 }
 
 static void restore_on_loop(td_fleet_t *f, void *arg)
@@ -121,10 +126,12 @@ static void forget_work(td_fleet_t *f, td_part_t *p)
     p->retry = NULL;
     p->acks_len = p->acks_count = 0; /* not ours to acknowledge any more */
     p->owned = false;
+    TD_FLEET_SET(f, owned[p->k], false);
 }
 
 /* Loads the checkpoint's state into the stream table (after removing any old local copy). */
-static td_err_t restore(td_fleet_t *f, td_part_t *p, uint8_t *state, size_t len)
+static td_err_t restore(td_fleet_t *f, td_part_t *p, uint8_t *state, size_t len, char *msg,
+                        size_t cap)
 {
     delete_local_streams(f, p->k);
     if (len == 0)
@@ -133,6 +140,8 @@ static td_err_t restore(td_fleet_t *f, td_part_t *p, uint8_t *state, size_t len)
     td_fleet_on_loop(f, restore_on_loop, &j);
     if (j.err != TD_OK)
         td_err("fleet: partition %u's checkpoint: %s", (unsigned)p->k, j.msg);
+    if (j.err != TD_OK && msg)
+        snprintf(msg, cap, "its checkpoint: %s", j.msg);
     return j.err;
 }
 
@@ -158,7 +167,7 @@ static bool accept_gap(td_fleet_t *f, td_part_t *p, uint64_t seq)
 {
     uint64_t first = td_partition_first_seq(f->js, p->k);
     if (first > p->applied_seq + 1) {
-        f->gaps++;
+        TD_FLEET_COUNT(f, gaps);
         td_warn("fleet: partition %u: sequences %" PRIu64 "..%" PRIu64
                 " were removed from its stream before they were applied",
                 (unsigned)p->k, p->applied_seq + 1, first - 1);
@@ -210,7 +219,7 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
     td_err_t err = td_ckpt_take(&p->ckpt, f->js, f->ckpts, p->k, f->member, p->lease.revision,
                                 &state, &len, &fenced, msg, sizeof msg);
     if (err == TD_OK && !fenced)
-        err = restore(f, p, state, len);
+        err = restore(f, p, state, len, msg, sizeof msg);
     free(state);
     p->applied_seq = p->ckpt_seq = p->ckpt.cur.applied_seq;
     p->restarts = 0;
@@ -228,6 +237,10 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
     }
     p->owned = true;
     p->last_ckpt_ms = td_nats_now_ms();
+    TD_FLEET_SET(f, applied_seq[p->k], p->applied_seq);
+    TD_FLEET_SET(f, last_seq[p->k], p->applied_seq);
+    TD_FLEET_SET(f, owned[p->k], true);
+    TD_FLEET_COUNT(f, partitions_taken);
     td_notice("fleet: %s took partition %u at sequence %" PRIu64 " (%zu bytes of state)", f->member,
               (unsigned)p->k, p->applied_seq + 1, len);
 }
@@ -235,6 +248,7 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
 void td_part_drop(td_fleet_t *f, td_part_t *p, const char *why)
 {
     td_warn("fleet: partition %u lost: %s; its local state is dropped", (unsigned)p->k, why);
+    TD_FLEET_COUNT(f, leases_lost);
     forget_work(f, p);
     memset(&p->lease, 0, sizeof p->lease);
     delete_local_streams(f, p->k);
@@ -286,10 +300,11 @@ bool td_part_checkpoint(td_fleet_t *f, td_part_t *p)
     }
     if (err != TD_OK) {
         td_warn("fleet: checkpoint of partition %u: %s", (unsigned)p->k, msg);
+        TD_FLEET_COUNT(f, checkpoint_failures);
         return false;
     }
     p->ckpt_seq = p->applied_seq;
-    f->checkpoints++;
+    TD_FLEET_COUNT(f, checkpoints);
     ack_all(f, p);
     return true;
 }
@@ -322,7 +337,8 @@ static void mark_applied(td_fleet_t *f, td_part_t *p, natsMsg *m, uint64_t seq)
 {
     p->applied_seq = seq;
     keep_ack(p, m);
-    f->applied++;
+    TD_FLEET_COUNT(f, applied);
+    TD_FLEET_SET(f, applied_seq[p->k], seq);
     natsMsg_Destroy(m);
 }
 
@@ -364,7 +380,7 @@ static bool dead_letter(td_fleet_t *f, td_part_t *p, natsMsg *m, uint64_t seq, t
     }
     td_info("fleet: partition %u sequence %" PRIu64 " is a dead letter: %s: %s", (unsigned)p->k,
             seq, tally_status_name(st), why);
-    f->dead++;
+    TD_FLEET_COUNT(f, dead_letters);
     return true;
 }
 
@@ -437,7 +453,10 @@ static void fail_message(td_fleet_t *f, td_part_t *p, natsMsg *m, uint64_t seq, 
 /* Judges a message: skipped (applied before), a dead letter, or sent to the request path. */
 static void process(td_fleet_t *f, td_part_t *p, natsMsg *m)
 {
-    uint64_t seq = td_nats_msg_seq(m);
+    uint64_t pending = 0;
+    uint64_t seq = td_nats_msg_seq_pending(m, &pending);
+    if (seq + pending > atomic_load_explicit(&f->st->last_seq[p->k], memory_order_relaxed))
+        TD_FLEET_SET(f, last_seq[p->k], seq + pending); /* the lag metric's end */
     if (seq == 0 || seq <= p->applied_seq) {
         td_debug("fleet: partition %u sequence %" PRIu64 ": skipped (applied up to %" PRIu64 ")",
                  (unsigned)p->k, seq, p->applied_seq);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_fleet_plan.c — rendezvous (highest random weight) hashing: each member scores every
  * partition with a hash of (member id, partition) and the highest score owns it. Adding a member

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_fleet_plan.h — who owns which partition (PROTOCOL.md §13 "Membership and who owns what"):
  * rendezvous hashing of partitions over the live members. Pure arithmetic on member ids, no

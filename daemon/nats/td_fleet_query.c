@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_fleet_query.c — the fleet's answers by NATS request-reply (PROTOCOL.md §13 "Answers by
  * request-reply"): `query` on tally.q.<k> by the partition's owner, `ping`/`info`/`stats` on

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_fleet_reader.c — a partition's reader: a thread that fetches from the partition's durable
  * consumer into a queue the fleet thread takes messages from (td_fleet_int.h, td_reader_t).

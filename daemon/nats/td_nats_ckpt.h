@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_nats_ckpt.h — a partition's checkpoint in TALLY_CKPT (PROTOCOL.md §13 "Checkpoints"): its
  * state (bytes the caller encodes: a state file image of the partition's streams) with the last

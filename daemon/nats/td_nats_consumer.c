@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_nats_consumer.c — see td_nats_consumer.h.
  */
@@ -89,14 +90,22 @@ td_err_t td_consumer_fetch(natsSubscription *sub, int batch, int64_t max_bytes, 
     return TD_ERR_LIBRARY;
 }
 
-uint64_t td_nats_msg_seq(natsMsg *m)
+uint64_t td_nats_msg_seq_pending(natsMsg *m, uint64_t *pending)
 {
     jsMsgMetaData *meta = NULL;
+    *pending = 0;
     if (natsMsg_GetMetaData(&meta, m) != NATS_OK)
         return 0;
     uint64_t seq = meta->Sequence.Stream;
+    *pending = meta->NumPending;
     jsMsgMetaData_Destroy(meta);
     return seq;
+}
+
+uint64_t td_nats_msg_seq(natsMsg *m)
+{
+    uint64_t pending;
+    return td_nats_msg_seq_pending(m, &pending);
 }
 
 td_err_t td_consumer_ack_sync(natsConnection *nc, const char *ack_subject, int64_t timeout_ms,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_nats_consumer.h — a partition's durable pull consumer on TALLY_P<k> (PROTOCOL.md §13 "Leases
  * and fencing", step 3), and the acknowledgements an owner sends after a checkpoint (confirmed).
@@ -46,6 +47,8 @@ td_err_t td_consumer_fetch(natsSubscription *sub, int batch, int64_t max_bytes, 
                            natsMsgList *list, char *msg, size_t cap);
 /* A delivered message's stream sequence (0 when it has no JetStream metadata). */
 uint64_t td_nats_msg_seq(natsMsg *m);
+/* The same, and the consumer's pending count when it was delivered (messages after it). */
+uint64_t td_nats_msg_seq_pending(natsMsg *m, uint64_t *pending);
 /* Acknowledges the message whose ack subject (its reply subject) this is, and waits for the
  * server's confirmation ("+ACK" as a request). */
 td_err_t td_consumer_ack_sync(natsConnection *nc, const char *ack_subject, int64_t timeout_ms,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_nats_js.h — the fleet's JetStream objects (PROTOCOL.md §13): the partition streams
  * TALLY_P<k> on tally.in.<k>, the dead-letter stream, and the key-value buckets TALLY_FLEET

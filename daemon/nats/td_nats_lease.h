@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_nats_lease.h — who is alive and who owns what (PROTOCOL.md §13 "Leases and fencing",
  * "Membership"): heartbeats in TALLY_MEMBERS, partition leases in TALLY_LEASES. Both buckets

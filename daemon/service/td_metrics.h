@@ -95,6 +95,8 @@ typedef struct {
     uint64_t reply_bound_total;
     uint64_t connections_lost; /* found closed with requests unanswered (counter) */
     uint64_t replies_resent;   /* kept for such a connection and sent once it came back */
+    const struct td_fleet_status
+        *fleet; /* the NATS fleet worker's (td_fleet_status.h); NULL: none */
 } td_gauges_t;
 
 /* The `stream` label of the streams beyond metrics_streams: a space and parentheses, which no

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * nats_cluster.h — a real NATS JetStream cluster for the tests: N nats-server processes on
  * loopback ports chosen at run time, each with its own store directory under one scratch
