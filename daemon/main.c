@@ -60,7 +60,12 @@ static int run(const td_config_t *cfg, td_server_t *server)
                                 .streams = td_server_streams(server),
                                 .cfg = cfg,
                                 .status = td_server_fleet_status(server)};
-        if (td_fleet_new(&host, &fleet) != TD_OK)
+        /* With CURVE on, the worker reaches the request path with tallyd's own key pair. */
+        td_server_internal_curve(server, host.curve_server_public, host.curve_public,
+                                 host.curve_secret);
+        td_err_t err = td_fleet_new(&host, &fleet);
+        explicit_bzero(host.curve_secret, sizeof host.curve_secret);
+        if (err != TD_OK)
             return 1;
     }
     int code = td_server_run(server);

@@ -1039,6 +1039,16 @@ td_fleet_status_t *td_server_fleet_status(td_server_t *self)
     return &self->fleet_status;
 }
 
+bool td_server_internal_curve(td_server_t *self, char server_public[TALLY_KEY_LEN + 1],
+                              char public_key[TALLY_KEY_LEN + 1], char secret_key[TALLY_KEY_LEN + 1])
+{
+    if (!self->zmq.auth)
+        return false;
+    memcpy(server_public, td_auth_public_key(self->zmq.auth), TALLY_KEY_LEN + 1);
+    td_auth_internal_keys(self->zmq.auth, public_key, secret_key);
+    return true;
+}
+
 void td_server_destroy(td_server_t **self_p)
 {
     td_server_t *s = *self_p;

@@ -6,6 +6,9 @@
 #ifndef TD_SERVER_H
 #define TD_SERVER_H
 
+#include <stdbool.h>
+
+#include "tally_keys.h"
 #include "td_config.h"
 #include "td_err.h"
 
@@ -30,5 +33,9 @@ struct uv_loop_s *td_server_loop(td_server_t *self);
 struct td_streams *td_server_streams(td_server_t *self);
 /* What the fleet worker reports through info and /metrics (zero: not in a fleet). */
 struct td_fleet_status *td_server_fleet_status(td_server_t *self);
+/* With CURVE on: the server's public key and tallyd's own client key pair (td_auth.h), for a
+ * client inside tallyd (the fleet worker's connection); false with CURVE off. */
+bool td_server_internal_curve(td_server_t *self, char server_public[TALLY_KEY_LEN + 1],
+                              char public_key[TALLY_KEY_LEN + 1], char secret_key[TALLY_KEY_LEN + 1]);
 
 #endif

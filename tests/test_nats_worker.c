@@ -23,10 +23,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cmocka.h>
 #include <nats/nats.h>
+#include <zmq.h>
 
 #include "harness.h"
 #include "nats_cluster.h"
@@ -63,7 +65,14 @@ static int teardown(void **state)
     return tn_suite_teardown();
 }
 
+static void start_worker_with(th_daemon_t *d, const char *member, const char *const *extra);
+
 static void start_worker(th_daemon_t *d, const char *member)
+{
+    start_worker_with(d, member, NULL);
+}
+
+static void start_worker_with(th_daemon_t *d, const char *member, const char *const *extra)
 {
     const char *args[] = {"--metrics",
                           "127.0.0.1:0",
@@ -82,7 +91,7 @@ static void start_worker(th_daemon_t *d, const char *member)
                           "--window-intervals",
                           "0",
                           NULL};
-    assert_int_equal(th_daemon_start(d, args), 0);
+    assert_int_equal(th_daemon_start_with(d, args, extra), 0);
 }
 
 /* The value of a metric line "NAME VALUE" in the worker's /metrics; -1 when absent. */
@@ -495,6 +504,38 @@ static int check_config(const char *args, char *err, size_t cap)
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+/* A worker with CURVE on (PROTOCOL.md §13 "Security"): its own connection to the request path
+ * uses tallyd's internal key pair, so it applies and answers as without CURVE. */
+static void test_curve_worker(void **state)
+{
+    (void)state;
+    char server_pub[41], server_sec[41], alice_pub[41], alice_sec[41];
+    assert_int_equal(zmq_curve_keypair(server_pub, server_sec), 0);
+    assert_int_equal(zmq_curve_keypair(alice_pub, alice_sec), 0);
+    char dir[256], key[512], path[320], clients[64];
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-nats-curve"), 0);
+    int n = snprintf(key, sizeof key, "curve\n    public-key = \"%s\"\n    secret-key = \"%s\"\n",
+                     server_pub, server_sec);
+    assert_int_equal(th_write_file(dir, "server.key", key, (size_t)n), 0);
+    snprintf(path, sizeof path, "%s/server.key", dir);
+    assert_int_equal(chmod(path, 0600), 0);
+    snprintf(clients, sizeof clients, "alice:%s", alice_pub);
+    const char *extra[] = {"--curve-secret-key", path, "--curve-clients", clients, NULL};
+    th_use_curve(server_pub, alice_pub, alice_sec); /* the harness's readiness ping */
+    th_daemon_t w;
+    start_worker_with(&w, "wc", extra);
+    wait_owned("wc", PARTITIONS, 20000);
+    tally_nats_t *p = producer("curve");
+    check_model(p); /* restored from the checkpoints; queried through the worker's connection */
+    push_hists(p, 1, true, th_rand());
+    check_model_eventually(p, 20000);
+    tally_nats_destroy(&p);
+    assert_true(th_daemon_log_contains(&w, "curve: client 'tallyd-internal' connected"));
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+    th_use_curve(NULL, NULL, NULL);
+    th_rmrf(dir);
+}
+
 /* The CLI's --nats (PROTOCOL.md §13 "A client over NATS"): every command against the fleet, the
  * data commands' output equal to the same command's over ZeroMQ, a push cut to fit one message
  * per chunk; libtally's NATS client refuses a payload over one message and shared memory. */
@@ -610,6 +651,7 @@ int main(void)
         cmocka_unit_test(test_poison_dead_letters),
         cmocka_unit_test(test_restart_resumes_from_checkpoint),
         cmocka_unit_test(test_failover_kill9_exactly_once),
+        cmocka_unit_test(test_curve_worker),
         cmocka_unit_test(test_cli_over_nats),
         cmocka_unit_test(test_protected_mode),
     };

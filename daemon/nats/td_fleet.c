@@ -62,10 +62,6 @@ td_err_t td_fleet_check_config(const td_config_t *cfg, char *msg, size_t cap)
                  cfg->nats_member_id);
         return TD_ERR_CONFIG;
     }
-    if (cfg->curve_secret_key) {
-        snprintf(msg, cap, "[nats] and CURVE together are not supported yet");
-        return TD_ERR_CONFIG;
-    }
     tally_nats_conf_t conf = nats_conf(cfg, NULL);
     if (tally__nats_servers_local(cfg->nats_servers) || tally__nats_has_credentials(&conf))
         return TD_OK;

@@ -17,6 +17,7 @@
 
 #include <stddef.h>
 
+#include "tally_keys.h"
 #include "td_config.h"
 #include "td_err.h"
 
@@ -31,6 +32,11 @@ typedef struct {
     const td_config_t *cfg;     /* read at td_fleet_new; the NATS settings are copied */
     struct td_fleet_status *status; /* the server's, filled for info and /metrics; NULL: the
                                      * fleet keeps its own */
+    /* With CURVE on (server_public set): the keys of the worker's connection to the request
+     * path (td_server_internal_curve); "" without CURVE. */
+    char curve_server_public[TALLY_KEY_LEN + 1];
+    char curve_public[TALLY_KEY_LEN + 1];
+    char curve_secret[TALLY_KEY_LEN + 1];
 } td_fleet_host_t;
 
 /* The [nats] settings alone, before anything starts (tallyd --check-config too): a member id

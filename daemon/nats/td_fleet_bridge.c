@@ -21,6 +21,20 @@
 #include "td_fleet_int.h"
 #include "td_log.h"
 
+/* With CURVE on, tallyd's own client key pair (td_auth.h), set before the connect: tallyd's
+ * ZAP handler allows it as "tallyd-internal". 0, or -1 with errno. */
+static int set_curve(td_fleet_t *f)
+{
+    const td_fleet_host_t *h = &f->host;
+    if (!h->curve_server_public[0])
+        return 0;
+    if (zmq_setsockopt(f->dealer, ZMQ_CURVE_SERVERKEY, h->curve_server_public, TALLY_KEY_LEN) ||
+        zmq_setsockopt(f->dealer, ZMQ_CURVE_PUBLICKEY, h->curve_public, TALLY_KEY_LEN) ||
+        zmq_setsockopt(f->dealer, ZMQ_CURVE_SECRETKEY, h->curve_secret, TALLY_KEY_LEN))
+        return -1;
+    return 0;
+}
+
 td_err_t td_fleet_bridge_open(td_fleet_t *f)
 {
     f->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -32,13 +46,14 @@ td_err_t td_fleet_bridge_open(td_fleet_t *f)
     f->dealer = zmq_socket(f->zctx, ZMQ_DEALER);
     int linger = 0, hwm = 0;
     if (!f->dealer || zmq_setsockopt(f->dealer, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
-        zmq_setsockopt(f->dealer, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0 ||
+        zmq_setsockopt(f->dealer, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0 || set_curve(f) != 0 ||
         zmq_connect(f->dealer, f->endpoint) != 0) {
         td_err("fleet: cannot connect to tallyd's own endpoint %s: %s", f->endpoint,
                zmq_strerror(errno));
         td_fleet_bridge_close(f);
         return TD_ERR_LIBRARY;
     }
+    explicit_bzero(f->host.curve_secret, sizeof f->host.curve_secret); /* in the socket now */
     return TD_OK;
 }
 
