@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # bench/run-io-threads.sh BUILD_DIR OUT_DIR — the A/B that picks tallyd's default ZeroMQ I/O
-# threads (TD_IO_THREADS_MAX in daemon/service/td_config.h): for N in IO_LIST (default
+# threads (TD_IO_THREADS_MAX in daemon/base/td_config.h): for N in IO_LIST (default
 # "2 4 6 8"), the raw fan-in (bench/fanin: one ROUTER, one application thread, 2 KiB replies)
 # and tallyd (GPU_ARGS, default --backend cuda) with --io-threads N, both under hist 1 MiB from
 # 8 producers x 8 in flight over ipc (and tallyd over tcp), plus the per-thread CPU of each

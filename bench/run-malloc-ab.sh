@@ -3,7 +3,7 @@
 # bench/run-malloc-ab.sh BUILD_DIR OUT_DIR — does glibc's malloc cost tallyd's ZeroMQ I/O threads
 # page faults? ZeroMQ mallocs every received 1 MiB message on an I/O thread; tallyd frees it when
 # the request is done, with up to max_inflight (64) alive. A/B: tallyd as is (it sets malloc's
-# mmap and trim thresholds at start: TD_MALLOC_* in daemon/service/td_config.h) against glibc's
+# mmap and trim thresholds at start: TD_MALLOC_* in daemon/base/td_config.h) against glibc's
 # defaults (a glibc.malloc tunable that changes nothing, tcache_count=7, makes tallyd leave malloc
 # alone), under hist 1 MiB from 8 producers x 8 in flight over ipc (zero-copy producers connecting
 # 50 ms apart, as bench/run-recv-ab.sh), alternating, with tallyd's minor page faults per MiB

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "td_config.h"
+#include "td_settings.h"
 #ifdef TALLY_HAVE_NATS
 #include "td_fleet.h"
 #endif
@@ -59,13 +60,9 @@ static int run(const td_config_t *cfg, td_server_t *server)
         td_fleet_host_t host = {.loop = td_server_loop(server),
                                 .streams = td_server_streams(server),
                                 .cfg = cfg,
+                                .path = td_server_path(server),
                                 .status = td_server_fleet_status(server)};
-        /* With CURVE on, the worker reaches the request path with tallyd's own key pair. */
-        td_server_internal_curve(server, host.curve_server_public, host.curve_public,
-                                 host.curve_secret);
-        td_err_t err = td_fleet_new(&host, &fleet);
-        explicit_bzero(host.curve_secret, sizeof host.curve_secret);
-        if (err != TD_OK)
+        if (td_fleet_new(&host, &fleet) != TD_OK)
             return 1;
     }
     int code = td_server_run(server);

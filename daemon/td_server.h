@@ -6,9 +6,6 @@
 #ifndef TD_SERVER_H
 #define TD_SERVER_H
 
-#include <stdbool.h>
-
-#include "tally_keys.h"
 #include "td_config.h"
 #include "td_err.h"
 
@@ -22,20 +19,18 @@ td_err_t td_server_new(const td_config_t *cfg, td_server_t **out);
 int td_server_run(td_server_t *self);
 void td_server_destroy(td_server_t **self_p);
 
-/* What a transport outside the server needs until the transport interface exists (issue 25): the
- * NATS fleet worker (daemon/nats/td_fleet.h) runs loop-thread work through a handle of its own on
- * this loop (and must close it for td_server_run to return), and checkpoints and restores its
- * partitions' streams in this table (loop thread only). Its requests come in through the ZeroMQ
- * endpoint like any client's. */
+/* What a transport outside the server needs: the NATS fleet worker (daemon/nats/td_fleet.h)
+ * runs loop-thread work through a handle of its own on this loop (and must close it for
+ * td_server_run to return), submits its requests to this path (core/td_transport.h), and
+ * checkpoints and restores its partitions' streams in this table (loop thread only). */
 struct uv_loop_s;
 struct td_streams;
+struct td_path;
 struct uv_loop_s *td_server_loop(td_server_t *self);
 struct td_streams *td_server_streams(td_server_t *self);
 /* What the fleet worker reports through info and /metrics (zero: not in a fleet). */
 struct td_fleet_status *td_server_fleet_status(td_server_t *self);
-/* With CURVE on: the server's public key and tallyd's own client key pair (td_auth.h), for a
- * client inside tallyd (the fleet worker's connection); false with CURVE off. */
-bool td_server_internal_curve(td_server_t *self, char server_public[TALLY_KEY_LEN + 1],
-                              char public_key[TALLY_KEY_LEN + 1], char secret_key[TALLY_KEY_LEN + 1]);
+/* The request path, for a transport outside the server (the fleet worker's, td_fleet.h). */
+struct td_path *td_server_path(td_server_t *self);
 
 #endif

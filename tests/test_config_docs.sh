@@ -1,7 +1,7 @@
 #!/bin/sh
 # SPDX-License-Identifier: Apache-2.0
 # test_config_docs.sh TALLYD SOURCE_DIR: the README's configuration table and
-# systemd/tallyd.conf.example are what the table of settings (daemon/service/td_settings.c)
+# systemd/tallyd.conf.example are what the table of settings (daemon/base/td_settings.c)
 # prints, so the documents cannot disagree with the code; to update them after changing a row:
 #   tallyd --print-example-conf > systemd/tallyd.conf.example
 #   tallyd --print-settings-md   (replaces the table under "Configuration" in README.md)

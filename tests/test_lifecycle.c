@@ -15,7 +15,7 @@
  *     guard closes only its own connection;
  *   - memory in steady state: 1 MiB requests pipelined through tallyd cost it fewer than
  *     FAULTS_PER_MIB_MAX minor page faults per MiB received (glibc's thresholds, set at start,
- *     keep freed frames in the heap: daemon/service/td_config.h), and an operator's own
+ *     keep freed frames in the heap: daemon/base/td_config.h), and an operator's own
  *     GLIBC_TUNABLES malloc settings are left alone.
  */
 #include <errno.h>

@@ -31,6 +31,7 @@
 
 #include "harness.h"
 #include "td_config.h"
+#include "td_settings.h"
 #include "td_peers.h"
 
 static th_daemon_t daemon_;

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_sched.c — the scheduler (daemon/td_sched.c) on its own: no sockets, no loop, no backend.
+ * test_sched.c — the scheduler (daemon/core/td_sched.c) on its own: no sockets, no loop, no backend.
  *
  * A fake machine records every request the scheduler starts, with its placement, and the test
  * finishes them in the order it chooses (as the CPU workers and GPU lanes would), OK or failed
@@ -29,6 +29,7 @@
 #include "td_gpu_engine.h"
 #include "td_peers.h"
 #include "td_sched.h"
+#include "td_settings.h"
 
 #define MIB (1u << 20)
 #define RUNNING_MAX 64

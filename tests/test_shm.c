@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_shm.c — shared-memory input (daemon/td_shm.c, PROTOCOL.md §10) against a real tallyd.
+ * test_shm.c — shared-memory input (daemon/core/td_shm.c, PROTOCOL.md §10) against a real tallyd.
  *
  * - Every operation and dtype gives byte-identical replies by payload and by reference, with and
  *   without an output region, on the CPU backend and on the GPU pipeline over simulated devices

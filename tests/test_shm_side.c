@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_shm_side.c — the shared-memory side channel (daemon/td_shm.c, PROTOCOL.md §10) under
+ * test_shm_side.c — the shared-memory side channel (daemon/core/td_shm.c, PROTOCOL.md §10) under
  * hostile or careless peers (issue 21), against a real tallyd:
  * - a uid that may not register is refused at accept: a flood of its connections takes no slot
  *   and no descriptor, and an allowed producer still registers (run as root: a child switches to

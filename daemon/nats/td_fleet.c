@@ -38,21 +38,6 @@ static tally_nats_conf_t nats_conf(const td_config_t *cfg, const char *name)
                                .send_asap = true};
 }
 
-/* The daemon's own endpoint, as a client reaches it: the first bind (or the default one), a
- * wildcard host made the loopback. */
-static bool own_endpoint(const td_config_t *cfg, char *out, size_t cap)
-{
-    const char *e = cfg->bind_count > 0 ? cfg->binds[0] : TD_DEFAULT_ENDPOINT;
-    const char *colon = strrchr(e, ':');
-    if (strncmp(e, "tcp://*:", 8) == 0 || strncmp(e, "tcp://0.0.0.0:", 14) == 0)
-        snprintf(out, cap, "tcp://127.0.0.1%s", colon);
-    else if (strncmp(e, "tcp://[::]:", 11) == 0)
-        snprintf(out, cap, "tcp://[::1]%s", colon);
-    else
-        snprintf(out, cap, "%s", e);
-    return true;
-}
-
 td_err_t td_fleet_check_config(const td_config_t *cfg, char *msg, size_t cap)
 {
     if (!cfg->nats_servers)
@@ -82,6 +67,7 @@ td_err_t td_fleet_check_config(const td_config_t *cfg, char *msg, size_t cap)
 static void on_async(uv_async_t *h)
 {
     td_fleet_t *f = h->data;
+    td_fleet_path_on_loop(f); /* requests the thread queued */
     pthread_mutex_lock(&f->mu);
     td_fleet_job_t *job = f->job;
     f->job = NULL;
@@ -195,7 +181,7 @@ static void *fleet_thread(void *arg)
             if (f->parts[k].owned)
                 busy |= td_part_step(f, &f->parts[k]);
         busy |= td_fleet_query_step(f);
-        td_fleet_bridge_poll(f, busy ? 0 : TD_FLEET_IDLE_MS);
+        td_fleet_path_poll(f, busy ? 0 : TD_FLEET_IDLE_MS);
     }
     leave(f);
     td_fleet_on_loop(f, close_loop_handles, NULL);
@@ -274,7 +260,6 @@ static void settings(td_fleet_t *f, const td_config_t *cfg)
         snprintf(f->member, sizeof f->member, "%s", cfg->nats_member_id);
     else
         snprintf(f->member, sizeof f->member, "%.40s-%d", host, (int)getpid());
-    own_endpoint(cfg, f->endpoint, sizeof f->endpoint);
     f->partitions = cfg->nats_partitions;
     f->ttl_ms = cfg->nats_lease_ttl_ms;
     f->ckpt_ms = cfg->nats_checkpoint_ms;
@@ -312,7 +297,7 @@ td_err_t td_fleet_new(const td_fleet_host_t *host, td_fleet_t **out)
         f->parts[k].k = k;
         f->parts[k].inflight = -1;
     }
-    if ((err = connect_fleet(f, host->cfg)) != TD_OK || (err = td_fleet_bridge_open(f)) != TD_OK ||
+    if ((err = connect_fleet(f, host->cfg)) != TD_OK || (err = td_fleet_path_open(f)) != TD_OK ||
         (err = td_fleet_query_open(f)) != TD_OK || (err = open_loop_handles(f)) != TD_OK)
         goto fail;
     publish_settings(f);
@@ -354,7 +339,7 @@ void td_fleet_destroy(td_fleet_t **self_p)
     if (f->host.loop)
         uv_run(f->host.loop, UV_RUN_NOWAIT); /* the close callbacks */
     td_fleet_query_close(f);
-    td_fleet_bridge_close(f);
+    td_fleet_path_close(f);
     for (uint32_t k = 0; f->parts && k < f->partitions; k++) {
         td_reader_stop(&f->parts[k].reader);
         natsMsg_Destroy(f->parts[k].retry);

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_fleet_int.h — what the files of the fleet worker share (td_fleet.c: the thread, membership
- * and the plan; td_fleet_part.c: a partition's life; td_fleet_bridge.c: the way into the request
- * path and onto the loop; td_fleet_query.c: request-reply). Private to daemon/nats/.
+ * and the plan; td_fleet_part.c: a partition's life; td_fleet_transport.c: the way into the
+ * request path (a transport) and onto the loop; td_fleet_query.c: request-reply). Private to
+ * daemon/nats/.
  *
  * Threads: everything here belongs to the fleet thread, except the loop-call slot (mu, cond,
  * job) and `stopping`, which the loop thread touches too.
@@ -23,16 +24,17 @@
 #include "td_fleet_status.h"
 #include "td_nats_ckpt.h"
 #include "td_nats_lease.h"
+#include "td_transport.h"
 
-/* Requests in flight through the bridge at once: one per owned partition, plus queries. A
- * client keeping at most 8 in flight is never answered `busy` (PROTOCOL.md §1); beyond, the
- * fleet resends after `busy`, which keeps order since a partition has one at a time. */
+/* Requests in flight in the request path at once: one per owned partition, plus queries. While
+ * the path takes nothing (max_inflight) a request is answered `busy` and sent again later, which
+ * keeps order since a partition has one at a time. */
 #define TD_FLEET_PENDING_MAX 64
 /* A partition's reader queues at most this much (a fetch asks for the room left, at least one
  * message of max_payload: 8 MiB with contrib/nats). */
 #define TD_FLEET_FETCH_BYTES (24ll << 20)
 #define TD_FLEET_FETCH_BATCH 256
-/* How long the thread sleeps in the bridge's poll when nothing was fetched. */
+/* How long the thread sleeps in the transport's poll when nothing was fetched. */
 #define TD_FLEET_IDLE_MS 5
 /* Resend after `busy` or `rate_limited`. */
 #define TD_FLEET_RETRY_MS 50
@@ -45,7 +47,7 @@
 
 typedef enum { PEND_FREE = 0, PEND_PART, PEND_QUERY, PEND_SYNC } td_pend_kind_t;
 
-/* One request in flight through the bridge. Its tag replaces the request id on the way in; the
+/* One request in flight in the request path. Its tag replaces the request id on the way in; the
  * reply's request id finds it again (slot in the low 8 bits). */
 typedef struct {
     td_pend_kind_t kind;
@@ -89,7 +91,7 @@ typedef struct {
      * next checkpoint holds them, and then acknowledges each (td_nats_consumer.h). */
     char *acks;
     size_t acks_len, acks_cap, acks_count;
-    int inflight;   /* its message in the bridge: a pend slot, or -1 */
+    int inflight;   /* its message in the request path: a pend slot, or -1 */
     natsMsg *retry; /* a message answered `busy`: sent again at retry_at */
     int64_t retry_at;
     int64_t no_take_until_ms;
@@ -105,7 +107,6 @@ struct td_fleet {
     td_fleet_host_t host;
     /* Settings (copied). */
     char member[TALLY_NATS_MEMBER_ID_MAX + 1];
-    char endpoint[256]; /* the daemon's own, for the bridge */
     uint32_t partitions;
     int64_t ttl_ms, ckpt_ms;
     size_t max_payload;
@@ -117,8 +118,14 @@ struct td_fleet {
     /* Partitions. */
     td_part_t *parts;
     int64_t next_beat_ms;
-    /* The bridge; wake_fd: an eventfd the readers write when they queue messages. */
-    void *zctx, *dealer;
+    /* The transport (td_fleet_transport.c): requests queued for the loop, replies queued for the
+     * fleet thread (under q_mu); wake_fd: an eventfd written when a reply is queued, and by the
+     * readers when they queue messages. */
+    td_transport_t transport;
+    pthread_mutex_t q_mu;
+    bool q_mu_ready;
+    struct td_fleet_sub *sub_head, *sub_tail;
+    struct td_fleet_rep *rep_head, *rep_tail;
     int wake_fd;
     td_pend_t pend[TD_FLEET_PENDING_MAX];
     uint64_t next_tag;
@@ -142,19 +149,22 @@ struct td_fleet {
 #define TD_FLEET_COUNT(f, field) atomic_fetch_add_explicit(&(f)->st->field, 1, memory_order_relaxed)
 #define TD_FLEET_SET(f, field, v) atomic_store_explicit(&(f)->st->field, (v), memory_order_relaxed)
 
-/* td_fleet_bridge.c: the request path, and the loop. */
-td_err_t td_fleet_bridge_open(td_fleet_t *f);
-void td_fleet_bridge_close(td_fleet_t *f);
-/* Sends one request frame (data: header then payload) with a fresh tag in a free slot, of the
- * given kind; the slot, or -1 when none is free or the send failed. */
-int td_fleet_bridge_send(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *data, size_t len);
+/* td_fleet_transport.c: the request path, and the loop. */
+td_err_t td_fleet_path_open(td_fleet_t *f);
+/* After the loop has ended: frees what is still queued. */
+void td_fleet_path_close(td_fleet_t *f);
+/* Loop thread (the fleet's async handle): submits the requests queued. */
+void td_fleet_path_on_loop(td_fleet_t *f);
+/* Queues one request frame (data: header then payload, copied) for the request path with a fresh
+ * tag in a free slot, of the given kind; the slot, or -1 when none is free. */
+int td_fleet_path_send(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *data, size_t len);
 /* Waits up to timeout_ms for replies and hands each to td_fleet_on_reply (PEND_SYNC ones are
  * kept in their slot). */
-void td_fleet_bridge_poll(td_fleet_t *f, int timeout_ms);
-/* One request through the bridge, waiting for its reply (other replies are handled meanwhile):
- * the reply frame (64-byte header then payload, malloc'ed) or NULL after timeout_ms. */
-uint8_t *td_fleet_bridge_call(td_fleet_t *f, const uint8_t *data, size_t len, int timeout_ms,
-                              size_t *reply_len);
+void td_fleet_path_poll(td_fleet_t *f, int timeout_ms);
+/* One request through the request path, waiting for its reply (other replies are handled
+ * meanwhile): the reply frame (64-byte header then payload, malloc'ed) or NULL after timeout_ms. */
+uint8_t *td_fleet_path_call(td_fleet_t *f, const uint8_t *data, size_t len, int timeout_ms,
+                            size_t *reply_len);
 /* Runs fn(f, arg) on the server's loop thread and waits for it. */
 void td_fleet_on_loop(td_fleet_t *f, void (*fn)(td_fleet_t *f, void *arg), void *arg);
 /* A reply frame for slot (header already with the original request id). */
@@ -168,7 +178,7 @@ void td_part_drop(td_fleet_t *f, td_part_t *p, const char *why);
 /* One step: resend, fetch, submit, checkpoint when due. True when it did something. */
 bool td_part_step(td_fleet_t *f, td_part_t *p);
 void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *reply, size_t len);
-/* Waits (polling the bridge) until the partition has nothing in flight. */
+/* Waits (polling for replies) until the partition has nothing in flight. */
 void td_part_quiesce(td_fleet_t *f, td_part_t *p);
 /* Writes the checkpoint now (nothing in flight). False when fenced or it failed. */
 bool td_part_checkpoint(td_fleet_t *f, td_part_t *p);

@@ -98,7 +98,7 @@ static void delete_local_streams(td_fleet_t *f, uint32_t k)
             continue;
         tally_req_encode(&del, frame);
         size_t len = 0;
-        free(td_fleet_bridge_call(f, frame, sizeof frame, 10000, &len));
+        free(td_fleet_path_call(f, frame, sizeof frame, 10000, &len));
     }
     free(j.names);
 }
@@ -260,7 +260,7 @@ void td_part_quiesce(td_fleet_t *f, td_part_t *p)
     while ((p->inflight >= 0 || p->retry) && td_nats_now_ms() < deadline) {
         if (p->retry && p->inflight < 0)
             break; /* `busy`: not applied, so not in the checkpoint either */
-        td_fleet_bridge_poll(f, 10);
+        td_fleet_path_poll(f, 10);
     }
 }
 
@@ -475,8 +475,8 @@ static void process(td_fleet_t *f, td_part_t *p, natsMsg *m)
         fail_message(f, p, m, seq, st, why);
         return;
     }
-    int slot = td_fleet_bridge_send(f, PEND_PART, (const uint8_t *)natsMsg_GetData(m),
-                                    (size_t)natsMsg_GetDataLength(m));
+    int slot = td_fleet_path_send(f, PEND_PART, (const uint8_t *)natsMsg_GetData(m),
+                                  (size_t)natsMsg_GetDataLength(m));
     if (slot < 0) {
         p->retry = m;
         p->retry_at = td_nats_now_ms() + TD_FLEET_RETRY_MS;

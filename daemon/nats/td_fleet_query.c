@@ -136,7 +136,7 @@ static void take_query(td_fleet_t *f, natsMsg *m, natsSubscription *from)
         natsMsg_Destroy(m);
         return;
     }
-    int slot = td_fleet_bridge_send(f, PEND_QUERY, data, len);
+    int slot = td_fleet_path_send(f, PEND_QUERY, data, len);
     if (slot < 0) {
         answer_error(f, m, TALLY_E_BUSY, "the worker has too many requests in flight");
         natsMsg_Destroy(m);

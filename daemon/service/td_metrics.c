@@ -17,46 +17,6 @@
 #include "td_peers.h"
 #include "tally_revision.h"
 
-const double td_latency_bounds_us[TD_LATENCY_BUCKETS] = {
-    25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 1000000,
-};
-
-void td_metrics_observe(td_metrics_t *m, unsigned opcode, tally_status_t status, size_t bytes_in,
-                        size_t bytes_out, uint64_t latency_ns)
-{
-    unsigned op = opcode < TALLY_OP_COUNT ? opcode : 0;
-    unsigned st = (unsigned)status < TALLY_STATUS_WIRE_COUNT ? (unsigned)status : TALLY_E_INTERNAL;
-    m->requests[op][st]++;
-    m->bytes_in += bytes_in;
-    m->bytes_out += bytes_out;
-    double us = (double)latency_ns / 1e3;
-    unsigned b = 0;
-    while (b < TD_LATENCY_BUCKETS && us > td_latency_bounds_us[b])
-        b++;
-    m->latency_buckets[op][b]++;
-    m->latency_sum_s[op] += (double)latency_ns / 1e9;
-}
-
-uint64_t td_metrics_answered(const td_metrics_t *m)
-{
-    uint64_t answered = 0;
-    for (unsigned op = 0; op < TALLY_OP_COUNT; op++)
-        for (unsigned st = 0; st < TALLY_STATUS_WIRE_COUNT; st++)
-            answered += m->requests[op][st];
-    return answered;
-}
-
-void td_metrics_set_gpus(td_metrics_t *m, unsigned devices)
-{
-    m->gpu_devices = devices < TD_METRICS_GPUS_MAX ? devices : TD_METRICS_GPUS_MAX;
-}
-
-void td_metrics_count_gpu_request(td_metrics_t *m, int ordinal)
-{
-    if (ordinal >= 0 && ordinal < TD_METRICS_GPUS_MAX)
-        m->gpu_requests[ordinal]++;
-}
-
 /* The text being rendered: buf[0..cap), of which len bytes are needed so far. */
 typedef struct {
     char *buf;
@@ -531,10 +491,10 @@ static void render_replies(const td_gauges_t *g, out_t *o)
          "connection with its routing id came back.\n"
          "# TYPE tallyd_replies_resent_total counter\n"
          "tallyd_replies_resent_total %llu\n",
-         (unsigned long long)g->reply_held, (unsigned long long)g->reply_reserved,
-         (unsigned long long)g->reply_peak_peer, (unsigned long long)g->reply_peak_total,
-         (unsigned long long)g->reply_bound_peer, (unsigned long long)g->reply_bound_total,
-         (unsigned long long)g->connections_lost, (unsigned long long)g->replies_resent);
+         (unsigned long long)g->reply.held, (unsigned long long)g->reply.reserved,
+         (unsigned long long)g->reply.peak_peer, (unsigned long long)g->reply.peak_total,
+         (unsigned long long)g->reply.bound_peer, (unsigned long long)g->reply.bound_total,
+         (unsigned long long)g->reply.connections_lost, (unsigned long long)g->reply.resent);
 }
 
 size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf, size_t cap)
@@ -552,7 +512,7 @@ size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf,
     render_replies(g, &o);
     render_streams(g, &o);
     render_process(g, &o);
-    if (g->fleet) { /* the NATS fleet worker's families (daemon/nats/td_fleet_status.c) */
+    if (g->fleet) { /* the NATS fleet worker's families (core/td_fleet_status.c) */
         size_t room = o.len < cap ? cap - o.len : 0;
         o.len += td_fleet_status_render(g->fleet, room ? buf + o.len : NULL, room);
     }

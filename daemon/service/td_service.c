@@ -37,6 +37,7 @@
 #include "td_notify.h"
 #include "td_service.h"
 #include "td_state.h"
+#include "td_settings.h"
 
 typedef struct {
     uv_work_t work;

@@ -15,7 +15,7 @@
 #include "td_metrics.h"
 #include "td_stream.h"
 
-/* A reply to a request handed over by submit, on the loop thread (td_request_t.done). */
+/* A reply to a request handed over by submit, on the loop thread (td_local.h). */
 typedef void (*td_reply_fn)(void *arg, const tally_rep_t *rep, const void *payload, size_t len);
 
 typedef struct {
@@ -31,9 +31,10 @@ typedef struct {
     tally_status_t (*view)(void *ctx, const td_stream_t *stream, uint64_t window_ms,
                            tally_stream_info_t *out, uint64_t *start_ms, uint64_t *end_ms,
                            char *msg, size_t msg_cap);
-    /* Hands a query, reset or delete of req->stream to the request path, as if it had come over
-     * ZeroMQ (the scheduler orders it after the stream's queued requests; tallyd stopping
-     * answers it `shutdown`); done is called exactly once, on the loop thread. */
+    /* Hands a query, reset or delete of req->stream to the request path through the in-process
+     * transport (td_local.h), as if it had come over ZeroMQ (the scheduler orders it after the
+     * stream's queued requests; tallyd stopping answers it `shutdown`); done is called exactly
+     * once, on the loop thread. */
     void (*submit)(void *ctx, const tally_req_t *req, td_reply_fn done, void *arg);
     void *ctx;
 } td_service_host_t;

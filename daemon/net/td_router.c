@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <zmq.h>
 
@@ -70,6 +71,40 @@ static td_err_t open_curve(td_router_t *rt, const td_config_t *cfg)
     return td_auth_apply(rt->auth, rt->socket);
 }
 
+/* One socket systemd passed, checked (td_notify.h) and adopted by the ROUTER socket. */
+static td_err_t adopt_fd(void *router, const td_config_t *cfg, int index)
+{
+    char endpoint[160];
+    int family = 0, fd = -1;
+    td_err_t err = td_listen_fd_endpoint(index, cfg, &fd, endpoint, sizeof endpoint, &family);
+    if (err != TD_OK)
+        return err;
+    int one = 1, use_fd = fd;
+    if ((family == AF_INET6 && zmq_setsockopt(router, ZMQ_IPV6, &one, sizeof one) != 0) ||
+        zmq_setsockopt(router, ZMQ_USE_FD, &use_fd, sizeof use_fd) != 0 ||
+        zmq_bind(router, endpoint) != 0) {
+        td_err("socket activation: cannot adopt fd %d (%s): %s", fd, endpoint, zmq_strerror(errno));
+        return TD_ERR_BIND;
+    }
+    td_info("listening on %s (socket fd %d from systemd)", endpoint, fd);
+    return TD_OK;
+}
+
+/* Every socket systemd passed (socket activation), then ZMQ_USE_FD off again. */
+static td_err_t bind_passed(void *router, const td_config_t *cfg)
+{
+    int n = td_listen_fds_count();
+    td_err_t err = TD_OK;
+    for (int i = 0; i < n && err == TD_OK; i++)
+        err = adopt_fd(router, cfg, i);
+    int none = -1; /* later binds create their own sockets */
+    if (n > 0 && zmq_setsockopt(router, ZMQ_USE_FD, &none, sizeof none) != 0 && err == TD_OK) {
+        td_err("socket activation: cannot reset ZMQ_USE_FD: %s", zmq_strerror(errno));
+        err = TD_ERR_LIBRARY;
+    }
+    return err;
+}
+
 static td_err_t bind_endpoints(void *router, const td_config_t *cfg)
 {
     for (int i = 0; i < cfg->bind_count; i++) {
@@ -82,7 +117,7 @@ static td_err_t bind_endpoints(void *router, const td_config_t *cfg)
         restrict_ipc_socket(cfg->binds[i]);
         td_info("listening on %s", cfg->binds[i]);
     }
-    return td_listen_fds_bind(router, cfg); /* sockets passed by systemd */
+    return bind_passed(router, cfg); /* sockets passed by systemd */
 }
 
 td_err_t td_router_open(const td_config_t *cfg, td_router_t *rt)

@@ -5,7 +5,7 @@
  * and the bytes its unread replies hold (max_reply_bytes_per_peer, max_reply_bytes: td_reply.h).
  * Either refusal is `busy`, with no effect, counted in tallyd_limited_total and for its client.
  * The stream limits (max_streams_per_client, stream_create_rate) are checked where a stream is
- * created (td_server.c), with td_admit_count_limited. Loop thread.
+ * created (td_path.c), with td_admit_count_limited. Loop thread.
  */
 #ifndef TD_ADMIT_H
 #define TD_ADMIT_H
@@ -13,7 +13,7 @@
 #include <stdbool.h>
 
 #include "td_config.h"
-#include "td_metrics.h"
+#include "td_counters.h"
 #include "td_peers.h"
 #include "td_reply.h"
 #include "td_request.h"

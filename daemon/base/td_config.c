@@ -1,28 +1,19 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * td_config.c — defaults, the command line and the checks on a whole configuration (see
- * td_config.h). The settings themselves, and how each kind of value is parsed, are the table in
- * td_settings.c: the defaults and getopt_long's options below are made from it.
+ * td_config.c — what follows from a configuration's values (the limits that 0 means "derived"
+ * for, the endpoint checks of protected mode), as pure functions of td_config_t. The settings,
+ * their defaults and how each is read are the table in td_settings.c; a configuration is made
+ * from it by td_settings_load.c. Nothing here includes the table: it sits above this file.
  */
 #include <arpa/inet.h>
-#include <getopt.h>
 #include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tally_args.h"
-#include "tally_revision.h"
 #include "td_config.h"
 #include "td_log.h"
-#include "td_settings.h"
-
-void td_config_init(td_config_t *cfg)
-{
-    memset(cfg, 0, sizeof *cfg);
-    for (size_t i = 0; i < td_settings_count; i++)
-        td_setting_init(&td_settings[i], cfg);
-}
 
 size_t td_config_max_frame(const td_config_t *cfg)
 {
@@ -89,13 +80,6 @@ void td_config_default_shm_socket(char *buf, size_t cap)
         snprintf(buf, cap, "%s/%s", xdg, TD_SHM_SOCKET_NAME);
     else
         snprintf(buf, cap, "/tmp/tallyd-%u/%s", (unsigned)geteuid(), TD_SHM_SOCKET_NAME);
-}
-
-void td_config_clear(td_config_t *cfg)
-{
-    for (size_t i = 0; i < td_settings_count; i++)
-        td_setting_free(&td_settings[i], cfg);
-    td_config_init(cfg);
 }
 
 bool td_endpoint_is_local(const char *endpoint)
@@ -198,118 +182,4 @@ const char *td_backend_choice_name(td_backend_choice_t choice)
     static const char *const names[] = {
         [TD_BACKEND_AUTO] = "auto", [TD_BACKEND_CPU] = "cpu", [TD_BACKEND_CUDA] = "cuda"};
     return (unsigned)choice < sizeof names / sizeof names[0] ? names[choice] : "auto";
-}
-
-/* ---- The command line ---------------------------------------------------------------------- */
-
-/* getopt_long's view of the table: a long option's val is its row + OPTION_BASE, a short one's
- * its letter (also in shorts, getopt's option string). */
-#define OPTION_BASE 256
-
-static void table_options(struct option *options, char *shorts, size_t shorts_cap)
-{
-    size_t n = 0;
-    shorts[n++] = ':'; /* a missing value is ':', not '?' */
-    for (size_t i = 0; i < td_settings_count; i++) {
-        const td_setting_t *s = &td_settings[i];
-        options[i] = (struct option){s->option, s->arg ? required_argument : no_argument, NULL,
-                                     s->short_flag ? s->short_flag : (int)(OPTION_BASE + i)};
-        if (s->short_flag && n + 3 < shorts_cap) {
-            shorts[n++] = s->short_flag;
-            if (s->arg)
-                shorts[n++] = ':';
-        }
-    }
-    options[td_settings_count] = (struct option){NULL, 0, NULL, 0};
-    shorts[n] = '\0';
-}
-
-static const td_setting_t *option_setting(int opt)
-{
-    if (opt >= OPTION_BASE && (size_t)(opt - OPTION_BASE) < td_settings_count)
-        return &td_settings[opt - OPTION_BASE];
-    for (size_t i = 0; i < td_settings_count; i++)
-        if (td_settings[i].short_flag && td_settings[i].short_flag == opt)
-            return &td_settings[i];
-    return NULL;
-}
-
-static void run_action(td_action_t action, const char *argv0)
-{
-    switch (action) {
-    case TD_ACTION_HELP:
-        td_settings_print_help(stdout, argv0);
-        break;
-    case TD_ACTION_VERSION:
-        printf("tallyd %s (protocol %d, revision %s)\n", TALLY_VERSION, TALLY_PROTO_VERSION,
-               tally_build_revision);
-        break;
-    case TD_ACTION_PRINT_MD:
-        td_settings_print_md(stdout);
-        break;
-    case TD_ACTION_PRINT_CONF:
-        td_settings_print_conf(stdout);
-        break;
-    case TD_ACTION_PRINT_OPTIONS_SCD:
-        td_settings_print_options_scd(stdout);
-        break;
-    case TD_ACTION_PRINT_CONF_SCD:
-        td_settings_print_conf_scd(stdout);
-        break;
-    case TD_ACTION_NONE:
-        break;
-    }
-}
-
-/* One option from the command line: its value parsed into cfg, or its action run. */
-static td_err_t apply_option(const td_setting_t *s, td_config_t *cfg, const char *value,
-                             char **argv, bool *exit_now, char *msg, size_t msg_cap)
-{
-    if (s->type == TD_SET_ACTION) {
-        run_action(s->action, argv[0]);
-        *exit_now = true;
-        return TD_OK;
-    }
-    char why[256];
-    td_err_t err = td_setting_parse(s, cfg, value ? value : "", why, sizeof why);
-    if (err == TD_OK)
-        return TD_OK;
-    if (why[0])
-        snprintf(msg, msg_cap, "%s", why);
-    else if (err == TD_ERR_NOMEM)
-        snprintf(msg, msg_cap, "out of memory");
-    else
-        snprintf(msg, msg_cap, "invalid value '%s' for --%s (try --help)", value, s->option);
-    return err;
-}
-
-td_err_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, bool *exit_now, char *msg,
-                              size_t msg_cap)
-{
-    struct option options[TD_SETTINGS_MAX + 1];
-    char shorts[2 * TD_SETTINGS_MAX + 2];
-    table_options(options, shorts, sizeof shorts);
-    *exit_now = false;
-    optind = 1;
-    opterr = 0;
-    int opt;
-    while ((opt = getopt_long(argc, argv, shorts, options, NULL)) != -1) {
-        const td_setting_t *s = option_setting(opt);
-        if (opt == ':') {
-            snprintf(msg, msg_cap, "option %s needs a value", argv[optind - 1]);
-            return TD_ERR_CONFIG;
-        }
-        if (!s) {
-            snprintf(msg, msg_cap, "unknown option %s (try --help)", argv[optind - 1]);
-            return TD_ERR_CONFIG;
-        }
-        td_err_t err = apply_option(s, cfg, optarg, argv, exit_now, msg, msg_cap);
-        if (err != TD_OK || *exit_now)
-            return err;
-    }
-    if (optind < argc) {
-        snprintf(msg, msg_cap, "unexpected argument '%s' (try --help)", argv[optind]);
-        return TD_ERR_CONFIG;
-    }
-    return TD_OK;
 }

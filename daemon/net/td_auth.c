@@ -56,11 +56,6 @@ struct td_auth {
     char secret_key[TALLY_KEY_LEN + 1];
     pthread_mutex_t lock; /* guards allowed */
     key_set_t allowed;
-    /* tallyd's own client key pair, made at start and always allowed (as TD_AUTH_INTERNAL_USER):
-     * for a client inside tallyd, the NATS fleet worker's connection (daemon/nats/). */
-    char internal_public[TALLY_KEY_LEN + 1];
-    char internal_secret[TALLY_KEY_LEN + 1];
-    uint8_t internal_key[32];
     _Atomic uint64_t allowed_count, unknown_key, no_curve, bad_handshake, zap_errors;
     /* Handler thread only: the refusal log's rate limit. */
     time_t log_second;
@@ -201,10 +196,6 @@ static td_err_t load_allowed(const td_config_t *cfg, key_set_t *set, char *msg, 
 /* The user id of an allowed key, copied into user; false when the key is not allowed. */
 static bool lookup(td_auth_t *self, const uint8_t key[32], char *user, size_t cap)
 {
-    if (memcmp(self->internal_key, key, 32) == 0) {
-        snprintf(user, cap, "%s", TD_AUTH_INTERNAL_USER);
-        return true;
-    }
     bool found = false;
     pthread_mutex_lock(&self->lock);
     for (size_t i = 0; i < self->allowed.count && !found; i++) {
@@ -383,11 +374,6 @@ td_err_t td_auth_new(void *zmq_ctx, const td_config_t *cfg, td_auth_t **out, cha
     td_err_t err = load_secret(self, cfg->curve_secret_key, msg, msg_cap);
     if (err == TD_OK)
         err = load_allowed(cfg, &self->allowed, msg, msg_cap);
-    if (err == TD_OK && (zmq_curve_keypair(self->internal_public, self->internal_secret) != 0 ||
-                         !zmq_z85_decode(self->internal_key, self->internal_public))) {
-        snprintf(msg, msg_cap, "cannot make tallyd's own CURVE key pair: %s", zmq_strerror(errno));
-        err = TD_ERR_LIBRARY;
-    }
     if (err != TD_OK)
         goto fail;
     self->zap = zmq_socket(zmq_ctx, ZMQ_REP);
@@ -462,13 +448,6 @@ void td_auth_counts(td_auth_t *self, td_auth_counts_t *out)
     };
 }
 
-void td_auth_internal_keys(const td_auth_t *self, char public_key[TALLY_KEY_LEN + 1],
-                           char secret_key[TALLY_KEY_LEN + 1])
-{
-    memcpy(public_key, self->internal_public, TALLY_KEY_LEN + 1);
-    memcpy(secret_key, self->internal_secret, TALLY_KEY_LEN + 1);
-}
-
 const char *td_auth_public_key(const td_auth_t *self)
 {
     return self->public_key;
@@ -488,7 +467,6 @@ void td_auth_destroy(td_auth_t **self_p)
     if (self->monitor)
         zmq_close(self->monitor);
     explicit_bzero(self->secret_key, sizeof self->secret_key);
-    explicit_bzero(self->internal_secret, sizeof self->internal_secret);
     free(self->allowed.keys);
     pthread_mutex_destroy(&self->lock);
     free(self);

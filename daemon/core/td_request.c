@@ -55,9 +55,7 @@ td_request_t *td_request_new(void)
 
 void td_request_release_input(td_request_t *self)
 {
-    if (self->payload_msg_open)
-        zmq_msg_close(&self->payload_msg);
-    self->payload_msg_open = false;
+    td_bytes_free(&self->payload_held);
     free(self->payload_copy);
     self->payload_copy = NULL;
     self->payload = NULL;
@@ -77,15 +75,16 @@ void td_request_destroy(td_request_t **self_p)
     *self_p = NULL;
 }
 
-tally_status_t td_request_take_payload(td_request_t *self, zmq_msg_t *msg)
+tally_status_t td_request_take_payload(td_request_t *self, td_bytes_t *bytes)
 {
-    zmq_msg_init(&self->payload_msg);
-    zmq_msg_move(&self->payload_msg, msg);
-    self->payload_msg_open = true;
-    self->payload_len = zmq_msg_size(&self->payload_msg);
-    self->payload = zmq_msg_data(&self->payload_msg);
-    /* ZeroMQ may hand us a frame at any byte offset inside its receive buffer; the backends
-     * read whole elements, so realign (one copy, only when needed). */
+    self->payload_held = *bytes;
+    *bytes = (td_bytes_t){0};
+    self->payload_len = self->payload_held.len;
+    self->payload = self->payload_held.data;
+    if (self->payload_len && !self->payload)
+        return TALLY_E_INTERNAL;
+    /* A transport may hand us bytes at any offset (ZeroMQ: inside its receive buffer); the
+     * backends read whole elements, so realign (one copy, only when needed). */
     size_t align = tally_dtype_align((tally_dtype_t)self->req.dtype);
     if (self->payload_len && align > 1 && ((uintptr_t)self->payload % align) != 0) {
         self->payload_copy = malloc(self->payload_len);
@@ -428,4 +427,16 @@ bool td_request_apply(td_request_t *self)
         break;
     }
     return true;
+}
+
+void td_bytes_free(td_bytes_t *b)
+{
+    if (b->free_fn) /* even for no data: the hint may be what holds it (a ZeroMQ message) */
+        b->free_fn(b->data, b->hint);
+    *b = (td_bytes_t){0};
+}
+
+void td_bytes_taken(td_bytes_t *b)
+{
+    *b = (td_bytes_t){0};
 }

@@ -3,9 +3,10 @@
  * td_notify.c — see td_notify.h.
  *
  * Socket activation: systemd hands over listening sockets as fds 3..3+N-1. ZeroMQ can adopt an
- * existing listening socket through the ZMQ_USE_FD option, which applies to the next zmq_bind;
- * the endpoint given to that bind must describe the fd's own address (ZeroMQ uses it as the
- * endpoint's name and, for ipc, does not unlink the path), so it is rebuilt from getsockname().
+ * existing listening socket through the ZMQ_USE_FD option, which applies to the next zmq_bind
+ * (td_router.c); the endpoint given to that bind must describe the fd's own address (ZeroMQ uses
+ * it as the endpoint's name and, for ipc, does not unlink the path), so it is rebuilt here from
+ * getsockname().
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -18,7 +19,6 @@
 #include <sys/un.h>
 #include <time.h>
 #include <systemd/sd-daemon.h>
-#include <zmq.h>
 
 #include "td_log.h"
 #include "td_notify.h"
@@ -139,46 +139,23 @@ static td_err_t fd_endpoint(int fd, char *buf, size_t cap, int *family)
     return TD_ERR_BIND;
 }
 
-/* One passed socket, checked and adopted by zsock. */
-static td_err_t adopt_fd(void *zsock, const td_config_t *cfg, int fd)
+td_err_t td_listen_fd_endpoint(int index, const td_config_t *cfg, int *fd, char *endpoint,
+                               size_t cap, int *family)
 {
-    if (sd_is_socket(fd, AF_UNSPEC, SOCK_STREAM, 1) <= 0) {
+    *fd = SD_LISTEN_FDS_START + index;
+    if (sd_is_socket(*fd, AF_UNSPEC, SOCK_STREAM, 1) <= 0) {
         td_err("socket activation: fd %d is not a listening stream socket "
                "(use ListenStream= in the .socket unit)",
-               fd);
+               *fd);
         return TD_ERR_BIND;
     }
-    char endpoint[160];
-    int family = 0;
-    td_err_t err = fd_endpoint(fd, endpoint, sizeof endpoint, &family);
+    td_err_t err = fd_endpoint(*fd, endpoint, cap, family);
     if (err != TD_OK)
         return err;
     char why[1024];
     if (td_config_check_endpoint(cfg, endpoint, false, why, sizeof why) != TD_OK) {
-        td_err("socket activation: fd %d: %s", fd, why);
+        td_err("socket activation: fd %d: %s", *fd, why);
         return TD_ERR_BIND;
     }
-    int one = 1, use_fd = fd;
-    if ((family == AF_INET6 && zmq_setsockopt(zsock, ZMQ_IPV6, &one, sizeof one) != 0) ||
-        zmq_setsockopt(zsock, ZMQ_USE_FD, &use_fd, sizeof use_fd) != 0 ||
-        zmq_bind(zsock, endpoint) != 0) {
-        td_err("socket activation: cannot adopt fd %d (%s): %s", fd, endpoint, zmq_strerror(errno));
-        return TD_ERR_BIND;
-    }
-    td_info("listening on %s (socket fd %d from systemd)", endpoint, fd);
     return TD_OK;
-}
-
-td_err_t td_listen_fds_bind(void *zsock, const td_config_t *cfg)
-{
-    int n = td_listen_fds_count();
-    td_err_t err = TD_OK;
-    for (int fd = SD_LISTEN_FDS_START; fd < SD_LISTEN_FDS_START + n && err == TD_OK; fd++)
-        err = adopt_fd(zsock, cfg, fd);
-    int none = -1; /* later binds create their own sockets */
-    if (n > 0 && zmq_setsockopt(zsock, ZMQ_USE_FD, &none, sizeof none) != 0 && err == TD_OK) {
-        td_err("socket activation: cannot reset ZMQ_USE_FD: %s", zmq_strerror(errno));
-        err = TD_ERR_LIBRARY;
-    }
-    return err;
 }

@@ -55,12 +55,6 @@ td_err_t td_auth_apply(td_auth_t *self, void *router);
  * On an error the current set stays and the error is logged. */
 void td_auth_reload(td_auth_t *self, const td_config_t *cfg);
 void td_auth_counts(td_auth_t *self, td_auth_counts_t *out);
-/* tallyd's own client key pair (Z85), made at start and allowed as TD_AUTH_INTERNAL_USER until
- * it stops, reloads included: for a client inside tallyd (the NATS fleet worker's connection to
- * the request path, daemon/nats/td_fleet_bridge.c). Never written anywhere. */
-#define TD_AUTH_INTERNAL_USER "tallyd-internal"
-void td_auth_internal_keys(const td_auth_t *self, char public_key[TALLY_KEY_LEN + 1],
-                           char secret_key[TALLY_KEY_LEN + 1]);
 /* The server's public key (Z85). */
 const char *td_auth_public_key(const td_auth_t *self);
 /* Stops the handler thread and closes its sockets: before zmq_ctx_term. */

@@ -17,7 +17,6 @@
 #include "tally_args.h"
 #include "tally_keys.h"
 #include "td_log.h"
-#include "td_metrics.h"
 #include "td_settings.h"
 
 #define FIELD(name) offsetof(td_config_t, name)
@@ -37,12 +36,12 @@ const td_setting_t td_settings[] = {
      .help = "which backend runs batches: auto (CUDA when a GPU is usable, else CPU), cpu or "
              "cuda"},
     {.option = "max-batch", .arg = "BYTES", .section = "server", .key = "max_batch",
-     .type = TD_SET_SIZE, .offset = FIELD(max_batch), .def = TD_DEFAULT_MAX_BATCH, .min = 1,
+     .type = TD_SET_SIZE, .offset = FIELD(max_batch), .def = (16u << 20), .min = 1,
      .max = TD_MAX_BATCH_LIMIT, .reload = TD_RELOAD_UP_TO_START,
      .reload_note = "it sized the buffers",
      .help = "largest request payload, K/M/G suffixes; it sizes the GPU staging buffers at start"},
     {.option = "max-inflight", .arg = "N", .section = "server", .key = "max_inflight",
-     .type = TD_SET_UINT, .offset = FIELD(max_inflight), .def = TD_DEFAULT_MAX_INFLIGHT, .min = 1,
+     .type = TD_SET_UINT, .offset = FIELD(max_inflight), .def = 64u, .min = 1,
      .max = TD_MAX_INFLIGHT_LIMIT, .reload = TD_RELOAD_APPLIES,
      .help = "requests accepted and not yet answered before tallyd stops reading (backpressure)"},
     {.option = "max-streams", .arg = "N", .section = "server", .key = "max_streams",
@@ -51,20 +50,20 @@ const td_setting_t td_settings[] = {
      .reload_note = "existing streams are kept", .help = "named streams kept at once"},
     {.option = "max-inflight-per-peer", .arg = "N", .section = "server",
      .key = "max_inflight_per_peer", .type = TD_SET_UINT, .offset = FIELD(max_inflight_per_peer),
-     .def = TD_DEFAULT_MAX_INFLIGHT_PER_PEER, .max = TD_MAX_INFLIGHT_LIMIT,
+     .def = 0u, .max = TD_MAX_INFLIGHT_LIMIT,
      .reload = TD_RELOAD_APPLIES,
      .help = "requests in flight per connection, beyond which it is answered `busy`",
      .default_doc = "a fair share, max_inflight / connections with requests in flight, at least "
                     "8"},
     {.option = "max-streams-per-client", .arg = "N", .section = "server",
      .key = "max_streams_per_client", .type = TD_SET_UINT, .offset = FIELD(max_streams_per_client),
-     .def = TD_DEFAULT_MAX_STREAMS_PER_CLIENT, .max = TD_MAX_STREAMS_LIMIT,
+     .def = 0u, .max = TD_MAX_STREAMS_LIMIT,
      .reload = TD_RELOAD_APPLIES,
      .help = "streams one client (its CURVE key, else its connection) may create, beyond which "
              "`client_streams`",
      .default_doc = "half of max_streams"},
     {.option = "stream-create-rate", .arg = "N", .section = "server", .key = "stream_create_rate",
-     .type = TD_SET_UINT, .offset = FIELD(stream_create_rate), .def = TD_DEFAULT_STREAM_CREATE_RATE,
+     .type = TD_SET_UINT, .offset = FIELD(stream_create_rate), .def = 1000u,
      .max = TD_STREAM_CREATE_RATE_LIMIT, .reload = TD_RELOAD_APPLIES,
      .help = "streams one client may create per second (bursts of one second's worth), beyond "
              "which `rate_limited`; 0 = unlimited"},
@@ -76,13 +75,13 @@ const td_setting_t td_settings[] = {
              "ring): a new stream, or a hist that would grow one, beyond it is answered `limit`"},
     {.option = "max-state-bytes-per-client", .arg = "BYTES", .section = "server",
      .key = "max_state_bytes_per_client", .type = TD_SET_SIZE,
-     .offset = FIELD(max_state_bytes_per_client), .def = TD_DEFAULT_MAX_STATE_BYTES_PER_CLIENT,
+     .offset = FIELD(max_state_bytes_per_client), .def = 0u,
      .max = SIZE_MAX, .reload = TD_RELOAD_APPLIES,
      .help = "memory for the state of the streams one client created, K/M/G; beyond it "
              "`client_streams`",
      .default_doc = "half of max_state_bytes"},
     {.option = "max-frame", .arg = "BYTES", .section = "server", .key = "max_frame",
-     .type = TD_SET_SIZE, .offset = FIELD(max_frame), .def = TD_DEFAULT_MAX_FRAME,
+     .type = TD_SET_SIZE, .offset = FIELD(max_frame), .def = 0u,
      .max = TD_MAX_FRAME_LIMIT, .reload = TD_RELOAD_RESTART, .example = "64M",
      .help = "a hard memory guard, K/M/G: a frame over it makes ZeroMQ close its connection, with "
              "no reply; payloads over max_batch and up to it are answered `too_large`; at least "
@@ -90,20 +89,20 @@ const td_setting_t td_settings[] = {
      .default_doc = "4 x max_batch"},
     {.option = "max-reply-bytes-per-peer", .arg = "BYTES", .section = "server",
      .key = "max_reply_bytes_per_peer", .type = TD_SET_SIZE,
-     .offset = FIELD(max_reply_bytes_per_peer), .def = TD_DEFAULT_MAX_REPLY_BYTES_PER_PEER,
+     .offset = FIELD(max_reply_bytes_per_peer), .def = 0u,
      .max = TD_MAX_REPLY_BYTES_LIMIT, .reload = TD_RELOAD_APPLIES, .example = "256M",
      .help = "reply bytes one connection may have unread (in ZeroMQ, or reserved for its "
              "requests in flight, at their largest reply), K/M/G; a request whose reply would go "
              "past it is answered `busy`",
      .default_doc = "8 x 2 x max_batch"},
     {.option = "max-reply-bytes", .arg = "BYTES", .section = "server", .key = "max_reply_bytes",
-     .type = TD_SET_SIZE, .offset = FIELD(max_reply_bytes), .def = TD_DEFAULT_MAX_REPLY_BYTES,
+     .type = TD_SET_SIZE, .offset = FIELD(max_reply_bytes), .def = 0u,
      .max = TD_MAX_REPLY_BYTES_LIMIT, .reload = TD_RELOAD_APPLIES, .example = "512M",
      .help = "the same for all connections together; a filter or scan whose reply would go past "
              "it is answered `busy`",
      .default_doc = "2 x max_reply_bytes_per_peer"},
     {.option = "drain-ms", .arg = "MS", .section = "server", .key = "drain_ms", .type = TD_SET_UINT,
-     .offset = FIELD(drain_ms), .def = TD_DEFAULT_DRAIN_MS, .max = TD_DRAIN_MS_LIMIT,
+     .offset = FIELD(drain_ms), .def = 2000u, .max = TD_DRAIN_MS_LIMIT,
      .reload = TD_RELOAD_APPLIES,
      .help = "on stop (SIGTERM), answer what is still queued in the socket `shutdown` for up to "
              "MS milliseconds; requests running on a backend finish first"},
@@ -115,7 +114,7 @@ const td_setting_t td_settings[] = {
      .reload = TD_RELOAD_APPLIES,
      .help = "log messages up to LEVEL: err, warning, notice, info or debug"},
     {.option = "io-threads", .arg = "N", .section = "server", .key = "io_threads",
-     .type = TD_SET_UINT, .offset = FIELD(io_threads), .def = TD_DEFAULT_IO_THREADS, .min = 1,
+     .type = TD_SET_UINT, .offset = FIELD(io_threads), .def = 0u, .min = 1,
      .max = TD_IO_THREADS_LIMIT, .reload = TD_RELOAD_RESTART, .example = "4",
      .help = "ZeroMQ I/O threads", .default_doc = "cores / 4, from 2 to 4"},
     /* [state] */
@@ -124,7 +123,7 @@ const td_setting_t td_settings[] = {
      .help = "keep stream state (streams.state) in DIR; empty = no persistence",
      .default_doc = "$STATE_DIRECTORY, which systemd sets to /var/lib/tallyd; else none"},
     {.option = "state-interval", .arg = "S", .section = "state", .key = "interval",
-     .type = TD_SET_UINT, .offset = FIELD(state_interval), .def = TD_DEFAULT_STATE_INTERVAL,
+     .type = TD_SET_UINT, .offset = FIELD(state_interval), .def = 30u,
      .min = 1, .max = TD_STATE_INTERVAL_LIMIT, .reload = TD_RELOAD_APPLIES,
      .help = "seconds between state snapshots: a kill -9 loses at most this much, a clean stop "
              "nothing"},
@@ -143,33 +142,33 @@ const td_setting_t td_settings[] = {
              "web page and the API must present (HTTP basic auth; /healthz stays open); needed to "
              "listen on a network address in protected mode"},
     {.option = "metrics-streams", .arg = "N", .section = "metrics", .key = "streams",
-     .type = TD_SET_UINT, .offset = FIELD(metrics_streams), .def = TD_DEFAULT_METRICS_STREAMS,
+     .type = TD_SET_UINT, .offset = FIELD(metrics_streams), .def = 100u,
      .max = TD_METRICS_STREAMS_LIMIT, .reload = TD_RELOAD_APPLIES,
      .help = "streams with their own `stream` label (the first ones created); the rest are summed "
              "as stream=\"" TD_METRICS_OTHER_STREAMS "\""},
     {.option = "metrics-histogram-buckets", .arg = "N", .section = "metrics",
      .key = "histogram_buckets", .type = TD_SET_UINT, .offset = FIELD(metrics_histogram_buckets),
-     .def = TD_DEFAULT_METRICS_HISTOGRAM_BUCKETS, .max = TALLY_HIST_BINS,
+     .def = 16u, .max = TALLY_HIST_BINS,
      .reload = TD_RELOAD_APPLIES,
      .help = "buckets of each labelled stream's Prometheus histogram (tallyd_stream_values_bucket), "
              "folded from its 256 bins; 0: no per-stream histograms"},
     {.option = "metrics-request-timeout-ms", .arg = "MS", .section = "metrics",
      .key = "request_timeout_ms", .type = TD_SET_UINT, .offset = FIELD(metrics_request_timeout_ms),
-     .def = TD_DEFAULT_METRICS_REQUEST_TIMEOUT_MS, .min = TD_METRICS_REQUEST_TIMEOUT_MS_MIN,
+     .def = 5000u, .min = TD_METRICS_REQUEST_TIMEOUT_MS_MIN,
      .max = TD_METRICS_REQUEST_TIMEOUT_MS_LIMIT, .reload = TD_RELOAD_RESTART,
      .help = "deadline for each whole HTTP request, from the moment its connection is ready for "
              "it until its response is sent; then the connection is closed, however steadily it "
              "sends"},
     {.option = "metrics-max-connections", .arg = "N", .section = "metrics",
      .key = "max_connections", .type = TD_SET_UINT, .offset = FIELD(metrics_max_connections),
-     .def = TD_DEFAULT_METRICS_MAX_CONNECTIONS, .min = 1, .max = TD_METRICS_MAX_CONNECTIONS_LIMIT,
+     .def = 256u, .min = 1, .max = TD_METRICS_MAX_CONNECTIONS_LIMIT,
      .reload = TD_RELOAD_RESTART,
      .help = "HTTP connections at once; a new one over the bound closes the oldest connection "
              "still waiting for a request, or is refused when all are inside one"},
     {.option = "metrics-max-connections-per-address", .arg = "N", .section = "metrics",
      .key = "max_connections_per_address", .type = TD_SET_UINT,
      .offset = FIELD(metrics_max_connections_per_address),
-     .def = TD_DEFAULT_METRICS_MAX_CONNECTIONS_PER_ADDRESS, .min = 1,
+     .def = 16u, .min = 1,
      .max = TD_METRICS_MAX_CONNECTIONS_LIMIT, .reload = TD_RELOAD_RESTART,
      .help = "HTTP connections at once from one address (an IPv6 /64 counts as one), with the "
              "same rule"},
@@ -182,7 +181,7 @@ const td_setting_t td_settings[] = {
      .default_doc = "none: read-only"},
     {.option = "metrics-max-sse-clients", .arg = "N", .section = "metrics",
      .key = "max_sse_clients", .type = TD_SET_UINT, .offset = FIELD(metrics_max_sse_clients),
-     .def = TD_DEFAULT_METRICS_MAX_SSE_CLIENTS, .min = 1, .max = TD_METRICS_MAX_SSE_CLIENTS_LIMIT,
+     .def = 16u, .min = 1, .max = TD_METRICS_MAX_SSE_CLIENTS_LIMIT,
      .reload = TD_RELOAD_RESTART,
      .help = "event streams (the web page's live updates, GET .../events) open at once; beyond "
              "it a new one is answered 503. They are exempt from request_timeout_ms once "
@@ -203,7 +202,7 @@ const td_setting_t td_settings[] = {
      .example = "cam1:rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7",
      .help = "allowed client keys: KEY or NAME:KEY, comma-separated"},
     {.option = "protected-mode", .arg = "on|off", .section = "security", .key = "protected_mode",
-     .type = TD_SET_BOOL, .offset = FIELD(protected_mode), .def = TD_DEFAULT_PROTECTED_MODE,
+     .type = TD_SET_BOOL, .offset = FIELD(protected_mode), .def = true,
      .reload = TD_RELOAD_RESTART,
      .help = "refuse a network endpoint (tcp other than loopback) without CURVE, and metrics on "
              "one without auth_file; set it off only on a trusted network (a warning at every "
@@ -214,7 +213,7 @@ const td_setting_t td_settings[] = {
      .max = TD_GPU_STREAMS_LIMIT, .reload = TD_RELOAD_RESTART,
      .help = "CUDA streams (lanes) per GPU"},
     {.option = "gpu-min-batch", .arg = "B", .section = "gpu", .key = "min_batch",
-     .type = TD_SET_SIZE, .offset = FIELD(gpu_min_batch), .def = TD_DEFAULT_GPU_MIN_BATCH,
+     .type = TD_SET_SIZE, .offset = FIELD(gpu_min_batch), .def = 0u,
      .max = SIZE_MAX, .reload = TD_RELOAD_RESTART,
      .help = "auto mode: smaller batches run on the CPU",
      .default_doc = "per operation, from the measured crossover: hist 64K, filter 4M, scan stays "
@@ -222,7 +221,7 @@ const td_setting_t td_settings[] = {
                     "regions 64K"},
     /* [shm] */
     {.option = "shm", .arg = "on|off", .section = "shm", .key = "enabled", .type = TD_SET_BOOL,
-     .offset = FIELD(shm), .def = TD_DEFAULT_SHM, .reload = TD_RELOAD_RESTART,
+     .offset = FIELD(shm), .def = true, .reload = TD_RELOAD_RESTART,
      .help = "offer shared-memory input to producers on this host (PROTOCOL.md §10)"},
     {.option = "shm-socket", .arg = "PATH", .section = "shm", .key = "socket",
      .type = TD_SET_STRING, .offset = FIELD(shm_socket), .aux = FIELD(shm_socket_explicit),
@@ -249,32 +248,32 @@ const td_setting_t td_settings[] = {
      .help = "groups allowed (the peer's primary or supplementary), likewise"},
     {.option = "shm-max-regions-per-peer", .arg = "N", .section = "shm",
      .key = "max_regions_per_peer", .type = TD_SET_UINT, .offset = FIELD(shm_max_regions_per_peer),
-     .def = TD_DEFAULT_SHM_MAX_REGIONS_PER_PEER, .min = 1, .max = TD_SHM_MAX_REGIONS_LIMIT,
+     .def = 16u, .min = 1, .max = TD_SHM_MAX_REGIONS_LIMIT,
      .reload = TD_RELOAD_APPLIES, .help = "regions per side-channel connection"},
     {.option = "shm-max-bytes", .arg = "B", .section = "shm", .key = "max_bytes",
-     .type = TD_SET_SIZE, .offset = FIELD(shm_max_bytes), .def = TD_DEFAULT_SHM_MAX_BYTES, .min = 1,
+     .type = TD_SET_SIZE, .offset = FIELD(shm_max_bytes), .def = (2ull << 30), .min = 1,
      .max = SIZE_MAX, .reload = TD_RELOAD_APPLIES,
      .help = "registered (pinned) bytes in total, K/M/G"},
     {.option = "shm-max-connections-per-uid", .arg = "N", .section = "shm",
      .key = "max_connections_per_uid", .type = TD_SET_UINT, .offset = FIELD(shm_max_conns_per_uid),
-     .def = TD_DEFAULT_SHM_MAX_CONNECTIONS_PER_UID, .min = 1, .max = TD_SHM_CONNECTIONS_MAX,
+     .def = 64u, .min = 1, .max = TD_SHM_CONNECTIONS_MAX,
      .reload = TD_RELOAD_APPLIES,
      .help = "side-channel connections one user (uid) may hold at once, of the 1024 tallyd "
              "serves; beyond it a connection is answered `quota` and closed"},
     {.option = "shm-register-timeout-ms", .arg = "MS", .section = "shm",
      .key = "register_timeout_ms", .type = TD_SET_UINT,
-     .offset = FIELD(shm_register_timeout_ms), .def = TD_DEFAULT_SHM_REGISTER_TIMEOUT_MS,
+     .offset = FIELD(shm_register_timeout_ms), .def = 5000u,
      .min = TD_SHM_REGISTER_TIMEOUT_MS_MIN, .max = TD_SHM_REGISTER_TIMEOUT_MS_LIMIT,
      .reload = TD_RELOAD_APPLIES,
      .help = "a side-channel connection that has registered no region this long after it "
              "connected is closed"},
     /* [windows] */
     {.option = "window-intervals", .arg = "N", .section = "windows", .key = "intervals",
-     .type = TD_SET_UINT, .offset = FIELD(window_intervals), .def = TD_DEFAULT_WINDOW_INTERVALS,
+     .type = TD_SET_UINT, .offset = FIELD(window_intervals), .def = 60u,
      .max = TD_WINDOW_INTERVALS_LIMIT, .reload = TD_RELOAD_RESTART,
      .help = "intervals in each stream's window ring, 0 = off"},
     {.option = "window-interval-ms", .arg = "MS", .section = "windows", .key = "interval_ms",
-     .type = TD_SET_UINT, .offset = FIELD(window_interval_ms), .def = TD_DEFAULT_WINDOW_INTERVAL_MS,
+     .type = TD_SET_UINT, .offset = FIELD(window_interval_ms), .def = 1000u,
      .min = TD_WINDOW_INTERVAL_MS_MIN, .max = TD_WINDOW_INTERVAL_MS_LIMIT,
      .reload = TD_RELOAD_RESTART, .help = "the length of one interval, in milliseconds"},
     /* [pub] */
@@ -284,7 +283,7 @@ const td_setting_t td_settings[] = {
              "(PROTOCOL.md §11)",
      .default_doc = "off"},
     {.option = "pub-interval-ms", .arg = "MS", .section = "pub", .key = "interval_ms",
-     .type = TD_SET_UINT, .offset = FIELD(pub_interval_ms), .def = TD_DEFAULT_PUB_INTERVAL_MS,
+     .type = TD_SET_UINT, .offset = FIELD(pub_interval_ms), .def = 1000u,
      .min = TD_PUB_INTERVAL_MS_MIN, .max = TD_PUB_INTERVAL_MS_LIMIT, .reload = TD_RELOAD_RESTART,
      .help = "how often to publish, in milliseconds"},
     /* [nats] */
@@ -360,7 +359,7 @@ const td_setting_t td_settings[] = {
      .help = "print the version"},
     /* Hidden: tuning (bench/NOTES.md), the tests' hooks, and the documents' generators. */
     {.option = "gpu-spin-us", .arg = "US", .type = TD_SET_UINT, .offset = FIELD(gpu_spin_us),
-     .def = TD_DEFAULT_GPU_SPIN_US, .max = TD_GPU_SPIN_US_LIMIT, .hidden = true,
+     .def = 0u, .max = TD_GPU_SPIN_US_LIMIT, .hidden = true,
      .help = "lane threads poll this long for a completion before they sleep"},
     {.option = "test-fault-every", .arg = "N", .type = TD_SET_UINT,
      .offset = FIELD(test_fault_every), .max = 1u << 30, .hidden = true,

@@ -2,10 +2,11 @@
 /*
  * td_request.h — one request's life inside tallyd, and the operations on it.
  *
- * A td_request_t is created on the loop thread when a message is read, owns everything the
- * request needs (the peer's routing id, the payload, the reply being built), and is freed once
- * its reply has been handed to ZeroMQ (or dropped because the peer left or does not read). Between
- * those points it counts against max_inflight, which is what bounds tallyd's memory.
+ * A td_request_t is created on the loop thread when a transport submits a message (td_path.c),
+ * owns everything the request needs (the sender's id, the payload, the reply being built), and is
+ * freed once its transport has ended its reply (td_transport.h: sent, or dropped because the peer
+ * left or does not read). Between those points it counts against max_inflight, which is what
+ * bounds tallyd's memory.
  *
  * The work on a request is split by thread:
  *   td_request_admit    loop thread   the sequence rule (seq), then td_request_prepare
@@ -20,10 +21,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <uv.h>
-#include <zmq.h>
 
 #include "td_shm.h"
 #include "td_stream.h"
+#include "td_transport.h"
 #include "tally_proto.h"
 #include "tk_backend.h"
 
@@ -43,21 +44,24 @@ typedef struct {
 } td_placement_t;
 
 typedef struct td_request {
-    /* Envelope: where the reply goes. */
+    /* Envelope: where the reply goes (td_transport.h): the transport, the sender's id (empty:
+     * tallyd's own request) and the transport's words. */
+    td_transport_t *transport;
     uint8_t identity[TD_IDENTITY_MAX];
     size_t identity_len;
-    bool has_delimiter; /* a REQ peer: echo the empty delimiter frame */
+    uint64_t transport_word;
+    void *transport_ctx;
     /* Who sent it (td_peers.h): its connection, held to a share of max_inflight, and its client
      * identity (the ZAP user id under CURVE, else the same entry), held to stream limits. Each
      * holds a reference until the reply; NULL when the table had no memory. */
     struct td_peer *conn;
     struct td_peer *client;
 
-    /* The request. payload points into payload_msg, or into payload_copy when the frame's
-     * data was not aligned for its element type, or into a shared-memory region (shm_in). */
+    /* The request. payload points into payload_held (the transport's bytes), or into
+     * payload_copy when they were not aligned for its element type, or into a shared-memory
+     * region (shm_in). */
     tally_req_t req;
-    zmq_msg_t payload_msg;
-    bool payload_msg_open;
+    td_bytes_t payload_held;
     void *payload_copy;
     const void *payload;
     size_t payload_len;
@@ -81,20 +85,19 @@ typedef struct td_request {
     bool gpu_failed;      /* the GPU failed it: td_sched reruns it on the CPU */
     uv_work_t cpu_job;    /* td_exec.c's: the CPU path's job on libuv's worker pool */
 
-    /* Result: the reply header and payload (owned; handed to ZeroMQ without a copy). reply_data
-     * is malloc'd, unless reply_free is set: then it is a buffer lent by its owner (the GPU
-     * pipeline's pinned reply buffers, written by the device in place), given back through
-     * reply_free(reply_data, reply_hint) by whoever frees it last (ZeroMQ once it has sent it). */
+    /* Result: the reply header and payload (owned; handed to the transport without a copy).
+     * reply_data is malloc'd, unless reply_free is set: then it is a buffer lent by its owner
+     * (the GPU pipeline's pinned reply buffers, written by the device in place), given back
+     * through reply_free(reply_data, reply_hint) by whoever frees it last (the transport, once
+     * it has sent it). reply_len stays once the payload has gone to the transport (metrics). */
     tally_rep_t rep;
     void *reply_data;
     size_t reply_len;
     void (*reply_free)(void *data, void *hint);
     void *reply_hint;
     uint64_t reply_reserved; /* bytes reserved for the reply until it is sent (td_reply.h) */
-    /* A request from another transport (HTTP's reset and delete, td_web.c): its reply goes to
-     * done(done_arg, ...) on the loop thread instead of ZeroMQ. NULL for ZeroMQ's. */
-    void (*done)(void *arg, const tally_rep_t *rep, const void *payload, size_t len);
-    void *done_arg;
+    /* The reply as its transport sees it, from send_reply until td_reply_end (td_path.c). */
+    td_reply_t out;
 } td_request_t;
 
 /* A FIFO of requests linked through their `next`: a stream's FIFO (td_sched.c), a GPU lane's
@@ -118,8 +121,10 @@ void td_request_destroy(td_request_t **self_p);
  * that is done but whose reply waits (td_reply.c). */
 void td_request_release_input(td_request_t *self);
 
-/* Takes the payload frame (moved from msg) and makes payload aligned for its dtype. */
-tally_status_t td_request_take_payload(td_request_t *self, zmq_msg_t *msg);
+/* Takes the payload's bytes (moved from *bytes, empty after) and makes payload aligned for its
+ * dtype. Bytes with data NULL and len > 0 (the transport had no memory to hold them) fail like an
+ * aligning copy that found no memory: TALLY_E_INTERNAL. */
+tally_status_t td_request_take_payload(td_request_t *self, td_bytes_t *bytes);
 
 /* Turns the request into an error reply with a formatted message (replaces any result). */
 void td_request_fail(td_request_t *self, tally_status_t status, const char *fmt, ...)

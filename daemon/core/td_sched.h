@@ -40,7 +40,8 @@
  * The scheduler owns its per-stream record (FIFO, requests in flight, the GPU pin and carry);
  * it does not run anything itself: the machine (td_exec.c in tallyd, a fake in test_sched.c)
  * runs a request where td_placement_t says and hands it back with td_sched_finished, and the
- * host (td_server.c) answers, runs control operations and forgets deleted streams.
+ * host (the request path, td_path.c) answers, runs control operations and forgets deleted
+ * streams.
  */
 #ifndef TD_SCHED_H
 #define TD_SCHED_H
@@ -50,7 +51,7 @@
 
 #include "td_config.h"
 #include "td_err.h"
-#include "td_metrics.h"
+#include "td_counters.h"
 #include "td_request.h"
 #include "td_stream.h"
 

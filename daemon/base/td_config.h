@@ -18,8 +18,6 @@
 #include "td_err.h"
 
 #define TD_DEFAULT_ENDPOINT TALLY_DEFAULT_ENDPOINT /* proto/tally_proto.h */
-#define TD_DEFAULT_MAX_BATCH (16u << 20)           /* bytes of payload in one request */
-#define TD_DEFAULT_MAX_INFLIGHT 64u                /* requests accepted and not yet answered */
 /* As many streams as max_state_bytes holds of streams that got a batch of bytes (~850 bytes
  * each with the default window ring, 1 KiB with the allocator's overhead: bench/RESULTS.md,
  * issue 26); max_state_bytes is the limit that matters. */
@@ -33,17 +31,13 @@
  * and 8 producers x 8 in flight (the benchmark) are never refused at the default 64. A client
  * identity may create at most max_streams_per_client streams (0: half of max_streams), and at
  * most stream_create_rate per second, in bursts of one second's worth (0: unlimited). */
-#define TD_DEFAULT_MAX_INFLIGHT_PER_PEER 0u
 #define TD_FAIR_SHARE_MIN 8u
-#define TD_DEFAULT_MAX_STREAMS_PER_CLIENT 0u
-#define TD_DEFAULT_STREAM_CREATE_RATE 1000u
 #define TD_STREAM_CREATE_RATE_LIMIT 1000000u
 #define TD_PEERS_SWEEP_MS 1000 /* how often idle per-peer entries are freed */
 /* Memory for stream state (td_stream.h): every stream's counters, histogram and window ring,
  * at most max_state_bytes in all and max_state_bytes_per_client for the streams one client
  * created (0: half of max_state_bytes). */
 #define TD_DEFAULT_MAX_STATE_BYTES (2ull << 30)
-#define TD_DEFAULT_MAX_STATE_BYTES_PER_CLIENT 0u
 /* Streams whose expired window intervals are freed per sweep tick (TD_PEERS_SWEEP_MS): 100,000
  * streams are all visited every 25 s. */
 #define TD_STREAMS_SWEEP_PER_TICK 4096u
@@ -55,7 +49,6 @@
  * mistake (a payload a little or a few times too large) is still answered too_large on a
  * connection that stays open. --max-frame sets it (at least max_batch + 64 KiB, so that every
  * too_large-sized payload a client may plausibly send is answered); 0 means 4 x max_batch. */
-#define TD_DEFAULT_MAX_FRAME 0u
 #define TD_MAX_FRAME_FACTOR 4u
 #define TD_MAX_FRAME_HEADROOM (64u << 10)
 #define TD_MAX_FRAME_LIMIT (16ull << 30)
@@ -69,8 +62,6 @@
  * reply, 2 x max_batch: 256 MiB at the default max_batch, so a client that keeps 8 scans of the
  * largest batch in flight is never refused. In total, 0 means twice that: 512 MiB. A connection
  * (and tallyd) holding nothing may always have one request, whatever its reply. */
-#define TD_DEFAULT_MAX_REPLY_BYTES_PER_PEER 0u
-#define TD_DEFAULT_MAX_REPLY_BYTES 0u
 #define TD_REPLY_BYTES_TOTAL_FACTOR 2u
 #define TD_MAX_REPLY_BYTES_LIMIT (1ull << 40)
 /* A reply to a connection that has closed is kept this long for a connection with the same
@@ -81,7 +72,6 @@
 #define TD_REPLY_RETRY_MS 20u
 /* After SIGTERM/SIGINT tallyd keeps reading what is queued in its socket, answering each with
  * `shutdown`, for at most this long (--drain-ms); requests running on a backend finish first. */
-#define TD_DEFAULT_DRAIN_MS 2000u
 /* ...and stops earlier once nothing is in flight and no message has arrived for this long. Not
  * at the first moment the socket looks empty: a message is visible only once ZeroMQ's I/O thread
  * has read all of it, so a large message still crossing TCP, or bytes the kernel holds for an
@@ -123,7 +113,6 @@
 /* A lane thread with work on the device polls this long for its completion (or a new request)
  * before it sleeps, saving a wake-up per request when batches are short (--gpu-spin-us; see
  * bench/NOTES.md for the A/B that chose it). */
-#define TD_DEFAULT_GPU_SPIN_US 0u
 #define TD_GPU_SPIN_US_LIMIT 10000u
 /* CPU batches up to this size run on the loop thread itself (a 16 KiB batch takes a few
  * microseconds there): through the worker pool, a 4 KiB request's p50 was 27-43 us over the
@@ -148,7 +137,6 @@
  * reply with as much as (twice) their input, which the GPU path copies twice more on the host,
  * so the CPU was as fast or faster up to 4 MiB (filter ties there) and scan never crossed.
  * --gpu-min-batch B replaces all three with B; 0 (the default) means these. */
-#define TD_DEFAULT_GPU_MIN_BATCH 0u
 #define TD_GPU_MIN_BATCH_HIST (64u << 10)
 #define TD_GPU_MIN_BATCH_FILTER (4u << 20)
 #define TD_GPU_MIN_BATCH_SCAN SIZE_MAX
@@ -166,7 +154,6 @@
  * client that shares it with a peer sending 16 MiB frames waits behind that peer's reads: its
  * 4 KiB p50 was 27-32x idle with 1 I/O thread, 0.76-0.96x with 2 (issue 21, 2-core dev box,
  * bench/RESULTS.md). An idle I/O thread costs nothing. */
-#define TD_DEFAULT_IO_THREADS 0u
 #define TD_IO_THREADS_MIN 2u
 #define TD_IO_THREADS_MAX 4u
 #define TD_IO_THREADS_LIMIT 64u
@@ -194,35 +181,28 @@
  * arenas, not by one per thread (up to 256 on 32 cores). GLIBC_TUNABLES replaces this too. */
 #define TD_MALLOC_ARENA_MAX 4
 /* Shared-memory input (td_shm.c, PROTOCOL.md §10). */
-#define TD_DEFAULT_SHM true
 #define TD_SHM_SOCKET_NAME "tallyd-shm.sock" /* in the runtime directory */
 #define TD_SHM_SOCKET_MODE 0660
 #define TD_IPC_SOCKET_MODE 0660 /* the ZeroMQ ipc sockets tallyd binds itself */
 #define TD_SHM_ALLOW_MAX 32     /* entries in each of shm_allow_uids, shm_allow_gids */
-#define TD_DEFAULT_SHM_MAX_REGIONS_PER_PEER 16u
 #define TD_SHM_MAX_REGIONS_LIMIT 4096u
 /* Registered (pinned, for the GPU) bytes in total: pinned memory is a host resource, and 2 GiB
  * is 128 regions of the default 16 MiB batch. */
-#define TD_DEFAULT_SHM_MAX_BYTES (2ull << 30)
 #define TD_SHM_CONNECTIONS_MAX 1024 /* side-channel connections at once */
 /* Side connections per uid: one uid (allowed, or in socket_group) cannot take every slot. A
  * producer process needs one (libtally opens one per client); 64 leaves room for 16 busy uids
  * in the 1024 slots. */
-#define TD_DEFAULT_SHM_MAX_CONNECTIONS_PER_UID 64u
 /* A side connection that has registered no region this long after it connected is closed, so
  * idle connections cannot hold slots: libtally registers right after connecting. */
-#define TD_DEFAULT_SHM_REGISTER_TIMEOUT_MS 5000u
 #define TD_SHM_REGISTER_TIMEOUT_MS_MIN 10u
 #define TD_SHM_REGISTER_TIMEOUT_MS_LIMIT 3600000u
 /* Security (td_auth.h, PROTOCOL.md §12). Protected mode, on by default like Redis's: tallyd
  * refuses to listen on a network address (tcp other than loopback) without CURVE, and to serve
  * metrics on one without HTTP basic auth, unless protected_mode is off. */
-#define TD_DEFAULT_PROTECTED_MODE true
 #define TD_DEFAULT_CONFIG_FILE "/etc/tallyd/tallyd.conf"
 #define TD_MAX_BINDS 16
 #define TD_MAX_BATCH_LIMIT (1024ull << 20) /* --max-batch may not exceed 1 GiB */
 #define TD_MAX_INFLIGHT_LIMIT 65536u
-#define TD_DEFAULT_STATE_INTERVAL 30u /* seconds between stream-state snapshots */
 #define TD_STATE_INTERVAL_LIMIT 86400u
 #define TD_STATE_FILE "streams.state" /* in the state directory */
 #define TD_STATE_LOG_FILE "streams.log"  /* beside it: the changes since (td_state.h) */
@@ -233,13 +213,10 @@
  * 48 bytes plus its counts (at most 8 x 256 x channels bytes), so the limits keep one stream's
  * ring under 17 MiB (rgba8 with u64 counts in all 2048 intervals); max_state_bytes bounds them
  * all. */
-#define TD_DEFAULT_WINDOW_INTERVALS 60u
 #define TD_WINDOW_INTERVALS_LIMIT 2048u
-#define TD_DEFAULT_WINDOW_INTERVAL_MS 1000u
 #define TD_WINDOW_INTERVAL_MS_MIN 10u
 #define TD_WINDOW_INTERVAL_MS_LIMIT 3600000u
 /* Subscriptions (PROTOCOL.md §11, td_pub.h): how often changed streams are published. */
-#define TD_DEFAULT_PUB_INTERVAL_MS 1000u
 #define TD_PUB_INTERVAL_MS_MIN 10u
 #define TD_PUB_INTERVAL_MS_LIMIT 3600000u
 #define TD_PUB_SNDHWM 1000 /* messages queued per subscriber before ZeroMQ drops them */
@@ -247,22 +224,20 @@
  * get their own `stream` label; the rest are summed under stream="(other streams)", so a scrape has
  * at most (metrics_streams + 1) x 3 per-stream counters however many streams exist (and the
  * labelled streams' histograms, below). */
-#define TD_DEFAULT_METRICS_STREAMS 100u
 #define TD_METRICS_STREAMS_LIMIT 10000u
+/* The `stream` label of the streams beyond metrics_streams: a space and parentheses, which no
+ * stream name holds (names are printable ASCII without spaces), so it never collides. */
+#define TD_METRICS_OTHER_STREAMS "(other streams)"
 /* Per-stream Prometheus histograms (tallyd_stream_values): each stream's 256 bins folded into
  * this many buckets, so a histogram is at most buckets + 4 series (an underflow bucket, +Inf,
  * _sum, _count) per channel: 20 with the default, 80 for an rgba8 stream. */
-#define TD_DEFAULT_METRICS_HISTOGRAM_BUCKETS 16u
 /* The HTTP port's guard (td_http_guard.h): a deadline for each whole request, and connections
  * per address and in total. 5 s is well above a scrape's time (a render is milliseconds; a
  * scrape waits at most TD_METRICS_WAIT_MS for a busy loop) and short enough that slow
  * connections come and go. Each connection holds a descriptor: 256 and the slack fit the usual
  * soft limit of 1024 beside ZeroMQ's. */
-#define TD_DEFAULT_METRICS_REQUEST_TIMEOUT_MS 5000u
 #define TD_METRICS_REQUEST_TIMEOUT_MS_MIN 100u
 #define TD_METRICS_REQUEST_TIMEOUT_MS_LIMIT 600000u
-#define TD_DEFAULT_METRICS_MAX_CONNECTIONS 256u
-#define TD_DEFAULT_METRICS_MAX_CONNECTIONS_PER_ADDRESS 16u
 #define TD_METRICS_MAX_CONNECTIONS_LIMIT 4096u
 /* The web page's and the API's event streams (td_web_sse.c). Each holds a connection for as
  * long as its browser tab is open and costs the loop a render of its streams at every
@@ -270,7 +245,6 @@
  * connection bounds above. A stream that has not sent anything for TD_SSE_HEARTBEAT_MS sends a
  * comment line, so a proxy keeps it open; one whose client has not taken TD_SSE_BACKLOG_MAX
  * bytes is closed (its browser reconnects and starts afresh). */
-#define TD_DEFAULT_METRICS_MAX_SSE_CLIENTS 16u
 #define TD_METRICS_MAX_SSE_CLIENTS_LIMIT 1024u
 #define TD_SSE_HEARTBEAT_MS 15000u
 #define TD_SSE_BACKLOG_MAX (4u << 20)
@@ -384,17 +358,6 @@ typedef struct {
     unsigned metrics_max_sse_clients; /* event streams (SSE) open at once */
 } td_config_t;
 
-/* Fills *cfg with the defaults. */
-void td_config_init(td_config_t *cfg);
-/* Frees owned strings and resets *cfg to the defaults. */
-void td_config_clear(td_config_t *cfg);
-
-/* Parses argv into cfg (over whatever it holds). Returns TD_OK, or TD_ERR_CONFIG (TD_ERR_NOMEM)
- * with a message in msg. *exit_now is set (and TD_OK returned) for --help, --version and the
- * hidden --print-settings-md and --print-example-conf, which print to stdout. */
-td_err_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, bool *exit_now, char *msg,
-                              size_t msg_cap);
-
 /* Adds an endpoint to cfg->binds: TD_ERR_CONFIG for an invalid one or one too many. */
 td_err_t td_config_add_bind(td_config_t *cfg, const char *endpoint);
 
@@ -432,25 +395,5 @@ td_err_t td_config_check_endpoint(const td_config_t *cfg, const char *endpoint, 
 td_err_t td_config_check_protected(const td_config_t *cfg, char *msg, size_t cap);
 
 const char *td_backend_choice_name(td_backend_choice_t choice);
-
-/* ---- td_config_file.c: the configuration file and reload -------------------------------- */
-
-/* Fills cfg in layers: defaults, then the configuration file (--config FILE, or
- * TD_DEFAULT_CONFIG_FILE when it exists), then the command line; then $STATE_DIRECTORY as the
- * state directory when none was set. Returns TD_OK, or TD_ERR_CONFIG with a message
- * ("FILE:LINE: ..." for the file; a --config FILE that cannot be read is TD_ERR_CONFIG too), or
- * TD_ERR_NOMEM. argv is kept (borrowed) in cfg for td_config_reload. */
-td_err_t td_config_load(td_config_t *cfg, int argc, char **argv, bool *exit_now, char *msg,
-                        size_t msg_cap);
-/* Applies an INI file over cfg. TD_ERR_IO when it cannot be opened, TD_ERR_CONFIG (with
- * "FILE:LINE: ..." in msg) for an unknown section or key or a bad value. */
-td_err_t td_config_load_file(td_config_t *cfg, const char *path, char *msg, size_t msg_cap);
-/* SIGHUP: builds the configuration afresh (defaults < file < command line) into *next. On
- * failure *next is cleared, msg says why and the caller keeps running with live. */
-td_err_t td_config_reload(const td_config_t *live, td_config_t *next, char *msg, size_t msg_cap);
-/* Copies the settings that can change at run time from next into live, logging each change
- * ("reload: log_level: info -> debug") and each change that needs a restart as ignored (the
- * table's reload column). Returns true when anything run-time changed. */
-bool td_config_apply_runtime(td_config_t *live, const td_config_t *next);
 
 #endif

@@ -123,4 +123,35 @@ void td_settings_print_conf(FILE *out);
 void td_settings_print_options_scd(FILE *out);
 void td_settings_print_conf_scd(FILE *out);
 
+/* ---- td_settings_load.c: a configuration made from the table --------------------------- */
+
+/* Fills *cfg with the defaults. */
+void td_config_init(td_config_t *cfg);
+/* Frees owned strings and resets *cfg to the defaults. */
+void td_config_clear(td_config_t *cfg);
+
+/* Parses argv into cfg (over whatever it holds). Returns TD_OK, or TD_ERR_CONFIG (TD_ERR_NOMEM)
+ * with a message in msg. *exit_now is set (and TD_OK returned) for --help, --version and the
+ * hidden --print-settings-md and --print-example-conf, which print to stdout. */
+td_err_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, bool *exit_now, char *msg,
+                              size_t msg_cap);
+
+/* Fills cfg in layers: defaults, then the configuration file (--config FILE, or
+ * TD_DEFAULT_CONFIG_FILE when it exists), then the command line; then $STATE_DIRECTORY as the
+ * state directory when none was set. Returns TD_OK, or TD_ERR_CONFIG with a message
+ * ("FILE:LINE: ..." for the file; a --config FILE that cannot be read is TD_ERR_CONFIG too), or
+ * TD_ERR_NOMEM. argv is kept (borrowed) in cfg for td_config_reload. */
+td_err_t td_config_load(td_config_t *cfg, int argc, char **argv, bool *exit_now, char *msg,
+                        size_t msg_cap);
+/* Applies an INI file over cfg. TD_ERR_IO when it cannot be opened, TD_ERR_CONFIG (with
+ * "FILE:LINE: ..." in msg) for an unknown section or key or a bad value. */
+td_err_t td_config_load_file(td_config_t *cfg, const char *path, char *msg, size_t msg_cap);
+/* SIGHUP: builds the configuration afresh (defaults < file < command line) into *next. On
+ * failure *next is cleared, msg says why and the caller keeps running with live. */
+td_err_t td_config_reload(const td_config_t *live, td_config_t *next, char *msg, size_t msg_cap);
+/* Copies the settings that can change at run time from next into live, logging each change
+ * ("reload: log_level: info -> debug") and each change that needs a restart as ignored (the
+ * table's reload column). Returns true when anything run-time changed. */
+bool td_config_apply_runtime(td_config_t *live, const td_config_t *next);
+
 #endif

@@ -20,7 +20,7 @@
 
 #include "td_config.h"
 #include "td_err.h"
-#include "td_metrics.h"
+#include "td_counters.h"
 #include "td_request.h"
 #include "td_sched.h"
 #include "td_shm.h"

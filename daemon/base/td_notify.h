@@ -13,6 +13,7 @@
 #ifndef TD_NOTIFY_H
 #define TD_NOTIFY_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "td_config.h"
@@ -36,10 +37,12 @@ uint64_t td_notify_watchdog_usec(void);
 /* Number of listening sockets systemd passed (LISTEN_FDS, for this pid), read once and cached;
  * the environment variables are then unset so child processes do not inherit them. */
 int td_listen_fds_count(void);
-/* Hands every passed socket to the ZeroMQ socket `zsock` (ZMQ_USE_FD, then zmq_bind with the
- * endpoint the fd's address names: tcp://IP:PORT or ipc://PATH). Logs and returns TD_ERR_BIND
- * for a socket that is not a listening stream socket of a supported family, one on a network
- * address that protected mode refuses (td_config_check_endpoint), or one ZeroMQ cannot adopt. */
-td_err_t td_listen_fds_bind(void *zsock, const td_config_t *cfg);
+/* The passed socket number index (0 .. td_listen_fds_count() - 1): its fd, and the endpoint its
+ * address names (tcp://IP:PORT, tcp://[IP6]:PORT or ipc://PATH) with its address family, for the
+ * ZeroMQ transport to adopt (td_router.c). Logs and returns TD_ERR_BIND for a socket that is not
+ * a listening stream socket of a supported family, or one on a network address that protected
+ * mode refuses (td_config_check_endpoint). */
+td_err_t td_listen_fd_endpoint(int index, const td_config_t *cfg, int *fd, char *endpoint,
+                               size_t cap, int *family);
 
 #endif

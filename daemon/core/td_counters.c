@@ -1,0 +1,45 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * td_counters.c — see td_counters.h.
+ */
+#include "td_counters.h"
+
+const double td_latency_bounds_us[TD_LATENCY_BUCKETS] = {
+    25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 1000000,
+};
+
+void td_metrics_observe(td_metrics_t *m, unsigned opcode, tally_status_t status, size_t bytes_in,
+                        size_t bytes_out, uint64_t latency_ns)
+{
+    unsigned op = opcode < TALLY_OP_COUNT ? opcode : 0;
+    unsigned st = (unsigned)status < TALLY_STATUS_WIRE_COUNT ? (unsigned)status : TALLY_E_INTERNAL;
+    m->requests[op][st]++;
+    m->bytes_in += bytes_in;
+    m->bytes_out += bytes_out;
+    double us = (double)latency_ns / 1e3;
+    unsigned b = 0;
+    while (b < TD_LATENCY_BUCKETS && us > td_latency_bounds_us[b])
+        b++;
+    m->latency_buckets[op][b]++;
+    m->latency_sum_s[op] += (double)latency_ns / 1e9;
+}
+
+uint64_t td_metrics_answered(const td_metrics_t *m)
+{
+    uint64_t answered = 0;
+    for (unsigned op = 0; op < TALLY_OP_COUNT; op++)
+        for (unsigned st = 0; st < TALLY_STATUS_WIRE_COUNT; st++)
+            answered += m->requests[op][st];
+    return answered;
+}
+
+void td_metrics_set_gpus(td_metrics_t *m, unsigned devices)
+{
+    m->gpu_devices = devices < TD_METRICS_GPUS_MAX ? devices : TD_METRICS_GPUS_MAX;
+}
+
+void td_metrics_count_gpu_request(td_metrics_t *m, int ordinal)
+{
+    if (ordinal >= 0 && ordinal < TD_METRICS_GPUS_MAX)
+        m->gpu_requests[ordinal]++;
+}

@@ -1,0 +1,77 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * td_counters.h — tallyd's counters, kept by the request path (td_metrics_t: requests by op and
+ * status, latency buckets, bytes, fallbacks, refusals by limit). service/td_metrics.h renders
+ * them as Prometheus text; they live here, below it, so the request path counts without
+ * depending on the service around it.
+ *
+ * The counters are plain integers owned by the loop thread (every request is accepted and
+ * answered there), so updating them needs no atomics. Anything that reads them from another
+ * thread (the HTTP exporter) asks the loop thread for a rendered snapshot instead.
+ *
+ * A counter that is one increment is written directly (`m->read_pauses++`: the field's name and
+ * comment say what it counts, and a function per counter would say nothing more); a write that
+ * needs more than that goes through a function here (a request's status and latency bucket, a
+ * GPU's ordinal kept inside the table), and so does the sum the status line reads.
+ */
+#ifndef TD_COUNTERS_H
+#define TD_COUNTERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tally_proto.h"
+
+/* GPUs whose completed requests are counted one by one (tallyd_gpu_requests_total{device}). */
+#define TD_METRICS_GPUS_MAX 16
+
+/* Latency histogram upper bounds in microseconds (Prometheus `le` labels), plus +Inf. */
+#define TD_LATENCY_BUCKETS 14
+extern const double td_latency_bounds_us[TD_LATENCY_BUCKETS];
+
+/* The per-peer limits (td_peers.h), for tallyd_limited_total{reason}. */
+typedef enum {
+    TD_LIMIT_INFLIGHT = 0, /* busy: the connection's share of max_inflight */
+    TD_LIMIT_STREAMS = 1,  /* client_streams: max_streams_per_client */
+    TD_LIMIT_RATE = 2,     /* rate_limited: stream_create_rate */
+    TD_LIMIT_REPLY_PEER = 3,  /* busy: max_reply_bytes_per_peer (td_reply.h) */
+    TD_LIMIT_REPLY_TOTAL = 4, /* busy: max_reply_bytes */
+    TD_LIMIT_COUNT = 5,
+} td_limit_t;
+
+typedef struct {
+    uint64_t requests[TALLY_OP_COUNT]
+                     [TALLY_STATUS_WIRE_COUNT]; /* [opcode][status]; 0 = unknown op */
+    uint64_t latency_buckets[TALLY_OP_COUNT][TD_LATENCY_BUCKETS + 1]; /* non-cumulative */
+    double latency_sum_s[TALLY_OP_COUNT];
+    uint64_t bytes_in;
+    uint64_t bytes_out;
+    uint64_t replies_dropped_gone; /* the peer was gone when its reply was ready */
+    uint64_t replies_dropped_slow; /* the peer's send queue was full: it does not read */
+    uint64_t backend_fallbacks;    /* requests rerun on the CPU after a GPU failure */
+    uint64_t read_pauses;          /* times reading stopped because max_inflight was reached */
+    uint64_t state_write_failures; /* state snapshots that could not be written */
+    uint64_t state_bytes_written;  /* bytes state snapshots wrote (td_state.h) */
+    uint64_t notify_failures;      /* systemd notifications that could not be sent */
+    uint64_t shm_requests;         /* requests whose input was a shared-memory reference */
+    uint64_t gpu_requests[TD_METRICS_GPUS_MAX]; /* completed on each GPU (by ordinal) */
+    unsigned gpu_devices;                       /* how many of those to report */
+    uint64_t limited[TD_LIMIT_COUNT];           /* requests refused by a per-peer limit */
+} td_metrics_t;
+
+/* Values that are not counters: sampled when rendering. */
+/* A request answered: its opcode and status, bytes in and out, and latency. */
+void td_metrics_observe(td_metrics_t *m, unsigned opcode, tally_status_t status, size_t bytes_in,
+                        size_t bytes_out, uint64_t latency_ns);
+/* Requests answered so far, whatever their operation and status. */
+uint64_t td_metrics_answered(const td_metrics_t *m);
+/* How many GPUs the pipeline has (by ordinal), and a request completed on GPU `ordinal`; only the
+ * first TD_METRICS_GPUS_MAX are counted. */
+void td_metrics_set_gpus(td_metrics_t *m, unsigned devices);
+void td_metrics_count_gpu_request(td_metrics_t *m, int ordinal);
+
+/* Renders the Prometheus text format into buf; returns the length it needed (like snprintf).
+ * Besides tallyd's own: tallyd_build_info, the per-stream series (tallyd_stream_*), and the
+ * standard process_* metrics of the process (CPU, memory, descriptors, start time), read from
+ * getrusage and /proc at each call. */
+#endif

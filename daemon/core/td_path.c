@@ -1,0 +1,452 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * td_path.c — the request path, from a transport's message to its reply (td_path.h,
+ * td_transport.h).
+ *
+ * Design
+ * ------
+ * Everything here runs on the loop thread, which owns the stream table, the metrics and the
+ * scheduler's queues, so nothing needs a lock. td_path_submit turns a transport's message into a
+ * request: its sender identified (td_admit.h), its header decoded and validated, the payload
+ * checked on its size before it is taken (an oversize one is never copied), the per-connection
+ * limits met, a shared-memory reference resolved. Then dispatch answers it at once (ping, info,
+ * stats, streams) or hands it to the scheduler (td_sched.h), which calls back here (sched_*) to
+ * fold a result into its stream, run a query, reset or delete, send a reply and forget a deleted
+ * stream.
+ *
+ * Ordering: requests on one named stream apply in arrival order (the stream's FIFO in
+ * td_sched.c): on the GPU they are pipelined on the stream's lane, which completes them in order;
+ * on the CPU they run one at a time; requests without a stream run concurrently. Replies are
+ * matched to requests by request_id, so they may leave in a different order than requests
+ * arrived.
+ *
+ * Shared memory: a filter, scan or hist with TALLY_FLAG_SHM_REF carries a reference instead of
+ * its batch; it is resolved against the regions its sender registered over the side channel
+ * (td_shm.h), and from then on the request's payload simply points into the producer's mapping
+ * (and out_ptr at its output range), so the executor and backends need nothing else. The request
+ * holds the regions until its reply is handed to its transport.
+ *
+ * Bounded memory: every request counts against max_inflight from the moment it is submitted until
+ * its transport ends its reply (td_sched_received/answered); transports stop reading at the limit
+ * (td_path_may_read). Sizes are checked here, not by the transport: a payload over max_batch gets
+ * too_large like any other bad request.
+ *
+ * The end of every request is reply(): its in-flight slot, its connection's count, its reply
+ * handed to its transport with the reply bytes counted (td_reply.h); the transport ends it
+ * (td_reply_end: sent, or dropped and counted here), and retire() frees it.
+ */
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "td_admit.h"
+#include "td_log.h"
+#include "td_ops.h"
+#include "td_path.h"
+
+struct td_path {
+    td_config_t *cfg;
+    td_metrics_t *metrics;
+    td_streams_t *streams;
+    td_peers_t *peers;
+    td_replies_t *replies;
+    td_admit_t admit; /* who sent a request, and its per-connection limits */
+    td_sched_t *sched;
+    td_shm_t *shm; /* NULL when off */
+    td_path_deleted_fn deleted; /* NULL when nobody listens (no subscriptions) */
+    void *deleted_ctx;
+    void (*answer_here)(void *owner, td_request_t *r);
+    void *owner;
+    bool stopping;      /* a stop signal arrived: start nothing new, answer `shutdown` */
+    bool drain_expired; /* drain_ms has passed since: transports read nothing more */
+};
+
+/* ---- Replies ---------------------------------------------------------------------------- */
+
+/* A reply's end: its metrics and memory. */
+static void retire(td_path_t *p, td_request_t *r)
+{
+    td_metrics_observe(p->metrics, r->req.opcode, (tally_status_t)r->rep.status, r->payload_len,
+                       r->reply_len, uv_hrtime() - r->received_ns);
+    td_peers_release(p->peers, &r->conn);
+    td_peers_release(p->peers, &r->client);
+    td_request_destroy(&r);
+}
+
+void td_reply_end(td_reply_t *reply, td_reply_outcome_t outcome)
+{
+    td_request_t *r = (td_request_t *)((char *)reply - offsetof(td_request_t, out));
+    td_path_t *p = r->transport->path;
+    td_bytes_free(&reply->body); /* what the transport did not take */
+    if (outcome == TD_REPLY_SLOW) {
+        p->metrics->replies_dropped_slow++;
+        td_debug("reply to request %" PRIu64 " dropped: the peer is not reading its replies",
+                 r->rep.request_id);
+    } else if (outcome != TD_REPLY_SENT) { /* a broken transport too (logged there) */
+        p->metrics->replies_dropped_gone++;
+        td_debug("reply to request %" PRIu64 " dropped: the peer has gone", r->rep.request_id);
+    }
+    retire(p, r);
+}
+
+/* The end of every request: its in-flight slot, then its reply, handed to its transport with
+ * its input freed (a reply the transport keeps holds only itself). */
+static void reply(td_path_t *p, td_request_t *r)
+{
+    td_sched_answered(p->sched);
+    td_admit_answered(&p->admit, r);
+    td_request_release_input(r);
+    td_replies_hand(p->replies, r);
+    r->out.to = (td_sender_t){.id = r->identity,
+                              .id_len = r->identity_len,
+                              .word = r->transport_word,
+                              .ctx = r->transport_ctx};
+    r->out.peer_name = r->conn ? td_peer_name(r->conn) : "";
+    r->out.next = NULL;
+    r->transport->ops->send_reply(r->transport, &r->out);
+}
+
+/* ---- What the scheduler asks of the path (td_sched.h) ------------------------------------- */
+
+/* A compute request's result: folded into its stream (and the stream's window ring), answered. */
+static bool sched_complete(void *owner, td_request_t *r)
+{
+    td_path_t *p = owner;
+    bool applied = td_request_apply(r);
+    if (applied && r->stream)
+        r->stream->updated_ms = td_clock_ms(); /* the web page's "last update" */
+    reply(p, r);
+    return applied;
+}
+
+/* query, reset or delete, on a stream whose earlier requests are done. A reset zeroes the stream
+ * and keeps it (td_stream_zero); a delete clears it, and td_sched forgets its name. */
+static void sched_control(void *owner, td_request_t *r, td_stream_t *stream)
+{
+    td_path_t *p = owner;
+    switch (r->req.opcode) {
+    case TALLY_OP_QUERY:
+        td_op_query(p->cfg, r, stream);
+        return;
+    case TALLY_OP_RESET:
+        td_stream_zero(stream);
+        stream->updated_ms = td_clock_ms();
+        break;
+    default: /* TALLY_OP_DELETE */
+        if (p->deleted)
+            p->deleted(p->deleted_ctx, stream->name, stream->name_len);
+        td_stream_clear(stream);
+        stream->pub_dirty = false;
+        break;
+    }
+    td_request_succeed(r, TALLY_DTYPE_NONE, NULL, 0, 0);
+}
+
+static void sched_answer(void *owner, td_request_t *r)
+{
+    reply(owner, r);
+}
+
+/* A deleted stream, or one whose creating request failed (td_stream_t's life): the latter gives
+ * its client the stream and the creation token back, as if it had never been made. */
+static void sched_forget(void *owner, td_stream_t *stream)
+{
+    td_path_t *p = owner;
+    td_peer_t *client = stream->owner;
+    if (client && stream->life == TD_STREAM_NEW) /* it was never used: PROTOCOL.md §8 */
+        td_peer_give_token(p->peers, client);
+    td_streams_remove(p->streams, &stream); /* its bytes leave the client's count */
+    if (client)
+        td_peer_stream_removed(client);
+    td_peers_release(p->peers, &client);
+}
+
+void td_path_finished(td_path_t *self, td_request_t *r)
+{
+    td_sched_finished(self->sched, r);
+}
+
+/* ---- Dispatch ----------------------------------------------------------------------------- */
+
+/* A filter, scan or hist names a stream that does not exist yet: its client's stream count and
+ * creation rate, then the global max_streams. Returns false when the request was failed. */
+static bool create_stream(td_path_t *p, td_request_t *r, td_stream_t **out)
+{
+    const tally_req_t *q = &r->req;
+    td_peer_t *client = r->client;
+    unsigned per_client = td_config_streams_per_client(p->cfg);
+    if (client && td_peer_streams(client) >= per_client) {
+        td_admit_count_limited(&p->admit, r, TD_LIMIT_STREAMS);
+        td_request_fail(r, TALLY_E_CLIENT_STREAMS,
+                        "this client already holds %u streams (max_streams_per_client %u); "
+                        "delete one it no longer needs",
+                        td_peer_streams(client), per_client);
+        return false;
+    }
+    if (client && !td_peer_take_token(p->peers, client, uv_hrtime())) {
+        td_admit_count_limited(&p->admit, r, TD_LIMIT_RATE);
+        td_request_fail(r, TALLY_E_RATE,
+                        "this client creates streams faster than stream_create_rate (%u per "
+                        "second); retry later",
+                        p->cfg->stream_create_rate);
+        return false;
+    }
+    char msg[TALLY_ERROR_MESSAGE_MAX];
+    tally_status_t st =
+        td_streams_create(p->streams, q->stream, q->stream_len, client, msg, sizeof msg, out);
+    if (st == TALLY_E_CLIENT_STREAMS)
+        td_admit_count_limited(&p->admit, r, TD_LIMIT_STREAMS);
+    if (st != TALLY_OK) {
+        if (client) /* a refused request uses none of the creation rate (PROTOCOL.md §8) */
+            td_peer_give_token(p->peers, client);
+        td_request_fail(r, st, "cannot create stream '%s': %s", q->stream, msg);
+        return false;
+    }
+    if (client)
+        td_peer_stream_added(client); /* and the stream's reference to it */
+    (*out)->life = TD_STREAM_NEW;     /* until a request is applied to it (td_sched.c) */
+    return true;
+}
+
+static void dispatch(td_path_t *p, td_request_t *r)
+{
+    const tally_req_t *q = &r->req;
+    td_stream_t *stream = NULL;
+    switch (q->opcode) {
+    case TALLY_OP_PING:
+        td_request_succeed(r, TALLY_DTYPE_NONE, NULL, 0, 0);
+        break;
+    case TALLY_OP_INFO:
+    case TALLY_OP_STATS:
+        p->answer_here(p->owner, r);
+        break;
+    case TALLY_OP_STREAMS:
+        td_op_streams(p->streams, r);
+        break;
+    case TALLY_OP_QUERY:
+    case TALLY_OP_RESET:
+    case TALLY_OP_DELETE:
+        stream = td_streams_find(p->streams, q->stream, q->stream_len);
+        if (!stream) {
+            td_request_fail(r, TALLY_E_UNKNOWN_STREAM, "no stream named '%s'", q->stream);
+            break;
+        }
+        td_sched_arrived(p->sched, r, stream);
+        return;
+    default: /* filter, scan, hist; without a stream nothing to wait for */
+        if (q->stream_len != 0) {
+            stream = td_streams_find(p->streams, q->stream, q->stream_len);
+            if (!stream && !create_stream(p, r, &stream))
+                break;
+        }
+        td_sched_arrived(p->sched, r, stream);
+        return;
+    }
+    reply(p, r);
+}
+
+/* ---- Submission ----------------------------------------------------------------------------- */
+
+/* A request whose payload is a shared-memory reference: checks it and points the request's
+ * payload (and output) into the regions, which it references until it is destroyed. */
+static tally_status_t resolve_shm_ref(td_path_t *p, td_request_t *r, char *msg, size_t cap)
+{
+    tally_shm_ref_t ref;
+    tally_status_t st = tally_shm_ref_decode(r->payload, r->payload_len, &ref, msg, cap);
+    if (st == TALLY_OK)
+        st = tally_shm_ref_validate(&r->req, &ref, p->cfg->max_batch, msg, cap);
+    uint8_t *in = NULL, *out = NULL;
+    if (st == TALLY_OK)
+        st = td_shm_resolve(p->shm, r->identity, r->identity_len, ref.in_handle, ref.in_offset,
+                            ref.in_length, false, &r->shm_in, &in, msg, cap);
+    if (st == TALLY_OK && ref.out_handle)
+        st = td_shm_resolve(p->shm, r->identity, r->identity_len, ref.out_handle, ref.out_offset,
+                            ref.out_length, true, &r->shm_out, &out, msg, cap);
+    if (st != TALLY_OK)
+        return st;
+    r->payload = in;
+    r->payload_len = (size_t)ref.in_length;
+    r->out_ptr = out;
+    p->metrics->shm_requests++;
+    return TALLY_OK;
+}
+
+/* Stopping: every message read is answered `shutdown`, whatever it holds (the header is decoded
+ * only to echo its id). One that names a stream with requests still waiting or running queues
+ * behind them, so that stream's replies keep their order. */
+static void answer_stopping(td_path_t *p, td_request_t *r, bool decoded)
+{
+    td_request_fail(r, TALLY_E_SHUTDOWN, "tallyd is shutting down; not run");
+    td_stream_t *stream = decoded && r->req.stream_len
+                              ? td_streams_find(p->streams, r->req.stream, r->req.stream_len)
+                              : NULL;
+    td_sched_arrived(p->sched, r, stream);
+}
+
+/* A request with a valid header: its payload checked on its size before it is taken (an
+ * oversize one is never copied), the per-connection limits, then the payload taken (and a
+ * shared-memory reference resolved from it). False when r was failed. */
+static bool take_request(td_path_t *p, td_request_t *r, td_bytes_t *payload, char *msg, size_t cap)
+{
+    r->payload_len = payload->len;
+    tally_status_t st = tally_req_validate(&r->req, r->payload_len, p->cfg->max_batch, msg, cap);
+    if (st != TALLY_OK) {
+        td_request_fail(r, st, "%s", msg);
+        return false;
+    }
+    if (td_admit_over_share(&p->admit, r))
+        return false;
+    st = td_request_take_payload(r, payload);
+    if (st != TALLY_OK) {
+        td_request_fail(r, st, "out of memory for a payload of %zu bytes", r->payload_len);
+        return false;
+    }
+    /* After the take: the reference is decoded from the taken payload, which then points into
+     * the producer's region instead. */
+    if ((r->req.flags & TALLY_FLAG_SHM_REF) && (st = resolve_shm_ref(p, r, msg, cap)) != TALLY_OK) {
+        td_request_fail(r, st, "%s", msg);
+        return false;
+    }
+    return !td_admit_over_reply_bound(&p->admit, r);
+}
+
+/* The envelope into r: its transport and sender (and who that is, held to the per-peer limits;
+ * tallyd's own requests are not). */
+static void take_envelope(td_path_t *p, td_request_t *r, td_transport_t *t, const td_sender_t *from)
+{
+    r->transport = t;
+    r->transport_word = from->word;
+    r->transport_ctx = from->ctx;
+    if (!from->id)
+        return;
+    r->identity_len = from->id_len < TD_IDENTITY_MAX ? from->id_len : TD_IDENTITY_MAX;
+    memcpy(r->identity, from->id, r->identity_len);
+    td_admit_identify(&p->admit, r, from->user);
+}
+
+/* The message's frame count and header, then the request itself (take_request). True when r
+ * may go on to dispatch; false when it was failed, to be answered. */
+static bool check_message(td_path_t *p, td_request_t *r, td_msg_t *m, tally_status_t decoded,
+                          char *msg, size_t cap)
+{
+    if (m->frames != 2) {
+        td_request_fail(r, TALLY_E_FRAMES,
+                        "a request is 2 frames (header, payload) after the routing envelope; "
+                        "this message has %d",
+                        m->frames);
+        return false;
+    }
+    if (decoded != TALLY_OK) {
+        td_request_fail(r, decoded, "%s", msg);
+        return false;
+    }
+    return take_request(p, r, &m->payload, msg, cap);
+}
+
+td_err_t td_path_submit(td_path_t *p, td_transport_t *t, td_msg_t *m)
+{
+    td_request_t *r = td_request_new();
+    if (!r) {
+        td_err("out of memory: dropping a message of %d frames", m->frames);
+        return TD_ERR_NOMEM;
+    }
+    td_sched_received(p->sched);
+    r->received_ns = uv_hrtime();
+    take_envelope(p, r, t, &m->from);
+    /* Decoded even when the frame count is wrong, so that every reply echoes the first request
+     * frame's opcode, flags and id (§3); with no request frame at all they stay 0. */
+    char msg[TALLY_ERROR_MESSAGE_MAX + 1];
+    tally_status_t st =
+        tally_req_decode(m->header, m->header ? m->header_len : 0, &r->req, msg, sizeof msg);
+    r->rep.opcode = r->req.opcode;
+    r->rep.flags = r->req.flags;
+    r->rep.request_id = r->req.request_id;
+    if (p->stopping) {
+        answer_stopping(p, r, st == TALLY_OK && m->frames == 2);
+    } else if (check_message(p, r, m, st, msg, sizeof msg)) {
+        dispatch(p, r);
+    } else {
+        td_debug("request %" PRIu64 " answered %s", r->rep.request_id,
+                 tally_status_name((tally_status_t)r->rep.status));
+        reply(p, r);
+    }
+    td_bytes_free(&m->payload); /* not taken: the request was answered before */
+    return TD_OK;
+}
+
+bool td_path_may_read(const td_path_t *p)
+{
+    if (p->stopping)
+        return !p->drain_expired;
+    return td_sched_may_read(p->sched);
+}
+
+/* ---- Life cycle ------------------------------------------------------------------------------ */
+
+td_err_t td_path_new(const td_path_env_t *env, td_path_t **out)
+{
+    td_path_t *p = calloc(1, sizeof *p);
+    if (!p)
+        return TD_ERR_NOMEM;
+    *p = (td_path_t){.cfg = env->cfg,
+                     .metrics = env->metrics,
+                     .streams = env->streams,
+                     .peers = env->peers,
+                     .replies = env->replies,
+                     .answer_here = env->answer_here,
+                     .owner = env->owner};
+    p->admit = (td_admit_t){
+        .cfg = env->cfg, .peers = env->peers, .replies = env->replies, .metrics = env->metrics};
+    *out = p;
+    return TD_OK;
+}
+
+td_err_t td_path_start(td_path_t *self, const td_sched_machine_t *machine)
+{
+    td_sched_host_t host = {.owner = self,
+                            .complete = sched_complete,
+                            .control = sched_control,
+                            .answer = sched_answer,
+                            .forget = sched_forget};
+    return td_sched_new(self->cfg, self->metrics, machine, &host, &self->sched);
+}
+
+void td_path_attach(td_path_t *self, td_shm_t *shm, td_path_deleted_fn deleted, void *ctx)
+{
+    self->shm = shm;
+    self->deleted = deleted;
+    self->deleted_ctx = ctx;
+}
+
+void td_path_destroy(td_path_t **self_p)
+{
+    td_path_t *self = *self_p;
+    if (!self)
+        return;
+    td_sched_destroy(&self->sched);
+    free(self);
+    *self_p = NULL;
+}
+
+td_sched_t *td_path_sched(const td_path_t *self)
+{
+    return self->sched;
+}
+
+void td_path_stop(td_path_t *self)
+{
+    self->stopping = true;
+    td_sched_stop(self->sched); /* answers what waits on a stream, in each stream's order */
+}
+
+void td_path_drain_over(td_path_t *self)
+{
+    self->drain_expired = true;
+}
+
+bool td_path_stopping(const td_path_t *self)
+{
+    return self->stopping;
+}

@@ -1,0 +1,162 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * td_transport.h — the wall between a transport (how requests arrive and replies leave) and the
+ * request path (admission, per-stream order, exactly-once numbered requests, execution, reply).
+ *
+ * Design
+ * ------
+ * The request path (td_path.h) knows a request as bytes with a sender and a transport to answer
+ * through, and nothing of sockets: no zmq.h here, in daemon/core/ or in daemon/gpu/
+ * (tests/test_walls.sh checks). A transport is a td_transport_t whose ops the path calls; the
+ * transport calls the path. Like libuv's uv_stream_t or nginx's event actions: the path never
+ * names ZeroMQ, HTTP or NATS, and a new way in is one more transport, not edits across the path.
+ *
+ *   transport ── td_path_submit(path, transport, msg) ──▶ request path (loop thread)
+ *   transport ◀── ops->send_reply(transport, reply) ──── request path (loop thread)
+ *   transport ── td_reply_end(reply, outcome) ─────────▶ request path (now, or later)
+ *
+ * In: td_path_submit hands one message: the sender (an opaque id, stable per connection, that the
+ * per-connection limits and the shared-memory regions are keyed on; the authenticated user when
+ * the transport knows one, which per-client limits use; two words of the transport's own, given
+ * back with the reply), the request header's bytes, the payload as td_bytes_t (ownership moves
+ * to the path, which frees it through its free function once the request no longer needs it: no
+ * copy on the way in), and how many request frames the message had (2: header and payload; a
+ * transport without frames says 2). Everything else — decoding, validation, limits, `busy`,
+ * ordering, the sequence rule, the backends — is the path's, the same for every transport.
+ *
+ * Out: every submitted request gets exactly one send_reply, on the loop thread, with the reply
+ * header encoded and the payload as td_bytes_t. Ownership: from send_reply on, the td_reply_t
+ * is the transport's until it calls td_reply_end(reply, outcome) exactly once (at once, or later
+ * for a reply it keeps: ZeroMQ keeps replies for a connection that closed until it reconnects).
+ * The payload bytes are the transport's to give back with td_bytes_free exactly once, on any
+ * thread, whenever it is done with them (ZeroMQ frees them on its I/O thread once written out);
+ * what it has not taken when it calls td_reply_end, td_reply_end frees. The bytes of a reply's
+ * payload count toward max_reply_bytes_per_peer and max_reply_bytes (td_reply.h) from
+ * send_reply until they are freed, so a reply a transport holds — unread, queued in a socket,
+ * kept for a reconnect, waiting on a broker's acknowledgement — stays counted exactly: a
+ * transport must not copy the payload and free the original early to escape that.
+ *
+ * A transport that is not a socket fits the same calls. A consumer of a broker (issue 22's NATS
+ * JetStream worker: a thread of its own that fetches messages and must acknowledge each once its
+ * effect is durable) works so:
+ *   - it runs td_path_submit on the loop thread: its thread posts what it fetched to the loop (a
+ *     uv_async_t and a queue; td_web.c does the same for HTTP), and the loop submits each
+ *     message with its payload's free function releasing the broker's message (natsMsg_Destroy:
+ *     no copy either), the partition in the sender's id, the broker's sequence in a word;
+ *   - send_reply is its completion: it is called once the request has been applied to its
+ *     stream's state (or refused: rep.status says which, with the stream's last applied `seq` in
+ *     aux0 for a duplicate), in the stream's order; the transport publishes the reply (or not),
+ *     hands the sequence to its thread to acknowledge after its next checkpoint, and calls
+ *     td_reply_end. A transport that must hold the payload past td_reply_end (publishing from
+ *     another thread) keeps the bytes: they are its own to free;
+ *   - backpressure: td_path_may_read says whether the path takes more now (under max_inflight);
+ *     a transport that must wait stops fetching, and looks again after each loop iteration (a
+ *     uv_check_t, as the ZeroMQ transport does), since replies free in-flight slots;
+ *   - a request the path cannot even allocate is refused by td_path_submit (TD_ERR_NOMEM, the
+ *     payload still the transport's, no reply will come): redeliver it later.
+ * The shared-memory side channel is not a transport of requests: it registers regions (td_shm.h);
+ * a request that references one comes through any transport, and is resolved against the regions
+ * of the sender id it came with.
+ *
+ * Threads: everything here is loop-thread only, except td_bytes_free.
+ */
+#ifndef TD_TRANSPORT_H
+#define TD_TRANSPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tally_proto.h"
+#include "td_err.h"
+
+typedef struct td_path td_path_t;
+typedef struct td_transport td_transport_t;
+typedef struct td_reply td_reply_t;
+
+/* Bytes and how to give them back: free_fn(data, hint) once, on any thread (the signature of
+ * ZeroMQ's zmq_free_fn, so a payload goes into a message as it is). free_fn NULL: nothing to
+ * free (borrowed, or none). */
+typedef struct {
+    void *data;
+    size_t len;
+    void (*free_fn)(void *data, void *hint);
+    void *hint;
+} td_bytes_t;
+
+/* Gives the bytes back; b is empty after (a second call does nothing). */
+void td_bytes_free(td_bytes_t *b);
+/* The transport has handed the bytes on (to ZeroMQ, which frees them): b is empty after, nothing
+ * is freed here. */
+void td_bytes_taken(td_bytes_t *b);
+
+/* Who sent a request, as its transport names it. */
+typedef struct {
+    /* Opaque, stable per connection (ZeroMQ: the routing id; at most TD_IDENTITY_MAX bytes are
+     * kept). NULL: tallyd's own request (the HTTP API's), held to no per-peer limit. */
+    const uint8_t *id;
+    size_t id_len;
+    /* The authenticated user (CURVE's User-Id, a broker's credential), or NULL: then the
+     * connection is also the client that per-client limits count. */
+    const char *user;
+    /* The transport's own, given back in the reply (ZeroMQ: whether to echo a REQ delimiter). */
+    uint64_t word;
+    void *ctx;
+} td_sender_t;
+
+/* One message, as a transport hands it to the path. */
+typedef struct {
+    td_sender_t from;
+    /* The first request frame (the header), or NULL when the message had none; read during
+     * td_path_submit only. */
+    const void *header;
+    size_t header_len;
+    /* The second request frame; moved to the path (its free function is the path's to call). */
+    td_bytes_t payload;
+    /* Request frames after the transport's envelope: a request is 2 (header, payload); any
+     * other count is answered `frames` (PROTOCOL.md §1). */
+    int frames;
+} td_msg_t;
+
+/* What became of a reply (td_reply_end counts the dropped ones). */
+typedef enum {
+    TD_REPLY_SENT = 0,
+    TD_REPLY_GONE,   /* dropped: the peer has gone (and did not come back in time) */
+    TD_REPLY_SLOW,   /* dropped: the peer does not read its replies (its queue is full) */
+    TD_REPLY_BROKEN, /* dropped: the transport failed (it logged why) */
+} td_reply_outcome_t;
+
+/* A reply, from send_reply until td_reply_end. */
+struct td_reply {
+    td_sender_t to; /* as submitted; to.id points into the request (valid until td_reply_end) */
+    const char *peer_name; /* what the logs call the sender (td_peers.h), or "" */
+    tally_rep_t rep;       /* the reply header, decoded (in-process transports read it) */
+    uint8_t header[TALLY_REP_HEADER_SIZE]; /* and encoded */
+    td_bytes_t body;                       /* the reply payload; rep.status != OK: a message */
+    td_reply_t *next;                      /* the transport's own link while it keeps the reply */
+};
+
+typedef struct {
+    const char *name; /* "zeromq", "http": for the logs */
+    /* A reply to one of this transport's requests (see the design above): send it, keep it or
+     * drop it, and end it with td_reply_end. */
+    void (*send_reply)(td_transport_t *self, td_reply_t *reply);
+} td_transport_ops_t;
+
+/* A transport: embedded first in the transport's own struct. */
+struct td_transport {
+    const td_transport_ops_t *ops;
+    td_path_t *path;
+};
+
+/* Loop thread: hands msg to the path; msg->payload belongs to the path from here on, unless
+ * TD_ERR_NOMEM (no memory for the request: nothing was taken, no reply will come; logged). */
+td_err_t td_path_submit(td_path_t *path, td_transport_t *transport, td_msg_t *msg);
+/* Loop thread: whether the path takes requests now (under the in-flight limit; while stopping,
+ * messages are still taken, to be answered `shutdown`). */
+bool td_path_may_read(const td_path_t *path);
+/* Loop thread: the transport is done with reply (frees what it left of the body, counts a
+ * dropped one, frees the request). */
+void td_reply_end(td_reply_t *reply, td_reply_outcome_t outcome);
+
+#endif

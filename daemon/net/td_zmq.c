@@ -1,0 +1,322 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * td_zmq.c — the ZeroMQ transport's socket loop (see td_zmq.h): reading messages into the request
+ * path, and the loop handles that keep the edge-triggered fd serviced.
+ *
+ * ZeroMQ's ZMQ_FD is edge-triggered: it signals when the socket's state changes, and only after
+ * ZMQ_EVENTS has been read. So the socket is serviced by one function, td_zmq_pump(), called from
+ * the uv_poll callback AND from a uv_check handle after every loop iteration (completions arrive
+ * through libuv's async wake-up, not through the fd). It reads messages until EAGAIN (or the
+ * path's in-flight limit, or a fairness budget), and re-reads ZMQ_EVENTS last. Every send happens
+ * in a callback of the loop, and the check handle runs after every iteration's callbacks, so a
+ * send is always followed by a ZMQ_EVENTS read before the loop blocks: no wake-up is lost. If
+ * input remains that the pump chose not to read yet, a uv_idle handle keeps the loop from blocking
+ * in poll so the next iteration continues; otherwise the loop sleeps until the fd or a completion
+ * wakes it. At the in-flight limit reading stops, ZeroMQ's receive high-water mark fills and TCP
+ * pushes back: nothing is lost. Only a frame over max_frame (far above max_batch) makes ZeroMQ
+ * drop the connection (the replies to its earlier requests are then kept for it to reconnect).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "td_log.h"
+#include "td_sched.h"
+#include "td_path.h"
+#include "td_zmq_int.h"
+
+/* Messages read per pump before giving the rest of the loop a turn. */
+#define TD_READ_BUDGET 256
+/* Frames of one message kept for inspection: identity, delimiter, header, payload. Frames
+ * beyond these are counted (to reject the message) and released at once. */
+#define TD_FRAMES_KEPT 4
+/* How long zmq_close may keep flushing the last replies at shutdown: ZeroMQ writes a reply to a
+ * peer that reads at once, so this is only spent on a peer that does not read, which must not
+ * hold tallyd up for long. */
+#define TD_SHUTDOWN_LINGER_MS 1000
+
+static const td_transport_ops_t zmq_ops = {.name = "zeromq", .send_reply = td_zmq_send_reply};
+
+/* ---- Reading ---------------------------------------------------------------------------- */
+
+/* The path is done with a payload frame (any thread). */
+static void frame_free(void *data, void *hint)
+{
+    (void)data;
+    zmq_msg_t *frame = hint;
+    zmq_msg_close(frame);
+    free(frame);
+}
+
+/* The payload frame as bytes the path frees, moved out of frame; no memory to hold it: data NULL,
+ * which the path answers as out of memory. */
+static td_bytes_t hold_frame(zmq_msg_t *frame)
+{
+    zmq_msg_t *held = malloc(sizeof *held);
+    if (!held)
+        return (td_bytes_t){.len = zmq_msg_size(frame)};
+    zmq_msg_init(held);
+    zmq_msg_move(held, frame);
+    return (td_bytes_t){
+        .data = zmq_msg_data(held), .len = zmq_msg_size(held), .free_fn = frame_free, .hint = held};
+}
+
+/* One received message (frames[0..kept) of `total`) to the path. The envelope: its sender (its
+ * routing id, and who CURVE says that is) and a REQ peer's delimiter: any peer's empty first
+ * frame is taken as one and echoed (PROTOCOL.md §1), a header is never empty. */
+static void handle_message(td_zmq_t *z, zmq_msg_t *frames, int kept, int total)
+{
+    bool delimiter = kept > 1 && zmq_msg_size(&frames[1]) == 0;
+    int body = delimiter ? 2 : 1;
+    td_msg_t m = {
+        .from = {.id = zmq_msg_data(&frames[0]),
+                 .id_len = zmq_msg_size(&frames[0]),
+                 .user = kept > 1 ? zmq_msg_gets(&frames[kept - 1], "User-Id") : NULL,
+                 .word = delimiter ? TD_ZMQ_DELIMITER : 0},
+        .header = body < kept ? zmq_msg_data(&frames[body]) : NULL,
+        .header_len = body < kept ? zmq_msg_size(&frames[body]) : 0,
+        .frames = total - body,
+    };
+    if (m.frames == 2)
+        m.payload = hold_frame(&frames[body + 1]);
+    if (td_path_submit(z->env.path, &z->base, &m) != TD_OK)
+        td_bytes_free(&m.payload); /* not taken; logged */
+}
+
+/* Reads one whole message. Returns 1 when one was handled, 0 when none was waiting. */
+static int read_message(td_zmq_t *z)
+{
+    zmq_msg_t frames[TD_FRAMES_KEPT];
+    int kept = 0;
+    int total = 0;
+    for (;;) {
+        zmq_msg_t frame;
+        zmq_msg_init(&frame);
+        if (zmq_msg_recv(&frame, z->rt.socket, ZMQ_DONTWAIT) == -1) {
+            int err = errno;
+            zmq_msg_close(&frame);
+            if (total == 0 && (err == EAGAIN || err == EINTR))
+                return 0;
+            /* Cannot happen for the later frames of a message (ZeroMQ delivers multipart
+             * messages whole); if it ever does, answer what arrived. */
+            td_err("receiving a message: %s", zmq_strerror(err));
+            break;
+        }
+        bool more = zmq_msg_more(&frame);
+        if (kept < TD_FRAMES_KEPT) {
+            zmq_msg_init(&frames[kept]);
+            zmq_msg_move(&frames[kept], &frame);
+            kept++;
+        }
+        zmq_msg_close(&frame);
+        total++;
+        if (!more)
+            break;
+    }
+    handle_message(z, frames, kept, total);
+    for (int i = 0; i < kept; i++)
+        zmq_msg_close(&frames[i]);
+    return 1;
+}
+
+/* ---- The pump --------------------------------------------------------------------------- */
+
+static void idle_cb(uv_idle_t *handle)
+{
+    (void)handle; /* its only job is to keep the loop from blocking; check_cb does the work */
+}
+
+/* Keeps the loop from blocking in poll while input remains that the pump has not read yet. */
+static void set_idle(td_zmq_t *z, bool on)
+{
+    if (on == z->idle_active)
+        return;
+    int rc = on ? uv_idle_start(&z->idle, idle_cb) : uv_idle_stop(&z->idle);
+    if (rc != 0) { /* cannot happen (a valid handle and callback); the check handle still pumps */
+        td_err("%s the idle handle: %s", on ? "starting" : "stopping", uv_strerror(rc));
+        return;
+    }
+    z->idle_active = on;
+}
+
+void td_zmq_pump(td_zmq_t *z)
+{
+    if (z->closed)
+        return;
+    td_path_t *path = z->env.path;
+    int budget = TD_READ_BUDGET;
+    bool read_any = false;
+    while (td_path_may_read(path) && budget > 0 && read_message(z)) {
+        budget--;
+        read_any = true;
+    }
+
+    /* Reading ZMQ_EVENTS last re-arms the edge-triggered fd. */
+    uint32_t events = 0;
+    size_t size = sizeof events;
+    if (zmq_getsockopt(z->rt.socket, ZMQ_EVENTS, &events, &size) != 0) {
+        td_err("reading ZMQ_EVENTS: %s", zmq_strerror(errno));
+        events = ZMQ_POLLIN; /* look again on the next iteration rather than sleep */
+    }
+    bool input = (events & ZMQ_POLLIN) != 0;
+    bool reading = td_path_may_read(path);
+    bool at_limit = !td_path_stopping(path) && !reading;
+    if (input && at_limit && !z->paused) {
+        z->env.metrics->read_pauses++;
+        td_debug("%u requests in flight: reading paused", td_sched_inflight(td_path_sched(path)));
+    }
+    z->paused = input && at_limit;
+    bool more = input && reading;
+    set_idle(z, more);
+    z->env.pumped(z->env.owner, read_any, more); /* last: it may close the transport */
+}
+
+static void poll_cb(uv_poll_t *handle, int status, int events)
+{
+    (void)status;
+    (void)events;
+    td_zmq_pump(handle->data);
+}
+
+static void check_cb(uv_check_t *handle)
+{
+    td_zmq_pump(handle->data);
+}
+
+/* ---- Life cycle ------------------------------------------------------------------------- */
+
+#define TD_ZMQ_HANDLES 4
+static void zmq_handles(td_zmq_t *z, uv_handle_t *all[TD_ZMQ_HANDLES])
+{
+    all[0] = (uv_handle_t *)&z->poll;
+    all[1] = (uv_handle_t *)&z->check;
+    all[2] = (uv_handle_t *)&z->idle;
+    all[3] = (uv_handle_t *)&z->retry_timer;
+}
+
+static int open_handles(td_zmq_t *z)
+{
+    uv_loop_t *loop = z->env.loop;
+    int rc = uv_poll_init_socket(loop, &z->poll, z->rt.fd);
+    if (rc == 0)
+        rc = uv_check_init(loop, &z->check);
+    if (rc == 0)
+        rc = uv_idle_init(loop, &z->idle);
+    if (rc == 0)
+        rc = uv_timer_init(loop, &z->retry_timer);
+    uv_handle_t *handles[TD_ZMQ_HANDLES];
+    zmq_handles(z, handles);
+    for (size_t i = 0; i < TD_ZMQ_HANDLES; i++)
+        handles[i]->data = z;
+    if (rc == 0)
+        rc = uv_poll_start(&z->poll, UV_READABLE, poll_cb);
+    if (rc == 0)
+        rc = uv_check_start(&z->check, check_cb);
+    if (rc != 0)
+        td_err("cannot set up the event loop: %s", uv_strerror(rc));
+    return rc;
+}
+
+/* A failed start: the handles that were initialised (a zeroed handle has no type yet), then the
+ * socket, CURVE and the context. */
+static void close_failed(td_zmq_t *z)
+{
+    uv_handle_t *handles[TD_ZMQ_HANDLES];
+    zmq_handles(z, handles);
+    for (size_t i = 0; i < TD_ZMQ_HANDLES; i++)
+        if (handles[i]->type != UV_UNKNOWN_HANDLE && !uv_is_closing(handles[i]))
+            uv_close(handles[i], NULL);
+    uv_run(z->env.loop, UV_RUN_NOWAIT);
+    if (z->rt.socket && zmq_close(z->rt.socket) != 0)
+        td_warn("closing the socket: %s", zmq_strerror(errno));
+    td_auth_destroy(&z->rt.auth); /* its sockets are in the context */
+    while (z->rt.ctx && zmq_ctx_term(z->rt.ctx) == -1 && errno == EINTR)
+        continue;
+    free(z);
+}
+
+td_err_t td_zmq_new(const td_zmq_env_t *env, td_zmq_t **out)
+{
+    td_zmq_t *z = calloc(1, sizeof *z);
+    if (!z)
+        return TD_ERR_NOMEM;
+    z->base = (td_transport_t){.ops = &zmq_ops, .path = env->path};
+    z->env = *env;
+    td_err_t err = td_router_open(env->cfg, &z->rt);
+    if (err == TD_OK && open_handles(z) != 0)
+        err = TD_ERR_LIBRARY;
+    if (err != TD_OK) {
+        close_failed(z);
+        return err;
+    }
+    *out = z;
+    return TD_OK;
+}
+
+void td_zmq_close(td_zmq_t *z)
+{
+    if (z->closed)
+        return;
+    z->closed = true;
+    uv_poll_stop(&z->poll); /* before zmq_close: libuv must stop watching the fd first */
+    uv_handle_t *handles[TD_ZMQ_HANDLES];
+    zmq_handles(z, handles);
+    for (size_t i = 0; i < TD_ZMQ_HANDLES; i++)
+        uv_close(handles[i], NULL);
+    td_zmq_drop_kept(z); /* replies kept for connections that closed are dropped */
+}
+
+void td_zmq_close_socket(td_zmq_t *z)
+{
+    if (!z->rt.socket)
+        return;
+    int linger = TD_SHUTDOWN_LINGER_MS;
+    if (zmq_setsockopt(z->rt.socket, ZMQ_LINGER, &linger, sizeof linger) != 0)
+        td_warn("setting the socket's linger: %s", zmq_strerror(errno));
+    if (zmq_close(z->rt.socket) != 0)
+        td_warn("closing the socket: %s", zmq_strerror(errno));
+    z->rt.socket = NULL;
+}
+
+void td_zmq_destroy(td_zmq_t **self_p)
+{
+    td_zmq_t *z = *self_p;
+    if (!z)
+        return;
+    td_auth_destroy(&z->rt.auth); /* its sockets are in the context */
+    /* Waits (up to the linger) for the last replies to leave. A signal (a second SIGTERM)
+     * interrupts the wait with EINTR and leaves the context, its I/O thread and every message
+     * it holds allocated: wait again. */
+    while (zmq_ctx_term(z->rt.ctx) == -1 && errno == EINTR)
+        continue;
+    free(z);
+    *self_p = NULL;
+}
+
+void *td_zmq_context(const td_zmq_t *self)
+{
+    return self->rt.ctx;
+}
+
+td_auth_t *td_zmq_auth(const td_zmq_t *self)
+{
+    return self->rt.auth;
+}
+
+void td_zmq_reload(td_zmq_t *self, const td_config_t *cfg)
+{
+    if (!self->closed)
+        td_auth_reload(self->rt.auth, cfg);
+}
+
+void td_zmq_gauges(const td_zmq_t *self, td_reply_gauges_t *replies, bool *curve,
+                   td_auth_counts_t *auth)
+{
+    replies->connections_lost = self->lost_total;
+    replies->resent = self->resent_total;
+    if (self->rt.auth) {
+        *curve = true;
+        td_auth_counts(self->rt.auth, auth);
+    }
+}

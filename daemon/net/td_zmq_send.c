@@ -1,0 +1,180 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * td_zmq_send.c — the ZeroMQ transport's replies (see td_zmq.h): sent at once without waiting,
+ * or kept for a connection that has closed, or dropped.
+ *
+ * A reply's payload goes to ZeroMQ without a copy: zmq_msg_init_data with the free function the
+ * request path gave with the bytes (td_transport.h), which uncounts them once ZeroMQ is done
+ * (td_reply.h). Replies kept for a connection that has closed sit in a `lost` record per routing
+ * id, in order; a reply for that connection that comes later joins them (a stream's replies stay
+ * in order). The retry timer sends them while the connection takes them, and drops them all once
+ * TD_REPLY_RECONNECT_GRACE_MS have passed since the connection was found closed. Their payloads
+ * stay counted meanwhile: they are freed only when sent and written out, or dropped.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "td_log.h"
+#include "td_zmq_int.h"
+
+/* The reply's payload as a message ZeroMQ frees once written out. Returns 0 or an errno. */
+static int body_message(td_reply_t *reply, zmq_msg_t *body)
+{
+    td_bytes_t *b = &reply->body;
+    if (zmq_msg_init_data(body, b->data, b->len, b->free_fn, b->hint) != 0)
+        return errno; /* ZeroMQ took nothing: td_reply_end frees it */
+    td_bytes_taken(b);
+    return 0;
+}
+
+/* Sends the reply now: 0, or the errno of the failed send (EHOSTUNREACH: the peer has gone;
+ * EAGAIN: its send queue is full). */
+static int send_now(td_zmq_t *z, td_reply_t *reply)
+{
+    /* Only the first frame can meet EHOSTUNREACH or EAGAIN: once it is accepted ZeroMQ takes
+     * the rest of the message whole, so a later frame failing is a broken socket (logged). */
+    void *router = z->rt.socket;
+    const int more = ZMQ_DONTWAIT | ZMQ_SNDMORE;
+    if (zmq_send(router, reply->to.id, reply->to.id_len, more) == -1)
+        return errno;
+    int err = 0;
+    if ((reply->to.word & TD_ZMQ_DELIMITER) && zmq_send(router, "", 0, more) == -1)
+        err = errno;
+    if (!err && zmq_send(router, reply->header, sizeof reply->header, more) == -1)
+        err = errno;
+    zmq_msg_t body;
+    if (!err && reply->body.data && reply->body.len)
+        err = body_message(reply, &body);
+    else if (!err)
+        zmq_msg_init(&body);
+    if (!err && zmq_msg_send(&body, router, ZMQ_DONTWAIT) == -1) {
+        err = errno;
+        zmq_msg_close(&body);
+    }
+    if (err)
+        td_err("sending the reply to request %" PRIu64 ": %s", reply->rep.request_id,
+               zmq_strerror(err));
+    return err;
+}
+
+/* What a send's errno means for the reply. */
+static td_reply_outcome_t outcome_of(int err)
+{
+    if (err == 0)
+        return TD_REPLY_SENT;
+    if (err == EAGAIN)
+        return TD_REPLY_SLOW;
+    return err == EHOSTUNREACH ? TD_REPLY_GONE : TD_REPLY_BROKEN;
+}
+
+static td_zmq_lost_t *lost_find(const td_zmq_t *z, const td_reply_t *reply)
+{
+    td_zmq_lost_t *l = z->lost;
+    while (l && (l->id_len != reply->to.id_len || memcmp(l->id, reply->to.id, l->id_len) != 0))
+        l = l->next;
+    return l;
+}
+
+static void keep(td_zmq_lost_t *l, td_reply_t *reply)
+{
+    reply->next = NULL;
+    if (l->tail)
+        l->tail->next = reply;
+    else
+        l->head = reply;
+    l->tail = reply;
+}
+
+/* The reply's connection has just been found closed: its replies are kept from now on. NULL when
+ * out of memory (then the reply is dropped). */
+static td_zmq_lost_t *lost_new(td_zmq_t *z, const td_reply_t *reply)
+{
+    td_zmq_lost_t *l = calloc(1, sizeof *l + reply->to.id_len);
+    if (!l)
+        return NULL;
+    l->id_len = reply->to.id_len;
+    memcpy(l->id, reply->to.id, l->id_len);
+    l->since_ns = uv_hrtime();
+    l->next = z->lost;
+    z->lost = l;
+    z->lost_total++;
+    td_notice("connection %s closed with requests unanswered (the client closed it, or ZeroMQ "
+              "did after a frame over max_frame); its replies are kept %u ms for it to reconnect",
+              reply->peer_name, TD_REPLY_RECONNECT_GRACE_MS);
+    return l;
+}
+
+/* Ends every reply still kept for l (dropped as by a send that failed with EHOSTUNREACH), then
+ * l. */
+static void lost_free(td_zmq_t *z, td_zmq_lost_t *l)
+{
+    td_zmq_lost_t **link = &z->lost;
+    while (*link != l)
+        link = &(*link)->next;
+    *link = l->next;
+    td_reply_t *reply;
+    while ((reply = l->head)) {
+        l->head = reply->next;
+        td_reply_end(reply, outcome_of(EHOSTUNREACH));
+    }
+    free(l);
+}
+
+/* Sends l's kept replies in order while its connection takes them. */
+static void lost_retry(td_zmq_t *z, td_zmq_lost_t *l)
+{
+    td_reply_t *reply;
+    while ((reply = l->head)) {
+        int err = send_now(z, reply);
+        if (err == EHOSTUNREACH) /* not back yet */
+            return;
+        l->head = reply->next;
+        if (!l->head)
+            l->tail = NULL;
+        if (!err)
+            z->resent_total++;
+        td_reply_end(reply, outcome_of(err));
+    }
+}
+
+static void retry_cb(uv_timer_t *handle)
+{
+    td_zmq_t *z = handle->data;
+    uint64_t grace_ns = (uint64_t)TD_REPLY_RECONNECT_GRACE_MS * 1000000u;
+    uint64_t now_ns = uv_hrtime();
+    td_zmq_lost_t *next;
+    for (td_zmq_lost_t *l = z->lost; l; l = next) {
+        next = l->next;
+        lost_retry(z, l);
+        if (!l->head || now_ns - l->since_ns >= grace_ns)
+            lost_free(z, l);
+    }
+    if (!z->lost)
+        uv_timer_stop(handle);
+}
+
+void td_zmq_send_reply(td_transport_t *transport, td_reply_t *reply)
+{
+    td_zmq_t *z = (td_zmq_t *)transport;
+    td_zmq_lost_t *l = lost_find(z, reply);
+    if (!l) {
+        int err = send_now(z, reply);
+        if (err != EHOSTUNREACH || !(l = lost_new(z, reply))) {
+            td_reply_end(reply, outcome_of(err));
+            return;
+        }
+    }
+    keep(l, reply); /* behind the replies kept before it: a stream's order holds */
+    if (!uv_is_active((uv_handle_t *)&z->retry_timer) &&
+        uv_timer_start(&z->retry_timer, retry_cb, TD_REPLY_RETRY_MS, TD_REPLY_RETRY_MS) != 0)
+        td_zmq_drop_kept(z); /* cannot happen; without retries nothing may wait */
+}
+
+void td_zmq_drop_kept(td_zmq_t *z)
+{
+    while (z->lost)
+        lost_free(z, z->lost);
+}
