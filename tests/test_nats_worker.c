@@ -166,14 +166,17 @@ static void stream_name(char *buf, size_t cap, int i)
 /* Sends `rounds` hist batches to every stream (recorded in the model), their bytes drawn from
  * seed (the same seed, the same messages); with replies, reads them all and checks each batch's
  * histogram. */
-static void push_hists(tally_nats_t *p, int rounds, bool want_reply, uint64_t seed)
+/* rounds of one u8 hist of `size` random bytes on every stream, kept in the model. */
+static void push_hists_of(tally_nats_t *p, int rounds, bool want_reply, uint64_t seed,
+                          size_t size)
 {
-    uint8_t batch[1000];
+    uint8_t *batch = malloc(size);
+    assert_non_null(batch);
     int sent = 0;
     uint64_t x = seed | 1;
     for (int r = 0; r < rounds; r++)
         for (int i = 0; i < STREAMS; i++) {
-            for (size_t j = 0; j < sizeof batch; j++) {
+            for (size_t j = 0; j < size; j++) {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
@@ -186,11 +189,11 @@ static void push_hists(tally_nats_t *p, int rounds, bool want_reply, uint64_t se
             req.opcode = TALLY_OP_HIST;
             req.dtype = TALLY_DTYPE_U8;
             assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
-            assert_int_equal(tally_nats_send(p, &req, batch, sizeof batch, want_reply, NULL, NULL),
+            assert_int_equal(tally_nats_send(p, &req, batch, size, want_reply, NULL, NULL),
                              TALLY_OK);
-            for (size_t j = 0; j < sizeof batch; j++)
+            for (size_t j = 0; j < size; j++)
                 model[i][batch[j]]++;
-            model_total[i] += sizeof batch;
+            model_total[i] += size;
             sent++;
         }
     assert_int_equal(tally_nats_flush(p), TALLY_OK);
@@ -199,9 +202,15 @@ static void push_hists(tally_nats_t *p, int rounds, bool want_reply, uint64_t se
         tally_reply_init(&reply);
         assert_int_equal(tally_nats_recv(p, 20000, &reply), TALLY_OK);
         assert_int_equal(reply.rep.count, 256);
-        assert_int_equal(reply.rep.aux0, 1000);
+        assert_int_equal(reply.rep.aux0, size);
         tally_reply_clear(&reply);
     }
+    free(batch);
+}
+
+static void push_hists(tally_nats_t *p, int rounds, bool want_reply, uint64_t seed)
+{
+    push_hists_of(p, rounds, want_reply, seed, 1000);
 }
 
 /* Every stream's record equals the model. */
@@ -504,6 +513,24 @@ static int check_config(const char *args, char *err, size_t cap)
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+/* Backpressure (PROTOCOL.md §13 "Validation"): at max_inflight the worker's requests wait and are
+ * sent again (tallyd_nats_resent_total), never lost or applied twice. With max_inflight 1 and
+ * four partitions of 64 KiB hists (run on CPU workers, not inline), the path is often full. */
+static void test_backpressure_at_max_inflight(void **state)
+{
+    (void)state;
+    th_daemon_t w;
+    const char *extra[] = {"--max-inflight", "1", NULL};
+    start_worker_with(&w, "wb", extra);
+    wait_owned("wb", PARTITIONS, 20000);
+    tally_nats_t *p = producer("backpressure");
+    push_hists_of(p, 3, true, th_rand(), 64 << 10);
+    check_model_eventually(p, 30000);
+    tally_nats_destroy(&p);
+    assert_true(metric(&w, "tallyd_nats_resent_total") > 0);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
 /* A worker with CURVE on for its ZeroMQ clients (PROTOCOL.md §13 "Security"): its partitions'
  * requests reach the request path as a transport of their own, not through a socket, so it
  * applies and answers as without CURVE. */
@@ -655,6 +682,7 @@ int main(void)
         cmocka_unit_test(test_poison_dead_letters),
         cmocka_unit_test(test_restart_resumes_from_checkpoint),
         cmocka_unit_test(test_failover_kill9_exactly_once),
+        cmocka_unit_test(test_backpressure_at_max_inflight),
         cmocka_unit_test(test_curve_worker),
         cmocka_unit_test(test_cli_over_nats),
         cmocka_unit_test(test_protected_mode),

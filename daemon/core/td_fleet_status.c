@@ -108,6 +108,9 @@ size_t td_fleet_status_render(const td_fleet_status_t *st, char *out, size_t cap
     counter(&t, "tallyd_nats_leases_lost_total",
             "Partitions lost without giving them up (lease expired or fenced).",
             LOAD(st->leases_lost));
+    counter(&t, "tallyd_nats_resent_total",
+            "Fleet requests sent to the request path again after it had no room (busy).",
+            LOAD(st->resent));
     counter(&t, "tallyd_nats_gaps_total",
             "Sequence gaps met: messages gone from a partition before they were applied.",
             LOAD(st->gaps));

@@ -496,6 +496,7 @@ void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *
     tally_rep_decode(reply, TALLY_REP_HEADER_SIZE, &rep);
     tally_status_t st = (tally_status_t)rep.status;
     if (st == TALLY_E_BUSY || st == TALLY_E_RATE || st == TALLY_E_SHUTDOWN) {
+        TD_FLEET_COUNT(f, resent);
         p->retry = m; /* no effect: the same message again (at shutdown: the next owner's) */
         p->retry_at = td_nats_now_ms() + TD_FLEET_RETRY_MS;
         return;
