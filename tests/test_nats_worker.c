@@ -513,6 +513,64 @@ static int check_config(const char *args, char *err, size_t cap)
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+/* Histogram publications (PROTOCOL.md §13): each changed stream of an owned partition on
+ * tally.watch.<k> with its §11 header and record, the member and stream in the headers, pub_seq
+ * counting up; every stream's last publication equals the model. */
+static void test_watch_publications(void **state)
+{
+    (void)state;
+    th_daemon_t w;
+    start_worker(&w, "ww");
+    wait_owned("ww", PARTITIONS, 20000);
+    natsSubscription *sub = NULL;
+    assert_int_equal(natsConnection_SubscribeSync(&sub, nc, "tally.watch.>"), NATS_OK);
+    tally_nats_t *p = producer("watch");
+    push_hists(p, 1, false, th_rand());
+    tally_nats_destroy(&p);
+    bool seen[STREAMS] = {false};
+    int left = STREAMS;
+    uint64_t last_seq = 0;
+    int64_t t0 = th_now_ms();
+    while (left > 0 && th_now_ms() - t0 < 20000) {
+        natsMsg *m = NULL;
+        if (natsSubscription_NextMsg(&m, sub, 500) != NATS_OK)
+            continue;
+        const char *member = NULL, *name = NULL;
+        assert_int_equal(natsMsgHeader_Get(m, "Tally-Member", &member), NATS_OK);
+        assert_string_equal(member, "ww");
+        assert_int_equal(natsMsgHeader_Get(m, "Tally-Stream", &name), NATS_OK);
+        char subject[48];
+        snprintf(subject, sizeof subject, "tally.watch.%u",
+                 (unsigned)tally_partition(name, strlen(name), PARTITIONS));
+        assert_string_equal(natsMsg_GetSubject(m), subject);
+        const uint8_t *data = (const uint8_t *)natsMsg_GetData(m);
+        size_t len = (size_t)natsMsg_GetDataLength(m);
+        tally_pub_t pub;
+        tally_stream_info_t info;
+        assert_int_equal(tally_pub_decode(data, TALLY_PUB_HEADER_SIZE, &pub), TALLY_OK);
+        assert_int_equal(pub.kind, TALLY_PUB_UPDATE);
+        assert_int_equal(pub.interval_ms, 1000);
+        assert_true(pub.pub_seq > last_seq);
+        last_seq = pub.pub_seq;
+        assert_int_equal(tally_stream_info_decode(data + TALLY_PUB_HEADER_SIZE,
+                                                  len - TALLY_PUB_HEADER_SIZE, &info),
+                         TALLY_OK);
+        for (int i = 0; i < STREAMS; i++) {
+            char want[32];
+            stream_name(want, sizeof want, i);
+            if (!seen[i] && strcmp(want, name) == 0 && info.hist_total == model_total[i] &&
+                memcmp(info.bins, model[i], sizeof model[i]) == 0) {
+                seen[i] = true;
+                left--;
+            }
+        }
+        natsMsg_Destroy(m);
+    }
+    natsSubscription_Destroy(sub);
+    assert_int_equal(left, 0);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
 /* Backpressure (PROTOCOL.md §13 "Validation"): at max_inflight the worker's requests wait and are
  * sent again (tallyd_nats_resent_total), never lost or applied twice. With max_inflight 1 and
  * four partitions of 64 KiB hists (run on CPU workers, not inline), the path is often full. */
@@ -682,6 +740,7 @@ int main(void)
         cmocka_unit_test(test_poison_dead_letters),
         cmocka_unit_test(test_restart_resumes_from_checkpoint),
         cmocka_unit_test(test_failover_kill9_exactly_once),
+        cmocka_unit_test(test_watch_publications),
         cmocka_unit_test(test_backpressure_at_max_inflight),
         cmocka_unit_test(test_curve_worker),
         cmocka_unit_test(test_cli_over_nats),

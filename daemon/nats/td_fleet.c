@@ -181,6 +181,7 @@ static void *fleet_thread(void *arg)
             if (f->parts[k].owned)
                 busy |= td_part_step(f, &f->parts[k]);
         busy |= td_fleet_query_step(f);
+        busy |= td_fleet_watch_step(f);
         td_fleet_path_poll(f, busy ? 0 : TD_FLEET_IDLE_MS);
     }
     leave(f);
@@ -263,6 +264,7 @@ static void settings(td_fleet_t *f, const td_config_t *cfg)
     f->partitions = cfg->nats_partitions;
     f->ttl_ms = cfg->nats_lease_ttl_ms;
     f->ckpt_ms = cfg->nats_checkpoint_ms;
+    f->watch_ms = cfg->pub_interval_ms;
 }
 
 /* What info shows of the settings: before the loop runs, so the loop reads them unlocked. */

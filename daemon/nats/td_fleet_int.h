@@ -140,6 +140,9 @@ struct td_fleet {
     pthread_cond_t cond;
     td_fleet_job_t *job;
     bool loop_closed;
+    /* Histogram publications (td_fleet_watch.c): every watch_ms (pub_interval_ms); pub_seq. */
+    int64_t watch_ms, next_watch_ms;
+    uint64_t watch_seq;
     /* Counters and what info and /metrics show (the server's, or own_status). */
     td_fleet_status_t *st;
     td_fleet_status_t own_status;
@@ -184,6 +187,10 @@ void td_part_quiesce(td_fleet_t *f, td_part_t *p);
 bool td_part_checkpoint(td_fleet_t *f, td_part_t *p);
 /* True when stream `name` belongs to a partition this worker owns with a valid lease. */
 bool td_fleet_owns_stream(td_fleet_t *f, const char *name, size_t len);
+
+/* td_fleet_watch.c: publishes the owned streams that changed when a tick is due; true when it
+ * published any. */
+bool td_fleet_watch_step(td_fleet_t *f);
 
 /* td_fleet_reader.c: the reader takes sub (and destroys it at stop). */
 td_err_t td_reader_start(td_fleet_t *f, td_reader_t *r, uint32_t k, natsSubscription *sub);
