@@ -134,13 +134,8 @@ static int recv_status(void *s, uint64_t *id)
 
 static tally_req_t request(uint8_t op, uint8_t dtype, uint64_t id)
 {
-    tally_req_t req;
-    memset(&req, 0, sizeof req);
-    req.version = TALLY_PROTO_VERSION;
-    req.opcode = op;
-    req.dtype = dtype;
-    req.request_id = id;
-    return req;
+    return (tally_req_t){
+        .version = TALLY_PROTO_VERSION, .opcode = op, .dtype = dtype, .request_id = id};
 }
 
 static void count(attacker_t *a, int status)

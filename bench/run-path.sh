@@ -20,7 +20,7 @@
 #   5. 4 KiB requests, one in flight: ZeroMQ echo p50 against tallyd (auto) p50;
 # then the ratios the issue's targets name. With perf installed, a profile of the GPU tallyd under
 # the ZeroMQ 8 x 8 load goes to OUT_DIR/perf-hist8x8.txt; without, its threads' CPU shares go
-# into path.md (bench/thread-cpu.sh). Markdown in OUT_DIR/path.md (rows, then ratios),
+# into OUT_DIR/path.md (bench/thread-cpu.sh). Markdown in OUT_DIR/path.md (rows, then ratios),
 # `key GB/s p50` lines in OUT_DIR/results.txt, every tallyd's log and stderr in OUT_DIR.
 # SECONDS_PER_RUN (default 1.2) sets each run's measured time; the whole run takes about 3 min.
 # GPU_ARGS (default "--backend cuda") is the GPU tallyd's backend: "--backend cuda

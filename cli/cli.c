@@ -151,13 +151,15 @@ int cli_option_size(const char *cmd, const char *option, const char *arg, size_t
 
 bool cli_parse_dtype(const char *s, tally_dtype_t *out)
 {
-    if (!strcmp(s, "i32"))
-        *out = TALLY_DTYPE_I32;
-    else if (!strcmp(s, "u8"))
-        *out = TALLY_DTYPE_U8;
-    else
-        return false;
-    return true;
+    if (!strcmp(s, "rgb") || !strcmp(s, "rgba")) /* the pixel types, as people say them */
+        s = s[3] ? "rgba8" : "rgb8";
+    for (unsigned d = 0; d < TALLY_DTYPE_COUNT; d++) {
+        if (!strcmp(s, tally_dtype_name((tally_dtype_t)d))) {
+            *out = (tally_dtype_t)d;
+            return true;
+        }
+    }
+    return false;
 }
 
 /* ---- Options ------------------------------------------------------------------------------ */
@@ -334,6 +336,14 @@ void cli_print_options(const cli_option_t *options, FILE *f)
 {
     for (const cli_option_t *o = options; o->name; o++)
         print_option(o, f);
+}
+
+const char *cli_command_summary(const cli_command_t *cmd)
+{
+    const tally_op_info_t *op = cmd->op ? tally_op_info(cmd->op) : NULL;
+    if (cmd->summary || !op)
+        return cmd->summary ? cmd->summary : "";
+    return op->summary;
 }
 
 void cli_print_help(const cli_command_t *cmd, FILE *f)

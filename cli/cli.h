@@ -92,7 +92,7 @@ typedef struct {
 typedef struct cli_command cli_command_t;
 struct cli_command {
     const char *name;
-    const char *summary; /* one line, in 'tally --help' */
+    const char *summary; /* one line, in 'tally --help'; NULL: the op's (tally_ops.h) */
     const char *usage;   /* after "usage: tally " */
     const char *about;   /* the paragraph(s) of --help before the options */
     const cli_group_t *groups;
@@ -121,6 +121,8 @@ struct cli_command {
  * positional arguments are argv[optind..argc)), CLI_HELP_SHOWN, or an exit status. */
 int cli_parse(cli_t *cli, const cli_command_t *cmd, void *ctx, int argc, char **argv);
 void cli_print_help(const cli_command_t *cmd, FILE *f);
+/* The command's line in 'tally --help': its own summary, or its operation's row's. */
+const char *cli_command_summary(const cli_command_t *cmd);
 void cli_print_options(const cli_option_t *options, FILE *f);
 /* The common options (-e, -t, --server-key, --client-key, -h): shared by every command and the top
  * level. */
@@ -154,6 +156,7 @@ int cli_option_i64(const char *cmd, const char *option, const char *arg, int64_t
                    int64_t *out);
 /* An option's byte size (tally_size_parse): 0, or "invalid size '1T' for --chunk: ...". */
 int cli_option_size(const char *cmd, const char *option, const char *arg, size_t min, size_t *out);
+/* A dtype by its name (tally_dtype_name; also rgb, rgba): false when none has it. */
 bool cli_parse_dtype(const char *s, tally_dtype_t *out);
 /* An option's duration: a decimal number (a fraction allowed) and a unit, ms, s, m or h (none:
  * seconds), as whole milliseconds in [min_ms, max_ms]: 0, or a usage error naming the option. */
@@ -180,7 +183,7 @@ int cli_run(cli_t *cli, const cli_command_t *cmd, int argc, char **argv);
 
 /* ---- The commands (main.c lists them) --------------------------------------------------- */
 
-extern const cli_command_t cli_cmd_filter, cli_cmd_scan, cli_cmd_hist;
+extern const cli_command_t cli_cmd_filter, cli_cmd_scan, cli_cmd_hist, cli_cmd_minmax;
 extern const cli_command_t cli_cmd_query, cli_cmd_reset, cli_cmd_delete, cli_cmd_streams;
 extern const cli_command_t cli_cmd_watch;
 extern const cli_command_t cli_cmd_ping, cli_cmd_info, cli_cmd_stats, cli_cmd_keygen;

@@ -409,6 +409,7 @@ void print_values(FILE *f, const uint8_t *p, size_t n, size_t size)
     size_t at = 0;
     for (size_t i = 0; i < n; i++) {
         int64_t v = size == 1   ? p[i]
+                    : size == 2 ? tally_get_u16(p + 2 * i)
                     : size == 4 ? (int32_t)tally_get_u32(p + 4 * i)
                                 : (int64_t)tally_get_u64(p + 8 * i);
         if (at > sizeof block - 24) {

@@ -17,6 +17,8 @@
  */
 #include "cli_push.h"
 
+#include "tally_ops.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -43,9 +45,13 @@ static tally_status_t sink_write(void *arg, const void *data, size_t len)
             return TALLY_E_IO;
         return TALLY_OK;
     }
-    size_t size = tally_dtype_size((tally_dtype_t)req->dtype);
-    if (req->opcode == TALLY_OP_SCAN)
-        size = (req->flags & TALLY_FLAG_SCAN_OUT_I32) ? 4 : 8;
+    if (req->opcode == TALLY_OP_MINMAX) { /* once, at the end: 'min N' and 'max N' */
+        int64_t min, max;
+        tally_minmax_decode(req->dtype, data, &min, &max);
+        fprintf(s->f, "min %" PRId64 "\nmax %" PRId64 "\n", min, max);
+        return ferror(s->f) ? TALLY_E_IO : TALLY_OK;
+    }
+    size_t size = tally_op_reply_elem(req);
     print_values(s->f, data, len / size, size);
     if (s->flush)
         fflush(s->f);
@@ -79,15 +85,13 @@ static void print_hist(sink_t *s)
 /* The daemon's max_batch from `info` (0 when it does not say). */
 static size_t daemon_max_batch(tally_client_t *client)
 {
-    char *text = NULL;
-    size_t max = 0;
-    if (tally_info(client, TALLY_OP_INFO, &text) == TALLY_OK) {
-        const char *at = strstr(text, "\nmax_batch=");
-        if (at)
-            max = (size_t)strtoull(at + 11, NULL, 10);
-    }
-    free(text);
-    return max;
+    tally_info_t *info = NULL;
+    uint64_t max = 0;
+    if (tally_info_fetch(client, &info) == TALLY_OK &&
+        tally_info_u64(info, "max_batch", &max) != TALLY_OK)
+        max = 0;
+    tally_info_destroy(&info);
+    return (size_t)max;
 }
 
 /* --chunk capped to max_batch, in whole elements or --frames frames. 0 or an exit status. */

@@ -20,7 +20,7 @@ static int send_ping(tally_client_t *client, const cli_command_t *cmd, char **ar
     return cli_finish_stdout();
 }
 
-CLI_COMMAND(ping, .usage = "ping", .summary = "check that tallyd answers",
+CLI_COMMAND(ping, .usage = "ping", .op = TALLY_OP_PING,
             .about = "Check that tallyd answers; prints 'pong <round trip> ms'.\n",
             .request = send_ping);
 
@@ -45,11 +45,11 @@ static int print_text(tally_client_t *client, const cli_command_t *cmd, char **a
 }
 
 CLI_COMMAND(
-    info, .usage = "info", .summary = "daemon version, backends and limits",
+    info, .usage = "info",
     .about = "Print the daemon's version, backends, devices and limits as 'key=value' lines.\n",
     .op = TALLY_OP_INFO, .request = print_text);
 
-CLI_COMMAND(stats, .usage = "stats", .summary = "daemon metrics (Prometheus text)",
+CLI_COMMAND(stats, .usage = "stats",
             .about = "Print the daemon's metrics in the Prometheus text format.\n",
             .op = TALLY_OP_STATS, .request = print_text);
 

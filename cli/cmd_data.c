@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * cmd_data.c — the data commands: filter, scan and hist. They share one path: the options
- * of data_options (where the input is, how it is cut and sent, where output goes), then
+ * cmd_data.c — the data commands: filter, scan, hist and minmax. They share one path: the
+ * options of data_options (where the input is, how it is cut and sent, where output goes), then
  * cli_push (cli_push.c), which streams the input in pipelined chunks through libtally and
  * prints the output as it comes; each command adds its own options.
  */
@@ -18,6 +18,7 @@ enum {
     OPT_CHUNK,
     OPT_WINDOW,
     OPT_SHM,
+    OPT_GPU_REGION,
     OPT_SEQ_BASE,
     OPT_NO_SEQ,
     OPT_RESUME,
@@ -60,6 +61,11 @@ static const cli_option_t data_options[] = {
     {"window", OPT_WINDOW, "N", "keep N chunks in flight (1-256, default 8)"},
     {"shm", OPT_SHM, NULL,
      "pass the chunks through shared memory (tallyd on this host;\nthe same output)"},
+    {"gpu-region", OPT_GPU_REGION, NULL,
+     "pass the chunks through GPU memory registered as a device\n"
+     "region (GPU 0, CUDA_VISIBLE_DEVICES; tallyd on this host\n"
+     "with that GPU): copied to the GPU, sent by reference, filter\n"
+     "and scan output written there by tallyd; the same output"},
     {"resume", OPT_RESUME, NULL,
      "with --stream: continue this stream's push that stopped\n"
      "(Ctrl-C, a failure): the chunks the stream has are skipped"},
@@ -82,7 +88,8 @@ static const cli_setter_t data_setters[] = {
     CLI_SET_ARG(OPT_OUT, data_args_t, out),
     CLI_SET_TRUE(OPT_TEXT, data_args_t, text),
     CLI_SET_TRUE(OPT_BINARY, data_args_t, binary),
-    CLI_SET_INT(OPT_SHM, data_args_t, opts.shm, 1),
+    CLI_SET_INT(OPT_SHM, data_args_t, opts.shm, TALLY_RUN_SHM_HOST),
+    CLI_SET_INT(OPT_GPU_REGION, data_args_t, opts.shm, TALLY_RUN_SHM_GPU),
     CLI_SET_TRUE(OPT_NO_SEQ, data_args_t, no_seq),
     CLI_SET_TRUE(OPT_RESUME, data_args_t, resume),
     CLI_SET_INT(OPT_PROGRESS, data_args_t, progress, 1),
@@ -167,6 +174,12 @@ static int run_data(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
         return cli_usage_error(a->cmd, "a predicate is required (--gt N, ..., --between LO HI)");
     if (a->req.opcode == TALLY_OP_HIST && (rc = hist_check_range(a)) != 0)
         return rc;
+    /* What the operation's row refuses (tally_ops.h), said before anything is read or sent. */
+    const tally_op_info_t *op = tally_op_info(a->req.opcode);
+    if (a->req.stream_len && op->stream == TALLY_STREAM_NONE)
+        return cli_usage_error(a->cmd, "%s takes no --stream", op->name);
+    if (a->opts.shm && !(op->flags & TALLY_FLAG_SHM_REF))
+        return cli_usage_error(a->cmd, "%s takes no --shm", op->name);
     size_t esize = tally_dtype_size((tally_dtype_t)a->req.dtype);
     if (a->frame && a->frame % esize)
         return cli_usage_error(a->cmd, "--frames: %zu bytes is not a whole number of %zu-byte %s",
@@ -223,7 +236,6 @@ static int filter_predicate(data_args_t *a, int id, const char *arg, int argc, c
 }
 
 CLI_COMMAND(filter, .usage = "filter PREDICATE [--stable] [--type i32|u8] [--count] [OPTIONS]",
-            .summary = "keep the elements that satisfy a predicate",
             .about =
                 "Keep the elements that satisfy PREDICATE and print them, one per line. --out\n"
                 "writes them as binary elements of the input type.\n",
@@ -246,7 +258,6 @@ static const cli_group_t scan_groups[] = {
 };
 
 CLI_COMMAND(scan, .usage = "scan [--exclusive] [--out32] [OPTIONS]",
-            .summary = "prefix sums of int32 input",
             .about =
                 "Prefix sums of int32 input, printed one per line (--out: binary int64, or int32\n"
                 "with --out32). With --stream the sums continue from the stream's running total,\n"
@@ -271,27 +282,15 @@ static const cli_group_t hist_groups[] = {
     {0},
 };
 
-static bool hist_parse_dtype(const char *s, tally_dtype_t *out)
-{
-    if (!strcmp(s, "u16"))
-        *out = TALLY_DTYPE_U16;
-    else if (!strcmp(s, "rgb") || !strcmp(s, "rgb8"))
-        *out = TALLY_DTYPE_RGB8;
-    else if (!strcmp(s, "rgba") || !strcmp(s, "rgba8"))
-        *out = TALLY_DTYPE_RGBA8;
-    else
-        return cli_parse_dtype(s, out);
-    return true;
-}
-
-/* --type: filter takes i32 and u8, hist also u16, rgb and rgba. */
+/* --type: a dtype (cli_parse_dtype) that the operation's row lists. */
 static int type_option(data_args_t *a, const char *arg)
 {
     tally_dtype_t dtype;
-    if (a->req.opcode == TALLY_OP_HIST && !hist_parse_dtype(arg, &dtype))
-        return cli_usage_error(a->cmd, "--type: '%s' is not u8, i32, u16, rgb or rgba", arg);
-    if (a->req.opcode != TALLY_OP_HIST && !cli_parse_dtype(arg, &dtype))
-        return cli_usage_error(a->cmd, "--type: '%s' is not i32 or u8", arg);
+    if (!cli_parse_dtype(arg, &dtype) || !tally_op_takes_dtype(a->req.opcode, dtype)) {
+        char takes[64];
+        return cli_usage_error(a->cmd, "--type: '%s' is not %s", arg,
+                               tally_op_dtypes_text(a->req.opcode, takes, sizeof takes));
+    }
     a->req.dtype = (uint8_t)dtype;
     return 0;
 }
@@ -312,7 +311,6 @@ static int hist_range(data_args_t *a, const char *arg, int argc, char **argv)
 }
 
 CLI_COMMAND(hist, .usage = "hist [--type u8|i32|u16|rgb|rgba] [--range LO HI] [OPTIONS]",
-            .summary = "256-bin histogram of u8, i32, u16 or rgb/rgba input",
             .about =
                 "Histogram of this input in 256 bins, printed as 'bin count' lines (bins 0..255).\n"
                 "u8: one bin per byte value. i32 and u16: 256 even bins over [LO, HI) plus\n"
@@ -324,4 +322,25 @@ CLI_COMMAND(hist, .usage = "hist [--type u8|i32|u16|rgb|rgba] [--range LO HI] [O
                 "counts as binary uint64: 256 for u8, 258 for i32 and u16 (the bins, then\n"
                 "underflow and overflow), 768 for rgb and 1024 for rgba (256 per channel).\n",
             .op = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8, .groups = hist_groups,
+            .setters = data_setters, .option = data_option, .run = run_data);
+
+/* ---- minmax ------------------------------------------------------------------------------- */
+
+static const cli_option_t minmax_options[] = {
+    {"type", OPT_TYPE, "T", "element type: i32 (default), u8 or u16"},
+    {0},
+};
+
+static const cli_group_t minmax_groups[] = {
+    {"Options", minmax_options},
+    {"Input and output", data_options},
+    {0},
+};
+
+CLI_COMMAND(minmax, .usage = "minmax [--type i32|u8|u16] [OPTIONS]",
+            .about = "The smallest and the largest value of the input, printed as 'min N' and\n"
+                     "'max N' lines (nothing for an empty input). --out writes the two values as\n"
+                     "binary elements of the input type. It keeps no stream state: --stream and\n"
+                     "--shm are refused.\n",
+            .op = TALLY_OP_MINMAX, .dtype = TALLY_DTYPE_I32, .groups = minmax_groups,
             .setters = data_setters, .option = data_option, .run = run_data);

@@ -187,7 +187,7 @@ static int run_query(cli_t *cli, const cli_command_t *cmd, int argc, char **argv
 
 CLI_COMMAND(
     query, .usage = "query [--json|--csv|--raw] [--last DURATION] [--quantile Q]... STREAM",
-    .summary = "a stream's histogram summary, counters and bins",
+    .op = TALLY_OP_QUERY,
     .about =
         "Summarise a stream's running histogram: the count of values, the mean (of the values\n"
         "in range, each at the centre of its bin: '(in range)' for i32/u16, whose underflow\n"
@@ -213,7 +213,7 @@ static int stream_control(tally_client_t *client, const cli_command_t *cmd, char
     return status == TALLY_OK ? 0 : cli_report(status, cmd->name, tally_client_error(client));
 }
 
-CLI_COMMAND(reset, .usage = "reset STREAM", .summary = "zero a stream's counts, keep the stream",
+CLI_COMMAND(reset, .usage = "reset STREAM",
             .about =
                 "Zero a stream and keep it: its counters, histogram (all time and the recent\n"
                 "windows) and scan carry become 0. It stays in 'tally streams' with its name, its\n"
@@ -222,7 +222,7 @@ CLI_COMMAND(reset, .usage = "reset STREAM", .summary = "zero a stream's counts, 
             .nargs = 1, .op = TALLY_OP_RESET, .check = stream_arg, .request = stream_control);
 
 CLI_COMMAND(
-    delete, .usage = "delete STREAM", .summary = "remove a stream",
+    delete, .usage = "delete STREAM",
     .about = "Remove a stream: its state and its name are forgotten, it leaves 'tally streams',\n"
              "and the next request that names it starts a new stream (any histogram type and\n"
              "range, sequence numbers from 1). To zero a stream and keep it, use 'tally reset'.\n",
@@ -246,5 +246,5 @@ static int list_streams(tally_client_t *client, const cli_command_t *cmd, char *
     return rc;
 }
 
-CLI_COMMAND(streams, .usage = "streams", .summary = "list streams",
+CLI_COMMAND(streams, .usage = "streams", .op = TALLY_OP_STREAMS,
             .about = "List the daemon's streams, one name per line.\n", .request = list_streams);

@@ -15,9 +15,9 @@
 #include <string.h>
 
 static const cli_command_t *const commands[] = {
-    &cli_cmd_filter, &cli_cmd_scan,  &cli_cmd_hist,   &cli_cmd_query,
-    &cli_cmd_watch,  &cli_cmd_reset, &cli_cmd_delete, &cli_cmd_streams,
-    &cli_cmd_ping,   &cli_cmd_info,  &cli_cmd_stats,  &cli_cmd_keygen,
+    &cli_cmd_filter, &cli_cmd_scan,  &cli_cmd_hist,   &cli_cmd_minmax,  &cli_cmd_query,
+    &cli_cmd_watch,  &cli_cmd_reset, &cli_cmd_delete, &cli_cmd_streams, &cli_cmd_ping,
+    &cli_cmd_info,   &cli_cmd_stats, &cli_cmd_keygen,
 };
 
 static const cli_option_t top_options[] = {
@@ -36,7 +36,7 @@ static void print_usage(FILE *f)
     cli_print_options(top_options, f);
     fprintf(f, "\nCommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(f, "  %-8s %s\n", commands[i]->name, commands[i]->summary);
+        fprintf(f, "  %-8s %s\n", commands[i]->name, cli_command_summary(commands[i]));
     fprintf(f, "\n'tally COMMAND --help' describes a command.\n"
                "\n"
                "Environment: TALLY_ENDPOINT, the endpoint when -e is not given;\n"

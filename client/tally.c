@@ -41,6 +41,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -737,6 +738,22 @@ out:
     return status;
 }
 
+tally_status_t tally_info_fetch(tally_client_t *self, tally_info_t **out)
+{
+    if (!out)
+        return TALLY_E_ARG;
+    *out = NULL;
+    tally_reply_t reply;
+    tally_status_t status = call_op(self, TALLY_OP_INFO, &reply);
+    if (status == TALLY_OK) {
+        status = tally_info_parse((const char *)reply.payload, reply.len, out);
+        if (status == TALLY_E_REPLY)
+            fail(self, status, "the daemon's info is not key=value lines (PROTOCOL.md §5 info)");
+    }
+    tally_reply_clear(&reply);
+    return status;
+}
+
 /* A query/reset request naming `stream`; the name is checked before anything is sent. */
 static tally_status_t stream_req(tally_client_t *self, tally_req_t *req, tally_op_t op,
                                  const char *stream)
@@ -882,21 +899,6 @@ tally_status_t tally_streams(tally_client_t *self, char ***names, size_t *count)
 
 /* ---- Shared memory ------------------------------------------------------------------------ */
 
-/* The value of `key` in the daemon's info text, copied into buf ("" when absent). */
-static void info_value(const char *text, const char *key, char *buf, size_t cap)
-{
-    size_t klen = strlen(key);
-    buf[0] = '\0';
-    for (const char *line = text; line && *line;
-         line = strchr(line, '\n'), line = line ? line + 1 : NULL) {
-        if (strncmp(line, key, klen) == 0 && line[klen] == '=') {
-            size_t len = strcspn(line + klen + 1, "\n");
-            snprintf(buf, cap, "%.*s", (int)len, line + klen + 1);
-            return;
-        }
-    }
-}
-
 /* Opens the side channel named by the daemon's `info` (once per client). */
 static tally_status_t side_connect(tally_client_t *self)
 {
@@ -904,24 +906,29 @@ static tally_status_t side_connect(tally_client_t *self)
         return fail(self, TALLY_E_ARG, "shared memory is not available over NATS");
     if (self->side_fd >= 0)
         return TALLY_OK;
-    char *text = NULL;
-    tally_status_t status = tally_info(self, TALLY_OP_INFO, &text);
+    tally_info_t *info = NULL;
+    tally_status_t status = tally_info_fetch(self, &info);
     if (status != TALLY_OK)
         return status;
-    char on[8], path[sizeof(((struct sockaddr_un *)0)->sun_path)], batch[24];
-    info_value(text, "shm", on, sizeof on);
-    info_value(text, "shm_socket", path, sizeof path);
-    info_value(text, "max_batch", batch, sizeof batch);
-    free(text);
-    self->max_batch = (size_t)strtoull(batch, NULL, 10);
-    if (strcmp(on, "on") != 0 || !path[0])
-        return fail(self, TALLY_E_ARG, "the daemon offers no shared memory (info: shm=off)");
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path);
+    const char *on = tally_info_lookup(info, "shm");
+    const char *path = tally_info_lookup(info, "shm_socket");
+    uint64_t max_batch = 0;
+    (void)tally_info_u64(info, "max_batch", &max_batch); /* 0: the daemon did not say */
+    self->max_batch = (size_t)max_batch;
+    bool offered = on && strcmp(on, "on") == 0 && path && path[0];
+    bool fits = offered && strlen(path) < sizeof addr.sun_path;
+    if (fits)
+        memcpy(addr.sun_path, path, strlen(path) + 1);
+    tally_info_destroy(&info);
+    if (!offered)
+        return fail(self, TALLY_E_ARG, "the daemon offers no shared memory (info: shm=off)");
+    if (!fits)
+        return fail(self, TALLY_E_REPLY, "the daemon's shm_socket path is too long for a socket");
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
         char msg[TALLY_ERROR_MESSAGE_MAX + 1];
-        set_msg(msg, "cannot connect to the shared-memory side channel %s: %s", path,
+        set_msg(msg, "cannot connect to the shared-memory side channel %s: %s", addr.sun_path,
                 strerror(errno));
         if (fd >= 0)
             close(fd);
@@ -1464,9 +1471,14 @@ struct tally_push {
     bool finished;
     uint64_t scan_offset;                    /* stateless scan: total of the chunks merged so far */
     uint8_t hist[8 * TALLY_HIST_VALUES_MAX]; /* hist: the counts summed over chunks */
+    int64_t min, max; /* minmax: over the chunks so far (min > max while none had an element) */
     /* opts->shm: window input slices of in_slice bytes, then window output slices of
-     * out_slice bytes (0 for hist), in one region. */
+     * out_slice bytes (0 for hist), in one region. TALLY_RUN_SHM_GPU: the region is device
+     * memory (gpu_mem): the chunks are copied into it, and the output slices copied out of it
+     * into gpu_out (window slices on the host) before they are merged. */
     tally_region_t *region;
+    tally_gpu_mem_t *gpu_mem;
+    uint8_t *gpu_out;
     size_t in_slice;
     size_t out_slice;
     tally_run_result_t res;
@@ -1491,13 +1503,27 @@ static uint8_t *reply_output(const tally_push_t *push, uint64_t k, const tally_r
         *len = reply->len;
         return reply->len ? zmq_msg_data(reply->msg_) : NULL;
     }
-    bool out_i32 = push->req.flags & TALLY_FLAG_SCAN_OUT_I32;
-    size_t size = push->req.opcode == TALLY_OP_SCAN ? (out_i32 ? 4 : 8) : push->elem_size;
-    *len = (size_t)reply->rep.count * size;
+    *len = (size_t)reply->rep.count * tally_op_reply_elem(&push->req);
     if (*len > push->out_slice)
         *len = push->out_slice; /* a count the daemon cannot have sent: merge_* rejects it */
+    size_t slice = (size_t)(k % push->window) * push->out_slice;
+    if (push->gpu_mem) /* copied out of the device by device_output */
+        return push->gpu_out + slice;
     uint8_t *base = tally_region_data(push->region);
-    return base + push->window * push->in_slice + (size_t)(k % push->window) * push->out_slice;
+    return base + push->window * push->in_slice + slice;
+}
+
+/* TALLY_RUN_SHM_GPU: a filter's or scan's output slice of chunk k, copied out of the device
+ * region into the host slice reply_output reads (its count elements). */
+static tally_status_t device_output(tally_push_t *push, uint64_t k, const tally_reply_t *reply)
+{
+    if (!push->gpu_mem || !push->out_slice || reply->rep.status != TALLY_OK)
+        return TALLY_OK;
+    size_t len;
+    uint8_t *host = reply_output(push, k, reply, &len);
+    size_t at = push->window * push->in_slice + (size_t)(k % push->window) * push->out_slice;
+    tally_status_t st = tally_gpu_copy_from(push->gpu_mem, at, host, len);
+    return st == TALLY_OK ? TALLY_OK : push_fail(push, st, tally_gpu_error());
 }
 
 static tally_status_t emit(tally_push_t *push, const void *data, size_t len)
@@ -1555,13 +1581,39 @@ static tally_status_t merge_hist(tally_push_t *push, const tally_reply_t *reply)
     return TALLY_OK;
 }
 
+/* A chunk's min and max (none for an empty chunk) into the push's. */
+static tally_status_t merge_minmax(tally_push_t *push, const tally_reply_t *reply)
+{
+    uint64_t count = reply->rep.count;
+    if ((count != 0 && count != 2) || reply->len != count * push->elem_size) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "minmax reply has %" PRIu64 " values in %zu bytes", count,
+                 reply->len);
+        return push_fail(push, TALLY_E_REPLY, msg);
+    }
+    if (count) {
+        int64_t lo, hi;
+        tally_minmax_decode(push->req.dtype, reply->payload, &lo, &hi);
+        push->min = lo < push->min ? lo : push->min;
+        push->max = hi > push->max ? hi : push->max;
+    }
+    push->res.seen += reply->rep.aux0;
+    return TALLY_OK;
+}
+
+/* By the reply's shape (tally_ops.h): the output of each chunk, in order. */
 static tally_status_t merge_chunk(tally_push_t *push, uint64_t k, const push_slot_t *slot)
 {
-    switch (push->req.opcode) {
-    case TALLY_OP_FILTER:
+    tally_status_t st = device_output(push, k, &slot->reply);
+    if (st != TALLY_OK)
+        return st;
+    switch (tally_op_info(push->req.opcode)->reply) {
+    case TALLY_REPLY_KEPT:
         return merge_filter(push, k, &slot->reply);
-    case TALLY_OP_SCAN:
+    case TALLY_REPLY_PREFIX:
         return merge_scan(push, k, &slot->reply, slot->len);
+    case TALLY_REPLY_PAIR:
+        return merge_minmax(push, &slot->reply);
     default:
         return merge_hist(push, &slot->reply);
     }
@@ -1576,8 +1628,13 @@ static tally_status_t push_send(tally_push_t *push, uint64_t k, const void *chun
     if (push->region) { /* the chunk's slice is free: its previous chunk has been merged */
         size_t slice = (size_t)(k % push->window);
         uint8_t *base = tally_region_data(push->region);
-        if (len)
+        if (push->gpu_mem) { /* synchronous: the data is on the device before the request */
+            status = tally_gpu_copy_to(push->gpu_mem, slice * push->in_slice, chunk, len);
+            if (status != TALLY_OK)
+                return push_fail(push, status, tally_gpu_error());
+        } else if (len) {
             memcpy(base + slice * push->in_slice, chunk, len);
+        }
         size_t out_at = push->window * push->in_slice + slice * push->out_slice;
         status = tally_send_shm(push->client, &wire, push->region, slice * push->in_slice, len,
                                 push->out_slice ? push->region : NULL, out_at, &slot->request_id);
@@ -1663,15 +1720,33 @@ static tally_status_t push_step(tally_push_t *push)
     return status;
 }
 
+/* TALLY_RUN_SHM_GPU: the rings in device memory on GPU 0 (tally_gpu_alloc: CUDA_VISIBLE_DEVICES
+ * picks it), registered as an output region, and the host slices the outputs are copied into. */
+static tally_status_t push_open_gpu(tally_push_t *push, size_t size)
+{
+    tally_status_t status = tally_gpu_alloc(0, size, &push->gpu_mem);
+    if (status != TALLY_OK) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "cannot allocate %zu bytes of GPU memory: %s", size,
+                 tally_gpu_error());
+        return push_fail(push, status, msg);
+    }
+    status = tally_gpu_register(push->client, push->gpu_mem, TALLY_GPU_OUTPUT, NULL, &push->region);
+    if (status != TALLY_OK)
+        return push_fail(push, status, push->client->error);
+    push->gpu_out = malloc(push->window * push->out_slice + 1);
+    return push->gpu_out ? TALLY_OK : push_fail(push, TALLY_E_NOMEM, "out of memory");
+}
+
 /* Checks the request and options, and sizes chunks and the window. */
 static tally_status_t push_prepare(tally_push_t *push, const tally_run_opts_t *opts)
 {
     const tally_req_t *req = &push->req;
-    if (req->opcode != TALLY_OP_FILTER && req->opcode != TALLY_OP_SCAN &&
-        req->opcode != TALLY_OP_HIST)
-        return push_fail(push, TALLY_E_ARG, "a push takes filter, scan or hist requests");
+    const tally_op_info_t *op = tally_op_info(req->opcode);
+    if (!op || !op->batch)
+        return push_fail(push, TALLY_E_ARG, "a push takes operations with a batch");
     push->elem_size = tally_dtype_size((tally_dtype_t)req->dtype);
-    if (!push->elem_size || (req->opcode == TALLY_OP_HIST && !tally__hist_values(req->dtype)))
+    if (!push->elem_size || !tally_op_takes_dtype(req->opcode, req->dtype))
         return push_fail(push, TALLY_E_ARG, "request has no input dtype");
     push->chunk_bytes = tally__chunk_bytes(opts ? opts->chunk_bytes : 0, push->elem_size);
     if (push->client->natsc) { /* over NATS: one chunk, one message (and one reply) */
@@ -1692,6 +1767,10 @@ static tally_status_t push_prepare(tally_push_t *push, const tally_run_opts_t *o
     }
     if (req->opcode == TALLY_OP_HIST)
         push->res.count = tally__hist_values(req->dtype);
+    push->min = INT64_MAX;
+    push->max = INT64_MIN;
+    if (opts && opts->shm && !(op->flags & TALLY_FLAG_SHM_REF))
+        return push_fail(push, TALLY_E_ARG, "this operation takes no shared-memory input");
     push->slots = calloc(push->window, sizeof *push->slots);
     if (!push->slots)
         return push_fail(push, TALLY_E_NOMEM, "out of memory");
@@ -1701,6 +1780,8 @@ static tally_status_t push_prepare(tally_push_t *push, const tally_run_opts_t *o
     push->in_slice = push->chunk_bytes;
     push->out_slice = (size_t)tally_shm_out_worst(req, push->chunk_bytes);
     size_t size = push->window * (push->in_slice + push->out_slice);
+    if (opts->shm == TALLY_RUN_SHM_GPU)
+        return push_open_gpu(push, size);
     tally_status_t status = tally_region_create(push->client, size, &push->region);
     if (status != TALLY_OK)
         return push_fail(push, status, push->client->error);
@@ -1880,6 +1961,15 @@ tally_status_t tally_push_flush(tally_push_t *push)
     return status;
 }
 
+/* minmax: the smallest and largest element of the whole input, two values of its dtype. */
+static tally_status_t emit_minmax(tally_push_t *push)
+{
+    uint8_t out[16];
+    size_t len = tally_minmax_encode(push->req.dtype, push->min, push->max, out);
+    push->res.count = 2;
+    return emit(push, out, len);
+}
+
 tally_status_t tally_push_finish(tally_push_t *push)
 {
     if (!push)
@@ -1891,6 +1981,8 @@ tally_status_t tally_push_finish(tally_push_t *push)
         status = push_step(push);
     if (status == TALLY_OK && push->req.opcode == TALLY_OP_HIST)
         status = emit(push, push->hist, 8 * tally__hist_values(push->req.dtype));
+    if (status == TALLY_OK && push->req.opcode == TALLY_OP_MINMAX && push->min <= push->max)
+        status = emit_minmax(push);
     push->finished = true;
     push->res.status = status;
     if (status == TALLY_OK)
@@ -1915,6 +2007,8 @@ void tally_push_destroy(tally_push_t **push_p)
         free(push->slots);
     }
     tally_region_destroy(&push->region);
+    tally_gpu_free(&push->gpu_mem);
+    free(push->gpu_out);
     free(push->shorts.kept);
     free(push);
     *push_p = NULL;
@@ -1957,12 +2051,10 @@ tally_status_t tally_run(tally_client_t *self, const tally_req_t *req, const voi
         snprintf(self->error, sizeof self->error, "%s", result->error);
         return result->status = TALLY_E_ARG;
     }
-    /* The output's size is known: reserve it once (filter keeps at most the input, scan writes
-     * 4 or 8 bytes per element, hist one set of counts), so appending never reallocates. */
-    size_t need = req->opcode == TALLY_OP_SCAN
-                      ? len / (esize ? esize : 1) * ((req->flags & TALLY_FLAG_SCAN_OUT_I32) ? 4 : 8)
-                  : req->opcode == TALLY_OP_HIST ? 8 * tally__hist_values(req->dtype)
-                                                 : len;
+    /* The output's size is known from the operation's row: reserve it once (filter keeps at
+     * most the input, scan writes 4 or 8 bytes per element, hist one set of counts), so
+     * appending never reallocates. */
+    size_t need = (size_t)tally_op_reply_bytes(req, len);
     if (tally_buf_reserve(out, need ? need : 1) != TALLY_OK) {
         snprintf(result->error, sizeof result->error, "out of memory for the output");
         return result->status = TALLY_E_NOMEM;
@@ -1982,4 +2074,20 @@ tally_status_t tally_run(tally_client_t *self, const tally_req_t *req, const voi
         status = finished;
     tally_push_destroy(&push);
     return result->status = status;
+}
+
+tally_status_t tally_minmax(tally_client_t *self, tally_dtype_t dtype, const void *input,
+                            size_t len, int64_t *min, int64_t *max)
+{
+    if (!min || !max)
+        return TALLY_E_ARG;
+    *min = INT64_MAX;
+    *max = INT64_MIN;
+    tally_req_t req = {.opcode = TALLY_OP_MINMAX, .dtype = (uint8_t)dtype};
+    tally_buf_t out = {0};
+    tally_status_t status = tally_run(self, &req, input, len, NULL, &out, NULL);
+    if (status == TALLY_OK && out.len == 2 * tally_dtype_size(dtype))
+        tally_minmax_decode(req.dtype, out.data, min, max);
+    tally_buf_free(&out);
+    return status;
 }

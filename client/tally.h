@@ -122,6 +122,30 @@ TALLY_API tally_status_t tally_ping(tally_client_t *self, double *rtt_us);
 /* Info (TALLY_OP_INFO) or Prometheus metrics (TALLY_OP_STATS) text, NUL-terminated, malloc'd:
  * free it with free(). */
 TALLY_API tally_status_t tally_info(tally_client_t *self, tally_op_t op, char **text);
+
+/* The daemon's info as keys and values (PROTOCOL.md §5 `info`): every `key=value` line, in the
+ * daemon's order, keys this library does not know included (later daemons append keys; look
+ * keys up by name, never by position). An opaque tally_info_t, freed with tally_info_destroy.
+ *   tally_info_fetch: asks the daemon (an `info` request) and parses the reply.
+ *   tally_info_parse: parses len bytes of info text (as tally_info returns it). TALLY_E_REPLY
+ *     for text the protocol rules out, none of it kept: a line without `=`, a key empty or not
+ *     of [a-z0-9_], a key twice, a NUL byte, or a last line without its `\n` (truncated).
+ *     Empty text gives no keys. */
+typedef struct tally_info tally_info_t;
+TALLY_API tally_status_t tally_info_fetch(tally_client_t *self, tally_info_t **out);
+TALLY_API tally_status_t tally_info_parse(const char *text, size_t len, tally_info_t **out);
+/* Frees the info (NULL is fine) and sets *self_p to NULL. */
+TALLY_API void tally_info_destroy(tally_info_t **self_p);
+/* How many keys; the i-th key and its value (NULL for i >= count). Valid until destroyed. */
+TALLY_API size_t tally_info_count(const tally_info_t *self);
+TALLY_API const char *tally_info_key(const tally_info_t *self, size_t i);
+TALLY_API const char *tally_info_value(const tally_info_t *self, size_t i);
+/* The value of `key`, or NULL when the daemon did not send it (an older daemon). */
+TALLY_API const char *tally_info_lookup(const tally_info_t *self, const char *key);
+/* The value of `key` as a decimal integer (§5: no sign, no leading zeros, fits a u64) in
+ * *value: TALLY_OK, TALLY_E_ARG when the key is absent, TALLY_E_REPLY when its value is not
+ * such an integer (*value unchanged on failure). */
+TALLY_API tally_status_t tally_info_u64(const tally_info_t *self, const char *key, uint64_t *value);
 /* The stream's record (all time). info->bins holds channel c's bins at c x 256 for rgb8/rgba8. */
 TALLY_API tally_status_t tally_query(tally_client_t *self, const char *stream,
                                      tally_stream_info_t *info);
@@ -192,8 +216,9 @@ TALLY_API tally_status_t tally_call_shm(tally_client_t *self, const tally_req_t 
 
 /* ---- Device memory (producers whose data is on a GPU; PROTOCOL.md §10 "Device memory") -- */
 
-/* Registration flags: the region may be written (an output region: accepted, for later
- * versions), and `ipc_event` is an IPC event handle tallyd waits on before it reads. */
+/* Registration flags: the region may be written (an output region: a filter's or scan's output
+ * goes there when tally_send_shm names it as `out`, and the reply carries only its header), and
+ * `ipc_event` is an IPC event handle tallyd waits on before it reads (or writes). */
 #define TALLY_GPU_OUTPUT 0x2u
 #define TALLY_GPU_EVENT 0x1u
 
@@ -213,7 +238,8 @@ TALLY_API tally_status_t tally_gpu_register_fd(tally_client_t *client, int fd, s
 
 /* Exportable device memory from libtally (tally_gpu.c): libcuda.so.1 is opened at run time
  * (dlopen), so libtally never depends on CUDA; without it these return TALLY_E_ARG and
- * tally_gpu_error says so. */
+ * tally_gpu_error says so. Tests only: with TALLY_TEST_SIM_GPU=1 in the environment an
+ * allocation is a sealed memfd on simulated GPU `device`, for a tallyd with --test-sim-gpus. */
 typedef struct tally_gpu_mem tally_gpu_mem_t;
 /* Allocates at least `size` bytes on CUDA device `device` (rounded up to the allocation
  * granularity), exportable as a descriptor, mapped read-write for that device in this process;
@@ -227,6 +253,13 @@ TALLY_API size_t tally_gpu_size(const tally_gpu_mem_t *mem);
 TALLY_API tally_status_t tally_gpu_register(tally_client_t *client, const tally_gpu_mem_t *mem,
                                             unsigned flags, const void *ipc_event,
                                             tally_region_t **out);
+/* Copies len bytes from host memory into the allocation at offset, or out of it
+ * (cuMemcpyHtoD / DtoH, synchronous: done when they return). TALLY_E_ARG for a range outside
+ * it; TALLY_E_BACKEND when the driver fails (tally_gpu_error says why). */
+TALLY_API tally_status_t tally_gpu_copy_to(tally_gpu_mem_t *mem, size_t offset, const void *src,
+                                           size_t len);
+TALLY_API tally_status_t tally_gpu_copy_from(const tally_gpu_mem_t *mem, size_t offset,
+                                             void *dst, size_t len);
 /* Unmaps and frees it here (tallyd holds its own reference until it releases the region);
  * sets *mem_p to NULL. */
 TALLY_API void tally_gpu_free(tally_gpu_mem_t **mem_p);
@@ -261,12 +294,18 @@ typedef enum {
     TALLY_RUN_SEQ_RESUME,
 } tally_run_seq_t;
 
+#define TALLY_RUN_SHM_HOST 1
+#define TALLY_RUN_SHM_GPU 2
+
 typedef struct {
     size_t chunk_bytes; /* 0: TALLY_DEFAULT_CHUNK_BYTES; rounded down to whole elements */
     unsigned window;    /* requests in flight; 0: TALLY_DEFAULT_WINDOW; at most TALLY_MAX_WINDOW */
     int shm; /* non-zero: send the chunks through a shared-memory region used as a ring of
               * `window` slices (tally_region_create), filter and scan output through a second
-              * ring in the same region; same output as without */
+              * ring in the same region; same output as without. TALLY_RUN_SHM_GPU: the region
+              * is device memory (tally_gpu_alloc on GPU 0, registered with TALLY_GPU_OUTPUT):
+              * each chunk is copied to the GPU and sent by device reference, the output copied
+              * back; for tests of the device path (tally --gpu-region) */
     tally_run_seq_t seq; /* with a stream only; TALLY_RUN_SEQ_OFF without one */
     uint64_t seq_base;   /* TALLY_RUN_SEQ_RESUME: the base the push started with */
     /* tally_push_new: the input's size in bytes when known in advance (a file), else 0. It
@@ -306,8 +345,8 @@ typedef struct {
     char error[TALLY_ERROR_MESSAGE_MAX + 1]; /* why it failed, "" on success */
 } tally_run_result_t;
 
-/* Runs a filter, scan or hist request `req` (its stream, predicate, flags, dtype, range) over
- * `input` (`len` bytes, a whole number of elements, any size, even 0), in chunks of
+/* Runs a filter, scan, hist or minmax request `req` (its stream, predicate, flags, dtype, range)
+ * over `input` (`len` bytes, a whole number of elements, any size, even 0), in chunks of
  * opts->chunk_bytes with at most opts->window requests in flight, and appends to `out`
  * exactly what one request with the whole input would have produced:
  *   filter: the kept elements (input dtype), in input order (chunk replies are put in chunk
@@ -317,7 +356,9 @@ typedef struct {
  *           it (wrapping), so chunks still pipeline; with a stream the daemon carries;
  *   hist:   tally_hist_values(dtype) uint64 counts (u8 256; i32, u16 258: bins, underflow,
  *           overflow; rgb8 768, rgba8 1024: 256 per channel) of this input,
- *           summed over chunks (with a stream, the stream's running histogram grows too).
+ *           summed over chunks (with a stream, the stream's running histogram grows too);
+ *   minmax: two elements of the input's dtype (i32, u8, u16), its smallest and its largest;
+ *           nothing for an empty input.
  * `opts` and `result` may be NULL. On failure, `out` holds what was produced so far and
  * result->error says why; replies still in flight are ignored by later calls.
  *
@@ -331,6 +372,12 @@ typedef struct {
 TALLY_API tally_status_t tally_run(tally_client_t *self, const tally_req_t *req, const void *input,
                                    size_t len, const tally_run_opts_t *opts, tally_buf_t *out,
                                    tally_run_result_t *result);
+
+/* The smallest and largest of `len` bytes of elements of dtype (i32, u8 or u16) at input, with
+ * one `minmax` request per chunk (tally_run, default options). An empty input gives
+ * *min = INT64_MAX and *max = INT64_MIN (min > max: no element). */
+TALLY_API tally_status_t tally_minmax(tally_client_t *self, tally_dtype_t dtype, const void *input,
+                                      size_t len, int64_t *min, int64_t *max);
 
 /* ---- Streaming pushes ---------------------------------------------------------------- */
 
@@ -350,12 +397,12 @@ TALLY_API tally_status_t tally_run(tally_client_t *self, const tally_req_t *req,
  *   tally_push_destroy(&push);
  *
  * The output function gets filter's kept elements and scan's sums chunk by chunk, and hist's
- * summed counts once, from tally_push_finish. Its data is valid during the call only. A
- * status other than TALLY_OK from it stops the push with that status. */
+ * summed counts and minmax's two values once, from tally_push_finish. Its data is valid during the
+ * call only. A status other than TALLY_OK from it stops the push with that status. */
 typedef struct tally_push tally_push_t;
 typedef tally_status_t(tally_output_fn)(void *arg, const void *data, size_t len);
 
-/* Starts a push of `req` (filter, scan or hist) with `opts` as for tally_run (NULL for the
+/* Starts a push of `req` (filter, scan, hist or minmax) with `opts` as for tally_run (NULL for the
  * defaults); with opts->seq it asks the daemon for the stream's last_seq first. `output` may
  * be NULL (filter --count: only the result's counters). */
 TALLY_API tally_status_t tally_push_new(tally_client_t *client, const tally_req_t *req,

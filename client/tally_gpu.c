@@ -12,9 +12,19 @@
  * the whole allocation: any other size fails there), reserved, mapped and made read-write for
  * its device in this process, and exported once. The descriptor is what tally_gpu_register
  * sends; tallyd keeps its own copy, so freeing here does not pull the memory from a request in
- * flight (the driver frees it when the last holder has let go).
+ * flight (the driver frees it when the last holder has let go). tally_gpu_copy_to and _from copy
+ * between host memory and an allocation (cuMemcpyHtoD / DtoH, synchronous: the data is there when
+ * they return, which is the producer's promise a request without an IPC event makes).
+ *
+ * Tests without a GPU: with TALLY_TEST_SIM_GPU=1 in the environment an "allocation" is a sealed
+ * memfd mapped here, on simulated GPU `device` (its UUID "tallyd-sim-gpu", 0, the number), which
+ * a tallyd with --test-sim-gpus imports as its simulated device memory (PROTOCOL.md §10); copies
+ * are memcpy. So the paths built on these functions (tally_run's device ring, the CLI's
+ * --gpu-region, the Python GpuRegion) are tested in CI end to end.
  */
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -64,6 +74,8 @@ static struct {
     cu_result (*unmap)(cu_deviceptr, size_t);
     cu_result (*set_access)(cu_deviceptr, size_t, const cu_access_desc *, size_t);
     cu_result (*export_fd)(void *, cu_handle, int, unsigned long long);
+    cu_result (*copy_htod)(cu_deviceptr, const void *, size_t);
+    cu_result (*copy_dtoh)(void *, cu_deviceptr, size_t);
 } cu;
 static bool cu_ok;
 static char cu_why[160];
@@ -77,6 +89,9 @@ struct tally_gpu_mem {
     cu_deviceptr ptr;
     size_t size;
     int fd;
+    void *ctx;      /* the device's primary context, made current for each copy */
+    bool sim;       /* TALLY_TEST_SIM_GPU: a memfd ... */
+    void *sim_base; /* ... mapped here (ptr is its address) */
 };
 
 static void cu_load(void)
@@ -104,6 +119,8 @@ static void cu_load(void)
         {"cuMemUnmap", (void **)&cu.unmap},
         {"cuMemSetAccess", (void **)&cu.set_access},
         {"cuMemExportToShareableHandle", (void **)&cu.export_fd},
+        {"cuMemcpyHtoD_v2", (void **)&cu.copy_htod},
+        {"cuMemcpyDtoH_v2", (void **)&cu.copy_dtoh},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         *want[i].fn = dlsym(lib, want[i].name);
@@ -135,6 +152,7 @@ static tally_status_t gpu_prepare(tally_gpu_mem_t *m, cu_alloc_prop *prop, size_
         return gpu_fail("cuDeviceGet", rc);
     if ((rc = cu.primary_retain(&ctx, dev)) != 0 || (rc = cu.ctx_set(ctx)) != 0)
         return gpu_fail("cuDevicePrimaryCtxRetain", rc);
+    m->ctx = ctx;
     if ((rc = cu.device_uuid(m->uuid, dev)) != 0)
         return gpu_fail("cuDeviceGetUuid", rc);
     *prop = (cu_alloc_prop){.type = CU_PINNED,
@@ -158,11 +176,54 @@ static void gpu_undo(tally_gpu_mem_t *m, bool mapped)
         cu.release(m->handle);
 }
 
+/* TALLY_TEST_SIM_GPU: a sealed memfd of size bytes (rounded up to 64 KiB) on simulated GPU
+ * device, mapped here. */
+static tally_status_t sim_alloc(int device, size_t size, tally_gpu_mem_t *m)
+{
+    m->size = (size + 65535) / 65536 * 65536;
+    memset(m->uuid, 0, sizeof m->uuid);
+    memcpy(m->uuid, "tallyd-sim-gpu", 14);
+    m->uuid[15] = (unsigned char)device;
+    m->fd = memfd_create("tally-sim-gpu", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (m->fd < 0 || ftruncate(m->fd, (off_t)m->size) != 0 ||
+        fcntl(m->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+        snprintf(gpu_error, sizeof gpu_error, "simulated GPU memory: memfd failed");
+        return TALLY_E_IO;
+    }
+    m->sim_base = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
+    if (m->sim_base == MAP_FAILED) {
+        m->sim_base = NULL;
+        snprintf(gpu_error, sizeof gpu_error, "simulated GPU memory: mmap failed");
+        return TALLY_E_IO;
+    }
+    m->ptr = (cu_deviceptr)(uintptr_t)m->sim_base;
+    return TALLY_OK;
+}
+
+static bool sim_gpu(void)
+{
+    const char *v = getenv("TALLY_TEST_SIM_GPU");
+    return v && strcmp(v, "1") == 0;
+}
+
 tally_status_t tally_gpu_alloc(int device, size_t size, tally_gpu_mem_t **out)
 {
     if (!out || size == 0 || device < 0)
         return TALLY_E_ARG;
     *out = NULL;
+    if (sim_gpu()) {
+        tally_gpu_mem_t *m = calloc(1, sizeof *m);
+        if (!m)
+            return TALLY_E_NOMEM;
+        *m = (tally_gpu_mem_t){.device = device, .fd = -1, .sim = true};
+        tally_status_t st = sim_alloc(device, size, m);
+        if (st != TALLY_OK) {
+            tally_gpu_free(&m);
+            return st;
+        }
+        *out = m;
+        return TALLY_OK;
+    }
     pthread_once(&cu_once, cu_load);
     if (!cu_ok) {
         snprintf(gpu_error, sizeof gpu_error, "%s", cu_why);
@@ -225,12 +286,61 @@ tally_status_t tally_gpu_register(tally_client_t *client, const tally_gpu_mem_t 
                                  (void *)(uintptr_t)mem->ptr, out);
 }
 
+/* A copy of len bytes at offset of mem, checked against its size, with its context current. */
+static tally_status_t copy_check(const tally_gpu_mem_t *mem, size_t offset, size_t len)
+{
+    if (!mem || offset > mem->size || len > mem->size - offset) {
+        snprintf(gpu_error, sizeof gpu_error, "copy of %zu bytes at %zu outside the allocation",
+                 len, offset);
+        return TALLY_E_ARG;
+    }
+    cu_result rc;
+    if (!mem->sim && (rc = cu.ctx_set(mem->ctx)) != 0)
+        return gpu_fail("cuCtxSetCurrent", rc);
+    return TALLY_OK;
+}
+
+tally_status_t tally_gpu_copy_to(tally_gpu_mem_t *mem, size_t offset, const void *src, size_t len)
+{
+    tally_status_t st = copy_check(mem, offset, len);
+    if (st != TALLY_OK || len == 0)
+        return st;
+    if (mem->sim) {
+        memcpy((uint8_t *)mem->sim_base + offset, src, len);
+        return TALLY_OK;
+    }
+    cu_result rc = cu.copy_htod(mem->ptr + offset, src, len);
+    return rc ? gpu_fail("cuMemcpyHtoD", rc) : TALLY_OK;
+}
+
+tally_status_t tally_gpu_copy_from(const tally_gpu_mem_t *mem, size_t offset, void *dst,
+                                   size_t len)
+{
+    tally_status_t st = copy_check(mem, offset, len);
+    if (st != TALLY_OK || len == 0)
+        return st;
+    if (mem->sim) {
+        memcpy(dst, (const uint8_t *)mem->sim_base + offset, len);
+        return TALLY_OK;
+    }
+    cu_result rc = cu.copy_dtoh(dst, mem->ptr + offset, len);
+    return rc ? gpu_fail("cuMemcpyDtoH", rc) : TALLY_OK;
+}
+
 void tally_gpu_free(tally_gpu_mem_t **mem_p)
 {
     if (!mem_p || !*mem_p)
         return;
-    gpu_undo(*mem_p, true);
-    free(*mem_p);
+    tally_gpu_mem_t *m = *mem_p;
+    if (m->sim) { /* a simulated allocation: the mapping and the memfd */
+        if (m->sim_base)
+            munmap(m->sim_base, m->size);
+        if (m->fd >= 0)
+            close(m->fd);
+    } else {
+        gpu_undo(m, true);
+    }
+    free(m);
     *mem_p = NULL;
 }
 

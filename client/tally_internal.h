@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tally_ops.h"
 #include "tally_proto.h"
 
 /* Adds `offset` to each of the `n` little-endian prefix sums at `vals`, wrapping: modulo 2^64

@@ -122,6 +122,7 @@ static void sample_gauges(void *ctx, td_gauges_t *g)
     td_replies_gauges(s->replies, &g->reply);
     td_zmq_gauges(s->zmq, &g->reply, &g->curve, &g->auth);
     td_shm_gauges(s->shm, &g->shm_regions, &g->shm_bytes);
+    td_shm_device_gauges(s->shm, &g->gpu_regions, &g->gpu_region_bytes);
 }
 
 /* A stream's record for the HTTP API (td_service_host_t.view): `query`'s, through td_ops.c. */

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * td_server.h — tallyd's core: the event loop that owns the ZeroMQ ROUTER socket, turns
- * messages into requests, schedules them on the backends and sends every reply.
+ * td_server.h — tallyd's loop and its wiring: the request path (td_path.h), its transports
+ * (the ZeroMQ ROUTER socket, td_zmq.h; the HTTP API's requests, td_local.h), the backends and the
+ * service around them, made, run and stopped in order.
  */
 #ifndef TD_SERVER_H
 #define TD_SERVER_H

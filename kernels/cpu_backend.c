@@ -575,6 +575,51 @@ static tally_status_t cpu_hist_rgb(void *ctx, const uint8_t *in, size_t pixels, 
     return TALLY_OK;
 }
 
+/* ---- minmax --------------------------------------------------------------------------------- */
+
+/* One loop per type with its own running min and max in the element type: a reduction the
+ * compiler vectorises (min/max lanes), folded into the int64 pair once at the end. */
+#define DEFINE_MINMAX(NAME, T)                                                                     \
+    static void NAME(const T *in, size_t n, int64_t *min, int64_t *max)                            \
+    {                                                                                              \
+        T lo = in[0], hi = in[0];                                                                  \
+        for (size_t i = 1; i < n; i++) {                                                           \
+            lo = in[i] < lo ? in[i] : lo;                                                          \
+            hi = in[i] > hi ? in[i] : hi;                                                          \
+        }                                                                                          \
+        if ((int64_t)lo < *min)                                                                    \
+            *min = lo;                                                                             \
+        if ((int64_t)hi > *max)                                                                    \
+            *max = hi;                                                                             \
+    }
+DEFINE_MINMAX(minmax_i32, int32_t)
+DEFINE_MINMAX(minmax_u8, uint8_t)
+DEFINE_MINMAX(minmax_u16, uint16_t)
+
+static tally_status_t cpu_minmax(void *ctx, tally_dtype_t dtype, const void *in, size_t n,
+                                 int64_t *min, int64_t *max)
+{
+    (void)ctx;
+    if (!min || !max || (n && !in))
+        return TALLY_E_PARAM;
+    switch (dtype) { /* an empty batch changes nothing */
+    case TALLY_DTYPE_I32:
+        if (n)
+            minmax_i32(in, n, min, max);
+        return TALLY_OK;
+    case TALLY_DTYPE_U8:
+        if (n)
+            minmax_u8(in, n, min, max);
+        return TALLY_OK;
+    case TALLY_DTYPE_U16:
+        if (n)
+            minmax_u16(in, n, min, max);
+        return TALLY_OK;
+    default:
+        return TALLY_E_PARAM;
+    }
+}
+
 /* ---- the table ------------------------------------------------------------------------------ */
 
 static void cpu_describe(void *ctx, char *buf, size_t cap)

@@ -43,6 +43,10 @@ typedef struct {
     uint64_t overflow;  /* int32, uint16 only: x >= hi */
 } tk_hist_t;
 
+/* What minmax folds into for a batch of its own: nothing seen yet. */
+#define TK_MINMAX_EMPTY_MIN INT64_MAX
+#define TK_MINMAX_EMPTY_MAX INT64_MIN
+
 typedef struct tk_backend tk_backend_t;
 struct tk_backend {
     const char *name; /* "cpu" or "cuda" */
@@ -78,6 +82,12 @@ struct tk_backend {
     tally_status_t (*hist_rgb)(void *ctx, const uint8_t *in, size_t pixels, unsigned channels,
                                tk_hist_t *hist);
 
+    /* Folds in[0..n) (dtype i32, u8 or u16) into *min and *max: each becomes the smaller (the
+     * larger) of itself and every element. Start from TK_MINMAX_EMPTY_MIN and _MAX for one
+     * batch; an empty batch leaves them as they were. */
+    tally_status_t (*minmax)(void *ctx, tally_dtype_t dtype, const void *in, size_t n, int64_t *min,
+                             int64_t *max);
+
     /* One line describing the backend's devices for `info` ("cpu: 16 threads",
      * "cuda: 0:NVIDIA H100 80GB HBM3"). Writes at most cap bytes including the NUL. */
     void (*describe)(void *ctx, char *buf, size_t cap);
@@ -106,23 +116,21 @@ static inline tally_status_t tk_backend_hist(tk_backend_t *b, uint8_t dtype, con
 }
 
 /* A backend's table, its functions named after it: TK_BACKEND_TABLE(cpu) takes cpu_filter,
- * cpu_scan, cpu_hist_u8, cpu_hist_i32, cpu_hist_u16, cpu_hist_rgb, cpu_describe and
+ * cpu_scan, cpu_hist_u8, cpu_hist_i32, cpu_hist_u16, cpu_hist_rgb, cpu_minmax, cpu_describe and
  * cpu_destroy, and the name "cpu" (ctx is set at creation). */
 #define TK_BACKEND_TABLE(prefix)                                                                   \
     {                                                                                              \
         .name = #prefix, .filter = prefix##_filter, .scan = prefix##_scan,                         \
         .hist_u8 = prefix##_hist_u8, .hist_i32 = prefix##_hist_i32, .hist_u16 = prefix##_hist_u16, \
-        .hist_rgb = prefix##_hist_rgb, .describe = prefix##_describe, .destroy = prefix##_destroy, \
+        .hist_rgb = prefix##_hist_rgb, .minmax = prefix##_minmax, .describe = prefix##_describe,   \
+        .destroy = prefix##_destroy,                                                               \
     }
 
 /* The CPU backend: always available. */
 tally_status_t tk_cpu_backend_new(tk_backend_t **out);
 
-/* The CUDA backend: TALLY_E_BACKEND with a reason in msg when CUDA is not compiled in or no GPU
- * is usable. `device` is the CUDA device ordinal; max_batch_bytes bounds the batch it accepts
- * (it preallocates device buffers of that size at creation, never on the request path). */
-tally_status_t tk_cuda_backend_new(int device, size_t max_batch_bytes, tk_backend_t **out,
-                                   char *msg, size_t msg_cap);
+/* The GPU is not a table here: the daemon's one GPU interface is its engine table
+ * (daemon/gpu/td_gpu_engine.h), whose CUDA engine calls the kernels of cuda/tk_cuda.h. */
 /* Number of usable CUDA devices (0 when CUDA is not compiled in or no driver/GPU). */
 int tk_cuda_device_count(void);
 

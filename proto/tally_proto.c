@@ -22,6 +22,7 @@
  * Pure C11: no allocation, no I/O (snprintf only formats into the caller's buffer).
  */
 #include "tally_proto.h"
+#include "tally_ops.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -291,13 +292,8 @@ const char *tally_status_text(tally_status_t status)
     return "unknown status";
 }
 
-/* Indexed by the wire code; the enums in tally_proto.h are dense from their first value. */
-static const char *const op_names[TALLY_OP_COUNT] = {
-    [TALLY_OP_PING] = "ping",     [TALLY_OP_INFO] = "info",       [TALLY_OP_FILTER] = "filter",
-    [TALLY_OP_SCAN] = "scan",     [TALLY_OP_HIST] = "hist",       [TALLY_OP_QUERY] = "query",
-    [TALLY_OP_RESET] = "reset",   [TALLY_OP_STREAMS] = "streams", [TALLY_OP_STATS] = "stats",
-    [TALLY_OP_DELETE] = "delete",
-};
+/* Indexed by the wire code; the dtypes are dense from 0 (the operations are rows of
+ * tally_ops.c). */
 static const char *const dtype_names[TALLY_DTYPE_COUNT] = {
     [TALLY_DTYPE_NONE] = "none", [TALLY_DTYPE_I32] = "i32",   [TALLY_DTYPE_U8] = "u8",
     [TALLY_DTYPE_I64] = "i64",   [TALLY_DTYPE_U64] = "u64",   [TALLY_DTYPE_TEXT] = "text",
@@ -316,7 +312,8 @@ static const char *const pred_names[TALLY_PRED_BETWEEN + 1] = {
 /* The casts to unsigned make negative values (possible for an enum argument) out of range. */
 const char *tally_op_name(tally_op_t op)
 {
-    return (unsigned)op < TALLY_OP_COUNT ? op_names[op] : NULL;
+    const tally_op_info_t *row = tally_op_info((unsigned)op);
+    return row != NULL ? row->name : NULL;
 }
 
 const char *tally_dtype_name(tally_dtype_t dtype)
@@ -493,31 +490,29 @@ static tally_status_t check_no_pred_range(const tally_req_t *req, char *msg, siz
     return TALLY_OK;
 }
 
-/* ping, info, streams, stats (no stream) and query, reset (stream required). */
-static tally_status_t validate_control(const tally_req_t *req, bool needs_stream, char *msg,
-                                       size_t msg_cap)
+/* A dtype the operation's row does not list. */
+static tally_status_t check_dtype(const tally_req_t *req, char *msg, size_t msg_cap)
 {
-    if (req->dtype != TALLY_DTYPE_NONE)
-        return fail(TALLY_E_DTYPE, msg, msg_cap, "%s takes dtype none (got %s)", op_label(req),
-                    dtype_label(req->dtype));
-    tally_status_t st = check_flags(req, 0, msg, msg_cap);
-    if (st == TALLY_OK)
-        st = check_no_pred_range(req, msg, msg_cap);
-    if (st != TALLY_OK)
-        return st;
-    if (needs_stream && req->stream_len == 0)
-        return fail(TALLY_E_STREAM_NAME, msg, msg_cap, "%s needs a stream name", op_label(req));
-    if (!needs_stream && req->stream_len != 0)
-        return fail(TALLY_E_STREAM_NAME, msg, msg_cap, "%s takes no stream name (got \"%.*s\")",
-                    op_label(req), (int)req->stream_len, req->stream);
-    return TALLY_OK;
+    if (tally_op_takes_dtype(req->opcode, req->dtype))
+        return TALLY_OK;
+    char takes[64];
+    return fail(TALLY_E_DTYPE, msg, msg_cap, "%s takes dtype %s (got %s)", op_label(req),
+                tally_op_dtypes_text(req->opcode, takes, sizeof takes), dtype_label(req->dtype));
 }
 
-static tally_status_t validate_filter(const tally_req_t *req, char *msg, size_t msg_cap)
+/* TALLY_PARAMS_NONE: the row's flags, and no predicate or range. */
+static tally_status_t params_none(const tally_req_t *req, unsigned flags, char *msg, size_t msg_cap)
 {
-    if (req->dtype != TALLY_DTYPE_I32 && req->dtype != TALLY_DTYPE_U8)
-        return fail(TALLY_E_DTYPE, msg, msg_cap, "filter takes dtype i32 or u8 (got %s)",
-                    dtype_label(req->dtype));
+    tally_status_t st = check_flags(req, flags, msg, msg_cap);
+    if (st != TALLY_OK)
+        return st;
+    return check_no_pred_range(req, msg, msg_cap);
+}
+
+/* TALLY_PARAMS_FILTER: a known predicate and its bounds, then the flags. */
+static tally_status_t params_filter(const tally_req_t *req, unsigned flags, char *msg,
+                                    size_t msg_cap)
+{
     if (req->pred < TALLY_PRED_GT || req->pred > TALLY_PRED_BETWEEN)
         return fail(TALLY_E_PARAM, msg, msg_cap, "unknown filter predicate %u (known: 1..%d)",
                     req->pred, TALLY_PRED_BETWEEN);
@@ -532,20 +527,7 @@ static tally_status_t validate_filter(const tally_req_t *req, char *msg, size_t 
         return fail(TALLY_E_PARAM, msg, msg_cap,
                     "filter between needs lo <= hi (got lo=%" PRId64 ", hi=%" PRId64 ")", req->lo,
                     req->hi);
-    return check_flags(req, TALLY_FLAG_FILTER_STABLE | TALLY_FLAG_SHM_REF, msg, msg_cap);
-}
-
-static tally_status_t validate_scan(const tally_req_t *req, char *msg, size_t msg_cap)
-{
-    if (req->dtype != TALLY_DTYPE_I32)
-        return fail(TALLY_E_DTYPE, msg, msg_cap, "scan takes dtype i32 (got %s)",
-                    dtype_label(req->dtype));
-    tally_status_t st =
-        check_flags(req, TALLY_FLAG_SCAN_EXCLUSIVE | TALLY_FLAG_SCAN_OUT_I32 | TALLY_FLAG_SHM_REF,
-                    msg, msg_cap);
-    if (st != TALLY_OK)
-        return st;
-    return check_no_pred_range(req, msg, msg_cap);
+    return check_flags(req, flags, msg, msg_cap);
 }
 
 /* The range [lo, hi) a ranged histogram of dtype admits: i32 [-2^31, 2^31], u16 [0, 2^16]. */
@@ -555,17 +537,14 @@ static void hist_range_limits(unsigned dtype, int64_t *min, int64_t *max)
     *max = dtype == TALLY_DTYPE_U16 ? (int64_t)UINT16_MAX + 1 : (int64_t)INT32_MAX + 1;
 }
 
-static tally_status_t validate_hist(const tally_req_t *req, char *msg, size_t msg_cap)
+/* TALLY_PARAMS_HIST: the flags, then the range of i32 and u16 (none for the byte types). */
+static tally_status_t params_hist(const tally_req_t *req, unsigned flags, char *msg, size_t msg_cap)
 {
-    if (tally_hist_channels(req->dtype) == 0)
-        return fail(TALLY_E_DTYPE, msg, msg_cap,
-                    "hist takes dtype u8, i32, u16, rgb8 or rgba8 (got %s)",
-                    dtype_label(req->dtype));
-    tally_status_t st = check_flags(req, TALLY_FLAG_SHM_REF, msg, msg_cap);
+    if (!tally_hist_ranged(req->dtype))
+        return params_none(req, flags, msg, msg_cap);
+    tally_status_t st = check_flags(req, flags, msg, msg_cap);
     if (st != TALLY_OK)
         return st;
-    if (!tally_hist_ranged(req->dtype))
-        return check_no_pred_range(req, msg, msg_cap);
     if (req->pred != 0)
         return fail(TALLY_E_PARAM, msg, msg_cap, "hist takes no predicate (got %u)", req->pred);
     const char *type = dtype_label(req->dtype);
@@ -583,15 +562,13 @@ static tally_status_t validate_hist(const tally_req_t *req, char *msg, size_t ms
     return TALLY_OK;
 }
 
-/* query: plain, or with QUERY_WINDOW and the window in lo (1 ms .. TALLY_WINDOW_MS_MAX). */
-static tally_status_t validate_query(const tally_req_t *req, char *msg, size_t msg_cap)
+/* TALLY_PARAMS_WINDOW: with QUERY_WINDOW, the window (1 ms .. TALLY_WINDOW_MS_MAX) in lo. */
+static tally_status_t params_window(const tally_req_t *req, unsigned flags, char *msg,
+                                    size_t msg_cap)
 {
     if (!(req->flags & TALLY_FLAG_QUERY_WINDOW))
-        return validate_control(req, true, msg, msg_cap);
-    if (req->dtype != TALLY_DTYPE_NONE)
-        return fail(TALLY_E_DTYPE, msg, msg_cap, "query takes dtype none (got %s)",
-                    dtype_label(req->dtype));
-    tally_status_t st = check_flags(req, TALLY_FLAG_QUERY_WINDOW, msg, msg_cap);
+        return params_none(req, flags, msg, msg_cap);
+    tally_status_t st = check_flags(req, flags, msg, msg_cap);
     if (st != TALLY_OK)
         return st;
     if (req->pred != 0 || req->hi != 0)
@@ -602,20 +579,37 @@ static tally_status_t validate_query(const tally_req_t *req, char *msg, size_t m
         return fail(TALLY_E_PARAM, msg, msg_cap,
                     "a window query needs a window of 1..%" PRId64 " ms in lo (got %" PRId64 ")",
                     (int64_t)TALLY_WINDOW_MS_MAX, req->lo);
-    if (req->stream_len == 0)
-        return fail(TALLY_E_STREAM_NAME, msg, msg_cap, "query needs a stream name");
     return TALLY_OK;
 }
 
-/* A sequence number orders the batches applied to one stream, so only a filter, scan or hist
- * that names a stream may carry one; on anything else it would be silently meaningless. */
-static tally_status_t check_seq(const tally_req_t *req, char *msg, size_t msg_cap)
+/* The rule for flags, pred, lo and hi that a row names (tally_params_t). */
+static tally_status_t (*const params_rules[])(const tally_req_t *, unsigned, char *, size_t) = {
+    [TALLY_PARAMS_NONE] = params_none,
+    [TALLY_PARAMS_FILTER] = params_filter,
+    [TALLY_PARAMS_HIST] = params_hist,
+    [TALLY_PARAMS_WINDOW] = params_window,
+};
+
+/* A stream given or missing against the row's rule. */
+static tally_status_t check_stream_rule(const tally_req_t *req, const tally_op_info_t *row,
+                                        char *msg, size_t msg_cap)
+{
+    if (row->stream == TALLY_STREAM_REQUIRED && req->stream_len == 0)
+        return fail(TALLY_E_STREAM_NAME, msg, msg_cap, "%s needs a stream name", row->name);
+    if (row->stream == TALLY_STREAM_NONE && req->stream_len != 0)
+        return fail(TALLY_E_STREAM_NAME, msg, msg_cap, "%s takes no stream name (got \"%.*s\")",
+                    row->name, (int)req->stream_len, req->stream);
+    return TALLY_OK;
+}
+
+/* A sequence number orders the batches applied to one stream, so only a batch that names a
+ * stream may carry one; on anything else it would be silently meaningless. */
+static tally_status_t check_seq(const tally_req_t *req, const tally_op_info_t *row, char *msg,
+                                size_t msg_cap)
 {
     if (req->seq == 0)
         return TALLY_OK;
-    bool compute = req->opcode == TALLY_OP_FILTER || req->opcode == TALLY_OP_SCAN ||
-                   req->opcode == TALLY_OP_HIST;
-    if (!compute)
+    if (!row->batch || row->stream == TALLY_STREAM_NONE)
         return fail(TALLY_E_PARAM, msg, msg_cap,
                     "%s takes no sequence number (got seq=%" PRIu64 ")", op_label(req), req->seq);
     if (req->stream_len == 0)
@@ -626,19 +620,40 @@ static tally_status_t check_seq(const tally_req_t *req, char *msg, size_t msg_ca
     return TALLY_OK;
 }
 
+/* "1..10, 13": the opcodes the table has, for the message about one it has not. */
+static void known_opcodes(char *buf, size_t cap)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    for (unsigned op = 1; op < TALLY_OP_COUNT && at < cap; op++) {
+        if (!tally_op_info(op) || (tally_op_info(op - 1) && op > 1))
+            continue;
+        unsigned last = op;
+        while (tally_op_info(last + 1))
+            last++;
+        int n = last == op ? snprintf(buf + at, cap - at, "%s%u", at ? ", " : "", op)
+                           : snprintf(buf + at, cap - at, "%s%u..%u", at ? ", " : "", op, last);
+        at += n > 0 ? (size_t)n : 0;
+    }
+}
+
 /* The opcode and dtype are ones this version knows. */
 static tally_status_t check_ranges(const tally_req_t *req, char *msg, size_t msg_cap)
 {
-    if (req->opcode < TALLY_OP_PING || req->opcode >= TALLY_OP_COUNT)
-        return fail(TALLY_E_OPCODE, msg, msg_cap, "unknown opcode %u (known: 1..%d)", req->opcode,
-                    TALLY_OP_COUNT - 1);
+    if (tally_op_info(req->opcode) == NULL) {
+        char known[64];
+        known_opcodes(known, sizeof known);
+        return fail(TALLY_E_OPCODE, msg, msg_cap, "unknown opcode %u (known: %s)", req->opcode,
+                    known);
+    }
     if (req->dtype >= TALLY_DTYPE_COUNT)
         return fail(TALLY_E_DTYPE, msg, msg_cap, "unknown dtype %u (known: 0..%d)", req->dtype,
                     TALLY_DTYPE_COUNT - 1);
     return TALLY_OK;
 }
 
-/* Opcode and dtype ranges, the stream name, then the rules of the operation, then seq. */
+/* Opcode and dtype ranges, the stream name, then the operation's row: the dtype, its rule for
+ * flags, pred, lo and hi, the stream, then seq (PROTOCOL.md §6, step 7). */
 static tally_status_t validate_fields(const tally_req_t *req, char *msg, size_t msg_cap)
 {
     tally_status_t st = check_ranges(req, msg, msg_cap);
@@ -646,41 +661,19 @@ static tally_status_t validate_fields(const tally_req_t *req, char *msg, size_t 
         st = check_stream_name(req, msg, msg_cap);
     if (st != TALLY_OK)
         return st;
-
-    switch ((tally_op_t)req->opcode) {
-    case TALLY_OP_PING:
-    case TALLY_OP_INFO:
-    case TALLY_OP_STREAMS:
-    case TALLY_OP_STATS:
-        st = validate_control(req, false, msg, msg_cap);
-        break;
-    case TALLY_OP_QUERY:
-        st = validate_query(req, msg, msg_cap);
-        break;
-    case TALLY_OP_RESET:
-    case TALLY_OP_DELETE:
-        st = validate_control(req, true, msg, msg_cap);
-        break;
-    case TALLY_OP_FILTER:
-        st = validate_filter(req, msg, msg_cap);
-        break;
-    case TALLY_OP_SCAN:
-        st = validate_scan(req, msg, msg_cap);
-        break;
-    case TALLY_OP_HIST:
-        st = validate_hist(req, msg, msg_cap);
-        break;
-    }
-    if (st != TALLY_OK)
+    const tally_op_info_t *row = tally_op_info(req->opcode);
+    if ((st = check_dtype(req, msg, msg_cap)) != TALLY_OK ||
+        (st = params_rules[row->params](req, row->flags, msg, msg_cap)) != TALLY_OK ||
+        (st = check_stream_rule(req, row, msg, msg_cap)) != TALLY_OK)
         return st;
-    return check_seq(req, msg, msg_cap);
+    return check_seq(req, row, msg, msg_cap);
 }
 
 /* Size first (so a huge batch is reported as too large, whatever its alignment), then shape. */
 static tally_status_t validate_payload(const tally_req_t *req, size_t payload_len, size_t max_batch,
                                        char *msg, size_t msg_cap)
 {
-    /* Only filter, scan and hist accept the flag (validate_fields): their data is elsewhere,
+    /* Only rows that list the flag accept it (validate_fields): their data is elsewhere,
      * checked by tally_shm_ref_validate once the reference is decoded. */
     if (req->flags & TALLY_FLAG_SHM_REF) {
         if (payload_len != TALLY_SHM_REF_SIZE)
@@ -689,12 +682,10 @@ static tally_status_t validate_payload(const tally_req_t *req, size_t payload_le
                         payload_len);
         return TALLY_OK;
     }
-    if (payload_len > max_batch)
-        return fail(TALLY_E_TOO_LARGE, msg, msg_cap,
-                    "batch of %zu bytes exceeds the maximum of %zu", payload_len, max_batch);
-    bool takes_data = req->opcode == TALLY_OP_FILTER || req->opcode == TALLY_OP_SCAN ||
-                      req->opcode == TALLY_OP_HIST;
-    if (!takes_data) {
+    tally_status_t st = tally_batch_check(payload_len, max_batch, msg, msg_cap);
+    if (st != TALLY_OK)
+        return st;
+    if (!tally_op_info(req->opcode)->batch) {
         if (payload_len != 0)
             return fail(TALLY_E_PAYLOAD, msg, msg_cap, "%s takes an empty payload (got %zu bytes)",
                         op_label(req), payload_len);
@@ -1001,28 +992,16 @@ tally_status_t tally_shm_ref_decode(const uint8_t *buf, size_t len, tally_shm_re
 
 uint64_t tally_shm_out_worst(const tally_req_t *req, uint64_t in_length)
 {
-    if (req->opcode == TALLY_OP_FILTER)
-        return in_length;
-    if (req->opcode == TALLY_OP_SCAN)
-        return (req->flags & TALLY_FLAG_SCAN_OUT_I32) ? in_length : 2 * in_length;
-    return 0;
-}
-
-static size_t out_elem_size(const tally_req_t *req)
-{
-    if (req->opcode == TALLY_OP_SCAN)
-        return (req->flags & TALLY_FLAG_SCAN_OUT_I32) ? 4 : 8;
-    return tally_dtype_size((tally_dtype_t)req->dtype);
+    return tally_op_has_output(req->opcode) ? tally_op_reply_bytes(req, in_length) : 0;
 }
 
 tally_status_t tally_shm_ref_validate(const tally_req_t *req, const tally_shm_ref_t *ref,
                                       size_t max_batch, char *msg, size_t msg_cap)
 {
     clear_msg(msg, msg_cap);
-    if (ref->in_length > max_batch)
-        return fail(TALLY_E_TOO_LARGE, msg, msg_cap,
-                    "batch of %" PRIu64 " bytes exceeds the maximum of %zu", ref->in_length,
-                    max_batch);
+    tally_status_t st = tally_batch_check(ref->in_length, max_batch, msg, msg_cap);
+    if (st != TALLY_OK)
+        return st;
     size_t elem = tally_dtype_size((tally_dtype_t)req->dtype);
     if (elem == 0 || ref->in_length % elem != 0)
         return fail(TALLY_E_PAYLOAD, msg, msg_cap,
@@ -1039,9 +1018,9 @@ tally_status_t tally_shm_ref_validate(const tally_req_t *req, const tally_shm_re
                         "out_offset and out_length must be 0 without an output region");
         return TALLY_OK;
     }
-    if (req->opcode == TALLY_OP_HIST)
-        return fail(TALLY_E_BAD_REF, msg, msg_cap, "hist takes no output region");
-    size_t out_elem = out_elem_size(req);
+    if (!tally_op_has_output(req->opcode))
+        return fail(TALLY_E_BAD_REF, msg, msg_cap, "%s takes no output region", op_label(req));
+    size_t out_elem = tally_op_reply_elem(req);
     if (ref->out_offset % out_elem != 0)
         return fail(TALLY_E_BAD_REF, msg, msg_cap,
                     "output offset %" PRIu64 " is not a multiple of the %zu-byte output element",

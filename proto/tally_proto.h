@@ -71,8 +71,10 @@ typedef enum {
     TALLY_OP_STREAMS = 8,
     TALLY_OP_STATS = 9,
     TALLY_OP_DELETE = 10, /* forget a stream (what `reset` did before it kept the stream) */
+    /* 11 and 12 stay reserved (issue 12). */
+    TALLY_OP_MINMAX = 13, /* the smallest and largest element of a batch of integers */
 } tally_op_t;
-#define TALLY_OP_COUNT 11 /* one past the largest opcode; 11 and 12 stay reserved (issue 12) */
+#define TALLY_OP_COUNT 14 /* one past the largest opcode */
 
 /* Element types. TALLY_DTYPE_NONE is for operations without a typed payload. */
 typedef enum {
@@ -508,7 +510,7 @@ TALLY_API uint32_t tally_partition(const char *stream, size_t len, uint32_t part
 #endif /* PUBLIC: end */
 
 /* FNV-1a 64 from another offset basis: the one loop behind tally_fnv1a64 and the daemon's own
- * table hash (daemon/td_hash.h, whose basis its version-1 state files were summed with). */
+ * table hash (daemon/base/td_hash.h, whose basis its version-1 state files were summed with). */
 static inline uint64_t tally_fnv1a64_from(uint64_t basis, const void *data, size_t len)
 {
     const uint8_t *p = (const uint8_t *)data;

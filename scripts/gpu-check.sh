@@ -31,8 +31,33 @@
 #               run of about a minute: every op and dtype by device reference against the same
 #               bytes as payloads on a CPU-backend tallyd (replies and stream records identical),
 #               a garbage fd, a wrong size, an unknown UUID, a producer killed with requests in
-#               flight, and the bench row (hist u8 on 64 and 256 MiB device regions, 8 in flight,
-#               against tk_cuda_hist_u8 on local memory in the same run: lines "bench:")
+#               flight, every filter and scan written into a device output region (DEV_OUTPUT)
+#               against the CPU's replies ("device output NAME: outputs identical"), and the
+#               bench rows (hist u8 on 64 and 256 MiB device regions, 8 in flight, against
+#               tk_cuda_hist_u8 on local memory in the same run; filter and scan i32 32 MiB from
+#               a device region into a device output region against their kernels: lines
+#               "bench:")
+#   gpu-region-cli
+#               `tally hist|filter|scan --gpu-region` (libtally's device ring: tally_gpu_alloc,
+#               copies, requests by device reference, filter and scan output written into the
+#               device region by tallyd) against the same commands without it, on a 16 MiB file
+#               (lines "gpu-region-cli: CMD: identical"; "DIFFERS" is a failure), and the
+#               device-region requests counted (tallyd_gpu_region_requests_total ... owner)
+#   gpu-region-py
+#               the Python binding's GpuRegion on the GPU (bench/gpu_region_py.py): hist by
+#               device reference on 64 and 256 MiB regions, 8 threads with a client each (8 in
+#               flight), lines "gpu-region-py: hist u8 SIZE MiB, 8 in flight: G GB/s" (the
+#               README's CuPy figure; compare with STEPS=region's "bench:" kernel ceiling), the
+#               regions filled through CuPy if installed, torch.as_tensor if PyTorch is; then
+#               the README's GPU examples (<!-- python: gpu -->) when CuPy is there. Needs
+#               NumPy (Debian's, carried by fetch-device-deps.sh, when python3 lacks it)
+#   recover     a lost context recreated on the real GPU (TALLYD_TEST_FAULT_STICKY=12: the 12th
+#               launch never completes and the device fails after it, as after an illegal
+#               address): every `tally hist` output stays identical, the log says "context
+#               recreated after a failure", GPU requests and a --gpu-region run go on after it
+#               (lines "recover: ...")
+#   region-tune the region step's bench rows under other tallyd options and in-flight counts
+#               (REGION_TUNE="name|options|in flight;...": gpu streams, spinning, 16 in flight)
 #   kernels     bench/kernel_bench (kernels against copy bandwidth and CUB)
 #   variants    kernel_bench and the quick kernel test of builds with other tuning constants:
 #               VARIANTS="name:-DFLAG=V,-DFLAG2=W ..."
@@ -153,8 +178,24 @@ EOF
 
 step_region() {
   timed test_gpu_region 300 "$B/tests/test_gpu_region" >"$OUT/test_gpu_region.log" 2>&1
-  grep -E "differential|libtally|wrong size|producer killed|bench:|PASSED|FAILED|ERROR|LINE|skipped" \
-    "$OUT/test_gpu_region.log" | head -32 | tee -a "$S"
+  grep -E "differential|device output|libtally|wrong size|producer killed|bench:|PASSED|FAILED|ERROR|LINE|skipped" \
+    "$OUT/test_gpu_region.log" | head -40 | tee -a "$S"
+}
+
+# The device-region bench rows (test_gpu_region) under other tallyd settings and in-flight counts:
+# REGION_TUNE="name|tallyd options|in flight;..." (issue 23's hist 64 MiB row, 0.59 x the kernel).
+step_region_tune() {
+  local v name args inflight i=0
+  local variants=${REGION_TUNE:-"default||8;gpu-streams 8|--gpu-streams 8|8;16 in flight||16;gpu-streams 8 and 16 in flight|--gpu-streams 8|16;spin 20 us|--gpu-spin-us 20|8"}
+  IFS=';' read -ra list <<<"$variants"
+  for v in "${list[@]}"; do
+    IFS='|' read -r name args inflight <<<"$v"
+    i=$((i + 1))
+    TALLY_REGION_GPU_ARGS="$args" TALLY_REGION_INFLIGHT="$inflight" \
+      timed "region-tune $name" 120 "$B/tests/test_gpu_region" >"$OUT/region-tune-$i.log" 2>&1
+    grep -E "bench:" "$OUT/region-tune-$i.log" | sed "s/^/region-tune $name ($inflight in flight): /" |
+      tee -a "$S"
+  done
 }
 
 step_kernels() {
@@ -267,6 +308,110 @@ step_info() {
   note "tallyd exit: $?"
 }
 
+# A tallyd on the GPU for the steps below, on its own port and side channel under $1; its pid in
+# TALLYD_PID. Extra environment comes through the caller's.
+start_gpu_tallyd() {
+  local dir=$1 port=$2
+  "$TALLYD_BIN" --backend cuda --bind "tcp://127.0.0.1:$port" --shm-socket "$dir/shm.sock" \
+    2>"$dir/tallyd.log" &
+  TALLYD_PID=$!
+  for _ in $(seq 50); do
+    "$TALLY_BIN" -e "tcp://127.0.0.1:$port" ping >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  note "tallyd did not start: $(tail -3 "$dir/tallyd.log")"
+  return 1
+}
+
+stop_gpu_tallyd() {
+  kill -TERM "$TALLYD_PID" 2>/dev/null
+  wait "$TALLYD_PID"
+  note "$1: tallyd exit: $?"
+}
+
+# Each data command with --gpu-region against the same without it (binary output files).
+step_gpu_region_cli() {
+  local dir=$OUT/gpu-region-cli ep=tcp://127.0.0.1:5702 cmd i=0
+  mkdir -p "$dir"
+  # 12 MiB: a whole number of rgb8 pixels (3 bytes) and of i32 elements (4)
+  head -c 12M /dev/urandom >"$dir/in.bin"
+  start_gpu_tallyd "$dir" 5702 || return
+  for cmd in "hist --in in.bin" "hist --type i32 --range -1000000000 1000000000 --in in.bin" \
+    "hist --type rgb --in in.bin" "filter --gt 0 --stable --in in.bin" \
+    "filter --type u8 --lt 100 --stable --in in.bin --chunk 3M" "scan --in in.bin" \
+    "scan --out32 --exclusive --in in.bin --chunk 256K"; do
+    i=$((i + 1))
+    # shellcheck disable=SC2086 # cmd is words
+    (cd "$dir" && "$TALLY_BIN" -e $ep $cmd --out plain$i.bin 2>plain$i.err &&
+      "$TALLY_BIN" -e $ep $cmd --gpu-region --out dev$i.bin 2>dev$i.err)
+    if cmp -s "$dir/plain$i.bin" "$dir/dev$i.bin"; then
+      note "gpu-region-cli: $cmd: identical"
+    else
+      note "gpu-region-cli: $cmd: DIFFERS ($(head -c 300 "$dir/dev$i.err"))"
+    fi
+  done
+  "$TALLY_BIN" -e $ep stats | grep -E "tallyd_gpu_region" | tee -a "$S"
+  stop_gpu_tallyd gpu-region-cli
+}
+
+# The Python binding's GpuRegion on the GPU: the benchmark, then the README's GPU examples.
+step_gpu_region_py() {
+  local dir=$OUT/gpu-region-py py=python3
+  mkdir -p "$dir"
+  export TALLY_LIBRARY=$PWD/$B/client/libtally.so
+  # The host's own NumPy (and CuPy) first; Debian's, unpacked by device-env.sh, only without one
+  # (it shadows the host's when both are on the path).
+  export PYTHONPATH=$PWD/client/python
+  if ! $py -c 'import numpy' 2>"$dir/numpy.err"; then
+    export PYTHONPATH=$PYTHONPATH:/opt/deps/usr/lib/python3/dist-packages
+    if ! $py -c 'import numpy' 2>>"$dir/numpy.err"; then
+      note "gpu-region-py: no NumPy for $py ($($py --version 2>&1); $(grep -v '^$' "$dir/numpy.err" | tail -1)): skipped"
+      return
+    fi
+  fi
+  start_gpu_tallyd "$dir" 5704 || return
+  timed gpu_region_py 240 $py bench/gpu_region_py.py tcp://127.0.0.1:5704 8 5 >"$dir/bench.log" 2>&1
+  grep -E "gpu-region-py|Error|error" "$dir/bench.log" | head -12 | tee -a "$S"
+  if $py -c 'import cupy' 2>/dev/null; then
+    TALLY_ENDPOINT=tcp://127.0.0.1:5704 timed "README GPU examples" 120 $py -c '
+import pathlib, sys
+lines = pathlib.Path("README.md").read_text().splitlines()
+for i, line in enumerate(lines):
+    if line.strip() == "<!-- python: gpu -->" and lines[i + 1] == "```python":
+        end = lines.index("```", i + 2)
+        exec(compile("\n".join(lines[i + 2:end]), "README.md", "exec"), {})
+' >"$dir/readme.log" 2>&1
+    tail -5 "$dir/readme.log" | tee -a "$S"
+  else
+    note "gpu-region-py: CuPy not installed: the README's CuPy example not run"
+  fi
+  stop_gpu_tallyd gpu-region-py
+}
+
+# A lost context, injected on the real GPU, is recreated and the GPU serves again.
+step_recover() {
+  local dir=$OUT/recover ep=tcp://127.0.0.1:5703 ref i before after
+  mkdir -p "$dir"
+  head -c 8M /dev/urandom >"$dir/in.bin"
+  TALLYD_TEST_FAULT_STICKY=12 start_gpu_tallyd "$dir" 5703 || return
+  (cd "$dir" && "$TALLY_BIN" -e $ep hist --in in.bin --chunk 1M --out ref.bin)
+  for i in 1 2 3 4; do
+    (cd "$dir" && "$TALLY_BIN" -e $ep hist --in in.bin --chunk 1M --out run$i.bin)
+    cmp -s "$dir/ref.bin" "$dir/run$i.bin" && ref=identical || ref=DIFFERS
+    note "recover: hist run $i: $ref"
+  done
+  sleep 2
+  grep -E "unusable|context recreated|cannot recreate" "$dir/tallyd.log" | head -5 | tee -a "$S"
+  before=$("$TALLY_BIN" -e $ep stats | grep -F 'tallyd_gpu_requests_total{device="0"}')
+  (cd "$dir" && "$TALLY_BIN" -e $ep hist --in in.bin --chunk 1M --out after.bin &&
+    "$TALLY_BIN" -e $ep hist --in in.bin --chunk 1M --gpu-region --out region.bin)
+  after=$("$TALLY_BIN" -e $ep stats | grep -F 'tallyd_gpu_requests_total{device="0"}')
+  cmp -s "$dir/ref.bin" "$dir/after.bin" && ref=identical || ref=DIFFERS
+  note "recover: after the recreation: hist $ref; --gpu-region $(cmp -s "$dir/ref.bin" \
+    "$dir/region.bin" && echo identical || echo DIFFERS); GPU 0 requests: $before -> $after"
+  stop_gpu_tallyd recover
+}
+
 # The unit's [Service] settings on a transient unit, where systemd runs.
 step_systemd() {
   systemd-analyze security --offline=true $B/systemd/tallyd.service 2>/dev/null | tail -1 | tee -a "$S"
@@ -302,6 +447,10 @@ for step in $STEPS; do
   soak-collect) step_soak_collect ;;
   asan-stop) step_asan_stop ;;
   kernel-test) step_kernel_test ;;
+  gpu-region-cli) step_gpu_region_cli ;;
+  gpu-region-py) step_gpu_region_py ;;
+  recover) step_recover ;;
+  region-tune) step_region_tune ;;
   daemon-memcheck) step_daemon_memcheck ;;
   memcheck | racecheck) step_sanitizer "$step" ;;
   path | loadgen | curve | recv-ab | io-threads | malloc-ab) step_bench "$step" ;;

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "reference.h"
 #include "tally.h"
 #include "tally_proto.h"
 
@@ -109,8 +110,8 @@ static void u8_data(uint8_t *x, int64_t *sorted, uint64_t bins[256])
         uint8_t a = (uint8_t)th_rand(), b = (uint8_t)th_rand();
         x[i] = a < b ? a : b;
         sorted[i] = x[i];
-        bins[x[i]]++;
     }
+    tr_hist(TALLY_DTYPE_U8, x, U8_N, 0, 0, bins);
     qsort(sorted, U8_N, sizeof *sorted, th_cmp_i64);
 }
 
@@ -243,16 +244,16 @@ static void check_ranged(const char *type, const char *stream, int64_t lo, int64
     static int64_t v[N];
     static uint8_t raw[4 * N];
     size_t esize = strcmp(type, "u16") ? 4 : 2;
-    uint64_t under = 0, over = 0;
     for (size_t i = 0; i < N; i++) {
         v[i] = vmin + (int64_t)(th_rand() % (uint64_t)(vmax - vmin + 1));
-        under += v[i] < lo;
-        over += v[i] >= hi;
         if (esize == 2)
             tally_put_u16(raw + 2 * i, (uint16_t)v[i]);
         else
             tally_put_u32(raw + 4 * i, (uint32_t)v[i]);
     }
+    uint64_t counts[TALLY_HIST_I32_VALUES] = {0};
+    tr_hist(esize == 2 ? TALLY_DTYPE_U16 : TALLY_DTYPE_I32, raw, N, lo, hi, counts);
+    uint64_t under = counts[TALLY_HIST_BINS], over = counts[TALLY_HIST_BINS + 1];
     qsort(v, N, sizeof *v, th_cmp_i64);
     char file[64], want[256], buf[256];
     snprintf(file, sizeof file, "%s.raw", type);
@@ -436,11 +437,9 @@ static void test_hist_rgb(void **state)
     for (size_t i = 0; i < PIXELS; i++) {
         uint8_t c[4] = {(uint8_t)th_rand(), (uint8_t)(th_rand() % 64),
                         (uint8_t)(192 + th_rand() % 64), th_rand() % 10 ? 255 : 0};
-        for (int k = 0; k < 4; k++) {
-            px[4 * i + (size_t)k] = c[k];
-            bins[k][c[k]]++;
-        }
+        memcpy(px + 4 * i, c, 4);
     }
+    tr_hist(TALLY_DTYPE_RGBA8, px, PIXELS, 0, 0, &bins[0][0]);
     write_file("frame.rgba", px, sizeof px);
     /* The batch's own histogram: "CHANNEL bin count", 1024 lines. */
     cli_result_t r = cli("hist --type rgba --stream q/rgba --in frame.rgba");

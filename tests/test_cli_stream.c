@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "reference.h"
 #include "tally.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -168,7 +169,8 @@ static void test_rss_bounded_through_pipe(void **state)
     static uint8_t block[1 << 20];
     for (uint64_t at = 0; at < total; at += sizeof block) {
         for (size_t i = 0; i < sizeof block; i++)
-            expect[block[i] = pattern(at + i)]++;
+            block[i] = pattern(at + i);
+        tr_hist(TALLY_DTYPE_U8, block, sizeof block, 0, 0, expect);
         put(c.in, block, sizeof block);
     }
     long rss_kib = 0;
@@ -280,8 +282,7 @@ static void test_interrupt_reports_and_resume_finishes(void **state)
     assert_int_equal(info.hist_total, N);
     assert_int_equal(info.last_seq, 11);
     uint64_t bins[256] = {0};
-    for (size_t i = 0; i < N; i++)
-        bins[data[i]]++;
+    tr_hist(TALLY_DTYPE_U8, data, N, 0, 0, bins);
     assert_memory_equal(info.bins, bins, sizeof bins);
     /* Complete: nothing is left to resume. */
     c = spawn(resume);
@@ -498,7 +499,6 @@ static void test_shm_from_pipe(void **state)
     (void)state;
     enum { N = 300000 };
     int32_t *x = malloc(4 * N);
-    int64_t run = 0;
     for (size_t i = 0; i < N; i++)
         x[i] = (int32_t)(pattern(i) - 125);
     const char *args[] = {"scan", "--shm", "--chunk", "100K", "--out", "shm.bin", NULL};
@@ -509,14 +509,13 @@ static void test_shm_from_pipe(void **state)
     snprintf(path, sizeof path, "%s/shm.bin", tmpdir);
     FILE *f = fopen(path, "rb");
     assert_non_null(f);
-    int64_t *sums = malloc(8 * N + 8);
+    int64_t *sums = malloc(8 * N + 8), *want = malloc(8 * N);
     assert_int_equal(fread(sums, 8, N + 1, f), N);
     fclose(f);
-    for (size_t i = 0; i < N; i++) {
-        run += x[i];
-        assert_true(sums[i] == run);
-    }
+    tr_scan(x, N, false, false, 0, want);
+    assert_memory_equal(sums, want, 8 * N);
     free(sums);
+    free(want);
     free(x);
 }
 

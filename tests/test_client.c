@@ -33,6 +33,7 @@
 #include "tally.h"
 #include "tally_internal.h"
 #include "harness.h"
+#include "reference.h"
 
 static int64_t now_ms(void)
 {
@@ -410,29 +411,12 @@ static uint64_t *fake_carry(fake_t *f, const tally_req_t *req)
     return &f->carries[f->nstreams++];
 }
 
-static bool fake_keep(const tally_req_t *req, int64_t x)
+static void swap_elems(uint8_t *a, uint8_t *b, size_t esize)
 {
-    switch (req->pred) {
-    case TALLY_PRED_GT:
-        return x > req->lo;
-    case TALLY_PRED_GE:
-        return x >= req->lo;
-    case TALLY_PRED_LT:
-        return x < req->lo;
-    case TALLY_PRED_LE:
-        return x <= req->lo;
-    case TALLY_PRED_EQ:
-        return x == req->lo;
-    case TALLY_PRED_NE:
-        return x != req->lo;
-    default:
-        return x >= req->lo && x <= req->hi;
-    }
-}
-
-static int64_t elem(const tally_req_t *req, const uint8_t *p, size_t i)
-{
-    return req->dtype == TALLY_DTYPE_U8 ? p[i] : (int32_t)tally_get_u32(p + 4 * i);
+    uint8_t t[8];
+    memcpy(t, a, esize);
+    memcpy(a, b, esize);
+    memcpy(b, t, esize);
 }
 
 /* Computes the reply to one well-formed data request (reference implementations). */
@@ -443,13 +427,10 @@ static void fake_compute(fake_t *f, const tally_req_t *req, const uint8_t *p, si
     r->rep.dtype = req->dtype;
     if (req->opcode == TALLY_OP_FILTER) {
         r->payload = malloc(len + 1);
-        bool stable = req->flags & TALLY_FLAG_FILTER_STABLE;
-        size_t kept = 0;
-        for (size_t i = 0; i < n; i++) {
-            size_t j = stable ? i : n - 1 - i; /* unordered mode: emulate by reversing */
-            if (fake_keep(req, elem(req, p, j)))
-                memcpy(r->payload + esize * kept++, p + esize * j, esize);
-        }
+        size_t kept = tr_filter(req->dtype, p, n, req->pred, req->lo, req->hi, r->payload);
+        if (!(req->flags & TALLY_FLAG_FILTER_STABLE)) /* unordered mode: emulate by reversing */
+            for (size_t i = 0; i < kept / 2; i++)
+                swap_elems(r->payload + esize * i, r->payload + esize * (kept - 1 - i), esize);
         r->len = kept * esize;
         r->rep.count = kept;
         r->rep.aux0 = n;
@@ -460,31 +441,13 @@ static void fake_compute(fake_t *f, const tally_req_t *req, const uint8_t *p, si
         r->len = n * (out_i32 ? 4 : 8);
         r->payload = malloc(r->len + 1);
         r->rep.dtype = out_i32 ? TALLY_DTYPE_I32 : TALLY_DTYPE_I64;
-        for (size_t i = 0; i < n; i++) {
-            uint64_t incl = *carry + (uint64_t)elem(req, p, i);
-            uint64_t v = exclusive ? *carry : incl;
-            *carry = incl;
-            if (out_i32)
-                tally_put_u32(r->payload + 4 * i, (uint32_t)v);
-            else
-                tally_put_u64(r->payload + 8 * i, v);
-        }
+        *carry = tr_scan(p, n, exclusive, out_i32, *carry, r->payload);
         r->rep.count = n;
         r->rep.aux0 = *carry;
     } else {
         size_t values = tally__hist_values(req->dtype);
         uint64_t bins[TALLY_HIST_I32_VALUES] = {0};
-        for (size_t i = 0; i < n; i++) {
-            int64_t x = elem(req, p, i);
-            if (req->dtype == TALLY_DTYPE_U8)
-                bins[x]++;
-            else if (x < req->lo)
-                bins[TALLY_HIST_BINS]++;
-            else if (x >= req->hi)
-                bins[TALLY_HIST_BINS + 1]++;
-            else
-                bins[tally_hist_bin_i32((int32_t)x, req->lo, req->hi)]++;
-        }
+        tr_hist(req->dtype, p, n, req->lo, req->hi, bins);
         r->len = values * 8;
         r->payload = malloc(r->len);
         for (size_t i = 0; i < values; i++)
@@ -750,16 +713,11 @@ static void check_scan(tally_client_t *c, const int32_t *x, size_t n, uint8_t fl
     assert_int_equal(tally_run(c, &req, x, 4 * n, opts, &out, &res), TALLY_OK);
     bool out_i32 = flags & TALLY_FLAG_SCAN_OUT_I32;
     assert_int_equal(out.len, n * (out_i32 ? 4 : 8));
-    uint64_t run = carry_in;
-    for (size_t i = 0; i < n; i++) {
-        uint64_t incl = run + (uint64_t)(int64_t)x[i];
-        uint64_t v = (flags & TALLY_FLAG_SCAN_EXCLUSIVE) ? run : incl;
-        run = incl;
-        if (out_i32)
-            assert_int_equal(tally_get_u32(out.data + 4 * i), (uint32_t)v);
-        else
-            assert_true(tally_get_u64(out.data + 8 * i) == v);
-    }
+    uint8_t *want = malloc(out.len + 1);
+    assert_non_null(want);
+    uint64_t run = tr_scan(x, n, flags & TALLY_FLAG_SCAN_EXCLUSIVE, out_i32, carry_in, want);
+    assert_memory_equal(out.data, want, out.len);
+    free(want);
     assert_true((uint64_t)res.carry == run);
     assert_int_equal(res.count, n);
     tally_buf_free(&out);
@@ -796,10 +754,7 @@ static void test_run_scan_stream_carries(void **state)
     tally_run_opts_t opts = {.chunk_bytes = 256, .window = 8};
     /* Two runs on one stream: the second continues from the first's carry. */
     check_scan(c, x, N, 0, "fake/s1", 0, &opts);
-    uint64_t carry = 0;
-    for (int i = 0; i < N; i++)
-        carry += (uint64_t)(int64_t)x[i];
-    check_scan(c, x, N, TALLY_FLAG_SCAN_EXCLUSIVE, "fake/s1", carry, &opts);
+    check_scan(c, x, N, TALLY_FLAG_SCAN_EXCLUSIVE, "fake/s1", tr_sum(x, N, 0), &opts);
     tally_client_destroy(&c);
 }
 
@@ -813,9 +768,9 @@ static void test_run_hist_sums_chunks(void **state)
     for (int i = 0; i < N; i++) {
         x[i] = (int32_t)(rng() % 3000) - 1000;
         bytes[i] = (uint8_t)rng();
-        expect_u8[bytes[i]]++;
     }
-    th_hist_i32(x, N, -500, 1500, expect_i32);
+    tr_hist(TALLY_DTYPE_U8, bytes, N, 0, 0, expect_u8);
+    tr_hist(TALLY_DTYPE_I32, x, N, -500, 1500, expect_i32);
     for (int with_stream = 0; with_stream < 2; with_stream++) {
         tally_req_t req = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8};
         if (with_stream)
@@ -917,6 +872,11 @@ static void test_call_and_wrappers(void **state)
     assert_int_equal(tally_info(c, TALLY_OP_INFO, &text), TALLY_OK);
     assert_string_equal(text, "version=fake");
     free(text);
+    /* ... which is not info as §5 spells it (no '\n' after the last line): refused whole. */
+    tally_info_t *parsed = (tally_info_t *)&parsed;
+    assert_int_equal(tally_info_fetch(c, &parsed), TALLY_E_REPLY);
+    assert_null(parsed);
+    assert_non_null(strstr(tally_client_error(c), "key=value"));
     char **names = NULL;
     size_t count = 0;
     assert_int_equal(tally_streams(c, &names, &count), TALLY_E_REPLY); /* malformed list */

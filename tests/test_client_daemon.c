@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "reference.h"
 #include "tally.h"
 
 static th_daemon_t daemon_;
@@ -69,6 +70,29 @@ static void test_lib_control(void **state)
     char *text = NULL;
     assert_int_equal(tally_info(c, TALLY_OP_INFO, &text), TALLY_OK);
     assert_non_null(strstr(text, "protocol=1"));
+    /* The same info parsed: §5's first keys in order, each value as the text has it. */
+    tally_info_t *parsed = NULL;
+    assert_int_equal(tally_info_fetch(c, &parsed), TALLY_OK);
+    static const char *const first[] = {"version",  "protocol", "backend",
+                                        "backends", "devices",  "max_batch"};
+    assert_true(tally_info_count(parsed) > sizeof first / sizeof *first);
+    for (size_t i = 0; i < sizeof first / sizeof *first; i++)
+        assert_string_equal(tally_info_key(parsed, i), first[i]);
+    for (size_t i = 0; i < tally_info_count(parsed); i++) {
+        char line[512]; /* "\nkey=value\n": the first line starts the text */
+        int n = snprintf(line, sizeof line, "\n%s=%s\n", tally_info_key(parsed, i),
+                         tally_info_value(parsed, i));
+        assert_true(n > 0 && (size_t)n < sizeof line);
+        if (i == 0)
+            assert_memory_equal(text, line + 1, (size_t)n - 1);
+        else
+            assert_non_null(strstr(text, line));
+    }
+    uint64_t max_batch = 0;
+    assert_int_equal(tally_info_u64(parsed, "max_batch", &max_batch), TALLY_OK);
+    assert_true(max_batch > 0);
+    assert_string_equal(tally_info_lookup(parsed, "protocol"), "1");
+    tally_info_destroy(&parsed);
     free(text);
     assert_int_equal(tally_info(c, TALLY_OP_STATS, &text), TALLY_OK);
     assert_non_null(strstr(text, "# TYPE"));
@@ -192,11 +216,13 @@ static void test_lib_scan_stream(void **state)
         tally_buf_t out = {0};
         tally_run_result_t res;
         assert_int_equal(tally_run(c, &req, x, 4 * N, &opts, &out, &res), TALLY_OK);
-        for (size_t i = 0; i < N; i++) {
-            run += (uint64_t)(int64_t)x[i];
-            if (tally_get_u64(out.data + 8 * i) != run)
-                fail_msg("round %d element %zu differs", round, i);
-        }
+        int64_t *sums = malloc(8 * N);
+        assert_non_null(sums);
+        run = tr_scan(x, N, false, false, run, sums);
+        assert_int_equal(out.len, 8 * N);
+        if (memcmp(out.data, sums, 8 * N) != 0)
+            fail_msg("round %d differs", round);
+        free(sums);
         assert_true((uint64_t)res.carry == run);
         tally_buf_free(&out);
     }
@@ -223,10 +249,9 @@ static void test_lib_hist_stream(void **state)
     enum { N = 1000003 };
     uint8_t *bytes = malloc(N);
     uint64_t expect[256] = {0};
-    for (size_t i = 0; i < N; i++) {
+    for (size_t i = 0; i < N; i++)
         bytes[i] = (uint8_t)(th_rand() % 7 ? th_rand() : 42);
-        expect[bytes[i]]++;
-    }
+    tr_hist(TALLY_DTYPE_U8, bytes, N, 0, 0, expect);
     tally_req_t req = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8};
     assert_int_equal(tally_req_set_stream(&req, "lib/cam"), TALLY_OK);
     tally_run_opts_t opts = {.chunk_bytes = 99999, .window = 4};
@@ -248,7 +273,7 @@ static void test_lib_hist_stream(void **state)
     /* i32 with a range, stateless, chunked. */
     int32_t *x = th_random_i32(N, -3000, 3000);
     uint64_t iexp[TALLY_HIST_I32_VALUES] = {0};
-    th_hist_i32(x, N, -1000, 2000, iexp);
+    tr_hist(TALLY_DTYPE_I32, x, N, -1000, 2000, iexp);
     tally_req_t ireq = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_I32, .lo = -1000, .hi = 2000};
     assert_int_equal(tally_run(c, &ireq, x, 4 * (size_t)N, &opts, &out, &res), TALLY_OK);
     assert_true(th_u64s_equal(out.data, out.len, iexp, TALLY_HIST_I32_VALUES));
@@ -316,11 +341,11 @@ static void test_lib_push(void **state)
     assert_int_equal(info.last_seq, writes);
     assert_int_equal(info.scan_elements, N);
     assert_int_equal(got.buf.len, 8 * N);
-    int64_t run = 0;
-    for (size_t i = 0; i < N; i++) {
-        run += x[i];
-        assert_true((int64_t)tally_get_u64(got.buf.data + 8 * i) == run);
-    }
+    int64_t *sums = malloc(8 * N);
+    assert_non_null(sums);
+    tr_scan(x, N, false, false, 0, sums);
+    assert_memory_equal(got.buf.data, sums, 8 * N);
+    free(sums);
     assert_int_equal(got.calls, (int)writes); /* one output per chunk, in order */
     tally_buf_free(&got.buf);
 
@@ -559,7 +584,8 @@ static void test_cli_readme_examples(void **state)
     uint8_t *frame = malloc(FRAME);
     uint64_t bins[256] = {0};
     for (size_t i = 0; i < FRAME; i++)
-        bins[frame[i] = (uint8_t)th_rand()]++;
+        frame[i] = (uint8_t)th_rand();
+    tr_hist(TALLY_DTYPE_U8, frame, FRAME, 0, 0, bins);
     write_file("frame.raw", frame, FRAME);
     char *expect = malloc(256 * 32);
     size_t at = 0;
@@ -636,13 +662,8 @@ static void test_cli_binary_chunked(void **state)
     write_file("data.i32", x, 4 * N);
     int64_t *sums = malloc(8 * N);
     int32_t *kept = malloc(4 * N);
-    int64_t run = 0;
-    size_t k = 0;
-    for (size_t i = 0; i < N; i++) {
-        sums[i] = run += x[i];
-        if (x[i] > 0)
-            kept[k++] = x[i];
-    }
+    tr_scan(x, N, false, false, 0, sums);
+    size_t k = tr_filter(TALLY_DTYPE_I32, x, N, TALLY_PRED_GT, 0, 0, kept);
     expect_ok(cli("scan --in data.i32 --out sums.i64 --chunk 10000 --window 3"), "");
     char path[128];
     snprintf(path, sizeof path, "%s/sums.i64", tmpdir);
@@ -666,14 +687,12 @@ static void test_cli_binary_chunked(void **state)
     /* i32 histogram text output ends with the underflow and overflow lines. */
     cli_result_t r = cli("hist --type i32 --range -500 500 --in data.i32 --chunk 65536");
     assert_int_equal(r.status, 0);
-    size_t under = 0, over = 0;
-    for (size_t i = 0; i < N; i++) {
-        under += x[i] < -500;
-        over += x[i] >= 500;
-    }
+    uint64_t counts[TALLY_HIST_I32_VALUES] = {0};
+    tr_hist(TALLY_DTYPE_I32, x, N, -500, 500, counts);
     assert_non_null(strstr(r.out, "\n255 "));
     char tail[96];
-    snprintf(tail, sizeof tail, "underflow %zu\noverflow %zu\n", under, over);
+    snprintf(tail, sizeof tail, "underflow %" PRIu64 "\noverflow %" PRIu64 "\n",
+             counts[TALLY_HIST_BINS], counts[TALLY_HIST_BINS + 1]);
     assert_string_equal(r.out + strlen(r.out) - strlen(tail), tail);
     cli_free(&r);
     free(got);

@@ -27,6 +27,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "reference.h"
 #include "tally_proto.h"
 #include "td_bins.h"
 #include "td_peers.h"
@@ -272,74 +273,20 @@ static void test_bins_decode_refuses(void **state)
 
 /* ---- the window ring against the dense ring --------------------------------------------- */
 
+/* The reference is tests/lib/reference.c's ring (tr_window_t): the ring tallyd kept before
+ * issue 26, one dense slot per ring position tagged with its interval, plus the rule the compact
+ * ring adds: a slot the ring no longer reaches is dropped at a write and at a sweep. */
 #define REF_INTERVALS 8
 #define REF_MS 1000
 
-/* The ring tallyd kept before issue 26: one slot per ring position, tagged with interval + 1
- * (0 = unused), every slot dense u64; plus the rule the compact ring adds: a slot the ring no
- * longer reaches is dropped at a write and at a sweep. */
-typedef struct {
-    unsigned channels;
-    uint64_t tag[REF_INTERVALS], under[REF_INTERVALS], over[REF_INTERVALS],
-        total[REF_INTERVALS];
-    uint64_t bins[REF_INTERVALS][TALLY_HIST_VALUES_MAX];
-} ref_ring_t;
-
-static void ref_expire(ref_ring_t *r, uint64_t now)
-{
-    for (unsigned p = 0; p < REF_INTERVALS; p++)
-        if (r->tag[p] && r->tag[p] - 1 <= now && now - (r->tag[p] - 1) >= REF_INTERVALS)
-            r->tag[p] = 0;
-}
-
-static void ref_add(ref_ring_t *r, uint64_t now_ms, const uint64_t *bins, uint64_t under,
-                    uint64_t over, uint64_t n)
-{
-    uint64_t interval = now_ms / REF_MS;
-    unsigned p = (unsigned)(interval % REF_INTERVALS);
-    ref_expire(r, interval);
-    if (r->tag[p] != interval + 1) {
-        r->tag[p] = interval + 1;
-        r->under[p] = r->over[p] = r->total[p] = 0;
-        memset(r->bins[p], 0, sizeof r->bins[p]);
-    }
-    r->under[p] += under;
-    r->over[p] += over;
-    r->total[p] += n;
-    for (size_t b = 0; b < r->channels * (size_t)TALLY_HIST_BINS; b++)
-        r->bins[p][b] += bins[b];
-}
-
-static uint64_t ref_sum(const ref_ring_t *r, uint64_t now_ms, unsigned k, tally_stream_info_t *info)
-{
-    uint64_t now = now_ms / REF_MS;
-    if (k > REF_INTERVALS)
-        k = REF_INTERVALS;
-    if (k > now + 1)
-        k = (unsigned)(now + 1);
-    info->hist_underflow = info->hist_overflow = info->hist_total = 0;
-    memset(info->bins, 0, sizeof info->bins);
-    for (unsigned i = 0; i < k; i++) {
-        unsigned p = (unsigned)((now - i) % REF_INTERVALS);
-        if (r->tag[p] != now - i + 1)
-            continue;
-        info->hist_underflow += r->under[p];
-        info->hist_overflow += r->over[p];
-        info->hist_total += r->total[p];
-        for (size_t b = 0; b < r->channels * (size_t)TALLY_HIST_BINS; b++)
-            info->bins[b] += r->bins[p][b];
-    }
-    return (now + 1 - k) * REF_MS;
-}
-
 /* Every window sum (k = 1..8) of w equals the reference's at now_ms. */
-static void assert_sums_equal(const td_window_t *w, const ref_ring_t *r, uint64_t now_ms)
+static void assert_sums_equal(const td_window_t *w, const tr_window_t *r, uint64_t now_ms)
 {
     static tally_stream_info_t a, b;
     for (unsigned k = 1; k <= REF_INTERVALS + 1; k++) {
         memset(&a, 0xA5, sizeof a);
         memset(&b, 0xA5, sizeof b);
-        assert_true(td_window_sum(w, now_ms, k, &a) == ref_sum(r, now_ms, k, &b));
+        assert_true(td_window_sum(w, now_ms, k, &a) == tr_window_sum(r, now_ms, k, &b));
         assert_memory_equal(&a, &b, sizeof a);
     }
 }
@@ -362,13 +309,14 @@ static uint64_t next_time(uint64_t now)
 
 /* The ring's state record round trip: decoded into a fresh ring at the same clock, every window
  * sum is the same. */
-static void assert_record_round_trip(const td_window_t *w, const ref_ring_t *r, uint64_t now_ms)
+static void assert_record_round_trip(const td_window_t *w, const tr_window_t *r, unsigned channels,
+                                     uint64_t now_ms)
 {
     static uint8_t rec[REF_INTERVALS * (32 + 4 + 8 * TALLY_HIST_VALUES_MAX) + 4];
     size_t len = td_window_encode(w, now_ms, NULL);
     assert_true(len <= sizeof rec);
     assert_int_equal(td_window_encode(w, now_ms, rec), len);
-    td_window_t *back = td_window_new(REF_INTERVALS, REF_MS, r->channels);
+    td_window_t *back = td_window_new(REF_INTERVALS, REF_MS, channels);
     unsigned dropped = 1;
     bool nomem = true;
     assert_int_equal(td_window_decode(back, now_ms, REF_MS, rec, len, &dropped, &nomem), len);
@@ -380,10 +328,9 @@ static void assert_record_round_trip(const td_window_t *w, const ref_ring_t *r, 
 
 static void window_run(unsigned channels)
 {
-    static ref_ring_t ref;
+    static tr_window_t ref;
     static uint64_t bins[TALLY_HIST_VALUES_MAX], zero[TALLY_HIST_VALUES_MAX];
-    memset(&ref, 0, sizeof ref);
-    ref.channels = channels;
+    tr_window_init(&ref, REF_INTERVALS, REF_MS);
     td_window_t *w = td_window_new(REF_INTERVALS, REF_MS, channels);
     assert_non_null(w);
     size_t values = channels * (size_t)TALLY_HIST_BINS;
@@ -401,19 +348,19 @@ static void window_run(unsigned channels)
             for (unsigned c = 1; c < channels; c++) /* every channel counts the same elements */
                 memcpy(bins + c * TALLY_HIST_BINS, bins, TALLY_HIST_BINS * sizeof *bins);
             assert_true(td_window_add(w, now, bins, under, over, n));
-            ref_add(&ref, now, bins, under, over, n);
+            tr_window_add(&ref, now, bins, values, under, over, n);
         } else if (op < 16) {
             td_window_expire(w, now);
-            ref_expire(&ref, now / REF_MS);
+            tr_window_expire(&ref, now);
         } else if (op == 16) {
             td_window_clear(w);
-            memset(ref.tag, 0, sizeof ref.tag);
+            tr_window_clear(&ref);
             assert_int_equal(td_window_slots(w), 0);
         }
         assert_true(td_window_slots(w) <= REF_INTERVALS);
         assert_sums_equal(w, &ref, now);
         if (step % 10 == 0)
-            assert_record_round_trip(w, &ref, now);
+            assert_record_round_trip(w, &ref, channels, now);
     }
     td_window_destroy(&w);
 }

@@ -20,6 +20,7 @@
 
 #include <cmocka.h>
 
+#include "reference.h"
 #include "tk_backend.h"
 
 /* ---- random inputs ------------------------------------------------------------------------ */
@@ -92,52 +93,6 @@ static void fill_u8(uint8_t *a, size_t n, int shape)
     }
 }
 #define N_SHAPES 4
-
-/* ---- references --------------------------------------------------------------------------- */
-
-static int ref_keep(tally_pred_t pred, int64_t lo, int64_t hi, int64_t x)
-{
-    switch (pred) {
-    case TALLY_PRED_GT:
-        return x > lo;
-    case TALLY_PRED_GE:
-        return x >= lo;
-    case TALLY_PRED_LT:
-        return x < lo;
-    case TALLY_PRED_LE:
-        return x <= lo;
-    case TALLY_PRED_EQ:
-        return x == lo;
-    case TALLY_PRED_NE:
-        return x != lo;
-    case TALLY_PRED_BETWEEN:
-        return lo <= x && x <= hi;
-    }
-    return -1;
-}
-
-/* The mathematical bin floor(256 (x - lo) / (hi - lo)); tally_hist_bin_i32 where it is defined
- * (hi - lo <= 2^56), a 128-bit computation beyond. */
-static unsigned ref_bin(int32_t x, int64_t lo, int64_t hi)
-{
-    uint64_t r = (uint64_t)hi - (uint64_t)lo;
-    if (r <= (UINT64_C(1) << 56))
-        return tally_hist_bin_i32(x, lo, hi);
-    unsigned __int128 d = (uint64_t)(int64_t)x - (uint64_t)lo;
-    return (unsigned)(d * 256 / r);
-}
-
-static void ref_hist_i32(const int32_t *in, size_t n, int64_t lo, int64_t hi, tk_hist_t *h)
-{
-    for (size_t i = 0; i < n; i++) {
-        if (in[i] < lo)
-            h->underflow++;
-        else if (in[i] >= hi)
-            h->overflow++;
-        else
-            h->bins[ref_bin(in[i], lo, hi)]++;
-    }
-}
 
 /* ---- fixture ------------------------------------------------------------------------------ */
 
@@ -220,10 +175,8 @@ static unsigned long long filter_checks;
 /* Runs one i32 filter (out of place and in place) and compares it with the reference. */
 static void check_filter_i32(fx_t *f, size_t n, const tk_filter_spec_t *spec)
 {
-    size_t k = 0, kept = 12345;
-    for (size_t i = 0; i < n; i++)
-        if (ref_keep(spec->pred, spec->lo, spec->hi, f->in32[i]))
-            f->ref32[k++] = f->in32[i];
+    size_t kept = 12345;
+    size_t k = tr_filter(TALLY_DTYPE_I32, f->in32, n, spec->pred, spec->lo, spec->hi, f->ref32);
 
     memset(f->out32, POISON, n * 4 + GUARD);
     assert_int_equal(f->be->filter(NULL, TALLY_DTYPE_I32, n ? f->in32 : NULL, n, spec,
@@ -247,10 +200,8 @@ static void check_filter_i32(fx_t *f, size_t n, const tk_filter_spec_t *spec)
 
 static void check_filter_u8(fx_t *f, size_t n, const tk_filter_spec_t *spec)
 {
-    size_t k = 0, kept = 12345;
-    for (size_t i = 0; i < n; i++)
-        if (ref_keep(spec->pred, spec->lo, spec->hi, f->in8[i]))
-            f->ref8[k++] = f->in8[i];
+    size_t kept = 12345;
+    size_t k = tr_filter(TALLY_DTYPE_U8, f->in8, n, spec->pred, spec->lo, spec->hi, f->ref8);
 
     memset(f->out8, POISON, n + GUARD);
     assert_int_equal(
@@ -400,25 +351,10 @@ static void test_filter_none_all(void **state)
 
 /* ---- scan --------------------------------------------------------------------------------- */
 
-static void ref_scan(const int32_t *in, size_t n, int exclusive, uint64_t carry, int64_t *out)
-{
-    uint64_t s = carry;
-    for (size_t i = 0; i < n; i++) {
-        if (exclusive)
-            out[i] = (int64_t)s;
-        s += (uint64_t)(int64_t)in[i];
-        if (!exclusive)
-            out[i] = (int64_t)s;
-    }
-}
-
 static void check_scan(fx_t *f, size_t n, int exclusive, int out_i32, int64_t carry0)
 {
     int64_t carry = carry0;
-    uint64_t want_carry = (uint64_t)carry0;
-    for (size_t i = 0; i < n; i++)
-        want_carry += (uint64_t)(int64_t)f->in32[i];
-    ref_scan(f->in32, n, exclusive, (uint64_t)carry0, f->ref64);
+    uint64_t want_carry = tr_scan(f->in32, n, exclusive, false, (uint64_t)carry0, f->ref64);
 
     void *out = out_i32 ? (void *)f->out32 : (void *)f->out64;
     size_t bytes = n * (out_i32 ? 4 : 8);
@@ -516,8 +452,7 @@ static void test_hist_u8(void **state)
                 got.bins[b] = want.bins[b] = rng_next() >> 20;
             got.underflow = want.underflow = 3;
             got.overflow = want.overflow = 4;
-            for (size_t i = 0; i < n; i++)
-                want.bins[f->in8[i]]++;
+            tr_hist_parts(TALLY_DTYPE_U8, f->in8, n, 0, 0, want.bins, NULL, NULL);
             assert_int_equal(f->be->hist_u8(NULL, n ? f->in8 : NULL, n, &got), TALLY_OK);
             assert_memory_equal(&got, &want, sizeof got);
         }
@@ -546,7 +481,7 @@ static void check_hist_i32(fx_t *f, size_t n, int64_t lo, int64_t hi)
         got.bins[b] = want.bins[b] = (uint64_t)b * 1000;
     got.underflow = want.underflow = 11;
     got.overflow = want.overflow = 22;
-    ref_hist_i32(f->in32, n, lo, hi, &want);
+    tr_hist_parts(TALLY_DTYPE_I32, f->in32, n, lo, hi, want.bins, &want.underflow, &want.overflow);
     tally_status_t st = f->be->hist_i32(NULL, n ? f->in32 : NULL, n, lo, hi, &got);
     if (st != TALLY_OK)
         fail_msg("hist [%lld, %lld) n=%zu: status %d", (long long)lo, (long long)hi, n, (int)st);
@@ -758,7 +693,7 @@ static void test_hist_u16(void **state)
         unsigned shift;
         tally_hist_u16_recip(lo, hi, &mul, &shift);
         for (int64_t x = lo; x < hi; x++) {
-            unsigned want = tally_hist_bin_i32((int32_t)x, lo, hi);
+            unsigned want = tr_hist_bin(x, lo, hi);
             unsigned got = tally_hist_bin_u16((uint32_t)(x - lo), mul, shift);
             if (got != want)
                 fail_msg("[%lld, %lld): x=%lld bin %u, want %u", (long long)lo, (long long)hi,
@@ -781,14 +716,8 @@ static void test_hist_u16(void **state)
                 got.bins[b] = rng_next() >> 20;
             got.underflow = 5, got.overflow = 6;
             want = got;
-            for (size_t i = 0; i < n; i++) {
-                if (in[i] < lo)
-                    want.underflow++;
-                else if (in[i] >= hi)
-                    want.overflow++;
-                else
-                    want.bins[tally_hist_bin_i32(in[i], lo, hi)]++;
-            }
+            tr_hist_parts(TALLY_DTYPE_U16, in, n, lo, hi, want.bins, &want.underflow,
+                          &want.overflow);
             assert_int_equal(f->be->hist_u16(NULL, n ? in : NULL, n, lo, hi, &got), TALLY_OK);
             assert_memory_equal(&got, &want, sizeof got);
         }
@@ -811,9 +740,8 @@ static void test_hist_rgb(void **state)
             for (size_t b = 0; b < channels * TALLY_HIST_BINS; b++)
                 got.bins[b] = rng_next() >> 30;
             want = got;
-            for (size_t i = 0; i < pixels; i++)
-                for (unsigned c = 0; c < channels; c++)
-                    want.bins[c * TALLY_HIST_BINS + f->in8[channels * i + c]]++;
+            tr_hist_parts(channels == 3 ? TALLY_DTYPE_RGB8 : TALLY_DTYPE_RGBA8, f->in8, pixels, 0,
+                          0, want.bins, NULL, NULL);
             assert_int_equal(f->be->hist_rgb(NULL, pixels ? f->in8 : NULL, pixels, channels, &got),
                              TALLY_OK);
             assert_memory_equal(&got, &want, sizeof got);

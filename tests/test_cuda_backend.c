@@ -4,8 +4,9 @@
  *
  * Every kernel is run twice per case: through the asynchronous device-pointer API of tk_cuda.h
  * (on a stream of our own, with poisoned outputs, carries and histograms that stay on the
- * device) and through the synchronous backend table of tk_backend.h. Both results must equal
- * the CPU backend's and a plain loop's (written here from the contract, independent of both
+ * device) and through the daemon's CUDA engine (td_gpu_engine.h: one lane, its pinned staging,
+ * the launch and its completion; batches up to ENGINE_MAX_BYTES, as tallyd's lanes take at most
+ * 64 MiB). Both results must equal the CPU backend's and a plain loop's (written here from the contract, independent of both
  * backends). Inputs are fresh random data each run; the seed is printed and TALLY_TEST_SEED
  * repeats a run. Sizes: 0, 1, 31, 32, 33, 4095, 4096, 2^20 + 7 and 2^28 (TALLY_TEST_QUICK=1
  * leaves out 2^28, for runs under compute-sanitizer). Unordered filter results are compared as
@@ -24,7 +25,10 @@
 
 #include <cmocka.h>
 #include <cuda_runtime_api.h>
+#include <pthread.h>
 
+#include "reference.h"
+#include "td_gpu_engine.h"
 #include "tk_backend.h"
 #include "tk_cuda.h"
 
@@ -34,7 +38,7 @@
 static const size_t all_sizes[] = {0, 1, 31, 32, 33, 4095, 4096, MID_N, BIG_N};
 static size_t n_sizes;          /* all of them, or all but BIG_N in quick mode */
 static int quick;               /* TALLY_TEST_QUICK: also fewer thresholds per predicate */
-static tk_backend_t *gpu, *cpu; /* the table under test and the reference backend */
+static tk_backend_t *cpu; /* the reference backend */
 static cudaStream_t stream;
 static uint64_t rng_state;
 
@@ -49,6 +53,46 @@ static uint64_t *d_small; /* [0] kept, [1] carry, [2..] a tk_hist_t */
         if (e_ != cudaSuccess)                                                                     \
             fail_msg("%s: %s", #call, cudaGetErrorString(e_));                                     \
     } while (0)
+
+/* ---- the daemon's CUDA engine (td_gpu_cuda.c): one lane, one staging slot ------------------ */
+
+#define ENGINE_MAX_BYTES ((MID_N + 16) * 4)
+
+static td_gpu_engine_t *engine;
+static void *lane;
+static td_gpu_staging_t staging[1];
+static pthread_mutex_t engine_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t engine_cond = PTHREAD_COND_INITIALIZER;
+static bool engine_done;
+
+static void engine_done_cb(void *arg) /* CUDA's callback thread */
+{
+    (void)arg;
+    pthread_mutex_lock(&engine_lock);
+    engine_done = true;
+    pthread_cond_signal(&engine_cond);
+    pthread_mutex_unlock(&engine_lock);
+}
+
+/* Runs job (its n elements of input already in staging[0].in) on the lane and waits for its
+ * completion: the results are then in staging[0] (out, and small's kept, carry or hist). */
+static void engine_run(const td_gpu_job_t *job, const char *what)
+{
+    engine_done = false;
+    td_gpu_err_t err = engine->lane_launch(lane, job, engine_done_cb, NULL);
+    if (err != TD_GPU_OK)
+        fail_msg("%s: the engine's launch: %d (%s)", what, (int)err, engine->error_string());
+    pthread_mutex_lock(&engine_lock);
+    while (!engine_done)
+        pthread_cond_wait(&engine_cond, &engine_lock);
+    pthread_mutex_unlock(&engine_lock);
+}
+
+/* Whether the engine takes a batch of this many bytes (its lane's buffers). */
+static bool engine_fits(size_t bytes)
+{
+    return bytes <= ENGINE_MAX_BYTES;
+}
 
 /* ---- random data ------------------------------------------------------------------------------
  */
@@ -118,86 +162,6 @@ static void *xmalloc(size_t n)
     return p;
 }
 
-/* ---- the plain reference ------------------------------------------------------------------- */
-
-static int ref_keep(const tk_filter_spec_t *s, int64_t x)
-{
-    switch (s->pred) {
-    case TALLY_PRED_GT:
-        return x > s->lo;
-    case TALLY_PRED_GE:
-        return x >= s->lo;
-    case TALLY_PRED_LT:
-        return x < s->lo;
-    case TALLY_PRED_LE:
-        return x <= s->lo;
-    case TALLY_PRED_EQ:
-        return x == s->lo;
-    case TALLY_PRED_NE:
-        return x != s->lo;
-    default:
-        return x >= s->lo && x <= s->hi;
-    }
-}
-
-static size_t ref_filter(tally_dtype_t dt, const void *in, size_t n, const tk_filter_spec_t *s,
-                         void *out)
-{
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (dt == TALLY_DTYPE_I32) {
-            int32_t x = ((const int32_t *)in)[i];
-            if (ref_keep(s, x))
-                ((int32_t *)out)[k++] = x;
-        } else {
-            uint8_t x = ((const uint8_t *)in)[i];
-            if (ref_keep(s, x))
-                ((uint8_t *)out)[k++] = x;
-        }
-    }
-    return k;
-}
-
-static int64_t ref_scan(const int32_t *in, size_t n, int excl, int out32, void *out, int64_t c)
-{
-    uint64_t r = (uint64_t)c;
-    for (size_t i = 0; i < n; i++) {
-        uint64_t nr = r + (uint64_t)(int64_t)in[i];
-        uint64_t v = excl ? r : nr;
-        if (out32)
-            ((int32_t *)out)[i] = (int32_t)(uint32_t)v;
-        else
-            ((int64_t *)out)[i] = (int64_t)v;
-        r = nr;
-    }
-    return (int64_t)r;
-}
-
-static void ref_hist(tally_dtype_t dt, const void *in, size_t n, int64_t lo, int64_t hi,
-                     tk_hist_t *h)
-{
-    unsigned channels = tally_hist_channels(dt);
-    for (size_t i = 0; i < n; i++) {
-        if (dt == TALLY_DTYPE_U8) {
-            h->bins[((const uint8_t *)in)[i]]++;
-            continue;
-        }
-        if (channels > 1) { /* colour: byte c of pixel i in channel c */
-            for (unsigned c = 0; c < channels; c++)
-                h->bins[c * TALLY_HIST_BINS + ((const uint8_t *)in)[channels * i + c]]++;
-            continue;
-        }
-        /* i32 and u16 share the defining division (not the kernels' reciprocals) */
-        int32_t x = dt == TALLY_DTYPE_U16 ? ((const uint16_t *)in)[i] : ((const int32_t *)in)[i];
-        if (x < lo)
-            h->underflow++;
-        else if (x >= hi)
-            h->overflow++;
-        else
-            h->bins[tally_hist_bin_i32(x, lo, hi)]++;
-    }
-}
-
 /* ---- comparisons --------------------------------------------------------------------------- */
 
 static void expect_bytes(const char *what, const void *got, const void *want, size_t n,
@@ -258,7 +222,7 @@ static void expect_multiset(const char *what, tally_dtype_t dt, void *got, const
     uint64_t hg = 0, hw = 0;
     for (size_t i = 0; i < k; i++) {
         int32_t g = ((int32_t *)got)[i];
-        if (!ref_keep(s, g))
+        if (!tr_keep(s->pred, s->lo, s->hi, g))
             fail_msg("%s: element %zu (%d) does not satisfy the predicate", what, i, g);
         hg += mix64((uint32_t)g);
         hw += mix64((uint32_t)((const int32_t *)want)[i]);
@@ -278,7 +242,7 @@ static void check_filter(tally_dtype_t dt, const void *in, size_t n, const tk_fi
              es == 1 ? "u8" : "i32", tally_pred_name(s->pred), s->stable ? "stable" : "unordered",
              (long long)s->lo, (long long)s->hi, n, in_offset);
     void *want = xmalloc(n * es), *got = xmalloc(n * es);
-    size_t kw = ref_filter(dt, in, n, s, want);
+    size_t kw = tr_filter(dt, in, n, s->pred, s->lo, s->hi, want);
 
     /* The CPU backend agrees with the plain loop (as a multiset in unordered mode). */
     size_t kc = (size_t)-1;
@@ -307,12 +271,14 @@ static void check_filter(tally_dtype_t dt, const void *in, size_t n, const tk_fi
     else
         expect_multiset(what, dt, got, want, kw, s);
 
-    /* The table. */
-    if (in_offset == 0) {
-        size_t kt = (size_t)-1;
-        memset(got, 0x5A, n * es);
-        assert_int_equal(gpu->filter(gpu->ctx, dt, in, n, s, got, &kt), TALLY_OK);
-        assert_int_equal(kt, kw);
+    /* The engine. */
+    if (in_offset == 0 && engine_fits(n * es)) {
+        memcpy(staging[0].in, in, n * es);
+        memset(staging[0].out, 0x5A, n * es);
+        td_gpu_job_t job = {.opcode = TALLY_OP_FILTER, .dtype = dt, .n = n, .spec = *s};
+        engine_run(&job, what);
+        assert_int_equal(staging[0].small->kept, kw);
+        memcpy(got, staging[0].out, kw * es);
         if (s->stable)
             expect_bytes(what, got, want, kw, es);
         else
@@ -423,7 +389,7 @@ static void check_scan(const int32_t *in, size_t n, int excl, int out32, int64_t
              excl ? "exclusive" : "inclusive", out32 ? "i32" : "i64", (long long)carry, n,
              in_offset);
     void *want = xmalloc(n * os), *got = xmalloc(n * os);
-    int64_t cw = ref_scan(in, n, excl, out32, want, carry);
+    int64_t cw = (int64_t)tr_scan(in, n, excl, out32, (uint64_t)carry, want);
 
     int64_t cc = carry;
     assert_int_equal(cpu->scan(cpu->ctx, in, n, excl, out32, got, &cc), TALLY_OK);
@@ -446,12 +412,20 @@ static void check_scan(const int32_t *in, size_t n, int excl, int out32, int64_t
     CK(cudaMemcpy(got, d_out, n * os, cudaMemcpyDeviceToHost));
     expect_bytes(what, got, want, n, os);
 
-    if (in_offset == 0) {
-        int64_t ct = carry;
-        memset(got, 0x5A, n * os);
-        assert_int_equal(gpu->scan(gpu->ctx, in, n, excl, out32, got, &ct), TALLY_OK);
-        assert_int_equal(ct, cw);
-        expect_bytes(what, got, want, n, os);
+    if (in_offset == 0 && engine_fits(n * 4)) { /* the carry uploaded, chained on the device */
+        memcpy(staging[0].in, in, n * 4);
+        memset(staging[0].out, 0x5A, n * os);
+        staging[0].small->carry = carry;
+        td_gpu_job_t job = {.opcode = TALLY_OP_SCAN,
+                            .dtype = TALLY_DTYPE_I32,
+                            .n = n,
+                            .exclusive = excl,
+                            .out_i32 = out32,
+                            .carry_index = 1,
+                            .carry_upload = true};
+        engine_run(&job, what);
+        assert_int_equal(staging[0].small->carry, cw);
+        expect_bytes(what, staging[0].out, want, n, os);
     }
     free(want);
     free(got);
@@ -493,7 +467,7 @@ static void test_scan_chunks_unaligned(void **state)
 
     int64_t *want = xmalloc(n * 8), *got = xmalloc(n * 8);
     int64_t c0 = (int64_t)rnd();
-    int64_t cw = ref_scan(in, n, 0, 0, want, c0);
+    int64_t cw = (int64_t)tr_scan(in, n, false, false, (uint64_t)c0, want);
     size_t cut = 4096 + 77;
     CK(cudaMemcpyAsync(d_in, in, n * 4, cudaMemcpyHostToDevice, stream));
     CK(cudaMemcpyAsync(&d_small[1], &c0, 8, cudaMemcpyHostToDevice, stream));
@@ -535,7 +509,7 @@ static void check_hist(tally_dtype_t dt, const void *in, size_t n, int64_t lo, i
     start.underflow = tally_hist_ranged(dt) ? rnd() % 1000 : 0;
     start.overflow = tally_hist_ranged(dt) ? rnd() % 1000 : 0;
     want = start;
-    ref_hist(dt, in, n, lo, hi, &want);
+    tr_hist_parts(dt, in, n, lo, hi, want.bins, &want.underflow, &want.overflow);
 
     got = start;
     tally_status_t st = tk_backend_hist(cpu, dt, in, n, lo, hi, &got);
@@ -553,10 +527,15 @@ static void check_hist(tally_dtype_t dt, const void *in, size_t n, int64_t lo, i
     CK(cudaStreamSynchronize(stream));
     expect_bytes(what, &got, &want, sizeof got / 8, 8);
 
-    if (in_offset == 0) {
-        got = start;
-        st = tk_backend_hist(gpu, dt, in, n, lo, hi, &got);
-        assert_int_equal(st, TALLY_OK);
+    if (in_offset == 0 && engine_fits(n * es)) { /* the engine's hist starts from zero */
+        memcpy(staging[0].in, in, n * es);
+        td_gpu_job_t job = {.opcode = TALLY_OP_HIST, .dtype = dt, .n = n, .lo = lo, .hi = hi};
+        engine_run(&job, what);
+        got = staging[0].small->hist;
+        for (size_t b = 0; b < sizeof got.bins / 8; b++)
+            got.bins[b] += start.bins[b];
+        got.underflow += start.underflow;
+        got.overflow += start.overflow;
         expect_bytes(what, &got, &want, sizeof got / 8, 8);
     }
 }
@@ -647,6 +626,91 @@ static void test_hist_u16(void **state)
     }
 }
 
+/* One minmax of n elements of dtype dt: the CPU backend, the kernel (async API) and the daemon's
+ * CUDA engine against the reference; an empty batch leaves the pair empty. */
+static void check_minmax(tally_dtype_t dt, const uint8_t *in, size_t n, int kind)
+{
+    int64_t lo, hi, clo = INT64_MAX, chi = INT64_MIN, glo, ghi;
+    tr_minmax(dt, in, n, &lo, &hi);
+    assert_int_equal(cpu->minmax(cpu->ctx, dt, in, n, &clo, &chi), TALLY_OK);
+    int64_t *d_pair = (int64_t *)d_small, pair[2];
+    size_t es = tally_dtype_size(dt);
+    CK(cudaMemcpyAsync(d_in, in, n * es, cudaMemcpyHostToDevice, stream));
+    assert_int_equal(tk_cuda_minmax_reset(d_pair, stream), TALLY_OK);
+    assert_int_equal(tk_cuda_minmax(dt, d_in, n, d_pair, stream), TALLY_OK);
+    CK(cudaMemcpyAsync(pair, d_pair, sizeof pair, cudaMemcpyDeviceToHost, stream));
+    CK(cudaStreamSynchronize(stream));
+    glo = pair[0];
+    ghi = pair[1];
+    if (clo != lo || chi != hi || glo != lo || ghi != hi)
+        fail_msg("minmax %s n=%zu kind %d: want %lld..%lld, cpu %lld..%lld, gpu %lld..%lld",
+                 tally_dtype_name(dt), n, kind, (long long)lo, (long long)hi, (long long)clo,
+                 (long long)chi, (long long)glo, (long long)ghi);
+    if (engine_fits(n * es)) {
+        char what[96];
+        snprintf(what, sizeof what, "minmax %s n=%zu kind %d (engine)", tally_dtype_name(dt), n,
+                 kind);
+        memcpy(staging[0].in, in, n * es);
+        td_gpu_job_t job = {.opcode = TALLY_OP_MINMAX, .dtype = dt, .n = n};
+        engine_run(&job, what);
+        if (staging[0].small->minmax[0] != lo || staging[0].small->minmax[1] != hi)
+            fail_msg("%s: %lld..%lld, want %lld..%lld", what,
+                     (long long)staging[0].small->minmax[0],
+                     (long long)staging[0].small->minmax[1], (long long)lo, (long long)hi);
+    }
+}
+
+/* minmax: i32, u8 and u16 at every size and data kind. */
+static void test_minmax(void **state)
+{
+    (void)state;
+    static const tally_dtype_t types[] = {TALLY_DTYPE_I32, TALLY_DTYPE_U8, TALLY_DTYPE_U16};
+    for (size_t si = 0; si < n_sizes; si++) {
+        size_t n = all_sizes[si];
+        uint8_t *in = xmalloc(n * 4 + 16);
+        for (int kind = 0; kind < DATA_KINDS; kind++) {
+            fill_u8(in, n * 4 + 16, (data_kind_t)kind);
+            for (size_t t = 0; t < 3; t++)
+                check_minmax(types[t], in, n, kind);
+        }
+        free(in);
+    }
+}
+
+/* minmax's kernel on inputs that start off a 16-byte boundary (every element offset), and
+ * lengths shorter than the head: the elements block 0 folds outside the vectors. */
+static void test_minmax_unaligned(void **state)
+{
+    (void)state;
+    static const tally_dtype_t types[] = {TALLY_DTYPE_I32, TALLY_DTYPE_U8, TALLY_DTYPE_U16};
+    static const size_t lengths[] = {1, 2, 3, 5, 15, 16, 17, 100, 4099};
+    uint8_t *in = xmalloc(4 * 4099 + 16);
+    fill_u8(in, 4 * 4099 + 16, DATA_UNIFORM);
+    assert_int_equal(cudaMemcpy(d_in, in, 4 * 4099 + 16, cudaMemcpyHostToDevice), cudaSuccess);
+    int64_t *d_pair = (int64_t *)d_small;
+    for (size_t t = 0; t < 3; t++) {
+        size_t es = tally_dtype_size(types[t]);
+        for (size_t off = 0; off < 16; off += es) {
+            for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; li++) {
+                size_t n = lengths[li];
+                int64_t want[2] = {INT64_MAX, INT64_MIN}, got[2];
+                assert_int_equal(cpu->minmax(cpu->ctx, types[t], in + off, n, &want[0], &want[1]),
+                                 TALLY_OK);
+                assert_int_equal(tk_cuda_minmax_reset(d_pair, stream), TALLY_OK);
+                assert_int_equal(tk_cuda_minmax(types[t], (uint8_t *)d_in + off, n, d_pair, stream),
+                                 TALLY_OK);
+                assert_int_equal(cudaMemcpy(got, d_pair, sizeof got, cudaMemcpyDeviceToHost),
+                                 cudaSuccess);
+                if (got[0] != want[0] || got[1] != want[1])
+                    fail_msg("minmax %s off=%zu n=%zu: gpu %lld..%lld, cpu %lld..%lld",
+                             tally_dtype_name(types[t]), off, n, (long long)got[0],
+                             (long long)got[1], (long long)want[0], (long long)want[1]);
+            }
+        }
+    }
+    free(in);
+}
+
 /* RGB and RGBA pixels at every byte offset 0..15 (the channel of a vector's bytes depends on
  * where the body starts), every data kind. */
 static void test_hist_rgb(void **state)
@@ -686,7 +750,8 @@ static void test_hist_rgb(void **state)
 }
 
 /* Every bin edge of many widths: the values just below, at and above the first value of each
- * bin (the places where a rounded reciprocal would go wrong) land in tally_hist_bin_i32's bin. */
+ * bin (the places where a rounded reciprocal would go wrong) land in the bin of the defining
+ * division (tr_hist_bin). */
 static void test_hist_i32_bin_edges(void **state)
 {
     (void)state;
@@ -749,27 +814,26 @@ static void test_bad_arguments(void **state)
     assert_int_equal(tk_cuda_hist_i32(d_in, 10, INT32_MIN - 1LL, 0, dh, NULL, 0, stream),
                      TALLY_E_PARAM);
 
-    /* The table refuses batches over its maximum and stays usable. */
-    tk_backend_t *small = NULL;
+    /* The engine: a lane on a device that is not there fails with the reason, and a split job
+     * over its buffers is refused (TD_GPU_E_UNFIT) rather than overrun them. */
     char msg[200] = "";
-    assert_int_equal(tk_cuda_backend_new(0, 1024, &small, msg, sizeof msg), TALLY_OK);
-    int32_t in[300] = {0}, out[300];
-    size_t kept = 0;
-    assert_int_equal(small->filter(small->ctx, TALLY_DTYPE_I32, in, 300, &gt, out, &kept),
-                     TALLY_E_TOO_LARGE);
-    assert_int_equal(small->filter(small->ctx, TALLY_DTYPE_I32, in, 256, &gt, out, &kept),
-                     TALLY_OK);
-    assert_int_equal(kept, 0);
-    char d[200] = "";
-    small->describe(small->ctx, d, sizeof d);
-    assert_memory_equal(d, "cuda: 0:", 8);
-    small->destroy(&small);
-    assert_null(small);
-
-    assert_int_equal(tk_cuda_backend_new(tk_cuda_device_count(), 1024, &small, msg, sizeof msg),
-                     TALLY_E_BACKEND);
-    assert_null(small);
+    void *none = NULL;
+    td_gpu_staging_t st_none[1];
+    uint64_t bytes = 0;
+    assert_int_equal(engine->lane_open(engine->ctx, tk_cuda_device_count(), 1024, 1, 2, &none,
+                                       st_none, &bytes, msg, sizeof msg),
+                     TD_GPU_E_DEVICE);
     assert_true(strlen(msg) > 0);
+    char d[200] = "";
+    engine->describe(engine->ctx, 0, d, sizeof d);
+    assert_true(strlen(d) > 0);
+    td_gpu_job_t big = {.opcode = TALLY_OP_HIST,
+                        .dtype = TALLY_DTYPE_U8,
+                        .n = 3 * ENGINE_MAX_BYTES,
+                        .src = staging[0].in};
+    void *lanes[1] = {lane};
+    assert_int_equal(engine->lane_launch_split(lane, lanes, 1, 2, &big, engine_done_cb, NULL),
+                     TD_GPU_E_UNFIT);
 }
 
 /* ---- set-up ---------------------------------------------------------------------------------- */
@@ -780,8 +844,12 @@ static int setup(void **state)
     size_t max_n = all_sizes[n_sizes - 1];
     size_t max_bytes = max_n * 4 + 64;
     char msg[256] = "";
-    if (tk_cuda_backend_new(0, max_bytes, &gpu, msg, sizeof msg) != TALLY_OK) {
-        fprintf(stderr, "tk_cuda_backend_new: %s\n", msg);
+    uint64_t bytes = 0;
+    if (td_gpu_engine_cuda_new(&engine, msg, sizeof msg) != TD_GPU_OK ||
+        engine->lane_open(engine->ctx, 0, ENGINE_MAX_BYTES, 1, 2, &lane, staging, &bytes, msg,
+                          sizeof msg) != TD_GPU_OK ||
+        engine->lane_bind(lane) != TD_GPU_OK) {
+        fprintf(stderr, "the CUDA engine: %s\n", msg);
         return -1;
     }
     if (tk_cpu_backend_new(&cpu) != TALLY_OK)
@@ -807,8 +875,10 @@ static int teardown(void **state)
     cudaFree(d_scratch);
     cudaFree(d_small);
     cudaStreamDestroy(stream);
-    if (gpu)
-        gpu->destroy(&gpu);
+    if (lane)
+        engine->lane_close(lane);
+    if (engine)
+        engine->destroy(&engine);
     if (cpu)
         cpu->destroy(&cpu);
     return 0;
@@ -844,6 +914,8 @@ int main(void)
         cmocka_unit_test(test_hist_i32),
         cmocka_unit_test(test_hist_u16),
         cmocka_unit_test(test_hist_rgb),
+        cmocka_unit_test(test_minmax),
+        cmocka_unit_test(test_minmax_unaligned),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

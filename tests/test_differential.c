@@ -25,6 +25,9 @@
  * holds every request answered ok. The model is computed from the payloads the test sent, and
  * each acknowledged reply is checked against it.
  *
+ * Stateless `minmax` requests (i32, u8, u16, every count above, 0 included) check the CUDA
+ * minmax kernel (kernels/cuda/tk_cuda_minmax.cu) against the CPU's and the model's min and max.
+ *
  * The sequence also covers issue 12: u16, rgb8 and rgba8 histograms, `reset` (zeroed, kept)
  * against `delete` (forgotten), and window queries: both daemons read one test clock file
  * (--test-clock, 4 intervals of 1 s), which the test advances between batches of requests
@@ -57,6 +60,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "reference.h"
 
 #define SKIP 77
 #define CONNS 4
@@ -108,18 +112,11 @@ static uint64_t below(uint64_t n)
 
 /* ---- the model of a stream -------------------------------------------------------------- */
 
-/* One interval's histogram of a stream, as the daemon's ring slot (td_window.h). */
-typedef struct {
-    uint64_t interval_plus1; /* 0: empty */
-    uint64_t under, over, total;
-    uint64_t bins[TALLY_HIST_VALUES_MAX];
-} mslot_t;
-
 typedef struct {
     char name[TALLY_STREAM_NAME_MAX + 1];
     bool exists;
     tally_stream_info_t info;
-    mslot_t ring[WIN_INTERVALS];
+    tr_window_t ring; /* its window, as the protocol defines it */
 } mstream_t;
 
 static mstream_t model[NSTREAMS];
@@ -141,6 +138,7 @@ static void model_init(void)
     clock_set(CLOCK_START_MS);
     for (int i = 0; i < NSTREAMS; i++) {
         int conn = i % CONNS;
+        tr_window_init(&model[i].ring, WIN_INTERVALS, WIN_MS);
         if (i == NSTREAMS - 1) /* a name of the longest length */
             snprintf(model[i].name, sizeof model[i].name, "%d/%s", conn,
                      "LLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLLL");
@@ -342,33 +340,7 @@ static void make_payload(op_t *op, size_t n, size_t esize)
         fill_i32((int32_t *)op->payload, n);
 }
 
-static int64_t elem(const op_t *op, size_t i)
-{
-    return op->req.dtype == TALLY_DTYPE_U8 ? (int64_t)op->payload[i]
-                                           : (int64_t)(int32_t)tally_get_u32(op->payload + 4 * i);
-}
-
 /* ---- the model's expectations ------------------------------------------------------------ */
-
-static bool keeps(const tally_req_t *q, int64_t x)
-{
-    switch (q->pred) {
-    case TALLY_PRED_GT:
-        return x > q->lo;
-    case TALLY_PRED_GE:
-        return x >= q->lo;
-    case TALLY_PRED_LT:
-        return x < q->lo;
-    case TALLY_PRED_LE:
-        return x <= q->lo;
-    case TALLY_PRED_EQ:
-        return x == q->lo;
-    case TALLY_PRED_NE:
-        return x != q->lo;
-    default:
-        return q->lo <= x && x <= q->hi;
-    }
-}
 
 /* A hist batch: its reply (want_hist, the defining formulas), and on a stream the running
  * histogram and the window slot of the current interval. */
@@ -378,23 +350,7 @@ static void expect_hist(op_t *op, size_t n, mstream_t *m)
     bool ranged = tally_hist_ranged(dt);
     unsigned channels = tally_hist_channels(dt);
     uint64_t *h = op->want_hist;
-    for (size_t i = 0; i < n; i++) {
-        if (channels > 1) {
-            for (unsigned c = 0; c < channels; c++)
-                h[c * TALLY_HIST_BINS + op->payload[channels * i + c]]++;
-            continue;
-        }
-        int64_t x =
-            dt == TALLY_DTYPE_U16 ? (int64_t)tally_get_u16(op->payload + 2 * i) : elem(op, i);
-        if (!ranged)
-            h[x]++;
-        else if (x < op->req.lo)
-            h[TALLY_HIST_BINS]++;
-        else if (x >= op->req.hi)
-            h[TALLY_HIST_BINS + 1]++;
-        else
-            h[tally_hist_bin_i32((int32_t)x, op->req.lo, op->req.hi)]++;
-    }
+    tr_hist(dt, op->payload, n, op->req.lo, op->req.hi, h);
     op->check_aux0 = op->check_count = true;
     op->want_aux0 = n;
     op->want_count = tally_hist_values(dt);
@@ -407,22 +363,12 @@ static void expect_hist(op_t *op, size_t n, mstream_t *m)
         info->hist_hi = ranged ? op->req.hi : 0;
     }
     uint64_t under = ranged ? h[TALLY_HIST_BINS] : 0, over = ranged ? h[TALLY_HIST_BINS + 1] : 0;
-    uint64_t interval = clock_ms / WIN_MS;
-    mslot_t *slot = &m->ring[interval % WIN_INTERVALS];
-    if (slot->interval_plus1 != interval + 1) {
-        memset(slot, 0, sizeof *slot);
-        slot->interval_plus1 = interval + 1;
-    }
-    for (size_t b = 0; b < channels * TALLY_HIST_BINS; b++) {
+    for (size_t b = 0; b < channels * TALLY_HIST_BINS; b++)
         info->bins[b] += h[b];
-        slot->bins[b] += h[b];
-    }
     info->hist_underflow += under;
     info->hist_overflow += over;
     info->hist_total += n;
-    slot->under += under;
-    slot->over += over;
-    slot->total += n;
+    tr_window_add(&m->ring, clock_ms, h, channels * TALLY_HIST_BINS, under, over, n);
 }
 
 /* Sets the expectations of a compute request that succeeds, and applies it to its stream. */
@@ -433,9 +379,8 @@ static void expect_compute(op_t *op)
     tally_stream_info_t *info = op->stream >= 0 ? &model[op->stream].info : NULL;
     op->want_status = TALLY_OK;
     if (op->req.opcode == TALLY_OP_FILTER) {
-        uint64_t kept = 0;
-        for (size_t i = 0; i < n; i++)
-            kept += keeps(&op->req, elem(op, i));
+        uint64_t kept =
+            tr_filter(op->req.dtype, op->payload, n, op->req.pred, op->req.lo, op->req.hi, NULL);
         op->check_count = op->check_aux0 = true;
         op->want_count = kept;
         op->want_aux0 = n;
@@ -444,9 +389,7 @@ static void expect_compute(op_t *op)
             info->filter_kept += kept;
         }
     } else if (op->req.opcode == TALLY_OP_SCAN) {
-        uint64_t carry = info ? (uint64_t)info->scan_carry : 0;
-        for (size_t i = 0; i < n; i++)
-            carry += (uint64_t)elem(op, i);
+        uint64_t carry = tr_sum(op->payload, n, info ? (uint64_t)info->scan_carry : 0);
         op->check_aux0 = op->check_count = true;
         op->want_aux0 = carry;
         op->want_count = n;
@@ -493,24 +436,12 @@ static void gen_window_query(ops_t *o, int conn, int stream)
     }
     static tally_stream_info_t view;
     view = m->info;
-    view.hist_underflow = view.hist_overflow = view.hist_total = 0;
-    memset(view.bins, 0, sizeof view.bins);
-    uint64_t now = clock_ms / WIN_MS;
-    for (uint64_t i = 0; i < k; i++) {
-        const mslot_t *slot = &m->ring[(now - i) % WIN_INTERVALS];
-        if (slot->interval_plus1 != now - i + 1)
-            continue;
-        view.hist_underflow += slot->under;
-        view.hist_overflow += slot->over;
-        view.hist_total += slot->total;
-        for (size_t b = 0; b < TALLY_HIST_VALUES_MAX; b++)
-            view.bins[b] += slot->bins[b];
-    }
+    uint64_t start = tr_window_sum(&m->ring, clock_ms, (unsigned)k, &view);
     op->want_status = TALLY_OK;
     op->want_payload = malloc(TALLY_QUERY_PAYLOAD_MAX);
     op->want_len = tally_stream_info_encode(&view, op->want_payload);
     op->check_aux0 = op->check_aux1 = true;
-    op->want_aux0 = (now + 1 - k) * WIN_MS;
+    op->want_aux0 = start;
     op->want_aux1 = clock_ms;
 }
 
@@ -536,7 +467,8 @@ static int64_t pick_threshold(const op_t *op)
 {
     size_t n = op->len / tally_dtype_size((tally_dtype_t)op->req.dtype);
     if (n && below(3) == 0)
-        return elem(op, below(n)); /* a value the batch holds: eq and ne matter */
+        /* a value the batch holds: eq and ne matter */
+        return tr_elem(op->req.dtype, op->payload, below(n));
     return thresholds[below(sizeof thresholds / sizeof thresholds[0])];
 }
 
@@ -732,14 +664,43 @@ static void gen_compute(ops_t *o, int conn, int stream, bool allow_max, size_t c
     expect_compute(op);
 }
 
+/* minmax (no stream): i32, u8 or u16, every count pick_count gives (0 included); the model's
+ * answer is the reference's (tr_minmax), encoded as PROTOCOL.md §5 says
+ * (min then max, each little-endian in the batch's type); no payload for an empty batch. */
+static void gen_minmax(ops_t *o, int conn)
+{
+    static const uint8_t types[] = {TALLY_DTYPE_I32, TALLY_DTYPE_U8, TALLY_DTYPE_U16};
+    op_t *op = ops_add(o, TALLY_OP_MINMAX, types[below(3)], conn, -1);
+    size_t esize = tally_dtype_size((tally_dtype_t)op->req.dtype);
+    size_t n = pick_count(esize, true);
+    make_payload(op, n, esize);
+    int64_t min, max;
+    tr_minmax(op->req.dtype, op->payload, n, &min, &max);
+    op->want_status = TALLY_OK;
+    op->check_aux0 = op->check_count = true;
+    op->want_aux0 = n;
+    op->want_count = n ? 2 : 0;
+    if (!n)
+        return;
+    op->want_len = 2 * esize;
+    op->want_payload = malloc(op->want_len);
+    assert_non_null(op->want_payload);
+    for (size_t b = 0; b < esize; b++) {
+        op->want_payload[b] = (uint8_t)((uint64_t)min >> (8 * b));
+        op->want_payload[esize + b] = (uint8_t)((uint64_t)max >> (8 * b));
+    }
+}
+
 /* One request of connection `conn`: on one of its streams, or stateless. */
 static void gen_one(ops_t *o, int conn)
 {
     int stream = conn + CONNS * (int)below(STREAMS_PER_CONN);
     mstream_t *m = &model[stream];
     uint64_t r = below(100);
-    if (r < 12) {
+    if (r < 9) {
         gen_compute(o, conn, -1, true, 0);
+    } else if (r < 12) {
+        gen_minmax(o, conn);
     } else if (r < 75) {
         gen_compute(o, conn, stream, true, 0);
     } else if (r < 80) {
@@ -757,14 +718,14 @@ static void gen_one(ops_t *o, int conn)
             m->info.hist_lo = kept.hist_lo;
             m->info.hist_hi = kept.hist_hi;
             m->info.last_seq = kept.last_seq;
-            memset(m->ring, 0, sizeof m->ring);
+            tr_window_clear(&m->ring);
         }
     } else if (r < 90) { /* delete: forgotten */
         op_t *op = ops_add(o, TALLY_OP_DELETE, TALLY_DTYPE_NONE, conn, stream);
         op->want_status = m->exists ? TALLY_OK : TALLY_E_UNKNOWN_STREAM;
         if (m->exists) {
             memset(&m->info, 0, sizeof m->info);
-            memset(m->ring, 0, sizeof m->ring);
+            tr_window_clear(&m->ring);
             m->exists = false;
         }
     } else if (r < 94) {
@@ -1219,11 +1180,12 @@ static void differential(uint64_t seed, const char *inflight_before, const char 
     }
     fprintf(stderr,
             "differential: %zu requests, every reply equal (ok: %zu filter, %zu scan, %zu hist, "
-            "%zu query, %zu reset, %zu delete; %zu errors; %zu of the largest batch)\n",
+            "%zu minmax, %zu query, %zu reset, %zu delete; %zu errors; %zu of the largest "
+            "batch)\n",
             o.n, tally_of_run.ok[TALLY_OP_FILTER], tally_of_run.ok[TALLY_OP_SCAN],
-            tally_of_run.ok[TALLY_OP_HIST], tally_of_run.ok[TALLY_OP_QUERY],
-            tally_of_run.ok[TALLY_OP_RESET], tally_of_run.ok[TALLY_OP_DELETE], tally_of_run.errors,
-            tally_of_run.largest);
+            tally_of_run.ok[TALLY_OP_HIST], tally_of_run.ok[TALLY_OP_MINMAX],
+            tally_of_run.ok[TALLY_OP_QUERY], tally_of_run.ok[TALLY_OP_RESET],
+            tally_of_run.ok[TALLY_OP_DELETE], tally_of_run.errors, tally_of_run.largest);
     for (int which = 0; which < 2; which++)
         stop_one(&p, which);
     ops_free(&o);

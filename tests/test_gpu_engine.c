@@ -8,7 +8,8 @@
  * done; the launches between pass through exactly (done once, exact sums); a split job counts as
  * one launch; out of memory at lane_open after a given number of lanes (and what the pipeline
  * makes of it: the device skipped, or no GPU); slow completions come that much later; with
- * nothing asked for, the wrapper is invisible.
+ * nothing asked for, the wrapper is invisible. A lost context (sticky_at) fails the device until
+ * device_reset. The engines' outcomes (td_gpu_err_t) reach the wire through td_gpu_status alone.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -38,16 +40,16 @@ static void rig_open(rig_t *g, unsigned devices, const td_gpu_fault_opts_t *opts
 {
     td_gpu_engine_t *sim = NULL;
     memset(g, 0, sizeof *g);
-    assert_int_equal(td_gpu_engine_sim_new(devices, &sim), TALLY_OK);
-    assert_int_equal(td_gpu_engine_fault_new(sim, opts, &g->e), TALLY_OK);
+    assert_int_equal(td_gpu_engine_sim_new(devices, &sim), TD_GPU_OK);
+    assert_int_equal(td_gpu_engine_fault_new(sim, opts, &g->e), TD_GPU_OK);
     for (unsigned i = 0; i < 2; i++) {
         char why[128] = "";
         uint64_t bytes = 0;
         assert_int_equal(g->e->lane_open(g->e->ctx, 0, MAX_BATCH, SLOTS, CARRIES, &g->lanes[i],
                                          g->staging[i], &bytes, why, sizeof why),
-                         TALLY_OK);
+                         TD_GPU_OK);
         assert_true(bytes >= 3 * MAX_BATCH);
-        assert_int_equal(g->e->lane_bind(g->lanes[i]), TALLY_OK);
+        assert_int_equal(g->e->lane_bind(g->lanes[i]), TD_GPU_OK);
     }
 }
 
@@ -66,7 +68,7 @@ static void count_done(void *arg)
 
 /* A scan of 1, 2, .. n on lane 0, slot 0, carry 1; `upload`: from `carry_in`. Returns the
  * launch's status; *dones counts the done calls. */
-static tally_status_t scan_job(rig_t *g, size_t n, bool upload, int64_t carry_in, unsigned *dones)
+static td_gpu_err_t scan_job(rig_t *g, size_t n, bool upload, int64_t carry_in, unsigned *dones)
 {
     td_gpu_staging_t *s = &g->staging[0][0];
     int32_t *in = s->in;
@@ -93,22 +95,22 @@ static void test_every_third_launch_fails(void **state)
     rig_open(&g, 1, &(td_gpu_fault_opts_t){.fail_every = 3});
     const int64_t *out = g.staging[0][0].out;
     unsigned dones = 0;
-    assert_int_equal(scan_job(&g, 4, true, 0, &dones), TALLY_OK); /* 1: 1 3 6 10 */
+    assert_int_equal(scan_job(&g, 4, true, 0, &dones), TD_GPU_OK); /* 1: 1 3 6 10 */
     assert_int_equal(dones, 1);
     assert_int_equal(g.staging[0][0].small->carry, 10);
-    assert_int_equal(scan_job(&g, 4, false, 0, &dones), TALLY_OK); /* 2: from 10 */
+    assert_int_equal(scan_job(&g, 4, false, 0, &dones), TD_GPU_OK); /* 2: from 10 */
     assert_int_equal(dones, 2);
     assert_int_equal(out[0], 11);
     assert_int_equal(out[3], 20);
     assert_int_equal(g.staging[0][0].small->carry, 20);
-    assert_int_equal(scan_job(&g, 4, false, 0, &dones), TALLY_E_BACKEND); /* 3: injected */
+    assert_int_equal(scan_job(&g, 4, false, 0, &dones), TD_GPU_E_DEVICE); /* 3: injected */
     assert_int_equal(dones, 2);
     assert_non_null(strstr(g.e->error_string(), "injected fault: 1 launch in 3 fails"));
-    assert_int_equal(scan_job(&g, 4, false, 0, &dones), TALLY_OK); /* 4: chains from garbage */
+    assert_int_equal(scan_job(&g, 4, false, 0, &dones), TD_GPU_OK); /* 4: chains from garbage */
     assert_int_equal(g.staging[0][0].small->carry, (int64_t)TD_GPU_GARBAGE_CARRY + 10);
-    assert_int_equal(scan_job(&g, 4, true, 100, &dones), TALLY_OK); /* 5: uploaded again */
+    assert_int_equal(scan_job(&g, 4, true, 100, &dones), TD_GPU_OK); /* 5: uploaded again */
     assert_int_equal(out[3], 110);
-    assert_int_equal(scan_job(&g, 1, true, 0, &dones), TALLY_E_BACKEND); /* 6 */
+    assert_int_equal(scan_job(&g, 1, true, 0, &dones), TD_GPU_E_DEVICE); /* 6 */
     assert_int_equal(dones, 4);
     rig_close(&g);
 }
@@ -128,13 +130,13 @@ static void test_split_launch(void **state)
             src[i] = (uint8_t)(i % 7);
         td_gpu_job_t job = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8, .n = n, .src = src};
         unsigned dones = 0;
-        tally_status_t st =
+        td_gpu_err_t st =
             g.e->lane_launch_split(g.lanes[0], g.lanes, 2, 3, &job, count_done, &dones);
         if (every == 1) {
-            assert_int_equal(st, TALLY_E_BACKEND);
+            assert_int_equal(st, TD_GPU_E_DEVICE);
             assert_int_equal(dones, 0);
         } else {
-            assert_int_equal(st, TALLY_OK);
+            assert_int_equal(st, TD_GPU_OK);
             assert_int_equal(dones, 1);
             const tk_hist_t *h = &g.staging[0][0].small->hist;
             uint64_t total = 0;
@@ -156,7 +158,7 @@ static void test_split_fault_clobbers_carry(void **state)
     rig_t g;
     rig_open(&g, 1, &(td_gpu_fault_opts_t){.fail_every = 2});
     unsigned dones = 0;
-    assert_int_equal(scan_job(&g, 4, true, 0, &dones), TALLY_OK); /* 1: carry 10 */
+    assert_int_equal(scan_job(&g, 4, true, 0, &dones), TD_GPU_OK); /* 1: carry 10 */
     size_t n = 2 * (64u << 10);
     int32_t *src = calloc(n, sizeof *src);
     int64_t *dst = calloc(n, sizeof *dst);
@@ -169,9 +171,9 @@ static void test_split_fault_clobbers_carry(void **state)
                         .src = src,
                         .dst = dst};
     assert_int_equal(g.e->lane_launch_split(g.lanes[0], g.lanes, 2, 2, &job, count_done, &dones),
-                     TALLY_E_BACKEND); /* 2 */
+                     TD_GPU_E_DEVICE); /* 2 */
     assert_int_equal(dst[n - 1], 10);  /* it ran (zeros continue the carry 10) */
-    assert_int_equal(scan_job(&g, 4, false, 0, &dones), TALLY_OK); /* 3 */
+    assert_int_equal(scan_job(&g, 4, false, 0, &dones), TD_GPU_OK); /* 3 */
     assert_int_equal(g.staging[0][0].small->carry, (int64_t)TD_GPU_GARBAGE_CARRY + 10);
     assert_int_equal(dones, 2);
     free(src);
@@ -193,9 +195,9 @@ static void test_oom_at_open(void **state)
     td_gpu_opts_t opts = {.max_batch = MAX_BATCH, .lanes = 2, .slots = SLOTS, .max_inflight = 4};
     for (unsigned before = 0; before <= 2; before += 2) {
         td_gpu_engine_t *sim = NULL, *e = NULL;
-        assert_int_equal(td_gpu_engine_sim_new(2, &sim), TALLY_OK);
+        assert_int_equal(td_gpu_engine_sim_new(2, &sim), TD_GPU_OK);
         td_gpu_fault_opts_t faults = {.oom_at_open = true, .lanes_before_oom = before};
-        assert_int_equal(td_gpu_engine_fault_new(sim, &faults, &e), TALLY_OK);
+        assert_int_equal(td_gpu_engine_fault_new(sim, &faults, &e), TD_GPU_OK);
         uv_loop_t loop;
         assert_int_equal(uv_loop_init(&loop), 0);
         td_gpu_t *gpu = NULL;
@@ -233,7 +235,7 @@ static void test_slow_completions(void **state)
     rig_open(&g, 1, &(td_gpu_fault_opts_t){.slow_us = 30000});
     unsigned dones = 0;
     double t0 = now_ms();
-    assert_int_equal(scan_job(&g, 4, true, 5, &dones), TALLY_OK);
+    assert_int_equal(scan_job(&g, 4, true, 5, &dones), TD_GPU_OK);
     assert_true(now_ms() - t0 >= 30.0);
     assert_int_equal(dones, 1);
     assert_int_equal(g.staging[0][0].small->carry, 15);
@@ -253,10 +255,10 @@ static void test_pass_through(void **state)
     assert_string_equal(desc, "simulated GPU 1");
     unsigned dones = 0;
     for (int i = 0; i < 10; i++)
-        assert_int_equal(scan_job(&g, 4, i == 0, 0, &dones), TALLY_OK);
+        assert_int_equal(scan_job(&g, 4, i == 0, 0, &dones), TD_GPU_OK);
     assert_int_equal(dones, 10);
     assert_int_equal(g.staging[0][0].small->carry, 100);
-    assert_int_equal(g.e->lane_check(g.lanes[0]), TALLY_OK);
+    assert_int_equal(g.e->lane_check(g.lanes[0]), TD_GPU_OK);
     void *p = g.e->host_alloc(g.e->ctx, 0, 64);
     assert_non_null(p);
     g.e->host_free(g.e->ctx, p);
@@ -295,13 +297,13 @@ static void test_split_hist_every_dtype(void **state)
                             .src = src};
         unsigned dones = 0;
         assert_int_equal(
-            g.e->lane_launch_split(g.lanes[0], g.lanes, 2, 3, &job, count_done, &dones), TALLY_OK);
+            g.e->lane_launch_split(g.lanes[0], g.lanes, 2, 3, &job, count_done, &dones), TD_GPU_OK);
         assert_int_equal(dones, 1);
         tk_hist_t want;
         memset(&want, 0, sizeof want);
         assert_int_equal(
             tk_backend_hist(cpu, cases[k].dtype, src, n, cases[k].lo, cases[k].hi, &want),
-            TALLY_OK);
+            TD_GPU_OK);
         assert_memory_equal(&g.staging[0][0].small->hist, &want, sizeof want);
     }
     free(src);
@@ -326,9 +328,9 @@ static void test_split_too_large_refused(void **state)
         .opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_RGB8, .n = bytes / 3, .src = src};
     unsigned dones = 0;
     assert_int_equal(g.e->lane_launch_split(g.lanes[0], g.lanes, 2, 3, &job, count_done, &dones),
-                     TALLY_E_PARAM);
+                     TD_GPU_E_UNFIT);
     assert_int_equal(g.e->lane_launch_split(g.lanes[0], g.lanes, 2, 4, &job, count_done, &dones),
-                     TALLY_OK);
+                     TD_GPU_OK);
     assert_int_equal(dones, 1);
     tk_backend_t *cpu = NULL;
     assert_int_equal(tk_cpu_backend_new(&cpu), TALLY_OK);
@@ -339,6 +341,63 @@ static void test_split_too_large_refused(void **state)
     cpu->destroy(&cpu);
     free(src);
     rig_close(&g);
+}
+
+/* The engines' outcomes are their own (td_gpu_err_t), and reach the wire through one mapping:
+ * a client's descriptor, size or event is bad_ref, anything else internal. An import of a
+ * descriptor that is not an exported allocation, or of the wrong size, is the client's. */
+static void test_outcomes_to_wire(void **state)
+{
+    (void)state;
+    assert_int_equal(td_gpu_status(TD_GPU_OK), TALLY_OK);
+    assert_int_equal(td_gpu_status(TD_GPU_E_CLIENT), TALLY_E_BAD_REF);
+    assert_int_equal(td_gpu_status(TD_GPU_E_DEVICE), TALLY_E_INTERNAL);
+    assert_int_equal(td_gpu_status(TD_GPU_E_NOMEM), TALLY_E_INTERNAL);
+    assert_int_equal(td_gpu_status(TD_GPU_E_UNFIT), TALLY_E_INTERNAL);
+    assert_int_equal(td_gpu_err_from_tk(TALLY_OK), TD_GPU_OK);
+    assert_int_equal(td_gpu_err_from_tk(TALLY_E_PARAM), TD_GPU_E_UNFIT);
+    assert_int_equal(td_gpu_err_from_tk(TALLY_E_BACKEND), TD_GPU_E_DEVICE);
+    rig_t g;
+    rig_open(&g, 1, &(td_gpu_fault_opts_t){0});
+    int pipefd[2];
+    assert_int_equal(pipe(pipefd), 0);
+    void *import = NULL, *ptr = NULL;
+    char why[128] = "";
+    assert_int_equal(g.e->dev_import(g.e->ctx, 0, pipefd[0], 4096, false, NULL, &import, &ptr,
+                                     why, sizeof why),
+                     TD_GPU_E_CLIENT);
+    assert_non_null(strstr(why, "not an exportable GPU allocation"));
+    close(pipefd[0]);
+    close(pipefd[1]);
+    rig_close(&g);
+}
+
+/* A lost context (sticky_at): the launch is accepted and never completes, the lane then reports
+ * the failure and every launch on the device fails, until device_reset recreates it; with
+ * reset_fails it cannot. */
+static void test_lost_context(void **state)
+{
+    (void)state;
+    for (int fails = 0; fails < 2; fails++) {
+        rig_t g;
+        rig_open(&g, 1, &(td_gpu_fault_opts_t){.sticky_at = 2, .reset_fails = fails});
+        unsigned dones = 0;
+        assert_int_equal(scan_job(&g, 4, true, 0, &dones), TD_GPU_OK); /* 1 */
+        assert_int_equal(dones, 1);
+        assert_int_equal(g.e->lane_check(g.lanes[0]), TD_GPU_OK);
+        assert_int_equal(scan_job(&g, 4, true, 0, &dones), TD_GPU_OK); /* 2: lost */
+        assert_int_equal(dones, 1);                                      /* never completes */
+        assert_int_equal(g.e->lane_check(g.lanes[0]), TD_GPU_E_DEVICE);
+        assert_int_equal(g.e->lane_check(g.lanes[1]), TD_GPU_E_DEVICE); /* the whole device */
+        assert_int_equal(scan_job(&g, 4, true, 0, &dones), TD_GPU_E_DEVICE);
+        char why[128] = "";
+        assert_int_equal(g.e->device_reset(g.e->ctx, 0, why, sizeof why),
+                         fails ? TD_GPU_E_DEVICE : TD_GPU_OK);
+        assert_int_equal(g.e->lane_check(g.lanes[0]), fails ? TD_GPU_E_DEVICE : TD_GPU_OK);
+        assert_int_equal(scan_job(&g, 4, true, 0, &dones), fails ? TD_GPU_E_DEVICE : TD_GPU_OK);
+        assert_int_equal(dones, fails ? 1 : 2);
+        rig_close(&g);
+    }
 }
 
 int main(void)
@@ -352,6 +411,8 @@ int main(void)
         cmocka_unit_test(test_pass_through),
         cmocka_unit_test(test_split_hist_every_dtype),
         cmocka_unit_test(test_split_too_large_refused),
+        cmocka_unit_test(test_outcomes_to_wire),
+        cmocka_unit_test(test_lost_context),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -88,17 +88,20 @@ static void gfree(galloc_t *g)
     close(g->fd);
 }
 
-/* Op 3 on s: the answer's status (handle in *handle), -1 without an answer. */
-static int dev_register(int s, int fd, uint64_t size, const uint8_t *id_uuid,
-                        const cudaIpcEventHandle_t *event, uint64_t *handle, char *msg,
-                        size_t msg_cap)
+/* Op 3 on s with flags (DEV_OUTPUT; DEV_EVENT is added with an event): the answer's status
+ * (handle in *handle), -1 without an answer. */
+static int dev_register_flags(int s, int fd, uint64_t size, const uint8_t *id_uuid,
+                              uint32_t flags, const cudaIpcEventHandle_t *event, uint64_t *handle,
+                              char *msg, size_t msg_cap)
 {
-    tally_shm_msg_t m = {
-        .op = TALLY_SHM_OP_REGISTER_DEVICE, .id_len = (uint8_t)strlen(ID), .dev_size = size};
+    tally_shm_msg_t m = {.op = TALLY_SHM_OP_REGISTER_DEVICE,
+                         .id_len = (uint8_t)strlen(ID),
+                         .dev_size = size,
+                         .dev_flags = flags};
     memcpy(m.id, ID, strlen(ID));
     memcpy(m.gpu_uuid, id_uuid, TALLY_GPU_UUID_SIZE);
     if (event) {
-        m.dev_flags = TALLY_SHM_DEV_EVENT;
+        m.dev_flags |= TALLY_SHM_DEV_EVENT;
         memcpy(m.event, event, sizeof *event);
     }
     uint8_t buf[TALLY_SHM_MSG_MAX];
@@ -110,6 +113,14 @@ static int dev_register(int s, int fd, uint64_t size, const uint8_t *id_uuid,
     if (msg)
         snprintf(msg, msg_cap, "%s", ans.msg);
     return (int)ans.a.status;
+}
+
+/* Op 3 on s for an input region: the answer's status (handle in *handle), -1 without one. */
+static int dev_register(int s, int fd, uint64_t size, const uint8_t *id_uuid,
+                        const cudaIpcEventHandle_t *event, uint64_t *handle, char *msg,
+                        size_t msg_cap)
+{
+    return dev_register_flags(s, fd, size, id_uuid, 0, event, handle, msg, msg_cap);
 }
 
 static void *dealer(const char *endpoint, const char *id)
@@ -139,7 +150,17 @@ static int setup(void **state)
     memcpy(uuid, prop.uuid.bytes, sizeof uuid);
     if (!td_cu_driver_load(&cu))
         return -1;
-    const char *const gpu_args[] = {"--backend", "cuda", "--max-batch", "268435456", NULL};
+    /* TALLY_REGION_GPU_ARGS: more options for the GPU tallyd, split at spaces (the bench's
+     * settings explored by gpu-check's region-tune step, e.g. "--gpu-streams 8"). */
+    static char extra[256];
+    const char *gpu_args[16] = {"--backend", "cuda", "--max-batch", "268435456"};
+    size_t nargs = 4;
+    const char *env = getenv("TALLY_REGION_GPU_ARGS");
+    snprintf(extra, sizeof extra, "%s", env ? env : "");
+    for (char *save = NULL, *w = strtok_r(extra, " ", &save); w && nargs < 15;
+         w = strtok_r(NULL, " ", &save))
+        gpu_args[nargs++] = w;
+    gpu_args[nargs] = NULL;
     const char *const cpu_args[] = {"--backend", "cpu", "--max-batch", "268435456", NULL};
     if (th_daemon_start(&gpu_d, gpu_args) != 0 || th_daemon_start(&cpu_d, cpu_args) != 0)
         return -1;
@@ -276,6 +297,95 @@ static void test_differential(void **state)
     assert_int_equal(th_side_call(side, TALLY_SHM_OP_RELEASE, NULL, handle, -1, &ans), TALLY_OK);
     cudaEventDestroy(ev);
     gfree(&g);
+    free(host);
+}
+
+/* One filter or scan case with its output written into a device output region (out, at
+ * out_off): the reply carries only its header, and the bytes there equal the CPU's reply. */
+static void diff_out_one(const diff_case_t *c, uint64_t in, const uint8_t *host, size_t len,
+                         uint64_t out, const galloc_t *og, size_t out_off, uint64_t id)
+{
+    tally_req_t req = case_req(c, id, true);
+    tally_shm_ref_t ref = {.in_handle = in,
+                           .in_length = len,
+                           .out_handle = out,
+                           .out_offset = out_off,
+                           .out_length = 2 * len};
+    uint8_t bytes[TALLY_SHM_REF_SIZE];
+    tally_shm_ref_encode(&ref, bytes);
+    th_reply_t g, p;
+    assert_int_equal(th_call(gpu_sock, &req, bytes, sizeof bytes, &g), 0);
+    req = case_req(c, id, false);
+    assert_int_equal(th_call(cpu_sock, &req, host, len, &p), 0);
+    if (g.rep.status != TALLY_OK || p.rep.status != TALLY_OK)
+        fail_msg("%s (device output): gpu %s '%s', cpu %s", c->name,
+                 tally_status_name((tally_status_t)g.rep.status), (char *)g.payload,
+                 tally_status_name((tally_status_t)p.rep.status));
+    assert_int_equal(g.len, 0);
+    assert_int_equal(g.rep.count, p.rep.count);
+    assert_int_equal(g.rep.aux0, p.rep.aux0);
+    uint8_t *seen = malloc(p.len ? p.len : 1);
+    assert_non_null(seen);
+    RT_OK(cudaMemcpy(seen, (const uint8_t *)(uintptr_t)og->ptr + out_off, p.len,
+                     cudaMemcpyDeviceToHost));
+    if (c->op == TALLY_OP_FILTER && !(c->flags & TALLY_FLAG_FILTER_STABLE)) {
+        qsort(seen, p.len / 4, 4, cmp_u32);
+        qsort(p.payload, p.len / 4, 4, cmp_u32);
+    }
+    if (memcmp(seen, p.payload, p.len) != 0)
+        fail_msg("%s (device output): the output differs from the CPU's reply", c->name);
+    free(seen);
+    th_reply_free(&g);
+    th_reply_free(&p);
+}
+
+/* Device output regions (registered with DEV_OUTPUT): every filter and scan case, twice on its
+ * stream, written by tallyd's GPU into the output region, against the CPU's replies; a region
+ * registered without DEV_OUTPUT is refused as an output (it is mapped read-only). */
+static void test_device_output(void **state)
+{
+    (void)state;
+    const size_t len = 4 * MIB + 12;
+    galloc_t gi, go;
+    galloc(len, &gi);
+    galloc(2 * len + 4096, &go);
+    uint8_t *host = malloc(gi.size);
+    assert_non_null(host);
+    for (size_t i = 0; i + 4 <= gi.size; i += 4) {
+        int32_t v = (int32_t)(th_rand() % 2001) - 1000;
+        memcpy(host + i, &v, 4);
+    }
+    RT_OK(cudaMemcpy((void *)(uintptr_t)gi.ptr, host, gi.size, cudaMemcpyHostToDevice));
+    uint64_t in = 0, out = 0;
+    assert_int_equal(dev_register(side, gi.fd, gi.size, uuid, NULL, &in, NULL, 0), TALLY_OK);
+    assert_int_equal(dev_register_flags(side, go.fd, go.size, uuid, TALLY_SHM_DEV_OUTPUT, NULL,
+                                        &out, NULL, 0),
+                     TALLY_OK);
+    uint64_t id = 5000;
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const diff_case_t *c = &cases[k];
+        if (c->op == TALLY_OP_HIST)
+            continue;
+        size_t esize = tally_dtype_size((tally_dtype_t)c->dtype);
+        size_t n = len / esize - k; /* odd lengths */
+        diff_out_one(c, in, host, n * esize, out, &go, 8 * k, id++);
+        diff_out_one(c, in, host, n * esize, out, &go, 8 * k, id++);
+        print_message("device output %s: outputs identical to the CPU's replies\n", c->name);
+    }
+    tally_req_t req = case_req(&cases[8], id++, true); /* read-only output region: refused */
+    tally_shm_ref_t ref = {
+        .in_handle = in, .in_length = 4096, .out_handle = in, .out_length = 8192};
+    uint8_t bytes[TALLY_SHM_REF_SIZE];
+    tally_shm_ref_encode(&ref, bytes);
+    th_reply_t r;
+    assert_int_equal(th_call(gpu_sock, &req, bytes, sizeof bytes, &r), 0);
+    assert_int_equal(r.rep.status, TALLY_E_BAD_REF);
+    th_reply_free(&r);
+    th_answer_t ans;
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_RELEASE, NULL, in, -1, &ans), TALLY_OK);
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_RELEASE, NULL, out, -1, &ans), TALLY_OK);
+    gfree(&gi);
+    gfree(&go);
     free(host);
 }
 
@@ -433,18 +543,37 @@ static double seconds(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-/* GB/s of hist u8 by reference on a region of `size` bytes through tallyd, 8 in flight. */
-static double tallyd_rate(uint64_t handle, size_t size, int total)
+/* Records b on the default stream, waits for it and returns the seconds since a; destroys both. */
+static double stop_timing(cudaEvent_t a, cudaEvent_t b)
 {
-    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 1);
-    req.flags = TALLY_FLAG_SHM_REF;
-    tally_shm_ref_t ref = {.in_handle = handle, .in_length = size};
+    RT_OK(cudaEventRecord(b, 0));
+    RT_OK(cudaEventSynchronize(b));
+    float ms = 0;
+    RT_OK(cudaEventElapsedTime(&ms, a, b));
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return ms * 1e-3;
+}
+
+/* Each bench row moves this many input bytes, after a warm-up of BENCH_WARM_BYTES: at 1-4 TB/s
+ * a tenth of a second to half a second, long enough for the GPU's clocks to have risen and for
+ * the figure to settle (400 requests of 64 MiB, 10 ms, gave 0.59 and 0.84 x the kernel in two
+ * runs on one H200, 2026-11-26). */
+#define BENCH_BYTES (512ull << 30)
+#define BENCH_WARM_BYTES (32ull << 30)
+
+/* GB/s (input bytes) of req by reference (ref) through tallyd, 8 in flight (TALLY_REGION_INFLIGHT
+ * sets another number, for gpu-check's region-tune step; the rows still say 8 only at 8). */
+static double ref_rate(const tally_req_t *req, const tally_shm_ref_t *ref, int total)
+{
     uint8_t bytes[TALLY_SHM_REF_SIZE];
-    tally_shm_ref_encode(&ref, bytes);
+    tally_shm_ref_encode(ref, bytes);
+    const char *env = getenv("TALLY_REGION_INFLIGHT");
+    int inflight = env && atoi(env) > 0 ? atoi(env) : 8;
     double t0 = seconds();
     int sent = 0, got = 0;
-    for (; sent < 8 && sent < total; sent++)
-        assert_int_equal(th_send_request(gpu_sock, &req, bytes, sizeof bytes), 0);
+    for (; sent < inflight && sent < total; sent++)
+        assert_int_equal(th_send_request(gpu_sock, req, bytes, sizeof bytes), 0);
     while (got < total) {
         th_reply_t r;
         assert_int_equal(th_recv_reply(gpu_sock, &r), 0);
@@ -452,11 +581,94 @@ static double tallyd_rate(uint64_t handle, size_t size, int total)
         th_reply_free(&r);
         got++;
         if (sent < total) {
-            assert_int_equal(th_send_request(gpu_sock, &req, bytes, sizeof bytes), 0);
+            assert_int_equal(th_send_request(gpu_sock, req, bytes, sizeof bytes), 0);
             sent++;
         }
     }
-    return (double)size * total / (seconds() - t0) / 1e9;
+    return (double)ref->in_length * total / (seconds() - t0) / 1e9;
+}
+
+/* GB/s (input bytes) of the filter (i32 > 0, unordered) or the scan (int64 out) kernel on this
+ * process's own memory, n elements, back to back on one stream. */
+static double kernel_out_rate(uint8_t op, size_t n, int total)
+{
+    void *d_in = NULL, *d_out = NULL, *d_small = NULL, *d_scratch = NULL;
+    size_t scratch = op == TALLY_OP_SCAN ? tk_cuda_scan_scratch_bytes(n)
+                                         : tk_cuda_filter_scratch_bytes(TALLY_DTYPE_I32, n, 0);
+    RT_OK(cudaMalloc(&d_in, n * 4));
+    RT_OK(cudaMalloc(&d_out, n * 8));
+    RT_OK(cudaMalloc(&d_small, 64));
+    RT_OK(cudaMalloc(&d_scratch, scratch ? scratch : 16));
+    RT_OK(cudaMemset(d_in, 1, n * 4));
+    RT_OK(cudaMemset(d_small, 0, 64));
+    tk_filter_spec_t spec = {.pred = TALLY_PRED_GT, .lo = 0};
+    cudaEvent_t a, b;
+    RT_OK(cudaEventCreate(&a));
+    RT_OK(cudaEventCreate(&b));
+    for (int i = -1; i < total; i++) { /* i = -1: the warm-up */
+        if (i == 0)
+            RT_OK(cudaEventRecord(a, 0));
+        tally_status_t st =
+            op == TALLY_OP_SCAN
+                ? tk_cuda_scan(d_in, n, 0, 0, d_out, d_small, d_small, d_scratch, scratch, 0)
+                : tk_cuda_filter(TALLY_DTYPE_I32, d_in, n, &spec, d_out, d_small, d_scratch,
+                                 scratch, 0);
+        assert_int_equal(st, TALLY_OK);
+    }
+    double elapsed = stop_timing(a, b);
+    cudaFree(d_in);
+    cudaFree(d_out);
+    cudaFree(d_small);
+    cudaFree(d_scratch);
+    return (double)n * 4 * total / elapsed / 1e9;
+}
+
+/* The bench rows of device output regions: filter (i32 > 0, unordered) and scan (int64 out) on
+ * a 32 MiB device input region written into a device output region, 8 in flight, against the
+ * kernels on local memory in the same run. */
+static void bench_device_output(const char *gpu_name)
+{
+    const size_t len = 32 * MIB;
+    galloc_t gi, go;
+    galloc(len, &gi);
+    galloc(2 * len, &go);
+    RT_OK(cudaMemset((void *)(uintptr_t)gi.ptr, 1, gi.size));
+    RT_OK(cudaDeviceSynchronize());
+    uint64_t in, out;
+    assert_int_equal(dev_register(side, gi.fd, gi.size, uuid, NULL, &in, NULL, 0), TALLY_OK);
+    assert_int_equal(dev_register_flags(side, go.fd, go.size, uuid, TALLY_SHM_DEV_OUTPUT, NULL,
+                                        &out, NULL, 0),
+                     TALLY_OK);
+    static const uint8_t ops[] = {TALLY_OP_FILTER, TALLY_OP_SCAN};
+    for (size_t k = 0; k < 2; k++) {
+        tally_req_t req = th_req(ops[k], TALLY_DTYPE_I32, 1);
+        req.flags = TALLY_FLAG_SHM_REF;
+        req.pred = ops[k] == TALLY_OP_FILTER ? TALLY_PRED_GT : 0;
+        tally_shm_ref_t ref = {
+            .in_handle = in, .in_length = len, .out_handle = out, .out_length = 2 * len};
+        (void)ref_rate(&req, &ref, (int)(BENCH_WARM_BYTES / len)); /* warm-up */
+        double via = ref_rate(&req, &ref, (int)(BENCH_BYTES / len));
+        double kernel = kernel_out_rate(ops[k], len / 4, (int)(BENCH_BYTES / len));
+        print_message("bench: %s, %s i32 32 MiB device region -> device output region via "
+                      "tallyd (8 in flight): %.0f GB/s; the kernel on local memory: %.0f GB/s; "
+                      "ratio %.2f (input bytes)\n",
+                      gpu_name, ops[k] == TALLY_OP_SCAN ? "scan" : "filter", via, kernel,
+                      via / kernel);
+    }
+    th_answer_t ans;
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_RELEASE, NULL, in, -1, &ans), TALLY_OK);
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_RELEASE, NULL, out, -1, &ans), TALLY_OK);
+    gfree(&gi);
+    gfree(&go);
+}
+
+/* GB/s of hist u8 by reference on a region of `size` bytes through tallyd, 8 in flight. */
+static double tallyd_rate(uint64_t handle, size_t size, int total)
+{
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 1);
+    req.flags = TALLY_FLAG_SHM_REF;
+    tally_shm_ref_t ref = {.in_handle = handle, .in_length = size};
+    return ref_rate(&req, &ref, total);
 }
 
 /* GB/s of the same kernel on this process's own memory, back to back on one stream. */
@@ -475,15 +687,10 @@ static double kernel_rate(size_t size, int total)
         RT_OK(cudaMemsetAsync(d_hist, 0, sizeof(tk_hist_t), 0));
         assert_int_equal(tk_cuda_hist_u8(d_in, size, d_hist, NULL, 0, 0), TALLY_OK);
     }
-    RT_OK(cudaEventRecord(b, 0));
-    RT_OK(cudaEventSynchronize(b));
-    float ms = 0;
-    RT_OK(cudaEventElapsedTime(&ms, a, b));
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
+    double elapsed = stop_timing(a, b);
     cudaFree(d_in);
     cudaFree(d_hist);
-    return (double)size * total / (ms * 1e-3) / 1e9;
+    return (double)size * total / elapsed / 1e9;
 }
 
 static void test_bench(void **state)
@@ -503,8 +710,8 @@ static void test_bench(void **state)
         RT_OK(cudaDeviceSynchronize());
         uint64_t handle;
         assert_int_equal(dev_register(side, g.fd, g.size, uuid, NULL, &handle, NULL, 0), TALLY_OK);
-        int total = k == 0 ? 400 : 100;
-        (void)tallyd_rate(handle, g.size, 16); /* warm-up */
+        int total = (int)(BENCH_BYTES / g.size);
+        (void)tallyd_rate(handle, g.size, (int)(BENCH_WARM_BYTES / g.size));
         double in_place = tallyd_rate(handle, g.size, total);
         double kernel = kernel_rate(g.size, total);
         print_message("bench: %s, hist u8 %zu MiB device region via tallyd (8 in flight): %.0f "
@@ -515,6 +722,7 @@ static void test_bench(void **state)
                          TALLY_OK);
         gfree(&g);
     }
+    bench_device_output(prop.name);
 }
 
 int main(int argc, char **argv)
@@ -522,7 +730,8 @@ int main(int argc, char **argv)
     if (argc == 4 && strcmp(argv[1], "--producer") == 0)
         return producer(argv[2], argv[3]);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_differential), cmocka_unit_test(test_libtally),
+        cmocka_unit_test(test_differential), cmocka_unit_test(test_device_output),
+        cmocka_unit_test(test_libtally),
         cmocka_unit_test(test_refusals),     cmocka_unit_test(test_producer_killed),
         cmocka_unit_test(test_bench),
     };

@@ -24,6 +24,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "reference.h"
 #include "tally.h"
 #include "tally_proto.h"
 
@@ -79,31 +80,36 @@ static void assert_quantiles_exact(const tally_hist_t *h, const int64_t *x, size
     }
 }
 
-/* Histograms values over [lo, hi) as tallyd does (dtype I32). */
-static void hist_i32(tally_hist_t *h, int64_t lo, int64_t hi, const int64_t *x, size_t n)
+/* Histograms values (each fits its dtype) as tallyd does: tests/lib/reference.c on a batch of
+ * dtype (i32 over [lo, hi), or u8). */
+static void hist_of(tally_hist_t *h, unsigned dtype, int64_t lo, int64_t hi, const int64_t *x,
+                    size_t n)
 {
     memset(h, 0, sizeof *h);
-    h->dtype = TALLY_DTYPE_I32;
+    h->dtype = (tally_dtype_t)dtype;
     h->lo = lo;
     h->hi = hi;
+    uint8_t *batch = malloc(4 * n + 4);
+    assert_non_null(batch);
     for (size_t i = 0; i < n; i++) {
-        if (x[i] < lo)
-            h->underflow++;
-        else if (x[i] >= hi)
-            h->overflow++;
+        int32_t v = (int32_t)x[i];
+        if (dtype == TALLY_DTYPE_U8)
+            batch[i] = (uint8_t)v;
         else
-            h->bins[tally_hist_bin_i32((int32_t)x[i], lo, hi)]++;
+            memcpy(batch + 4 * i, &v, 4);
     }
+    tr_hist_parts(dtype, batch, n, lo, hi, h->bins, &h->underflow, &h->overflow);
+    free(batch);
+}
+
+static void hist_i32(tally_hist_t *h, int64_t lo, int64_t hi, const int64_t *x, size_t n)
+{
+    hist_of(h, TALLY_DTYPE_I32, lo, hi, x, n);
 }
 
 static void hist_u8(tally_hist_t *h, const int64_t *x, size_t n)
 {
-    memset(h, 0, sizeof *h);
-    h->dtype = TALLY_DTYPE_U8;
-    h->lo = 0;
-    h->hi = 256;
-    for (size_t i = 0; i < n; i++)
-        h->bins[x[i]]++;
+    hist_of(h, TALLY_DTYPE_U8, 0, 256, x, n);
 }
 
 static void test_u8_exact(void **state)

@@ -36,6 +36,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "reference.h"
 #include "td_config.h"
 
 /* The drain time the stop tests give tallyd, and the bound on its stop (td_server.c: the drain
@@ -269,12 +270,9 @@ static void test_pipelined_scans_at_sigterm_ok_prefix_then_shutdown(void **state
     int32_t *values = malloc(SCAN_ELEMENTS * sizeof *values);
     int64_t prefix[SCANS + 1] = {0}; /* prefix[k]: the sum of chunks 0..k-1 */
     for (int c = 0; c < SCANS; c++) {
-        int64_t sum = 0;
-        for (size_t i = 0; i < SCAN_ELEMENTS; i++) {
+        for (size_t i = 0; i < SCAN_ELEMENTS; i++)
             values[i] = (int32_t)(th_rand() % 2001) - 1000 + c;
-            sum += values[i];
-        }
-        prefix[c + 1] = prefix[c] + sum;
+        prefix[c + 1] = (int64_t)tr_sum(values, SCAN_ELEMENTS, (uint64_t)prefix[c]);
         tally_req_t req = th_req(TALLY_OP_SCAN, TALLY_DTYPE_I32, (uint64_t)c);
         assert_int_equal(tally_req_set_stream(&req, "big"), TALLY_OK);
         req.seq = (uint64_t)c + 1; /* numbered: waiting ones get `shutdown`, not sequence_gap */

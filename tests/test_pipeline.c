@@ -30,6 +30,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "reference.h"
 
 #define SKIP 77
 /* Streams scanned at once, and the chunks each is cut into. */
@@ -93,15 +94,12 @@ static void check_ops(void *sock)
     req.flags = TALLY_FLAG_FILTER_STABLE;
     th_reply_t r;
     assert_int_equal(th_call_reply_status(sock, &req, in, n * 4, &r), TALLY_OK);
-    size_t kept = 0;
-    for (size_t i = 0; i < n; i++)
-        if (in[i] > 0) {
-            assert_true(kept * 4 < r.len);
-            assert_int_equal(((int32_t *)r.payload)[kept], in[i]);
-            kept++;
-        }
+    int32_t *want = malloc(n * 8);
+    assert_non_null(want);
+    size_t kept = tr_filter(TALLY_DTYPE_I32, in, n, TALLY_PRED_GT, 0, 0, want);
     assert_int_equal(r.rep.count, kept);
     assert_int_equal(r.len, kept * 4);
+    assert_memory_equal(r.payload, want, r.len);
     th_reply_free(&r);
 
     /* filter unordered: same count and sum */
@@ -109,31 +107,22 @@ static void check_ops(void *sock)
     req.flags = 0;
     assert_int_equal(th_call(sock, &req, in, n * 4, &r), 0);
     assert_int_equal(r.rep.count, kept);
-    int64_t sum = 0, expect_sum = 0;
-    for (size_t i = 0; i < kept; i++)
-        sum += ((int32_t *)r.payload)[i];
-    for (size_t i = 0; i < n; i++)
-        expect_sum += in[i] > 0 ? in[i] : 0;
-    assert_int_equal(sum, expect_sum);
+    assert_int_equal(tr_sum(r.payload, kept, 0), tr_sum(want, kept, 0));
     th_reply_free(&r);
 
     /* scan, int64 inclusive, no stream */
     req = th_req(TALLY_OP_SCAN, TALLY_DTYPE_I32, next_id++);
     assert_int_equal(th_call_reply_status(sock, &req, in, n * 4, &r), TALLY_OK);
     assert_int_equal(r.len, n * 8);
-    int64_t acc = 0;
-    for (size_t i = 0; i < n; i++) {
-        acc = (int64_t)((uint64_t)acc + (uint64_t)(int64_t)in[i]);
-        if (((int64_t *)r.payload)[i] != acc)
-            fail_msg("scan differs at %zu", i);
-    }
-    assert_int_equal((int64_t)r.rep.aux0, acc);
+    uint64_t carry = tr_scan(in, n, false, false, 0, want);
+    assert_memory_equal(r.payload, want, n * 8);
+    assert_true(r.rep.aux0 == carry);
     th_reply_free(&r);
+    free(want);
 
     /* hist u8 over the same bytes */
     uint64_t bins[256] = {0};
-    for (size_t i = 0; i < n * 4; i++)
-        bins[((uint8_t *)in)[i]]++;
+    tr_hist(TALLY_DTYPE_U8, in, n * 4, 0, 0, bins);
     req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, next_id++);
     assert_int_equal(th_call_reply_status(sock, &req, in, n * 4, &r), TALLY_OK);
     for (int b = 0; b < 256; b++)
@@ -302,10 +291,9 @@ static void check_stream_hist(void *sock, const char *name)
     enum { CHUNKS = 12, LEN = 70001 };
     uint8_t *data = malloc((size_t)CHUNKS * LEN);
     uint64_t expect[256] = {0};
-    for (size_t i = 0; i < (size_t)CHUNKS * LEN; i++) {
+    for (size_t i = 0; i < (size_t)CHUNKS * LEN; i++)
         data[i] = (uint8_t)(i / LEN == 3 ? 9 : th_rand());
-        expect[data[i]]++;
-    }
+    tr_hist(TALLY_DTYPE_U8, data, (size_t)CHUNKS * LEN, 0, 0, expect);
     for (int c = 0; c < CHUNKS; c++) {
         tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, next_id++);
         tally_req_set_stream(&req, name);
@@ -411,18 +399,11 @@ static void test_scan_behind_hist_or_filter(void **state)
             while (s < SCANS && ids[s] != r.rep.request_id)
                 s++;
             assert_true(s < SCANS);
-            for (int i = 0; i < N; i++) {
-                uint64_t before = carry;
-                carry += (uint64_t)(int64_t)in[s][i];
-                uint64_t want = s & 1 ? before : carry;
-                uint64_t got = s & 2 ? (uint64_t)(uint32_t)((int32_t *)r.payload)[i]
-                                     : (uint64_t)((int64_t *)r.payload)[i];
-                if (s & 2)
-                    want = (uint32_t)want;
-                if (got != want)
-                    fail_msg("round %d scan %d element %d: %llu, want %llu", round, s, i,
-                             (unsigned long long)got, (unsigned long long)want);
-            }
+            int64_t want[N];
+            carry = tr_scan(in[s], N, s & 1, s & 2, carry, want);
+            assert_int_equal(r.len, (s & 2 ? 4 : 8) * N);
+            if (memcmp(r.payload, want, r.len) != 0)
+                fail_msg("round %d scan %d differs", round, s);
             assert_int_equal(r.rep.aux0, carry);
             th_reply_free(&r);
         }
@@ -509,9 +490,7 @@ static void test_backpressure_gpu(void **state)
     enum { COUNT = 300 };
     size_t n = 64 * 1024;
     int32_t *in = random_i32(n, 1000);
-    int64_t chunk_sum = 0;
-    for (size_t i = 0; i < n; i++)
-        chunk_sum += in[i];
+    int64_t chunk_sum = (int64_t)tr_sum(in, n, 0);
     bool seen[COUNT] = {false};
     for (int i = 0; i < COUNT; i++) {
         tally_req_t req = th_req(TALLY_OP_SCAN, TALLY_DTYPE_I32, 5000 + i);

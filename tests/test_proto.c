@@ -62,6 +62,7 @@ static tally_req_t make_req(tally_op_t op)
         req.pred = TALLY_PRED_GT;
         break;
     case TALLY_OP_SCAN:
+    case TALLY_OP_MINMAX:
         req.dtype = TALLY_DTYPE_I32;
         break;
     case TALLY_OP_HIST:
@@ -195,10 +196,14 @@ static void test_status_names(void **state)
 static void test_op_dtype_pred_names(void **state)
 {
     (void)state;
-    static const char *ops[] = {NULL,    "ping",  "info",    "filter", "scan",  "hist",
-                                "query", "reset", "streams", "stats",  "delete"};
-    for (int op = 1; op < TALLY_OP_COUNT; op++)
-        assert_string_equal(tally_op_name((tally_op_t)op), ops[op]);
+    static const char *ops[] = {NULL,    "ping",    "info",  "filter", "scan", "hist", "query",
+                                "reset", "streams", "stats", "delete", NULL,   NULL,   "minmax"};
+    for (int op = 1; op < TALLY_OP_COUNT; op++) {
+        if (ops[op] == NULL)
+            assert_null(tally_op_name((tally_op_t)op)); /* 11, 12: reserved (issue 12) */
+        else
+            assert_string_equal(tally_op_name((tally_op_t)op), ops[op]);
+    }
     assert_null(tally_op_name((tally_op_t)0));
     assert_null(tally_op_name((tally_op_t)TALLY_OP_COUNT));
     assert_null(tally_op_name((tally_op_t)-1));
@@ -243,7 +248,10 @@ static void random_name(char *name, size_t *len)
 
 static tally_req_t random_valid_req(void)
 {
-    tally_op_t op = (tally_op_t)(1 + rng_below(TALLY_OP_COUNT - 1));
+    tally_op_t op;
+    do /* a known opcode: 11 and 12 are reserved */
+        op = (tally_op_t)(1 + rng_below(TALLY_OP_COUNT - 1));
+    while (tally_op_name(op) == NULL);
     tally_req_t req = make_req(op);
     req.request_id = rng_next();
     char name[TALLY_STREAM_NAME_MAX + 1];
@@ -296,6 +304,11 @@ static tally_req_t random_valid_req(void)
     case TALLY_OP_DELETE:
         assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
         break;
+    case TALLY_OP_MINMAX: {
+        static const uint8_t types[] = {TALLY_DTYPE_I32, TALLY_DTYPE_U8, TALLY_DTYPE_U16};
+        req.dtype = types[rng_below(3)];
+        break;
+    }
     default:
         break;
     }
@@ -662,9 +675,11 @@ static void test_reject_opcode(void **state)
     (void)state;
     char msg[256];
     assert_int_equal(decode_patched(TALLY_OP_PING, 5, 0, msg, sizeof msg), TALLY_E_OPCODE);
+    assert_int_equal(decode_patched(TALLY_OP_PING, 5, 11, msg, sizeof msg), TALLY_E_OPCODE);
+    assert_string_equal(msg, "unknown opcode 11 (known: 1..10, 13)");
     assert_int_equal(decode_patched(TALLY_OP_PING, 5, TALLY_OP_COUNT, msg, sizeof msg),
                      TALLY_E_OPCODE);
-    assert_string_equal(msg, "unknown opcode 11 (known: 1..10)");
+    assert_string_equal(msg, "unknown opcode 14 (known: 1..10, 13)");
     assert_int_equal(decode_patched(TALLY_OP_PING, 5, 255, msg, sizeof msg), TALLY_E_OPCODE);
     tally_req_t req = make_req(TALLY_OP_PING);
     req.opcode = 0;
@@ -907,7 +922,8 @@ static void test_reject_control_payload(void **state)
     (void)state;
     char msg[256];
     for (int op = TALLY_OP_PING; op < TALLY_OP_COUNT; op++) {
-        if (op == TALLY_OP_FILTER || op == TALLY_OP_SCAN || op == TALLY_OP_HIST)
+        if (op == TALLY_OP_FILTER || op == TALLY_OP_SCAN || op == TALLY_OP_HIST ||
+            op == TALLY_OP_MINMAX || tally_op_name((tally_op_t)op) == NULL)
             continue;
         assert_int_equal(validate_payload((tally_op_t)op, TALLY_DTYPE_NONE, 0, msg), TALLY_OK);
         assert_int_equal(validate_payload((tally_op_t)op, TALLY_DTYPE_NONE, 1, msg),

@@ -14,6 +14,7 @@ scratch virtual environment first.
 
 from __future__ import annotations
 
+import ctypes
 import importlib.metadata
 import json
 import math
@@ -243,6 +244,21 @@ def test_hist_u16_rgb_rgba(c: tally.Client, daemon: Daemon) -> None:
         c.hist([1, 2, 3])  # type: ignore[arg-type]
 
 
+def test_minmax(c: tally.Client) -> None:
+    """minmax against NumPy's min and max, in several chunks, each type; empty and bad types."""
+    x = RNG.integers(-2**31, 2**31, 10000, dtype=np.int64).astype(np.int32)
+    x[1234], x[9876] = -2**31, 2**31 - 1
+    assert c.minmax(x, chunk_bytes=4 * 333) == (-2**31, 2**31 - 1)
+    assert c.minmax(np.array([-5, 3, -7, 2], dtype=np.int32)) == (-7, 3)
+    b = RNG.integers(3, 200, 5000, dtype=np.uint8)
+    assert c.minmax(b, chunk_bytes=777) == (int(b.min()), int(b.max()))
+    w = np.array([60000, 7, 65535, 12], dtype=np.uint16)
+    assert c.minmax(w) == (7, 65535)
+    assert c.minmax(np.array([], dtype=np.int32)) is None
+    with pytest.raises(TypeError, match="minmax takes i32, u8, u16 elements, not rgb8"):
+        c.minmax(b, dtype="rgb8")
+
+
 def test_streams_and_errors(c: tally.Client) -> None:
     c.hist(np.frombuffer(b"hello", np.uint8), stream="py-cam")
     q = c.query("py-cam")
@@ -258,6 +274,8 @@ def test_streams_and_errors(c: tally.Client) -> None:
     assert e.value.name == "unknown_stream" and "py-cam" in e.value.message
     assert c.ping() > 0
     assert c.info()["protocol"] == "1"
+    # libtally's parser: §5's first keys in the daemon's order
+    assert list(c.info())[:5] == ["version", "protocol", "backend", "backends", "devices"]
     assert "# TYPE" in c.stats()
     with pytest.raises(ValueError, match="invalid stream name"):
         c.scan(np.zeros(3, np.int32), stream="a b")
@@ -566,6 +584,47 @@ def test_shared_memory(c: tally.Client) -> None:
     x = RNG.integers(-1000, 1000, 300000, dtype=np.int32)
     got = c.filter(x, lt=0, stable=True, shm=True, chunk_bytes=65536)
     np.testing.assert_array_equal(got, x[x < 0])
+
+
+def test_gpu_region(c: tally.Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GpuRegion against simulated GPUs (TALLY_TEST_SIM_GPU=1: libtally's GPU memory is a sealed
+    memfd, which --test-sim-gpus imports as device memory): __cuda_array_interface__ points at
+    the region's memory (written through it in place, as cupy.asarray(r) would), hist, filter
+    and scan read it by reference, with out= their output lands in an output region; the
+    module's CPU-backend tallyd refuses one with the reason."""
+    with pytest.raises(tally.Error, match="a GPU is needed"):
+        monkeypatch.setenv("TALLY_TEST_SIM_GPU", "1")
+        c.gpu_region(1 << 20)
+    d = Daemon(os.environ["TALLYD"], ["--backend", "cuda", "--test-sim-gpus", "1"])
+    n = 100_000
+    x = RNG.integers(-100, 100, n, dtype=np.int32)
+    try:
+        with tally.Client(d.endpoint, 10000) as g, g.gpu_region(4 * n, "i32") as r, \
+                g.gpu_region(8 * n, output=True) as o:
+            iface = r.__cuda_array_interface__
+            assert iface["shape"] == (n,) and iface["typestr"] == "<i4" and iface["version"] == 3
+            assert iface["data"] == (r.ptr, False) and r.ptr != 0
+            view = np.ctypeslib.as_array((ctypes.c_int32 * n).from_address(iface["data"][0]))
+            view[:] = x  # in place, through the interface's pointer
+            np.testing.assert_array_equal(r.to_host(), x)
+            hist = g.hist(r, range=(-100, 100), stream="py-gpu")
+            np.testing.assert_array_equal(hist[:256], np.bincount((x + 100) * 256 // 200,
+                                                                   minlength=256))
+            assert g.query("py-gpu")["elements"] == n
+            np.testing.assert_array_equal(g.filter(r, gt=0, stable=True), x[x > 0])
+            kept = g.filter(r, gt=0, stable=True, out=o)
+            assert kept == np.sum(x > 0)
+            np.testing.assert_array_equal(o.to_host(0, kept, np.int32), x[x > 0])
+            assert g.scan(r, out=o) == n
+            np.testing.assert_array_equal(o.to_host(0, n, np.int64), np.cumsum(x, dtype=np.int64))
+            y = RNG.integers(0, 256, 4 * n, dtype=np.uint8)
+            r.copy_from(y)
+            np.testing.assert_array_equal(g.hist(r, dtype="u8"), np.bincount(y, minlength=256))
+            stats = g.stats()
+            assert 'tallyd_gpu_region_requests_total{device="0",where="owner"} 5' in stats
+            assert "tallyd_gpu_regions 2" in stats
+    finally:
+        d.stop()
 
 
 # ---- CURVE -----------------------------------------------------------------------------------

@@ -36,6 +36,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "reference.h"
 #include "td_request.h"
 #include "td_stream.h"
 
@@ -94,14 +95,6 @@ static tally_stream_info_t query(void *sock, const char *stream)
     tally_stream_info_t info;
     assert_int_equal(tally_stream_info_decode(raw, sizeof raw, &info), TALLY_OK);
     return info;
-}
-
-static int64_t sum_i32(const int32_t *x, size_t n)
-{
-    uint64_t s = 0;
-    for (size_t i = 0; i < n; i++)
-        s += (uint64_t)(int64_t)x[i];
-    return (int64_t)s;
 }
 
 /* Chunk k of the test inputs: n values derived from k, so each chunk's sum differs. */
@@ -215,7 +208,7 @@ static int64_t scan_first_three(void *sock, const char *stream, size_t n)
     for (uint64_t seq = 1; seq <= 3; seq++) {
         fill_chunk(x, n, seq);
         expect_scan_ok(sock, stream, seq, x, n);
-        carry += sum_i32(x, n);
+        carry += (int64_t)tr_sum(x, n, 0);
     }
     return carry;
 }
@@ -245,11 +238,11 @@ static void test_in_order_duplicate_gap(void **state)
     fill_chunk(x, 100, 4);
     th_reply_t r;
     assert_int_equal(scan(sock, "s", 4, x, 100, &r), TALLY_OK);
-    carry += sum_i32(x, 100);
+    carry += (int64_t)tr_sum(x, 100, 0);
     assert_true((int64_t)r.rep.aux0 == carry);
     th_reply_free(&r);
     expect_scan_ok(sock, "s", 0, x, 100);
-    carry += sum_i32(x, 100);
+    carry += (int64_t)tr_sum(x, 100, 0);
     tally_stream_info_t info = query(sock, "s");
     assert_int_equal(info.last_seq, 4);
     assert_int_equal(info.batches, 5);
@@ -275,7 +268,7 @@ static void test_in_order_duplicate_gap(void **state)
     assert_true(info.scan_carry == 0);
     expect_scan_refused(sock, "s", 4, x, 100, TALLY_E_DUPLICATE, 4);
     assert_int_equal(scan(sock, "s", 5, x, 100, &r), TALLY_OK);
-    assert_true((int64_t)r.rep.aux0 == (int64_t)sum_i32(x, 100));
+    assert_true((int64_t)r.rep.aux0 == (int64_t)tr_sum(x, 100, 0));
     th_reply_free(&r);
 
     /* delete forgets the stream: its sequence starts again at 1. */
@@ -406,7 +399,7 @@ static void run_pipelined(const char *const *args)
      * one waits for the stream to drain and is then judged against what was applied. */
     for (uint64_t k = 1; k <= PIPE_CHUNKS; k++) {
         fill_chunk(inputs[count], PIPE_N, k);
-        carry += sum_i32(inputs[count], PIPE_N);
+        carry += (int64_t)tr_sum(inputs[count], PIPE_N, 0);
         reqs[count] = scan_req("p", k);
         want[count] = (expect_t){reqs[count].request_id, k, TALLY_OK, 0};
         count++;
@@ -451,7 +444,7 @@ static void run_pipelined(const char *const *args)
                       : k == base + 3 ? TALLY_E_STREAM_STATE
                                       : TALLY_E_SEQ_GAP;
         if (st == TALLY_OK)
-            carry_ok += sum_i32(inputs[count], PIPE_N);
+            carry_ok += (int64_t)tr_sum(inputs[count], PIPE_N, 0);
         want[count] =
             (expect_t){reqs[count].request_id, k, st, st == TALLY_E_SEQ_GAP ? base + 2 : 0};
         count++;
@@ -463,7 +456,7 @@ static void run_pipelined(const char *const *args)
     /* The sender resends from the failed seq, as a scan this time, and the stream goes on. */
     fill_chunk(inputs[0], PIPE_N, 7);
     expect_scan_ok(sock, "p", base + 3, inputs[0], PIPE_N);
-    carry_ok += sum_i32(inputs[0], PIPE_N);
+    carry_ok += (int64_t)tr_sum(inputs[0], PIPE_N, 0);
     info = query(sock, "p");
     assert_int_equal(info.last_seq, base + 3);
     assert_true(info.scan_carry == carry_ok);
@@ -575,7 +568,7 @@ static void test_cli_push_across_restart(void **state)
     static int64_t prefix[PUSH_CHUNKS + 1]; /* carry after the first k chunks */
     for (uint64_t k = 0; k < PUSH_CHUNKS; k++) {
         fill_chunk(data[k], PUSH_N, k);
-        prefix[k + 1] = (int64_t)((uint64_t)prefix[k] + (uint64_t)sum_i32(data[k], PUSH_N));
+        prefix[k + 1] = (int64_t)tr_sum(data[k], PUSH_N, (uint64_t)prefix[k]);
     }
     FILE *f = fopen(in, "wb");
     assert_non_null(f);

@@ -38,6 +38,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "reference.h"
 #include "shm_side.h"
 #include "tally.h"
 #include "tally_internal.h"
@@ -952,13 +953,10 @@ static void check_split_carries(tally_client_t *c, tally_region_t *region, size_
     assert_int_equal(tally_send_shm(c, &req, region, 0, small, region,
                                     out_off + 2 * small + 2 * SPLIT_BYTES, &ids[2]),
                      TALLY_OK);
-    int64_t carry = 0, want = 0;
+    int64_t carry = 0;
     const int32_t *x = (const int32_t *)tally_region_data(region);
-    for (size_t i = 0; i < small / 4; i++)
-        want += x[i];
-    int64_t whole = 0;
-    for (size_t i = 0; i < SPLIT_BYTES / 4; i++)
-        whole += x[i];
+    int64_t want = (int64_t)tr_sum(x, small / 4, 0);
+    int64_t whole = (int64_t)tr_sum(x, SPLIT_BYTES / 4, 0);
     int64_t wants[3] = {want, want + whole, want + whole + want};
     for (int i = 0; i < 3; i++) {
         tally_reply_t r;
@@ -1233,8 +1231,7 @@ static void test_spread_over_gpus(void **state)
     fill_random(base, SPLIT_BYTES);
     tally_req_t req = case_req(&cases[8], NULL); /* hist u8 */
     uint64_t want[TALLY_HIST_BINS] = {0};
-    for (size_t i = 0; i < 64 << 10; i++)
-        want[base[i]]++;
+    tr_hist(TALLY_DTYPE_U8, base, 64 << 10, 0, 0, want);
     for (int i = 0; i < 16; i++)
         assert_int_equal(i % 2 ? tally_send(c, &req, base, 64 << 10, NULL)
                                : tally_send_shm(c, &req, region, 0, 64 << 10, NULL, 0, NULL),

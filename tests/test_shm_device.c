@@ -25,6 +25,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "reference.h"
 #include "shm_side.h"
 #include "tally.h"
 
@@ -92,6 +93,27 @@ static void info_value(void *sock, const char *key, char *out, size_t cap)
     th_reply_free(&r);
 }
 
+/* Closes a test's DEALER, its context and its side connection. */
+static void finish_clients(void *ctx, void *sock, int side)
+{
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    close(side);
+}
+
+/* A hist of a payload is answered ok (tallyd serves on, on a GPU or the CPU). */
+static void expect_payload_served(void *sock)
+{
+    int32_t batch[64] = {0};
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_I32, 5);
+    req.lo = -100;
+    req.hi = 100;
+    th_reply_t r;
+    assert_int_equal(th_call(sock, &req, batch, sizeof batch, &r), 0);
+    assert_int_equal(r.rep.status, TALLY_OK);
+    th_reply_free(&r);
+}
+
 /* Starts tallyd with args and connects to its side channel; uuid is simulated GPU gpu's. */
 static int start_side(th_daemon_t *d, const char *const *args, unsigned gpu, uint8_t *uuid)
 {
@@ -147,9 +169,7 @@ static void test_cpu_backend_refuses(void **state)
     char value[256];
     info_value(sock, "gpu_uuids", value, sizeof value);
     assert_string_equal(value, "");
-    zmq_close(sock);
-    zmq_ctx_term(ctx);
-    close(side);
+    finish_clients(ctx, sock, side);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
 }
 
@@ -333,18 +353,306 @@ static void test_requests_in_place(void **state)
         th_reply_free(&by_ref);
         th_reply_free(&by_payload);
     }
-    /* Bounds as for host regions; no output into a device region in this version. */
+    /* Bounds as for host regions. */
     th_reply_t r;
     assert_int_equal(ref_call(sock, TALLY_OP_HIST, NULL, h, REGION_BYTES - 4, 8, 0, &r),
                      TALLY_E_BAD_REF);
     th_reply_free(&r);
-    assert_int_equal(ref_call(sock, TALLY_OP_SCAN, NULL, h, 0, 4096, h, &r), TALLY_E_BAD_REF);
-    assert_non_null(strstr((const char *)r.payload, "not supported yet"));
-    th_reply_free(&r);
+    finish_clients(ctx, sock, side);
+    free(data);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
+/* A device region's import runs on a worker (TALLYD_TEST_SIM_REGISTER_US makes each take 1.5 s
+ * here): meanwhile pings are answered at once, the region's handle is not usable yet, and the
+ * producer's answer comes after; a refused import (a wrong size) is answered the same way, its
+ * descriptor closed; a connection closed mid-import leaves nothing imported (the descriptor
+ * closed). */
+static void test_import_off_loop(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    uint8_t uuid[TALLY_GPU_UUID_SIZE];
+    setenv("TALLYD_TEST_SIM_REGISTER_US", "1500000", 1);
+    int side = start_side(&d, sim2, 0, uuid);
+    unsetenv("TALLYD_TEST_SIM_REGISTER_US");
+    void *ctx = zmq_ctx_new();
+    void *sock = dealer(ctx, d.endpoint, "producer");
+    char value[256];
+    info_value(sock, "gpu_uuids", value, sizeof value);
+    int base = stable_fds(d.pid);
+    tally_shm_msg_t m = {.op = TALLY_SHM_OP_REGISTER_DEVICE,
+                         .id_len = 8,
+                         .dev_size = REGION_BYTES,
+                         .dev_flags = 0};
+    memcpy(m.id, "producer", 8);
+    memcpy(m.gpu_uuid, uuid, TALLY_GPU_UUID_SIZE);
+    uint8_t buf[TALLY_SHM_MSG_MAX];
+    size_t len = tally_shm_msg_encode(&m, buf);
+    int fd = filled_memfd(REGION_BYTES, NULL, 0);
+    assert_int_equal(th_side_send_raw(side, buf, len, &fd, 1), 0);
+    close(fd);
+    th_sleep_ms(200); /* tallyd has read it and handed it to a worker */
+    for (int i = 0; i < 5; i++) {
+        uint64_t t0 = th_now_ms();
+        th_reply_t r;
+        tally_req_t ping = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 40 + (uint64_t)i);
+        assert_int_equal(th_call(sock, &ping, NULL, 0, &r), 0);
+        th_reply_free(&r);
+        assert_true(th_now_ms() - t0 < 1000); /* a loop blocked in the import: ~1.3 s */
+    }
+    th_answer_t ans;
+    assert_int_equal(th_side_recv(side, &ans, 10000), 1);
+    assert_int_equal(ans.a.status, TALLY_OK);
+    assert_int_equal(ans.a.size, REGION_BYTES);
+    assert_int_equal(fds_reach(d.pid, base + 1), base + 1); /* the import holds its descriptor */
+    /* Refused on the worker (a wrong size): answered, its descriptor closed. */
+    fd = filled_memfd(REGION_BYTES, NULL, 0);
+    assert_int_equal(dev_register(side, fd, 2 * REGION_BYTES, uuid, 0, &ans), TALLY_E_BAD_REF);
+    assert_non_null(strstr(ans.msg, "not the allocation's size"));
+    close(fd);
+    assert_int_equal(fds_reach(d.pid, base + 1), base + 1);
+    assert_int_equal(th_stat(sock, "tallyd_gpu_regions"), 1);
+    /* A connection closed mid-import: once the worker is done, nothing of it is left. */
+    int side2 = th_side_connect(d.shm_socket);
+    assert_true(side2 >= 0);
+    fd = filled_memfd(REGION_BYTES, NULL, 0);
+    assert_int_equal(th_side_send_raw(side2, buf, len, &fd, 1), 0);
+    close(fd);
+    th_sleep_ms(200);
+    close(side2);
+    close(side); /* and the first region goes with its connection */
+    assert_int_equal(fds_reach(d.pid, base - 1), base - 1);
+    for (int i = 0; i < 100 && th_stat(sock, "tallyd_gpu_regions") != 0; i++)
+        th_sleep_ms(50);
+    assert_int_equal(th_stat(sock, "tallyd_gpu_regions"), 0);
+    assert_int_equal(th_stat(sock, "tallyd_gpu_region_bytes"), 0);
     zmq_close(sock);
     zmq_ctx_term(ctx);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
+/* `tally hist|filter|scan --gpu-region` (TALLY_TEST_SIM_GPU=1: libtally's "GPU memory" is a
+ * sealed memfd that the simulated GPUs import): the chunks go by device reference, filter and
+ * scan output is written into the device region by tallyd, and every output equals the one
+ * without --gpu-region; the device path was taken (tallyd_gpu_region_requests_total) and its
+ * region released at the end. Without a device region to be had (a CPU-backend tallyd, or no
+ * CUDA driver) the command fails with the reason. */
+static void test_cli_gpu_region(void **state)
+{
+    (void)state;
+    char dir[64];
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-gpuregion"), 0);
+    enum { N = 300000 };
+    int32_t *data = th_random_i32(N, -1000, 1000);
+    assert_int_equal(th_write_file(dir, "in.bin", data, N * sizeof(int32_t)), 0);
+    th_daemon_t d;
+    uint8_t uuid[TALLY_GPU_UUID_SIZE];
+    int side = start_side(&d, sim2, 0, uuid);
     close(side);
+    static const char *const cmds[] = {
+        "hist --type i32 --range -1000 1000 --in in.bin --chunk 256K",
+        "filter --gt 100 --stable --in in.bin --chunk 256K",
+        "scan --in in.bin --chunk 256K --stream s1",
+        "scan --out32 --exclusive --in in.bin --chunk 64K",
+    };
+    setenv("TALLY_TEST_SIM_GPU", "1", 1);
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        th_cli_t plain = th_cli(dir, d.endpoint, "%s", cmds[i]);
+        th_cli_t dev = th_cli(dir, d.endpoint, "%s --gpu-region", cmds[i]);
+        if (plain.status != 0 || dev.status != 0)
+            fail_msg("%s: exit %d / %d: %s %s", cmds[i], plain.status, dev.status, plain.err,
+                     dev.err);
+        if (i == 2) /* the stream's second push continues its sums: compare with a fresh one */
+            assert_true(strcmp(plain.out, dev.out) != 0);
+        else if (strcmp(plain.out, dev.out) != 0)
+            fail_msg("%s: the output differs with --gpu-region", cmds[i]);
+        th_cli_free(&plain);
+        th_cli_free(&dev);
+    }
+    th_cli_t fresh = th_cli(dir, d.endpoint, "scan --in in.bin --chunk 256K --gpu-region --stream s2");
+    th_cli_t fresh_plain = th_cli(dir, d.endpoint, "scan --in in.bin --chunk 256K --stream s3");
+    assert_int_equal(fresh.status, 0);
+    assert_string_equal(fresh.out, fresh_plain.out);
+    th_cli_free(&fresh);
+    th_cli_free(&fresh_plain);
+    void *ctx = zmq_ctx_new();
+    void *sock = dealer(ctx, d.endpoint, "producer");
+    assert_true(th_stat(sock, "tallyd_gpu_region_requests_total{device=\"0\",where=\"owner\"}") >
+                10);
+    for (int i = 0; i < 100 && th_stat(sock, "tallyd_gpu_regions") != 0; i++)
+        th_sleep_ms(50);
+    assert_int_equal(th_stat(sock, "tallyd_gpu_regions"), 0);
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+    /* A CPU-backend tallyd refuses the region: the reason, exit status 1. */
+    side = start_side(&d, NULL, 0, uuid);
+    close(side);
+    th_cli_t r = th_cli(dir, d.endpoint, "hist --in in.bin --gpu-region");
+    assert_int_not_equal(r.status, 0);
+    assert_non_null(strstr(r.err, "a GPU is needed for device regions"));
+    th_cli_free(&r);
+    unsetenv("TALLY_TEST_SIM_GPU");
+    if (access("/dev/nvidiactl", F_OK) != 0) { /* no driver: says so */
+        r = th_cli(dir, d.endpoint, "hist --in in.bin --gpu-region");
+        assert_int_not_equal(r.status, 0);
+        assert_non_null(strstr(r.err, "cannot allocate"));
+        assert_non_null(strstr(r.err, "CUDA"));
+        th_cli_free(&r);
+    }
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+    assert_int_equal(th_rmrf(dir), 0);
     free(data);
+}
+
+/* A reference with an output range: out_offset and out_length set (the worst case, 2 x the
+ * input's bytes for an int64 scan). */
+static uint32_t ref_out_call(void *sock, uint8_t opcode, const char *stream, uint64_t in,
+                             uint64_t in_length, uint64_t out, uint64_t out_offset, th_reply_t *r)
+{
+    static uint64_t id = 5000;
+    tally_req_t req = th_req(opcode, TALLY_DTYPE_I32, ++id);
+    req.flags = TALLY_FLAG_SHM_REF | (opcode == TALLY_OP_FILTER ? TALLY_FLAG_FILTER_STABLE : 0);
+    req.pred = opcode == TALLY_OP_FILTER ? TALLY_PRED_GT : 0;
+    if (stream) {
+        req.stream_len = (uint8_t)strlen(stream);
+        memcpy(req.stream, stream, req.stream_len);
+    }
+    tally_shm_ref_t ref = {.in_handle = in,
+                           .in_length = in_length,
+                           .out_handle = out,
+                           .out_offset = out_offset,
+                           .out_length = 2 * in_length};
+    uint8_t bytes[TALLY_SHM_REF_SIZE];
+    tally_shm_ref_encode(&ref, bytes);
+    assert_int_equal(th_call(sock, &req, bytes, sizeof bytes, r), 0);
+    assert_int_equal(r->rep.request_id, id);
+    return r->rep.status;
+}
+
+/* Device output regions (PROTOCOL.md §10 "Device memory"): a filter's and a scan's output is
+ * written into a region registered with DEV_OUTPUT and the reply carries only its header, the
+ * output equal to a payload's reply (the scan's carry continued on a stream); the input may be a
+ * host region too, and the request then runs on the output's GPU; refusals: an output region
+ * registered without DEV_OUTPUT (read-only), input and output on two GPUs, a range past the end. */
+static void test_device_output(void **state)
+{
+    (void)state;
+    enum { N = 30000 };
+    int32_t *data = th_random_i32(N, -120, 120);
+    th_daemon_t d;
+    uint8_t uuid1[TALLY_GPU_UUID_SIZE], uuid0[TALLY_GPU_UUID_SIZE];
+    int side = start_side(&d, sim2, 1, uuid1);
+    sim_uuid(0, uuid0);
+    th_answer_t ans;
+    int in_fd = filled_memfd(REGION_BYTES, data, N * sizeof(int32_t));
+    int out_fd = filled_memfd(REGION_BYTES, NULL, 0);
+    int far_fd = filled_memfd(REGION_BYTES, NULL, 0);
+    assert_int_equal(dev_register(side, in_fd, REGION_BYTES, uuid1, 0, &ans), TALLY_OK);
+    uint64_t in = ans.a.handle;
+    assert_int_equal(dev_register(side, out_fd, REGION_BYTES, uuid1, TALLY_SHM_DEV_OUTPUT, &ans),
+                     TALLY_OK);
+    uint64_t out = ans.a.handle;
+    assert_int_equal(dev_register(side, far_fd, REGION_BYTES, uuid0, TALLY_SHM_DEV_OUTPUT, &ans),
+                     TALLY_OK);
+    uint64_t far = ans.a.handle;
+    const uint8_t *seen = mmap(NULL, REGION_BYTES, PROT_READ, MAP_SHARED, out_fd, 0);
+    assert_true(seen != MAP_FAILED);
+    void *ctx = zmq_ctx_new();
+    void *sock = dealer(ctx, d.endpoint, "producer");
+    for (int round = 0; round < 2; round++) { /* the scan's carry runs on across both */
+        static const uint8_t ops[] = {TALLY_OP_FILTER, TALLY_OP_SCAN};
+        for (size_t i = 0; i < sizeof ops; i++) {
+            th_reply_t by_ref, by_payload;
+            assert_int_equal(ref_out_call(sock, ops[i], "o", in, N * 4, out, 64, &by_ref),
+                             TALLY_OK);
+            assert_int_equal(by_ref.len, 0);
+            tally_req_t req = th_req(ops[i], TALLY_DTYPE_I32, 7);
+            req.flags = ops[i] == TALLY_OP_FILTER ? TALLY_FLAG_FILTER_STABLE : 0;
+            req.pred = ops[i] == TALLY_OP_FILTER ? TALLY_PRED_GT : 0;
+            req.stream_len = 1;
+            req.stream[0] = 'p';
+            assert_int_equal(th_call(sock, &req, data, N * 4, &by_payload), 0);
+            assert_int_equal(by_payload.rep.status, TALLY_OK);
+            assert_int_equal(by_ref.rep.count, by_payload.rep.count);
+            assert_int_equal(by_ref.rep.aux0, by_payload.rep.aux0);
+            assert_memory_equal(seen + 64, by_payload.payload, by_payload.len);
+            th_reply_free(&by_ref);
+            th_reply_free(&by_payload);
+        }
+    }
+    /* The payloads ran on the least loaded GPU; the references on the regions' GPU 1. */
+    assert_int_equal(th_stat(sock, "tallyd_gpu_requests_total{device=\"1\"}"), 4);
+    th_reply_t r;
+    assert_int_equal(ref_out_call(sock, TALLY_OP_SCAN, NULL, in, 4096, in, 0, &r),
+                     TALLY_E_BAD_REF);
+    assert_non_null(strstr((const char *)r.payload, "read-only"));
+    th_reply_free(&r);
+    assert_int_equal(ref_out_call(sock, TALLY_OP_SCAN, NULL, in, 4096, far, 0, &r),
+                     TALLY_E_BAD_REF);
+    assert_non_null(strstr((const char *)r.payload, "both must be on one GPU"));
+    th_reply_free(&r);
+    assert_int_equal(ref_out_call(sock, TALLY_OP_SCAN, NULL, in, 4096, out, REGION_BYTES - 4096,
+                                  &r),
+                     TALLY_E_BAD_REF);
+    assert_non_null(strstr((const char *)r.payload, "output range"));
+    th_reply_free(&r);
+    /* A host region's input, a device region's output: run on the output's GPU (0 here). */
+    int host_fd = filled_memfd(REGION_BYTES, data, N * sizeof(int32_t));
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, "producer", 0, host_fd, &ans),
+                     TALLY_OK);
+    close(host_fd);
+    long long on0 = th_stat(sock, "tallyd_gpu_requests_total{device=\"0\"}");
+    assert_int_equal(ref_out_call(sock, TALLY_OP_FILTER, NULL, ans.a.handle, N * 4, far, 0, &r),
+                     TALLY_OK);
+    assert_int_equal(r.len, 0);
+    uint64_t kept = r.rep.count;
+    th_reply_free(&r);
+    const int32_t *far_seen = mmap(NULL, REGION_BYTES, PROT_READ, MAP_SHARED, far_fd, 0);
+    assert_true(far_seen != MAP_FAILED);
+    uint64_t want = 0;
+    for (int i = 0; i < N; i++)
+        if (data[i] > 0)
+            assert_int_equal(far_seen[want++], data[i]); /* stable: in input order */
+    assert_int_equal(kept, want);
+    assert_int_equal(th_stat(sock, "tallyd_gpu_requests_total{device=\"0\"}"), on0 + 1);
+    munmap((void *)far_seen, REGION_BYTES);
+    munmap((void *)seen, REGION_BYTES);
+    close(in_fd);
+    close(out_fd);
+    close(far_fd);
+    finish_clients(ctx, sock, side);
+    free(data);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
+/* The CPU backend refuses a reference that names a device handle (bit 63) with the reason, as it
+ * refuses registering one. */
+static void test_cpu_backend_refuses_device_handles(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    uint8_t uuid[TALLY_GPU_UUID_SIZE];
+    int side = start_side(&d, NULL, 0, uuid);
+    int fd = filled_memfd(REGION_BYTES, NULL, 0);
+    th_answer_t ans;
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_REGISTER, "producer", 0, fd, &ans), TALLY_OK);
+    close(fd);
+    void *ctx = zmq_ctx_new();
+    void *sock = dealer(ctx, d.endpoint, "producer");
+    th_reply_t r;
+    const uint64_t device_handle = TALLY_SHM_DEVICE_HANDLE_BIT | 0x1234;
+    assert_int_equal(ref_out_call(sock, TALLY_OP_SCAN, NULL, ans.a.handle, 4096, device_handle,
+                                  0, &r),
+                     TALLY_E_BAD_REF);
+    assert_non_null(strstr((const char *)r.payload, "a GPU is needed for device regions"));
+    th_reply_free(&r);
+    assert_int_equal(ref_call(sock, TALLY_OP_HIST, NULL, device_handle, 0, 4096, 0, &r),
+                     TALLY_E_BAD_REF);
+    assert_non_null(strstr((const char *)r.payload, "a GPU is needed for device regions"));
+    th_reply_free(&r);
+    finish_clients(ctx, sock, side);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
 }
 
@@ -374,9 +682,21 @@ static void test_runs_on_its_gpu(void **state)
     assert_int_equal(th_stat(sock, "tallyd_gpu_requests_total{device=\"1\"}"), COUNT);
     long long on0 = th_stat(sock, "tallyd_gpu_requests_total{device=\"0\"}");
     assert_true(on0 <= 0);
-    zmq_close(sock);
-    zmq_ctx_term(ctx);
-    close(side);
+    /* The device-region metrics: the region and its bytes, where its requests ran. */
+    assert_int_equal(th_stat(sock, "tallyd_gpu_regions"), 1);
+    assert_int_equal(th_stat(sock, "tallyd_gpu_region_bytes"), REGION_BYTES);
+    assert_int_equal(
+        th_stat(sock, "tallyd_gpu_region_requests_total{device=\"1\",where=\"owner\"}"), COUNT);
+    assert_int_equal(
+        th_stat(sock, "tallyd_gpu_region_requests_total{device=\"1\",where=\"peer\"}"), 0);
+    assert_int_equal(
+        th_stat(sock, "tallyd_gpu_region_requests_total{device=\"0\",where=\"owner\"}"), 0);
+    th_answer_t rel;
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_RELEASE, NULL, ans.a.handle, -1, &rel),
+                     TALLY_OK);
+    assert_int_equal(th_stat(sock, "tallyd_gpu_regions"), 0);
+    assert_int_equal(th_stat(sock, "tallyd_gpu_region_bytes"), 0);
+    finish_clients(ctx, sock, side);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
 }
 
@@ -414,17 +734,100 @@ static void test_gpu_failure_contained(void **state)
     assert_int_equal(dev_register(side, fd, REGION_BYTES, uuid, 0, &ans), TALLY_E_BAD_REF);
     assert_non_null(strstr(ans.msg, "a GPU is needed"));
     close(fd);
-    int32_t batch[64] = {0};
-    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_I32, 5);
-    req.lo = -100;
-    req.hi = 100;
-    assert_int_equal(th_call(sock, &req, batch, sizeof batch, &r), 0);
-    assert_int_equal(r.rep.status, TALLY_OK);
-    th_reply_free(&r);
-    zmq_close(sock);
-    zmq_ctx_term(ctx);
-    close(side);
+    expect_payload_served(sock);
+    finish_clients(ctx, sock, side);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
+/* `info` lists simulated GPU gpu among the usable ones within timeout_ms: true, else false. */
+static bool gpu_listed(void *sock, unsigned gpu, int timeout_ms)
+{
+    char want[48], value[256];
+    snprintf(want, sizeof want, "GPU-74616c6c-7964-2d73-696d-2d67707500%02x", gpu);
+    for (int waited = 0;; waited += 50) {
+        info_value(sock, "gpu_uuids", value, sizeof value);
+        if (strstr(value, want))
+            return true;
+        if (waited >= timeout_ms)
+            return false;
+        th_sleep_ms(50);
+    }
+}
+
+/* A lost context is contained and recreated (issue 23): the first launch loses GPU 0's context
+ * (TALLYD_TEST_FAULT_STICKY=1: it never completes, and the device fails everything after, as a
+ * CUDA context after an illegal address does). The device-region request on it is answered
+ * `internal`; tallyd serves on (payloads, GPU 1's regions); once GPU 0 is idle its context is
+ * recreated: it is listed again, a region registered before the reset is refused ("was reset",
+ * register it again), its release still closes its descriptor, and a region registered again
+ * runs on GPU 0. With TALLYD_TEST_FAULT_RESET_FAILS=1 the recreation fails: GPU 0 stays out,
+ * regions on it are refused, and tallyd serves on with GPU 1 and the CPU. */
+static void context_lost_run(bool reset_fails)
+{
+    th_daemon_t d;
+    uint8_t uuid0[TALLY_GPU_UUID_SIZE], uuid1[TALLY_GPU_UUID_SIZE];
+    setenv("TALLYD_TEST_FAULT_STICKY", "1", 1);
+    if (reset_fails)
+        setenv("TALLYD_TEST_FAULT_RESET_FAILS", "1", 1);
+    int side = start_side(&d, sim2, 0, uuid0);
+    unsetenv("TALLYD_TEST_FAULT_STICKY");
+    unsetenv("TALLYD_TEST_FAULT_RESET_FAILS");
+    sim_uuid(1, uuid1);
+    void *ctx = zmq_ctx_new();
+    void *sock = dealer(ctx, d.endpoint, "producer");
+    th_answer_t ans;
+    int fd0 = filled_memfd(REGION_BYTES, NULL, 0), fd1 = filled_memfd(REGION_BYTES, NULL, 0);
+    assert_int_equal(dev_register(side, fd0, REGION_BYTES, uuid0, 0, &ans), TALLY_OK);
+    uint64_t h0 = ans.a.handle;
+    assert_int_equal(dev_register(side, fd1, REGION_BYTES, uuid1, 0, &ans), TALLY_OK);
+    uint64_t h1 = ans.a.handle;
+    th_reply_t r;
+    assert_int_equal(ref_call(sock, TALLY_OP_HIST, NULL, h0, 0, 4096, 0, &r), TALLY_E_INTERNAL);
+    assert_non_null(strstr((const char *)r.payload, "the GPU failed"));
+    th_reply_free(&r);
+    expect_payload_served(sock); /* served on: a payload, and the other GPU's region */
+    assert_int_equal(ref_call(sock, TALLY_OP_HIST, NULL, h1, 0, 4096, 0, &r), TALLY_OK);
+    th_reply_free(&r);
+    int base = stable_fds(d.pid);
+    if (reset_fails) {
+        assert_false(gpu_listed(sock, 0, 1000));
+        assert_true(th_daemon_log_contains(&d, "cannot recreate its context"));
+        assert_int_equal(dev_register(side, fd0, REGION_BYTES, uuid0, 0, &ans), TALLY_E_BAD_REF);
+        assert_non_null(strstr(ans.msg, "no GPU with UUID"));
+        assert_int_equal(ref_call(sock, TALLY_OP_HIST, NULL, h0, 0, 4096, 0, &r), TALLY_E_BAD_REF);
+        assert_non_null(strstr((const char *)r.payload, "is unusable"));
+        th_reply_free(&r);
+    } else {
+        assert_true(gpu_listed(sock, 0, 10000));
+        assert_true(th_daemon_log_contains(&d, "context recreated after a failure"));
+        assert_int_equal(ref_call(sock, TALLY_OP_HIST, NULL, h0, 0, 4096, 0, &r), TALLY_E_BAD_REF);
+        assert_non_null(strstr((const char *)r.payload, "register the region again"));
+        th_reply_free(&r);
+        assert_int_equal(th_side_call(side, TALLY_SHM_OP_RELEASE, NULL, h0, -1, &ans), TALLY_OK);
+        assert_int_equal(fds_reach(d.pid, base - 1), base - 1); /* its descriptor closed */
+        long long on0 = th_stat(sock, "tallyd_gpu_requests_total{device=\"0\"}");
+        assert_int_equal(dev_register(side, fd0, REGION_BYTES, uuid0, 0, &ans), TALLY_OK);
+        assert_int_equal(ref_call(sock, TALLY_OP_HIST, NULL, ans.a.handle, 0, 4096, 0, &r),
+                         TALLY_OK);
+        th_reply_free(&r);
+        assert_int_equal(th_stat(sock, "tallyd_gpu_requests_total{device=\"0\"}"), on0 + 1);
+    }
+    close(fd0);
+    close(fd1);
+    finish_clients(ctx, sock, side);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
+static void test_context_recreated(void **state)
+{
+    (void)state;
+    context_lost_run(false);
+}
+
+static void test_context_not_recreated(void **state)
+{
+    (void)state;
+    context_lost_run(true);
 }
 
 /* A filter or scan by device reference above the GPU's buffers (64 MiB) is refused too_large,
@@ -459,9 +862,7 @@ static void test_device_buffers_bound(void **state)
     char value[256];
     info_value(sock, "gpu_uuids", value, sizeof value);
     assert_string_equal(value, "GPU-74616c6c-7964-2d73-696d-2d6770750000");
-    zmq_close(sock);
-    zmq_ctx_term(ctx);
-    close(side);
+    finish_clients(ctx, sock, side);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
 }
 
@@ -498,10 +899,7 @@ static void test_libtally_gpu_register(void **state)
     assert_int_equal(tally_call_shm(c, &req, region, 0, N, NULL, 0, &reply), TALLY_OK);
     uint64_t bin7;
     memcpy(&bin7, (const uint8_t *)reply.payload + 7 * 8, 8);
-    uint64_t want = 0;
-    for (int i = 0; i < N; i++)
-        want += data[i] == 7;
-    assert_int_equal(bin7, want);
+    assert_int_equal(bin7, tr_filter(TALLY_DTYPE_U8, data, N, TALLY_PRED_EQ, 7, 0, NULL));
     tally_reply_clear(&reply);
     tally_region_destroy(&region);
     assert_int_equal(fds_reach(d.pid, base), base);
@@ -561,9 +959,7 @@ static void test_deferred_release(void **state)
     th_reply_free(&ir);
     close(side);
     assert_int_equal(fds_reach(d.pid, base), base); /* the side socket gone, the region's kept */
-    uint64_t want7 = 0;
-    for (int i = 0; i < N; i++)
-        want7 += data[i] == 7;
+    uint64_t want7 = tr_filter(TALLY_DTYPE_I32, data, N, TALLY_PRED_EQ, 7, 0, NULL);
     for (int i = 0; i < INFLIGHT; i++) {
         th_reply_t r;
         assert_int_equal(th_recv_reply(sock, &r), 0);
@@ -588,8 +984,14 @@ int main(void)
         cmocka_unit_test(test_quotas),
         cmocka_unit_test(test_descriptor_held_until_release),
         cmocka_unit_test(test_requests_in_place),
+        cmocka_unit_test(test_import_off_loop),
+        cmocka_unit_test(test_cli_gpu_region),
+        cmocka_unit_test(test_device_output),
+        cmocka_unit_test(test_cpu_backend_refuses_device_handles),
         cmocka_unit_test(test_runs_on_its_gpu),
         cmocka_unit_test(test_gpu_failure_contained),
+        cmocka_unit_test(test_context_recreated),
+        cmocka_unit_test(test_context_not_recreated),
         cmocka_unit_test(test_device_buffers_bound),
         cmocka_unit_test(test_libtally_gpu_register),
         cmocka_unit_test(test_deferred_release),

@@ -11,6 +11,7 @@ missing=$(git ls-files |
     grep -E '\.(c|h|cu|cuh|py|sh|cmake|js|css|html|bash)$|\.h\.in$|CMakeLists\.txt$|^\.ci/run$' |
     grep -v '^tests/fuzz/corpus\|^tests/data/' |
     while read -r f; do
+        [ -f "$f" ] || continue # listed by an index older than the tree (a copied checkout)
         head -n 3 "$f" | grep -q 'SPDX-License-Identifier: Apache-2.0' || echo "$f"
     done)
 if [ -n "$missing" ]; then

@@ -10,7 +10,7 @@
  * round-trip, with slots of another interval length or too old dropped; td_state_restore sets
  * aside unusable files (renamed) and files that lost records (copied), under names that never
  * collide; a state path that is not a regular file is refused; a write into a blocked path
- * fails cleanly. The log and the snapshots are test_state_log.c's.
+ * fails cleanly. The log of incremental snapshots (td_state_log.c) is tested at the end.
  */
 #include <dirent.h>
 #include <errno.h>

@@ -1,16 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * gen_wire.c — prints client/python/tally/_wire.py, the C facts the Python binding uses: the
- * numbers it sends and checks (opcodes, dtypes, predicates, flags, statuses, seq modes, limits,
- * the default endpoint) and the layout (sizeof, and each field's offsetof and sizeof) of every
- * C struct it mirrors with ctypes.
+ * numbers it sends and checks (opcodes and the dtypes each takes, dtypes, predicates, flags,
+ * statuses, seq modes, limits, the default endpoint) and the layout (sizeof, and each field's
+ * offsetof and sizeof) of every C struct it mirrors with ctypes.
  *
- * Why a program and not a parser: every value and offset comes from the compiler reading the
- * installed headers (tally.h and tally_wire.h, which the build copies from tally_proto.h's
- * PUBLIC sections), so no macro expression or padding rule can be misread, and a name that no
- * longer exists in the headers stops this file compiling. The fields are listed by hand: a field
- * added to one of these structs goes here and into the ctypes mirror (one that fits into
- * padding moves no offset and no size, so nothing else would notice it).
+ * Why a program and not a parser: the operations, dtypes and predicates come from proto/'s
+ * tables (the operation table, tally_ops.h, and the name functions), and every other value and
+ * offset from the compiler reading the installed headers (tally.h and tally_wire.h, which the build
+ * copies from tally_proto.h's PUBLIC sections), so no macro expression or padding rule can be
+ * misread, and a name that no longer exists in the headers stops this file compiling. The fields
+ * are listed by hand: a field added to one of these structs goes here and into the ctypes mirror
+ * (one that fits into padding moves no offset and no size, so nothing else would notice it).
  *
  * The output is committed (pip installs ./client/python without running CMake); tally/__init__.py
  * checks its ctypes structs against LAYOUT at import, and tests/test_python_wire.sh fails when
@@ -34,26 +35,6 @@ typedef struct {
 #define CONSTANT(macro) {#macro, (long long)(macro)}
 /* clang-format on */
 #define COUNT_OF(array) (sizeof(array) / sizeof((array)[0]))
-
-static const constant_t ops[] = {
-    CONSTANT(TALLY_OP_PING),   CONSTANT(TALLY_OP_INFO),    CONSTANT(TALLY_OP_FILTER),
-    CONSTANT(TALLY_OP_SCAN),   CONSTANT(TALLY_OP_HIST),    CONSTANT(TALLY_OP_QUERY),
-    CONSTANT(TALLY_OP_RESET),  CONSTANT(TALLY_OP_STREAMS), CONSTANT(TALLY_OP_STATS),
-    CONSTANT(TALLY_OP_DELETE),
-};
-
-static const constant_t preds[] = {
-    CONSTANT(TALLY_PRED_GT),      CONSTANT(TALLY_PRED_GE), CONSTANT(TALLY_PRED_LT),
-    CONSTANT(TALLY_PRED_LE),      CONSTANT(TALLY_PRED_EQ), CONSTANT(TALLY_PRED_NE),
-    CONSTANT(TALLY_PRED_BETWEEN),
-};
-
-/* Every dtype, named as tally_dtype_name names it ("i32", "rgb8", ...). */
-static const constant_t dtypes[] = {
-    CONSTANT(TALLY_DTYPE_NONE), CONSTANT(TALLY_DTYPE_I32),  CONSTANT(TALLY_DTYPE_U8),
-    CONSTANT(TALLY_DTYPE_I64),  CONSTANT(TALLY_DTYPE_U64),  CONSTANT(TALLY_DTYPE_TEXT),
-    CONSTANT(TALLY_DTYPE_U16),  CONSTANT(TALLY_DTYPE_RGB8), CONSTANT(TALLY_DTYPE_RGBA8),
-};
 
 static const constant_t numbers[] = {
     CONSTANT(TALLY_DTYPE_I32),
@@ -88,14 +69,45 @@ static void print_name(const char *name, const char *prefix, int lower)
         putchar(lower && *c >= 'A' && *c <= 'Z' ? *c - 'A' + 'a' : *c);
 }
 
-/* `NAME = {"member": value, ...}`, the members named in lowercase without `prefix`. */
-static void print_dict(const char *name, const constant_t *table, size_t count, const char *prefix)
+/* `NAME = {"name": value, ...}` for the values 0..count-1 that name() names. */
+static void print_names(const char *dict, unsigned count, const char *(*name)(unsigned))
 {
-    printf("%s = {\n", name);
+    printf("%s = {\n", dict);
+    for (unsigned v = 0; v < count; v++)
+        if (name(v) != NULL)
+            printf("    \"%s\": %u,\n", name(v), v);
+    printf("}\n");
+}
+
+static const char *op_name(unsigned op)
+{
+    return tally_op_name((tally_op_t)op);
+}
+static const char *pred_name(unsigned pred)
+{
+    return tally_pred_name((tally_pred_t)pred);
+}
+static const char *dtype_name(unsigned dtype)
+{
+    return tally_dtype_name((tally_dtype_t)dtype);
+}
+
+/* From the operation table (tally_ops.h): the dtypes each operation with a batch takes,
+ * `OP_DTYPES = {"filter": ("i32", "u8"), ...}`, in dtype order. */
+static void print_op_dtypes(void)
+{
+    size_t count;
+    const tally_op_info_t *ops = tally_op_table(&count);
+    printf("OP_DTYPES = {\n");
     for (size_t i = 0; i < count; i++) {
-        printf("    \"");
-        print_name(table[i].name, prefix, 1);
-        printf("\": %lld,\n", table[i].value);
+        if (ops[i].name == NULL || !ops[i].batch)
+            continue;
+        unsigned n = 0;
+        printf("    \"%s\": (", ops[i].name);
+        for (unsigned d = 0; d < TALLY_DTYPE_COUNT; d++)
+            if (tally_op_takes_dtype(ops[i].opcode, d))
+                printf("%s\"%s\"", n++ ? ", " : "", tally_dtype_name((tally_dtype_t)d));
+        printf("%s),\n", n == 1 ? "," : ""); /* ("i32",) is a tuple, ("i32") is not */
     }
     printf("}\n");
 }
@@ -114,9 +126,10 @@ static void print_string(const char *name, const char *value)
 
 static void print_constants(void)
 {
-    print_dict("OP", ops, COUNT_OF(ops), "TALLY_OP_");
-    print_dict("PRED", preds, COUNT_OF(preds), "TALLY_PRED_");
-    print_dict("DTYPE", dtypes, COUNT_OF(dtypes), "TALLY_DTYPE_");
+    print_names("OP", TALLY_OP_COUNT, op_name);
+    print_op_dtypes();
+    print_names("PRED", TALLY_PRED_BETWEEN + 1, pred_name);
+    print_names("DTYPE", TALLY_DTYPE_COUNT, dtype_name);
     for (size_t i = 0; i < COUNT_OF(numbers); i++) {
         /* TALLY_RUN_SEQ_OFF is SEQ_OFF in Python: "RUN_" says nothing there. */
         const char *prefix = strncmp(numbers[i].name, "TALLY_RUN_", 10) ? "TALLY_" : "TALLY_RUN_";
@@ -128,142 +141,56 @@ static void print_constants(void)
 
 /* ---- Struct layouts ---------------------------------------------------------------------- */
 
-typedef struct {
-    const char *name;
-    size_t offset, size;
-} field_t;
+/* Every mirrored struct, then its fields: STRUCT(type) opens a struct, each FIELD(member) after
+ * it is one of its fields. One list, expanded once into the printing code below (STRUCT declares
+ * the type the FIELDs that follow it measure). */
 /* clang-format off */
-#define FIELD(type, member) {#member, offsetof(type, member), sizeof(((type *)0)->member)}
+#define LAYOUTS(STRUCT, FIELD)                                                                    \
+    STRUCT(tally_req_t) FIELD(version) FIELD(opcode) FIELD(dtype) FIELD(flags) FIELD(request_id)  \
+        FIELD(pred) FIELD(lo) FIELD(hi) FIELD(seq) FIELD(stream_len) FIELD(stream)                \
+    STRUCT(tally_rep_t) FIELD(version) FIELD(opcode) FIELD(dtype) FIELD(flags) FIELD(request_id)  \
+        FIELD(status) FIELD(count) FIELD(aux0) FIELD(aux1)                                        \
+    STRUCT(tally_reply_t) FIELD(rep) FIELD(payload) FIELD(len) FIELD(error) FIELD(msg_)           \
+    STRUCT(tally_stream_info_t) FIELD(batches) FIELD(elements) FIELD(bytes) FIELD(filter_seen)    \
+        FIELD(filter_kept) FIELD(scan_carry) FIELD(scan_elements) FIELD(hist_dtype)               \
+        FIELD(hist_lo) FIELD(hist_hi) FIELD(hist_underflow) FIELD(hist_overflow)                  \
+        FIELD(hist_total) FIELD(last_seq) FIELD(bins)                                             \
+    STRUCT(tally_run_opts_t) FIELD(chunk_bytes) FIELD(window) FIELD(shm) FIELD(seq)               \
+        FIELD(seq_base) FIELD(total_bytes)                                                        \
+    STRUCT(tally_run_result_t) FIELD(chunks) FIELD(elements) FIELD(count) FIELD(seen)             \
+        FIELD(carry) FIELD(hist_total) FIELD(input_chunks) FIELD(seq_base) FIELD(applied)         \
+        FIELD(skipped) FIELD(last_seq) FIELD(applied_known) FIELD(bytes) FIELD(applied_bytes)     \
+        FIELD(status) FIELD(error)                                                                \
+    STRUCT(tally_buf_t) FIELD(data) FIELD(len) FIELD(cap)                                         \
+    STRUCT(tally_pub_t) FIELD(kind) FIELD(pub_seq) FIELD(time_ms) FIELD(interval_ms)              \
+    STRUCT(tally_pub_msg_t) FIELD(pub) FIELD(stream) FIELD(info)                                  \
+    STRUCT(tally_hist_t) FIELD(dtype) FIELD(lo) FIELD(hi) FIELD(bins) FIELD(underflow)            \
+        FIELD(overflow)                                                                           \
+    STRUCT(tally_quantile_t) FIELD(value) FIELD(side)                                             \
+    STRUCT(tally_hist_summary_t) FIELD(count) FIELD(in_range) FIELD(underflow) FIELD(overflow)    \
+        FIELD(mean) FIELD(min_bin) FIELD(max_bin) FIELD(p50) FIELD(p90) FIELD(p99)                \
+    STRUCT(tally_curve_keys_t) FIELD(server_public) FIELD(client_public) FIELD(client_secret)
+
+/* A struct's line, `"type": (sizeof, {`, after the line that closes the struct before it. Each
+ * struct's fields are measured in a block of their own (the one STRUCT opens), where measured_t
+ * is that struct. */
+#define PRINT_STRUCT(type)                                                                        \
+    }                                                                                             \
+    {                                                                                             \
+        typedef type measured_t;                                                                  \
+        printf("%s    \"%s\": (%zu, {\n", first ? "" : "    }),\n", #type, sizeof(type));          \
+        first = 0;
+#define PRINT_FIELD(member)                                                                       \
+    printf("        \"%s\": (%zu, %zu),\n", #member, offsetof(measured_t, member),                 \
+           sizeof(((measured_t *)0)->member));
 /* clang-format on */
-
-typedef struct {
-    const char *name;
-    size_t size;
-    const field_t *fields;
-    size_t count;
-} layout_t;
-/* clang-format off */
-#define LAYOUT(type, fields) {#type, sizeof(type), fields, COUNT_OF(fields)}
-/* clang-format on */
-
-static const field_t req_fields[] = {
-    FIELD(tally_req_t, version),    FIELD(tally_req_t, opcode),     FIELD(tally_req_t, dtype),
-    FIELD(tally_req_t, flags),      FIELD(tally_req_t, request_id), FIELD(tally_req_t, pred),
-    FIELD(tally_req_t, lo),         FIELD(tally_req_t, hi),         FIELD(tally_req_t, seq),
-    FIELD(tally_req_t, stream_len), FIELD(tally_req_t, stream),
-};
-
-static const field_t rep_fields[] = {
-    FIELD(tally_rep_t, version), FIELD(tally_rep_t, opcode),     FIELD(tally_rep_t, dtype),
-    FIELD(tally_rep_t, flags),   FIELD(tally_rep_t, request_id), FIELD(tally_rep_t, status),
-    FIELD(tally_rep_t, count),   FIELD(tally_rep_t, aux0),       FIELD(tally_rep_t, aux1),
-};
-
-static const field_t reply_fields[] = {
-    FIELD(tally_reply_t, rep),   FIELD(tally_reply_t, payload), FIELD(tally_reply_t, len),
-    FIELD(tally_reply_t, error), FIELD(tally_reply_t, msg_),
-};
-
-static const field_t stream_info_fields[] = {
-    FIELD(tally_stream_info_t, batches),        FIELD(tally_stream_info_t, elements),
-    FIELD(tally_stream_info_t, bytes),          FIELD(tally_stream_info_t, filter_seen),
-    FIELD(tally_stream_info_t, filter_kept),    FIELD(tally_stream_info_t, scan_carry),
-    FIELD(tally_stream_info_t, scan_elements),  FIELD(tally_stream_info_t, hist_dtype),
-    FIELD(tally_stream_info_t, hist_lo),        FIELD(tally_stream_info_t, hist_hi),
-    FIELD(tally_stream_info_t, hist_underflow), FIELD(tally_stream_info_t, hist_overflow),
-    FIELD(tally_stream_info_t, hist_total),     FIELD(tally_stream_info_t, last_seq),
-    FIELD(tally_stream_info_t, bins),
-};
-
-static const field_t run_opts_fields[] = {
-    FIELD(tally_run_opts_t, chunk_bytes), FIELD(tally_run_opts_t, window),
-    FIELD(tally_run_opts_t, shm),         FIELD(tally_run_opts_t, seq),
-    FIELD(tally_run_opts_t, seq_base),    FIELD(tally_run_opts_t, total_bytes),
-};
-
-static const field_t run_result_fields[] = {
-    FIELD(tally_run_result_t, chunks),       FIELD(tally_run_result_t, elements),
-    FIELD(tally_run_result_t, count),        FIELD(tally_run_result_t, seen),
-    FIELD(tally_run_result_t, carry),        FIELD(tally_run_result_t, hist_total),
-    FIELD(tally_run_result_t, input_chunks), FIELD(tally_run_result_t, seq_base),
-    FIELD(tally_run_result_t, applied),      FIELD(tally_run_result_t, skipped),
-    FIELD(tally_run_result_t, last_seq),     FIELD(tally_run_result_t, applied_known),
-    FIELD(tally_run_result_t, bytes),        FIELD(tally_run_result_t, applied_bytes),
-    FIELD(tally_run_result_t, status),       FIELD(tally_run_result_t, error),
-};
-
-static const field_t buf_fields[] = {
-    FIELD(tally_buf_t, data),
-    FIELD(tally_buf_t, len),
-    FIELD(tally_buf_t, cap),
-};
-
-static const field_t pub_fields[] = {
-    FIELD(tally_pub_t, kind),
-    FIELD(tally_pub_t, pub_seq),
-    FIELD(tally_pub_t, time_ms),
-    FIELD(tally_pub_t, interval_ms),
-};
-
-static const field_t pub_msg_fields[] = {
-    FIELD(tally_pub_msg_t, pub),
-    FIELD(tally_pub_msg_t, stream),
-    FIELD(tally_pub_msg_t, info),
-};
-
-static const field_t hist_fields[] = {
-    FIELD(tally_hist_t, dtype), FIELD(tally_hist_t, lo),        FIELD(tally_hist_t, hi),
-    FIELD(tally_hist_t, bins),  FIELD(tally_hist_t, underflow), FIELD(tally_hist_t, overflow),
-};
-
-static const field_t quantile_fields[] = {
-    FIELD(tally_quantile_t, value),
-    FIELD(tally_quantile_t, side),
-};
-
-static const field_t summary_fields[] = {
-    FIELD(tally_hist_summary_t, count),     FIELD(tally_hist_summary_t, in_range),
-    FIELD(tally_hist_summary_t, underflow), FIELD(tally_hist_summary_t, overflow),
-    FIELD(tally_hist_summary_t, mean),      FIELD(tally_hist_summary_t, min_bin),
-    FIELD(tally_hist_summary_t, max_bin),   FIELD(tally_hist_summary_t, p50),
-    FIELD(tally_hist_summary_t, p90),       FIELD(tally_hist_summary_t, p99),
-};
-
-static const field_t curve_keys_fields[] = {
-    FIELD(tally_curve_keys_t, server_public),
-    FIELD(tally_curve_keys_t, client_public),
-    FIELD(tally_curve_keys_t, client_secret),
-};
-
-static const layout_t layouts[] = {
-    LAYOUT(tally_req_t, req_fields),
-    LAYOUT(tally_rep_t, rep_fields),
-    LAYOUT(tally_reply_t, reply_fields),
-    LAYOUT(tally_stream_info_t, stream_info_fields),
-    LAYOUT(tally_run_opts_t, run_opts_fields),
-    LAYOUT(tally_run_result_t, run_result_fields),
-    LAYOUT(tally_buf_t, buf_fields),
-    LAYOUT(tally_pub_t, pub_fields),
-    LAYOUT(tally_pub_msg_t, pub_msg_fields),
-    LAYOUT(tally_hist_t, hist_fields),
-    LAYOUT(tally_quantile_t, quantile_fields),
-    LAYOUT(tally_hist_summary_t, summary_fields),
-    LAYOUT(tally_curve_keys_t, curve_keys_fields),
-};
 
 static void print_layouts(void)
 {
+    int first = 1;
     printf("# C struct -> (sizeof, {field: (offsetof, sizeof)}), as the compiler lays them out.\n"
            "LAYOUT = {\n");
-    for (size_t i = 0; i < COUNT_OF(layouts); i++) {
-        const layout_t *l = &layouts[i];
-        printf("    \"%s\": (%zu, {\n", l->name, l->size);
-        for (size_t f = 0; f < l->count; f++)
-            printf("        \"%s\": (%zu, %zu),\n", l->fields[f].name, l->fields[f].offset,
-                   l->fields[f].size);
-        printf("    }),\n");
-    }
-    printf("}\n");
+    {LAYOUTS(PRINT_STRUCT, PRINT_FIELD)} printf("    }),\n}\n");
 }
 
 int main(void)

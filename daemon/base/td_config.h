@@ -86,6 +86,10 @@
 #define TD_GPU_STREAMS_LIMIT 64u
 #define TD_GPU_SLOTS_PER_LANE 2u /* pinned staging slots per lane: one filling, one on the GPU */
 #define TD_GPU_DEAD_AFTER 3u     /* GPU errors in a row after which a device is unusable */
+/* An unusable device's context is recreated once it is idle, polled this often, at most this
+ * many times per device (td_gpu_device.c): a GPU that keeps failing stays unusable. */
+#define TD_GPU_RECOVER_POLL_MS 100u
+#define TD_GPU_RECOVER_MAX 3u
 /* Pinned reply buffers per device: a filter or scan reply of up to TD_GPU_REPLY_BUF_BYTES is
  * copied by the device straight into one, which is then sent as the reply (zmq_msg_init_data)
  * and given back when ZeroMQ has sent it, instead of being copied out of staging into a malloc'd

@@ -43,3 +43,9 @@ void td_metrics_count_gpu_request(td_metrics_t *m, int ordinal)
     if (ordinal >= 0 && ordinal < TD_METRICS_GPUS_MAX)
         m->gpu_requests[ordinal]++;
 }
+
+void td_metrics_count_region_request(td_metrics_t *m, int ordinal, bool peer)
+{
+    if (ordinal >= 0 && ordinal < TD_METRICS_GPUS_MAX)
+        m->gpu_region_requests[ordinal][peer]++;
+}

@@ -17,6 +17,7 @@
 #ifndef TD_COUNTERS_H
 #define TD_COUNTERS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -55,6 +56,9 @@ typedef struct {
     uint64_t notify_failures;      /* systemd notifications that could not be sent */
     uint64_t shm_requests;         /* requests whose input was a shared-memory reference */
     uint64_t gpu_requests[TD_METRICS_GPUS_MAX]; /* completed on each GPU (by ordinal) */
+    /* Of them, requests by device reference (PROTOCOL.md §10 "Device memory"): [0] run on the GPU
+     * that holds the region, [1] on another one (peer access). */
+    uint64_t gpu_region_requests[TD_METRICS_GPUS_MAX][2];
     unsigned gpu_devices;                       /* how many of those to report */
     uint64_t limited[TD_LIMIT_COUNT];           /* requests refused by a per-peer limit */
 } td_metrics_t;
@@ -69,6 +73,9 @@ uint64_t td_metrics_answered(const td_metrics_t *m);
  * first TD_METRICS_GPUS_MAX are counted. */
 void td_metrics_set_gpus(td_metrics_t *m, unsigned devices);
 void td_metrics_count_gpu_request(td_metrics_t *m, int ordinal);
+/* A request by device reference completed on GPU `ordinal`: peer when that is not the GPU
+ * holding its region. */
+void td_metrics_count_region_request(td_metrics_t *m, int ordinal, bool peer);
 
 /* Renders the Prometheus text format into buf; returns the length it needed (like snprintf).
  * Besides tallyd's own: tallyd_build_info, the per-stream series (tallyd_stream_*), and the

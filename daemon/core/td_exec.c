@@ -164,13 +164,20 @@ static td_err_t open_gpu(td_exec_t *x)
     const td_config_t *cfg = x->env.cfg;
     char why[256] = "";
     td_gpu_engine_t *engine = NULL;
-    tally_status_t st = cfg->test_sim_gpus ? td_gpu_engine_sim_new(cfg->test_sim_gpus, &engine)
-                                           : td_gpu_engine_cuda_new(&engine, why, sizeof why);
-    if (st == TALLY_OK && cfg->test_fault_every) {
-        td_gpu_fault_opts_t faults = {.fail_every = cfg->test_fault_every};
+    td_gpu_err_t st = cfg->test_sim_gpus ? td_gpu_engine_sim_new(cfg->test_sim_gpus, &engine)
+                                         : td_gpu_engine_cuda_new(&engine, why, sizeof why);
+    /* Test only: TALLYD_TEST_FAULT_STICKY=N loses a device's context at the Nth launch, and
+     * TALLYD_TEST_FAULT_RESET_FAILS=1 makes recreating it fail (td_gpu_fault.c). */
+    const char *sticky = getenv("TALLYD_TEST_FAULT_STICKY");
+    const char *reset_fails = getenv("TALLYD_TEST_FAULT_RESET_FAILS");
+    td_gpu_fault_opts_t faults = {
+        .fail_every = cfg->test_fault_every,
+        .sticky_at = sticky ? (unsigned)strtoul(sticky, NULL, 10) : 0,
+        .reset_fails = reset_fails && strcmp(reset_fails, "1") == 0,
+    };
+    if (st == TD_GPU_OK && (faults.fail_every || faults.sticky_at))
         st = td_gpu_engine_fault_new(engine, &faults, &engine);
-    }
-    td_err_t err = st == TALLY_OK ? TD_OK : TD_ERR_BACKEND;
+    td_err_t err = st == TD_GPU_OK ? TD_OK : TD_ERR_BACKEND;
     if (err == TD_OK) {
         x->gpu_max_batch = gpu_buffer_bytes(cfg);
         td_gpu_opts_t opts = {
@@ -190,7 +197,7 @@ static td_err_t open_gpu(td_exec_t *x)
                 td_gpu_device_bytes(x->gpu),
                 cfg->backend == TD_BACKEND_CUDA ? "every batch on the GPU"
                                                 : "smaller batches on the CPU (--gpu-min-batch)",
-                cfg->test_fault_every ? " (test faults on)" : "");
+                faults.fail_every || faults.sticky_at ? " (test faults on)" : "");
         return TD_OK;
     }
     if (cfg->backend == TD_BACKEND_CUDA) {
@@ -203,10 +210,10 @@ static td_err_t open_gpu(td_exec_t *x)
 
 td_err_t td_exec_new(const td_exec_env_t *env, td_exec_t **out)
 {
-    td_exec_t *x = calloc(1, sizeof *x);
+    td_exec_t *x = malloc(sizeof *x);
     if (!x)
         return TD_ERR_NOMEM;
-    x->env = *env;
+    *x = (td_exec_t){.env = *env};
     if (env->cfg->backend != TD_BACKEND_CPU) {
         td_err_t err = open_gpu(x);
         if (err != TD_OK) {
@@ -260,9 +267,9 @@ static void exec_dev_release(void *ctx, unsigned gpu, void *import)
     td_gpu_dev_release(ctx, gpu, import);
 }
 
-static bool exec_dev_usable(void *ctx, unsigned gpu)
+static const char *exec_dev_unusable(void *ctx, unsigned gpu, const void *import)
 {
-    return td_gpu_device_usable(ctx, gpu);
+    return td_gpu_dev_unusable(ctx, gpu, import);
 }
 
 size_t td_exec_gpu_uuids(const td_exec_t *x, char *buf, size_t cap)
@@ -280,7 +287,7 @@ void td_exec_shm_env(td_exec_t *x, td_shm_env_t *env)
     env->region_unregister = exec_region_unregister;
     env->dev_import = exec_dev_import;
     env->dev_release = exec_dev_release;
-    env->dev_usable = exec_dev_usable;
+    env->dev_unusable = exec_dev_unusable;
     env->ctx = x->gpu;
 }
 
@@ -322,10 +329,10 @@ uint64_t td_exec_device_bytes(const td_exec_t *x)
 }
 
 #ifndef TALLY_HAVE_CUDA
-tally_status_t td_gpu_engine_cuda_new(td_gpu_engine_t **out, char *why, size_t why_cap)
+td_gpu_err_t td_gpu_engine_cuda_new(td_gpu_engine_t **out, char *why, size_t why_cap)
 {
     *out = NULL;
     snprintf(why, why_cap, "tallyd was built without CUDA");
-    return TALLY_E_BACKEND;
+    return TD_GPU_E_DEVICE;
 }
 #endif

@@ -55,7 +55,8 @@
  * back with r->gpu_failed; td_sched.c reruns it on the CPU. Here a device counts its failures
  * in a row: at TD_GPU_DEAD_AFTER, or at once for a watchdog failure (the CUDA context is gone),
  * it is marked unusable, logged at err, and its lanes fail what they still hold (in order) so it
- * all reruns on the CPU.
+ * all reruns on the CPU. A lost context is recreated once the device is idle (td_gpu_device.c:
+ * its lanes closed and opened again on a worker); then the device serves again.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -66,96 +67,13 @@
 #include <time.h>
 
 #include "td_config.h"
-#include "td_gpu.h"
+#include "td_gpu_int.h"
 #include "td_log.h"
 
 /* How often a lane thread with work on the device checks for an asynchronous failure. Long
  * against any batch (16 MiB runs in well under a millisecond on an H100), short against a
  * client's timeout (5 s by default). */
 #define TD_GPU_WATCHDOG_MS 200
-
-typedef enum {
-    SLOT_FREE = 0,
-    SLOT_INFLIGHT, /* launched, waiting for the host function */
-    SLOT_DONE,     /* results in staging */
-    SLOT_FAILED,   /* to be retired as failed */
-} slot_state_t;
-
-typedef struct device device_t;
-typedef struct lane lane_t;
-
-typedef struct {
-    lane_t *lane;
-    unsigned index;
-    slot_state_t state;
-    td_request_t *r;
-    void *reply_buf; /* a pinned reply buffer the device writes the output to, or NULL */
-} slot_t;
-
-struct lane {
-    td_gpu_t *gpu;
-    device_t *dev;
-    unsigned index;
-    void *hw;
-    void **peer_hw; /* this lane's hw, then the device's other lanes': where a split job goes */
-    td_gpu_staging_t *staging;
-    slot_t *slots;
-    pthread_t thread;
-    bool thread_started;
-
-    /* Under lock: shared between the loop thread, the lane thread and the host function. */
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    td_request_queue_t waiting; /* submitted, waiting for a slot, in order */
-    unsigned *ring;             /* slot indices in launch order */
-    unsigned ring_head;
-    unsigned ring_count;
-    unsigned retiring; /* slots popped from the ring whose completion is not pushed yet */
-    bool stop;
-    atomic_uint events; /* bumped on every slot done and request queued (for spinning) */
-};
-
-/* The device's pinned reply buffers (TD_GPU_REPLY_BUFS in td_config.h says why). Taken by lane
- * threads at launch, given back by whoever frees the reply: ZeroMQ's I/O thread once it has sent
- * it, or the loop thread for a reply dropped or replaced. */
-typedef struct {
-    pthread_mutex_t lock;
-    td_gpu_engine_t *engine;
-    size_t buf_bytes;
-    void **all;
-    unsigned count;
-    void **free_bufs; /* under lock */
-    unsigned free_count;
-} reply_pool_t;
-
-struct device {
-    int ordinal;
-    reply_pool_t pool;
-    char name[128];
-    uint8_t uuid[TALLY_GPU_UUID_SIZE]; /* device regions name it (PROTOCOL.md §10) */
-    bool has_uuid;
-    lane_t *lanes;
-    unsigned lane_count;
-    atomic_bool dead;
-    unsigned errors_in_row; /* loop thread only */
-};
-
-struct td_gpu {
-    uv_loop_t *loop;
-    td_gpu_engine_t *engine;
-    td_gpu_opts_t opts;
-    unsigned carries; /* per lane: index 0 for requests without a stream */
-    td_gpu_complete_fn complete;
-    void *owner;
-    device_t *devices;
-    unsigned device_count;
-    uint64_t device_bytes;
-
-    uv_async_t async;
-    bool async_open; /* written under done_lock once the lane threads run */
-    pthread_mutex_t done_lock;
-    td_request_queue_t done;
-};
 
 /* ---- lane thread -------------------------------------------------------------------------- */
 
@@ -177,7 +95,7 @@ static void slot_done(void *arg)
 
 /* The wake-up is sent under the lock: the loop cannot see (and answer) this request before the
  * send is done, so the last request's send never races td_gpu_close. */
-static void push_completion(td_gpu_t *g, td_request_t *r)
+void td_gpu_push_completion(td_gpu_t *g, td_request_t *r)
 {
     pthread_mutex_lock(&g->done_lock);
     td_request_queue_push(&g->done, r);
@@ -186,7 +104,7 @@ static void push_completion(td_gpu_t *g, td_request_t *r)
     pthread_mutex_unlock(&g->done_lock);
 }
 
-static void *pool_take(reply_pool_t *p, size_t bytes)
+void *td_gpu_pool_take(reply_pool_t *p, size_t bytes)
 {
     void *buf = NULL;
     if (bytes > p->buf_bytes)
@@ -199,7 +117,7 @@ static void *pool_take(reply_pool_t *p, size_t bytes)
 }
 
 /* A reply's free function (zmq_free_fn): any thread. */
-static void pool_give_back(void *buf, void *hint)
+void td_gpu_pool_give_back(void *buf, void *hint)
 {
     reply_pool_t *p = hint;
     pthread_mutex_lock(&p->lock);
@@ -207,46 +125,12 @@ static void pool_give_back(void *buf, void *hint)
     pthread_mutex_unlock(&p->lock);
 }
 
-static void pool_open(reply_pool_t *p, td_gpu_engine_t *engine, int ordinal, size_t max_batch)
-{
-    p->lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER; /* cannot fail, unlike _init */
-    p->engine = engine;
-    p->buf_bytes = 2 * max_batch < TD_GPU_REPLY_BUF_BYTES ? 2 * max_batch : TD_GPU_REPLY_BUF_BYTES;
-    p->all = calloc(TD_GPU_REPLY_BUFS, sizeof *p->all);
-    p->free_bufs = calloc(TD_GPU_REPLY_BUFS, sizeof *p->free_bufs);
-    for (unsigned i = 0; p->all && p->free_bufs && i < TD_GPU_REPLY_BUFS; i++) {
-        void *buf = engine->host_alloc(engine->ctx, ordinal, p->buf_bytes);
-        if (!buf) /* fewer buffers: more replies take the copy, nothing else changes */
-            break;
-        p->all[p->count++] = buf;
-        p->free_bufs[p->free_count++] = buf;
-    }
-}
-
-/* After the lanes are closed and ZeroMQ has given back every reply (zmq_ctx_term). */
-static void pool_close(reply_pool_t *p)
-{
-    if (p->free_count != p->count)
-        td_warn("GPU reply buffers: %u of %u never given back", p->count - p->free_count, p->count);
-    for (unsigned i = 0; i < p->count; i++)
-        p->engine->host_free(p->engine->ctx, p->all[i]);
-    free(p->all);
-    free(p->free_bufs);
-    p->all = p->free_bufs = NULL;
-    p->count = p->free_count = 0;
-    pthread_mutex_destroy(&p->lock);
-}
-
 /* The most bytes the device writes back for r's output: the filter copies all n elements back
- * (td_gpu_cuda.c says why), the scan n sums. 0 for a hist (its reply is built on the host). */
+ * (td_gpu_cuda.c says why), the scan n sums. 0 for the ops whose reply is a few values built on
+ * the host from the small results (hist). */
 static size_t output_bytes(const td_request_t *r)
 {
-    size_t n = td_request_elements(r);
-    if (r->req.opcode == TALLY_OP_FILTER)
-        return n * tally_dtype_size((tally_dtype_t)r->req.dtype);
-    if (r->req.opcode == TALLY_OP_SCAN)
-        return n * ((r->req.flags & TALLY_FLAG_SCAN_OUT_I32) ? 4 : 8);
-    return 0;
+    return (size_t)tally_shm_out_worst(&r->req, r->payload_len);
 }
 
 /* Builds the reply from the slot's staging (lane thread, no lock held). */
@@ -257,6 +141,10 @@ static void build_reply(lane_t *l, slot_t *slot)
     if (r->req.opcode == TALLY_OP_HIST) {
         r->hist = s->small->hist;
         td_request_hist_result(r);
+        return;
+    }
+    if (r->req.opcode == TALLY_OP_MINMAX) {
+        td_request_minmax_result(r, s->small->minmax[0], s->small->minmax[1]);
         return;
     }
     size_t n = td_request_elements(r);
@@ -270,7 +158,10 @@ static void build_reply(lane_t *l, slot_t *slot)
     /* The device wrote the output where the reply goes (an output region, or a pinned reply
      * buffer sent as it is), or into staging, from where it is copied into a malloc'd reply. */
     void *lent = slot->reply_buf;
-    bool direct = lent || td_shm_region_direct(r->shm_out);
+    unsigned gpu;
+    void *import;
+    bool direct = lent || td_shm_region_direct(r->shm_out) ||
+                  td_shm_region_device(r->shm_out, &gpu, &import); /* never read on the host */
     void *out = r->out_ptr ? r->out_ptr : lent;
     if (!out)
         out = malloc(bytes ? bytes : 1);
@@ -285,7 +176,7 @@ static void build_reply(lane_t *l, slot_t *slot)
     else
         td_request_filter_result(r, out, count);
     if (lent) { /* the request owns it now, and gives it back to the pool when freed */
-        td_request_lend_reply(r, pool_give_back, &l->dev->pool);
+        td_request_lend_reply(r, td_gpu_pool_give_back, &l->dev->pool);
         slot->reply_buf = NULL;
     }
 }
@@ -301,13 +192,13 @@ static void retire(lane_t *l, slot_t *slot)
     else
         build_reply(l, slot);
     if (slot->reply_buf) { /* not handed to the reply: the request failed */
-        pool_give_back(slot->reply_buf, &l->dev->pool);
+        td_gpu_pool_give_back(slot->reply_buf, &l->dev->pool);
         slot->reply_buf = NULL;
     }
     pthread_mutex_lock(&l->lock);
     slot->state = SLOT_FREE;
     slot->r = NULL;
-    push_completion(l->gpu, r);
+    td_gpu_push_completion(l->gpu, r);
     l->retiring--;
     pthread_cond_signal(&l->cond);
     pthread_mutex_unlock(&l->lock);
@@ -338,8 +229,15 @@ static td_gpu_job_t make_job(const td_request_t *r, unsigned slot)
         .dst = td_shm_region_direct(r->shm_out) ? r->out_ptr : NULL,
     };
     unsigned gpu; /* a device region is read in place (td_sched placed r on its GPU) */
-    if (td_shm_region_device(r->shm_in, &gpu, &job.dev_import))
+    void *import;
+    if (td_shm_region_device(r->shm_in, &gpu, &import)) {
         job.dev_src = r->payload;
+        job.dev_import = td_gpu_engine_import(import);
+    }
+    if (td_shm_region_device(r->shm_out, &gpu, &import)) { /* written in place */
+        job.dev_dst = r->out_ptr;
+        job.dev_out_import = td_gpu_engine_import(import);
+    }
     return job;
 }
 
@@ -362,7 +260,7 @@ static void launch(lane_t *l, slot_t *slot)
     td_gpu_job_t job = make_job(r, slot->index);
     const td_gpu_engine_t *e = l->gpu->engine;
     unsigned pieces = r->where.pieces;
-    tally_status_t st = TALLY_E_BACKEND;
+    td_gpu_err_t st = TD_GPU_E_DEVICE;
     /* A batch above the buffers only comes here when it splits (td_sched.c); never overrun the
      * staging slot should that ever not hold: fail it, and the CPU reruns it. */
     bool in_place_hist = job.dev_src && r->req.opcode == TALLY_OP_HIST; /* no device buffer */
@@ -373,7 +271,7 @@ static void launch(lane_t *l, slot_t *slot)
     if (job.src == NULL && job.dev_src == NULL)
         memcpy(s->in, r->payload, r->payload_len);
     if (job.dst == NULL && !r->out_ptr && output_bytes(r)) /* the reply, built in place */
-        job.dst = slot->reply_buf = pool_take(&l->dev->pool, output_bytes(r));
+        job.dst = slot->reply_buf = td_gpu_pool_take(&l->dev->pool, output_bytes(r));
     s->small->carry = r->carry;
     if (pieces > 1) {
         td_debug("request %" PRIu64 ": %zu bytes split into %u pieces over the %u lanes of GPU %d",
@@ -383,7 +281,7 @@ static void launch(lane_t *l, slot_t *slot)
     } else {
         st = e->lane_launch(l->hw, &job, slot_done, slot);
     }
-    if (st == TALLY_OK)
+    if (st == TD_GPU_OK)
         return;
 failed:
     td_warn("GPU %d (%s) lane %u: launch of request %" PRIu64 " failed: %s", l->dev->ordinal,
@@ -433,8 +331,9 @@ static void wait_with_watchdog(lane_t *l)
     deadline.tv_nsec %= 1000000000L;
     if (pthread_cond_timedwait(&l->cond, &l->lock, &deadline) == 0)
         return;
-    if (!ring_has_inflight(l) || l->gpu->engine->lane_check(l->hw) == TALLY_OK)
+    if (!ring_has_inflight(l) || l->gpu->engine->lane_check(l->hw) == TD_GPU_OK)
         return;
+    atomic_store(&l->dev->context_lost, true); /* td_gpu_device.c recreates it once idle */
     if (!atomic_exchange(&l->dev->dead, true))
         td_err("GPU %d (%s) is unusable: %s; its work goes to the CPU backend", l->dev->ordinal,
                l->dev->name, l->gpu->engine->error_string());
@@ -468,14 +367,14 @@ static bool spin_for_event(lane_t *l)
     return got || atomic_load(&l->events) != seen;
 }
 
-static void *lane_main(void *arg)
+void *td_gpu_lane_main(void *arg)
 {
     lane_t *l = arg;
     unsigned slots = l->gpu->opts.slots;
     char name[16]; /* for profiles and top -H: "tdlane-0.3" is device 0, lane 3 */
     snprintf(name, sizeof name, "tdlane-%d.%u", l->dev->ordinal % 100, l->index % 100);
     pthread_setname_np(pthread_self(), name);
-    if (l->gpu->engine->lane_bind(l->hw) != TALLY_OK)
+    if (l->gpu->engine->lane_bind(l->hw) != TD_GPU_OK)
         atomic_store(&l->dev->dead, true);
     pthread_mutex_lock(&l->lock);
     for (;;) {
@@ -515,9 +414,16 @@ static void *lane_main(void *arg)
 
 /* ---- loop thread -------------------------------------------------------------------------- */
 
-static lane_t *lane_of(const td_gpu_t *g, const td_request_t *r)
+tally_status_t td_gpu_status(td_gpu_err_t err)
 {
-    return &g->devices[r->where.device].lanes[r->where.lane];
+    switch (err) {
+    case TD_GPU_OK:
+        return TALLY_OK;
+    case TD_GPU_E_CLIENT: /* the client's descriptor, size or event: `bad_ref` (PROTOCOL.md §10) */
+        return TALLY_E_BAD_REF;
+    default: /* the device's or tallyd's own failure: `internal`, logged where it happened */
+        return TALLY_E_INTERNAL;
+    }
 }
 
 static void note_result(device_t *d, const td_request_t *r)
@@ -541,15 +447,25 @@ static void async_cb(uv_async_t *handle)
     pthread_mutex_unlock(&g->done_lock);
     while (r) {
         td_request_t *next = r->next;
-        note_result(lane_of(g, r)->dev, r);
+        /* The device, not the lane: a recovery may be reopening its lanes. */
+        device_t *d = &g->devices[r->where.device];
+        if (!d->recovering && d->lanes_open)
+            note_result(d, r);
         g->complete(g->owner, r);
         r = next;
     }
+    td_gpu_recover_check(g);
 }
 
 void td_gpu_submit(td_gpu_t *g, td_request_t *r)
 {
-    lane_t *l = lane_of(g, r);
+    device_t *d = &g->devices[r->where.device];
+    if (d->recovering || !d->lanes_open) { /* no lanes to run it: failed, as on a dead device */
+        r->gpu_failed = true;
+        td_gpu_push_completion(g, r);
+        return;
+    }
+    lane_t *l = &d->lanes[r->where.lane];
     pthread_mutex_lock(&l->lock);
     td_request_queue_push(&l->waiting, r);
     atomic_fetch_add(&l->events, 1);
@@ -595,84 +511,17 @@ unsigned td_gpu_carries(const td_gpu_t *g)
 
 bool td_gpu_region_register(td_gpu_t *g, void *base, size_t size, bool read_only)
 {
-    tally_status_t st = g->engine->region_register(g->engine->ctx, base, size, read_only);
-    if (st != TALLY_OK)
+    td_gpu_err_t st = g->engine->region_register(g->engine->ctx, base, size, read_only);
+    if (st != TD_GPU_OK)
         td_warn("cannot register a shared-memory region of %zu bytes with %s (%s): its requests "
                 "go through staging",
                 size, g->engine->name, g->engine->error_string());
-    return st == TALLY_OK;
+    return st == TD_GPU_OK;
 }
 
 void td_gpu_region_unregister(td_gpu_t *g, void *base)
 {
     g->engine->region_unregister(g->engine->ctx, base);
-}
-
-/* The usable device with this UUID, or -1. */
-static int device_by_uuid(const td_gpu_t *g, const uint8_t *uuid)
-{
-    for (unsigned i = 0; i < g->device_count; i++) {
-        const device_t *d = &g->devices[i];
-        if (d->has_uuid && !atomic_load(&d->dead) && memcmp(d->uuid, uuid, sizeof d->uuid) == 0)
-            return (int)i;
-    }
-    return -1;
-}
-
-void td_gpu_uuid_string(const uint8_t *uuid, char *buf, size_t cap)
-{
-    const uint8_t *u = uuid;
-    snprintf(buf, cap, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-             u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
-             u[14], u[15]);
-}
-
-size_t td_gpu_uuids(const td_gpu_t *g, char *buf, size_t cap)
-{
-    size_t len = 0;
-    if (cap)
-        buf[0] = '\0';
-    for (unsigned i = 0; g && i < g->device_count; i++) {
-        const device_t *d = &g->devices[i];
-        if (!d->has_uuid || atomic_load(&d->dead) || len + 42 > cap)
-            continue;
-        if (len)
-            buf[len++] = ',';
-        td_gpu_uuid_string(d->uuid, buf + len, cap - len);
-        len += strlen(buf + len);
-    }
-    return len;
-}
-
-tally_status_t td_gpu_dev_import(td_gpu_t *g, const uint8_t *uuid, int fd, uint64_t size,
-                                 bool writable, const uint8_t *event, unsigned *gpu, void **import,
-                                 void **ptr, char *why, size_t why_cap)
-{
-    int i = device_by_uuid(g, uuid);
-    if (i < 0) {
-        char s[48];
-        td_gpu_uuid_string(uuid, s, sizeof s);
-        snprintf(why, why_cap, "no GPU with UUID %s", s);
-        return TALLY_E_BAD_REF;
-    }
-    if (!g->engine->dev_import) {
-        snprintf(why, why_cap, "the %s engine cannot import GPU memory", g->engine->name);
-        return TALLY_E_BAD_REF;
-    }
-    tally_status_t st = g->engine->dev_import(g->engine->ctx, g->devices[i].ordinal, fd, size,
-                                              writable, event, import, ptr, why, why_cap);
-    *gpu = (unsigned)i;
-    if (st == TALLY_E_BACKEND) { /* the device's own failure: `internal` (PROTOCOL.md §10) */
-        td_warn("GPU %d: cannot import a device region: %s", g->devices[i].ordinal, why);
-        st = TALLY_E_INTERNAL;
-    }
-    return st;
-}
-
-void td_gpu_dev_release(td_gpu_t *g, unsigned gpu, void *import)
-{
-    (void)gpu;
-    g->engine->dev_release(g->engine->ctx, import);
 }
 
 unsigned td_gpu_device_count(const td_gpu_t *g)
@@ -691,7 +540,11 @@ unsigned td_gpu_ordinals(const td_gpu_t *g)
 
 uint64_t td_gpu_device_bytes(const td_gpu_t *g)
 {
-    return g->device_bytes;
+    uint64_t bytes = 0;
+    for (unsigned i = 0; i < g->device_count; i++)
+        if (!g->devices[i].recovering) /* else its worker is writing it */
+            bytes += g->devices[i].device_bytes;
+    return bytes;
 }
 
 const char *td_gpu_engine_name(const td_gpu_t *g)
@@ -705,111 +558,12 @@ void td_gpu_describe(const td_gpu_t *g, char *buf, size_t cap)
     for (unsigned i = 0; i < g->device_count && len < cap; i++) {
         const device_t *d = &g->devices[i];
         len += (size_t)snprintf(buf + len, cap - len, "%s %d:%s (%u CUDA streams%s)", i ? "," : "",
-                                d->ordinal, d->name, d->lane_count,
-                                atomic_load(&d->dead) ? ", unusable" : "");
+                                d->ordinal, d->name, g->opts.lanes,
+                                d->recovering              ? ", recovering"
+                                : atomic_load(&d->dead)    ? ", unusable"
+                                : d->recoveries            ? ", recovered"
+                                                           : "");
     }
-}
-
-/* ---- life cycle --------------------------------------------------------------------------- */
-
-static tally_status_t lane_open(td_gpu_t *g, device_t *d, lane_t *l, unsigned index, char *why,
-                                size_t why_cap)
-{
-    unsigned slots = g->opts.slots;
-    l->gpu = g;
-    l->dev = d;
-    l->index = index;
-    l->lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER; /* cannot fail, unlike _init */
-    l->cond = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
-    atomic_init(&l->events, 0);
-    l->staging = calloc(slots, sizeof *l->staging);
-    l->slots = calloc(slots, sizeof *l->slots);
-    l->ring = calloc(slots, sizeof *l->ring);
-    if (!l->staging || !l->slots || !l->ring) {
-        snprintf(why, why_cap, "out of memory");
-        return TALLY_E_INTERNAL;
-    }
-    for (unsigned i = 0; i < slots; i++) {
-        l->slots[i].lane = l;
-        l->slots[i].index = i;
-    }
-    uint64_t bytes = 0;
-    tally_status_t st = g->engine->lane_open(g->engine->ctx, d->ordinal, g->opts.max_batch, slots,
-                                             g->carries, &l->hw, l->staging, &bytes, why, why_cap);
-    if (st != TALLY_OK)
-        return st;
-    g->device_bytes += bytes;
-    if (pthread_create(&l->thread, NULL, lane_main, l) != 0) {
-        snprintf(why, why_cap, "cannot start a lane thread");
-        return TALLY_E_INTERNAL;
-    }
-    l->thread_started = true;
-    return TALLY_OK;
-}
-
-static void lane_close(td_gpu_t *g, lane_t *l)
-{
-    if (l->thread_started) {
-        pthread_mutex_lock(&l->lock);
-        l->stop = true;
-        pthread_cond_signal(&l->cond);
-        pthread_mutex_unlock(&l->lock);
-        pthread_join(l->thread, NULL);
-    }
-    if (l->hw)
-        g->engine->lane_close(l->hw);
-    free(l->staging);
-    free(l->slots);
-    free(l->ring);
-    free(l->peer_hw);
-    pthread_cond_destroy(&l->cond);
-    pthread_mutex_destroy(&l->lock);
-}
-
-static void device_close(td_gpu_t *g, device_t *d)
-{
-    for (unsigned i = 0; d->lanes && i < d->lane_count; i++)
-        lane_close(g, &d->lanes[i]);
-    free(d->lanes);
-    d->lanes = NULL;
-    pool_close(&d->pool);
-}
-
-static tally_status_t device_open(td_gpu_t *g, device_t *d, int ordinal, char *why, size_t cap)
-{
-    d->ordinal = ordinal;
-    atomic_init(&d->dead, false);
-    g->engine->describe(g->engine->ctx, ordinal, d->name, sizeof d->name);
-    d->has_uuid = g->engine->device_uuid(g->engine->ctx, ordinal, d->uuid) == TALLY_OK;
-    pool_open(&d->pool, g->engine, ordinal, g->opts.max_batch);
-    d->lanes = calloc(g->opts.lanes, sizeof *d->lanes);
-    if (!d->lanes) {
-        snprintf(why, cap, "out of memory");
-        pool_close(&d->pool);
-        return TALLY_E_INTERNAL;
-    }
-    d->lane_count = g->opts.lanes;
-    for (unsigned i = 0; i < d->lane_count; i++) {
-        tally_status_t st = lane_open(g, d, &d->lanes[i], i, why, cap);
-        if (st != TALLY_OK) {
-            d->lane_count = i + 1; /* close what was opened, this one included */
-            device_close(g, d);
-            return st;
-        }
-    }
-    /* Before any request arrives (the lane threads read it under their lock, after a submit). */
-    for (unsigned i = 0; i < d->lane_count; i++) {
-        lane_t *l = &d->lanes[i];
-        l->peer_hw = calloc(d->lane_count, sizeof *l->peer_hw);
-        if (!l->peer_hw) {
-            snprintf(why, cap, "out of memory");
-            device_close(g, d);
-            return TALLY_E_INTERNAL;
-        }
-        for (unsigned k = 0; k < d->lane_count; k++)
-            l->peer_hw[k] = d->lanes[(i + k) % d->lane_count].hw;
-    }
-    return TALLY_OK;
 }
 
 td_err_t td_gpu_new(uv_loop_t *loop, td_gpu_engine_t *engine, const td_gpu_opts_t *opts,
@@ -843,6 +597,13 @@ td_err_t td_gpu_new(uv_loop_t *loop, td_gpu_engine_t *engine, const td_gpu_opts_
     }
     g->async.data = g;
     g->async_open = true;
+    if (uv_timer_init(loop, &g->recover_timer) != 0) {
+        snprintf(why, why_cap, "cannot create the recovery timer");
+        err = TD_ERR_LIBRARY;
+        goto fail;
+    }
+    g->recover_timer.data = g;
+    g->recover_timer_open = true;
     g->devices = calloc((size_t)count, sizeof *g->devices);
     if (!g->devices) {
         snprintf(why, why_cap, "out of memory");
@@ -851,7 +612,10 @@ td_err_t td_gpu_new(uv_loop_t *loop, td_gpu_engine_t *engine, const td_gpu_opts_
     for (int i = 0; i < count; i++) {
         char reason[256];
         device_t *d = &g->devices[g->device_count];
-        if (device_open(g, d, i, reason, sizeof reason) == TALLY_OK) {
+        atomic_init(&d->dead, false);
+        atomic_init(&d->context_lost, false);
+        atomic_init(&d->generation, 0);
+        if (td_gpu_device_open(g, d, i, reason, sizeof reason) == TD_GPU_OK) {
             g->device_count++;
             continue;
         }
@@ -878,6 +642,10 @@ void td_gpu_close(td_gpu_t *g)
     g->async_open = false;
     pthread_mutex_unlock(&g->done_lock);
     uv_close((uv_handle_t *)&g->async, NULL);
+    if (g->recover_timer_open) {
+        g->recover_timer_open = false;
+        uv_close((uv_handle_t *)&g->recover_timer, NULL);
+    }
 }
 
 void td_gpu_destroy(td_gpu_t **self_p)
@@ -885,11 +653,14 @@ void td_gpu_destroy(td_gpu_t **self_p)
     td_gpu_t *g = *self_p;
     if (!g)
         return;
+    td_gpu_recover_wait(g); /* a recovery's worker may still be opening lanes */
     for (unsigned i = 0; i < g->device_count; i++)
-        device_close(g, &g->devices[i]);
+        td_gpu_device_close(g, &g->devices[i]);
     free(g->devices);
     if (g->async_open) { /* only on a failed td_gpu_new: the loop never ran with it */
         uv_close((uv_handle_t *)&g->async, NULL);
+        if (g->recover_timer_open)
+            uv_close((uv_handle_t *)&g->recover_timer, NULL);
         uv_run(g->loop, UV_RUN_NOWAIT);
     }
     pthread_mutex_destroy(&g->done_lock);

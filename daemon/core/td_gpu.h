@@ -74,6 +74,13 @@ tally_status_t td_gpu_dev_import(td_gpu_t *self, const uint8_t *uuid, int fd, ui
                                  bool writable, const uint8_t *event, unsigned *gpu, void **import,
                                  void **ptr, char *why, size_t why_cap);
 void td_gpu_dev_release(td_gpu_t *self, unsigned gpu, void *import);
+/* Why references to a device region imported as `import` on device `gpu` cannot run: NULL when
+ * they can; "is unusable", or that the device was reset since (a recovery recreated its context:
+ * the region must be registered again). */
+const char *td_gpu_dev_unusable(const td_gpu_t *self, unsigned gpu, const void *import);
+/* The wire status of an engine outcome that reaches a client (the one mapping of td_gpu_err_t):
+ * TD_GPU_E_CLIENT is `bad_ref`, any other failure `internal`. */
+tally_status_t td_gpu_status(td_gpu_err_t err);
 /* "GPU-" and the 16 bytes in hex, 8-4-4-4-12 (nvidia-smi -L's form), at buf (>= 41 bytes). */
 void td_gpu_uuid_string(const uint8_t *uuid, char *buf, size_t cap);
 /* The usable devices' UUIDs, comma-separated, at buf (`info` gpu_uuids); their length. */

@@ -210,14 +210,10 @@ static bool create_stream(td_path_t *p, td_request_t *r, td_stream_t **out)
     return true;
 }
 
-static void dispatch(td_path_t *p, td_request_t *r)
+/* ping, info, stats, streams: answered here on the loop thread, at once. */
+static void answer_now(td_path_t *p, td_request_t *r)
 {
-    const tally_req_t *q = &r->req;
-    td_stream_t *stream = NULL;
-    switch (q->opcode) {
-    case TALLY_OP_PING:
-        td_request_succeed(r, TALLY_DTYPE_NONE, NULL, 0, 0);
-        break;
+    switch (r->req.opcode) {
     case TALLY_OP_INFO:
     case TALLY_OP_STATS:
         p->answer_here(p->owner, r);
@@ -225,25 +221,29 @@ static void dispatch(td_path_t *p, td_request_t *r)
     case TALLY_OP_STREAMS:
         td_op_streams(p->streams, r);
         break;
-    case TALLY_OP_QUERY:
-    case TALLY_OP_RESET:
-    case TALLY_OP_DELETE:
-        stream = td_streams_find(p->streams, q->stream, q->stream_len);
-        if (!stream) {
-            td_request_fail(r, TALLY_E_UNKNOWN_STREAM, "no stream named '%s'", q->stream);
-            break;
-        }
-        td_sched_arrived(p->sched, r, stream);
-        return;
-    default: /* filter, scan, hist; without a stream nothing to wait for */
-        if (q->stream_len != 0) {
-            stream = td_streams_find(p->streams, q->stream, q->stream_len);
-            if (!stream && !create_stream(p, r, &stream))
-                break;
-        }
+    default: /* TALLY_OP_PING */
+        td_request_succeed(r, TALLY_DTYPE_NONE, NULL, 0, 0);
+        break;
+    }
+}
+
+/* By the operation's row (tally_ops.h): a batch goes to the scheduler with its stream (made by
+ * its first batch), a query, reset or delete waits for its stream, the rest is answered now. */
+static void dispatch(td_path_t *p, td_request_t *r)
+{
+    const tally_req_t *q = &r->req;
+    const tally_op_info_t *op = tally_op_info(q->opcode);
+    td_stream_t *stream =
+        q->stream_len ? td_streams_find(p->streams, q->stream, q->stream_len) : NULL;
+    if ((op->batch && (stream || !q->stream_len || create_stream(p, r, &stream))) ||
+        (!op->batch && stream)) {
         td_sched_arrived(p->sched, r, stream);
         return;
     }
+    if (!op->batch && op->stream == TALLY_STREAM_REQUIRED)
+        td_request_fail(r, TALLY_E_UNKNOWN_STREAM, "no stream named '%s'", q->stream);
+    else if (!op->batch)
+        answer_now(p, r);
     reply(p, r);
 }
 

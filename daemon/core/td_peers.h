@@ -105,7 +105,7 @@ uint64_t td_peer_limited(const td_peer_t *user);
  * td_reply_meter_hold and _release take and drop a reference from any thread; the last release
  * frees it. */
 typedef struct td_reply_meter {
-    _Atomic uint64_t held; /* reply bytes inside ZeroMQ */
+    _Atomic uint64_t held; /* reply bytes held by the transport (inside ZeroMQ) */
     _Atomic unsigned refs;
 } td_reply_meter_t;
 td_reply_meter_t *td_peer_meter(td_peer_t *conn);

@@ -177,7 +177,8 @@ void td_request_scan_result(td_request_t *self, void *out, int64_t carry)
 
 bool td_op_is_compute(uint8_t opcode)
 {
-    return opcode == TALLY_OP_FILTER || opcode == TALLY_OP_SCAN || opcode == TALLY_OP_HIST;
+    const tally_op_info_t *row = tally_op_info(opcode);
+    return row != NULL && row->batch;
 }
 
 size_t td_request_elements(const td_request_t *self)
@@ -197,31 +198,43 @@ static void describe_hist(char *buf, size_t cap, uint8_t dtype, int64_t lo, int6
         snprintf(buf, cap, "%s", name ? name : "?");
 }
 
+/* A scan continues from its stream's carry. */
+static bool prepare_scan(td_request_t *self, td_stream_t *stream)
+{
+    self->carry = stream->info.scan_carry;
+    return true;
+}
+
+/* A stream keeps one histogram type and range, fixed by its first hist. */
+static bool prepare_hist(td_request_t *self, td_stream_t *stream)
+{
+    const td_stream_info_t *info = &stream->info;
+    if (info->hist_dtype == TALLY_DTYPE_NONE)
+        return true;
+    bool same = info->hist_dtype == self->req.dtype &&
+                (!tally_hist_ranged(self->req.dtype) ||
+                 (info->hist_lo == self->req.lo && info->hist_hi == self->req.hi));
+    if (!same) {
+        char have[64], want[64];
+        describe_hist(have, sizeof have, info->hist_dtype, info->hist_lo, info->hist_hi);
+        describe_hist(want, sizeof want, self->req.dtype, self->req.lo, self->req.hi);
+        td_request_fail(self, TALLY_E_STREAM_STATE,
+                        "stream '%s' keeps a %s histogram, this request is %s: delete the "
+                        "stream first",
+                        stream->name, have, want);
+        return false;
+    }
+    return true;
+}
+
 bool td_request_prepare(td_request_t *self)
 {
     td_stream_t *stream = self->stream;
+    const td_op_exec_t *exec = td_op_exec(self->req.opcode);
     self->carry = 0;
-    if (!stream)
+    if (!stream || !exec || !exec->prepare)
         return true;
-    if (self->req.opcode == TALLY_OP_SCAN)
-        self->carry = stream->info.scan_carry;
-    if (self->req.opcode == TALLY_OP_HIST && stream->info.hist_dtype != TALLY_DTYPE_NONE) {
-        const td_stream_info_t *info = &stream->info;
-        bool same = info->hist_dtype == self->req.dtype &&
-                    (!tally_hist_ranged(self->req.dtype) ||
-                     (info->hist_lo == self->req.lo && info->hist_hi == self->req.hi));
-        if (!same) {
-            char have[64], want[64];
-            describe_hist(have, sizeof have, info->hist_dtype, info->hist_lo, info->hist_hi);
-            describe_hist(want, sizeof want, self->req.dtype, self->req.lo, self->req.hi);
-            td_request_fail(self, TALLY_E_STREAM_STATE,
-                            "stream '%s' keeps a %s histogram, this request is %s: delete the "
-                            "stream first",
-                            stream->name, have, want);
-            return false;
-        }
-    }
-    return true;
+    return exec->prepare(self, stream);
 }
 
 /* ---- sequence numbers ------------------------------------------------------------------ */
@@ -357,23 +370,42 @@ void td_request_hist_result(td_request_t *self)
     self->rep.aux0 = td_request_elements(self);
 }
 
+void td_request_minmax_result(td_request_t *self, int64_t min, int64_t max)
+{
+    size_t n = td_request_elements(self), esize = tally_dtype_size((tally_dtype_t)self->req.dtype);
+    if (n == 0) { /* no element: no smallest or largest, a reply of count 0 */
+        td_request_succeed(self, self->req.dtype, NULL, 0, 0);
+        self->rep.aux0 = 0;
+        return;
+    }
+    uint8_t *out = malloc(2 * esize);
+    if (!out) {
+        td_request_fail(self, TALLY_E_INTERNAL, "out of memory for a minmax reply");
+        return;
+    }
+    td_request_succeed(self, self->req.dtype, out,
+                       tally_minmax_encode(self->req.dtype, min, max, out), 2);
+    self->rep.aux0 = n;
+}
+
+static void execute_minmax(td_request_t *self, tk_backend_t *backend, size_t n)
+{
+    int64_t min = TK_MINMAX_EMPTY_MIN, max = TK_MINMAX_EMPTY_MAX;
+    tally_status_t st =
+        backend->minmax(backend->ctx, (tally_dtype_t)self->req.dtype, self->payload, n, &min, &max);
+    if (backend_ok(self, backend, st, NULL, "minmax"))
+        td_request_minmax_result(self, min, max);
+}
+
 void td_request_execute(td_request_t *self, tk_backend_t *backend)
 {
-    size_t n = td_request_elements(self);
-    switch (self->req.opcode) {
-    case TALLY_OP_FILTER:
-        execute_filter(self, backend, n);
-        break;
-    case TALLY_OP_SCAN:
-        execute_scan(self, backend, n);
-        break;
-    case TALLY_OP_HIST:
-        execute_hist(self, backend, n);
-        break;
-    default:
+    const td_op_exec_t *exec = td_op_exec(self->req.opcode);
+    if (!exec) {
         td_request_fail(self, TALLY_E_INTERNAL, "opcode %u is not a compute operation",
                         self->req.opcode);
+        return;
     }
+    exec->execute(self, backend, td_request_elements(self));
 }
 
 /* ---- apply ----------------------------------------------------------------------------- */
@@ -391,6 +423,39 @@ static bool apply_hist(td_request_t *self, td_stream_t *stream, size_t n)
     return st == TALLY_OK;
 }
 
+static bool apply_filter(td_request_t *self, td_stream_t *stream, size_t n)
+{
+    stream->info.filter_seen += n;
+    stream->info.filter_kept += self->kept;
+    return true;
+}
+
+static bool apply_scan(td_request_t *self, td_stream_t *stream, size_t n)
+{
+    stream->info.scan_carry = self->carry;
+    stream->info.scan_elements += n;
+    return true;
+}
+
+/* ---- the daemon's table ------------------------------------------------------------------ */
+
+/* What tallyd adds to proto/'s row of each operation that takes a batch (tally_ops.c): its
+ * executors. The GPU engines' kernels are per-op code in daemon/gpu/ (td_gpu_sim.c,
+ * td_gpu_cuda.c), behind td_gpu_job_t. */
+static const td_op_exec_t op_exec[TALLY_OP_COUNT] = {
+    [TALLY_OP_FILTER] = {NULL, execute_filter, apply_filter, TD_GPU_MIN_BATCH_FILTER},
+    [TALLY_OP_SCAN] = {prepare_scan, execute_scan, apply_scan, TD_GPU_MIN_BATCH_SCAN},
+    [TALLY_OP_HIST] = {prepare_hist, execute_hist, apply_hist, TD_GPU_MIN_BATCH_HIST},
+    /* minmax takes no stream: nothing to prepare or apply; its reply is two values, like a
+     * hist's counts built on the host, so its threshold is the hist's. */
+    [TALLY_OP_MINMAX] = {NULL, execute_minmax, NULL, TD_GPU_MIN_BATCH_HIST},
+};
+
+const td_op_exec_t *td_op_exec(uint8_t opcode)
+{
+    return opcode < TALLY_OP_COUNT && op_exec[opcode].execute ? &op_exec[opcode] : NULL;
+}
+
 bool td_request_apply(td_request_t *self)
 {
     td_stream_t *stream = self->stream;
@@ -406,26 +471,17 @@ bool td_request_apply(td_request_t *self)
         return false;
     }
     size_t n = td_request_elements(self);
-    if (self->req.opcode == TALLY_OP_HIST && !apply_hist(self, stream, n))
-        return false; /* the one step that can refuse: first, before anything changes */
+    const td_op_exec_t *exec = td_op_exec(self->req.opcode);
+    /* The op's own step first: the one that can refuse (a hist the budget refuses) does so
+     * before anything changes. */
+    if (exec && exec->apply && !exec->apply(self, stream, n))
+        return false;
     if (seq != 0)
         info->last_seq = seq;
     td_stream_changed(stream);
     info->batches++;
     info->elements += n;
     info->bytes += self->payload_len;
-    switch (self->req.opcode) {
-    case TALLY_OP_FILTER:
-        info->filter_seen += n;
-        info->filter_kept += self->kept;
-        break;
-    case TALLY_OP_SCAN:
-        info->scan_carry = self->carry;
-        info->scan_elements += n;
-        break;
-    default:
-        break;
-    }
     return true;
 }
 

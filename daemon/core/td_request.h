@@ -24,8 +24,10 @@
 
 #include "td_shm.h"
 #include "td_stream.h"
+#include "tally_ops.h"
 #include "td_transport.h"
 #include "tally_proto.h"
+#include "td_config.h"
 #include "tk_backend.h"
 
 #define TD_IDENTITY_MAX 256
@@ -146,6 +148,8 @@ void td_request_drop_reply(td_request_t *self);
 void td_request_filter_result(td_request_t *self, void *out, uint64_t kept);
 void td_request_scan_result(td_request_t *self, void *out, int64_t carry);
 void td_request_hist_result(td_request_t *self);
+/* A minmax batch's min and max (TK_MINMAX_EMPTY_* for an empty batch: a reply without values). */
+void td_request_minmax_result(td_request_t *self, int64_t min, int64_t max);
 
 /* Loop thread, before execute: reads the stream's state. Fails the request (returns false)
  * when it conflicts with the stream (a histogram of another type or range). */
@@ -168,8 +172,28 @@ void td_request_execute(td_request_t *self, tk_backend_t *backend);
  * the request succeeded (applied to its stream, if it has one), false when it failed. */
 bool td_request_apply(td_request_t *self);
 
-/* Compute operations run on a backend; the rest are answered on the loop thread. */
+/* Compute operations (proto/'s rows with a batch) run on a backend; the rest are answered on
+ * the loop thread. */
 bool td_op_is_compute(uint8_t opcode);
+
+/* The daemon's row for an operation with a batch, beside proto/'s (tally_ops.h): how the CPU
+ * runs it and how its result meets its stream. One row per opcode in td_request.c. */
+typedef struct {
+    /* Loop thread, with a stream: reads the state the computation needs (a scan's carry);
+     * false, the request failed, when the request conflicts with it. NULL: reads nothing. */
+    bool (*prepare)(td_request_t *self, td_stream_t *stream);
+    /* Any thread: runs the batch of n elements on a CPU backend and builds the reply. */
+    void (*execute)(td_request_t *self, tk_backend_t *backend, size_t n);
+    /* Loop thread, with a stream, after success: the op's own part of the stream's state;
+     * false, the request failed and nothing changed, when the stream refuses it. NULL: only
+     * the counters every batch adds (batches, elements, bytes, seq). */
+    bool (*apply)(td_request_t *self, td_stream_t *stream, size_t n);
+    /* Auto mode: the smallest batch worth a GPU (td_config.h has the measurements). */
+    size_t gpu_min_batch;
+} td_op_exec_t;
+
+/* The row of opcode, NULL for an operation without a batch. */
+const td_op_exec_t *td_op_exec(uint8_t opcode);
 /* Number of elements in the payload. */
 size_t td_request_elements(const td_request_t *self);
 

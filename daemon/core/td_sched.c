@@ -151,17 +151,11 @@ static size_t gpu_min_batch(const td_sched_t *s, const td_request_t *r)
     if (s->cfg->gpu_min_batch)
         return s->cfg->gpu_min_batch;
     bool direct_in = td_shm_region_direct(r->shm_in);
-    bool direct_out = r->req.opcode == TALLY_OP_HIST || td_shm_region_direct(r->shm_out);
+    bool direct_out = !tally_op_has_output(r->req.opcode) || td_shm_region_direct(r->shm_out);
     if (direct_in && direct_out)
         return TD_GPU_MIN_BATCH_SHM;
-    switch (r->req.opcode) {
-    case TALLY_OP_HIST:
-        return TD_GPU_MIN_BATCH_HIST;
-    case TALLY_OP_FILTER:
-        return TD_GPU_MIN_BATCH_FILTER;
-    default:
-        return TD_GPU_MIN_BATCH_SCAN;
-    }
+    const td_op_exec_t *exec = td_op_exec(r->req.opcode);
+    return exec ? exec->gpu_min_batch : SIZE_MAX;
 }
 
 /* The fewest pieces r splits into so that each fits the device buffers; 0 when it cannot be
@@ -184,11 +178,13 @@ static unsigned split_min_pieces(const td_sched_t *s, const td_request_t *r)
     return pieces <= TD_GPU_SPLIT_MAX_PIECES ? (unsigned)pieces : 0;
 }
 
-/* A request whose input is a device region: *gpu is the device that holds it. */
+/* A request whose input or output is a device region: *gpu is the device that holds it (the
+ * input's when both are; submit refuses regions on two GPUs). */
 static bool device_ref(const td_request_t *r, unsigned *gpu)
 {
     void *import;
-    return td_shm_region_device(r->shm_in, gpu, &import);
+    return td_shm_region_device(r->shm_in, gpu, &import) ||
+           td_shm_region_device(r->shm_out, gpu, &import);
 }
 
 static bool wants_gpu(const td_sched_t *s, const td_request_t *r)
@@ -484,15 +480,36 @@ static void dispatch(td_sched_t *s)
 /* An admitted compute request (prepared): a tiny CPU batch runs at once on the loop thread;
  * any other waits in its peer's queue for its class (CPU workers, or GPU lanes) and starts in
  * turn. It counts in its stream's inflight from now. */
-static void submit(td_sched_t *s, td_request_t *r, record_t *rec)
+/* What a GPU cannot run by device reference (PROTOCOL.md §10 "Device memory"): a filter or scan
+ * above its buffers (the kernels' scratch, and the output when it comes back in the reply), and
+ * input and output device regions on two GPUs. False when r may go on. */
+static bool device_ref_refused(const td_sched_t *s, td_request_t *r)
 {
-    unsigned dev;
-    if (device_ref(r, &dev) && r->req.opcode != TALLY_OP_HIST &&
-        r->payload_len > s->machine.gpu_buffer_bytes) { /* its output must fit the GPU's buffers */
+    unsigned in_gpu, out_gpu;
+    void *import;
+    if (!device_ref(r, &in_gpu))
+        return false;
+    if (tally_op_has_output(r->req.opcode) && r->payload_len > s->machine.gpu_buffer_bytes) {
         td_request_fail(r, TALLY_E_TOO_LARGE,
                         "a filter or scan by device reference is limited to %zu bytes (the GPU's "
                         "buffers)",
                         s->machine.gpu_buffer_bytes);
+        return true;
+    }
+    if (td_shm_region_device(r->shm_in, &in_gpu, &import) &&
+        td_shm_region_device(r->shm_out, &out_gpu, &import) && in_gpu != out_gpu) {
+        td_request_fail(r, TALLY_E_BAD_REF,
+                        "the input region is on GPU %u and the output region on GPU %u: both "
+                        "must be on one GPU",
+                        in_gpu, out_gpu);
+        return true;
+    }
+    return false;
+}
+
+static void submit(td_sched_t *s, td_request_t *r, record_t *rec)
+{
+    if (device_ref_refused(s, r)) {
         if (rec && rec->inflight > 0) /* answered in its stream's turn, as a refusal */
             td_request_queue_push(&rec->failed, r);
         else
@@ -545,7 +562,7 @@ static bool may_start(const td_sched_t *s, const record_t *rec, const td_request
         return false;
     if (!wants_gpu(s, r) || !s->machine.device_usable(s->machine.ctx, rec->device))
         return false;
-    unsigned gpu; /* pipelined only on the GPU holding its input: else after the stream drains */
+    unsigned gpu; /* pipelined only on the GPU holding its regions: else after the stream drains */
     if (device_ref(r, &gpu) && gpu != rec->device)
         return false;
     /* The type check of a stream's first histogram needs the earlier requests applied. */
@@ -651,7 +668,7 @@ static bool rerun_on_cpu(td_sched_t *s, td_request_t *r, record_t *rec)
     if (!r->gpu_failed && !behind_failure)
         return false;
     unsigned gpu;
-    if (device_ref(r, &gpu)) { /* its input is on the GPU: the CPU cannot read it */
+    if (device_ref(r, &gpu)) { /* its input or output is on the GPU: the CPU cannot reach it */
         s->metrics->backend_fallbacks++;
         td_warn("request %" PRIu64 " on device region of GPU %u failed on the GPU: answered "
                 "internal",
@@ -706,8 +723,11 @@ void td_sched_finished(td_sched_t *s, td_request_t *r)
             dispatch(s);
             return;
         }
-        td_metrics_count_gpu_request(s->metrics,
-                                     s->machine.device_ordinal(s->machine.ctx, r->where.device));
+        int ordinal = s->machine.device_ordinal(s->machine.ctx, r->where.device);
+        unsigned holder;
+        td_metrics_count_gpu_request(s->metrics, ordinal);
+        if (device_ref(r, &holder))
+            td_metrics_count_region_request(s->metrics, ordinal, holder != r->where.device);
     }
     if (rec) {
         rec->inflight--;

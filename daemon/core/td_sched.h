@@ -107,7 +107,7 @@ void td_sched_destroy(td_sched_t **self_p);
 
 /* A message was read (it counts until td_sched_answered). */
 void td_sched_received(td_sched_t *self);
-/* Its reply was handed to ZeroMQ or dropped. */
+/* Its reply was handed to its transport (td_transport.h). */
 void td_sched_answered(td_sched_t *self);
 /* Under max_inflight; always while stopping (every message is answered at once then). */
 bool td_sched_may_read(const td_sched_t *self);

@@ -41,12 +41,14 @@ typedef struct {
      * "a GPU is needed"). dev_import imports fd (an exported allocation of `size` bytes) on the
      * usable GPU with `uuid`: TALLY_OK with *gpu (the pipeline's device number), *import and
      * *ptr (the device address), the import owning fd; else a status and why, fd the caller's.
-     * dev_release undoes it and closes fd; dev_usable says whether *gpu still is. */
+     * dev_release undoes it and closes fd; dev_unusable says why references to the region
+     * cannot run on *gpu any more (NULL when they can): "is unusable", or that the GPU was reset
+     * since the import (td_gpu_dev_unusable). */
     tally_status_t (*dev_import)(void *ctx, const uint8_t *uuid, int fd, uint64_t size,
                                  bool writable, const uint8_t *event, unsigned *gpu, void **import,
                                  void **ptr, char *why, size_t why_cap);
     void (*dev_release)(void *ctx, unsigned gpu, void *import);
-    bool (*dev_usable)(void *ctx, unsigned gpu);
+    const char *(*dev_unusable)(void *ctx, unsigned gpu, const void *import);
     void *ctx;
 } td_shm_env_t;
 

@@ -32,7 +32,8 @@ void td_shm_region_free(td_shm_t *shm, td_shm_region_t *region)
     if (region->device) { /* unmapped on its GPU, and its descriptor closed, only now */
         shm->device_count--;
         shm->device_bytes -= region->size;
-        shm->env.dev_release(shm->env.ctx, region->gpu, region->import);
+        if (region->import) /* NULL: its import was refused */
+            shm->env.dev_release(shm->env.ctx, region->gpu, region->import);
         td_debug("shm: device region %016" PRIx64 " released (%zu bytes)", region->handle,
                  region->size);
         free(region);
@@ -144,6 +145,13 @@ tally_status_t td_shm_resolve(td_shm_t *shm, const uint8_t *id, size_t id_len, u
         return TALLY_E_BAD_REF;
     }
     td_shm_region_t *r = td_shm_find_region(shm, handle);
+    if (!r && (handle & TALLY_SHM_DEVICE_HANDLE_BIT) && !shm->env.dev_import) {
+        snprintf(msg, msg_cap,
+                 "%s handle %016" PRIx64 " names a device region: a GPU is needed for device "
+                 "regions (this tallyd runs the CPU backend)",
+                 what, handle);
+        return TALLY_E_BAD_REF;
+    }
     if (!r || r->id_len != id_len || memcmp(r->id, id, id_len) != 0) {
         snprintf(msg, msg_cap, "%s handle %016" PRIx64 " is not a region registered by this peer",
                  what, handle);
@@ -160,12 +168,11 @@ tally_status_t td_shm_resolve(td_shm_t *shm, const uint8_t *id, size_t id_len, u
                  r->device ? "registered without DEV_OUTPUT" : "write-sealed memfd");
         return TALLY_E_BAD_REF;
     }
-    if (r->device && output) { /* PROTOCOL.md §10: not in this version */
-        snprintf(msg, msg_cap, "output to a device region is not supported yet");
-        return TALLY_E_BAD_REF;
-    }
-    if (r->device && shm->env.dev_usable && !shm->env.dev_usable(shm->env.ctx, r->gpu)) {
-        snprintf(msg, msg_cap, "the GPU holding region %016" PRIx64 " is unusable", handle);
+    const char *unusable = r->device && shm->env.dev_unusable
+                               ? shm->env.dev_unusable(shm->env.ctx, r->gpu, r->import)
+                               : NULL;
+    if (unusable) {
+        snprintf(msg, msg_cap, "the GPU holding region %016" PRIx64 " %s", handle, unusable);
         return TALLY_E_BAD_REF;
     }
     r->refs++;

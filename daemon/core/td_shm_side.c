@@ -273,10 +273,73 @@ static bool do_register(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_msg_t *
     return answer_registered(c, r);
 }
 
+/* A device region's import on a worker (PROTOCOL.md §10 "Device memory"): what the worker
+ * needs from the message, and what it gives back. */
+typedef struct {
+    uv_work_t work;
+    td_shm_region_t *region; /* counted in the quotas, not findable (registering) until done */
+    int fd;
+    uint8_t uuid[TALLY_GPU_UUID_SIZE];
+    const uint8_t *event; /* NULL, or event_bytes */
+    uint8_t event_bytes[TALLY_GPU_EVENT_SIZE];
+    tally_status_t status;
+    char why[TALLY_ERROR_MESSAGE_MAX + 1];
+} dev_import_work_t;
+
+/* A worker thread: the import takes about a millisecond on an H200 (issue 23's probe), more on a
+ * busy driver, and a driver call may block on the device: never on the loop thread, where it
+ * would hold every request of every peer. */
+static void dev_import_work(uv_work_t *work)
+{
+    dev_import_work_t *w = work->data;
+    td_shm_region_t *r = w->region;
+    td_shm_t *shm = r->shm;
+    void *ptr = NULL;
+    w->status = shm->env.dev_import(shm->env.ctx, w->uuid, w->fd, r->size, r->writable, w->event,
+                                    &r->gpu, &r->import, &ptr, w->why, sizeof w->why);
+    if (w->status == TALLY_OK)
+        r->base = ptr;
+}
+
+/* Loop thread: the import is done. Imported, the region becomes visible and the descriptor
+ * belongs to the import (closed at release); refused, the descriptor is closed before the
+ * answer and the region leaves the quotas. A connection that closed meanwhile already dropped
+ * its reference: this drops the worker's, which releases the import again. */
+static void dev_import_after(uv_work_t *work, int status)
+{
+    (void)status;
+    dev_import_work_t *w = work->data;
+    td_shm_region_t *r = w->region;
+    td_shm_conn_t *c = r->conn;
+    r->registering = false;
+    if (w->status != TALLY_OK) {
+        close(w->fd);
+        r->import = NULL; /* nothing to release */
+        if (c)
+            td_shm_region_detach(r); /* the connection's reference; the worker's follows */
+    } else if (c) {
+        td_info("shm: pid %d uid %u registered device region %016" PRIx64
+                " (%zu bytes on GPU %u%s%s)",
+                (int)c->cred.pid, (unsigned)c->cred.uid, r->handle, r->size, r->gpu,
+                r->writable ? ", read-write" : "", w->event ? ", with an IPC event" : "");
+    }
+    if (c) {
+        c->registering = false;
+        bool ok = w->status == TALLY_OK
+                      ? answer(c, TALLY_SHM_OP_REGISTER_DEVICE, TALLY_OK, r->handle, r->size, NULL)
+                      : answer(c, TALLY_SHM_OP_REGISTER_DEVICE, w->status, 0, 0, "%s", w->why);
+        if (!ok || !watch_conn(c))
+            td_shm_conn_close(r->shm, c);
+    }
+    td_shm_region_put(&r);
+    free(w);
+}
+
 /* Registers a device region (PROTOCOL.md §10 "Device memory"): fd is imported on the GPU with
- * the message's UUID and then belongs to the import, which closes it at the region's release
- * (the memory lives while tallyd holds it); refused, fd is closed before the answer. The import
- * runs on the loop thread: once per region, ~1.2 ms on an H200 (issue 23), nothing per request. */
+ * the message's UUID, on a worker (dev_import_work), and then belongs to the import, which
+ * closes it at the region's release (the memory lives while tallyd holds it); refused, fd is
+ * closed before the answer. The region counts in the quotas from here, so registrations running
+ * at once cannot pass them together. */
 static bool do_register_device(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_msg_t *m, int fd)
 {
     bool ok = true;
@@ -289,28 +352,36 @@ static bool do_register_device(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_
         close(fd);
         return ok;
     }
-    char why[TALLY_ERROR_MESSAGE_MAX + 1] = "";
+    dev_import_work_t *w = calloc(1, sizeof *w);
     bool writable = (m->dev_flags & TALLY_SHM_DEV_OUTPUT) != 0;
-    const uint8_t *event = (m->dev_flags & TALLY_SHM_DEV_EVENT) ? m->event : NULL;
-    unsigned gpu = 0;
-    void *import = NULL, *ptr = NULL;
-    tally_status_t st = shm->env.dev_import(shm->env.ctx, m->gpu_uuid, fd, m->dev_size, writable,
-                                            event, &gpu, &import, &ptr, why, sizeof why);
-    if (st != TALLY_OK) {
-        close(fd);
-        return answer(c, m->op, st, 0, 0, "%s", why);
-    }
-    td_shm_region_t *r = td_shm_region_add(shm, c, m, ptr, (size_t)m->dev_size, writable, true);
+    td_shm_region_t *r =
+        w ? td_shm_region_add(shm, c, m, NULL, (size_t)m->dev_size, writable, true) : NULL;
     if (!r) {
-        shm->env.dev_release(shm->env.ctx, gpu, import);
+        free(w);
+        close(fd);
         return answer(c, m->op, TALLY_E_INTERNAL, 0, 0, "out of memory");
     }
-    r->gpu = gpu;
-    r->import = import;
-    td_info("shm: pid %d uid %u registered device region %016" PRIx64 " (%zu bytes on GPU %u%s%s)",
-            (int)c->cred.pid, (unsigned)c->cred.uid, r->handle, r->size, gpu,
-            writable ? ", read-write" : "", event ? ", with an IPC event" : "");
-    return answer(c, m->op, TALLY_OK, r->handle, r->size, NULL);
+    w->work.data = w;
+    w->region = r;
+    w->fd = fd;
+    memcpy(w->uuid, m->gpu_uuid, sizeof w->uuid);
+    if (m->dev_flags & TALLY_SHM_DEV_EVENT) {
+        memcpy(w->event_bytes, m->event, sizeof w->event_bytes);
+        w->event = w->event_bytes;
+    }
+    r->registering = true;
+    r->refs++; /* the worker's, until dev_import_after */
+    if (uv_queue_work(shm->env.loop, &w->work, dev_import_work, dev_import_after) != 0) {
+        r->registering = false;
+        r->refs--;
+        td_shm_region_detach(r);
+        free(w);
+        close(fd);
+        return answer(c, m->op, TALLY_E_INTERNAL, 0, 0, "cannot queue the import");
+    }
+    c->registering = true;
+    uv_poll_stop(&c->poll); /* one message at a time per connection: answers stay in order */
+    return true;
 }
 
 static bool do_release(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_msg_t *m)

@@ -40,14 +40,18 @@ td_window_t *td_window_new(unsigned intervals, uint32_t interval_ms, unsigned ch
 {
     if (intervals == 0 || interval_ms == 0 || channels == 0 || channels > TALLY_HIST_CHANNELS_MAX)
         return NULL;
-    td_window_t *w = calloc(1, sizeof *w);
-    if (!w)
-        return NULL;
-    w->intervals = intervals;
-    w->interval_ms = interval_ms;
-    w->channels = channels;
-    w->bytes = sizeof *w;
+    td_window_t *w = malloc(sizeof *w);
+    if (w) /* no slot yet: they come with the first batch */
+        *w = (td_window_t){.intervals = intervals,
+                           .interval_ms = interval_ms,
+                           .channels = channels,
+                           .bytes = sizeof *w};
     return w;
+}
+
+uint32_t td_window_interval_ms(const td_window_t *w)
+{
+    return w->interval_ms;
 }
 
 void td_window_clear(td_window_t *w)
@@ -60,6 +64,11 @@ void td_window_clear(td_window_t *w)
     w->bytes = sizeof *w;
 }
 
+size_t td_window_bytes(const td_window_t *w)
+{
+    return w->bytes;
+}
+
 void td_window_destroy(td_window_t **self_p)
 {
     td_window_t *w = *self_p;
@@ -68,26 +77,6 @@ void td_window_destroy(td_window_t **self_p)
     td_window_clear(w);
     free(w);
     *self_p = NULL;
-}
-
-unsigned td_window_intervals(const td_window_t *w)
-{
-    return w->intervals;
-}
-
-uint32_t td_window_interval_ms(const td_window_t *w)
-{
-    return w->interval_ms;
-}
-
-unsigned td_window_slots(const td_window_t *w)
-{
-    return w->count;
-}
-
-size_t td_window_bytes(const td_window_t *w)
-{
-    return w->bytes;
 }
 
 static size_t values_of(const td_window_t *w)
@@ -105,6 +94,11 @@ static long find(const td_window_t *w, uint64_t interval)
             break;
     }
     return -1;
+}
+
+unsigned td_window_slots(const td_window_t *w)
+{
+    return w->count;
 }
 
 static bool expired(const td_window_t *w, uint64_t interval, uint64_t now)

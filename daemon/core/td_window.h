@@ -60,7 +60,6 @@ typedef struct {
 td_window_t *td_window_new(unsigned intervals, uint32_t interval_ms, unsigned channels);
 void td_window_destroy(td_window_t **self_p);
 
-unsigned td_window_intervals(const td_window_t *self);
 uint32_t td_window_interval_ms(const td_window_t *self);
 /* Slots held (intervals with data, not yet freed). */
 unsigned td_window_slots(const td_window_t *self);

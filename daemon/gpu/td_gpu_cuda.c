@@ -2,7 +2,7 @@
 /*
  * td_gpu_cuda.c — the CUDA engine of the GPU pipeline (see td_gpu_engine.h), on the one layer
  * of CUDA host code in kernels/cuda (tk_cuda.h: the kernels, tk_cuda_buffers_t, the error and
- * setup helpers the synchronous backend uses too).
+ * setup helpers; tests/test_cuda_backend.c runs the kernels through this engine too).
  *
  * A lane is one non-blocking CUDA stream (its work runs in lane order) with one set of device
  * buffers (tk_cuda_buffers_t: input, output, kernel scratch, small results; and the carries
@@ -129,7 +129,7 @@ static bool open_staging(cuda_lane_t *l, size_t max_batch, char *why, size_t why
     return true;
 }
 
-static tally_status_t cuda_lane_open(void *ctx, int device, size_t max_batch, unsigned slots,
+static td_gpu_err_t cuda_lane_open(void *ctx, int device, size_t max_batch, unsigned slots,
                                      unsigned carries, void **lane, td_gpu_staging_t *staging,
                                      uint64_t *device_bytes, char *why, size_t why_cap)
 {
@@ -138,7 +138,7 @@ static tally_status_t cuda_lane_open(void *ctx, int device, size_t max_batch, un
     cuda_lane_t *l = calloc(1, sizeof *l);
     if (!l) {
         snprintf(why, why_cap, "CUDA device %d: calloc failed: out of memory", device);
-        return TALLY_E_BACKEND;
+        return TD_GPU_E_DEVICE;
     }
     l->max_batch = max_batch;
     l->slots = slots;
@@ -153,16 +153,16 @@ static tally_status_t cuda_lane_open(void *ctx, int device, size_t max_batch, un
                             why, why_cap) ||
         !open_events(l, why, why_cap) || !open_staging(l, max_batch, why, why_cap)) {
         cuda_lane_close(l);
-        return TALLY_E_BACKEND;
+        return TD_GPU_E_DEVICE;
     }
     *device_bytes = l->dev.device_bytes + carry_bytes;
     *lane = l;
-    return TALLY_OK;
+    return TD_GPU_OK;
 }
 
-static tally_status_t cuda_lane_bind(void *lane)
+static td_gpu_err_t cuda_lane_bind(void *lane)
 {
-    return tk_cuda_status(cudaSetDevice(((cuda_lane_t *)lane)->dev.device));
+    return td_gpu_err_from_tk(tk_cuda_status(cudaSetDevice(((cuda_lane_t *)lane)->dev.device)));
 }
 
 /* ---- device regions (PROTOCOL.md §10 "Device memory") ------------------------------------ */
@@ -195,16 +195,16 @@ static void cu_load(void)
     cu_ok = td_cu_driver_load(&cu);
 }
 
-static tally_status_t cuda_device_uuid(void *ctx, int device, uint8_t uuid[TALLY_GPU_UUID_SIZE])
+static td_gpu_err_t cuda_device_uuid(void *ctx, int device, uint8_t uuid[TALLY_GPU_UUID_SIZE])
 {
     (void)ctx;
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
         (void)cudaGetLastError();
-        return TALLY_E_BACKEND;
+        return TD_GPU_E_DEVICE;
     }
     memcpy(uuid, prop.uuid.bytes, TALLY_GPU_UUID_SIZE);
-    return TALLY_OK;
+    return TD_GPU_OK;
 }
 
 /* Undoes what an import got to (its descriptor stays open: the caller's or release's). */
@@ -223,21 +223,21 @@ static void import_undo(cuda_import_t *im)
 
 /* Maps the imported handle at a reserved range and gives the device access: read-only for an
  * input region, so a kernel that writes to it faults instead of changing the producer's data. */
-static tally_status_t import_map(cuda_import_t *im, bool writable, char *why, size_t why_cap)
+static td_gpu_err_t import_map(cuda_import_t *im, bool writable, char *why, size_t why_cap)
 {
     /* A size that is no multiple of the granularity fails here, another wrong one at cuMemMap:
      * either way the client's (running out of addresses in 2^47 bytes is not plausible). */
     if (cu.address_reserve(&im->ptr, im->size, 0, 0, 0) != CUDA_SUCCESS) {
         snprintf(why, why_cap, "size %zu is not the allocation's size (no such address range)",
                  im->size);
-        return TALLY_E_BAD_REF;
+        return TD_GPU_E_CLIENT;
     }
     im->reserved = true;
     CUresult rc = cu.mem_map(im->ptr, im->size, 0, im->handle, 0);
     if (rc != CUDA_SUCCESS) { /* NOT_SUPPORTED: any size but the whole allocation's */
         snprintf(why, why_cap, "size %zu is not the allocation's size (cuMemMap: %d)", im->size,
                  (int)rc);
-        return TALLY_E_BAD_REF;
+        return TD_GPU_E_CLIENT;
     }
     im->mapped = true;
     CUmemAccessDesc access = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = im->device},
@@ -245,13 +245,13 @@ static tally_status_t import_map(cuda_import_t *im, bool writable, char *why, si
                                                 : CU_MEM_ACCESS_FLAGS_PROT_READ};
     if (cu.set_access(im->ptr, im->size, &access, 1) != CUDA_SUCCESS) {
         snprintf(why, why_cap, "cannot give GPU %d access to the allocation", im->device);
-        return TALLY_E_BACKEND;
+        return TD_GPU_E_DEVICE;
     }
-    return TALLY_OK;
+    return TD_GPU_OK;
 }
 
 /* Opens the producer's IPC event with the device current (see cuda_import_t). */
-static tally_status_t import_event(cuda_import_t *im, const uint8_t *event, char *why,
+static td_gpu_err_t import_event(cuda_import_t *im, const uint8_t *event, char *why,
                                    size_t why_cap)
 {
     cudaIpcEventHandle_t h;
@@ -260,21 +260,21 @@ static tally_status_t import_event(cuda_import_t *im, const uint8_t *event, char
         (void)cudaGetLastError();
         im->event = NULL;
         snprintf(why, why_cap, "the IPC event does not open");
-        return TALLY_E_BAD_REF;
+        return TD_GPU_E_CLIENT;
     }
-    return TALLY_OK;
+    return TD_GPU_OK;
 }
 
-static tally_status_t cuda_dev_import(void *ctx, int device, int fd, uint64_t size, bool writable,
+static td_gpu_err_t cuda_dev_import(void *ctx, int device, int fd, uint64_t size, bool writable,
                                       const uint8_t *event, void **import, void **ptr, char *why,
                                       size_t why_cap)
 {
     (void)ctx;
-    tally_status_t st = TALLY_E_BACKEND;
+    td_gpu_err_t st = TD_GPU_E_DEVICE;
     cuda_import_t *im = calloc(1, sizeof *im);
     if (!im) {
         snprintf(why, why_cap, "out of memory");
-        return TALLY_E_INTERNAL;
+        return TD_GPU_E_NOMEM;
     }
     *im = (cuda_import_t){.fd = fd, .device = device, .size = (size_t)size};
     pthread_once(&cu_once, cu_load);
@@ -291,34 +291,67 @@ static tally_status_t cuda_dev_import(void *ctx, int device, int fd, uint64_t si
     if (cu.mem_import(&im->handle, (void *)(uintptr_t)fd,
                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != CUDA_SUCCESS) {
         snprintf(why, why_cap, "the descriptor is not an exportable GPU allocation");
-        st = TALLY_E_BAD_REF;
+        st = TD_GPU_E_CLIENT;
         goto fail;
     }
     im->handle_held = true;
     st = import_map(im, writable, why, why_cap);
-    if (st == TALLY_OK && event)
+    if (st == TD_GPU_OK && event)
         st = import_event(im, event, why, why_cap);
-    if (st != TALLY_OK)
+    if (st != TD_GPU_OK)
         goto fail;
     *import = im;
     *ptr = (void *)(uintptr_t)im->ptr;
-    return TALLY_OK;
+    return TD_GPU_OK;
 fail:
     import_undo(im);
     free(im);
     return st;
 }
 
-static void cuda_dev_release(void *ctx, void *import)
+static void cuda_dev_release(void *ctx, void *import, bool stale)
 {
     (void)ctx;
     cuda_import_t *im = import;
     /* No kernel of ours still reads it: the last request using it has been answered, after its
-     * kernel completed. So no synchronisation, which would stall the loop thread. */
-    (void)cudaSetDevice(im->device);
-    import_undo(im);
+     * kernel completed. So no synchronisation, which would stall the loop thread. Stale (the
+     * device was reset since): the old context took the mapping, handle and event with it. */
+    if (!stale) {
+        (void)cudaSetDevice(im->device);
+        import_undo(im);
+    }
     close(im->fd); /* now the producer's driver may free the memory */
     free(im);
+}
+
+/* Recreates the device's primary context after a sticky error (td_gpu_device.c), its lanes
+ * closed: cudaDeviceReset, then a probe (an allocation, a memset, a synchronisation). CUDA says
+ * that after some errors only a new process helps; then the probe fails and the device stays
+ * unusable. */
+static td_gpu_err_t cuda_device_reset(void *ctx, int device, char *why, size_t why_cap)
+{
+    (void)ctx;
+    void *probe = NULL;
+    cudaError_t err = cudaSetDevice(device);
+    if (err == cudaSuccess)
+        err = cudaDeviceReset();
+    if (err == cudaSuccess)
+        err = cudaSetDevice(device);
+    if (err == cudaSuccess)
+        err = cudaMalloc(&probe, 4096);
+    if (err == cudaSuccess)
+        err = cudaMemset(probe, 0, 4096);
+    if (err == cudaSuccess)
+        err = cudaDeviceSynchronize();
+    if (probe)
+        (void)cudaFree(probe);
+    if (err != cudaSuccess) {
+        snprintf(why, why_cap, "cudaDeviceReset and a probe on GPU %d: %s", device,
+                 cudaGetErrorString(err));
+        (void)cudaGetLastError();
+        return TD_GPU_E_DEVICE;
+    }
+    return TD_GPU_OK;
 }
 
 /* The lane's stream waits on the region's IPC event, when it has one: the producer recorded it
@@ -338,17 +371,19 @@ static td_gpu_small_t *lane_small(const cuda_lane_t *l)
 }
 
 /* Enqueues the kernel of one job on the lane, reading d_in (the lane's input buffer, or a device
- * region in place). */
+ * region in place) and writing a filter's or scan's output to the lane's output buffer, or
+ * straight into a device output region (job->dev_dst). */
 static tally_status_t enqueue_kernel(cuda_lane_t *l, const td_gpu_job_t *job, const void *d_in)
 {
+    void *d_out = job->dev_dst ? job->dev_dst : l->dev.d_out;
     switch (job->opcode) {
     case TALLY_OP_FILTER:
-        return tk_cuda_filter((tally_dtype_t)job->dtype, d_in, job->n, &job->spec, l->dev.d_out,
+        return tk_cuda_filter((tally_dtype_t)job->dtype, d_in, job->n, &job->spec, d_out,
                               &lane_small(l)->kept, l->dev.d_scratch, l->dev.scratch_bytes,
                               l->dev.stream);
     case TALLY_OP_SCAN: {
         int64_t *carry = &l->d_carries[job->carry_index];
-        return tk_cuda_scan(d_in, job->n, job->exclusive, job->out_i32, l->dev.d_out, carry, carry,
+        return tk_cuda_scan(d_in, job->n, job->exclusive, job->out_i32, d_out, carry, carry,
                             l->dev.d_scratch, l->dev.scratch_bytes, l->dev.stream);
     }
     case TALLY_OP_HIST: {
@@ -359,12 +394,18 @@ static tally_status_t enqueue_kernel(cuda_lane_t *l, const td_gpu_job_t *job, co
         return tk_cuda_hist(job->dtype, d_in, job->n, job->lo, job->hi, &lane_small(l)->hist,
                             l->dev.d_scratch, l->dev.scratch_bytes, l->dev.stream);
     }
+    case TALLY_OP_MINMAX: {
+        tally_status_t st = tk_cuda_minmax_reset(lane_small(l)->minmax, l->dev.stream);
+        if (st != TALLY_OK)
+            return st;
+        return tk_cuda_minmax(job->dtype, d_in, job->n, lane_small(l)->minmax, l->dev.stream);
+    }
     default:
         return TALLY_E_PARAM;
     }
 }
 
-static tally_status_t cuda_lane_launch(void *lane, const td_gpu_job_t *job, td_gpu_done_fn done,
+static td_gpu_err_t cuda_lane_launch(void *lane, const td_gpu_job_t *job, td_gpu_done_fn done,
                                        void *arg)
 {
     cuda_lane_t *l = lane;
@@ -377,6 +418,9 @@ static tally_status_t cuda_lane_launch(void *lane, const td_gpu_job_t *job, td_g
      * shared-memory region is copied directly, anything else from pinned staging. */
     const void *src = job->src ? job->src : s->in;
     void *dst = job->dst ? job->dst : s->out;
+    /* A device output region's event too: its producer may still be reading the last output. */
+    if (job->dev_dst && (st = cuda_dev_wait(job->dev_out_import, l->dev.stream)) != TALLY_OK)
+        goto fail;
     if (job->dev_src)
         st = cuda_dev_wait(job->dev_import, l->dev.stream);
     else if (job->n)
@@ -392,18 +436,23 @@ static tally_status_t cuda_lane_launch(void *lane, const td_gpu_job_t *job, td_g
         goto fail;
     switch (job->opcode) {
     case TALLY_OP_FILTER:
-        if (job->n)
+        if (job->n && !job->dev_dst) /* a device output region already holds it */
             TK_CUDA_TRY(cudaMemcpyAsync(dst, l->dev.d_out, job->n * esize, cudaMemcpyDeviceToHost,
                                         l->dev.stream));
         TK_CUDA_TRY(cudaMemcpyAsync(&s->small->kept, &lane_small(l)->kept, sizeof(uint64_t),
                                     cudaMemcpyDeviceToHost, l->dev.stream));
         break;
     case TALLY_OP_SCAN:
-        if (job->n)
+        if (job->n && !job->dev_dst)
             TK_CUDA_TRY(cudaMemcpyAsync(dst, l->dev.d_out, job->n * (job->out_i32 ? 4 : 8),
                                         cudaMemcpyDeviceToHost, l->dev.stream));
         TK_CUDA_TRY(cudaMemcpyAsync(&s->small->carry, d_carry, sizeof(int64_t),
                                     cudaMemcpyDeviceToHost, l->dev.stream));
+        break;
+    case TALLY_OP_MINMAX:
+        TK_CUDA_TRY(cudaMemcpyAsync(s->small->minmax, lane_small(l)->minmax,
+                                    sizeof s->small->minmax, cudaMemcpyDeviceToHost,
+                                    l->dev.stream));
         break;
     default:
         TK_CUDA_TRY(cudaMemcpyAsync(&s->small->hist, &lane_small(l)->hist, sizeof(tk_hist_t),
@@ -411,12 +460,12 @@ static tally_status_t cuda_lane_launch(void *lane, const td_gpu_job_t *job, td_g
         break;
     }
     TK_CUDA_TRY(cudaLaunchHostFunc(l->dev.stream, done, arg));
-    return TALLY_OK;
+    return TD_GPU_OK;
 fail:
     /* Nothing of this job may still read the slot once we return: drain the lane. The first
      * error is already recorded for tk_cuda_error_string(). */
     tk_cuda_drain(l->dev.stream);
-    return TALLY_E_BACKEND;
+    return TD_GPU_E_DEVICE;
 }
 
 /* One piece of a split job on lane li: its input copy, (for a scan, a wait for the previous
@@ -456,7 +505,7 @@ fail:
  * Lane 0 (this thread's) starts the chain (carry upload, zeroed histogram), runs piece 0 (and
  * every lane_count-th), then waits for every other piece before it copies the small results back
  * and calls done. */
-static tally_status_t cuda_lane_launch_split(void *lane, void *const *lanes, unsigned lane_count,
+static td_gpu_err_t cuda_lane_launch_split(void *lane, void *const *lanes, unsigned lane_count,
                                              unsigned count, const td_gpu_job_t *job,
                                              td_gpu_done_fn done, void *arg)
 {
@@ -467,7 +516,7 @@ static tally_status_t cuda_lane_launch_split(void *lane, void *const *lanes, uns
     size_t per = td_gpu_piece_elems(job->n, count, tally_dtype_size((tally_dtype_t)job->dtype));
     unsigned used = 0;
     if (!td_gpu_split_fits(job, count, l0->max_batch))
-        return TALLY_E_PARAM;
+        return TD_GPU_E_UNFIT;
     if (job->carry_upload)
         TK_CUDA_TRY(cudaMemcpyAsync(d_carry, &s->small->carry, sizeof(int64_t),
                                     cudaMemcpyHostToDevice, l0->dev.stream));
@@ -496,30 +545,30 @@ static tally_status_t cuda_lane_launch_split(void *lane, void *const *lanes, uns
         TK_CUDA_TRY(cudaMemcpyAsync(&s->small->carry, d_carry, sizeof(int64_t),
                                     cudaMemcpyDeviceToHost, l0->dev.stream));
     TK_CUDA_TRY(cudaLaunchHostFunc(l0->dev.stream, done, arg));
-    return TALLY_OK;
+    return TD_GPU_OK;
 fail:
     /* Nothing of the job may still run once we return: drain every lane it touched. */
     for (unsigned i = 0; i <= used && i < lane_count; i++)
         tk_cuda_drain(((cuda_lane_t *)lanes[i])->dev.stream);
-    return TALLY_E_BACKEND;
+    return TD_GPU_E_DEVICE;
 }
 
-static tally_status_t cuda_lane_check(void *lane)
+static td_gpu_err_t cuda_lane_check(void *lane)
 {
     cudaError_t err = cudaStreamQuery(((cuda_lane_t *)lane)->dev.stream);
     if (err == cudaSuccess || err == cudaErrorNotReady)
-        return TALLY_OK;
-    return tk_cuda_status(err);
+        return TD_GPU_OK;
+    return td_gpu_err_from_tk(tk_cuda_status(err));
 }
 
 /* Once per region, on a libuv worker thread (td_shm.c), not the loop: portable, so the lanes of
  * every device copy from it. (cudaHostRegister of 1 GiB took 52-55 ms on the H100 host, which is
  * why it is never done per request.) */
-static tally_status_t cuda_region_register(void *ctx, void *base, size_t size, bool read_only)
+static td_gpu_err_t cuda_region_register(void *ctx, void *base, size_t size, bool read_only)
 {
     (void)ctx;
     unsigned flags = cudaHostRegisterPortable | (read_only ? cudaHostRegisterReadOnly : 0);
-    return tk_cuda_status(cudaHostRegister(base, size, flags));
+    return td_gpu_err_from_tk(tk_cuda_status(cudaHostRegister(base, size, flags)));
 }
 
 static void cuda_region_unregister(void *ctx, void *base)
@@ -559,19 +608,19 @@ static void cuda_destroy(td_gpu_engine_t **self_p)
 
 static const td_gpu_engine_t cuda_engine = TD_GPU_ENGINE_TABLE(cuda);
 
-tally_status_t td_gpu_engine_cuda_new(td_gpu_engine_t **out, char *why, size_t why_cap)
+td_gpu_err_t td_gpu_engine_cuda_new(td_gpu_engine_t **out, char *why, size_t why_cap)
 {
     int count = tk_cuda_device_count();
     if (count <= 0) {
         snprintf(why, why_cap, "no CUDA device found");
-        return TALLY_E_BACKEND;
+        return TD_GPU_E_DEVICE;
     }
     td_gpu_engine_t *e = calloc(1, sizeof *e);
     if (!e) {
         snprintf(why, why_cap, "out of memory");
-        return TALLY_E_INTERNAL;
+        return TD_GPU_E_NOMEM;
     }
     *e = cuda_engine;
     *out = e;
-    return TALLY_OK;
+    return TD_GPU_OK;
 }

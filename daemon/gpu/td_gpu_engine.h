@@ -34,11 +34,40 @@
 #include "td_config.h"
 #include "tk_backend.h"
 
+/* What an engine's functions return: the engine's own outcomes, not the wire's statuses. The
+ * pipeline maps them to wire statuses in one place (td_gpu_status, td_gpu.c) where one reaches
+ * a client (a device region's import); everywhere else an outcome other than TD_GPU_OK fails the
+ * job or the set-up, and the words are in `why` or error_string. */
+typedef enum {
+    TD_GPU_OK = 0,
+    TD_GPU_E_DEVICE, /* the device failed (a CUDA error, out of device memory): not the client's */
+    TD_GPU_E_CLIENT, /* the client's input cannot be used: a descriptor that is not an exported
+                      * allocation, a wrong size, an IPC event that does not open */
+    TD_GPU_E_UNFIT,  /* a job the engine cannot take as given (a split over its buffers) */
+    TD_GPU_E_NOMEM,  /* out of host memory */
+} td_gpu_err_t;
+
+/* A kernel-layer status (tk_backend.h, tk_cuda.h) as an engine outcome. */
+static inline td_gpu_err_t td_gpu_err_from_tk(tally_status_t st)
+{
+    switch (st) {
+    case TALLY_OK:
+        return TD_GPU_OK;
+    case TALLY_E_PARAM:
+        return TD_GPU_E_UNFIT;
+    case TALLY_E_NOMEM:
+        return TD_GPU_E_NOMEM;
+    default:
+        return TD_GPU_E_DEVICE;
+    }
+}
+
 /* The small results of one batch, next to its staging buffers. */
 typedef struct {
-    uint64_t kept;  /* filter */
-    int64_t carry;  /* scan: in, the host carry to upload (carry_upload); out, the carry after */
-    tk_hist_t hist; /* hist: this batch's histogram */
+    uint64_t kept;     /* filter */
+    int64_t carry;     /* scan: in, the host carry to upload (carry_upload); out, the carry after */
+    tk_hist_t hist;    /* hist: this batch's histogram */
+    int64_t minmax[2]; /* minmax: the batch's min and max (TK_MINMAX_EMPTY_* when empty) */
 } td_gpu_small_t;
 
 /* One staging slot on the host. */
@@ -70,6 +99,11 @@ typedef struct {
      * it opened an IPC event, the lane waits on it first. */
     const void *dev_src;
     void *dev_import;
+    /* Filter or scan output into a device output region (registered with DEV_OUTPUT, on this
+     * lane's device): the kernel writes it there, nothing is copied back; NULL otherwise.
+     * dev_out_import is that region's import: the lane waits on its IPC event too. */
+    void *dev_dst;
+    void *dev_out_import;
 } td_gpu_job_t;
 
 /* What a device scan carry holds in the sim and fault engines when no request uploaded it, or
@@ -95,7 +129,7 @@ static inline size_t td_gpu_piece_elems(size_t n, unsigned count, size_t esize)
  * its input (and a scan's output) in registered memory, and every piece within the device
  * buffers? With 3-byte pixels the rounding above can make a piece up to 64 KiB longer than
  * n / count elements, so a count that only divides the bytes evenly may not fit; the engines
- * refuse such a job (TALLY_E_PARAM) rather than overrun their buffers. */
+ * refuse such a job (TD_GPU_E_UNFIT) rather than overrun their buffers. */
 static inline bool td_gpu_split_fits(const td_gpu_job_t *job, unsigned count, size_t max_batch)
 {
     size_t esize = tally_dtype_size((tally_dtype_t)job->dtype);
@@ -113,16 +147,16 @@ struct td_gpu_engine {
     void (*describe)(void *ctx, int device, char *buf, size_t cap);
     /* Allocates a lane's device buffers and staging[0..slots) on `device`. *device_bytes
      * receives the device memory it took. On failure, why says what failed. */
-    tally_status_t (*lane_open)(void *ctx, int device, size_t max_batch, unsigned slots,
+    td_gpu_err_t (*lane_open)(void *ctx, int device, size_t max_batch, unsigned slots,
                                 unsigned carries, void **lane, td_gpu_staging_t *staging,
                                 uint64_t *device_bytes, char *why, size_t why_cap);
     /* Waits for the lane's work and frees everything lane_open allocated. */
     void (*lane_close)(void *lane);
     /* The functions below run on the lane's own thread. */
-    tally_status_t (*lane_bind)(void *lane); /* once, when the thread starts */
-    /* Enqueues the job; done(arg) follows when it succeeded. TALLY_E_BACKEND when enqueuing
+    td_gpu_err_t (*lane_bind)(void *lane); /* once, when the thread starts */
+    /* Enqueues the job; done(arg) follows when it succeeded. TD_GPU_E_DEVICE when enqueuing
      * failed (then done is not called and nothing of the job is still running). */
-    tally_status_t (*lane_launch)(void *lane, const td_gpu_job_t *job, td_gpu_done_fn done,
+    td_gpu_err_t (*lane_launch)(void *lane, const td_gpu_job_t *job, td_gpu_done_fn done,
                                   void *arg);
     /* The same job split into `count` pieces of consecutive elements (each at most the
      * max_batch the lanes were opened with), piece i on lanes[i % lane_count] (lanes[0] is
@@ -133,39 +167,46 @@ struct td_gpu_engine {
      * job->carry_index (each piece's kernel waits for the one before it; the copies do not), the
      * hist's pieces add into one device histogram; done(arg) follows once every piece is
      * complete, in `lane`'s order, so that lane's later jobs see the final carry. Work enqueued
-     * on the other lanes runs in their order beside their own jobs. TALLY_E_BACKEND when
+     * on the other lanes runs in their order beside their own jobs. TD_GPU_E_DEVICE when
      * enqueuing failed (then nothing of the job is still running). NULL when the engine cannot
      * split. */
-    tally_status_t (*lane_launch_split)(void *lane, void *const *lanes, unsigned lane_count,
+    td_gpu_err_t (*lane_launch_split)(void *lane, void *const *lanes, unsigned lane_count,
                                         unsigned count, const td_gpu_job_t *job,
                                         td_gpu_done_fn done, void *arg);
     /* Asks whether work enqueued earlier failed asynchronously (done will never come):
-     * TALLY_E_BACKEND then, TALLY_OK when it is still running or finished. */
-    tally_status_t (*lane_check)(void *lane);
+     * TD_GPU_E_DEVICE then, TD_GPU_OK when it is still running or finished. */
+    td_gpu_err_t (*lane_check)(void *lane);
     /* Registers host memory (a shared-memory region) once for direct copies by every device:
      * cudaHostRegister for cuda (read_only: a read-only mapping, which the device only reads),
-     * nothing for sim. TALLY_E_BACKEND when it cannot. Called on a
+     * nothing for sim. TD_GPU_E_DEVICE when it cannot. Called on a
      * libuv worker thread (pinning a large region takes milliseconds), never per request. */
-    tally_status_t (*region_register)(void *ctx, void *base, size_t size, bool read_only);
+    td_gpu_err_t (*region_register)(void *ctx, void *base, size_t size, bool read_only);
     void (*region_unregister)(void *ctx, void *base);
     /* Device regions (PROTOCOL.md §10 "Device memory"). The device's UUID, as cuDeviceGetUuid
      * gives it (sim: "tallyd-sim-gpu", 0, the device number). */
-    tally_status_t (*device_uuid)(void *ctx, int device, uint8_t uuid[TALLY_GPU_UUID_SIZE]);
+    td_gpu_err_t (*device_uuid)(void *ctx, int device, uint8_t uuid[TALLY_GPU_UUID_SIZE]);
     /* Imports an allocation another process exported as a descriptor (fd, `size` bytes: the
      * whole allocation) on `device`, maps it once and gives `device` access to it, read-only
      * unless `writable`; with `event` (TALLY_GPU_EVENT_SIZE bytes) opens that IPC event on
-     * `device` (where the streams that wait on it are). TALLY_OK: *import is what dev_release
+     * `device` (where the streams that wait on it are). TD_GPU_OK: *import is what dev_release
      * takes, *ptr the address the device reads, and the import owns fd (closed at dev_release:
-     * only then can the producer's driver free the memory). TALLY_E_BAD_REF with why when the
+     * only then can the producer's driver free the memory). TD_GPU_E_CLIENT with why when the
      * client is at fault (not an exported allocation, a wrong size, an event that does not
-     * open), TALLY_E_BACKEND for the device's own failure; fd stays the caller's. On a libuv
+     * open), TD_GPU_E_DEVICE for the device's own failure; fd stays the caller's. On a libuv
      * worker thread (an import takes about a millisecond), never per request. NULL: the engine
      * cannot import. */
-    tally_status_t (*dev_import)(void *ctx, int device, int fd, uint64_t size, bool writable,
+    td_gpu_err_t (*dev_import)(void *ctx, int device, int fd, uint64_t size, bool writable,
                                  const uint8_t *event, void **import, void **ptr, char *why,
                                  size_t why_cap);
-    /* Unmaps, releases the imported handle and the event, closes the descriptor. */
-    void (*dev_release)(void *ctx, void *import);
+    /* Unmaps, releases the imported handle and the event, closes the descriptor. `stale`: the
+     * import was made before a device_reset of its device, whose context took the mapping, the
+     * handle and the event with it: only the descriptor is closed. */
+    void (*dev_release)(void *ctx, void *import, bool stale);
+    /* Recreates `device`'s context after a failure left it unusable (a sticky error), once its
+     * lanes are closed and nothing of it is in flight, then checks it works: cudaDeviceReset and
+     * a probe for cuda, nothing for sim. TD_GPU_E_DEVICE with why when the device stays unusable.
+     * On a libuv worker thread. NULL: the engine cannot. */
+    td_gpu_err_t (*device_reset)(void *ctx, int device, char *why, size_t why_cap);
     /* Host memory the devices copy to and from directly (cudaMallocHost for cuda, malloc for
      * sim), allocated at start only: the pipeline's pinned reply buffers. NULL when it cannot. */
     void *(*host_alloc)(void *ctx, int device, size_t size);
@@ -187,23 +228,30 @@ struct td_gpu_engine {
         .region_register = prefix##_region_register,                                               \
         .region_unregister = prefix##_region_unregister, .device_uuid = prefix##_device_uuid,      \
         .dev_import = prefix##_dev_import, .dev_release = prefix##_dev_release,                    \
+        .device_reset = prefix##_device_reset,                                                     \
         .host_alloc = prefix##_host_alloc, .host_free = prefix##_host_free,                        \
         .error_string = prefix##_error_string, .destroy = prefix##_destroy,                        \
     }
 
 /* Simulated devices: host memory and the CPU backend. */
-tally_status_t td_gpu_engine_sim_new(unsigned devices, td_gpu_engine_t **out);
+td_gpu_err_t td_gpu_engine_sim_new(unsigned devices, td_gpu_engine_t **out);
 /* Faults on command, for the tests (td_gpu_fault.c). */
 typedef struct {
     unsigned fail_every;       /* every Nth launch runs, clobbers its carry and fails; 0: none */
     bool oom_at_open;          /* lane_open fails, out of memory, ... */
     unsigned lanes_before_oom; /* ... after this many lanes opened */
     unsigned slow_us;          /* every completion comes this much later */
+    /* The sticky_at-th launch (1-based, counted over all lanes; 0: none) loses its device's
+     * context, as an illegal address does on a GPU: it never completes, lane_check reports the
+     * failure and every later launch on that device fails, until device_reset recreates it
+     * (which fails instead with reset_fails). */
+    unsigned sticky_at;
+    bool reset_fails;
 } td_gpu_fault_opts_t;
 /* Wraps `inner`, which it owns from here (destroyed with it, or at once on failure). */
-tally_status_t td_gpu_engine_fault_new(td_gpu_engine_t *inner, const td_gpu_fault_opts_t *opts,
+td_gpu_err_t td_gpu_engine_fault_new(td_gpu_engine_t *inner, const td_gpu_fault_opts_t *opts,
                                        td_gpu_engine_t **out);
-/* CUDA devices; TALLY_E_BACKEND with a reason when CUDA is not built in or no GPU is usable. */
-tally_status_t td_gpu_engine_cuda_new(td_gpu_engine_t **out, char *why, size_t why_cap);
+/* CUDA devices; TD_GPU_E_DEVICE with a reason when CUDA is not built in or no GPU is usable. */
+td_gpu_err_t td_gpu_engine_cuda_new(td_gpu_engine_t **out, char *why, size_t why_cap);
 
 #endif

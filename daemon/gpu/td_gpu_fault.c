@@ -13,7 +13,10 @@
  *   - out of memory at lane_open, after lanes_before_oom lanes (oom_at_open), as cudaMalloc
  *     fails on a device that is full;
  *   - slow completions (slow_us): done() comes that much later, on the thread that completes
- *     the job (for cuda, CUDA's callback thread, holding up the lane as a slow device would).
+ *     the job (for cuda, CUDA's callback thread, holding up the lane as a slow device would);
+ *   - a lost context (sticky_at): one launch is accepted and never completes, and from then on
+ *     the device fails lane_check and every launch, as a CUDA context after a sticky error
+ *     (an illegal address) does, until device_reset recreates it (or, with reset_fails, cannot).
  *
  * A failed launch must leave nothing of the job running (the table's contract), so an injected
  * failure waits for the job, and then for the clobber, before it returns: slow, but only ever
@@ -27,11 +30,15 @@
 
 #include "td_gpu_engine.h"
 
+#define FAULT_DEVICES_MAX 64 /* devices whose context can be lost (the sim has at most 16) */
+
 typedef struct {
     td_gpu_engine_t *inner;
     td_gpu_fault_opts_t opts;
     atomic_ulong launches;
+    atomic_ulong sticky_launches;
     atomic_uint lanes_opened;
+    atomic_bool lost[FAULT_DEVICES_MAX]; /* the device's context is lost (sticky_at) */
 } fault_t;
 
 /* The pipeline's completion of one slot's job, delayed (slow_us). */
@@ -44,6 +51,7 @@ typedef struct {
 typedef struct {
     fault_t *f;
     void *inner;
+    int device;
     td_gpu_staging_t *staging;
     delayed_done_t *delayed; /* one per staging slot */
 } fault_lane_t;
@@ -67,9 +75,9 @@ typedef struct {
 static _Thread_local char fault_error[256] = "no error";
 
 /* The status of a call passed through to the inner engine, its words kept when it failed. */
-static tally_status_t passed(const fault_t *f, tally_status_t st)
+static td_gpu_err_t passed(const fault_t *f, td_gpu_err_t st)
 {
-    if (st != TALLY_OK)
+    if (st != TD_GPU_OK)
         snprintf(fault_error, sizeof fault_error, "%s", f->inner->error_string());
     return st;
 }
@@ -106,7 +114,7 @@ static void waiter_wait(waiter_t *w)
     pthread_mutex_unlock(&w->lock);
 }
 
-static tally_status_t inner_launch(fault_lane_t *l, const split_t *split, const td_gpu_job_t *job,
+static td_gpu_err_t inner_launch(fault_lane_t *l, const split_t *split, const td_gpu_job_t *job,
                                    td_gpu_done_fn done, void *arg)
 {
     const td_gpu_engine_t *e = l->f->inner;
@@ -125,12 +133,12 @@ static tally_status_t inner_launch(fault_lane_t *l, const split_t *split, const 
 /* The job runs, then its device carry is overwritten with TD_GPU_GARBAGE_CARRY (a scan of no
  * elements that uploads it), and the launch reports failure. Each step is waited for: the
  * garbage goes into the staging slot the job's own carry comes back to. */
-static tally_status_t inject(fault_lane_t *l, const split_t *split, const td_gpu_job_t *job)
+static td_gpu_err_t inject(fault_lane_t *l, const split_t *split, const td_gpu_job_t *job)
 {
     /* Static initialisers: nothing to fail (pthread_*_init returns would need checking). */
     waiter_t w = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
-    tally_status_t st = inner_launch(l, split, job, waiter_done, &w);
-    if (st == TALLY_OK) {
+    td_gpu_err_t st = inner_launch(l, split, job, waiter_done, &w);
+    if (st == TD_GPU_OK) {
         waiter_wait(&w);
         td_gpu_job_t clobber = {
             .opcode = TALLY_OP_SCAN,
@@ -142,21 +150,44 @@ static tally_status_t inject(fault_lane_t *l, const split_t *split, const td_gpu
         };
         l->staging[job->slot].small->carry = TD_GPU_GARBAGE_CARRY;
         st = inner_launch(l, NULL, &clobber, waiter_done, &w);
-        if (st == TALLY_OK)
+        if (st == TD_GPU_OK)
             waiter_wait(&w);
     }
     pthread_cond_destroy(&w.cond);
     pthread_mutex_destroy(&w.lock);
-    if (st != TALLY_OK)
+    if (st != TD_GPU_OK)
         return st; /* the inner engine's own failure, its words kept */
     snprintf(fault_error, sizeof fault_error,
              "injected fault: 1 launch in %u fails (a test setting)", l->f->opts.fail_every);
-    return TALLY_E_BACKEND;
+    return TD_GPU_E_DEVICE;
 }
 
-static tally_status_t launch(fault_lane_t *l, const split_t *split, const td_gpu_job_t *job,
+/* The lane's device has lost its context (sticky_at), or loses it with this launch: true, and
+ * *st says what the launch returns (accepted, never completing; or failed). */
+static bool context_lost(fault_lane_t *l, td_gpu_err_t *st)
+{
+    fault_t *f = l->f;
+    if (l->device < 0 || l->device >= FAULT_DEVICES_MAX)
+        return false;
+    if (atomic_load(&f->lost[l->device])) {
+        snprintf(fault_error, sizeof fault_error,
+                 "injected fault: the context of device %d is lost (a test setting)", l->device);
+        *st = TD_GPU_E_DEVICE;
+        return true;
+    }
+    if (!f->opts.sticky_at || atomic_fetch_add(&f->sticky_launches, 1) + 1 != f->opts.sticky_at)
+        return false;
+    atomic_store(&f->lost[l->device], true); /* this job never completes: done is not called */
+    *st = TD_GPU_OK;
+    return true;
+}
+
+static td_gpu_err_t launch(fault_lane_t *l, const split_t *split, const td_gpu_job_t *job,
                              td_gpu_done_fn done, void *arg)
 {
+    td_gpu_err_t st;
+    if (context_lost(l, &st))
+        return st;
     if (fault_due(l->f))
         return inject(l, split, job);
     if (!l->f->opts.slow_us)
@@ -166,13 +197,13 @@ static tally_status_t launch(fault_lane_t *l, const split_t *split, const td_gpu
     return inner_launch(l, split, job, delayed_done, d);
 }
 
-static tally_status_t fault_lane_launch(void *lane, const td_gpu_job_t *job, td_gpu_done_fn done,
+static td_gpu_err_t fault_lane_launch(void *lane, const td_gpu_job_t *job, td_gpu_done_fn done,
                                         void *arg)
 {
     return launch(lane, NULL, job, done, arg);
 }
 
-static tally_status_t fault_lane_launch_split(void *lane, void *const *lanes, unsigned lane_count,
+static td_gpu_err_t fault_lane_launch_split(void *lane, void *const *lanes, unsigned lane_count,
                                               unsigned count, const td_gpu_job_t *job,
                                               td_gpu_done_fn done, void *arg)
 {
@@ -191,14 +222,14 @@ static void fault_lane_close(void *lane)
     free(l);
 }
 
-static tally_status_t fault_lane_open(void *ctx, int device, size_t max_batch, unsigned slots,
+static td_gpu_err_t fault_lane_open(void *ctx, int device, size_t max_batch, unsigned slots,
                                       unsigned carries, void **lane, td_gpu_staging_t *staging,
                                       uint64_t *device_bytes, char *why, size_t why_cap)
 {
     fault_t *f = ctx;
     if (f->opts.oom_at_open && atomic_fetch_add(&f->lanes_opened, 1) >= f->opts.lanes_before_oom) {
         snprintf(why, why_cap, "device %d: out of memory (injected fault)", device);
-        return TALLY_E_BACKEND;
+        return TD_GPU_E_DEVICE;
     }
     fault_lane_t *l = calloc(1, sizeof *l);
     if (l)
@@ -206,30 +237,36 @@ static tally_status_t fault_lane_open(void *ctx, int device, size_t max_batch, u
     if (!l || !l->delayed) {
         snprintf(why, why_cap, "out of memory");
         fault_lane_close(l);
-        return TALLY_E_INTERNAL;
+        return TD_GPU_E_NOMEM;
     }
     l->f = f;
+    l->device = device;
     l->staging = staging;
-    tally_status_t st = f->inner->lane_open(f->inner->ctx, device, max_batch, slots, carries,
+    td_gpu_err_t st = f->inner->lane_open(f->inner->ctx, device, max_batch, slots, carries,
                                             &l->inner, staging, device_bytes, why, why_cap);
-    if (st != TALLY_OK) {
+    if (st != TD_GPU_OK) {
         l->inner = NULL;
         fault_lane_close(l);
         return st;
     }
     *lane = l;
-    return TALLY_OK;
+    return TD_GPU_OK;
 }
 
-static tally_status_t fault_lane_bind(void *lane)
+static td_gpu_err_t fault_lane_bind(void *lane)
 {
     fault_lane_t *l = lane;
     return passed(l->f, l->f->inner->lane_bind(l->inner));
 }
 
-static tally_status_t fault_lane_check(void *lane)
+static td_gpu_err_t fault_lane_check(void *lane)
 {
     fault_lane_t *l = lane;
+    if (l->device >= 0 && l->device < FAULT_DEVICES_MAX && atomic_load(&l->f->lost[l->device])) {
+        snprintf(fault_error, sizeof fault_error,
+                 "injected fault: the context of device %d is lost (a test setting)", l->device);
+        return TD_GPU_E_DEVICE;
+    }
     return passed(l->f, l->f->inner->lane_check(l->inner));
 }
 
@@ -245,7 +282,7 @@ static void fault_describe(void *ctx, int device, char *buf, size_t cap)
     f->inner->describe(f->inner->ctx, device, buf, cap);
 }
 
-static tally_status_t fault_region_register(void *ctx, void *base, size_t size, bool read_only)
+static td_gpu_err_t fault_region_register(void *ctx, void *base, size_t size, bool read_only)
 {
     fault_t *f = ctx;
     return passed(f, f->inner->region_register(f->inner->ctx, base, size, read_only));
@@ -257,13 +294,13 @@ static void fault_region_unregister(void *ctx, void *base)
     f->inner->region_unregister(f->inner->ctx, base);
 }
 
-static tally_status_t fault_device_uuid(void *ctx, int device, uint8_t uuid[TALLY_GPU_UUID_SIZE])
+static td_gpu_err_t fault_device_uuid(void *ctx, int device, uint8_t uuid[TALLY_GPU_UUID_SIZE])
 {
     fault_t *f = ctx;
     return f->inner->device_uuid(f->inner->ctx, device, uuid);
 }
 
-static tally_status_t fault_dev_import(void *ctx, int device, int fd, uint64_t size, bool writable,
+static td_gpu_err_t fault_dev_import(void *ctx, int device, int fd, uint64_t size, bool writable,
                                        const uint8_t *event, void **import, void **ptr, char *why,
                                        size_t why_cap)
 {
@@ -272,10 +309,24 @@ static tally_status_t fault_dev_import(void *ctx, int device, int fd, uint64_t s
                                 why_cap);
 }
 
-static void fault_dev_release(void *ctx, void *import)
+static void fault_dev_release(void *ctx, void *import, bool stale)
 {
     fault_t *f = ctx;
-    f->inner->dev_release(f->inner->ctx, import);
+    f->inner->dev_release(f->inner->ctx, import, stale);
+}
+
+/* Recreates a lost context (sticky_at), unless reset_fails; then the inner engine's reset. */
+static td_gpu_err_t fault_device_reset(void *ctx, int device, char *why, size_t why_cap)
+{
+    fault_t *f = ctx;
+    if (f->opts.reset_fails) {
+        snprintf(why, why_cap, "injected fault: the context of device %d cannot be recreated",
+                 device);
+        return TD_GPU_E_DEVICE;
+    }
+    if (device >= 0 && device < FAULT_DEVICES_MAX)
+        atomic_store(&f->lost[device], false);
+    return f->inner->device_reset(f->inner->ctx, device, why, why_cap);
 }
 
 static void *fault_host_alloc(void *ctx, int device, size_t size)
@@ -310,7 +361,7 @@ static void fault_destroy(td_gpu_engine_t **self_p)
 /* (Its name is the inner engine\'s.) */
 static const td_gpu_engine_t fault_engine = TD_GPU_ENGINE_TABLE(fault);
 
-tally_status_t td_gpu_engine_fault_new(td_gpu_engine_t *inner, const td_gpu_fault_opts_t *opts,
+td_gpu_err_t td_gpu_engine_fault_new(td_gpu_engine_t *inner, const td_gpu_fault_opts_t *opts,
                                        td_gpu_engine_t **out)
 {
     td_gpu_engine_t *e = calloc(1, sizeof *e);
@@ -319,17 +370,22 @@ tally_status_t td_gpu_engine_fault_new(td_gpu_engine_t *inner, const td_gpu_faul
         free(f);
         free(e);
         inner->destroy(&inner);
-        return TALLY_E_INTERNAL;
+        return TD_GPU_E_NOMEM;
     }
     f->inner = inner;
     f->opts = *opts;
     atomic_init(&f->launches, 0);
+    atomic_init(&f->sticky_launches, 0);
     atomic_init(&f->lanes_opened, 0);
+    for (unsigned i = 0; i < FAULT_DEVICES_MAX; i++)
+        atomic_init(&f->lost[i], false);
     *e = fault_engine;
     e->name = inner->name; /* what runs the batches: the metrics and info say "sim" or "cuda" */
     e->ctx = f;
     if (!inner->lane_launch_split)
         e->lane_launch_split = NULL;
+    if (!inner->device_reset)
+        e->device_reset = NULL;
     *out = e;
-    return TALLY_OK;
+    return TD_GPU_OK;
 }

@@ -27,8 +27,9 @@ typedef struct {
     /* Test-only: each simulated launch takes this long (TALLYD_TEST_SIM_LATENCY_US), so a test
      * can be sure a burst of requests is read before the first of them completes. */
     unsigned latency_us;
-    /* Test-only: each region registration takes this long (TALLYD_TEST_SIM_REGISTER_US), as
-     * pinning a large region does, so a test can see that it does not hold up the loop. */
+    /* Test-only: each region registration (host or device) takes this long
+     * (TALLYD_TEST_SIM_REGISTER_US), as pinning a large region does, so a test can see that it
+     * does not hold up the loop. */
     unsigned register_us;
 } sim_t;
 
@@ -73,7 +74,7 @@ static void sim_lane_close(void *lane)
     free(l);
 }
 
-static tally_status_t sim_lane_open(void *ctx, int device, size_t max_batch, unsigned slots,
+static td_gpu_err_t sim_lane_open(void *ctx, int device, size_t max_batch, unsigned slots,
                                     unsigned carries, void **lane, td_gpu_staging_t *staging,
                                     uint64_t *device_bytes, char *why, size_t why_cap)
 {
@@ -102,17 +103,17 @@ static tally_status_t sim_lane_open(void *ctx, int device, size_t max_batch, uns
         l->d_carries[c] = TD_GPU_GARBAGE_CARRY;
     *device_bytes = 3 * (uint64_t)max_batch + carries * sizeof(int64_t);
     *lane = l;
-    return TALLY_OK;
+    return TD_GPU_OK;
 fail:
     snprintf(why, why_cap, "out of memory for a simulated lane");
     sim_lane_close(l);
-    return TALLY_E_INTERNAL;
+    return TD_GPU_E_NOMEM;
 }
 
-static tally_status_t sim_lane_bind(void *lane)
+static td_gpu_err_t sim_lane_bind(void *lane)
 {
     (void)lane;
-    return TALLY_OK;
+    return TD_GPU_OK;
 }
 
 static tally_status_t sim_run(sim_lane_t *l, const td_gpu_job_t *job)
@@ -123,9 +124,10 @@ static tally_status_t sim_run(sim_lane_t *l, const td_gpu_job_t *job)
     tally_status_t st = TALLY_E_PARAM;
     size_t kept = 0;
     int64_t *carry = &l->d_carries[job->carry_index];
-    /* A registered region is read and written in place, as the CUDA engine's copies do. */
+    /* A registered region is read and written in place, as the CUDA engine's copies do (a device
+     * output region mapped read-write by sim_dev_import: the kernel's output lands there). */
     const void *src = job->dev_src ? job->dev_src : job->src ? job->src : l->staging[job->slot].in;
-    void *dst = job->dst ? job->dst : l->staging[job->slot].out;
+    void *dst = job->dev_dst ? job->dev_dst : job->dst ? job->dst : l->staging[job->slot].out;
     /* A device region is read in place, as the CUDA engine's kernels read it. */
     const void *in = job->dev_src ? job->dev_src : l->d_in;
     if (!job->dev_src)
@@ -148,6 +150,12 @@ static tally_status_t sim_run(sim_lane_t *l, const td_gpu_job_t *job)
         memset(&l->d_small.hist, 0, sizeof l->d_small.hist);
         st = tk_backend_hist(cpu, job->dtype, in, job->n, job->lo, job->hi, &l->d_small.hist);
         break;
+    case TALLY_OP_MINMAX:
+        l->d_small.minmax[0] = TK_MINMAX_EMPTY_MIN;
+        l->d_small.minmax[1] = TK_MINMAX_EMPTY_MAX;
+        st = cpu->minmax(cpu->ctx, (tally_dtype_t)job->dtype, in, job->n, &l->d_small.minmax[0],
+                         &l->d_small.minmax[1]);
+        break;
     default:
         break;
     }
@@ -155,7 +163,7 @@ static tally_status_t sim_run(sim_lane_t *l, const td_gpu_job_t *job)
     return st;
 }
 
-static tally_status_t sim_lane_launch(void *lane, const td_gpu_job_t *job, td_gpu_done_fn done,
+static td_gpu_err_t sim_lane_launch(void *lane, const td_gpu_job_t *job, td_gpu_done_fn done,
                                       void *arg)
 {
     sim_lane_t *l = lane;
@@ -164,10 +172,10 @@ static tally_status_t sim_lane_launch(void *lane, const td_gpu_job_t *job, td_gp
     tally_status_t st = sim_run(l, job);
     if (st != TALLY_OK) {
         snprintf(sim_error, sizeof sim_error, "simulated kernel failed: %s", tally_status_name(st));
-        return TALLY_E_BACKEND;
+        return TD_GPU_E_DEVICE;
     }
     done(arg);
-    return TALLY_OK;
+    return TD_GPU_OK;
 }
 
 /* A split job, simulated: the same pieces as the CUDA engine's (td_gpu_piece_elems), run one
@@ -202,7 +210,7 @@ static tally_status_t sim_run_split(sim_lane_t *l, unsigned count, const td_gpu_
     return st;
 }
 
-static tally_status_t sim_lane_launch_split(void *lane, void *const *lanes, unsigned lane_count,
+static td_gpu_err_t sim_lane_launch_split(void *lane, void *const *lanes, unsigned lane_count,
                                             unsigned count, const td_gpu_job_t *job,
                                             td_gpu_done_fn done, void *arg)
 {
@@ -211,27 +219,27 @@ static tally_status_t sim_lane_launch_split(void *lane, void *const *lanes, unsi
     (void)lane_count;
     if (!td_gpu_split_fits(job, count, l->max_batch)) {
         snprintf(sim_error, sizeof sim_error, "split job does not fit the lanes' buffers");
-        return TALLY_E_PARAM;
+        return TD_GPU_E_UNFIT;
     }
     if (l->sim->latency_us)
         usleep(l->sim->latency_us);
     if (sim_run_split(l, count, job) != TALLY_OK) {
         snprintf(sim_error, sizeof sim_error, "simulated split kernel failed");
-        return TALLY_E_BACKEND;
+        return TD_GPU_E_DEVICE;
     }
     done(arg);
-    return TALLY_OK;
+    return TD_GPU_OK;
 }
 
-static tally_status_t sim_lane_check(void *lane)
+static td_gpu_err_t sim_lane_check(void *lane)
 {
     (void)lane;
-    return TALLY_OK;
+    return TD_GPU_OK;
 }
 
 /* Host memory is what the simulated device reads: nothing to register (but the time it takes,
  * when a test asks for it). */
-static tally_status_t sim_region_register(void *ctx, void *base, size_t size, bool read_only)
+static td_gpu_err_t sim_region_register(void *ctx, void *base, size_t size, bool read_only)
 {
     sim_t *sim = ctx;
     if (sim->register_us)
@@ -239,7 +247,7 @@ static tally_status_t sim_region_register(void *ctx, void *base, size_t size, bo
     (void)read_only;
     (void)base;
     (void)size;
-    return TALLY_OK;
+    return TD_GPU_OK;
 }
 
 static void sim_region_unregister(void *ctx, void *base)
@@ -249,13 +257,13 @@ static void sim_region_unregister(void *ctx, void *base)
 }
 
 /* A simulated GPU's UUID: "tallyd-sim-gpu", 0, then the device number (PROTOCOL.md §10). */
-static tally_status_t sim_device_uuid(void *ctx, int device, uint8_t uuid[TALLY_GPU_UUID_SIZE])
+static td_gpu_err_t sim_device_uuid(void *ctx, int device, uint8_t uuid[TALLY_GPU_UUID_SIZE])
 {
     (void)ctx;
     memset(uuid, 0, TALLY_GPU_UUID_SIZE);
     memcpy(uuid, "tallyd-sim-gpu", 14);
     uuid[15] = (uint8_t)device;
-    return TALLY_OK;
+    return TD_GPU_OK;
 }
 
 /* A simulated device region: the "exported allocation" is a memfd sealed against shrinking and
@@ -267,44 +275,57 @@ typedef struct {
     size_t size;
 } sim_import_t;
 
-static tally_status_t sim_dev_import(void *ctx, int device, int fd, uint64_t size, bool writable,
+static td_gpu_err_t sim_dev_import(void *ctx, int device, int fd, uint64_t size, bool writable,
                                      const uint8_t *event, void **import, void **ptr, char *why,
                                      size_t why_cap)
 {
-    (void)ctx;
+    sim_t *sim = ctx;
     (void)device;
     (void)event; /* the simulated device runs synchronously: nothing to wait for */
+    if (sim->register_us) /* as an import on a busy driver, when a test asks for it */
+        usleep(sim->register_us);
     int seals = fcntl(fd, F_GET_SEALS);
     struct stat st;
     if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW) ||
         fstat(fd, &st) != 0 || st.st_size <= 0) {
         snprintf(why, why_cap, "the descriptor is not an exportable GPU allocation");
-        return TALLY_E_BAD_REF;
+        return TD_GPU_E_CLIENT;
     }
     if ((uint64_t)st.st_size != size) { /* CUDA: mapping another size is NOT_SUPPORTED */
         snprintf(why, why_cap, "size %llu is not the allocation's size", (unsigned long long)size);
-        return TALLY_E_BAD_REF;
+        return TD_GPU_E_CLIENT;
     }
     sim_import_t *im = calloc(1, sizeof *im);
     void *base = mmap(NULL, size, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
     if (!im || base == MAP_FAILED) {
         snprintf(why, why_cap, "cannot map the allocation: %s", im ? strerror(errno) : "no memory");
         free(im);
-        return TALLY_E_BAD_REF;
+        return TD_GPU_E_CLIENT;
     }
     *im = (sim_import_t){.fd = fd, .base = base, .size = size};
     *import = im;
     *ptr = base;
-    return TALLY_OK;
+    return TD_GPU_OK;
 }
 
-static void sim_dev_release(void *ctx, void *import)
+static void sim_dev_release(void *ctx, void *import, bool stale)
 {
     (void)ctx;
+    (void)stale; /* a simulated reset leaves the mapping: unmapped either way */
     sim_import_t *im = import;
     munmap(im->base, im->size);
     close(im->fd);
     free(im);
+}
+
+/* A simulated device has no context to recreate. */
+static td_gpu_err_t sim_device_reset(void *ctx, int device, char *why, size_t why_cap)
+{
+    (void)ctx;
+    (void)device;
+    (void)why;
+    (void)why_cap;
+    return TD_GPU_OK;
 }
 
 static void *sim_host_alloc(void *ctx, int device, size_t size)
@@ -340,14 +361,14 @@ static void sim_destroy(td_gpu_engine_t **self_p)
 
 static const td_gpu_engine_t sim_engine = TD_GPU_ENGINE_TABLE(sim);
 
-tally_status_t td_gpu_engine_sim_new(unsigned devices, td_gpu_engine_t **out)
+td_gpu_err_t td_gpu_engine_sim_new(unsigned devices, td_gpu_engine_t **out)
 {
     td_gpu_engine_t *e = calloc(1, sizeof *e);
     sim_t *sim = calloc(1, sizeof *sim);
     if (!e || !sim || tk_cpu_backend_new(&sim->cpu) != TALLY_OK) {
         free(sim);
         free(e);
-        return TALLY_E_INTERNAL;
+        return TD_GPU_E_NOMEM;
     }
     sim->devices = devices;
     const char *latency = getenv("TALLYD_TEST_SIM_LATENCY_US");
@@ -357,5 +378,5 @@ tally_status_t td_gpu_engine_sim_new(unsigned devices, td_gpu_engine_t **out)
     *e = sim_engine;
     e->ctx = sim;
     *out = e;
-    return TALLY_OK;
+    return TD_GPU_OK;
 }

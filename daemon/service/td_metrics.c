@@ -335,42 +335,61 @@ static void render_requests(const td_metrics_t *m, out_t *o)
 }
 
 /* Bytes, dropped replies, fallbacks, read pauses and failures: one value each. */
+/* One counter without labels: its HELP, TYPE and value lines. */
+static void emit_counter(out_t *o, const char *name, const char *help, uint64_t value)
+{
+    emit(o, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name,
+         (unsigned long long)value);
+}
+
 static void render_counters(const td_metrics_t *m, out_t *o)
 {
+    emit_counter(o, "tallyd_received_bytes_total", "Request payload bytes received.", m->bytes_in);
+    emit_counter(o, "tallyd_sent_bytes_total", "Reply payload bytes sent.", m->bytes_out);
     emit(o,
-         "# HELP tallyd_received_bytes_total Request payload bytes received.\n"
-         "# TYPE tallyd_received_bytes_total counter\n"
-         "tallyd_received_bytes_total %llu\n"
-         "# HELP tallyd_sent_bytes_total Reply payload bytes sent.\n"
-         "# TYPE tallyd_sent_bytes_total counter\n"
-         "tallyd_sent_bytes_total %llu\n"
          "# HELP tallyd_replies_dropped_total Replies dropped: the peer had disconnected "
          "(peer_gone) or had not read its earlier replies (peer_not_reading).\n"
          "# TYPE tallyd_replies_dropped_total counter\n"
          "tallyd_replies_dropped_total{reason=\"peer_gone\"} %llu\n"
-         "tallyd_replies_dropped_total{reason=\"peer_not_reading\"} %llu\n"
-         "# HELP tallyd_backend_fallbacks_total Requests rerun on the CPU after a GPU error.\n"
-         "# TYPE tallyd_backend_fallbacks_total counter\n"
-         "tallyd_backend_fallbacks_total %llu\n"
-         "# HELP tallyd_read_pauses_total Times reading stopped at the in-flight limit.\n"
-         "# TYPE tallyd_read_pauses_total counter\n"
-         "tallyd_read_pauses_total %llu\n"
-         "# HELP tallyd_state_write_failures_total State snapshots that could not be written.\n"
-         "# TYPE tallyd_state_write_failures_total counter\n"
-         "tallyd_state_write_failures_total %llu\n"
-         "# HELP tallyd_state_written_bytes_total Bytes state snapshots wrote: the records of the "
-         "streams that changed, or a whole state file.\n"
-         "# TYPE tallyd_state_written_bytes_total counter\n"
-         "tallyd_state_written_bytes_total %llu\n"
-         "# HELP tallyd_notify_failures_total systemd notifications (READY, STATUS, WATCHDOG...) "
-         "that could not be sent.\n"
-         "# TYPE tallyd_notify_failures_total counter\n"
-         "tallyd_notify_failures_total %llu\n",
-         (unsigned long long)m->bytes_in, (unsigned long long)m->bytes_out,
-         (unsigned long long)m->replies_dropped_gone, (unsigned long long)m->replies_dropped_slow,
-         (unsigned long long)m->backend_fallbacks, (unsigned long long)m->read_pauses,
-         (unsigned long long)m->state_write_failures,
-         (unsigned long long)m->state_bytes_written, (unsigned long long)m->notify_failures);
+         "tallyd_replies_dropped_total{reason=\"peer_not_reading\"} %llu\n",
+         (unsigned long long)m->replies_dropped_gone, (unsigned long long)m->replies_dropped_slow);
+    emit_counter(o, "tallyd_backend_fallbacks_total",
+                 "Requests rerun on the CPU after a GPU error.", m->backend_fallbacks);
+    emit_counter(o, "tallyd_read_pauses_total", "Times reading stopped at the in-flight limit.",
+                 m->read_pauses);
+    emit_counter(o, "tallyd_state_write_failures_total",
+                 "State snapshots that could not be written.", m->state_write_failures);
+    emit_counter(o, "tallyd_state_written_bytes_total",
+                 "Bytes state snapshots wrote: the records of the streams that changed, or a "
+                 "whole state file.",
+                 m->state_bytes_written);
+    emit_counter(o, "tallyd_notify_failures_total",
+                 "systemd notifications (READY, STATUS, WATCHDOG...) that could not be sent.",
+                 m->notify_failures);
+}
+
+/* Device regions (PROTOCOL.md §10 "Device memory"): mapped, their bytes, and where the requests
+ * by device reference ran. */
+static void render_gpu_regions(const td_metrics_t *m, const td_gauges_t *g, out_t *o)
+{
+    if (!m->gpu_devices)
+        return;
+    emit(o,
+         "# HELP tallyd_gpu_regions Device regions imported on the GPUs (registered, or in use).\n"
+         "# TYPE tallyd_gpu_regions gauge\n"
+         "tallyd_gpu_regions %u\n"
+         "# HELP tallyd_gpu_region_bytes Bytes of the device regions imported.\n"
+         "# TYPE tallyd_gpu_region_bytes gauge\n"
+         "tallyd_gpu_region_bytes %llu\n"
+         "# HELP tallyd_gpu_region_requests_total Requests by device reference completed on each "
+         "GPU: on the GPU holding the region (owner) or on another one over peer access (peer).\n"
+         "# TYPE tallyd_gpu_region_requests_total counter\n",
+         g->gpu_regions, (unsigned long long)g->gpu_region_bytes);
+    static const char *const where[2] = {"owner", "peer"};
+    for (unsigned d = 0; d < m->gpu_devices; d++)
+        for (unsigned w = 0; w < 2; w++)
+            emit(o, "tallyd_gpu_region_requests_total{device=\"%u\",where=\"%s\"} %llu\n", d,
+                 where[w], (unsigned long long)m->gpu_region_requests[d][w]);
 }
 
 /* Shared memory, requests per GPU and the per-peer limits. */
@@ -394,6 +413,7 @@ static void render_resources(const td_metrics_t *m, const td_gauges_t *g, out_t 
     for (unsigned d = 0; d < m->gpu_devices; d++)
         emit(o, "tallyd_gpu_requests_total{device=\"%u\"} %llu\n", d,
              (unsigned long long)m->gpu_requests[d]);
+    render_gpu_regions(m, g, o);
     static const char *const limit_names[TD_LIMIT_COUNT] = {
         "inflight_share", "client_streams", "stream_rate", "reply_bytes_peer", "reply_bytes"};
     emit(o, "# HELP tallyd_limited_total Requests refused by a per-peer limit: the connection's "
@@ -482,19 +502,18 @@ static void render_replies(const td_gauges_t *g, out_t *o)
          "and max_reply_bytes (total).\n"
          "# TYPE tallyd_reply_bytes_limit gauge\n"
          "tallyd_reply_bytes_limit{scope=\"peer\"} %llu\n"
-         "tallyd_reply_bytes_limit{scope=\"total\"} %llu\n"
-         "# HELP tallyd_connections_lost_total Connections found closed while requests of theirs "
-         "were unanswered (the client closed it, or ZeroMQ did after a frame over max_frame).\n"
-         "# TYPE tallyd_connections_lost_total counter\n"
-         "tallyd_connections_lost_total %llu\n"
-         "# HELP tallyd_replies_resent_total Replies kept for such a connection and sent once a "
-         "connection with its routing id came back.\n"
-         "# TYPE tallyd_replies_resent_total counter\n"
-         "tallyd_replies_resent_total %llu\n",
+         "tallyd_reply_bytes_limit{scope=\"total\"} %llu\n",
          (unsigned long long)g->reply.held, (unsigned long long)g->reply.reserved,
          (unsigned long long)g->reply.peak_peer, (unsigned long long)g->reply.peak_total,
-         (unsigned long long)g->reply.bound_peer, (unsigned long long)g->reply.bound_total,
-         (unsigned long long)g->reply.connections_lost, (unsigned long long)g->reply.resent);
+         (unsigned long long)g->reply.bound_peer, (unsigned long long)g->reply.bound_total);
+    emit_counter(o, "tallyd_connections_lost_total",
+                 "Connections found closed while requests of theirs were unanswered (the client "
+                 "closed it, or ZeroMQ did after a frame over max_frame).",
+                 g->reply.connections_lost);
+    emit_counter(o, "tallyd_replies_resent_total",
+                 "Replies kept for such a connection and sent once a connection with its routing "
+                 "id came back.",
+                 g->reply.resent);
 }
 
 size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf, size_t cap)

@@ -37,6 +37,8 @@ typedef struct {
     double uptime_s;
     unsigned shm_regions;  /* shared-memory regions mapped */
     uint64_t shm_bytes;    /* their bytes */
+    unsigned gpu_regions;  /* of them device regions (imported on a GPU), and their bytes */
+    uint64_t gpu_region_bytes;
     bool stopping;         /* a stop signal arrived: draining */
     unsigned gpus_lost;    /* GPUs marked unusable since start */
     uint64_t pub_messages; /* subscriptions: messages published, and refused by ZeroMQ */

@@ -247,9 +247,8 @@ static void restore_old_record(td_streams_t *streams, td_state_report_t *r, unsi
     r->restored++;
 }
 
-/* The header of versions 2 and 3: checksum, reserved bytes, the record size field. */
-static td_err_t check_header(const uint8_t *buf, size_t len, uint32_t record_size, char *msg,
-                             size_t cap)
+/* Any version's header: all there, and its checksum right. */
+static td_err_t check_header_crc(const uint8_t *buf, size_t len, char *msg, size_t cap)
 {
     if (len < TD_STATE_HEADER_SIZE) {
         snprintf(msg, cap, "truncated: %zu bytes is shorter than the header", len);
@@ -260,6 +259,16 @@ static td_err_t check_header(const uint8_t *buf, size_t len, uint32_t record_siz
         snprintf(msg, cap, "header checksum mismatch");
         return TD_ERR_CORRUPT;
     }
+    return TD_OK;
+}
+
+/* The header of versions 2 and 3: checksum, reserved bytes, the record size field. */
+static td_err_t check_header(const uint8_t *buf, size_t len, uint32_t record_size, char *msg,
+                             size_t cap)
+{
+    td_err_t err = check_header_crc(buf, len, msg, cap);
+    if (err != TD_OK)
+        return err;
     if (tally_get_u32(buf + 16) != record_size || tally_get_u32(buf + 20) ||
         tally_get_u32(buf + 32)) {
         snprintf(msg, cap,
@@ -447,15 +456,9 @@ static td_err_t decode_v1(const uint8_t *buf, size_t len, td_streams_t *streams,
 /* A version-4 header of `magic`: checksum and reserved bytes (the version is known to be 4). */
 static td_err_t check_v4_header(const uint8_t *buf, size_t len, bool log, char *msg, size_t cap)
 {
-    if (len < TD_STATE_HEADER_SIZE) {
-        snprintf(msg, cap, "truncated: %zu bytes is shorter than the header", len);
-        return TD_ERR_CORRUPT;
-    }
-    if (td_state_crc(buf, TD_STATE_HEADER_CRC_OFF) !=
-        tally_get_u32(buf + TD_STATE_HEADER_CRC_OFF)) {
-        snprintf(msg, cap, "header checksum mismatch");
-        return TD_ERR_CORRUPT;
-    }
+    td_err_t err = check_header_crc(buf, len, msg, cap);
+    if (err != TD_OK)
+        return err;
     if ((log && tally_get_u32(buf + 12)) || tally_get_u32(buf + 32) ||
         tally_get_u64(buf + 16) == 0) {
         snprintf(msg, cap, "reserved header bytes set, or generation 0: not this tallyd's layout");

@@ -4,7 +4,7 @@
  *
  * This is what the daemon's GPU pipeline calls directly: it owns pinned staging, device buffers,
  * streams and per-stream state, and chains H2D copy -> kernel -> D2H copy on one cudaStream_t.
- * The synchronous backend table of tk_backend.h (kernels/cuda/cuda_backend.c) is built on it.
+ * (It is the only way to the kernels: there is no synchronous CUDA backend table.)
  *
  * Rules every function here keeps:
  *   - It only enqueues work on `stream`: it never allocates, never synchronises the device or
@@ -103,6 +103,15 @@ tally_status_t tk_cuda_hist(uint8_t dtype, const void *d_in, size_t n, int64_t l
                             tk_hist_t *d_hist, void *d_scratch, size_t scratch_bytes,
                             cudaStream_t stream);
 
+/* ---- minmax --------------------------------------------------------------------------------- */
+
+/* Folds the n elements of d_in (dtype i32, u8 or u16) into d_minmax[0] (the smallest) and
+ * d_minmax[1] (the largest), on the device, in stream order; tk_cuda_minmax_reset first sets
+ * them to TK_MINMAX_EMPTY_MIN and _MAX (what an empty batch leaves). No scratch. */
+tally_status_t tk_cuda_minmax_reset(int64_t *d_minmax, cudaStream_t stream);
+tally_status_t tk_cuda_minmax(uint8_t dtype, const void *d_in, size_t n, int64_t *d_minmax,
+                              cudaStream_t stream);
+
 /* ---- helpers --------------------------------------------------------------------------------- */
 
 /* The largest scratch any operation needs for a batch of at most max_batch_bytes, so a pipeline
@@ -119,8 +128,8 @@ tally_status_t tk_cuda_status(cudaError_t err);
 const char *tk_cuda_error_string(void);
 
 /* ---- host side: what every caller of the functions above needs ----------------------------
- * The one layer of CUDA host code: the synchronous backend (cuda_backend.c) and the daemon's
- * GPU lanes (daemon/gpu/td_gpu_cuda.c) both build on it (tk_cuda_buffers.c). */
+ * The one layer of CUDA host code: the daemon's GPU lanes (daemon/gpu/td_gpu_cuda.c) build on it
+ * (tk_cuda_buffers.c). */
 
 /* The device buffers for one batch at a time on one CUDA stream, allocated once for batches of
  * at most max_batch bytes: a non-blocking stream, input (max_batch bytes), output (2 x

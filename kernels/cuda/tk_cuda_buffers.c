@@ -78,3 +78,13 @@ void tk_cuda_buffers_close(tk_cuda_buffers_t *b)
     (void)cudaGetLastError();
     memset(b, 0, sizeof *b);
 }
+
+int tk_cuda_device_count(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return count;
+}

@@ -237,6 +237,16 @@ tk_tile_publish(tk_tile_state_t *states, unsigned tile, T total, int lane)
     return prefix;
 }
 
+/* minmax: 256 threads, 4 resident blocks per SM (the histogram's persistent grid shape), one
+ * 16-byte vector load per thread per step. Not measured yet (written on a machine without a
+ * GPU; the kernel benchmark does not run it): a first shape, correct whatever the values. */
+#ifndef TK_MINMAX_THREADS
+#define TK_MINMAX_THREADS 256
+#endif
+#ifndef TK_MINMAX_BLOCKS_PER_SM
+#define TK_MINMAX_BLOCKS_PER_SM 4
+#endif
+
 /* ---- Errors --------------------------------------------------------------------------------- */
 
 /* cudaGetLastError after a launch: TALLY_OK or tk_cuda_status's TALLY_E_BACKEND. */

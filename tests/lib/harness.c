@@ -629,19 +629,6 @@ void th_cli_free(th_cli_t *r)
     r->out = r->err = NULL;
 }
 
-void th_hist_i32(const int32_t *x, size_t n, int64_t lo, int64_t hi,
-                 uint64_t counts[TALLY_HIST_I32_VALUES])
-{
-    for (size_t i = 0; i < n; i++) {
-        if (x[i] < lo)
-            counts[TALLY_HIST_BINS]++;
-        else if (x[i] >= hi)
-            counts[TALLY_HIST_BINS + 1]++;
-        else
-            counts[tally_hist_bin_i32(x[i], lo, hi)]++;
-    }
-}
-
 bool th_u64s_equal(const uint8_t *le, size_t len, const uint64_t *expect, size_t n)
 {
     if (len != 8 * n) {

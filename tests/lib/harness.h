@@ -156,11 +156,6 @@ uint64_t th_rand(void);
 /* n values uniform in [lo, hi] from th_rand, malloc'ed with room for one more (n may be 0);
  * aborts when out of memory. */
 int32_t *th_random_i32(size_t n, int64_t lo, int64_t hi);
-/* The reference i32 histogram (PROTOCOL.md): each of x's n values adds one to counts' bin
- * tally_hist_bin_i32(x, lo, hi) when in [lo, hi), else to underflow (counts[256]) or
- * overflow (counts[257]). */
-void th_hist_i32(const int32_t *x, size_t n, int64_t lo, int64_t hi,
-                 uint64_t counts[TALLY_HIST_I32_VALUES]);
 /* True when the len bytes at le are the n little-endian uint64_t of expect (a histogram as a
  * reply or tally_run carries it); the first difference is printed on stderr. */
 bool th_u64s_equal(const uint8_t *le, size_t len, const uint64_t *expect, size_t n);

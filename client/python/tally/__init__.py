@@ -50,10 +50,11 @@ from ._lib import Error, lib
 from ._sub import Publication, Subscriber
 from ._wire import (DEFAULT_ENDPOINT, DEFAULT_TIMEOUT_MS, DTYPE, E_ARG, E_IO,  # noqa: F401
                     E_UNKNOWN_STREAM, E_WINDOW, FLAG_FILTER_STABLE, FLAG_SCAN_EXCLUSIVE,
-                    FLAG_SCAN_OUT_I32, HIST_BINS, OP, PRED, SEQ_APPEND, SEQ_OFF, SEQ_RESUME,
+                    FLAG_SCAN_OUT_I32, HIST_BINS, OP, OP_DTYPES, PRED, SEQ_APPEND, SEQ_OFF, SEQ_RESUME,
                     WINDOW_MS_MAX)
 
-__all__ = ["BinRef", "Client", "Error", "Publication", "Push", "Quantile", "Record", "Region",
+__all__ = ["BinRef", "Client", "Error", "GpuRegion", "Publication", "Push", "Quantile", "Record",
+           "Region",
            "Subscriber", "Summary", "Window", "channels", "edges", "keygen", "library_version",
            "quantile", "quantiles", "summarize"]
 
@@ -102,7 +103,7 @@ class _Handle:
 
 _NUMPY_TYPE = {"u8": np.uint8, "i32": np.int32, "u16": np.uint16, "rgb8": np.uint8,
                "rgba8": np.uint8}
-_OP_DTYPES = {"filter": ("i32", "u8"), "scan": ("i32",), "hist": tuple(_NUMPY_TYPE)}
+_OP_DTYPES = OP_DTYPES  # what each operation takes: proto/'s operation table, via _wire.py
 
 
 def _dtype_name(dtype: DtypeLike) -> str:
@@ -200,8 +201,8 @@ def _op_request(op: str, dtype: int, stream: Optional[str], params: Dict[str, An
             FLAG_SCAN_OUT_I32 if params.pop("out32", False) else 0)
     elif op == "hist":
         lo, hi = _hist_args(dtype, params.pop("range", None))
-    else:
-        raise ValueError(f"filter, scan or hist, not {op!r}")
+    elif op != "minmax":  # minmax takes no parameters
+        raise ValueError(f"filter, scan, hist or minmax, not {op!r}")
     if params:
         raise TypeError(f"unexpected arguments for {op}: {', '.join(params)}")
     return _request(op, dtype, stream, flags, pred, lo, hi)
@@ -339,6 +340,79 @@ class Region(_Handle):
         super().close()
 
 
+class GpuRegion(_Handle):
+    """GPU memory registered with tallyd as a device region (PROTOCOL.md §10 "Device memory"):
+    `nbytes` bytes on CUDA device `device` (tally_gpu_alloc: exportable, its allocation rounded
+    up to the granularity), seen as a 1-D array of `dtype`. It has __cuda_array_interface__, so
+    cupy.asarray(r) and torch.as_tensor(r, device="cuda") are views of the same memory (no
+    copy): fill them in place, synchronize (the data must be there when the request is sent),
+    then client.hist(r), client.filter(r, ...) and client.scan(r) read it on tallyd's GPU by
+    reference. output=True registers it as an output region too: filter(x, ..., out=r) and
+    scan(x, out=r) have tallyd's GPU write their output into it. copy_from / to_host copy through
+    the host without CuPy. Close it (or `with`) before its client."""
+
+    _handle_attr, _destroy = "_r", lib.tally_region_destroy
+
+    def __init__(self, client: "Client", nbytes: int, dtype: DtypeLike = "u8", device: int = 0,
+                 output: bool = False):
+        self._client, self._r, self._mem = client, ctypes.c_void_p(), ctypes.c_void_p()
+        self.dtype_name: str = _dtype_name(dtype)
+        self.dtype = np.dtype(_NUMPY_TYPE[self.dtype_name])
+        if nbytes <= 0 or nbytes % self.dtype.itemsize:
+            raise ValueError(f"nbytes {nbytes}: a positive multiple of {self.dtype.itemsize}")
+        self.nbytes, self.device = nbytes, device
+        st = lib.tally_gpu_alloc(device, nbytes, ctypes.byref(self._mem))
+        if st:
+            raise Error(st, f"cannot allocate {nbytes} bytes of GPU memory: "
+                            f"{lib.tally_gpu_error().decode(errors='replace')}")
+        st = lib.tally_gpu_register(client._c, self._mem, 0x2 if output else 0, None,
+                                    ctypes.byref(self._r))
+        if st:
+            message = lib.tally_client_error(client._c)
+            lib.tally_gpu_free(ctypes.byref(self._mem))
+            client._check(st, message)
+        self.ptr: int = lib.tally_gpu_ptr(self._mem) or 0
+
+    @property
+    def shape(self) -> Tuple[int]:
+        return (self.nbytes // self.dtype.itemsize,)
+
+    @property
+    def __cuda_array_interface__(self) -> Dict[str, Any]:
+        """Numba's CUDA Array Interface (version 3): the device pointer, shape and type. No
+        stream: the producer synchronizes before it sends a request that reads the data."""
+        if not self._r:
+            raise ValueError("the GPU region is closed")
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr, False),
+                "strides": None, "version": 3}
+
+    def copy_from(self, x: Array, offset: int = 0) -> None:
+        """Copies host array x into the region at byte `offset` (synchronous)."""
+        x = np.ascontiguousarray(x)
+        st = lib.tally_gpu_copy_to(self._mem, offset, x.ctypes.data, x.nbytes)
+        if st:
+            raise Error(st, lib.tally_gpu_error().decode(errors="replace"))
+
+    def to_host(self, offset: int = 0, count: Optional[int] = None,
+                dtype: Optional[DtypeLike] = None) -> Array:
+        """A host copy of `count` elements (of dtype, default the region's) from byte offset."""
+        np_type = self.dtype if dtype is None else np.dtype(dtype)
+        count = (self.nbytes - offset) // np_type.itemsize if count is None else count
+        out = np.empty(count, dtype=np_type)
+        st = lib.tally_gpu_copy_from(self._mem, offset, out.ctypes.data, out.nbytes)
+        if st:
+            raise Error(st, lib.tally_gpu_error().decode(errors="replace"))
+        return out
+
+    def close(self) -> None:
+        super().close()  # released in tallyd first (it keeps its own reference until then)
+        if self._mem:
+            lib.tally_gpu_free(ctypes.byref(self._mem))
+
+
+AnyRegion = Union[Region, GpuRegion]
+
+
 class Client(_Handle):
     """One connection to tallyd (a libtally client). Use it from one thread.
 
@@ -394,8 +468,16 @@ class Client(_Handle):
             _lib.free(text)
 
     def info(self) -> Dict[str, str]:
-        """The daemon's info as a dict (version, backend, max_batch, ...; values are strings)."""
-        return dict(line.split("=", 1) for line in self._text("info").splitlines() if "=" in line)
+        """The daemon's info as a dict in the daemon's order (version, backend, max_batch, ...;
+        values are strings; keys this binding does not know are kept), parsed by libtally's
+        tally_info_fetch: Error reply for text that is not key=value lines."""
+        parsed = ctypes.c_void_p()
+        self._check(lib.tally_info_fetch(self._c, ctypes.byref(parsed)))
+        try:
+            return {lib.tally_info_key(parsed, i).decode(): lib.tally_info_value(parsed, i).decode()
+                    for i in range(lib.tally_info_count(parsed))}
+        finally:
+            lib.tally_info_destroy(ctypes.byref(parsed))
 
     def stats(self) -> str:
         """The daemon's metrics, Prometheus text."""
@@ -475,31 +557,72 @@ class Client(_Handle):
         finally:
             lib.tally_buf_free(ctypes.byref(out))
 
-    def filter(self, x: Array, gt: Optional[int] = None, ge: Optional[int] = None,
-               lt: Optional[int] = None, le: Optional[int] = None, eq: Optional[int] = None,
-               ne: Optional[int] = None, between: Optional[Tuple[int, int]] = None,
-               stable: bool = False, stream: Optional[str] = None, **kw: Any) -> Array:
-        """The elements of x (int32 or uint8) that satisfy the one predicate given."""
+    def filter(self, x: Union[Array, GpuRegion], gt: Optional[int] = None,
+               ge: Optional[int] = None, lt: Optional[int] = None, le: Optional[int] = None,
+               eq: Optional[int] = None, ne: Optional[int] = None,
+               between: Optional[Tuple[int, int]] = None,
+               stable: bool = False, stream: Optional[str] = None, **kw: Any) -> Any:
+        """The elements of x (int32 or uint8) that satisfy the one predicate given. x may be a
+        GpuRegion (read on tallyd's GPU by reference); with out=GpuRegion (registered with
+        output=True) the kept elements are written there and their number is returned."""
+        params = dict(gt=gt, ge=ge, lt=lt, le=le, eq=eq, ne=ne, between=between, stable=stable)
+        if isinstance(x, GpuRegion):
+            return self._by_reference("filter", x, stream, params, kw)
         x, dtype = _as_input(x, "filter", None)
-        req = _op_request("filter", dtype, stream, dict(gt=gt, ge=ge, lt=lt, le=le, eq=eq, ne=ne,
-                                                        between=between, stable=stable))
-        return self.run(req, x, **kw)[0]
+        return self.run(_op_request("filter", dtype, stream, params), x, **kw)[0]
 
-    def scan(self, x: Array, exclusive: bool = False, out32: bool = False,
-             stream: Optional[str] = None, **kw: Any) -> Array:
-        """Prefix sums of int32 x: int64 (int32 wrapping with out32); a stream carries."""
+    def scan(self, x: Union[Array, GpuRegion], exclusive: bool = False, out32: bool = False,
+             stream: Optional[str] = None, **kw: Any) -> Any:
+        """Prefix sums of int32 x: int64 (int32 wrapping with out32); a stream carries. x may be
+        a GpuRegion, and out=GpuRegion receives the sums (their number is returned), as for
+        filter."""
+        params = dict(exclusive=exclusive, out32=out32)
+        if isinstance(x, GpuRegion):
+            return self._by_reference("scan", x, stream, params, kw)
         x, dtype = _as_input(x, "scan", None)
-        req = _op_request("scan", dtype, stream, dict(exclusive=exclusive, out32=out32))
-        return self.run(req, x, **kw)[0]
+        return self.run(_op_request("scan", dtype, stream, params), x, **kw)[0]
 
-    def hist(self, x: Array, range: Optional[Tuple[int, int]] = None,
+    def hist(self, x: Union[Array, GpuRegion], range: Optional[Tuple[int, int]] = None,
              stream: Optional[str] = None, dtype: Optional[DtypeLike] = None,
              **kw: Any) -> Array:
         """The histogram of x: uint8 256 counts; int32 and uint16 over range=(lo, hi) 258 (256
         bins, underflow, overflow); an (H, W, 3|4) uint8 image, or dtype="rgb8"/"rgba8" with
-        interleaved bytes, (3|4, 256) counts per channel. uint64 counts."""
+        interleaved bytes, (3|4, 256) counts per channel. uint64 counts. x may be a GpuRegion:
+        its nbytes, of its dtype (or dtype=), read on tallyd's GPU by reference."""
+        if isinstance(x, GpuRegion):
+            counts: Array = self._by_reference("hist", x, stream, dict(range=range),
+                                               dict(kw, dtype=dtype))
+            return counts
         x, dt = _as_input(x, "hist", dtype)
         return self.run(_op_request("hist", dt, stream, dict(range=range)), x, **kw)[0]
+
+    def minmax(self, x: Array, dtype: Optional[DtypeLike] = None,
+               **kw: Any) -> Optional[Tuple[int, int]]:
+        """The smallest and largest element of x (int32, uint8 or uint16) as (min, max); None
+        for an empty x. No stream: tallyd keeps nothing of it."""
+        x, dt = _as_input(x, "minmax", dtype)
+        out = self.run(_op_request("minmax", dt, None, {}), x, **kw)[0]
+        return (int(out[0]), int(out[1])) if out.size else None
+
+    def _by_reference(self, op: str, r: GpuRegion, stream: Optional[str],
+                      params: Dict[str, Any], kw: Dict[str, Any]) -> Any:
+        """op over GpuRegion r's nbytes by device reference (tally_call_shm); kw: dtype (hist),
+        offset, length (bytes), out (a GpuRegion for filter and scan) and out_offset."""
+        name = _dtype_name(kw.get("dtype") or r.dtype_name)
+        if name not in _OP_DTYPES[op]:
+            raise TypeError(f"{op} takes {', '.join(_OP_DTYPES[op])} elements, not {name}")
+        out: Optional[GpuRegion] = kw.get("out")
+        offset = int(kw.get("offset", 0))
+        length = int(kw.get("length", r.nbytes - offset))
+        req = _op_request(op, DTYPE[name], stream, params)
+        result, rep = self._call_shm(req, r, offset, length, out, int(kw.get("out_offset", 0)))
+        return rep["count"] if out is not None else result
+
+    def gpu_region(self, nbytes: int, dtype: DtypeLike = "u8", device: int = 0,
+                   output: bool = False) -> GpuRegion:
+        """nbytes of GPU memory on CUDA device `device`, registered with tallyd as a device
+        region (see GpuRegion); output=True lets filter and scan write into it."""
+        return GpuRegion(self, nbytes, dtype, device, output)
 
     # -- streaming --
 
@@ -507,7 +630,7 @@ class Client(_Handle):
              on_output: Optional[OutputFn] = None, chunk_bytes: int = 0, window: int = 0,
              shm: bool = False, seq: bool = True, seq_base: Optional[int] = None,
              **params: Any) -> Push:
-        """A streaming push of op ("filter", "scan", "hist"); params as for the array calls
+        """A streaming push of op ("filter", "scan", "hist", "minmax"); params as for the array calls
         (gt=..., stable=..., exclusive=..., out32=..., range=...). dtype: "u8", "i32", "u16",
         "rgb8", "rgba8" or a NumPy type (default: u8 for hist without range, else i32). On a
         stream the chunks are numbered (seq=False: not); seq_base resumes a push that stopped."""
@@ -526,8 +649,8 @@ class Client(_Handle):
         """A shared-memory region of size bytes, registered with tallyd (on this host)."""
         return Region(self, size)
 
-    def _call_shm(self, req: _lib.Req, region: Region, offset: int, length: int,
-                  out_region: Optional[Region] = None,
+    def _call_shm(self, req: _lib.Req, region: AnyRegion, offset: int, length: int,
+                  out_region: Optional[AnyRegion] = None,
                   out_offset: int = 0) -> Tuple[Array, Dict[str, int]]:
         reply = _lib.Reply()
         lib.tally_reply_init(ctypes.byref(reply))

@@ -14,6 +14,13 @@ OP = {
     "streams": 8,
     "stats": 9,
     "delete": 10,
+    "minmax": 13,
+}
+OP_DTYPES = {
+    "filter": ("i32", "u8"),
+    "scan": ("i32",),
+    "hist": ("i32", "u8", "u16", "rgb8", "rgba8"),
+    "minmax": ("i32", "u8", "u16"),
 }
 PRED = {
     "gt": 1,
