@@ -195,6 +195,16 @@ static size_t count_keys(const char *prefix)
     return n;
 }
 
+/* count_keys(prefix) once it equals want, within 10 s (else its last value): a purge whose
+ * PubAck timed out on a loaded box may still land a moment later. */
+static size_t count_keys_settled(const char *prefix, size_t want)
+{
+    size_t n = count_keys(prefix);
+    for (int64_t t0 = th_now_ms(); n != want && th_now_ms() - t0 < 10000; n = count_keys(prefix))
+        th_sleep_ms(100);
+    return n;
+}
+
 static void test_ckpt_large_chunked(void **state)
 {
     (void)state;
@@ -213,7 +223,7 @@ static void test_ckpt_large_chunked(void **state)
     assert_false(fenced);
     assert_int_equal(b.cur.chunks, 6); /* 5 MiB + 123 in chunks of 1 MiB - 4 KiB */
     read_back(2, 40, "B", big, big_len);
-    assert_int_equal(count_keys("p2.300."), 6);
+    assert_int_equal(count_keys_settled("p2.300.", 6), 6);
 
     /* A new owner loads it whole, and its first write removes B's chunks. */
     assert_int_equal(td_ckpt_take(&c, js, ckpts, 2, "C", 400, &st, &len, &fenced, msg, sizeof msg),
@@ -224,14 +234,14 @@ static void test_ckpt_large_chunked(void **state)
     assert_int_equal(td_ckpt_write(&c, 41, big, 1000, &fenced, msg, sizeof msg), TD_OK);
     assert_int_equal(c.cur.chunks, 0); /* inline */
     read_back(2, 41, "C", big, 1000);
-    assert_int_equal(count_keys("p2.300."), 0);
+    assert_int_equal(count_keys_settled("p2.300.", 0), 0);
     /* Chunked again, twice: the second write goes to the other slot, the first stays intact
      * until the manifest names the second. */
     assert_int_equal(td_ckpt_write(&c, 42, big, big_len, &fenced, msg, sizeof msg), TD_OK);
     big[7] ^= 1;
     assert_int_equal(td_ckpt_write(&c, 43, big, big_len, &fenced, msg, sizeof msg), TD_OK);
     read_back(2, 43, "C", big, big_len);
-    assert_int_equal(count_keys("p2.400."), 12);
+    assert_int_equal(count_keys_settled("p2.400.", 12), 12);
 
     /* A damaged chunk: the CRC catches it. */
     char key[64];
