@@ -175,6 +175,11 @@ const cli_option_t cli_common_options[] = {
     {"client-key", CLI_OPT_CLIENT_KEY, "FILE",
      "this client's key file from `tally keygen` (default:\n"
      "$TALLY_CLIENT_KEY, else client_key in that file)"},
+    {"nats", CLI_OPT_NATS, "URL",
+     "a tallyd fleet's NATS servers (nats://HOST:PORT, comma-separated)\n"
+     "instead of one tallyd at -e (default: $TALLY_NATS; PROTOCOL.md §13)"},
+    {"nats-creds", CLI_OPT_NATS_CREDS, "FILE",
+     "the NATS credentials file (.creds) for --nats (default:\n$TALLY_NATS_CREDS)"},
     {"help", 'h', NULL, "show this help"},
     {0},
 };
@@ -183,6 +188,8 @@ static const cli_setter_t common_setters[] = {
     CLI_SET_ARG('e', cli_t, endpoint),
     CLI_SET_ARG(CLI_OPT_SERVER_KEY, cli_t, server_key),
     CLI_SET_ARG(CLI_OPT_CLIENT_KEY, cli_t, client_key),
+    CLI_SET_ARG(CLI_OPT_NATS, cli_t, nats),
+    CLI_SET_ARG(CLI_OPT_NATS_CREDS, cli_t, nats_creds),
     {0},
 };
 
@@ -447,8 +454,27 @@ static int client_new(const cli_t *cli, int timeout_ms, tally_client_t **client)
     return 0;
 }
 
+int cli_nats_client(const cli_t *cli, int timeout_ms, tally_client_t **client)
+{
+    tally_nats_opts_t o = {
+        .servers = cli->nats, .credentials = cli->nats_creds, .timeout_ms = timeout_ms};
+    char why[512] = "";
+    tally_status_t status = tally_client_new_nats(&o, client, why, sizeof why);
+    if (status == TALLY_E_TRANSPORT) {
+        cli_error("cannot connect to NATS at %s: %s", cli->nats, why);
+        return EXIT_TRANSPORT;
+    }
+    if (status != TALLY_OK) {
+        cli_error("NATS %s: %s", cli->nats, why[0] ? why : tally_status_name(status));
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
 int cli_connect(const cli_t *cli, tally_client_t **client)
 {
+    if (cli->nats) /* a fleet (PROTOCOL.md §13): NATS says itself when nothing answers */
+        return cli_nats_client(cli, cli->timeout_ms, client);
     char why[320];
     const char *ep = cli->endpoint;
     if (tally_endpoint_check(ep, TALLY_ENDPOINT_CONNECT, why, sizeof why) != TALLY_OK) {

@@ -42,6 +42,8 @@ typedef struct {
     int timeout_ms;         /* -t */
     const char *server_key; /* --server-key: tallyd's CURVE public key or .pub file, or NULL */
     const char *client_key; /* --client-key: this client's key file, or NULL */
+    const char *nats;       /* --nats, else $TALLY_NATS: a fleet's NATS servers instead of -e */
+    const char *nats_creds; /* --nats-creds, else $TALLY_NATS_CREDS: a NATS .creds file */
 } cli_t;
 
 /* One option: getopt_long's fields plus what --help prints for it. */
@@ -80,7 +82,7 @@ typedef struct {
 /* Ids of long-only options start here (above every letter). */
 #define CLI_OPT_FIRST 256
 /* Ids of the long-only common options (above every command's own). */
-enum { CLI_OPT_SERVER_KEY = 4096, CLI_OPT_CLIENT_KEY };
+enum { CLI_OPT_SERVER_KEY = 4096, CLI_OPT_CLIENT_KEY, CLI_OPT_NATS, CLI_OPT_NATS_CREDS };
 
 typedef struct {
     const char *title; /* "Options", "Predicate (exactly one)"; NULL ends the list */
@@ -167,6 +169,9 @@ int cli_option_duration_ms(const char *cmd, const char *option, const char *arg,
  * daemon that is not there fails at once, naming the endpoint and the reason), and creates
  * the client. 0 or an exit status (after reporting). */
 int cli_connect(const cli_t *cli, tally_client_t **client);
+/* With --nats: a client of the fleet (tally_client_new_nats), timeout_ms for every wait. 0 or an
+ * exit status (after reporting). */
+int cli_nats_client(const cli_t *cli, int timeout_ms, tally_client_t **client);
 /* One connection attempt to the endpoint (an ipc:// path, or a tcp:// port within timeout_ms),
  * closed at once: 0 when something accepts it, else the errno (ECONNREFUSED, ENOENT,
  * ETIMEDOUT, ...). */

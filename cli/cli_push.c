@@ -330,6 +330,15 @@ static int push_open(cli_t *cli, data_args_t *a, push_run_t *p, size_t *chunk)
                                            a->count_only ? NULL : sink_write, &p->sink, &p->push);
     if (status != TALLY_OK)
         return cli_report(status, a->cmd, tally_client_error(p->client));
+    size_t fits = tally_push_chunk_bytes(p->push); /* smaller over NATS: one message a chunk */
+    size_t unit = a->frame ? a->frame : tally_dtype_size((tally_dtype_t)a->req.dtype);
+    if (fits < *chunk && fits >= unit)
+        *chunk = fits - fits % unit;
+    else if (fits < *chunk) {
+        cli_error("%s: a frame of %zu bytes does not fit one NATS message (%zu bytes)", a->cmd,
+                  unit, fits);
+        return EXIT_USAGE;
+    }
     if (!(p->chunk = malloc(*chunk))) {
         cli_error("out of memory");
         return EXIT_USAGE;

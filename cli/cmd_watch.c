@@ -247,7 +247,7 @@ static void down_reason(const watch_t *w, tally_status_t status, const char *err
                         size_t cap)
 {
     int err = 0;
-    if (status == TALLY_E_TIMEOUT || status == TALLY_E_TRANSPORT)
+    if ((status == TALLY_E_TIMEOUT || status == TALLY_E_TRANSPORT) && !w->cli->nats)
         err = cli_probe(w->cli->endpoint, w->cli->timeout_ms < 1000 ? w->cli->timeout_ms : 1000);
     if (err && err != ETIMEDOUT)
         snprintf(buf, cap, "cannot connect: %s", strerror(err));
@@ -293,7 +293,15 @@ static void poll_round(watch_t *w)
         /* Each wait is bounded by about one interval, so 'q' never waits long. */
         int timeout = (int)(w->interval_s * 1000);
         timeout = timeout < 250 ? 250 : timeout > w->cli->timeout_ms ? w->cli->timeout_ms : timeout;
-        tally_status_t st = tally_client_new_curve(w->cli->endpoint, timeout, &w->keys, &w->client);
+        if (w->cli->nats) { /* a fleet: the queries go to each stream's owner over NATS */
+            if (cli_nats_client(w->cli, timeout, &w->client) != 0)
+                mark_down(w, TALLY_E_TRANSPORT, "cannot reach NATS");
+            if (!w->client)
+                return;
+        }
+        tally_status_t st =
+            w->client ? TALLY_OK
+                      : tally_client_new_curve(w->cli->endpoint, timeout, &w->keys, &w->client);
         if (st != TALLY_OK) {
             mark_down(w, st, "cannot create a client");
             return;
@@ -583,9 +591,10 @@ static void draw(watch_t *w, bool resized)
         tally_buf_printf(&w->frame, resized ? "\x1b[H\x1b[2J" : "\x1b[H");
     char now[16];
     clock_text(wall_s(), now, sizeof now);
-    line(w, "tally watch  %s%s%s  every %gs  %s  %s%s", w->cli->endpoint,
-         w->sub_endpoint ? "  sub " : "", w->sub_endpoint ? w->sub_endpoint : "", w->interval_s,
-         w->log ? "log" : "linear", now, w->once ? "" : "  (q quits)");
+    line(w, "tally watch  %s%s%s  every %gs  %s  %s%s",
+         w->cli->nats ? w->cli->nats : w->cli->endpoint, w->sub_endpoint ? "  sub " : "",
+         w->sub_endpoint ? w->sub_endpoint : "", w->interval_s, w->log ? "log" : "linear", now,
+         w->once ? "" : "  (q quits)");
     line(w, "%s", w->status);
     header_t *headers = calloc(w->count * HV_CHANNELS_MAX, sizeof *headers);
     if (!headers)
@@ -835,6 +844,11 @@ static int run_watch(cli_t *cli, const cli_command_t *cmd, int argc, char **argv
         }
     }
     /* Checked once: later, an endpoint where nothing listens is only "unreachable" for now. */
+    if (cli->nats && w.sub_endpoint) {
+        rc = cli_usage_error("watch", "--sub takes tallyd's PUB socket; with --nats the "
+                                      "streams are queried from their owners");
+        goto done;
+    }
     if ((rc = endpoint_arg("-e", cli->endpoint)) != 0 ||
         (w.sub_endpoint && (rc = endpoint_arg("--sub", w.sub_endpoint)) != 0))
         goto done;

@@ -41,7 +41,8 @@ static void print_usage(FILE *f)
                "\n"
                "Environment: TALLY_ENDPOINT, the endpoint when -e is not given;\n"
                "TALLY_SERVER_KEY and TALLY_CLIENT_KEY, the CURVE keys when --server-key and\n"
-               "--client-key are not given.\n"
+               "--client-key are not given; TALLY_NATS and TALLY_NATS_CREDS, --nats and\n"
+               "--nats-creds.\n"
                "Exit status: 0 ok, 1 error reported by tallyd, 2 usage or input error,\n"
                "3 no reply (nothing listening, timeout or transport failure), 130 interrupted.\n");
 }
@@ -59,6 +60,8 @@ static int top_level(cli_t *cli, int argc, char **argv)
         {"timeout", required_argument, NULL, 't'},
         {"server-key", required_argument, NULL, CLI_OPT_SERVER_KEY},
         {"client-key", required_argument, NULL, CLI_OPT_CLIENT_KEY},
+        {"nats", required_argument, NULL, CLI_OPT_NATS},
+        {"nats-creds", required_argument, NULL, CLI_OPT_NATS_CREDS},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
         {0},
@@ -97,6 +100,12 @@ int main(int argc, char **argv)
     cli_t cli = {.endpoint = getenv("TALLY_ENDPOINT"), .timeout_ms = TALLY_DEFAULT_TIMEOUT_MS};
     if (!cli.endpoint || !*cli.endpoint)
         cli.endpoint = TALLY_DEFAULT_ENDPOINT;
+    cli.nats = getenv("TALLY_NATS");
+    if (cli.nats && !*cli.nats)
+        cli.nats = NULL;
+    cli.nats_creds = getenv("TALLY_NATS_CREDS");
+    if (cli.nats_creds && !*cli.nats_creds)
+        cli.nats_creds = NULL;
     int rc = top_level(&cli, argc, argv);
     if (rc)
         return rc == CLI_HELP_SHOWN ? 0 : rc;

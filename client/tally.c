@@ -36,6 +36,7 @@
  */
 #include "tally.h"
 #include "tally_args.h"
+#include "tally_client_nats.h"
 #include "tally_internal.h"
 
 #include <errno.h>
@@ -75,6 +76,7 @@ struct tally_client {
     void *monitor;         /* PAIR receiving sock's connection events */
     bool connected;        /* the last event said: handshake done (not: disconnected) */
     int64_t checked_us;    /* when the monitor was last read */
+    tally__natsc_t *natsc; /* tally_client_new_nats: a fleet over NATS, no ZeroMQ socket */
 };
 
 struct tally_region {
@@ -327,11 +329,37 @@ fail:
     return status;
 }
 
+tally_status_t tally_client_new_nats(const tally_nats_opts_t *opts, tally_client_t **out, char *msg,
+                                     size_t msg_cap)
+{
+    if (!out || !opts)
+        return TALLY_E_ARG;
+    *out = NULL;
+    tally_client_t *self = calloc(1, sizeof *self);
+    if (!self)
+        return TALLY_E_NOMEM;
+    self->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : TALLY_DEFAULT_TIMEOUT_MS;
+    self->side_fd = -1;
+    tally_status_t status = tally__natsc_new(opts, &self->natsc, msg, msg_cap);
+    if (status != TALLY_OK) {
+        free(self);
+        return status;
+    }
+    *out = self;
+    return TALLY_OK;
+}
+
 void tally_client_destroy(tally_client_t **self_p)
 {
     if (!self_p || !*self_p)
         return;
     tally_client_t *self = *self_p;
+    if (self->natsc) {
+        tally__natsc_destroy(&self->natsc);
+        free(self);
+        *self_p = NULL;
+        return;
+    }
     if (self->side_fd >= 0)
         close(self->side_fd);
     monitor_stop(self);
@@ -435,6 +463,9 @@ static tally_status_t send_until(tally_client_t *self, const tally_req_t *req, c
 {
     if (!self || !req || (len && !payload))
         return TALLY_E_ARG;
+    if (self->natsc) /* a fleet over NATS (tally_client_nats.c) */
+        return tally__natsc_send(self->natsc, req, payload, len, request_id, self->error,
+                                 sizeof self->error);
     uint64_t id;
     tally_status_t status = send_header_until(self, req, len, &id, deadline);
     if (status != TALLY_OK)
@@ -461,6 +492,10 @@ tally_status_t tally_send_zc(tally_client_t *self, const tally_req_t *req, void 
     tally_status_t status = TALLY_E_ARG;
     if (!self || !req || !payload || !len || !free_fn)
         goto release;
+    if (self->natsc) { /* NATS copies the payload into its message */
+        status = send_until(self, req, payload, len, request_id, deadline_after(self));
+        goto release;
+    }
     uint64_t id;
     status = send_header_until(self, req, len, &id, deadline_after(self));
     if (status != TALLY_OK)
@@ -532,6 +567,13 @@ bad_reply:
 
 static tally_status_t recv_until(tally_client_t *self, tally_reply_t *reply, int64_t deadline)
 {
+    if (self->natsc) {
+        int64_t left_ms = (deadline - now_us()) / 1000;
+        tally_status_t st = tally__natsc_recv(self->natsc, left_ms > 0 ? (int)left_ms : 1, reply);
+        if (st != TALLY_OK)
+            set_msg(self->error, "%s", reply->error);
+        return st;
+    }
     tally_reply_clear(reply);
     zmq_msg_t header;
     zmq_msg_init(&header);
@@ -860,6 +902,8 @@ tally_status_t tally_streams(tally_client_t *self, char ***names, size_t *count)
 /* Opens the side channel named by the daemon's `info` (once per client). */
 static tally_status_t side_connect(tally_client_t *self)
 {
+    if (self->natsc)
+        return fail(self, TALLY_E_ARG, "shared memory is not available over NATS");
     if (self->side_fd >= 0)
         return TALLY_OK;
     tally_info_t *info = NULL;
@@ -1705,6 +1749,14 @@ static tally_status_t push_prepare(tally_push_t *push, const tally_run_opts_t *o
     if (!push->elem_size || !tally_op_takes_dtype(req->opcode, req->dtype))
         return push_fail(push, TALLY_E_ARG, "request has no input dtype");
     push->chunk_bytes = tally__chunk_bytes(opts ? opts->chunk_bytes : 0, push->elem_size);
+    if (push->client->natsc) { /* over NATS: one chunk, one message (and one reply) */
+        size_t limit = tally__natsc_chunk_limit(push->client->natsc, req);
+        if (limit < push->elem_size)
+            return push_fail(push, TALLY_E_TOO_LARGE,
+                             "NATS messages are too small for one element");
+        if (push->chunk_bytes > limit)
+            push->chunk_bytes = limit / push->elem_size * push->elem_size;
+    }
     push->window = opts && opts->window ? opts->window : TALLY_DEFAULT_WINDOW;
     if (push->window > TALLY_MAX_WINDOW)
         push->window = TALLY_MAX_WINDOW;

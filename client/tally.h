@@ -627,6 +627,101 @@ TALLY_API tally_status_t tally_client_new_curve(const char *endpoint, int timeou
                                                 const tally_curve_keys_t *keys,
                                                 tally_client_t **out);
 
+/* ---- NATS JetStream: producing to a tallyd fleet (tally_nats.c; PROTOCOL.md §13) --------- */
+
+/* A producer for a fleet of tallyd workers on NATS JetStream: each request is published to its
+ * stream's partition (tally_partition) with a dedupe id, and the results a request asks for come
+ * back on the producer's own reply subject. Publishing is pipelined: tally_nats_send returns once
+ * its messages are handed to NATS (waiting only while more than window_bytes await their
+ * PubAck), tally_nats_flush waits until JetStream has acknowledged every one. A message whose
+ * PubAck does not come (a timeout, a stream leader being elected, a full partition) is published
+ * again with the same dedupe id, so JetStream stores it once. Not thread-safe: one per thread. */
+typedef struct tally_nats tally_nats_t;
+
+typedef struct {
+    const char *servers;     /* comma-separated URLs ("nats://h1:4222,tls://h2:4222"); NULL:
+                              * nats://127.0.0.1:4222. A user and password, or a token, may be
+                              * in a URL ("nats://user:pw@host:4222") */
+    const char *credentials; /* a .creds file (user JWT and nkey seed); NULL: none */
+    const char *nkey;        /* a user nkey ("U..."), with nkey_seed: the file holding its seed */
+    const char *nkey_seed;
+    const char *tls_ca;   /* a CA file (PEM): TLS, with the server's certificate checked */
+    const char *tls_cert; /* a client certificate and key (PEM), where the server asks */
+    const char *tls_key;
+    const char *producer_id; /* the dedupe ids' prefix, 1..64 of A-Z a-z 0-9 - _; NULL: 16 random
+                              * hex digits. Two producers with one id dedupe each other */
+    int timeout_ms;          /* every wait: connecting, a PubAck (then a resend), a reply;
+                              * 0: TALLY_DEFAULT_TIMEOUT_MS */
+    uint32_t partitions;     /* 0: the fleet's (read from NATS, where a worker wrote it) */
+    size_t window_bytes;     /* message bytes awaiting a PubAck before a send waits; 0: 32 MiB */
+} tally_nats_opts_t;
+
+typedef struct {
+    uint64_t sent;            /* messages published (chunks of a split batch count each) */
+    uint64_t acked;           /* PubAcks received: stored, or duplicates */
+    uint64_t duplicates;      /* PubAcks that said "duplicate": the stream had that id already */
+    uint64_t resent;          /* publishes again after a failed or missing PubAck */
+    uint64_t failed;          /* messages the stream refused for good (larger than it takes) */
+    uint64_t pending;         /* messages still without a PubAck */
+    uint64_t replies_dropped; /* replies not awaited: an answer again after a worker's take-over */
+} tally_nats_stats_t;
+
+/* Connects and reads the fleet's partition count. TALLY_E_ARG (a malformed option, no fleet
+ * yet), TALLY_E_TRANSPORT (no server accepts the connection); msg (may be NULL) says why. */
+TALLY_API tally_status_t tally_nats_new(const tally_nats_opts_t *opts, tally_nats_t **out,
+                                        char *msg, size_t msg_cap);
+/* Closes the connection: messages still without a PubAck are not waited for (flush first). */
+TALLY_API void tally_nats_destroy(tally_nats_t **self_p);
+TALLY_API uint32_t tally_nats_partitions(const tally_nats_t *self);
+/* The server's max_payload: the largest message, headers included. */
+TALLY_API size_t tally_nats_max_payload(const tally_nats_t *self);
+TALLY_API const char *tally_nats_producer_id(const tally_nats_t *self);
+/* The message of the last failure ("" if none). */
+TALLY_API const char *tally_nats_error(const tally_nats_t *self);
+TALLY_API void tally_nats_stats(tally_nats_t *self, tally_nats_stats_t *out);
+
+/* Publishes a filter, scan, hist, reset or delete request (checked as tally_send checks it) to
+ * its partition. A payload larger than one message takes is cut into several requests of whole
+ * elements on the same stream (chunk i carries req->seq + i when req->seq is set), each its own
+ * message; with want_reply, small enough that the reply fits a message too. A scan without a
+ * stream is refused when it would need cutting. The requests get request ids first_id,
+ * first_id + 1, ... (*chunks of them; both may be NULL): with want_reply their replies come to
+ * tally_nats_recv. Returns once every message is handed to NATS, or TALLY_E_TIMEOUT when the
+ * window stayed full for the timeout (the messages before stay queued). */
+TALLY_API tally_status_t tally_nats_send(tally_nats_t *self, const tally_req_t *req,
+                                         const void *payload, size_t len, bool want_reply,
+                                         uint64_t *first_id, uint64_t *chunks);
+/* Waits until every message sent has its PubAck, publishing again those whose PubAck failed.
+ * TALLY_E_TIMEOUT when some still have none after the timeout: they stay queued and the next
+ * flush sends them again (JetStream dedupes an id for 2 minutes after its first publish). */
+TALLY_API tally_status_t tally_nats_flush(tally_nats_t *self);
+/* The next reply to a request sent with want_reply, each request's once, in any order (match
+ * reply->rep.request_id), waiting up to timeout_ms (0: the producer's timeout). Returns the
+ * reply's status, or TALLY_E_TIMEOUT, TALLY_E_TRANSPORT, TALLY_E_REPLY. */
+TALLY_API tally_status_t tally_nats_recv(tally_nats_t *self, int timeout_ms, tally_reply_t *reply);
+
+/* A query of a stream (its partition's owner answers), or ping, info, stats (one worker
+ * answers), by NATS request-reply; the reply as tally_call gives it. While nobody answers (a
+ * partition between two owners) it asks again until the timeout (TALLY_E_TIMEOUT). */
+TALLY_API tally_status_t tally_nats_call(tally_nats_t *self, const tally_req_t *req,
+                                         const void *payload, size_t len, tally_reply_t *reply);
+/* The stream's record, as tally_query. */
+TALLY_API tally_status_t tally_nats_query(tally_nats_t *self, const char *stream,
+                                          tally_stream_info_t *info);
+/* The fleet's streams: every worker's, gathered until as many workers answered as are members
+ * (or the timeout), each name once; freed with tally_strings_free. */
+TALLY_API tally_status_t tally_nats_streams(tally_nats_t *self, char ***names, size_t *count);
+
+/* A client of a fleet instead of one tallyd (PROTOCOL.md §13 "A client over NATS"): the same
+ * tally_send, tally_recv, tally_call, tally_run, pushes and wrappers, over NATS. filter, scan,
+ * hist, reset and delete are published to their partition, each request one message with a
+ * reply subject (a payload over one message is refused, TALLY_E_TOO_LARGE; pushes and tally_run
+ * cut their chunks to fit); query, ping, info and stats go by request-reply; `streams` gathers
+ * every worker's. Shared-memory and device regions are refused (TALLY_E_ARG). Errors as
+ * tally_nats_new. */
+TALLY_API tally_status_t tally_client_new_nats(const tally_nats_opts_t *opts, tally_client_t **out,
+                                               char *msg, size_t msg_cap);
+
 #ifdef __cplusplus
 }
 #endif

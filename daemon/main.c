@@ -13,6 +13,9 @@
 
 #include "td_config.h"
 #include "td_settings.h"
+#ifdef TALLY_HAVE_NATS
+#include "td_fleet.h"
+#endif
 #include "td_log.h"
 #include "td_notify.h"
 #include "td_server.h"
@@ -34,6 +37,43 @@ static void set_malloc_thresholds(void)
         td_warn("cannot limit malloc's arenas: freed memory may pile up in one per thread");
 }
 
+/* The [nats] settings: checked with the rest, before anything starts. */
+static td_err_t check_fleet(const td_config_t *cfg, char *msg, size_t cap)
+{
+#ifdef TALLY_HAVE_NATS
+    return td_fleet_check_config(cfg, msg, cap);
+#else
+    if (!cfg->nats_servers)
+        return TD_OK;
+    snprintf(msg, cap,
+             "[nats] servers is set, but this tallyd was built without NATS (libnats-dev)");
+    return TD_ERR_CONFIG;
+#endif
+}
+
+/* The server, with the fleet worker beside it when [nats] servers is set (td_fleet.h). */
+static int run(const td_config_t *cfg, td_server_t *server)
+{
+#ifdef TALLY_HAVE_NATS
+    td_fleet_t *fleet = NULL;
+    if (cfg->nats_servers) {
+        td_fleet_host_t host = {.loop = td_server_loop(server),
+                                .streams = td_server_streams(server),
+                                .cfg = cfg,
+                                .path = td_server_path(server),
+                                .status = td_server_fleet_status(server)};
+        if (td_fleet_new(&host, &fleet) != TD_OK)
+            return 1;
+    }
+    int code = td_server_run(server);
+    td_fleet_destroy(&fleet);
+    return code;
+#else
+    (void)cfg;
+    return td_server_run(server);
+#endif
+}
+
 int main(int argc, char **argv)
 {
     td_config_t cfg;
@@ -53,6 +93,12 @@ int main(int argc, char **argv)
     }
     /* Protected mode: before anything starts, and what --check-config reports too. */
     err = td_config_check_protected(&cfg, msg, sizeof msg);
+    if (err != TD_OK) {
+        fprintf(stderr, "tallyd: %s\n", msg);
+        code = td_err_exit_code(err);
+        goto done;
+    }
+    err = check_fleet(&cfg, msg, sizeof msg);
     if (err != TD_OK) {
         fprintf(stderr, "tallyd: %s\n", msg);
         code = td_err_exit_code(err);
@@ -90,7 +136,7 @@ int main(int argc, char **argv)
         td_err("not started: %s", err == TD_ERR_NOMEM ? "out of memory" : td_err_name(err));
         goto done;
     }
-    code = td_server_run(server);
+    code = run(&cfg, server);
     td_server_destroy(&server);
 done:
     td_config_clear(&cfg);

@@ -27,6 +27,7 @@
 #include <uv.h>
 
 #include "td_exec.h"
+#include "td_fleet_status.h"
 #include "td_local.h"
 #include "td_log.h"
 #include "td_metrics.h"
@@ -70,6 +71,7 @@ struct td_server {
     td_metrics_t metrics;
     td_service_t *service; /* systemd, state persistence, HTTP metrics, reload */
     uint64_t started_ns;
+    td_fleet_status_t fleet_status; /* a NATS fleet worker's info keys and metrics */
 };
 
 /* ---- What the path and the service ask of the whole daemon -------------------------------- */
@@ -85,7 +87,8 @@ static void op_info(td_server_t *s, td_request_t *r)
                       .shm_path = s->shm ? td_shm_path(s->shm) : NULL,
                       .pub_endpoint = s->pub ? td_pub_endpoint(s->pub) : NULL,
                       .gpu_uuids = gpu_uuids,
-                      .curve = td_zmq_auth(s->zmq) != NULL};
+                      .curve = td_zmq_auth(s->zmq) != NULL,
+                      .fleet = &s->fleet_status};
     td_op_info(&info, r);
 }
 
@@ -114,6 +117,7 @@ static void sample_gauges(void *ctx, td_gauges_t *g)
         .uptime_s = (double)(uv_hrtime() - s->started_ns) / 1e9,
         .peers = td_peers_count(s->peers),
         .users = td_zmq_auth(s->zmq) ? s->peers : NULL,
+        .fleet = &s->fleet_status,
     };
     td_replies_gauges(s->replies, &g->reply);
     td_zmq_gauges(s->zmq, &g->reply, &g->curve, &g->auth);
@@ -555,6 +559,26 @@ int td_server_run(td_server_t *s)
     td_zmq_pump(s->zmq); /* messages may have queued between bind and the first poll */
     uv_run(&s->loop, UV_RUN_DEFAULT);
     return td_service_exit_code(s->service); /* the final snapshot: did it reach the disk? */
+}
+
+uv_loop_t *td_server_loop(td_server_t *self)
+{
+    return &self->loop;
+}
+
+td_streams_t *td_server_streams(td_server_t *self)
+{
+    return self->streams;
+}
+
+td_fleet_status_t *td_server_fleet_status(td_server_t *self)
+{
+    return &self->fleet_status;
+}
+
+td_path_t *td_server_path(td_server_t *self)
+{
+    return self->path;
 }
 
 void td_server_destroy(td_server_t **self_p)

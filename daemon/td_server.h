@@ -20,4 +20,18 @@ td_err_t td_server_new(const td_config_t *cfg, td_server_t **out);
 int td_server_run(td_server_t *self);
 void td_server_destroy(td_server_t **self_p);
 
+/* What a transport outside the server needs: the NATS fleet worker (daemon/nats/td_fleet.h)
+ * runs loop-thread work through a handle of its own on this loop (and must close it for
+ * td_server_run to return), submits its requests to this path (core/td_transport.h), and
+ * checkpoints and restores its partitions' streams in this table (loop thread only). */
+struct uv_loop_s;
+struct td_streams;
+struct td_path;
+struct uv_loop_s *td_server_loop(td_server_t *self);
+struct td_streams *td_server_streams(td_server_t *self);
+/* What the fleet worker reports through info and /metrics (zero: not in a fleet). */
+struct td_fleet_status *td_server_fleet_status(td_server_t *self);
+/* The request path, for a transport outside the server (the fleet worker's, td_fleet.h). */
+struct td_path *td_server_path(td_server_t *self);
+
 #endif

@@ -496,6 +496,32 @@ static inline uint64_t tally_get_u64(const uint8_t *p)
 }
 #endif /* PUBLIC: end */
 
+#ifndef TALLY_WIRE_H /* PUBLIC: begin (copied into the installed tally_wire.h) */
+/* ---- NATS JetStream: the partition of a stream (PROTOCOL.md §13) ------------------------- */
+
+/* FNV-1a 64 as published (offset basis 14695981039346656037, prime 1099511628211) of len bytes. */
+#define TALLY_FNV1A64_BASIS 0xcbf29ce484222325ull
+#define TALLY_FNV1A64_PRIME 0x100000001b3ull
+TALLY_API uint64_t tally_fnv1a64(const void *data, size_t len);
+/* The partition (0 .. partitions - 1) every message naming this stream goes to:
+ * tally_fnv1a64(name) mod partitions (1 .. TALLY_NATS_MAX_PARTITIONS; 0 yields 0). */
+#define TALLY_NATS_MAX_PARTITIONS 1024u
+TALLY_API uint32_t tally_partition(const char *stream, size_t len, uint32_t partitions);
+#endif /* PUBLIC: end */
+
+/* FNV-1a 64 from another offset basis: the one loop behind tally_fnv1a64 and the daemon's own
+ * table hash (daemon/base/td_hash.h, whose basis its version-1 state files were summed with). */
+static inline uint64_t tally_fnv1a64_from(uint64_t basis, const void *data, size_t len)
+{
+    const uint8_t *p = (const uint8_t *)data;
+    uint64_t h = basis;
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= TALLY_FNV1A64_PRIME;
+    }
+    return h;
+}
+
 #ifdef __cplusplus
 }
 #endif

@@ -9,7 +9,8 @@ cd .deps/debs
 apt-get download libzmq5 libzmq3-dev libuv1 libuv1-dev libcmocka0 libcmocka-dev libsodium23 \
   libpgm-5.3-0 libnorm1 libbsd0 libmd0 libgssapi-krb5-2 libkrb5-3 libk5crypto3 libkrb5support0 \
   libkeyutils1 libcom-err2 libinih1 libinih-dev libmicrohttpd12 libmicrohttpd-dev \
-  libsystemd-dev libsystemd0 zlib1g zlib1g-dev
+  libsystemd-dev libsystemd0 zlib1g zlib1g-dev \
+  libnats3.4 libnats-dev libprotobuf-c1 nats-server  # NATS JetStream (libnats also needs libssl3)
 # NumPy for the Python binding's GPU benchmark (gpu-check.sh STEPS=gpu-region-py), used when the
 # GPU machine's python3 lacks it and is Debian's version.
 apt-get download python3-numpy libblas3 liblapack3 libgfortran5

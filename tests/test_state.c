@@ -28,6 +28,7 @@
 
 #include "td_config.h"
 #include "td_state.h"
+#include "td_state_record.h"
 #include "td_stream.h"
 #include "td_window.h"
 
@@ -225,6 +226,53 @@ static void test_round_trip(void **state)
         td_streams_destroy(&t);
         td_streams_destroy(&back);
     }
+}
+
+/* A partition's checkpoint (td_state_encode_some, daemon/nats/): only the streams the filter
+ * keeps, each record byte for byte what td_state_record_encode writes (one encoder), and the
+ * image decodes to exactly those streams. */
+static bool keep_odd(const td_stream_t *s, void *arg)
+{
+    unsigned *asked = arg;
+    (*asked)++;
+    return (s->name[5] - '0') % 2 == 1; /* "s%05u": the last digit of the index */
+}
+
+static void test_encode_some_keeps_only_filtered(void **state)
+{
+    (void)state;
+    td_streams_t *t = random_table(21);
+    unsigned asked = 0;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(td_state_encode_some(t, NOW_MS, 7, keep_odd, &asked, &buf, &len), TD_OK);
+    assert_int_equal(asked, 2 * 21); /* sized, then written */
+    assert_int_equal(tally_get_u32(buf + 12), 10);
+    assert_int_equal(len, record_off(buf, 10));
+    unsigned k = 0;
+    for (td_stream_t *s = td_streams_first(t); s; s = s->list_next) {
+        if ((s->name[5] - '0') % 2 == 0)
+            continue;
+        size_t n = td_state_record_encode(s, NOW_MS, NULL);
+        uint8_t *want = malloc(n);
+        assert_non_null(want);
+        assert_int_equal(td_state_record_encode(s, NOW_MS, want), n);
+        assert_int_equal(tally_get_u32(buf + record_off(buf, k) + 8), n);
+        assert_memory_equal(buf + record_off(buf, k), want, n);
+        free(want);
+        k++;
+    }
+    assert_int_equal(k, 10);
+    td_state_report_t r;
+    td_streams_t *back = decode_new(buf, len, TD_OK, &r);
+    assert_int_equal(r.generation, 7);
+    assert_int_equal(r.restored, 10);
+    assert_false(td_state_report_lossy(&r));
+    for (td_stream_t *s = td_streams_first(back); s; s = s->list_next)
+        assert_int_equal((s->name[5] - '0') % 2, 1);
+    free(buf);
+    td_streams_destroy(&back);
+    td_streams_destroy(&t);
 }
 
 /* A cut inside the header loses the file; a cut anywhere after it keeps every whole record. */
@@ -1561,6 +1609,7 @@ int main(void)
         cmocka_unit_test(test_log_torn_and_damaged),
         cmocka_unit_test(test_log_compaction_crash_windows),
         cmocka_unit_test(test_log_failed_append_compacts),
+        cmocka_unit_test(test_encode_some_keeps_only_filtered),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -256,6 +256,26 @@
  * the window ring (or the whole ring when it is shorter). */
 #define TD_WEB_RATE_WINDOW_MS 10000u
 
+/* The NATS JetStream fleet (PROTOCOL.md §13, daemon/nats/). Off until [nats] servers is set. A
+ * lease lives lease_ttl_ms and is renewed every third of it; a checkpoint is written at least
+ * every checkpoint_interval_ms while messages are applied; a partition's JetStream stream holds
+ * at most partition_max_bytes not yet checkpointed (then producers are refused: backpressure). */
+#define TD_DEFAULT_NATS_PARTITIONS 8u
+#define TD_DEFAULT_NATS_REPLICAS 3u
+#define TD_NATS_REPLICAS_LIMIT 5u
+#define TD_DEFAULT_NATS_LEASE_TTL_MS 10000u
+#define TD_NATS_LEASE_TTL_MS_MIN 1000u
+#define TD_NATS_LEASE_TTL_MS_LIMIT 600000u
+#define TD_DEFAULT_NATS_CHECKPOINT_MS 1000u
+#define TD_NATS_CHECKPOINT_MS_MIN 10u
+#define TD_NATS_CHECKPOINT_MS_LIMIT 3600000u
+#define TD_DEFAULT_NATS_PARTITION_MAX_BYTES (1ull << 30)
+/* A partition's stream keeps a message this long (a worker outage longer than this loses what
+ * was not applied; the fleet removes nothing itself: daemon/nats/td_nats_consumer.h). */
+#define TD_DEFAULT_NATS_PARTITION_MAX_AGE_S 86400u
+#define TD_NATS_PARTITION_MAX_AGE_S_MIN 60u
+#define TD_NATS_PARTITION_MAX_AGE_S_LIMIT (365u * 86400u)
+
 typedef enum {
     TD_BACKEND_AUTO = 0,
     TD_BACKEND_CPU = 1,
@@ -316,6 +336,20 @@ typedef struct {
     char *curve_clients;     /* owned; allowed KEY or NAME:KEY items, comma-separated, or NULL */
     bool protected_mode;     /* refuse network endpoints without authentication */
     char *metrics_auth_file; /* owned; USER:PASSWORD for the metrics endpoint's basic auth */
+    char *nats_servers;      /* owned; the fleet's NATS URLs, comma-separated; NULL = no fleet */
+    char *nats_credentials;  /* owned; a .creds file, or NULL */
+    char *nats_nkey;         /* owned; a user nkey (public), with nats_nkey_seed */
+    char *nats_nkey_seed;    /* owned; the file holding its seed */
+    char *nats_tls_ca;       /* owned; a CA file: TLS on */
+    char *nats_tls_cert;     /* owned; a client certificate and key */
+    char *nats_tls_key;
+    char *nats_member_id;    /* owned; NULL = host name and process id */
+    unsigned nats_partitions;
+    unsigned nats_replicas;
+    unsigned nats_lease_ttl_ms;
+    unsigned nats_checkpoint_ms;
+    size_t nats_partition_max_bytes;
+    unsigned nats_partition_max_age_s;
     int argc;                /* the command line, kept so SIGHUP can re-apply it (borrowed) */
     char **argv;
     /* The HTTP port's guard (td_http_guard.h): the deadline for each whole request, and the

@@ -13,18 +13,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TD_FNV1A64_BASIS 1469598103934665603ull
-#define TD_FNV1A64_PRIME 1099511628211ull
+#include "tally_proto.h"
 
+#define TD_FNV1A64_BASIS 1469598103934665603ull
+
+/* The NATS partition of a stream is not this hash: it is proto's tally_partition, the published
+ * FNV-1a 64 that every client computes the same (PROTOCOL.md §13). */
 static inline uint64_t td_fnv1a64(const void *data, size_t len)
 {
-    const uint8_t *p = data;
-    uint64_t h = TD_FNV1A64_BASIS;
-    for (size_t i = 0; i < len; i++) {
-        h ^= p[i];
-        h *= TD_FNV1A64_PRIME;
-    }
-    return h;
+    return tally_fnv1a64_from(TD_FNV1A64_BASIS, data, len);
 }
 
 #endif

@@ -85,7 +85,7 @@ typedef struct {
     td_action_t action;      /* TD_SET_ACTION only */
 } td_setting_t;
 
-#define TD_SETTINGS_MAX 64 /* rows, at most: sizes getopt_long's option array */
+#define TD_SETTINGS_MAX 96 /* rows, at most: sizes getopt_long's option array */
 
 extern const td_setting_t td_settings[];
 extern const size_t td_settings_count;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "td_fleet_status.h"
 #include "td_ops.h"
 #include "td_shm.h"
 #include "td_window.h"
@@ -66,6 +67,11 @@ void td_op_info(const td_info_t *info, td_request_t *r)
                  info->gpu_uuids ? info->gpu_uuids : "");
     if (n > 0)
         len += (size_t)n < TD_TEXT_REPLY_MAX - len ? (size_t)n : TD_TEXT_REPLY_MAX - len - 1;
+    /* The NATS fleet (PROTOCOL.md §13): on or off, and a worker's limits and partitions. */
+    if (info->fleet) {
+        size_t m = td_fleet_status_info(info->fleet, text + len, TD_TEXT_REPLY_MAX - len);
+        len += m < TD_TEXT_REPLY_MAX - len ? m : TD_TEXT_REPLY_MAX - len - 1;
+    }
     reply_text(r, text, len);
 }
 

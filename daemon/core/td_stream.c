@@ -419,6 +419,7 @@ bool td_stream_set_info(td_stream_t *s, const tally_stream_info_t *in)
 void td_stream_changed(td_stream_t *s)
 {
     s->pub_dirty = true;
+    s->fleet_dirty = true;
     s->state_dirty = true;
 }
 

@@ -70,6 +70,8 @@ typedef struct td_stream {
     size_t bytes;
     /* Changed since it was last published on the PUB socket (td_pub.h). */
     bool pub_dirty;
+    /* Changed since a NATS fleet worker last published it (daemon/nats/td_fleet_watch.c). */
+    bool fleet_dirty;
     /* Changed since the last state snapshot took it (td_state.h): its record is due. */
     bool state_dirty;
     /* Requests that named the stream (for per-stream metrics). */

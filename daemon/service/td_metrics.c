@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "td_fleet_status.h"
 #include "td_metrics.h"
 #include "td_peers.h"
 #include "tally_revision.h"
@@ -530,5 +531,9 @@ size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf,
     render_replies(g, &o);
     render_streams(g, &o);
     render_process(g, &o);
+    if (g->fleet) { /* the NATS fleet worker's families (core/td_fleet_status.c) */
+        size_t room = o.len < cap ? cap - o.len : 0;
+        o.len += td_fleet_status_render(g->fleet, room ? buf + o.len : NULL, room);
+    }
     return o.len;
 }

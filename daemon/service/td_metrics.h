@@ -52,9 +52,9 @@ typedef struct {
     const struct td_peers *users; /* CURVE users and their counters; NULL without CURVE */
     bool curve;
     td_auth_counts_t auth; /* handshakes allowed and refused, with CURVE */
-    td_reply_gauges_t reply; /* unread replies (td_reply.h) */
+    td_reply_gauges_t reply;             /* unread replies (td_reply.h) */
+    const struct td_fleet_status *fleet; /* the NATS fleet worker's (td_fleet_status.h), or NULL */
 } td_gauges_t;
-
 
 size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf, size_t cap);
 

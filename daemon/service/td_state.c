@@ -56,16 +56,28 @@ void td_state_log_header(uint64_t generation, uint8_t *out)
 td_err_t td_state_encode(td_streams_t *streams, uint64_t now_ms, uint64_t generation,
                          uint8_t **buf, size_t *len)
 {
+    return td_state_encode_some(streams, now_ms, generation, NULL, NULL, buf, len);
+}
+
+td_err_t td_state_encode_some(td_streams_t *streams, uint64_t now_ms, uint64_t generation,
+                              bool (*keep)(const td_stream_t *s, void *arg), void *arg,
+                              uint8_t **buf, size_t *len)
+{
+    uint32_t count = 0;
     size_t total = TD_STATE_HEADER_SIZE;
     for (td_stream_t *s = td_streams_first(streams); s; s = s->list_next)
-        total += td_state_record_encode(s, now_ms, NULL);
+        if (!keep || keep(s, arg)) {
+            total += td_state_record_encode(s, now_ms, NULL);
+            count++;
+        }
     uint8_t *out = malloc(total);
     if (!out)
         return TD_ERR_NOMEM;
-    put_header(out, TD_STATE_MAGIC, td_streams_count(streams), generation);
+    put_header(out, TD_STATE_MAGIC, count, generation);
     uint8_t *rec = out + TD_STATE_HEADER_SIZE;
     for (td_stream_t *s = td_streams_first(streams); s; s = s->list_next)
-        rec += td_state_record_encode(s, now_ms, rec);
+        if (!keep || keep(s, arg))
+            rec += td_state_record_encode(s, now_ms, rec);
     *buf = out;
     *len = total;
     return TD_OK;

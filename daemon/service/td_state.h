@@ -141,6 +141,11 @@ static inline bool td_state_report_lossy(const td_state_report_t *r)
  * with the window slots still inside the ring at now_ms. TD_ERR_NOMEM when out of memory. */
 td_err_t td_state_encode(td_streams_t *streams, uint64_t now_ms, uint64_t generation,
                          uint8_t **buf, size_t *len);
+/* The same with only the streams keep(s, arg) says yes to (a fleet partition's checkpoint,
+ * daemon/nats/); keep NULL: all of them. One record encoder (td_state_record_encode) for both. */
+td_err_t td_state_encode_some(td_streams_t *streams, uint64_t now_ms, uint64_t generation,
+                              bool (*keep)(const td_stream_t *s, void *arg), void *arg,
+                              uint8_t **buf, size_t *len);
 /* Adds the streams of a base image (version 1 to 4) to `streams`, record by record (see the top
  * of this file), window slots placed for the clock at now_ms. TD_ERR_CORRUPT with a reason in
  * msg, and nothing added, when the header is unusable; TD_ERR_VERSION when a newer tallyd wrote

@@ -1,0 +1,205 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * tally_client_nats.c — a tally_client_t that reaches a tallyd fleet over NATS JetStream
+ * (tally_client_new_nats; PROTOCOL.md §13) instead of one tallyd over ZeroMQ, so every program
+ * written against tally_send/tally_recv/tally_call (the `tally` CLI's commands, tally_run,
+ * pushes) works against a fleet unchanged.
+ *
+ * tally.c routes its one send and its one receive here when the client was made this way:
+ *   - filter, scan, hist, reset and delete are published to their partition with a reply
+ *     subject (tally_nats_send, want_reply), each as one message: a payload larger than one
+ *     message takes is refused before anything is sent (a request, one reply: the caller's
+ *     chunking says how big; tally__natsc_chunk_limit is the bound pushes use);
+ *   - query, ping, info and stats are asked by request-reply (tally_nats_call) at once, and their
+ *     reply waits here, in send order, for the next receive;
+ *   - `streams` gathers every worker's answer (tally_nats_streams) into one reply payload as
+ *     tallyd's own `streams` reply encodes it (a length byte, then the name, per stream).
+ * Request ids are the producer's message numbers, so a reply's request_id names its request
+ * either way.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <zmq.h>
+
+#include "tally_client_nats.h"
+
+/* A reply answered at send time, waiting for the receive. */
+typedef struct stashed {
+    struct stashed *next;
+    tally_status_t status;
+    tally_reply_t reply;
+} stashed_t;
+
+struct tally__natsc {
+    tally_nats_t *nats;
+    stashed_t *head, *tail;
+};
+
+tally_status_t tally__natsc_new(const tally_nats_opts_t *opts, tally__natsc_t **out, char *msg,
+                                size_t cap)
+{
+    *out = NULL;
+    tally__natsc_t *self = calloc(1, sizeof *self);
+    if (!self)
+        return TALLY_E_NOMEM;
+    tally_status_t st = tally_nats_new(opts, &self->nats, msg, cap);
+    if (st != TALLY_OK) {
+        free(self);
+        return st;
+    }
+    *out = self;
+    return TALLY_OK;
+}
+
+void tally__natsc_destroy(tally__natsc_t **self_p)
+{
+    tally__natsc_t *self = *self_p;
+    if (!self)
+        return;
+    while (self->head) {
+        stashed_t *s = self->head;
+        self->head = s->next;
+        tally_reply_clear(&s->reply);
+        free(s);
+    }
+    tally_nats_flush(self->nats); /* what was published gets its PubAck (or times out) */
+    tally_nats_destroy(&self->nats);
+    free(self);
+    *self_p = NULL;
+}
+
+size_t tally__natsc_chunk_limit(const tally__natsc_t *self, const tally_req_t *req)
+{
+    return tally__nats_chunk_limit(self->nats, req, true);
+}
+
+static bool published(uint8_t op)
+{
+    return op == TALLY_OP_FILTER || op == TALLY_OP_SCAN || op == TALLY_OP_HIST ||
+           op == TALLY_OP_RESET || op == TALLY_OP_DELETE;
+}
+
+/* A request answered now: its reply (or failure) waits for the next receive. */
+static tally_status_t stash(tally__natsc_t *self, tally_status_t status, tally_reply_t *reply)
+{
+    stashed_t *s = calloc(1, sizeof *s);
+    if (!s) {
+        tally_reply_clear(reply);
+        return TALLY_E_NOMEM;
+    }
+    s->status = status;
+    s->reply = *reply; /* takes over the payload */
+    if (self->tail)
+        self->tail->next = s;
+    else
+        self->head = s;
+    self->tail = s;
+    return TALLY_OK;
+}
+
+static void free_buffer(void *data, void *hint)
+{
+    (void)hint;
+    free(data);
+}
+
+/* reply's payload becomes buf (malloc'ed, len bytes), freed by tally_reply_clear. */
+static tally_status_t take_buffer(tally_reply_t *reply, uint8_t *buf, size_t len)
+{
+    zmq_msg_t *frame = malloc(sizeof *frame);
+    if (!frame || zmq_msg_init_data(frame, buf, len, free_buffer, NULL) != 0) {
+        free(frame);
+        free(buf);
+        return TALLY_E_NOMEM;
+    }
+    reply->msg_ = frame;
+    reply->payload = len ? buf : NULL;
+    reply->len = len;
+    return TALLY_OK;
+}
+
+/* `streams`: every worker's names, as one reply payload of tallyd's own layout (§5). */
+static tally_status_t gather_streams(tally__natsc_t *self, uint64_t id, tally_reply_t *reply)
+{
+    char **names = NULL;
+    size_t count = 0;
+    tally_status_t st = tally_nats_streams(self->nats, &names, &count);
+    reply->rep.request_id = id;
+    reply->rep.opcode = TALLY_OP_STREAMS;
+    reply->rep.status = (uint8_t)st;
+    if (st != TALLY_OK) {
+        snprintf(reply->error, sizeof reply->error, "%s", tally_nats_error(self->nats));
+        return st;
+    }
+    size_t len = 0;
+    for (size_t i = 0; i < count; i++)
+        len += 1 + strlen(names[i]);
+    uint8_t *out = malloc(len ? len : 1);
+    if (!out) {
+        tally_strings_free(names, count);
+        return TALLY_E_NOMEM;
+    }
+    size_t at = 0;
+    for (size_t i = 0; i < count; i++) {
+        size_t n = strlen(names[i]);
+        out[at++] = (uint8_t)n;
+        memcpy(out + at, names[i], n);
+        at += n;
+    }
+    tally_strings_free(names, count);
+    reply->rep.aux0 = count;
+    return take_buffer(reply, out, len);
+}
+
+tally_status_t tally__natsc_send(tally__natsc_t *self, const tally_req_t *req, const void *payload,
+                                 size_t len, uint64_t *request_id, char *error, size_t cap)
+{
+    uint64_t id = tally__nats_next_id(self->nats);
+    if (request_id)
+        *request_id = id;
+    if (published(req->opcode)) {
+        size_t limit = tally__natsc_chunk_limit(self, req);
+        if (len > limit) {
+            snprintf(error, cap,
+                     "%zu bytes do not fit one NATS message: at most %zu for this request "
+                     "(the server's max_payload is %zu); send smaller chunks",
+                     len, limit, tally_nats_max_payload(self->nats));
+            return TALLY_E_TOO_LARGE;
+        }
+        tally_status_t st = tally_nats_send(self->nats, req, payload, len, true, NULL, NULL);
+        if (st != TALLY_OK)
+            snprintf(error, cap, "%s", tally_nats_error(self->nats));
+        return st;
+    }
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    tally_status_t st = req->opcode == TALLY_OP_STREAMS
+                            ? gather_streams(self, id, &reply)
+                            : tally_nats_call(self->nats, req, payload, len, &reply);
+    if (st == TALLY_E_TIMEOUT || st == TALLY_E_TRANSPORT || st == TALLY_E_NOMEM ||
+        st == TALLY_E_ARG) { /* nothing came back: the sender hears it now */
+        snprintf(error, cap, "%s", reply.error[0] ? reply.error : tally_nats_error(self->nats));
+        tally_reply_clear(&reply);
+        return st;
+    }
+    reply.rep.request_id = id;
+    return stash(self, st, &reply);
+}
+
+tally_status_t tally__natsc_recv(tally__natsc_t *self, int timeout_ms, tally_reply_t *reply)
+{
+    tally_reply_clear(reply);
+    stashed_t *s = self->head;
+    if (!s)
+        return tally_nats_recv(self->nats, timeout_ms > 0 ? timeout_ms : 1, reply);
+    self->head = s->next;
+    if (!self->head)
+        self->tail = NULL;
+    *reply = s->reply;
+    tally_status_t st = s->status;
+    free(s);
+    return st;
+}

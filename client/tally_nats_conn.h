@@ -1,0 +1,46 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * tally_nats_conn.h — one way to connect to NATS, for libtally's producer and tallyd's worker
+ * alike (compiled into both): the servers (a comma-separated list of URLs), the credentials
+ * (a .creds file, an nkey and its seed file, or a user/password or token in a URL) and TLS (a CA
+ * file, a client certificate), and the rule of protected mode (PROTOCOL.md §13 "Security"): a
+ * server that is not on the loopback needs credentials.
+ *
+ * Private: the `tally__` prefix; not installed.
+ */
+#ifndef TALLY_NATS_CONN_H
+#define TALLY_NATS_CONN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <nats/nats.h>
+
+#include "tally_proto.h"
+
+#define TALLY_NATS_DEFAULT_URL "nats://127.0.0.1:4222"
+
+typedef struct {
+    const char *servers;     /* "nats://h1:4222,tls://h2:4222"; NULL or "": the default URL */
+    const char *credentials; /* a .creds file (user JWT and nkey seed); NULL: none */
+    const char *nkey;        /* a user nkey (public, "U..."), with nkey_seed */
+    const char *nkey_seed;   /* the file holding that nkey's seed */
+    const char *tls_ca;      /* a CA file (PEM): TLS on, the server's certificate checked */
+    const char *tls_cert;    /* a client certificate and its key (PEM), both or neither */
+    const char *tls_key;
+    const char *name; /* the connection's name on the server; NULL: "tally" */
+    int timeout_ms;   /* connect timeout; <= 0: 2000 */
+    bool send_asap;   /* no flusher delay (tallyd's worker: replies go out at once) */
+} tally_nats_conf_t;
+
+/* Connects (trying every server). TALLY_E_ARG for a malformed configuration, TALLY_E_TRANSPORT
+ * when no server accepts it; msg (cap bytes) says why. The connection reconnects forever. */
+tally_status_t tally__nats_connect(const tally_nats_conf_t *conf, natsConnection **out, char *msg,
+                                   size_t cap);
+/* True when every server's host is the loopback (127.0.0.0/8, ::1, localhost). */
+bool tally__nats_servers_local(const char *servers);
+/* True when the configuration carries credentials: a .creds file, an nkey, or a user or token
+ * in a URL. */
+bool tally__nats_has_credentials(const tally_nats_conf_t *conf);
+
+#endif

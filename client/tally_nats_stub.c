@@ -1,0 +1,111 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * tally_nats_stub.c — the NATS producer's API in a libtally built without libnats
+ * (TALLY_NATS=OFF, or libnats-dev not installed): every call fails with TALLY_E_ARG and says so,
+ * so the library exports the same functions either way.
+ */
+#include <stdio.h>
+
+#include "tally.h"
+#include "tally_client_nats.h"
+
+static const char *const why = "libtally was built without NATS (install libnats-dev, rebuild)";
+
+tally_status_t tally_nats_new(const tally_nats_opts_t *opts, tally_nats_t **out, char *msg,
+                              size_t msg_cap)
+{
+    (void)opts;
+    if (out)
+        *out = NULL;
+    if (msg && msg_cap)
+        snprintf(msg, msg_cap, "%s", why);
+    return TALLY_E_ARG;
+}
+
+void tally_nats_destroy(tally_nats_t **self_p)
+{
+    if (self_p)
+        *self_p = NULL;
+}
+
+uint32_t tally_nats_partitions(const tally_nats_t *self)
+{
+    (void)self;
+    return 0;
+}
+
+size_t tally_nats_max_payload(const tally_nats_t *self)
+{
+    (void)self;
+    return 0;
+}
+
+const char *tally_nats_producer_id(const tally_nats_t *self)
+{
+    (void)self;
+    return "";
+}
+
+const char *tally_nats_error(const tally_nats_t *self)
+{
+    (void)self;
+    return why;
+}
+
+void tally_nats_stats(tally_nats_t *self, tally_nats_stats_t *out)
+{
+    (void)self;
+    *out = (tally_nats_stats_t){0};
+}
+
+tally_status_t tally_nats_send(tally_nats_t *self, const tally_req_t *req, const void *payload,
+                               size_t len, bool want_reply, uint64_t *first_id, uint64_t *chunks)
+{
+    (void)self, (void)req, (void)payload, (void)len, (void)want_reply, (void)first_id, (void)chunks;
+    return TALLY_E_ARG;
+}
+
+tally_status_t tally_nats_flush(tally_nats_t *self)
+{
+    (void)self;
+    return TALLY_E_ARG;
+}
+
+tally_status_t tally_nats_recv(tally_nats_t *self, int timeout_ms, tally_reply_t *reply)
+{
+    (void)self, (void)timeout_ms, (void)reply;
+    return TALLY_E_ARG;
+}
+
+tally_status_t tally_nats_call(tally_nats_t *self, const tally_req_t *req, const void *payload,
+                               size_t len, tally_reply_t *reply)
+{
+    (void)self, (void)req, (void)payload, (void)len, (void)reply;
+    return TALLY_E_ARG;
+}
+
+tally_status_t tally_nats_query(tally_nats_t *self, const char *stream, tally_stream_info_t *info)
+{
+    (void)self, (void)stream, (void)info;
+    return TALLY_E_ARG;
+}
+
+tally_status_t tally_nats_streams(tally_nats_t *self, char ***names, size_t *count)
+{
+    (void)self, (void)names, (void)count;
+    return TALLY_E_ARG;
+}
+
+uint64_t tally__nats_next_id(const tally_nats_t *self)
+{
+    (void)self;
+    return 0;
+}
+
+size_t tally__nats_chunk_limit(const tally_nats_t *self, const tally_req_t *req, bool want_reply)
+{
+    (void)self;
+    (void)req;
+    (void)want_reply;
+    return 0;
+}

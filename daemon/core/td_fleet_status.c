@@ -1,0 +1,118 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * td_fleet_status.c — a fleet worker's `info` keys and metrics (td_fleet_status.h).
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "td_fleet_status.h"
+
+#define LOAD(x) atomic_load_explicit(&(x), memory_order_relaxed)
+
+uint32_t td_fleet_status_owned(const td_fleet_status_t *st)
+{
+    uint32_t n = 0;
+    for (uint32_t k = 0; st->on && k < st->partitions; k++)
+        n += LOAD(st->owned[k]) ? 1 : 0;
+    return n;
+}
+
+/* A partition's lag: 0 when the worker has applied all it has seen. */
+static uint64_t lag_of(const td_fleet_status_t *st, uint32_t k)
+{
+    uint64_t last = LOAD(st->last_seq[k]), applied = LOAD(st->applied_seq[k]);
+    return last > applied ? last - applied : 0;
+}
+
+uint64_t td_fleet_status_lag(const td_fleet_status_t *st)
+{
+    uint64_t lag = 0;
+    for (uint32_t k = 0; st->on && k < st->partitions; k++)
+        if (LOAD(st->owned[k]))
+            lag += lag_of(st, k);
+    return lag;
+}
+
+size_t td_fleet_status_info(const td_fleet_status_t *st, char *out, size_t cap)
+{
+    if (!st->on) {
+        int n = snprintf(out, cap, "nats=off\n");
+        return n > 0 ? (size_t)n : 0;
+    }
+    /* The largest reply a message naming Tally-Reply may ask for (§13 "Validation"). */
+    uint64_t reply_max = st->max_payload > 4096 ? st->max_payload - 4096 : 0;
+    int n = snprintf(out, cap,
+                     "nats=on\nnats_member_id=%s\nnats_partitions=%" PRIu32
+                     "\nnats_partitions_owned=%" PRIu32 "\nnats_lease_ttl_ms=%" PRIu64
+                     "\nnats_checkpoint_interval_ms=%" PRIu64 "\nnats_max_payload=%" PRIu64
+                     "\nnats_max_reply=%" PRIu64 "\n",
+                     st->member, st->partitions, td_fleet_status_owned(st), st->lease_ttl_ms,
+                     st->checkpoint_interval_ms, st->max_payload, reply_max);
+    return n > 0 ? (size_t)n : 0;
+}
+
+/* Text appended to out[0..cap) like snprintf: len counts what is needed, even past cap. */
+typedef struct {
+    char *out;
+    size_t cap, len;
+} text_t;
+
+static void put(text_t *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(text_t *t, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    size_t room = t->len < t->cap ? t->cap - t->len : 0;
+    int n = vsnprintf(room ? t->out + t->len : NULL, room, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        t->len += (size_t)n;
+}
+
+static void counter(text_t *t, const char *name, const char *help, uint64_t value)
+{
+    put(t, "# HELP %s %s\n# TYPE %s counter\n%s %" PRIu64 "\n", name, help, name, name, value);
+}
+
+size_t td_fleet_status_render(const td_fleet_status_t *st, char *out, size_t cap)
+{
+    text_t t = {.out = out, .cap = cap};
+    if (cap)
+        out[0] = '\0';
+    if (!st || !st->on)
+        return 0;
+    put(&t,
+        "# HELP tallyd_nats_partitions_owned Fleet partitions this worker owns now.\n"
+        "# TYPE tallyd_nats_partitions_owned gauge\ntallyd_nats_partitions_owned %" PRIu32 "\n",
+        td_fleet_status_owned(st));
+    put(&t, "# HELP tallyd_nats_partition_lag Messages of an owned partition not yet applied "
+            "(its last sequence seen minus the last applied).\n"
+            "# TYPE tallyd_nats_partition_lag gauge\n");
+    for (uint32_t k = 0; k < st->partitions; k++)
+        if (LOAD(st->owned[k]))
+            put(&t, "tallyd_nats_partition_lag{partition=\"%" PRIu32 "\"} %" PRIu64 "\n", k,
+                lag_of(st, k));
+    counter(&t, "tallyd_nats_applied_total", "Fleet messages applied (dead letters included).",
+            LOAD(st->applied));
+    counter(&t, "tallyd_nats_dead_letters_total",
+            "Fleet messages published to the dead letters (tally.dead.<k>).",
+            LOAD(st->dead_letters));
+    counter(&t, "tallyd_nats_checkpoints_total", "Partition checkpoints written.",
+            LOAD(st->checkpoints));
+    counter(&t, "tallyd_nats_checkpoint_failures_total",
+            "Partition checkpoint writes that failed (NATS errors; the partition goes on).",
+            LOAD(st->checkpoint_failures));
+    counter(&t, "tallyd_nats_partitions_taken_total", "Partitions taken over under a lease.",
+            LOAD(st->partitions_taken));
+    counter(&t, "tallyd_nats_leases_lost_total",
+            "Partitions lost without giving them up (lease expired or fenced).",
+            LOAD(st->leases_lost));
+    counter(&t, "tallyd_nats_resent_total",
+            "Fleet requests sent to the request path again after it had no room (busy).",
+            LOAD(st->resent));
+    counter(&t, "tallyd_nats_gaps_total",
+            "Sequence gaps met: messages gone from a partition before they were applied.",
+            LOAD(st->gaps));
+    return t.len;
+}

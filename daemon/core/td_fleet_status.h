@@ -1,0 +1,57 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * td_fleet_status.h — what a fleet worker (td_fleet.h) shows of itself through the daemon:
+ * the `info` keys of PROTOCOL.md §13 "What a worker reports" and the tallyd_nats_* metrics.
+ *
+ * The server owns one (zeroed: "not in a fleet") and hands it to the fleet, which fills the
+ * settings once before the loop runs and then updates the counters from its own thread; the
+ * loop thread renders them for `info` and /metrics. So the settings are plain fields, the rest
+ * relaxed atomics (each value is reported on its own; no two need to agree). No libnats here:
+ * this part is compiled into the daemon's core whether NATS is built in or not.
+ */
+#ifndef TD_FLEET_STATUS_H
+#define TD_FLEET_STATUS_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tally_proto.h"
+
+typedef struct td_fleet_status {
+    /* Settings: written before the server's loop runs, read-only after. */
+    bool on;                         /* this tallyd is a fleet worker */
+    char member[64 + 1];             /* its member id */
+    uint32_t partitions;             /* the fleet's partition count */
+    uint64_t lease_ttl_ms;           /* [nats] lease_ttl_ms */
+    uint64_t checkpoint_interval_ms; /* [nats] checkpoint_interval_ms */
+    uint64_t max_payload;            /* the NATS server's max_payload */
+    /* Counters since start (fleet thread). */
+    _Atomic uint64_t applied;             /* messages applied (dead letters included) */
+    _Atomic uint64_t dead_letters;        /* messages published to tally.dead.<k> */
+    _Atomic uint64_t checkpoints;         /* checkpoints written */
+    _Atomic uint64_t checkpoint_failures; /* checkpoint writes that failed (NATS errors) */
+    _Atomic uint64_t partitions_taken;    /* take-overs that succeeded */
+    _Atomic uint64_t leases_lost;         /* partitions lost without giving them up */
+    _Atomic uint64_t gaps;                /* sequence gaps met (messages aged out) */
+    _Atomic uint64_t resent;              /* requests sent again: the path had no room (busy) */
+    /* Per partition: owned now; the last sequence applied; the partition's last sequence as the
+     * worker last saw it (a delivered message's sequence plus the consumer's pending count). */
+    _Atomic bool owned[TALLY_NATS_MAX_PARTITIONS];
+    _Atomic uint64_t applied_seq[TALLY_NATS_MAX_PARTITIONS];
+    _Atomic uint64_t last_seq[TALLY_NATS_MAX_PARTITIONS];
+} td_fleet_status_t;
+
+/* Partitions owned now. */
+uint32_t td_fleet_status_owned(const td_fleet_status_t *st);
+/* Messages of owned partitions not yet applied, as far as the worker knows (sum of last_seq -
+ * applied_seq over owned partitions). */
+uint64_t td_fleet_status_lag(const td_fleet_status_t *st);
+/* The `info` keys (PROTOCOL.md §13), appended to out like snprintf: the length they need. */
+size_t td_fleet_status_info(const td_fleet_status_t *st, char *out, size_t cap);
+/* The tallyd_nats_* metric families (Prometheus text), like snprintf; nothing when not in a
+ * fleet. */
+size_t td_fleet_status_render(const td_fleet_status_t *st, char *out, size_t cap);
+
+#endif

@@ -1,0 +1,360 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * td_fleet.c — the fleet worker's life (td_fleet.h): the settings, connecting and making the
+ * fleet's objects, the thread's loop, and the heartbeat that keeps membership, leases and the
+ * plan (which partitions this worker should own) up to date.
+ *
+ * The thread's loop, every turn: the heartbeat when it is due (every third of the lease TTL:
+ * membership, lease renewals, the plan: partitions to take and to give up), then one step of
+ * each owned partition (td_fleet_part.c), the queries that arrived (td_fleet_query.c), and the
+ * replies from the request path (waiting a few milliseconds there when nothing else happened).
+ * At a stop signal it gives every partition up (checkpointed, released), leaves the membership,
+ * and closes its handles on the loop so that the server's loop can end.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tally_nats_conn.h"
+#include "td_fleet_int.h"
+#include "td_fleet_plan.h"
+#include "td_log.h"
+#include "td_nats_js.h"
+
+/* ---- Settings ---------------------------------------------------------------------------- */
+
+static tally_nats_conf_t nats_conf(const td_config_t *cfg, const char *name)
+{
+    return (tally_nats_conf_t){.servers = cfg->nats_servers,
+                               .credentials = cfg->nats_credentials,
+                               .nkey = cfg->nats_nkey,
+                               .nkey_seed = cfg->nats_nkey_seed,
+                               .tls_ca = cfg->nats_tls_ca,
+                               .tls_cert = cfg->nats_tls_cert,
+                               .tls_key = cfg->nats_tls_key,
+                               .name = name,
+                               .send_asap = true};
+}
+
+td_err_t td_fleet_check_config(const td_config_t *cfg, char *msg, size_t cap)
+{
+    if (!cfg->nats_servers)
+        return TD_OK;
+    if (cfg->nats_member_id && !tally_fleet_member_id_valid(cfg->nats_member_id)) {
+        snprintf(msg, cap, "[nats] member_id '%s': 1..64 characters of A-Z a-z 0-9 - _",
+                 cfg->nats_member_id);
+        return TD_ERR_CONFIG;
+    }
+    tally_nats_conf_t conf = nats_conf(cfg, NULL);
+    if (tally__nats_servers_local(cfg->nats_servers) || tally__nats_has_credentials(&conf))
+        return TD_OK;
+    if (cfg->protected_mode) {
+        snprintf(msg, cap,
+                 "protected mode: [nats] servers '%s' are not on the loopback and no NATS "
+                 "credentials are set (credentials, nkey, or a user in the URL); set them, or "
+                 "protected_mode = off on a trusted network",
+                 cfg->nats_servers);
+        return TD_ERR_CONFIG;
+    }
+    td_warn("protected_mode is off: NATS servers %s without credentials", cfg->nats_servers);
+    return TD_OK;
+}
+
+/* ---- Loop-thread side -------------------------------------------------------------------- */
+
+static void on_async(uv_async_t *h)
+{
+    td_fleet_t *f = h->data;
+    td_fleet_path_on_loop(f); /* requests the thread queued */
+    pthread_mutex_lock(&f->mu);
+    td_fleet_job_t *job = f->job;
+    f->job = NULL;
+    pthread_mutex_unlock(&f->mu);
+    if (!job)
+        return;
+    job->fn(f, job->arg);
+    pthread_mutex_lock(&f->mu);
+    job->done = true;
+    pthread_cond_broadcast(&f->cond);
+    pthread_mutex_unlock(&f->mu);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    (void)signum;
+    td_fleet_t *f = h->data;
+    atomic_store(&f->stopping, true);
+}
+
+/* The thread's last job: the loop may end once these handles are closed. */
+static void close_loop_handles(td_fleet_t *f, void *arg)
+{
+    (void)arg;
+    uv_close((uv_handle_t *)&f->sig_term, NULL);
+    uv_close((uv_handle_t *)&f->sig_int, NULL);
+    f->loop_closed = true;
+}
+
+/* ---- Heartbeat ----------------------------------------------------------------------------- */
+
+static void renew_leases(td_fleet_t *f)
+{
+    char msg[256];
+    for (uint32_t k = 0; k < f->partitions; k++) {
+        td_part_t *p = &f->parts[k];
+        if (!p->owned)
+            continue;
+        bool lost = false;
+        if (td_lease_renew(f->leases, k, f->member, f->ttl_ms, &p->lease, &lost, msg, sizeof msg) !=
+            TD_OK)
+            td_warn("fleet: %s", msg); /* it may still be ours: its own clock decides */
+        else if (lost)
+            td_part_drop(f, p, "its lease was lost");
+    }
+}
+
+/* Takes what the plan gives this worker and is free; gives up what belongs to another member. */
+static void follow_plan(td_fleet_t *f)
+{
+    char msg[256];
+    char **ids = NULL;
+    size_t n = 0;
+    if (td_member_list(f->members, &ids, &n, msg, sizeof msg) != TD_OK) {
+        td_warn("fleet: %s", msg);
+        return;
+    }
+    bool *mine = calloc(f->partitions, sizeof *mine);
+    if (!mine) {
+        td_member_list_free(ids, n);
+        return;
+    }
+    td_fleet_plan((const char *const *)ids, n, f->member, f->partitions, mine);
+    int64_t now = td_nats_now_ms();
+    for (uint32_t k = 0; k < f->partitions && !atomic_load(&f->stopping); k++) {
+        td_part_t *p = &f->parts[k];
+        if (mine[k] && !p->owned && now >= p->no_take_until_ms)
+            td_part_take(f, p);
+        else if (!mine[k] && p->owned)
+            td_part_give_up(f, p);
+    }
+    free(mine);
+    td_member_list_free(ids, n);
+}
+
+static void heartbeat(td_fleet_t *f)
+{
+    char msg[256], info[128];
+    snprintf(info, sizeof info, "pid=%d", (int)getpid());
+    if (td_member_beat(f->members, f->member, info, msg, sizeof msg) != TD_OK)
+        td_warn("fleet: %s", msg);
+    renew_leases(f);
+    follow_plan(f);
+    f->next_beat_ms = td_nats_now_ms() + f->ttl_ms / 3;
+}
+
+/* ---- The thread ---------------------------------------------------------------------------- */
+
+static void leave(td_fleet_t *f)
+{
+    for (uint32_t k = 0; k < f->partitions; k++)
+        if (f->parts[k].owned)
+            td_part_give_up(f, &f->parts[k]);
+    char msg[256];
+    if (td_member_leave(f->members, f->member, msg, sizeof msg) != TD_OK)
+        td_warn("fleet: %s", msg);
+    td_notice("fleet: %s left (%" PRIu64 " messages applied, %" PRIu64 " dead letters, %" PRIu64
+              " checkpoints, %" PRIu64 " gaps)",
+              f->member, atomic_load(&f->st->applied), atomic_load(&f->st->dead_letters),
+              atomic_load(&f->st->checkpoints), atomic_load(&f->st->gaps));
+}
+
+static void *fleet_thread(void *arg)
+{
+    td_fleet_t *f = arg;
+    while (!atomic_load(&f->stopping)) {
+        if (td_nats_now_ms() >= f->next_beat_ms)
+            heartbeat(f);
+        bool busy = false;
+        for (uint32_t k = 0; k < f->partitions; k++)
+            if (f->parts[k].owned)
+                busy |= td_part_step(f, &f->parts[k]);
+        busy |= td_fleet_query_step(f);
+        busy |= td_fleet_watch_step(f);
+        td_fleet_path_poll(f, busy ? 0 : TD_FLEET_IDLE_MS);
+    }
+    leave(f);
+    td_fleet_on_loop(f, close_loop_handles, NULL);
+    atomic_store(&f->thread_done, true);
+    return NULL;
+}
+
+/* ---- Life ---------------------------------------------------------------------------------- */
+
+static td_err_t connect_fleet(td_fleet_t *f, const td_config_t *cfg)
+{
+    char msg[512];
+    tally_nats_conf_t conf = nats_conf(cfg, f->member);
+    if (tally__nats_connect(&conf, &f->nc, msg, sizeof msg) != TALLY_OK) {
+        td_err("fleet: %s", msg);
+        return TD_ERR_LIBRARY;
+    }
+    f->max_payload = (size_t)natsConnection_GetMaxPayload(f->nc);
+    if (natsConnection_JetStream(&f->js, f->nc, NULL) != NATS_OK) {
+        td_err("fleet: JetStream: %s", td_nats_last_error(NATS_ERR));
+        return TD_ERR_LIBRARY;
+    }
+    td_nats_layout_t l = {.partitions = f->partitions,
+                          .replicas = (int)cfg->nats_replicas,
+                          .partition_max_bytes = (int64_t)cfg->nats_partition_max_bytes,
+                          .partition_max_age_ms = (int64_t)cfg->nats_partition_max_age_s * 1000,
+                          .lease_ttl_ms = f->ttl_ms,
+                          .max_msg_size = (int32_t)f->max_payload};
+    /* A cluster that has just started may not place replicated streams yet ("no suitable
+     * peers"): NATS failures are retried for a while, configuration conflicts are not. */
+    td_err_t err = td_nats_fleet_ensure(f->js, &l, msg, sizeof msg);
+    for (int i = 0; err == TD_ERR_LIBRARY && i < TD_FLEET_START_RETRIES; i++) {
+        if (i == 0)
+            td_warn("fleet: %s; trying again for up to %d s", msg,
+                    TD_FLEET_START_RETRIES * TD_FLEET_START_RETRY_MS / 1000);
+        usleep(TD_FLEET_START_RETRY_MS * 1000);
+        err = td_nats_fleet_ensure(f->js, &l, msg, sizeof msg);
+    }
+    if (err == TD_OK)
+        err = td_nats_kv_open(f->js, TALLY_NATS_BUCKET_MEMBERS, f->ttl_ms, l.replicas, &f->members,
+                              msg, sizeof msg);
+    if (err == TD_OK)
+        err = td_nats_kv_open(f->js, TALLY_NATS_BUCKET_LEASES, f->ttl_ms, l.replicas, &f->leases,
+                              msg, sizeof msg);
+    if (err == TD_OK)
+        err = td_nats_kv_open(f->js, TALLY_NATS_BUCKET_CKPT, 0, l.replicas, &f->ckpts, msg,
+                              sizeof msg);
+    if (err != TD_OK)
+        td_err("fleet: %s", msg);
+    return err;
+}
+
+static td_err_t open_loop_handles(td_fleet_t *f)
+{
+    if (uv_async_init(f->host.loop, &f->async, on_async) != 0 ||
+        uv_signal_init(f->host.loop, &f->sig_term) != 0 ||
+        uv_signal_init(f->host.loop, &f->sig_int) != 0)
+        return TD_ERR_LIBRARY;
+    f->async.data = f->sig_term.data = f->sig_int.data = f;
+    if (uv_signal_start(&f->sig_term, on_signal, SIGTERM) != 0 ||
+        uv_signal_start(&f->sig_int, on_signal, SIGINT) != 0)
+        return TD_ERR_LIBRARY;
+    /* The async handle is closed last, from destroy: it must not keep the loop alive. */
+    uv_unref((uv_handle_t *)&f->async);
+    return TD_OK;
+}
+
+static void settings(td_fleet_t *f, const td_config_t *cfg)
+{
+    char host[64] = "tallyd";
+    gethostname(host, sizeof host - 1);
+    for (char *c = host; *c; c++) /* a host name's dots are not member id characters */
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9')))
+            *c = '-';
+    if (cfg->nats_member_id)
+        snprintf(f->member, sizeof f->member, "%s", cfg->nats_member_id);
+    else
+        snprintf(f->member, sizeof f->member, "%.40s-%d", host, (int)getpid());
+    f->partitions = cfg->nats_partitions;
+    f->ttl_ms = cfg->nats_lease_ttl_ms;
+    f->ckpt_ms = cfg->nats_checkpoint_ms;
+    f->watch_ms = cfg->pub_interval_ms;
+}
+
+/* What info shows of the settings: before the loop runs, so the loop reads them unlocked. */
+static void publish_settings(td_fleet_t *f)
+{
+    td_fleet_status_t *st = f->st;
+    snprintf(st->member, sizeof st->member, "%s", f->member);
+    st->partitions = f->partitions;
+    st->lease_ttl_ms = (uint64_t)f->ttl_ms;
+    st->checkpoint_interval_ms = (uint64_t)f->ckpt_ms;
+    st->max_payload = f->max_payload;
+    st->on = true;
+}
+
+td_err_t td_fleet_new(const td_fleet_host_t *host, td_fleet_t **out)
+{
+    *out = NULL;
+    td_fleet_t *f = calloc(1, sizeof *f);
+    if (!f)
+        return TD_ERR_NOMEM;
+    f->host = *host;
+    f->st = host->status ? host->status : &f->own_status;
+    f->wake_fd = -1;
+    pthread_mutex_init(&f->mu, NULL);
+    pthread_cond_init(&f->cond, NULL);
+    settings(f, host->cfg);
+    td_err_t err = TD_ERR_NOMEM;
+    f->parts = calloc(f->partitions, sizeof *f->parts);
+    if (!f->parts)
+        goto fail;
+    for (uint32_t k = 0; k < f->partitions; k++) {
+        f->parts[k].k = k;
+        f->parts[k].inflight = -1;
+    }
+    if ((err = connect_fleet(f, host->cfg)) != TD_OK || (err = td_fleet_path_open(f)) != TD_OK ||
+        (err = td_fleet_query_open(f)) != TD_OK || (err = open_loop_handles(f)) != TD_OK)
+        goto fail;
+    publish_settings(f);
+    if (pthread_create(&f->thread, NULL, fleet_thread, f) != 0) {
+        err = TD_ERR_LIBRARY;
+        goto fail;
+    }
+    f->thread_started = true;
+    td_notice("fleet: %s joins on %s: %u partitions, lease %" PRId64 " ms", f->member,
+              host->cfg->nats_servers, (unsigned)f->partitions, f->ttl_ms);
+    *out = f;
+    return TD_OK;
+fail:
+    td_fleet_destroy(&f);
+    return err;
+}
+
+void td_fleet_destroy(td_fleet_t **self_p)
+{
+    td_fleet_t *f = *self_p;
+    if (!f)
+        return;
+    if (f->thread_started) {
+        /* Normally the thread is done (it stopped with the loop's signal). Otherwise (tallyd
+         * stops for another reason) it still needs the loop for its last checkpoints: run it. */
+        atomic_store(&f->stopping, true);
+        while (!atomic_load(&f->thread_done)) {
+            uv_run(f->host.loop, UV_RUN_NOWAIT);
+            usleep(1000);
+        }
+        pthread_join(f->thread, NULL);
+    }
+    if (f->async.loop && !uv_is_closing((uv_handle_t *)&f->async))
+        uv_close((uv_handle_t *)&f->async, NULL);
+    if (f->sig_term.loop && !f->loop_closed) {
+        uv_close((uv_handle_t *)&f->sig_term, NULL);
+        uv_close((uv_handle_t *)&f->sig_int, NULL);
+    }
+    if (f->host.loop)
+        uv_run(f->host.loop, UV_RUN_NOWAIT); /* the close callbacks */
+    td_fleet_query_close(f);
+    td_fleet_path_close(f);
+    for (uint32_t k = 0; f->parts && k < f->partitions; k++) {
+        td_reader_stop(&f->parts[k].reader);
+        natsMsg_Destroy(f->parts[k].retry);
+        free(f->parts[k].acks);
+    }
+    free(f->parts);
+    kvStore_Destroy(f->members);
+    kvStore_Destroy(f->leases);
+    kvStore_Destroy(f->ckpts);
+    jsCtx_Destroy(f->js);
+    natsConnection_Destroy(f->nc);
+    pthread_cond_destroy(&f->cond);
+    pthread_mutex_destroy(&f->mu);
+    free(f);
+    *self_p = NULL;
+}

@@ -1,0 +1,216 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * td_fleet_int.h — what the files of the fleet worker share (td_fleet.c: the thread, membership
+ * and the plan; td_fleet_part.c: a partition's life; td_fleet_transport.c: the way into the
+ * request path (a transport) and onto the loop; td_fleet_query.c: request-reply). Private to
+ * daemon/nats/.
+ *
+ * Threads: everything here belongs to the fleet thread, except the loop-call slot (mu, cond,
+ * job) and `stopping`, which the loop thread touches too.
+ */
+#ifndef TD_FLEET_INT_H
+#define TD_FLEET_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <nats/nats.h>
+#include <uv.h>
+
+#include "tally_fleet.h"
+#include "td_fleet.h"
+#include "td_fleet_status.h"
+#include "td_nats_ckpt.h"
+#include "td_nats_lease.h"
+#include "td_transport.h"
+
+/* Requests in flight in the request path at once: one per owned partition, plus queries. While
+ * the path takes nothing (max_inflight) a request is answered `busy` and sent again later, which
+ * keeps order since a partition has one at a time. */
+#define TD_FLEET_PENDING_MAX 64
+/* A partition's reader queues at most this much (a fetch asks for the room left, at least one
+ * message of max_payload: 8 MiB with contrib/nats). */
+#define TD_FLEET_FETCH_BYTES (24ll << 20)
+#define TD_FLEET_FETCH_BATCH 256
+/* How long the thread sleeps in the transport's poll when nothing was fetched. */
+#define TD_FLEET_IDLE_MS 5
+/* Resend after `busy` or `rate_limited`. */
+#define TD_FLEET_RETRY_MS 50
+/* At start, making the fleet's streams and buckets is tried this often, this far apart. */
+#define TD_FLEET_START_RETRIES 60
+#define TD_FLEET_START_RETRY_MS 500
+/* A partition whose take-over failed (a damaged checkpoint, NATS errors) is not tried again
+ * before this. */
+#define TD_FLEET_TAKE_BACKOFF_MS 5000
+
+typedef enum { PEND_FREE = 0, PEND_PART, PEND_QUERY, PEND_SYNC } td_pend_kind_t;
+
+/* One request in flight in the request path. Its tag replaces the request id on the way in; the
+ * reply's request id finds it again (slot in the low 8 bits). */
+typedef struct {
+    td_pend_kind_t kind;
+    uint64_t tag;
+    uint64_t orig_id;    /* the request id the message carried, restored in its reply */
+    uint32_t k;          /* PEND_PART: the partition */
+    natsMsg *msg;        /* PEND_PART: the JetStream message; PEND_QUERY: the NATS request */
+    bool streams_filter; /* PEND_QUERY: a `streams` answer, cut to the partitions owned */
+    bool done;           /* PEND_SYNC: the reply came (reply, reply_len: malloc'ed) */
+    uint8_t *reply;
+    size_t reply_len;
+} td_pend_t;
+
+/* A partition's reader thread and its queue (td_fleet_reader.c). */
+#define TD_READER_RING (4 * TD_FLEET_FETCH_BATCH)
+typedef struct {
+    struct td_fleet *fleet;
+    uint32_t k;
+    natsSubscription *sub; /* the bound durable consumer (the reader's) */
+    pthread_t thread;
+    bool started;
+    atomic_bool stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cond; /* room in the queue again, or stop */
+    natsMsg *ring[TD_READER_RING];
+    size_t head, len;
+    size_t bytes;
+} td_reader_t;
+
+typedef struct {
+    uint32_t k;
+    bool owned;
+    td_lease_t lease;
+    td_ckpt_t ckpt;
+    td_reader_t reader;   /* fetches from the bound durable consumer */
+    unsigned restarts;    /* consumers made under the current lease */
+    uint64_t applied_seq; /* the last JetStream sequence applied (or judged) */
+    uint64_t ckpt_seq;    /* applied_seq of the last checkpoint */
+    int64_t last_ckpt_ms;
+    /* The ack subjects of the messages judged since the last checkpoint, NUL-separated: the
+     * next checkpoint holds them, and then acknowledges each (td_nats_consumer.h). */
+    char *acks;
+    size_t acks_len, acks_cap, acks_count;
+    int inflight;   /* its message in the request path: a pend slot, or -1 */
+    natsMsg *retry; /* a message answered `busy`: sent again at retry_at */
+    int64_t retry_at;
+    int64_t no_take_until_ms;
+} td_part_t;
+
+typedef struct td_fleet_job {
+    void (*fn)(td_fleet_t *f, void *arg);
+    void *arg;
+    bool done;
+} td_fleet_job_t;
+
+struct td_fleet {
+    td_fleet_host_t host;
+    /* Settings (copied). */
+    char member[TALLY_NATS_MEMBER_ID_MAX + 1];
+    uint32_t partitions;
+    int64_t ttl_ms, ckpt_ms;
+    size_t max_payload;
+    /* NATS. */
+    natsConnection *nc;
+    jsCtx *js;
+    kvStore *members, *leases, *ckpts;
+    natsSubscription *q_sub, *ctl_sub, *streams_sub;
+    /* Partitions. */
+    td_part_t *parts;
+    int64_t next_beat_ms;
+    /* The transport (td_fleet_transport.c): requests queued for the loop, replies queued for the
+     * fleet thread (under q_mu); wake_fd: an eventfd written when a reply is queued, and by the
+     * readers when they queue messages. */
+    td_transport_t transport;
+    pthread_mutex_t q_mu;
+    bool q_mu_ready;
+    struct td_fleet_sub *sub_head, *sub_tail;
+    struct td_fleet_rep *rep_head, *rep_tail;
+    int wake_fd;
+    td_pend_t pend[TD_FLEET_PENDING_MAX];
+    uint64_t next_tag;
+    /* The thread, and the loop calls. */
+    pthread_t thread;
+    bool thread_started;
+    atomic_bool stopping;    /* set by the loop's signal watchers */
+    atomic_bool thread_done; /* the thread has nothing more to ask of the loop */
+    uv_async_t async;
+    uv_signal_t sig_term, sig_int;
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    td_fleet_job_t *job;
+    bool loop_closed;
+    /* Histogram publications (td_fleet_watch.c): every watch_ms (pub_interval_ms); pub_seq. */
+    int64_t watch_ms, next_watch_ms;
+    uint64_t watch_seq;
+    /* Counters and what info and /metrics show (the server's, or own_status). */
+    td_fleet_status_t *st;
+    td_fleet_status_t own_status;
+};
+
+/* One more of a td_fleet_status_t counter; a td_fleet_status_t field set (the loop reads them). */
+#define TD_FLEET_COUNT(f, field) atomic_fetch_add_explicit(&(f)->st->field, 1, memory_order_relaxed)
+#define TD_FLEET_SET(f, field, v) atomic_store_explicit(&(f)->st->field, (v), memory_order_relaxed)
+
+/* td_fleet_transport.c: the request path, and the loop. */
+td_err_t td_fleet_path_open(td_fleet_t *f);
+/* After the loop has ended: frees what is still queued. */
+void td_fleet_path_close(td_fleet_t *f);
+/* Loop thread (the fleet's async handle): submits the requests queued. */
+void td_fleet_path_on_loop(td_fleet_t *f);
+/* Queues one request frame (data: header then payload, copied) for the request path with a fresh
+ * tag in a free slot, of the given kind; the slot, or -1 when none is free. */
+int td_fleet_path_send(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *data, size_t len);
+/* Waits up to timeout_ms for replies and hands each to td_fleet_on_reply (PEND_SYNC ones are
+ * kept in their slot). */
+void td_fleet_path_poll(td_fleet_t *f, int timeout_ms);
+/* One request through the request path, waiting for its reply (other replies are handled
+ * meanwhile): the reply frame (64-byte header then payload, malloc'ed) or NULL after timeout_ms. */
+uint8_t *td_fleet_path_call(td_fleet_t *f, const uint8_t *data, size_t len, int timeout_ms,
+                            size_t *reply_len);
+/* Runs fn(f, arg) on the server's loop thread and waits for it. */
+void td_fleet_on_loop(td_fleet_t *f, void (*fn)(td_fleet_t *f, void *arg), void *arg);
+/* A reply frame for slot (header already with the original request id). */
+void td_fleet_on_reply(td_fleet_t *f, int slot, const uint8_t *reply, size_t len);
+
+/* td_fleet_part.c */
+void td_part_take(td_fleet_t *f, td_part_t *p);
+void td_part_give_up(td_fleet_t *f, td_part_t *p);
+/* Loses the partition at once, writing nothing (its lease expired, or it was fenced). */
+void td_part_drop(td_fleet_t *f, td_part_t *p, const char *why);
+/* One step: resend, fetch, submit, checkpoint when due. True when it did something. */
+bool td_part_step(td_fleet_t *f, td_part_t *p);
+void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *reply, size_t len);
+/* Waits (polling for replies) until the partition has nothing in flight. */
+void td_part_quiesce(td_fleet_t *f, td_part_t *p);
+/* Writes the checkpoint now (nothing in flight). False when fenced or it failed. */
+bool td_part_checkpoint(td_fleet_t *f, td_part_t *p);
+/* True when stream `name` belongs to a partition this worker owns with a valid lease. */
+bool td_fleet_owns_stream(td_fleet_t *f, const char *name, size_t len);
+
+/* td_fleet_watch.c: publishes the owned streams that changed when a tick is due; true when it
+ * published any. */
+bool td_fleet_watch_step(td_fleet_t *f);
+
+/* td_fleet_reader.c: the reader takes sub (and destroys it at stop). */
+td_err_t td_reader_start(td_fleet_t *f, td_reader_t *r, uint32_t k, natsSubscription *sub);
+natsMsg *td_reader_pop(td_reader_t *r);
+void td_reader_stop(td_reader_t *r);
+
+/* td_fleet_query.c */
+td_err_t td_fleet_query_open(td_fleet_t *f);
+void td_fleet_query_close(td_fleet_t *f);
+/* Takes the queries that have arrived; true when there were any. */
+bool td_fleet_query_step(td_fleet_t *f);
+void td_fleet_query_reply(td_fleet_t *f, td_pend_t *pend, const uint8_t *reply, size_t len);
+
+/* An error reply frame to the request frame req (len bytes; what it echoes per PROTOCOL.md §3)
+ * with the message why, into out (TALLY_REP_HEADER_SIZE + TALLY_ERROR_MESSAGE_MAX bytes); its
+ * length. */
+size_t td_fleet_error_reply(const uint8_t *req, size_t len, tally_status_t st, const char *why,
+                            uint8_t *out);
+/* Publishes a reply frame to a NATS subject with the reply headers of PROTOCOL.md §13. */
+void td_fleet_publish_reply(td_fleet_t *f, const char *subject, natsMsg *request, uint32_t k,
+                            uint64_t seq, const uint8_t *reply, size_t len);
+
+#endif

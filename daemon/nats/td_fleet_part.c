@@ -1,0 +1,556 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * td_fleet_part.c — one partition's life on this worker (PROTOCOL.md §13 "Exactly once across
+ * crashes"): taking it (lease, fence, load the checkpoint into the stream table, the consumer at
+ * checkpoint + 1), applying its messages one at a time in sequence order through the request
+ * path (a message at or below the last applied sequence is skipped; a failing one becomes a dead
+ * letter), checkpointing it, and giving it up or losing it.
+ *
+ * One message of a partition is in the request path at a time. That keeps the order of every
+ * stream even when tallyd answers `busy` or `rate_limited` (the message is sent again, nothing
+ * after it has gone ahead), and makes a checkpoint's snapshot consistent: nothing of the
+ * partition is half applied when it is taken. Partitions run side by side.
+ *
+ * Nothing is written to NATS for a partition once its lease has run out by this worker's own
+ * clock (td_lease_valid): not a reply, not a dead letter, not a checkpoint. The checkpoint's
+ * compare-and-set is the fence for what was started just before.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "td_fleet_int.h"
+#include "td_log.h"
+#include "td_nats_consumer.h"
+#include "td_nats_js.h"
+#include "td_state.h"
+#include "td_stream.h"
+#include "td_window.h"
+
+/* ---- The stream table, on the loop thread ------------------------------------------------ */
+
+typedef struct {
+    uint32_t k, partitions;
+    uint8_t *buf;
+    size_t len;
+    td_err_t err;
+    char msg[256];
+    /* list: the names of the partition's streams */
+    char (*names)[TALLY_STREAM_NAME_MAX + 1];
+    size_t count;
+} table_job_t;
+
+static bool in_partition(const td_stream_t *s, void *arg)
+{
+    const table_job_t *j = arg;
+    return tally_partition(s->name, s->name_len, j->partitions) == j->k;
+}
+
+/* A checkpoint's state is a base image alone (no append log goes with it), so its generation
+ * only has to be one a base may carry (1 and up; version 4 refuses 0). */
+#define TD_FLEET_STATE_GENERATION 1
+
+static void snapshot_on_loop(td_fleet_t *f, void *arg)
+{
+    table_job_t *j = arg;
+    j->err = td_state_encode_some(f->host.streams, td_clock_ms(), TD_FLEET_STATE_GENERATION,
+                                  in_partition, j, &j->buf, &j->len);
+}
+
+static void restore_on_loop(td_fleet_t *f, void *arg)
+{
+    table_job_t *j = arg;
+    td_state_report_t report;
+    j->err = td_state_decode(j->buf, j->len, td_clock_ms(), f->host.streams, &report, j->msg,
+                             sizeof j->msg);
+    if (j->err == TD_OK && td_state_report_lossy(&report)) {
+        snprintf(j->msg, sizeof j->msg, "%u of %u streams restored", report.restored,
+                 report.records);
+        j->err = TD_ERR_CORRUPT;
+    }
+}
+
+static void list_on_loop(td_fleet_t *f, void *arg)
+{
+    table_job_t *j = arg;
+    size_t n = 0;
+    for (td_stream_t *s = td_streams_first(f->host.streams); s; s = s->list_next)
+        n += in_partition(s, j);
+    j->names = calloc(n + 1, sizeof *j->names);
+    if (!j->names)
+        return;
+    for (td_stream_t *s = td_streams_first(f->host.streams); s; s = s->list_next)
+        if (in_partition(s, j))
+            memcpy(j->names[j->count++], s->name, s->name_len);
+}
+
+/* Deletes this worker's local copy of partition k's streams, through the request path (after
+ * anything of theirs still in flight): what a new owner restores must not meet an old copy. */
+static void delete_local_streams(td_fleet_t *f, uint32_t k)
+{
+    table_job_t j = {.k = k, .partitions = f->partitions};
+    td_fleet_on_loop(f, list_on_loop, &j);
+    for (size_t i = 0; i < j.count; i++) {
+        tally_req_t del = {.version = TALLY_PROTO_VERSION, .opcode = TALLY_OP_DELETE};
+        uint8_t frame[TALLY_REQ_HEADER_SIZE];
+        if (tally_req_set_stream(&del, j.names[i]) != TALLY_OK)
+            continue;
+        tally_req_encode(&del, frame);
+        size_t len = 0;
+        free(td_fleet_path_call(f, frame, sizeof frame, 10000, &len));
+    }
+    free(j.names);
+}
+
+/* ---- Taking, losing, giving up ------------------------------------------------------------- */
+
+static void release_lease(td_fleet_t *f, td_part_t *p)
+{
+    char msg[256];
+    if (p->lease.revision && td_lease_release(f->js, p->k, &p->lease, msg, sizeof msg) != TD_OK)
+        td_warn("fleet: %s", msg);
+    memset(&p->lease, 0, sizeof p->lease);
+}
+
+static void forget_work(td_fleet_t *f, td_part_t *p)
+{
+    if (p->inflight >= 0) { /* its reply, when it comes, finds no slot */
+        td_pend_t *pend = &f->pend[p->inflight];
+        natsMsg_Destroy(pend->msg);
+        memset(pend, 0, sizeof *pend);
+        p->inflight = -1;
+    }
+    td_reader_stop(&p->reader);
+    natsMsg_Destroy(p->retry);
+    p->retry = NULL;
+    p->acks_len = p->acks_count = 0; /* not ours to acknowledge any more */
+    p->owned = false;
+    TD_FLEET_SET(f, owned[p->k], false);
+}
+
+/* Loads the checkpoint's state into the stream table (after removing any old local copy). */
+static td_err_t restore(td_fleet_t *f, td_part_t *p, uint8_t *state, size_t len, char *msg,
+                        size_t cap)
+{
+    delete_local_streams(f, p->k);
+    if (len == 0)
+        return TD_OK;
+    table_job_t j = {.k = p->k, .partitions = f->partitions, .buf = state, .len = len};
+    td_fleet_on_loop(f, restore_on_loop, &j);
+    if (j.err != TD_OK)
+        td_err("fleet: partition %u's checkpoint: %s", (unsigned)p->k, j.msg);
+    if (j.err != TD_OK && msg)
+        snprintf(msg, cap, "its checkpoint: %s", j.msg);
+    return j.err;
+}
+
+/* The partition's consumer from start_seq (the checkpoint's sequence + 1), and its reader. */
+static td_err_t start_consumer(td_fleet_t *f, td_part_t *p, uint64_t start_seq, char *msg,
+                               size_t cap)
+{
+    int64_t ack_wait = f->ckpt_ms * 4 > 30000 ? f->ckpt_ms * 4 : 30000;
+    natsSubscription *sub = NULL;
+    td_err_t err = td_consumer_start(f->js, p->k, p->lease.revision, p->restarts++, start_seq,
+                                     ack_wait, &sub, msg, cap);
+    if (err == TD_OK && (err = td_reader_start(f, &p->reader, p->k, sub)) != TD_OK) {
+        snprintf(msg, cap, "cannot start its reader thread");
+        natsSubscription_Destroy(sub);
+    }
+    return err;
+}
+
+/* A message past applied_seq + 1: were the ones between removed from the stream (a purge: go
+ * on), or not delivered (a consumer that moved on: read again from applied_seq + 1)? True when
+ * the message is to be applied. */
+static bool accept_gap(td_fleet_t *f, td_part_t *p, uint64_t seq)
+{
+    uint64_t first = td_partition_first_seq(f->js, p->k);
+    if (first > p->applied_seq + 1) {
+        TD_FLEET_COUNT(f, gaps);
+        td_warn("fleet: partition %u: sequences %" PRIu64 "..%" PRIu64
+                " were removed from its stream before they were applied",
+                (unsigned)p->k, p->applied_seq + 1, first - 1);
+        return true;
+    }
+    char msg[256];
+    td_warn("fleet: partition %u: sequence %" PRIu64 " came after %" PRIu64
+            "; reading again from %" PRIu64,
+            (unsigned)p->k, seq, p->applied_seq, p->applied_seq + 1);
+    td_reader_stop(&p->reader);
+    if (start_consumer(f, p, p->applied_seq + 1, msg, sizeof msg) != TD_OK) {
+        td_warn("fleet: partition %u: %s", (unsigned)p->k, msg);
+        td_part_drop(f, p, "its consumer could not be made again");
+    }
+    return false;
+}
+
+/* After a checkpoint: acknowledges every message it holds, the last one confirmed (the server
+ * handles one connection's acknowledgements in order), so the consumer does not deliver them
+ * again after its ack wait; a failure only means they come again, and are skipped. */
+static void ack_all(td_fleet_t *f, td_part_t *p)
+{
+    char msg[256];
+    const char *last = NULL;
+    for (size_t at = 0, i = 0; i < p->acks_count; i++) {
+        const char *subject = p->acks + at;
+        at += strlen(subject) + 1;
+        if (i + 1 == p->acks_count)
+            last = subject;
+        else
+            natsConnection_Publish(f->nc, subject, "+ACK", 4);
+    }
+    if (last && td_consumer_ack_sync(f->nc, last, 5000, msg, sizeof msg) != TD_OK)
+        td_warn("fleet: partition %u: %s", (unsigned)p->k, msg);
+    p->acks_len = p->acks_count = 0;
+}
+
+void td_part_take(td_fleet_t *f, td_part_t *p)
+{
+    char msg[512];
+    bool taken = false, fenced = false;
+    if (td_lease_acquire(f->leases, p->k, f->member, f->ttl_ms, &p->lease, &taken, msg,
+                         sizeof msg) != TD_OK)
+        td_warn("fleet: %s", msg);
+    if (!taken)
+        return;
+    uint8_t *state = NULL;
+    size_t len = 0;
+    td_err_t err = td_ckpt_take(&p->ckpt, f->js, f->ckpts, p->k, f->member, p->lease.revision,
+                                &state, &len, &fenced, msg, sizeof msg);
+    if (err == TD_OK && !fenced)
+        err = restore(f, p, state, len, msg, sizeof msg);
+    free(state);
+    p->applied_seq = p->ckpt_seq = p->ckpt.cur.applied_seq;
+    p->restarts = 0;
+    if (err == TD_OK && !fenced)
+        err = start_consumer(f, p, p->applied_seq + 1, msg, sizeof msg);
+    if (err != TD_OK || fenced || !td_lease_valid(&p->lease, td_nats_now_ms())) {
+        td_warn("fleet: partition %u not taken: %s", (unsigned)p->k,
+                err != TD_OK ? msg
+                : fenced     ? "another worker wrote its checkpoint"
+                             : "the lease ran out while taking it");
+        forget_work(f, p);
+        release_lease(f, p);
+        p->no_take_until_ms = td_nats_now_ms() + TD_FLEET_TAKE_BACKOFF_MS;
+        return;
+    }
+    p->owned = true;
+    p->last_ckpt_ms = td_nats_now_ms();
+    TD_FLEET_SET(f, applied_seq[p->k], p->applied_seq);
+    TD_FLEET_SET(f, last_seq[p->k], p->applied_seq);
+    TD_FLEET_SET(f, owned[p->k], true);
+    TD_FLEET_COUNT(f, partitions_taken);
+    td_notice("fleet: %s took partition %u at sequence %" PRIu64 " (%zu bytes of state)", f->member,
+              (unsigned)p->k, p->applied_seq + 1, len);
+}
+
+void td_part_drop(td_fleet_t *f, td_part_t *p, const char *why)
+{
+    td_warn("fleet: partition %u lost: %s; its local state is dropped", (unsigned)p->k, why);
+    TD_FLEET_COUNT(f, leases_lost);
+    forget_work(f, p);
+    memset(&p->lease, 0, sizeof p->lease);
+    delete_local_streams(f, p->k);
+}
+
+void td_part_quiesce(td_fleet_t *f, td_part_t *p)
+{
+    int64_t deadline = td_nats_now_ms() + 30000;
+    while ((p->inflight >= 0 || p->retry) && td_nats_now_ms() < deadline) {
+        if (p->retry && p->inflight < 0)
+            break; /* `busy`: not applied, so not in the checkpoint either */
+        td_fleet_path_poll(f, 10);
+    }
+}
+
+void td_part_give_up(td_fleet_t *f, td_part_t *p)
+{
+    td_part_quiesce(f, p);
+    if (p->applied_seq > p->ckpt_seq && !td_part_checkpoint(f, p))
+        return; /* dropped (fenced or expired), or the write failed: the next owner redoes it */
+    forget_work(f, p);
+    if (!atomic_load(&f->stopping)) /* tallyd goes on: its copy is no longer the truth */
+        delete_local_streams(f, p->k);
+    release_lease(f, p);
+    td_notice("fleet: %s gave partition %u up at sequence %" PRIu64, f->member, (unsigned)p->k,
+              p->applied_seq);
+}
+
+bool td_part_checkpoint(td_fleet_t *f, td_part_t *p)
+{
+    char msg[512];
+    if (!td_lease_valid(&p->lease, td_nats_now_ms())) {
+        td_part_drop(f, p, "its lease ran out before a checkpoint");
+        return false;
+    }
+    table_job_t j = {.k = p->k, .partitions = f->partitions};
+    td_fleet_on_loop(f, snapshot_on_loop, &j);
+    bool fenced = false;
+    td_err_t err = j.err;
+    if (err == TD_OK && td_lease_valid(&p->lease, td_nats_now_ms()))
+        err = td_ckpt_write(&p->ckpt, p->applied_seq, j.buf, j.len, &fenced, msg, sizeof msg);
+    else if (err == TD_OK)
+        fenced = true; /* ran out meanwhile: write nothing */
+    free(j.buf);
+    p->last_ckpt_ms = td_nats_now_ms();
+    if (fenced) {
+        td_part_drop(f, p, "another worker holds its checkpoint");
+        return false;
+    }
+    if (err != TD_OK) {
+        td_warn("fleet: checkpoint of partition %u: %s", (unsigned)p->k, msg);
+        TD_FLEET_COUNT(f, checkpoint_failures);
+        return false;
+    }
+    p->ckpt_seq = p->applied_seq;
+    TD_FLEET_COUNT(f, checkpoints);
+    ack_all(f, p);
+    return true;
+}
+
+/* ---- Applying ------------------------------------------------------------------------------ */
+
+/* Keeps m's ack subject for the next checkpoint. */
+static void keep_ack(td_part_t *p, natsMsg *m)
+{
+    const char *ack = natsMsg_GetReply(m);
+    size_t n = ack ? strlen(ack) + 1 : 0;
+    if (n == 0)
+        return;
+    if (p->acks_len + n > p->acks_cap) {
+        size_t cap = p->acks_cap ? 2 * p->acks_cap : 4096;
+        while (cap < p->acks_len + n)
+            cap *= 2;
+        char *grown = realloc(p->acks, cap);
+        if (!grown)
+            return; /* unacknowledged, it comes again after the ack wait and is skipped */
+        p->acks = grown;
+        p->acks_cap = cap;
+    }
+    memcpy(p->acks + p->acks_len, ack, n);
+    p->acks_len += n;
+    p->acks_count++;
+}
+
+static void mark_applied(td_fleet_t *f, td_part_t *p, natsMsg *m, uint64_t seq)
+{
+    p->applied_seq = seq;
+    keep_ack(p, m);
+    TD_FLEET_COUNT(f, applied);
+    TD_FLEET_SET(f, applied_seq[p->k], seq);
+    natsMsg_Destroy(m);
+}
+
+static const char *header(natsMsg *m, const char *key)
+{
+    const char *v = NULL;
+    return natsMsgHeader_Get(m, key, &v) == NATS_OK ? v : NULL;
+}
+
+/* Publishes m to the dead letters with why; false when NATS would not take it (try again). */
+static bool dead_letter(td_fleet_t *f, td_part_t *p, natsMsg *m, uint64_t seq, tally_status_t st,
+                        const char *why)
+{
+    char subject[32], num[24], seqs[24];
+    tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_DEAD, p->k);
+    snprintf(num, sizeof num, "%u", (unsigned)p->k);
+    snprintf(seqs, sizeof seqs, "%" PRIu64, seq);
+    const char *id = header(m, TALLY_NATS_HDR_MSG_ID);
+    natsMsg *d = NULL;
+    natsStatus s = natsMsg_Create(&d, subject, NULL, natsMsg_GetData(m), natsMsg_GetDataLength(m));
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(d, TALLY_NATS_HDR_STATUS, tally_status_name(st));
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(d, TALLY_NATS_HDR_REASON, why);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(d, TALLY_NATS_HDR_PARTITION, num);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(d, TALLY_NATS_HDR_SEQ, seqs);
+    if (s == NATS_OK && id)
+        s = natsMsgHeader_Set(d, TALLY_NATS_HDR_REPLY_ID, id);
+    jsErrCode jerr = 0;
+    if (s == NATS_OK)
+        s = js_PublishMsg(NULL, f->js, d, NULL, &jerr);
+    natsMsg_Destroy(d);
+    if (s != NATS_OK) {
+        td_warn("fleet: dead letter of partition %u sequence %" PRIu64 ": %s", (unsigned)p->k, seq,
+                td_nats_last_error(s));
+        return false;
+    }
+    td_info("fleet: partition %u sequence %" PRIu64 " is a dead letter: %s: %s", (unsigned)p->k,
+            seq, tally_status_name(st), why);
+    TD_FLEET_COUNT(f, dead_letters);
+    return true;
+}
+
+/* The checks PROTOCOL.md §13 adds after §6's (which the request path repeats): the status and
+ * why, or TALLY_OK. */
+static tally_status_t check_message(td_fleet_t *f, td_part_t *p, natsMsg *m, char *why, size_t cap)
+{
+    const uint8_t *data = (const uint8_t *)natsMsg_GetData(m);
+    size_t len = (size_t)natsMsg_GetDataLength(m);
+    tally_req_t req;
+    if (len < TALLY_REQ_HEADER_SIZE) {
+        snprintf(why, cap, "message of %zu bytes: shorter than a request header", len);
+        return TALLY_E_HEADER;
+    }
+    tally_status_t st = tally_req_decode(data, TALLY_REQ_HEADER_SIZE, &req, why, cap);
+    if (st == TALLY_OK)
+        st =
+            tally_req_validate(&req, len - TALLY_REQ_HEADER_SIZE, f->host.cfg->max_batch, why, cap);
+    if (st != TALLY_OK)
+        return st;
+    uint8_t op = req.opcode;
+    if (op != TALLY_OP_FILTER && op != TALLY_OP_SCAN && op != TALLY_OP_HIST &&
+        op != TALLY_OP_RESET && op != TALLY_OP_DELETE) {
+        snprintf(why, cap, "%s is not taken from a partition (request-reply only)",
+                 tally_op_name((tally_op_t)op));
+        return TALLY_E_OPCODE;
+    }
+    if (req.flags & TALLY_FLAG_SHM_REF) {
+        snprintf(why, cap, "shared-memory references do not travel over NATS");
+        return TALLY_E_BAD_REF;
+    }
+    if (req.stream_len && tally_partition(req.stream, req.stream_len, f->partitions) != p->k) {
+        snprintf(why, cap, "stream %.*s belongs to partition %u, not %u", (int)req.stream_len,
+                 req.stream, (unsigned)tally_partition(req.stream, req.stream_len, f->partitions),
+                 (unsigned)p->k);
+        return TALLY_E_STREAM_NAME;
+    }
+    size_t payload = len - TALLY_REQ_HEADER_SIZE;
+    size_t reply = op == TALLY_OP_FILTER ? payload
+                   : op == TALLY_OP_SCAN ? (req.flags & TALLY_FLAG_SCAN_OUT_I32 ? 1 : 2) * payload
+                                         : 0;
+    if (header(m, TALLY_NATS_HDR_REPLY) &&
+        reply + TALLY_REP_HEADER_SIZE > f->max_payload - TALLY_NATS_HEADROOM) {
+        snprintf(why, cap, "its reply (up to %zu bytes) would not fit NATS's max_payload %zu",
+                 reply, f->max_payload);
+        return TALLY_E_TOO_LARGE;
+    }
+    return TALLY_OK;
+}
+
+/* A message that fails: the dead letters, its error reply, then it counts as applied. */
+static void fail_message(td_fleet_t *f, td_part_t *p, natsMsg *m, uint64_t seq, tally_status_t st,
+                         const char *why)
+{
+    if (!dead_letter(f, p, m, seq, st, why)) {
+        p->retry = m;
+        p->retry_at = td_nats_now_ms() + TD_FLEET_RETRY_MS * 10;
+        return;
+    }
+    const char *to = header(m, TALLY_NATS_HDR_REPLY);
+    if (to) {
+        uint8_t frame[TALLY_REP_HEADER_SIZE + TALLY_ERROR_MESSAGE_MAX];
+        size_t len = td_fleet_error_reply((const uint8_t *)natsMsg_GetData(m),
+                                          (size_t)natsMsg_GetDataLength(m), st, why, frame);
+        td_fleet_publish_reply(f, to, m, p->k, seq, frame, len);
+    }
+    mark_applied(f, p, m, seq);
+}
+
+/* Judges a message: skipped (applied before), a dead letter, or sent to the request path. */
+static void process(td_fleet_t *f, td_part_t *p, natsMsg *m)
+{
+    uint64_t pending = 0;
+    uint64_t seq = td_nats_msg_seq_pending(m, &pending);
+    if (seq + pending > atomic_load_explicit(&f->st->last_seq[p->k], memory_order_relaxed))
+        TD_FLEET_SET(f, last_seq[p->k], seq + pending); /* the lag metric's end */
+    if (seq == 0 || seq <= p->applied_seq) {
+        td_debug("fleet: partition %u sequence %" PRIu64 ": skipped (applied up to %" PRIu64 ")",
+                 (unsigned)p->k, seq, p->applied_seq);
+        keep_ack(p, m); /* applied before (a redelivery, or the previous owner's): in a
+                         * checkpoint already, or in the next one */
+        natsMsg_Destroy(m);
+        return;
+    }
+    if (seq > p->applied_seq + 1 && !accept_gap(f, p, seq)) {
+        natsMsg_Destroy(m);
+        return;
+    }
+    char why[TALLY_ERROR_MESSAGE_MAX + 1] = "";
+    tally_status_t st = check_message(f, p, m, why, sizeof why);
+    if (st != TALLY_OK) {
+        fail_message(f, p, m, seq, st, why);
+        return;
+    }
+    int slot = td_fleet_path_send(f, PEND_PART, (const uint8_t *)natsMsg_GetData(m),
+                                  (size_t)natsMsg_GetDataLength(m));
+    if (slot < 0) {
+        p->retry = m;
+        p->retry_at = td_nats_now_ms() + TD_FLEET_RETRY_MS;
+        return;
+    }
+    f->pend[slot].k = p->k;
+    f->pend[slot].msg = m;
+    p->inflight = slot;
+}
+
+void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *reply, size_t len)
+{
+    natsMsg *m = pend->msg;
+    pend->msg = NULL;
+    p->inflight = -1;
+    tally_rep_t rep;
+    tally_rep_decode(reply, TALLY_REP_HEADER_SIZE, &rep);
+    tally_status_t st = (tally_status_t)rep.status;
+    if (st == TALLY_E_BUSY || st == TALLY_E_RATE || st == TALLY_E_SHUTDOWN) {
+        TD_FLEET_COUNT(f, resent);
+        p->retry = m; /* no effect: the same message again (at shutdown: the next owner's) */
+        p->retry_at = td_nats_now_ms() + TD_FLEET_RETRY_MS;
+        return;
+    }
+    uint64_t seq = td_nats_msg_seq(m);
+    if (!td_lease_valid(&p->lease, td_nats_now_ms())) {
+        natsMsg_Destroy(m);
+        td_part_drop(f, p, "its lease ran out");
+        return;
+    }
+    if (st != TALLY_OK && st != TALLY_E_DUPLICATE) {
+        char why[TALLY_ERROR_MESSAGE_MAX + 1];
+        size_t n = len - TALLY_REP_HEADER_SIZE;
+        snprintf(why, sizeof why, "%.*s", (int)(n < TALLY_ERROR_MESSAGE_MAX ? n : 255),
+                 (const char *)reply + TALLY_REP_HEADER_SIZE);
+        if (!dead_letter(f, p, m, seq, st, why)) {
+            p->retry = m; /* applied? No: a failed request has no effect; judge it again */
+            p->retry_at = td_nats_now_ms() + TD_FLEET_RETRY_MS * 10;
+            return;
+        }
+    }
+    const char *to = header(m, TALLY_NATS_HDR_REPLY);
+    if (to)
+        td_fleet_publish_reply(f, to, m, p->k, seq, reply, len);
+    td_debug("fleet: partition %u sequence %" PRIu64 ": %s (request seq %" PRIu64 ")",
+             (unsigned)p->k, seq, tally_status_name(st),
+             tally_get_u64((const uint8_t *)natsMsg_GetData(m) + 40));
+    mark_applied(f, p, m, seq);
+}
+
+bool td_part_step(td_fleet_t *f, td_part_t *p)
+{
+    int64_t now = td_nats_now_ms();
+    if (!td_lease_valid(&p->lease, now)) {
+        td_part_drop(f, p, "its lease ran out (this worker was paused or cut off)");
+        return true;
+    }
+    if (p->inflight >= 0)
+        return false;
+    if (p->retry) {
+        if (now < p->retry_at)
+            return false;
+        natsMsg *m = p->retry;
+        p->retry = NULL;
+        process(f, p, m);
+        return true;
+    }
+    if (p->applied_seq > p->ckpt_seq && now - p->last_ckpt_ms >= f->ckpt_ms) {
+        td_part_checkpoint(f, p);
+        return true;
+    }
+    natsMsg *m = td_reader_pop(&p->reader);
+    if (!m)
+        return false;
+    process(f, p, m);
+    return true;
+}

@@ -1,0 +1,57 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * td_nats_consumer.h — a partition's durable pull consumer on TALLY_P<k> (PROTOCOL.md §13 "Leases
+ * and fencing", step 3), and the acknowledgements an owner sends after a checkpoint (confirmed).
+ *
+ * The fleet removes nothing from a partition's stream: messages leave it by its limits (age,
+ * then bytes). nats-server 2.9.10 loses acknowledged messages when a replica restarts after
+ * removals: a purge below a sequence is replayed as a full purge (nats-server#4196), and with
+ * interest retention the healthy replicas failed on "stream store EOF", reset, and the restarted
+ * empty one became the leader. This project's fault test met both.
+ *
+ * The consumer is created with js_AddConsumer and then bound by name: js_PullSubscribe's own
+ * creation marks it as the subscription's, and unsubscribing would then delete it. Each owner
+ * makes a consumer of its own (named with its lease's revision) starting at its checkpoint's
+ * sequence + 1, and deletes the previous owner's: so messages the previous owner fetched but did
+ * not checkpoint come again at once, not after the ack wait, and a delete or create that timed
+ * out (done or not on the server) can never leave this owner on a consumer that has moved on.
+ */
+#ifndef TD_NATS_CONSUMER_H
+#define TD_NATS_CONSUMER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <nats/nats.h>
+
+#include "td_err.h"
+
+/* A fetch asks for at most this many bytes: libnats drops a subscription whose pending bytes
+ * pass its 64 MiB limit (a slow consumer), so stay well under it. */
+#define TD_NATS_FETCH_MAX_BYTES (32ll << 20)
+
+/* Creates the owner's durable consumer tally-p<k>-<epoch>-<restart> of partition k (epoch: the
+ * owner's lease revision; restart: how many it made before under that lease) delivering from
+ * start_seq (<= 1: from the first message), explicit acks, ack_wait_ms, after deleting every other
+ * consumer of the partition (a previous owner's, or its own previous one), and binds *sub to it.
+ * A consumer of that name that has delivered already is refused. */
+td_err_t td_consumer_start(jsCtx *js, uint32_t k, uint64_t epoch, unsigned restart,
+                           uint64_t start_seq, int64_t ack_wait_ms, natsSubscription **sub,
+                           char *msg, size_t cap);
+/* The first sequence partition k's stream still holds (0 when it cannot be asked). */
+uint64_t td_partition_first_seq(jsCtx *js, uint32_t k);
+/* Fetches up to batch messages and max_bytes (capped at TD_NATS_FETCH_MAX_BYTES), waiting up
+ * to wait_ms (> 0) for them; none is TD_OK with an empty list. It blocks: a worker fetches on a
+ * thread of its own (td_fleet_reader.c). */
+td_err_t td_consumer_fetch(natsSubscription *sub, int batch, int64_t max_bytes, int64_t wait_ms,
+                           natsMsgList *list, char *msg, size_t cap);
+/* A delivered message's stream sequence (0 when it has no JetStream metadata). */
+uint64_t td_nats_msg_seq(natsMsg *m);
+/* The same, and the consumer's pending count when it was delivered (messages after it). */
+uint64_t td_nats_msg_seq_pending(natsMsg *m, uint64_t *pending);
+/* Acknowledges the message whose ack subject (its reply subject) this is, and waits for the
+ * server's confirmation ("+ACK" as a request). */
+td_err_t td_consumer_ack_sync(natsConnection *nc, const char *ack_subject, int64_t timeout_ms,
+                              char *msg, size_t cap);
+
+#endif

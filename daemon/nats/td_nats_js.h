@@ -1,0 +1,46 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * td_nats_js.h — the fleet's JetStream objects (PROTOCOL.md §13): the partition streams
+ * TALLY_P<k> on tally.in.<k>, the dead-letter stream, and the key-value buckets TALLY_FLEET
+ * (the number of partitions), TALLY_MEMBERS and TALLY_LEASES (with the lease TTL) and
+ * TALLY_CKPT. A worker makes sure they exist when it starts; what exists is left as it is, and
+ * a bucket or a partition count that disagrees with the worker's configuration is refused.
+ */
+#ifndef TD_NATS_JS_H
+#define TD_NATS_JS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <nats/nats.h>
+
+#include "td_err.h"
+
+typedef struct {
+    uint32_t partitions;          /* 1 .. TALLY_NATS_MAX_PARTITIONS */
+    int replicas;                 /* of every stream and bucket */
+    int64_t partition_max_bytes;  /* a partition stream's limit (discard new) */
+    int64_t partition_max_age_ms; /* how long a partition stream keeps a message */
+    int64_t lease_ttl_ms;         /* TTL of TALLY_MEMBERS and TALLY_LEASES */
+    int32_t max_msg_size;         /* the server's max_payload: the streams' largest message */
+} td_nats_layout_t;
+
+/* Creates what is missing; TD_ERR_CONFIG when the fleet's partition count or a bucket's TTL
+ * differs from the layout, TD_ERR_LIBRARY when NATS refuses (msg says why). */
+td_err_t td_nats_fleet_ensure(jsCtx *js, const td_nats_layout_t *layout, char *msg, size_t cap);
+
+/* Binds the bucket `name`, creating it (history 1, ttl_ms: 0 = none) when it does not exist.
+ * An existing bucket with another TTL is TD_ERR_CONFIG. */
+td_err_t td_nats_kv_open(jsCtx *js, const char *name, int64_t ttl_ms, int replicas, kvStore **out,
+                         char *msg, size_t cap);
+
+/* The fleet's partition count from TALLY_FLEET; TD_ERR_CONFIG when there is no fleet yet. */
+td_err_t td_nats_read_partitions(jsCtx *js, uint32_t *partitions, char *msg, size_t cap);
+
+/* Every key of a bucket into *list (kvKeysList_Destroy it; empty when the bucket is). */
+td_err_t td_nats_kv_keys(kvStore *kv, kvKeysList *list, char *msg, size_t cap);
+
+/* nats_GetLastError's text, or the status's when there is none: for messages. */
+const char *td_nats_last_error(natsStatus s);
+
+#endif

@@ -1,0 +1,181 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * td_nats_lease.c — see td_nats_lease.h.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tally_fleet.h"
+#include "td_nats_js.h"
+#include "td_nats_lease.h"
+
+int64_t td_nats_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void lease_key(char *key, size_t cap, uint32_t k)
+{
+    tally_fleet_name(key, cap, "p", k);
+}
+
+/* Writes member into partition k's lease key by compare-and-set on l->revision (0: create if
+ * absent); on success l holds the new revision and is valid for ttl_ms from before the write. */
+static natsStatus lease_write(kvStore *leases, uint32_t k, const char *member, int64_t ttl_ms,
+                              td_lease_t *l)
+{
+    char key[16];
+    lease_key(key, sizeof key, k);
+    int64_t sent = td_nats_now_ms();
+    uint64_t rev = 0;
+    natsStatus s = l->revision ? kvStore_UpdateString(&rev, leases, key, member, l->revision)
+                               : kvStore_CreateString(&rev, leases, key, member);
+    if (s == NATS_OK) {
+        l->revision = rev;
+        l->valid_until_ms = sent + ttl_ms;
+    }
+    return s;
+}
+
+td_err_t td_lease_acquire(kvStore *leases, uint32_t k, const char *member, int64_t ttl_ms,
+                          td_lease_t *l, bool *taken, char *msg, size_t cap)
+{
+    memset(l, 0, sizeof *l);
+    *taken = lease_write(leases, k, member, ttl_ms, l) == NATS_OK;
+    if (*taken)
+        return TD_OK;
+    /* A key that exists (held by another, or by an earlier run under the same id, which must
+     * expire first) and a failing NATS look alike here: a key that can be read tells them
+     * apart. If it expired in between, the next round takes it. */
+    char holder[TALLY_NATS_MEMBER_ID_MAX + 1];
+    return td_lease_holder(leases, k, holder, sizeof holder, msg, cap);
+}
+
+td_err_t td_lease_renew(kvStore *leases, uint32_t k, const char *member, int64_t ttl_ms,
+                        td_lease_t *l, bool *lost, char *msg, size_t cap)
+{
+    *lost = false;
+    natsStatus s = l->revision ? lease_write(leases, k, member, ttl_ms, l) : NATS_ERR;
+    if (s == NATS_OK)
+        return TD_OK;
+    /* libnats 3.4.1 gives no jsErrCode for a KV update: a failed compare-and-set and a failing
+     * server look alike. The key tells them apart: not ours (or gone) means lost. */
+    char holder[TALLY_NATS_MEMBER_ID_MAX + 1];
+    td_err_t err = td_lease_holder(leases, k, holder, sizeof holder, msg, cap);
+    if (err != TD_OK)
+        return err; /* keep l: the lease may still be ours; valid_until_ms runs out anyway */
+    if (strcmp(holder, member) != 0 || !l->revision) {
+        *lost = true;
+        memset(l, 0, sizeof *l);
+        return TD_OK;
+    }
+    snprintf(msg, cap, "renewing lease p%u: %s", (unsigned)k, td_nats_last_error(s));
+    return TD_ERR_LIBRARY;
+}
+
+td_err_t td_lease_release(jsCtx *js, uint32_t k, td_lease_t *l, char *msg, size_t cap)
+{
+    char subject[64];
+    snprintf(subject, sizeof subject, "$KV.%s.p%u", TALLY_NATS_BUCKET_LEASES, (unsigned)k);
+    natsMsg *m = NULL;
+    natsStatus s = natsMsg_Create(&m, subject, NULL, NULL, 0);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, "KV-Operation", "DEL");
+    jsPubOptions po;
+    jsPubOptions_Init(&po);
+    po.ExpectLastSubjectSeq = l->revision;
+    jsErrCode jerr = 0;
+    if (s == NATS_OK)
+        s = js_PublishMsg(NULL, js, m, &po, &jerr);
+    natsMsg_Destroy(m);
+    memset(l, 0, sizeof *l);
+    /* A compare-and-set that lost (the lease moved on) deleted nothing: that is fine. */
+    if (s != NATS_OK && jerr != JSStreamWrongLastSequenceErr) {
+        snprintf(msg, cap, "releasing lease p%u: %s", (unsigned)k, td_nats_last_error(s));
+        return TD_ERR_LIBRARY;
+    }
+    return TD_OK;
+}
+
+bool td_lease_valid(const td_lease_t *l, int64_t now_ms)
+{
+    return l->revision != 0 && now_ms < l->valid_until_ms;
+}
+
+td_err_t td_lease_holder(kvStore *leases, uint32_t k, char *holder, size_t cap, char *msg,
+                         size_t msg_cap)
+{
+    char key[16];
+    lease_key(key, sizeof key, k);
+    kvEntry *e = NULL;
+    holder[0] = 0;
+    natsStatus s = kvStore_Get(&e, leases, key);
+    if (s == NATS_NOT_FOUND)
+        return TD_OK;
+    if (s != NATS_OK) {
+        snprintf(msg, msg_cap, "reading lease p%u: %s", (unsigned)k, td_nats_last_error(s));
+        return TD_ERR_LIBRARY;
+    }
+    int len = kvEntry_ValueLen(e);
+    snprintf(holder, cap, "%.*s", len > 0 ? len : 0, (const char *)kvEntry_Value(e));
+    kvEntry_Destroy(e);
+    return TD_OK;
+}
+
+td_err_t td_member_beat(kvStore *members, const char *member, const char *info, char *msg,
+                        size_t cap)
+{
+    uint64_t rev = 0;
+    natsStatus s = kvStore_PutString(&rev, members, member, info ? info : "");
+    if (s != NATS_OK) {
+        snprintf(msg, cap, "heartbeat: %s", td_nats_last_error(s));
+        return TD_ERR_LIBRARY;
+    }
+    return TD_OK;
+}
+
+td_err_t td_member_leave(kvStore *members, const char *member, char *msg, size_t cap)
+{
+    natsStatus s = kvStore_Delete(members, member);
+    if (s != NATS_OK && s != NATS_NOT_FOUND) {
+        snprintf(msg, cap, "leaving: %s", td_nats_last_error(s));
+        return TD_ERR_LIBRARY;
+    }
+    return TD_OK;
+}
+
+td_err_t td_member_list(kvStore *members, char ***ids, size_t *n, char *msg, size_t cap)
+{
+    kvKeysList list;
+    *ids = NULL;
+    *n = 0;
+    td_err_t err = td_nats_kv_keys(members, &list, msg, cap);
+    if (err != TD_OK)
+        return err;
+    char **out = calloc((size_t)list.Count + 1, sizeof *out);
+    for (int i = 0; out && i < list.Count; i++)
+        if (!(out[i] = strdup(list.Keys[i]))) {
+            td_member_list_free(out, (size_t)i);
+            out = NULL;
+        }
+    size_t count = (size_t)list.Count;
+    kvKeysList_Destroy(&list);
+    if (!out) {
+        snprintf(msg, cap, "out of memory");
+        return TD_ERR_NOMEM;
+    }
+    *ids = out;
+    *n = count;
+    return TD_OK;
+}
+
+void td_member_list_free(char **ids, size_t n)
+{
+    for (size_t i = 0; ids && i < n; i++)
+        free(ids[i]);
+    free(ids);
+}

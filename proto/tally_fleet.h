@@ -1,0 +1,66 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * tally_fleet.h — the names of the NATS JetStream transport (PROTOCOL.md §13), defined once for
+ * libtally's producer and the daemon's worker: subjects, JetStream streams, key-value buckets
+ * and keys, message headers. Pure C: formatting names into caller buffers, no libnats.
+ *
+ * The partition function itself (tally_partition, tally_fnv1a64) is public, in tally_proto.h.
+ */
+#ifndef TALLY_FLEET_H
+#define TALLY_FLEET_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tally_proto.h"
+
+/* Subjects: ingest (JetStream), dead letters (JetStream), queries to a partition's owner,
+ * control (one member), streams (every member), histogram publications. The first, second,
+ * third and last take the partition number after the dot. */
+#define TALLY_NATS_SUBJ_IN "tally.in."
+#define TALLY_NATS_SUBJ_DEAD "tally.dead."
+#define TALLY_NATS_SUBJ_QUERY "tally.q."
+#define TALLY_NATS_SUBJ_CTL "tally.ctl"
+#define TALLY_NATS_SUBJ_STREAMS "tally.streams"
+#define TALLY_NATS_SUBJ_WATCH "tally.watch."
+#define TALLY_NATS_CTL_QUEUE "tally"
+
+/* JetStream streams: TALLY_P<k> per partition; the dead letters of all partitions. */
+#define TALLY_NATS_STREAM_PREFIX "TALLY_P"
+#define TALLY_NATS_DEAD_STREAM "TALLY_DEAD"
+/* The durable pull consumer of partition k: tally-p<k>. */
+#define TALLY_NATS_CONSUMER_PREFIX "tally-p"
+
+/* Key-value buckets and their keys. */
+#define TALLY_NATS_BUCKET_FLEET "TALLY_FLEET" /* key "partitions" */
+#define TALLY_NATS_KEY_PARTITIONS "partitions"
+#define TALLY_NATS_BUCKET_MEMBERS "TALLY_MEMBERS" /* key: the member id (TTL) */
+#define TALLY_NATS_BUCKET_LEASES "TALLY_LEASES"   /* key p<k>: the owner (TTL) */
+#define TALLY_NATS_BUCKET_CKPT "TALLY_CKPT"       /* key p<k>: manifest; p<k>.<gen>.<i>: chunks */
+
+/* Message headers. */
+#define TALLY_NATS_HDR_MSG_ID "Nats-Msg-Id"
+#define TALLY_NATS_HDR_REPLY "Tally-Reply"
+#define TALLY_NATS_HDR_REPLY_ID "Tally-Msg-Id"
+#define TALLY_NATS_HDR_PARTITION "Tally-Partition"
+#define TALLY_NATS_HDR_SEQ "Tally-Seq"
+#define TALLY_NATS_HDR_STATUS "Tally-Status"
+#define TALLY_NATS_HDR_REASON "Tally-Reason"
+#define TALLY_NATS_HDR_STREAM "Tally-Stream"
+#define TALLY_NATS_HDR_MEMBER "Tally-Member"
+
+/* A dedupe id is 1..128 bytes; a member id 1..64 of A-Z a-z 0-9 - _. */
+#define TALLY_NATS_MSG_ID_MAX 128
+#define TALLY_NATS_MEMBER_ID_MAX 64
+/* Room kept for NATS headers below max_payload when a reply's size is judged (PROTOCOL.md §13
+ * "Validation"), and by producers when they cut batches. */
+#define TALLY_NATS_HEADROOM 4096u
+
+/* Writes prefix followed by k in decimal into buf (cap bytes); the length, or 0 when it does not
+ * fit. */
+size_t tally_fleet_name(char *buf, size_t cap, const char *prefix, uint32_t k);
+/* True when id is a valid member id (PROTOCOL.md §13 "Membership"). */
+bool tally_fleet_member_id_valid(const char *id);
+
+#endif

@@ -1,0 +1,381 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * test_nats_fleet.c — the worker's coordination (daemon/nats/) against a real 3-node JetStream
+ * cluster (PROTOCOL.md §13):
+ *   - leases: one holder at a time; renewal by compare-and-set; expiry on TTL, and the holder's
+ *     own clock says "expired" before the server lets another worker take it; a stale release
+ *     cannot delete the successor's lease;
+ *   - checkpoints: a new owner's take fences the old one (its next write fails, nothing of it
+ *     committed); round trips inline and chunked (5 MiB); the first write of an owner removes
+ *     its predecessor's chunks; a damaged chunk is caught by the CRC;
+ *   - the durable consumer: recreated at a checkpoint's sequence + 1 it delivers from there at
+ *     once; acknowledgement confirmed, nothing removed; a bound subscription that goes
+ *     away leaves the consumer in place.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <nats/nats.h>
+
+#include "harness.h"
+#include "nats_cluster.h"
+#include "tally_fleet.h"
+#include "td_nats_ckpt.h"
+#include "td_nats_consumer.h"
+#include "td_nats_js.h"
+#include "td_nats_lease.h"
+
+#define PARTITIONS 4
+#define TTL_MS 2000
+
+#define cluster tn_suite
+#define nc tn_suite_nc
+#define js tn_suite_js
+static kvStore *leases, *ckpts;
+static char msg[512];
+
+static int setup(void **state)
+{
+    (void)state;
+    if (tn_suite_setup(3) != 0)
+        return -1;
+    td_nats_layout_t l = {.partitions = PARTITIONS,
+                          .replicas = 3,
+                          .partition_max_bytes = 64ll << 20,
+                          .partition_max_age_ms = 3600 * 1000,
+                          .lease_ttl_ms = TTL_MS,
+                          .max_msg_size = (int32_t)natsConnection_GetMaxPayload(nc)};
+    td_err_t err = TD_ERR_LIBRARY;
+    for (int i = 0; i < 50 && err != TD_OK; i++) /* R3 needs the 3 peers known: retry a bit */
+        if ((err = td_nats_fleet_ensure(js, &l, msg, sizeof msg)) != TD_OK)
+            th_sleep_ms(200);
+    if (err != TD_OK) {
+        fprintf(stderr, "fleet: %s\n", msg);
+        return -1;
+    }
+    if (td_nats_kv_open(js, TALLY_NATS_BUCKET_LEASES, TTL_MS, 3, &leases, msg, sizeof msg) ||
+        td_nats_kv_open(js, TALLY_NATS_BUCKET_CKPT, 0, 3, &ckpts, msg, sizeof msg))
+        return -1;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    kvStore_Destroy(leases);
+    kvStore_Destroy(ckpts);
+    return tn_suite_teardown();
+}
+
+static void holder_is(uint32_t k, const char *who)
+{
+    char holder[80];
+    assert_int_equal(td_lease_holder(leases, k, holder, sizeof holder, msg, sizeof msg), TD_OK);
+    assert_string_equal(holder, who);
+}
+
+static void test_lease_exclusive_and_expiry(void **state)
+{
+    (void)state;
+    td_lease_t a = {0}, b = {0};
+    bool taken = false, lost = false;
+    assert_int_equal(td_lease_acquire(leases, 0, "A", TTL_MS, &a, &taken, msg, sizeof msg), TD_OK);
+    assert_true(taken);
+    assert_true(td_lease_valid(&a, td_nats_now_ms()));
+    assert_int_equal(td_lease_acquire(leases, 0, "B", TTL_MS, &b, &taken, msg, sizeof msg), TD_OK);
+    assert_false(taken);
+    holder_is(0, "A");
+    uint64_t first = a.revision;
+    assert_int_equal(td_lease_renew(leases, 0, "A", TTL_MS, &a, &lost, msg, sizeof msg), TD_OK);
+    assert_false(lost);
+    assert_true(a.revision > first);
+    /* B pretending to hold A's old revision: the compare-and-set fails, B learns it lost. */
+    b.revision = first;
+    assert_int_equal(td_lease_renew(leases, 0, "B", TTL_MS, &b, &lost, msg, sizeof msg), TD_OK);
+    assert_true(lost);
+    holder_is(0, "A");
+
+    /* A stops renewing: the key expires; A's own clock said so first. */
+    int64_t t0 = td_nats_now_ms();
+    char holder[80] = "A";
+    while (holder[0] && td_nats_now_ms() - t0 < TTL_MS + 10000) {
+        th_sleep_ms(20);
+        assert_int_equal(td_lease_holder(leases, 0, holder, sizeof holder, msg, sizeof msg), TD_OK);
+        if (holder[0])
+            continue;
+        assert_false(td_lease_valid(&a, td_nats_now_ms()));
+    }
+    assert_string_equal(holder, "");
+    print_message("lease expired %lld ms after its last renewal\n",
+                  (long long)(td_nats_now_ms() - (a.valid_until_ms - TTL_MS)));
+    assert_int_equal(td_lease_acquire(leases, 0, "B", TTL_MS, &b, &taken, msg, sizeof msg), TD_OK);
+    assert_true(taken);
+    assert_int_equal(td_lease_renew(leases, 0, "A", TTL_MS, &a, &lost, msg, sizeof msg), TD_OK);
+    assert_true(lost);
+    assert_false(td_lease_valid(&a, td_nats_now_ms()));
+
+    /* B releases; A takes it at once; B's stale release (its old revision) deletes nothing. */
+    td_lease_t stale_b = b;
+    assert_int_equal(td_lease_release(js, 0, &b, msg, sizeof msg), TD_OK);
+    holder_is(0, "");
+    assert_int_equal(td_lease_acquire(leases, 0, "A", TTL_MS, &a, &taken, msg, sizeof msg), TD_OK);
+    assert_true(taken);
+    assert_int_equal(td_lease_release(js, 0, &stale_b, msg, sizeof msg), TD_OK);
+    holder_is(0, "A");
+    assert_int_equal(td_lease_release(js, 0, &a, msg, sizeof msg), TD_OK);
+}
+
+static void read_back(uint32_t k, uint64_t seq, const char *member, const void *state, size_t len)
+{
+    td_ckpt_manifest_t m;
+    uint8_t *got = NULL;
+    size_t got_len = 0;
+    assert_int_equal(td_ckpt_read(js, k, &m, &got, &got_len, msg, sizeof msg), TD_OK);
+    assert_int_equal(m.applied_seq, seq);
+    assert_string_equal(m.member, member);
+    assert_int_equal(got_len, len);
+    if (len)
+        assert_memory_equal(got, state, len);
+    free(got);
+}
+
+static void test_ckpt_fencing(void **state)
+{
+    (void)state;
+    td_ckpt_t a, b;
+    uint8_t *st = NULL;
+    size_t len = 0;
+    bool fenced = true;
+    assert_int_equal(td_ckpt_take(&a, js, ckpts, 1, "A", 100, &st, &len, &fenced, msg, sizeof msg),
+                     TD_OK);
+    assert_false(fenced);
+    assert_null(st);
+    assert_int_equal(td_ckpt_write(&a, 5, (const uint8_t *)"hello", 5, &fenced, msg, sizeof msg),
+                     TD_OK);
+    assert_false(fenced);
+    read_back(1, 5, "A", "hello", 5);
+
+    /* B takes over (A paused past its lease): B loads A's state and fences A. */
+    assert_int_equal(td_ckpt_take(&b, js, ckpts, 1, "B", 200, &st, &len, &fenced, msg, sizeof msg),
+                     TD_OK);
+    assert_false(fenced);
+    assert_int_equal(len, 5);
+    assert_memory_equal(st, "hello", 5);
+    assert_int_equal(b.cur.applied_seq, 5);
+    free(st);
+    read_back(1, 5, "B", "hello", 5); /* the fence: same state, the new owner's name */
+
+    /* A wakes and writes: refused, nothing of it committed. */
+    assert_int_equal(td_ckpt_write(&a, 6, (const uint8_t *)"stale", 5, &fenced, msg, sizeof msg),
+                     TD_OK);
+    assert_true(fenced);
+    read_back(1, 5, "B", "hello", 5);
+    assert_int_equal(td_ckpt_write(&b, 7, (const uint8_t *)"world", 5, &fenced, msg, sizeof msg),
+                     TD_OK);
+    assert_false(fenced);
+    read_back(1, 7, "B", "world", 5);
+    /* A's late take, knowing nothing newer, still loads B's checkpoint (it fences B in turn). */
+}
+
+static size_t count_keys(const char *prefix)
+{
+    kvKeysList list = {0};
+    if (kvStore_Keys(&list, ckpts, NULL) != NATS_OK)
+        return 0;
+    size_t n = 0;
+    for (int i = 0; i < list.Count; i++)
+        n += strncmp(list.Keys[i], prefix, strlen(prefix)) == 0;
+    kvKeysList_Destroy(&list);
+    return n;
+}
+
+/* count_keys(prefix) once it equals want, within 10 s (else its last value): a purge whose
+ * PubAck timed out on a loaded box may still land a moment later. */
+static size_t count_keys_settled(const char *prefix, size_t want)
+{
+    size_t n = count_keys(prefix);
+    for (int64_t t0 = th_now_ms(); n != want && th_now_ms() - t0 < 10000; n = count_keys(prefix))
+        th_sleep_ms(100);
+    return n;
+}
+
+static void test_ckpt_large_chunked(void **state)
+{
+    (void)state;
+    size_t big_len = (5u << 20) + 123;
+    uint8_t *big = malloc(big_len);
+    assert_non_null(big);
+    for (size_t i = 0; i < big_len; i++)
+        big[i] = (uint8_t)(th_rand() >> 24);
+    td_ckpt_t b, c;
+    uint8_t *st = NULL;
+    size_t len = 0;
+    bool fenced = true;
+    assert_int_equal(td_ckpt_take(&b, js, ckpts, 2, "B", 300, &st, &len, &fenced, msg, sizeof msg),
+                     TD_OK);
+    assert_int_equal(td_ckpt_write(&b, 40, big, big_len, &fenced, msg, sizeof msg), TD_OK);
+    assert_false(fenced);
+    assert_int_equal(b.cur.chunks, 6); /* 5 MiB + 123 in chunks of 1 MiB - 4 KiB */
+    read_back(2, 40, "B", big, big_len);
+    assert_int_equal(count_keys_settled("p2.300.", 6), 6);
+
+    /* A new owner loads it whole, and its first write removes B's chunks. */
+    assert_int_equal(td_ckpt_take(&c, js, ckpts, 2, "C", 400, &st, &len, &fenced, msg, sizeof msg),
+                     TD_OK);
+    assert_int_equal(len, big_len);
+    assert_memory_equal(st, big, big_len);
+    free(st);
+    assert_int_equal(td_ckpt_write(&c, 41, big, 1000, &fenced, msg, sizeof msg), TD_OK);
+    assert_int_equal(c.cur.chunks, 0); /* inline */
+    read_back(2, 41, "C", big, 1000);
+    assert_int_equal(count_keys_settled("p2.300.", 0), 0);
+    /* Chunked again, twice: the second write goes to the other slot, the first stays intact
+     * until the manifest names the second. */
+    assert_int_equal(td_ckpt_write(&c, 42, big, big_len, &fenced, msg, sizeof msg), TD_OK);
+    big[7] ^= 1;
+    assert_int_equal(td_ckpt_write(&c, 43, big, big_len, &fenced, msg, sizeof msg), TD_OK);
+    read_back(2, 43, "C", big, big_len);
+    assert_int_equal(count_keys_settled("p2.400.", 12), 12);
+
+    /* A damaged chunk: the CRC catches it. */
+    char key[64];
+    snprintf(key, sizeof key, "p2.400.%u.3", (unsigned)(c.cur.generation % 2));
+    uint64_t rev = 0;
+    assert_int_equal(kvStore_Put(&rev, ckpts, key, big, (int)TD_CKPT_CHUNK_BYTES), NATS_OK);
+    td_ckpt_manifest_t m;
+    assert_int_equal(td_ckpt_read(js, 2, &m, &st, &len, msg, sizeof msg), TD_ERR_CORRUPT);
+    assert_non_null(strstr(msg, "CRC"));
+    assert_null(st);
+    free(big);
+}
+
+static void test_manifest_decode_rejects(void **state)
+{
+    (void)state;
+    td_ckpt_manifest_t m = {
+        .applied_seq = 9, .epoch = 1, .generation = 2, .state_len = 3, .crc = 4, .member = "w1"};
+    uint8_t v[TD_CKPT_MANIFEST_SIZE + 3];
+    td_ckpt_manifest_encode(&m, v);
+    td_ckpt_manifest_t out;
+    assert_int_equal(td_ckpt_manifest_decode(v, sizeof v, &out, msg, sizeof msg), TD_OK);
+    assert_int_equal(out.applied_seq, 9);
+    assert_string_equal(out.member, "w1");
+    assert_int_equal(td_ckpt_manifest_decode(v, sizeof v - 1, &out, msg, sizeof msg),
+                     TD_ERR_CORRUPT); /* inline length differs */
+    v[5] = 1;
+    assert_int_equal(td_ckpt_manifest_decode(v, sizeof v, &out, msg, sizeof msg), TD_ERR_CORRUPT);
+    v[5] = 0;
+    v[0] = 'X';
+    assert_int_equal(td_ckpt_manifest_decode(v, sizeof v, &out, msg, sizeof msg), TD_ERR_CORRUPT);
+}
+
+static void publish_n(uint32_t k, int n)
+{
+    char subject[32];
+    tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k);
+    for (int i = 0; i < n; i++) {
+        char data[16];
+        int len = snprintf(data, sizeof data, "m%d", i);
+        jsErrCode jerr = 0;
+        assert_int_equal(js_Publish(NULL, js, subject, data, len, NULL, &jerr), NATS_OK);
+    }
+}
+
+static uint64_t fetch_all(natsSubscription *sub, int expect, char (*acks)[256])
+{
+    natsMsgList list;
+    uint64_t first = 0;
+    int got = 0;
+    for (int round = 0; round < 20 && got < expect; round++) {
+        assert_int_equal(td_consumer_fetch(sub, 100, 0, 500, &list, msg, sizeof msg), TD_OK);
+        for (int i = 0; i < list.Count; i++) {
+            uint64_t seq = td_nats_msg_seq(list.Msgs[i]);
+            if (!first)
+                first = seq;
+            assert_int_equal(seq, first + (uint64_t)got); /* in order, no gap */
+            if (acks && seq <= 10)
+                snprintf(acks[seq], 256, "%s", natsMsg_GetReply(list.Msgs[i]));
+            got++;
+        }
+        natsMsgList_Destroy(&list);
+    }
+    assert_int_equal(got, expect);
+    return first;
+}
+
+static void test_consumer_resume(void **state)
+{
+    (void)state;
+    publish_n(3, 10);
+    natsSubscription *sub = NULL;
+    assert_int_equal(td_consumer_start(js, 3, 100, 0, 1, 30000, &sub, msg, sizeof msg), TD_OK);
+    static char acks[11][256];
+    assert_int_equal(fetch_all(sub, 10, acks), 1);
+    /* A checkpoint holding 1..6: each acknowledged, the last one confirmed. */
+    for (int i = 1; i < 6; i++)
+        assert_int_equal(natsConnection_PublishString(nc, acks[i], "+ACK"), NATS_OK);
+    assert_int_equal(td_consumer_ack_sync(nc, acks[6], 5000, msg, sizeof msg), TD_OK);
+    jsConsumerInfo *ci = NULL;
+    jsErrCode jerr = 0;
+    assert_int_equal(js_GetConsumerInfo(&ci, js, "TALLY_P3", "tally-p3-100-0", NULL, &jerr),
+                     NATS_OK);
+    assert_int_equal(ci->AckFloor.Stream, 6);
+    jsConsumerInfo_Destroy(ci);
+    /* The subscription goes: the consumer stays (it was bound, not made by the subscribe). */
+    natsSubscription_Unsubscribe(sub);
+    natsSubscription_Destroy(sub);
+    assert_int_equal(js_GetConsumerInfo(&ci, js, "TALLY_P3", "tally-p3-100-0", NULL, &jerr),
+                     NATS_OK);
+    jsConsumerInfo_Destroy(ci);
+
+    /* A new owner whose checkpoint holds 1..6: from 7 at once (7..10 were delivered, not acked,
+     * and would otherwise wait for the 30 s ack wait). */
+    int64_t t0 = td_nats_now_ms();
+    assert_int_equal(td_consumer_start(js, 3, 200, 0, 7, 30000, &sub, msg, sizeof msg), TD_OK);
+    assert_int_equal(fetch_all(sub, 4, NULL), 7);
+    /* The previous owner's consumer is gone; the same name again, having delivered, is refused
+     * (a create that timed out but happened must not be taken for a fresh one). */
+    assert_int_equal(js_GetConsumerInfo(&ci, js, "TALLY_P3", "tally-p3-100-0", NULL, &jerr),
+                     NATS_NOT_FOUND);
+    natsSubscription *again = NULL;
+    assert_int_equal(td_consumer_start(js, 3, 200, 0, 7, 30000, &again, msg, sizeof msg),
+                     TD_ERR_LIBRARY);
+    assert_null(again);
+    assert_true(td_nats_now_ms() - t0 < 15000);
+    /* Nothing more: a fetch comes back empty after its wait (not NATS's default 5 s). */
+    natsMsgList list;
+    t0 = td_nats_now_ms();
+    assert_int_equal(td_consumer_fetch(sub, 100, 0, 200, &list, msg, sizeof msg), TD_OK);
+    assert_int_equal(list.Count, 0);
+    assert_true(td_nats_now_ms() - t0 < 4000);
+    natsSubscription_Destroy(sub);
+    /* Nothing was removed from the stream (the fleet never removes: td_nats_consumer.h). */
+    jsStreamInfo *si = NULL;
+    assert_int_equal(js_GetStreamInfo(&si, js, "TALLY_P3", NULL, &jerr), NATS_OK);
+    assert_int_equal(si->State.Msgs, 10);
+    jsStreamInfo_Destroy(si);
+}
+
+int main(void)
+{
+    if (!tn_server_bin()) {
+        fprintf(stderr, "nats-server not found: skipped\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_lease_exclusive_and_expiry),
+        cmocka_unit_test(test_ckpt_fencing),
+        cmocka_unit_test(test_ckpt_large_chunked),
+        cmocka_unit_test(test_manifest_decode_rejects),
+        cmocka_unit_test(test_consumer_resume),
+    };
+    int failed = cmocka_run_group_tests(tests, setup, teardown);
+    nats_Close(); /* libnats' threads and globals: gone before the leak check */
+    return failed;
+}

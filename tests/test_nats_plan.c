@@ -1,0 +1,174 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * test_nats_plan.c — the fleet's arithmetic without NATS (PROTOCOL.md §13): the partition of a
+ * stream is exactly the table of test vectors in PROTOCOL.md (read from the document, so the two
+ * cannot drift apart); the names; and rendezvous hashing of partitions over members: every
+ * partition has exactly one owner, shares are balanced, a member that joins takes only the
+ * partitions it now scores highest for (nothing moves between the others) and a member that
+ * leaves gives up only its own.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "tally_fleet.h"
+#include "td_fleet_plan.h"
+
+/* Every row of the test-vector table: | name | hash | P=8 | P=16 | P=1000 |. */
+static void test_partition_vectors_match_protocol_md(void **state)
+{
+    (void)state;
+    char *doc = th_slurp(TALLY_PROTOCOL_MD);
+    assert_non_null(doc);
+    const char *table = strstr(doc, "| name | FNV-1a-64 | P = 8 | P = 16 | P = 1000 |");
+    assert_non_null(table);
+    const char *line = strchr(table, '\n') + 1;
+    line = strchr(line, '\n') + 1; /* the |---| row */
+    int rows = 0;
+    while (line[0] == '|') {
+        char name[80] = "", hex[32] = "";
+        unsigned p8, p16, p1000;
+        const char *cell = line + 2;
+        if (strncmp(cell, "(empty)", 7) != 0)
+            assert_int_equal(sscanf(cell, "`%79[^`]`", name), 1);
+        const char *rest = strchr(cell, '|');
+        assert_int_equal(sscanf(rest, "| `%31[0-9a-f]` | %u | %u | %u |", hex, &p8, &p16, &p1000),
+                         4);
+        uint64_t h = strtoull(hex, NULL, 16);
+        assert_true(tally_fnv1a64(name, strlen(name)) == h);
+        assert_int_equal(tally_partition(name, strlen(name), 8), p8);
+        assert_int_equal(tally_partition(name, strlen(name), 16), p16);
+        assert_int_equal(tally_partition(name, strlen(name), 1000), p1000);
+        rows++;
+        line = strchr(line, '\n') + 1;
+    }
+    assert_int_equal(rows, 6);
+    free(doc);
+    /* The published FNV-1a 64 (not the daemon's table hash, whose basis differs). */
+    assert_true(tally_fnv1a64("a", 1) == 0xaf63dc4c8601ec8cull);
+    assert_int_equal(tally_partition("cam0", 4, 1), 0);
+    assert_int_equal(tally_partition("cam0", 4, 0), 0);
+}
+
+static void test_names(void **state)
+{
+    (void)state;
+    char buf[32];
+    assert_int_equal(tally_fleet_name(buf, sizeof buf, TALLY_NATS_SUBJ_IN, 7), 10);
+    assert_string_equal(buf, "tally.in.7");
+    assert_int_equal(tally_fleet_name(buf, sizeof buf, TALLY_NATS_STREAM_PREFIX, 1023), 11);
+    assert_string_equal(buf, "TALLY_P1023");
+    assert_int_equal(tally_fleet_name(buf, 10, TALLY_NATS_SUBJ_IN, 7), 0); /* no room for NUL */
+    assert_true(tally_fleet_member_id_valid("host-1_a"));
+    assert_false(tally_fleet_member_id_valid(""));
+    assert_false(tally_fleet_member_id_valid("a.b"));
+    assert_false(tally_fleet_member_id_valid("a b"));
+    char long_id[66];
+    memset(long_id, 'x', 65);
+    long_id[65] = 0;
+    assert_false(tally_fleet_member_id_valid(long_id));
+    long_id[64] = 0;
+    assert_true(tally_fleet_member_id_valid(long_id));
+}
+
+#define P 64
+#define MAXM 8
+
+static void owners(const char *const *members, size_t n, int *owner_of)
+{
+    for (uint32_t k = 0; k < P; k++)
+        owner_of[k] = td_fleet_owner(members, n, k);
+}
+
+static void test_plan_one_owner_each(void **state)
+{
+    (void)state;
+    const char *m[MAXM] = {"w0", "w1", "w2", "w3", "w4"};
+    int owner_of[P];
+    owners(m, 5, owner_of);
+    int count[MAXM] = {0};
+    for (uint32_t k = 0; k < P; k++) {
+        assert_true(owner_of[k] >= 0 && owner_of[k] < 5);
+        count[owner_of[k]]++;
+    }
+    /* Each member's own plan agrees with the global owner, partition by partition. */
+    for (int i = 0; i < 5; i++) {
+        bool mine[P];
+        assert_int_equal(td_fleet_plan(m, 5, m[i], P, mine), (uint32_t)count[i]);
+        for (uint32_t k = 0; k < P; k++)
+            assert_int_equal(mine[k], owner_of[k] == i);
+        /* Balanced enough: 64 / 5 = 12.8 each; no member gets nothing or a double share. */
+        assert_true(count[i] >= 5 && count[i] <= 25);
+    }
+    /* A member alone owns everything; an empty list has no owner. */
+    bool mine[P];
+    assert_int_equal(td_fleet_plan(NULL, 0, "solo", P, mine), P);
+    assert_int_equal(td_fleet_owner(m, 0, 3), -1);
+    /* The plan is the same whatever the order of the list. */
+    const char *rev[5] = {"w4", "w3", "w2", "w1", "w0"};
+    for (uint32_t k = 0; k < P; k++)
+        assert_string_equal(rev[td_fleet_owner(rev, 5, k)], m[owner_of[k]]);
+}
+
+static void test_plan_join_and_leave_move_only_their_share(void **state)
+{
+    (void)state;
+    const char *m[MAXM] = {"alpha", "bravo", "charlie", "delta"};
+    int before[P], after[P];
+    owners(m, 3, before);
+    m[3] = "delta";
+    owners(m, 4, after); /* delta joins */
+    int moved = 0;
+    for (uint32_t k = 0; k < P; k++)
+        if (after[k] != before[k]) {
+            assert_int_equal(after[k], 3); /* only to the newcomer */
+            moved++;
+        }
+    assert_true(moved > 0 && moved < P / 2); /* about P / 4 */
+    /* bravo leaves: only its partitions move, to the others. */
+    const char *left[3] = {"alpha", "charlie", "delta"};
+    int gone[P];
+    owners(left, 3, gone);
+    for (uint32_t k = 0; k < P; k++) {
+        const char *was = m[after[k]];
+        if (strcmp(was, "bravo") != 0)
+            assert_string_equal(left[gone[k]], was);
+    }
+}
+
+/* Fixed values, so that another implementation of PROTOCOL.md can check itself. */
+static void test_score_vectors(void **state)
+{
+    (void)state;
+    /* The vectors of PROTOCOL.md §13 "Membership". */
+    assert_true(td_fleet_score("w1", 0) == 0xea157f2a4f9fe9efull);
+    assert_true(td_fleet_score("w2", 0) == 0x7a03a079b6a677afull);
+    assert_true(td_fleet_score("w1", 7) == 0xa84fcc4291ead9baull);
+    const char *pair[2] = {"w2", "w1"};
+    assert_int_equal(td_fleet_owner(pair, 2, 0), 1);
+    /* FNV-1a-64("w1/0") through mix64. */
+    uint64_t h = tally_fnv1a64("w1/0", 4);
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    h ^= h >> 31;
+    assert_true(td_fleet_score("w1", 0) == h);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_partition_vectors_match_protocol_md),
+        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_plan_one_owner_each),
+        cmocka_unit_test(test_plan_join_and_leave_move_only_their_share),
+        cmocka_unit_test(test_score_vectors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,752 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * test_nats_worker.c — tallyd as a fleet worker ([nats] settings, daemon/nats/td_fleet*.c)
+ * against a real JetStream server, driven by libtally's producer (PROTOCOL.md §13):
+ *   - the worker takes every partition, applies published hist and scan requests in order
+ *     (scan carries across requests), answers on the reply subject, once per request, and
+ *     answers queries and `streams` by request-reply;
+ *   - poison messages (a short frame, a stream of another partition, a query on the ingest
+ *     subject, a hist against the stream's histogram) reach the dead letters with their reason,
+ *     get an error reply, and do not stop the partition;
+ *   - stopped with SIGTERM it checkpoints and releases; another worker resumes from there and
+ *     answers the same records;
+ *   - two workers share the partitions; kill -9 of one: the other takes its partitions within the
+ *     lease TTL and a few seconds, and every stream equals a model that applied each message
+ *     once, duplicates published on purpose included;
+ *   - protected mode: a NATS server off the loopback without credentials is refused at start.
+ */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <cmocka.h>
+#include <nats/nats.h>
+#include <zmq.h>
+
+#include "harness.h"
+#include "nats_cluster.h"
+#include "tally.h"
+#include "tally_fleet.h"
+#include "td_fleet_plan.h"
+#include "td_nats_ckpt.h"
+#include "td_nats_js.h"
+#include "td_nats_lease.h"
+
+#define PARTITIONS 4
+#define TTL_MS 3000
+#define STREAMS 24
+
+#define cluster tn_suite
+#define nc tn_suite_nc
+#define js tn_suite_js
+static char msg[512];
+/* The model: each stream's running u8 histogram as the worker should hold it. */
+static uint64_t model[STREAMS][256];
+static uint64_t model_total[STREAMS];
+
+static int setup(void **state)
+{
+    (void)state;
+    if (tn_suite_setup(1) != 0)
+        return -1;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    return tn_suite_teardown();
+}
+
+static void start_worker_with(th_daemon_t *d, const char *member, const char *const *extra);
+
+static void start_worker(th_daemon_t *d, const char *member)
+{
+    start_worker_with(d, member, NULL);
+}
+
+static void start_worker_with(th_daemon_t *d, const char *member, const char *const *extra)
+{
+    const char *args[] = {"--metrics",
+                          "127.0.0.1:0",
+                          "--nats-servers",
+                          cluster.urls,
+                          "--nats-replicas",
+                          "1",
+                          "--nats-partitions",
+                          "4",
+                          "--nats-lease-ttl-ms",
+                          "3000",
+                          "--nats-checkpoint-interval-ms",
+                          "200",
+                          "--nats-member-id",
+                          member,
+                          "--window-intervals",
+                          "0",
+                          NULL};
+    assert_int_equal(th_daemon_start_with(d, args, extra), 0);
+}
+
+/* The value of a metric line "NAME VALUE" in the worker's /metrics; -1 when absent. */
+static long long metric(th_daemon_t *d, const char *name)
+{
+    int port = th_metrics_port(d);
+    assert_true(port > 0);
+    char *body = th_http_get(port, "GET", "/metrics", NULL);
+    assert_non_null(body);
+    long long v = -1;
+    size_t n = strlen(name);
+    for (const char *at = body; (at = strstr(at, name)) != NULL; at += n)
+        if ((at == body || at[-1] == '\n') && at[n] == ' ') {
+            v = atoll(at + n + 1);
+            break;
+        }
+    free(body);
+    return v;
+}
+
+/* The worker's `info` text, asked by NATS request-reply (tally.ctl); malloc'ed. */
+static char *fleet_info(tally_nats_t *p)
+{
+    tally_req_t req;
+    memset(&req, 0, sizeof req);
+    req.opcode = TALLY_OP_INFO;
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    assert_int_equal(tally_nats_call(p, &req, NULL, 0, &reply), TALLY_OK);
+    char *text = strndup((const char *)reply.payload, reply.len);
+    tally_reply_clear(&reply);
+    assert_non_null(text);
+    return text;
+}
+
+/* Waits until `count` partitions are held by member (NULL: by anyone); the time it took. */
+static int64_t wait_owned(const char *member, int count, int timeout_ms)
+{
+    kvStore *leases = NULL;
+    assert_int_equal(js_KeyValue(&leases, js, TALLY_NATS_BUCKET_LEASES), NATS_OK);
+    int64_t t0 = th_now_ms();
+    int held = -1;
+    while (held != count && th_now_ms() - t0 < timeout_ms) {
+        held = 0;
+        for (uint32_t k = 0; k < PARTITIONS; k++) {
+            char holder[80];
+            if (td_lease_holder(leases, k, holder, sizeof holder, msg, sizeof msg) == TD_OK &&
+                holder[0] && (!member || strcmp(holder, member) == 0))
+                held++;
+        }
+        if (held != count)
+            th_sleep_ms(50);
+    }
+    kvStore_Destroy(leases);
+    assert_int_equal(held, count);
+    return th_now_ms() - t0;
+}
+
+static tally_nats_t *producer(const char *id)
+{
+    tally_nats_opts_t o = {.servers = cluster.urls, .producer_id = id, .timeout_ms = 15000};
+    tally_nats_t *p = NULL;
+    assert_int_equal(tally_nats_new(&o, &p, msg, sizeof msg), TALLY_OK);
+    return p;
+}
+
+static void stream_name(char *buf, size_t cap, int i)
+{
+    snprintf(buf, cap, "cam%d/px", i);
+}
+
+/* Sends `rounds` hist batches to every stream (recorded in the model), their bytes drawn from
+ * seed (the same seed, the same messages); with replies, reads them all and checks each batch's
+ * histogram. */
+/* rounds of one u8 hist of `size` random bytes on every stream, kept in the model. */
+static void push_hists_of(tally_nats_t *p, int rounds, bool want_reply, uint64_t seed,
+                          size_t size)
+{
+    uint8_t *batch = malloc(size);
+    assert_non_null(batch);
+    int sent = 0;
+    uint64_t x = seed | 1;
+    for (int r = 0; r < rounds; r++)
+        for (int i = 0; i < STREAMS; i++) {
+            for (size_t j = 0; j < size; j++) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                batch[j] = (uint8_t)(x >> 32);
+            }
+            char name[32];
+            stream_name(name, sizeof name, i);
+            tally_req_t req;
+            memset(&req, 0, sizeof req);
+            req.opcode = TALLY_OP_HIST;
+            req.dtype = TALLY_DTYPE_U8;
+            assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+            assert_int_equal(tally_nats_send(p, &req, batch, size, want_reply, NULL, NULL),
+                             TALLY_OK);
+            for (size_t j = 0; j < size; j++)
+                model[i][batch[j]]++;
+            model_total[i] += size;
+            sent++;
+        }
+    assert_int_equal(tally_nats_flush(p), TALLY_OK);
+    for (int n = 0; want_reply && n < sent; n++) {
+        tally_reply_t reply;
+        tally_reply_init(&reply);
+        assert_int_equal(tally_nats_recv(p, 20000, &reply), TALLY_OK);
+        assert_int_equal(reply.rep.count, 256);
+        assert_int_equal(reply.rep.aux0, size);
+        tally_reply_clear(&reply);
+    }
+    free(batch);
+}
+
+static void push_hists(tally_nats_t *p, int rounds, bool want_reply, uint64_t seed)
+{
+    push_hists_of(p, rounds, want_reply, seed, 1000);
+}
+
+/* Every stream's record equals the model. */
+static void check_model(tally_nats_t *p)
+{
+    for (int i = 0; i < STREAMS; i++) {
+        char name[32];
+        stream_name(name, sizeof name, i);
+        tally_stream_info_t info;
+        assert_int_equal(tally_nats_query(p, name, &info), TALLY_OK);
+        assert_int_equal(info.hist_total, model_total[i]);
+        for (int b = 0; b < 256; b++)
+            if (info.bins[b] != model[i][b])
+                fail_msg("%s bin %d: %llu, model %llu", name, b, (unsigned long long)info.bins[b],
+                         (unsigned long long)model[i][b]);
+    }
+}
+
+static void test_apply_reply_query(void **state)
+{
+    (void)state;
+    th_daemon_t w;
+    start_worker(&w, "w1");
+    wait_owned("w1", PARTITIONS, 20000);
+    tally_nats_t *p = producer("apply");
+    push_hists(p, 2, true, th_rand());
+    /* Nothing more comes: each request's reply came once. */
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    assert_int_equal(tally_nats_recv(p, 500, &reply), TALLY_E_TIMEOUT);
+    check_model(p);
+    char **names = NULL;
+    size_t count = 0;
+    assert_int_equal(tally_nats_streams(p, &names, &count), TALLY_OK);
+    assert_int_equal(count, STREAMS);
+    tally_strings_free(names, count);
+
+    /* Scan on a stream carries from one request to the next. */
+    tally_req_t scan;
+    memset(&scan, 0, sizeof scan);
+    scan.opcode = TALLY_OP_SCAN;
+    scan.dtype = TALLY_DTYPE_I32;
+    assert_int_equal(tally_req_set_stream(&scan, "carry"), TALLY_OK);
+    int32_t x[4] = {1, 2, 3, 4};
+    uint64_t first = 0;
+    assert_int_equal(tally_nats_send(p, &scan, x, sizeof x, true, &first, NULL), TALLY_OK);
+    assert_int_equal(tally_nats_send(p, &scan, x, sizeof x, true, NULL, NULL), TALLY_OK);
+    assert_int_equal(tally_nats_flush(p), TALLY_OK);
+    for (int n = 0; n < 2; n++) {
+        assert_int_equal(tally_nats_recv(p, 20000, &reply), TALLY_OK);
+        bool second = reply.rep.request_id == first + 1;
+        assert_int_equal((int64_t)reply.rep.aux0, second ? 20 : 10);
+        assert_int_equal((int64_t)tally_get_u64(reply.payload + 24), second ? 20 : 10);
+        tally_reply_clear(&reply);
+    }
+    /* ping through tally.ctl */
+    tally_req_t ping;
+    memset(&ping, 0, sizeof ping);
+    ping.opcode = TALLY_OP_PING;
+    assert_int_equal(tally_nats_call(p, &ping, NULL, 0, &reply), TALLY_OK);
+    tally_reply_clear(&reply);
+    tally_nats_destroy(&p);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+    wait_owned(NULL, 0, 5000); /* released at the stop, not left to expire */
+}
+
+/* Every stream's record equals the model once the owners have caught up (after a take-over
+ * the new owner applies again what came after the last checkpoint). */
+static void check_model_eventually(tally_nats_t *p, int timeout_ms)
+{
+    int64_t t0 = th_now_ms();
+    for (;;) {
+        bool equal = true;
+        for (int i = 0; i < STREAMS && equal; i++) {
+            char name[32];
+            stream_name(name, sizeof name, i);
+            tally_stream_info_t info;
+            if (tally_nats_query(p, name, &info) != TALLY_OK) {
+                equal = false; /* no owner right now: ask again */
+                break;
+            }
+            equal = info.hist_total == model_total[i] &&
+                    memcmp(info.bins, model[i], sizeof model[i]) == 0;
+            if (!equal && info.hist_total > model_total[i])
+                fail_msg("%s holds %llu values, more than the %llu sent once: applied twice", name,
+                         (unsigned long long)info.hist_total, (unsigned long long)model_total[i]);
+        }
+        if (equal)
+            return;
+        if (th_now_ms() - t0 > timeout_ms)
+            break;
+        th_sleep_ms(100);
+    }
+    check_model(p); /* fails with the first difference */
+}
+
+/* Publishes raw data to tally.in.<k> with a reply subject; the reply's status. */
+static uint32_t publish_raw(uint32_t k, const void *data, size_t len, natsSubscription *inbox_sub,
+                            const char *inbox)
+{
+    char subject[32];
+    tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k);
+    natsMsg *m = NULL;
+    assert_int_equal(natsMsg_Create(&m, subject, NULL, data, (int)len), NATS_OK);
+    assert_int_equal(natsMsgHeader_Set(m, "Tally-Reply", inbox), NATS_OK);
+    jsErrCode jerr = 0;
+    assert_int_equal(js_PublishMsg(NULL, js, m, NULL, &jerr), NATS_OK);
+    natsMsg_Destroy(m);
+    natsMsg *r = NULL;
+    assert_int_equal(natsSubscription_NextMsg(&r, inbox_sub, 20000), NATS_OK);
+    tally_rep_t rep;
+    assert_true(natsMsg_GetDataLength(r) >= TALLY_REP_HEADER_SIZE);
+    assert_int_equal(
+        tally_rep_decode((const uint8_t *)natsMsg_GetData(r), TALLY_REP_HEADER_SIZE, &rep),
+        TALLY_OK);
+    natsMsg_Destroy(r);
+    return rep.status;
+}
+
+/* A request frame: header (with `stream`) and payload, into out; its length. */
+static size_t frame(uint8_t opcode, uint8_t dtype, const char *stream, const void *payload,
+                    size_t len, uint8_t *out)
+{
+    tally_req_t req;
+    memset(&req, 0, sizeof req);
+    req.version = TALLY_PROTO_VERSION;
+    req.opcode = opcode;
+    req.dtype = dtype;
+    req.request_id = 42;
+    if (opcode == TALLY_OP_HIST && dtype == TALLY_DTYPE_I32)
+        req.hi = 100;
+    if (stream)
+        assert_int_equal(tally_req_set_stream(&req, stream), TALLY_OK);
+    tally_req_encode(&req, out);
+    if (len)
+        memcpy(out + TALLY_REQ_HEADER_SIZE, payload, len);
+    return TALLY_REQ_HEADER_SIZE + len;
+}
+
+static void test_poison_dead_letters(void **state)
+{
+    (void)state;
+    th_daemon_t w;
+    start_worker(&w, "w1");
+    wait_owned("w1", PARTITIONS, 20000);
+    natsInbox *inbox = NULL;
+    natsSubscription *sub = NULL;
+    assert_int_equal(natsInbox_Create(&inbox), NATS_OK);
+    assert_int_equal(natsConnection_SubscribeSync(&sub, nc, (const char *)inbox), NATS_OK);
+    char name0[32];
+    stream_name(name0, sizeof name0, 0);
+    uint32_t k0 = tally_partition(name0, strlen(name0), PARTITIONS);
+    uint8_t buf[TALLY_REQ_HEADER_SIZE + 64];
+    int32_t vals[4] = {1, 2, 3, 4};
+    /* A frame shorter than a header; a stream of another partition; a query on the ingest
+     * subject; a hist whose dtype conflicts with the stream's (refused at apply time). */
+    assert_int_equal(publish_raw(k0, "short", 5, sub, (const char *)inbox), TALLY_E_HEADER);
+    const char *other = "x";
+    for (int i = 0; tally_partition(other, strlen(other), PARTITIONS) == k0; i++)
+        other = i % 2 ? "y" : "zz";
+    size_t len = frame(TALLY_OP_HIST, TALLY_DTYPE_U8, other, vals, 4, buf);
+    assert_int_equal(publish_raw(k0, buf, len, sub, (const char *)inbox), TALLY_E_STREAM_NAME);
+    len = frame(TALLY_OP_QUERY, TALLY_DTYPE_NONE, name0, NULL, 0, buf);
+    assert_int_equal(publish_raw(k0, buf, len, sub, (const char *)inbox), TALLY_E_OPCODE);
+    len = frame(TALLY_OP_HIST, TALLY_DTYPE_I32, name0, vals, sizeof vals, buf);
+    assert_int_equal(publish_raw(k0, buf, len, sub, (const char *)inbox), TALLY_E_STREAM_STATE);
+    /* Each is in the dead letters with its reason. */
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    assert_int_equal(js_GetStreamInfo(&si, js, "TALLY_DEAD", NULL, &jerr), NATS_OK);
+    assert_int_equal(si->State.Msgs, 4);
+    uint64_t last = si->State.LastSeq;
+    jsStreamInfo_Destroy(si);
+    const char *want[4] = {"bad_header", "bad_stream_name", "bad_opcode", "stream_state"};
+    for (int i = 0; i < 4; i++) {
+        natsMsg *d = NULL;
+        assert_int_equal(js_GetMsg(&d, js, "TALLY_DEAD", last - 3 + (uint64_t)i, NULL, &jerr),
+                         NATS_OK);
+        const char *status = NULL, *reason = NULL;
+        assert_int_equal(natsMsgHeader_Get(d, "Tally-Status", &status), NATS_OK);
+        assert_int_equal(natsMsgHeader_Get(d, "Tally-Reason", &reason), NATS_OK);
+        assert_string_equal(status, want[i]);
+        assert_true(strlen(reason) > 0);
+        natsMsg_Destroy(d);
+    }
+    /* The partition goes on: the model still holds. */
+    tally_nats_t *p = producer("after-poison");
+    push_hists(p, 1, false, th_rand());
+    check_model_eventually(p, 20000);
+    /* What the worker reports (PROTOCOL.md §13 "What a worker reports"): its four dead
+     * letters, its partitions, no lag once the model holds; and info's fleet keys. */
+    assert_int_equal(metric(&w, "tallyd_nats_dead_letters_total"), 4);
+    assert_int_equal(metric(&w, "tallyd_nats_partitions_owned"), PARTITIONS);
+    assert_int_equal(metric(&w, "tallyd_nats_leases_lost_total"), 0);
+    assert_true(metric(&w, "tallyd_nats_applied_total") >= 4 + STREAMS);
+    assert_true(metric(&w, "tallyd_nats_partitions_taken_total") == PARTITIONS);
+    char lag[64];
+    snprintf(lag, sizeof lag, "tallyd_nats_partition_lag{partition=\"%u\"}", (unsigned)k0);
+    assert_int_equal(metric(&w, lag), 0);
+    char *info = fleet_info(p);
+    char want_payload[64];
+    snprintf(want_payload, sizeof want_payload, "\nnats_max_payload=%zu\n",
+             tally_nats_max_payload(p));
+    assert_non_null(strstr(info, "\nnats=on\nnats_member_id=w1\nnats_partitions=4\n"
+                                 "nats_partitions_owned=4\nnats_lease_ttl_ms=3000\n"
+                                 "nats_checkpoint_interval_ms=200\n"));
+    assert_non_null(strstr(info, want_payload));
+    free(info);
+    tally_nats_destroy(&p);
+    natsSubscription_Destroy(sub);
+    natsInbox_Destroy(inbox);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
+static void test_restart_resumes_from_checkpoint(void **state)
+{
+    (void)state;
+    /* The previous worker stopped with SIGTERM: every partition's checkpoint holds the model. */
+    for (uint32_t k = 0; k < PARTITIONS; k++) {
+        td_ckpt_manifest_t m;
+        uint8_t *st = NULL;
+        size_t len = 0;
+        assert_int_equal(td_ckpt_read(js, k, &m, &st, &len, msg, sizeof msg), TD_OK);
+        assert_string_equal(m.member, "w1");
+        assert_true(m.applied_seq > 0);
+        free(st);
+    }
+    th_daemon_t w;
+    start_worker(&w, "w2");
+    wait_owned("w2", PARTITIONS, 20000);
+    tally_nats_t *p = producer("restart");
+    check_model(p);
+    push_hists(p, 1, false, th_rand());
+    check_model_eventually(p, 20000);
+    tally_nats_destroy(&p);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
+/* Two members that split the partitions between them (rendezvous: not every pair does). */
+static void two_members(char *a, char *b, size_t cap)
+{
+    for (int i = 0;; i++) {
+        snprintf(a, cap, "wa%d", i);
+        snprintf(b, cap, "wb%d", i);
+        const char *ids[2] = {a, b};
+        int owned_a = 0;
+        for (uint32_t k = 0; k < PARTITIONS; k++)
+            owned_a += td_fleet_owner(ids, 2, k) == 0;
+        if (owned_a == PARTITIONS / 2)
+            return;
+    }
+}
+
+static void test_failover_kill9_exactly_once(void **state)
+{
+    (void)state;
+    char a[16], b[16];
+    two_members(a, b, sizeof a);
+    th_daemon_t wa, wb;
+    start_worker(&wa, a);
+    start_worker(&wb, b);
+    wait_owned(a, PARTITIONS / 2, 20000);
+    wait_owned(b, PARTITIONS / 2, 20000);
+    tally_nats_t *p = producer("failover"), *again = producer("failover");
+    uint64_t seed = th_rand();
+    push_hists(p, 2, false, seed);
+    /* The same messages once more under the same ids: JetStream keeps one copy. */
+    uint64_t saved[STREAMS][256], saved_total[STREAMS];
+    memcpy(saved, model, sizeof model);
+    memcpy(saved_total, model_total, sizeof model_total);
+    push_hists(again, 2, false, seed);
+    memcpy(model, saved, sizeof model);
+    memcpy(model_total, saved_total, sizeof model_total);
+    tally_nats_stats_t st;
+    tally_nats_stats(again, &st);
+    assert_int_equal(st.duplicates, st.sent);
+    /* kill -9 of a worker while its partitions have messages not yet checkpointed. */
+    push_hists(p, 1, false, th_rand());
+    assert_int_equal(th_daemon_stop(&wa, SIGKILL, 5000), 128 + SIGKILL);
+    push_hists(p, 1, false, th_rand());
+    int64_t moved = wait_owned(b, PARTITIONS, TTL_MS + 20000);
+    print_message("partitions of the killed worker moved in %lld ms (lease %d ms)\n",
+                  (long long)moved, TTL_MS);
+    check_model_eventually(p, 30000);
+    tally_nats_destroy(&p);
+    tally_nats_destroy(&again);
+    assert_int_equal(th_daemon_stop(&wb, SIGTERM, 20000), 0);
+}
+
+/* tallyd --check-config with the arguments: its exit status; its stderr in err. */
+static int check_config(const char *args, char *err, size_t cap)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s --check-config %s 2>&1", th_tallyd_bin(), args);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t n = fread(err, 1, cap - 1, f);
+    err[n] = 0;
+    int status = pclose(f);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Histogram publications (PROTOCOL.md §13): each changed stream of an owned partition on
+ * tally.watch.<k> with its §11 header and record, the member and stream in the headers, pub_seq
+ * counting up; every stream's last publication equals the model. */
+static void test_watch_publications(void **state)
+{
+    (void)state;
+    th_daemon_t w;
+    start_worker(&w, "ww");
+    wait_owned("ww", PARTITIONS, 20000);
+    natsSubscription *sub = NULL;
+    assert_int_equal(natsConnection_SubscribeSync(&sub, nc, "tally.watch.>"), NATS_OK);
+    tally_nats_t *p = producer("watch");
+    push_hists(p, 1, false, th_rand());
+    tally_nats_destroy(&p);
+    bool seen[STREAMS] = {false};
+    int left = STREAMS;
+    uint64_t last_seq = 0;
+    int64_t t0 = th_now_ms();
+    while (left > 0 && th_now_ms() - t0 < 20000) {
+        natsMsg *m = NULL;
+        if (natsSubscription_NextMsg(&m, sub, 500) != NATS_OK)
+            continue;
+        const char *member = NULL, *name = NULL;
+        assert_int_equal(natsMsgHeader_Get(m, "Tally-Member", &member), NATS_OK);
+        assert_string_equal(member, "ww");
+        assert_int_equal(natsMsgHeader_Get(m, "Tally-Stream", &name), NATS_OK);
+        char subject[48];
+        snprintf(subject, sizeof subject, "tally.watch.%u",
+                 (unsigned)tally_partition(name, strlen(name), PARTITIONS));
+        assert_string_equal(natsMsg_GetSubject(m), subject);
+        const uint8_t *data = (const uint8_t *)natsMsg_GetData(m);
+        size_t len = (size_t)natsMsg_GetDataLength(m);
+        tally_pub_t pub;
+        tally_stream_info_t info;
+        assert_int_equal(tally_pub_decode(data, TALLY_PUB_HEADER_SIZE, &pub), TALLY_OK);
+        assert_int_equal(pub.kind, TALLY_PUB_UPDATE);
+        assert_int_equal(pub.interval_ms, 1000);
+        assert_true(pub.pub_seq > last_seq);
+        last_seq = pub.pub_seq;
+        assert_int_equal(tally_stream_info_decode(data + TALLY_PUB_HEADER_SIZE,
+                                                  len - TALLY_PUB_HEADER_SIZE, &info),
+                         TALLY_OK);
+        for (int i = 0; i < STREAMS; i++) {
+            char want[32];
+            stream_name(want, sizeof want, i);
+            if (!seen[i] && strcmp(want, name) == 0 && info.hist_total == model_total[i] &&
+                memcmp(info.bins, model[i], sizeof model[i]) == 0) {
+                seen[i] = true;
+                left--;
+            }
+        }
+        natsMsg_Destroy(m);
+    }
+    natsSubscription_Destroy(sub);
+    assert_int_equal(left, 0);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
+/* Backpressure (PROTOCOL.md §13 "Validation"): at max_inflight the worker's requests wait and are
+ * sent again (tallyd_nats_resent_total), never lost or applied twice. With max_inflight 1 and
+ * four partitions of 64 KiB hists (run on CPU workers, not inline), the path is often full. */
+static void test_backpressure_at_max_inflight(void **state)
+{
+    (void)state;
+    th_daemon_t w;
+    const char *extra[] = {"--max-inflight", "1", NULL};
+    start_worker_with(&w, "wb", extra);
+    wait_owned("wb", PARTITIONS, 20000);
+    tally_nats_t *p = producer("backpressure");
+    push_hists_of(p, 3, true, th_rand(), 64 << 10);
+    check_model_eventually(p, 30000);
+    tally_nats_destroy(&p);
+    assert_true(metric(&w, "tallyd_nats_resent_total") > 0);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
+/* A worker with CURVE on for its ZeroMQ clients (PROTOCOL.md §13 "Security"): its partitions'
+ * requests reach the request path as a transport of their own, not through a socket, so it
+ * applies and answers as without CURVE. */
+static void test_curve_worker(void **state)
+{
+    (void)state;
+    char server_pub[41], server_sec[41], alice_pub[41], alice_sec[41];
+    assert_int_equal(zmq_curve_keypair(server_pub, server_sec), 0);
+    assert_int_equal(zmq_curve_keypair(alice_pub, alice_sec), 0);
+    char dir[256], key[512], path[320], clients[64];
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-nats-curve"), 0);
+    int n = snprintf(key, sizeof key, "curve\n    public-key = \"%s\"\n    secret-key = \"%s\"\n",
+                     server_pub, server_sec);
+    assert_int_equal(th_write_file(dir, "server.key", key, (size_t)n), 0);
+    snprintf(path, sizeof path, "%s/server.key", dir);
+    assert_int_equal(chmod(path, 0600), 0);
+    snprintf(clients, sizeof clients, "alice:%s", alice_pub);
+    const char *extra[] = {"--curve-secret-key", path, "--curve-clients", clients, NULL};
+    th_use_curve(server_pub, alice_pub, alice_sec); /* the harness's readiness ping */
+    th_daemon_t w;
+    start_worker_with(&w, "wc", extra);
+    wait_owned("wc", PARTITIONS, 20000);
+    tally_nats_t *p = producer("curve");
+    check_model(p); /* restored from the checkpoints; queried through the worker's connection */
+    push_hists(p, 1, true, th_rand());
+    check_model_eventually(p, 20000);
+    char *info = fleet_info(p);
+    assert_non_null(strstr(info, "\ncurve=on\n"));
+    assert_non_null(strstr(info, "\nnats=on\nnats_member_id=wc\n"));
+    free(info);
+    tally_nats_destroy(&p);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+    th_use_curve(NULL, NULL, NULL);
+    th_rmrf(dir);
+}
+
+/* The CLI's --nats (PROTOCOL.md §13 "A client over NATS"): every command against the fleet, the
+ * data commands' output equal to the same command's over ZeroMQ, a push cut to fit one message
+ * per chunk; libtally's NATS client refuses a payload over one message and shared memory. */
+#define nats_cli(dir, fmt, ...) th_cli((dir), "tcp://127.0.0.1:1", "--nats %s " fmt, __VA_ARGS__)
+
+static void test_cli_over_nats(void **state)
+{
+    (void)state;
+    th_daemon_t w;
+    start_worker(&w, "w1");
+    wait_owned("w1", PARTITIONS, 20000);
+    char dir[256];
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-nats-cli"), 0);
+    size_t n = (20u << 20) + 3; /* over the cluster's max_payload (8 MB): several messages */
+    uint8_t *data = malloc(n);
+    assert_non_null(data);
+    for (size_t i = 0; i < n; i++)
+        data[i] = (uint8_t)(th_rand() >> 7);
+    assert_int_equal(th_write_file(dir, "in.bin", data, n), 0);
+    free(data);
+    const char *u = cluster.urls;
+
+    th_cli_t z = th_cli(dir, w.endpoint, "hist --in in.bin");
+    th_cli_t r = nats_cli(dir, "hist --stream clip/a --chunk 16M --in in.bin", u);
+    assert_int_equal(z.status, 0);
+    assert_int_equal(r.status, 0);
+    assert_string_equal(r.out, z.out); /* the same counts, over NATS */
+    th_cli_free(&z);
+    th_cli_free(&r);
+    assert_int_equal(th_write_file(dir, "t.txt", "1 2 3 -4 5", 10), 0);
+    char reset[512], del[512];
+    snprintf(reset, sizeof reset, "reset clip/a && %s --nats %s query clip/a", th_tally_bin(), u);
+    snprintf(del, sizeof del, "delete clip/a && %s --nats %s query clip/a", th_tally_bin(), u);
+    /* In order: each command, its exit status, and what its stdout (or stderr) holds. */
+    const struct {
+        const char *args;
+        int status;
+        const char *holds;
+    } steps[] = {
+        {"query clip/a", 0, "count      20971523\n"},
+        {"streams", 0, "clip/a\n"},
+        {"scan --stream clip/s --text --in t.txt", 0, "1\n3\n6\n2\n7\n"},
+        {"scan --stream clip/s --text --in t.txt", 0, "8\n10\n13\n9\n14\n"}, /* carried */
+        {"filter --gt 2 --text --in t.txt", 0, "3\n5\n"},
+        {"ping", 0, "pong "},
+        {"info", 0, "\nnats=on\nnats_member_id=w1\n"},
+        {"watch --once clip/a", 0, "clip/a  u8  count 21.0M  rate 0/s  mean "},
+        {reset, 0, "count      0\n"},
+        {del, 1, "unknown_stream"},
+    };
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        r = nats_cli(dir, "%s", u, steps[i].args);
+        if (r.status != steps[i].status || !strstr(r.status ? r.err : r.out, steps[i].holds))
+            fail_msg("tally --nats %s: exit %d, out '%s', err '%s'", steps[i].args, r.status, r.out,
+                     r.err);
+        th_cli_free(&r);
+    }
+    r = th_cli(dir, w.endpoint, "--nats nats://127.0.0.1:1 ping");
+    assert_int_equal(r.status, 3);
+    assert_non_null(strstr(r.err, "cannot connect to NATS at nats://127.0.0.1:1"));
+    th_cli_free(&r);
+
+    /* libtally: one request is one message, shared memory does not travel. */
+    tally_nats_opts_t o = {.servers = u, .timeout_ms = 15000};
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new_nats(&o, &c, msg, sizeof msg), TALLY_OK);
+    size_t big = (8u << 20);
+    uint8_t *payload = calloc(1, big);
+    assert_non_null(payload);
+    tally_req_t req;
+    memset(&req, 0, sizeof req);
+    req.opcode = TALLY_OP_HIST;
+    req.dtype = TALLY_DTYPE_U8;
+    assert_int_equal(tally_send(c, &req, payload, big, NULL), TALLY_E_TOO_LARGE);
+    assert_non_null(strstr(tally_client_error(c), "do not fit one NATS message"));
+    free(payload);
+    tally_region_t *region = NULL;
+    assert_int_equal(tally_region_create(c, 4096, &region), TALLY_E_ARG);
+    tally_client_destroy(&c);
+    th_rmrf(dir);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
+static void test_protected_mode(void **state)
+{
+    (void)state;
+    char out[2048];
+    assert_int_equal(check_config("--nats-servers nats://10.1.2.3:4222", out, sizeof out), 2);
+    assert_non_null(strstr(out, "protected mode"));
+    assert_int_equal(check_config("--nats-servers nats://127.0.0.1:4222", out, sizeof out), 0);
+    assert_int_equal(check_config("--nats-servers nats://10.1.2.3:4222 --nats-credentials /x.creds",
+                                  out, sizeof out),
+                     0);
+    assert_int_equal(check_config("--nats-servers nats://user:pw@10.1.2.3:4222", out, sizeof out),
+                     0);
+    assert_int_equal(
+        check_config("--nats-servers nats://10.1.2.3:4222 --protected-mode off", out, sizeof out),
+        0);
+    assert_int_equal(
+        check_config("--nats-servers nats://127.0.0.1:4222 --nats-member-id a.b", out, sizeof out),
+        2);
+}
+
+int main(void)
+{
+    if (!tn_server_bin()) {
+        fprintf(stderr, "nats-server not found: skipped\n");
+        return 77;
+    }
+    th_seed();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_apply_reply_query),
+        cmocka_unit_test(test_poison_dead_letters),
+        cmocka_unit_test(test_restart_resumes_from_checkpoint),
+        cmocka_unit_test(test_failover_kill9_exactly_once),
+        cmocka_unit_test(test_watch_publications),
+        cmocka_unit_test(test_backpressure_at_max_inflight),
+        cmocka_unit_test(test_curve_worker),
+        cmocka_unit_test(test_cli_over_nats),
+        cmocka_unit_test(test_protected_mode),
+    };
+    int failed = cmocka_run_group_tests(tests, setup, teardown);
+    nats_Close(); /* libnats' threads and globals: gone before the leak check */
+    return failed;
+}
