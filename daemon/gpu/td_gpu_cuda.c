@@ -215,18 +215,23 @@ static td_gpu_err_t cuda_device_uuid(void *ctx, int device, uint8_t uuid[TALLY_G
 }
 
 /* Undoes what an import got to (its descriptor stays open: the caller's or release's). An
- * event is destroyed with its own device current; bit i of stale_peers: peer i's context went
- * with its events. */
-static void import_undo(cuda_import_t *im, uint32_t stale_peers)
+ * event is destroyed with its own device current. `stale`: the own device's context went, with
+ * the mapping, the handle and the event opened there; bit i of stale_peers: peer i's context
+ * went with the event opened there. */
+static void import_undo(cuda_import_t *im, bool stale, uint32_t stale_peers)
 {
     for (unsigned k = 0; k < im->reach_count; k++) {
         int peer = im->reach_peer[k];
-        if (!im->event[k] || (peer >= 0 && (stale_peers >> peer) & 1u))
+        if (!im->event[k] || (peer < 0 ? stale : (stale_peers >> peer) & 1u))
             continue;
         if (cudaSetDevice(im->reach[k]) == cudaSuccess)
             (void)cudaEventDestroy(im->event[k]);
     }
     (void)cudaSetDevice(im->device);
+    if (stale) {
+        (void)cudaGetLastError();
+        return;
+    }
     if (im->mapped) /* the peers' access goes with the mapping */
         (void)cu.mem_unmap(im->ptr, im->size);
     if (im->reserved)
@@ -356,7 +361,7 @@ static td_gpu_err_t cuda_dev_import(void *ctx, const td_gpu_import_args_t *a,
     *ptr = (void *)(uintptr_t)im->ptr;
     return TD_GPU_OK;
 fail:
-    import_undo(im, 0);
+    import_undo(im, false, 0);
     free(im);
     return st;
 }
@@ -367,10 +372,9 @@ static void cuda_dev_release(void *ctx, void *import, bool stale, uint32_t stale
     cuda_import_t *im = import;
     /* No kernel of ours still reads it: the last request using it has been answered, after its
      * kernel completed. So no synchronisation, which would stall the loop thread. Stale (the
-     * device was reset since): the old context took the mapping, handle and events with it; a
+     * device was reset since): the old context took the mapping, handle and event with it; a
      * peer reset since took only its own event. */
-    if (!stale)
-        import_undo(im, stale_peers);
+    import_undo(im, stale, stale_peers);
     close(im->fd); /* now the producer's driver may free the memory */
     free(im);
 }

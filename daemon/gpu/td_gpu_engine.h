@@ -220,8 +220,9 @@ struct td_gpu_engine {
                                  void **import, void **ptr, char *why, size_t why_cap);
     /* Unmaps, releases the imported handle and the events, closes the descriptor. `stale`: the
      * import was made before a device_reset of its device, whose context took the mapping, the
-     * handle and the events with it: only the descriptor is closed. Bit i of `stale_peers`: peer
-     * i (as in the import's peers) was reset since, and its event went with its context. */
+     * handle and its event with it: only the events opened on peers are destroyed and the
+     * descriptor closed. Bit i of `stale_peers`: peer i (as in the import's peers) was reset
+     * since, and the event opened there went with its context. */
     void (*dev_release)(void *ctx, void *import, bool stale, uint32_t stale_peers);
     /* Recreates `device`'s context after a failure left it unusable (a sticky error), once its
      * lanes are closed and nothing of it is in flight, then checks it works: cudaDeviceReset and
