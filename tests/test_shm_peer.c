@@ -12,7 +12,8 @@
  *   - the rule (--gpu-peer-queue N): a burst on one region (each launch held 300 ms) goes to the
  *     peer only once N requests are placed on the owner, and only onto an idle lane; 0: never;
  *   - a peer whose context was recreated since the region's import is no longer one of its
- *     peers (its event and access went with the old context): the region runs on its own GPU.
+ *     peers (its event and access went with the old context): the region runs on its own GPU;
+ *   - never on a peer while the region's own GPU is unusable (the mapping is the owner's).
  * The real peer path (two GPUs) is test_gpu_region's test_peer (scripts/gpu-check.sh STEPS=peer).
  */
 #include <fcntl.h>
@@ -297,12 +298,52 @@ static void test_peer_reset_leaves_region(void **state)
     rig_stop(&g);
 }
 
+/* Never on a peer while the region's own GPU is unusable (the mapping is the owner's): a payload
+ * hist starts stream "s" on GPU 0 and loses GPU 0's context (TALLYD_TEST_FAULT_STICKY=1; the
+ * watchdog finds it within 200 ms and the CPU reruns it); a hist by reference on GPU 0's region,
+ * sent right behind it on "s", waits for it (a stream's first hist is applied before the next),
+ * then finds GPU 0 unusable: it is refused (`internal`, or `bad_ref` when it was read after GPU 0
+ * was marked unusable), never run on GPU 1, although --test-gpu-peer-always would send it there. */
+static void test_peer_not_for_unusable_owner(void **state)
+{
+    (void)state;
+    enum { N = 4096 };
+    const char *const args[] = {"--backend", "cuda", "--test-sim-gpus", "2",
+                                "--test-gpu-peer-always", NULL};
+    rig_t g;
+    setenv("TALLYD_TEST_FAULT_STICKY", "1", 1);
+    rig_start(&g, args, "2", NULL);
+    unsetenv("TALLYD_TEST_FAULT_STICKY");
+    int32_t *data = th_random_i32(N, -120, 120);
+    uint64_t in = dev_region(g.side, 0, 0, data, N * 4, NULL);
+    uint8_t bytes[TALLY_SHM_REF_SIZE];
+    tally_req_t first = ref_req(TALLY_OP_HIST, "s", 1, 0, 0, 0, bytes);
+    first.flags &= (uint8_t)~TALLY_FLAG_SHM_REF;
+    assert_int_equal(th_send_request(g.sock, &first, data, N * 4), 0);
+    tally_req_t by_ref = ref_req(TALLY_OP_HIST, "s", 2, in, N * 4, 0, bytes);
+    assert_int_equal(th_send_request(g.sock, &by_ref, bytes, sizeof bytes), 0);
+    th_reply_t r;
+    assert_int_equal(th_recv_reply(g.sock, &r), 0);
+    assert_int_equal(r.rep.request_id, 1);
+    assert_int_equal(r.rep.status, TALLY_OK); /* rerun on the CPU */
+    th_reply_free(&r);
+    assert_int_equal(th_recv_reply(g.sock, &r), 0);
+    assert_int_equal(r.rep.request_id, 2);
+    assert_true(r.rep.status == TALLY_E_INTERNAL || r.rep.status == TALLY_E_BAD_REF);
+    th_reply_free(&r);
+    assert_int_equal(region_requests(g.sock, 1, "peer"), 0);
+    assert_int_equal(gpu_requests(g.sock, 1), 0);
+    free(data);
+    rig_stop(&g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_peer_always),
         cmocka_unit_test(test_peer_queue_rule),
         cmocka_unit_test(test_peer_reset_leaves_region),
+        cmocka_unit_test(test_peer_not_for_unusable_owner),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
