@@ -266,6 +266,21 @@ static bool gpu_listed(void *sock, unsigned gpu, int timeout_ms)
     }
 }
 
+/* tallyd on two simulated GPUs that reach each other, --test-gpu-peer-always, whose first launch
+ * loses its GPU's context (TALLYD_TEST_FAULT_STICKY=1); a region of GPU 0 holding *data
+ * (STICKY_N int32 values): its handle. */
+enum { STICKY_N = 4096 };
+static uint64_t sticky_rig(rig_t *g, int32_t **data)
+{
+    const char *const args[] = {"--backend", "cuda", "--test-sim-gpus", "2",
+                                "--test-gpu-peer-always", NULL};
+    setenv("TALLYD_TEST_FAULT_STICKY", "1", 1);
+    rig_start(g, args, "2", NULL);
+    unsetenv("TALLYD_TEST_FAULT_STICKY");
+    *data = th_random_i32(STICKY_N, -120, 120);
+    return dev_region(g->side, 0, 0, *data, STICKY_N * 4, NULL);
+}
+
 /* A peer whose context was recreated since the import is not one of the region's peers any more
  * (the event opened there and its access went with its old context): the first launch, on GPU 1
  * (--test-gpu-peer-always), loses GPU 1's context (TALLYD_TEST_FAULT_STICKY=1) and is answered
@@ -273,15 +288,10 @@ static bool gpu_listed(void *sock, unsigned gpu, int timeout_ms)
 static void test_peer_reset_leaves_region(void **state)
 {
     (void)state;
-    enum { N = 4096 };
-    const char *const args[] = {"--backend", "cuda", "--test-sim-gpus", "2",
-                                "--test-gpu-peer-always", NULL};
+    enum { N = STICKY_N };
     rig_t g;
-    setenv("TALLYD_TEST_FAULT_STICKY", "1", 1);
-    rig_start(&g, args, "2", NULL);
-    unsetenv("TALLYD_TEST_FAULT_STICKY");
-    int32_t *data = th_random_i32(N, -120, 120);
-    uint64_t in = dev_region(g.side, 0, 0, data, N * 4, NULL);
+    int32_t *data;
+    uint64_t in = sticky_rig(&g, &data);
     th_reply_t r;
     assert_int_equal(ref_call(g.sock, TALLY_OP_HIST, NULL, in, N * 4, 0, &r), TALLY_E_INTERNAL);
     assert_non_null(strstr((const char *)r.payload, "the GPU failed"));
@@ -307,15 +317,10 @@ static void test_peer_reset_leaves_region(void **state)
 static void test_peer_not_for_unusable_owner(void **state)
 {
     (void)state;
-    enum { N = 4096 };
-    const char *const args[] = {"--backend", "cuda", "--test-sim-gpus", "2",
-                                "--test-gpu-peer-always", NULL};
+    enum { N = STICKY_N };
     rig_t g;
-    setenv("TALLYD_TEST_FAULT_STICKY", "1", 1);
-    rig_start(&g, args, "2", NULL);
-    unsetenv("TALLYD_TEST_FAULT_STICKY");
-    int32_t *data = th_random_i32(N, -120, 120);
-    uint64_t in = dev_region(g.side, 0, 0, data, N * 4, NULL);
+    int32_t *data;
+    uint64_t in = sticky_rig(&g, &data);
     uint8_t bytes[TALLY_SHM_REF_SIZE];
     tally_req_t first = ref_req(TALLY_OP_HIST, "s", 1, 0, 0, 0, bytes);
     first.flags &= (uint8_t)~TALLY_FLAG_SHM_REF;
