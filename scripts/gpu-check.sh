@@ -188,7 +188,7 @@ step_peer() {
   TALLY_REGION_ONLY=test_peer timed "test_gpu_region test_peer" 300 "$B/tests/test_gpu_region" \
     >"$OUT/peer.log" 2>&1
   grep -E "peer:|bench:|PASSED|FAILED|ERROR|LINE|SKIPPED|skipped" "$OUT/peer.log" | head -20 |
-    sed 's/^/peer: /' | tee -a "$S"
+    sed 's/^\(peer: \)\{0,1\}/peer: /' | tee -a "$S"
 }
 
 step_region() {

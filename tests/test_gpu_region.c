@@ -803,12 +803,12 @@ static void bench_peer(galloc_t *g, uint64_t handle)
 {
     struct cudaDeviceProp prop;
     RT_OK(cudaGetDeviceProperties(&prop, 1));
-    int total = (int)(BENCH_BYTES / 8 / g->size); /* 370 GB/s: a few seconds */
+    int total = (int)(BENCH_BYTES / 8 / g->size); /* 64 GiB: ~0.2 s at 370 GB/s */
     (void)tallyd_rate(peer_sock, handle, g->size, (int)(BENCH_WARM_BYTES / 8 / g->size));
     long long before = peer_stat("peer", 1);
     double via = tallyd_rate(peer_sock, handle, g->size, total);
     assert_int_equal(peer_stat("peer", 1), before + total);
-    double local = kernel_rate(g->size, total);
+    double local = kernel_rate(g->size, (int)(BENCH_BYTES / g->size)); /* as test_bench's */
     CUmemAccessDesc access = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 1},
                               .flags = CU_MEM_ACCESS_FLAGS_PROT_READ};
     CU_OK(cu.set_access(g->ptr, g->size, &access, 1));
