@@ -56,6 +56,14 @@
 #               address): every `tally hist` output stays identical, the log says "context
 #               recreated after a failure", GPU requests and a --gpu-region run go on after it
 #               (lines "recover: ...")
+#   peer        work on a peer GPU (issue 23, PROTOCOL.md §10 "Which GPU runs it"), on a host with
+#               two GPUs (kind nvidia-h100-x2 or nvidia-h200-x2): test_gpu_region's test_peer alone
+#               (TALLY_REGION_ONLY), a tallyd with --test-gpu-peer-always running GPU 0's region on
+#               GPU 1, without and with an IPC event, a scan written from GPU 1 into GPU 0's output
+#               region, each against the CPU tallyd's replies and counted where="peer"; then the
+#               bench row (hist u8 64 MiB run on GPU 1 via tallyd, 8 in flight, against the kernel
+#               on GPU 1 reading GPU 0's memory and on GPU 0's own: lines "peer: ..."); the
+#               simulated rule itself is CTest's test_shm_peer. One GPU: "skipped"
 #   region-tune the region step's bench rows under other tallyd options and in-flight counts
 #               (REGION_TUNE="name|options|in flight;...": gpu streams, spinning, 16 in flight)
 #   kernels     bench/kernel_bench (kernels against copy bandwidth and CUB)
@@ -174,6 +182,13 @@ EOF
   grep -hE "\[  FAILED  \]|did not start|LINE|timed out" "$OUT"/test_*-memcheck.log | sort | uniq -c |
     head -20 | tee -a "$S"
   note "memcheck summaries: $(grep -h 'ERROR SUMMARY' "$OUT"/memcheck-*.log 2>/dev/null | sort | uniq -c | tr '\n' ';')"
+}
+
+step_peer() {
+  TALLY_REGION_ONLY=test_peer timed "test_gpu_region test_peer" 300 "$B/tests/test_gpu_region" \
+    >"$OUT/peer.log" 2>&1
+  grep -E "peer:|bench:|PASSED|FAILED|ERROR|LINE|SKIPPED|skipped" "$OUT/peer.log" | head -20 |
+    sed 's/^\(peer: \)\{0,1\}/peer: /' | tee -a "$S"
 }
 
 step_region() {
@@ -451,6 +466,7 @@ for step in $STEPS; do
   gpu-region-py) step_gpu_region_py ;;
   recover) step_recover ;;
   region-tune) step_region_tune ;;
+  peer) step_peer ;;
   daemon-memcheck) step_daemon_memcheck ;;
   memcheck | racecheck) step_sanitizer "$step" ;;
   path | loadgen | curve | recv-ab | io-threads | malloc-ab) step_bench "$step" ;;

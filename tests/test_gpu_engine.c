@@ -363,8 +363,9 @@ static void test_outcomes_to_wire(void **state)
     assert_int_equal(pipe(pipefd), 0);
     void *import = NULL, *ptr = NULL;
     char why[128] = "";
-    assert_int_equal(g.e->dev_import(g.e->ctx, 0, pipefd[0], 4096, false, NULL, &import, &ptr,
-                                     why, sizeof why),
+    td_gpu_import_args_t args = {.device = 0, .fd = pipefd[0], .size = 4096};
+    uint32_t peers = 0;
+    assert_int_equal(g.e->dev_import(g.e->ctx, &args, &peers, &import, &ptr, why, sizeof why),
                      TD_GPU_E_CLIENT);
     assert_non_null(strstr(why, "not an exportable GPU allocation"));
     close(pipefd[0]);

@@ -14,7 +14,11 @@
  *   - a producer (this program re-executed with --producer) killed with requests in flight:
  *     tallyd goes on serving, and releases its region (the descriptor closed) once they finish;
  *   - a benchmark row: hist u8 on 64 MiB and 256 MiB device regions, 8 in flight, against the
- *     same kernel (tk_cuda_hist_u8) on this process's own cudaMalloc memory, in the same run.
+ *     same kernel (tk_cuda_hist_u8) on this process's own cudaMalloc memory, in the same run;
+ *   - with two GPUs, work on a peer (test_peer, STEPS=peer): GPU 0's region run on GPU 1 by a
+ *     tallyd with --test-gpu-peer-always, with and without an IPC event, a scan written from
+ *     GPU 1 into GPU 0's output region, against the CPU's replies, and its bench row against
+ *     the kernel reading GPU 0's memory from GPU 1 (the peer read ceiling) and locally.
  */
 #include <fcntl.h>
 #include <setjmp.h>
@@ -564,7 +568,7 @@ static double stop_timing(cudaEvent_t a, cudaEvent_t b)
 
 /* GB/s (input bytes) of req by reference (ref) through tallyd, 8 in flight (TALLY_REGION_INFLIGHT
  * sets another number, for gpu-check's region-tune step; the rows still say 8 only at 8). */
-static double ref_rate(const tally_req_t *req, const tally_shm_ref_t *ref, int total)
+static double ref_rate(void *sock, const tally_req_t *req, const tally_shm_ref_t *ref, int total)
 {
     uint8_t bytes[TALLY_SHM_REF_SIZE];
     tally_shm_ref_encode(ref, bytes);
@@ -573,15 +577,15 @@ static double ref_rate(const tally_req_t *req, const tally_shm_ref_t *ref, int t
     double t0 = seconds();
     int sent = 0, got = 0;
     for (; sent < inflight && sent < total; sent++)
-        assert_int_equal(th_send_request(gpu_sock, req, bytes, sizeof bytes), 0);
+        assert_int_equal(th_send_request(sock, req, bytes, sizeof bytes), 0);
     while (got < total) {
         th_reply_t r;
-        assert_int_equal(th_recv_reply(gpu_sock, &r), 0);
+        assert_int_equal(th_recv_reply(sock, &r), 0);
         assert_int_equal(r.rep.status, TALLY_OK);
         th_reply_free(&r);
         got++;
         if (sent < total) {
-            assert_int_equal(th_send_request(gpu_sock, req, bytes, sizeof bytes), 0);
+            assert_int_equal(th_send_request(sock, req, bytes, sizeof bytes), 0);
             sent++;
         }
     }
@@ -646,8 +650,8 @@ static void bench_device_output(const char *gpu_name)
         req.pred = ops[k] == TALLY_OP_FILTER ? TALLY_PRED_GT : 0;
         tally_shm_ref_t ref = {
             .in_handle = in, .in_length = len, .out_handle = out, .out_length = 2 * len};
-        (void)ref_rate(&req, &ref, (int)(BENCH_WARM_BYTES / len)); /* warm-up */
-        double via = ref_rate(&req, &ref, (int)(BENCH_BYTES / len));
+        (void)ref_rate(gpu_sock, &req, &ref, (int)(BENCH_WARM_BYTES / len)); /* warm-up */
+        double via = ref_rate(gpu_sock, &req, &ref, (int)(BENCH_BYTES / len));
         double kernel = kernel_out_rate(ops[k], len / 4, (int)(BENCH_BYTES / len));
         print_message("bench: %s, %s i32 32 MiB device region -> device output region via "
                       "tallyd (8 in flight): %.0f GB/s; the kernel on local memory: %.0f GB/s; "
@@ -662,22 +666,22 @@ static void bench_device_output(const char *gpu_name)
     gfree(&go);
 }
 
-/* GB/s of hist u8 by reference on a region of `size` bytes through tallyd, 8 in flight. */
-static double tallyd_rate(uint64_t handle, size_t size, int total)
+/* GB/s of hist u8 by reference on a region of `size` bytes through the tallyd of sock, 8 in
+ * flight. */
+static double tallyd_rate(void *sock, uint64_t handle, size_t size, int total)
 {
     tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 1);
     req.flags = TALLY_FLAG_SHM_REF;
     tally_shm_ref_t ref = {.in_handle = handle, .in_length = size};
-    return ref_rate(&req, &ref, total);
+    return ref_rate(sock, &req, &ref, total);
 }
 
-/* GB/s of the same kernel on this process's own memory, back to back on one stream. */
-static double kernel_rate(size_t size, int total)
+/* GB/s of the hist kernel reading d_in (size bytes) on the current GPU, back to back on one
+ * stream: its own memory, or another GPU's over peer access. */
+static double kernel_rate_at(const void *d_in, size_t size, int total)
 {
-    void *d_in = NULL, *d_hist = NULL;
-    RT_OK(cudaMalloc(&d_in, size));
+    void *d_hist = NULL;
     RT_OK(cudaMalloc(&d_hist, sizeof(tk_hist_t)));
-    RT_OK(cudaMemset(d_in, 3, size));
     cudaEvent_t a, b;
     RT_OK(cudaEventCreate(&a));
     RT_OK(cudaEventCreate(&b));
@@ -688,9 +692,19 @@ static double kernel_rate(size_t size, int total)
         assert_int_equal(tk_cuda_hist_u8(d_in, size, d_hist, NULL, 0, 0), TALLY_OK);
     }
     double elapsed = stop_timing(a, b);
-    cudaFree(d_in);
     cudaFree(d_hist);
     return (double)size * total / elapsed / 1e9;
+}
+
+/* GB/s of the same kernel on this process's own memory. */
+static double kernel_rate(size_t size, int total)
+{
+    void *d_in = NULL;
+    RT_OK(cudaMalloc(&d_in, size));
+    RT_OK(cudaMemset(d_in, 3, size));
+    double rate = kernel_rate_at(d_in, size, total);
+    cudaFree(d_in);
+    return rate;
 }
 
 static void test_bench(void **state)
@@ -711,8 +725,8 @@ static void test_bench(void **state)
         uint64_t handle;
         assert_int_equal(dev_register(side, g.fd, g.size, uuid, NULL, &handle, NULL, 0), TALLY_OK);
         int total = (int)(BENCH_BYTES / g.size);
-        (void)tallyd_rate(handle, g.size, (int)(BENCH_WARM_BYTES / g.size));
-        double in_place = tallyd_rate(handle, g.size, total);
+        (void)tallyd_rate(gpu_sock, handle, g.size, (int)(BENCH_WARM_BYTES / g.size));
+        double in_place = tallyd_rate(gpu_sock, handle, g.size, total);
         double kernel = kernel_rate(g.size, total);
         print_message("bench: %s, hist u8 %zu MiB device region via tallyd (8 in flight): %.0f "
                       "GB/s; the kernel on local memory: %.0f GB/s; ratio %.2f\n",
@@ -725,6 +739,161 @@ static void test_bench(void **state)
     bench_device_output(prop.name);
 }
 
+/* ---- peer access (PROTOCOL.md §10 "Which GPU runs it"; scripts/gpu-check.sh STEPS=peer) ---- */
+
+/* A tallyd that runs every reference on a peer GPU where one reaches the region
+ * (--test-gpu-peer-always), its side connection and a DEALER with the producer's routing id. */
+static th_daemon_t peer_d;
+static int peer_side = -1;
+static void *peer_sock;
+
+static long long peer_stat(const char *where, int device)
+{
+    char name[128];
+    snprintf(name, sizeof name, "tallyd_gpu_region_requests_total{device=\"%d\",where=\"%s\"}",
+             device, where);
+    long long v = th_stat(peer_sock, name);
+    return v < 0 ? 0 : v;
+}
+
+/* One request by reference to [0, len) of `in` (op, dtype; a scan's output into `out` when not
+ * 0, on stream "peer-scan") through the peer tallyd against the same bytes as a payload on the
+ * CPU tallyd: the same reply (a scan's output read back from `out_ptr`). */
+static void peer_diff(uint8_t op, uint8_t dtype, uint64_t in, const uint8_t *host, size_t len,
+                      uint64_t out, CUdeviceptr out_ptr, uint64_t id)
+{
+    tally_req_t req = th_req(op, dtype, id);
+    if (op == TALLY_OP_SCAN) {
+        req.stream_len = 9;
+        memcpy(req.stream, "peer-scan", 9);
+    }
+    th_reply_t p, c;
+    assert_int_equal(th_call(cpu_sock, &req, host, len, &c), 0);
+    assert_int_equal(c.rep.status, TALLY_OK);
+    req.flags |= TALLY_FLAG_SHM_REF;
+    tally_shm_ref_t ref = {.in_handle = in, .in_length = len};
+    if (out) {
+        ref.out_handle = out;
+        ref.out_length = 2 * len;
+    }
+    uint8_t bytes[TALLY_SHM_REF_SIZE];
+    tally_shm_ref_encode(&ref, bytes);
+    assert_int_equal(th_call(peer_sock, &req, bytes, sizeof bytes, &p), 0);
+    assert_int_equal(p.rep.status, TALLY_OK);
+    assert_int_equal(p.rep.count, c.rep.count);
+    assert_int_equal(p.rep.aux0, c.rep.aux0);
+    if (out) {
+        uint8_t *seen = malloc(c.len);
+        assert_non_null(seen);
+        RT_OK(cudaMemcpy(seen, (void *)(uintptr_t)out_ptr, c.len, cudaMemcpyDeviceToHost));
+        assert_memory_equal(seen, c.payload, c.len);
+        free(seen);
+    } else {
+        assert_int_equal(p.len, c.len);
+        assert_memory_equal(p.payload, c.payload, c.len);
+    }
+    th_reply_free(&p);
+    th_reply_free(&c);
+}
+
+/* The bench row: hist u8 on a 64 MiB region of GPU 0 run on GPU 1 through tallyd, 8 in flight,
+ * against the same kernel on GPU 1 reading GPU 0's memory over peer access (the peer read
+ * ceiling) and on GPU 0's own memory, in the same run. */
+static void bench_peer(galloc_t *g, uint64_t handle)
+{
+    struct cudaDeviceProp prop;
+    RT_OK(cudaGetDeviceProperties(&prop, 1));
+    int total = (int)(BENCH_BYTES / 8 / g->size); /* 64 GiB: ~0.2 s at 370 GB/s */
+    (void)tallyd_rate(peer_sock, handle, g->size, (int)(BENCH_WARM_BYTES / 8 / g->size));
+    long long before = peer_stat("peer", 1);
+    double via = tallyd_rate(peer_sock, handle, g->size, total);
+    assert_int_equal(peer_stat("peer", 1), before + total);
+    double local = kernel_rate(g->size, (int)(BENCH_BYTES / g->size)); /* as test_bench's */
+    CUmemAccessDesc access = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 1},
+                              .flags = CU_MEM_ACCESS_FLAGS_PROT_READ};
+    CU_OK(cu.set_access(g->ptr, g->size, &access, 1));
+    RT_OK(cudaSetDevice(1));
+    double ceiling = kernel_rate_at((const void *)(uintptr_t)g->ptr, g->size, total);
+    RT_OK(cudaSetDevice(0));
+    print_message("bench: %s x2, hist u8 64 MiB device region of GPU 0 run on GPU 1 via tallyd "
+                  "(peer access, 8 in flight): %.0f GB/s; the kernel on GPU 1 reading GPU 0's "
+                  "memory (the peer read ceiling): %.0f GB/s; on GPU 0's own memory: %.0f GB/s; "
+                  "ratio %.2f of the ceiling, %.2f of local\n",
+                  prop.name, via, ceiling, local, via / ceiling, via / local);
+}
+
+/* Work on a peer GPU (issue 23): a region of GPU 0, registered without and with an IPC event
+ * (opened by tallyd on GPU 1 too), read on GPU 1; a scan on a stream written from GPU 1 into a
+ * device output region of GPU 0; each against the CPU tallyd's replies, all counted
+ * where="peer" on GPU 1. Needs two GPUs, the second reaching the first (else skipped). */
+static void test_peer(void **state)
+{
+    (void)state;
+    int count = 0, can = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count < 2 ||
+        cudaDeviceCanAccessPeer(&can, 1, 0) != cudaSuccess || !can) {
+        print_message("peer: needs two GPUs, GPU 1 reaching GPU 0's memory: skipped\n");
+        skip();
+    }
+    const char *const args[] = {"--backend", "cuda", "--max-batch", "268435456",
+                                "--test-gpu-peer-always", NULL};
+    assert_int_equal(th_daemon_start(&peer_d, args), 0);
+    peer_side = th_side_connect(peer_d.shm_socket);
+    assert_true(peer_side >= 0);
+    peer_sock = dealer(peer_d.endpoint, ID);
+    const size_t len = 16 * MIB;
+    galloc_t g, o;
+    galloc(64 * MIB, &g);
+    galloc(2 * len, &o);
+    uint8_t *host = malloc(len);
+    assert_non_null(host);
+    for (size_t i = 0; i < len; i += 8) {
+        uint64_t r = th_rand();
+        memcpy(host + i, &r, 8);
+    }
+    RT_OK(cudaMemset((void *)(uintptr_t)g.ptr, 3, g.size));
+    RT_OK(cudaMemcpy((void *)(uintptr_t)g.ptr, host, len, cudaMemcpyHostToDevice));
+    cudaEvent_t ev;
+    cudaIpcEventHandle_t evh;
+    RT_OK(cudaEventCreateWithFlags(&ev, cudaEventInterprocess | cudaEventDisableTiming));
+    RT_OK(cudaIpcGetEventHandle(&evh, ev));
+    RT_OK(cudaEventRecord(ev, 0));
+    uint64_t plain, evented, out;
+    char msg[256];
+    assert_int_equal(dev_register(peer_side, g.fd, g.size, uuid, NULL, &plain, msg, sizeof msg),
+                     TALLY_OK);
+    assert_int_equal(dev_register(peer_side, g.fd, g.size, uuid, &evh, &evented, msg, sizeof msg),
+                     TALLY_OK);
+    assert_int_equal(dev_register_flags(peer_side, o.fd, o.size, uuid, TALLY_SHM_DEV_OUTPUT, NULL,
+                                        &out, msg, sizeof msg),
+                     TALLY_OK);
+    peer_diff(TALLY_OP_HIST, TALLY_DTYPE_U8, plain, host, len, 0, 0, 1);
+    if (peer_stat("peer", 1) != 1)
+        fail_msg("peer: the region of GPU 0 ran on GPU %s, not on GPU 1",
+                 peer_stat("owner", 0) ? "0 (not mapped on GPU 1?)" : "?");
+    peer_diff(TALLY_OP_HIST, TALLY_DTYPE_U8, evented, host, len, 0, 0, 2);
+    if (peer_stat("peer", 1) != 2)
+        fail_msg("peer: the region with an IPC event ran on GPU 0: the event did not open on "
+                 "GPU 1 (tallyd leaves such a peer out)");
+    for (uint64_t id = 3; id < 5; id++) /* the scan's carry chained on GPU 1's lane */
+        peer_diff(TALLY_OP_SCAN, TALLY_DTYPE_I32, evented, host, len, out, o.ptr, id);
+    assert_int_equal(peer_stat("peer", 1), 4);
+    assert_int_equal(peer_stat("owner", 0), 0);
+    print_message("peer: 2 hists and 2 scans (into GPU 0's output region) of GPU 0's region run "
+                  "on GPU 1, replies identical to the CPU's\n");
+    if (!getenv("TALLY_REGION_QUICK"))
+        bench_peer(&g, plain);
+    th_answer_t ans;
+    assert_int_equal(th_side_call(peer_side, TALLY_SHM_OP_RELEASE, NULL, plain, -1, &ans), 0);
+    zmq_close(peer_sock);
+    close(peer_side);
+    assert_int_equal(th_daemon_stop(&peer_d, SIGTERM, 30000), 0);
+    cudaEventDestroy(ev);
+    gfree(&g);
+    gfree(&o);
+    free(host);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 4 && strcmp(argv[1], "--producer") == 0)
@@ -733,7 +902,10 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_differential), cmocka_unit_test(test_device_output),
         cmocka_unit_test(test_libtally),
         cmocka_unit_test(test_refusals),     cmocka_unit_test(test_producer_killed),
-        cmocka_unit_test(test_bench),
+        cmocka_unit_test(test_bench),       cmocka_unit_test(test_peer),
     };
+    const char *only = getenv("TALLY_REGION_ONLY"); /* one test, e.g. test_peer (STEPS=peer) */
+    if (only)
+        cmocka_set_test_filter(only);
     return cmocka_run_group_tests(tests, setup, teardown);
 }

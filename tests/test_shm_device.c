@@ -34,13 +34,6 @@
 
 static const char *const sim2[] = {"--backend", "cuda", "--test-sim-gpus", "2", NULL};
 
-static void sim_uuid(unsigned gpu, uint8_t uuid[TALLY_GPU_UUID_SIZE])
-{
-    memset(uuid, 0, TALLY_GPU_UUID_SIZE);
-    memcpy(uuid, "tallyd-sim-gpu", 14);
-    uuid[15] = (uint8_t)gpu;
-}
-
 /* Sends op 3 for fd (declared size bytes, on the GPU with uuid, flags) and reads the answer:
  * its status, or -1 without one. */
 static int dev_register(int side, int fd, uint64_t size, const uint8_t *uuid, uint32_t flags,
@@ -120,7 +113,7 @@ static int start_side(th_daemon_t *d, const char *const *args, unsigned gpu, uin
     assert_int_equal(th_daemon_start(d, args), 0);
     int side = th_side_connect(d->shm_socket);
     assert_true(side >= 0);
-    sim_uuid(gpu, uuid);
+    th_sim_uuid(gpu, uuid);
     return side;
 }
 
@@ -183,7 +176,7 @@ static void test_refusals(void **state)
     int fd = filled_memfd(REGION_BYTES, NULL, 0);
     assert_int_equal(dev_register(side, fd, REGION_BYTES, uuid, 0, &ans), TALLY_E_BAD_REF);
     assert_non_null(strstr(ans.msg, "no GPU with UUID GPU-74616c6c-7964-2d73-696d-2d6770750007"));
-    sim_uuid(1, uuid);
+    th_sim_uuid(1, uuid);
     assert_int_equal(dev_register(side, fd, REGION_BYTES / 2, uuid, 0, &ans), TALLY_E_BAD_REF);
     assert_non_null(strstr(ans.msg, "is not the allocation's size"));
     close(fd);
@@ -544,7 +537,7 @@ static void test_device_output(void **state)
     th_daemon_t d;
     uint8_t uuid1[TALLY_GPU_UUID_SIZE], uuid0[TALLY_GPU_UUID_SIZE];
     int side = start_side(&d, sim2, 1, uuid1);
-    sim_uuid(0, uuid0);
+    th_sim_uuid(0, uuid0);
     th_answer_t ans;
     int in_fd = filled_memfd(REGION_BYTES, data, N * sizeof(int32_t));
     int out_fd = filled_memfd(REGION_BYTES, NULL, 0);
@@ -772,7 +765,7 @@ static void context_lost_run(bool reset_fails)
     int side = start_side(&d, sim2, 0, uuid0);
     unsetenv("TALLYD_TEST_FAULT_STICKY");
     unsetenv("TALLYD_TEST_FAULT_RESET_FAILS");
-    sim_uuid(1, uuid1);
+    th_sim_uuid(1, uuid1);
     void *ctx = zmq_ctx_new();
     void *sock = dealer(ctx, d.endpoint, "producer");
     th_answer_t ans;
@@ -886,7 +879,7 @@ static void test_libtally_gpu_register(void **state)
     int fd = filled_memfd(N, data, N);
     tally_region_t *region = NULL;
     uint8_t other[TALLY_GPU_UUID_SIZE];
-    sim_uuid(5, other);
+    th_sim_uuid(5, other);
     assert_int_equal(tally_gpu_register_fd(c, fd, N, other, 0, NULL, NULL, &region),
                      TALLY_E_BAD_REF);
     assert_non_null(strstr(tally_client_error(c), "no GPU with UUID"));

@@ -86,6 +86,12 @@
 #define TD_GPU_STREAMS_LIMIT 64u
 #define TD_GPU_SLOTS_PER_LANE 2u /* pinned staging slots per lane: one filling, one on the GPU */
 #define TD_GPU_DEAD_AFTER 3u     /* GPU errors in a row after which a device is unusable */
+/* Requests by device reference go to a GPU that reaches their region over peer access only while
+ * the region's own GPU has this many requests placed on it and not back (gpu_peer_queue; td_sched.c
+ * region_device has the figures: a peer reads at ~0.17 x the owner's rate, so the request takes
+ * ~6 x as long there): 4 lanes x TD_SCHED_LANE_DEPTH, every lane of the owner full. */
+#define TD_DEFAULT_GPU_PEER_QUEUE 16u
+#define TD_GPU_PEER_QUEUE_LIMIT (1u << 20)
 /* An unusable device's context is recreated once it is idle, polled this often, at most this
  * many times per device (td_gpu_device.c): a GPU that keeps failing stays unusable. */
 #define TD_GPU_RECOVER_POLL_MS 100u
@@ -304,6 +310,8 @@ typedef struct {
     bool config_file_explicit; /* given with --config: a missing file is then an error */
     unsigned gpu_streams;      /* lanes per GPU */
     size_t gpu_min_batch;      /* auto mode: smaller batches run on the CPU */
+    unsigned gpu_peer_queue;   /* device references go to a peer GPU from this owner load; 0 = off */
+    bool test_gpu_peer_always; /* test only: device references go to a peer GPU whenever one can */
     unsigned test_fault_every; /* test only: every Nth GPU request reports a failure; 0 = off */
     unsigned test_sim_gpus;    /* test only: N simulated GPUs (host memory, CPU kernels) */
     unsigned gpu_spin_us;      /* lane threads poll this long before sleeping */

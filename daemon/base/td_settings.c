@@ -219,6 +219,12 @@ const td_setting_t td_settings[] = {
      .default_doc = "per operation, from the measured crossover: hist 64K, filter 4M, scan stays "
                     "on the CPU; shared-memory requests with input and output in registered "
                     "regions 64K"},
+    {.option = "gpu-peer-queue", .arg = "N", .section = "gpu", .key = "peer_queue",
+     .type = TD_SET_UINT, .offset = FIELD(gpu_peer_queue), .def = TD_DEFAULT_GPU_PEER_QUEUE,
+     .max = TD_GPU_PEER_QUEUE_LIMIT, .reload = TD_RELOAD_APPLIES,
+     .help = "a request by device reference runs on another GPU that reaches its region (peer "
+             "access, NVLink) only while N requests or more are placed on the region's own GPU "
+             "and the other has an idle lane; 0: always on the region's GPU (PROTOCOL.md §10)"},
     /* [shm] */
     {.option = "shm", .arg = "on|off", .section = "shm", .key = "enabled", .type = TD_SET_BOOL,
      .offset = FIELD(shm), .def = true, .reload = TD_RELOAD_RESTART,
@@ -366,6 +372,9 @@ const td_setting_t td_settings[] = {
      .help = "every Nth GPU request reports a failure"},
     {.option = "test-sim-gpus", .arg = "N", .type = TD_SET_UINT, .offset = FIELD(test_sim_gpus),
      .max = 16, .hidden = true, .help = "N simulated GPUs (host memory, CPU kernels)"},
+    {.option = "test-gpu-peer-always", .type = TD_SET_FLAG,
+     .offset = FIELD(test_gpu_peer_always), .hidden = true,
+     .help = "requests by device reference run on a peer GPU whenever one reaches the region"},
     {.option = "test-shm-deny-own-uid", .type = TD_SET_FLAG, .offset = FIELD(test_shm_deny_own_uid),
      .hidden = true, .help = "refuse tallyd's own uid too, to test the refusal"},
     {.option = "test-clock", .arg = "FILE", .type = TD_SET_STRING, .offset = FIELD(test_clock),

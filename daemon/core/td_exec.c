@@ -116,6 +116,11 @@ static bool exec_splittable(void *ctx, const td_request_t *r)
     return td_gpu_splittable(((td_exec_t *)ctx)->gpu, r);
 }
 
+static uint32_t exec_region_peers(void *ctx, const td_request_t *r)
+{
+    return td_gpu_region_peers(((td_exec_t *)ctx)->gpu, r);
+}
+
 /* The threads of libuv's pool that runs the CPU path: UV_THREADPOOL_SIZE, which main.c sets
  * from --workers (libuv's default 4 when unset, its cap 1024). */
 static unsigned cpu_workers(void)
@@ -144,6 +149,7 @@ void td_exec_machine(td_exec_t *x, td_sched_machine_t *m)
     m->gpu_lanes = td_gpu_lanes(x->gpu);
     m->gpu_carries = td_gpu_carries(x->gpu);
     m->gpu_buffer_bytes = x->gpu_max_batch;
+    m->region_peers = exec_region_peers;
 }
 
 /* The batch bytes the GPU's staging slots and device buffers hold: max_batch, at most

@@ -449,6 +449,9 @@ static void async_cb(uv_async_t *handle)
         td_request_t *next = r->next;
         /* The device, not the lane: a recovery may be reopening its lanes. */
         device_t *d = &g->devices[r->where.device];
+        unsigned holder;
+        if (td_gpu_region_holder(r, &holder) && holder != r->where.device)
+            g->devices[holder].peer_users--;
         if (!d->recovering && d->lanes_open)
             note_result(d, r);
         g->complete(g->owner, r);
@@ -460,6 +463,9 @@ static void async_cb(uv_async_t *handle)
 void td_gpu_submit(td_gpu_t *g, td_request_t *r)
 {
     device_t *d = &g->devices[r->where.device];
+    unsigned holder; /* run on a peer: its holder's recovery waits for it (td_gpu_device.c) */
+    if (td_gpu_region_holder(r, &holder) && holder != r->where.device)
+        g->devices[holder].peer_users++;
     if (d->recovering || !d->lanes_open) { /* no lanes to run it: failed, as on a dead device */
         r->gpu_failed = true;
         td_gpu_push_completion(g, r);

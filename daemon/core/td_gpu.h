@@ -78,6 +78,12 @@ void td_gpu_dev_release(td_gpu_t *self, unsigned gpu, void *import);
  * they can; "is unusable", or that the device was reset since (a recovery recreated its context:
  * the region must be registered again). */
 const char *td_gpu_dev_unusable(const td_gpu_t *self, unsigned gpu, const void *import);
+/* Peer access (td_gpu_device.c): the devices other than the one holding r's device regions
+ * that can run r now (bit d: device d; mapped there at the import, serving, the owner serving
+ * and none of them reset since): 0 when there are none or r has no device region. Loop thread. */
+uint32_t td_gpu_region_peers(const td_gpu_t *self, const td_request_t *r);
+/* Whether r has a device region (input or output): *gpu the device holding it (the input's). */
+bool td_gpu_region_holder(const td_request_t *r, unsigned *gpu);
 /* The wire status of an engine outcome that reaches a client (the one mapping of td_gpu_err_t):
  * TD_GPU_E_CLIENT is `bad_ref`, any other failure `internal`. */
 tally_status_t td_gpu_status(td_gpu_err_t err);

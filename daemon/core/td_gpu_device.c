@@ -18,6 +18,16 @@
  * imported in the old context cannot be used any more (their mapping went with it): each import
  * carries its device's context generation, and a reference to one of an older generation is
  * refused (td_gpu_dev_unusable) until the producer registers it again.
+ *
+ * Peer access (PROTOCOL.md §10 "Device memory", "Which GPU runs it"). A device region is mapped
+ * at its import on every other usable device that the driver says can reach its GPU's memory,
+ * each with the IPC event opened on it, so the scheduler may run its requests there when its own
+ * GPU is busy (td_gpu_region_peers says where, td_sched.c decides). The mapping is the owner's:
+ * a peer runs the region's work only while the owner serves and has not been reset since the
+ * import, and the owner's recovery waits (device_idle) until no request runs on a peer over one
+ * of its regions (peer_users): the reset takes the mapping for every device, and a peer kernel
+ * reading it then would fault and lose the peer's context too. A peer recovered since the import
+ * is left out of that region's peers (its event went with its old context).
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -211,16 +221,36 @@ size_t td_gpu_uuids(const td_gpu_t *g, char *buf, size_t cap)
     return len;
 }
 
-/* A device region's import as the pipeline hands it out: the engine's, and the context
- * generation of its device when it was made (a recovery recreates the context, which unmaps it). */
+/* A device region's import as the pipeline hands it out: the engine's, the context generation
+ * of its device when it was made (a recovery recreates the context, which unmaps it), and the
+ * peers it was mapped on (peer access: td_gpu_dev_reach), each with its own generation then (a
+ * peer's recovery takes the IPC event opened there, and whatever access its old context had). */
 typedef struct {
     void *engine_import;
     unsigned generation;
+    unsigned peer_count;
+    unsigned peer[TD_GPU_PEERS_MAX];            /* device numbers here */
+    unsigned peer_generation[TD_GPU_PEERS_MAX];
+    uint32_t peer_mapped; /* bit k: peer[k] was given access (and the event opened there) */
 } gpu_import_t;
 
 void *td_gpu_engine_import(void *import)
 {
     return import ? ((gpu_import_t *)import)->engine_import : NULL;
+}
+
+/* The other usable devices, to be mapped on too where the driver says they can reach device i:
+ * their numbers here in w->peer, their CUDA ordinals in ordinals. */
+static void import_peers(const td_gpu_t *g, unsigned i, gpu_import_t *w, int *ordinals)
+{
+    for (unsigned k = 0; k < g->device_count && w->peer_count < TD_GPU_PEERS_MAX; k++) {
+        const device_t *d = &g->devices[k];
+        if (k == i || atomic_load(&d->dead))
+            continue;
+        w->peer[w->peer_count] = k;
+        w->peer_generation[w->peer_count] = atomic_load(&d->generation);
+        ordinals[w->peer_count++] = d->ordinal;
+    }
 }
 
 /* A worker thread (td_shm_side.c): device_by_uuid reads only what a recovery changes atomically
@@ -245,15 +275,26 @@ tally_status_t td_gpu_dev_import(td_gpu_t *g, const uint8_t *uuid, int fd, uint6
         snprintf(why, why_cap, "out of memory");
         return TALLY_E_INTERNAL;
     }
+    int ordinals[TD_GPU_PEERS_MAX];
     w->generation = atomic_load(&g->devices[i].generation);
-    td_gpu_err_t err = g->engine->dev_import(g->engine->ctx, g->devices[i].ordinal, fd, size,
-                                             writable, event, &w->engine_import, ptr, why,
-                                             why_cap);
+    import_peers(g, (unsigned)i, w, ordinals);
+    td_gpu_import_args_t args = {.device = g->devices[i].ordinal,
+                                 .peers = ordinals,
+                                 .peer_count = w->peer_count,
+                                 .fd = fd,
+                                 .size = size,
+                                 .writable = writable,
+                                 .event = event};
+    td_gpu_err_t err = g->engine->dev_import(g->engine->ctx, &args, &w->peer_mapped,
+                                             &w->engine_import, ptr, why, why_cap);
     *gpu = (unsigned)i;
     if (err != TD_GPU_OK)
         free(w);
     else
         *import = w;
+    if (err == TD_GPU_OK && w->peer_mapped)
+        td_debug("GPU %d: device region mapped on peers 0x%x (of the other usable GPUs)",
+                 g->devices[i].ordinal, (unsigned)w->peer_mapped);
     if (err != TD_GPU_OK && err != TD_GPU_E_CLIENT) /* the device's own failure: logged */
         td_warn("GPU %d: cannot import a device region: %s", g->devices[i].ordinal, why);
     return td_gpu_status(err);
@@ -263,7 +304,11 @@ void td_gpu_dev_release(td_gpu_t *g, unsigned gpu, void *import)
 {
     gpu_import_t *w = import;
     bool stale = w->generation != atomic_load(&g->devices[gpu].generation);
-    g->engine->dev_release(g->engine->ctx, w->engine_import, stale);
+    uint32_t stale_peers = 0;
+    for (unsigned k = 0; k < w->peer_count; k++)
+        if (w->peer_generation[k] != atomic_load(&g->devices[w->peer[k]].generation))
+            stale_peers |= 1u << k;
+    g->engine->dev_release(g->engine->ctx, w->engine_import, stale, stale_peers);
     free(w);
 }
 
@@ -278,6 +323,56 @@ const char *td_gpu_dev_unusable(const td_gpu_t *g, unsigned gpu, const void *imp
     return NULL;
 }
 
+/* Whether device d takes work now: usable, its lanes open, not recovering (loop thread). */
+static bool device_serves(const device_t *d)
+{
+    return !atomic_load(&d->dead) && d->lanes_open && !d->recovering;
+}
+
+/* Loop thread. The devices other than `gpu` that can run work on the region now: mapped there at
+ * the import, serving, and in the context generation of then. None while the owner itself does
+ * not serve or was reset since the import: the mapping is the owner's (made in its context), a
+ * recovery of the owner takes it for every device, and a peer kernel reading it then faults,
+ * which would kill the peer's context too. */
+static uint32_t dev_reach(const td_gpu_t *g, unsigned gpu, const gpu_import_t *w)
+{
+    uint32_t reach = 0;
+    if (!w || gpu >= g->device_count || !device_serves(&g->devices[gpu]) ||
+        w->generation != atomic_load(&g->devices[gpu].generation))
+        return 0;
+    for (unsigned k = 0; k < w->peer_count; k++) {
+        const device_t *d = &g->devices[w->peer[k]];
+        if ((w->peer_mapped >> k) & 1u && w->peer[k] < 32 && device_serves(d) &&
+            w->peer_generation[k] == atomic_load(&d->generation))
+            reach |= 1u << w->peer[k];
+    }
+    return reach;
+}
+
+uint32_t td_gpu_region_peers(const td_gpu_t *g, const td_request_t *r)
+{
+    unsigned gpu;
+    void *import;
+    uint32_t peers = UINT32_MAX;
+    bool any = false;
+    if (td_shm_region_device(r->shm_in, &gpu, &import)) {
+        peers &= dev_reach(g, gpu, import);
+        any = true;
+    }
+    if (td_shm_region_device(r->shm_out, &gpu, &import)) { /* on the input's GPU (td_sched) */
+        peers &= dev_reach(g, gpu, import);
+        any = true;
+    }
+    return any ? peers : 0;
+}
+
+bool td_gpu_region_holder(const td_request_t *r, unsigned *gpu)
+{
+    void *import;
+    return td_shm_region_device(r->shm_in, gpu, &import) ||
+           td_shm_region_device(r->shm_out, gpu, &import);
+}
+
 
 /* ---- recovery ---------------------------------------------------------------------------- */
 
@@ -285,7 +380,7 @@ const char *td_gpu_dev_unusable(const td_gpu_t *g, unsigned gpu, const void *imp
  * recreating its context frees the staging slots and the pinned reply buffers. */
 static bool device_idle(device_t *d)
 {
-    bool idle = true;
+    bool idle = !d->peer_users; /* a peer still reads its regions: their mapping must stay */
     for (unsigned i = 0; idle && i < d->lane_count; i++) {
         lane_t *l = &d->lanes[i];
         pthread_mutex_lock(&l->lock);

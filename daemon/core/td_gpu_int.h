@@ -89,6 +89,7 @@ struct device {
     bool recovering;        /* loop thread only */
     unsigned recoveries;    /* loop thread only */
     atomic_uint generation; /* written on the loop thread, read by importing workers */
+    unsigned peer_users; /* loop thread: requests running on other devices over its regions */
 };
 
 struct td_gpu {

@@ -269,6 +269,58 @@ static void least_loaded(const td_sched_t *s, unsigned *device, unsigned *lane)
     *lane = pick;
 }
 
+/* Whether a lane of device d has nothing placed on it. */
+static bool has_idle_lane(const td_sched_t *s, unsigned d)
+{
+    for (unsigned i = 0; i < s->machine.gpu_lanes; i++)
+        if (!s->devices[d].lanes[i].load)
+            return true;
+    return false;
+}
+
+/* Whether the rule below lets a request by device reference on `owner`'s region go to a peer:
+ * the owner has gpu_peer_queue requests or more placed on it and not back (or the test switch). */
+static bool owner_busy(const td_sched_t *s, unsigned owner)
+{
+    unsigned queue = s->cfg->gpu_peer_queue;
+    return s->cfg->test_gpu_peer_always || (queue && s->devices[owner].load >= queue);
+}
+
+/* The GPU that runs a request by device reference (PROTOCOL.md §10, "Which GPU runs it"): the
+ * one holding its region, unless owner_busy and a GPU that reaches the region over peer access
+ * (the machine's region_peers: mapped there, serving, the owner serving) has a lane with nothing
+ * on it; then the least loaded such GPU. Why the bar is high: the probe of issue 23 (two H200s)
+ * read the owner's memory at ~2,100 GB/s in place (hist) and over NVLink from the peer at 370,
+ * 0.17 x, so a request takes ~6 x as long on the peer: it gains only behind more than ~6
+ * requests on the owner, and takes the peer's lane that long. The default, 16 (TD_DEFAULT_GPU_
+ * PEER_QUEUE: the owner's 4 lanes each full to their depth), keeps a wide margin. */
+static unsigned region_device(const td_sched_t *s, const td_request_t *r, unsigned owner)
+{
+    if (!s->machine.region_peers || !owner_busy(s, owner))
+        return owner;
+    uint32_t peers = s->machine.region_peers(s->machine.ctx, r);
+    unsigned best = owner;
+    for (unsigned d = 0; d < s->machine.gpu_devices && d < 32; d++) {
+        if (!((peers >> d) & 1u) || (!s->cfg->test_gpu_peer_always && !has_idle_lane(s, d)))
+            continue;
+        if (best == owner || s->devices[d].load < s->devices[best].load)
+            best = d;
+    }
+    return best;
+}
+
+/* May r, by device reference on `owner`'s region, pipeline behind its stream on `device`? On the
+ * owner always; on a peer only while the rule that sent work there holds (else it waits for its
+ * stream to drain and is placed anew). */
+static bool region_pipelines(const td_sched_t *s, const td_request_t *r, unsigned owner,
+                             unsigned device)
+{
+    if (device == owner)
+        return true;
+    return owner_busy(s, owner) && s->machine.region_peers && device < 32 &&
+           (s->machine.region_peers(s->machine.ctx, r) >> device) & 1u;
+}
+
 /* The stream has nothing in flight: its host copy is authoritative, so this request starts the
  * chain by uploading it, whatever its operation (only a scan's prepare reads the carry; a hist or
  * filter that starts the chain must upload it too, or the scans pipelined behind it read a carry
@@ -278,9 +330,9 @@ static void place_first(td_sched_t *s, td_request_t *r, record_t *rec)
     td_placement_t *w = &r->where;
     least_loaded(s, &w->device, &w->lane);
     unsigned gpu;
-    if (device_ref(r, &gpu) && gpu < s->machine.gpu_devices) { /* the GPU holding its input */
-        const device_t *dev = &s->devices[gpu];
-        w->device = gpu;
+    if (device_ref(r, &gpu) && gpu < s->machine.gpu_devices) { /* its region's GPU, or a peer */
+        w->device = region_device(s, r, gpu);
+        const device_t *dev = &s->devices[w->device];
         w->lane = 0;
         for (unsigned i = 1; i < s->machine.gpu_lanes; i++)
             if (dev->lanes[i].load < dev->lanes[w->lane].load)
@@ -562,8 +614,8 @@ static bool may_start(const td_sched_t *s, const record_t *rec, const td_request
         return false;
     if (!wants_gpu(s, r) || !s->machine.device_usable(s->machine.ctx, rec->device))
         return false;
-    unsigned gpu; /* pipelined only on the GPU holding its regions: else after the stream drains */
-    if (device_ref(r, &gpu) && gpu != rec->device)
+    unsigned gpu; /* pipelined only where its regions may run: else after the stream drains */
+    if (device_ref(r, &gpu) && !region_pipelines(s, r, gpu, rec->device))
         return false;
     /* The type check of a stream's first histogram needs the earlier requests applied. */
     return r->req.opcode != TALLY_OP_HIST || rec->stream->info.hist_dtype != TALLY_DTYPE_NONE;

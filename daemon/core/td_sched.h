@@ -15,8 +15,10 @@
  *   - where a compute request runs: the CPU (on the loop thread for a batch of at most
  *     TD_EXEC_INLINE_MAX bytes, else a worker) or the GPU (in auto mode from its operation's
  *     threshold, td_config.h), on which device and lane (a stream's pinned lane, else the least
- *     loaded lane of the least loaded usable device), and whether a large shared-memory request is
- *     split over the device's lanes: only when those lanes have nothing else queued or running,
+ *     loaded lane of the least loaded usable device; a request by device reference on its
+ *     region's GPU, or on a GPU that reaches the region over peer access while the region's GPU
+ *     has gpu_peer_queue requests placed on it and the other an idle lane), and whether a large
+ *     shared-memory request is split over the device's lanes: only when those lanes have nothing else queued or running,
  *     or when it only fits the device buffers split (issue 9: with 8 requests in flight, pieces
  *     chained by the scan carry serialised where whole requests overlapped on the lanes; H100,
  *     16 MiB shm scan 0.68 x the H2D+D2H bound against above 0.8 unsplit);
@@ -75,6 +77,9 @@ typedef struct {
     /* Can r run split over a device's lanes (the engine splits, r's input (and a scan's output)
      * in regions registered with the device, a hist or a scan)? */
     bool (*splittable)(void *ctx, const td_request_t *r);
+    /* The devices other than its regions' own GPU that can run r, a request by device reference,
+     * now (peer access; bit d: device d). NULL: none ever. */
+    uint32_t (*region_peers)(void *ctx, const td_request_t *r);
     /* Runs r where r->where says; r comes back through td_sched_finished (at once, for an inline
      * CPU run). */
     void (*run)(void *ctx, td_request_t *r);

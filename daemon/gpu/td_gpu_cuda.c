@@ -172,8 +172,12 @@ static td_gpu_err_t cuda_lane_bind(void *lane)
  * the producer's UUID, and stays mapped until released: mapping per request would cost ~140 us
  * (the probe of issue 23), the import once ~1.2 ms. The received descriptor is kept open until
  * release: the memory lives until the last holder closes it, so a producer killed with
- * requests in flight leaves it valid. The IPC event is opened with this device current: opening
- * it on another device and waiting on it from this device's stream segfaults (issue 23). */
+ * requests in flight leaves it valid. Peer access: the same mapping (one address space) is made
+ * accessible to every other device the driver says can reach this one's memory (over NVLink
+ * 370 GB/s on the H200 pair of issue 23, against ~2,100 locally); those are the devices in
+ * `reach` after the own one. The IPC event is opened once per device in `reach`, with that
+ * device current: opening it on one device and waiting on it from another's stream segfaults
+ * (issue 23). */
 typedef struct {
     int fd;
     int device;
@@ -182,7 +186,10 @@ typedef struct {
     bool handle_held;
     CUdeviceptr ptr;
     bool reserved, mapped;
-    cudaEvent_t event; /* NULL without DEV_EVENT */
+    unsigned reach_count;                   /* [0] the own device, then the peers mapped */
+    int reach[1 + TD_GPU_PEERS_MAX];        /* CUDA ordinals */
+    int reach_peer[1 + TD_GPU_PEERS_MAX];   /* the index in the import's peers; -1 for [0] */
+    cudaEvent_t event[1 + TD_GPU_PEERS_MAX]; /* opened on reach[k]; NULL without DEV_EVENT */
 } cuda_import_t;
 
 /* The driver functions, resolved once (td_cu_driver.h); cu_ok false: no device regions. */
@@ -207,12 +214,25 @@ static td_gpu_err_t cuda_device_uuid(void *ctx, int device, uint8_t uuid[TALLY_G
     return TD_GPU_OK;
 }
 
-/* Undoes what an import got to (its descriptor stays open: the caller's or release's). */
-static void import_undo(cuda_import_t *im)
+/* Undoes what an import got to (its descriptor stays open: the caller's or release's). An
+ * event is destroyed with its own device current. `stale`: the own device's context went, with
+ * the mapping, the handle and the event opened there; bit i of stale_peers: peer i's context
+ * went with the event opened there. */
+static void import_undo(cuda_import_t *im, bool stale, uint32_t stale_peers)
 {
-    if (im->event)
-        (void)cudaEventDestroy(im->event);
-    if (im->mapped)
+    for (unsigned k = 0; k < im->reach_count; k++) {
+        int peer = im->reach_peer[k];
+        if (!im->event[k] || (peer < 0 ? stale : (stale_peers >> peer) & 1u))
+            continue;
+        if (cudaSetDevice(im->reach[k]) == cudaSuccess)
+            (void)cudaEventDestroy(im->event[k]);
+    }
+    (void)cudaSetDevice(im->device);
+    if (stale) {
+        (void)cudaGetLastError();
+        return;
+    }
+    if (im->mapped) /* the peers' access goes with the mapping */
         (void)cu.mem_unmap(im->ptr, im->size);
     if (im->reserved)
         (void)cu.address_free(im->ptr, im->size);
@@ -221,8 +241,17 @@ static void import_undo(cuda_import_t *im)
     (void)cudaGetLastError();
 }
 
-/* Maps the imported handle at a reserved range and gives the device access: read-only for an
- * input region, so a kernel that writes to it faults instead of changing the producer's data. */
+/* Gives `device` access to the mapping: read-only for an input region, so a kernel that writes
+ * to it faults instead of changing the producer's data. */
+static bool import_access(cuda_import_t *im, int device, bool writable)
+{
+    CUmemAccessDesc access = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = device},
+                              .flags = writable ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                                                : CU_MEM_ACCESS_FLAGS_PROT_READ};
+    return cu.set_access(im->ptr, im->size, &access, 1) == CUDA_SUCCESS;
+}
+
+/* Maps the imported handle at a reserved range and gives the own device access. */
 static td_gpu_err_t import_map(cuda_import_t *im, bool writable, char *why, size_t why_cap)
 {
     /* A size that is no multiple of the granularity fails here, another wrong one at cuMemMap:
@@ -240,43 +269,68 @@ static td_gpu_err_t import_map(cuda_import_t *im, bool writable, char *why, size
         return TD_GPU_E_CLIENT;
     }
     im->mapped = true;
-    CUmemAccessDesc access = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = im->device},
-                              .flags = writable ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-                                                : CU_MEM_ACCESS_FLAGS_PROT_READ};
-    if (cu.set_access(im->ptr, im->size, &access, 1) != CUDA_SUCCESS) {
+    if (!import_access(im, im->device, writable)) {
         snprintf(why, why_cap, "cannot give GPU %d access to the allocation", im->device);
         return TD_GPU_E_DEVICE;
     }
+    im->reach[0] = im->device;
+    im->reach_peer[0] = -1;
+    im->reach_count = 1;
     return TD_GPU_OK;
 }
 
-/* Opens the producer's IPC event with the device current (see cuda_import_t). */
-static td_gpu_err_t import_event(cuda_import_t *im, const uint8_t *event, char *why,
-                                   size_t why_cap)
+/* Opens the producer's IPC event with reach[k] current (see cuda_import_t). */
+static bool import_event(cuda_import_t *im, unsigned k, const uint8_t *event)
 {
     cudaIpcEventHandle_t h;
     memcpy(&h, event, sizeof h < TALLY_GPU_EVENT_SIZE ? sizeof h : TALLY_GPU_EVENT_SIZE);
-    if (cudaIpcOpenEventHandle(&im->event, h) != cudaSuccess) {
+    if (cudaSetDevice(im->reach[k]) != cudaSuccess ||
+        cudaIpcOpenEventHandle(&im->event[k], h) != cudaSuccess) {
         (void)cudaGetLastError();
-        im->event = NULL;
-        snprintf(why, why_cap, "the IPC event does not open");
-        return TD_GPU_E_CLIENT;
+        im->event[k] = NULL;
+        return false;
     }
-    return TD_GPU_OK;
+    return true;
 }
 
-static td_gpu_err_t cuda_dev_import(void *ctx, int device, int fd, uint64_t size, bool writable,
-                                      const uint8_t *event, void **import, void **ptr, char *why,
-                                      size_t why_cap)
+/* Peer access (see cuda_import_t): each peer the driver says can reach the own device's memory
+ * gets the same access and its own opening of the event; one that fails either is left out (its
+ * access, if given, stays until the unmap: harmless, nothing of ours runs there). */
+static uint32_t import_peers(cuda_import_t *im, const td_gpu_import_args_t *a)
+{
+    uint32_t mapped = 0;
+    for (unsigned i = 0; i < a->peer_count && i < TD_GPU_PEERS_MAX; i++) {
+        int can = 0, peer = a->peers[i];
+        unsigned k = im->reach_count;
+        if (peer == im->device || cudaDeviceCanAccessPeer(&can, peer, im->device) != cudaSuccess ||
+            !can || !import_access(im, peer, a->writable)) {
+            (void)cudaGetLastError();
+            continue;
+        }
+        im->reach[k] = peer;
+        im->reach_peer[k] = (int)i;
+        if (a->event && !import_event(im, k, a->event))
+            continue;
+        im->reach_count++;
+        mapped |= 1u << i;
+    }
+    (void)cudaSetDevice(im->device);
+    return mapped;
+}
+
+static td_gpu_err_t cuda_dev_import(void *ctx, const td_gpu_import_args_t *a,
+                                      uint32_t *peers_mapped, void **import, void **ptr,
+                                      char *why, size_t why_cap)
 {
     (void)ctx;
     td_gpu_err_t st = TD_GPU_E_DEVICE;
+    int device = a->device;
     cuda_import_t *im = calloc(1, sizeof *im);
     if (!im) {
         snprintf(why, why_cap, "out of memory");
         return TD_GPU_E_NOMEM;
     }
-    *im = (cuda_import_t){.fd = fd, .device = device, .size = (size_t)size};
+    *im = (cuda_import_t){.fd = a->fd, .device = device, .size = (size_t)a->size};
     pthread_once(&cu_once, cu_load);
     if (!cu_ok) {
         snprintf(why, why_cap, "the CUDA driver lacks the virtual memory management API");
@@ -288,38 +342,39 @@ static td_gpu_err_t cuda_dev_import(void *ctx, int device, int fd, uint64_t size
         goto fail;
     }
     /* A garbage descriptor gives CUDA_ERROR_UNKNOWN here, not sticky: the client's fault. */
-    if (cu.mem_import(&im->handle, (void *)(uintptr_t)fd,
+    if (cu.mem_import(&im->handle, (void *)(uintptr_t)a->fd,
                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != CUDA_SUCCESS) {
         snprintf(why, why_cap, "the descriptor is not an exportable GPU allocation");
         st = TD_GPU_E_CLIENT;
         goto fail;
     }
     im->handle_held = true;
-    st = import_map(im, writable, why, why_cap);
-    if (st == TD_GPU_OK && event)
-        st = import_event(im, event, why, why_cap);
+    st = import_map(im, a->writable, why, why_cap);
+    if (st == TD_GPU_OK && a->event && !import_event(im, 0, a->event)) {
+        snprintf(why, why_cap, "the IPC event does not open");
+        st = TD_GPU_E_CLIENT;
+    }
     if (st != TD_GPU_OK)
         goto fail;
+    *peers_mapped = import_peers(im, a);
     *import = im;
     *ptr = (void *)(uintptr_t)im->ptr;
     return TD_GPU_OK;
 fail:
-    import_undo(im);
+    import_undo(im, false, 0);
     free(im);
     return st;
 }
 
-static void cuda_dev_release(void *ctx, void *import, bool stale)
+static void cuda_dev_release(void *ctx, void *import, bool stale, uint32_t stale_peers)
 {
     (void)ctx;
     cuda_import_t *im = import;
     /* No kernel of ours still reads it: the last request using it has been answered, after its
      * kernel completed. So no synchronisation, which would stall the loop thread. Stale (the
-     * device was reset since): the old context took the mapping, handle and event with it. */
-    if (!stale) {
-        (void)cudaSetDevice(im->device);
-        import_undo(im);
-    }
+     * device was reset since): the old context took the mapping, handle and event with it; a
+     * peer reset since took only its own event. */
+    import_undo(im, stale, stale_peers);
     close(im->fd); /* now the producer's driver may free the memory */
     free(im);
 }
@@ -354,14 +409,20 @@ static td_gpu_err_t cuda_device_reset(void *ctx, int device, char *why, size_t w
     return TD_GPU_OK;
 }
 
-/* The lane's stream waits on the region's IPC event, when it has one: the producer recorded it
- * after filling the range and before sending the request. */
-static tally_status_t cuda_dev_wait(void *import, cudaStream_t stream)
+/* The lane's stream (on `device`) waits on the region's IPC event opened on that device, when
+ * it has one: the producer recorded it after filling the range and before sending the request.
+ * A device the region is not mapped on is refused before anything is enqueued: its kernel would
+ * read an address it has no access to, an illegal address that kills the device's context. */
+static tally_status_t cuda_dev_wait(void *import, int device, cudaStream_t stream)
 {
     cuda_import_t *im = import;
-    if (!im || !im->event)
+    if (!im)
         return TALLY_OK;
-    return tk_cuda_status(cudaStreamWaitEvent(stream, im->event, 0));
+    for (unsigned k = 0; k < im->reach_count; k++)
+        if (im->reach[k] == device)
+            return im->event[k] ? tk_cuda_status(cudaStreamWaitEvent(stream, im->event[k], 0))
+                                : TALLY_OK;
+    return TALLY_E_PARAM;
 }
 
 /* The lane's small results on the device. */
@@ -419,10 +480,11 @@ static td_gpu_err_t cuda_lane_launch(void *lane, const td_gpu_job_t *job, td_gpu
     const void *src = job->src ? job->src : s->in;
     void *dst = job->dst ? job->dst : s->out;
     /* A device output region's event too: its producer may still be reading the last output. */
-    if (job->dev_dst && (st = cuda_dev_wait(job->dev_out_import, l->dev.stream)) != TALLY_OK)
+    if (job->dev_dst &&
+        (st = cuda_dev_wait(job->dev_out_import, l->dev.device, l->dev.stream)) != TALLY_OK)
         goto fail;
     if (job->dev_src)
-        st = cuda_dev_wait(job->dev_import, l->dev.stream);
+        st = cuda_dev_wait(job->dev_import, l->dev.device, l->dev.stream);
     else if (job->n)
         TK_CUDA_TRY(cudaMemcpyAsync(l->dev.d_in, src, job->n * esize, cudaMemcpyHostToDevice,
                                     l->dev.stream));

@@ -96,7 +96,9 @@ typedef struct {
     void *dst;       /* registered output (at least the operation's worst case), or NULL */
     /* Input in a device region (PROTOCOL.md §10 "Device memory"): the kernel reads it in place,
      * no copy; NULL otherwise. dev_import is that region's import (dev_import's *import): when
-     * it opened an IPC event, the lane waits on it first. */
+     * it opened an IPC event, the lane waits on it first (the event opened on the lane's device).
+     * The lane's device is the region's own or one of the peers it was mapped on; an engine
+     * refuses (TD_GPU_E_DEVICE, nothing enqueued) a job on any other device, which would fault. */
     const void *dev_src;
     void *dev_import;
     /* Filter or scan output into a device output region (registered with DEV_OUTPUT, on this
@@ -137,6 +139,20 @@ static inline bool td_gpu_split_fits(const td_gpu_job_t *job, unsigned count, si
            (job->opcode != TALLY_OP_SCAN || job->dst) &&
            td_gpu_piece_elems(job->n, count, esize) * esize <= max_batch;
 }
+
+/* The most peers a device region is mapped on besides its own GPU (the masks are 32 bits). */
+#define TD_GPU_PEERS_MAX 16u
+
+/* What dev_import imports, and where (td_gpu_engine_t.dev_import). */
+typedef struct {
+    int device;          /* the GPU that holds the allocation (the producer's UUID) */
+    const int *peers;    /* other GPUs to give access too, where the driver says they can */
+    unsigned peer_count; /* at most TD_GPU_PEERS_MAX */
+    int fd;
+    uint64_t size;
+    bool writable;
+    const uint8_t *event; /* NULL without DEV_EVENT */
+} td_gpu_import_args_t;
 
 typedef struct td_gpu_engine td_gpu_engine_t;
 struct td_gpu_engine {
@@ -185,23 +201,29 @@ struct td_gpu_engine {
     /* Device regions (PROTOCOL.md §10 "Device memory"). The device's UUID, as cuDeviceGetUuid
      * gives it (sim: "tallyd-sim-gpu", 0, the device number). */
     td_gpu_err_t (*device_uuid)(void *ctx, int device, uint8_t uuid[TALLY_GPU_UUID_SIZE]);
-    /* Imports an allocation another process exported as a descriptor (fd, `size` bytes: the
-     * whole allocation) on `device`, maps it once and gives `device` access to it, read-only
-     * unless `writable`; with `event` (TALLY_GPU_EVENT_SIZE bytes) opens that IPC event on
-     * `device` (where the streams that wait on it are). TD_GPU_OK: *import is what dev_release
-     * takes, *ptr the address the device reads, and the import owns fd (closed at dev_release:
-     * only then can the producer's driver free the memory). TD_GPU_E_CLIENT with why when the
-     * client is at fault (not an exported allocation, a wrong size, an event that does not
-     * open), TD_GPU_E_DEVICE for the device's own failure; fd stays the caller's. On a libuv
-     * worker thread (an import takes about a millisecond), never per request. NULL: the engine
-     * cannot import. */
-    td_gpu_err_t (*dev_import)(void *ctx, int device, int fd, uint64_t size, bool writable,
-                                 const uint8_t *event, void **import, void **ptr, char *why,
-                                 size_t why_cap);
-    /* Unmaps, releases the imported handle and the event, closes the descriptor. `stale`: the
+    /* Imports an allocation another process exported as a descriptor (a->fd, a->size bytes: the
+     * whole allocation) on a->device, maps it once and gives a->device access to it, read-only
+     * unless a->writable; with a->event (TALLY_GPU_EVENT_SIZE bytes) opens that IPC event on
+     * a->device (where the streams that wait on it are). Peer access: each of a->peers that the
+     * driver says can reach a->device's memory (cudaDeviceCanAccessPeer) is given the same
+     * access (cuMemSetAccess) and has the event opened on it too (opened on one device and waited
+     * on from another's stream, it segfaults: issue 23); bit i of *peers_mapped says peers[i]
+     * can run the region's work, and a peer that fails any of it is simply left out. TD_GPU_OK:
+     * *import is what dev_release takes, *ptr the address every one of those devices reads (one
+     * address space), and the import owns fd (closed at dev_release: only then can the
+     * producer's driver free the memory). TD_GPU_E_CLIENT with why when the client is at fault
+     * (not an exported allocation, a wrong size, an event that does not open on a->device),
+     * TD_GPU_E_DEVICE for the device's own failure; fd stays the caller's. On a libuv worker
+     * thread (an import takes about a millisecond), never per request. NULL: the engine cannot
+     * import. */
+    td_gpu_err_t (*dev_import)(void *ctx, const td_gpu_import_args_t *a, uint32_t *peers_mapped,
+                                 void **import, void **ptr, char *why, size_t why_cap);
+    /* Unmaps, releases the imported handle and the events, closes the descriptor. `stale`: the
      * import was made before a device_reset of its device, whose context took the mapping, the
-     * handle and the event with it: only the descriptor is closed. */
-    void (*dev_release)(void *ctx, void *import, bool stale);
+     * handle and its event with it: only the events opened on peers are destroyed and the
+     * descriptor closed. Bit i of `stale_peers`: peer i (as in the import's peers) was reset
+     * since, and the event opened there went with its context. */
+    void (*dev_release)(void *ctx, void *import, bool stale, uint32_t stale_peers);
     /* Recreates `device`'s context after a failure left it unusable (a sticky error), once its
      * lanes are closed and nothing of it is in flight, then checks it works: cudaDeviceReset and
      * a probe for cuda, nothing for sim. TD_GPU_E_DEVICE with why when the device stays unusable.

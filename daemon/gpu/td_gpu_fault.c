@@ -300,19 +300,18 @@ static td_gpu_err_t fault_device_uuid(void *ctx, int device, uint8_t uuid[TALLY_
     return f->inner->device_uuid(f->inner->ctx, device, uuid);
 }
 
-static td_gpu_err_t fault_dev_import(void *ctx, int device, int fd, uint64_t size, bool writable,
-                                       const uint8_t *event, void **import, void **ptr, char *why,
-                                       size_t why_cap)
+static td_gpu_err_t fault_dev_import(void *ctx, const td_gpu_import_args_t *a,
+                                       uint32_t *peers_mapped, void **import, void **ptr,
+                                       char *why, size_t why_cap)
 {
     fault_t *f = ctx;
-    return f->inner->dev_import(f->inner->ctx, device, fd, size, writable, event, import, ptr, why,
-                                why_cap);
+    return f->inner->dev_import(f->inner->ctx, a, peers_mapped, import, ptr, why, why_cap);
 }
 
-static void fault_dev_release(void *ctx, void *import, bool stale)
+static void fault_dev_release(void *ctx, void *import, bool stale, uint32_t stale_peers)
 {
     fault_t *f = ctx;
-    f->inner->dev_release(f->inner->ctx, import, stale);
+    f->inner->dev_release(f->inner->ctx, import, stale, stale_peers);
 }
 
 /* Recreates a lost context (sticky_at), unless reset_fails; then the inner engine's reset. */

@@ -31,10 +31,14 @@ typedef struct {
      * (TALLYD_TEST_SIM_REGISTER_US), as pinning a large region does, so a test can see that it
      * does not hold up the loop. */
     unsigned register_us;
+    /* Test-only: simulated GPUs 0..peers-1 can reach each other's memory (peer access), as two
+     * GPUs on NVLink can (TALLYD_TEST_SIM_PEERS=N; unset: none can). */
+    unsigned peers;
 } sim_t;
 
 typedef struct {
     sim_t *sim;
+    int device;
     size_t max_batch;
     unsigned slots;
     td_gpu_staging_t *staging;
@@ -78,12 +82,15 @@ static td_gpu_err_t sim_lane_open(void *ctx, int device, size_t max_batch, unsig
                                     unsigned carries, void **lane, td_gpu_staging_t *staging,
                                     uint64_t *device_bytes, char *why, size_t why_cap)
 {
-    (void)device;
     sim_lane_t *l = malloc(sizeof *l);
     if (!l)
         goto fail;
-    *l = (sim_lane_t){
-        .sim = ctx, .max_batch = max_batch, .slots = slots, .staging = staging, .carries = carries};
+    *l = (sim_lane_t){.sim = ctx,
+                      .device = device,
+                      .max_batch = max_batch,
+                      .slots = slots,
+                      .staging = staging,
+                      .carries = carries};
     memset(staging, 0, slots * sizeof *staging);
     for (unsigned i = 0; i < slots; i++) {
         staging[i].in = malloc(max_batch);
@@ -114,6 +121,26 @@ static td_gpu_err_t sim_lane_bind(void *lane)
 {
     (void)lane;
     return TD_GPU_OK;
+}
+
+/* A simulated device region: the "exported allocation" is a memfd sealed against shrinking and
+ * growing (so the mapping cannot fault), mapped as the GPU would map the allocation; the
+ * descriptor is kept until release, as the CUDA engine keeps the received one. `reach`: the
+ * devices it is mapped on (bit d: device d), its own and the peers that can reach it. */
+typedef struct {
+    int fd;
+    void *base;
+    size_t size;
+    uint32_t reach;
+} sim_import_t;
+
+/* Whether a lane of `device` may touch the region of `import` (NULL: not a device region). On a
+ * GPU a kernel reading memory its device has no access to faults (an illegal address, sticky):
+ * the simulated launch fails instead, so that the tests see work placed where it cannot run. */
+static bool sim_reaches(const void *import, int device)
+{
+    const sim_import_t *im = import;
+    return !im || (device < 32 && (im->reach >> device) & 1u);
 }
 
 static tally_status_t sim_run(sim_lane_t *l, const td_gpu_job_t *job)
@@ -167,6 +194,11 @@ static td_gpu_err_t sim_lane_launch(void *lane, const td_gpu_job_t *job, td_gpu_
                                       void *arg)
 {
     sim_lane_t *l = lane;
+    if (!sim_reaches(job->dev_import, l->device) || !sim_reaches(job->dev_out_import, l->device)) {
+        snprintf(sim_error, sizeof sim_error,
+                 "simulated illegal address: a device region not mapped on GPU %d", l->device);
+        return TD_GPU_E_DEVICE;
+    }
     if (l->sim->latency_us)
         usleep(l->sim->latency_us);
     tally_status_t st = sim_run(l, job);
@@ -266,52 +298,54 @@ static td_gpu_err_t sim_device_uuid(void *ctx, int device, uint8_t uuid[TALLY_GP
     return TD_GPU_OK;
 }
 
-/* A simulated device region: the "exported allocation" is a memfd sealed against shrinking and
- * growing (so the mapping cannot fault), mapped as the GPU would map the allocation; the
- * descriptor is kept until release, as the CUDA engine keeps the received one. */
-typedef struct {
-    int fd;
-    void *base;
-    size_t size;
-} sim_import_t;
 
-static td_gpu_err_t sim_dev_import(void *ctx, int device, int fd, uint64_t size, bool writable,
-                                     const uint8_t *event, void **import, void **ptr, char *why,
+static td_gpu_err_t sim_dev_import(void *ctx, const td_gpu_import_args_t *a,
+                                     uint32_t *peers_mapped, void **import, void **ptr, char *why,
                                      size_t why_cap)
 {
     sim_t *sim = ctx;
-    (void)device;
-    (void)event; /* the simulated device runs synchronously: nothing to wait for */
+    /* a->event: the simulated device runs synchronously, nothing to wait for */
     if (sim->register_us) /* as an import on a busy driver, when a test asks for it */
         usleep(sim->register_us);
-    int seals = fcntl(fd, F_GET_SEALS);
+    int seals = fcntl(a->fd, F_GET_SEALS);
     struct stat st;
     if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW) ||
-        fstat(fd, &st) != 0 || st.st_size <= 0) {
+        fstat(a->fd, &st) != 0 || st.st_size <= 0) {
         snprintf(why, why_cap, "the descriptor is not an exportable GPU allocation");
         return TD_GPU_E_CLIENT;
     }
-    if ((uint64_t)st.st_size != size) { /* CUDA: mapping another size is NOT_SUPPORTED */
-        snprintf(why, why_cap, "size %llu is not the allocation's size", (unsigned long long)size);
+    if ((uint64_t)st.st_size != a->size) { /* CUDA: mapping another size is NOT_SUPPORTED */
+        snprintf(why, why_cap, "size %llu is not the allocation's size",
+                 (unsigned long long)a->size);
         return TD_GPU_E_CLIENT;
     }
     sim_import_t *im = calloc(1, sizeof *im);
-    void *base = mmap(NULL, size, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
+    void *base = mmap(NULL, a->size, PROT_READ | (a->writable ? PROT_WRITE : 0), MAP_SHARED,
+                      a->fd, 0);
     if (!im || base == MAP_FAILED) {
         snprintf(why, why_cap, "cannot map the allocation: %s", im ? strerror(errno) : "no memory");
         free(im);
         return TD_GPU_E_CLIENT;
     }
-    *im = (sim_import_t){.fd = fd, .base = base, .size = size};
+    *im = (sim_import_t){.fd = a->fd, .base = base, .size = a->size, .reach = 1u << a->device};
+    *peers_mapped = 0;
+    for (unsigned i = 0; i < a->peer_count && i < TD_GPU_PEERS_MAX; i++) {
+        int peer = a->peers[i];
+        if (peer != a->device && (unsigned)peer < sim->peers && (unsigned)a->device < sim->peers) {
+            *peers_mapped |= 1u << i;
+            im->reach |= 1u << peer;
+        }
+    }
     *import = im;
     *ptr = base;
     return TD_GPU_OK;
 }
 
-static void sim_dev_release(void *ctx, void *import, bool stale)
+static void sim_dev_release(void *ctx, void *import, bool stale, uint32_t stale_peers)
 {
     (void)ctx;
     (void)stale; /* a simulated reset leaves the mapping: unmapped either way */
+    (void)stale_peers;
     sim_import_t *im = import;
     munmap(im->base, im->size);
     close(im->fd);
@@ -375,6 +409,8 @@ td_gpu_err_t td_gpu_engine_sim_new(unsigned devices, td_gpu_engine_t **out)
     sim->latency_us = latency ? (unsigned)strtoul(latency, NULL, 10) : 0;
     const char *reg = getenv("TALLYD_TEST_SIM_REGISTER_US");
     sim->register_us = reg ? (unsigned)strtoul(reg, NULL, 10) : 0;
+    const char *peers = getenv("TALLYD_TEST_SIM_PEERS");
+    sim->peers = peers ? (unsigned)strtoul(peers, NULL, 10) : 0;
     *e = sim_engine;
     e->ctx = sim;
     *out = e;

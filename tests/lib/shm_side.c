@@ -102,6 +102,13 @@ bool th_side_closed(int side, int timeout_ms)
     return false;
 }
 
+void th_sim_uuid(unsigned gpu, uint8_t uuid[TALLY_GPU_UUID_SIZE])
+{
+    memset(uuid, 0, TALLY_GPU_UUID_SIZE);
+    memcpy(uuid, "tallyd-sim-gpu", 14);
+    uuid[15] = (uint8_t)gpu;
+}
+
 int th_memfd(size_t size, int seals)
 {
     int fd = memfd_create("test", MFD_CLOEXEC | MFD_ALLOW_SEALING);

@@ -36,6 +36,8 @@ int th_side_call(int side, uint8_t op, const char *id, uint64_t handle, int fd, 
 bool th_side_closed(int side, int timeout_ms);
 /* A memfd of size bytes with seals added (0 for none); aborts on failure. */
 int th_memfd(size_t size, int seals);
+/* Simulated GPU gpu's UUID (PROTOCOL.md §10, --test-sim-gpus): "tallyd-sim-gpu", 0, gpu. */
+void th_sim_uuid(unsigned gpu, uint8_t uuid[TALLY_GPU_UUID_SIZE]);
 /* Entries of /proc/PID/fd, or -1. */
 int th_fd_count(pid_t pid);
 
