@@ -52,7 +52,8 @@ static void check_message(tally_status_t st, const char *msg, size_t cap)
 
 static bool takes_payload(uint8_t opcode)
 {
-    return opcode == TALLY_OP_FILTER || opcode == TALLY_OP_SCAN || opcode == TALLY_OP_HIST;
+    return opcode == TALLY_OP_FILTER || opcode == TALLY_OP_SCAN || opcode == TALLY_OP_HIST ||
+           opcode == TALLY_OP_MINMAX;
 }
 
 /* §5/§6 step 8, independently of tally_proto.c: the verdict on the payload of an accepted header.

@@ -195,6 +195,11 @@ static void scan_hist_seeds(void)
     req.flags = TALLY_FLAG_QUERY_WINDOW;
     req.lo = 10000;
     request_seed("req-query-window-10s", &req, NULL, 0);
+
+    /* Issue 25: minmax (opcode 13), a batch without a stream; a u16 batch and an odd byte. */
+    req = req_of(TALLY_OP_MINMAX, TALLY_DTYPE_U16, 509, NULL);
+    request_seed("req-minmax-u16", &req, payload, 2 * 7);
+    request_seed("req-minmax-u16-odd-byte", &req, payload, 2 * 7 + 1);
 }
 
 static void reply_seed(const char *name, const tally_rep_t *rep)
