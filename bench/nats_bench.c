@@ -77,16 +77,21 @@ static uint8_t *pattern(size_t size)
     return data;
 }
 
-static int fill(const char *url, const char *stream, long count, size_t size)
+/* COUNT requests, message i on names[i % n]; rate > 0: that many a second. */
+static int send_all(const char *url, const char *const *names, long n, long count, size_t size,
+                    double rate)
 {
     tally_nats_t *p = producer(url);
     uint8_t *data = pattern(size);
     tally_req_t req = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8};
-    tally_req_set_stream(&req, stream);
     double t0 = now_s();
     tally_status_t st = TALLY_OK;
-    for (long i = 0; i < count && st == TALLY_OK; i++)
+    for (long i = 0; i < count && st == TALLY_OK; i++) {
+        tally_req_set_stream(&req, names[i % n]);
+        while (rate > 0 && now_s() - t0 < i / rate)
+            nats_Sleep(1);
         st = tally_nats_send(p, &req, data, size, false, NULL, NULL);
+    }
     if (st == TALLY_OK)
         st = tally_nats_flush(p);
     double t1 = now_s();
@@ -97,6 +102,11 @@ static int fill(const char *url, const char *stream, long count, size_t size)
     tally_nats_destroy(&p);
     free(data);
     return st == TALLY_OK ? 0 : 1;
+}
+
+static int fill(const char *url, const char *stream, long count, size_t size)
+{
+    return send_all(url, &stream, 1, count, size, 0);
 }
 
 /* A bare pull consumer of partition k: count messages, or (count < 0) all it holds now. */
@@ -227,30 +237,12 @@ static void fleet_names(const char *url, const char *prefix, names_t *n)
 static int fleet_fill(const char *url, const char *prefix, long count, size_t size, double rate)
 {
     static names_t n;
+    static const char *order[MAX_PARTS * PER_PART];
     fleet_names(url, prefix, &n);
-    tally_nats_t *p = producer(url);
-    uint8_t *data = pattern(size);
-    tally_req_t req = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8};
-    double t0 = now_s();
-    tally_status_t st = TALLY_OK;
-    for (long i = 0; i < count && st == TALLY_OK; i++) {
-        uint32_t k = (uint32_t)(i % n.parts), j = (uint32_t)(i / n.parts % PER_PART);
-        tally_req_set_stream(&req, n.name[k * PER_PART + j]);
-        if (rate > 0)
-            while (now_s() - t0 < i / rate)
-                nats_Sleep(1);
-        st = tally_nats_send(p, &req, data, size, false, NULL, NULL);
-    }
-    if (st == TALLY_OK)
-        st = tally_nats_flush(p);
-    double t1 = now_s();
-    if (st != TALLY_OK)
-        fprintf(stderr, "nats_bench: %s\n", tally_nats_error(p));
-    else
-        report("publish", t1 - t0, (double)count * (double)size);
-    tally_nats_destroy(&p);
-    free(data);
-    return st == TALLY_OK ? 0 : 1;
+    for (uint32_t j = 0; j < PER_PART; j++) /* partition after partition in turn */
+        for (uint32_t k = 0; k < n.parts; k++)
+            order[j * n.parts + k] = n.name[k * PER_PART + j];
+    return send_all(url, order, (long)n.parts * PER_PART, count, size, rate);
 }
 
 /* The values partition k's streams hold; 0 with no answer (no owner yet: no responders). */
