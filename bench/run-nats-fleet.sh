@@ -99,7 +99,7 @@ own2=$(metric 6 tallyd_nats_partitions_owned)
 rate3=$(awk '/^fleet-applied /{print $4}' "$dir/applied3")
 steady=$(python3 -c "import sys; print(max(1.0, float(sys.argv[1]) * 1e9 / int(sys.argv[2]) / 3))" "$rate3" "$size")
 secs=$((lease / 1000 + 20))
-nb fleet-fill "$url" fo "$(python3 -c "print(int($steady * $secs))")" "$size" "$steady" >"$dir/fill-fo" &
+nb fleet-fill "$url" fo "$(python3 -c "print(int($steady * $secs))")" "$size" "$steady" >"$dir/fill-fo" 2>&1 &
 prod=$!
 nb failover "$url" fo "${pid[6]}" $(((secs - 2) * 1000)) | tee "$dir/failover" || true
 wait "${pid[6]}" 2>/dev/null || true
