@@ -10,13 +10,29 @@
  *   nats_bench applied URL STREAM VALUES MS   waits (query by request-reply) until STREAM holds
  *                                             VALUES histogrammed values, up to MS ms
  *
+ * For a fleet of several workers (run-nats-fleet.sh), over PER_PART streams named PREFIX-<i> in
+ * every partition (chosen by tally_partition, so every partition has the same work):
+ *   nats_bench fleet-fill URL PREFIX COUNT SIZE [RATE]   COUNT requests, partition after
+ *                                             partition in turn; RATE > 0: that many a second
+ *   nats_bench bare-part URL K                a bare pull consumer reads every message partition K
+ *                                             holds (run one per partition at once)
+ *   nats_bench fleet-applied URL PREFIX VALUES MS   waits until PREFIX's streams hold VALUES
+ *   nats_bench failover URL PREFIX PID MS     a watcher per partition; once every partition
+ *                                             applies, kill -9 PID, then the pause: from the kill
+ *                                             until each partition has gone past what it showed
+ *                                             at the kill ("failover SECONDS" and per partition)
+ *
  * Each prints one line "what seconds bytes GB/s". The fleet must exist (a worker started once).
  */
 #include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <nats/nats.h>
 
@@ -29,9 +45,9 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-static tally_nats_t *producer(const char *url)
+static tally_nats_t *producer_t(const char *url, int timeout_ms)
 {
-    tally_nats_opts_t o = {.servers = url, .timeout_ms = 30000, .window_bytes = 64u << 20};
+    tally_nats_opts_t o = {.servers = url, .timeout_ms = timeout_ms, .window_bytes = 64u << 20};
     tally_nats_t *p = NULL;
     char why[256];
     if (tally_nats_new(&o, &p, why, sizeof why) != TALLY_OK) {
@@ -41,23 +57,41 @@ static tally_nats_t *producer(const char *url)
     return p;
 }
 
+static tally_nats_t *producer(const char *url) { return producer_t(url, 30000); }
+
 static void report(const char *what, double secs, double bytes)
 {
     printf("%s %.3f %.0f %.3f\n", what, secs, bytes, bytes / secs / 1e9);
 }
 
-static int fill(const char *url, const char *stream, long count, size_t size)
+/* SIZE bytes of a fixed pattern: every request the same values. */
+static uint8_t *pattern(size_t size)
 {
-    tally_nats_t *p = producer(url);
     uint8_t *data = malloc(size);
+    if (!data) {
+        fprintf(stderr, "nats_bench: no memory for %zu bytes\n", size);
+        exit(1);
+    }
     for (size_t i = 0; i < size; i++)
         data[i] = (uint8_t)(i * 131 + (i >> 8));
+    return data;
+}
+
+/* COUNT requests, message i on names[i % n]; rate > 0: that many a second. */
+static int send_all(const char *url, const char *const *names, long n, long count, size_t size,
+                    double rate)
+{
+    tally_nats_t *p = producer(url);
+    uint8_t *data = pattern(size);
     tally_req_t req = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8};
-    tally_req_set_stream(&req, stream);
     double t0 = now_s();
     tally_status_t st = TALLY_OK;
-    for (long i = 0; i < count && st == TALLY_OK; i++)
+    for (long i = 0; i < count && st == TALLY_OK; i++) {
+        tally_req_set_stream(&req, names[i % n]);
+        while (rate > 0 && now_s() - t0 < i / rate)
+            nats_Sleep(1);
         st = tally_nats_send(p, &req, data, size, false, NULL, NULL);
+    }
     if (st == TALLY_OK)
         st = tally_nats_flush(p);
     double t1 = now_s();
@@ -70,14 +104,27 @@ static int fill(const char *url, const char *stream, long count, size_t size)
     return st == TALLY_OK ? 0 : 1;
 }
 
+static int fill(const char *url, const char *stream, long count, size_t size)
+{
+    return send_all(url, &stream, 1, count, size, 0);
+}
+
+/* A bare pull consumer of partition k: count messages, or (count < 0) all it holds now. */
+static int bare_k(const char *url, uint32_t k, long count);
+
 static int bare(const char *url, const char *stream, long count)
 {
     tally_nats_t *p = producer(url); /* for the partition count */
-    char stream_name[32], subject[32];
     uint32_t k = tally_partition(stream, strlen(stream), tally_nats_partitions(p));
+    tally_nats_destroy(&p);
+    return bare_k(url, k, count);
+}
+
+static int bare_k(const char *url, uint32_t k, long count)
+{
+    char stream_name[32], subject[32];
     snprintf(stream_name, sizeof stream_name, "TALLY_P%u", (unsigned)k);
     snprintf(subject, sizeof subject, "tally.in.%u", (unsigned)k);
-    tally_nats_destroy(&p);
     natsConnection *nc = NULL;
     jsCtx *js = NULL;
     natsSubscription *sub = NULL;
@@ -92,6 +139,15 @@ static int bare(const char *url, const char *stream, long count)
         js_PullSubscribe(&sub, js, subject, NULL, NULL, &so, &jerr) != NATS_OK) {
         fprintf(stderr, "nats_bench: %s\n", nats_GetLastError(NULL));
         return 1;
+    }
+    if (count < 0) {
+        jsStreamInfo *si = NULL;
+        if (js_GetStreamInfo(&si, js, stream_name, NULL, &jerr) != NATS_OK) {
+            fprintf(stderr, "nats_bench: %s\n", nats_GetLastError(NULL));
+            return 1;
+        }
+        count = (long)si->State.Msgs;
+        jsStreamInfo_Destroy(si);
     }
     double t0 = now_s(), bytes = 0;
     long got = 0;
@@ -145,6 +201,174 @@ static int applied(const char *url, const char *stream, uint64_t values, long ms
     return 0;
 }
 
+/* ---- a fleet of several workers (run-nats-fleet.sh) ---- */
+
+enum { PER_PART = 4, MAX_PARTS = 64 };
+
+typedef struct {
+    uint32_t parts;
+    char name[MAX_PARTS * PER_PART][64]; /* partition after partition: [k * PER_PART + j] */
+} names_t;
+
+/* PER_PART stream names PREFIX-<i> for each partition, the first ones tally_partition puts
+ * there, so every partition has the same work. */
+static void fleet_names(const char *url, const char *prefix, names_t *n)
+{
+    tally_nats_t *p = producer(url);
+    n->parts = tally_nats_partitions(p);
+    tally_nats_destroy(&p);
+    if (n->parts == 0 || n->parts > MAX_PARTS) {
+        fprintf(stderr, "nats_bench: %u partitions (at most %d here)\n", n->parts, MAX_PARTS);
+        exit(1);
+    }
+    int have[MAX_PARTS] = {0};
+    uint32_t left = n->parts * PER_PART;
+    for (long i = 0; left > 0; i++) {
+        char s[64];
+        snprintf(s, sizeof s, "%s-%ld", prefix, i);
+        uint32_t k = tally_partition(s, strlen(s), n->parts);
+        if (have[k] < PER_PART) {
+            snprintf(n->name[k * PER_PART + have[k]++], sizeof n->name[0], "%s", s);
+            left--;
+        }
+    }
+}
+
+static int fleet_fill(const char *url, const char *prefix, long count, size_t size, double rate)
+{
+    static names_t n;
+    static const char *order[MAX_PARTS * PER_PART];
+    fleet_names(url, prefix, &n);
+    for (uint32_t j = 0; j < PER_PART; j++) /* partition after partition in turn */
+        for (uint32_t k = 0; k < n.parts; k++)
+            order[j * n.parts + k] = n.name[k * PER_PART + j];
+    return send_all(url, order, (long)n.parts * PER_PART, count, size, rate);
+}
+
+/* The values partition k's streams hold; 0 with no answer (no owner yet: no responders). */
+static uint64_t part_values(tally_nats_t *p, const names_t *n, uint32_t k, bool *answered)
+{
+    uint64_t sum = 0;
+    *answered = true;
+    for (int j = 0; j < PER_PART; j++) {
+        tally_stream_info_t info = {0};
+        tally_status_t st = tally_nats_query(p, n->name[k * PER_PART + j], &info);
+        if (st == TALLY_OK)
+            sum += info.hist_total;
+        else if (st != TALLY_E_UNKNOWN_STREAM) /* a stream not applied yet is unknown */
+            *answered = false;
+    }
+    return sum;
+}
+
+static int fleet_applied(const char *url, const char *prefix, uint64_t values, long ms)
+{
+    static names_t n;
+    fleet_names(url, prefix, &n);
+    tally_nats_t *p = producer_t(url, 1000);
+    double start = now_s(), t0 = 0;
+    uint64_t v0 = 0, sum = 0;
+    while ((now_s() - start) * 1000 < ms && sum < values) {
+        sum = 0;
+        for (uint32_t k = 0; k < n.parts; k++) {
+            bool answered;
+            sum += part_values(p, &n, k, &answered);
+        }
+        if (sum > 0 && t0 == 0) {
+            t0 = now_s();
+            v0 = sum;
+        }
+        nats_Sleep(5);
+    }
+    double t1 = now_s();
+    tally_nats_destroy(&p);
+    if (sum < values) {
+        fprintf(stderr, "nats_bench: %" PRIu64 " of %" PRIu64 " values after %ld ms\n", sum,
+                values, ms);
+        return 1;
+    }
+    report("fleet-applied", t1 - t0, (double)(values - v0));
+    printf("fleet-applied-from-start %.3f %.0f %.3f\n", t1 - start, (double)values,
+           values / (t1 - start) / 1e9);
+    return 0;
+}
+
+typedef struct {
+    const char *url;
+    const names_t *n;
+    uint32_t k;
+    double deadline;
+    _Atomic double *kill_at; /* 0 until the kill */
+    double last_before;      /* the time of its last progress before the kill */
+    uint64_t at_kill;        /* what it showed last before the kill */
+    double back;             /* when it went past at_kill after the kill; 0: not yet */
+    _Atomic int progressed;  /* it has shown values */
+} watch_t;
+
+static void *watch(void *arg)
+{
+    watch_t *w = arg;
+    tally_nats_t *p = producer_t(w->url, 300);
+    uint64_t last = 0;
+    while (now_s() < w->deadline && w->back == 0) {
+        double before = now_s();
+        bool answered;
+        uint64_t v = part_values(p, w->n, w->k, &answered);
+        double ka = atomic_load(w->kill_at);
+        if (ka == 0 || before < ka) {
+            if (answered && v > last) {
+                last = v;
+                w->last_before = before;
+                atomic_store(&w->progressed, 1);
+            }
+        } else if (answered && v > last) {
+            w->back = now_s();
+        }
+        nats_Sleep(10);
+    }
+    w->at_kill = last;
+    tally_nats_destroy(&p);
+    return NULL;
+}
+
+static int failover(const char *url, const char *prefix, pid_t pid, long ms)
+{
+    static names_t n;
+    fleet_names(url, prefix, &n);
+    static watch_t w[MAX_PARTS];
+    pthread_t th[MAX_PARTS];
+    _Atomic double kill_at = 0;
+    double start = now_s();
+    for (uint32_t k = 0; k < n.parts; k++) {
+        w[k] = (watch_t){.url = url, .n = &n, .k = k, .deadline = start + ms / 1000.0,
+                         .kill_at = &kill_at};
+        pthread_create(&th[k], NULL, watch, &w[k]);
+    }
+    for (uint32_t k = 0; k < n.parts && now_s() - start < ms / 2000.0; k++)
+        while (!atomic_load(&w[k].progressed) && now_s() - start < ms / 2000.0)
+            nats_Sleep(10);
+    nats_Sleep(1000); /* steady: every partition applying for a second */
+    atomic_store(&kill_at, now_s());
+    kill(pid, SIGKILL);
+    int rc = 0;
+    double worst = 0;
+    for (uint32_t k = 0; k < n.parts; k++) {
+        pthread_join(th[k], NULL);
+        if (w[k].back == 0) {
+            printf("partition %u applies no more after %.1f s\n", k, now_s() - kill_at);
+            rc = 1;
+            continue;
+        }
+        double pause = w[k].back - kill_at;
+        printf("partition %u: %.3f s\n", k, pause);
+        if (pause > worst)
+            worst = pause;
+    }
+    if (rc == 0)
+        printf("failover %.3f\n", worst);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     int rc = 2;
@@ -154,8 +378,17 @@ int main(int argc, char **argv)
         rc = bare(argv[2], argv[3], atol(argv[4]));
     else if (argc == 6 && strcmp(argv[1], "applied") == 0)
         rc = applied(argv[2], argv[3], strtoull(argv[4], NULL, 10), atol(argv[5]));
+    else if ((argc == 6 || argc == 7) && strcmp(argv[1], "fleet-fill") == 0)
+        rc = fleet_fill(argv[2], argv[3], atol(argv[4]), (size_t)atol(argv[5]),
+                        argc == 7 ? atof(argv[6]) : 0);
+    else if (argc == 4 && strcmp(argv[1], "bare-part") == 0)
+        rc = bare_k(argv[2], (uint32_t)atol(argv[3]), -1);
+    else if (argc == 6 && strcmp(argv[1], "fleet-applied") == 0)
+        rc = fleet_applied(argv[2], argv[3], strtoull(argv[4], NULL, 10), atol(argv[5]));
+    else if (argc == 6 && strcmp(argv[1], "failover") == 0)
+        rc = failover(argv[2], argv[3], (pid_t)atol(argv[4]), atol(argv[5]));
     else
-        fprintf(stderr, "usage: nats_bench fill|bare|applied URL STREAM ... (see the source)\n");
+        fprintf(stderr, "usage: nats_bench fill|bare|applied|fleet-fill|bare-part|fleet-applied|failover URL STREAM ... (see the source)\n");
     nats_Close();
     return rc;
 }

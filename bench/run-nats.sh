@@ -16,13 +16,10 @@ size=${2:-1048576}
 build=${BUILD:-build}
 dir=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$dir"' EXIT
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-zport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-url=nats://127.0.0.1:$port
-printf 'listen: 127.0.0.1:%s\nmax_payload: 8MB\njetstream { store_dir: "%s/js" }\n' \
-  "$port" "$dir" >"$dir/nats.conf"
-nats-server -c "$dir/nats.conf" >"$dir/nats.log" 2>&1 &
-for _ in $(seq 100); do grep -q "Server is ready" "$dir/nats.log" && break; sleep 0.1; done
+. "$(dirname "$0")/nats-lib.sh"
+zport=$(free_port)
+nats_start "$dir" 1
+url=$nats_urls
 worker() { # starts it in the background: its pid in $pid
   "$build/daemon/tallyd" --bind "tcp://127.0.0.1:$zport" --nats-servers "$url" \
     --nats-replicas 1 --nats-partitions 1 --nats-member-id bench --window-intervals 0 \

@@ -43,6 +43,10 @@
 #               device region by tallyd) against the same commands without it, on a 16 MiB file
 #               (lines "gpu-region-cli: CMD: identical"; "DIFFERS" is a failure), and the
 #               device-region requests counted (tallyd_gpu_region_requests_total ... owner)
+#   nats-fleet  bench/run-nats-fleet.sh (issue 22: a 3-node R3 cluster on loopback, 8 partitions;
+#               bare pull consumers, 1 then 3 workers of the CUDA build applying 512 x 1 MiB
+#               hist u8 (NATS_FLEET_COUNT), failover pause after kill -9 against lease + 2 s,
+#               checkpoints): $OUT/nats-fleet.txt, its markdown rows in the summary (240 s cap)
 #   gpu-region-py
 #               the Python binding's GpuRegion on the GPU (bench/gpu_region_py.py): hist by
 #               device reference on 64 and 256 MiB regions, 8 threads with a client each (8 in
@@ -263,6 +267,13 @@ step_bench() { # NAME: bench/run-NAME.sh into $OUT/NAME
   cp "$OUT/$1"/*.md "$OUT/" 2>/dev/null
 }
 
+step_nats_fleet() { # issue 22's fleet figures: bench/run-nats-fleet.sh on the CUDA build
+  command -v nats-server >/dev/null || { note "nats-fleet: no nats-server (fetch-device-deps.sh)"; return; }
+  BUILD=$B TALLYD_ARGS="--backend auto" timed nats-fleet 240 bench/run-nats-fleet.sh \
+    "${NATS_FLEET_COUNT:-512}" 1048576 >"$OUT/nats-fleet.txt" 2>&1
+  grep -A3 "^| \(bare\|failover\)" "$OUT/nats-fleet.txt" | tee -a "$S"
+}
+
 step_soak() {
   local secs=${SOAK_SECONDS:-420}
   export SOAK_SECONDS=$secs SOAK_BACKEND=${SOAK_BACKEND:-cuda}
@@ -468,6 +479,7 @@ for step in $STEPS; do
   region-tune) step_region_tune ;;
   peer) step_peer ;;
   daemon-memcheck) step_daemon_memcheck ;;
+  nats-fleet) step_nats_fleet ;;
   memcheck | racecheck) step_sanitizer "$step" ;;
   path | loadgen | curve | recv-ab | io-threads | malloc-ab) step_bench "$step" ;;
   *) note "unknown step: $step" ;;

@@ -1,0 +1,34 @@
+# SPDX-License-Identifier: Apache-2.0
+# nats-lib.sh: what run-nats.sh and run-nats-fleet.sh share (sourced, not run): free loopback
+# ports and nats-server nodes (one, or a cluster of several on loopback: R3 wants 3) with
+# scratch stores under a directory.
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+# nats_start DIR NODES: starts NODES nats-servers (max_payload 8MB, JetStream stores in DIR);
+# sets nats_urls (comma-separated) and waits until each says it is ready.
+nats_start() {
+  local d=$1 nodes=$2 i j routes cports=() ports=()
+  for ((i = 0; i < nodes; i++)); do ports+=("$(free_port)"); cports+=("$(free_port)"); done
+  nats_urls=
+  for ((i = 0; i < nodes; i++)); do
+    {
+      printf 'server_name: n%d\nlisten: 127.0.0.1:%s\nmax_payload: 8MB\n' "$i" "${ports[i]}"
+      printf 'jetstream { store_dir: "%s/js%d"\n  max_file_store: 64GB }\n' "$d" "$i"
+      if ((nodes > 1)); then
+        routes=
+        for ((j = 0; j < nodes; j++)); do
+          if ((j != i)); then routes+="${routes:+, }\"nats-route://127.0.0.1:${cports[j]}\""; fi
+        done
+        printf 'cluster { name: tallybench\n  listen: 127.0.0.1:%s\n  routes: [%s] }\n' \
+          "${cports[i]}" "$routes"
+      fi
+    } >"$d/nats$i.conf"
+    nats-server -c "$d/nats$i.conf" >"$d/nats$i.log" 2>&1 &
+    nats_urls+="${nats_urls:+,}nats://127.0.0.1:${ports[i]}"
+  done
+  for ((i = 0; i < nodes; i++)); do
+    for _ in $(seq 200); do grep -q "Server is ready" "$d/nats$i.log" && break; sleep 0.1; done
+    grep -q "Server is ready" "$d/nats$i.log" || { echo "nats-server $i not ready ($d)" >&2; return 1; }
+  done
+}
