@@ -19,9 +19,8 @@ allowed() {
     case "$1" in
     */net/td_zmq*) return 0 ;;
     */td_router.c | */td_auth.c | */td_pub.c) return 0 ;;
-    # the allocation-failure hook (built only with TALLY_ALLOC_FAULTS) wraps ZeroMQ's
-    # allocating functions; its header, forced into every daemon file, does not include zmq.h
-    */base/td_alloc_fault.c) return 0 ;;
+    # the allocation-failure hook's wrappers of ZeroMQ's allocating calls (TALLY_ALLOC_FAULTS)
+    */net/td_alloc_fault_zmq.c) return 0 ;;
     esac
     return 1
 }

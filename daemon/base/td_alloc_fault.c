@@ -18,12 +18,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <unistd.h>
-#include <zmq.h>
 
 #include "td_alloc_fault.h"
-
-int td_af_zmq_msg_init_size(zmq_msg_t *msg, size_t size);
-int td_af_zmq_msg_init_data(zmq_msg_t *msg, void *data, size_t size, zmq_free_fn *ffn, void *hint);
 
 static atomic_uint_least64_t counted; /* allocations numbered so far */
 static atomic_uint_least64_t failed;  /* of which failed on purpose */
@@ -48,7 +44,7 @@ static const char *base_name(const char *path)
 }
 
 /* Numbers one allocation: true when it must fail (and says so on stderr). */
-static bool must_fail(const char *what, const char *file, int line)
+bool td_af_must_fail(const char *what, const char *file, int line)
 {
     pthread_once(&env_once, read_env);
     uint64_t n = atomic_fetch_add_explicit(&counted, 1, memory_order_relaxed) + 1;
@@ -69,47 +65,27 @@ static bool must_fail(const char *what, const char *file, int line)
 
 void *td_af_malloc(size_t size, const char *file, int line)
 {
-    return must_fail("malloc", file, line) ? NULL : malloc(size);
+    return td_af_must_fail("malloc", file, line) ? NULL : malloc(size);
 }
 
 void *td_af_calloc(size_t count, size_t size, const char *file, int line)
 {
-    return must_fail("calloc", file, line) ? NULL : calloc(count, size);
+    return td_af_must_fail("calloc", file, line) ? NULL : calloc(count, size);
 }
 
 void *td_af_realloc(void *p, size_t size, const char *file, int line)
 {
-    return must_fail("realloc", file, line) ? NULL : realloc(p, size);
+    return td_af_must_fail("realloc", file, line) ? NULL : realloc(p, size);
 }
 
 char *td_af_strdup(const char *s, const char *file, int line)
 {
-    return must_fail("strdup", file, line) ? NULL : strdup(s);
+    return td_af_must_fail("strdup", file, line) ? NULL : strdup(s);
 }
 
 char *td_af_strndup(const char *s, size_t n, const char *file, int line)
 {
-    return must_fail("strndup", file, line) ? NULL : strndup(s, n);
-}
-
-int td_af_zmq_msg_init_size(zmq_msg_t *msg, size_t size)
-{
-    if (must_fail("zmq_msg_init_size", NULL, 0)) {
-        errno = ENOMEM;
-        return -1;
-    }
-    return zmq_msg_init_size(msg, size);
-}
-
-/* libzmq allocates a reference count for a message of caller-owned data (and takes ownership
- * of the data only when it succeeds: the caller still frees it on -1). */
-int td_af_zmq_msg_init_data(zmq_msg_t *msg, void *data, size_t size, zmq_free_fn *ffn, void *hint)
-{
-    if (must_fail("zmq_msg_init_data", NULL, 0)) {
-        errno = ENOMEM;
-        return -1;
-    }
-    return zmq_msg_init_data(msg, data, size, ffn, hint);
+    return td_af_must_fail("strndup", file, line) ? NULL : strndup(s, n);
 }
 
 /* The count at exit, for the sweep's range (a destructor: every way out of main passes here),

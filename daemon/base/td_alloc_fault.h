@@ -36,6 +36,10 @@ void *td_af_calloc(size_t count, size_t size, const char *file, int line);
 void *td_af_realloc(void *p, size_t size, const char *file, int line);
 char *td_af_strdup(const char *s, const char *file, int line);
 char *td_af_strndup(const char *s, size_t n, const char *file, int line);
+/* Counts one allocation (what, at file:line; file NULL: not known) and says whether it fails.
+ * net/td_alloc_fault_zmq.c wraps ZeroMQ's allocating calls with it, on the floor that may
+ * include zmq.h. */
+_Bool td_af_must_fail(const char *what, const char *file, int line);
 
 /* td_alloc_fault.c itself (compiled with TD_ALLOC_FAULT_IMPL) calls the real functions. */
 #ifndef TD_ALLOC_FAULT_IMPL

@@ -73,23 +73,16 @@ static void answer_no_memory(td_zmq_t *z, const td_msg_t *m)
     char msg[TALLY_ERROR_MESSAGE_MAX + 1];
     if (m->header)
         tally_req_decode(m->header, m->header_len, &req, msg, sizeof msg);
-    tally_rep_t rep = {.version = TALLY_PROTO_VERSION,
-                       .opcode = req.opcode,
-                       .flags = req.flags,
-                       .request_id = req.request_id,
-                       .status = TALLY_E_INTERNAL,
-                       .dtype = TALLY_DTYPE_TEXT};
-    uint8_t header[TALLY_REP_HEADER_SIZE];
-    tally_rep_encode(&rep, header);
-    const int more = ZMQ_DONTWAIT | ZMQ_SNDMORE;
-    void *sock = z->rt.socket;
-    td_err("out of memory: request %" PRIu64 " answered `internal`", rep.request_id);
-    if (zmq_send(sock, m->from.id, m->from.id_len, more) == -1)
-        return; /* the peer has gone, or does not read: as for any reply */
-    if (((m->from.word & TD_ZMQ_DELIMITER) && zmq_send(sock, "", 0, more) == -1) ||
-        zmq_send(sock, header, sizeof header, more) == -1 ||
-        zmq_send(sock, text, sizeof text - 1, ZMQ_DONTWAIT) == -1)
-        td_err("sending the reply to request %" PRIu64 ": %s", rep.request_id, zmq_strerror(errno));
+    td_reply_t reply = {.to = m->from,
+                        .rep = {.version = TALLY_PROTO_VERSION,
+                                .opcode = req.opcode,
+                                .flags = req.flags,
+                                .request_id = req.request_id,
+                                .status = TALLY_E_INTERNAL,
+                                .dtype = TALLY_DTYPE_TEXT},
+                        .body = {.data = (void *)text, .len = sizeof text - 1}};
+    td_err("out of memory: request %" PRIu64 " answered `internal`", reply.rep.request_id);
+    (void)td_zmq_send_now(z, &reply); /* a peer gone or not reading: as for any reply */
 }
 
 /* One received message (frames[0..kept) of `total`) to the path. The envelope: its sender (its

@@ -45,5 +45,8 @@ struct td_zmq {
 void td_zmq_send_reply(td_transport_t *transport, td_reply_t *reply);
 /* Every kept reply is dropped (the socket is closing). */
 void td_zmq_drop_kept(td_zmq_t *z);
+/* Sends the reply now (its header encoded from reply->rep): 0, or the errno of the failed send
+ * (EHOSTUNREACH: the peer has gone; EAGAIN: its send queue is full). */
+int td_zmq_send_now(td_zmq_t *z, td_reply_t *reply);
 
 #endif

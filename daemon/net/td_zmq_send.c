@@ -54,7 +54,7 @@ static void body_message(td_reply_t *reply, zmq_msg_t *body)
 
 /* Sends the reply now: 0, or the errno of the failed send (EHOSTUNREACH: the peer has gone;
  * EAGAIN: its send queue is full). */
-static int send_now(td_zmq_t *z, td_reply_t *reply)
+int td_zmq_send_now(td_zmq_t *z, td_reply_t *reply)
 {
     /* Only the first frame can meet EHOSTUNREACH or EAGAIN: once it is accepted ZeroMQ takes
      * the rest of the message whole, so a later frame failing is a broken socket (logged). The
@@ -153,7 +153,7 @@ static void lost_retry(td_zmq_t *z, td_zmq_lost_t *l)
 {
     td_reply_t *reply;
     while ((reply = l->head)) {
-        int err = send_now(z, reply);
+        int err = td_zmq_send_now(z, reply);
         if (err == EHOSTUNREACH) /* not back yet */
             return;
         l->head = reply->next;
@@ -186,7 +186,7 @@ void td_zmq_send_reply(td_transport_t *transport, td_reply_t *reply)
     td_zmq_t *z = (td_zmq_t *)transport;
     td_zmq_lost_t *l = lost_find(z, reply);
     if (!l) {
-        int err = send_now(z, reply);
+        int err = td_zmq_send_now(z, reply);
         if (err != EHOSTUNREACH || !(l = lost_new(z, reply))) {
             td_reply_end(reply, outcome_of(err));
             return;
