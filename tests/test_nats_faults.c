@@ -112,7 +112,13 @@ static void start_worker(int i)
 static void holders_now(char holders[PARTITIONS][80])
 {
     kvStore *leases = NULL;
-    assert_int_equal(js_KeyValue(&leases, tn_suite_js, TALLY_NATS_BUCKET_LEASES), NATS_OK);
+    if (js_KeyValue(&leases, tn_suite_js, TALLY_NATS_BUCKET_LEASES) != NATS_OK) {
+        /* not made yet: the first worker makes the fleet's buckets, retrying while the cluster
+         * forms (seen in CI under ASan 2 s in), so no lease is held */
+        for (uint32_t k = 0; k < PARTITIONS; k++)
+            holders[k][0] = 0;
+        return;
+    }
     for (uint32_t k = 0; k < PARTITIONS; k++)
         if (td_lease_holder(leases, k, holders[k], 80, msg, sizeof msg) != TD_OK)
             holders[k][0] = 0;
