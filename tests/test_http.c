@@ -12,7 +12,14 @@
  *     max_connections, close the oldest idle one, so a probe gets in even from the slow
  *     connections' own address, and other addresses' connections are untouched;
  *   - when every connection is inside a request (a body sent slowly) a new one is refused, and
- *     the busy ones are closed at their deadline too.
+ *     the busy ones are closed at their deadline too;
+ *   - event streams count apart from both bounds: with max_sse_clients of them open from one
+ *     address (a browser behind a tunnel), or filling max_connections, /healthz and /metrics
+ *     still answer (issue 30, item 4);
+ *   - DNS rebinding: a request whose Host is not an IP address, localhost, the listen address's
+ *     name or one of allowed_hosts is answered 421, on every path but /healthz (issue 30,
+ *     item 3); scrapes by IP pass on a wildcard listener;
+ *   - a port that cannot be bound is named in the error, not "port 0" (issue 30, item 7).
  *
  * Loopback addresses 127.0.0.2 and up are all local on Linux, so the test plays many peers.
  */
@@ -25,6 +32,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -275,6 +284,286 @@ static void test_busy_connections_refuse_then_expire(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
 
+/* ---- Event streams beside probes (issue 30, item 4) ---------------------------------------- */
+
+/* Sends a GET of path with Host (NULL: an HTTP/1.0 request without one) from src and reads the
+ * response's head; returns the socket, with the head's status in *status (0: none came). */
+static int open_get(int port, const char *src, const char *path, const char *host, int *status)
+{
+    int fd = th_tcp_connect_from(src, port);
+    assert_true(fd >= 0);
+    char req[512];
+    if (host)
+        snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: %s\r\n\r\n", path, host);
+    else
+        snprintf(req, sizeof req, "GET %s HTTP/1.0\r\n\r\n", path);
+    assert_int_equal(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+    char head[8192];
+    size_t len = 0;
+    int64_t end = th_now_ms() + 20000; /* generous: a loaded box under ASan */
+    head[0] = '\0';
+    while (!strstr(head, "\r\n\r\n") && len + 1 < sizeof head && th_now_ms() < end) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 100) != 1)
+            continue;
+        ssize_t got = read(fd, head + len, sizeof head - 1 - len);
+        if (got <= 0)
+            break;
+        len += (size_t)got;
+        head[len] = '\0';
+    }
+    *status = strncmp(head, "HTTP/1.", 7) == 0 ? atoi(head + 9) : 0;
+    return fd;
+}
+
+/* Opens n event streams (GET /api/v1/events) from src; each must start (200). */
+static void open_streams(slow_t *s, int n, int port, const char *src)
+{
+    for (int i = 0; i < n; i++) {
+        int status = 0;
+        s[i].fd = open_get(port, src, "/api/v1/events", "127.0.0.1", &status);
+        s[i].opened_ms = th_now_ms();
+        s[i].closed_ms = 0;
+        if (status != 200)
+            fail_msg("event stream %d from %s: status %d", i, src, status);
+    }
+}
+
+/* max_sse_clients (16) event streams from one address fill max_connections_per_address (16) as
+ * well: /healthz and /metrics from that address must still answer, and the streams stay. */
+static void test_event_streams_leave_room_for_probes(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    int port;
+    start(&d, &port, (const char *[]){"--pub-interval-ms", "100", NULL});
+    enum { N = 16 };
+    slow_t s[N];
+    open_streams(s, N, port, "127.0.0.1");
+    /* One more is over max_sse_clients: answered 503, not left without a reply. */
+    char *resp = th_http_exchange(port, "127.0.0.1",
+                                  "GET /api/v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                  "Connection: close\r\n\r\n",
+                                  20000);
+    assert_non_null(resp);
+    assert_non_null(strstr(resp, " 503 "));
+    assert_non_null(strstr(resp, "too_many_event_streams"));
+    free(resp);
+    for (int i = 0; i < 10; i++) {
+        const char *path = i % 2 ? "/metrics" : "/healthz";
+        int code = probe(port, "127.0.0.1", path, NULL);
+        if (code != 200)
+            fail_msg("GET %s beside %d event streams from its address: status %d", path, N, code);
+    }
+    assert_int_equal(count_closed(s, N), 0);
+    slow_close_all(s, N);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
+/* Event streams filling max_connections (from several addresses) leave room for a probe too. */
+static void test_event_streams_leave_room_in_total(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    int port;
+    start(
+        &d, &port,
+        (const char *[]){"--metrics-max-connections", "4", "--metrics-max-sse-clients", "4", NULL});
+    slow_t s[4];
+    for (int i = 0; i < 4; i++) {
+        char src[32];
+        snprintf(src, sizeof src, "127.0.0.%d", 2 + i);
+        open_streams(&s[i], 1, port, src);
+    }
+    for (int i = 0; i < 4; i++) {
+        const char *path = i % 2 ? "/metrics" : "/healthz";
+        int code = probe(port, "127.0.0.9", path, NULL);
+        if (code != 200)
+            fail_msg("GET %s beside 4 event streams (max_connections 4): status %d", path, code);
+    }
+    assert_int_equal(count_closed(s, 4), 0);
+    slow_close_all(s, 4);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
+/* ---- Host (issue 30, item 3) ------------------------------------------------------------- */
+
+/* The status of GET path with Host host (NULL: HTTP/1.0 without one); *body, when not NULL,
+ * the whole response (malloc'ed). Not for an event stream that starts: it would not end. */
+static int host_get(int port, const char *path, const char *host, char **body)
+{
+    char req[512];
+    if (host)
+        snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", path,
+                 host);
+    else
+        snprintf(req, sizeof req, "GET %s HTTP/1.0\r\n\r\n", path);
+    char *resp = th_http_exchange(port, NULL, req, 20000);
+    int code = resp && strncmp(resp, "HTTP/1.", 7) == 0 ? atoi(resp + 9) : 0;
+    if (body)
+        *body = resp;
+    else
+        free(resp);
+    return code;
+}
+
+static void expect_host(int port, const char *path, const char *host, int want)
+{
+    int got = host_get(port, path, host, NULL);
+    if (got != want)
+        fail_msg("GET %s with Host %s: %d, expected %d", path, host ? host : "(none)", got, want);
+}
+
+static const char *const host_paths[] = {
+    "/", "/app.js", "/metrics", "/api/v1/streams", "/api/v1/streams/cam0", NULL};
+
+/* A loopback listener answers its IP addresses, localhost and no Host; any other name is
+ * answered 421 with what to do, JSON on the API; /healthz answers whatever the Host. */
+static void test_host_checked_against_rebinding(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    int port;
+    start(&d, &port, NULL);
+    char with_port[64], v4[64], v6[64];
+    snprintf(with_port, sizeof with_port, "localhost:%d", port);
+    snprintf(v4, sizeof v4, "127.0.0.1:%d", port);
+    snprintf(v6, sizeof v6, "[::1]:%d", port);
+    const char *good[] = {with_port,   "localhost", "LocalHost",     "localhost.", v4,
+                          "127.0.0.1", v6,          "10.0.0.5:9464", NULL};
+    const char *bad[] = {"evil.example",
+                         "evil.example:9464",
+                         "localhost.evil.example",
+                         "127.0.0.1.evil.example",
+                         "evil.example.",
+                         "::1",
+                         "localhost:80x",
+                         "[::1",
+                         NULL};
+    for (int p = 0; host_paths[p]; p++) {
+        int ok = strstr(host_paths[p], "cam0") ? 404 : 200; /* no such stream, but served */
+        for (int i = 0; good[i]; i++)
+            expect_host(port, host_paths[p], good[i], ok);
+        expect_host(port, host_paths[p], NULL, ok);
+        for (int i = 0; bad[i]; i++)
+            expect_host(port, host_paths[p], bad[i], 421);
+        expect_host(port, "/healthz", bad[p], 200);
+    }
+    char *body = NULL;
+    assert_int_equal(host_get(port, "/api/v1/streams", "evil.example:9464", &body), 421);
+    assert_non_null(strstr(body, "{\"error\":\"misdirected\""));
+    assert_non_null(strstr(body, "not to 'evil.example:9464'"));
+    assert_non_null(strstr(body, "allowed_hosts"));
+    free(body);
+    assert_int_equal(host_get(port, "/", "evil.example", &body), 421);
+    assert_non_null(strstr(body, "text/plain"));
+    assert_non_null(strstr(body, "not to 'evil.example'"));
+    free(body);
+    /* Event streams: refused before they start, or started. */
+    int status = 0;
+    int fd = open_get(port, NULL, "/api/v1/events", "evil.example", &status);
+    assert_int_equal(status, 421);
+    close(fd);
+    fd = open_get(port, NULL, "/api/v1/events?stream=cam0", with_port, &status);
+    assert_int_equal(status, 200);
+    close(fd);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
+/* allowed_hosts: names, .domain for a domain and its subdomains, * for any. */
+static void test_host_allowed_list(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    int port;
+    start(&d, &port,
+          (const char *[]){"--metrics-allowed-hosts", " tally.lan, .corp.example", NULL});
+    const char *good[] = {"tally.lan", "TALLY.LAN:9464", "corp.example", "a.b.corp.example:80",
+                          NULL};
+    const char *bad[] = {"evil.example", "tally.lan.evil", "evilcorp.example", "lan", NULL};
+    for (int i = 0; good[i]; i++)
+        expect_host(port, "/api/v1/streams", good[i], 200);
+    for (int i = 0; bad[i]; i++)
+        expect_host(port, "/api/v1/streams", bad[i], 421);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    start(&d, &port, (const char *[]){"--metrics-allowed-hosts", "*", NULL});
+    expect_host(port, "/api/v1/streams", "evil.example", 200);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
+/* The port in the log line "serving http://PREFIX:PORT/metrics", or -1. */
+static int logged_port(const th_daemon_t *d, const char *prefix)
+{
+    char *log = th_slurp(d->log_path);
+    char mark[128];
+    snprintf(mark, sizeof mark, "metrics: serving http://%s:", prefix);
+    const char *at = log ? strstr(log, mark) : NULL;
+    int port = at ? atoi(at + strlen(mark)) : -1;
+    free(log);
+    return port;
+}
+
+/* On a wildcard listener Prometheus scrapes by IP (Host: 10.0.0.5:9464) and is answered; a
+ * name is answered only when it is localhost or in allowed_hosts. */
+static void test_host_on_wildcard_listener(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    const char *base[] = {"--metrics", "0.0.0.0:0", "--protected-mode", "off", NULL};
+    assert_int_equal(th_daemon_start_with(&d, base, NULL), 0);
+    int port = logged_port(&d, "0.0.0.0");
+    assert_true(port > 0);
+    expect_host(port, "/metrics", "10.0.0.5:9464", 200);
+    expect_host(port, "/metrics", "[fe80::1]:9464", 200);
+    expect_host(port, "/metrics", "localhost:9464", 200);
+    expect_host(port, "/metrics", "gpu-box:9464", 421);
+    expect_host(port, "/", "gpu-box", 421);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_int_equal(th_daemon_start_with(
+                         &d, base, (const char *[]){"--metrics-allowed-hosts", "gpu-box", NULL}),
+                     0);
+    port = logged_port(&d, "0.0.0.0");
+    expect_host(port, "/metrics", "gpu-box:9464", 200);
+    expect_host(port, "/", "GPU-BOX", 200);
+    expect_host(port, "/", "evil.example", 421);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
+/* ---- Start failures (issue 30, item 7) --------------------------------------------------- */
+
+/* A listen port another socket holds: the error names that port, never "port 0"; an
+ * allowed_hosts item that is not a name stops tallyd with the reason. */
+static void test_bind_error_names_the_port(void **state)
+{
+    (void)state;
+    int holder = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in in = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof in;
+    assert_int_equal(bind(holder, (struct sockaddr *)&in, sizeof in), 0);
+    assert_int_equal(listen(holder, 1), 0);
+    assert_int_equal(getsockname(holder, (struct sockaddr *)&in, &len), 0);
+    int held = ntohs(in.sin_port);
+    char listen_at[64], port_words[32], ours[128];
+    snprintf(listen_at, sizeof listen_at, "127.0.0.1:%d", held);
+    snprintf(port_words, sizeof port_words, "port %d", held);
+    snprintf(ours, sizeof ours, "metrics: cannot listen on %s: Address already in use", listen_at);
+    th_daemon_t d;
+    assert_int_equal(th_daemon_start_with(&d, (const char *[]){"--metrics", listen_at, NULL}, NULL),
+                     -1);
+    if (th_daemon_log_contains(&d, "port 0") || !th_daemon_log_contains(&d, port_words))
+        fail_msg("the bind error does not name port %d:\n%s", held, th_slurp(d.log_path));
+    assert_true(th_daemon_log_contains(&d, ours));
+    assert_true(th_daemon_log_contains(&d, "ss -ltnp"));
+    close(holder);
+    assert_int_equal(
+        th_daemon_start_with(&d,
+                             (const char *[]){"--metrics", "127.0.0.1:0", "--metrics-allowed-hosts",
+                                              "tally.lan,evil:80", NULL},
+                             NULL),
+        -1);
+    assert_true(th_daemon_log_contains(&d, "allowed_hosts: 'evil:80' is not a host name"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -283,6 +572,12 @@ int main(void)
         cmocka_unit_test(test_address_bound_closes_oldest_idle),
         cmocka_unit_test(test_total_bound_closes_oldest_idle),
         cmocka_unit_test(test_busy_connections_refuse_then_expire),
+        cmocka_unit_test(test_event_streams_leave_room_for_probes),
+        cmocka_unit_test(test_event_streams_leave_room_in_total),
+        cmocka_unit_test(test_host_checked_against_rebinding),
+        cmocka_unit_test(test_host_allowed_list),
+        cmocka_unit_test(test_host_on_wildcard_listener),
+        cmocka_unit_test(test_bind_error_names_the_port),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,15 +3,26 @@
 // to date by one event stream (GET api/v1/events, Server-Sent Events at tallyd's publication
 // interval). Plain JavaScript, nothing from elsewhere (the Content-Security-Policy allows only
 // this origin). The view is in the URL's fragment (#stream=a&stream=b&log=1&last=10s), so it
-// can be bookmarked and shared.
+// can be bookmarked and shared; changing the fragment of an open page changes the view.
 //
-// What a test reads: every row of the list is a <tr data-stream=NAME data-values=N>; every
-// chosen stream is an <article class="card" data-stream=NAME data-updates=N>, with one
-// <div class="channel" data-channel=C data-count=N data-p50=V data-p90=V data-p99=V> per
-// channel and a <canvas data-heights="h0,...,h255" data-scale=linear|log data-window=...>
-// whose bars are those heights (0..1 of the canvas) in that order. performance marks:
-// "first-render" once the list and the chosen streams are first drawn, and a measure "update"
-// (from the first event of a tick to the end of its drawing) for every live update.
+// A view tallyd refuses (a bookmark with a window longer than its ring, a name that is not a
+// stream name) makes the event stream answer an HTTP error, after which EventSource gives up
+// without saying why. The page then asks the same URL with fetch to read tallyd's message,
+// shows it (#error), and falls back to a view tallyd takes: without the window, then without
+// the streams. Other refusals (503: too many event streams, tallyd stopping) are retried.
+//
+// Each channel's summary says what `tally query` prints for it, in the same words: the count,
+// the mean to two decimals ("(in range)" for i32 and u16, whose underflow and overflow it leaves
+// out), p50, p90 and p99 ("< lo" and ">= hi" beyond the range), and underflow and overflow.
+//
+// What a test reads: every row of the list is a <tr data-stream=NAME data-values=N> (hidden
+// when the name filter leaves it out); every chosen stream is an <article class="card"
+// data-stream=NAME data-updates=N>, with one <div class="channel" data-channel=C data-count=N
+// data-p50=V data-p90=V data-p99=V> per channel, its summary as <dd data-key=ROW> items, and a
+// <canvas data-heights="h0,...,h255" data-scale=linear|log data-window=...> whose bars are
+// those heights (0..1 of the canvas) in that order. performance marks: "first-render" once the
+// list and the chosen streams are first drawn, and a measure "update" (from the first event of a
+// tick to the end of its drawing) for every live update.
 'use strict';
 
 (function () {
@@ -32,6 +43,8 @@
     tickStart: 0,
     firstDrawn: false,
     windowMs: -1,
+    generation: 0, // connections made: a refusal's answer for an older one is ignored
+    filter: '', // the list's name filter, lowercase
   };
 
   const $ = (id) => document.getElementById(id);
@@ -53,14 +66,31 @@
     history.replaceState(null, '', '#' + p.toString());
   }
 
+  // The fragment changed (a bookmark or a link followed on the open page): show its view.
+  function hashChanged() {
+    readHash();
+    $('log').checked = state.log;
+    $('window').value = state.last;
+    state.records.clear();
+    showError('');
+    connect();
+    changed();
+  }
+
   // ---- The event stream ------------------------------------------------------------------
 
-  function connect() {
-    if (state.source) state.source.close();
+  function eventsUrl() {
     const p = new URLSearchParams();
     for (const name of state.chosen) p.append('stream', name);
     if (state.last) p.set('last', state.last);
-    const source = new EventSource('api/v1/events?' + p.toString());
+    return 'api/v1/events?' + p.toString();
+  }
+
+  function connect() {
+    if (state.source) state.source.close();
+    const generation = ++state.generation;
+    const url = eventsUrl();
+    const source = new EventSource(url);
     source.addEventListener('streams', (e) => { state.list = JSON.parse(e.data); changed(); });
     source.addEventListener('stream', (e) => {
       const rec = JSON.parse(e.data);
@@ -73,7 +103,16 @@
       changed();
     });
     source.onopen = () => setStatus('live');
-    source.onerror = () => setStatus('reconnecting');
+    source.onerror = () => {
+      // CONNECTING: the connection was lost and EventSource tries again by itself. CLOSED:
+      // tallyd answered with an error, and EventSource will not try again.
+      if (source.readyState !== EventSource.CLOSED) {
+        setStatus('reconnecting');
+        return;
+      }
+      setStatus('refused');
+      refused(url, generation);
+    };
     state.source = source;
   }
 
@@ -81,6 +120,57 @@
     const el = $('status');
     el.dataset.state = s;
     el.textContent = s;
+  }
+
+  function showError(text) {
+    $('error').textContent = text;
+    $('error').classList.toggle('hidden', !text);
+  }
+
+  // tallyd's answer to url, which the event stream could not open: {status, message}. A 200
+  // (the refusal has passed) is not read: it would stream.
+  async function askWhy(url) {
+    const abort = new AbortController();
+    try {
+      const r = await fetch(url, { signal: abort.signal, cache: 'no-store' });
+      if (r.ok) {
+        abort.abort();
+        return { status: r.status, message: '' };
+      }
+      const body = await r.json().catch(() => null);
+      return { status: r.status, message: (body && body.message) || 'HTTP ' + r.status };
+    } catch (e) {
+      return { status: 0, message: 'tallyd does not answer' };
+    }
+  }
+
+  // The event stream of connection `generation` was refused: show why and fall back to a view
+  // tallyd takes (a 400 is about the view: first without the window, then without the
+  // streams), or try the same view again in 5 s (too many event streams, tallyd stopping).
+  async function refused(url, generation) {
+    const why = await askWhy(url);
+    if (generation !== state.generation) return; // the view changed meanwhile
+    let instead = '';
+    if (why.status === 400 && state.last) {
+      state.last = '';
+      $('window').value = '';
+      instead = 'showing all time instead';
+    } else if (why.status === 400 && state.chosen.length) {
+      state.chosen = [];
+      instead = 'showing no stream instead';
+    }
+    if (why.status === 200) { // refused no more: try again, a moment later
+      setTimeout(() => { if (generation === state.generation) connect(); }, 1000);
+    } else if (instead) {
+      state.records.clear();
+      showError(why.message + ' (' + instead + ')');
+      writeHash();
+      connect();
+      changed();
+    } else {
+      showError(why.message + ' (trying again in 5 s)');
+      setTimeout(() => { if (generation === state.generation) connect(); }, 5000);
+    }
   }
 
   // Events of one tick arrive together: draw once, at the next frame.
@@ -139,6 +229,7 @@
       const tr = document.createElement('tr');
       tr.dataset.stream = s.stream;
       tr.dataset.values = String(s.values);
+      tr.hidden = !matches(s.stream);
       const box = document.createElement('input');
       box.type = 'checkbox';
       box.checked = state.chosen.includes(s.stream);
@@ -154,7 +245,26 @@
       rows.push(tr);
     }
     body.replaceChildren(...rows);
-    $('empty').classList.toggle('hidden', list.streams.length > 0);
+    notes();
+  }
+
+  function matches(name) {
+    return !state.filter || name.toLowerCase().includes(state.filter);
+  }
+
+  // "No streams yet" once tallyd says so (not before), and what the filter leaves.
+  function notes() {
+    const total = state.list ? state.list.streams.length : 0;
+    const shown = [...$('streams').tBodies[0].rows].filter((r) => !r.hidden).length;
+    $('empty').classList.toggle('hidden', !state.list || total > 0);
+    $('nomatch').classList.toggle('hidden', total === 0 || shown > 0);
+    $('shown').textContent = state.filter && total ? shown + ' of ' + total : '';
+  }
+
+  function filterChanged() {
+    state.filter = $('filter').value.trim().toLowerCase();
+    for (const tr of $('streams').tBodies[0].rows) tr.hidden = !matches(tr.dataset.stream);
+    notes();
   }
 
   function updateWindows(windowMs) {
@@ -174,6 +284,7 @@
     if (on) state.chosen.push(name);
     for (const n of [...state.records.keys()])
       if (!state.chosen.includes(n)) state.records.delete(n);
+    showError('');
     writeHash();
     connect();
   }
@@ -185,12 +296,12 @@
     const cards = [];
     for (const name of state.chosen) {
       if (!state.records.has(name)) continue;
-      let card = [...charts.children].find((c) => c.dataset.stream === name);
-      if (!card) card = newCard(name);
-      fillCard(card, name, state.records.get(name));
-      cards.push(card);
+      cards.push([...charts.children].find((c) => c.dataset.stream === name) || newCard(name));
     }
     charts.replaceChildren(...cards);
+    // Filled once in the page: a canvas outside it has no size to paint at.
+    for (const card of cards)
+      fillCard(card, card.dataset.stream, state.records.get(card.dataset.stream));
   }
 
   function newCard(name) {
@@ -254,7 +365,8 @@
   }
 
   function fillChannel(el, rec, ch) {
-    // Each quantile is {"q", "value", "side"} (tally_hist_json_quantiles): the page shows the value.
+    // Each quantile is {"q", "value", "side"} (tally_hist_json_quantiles): the marks stand at
+    // the value, the summary says it as tally query does.
     const q = {};
     for (const [k, v] of Object.entries(ch.quantiles || {})) q[k] = v.value;
     el.dataset.count = String(ch.count);
@@ -269,7 +381,7 @@
     canvas.dataset.window = state.last || 'all';
     paint(canvas, heights, COLOURS[ch.channel] || COLOURS[''],
       MARKS.filter(([k]) => q[k] !== undefined).map(([k, c]) => [k, c, barOf(rec, q[k])]));
-    summary(el.querySelector('dl'), ch, q);
+    summary(el.querySelector('dl'), rec, ch);
   }
 
   function paint(canvas, heights, colour, marks) {
@@ -304,11 +416,46 @@
     });
   }
 
-  function summary(dl, ch, q) {
-    const items = [['count', shortCount(ch.count)],
-      ['mean', ch.mean === null ? '-' : (Math.round(ch.mean * 100) / 100).toString()]];
-    for (const [k] of MARKS) items.push([k, q[k] === undefined ? '-' : String(q[k])]);
-    if (ch.underflow || ch.overflow) items.push(['under/over', ch.underflow + '/' + ch.overflow]);
+  // C's printf("%.2f"): toFixed rounds the same way except on an exact tie (0.125), which C
+  // rounds to even and toFixed up.
+  function fixed2(v) {
+    const exact = Math.abs(v).toFixed(100);
+    const cut = exact.slice(0, exact.indexOf('.') + 3);
+    if (!/^\d+\.\d\d50*$/.test(exact) || +cut.slice(-1) % 2) return v.toFixed(2);
+    return (v < 0 ? '-' : '') + cut;
+  }
+
+  // The mean as tally query computes it (tally_hist_summarize): each in-range value at the
+  // centre of its bin's integers, (lo + hi - 1) / 2, summed exactly, then divided once. (The
+  // record's "mean" has 10 significant digits: too few for two decimals of a large value.)
+  function meanOf(ch) {
+    let twice = 0n;
+    let n = 0n;
+    for (const b of inRange(ch)) {
+      if (!b.count) continue;
+      twice += BigInt(b.lo + b.hi - 1) * BigInt(b.count);
+      n += BigInt(b.count);
+    }
+    return n === 0n ? null : Number(twice) / Number(2n * n);
+  }
+
+  // A quantile as tally query prints it: beyond the range only its side is known.
+  function quantileText(rec, quantile) {
+    if (!quantile) return '-';
+    if (quantile.side === 'underflow') return '< ' + rec.lo;
+    if (quantile.side === 'overflow') return '>= ' + rec.hi;
+    return String(quantile.value);
+  }
+
+  // The rows of tally query's table that the card shows, in its words.
+  function summary(dl, rec, ch) {
+    const ranged = rec.lo !== undefined;
+    const mean = meanOf(ch);
+    const qs = ch.quantiles || {};
+    const items = [['count', String(ch.count)],
+      ['mean', mean === null ? '-' : fixed2(mean) + (ranged ? ' (in range)' : '')]];
+    for (const [k] of MARKS) items.push([k, ch.count ? quantileText(rec, qs[k]) : '-']);
+    if (ranged) items.push(['underflow', String(ch.underflow)], ['overflow', String(ch.overflow)]);
     dl.replaceChildren(...items.map(([k, v]) => {
       const div = document.createElement('div');
       const dt = document.createElement('dt');
@@ -334,10 +481,13 @@
     $('window').addEventListener('change', () => {
       state.last = $('window').value;
       state.records.clear();
+      showError('');
       writeHash();
       connect();
     });
+    $('filter').addEventListener('input', filterChanged);
     window.addEventListener('resize', changed);
+    window.addEventListener('hashchange', hashChanged);
     connect();
   }
 

@@ -368,6 +368,8 @@ typedef struct {
     unsigned metrics_histogram_buckets; /* per-stream Prometheus histogram buckets; 0 = none */
     char *metrics_api_token_file; /* owned; the HTTP API's bearer token (td_web.c), or NULL */
     unsigned metrics_max_sse_clients; /* event streams (SSE) open at once */
+    char *metrics_allowed_hosts;      /* owned; names a request's Host may give besides the listen
+                                       * address, localhost and IP addresses (td_http.c), or NULL */
 } td_config_t;
 
 /* Adds an endpoint to cfg->binds: TD_ERR_CONFIG for an invalid one or one too many. */

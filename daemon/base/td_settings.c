@@ -185,7 +185,15 @@ const td_setting_t td_settings[] = {
      .reload = TD_RELOAD_RESTART,
      .help = "event streams (the web page's live updates, GET .../events) open at once; beyond "
              "it a new one is answered 503. They are exempt from request_timeout_ms once "
-             "streaming, and count in the connection bounds"},
+             "streaming, and count apart from the connection bounds, so a probe and a scrape "
+             "always get in"},
+    {.option = "metrics-allowed-hosts", .arg = "LIST", .section = "metrics",
+     .key = "allowed_hosts", .type = TD_SET_STRING, .offset = FIELD(metrics_allowed_hosts),
+     .reload = TD_RELOAD_RESTART, .example = "tally.example.com,.lan",
+     .help = "host names, comma-separated, that a request's Host header may give besides an IP "
+             "address, localhost and the listen address's name (.lan: a domain and its "
+             "subdomains; *: any); any other name is answered 421, against DNS rebinding",
+     .default_doc = "none"},
     /* [security] */
     {.option = "curve-secret-key", .arg = "FILE", .section = "security", .key = "curve_secret_key",
      .type = TD_SET_PATH, .offset = FIELD(curve_secret_key), .reload = TD_RELOAD_RESTART,

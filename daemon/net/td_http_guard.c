@@ -18,7 +18,8 @@
  * descriptor, so a descriptor is never shut down after it was closed and reused.
  *
  * The accept policy counts the live connections from the new one's address by walking the
- * list (a few hundred entries at most, once per accepted connection: microseconds).
+ * list (a few hundred entries at most, once per accepted connection: microseconds). Event
+ * streams sit in a list of their own, which neither bound counts (td_http_guard.h).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -58,8 +59,8 @@ struct td_http_guard {
     unsigned slot_count;
     conn_t *pool;
     conn_t *head, *tail;       /* the live list, in deadline order */
-    conn_t *s_head, *s_tail;   /* the streaming list: counted, never closed by the guard */
-    unsigned live;             /* connections in both */
+    conn_t *s_head, *s_tail;   /* the streaming list: in no bound, never closed by the guard */
+    unsigned live;             /* connections in the live list (the bounds count these) */
     td_http_guard_counts_t counts; /* since start */
     td_http_guard_counts_t logged; /* at the last summary line */
     uint64_t logged_ns;
@@ -105,7 +106,7 @@ static void unlink_live(td_http_guard_t *self, conn_t *c)
         *tail = c->prev;
     c->prev = c->next = NULL;
     c->live = false;
-    self->live--;
+    self->live -= !c->streaming;
 }
 
 /* Appends c to the live list, or with `streaming` to the streaming list. */
@@ -122,7 +123,7 @@ static void append_to(td_http_guard_t *self, conn_t *c, bool streaming)
     *tail = c;
     c->live = true;
     c->streaming = streaming;
-    self->live++;
+    self->live += !streaming;
 }
 
 static void append_live(td_http_guard_t *self, conn_t *c)
@@ -165,10 +166,8 @@ enum MHD_Result td_http_guard_accept(void *cls, const struct sockaddr *addr, soc
     uint8_t key[ADDR_KEY];
     address_key(addrlen ? addr : NULL, key);
     pthread_mutex_lock(&self->lock);
-    unsigned same = 0;
+    unsigned same = 0; /* event streams, in their own list, count in neither bound */
     for (conn_t *c = self->head; c; c = c->next)
-        same += memcmp(c->addr, key, ADDR_KEY) == 0;
-    for (conn_t *c = self->s_head; c; c = c->next)
         same += memcmp(c->addr, key, ADDR_KEY) == 0;
     bool ok = same < self->limits.max_per_address || make_room(self, key);
     if (ok && self->live >= self->limits.max_connections)
@@ -344,7 +343,7 @@ td_err_t td_http_guard_new(const td_http_limits_t *limits, td_http_guard_t **out
     if (!self)
         return TD_ERR_NOMEM;
     self->limits = *limits;
-    self->slot_count = limits->max_connections + TD_HTTP_CLOSING_SLACK;
+    self->slot_count = limits->max_connections + limits->max_streaming + TD_HTTP_CLOSING_SLACK;
     self->slots = calloc(self->slot_count, sizeof *self->slots);
     td_err_t err = self->slots ? init_sync(self) : TD_ERR_NOMEM;
     if (err != TD_OK)
@@ -393,5 +392,5 @@ unsigned td_http_guard_mhd_limit(const td_http_guard_t *self)
 
 unsigned td_http_guard_mhd_per_ip_limit(const td_http_guard_t *self)
 {
-    return self->limits.max_per_address + TD_HTTP_CLOSING_SLACK;
+    return self->limits.max_per_address + self->limits.max_streaming + TD_HTTP_CLOSING_SLACK;
 }

@@ -8,12 +8,19 @@
  *     ready for a request (accepted, or its previous response sent) until its response is sent;
  *     past it the connection is closed, however steadily it trickles bytes;
  *   - at most max_connections_per_address connections from one address (an IPv6 /64 counts as
- *     one address) and max_connections in all;
+ *     one address) and max_connections in all, event streams apart (below);
  *   - a new connection over either bound closes the oldest connection of that address (or, for
  *     the total, of any address) that is still waiting for a request's headers, and is let in;
  *     only when every such connection is inside a request is the new one refused. So slow
  *     connections cannot lock out a probe, even one from their own address: each new connection
  *     takes the place of the oldest idle one.
+ *
+ * An event stream (td_web_sse.c) is long-lived by nature and never idle, so it could not make
+ * room: 16 of them from one browser would fill the per-address bound for good and shut out
+ * /healthz and /metrics from that address (issue 30, item 4). So once a connection streams
+ * (td_http_guard_streaming) it leaves both bounds; event streams have a bound of their own,
+ * max_sse_clients, which td_web.c enforces before a stream starts, and the guard's hard
+ * ceilings have room for them (max_streaming).
  *
  * libmicrohttpd's CONNECTION_TIMEOUT is an idle timeout (any byte resets it) and it has no
  * deadline of its own, so the guard tracks each connection (MHD_OPTION_NOTIFY_CONNECTION), and
@@ -43,6 +50,7 @@
 typedef struct {
     unsigned max_connections;
     unsigned max_per_address;
+    unsigned max_streaming; /* event streams at once (td_web.c's bound), counted apart */
     unsigned deadline_ms;
 } td_http_limits_t;
 
@@ -75,8 +83,8 @@ void td_http_guard_completed(void *cls, struct MHD_Connection *conn, void **con_
  * longer idle, so it is not closed to make room (its deadline still holds). */
 void td_http_guard_request(td_http_guard_t *self, struct MHD_Connection *conn);
 /* The request's response is an event stream (td_web_sse.c), long-lived by nature: from now
- * until it completes the connection has no deadline, still counts in both bounds, and is never
- * closed to make room. */
+ * until it completes the connection has no deadline, leaves both bounds (event streams have
+ * their own, max_streaming), and is never closed to make room. */
 void td_http_guard_streaming(td_http_guard_t *self, struct MHD_Connection *conn);
 
 #endif

@@ -32,6 +32,16 @@
  * connections per address and in total; this file hands it libmicrohttpd's callbacks. One MHD
  * thread (epoll) serves every connection: a slow one costs it nothing while it waits, and
  * MHD's messages about them are rate-limited (log_mhd) so that a flood cannot fill the journal.
+ *
+ * DNS rebinding (issue 30, item 3): a page on evil.example whose name the attacker then points
+ * at 127.0.0.1 is, to the browser, still evil.example's, so it may read what tallyd answers.
+ * Its requests carry `Host: evil.example`, so tallyd answers only requests whose Host names it:
+ * an IP address (a browser sends one only when its address bar holds one, and then the page is
+ * that address's own, not a rebound name's), localhost, the name in the listen address, or one
+ * of allowed_hosts ("*": any). The port is not compared: a name's port does not change where
+ * the name points, and a tunnel (ssh -L 8080:127.0.0.1:9464) changes it. A request without
+ * Host (HTTP/1.0) is not a browser's and passes. /healthz is not checked: it says only "ok",
+ * and probes send what their platform chooses. Everything else is answered 421.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -67,6 +77,9 @@ struct td_http {
     td_http_health_fn health;
     void *ctx;
     unsigned port;
+    /* The names a Host header may give (besides IP addresses), lowercase, comma-separated:
+     * localhost, the listen address's name, allowed_hosts. Read-only after start. */
+    char *host_names;
 
     pthread_mutex_t lock; /* guards the fields below */
     pthread_cond_t done;
@@ -304,6 +317,139 @@ static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned code, con
     return rc;
 }
 
+/* ---- Host names (DNS rebinding) ----------------------------------------------------------- */
+
+#define HOST_NAME_CHARS "abcdefghijklmnopqrstuvwxyz0123456789.-_"
+
+/* The name in a Host value ("name", "name:port", "[IPv6]", "[IPv6]:port") into name (cap
+ * bytes), lowercase and without a DNS root dot; *literal when it is an IP address. False when
+ * the value is malformed. */
+static bool host_name(const char *host, char *name, size_t cap, bool *literal)
+{
+    bool bracket = host[0] == '[';
+    const char *start = host + bracket;
+    const char *end = bracket ? strchr(start, ']') : start + strcspn(start, ":");
+    const char *rest = end ? end + bracket : NULL;
+    if (!rest || (*rest && (*rest != ':' || strspn(rest + 1, "0123456789") != strlen(rest + 1))))
+        return false;
+    size_t n = (size_t)(end - start);
+    if (n == 0 || n >= cap)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        name[i] = (char)(start[i] >= 'A' && start[i] <= 'Z' ? start[i] - 'A' + 'a' : start[i]);
+    name[n] = '\0';
+    unsigned char addr[sizeof(struct in6_addr)];
+    if (bracket)
+        return *literal = inet_pton(AF_INET6, name, addr) == 1;
+    if (n > 1 && name[n - 1] == '.')
+        name[--n] = '\0';
+    *literal = inet_pton(AF_INET, name, addr) == 1;
+    return strspn(name, HOST_NAME_CHARS) == n;
+}
+
+/* Whether name is one of list (comma-separated): equal to an item, under an item ".domain"
+ * (or the domain itself), or the list holds "*". */
+static bool host_listed(const char *list, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *at = list; *at;) {
+        size_t len = strcspn(at, ",");
+        const char *dom = at + 1;
+        size_t dl = len - 1;
+        if ((len == 1 && at[0] == '*') || (len == n && memcmp(at, name, n) == 0))
+            return true;
+        if (at[0] == '.' && n >= dl && memcmp(name + n - dl, dom, dl) == 0 &&
+            (n == dl || name[n - dl - 1] == '.'))
+            return true;
+        at += len + (at[len] == ',');
+    }
+    return false;
+}
+
+/* Appends one item of allowed_hosts (len bytes at item, spaces around it trimmed) to list;
+ * false (logged) when it is not "*", a host name or ".domain". */
+static bool add_host_item(char *list, size_t cap, const char *item, size_t len)
+{
+    while (len && (*item == ' ' || *item == '\t'))
+        item++, len--;
+    while (len && (item[len - 1] == ' ' || item[len - 1] == '\t'))
+        len--;
+    char name[256] = "";
+    bool literal = false, dot = len > 1 && item[0] == '.';
+    bool ok = len == 1 && item[0] == '*';
+    if (!ok && len > (size_t)dot && len - dot < sizeof name) {
+        memcpy(name, item + dot, len - dot);
+        name[len - dot] = '\0';
+        ok = strchr(name, ':') == NULL && host_name(name, name, sizeof name, &literal) &&
+             name[0] != '.';
+    }
+    if (!ok) {
+        td_err("metrics: allowed_hosts: '%.*s' is not a host name (tally.example.com), a domain "
+               "with its subdomains (.example.com) or * (any name)",
+               (int)(len < 200 ? len : 200), item);
+        return false;
+    }
+    snprintf(list + strlen(list), cap - strlen(list), "%s%s%s", list[0] ? "," : "", dot ? "." : "",
+             len == 1 && item[0] == '*' ? "*" : name);
+    return true;
+}
+
+/* self->host_names: localhost, the listen address's host when it is a name, allowed_hosts. */
+static td_err_t init_host_names(td_http_t *self, const char *listen, const char *allowed)
+{
+    size_t cap = 16 + strlen(listen) + 2 * (allowed ? strlen(allowed) : 0) + 16;
+    self->host_names = calloc(1, cap);
+    if (!self->host_names)
+        return TD_ERR_NOMEM;
+    char host[256], port[16], name[256];
+    bool literal = true;
+    strcpy(self->host_names, "localhost");
+    if (tally_hostport_split(listen, host, sizeof host, port, sizeof port) &&
+        host_name(host, name, sizeof name, &literal) && !literal)
+        snprintf(self->host_names + strlen(self->host_names), cap - strlen(self->host_names), ",%s",
+                 name);
+    for (const char *at = allowed; at && *at;) {
+        size_t len = strcspn(at, ",");
+        if (len > 0 && !add_host_item(self->host_names, cap, at, len))
+            return TD_ERR_CONFIG;
+        at += len + (at[len] == ',');
+    }
+    return TD_OK;
+}
+
+/* Whether the request's Host names this server; otherwise its value, made printable, in shown. */
+static bool host_allowed(const td_http_t *self, struct MHD_Connection *conn, char *shown,
+                         size_t cap)
+{
+    const char *host = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+    char name[256];
+    bool literal = false;
+    if (!host || !host[0] ||
+        (host_name(host, name, sizeof name, &literal) &&
+         (literal || host_listed(self->host_names, name))))
+        return true;
+    size_t n = 0;
+    for (; host[n] && n + 1 < cap && n < 64; n++)
+        shown[n] = host[n] > ' ' && host[n] < 127 ? host[n] : '?';
+    shown[n] = '\0';
+    return false;
+}
+
+/* 421 for a Host that does not name this server: JSON for the API, text for the rest. */
+static enum MHD_Result misdirected(struct MHD_Connection *conn, const char *url, const char *host)
+{
+    char message[512];
+    snprintf(message, sizeof message,
+             "tallyd answers to its IP addresses, localhost, the name it listens on and [metrics] "
+             "allowed_hosts (--metrics-allowed-hosts), not to '%s' (the request's Host): add the "
+             "name to allowed_hosts to reach tallyd by it",
+             host);
+    if (td_web_is_api(url))
+        return td_web_send_error(conn, MHD_HTTP_MISDIRECTED_REQUEST, "misdirected", message);
+    strcat(message, "\n");
+    return send_text(conn, MHD_HTTP_MISDIRECTED_REQUEST, message);
+}
+
 static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char *url,
                               const char *method, const char *version, const char *upload,
                               size_t *upload_size, void **con_cls)
@@ -320,11 +466,14 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
         *upload_size = 0;
         return MHD_YES;
     }
+    bool healthz = strcmp(url, "/healthz") == 0;
+    char host[80];
+    if (!healthz && !host_allowed(self, conn, host, sizeof host))
+        return misdirected(conn, url, host);
     if (td_web_serves(url))
         return td_web_handle(self->web, conn, url, method, con_cls, authorized(self, conn));
     bool get = strcmp(method, MHD_HTTP_METHOD_GET) == 0;
     bool head = strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
-    bool healthz = strcmp(url, "/healthz") == 0;
     if (!healthz && strcmp(url, "/metrics") != 0)
         return send_text(conn, MHD_HTTP_NOT_FOUND,
                          "not found: tallyd serves /metrics, /healthz, the web page at / and "
@@ -465,15 +614,22 @@ static td_err_t start_mhd(td_http_t *self, const char *listen, const struct sock
     /* MHD's idle timeout is only a backstop: the guard's deadline comes first. */
     unsigned idle_s = deadline_ms / 1000 + 1;
     td_http_guard_t *g = self->guard;
+    /* The address is ss; the port argument is only what libmicrohttpd's own messages name. */
+    uint16_t port = ntohs(ss->ss_family == AF_INET6 ? ((const struct sockaddr_in6 *)ss)->sin6_port
+                                                    : ((const struct sockaddr_in *)ss)->sin_port);
     self->mhd = MHD_start_daemon(
-        flags, 0, td_http_guard_accept, g, handle, self, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, self,
-        MHD_OPTION_SOCK_ADDR, (const struct sockaddr *)ss, MHD_OPTION_CONNECTION_LIMIT,
+        flags, port, td_http_guard_accept, g, handle, self, MHD_OPTION_EXTERNAL_LOGGER, log_mhd,
+        self, MHD_OPTION_SOCK_ADDR, (const struct sockaddr *)ss, MHD_OPTION_CONNECTION_LIMIT,
         td_http_guard_mhd_limit(g), MHD_OPTION_PER_IP_CONNECTION_LIMIT,
         td_http_guard_mhd_per_ip_limit(g), MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
         MHD_OPTION_NOTIFY_CONNECTION, td_http_guard_notify, g, MHD_OPTION_NOTIFY_COMPLETED,
         completed, self, MHD_OPTION_UNESCAPE_CALLBACK, keep_escapes, NULL, MHD_OPTION_END);
     if (!self->mhd) {
-        td_err("metrics: cannot listen on %s: %s", listen, strerror(errno));
+        int err = errno;
+        td_err("metrics: cannot listen on %s: %s%s", listen, strerror(err),
+               err == EADDRINUSE ? "; another process holds the port (ss -ltnp shows which): "
+                                   "stop it or choose another [metrics] listen"
+                                 : "");
         return TD_ERR_BIND;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(self->mhd, MHD_DAEMON_INFO_BIND_PORT);
@@ -489,6 +645,7 @@ static td_err_t start_serving(td_http_t *self, const td_service_host_t *host,
     td_http_limits_t limits = {
         .max_connections = cfg->metrics_max_connections,
         .max_per_address = cfg->metrics_max_connections_per_address,
+        .max_streaming = cfg->metrics_max_sse_clients,
         .deadline_ms = cfg->metrics_request_timeout_ms,
     };
     td_err_t err = td_http_guard_new(&limits, &self->guard);
@@ -521,6 +678,8 @@ td_err_t td_http_new(const td_service_host_t *host, td_http_render_fn render,
     bool synced = false;
     const char *auth_file = cfg->metrics_auth_file;
     td_err_t err = auth_file ? read_auth_file(self, auth_file) : TD_OK;
+    if (err == TD_OK)
+        err = init_host_names(self, listen, cfg->metrics_allowed_hosts);
     if (err == TD_OK)
         err = init_sync(self);
     if (err != TD_OK)
@@ -567,6 +726,7 @@ fail:
     explicit_bzero(self->password, sizeof self->password);
     if (synced)
         destroy_sync(self);
+    free(self->host_names);
     free(self);
     return err;
 }
@@ -581,6 +741,7 @@ static void free_after_close(uv_handle_t *handle)
     td_http_t *self = handle->data;
     destroy_sync(self);
     free(self->text);
+    free(self->host_names);
     free(self);
 }
 

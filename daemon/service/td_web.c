@@ -143,10 +143,21 @@ static enum MHD_Result send_asset(struct MHD_Connection *conn, const td_web_asse
     return rc;
 }
 
+bool td_web_is_api(const char *url)
+{
+    return strcmp(url, API_PREFIX) == 0 ||
+           strncmp(url, API_PREFIX "/", strlen(API_PREFIX "/")) == 0;
+}
+
 bool td_web_serves(const char *url)
 {
-    return find_asset(url) || strcmp(url, API_PREFIX) == 0 ||
-           strncmp(url, API_PREFIX "/", strlen(API_PREFIX "/")) == 0;
+    return find_asset(url) || td_web_is_api(url);
+}
+
+enum MHD_Result td_web_send_error(struct MHD_Connection *conn, unsigned status, const char *code,
+                                  const char *message)
+{
+    return send_error(conn, status, code, "%s", message);
 }
 
 /* ---- Paths and parameters ---------------------------------------------------------------- */

@@ -40,6 +40,11 @@ td_err_t td_web_new(const td_service_host_t *host, td_http_guard_t *guard, td_we
 td_err_t td_web_open(td_web_t *self);
 /* Whether url is the page's or the API's (anything else is td_http's to answer 404). */
 bool td_web_serves(const char *url);
+/* Whether url is the API's (its errors are JSON). */
+bool td_web_is_api(const char *url);
+/* An API error, {"error": code, "message": message}, with status. */
+enum MHD_Result td_web_send_error(struct MHD_Connection *conn, unsigned status, const char *code,
+                                  const char *message);
 /* libmicrohttpd's thread: the access handler's calls for such a url once its headers and body
  * are in. basic_ok: the request passed td_http's basic auth (or none is configured). */
 enum MHD_Result td_web_handle(td_web_t *self, struct MHD_Connection *conn, const char *url,
