@@ -29,7 +29,9 @@
  * Chosen on an NVIDIA H200 (no H100 could be lent), 1 GiB inputs, ratios to the D2D copy or
  * read-only ceiling of the same run; every version's figures are in bench/NOTES.md. Each constant
  * can be overridden with -D for a sweep (scripts/gpu-check.sh GPU_CHECK_VARIANTS), so a sweep
- * measures exactly the code that ships.
+ * measures exactly the code that ships. What differs between architectures and bandwidth classes
+ * (grids, the colour layout, the scan's shape) is a runtime tuning row instead
+ * (tk_cuda_tuning.cu), swept in one build by `kernel_bench --sweep`.
  *
  * Threads per block of the filter and scan tiles: 256. 512 was measured no better for the filter
  * (0.52-0.62 vs 0.49-0.62 stable, 4 vectors) and worse for the int64 scan (0.737 vs 0.812, final

@@ -24,18 +24,31 @@
 #include "tk_cuda_internal.cuh"
 
 /* Figures: bench/kernel_bench, 1 GiB device-resident inputs, ratio to the read-only pass (hist,
- * minmax) or the device-to-device copy (scan) of the same run; the runs are in bench/runs/. */
+ * minmax) or the device-to-device copy (scan) of the same run; the runs are in bench/runs/. The
+ * fields: name, sm_major, min_peak_gbps, hist_blocks_per_sm, rgb_layout, rgb_blocks_per_sm,
+ * rgb_flush_steps, scan_shape (int64 out), scan_shape_i32, scan_prefetch_tiles,
+ * minmax_blocks_per_sm, minmax_unroll. */
 static const tk_cuda_tuning_t rows[] = {
-    /* NVIDIA H200 (HBM3e, 4.8 TB/s peak). Measured 2026-12-02 (kernels-h200-2026-12-02.txt,
-     * the sweep in bench/NOTES.md "issue 34"): set from the first run's sweep. */
-    {"sm90-hbm3e", 9, 4000, 4, TK_RGB_PACKED, 3, 0, TK_SCAN_V8_LEAN, TK_SCAN_V8_LEAN, 0, 4, 4},
+    /* NVIDIA H200 (HBM3e, 4.8 TB/s peak), chosen by the sweep of 2026-12-02 03:31 UTC
+     * (bench/runs/kernels-h200-2026-12-02.txt, "sweep" lines; ceilings copy 4184, read 4509,
+     * widening copy 3756 GB/s):
+     *   hist u8/i32/u16: 4 blocks/SM (3: the same within 0.005; 2: 0.95);
+     *   colour: packed, 3 blocks/SM: rgb8 0.972-0.974, rgba8 0.963-0.972 (2 blocks 0.944-0.961;
+     *     16 copies 0.64 / 0.71, 32 copies 0.65 / 0.78, rgba8 all-equal 16 copies 0.97);
+     *   scan int64 out: V16 lean, no prefetch, 0.898 x copy = 1.00 x the widening copy (V8
+     *     0.805, V8 lean 0.865, + prefetch 132 tiles 0.880, V12 lean 0.828); int32 out: V12
+     *     lean 0.894 (V8 0.863, V8 lean 0.874, + prefetch 132 0.889, V16 lean 0.837); a prefetch
+     *     of 264 tiles or more costs 0.05-0.2 everywhere (L2 thrash), so none;
+     *   minmax: 8 blocks/SM x 4 loads 0.965-0.982 (4 x 4 0.961-0.979; 1 load 0.46-0.95). */
+    {"sm90-hbm3e", 9, 4000, 4, TK_RGB_PACKED, 3, 0, TK_SCAN_V16_LEAN, TK_SCAN_V12_LEAN, 0, 8, 4},
     /* NVIDIA H100 SXM (HBM3, 3.35 TB/s) and any other Hopper part: the constants measured on the
      * H100 on 2026-11-26 (kernels-h100-2026-11-26.txt): hist u8 0.98-0.995, i32 0.99, rgb8
-     * 0.92-0.94 and rgba8 0.97-0.98 with 16 copies, scan 0.913 / 0.937 x copy. The H200's choices
-     * are not yet measured on an H100 (none could be lent on 2026-12-02): a later run decides. */
-    {"sm90-hbm3", 9, 0, 4, TK_RGB_COPIES16, 4, 0, TK_SCAN_V8, TK_SCAN_V8, 0, 4, 1},
+     * 0.92-0.94 and rgba8 0.97-0.98 with 16 copies, scan 0.913 / 0.937 x copy. Not yet measured
+     * on an H100 (none could be lent on 2026-12-02; a later run decides): the H200's packed
+     * colour layout and lean scan shapes, and minmax (4 x 4 here, the histogram's grid). */
+    {"sm90-hbm3", 9, 0, 4, TK_RGB_COPIES16, 4, 0, TK_SCAN_V8, TK_SCAN_V8, 0, 4, 4},
     /* Any other device: the H100's row until one is measured. */
-    {"default", 0, 0, 4, TK_RGB_COPIES16, 4, 0, TK_SCAN_V8, TK_SCAN_V8, 0, 4, 1},
+    {"default", 0, 0, 4, TK_RGB_COPIES16, 4, 0, TK_SCAN_V8, TK_SCAN_V8, 0, 4, 4},
 };
 #define TK_TUNING_ROWS (sizeof rows / sizeof rows[0])
 
