@@ -12,8 +12,20 @@
  * int32 in [0, 10^6) and the predicate is `lt t`, with t chosen for 0/5/50/95/100 % kept at
  * random positions; kept counts are checked against CUB's.
  *
- * Usage: kernel_bench [--reps N] [--label TEXT]. Prints a table (op, GB/s, ratio to its ceiling,
- * CUB's GB/s and ratio beside it) and exits non-zero if a CUDA call or a count check fails.
+ * A third ceiling, for the int64 scan: a widening copy (int32 in, int64 out, 12 bytes an element,
+ * the scan's traffic without its arithmetic), because reads and writes in a 1:2 mix need not run
+ * at the 1:1 copy's rate.
+ *
+ * The kernels run with the tuning row tallyd would select on this device (tk_cuda.h, "tuning";
+ * its name is printed), or the row named by --tuning NAME. --sweep also times candidate rows (the
+ * selected row with one field changed at a time: scan shapes and prefetch distances, colour
+ * layouts and blocks per SM, histogram and minmax grids) on the same inputs, checking the
+ * histograms' and minmax's results, so one device call measures every candidate; its lines
+ * start with "sweep".
+ *
+ * Usage: kernel_bench [--reps N] [--label TEXT] [--tuning NAME] [--sweep] | --list-tunings.
+ * Prints a table (op, GB/s, ratio to its ceiling, CUB's GB/s and ratio beside it) and exits
+ * non-zero if a CUDA call or a count check fails.
  */
 #include <algorithm>
 #include <cstdio>
@@ -101,6 +113,28 @@ __global__ void __launch_bounds__(256) read_only(const uint4 *p, size_t nv, unsi
         *sink = acc;
 }
 
+/* The widening copy (the int64 scan's ceiling): int32 in, int64 out, each warp store covering
+ * 512 contiguous bytes as the scan's do (lane pairs exchange halves with shuffles). */
+__global__ void __launch_bounds__(256) widen(const int4 *in, longlong2 *out, size_t nv)
+{
+    const int lane = threadIdx.x & 31;
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    /* Whole warps only: nv is a multiple of 32 here (1 GiB). */
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nv; i += stride) {
+        int4 x = __ldg(in + i);
+        longlong2 *q = out + (i - lane) * 2;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int src = 16 * h + (lane >> 1);
+            long long a0 = __shfl_sync(0xffffffffu, x.x, src),
+                      a1 = __shfl_sync(0xffffffffu, x.y, src);
+            long long a2 = __shfl_sync(0xffffffffu, x.z, src),
+                      a3 = __shfl_sync(0xffffffffu, x.w, src);
+            q[32 * h + lane] = (lane & 1) ? make_longlong2(a2, a3) : make_longlong2(a0, a1);
+        }
+    }
+}
+
 struct LessThan {
     int t;
     __host__ __device__ bool operator()(const int &x) const
@@ -170,7 +204,7 @@ struct Bench {
     int *d_cub_count;
     unsigned *d_sink;
     int sms;
-    double copy, readc; /* GB/s */
+    double copy, readc, widenc; /* GB/s */
 };
 
 static void bench_open(Bench &b)
@@ -223,8 +257,13 @@ static void bench_ceilings(Bench &b)
                        read_only<<<b.sms * 8, 256, 0, stream>>>((const uint4 *)b.d_i32, BYTES / 16,
                                                                 b.d_sink);
                    }));
+    b.widenc = gbps(12.0 * N32, time_ms([&] {
+                        widen<<<b.sms * 8, 256, 0, stream>>>((const int4 *)b.d_i32,
+                                                             (longlong2 *)b.d_out, N32 / 4);
+                    }));
     row("d2d copy (ceiling: filter, scan)", b.copy, b.copy, "copy", 0, 0);
-    row("read-only (ceiling: hist)", b.readc, b.readc, "read", 0, 0);
+    row("read-only (ceiling: hist, minmax)", b.readc, b.readc, "read", 0, 0);
+    row("widen i32 -> i64 (ceiling: scan i64)", b.widenc, b.copy, "copy", 0, 0);
 }
 
 /* Filter, int32, lt t: unordered and stable, with CUB's stable DeviceSelect::If beside. False
@@ -282,6 +321,7 @@ static void bench_scan(Bench &b)
         TK(tk_cuda_scan(b.d_i32, N32, 0, 1, b.d_out, carry, carry, b.d_scratch, sb, stream));
     });
     row("scan i32 -> i64 (inclusive)", gbps(12.0 * N32, ms64), b.copy, "copy", cub, 0.90);
+    row("scan i32 -> i64 (inclusive) vs widen", gbps(12.0 * N32, ms64), b.widenc, "widen", 0, 0.90);
     row("scan i32 -> i32 (inclusive)", gbps(8.0 * N32, ms32), b.copy, "copy", cub, 0.90);
 }
 
@@ -365,9 +405,8 @@ static void bench_hist_u16(Bench &b)
     }
 }
 
-/* Issue 12: colour (RGB, RGBA on uniform and all-equal bytes, with 32 and 16 sub-histogram
- * copies per block; TK_HIST_RGB_COPIES picks one), each checked: every channel counts every
- * value. */
+/* Issue 12: colour (RGB, RGBA on uniform and all-equal bytes), each checked: every channel
+ * counts every value. */
 static void bench_hist_rgb(Bench &b)
 {
     tk_hist_t *dh = (tk_hist_t *)&b.d_small[2];
@@ -375,19 +414,212 @@ static void bench_hist_rgb(Bench &b)
         gen_u8<<<4096, 256, 0, stream>>>((unsigned *)b.d_u8, BYTES / 4, k);
         CK(cudaGetLastError());
         for (unsigned channels = 3; channels <= 4; channels++) {
-            for (unsigned copies = 32; copies >= 16; copies /= 2) {
-                size_t pixels = BYTES / channels;
-                char name[96];
-                snprintf(name, sizeof name, "hist %s %s, %u copies%s",
-                         channels == 3 ? "rgb8" : "rgba8", kinds[k], copies,
-                         copies == tk_cuda_hist_rgb_default_copies() ? " (default)" : "");
-                zero_hist(dh);
-                TK(tk_cuda_hist_rgb_copies(b.d_u8, pixels, channels, copies, dh, stream));
-                check_channel_sums(dh, pixels, channels, false, name);
+            size_t pixels = BYTES / channels;
+            char name[96];
+            snprintf(name, sizeof name, "hist %s %s", channels == 3 ? "rgb8" : "rgba8", kinds[k]);
+            zero_hist(dh);
+            TK(tk_cuda_hist_rgb(b.d_u8, pixels, channels, dh, nullptr, 0, stream));
+            check_channel_sums(dh, pixels, channels, false, name);
+            double ms = time_ms(
+                [&] { TK(tk_cuda_hist_rgb(b.d_u8, pixels, channels, dh, nullptr, 0, stream)); });
+            row(name, gbps((double)pixels * channels, ms), b.readc, "read", 0, 0.90);
+        }
+    }
+}
+
+/* minmax of int32, uint8 and uint16 (1 GiB, uniform), checked against the generator's range:
+ * GB/s and the pair. */
+static double minmax_once(Bench &b, uint8_t dtype, size_t n, int64_t *lo, int64_t *hi)
+{
+    int64_t *pair = (int64_t *)&b.d_small[0];
+    double ms = time_ms([&] {
+        TK(tk_cuda_minmax_reset(pair, stream));
+        TK(tk_cuda_minmax(dtype, b.d_out, n, pair, stream));
+    });
+    int64_t h[2];
+    CK(cudaStreamSynchronize(stream));
+    CK(cudaMemcpy(h, pair, sizeof h, cudaMemcpyDeviceToHost));
+    *lo = h[0];
+    *hi = h[1];
+    return gbps(BYTES, ms);
+}
+
+static const struct {
+    const char *name;
+    uint8_t dtype;
+    size_t esize;
+} minmax_types[] = {{"minmax i32 uniform", TALLY_DTYPE_I32, 4},
+                    {"minmax u8 uniform", TALLY_DTYPE_U8, 1},
+                    {"minmax u16 uniform", TALLY_DTYPE_U16, 2}};
+
+/* Fills d_out with uniform 32-bit words whose extremes are known: every byte value, every
+ * 16-bit value and INT32_MIN / INT32_MAX appear. */
+static void minmax_input(Bench &b)
+{
+    gen_u8<<<4096, 256, 0, stream>>>((unsigned *)b.d_out, BYTES / 4, 0);
+    CK(cudaGetLastError());
+    const unsigned ends[] = {0x80000000u, 0x7fffffffu, 0x0000ffffu, 0xff000000u};
+    CK(cudaMemcpyAsync((char *)b.d_out + BYTES / 2, ends, sizeof ends, cudaMemcpyHostToDevice,
+                       stream));
+    CK(cudaStreamSynchronize(stream));
+}
+
+static bool minmax_ok(uint8_t dtype, int64_t lo, int64_t hi)
+{
+    return dtype == TALLY_DTYPE_I32 ? lo == INT32_MIN && hi == INT32_MAX
+                                    : lo == 0 && hi == (dtype == TALLY_DTYPE_U8 ? 255 : 65535);
+}
+
+static void bench_minmax(Bench &b)
+{
+    minmax_input(b);
+    for (const auto &m : minmax_types) {
+        int64_t lo, hi;
+        double g = minmax_once(b, m.dtype, BYTES / m.esize, &lo, &hi);
+        if (!minmax_ok(m.dtype, lo, hi)) {
+            fprintf(stderr, "%s: %lld..%lld\n", m.name, (long long)lo, (long long)hi);
+            exit(1);
+        }
+        row(m.name, g, b.readc, "read", 0, 0.90);
+    }
+}
+
+/* ---- --sweep: candidate tuning rows -------------------------------------------------------- */
+
+/* One sweep line: what, the candidate, GB/s and the ratio to the ceiling. */
+static void sweep_line(const char *what, const char *cand, double gb, double ceiling,
+                       const char *cname)
+{
+    printf("sweep | %-34s | %-26s | %6.0f GB/s | %.3f x %s\n", what, cand, gb, gb / ceiling, cname);
+    fflush(stdout);
+}
+
+static const char *const shape_names[] = {"V8", "V8 lean", "V12 lean", "V16 lean"};
+
+static void sweep_scan(Bench &b, const tk_cuda_tuning_t &base)
+{
+    size_t sb = tk_cuda_scan_scratch_bytes(N32);
+    int64_t *carry = (int64_t *)&b.d_small[1];
+    const unsigned prefetch[] = {0, 132, 264, 528, 1056};
+    for (unsigned shape = TK_SCAN_V8; shape <= TK_SCAN_V16_LEAN; shape++) {
+        for (unsigned p : prefetch) {
+            if (shape == TK_SCAN_V8 && p) /* the legacy shape does not prefetch */
+                continue;
+            tk_cuda_tuning_t t = base;
+            t.scan_shape = t.scan_shape_i32 = shape;
+            t.scan_prefetch_tiles = p;
+            TK(tk_cuda_tuning_use(&t));
+            char cand[64];
+            snprintf(cand, sizeof cand, "%s, prefetch %u", shape_names[shape], p);
+            for (int out32 = 0; out32 < 2; out32++) {
                 double ms = time_ms([&] {
-                    TK(tk_cuda_hist_rgb_copies(b.d_u8, pixels, channels, copies, dh, stream));
+                    TK(tk_cuda_scan(b.d_i32, N32, 0, out32, b.d_out, carry, carry, b.d_scratch, sb,
+                                    stream));
                 });
-                row(name, gbps((double)pixels * channels, ms), b.readc, "read", 0, 0.90);
+                sweep_line(out32 ? "scan i32 -> i32" : "scan i32 -> i64", cand,
+                           gbps((out32 ? 8.0 : 12.0) * N32, ms), b.copy, "copy");
+            }
+        }
+    }
+}
+
+static void sweep_hist(Bench &b, const tk_cuda_tuning_t &base)
+{
+    tk_hist_t *dh = (tk_hist_t *)&b.d_small[2];
+    const size_t n16 = BYTES / 2;
+    const int64_t his[] = {4096, 4096, 65536};
+    for (int kind = 0; kind < 3; kind++) {
+        gen_u16<<<4096, 256, 0, stream>>>((unsigned *)b.d_out, BYTES / 4, kind);
+        CK(cudaGetLastError());
+        for (unsigned per_sm = 2; per_sm <= 4; per_sm++) {
+            tk_cuda_tuning_t t = base;
+            t.hist_blocks_per_sm = per_sm;
+            TK(tk_cuda_tuning_use(&t));
+            const uint16_t *in = (const uint16_t *)b.d_out;
+            zero_hist(dh);
+            TK(tk_cuda_hist_u16(in, n16, 0, his[kind], dh, nullptr, 0, stream));
+            check_channel_sums(dh, n16, 1, true, "sweep u16");
+            double ms = time_ms(
+                [&] { TK(tk_cuda_hist_u16(in, n16, 0, his[kind], dh, nullptr, 0, stream)); });
+            char what[64], cand[64];
+            snprintf(what, sizeof what, "hist u16 [0, %lld) %s", (long long)his[kind],
+                     kind == 1 ? "all-equal" : "uniform");
+            snprintf(cand, sizeof cand, "%u blocks/SM", per_sm);
+            sweep_line(what, cand, gbps(BYTES, ms), b.readc, "read");
+        }
+    }
+    for (int k = 0; k < 3; k++) {
+        gen_u8<<<4096, 256, 0, stream>>>((unsigned *)b.d_u8, BYTES / 4, k);
+        CK(cudaGetLastError());
+        for (unsigned per_sm = 2; per_sm <= 4; per_sm++) {
+            tk_cuda_tuning_t t = base;
+            t.hist_blocks_per_sm = per_sm;
+            TK(tk_cuda_tuning_use(&t));
+            double ms =
+                time_ms([&] { TK(tk_cuda_hist_u8(b.d_u8, BYTES, dh, nullptr, 0, stream)); });
+            char what[64], cand[64];
+            snprintf(what, sizeof what, "hist u8 %s", kinds[k]);
+            snprintf(cand, sizeof cand, "%u blocks/SM", per_sm);
+            sweep_line(what, cand, gbps(BYTES, ms), b.readc, "read");
+        }
+    }
+}
+
+static void sweep_rgb(Bench &b, const tk_cuda_tuning_t &base)
+{
+    tk_hist_t *dh = (tk_hist_t *)&b.d_small[2];
+    const struct {
+        unsigned layout, per_sm;
+        const char *name;
+    } cands[] = {{TK_RGB_PACKED, 3, "packed, 3 blocks/SM"},
+                 {TK_RGB_PACKED, 2, "packed, 2 blocks/SM"},
+                 {TK_RGB_COPIES16, 4, "16 copies"},
+                 {TK_RGB_COPIES32, 4, "32 copies"}};
+    for (int k = 0; k < 2; k++) {
+        gen_u8<<<4096, 256, 0, stream>>>((unsigned *)b.d_u8, BYTES / 4, k);
+        CK(cudaGetLastError());
+        for (unsigned channels = 3; channels <= 4; channels++) {
+            for (const auto &c : cands) {
+                tk_cuda_tuning_t t = base;
+                t.rgb_layout = c.layout;
+                t.rgb_blocks_per_sm = c.per_sm;
+                TK(tk_cuda_tuning_use(&t));
+                size_t pixels = BYTES / channels;
+                char what[64];
+                snprintf(what, sizeof what, "hist %s %s", channels == 3 ? "rgb8" : "rgba8",
+                         kinds[k]);
+                zero_hist(dh);
+                TK(tk_cuda_hist_rgb(b.d_u8, pixels, channels, dh, nullptr, 0, stream));
+                check_channel_sums(dh, pixels, channels, false, what);
+                double ms = time_ms([&] {
+                    TK(tk_cuda_hist_rgb(b.d_u8, pixels, channels, dh, nullptr, 0, stream));
+                });
+                sweep_line(what, c.name, gbps((double)pixels * channels, ms), b.readc, "read");
+            }
+        }
+    }
+}
+
+static void sweep_minmax(Bench &b, const tk_cuda_tuning_t &base)
+{
+    minmax_input(b);
+    const unsigned blocks[] = {2, 4, 8};
+    for (const auto &m : minmax_types) {
+        for (unsigned unroll = 1; unroll <= 4; unroll += 3) {
+            for (unsigned per_sm : blocks) {
+                tk_cuda_tuning_t t = base;
+                t.minmax_blocks_per_sm = per_sm;
+                t.minmax_unroll = unroll;
+                TK(tk_cuda_tuning_use(&t));
+                int64_t lo, hi;
+                double g = minmax_once(b, m.dtype, BYTES / m.esize, &lo, &hi);
+                if (!minmax_ok(m.dtype, lo, hi)) {
+                    fprintf(stderr, "sweep %s: %lld..%lld\n", m.name, (long long)lo, (long long)hi);
+                    exit(1);
+                }
+                char cand[64];
+                snprintf(cand, sizeof cand, "%u blocks/SM, %u loads", per_sm, unroll);
+                sweep_line(m.name, cand, g, b.readc, "read");
             }
         }
     }
@@ -417,13 +649,24 @@ static void print_table(void)
 int main(int argc, char **argv)
 {
     std::string label = "";
+    const char *tuning = nullptr;
+    bool sweep = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             reps = std::max(10, atoi(argv[++i]));
         else if (!strcmp(argv[i], "--label") && i + 1 < argc)
             label = argv[++i];
-        else {
-            fprintf(stderr, "usage: kernel_bench [--reps N] [--label TEXT]\n");
+        else if (!strcmp(argv[i], "--tuning") && i + 1 < argc)
+            tuning = argv[++i];
+        else if (!strcmp(argv[i], "--sweep"))
+            sweep = true;
+        else if (!strcmp(argv[i], "--list-tunings")) {
+            for (unsigned r = 0; r < tk_cuda_tuning_rows(); r++)
+                printf("%s\n", tk_cuda_tuning_row(r)->name);
+            return 0;
+        } else {
+            fprintf(stderr, "usage: kernel_bench [--reps N] [--label TEXT] [--tuning NAME] "
+                            "[--sweep] | --list-tunings\n");
             return 2;
         }
     }
@@ -431,19 +674,36 @@ int main(int argc, char **argv)
     cudaDeviceProp prop;
     CK(cudaGetDevice(&dev));
     CK(cudaGetDeviceProperties(&prop, dev));
-    printf("kernel_bench %s: %s, %d SMs, 1 GiB inputs, median of %d runs\n", label.c_str(),
-           prop.name, prop.multiProcessorCount, reps);
+    const tk_cuda_tuning_t *row = nullptr;
+    if (tuning && !(row = tk_cuda_tuning_find(tuning))) {
+        fprintf(stderr, "kernel_bench: no tuning row %s\n", tuning);
+        return 2;
+    }
+    if (!row)
+        TK(tk_cuda_tuning_select(dev, &row));
+    TK(tk_cuda_tuning_use(row));
+    printf("kernel_bench %s: %s, %d SMs, 1 GiB inputs, median of %d runs, tuning row %s%s\n",
+           label.c_str(), prop.name, prop.multiProcessorCount, reps, row->name,
+           tuning ? " (--tuning)" : " (selected)");
     CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     Bench b = {};
     b.sms = prop.multiProcessorCount;
     bench_open(b);
     bench_ceilings(b);
+    if (sweep) {
+        sweep_scan(b, *row);
+        sweep_hist(b, *row);
+        sweep_rgb(b, *row);
+        sweep_minmax(b, *row);
+        TK(tk_cuda_tuning_use(row));
+    }
     if (!bench_filter(b))
         return 1;
     bench_scan(b);
     bench_hist(b);
     bench_hist_u16(b);
     bench_hist_rgb(b);
+    bench_minmax(b);
     print_table();
     bench_close(b);
     cudaStreamDestroy(stream);

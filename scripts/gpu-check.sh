@@ -9,6 +9,8 @@
 #     bash scripts/gpu-check.sh                          # STEPS="ctest diff", about 4 minutes
 #     STEPS="ctest diff kernels path" bash scripts/gpu-check.sh
 #     STEPS="variants" VARIANTS="scan8:-DTK_SCAN_VECS=8" bash scripts/gpu-check.sh
+#     BUILD_TARGETS="kernel_bench test_cuda_backend" STEPS="sweep kernel-test" bash ...  # fewer
+#                 targets built: only what the steps run
 #
 # Steps:
 #   ctest       every CTest test with the GPU present (the *_gpu twins run for real);
@@ -16,8 +18,13 @@
 #               left to `diff` unless CTEST_EXCLUDE is set
 #   suites      the integration suites again with tallyd --backend cuda (TALLY_TEST_BACKEND)
 #   diff        the CPU-vs-GPU differential test (fixed and random seed, DIFF_SCALE, default 4;
-#               rerun a seed with TALLY_TEST_SEED=N) and the snapshot tests
-#   kernel-test the long kernel test (test_cuda_backend, every size up to 2^28)
+#               rerun a seed with TALLY_TEST_SEED=N) and the snapshot tests, with the kernels'
+#               tuning row this GPU selects; then once more per row of the tuning table
+#               (kernels/cuda/tk_cuda_tuning.cu; DIFF_TUNINGS="name ..." to choose), forced with
+#               the test switch TALLY_CUDA_TUNING, at DIFF_TUNING_SCALE (default 1)
+#   kernel-test the long kernel test (test_cuda_backend, every size up to 2^28), every scan,
+#               histogram and minmax result under every tuning row and the variants that reach
+#               the kernels no row uses (the test's own loop)
 #   memcheck, racecheck
 #               the kernel test (quick) under compute-sanitizer
 #   daemon-memcheck
@@ -70,7 +77,11 @@
 #               simulated rule itself is CTest's test_shm_peer. One GPU: "skipped"
 #   region-tune the region step's bench rows under other tallyd options and in-flight counts
 #               (REGION_TUNE="name|options|in flight;...": gpu streams, spinning, 16 in flight)
-#   kernels     bench/kernel_bench (kernels against copy bandwidth and CUB)
+#   kernels     bench/kernel_bench (kernels against copy bandwidth and CUB), with the tuning row
+#               this GPU selects (KERNEL_TUNING=name forces one)
+#   sweep       bench/kernel_bench --sweep: candidate tuning rows (scan shapes and prefetch
+#               distances, colour layouts, grids) on the same inputs, lines "sweep | ..." in
+#               $OUT/sweep.txt and the summary
 #   variants    kernel_bench and the quick kernel test of builds with other tuning constants:
 #               VARIANTS="name:-DFLAG=V,-DFLAG2=W ..."
 #   profile     where tallyd's threads spend their time under the ZeroMQ 8 x 8 hist load
@@ -116,7 +127,7 @@ build() {
   local t0=$SECONDS
   cmake -S . -B $B -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DTALLY_CUDA=ON -DTALLY_WERROR=ON -DTALLY_FUZZ=OFF >"$OUT/build.log" 2>&1 &&
-    cmake --build $B -j"$(nproc)" >>"$OUT/build.log" 2>&1
+    cmake --build $B -j"$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS} >>"$OUT/build.log" 2>&1
   local rc=$?
   note "build: rc=$rc ($((SECONDS - t0)) s)"
   [ $rc = 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
@@ -144,6 +155,14 @@ step_diff() {
     >"$OUT/test_differential-cuda.log" 2>&1
   grep -E "seed|every reply|snapshot:|PASSED|FAILED|ERROR|LINE" "$OUT/test_differential-cuda.log" |
     head -16 | tee -a "$S"
+  local row rows=${DIFF_TUNINGS:-$("$B/bench/kernel_bench" --list-tunings)}
+  for row in $rows; do
+    TALLY_CUDA_TUNING=$row TALLY_PIPELINE_ENGINE=cuda TALLY_DIFF_SCALE=${DIFF_TUNING_SCALE:-1} \
+      timed "test_differential (cuda, tuning $row, scale ${DIFF_TUNING_SCALE:-1})" 300 \
+      "$B/tests/test_differential" >"$OUT/test_differential-$row.log" 2>&1
+    grep -E "every reply|PASSED|FAILED|ERROR|LINE" "$OUT/test_differential-$row.log" | head -8 |
+      sed "s/^/  $row: /" | tee -a "$S"
+  done
 }
 
 step_kernel_test() {
@@ -218,8 +237,14 @@ step_region_tune() {
 }
 
 step_kernels() {
-  timed kernel_bench 200 "$B/bench/kernel_bench" --label gpu-check >"$OUT/kernel.txt" 2>&1
-  grep -E "^\|" "$OUT/kernel.txt" | tee -a "$S"
+  timed kernel_bench 200 "$B/bench/kernel_bench" --label gpu-check \
+    ${KERNEL_TUNING:+--tuning "$KERNEL_TUNING"} >"$OUT/kernel.txt" 2>&1
+  grep -E "^kernel_bench|^\|" "$OUT/kernel.txt" | tee -a "$S"
+}
+
+step_sweep() {
+  timed kernel_sweep 300 "$B/bench/kernel_bench" --label sweep --sweep >"$OUT/sweep.txt" 2>&1
+  grep -E "^kernel_bench|^sweep" "$OUT/sweep.txt" | tee -a "$S"
 }
 
 step_variants() {
@@ -469,7 +494,7 @@ date -u >>"$S"
 build
 for step in $STEPS; do
   case $step in
-  ctest | suites | diff | region | kernels | variants | profile | info | systemd | soak) "step_$step" ;;
+  ctest | suites | diff | region | kernels | sweep | variants | profile | info | systemd | soak) "step_$step" ;;
   soak-collect) step_soak_collect ;;
   asan-stop) step_asan_stop ;;
   kernel-test) step_kernel_test ;;

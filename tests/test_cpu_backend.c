@@ -22,6 +22,7 @@
 
 #include "reference.h"
 #include "tk_backend.h"
+#include "tk_u16_slot.h"
 
 /* ---- random inputs ------------------------------------------------------------------------ */
 
@@ -727,6 +728,41 @@ static void test_hist_u16(void **state)
     assert_int_equal(f->be->hist_u16(NULL, in, 1, 5, 5, &got), TALLY_E_PARAM);
 }
 
+/* The CUDA histogram's form of the uint16 bin (kernels/tk_u16_slot.h, issue 34) is
+ * tally_hist_bin_u16 plus one, 0 below the range and 257 above it, for every width R: checked on
+ * both sides of every bin edge and of both ends, which covers every value because the slot is
+ * monotone in the value. Ranges start at 0 for even R, elsewhere for odd R. */
+static void test_u16_slot(void **state)
+{
+    (void)state;
+    for (int64_t r = 1; r <= 65536; r++) {
+        int64_t lo = r % 2 ? (r * 7919) % (65537 - r) : 0, hi = lo + r;
+        uint64_t mul;
+        unsigned shift;
+        tally_hist_u16_recip(lo, hi, &mul, &shift);
+        tk_u16_slot_t p;
+        tk_u16_slot_init(lo, hi, &p);
+        for (unsigned b = 0; b <= TALLY_HIST_BINS; b++) {
+            int64_t edge = tally_hist_edge_at(lo, hi, b);
+            for (int64_t x = edge - 1; x <= edge; x++) {
+                if (x < 0 || x > 65535)
+                    continue;
+                int want = x < lo    ? 0
+                           : x >= hi ? 257
+                                     : 1 + (int)tally_hist_bin_u16((uint32_t)(x - lo), mul, shift);
+                int got = tk_u16_slot((unsigned)x, &p);
+                if (got != want)
+                    fail_msg("[%lld, %lld): x=%lld slot %d, want %d", (long long)lo, (long long)hi,
+                             (long long)x, got, want);
+            }
+        }
+        if (lo > 0)
+            assert_int_equal(tk_u16_slot(0, &p), 0);
+        if (hi <= 65535)
+            assert_int_equal(tk_u16_slot(65535, &p), 257);
+    }
+}
+
 /* RGB and RGBA: channel c of every pixel in its own 256 bins, odd pixel counts included. */
 static void test_hist_rgb(void **state)
 {
@@ -804,6 +840,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_hist_i32, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_hist_i32_random_ranges, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_hist_i32_chunked, fx_setup, fx_teardown),
+        cmocka_unit_test(test_u16_slot),
         cmocka_unit_test_setup_teardown(test_hist_u16, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_hist_rgb, fx_setup, fx_teardown),
     };

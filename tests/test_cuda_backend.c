@@ -6,11 +6,17 @@
  * (on a stream of our own, with poisoned outputs, carries and histograms that stay on the
  * device) and through the daemon's CUDA engine (td_gpu_engine.h: one lane, its pinned staging,
  * the launch and its completion; batches up to ENGINE_MAX_BYTES, as tallyd's lanes take at most
- * 64 MiB). Both results must equal the CPU backend's and a plain loop's (written here from the contract, independent of both
- * backends). Inputs are fresh random data each run; the seed is printed and TALLY_TEST_SEED
- * repeats a run. Sizes: 0, 1, 31, 32, 33, 4095, 4096, 2^20 + 7 and 2^28 (TALLY_TEST_QUICK=1
- * leaves out 2^28, for runs under compute-sanitizer). Unordered filter results are compared as
- * multisets (sorted, or by count and an order-independent hash at 2^28).
+ * 64 MiB). Both results must equal the CPU backend's and a plain loop's (written here from the
+ * contract, independent of both backends). Inputs are fresh random data each run; the seed is
+ * printed and TALLY_TEST_SEED repeats a run. Sizes: 0, 1, 31, 32, 33, 4095, 4096, 2^20 + 7 and 2^28
+ * (TALLY_TEST_QUICK=1 leaves out 2^28, for runs under compute-sanitizer). Unordered filter results
+ * are compared as multisets (sorted, or by count and an order-independent hash at 2^28).
+ *
+ * The scan, histogram and minmax kernels take their shapes from a tuning row (tk_cuda.h,
+ * "tuning"); through the async API every result is checked under every row of the table and
+ * under variants that reach the kernels no row uses (every scan shape and colour layout, other
+ * grids, prefetch distances and loads in flight), so each architecture's row is checked on
+ * whatever GPU runs the test. tests/test_cuda_tuning.c checks the table and the selection.
  *
  * Without a usable GPU the program says why and exits 77, which CTest reports as skipped.
  */
@@ -36,8 +42,8 @@
 #define MID_N (((size_t)1 << 20) + 7)
 
 static const size_t all_sizes[] = {0, 1, 31, 32, 33, 4095, 4096, MID_N, BIG_N};
-static size_t n_sizes;          /* all of them, or all but BIG_N in quick mode */
-static int quick;               /* TALLY_TEST_QUICK: also fewer thresholds per predicate */
+static size_t n_sizes;    /* all of them, or all but BIG_N in quick mode */
+static int quick;         /* TALLY_TEST_QUICK: also fewer thresholds per predicate */
 static tk_backend_t *cpu; /* the reference backend */
 static cudaStream_t stream;
 static uint64_t rng_state;
@@ -46,6 +52,40 @@ static uint64_t rng_state;
 static void *d_in, *d_out, *d_scratch;
 static size_t d_scratch_bytes;
 static uint64_t *d_small; /* [0] kept, [1] carry, [2..] a tk_hist_t */
+
+/* The tunings every async-API result is checked under: the table's rows, then variants of its
+ * first row. */
+#define MAX_TUNINGS 16
+static tk_cuda_tuning_t tunings[MAX_TUNINGS];
+static unsigned n_tunings;
+
+static void tunings_init(void)
+{
+    for (unsigned r = 0; r < tk_cuda_tuning_rows() && n_tunings < MAX_TUNINGS; r++)
+        tunings[n_tunings++] = *tk_cuda_tuning_row(r);
+    static const unsigned layouts[] = {TK_RGB_PACKED, TK_RGB_COPIES16, TK_RGB_COPIES32,
+                                       TK_RGB_PACKED};
+    for (unsigned s = TK_SCAN_V8; s <= TK_SCAN_V16_LEAN && n_tunings < MAX_TUNINGS; s++) {
+        tk_cuda_tuning_t t = *tk_cuda_tuning_row(0);
+        t.name = "variant";
+        t.scan_shape = s;
+        t.scan_shape_i32 = TK_SCAN_V16_LEAN - s;
+        t.scan_prefetch_tiles = 3 * s; /* near tiles, so that small batches prefetch too */
+        t.rgb_layout = layouts[s];
+        t.rgb_blocks_per_sm = 1 + s % 3;
+        t.rgb_flush_steps = s; /* 0: the longest; 1: after every step */
+        t.hist_blocks_per_sm = 1 + s;
+        t.minmax_unroll = s & 1 ? 4 : 1;
+        t.minmax_blocks_per_sm = 1 + 2 * s;
+        tunings[n_tunings++] = t;
+    }
+}
+
+/* Tuning r in use (r = n_tunings: back to the device's own row). */
+static void use_tuning(unsigned r)
+{
+    assert_int_equal(tk_cuda_tuning_use(r < n_tunings ? &tunings[r] : NULL), TALLY_OK);
+}
 
 #define CK(call)                                                                                   \
     do {                                                                                           \
@@ -396,21 +436,30 @@ static void check_scan(const int32_t *in, size_t n, int excl, int out32, int64_t
     assert_int_equal(cc, cw);
     expect_bytes(what, got, want, n, os);
 
-    /* Async API: carry in and out through the same device word (a stream's running total). */
+    /* Async API, under every tuning: carry in and out through the same device word (a
+     * stream's running total). */
     int32_t *din = (int32_t *)d_in + in_offset;
     CK(cudaMemcpyAsync(din, in, n * 4, cudaMemcpyHostToDevice, stream));
-    CK(cudaMemsetAsync(d_out, 0xA5, n * os, stream));
-    CK(cudaMemcpyAsync(&d_small[1], &carry, 8, cudaMemcpyHostToDevice, stream));
-    tally_status_t st = tk_cuda_scan(din, n, excl, out32, d_out, (int64_t *)&d_small[1],
-                                     (int64_t *)&d_small[1], d_scratch, d_scratch_bytes, stream);
-    if (st != TALLY_OK)
-        fail_msg("%s: tk_cuda_scan: %d (%s)", what, st, tk_cuda_error_string());
-    int64_t cg = 0;
-    CK(cudaMemcpyAsync(&cg, &d_small[1], 8, cudaMemcpyDeviceToHost, stream));
-    CK(cudaStreamSynchronize(stream));
-    assert_int_equal(cg, cw);
-    CK(cudaMemcpy(got, d_out, n * os, cudaMemcpyDeviceToHost));
-    expect_bytes(what, got, want, n, os);
+    for (unsigned r = 0; r < n_tunings; r++) {
+        char what_r[200];
+        snprintf(what_r, sizeof what_r, "%s, tuning %u (%s)", what, r, tunings[r].name);
+        use_tuning(r);
+        CK(cudaMemsetAsync(d_out, 0xA5, n * os, stream));
+        CK(cudaMemcpyAsync(&d_small[1], &carry, 8, cudaMemcpyHostToDevice, stream));
+        tally_status_t st =
+            tk_cuda_scan(din, n, excl, out32, d_out, (int64_t *)&d_small[1], (int64_t *)&d_small[1],
+                         d_scratch, d_scratch_bytes, stream);
+        if (st != TALLY_OK)
+            fail_msg("%s: tk_cuda_scan: %d (%s)", what_r, st, tk_cuda_error_string());
+        int64_t cg = 0;
+        CK(cudaMemcpyAsync(&cg, &d_small[1], 8, cudaMemcpyDeviceToHost, stream));
+        CK(cudaStreamSynchronize(stream));
+        if (cg != cw)
+            fail_msg("%s: carry %lld, want %lld", what_r, (long long)cg, (long long)cw);
+        CK(cudaMemcpy(got, d_out, n * os, cudaMemcpyDeviceToHost));
+        expect_bytes(what_r, got, want, n, os);
+    }
+    use_tuning(n_tunings);
 
     if (in_offset == 0 && engine_fits(n * 4)) { /* the carry uploaded, chained on the device */
         memcpy(staging[0].in, in, n * 4);
@@ -470,22 +519,29 @@ static void test_scan_chunks_unaligned(void **state)
     int64_t cw = (int64_t)tr_scan(in, n, false, false, (uint64_t)c0, want);
     size_t cut = 4096 + 77;
     CK(cudaMemcpyAsync(d_in, in, n * 4, cudaMemcpyHostToDevice, stream));
-    CK(cudaMemcpyAsync(&d_small[1], &c0, 8, cudaMemcpyHostToDevice, stream));
-    int64_t *carry = (int64_t *)&d_small[1];
-    int64_t *out = d_out;
-    assert_int_equal(
-        tk_cuda_scan(d_in, cut, 0, 0, out, carry, carry, d_scratch, d_scratch_bytes, stream),
-        TALLY_OK);
-    /* The second chunk starts 77 elements past a 16-byte boundary: the scalar path. */
-    assert_int_equal(tk_cuda_scan((int32_t *)d_in + cut, n - cut, 0, 0, out + cut, carry, carry,
-                                  d_scratch, d_scratch_bytes, stream),
-                     TALLY_OK);
-    int64_t cg = 0;
-    CK(cudaMemcpyAsync(got, out, n * 8, cudaMemcpyDeviceToHost, stream));
-    CK(cudaMemcpyAsync(&cg, carry, 8, cudaMemcpyDeviceToHost, stream));
-    CK(cudaStreamSynchronize(stream));
-    assert_int_equal(cg, cw);
-    expect_bytes("scan in two chunks", got, want, n, 8);
+    for (unsigned r = 0; r < n_tunings; r++) {
+        use_tuning(r);
+        CK(cudaMemcpyAsync(&d_small[1], &c0, 8, cudaMemcpyHostToDevice, stream));
+        int64_t *carry = (int64_t *)&d_small[1];
+        int64_t *out = d_out;
+        CK(cudaMemsetAsync(out, 0xA5, n * 8, stream));
+        assert_int_equal(
+            tk_cuda_scan(d_in, cut, 0, 0, out, carry, carry, d_scratch, d_scratch_bytes, stream),
+            TALLY_OK);
+        /* The second chunk starts 77 elements past a 16-byte boundary: the scalar path. */
+        assert_int_equal(tk_cuda_scan((int32_t *)d_in + cut, n - cut, 0, 0, out + cut, carry, carry,
+                                      d_scratch, d_scratch_bytes, stream),
+                         TALLY_OK);
+        int64_t cg = 0;
+        CK(cudaMemcpyAsync(got, out, n * 8, cudaMemcpyDeviceToHost, stream));
+        CK(cudaMemcpyAsync(&cg, carry, 8, cudaMemcpyDeviceToHost, stream));
+        CK(cudaStreamSynchronize(stream));
+        if (cg != cw)
+            fail_msg("scan in two chunks, tuning %u: carry %lld, want %lld", r, (long long)cg,
+                     (long long)cw);
+        expect_bytes(tunings[r].name, got, want, n, 8);
+    }
+    use_tuning(n_tunings);
     free(in);
     free(want);
     free(got);
@@ -519,13 +575,19 @@ static void check_hist(tally_dtype_t dt, const void *in, size_t n, int64_t lo, i
     char *din = (char *)d_in + in_offset * align;
     tk_hist_t *dh = (tk_hist_t *)&d_small[2];
     CK(cudaMemcpyAsync(din, in, n * es, cudaMemcpyHostToDevice, stream));
-    CK(cudaMemcpyAsync(dh, &start, sizeof start, cudaMemcpyHostToDevice, stream));
-    st = tk_cuda_hist(dt, din, n, lo, hi, dh, d_scratch, d_scratch_bytes, stream);
-    if (st != TALLY_OK)
-        fail_msg("%s: tk_cuda_hist: %d (%s)", what, st, tk_cuda_error_string());
-    CK(cudaMemcpyAsync(&got, dh, sizeof got, cudaMemcpyDeviceToHost, stream));
-    CK(cudaStreamSynchronize(stream));
-    expect_bytes(what, &got, &want, sizeof got / 8, 8);
+    for (unsigned r = 0; r < n_tunings; r++) {
+        char what_r[200];
+        snprintf(what_r, sizeof what_r, "%s, tuning %u (%s)", what, r, tunings[r].name);
+        use_tuning(r);
+        CK(cudaMemcpyAsync(dh, &start, sizeof start, cudaMemcpyHostToDevice, stream));
+        st = tk_cuda_hist(dt, din, n, lo, hi, dh, d_scratch, d_scratch_bytes, stream);
+        if (st != TALLY_OK)
+            fail_msg("%s: tk_cuda_hist: %d (%s)", what_r, st, tk_cuda_error_string());
+        CK(cudaMemcpyAsync(&got, dh, sizeof got, cudaMemcpyDeviceToHost, stream));
+        CK(cudaStreamSynchronize(stream));
+        expect_bytes(what_r, &got, &want, sizeof got / 8, 8);
+    }
+    use_tuning(n_tunings);
 
     if (in_offset == 0 && engine_fits(n * es)) { /* the engine's hist starts from zero */
         memcpy(staging[0].in, in, n * es);
@@ -636,16 +698,21 @@ static void check_minmax(tally_dtype_t dt, const uint8_t *in, size_t n, int kind
     int64_t *d_pair = (int64_t *)d_small, pair[2];
     size_t es = tally_dtype_size(dt);
     CK(cudaMemcpyAsync(d_in, in, n * es, cudaMemcpyHostToDevice, stream));
-    assert_int_equal(tk_cuda_minmax_reset(d_pair, stream), TALLY_OK);
-    assert_int_equal(tk_cuda_minmax(dt, d_in, n, d_pair, stream), TALLY_OK);
-    CK(cudaMemcpyAsync(pair, d_pair, sizeof pair, cudaMemcpyDeviceToHost, stream));
-    CK(cudaStreamSynchronize(stream));
-    glo = pair[0];
-    ghi = pair[1];
-    if (clo != lo || chi != hi || glo != lo || ghi != hi)
-        fail_msg("minmax %s n=%zu kind %d: want %lld..%lld, cpu %lld..%lld, gpu %lld..%lld",
-                 tally_dtype_name(dt), n, kind, (long long)lo, (long long)hi, (long long)clo,
-                 (long long)chi, (long long)glo, (long long)ghi);
+    for (unsigned r = 0; r < n_tunings; r++) {
+        use_tuning(r);
+        assert_int_equal(tk_cuda_minmax_reset(d_pair, stream), TALLY_OK);
+        assert_int_equal(tk_cuda_minmax(dt, d_in, n, d_pair, stream), TALLY_OK);
+        CK(cudaMemcpyAsync(pair, d_pair, sizeof pair, cudaMemcpyDeviceToHost, stream));
+        CK(cudaStreamSynchronize(stream));
+        glo = pair[0];
+        ghi = pair[1];
+        if (clo != lo || chi != hi || glo != lo || ghi != hi)
+            fail_msg("minmax %s n=%zu kind %d, tuning %u (%s): want %lld..%lld, cpu %lld..%lld, "
+                     "gpu %lld..%lld",
+                     tally_dtype_name(dt), n, kind, r, tunings[r].name, (long long)lo,
+                     (long long)hi, (long long)clo, (long long)chi, (long long)glo, (long long)ghi);
+    }
+    use_tuning(n_tunings);
     if (engine_fits(n * es)) {
         char what[96];
         snprintf(what, sizeof what, "minmax %s n=%zu kind %d (engine)", tally_dtype_name(dt), n,
@@ -655,8 +722,8 @@ static void check_minmax(tally_dtype_t dt, const uint8_t *in, size_t n, int kind
         engine_run(&job, what);
         if (staging[0].small->minmax[0] != lo || staging[0].small->minmax[1] != hi)
             fail_msg("%s: %lld..%lld, want %lld..%lld", what,
-                     (long long)staging[0].small->minmax[0],
-                     (long long)staging[0].small->minmax[1], (long long)lo, (long long)hi);
+                     (long long)staging[0].small->minmax[0], (long long)staging[0].small->minmax[1],
+                     (long long)lo, (long long)hi);
     }
 }
 
@@ -696,15 +763,21 @@ static void test_minmax_unaligned(void **state)
                 int64_t want[2] = {INT64_MAX, INT64_MIN}, got[2];
                 assert_int_equal(cpu->minmax(cpu->ctx, types[t], in + off, n, &want[0], &want[1]),
                                  TALLY_OK);
-                assert_int_equal(tk_cuda_minmax_reset(d_pair, stream), TALLY_OK);
-                assert_int_equal(tk_cuda_minmax(types[t], (uint8_t *)d_in + off, n, d_pair, stream),
-                                 TALLY_OK);
-                assert_int_equal(cudaMemcpy(got, d_pair, sizeof got, cudaMemcpyDeviceToHost),
-                                 cudaSuccess);
-                if (got[0] != want[0] || got[1] != want[1])
-                    fail_msg("minmax %s off=%zu n=%zu: gpu %lld..%lld, cpu %lld..%lld",
-                             tally_dtype_name(types[t]), off, n, (long long)got[0],
-                             (long long)got[1], (long long)want[0], (long long)want[1]);
+                for (unsigned r = 0; r < n_tunings; r++) {
+                    use_tuning(r);
+                    assert_int_equal(tk_cuda_minmax_reset(d_pair, stream), TALLY_OK);
+                    assert_int_equal(
+                        tk_cuda_minmax(types[t], (uint8_t *)d_in + off, n, d_pair, stream),
+                        TALLY_OK);
+                    assert_int_equal(cudaMemcpy(got, d_pair, sizeof got, cudaMemcpyDeviceToHost),
+                                     cudaSuccess);
+                    if (got[0] != want[0] || got[1] != want[1])
+                        fail_msg("minmax %s off=%zu n=%zu tuning %u: gpu %lld..%lld, cpu "
+                                 "%lld..%lld",
+                                 tally_dtype_name(types[t]), off, n, r, (long long)got[0],
+                                 (long long)got[1], (long long)want[0], (long long)want[1]);
+                }
+                use_tuning(n_tunings);
             }
         }
     }
@@ -730,23 +803,11 @@ static void test_hist_rgb(void **state)
         }
         free(in);
     }
-    /* Both copy counts agree on one input. */
-    size_t n = 1u << 20;
-    uint8_t *in = xmalloc(n * 4);
-    fill_u8(in, n * 4, DATA_UNIFORM);
-    static tk_hist_t a, b;
+    /* Arguments the colour kernels refuse, whatever the tuning. */
     tk_hist_t *dh = (tk_hist_t *)&d_small[2];
-    CK(cudaMemcpyAsync(d_in, in, n * 4, cudaMemcpyHostToDevice, stream));
-    for (unsigned copies = 16; copies <= 32; copies *= 2) {
-        CK(cudaMemsetAsync(dh, 0, sizeof *dh, stream));
-        assert_int_equal(tk_cuda_hist_rgb_copies(d_in, n, 4, copies, dh, stream), TALLY_OK);
-        CK(cudaMemcpyAsync(copies == 16 ? &a : &b, dh, sizeof a, cudaMemcpyDeviceToHost, stream));
-    }
-    CK(cudaStreamSynchronize(stream));
-    assert_memory_equal(&a, &b, sizeof a);
-    assert_int_equal(tk_cuda_hist_rgb_copies(d_in, n, 5, 32, dh, stream), TALLY_E_PARAM);
-    assert_int_equal(tk_cuda_hist_rgb_copies(d_in, n, 3, 8, dh, stream), TALLY_E_PARAM);
-    free(in);
+    assert_int_equal(tk_cuda_hist_rgb(d_in, 16, 5, dh, NULL, 0, stream), TALLY_E_PARAM);
+    assert_int_equal(tk_cuda_hist_rgb(d_in, (size_t)1 << 34, 3, dh, NULL, 0, stream),
+                     TALLY_E_PARAM);
 }
 
 /* Every bin edge of many widths: the values just below, at and above the first value of each
@@ -899,8 +960,9 @@ int main(void)
     rng_state = seed ? strtoull(seed, NULL, 0) : (uint64_t)time(NULL) * 2654435761u + 1;
     if (rng_state == 0)
         rng_state = 1;
-    printf("test_cuda_backend: TALLY_TEST_SEED=%llu, largest size %zu\n",
-           (unsigned long long)rng_state, all_sizes[n_sizes - 1]);
+    tunings_init();
+    printf("test_cuda_backend: TALLY_TEST_SEED=%llu, largest size %zu, %u tunings\n",
+           (unsigned long long)rng_state, all_sizes[n_sizes - 1], n_tunings);
 
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hist_i32_bin_edges),

@@ -70,6 +70,7 @@
 #define FIXED_SEED 20261123ull
 /* Kernel shapes (kernels/cuda/tk_cuda_internal.cuh): a warp's and a tile's elements. */
 #define SCAN_TILE 8192       /* 8 warps x 32 lanes x 8 vectors x 4 int32 */
+#define SCAN_TILE_V12 12288  /* the 12-vector shape of the tuning rows (16: FILTER_U8_TILE) */
 #define FILTER_I32_TILE 8192 /* 8 warps x 1024 */
 #define FILTER_U8_TILE 16384 /* 8 warps x 2048 */
 #define HIST_U8_PASS 32768   /* 512 threads x 16 bytes x 4 unrolled */
@@ -247,6 +248,9 @@ static size_t pick_count(size_t esize, bool allow_max)
                                    SCAN_TILE - 1,
                                    SCAN_TILE,
                                    SCAN_TILE + 1,
+                                   SCAN_TILE_V12 - 1,
+                                   SCAN_TILE_V12,
+                                   SCAN_TILE_V12 + 1,
                                    FILTER_U8_TILE - 1,
                                    FILTER_U8_TILE,
                                    FILTER_U8_TILE + 1,

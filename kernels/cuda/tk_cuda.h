@@ -82,9 +82,8 @@ tally_status_t tk_cuda_hist_i32(const int32_t *d_in, size_t n, int64_t lo, int64
 /* hist_u16: like hist_i32 for uint16 values and 0 <= lo < hi <= 65536, the bin of an in-range
  * x being tally_hist_bin_u16 (= floor((x - lo) * 256 / (hi - lo))).
  * hist_rgb: `pixels` interleaved pixels of `channels` (3 or 4) bytes, any alignment; byte c of a
- * pixel counts in bins[c * 256 + byte]. hist_rgb_copies is the same with the number of
- * shared-memory sub-histogram copies per block given (16 or 32; hist_rgb uses
- * TK_HIST_RGB_COPIES), for the kernel benchmark. */
+ * pixel counts in bins[c * 256 + byte]. The sub-histogram layout is the tuning row's
+ * (rgb_layout, below). */
 size_t tk_cuda_hist_u16_scratch_bytes(size_t n);
 tally_status_t tk_cuda_hist_u16(const uint16_t *d_in, size_t n, int64_t lo, int64_t hi,
                                 tk_hist_t *d_hist, void *d_scratch, size_t scratch_bytes,
@@ -93,9 +92,6 @@ size_t tk_cuda_hist_rgb_scratch_bytes(size_t n);
 tally_status_t tk_cuda_hist_rgb(const uint8_t *d_in, size_t pixels, unsigned channels,
                                 tk_hist_t *d_hist, void *d_scratch, size_t scratch_bytes,
                                 cudaStream_t stream);
-tally_status_t tk_cuda_hist_rgb_copies(const uint8_t *d_in, size_t pixels, unsigned channels,
-                                       unsigned copies, tk_hist_t *d_hist, cudaStream_t stream);
-unsigned tk_cuda_hist_rgb_default_copies(void); /* TK_HIST_RGB_COPIES */
 
 /* The histogram of dtype (u8, i32, u16, rgb8, rgba8; n elements, pixels for colour), with
  * the function above that takes it. */
@@ -111,6 +107,68 @@ tally_status_t tk_cuda_hist(uint8_t dtype, const void *d_in, size_t n, int64_t l
 tally_status_t tk_cuda_minmax_reset(int64_t *d_minmax, cudaStream_t stream);
 tally_status_t tk_cuda_minmax(uint8_t dtype, const void *d_in, size_t n, int64_t *d_minmax,
                               cudaStream_t stream);
+
+/* ---- tuning ---------------------------------------------------------------------------------
+ * The kernels' launch shapes are one row of a table (tk_cuda_tuning.cu), as CUB keeps a policy
+ * per architecture: a row per SM architecture and memory-bandwidth class, each chosen by
+ * measurement and written beside it. The row for a device is selected from its properties
+ * (compute capability, peak memory bandwidth = 2 x memory clock x bus width) the first time it is
+ * needed on that device (tk_cuda_buffers_open asks, so tallyd selects at start-up), and kept.
+ *
+ * The test switch: the environment variable TALLY_CUDA_TUNING=NAME (read when a device's row is
+ * selected) selects row NAME on every device instead, so each architecture's row runs on whatever
+ * GPU the tests have; an unknown NAME fails tk_cuda_tuning_select (and so tallyd's GPU start-up)
+ * and every kernel call with TALLY_E_PARAM. tk_cuda_tuning_use does the same from code (the kernel
+ * test and benchmark). */
+enum {
+    TK_RGB_PACKED = 1, /* 32 copies (one per lane) of 16-bit counters, flushed before they wrap */
+    TK_RGB_COPIES16 = 16, /* 16 copies of 32-bit counters (lanes l and l + 16 share one) */
+    TK_RGB_COPIES32 = 32  /* 32 copies of 32-bit counters */
+};
+enum {
+    TK_SCAN_V8 = 0,       /* 8 vectors a lane (8192-element tiles), run offsets kept in registers */
+    TK_SCAN_V8_LEAN = 1,  /* 8 vectors, offsets recomputed after the look-back (fewer registers) */
+    TK_SCAN_V12_LEAN = 2, /* 12 vectors (12288-element tiles), offsets recomputed */
+    TK_SCAN_V16_LEAN = 3  /* 16 vectors (16384-element tiles), offsets recomputed */
+};
+typedef struct {
+    const char *name;
+    int sm_major;           /* the row suits devices of this compute capability major (0: any) */
+    unsigned min_peak_gbps; /* ... whose peak memory bandwidth is at least this (GB/s) */
+    /* histograms of u8, i32 and u16: resident blocks per SM of the persistent grid (1..4) */
+    unsigned hist_blocks_per_sm;
+    /* colour histograms: TK_RGB_*, and resident blocks per SM (at most what fits) */
+    unsigned rgb_layout;
+    unsigned rgb_blocks_per_sm;
+    /* TK_RGB_PACKED: grid-stride steps between two flushes of the 16-bit counters (0: the most
+     * that cannot wrap; the tests use 1 to run the flush often) */
+    unsigned rgb_flush_steps;
+    /* scan: TK_SCAN_* for int64 and for int32 output, and how many tiles ahead each tile of
+     * the lean shapes prefetches its input into L2 (0: no prefetch) */
+    unsigned scan_shape;
+    unsigned scan_shape_i32;
+    unsigned scan_prefetch_tiles;
+    /* minmax: resident blocks per SM, 16-byte loads in flight per thread (1 or 4) */
+    unsigned minmax_blocks_per_sm;
+    unsigned minmax_unroll;
+} tk_cuda_tuning_t;
+
+/* The table: row i (NULL past the last), and how many. */
+unsigned tk_cuda_tuning_rows(void);
+const tk_cuda_tuning_t *tk_cuda_tuning_row(unsigned i);
+/* The row named `name`, or NULL. */
+const tk_cuda_tuning_t *tk_cuda_tuning_find(const char *name);
+/* The first row that suits a device of compute capability major sm_major and peak memory
+ * bandwidth peak_gbps (GB/s; 0 when unknown): the selection without the switch. */
+const tk_cuda_tuning_t *tk_cuda_tuning_suited(int sm_major, unsigned peak_gbps);
+/* The row the kernels use on `device` (TALLY_CUDA_TUNING's, else the first row that suits it),
+ * into *row; TALLY_E_PARAM (and *row NULL) when TALLY_CUDA_TUNING names no row, TALLY_E_BACKEND
+ * when the device's properties cannot be read. */
+tally_status_t tk_cuda_tuning_select(int device, const tk_cuda_tuning_t **row);
+/* From now on every device uses a copy of *t (NULL: back to the selection above), for tests and
+ * benchmarks; call it while no kernel is being launched. TALLY_E_PARAM for fields outside what
+ * the kernels were built for. */
+tally_status_t tk_cuda_tuning_use(const tk_cuda_tuning_t *t);
 
 /* ---- helpers --------------------------------------------------------------------------------- */
 

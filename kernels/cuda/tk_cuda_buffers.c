@@ -5,6 +5,7 @@
  * stream after a failure, the device's name. Plain C, like its callers.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cuda_runtime_api.h>
@@ -44,6 +45,15 @@ tally_status_t tk_cuda_buffers_open(tk_cuda_buffers_t *b, int device, size_t max
     memset(b, 0, sizeof *b);
     b->device = device;
     b->scratch_bytes = tk_cuda_scratch_bytes_max(max_batch);
+    /* The kernels' tuning row is selected here, at start-up, so that a TALLY_CUDA_TUNING naming
+     * no row fails the start rather than every request. */
+    const tk_cuda_tuning_t *row = NULL;
+    if (tk_cuda_tuning_select(device, &row) == TALLY_E_PARAM) {
+        if (why && why_cap)
+            snprintf(why, why_cap, "CUDA device %d: TALLY_CUDA_TUNING=%s names no tuning row",
+                     device, getenv("TALLY_CUDA_TUNING"));
+        return TALLY_E_BACKEND;
+    }
     bool ok =
         tk_cuda_setup_step(cudaSetDevice(device), device, "cudaSetDevice", why, why_cap) &&
         tk_cuda_setup_step(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking), device,

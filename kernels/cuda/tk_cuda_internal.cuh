@@ -29,7 +29,9 @@
  * Chosen on an NVIDIA H200 (no H100 could be lent), 1 GiB inputs, ratios to the D2D copy or
  * read-only ceiling of the same run; every version's figures are in bench/NOTES.md. Each constant
  * can be overridden with -D for a sweep (scripts/gpu-check.sh GPU_CHECK_VARIANTS), so a sweep
- * measures exactly the code that ships.
+ * measures exactly the code that ships. What differs between architectures and bandwidth classes
+ * (grids, the colour layout, the scan's shape) is a runtime tuning row instead
+ * (tk_cuda_tuning.cu), swept in one build by `kernel_bench --sweep`.
  *
  * Threads per block of the filter and scan tiles: 256. 512 was measured no better for the filter
  * (0.52-0.62 vs 0.49-0.62 stable, 4 vectors) and worse for the int64 scan (0.737 vs 0.812, final
@@ -53,9 +55,11 @@
 #ifndef TK_SCAN_VECS
 #define TK_SCAN_VECS 8
 #endif
-/* Histogram: 512 threads, 4 resident blocks per SM (the persistent grid), 4 16-byte loads in
- * flight per thread: 0.975-0.985 of the read-only pass (u8 uniform/all-equal/narrow) and 0.96
- * (i32) in the first measurement, so not swept further. */
+/* Histogram: 512 threads, at most 4 resident blocks per SM (the persistent grid; the tuning row
+ * says how many, tk_cuda_tuning.cu), 4 16-byte loads in flight per thread: 0.975-0.985 of the
+ * read-only pass (u8 uniform/all-equal/narrow) and 0.96 (i32) in the first measurement, so not
+ * swept further. TK_HIST_BLOCKS_PER_SM is also the kernel's launch bound: at most 32 registers, so
+ * that 4 blocks fit (the u16 kernel used 36 before its bin became tk_u16_slot: 3 blocks). */
 #ifndef TK_HIST_THREADS
 #define TK_HIST_THREADS 512
 #endif
@@ -64,15 +68,6 @@
 #endif
 #ifndef TK_HIST_UNROLL
 #define TK_HIST_UNROLL 4
-#endif
-/* Colour histograms: sub-histogram copies per block, 32 (one per lane, no bank conflict; 96 or
- * 128 KiB of shared memory, so 2 or 1 resident blocks per SM) or 16 (lanes l and l + 16 share,
- * half the memory, twice the blocks). Not measured yet: bench/kernel_bench.cu times both
- * ("hist rgb8/rgba8 ... 16 copies") so the first H100 run can choose. */
-#ifndef TK_HIST_RGB_COPIES
-/* 16 copies: on the H100 (2026-11-23, 1 GiB) rgb8 2864 GB/s (0.94 x read) against 2672 (0.88)
- * with 32, rgba8 2987 (0.98) against 2762 (0.91): half the shared memory, more resident blocks. */
-#define TK_HIST_RGB_COPIES 16
 #endif
 /* Look-back: windows of 32 predecessors read per round trip to L2: 1 (4 and 8 were worse,
  * 0.49-0.64 and 0.35-0.50 stable filter against 0.55-0.70: more traffic on the hot state lines).
@@ -237,22 +232,73 @@ tk_tile_publish(tk_tile_state_t *states, unsigned tile, T total, int lane)
     return prefix;
 }
 
-/* minmax: 256 threads, 4 resident blocks per SM (the histogram's persistent grid shape), one
- * 16-byte vector load per thread per step. Not measured yet (written on a machine without a
- * GPU; the kernel benchmark does not run it): a first shape, correct whatever the values. */
+/* minmax: 256 threads a block; blocks per SM and loads in flight per thread are the tuning
+ * row's. */
 #ifndef TK_MINMAX_THREADS
 #define TK_MINMAX_THREADS 256
 #endif
-#ifndef TK_MINMAX_BLOCKS_PER_SM
-#define TK_MINMAX_BLOCKS_PER_SM 4
-#endif
+
+/* ---- Tuning rows (tk_cuda_tuning.cu) --------------------------------------------------------- */
+
+/* The row the kernels use on the current device (tk_cuda.h, "tuning"); NULL when
+ * TALLY_CUDA_TUNING names no row or the device cannot be read (the caller returns
+ * TALLY_E_PARAM). */
+const tk_cuda_tuning_t *tk_tuning(void);
+
+/* ---- Persistent grids over 16-byte vectors (histograms, minmax) ------------------------------ */
+
+/* [in, in + n * esize) as an unaligned head and tail (fewer than 16 bytes each, in elements)
+ * around `vecs` 16-byte vectors. */
+struct tk_body {
+    size_t head, vecs, tail;
+};
+static inline tk_body tk_split_body(const void *in, size_t n, size_t esize)
+{
+    tk_body b;
+    b.head = (size_t)((16 - (uintptr_t)in % 16) % 16) / esize;
+    if (b.head > n)
+        b.head = n;
+    b.vecs = (n - b.head) * esize / 16;
+    b.tail = n - b.head - b.vecs * (16 / esize);
+    return b;
+}
+
+/* Multiprocessors of the current device (cached per device). */
+int tk_cuda_sm_count(void);
+
+/* Blocks for `vecs` vectors at `per_block` vectors a block per grid-stride step, at most
+ * per_sm on every SM, at least 1. */
+static inline unsigned tk_persistent_blocks(size_t vecs, size_t per_block, unsigned per_sm)
+{
+    size_t want = (vecs + per_block - 1) / per_block;
+    size_t most = (size_t)tk_cuda_sm_count() * per_sm;
+    return (unsigned)(want < 1 ? 1 : want > most ? most : want);
+}
+
+/* A grid-stride pass over `vecs` 16-byte vectors, UNROLL loads in flight per thread (all loads
+ * first, then the work): f(v, i) for every vector i. */
+template <int THREADS, int UNROLL, typename F>
+static __device__ __forceinline__ void tk_for_each_vec(const uint4 *body, size_t vecs, F f)
+{
+    const size_t stride = (size_t)gridDim.x * THREADS;
+    size_t i = (size_t)blockIdx.x * THREADS + threadIdx.x;
+    for (; i + (UNROLL - 1) * stride < vecs; i += UNROLL * stride) {
+        uint4 v[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++)
+            v[u] = __ldg(body + i + u * stride);
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++)
+            f(v[u], i + u * stride);
+    }
+    for (; i < vecs; i += stride)
+        f(__ldg(body + i), i);
+}
 
 /* ---- Errors --------------------------------------------------------------------------------- */
 
 /* cudaGetLastError after a launch: TALLY_OK or tk_cuda_status's TALLY_E_BACKEND. */
 tally_status_t tk_cuda_check_launch(void);
-/* Multiprocessors of the current device (cached per device). */
-int tk_cuda_sm_count(void);
 
 static inline size_t tk_div_up(size_t a, size_t b)
 {

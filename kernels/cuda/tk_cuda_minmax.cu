@@ -3,14 +3,14 @@
  * tk_cuda_minmax.cu — the smallest and largest element of an int32, uint8 or uint16 batch,
  * folded into a device pair int64 d_minmax[2] (tk_cuda.h).
  *
- * A persistent grid (TK_MINMAX_BLOCKS_PER_SM blocks per SM, fewer for small inputs) strides over
- * the 16-byte-aligned body of the input in 16-byte vectors (block 0 also takes the few elements
- * at either end, as the histogram does); each thread keeps its min and max in registers as int
- * (every one of these types fits), a warp reduces them with __shfl_xor_sync, the warps of a block
- * through shared memory, and thread 0 folds the block's pair into d_minmax with one 64-bit
- * atomicMin and one atomicMax. Min and max are exact and order-free, so the result does not depend
- * on the grid or the order the blocks finish in; tests/test_differential.c checks it against the
- * CPU backend on the GPU (scripts/gpu-check.sh).
+ * A persistent grid (the tuning row's blocks per SM, fewer for small inputs) strides over the
+ * 16-byte-aligned body of the input in 16-byte vectors, the row's number of loads in flight per
+ * thread (block 0 also takes the few elements at either end, as the histogram does); each thread
+ * keeps its min and max in registers as int (every one of these types fits), a warp reduces them
+ * with __shfl_xor_sync, the warps of a block through shared memory, and thread 0 folds the block's
+ * pair into d_minmax with one 64-bit atomicMin and one atomicMax. Min and max are exact and
+ * order-free, so the result does not depend on the grid or the order the blocks finish in;
+ * tests/test_differential.c checks it against the CPU backend on the GPU (scripts/gpu-check.sh).
  */
 #include <limits.h>
 
@@ -38,9 +38,9 @@ static __device__ __forceinline__ void fold_vector(const uint4 &v, int &lo, int 
         fold((int)e[k], lo, hi);
 }
 
-/* Blocks stride over the 16-byte-aligned body of the input in vectors; block 0 also folds the
- * few elements before it (`head`) and after it. */
-template <typename T>
+/* Blocks stride over the 16-byte-aligned body of the input in vectors, UNROLL loads in flight;
+ * block 0 also folds the few elements before it (`head`) and after it. */
+template <typename T, int UNROLL>
 __global__ void __launch_bounds__(TK_MINMAX_THREADS)
     tk_minmax_kernel(const T *__restrict__ in, size_t n, size_t head, long long *d_minmax)
 {
@@ -48,9 +48,8 @@ __global__ void __launch_bounds__(TK_MINMAX_THREADS)
     int lo = INT_MAX, hi = INT_MIN;
     const uint4 *body = reinterpret_cast<const uint4 *>(in + head);
     size_t vectors = (n - head) * sizeof(T) / 16;
-    size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < vectors; i += stride)
-        fold_vector<T>(body[i], lo, hi);
+    tk_for_each_vec<TK_MINMAX_THREADS, UNROLL>(body, vectors,
+                                               [&](uint4 v, size_t) { fold_vector<T>(v, lo, hi); });
     if (blockIdx.x == 0) {
         size_t tail = head + vectors * 16 / sizeof(T);
         if (threadIdx.x < head)
@@ -83,19 +82,23 @@ __global__ void __launch_bounds__(TK_MINMAX_THREADS)
 template <typename T>
 static tally_status_t launch(const void *d_in, size_t n, int64_t *d_minmax, cudaStream_t stream)
 {
+    const tk_cuda_tuning_t *t = tk_tuning();
+    if (!t)
+        return TALLY_E_PARAM;
     if (n == 0)
         return TALLY_OK;
     /* Elements before the first 16-byte boundary (the input is aligned to its element, so this
      * is a whole number of them, fewer than 16 / sizeof(T) <= the block's threads). */
-    size_t head = (16 - (uintptr_t)d_in % 16) % 16 / sizeof(T);
-    head = head < n ? head : n;
-    size_t vectors = (n - head) * sizeof(T) / 16;
-    size_t blocks = tk_div_up(vectors ? vectors : 1, TK_MINMAX_THREADS);
-    size_t most = (size_t)TK_MINMAX_BLOCKS_PER_SM * (size_t)tk_cuda_sm_count();
-    if (blocks > most)
-        blocks = most;
-    tk_minmax_kernel<T><<<(unsigned)blocks, TK_MINMAX_THREADS, 0, stream>>>(
-        (const T *)d_in, n, head, (long long *)d_minmax);
+    tk_body b = tk_split_body(d_in, n, sizeof(T));
+    unsigned unroll = t->minmax_unroll == 4 ? 4 : 1;
+    unsigned blocks =
+        tk_persistent_blocks(b.vecs, (size_t)TK_MINMAX_THREADS * unroll, t->minmax_blocks_per_sm);
+    if (unroll == 4)
+        tk_minmax_kernel<T, 4><<<blocks, TK_MINMAX_THREADS, 0, stream>>>((const T *)d_in, n, b.head,
+                                                                         (long long *)d_minmax);
+    else
+        tk_minmax_kernel<T, 1><<<blocks, TK_MINMAX_THREADS, 0, stream>>>((const T *)d_in, n, b.head,
+                                                                         (long long *)d_minmax);
     return tk_cuda_check_launch();
 }
 

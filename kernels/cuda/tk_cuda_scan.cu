@@ -18,6 +18,16 @@
  *      the four values of a lane are first exchanged with shuffles so that each warp store
  *      writes 512 contiguous bytes (two 16-byte stores per lane at a 32-byte stride left half of
  *      every sector to a second instruction: 0.50 of copy before, 0.72 after).
+ * The tuning row (tk_cuda_tuning.cu) picks the shape: V (TK_SCAN_VECS by default) vectors a lane
+ * with the run offsets of step 2 kept in registers across the look-back (TK_SCAN_V8, the H100's),
+ * or a lean variant that keeps only the tile and each lane's total across it and redoes step 2's
+ * warp scans in step 5 (a few shuffles per element, far inside the issue budget), with a launch
+ * bound that lets more blocks, or bigger tiles, be resident per SM: the inclusive int64 kernel
+ * took 108 registers (2 blocks of 256 per SM) with offsets in registers. And how many tiles ahead
+ * each block prefetches input into L2 (prefetch.global.L2, one 128-byte line a thread, issued
+ * before its own loads): the tile that starts after every resident block has moved on then finds
+ * its input in L2, so a tile's fixed latency (load, look-back) is shorter and the DRAM queue
+ * stays full while blocks wait in their look-backs.
  * All sums use unsigned 64-bit arithmetic, so they wrap modulo 2^64 as the contract says; the
  * int32 output is the low half of the same values. The last, partial tile (and inputs or outputs
  * that are not 16-byte aligned) take guarded scalar loads and stores instead of vectors.
@@ -27,20 +37,23 @@
 typedef unsigned long long u64;
 
 #define TK_SCAN_WARPS (TK_SCAN_THREADS / 32)
-#define TK_SCAN_WARP_ELEMS (32 * TK_SCAN_VECS * 4)
-#define TK_SCAN_TILE (TK_SCAN_WARPS * TK_SCAN_WARP_ELEMS)
+/* Elements of a warp's segment and of a tile at V vectors a lane. */
+#define TK_SCAN_WARP_ELEMS(V) (32 * (V)*4)
+#define TK_SCAN_TILE(V) (TK_SCAN_WARPS * TK_SCAN_WARP_ELEMS(V))
+/* The smallest tile of any shape: what the scratch is sized for. */
+#define TK_SCAN_TILE_MIN TK_SCAN_TILE(TK_SCAN_VECS)
 
 /* Step 1: the tile's elements into registers (16-byte loads when the whole tile is in range). */
-template <bool VEC>
+template <int V, bool VEC>
 static __device__ __forceinline__ void load_tile(const int32_t *__restrict__ in, size_t n,
-                                                 unsigned tile, int (&x)[TK_SCAN_VECS][4])
+                                                 unsigned tile, int (&x)[V][4])
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const size_t seg = (size_t)tile * TK_SCAN_TILE + (size_t)warp * TK_SCAN_WARP_ELEMS;
-    if (VEC && (size_t)(tile + 1) * TK_SCAN_TILE <= n) {
+    const size_t seg = (size_t)tile * TK_SCAN_TILE(V) + (size_t)warp * TK_SCAN_WARP_ELEMS(V);
+    if (VEC && (size_t)(tile + 1) * TK_SCAN_TILE(V) <= n) {
         const int4 *p = reinterpret_cast<const int4 *>(in + seg) + lane;
 #pragma unroll
-        for (int v = 0; v < TK_SCAN_VECS; v++) {
+        for (int v = 0; v < V; v++) {
             int4 t = __ldg(p + v * 32);
             x[v][0] = t.x;
             x[v][1] = t.y;
@@ -49,7 +62,7 @@ static __device__ __forceinline__ void load_tile(const int32_t *__restrict__ in,
         }
     } else {
 #pragma unroll
-        for (int v = 0; v < TK_SCAN_VECS; v++)
+        for (int v = 0; v < V; v++)
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 size_t i = seg + (size_t)(v * 32 + lane) * 4 + k;
@@ -59,20 +72,36 @@ static __device__ __forceinline__ void load_tile(const int32_t *__restrict__ in,
 }
 
 /* Step 2: each run's exclusive offset inside the warp segment; returns the warp's total. */
-static __device__ __forceinline__ u64 warp_offsets(const int (&x)[TK_SCAN_VECS][4],
-                                                   u64 (&run_prefix)[TK_SCAN_VECS])
+/* The sum of a lane's run v (4 elements). */
+template <int V> static __device__ __forceinline__ u64 run_sum(const int (&x)[V][4], int v)
+{
+    return (u64)(long long)x[v][0] + (u64)(long long)x[v][1] + (u64)(long long)x[v][2] +
+           (u64)(long long)x[v][3];
+}
+
+template <int V>
+static __device__ __forceinline__ u64 warp_offsets(const int (&x)[V][4], u64 (&run_prefix)[V])
 {
     const int lane = threadIdx.x & 31;
     u64 acc = 0;
 #pragma unroll
-    for (int v = 0; v < TK_SCAN_VECS; v++) {
-        u64 s = (u64)(long long)x[v][0] + (u64)(long long)x[v][1] + (u64)(long long)x[v][2] +
-                (u64)(long long)x[v][3];
+    for (int v = 0; v < V; v++) {
+        u64 s = run_sum(x, v);
         u64 inc = tk_warp_inclusive_scan(s, lane);
         run_prefix[v] = acc + inc - s;
         acc += __shfl_sync(0xffffffffu, inc, 31);
     }
     return acc;
+}
+
+/* The lean shapes' step 2: only the warp's total (a reduction, no scan). */
+template <int V> static __device__ __forceinline__ u64 warp_total_of(const int (&x)[V][4])
+{
+    u64 t = 0;
+#pragma unroll
+    for (int v = 0; v < V; v++)
+        t += run_sum(x, v);
+    return tk_warp_sum64((long long)t);
 }
 
 /* Steps 3 + 4, warp 0 only: block scan of the warp totals, the tile's prefix across blocks by
@@ -96,18 +125,29 @@ static __device__ __forceinline__ void tile_prefix(unsigned tile, unsigned num_t
         warp_prefix[lane] = carry + prefix + inc - t;
 }
 
-/* Step 5: add the prefixes and store (16-byte vectors when the whole tile is in range). */
-template <bool EXCL, bool OUT32, bool VEC>
+/* Step 5: add the prefixes and store (16-byte vectors when the whole tile is in range). `base`
+ * is the warp's first value; run v's offset in the warp is run_prefix[v], or (LEAN) the warp
+ * scan of step 2 done again here. */
+template <int V, bool LEAN, bool EXCL, bool OUT32, bool VEC>
 static __device__ __forceinline__ void store_tile(void *__restrict__ out, size_t n, unsigned tile,
-                                                  const int (&x)[TK_SCAN_VECS][4],
-                                                  const u64 (&run_prefix)[TK_SCAN_VECS], u64 base)
+                                                  const int (&x)[V][4], const u64 (&run_prefix)[V],
+                                                  u64 base)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const size_t seg = (size_t)tile * TK_SCAN_TILE + (size_t)warp * TK_SCAN_WARP_ELEMS;
-    const bool full = VEC && (size_t)(tile + 1) * TK_SCAN_TILE <= n;
+    const size_t seg = (size_t)tile * TK_SCAN_TILE(V) + (size_t)warp * TK_SCAN_WARP_ELEMS(V);
+    const bool full = VEC && (size_t)(tile + 1) * TK_SCAN_TILE(V) <= n;
+    u64 acc = base;
 #pragma unroll
-    for (int v = 0; v < TK_SCAN_VECS; v++) {
-        u64 r = base + run_prefix[v];
+    for (int v = 0; v < V; v++) {
+        u64 r;
+        if constexpr (LEAN) {
+            u64 s = run_sum(x, v);
+            u64 inc = tk_warp_inclusive_scan(s, lane);
+            r = acc + inc - s;
+            acc += __shfl_sync(0xffffffffu, inc, 31);
+        } else {
+            r = base + run_prefix[v];
+        }
         u64 o[4];
 #pragma unroll
         for (int k = 0; k < 4; k++) {
@@ -153,13 +193,26 @@ static __device__ __forceinline__ void store_tile(void *__restrict__ out, size_t
     }
 }
 
+/* Prefetches tile `tile`'s input (if any) into L2, one 128-byte line a thread at a time. */
+template <int V>
+static __device__ __forceinline__ void prefetch_tile(const int32_t *in, size_t n, size_t tile)
+{
+    size_t first = tile * TK_SCAN_TILE(V);
+    if (first >= n)
+        return;
+    size_t bytes = (n - first < (size_t)TK_SCAN_TILE(V) ? n - first : (size_t)TK_SCAN_TILE(V)) * 4;
+    const char *p = reinterpret_cast<const char *>(in + first);
+    for (size_t off = (size_t)threadIdx.x * 128; off < bytes; off += TK_SCAN_THREADS * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
+}
+
 /* One tile per block, tile = blockIdx.x (blocks start in index order, so every tile's
- * predecessors are running or done). */
-template <bool EXCL, bool OUT32, bool VEC>
-__global__ void __launch_bounds__(TK_SCAN_THREADS)
-    tk_scan_kernel(const int32_t *__restrict__ in, size_t n, void *__restrict__ out,
-                   const int64_t *carry_in, int64_t *carry_out, tk_tile_state_t *states,
-                   unsigned num_tiles)
+ * predecessors are running or done). V vectors a lane, LEAN as store_tile; the lean shapes
+ * prefetch prefetch_tiles ahead (0: none). */
+template <int V, bool LEAN, bool EXCL, bool OUT32, bool VEC>
+static __device__ __forceinline__ void
+scan_tile(const int32_t *__restrict__ in, size_t n, void *__restrict__ out, const int64_t *carry_in,
+          int64_t *carry_out, tk_tile_state_t *states, unsigned num_tiles, unsigned prefetch_tiles)
 {
     __shared__ u64 warp_total[TK_SCAN_WARPS];
     __shared__ u64 warp_prefix[TK_SCAN_WARPS];
@@ -167,17 +220,56 @@ __global__ void __launch_bounds__(TK_SCAN_THREADS)
     const unsigned tile = blockIdx.x;
     if (threadIdx.x == 0)
         carry = (u64)*carry_in;
-    int x[TK_SCAN_VECS][4];
-    u64 run_prefix[TK_SCAN_VECS];
-    load_tile<VEC>(in, n, tile, x);
-    u64 wt = warp_offsets(x, run_prefix);
+    if (LEAN && prefetch_tiles)
+        prefetch_tile<V>(in, n, (size_t)tile + prefetch_tiles);
+    int x[V][4];
+    u64 run_prefix[V];
+    load_tile<V, VEC>(in, n, tile, x);
+    u64 wt;
+    if constexpr (LEAN)
+        wt = warp_total_of(x);
+    else
+        wt = warp_offsets(x, run_prefix);
     if ((threadIdx.x & 31) == 0)
         warp_total[threadIdx.x >> 5] = wt;
     __syncthreads();
     if (threadIdx.x < 32)
         tile_prefix(tile, num_tiles, warp_total, warp_prefix, carry, carry_out, states);
     __syncthreads();
-    store_tile<EXCL, OUT32, VEC>(out, n, tile, x, run_prefix, warp_prefix[threadIdx.x >> 5]);
+    store_tile<V, LEAN, EXCL, OUT32, VEC>(out, n, tile, x, run_prefix,
+                                          warp_prefix[threadIdx.x >> 5]);
+}
+
+/* TK_SCAN_V8: no register cap (an explicit minimum of one block per SM changes nvcc's
+ * allocation: 114 registers instead of 108 for the inclusive int64 kernel). */
+template <bool EXCL, bool OUT32, bool VEC>
+__global__ void __launch_bounds__(TK_SCAN_THREADS)
+    tk_scan_kernel(const int32_t *__restrict__ in, size_t n, void *__restrict__ out,
+                   const int64_t *carry_in, int64_t *carry_out, tk_tile_state_t *states,
+                   unsigned num_tiles, unsigned prefetch_tiles)
+{
+    scan_tile<TK_SCAN_VECS, false, EXCL, OUT32, VEC>(in, n, out, carry_in, carry_out, states,
+                                                     num_tiles, prefetch_tiles);
+}
+
+/* Resident blocks per SM that the lean shapes' aligned kernels are built for (the launch bound
+ * caps their registers to fit): as many as fit without spilling (nvcc 13.0, sm_90: int64 output
+ * needs about 16 registers more). The unaligned kernels have no cap. */
+template <int V, bool OUT32, bool VEC> struct scan_min_blocks {
+    static constexpr int value = !VEC      ? 1
+                                 : V == 8  ? (OUT32 ? 4 : 3)
+                                 : V == 12 ? (OUT32 ? 3 : 2)
+                                           : 2;
+};
+
+template <int V, bool EXCL, bool OUT32, bool VEC>
+__global__ void __launch_bounds__(TK_SCAN_THREADS, (scan_min_blocks<V, OUT32, VEC>::value))
+    tk_scan_lean_kernel(const int32_t *__restrict__ in, size_t n, void *__restrict__ out,
+                        const int64_t *carry_in, int64_t *carry_out, tk_tile_state_t *states,
+                        unsigned num_tiles, unsigned prefetch_tiles)
+{
+    scan_tile<V, true, EXCL, OUT32, VEC>(in, n, out, carry_in, carry_out, states, num_tiles,
+                                         prefetch_tiles);
 }
 
 __global__ void tk_scan_empty_kernel(const int64_t *carry_in, int64_t *carry_out)
@@ -185,52 +277,102 @@ __global__ void tk_scan_empty_kernel(const int64_t *carry_in, int64_t *carry_out
     *carry_out = *carry_in;
 }
 
-template <bool EXCL, bool OUT32>
-static void launch_scan(bool vec, unsigned tiles, cudaStream_t s, const int32_t *in, size_t n,
-                        void *out, const int64_t *ci, int64_t *co, tk_tile_state_t *st)
+/* One call's arguments, for the launches below. */
+struct scan_args {
+    const int32_t *in;
+    size_t n;
+    void *out;
+    const int64_t *carry_in;
+    int64_t *carry_out;
+    tk_tile_state_t *states;
+    unsigned prefetch_tiles;
+    cudaStream_t stream;
+};
+
+template <int V, bool LEAN, bool EXCL, bool OUT32, bool VEC>
+static void launch_kernel(const scan_args &a, unsigned tiles)
 {
-    if (vec)
-        tk_scan_kernel<EXCL, OUT32, true>
-            <<<tiles, TK_SCAN_THREADS, 0, s>>>(in, n, out, ci, co, st, tiles);
+    if (LEAN)
+        tk_scan_lean_kernel<V, EXCL, OUT32, VEC><<<tiles, TK_SCAN_THREADS, 0, a.stream>>>(
+            a.in, a.n, a.out, a.carry_in, a.carry_out, a.states, tiles, a.prefetch_tiles);
     else
-        tk_scan_kernel<EXCL, OUT32, false>
-            <<<tiles, TK_SCAN_THREADS, 0, s>>>(in, n, out, ci, co, st, tiles);
+        tk_scan_kernel<EXCL, OUT32, VEC><<<tiles, TK_SCAN_THREADS, 0, a.stream>>>(
+            a.in, a.n, a.out, a.carry_in, a.carry_out, a.states, tiles, a.prefetch_tiles);
+}
+
+template <int V, bool LEAN, bool EXCL, bool OUT32>
+static void launch_mode(bool vec, const scan_args &a)
+{
+    unsigned tiles = (unsigned)tk_div_up(a.n, TK_SCAN_TILE(V));
+    if (vec)
+        launch_kernel<V, LEAN, EXCL, OUT32, true>(a, tiles);
+    else
+        launch_kernel<V, LEAN, EXCL, OUT32, false>(a, tiles);
+}
+
+/* Resets the states of the shape's tiles, then the scan. */
+template <int V, bool LEAN>
+static void launch_shape(bool exclusive, bool out_i32, bool vec, const scan_args &a)
+{
+    tk_lookback_init(a.states, (unsigned)tk_div_up(a.n, TK_SCAN_TILE(V)), a.stream);
+    if (exclusive && out_i32)
+        launch_mode<V, LEAN, true, true>(vec, a);
+    else if (exclusive)
+        launch_mode<V, LEAN, true, false>(vec, a);
+    else if (out_i32)
+        launch_mode<V, LEAN, false, true>(vec, a);
+    else
+        launch_mode<V, LEAN, false, false>(vec, a);
 }
 
 extern "C" size_t tk_cuda_scan_scratch_bytes(size_t n)
 {
-    return tk_tile_states_bytes(tk_div_up(n, TK_SCAN_TILE));
+    return tk_tile_states_bytes(tk_div_up(n, TK_SCAN_TILE_MIN));
 }
 
 extern "C" tally_status_t tk_cuda_scan(const int32_t *d_in, size_t n, int exclusive, int out_i32,
                                        void *d_out, const int64_t *d_carry_in, int64_t *d_carry_out,
                                        void *d_scratch, size_t scratch_bytes, cudaStream_t stream)
 {
+    const tk_cuda_tuning_t *t = tk_tuning();
     size_t need = tk_cuda_scan_scratch_bytes(n);
-    if (!d_carry_in || !d_carry_out || (n > 0 && (!d_in || !d_out)))
+    if (!t || !d_carry_in || !d_carry_out || (n > 0 && (!d_in || !d_out)))
         return TALLY_E_PARAM;
     if (scratch_bytes < need || (need && (!d_scratch || (uintptr_t)d_scratch % 16)))
         return TALLY_E_PARAM;
     if ((uintptr_t)d_in % 4 || (uintptr_t)d_out % (out_i32 ? 4 : 8))
         return TALLY_E_PARAM;
-    if (tk_div_up(n, TK_SCAN_TILE) > 0x7fffffffu)
+    if (tk_div_up(n, TK_SCAN_TILE_MIN) > 0x7fffffffu)
         return TALLY_E_PARAM; /* the grid's size */
 
     if (n == 0) {
         tk_scan_empty_kernel<<<1, 1, 0, stream>>>(d_carry_in, d_carry_out);
         return tk_cuda_check_launch();
     }
-    unsigned tiles = (unsigned)tk_div_up(n, TK_SCAN_TILE);
-    tk_tile_state_t *st = static_cast<tk_tile_state_t *>(d_scratch);
+    scan_args a = {d_in,
+                   n,
+                   d_out,
+                   d_carry_in,
+                   d_carry_out,
+                   static_cast<tk_tile_state_t *>(d_scratch),
+                   t->scan_prefetch_tiles,
+                   stream};
     bool vec = (uintptr_t)d_in % 16 == 0 && (uintptr_t)d_out % 16 == 0;
-    tk_lookback_init(st, tiles, stream);
-    if (exclusive && out_i32)
-        launch_scan<true, true>(vec, tiles, stream, d_in, n, d_out, d_carry_in, d_carry_out, st);
-    else if (exclusive)
-        launch_scan<true, false>(vec, tiles, stream, d_in, n, d_out, d_carry_in, d_carry_out, st);
-    else if (out_i32)
-        launch_scan<false, true>(vec, tiles, stream, d_in, n, d_out, d_carry_in, d_carry_out, st);
-    else
-        launch_scan<false, false>(vec, tiles, stream, d_in, n, d_out, d_carry_in, d_carry_out, st);
+    switch (out_i32 ? t->scan_shape_i32 : t->scan_shape) {
+    case TK_SCAN_V8:
+        launch_shape<TK_SCAN_VECS, false>(exclusive, out_i32, vec, a);
+        break;
+    case TK_SCAN_V8_LEAN:
+        launch_shape<8, true>(exclusive, out_i32, vec, a);
+        break;
+    case TK_SCAN_V12_LEAN:
+        launch_shape<12, true>(exclusive, out_i32, vec, a);
+        break;
+    case TK_SCAN_V16_LEAN:
+        launch_shape<16, true>(exclusive, out_i32, vec, a);
+        break;
+    default:
+        return TALLY_E_PARAM;
+    }
     return tk_cuda_check_launch();
 }
