@@ -48,7 +48,7 @@ if [ -d /run/systemd/system ]; then
   echo "run it in a container or on a machine without systemd as PID 1"
   exit 77
 fi
-for d in /etc/tallyd /var/lib/tallyd; do
+for d in /etc/tallyd /var/lib/tallyd /var/cache/tallyd /run/tallyd; do
   [ ! -e $d ] || { echo "package-test: $d exists already; this test would remove it"; exit 1; }
 done
 git -C "$here" cat-file -e "$old_commit^{commit}" 2>/dev/null || {
@@ -83,6 +83,8 @@ cleanup() {
   if [ ${#ours[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq "${ours[@]}" >/dev/null 2>&1
   fi
+  # What a failed purge may have left (neither existed before: checked at the start).
+  rm -rf /etc/tallyd /var/lib/tallyd /var/cache/tallyd /run/tallyd
   if [ $made_user -eq 1 ] && getent passwd tallyd >/dev/null; then userdel tallyd; fi
   if [ $made_user -eq 1 ] && getent group tallyd >/dev/null; then groupdel tallyd; fi
   rm -rf "$work"
