@@ -28,11 +28,12 @@
 #      owns may remain elsewhere; a reinstall finds the same user); this test deletes it at the
 #      end when it made it, to leave the machine as it found it.
 #
-# It refuses to run where tallyd packages, /etc/tallyd or /var/lib/tallyd exist already (it
-# would purge them), and is skipped (exit 77) when not root without passwordless sudo, or where
-# systemd runs (the packages would start tallyd.service; run it in a container). Whatever
-# happens, it stops its tallyd and purges what it installed (trap). Takes about 3 minutes on a
-# 2-core machine (each phase's time is printed at the end).
+# It refuses to run where tallyd packages, /etc/tallyd, /var/lib/tallyd, /var/cache/tallyd or
+# /run/tallyd exist already (it would remove them), and is skipped (exit 77) when not root
+# without passwordless sudo, or where systemd runs (the packages would start tallyd.service; run
+# it in a container). Whatever happens, it stops its tallyd and purges what it installed (trap).
+# About 95 s of CPU; 2.5 to 5 minutes on the shared 2-core dev box (each phase's time is printed
+# at the end).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 old_commit=1f378860684bdf356eac8d381aa63dc91db7c739
@@ -116,7 +117,8 @@ version_of() { dpkg-query -W -f='${Version}' "$1"; }
 
 # The installed tallyd as the system user, on a free port, with the state where the unit keeps
 # it; waits until it answers.
-port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])')
 endpoint=tcp://127.0.0.1:$port
 # (The shared-memory socket goes to this test's folder: /run/tallyd is systemd's to make.)
 start_daemon() {
@@ -183,11 +185,13 @@ as_user tallyd --version | grep -q "^tallyd 0" || fail "tallyd --version: $(tall
 as_user tally ping
 got=$(printf '5 3 0 12 7 1 7\n' | as_user tally hist --text --stream pkg/use | grep -E '^(5|7|12) ')
 [ "$got" = "$(printf '5 1\n7 2\n12 1')" ] || fail "tally hist gave: $got"
-as_user tally query pkg/use | grep -q 'elements 7' || fail "tally query pkg/use: $(as_user tally query pkg/use)"
+as_user tally query pkg/use | grep -q 'elements 7' ||
+  fail "tally query pkg/use: $(as_user tally query pkg/use)"
 echo "ok   tally ping, hist and query against /usr/bin/tallyd $(as_user tallyd --version | head -1)"
 # The system user, its state directory, the conffile and the units.
 IFS=: read -r _ _ uid _ _ home shell < <(getent passwd tallyd)
-if ! { [ "$uid" -lt 1000 ] && [ "$home" = /var/lib/tallyd ] && [ "$shell" = /usr/sbin/nologin ]; }; then
+if ! { [ "$uid" -lt 1000 ] && [ "$home" = /var/lib/tallyd ] &&
+  [ "$shell" = /usr/sbin/nologin ]; }; then
   fail "the user tallyd: uid $uid, home $home, shell $shell"
 fi
 [ "$(stat -c %U:%G /var/lib/tallyd)" = tallyd:tallyd ] || fail "/var/lib/tallyd is not tallyd's"
@@ -195,7 +199,8 @@ dpkg-query -W -f='${Conffiles}\n' tallyd | grep -q '^ /etc/tallyd/tallyd.conf ' 
   fail "/etc/tallyd/tallyd.conf is not a conffile"
 sh "$here/tests/test_units.sh" /lib/systemd/system tallyd >"$work/units.log" 2>&1 ||
   { cat "$work/units.log"; fail "the installed units"; }
-echo "ok   user tallyd (uid $uid), /var/lib/tallyd, conffile, units ($(tail -n 2 "$work/units.log" | head -1))"
+echo "ok   user tallyd (uid $uid), /var/lib/tallyd, conffile, units" \
+  "($(tail -n 2 "$work/units.log" | head -1))"
 as_user man -w tallyd.conf | grep -q '^/usr/share/man/man5/tallyd.conf.5' || fail "man tallyd.conf"
 # shellcheck disable=SC2016
 got=$(as_user bash -c '. /usr/share/bash-completion/completions/tally
@@ -209,7 +214,8 @@ awk '/<!-- compiled: filter -->/ { name = 1; next }
      name && /^```c/ { inside = 1; next }
      inside && /^```/ { exit }
      inside { print }' "$here/README.md" | sed "s|tcp://127.0.0.1:5555|$endpoint|" >"$app/app.c"
-grep -q "$endpoint" "$app/app.c" || fail "the README's C example (<!-- compiled: filter -->) not found"
+grep -q "$endpoint" "$app/app.c" ||
+  fail "the README's C example (<!-- compiled: filter -->) not found"
 cat >"$app/CMakeLists.txt" <<'CM'
 cmake_minimum_required(VERSION 3.16)
 project(app C)
@@ -229,7 +235,9 @@ for exe in app-pc build/app; do
   [ "$(realpath "${got:-/nonexistent}")" = "$lib" ] ||
     fail "$exe does not load the installed libtally.so.0 ($lib): '$got'"
 done
-if readelf -d "$app/app-static" | grep -q 'NEEDED.*libtally'; then fail "app-static loads libtally.so"; fi
+if readelf -d "$app/app-static" | grep -q 'NEEDED.*libtally'; then
+  fail "app-static loads libtally.so"
+fi
 for exe in app-pc app-static build/app; do
   [ "$(as_user "$app/$exe" | tr '\n' ' ')" = "5 12 7 " ] || fail "the README's example ($exe)"
 done
@@ -262,7 +270,8 @@ DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq "${packages[@]}" >"$work/ap
 echo "ok   remove: the state and the conffile stay"
 # (libtally0, libtally-dev and python3-tally have no conffiles: remove forgot them already.)
 mapfile -t rc < <(known)
-[ "${rc[*]}" = tallyd ] || fail "after remove, dpkg still knows ${rc[*]} (expected tallyd: its conffile)"
+[ "${rc[*]}" = tallyd ] ||
+  fail "after remove, dpkg still knows ${rc[*]} (expected tallyd alone: its conffile)"
 DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq "${rc[@]}" >"$work/apt.log" 2>&1 ||
   { cat "$work/apt.log"; fail "apt-get purge"; }
 [ -z "$(known)" ] || fail "dpkg still knows $(known) after purge"
@@ -275,11 +284,13 @@ while read -r f; do
     left="$left $f"
   fi
 done <"$work/files.txt"
-for d in /etc/tallyd /var/lib/tallyd /var/cache/tallyd /run/tallyd /usr/lib/python3/dist-packages/tally; do
+for d in /etc/tallyd /var/lib/tallyd /var/cache/tallyd /run/tallyd \
+  /usr/lib/python3/dist-packages/tally; do
   [ ! -e $d ] || left="$left $d"
 done
 [ -z "$left" ] || fail "left after purge:$left"
-getent passwd tallyd >/dev/null || fail "purge removed the system user tallyd (it is kept, by choice)"
+getent passwd tallyd >/dev/null ||
+  fail "purge removed the system user tallyd (it is kept, by choice)"
 echo "ok   purge: none of the $(wc -l <"$work/files.txt") paths of dpkg -L left, nor the state or"
 echo "     /etc/tallyd; the user tallyd kept"
 phase "remove, purge, check"

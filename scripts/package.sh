@@ -68,7 +68,8 @@ if [ -n "$rev" ]; then
 else
   git -C "$src" checkout --quiet --detach "$(git -C "$here" rev-parse HEAD)"
   git -C "$here" diff --binary HEAD | git -C "$src" apply --allow-empty
-  (cd "$here" && git ls-files -z --others --exclude-standard | tar -c --null -T -) | tar -x -C "$src"
+  (cd "$here" && git ls-files -z --others --exclude-standard | tar -c --null -T -) |
+    tar -x -C "$src"
 fi
 
 # The version, and debian/changelog, which the packaging does not keep in the tree.
@@ -86,18 +87,15 @@ fi
   echo
   echo "  * Built from $(git -C "$src" describe --always --dirty) by scripts/package.sh."
   echo
-  echo " -- $(sed -n 's/^Maintainer: //p' "$src/debian/control")  $(git -C "$src" log -1 --format=%aD)"
+  maintainer=$(sed -n 's/^Maintainer: //p' "$src/debian/control")
+  echo " -- $maintainer  $(git -C "$src" log -1 --format=%aD)"
 } >"$src/debian/changelog"
 
 echo "== building tallyd $version ($src)"
 log=$scratch/build.log
 # The system's PATH, as on a Debian build daemon: a Python or compiler of the user's own
-# (pyenv, ~/.local) is not what the packages will run with. The CUDA profile keeps nvcc's folder.
-path=/usr/sbin:/usr/bin:/sbin:/bin
-case " ${DEB_BUILD_PROFILES:-} " in
-*" pkg.tallyd.cuda "*) path=$path:$(dirname "$(command -v nvcc)") ;;
-esac
-if ! (cd "$src" && PATH=$path \
+# (pyenv, ~/.local) is not what the packages will run with.
+if ! (cd "$src" && PATH=/usr/sbin:/usr/bin:/sbin:/bin \
   DEB_BUILD_OPTIONS=${DEB_BUILD_OPTIONS:-"nocheck noautodbgsym parallel=$(nproc)"} \
     dpkg-buildpackage -b -uc -us) >"$log" 2>&1; then
   tail -n 60 "$log"
