@@ -12,7 +12,9 @@ packages=(build-essential cmake pkg-config libzmq3-dev libuv1-dev libcmocka-dev
           python3-prometheus-client python3-yaml  # test_prometheus, test_grafana_dashboard
           scdoc man-db  # the man pages (man/) and their test
           python3-jsonschema  # test_web_api: the HTTP API against web/schema/
-          chromium chromium-driver python3-selenium)  # test_web_browser: the page in a browser
+          chromium chromium-driver python3-selenium  # test_web_browser: the page in a browser
+          debhelper dh-python python3-all python3-setuptools pybuild-plugin-pyproject
+          lintian)  # the Debian packages: scripts/package.sh, scripts/package-test.sh
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -6,7 +6,8 @@
 # build with AddressSanitizer + UndefinedBehaviorSanitizer. That build also has the allocation-
 # failure hooks (-DTALLY_ALLOC_FAULTS=ON: inert unless TALLYD_ALLOC_FAIL_AT is set), so its CTest
 # run includes test_alloc_sweep, the bounded allocation-failure sweep (about 200 runs over the
-# whole range, none started after 200 s; scripts/alloc-sweep.sh runs every N).
+# whole range, none started after 200 s; scripts/alloc-sweep.sh runs every N). Last, the Debian
+# packages are built, installed, upgraded, used and purged (scripts/package-test.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -32,3 +33,12 @@ cmake -S . -B build-asan -DTALLY_WERROR=ON -DTALLY_SANITIZE=ON -DTALLY_ALLOC_FAU
 cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j"$jobs")
+
+# The Debian packages (issue 35): built, linted, installed over the previous version's, used,
+# removed and purged on this machine (scripts/package-test.sh; about 3 minutes). Last, on its
+# own: it installs system packages, which nothing else here may be running beside. Skipped
+# (77) without root, or where systemd runs.
+echo "== Debian packages: build, lintian, upgrade, use, purge"
+rc=0
+scripts/package-test.sh || rc=$?
+[ $rc -eq 0 ] || [ $rc -eq 77 ] || exit $rc

@@ -162,6 +162,33 @@ def test_import_error_names_the_library(tmp_path: Path) -> None:
     assert "is not a libtally this binding can use: it lacks tally_version" in last, last
 
 
+def test_loads_libtally_by_its_soname(tmp_path: Path) -> None:
+    """Without $TALLY_LIBRARY the binding loads libtally.so.0, the SONAME it was generated for,
+    as the loader finds it (the libtally0 package), even where the development symlink
+    libtally.so names another major version (a newer libtally-dev beside libtally0):
+    ctypes.util.find_library("tally") follows that symlink and would load libtally.so.1."""
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler to build the other major version")
+    assert tally._wire.SONAME == "libtally.so.0"
+    os.symlink(os.path.realpath(os.environ["TALLY_LIBRARY"]), tmp_path / "libtally.so.0")
+    (tmp_path / "other.c").write_text("int tally_other_major(void) { return 1; }\n")
+    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libtally.so.1", "-o",
+                    str(tmp_path / "libtally.so.1"), str(tmp_path / "other.c")], check=True)
+    os.symlink("libtally.so.1", tmp_path / "libtally.so")
+    env = {k: v for k, v in os.environ.items() if k != "TALLY_LIBRARY"}
+    env["LD_LIBRARY_PATH"] = str(tmp_path)
+    show = ("import tally, tally._lib\n"
+            "print(tally._lib.library_path()[0])\n"
+            "print(*sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libtally' in l}))")
+    out = subprocess.run([sys.executable, "-c", show], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    name, loaded = out.stdout.split("\n")[:2]
+    assert name == "libtally.so.0"
+    assert loaded == os.path.realpath(os.environ["TALLY_LIBRARY"])
+
+
 # ---- Data operations ------------------------------------------------------------------------
 
 

@@ -4,9 +4,12 @@
 # ExecStart names the tallyd built here: verify checks that it exists and is executable).
 # Any diagnostic about our units fails the test, not only an exit status: verify reports
 # unknown keys and bad values as warnings. Skipped (77) where systemd-analyze is absent.
-# usage: test_units.sh UNIT_DIR
+# USER: the build's TALLY_SERVICE_USER (empty: the service runs as a dynamic user; a name: as
+# that system user, User= and Group=, which the package creates).
+# usage: test_units.sh UNIT_DIR [USER]
 set -u
 unit_dir=$1
+user=${2:-}
 if ! command -v systemd-analyze >/dev/null 2>&1; then
   echo "systemd-analyze not found: skipping"
   exit 77
@@ -24,7 +27,18 @@ if printf '%s\n' "$out" | grep -q 'tallyd'; then
   exit 1
 fi
 # What the issue asks of the service unit, spelled out.
-for key in 'Type=notify' 'Restart=on-failure' 'DynamicUser=yes' 'StateDirectory=tallyd' \
+if [ -n "$user" ]; then
+  runs_as="User=$user"
+  grep -qx "Group=$user" "$unit_dir/tallyd.service" ||
+    { echo "FAIL: tallyd.service lacks Group=$user"; exit 1; }
+  if grep -q '^DynamicUser=' "$unit_dir/tallyd.service"; then
+    echo "FAIL: tallyd.service has DynamicUser= beside User=$user"
+    exit 1
+  fi
+else
+  runs_as='DynamicUser=yes'
+fi
+for key in 'Type=notify' 'Restart=on-failure' "$runs_as" 'StateDirectory=tallyd' \
   'RuntimeDirectory=tallyd' 'ProtectSystem=strict' 'NoNewPrivileges=yes' \
   'DevicePolicy=closed' 'DeviceAllow=char-nvidia-frontend rw' 'WatchdogSec=' \
   'ExecReload=/bin/kill -HUP $MAINPID' 'UMask=0077' 'SystemCallFilter=@system-service' \

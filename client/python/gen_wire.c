@@ -2,8 +2,8 @@
 /*
  * gen_wire.c — prints client/python/tally/_wire.py, the C facts the Python binding uses: the
  * numbers it sends and checks (opcodes and the dtypes each takes, dtypes, predicates, flags,
- * statuses, seq modes, limits, the default endpoint) and the layout (sizeof, and each field's
- * offsetof and sizeof) of every C struct it mirrors with ctypes.
+ * statuses, seq modes, limits, the default endpoint, libtally's SONAME) and the layout (sizeof,
+ * and each field's offsetof and sizeof) of every C struct it mirrors with ctypes.
  *
  * Why a program and not a parser: the operations, dtypes and predicates come from proto/'s
  * tables (the operation table, tally_ops.h, and the name functions), and every other value and
@@ -137,6 +137,10 @@ static void print_constants(void)
         printf(" = %lld\n", numbers[i].value);
     }
     print_string("DEFAULT_ENDPOINT", TALLY_DEFAULT_ENDPOINT);
+    /* The file name the binding loads libtally by: the shared library's SONAME, which the build
+     * passes in (client/CMakeLists.txt), so a new major version of libtally is a new name here
+     * and an old binding never loads a library it does not fit. */
+    print_string("SONAME", TALLY_SONAME);
 }
 
 /* ---- Struct layouts ---------------------------------------------------------------------- */

@@ -12,11 +12,10 @@ instead of silent memory corruption, and tests/test_python_wire.sh keeps _wire.p
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Type
 
-from ._wire import ERROR_MESSAGE_MAX, HIST_BINS, HIST_VALUES_MAX, LAYOUT, STREAM_NAME_MAX
+from ._wire import ERROR_MESSAGE_MAX, HIST_BINS, HIST_VALUES_MAX, LAYOUT, SONAME, STREAM_NAME_MAX
 
 # ---- The C structs (tally.h, tally_wire.h) ----------------------------------------------------
 
@@ -243,15 +242,15 @@ _HOW_TO_POINT = ("Install libtally (cmake --install BUILD, or the distribution's
 
 
 def library_path() -> Tuple[str, str]:
-    """Which libtally to load, and how it was chosen (for messages): $TALLY_LIBRARY, else what
-    the system's loader finds as libtally, else the soname libtally.so.0."""
+    """Which libtally to load, and how it was chosen (for messages): $TALLY_LIBRARY, else the
+    SONAME this binding was generated for (libtally.so.0), which the system's loader looks up
+    (ld.so.cache: the libtally0 package, or `cmake --install` then ldconfig; LD_LIBRARY_PATH).
+    By its SONAME, not by ctypes.util.find_library("tally"): that may name another major
+    version, whose functions this binding's signatures do not fit."""
     env = os.environ.get("TALLY_LIBRARY")
     if env:
         return env, "from $TALLY_LIBRARY"
-    found = ctypes.util.find_library("tally")
-    if found:
-        return found, "found by the system's loader (ldconfig)"
-    return "libtally.so.0", "the system's loader found no libtally"
+    return SONAME, "its SONAME, through the system's loader"
 
 
 def load(path: Optional[str] = None) -> Any:

@@ -66,6 +66,7 @@ STREAM_NAME_MAX = 64
 ERROR_MESSAGE_MAX = 255
 DEFAULT_TIMEOUT_MS = 5000
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
+SONAME = "libtally.so.0"
 
 # C struct -> (sizeof, {field: (offsetof, sizeof)}), as the compiler lays them out.
 LAYOUT = {
