@@ -124,7 +124,7 @@ static int bare_k(const char *url, uint32_t k, long count)
 {
     char stream_name[32], subject[32];
     snprintf(stream_name, sizeof stream_name, "TALLY_P%u", (unsigned)k);
-    snprintf(subject, sizeof subject, "tally.in.%u", (unsigned)k);
+    snprintf(subject, sizeof subject, "tally.in.%u.*", (unsigned)k); /* every publisher */
     natsConnection *nc = NULL;
     jsCtx *js = NULL;
     natsSubscription *sub = NULL;

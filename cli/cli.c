@@ -5,6 +5,7 @@
  * exit status per kind of failure, number and size parsing, and connecting (cli.h).
  */
 #include "cli.h"
+#include "tally_fleet.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -180,6 +181,16 @@ const cli_option_t cli_common_options[] = {
      "instead of one tallyd at -e (default: $TALLY_NATS; PROTOCOL.md §13)"},
     {"nats-creds", CLI_OPT_NATS_CREDS, "FILE",
      "the NATS credentials file (.creds) for --nats (default:\n$TALLY_NATS_CREDS)"},
+    {"nats-user", CLI_OPT_NATS_USER, "NAME",
+     "the NATS user the fleet knows us as: its subjects and inboxes\n(default: $TALLY_NATS_USER, "
+     "else the user in the --nats URL)"},
+    {"nats-tls-ca", CLI_OPT_NATS_TLS_CA, "FILE",
+     "TLS to NATS, the servers' certificates checked against this\nCA file (PEM; default: "
+     "$TALLY_NATS_TLS_CA)"},
+    {"nats-tls-cert", CLI_OPT_NATS_TLS_CERT, "FILE",
+     "a TLS client certificate (PEM) for servers that verify\nclients (default: "
+     "$TALLY_NATS_TLS_CERT)"},
+    {"nats-tls-key", CLI_OPT_NATS_TLS_KEY, "FILE", "its key (PEM; default: $TALLY_NATS_TLS_KEY)"},
     {"help", 'h', NULL, "show this help"},
     {0},
 };
@@ -190,6 +201,10 @@ static const cli_setter_t common_setters[] = {
     CLI_SET_ARG(CLI_OPT_CLIENT_KEY, cli_t, client_key),
     CLI_SET_ARG(CLI_OPT_NATS, cli_t, nats),
     CLI_SET_ARG(CLI_OPT_NATS_CREDS, cli_t, nats_creds),
+    CLI_SET_ARG(CLI_OPT_NATS_USER, cli_t, nats_user),
+    CLI_SET_ARG(CLI_OPT_NATS_TLS_CA, cli_t, nats_tls_ca),
+    CLI_SET_ARG(CLI_OPT_NATS_TLS_CERT, cli_t, nats_tls_cert),
+    CLI_SET_ARG(CLI_OPT_NATS_TLS_KEY, cli_t, nats_tls_key),
     {0},
 };
 
@@ -456,16 +471,22 @@ static int client_new(const cli_t *cli, int timeout_ms, tally_client_t **client)
 
 int cli_nats_client(const cli_t *cli, int timeout_ms, tally_client_t **client)
 {
-    tally_nats_opts_t o = {
-        .servers = cli->nats, .credentials = cli->nats_creds, .timeout_ms = timeout_ms};
-    char why[512] = "";
+    tally_nats_opts_t o = {.servers = cli->nats,
+                           .credentials = cli->nats_creds,
+                           .user = cli->nats_user,
+                           .tls_ca = cli->nats_tls_ca,
+                           .tls_cert = cli->nats_tls_cert,
+                           .tls_key = cli->nats_tls_key,
+                           .timeout_ms = timeout_ms};
+    char why[512] = "", shown[512];
+    tally_fleet_redact(cli->nats, shown, sizeof shown); /* no password on the terminal */
     tally_status_t status = tally_client_new_nats(&o, client, why, sizeof why);
     if (status == TALLY_E_TRANSPORT) {
-        cli_error("cannot connect to NATS at %s: %s", cli->nats, why);
+        cli_error("cannot connect to NATS at %s: %s", shown, why);
         return EXIT_TRANSPORT;
     }
     if (status != TALLY_OK) {
-        cli_error("NATS %s: %s", cli->nats, why[0] ? why : tally_status_name(status));
+        cli_error("NATS %s: %s", shown, why[0] ? why : tally_status_name(status));
         return EXIT_USAGE;
     }
     return 0;

@@ -44,6 +44,10 @@ typedef struct {
     const char *client_key; /* --client-key: this client's key file, or NULL */
     const char *nats;       /* --nats, else $TALLY_NATS: a fleet's NATS servers instead of -e */
     const char *nats_creds; /* --nats-creds, else $TALLY_NATS_CREDS: a NATS .creds file */
+    const char *nats_user;  /* --nats-user, else $TALLY_NATS_USER: the fleet's name for us */
+    const char *nats_tls_ca;   /* --nats-tls-ca, else $TALLY_NATS_TLS_CA: TLS, servers checked */
+    const char *nats_tls_cert; /* --nats-tls-cert/-key, else $TALLY_NATS_TLS_CERT/_KEY */
+    const char *nats_tls_key;
 } cli_t;
 
 /* One option: getopt_long's fields plus what --help prints for it. */
@@ -82,7 +86,16 @@ typedef struct {
 /* Ids of long-only options start here (above every letter). */
 #define CLI_OPT_FIRST 256
 /* Ids of the long-only common options (above every command's own). */
-enum { CLI_OPT_SERVER_KEY = 4096, CLI_OPT_CLIENT_KEY, CLI_OPT_NATS, CLI_OPT_NATS_CREDS };
+enum {
+    CLI_OPT_SERVER_KEY = 4096,
+    CLI_OPT_CLIENT_KEY,
+    CLI_OPT_NATS,
+    CLI_OPT_NATS_CREDS,
+    CLI_OPT_NATS_USER,
+    CLI_OPT_NATS_TLS_CA,
+    CLI_OPT_NATS_TLS_CERT,
+    CLI_OPT_NATS_TLS_KEY,
+};
 
 typedef struct {
     const char *title; /* "Options", "Predicate (exactly one)"; NULL ends the list */

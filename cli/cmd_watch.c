@@ -26,6 +26,7 @@
 #include "hist_view.h"
 #include "tally_proto.h"
 #include "tally_args.h"
+#include "tally_fleet.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -591,10 +592,11 @@ static void draw(watch_t *w, bool resized)
         tally_buf_printf(&w->frame, resized ? "\x1b[H\x1b[2J" : "\x1b[H");
     char now[16];
     clock_text(wall_s(), now, sizeof now);
+    char where[256];
     line(w, "tally watch  %s%s%s  every %gs  %s  %s%s",
-         w->cli->nats ? w->cli->nats : w->cli->endpoint, w->sub_endpoint ? "  sub " : "",
-         w->sub_endpoint ? w->sub_endpoint : "", w->interval_s, w->log ? "log" : "linear", now,
-         w->once ? "" : "  (q quits)");
+         w->cli->nats ? tally_fleet_redact(w->cli->nats, where, sizeof where) : w->cli->endpoint,
+         w->sub_endpoint ? "  sub " : "", w->sub_endpoint ? w->sub_endpoint : "", w->interval_s,
+         w->log ? "log" : "linear", now, w->once ? "" : "  (q quits)");
     line(w, "%s", w->status);
     header_t *headers = calloc(w->count * HV_CHANNELS_MAX, sizeof *headers);
     if (!headers)

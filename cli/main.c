@@ -41,8 +41,9 @@ static void print_usage(FILE *f)
                "\n"
                "Environment: TALLY_ENDPOINT, the endpoint when -e is not given;\n"
                "TALLY_SERVER_KEY and TALLY_CLIENT_KEY, the CURVE keys when --server-key and\n"
-               "--client-key are not given; TALLY_NATS and TALLY_NATS_CREDS, --nats and\n"
-               "--nats-creds.\n"
+               "--client-key are not given; TALLY_NATS, TALLY_NATS_CREDS, TALLY_NATS_USER,\n"
+               "TALLY_NATS_TLS_CA, TALLY_NATS_TLS_CERT and TALLY_NATS_TLS_KEY, the --nats\n"
+               "options of those names.\n"
                "Exit status: 0 ok, 1 error reported by tallyd, 2 usage or input error,\n"
                "3 no reply (nothing listening, timeout or transport failure), 130 interrupted.\n");
 }
@@ -62,6 +63,10 @@ static int top_level(cli_t *cli, int argc, char **argv)
         {"client-key", required_argument, NULL, CLI_OPT_CLIENT_KEY},
         {"nats", required_argument, NULL, CLI_OPT_NATS},
         {"nats-creds", required_argument, NULL, CLI_OPT_NATS_CREDS},
+        {"nats-user", required_argument, NULL, CLI_OPT_NATS_USER},
+        {"nats-tls-ca", required_argument, NULL, CLI_OPT_NATS_TLS_CA},
+        {"nats-tls-cert", required_argument, NULL, CLI_OPT_NATS_TLS_CERT},
+        {"nats-tls-key", required_argument, NULL, CLI_OPT_NATS_TLS_KEY},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
         {0},
@@ -95,17 +100,24 @@ static int top_level(cli_t *cli, int argc, char **argv)
     return 0;
 }
 
+/* An environment variable that is set and not empty, else NULL. */
+static const char *env(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v ? v : NULL;
+}
+
 int main(int argc, char **argv)
 {
     cli_t cli = {.endpoint = getenv("TALLY_ENDPOINT"), .timeout_ms = TALLY_DEFAULT_TIMEOUT_MS};
     if (!cli.endpoint || !*cli.endpoint)
         cli.endpoint = TALLY_DEFAULT_ENDPOINT;
-    cli.nats = getenv("TALLY_NATS");
-    if (cli.nats && !*cli.nats)
-        cli.nats = NULL;
-    cli.nats_creds = getenv("TALLY_NATS_CREDS");
-    if (cli.nats_creds && !*cli.nats_creds)
-        cli.nats_creds = NULL;
+    cli.nats = env("TALLY_NATS");
+    cli.nats_creds = env("TALLY_NATS_CREDS");
+    cli.nats_user = env("TALLY_NATS_USER");
+    cli.nats_tls_ca = env("TALLY_NATS_TLS_CA");
+    cli.nats_tls_cert = env("TALLY_NATS_TLS_CERT");
+    cli.nats_tls_key = env("TALLY_NATS_TLS_KEY");
     int rc = top_level(&cli, argc, argv);
     if (rc)
         return rc == CLI_HELP_SHOWN ? 0 : rc;

@@ -1791,6 +1791,8 @@ static tally_status_t push_prepare(tally_push_t *push, const tally_run_opts_t *o
 /* The stream's last_seq, or 0 for a stream that does not exist (yet). */
 static tally_status_t stream_last_seq(tally_client_t *self, const char *stream, uint64_t *last)
 {
+    if (self->natsc) /* a fleet: asked of tally.seq, which a producer may (PROTOCOL.md §13) */
+        return tally__natsc_last_seq(self->natsc, stream, last, self->error, sizeof self->error);
     tally_stream_info_t info;
     tally_status_t status = tally_query(self, stream, &info);
     *last = status == TALLY_OK ? info.last_seq : 0;

@@ -648,12 +648,18 @@ typedef struct {
     const char *tls_ca;   /* a CA file (PEM): TLS, with the server's certificate checked */
     const char *tls_cert; /* a client certificate and key (PEM), where the server asks */
     const char *tls_key;
-    const char *producer_id; /* the dedupe ids' prefix, 1..64 of A-Z a-z 0-9 - _; NULL: 16 random
-                              * hex digits. Two producers with one id dedupe each other */
+    const char *producer_id; /* the dedupe ids' prefix after the user, 1..64 of A-Z a-z 0-9 - _;
+                              * NULL: 16 random hex digits. Fixed, it is guessable: another user
+                              * who publishes its ids first makes its messages vanish as
+                              * duplicates (PROTOCOL.md §13 "Security"); two producers of one
+                              * user with one id dedupe each other */
     int timeout_ms;          /* every wait: connecting, a PubAck (then a resend), a reply;
                               * 0: TALLY_DEFAULT_TIMEOUT_MS */
     uint32_t partitions;     /* 0: the fleet's (read from NATS, where a worker wrote it) */
     size_t window_bytes;     /* message bytes awaiting a PubAck before a send waits; 0: 32 MiB */
+    const char *user;        /* the NATS user the fleet knows this producer as (its subjects end
+                              * in it, its inboxes are _INBOX.<user>.…, its ids begin with it);
+                              * NULL: the user in the first URL that has one, else "anon" */
 } tally_nats_opts_t;
 
 typedef struct {
@@ -664,6 +670,8 @@ typedef struct {
     uint64_t failed;          /* messages the stream refused for good (larger than it takes) */
     uint64_t pending;         /* messages still without a PubAck */
     uint64_t replies_dropped; /* replies not awaited: an answer again after a worker's take-over */
+    uint64_t collisions; /* messages of a random producer id that another producer's message had
+                          * taken the id of: published again under a fresh id */
 } tally_nats_stats_t;
 
 /* Connects and reads the fleet's partition count. TALLY_E_ARG (a malformed option, no fleet

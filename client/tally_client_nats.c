@@ -189,6 +189,19 @@ tally_status_t tally__natsc_send(tally__natsc_t *self, const tally_req_t *req, c
     return stash(self, st, &reply);
 }
 
+tally_status_t tally__natsc_last_seq(tally__natsc_t *self, const char *stream, uint64_t *last,
+                                     char *error, size_t cap)
+{
+    tally_status_t st = tally__nats_last_seq(self->nats, stream, last);
+    if (st == TALLY_E_UNKNOWN_STREAM) { /* a stream's first push */
+        *last = 0;
+        return TALLY_OK;
+    }
+    if (st != TALLY_OK)
+        snprintf(error, cap, "%s", tally_nats_error(self->nats));
+    return st;
+}
+
 tally_status_t tally__natsc_recv(tally__natsc_t *self, int timeout_ms, tally_reply_t *reply)
 {
     tally_reply_clear(reply);

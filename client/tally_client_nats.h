@@ -31,5 +31,12 @@ tally_status_t tally__natsc_recv(tally__natsc_t *self, int timeout_ms, tally_rep
  * largest payload of one message for req (PROTOCOL.md §13 "Validation"). */
 uint64_t tally__nats_next_id(const tally_nats_t *self);
 size_t tally__nats_chunk_limit(const tally_nats_t *self, const tally_req_t *req, bool want_reply);
+/* A stream's last_seq from its owner (tally.seq.<k>.<user>: what a producer may ask; 0 for a
+ * stream that does not exist yet), for a push that numbers its chunks. */
+tally_status_t tally__nats_last_seq(tally_nats_t *self, const char *stream, uint64_t *last);
+/* tally_client_nats.c: the same for a client made by tally_client_new_nats; error (cap bytes)
+ * says why it failed. */
+tally_status_t tally__natsc_last_seq(tally__natsc_t *self, const char *stream, uint64_t *last,
+                                     char *error, size_t cap);
 
 #endif

@@ -55,7 +55,8 @@ struct tally_nats {
     natsConnection *nc;
     jsCtx *js;
     natsSubscription *replies; /* on inbox */
-    char inbox[96];
+    char inbox[160];
+    char user[TALLY_NATS_MEMBER_ID_MAX + 1]; /* the NATS user: subjects, inbox, id namespace */
     char producer_id[TALLY_NATS_MEMBER_ID_MAX + 1];
     uint32_t partitions;
     size_t max_payload;
@@ -76,6 +77,9 @@ struct tally_nats {
     size_t pending_msgs;
     natsMsg **retry;
     size_t retry_len, retry_cap;
+    natsMsg **resent; /* published more than once and without a PubAck yet */
+    size_t resent_len, resent_cap;
+    bool random_id;   /* producer_id is random: a `duplicate` on a first publish is a collision */
     int64_t retry_at; /* resend no earlier (ms, monotonic): a failure may repeat at once */
     uint32_t order[ORDER_SLOTS]; /* messages without a PubAck, per stream slot */
     tally_nats_stats_t stats;
@@ -121,34 +125,78 @@ static bool retryable(const jsPubAckErr *pae)
     return pae->ErrCode != JSStreamMessageExceedsMaximumErr;
 }
 
+/* Puts msg on the retry list (mutex held); false when there is no memory for it. */
+static bool retry_later(tally_nats_t *self, natsMsg *msg)
+{
+    if (self->retry_len == self->retry_cap) {
+        size_t cap = self->retry_cap ? 2 * self->retry_cap : 16;
+        natsMsg **grown = realloc(self->retry, cap * sizeof *grown);
+        if (!grown)
+            return false;
+        self->retry = grown;
+        self->retry_cap = cap;
+    }
+    self->retry[self->retry_len++] = msg;
+    self->retry_at = now_ms() + RETRY_DELAY_MS;
+    return true;
+}
+
+/* Whether msg was published more than once; forgets it (mutex held). */
+static bool resent_take(tally_nats_t *self, natsMsg *msg)
+{
+    for (size_t i = 0; i < self->resent_len; i++)
+        if (self->resent[i] == msg) {
+            self->resent[i] = self->resent[--self->resent_len];
+            return true;
+        }
+    return false;
+}
+
+/* A PubAck that says `duplicate` for a message published once under a random id: another
+ * producer published that id first, which it can only do by knowing it (PROTOCOL.md §13
+ * "Security"), and the stream kept the other message instead. The message takes a fresh id (16
+ * more random hex digits after it) to be published again, so it is not lost; false when it
+ * cannot (no randomness, no room left in an id). */
+static bool rename_collided(natsMsg *msg)
+{
+    const char *id = NULL;
+    uint8_t r[8];
+    char fresh[TALLY_NATS_MSG_ID_MAX + 1];
+    if (natsMsgHeader_Get(msg, TALLY_NATS_HDR_MSG_ID, &id) != NATS_OK || !id ||
+        getrandom(r, sizeof r, 0) != (ssize_t)sizeof r)
+        return false;
+    size_t n = (size_t)snprintf(fresh, sizeof fresh, "%s.", id);
+    if (n + 2 * sizeof r >= sizeof fresh)
+        return false;
+    for (size_t i = 0; i < sizeof r; i++)
+        snprintf(fresh + n + 2 * i, 3, "%02x", r[i]);
+    return natsMsgHeader_Set(msg, TALLY_NATS_HDR_MSG_ID, fresh) == NATS_OK;
+}
+
 static void on_pub_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, void *closure)
 {
     (void)js;
     tally_nats_t *self = closure;
     bool keep = false;
     pthread_mutex_lock(&self->mu);
-    if (pa) {
+    bool resent = resent_take(self, msg);
+    if (pa && pa->Duplicate && self->random_id && !resent) {
+        self->stats.collisions++;
+        keep = rename_collided(msg) && retry_later(self, msg);
+        if (!keep) {
+            snprintf(self->ack_error, sizeof self->ack_error,
+                     "a message's id was taken by another producer and it could not be renamed");
+            self->stats.failed++;
+        }
+    } else if (pa) {
         self->stats.acked++;
         self->stats.duplicates += pa->Duplicate;
     } else {
         snprintf(self->ack_error, sizeof self->ack_error, "%s",
                  pae->ErrText ? pae->ErrText : natsStatus_GetText(pae->Err));
-        keep = retryable(pae);
-        if (keep && self->retry_len == self->retry_cap) {
-            size_t cap = self->retry_cap ? 2 * self->retry_cap : 16;
-            natsMsg **grown = realloc(self->retry, cap * sizeof *grown);
-            keep = grown != NULL;
-            if (grown) {
-                self->retry = grown;
-                self->retry_cap = cap;
-            }
-        }
-        if (keep) {
-            self->retry[self->retry_len++] = msg;
-            self->retry_at = now_ms() + RETRY_DELAY_MS;
-        } else {
+        keep = retryable(pae) && retry_later(self, msg);
+        if (!keep)
             self->stats.failed++;
-        }
     }
     if (!keep) {
         self->pending_bytes -= msg_bytes(msg);
@@ -172,6 +220,17 @@ static natsStatus publish(tally_nats_t *self, natsMsg **msg)
     return js_PublishMsgAsync(self->js, msg, &po);
 }
 
+static bool resent_grow(tally_nats_t *self)
+{
+    size_t cap = self->resent_cap ? 2 * self->resent_cap : 16;
+    natsMsg **grown = realloc(self->resent, cap * sizeof *grown);
+    if (!grown)
+        return false;
+    self->resent = grown;
+    self->resent_cap = cap;
+    return true;
+}
+
 /* Publishes the messages on the retry list again (caller's thread). A message libnats does not
  * take now (disconnected, its reconnect buffer full) goes back on the list. */
 static void resend_failed(tally_nats_t *self)
@@ -179,13 +238,21 @@ static void resend_failed(tally_nats_t *self)
     pthread_mutex_lock(&self->mu);
     while (self->retry_len > 0 && now_ms() >= self->retry_at) {
         natsMsg *m = self->retry[--self->retry_len];
+        /* Marked before it goes: its PubAck may come before this thread has the mutex again. A
+         * message not marked (no memory) only loses its collision check. */
+        bool marked = self->resent_len < self->resent_cap || resent_grow(self);
+        if (marked)
+            self->resent[self->resent_len++] = m;
+        natsMsg *sent = m;
         pthread_mutex_unlock(&self->mu);
-        natsStatus s = publish(self, &m);
+        natsStatus s = publish(self, &sent);
         pthread_mutex_lock(&self->mu);
         if (s == NATS_OK) {
             self->stats.resent++;
             continue;
         }
+        if (marked)
+            resent_take(self, m);
         self->retry[self->retry_len++] = m; /* room: it was just taken from there */
         self->retry_at = now_ms() + RETRY_DELAY_MS;
         snprintf(self->ack_error, sizeof self->ack_error, "publish: %s", natsStatus_GetText(s));
@@ -275,12 +342,27 @@ static tally_status_t set_producer_id(tally_nats_t *self, const char *id)
         snprintf(self->producer_id, sizeof self->producer_id, "%s", id);
         return TALLY_OK;
     }
+    self->random_id = true;
     uint8_t r[8];
     if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r)
         return fail(self, TALLY_E_IO, "getrandom: %s", strerror(errno));
     for (int i = 0; i < 8; i++)
         snprintf(self->producer_id + 2 * i, 3, "%02x", r[i]);
     return TALLY_OK;
+}
+
+/* A fresh inbox of this producer's user, _INBOX.<user>.<unique> (libnats' own inboxes are
+ * _INBOX.<unique>, outside what the server lets the user read). */
+static natsStatus new_inbox(const tally_nats_t *self, char *out, size_t cap)
+{
+    natsInbox *inbox = NULL;
+    natsStatus s = natsInbox_Create(&inbox);
+    if (s != NATS_OK)
+        return s;
+    const char *unique = strrchr((const char *)inbox, '.');
+    snprintf(out, cap, "%s%s%s", TALLY_NATS_INBOX, self->user, unique ? unique : ".x");
+    natsInbox_Destroy(inbox);
+    return NATS_OK;
 }
 
 /* The JetStream context with our PubAck handler, the reply inbox, the fleet's numbers. */
@@ -293,14 +375,10 @@ static tally_status_t open_fleet(tally_nats_t *self, const tally_nats_opts_t *op
     jo.PublishAsync.AckHandlerClosure = self;
     jo.PublishAsync.StallWait = self->timeout_ms;
     natsStatus s = natsConnection_JetStream(&self->js, self->nc, &jo);
-    natsInbox *inbox = NULL;
     if (s == NATS_OK)
-        s = natsInbox_Create(&inbox);
-    if (s == NATS_OK) {
-        snprintf(self->inbox, sizeof self->inbox, "%s", (const char *)inbox);
+        s = new_inbox(self, self->inbox, sizeof self->inbox);
+    if (s == NATS_OK)
         s = natsConnection_SubscribeSync(&self->replies, self->nc, self->inbox);
-    }
-    natsInbox_Destroy(inbox);
     /* Replies are read by the caller: hold up to 64 MiB of them rather than drop one. */
     if (s == NATS_OK)
         s = natsSubscription_SetPendingLimits(self->replies, -1, 64 << 20);
@@ -342,9 +420,13 @@ tally_status_t tally_nats_new(const tally_nats_opts_t *opts, tally_nats_t **out,
                                   .tls_ca = opts->tls_ca,
                                   .tls_cert = opts->tls_cert,
                                   .tls_key = opts->tls_key,
+                                  .user = opts->user,
                                   .name = "tally",
                                   .timeout_ms = self->timeout_ms};
-        st = tally__nats_connect(&conf, &self->nc, self->error, sizeof self->error);
+        st =
+            tally__nats_user(&conf, self->user, sizeof self->user, self->error, sizeof self->error);
+        if (st == TALLY_OK)
+            st = tally__nats_connect(&conf, &self->nc, self->error, sizeof self->error);
     }
     if (st == TALLY_OK)
         st = open_fleet(self, opts);
@@ -370,6 +452,7 @@ void tally_nats_destroy(tally_nats_t **self_p)
     for (size_t i = 0; i < self->retry_len; i++)
         natsMsg_Destroy(self->retry[i]);
     free(self->retry);
+    free(self->resent);
     free(self->awaited);
     free(self->scratch);
     pthread_cond_destroy(&self->cond);
@@ -480,12 +563,14 @@ static tally_status_t publish_one(tally_nats_t *self, const tally_req_t *wire, c
     tally_req_encode(wire, self->scratch);
     if (clen)
         memcpy(self->scratch + TALLY_REQ_HEADER_SIZE, chunk, clen);
-    char subject[32], id[TALLY_NATS_MEMBER_ID_MAX + 24];
+    char subject[32 + TALLY_NATS_MEMBER_ID_MAX], id[TALLY_NATS_MSG_ID_MAX + 1];
     uint32_t k = wire->stream_len
                      ? tally_partition(wire->stream, wire->stream_len, self->partitions)
                      : self->round_robin++ % self->partitions;
-    tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k);
-    snprintf(id, sizeof id, "%s.%llu", self->producer_id, (unsigned long long)wire->request_id);
+    tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k, self->user);
+    /* The dedupe id in this user's namespace (the worker refuses one outside it). */
+    snprintf(id, sizeof id, "%s.%s.%llu", self->user, self->producer_id,
+             (unsigned long long)wire->request_id);
     natsMsg *m = NULL;
     natsStatus s = natsMsg_Create(&m, subject, NULL, (const char *)self->scratch, (int)len);
     uint32_t slot = s == NATS_OK ? order_slot(m) : NO_ORDER;
@@ -602,10 +687,11 @@ static uint64_t reply_number(const tally_nats_t *self, natsMsg *m)
     const char *id = NULL;
     if (natsMsgHeader_Get(m, TALLY_NATS_HDR_REPLY_ID, &id) != NATS_OK || !id)
         return 0;
-    size_t plen = strlen(self->producer_id);
-    if (strncmp(id, self->producer_id, plen) != 0 || id[plen] != '.')
+    size_t ulen = strlen(self->user), plen = strlen(self->producer_id);
+    if (strncmp(id, self->user, ulen) != 0 || id[ulen] != '.' ||
+        strncmp(id + ulen + 1, self->producer_id, plen) != 0 || id[ulen + 1 + plen] != '.')
         return 0;
-    return strtoull(id + plen + 1, NULL, 10);
+    return strtoull(id + ulen + 1 + plen + 1, NULL, 10); /* n: a renamed id's tail follows */
 }
 
 /* Fills reply from a reply message (taking it). */
@@ -673,6 +759,17 @@ tally_status_t tally_nats_recv(tally_nats_t *self, int timeout_ms, tally_reply_t
 
 /* ---- Request-reply: queries, control, streams (PROTOCOL.md §13 "Answers by request-reply") -- */
 
+/* True when the server's last error on the connection was a permissions violation for
+ * publishing to subject (it drops such a message and says so only as an asynchronous error). */
+static bool refused_publish(tally_nats_t *self, const char *subject)
+{
+    const char *text = NULL;
+    if (natsConnection_GetLastError(self->nc, &text) != NATS_NOT_PERMITTED || !text)
+        return false;
+    const char *at = strstr(text, subject);
+    return at && strstr(text, "Publish") && (at[strlen(subject)] == '"' || !at[strlen(subject)]);
+}
+
 /* Sends the frame of req (and payload) to subject and waits for the answer, asking again while
  * nobody answers (a partition between two owners) until the timeout. The raw answer in *out. */
 static tally_status_t request(tally_nats_t *self, const char *subject, const tally_req_t *req,
@@ -704,6 +801,11 @@ static tally_status_t request(tally_nats_t *self, const char *subject, const tal
             nats_Sleep(100); /* no owner right now: a take-over is under way */
             continue;
         }
+        if (s == NATS_TIMEOUT && refused_publish(self, subject))
+            return fail(self, TALLY_E_TRANSPORT,
+                        "the NATS server refused to let user %s publish to %s (its permissions: "
+                        "PROTOCOL.md §13 \"Security\")",
+                        self->user, subject);
         if (s == NATS_TIMEOUT || s == NATS_NO_RESPONDERS)
             return fail(self, TALLY_E_TIMEOUT, "no answer on %s within %d ms (no worker owns it?)",
                         subject, self->timeout_ms);
@@ -717,13 +819,14 @@ tally_status_t tally_nats_call(tally_nats_t *self, const tally_req_t *req, const
     if (!self || !req || !reply || (len && !payload))
         return TALLY_E_ARG;
     tally_reply_clear(reply);
-    char subject[48];
+    char subject[48 + TALLY_NATS_MEMBER_ID_MAX];
     if (req->opcode == TALLY_OP_QUERY && req->stream_len)
-        tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_QUERY,
-                         tally_partition(req->stream, req->stream_len, self->partitions));
+        tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_QUERY,
+                            tally_partition(req->stream, req->stream_len, self->partitions),
+                            self->user);
     else if (req->opcode == TALLY_OP_PING || req->opcode == TALLY_OP_INFO ||
              req->opcode == TALLY_OP_STATS)
-        snprintf(subject, sizeof subject, "%s", TALLY_NATS_SUBJ_CTL);
+        tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_CTL, -1, self->user);
     else
         return fail(self, TALLY_E_ARG,
                     "only query (with a stream), ping, info and stats are answered this way");
@@ -754,18 +857,39 @@ tally_status_t tally_nats_query(tally_nats_t *self, const char *stream, tally_st
     return st;
 }
 
-/* The number of live members (keys of TALLY_MEMBERS); 0 when it cannot be read. */
-static size_t live_members(tally_nats_t *self)
+tally_status_t tally__nats_last_seq(tally_nats_t *self, const char *stream, uint64_t *last)
 {
-    kvStore *kv = NULL;
-    kvKeysList keys = {0};
-    size_t n = 0;
-    if (js_KeyValue(&kv, self->js, TALLY_NATS_BUCKET_MEMBERS) == NATS_OK &&
-        kvStore_Keys(&keys, kv, NULL) == NATS_OK)
-        n = (size_t)keys.Count;
-    kvKeysList_Destroy(&keys);
-    kvStore_Destroy(kv);
-    return n;
+    *last = 0;
+    tally_req_t req;
+    memset(&req, 0, sizeof req);
+    req.opcode = TALLY_OP_QUERY;
+    if (tally_req_set_stream(&req, stream) != TALLY_OK)
+        return fail(self, TALLY_E_STREAM_NAME, "invalid stream name '%s'", stream);
+    char subject[48 + TALLY_NATS_MEMBER_ID_MAX];
+    tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_SEQ,
+                        tally_partition(req.stream, req.stream_len, self->partitions), self->user);
+    natsMsg *m = NULL;
+    tally_status_t st = request(self, subject, &req, NULL, 0, &m);
+    if (st != TALLY_OK)
+        return st;
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    st = decode_nats_reply(self, m, &reply);
+    if (st == TALLY_OK)
+        *last = reply.rep.aux0;
+    tally_reply_clear(&reply);
+    return st;
+}
+
+/* The live members a `streams` answer says there are (its Tally-Members header); 0 when it
+ * says nothing. Read from the answers, so an analyst needs no rights on the members bucket. */
+static size_t members_said(natsMsg *m)
+{
+    const char *v = NULL;
+    if (natsMsgHeader_Get(m, TALLY_NATS_HDR_MEMBERS, &v) != NATS_OK || !v)
+        return 0;
+    unsigned long n = strtoul(v, NULL, 10);
+    return n < 100000 ? (size_t)n : 0;
 }
 
 /* Adds the names of one member's `streams` answer (entries [u8 length][name]) to *names, each
@@ -797,7 +921,8 @@ static tally_status_t merge_names(natsMsg *m, char ***names, size_t *count, size
     return TALLY_OK;
 }
 
-/* Publishes a `streams` request and gathers answers until every live member has answered. */
+/* Publishes a `streams` request and gathers answers until as many members have answered as the
+ * answers say are live (the most any says), or the timeout. */
 static tally_status_t gather_streams(tally_nats_t *self, natsSubscription *sub, const char *inbox,
                                      char ***names, size_t *count)
 {
@@ -808,9 +933,11 @@ static tally_status_t gather_streams(tally_nats_t *self, natsSubscription *sub, 
     req.request_id = self->next_n++;
     uint8_t frame[TALLY_REQ_HEADER_SIZE];
     tally_req_encode(&req, frame);
-    size_t members = live_members(self), answered = 0, cap = 0;
-    natsStatus s = natsConnection_PublishRequest(self->nc, TALLY_NATS_SUBJ_STREAMS, inbox, frame,
-                                                 (int)sizeof frame);
+    size_t members = 0, answered = 0, cap = 0;
+    char subject[32 + TALLY_NATS_MEMBER_ID_MAX];
+    tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_STREAMS, -1, self->user);
+    natsStatus s =
+        natsConnection_PublishRequest(self->nc, subject, inbox, frame, (int)sizeof frame);
     if (s != NATS_OK)
         return fail(self, TALLY_E_TRANSPORT, "streams: %s", natsStatus_GetText(s));
     int64_t deadline = now_ms() + self->timeout_ms;
@@ -827,9 +954,16 @@ static tally_status_t gather_streams(tally_nats_t *self, natsSubscription *sub, 
             rep.status == TALLY_OK) {
             st = merge_names(m, names, count, &cap);
             answered++;
+            size_t said = members_said(m);
+            members = said > members ? said : members;
         }
         natsMsg_Destroy(m);
     }
+    if (st == TALLY_OK && answered == 0 && refused_publish(self, subject))
+        st = fail(self, TALLY_E_TRANSPORT,
+                  "the NATS server refused to let user %s publish to %s (its permissions: "
+                  "PROTOCOL.md §13 \"Security\")",
+                  self->user, subject);
     if (st == TALLY_OK && answered == 0)
         st = fail(self, TALLY_E_TIMEOUT, "no worker answered within %d ms", self->timeout_ms);
     return st;
@@ -841,16 +975,15 @@ tally_status_t tally_nats_streams(tally_nats_t *self, char ***names, size_t *cou
         return TALLY_E_ARG;
     *names = NULL;
     *count = 0;
-    natsInbox *inbox = NULL;
+    char inbox[160];
     natsSubscription *sub = NULL;
-    natsStatus s = natsInbox_Create(&inbox);
+    natsStatus s = new_inbox(self, inbox, sizeof inbox);
     if (s == NATS_OK)
-        s = natsConnection_SubscribeSync(&sub, self->nc, (const char *)inbox);
+        s = natsConnection_SubscribeSync(&sub, self->nc, inbox);
     tally_status_t st = s == NATS_OK
-                            ? gather_streams(self, sub, (const char *)inbox, names, count)
+                            ? gather_streams(self, sub, inbox, names, count)
                             : fail(self, TALLY_E_TRANSPORT, "streams: %s", natsStatus_GetText(s));
     natsSubscription_Destroy(sub);
-    natsInbox_Destroy(inbox);
     if (st != TALLY_OK) {
         tally_strings_free(*names, *count);
         *names = NULL;

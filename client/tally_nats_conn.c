@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tally_fleet.h"
 #include "tally_nats_conn.h"
 
 #define MAX_SERVERS 32
@@ -92,6 +93,45 @@ bool tally__nats_has_credentials(const tally_nats_conf_t *conf)
     return any;
 }
 
+/* The user of one URL's userinfo ("user:pw@"; a token alone names none) into out; false when
+ * it has none. */
+static bool url_user(const char *url, char *out, size_t cap)
+{
+    const char *p = strstr(url, "://");
+    p = p ? p + 3 : url;
+    size_t info = strcspn(p, "@/");
+    if (p[info] != '@')
+        return false;
+    const char *colon = memchr(p, ':', info);
+    if (!colon)
+        return false; /* a token: secret, and no user */
+    snprintf(out, cap, "%.*s", (int)(colon - p), p);
+    return true;
+}
+
+tally_status_t tally__nats_user(const tally_nats_conf_t *conf, char *out, size_t cap, char *msg,
+                                size_t msg_cap)
+{
+    snprintf(out, cap, "%s", TALLY_NATS_USER_ANON);
+    if (conf->user && *conf->user) {
+        snprintf(out, cap, "%s", conf->user);
+    } else {
+        const char *urls[MAX_SERVERS];
+        int n;
+        char *copy = split_servers(conf->servers, urls, &n);
+        for (int i = 0; i < n && !url_user(urls[i], out, cap); i++)
+            ;
+        free(copy);
+    }
+    if (tally_fleet_member_id_valid(out))
+        return TALLY_OK;
+    snprintf(msg, msg_cap,
+             "NATS user '%s' cannot name the fleet's subjects (1..64 characters of A-Z a-z 0-9 "
+             "- _): give another user",
+             out);
+    return TALLY_E_ARG;
+}
+
 /* The authentication and TLS options; TALLY_E_ARG with msg when one is refused. */
 static tally_status_t set_security(natsOptions *o, const tally_nats_conf_t *conf, char *msg,
                                    size_t cap)
@@ -143,12 +183,25 @@ tally_status_t tally__nats_connect(const tally_nats_conf_t *conf, natsConnection
     }
     st = TALLY_E_ARG;
     if (n == 0 || natsOptions_SetServers(o, urls, n) != NATS_OK) {
-        snprintf(msg, cap, "servers '%s': %s", conf->servers ? conf->servers : "",
+        char shown[512];
+        snprintf(msg, cap, "servers '%s': %s",
+                 tally_fleet_redact(conf->servers, shown, sizeof shown),
                  n ? nats_GetLastError(NULL) : "no URL");
         goto out;
     }
     if ((st = set_security(o, conf, msg, cap)) != TALLY_OK)
         goto out;
+    /* Every inbox of this connection (replies, PubAcks, JetStream API answers) under
+     * _INBOX.<user>: the server lets only this user subscribe there. */
+    char user[TALLY_NATS_MEMBER_ID_MAX + 1], prefix[sizeof user + 8];
+    if ((st = tally__nats_user(conf, user, sizeof user, msg, cap)) != TALLY_OK)
+        goto out;
+    snprintf(prefix, sizeof prefix, "%s%s", TALLY_NATS_INBOX, user);
+    if (natsOptions_SetCustomInboxPrefix(o, prefix) != NATS_OK) {
+        snprintf(msg, cap, "NATS inbox prefix %s: %s", prefix, nats_GetLastError(NULL));
+        st = TALLY_E_ARG;
+        goto out;
+    }
     /* Reconnect forever, quickly: a cluster node restarts or a leader moves within seconds. */
     if (natsOptions_SetName(o, conf->name ? conf->name : "tally") != NATS_OK ||
         natsOptions_SetTimeout(o, conf->timeout_ms > 0 ? conf->timeout_ms : 2000) != NATS_OK ||
@@ -161,7 +214,9 @@ tally_status_t tally__nats_connect(const tally_nats_conf_t *conf, natsConnection
     st = TALLY_E_TRANSPORT;
     natsStatus s = natsConnection_Connect(out, o);
     if (s != NATS_OK) {
-        snprintf(msg, cap, "cannot connect to %s: %s", conf->servers ? conf->servers : urls[0],
+        char shown[512];
+        snprintf(msg, cap, "cannot connect to %s: %s",
+                 tally_fleet_redact(conf->servers ? conf->servers : urls[0], shown, sizeof shown),
                  natsStatus_GetText(s));
         *out = NULL;
         goto out;

@@ -3,8 +3,11 @@
  * tally_nats_conn.h — one way to connect to NATS, for libtally's producer and tallyd's worker
  * alike (compiled into both): the servers (a comma-separated list of URLs), the credentials
  * (a .creds file, an nkey and its seed file, or a user/password or token in a URL) and TLS (a CA
- * file, a client certificate), and the rule of protected mode (PROTOCOL.md §13 "Security"): a
- * server that is not on the loopback needs credentials.
+ * file, a client certificate), the rule of protected mode (PROTOCOL.md §13 "Security"): a
+ * server that is not on the loopback needs credentials, and the user a connection acts as
+ * (its subjects' last token, its inboxes under _INBOX.<user>.: libnats' custom inbox prefix, so
+ * that the server's permissions can keep every user's replies to itself). Messages show the
+ * servers with passwords and tokens masked (tally_fleet_redact).
  *
  * Private: the `tally__` prefix; not installed.
  */
@@ -28,6 +31,8 @@ typedef struct {
     const char *tls_ca;      /* a CA file (PEM): TLS on, the server's certificate checked */
     const char *tls_cert;    /* a client certificate and its key (PEM), both or neither */
     const char *tls_key;
+    const char *user; /* the NATS user the fleet knows this connection as; NULL: the user of the
+                       * first URL that has one ("nats://user:pw@host"), else "anon" */
     const char *name; /* the connection's name on the server; NULL: "tally" */
     int timeout_ms;   /* connect timeout; <= 0: 2000 */
     bool send_asap;   /* no flusher delay (tallyd's worker: replies go out at once) */
@@ -42,5 +47,9 @@ bool tally__nats_servers_local(const char *servers);
 /* True when the configuration carries credentials: a .creds file, an nkey, or a user or token
  * in a URL. */
 bool tally__nats_has_credentials(const tally_nats_conf_t *conf);
+/* The user of the configuration into out (cap bytes, TALLY_NATS_MEMBER_ID_MAX + 1 enough):
+ * TALLY_E_ARG with msg when it is not a valid name (1..64 of A-Z a-z 0-9 - _). */
+tally_status_t tally__nats_user(const tally_nats_conf_t *conf, char *out, size_t cap, char *msg,
+                                size_t msg_cap);
 
 #endif

@@ -102,6 +102,13 @@ uint64_t tally__nats_next_id(const tally_nats_t *self)
     return 0;
 }
 
+tally_status_t tally__nats_last_seq(tally_nats_t *self, const char *stream, uint64_t *last)
+{
+    (void)self, (void)stream;
+    *last = 0;
+    return TALLY_E_ARG;
+}
+
 size_t tally__nats_chunk_limit(const tally_nats_t *self, const tally_req_t *req, bool want_reply)
 {
     (void)self;

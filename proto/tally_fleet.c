@@ -41,3 +41,73 @@ bool tally_fleet_member_id_valid(const char *id)
     }
     return true;
 }
+
+size_t tally_fleet_subject(char *buf, size_t cap, const char *prefix, int64_t k, const char *user)
+{
+    int n = k >= 0 ? snprintf(buf, cap, "%s%u.%s", prefix, (unsigned)k, user)
+                   : snprintf(buf, cap, "%s.%s", prefix, user);
+    return n > 0 && (size_t)n < cap ? (size_t)n : 0;
+}
+
+const char *tally_fleet_subject_user(const char *subject)
+{
+    const char *dot = subject ? strrchr(subject, '.') : NULL;
+    return dot && tally_fleet_member_id_valid(dot + 1) ? dot + 1 : NULL;
+}
+
+bool tally_fleet_reply_allowed(const char *reply, const char *user)
+{
+    size_t pre = strlen(TALLY_NATS_INBOX), ulen = user ? strlen(user) : 0;
+    if (!reply || !ulen || strncmp(reply, TALLY_NATS_INBOX, pre) != 0 ||
+        strncmp(reply + pre, user, ulen) != 0 || reply[pre + ulen] != '.')
+        return false;
+    const char *rest = reply + pre + ulen + 1;
+    if (!*rest || rest[strlen(rest) - 1] == '.')
+        return false;
+    for (const char *c = rest; *c; c++)
+        if (*c == '*' || *c == '>' || *c <= ' ' || *c == 0x7f || (*c == '.' && c[1] == '.'))
+            return false;
+    return true;
+}
+
+bool tally_fleet_id_allowed(const char *id, const char *user)
+{
+    size_t ulen = user ? strlen(user) : 0;
+    return id && ulen && strncmp(id, user, ulen) == 0 && id[ulen] == '.' && id[ulen + 1];
+}
+
+const char *tally_fleet_redact(const char *servers, char *out, size_t cap)
+{
+    size_t w = 0;
+    if (cap == 0)
+        return out;
+    out[0] = 0;
+    for (const char *url = servers ? servers : ""; *url;) {
+        size_t len = strcspn(url, ",");
+        const char *scheme = strstr(url, "://");
+        const char *p = scheme && scheme < url + len ? scheme + 3 : url;
+        size_t info = strcspn(p, "@/,");
+        const char *at = p + info < url + len && p[info] == '@' ? p + info : NULL;
+        const char *colon = at ? memchr(p, ':', (size_t)(at - p)) : NULL;
+        int n;
+        if (!at) /* no credentials */
+            n = snprintf(out + w, cap - w, "%.*s", (int)len, url);
+        else if (colon) /* user:password@ */
+            n = snprintf(out + w, cap - w, "%.*s:***%.*s", (int)(colon - url), url,
+                         (int)(url + len - at), at);
+        else /* token@ */
+            n = snprintf(out + w, cap - w, "%.*s***%.*s", (int)(p - url), url,
+                         (int)(url + len - at), at);
+        if (n < 0 || (size_t)n >= cap - w)
+            break;
+        w += (size_t)n;
+        url += len;
+        if (*url == ',') {
+            if (w + 1 >= cap)
+                break;
+            out[w++] = *url++;
+            out[w] = 0;
+        }
+    }
+    return out;
+}

@@ -15,16 +15,24 @@
 
 #include "tally_proto.h"
 
-/* Subjects: ingest (JetStream), dead letters (JetStream), queries to a partition's owner,
- * control (one member), streams (every member), histogram publications. The first, second,
- * third and last take the partition number after the dot. */
+/* Subjects: ingest (JetStream), dead letters (JetStream), queries to a partition's owner, a
+ * stream's last_seq from its owner, control (one member), streams (every member), histogram
+ * publications. The ones a client publishes to end in the publisher's NATS user name, which the
+ * server's permissions let only that user use (PROTOCOL.md §13 "Security"): tally.in.<k>.<user>,
+ * tally.q.<k>.<user>, tally.seq.<k>.<user>, tally.ctl.<user>, tally.streams.<user>. The
+ * prefixes ending in a dot take the partition number next. */
 #define TALLY_NATS_SUBJ_IN "tally.in."
 #define TALLY_NATS_SUBJ_DEAD "tally.dead."
 #define TALLY_NATS_SUBJ_QUERY "tally.q."
+#define TALLY_NATS_SUBJ_SEQ "tally.seq."
 #define TALLY_NATS_SUBJ_CTL "tally.ctl"
 #define TALLY_NATS_SUBJ_STREAMS "tally.streams"
 #define TALLY_NATS_SUBJ_WATCH "tally.watch."
 #define TALLY_NATS_CTL_QUEUE "tally"
+/* Every user's inboxes are under _INBOX.<user>. (libnats' custom inbox prefix): replies go only
+ * there. The user of a connection that names none (no user in its URL, no [nats] user). */
+#define TALLY_NATS_INBOX "_INBOX."
+#define TALLY_NATS_USER_ANON "anon"
 
 /* JetStream streams: TALLY_P<k> per partition; the dead letters of all partitions. */
 #define TALLY_NATS_STREAM_PREFIX "TALLY_P"
@@ -49,9 +57,11 @@
 #define TALLY_NATS_HDR_REASON "Tally-Reason"
 #define TALLY_NATS_HDR_STREAM "Tally-Stream"
 #define TALLY_NATS_HDR_MEMBER "Tally-Member"
+#define TALLY_NATS_HDR_MEMBERS "Tally-Members" /* `streams` answers: the live members */
 
-/* A dedupe id is 1..128 bytes; a member id 1..64 of A-Z a-z 0-9 - _. */
-#define TALLY_NATS_MSG_ID_MAX 128
+/* A dedupe id is 1..192 bytes (libtally's: user, producer id, number and, renamed after a
+ * collision, 16 hex digits); a member id 1..64 of A-Z a-z 0-9 - _. */
+#define TALLY_NATS_MSG_ID_MAX 192
 #define TALLY_NATS_MEMBER_ID_MAX 64
 /* Room kept for NATS headers below max_payload when a reply's size is judged (PROTOCOL.md §13
  * "Validation"), and by producers when they cut batches. */
@@ -60,7 +70,22 @@
 /* Writes prefix followed by k in decimal into buf (cap bytes); the length, or 0 when it does not
  * fit. */
 size_t tally_fleet_name(char *buf, size_t cap, const char *prefix, uint32_t k);
-/* True when id is a valid member id (PROTOCOL.md §13 "Membership"). */
+/* True when id is a valid member id (PROTOCOL.md §13 "Membership"); a NATS user name the fleet
+ * takes (a subject's last token) follows the same rule. */
 bool tally_fleet_member_id_valid(const char *id);
+/* Writes prefix, k in decimal, a dot and user ("tally.in.3.cam1"); k < 0: prefix, a dot and user
+ * ("tally.ctl.cam1"). The length, or 0 when it does not fit. */
+size_t tally_fleet_subject(char *buf, size_t cap, const char *prefix, int64_t k, const char *user);
+/* The user a client subject names: its last token (a pointer into subject), or NULL when it is
+ * not a valid user name. */
+const char *tally_fleet_subject_user(const char *subject);
+/* True when a worker may publish a reply to `reply` for `user`: a subject under _INBOX.<user>.
+ * without wildcards or spaces. */
+bool tally_fleet_reply_allowed(const char *reply, const char *user);
+/* True when a dedupe id is in user's namespace: "<user>." and at least one byte more. */
+bool tally_fleet_id_allowed(const char *id, const char *user);
+/* A list of NATS URLs as logs and messages may show it: each URL's password ("user:***@") or
+ * token ("***@") masked. Writes out (cap bytes, cut at a URL's end when short) and returns it. */
+const char *tally_fleet_redact(const char *servers, char *out, size_t cap);
 
 #endif

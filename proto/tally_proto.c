@@ -266,6 +266,9 @@ static const struct {
     {TALLY_E_RATE, "rate_limited", "this client creates streams faster than allowed"},
     {TALLY_E_WINDOW, "bad_window",
      "the window is longer than the daemon keeps of a stream, or windows are off"},
+    {TALLY_E_NOT_PERMITTED, "not_permitted",
+     "the sender may not do this (on a fleet worker, streams change only through their "
+     "partition)"},
     {TALLY_E_TIMEOUT, "timeout", "no reply from the daemon within the timeout"},
     {TALLY_E_TRANSPORT, "transport", "the ZeroMQ transport failed"},
     {TALLY_E_REPLY, "bad_reply", "the reply from the daemon is malformed"},

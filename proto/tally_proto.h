@@ -145,8 +145,10 @@ typedef enum {
     TALLY_E_CLIENT_STREAMS = 22, /* the client identity holds its maximum of streams */
     TALLY_E_RATE = 23,           /* the client identity creates streams faster than allowed */
     TALLY_E_WINDOW = 24, /* a window query longer than the daemon keeps, or windows are off */
-    /* 25 is reserved for issue 12. */
-    TALLY_STATUS_WIRE_COUNT = 25,
+    TALLY_E_NOT_PERMITTED = 25, /* the sender may not do this (a fleet's stream changed over
+                                 * ZeroMQ; a fleet message replying or deduping outside its
+                                 * publisher's own names) */
+    TALLY_STATUS_WIRE_COUNT = 26,
 
     /* Client-side only. */
     TALLY_E_TIMEOUT = 100,   /* no reply within the timeout */

@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(build-essential cmake pkg-config libzmq3-dev libuv1-dev libcmocka-dev
           libinih-dev libmicrohttpd-dev libsystemd-dev zlib1g-dev systemd curl
           nats-server libnats-dev  # the NATS JetStream fleet (issue 22) and its test cluster
+          openssl  # test_nats_security: the test cluster's TLS certificates (contrib/nats/make-certs.sh)
           clang libclang-rt-dev  # clang + libFuzzer: the fuzz target in tests/fuzz/
           python3 python3-numpy python3-pip python3-venv  # the Python binding
           python3-pytest python3-mypy  # its tests and type check

@@ -166,8 +166,8 @@ static void send_retrying(tally_nats_t *p, const tally_req_t *req, const void *d
             jsStreamInfo *si = NULL;
             jsErrCode jerr = 0;
             natsStatus s = js_GetStreamInfo(&si, tn_suite_js, name, NULL, &jerr);
-            char subject[32];
-            tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k);
+            char subject[48];
+            tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k, "anon");
             jsPubOptions po;
             jsPubOptions_Init(&po);
             po.MaxWait = 3000;

@@ -287,8 +287,8 @@ static void test_manifest_decode_rejects(void **state)
 
 static void publish_n(uint32_t k, int n)
 {
-    char subject[32];
-    tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k);
+    char subject[48];
+    tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k, "anon");
     for (int i = 0; i < n; i++) {
         char data[16];
         int len = snprintf(data, sizeof data, "m%d", i);

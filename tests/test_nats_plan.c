@@ -78,6 +78,45 @@ static void test_names(void **state)
     assert_true(tally_fleet_member_id_valid(long_id));
 }
 
+/* The names that carry a publisher (PROTOCOL.md §13 "Security"): subjects end in the user, the
+ * worker replies only into that user's inboxes, dedupe ids live in its namespace. */
+static void test_user_names(void **state)
+{
+    (void)state;
+    char buf[48];
+    assert_int_equal(tally_fleet_subject(buf, sizeof buf, TALLY_NATS_SUBJ_IN, 3, "cam-1"), 16);
+    assert_string_equal(buf, "tally.in.3.cam-1");
+    assert_int_equal(tally_fleet_subject(buf, sizeof buf, TALLY_NATS_SUBJ_CTL, -1, "ana"), 13);
+    assert_string_equal(buf, "tally.ctl.ana");
+    assert_int_equal(tally_fleet_subject(buf, 16, TALLY_NATS_SUBJ_IN, 3, "cam-1"), 0);
+    assert_string_equal(tally_fleet_subject_user("tally.in.3.cam-1"), "cam-1");
+    assert_string_equal(tally_fleet_subject_user("tally.streams.a_b"), "a_b");
+    assert_null(tally_fleet_subject_user("tally.in.3."));
+    assert_null(tally_fleet_subject_user("tally.in.3.*"));
+    assert_null(tally_fleet_subject_user("nodot"));
+    const char *ok[] = {"_INBOX.cam1.x", "_INBOX.cam1.AbC.7"};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+        assert_true(tally_fleet_reply_allowed(ok[i], "cam1"));
+    const char *refused[] = {"_INBOX.cam2.x",       "_INBOX.cam1",
+                             "_INBOX.cam1.",        "_INBOX.cam10.x",
+                             "_INBOX.cam1.>",       "_INBOX.cam1.a.*",
+                             "_INBOX.cam1.a b",     "_INBOX.cam1.a..b",
+                             "_INBOX.cam1.a.",      "tally.watch.3",
+                             "$KV.TALLY_LEASES.p3", "_INBOX.>",
+                             "_inbox.cam1.x",       ""};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
+        if (tally_fleet_reply_allowed(refused[i], "cam1"))
+            fail_msg("reply subject '%s' allowed for cam1", refused[i]);
+    assert_false(tally_fleet_reply_allowed(NULL, "cam1"));
+    assert_false(tally_fleet_reply_allowed("_INBOX..x", ""));
+    assert_true(tally_fleet_id_allowed("cam1.0a1b.7", "cam1"));
+    assert_false(tally_fleet_id_allowed("cam2.0a1b.7", "cam1"));
+    assert_false(tally_fleet_id_allowed("cam10.7", "cam1"));
+    assert_false(tally_fleet_id_allowed("cam1.", "cam1"));
+    assert_false(tally_fleet_id_allowed("cam1", "cam1"));
+    assert_false(tally_fleet_id_allowed(NULL, "cam1"));
+}
+
 #define P 64
 #define MAXM 8
 
@@ -166,6 +205,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_partition_vectors_match_protocol_md),
         cmocka_unit_test(test_names),
+        cmocka_unit_test(test_user_names),
         cmocka_unit_test(test_plan_one_owner_each),
         cmocka_unit_test(test_plan_join_and_leave_move_only_their_share),
         cmocka_unit_test(test_score_vectors),

@@ -5,7 +5,7 @@
  * worker's own code (td_nats_fleet_ensure):
  *   - without a fleet, connecting says so;
  *   - a message is the request header followed by its payload, on tally.in.<partition>, with
- *     Nats-Msg-Id "<producer>.<n>" and Tally-Reply when a reply is wanted;
+ *     Nats-Msg-Id "<user>.<producer>.<n>" and Tally-Reply when a reply is wanted;
  *   - two producers with one id: the second publish of an id is a duplicate, stored once;
  *   - a batch over max_payload is cut into whole-element requests on the same stream, seq
  *     counting up, their payloads joined the batch; a scan with a reply is cut so the reply fits;
@@ -161,13 +161,13 @@ static void test_message_and_duplicate(void **state)
     assert_int_equal(sa.acked, 1);
     assert_int_equal(sa.duplicates, 0);
     assert_int_equal(sb.acked, 1);
-    assert_int_equal(sb.duplicates, 1); /* same id "dup-prod.1": stored once */
+    assert_int_equal(sb.duplicates, 1); /* same id "anon.dup-prod.1": stored once */
     uint64_t last = 0;
     assert_int_equal(stream_msgs(k, NULL, &last), before + 1);
 
     natsMsg *m = stream_msg(k, last);
-    char subject[32];
-    tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k);
+    char subject[48]; /* its publisher's user: the cluster has no users, so "anon" */
+    tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k, "anon");
     assert_string_equal(natsMsg_GetSubject(m), subject);
     assert_int_equal(natsMsg_GetDataLength(m), TALLY_REQ_HEADER_SIZE + 5);
     tally_req_t got;
@@ -178,7 +178,7 @@ static void test_message_and_duplicate(void **state)
     assert_int_equal(got.opcode, TALLY_OP_HIST);
     assert_int_equal(got.request_id, 1);
     assert_memory_equal(natsMsg_GetData(m) + TALLY_REQ_HEADER_SIZE, payload, 5);
-    assert_string_equal(header(m, "Nats-Msg-Id"), "dup-prod.1");
+    assert_string_equal(header(m, "Nats-Msg-Id"), "anon.dup-prod.1");
     assert_non_null(header(m, "Tally-Reply")); /* a's message: it wanted a reply */
     natsMsg_Destroy(m);
     tally_nats_destroy(&a);
@@ -309,8 +309,8 @@ static void test_pub_ack_after_node_kill(void **state)
         natsMsg *m = stream_msg(k, seq);
         const char *id = header(m, "Nats-Msg-Id");
         assert_non_null(id);
-        assert_int_equal(strncmp(id, "killer.", 7), 0);
-        unsigned long n = strtoul(id + 7, NULL, 10);
+        assert_int_equal(strncmp(id, "anon.killer.", 12), 0);
+        unsigned long n = strtoul(id + 12, NULL, 10);
         assert_true(n >= 1 && n <= N && !seen[n]);
         seen[n] = true;
         natsMsg_Destroy(m);

@@ -501,17 +501,6 @@ static void test_libtally_curve_keys(void **state)
 
 /* The CLI: `tally keygen` writes a pair (a private .key, a .pub), tallyd runs on its server key,
  * and `tally --server-key --client-key ping` is answered; without keys it gets no reply. */
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int status = system(cmd);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 static void test_cli_keygen_and_keys(void **state)
 {
@@ -525,9 +514,9 @@ static void test_cli_keygen_and_keys(void **state)
     snprintf(base, sizeof base, "%s/cli-server", dir);
     snprintf(cdir, sizeof cdir, "%s/cli-clients", dir);
     assert_int_equal(mkdir(cdir, 0700), 0);
-    assert_int_equal(sh("%s keygen %s >%s/keygen.out", tally, base, dir), 0);
-    assert_int_equal(sh("%s keygen %s 2>/dev/null", tally, base), 2); /* never overwrites */
-    assert_int_equal(sh("cd %s && %s keygen cli-clients/cam1 >/dev/null", dir, tally), 0);
+    assert_int_equal(th_sh("%s keygen %s >%s/keygen.out", tally, base, dir), 0);
+    assert_int_equal(th_sh("%s keygen %s 2>/dev/null", tally, base), 2); /* never overwrites */
+    assert_int_equal(th_sh("cd %s && %s keygen cli-clients/cam1 >/dev/null", dir, tally), 0);
     struct stat sb;
     snprintf(path, sizeof path, "%s.key", base);
     assert_int_equal(stat(path, &sb), 0);
@@ -561,15 +550,15 @@ static void test_cli_keygen_and_keys(void **state)
     unsetenv("TALLY_SERVER_KEY");
     unsetenv("TALLY_CLIENT_KEY");
     setenv("HOME", dir, 1); /* no ~/.config/tally/tally.conf there */
-    assert_int_equal(sh("%s -e %s --server-key %s.pub --client-key %s ping >/dev/null", tally,
-                        daemon_.endpoint, base, cam_key),
+    assert_int_equal(th_sh("%s -e %s --server-key %s.pub --client-key %s ping >/dev/null", tally,
+                           daemon_.endpoint, base, cam_key),
                      0);
-    assert_int_equal(sh("TALLY_SERVER_KEY='%s' TALLY_CLIENT_KEY=%s %s -e %s ping >/dev/null",
-                        printed, cam_key, tally, daemon_.endpoint),
+    assert_int_equal(th_sh("TALLY_SERVER_KEY='%s' TALLY_CLIENT_KEY=%s %s -e %s ping >/dev/null",
+                           printed, cam_key, tally, daemon_.endpoint),
                      0);
-    assert_int_equal(sh("%s -e %s -t 500 ping 2>/dev/null", tally, daemon_.endpoint), 3);
+    assert_int_equal(th_sh("%s -e %s -t 500 ping 2>/dev/null", tally, daemon_.endpoint), 3);
     assert_int_equal(
-        sh("%s -e %s --server-key %s.pub ping 2>/dev/null", tally, daemon_.endpoint, base),
+        th_sh("%s -e %s --server-key %s.pub ping 2>/dev/null", tally, daemon_.endpoint, base),
         2); /* a server key without a client key */
     assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
     assert_true(th_daemon_log_contains(&daemon_, "curve: client 'cam1' connected"));

@@ -352,6 +352,8 @@ typedef struct {
     char *nats_tls_cert;     /* owned; a client certificate and key */
     char *nats_tls_key;
     char *nats_member_id;    /* owned; NULL = host name and process id */
+    char *nats_user;         /* owned; the NATS user (inbox prefix); NULL = the URLs' */
+    bool nats_local_writes;  /* other transports may change streams on a worker */
     unsigned nats_partitions;
     unsigned nats_replicas;
     unsigned nats_lease_ttl_ms;

@@ -330,6 +330,17 @@ const td_setting_t td_settings[] = {
      .type = TD_SET_STRING, .offset = FIELD(nats_member_id), .reload = TD_RELOAD_RESTART,
      .help = "this worker's name in the fleet, 1..64 of A-Z a-z 0-9 - _",
      .default_doc = "the host name and the process id"},
+    {.option = "nats-user", .arg = "NAME", .section = "nats", .key = "user", .type = TD_SET_STRING,
+     .offset = FIELD(nats_user), .reload = TD_RELOAD_RESTART,
+     .help = "the NATS user this worker connects as, for its inboxes (_INBOX.NAME.>, which its "
+             "permissions must allow it to read); needed with credentials or an nkey",
+     .default_doc = "the user in the servers' URLs, else anon"},
+    {.option = "nats-local-writes", .arg = "on|off", .section = "nats", .key = "local_writes",
+     .type = TD_SET_BOOL, .offset = FIELD(nats_local_writes), .def = false,
+     .reload = TD_RELOAD_APPLIES,
+     .help = "let ZeroMQ, shared-memory and HTTP clients of a worker change streams (hist, scan or "
+             "filter on a stream, reset, delete); off, they get not_permitted and streams change "
+             "only through their partitions (PROTOCOL.md §13 \"Security\")"},
     {.option = "nats-partitions", .arg = "N", .section = "nats", .key = "partitions",
      .type = TD_SET_UINT, .offset = FIELD(nats_partitions), .def = TD_DEFAULT_NATS_PARTITIONS,
      .min = 1, .max = TALLY_NATS_MAX_PARTITIONS, .reload = TD_RELOAD_RESTART,

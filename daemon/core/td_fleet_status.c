@@ -114,5 +114,12 @@ size_t td_fleet_status_render(const td_fleet_status_t *st, char *out, size_t cap
     counter(&t, "tallyd_nats_gaps_total",
             "Sequence gaps met: messages gone from a partition before they were applied.",
             LOAD(st->gaps));
+    put(&t,
+        "# HELP tallyd_nats_refused_total Fleet messages and requests refused for naming what "
+        "their publisher may not: a reply subject outside its inbox (reply), a dedupe id outside "
+        "its namespace (id).\n# TYPE tallyd_nats_refused_total counter\n"
+        "tallyd_nats_refused_total{reason=\"reply\"} %" PRIu64
+        "\ntallyd_nats_refused_total{reason=\"id\"} %" PRIu64 "\n",
+        LOAD(st->refused_reply), LOAD(st->refused_id));
     return t.len;
 }

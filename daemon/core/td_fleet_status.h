@@ -36,6 +36,9 @@ typedef struct td_fleet_status {
     _Atomic uint64_t leases_lost;         /* partitions lost without giving them up */
     _Atomic uint64_t gaps;                /* sequence gaps met (messages aged out) */
     _Atomic uint64_t resent;              /* requests sent again: the path had no room (busy) */
+    /* Refused for naming what their publisher may not (PROTOCOL.md §13 "Security"): a reply
+     * subject outside its inbox, a dedupe id outside its namespace. */
+    _Atomic uint64_t refused_reply, refused_id;
     /* Per partition: owned now; the last sequence applied; the partition's last sequence as the
      * worker last saw it (a delivered message's sequence plus the consumer's pending count). */
     _Atomic bool owned[TALLY_NATS_MAX_PARTITIONS];

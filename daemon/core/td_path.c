@@ -26,6 +26,11 @@
  * (and out_ptr at its output range), so the executor and backends need nothing else. The request
  * holds the regions until its reply is handed to its transport.
  *
+ * Who may change a stream: on a fleet worker ([nats] servers set), only the fleet's own transport
+ * (td_transport_t.owns_streams): a ZeroMQ, shared-memory or HTTP request on a stream other than a
+ * query is answered not_permitted unless [nats] local_writes is on, so that nothing beside its
+ * partition's messages changes a fleet's stream (PROTOCOL.md §13 "Security").
+ *
  * Bounded memory: every request counts against max_inflight from the moment it is submitted until
  * its transport ends its reply (td_sched_received/answered); transports stop reading at the limit
  * (td_path_may_read). Sizes are checked here, not by the transport: a payload over max_batch gets
@@ -285,6 +290,21 @@ static void answer_stopping(td_path_t *p, td_request_t *r, bool decoded)
     td_sched_arrived(p->sched, r, stream);
 }
 
+/* On a fleet worker a stream changes only through its partition (PROTOCOL.md §13 "Security"):
+ * a request of another transport that would change one (any operation on a stream but a query)
+ * is refused, unless [nats] local_writes is on. True when r was failed. */
+static bool refused_on_worker(const td_path_t *p, td_request_t *r)
+{
+    if (!p->cfg->nats_servers || p->cfg->nats_local_writes || r->transport->owns_streams ||
+        !r->req.stream_len || r->req.opcode == TALLY_OP_QUERY)
+        return false;
+    td_request_fail(r, TALLY_E_NOT_PERMITTED,
+                    "stream %.*s is a fleet's: on a worker it changes only through its partition "
+                    "(tally.in.<k>); [nats] local_writes = on lets other clients change streams",
+                    (int)r->req.stream_len, r->req.stream);
+    return true;
+}
+
 /* A request with a valid header: its payload checked on its size before it is taken (an
  * oversize one is never copied), the per-connection limits, then the payload taken (and a
  * shared-memory reference resolved from it). False when r was failed. */
@@ -296,6 +316,8 @@ static bool take_request(td_path_t *p, td_request_t *r, td_bytes_t *payload, cha
         td_request_fail(r, st, "%s", msg);
         return false;
     }
+    if (refused_on_worker(p, r))
+        return false;
     if (td_admit_over_share(&p->admit, r))
         return false;
     st = td_request_take_payload(r, payload);

@@ -147,6 +147,9 @@ typedef struct {
 struct td_transport {
     const td_transport_ops_t *ops;
     td_path_t *path;
+    /* A fleet worker's partitions (the NATS transport): on a worker, the only way streams
+     * change unless [nats] local_writes is on (PROTOCOL.md §13 "Security"). */
+    bool owns_streams;
 };
 
 /* Loop thread: hands msg to the path; msg->payload belongs to the path from here on, unless

@@ -34,6 +34,7 @@ static tally_nats_conf_t nats_conf(const td_config_t *cfg, const char *name)
                                .tls_ca = cfg->nats_tls_ca,
                                .tls_cert = cfg->nats_tls_cert,
                                .tls_key = cfg->nats_tls_key,
+                               .user = cfg->nats_user,
                                .name = name,
                                .send_asap = true};
 }
@@ -48,17 +49,21 @@ td_err_t td_fleet_check_config(const td_config_t *cfg, char *msg, size_t cap)
         return TD_ERR_CONFIG;
     }
     tally_nats_conf_t conf = nats_conf(cfg, NULL);
+    char user[TALLY_NATS_MEMBER_ID_MAX + 1], shown[512];
+    if (tally__nats_user(&conf, user, sizeof user, msg, cap) != TALLY_OK)
+        return TD_ERR_CONFIG;
     if (tally__nats_servers_local(cfg->nats_servers) || tally__nats_has_credentials(&conf))
         return TD_OK;
+    tally_fleet_redact(cfg->nats_servers, shown, sizeof shown);
     if (cfg->protected_mode) {
         snprintf(msg, cap,
                  "protected mode: [nats] servers '%s' are not on the loopback and no NATS "
                  "credentials are set (credentials, nkey, or a user in the URL); set them, or "
                  "protected_mode = off on a trusted network",
-                 cfg->nats_servers);
+                 shown);
         return TD_ERR_CONFIG;
     }
-    td_warn("protected_mode is off: NATS servers %s without credentials", cfg->nats_servers);
+    td_warn("protected_mode is off: NATS servers %s without credentials", shown);
     return TD_OK;
 }
 
@@ -131,6 +136,7 @@ static void follow_plan(td_fleet_t *f)
         return;
     }
     td_fleet_plan((const char *const *)ids, n, f->member, f->partitions, mine);
+    f->live_members = n; /* what `streams` answers say, so that analysts need no KV rights */
     int64_t now = td_nats_now_ms();
     for (uint32_t k = 0; k < f->partitions && !atomic_load(&f->stopping); k++) {
         td_part_t *p = &f->parts[k];
@@ -308,8 +314,10 @@ td_err_t td_fleet_new(const td_fleet_host_t *host, td_fleet_t **out)
         goto fail;
     }
     f->thread_started = true;
+    char shown[512]; /* a password or token in a URL is not for the log */
     td_notice("fleet: %s joins on %s: %u partitions, lease %" PRId64 " ms", f->member,
-              host->cfg->nats_servers, (unsigned)f->partitions, f->ttl_ms);
+              tally_fleet_redact(host->cfg->nats_servers, shown, sizeof shown),
+              (unsigned)f->partitions, f->ttl_ms);
     *out = f;
     return TD_OK;
 fail:

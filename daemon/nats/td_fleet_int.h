@@ -56,6 +56,7 @@ typedef struct {
     uint32_t k;          /* PEND_PART: the partition */
     natsMsg *msg;        /* PEND_PART: the JetStream message; PEND_QUERY: the NATS request */
     bool streams_filter; /* PEND_QUERY: a `streams` answer, cut to the partitions owned */
+    bool seq_only;       /* PEND_QUERY: a tally.seq answer, cut to the stream's last_seq */
     bool done;           /* PEND_SYNC: the reply came (reply, reply_len: malloc'ed) */
     uint8_t *reply;
     size_t reply_len;
@@ -114,10 +115,11 @@ struct td_fleet {
     natsConnection *nc;
     jsCtx *js;
     kvStore *members, *leases, *ckpts;
-    natsSubscription *q_sub, *ctl_sub, *streams_sub;
+    natsSubscription *q_sub, *seq_sub, *ctl_sub, *streams_sub;
     /* Partitions. */
     td_part_t *parts;
     int64_t next_beat_ms;
+    size_t live_members; /* at the last heartbeat */
     /* The transport (td_fleet_transport.c): requests queued for the loop, replies queued for the
      * fleet thread (under q_mu); wake_fd: an eventfd written when a reply is queued, and by the
      * readers when they queue messages. */

@@ -14,6 +14,13 @@
  * Nothing is written to NATS for a partition once its lease has run out by this worker's own
  * clock (td_lease_valid): not a reply, not a dead letter, not a checkpoint. The checkpoint's
  * compare-and-set is the fence for what was started just before.
+ *
+ * Who published a message is the user its subject names (tally.in.<k>.<user>), which the
+ * server's permissions let only that user publish to; never a header the producer writes. A
+ * message whose Tally-Reply is not one of that user's inboxes, or whose dedupe id is not in its
+ * namespace, is refused (not_permitted: a dead letter, no reply anywhere, counted and logged):
+ * the worker's own rights never carry a reply onto a subject its publisher may not use
+ * (PROTOCOL.md §13 "Security").
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -384,6 +391,36 @@ static bool dead_letter(td_fleet_t *f, td_part_t *p, natsMsg *m, uint64_t seq, t
     return true;
 }
 
+/* The Tally-Reply of m when its publisher may be answered there (one of the inboxes of the user
+ * its subject names), else NULL. */
+static const char *reply_to(natsMsg *m)
+{
+    const char *to = header(m, TALLY_NATS_HDR_REPLY);
+    return tally_fleet_reply_allowed(to, tally_fleet_subject_user(natsMsg_GetSubject(m))) ? to
+                                                                                          : NULL;
+}
+
+/* What the publisher of m may not ask for (PROTOCOL.md §13 "Security"): TALLY_E_NOT_PERMITTED
+ * with why (counted), or TALLY_OK. */
+static tally_status_t check_publisher(td_fleet_t *f, natsMsg *m, char *why, size_t cap)
+{
+    const char *user = tally_fleet_subject_user(natsMsg_GetSubject(m));
+    const char *to = header(m, TALLY_NATS_HDR_REPLY), *id = header(m, TALLY_NATS_HDR_MSG_ID);
+    if (to && !tally_fleet_reply_allowed(to, user)) {
+        TD_FLEET_COUNT(f, refused_reply);
+        snprintf(why, cap, "Tally-Reply %.80s is not an inbox of user %s (%s%s.>)", to,
+                 user ? user : "(none)", TALLY_NATS_INBOX, user ? user : "<user>");
+        return TALLY_E_NOT_PERMITTED;
+    }
+    if (id && !tally_fleet_id_allowed(id, user)) {
+        TD_FLEET_COUNT(f, refused_id);
+        snprintf(why, cap, "Nats-Msg-Id %.80s is outside the ids of user %s (%s.*)", id,
+                 user ? user : "(none)", user ? user : "<user>");
+        return TALLY_E_NOT_PERMITTED;
+    }
+    return TALLY_OK;
+}
+
 /* The checks PROTOCOL.md §13 adds after §6's (which the request path repeats): the status and
  * why, or TALLY_OK. */
 static tally_status_t check_message(td_fleet_t *f, td_part_t *p, natsMsg *m, char *why, size_t cap)
@@ -391,6 +428,9 @@ static tally_status_t check_message(td_fleet_t *f, td_part_t *p, natsMsg *m, cha
     const uint8_t *data = (const uint8_t *)natsMsg_GetData(m);
     size_t len = (size_t)natsMsg_GetDataLength(m);
     tally_req_t req;
+    tally_status_t refused = check_publisher(f, m, why, cap);
+    if (refused != TALLY_OK)
+        return refused;
     if (len < TALLY_REQ_HEADER_SIZE) {
         snprintf(why, cap, "message of %zu bytes: shorter than a request header", len);
         return TALLY_E_HEADER;
@@ -440,7 +480,10 @@ static void fail_message(td_fleet_t *f, td_part_t *p, natsMsg *m, uint64_t seq, 
         p->retry_at = td_nats_now_ms() + TD_FLEET_RETRY_MS * 10;
         return;
     }
-    const char *to = header(m, TALLY_NATS_HDR_REPLY);
+    if (st == TALLY_E_NOT_PERMITTED)
+        td_warn("fleet: partition %u sequence %" PRIu64 " from %s refused: %s", (unsigned)p->k, seq,
+                natsMsg_GetSubject(m), why);
+    const char *to = reply_to(m);
     if (to) {
         uint8_t frame[TALLY_REP_HEADER_SIZE + TALLY_ERROR_MESSAGE_MAX];
         size_t len = td_fleet_error_reply((const uint8_t *)natsMsg_GetData(m),
@@ -518,7 +561,7 @@ void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *
             return;
         }
     }
-    const char *to = header(m, TALLY_NATS_HDR_REPLY);
+    const char *to = reply_to(m);
     if (to)
         td_fleet_publish_reply(f, to, m, p->k, seq, reply, len);
     td_debug("fleet: partition %u sequence %" PRIu64 ": %s (request seq %" PRIu64 ")",

@@ -1,12 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_fleet_query.c — the fleet's answers by NATS request-reply (PROTOCOL.md §13 "Answers by
- * request-reply"): `query` on tally.q.<k> by the partition's owner, `ping`/`info`/`stats` on
- * tally.ctl by one member (queue group), `streams` on tally.streams by every member for the
- * partitions it owns. Each goes through the request path like the partition's messages (so a
- * query is answered after what was applied before it), and its reply is published to the
- * request's reply subject. A member that does not own the partition (or whose lease ran out)
- * stays silent: the owner answers, or nobody and the requester asks again.
+ * request-reply"): `query` on tally.q.<k>.<user> by the partition's owner, a stream's last_seq
+ * alone on tally.seq.<k>.<user> (what a producer may ask), `ping`/`info`/`stats` on
+ * tally.ctl.<user> by one member (queue group), `streams` on tally.streams.<user> by every member
+ * for the partitions it owns. Each goes through the request path like the partition's messages
+ * (so a query is answered after what was applied before it), and its reply is published to the
+ * request's reply subject, but only when that subject is one of the inboxes of the user the
+ * request's subject names (_INBOX.<user>.…): the server lets only that user publish there, so a
+ * request cannot steer the worker's answer onto a subject of someone else's (PROTOCOL.md §13
+ * "Security"); anything else is answered nowhere, counted and logged. A member that does not own
+ * the partition (or whose lease ran out) stays silent: the owner answers, or nobody and the
+ * requester asks again.
  *
  * Also the fleet's replies in general: error frames made here, and the headers replies carry.
  */
@@ -21,12 +26,14 @@
 
 td_err_t td_fleet_query_open(td_fleet_t *f)
 {
-    natsStatus s = natsConnection_SubscribeSync(&f->q_sub, f->nc, TALLY_NATS_SUBJ_QUERY "*");
+    natsStatus s = natsConnection_SubscribeSync(&f->q_sub, f->nc, TALLY_NATS_SUBJ_QUERY "*.*");
     if (s == NATS_OK)
-        s = natsConnection_QueueSubscribeSync(&f->ctl_sub, f->nc, TALLY_NATS_SUBJ_CTL,
+        s = natsConnection_SubscribeSync(&f->seq_sub, f->nc, TALLY_NATS_SUBJ_SEQ "*.*");
+    if (s == NATS_OK)
+        s = natsConnection_QueueSubscribeSync(&f->ctl_sub, f->nc, TALLY_NATS_SUBJ_CTL ".*",
                                               TALLY_NATS_CTL_QUEUE);
     if (s == NATS_OK)
-        s = natsConnection_SubscribeSync(&f->streams_sub, f->nc, TALLY_NATS_SUBJ_STREAMS);
+        s = natsConnection_SubscribeSync(&f->streams_sub, f->nc, TALLY_NATS_SUBJ_STREAMS ".*");
     if (s != NATS_OK) {
         td_err("fleet: subscribing to queries: %s", td_nats_last_error(s));
         return TD_ERR_LIBRARY;
@@ -37,9 +44,10 @@ td_err_t td_fleet_query_open(td_fleet_t *f)
 void td_fleet_query_close(td_fleet_t *f)
 {
     natsSubscription_Destroy(f->q_sub);
+    natsSubscription_Destroy(f->seq_sub);
     natsSubscription_Destroy(f->ctl_sub);
     natsSubscription_Destroy(f->streams_sub);
-    f->q_sub = f->ctl_sub = f->streams_sub = NULL;
+    f->q_sub = f->seq_sub = f->ctl_sub = f->streams_sub = NULL;
 }
 
 size_t td_fleet_error_reply(const uint8_t *req, size_t len, tally_status_t st, const char *why,
@@ -79,6 +87,10 @@ void td_fleet_publish_reply(td_fleet_t *f, const char *subject, natsMsg *request
     }
     if (s == NATS_OK && !seq)
         s = natsMsgHeader_Set(m, TALLY_NATS_HDR_MEMBER, f->member);
+    if (s == NATS_OK && !seq) {
+        snprintf(num, sizeof num, "%zu", f->live_members);
+        s = natsMsgHeader_Set(m, TALLY_NATS_HDR_MEMBERS, num);
+    }
     if (s == NATS_OK)
         s = natsConnection_PublishMsg(f->nc, m);
     if (s != NATS_OK) /* a reply is not stored anyway: the requester times out and asks again */
@@ -100,39 +112,68 @@ static void answer_error(td_fleet_t *f, natsMsg *m, tally_status_t st, const cha
     td_fleet_publish_reply(f, natsMsg_GetReply(m), m, 0, 0, frame, len);
 }
 
+/* True when m's answer may go where it asks: a reply subject among the inboxes of the user its
+ * subject names. Otherwise it is counted and logged, and answered nowhere. */
+static bool reply_allowed(td_fleet_t *f, natsMsg *m)
+{
+    const char *subject = natsMsg_GetSubject(m), *reply = natsMsg_GetReply(m);
+    const char *user = tally_fleet_subject_user(subject);
+    if (!reply)
+        return false; /* nothing to answer to */
+    if (user && tally_fleet_reply_allowed(reply, user))
+        return true;
+    TD_FLEET_COUNT(f, refused_reply);
+    td_warn("fleet: a request on %s asks for its answer on %s, outside the inboxes of user %s "
+            "(%s.>): answered nowhere",
+            subject, reply, user ? user : "(none)", TALLY_NATS_INBOX "<user>");
+    return false;
+}
+
+/* Which operations a subscription answers, and for tally.q and tally.seq the partition. ok:
+ * m may be run here; false with *mine false: not this member's (the owner answers). */
+static bool judge(td_fleet_t *f, natsMsg *m, natsSubscription *from, bool *mine)
+{
+    const uint8_t *data = (const uint8_t *)natsMsg_GetData(m);
+    uint8_t op = data[5];
+    *mine = true;
+    if (from == f->q_sub || from == f->seq_sub) {
+        const char *prefix = from == f->q_sub ? TALLY_NATS_SUBJ_QUERY : TALLY_NATS_SUBJ_SEQ;
+        unsigned long k = strtoul(natsMsg_GetSubject(m) + strlen(prefix), NULL, 10);
+        if (k >= f->partitions || !f->parts[k].owned ||
+            !td_lease_valid(&f->parts[k].lease, td_nats_now_ms())) {
+            *mine = false;
+            return false;
+        }
+        size_t slen = data[17] <= TALLY_STREAM_NAME_MAX ? data[17] : 0;
+        bool window = from == f->seq_sub && (data[7] & TALLY_FLAG_QUERY_WINDOW);
+        return op == TALLY_OP_QUERY && !window &&
+               (slen == 0 || tally_partition((const char *)data + 64, slen, f->partitions) == k);
+    }
+    if (from == f->ctl_sub)
+        return op == TALLY_OP_PING || op == TALLY_OP_INFO || op == TALLY_OP_STATS;
+    return op == TALLY_OP_STREAMS;
+}
+
 /* Whether this member answers m at all, and with what; forwards it when it is to be run. */
 static void take_query(td_fleet_t *f, natsMsg *m, natsSubscription *from)
 {
     const uint8_t *data = (const uint8_t *)natsMsg_GetData(m);
     size_t len = (size_t)natsMsg_GetDataLength(m);
-    const char *reply_to = natsMsg_GetReply(m);
-    if (!reply_to || len < TALLY_REQ_HEADER_SIZE) {
-        if (reply_to)
-            answer_error(f, m, TALLY_E_HEADER, "a request is a 128-byte header and a payload");
+    bool mine = true;
+    bool ok = len >= TALLY_REQ_HEADER_SIZE && judge(f, m, from, &mine);
+    if (!mine || !reply_allowed(f, m)) {
+        natsMsg_Destroy(m); /* not ours, or nowhere it may go */
+        return;
+    }
+    if (len < TALLY_REQ_HEADER_SIZE) {
+        answer_error(f, m, TALLY_E_HEADER, "a request is a 128-byte header and a payload");
         natsMsg_Destroy(m);
         return;
     }
-    uint8_t op = data[5];
-    bool ok;
-    if (from == f->q_sub) {
-        unsigned long k = strtoul(natsMsg_GetSubject(m) + strlen(TALLY_NATS_SUBJ_QUERY), NULL, 10);
-        if (k >= f->partitions || !f->parts[k].owned ||
-            !td_lease_valid(&f->parts[k].lease, td_nats_now_ms())) {
-            natsMsg_Destroy(m); /* not ours: the owner answers */
-            return;
-        }
-        size_t slen = data[17] <= TALLY_STREAM_NAME_MAX ? data[17] : 0;
-        ok = op == TALLY_OP_QUERY &&
-             (slen == 0 || tally_partition((const char *)data + 64, slen, f->partitions) == k);
-    } else if (from == f->ctl_sub) {
-        ok = op == TALLY_OP_PING || op == TALLY_OP_INFO || op == TALLY_OP_STATS;
-    } else {
-        ok = op == TALLY_OP_STREAMS;
-    }
     if (!ok) {
-        answer_error(
-            f, m, from == f->q_sub && op == TALLY_OP_QUERY ? TALLY_E_STREAM_NAME : TALLY_E_OPCODE,
-            "not answered on this subject (PROTOCOL.md §13)");
+        bool q = from == f->q_sub || from == f->seq_sub;
+        answer_error(f, m, q && data[5] == TALLY_OP_QUERY ? TALLY_E_STREAM_NAME : TALLY_E_OPCODE,
+                     "not answered on this subject (PROTOCOL.md §13)");
         natsMsg_Destroy(m);
         return;
     }
@@ -144,13 +185,14 @@ static void take_query(td_fleet_t *f, natsMsg *m, natsSubscription *from)
     }
     f->pend[slot].msg = m;
     f->pend[slot].streams_filter = from == f->streams_sub;
+    f->pend[slot].seq_only = from == f->seq_sub;
 }
 
 bool td_fleet_query_step(td_fleet_t *f)
 {
-    natsSubscription *subs[3] = {f->q_sub, f->ctl_sub, f->streams_sub};
+    natsSubscription *subs[4] = {f->q_sub, f->seq_sub, f->ctl_sub, f->streams_sub};
     bool any = false;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         natsMsg *m = NULL;
         while (natsSubscription_NextMsg(&m, subs[i], 0) == NATS_OK) {
             take_query(f, m, subs[i]);
@@ -183,15 +225,43 @@ static uint8_t *filter_streams(td_fleet_t *f, const uint8_t *reply, size_t len, 
     return out;
 }
 
+/* A `query` reply cut to what tally.seq answers: the header alone, aux0 = the stream's last_seq
+ * (PROTOCOL.md §13 "Answers by request-reply"), into out; its length, 0 when it does not
+ * decode. */
+static size_t seq_only(const uint8_t *reply, size_t len, uint8_t *out)
+{
+    tally_rep_t rep;
+    tally_stream_info_t info;
+    if (tally_rep_decode(reply, TALLY_REP_HEADER_SIZE, &rep) != TALLY_OK ||
+        tally_stream_info_decode(reply + TALLY_REP_HEADER_SIZE, len - TALLY_REP_HEADER_SIZE,
+                                 &info) != TALLY_OK)
+        return 0;
+    rep.dtype = TALLY_DTYPE_NONE;
+    rep.count = 0;
+    rep.aux0 = info.last_seq;
+    rep.aux1 = 0;
+    tally_rep_encode(&rep, out);
+    return TALLY_REP_HEADER_SIZE;
+}
+
 void td_fleet_query_reply(td_fleet_t *f, td_pend_t *pend, const uint8_t *reply, size_t len)
 {
     natsMsg *m = pend->msg;
     pend->msg = NULL;
     const uint8_t *send = reply;
     uint8_t *filtered = NULL;
-    if (pend->streams_filter && tally_get_u32(reply + 16) == TALLY_OK &&
-        (filtered = filter_streams(f, reply, len, &len)))
+    uint8_t head[TALLY_REP_HEADER_SIZE];
+    bool ok = tally_get_u32(reply + 16) == TALLY_OK;
+    if (pend->streams_filter && ok && (filtered = filter_streams(f, reply, len, &len)))
         send = filtered;
+    if (pend->seq_only && ok) {
+        len = seq_only(reply, len, head);
+        send = head;
+    }
+    if (len == 0) { /* an answer that did not decode: nothing a producer may be given */
+        natsMsg_Destroy(m);
+        return;
+    }
     td_fleet_publish_reply(f, natsMsg_GetReply(m), m, 0, 0, send, len);
     free(filtered);
     natsMsg_Destroy(m);

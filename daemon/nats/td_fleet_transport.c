@@ -132,7 +132,7 @@ void td_fleet_path_on_loop(td_fleet_t *f)
 
 td_err_t td_fleet_path_open(td_fleet_t *f)
 {
-    f->transport = (td_transport_t){.ops = &fleet_ops, .path = f->host.path};
+    f->transport = (td_transport_t){.ops = &fleet_ops, .path = f->host.path, .owns_streams = true};
     if (pthread_mutex_init(&f->q_mu, NULL) != 0)
         return TD_ERR_LIBRARY;
     f->q_mu_ready = true;

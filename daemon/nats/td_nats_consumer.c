@@ -32,7 +32,7 @@ td_err_t td_consumer_start(jsCtx *js, uint32_t k, uint64_t epoch, unsigned resta
     tally_fleet_name(stream, sizeof stream, TALLY_NATS_STREAM_PREFIX, k);
     snprintf(durable, sizeof durable, "%s%u-%" PRIu64 "-%u", TALLY_NATS_CONSUMER_PREFIX,
              (unsigned)k, epoch, restart);
-    tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k);
+    tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k, "*");
     *sub = NULL;
     jsConsumerConfig cc;
     jsConsumerConfig_Init(&cc);

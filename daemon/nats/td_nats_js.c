@@ -42,8 +42,20 @@ static td_err_t ensure_stream(jsCtx *js, const char *name, const char *subject, 
     jsStreamInfo *si = NULL;
     jsErrCode jerr = 0;
     natsStatus s = js_GetStreamInfo(&si, js, name, NULL, &jerr);
+    /* An existing stream must capture what this worker reads: a partition made by a tallyd
+     * before subjects named their publisher captures tally.in.<k> alone. */
+    bool same = s == NATS_OK && si && si->Config && si->Config->SubjectsLen == 1 &&
+                strcmp(si->Config->Subjects[0], subject) == 0;
     jsStreamInfo_Destroy(si);
     *created = false;
+    if (s == NATS_OK && !same) {
+        snprintf(msg, cap,
+                 "stream %s exists and does not capture exactly %s (made by an earlier "
+                 "tallyd?): set its subjects to %s (nats stream edit %s --subjects '%s'), "
+                 "PROTOCOL.md §13",
+                 name, subject, subject, name, subject);
+        return TD_ERR_CONFIG;
+    }
     if (s == NATS_OK)
         return TD_OK;
     if (s != NATS_NOT_FOUND && jerr != JSStreamNotFoundErr) {
@@ -180,7 +192,7 @@ td_err_t td_nats_fleet_ensure(jsCtx *js, const td_nats_layout_t *l, char *msg, s
         char name[32], subject[32];
         bool created = false;
         tally_fleet_name(name, sizeof name, TALLY_NATS_STREAM_PREFIX, k);
-        tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k);
+        tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k, "*");
         err = ensure_stream(js, name, subject, l->replicas, l->partition_max_bytes,
                             l->partition_max_age_ms, js_LimitsPolicy, js_DiscardNew,
                             l->max_msg_size, &created, msg, cap);

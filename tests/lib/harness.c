@@ -573,6 +573,32 @@ int th_metrics_port(const th_daemon_t *d)
     return port;
 }
 
+long long th_metric(const th_daemon_t *d, const char *name)
+{
+    int port = th_metrics_port(d);
+    char *body = port > 0 ? th_http_get(port, "GET", "/metrics", NULL) : NULL;
+    long long v = -1;
+    size_t n = strlen(name);
+    for (const char *at = body; at && (at = strstr(at, name)) != NULL; at += n)
+        if ((at == body || at[-1] == '\n') && at[n] == ' ') {
+            v = atoll(at + n + 1);
+            break;
+        }
+    free(body);
+    return v;
+}
+
+int th_sh(const char *fmt, ...)
+{
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    int status = system(cmd);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 int th_write_clock(const char *path, uint64_t ms)
 {
     char tmp[512];

@@ -119,6 +119,11 @@ char *th_http_exchange(int port, const char *src, const char *request, int timeo
 /* The port of the daemon's metrics endpoint, from its log ("metrics: serving http://..."), or
  * -1. */
 int th_metrics_port(const th_daemon_t *d);
+/* The value of the line "NAME VALUE" of the daemon's /metrics (name with its labels); -1 when
+ * absent or the endpoint does not answer. */
+long long th_metric(const th_daemon_t *d, const char *name);
+/* Runs a shell command (formatted like printf): its exit status, -1 when it did not exit. */
+int th_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Writes the time ms (decimal, ms since the epoch) to path atomically (a temporary file renamed
  * over it): the file a tallyd started with --test-clock reads its window clock from. */

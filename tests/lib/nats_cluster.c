@@ -75,6 +75,18 @@ static int write_conf(const tn_cluster_t *c, int i, const tn_options_t *opts)
     return fclose(f) == 0 ? 0 : -1;
 }
 
+/* Node i's configuration: the caller's (tn_options_t.write_conf), or generated. */
+static int node_conf(const tn_cluster_t *c, int i, const tn_options_t *opts)
+{
+    if (!opts || !opts->write_conf)
+        return write_conf(c, i, opts);
+    FILE *f = fopen(c->node[i].conf_path, "w");
+    if (!f)
+        return -1;
+    int rc = opts->write_conf(c, i, f, opts->ctx);
+    return fclose(f) == 0 ? rc : -1;
+}
+
 static int spawn(tn_node_t *n)
 {
     const char *bin = tn_server_bin();
@@ -107,8 +119,28 @@ static int spawn(tn_node_t *n)
     return 0;
 }
 
-/* True when node n answers a JetStream account-info request (so a meta leader exists). */
-static bool node_ready(const tn_node_t *n)
+/* The harness's credentials and TLS (tn_options_t) on o. */
+static natsStatus harness_auth(natsOptions *o, const tn_options_t *opts)
+{
+    natsStatus s = NATS_OK;
+    char prefix[96];
+    snprintf(prefix, sizeof prefix, "_INBOX.%s", opts->user ? opts->user : "");
+    if (opts->user)
+        s = natsOptions_SetUserInfo(o, opts->user, opts->password);
+    if (s == NATS_OK && opts->user) /* its inboxes where its permissions let it read */
+        s = natsOptions_SetCustomInboxPrefix(o, prefix);
+    if (s == NATS_OK && opts->tls_ca)
+        s = natsOptions_SetSecure(o, true);
+    if (s == NATS_OK && opts->tls_ca)
+        s = natsOptions_LoadCATrustedCertificates(o, opts->tls_ca);
+    if (s == NATS_OK && opts->tls_cert)
+        s = natsOptions_LoadCertificatesChain(o, opts->tls_cert, opts->tls_key);
+    return s;
+}
+
+/* True when node n answers a JetStream account-info request (so a meta leader exists), or with
+ * ready_on_connect, when a client connects. */
+static bool node_ready(const tn_node_t *n, const tn_options_t *opts)
 {
     natsOptions *o = NULL;
     natsConnection *nc = NULL;
@@ -117,10 +149,14 @@ static bool node_ready(const tn_node_t *n)
     bool ready = false;
     if (natsOptions_Create(&o) != NATS_OK || natsOptions_SetURL(o, n->url) != NATS_OK ||
         natsOptions_SetAllowReconnect(o, false) != NATS_OK ||
-        natsOptions_SetTimeout(o, 500) != NATS_OK)
+        natsOptions_SetTimeout(o, 500) != NATS_OK || harness_auth(o, opts) != NATS_OK)
         goto out;
     if (natsConnection_Connect(&nc, o) != NATS_OK)
         goto out;
+    if (opts->ready_on_connect) {
+        ready = true;
+        goto out;
+    }
     jsOptions jo;
     jsOptions_Init(&jo);
     jo.Wait = 1000;
@@ -162,7 +198,7 @@ int tn_cluster_wait_ready(tn_cluster_t *c, int timeout_ms)
                 return -1;
             }
             running++;
-            ready += node_ready(&c->node[i]);
+            ready += node_ready(&c->node[i], &c->opts);
         }
         if (running > 0 && ready == running)
             return 0;
@@ -193,7 +229,10 @@ static int start_once(tn_cluster_t *c, const tn_options_t *opts, int timeout_ms)
             (size_t)snprintf(c->urls + used, sizeof c->urls - used, "%s%s", i ? "," : "", n->url);
     }
     for (int i = 0; i < c->nodes; i++)
-        if (write_conf(c, i, opts) != 0 || spawn(&c->node[i]) != 0)
+        if (node_conf(c, i, opts) != 0)
+            return -1;
+    for (int i = 0; i < c->nodes; i++)
+        if (spawn(&c->node[i]) != 0)
             return -1;
     return tn_cluster_wait_ready(c, timeout_ms);
 }
@@ -212,6 +251,8 @@ int tn_cluster_start(tn_cluster_t *c, int nodes, const tn_options_t *opts, int t
     if (th_tmpdir(c->dir, sizeof c->dir, "tally-nats") != 0)
         return -1;
     c->nodes = nodes;
+    if (opts)
+        c->opts = *opts;
     for (int attempt = 0; attempt < 3; attempt++) {
         if (start_once(c, opts, timeout_ms) == 0)
             return 0;
@@ -280,6 +321,8 @@ int tn_connect(const tn_cluster_t *c, natsConnection **nc, jsCtx **js)
     if (s == NATS_OK)
         s = natsOptions_SetReconnectWait(o, 100);
     if (s == NATS_OK)
+        s = harness_auth(o, &c->opts);
+    if (s == NATS_OK)
         s = natsConnection_Connect(nc, o);
     natsOptions_Destroy(o);
     if (s == NATS_OK)
@@ -312,6 +355,43 @@ int tn_suite_teardown(void)
     tn_suite_nc = NULL;
     tn_cluster_stop(&tn_suite);
     return 0;
+}
+
+/* How many of the partitions' leases member holds (NULL: anyone). */
+static int leases_held(kvStore *leases, uint32_t partitions, const char *member)
+{
+    int held = 0;
+    for (uint32_t k = 0; k < partitions; k++) {
+        char key[16];
+        kvEntry *e = NULL;
+        snprintf(key, sizeof key, "p%u", (unsigned)k);
+        if (kvStore_Get(&e, leases, key) == NATS_OK) {
+            size_t len = (size_t)kvEntry_ValueLen(e);
+            held +=
+                len > 0 &&
+                (!member || (strlen(member) == len && memcmp(kvEntry_Value(e), member, len) == 0));
+        }
+        kvEntry_Destroy(e);
+    }
+    return held;
+}
+
+int64_t tn_wait_leases(jsCtx *js, uint32_t partitions, const char *member, int count,
+                       int timeout_ms, int *held)
+{
+    int64_t t0 = th_now_ms();
+    *held = -1;
+    for (;;) {
+        kvStore *leases = NULL;
+        if (js_KeyValue(&leases, js, "TALLY_LEASES") == NATS_OK)
+            *held = leases_held(leases, partitions, member);
+        kvStore_Destroy(leases); /* no bucket yet (no worker has started): none held */
+        if (*held == count)
+            return th_now_ms() - t0;
+        if (th_now_ms() - t0 > timeout_ms)
+            return -1;
+        th_sleep_ms(50);
+    }
 }
 
 int tn_node_index(const tn_cluster_t *c, const char *name)

@@ -14,6 +14,8 @@
 #define TALLY_TEST_NATS_CLUSTER_H
 
 #include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #define TN_MAX_NODES 5
@@ -27,17 +29,29 @@ typedef struct {
     char log_path[320]; /* the server's log (-l) */
 } tn_node_t;
 
+typedef struct tn_cluster tn_cluster_t;
+
 typedef struct {
+    /* Lines added to every node's configuration (e.g. an authorization block); may be NULL. */
+    const char *extra_conf;
+    /* Instead of the generated configuration: writes node i's (its ports and paths are in
+     * c->node[i] and c->dir; every node's before any starts); 0, or -1. NULL: generated. */
+    int (*write_conf)(const tn_cluster_t *c, int i, FILE *f, void *ctx);
+    void *ctx;
+    /* How the harness connects (readiness, tn_connect): a user and password (its inboxes then
+     * _INBOX.<user>), a CA file that turns TLS on, a client certificate and key; NULL: none. */
+    const char *user, *password, *tls_ca, *tls_cert, *tls_key;
+    /* Ready once a client connects (a server without JetStream); else once JetStream answers. */
+    bool ready_on_connect;
+} tn_options_t;
+
+struct tn_cluster {
     int nodes;
     char dir[256];  /* the scratch directory: configs, logs, stores */
     char urls[384]; /* every node's URL, comma-separated (what a client is given) */
     tn_node_t node[TN_MAX_NODES];
-} tn_cluster_t;
-
-/* Lines added to every node's configuration (e.g. an authorization block); may be NULL. */
-typedef struct {
-    const char *extra_conf;
-} tn_options_t;
+    tn_options_t opts; /* as started (the strings are the caller's) */
+};
 
 /* The nats-server under test: $TALLY_NATS_SERVER, else nats-server on the PATH; NULL when none
  * is executable (tests then skip with 77). */
@@ -67,6 +81,11 @@ extern natsConnection *tn_suite_nc;
 extern jsCtx *tn_suite_js;
 int tn_suite_setup(int nodes);
 int tn_suite_teardown(void);
+/* Waits until `count` of a fleet's `partitions` leases (keys p<k> of TALLY_LEASES) are held by
+ * member (NULL: by anyone): the milliseconds it took, or -1 at timeout_ms (*held: how many were
+ * at the last look). */
+int64_t tn_wait_leases(jsCtx *js, uint32_t partitions, const char *member, int count,
+                       int timeout_ms, int *held);
 /* The index of the node named by server name `name` ("n<i>"), or -1. */
 int tn_node_index(const tn_cluster_t *c, const char *name);
 /* Kills every node (SIGKILL: no state is kept), reaps them and removes the scratch
