@@ -20,6 +20,7 @@
 #include <ftw.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <regex.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -53,6 +54,7 @@ typedef struct {
     bool watchdog; /* WATCHDOG_USEC=2000000 and WATCHDOG_PID=<tallyd's pid> */
     bool no_bind;  /* do not add --bind (socket activation) */
     bool no_wait;  /* do not wait for a ping (the start is expected to fail) */
+    bool journal;  /* JOURNAL_STREAM names its stderr, as systemd's does the journal's */
 } spawn_opts_t;
 
 static char scratch[80];  /* a per-run directory for state, configs and sockets */
@@ -67,6 +69,15 @@ static bool ping(const char *endpoint, int timeout_ms)
 /* In the child: moves the fds to 3.. and sets the variables systemd would. */
 static void child_setup(const spawn_opts_t *o)
 {
+    char value[48];
+    struct stat st;
+    if (o->journal && fstat(STDERR_FILENO, &st) == 0) {
+        snprintf(value, sizeof value, "%llu:%llu", (unsigned long long)st.st_dev,
+                 (unsigned long long)st.st_ino);
+        setenv("JOURNAL_STREAM", value, 1);
+    } else {
+        unsetenv("JOURNAL_STREAM"); /* a test run as a service has its own */
+    }
     for (int i = 0; i < MAX_ENV && o->env[i]; i++)
         putenv((char *)o->env[i]);
     int high[MAX_FDS];
@@ -76,7 +87,6 @@ static void child_setup(const spawn_opts_t *o)
         dup2(high[i], 3 + i);
         close(high[i]);
     }
-    char value[32];
     if (o->nfds) {
         snprintf(value, sizeof value, "%d", o->nfds);
         setenv("LISTEN_FDS", value, 1);
@@ -337,6 +347,49 @@ static void test_status_line_refreshes(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
     close(fd);
     unlink(path);
+}
+
+/* ---- the log ---------------------------------------------------------------------------- */
+
+/* Every line of d's log matches re (extended); at least one line. */
+static void assert_log_lines(const th_daemon_t *d, const char *re)
+{
+    regex_t rx;
+    assert_int_equal(regcomp(&rx, re, REG_EXTENDED | REG_NOSUB), 0);
+    char *log = th_slurp(d->log_path);
+    assert_non_null(log);
+    int lines = 0;
+    for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n"), lines++)
+        if (regexec(&rx, line, 0, NULL, 0) != 0)
+            fail_msg("log line '%s' does not match %s", line, re);
+    assert_true(lines > 0);
+    free(log);
+    regfree(&rx);
+}
+
+/* Where stderr is not the journal (JOURNAL_STREAM unset, or another stream's), each log line
+ * starts with the local time to the millisecond; where it is, with the priority alone (the
+ * journal keeps the time). */
+static void test_log_time_unless_journal(void **state)
+{
+    (void)state;
+    const char *timed = "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}"
+                        "[+-][0-9]{2}:[0-9]{2} <[3-7]>[^<]";
+    th_daemon_t d;
+    assert_int_equal(spawn(&d, NULL, NULL), 0);
+    assert_true(log_waits_for(&d, "<6>listening on ", 5000));
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_log_lines(&d, timed);
+
+    spawn_opts_t o = {.env = {"JOURNAL_STREAM=1:1"}}; /* a journal's stream, not stderr */
+    assert_int_equal(spawn(&d, NULL, &o), 0);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_log_lines(&d, timed);
+
+    spawn_opts_t j = {.journal = true};
+    assert_int_equal(spawn(&d, NULL, &j), 0);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_log_lines(&d, "^<[3-7]>[^<]");
 }
 
 /* ---- socket activation ------------------------------------------------------------------ */
@@ -1233,6 +1286,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_notify_ready_status_watchdog_stopping, kill_leftovers),
         cmocka_unit_test_teardown(test_status_line_refreshes, kill_leftovers),
+        cmocka_unit_test_teardown(test_log_time_unless_journal, kill_leftovers),
         cmocka_unit_test_teardown(test_socket_activation_tcp_and_ipc, kill_leftovers),
         cmocka_unit_test_teardown(test_socket_activation_rejects_datagram_socket, kill_leftovers),
         cmocka_unit_test_teardown(test_socket_activation_protected_and_curve, kill_leftovers),
