@@ -509,6 +509,72 @@ static void test_socket_activation_protected_and_curve(void **state)
     unlink(un.sun_path);
 }
 
+/* tallyd started with args and the passed sockets fds (no --bind of the test's own) must exit
+ * non-zero before it is ready, and log `says`. */
+static void assert_passed_start_fails(const char *const *args, int *fds, int nfds, const char *says)
+{
+    spawn_opts_t o = {.nfds = nfds, .no_bind = true, .no_wait = true};
+    for (int i = 0; i < nfds; i++)
+        o.fds[i] = fds[i];
+    th_daemon_t d;
+    assert_int_equal(spawn(&d, args, &o), 0);
+    int status = 0;
+    assert_int_equal(waitpid(d.pid, &status, 0), d.pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 1);
+    assert_true(log_waits_for(&d, says, 0));
+    assert_false(th_daemon_log_contains(&d, " ready: ")); /* not "already in use" */
+}
+
+/* tallyd.socket enabled beside a `bind` of the same address in tallyd.conf: the bind would fail
+ * ("Address already in use"), or for ipc take the path from under systemd's socket. tallyd says
+ * which socket holds it and what to remove, and leaves the path alone; a port some other program
+ * holds gets a hint of its own. */
+static void test_socket_activation_bind_collides(void **state)
+{
+    (void)state;
+    int port;
+    int tcp = listen_tcp(INADDR_LOOPBACK, &port);
+    char bind[64], says[200];
+    snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", port);
+    const char *args[] = {"--bind", bind, NULL};
+    snprintf(says, sizeof says,
+             "<3>cannot bind %s: systemd passed tallyd a socket on this address (fd 3, a "
+             "ListenStream= of tallyd.socket)",
+             bind);
+    assert_passed_start_fails(args, &tcp, 1, says);
+    assert_passed_start_fails(args, &tcp, 1,
+                              "remove this bind (`bind` in tallyd.conf, or "
+                              "--bind), or stop passing the socket (`systemctl "
+                              "disable --now tallyd.socket`)");
+    snprintf(bind, sizeof bind, "tcp://*:%d", port); /* the wildcard takes the loopback too */
+    const char *any_args[] = {"--bind", bind, "--protected-mode", "off", NULL};
+    assert_passed_start_fails(any_args, &tcp, 1, "a socket on this address (fd 3,");
+
+    struct sockaddr_un un;
+    int unx = listen_unix("held.sock", &un);
+    char ipc[300];
+    snprintf(ipc, sizeof ipc, "ipc://%s", un.sun_path);
+    const char *ipc_args[] = {"--bind", ipc, NULL};
+    int both[] = {tcp, unx};
+    assert_passed_start_fails(ipc_args, both, 2, "a socket on this address (fd 4,");
+    struct stat sb;
+    assert_int_equal(stat(un.sun_path, &sb), 0); /* still systemd's socket */
+    int client = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_int_equal(connect(client, (struct sockaddr *)&un, sizeof un), 0);
+    close(client);
+    close(unx);
+    unlink(un.sun_path);
+
+    /* Nothing passed, the port some other program's: the hint names the tool to find it. */
+    snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", port);
+    snprintf(says, sizeof says,
+             "<3>cannot bind %s: Address already in use (another program listens there, perhaps "
+             "another tallyd: `ss -ltnp 'sport = :%d'` names it",
+             bind, port);
+    assert_passed_start_fails(args, NULL, 0, says);
+    close(tcp);
+}
+
 static void test_socket_activation_rejects_datagram_socket(void **state)
 {
     (void)state;
@@ -771,8 +837,8 @@ static void corrupt_and_restart(const char *name, corruption_t how, const char *
     off_t at = TD_STATE_HEADER_SIZE + TD_STATE_RECORD_NAME_OFF + 4 + 8; /* cam0's elements */
     switch (how) {
     case CORRUPT_TRUNCATE:
-        assert_int_equal(ftruncate(fd, TD_STATE_HEADER_SIZE + first + tally_get_u32(size_field) / 2),
-                         0);
+        assert_int_equal(
+            ftruncate(fd, TD_STATE_HEADER_SIZE + first + tally_get_u32(size_field) / 2), 0);
         break;
     case CORRUPT_FLIP:
     case CORRUPT_HEADER:
@@ -1289,6 +1355,7 @@ int main(void)
         cmocka_unit_test_teardown(test_log_time_unless_journal, kill_leftovers),
         cmocka_unit_test_teardown(test_socket_activation_tcp_and_ipc, kill_leftovers),
         cmocka_unit_test_teardown(test_socket_activation_rejects_datagram_socket, kill_leftovers),
+        cmocka_unit_test_teardown(test_socket_activation_bind_collides, kill_leftovers),
         cmocka_unit_test_teardown(test_socket_activation_protected_and_curve, kill_leftovers),
         cmocka_unit_test_teardown(test_state_survives_clean_restart, kill_leftovers),
         cmocka_unit_test_teardown(test_state_stop_under_load_keeps_every_answered_request,
