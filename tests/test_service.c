@@ -1053,6 +1053,103 @@ static void test_config_file_errors_exit_2(void **state)
     assert_int_equal(WEXITSTATUS(status), 2);
 }
 
+/* tallyd with args (NULL-terminated, at most 8) and opts, to its exit: the status, 256 for a
+ * signal; its log in d. */
+static int run_to_exit(th_daemon_t *d, const char *const *args, bool check,
+                       const spawn_opts_t *opts)
+{
+    const char *all[10];
+    int n = 0;
+    if (check)
+        all[n++] = "--check-config";
+    for (; *args && n < 9; args++)
+        all[n++] = *args;
+    all[n] = NULL;
+    spawn_opts_t o = opts ? *opts : (spawn_opts_t){0};
+    o.no_wait = true;
+    assert_int_equal(spawn(d, all, &o), 0);
+    int status = 0;
+    assert_int_equal(waitpid(d->pid, &status, 0), d->pid);
+    d->pid = 0;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 256;
+}
+
+/* scratch/name holding text with mode; its path into path (300 bytes). */
+static void scratch_file(char *path, const char *name, const char *text, mode_t mode)
+{
+    snprintf(path, 300, "%s/%s", scratch, name);
+    write_file(path, text);
+    assert_int_equal(chmod(path, mode), 0);
+}
+
+/* --check-config reads every file the start would read and fails as the start does: the same
+ * exit status and the same message. Without it, a missing curve_secret_key or metrics
+ * auth_file / api_token_file was "configuration ok" and the start then failed. */
+static void test_check_config_reads_every_file(void **state)
+{
+    (void)state;
+    char key[300], bad_key[300], loose[300], token[300], auth[300], creds_env[320];
+    snprintf(key, sizeof key, "%s/check-server", scratch);
+    char msg[256];
+    assert_int_equal(tally_keygen(key, NULL, msg, sizeof msg), TALLY_OK);
+    strcat(key, ".key");
+    scratch_file(bad_key, "check-bad.key", "not a key\n", 0600);
+    scratch_file(auth, "check-auth", "user:password\n", 0600);
+    scratch_file(loose, "check-loose", "user:password\n", 0644);
+    scratch_file(token, "check-token", "short\n", 0600);
+    snprintf(creds_env, sizeof creds_env, "CREDENTIALS_DIRECTORY=%s", scratch);
+    static const char missing[] = "/nonexistent/tallyd-check";
+    const struct {
+        const char *args[8];
+        const char *says;
+        bool creds; /* CREDENTIALS_DIRECTORY set */
+    } cases[] = {
+        {.args = {"--curve-secret-key", missing},
+         .says = "<3>[security] curve_secret_key (--curve-secret-key): cannot read "
+                 "/nonexistent/tallyd-check: No such file or directory"},
+        {.args = {"--curve-secret-key", bad_key}, .says = "<3>curve: "},
+        {.args = {"--curve-secret-key", key, "--curve-clients-dir", missing},
+         .says = "<3>[security] curve_clients_dir (--curve-clients-dir): cannot read"},
+        {.args = {"--metrics", "127.0.0.1:0", "--metrics-auth-file", missing},
+         .says =
+             "<3>[metrics] auth_file (--metrics-auth-file): cannot read /nonexistent/tallyd-check"},
+        {.args = {"--metrics", "127.0.0.1:0", "--metrics-auth-file", loose},
+         .says = "has mode 0644: a secret file must not be accessible to group or others"},
+        {.args = {"--metrics", "127.0.0.1:0", "--metrics-api-token-file", missing},
+         .says = "<3>[metrics] api_token_file (--metrics-api-token-file): cannot read"},
+        {.args = {"--metrics", "127.0.0.1:0", "--metrics-auth-file", auth,
+                  "--metrics-api-token-file", token},
+         .says = "is too short: 16 characters at least"},
+        /* A relative key file: where it was looked up, and why there. */
+        {.args = {"--curve-secret-key", "tallyd-check-server.key"},
+         .says =
+             "cannot read tallyd-check-server.key: No such file or directory (a relative path is "
+             "looked up in $CREDENTIALS_DIRECTORY, which systemd's LoadCredential= sets; it is not "
+             "set, so it was looked up in /"},
+        {.args = {"--curve-secret-key", "tallyd-check-server.key"},
+         .says = "(looked up in $CREDENTIALS_DIRECTORY: does the unit have "
+                 "LoadCredential=tallyd-check-server.key:PATH?)",
+         .creds = true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        spawn_opts_t o = {.env = {cases[i].creds ? creds_env : NULL}};
+        th_daemon_t d;
+        for (int check = 1; check >= 0; check--) {
+            int code = run_to_exit(&d, cases[i].args, check, &o);
+            if (code != 1 || !th_daemon_log_contains(&d, cases[i].says))
+                fail_msg("case %zu%s: exit %d, '%s' wanted in %s", i,
+                         check ? " (--check-config)" : "", code, cases[i].says, d.log_path);
+            assert_false(th_daemon_log_contains(&d, "configuration ok"));
+        }
+    }
+    /* What the start reads, all there: ok. */
+    const char *good[] = {"--curve-secret-key",  key,  "--metrics", "127.0.0.1:0",
+                          "--metrics-auth-file", auth, NULL};
+    th_daemon_t d;
+    assert_int_equal(run_to_exit(&d, good, true, NULL), 0);
+    assert_true(th_daemon_log_contains(&d, "configuration ok"));
+}
+
 /* `info` holds each of the NULL-terminated lines ("max_inflight=64\n"...). */
 static void assert_info_has(void *sock, const char *const *lines)
 {
@@ -1372,6 +1469,7 @@ int main(void)
         cmocka_unit_test_teardown(test_state_dir_unusable_fails_start, kill_leftovers),
         cmocka_unit_test_teardown(test_state_file_not_regular_fails_start, kill_leftovers),
         cmocka_unit_test_teardown(test_config_file_errors_exit_2, kill_leftovers),
+        cmocka_unit_test_teardown(test_check_config_reads_every_file, kill_leftovers),
         cmocka_unit_test_teardown(test_config_file_and_sighup_reload, kill_leftovers),
         cmocka_unit_test_teardown(test_metrics_http_endpoint, kill_leftovers),
         cmocka_unit_test_teardown(test_metrics_bad_address_fails_start, kill_leftovers),
