@@ -613,8 +613,9 @@ TALLY_API tally_status_t tally_curve_keys_load(const char *server_key, const cha
 /* Makes a new CURVE key pair and writes it as two key files (CZMQ's certificate format):
  * BASE.key holds both halves (mode 0600: the client's --client-key, or tallyd's
  * curve_secret_key) and BASE.pub the public half (for the other side: a client's goes into
- * tallyd's curve_clients_dir, the server's to its clients). Existing files are not overwritten
- * (TALLY_E_IO, with msg). public_key (may be NULL) receives the public key. */
+ * tallyd's curve_clients_dir, the server's to its clients). Existing files are not overwritten,
+ * and a directory that does not exist is not made (TALLY_E_IO, msg naming it and the mkdir).
+ * public_key (may be NULL) receives the public key. */
 TALLY_API tally_status_t tally_keygen(const char *base, char public_key[41], char *msg,
                                       size_t msg_cap);
 

@@ -511,12 +511,25 @@ static void test_cli_keygen_and_keys(void **state)
         skip();
     }
     char base[160], cdir[160], path[200], pub[KEY], sec[KEY];
+    FILE *f;
     snprintf(base, sizeof base, "%s/cli-server", dir);
     snprintf(cdir, sizeof cdir, "%s/cli-clients", dir);
     assert_int_equal(mkdir(cdir, 0700), 0);
     assert_int_equal(th_sh("%s keygen %s >%s/keygen.out", tally, base, dir), 0);
     assert_int_equal(th_sh("%s keygen %s 2>/dev/null", tally, base), 2); /* never overwrites */
     assert_int_equal(th_sh("cd %s && %s keygen cli-clients/cam1 >/dev/null", dir, tally), 0);
+    /* Into a directory that does not exist: said, with what to do (it was a bare ENOENT). */
+    assert_int_equal(th_sh("%s keygen %s/no-such-dir/server 2>%s/keygen.err", tally, dir, dir), 2);
+    char said[512], want[512];
+    snprintf(path, sizeof path, "%s/keygen.err", dir);
+    f = fopen(path, "r");
+    assert_non_null(fgets(said, sizeof said, f));
+    fclose(f);
+    snprintf(want, sizeof want,
+             "tally: keygen: cannot create %s/no-such-dir/server.key: the directory "
+             "%s/no-such-dir does not exist (make it first: mkdir -p %s/no-such-dir)\n",
+             dir, dir, dir);
+    assert_string_equal(said, want);
     struct stat sb;
     snprintf(path, sizeof path, "%s.key", base);
     assert_int_equal(stat(path, &sb), 0);
@@ -524,7 +537,7 @@ static void test_cli_keygen_and_keys(void **state)
     /* What it printed is the public key in both files; the .pub holds no secret. */
     char printed[64] = "";
     snprintf(path, sizeof path, "%s/keygen.out", dir);
-    FILE *f = fopen(path, "r");
+    f = fopen(path, "r");
     assert_non_null(fgets(printed, sizeof printed, f));
     fclose(f);
     printed[strcspn(printed, "\n")] = '\0';
