@@ -338,10 +338,14 @@ static void test_secret_key_must_be_private(void **state)
     const char *args[] = {"--bind", endpoint, "--curve-secret-key", path, "--shm", "off", NULL};
     assert_int_not_equal(run_refused(args, log), 0);
     assert_true(file_contains(log, "chmod 600"));
-    /* A public key file is no secret key either. */
+    /* A public key file is no secret key either, whatever its mode (said before the mode). */
     write_key(path, server_pub, NULL, 0600);
     assert_int_not_equal(run_refused(args, log), 0);
     assert_true(file_contains(log, "no secret-key"));
+    assert_int_equal(chmod(path, 0644), 0);
+    assert_int_not_equal(run_refused(args, log), 0);
+    assert_true(file_contains(log, "no secret-key"));
+    assert_false(file_contains(log, "chmod 600"));
 }
 
 static void test_protected_mode(void **state)
@@ -491,6 +495,12 @@ static void test_libtally_curve_keys(void **state)
     assert_int_equal(tally_curve_keys_load(server_pub, alice_key, &keys, msg, sizeof msg),
                      TALLY_E_ARG);
     assert_non_null(strstr(msg, "chmod 600"));
+    /* The public file given as the client key: what it holds is said first, not its mode
+     * (a chmod of a .pub file would only lead to the next error). */
+    assert_int_equal(tally_curve_keys_load(server_pub, server_file, &keys, msg, sizeof msg),
+                     TALLY_E_ARG);
+    assert_non_null(strstr(msg, "holds no secret-key (is it the public file?)"));
+    assert_null(strstr(msg, "chmod"));
     unsetenv("TALLY_CLIENT_KEY");
     unlink(conf);
     assert_int_equal(tally_curve_keys_load(server_pub, NULL, &keys, msg, sizeof msg), TALLY_E_ARG);
