@@ -239,6 +239,29 @@ int cli_common_option(cli_t *cli, const char *cmd, int id, const char *arg)
     return rc;
 }
 
+bool cli_group_applies(const cli_command_t *cmd, const cli_group_t *g)
+{
+    const tally_op_info_t *op = cmd->op ? tally_op_info(cmd->op) : NULL;
+    if ((g->needs & CLI_NEEDS_STREAM) && (!op || op->stream == TALLY_STREAM_NONE))
+        return false;
+    return !(g->needs & CLI_NEEDS_SHM_REF) || (op && (op->flags & TALLY_FLAG_SHM_REF));
+}
+
+/* The group of cmd's that holds the long option `name` (up to '=' or the end) but is not cmd's,
+ * or NULL. */
+static const cli_group_t *ruled_out_group(const cli_command_t *cmd, const char *name)
+{
+    size_t len = strcspn(name, "=");
+    for (const cli_group_t *g = cmd->groups; g && g->title; g++) {
+        if (cli_group_applies(cmd, g))
+            continue;
+        for (const cli_option_t *o = g->options; o->name; o++)
+            if (strlen(o->name) == len && !strncmp(o->name, name, len))
+                return g;
+    }
+    return NULL;
+}
+
 /* How many options the groups hold (common ones included). */
 static size_t count_options(const cli_group_t *groups)
 {
@@ -266,14 +289,19 @@ static void add_options(struct option *table, size_t *n, char *shorts, const cli
     }
 }
 
-/* getopt's complaint (opterr is 0, so the words are ours); returns an exit status. */
-static int getopt_complaint(const char *cmd, int opt, char **argv)
+/* getopt's complaint (opterr is 0, so the words are ours); returns an exit status. An option
+ * of a group the command's operation rules out is named as such. */
+static int getopt_complaint(const cli_command_t *cmd, int opt, char **argv)
 {
     if (opt == ':')
-        return cli_usage_error(cmd, "option '%s' needs an argument", argv[optind - 1]);
+        return cli_usage_error(cmd->name, "option '%s' needs an argument", argv[optind - 1]);
     if (optopt && optopt < 256)
-        return cli_usage_error(cmd, "unknown option '-%c'", optopt);
-    return cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+        return cli_usage_error(cmd->name, "unknown option '-%c'", optopt);
+    const char *arg = argv[optind - 1];
+    if (!strncmp(arg, "--", 2) && ruled_out_group(cmd, arg + 2))
+        return cli_usage_error(cmd->name, "%s takes no --%.*s", tally_op_name(cmd->op),
+                               (int)strcspn(arg + 2, "="), arg + 2);
+    return cli_usage_error(cmd->name, "unknown option '%s'", arg);
 }
 
 /* One option (its argument in optarg): a common one, one a row sets, or the handler's. */
@@ -299,12 +327,13 @@ int cli_parse(cli_t *cli, const cli_command_t *cmd, void *ctx, int argc, char **
         return EXIT_USAGE;
     }
     for (const cli_group_t *g = cmd->groups; g && g->title; g++)
-        add_options(table, &n, shorts, g->options);
+        if (cli_group_applies(cmd, g))
+            add_options(table, &n, shorts, g->options);
     add_options(table, &n, shorts, cli_common_options);
     int opt, rc = 0;
     while (rc == 0 && (opt = getopt_long(argc, argv, shorts, table, NULL)) != -1) {
         if (opt == ':' || opt == '?')
-            rc = getopt_complaint(cmd->name, opt, argv);
+            rc = getopt_complaint(cmd, opt, argv);
         else if (opt == 'h') {
             cli_print_help(cmd, stdout);
             rc = CLI_HELP_SHOWN;
@@ -365,6 +394,8 @@ void cli_print_help(const cli_command_t *cmd, FILE *f)
 {
     fprintf(f, "usage: tally %s\n\n%s", cmd->usage, cmd->about);
     for (const cli_group_t *g = cmd->groups; g && g->title; g++) {
+        if (!cli_group_applies(cmd, g))
+            continue;
         fprintf(f, "\n%s:\n", g->title);
         cli_print_options(g->options, f);
     }

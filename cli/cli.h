@@ -97,9 +97,19 @@ enum {
     CLI_OPT_NATS_TLS_KEY,
 };
 
+/* What a group of options needs of its command's operation (the row of tally_ops.h) to be the
+ * command's at all: a data command whose operation takes no stream has no --stream, --resume,
+ * --seq-base or --no-seq, one that takes no shared-memory reference no --shm or --gpu-region.
+ * Parsing, --help, the completion and tally(1) all skip a group its command's row rules out. */
+enum {
+    CLI_NEEDS_STREAM = 1u << 0, /* the row's stream rule is not TALLY_STREAM_NONE */
+    CLI_NEEDS_SHM_REF = 1u << 1 /* the row's flags take TALLY_FLAG_SHM_REF */
+};
+
 typedef struct {
     const char *title; /* "Options", "Predicate (exactly one)"; NULL ends the list */
     const cli_option_t *options;
+    unsigned needs; /* CLI_NEEDS_*: 0 for a group every command that lists it has */
 } cli_group_t;
 
 typedef struct cli_command cli_command_t;
@@ -130,6 +140,8 @@ struct cli_command {
  *   CLI_COMMAND(ping, .usage = "ping", .summary = "...", .about = "...", .request = ping); */
 #define CLI_COMMAND(name_, ...) const cli_command_t cli_cmd_##name_ = {.name = #name_, __VA_ARGS__}
 
+/* Whether group g (one of cmd->groups) is cmd's: its operation's row has what g needs. */
+bool cli_group_applies(const cli_command_t *cmd, const cli_group_t *g);
 /* Parses argv (argv[0] is the command name) into ctx through cmd->option. Returns 0 (the
  * positional arguments are argv[optind..argc)), CLI_HELP_SHOWN, or an exit status. */
 int cli_parse(cli_t *cli, const cli_command_t *cmd, void *ctx, int argc, char **argv);

@@ -753,7 +753,7 @@ static const cli_option_t watch_options[] = {
     {0},
 };
 
-static const cli_group_t watch_groups[] = {{"Options", watch_options}, {0}};
+static const cli_group_t watch_groups[] = {{"Options", watch_options, 0}, {0}};
 
 static const cli_setter_t watch_setters[] = {
     CLI_SET_TRUE(OPT_LOG, watch_t, log),
