@@ -136,6 +136,7 @@ static int data_option(void *ctx, int id, const char *arg, int argc, char **argv
                 a->cmd, "invalid stream name '%s': 1-64 printable ASCII bytes, no spaces", arg);
         return 0;
     case OPT_CHUNK:
+        a->chunk_arg = arg;
         return cli_option_size(a->cmd, "--chunk", arg, 1, &a->opts.chunk_bytes);
     case OPT_WINDOW:
         if ((rc = cli_option_i64(a->cmd, "--window", arg, 1, TALLY_MAX_WINDOW, &v)) == 0)
