@@ -8,17 +8,11 @@
 #include "tally_fleet.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <netdb.h>
-#include <poll.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <unistd.h>
 
 #include "tally_args.h"
 
@@ -421,65 +415,6 @@ int cli_run(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
 
 /* ---- Connecting --------------------------------------------------------------------------- */
 
-/* A Unix socket at path that accepts a connection: 0, or errno. */
-static int probe_ipc(const char *path)
-{
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return errno;
-    int err = connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0 ? 0 : errno;
-    close(fd);
-    return err;
-}
-
-/* One TCP connect to ai, waiting at most timeout_ms: 0, ETIMEDOUT or the connect error. */
-static int probe_tcp_addr(const struct addrinfo *ai, int timeout_ms)
-{
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return errno;
-    int err = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
-    if (err == EINPROGRESS) {
-        struct pollfd p = {.fd = fd, .events = POLLOUT};
-        int rc;
-        while ((rc = poll(&p, 1, timeout_ms)) < 0 && errno == EINTR)
-            ;
-        socklen_t len = sizeof err;
-        if (rc == 0)
-            err = ETIMEDOUT;
-        else if (rc < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
-            err = errno;
-    }
-    close(fd);
-    return err;
-}
-
-/* Something accepts connections at a tcp://HOST:PORT: 0, or the last address's error. */
-static int probe_tcp(const char *hostport, int timeout_ms)
-{
-    char host[256], port[16];
-    if (!tally_hostport_split(hostport, host, sizeof host, port, sizeof port))
-        return EINVAL;
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
-    struct addrinfo *res = NULL;
-    if (getaddrinfo(host, port, &hints, &res) != 0)
-        return EHOSTUNREACH;
-    int err = EHOSTUNREACH;
-    for (const struct addrinfo *ai = res; ai; ai = ai->ai_next)
-        if ((err = probe_tcp_addr(ai, timeout_ms)) == 0)
-            break;
-    freeaddrinfo(res);
-    return err;
-}
-
-int cli_probe(const char *endpoint, int timeout_ms)
-{
-    return !strncmp(endpoint, "ipc://", 6) ? probe_ipc(endpoint + 6)
-                                           : probe_tcp(endpoint + 6, timeout_ms);
-}
-
 /* The client alone: CURVE keys as the common options say, timeout_ms for every wait. */
 static int client_new(const cli_t *cli, int timeout_ms, tally_client_t **client)
 {
@@ -493,10 +428,15 @@ static int client_new(const cli_t *cli, int timeout_ms, tally_client_t **client)
         cli_error("CURVE keys: %s", kwhy);
         return EXIT_USAGE;
     }
-    status = tally_client_new_curve(cli->endpoint, timeout_ms, &keys, client);
+    char why[512];
+    status = tally_client_open(cli->endpoint, timeout_ms, &keys, client, why, sizeof why);
     explicit_bzero(&keys, sizeof keys);
+    if (status == TALLY_E_ARG) {
+        cli_error("%s", why); /* "invalid endpoint 'X': unsupported transport (...)" */
+        return EXIT_USAGE;
+    }
     if (status != TALLY_OK)
-        return cli_report(status, "connect", NULL);
+        return cli_report(status, "connect", why);
     return 0;
 }
 
@@ -527,22 +467,15 @@ int cli_connect(const cli_t *cli, tally_client_t **client)
 {
     if (cli->nats) /* a fleet (PROTOCOL.md §13): NATS says itself when nothing answers */
         return cli_nats_client(cli, cli->timeout_ms, client);
-    char why[320];
-    const char *ep = cli->endpoint;
-    if (tally_endpoint_check(ep, TALLY_ENDPOINT_CONNECT, why, sizeof why) != TALLY_OK) {
-        cli_error("invalid endpoint '%s': %s", ep, why);
-        return EXIT_USAGE;
-    }
-    /* ZeroMQ connects in the background and retries forever: ask the system once first, so
-     * that nothing listening is an immediate, named failure instead of a timeout. */
-    int err = cli_probe(ep, cli->timeout_ms);
-    if (err == ETIMEDOUT) {
-        cli_error("cannot connect to %s: no answer within %d ms", ep, cli->timeout_ms);
+    int rc = client_new(cli, cli->timeout_ms, client);
+    if (rc)
+        return rc;
+    /* The connection, before anything is read or sent: nothing listening is an immediate,
+     * named failure (libtally's words), a daemon that does not answer one timeout. */
+    if (tally_client_wait_connected(*client) != TALLY_OK) {
+        cli_error("%s", tally_client_error(*client));
+        tally_client_destroy(client);
         return EXIT_TRANSPORT;
     }
-    if (err) {
-        cli_error("cannot connect to %s: %s (is tallyd running?)", ep, strerror(err));
-        return EXIT_TRANSPORT;
-    }
-    return client_new(cli, cli->timeout_ms, client);
+    return 0;
 }

@@ -190,17 +190,13 @@ int cli_option_duration_ms(const char *cmd, const char *option, const char *arg,
 
 /* ---- Connecting ------------------------------------------------------------------------- */
 
-/* Checks the endpoint, makes sure something listens at an ipc:// path or a tcp:// port (so a
- * daemon that is not there fails at once, naming the endpoint and the reason), and creates
- * the client. 0 or an exit status (after reporting). */
+/* Creates the client (tally_client_open: a bad endpoint is named) and waits for its connection
+ * (tally_client_wait_connected: a daemon that is not there fails at once, naming the endpoint
+ * and the reason, in libtally's words). 0 or an exit status (after reporting). */
 int cli_connect(const cli_t *cli, tally_client_t **client);
 /* With --nats: a client of the fleet (tally_client_new_nats), timeout_ms for every wait. 0 or an
  * exit status (after reporting). */
 int cli_nats_client(const cli_t *cli, int timeout_ms, tally_client_t **client);
-/* One connection attempt to the endpoint (an ipc:// path, or a tcp:// port within timeout_ms),
- * closed at once: 0 when something accepts it, else the errno (ECONNREFUSED, ENOENT,
- * ETIMEDOUT, ...). */
-int cli_probe(const char *endpoint, int timeout_ms);
 
 /* Runs a command on argv (argv[0] is its name): cmd->run, or cmd->request on a connection.
  * 0, CLI_HELP_SHOWN or an exit status. */

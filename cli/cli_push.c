@@ -84,15 +84,20 @@ static void print_hist(sink_t *s)
 /* ---- Chunk size --------------------------------------------------------------------------- */
 
 /* The daemon's max_batch from `info` (0 when it does not say). */
-static size_t daemon_max_batch(tally_client_t *client)
+/* The daemon's max_batch into *max (0: it does not say). 0, or the exit status of a daemon that
+ * does not answer (reported here: the push would only wait for it a second time). */
+static int daemon_max_batch(const data_args_t *a, tally_client_t *client, size_t *max)
 {
     tally_info_t *info = NULL;
-    uint64_t max = 0;
-    if (tally_info_fetch(client, &info) == TALLY_OK &&
-        tally_info_u64(info, "max_batch", &max) != TALLY_OK)
-        max = 0;
+    uint64_t value = 0;
+    tally_status_t st = tally_info_fetch(client, &info);
+    if (st == TALLY_E_TIMEOUT || st == TALLY_E_TRANSPORT)
+        return cli_report(st, a->cmd, tally_client_error(client));
+    if (st == TALLY_OK && tally_info_u64(info, "max_batch", &value) != TALLY_OK)
+        value = 0;
     tally_info_destroy(&info);
-    return (size_t)max;
+    *max = (size_t)value;
+    return 0;
 }
 
 /* Why the chunk sent is not --chunk: what made it smaller, and the unit it was rounded to. */
@@ -136,7 +141,10 @@ static int chunk_size(const data_args_t *a, tally_client_t *client, size_t *chun
 {
     size_t esize = tally_dtype_size((tally_dtype_t)a->req.dtype);
     size_t want = a->opts.chunk_bytes ? a->opts.chunk_bytes : TALLY_DEFAULT_CHUNK_BYTES;
-    size_t max = daemon_max_batch(client);
+    size_t max = 0;
+    int rc = daemon_max_batch(a, client, &max);
+    if (rc)
+        return rc;
     size_t unit = a->frame ? a->frame : esize;
     if (a->frame && max && a->frame > max) {
         cli_error("%s: a frame of %zu bytes is larger than the daemon's max_batch (%zu bytes)",

@@ -21,6 +21,7 @@ import math
 import os
 import select
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -308,6 +309,33 @@ def test_streams_and_errors(c: tally.Client) -> None:
         c.scan(np.zeros(3, np.int32), stream="a b")
     with pytest.raises(TypeError):
         c.scan(np.zeros(3, np.float32))
+
+
+def test_errors_say_what_the_cli_says(tmp_path: Path) -> None:
+    """libtally's diagnosis, as the CLI prints it: an endpoint of another kind when the client is
+    made, nothing listening at the first call (at once: transport, not timeout)."""
+    def cli_says(endpoint: str) -> str:
+        out = subprocess.run([os.environ["TALLY_CLI"], "-e", endpoint, "ping"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode in (2, 3) and out.stderr.startswith("tally: ")
+        return out.stderr[len("tally: "):].rstrip("\n")
+
+    with pytest.raises(tally.Error) as e:
+        tally.Client("127.0.0.1:15731")
+    assert e.value.message == ("invalid endpoint '127.0.0.1:15731': unsupported transport (use "
+                               "tcp://HOST:PORT or ipc://PATH)")
+    assert e.value.message == cli_says("127.0.0.1:15731")
+    with socket.socket() as s:  # a port nothing listens on once it is closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for endpoint, why in ((f"tcp://127.0.0.1:{port}", "Connection refused"),
+                          (f"ipc://{tmp_path}/none.sock", "No such file or directory")):
+        with tally.Client(endpoint, 60000) as c:  # a wait for the timeout would be a minute
+            with pytest.raises(tally.Error) as e:
+                c.ping()
+        assert e.value.name == "transport"
+        assert e.value.message == f"cannot connect to {endpoint}: {why} (is tallyd running?)"
+        assert e.value.message == cli_says(endpoint)
 
 
 # ---- Summaries and quantiles ----------------------------------------------------------------
