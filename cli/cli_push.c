@@ -84,8 +84,10 @@ static void print_hist(sink_t *s)
 /* ---- Chunk size --------------------------------------------------------------------------- */
 
 /* The daemon's max_batch from `info` (0 when it does not say). */
-/* The daemon's max_batch into *max (0: it does not say). 0, or the exit status of a daemon that
- * does not answer (reported here: the push would only wait for it a second time). */
+/* The daemon's max_batch into *max (0: it does not say), and whether it takes what --shm or
+ * --gpu-region asks. 0, or the exit status of a daemon that does not answer (reported here: the
+ * push would only wait for it a second time) or of one without shared memory (said with what to
+ * do: the library's 'offers no shared memory' alone left the user to guess). */
 static int daemon_max_batch(const data_args_t *a, tally_client_t *client, size_t *max)
 {
     tally_info_t *info = NULL;
@@ -95,8 +97,17 @@ static int daemon_max_batch(const data_args_t *a, tally_client_t *client, size_t
         return cli_report(st, a->cmd, tally_client_error(client));
     if (st == TALLY_OK && tally_info_u64(info, "max_batch", &value) != TALLY_OK)
         value = 0;
+    const char *shm = st == TALLY_OK ? tally_info_lookup(info, "shm") : NULL;
+    bool no_shm = a->opts.shm && shm && !strcmp(shm, "off");
     tally_info_destroy(&info);
     *max = (size_t)value;
+    if (no_shm) {
+        const char *opt = a->opts.shm == TALLY_RUN_SHM_GPU ? "--gpu-region" : "--shm";
+        cli_error("%s: this tallyd offers no shared memory (info: shm=off): run without %s (the "
+                  "chunks then go over its socket), or start tallyd with --shm on",
+                  a->cmd, opt);
+        return EXIT_USAGE;
+    }
     return 0;
 }
 

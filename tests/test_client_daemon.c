@@ -833,6 +833,30 @@ static void test_cli_stopped_daemon_one_timeout(void **state)
     assert_int_equal(th_rmrf(dir), 0);
 }
 
+/* --shm and --gpu-region against a tallyd with shared memory off: said with what to do (it was
+ * only libtally's "the daemon offers no shared memory"), before anything is read or sent. */
+static void test_cli_shm_off_says_what_to_do(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    const char *args[] = {"--backend", "cpu", "--shm", "off", NULL};
+    assert_int_equal(th_daemon_start(&d, args), 0);
+    write_file("bytes.txt", "1 2 3\n", 6);
+    static const char *const opts[] = {"--shm", "--gpu-region"};
+    for (size_t i = 0; i < 2; i++) {
+        cli_result_t r = cli_at(d.endpoint, "hist %s --text < bytes.txt", opts[i]);
+        char want[256];
+        snprintf(want, sizeof want,
+                 "tally: hist: this tallyd offers no shared memory (info: shm=off): run without "
+                 "%s (the chunks then go over its socket), or start tallyd with --shm on\n",
+                 opts[i]);
+        assert_int_equal(r.status, 2);
+        assert_string_equal(r.err, want);
+        cli_free(&r);
+    }
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
 /* Endpoints are checked before anything connects or binds; sizes name the option and why. */
 static void test_cli_endpoint_and_size_errors(void **state)
 {
@@ -897,6 +921,7 @@ int main(void)
         cmocka_unit_test(test_cli_usage_errors),
         cmocka_unit_test(test_cli_daemon_errors_and_timeout),
         cmocka_unit_test(test_cli_stopped_daemon_one_timeout),
+        cmocka_unit_test(test_cli_shm_off_says_what_to_do),
         cmocka_unit_test(test_cli_endpoint_and_size_errors),
     };
     th_seed();
