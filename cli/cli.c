@@ -144,6 +144,13 @@ int cli_option_size(const char *cmd, const char *option, const char *arg, size_t
     return 0;
 }
 
+const char *cli_dtype_name(unsigned dtype)
+{
+    if (dtype == TALLY_DTYPE_RGB8 || dtype == TALLY_DTYPE_RGBA8)
+        return dtype == TALLY_DTYPE_RGB8 ? "rgb" : "rgba";
+    return tally_dtype_name((tally_dtype_t)dtype);
+}
+
 bool cli_parse_dtype(const char *s, tally_dtype_t *out)
 {
     if (!strcmp(s, "rgb") || !strcmp(s, "rgba")) /* the pixel types, as people say them */

@@ -183,6 +183,9 @@ int cli_option_i64(const char *cmd, const char *option, const char *arg, int64_t
 int cli_option_size(const char *cmd, const char *option, const char *arg, size_t min, size_t *out);
 /* A dtype by its name (tally_dtype_name; also rgb, rgba): false when none has it. */
 bool cli_parse_dtype(const char *s, tally_dtype_t *out);
+/* The name tally uses for a dtype, in --help and its messages alike: tally_dtype_name's, but rgb
+ * and rgba for the pixel types (rgb8 and rgba8 on the wire; --type takes both). */
+const char *cli_dtype_name(unsigned dtype);
 /* An option's duration: a decimal number (a fraction allowed) and a unit, ms, s, m or h (none:
  * seconds), as whole milliseconds in [min_ms, max_ms]: 0, or a usage error naming the option. */
 int cli_option_duration_ms(const char *cmd, const char *option, const char *arg, uint64_t min_ms,

@@ -125,9 +125,8 @@ static void say_chunk_change(const data_args_t *a, size_t asked, size_t chunk,
         return;
     char unit[96] = "";
     if (why->unit)
-        snprintf(unit, sizeof unit, "%swhole %zu-byte %s%s", why->limit ? ", in " : "",
-                 why->unit, a->frame ? "frames" : tally_dtype_name((tally_dtype_t)a->req.dtype),
-                 a->frame ? "" : " elements");
+        snprintf(unit, sizeof unit, "%swhole %zu-byte %s%s", why->limit ? ", in " : "", why->unit,
+                 a->frame ? "frames" : cli_dtype_name(a->req.dtype), a->frame ? "" : " elements");
     cli_error("%s: --chunk %s: sending chunks of %zu bytes (%s%s)", a->cmd, a->chunk_arg, chunk,
               why->limit ? why->limit : "", unit);
 }

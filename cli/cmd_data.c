@@ -6,6 +6,7 @@
  * prints the output as it comes; each command adds its own options.
  */
 #include "cli_push.h"
+#include "tally_ops.h"
 
 #include <inttypes.h>
 #include <string.h>
@@ -171,7 +172,7 @@ static int data_option(void *ctx, int id, const char *arg, int argc, char **argv
 /* hist: i32 and u16 need --range (within the type), the byte types take none. */
 static int hist_check_range(const data_args_t *a)
 {
-    const char *type = tally_dtype_name((tally_dtype_t)a->req.dtype);
+    const char *type = cli_dtype_name(a->req.dtype);
     bool ranged = tally_hist_ranged(a->req.dtype);
     if (ranged && !a->have_range)
         return cli_usage_error(a->cmd, "--type %s needs --range LO HI", type);
@@ -198,7 +199,7 @@ static int run_data(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
     size_t esize = tally_dtype_size((tally_dtype_t)a->req.dtype);
     if (a->frame && a->frame % esize)
         return cli_usage_error(a->cmd, "--frames: %zu bytes is not a whole number of %zu-byte %s",
-                               a->frame, esize, tally_dtype_name((tally_dtype_t)a->req.dtype));
+                               a->frame, esize, cli_dtype_name(a->req.dtype));
     if (a->frame && a->text)
         return cli_usage_error(a->cmd, "--frames applies to binary input, not --text");
     return cli_push(cli, a);
@@ -303,8 +304,9 @@ static int type_option(data_args_t *a, const char *arg)
     tally_dtype_t dtype;
     if (!cli_parse_dtype(arg, &dtype) || !tally_op_takes_dtype(a->req.opcode, dtype)) {
         char takes[64];
-        return cli_usage_error(a->cmd, "--type: '%s' is not %s", arg,
-                               tally_op_dtypes_text(a->req.opcode, takes, sizeof takes));
+        return cli_usage_error(
+            a->cmd, "--type: '%s' is not %s", arg,
+            tally_op_dtypes_named(a->req.opcode, cli_dtype_name, takes, sizeof takes));
     }
     a->req.dtype = (uint8_t)dtype;
     return 0;
