@@ -14,6 +14,7 @@ scratch virtual environment first.
 
 from __future__ import annotations
 
+import ast
 import ctypes
 import importlib.metadata
 import json
@@ -726,13 +727,65 @@ def readme_examples() -> List[str]:
     return blocks
 
 
+def shown_values(code: str) -> Dict[int, str]:
+    """The lines of a block whose comment shows the value of the expression on them, exactly as
+    Python prints it ("# 1048576", "# array([...], dtype=int32)", "# {'p50': ...}"): by line."""
+    shown = {}
+    for number, line in enumerate(code.splitlines(), 1):
+        if "  # " not in line:
+            continue
+        comment = line.split("  # ", 1)[1].strip()
+        if "..." in comment:  # a sketch of the value, not the value
+            continue
+        try:
+            ast.literal_eval(comment)
+        except (ValueError, SyntaxError):
+            if not comment.startswith(("array(", "Quantile(", "{", "[", "(")):
+                continue  # words about the value
+        shown[number] = comment
+    return shown
+
+
+class _ShowValues(ast.NodeTransformer):
+    """Wraps each expression statement on a line in `lines` as __shown(LINE, EXPR)."""
+
+    def __init__(self, lines: Dict[int, str]):
+        self.lines = lines
+
+    def visit_Expr(self, node: ast.Expr) -> ast.Expr:
+        if node.lineno not in self.lines:
+            return node
+        call = ast.Call(func=ast.Name("__shown", ast.Load()),
+                        args=[ast.Constant(node.lineno), node.value], keywords=[])
+        return ast.copy_location(ast.Expr(call), node)
+
+
+def printed(value: Any) -> str:
+    """What the README's comment should say: repr, but a NumPy scalar as NumPy 1 prints it."""
+    return str(value) if isinstance(value, np.generic) else repr(value)
+
+
 def test_readme_examples(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
     # Each runs as printed, without an error, against this tallyd (tally.Client() reads
-    # $TALLY_ENDPOINT), so the README cannot show a call the binding does not take.
+    # $TALLY_ENDPOINT), so the README cannot show a call the binding does not take. A comment that
+    # shows a value ("# 1048576", "# {'p50': Quantile(0, side=0), ...}") shows what is printed.
     blocks = readme_examples()
     assert len(blocks) >= 2
     monkeypatch.setenv("TALLY_ENDPOINT", daemon.endpoint)
+    checked = 0
     for code in blocks:
-        exec(compile(code, "README.md", "exec"), {})
+        shown = shown_values(code)
+        got: Dict[int, str] = {}
+
+        def record(line: int, value: Any) -> Any:
+            got[line] = printed(value)
+            return value
+
+        tree = ast.fix_missing_locations(_ShowValues(shown).visit(ast.parse(code)))
+        exec(compile(tree, "README.md", "exec"), {"__shown": record})
+        for line, comment in shown.items():
+            assert got.get(line) == comment, f"README line {code.splitlines()[line - 1]!r}"
+            checked += 1
+    assert checked >= 4
     with tally.Client(daemon.endpoint) as c:  # what the first example did
         assert c.query("cam1")["bins"].shape == (3, 256) and c.query("s1")["scan_carry"] == 20
