@@ -83,17 +83,18 @@ static void print_hist(sink_t *s)
 
 /* ---- Chunk size --------------------------------------------------------------------------- */
 
-/* The daemon's max_batch from `info` (0 when it does not say). */
 /* The daemon's max_batch into *max (0: it does not say), and whether it takes what --shm or
  * --gpu-region asks. 0, or the exit status of a daemon that does not answer (reported here: the
  * push would only wait for it a second time) or of one without shared memory (said with what to
  * do: the library's 'offers no shared memory' alone left the user to guess). */
-static int daemon_max_batch(const data_args_t *a, tally_client_t *client, size_t *max)
+static int daemon_max_batch(const data_args_t *a, tally_client_t *client, bool fleet, size_t *max)
 {
     tally_info_t *info = NULL;
     uint64_t value = 0;
     tally_status_t st = tally_info_fetch(client, &info);
-    if (st == TALLY_E_TIMEOUT || st == TALLY_E_TRANSPORT)
+    /* Over NATS the push goes to JetStream, not to whoever answers info (which a producer may
+     * not even be allowed to ask): no answer there says nothing about the push. */
+    if (!fleet && (st == TALLY_E_TIMEOUT || st == TALLY_E_TRANSPORT))
         return cli_report(st, a->cmd, tally_client_error(client));
     if (st == TALLY_OK && tally_info_u64(info, "max_batch", &value) != TALLY_OK)
         value = 0;
@@ -146,13 +147,13 @@ static size_t fit_chunk(size_t want, size_t limit, size_t unit, const char *limi
 }
 
 /* --chunk capped to max_batch, in whole elements or --frames frames. 0 or an exit status. */
-static int chunk_size(const data_args_t *a, tally_client_t *client, size_t *chunk,
+static int chunk_size(const data_args_t *a, tally_client_t *client, bool fleet, size_t *chunk,
                       chunk_change_t *why)
 {
     size_t esize = tally_dtype_size((tally_dtype_t)a->req.dtype);
     size_t want = a->opts.chunk_bytes ? a->opts.chunk_bytes : TALLY_DEFAULT_CHUNK_BYTES;
     size_t max = 0;
-    int rc = daemon_max_batch(a, client, &max);
+    int rc = daemon_max_batch(a, client, fleet, &max);
     if (rc)
         return rc;
     size_t unit = a->frame ? a->frame : esize;
@@ -377,7 +378,7 @@ static int push_open(cli_t *cli, data_args_t *a, push_run_t *p, size_t *chunk)
     }
     chunk_change_t why = {0};
     if ((rc = cli_connect(cli, &p->client)) != 0 ||
-        (rc = chunk_size(a, p->client, chunk, &why)) != 0)
+        (rc = chunk_size(a, p->client, cli->nats != NULL, chunk, &why)) != 0)
         return rc;
     size_t asked = a->opts.chunk_bytes;
     a->opts.chunk_bytes = *chunk;
