@@ -15,6 +15,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tally_args.h"
+
 #define BENCH_ROW_HEADER                                                                           \
     "| run | op | size | producers x window | req/s | GB/s | p50 us | p99 us | p99.9 us | "        \
     "answered | errors | VmHWM MiB |\n"                                                            \
@@ -78,9 +80,16 @@ static inline bool bench_common_opt(int argc, char **argv, int *i, bench_opts_t 
         o->endpoint = v;
     else if (strcmp(a, "--label") == 0)
         o->label = v;
-    else if (strcmp(a, "--size") == 0)
-        o->size = strtoull(v, NULL, 0);
-    else if (strcmp(a, "--producers") == 0)
+    else if (strcmp(a, "--size") == 0) {
+        /* tally's and tallyd's parser: 1M is 1 MiB, 1Q is refused (strtoull read 1 and 1). */
+        char why[128];
+        if (tally_size_parse(v, &o->size, why, sizeof why) != TALLY_OK) {
+            const char *slash = strrchr(argv[0], '/');
+            fprintf(stderr, "%s: invalid size '%s' for --size: %s\n", slash ? slash + 1 : argv[0],
+                    v, why);
+            return false;
+        }
+    } else if (strcmp(a, "--producers") == 0)
         o->producers = (unsigned)strtoul(v, NULL, 0);
     else if (strcmp(a, "--window") == 0)
         o->window = (unsigned)strtoul(v, NULL, 0);

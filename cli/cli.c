@@ -8,17 +8,11 @@
 #include "tally_fleet.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <netdb.h>
-#include <poll.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <unistd.h>
 
 #include "tally_args.h"
 
@@ -150,6 +144,13 @@ int cli_option_size(const char *cmd, const char *option, const char *arg, size_t
     return 0;
 }
 
+const char *cli_dtype_name(unsigned dtype)
+{
+    if (dtype == TALLY_DTYPE_RGB8 || dtype == TALLY_DTYPE_RGBA8)
+        return dtype == TALLY_DTYPE_RGB8 ? "rgb" : "rgba";
+    return tally_dtype_name((tally_dtype_t)dtype);
+}
+
 bool cli_parse_dtype(const char *s, tally_dtype_t *out)
 {
     if (!strcmp(s, "rgb") || !strcmp(s, "rgba")) /* the pixel types, as people say them */
@@ -239,6 +240,29 @@ int cli_common_option(cli_t *cli, const char *cmd, int id, const char *arg)
     return rc;
 }
 
+bool cli_group_applies(const cli_command_t *cmd, const cli_group_t *g)
+{
+    const tally_op_info_t *op = cmd->op ? tally_op_info(cmd->op) : NULL;
+    if ((g->needs & CLI_NEEDS_STREAM) && (!op || op->stream == TALLY_STREAM_NONE))
+        return false;
+    return !(g->needs & CLI_NEEDS_SHM_REF) || (op && (op->flags & TALLY_FLAG_SHM_REF));
+}
+
+/* The group of cmd's that holds the long option `name` (up to '=' or the end) but is not cmd's,
+ * or NULL. */
+static const cli_group_t *ruled_out_group(const cli_command_t *cmd, const char *name)
+{
+    size_t len = strcspn(name, "=");
+    for (const cli_group_t *g = cmd->groups; g && g->title; g++) {
+        if (cli_group_applies(cmd, g))
+            continue;
+        for (const cli_option_t *o = g->options; o->name; o++)
+            if (strlen(o->name) == len && !strncmp(o->name, name, len))
+                return g;
+    }
+    return NULL;
+}
+
 /* How many options the groups hold (common ones included). */
 static size_t count_options(const cli_group_t *groups)
 {
@@ -266,14 +290,19 @@ static void add_options(struct option *table, size_t *n, char *shorts, const cli
     }
 }
 
-/* getopt's complaint (opterr is 0, so the words are ours); returns an exit status. */
-static int getopt_complaint(const char *cmd, int opt, char **argv)
+/* getopt's complaint (opterr is 0, so the words are ours); returns an exit status. An option
+ * of a group the command's operation rules out is named as such. */
+static int getopt_complaint(const cli_command_t *cmd, int opt, char **argv)
 {
     if (opt == ':')
-        return cli_usage_error(cmd, "option '%s' needs an argument", argv[optind - 1]);
+        return cli_usage_error(cmd->name, "option '%s' needs an argument", argv[optind - 1]);
     if (optopt && optopt < 256)
-        return cli_usage_error(cmd, "unknown option '-%c'", optopt);
-    return cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+        return cli_usage_error(cmd->name, "unknown option '-%c'", optopt);
+    const char *arg = argv[optind - 1];
+    if (!strncmp(arg, "--", 2) && ruled_out_group(cmd, arg + 2))
+        return cli_usage_error(cmd->name, "%s takes no --%.*s", tally_op_name(cmd->op),
+                               (int)strcspn(arg + 2, "="), arg + 2);
+    return cli_usage_error(cmd->name, "unknown option '%s'", arg);
 }
 
 /* One option (its argument in optarg): a common one, one a row sets, or the handler's. */
@@ -299,12 +328,13 @@ int cli_parse(cli_t *cli, const cli_command_t *cmd, void *ctx, int argc, char **
         return EXIT_USAGE;
     }
     for (const cli_group_t *g = cmd->groups; g && g->title; g++)
-        add_options(table, &n, shorts, g->options);
+        if (cli_group_applies(cmd, g))
+            add_options(table, &n, shorts, g->options);
     add_options(table, &n, shorts, cli_common_options);
     int opt, rc = 0;
     while (rc == 0 && (opt = getopt_long(argc, argv, shorts, table, NULL)) != -1) {
         if (opt == ':' || opt == '?')
-            rc = getopt_complaint(cmd->name, opt, argv);
+            rc = getopt_complaint(cmd, opt, argv);
         else if (opt == 'h') {
             cli_print_help(cmd, stdout);
             rc = CLI_HELP_SHOWN;
@@ -365,6 +395,8 @@ void cli_print_help(const cli_command_t *cmd, FILE *f)
 {
     fprintf(f, "usage: tally %s\n\n%s", cmd->usage, cmd->about);
     for (const cli_group_t *g = cmd->groups; g && g->title; g++) {
+        if (!cli_group_applies(cmd, g))
+            continue;
         fprintf(f, "\n%s:\n", g->title);
         cli_print_options(g->options, f);
     }
@@ -390,65 +422,6 @@ int cli_run(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
 
 /* ---- Connecting --------------------------------------------------------------------------- */
 
-/* A Unix socket at path that accepts a connection: 0, or errno. */
-static int probe_ipc(const char *path)
-{
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return errno;
-    int err = connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0 ? 0 : errno;
-    close(fd);
-    return err;
-}
-
-/* One TCP connect to ai, waiting at most timeout_ms: 0, ETIMEDOUT or the connect error. */
-static int probe_tcp_addr(const struct addrinfo *ai, int timeout_ms)
-{
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return errno;
-    int err = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
-    if (err == EINPROGRESS) {
-        struct pollfd p = {.fd = fd, .events = POLLOUT};
-        int rc;
-        while ((rc = poll(&p, 1, timeout_ms)) < 0 && errno == EINTR)
-            ;
-        socklen_t len = sizeof err;
-        if (rc == 0)
-            err = ETIMEDOUT;
-        else if (rc < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
-            err = errno;
-    }
-    close(fd);
-    return err;
-}
-
-/* Something accepts connections at a tcp://HOST:PORT: 0, or the last address's error. */
-static int probe_tcp(const char *hostport, int timeout_ms)
-{
-    char host[256], port[16];
-    if (!tally_hostport_split(hostport, host, sizeof host, port, sizeof port))
-        return EINVAL;
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
-    struct addrinfo *res = NULL;
-    if (getaddrinfo(host, port, &hints, &res) != 0)
-        return EHOSTUNREACH;
-    int err = EHOSTUNREACH;
-    for (const struct addrinfo *ai = res; ai; ai = ai->ai_next)
-        if ((err = probe_tcp_addr(ai, timeout_ms)) == 0)
-            break;
-    freeaddrinfo(res);
-    return err;
-}
-
-int cli_probe(const char *endpoint, int timeout_ms)
-{
-    return !strncmp(endpoint, "ipc://", 6) ? probe_ipc(endpoint + 6)
-                                           : probe_tcp(endpoint + 6, timeout_ms);
-}
-
 /* The client alone: CURVE keys as the common options say, timeout_ms for every wait. */
 static int client_new(const cli_t *cli, int timeout_ms, tally_client_t **client)
 {
@@ -462,10 +435,15 @@ static int client_new(const cli_t *cli, int timeout_ms, tally_client_t **client)
         cli_error("CURVE keys: %s", kwhy);
         return EXIT_USAGE;
     }
-    status = tally_client_new_curve(cli->endpoint, timeout_ms, &keys, client);
+    char why[512];
+    status = tally_client_open(cli->endpoint, timeout_ms, &keys, client, why, sizeof why);
     explicit_bzero(&keys, sizeof keys);
+    if (status == TALLY_E_ARG) {
+        cli_error("%s", why); /* "invalid endpoint 'X': unsupported transport (...)" */
+        return EXIT_USAGE;
+    }
     if (status != TALLY_OK)
-        return cli_report(status, "connect", NULL);
+        return cli_report(status, "connect", why);
     return 0;
 }
 
@@ -496,22 +474,15 @@ int cli_connect(const cli_t *cli, tally_client_t **client)
 {
     if (cli->nats) /* a fleet (PROTOCOL.md §13): NATS says itself when nothing answers */
         return cli_nats_client(cli, cli->timeout_ms, client);
-    char why[320];
-    const char *ep = cli->endpoint;
-    if (tally_endpoint_check(ep, TALLY_ENDPOINT_CONNECT, why, sizeof why) != TALLY_OK) {
-        cli_error("invalid endpoint '%s': %s", ep, why);
-        return EXIT_USAGE;
-    }
-    /* ZeroMQ connects in the background and retries forever: ask the system once first, so
-     * that nothing listening is an immediate, named failure instead of a timeout. */
-    int err = cli_probe(ep, cli->timeout_ms);
-    if (err == ETIMEDOUT) {
-        cli_error("cannot connect to %s: no answer within %d ms", ep, cli->timeout_ms);
+    int rc = client_new(cli, cli->timeout_ms, client);
+    if (rc)
+        return rc;
+    /* The connection, before anything is read or sent: nothing listening is an immediate,
+     * named failure (libtally's words), a daemon that does not answer one timeout. */
+    if (tally_client_wait_connected(*client) != TALLY_OK) {
+        cli_error("%s", tally_client_error(*client));
+        tally_client_destroy(client);
         return EXIT_TRANSPORT;
     }
-    if (err) {
-        cli_error("cannot connect to %s: %s (is tallyd running?)", ep, strerror(err));
-        return EXIT_TRANSPORT;
-    }
-    return client_new(cli, cli->timeout_ms, client);
+    return 0;
 }

@@ -97,9 +97,19 @@ enum {
     CLI_OPT_NATS_TLS_KEY,
 };
 
+/* What a group of options needs of its command's operation (the row of tally_ops.h) to be the
+ * command's at all: a data command whose operation takes no stream has no --stream, --resume,
+ * --seq-base or --no-seq, one that takes no shared-memory reference no --shm or --gpu-region.
+ * Parsing, --help, the completion and tally(1) all skip a group its command's row rules out. */
+enum {
+    CLI_NEEDS_STREAM = 1u << 0, /* the row's stream rule is not TALLY_STREAM_NONE */
+    CLI_NEEDS_SHM_REF = 1u << 1 /* the row's flags take TALLY_FLAG_SHM_REF */
+};
+
 typedef struct {
     const char *title; /* "Options", "Predicate (exactly one)"; NULL ends the list */
     const cli_option_t *options;
+    unsigned needs; /* CLI_NEEDS_*: 0 for a group every command that lists it has */
 } cli_group_t;
 
 typedef struct cli_command cli_command_t;
@@ -130,6 +140,8 @@ struct cli_command {
  *   CLI_COMMAND(ping, .usage = "ping", .summary = "...", .about = "...", .request = ping); */
 #define CLI_COMMAND(name_, ...) const cli_command_t cli_cmd_##name_ = {.name = #name_, __VA_ARGS__}
 
+/* Whether group g (one of cmd->groups) is cmd's: its operation's row has what g needs. */
+bool cli_group_applies(const cli_command_t *cmd, const cli_group_t *g);
 /* Parses argv (argv[0] is the command name) into ctx through cmd->option. Returns 0 (the
  * positional arguments are argv[optind..argc)), CLI_HELP_SHOWN, or an exit status. */
 int cli_parse(cli_t *cli, const cli_command_t *cmd, void *ctx, int argc, char **argv);
@@ -171,6 +183,9 @@ int cli_option_i64(const char *cmd, const char *option, const char *arg, int64_t
 int cli_option_size(const char *cmd, const char *option, const char *arg, size_t min, size_t *out);
 /* A dtype by its name (tally_dtype_name; also rgb, rgba): false when none has it. */
 bool cli_parse_dtype(const char *s, tally_dtype_t *out);
+/* The name tally uses for a dtype, in --help and its messages alike: tally_dtype_name's, but rgb
+ * and rgba for the pixel types (rgb8 and rgba8 on the wire; --type takes both). */
+const char *cli_dtype_name(unsigned dtype);
 /* An option's duration: a decimal number (a fraction allowed) and a unit, ms, s, m or h (none:
  * seconds), as whole milliseconds in [min_ms, max_ms]: 0, or a usage error naming the option. */
 int cli_option_duration_ms(const char *cmd, const char *option, const char *arg, uint64_t min_ms,
@@ -178,17 +193,13 @@ int cli_option_duration_ms(const char *cmd, const char *option, const char *arg,
 
 /* ---- Connecting ------------------------------------------------------------------------- */
 
-/* Checks the endpoint, makes sure something listens at an ipc:// path or a tcp:// port (so a
- * daemon that is not there fails at once, naming the endpoint and the reason), and creates
- * the client. 0 or an exit status (after reporting). */
+/* Creates the client (tally_client_open: a bad endpoint is named) and waits for its connection
+ * (tally_client_wait_connected: a daemon that is not there fails at once, naming the endpoint
+ * and the reason, in libtally's words). 0 or an exit status (after reporting). */
 int cli_connect(const cli_t *cli, tally_client_t **client);
 /* With --nats: a client of the fleet (tally_client_new_nats), timeout_ms for every wait. 0 or an
  * exit status (after reporting). */
 int cli_nats_client(const cli_t *cli, int timeout_ms, tally_client_t **client);
-/* One connection attempt to the endpoint (an ipc:// path, or a tcp:// port within timeout_ms),
- * closed at once: 0 when something accepts it, else the errno (ECONNREFUSED, ENOENT,
- * ETIMEDOUT, ...). */
-int cli_probe(const char *endpoint, int timeout_ms);
 
 /* Runs a command on argv (argv[0] is its name): cmd->run, or cmd->request on a connection.
  * 0, CLI_HELP_SHOWN or an exit status. */

@@ -3,9 +3,9 @@
  * cli_doc.c — `tally --complete` and `tally --print-commands-scd` (cli_doc.h).
  *
  * Both walk the same tables cli_parse builds getopt_long's options and --help from (the
- * commands' groups and cli_common_options), so an option added to a table is completed and in
- * the man page without another edit. scdoc's markup characters ('*', '_', '\') are escaped in
- * every text taken from the tables.
+ * commands' groups, less those their operation's row rules out, and cli_common_options), so an
+ * option added to a table is completed and in the man page without another edit. scdoc's markup
+ * characters ('*', '_', '\') are escaped in every text taken from the tables.
  */
 #include "cli_doc.h"
 
@@ -39,7 +39,8 @@ void cli_doc_complete(const cli_command_t *const *commands, size_t count,
     for (size_t i = 0; i < count; i++) {
         fputs(commands[i]->name, f);
         for (const cli_group_t *g = commands[i]->groups; g && g->title; g++)
-            complete_options(g->options, f);
+            if (cli_group_applies(commands[i], g))
+                complete_options(g->options, f);
         complete_options(cli_common_options, f);
         fputc('\n', f);
     }
@@ -95,6 +96,8 @@ static void scd_command(const cli_command_t *cmd, FILE *f)
     scd_text(cmd->about, f);
     fputs("\n\n", f);
     for (const cli_group_t *g = cmd->groups; g && g->title; g++) {
+        if (!cli_group_applies(cmd, g))
+            continue;
         fputc('*', f);
         scd_text(g->title, f);
         fputs(":*\n\n", f);

@@ -50,7 +50,7 @@ static void not_whole(const reader_t *r, uint64_t bytes, const char *tail)
     size_t esize = tally_dtype_size(r->dtype);
     if (r->unit == esize)
         cli_error("%s is %" PRIu64 " bytes, not a whole number of %zu-byte %s elements%s", r->name,
-                  bytes, esize, tally_dtype_name(r->dtype), tail);
+                  bytes, esize, cli_dtype_name(r->dtype), tail);
     else
         cli_error("%s is %" PRIu64 " bytes, not a whole number of %zu-byte frames%s", r->name,
                   bytes, r->unit, tail);
@@ -160,7 +160,7 @@ int reader_tail_error(const reader_t *r)
     if (r->text)
         cli_error("%s: %" PRIu64 " values are not a whole number of %zu-value %s pixels: the last "
                   "%zu were not sent",
-                  r->name, r->token, r->unit, tally_dtype_name(r->dtype), r->trailing);
+                  r->name, r->token, r->unit, cli_dtype_name(r->dtype), r->trailing);
     else {
         char tail[64];
         snprintf(tail, sizeof tail, ": its last %zu byte%s not sent", r->trailing,
@@ -201,11 +201,11 @@ static int check_not_text(reader_t *r, const uint8_t *p, size_t len)
     if (decimal)
         cli_error("%s looks like decimal text ('%s'), not binary %s elements: add --text to "
                   "parse it, or --binary to send its bytes as they are",
-                  r->name, shown, tally_dtype_name(r->dtype));
+                  r->name, shown, cli_dtype_name(r->dtype));
     else
         cli_error("%s looks like text ('%s'), not binary %s elements: --text takes whitespace-"
                   "separated decimal integers, --binary sends its bytes as they are",
-                  r->name, shown, tally_dtype_name(r->dtype));
+                  r->name, shown, cli_dtype_name(r->dtype));
     return EXIT_USAGE;
 }
 
@@ -283,7 +283,7 @@ static int bad_token(const reader_t *r, const char *start, size_t len, int bad, 
     else
         cli_error("%s: line %" PRIu64 ", column %" PRIu64 ": '%s' is out of range for %s [%" PRId64
                   ", %" PRId64 "]",
-                  r->name, r->line, column, shown, tally_dtype_name(r->dtype), min, max);
+                  r->name, r->line, column, shown, cli_dtype_name(r->dtype), min, max);
     return EXIT_USAGE;
 }
 

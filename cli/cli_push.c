@@ -8,7 +8,8 @@
  *
  * Chunks: --chunk (default 1 MiB), capped to the daemon's max_batch (from `info`), rounded
  * down to whole elements, or with --frames to whole frames, so a frame is never split across
- * two requests.
+ * two requests (and over NATS to what one message holds). A --chunk given and changed so is
+ * said once, on stderr, with the size sent and why.
  *
  * Resuming: a push on a stream numbers its chunks from the stream's last_seq (the seq base).
  * It writes the base to a small record file (resume_path) and removes it once complete, so
@@ -82,33 +83,86 @@ static void print_hist(sink_t *s)
 
 /* ---- Chunk size --------------------------------------------------------------------------- */
 
-/* The daemon's max_batch from `info` (0 when it does not say). */
-static size_t daemon_max_batch(tally_client_t *client)
+/* The daemon's max_batch into *max (0: it does not say), and whether it takes what --shm or
+ * --gpu-region asks. 0, or the exit status of a daemon that does not answer (reported here: the
+ * push would only wait for it a second time) or of one without shared memory (said with what to
+ * do: the library's 'offers no shared memory' alone left the user to guess). */
+static int daemon_max_batch(const data_args_t *a, tally_client_t *client, bool fleet, size_t *max)
 {
     tally_info_t *info = NULL;
-    uint64_t max = 0;
-    if (tally_info_fetch(client, &info) == TALLY_OK &&
-        tally_info_u64(info, "max_batch", &max) != TALLY_OK)
-        max = 0;
+    uint64_t value = 0;
+    tally_status_t st = tally_info_fetch(client, &info);
+    /* Over NATS the push goes to JetStream, not to whoever answers info (which a producer may
+     * not even be allowed to ask): no answer there says nothing about the push. */
+    if (!fleet && (st == TALLY_E_TIMEOUT || st == TALLY_E_TRANSPORT))
+        return cli_report(st, a->cmd, tally_client_error(client));
+    if (st == TALLY_OK && tally_info_u64(info, "max_batch", &value) != TALLY_OK)
+        value = 0;
+    const char *shm = st == TALLY_OK ? tally_info_lookup(info, "shm") : NULL;
+    bool no_shm = a->opts.shm && shm && !strcmp(shm, "off");
     tally_info_destroy(&info);
-    return (size_t)max;
+    *max = (size_t)value;
+    if (no_shm) {
+        const char *opt = a->opts.shm == TALLY_RUN_SHM_GPU ? "--gpu-region" : "--shm";
+        cli_error("%s: this tallyd offers no shared memory (info: shm=off): run without %s (the "
+                  "chunks then go over its socket), or start tallyd with --shm on",
+                  a->cmd, opt);
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
+/* Why the chunk sent is not --chunk: what made it smaller, and the unit it was rounded to. */
+typedef struct {
+    const char *limit; /* "the daemon's max_batch", "one NATS message", or NULL */
+    size_t unit;       /* rounded to whole elements or frames of this many bytes (0: not) */
+} chunk_change_t;
+
+/* The one line that says a --chunk given was not what is sent, and why. */
+static void say_chunk_change(const data_args_t *a, size_t asked, size_t chunk,
+                             const chunk_change_t *why)
+{
+    if (!a->chunk_arg || chunk == asked)
+        return;
+    char unit[96] = "";
+    if (why->unit)
+        snprintf(unit, sizeof unit, "%swhole %zu-byte %s%s", why->limit ? ", in " : "", why->unit,
+                 a->frame ? "frames" : cli_dtype_name(a->req.dtype), a->frame ? "" : " elements");
+    cli_error("%s: --chunk %s: sending chunks of %zu bytes (%s%s)", a->cmd, a->chunk_arg, chunk,
+              why->limit ? why->limit : "", unit);
+}
+
+/* want capped to limit (0: none) and rounded down to whole units (at least one). */
+static size_t fit_chunk(size_t want, size_t limit, size_t unit, const char *limit_name,
+                        chunk_change_t *why)
+{
+    if (limit && want > limit) {
+        want = limit; /* a bigger chunk would only be refused with too_large */
+        why->limit = limit_name;
+    }
+    size_t chunk = want < unit ? unit : want - want % unit;
+    if (chunk != want)
+        why->unit = unit;
+    return chunk;
 }
 
 /* --chunk capped to max_batch, in whole elements or --frames frames. 0 or an exit status. */
-static int chunk_size(const data_args_t *a, tally_client_t *client, size_t *chunk)
+static int chunk_size(const data_args_t *a, tally_client_t *client, bool fleet, size_t *chunk,
+                      chunk_change_t *why)
 {
     size_t esize = tally_dtype_size((tally_dtype_t)a->req.dtype);
     size_t want = a->opts.chunk_bytes ? a->opts.chunk_bytes : TALLY_DEFAULT_CHUNK_BYTES;
-    size_t max = daemon_max_batch(client);
-    if (max && want > max)
-        want = max; /* a bigger chunk would only be refused with too_large */
+    size_t max = 0;
+    int rc = daemon_max_batch(a, client, fleet, &max);
+    if (rc)
+        return rc;
     size_t unit = a->frame ? a->frame : esize;
     if (a->frame && max && a->frame > max) {
         cli_error("%s: a frame of %zu bytes is larger than the daemon's max_batch (%zu bytes)",
                   a->cmd, a->frame, max);
         return EXIT_USAGE;
     }
-    *chunk = want < unit ? unit : want - want % unit;
+    *chunk = fit_chunk(want, max, unit, "the daemon's max_batch", why);
     return 0;
 }
 
@@ -322,8 +376,11 @@ static int push_open(cli_t *cli, data_args_t *a, push_run_t *p, size_t *chunk)
         cli_error("cannot open '%s' for writing: %s", a->out, strerror(errno));
         return EXIT_USAGE;
     }
-    if ((rc = cli_connect(cli, &p->client)) != 0 || (rc = chunk_size(a, p->client, chunk)) != 0)
+    chunk_change_t why = {0};
+    if ((rc = cli_connect(cli, &p->client)) != 0 ||
+        (rc = chunk_size(a, p->client, cli->nats != NULL, chunk, &why)) != 0)
         return rc;
+    size_t asked = a->opts.chunk_bytes;
     a->opts.chunk_bytes = *chunk;
     a->opts.total_bytes = p->in.size;
     tally_status_t status = tally_push_new(p->client, &a->req, &a->opts,
@@ -332,13 +389,13 @@ static int push_open(cli_t *cli, data_args_t *a, push_run_t *p, size_t *chunk)
         return cli_report(status, a->cmd, tally_client_error(p->client));
     size_t fits = tally_push_chunk_bytes(p->push); /* smaller over NATS: one message a chunk */
     size_t unit = a->frame ? a->frame : tally_dtype_size((tally_dtype_t)a->req.dtype);
-    if (fits < *chunk && fits >= unit)
-        *chunk = fits - fits % unit;
-    else if (fits < *chunk) {
+    if (fits < unit) {
         cli_error("%s: a frame of %zu bytes does not fit one NATS message (%zu bytes)", a->cmd,
                   unit, fits);
         return EXIT_USAGE;
     }
+    *chunk = fit_chunk(*chunk, fits, unit, "one NATS message", &why);
+    say_chunk_change(a, asked, *chunk, &why);
     if (!(p->chunk = malloc(*chunk))) {
         cli_error("out of memory");
         return EXIT_USAGE;

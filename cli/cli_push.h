@@ -22,6 +22,7 @@ typedef struct {
     bool have_range; /* hist --range */
     int progress;    /* --progress 1, --no-progress 0, else -1: on when both are terminals */
     size_t frame;    /* --frames: chunks hold whole frames of this many bytes */
+    const char *chunk_arg; /* --chunk as given (said again when the chunk sent differs), or NULL */
     tally_run_opts_t opts;
     tally_req_t req;
 } data_args_t;

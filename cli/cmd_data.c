@@ -6,6 +6,7 @@
  * prints the output as it comes; each command adds its own options.
  */
 #include "cli_push.h"
+#include "tally_ops.h"
 
 #include <inttypes.h>
 #include <string.h>
@@ -42,7 +43,6 @@ enum {
 };
 
 static const cli_option_t data_options[] = {
-    {"stream", OPT_STREAM, "NAME", "apply to stream NAME (1-64 printable ASCII bytes, no spaces)"},
     {"in", OPT_IN, "FILE", "read input from FILE (default: stdin)"},
     {"text", OPT_TEXT, NULL,
      "input is whitespace-separated decimal integers (default:\n"
@@ -59,6 +59,15 @@ static const cli_option_t data_options[] = {
      "send the input in chunks of SIZE bytes (K, M, G suffixes;\n"
      "default 1M; at most the daemon's max_batch, from info)"},
     {"window", OPT_WINDOW, "N", "keep N chunks in flight (1-256, default 8)"},
+    {"progress", OPT_PROGRESS, NULL,
+     "show a progress line on stderr (default: only when stdout\n"
+     "and stderr are terminals)"},
+    {"no-progress", OPT_NO_PROGRESS, NULL, "never show the progress line"},
+    {0},
+};
+
+/* The operations that take a shared-memory reference (TALLY_FLAG_SHM_REF in their row). */
+static const cli_option_t shm_options[] = {
     {"shm", OPT_SHM, NULL,
      "pass the chunks through shared memory (tallyd on this host;\nthe same output)"},
     {"gpu-region", OPT_GPU_REGION, NULL,
@@ -66,6 +75,12 @@ static const cli_option_t data_options[] = {
      "region (GPU 0, CUDA_VISIBLE_DEVICES; tallyd on this host\n"
      "with that GPU): copied to the GPU, sent by reference, filter\n"
      "and scan output written there by tallyd; the same output"},
+    {0},
+};
+
+/* The operations that take a stream (their row's stream rule is not TALLY_STREAM_NONE). */
+static const cli_option_t stream_options[] = {
+    {"stream", OPT_STREAM, "NAME", "apply to stream NAME (1-64 printable ASCII bytes, no spaces)"},
     {"resume", OPT_RESUME, NULL,
      "with --stream: continue this stream's push that stopped\n"
      "(Ctrl-C, a failure): the chunks the stream has are skipped"},
@@ -75,12 +90,18 @@ static const cli_option_t data_options[] = {
     {"no-seq", OPT_NO_SEQ, NULL,
      "with --stream: send chunks without sequence numbers (several\n"
      "producers on one stream); a resent chunk is then applied twice"},
-    {"progress", OPT_PROGRESS, NULL,
-     "show a progress line on stderr (default: only when stdout\n"
-     "and stderr are terminals)"},
-    {"no-progress", OPT_NO_PROGRESS, NULL, "never show the progress line"},
     {0},
 };
+
+/* The groups every data command ends with; its operation's row decides which are its own
+ * (cli_group_applies): minmax, which takes neither a stream nor a reference, has only the
+ * first. */
+/* clang-format off */
+#define DATA_GROUPS                                                                                \
+    {"Input and output", data_options, 0},                                                         \
+    {"Stream", stream_options, CLI_NEEDS_STREAM},                                                  \
+    {"Shared memory", shm_options, CLI_NEEDS_SHM_REF}
+/* clang-format on */
 
 /* The options of the data commands that only set a field (--count is filter's). */
 static const cli_setter_t data_setters[] = {
@@ -116,6 +137,7 @@ static int data_option(void *ctx, int id, const char *arg, int argc, char **argv
                 a->cmd, "invalid stream name '%s': 1-64 printable ASCII bytes, no spaces", arg);
         return 0;
     case OPT_CHUNK:
+        a->chunk_arg = arg;
         return cli_option_size(a->cmd, "--chunk", arg, 1, &a->opts.chunk_bytes);
     case OPT_WINDOW:
         if ((rc = cli_option_i64(a->cmd, "--window", arg, 1, TALLY_MAX_WINDOW, &v)) == 0)
@@ -150,7 +172,7 @@ static int data_option(void *ctx, int id, const char *arg, int argc, char **argv
 /* hist: i32 and u16 need --range (within the type), the byte types take none. */
 static int hist_check_range(const data_args_t *a)
 {
-    const char *type = tally_dtype_name((tally_dtype_t)a->req.dtype);
+    const char *type = cli_dtype_name(a->req.dtype);
     bool ranged = tally_hist_ranged(a->req.dtype);
     if (ranged && !a->have_range)
         return cli_usage_error(a->cmd, "--type %s needs --range LO HI", type);
@@ -174,16 +196,10 @@ static int run_data(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
         return cli_usage_error(a->cmd, "a predicate is required (--gt N, ..., --between LO HI)");
     if (a->req.opcode == TALLY_OP_HIST && (rc = hist_check_range(a)) != 0)
         return rc;
-    /* What the operation's row refuses (tally_ops.h), said before anything is read or sent. */
-    const tally_op_info_t *op = tally_op_info(a->req.opcode);
-    if (a->req.stream_len && op->stream == TALLY_STREAM_NONE)
-        return cli_usage_error(a->cmd, "%s takes no --stream", op->name);
-    if (a->opts.shm && !(op->flags & TALLY_FLAG_SHM_REF))
-        return cli_usage_error(a->cmd, "%s takes no --shm", op->name);
     size_t esize = tally_dtype_size((tally_dtype_t)a->req.dtype);
     if (a->frame && a->frame % esize)
         return cli_usage_error(a->cmd, "--frames: %zu bytes is not a whole number of %zu-byte %s",
-                               a->frame, esize, tally_dtype_name((tally_dtype_t)a->req.dtype));
+                               a->frame, esize, cli_dtype_name(a->req.dtype));
     if (a->frame && a->text)
         return cli_usage_error(a->cmd, "--frames applies to binary input, not --text");
     return cli_push(cli, a);
@@ -212,9 +228,9 @@ static const cli_option_t filter_options[] = {
 };
 
 static const cli_group_t filter_groups[] = {
-    {"Predicate (exactly one)", filter_predicates},
-    {"Options", filter_options},
-    {"Input and output", data_options},
+    {"Predicate (exactly one)", filter_predicates, 0},
+    {"Options", filter_options, 0},
+    DATA_GROUPS,
     {0},
 };
 
@@ -252,8 +268,8 @@ static const cli_option_t scan_options[] = {
 };
 
 static const cli_group_t scan_groups[] = {
-    {"Options", scan_options},
-    {"Input and output", data_options},
+    {"Options", scan_options, 0},
+    DATA_GROUPS,
     {0},
 };
 
@@ -277,8 +293,8 @@ static const cli_option_t hist_options[] = {
 };
 
 static const cli_group_t hist_groups[] = {
-    {"Options", hist_options},
-    {"Input and output", data_options},
+    {"Options", hist_options, 0},
+    DATA_GROUPS,
     {0},
 };
 
@@ -288,8 +304,9 @@ static int type_option(data_args_t *a, const char *arg)
     tally_dtype_t dtype;
     if (!cli_parse_dtype(arg, &dtype) || !tally_op_takes_dtype(a->req.opcode, dtype)) {
         char takes[64];
-        return cli_usage_error(a->cmd, "--type: '%s' is not %s", arg,
-                               tally_op_dtypes_text(a->req.opcode, takes, sizeof takes));
+        return cli_usage_error(
+            a->cmd, "--type: '%s' is not %s", arg,
+            tally_op_dtypes_named(a->req.opcode, cli_dtype_name, takes, sizeof takes));
     }
     a->req.dtype = (uint8_t)dtype;
     return 0;
@@ -332,15 +349,15 @@ static const cli_option_t minmax_options[] = {
 };
 
 static const cli_group_t minmax_groups[] = {
-    {"Options", minmax_options},
-    {"Input and output", data_options},
+    {"Options", minmax_options, 0},
+    DATA_GROUPS,
     {0},
 };
 
 CLI_COMMAND(minmax, .usage = "minmax [--type i32|u8|u16] [OPTIONS]",
             .about = "The smallest and the largest value of the input, printed as 'min N' and\n"
                      "'max N' lines (nothing for an empty input). --out writes the two values as\n"
-                     "binary elements of the input type. It keeps no stream state: --stream and\n"
-                     "--shm are refused.\n",
+                     "binary elements of the input type. It keeps no stream state and takes no\n"
+                     "shared memory: the options of those are not its own.\n",
             .op = TALLY_OP_MINMAX, .dtype = TALLY_DTYPE_I32, .groups = minmax_groups,
             .setters = data_setters, .option = data_option, .run = run_data);

@@ -56,7 +56,7 @@ static const cli_option_t query_options[] = {
     {0},
 };
 
-static const cli_group_t query_groups[] = {{"Options", query_options}, {0}};
+static const cli_group_t query_groups[] = {{"Options", query_options, 0}, {0}};
 
 /* --quantile Q: a decimal number in [0, 1], to the nearest millionth; given twice, shown once. */
 static int quantile_option(query_args_t *q, const char *arg)

@@ -249,7 +249,8 @@ static void down_reason(const watch_t *w, tally_status_t status, const char *err
 {
     int err = 0;
     if ((status == TALLY_E_TIMEOUT || status == TALLY_E_TRANSPORT) && !w->cli->nats)
-        err = cli_probe(w->cli->endpoint, w->cli->timeout_ms < 1000 ? w->cli->timeout_ms : 1000);
+        err = tally_endpoint_probe(w->cli->endpoint,
+                                   w->cli->timeout_ms < 1000 ? w->cli->timeout_ms : 1000);
     if (err && err != ETIMEDOUT)
         snprintf(buf, cap, "cannot connect: %s", strerror(err));
     else
@@ -753,7 +754,7 @@ static const cli_option_t watch_options[] = {
     {0},
 };
 
-static const cli_group_t watch_groups[] = {{"Options", watch_options}, {0}};
+static const cli_group_t watch_groups[] = {{"Options", watch_options, 0}, {0}};
 
 static const cli_setter_t watch_setters[] = {
     CLI_SET_TRUE(OPT_LOG, watch_t, log),

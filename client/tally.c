@@ -17,7 +17,12 @@
  * not inside libtally at that moment). So the socket keeps ZeroMQ's default (its pipe outlives
  * the connection and every received reply stays readable), and the client tracks the
  * connection itself from a socket monitor (handshake done / disconnected, on an inproc PAIR):
- * a send waits, within its deadline, until the connection is up.
+ * a send waits, within its deadline, until the connection is up. ZeroMQ says when an attempt to
+ * connect failed (CONNECT_RETRIED) but not why; when that happens before the client ever
+ * reached anything, the wait asks the system once (tally_endpoint_probe, tally_probe.c), and a
+ * refused port or a missing socket file fails at once, named, where ZeroMQ would retry in
+ * silence until the deadline. Only then: a probe is a connection of its own, which a CURVE
+ * tallyd would count as a failed handshake.
  *
  * Replies. A reply is exactly [64-byte header][payload]. The payload frame is kept as a
  * zmq_msg_t inside tally_reply_t (no copy); error payloads are copied into reply->error.
@@ -75,6 +80,9 @@ struct tally_client {
     tally_bufpool_t *pool; /* tally_send's copies of large payloads (tally_bufpool.c) */
     void *monitor;         /* PAIR receiving sock's connection events */
     bool connected;        /* the last event said: handshake done (not: disconnected) */
+    bool reached;          /* ZeroMQ's connection was made once (then a break is waited for) */
+    bool retried;          /* a connect attempt failed since the last probe */
+    char *endpoint;        /* as connected to: the probe's and the messages' */
     int64_t checked_us;    /* when the monitor was last read */
     tally__natsc_t *natsc; /* tally_client_new_nats: a fleet over NATS, no ZeroMQ socket */
 };
@@ -169,7 +177,9 @@ static tally_status_t set_int_opt(void *sock, int opt, int value)
 
 /* The events that say whether requests can go out: the ZMTP handshake is done (the moment
  * ZMQ_IMMEDIATE would attach the pipe), or the connection broke. */
-#define TALLY_MONITOR_EVENTS (ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED)
+#define TALLY_MONITOR_EVENTS                                                                       \
+    (ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECTED |                \
+     ZMQ_EVENT_CONNECT_RETRIED)
 #define TALLY_MONITOR_ADDR "inproc://tally-monitor" /* one per context, and a client has its own   \
                                                      */
 
@@ -211,6 +221,8 @@ static void monitor_drain(tally_client_t *self)
             self->connected = true;
         else if (event == ZMQ_EVENT_DISCONNECTED)
             self->connected = false;
+        self->reached |= event == ZMQ_EVENT_CONNECTED;
+        self->retried |= event == ZMQ_EVENT_CONNECT_RETRIED;
         bool more = zmq_msg_more(&ev);
         zmq_msg_close(&ev);
         if (more)
@@ -224,7 +236,25 @@ static void monitor_drain(tally_client_t *self)
  * that comes just after the send: the request waits in the queue for the connection. */
 #define TALLY_CONNECTED_TRUST_US 1000
 
-/* Waits until the connection is up or the deadline passes. */
+/* ZeroMQ's attempts failed and none ever reached the endpoint: whether anything listens there,
+ * asked with what is left of the deadline. TALLY_OK (something does now: the handshake is
+ * waited for), or the failure with its message. */
+static tally_status_t probe_why(tally_client_t *self, int64_t deadline)
+{
+    int64_t left_ms = (deadline - now_us()) / 1000;
+    int err = tally_endpoint_probe(self->endpoint, left_ms > 0 ? (int)left_ms : 1);
+    if (err == ETIMEDOUT) {
+        snprintf(self->error, sizeof self->error, "cannot connect to %s: no answer within %d ms",
+                 self->endpoint, self->timeout_ms);
+        return TALLY_E_TIMEOUT;
+    }
+    if (err)
+        snprintf(self->error, sizeof self->error, "cannot connect to %s: %s (is tallyd running?)",
+                 self->endpoint, strerror(err));
+    return err ? TALLY_E_TRANSPORT : TALLY_OK;
+}
+
+/* Waits until the connection is up or the deadline passes; on failure self->error says why. */
 static tally_status_t wait_connected(tally_client_t *self, int64_t deadline)
 {
     int64_t now = now_us();
@@ -232,16 +262,32 @@ static tally_status_t wait_connected(tally_client_t *self, int64_t deadline)
         return TALLY_OK;
     self->checked_us = now;
     monitor_drain(self);
-    while (!self->connected) {
+    tally_status_t status = TALLY_OK;
+    while (status == TALLY_OK && !self->connected) {
         int64_t left_us = deadline - now_us();
-        if (left_us <= 0)
-            return TALLY_E_TIMEOUT;
         zmq_pollitem_t item = {.socket = self->monitor, .events = ZMQ_POLLIN};
-        if (zmq_poll(&item, 1, (long)((left_us + 999) / 1000)) < 0 && errno != EINTR)
-            return TALLY_E_TRANSPORT;
-        monitor_drain(self);
+        if (self->retried && !self->reached) {
+            self->retried = false;
+            status = probe_why(self, deadline);
+        } else if (left_us <= 0)
+            status = fail(self, TALLY_E_TIMEOUT,
+                          "timed out waiting for a connection to tallyd (is tallyd running? with "
+                          "CURVE: does it accept this client's key?)");
+        else if (zmq_poll(&item, 1, (long)((left_us + 999) / 1000)) < 0 && errno != EINTR)
+            status = fail(self, TALLY_E_TRANSPORT, zmq_strerror(errno));
+        else
+            monitor_drain(self);
     }
-    return TALLY_OK;
+    return status;
+}
+
+tally_status_t tally_client_wait_connected(tally_client_t *self)
+{
+    if (!self)
+        return TALLY_E_ARG;
+    if (self->natsc)
+        return TALLY_OK;
+    return wait_connected(self, now_us() + (int64_t)self->timeout_ms * 1000);
 }
 
 tally_status_t tally_client_new(const char *endpoint, int timeout_ms, tally_client_t **out)
@@ -265,15 +311,35 @@ static tally_status_t set_curve(void *sock, const tally_curve_keys_t *keys)
 tally_status_t tally_client_new_curve(const char *endpoint, int timeout_ms,
                                       const tally_curve_keys_t *keys, tally_client_t **out)
 {
-    if (!out)
+    return tally_client_open(endpoint, timeout_ms, keys, out, NULL, 0);
+}
+
+tally_status_t tally_client_open(const char *endpoint, int timeout_ms,
+                                 const tally_curve_keys_t *keys, tally_client_t **out, char *msg,
+                                 size_t msg_cap)
+{
+    char none[1], why[320];
+    if (!msg || !msg_cap) { /* no message wanted: written into none, cut to "" */
+        msg = none;
+        msg_cap = sizeof none;
+    }
+    msg[0] = '\0';
+    if (!out) {
+        snprintf(msg, msg_cap, "no place for the client (out is NULL)");
         return TALLY_E_ARG;
+    }
     *out = NULL;
-    if (timeout_ms <= 0)
+    if (timeout_ms <= 0) {
+        snprintf(msg, msg_cap, "timeout %d ms: it must be above 0", timeout_ms);
         return TALLY_E_ARG;
+    }
     if (!endpoint)
         endpoint = TALLY_DEFAULT_ENDPOINT;
-    if (tally_endpoint_check(endpoint, TALLY_ENDPOINT_CONNECT, NULL, 0) != TALLY_OK)
-        return TALLY_E_ARG; /* ZeroMQ would take "tcp://host:5570x" and connect to nothing */
+    /* ZeroMQ would take "tcp://host:5570x" and connect to nothing */
+    if (tally_endpoint_check(endpoint, TALLY_ENDPOINT_CONNECT, why, sizeof why) != TALLY_OK) {
+        snprintf(msg, msg_cap, "invalid endpoint '%s': %s", endpoint, why);
+        return TALLY_E_ARG;
+    }
 
     tally_status_t status = TALLY_E_NOMEM;
     tally_client_t *self = calloc(1, sizeof *self);
@@ -283,7 +349,7 @@ tally_status_t tally_client_new_curve(const char *endpoint, int timeout_ms,
     self->next_id = 1;
     self->side_fd = -1;
     self->pool = tally__bufpool_new();
-    if (!self->pool)
+    if (!self->pool || !(self->endpoint = strdup(endpoint)))
         goto fail_free;
 
     status = TALLY_E_TRANSPORT;
@@ -306,7 +372,8 @@ tally_status_t tally_client_new_curve(const char *endpoint, int timeout_ms,
     if (zmq_setsockopt(self->sock, ZMQ_ROUTING_ID, self->routing_id, sizeof self->routing_id))
         goto fail_sock;
     if (set_curve(self->sock, keys) != TALLY_OK) {
-        status = TALLY_E_ARG; /* keys that are not 40 characters of Z85 */
+        status = TALLY_E_ARG;
+        snprintf(msg, msg_cap, "CURVE keys that are not 40 characters of Z85");
         goto fail_sock;
     }
     if (monitor_start(self) != TALLY_OK)
@@ -324,8 +391,12 @@ fail_ctx:
     zmq_ctx_term(self->ctx);
 fail_free:
     tally__bufpool_destroy(&self->pool);
+    free(self->endpoint);
     free(self);
 fail:
+    if (!msg[0])
+        snprintf(msg, msg_cap, "cannot create a client for %s: %s", endpoint,
+                 status == TALLY_E_NOMEM ? "out of memory" : zmq_strerror(zmq_errno()));
     return status;
 }
 
@@ -366,6 +437,7 @@ void tally_client_destroy(tally_client_t **self_p)
     zmq_close(self->sock);
     zmq_ctx_term(self->ctx); /* gives back every pooled buffer still queued */
     tally__bufpool_destroy(&self->pool);
+    free(self->endpoint);
     free(self);
     *self_p = NULL;
 }
@@ -416,12 +488,8 @@ static tally_status_t send_header_until(tally_client_t *self, const tally_req_t 
     uint8_t header[TALLY_REQ_HEADER_SIZE];
     tally_req_encode(&wire, header);
     status = wait_connected(self, deadline);
-    if (status == TALLY_E_TIMEOUT)
-        return fail(self, status,
-                    "timed out waiting for a connection to tallyd (is tallyd running? with "
-                    "CURVE: does it accept this client's key?)");
     if (status != TALLY_OK)
-        return fail(self, status, zmq_strerror(zmq_errno()));
+        return status; /* self->error says why */
     for (;;) {
         status = wait_socket(self, ZMQ_POLLOUT, deadline);
         if (status == TALLY_E_TIMEOUT)

@@ -18,10 +18,14 @@
  * Nothing blocks forever: every wait is bounded by the client's timeout and reports
  * TALLY_E_TIMEOUT. A request is never queued toward a daemon that is not connected: a send
  * waits (within the timeout) until the connection is up, so a request sent while tallyd is
- * down is not delivered later when it comes back. Every reply that has arrived stays readable
- * after the connection breaks (tallyd stops or restarts): tally_recv returns it. Requests
- * still waiting in this client's queue when the connection breaks go out when it comes back;
- * on a stream, sequence numbers (PROTOCOL.md) make that harmless.
+ * down is not delivered later when it comes back. Until the client's first connection is up, a
+ * send that finds nothing listening at the endpoint (a refused TCP port, no socket file) fails
+ * at once with TALLY_E_TRANSPORT instead, tally_client_error saying so ("cannot connect to
+ * tcp://127.0.0.1:5555: Connection refused (is tallyd running?)"): a daemon that is not there
+ * is not worth a timeout. Once connected, a break (a restart) is waited for. Every reply that has
+ * arrived stays readable after the connection breaks (tallyd stops or restarts): tally_recv returns
+ * it. Requests still waiting in this client's queue when the connection breaks go out when it comes
+ * back; on a stream, sequence numbers (PROTOCOL.md) make that harmless.
  *
  * Buffers holding elements (inputs, reply payloads, tally_run outputs) are little-endian
  * element arrays exactly as on the wire, that is plain C arrays on the little-endian hosts
@@ -68,9 +72,21 @@ typedef struct {
 } tally_reply_t;
 
 /* Creates a client connected (asynchronously) to `endpoint` (NULL: TALLY_DEFAULT_ENDPOINT).
- * `timeout_ms` (> 0) bounds every wait of every call on this client. */
+ * `timeout_ms` (> 0) bounds every wait of every call on this client. TALLY_E_ARG for an
+ * endpoint that is not tcp://HOST:PORT or ipc://PATH (tally_client_open says why). */
 TALLY_API tally_status_t tally_client_new(const char *endpoint, int timeout_ms,
                                           tally_client_t **out);
+/* Waits until the client's connection is up, within its timeout: TALLY_OK, TALLY_E_TIMEOUT, or
+ * at once TALLY_E_TRANSPORT when nothing listens at the endpoint and the client was never
+ * connected (tally_client_error says why, as for a send). Every request waits so by itself;
+ * this is for a caller that wants to know before it starts (the CLI, before reading its input).
+ * A client over NATS is connected from its start: TALLY_OK. */
+TALLY_API tally_status_t tally_client_wait_connected(tally_client_t *self);
+/* One connection attempt to endpoint (tcp://HOST:PORT, waiting at most timeout_ms, or
+ * ipc://PATH), closed at once: 0 when something accepts it, else the errno (ECONNREFUSED,
+ * ENOENT, ETIMEDOUT, EINVAL for an endpoint of another kind). What a client never connected asks
+ * before it waits; for a program that wants the reason without a client. */
+TALLY_API int tally_endpoint_probe(const char *endpoint, int timeout_ms);
 /* Closes the socket without lingering and frees the client; sets *self_p to NULL. */
 TALLY_API void tally_client_destroy(tally_client_t **self_p);
 TALLY_API int tally_client_timeout(const tally_client_t *self);
@@ -613,8 +629,9 @@ TALLY_API tally_status_t tally_curve_keys_load(const char *server_key, const cha
 /* Makes a new CURVE key pair and writes it as two key files (CZMQ's certificate format):
  * BASE.key holds both halves (mode 0600: the client's --client-key, or tallyd's
  * curve_secret_key) and BASE.pub the public half (for the other side: a client's goes into
- * tallyd's curve_clients_dir, the server's to its clients). Existing files are not overwritten
- * (TALLY_E_IO, with msg). public_key (may be NULL) receives the public key. */
+ * tallyd's curve_clients_dir, the server's to its clients). Existing files are not overwritten,
+ * and a directory that does not exist is not made (TALLY_E_IO, msg naming it and the mkdir).
+ * public_key (may be NULL) receives the public key. */
 TALLY_API tally_status_t tally_keygen(const char *base, char public_key[41], char *msg,
                                       size_t msg_cap);
 
@@ -626,6 +643,13 @@ TALLY_API tally_status_t tally_keygen(const char *base, char public_key[41], cha
 TALLY_API tally_status_t tally_client_new_curve(const char *endpoint, int timeout_ms,
                                                 const tally_curve_keys_t *keys,
                                                 tally_client_t **out);
+/* tally_client_new_curve (keys may be NULL) that says why it failed in msg (msg_cap bytes; may
+ * be NULL): TALLY_E_ARG "invalid endpoint '127.0.0.1:5555': unsupported transport (use
+ * tcp://HOST:PORT or ipc://PATH)", a bad timeout or keys; TALLY_E_TRANSPORT, TALLY_E_NOMEM. The
+ * CLI and the Python binding make their clients with it. */
+TALLY_API tally_status_t tally_client_open(const char *endpoint, int timeout_ms,
+                                           const tally_curve_keys_t *keys, tally_client_t **out,
+                                           char *msg, size_t msg_cap);
 
 /* ---- NATS JetStream: producing to a tallyd fleet (tally_nats.c; PROTOCOL.md §13) --------- */
 

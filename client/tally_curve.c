@@ -128,7 +128,20 @@ static tally_status_t write_key_file(const char *path, mode_t mode, const char *
 {
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
     if (fd < 0) {
-        snprintf(msg, msg_cap, "cannot create %s: %s", path, strerror(errno));
+        int err = errno;
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", path);
+        char *slash = strrchr(dir, '/');
+        struct stat sb;
+        if (slash)
+            *(slash == dir ? slash + 1 : slash) = '\0';
+        if (err == ENOENT && slash && stat(dir, &sb) != 0 && errno == ENOENT)
+            snprintf(msg, msg_cap,
+                     "cannot create %s: the directory %s does not exist (make it first: mkdir -p "
+                     "%s)",
+                     path, dir, dir);
+        else
+            snprintf(msg, msg_cap, "cannot create %s: %s", path, strerror(err));
         return TALLY_E_IO;
     }
     char text[512];

@@ -104,6 +104,14 @@ int main(int argc, char **argv)
         code = td_err_exit_code(err);
         goto done;
     }
+    /* Every file the start reads, with the start's messages: --check-config too. */
+    err = td_server_check_files(&cfg);
+    if (err != TD_OK) {
+        if (err == TD_ERR_NOMEM)
+            td_err("not started: out of memory");
+        code = td_err_exit_code(err);
+        goto done;
+    }
     if (cfg.check_only) {
         printf("configuration ok (%s)\n",
                cfg.config_file ? cfg.config_file : TD_DEFAULT_CONFIG_FILE " if present");

@@ -26,8 +26,10 @@
 #include <string.h>
 #include <uv.h>
 
+#include "td_auth.h"
 #include "td_exec.h"
 #include "td_fleet_status.h"
+#include "td_http.h"
 #include "td_local.h"
 #include "td_log.h"
 #include "td_metrics.h"
@@ -38,6 +40,7 @@
 #include "td_reply.h"
 #include "td_server.h"
 #include "td_service.h"
+#include "td_settings.h"
 #include "td_shm.h"
 #include "td_stream.h"
 #include "td_zmq.h"
@@ -510,6 +513,17 @@ static void close_tables(td_server_t *s)
     td_peers_destroy(&s->peers);
     td_replies_destroy(&s->replies); /* after the transports: they free replies until then */
     td_streams_destroy(&s->streams);
+}
+
+td_err_t td_server_check_files(const td_config_t *cfg)
+{
+    char msg[1536];
+    td_err_t err = td_config_check_files(cfg, msg, sizeof msg);
+    if (err == TD_OK && (err = td_auth_check(cfg, msg, sizeof msg)) != TD_OK)
+        td_err("curve: %s", msg); /* as td_router_open says it */
+    else if (err != TD_OK)
+        td_err("%s", msg);
+    return err == TD_OK ? td_http_check(cfg) : err;
 }
 
 td_err_t td_server_new(const td_config_t *cfg, td_server_t **out)

@@ -12,6 +12,12 @@
 
 typedef struct td_server td_server_t;
 
+/* Reads every file td_server_new and a fleet worker would read (the path settings' files,
+ * td_config_check_files; the CURVE keys, td_auth_check; the HTTP port's auth and token files,
+ * td_http_check) and keeps nothing, logging what is wrong as the start would: `tallyd
+ * --check-config` and the start run it before anything starts. TD_OK, TD_ERR_IO, TD_ERR_CONFIG
+ * (a bad curve_clients item), TD_ERR_NOMEM (not logged). */
+td_err_t td_server_check_files(const td_config_t *cfg);
 /* Creates the backends, binds the sockets and sets up the loop; logs and returns an error
  * (nothing half-started is left behind) when any of that fails. cfg is copied. */
 td_err_t td_server_new(const td_config_t *cfg, td_server_t **out);

@@ -122,13 +122,6 @@ tally_status_t tally_key_file_read(const char *path, bool secret,
         st = TALLY_E_IO;
         goto done;
     }
-    if (secret && (sb.st_mode & 077)) {
-        snprintf(msg, msg_cap,
-                 "%s has mode %04o: a secret key must not be accessible to group or others "
-                 "(chmod 600 %s)",
-                 path, (unsigned)(sb.st_mode & 07777), path);
-        goto done;
-    }
     size_t n = fread(text, 1, KEY_FILE_MAX, f);
     if (ferror(f) || !feof(f)) {
         snprintf(msg, msg_cap, "cannot read %s: %s", path,
@@ -137,13 +130,23 @@ tally_status_t tally_key_file_read(const char *path, bool secret,
         goto done;
     }
     text[n] = '\0';
+    /* What the file holds first: a public file given as the secret one is told so, not asked
+     * to be made private first. */
     st = tally_key_parse(text, secret, public_key, secret_key, why, sizeof why);
     if (st == TALLY_OK && secret && !secret_key[0]) {
         snprintf(why, sizeof why, "it holds no secret-key (is it the public file?)");
         st = TALLY_E_PARAM;
     }
-    if (st != TALLY_OK)
+    if (st != TALLY_OK) {
         snprintf(msg, msg_cap, "%s: %s", path, why);
+    } else if (secret && (sb.st_mode & 077)) {
+        snprintf(msg, msg_cap,
+                 "%s has mode %04o: a secret key must not be accessible to group or others "
+                 "(chmod 600 %s)",
+                 path, (unsigned)(sb.st_mode & 07777), path);
+        explicit_bzero(secret_key, TALLY_KEY_LEN + 1);
+        st = TALLY_E_PARAM;
+    }
 done:
     if (text)
         explicit_bzero(text, KEY_FILE_MAX); /* it may have held a secret key */

@@ -36,8 +36,9 @@ tally_status_t tally_key_parse(const char *text, bool bare_is_secret,
                                char secret_key[TALLY_KEY_LEN + 1], char *msg, size_t msg_cap);
 
 /* Reads and parses a key file. With secret, the file must hold a secret key and must not be
- * accessible to group or others (TALLY_E_PARAM, with the chmod to run, otherwise). TALLY_E_IO
- * when it cannot be read. msg names the file. */
+ * accessible to group or others (TALLY_E_PARAM, with the chmod to run, otherwise), checked in
+ * that order: a public file given as the secret one is named as such whatever its mode.
+ * TALLY_E_IO when it cannot be read. msg names the file. */
 tally_status_t tally_key_file_read(const char *path, bool secret,
                                    char public_key[TALLY_KEY_LEN + 1],
                                    char secret_key[TALLY_KEY_LEN + 1], char *msg, size_t msg_cap);

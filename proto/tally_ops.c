@@ -86,7 +86,18 @@ bool tally_op_takes_dtype(unsigned opcode, unsigned dtype)
     return row != NULL && dtype < 32 && (row->dtypes & BIT(dtype)) != 0;
 }
 
+static const char *wire_name(unsigned dtype)
+{
+    return tally_dtype_name((tally_dtype_t)dtype);
+}
+
 const char *tally_op_dtypes_text(unsigned opcode, char *buf, size_t cap)
+{
+    return tally_op_dtypes_named(opcode, wire_name, buf, cap);
+}
+
+const char *tally_op_dtypes_named(unsigned opcode, const char *(*name)(unsigned dtype), char *buf,
+                                  size_t cap)
 {
     const tally_op_info_t *row = tally_op_info(opcode);
     uint32_t left = row ? row->dtypes : 0;
@@ -99,7 +110,7 @@ const char *tally_op_dtypes_text(unsigned opcode, char *buf, size_t cap)
             continue;
         left &= ~BIT(d);
         const char *sep = at == 0 ? "" : left ? ", " : " or ";
-        int n = snprintf(buf + at, cap - at, "%s%s", sep, tally_dtype_name((tally_dtype_t)d));
+        int n = snprintf(buf + at, cap - at, "%s%s", sep, name(d));
         if (n < 0 || (size_t)n >= cap - at)
             break;
         at += (size_t)n;

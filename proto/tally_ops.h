@@ -96,6 +96,11 @@ TALLY_API bool tally_op_has_output(unsigned opcode);
 TALLY_API size_t tally_op_reply_elem(const tally_req_t *req);
 #endif /* PUBLIC: end */
 
+/* tally_op_dtypes_text with each dtype's name from name(dtype): the CLI says "rgb" where the
+ * wire says "rgb8" (cli_dtype_name). */
+const char *tally_op_dtypes_named(unsigned opcode, const char *(*name)(unsigned dtype), char *buf,
+                                  size_t cap);
+
 /* minmax's reply payload (PROTOCOL.md §5): the smallest then the largest element, each in the
  * batch's dtype (i32, u8, u16), little-endian. Encoding writes 2 x the element size bytes and
  * returns that length; decoding reads them (the length already checked). */

@@ -22,9 +22,9 @@ contributors). In them:
   `_` is a prefix (`tally__`), not a name.
 
 What is neither, and is right anyway (another project's function the code never calls, a file
-outside the tree), goes into ALLOWED below, with the reason. Absolute paths, URLs, and names
-after `.` or `->` (methods, fields) are not checked. Exit 0 when all is found, 1 with one line
-per miss (FILE:LINE: what) otherwise.
+outside the tree), goes into ALLOWED below, with the reason. Absolute paths, URLs, patterns with
+`*`, and names after `.` or `->` (methods, fields) are not checked. Exit 0 when all is found, 1
+with one line per miss (FILE:LINE: what) otherwise.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ ALLOWED: Dict[str, str] = {
 PREFIXES = ("td_", "tally_", "tk_", "th_", "tr_", "cli_", "hv_", "bench_")
 FILE_EXT = r"(?:c|h|cu|cuh|py|sh|bash|cmake|md|json|service|socket)"
 # A file name: optional folders, a name, one of the extensions; not part of a longer word, an
-# absolute path, a URL or a home-relative path.
-FILE_RE = re.compile(r"(?<![\w/.~:$@-])((?:\.{1,2}/)?(?:[\w.-]+/)*[\w-][\w.-]*\." + FILE_EXT
+# absolute path, a URL, a home-relative path or a pattern (`daemon/*/*_int.h`).
+FILE_RE = re.compile(r"(?<![\w/.~:$@*-])((?:\.{1,2}/)?(?:[\w.-]+/)*[\w-][\w.-]*\." + FILE_EXT
                      + r")(?![\w/-])")
 CALL_RE = re.compile(r"(?<![\w.>$:])([A-Za-z_]\w*)\(\)")
 PREFIXED_CALL_RE = re.compile(r"(?<![\w.>$:])((?:" + "|".join(PREFIXES) + r")\w*)\(")

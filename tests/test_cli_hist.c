@@ -423,6 +423,15 @@ static void check_rgb_text(void)
     expect_status(cli("hist --type u16 --text --in px2.txt"), 2, "--range");
     expect_status(cli("hist --type u16 --range 0 70000 --text --in px2.txt"), 2, "65536");
     expect_status(cli("hist --type rgb --range 0 10 --text --in px2.txt"), 2, "--range");
+    /* The types' names are the help's in the messages too (they said rgb8 and rgba8). */
+    expect_status(cli("hist --type rgb16 --text --in px2.txt"), 2,
+                  "--type: 'rgb16' is not i32, u8, u16, rgb or rgba");
+    write_file("px5.txt", "1 2 3 4 5\n", 10);
+    expect_status(cli("hist --type rgba --text --in px5.txt"), 2, "4-value rgba pixels");
+    cli_result_t help = cli("hist --help");
+    assert_non_null(strstr(help.out, "[--type u8|i32|u16|rgb|rgba]"));
+    assert_null(strstr(help.out, "rgb8"));
+    cli_free(&help);
     write_file("big.txt", "65536\n", 6);
     expect_status(cli("hist --type u16 --range 0 10 --text --in big.txt"), 2, "out of range");
 }

@@ -430,7 +430,19 @@ static void test_frames_never_split(void **state)
     free(data);
 }
 
-/* --chunk over the daemon's max_batch is capped to it instead of failing with too_large. */
+/* Runs tally with args to its end: exit 0, and its whole stderr is `err`. */
+static void expect_stderr(const char *const *args, const char *err)
+{
+    child_t c = spawn(args);
+    assert_int_equal(finish(&c, NULL), 0);
+    char *got = slurp("err");
+    assert_string_equal(got, err);
+    free(got);
+}
+
+/* --chunk over the daemon's max_batch is capped to it instead of failing with too_large, and a
+ * --chunk that is not whole elements (or frames) is rounded down to them; either is said once
+ * on stderr (it was silent), a --chunk that is sent as given not at all. */
 static void test_chunk_capped_to_max_batch(void **state)
 {
     (void)state;
@@ -439,10 +451,26 @@ static void test_chunk_capped_to_max_batch(void **state)
     write_file("three.bin", data, n);
     const char *args[] = {"scan",    "--stream", "cap",   "--in",     "three.bin",
                           "--chunk", "17M",      "--out", "sums.bin", NULL};
-    child_t c = spawn(args);
-    assert_int_equal(finish(&c, NULL), 0);
+    expect_stderr(args, "tally: scan: --chunk 17M: sending chunks of 1048576 bytes (the "
+                        "daemon's max_batch)\n");
     assert_int_equal(query("cap").batches, 4); /* 1M + 1M + 1M + 4 bytes */
     free(data);
+
+    write_file("ten.txt", "1 2 3 4 5 6 7 8 9 10\n", 21);
+    const char *six[] = {"scan",    "--stream", "six",   "--text",   "--in", "ten.txt",
+                         "--chunk", "6",        "--out", "sums.bin", NULL};
+    expect_stderr(
+        six, "tally: scan: --chunk 6: sending chunks of 4 bytes (whole 4-byte i32 elements)\n");
+    assert_int_equal(query("six").batches, 10);
+    const char *both[] = {"hist",    "--in", "frames.bin", "--frames", "3000",
+                          "--chunk", "2M",   "--out",      "h.bin",    NULL};
+    data = calloc(1, 3000 * 400);
+    write_file("frames.bin", data, 3000 * 400);
+    free(data);
+    expect_stderr(both, "tally: hist: --chunk 2M: sending chunks of 1047000 bytes (the daemon's "
+                        "max_batch, in whole 3000-byte frames)\n");
+    const char *given[] = {"scan", "--text", "--in", "ten.txt", "--chunk", "8", NULL};
+    expect_stderr(given, "");
 }
 
 /* Decimal text sent as binary is refused (it would be summed as ASCII codes); --binary

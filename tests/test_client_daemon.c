@@ -806,6 +806,57 @@ static void test_cli_daemon_errors_and_timeout(void **state)
     assert_true(th_now_ms() - start < 10000);
 }
 
+/* A tallyd that is stopped (SIGSTOP: its socket accepts, nothing answers) costs one timeout,
+ * not one per request the command would make: a data command asked the daemon's max_batch
+ * first and, its timeout ignored, pushed into a second one (2 s for -t 1000). It now fails
+ * where it connects, with one line and exit 3, before anything is read or sent. */
+static void test_cli_stopped_daemon_one_timeout(void **state)
+{
+    (void)state;
+    char dir[64], ipc[128];
+    th_daemon_t d;
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-stopped"), 0);
+    start_own(&d, dir, ipc, sizeof ipc);
+    write_file("numbers.txt", "5 -3 0 12 7 -1\n", 15);
+    assert_int_equal(kill(d.pid, SIGSTOP), 0);
+    static const char *const cmds[] = {"scan --text < numbers.txt", "ping", "query s1"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        cli_result_t r = cli_at(ipc, "-t 1000 %s", cmds[i]);
+        assert_int_equal(r.status, 3);
+        assert_string_equal(r.err, "tally: timed out waiting for a connection to tallyd (is "
+                                   "tallyd running? with CURVE: does it accept this client's "
+                                   "key?)\n");
+        cli_free(&r);
+    }
+    assert_int_equal(kill(d.pid, SIGCONT), 0);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+    assert_int_equal(th_rmrf(dir), 0);
+}
+
+/* --shm and --gpu-region against a tallyd with shared memory off: said with what to do (it was
+ * only libtally's "the daemon offers no shared memory"), before anything is read or sent. */
+static void test_cli_shm_off_says_what_to_do(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    const char *args[] = {"--backend", "cpu", "--shm", "off", NULL};
+    assert_int_equal(th_daemon_start(&d, args), 0);
+    write_file("bytes.txt", "1 2 3\n", 6);
+    static const char *const opts[] = {"--shm", "--gpu-region"};
+    for (size_t i = 0; i < 2; i++) {
+        cli_result_t r = cli_at(d.endpoint, "hist %s --text < bytes.txt", opts[i]);
+        char want[256];
+        snprintf(want, sizeof want,
+                 "tally: hist: this tallyd offers no shared memory (info: shm=off): run without "
+                 "%s (the chunks then go over its socket), or start tallyd with --shm on\n",
+                 opts[i]);
+        assert_int_equal(r.status, 2);
+        assert_string_equal(r.err, want);
+        cli_free(&r);
+    }
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
 /* Endpoints are checked before anything connects or binds; sizes name the option and why. */
 static void test_cli_endpoint_and_size_errors(void **state)
 {
@@ -869,6 +920,8 @@ int main(void)
         cmocka_unit_test(test_cli_binary_chunked),
         cmocka_unit_test(test_cli_usage_errors),
         cmocka_unit_test(test_cli_daemon_errors_and_timeout),
+        cmocka_unit_test(test_cli_stopped_daemon_one_timeout),
+        cmocka_unit_test(test_cli_shm_off_says_what_to_do),
         cmocka_unit_test(test_cli_endpoint_and_size_errors),
     };
     th_seed();

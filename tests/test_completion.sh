@@ -49,6 +49,12 @@ expect "tally -e " ""
 expect "tally hist --range 0 10 --stre" "--stream"
 expect "tally hist --type u16 --range 0 " ""
 expect "tally query --j" "--json"
+# A data command's options are those its operation takes: minmax has no stream, no --shm.
+expect "tally minmax --s" "--server-key"
+expect "tally scan --s" "--seq-base
+--server-key
+--shm
+--stream"
 BASH
 # Every command, and every command's options, as its --help lists them.
 { cat "$dir/commands"; echo help; } | sort >"$dir/all-commands"

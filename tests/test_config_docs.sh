@@ -30,9 +30,38 @@ diff -u "$src/systemd/tallyd.conf.example" "$dir/example.conf" >&2 ||
     fail "systemd/tallyd.conf.example differs from tallyd --print-example-conf (+ is the table's)"
 echo "tallyd.conf.example: as generated"
 
-# Every example value is one tallyd takes (user and group names are the host's: left out).
+# A value that is not the key's default is marked as an example in its comment ("An example:"),
+# so `#workers = 8` is not read as the default where the default is 0, the number of cores.
+awk -F'|' 'NR == FNR {
+        if ($2 ~ /`\[/) { section = $2; gsub(/[ `\[\]]/, "", section) }
+        key = $3; sub(/ *\(repeatable\)/, "", key); gsub(/[ `]/, "", key)
+        dflt = $6; if (match(dflt, /`[^`]*`/)) dflt = substr(dflt, RSTART + 1, RLENGTH - 2); else dflt = ""
+        if (key != "" && key != "key") table[section "." key] = dflt
+        next
+    }
+    /^\[/ { section = $0; gsub(/[\[\]]/, "", section); next }
+    /^# / { text = $0; sub(/^# /, "", text); comment = comment " " text; next }
+    /^#[a-z_]* = / {
+        line = $0; sub(/^#/, "", line); key = line; sub(/ = .*/, "", key); value = line
+        sub(/^[a-z_]* = /, "", value)
+        if ((section "." key) in table && value != table[section "." key] &&
+            comment !~ /An example:$/) {
+            print "FAIL: [" section "] " key " = " value " is not the default (" \
+                table[section "." key] ") and its comment does not say it is an example"
+            bad = 1
+        }
+        comment = ""
+    }
+    END { exit bad }' "$dir/table.md" "$dir/example.conf" >&2 ||
+    fail "tallyd.conf.example shows examples as if they were defaults"
+echo "example values that are not defaults: marked"
+
+# Every example value is one tallyd takes (user and group names are the host's: left out; so are
+# the files the path keys name, which --check-config reads as the start would).
 sed -n 's/^#\([a-z_]* = \)/\1/p; /^\[/p' "$dir/example.conf" |
-    grep -v '^\(socket_group\|allow_uids\|allow_gids\) = ' >"$dir/uncommented.conf"
+    grep -v '^\(socket_group\|allow_uids\|allow_gids\) = ' |
+    grep -v '^\(auth_file\|api_token_file\|curve_secret_key\|curve_clients_dir\) = ' |
+    grep -v '^\(credentials\|nkey_seed\|tls_ca\|tls_cert\|tls_key\) = ' >"$dir/uncommented.conf"
 [ "$(grep -c ' = ' "$dir/uncommented.conf")" -ge 30 ] || fail "too few keys in the example file"
 "$tallyd" --config "$dir/uncommented.conf" --check-config >"$dir/check.out" 2>&1 ||
     { cat "$dir/check.out" >&2; fail "the example file's values do not pass --check-config"; }

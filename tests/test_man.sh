@@ -5,8 +5,8 @@
 #   - tallyd.conf(5): exactly the [section] key pairs of the table of settings (the README's
 #     table, `tallyd --print-settings-md`), each under its section;
 #   - tallyd(8): exactly the options `tallyd --help` lists;
-#   - tally(1): every command `tally --help` lists, as a subsection, and every option of each
-#     (`tally CMD --help`), with the common options.
+#   - tally(1): every command `tally --help` lists, named in its DESCRIPTION and as a
+#     subsection, and every option of each (`tally CMD --help`), with the common options.
 set -eu
 mandir=$1
 tallyd=$2
@@ -65,6 +65,9 @@ while read -r cmd; do
     sed -n "/^   $cmd\$/,/^   [a-z]*\$/p" "$dir/tally.1.txt" >"$dir/cmd.txt"
     [ -s "$dir/cmd.txt" ] || fail "tally(1) has no subsection for $cmd"
     grep -q "^       tally $cmd" "$dir/cmd.txt" || fail "tally(1): $cmd without its usage line"
+    # (in the source: the rendered page hyphenates words at its line ends)
+    sed -n '/^# DESCRIPTION$/,/^# [A-Z]/p' "$mandir/tally.1.scd" | grep -qF "*$cmd*" ||
+        fail "tally(1)'s DESCRIPTION does not name $cmd"
     "$tally" "$cmd" --help | sed '/^Common options/,$d' | help_options >"$dir/want"
     page_options <"$dir/cmd.txt" >"$dir/got"
     diff -u "$dir/want" "$dir/got" >&2 || fail "tally(1): $cmd's options differ from its --help"

@@ -230,6 +230,44 @@ static void test_client_and_cli(void **state)
     assert_int_equal(th_rmrf(dir), 0);
 }
 
+/* Each data command's options come from its operation's row (tally_ops.h): minmax takes no
+ * stream and no shared-memory reference, so its --help, its completion and its parser have
+ * none of their options (they listed --stream, --shm, --gpu-region, --resume, --seq-base and
+ * --no-seq, which it then refused); scan, which takes both, keeps every one. */
+static void test_cli_options_follow_the_row(void **state)
+{
+    (void)state;
+    static const char *const ruled_out[] = {"--stream", "--shm",      "--gpu-region",
+                                            "--resume", "--seq-base", "--no-seq"};
+    th_cli_t mm = th_cli(".", daemon_.endpoint, "minmax --help");
+    th_cli_t scan = th_cli(".", daemon_.endpoint, "scan --help");
+    th_cli_t table = th_cli(".", daemon_.endpoint, "--complete");
+    assert_int_equal(mm.status, 0);
+    assert_int_equal(scan.status, 0);
+    assert_int_equal(table.status, 0);
+    char *line = strstr(table.out, "\nminmax ");
+    assert_non_null(line);
+    line[strcspn(line + 1, "\n") + 1] = '\0'; /* minmax's line of the completion table */
+    for (size_t i = 0; i < sizeof ruled_out / sizeof ruled_out[0]; i++) {
+        char word[32], with_arg[32], refused[48]; /* the table writes --seq-base= */
+        snprintf(word, sizeof word, " %s ", ruled_out[i]);
+        snprintf(with_arg, sizeof with_arg, " %s=", ruled_out[i]);
+        snprintf(refused, sizeof refused, "minmax takes no %s", ruled_out[i]);
+        if (strstr(mm.out, word) || strstr(line, word) || strstr(line, with_arg))
+            fail_msg("minmax lists %s", ruled_out[i]);
+        if (!strstr(scan.out, word))
+            fail_msg("scan lacks %s", ruled_out[i]);
+        th_cli_t r = th_cli(".", daemon_.endpoint, "minmax %s </dev/null", ruled_out[i]);
+        assert_int_equal(r.status, 2);
+        assert_non_null(strstr(r.err, refused));
+        th_cli_free(&r);
+    }
+    assert_non_null(strstr(mm.out, " --chunk SIZE "));
+    th_cli_free(&mm);
+    th_cli_free(&scan);
+    th_cli_free(&table);
+}
+
 int main(void)
 {
     const struct CMUnitTest cpu[] = {
@@ -237,6 +275,7 @@ int main(void)
         cmocka_unit_test(test_daemon_answers),
         cmocka_unit_test(test_daemon_refusals),
         cmocka_unit_test(test_client_and_cli),
+        cmocka_unit_test(test_cli_options_follow_the_row),
     };
     const struct CMUnitTest gpu[] = {
         cmocka_unit_test(test_daemon_answers),

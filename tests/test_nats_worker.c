@@ -695,9 +695,15 @@ static void test_protected_mode(void **state)
     assert_int_equal(check_config("--nats-servers nats://10.1.2.3:4222", out, sizeof out), 2);
     assert_non_null(strstr(out, "protected mode"));
     assert_int_equal(check_config("--nats-servers nats://127.0.0.1:4222", out, sizeof out), 0);
+    /* Credentials that can be read (check-config reads every file the start would). */
+    assert_int_equal(
+        check_config("--nats-servers nats://10.1.2.3:4222 --nats-credentials /dev/null", out,
+                     sizeof out),
+        0);
     assert_int_equal(check_config("--nats-servers nats://10.1.2.3:4222 --nats-credentials /x.creds",
                                   out, sizeof out),
-                     0);
+                     1);
+    assert_non_null(strstr(out, "[nats] credentials (--nats-credentials): cannot read /x.creds"));
     assert_int_equal(check_config("--nats-servers nats://user:pw@10.1.2.3:4222", out, sizeof out),
                      0);
     assert_int_equal(

@@ -14,6 +14,7 @@ scratch virtual environment first.
 
 from __future__ import annotations
 
+import ast
 import ctypes
 import importlib.metadata
 import json
@@ -21,6 +22,7 @@ import math
 import os
 import select
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -308,6 +310,33 @@ def test_streams_and_errors(c: tally.Client) -> None:
         c.scan(np.zeros(3, np.int32), stream="a b")
     with pytest.raises(TypeError):
         c.scan(np.zeros(3, np.float32))
+
+
+def test_errors_say_what_the_cli_says(tmp_path: Path) -> None:
+    """libtally's diagnosis, as the CLI prints it: an endpoint of another kind when the client is
+    made, nothing listening at the first call (at once: transport, not timeout)."""
+    def cli_says(endpoint: str) -> str:
+        out = subprocess.run([os.environ["TALLY_CLI"], "-e", endpoint, "ping"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode in (2, 3) and out.stderr.startswith("tally: ")
+        return out.stderr[len("tally: "):].rstrip("\n")
+
+    with pytest.raises(tally.Error) as e:
+        tally.Client("127.0.0.1:15731")
+    assert e.value.message == ("invalid endpoint '127.0.0.1:15731': unsupported transport (use "
+                               "tcp://HOST:PORT or ipc://PATH)")
+    assert e.value.message == cli_says("127.0.0.1:15731")
+    with socket.socket() as s:  # a port nothing listens on once it is closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for endpoint, why in ((f"tcp://127.0.0.1:{port}", "Connection refused"),
+                          (f"ipc://{tmp_path}/none.sock", "No such file or directory")):
+        with tally.Client(endpoint, 60000) as c:  # a wait for the timeout would be a minute
+            with pytest.raises(tally.Error) as e:
+                c.ping()
+        assert e.value.name == "transport"
+        assert e.value.message == f"cannot connect to {endpoint}: {why} (is tallyd running?)"
+        assert e.value.message == cli_says(endpoint)
 
 
 # ---- Summaries and quantiles ----------------------------------------------------------------
@@ -698,13 +727,65 @@ def readme_examples() -> List[str]:
     return blocks
 
 
+def shown_values(code: str) -> Dict[int, str]:
+    """The lines of a block whose comment shows the value of the expression on them, exactly as
+    Python prints it ("# 1048576", "# array([...], dtype=int32)", "# {'p50': ...}"): by line."""
+    shown = {}
+    for number, line in enumerate(code.splitlines(), 1):
+        if "  # " not in line:
+            continue
+        comment = line.split("  # ", 1)[1].strip()
+        if "..." in comment:  # a sketch of the value, not the value
+            continue
+        try:
+            ast.literal_eval(comment)
+        except (ValueError, SyntaxError):
+            if not comment.startswith(("array(", "Quantile(", "{", "[", "(")):
+                continue  # words about the value
+        shown[number] = comment
+    return shown
+
+
+class _ShowValues(ast.NodeTransformer):
+    """Wraps each expression statement on a line in `lines` as __shown(LINE, EXPR)."""
+
+    def __init__(self, lines: Dict[int, str]):
+        self.lines = lines
+
+    def visit_Expr(self, node: ast.Expr) -> ast.Expr:
+        if node.lineno not in self.lines:
+            return node
+        call = ast.Call(func=ast.Name("__shown", ast.Load()),
+                        args=[ast.Constant(node.lineno), node.value], keywords=[])
+        return ast.copy_location(ast.Expr(call), node)
+
+
+def printed(value: Any) -> str:
+    """What the README's comment should say: repr, but a NumPy scalar as NumPy 1 prints it."""
+    return str(value) if isinstance(value, np.generic) else repr(value)
+
+
 def test_readme_examples(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
     # Each runs as printed, without an error, against this tallyd (tally.Client() reads
-    # $TALLY_ENDPOINT), so the README cannot show a call the binding does not take.
+    # $TALLY_ENDPOINT), so the README cannot show a call the binding does not take. A comment that
+    # shows a value ("# 1048576", "# {'p50': Quantile(0, side=0), ...}") shows what is printed.
     blocks = readme_examples()
     assert len(blocks) >= 2
     monkeypatch.setenv("TALLY_ENDPOINT", daemon.endpoint)
+    checked = 0
     for code in blocks:
-        exec(compile(code, "README.md", "exec"), {})
+        shown = shown_values(code)
+        got: Dict[int, str] = {}
+
+        def record(line: int, value: Any) -> Any:
+            got[line] = printed(value)
+            return value
+
+        tree = ast.fix_missing_locations(_ShowValues(shown).visit(ast.parse(code)))
+        exec(compile(tree, "README.md", "exec"), {"__shown": record})
+        for line, comment in shown.items():
+            assert got.get(line) == comment, f"README line {code.splitlines()[line - 1]!r}"
+            checked += 1
+    assert checked >= 4
     with tally.Client(daemon.endpoint) as c:  # what the first example did
         assert c.query("cam1")["bins"].shape == (3, 256) and c.query("s1")["scan_carry"] == 20

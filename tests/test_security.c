@@ -338,10 +338,14 @@ static void test_secret_key_must_be_private(void **state)
     const char *args[] = {"--bind", endpoint, "--curve-secret-key", path, "--shm", "off", NULL};
     assert_int_not_equal(run_refused(args, log), 0);
     assert_true(file_contains(log, "chmod 600"));
-    /* A public key file is no secret key either. */
+    /* A public key file is no secret key either, whatever its mode (said before the mode). */
     write_key(path, server_pub, NULL, 0600);
     assert_int_not_equal(run_refused(args, log), 0);
     assert_true(file_contains(log, "no secret-key"));
+    assert_int_equal(chmod(path, 0644), 0);
+    assert_int_not_equal(run_refused(args, log), 0);
+    assert_true(file_contains(log, "no secret-key"));
+    assert_false(file_contains(log, "chmod 600"));
 }
 
 static void test_protected_mode(void **state)
@@ -491,6 +495,12 @@ static void test_libtally_curve_keys(void **state)
     assert_int_equal(tally_curve_keys_load(server_pub, alice_key, &keys, msg, sizeof msg),
                      TALLY_E_ARG);
     assert_non_null(strstr(msg, "chmod 600"));
+    /* The public file given as the client key: what it holds is said first, not its mode
+     * (a chmod of a .pub file would only lead to the next error). */
+    assert_int_equal(tally_curve_keys_load(server_pub, server_file, &keys, msg, sizeof msg),
+                     TALLY_E_ARG);
+    assert_non_null(strstr(msg, "holds no secret-key (is it the public file?)"));
+    assert_null(strstr(msg, "chmod"));
     unsetenv("TALLY_CLIENT_KEY");
     unlink(conf);
     assert_int_equal(tally_curve_keys_load(server_pub, NULL, &keys, msg, sizeof msg), TALLY_E_ARG);
@@ -511,12 +521,25 @@ static void test_cli_keygen_and_keys(void **state)
         skip();
     }
     char base[160], cdir[160], path[200], pub[KEY], sec[KEY];
+    FILE *f;
     snprintf(base, sizeof base, "%s/cli-server", dir);
     snprintf(cdir, sizeof cdir, "%s/cli-clients", dir);
     assert_int_equal(mkdir(cdir, 0700), 0);
     assert_int_equal(th_sh("%s keygen %s >%s/keygen.out", tally, base, dir), 0);
     assert_int_equal(th_sh("%s keygen %s 2>/dev/null", tally, base), 2); /* never overwrites */
     assert_int_equal(th_sh("cd %s && %s keygen cli-clients/cam1 >/dev/null", dir, tally), 0);
+    /* Into a directory that does not exist: said, with what to do (it was a bare ENOENT). */
+    assert_int_equal(th_sh("%s keygen %s/no-such-dir/server 2>%s/keygen.err", tally, dir, dir), 2);
+    char said[512], want[512];
+    snprintf(path, sizeof path, "%s/keygen.err", dir);
+    f = fopen(path, "r");
+    assert_non_null(fgets(said, sizeof said, f));
+    fclose(f);
+    snprintf(want, sizeof want,
+             "tally: keygen: cannot create %s/no-such-dir/server.key: the directory "
+             "%s/no-such-dir does not exist (make it first: mkdir -p %s/no-such-dir)\n",
+             dir, dir, dir);
+    assert_string_equal(said, want);
     struct stat sb;
     snprintf(path, sizeof path, "%s.key", base);
     assert_int_equal(stat(path, &sb), 0);
@@ -524,7 +547,7 @@ static void test_cli_keygen_and_keys(void **state)
     /* What it printed is the public key in both files; the .pub holds no secret. */
     char printed[64] = "";
     snprintf(path, sizeof path, "%s/keygen.out", dir);
-    FILE *f = fopen(path, "r");
+    f = fopen(path, "r");
     assert_non_null(fgets(printed, sizeof printed, f));
     fclose(f);
     printed[strcspn(printed, "\n")] = '\0';

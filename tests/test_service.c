@@ -20,6 +20,7 @@
 #include <ftw.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <regex.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -53,6 +54,7 @@ typedef struct {
     bool watchdog; /* WATCHDOG_USEC=2000000 and WATCHDOG_PID=<tallyd's pid> */
     bool no_bind;  /* do not add --bind (socket activation) */
     bool no_wait;  /* do not wait for a ping (the start is expected to fail) */
+    bool journal;  /* JOURNAL_STREAM names its stderr, as systemd's does the journal's */
 } spawn_opts_t;
 
 static char scratch[80];  /* a per-run directory for state, configs and sockets */
@@ -67,6 +69,15 @@ static bool ping(const char *endpoint, int timeout_ms)
 /* In the child: moves the fds to 3.. and sets the variables systemd would. */
 static void child_setup(const spawn_opts_t *o)
 {
+    char value[48];
+    struct stat st;
+    if (o->journal && fstat(STDERR_FILENO, &st) == 0) {
+        snprintf(value, sizeof value, "%llu:%llu", (unsigned long long)st.st_dev,
+                 (unsigned long long)st.st_ino);
+        setenv("JOURNAL_STREAM", value, 1);
+    } else {
+        unsetenv("JOURNAL_STREAM"); /* a test run as a service has its own */
+    }
     for (int i = 0; i < MAX_ENV && o->env[i]; i++)
         putenv((char *)o->env[i]);
     int high[MAX_FDS];
@@ -76,7 +87,6 @@ static void child_setup(const spawn_opts_t *o)
         dup2(high[i], 3 + i);
         close(high[i]);
     }
-    char value[32];
     if (o->nfds) {
         snprintf(value, sizeof value, "%d", o->nfds);
         setenv("LISTEN_FDS", value, 1);
@@ -339,6 +349,49 @@ static void test_status_line_refreshes(void **state)
     unlink(path);
 }
 
+/* ---- the log ---------------------------------------------------------------------------- */
+
+/* Every line of d's log matches re (extended); at least one line. */
+static void assert_log_lines(const th_daemon_t *d, const char *re)
+{
+    regex_t rx;
+    assert_int_equal(regcomp(&rx, re, REG_EXTENDED | REG_NOSUB), 0);
+    char *log = th_slurp(d->log_path);
+    assert_non_null(log);
+    int lines = 0;
+    for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n"), lines++)
+        if (regexec(&rx, line, 0, NULL, 0) != 0)
+            fail_msg("log line '%s' does not match %s", line, re);
+    assert_true(lines > 0);
+    free(log);
+    regfree(&rx);
+}
+
+/* Where stderr is not the journal (JOURNAL_STREAM unset, or another stream's), each log line
+ * starts with the local time to the millisecond; where it is, with the priority alone (the
+ * journal keeps the time). */
+static void test_log_time_unless_journal(void **state)
+{
+    (void)state;
+    const char *timed = "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}"
+                        "[+-][0-9]{2}:[0-9]{2} <[3-7]>[^<]";
+    th_daemon_t d;
+    assert_int_equal(spawn(&d, NULL, NULL), 0);
+    assert_true(log_waits_for(&d, "<6>listening on ", 5000));
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_log_lines(&d, timed);
+
+    spawn_opts_t o = {.env = {"JOURNAL_STREAM=1:1"}}; /* a journal's stream, not stderr */
+    assert_int_equal(spawn(&d, NULL, &o), 0);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_log_lines(&d, timed);
+
+    spawn_opts_t j = {.journal = true};
+    assert_int_equal(spawn(&d, NULL, &j), 0);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    assert_log_lines(&d, "^<[3-7]>[^<]");
+}
+
 /* ---- socket activation ------------------------------------------------------------------ */
 
 /* A listening TCP socket on addr (INADDR_LOOPBACK, or INADDR_ANY as a .socket unit with
@@ -454,6 +507,72 @@ static void test_socket_activation_protected_and_curve(void **state)
     assert_true(th_daemon_log_contains(&d, "curve: client 'producer' connected"));
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
     unlink(un.sun_path);
+}
+
+/* tallyd started with args and the passed sockets fds (no --bind of the test's own) must exit
+ * non-zero before it is ready, and log `says`. */
+static void assert_passed_start_fails(const char *const *args, int *fds, int nfds, const char *says)
+{
+    spawn_opts_t o = {.nfds = nfds, .no_bind = true, .no_wait = true};
+    for (int i = 0; i < nfds; i++)
+        o.fds[i] = fds[i];
+    th_daemon_t d;
+    assert_int_equal(spawn(&d, args, &o), 0);
+    int status = 0;
+    assert_int_equal(waitpid(d.pid, &status, 0), d.pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 1);
+    assert_true(log_waits_for(&d, says, 0));
+    assert_false(th_daemon_log_contains(&d, " ready: ")); /* not "already in use" */
+}
+
+/* tallyd.socket enabled beside a `bind` of the same address in tallyd.conf: the bind would fail
+ * ("Address already in use"), or for ipc take the path from under systemd's socket. tallyd says
+ * which socket holds it and what to remove, and leaves the path alone; a port some other program
+ * holds gets a hint of its own. */
+static void test_socket_activation_bind_collides(void **state)
+{
+    (void)state;
+    int port;
+    int tcp = listen_tcp(INADDR_LOOPBACK, &port);
+    char bind[64], says[200];
+    snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", port);
+    const char *args[] = {"--bind", bind, NULL};
+    snprintf(says, sizeof says,
+             "<3>cannot bind %s: systemd passed tallyd a socket on this address (fd 3, a "
+             "ListenStream= of tallyd.socket)",
+             bind);
+    assert_passed_start_fails(args, &tcp, 1, says);
+    assert_passed_start_fails(args, &tcp, 1,
+                              "remove this bind (`bind` in tallyd.conf, or "
+                              "--bind), or stop passing the socket (`systemctl "
+                              "disable --now tallyd.socket`)");
+    snprintf(bind, sizeof bind, "tcp://*:%d", port); /* the wildcard takes the loopback too */
+    const char *any_args[] = {"--bind", bind, "--protected-mode", "off", NULL};
+    assert_passed_start_fails(any_args, &tcp, 1, "a socket on this address (fd 3,");
+
+    struct sockaddr_un un;
+    int unx = listen_unix("held.sock", &un);
+    char ipc[300];
+    snprintf(ipc, sizeof ipc, "ipc://%s", un.sun_path);
+    const char *ipc_args[] = {"--bind", ipc, NULL};
+    int both[] = {tcp, unx};
+    assert_passed_start_fails(ipc_args, both, 2, "a socket on this address (fd 4,");
+    struct stat sb;
+    assert_int_equal(stat(un.sun_path, &sb), 0); /* still systemd's socket */
+    int client = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_int_equal(connect(client, (struct sockaddr *)&un, sizeof un), 0);
+    close(client);
+    close(unx);
+    unlink(un.sun_path);
+
+    /* Nothing passed, the port some other program's: the hint names the tool to find it. */
+    snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", port);
+    snprintf(says, sizeof says,
+             "<3>cannot bind %s: Address already in use (another program listens there, perhaps "
+             "another tallyd: `ss -ltnp 'sport = :%d'` names it",
+             bind, port);
+    assert_passed_start_fails(args, NULL, 0, says);
+    close(tcp);
 }
 
 static void test_socket_activation_rejects_datagram_socket(void **state)
@@ -718,8 +837,8 @@ static void corrupt_and_restart(const char *name, corruption_t how, const char *
     off_t at = TD_STATE_HEADER_SIZE + TD_STATE_RECORD_NAME_OFF + 4 + 8; /* cam0's elements */
     switch (how) {
     case CORRUPT_TRUNCATE:
-        assert_int_equal(ftruncate(fd, TD_STATE_HEADER_SIZE + first + tally_get_u32(size_field) / 2),
-                         0);
+        assert_int_equal(
+            ftruncate(fd, TD_STATE_HEADER_SIZE + first + tally_get_u32(size_field) / 2), 0);
         break;
     case CORRUPT_FLIP:
     case CORRUPT_HEADER:
@@ -932,6 +1051,103 @@ static void test_config_file_errors_exit_2(void **state)
     int status = 0;
     assert_int_equal(waitpid(d.pid, &status, 0), d.pid);
     assert_int_equal(WEXITSTATUS(status), 2);
+}
+
+/* tallyd with args (NULL-terminated, at most 8) and opts, to its exit: the status, 256 for a
+ * signal; its log in d. */
+static int run_to_exit(th_daemon_t *d, const char *const *args, bool check,
+                       const spawn_opts_t *opts)
+{
+    const char *all[10];
+    int n = 0;
+    if (check)
+        all[n++] = "--check-config";
+    for (; *args && n < 9; args++)
+        all[n++] = *args;
+    all[n] = NULL;
+    spawn_opts_t o = opts ? *opts : (spawn_opts_t){0};
+    o.no_wait = true;
+    assert_int_equal(spawn(d, all, &o), 0);
+    int status = 0;
+    assert_int_equal(waitpid(d->pid, &status, 0), d->pid);
+    d->pid = 0;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 256;
+}
+
+/* scratch/name holding text with mode; its path into path (300 bytes). */
+static void scratch_file(char *path, const char *name, const char *text, mode_t mode)
+{
+    snprintf(path, 300, "%s/%s", scratch, name);
+    write_file(path, text);
+    assert_int_equal(chmod(path, mode), 0);
+}
+
+/* --check-config reads every file the start would read and fails as the start does: the same
+ * exit status and the same message. Without it, a missing curve_secret_key or metrics
+ * auth_file / api_token_file was "configuration ok" and the start then failed. */
+static void test_check_config_reads_every_file(void **state)
+{
+    (void)state;
+    char key[300], bad_key[300], loose[300], token[300], auth[300], creds_env[320];
+    snprintf(key, sizeof key, "%s/check-server", scratch);
+    char msg[256];
+    assert_int_equal(tally_keygen(key, NULL, msg, sizeof msg), TALLY_OK);
+    strcat(key, ".key");
+    scratch_file(bad_key, "check-bad.key", "not a key\n", 0600);
+    scratch_file(auth, "check-auth", "user:password\n", 0600);
+    scratch_file(loose, "check-loose", "user:password\n", 0644);
+    scratch_file(token, "check-token", "short\n", 0600);
+    snprintf(creds_env, sizeof creds_env, "CREDENTIALS_DIRECTORY=%s", scratch);
+    static const char missing[] = "/nonexistent/tallyd-check";
+    const struct {
+        const char *args[8];
+        const char *says;
+        bool creds; /* CREDENTIALS_DIRECTORY set */
+    } cases[] = {
+        {.args = {"--curve-secret-key", missing},
+         .says = "<3>[security] curve_secret_key (--curve-secret-key): cannot read "
+                 "/nonexistent/tallyd-check: No such file or directory"},
+        {.args = {"--curve-secret-key", bad_key}, .says = "<3>curve: "},
+        {.args = {"--curve-secret-key", key, "--curve-clients-dir", missing},
+         .says = "<3>[security] curve_clients_dir (--curve-clients-dir): cannot read"},
+        {.args = {"--metrics", "127.0.0.1:0", "--metrics-auth-file", missing},
+         .says =
+             "<3>[metrics] auth_file (--metrics-auth-file): cannot read /nonexistent/tallyd-check"},
+        {.args = {"--metrics", "127.0.0.1:0", "--metrics-auth-file", loose},
+         .says = "has mode 0644: a secret file must not be accessible to group or others"},
+        {.args = {"--metrics", "127.0.0.1:0", "--metrics-api-token-file", missing},
+         .says = "<3>[metrics] api_token_file (--metrics-api-token-file): cannot read"},
+        {.args = {"--metrics", "127.0.0.1:0", "--metrics-auth-file", auth,
+                  "--metrics-api-token-file", token},
+         .says = "is too short: 16 characters at least"},
+        /* A relative key file: where it was looked up, and why there. */
+        {.args = {"--curve-secret-key", "tallyd-check-server.key"},
+         .says =
+             "cannot read tallyd-check-server.key: No such file or directory (a relative path is "
+             "looked up in $CREDENTIALS_DIRECTORY, which systemd's LoadCredential= sets; it is not "
+             "set, so it was looked up in /"},
+        {.args = {"--curve-secret-key", "tallyd-check-server.key"},
+         .says = "(looked up in $CREDENTIALS_DIRECTORY: does the unit have "
+                 "LoadCredential=tallyd-check-server.key:PATH?)",
+         .creds = true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        spawn_opts_t o = {.env = {cases[i].creds ? creds_env : NULL}};
+        th_daemon_t d;
+        for (int check = 1; check >= 0; check--) {
+            int code = run_to_exit(&d, cases[i].args, check, &o);
+            if (code != 1 || !th_daemon_log_contains(&d, cases[i].says))
+                fail_msg("case %zu%s: exit %d, '%s' wanted in %s", i,
+                         check ? " (--check-config)" : "", code, cases[i].says, d.log_path);
+            assert_false(th_daemon_log_contains(&d, "configuration ok"));
+        }
+    }
+    /* What the start reads, all there: ok. */
+    const char *good[] = {"--curve-secret-key",  key,  "--metrics", "127.0.0.1:0",
+                          "--metrics-auth-file", auth, NULL};
+    th_daemon_t d;
+    assert_int_equal(run_to_exit(&d, good, true, NULL), 0);
+    assert_true(th_daemon_log_contains(&d, "configuration ok"));
 }
 
 /* `info` holds each of the NULL-terminated lines ("max_inflight=64\n"...). */
@@ -1233,8 +1449,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_notify_ready_status_watchdog_stopping, kill_leftovers),
         cmocka_unit_test_teardown(test_status_line_refreshes, kill_leftovers),
+        cmocka_unit_test_teardown(test_log_time_unless_journal, kill_leftovers),
         cmocka_unit_test_teardown(test_socket_activation_tcp_and_ipc, kill_leftovers),
         cmocka_unit_test_teardown(test_socket_activation_rejects_datagram_socket, kill_leftovers),
+        cmocka_unit_test_teardown(test_socket_activation_bind_collides, kill_leftovers),
         cmocka_unit_test_teardown(test_socket_activation_protected_and_curve, kill_leftovers),
         cmocka_unit_test_teardown(test_state_survives_clean_restart, kill_leftovers),
         cmocka_unit_test_teardown(test_state_stop_under_load_keeps_every_answered_request,
@@ -1251,6 +1469,7 @@ int main(void)
         cmocka_unit_test_teardown(test_state_dir_unusable_fails_start, kill_leftovers),
         cmocka_unit_test_teardown(test_state_file_not_regular_fails_start, kill_leftovers),
         cmocka_unit_test_teardown(test_config_file_errors_exit_2, kill_leftovers),
+        cmocka_unit_test_teardown(test_check_config_reads_every_file, kill_leftovers),
         cmocka_unit_test_teardown(test_config_file_and_sighup_reload, kill_leftovers),
         cmocka_unit_test_teardown(test_metrics_http_endpoint, kill_leftovers),
         cmocka_unit_test_teardown(test_metrics_bad_address_fails_start, kill_leftovers),

@@ -10,6 +10,12 @@
 set -u
 unit_dir=$1
 user=${2:-}
+# The socket unit is opt-in: enabling the service must not enable it too (it would hold
+# 127.0.0.1:5555 after a reboot, against a `bind` of it in tallyd.conf).
+if grep -q '^Also=.*tallyd\.socket' "$unit_dir/tallyd.service"; then
+  echo "FAIL: enabling tallyd.service enables tallyd.socket (Also=)"
+  exit 1
+fi
 if ! command -v systemd-analyze >/dev/null 2>&1; then
   echo "systemd-analyze not found: skipping"
   exit 77

@@ -4,6 +4,11 @@
  * priority prefix (SD_ERR "<3>" ... SD_DEBUG "<7>") so journald assigns each line its priority
  * when tallyd runs as a systemd service. Every line tallyd writes to stderr carries one, the
  * command-line errors of main.c included.
+ *
+ * Where stderr is not the journal (a terminal, a file: JOURNAL_STREAM unset or naming another
+ * stream), the journal cannot add the time, so each line starts with it, local time to the
+ * millisecond as RFC 3339 has it, before the prefix:
+ *   2026-12-02T10:15:03.042+01:00 <6>listening on tcp://127.0.0.1:5555
  */
 #ifndef TD_LOG_H
 #define TD_LOG_H

@@ -44,5 +44,9 @@ int td_listen_fds_count(void);
  * mode refuses (td_config_check_endpoint). */
 td_err_t td_listen_fd_endpoint(int index, const td_config_t *cfg, int *fd, char *endpoint,
                                size_t cap, int *family);
+/* The passed socket that already holds the address a bind to endpoint would take (a unix path,
+ * or a TCP port on the same address or the wildcard), or -1: binding it would fail with "Address
+ * already in use", or, for ipc, take the path from under systemd's socket. */
+int td_listen_fd_holding(const char *endpoint);
 
 #endif

@@ -377,7 +377,9 @@ const td_setting_t td_settings[] = {
      .offset = FIELD(config_file), .aux = FIELD(config_file_explicit), .help = "configuration file",
      .default_doc = TD_DEFAULT_CONFIG_FILE " if present"},
     {.option = "check-config", .type = TD_SET_FLAG, .offset = FIELD(check_only),
-     .help = "check the configuration file and options, then exit"},
+     .help = "check the configuration file and options, and read the files they name as the "
+             "start would (keys, the clients directory, auth and token files, NATS "
+             "credentials), then exit"},
     {.option = "help", .short_flag = 'h', .type = TD_SET_ACTION, .action = TD_ACTION_HELP,
      .help = "this text"},
     {.option = "version", .short_flag = 'V', .type = TD_SET_ACTION, .action = TD_ACTION_VERSION,

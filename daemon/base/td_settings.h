@@ -143,6 +143,13 @@ td_err_t td_config_parse_args(td_config_t *cfg, int argc, char **argv, bool *exi
  * TD_ERR_NOMEM. argv is kept (borrowed) in cfg for td_config_reload. */
 td_err_t td_config_load(td_config_t *cfg, int argc, char **argv, bool *exit_now, char *msg,
                         size_t msg_cap);
+/* Every file or directory a path setting names (TD_SET_PATH: key files, the clients directory,
+ * auth and token files, NATS credentials) can be opened for reading, those of [metrics] with the
+ * HTTP port on and of [nats] as a fleet worker: else TD_ERR_IO with msg ("[security]
+ * curve_secret_key (--curve-secret-key): cannot read server.key: No such file or directory",
+ * and where a relative path was looked up). What the files hold is their readers' to check
+ * (td_server_check_files). */
+td_err_t td_config_check_files(const td_config_t *cfg, char *msg, size_t msg_cap);
 /* Applies an INI file over cfg. TD_ERR_IO when it cannot be opened, TD_ERR_CONFIG (with
  * "FILE:LINE: ..." in msg) for an unknown section or key or a bad value. */
 td_err_t td_config_load_file(td_config_t *cfg, const char *path, char *msg, size_t msg_cap);

@@ -192,15 +192,18 @@ static void conf_section(FILE *out, const char *section)
         }
 }
 
+/* A key's comment and its line, commented out: the default, or an example that the comment says
+ * is one (`#workers = 8` read as a default where the default is 0, the number of cores). */
 static void conf_row(FILE *out, const td_setting_t *s, bool first)
 {
     (void)first;
     char dflt[512], reload[256], comment[2048], value[256];
     default_text(s, "", "", dflt, sizeof dflt);
     reload_text(s, true, reload, sizeof reload);
-    snprintf(comment, sizeof comment, "%c%s (--%s).%s%s%s %s.", toupper((unsigned char)s->help[0]),
-             s->help + 1, s->option, s->default_doc ? " Default " : "", s->default_doc ? dflt : "",
-             s->default_doc ? "." : "", reload);
+    snprintf(comment, sizeof comment, "%c%s (--%s).%s%s%s %s.%s",
+             toupper((unsigned char)s->help[0]), s->help + 1, s->option,
+             s->default_doc ? " Default " : "", s->default_doc ? dflt : "",
+             s->default_doc ? "." : "", reload, s->example ? " An example:" : "");
     fputs("# ", out);
     wrap(out, comment, 2, "# ", CONF_WIDTH);
     if (s->example)
@@ -217,7 +220,7 @@ static const char conf_header[] =
     "(SIGHUP) re-reads it and applies the keys marked \"Changes at reload\"; changes to the others "
     "are logged as ignored until a restart. A wrong key or value stops tallyd at start (exit 2, "
     "\"FILE:LINE: ...\") and is logged and ignored on reload. The values shown are the defaults, "
-    "or examples where there is none.";
+    "but where a comment ends in \"An example:\" (a default worked out at start, or none).";
 
 void td_settings_print_conf(FILE *out)
 {

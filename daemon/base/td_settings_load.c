@@ -24,6 +24,7 @@
  * change; a bad file leaves the live configuration untouched.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <unistd.h>
 #include <stdio.h>
@@ -314,6 +315,64 @@ td_err_t td_config_load(td_config_t *cfg, int argc, char **argv, bool *exit_now,
 cleanup:
     td_config_clear(&cli);
     return err;
+}
+
+/* ---- The files the settings name ------------------------------------------------------- */
+
+/* Whether tallyd reads the files of a section's settings: [metrics] with the HTTP port on,
+ * [nats] as a fleet worker, the rest always. */
+static bool section_on(const td_config_t *cfg, const char *section)
+{
+    if (!strcmp(section, "metrics"))
+        return cfg->metrics_listen != NULL;
+    if (!strcmp(section, "nats"))
+        return cfg->nats_servers != NULL;
+    return true;
+}
+
+/* Where a relative path was looked for, when that is why it was not found. */
+static void path_hint(const char *value, char *hint, size_t cap)
+{
+    const char *creds = getenv("CREDENTIALS_DIRECTORY");
+    size_t creds_len = creds ? strlen(creds) : 0;
+    char cwd[1024];
+    hint[0] = '\0';
+    if (creds_len && !strncmp(value, creds, creds_len) && value[creds_len] == '/')
+        snprintf(hint, cap,
+                 " (looked up in $CREDENTIALS_DIRECTORY: does the unit have "
+                 "LoadCredential=%s:PATH?)",
+                 value + creds_len + 1);
+    else if (value[0] != '/')
+        snprintf(hint, cap,
+                 " (a relative path is looked up in $CREDENTIALS_DIRECTORY, which systemd's "
+                 "LoadCredential= sets; it is not set, so it was looked up in %s: give the "
+                 "whole path)",
+                 getcwd(cwd, sizeof cwd) ? cwd : "the working directory");
+}
+
+td_err_t td_config_check_files(const td_config_t *cfg, char *msg, size_t msg_cap)
+{
+    for (size_t i = 0; i < td_settings_count; i++) {
+        const td_setting_t *s = &td_settings[i];
+        if (s->type != TD_SET_PATH) /* only then is the field a string */
+            continue;
+        const char *path = *(char *const *)((const char *)cfg + s->offset);
+        if (!path || !section_on(cfg, s->section))
+            continue;
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            close(fd);
+            continue;
+        }
+        char hint[1280] = "";
+        int err = errno;
+        if (err == ENOENT)
+            path_hint(path, hint, sizeof hint);
+        snprintf(msg, msg_cap, "[%s] %s (--%s): cannot read %s: %s%s", s->section, s->key,
+                 s->option, path, strerror(err), hint);
+        return TD_ERR_IO;
+    }
+    return TD_OK;
 }
 
 td_err_t td_config_reload(const td_config_t *live, td_config_t *next, char *msg, size_t msg_cap)

@@ -344,18 +344,31 @@ static void *auth_thread(void *arg)
 
 /* ---- Life cycle ------------------------------------------------------------------------- */
 
-/* The server's key pair, from curve_secret_key. */
-static td_err_t load_secret(td_auth_t *self, const char *path, char *msg, size_t msg_cap)
+/* The server's key pair, from curve_secret_key, into public_key and secret_key (41 bytes). */
+static td_err_t load_secret(char *public_key, char *secret_key, const char *path, char *msg,
+                            size_t msg_cap)
 {
-    if (tally_key_file_read(path, true, self->public_key, self->secret_key, msg, msg_cap) !=
-        TALLY_OK)
+    if (tally_key_file_read(path, true, public_key, secret_key, msg, msg_cap) != TALLY_OK)
         return TD_ERR_IO;
     /* A bare secret key: derive its public half. */
-    if (!self->public_key[0] && zmq_curve_public(self->public_key, self->secret_key) != 0) {
+    if (!public_key[0] && zmq_curve_public(public_key, secret_key) != 0) {
         snprintf(msg, msg_cap, "%s: cannot derive the public key", path);
         return TD_ERR_IO;
     }
     return TD_OK;
+}
+
+td_err_t td_auth_check(const td_config_t *cfg, char *msg, size_t msg_cap)
+{
+    if (!cfg->curve_secret_key)
+        return TD_OK;
+    char public_key[TALLY_KEY_LEN + 1], secret_key[TALLY_KEY_LEN + 1];
+    key_set_t allowed;
+    td_err_t err = load_secret(public_key, secret_key, cfg->curve_secret_key, msg, msg_cap);
+    explicit_bzero(secret_key, sizeof secret_key);
+    if (err == TD_OK && (err = load_allowed(cfg, &allowed, msg, msg_cap)) == TD_OK)
+        free(allowed.keys);
+    return err;
 }
 
 td_err_t td_auth_new(void *zmq_ctx, const td_config_t *cfg, td_auth_t **out, char *msg,
@@ -371,7 +384,8 @@ td_err_t td_auth_new(void *zmq_ctx, const td_config_t *cfg, td_auth_t **out, cha
         free(self);
         return TD_ERR_LIBRARY;
     }
-    td_err_t err = load_secret(self, cfg->curve_secret_key, msg, msg_cap);
+    td_err_t err =
+        load_secret(self->public_key, self->secret_key, cfg->curve_secret_key, msg, msg_cap);
     if (err == TD_OK)
         err = load_allowed(cfg, &self->allowed, msg, msg_cap);
     if (err != TD_OK)

@@ -48,6 +48,10 @@ typedef struct td_auth td_auth_t;
  * TD_ERR_LIBRARY when ZeroMQ cannot start the handler. Call before any socket binds. */
 td_err_t td_auth_new(void *zmq_ctx, const td_config_t *cfg, td_auth_t **out, char *msg,
                      size_t msg_cap);
+/* Reads the key files td_auth_new would read (none without curve_secret_key), and the
+ * curve_clients items, and keeps nothing: what `tallyd --check-config` and the start check
+ * before anything starts, failing as td_auth_new would, with its msg. */
+td_err_t td_auth_check(const td_config_t *cfg, char *msg, size_t msg_cap);
 /* Makes router a CURVE server with the secret key and watches its handshakes; TD_ERR_LIBRARY
  * (logged) when ZeroMQ or the handler thread cannot. */
 td_err_t td_auth_apply(td_auth_t *self, void *router);

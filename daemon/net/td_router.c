@@ -105,13 +105,36 @@ static td_err_t bind_passed(void *router, const td_config_t *cfg)
     return err;
 }
 
+/* A bind that failed, with what to do where tallyd can tell: the address is in use. */
+static void bind_failed(const char *endpoint, int err)
+{
+    const char *colon = strrchr(endpoint, ':');
+    if (err == EADDRINUSE && !strncmp(endpoint, "tcp://", 6) && colon)
+        td_err("cannot bind %s: %s (another program listens there, perhaps another tallyd: `ss "
+               "-ltnp 'sport = :%s'` names it; stop it, or bind another port)",
+               endpoint, zmq_strerror(err), colon + 1);
+    else
+        td_err("cannot bind %s: %s", endpoint, zmq_strerror(err));
+}
+
 static td_err_t bind_endpoints(void *router, const td_config_t *cfg)
 {
     for (int i = 0; i < cfg->bind_count; i++) {
+        /* systemd's socket holds it (tallyd.socket enabled as well as a bind in tallyd.conf):
+         * the bind would fail, or for ipc take the path from under the passed socket. */
+        int held = td_listen_fd_holding(cfg->binds[i]);
+        if (held >= 0) {
+            td_err("cannot bind %s: systemd passed tallyd a socket on this address (fd %d, a "
+                   "ListenStream= of tallyd.socket), which tallyd serves: remove this bind "
+                   "(`bind` in tallyd.conf, or --bind), or stop passing the socket "
+                   "(`systemctl disable --now tallyd.socket`)",
+                   cfg->binds[i], held);
+            return TD_ERR_BIND;
+        }
         int ipv6 = tally_endpoint_ipv6(cfg->binds[i]); /* tcp://[::1]:PORT; read at bind */
         if (zmq_setsockopt(router, ZMQ_IPV6, &ipv6, sizeof ipv6) != 0 ||
             zmq_bind(router, cfg->binds[i]) != 0) {
-            td_err("cannot bind %s: %s", cfg->binds[i], zmq_strerror(errno));
+            bind_failed(cfg->binds[i], errno);
             return TD_ERR_BIND;
         }
         restrict_ipc_socket(cfg->binds[i]);

@@ -660,6 +660,22 @@ static td_err_t start_serving(td_http_t *self, const td_service_host_t *host,
     return err;
 }
 
+td_err_t td_http_check(const td_config_t *cfg)
+{
+    if (!cfg->metrics_listen)
+        return TD_OK;
+    td_err_t err = TD_OK;
+    if (cfg->metrics_auth_file) {
+        td_http_t *probe = calloc(1, sizeof *probe);
+        if (!probe)
+            return TD_ERR_NOMEM;
+        err = read_auth_file(probe, cfg->metrics_auth_file);
+        explicit_bzero(probe, sizeof *probe);
+        free(probe);
+    }
+    return err == TD_OK ? td_web_check(cfg) : err;
+}
+
 td_err_t td_http_new(const td_service_host_t *host, td_http_render_fn render,
                      td_http_health_fn health, void *ctx, td_http_t **out)
 {

@@ -33,6 +33,10 @@ typedef struct td_http td_http_t;
  * TD_ERR_LIBRARY. */
 td_err_t td_http_new(const td_service_host_t *host, td_http_render_fn render,
                      td_http_health_fn health, void *ctx, td_http_t **out);
+/* Reads the files td_http_new would read (with metrics on: auth_file, and the web's
+ * api_token_file) and keeps nothing: `--check-config` and the start check them before anything
+ * starts, with td_http_new's messages (logged). TD_OK, TD_ERR_IO, TD_ERR_NOMEM. */
+td_err_t td_http_check(const td_config_t *cfg);
 /* The first line of a secret file (auth_file, api_token_file: `what`) into line, which holds
  * cap bytes; TD_ERR_IO (logged) when the file cannot be read, is empty, or group or others may
  * access it. */

@@ -671,6 +671,29 @@ static void tick_cb(uv_timer_t *timer)
 
 /* ---- Life cycle -------------------------------------------------------------------------- */
 
+/* The API token of cfg's api_token_file (none: "") into token (TD_WEB_TOKEN_MAX bytes). */
+static td_err_t read_token(const td_config_t *cfg, char *token)
+{
+    const char *path = cfg->metrics_api_token_file;
+    td_err_t err =
+        path ? td_http_read_secret(path, "api_token_file", token, TD_WEB_TOKEN_MAX) : TD_OK;
+    if (err == TD_OK && path && strlen(token) < 16) {
+        td_err("web: the token in %s is too short: 16 characters at least (openssl rand -hex "
+               "32)",
+               path);
+        err = TD_ERR_IO;
+    }
+    return err;
+}
+
+td_err_t td_web_check(const td_config_t *cfg)
+{
+    char token[TD_WEB_TOKEN_MAX];
+    td_err_t err = read_token(cfg, token);
+    explicit_bzero(token, sizeof token);
+    return err;
+}
+
 td_err_t td_web_new(const td_service_host_t *host, td_http_guard_t *guard, td_web_t **out)
 {
     td_web_t *self = calloc(1, sizeof *self);
@@ -679,16 +702,7 @@ td_err_t td_web_new(const td_service_host_t *host, td_http_guard_t *guard, td_we
     self->host = *host;
     self->guard = guard;
     self->max_sse = host->cfg->metrics_max_sse_clients;
-    const char *path = host->cfg->metrics_api_token_file;
-    td_err_t err = path ? td_http_read_secret(path, "api_token_file", self->token,
-                                              sizeof self->token)
-                        : TD_OK;
-    if (err == TD_OK && path && strlen(self->token) < 16) {
-        td_err("web: the token in %s is too short: 16 characters at least (openssl rand -hex "
-               "32)",
-               path);
-        err = TD_ERR_IO;
-    }
+    td_err_t err = read_token(host->cfg, self->token);
     int rc = err == TD_OK ? pthread_mutex_init(&self->lock, NULL) : 0;
     if (rc != 0) {
         td_err("web: cannot create a lock: %s", strerror(rc));

@@ -35,6 +35,8 @@ typedef struct td_web td_web_t;
 /* Reads the API token file (cfg->metrics_api_token_file, mode 0600; may be NULL). No libuv
  * handle yet. TD_ERR_IO (logged) when the file cannot be used, TD_ERR_NOMEM, TD_ERR_LIBRARY. */
 td_err_t td_web_new(const td_service_host_t *host, td_http_guard_t *guard, td_web_t **out);
+/* Reads the token file as td_web_new does, keeping nothing (`--check-config`, the start). */
+td_err_t td_web_check(const td_config_t *cfg);
 /* Loop thread: the wake-up handle and the event streams' timer; until then requests are
  * answered 503. TD_ERR_LIBRARY when libuv refuses. */
 td_err_t td_web_open(td_web_t *self);

@@ -420,6 +420,8 @@ class Client(_Handle):
     tcp://127.0.0.1:5555). CURVE keys as the CLI finds them: server_key (tallyd's public key or
     its .pub file) and client_key (a key file from keygen), else $TALLY_SERVER_KEY and
     $TALLY_CLIENT_KEY, else ~/.config/tally/tally.conf; none anywhere: a plain connection.
+    An endpoint of another kind raises Error at once, saying why; so does the first call while
+    nothing listens at the endpoint ("Connection refused (is tallyd running?)"), as the CLI.
     """
 
     _handle_attr, _destroy = "_c", lib.tally_client_destroy
@@ -436,12 +438,12 @@ class Client(_Handle):
             if st:
                 raise Error(st, f"CURVE keys: {why.value.decode(errors='replace')}")
             self.curve = bool(keys.server_public)
-            st = lib.tally_client_new_curve(endpoint.encode(), timeout_ms, ctypes.byref(keys),
-                                            ctypes.byref(self._c))
+            st = lib.tally_client_open(endpoint.encode(), timeout_ms, ctypes.byref(keys),
+                                       ctypes.byref(self._c), why, len(why))
         finally:
             ctypes.memset(ctypes.byref(keys), 0, ctypes.sizeof(keys))
-        if st:
-            raise Error(st, f"cannot create a client for {endpoint!r}")
+        if st:  # libtally's words, as the CLI says them ("invalid endpoint ...: ...")
+            raise Error(st, why.value.decode(errors="replace"))
         self.endpoint = endpoint
         self.last_result: Optional[Dict[str, Any]] = None
 

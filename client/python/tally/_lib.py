@@ -183,6 +183,7 @@ SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "tally_hist_ranged": (ctypes.c_bool, [ctypes.c_uint]),
     "tally_client_new": (_I, [_CP, _I, _PP]),
     "tally_client_new_curve": (_I, [_CP, _I, _ptr(CurveKeys), _PP]),
+    "tally_client_open": (_I, [_CP, _I, _ptr(CurveKeys), _PP, ctypes.c_char_p, _S]),
     "tally_curve_keys_load": (_I, [_CP, _CP, _ptr(CurveKeys), ctypes.c_char_p, _S]),
     "tally_keygen": (_I, [_CP, ctypes.c_char_p, ctypes.c_char_p, _S]),
     "tally_client_destroy": (None, [_PP]),
