@@ -243,6 +243,7 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
         return;
     }
     p->owned = true;
+    td_fleet_watch_taken(f, p->k); /* what it loaded is published at the next tick */
     p->last_ckpt_ms = td_nats_now_ms();
     TD_FLEET_SET(f, applied_seq[p->k], p->applied_seq);
     TD_FLEET_SET(f, last_seq[p->k], p->applied_seq);
@@ -276,6 +277,7 @@ void td_part_give_up(td_fleet_t *f, td_part_t *p)
     td_part_quiesce(f, p);
     if (p->applied_seq > p->ckpt_seq && !td_part_checkpoint(f, p))
         return; /* dropped (fenced or expired), or the write failed: the next owner redoes it */
+    td_fleet_watch_flush(f, p->k); /* its streams' last changes, before they are not ours */
     forget_work(f, p);
     if (!atomic_load(&f->stopping)) /* tallyd goes on: its copy is no longer the truth */
         delete_local_streams(f, p->k);
