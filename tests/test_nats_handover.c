@@ -1,13 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_nats_handover.c — a partition changing owner, against a real 3-node NATS cluster
- * (tests/lib/nats_cluster.c; issue 30, item 2):
+ * (tests/lib/nats_cluster.c; issue 30, items 2 and 8):
  *   - watch publications (PROTOCOL.md §13 "Histogram publications") at hand-overs (a member
  *     joins, a member stops with SIGTERM, a member stopped with SIGSTOP past its lease comes back,
  *     the last worker stops): the old owner publishes a partition's changes before it gives it up
  *     (publication ticks an hour apart, so that only a hand-over can publish them), and the new
  *     owner publishes every stream it loads, changed or not, at its next tick. Before the fix
- *     neither did, and a stream's last record stayed behind its state.
+ *     neither did, and a stream's last record stayed behind its state;
+ *   - a take-over that fails (the partition's stream refuses a consumer) releases the lease key at
+ *     once, long before its TTL, and the partition is taken once the cause is gone; so does a
+ *     partition dropped because its consumer could not be made again (a sequence missing in the
+ *     middle: before the fix its key stayed until it expired).
  * Waits are bounded loops on what the cluster or the worker reports; no time is asserted.
  */
 #include <setjmp.h>
@@ -363,6 +367,101 @@ static void test_watch_new_owner_publishes_what_it_loads(void **state)
     end(&r);
 }
 
+/* ---- A failed take-over releases its lease ----------------------------------------------------
+ */
+
+/* Partition 0's stream, made before any worker, admits one consumer: a worker's take-over can
+ * make its first, but not a second while the first is there. */
+static void limit_partition_0(char stream[32])
+{
+    char subject[32]; /* every publisher's subject of the partition, as the fleet's stream */
+    tally_fleet_name(stream, 32, TALLY_NATS_STREAM_PREFIX, 0);
+    tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, 0, "*");
+    fresh_fleet();
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    const char *subjects[] = {subject};
+    sc.Name = stream;
+    sc.Subjects = subjects;
+    sc.SubjectsLen = 1;
+    sc.MaxConsumers = 1;
+    jsErrCode jerr = 0;
+    assert_int_equal(js_AddStream(NULL, tn_suite_js, &sc, NULL, &jerr), NATS_OK);
+}
+
+/* Waits for `text` in the worker's log, then until partition 0's lease is free while the
+ * worker holds the others: released, with a TTL (60 s) far beyond the wait, not expired. */
+static void assert_released_after(th_daemon_t *w, const char *member, const char *text)
+{
+    int64_t until = th_now_ms() + 30000;
+    while (!th_daemon_log_contains(w, text) && th_now_ms() < until)
+        th_sleep_ms(50);
+    if (!th_daemon_log_contains(w, text))
+        fail_msg("the worker never logged '%s' (log %s)", text, w->log_path);
+    wait_held(member, PARTITIONS - 1, 20000);
+    char holder[80];
+    assert_int_equal(td_lease_holder(leases, 0, holder, sizeof holder, msg, sizeof msg), TD_OK);
+    assert_string_equal(holder, "");
+}
+
+/* The take-over fails at the consumer (another consumer holds the only place): the lease key is
+ * released at once; once that consumer is gone the partition is taken. */
+static void test_failed_take_over_releases_the_lease(void **state)
+{
+    (void)state;
+    char stream[32];
+    limit_partition_0(stream);
+    jsConsumerConfig cc;
+    jsConsumerConfig_Init(&cc);
+    cc.Durable = "blocker";
+    cc.AckPolicy = js_AckExplicit;
+    jsErrCode jerr = 0;
+    assert_int_equal(js_AddConsumer(NULL, tn_suite_js, stream, &cc, NULL, &jerr), NATS_OK);
+    start(&worker[0], "hx", "60000", "1000");
+    assert_released_after(&worker[0], "hx", "partition 0 not taken");
+    assert_int_equal(js_DeleteConsumer(tn_suite_js, stream, "blocker", NULL, &jerr), NATS_OK);
+    wait_held("hx", PARTITIONS, 30000); /* after the worker's back-off */
+    assert_int_equal(th_daemon_stop(&worker[0], SIGTERM, 20000), 0);
+}
+
+/* A stream name of partition 0. */
+static void name_in_partition_0(char *name, size_t cap)
+{
+    for (int i = 0;; i++) {
+        snprintf(name, cap, "p0s%d", i);
+        if (tally_partition(name, strlen(name), PARTITIONS) == 0)
+            return;
+    }
+}
+
+/* Taken, then a sequence is missing in the middle of the partition (deleted): the worker reads
+ * again from the one it lacks with a new consumer, which the stream refuses; the partition is
+ * dropped, and before the fix its key stayed until it expired. */
+static void test_dropped_partition_releases_the_lease(void **state)
+{
+    (void)state;
+    char stream[32], subject[32], name[32];
+    limit_partition_0(stream);
+    tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, 0, TALLY_NATS_USER_ANON);
+    name_in_partition_0(name, sizeof name);
+    uint8_t frame[TALLY_REQ_HEADER_SIZE + 16] = {0};
+    tally_req_t req;
+    memset(&req, 0, sizeof req);
+    req.version = TALLY_PROTO_VERSION;
+    req.opcode = TALLY_OP_HIST;
+    req.dtype = TALLY_DTYPE_U8;
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    tally_req_encode(&req, frame);
+    jsErrCode jerr = 0;
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(js_Publish(NULL, tn_suite_js, subject, frame, sizeof frame, NULL, &jerr),
+                         NATS_OK);
+    assert_int_equal(js_DeleteMsg(tn_suite_js, stream, 2, NULL, &jerr), NATS_OK);
+    start(&worker[0], "hy", "60000", "1000");
+    assert_released_after(&worker[0], "hy", "its consumer could not be made again");
+    assert_int_equal(th_daemon_stop(&worker[0], SIGTERM, 20000), 0);
+}
+
 int main(void)
 {
     if (!tn_server_bin()) {
@@ -371,6 +470,8 @@ int main(void)
     }
     th_seed();
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_failed_take_over_releases_the_lease, stop_workers),
+        cmocka_unit_test_teardown(test_dropped_partition_releases_the_lease, stop_workers),
         cmocka_unit_test_teardown(test_watch_old_owner_publishes_before_giving_up, stop_workers),
         cmocka_unit_test_teardown(test_watch_new_owner_publishes_what_it_loads, stop_workers),
     };
