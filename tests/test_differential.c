@@ -34,6 +34,14 @@
  * (when nothing is in flight), and the model keeps each stream's per-interval histograms, so a
  * window query's record and its start/end (aux0/aux1) are checked too, across the restart.
  *
+ * test_lost_connection_{unnumbered,numbered}: issue 30's fault case (tests/lib/lost_conn.h) on
+ * the CPU backend and on the GPU path (`--backend cuda --test-sim-gpus 1`, or the real GPU): a
+ * client pipelines 20 scans on one stream and then a frame over max_frame, so ZeroMQ closes its
+ * connection in the middle of them. On each daemon the stream holds a subset of the scans, in
+ * order, each once, and every reply that came back agrees with it (unnumbered: a refusal may
+ * leave a gap); numbered, an exact prefix, and once the client has resent every batch after the
+ * reconnect both daemons hold the same record byte for byte, all 20 batches in order.
+ *
  * test_query_behind_delete: a query, reset and delete pipelined behind a delete get
  * unknown_stream (they used to find the cleared stream, which then stayed listed: the
  * differential test found it, as a reply that depended on timing).
@@ -60,6 +68,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "lost_conn.h"
 #include "reference.h"
 
 #define SKIP 77
@@ -1294,6 +1303,58 @@ static void test_query_behind_delete(void **state)
     assert_int_equal(th_close_and_stop(sock, &d, 20000), 0);
 }
 
+/* ---- a connection lost in the middle of a pipeline (issue 30) -------------------------- */
+
+#define LOST_SCANS 20
+
+/* Issue 30's case on the CPU reference (which 0) and on the GPU path (1); numbered: the
+ * client's resend too, and the two records compared. */
+static void lost_connection(bool numbered)
+{
+    uint8_t rec[2][2176];
+    long len[2];
+    for (int which = 0; which < 2; which++) {
+        const char *cpu[] = {"--backend", "cpu", "--max-batch", "64K", NULL};
+        const char *gpu[] = {
+            "--backend", "cuda", "--max-batch", "64K", use_cuda() ? NULL : "--test-sim-gpus",
+            "1",         NULL};
+        th_daemon_t d;
+        assert_int_equal(th_daemon_start(&d, which ? gpu : cpu), 0);
+        void *sock = NULL;
+        lc_run_t run;
+        assert_int_equal(lc_run(&d, "gap",
+                                "\x80"
+                                "diff-lost",
+                                numbered, LOST_SCANS, 2500, &sock, &run),
+                         0);
+        fprintf(stderr, "lost connection (%s, %s): %d replies back, %lld ok, %lld busy, %lld gap\n",
+                which ? "gpu" : "cpu", numbered ? "numbered" : "unnumbered", run.replies, run.ok,
+                run.busy, run.gap);
+        const char *bad = lc_check(&run);
+        if (!bad && numbered)
+            bad = lc_resend(&d, sock, "gap", &run);
+        if (bad)
+            fail_msg("%s: %s (log %s)", which ? "gpu" : "cpu", bad, d.log_path);
+        len[which] = lc_record(&d, "gap", rec[which], sizeof rec[which]);
+        th_close(sock);
+        assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+    }
+    if (numbered) /* every batch once, in order, on both: the same record */
+        assert_true(len[0] > 0 && len[0] == len[1] && memcmp(rec[0], rec[1], (size_t)len[0]) == 0);
+}
+
+static void test_lost_connection_unnumbered(void **state)
+{
+    (void)state;
+    lost_connection(false);
+}
+
+static void test_lost_connection_numbered(void **state)
+{
+    (void)state;
+    lost_connection(true);
+}
+
 /* ---- snapshot consistency under SIGKILL ----------------------------------------------- */
 
 #define SNAP_STREAMS 24
@@ -1470,6 +1531,8 @@ int main(void)
         cmocka_unit_test(test_snapshot_prefix_kill),
         cmocka_unit_test(test_snapshot_prefix_term),
         cmocka_unit_test(test_query_behind_delete),
+        cmocka_unit_test(test_lost_connection_unnumbered),
+        cmocka_unit_test(test_lost_connection_numbered),
     };
     return cmocka_run_group_tests_name(use_cuda() ? "differential (cuda)" : "differential (sim)",
                                        tests, NULL, NULL);

@@ -50,6 +50,7 @@ typedef struct {
     uint64_t bound_total;
     uint64_t connections_lost; /* found closed with requests unanswered (counter) */
     uint64_t resent;           /* kept for such a connection and sent once it came back */
+    uint64_t rerouted; /* read after a reconnect took the connection's routing id over (counter) */
 } td_reply_gauges_t;
 
 typedef struct td_replies td_replies_t;

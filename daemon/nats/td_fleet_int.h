@@ -193,6 +193,10 @@ bool td_fleet_owns_stream(td_fleet_t *f, const char *name, size_t len);
 /* td_fleet_watch.c: publishes the owned streams that changed when a tick is due; true when it
  * published any. */
 bool td_fleet_watch_step(td_fleet_t *f);
+/* Publishes partition k's changed streams now (it is still owned; before it is given up). */
+void td_fleet_watch_flush(td_fleet_t *f, uint32_t k);
+/* Partition k was taken: every stream of it (loaded from its checkpoint) counts as changed. */
+void td_fleet_watch_taken(td_fleet_t *f, uint32_t k);
 
 /* td_fleet_reader.c: the reader takes sub (and destroys it at stop). */
 td_err_t td_reader_start(td_fleet_t *f, td_reader_t *r, uint32_t k, natsSubscription *sub);

@@ -21,6 +21,11 @@
  * namespace, is refused (not_permitted: a dead letter, no reply anywhere, counted and logged):
  * the worker's own rights never carry a reply onto a subject its publisher may not use
  * (PROTOCOL.md §13 "Security").
+ *
+ * A take-over that fails (the lease, then the checkpoint, the consumer) releases the lease key
+ * at once, by compare-and-set on its revision, and so does dropping a partition whose lease is
+ * still valid (its consumer could not be made again): a key left behind holds the partition
+ * from every worker until it expires.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -243,6 +248,7 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
         return;
     }
     p->owned = true;
+    td_fleet_watch_taken(f, p->k); /* what it loaded is published at the next tick */
     p->last_ckpt_ms = td_nats_now_ms();
     TD_FLEET_SET(f, applied_seq[p->k], p->applied_seq);
     TD_FLEET_SET(f, last_seq[p->k], p->applied_seq);
@@ -257,6 +263,13 @@ void td_part_drop(td_fleet_t *f, td_part_t *p, const char *why)
     td_warn("fleet: partition %u lost: %s; its local state is dropped", (unsigned)p->k, why);
     TD_FLEET_COUNT(f, leases_lost);
     forget_work(f, p);
+    if (td_lease_valid(&p->lease, td_nats_now_ms())) {
+        /* still ours (its consumer could not be made again, a take-over of its own): the key
+         * would otherwise hold the partition from everyone, this worker too, until it expires
+         * (issue 30). A compare-and-set on its revision: a key that moved on is left alone. */
+        release_lease(f, p);
+        p->no_take_until_ms = td_nats_now_ms() + TD_FLEET_TAKE_BACKOFF_MS;
+    }
     memset(&p->lease, 0, sizeof p->lease);
     delete_local_streams(f, p->k);
 }
@@ -276,6 +289,7 @@ void td_part_give_up(td_fleet_t *f, td_part_t *p)
     td_part_quiesce(f, p);
     if (p->applied_seq > p->ckpt_seq && !td_part_checkpoint(f, p))
         return; /* dropped (fenced or expired), or the write failed: the next owner redoes it */
+    td_fleet_watch_flush(f, p->k); /* its streams' last changes, before they are not ours */
     forget_work(f, p);
     if (!atomic_load(&f->stopping)) /* tallyd goes on: its copy is no longer the truth */
         delete_local_streams(f, p->k);

@@ -10,6 +10,13 @@
  * streams left over stay marked and go out at the next tick, so memory stays bounded however
  * many streams changed. Publications are plain NATS (not JetStream): a watcher that is not
  * subscribed misses them, and pub_seq (counting per worker run) shows a gap.
+ *
+ * A hand-over (a member joins or comes back, a worker stops) must not leave a stream's last
+ * publication behind its state (issue 30): the old owner publishes a partition's changed streams
+ * before it gives the partition up (td_fleet_watch_flush, after its last checkpoint, under its
+ * lease), and the new owner marks every stream it loaded from the checkpoint changed
+ * (td_fleet_watch_taken), so its next tick publishes them, even those the old owner could not
+ * (it crashed, or its lease ran out first).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -35,6 +42,7 @@ typedef struct watch_msg {
 typedef struct {
     watch_msg_t *head, **tail;
     uint64_t interval_ms;
+    int64_t only; /* the one partition to take (a flush), or -1: every owned one */
 } watch_job_t;
 
 /* Loop thread (the fleet thread waits meanwhile, so its partitions' `owned` hold still). */
@@ -49,6 +57,8 @@ static void collect_on_loop(td_fleet_t *f, void *arg)
         if (!s->fleet_dirty)
             continue;
         uint32_t k = tally_partition(s->name, s->name_len, f->partitions);
+        if (j->only >= 0 && k != (uint32_t)j->only)
+            continue;
         if (!f->parts[k].owned) {
             s->fleet_dirty = false; /* not ours to tell of (a copy being dropped) */
             continue;
@@ -95,16 +105,15 @@ static void publish(td_fleet_t *f, const watch_msg_t *w)
     natsMsg_Destroy(m);
 }
 
-bool td_fleet_watch_step(td_fleet_t *f)
+/* Takes the changed streams (of partition `only`, or of every owned one: -1) on the loop and
+ * publishes them, each under a lease still valid; true when any was taken. */
+static bool collect_and_publish(td_fleet_t *f, int64_t only)
 {
-    int64_t now = td_nats_now_ms();
-    if (!f->watch_ms || now < f->next_watch_ms)
-        return false;
-    f->next_watch_ms = now + f->watch_ms;
-    watch_job_t j = {.interval_ms = (uint64_t)f->watch_ms};
+    watch_job_t j = {.interval_ms = (uint64_t)f->watch_ms, .only = only};
     j.tail = &j.head;
     td_fleet_on_loop(f, collect_on_loop, &j);
     bool any = j.head != NULL;
+    int64_t now = td_nats_now_ms();
     while (j.head) {
         watch_msg_t *m = j.head;
         j.head = m->next;
@@ -113,4 +122,36 @@ bool td_fleet_watch_step(td_fleet_t *f)
         free(m);
     }
     return any;
+}
+
+bool td_fleet_watch_step(td_fleet_t *f)
+{
+    int64_t now = td_nats_now_ms();
+    if (!f->watch_ms || now < f->next_watch_ms)
+        return false;
+    f->next_watch_ms = now + f->watch_ms;
+    return collect_and_publish(f, -1);
+}
+
+void td_fleet_watch_flush(td_fleet_t *f, uint32_t k)
+{
+    if (!f->watch_ms)
+        return;
+    while (collect_and_publish(f, k)) /* a tick's bytes at a time, until none is left */
+        continue;
+    natsConnection_FlushTimeout(f->nc, 5000); /* out before the lease is released */
+}
+
+static void mark_on_loop(td_fleet_t *f, void *arg)
+{
+    uint32_t k = *(const uint32_t *)arg;
+    for (td_stream_t *s = td_streams_first(f->host.streams); s; s = s->list_next)
+        if (tally_partition(s->name, s->name_len, f->partitions) == k)
+            s->fleet_dirty = true;
+}
+
+void td_fleet_watch_taken(td_fleet_t *f, uint32_t k)
+{
+    if (f->watch_ms)
+        td_fleet_on_loop(f, mark_on_loop, &k);
 }

@@ -2,11 +2,11 @@
 /*
  * td_auth.c — see td_auth.h.
  *
- * Threads: td_auth_new, td_auth_apply, td_auth_reload and td_auth_destroy run on the loop
- * thread; the handler thread owns the ZAP and monitor sockets from td_auth_apply on (a ZeroMQ
- * socket is used by one thread at a time; pthread_create and pthread_join order the hand-over and
- * the hand-back). The allowed keys are the one thing both use: reload builds a new set and swaps
- * it in under the lock, and the handler looks a key up under the same lock. Counters are atomics
+ * Threads: td_auth_new, td_auth_apply, td_auth_reload, td_auth_event and td_auth_destroy run on
+ * the loop thread; the handler thread owns the ZAP socket from td_auth_apply on (a ZeroMQ socket
+ * is used by one thread at a time; pthread_create and pthread_join order the hand-over and the
+ * hand-back). The allowed keys and the refusal log's rate limit are what both use, under the
+ * lock: reload builds a new set and swaps it in, the handler looks a key up. Counters are atomics
  * the loop thread reads for the metrics.
  */
 #include <dirent.h>
@@ -46,18 +46,17 @@ typedef struct {
 } key_set_t;
 
 struct td_auth {
-    void *zap;     /* REP at ZAP_ENDPOINT */
-    void *monitor; /* PAIR connected to the ROUTER's monitor */
+    void *zap; /* REP at ZAP_ENDPOINT */
     void *ctx;
     pthread_t thread;
     bool thread_started;
     atomic_bool stop;
     char public_key[TALLY_KEY_LEN + 1];
     char secret_key[TALLY_KEY_LEN + 1];
-    pthread_mutex_t lock; /* guards allowed */
+    pthread_mutex_t lock; /* guards allowed and the rate limit below */
     key_set_t allowed;
     _Atomic uint64_t allowed_count, unknown_key, no_curve, bad_handshake, zap_errors;
-    /* Handler thread only: the refusal log's rate limit. */
+    /* The refusal log's rate limit (the handler thread's refusals, the loop thread's events). */
     time_t log_second;
     unsigned logged, suppressed;
 };
@@ -66,6 +65,7 @@ struct td_auth {
  * out once a new second starts. */
 static bool refusal_log_ok(td_auth_t *self)
 {
+    pthread_mutex_lock(&self->lock);
     time_t now = time(NULL);
     if (now != self->log_second) {
         if (self->suppressed)
@@ -74,12 +74,13 @@ static bool refusal_log_ok(td_auth_t *self)
         self->log_second = now;
         self->logged = self->suppressed = 0;
     }
-    if (self->logged < REFUSAL_LOGS_PER_S) {
+    bool ok = self->logged < REFUSAL_LOGS_PER_S;
+    if (ok)
         self->logged++;
-        return true;
-    }
-    self->suppressed++;
-    return false;
+    else
+        self->suppressed++;
+    pthread_mutex_unlock(&self->lock);
+    return ok;
 }
 
 /* ---- The allowed keys ------------------------------------------------------------------- */
@@ -274,24 +275,8 @@ done:
         zmq_msg_close(&f[i]);
 }
 
-/* One monitor event: a 6-byte frame (u16 event, u32 value), then the endpoint. */
-static void handle_event(td_auth_t *self)
+void td_auth_event(td_auth_t *self, unsigned event, uint32_t value)
 {
-    zmq_msg_t frame;
-    zmq_msg_init(&frame);
-    uint16_t event = 0;
-    uint32_t value = 0;
-    int part = 0;
-    for (bool more = true; more; part++) {
-        if (zmq_msg_recv(&frame, self->monitor, 0) == -1)
-            break;
-        more = zmq_msg_more(&frame);
-        if (part == 0 && zmq_msg_size(&frame) >= 6) {
-            memcpy(&event, zmq_msg_data(&frame), 2);
-            memcpy(&value, (uint8_t *)zmq_msg_data(&frame) + 2, 4);
-        }
-    }
-    zmq_msg_close(&frame);
     switch (event) {
     case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
         atomic_fetch_add(&self->allowed_count, 1);
@@ -327,17 +312,15 @@ static void handle_event(td_auth_t *self)
 static void *auth_thread(void *arg)
 {
     td_auth_t *self = arg;
-    zmq_pollitem_t items[2] = {{self->zap, 0, ZMQ_POLLIN, 0}, {self->monitor, 0, ZMQ_POLLIN, 0}};
+    zmq_pollitem_t items[1] = {{self->zap, 0, ZMQ_POLLIN, 0}};
     while (!atomic_load(&self->stop)) {
-        if (zmq_poll(items, 2, AUTH_POLL_MS) < 0) {
+        if (zmq_poll(items, 1, AUTH_POLL_MS) < 0) {
             if (errno == ETERM)
                 break;
             continue;
         }
         if (items[0].revents & ZMQ_POLLIN)
             handle_zap(self);
-        if (items[1].revents & ZMQ_POLLIN)
-            handle_event(self);
     }
     return NULL;
 }
@@ -408,20 +391,10 @@ fail:
 td_err_t td_auth_apply(td_auth_t *self, void *router)
 {
     int one = 1;
-    char endpoint[64];
-    snprintf(endpoint, sizeof endpoint, "inproc://tallyd-auth-monitor-%p", (void *)self);
-    int events = ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                 ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
     if (zmq_setsockopt(router, ZMQ_CURVE_SERVER, &one, sizeof one) != 0 ||
         zmq_setsockopt(router, ZMQ_CURVE_SECRETKEY, self->secret_key, TALLY_KEY_LEN) != 0 ||
-        zmq_setsockopt(router, ZMQ_ZAP_DOMAIN, ZAP_DOMAIN, strlen(ZAP_DOMAIN)) != 0 ||
-        zmq_socket_monitor(router, endpoint, events) != 0) {
+        zmq_setsockopt(router, ZMQ_ZAP_DOMAIN, ZAP_DOMAIN, strlen(ZAP_DOMAIN)) != 0) {
         td_err("cannot make the socket a CURVE server: %s", zmq_strerror(errno));
-        return TD_ERR_LIBRARY;
-    }
-    self->monitor = zmq_socket(self->ctx, ZMQ_PAIR);
-    if (!self->monitor || zmq_connect(self->monitor, endpoint) != 0) {
-        td_err("cannot watch the socket's handshakes: %s", zmq_strerror(errno));
         return TD_ERR_LIBRARY;
     }
     if (pthread_create(&self->thread, NULL, auth_thread, self) != 0) {
@@ -478,8 +451,6 @@ void td_auth_destroy(td_auth_t **self_p)
     }
     if (self->zap)
         zmq_close(self->zap);
-    if (self->monitor)
-        zmq_close(self->monitor);
     explicit_bzero(self->secret_key, sizeof self->secret_key);
     free(self->allowed.keys);
     pthread_mutex_destroy(&self->lock);

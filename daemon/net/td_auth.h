@@ -10,7 +10,8 @@
  * that id as its "User-Id" property, which the server uses as the client's identity for the
  * per-client limits and metrics (td_peers.h).
  *
- * The same thread reads the ROUTER's monitor (zmq_socket_monitor) for handshake failures that
+ * The ROUTER's monitor (zmq_socket_monitor; a socket has one, which the ZeroMQ transport reads
+ * on the loop thread: td_router.c, td_zmq_conn.c) hands td_auth_event the handshake failures that
  * never reach ZAP — a client without CURVE (mechanism mismatch) or one that encrypted to another
  * server key (the handshake does not decrypt) — so that every refusal is counted and logged.
  *
@@ -59,6 +60,9 @@ td_err_t td_auth_apply(td_auth_t *self, void *router);
  * On an error the current set stays and the error is logged. */
 void td_auth_reload(td_auth_t *self, const td_config_t *cfg);
 void td_auth_counts(td_auth_t *self, td_auth_counts_t *out);
+/* One event of the ROUTER's socket monitor (ZMQ_EVENT_HANDSHAKE_*, with its value): counted, and
+ * a refusal logged. Loop thread. */
+void td_auth_event(td_auth_t *self, unsigned event, uint32_t value);
 /* The server's public key (Z85). */
 const char *td_auth_public_key(const td_auth_t *self);
 /* Stops the handler thread and closes its sockets: before zmq_ctx_term. */

@@ -5,6 +5,7 @@
  * in brackets) and the sockets systemd passes.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -27,7 +28,11 @@ static void restrict_ipc_socket(const char *endpoint)
                 strerror(errno));
 }
 
-/* The ROUTER socket's options (td_config.h says why each value). */
+/* The ROUTER socket's options (td_config.h says why each value). ZMQ_ROUTER_HANDOVER: a
+ * connection that comes back with the routing id of one that closed takes the id over at once,
+ * even while tallyd has not yet read every request of the closed one; without it libzmq 4.3.4
+ * ignores the new connection for good (td_zmq.h says why and what tallyd does about the
+ * requests still to read). */
 static td_err_t set_socket_options(void *router, const td_config_t *cfg)
 {
     int one = 1, rcvhwm = TD_DEFAULT_RCVHWM, sndhwm = TD_DEFAULT_SNDHWM, linger = 0;
@@ -43,6 +48,7 @@ static td_err_t set_socket_options(void *router, const td_config_t *cfg)
         const char *name;
     } opts[] = {
         {ZMQ_ROUTER_MANDATORY, &one, sizeof one, "ZMQ_ROUTER_MANDATORY"},
+        {ZMQ_ROUTER_HANDOVER, &one, sizeof one, "ZMQ_ROUTER_HANDOVER"},
         {ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm, "ZMQ_RCVHWM"},
         {ZMQ_SNDHWM, &sndhwm, sizeof sndhwm, "ZMQ_SNDHWM"},
         {ZMQ_LINGER, &linger, sizeof linger, "ZMQ_LINGER"},
@@ -53,6 +59,28 @@ static td_err_t set_socket_options(void *router, const td_config_t *cfg)
             td_err("cannot set %s: %s", opts[i].name, zmq_strerror(errno));
             return TD_ERR_LIBRARY;
         }
+    }
+    return TD_OK;
+}
+
+/* The socket monitor, before any bind so that it sees every connection accepted: a PAIR socket
+ * of the same context that receives the ROUTER's ZMQ_EVENT_ACCEPTED and ZMQ_EVENT_DISCONNECTED
+ * (each with the connection's descriptor: td_zmq_conn.c) and the handshake events CURVE counts
+ * (td_auth_event), and its ZMQ_FD for the loop's poll. One for all: libzmq keeps one monitor per
+ * socket (socket_base_t::monitor stops the one before). */
+static td_err_t open_monitor(td_router_t *rt)
+{
+    char addr[64];
+    snprintf(addr, sizeof addr, "inproc://tallyd-router-monitor-%p", (void *)rt->socket);
+    size_t size = sizeof rt->monitor_fd;
+    int events = ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                 ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                 ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+    if (zmq_socket_monitor(rt->socket, addr, events) != 0 ||
+        !(rt->monitor = zmq_socket(rt->ctx, ZMQ_PAIR)) || zmq_connect(rt->monitor, addr) != 0 ||
+        zmq_getsockopt(rt->monitor, ZMQ_FD, &rt->monitor_fd, &size) != 0) {
+        td_err("cannot monitor the socket's connections: %s", zmq_strerror(errno));
+        return TD_ERR_LIBRARY;
     }
     return TD_OK;
 }
@@ -159,6 +187,8 @@ td_err_t td_router_open(const td_config_t *cfg, td_router_t *rt)
         return TD_ERR_LIBRARY;
     td_err_t err = set_socket_options(rt->socket, cfg);
     if (err == TD_OK)
+        err = open_monitor(rt);
+    if (err == TD_OK)
         err = open_curve(rt, cfg);
     if (err == TD_OK)
         err = bind_endpoints(rt->socket, cfg);
@@ -170,4 +200,14 @@ td_err_t td_router_open(const td_config_t *cfg, td_router_t *rt)
         return TD_ERR_LIBRARY;
     }
     return TD_OK;
+}
+
+void td_router_close_monitor(td_router_t *rt)
+{
+    if (!rt->monitor)
+        return;
+    if (rt->socket)
+        zmq_socket_monitor(rt->socket, NULL, 0);
+    zmq_close(rt->monitor);
+    rt->monitor = NULL;
 }

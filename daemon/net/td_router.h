@@ -3,11 +3,11 @@
  * td_router.h — the ROUTER socket tallyd serves on, and what it takes to open it.
  *
  * td_router_open makes the ZeroMQ context with its I/O threads (td_config_io_threads), the
- * ROUTER socket with the options td_config.h explains (ROUTER_MANDATORY, the high-water marks,
- * no linger, the max_frame guard), CURVE before any bind (td_auth.h) so that no connection is
- * ever made without it, then binds every endpoint: ZMQ_IPV6 is set for an IPv6 address in
- * brackets (tcp://[::1]:5555), an ipc socket file gets mode 0660, and the sockets systemd passes
- * are bound too (td_notify.h). The server owns the result.
+ * ROUTER socket with the options td_config.h explains (ROUTER_MANDATORY, ROUTER_HANDOVER, the
+ * high-water marks, no linger, the max_frame guard), a monitor of its connections, CURVE before any
+ * bind (td_auth.h) so that no connection is ever made without it, then binds every endpoint:
+ * ZMQ_IPV6 is set for an IPv6 address in brackets (tcp://[::1]:5555), an ipc socket file gets mode
+ * 0660, and the sockets systemd passes are bound too (td_notify.h). The server owns the result.
  */
 #ifndef TD_ROUTER_H
 #define TD_ROUTER_H
@@ -23,10 +23,14 @@ typedef struct {
     void *socket;    /* the ROUTER socket */
     td_auth_t *auth; /* CURVE and its ZAP handler; NULL when CURVE is off */
     uv_os_sock_t fd; /* ZMQ_FD, for the loop's poll */
+    void *monitor;   /* a PAIR receiving the ROUTER's connection events (td_zmq_int.h) */
+    uv_os_sock_t monitor_fd;
 } td_router_t;
 
 /* Fills *rt as far as it gets: on failure (logged) what was made is left in *rt for the caller
- * to close (zmq_close the socket, td_auth_destroy, zmq_ctx_term). */
+ * to close (td_router_close_monitor, zmq_close the socket, td_auth_destroy, zmq_ctx_term). */
 td_err_t td_router_open(const td_config_t *cfg, td_router_t *rt);
+/* Stops the monitor and closes its socket (before the ROUTER socket closes; idempotent). */
+void td_router_close_monitor(td_router_t *rt);
 
 #endif

@@ -14,7 +14,9 @@
  * in poll so the next iteration continues; otherwise the loop sleeps until the fd or a completion
  * wakes it. At the in-flight limit reading stops, ZeroMQ's receive high-water mark fills and TCP
  * pushes back: nothing is lost. Only a frame over max_frame (far above max_batch) makes ZeroMQ
- * drop the connection (the replies to its earlier requests are then kept for it to reconnect).
+ * drop the connection (its earlier requests are still read, and their replies kept for it to
+ * reconnect: td_zmq.h). Each message's connection, as tallyd tells it, is td_zmq_conn.c's; the
+ * socket monitor's events are read first in every pump.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -83,26 +85,33 @@ static void answer_no_memory(td_zmq_t *z, const td_msg_t *m)
                         .body = {.data = (void *)text, .len = sizeof text - 1}};
     td_err("out of memory: request %" PRIu64 " answered `internal`", reply.rep.request_id);
     (void)td_zmq_send_now(z, &reply); /* a peer gone or not reading: as for any reply */
+    td_zmq_conn_answered(m->from.ctx);
 }
 
-/* One received message (frames[0..kept) of `total`) to the path. The envelope: its sender (its
- * routing id, and who CURVE says that is) and a REQ peer's delimiter: any peer's empty first
- * frame is taken as one and echoed (PROTOCOL.md §1), a header is never empty. */
+/* One received message (frames[0..kept) of `total`) to the path. The envelope: its sender (the
+ * routing id its reply goes to, td_zmq_conn_of, and who CURVE says that is) and a REQ peer's
+ * delimiter: any peer's empty first frame is taken as one and echoed (PROTOCOL.md §1), a header
+ * is never empty. */
 static void handle_message(td_zmq_t *z, zmq_msg_t *frames, int kept, int total)
 {
     bool delimiter = kept > 1 && zmq_msg_size(&frames[1]) == 0;
     int body = delimiter ? 2 : 1;
+    const uint8_t *id = zmq_msg_data(&frames[0]);
+    size_t id_len = zmq_msg_size(&frames[0]);
+    td_zmq_conn_t *conn = td_zmq_conn_of(z, &frames[kept - 1], &id, &id_len);
     td_msg_t m = {
-        .from = {.id = zmq_msg_data(&frames[0]),
-                 .id_len = zmq_msg_size(&frames[0]),
+        .from = {.id = id,
+                 .id_len = id_len,
                  .user = kept > 1 ? zmq_msg_gets(&frames[kept - 1], "User-Id") : NULL,
-                 .word = delimiter ? TD_ZMQ_DELIMITER : 0},
+                 .word = delimiter ? TD_ZMQ_DELIMITER : 0,
+                 .ctx = conn},
         .header = body < kept ? zmq_msg_data(&frames[body]) : NULL,
         .header_len = body < kept ? zmq_msg_size(&frames[body]) : 0,
         .frames = total - body,
     };
     if (m.frames == 2)
         m.payload = hold_frame(&frames[body + 1]);
+    td_zmq_conn_read(z, conn); /* before: the path may answer at once */
     if (td_path_submit(z->env.path, &z->base, &m) != TD_OK) { /* no memory for the request */
         td_bytes_free(&m.payload);
         answer_no_memory(z, &m);
@@ -169,6 +178,7 @@ void td_zmq_pump(td_zmq_t *z)
 {
     if (z->closed)
         return;
+    td_zmq_monitor_read(z); /* connections closed: before their last replies are sent */
     td_path_t *path = z->env.path;
     int budget = TD_READ_BUDGET;
     bool read_any = false;
@@ -211,13 +221,14 @@ static void check_cb(uv_check_t *handle)
 
 /* ---- Life cycle ------------------------------------------------------------------------- */
 
-#define TD_ZMQ_HANDLES 4
+#define TD_ZMQ_HANDLES 5
 static void zmq_handles(td_zmq_t *z, uv_handle_t *all[TD_ZMQ_HANDLES])
 {
     all[0] = (uv_handle_t *)&z->poll;
     all[1] = (uv_handle_t *)&z->check;
     all[2] = (uv_handle_t *)&z->idle;
     all[3] = (uv_handle_t *)&z->retry_timer;
+    all[4] = (uv_handle_t *)&z->monitor_poll;
 }
 
 static int open_handles(td_zmq_t *z)
@@ -230,12 +241,16 @@ static int open_handles(td_zmq_t *z)
         rc = uv_idle_init(loop, &z->idle);
     if (rc == 0)
         rc = uv_timer_init(loop, &z->retry_timer);
+    if (rc == 0)
+        rc = uv_poll_init_socket(loop, &z->monitor_poll, z->rt.monitor_fd);
     uv_handle_t *handles[TD_ZMQ_HANDLES];
     zmq_handles(z, handles);
     for (size_t i = 0; i < TD_ZMQ_HANDLES; i++)
         handles[i]->data = z;
     if (rc == 0)
         rc = uv_poll_start(&z->poll, UV_READABLE, poll_cb);
+    if (rc == 0)
+        rc = uv_poll_start(&z->monitor_poll, UV_READABLE, poll_cb);
     if (rc == 0)
         rc = uv_check_start(&z->check, check_cb);
     if (rc != 0)
@@ -253,6 +268,7 @@ static void close_failed(td_zmq_t *z)
         if (handles[i]->type != UV_UNKNOWN_HANDLE && !uv_is_closing(handles[i]))
             uv_close(handles[i], NULL);
     uv_run(z->env.loop, UV_RUN_NOWAIT);
+    td_router_close_monitor(&z->rt);
     if (z->rt.socket && zmq_close(z->rt.socket) != 0)
         td_warn("closing the socket: %s", zmq_strerror(errno));
     td_auth_destroy(&z->rt.auth); /* its sockets are in the context */
@@ -285,17 +301,20 @@ void td_zmq_close(td_zmq_t *z)
         return;
     z->closed = true;
     uv_poll_stop(&z->poll); /* before zmq_close: libuv must stop watching the fd first */
+    uv_poll_stop(&z->monitor_poll);
     uv_handle_t *handles[TD_ZMQ_HANDLES];
     zmq_handles(z, handles);
     for (size_t i = 0; i < TD_ZMQ_HANDLES; i++)
         uv_close(handles[i], NULL);
     td_zmq_drop_kept(z); /* replies kept for connections that closed are dropped */
+    td_zmq_conns_free(z);
 }
 
 void td_zmq_close_socket(td_zmq_t *z)
 {
     if (!z->rt.socket)
         return;
+    td_router_close_monitor(&z->rt);
     int linger = TD_SHUTDOWN_LINGER_MS;
     if (zmq_setsockopt(z->rt.socket, ZMQ_LINGER, &linger, sizeof linger) != 0)
         td_warn("setting the socket's linger: %s", zmq_strerror(errno));
@@ -340,6 +359,7 @@ void td_zmq_gauges(const td_zmq_t *self, td_reply_gauges_t *replies, bool *curve
 {
     replies->connections_lost = self->lost_total;
     replies->resent = self->resent_total;
+    replies->rerouted = self->rerouted_total;
     if (self->rt.auth) {
         *curve = true;
         td_auth_counts(self->rt.auth, auth);

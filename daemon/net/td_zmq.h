@@ -16,13 +16,41 @@
  * in-flight slot freed. Queueing it instead would let one peer that never reads hold every slot
  * and stop tallyd serving anyone. A reply to a connection that has closed is kept, with the ones
  * after it, for up to TD_REPLY_RECONNECT_GRACE_MS, and sent if a connection with the same routing
- * id comes back (libtally sets one; its DEALER reconnects after 100 ms): ZeroMQ closes a
- * connection that sends a frame over max_frame, and the requests it sent before were accepted and
- * are answered so (issue 21). After the grace they are dropped (peer_gone). The socket monitor
- * cannot tell that close from the client's own (libzmq 4.3.4 reports ZMQ_EVENT_DISCONNECTED for
- * both, and no event names the oversize frame), so the first reply that finds its connection gone
- * is what counts and logs "a connection lost with requests unanswered". Kept replies' bytes stay
- * counted (td_reply.h): their payloads are freed only when sent and written out, or dropped.
+ * id comes back (libtally sets one; its DEALER reconnects after 100 ms). After the grace they are
+ * dropped (peer_gone). Kept replies' bytes stay counted (td_reply.h): their payloads are freed
+ * only when sent and written out, or dropped.
+ *
+ * A connection lost in the middle of a pipeline (issue 30; ZeroMQ closes one that sends a frame
+ * over max_frame). Where its requests and replies go, in libzmq 4.3.4 (src/, tag v4.3.4):
+ *   - Requests are not lost. The engine fails on the frame's size (v2_decoder, EMSGSIZE) after
+ *     pushing every message before it into the session's pipe; session_base_t::engine_error
+ *     (session_base.cpp 453-504) flushes them (clean_pipes, 251-252) and, through process_term
+ *     (532), ends the pipe with a delimiter behind them. The socket's end of a pipe is made with
+ *     _delay true (pipe.cpp 123) and no ROUTER changes it, so on the peer's term it waits for the
+ *     delimiter (pipe.cpp 340-342): tallyd reads every request sent before the frame, also after
+ *     the close, even when the reconnect comes first.
+ *   - Replies can be lost, and tallyd cannot tell which. A send succeeds while the socket has not
+ *     yet processed the pipe's termination (router.cpp 211-225 only fails a pipe it knows is
+ *     ending); a reply in the pipe or the engine when the engine died is deleted with the pipe
+ *     (pipe.cpp 390-396), one the kernel had not sent with the socket. The monitor's
+ *     disconnection (stream_engine_base.cpp 713) comes with the engine's end, not per reply. So
+ *     PROTOCOL.md §1 promises every request read and applied in order, and no reply; numbered
+ *     requests make the stream an exact prefix (a refused one does not use up its seq).
+ *   - The "gap" of issue 30 is not lost requests: with --max-batch 64K, max_reply_bytes_per_peer
+ *     is 1 MiB, eight int64 scans of 64 KiB; the ninth and after are answered `busy` when read,
+ *     and those read once earlier ones are done apply. Unnumbered, that is a gap; the busy
+ *     replies, sent just before the close, were the lost ones.
+ *   - A reconnect with the same routing id was ignored for good while tallyd had not yet read the
+ *     old pipe (at its in-flight limit): router_t::identify_peer (router.cpp 452-526) reads the
+ *     new pipe's routing id, finds the old pipe still under it and, without ZMQ_ROUTER_HANDOVER,
+ *     returns false (495-498); the pipe goes to the anonymous set (95-99) with its id consumed,
+ *     and is looked at again only when its reader is activated (174-186), which never happens
+ *     while it holds messages. Every reply then failed (the old pipe ending, no new one) and was
+ *     dropped, and the client's new requests were never read. td_router.c sets
+ *     ZMQ_ROUTER_HANDOVER: the new connection takes the id and the old pipe a temporary one
+ *     (router.cpp 500-517), which its unread requests carry (xrecv reads the id from the pipe,
+ *     348); td_zmq_conn.c gives them the id back from tallyd's record of their connection.
+ * The connections and the count and log of lost ones: td_zmq_conn.c.
  *
  * Loop thread, except the free functions ZeroMQ calls on its I/O thread.
  */

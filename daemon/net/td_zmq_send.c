@@ -9,7 +9,9 @@
  * id, in order; a reply for that connection that comes later joins them (a stream's replies stay
  * in order). The retry timer sends them while the connection takes them, and drops them all once
  * TD_REPLY_RECONNECT_GRACE_MS have passed since the connection was found closed. Their payloads
- * stay counted meanwhile: they are freed only when sent and written out, or dropped.
+ * stay counted meanwhile: they are freed only when sent and written out, or dropped. Each reply
+ * ends its request's account with its connection (td_zmq_conn.c), which a reply that finds the
+ * connection gone counts and logs as lost.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -125,10 +127,6 @@ static td_zmq_lost_t *lost_new(td_zmq_t *z, const td_reply_t *reply)
     l->since_ns = uv_hrtime();
     l->next = z->lost;
     z->lost = l;
-    z->lost_total++;
-    td_notice("connection %s closed with requests unanswered (the client closed it, or ZeroMQ "
-              "did after a frame over max_frame); its replies are kept %u ms for it to reconnect",
-              reply->peer_name, TD_REPLY_RECONNECT_GRACE_MS);
     return l;
 }
 
@@ -184,13 +182,20 @@ static void retry_cb(uv_timer_t *handle)
 void td_zmq_send_reply(td_transport_t *transport, td_reply_t *reply)
 {
     td_zmq_t *z = (td_zmq_t *)transport;
+    td_zmq_conn_t *conn = reply->to.ctx;
+    reply->to.ctx = NULL; /* the record may end with this reply (td_zmq_conn_answered) */
     td_zmq_lost_t *l = lost_find(z, reply);
     if (!l) {
         int err = td_zmq_send_now(z, reply);
+        if (err == EHOSTUNREACH)
+            td_zmq_conn_gone(z, conn, reply->peer_name);
+        td_zmq_conn_answered(conn);
         if (err != EHOSTUNREACH || !(l = lost_new(z, reply))) {
             td_reply_end(reply, outcome_of(err));
             return;
         }
+    } else {
+        td_zmq_conn_answered(conn);
     }
     keep(l, reply); /* behind the replies kept before it: a stream's order holds */
     if (!uv_is_active((uv_handle_t *)&z->retry_timer) &&

@@ -464,8 +464,7 @@ static void render_gauges(const td_gauges_t *g, out_t *o)
          "tallyd_uptime_seconds %.3f\n",
          g->inflight, g->max_inflight, g->queued, g->stream_count,
          (unsigned long long)g->state_bytes, (unsigned long long)g->state_bytes_max, g->backend,
-         g->devices,
-         (unsigned long long)g->device_memory_bytes, g->uptime_s);
+         g->devices, (unsigned long long)g->device_memory_bytes, g->uptime_s);
     emit(o,
          "# HELP tallyd_gpus_lost GPUs marked unusable since tallyd started.\n"
          "# TYPE tallyd_gpus_lost gauge\n"
@@ -507,13 +506,19 @@ static void render_replies(const td_gauges_t *g, out_t *o)
          (unsigned long long)g->reply.peak_peer, (unsigned long long)g->reply.peak_total,
          (unsigned long long)g->reply.bound_peer, (unsigned long long)g->reply.bound_total);
     emit_counter(o, "tallyd_connections_lost_total",
-                 "Connections found closed while requests of theirs were unanswered (the client "
-                 "closed it, or ZeroMQ did after a frame over max_frame).",
+                 "Connections that closed while tallyd owed them replies: requests read and not "
+                 "yet answered, or unread, or replies just handed to ZeroMQ, which drops what it "
+                 "had not written (the client closed it, or ZeroMQ did after a frame over "
+                 "max_frame).",
                  g->reply.connections_lost);
     emit_counter(o, "tallyd_replies_resent_total",
                  "Replies kept for such a connection and sent once a connection with its routing "
                  "id came back.",
                  g->reply.resent);
+    emit_counter(o, "tallyd_requests_rerouted_total",
+                 "Requests read from such a connection after a new connection with its routing "
+                 "id took the id over: answered to the new connection.",
+                 g->reply.rerouted);
 }
 
 size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf, size_t cap)

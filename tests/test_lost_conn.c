@@ -1,0 +1,188 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * test_lost_conn.c — issue 30, item 1: a connection that ZeroMQ closes in the middle of a
+ * pipeline (the client's frame over max_frame), against a real tallyd on both backends (the CPU,
+ * and the GPU path over a simulated GPU), with the checks of tests/lib/lost_conn.h:
+ *   - unnumbered scans: tallyd reads and answers every scan sent before the frame; the stream
+ *     holds a subset of them, in order, each once (a scan refused `busy` by the reply-bytes bound
+ *     leaves a gap, and its reply may be lost with the connection: PROTOCOL.md §1), and every
+ *     reply that comes back agrees with it; the reconnected connection is served;
+ *   - numbered scans: the stream is an exact prefix, never a gap; the client's resend of every
+ *     batch after the reconnect applies each missing one exactly once (`duplicate` for the
+ *     others), and a seq that skips one is refused `sequence_gap`;
+ *   - the reconnect comes while tallyd has not read the closed connection's requests yet (each
+ *     simulated launch takes 600 ms and one request is in flight at most): the new connection
+ *     takes the routing id over and is served at once, and every reply, those of the requests
+ *     read after the hand-over included, comes back to it in order (before the fix libzmq
+ *     ignored the new connection for good and every reply was dropped); the lost connection is
+ *     counted and logged.
+ * No time is asserted: waits are bounded loops on what tallyd reports.
+ */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "lost_conn.h"
+
+#define SCANS 20
+#define HANDOVER_SCANS 6
+
+static th_daemon_t daemon_;
+
+static int stop_daemon(void **state)
+{
+    (void)state;
+    if (daemon_.pid > 0)
+        th_daemon_stop(&daemon_, SIGKILL, 5000);
+    daemon_.pid = 0;
+    return 0;
+}
+
+static void start(bool gpu, const char *const *more)
+{
+    const char *cpu[] = {"--max-batch", "64K", "--backend", "cpu", NULL};
+    const char *sim[] = {"--max-batch", "64K", "--backend", "cuda", "--test-sim-gpus", "1", NULL};
+    assert_int_equal(th_daemon_start_with(&daemon_, gpu ? sim : cpu, more), 0);
+}
+
+/* A ping on sock (its reconnected connection), skipping late replies: answered ok. */
+static void assert_served(void *sock)
+{
+    tally_req_t ping = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 4242);
+    assert_int_equal(th_send_request(sock, &ping, NULL, 0), 0);
+    int timeout = 1000;
+    zmq_setsockopt(sock, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    int64_t until = th_now_ms() + 30000;
+    th_reply_t r;
+    while (th_now_ms() < until) {
+        if (th_recv_reply(sock, &r) != 0)
+            continue;
+        bool mine = r.rep.request_id == 4242;
+        int status = (int)r.rep.status;
+        th_reply_free(&r);
+        if (mine) {
+            assert_int_equal(status, TALLY_OK);
+            return;
+        }
+    }
+    fail_msg("the reconnected connection is not served");
+}
+
+static void report(const char *what, const lc_run_t *run)
+{
+    fprintf(stderr,
+            "%s: %d of %d replies came back; tallyd: %lld ok, %lld busy, %lld gap; "
+            "stream: %llu batches, carry %#llx, last_seq %llu\n",
+            what, run->replies, run->n, run->ok, run->busy, run->gap,
+            (unsigned long long)run->batches, (unsigned long long)run->carry,
+            (unsigned long long)run->last_seq);
+}
+
+static void unnumbered(bool gpu)
+{
+    start(gpu, NULL);
+    void *sock = NULL;
+    lc_run_t run;
+    assert_int_equal(
+        lc_run(&daemon_, "gap", "\x80lost-unnumbered", false, SCANS, 2500, &sock, &run), 0);
+    report("unnumbered", &run);
+    const char *bad = lc_check(&run);
+    if (bad)
+        fail_msg("%s (log %s)", bad, daemon_.log_path);
+    assert_served(sock);
+    th_close(sock);
+    assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 20000), 0);
+    daemon_.pid = 0;
+}
+
+static void numbered(bool gpu)
+{
+    start(gpu, NULL);
+    void *sock = NULL;
+    lc_run_t run;
+    assert_int_equal(lc_run(&daemon_, "gap", "\x80lost-numbered", true, SCANS, 2500, &sock, &run),
+                     0);
+    report("numbered", &run);
+    const char *bad = lc_check(&run);
+    if (!bad)
+        bad = lc_resend(&daemon_, sock, "gap", &run);
+    if (bad)
+        fail_msg("%s (log %s)", bad, daemon_.log_path);
+    th_close(sock);
+    assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 20000), 0);
+    daemon_.pid = 0;
+}
+
+static void test_unnumbered_cpu(void **state)
+{
+    (void)state;
+    unnumbered(false);
+}
+
+static void test_unnumbered_gpu_path(void **state)
+{
+    (void)state;
+    unnumbered(true);
+}
+
+static void test_numbered_cpu(void **state)
+{
+    (void)state;
+    numbered(false);
+}
+
+static void test_numbered_gpu_path(void **state)
+{
+    (void)state;
+    numbered(true);
+}
+
+static void test_reconnect_before_the_requests_are_read(void **state)
+{
+    (void)state;
+    const char *more[] = {"--max-inflight", "1", NULL};
+    setenv("TALLYD_TEST_SIM_LATENCY_US", "600000", 1);
+    start(true, more);
+    unsetenv("TALLYD_TEST_SIM_LATENCY_US");
+    void *sock = NULL;
+    lc_run_t run;
+    assert_int_equal(
+        lc_run(&daemon_, "gap", "\x80lost-handover", false, HANDOVER_SCANS, 30000, &sock, &run), 0);
+    report("hand-over", &run);
+    const char *bad = lc_check(&run);
+    if (bad)
+        fail_msg("%s (log %s)", bad, daemon_.log_path);
+    /* one in flight at a time: nothing refused, every batch in, every reply back, in order */
+    assert_int_equal(run.replies, HANDOVER_SCANS);
+    assert_int_equal(run.ok, HANDOVER_SCANS);
+    assert_int_equal(run.carry, (1u << HANDOVER_SCANS) - 1);
+    assert_served(sock);
+    void *probe = th_connect(daemon_.endpoint, 10000);
+    assert_true(th_stat(probe, "tallyd_requests_rerouted_total") >= 1);
+    assert_true(th_stat(probe, "tallyd_connections_lost_total") >= 1);
+    th_close(sock);
+    assert_int_equal(th_close_and_stop(probe, &daemon_, 20000), 0);
+    daemon_.pid = 0;
+    assert_true(th_daemon_log_contains(&daemon_, "closed with requests unanswered"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_unnumbered_cpu, stop_daemon),
+        cmocka_unit_test_teardown(test_unnumbered_gpu_path, stop_daemon),
+        cmocka_unit_test_teardown(test_numbered_cpu, stop_daemon),
+        cmocka_unit_test_teardown(test_numbered_gpu_path, stop_daemon),
+        cmocka_unit_test_teardown(test_reconnect_before_the_requests_are_read, stop_daemon),
+    };
+    return cmocka_run_group_tests_name("lost connection", tests, NULL, NULL);
+}
