@@ -29,7 +29,7 @@
 #      end when it made it, to leave the machine as it found it.
 #
 # It refuses to run where tallyd packages, /etc/tallyd, /var/lib/tallyd, /var/cache/tallyd or
-# /run/tallyd exist already (it would remove them), and is skipped (exit 77) when not root
+# /run/tallyd (unless stale: no tallyd holds its lock) exist already (it would remove them), and is skipped (exit 77) when not root
 # without passwordless sudo, or where systemd runs (the packages would start tallyd.service; run
 # it in a container). Whatever happens, it stops its tallyd and purges what it installed (trap).
 # About 95 s of CPU; 2.5 to 5 minutes on the shared 2-core dev box (each phase's time is printed
@@ -48,6 +48,14 @@ if [ -d /run/systemd/system ]; then
   echo "package-test: skipped: systemd runs here, so the packages would start tallyd.service;"
   echo "run it in a container or on a machine without systemd as PID 1"
   exit 77
+fi
+# /run/tallyd is also where any tallyd run as root without a package puts its side channel (a
+# test, a developer's `tallyd`): a stale one (no tallyd holds its lock) is runtime litter, not
+# an installation, and is removed; one a running tallyd holds is refused like the others.
+runtime_lock=/run/tallyd/tallyd-shm.sock.lock
+if [ -d /run/tallyd ] && { [ ! -e $runtime_lock ] || flock -n $runtime_lock true; }; then
+  echo "package-test: removing a stale /run/tallyd (no tallyd holds $runtime_lock)"
+  rm -rf /run/tallyd
 fi
 for d in /etc/tallyd /var/lib/tallyd /var/cache/tallyd /run/tallyd; do
   [ ! -e $d ] || { echo "package-test: $d exists already; this test would remove it"; exit 1; }
