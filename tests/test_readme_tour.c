@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_readme_tour.c — the README's tour runs as written against a fresh tallyd and prints
- * what the README says it prints (test_readme.sh checks the README's C examples and prompts).
+ * test_readme_tour.c — the tour (docs/tour.md, then docs/histograms.md) runs as written against
+ * a fresh tallyd and prints what the pages say it prints (test_readme.sh checks the C examples
+ * of the README and docs/, and their prompts).
  *
- * The README is parsed, never copied: in its sections "## A tour" and "## Looking at
+ * The pages are parsed, never copied: in their sections "# A tour" and "# Looking at
  * histograms", every ```sh block runs, in order, in one scratch folder, through bash, with
  * stdout and stderr together; when a ```text block follows it (blank lines between at most),
  * that is exactly what it must print. A block right after a line "<!-- test_readme_tour: skip"
@@ -38,8 +39,8 @@
 
 #include "harness.h"
 
-#ifndef TALLY_README_MD
-#error "TALLY_README_MD must name the README"
+#if !defined(TALLY_TOUR_MD) || !defined(TALLY_HISTOGRAMS_MD)
+#error "TALLY_TOUR_MD and TALLY_HISTOGRAMS_MD must name the tour's pages"
 #endif
 
 #define SKIP_MARK "<!-- test_readme_tour: skip"
@@ -77,7 +78,7 @@ static bool starts(const char *line, const char *prefix)
 
 static bool tour_section(const char *heading)
 {
-    return !strcmp(heading, "## A tour") || !strcmp(heading, "## Looking at histograms");
+    return !strcmp(heading, "# A tour") || !strcmp(heading, "# Looking at histograms");
 }
 
 /* Appends the fence's lines after lines[*i] up to the closing ``` (moved past it). */
@@ -106,7 +107,7 @@ static size_t parse_tour(char *readme, block_t *blocks, size_t max)
     }
     bool in_tour = false, skip = false;
     for (size_t i = 0; i < n; i++) {
-        if (starts(lines[i], "## "))
+        if (starts(lines[i], "# "))
             in_tour = tour_section(lines[i]);
         if (!in_tour)
             continue;
@@ -253,8 +254,14 @@ static void tour_environment(void)
 static void test_tour(void **state)
 {
     (void)state;
-    char *readme = th_slurp(TALLY_README_MD);
+    char *tour = th_slurp(TALLY_TOUR_MD), *histograms = th_slurp(TALLY_HISTOGRAMS_MD);
+    assert_non_null(tour);
+    assert_non_null(histograms);
+    char *readme = calloc(1, strlen(tour) + strlen(histograms) + 1);
     assert_non_null(readme);
+    strcat(strcat(readme, tour), histograms);
+    free(tour);
+    free(histograms);
     static block_t blocks[256];
     size_t n = parse_tour(readme, blocks, 256);
     print_message("%zu blocks in the README's tour\n", n);
@@ -304,10 +311,10 @@ static void test_normalise(void **state)
                            "count      1000000");
     free(n);
     /* The blocks: sh, then its text block; a marked block is skipped; other sections too. */
-    char readme[] = "## A tour\n```sh\necho a\n```\n\n```text\na\n```\n"
+    char readme[] = "# A tour\n```sh\necho a\n```\n\n```text\na\n```\n"
                     "<!-- test_readme_tour: skip (needs a GPU) -->\n```sh\necho b\n```\n"
                     "```sh\necho c\n```\n"
-                    "## The tally command\n```sh\necho d\n```\n```text\nd\n```\n";
+                    "# The tally command\n```sh\necho d\n```\n```text\nd\n```\n";
     block_t b[4];
     assert_int_equal(parse_tour(readme, b, 4), 2);
     assert_string_equal(b[0].cmd, "echo a\n");
