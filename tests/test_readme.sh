@@ -4,8 +4,8 @@
 # README and of the pages of docs/ that follows a "<!-- compiled: NAME -->" marker against
 # libtally, with only the public headers' folders on the include path (tally.h, tally_wire.h,
 # tally_version.h: not proto/), so the examples cannot drift from the API or lean on private
-# headers; and checks that no code block carries "$ " prompts. The tour's shell examples are
-# run, and their output compared with the pages', by test_readme_tour.c (it needs a tallyd: the
+# headers; and checks that no code block carries "$ " prompts. The pages' shell examples are
+# run, and their output compared with the pages', by test_docs.c (it needs a tallyd: the
 # harness's).
 set -eu
 readme="$1/README.md $1/docs/*.md"
