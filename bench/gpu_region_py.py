@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Device regions from Python (issue 23, PROTOCOL.md §10 "Device memory"): the GB/s that
-`client.hist(r)` reaches on a GpuRegion read in place by tallyd's GPU, the figure the README's
-CuPy example quotes. Run by scripts/gpu-check.sh STEPS=gpu-region-py against a tallyd on the GPU
-(--backend cuda); on the dev box it runs against simulated GPUs (TALLY_TEST_SIM_GPU=1, a tallyd
-with --test-sim-gpus) only to check that it works, its figures meaningless.
+`client.hist(r)` reaches on a GpuRegion read in place by tallyd's GPU, the figure the CuPy example
+of docs/c-and-python.md quotes. Run by scripts/gpu-check.sh STEPS=gpu-region-py against a tallyd
+on the GPU (--backend cuda); on the dev box it runs against simulated GPUs (TALLY_TEST_SIM_GPU=1,
+a tallyd with --test-sim-gpus) only to check that it works, its figures meaningless.
 
 For each size (64 and 256 MiB): the region filled (through CuPy when it is installed, in place
 through cupy.asarray(r); else copied in with r.copy_from), one hist checked against NumPy on the

@@ -23,7 +23,7 @@
 # SOAK_TALLYD_ARGS adds options to tallyd. To compare with glibc's own arenas (one per thread),
 # keep tallyd's thresholds and leave the arena count to glibc:
 #   GLIBC_TUNABLES=glibc.malloc.trim_threshold=134217728:glibc.malloc.mmap_threshold=33554432
-# (any glibc.malloc tunable makes tallyd leave malloc alone: README, "Memory").
+# (any glibc.malloc tunable makes tallyd leave malloc alone: docs/source-tree.md, "Memory").
 set -uo pipefail
 # shellcheck source-path=SCRIPTDIR source=bench-env.sh
 . "$(dirname "$0")/bench-env.sh"

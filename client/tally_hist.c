@@ -8,7 +8,8 @@
  * inverse of tally_hist_bin_i32 (x goes to bin floor((x - lo) * 256 / (hi - lo))). A u8
  * histogram is the special case lo = 0, hi = 256, one integer per bin, so its mean and
  * quantiles are exact. With wider bins the values of a bin are taken as spread evenly over its
- * integers; the quantile rule is spelled out in tally.h (tally_hist_quantile) and the README.
+ * integers; the quantile rule is spelled out in tally.h (tally_hist_quantile) and
+ * docs/histograms.md.
  *
  * Counts are uint64 and ranks are computed in 128-bit integers, never in floating point, so
  * p90 of 10 values is the 9th value, not the 10th that 0.9 * 10 = 9.000000000000002 would give.

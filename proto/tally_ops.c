@@ -80,6 +80,14 @@ const tally_op_info_t *tally_op_find(const char *name)
     return NULL;
 }
 
+/* The name column of op's row; the cast to unsigned makes a negative value (possible for an
+ * enum argument) out of range. */
+const char *tally_op_name(tally_op_t op)
+{
+    const tally_op_info_t *row = tally_op_info((unsigned)op);
+    return row != NULL ? row->name : NULL;
+}
+
 bool tally_op_takes_dtype(unsigned opcode, unsigned dtype)
 {
     const tally_op_info_t *row = tally_op_info(opcode);

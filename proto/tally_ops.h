@@ -8,7 +8,7 @@
  * named by the row), whether a stream is refused, optional or required, whether the payload is
  * a batch of elements (and so bounded by max_batch and able to carry a seq), how the reply's
  * payload is shaped, and one line of help. The readers:
- *   - the validator (tally_proto.c) checks a request against its row;
+ *   - the validator (tally_validate.c) checks a request against its row;
  *   - libtally sizes replies and merges a push's chunks by the reply shape;
  *   - the CLI's command list and tally(1) take their one-line summaries from `summary`;
  *   - tallyd dispatches by the row (answered on the loop, a stream control, or a batch) and

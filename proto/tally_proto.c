@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * tally_proto.c — encode, decode and validate protocol v1 (specified in proto/PROTOCOL.md).
+ * tally_proto.c — encode and decode protocol v1 (specified in proto/PROTOCOL.md): the codec, the
+ * top floor of proto/ (tally_validate.h draws the floors).
  *
  * How it works:
  * - Every field has a fixed byte offset (the HEAD_OFF_, REQ_OFF_, REP_OFF_ and INFO_OFF_
@@ -12,22 +13,21 @@
  *   same bytes", which the fuzz test in tests/test_proto.c checks on 200k inputs, and a v1
  *   daemon never silently ignores a field that a later client version might set.
  * - Request checks come in three layers, each a function: header framing (length, magic,
- *   version, opcode and dtype ranges, reserved bytes, name padding), field rules per opcode
- *   (validate_fields) and payload rules (validate_payload). tally_req_decode runs the first two,
+ *   version, opcode and dtype ranges, reserved bytes, name padding: here), field rules per
+ *   opcode (tally__validate_fields) and payload rules (validate_payload), both in the validator,
+ *   tally_validate.c, which reads the operation table. tally_req_decode runs the first two,
  *   because the daemon decodes the header before it looks at the payload frame;
  *   tally_req_validate runs the last two and is what both sides call on a complete request.
- * - Every rejection writes a sentence naming the offending value into the caller's buffer; the
- *   daemon sends it back as the error reply's payload, so it must make sense to a user.
+ * - Every rejection writes a sentence naming the offending value into the caller's buffer
+ *   (tally__fail); the daemon sends it back as the error reply's payload, so it must make sense
+ *   to a user.
  *
- * Pure C11: no allocation, no I/O (snprintf only formats into the caller's buffer).
+ * Pure C11: no allocation, no I/O.
  */
 #include "tally_proto.h"
-#include "tally_ops.h"
+#include "tally_validate.h"
 
-#include <inttypes.h>
-#include <stdarg.h>
 #include <stddef.h>
-#include <stdio.h>
 #include <string.h>
 
 /* ---- Wire offsets ----------------------------------------------------------------------- */
@@ -227,493 +227,6 @@ static tally_status_t layout_decode_reply(const wire_layout_t *l, const uint8_t 
     }
 /* clang-format on */
 
-/* ---- Names ------------------------------------------------------------------------------ */
-
-/* One row per status: the stable name tools and logs print, and the sentence for people. */
-static const struct {
-    tally_status_t status;
-    const char *name;
-    const char *text;
-} status_table[] = {
-    {TALLY_OK, "ok", "success"},
-    {TALLY_E_HEADER, "bad_header", "the request header is truncated or oversized"},
-    {TALLY_E_MAGIC, "bad_magic", "the header does not start with the magic bytes \"TLYD\""},
-    {TALLY_E_VERSION, "bad_version", "the protocol version is not supported"},
-    {TALLY_E_OPCODE, "bad_opcode", "the opcode is unknown"},
-    {TALLY_E_DTYPE, "bad_dtype", "the dtype is unknown or not accepted by the operation"},
-    {TALLY_E_PAYLOAD, "bad_payload", "the payload is not a whole number of elements, or not empty"},
-    {TALLY_E_TOO_LARGE, "too_large", "the payload exceeds the maximum batch size"},
-    {TALLY_E_STREAM_NAME, "bad_stream_name",
-     "the stream name is missing, too long or not printable ASCII"},
-    {TALLY_E_UNKNOWN_STREAM, "unknown_stream", "the stream does not exist"},
-    {TALLY_E_FRAMES, "bad_frames", "the message has missing or extra frames"},
-    {TALLY_E_PARAM, "bad_param", "a predicate, flag, range or reserved field is invalid"},
-    {TALLY_E_STREAM_STATE, "stream_state", "the request conflicts with the stream's state"},
-    {TALLY_E_LIMIT, "limit", "a daemon resource limit was reached"},
-    {TALLY_E_BACKEND, "backend", "the compute backend failed"},
-    {TALLY_E_SHUTDOWN, "shutdown", "the daemon is shutting down"},
-    {TALLY_E_INTERNAL, "internal", "internal error in the daemon"},
-    {TALLY_E_DUPLICATE, "duplicate",
-     "the request's sequence number was already applied on the stream; not applied again"},
-    {TALLY_E_SEQ_GAP, "sequence_gap",
-     "the request's sequence number skips one the stream has not applied; not applied"},
-    {TALLY_E_BAD_REF, "bad_ref",
-     "a shared-memory reference names no region of this peer, or a range outside it"},
-    {TALLY_E_QUOTA, "quota", "a shared-memory quota would be exceeded"},
-    {TALLY_E_BUSY, "busy",
-     "this connection already has its share of requests in flight; retry after a reply"},
-    {TALLY_E_CLIENT_STREAMS, "client_streams", "this client already holds its maximum of streams"},
-    {TALLY_E_RATE, "rate_limited", "this client creates streams faster than allowed"},
-    {TALLY_E_WINDOW, "bad_window",
-     "the window is longer than the daemon keeps of a stream, or windows are off"},
-    {TALLY_E_NOT_PERMITTED, "not_permitted",
-     "the sender may not do this (on a fleet worker, streams change only through their "
-     "partition)"},
-    {TALLY_E_TIMEOUT, "timeout", "no reply from the daemon within the timeout"},
-    {TALLY_E_TRANSPORT, "transport", "the ZeroMQ transport failed"},
-    {TALLY_E_REPLY, "bad_reply", "the reply from the daemon is malformed"},
-    {TALLY_E_NOMEM, "nomem", "out of memory"},
-    {TALLY_E_ARG, "bad_argument", "invalid argument"},
-    {TALLY_E_IO, "io", "input/output error"},
-};
-
-const char *tally_status_name(tally_status_t status)
-{
-    for (size_t i = 0; i < COUNT_OF(status_table); i++) {
-        if (status_table[i].status == status)
-            return status_table[i].name;
-    }
-    return "unknown";
-}
-
-const char *tally_status_text(tally_status_t status)
-{
-    for (size_t i = 0; i < COUNT_OF(status_table); i++) {
-        if (status_table[i].status == status)
-            return status_table[i].text;
-    }
-    return "unknown status";
-}
-
-/* Indexed by the wire code; the dtypes are dense from 0 (the operations are rows of
- * tally_ops.c). */
-static const char *const dtype_names[TALLY_DTYPE_COUNT] = {
-    [TALLY_DTYPE_NONE] = "none", [TALLY_DTYPE_I32] = "i32",   [TALLY_DTYPE_U8] = "u8",
-    [TALLY_DTYPE_I64] = "i64",   [TALLY_DTYPE_U64] = "u64",   [TALLY_DTYPE_TEXT] = "text",
-    [TALLY_DTYPE_U16] = "u16",   [TALLY_DTYPE_RGB8] = "rgb8", [TALLY_DTYPE_RGBA8] = "rgba8",
-};
-static const size_t dtype_sizes[TALLY_DTYPE_COUNT] = {
-    [TALLY_DTYPE_I32] = 4, [TALLY_DTYPE_U8] = 1,   [TALLY_DTYPE_I64] = 8,   [TALLY_DTYPE_U64] = 8,
-    [TALLY_DTYPE_U16] = 2, [TALLY_DTYPE_RGB8] = 3, [TALLY_DTYPE_RGBA8] = 4,
-};
-static const char *const pred_names[TALLY_PRED_BETWEEN + 1] = {
-    [TALLY_PRED_GT] = "gt",           [TALLY_PRED_GE] = "ge", [TALLY_PRED_LT] = "lt",
-    [TALLY_PRED_LE] = "le",           [TALLY_PRED_EQ] = "eq", [TALLY_PRED_NE] = "ne",
-    [TALLY_PRED_BETWEEN] = "between",
-};
-
-/* The casts to unsigned make negative values (possible for an enum argument) out of range. */
-const char *tally_op_name(tally_op_t op)
-{
-    const tally_op_info_t *row = tally_op_info((unsigned)op);
-    return row != NULL ? row->name : NULL;
-}
-
-const char *tally_dtype_name(tally_dtype_t dtype)
-{
-    return (unsigned)dtype < TALLY_DTYPE_COUNT ? dtype_names[dtype] : NULL;
-}
-
-const char *tally_pred_name(tally_pred_t pred)
-{
-    return (unsigned)pred <= TALLY_PRED_BETWEEN ? pred_names[pred] : NULL;
-}
-
-size_t tally_dtype_size(tally_dtype_t dtype)
-{
-    return (unsigned)dtype < TALLY_DTYPE_COUNT ? dtype_sizes[dtype] : 0;
-}
-
-size_t tally_dtype_align(tally_dtype_t dtype)
-{
-    if (dtype == TALLY_DTYPE_RGB8 || dtype == TALLY_DTYPE_RGBA8)
-        return 1; /* read channel by channel: a pixel is bytes, not a word */
-    return tally_dtype_size(dtype);
-}
-
-unsigned tally_hist_channels(unsigned dtype)
-{
-    switch (dtype) {
-    case TALLY_DTYPE_U8:
-    case TALLY_DTYPE_I32:
-    case TALLY_DTYPE_U16:
-        return 1;
-    case TALLY_DTYPE_RGB8:
-        return 3;
-    case TALLY_DTYPE_RGBA8:
-        return 4;
-    default:
-        return 0;
-    }
-}
-
-bool tally_hist_ranged(unsigned dtype)
-{
-    return dtype == TALLY_DTYPE_I32 || dtype == TALLY_DTYPE_U16;
-}
-
-size_t tally_hist_values(unsigned dtype)
-{
-    if (tally_hist_ranged(dtype))
-        return TALLY_HIST_I32_VALUES;
-    return (size_t)tally_hist_channels(dtype) * TALLY_HIST_BINS;
-}
-
-/* Element type names for messages meant for people ("int32 elements"). */
-static const char *dtype_long_name(unsigned dtype)
-{
-    static const char *const names[TALLY_DTYPE_COUNT] = {
-        "none", "int32", "uint8", "int64", "uint64", "text", "uint16", "rgb8 pixel", "rgba8 pixel"};
-    return dtype < TALLY_DTYPE_COUNT ? names[dtype] : "none";
-}
-
-/* ---- Error messages --------------------------------------------------------------------- */
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 4, 5)))
-#endif
-static tally_status_t
-fail(tally_status_t status, char *msg, size_t msg_cap, const char *fmt, ...)
-{
-    if (msg != NULL && msg_cap > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, msg_cap, fmt, ap);
-        va_end(ap);
-    }
-    return status;
-}
-
-static void clear_msg(char *msg, size_t msg_cap)
-{
-    if (msg != NULL && msg_cap > 0)
-        msg[0] = '\0';
-}
-
-/* ---- Stream names ----------------------------------------------------------------------- */
-
-static bool name_byte_valid(uint8_t c)
-{
-    return c >= 0x21 && c <= 0x7E;
-}
-
-bool tally_stream_name_valid(const char *name, size_t len)
-{
-    if (name == NULL || len == 0 || len > TALLY_STREAM_NAME_MAX)
-        return false;
-    for (size_t i = 0; i < len; i++) {
-        if (!name_byte_valid((uint8_t)name[i]))
-            return false;
-    }
-    return true;
-}
-
-tally_status_t tally_req_set_stream(tally_req_t *req, const char *name)
-{
-    if (req == NULL)
-        return TALLY_E_ARG;
-    if (name == NULL) {
-        req->stream_len = 0;
-        memset(req->stream, 0, sizeof req->stream);
-        return TALLY_OK;
-    }
-    size_t len = 0;
-    while (len <= TALLY_STREAM_NAME_MAX && name[len] != '\0')
-        len++;
-    if (!tally_stream_name_valid(name, len))
-        return TALLY_E_STREAM_NAME;
-    memset(req->stream, 0, sizeof req->stream);
-    memcpy(req->stream, name, len);
-    req->stream_len = (uint8_t)len;
-    return TALLY_OK;
-}
-
-/* Explains why the stream name of req is invalid; TALLY_OK when it is valid or absent. */
-static tally_status_t check_stream_name(const tally_req_t *req, char *msg, size_t msg_cap)
-{
-    if (req->stream_len > TALLY_STREAM_NAME_MAX)
-        return fail(TALLY_E_STREAM_NAME, msg, msg_cap,
-                    "stream name of %u bytes exceeds the maximum of %d", req->stream_len,
-                    TALLY_STREAM_NAME_MAX);
-    for (size_t i = 0; i < req->stream_len; i++) {
-        uint8_t c = (uint8_t)req->stream[i];
-        if (!name_byte_valid(c))
-            return fail(TALLY_E_STREAM_NAME, msg, msg_cap,
-                        "stream name byte %zu is 0x%02x; names are printable ASCII "
-                        "(0x21..0x7e) without spaces",
-                        i, c);
-    }
-    return TALLY_OK;
-}
-
-/* ---- Request validation ----------------------------------------------------------------- */
-
-static const char *op_label(const tally_req_t *req)
-{
-    const char *name = tally_op_name((tally_op_t)req->opcode);
-    return name != NULL ? name : "?";
-}
-
-static const char *dtype_label(unsigned dtype)
-{
-    const char *name = tally_dtype_name((tally_dtype_t)dtype);
-    return name != NULL ? name : "?";
-}
-
-static tally_status_t check_flags(const tally_req_t *req, unsigned allowed, char *msg,
-                                  size_t msg_cap)
-{
-    unsigned extra = req->flags & ~allowed;
-    if (extra != 0)
-        return fail(TALLY_E_PARAM, msg, msg_cap, "flags 0x%02x are not defined for %s", extra,
-                    op_label(req));
-    return TALLY_OK;
-}
-
-/* Operations without a predicate or range must send pred, lo and hi as zero. */
-static tally_status_t check_no_pred_range(const tally_req_t *req, char *msg, size_t msg_cap)
-{
-    if (req->pred != 0)
-        return fail(TALLY_E_PARAM, msg, msg_cap, "%s takes no predicate (got %u)", op_label(req),
-                    req->pred);
-    if (req->lo != 0 || req->hi != 0)
-        return fail(TALLY_E_PARAM, msg, msg_cap,
-                    "%s %s takes no lo/hi parameters (got lo=%" PRId64 ", hi=%" PRId64 ")",
-                    op_label(req), dtype_label(req->dtype), req->lo, req->hi);
-    return TALLY_OK;
-}
-
-/* A dtype the operation's row does not list. */
-static tally_status_t check_dtype(const tally_req_t *req, char *msg, size_t msg_cap)
-{
-    if (tally_op_takes_dtype(req->opcode, req->dtype))
-        return TALLY_OK;
-    char takes[64];
-    return fail(TALLY_E_DTYPE, msg, msg_cap, "%s takes dtype %s (got %s)", op_label(req),
-                tally_op_dtypes_text(req->opcode, takes, sizeof takes), dtype_label(req->dtype));
-}
-
-/* TALLY_PARAMS_NONE: the row's flags, and no predicate or range. */
-static tally_status_t params_none(const tally_req_t *req, unsigned flags, char *msg, size_t msg_cap)
-{
-    tally_status_t st = check_flags(req, flags, msg, msg_cap);
-    if (st != TALLY_OK)
-        return st;
-    return check_no_pred_range(req, msg, msg_cap);
-}
-
-/* TALLY_PARAMS_FILTER: a known predicate and its bounds, then the flags. */
-static tally_status_t params_filter(const tally_req_t *req, unsigned flags, char *msg,
-                                    size_t msg_cap)
-{
-    if (req->pred < TALLY_PRED_GT || req->pred > TALLY_PRED_BETWEEN)
-        return fail(TALLY_E_PARAM, msg, msg_cap, "unknown filter predicate %u (known: 1..%d)",
-                    req->pred, TALLY_PRED_BETWEEN);
-    /* A single-threshold predicate has no use for hi; rejecting a nonzero one (like every other
-     * unused field) keeps the value free for a later protocol version and catches a client that
-     * meant `between`. */
-    if (req->pred != TALLY_PRED_BETWEEN && req->hi != 0)
-        return fail(TALLY_E_PARAM, msg, msg_cap,
-                    "filter %s takes no hi; send it as 0 (got hi=%" PRId64 ")",
-                    tally_pred_name((tally_pred_t)req->pred), req->hi);
-    if (req->pred == TALLY_PRED_BETWEEN && req->lo > req->hi)
-        return fail(TALLY_E_PARAM, msg, msg_cap,
-                    "filter between needs lo <= hi (got lo=%" PRId64 ", hi=%" PRId64 ")", req->lo,
-                    req->hi);
-    return check_flags(req, flags, msg, msg_cap);
-}
-
-/* The range [lo, hi) a ranged histogram of dtype admits: i32 [-2^31, 2^31], u16 [0, 2^16]. */
-static void hist_range_limits(unsigned dtype, int64_t *min, int64_t *max)
-{
-    *min = dtype == TALLY_DTYPE_U16 ? 0 : INT32_MIN;
-    *max = dtype == TALLY_DTYPE_U16 ? (int64_t)UINT16_MAX + 1 : (int64_t)INT32_MAX + 1;
-}
-
-/* TALLY_PARAMS_HIST: the flags, then the range of i32 and u16 (none for the byte types). */
-static tally_status_t params_hist(const tally_req_t *req, unsigned flags, char *msg, size_t msg_cap)
-{
-    if (!tally_hist_ranged(req->dtype))
-        return params_none(req, flags, msg, msg_cap);
-    tally_status_t st = check_flags(req, flags, msg, msg_cap);
-    if (st != TALLY_OK)
-        return st;
-    if (req->pred != 0)
-        return fail(TALLY_E_PARAM, msg, msg_cap, "hist takes no predicate (got %u)", req->pred);
-    const char *type = dtype_label(req->dtype);
-    if (req->lo >= req->hi)
-        return fail(TALLY_E_PARAM, msg, msg_cap,
-                    "hist %s range [lo, hi) needs lo < hi (got lo=%" PRId64 ", hi=%" PRId64 ")",
-                    type, req->lo, req->hi);
-    int64_t min, max;
-    hist_range_limits(req->dtype, &min, &max);
-    if (req->lo < min || req->hi > max)
-        return fail(TALLY_E_PARAM, msg, msg_cap,
-                    "hist %s range [%" PRId64 ", %" PRId64 ") is not within [%" PRId64 ", %" PRId64
-                    "]",
-                    type, req->lo, req->hi, min, max);
-    return TALLY_OK;
-}
-
-/* TALLY_PARAMS_WINDOW: with QUERY_WINDOW, the window (1 ms .. TALLY_WINDOW_MS_MAX) in lo. */
-static tally_status_t params_window(const tally_req_t *req, unsigned flags, char *msg,
-                                    size_t msg_cap)
-{
-    if (!(req->flags & TALLY_FLAG_QUERY_WINDOW))
-        return params_none(req, flags, msg, msg_cap);
-    tally_status_t st = check_flags(req, flags, msg, msg_cap);
-    if (st != TALLY_OK)
-        return st;
-    if (req->pred != 0 || req->hi != 0)
-        return fail(TALLY_E_PARAM, msg, msg_cap,
-                    "a window query takes no predicate or hi (got pred=%u, hi=%" PRId64 ")",
-                    req->pred, req->hi);
-    if (req->lo < 1 || req->lo > TALLY_WINDOW_MS_MAX)
-        return fail(TALLY_E_PARAM, msg, msg_cap,
-                    "a window query needs a window of 1..%" PRId64 " ms in lo (got %" PRId64 ")",
-                    (int64_t)TALLY_WINDOW_MS_MAX, req->lo);
-    return TALLY_OK;
-}
-
-/* The rule for flags, pred, lo and hi that a row names (tally_params_t). */
-static tally_status_t (*const params_rules[])(const tally_req_t *, unsigned, char *, size_t) = {
-    [TALLY_PARAMS_NONE] = params_none,
-    [TALLY_PARAMS_FILTER] = params_filter,
-    [TALLY_PARAMS_HIST] = params_hist,
-    [TALLY_PARAMS_WINDOW] = params_window,
-};
-
-/* A stream given or missing against the row's rule. */
-static tally_status_t check_stream_rule(const tally_req_t *req, const tally_op_info_t *row,
-                                        char *msg, size_t msg_cap)
-{
-    if (row->stream == TALLY_STREAM_REQUIRED && req->stream_len == 0)
-        return fail(TALLY_E_STREAM_NAME, msg, msg_cap, "%s needs a stream name", row->name);
-    if (row->stream == TALLY_STREAM_NONE && req->stream_len != 0)
-        return fail(TALLY_E_STREAM_NAME, msg, msg_cap, "%s takes no stream name (got \"%.*s\")",
-                    row->name, (int)req->stream_len, req->stream);
-    return TALLY_OK;
-}
-
-/* A sequence number orders the batches applied to one stream, so only a batch that names a
- * stream may carry one; on anything else it would be silently meaningless. */
-static tally_status_t check_seq(const tally_req_t *req, const tally_op_info_t *row, char *msg,
-                                size_t msg_cap)
-{
-    if (req->seq == 0)
-        return TALLY_OK;
-    if (!row->batch || row->stream == TALLY_STREAM_NONE)
-        return fail(TALLY_E_PARAM, msg, msg_cap,
-                    "%s takes no sequence number (got seq=%" PRIu64 ")", op_label(req), req->seq);
-    if (req->stream_len == 0)
-        return fail(TALLY_E_PARAM, msg, msg_cap,
-                    "a sequence number (seq=%" PRIu64 ") needs a stream: %s without one has "
-                    "nothing to order",
-                    req->seq, op_label(req));
-    return TALLY_OK;
-}
-
-/* "1..10, 13": the opcodes the table has, for the message about one it has not. */
-static void known_opcodes(char *buf, size_t cap)
-{
-    size_t at = 0;
-    buf[0] = '\0';
-    for (unsigned op = 1; op < TALLY_OP_COUNT && at < cap; op++) {
-        if (!tally_op_info(op) || (tally_op_info(op - 1) && op > 1))
-            continue;
-        unsigned last = op;
-        while (tally_op_info(last + 1))
-            last++;
-        int n = last == op ? snprintf(buf + at, cap - at, "%s%u", at ? ", " : "", op)
-                           : snprintf(buf + at, cap - at, "%s%u..%u", at ? ", " : "", op, last);
-        at += n > 0 ? (size_t)n : 0;
-    }
-}
-
-/* The opcode and dtype are ones this version knows. */
-static tally_status_t check_ranges(const tally_req_t *req, char *msg, size_t msg_cap)
-{
-    if (tally_op_info(req->opcode) == NULL) {
-        char known[64];
-        known_opcodes(known, sizeof known);
-        return fail(TALLY_E_OPCODE, msg, msg_cap, "unknown opcode %u (known: %s)", req->opcode,
-                    known);
-    }
-    if (req->dtype >= TALLY_DTYPE_COUNT)
-        return fail(TALLY_E_DTYPE, msg, msg_cap, "unknown dtype %u (known: 0..%d)", req->dtype,
-                    TALLY_DTYPE_COUNT - 1);
-    return TALLY_OK;
-}
-
-/* Opcode and dtype ranges, the stream name, then the operation's row: the dtype, its rule for
- * flags, pred, lo and hi, the stream, then seq (PROTOCOL.md §6, step 7). */
-static tally_status_t validate_fields(const tally_req_t *req, char *msg, size_t msg_cap)
-{
-    tally_status_t st = check_ranges(req, msg, msg_cap);
-    if (st == TALLY_OK)
-        st = check_stream_name(req, msg, msg_cap);
-    if (st != TALLY_OK)
-        return st;
-    const tally_op_info_t *row = tally_op_info(req->opcode);
-    if ((st = check_dtype(req, msg, msg_cap)) != TALLY_OK ||
-        (st = params_rules[row->params](req, row->flags, msg, msg_cap)) != TALLY_OK ||
-        (st = check_stream_rule(req, row, msg, msg_cap)) != TALLY_OK)
-        return st;
-    return check_seq(req, row, msg, msg_cap);
-}
-
-/* Size first (so a huge batch is reported as too large, whatever its alignment), then shape. */
-static tally_status_t validate_payload(const tally_req_t *req, size_t payload_len, size_t max_batch,
-                                       char *msg, size_t msg_cap)
-{
-    /* Only rows that list the flag accept it (validate_fields): their data is elsewhere,
-     * checked by tally_shm_ref_validate once the reference is decoded. */
-    if (req->flags & TALLY_FLAG_SHM_REF) {
-        if (payload_len != TALLY_SHM_REF_SIZE)
-            return fail(TALLY_E_PAYLOAD, msg, msg_cap,
-                        "a shared-memory reference is %d bytes (got %zu)", TALLY_SHM_REF_SIZE,
-                        payload_len);
-        return TALLY_OK;
-    }
-    tally_status_t st = tally_batch_check(payload_len, max_batch, msg, msg_cap);
-    if (st != TALLY_OK)
-        return st;
-    if (!tally_op_info(req->opcode)->batch) {
-        if (payload_len != 0)
-            return fail(TALLY_E_PAYLOAD, msg, msg_cap, "%s takes an empty payload (got %zu bytes)",
-                        op_label(req), payload_len);
-        return TALLY_OK;
-    }
-    size_t elem = tally_dtype_size((tally_dtype_t)req->dtype);
-    if (elem != 0 && payload_len % elem != 0)
-        return fail(TALLY_E_PAYLOAD, msg, msg_cap,
-                    "payload of %zu bytes is not a whole number of %s elements", payload_len,
-                    dtype_long_name(req->dtype));
-    return TALLY_OK;
-}
-
-tally_status_t tally_req_validate(const tally_req_t *req, size_t payload_len, size_t max_batch,
-                                  char *msg, size_t msg_cap)
-{
-    clear_msg(msg, msg_cap);
-    if (req == NULL)
-        return fail(TALLY_E_ARG, msg, msg_cap, "no request to validate");
-    tally_status_t st = validate_fields(req, msg, msg_cap);
-    if (st != TALLY_OK)
-        return st;
-    return validate_payload(req, payload_len, max_batch, msg, msg_cap);
-}
-
 /* ---- Request header --------------------------------------------------------------------- */
 
 /* The first REQ_PREFIX_SIZE bytes (what an error reply echoes), then the rest of the fields;
@@ -771,15 +284,15 @@ static tally_status_t check_req_layout(const uint8_t *buf, const tally_req_t *re
             at = 0;
     }
     if (at != 0)
-        return fail(TALLY_E_PARAM, msg, msg_cap, "reserved header byte %zu is 0x%02x, not zero", at,
-                    buf[at]);
+        return tally__fail(TALLY_E_PARAM, msg, msg_cap,
+                           "reserved header byte %zu is 0x%02x, not zero", at, buf[at]);
     if (req->stream_len > TALLY_STREAM_NAME_MAX)
-        return check_stream_name(req, msg, msg_cap);
+        return tally__check_stream_name(req, msg, msg_cap);
     at = first_nonzero(buf, REQ_OFF_STREAM + req->stream_len, TALLY_REQ_HEADER_SIZE);
     if (at != TALLY_REQ_HEADER_SIZE)
-        return fail(TALLY_E_STREAM_NAME, msg, msg_cap,
-                    "header byte %zu after the %u-byte stream name is 0x%02x, not zero", at,
-                    req->stream_len, buf[at]);
+        return tally__fail(TALLY_E_STREAM_NAME, msg, msg_cap,
+                           "header byte %zu after the %u-byte stream name is 0x%02x, not zero", at,
+                           req->stream_len, buf[at]);
     return TALLY_OK;
 }
 
@@ -787,7 +300,7 @@ tally_status_t tally_req_decode(const uint8_t *buf, size_t len, tally_req_t *req
                                 size_t msg_cap)
 {
     memset(req, 0, sizeof *req);
-    clear_msg(msg, msg_cap);
+    tally__msg_clear(msg, msg_cap);
     if (buf == NULL)
         len = 0;
 
@@ -799,27 +312,27 @@ tally_status_t tally_req_decode(const uint8_t *buf, size_t len, tally_req_t *req
 
     /* Step 2: framing. */
     if (len != TALLY_REQ_HEADER_SIZE)
-        return fail(TALLY_E_HEADER, msg, msg_cap, "request header of %zu bytes, expected %d", len,
-                    TALLY_REQ_HEADER_SIZE);
+        return tally__fail(TALLY_E_HEADER, msg, msg_cap, "request header of %zu bytes, expected %d",
+                           len, TALLY_REQ_HEADER_SIZE);
     uint32_t magic = tally_get_u32(buf + HEAD_OFF_MAGIC);
     if (magic != TALLY_MAGIC)
-        return fail(TALLY_E_MAGIC, msg, msg_cap,
-                    "header starts with bytes %02x %02x %02x %02x, not the magic \"TLYD\"", buf[0],
-                    buf[1], buf[2], buf[3]);
+        return tally__fail(TALLY_E_MAGIC, msg, msg_cap,
+                           "header starts with bytes %02x %02x %02x %02x, not the magic \"TLYD\"",
+                           buf[0], buf[1], buf[2], buf[3]);
     if (req->version != TALLY_PROTO_VERSION)
-        return fail(TALLY_E_VERSION, msg, msg_cap,
-                    "protocol version %u is not supported; this side speaks version %d",
-                    req->version, TALLY_PROTO_VERSION);
+        return tally__fail(TALLY_E_VERSION, msg, msg_cap,
+                           "protocol version %u is not supported; this side speaks version %d",
+                           req->version, TALLY_PROTO_VERSION);
 
     /* Step 3: ranges before layout, so that an unknown opcode is reported as such. */
-    tally_status_t st = check_ranges(req, msg, msg_cap);
+    tally_status_t st = tally__check_ranges(req, msg, msg_cap);
     if (st == TALLY_OK)
         st = check_req_layout(buf, req, msg, msg_cap);
     if (st != TALLY_OK)
         return st;
 
     /* Step 4: the per-opcode field rules; the payload is checked once it has arrived. */
-    return validate_fields(req, msg, msg_cap);
+    return tally__validate_fields(req, msg, msg_cap);
 }
 
 /* ---- Reply header ----------------------------------------------------------------------- */
@@ -984,56 +497,13 @@ void tally_shm_ref_encode(const tally_shm_ref_t *ref, uint8_t out[TALLY_SHM_REF_
 tally_status_t tally_shm_ref_decode(const uint8_t *buf, size_t len, tally_shm_ref_t *ref, char *msg,
                                     size_t msg_cap)
 {
-    clear_msg(msg, msg_cap);
+    tally__msg_clear(msg, msg_cap);
     memset(ref, 0, sizeof *ref);
     if (len != TALLY_SHM_REF_SIZE)
-        return fail(TALLY_E_PAYLOAD, msg, msg_cap,
-                    "a shared-memory reference is %d bytes (got %zu)", TALLY_SHM_REF_SIZE, len);
+        return tally__fail(TALLY_E_PAYLOAD, msg, msg_cap,
+                           "a shared-memory reference is %d bytes (got %zu)", TALLY_SHM_REF_SIZE,
+                           len);
     get_fields(buf, ref, ref_fields, COUNT_OF(ref_fields));
-    return TALLY_OK;
-}
-
-uint64_t tally_shm_out_worst(const tally_req_t *req, uint64_t in_length)
-{
-    return tally_op_has_output(req->opcode) ? tally_op_reply_bytes(req, in_length) : 0;
-}
-
-tally_status_t tally_shm_ref_validate(const tally_req_t *req, const tally_shm_ref_t *ref,
-                                      size_t max_batch, char *msg, size_t msg_cap)
-{
-    clear_msg(msg, msg_cap);
-    tally_status_t st = tally_batch_check(ref->in_length, max_batch, msg, msg_cap);
-    if (st != TALLY_OK)
-        return st;
-    size_t elem = tally_dtype_size((tally_dtype_t)req->dtype);
-    if (elem == 0 || ref->in_length % elem != 0)
-        return fail(TALLY_E_PAYLOAD, msg, msg_cap,
-                    "input of %" PRIu64 " bytes is not a whole number of %s elements",
-                    ref->in_length, dtype_long_name(req->dtype));
-    size_t align = tally_dtype_align((tally_dtype_t)req->dtype);
-    if (ref->in_offset % align != 0)
-        return fail(TALLY_E_BAD_REF, msg, msg_cap,
-                    "input offset %" PRIu64 " is not a multiple of the %zu-byte element",
-                    ref->in_offset, align);
-    if (ref->out_handle == 0) {
-        if (ref->out_offset != 0 || ref->out_length != 0)
-            return fail(TALLY_E_BAD_REF, msg, msg_cap,
-                        "out_offset and out_length must be 0 without an output region");
-        return TALLY_OK;
-    }
-    if (!tally_op_has_output(req->opcode))
-        return fail(TALLY_E_BAD_REF, msg, msg_cap, "%s takes no output region", op_label(req));
-    size_t out_elem = tally_op_reply_elem(req);
-    if (ref->out_offset % out_elem != 0)
-        return fail(TALLY_E_BAD_REF, msg, msg_cap,
-                    "output offset %" PRIu64 " is not a multiple of the %zu-byte output element",
-                    ref->out_offset, out_elem);
-    uint64_t worst = tally_shm_out_worst(req, ref->in_length);
-    if (ref->out_length < worst)
-        return fail(TALLY_E_BAD_REF, msg, msg_cap,
-                    "output range of %" PRIu64 " bytes is smaller than the %" PRIu64
-                    " bytes %s may write",
-                    ref->out_length, worst, op_label(req));
     return TALLY_OK;
 }
 
@@ -1085,49 +555,51 @@ static tally_status_t dev_decode(const uint8_t *dev, tally_shm_msg_t *m, char *m
     m->dev_flags = tally_get_u32(dev + DEV_OFF_FLAGS);
     memcpy(m->event, dev + DEV_OFF_EVENT, TALLY_GPU_EVENT_SIZE);
     if (m->dev_size == 0)
-        return fail(TALLY_E_PARAM, msg, msg_cap, "device region of size 0");
+        return tally__fail(TALLY_E_PARAM, msg, msg_cap, "device region of size 0");
     if (m->dev_flags & ~(TALLY_SHM_DEV_EVENT | TALLY_SHM_DEV_OUTPUT))
-        return fail(TALLY_E_PARAM, msg, msg_cap, "unknown device-region flags 0x%x",
-                    (unsigned)m->dev_flags);
+        return tally__fail(TALLY_E_PARAM, msg, msg_cap, "unknown device-region flags 0x%x",
+                           (unsigned)m->dev_flags);
     if (!all_zero(dev + DEV_OFF_RESERVED, 4))
-        return fail(TALLY_E_PARAM, msg, msg_cap, "reserved device-region bytes are not zero");
+        return tally__fail(TALLY_E_PARAM, msg, msg_cap,
+                           "reserved device-region bytes are not zero");
     if (!(m->dev_flags & TALLY_SHM_DEV_EVENT) && !all_zero(m->event, TALLY_GPU_EVENT_SIZE))
-        return fail(TALLY_E_PARAM, msg, msg_cap, "an event handle without DEV_EVENT");
+        return tally__fail(TALLY_E_PARAM, msg, msg_cap, "an event handle without DEV_EVENT");
     return TALLY_OK;
 }
 
 tally_status_t tally_shm_msg_decode(const uint8_t *buf, size_t len, tally_shm_msg_t *m, char *msg,
                                     size_t msg_cap)
 {
-    clear_msg(msg, msg_cap);
+    tally__msg_clear(msg, msg_cap);
     memset(m, 0, sizeof *m);
     if (len < TALLY_SHM_MSG_HEADER)
-        return fail(TALLY_E_HEADER, msg, msg_cap, "side-channel message of %zu bytes is short",
-                    len);
+        return tally__fail(TALLY_E_HEADER, msg, msg_cap,
+                           "side-channel message of %zu bytes is short", len);
     /* Read first, so that the answer to a message refused for its magic or version echoes its
      * op too (PROTOCOL.md §10), as a reply echoes a request's opcode (§3). */
     get_fields(buf, m, shm_msg_fields, COUNT_OF(shm_msg_fields));
     if (tally_get_u32(buf + HEAD_OFF_MAGIC) != TALLY_MAGIC)
-        return fail(TALLY_E_MAGIC, msg, msg_cap, "side-channel message without the magic");
+        return tally__fail(TALLY_E_MAGIC, msg, msg_cap, "side-channel message without the magic");
     if (buf[HEAD_OFF_VERSION] != TALLY_PROTO_VERSION)
-        return fail(TALLY_E_VERSION, msg, msg_cap, "side-channel version %u is not supported",
-                    buf[HEAD_OFF_VERSION]);
+        return tally__fail(TALLY_E_VERSION, msg, msg_cap,
+                           "side-channel version %u is not supported", buf[HEAD_OFF_VERSION]);
     if (m->op != TALLY_SHM_OP_REGISTER && m->op != TALLY_SHM_OP_RELEASE &&
         m->op != TALLY_SHM_OP_REGISTER_DEVICE)
-        return fail(TALLY_E_OPCODE, msg, msg_cap, "unknown side-channel operation %u", m->op);
+        return tally__fail(TALLY_E_OPCODE, msg, msg_cap, "unknown side-channel operation %u",
+                           m->op);
     if (buf[SHM_OFF_RESERVED] != 0)
-        return fail(TALLY_E_PARAM, msg, msg_cap, "reserved byte 7 is not zero");
+        return tally__fail(TALLY_E_PARAM, msg, msg_cap, "reserved byte 7 is not zero");
     bool reg = m->op != TALLY_SHM_OP_RELEASE;
     bool dev = m->op == TALLY_SHM_OP_REGISTER_DEVICE;
     if (reg && (m->id_len == 0 || m->handle != 0))
-        return fail(TALLY_E_PARAM, msg, msg_cap, "register needs a routing id and handle 0");
+        return tally__fail(TALLY_E_PARAM, msg, msg_cap, "register needs a routing id and handle 0");
     if (!reg && m->id_len != 0)
-        return fail(TALLY_E_PARAM, msg, msg_cap, "release takes no routing id");
+        return tally__fail(TALLY_E_PARAM, msg, msg_cap, "release takes no routing id");
     size_t want = TALLY_SHM_MSG_HEADER + (size_t)m->id_len + (dev ? TALLY_SHM_DEV_SIZE : 0);
     if (len != want)
-        return fail(TALLY_E_HEADER, msg, msg_cap,
-                    "side-channel message of %zu bytes, expected %d + %u%s", len,
-                    TALLY_SHM_MSG_HEADER, m->id_len, dev ? " + 96" : "");
+        return tally__fail(TALLY_E_HEADER, msg, msg_cap,
+                           "side-channel message of %zu bytes, expected %d + %u%s", len,
+                           TALLY_SHM_MSG_HEADER, m->id_len, dev ? " + 96" : "");
     memcpy(m->id, buf + SHM_OFF_ID, m->id_len);
     return dev ? dev_decode(buf + SHM_OFF_ID + m->id_len, m, msg, msg_cap) : TALLY_OK;
 }

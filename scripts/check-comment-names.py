@@ -4,7 +4,7 @@
 
 Read: the comments of the C, CUDA, header, CMake, shell and Python sources (Python docstrings
 too), and the whole text of the documents in DOCS (the README, the protocol and the guide for
-contributors). In them:
+contributors) and of every page of docs/. In them:
 
 - a file name with a source-like extension (`td_sched.c`, `tests/test_shm.c`, `scripts/test.sh`,
   `bench/RESULTS.md`) must name a file of the tree. Without a folder it may be anywhere (files
@@ -40,7 +40,7 @@ from typing import Dict, Iterator, List, Set, Tuple
 # Names that exist outside this tree, each with why it is named.
 ALLOWED: Dict[str, str] = {
     "td_web_assets.c": "written by web/embed.cmake into the build tree",
-    "app.c": "the reader's own program in README's example",
+    "app.c": "the reader's own program in docs/c-and-python.md's example",
     "cuda.h": "the CUDA driver API's header, in the CUDA toolkit (not on every build host)",
 }
 
@@ -62,6 +62,10 @@ SYSTEM_INCLUDE = ("/usr/include", "/usr/include/x86_64-linux-gnu", "/usr/include
                   "/usr/local/include", "/opt/deps/usr/include",
                   "/opt/deps/usr/include/x86_64-linux-gnu")
 PLACEHOLDER_RE = re.compile(r"[A-Z][A-Z0-9_]{2,}")
+
+
+def is_doc(path: str) -> bool:
+    return path in DOCS or (path.startswith("docs/") and path.endswith(".md"))
 
 
 def tree_files(root: str) -> List[str]:
@@ -179,14 +183,14 @@ def comments_of(root: str, files: List[str]) -> Tuple[List[Tuple[str, int, str]]
     splitters = {"c": split_c, "hash": split_hash, "py": split_py}
     for f in files:
         k = kind(f)
-        if not k and f not in DOCS:
+        if not k and not is_doc(f):
             continue
         try:
             with open(os.path.join(root, f), encoding="utf-8") as fh:
                 text = fh.read()
         except (OSError, UnicodeDecodeError):
             continue
-        if f in DOCS:
+        if is_doc(f):
             texts += [(f, no, line) for no, line in enumerate(text.splitlines(), 1)]
             continue
         comments, code = splitters[k](text)

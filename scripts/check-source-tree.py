@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """check-source-tree.py TREE DOC: every file git tracks in TREE is described in DOC's source tree.
 
-DOC is the document that walks a newcomer through the tree file by file (today README.md; the
+DOC is the document that walks a newcomer through the tree file by file (docs/source-tree.md; the
 one argument to change when the walk moves). Its text read is the section headed "The source
 tree" (at any level, up to the next heading of that level or above), or the whole document when
 it has no such heading. A tracked file is described when that text

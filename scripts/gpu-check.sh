@@ -58,9 +58,9 @@
 #               the Python binding's GpuRegion on the GPU (bench/gpu_region_py.py): hist by
 #               device reference on 64 and 256 MiB regions, 8 threads with a client each (8 in
 #               flight), lines "gpu-region-py: hist u8 SIZE MiB, 8 in flight: G GB/s" (the
-#               README's CuPy figure; compare with STEPS=region's "bench:" kernel ceiling), the
+#               CuPy figure of docs/c-and-python.md; compare with STEPS=region's "bench:" kernel ceiling), the
 #               regions filled through CuPy if installed, torch.as_tensor if PyTorch is; then
-#               the README's GPU examples (<!-- python: gpu -->) when CuPy is there. Needs
+#               the GPU examples of docs/ (<!-- python: gpu -->) when CuPy is there. Needs
 #               NumPy (Debian's, carried by fetch-device-deps.sh, when python3 lacks it)
 #   recover     a lost context recreated on the real GPU (TALLYD_TEST_FAULT_STICKY=12: the 12th
 #               launch never completes and the device fails after it, as after an illegal
@@ -405,7 +405,7 @@ step_gpu_region_cli() {
   stop_gpu_tallyd gpu-region-cli
 }
 
-# The Python binding's GpuRegion on the GPU: the benchmark, then the README's GPU examples.
+# The Python binding's GpuRegion on the GPU: the benchmark, then the GPU examples of docs/.
 step_gpu_region_py() {
   local dir=$OUT/gpu-region-py py=python3
   mkdir -p "$dir"
@@ -424,17 +424,18 @@ step_gpu_region_py() {
   timed gpu_region_py 240 $py bench/gpu_region_py.py tcp://127.0.0.1:5704 8 5 >"$dir/bench.log" 2>&1
   grep -E "gpu-region-py|Error|error" "$dir/bench.log" | head -12 | tee -a "$S"
   if $py -c 'import cupy' 2>/dev/null; then
-    TALLY_ENDPOINT=tcp://127.0.0.1:5704 timed "README GPU examples" 120 $py -c '
+    TALLY_ENDPOINT=tcp://127.0.0.1:5704 timed "docs GPU examples" 120 $py -c '
 import pathlib, sys
-lines = pathlib.Path("README.md").read_text().splitlines()
-for i, line in enumerate(lines):
-    if line.strip() == "<!-- python: gpu -->" and lines[i + 1] == "```python":
-        end = lines.index("```", i + 2)
-        exec(compile("\n".join(lines[i + 2:end]), "README.md", "exec"), {})
+for page in sorted(pathlib.Path("docs").glob("*.md")):
+    lines = page.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if line.strip() == "<!-- python: gpu -->" and lines[i + 1] == "```python":
+            end = lines.index("```", i + 2)
+            exec(compile("\n".join(lines[i + 2:end]), str(page), "exec"), {})
 ' >"$dir/readme.log" 2>&1
     tail -5 "$dir/readme.log" | tee -a "$S"
   else
-    note "gpu-region-py: CuPy not installed: the README's CuPy example not run"
+    note "gpu-region-py: CuPy not installed: the CuPy examples of docs/ not run"
   fi
   stop_gpu_tallyd gpu-region-py
 }

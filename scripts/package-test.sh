@@ -16,8 +16,8 @@
 #      and that the edit survived (a conffile; dpkg keeps the admin's file: --force-confold).
 #   3. Use: the installed tallyd (/usr/bin/tallyd, not a build's), run as tallyd on a free port
 #      (no systemd runs here, so no unit starts it: tests/test_units.sh checks the installed
-#      units instead), answers `tally ping` and a hist; the README's C example ("From C and
-#      Python") builds against libtally-dev with pkg-config, with find_package(tally) and
+#      units instead), answers `tally ping` and a hist; the C example of docs/c-and-python.md
+#      builds against libtally-dev with pkg-config, with find_package(tally) and
 #      statically (libtally.a), and runs against it; /usr/bin/python3 imports the installed
 #      binding, which loads /usr/lib/<triplet>/libtally.so.0, and uses the daemon. Every command
 #      runs with the system's PATH and no PKG_CONFIG_PATH, CMAKE_PREFIX_PATH or PYTHONPATH, so
@@ -229,15 +229,17 @@ got=$(as_user bash -c '. /usr/share/bash-completion/completions/tally
   COMP_LINE="tally q" COMP_POINT=7; _tally; echo "${COMPREPLY[*]}"')
 [ "$got" = query ] || fail "the installed completion of 'tally q' gave '$got'"
 
-# The README's C example, against the installed library: the daemon's endpoint is this test's.
+# The C example of docs/c-and-python.md, against the installed library: the daemon's endpoint
+# is this test's.
 app=$work/app
 mkdir "$app"
 awk '/<!-- compiled: filter -->/ { name = 1; next }
      name && /^```c/ { inside = 1; next }
      inside && /^```/ { exit }
-     inside { print }' "$here/README.md" | sed "s|tcp://127.0.0.1:5555|$endpoint|" >"$app/app.c"
+     inside { print }' "$here/docs/c-and-python.md" |
+  sed "s|tcp://127.0.0.1:5555|$endpoint|" >"$app/app.c"
 grep -q "$endpoint" "$app/app.c" ||
-  fail "the README's C example (<!-- compiled: filter -->) not found"
+  fail "the C example (<!-- compiled: filter -->) not found in docs/c-and-python.md"
 cat >"$app/CMakeLists.txt" <<'CM'
 cmake_minimum_required(VERSION 3.16)
 project(app C)
@@ -250,7 +252,7 @@ as_user sh -c 'cd "$1" && cc app.c -o app-pc $(pkg-config --cflags --libs tally)
   cc app.c -o app-static $(pkg-config --cflags tally) \
     $(pkg-config --libs --static tally | sed "s/-ltally\b/-l:libtally.a/") &&
   cmake -S . -B build >cmake.log && cmake --build build >>cmake.log' _ "$app" ||
-  { cat "$app/cmake.log" 2>/dev/null; fail "the README's C example does not build"; }
+  { cat "$app/cmake.log" 2>/dev/null; fail "docs/c-and-python.md's C example does not build"; }
 lib=$(realpath "/usr/lib/$(dpkg-architecture -qDEB_HOST_MULTIARCH)/libtally.so.0")
 for exe in app-pc build/app; do
   got=$(as_user ldd "$app/$exe" | awk '$1 == "libtally.so.0" { print $3 }')
@@ -261,9 +263,9 @@ if readelf -d "$app/app-static" | grep -q 'NEEDED.*libtally'; then
   fail "app-static loads libtally.so"
 fi
 for exe in app-pc app-static build/app; do
-  [ "$(as_user "$app/$exe" | tr '\n' ' ')" = "5 12 7 " ] || fail "the README's example ($exe)"
+  [ "$(as_user "$app/$exe" | tr '\n' ' ')" = "5 12 7 " ] || fail "the C example's output ($exe)"
 done
-echo "ok   the README's C example: pkg-config, static libtally.a, find_package(tally): 5 12 7"
+echo "ok   the C example of docs/: pkg-config, static libtally.a, find_package(tally): 5 12 7"
 
 # The Python binding, as installed, through the SONAME.
 # shellcheck disable=SC2016

@@ -4,7 +4,7 @@
 # tcp://127.0.0.1:5555. With no usable GPU it serves on the CPU backend. Extra arguments go
 # to tallyd (e.g. --backend cpu, --bind ipc:///tmp/tallyd.sock). Stop it with Ctrl-C.
 # With --nats (first): also a local NATS JetStream server on nats://127.0.0.1:4222 (its store in
-# build/nats-store) and tallyd as the one worker of a fleet (README "Scale out"); both stop
+# build/nats-store) and tallyd as the one worker of a fleet (docs/fleet.md); both stop
 # together.
 # It says what it is doing at each step; the full build output goes to build/build.log
 # (inside the ignored build folder, so the checkout stays clean).

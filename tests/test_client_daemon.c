@@ -7,7 +7,7 @@
  * reference computed here for every operation and mode, with chunk sizes that are not a
  * multiple of anything, and that stream state (scan carry, running histogram, counters) seen
  * through tally_query matches. The CLI half runs $TALLY_BIN through sh and checks the exact
- * output, stderr and exit status of the README's examples, the usage errors and an
+ * output, stderr and exit status of the tour's examples (docs/tour.md), the usage errors and an
  * unreachable daemon. TALLY_TEST_BACKEND=cuda runs it all against the GPU backend.
  */
 #include <setjmp.h>
@@ -571,7 +571,7 @@ static void expect_ok(cli_result_t r, const char *out)
     cli_free(&r);
 }
 
-/* The README's walk-through, in order, with its exact outputs. */
+/* The tour's walk-through (docs/tour.md), in order, with its exact outputs. */
 static void test_cli_readme_examples(void **state)
 {
     (void)state;
@@ -593,7 +593,7 @@ static void test_cli_readme_examples(void **state)
         at += (size_t)sprintf(expect + at, "%d %" PRIu64 "\n", b, bins[b]);
     expect_ok(cli("hist --type u8 --stream cam0 --in frame.raw"), expect);
 
-    /* The summary's first lines (the README shows them), then every field with --raw. */
+    /* The summary's first lines (the tour shows them), then every field with --raw. */
     expect_ok(cli("query cam0 | head -3"), "stream     cam0\n"
                                            "type       u8, 256 bins, one per byte value\n"
                                            "count      1000000\n");

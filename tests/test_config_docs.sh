@@ -1,10 +1,10 @@
 #!/bin/sh
 # SPDX-License-Identifier: Apache-2.0
-# test_config_docs.sh TALLYD SOURCE_DIR: the README's configuration table and
+# test_config_docs.sh TALLYD SOURCE_DIR: docs/service.md's configuration table and
 # systemd/tallyd.conf.example are what the table of settings (daemon/base/td_settings.c)
 # prints, so the documents cannot disagree with the code; to update them after changing a row:
 #   tallyd --print-example-conf > systemd/tallyd.conf.example
-#   tallyd --print-settings-md   (replaces the table under "Configuration" in README.md)
+#   tallyd --print-settings-md   (replaces the table under "Configuration" in docs/service.md)
 # Also: the example file's values are valid (uncommented, it passes --check-config), and the
 # hidden options work while --help leaves them out.
 set -eu
@@ -19,11 +19,11 @@ fail() {
 
 "$tallyd" --print-settings-md >"$dir/table.md"
 awk '/^\| section \| key \|/ { inside = 1 } inside && !/^\|/ { exit } inside' \
-    "$src/README.md" >"$dir/readme.md"
-[ -s "$dir/readme.md" ] || fail "no '| section | key |' table in README.md"
+    "$src/docs/service.md" >"$dir/readme.md"
+[ -s "$dir/readme.md" ] || fail "no '| section | key |' table in docs/service.md"
 diff -u "$dir/readme.md" "$dir/table.md" >&2 ||
-    fail "README.md's configuration table differs from tallyd --print-settings-md (+ is the table's)"
-echo "README table: $(($(wc -l <"$dir/table.md") - 2)) settings, as generated"
+    fail "docs/service.md's settings table differs from tallyd --print-settings-md (+: the table's)"
+echo "docs/service.md's table: $(($(wc -l <"$dir/table.md") - 2)) settings, as generated"
 
 "$tallyd" --print-example-conf >"$dir/example.conf"
 diff -u "$src/systemd/tallyd.conf.example" "$dir/example.conf" >&2 ||

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # test_man.sh MAN_DIR TALLYD TALLY: the man pages the build made (man/) render without a
 # warning (`man --warnings -l`), and hold what the programs say they take:
-#   - tallyd.conf(5): exactly the [section] key pairs of the table of settings (the README's
+#   - tallyd.conf(5): exactly the [section] key pairs of the table of settings (docs/service.md's
 #     table, `tallyd --print-settings-md`), each under its section;
 #   - tallyd(8): exactly the options `tallyd --help` lists;
 #   - tally(1): every command `tally --help` lists, named in its DESCRIPTION and as a

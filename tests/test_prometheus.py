@@ -13,7 +13,7 @@ parsed by prometheus_client.parser.text_string_to_metric_families and checked:
     escaping round-trips;
   - `tally stats` (the stats opcode) has the same families, types and per-stream samples;
   - each stream's histogram (tallyd_stream_values_bucket/_sum/_count, per channel for rgb): 16
-    buckets (+ underflow, + +Inf), each counting exactly the values <= le, _sum by the README's
+    buckets (+ underflow, + +Inf), each counting exactly the values <= le, _sum by docs/service.md's
     rule, and PromQL's histogram_quantile of p50/p90/p99 within one bucket of `tally query`'s.
 dashboard: contrib/grafana/tallyd-dashboard.json parses, and every metric its panels and
 variables name is a sample name of the exposition; contrib/prometheus/prometheus.yml names
@@ -305,8 +305,8 @@ def bucket_index(buckets, v):
 
 
 def expected_sum(values, lo, hi, ranged):
-    """_sum's rule (README, Metrics): in-range values at the centre of their bin's integers,
-    underflow at lo - 1, overflow at hi; exact for u8 and colour channels."""
+    """_sum's rule (docs/service.md, "Metrics"): in-range values at the centre of their bin's
+    integers, underflow at lo - 1, overflow at hi; exact for u8 and colour channels."""
     if not ranged:
         return sum(values)
     total = 0.0

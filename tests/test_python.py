@@ -711,11 +711,11 @@ def test_curve_keys(tmp_path: Path) -> None:
         tally.Client("ipc:///nonexistent", 100, server_key="not-a-key")
 
 
-# ---- The README's examples -------------------------------------------------------------------
+# ---- The examples of docs/c-and-python.md ----------------------------------------------------
 
 
 def readme_examples() -> List[str]:
-    """The README's Python blocks that follow a "<!-- python: run -->" line."""
+    """The page's Python blocks that follow a "<!-- python: run -->" line."""
     lines = Path(os.environ["TALLY_README"]).read_text().splitlines()
     blocks, at = [], 0
     while at < len(lines):
@@ -761,13 +761,13 @@ class _ShowValues(ast.NodeTransformer):
 
 
 def printed(value: Any) -> str:
-    """What the README's comment should say: repr, but a NumPy scalar as NumPy 1 prints it."""
+    """What the page's comment should say: repr, but a NumPy scalar as NumPy 1 prints it."""
     return str(value) if isinstance(value, np.generic) else repr(value)
 
 
 def test_readme_examples(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
     # Each runs as printed, without an error, against this tallyd (tally.Client() reads
-    # $TALLY_ENDPOINT), so the README cannot show a call the binding does not take. A comment that
+    # $TALLY_ENDPOINT), so the page cannot show a call the binding does not take. A comment that
     # shows a value ("# 1048576", "# {'p50': Quantile(0, side=0), ...}") shows what is printed.
     blocks = readme_examples()
     assert len(blocks) >= 2
@@ -782,9 +782,9 @@ def test_readme_examples(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> Non
             return value
 
         tree = ast.fix_missing_locations(_ShowValues(shown).visit(ast.parse(code)))
-        exec(compile(tree, "README.md", "exec"), {"__shown": record})
+        exec(compile(tree, os.environ["TALLY_README"], "exec"), {"__shown": record})
         for line, comment in shown.items():
-            assert got.get(line) == comment, f"README line {code.splitlines()[line - 1]!r}"
+            assert got.get(line) == comment, f"page line {code.splitlines()[line - 1]!r}"
             checked += 1
     assert checked >= 4
     with tally.Client(daemon.endpoint) as c:  # what the first example did

@@ -3,8 +3,8 @@
 # The Python binding (client/python) against real tallyds: installs it with pip into a scratch
 # virtual environment (offline, --no-build-isolation: what `pip install ./client/python` does
 # on a host without network), then runs tests/test_python.py with pytest, which starts its
-# tallyd ($TALLYD) on ipc:// sockets, compares with the CLI ($TALLY_CLI) and runs the README's
-# Python examples ($TALLY_README). Uses the first of
+# tallyd ($TALLYD) on ipc:// sockets, compares with the CLI ($TALLY_CLI) and runs the Python
+# examples of docs/c-and-python.md ($TALLY_README). Uses the first of
 # $PYTHON, python3 and /usr/bin/python3 that has NumPy, pytest and venv; skipped (77) when none
 # has (scripts/install-deps.sh installs them).
 # usage: test_python.sh TALLYD TALLY_CLI LIBTALLY SOURCE_DIR
@@ -45,6 +45,6 @@ cd "$dir" # not the source tree: the installed package is the one imported
 mkdir "$dir/config"
 env -u TALLY_SERVER_KEY -u TALLY_CLIENT_KEY -u TALLY_ENDPOINT XDG_CONFIG_HOME="$dir/config" \
     TMPDIR="$dir" TALLYD="$tallyd" TALLY_CLI="$cli" TALLY_LIBRARY="$libtally" \
-    TALLY_README="$src/README.md" \
+    TALLY_README="$src/docs/c-and-python.md" \
     "$dir/venv/bin/python" -m pytest -v -p no:cacheprovider --rootdir "$dir" \
     "$src/tests/test_python.py"

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""tallyd's HTTP JSON API (README "The web page and the HTTP API"), against real tallyds:
+"""tallyd's HTTP JSON API (docs/web.md), against real tallyds:
 
   - every document is valid against web/schema/ (python3-jsonschema), and so is `tally query
     --json`'s output: a stream's record from the API equals the CLI's, for u8, i32, u16, rgb8,

@@ -2,7 +2,7 @@
 /*
  * td_alloc_fault.h — allocation-failure injection (issue 25), as SQLite's test allocator does:
  * make the Nth allocation fail, for every N, and check that nothing crashes, leaks or loses a
- * request (scripts/alloc-sweep.sh sweeps N; README "Allocation-failure sweep").
+ * request (scripts/alloc-sweep.sh sweeps N; docs/testing.md).
  *
  * Built only with -DTALLY_ALLOC_FAULTS=ON, and then forced into every source file of daemon/
  * (and only daemon/: libzmq, libuv, libc and the other libraries keep their own allocator) with

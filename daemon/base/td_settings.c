@@ -2,7 +2,7 @@
 /*
  * td_settings.c — the table of settings and what each kind of value does (see td_settings.h).
  *
- * The rows are in the order --help, the README and the example file list them: the file's
+ * The rows are in the order --help, docs/service.md and the example file list them: the file's
  * sections in turn, then the options of the command line alone, then the hidden ones.
  * td_settings_doc.c prints the documents from them.
  */
@@ -401,7 +401,7 @@ const td_setting_t td_settings[] = {
     {.option = "test-clock", .arg = "FILE", .type = TD_SET_STRING, .offset = FIELD(test_clock),
      .hidden = true, .help = "the window clock, read from FILE"},
     {.option = "print-settings-md", .type = TD_SET_ACTION, .action = TD_ACTION_PRINT_MD,
-     .hidden = true, .help = "print the README's configuration table"},
+     .hidden = true, .help = "print docs/service.md's configuration table"},
     {.option = "print-example-conf", .type = TD_SET_ACTION, .action = TD_ACTION_PRINT_CONF,
      .hidden = true, .help = "print systemd/tallyd.conf.example"},
     {.option = "print-options-scd", .type = TD_SET_ACTION, .action = TD_ACTION_PRINT_OPTIONS_SCD,

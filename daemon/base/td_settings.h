@@ -7,7 +7,7 @@
  * does with it, and its help text. Everything else is generated from that row: getopt_long's
  * option array and the parsing (td_config_parse_args), the file's keys (td_config_load_file),
  * the defaults (td_config_init), the reload (td_config_apply_runtime), `tallyd --help`, and the
- * README's configuration table and systemd/tallyd.conf.example (the hidden options
+ * configuration table of docs/service.md and systemd/tallyd.conf.example (the hidden options
  * --print-settings-md and --print-example-conf; tests/test_config_docs.sh fails when the
  * committed files differ from what they print), and the options of tallyd(8) and the keys of
  * tallyd.conf(5) (--print-options-scd, --print-settings-scd: the build puts them into the man
@@ -58,7 +58,7 @@ typedef enum {
     TD_ACTION_NONE = 0,
     TD_ACTION_HELP,
     TD_ACTION_VERSION,
-    TD_ACTION_PRINT_MD,          /* the README's configuration table */
+    TD_ACTION_PRINT_MD,          /* docs/service.md's configuration table */
     TD_ACTION_PRINT_CONF,        /* systemd/tallyd.conf.example */
     TD_ACTION_PRINT_OPTIONS_SCD, /* tallyd(8)'s OPTIONS, scdoc (man/tallyd.8.scd) */
     TD_ACTION_PRINT_CONF_SCD,    /* tallyd.conf(5)'s settings, scdoc (man/tallyd.conf.5.scd) */
@@ -77,8 +77,8 @@ typedef struct {
     unsigned long long min; /* the range of a number or size */
     unsigned long long max;
     td_reload_t reload;
-    const char *reload_note; /* more on reload, for the README and the example file */
-    const char *help;        /* what it does, for --help, the README and the example file */
+    const char *reload_note; /* more on reload, for docs/service.md and the example file */
+    const char *help;        /* what it does, for --help, docs/service.md and the example file */
     const char *default_doc; /* the default in words, where the value alone does not say it */
     const char *example;     /* the example file's value where there is no default value */
     bool hidden;             /* tests and tuning: out of --help and the documents */
@@ -115,7 +115,7 @@ td_err_t td_setting_copy(const td_setting_t *s, td_config_t *live, const td_conf
 /* The name reload logs use: the key in [server], else "section key". */
 void td_setting_name(const td_setting_t *s, char *buf, size_t cap);
 
-/* `tallyd --help`, the README's configuration table, the example configuration file, and the
+/* `tallyd --help`, docs/service.md's configuration table, the example configuration file, and the
  * generated parts of the man pages tallyd(8) (the options) and tallyd.conf(5) (the keys). */
 void td_settings_print_help(FILE *out, const char *argv0);
 void td_settings_print_md(FILE *out);

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_settings_doc.c — the documents generated from the table of settings: `tallyd --help`, the
- * README's configuration table (--print-settings-md) and systemd/tallyd.conf.example
+ * configuration table of docs/service.md (--print-settings-md) and systemd/tallyd.conf.example
  * (--print-example-conf). tests/test_config_docs.sh compares the last two with the committed
  * files, so a change to a row here shows up as a diff to commit, never as a disagreement. The
  * man pages take their options (tallyd(8), --print-options-scd) and keys (tallyd.conf(5),
@@ -121,7 +121,7 @@ static void reload_text(const td_setting_t *s, bool conf, char *buf, size_t cap)
              s->reload_note ? s->reload_note : "", s->reload_note ? ")" : "");
 }
 
-/* ---- The README's table ------------------------------------------------------------------- */
+/* ---- docs/service.md's table -------------------------------------------------------------- */
 
 static bool documented(const td_setting_t *s)
 {

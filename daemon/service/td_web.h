@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_web.h — the web page and the JSON API on tallyd's HTTP port (td_http.c serves /metrics
- * and /healthz and hands every other request here). README "The web page and the HTTP API"
+ * and /healthz and hands every other request here). docs/web.md
  * and PROTOCOL.md §12 are the contract:
  *
  *   GET  /  /app.js  /style.css  /favicon.svg     the live page (web/, embedded at build time)
