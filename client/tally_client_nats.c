@@ -5,17 +5,19 @@
  * written against tally_send/tally_recv/tally_call (the `tally` CLI's commands, tally_run,
  * pushes) works against a fleet unchanged.
  *
- * tally.c routes its one send and its one receive here when the client was made this way:
+ * It is a transport (tally_transport.h): the core (tally_call.c, tally_push.c) calls it only
+ * through the table at the end of this file, which routes its one send and its one receive here:
  *   - filter, scan, hist, reset and delete are published to their partition with a reply
  *     subject (tally_nats_send, want_reply), each as one message: a payload larger than one
  *     message takes is refused before anything is sent (a request, one reply: the caller's
- *     chunking says how big; tally__natsc_chunk_limit is the bound pushes use);
+ *     chunking says how big; natsc_chunk_limit is the bound pushes use);
  *   - query, ping, info and stats are asked by request-reply (tally_nats_call) at once, and their
  *     reply waits here, in send order, for the next receive;
  *   - `streams` gathers every worker's answer (tally_nats_streams) into one reply payload as
  *     tallyd's own `streams` reply encodes it (a length byte, then the name, per stream).
  * Request ids are the producer's message numbers, so a reply's request_id names its request
- * either way.
+ * either way. tally_client_new_nats makes the transport, then the client around it
+ * (tally__client_new_transport).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +27,7 @@
 #include <zmq.h>
 
 #include "tally_client_nats.h"
+#include "tally_transport.h"
 
 /* A reply answered at send time, waiting for the receive. */
 typedef struct stashed {
@@ -33,12 +36,13 @@ typedef struct stashed {
     tally_reply_t reply;
 } stashed_t;
 
-struct tally__natsc {
+typedef struct tally__natsc {
+    tally__transport_t base; /* first: the core's handle on it */
     tally_nats_t *nats;
     stashed_t *head, *tail;
-};
+} tally__natsc_t;
 
-tally_status_t tally__natsc_new(const tally_nats_opts_t *opts, tally__natsc_t **out, char *msg,
+static tally_status_t natsc_new(const tally_nats_opts_t *opts, tally__natsc_t **out, char *msg,
                                 size_t cap)
 {
     *out = NULL;
@@ -54,9 +58,9 @@ tally_status_t tally__natsc_new(const tally_nats_opts_t *opts, tally__natsc_t **
     return TALLY_OK;
 }
 
-void tally__natsc_destroy(tally__natsc_t **self_p)
+static void natsc_destroy(tally__transport_t **self_p)
 {
-    tally__natsc_t *self = *self_p;
+    tally__natsc_t *self = (tally__natsc_t *)*self_p;
     if (!self)
         return;
     while (self->head) {
@@ -71,8 +75,9 @@ void tally__natsc_destroy(tally__natsc_t **self_p)
     *self_p = NULL;
 }
 
-size_t tally__natsc_chunk_limit(const tally__natsc_t *self, const tally_req_t *req)
+static size_t natsc_chunk_limit(const tally__transport_t *base, const tally_req_t *req)
 {
+    const tally__natsc_t *self = (const tally__natsc_t *)base;
     return tally__nats_chunk_limit(self->nats, req, true);
 }
 
@@ -154,14 +159,16 @@ static tally_status_t gather_streams(tally__natsc_t *self, uint64_t id, tally_re
     return take_buffer(reply, out, len);
 }
 
-tally_status_t tally__natsc_send(tally__natsc_t *self, const tally_req_t *req, const void *payload,
-                                 size_t len, uint64_t *request_id, char *error, size_t cap)
+static tally_status_t natsc_send(tally__transport_t *base, const tally_req_t *req,
+                                 const void *payload, size_t len, uint64_t *request_id, char *error,
+                                 size_t cap)
 {
+    tally__natsc_t *self = (tally__natsc_t *)base;
     uint64_t id = tally__nats_next_id(self->nats);
     if (request_id)
         *request_id = id;
     if (published(req->opcode)) {
-        size_t limit = tally__natsc_chunk_limit(self, req);
+        size_t limit = natsc_chunk_limit(base, req);
         if (len > limit) {
             snprintf(error, cap,
                      "%zu bytes do not fit one NATS message: at most %zu for this request "
@@ -189,9 +196,10 @@ tally_status_t tally__natsc_send(tally__natsc_t *self, const tally_req_t *req, c
     return stash(self, st, &reply);
 }
 
-tally_status_t tally__natsc_last_seq(tally__natsc_t *self, const char *stream, uint64_t *last,
+static tally_status_t natsc_last_seq(tally__transport_t *base, const char *stream, uint64_t *last,
                                      char *error, size_t cap)
 {
+    tally__natsc_t *self = (tally__natsc_t *)base;
     tally_status_t st = tally__nats_last_seq(self->nats, stream, last);
     if (st == TALLY_E_UNKNOWN_STREAM) { /* a stream's first push */
         *last = 0;
@@ -202,8 +210,9 @@ tally_status_t tally__natsc_last_seq(tally__natsc_t *self, const char *stream, u
     return st;
 }
 
-tally_status_t tally__natsc_recv(tally__natsc_t *self, int timeout_ms, tally_reply_t *reply)
+static tally_status_t natsc_recv(tally__transport_t *base, int timeout_ms, tally_reply_t *reply)
 {
+    tally__natsc_t *self = (tally__natsc_t *)base;
     tally_reply_clear(reply);
     stashed_t *s = self->head;
     if (!s)
@@ -215,4 +224,32 @@ tally_status_t tally__natsc_recv(tally__natsc_t *self, int timeout_ms, tally_rep
     tally_status_t st = s->status;
     free(s);
     return st;
+}
+
+static const tally__transport_ops_t natsc_ops = {
+    .name = "NATS",
+    .send = natsc_send,
+    .recv = natsc_recv,
+    .chunk_limit = natsc_chunk_limit,
+    .last_seq = natsc_last_seq,
+    .destroy = natsc_destroy,
+};
+
+tally_status_t tally_client_new_nats(const tally_nats_opts_t *opts, tally_client_t **out, char *msg,
+                                     size_t msg_cap)
+{
+    if (!out || !opts)
+        return TALLY_E_ARG;
+    *out = NULL;
+    tally__natsc_t *natsc = NULL;
+    tally_status_t status = natsc_new(opts, &natsc, msg, msg_cap);
+    if (status != TALLY_OK)
+        return status;
+    natsc->base.ops = &natsc_ops;
+    tally__transport_t *transport = &natsc->base;
+    int timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : TALLY_DEFAULT_TIMEOUT_MS;
+    status = tally__client_new_transport(transport, timeout_ms, out);
+    if (status != TALLY_OK)
+        natsc_destroy(&transport);
+    return status;
 }

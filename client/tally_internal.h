@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * tally_internal.h — libtally's private helpers, shared by tally.c and the unit tests.
+ * tally_internal.h — libtally's private helpers, shared by its files and the unit tests.
  *
- * These are the pure pieces of tally_run's reassembly (no sockets), split out so that the
- * arithmetic that makes chunked output equal whole-message output can be tested directly.
+ * Most are the pure pieces of tally_run's reassembly (no sockets: tally_chunk.c), split out so
+ * that the arithmetic that makes chunked output equal whole-message output can be tested directly.
  * The `tally__` prefix marks them private: they are exported from the shared library only so
  * tests can link them, and are not installed or part of the API.
  */
@@ -16,6 +16,8 @@
 
 #include "tally_ops.h"
 #include "tally_proto.h"
+
+/* ---- tally_chunk.c: the arithmetic of chunks ---------------------------------------------- */
 
 /* Adds `offset` to each of the `n` little-endian prefix sums at `vals`, wrapping: modulo 2^64
  * for int64 output, modulo 2^32 (the low 32 bits of offset) for int32 output. This turns a
@@ -34,6 +36,8 @@ size_t tally__chunk_bytes(size_t requested, size_t elem_size);
 
 /* Chunks for an input of `len` bytes: at least 1 (an empty input is still one request). */
 uint64_t tally__chunk_count(size_t len, size_t chunk_bytes);
+
+/* ---- tally.c and tally_shm.c: the sockets --------------------------------------------------- */
 
 /* zmq_connect as a status: TALLY_OK; TALLY_E_ARG for an endpoint ZeroMQ does not take;
  * TALLY_E_TRANSPORT for anything else. */

@@ -6,7 +6,7 @@
  * ZeroMQ connects in the background and retries forever, so a client whose daemon is not there
  * learns nothing from it but a timeout. The system says why at once: a refused TCP connect, a
  * Unix socket path that does not exist. A client asks it before its first connection is up
- * (tally.c, wait_connected), and `tally watch` asks it for its status line.
+ * (tally.c, tally__wait_connected), and `tally watch` asks it for its status line.
  */
 #include <errno.h>
 #include <netdb.h>

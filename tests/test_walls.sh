@@ -13,8 +13,14 @@
 #      $<TARGET_OBJECTS> gives them), no circle of calls between its objects and no circle of
 #      #includes between its headers (scripts/check-floors.py). proto/: the codec (tally_proto.c)
 #      calls the validator (tally_validate.c), which reads the operation table (tally_ops.c),
-#      which stands on the numbers' names (tally_types.c); never the other way. The check is
-#      first shown to catch a circle, on two objects made here that call each other.
+#      which stands on the numbers' names (tally_types.c); never the other way. client/
+#      (libtally): the core (tally.c: the client, its connection) at the bottom with the pure
+#      helpers, then request/reply (tally_call.c), the wrappers (tally_control.c), shared memory
+#      (tally_shm.c), device memory (tally_gpu.c) and pushes (tally_push.c) on top; the NATS
+#      client (tally_client_nats.c) stands above the core, which reaches it only through its
+#      table of transports (tally_transport.h). The floors are drawn in client/tally.c's design
+#      comment. The check is first shown to catch a circle, on two objects made here that call
+#      each other.
 # Prints each offender and exits 1; 0 when the walls hold.
 # usage: test_walls.sh SOURCE_DIR [FOLDER OBJECTS]...
 set -eu
