@@ -40,10 +40,11 @@
 #               a garbage fd, a wrong size, an unknown UUID, a producer killed with requests in
 #               flight, every filter and scan written into a device output region (DEV_OUTPUT)
 #               against the CPU's replies ("device output NAME: outputs identical"), and the
-#               bench rows (hist u8 on 64 and 256 MiB device regions, 8 in flight, against
-#               tk_cuda_hist_u8 on local memory in the same run; filter and scan i32 32 MiB from
-#               a device region into a device output region against their kernels: lines
-#               "bench:")
+#               bench rows (hist u8 on 64 and 256 MiB device regions, 8 in flight; filter and
+#               scan i32 32 MiB from a device region into a device output region; each against
+#               the read or copy ceiling measured in the same run and the kernel at one in
+#               flight on local memory; tallyd's cost a request with each thread's CPU time a
+#               request: lines "bench:")
 #   gpu-region-cli
 #               `tally hist|filter|scan --gpu-region` (libtally's device ring: tally_gpu_alloc,
 #               copies, requests by device reference, filter and scan output written into the
@@ -75,8 +76,9 @@
 #               bench row (hist u8 64 MiB run on GPU 1 via tallyd, 8 in flight, against the kernel
 #               on GPU 1 reading GPU 0's memory and on GPU 0's own: lines "peer: ..."); the
 #               simulated rule itself is CTest's test_shm_peer. One GPU: "skipped"
-#   region-tune the region step's bench rows under other tallyd options and in-flight counts
-#               (REGION_TUNE="name|options|in flight;...": gpu streams, spinning, 16 in flight)
+#   region-tune the region step's bench rows (test_bench alone) under other tallyd options and
+#               in-flight counts (REGION_TUNE="name|options|in flight;...": spinning lanes that
+#               poll the GPU, the loop spinning, gpu streams, 16 in flight)
 #   kernels     bench/kernel_bench (kernels against copy bandwidth and CUB), with the tuning row
 #               this GPU selects (KERNEL_TUNING=name forces one)
 #   sweep       bench/kernel_bench --sweep: candidate tuning rows (scan shapes and prefetch
@@ -220,16 +222,18 @@ step_region() {
     "$OUT/test_gpu_region.log" | head -40 | tee -a "$S"
 }
 
-# The device-region bench rows (test_gpu_region) under other tallyd settings and in-flight counts:
-# REGION_TUNE="name|tallyd options|in flight;..." (issue 23's hist 64 MiB row, 0.59 x the kernel).
+# The device-region bench rows (test_gpu_region's test_bench alone: the ceilings, tallyd's cost a
+# request, the rows) under other tallyd settings and in-flight counts:
+# REGION_TUNE="name|tallyd options|in flight;..." (issue 34: spinning lanes that poll the GPU,
+# the loop spinning while requests are on the GPU, streams, 16 in flight).
 step_region_tune() {
   local v name args inflight i=0
-  local variants=${REGION_TUNE:-"default||8;gpu-streams 8|--gpu-streams 8|8;16 in flight||16;gpu-streams 8 and 16 in flight|--gpu-streams 8|16;spin 20 us|--gpu-spin-us 20|8"}
+  local variants=${REGION_TUNE:-"default||8;poll 50 us|--gpu-spin-us 50|8;poll 200 us|--gpu-spin-us 200|8;poll 50 us and loop spin|--gpu-spin-us 50 --gpu-spin-loop|8;poll 50 us 8 streams|--gpu-streams 8 --gpu-spin-us 50|8;default b||8;poll 50 us b|--gpu-spin-us 50|8"}
   IFS=';' read -ra list <<<"$variants"
   for v in "${list[@]}"; do
     IFS='|' read -r name args inflight <<<"$v"
     i=$((i + 1))
-    TALLY_REGION_GPU_ARGS="$args" TALLY_REGION_INFLIGHT="$inflight" \
+    TALLY_REGION_ONLY=test_bench TALLY_REGION_GPU_ARGS="$args" TALLY_REGION_INFLIGHT="$inflight" \
       timed "region-tune $name" 120 "$B/tests/test_gpu_region" >"$OUT/region-tune-$i.log" 2>&1
     grep -E "bench:" "$OUT/region-tune-$i.log" | sed "s/^/region-tune $name ($inflight in flight): /" |
       tee -a "$S"

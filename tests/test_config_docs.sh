@@ -70,11 +70,11 @@ echo "example values: $(grep -c ' = ' "$dir/uncommented.conf") keys pass --check
 # Hidden options: out of --help, still taken.
 "$tallyd" --help >"$dir/help.txt"
 grep -q -- '--max-inflight-per-peer N' "$dir/help.txt" || fail "--help lacks --max-inflight-per-peer"
-if grep -q -- '--test-\|--gpu-spin-us\|--print-' "$dir/help.txt"; then
+if grep -q -- '--test-\|--gpu-spin-\|--print-' "$dir/help.txt"; then
     fail "--help shows a hidden option"
 fi
 "$tallyd" --config /dev/null --test-sim-gpus 2 --test-fault-every 3 --test-clock "$dir/clock" \
-    --test-shm-deny-own-uid --gpu-spin-us 5 --check-config >/dev/null ||
+    --test-shm-deny-own-uid --gpu-spin-us 5 --gpu-spin-loop --check-config >/dev/null ||
     fail "a hidden option is refused"
 if "$tallyd" --config /dev/null --gpu-spin-us 10001 --check-config 2>"$dir/err.txt"; then
     fail "--gpu-spin-us above its limit was taken"

@@ -49,7 +49,9 @@
  * Environment: TALLY_DIFF_SCALE (default 1) multiplies the number of requests (the GPU checks
  * run bigger); TALLY_DIFF_FAULT_EVERY=N adds --test-fault-every N to the GPU daemon of the random
  * run (failed GPU requests rerun on the CPU must answer the same); TALLY_DIFF_AUTO=SIZE runs the
- * GPU daemon in auto mode with --gpu-min-batch SIZE (a stream moving between the CPU and GPU).
+ * GPU daemon in auto mode with --gpu-min-batch SIZE (a stream moving between the CPU and GPU);
+ * TALLY_DIFF_GPU_SPIN_US=US gives it --gpu-spin-us US (lanes that poll the GPU, no host function
+ * per launch: issue 34).
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -1076,6 +1078,10 @@ static int start_one(pair_t *p, int which, const char *inflight)
     if (which && p->lanes[0]) {
         argv[argc++] = "--gpu-streams";
         argv[argc++] = p->lanes;
+    }
+    if (which && getenv("TALLY_DIFF_GPU_SPIN_US")) { /* lanes that poll the GPU (issue 34) */
+        argv[argc++] = "--gpu-spin-us";
+        argv[argc++] = getenv("TALLY_DIFF_GPU_SPIN_US");
     }
     if (which && p->fault_every[0]) { /* GPU failures: the CPU reruns must be exact too */
         argv[argc++] = "--test-fault-every";

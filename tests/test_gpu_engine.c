@@ -10,6 +10,7 @@
  * makes of it: the device skipped, or no GPU); slow completions come that much later; with
  * nothing asked for, the wrapper is invisible. A lost context (sticky_at) fails the device until
  * device_reset. The engines' outcomes (td_gpu_err_t) reach the wire through td_gpu_status alone.
+ * Polling: a launch without done, lane_finished and lane_notify (issue 34).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -401,6 +402,43 @@ static void test_lost_context(void **state)
     }
 }
 
+/* Polling (--gpu-spin-us, issue 34): a launch without done runs and says so through
+ * lane_finished, and lane_notify calls its done once the lane's work is finished; slow
+ * completions delay only done (the work has finished); a lost context finishes nothing and
+ * withholds the wake-up, for the watchdog to find. */
+static void test_polling(void **state)
+{
+    (void)state;
+    rig_t g;
+    rig_open(&g, 1, &(td_gpu_fault_opts_t){.slow_us = 30000, .sticky_at = 3});
+    td_gpu_staging_t *s = &g.staging[0][0];
+    int32_t *in = s->in;
+    for (int i = 0; i < 4; i++)
+        in[i] = i + 1;
+    s->small->carry = 5;
+    td_gpu_job_t job = {.opcode = TALLY_OP_SCAN,
+                        .dtype = TALLY_DTYPE_I32,
+                        .n = 4,
+                        .carry_index = 1,
+                        .carry_upload = true,
+                        .slot = 0};
+    assert_int_equal(g.e->lane_launch(g.lanes[0], &job, NULL, NULL), TD_GPU_OK); /* 1 */
+    assert_true(g.e->lane_finished(g.lanes[0], 0));
+    assert_int_equal(s->small->carry, 15);
+    unsigned dones = 0;
+    assert_int_equal(g.e->lane_notify(g.lanes[0], count_done, &dones), TD_GPU_OK);
+    assert_int_equal(dones, 1);
+    job.carry_upload = false;
+    assert_int_equal(g.e->lane_launch(g.lanes[0], &job, NULL, NULL), TD_GPU_OK); /* 2 */
+    assert_int_equal(s->small->carry, 25);
+    assert_int_equal(g.e->lane_launch(g.lanes[0], &job, NULL, NULL), TD_GPU_OK); /* 3: lost */
+    assert_false(g.e->lane_finished(g.lanes[0], 0));
+    assert_int_equal(g.e->lane_notify(g.lanes[0], count_done, &dones), TD_GPU_OK);
+    assert_int_equal(dones, 1); /* withheld */
+    assert_int_equal(g.e->lane_check(g.lanes[0]), TD_GPU_E_DEVICE);
+    rig_close(&g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -414,6 +452,7 @@ int main(void)
         cmocka_unit_test(test_split_too_large_refused),
         cmocka_unit_test(test_outcomes_to_wire),
         cmocka_unit_test(test_lost_context),
+        cmocka_unit_test(test_polling),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,13 +13,17 @@
  *     size, a UUID that is not here; tallyd serves on after each;
  *   - a producer (this program re-executed with --producer) killed with requests in flight:
  *     tallyd goes on serving, and releases its region (the descriptor closed) once they finish;
- *   - a benchmark row: hist u8 on 64 MiB and 256 MiB device regions, 8 in flight, against the
- *     same kernel (tk_cuda_hist_u8) on this process's own cudaMalloc memory, in the same run;
+ *   - the bench rows (issue 34): hist u8 on 64 MiB and 256 MiB device regions, filter and scan
+ *     of 32 MiB into device output regions, 8 in flight, against the hardware's read or copy
+ *     ceiling measured in this run (bench/ceilings.h) and the same kernel at one in flight on
+ *     this process's own cudaMalloc memory; and tallyd's cost a request (a 2 MiB region), with
+ *     the CPU time of each of tallyd's threads and this client's a request;
  *   - with two GPUs, work on a peer (test_peer, STEPS=peer): GPU 0's region run on GPU 1 by a
  *     tallyd with --test-gpu-peer-always, with and without an IPC event, a scan written from
  *     GPU 1 into GPU 0's output region, against the CPU's replies, and its bench row against
  *     the kernel reading GPU 0's memory from GPU 1 (the peer read ceiling) and locally.
  */
+#include <dirent.h>
 #include <fcntl.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -38,6 +42,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include "ceilings.h"
 #include "harness.h"
 #include "shm_side.h"
 #include "td_cu_driver.h"
@@ -566,14 +571,21 @@ static double stop_timing(cudaEvent_t a, cudaEvent_t b)
 #define BENCH_BYTES (512ull << 30)
 #define BENCH_WARM_BYTES (32ull << 30)
 
-/* GB/s (input bytes) of req by reference (ref) through tallyd, 8 in flight (TALLY_REGION_INFLIGHT
- * sets another number, for gpu-check's region-tune step; the rows still say 8 only at 8). */
-static double ref_rate(void *sock, const tally_req_t *req, const tally_shm_ref_t *ref, int total)
+/* The in-flight count of the bench rows: 8 (TALLY_REGION_INFLIGHT sets another number, for
+ * gpu-check's region-tune step; the rows still say 8 only at 8). */
+static int bench_inflight(void)
+{
+    const char *env = getenv("TALLY_REGION_INFLIGHT");
+    return env && atoi(env) > 0 ? atoi(env) : 8;
+}
+
+/* Requests a second of req by reference (ref) through tallyd, `inflight` in flight, `total` in
+ * all. */
+static double ref_requests_per_s(void *sock, const tally_req_t *req, const tally_shm_ref_t *ref,
+                                 int total, int inflight)
 {
     uint8_t bytes[TALLY_SHM_REF_SIZE];
     tally_shm_ref_encode(ref, bytes);
-    const char *env = getenv("TALLY_REGION_INFLIGHT");
-    int inflight = env && atoi(env) > 0 ? atoi(env) : 8;
     double t0 = seconds();
     int sent = 0, got = 0;
     for (; sent < inflight && sent < total; sent++)
@@ -589,7 +601,14 @@ static double ref_rate(void *sock, const tally_req_t *req, const tally_shm_ref_t
             sent++;
         }
     }
-    return (double)ref->in_length * total / (seconds() - t0) / 1e9;
+    return total / (seconds() - t0);
+}
+
+/* GB/s (input bytes) of req by reference (ref) through tallyd, bench_inflight() in flight. */
+static double ref_rate(void *sock, const tally_req_t *req, const tally_shm_ref_t *ref, int total)
+{
+    return (double)ref->in_length * ref_requests_per_s(sock, req, ref, total, bench_inflight()) /
+           1e9;
 }
 
 /* GB/s (input bytes) of the filter (i32 > 0, unordered) or the scan (int64 out) kernel on this
@@ -627,10 +646,28 @@ static double kernel_out_rate(uint8_t op, size_t n, int total)
     return (double)n * 4 * total / elapsed / 1e9;
 }
 
-/* The bench rows of device output regions: filter (i32 > 0, unordered) and scan (int64 out) on
- * a 32 MiB device input region written into a device output region, 8 in flight, against the
- * kernels on local memory in the same run. */
-static void bench_device_output(const char *gpu_name)
+/* The hardware's ceilings in this run (bench/ceilings.h, as kernel_bench measures them: 1 GiB
+ * buffers, the median of 15 runs), which issue 34's targets compare the rows against: read for
+ * the histograms, the device-to-device copy (bytes read + written) for filter and scan. */
+typedef struct {
+    double read, copy; /* GB/s */
+} ceilings_t;
+
+static ceilings_t measure_ceilings(void)
+{
+    ceilings_t c = {bench_read_ceiling(1ull << 30, 15), bench_copy_ceiling(1ull << 30, 15)};
+    assert_true(c.read > 0 && c.copy > 0);
+    print_message("bench: ceilings in this run: read %.0f GB/s, d2d copy %.0f GB/s (read + "
+                  "written)\n",
+                  c.read, c.copy);
+    return c;
+}
+
+/* The bench rows of device output regions: filter (i32 > 0, unordered; every element kept: the
+ * input is 0x01010101s) and scan (int64 out) on a 32 MiB device input region written into a
+ * device output region, 8 in flight, against the copy ceiling (bytes read + written: 8 a
+ * filtered element, 12 a scanned one) and the kernels on local memory, in the same run. */
+static void bench_device_output(const char *gpu_name, const ceilings_t *c)
 {
     const size_t len = 32 * MIB;
     galloc_t gi, go;
@@ -653,17 +690,114 @@ static void bench_device_output(const char *gpu_name)
         (void)ref_rate(gpu_sock, &req, &ref, (int)(BENCH_WARM_BYTES / len)); /* warm-up */
         double via = ref_rate(gpu_sock, &req, &ref, (int)(BENCH_BYTES / len));
         double kernel = kernel_out_rate(ops[k], len / 4, (int)(BENCH_BYTES / len));
+        double moved = ops[k] == TALLY_OP_SCAN ? 3.0 : 2.0; /* bytes moved an input byte */
         print_message("bench: %s, %s i32 32 MiB device region -> device output region via "
-                      "tallyd (8 in flight): %.0f GB/s; the kernel on local memory: %.0f GB/s; "
-                      "ratio %.2f (input bytes)\n",
-                      gpu_name, ops[k] == TALLY_OP_SCAN ? "scan" : "filter", via, kernel,
-                      via / kernel);
+                      "tallyd (%d in flight): %.0f GB/s in, %.0f moved; %.3f x the copy ceiling "
+                      "(%.0f); the kernel at one in flight on local memory: %.0f GB/s in, "
+                      "ratio %.2f\n",
+                      gpu_name, ops[k] == TALLY_OP_SCAN ? "scan" : "filter", bench_inflight(), via,
+                      via * moved, via * moved / c->copy, c->copy, kernel, via / kernel);
     }
     th_answer_t ans;
     assert_int_equal(th_side_call(side, TALLY_SHM_OP_RELEASE, NULL, in, -1, &ans), TALLY_OK);
     assert_int_equal(th_side_call(side, TALLY_SHM_OP_RELEASE, NULL, out, -1, &ans), TALLY_OK);
     gfree(&gi);
     gfree(&go);
+}
+
+/* On-CPU nanoseconds of each thread of process `pid` (/proc/PID/task/TID/schedstat), with its
+ * name (comm), into t[0..cap); returns how many. Threads of one name are summed. */
+typedef struct {
+    char name[24];
+    double ns;
+} thread_cpu_t;
+
+static int threads_cpu(pid_t pid, thread_cpu_t *t, int cap)
+{
+    char path[320];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *dir = opendir(path);
+    int n = 0;
+    for (struct dirent *e; dir && (e = readdir(dir));) {
+        if (e->d_name[0] == '.')
+            continue;
+        char name[24] = "", buf[96];
+        unsigned long long ns = 0;
+        snprintf(path, sizeof path, "/proc/%d/task/%s/comm", (int)pid, e->d_name);
+        FILE *f = fopen(path, "r");
+        if (f && fgets(name, sizeof name, f))
+            name[strcspn(name, "\n")] = 0;
+        if (f)
+            fclose(f);
+        snprintf(path, sizeof path, "/proc/%d/task/%s/schedstat", (int)pid, e->d_name);
+        f = fopen(path, "r");
+        if (f && fgets(buf, sizeof buf, f))
+            ns = strtoull(buf, NULL, 10);
+        if (f)
+            fclose(f);
+        int k = 0;
+        while (k < n && strcmp(t[k].name, name) != 0)
+            k++;
+        if (k == n && n < cap) {
+            snprintf(t[n].name, sizeof t[n].name, "%s", name);
+            t[n++].ns = 0;
+        }
+        if (k < n)
+            t[k].ns += (double)ns;
+    }
+    if (dir)
+        closedir(dir);
+    return n;
+}
+
+/* Prints each thread's CPU microseconds a request between `before` and now (those above 0.5):
+ * the thread near the wall time a request is the one that bounds the rate. */
+static void print_threads_cpu(const char *who, pid_t pid, const thread_cpu_t *before, int nb,
+                              int requests)
+{
+    thread_cpu_t now[64];
+    int n = threads_cpu(pid, now, 64);
+    char line[1024];
+    size_t len = (size_t)snprintf(line, sizeof line, "bench: CPU a request, %s:", who);
+    for (int i = 0; i < n && len < sizeof line; i++) {
+        double was = 0;
+        for (int k = 0; k < nb; k++)
+            if (strcmp(before[k].name, now[i].name) == 0)
+                was = before[k].ns;
+        double us = (now[i].ns - was) / 1e3 / requests;
+        if (us >= 0.5)
+            len += (size_t)snprintf(line + len, sizeof line - len, " %s %.1f us;", now[i].name, us);
+    }
+    print_message("%s\n", line);
+}
+
+/* tallyd's cost a request, without the GPU's: hist u8 on a 2 MiB device region (about a
+ * microsecond on the GPU), at one in flight (the round trip) and bench_inflight() (the rate
+ * tallyd and this client sustain: the most requests a second any row can reach). */
+static void bench_overhead(void)
+{
+    galloc_t g;
+    galloc(2 * MIB, &g);
+    RT_OK(cudaMemset((void *)(uintptr_t)g.ptr, 3, g.size));
+    RT_OK(cudaDeviceSynchronize());
+    uint64_t handle;
+    assert_int_equal(dev_register(side, g.fd, g.size, uuid, NULL, &handle, NULL, 0), TALLY_OK);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 1);
+    req.flags = TALLY_FLAG_SHM_REF;
+    tally_shm_ref_t ref = {.in_handle = handle, .in_length = g.size};
+    (void)ref_requests_per_s(gpu_sock, &req, &ref, 2000, bench_inflight()); /* warm-up */
+    double one = ref_requests_per_s(gpu_sock, &req, &ref, 4000, 1);
+    thread_cpu_t tallyd[64], self[64];
+    int nt = threads_cpu(gpu_d.pid, tallyd, 64), ns = threads_cpu(getpid(), self, 64);
+    double many = ref_requests_per_s(gpu_sock, &req, &ref, 40000, bench_inflight());
+    print_message("bench: tallyd's cost a request (hist u8 2 MiB device region): one in flight "
+                  "%.1f us a round trip; %d in flight %.0f requests/s (%.1f us a request)\n",
+                  1e6 / one, bench_inflight(), many, 1e6 / many);
+    print_threads_cpu("tallyd's threads", gpu_d.pid, tallyd, nt, 40000);
+    print_threads_cpu("this client's threads", getpid(), self, ns, 40000);
+    th_answer_t ans;
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_RELEASE, NULL, handle, -1, &ans), TALLY_OK);
+    gfree(&g);
 }
 
 /* GB/s of hist u8 by reference on a region of `size` bytes through the tallyd of sock, 8 in
@@ -717,6 +851,8 @@ static void test_bench(void **state)
     const size_t sizes[] = {64 * MIB, 256 * MIB};
     struct cudaDeviceProp prop;
     RT_OK(cudaGetDeviceProperties(&prop, 0));
+    ceilings_t c = measure_ceilings();
+    bench_overhead();
     for (size_t k = 0; k < 2; k++) {
         galloc_t g;
         galloc(sizes[k], &g);
@@ -728,15 +864,17 @@ static void test_bench(void **state)
         (void)tallyd_rate(gpu_sock, handle, g.size, (int)(BENCH_WARM_BYTES / g.size));
         double in_place = tallyd_rate(gpu_sock, handle, g.size, total);
         double kernel = kernel_rate(g.size, total);
-        print_message("bench: %s, hist u8 %zu MiB device region via tallyd (8 in flight): %.0f "
-                      "GB/s; the kernel on local memory: %.0f GB/s; ratio %.2f\n",
-                      prop.name, g.size / MIB, in_place, kernel, in_place / kernel);
+        print_message("bench: %s, hist u8 %zu MiB device region via tallyd (%d in flight): %.0f "
+                      "GB/s; %.3f x the read ceiling (%.0f); the kernel at one in flight on local "
+                      "memory: %.0f GB/s, ratio %.2f\n",
+                      prop.name, g.size / MIB, bench_inflight(), in_place, in_place / c.read,
+                      c.read, kernel, in_place / kernel);
         th_answer_t ans;
         assert_int_equal(th_side_call(side, TALLY_SHM_OP_RELEASE, NULL, handle, -1, &ans),
                          TALLY_OK);
         gfree(&g);
     }
-    bench_device_output(prop.name);
+    bench_device_output(prop.name, &c);
 }
 
 /* ---- peer access (PROTOCOL.md §10 "Which GPU runs it"; scripts/gpu-check.sh STEPS=peer) ---- */

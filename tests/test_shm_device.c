@@ -755,14 +755,18 @@ static bool gpu_listed(void *sock, unsigned gpu, int timeout_ms)
  * register it again), its release still closes its descriptor, and a region registered again
  * runs on GPU 0. With TALLYD_TEST_FAULT_RESET_FAILS=1 the recreation fails: GPU 0 stays out,
  * regions on it are refused, and tallyd serves on with GPU 1 and the CPU. */
-static void context_lost_run(bool reset_fails)
+static void context_lost_run(bool reset_fails, bool polling)
 {
     th_daemon_t d;
     uint8_t uuid0[TALLY_GPU_UUID_SIZE], uuid1[TALLY_GPU_UUID_SIZE];
     setenv("TALLYD_TEST_FAULT_STICKY", "1", 1);
     if (reset_fails)
         setenv("TALLYD_TEST_FAULT_RESET_FAILS", "1", 1);
-    int side = start_side(&d, sim2, 0, uuid0);
+    /* Polling lanes (--gpu-spin-us, issue 34): no host function per launch; the lost launch is
+     * never seen finished and its wake-up never comes, so the watchdog must still find it. */
+    static const char *const sim2_polling[] = {
+        "--backend", "cuda", "--test-sim-gpus", "2", "--gpu-spin-us", "50", NULL};
+    int side = start_side(&d, polling ? sim2_polling : sim2, 0, uuid0);
     unsetenv("TALLYD_TEST_FAULT_STICKY");
     unsetenv("TALLYD_TEST_FAULT_RESET_FAILS");
     th_sim_uuid(1, uuid1);
@@ -814,13 +818,19 @@ static void context_lost_run(bool reset_fails)
 static void test_context_recreated(void **state)
 {
     (void)state;
-    context_lost_run(false);
+    context_lost_run(false, false);
 }
 
 static void test_context_not_recreated(void **state)
 {
     (void)state;
-    context_lost_run(true);
+    context_lost_run(true, false);
+}
+
+static void test_context_recreated_polling(void **state)
+{
+    (void)state;
+    context_lost_run(false, true);
 }
 
 /* A filter or scan by device reference above the GPU's buffers (64 MiB) is refused too_large,
@@ -985,6 +995,7 @@ int main(void)
         cmocka_unit_test(test_gpu_failure_contained),
         cmocka_unit_test(test_context_recreated),
         cmocka_unit_test(test_context_not_recreated),
+        cmocka_unit_test(test_context_recreated_polling),
         cmocka_unit_test(test_device_buffers_bound),
         cmocka_unit_test(test_libtally_gpu_register),
         cmocka_unit_test(test_deferred_release),

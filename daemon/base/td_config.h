@@ -314,7 +314,8 @@ typedef struct {
     bool test_gpu_peer_always; /* test only: device references go to a peer GPU whenever one can */
     unsigned test_fault_every; /* test only: every Nth GPU request reports a failure; 0 = off */
     unsigned test_sim_gpus;    /* test only: N simulated GPUs (host memory, CPU kernels) */
-    unsigned gpu_spin_us;      /* lane threads poll this long before sleeping */
+    unsigned gpu_spin_us;      /* lane threads poll the GPU this long before sleeping */
+    bool gpu_spin_loop;        /* the loop polls while requests are on the GPU */
     char *state_dir;           /* owned; NULL = no persistence ($STATE_DIRECTORY by default) */
     unsigned state_interval;   /* seconds between state snapshots */
     char *metrics_listen;      /* owned; ADDR:PORT of the HTTP metrics endpoint, NULL = off */

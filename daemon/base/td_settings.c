@@ -387,7 +387,10 @@ const td_setting_t td_settings[] = {
     /* Hidden: tuning (bench/NOTES.md), the tests' hooks, and the documents' generators. */
     {.option = "gpu-spin-us", .arg = "US", .type = TD_SET_UINT, .offset = FIELD(gpu_spin_us),
      .def = 0u, .max = TD_GPU_SPIN_US_LIMIT, .hidden = true,
-     .help = "lane threads poll this long for a completion before they sleep"},
+     .help = "lane threads poll the GPU this long for a completion before they sleep; launches "
+             "then enqueue no host function"},
+    {.option = "gpu-spin-loop", .type = TD_SET_FLAG, .offset = FIELD(gpu_spin_loop),
+     .hidden = true, .help = "the loop thread polls instead of sleeping while requests are on the GPU"},
     {.option = "test-fault-every", .arg = "N", .type = TD_SET_UINT,
      .offset = FIELD(test_fault_every), .max = 1u << 30, .hidden = true,
      .help = "every Nth GPU request reports a failure"},

@@ -191,6 +191,7 @@ static td_err_t open_gpu(td_exec_t *x)
             .lanes = cfg->gpu_streams ? cfg->gpu_streams : TD_DEFAULT_GPU_STREAMS,
             .slots = TD_GPU_SLOTS_PER_LANE,
             .spin_us = cfg->gpu_spin_us,
+            .spin_loop = cfg->gpu_spin_loop,
             .max_inflight = TD_MAX_INFLIGHT_LIMIT, /* a reload may raise max_inflight */
         };
         err = td_gpu_new(x->env.loop, engine, &opts, gpu_complete, x, &x->gpu, why, sizeof why);

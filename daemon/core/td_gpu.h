@@ -29,6 +29,7 @@ typedef struct {
     unsigned lanes;        /* per device */
     unsigned slots;        /* staging slots per lane */
     unsigned spin_us;      /* lane threads poll this long before sleeping */
+    bool spin_loop;        /* the loop polls while requests are on the GPU (--gpu-spin-loop) */
     unsigned max_inflight; /* the most requests ever in flight: bounds the streams in flight at
                             * once, so the scan carries per lane */
 } td_gpu_opts_t;

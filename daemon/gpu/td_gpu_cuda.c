@@ -18,7 +18,8 @@
  *   hist or filter may come first, and the scans behind it read the carry it leaves), H2D of the
  *   host carry into the named stream's device carry; the kernel (tk_cuda.h: the scan reads and
  *   updates the device carry in place, the histogram adds into a zeroed per-lane device
- *   histogram); D2H of the output and the small results; cudaLaunchHostFunc(done). The filter's
+ *   histogram); D2H of the output and the small results; the slot's event (what a polling lane
+ *   thread queries, cuda_lane_finished); cudaLaunchHostFunc(done) unless it polls. The filter's
  *   output is copied back whole (n elements) rather than kept-count first: reading the count
  *   first would need a synchronisation in the middle of the chain, and PCIe moves the extra
  *   bytes ~20x faster than ZeroMQ moves the request.
@@ -56,6 +57,10 @@ typedef struct {
     cudaEvent_t ev_kernel[TD_GPU_SPLIT_MAX_PIECES];
     cudaEvent_t ev_done[TD_GPU_SPLIT_MAX_PIECES];
     bool events;
+    /* Per staging slot, recorded after the last work of a launch into it, before done's host
+     * function: what lane_finished asks (the lane thread alone). */
+    cudaEvent_t *ev_slot;
+    unsigned ev_slots;
 } cuda_lane_t;
 
 static int cuda_device_count(void *ctx)
@@ -89,6 +94,9 @@ static void cuda_lane_close(void *lane)
             cudaEventDestroy(l->ev_done[i]);
         }
     }
+    for (unsigned i = 0; i < l->ev_slots; i++)
+        cudaEventDestroy(l->ev_slot[i]);
+    free(l->ev_slot);
     (void)cudaGetLastError();
     free(l);
 }
@@ -108,6 +116,15 @@ static bool open_events(cuda_lane_t *l, char *why, size_t why_cap)
                                 "cudaEventCreate", why, why_cap))
             return false;
     l->events = true;
+    l->ev_slot = calloc(l->slots, sizeof *l->ev_slot);
+    if (!l->ev_slot) {
+        snprintf(why, why_cap, "CUDA device %d: calloc failed: out of memory", device);
+        return false;
+    }
+    for (; l->ev_slots < l->slots; l->ev_slots++)
+        if (!tk_cuda_setup_step(cudaEventCreateWithFlags(&l->ev_slot[l->ev_slots], flags), device,
+                                "cudaEventCreate", why, why_cap))
+            return false;
     return true;
 }
 
@@ -521,7 +538,9 @@ static td_gpu_err_t cuda_lane_launch(void *lane, const td_gpu_job_t *job, td_gpu
                                     cudaMemcpyDeviceToHost, l->dev.stream));
         break;
     }
-    TK_CUDA_TRY(cudaLaunchHostFunc(l->dev.stream, done, arg));
+    TK_CUDA_TRY(cudaEventRecord(l->ev_slot[job->slot], l->dev.stream));
+    if (done) /* else the lane thread polls the event (cuda_lane_finished) */
+        TK_CUDA_TRY(cudaLaunchHostFunc(l->dev.stream, done, arg));
     return TD_GPU_OK;
 fail:
     /* Nothing of this job may still read the slot once we return: drain the lane. The first
@@ -606,13 +625,32 @@ static td_gpu_err_t cuda_lane_launch_split(void *lane, void *const *lanes, unsig
     else
         TK_CUDA_TRY(cudaMemcpyAsync(&s->small->carry, d_carry, sizeof(int64_t),
                                     cudaMemcpyDeviceToHost, l0->dev.stream));
-    TK_CUDA_TRY(cudaLaunchHostFunc(l0->dev.stream, done, arg));
+    TK_CUDA_TRY(cudaEventRecord(l0->ev_slot[job->slot], l0->dev.stream));
+    if (done)
+        TK_CUDA_TRY(cudaLaunchHostFunc(l0->dev.stream, done, arg));
     return TD_GPU_OK;
 fail:
     /* Nothing of the job may still run once we return: drain every lane it touched. */
     for (unsigned i = 0; i <= used && i < lane_count; i++)
         tk_cuda_drain(((cuda_lane_t *)lanes[i])->dev.stream);
     return TD_GPU_E_DEVICE;
+}
+
+static bool cuda_lane_finished(void *lane, unsigned slot)
+{
+    cuda_lane_t *l = lane;
+    cudaError_t err = cudaEventQuery(l->ev_slot[slot]);
+    if (err == cudaSuccess)
+        return true;
+    if (err != cudaErrorNotReady) /* a failure: done never comes, the watchdog finds it */
+        (void)cudaGetLastError();
+    return false;
+}
+
+static td_gpu_err_t cuda_lane_notify(void *lane, td_gpu_done_fn done, void *arg)
+{
+    cuda_lane_t *l = lane;
+    return td_gpu_err_from_tk(tk_cuda_status(cudaLaunchHostFunc(l->dev.stream, done, arg)));
 }
 
 static td_gpu_err_t cuda_lane_check(void *lane)

@@ -171,7 +171,8 @@ struct td_gpu_engine {
     /* The functions below run on the lane's own thread. */
     td_gpu_err_t (*lane_bind)(void *lane); /* once, when the thread starts */
     /* Enqueues the job; done(arg) follows when it succeeded. TD_GPU_E_DEVICE when enqueuing
-     * failed (then done is not called and nothing of the job is still running). */
+     * failed (then done is not called and nothing of the job is still running). done NULL: no
+     * host function, the lane thread polls lane_finished instead (--gpu-spin-us). */
     td_gpu_err_t (*lane_launch)(void *lane, const td_gpu_job_t *job, td_gpu_done_fn done,
                                   void *arg);
     /* The same job split into `count` pieces of consecutive elements (each at most the
@@ -189,6 +190,16 @@ struct td_gpu_engine {
     td_gpu_err_t (*lane_launch_split)(void *lane, void *const *lanes, unsigned lane_count,
                                         unsigned count, const td_gpu_job_t *job,
                                         td_gpu_done_fn done, void *arg);
+    /* Whether everything the last successful launch into `slot` enqueued has finished, asked
+     * by a spinning lane thread (--gpu-spin-us) so that it sees a completion without waiting
+     * for done, whose host function runs only once CUDA's callback thread has woken (done still
+     * follows, later). cudaEventQuery of an event recorded before done for cuda, true for sim
+     * (done came before the launch returned); false when only done can tell. */
+    bool (*lane_finished)(void *lane, unsigned slot);
+    /* done(arg) once everything enqueued on the lane so far has finished: the wake-up a polling
+     * lane thread asks for before it sleeps (cudaLaunchHostFunc at the stream's tail; the sim
+     * calls it at once). Not called when that work fails (the watchdog finds it). */
+    td_gpu_err_t (*lane_notify)(void *lane, td_gpu_done_fn done, void *arg);
     /* Asks whether work enqueued earlier failed asynchronously (done will never come):
      * TD_GPU_E_DEVICE then, TD_GPU_OK when it is still running or finished. */
     td_gpu_err_t (*lane_check)(void *lane);
@@ -246,7 +257,8 @@ struct td_gpu_engine {
         .name = #prefix, .device_count = prefix##_device_count, .describe = prefix##_describe,     \
         .lane_open = prefix##_lane_open, .lane_close = prefix##_lane_close,                        \
         .lane_bind = prefix##_lane_bind, .lane_launch = prefix##_lane_launch,                      \
-        .lane_launch_split = prefix##_lane_launch_split, .lane_check = prefix##_lane_check,        \
+        .lane_launch_split = prefix##_lane_launch_split, .lane_finished = prefix##_lane_finished,  \
+        .lane_notify = prefix##_lane_notify, .lane_check = prefix##_lane_check,                    \
         .region_register = prefix##_region_register,                                               \
         .region_unregister = prefix##_region_unregister, .device_uuid = prefix##_device_uuid,      \
         .dev_import = prefix##_dev_import, .dev_release = prefix##_dev_release,                    \

@@ -14,6 +14,7 @@
  *     fails on a device that is full;
  *   - slow completions (slow_us): done() comes that much later, on the thread that completes
  *     the job (for cuda, CUDA's callback thread, holding up the lane as a slow device would);
+ *     lane_finished answers as the inner engine does (the job itself has finished);
  *   - a lost context (sticky_at): one launch is accepted and never completes, and from then on
  *     the device fails lane_check and every launch, as a CUDA context after a sticky error
  *     (an illegal address) does, until device_reset recreates it (or, with reset_fails, cannot).
@@ -190,7 +191,7 @@ static td_gpu_err_t launch(fault_lane_t *l, const split_t *split, const td_gpu_j
         return st;
     if (fault_due(l->f))
         return inject(l, split, job);
-    if (!l->f->opts.slow_us)
+    if (!l->f->opts.slow_us || !done) /* no done to delay: the lane polls */
         return inner_launch(l, split, job, done, arg);
     delayed_done_t *d = &l->delayed[job->slot];
     *d = (delayed_done_t){.done = done, .arg = arg, .delay_us = l->f->opts.slow_us};
@@ -259,10 +260,33 @@ static td_gpu_err_t fault_lane_bind(void *lane)
     return passed(l->f, l->f->inner->lane_bind(l->inner));
 }
 
+/* The device's context is lost (sticky_at): nothing ever finishes. */
+static bool lane_lost(const fault_lane_t *l)
+{
+    return l->device >= 0 && l->device < FAULT_DEVICES_MAX && atomic_load(&l->f->lost[l->device]);
+}
+
+/* The inner engine's answer (slow_us delays only done: the work itself has finished), none on a
+ * lost context. */
+static bool fault_lane_finished(void *lane, unsigned slot)
+{
+    fault_lane_t *l = lane;
+    return !lane_lost(l) && l->f->inner->lane_finished(l->inner, slot);
+}
+
+/* Withheld on a lost context, as CUDA never runs a host function behind a failed kernel. */
+static td_gpu_err_t fault_lane_notify(void *lane, td_gpu_done_fn done, void *arg)
+{
+    fault_lane_t *l = lane;
+    if (lane_lost(l))
+        return TD_GPU_OK;
+    return passed(l->f, l->f->inner->lane_notify(l->inner, done, arg));
+}
+
 static td_gpu_err_t fault_lane_check(void *lane)
 {
     fault_lane_t *l = lane;
-    if (l->device >= 0 && l->device < FAULT_DEVICES_MAX && atomic_load(&l->f->lost[l->device])) {
+    if (lane_lost(l)) {
         snprintf(fault_error, sizeof fault_error,
                  "injected fault: the context of device %d is lost (a test setting)", l->device);
         return TD_GPU_E_DEVICE;

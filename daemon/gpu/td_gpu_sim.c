@@ -206,7 +206,8 @@ static td_gpu_err_t sim_lane_launch(void *lane, const td_gpu_job_t *job, td_gpu_
         snprintf(sim_error, sizeof sim_error, "simulated kernel failed: %s", tally_status_name(st));
         return TD_GPU_E_DEVICE;
     }
-    done(arg);
+    if (done) /* else the lane thread polls sim_lane_finished */
+        done(arg);
     return TD_GPU_OK;
 }
 
@@ -259,6 +260,23 @@ static td_gpu_err_t sim_lane_launch_split(void *lane, void *const *lanes, unsign
         snprintf(sim_error, sizeof sim_error, "simulated split kernel failed");
         return TD_GPU_E_DEVICE;
     }
+    if (done) /* else the lane thread polls sim_lane_finished */
+        done(arg);
+    return TD_GPU_OK;
+}
+
+/* done came before the launch returned: a launch that succeeded has finished. */
+static bool sim_lane_finished(void *lane, unsigned slot)
+{
+    (void)lane;
+    (void)slot;
+    return true;
+}
+
+/* Everything enqueued has finished (each launch ran before it returned): done at once. */
+static td_gpu_err_t sim_lane_notify(void *lane, td_gpu_done_fn done, void *arg)
+{
+    (void)lane;
     done(arg);
     return TD_GPU_OK;
 }
