@@ -6,7 +6,8 @@
  *   and no descriptor, and an allowed producer still registers (run as root: a child switches to
  *   nobody, 65534; skipped otherwise);
  * - max_connections_per_uid: the connection past it is answered `quota` (op 0) and closed, for
- *   another allowed uid too, while tallyd's own uid still gets in;
+ *   another allowed uid too, while tallyd's own uid still gets in; a uid allowed by its user
+ *   name, or by its group's name, is let in as by its number;
  * - a connection that registers nothing within register_timeout_ms is closed, one that did is
  *   kept;
  * - a malformed message (bad magic, version, op, reserved byte, short, too long, the wrong number
@@ -19,6 +20,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <pwd.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -275,6 +277,38 @@ static void test_per_uid_cap_other_uid(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
 
+/* Users and groups by name in the allow-lists (issue 37): nobody's user name, then its group's
+ * name, lets nobody in as its number does (root only): its connections are taken up to the
+ * per-uid cap (the one past it is refused for the cap, not as a stranger). The names are this
+ * system's for uid and gid 65534. */
+static void test_allowed_by_name(void **state)
+{
+    (void)state;
+    if (geteuid() != 0)
+        skip();
+    struct passwd *pw = getpwuid(NOBODY);
+    struct group *gr = getgrgid(NOBODY);
+    if (!pw || !gr) {
+        print_message("no name for uid or gid %d here: skipped\n", NOBODY);
+        skip();
+    }
+    char user[64], group[64];
+    snprintf(user, sizeof user, "%s", pw->pw_name);
+    snprintf(group, sizeof group, "%s", gr->gr_name);
+    const char *lists[] = {"--shm-allow-uids", "--shm-allow-gids"};
+    const char *names[] = {user, group};
+    for (int i = 0; i < 2; i++) {
+        th_daemon_t d;
+        const char *const args[] = {
+            lists[i],  names[i], "--shm-max-connections-per-uid", "3", "--shm-register-timeout-ms",
+            "3600000", NULL};
+        nobody_keeps_no_one_out(&d, args, 5, 3);
+        assert_true(th_daemon_log_contains(&d, "uid 65534 already holds 3 side-channel"));
+        assert_false(th_daemon_log_contains(&d, "may not register"));
+        assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    }
+}
+
 /* ---- register timeout -------------------------------------------------------------------- */
 
 static void test_register_timeout(void **state)
@@ -487,7 +521,7 @@ int main(void)
         cmocka_unit_test(test_not_allowed_flood),     cmocka_unit_test(test_per_uid_cap),
         cmocka_unit_test(test_per_uid_cap_other_uid), cmocka_unit_test(test_register_timeout),
         cmocka_unit_test(test_malformed_closes),      cmocka_unit_test(test_second_tallyd_refused),
-        cmocka_unit_test(test_stale_socket_replaced),
+        cmocka_unit_test(test_stale_socket_replaced), cmocka_unit_test(test_allowed_by_name),
     };
     const char *only = getenv("TALLY_TEST_FILTER"); /* one test by name (a mutation check) */
     if (only && *only)
