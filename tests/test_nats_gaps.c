@@ -9,7 +9,12 @@
  *   - a checkpoint whose chunks do not add up (td_nats_ckpt.c): a chunk deleted, a chunk longer
  *     than the manifest says, a chunk shorter (caught by the length, before the CRC), each
  *     refused as corrupt with its reason by a read and by a new owner's take (which then fences
- *     nothing); a manifest deleted reads as no checkpoint, and a new owner starts afresh.
+ *     nothing); a manifest deleted reads as no checkpoint, and a new owner starts afresh;
+ *   - another writer in the worker's way: its lease overwritten (the next renewal finds it lost,
+ *     the partition and its local streams are dropped, and taken again once the stranger's key
+ *     expires), and its checkpoint fenced by another take (the next checkpoint finds it and drops
+ *     the partition, which the worker takes back, fencing the other): either way every message
+ *     is applied exactly once in the end.
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -90,9 +95,9 @@ static void wait_owned(void)
     assert_string_equal(holder, "gapper");
 }
 
-/* Message v: a u8 hist of MSG_BYTES bytes all equal to v, on stream "gap" (with a reply when
+/* Message v: a u8 hist of MSG_BYTES bytes all equal to v, on `stream` (with a reply when
  * asked, which is then awaited). */
-static void send_value(tally_nats_t *p, uint8_t v, bool reply)
+static void send_value_to(tally_nats_t *p, const char *stream, uint8_t v, bool reply)
 {
     uint8_t batch[MSG_BYTES];
     memset(batch, v, sizeof batch);
@@ -100,7 +105,7 @@ static void send_value(tally_nats_t *p, uint8_t v, bool reply)
     memset(&req, 0, sizeof req);
     req.opcode = TALLY_OP_HIST;
     req.dtype = TALLY_DTYPE_U8;
-    assert_int_equal(tally_req_set_stream(&req, "gap"), TALLY_OK);
+    assert_int_equal(tally_req_set_stream(&req, stream), TALLY_OK);
     assert_int_equal(tally_nats_send(p, &req, batch, sizeof batch, reply, NULL, NULL), TALLY_OK);
     assert_int_equal(tally_nats_flush(p), TALLY_OK);
     if (reply) {
@@ -110,6 +115,11 @@ static void send_value(tally_nats_t *p, uint8_t v, bool reply)
         assert_int_equal(r.rep.status, TALLY_OK);
         tally_reply_clear(&r);
     }
+}
+
+static void send_value(tally_nats_t *p, uint8_t v, bool reply)
+{
+    send_value_to(p, "gap", v, reply);
 }
 
 static uint64_t partition_first_seq(uint64_t *last)
@@ -171,6 +181,103 @@ static void test_gap_after_purge(void **state)
     th_close(sock);
     assert_true(th_daemon_log_contains(
         &w, "partition 0: sequences 6..7 were removed from its stream before they were applied"));
+    tally_nats_destroy(&p);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
+/* ---- another writer in the worker's way ----------------------------------------------------- */
+
+/* A producer; each test has its own id (JetStream drops a message id it saw within its
+ * duplicate window, and a producer numbers its messages from 1). */
+static tally_nats_t *producer(const char *id)
+{
+    tally_nats_opts_t o = {.servers = cluster.urls, .producer_id = id, .timeout_ms = 15000};
+    tally_nats_t *p = NULL;
+    assert_int_equal(tally_nats_new(&o, &p, msg, sizeof msg), TALLY_OK);
+    return p;
+}
+
+/* Waits up to 30 s for text in w's log. */
+static void wait_log(const th_daemon_t *w, const char *text)
+{
+    for (int64_t t0 = th_now_ms(); !th_daemon_log_contains(w, text); th_sleep_ms(50))
+        if (th_now_ms() - t0 > 30000)
+            fail_msg("no '%s' in %s", text, w->log_path);
+}
+
+/* `stream` holds values first..last, each once (MSG_BYTES of each), within 30 s. */
+static void holds_each_once(tally_nats_t *p, const char *stream, int first, int last)
+{
+    tally_stream_info_t info = {0};
+    uint64_t want = (uint64_t)(last - first + 1) * MSG_BYTES;
+    for (int64_t t0 = th_now_ms(); th_now_ms() - t0 < 30000; th_sleep_ms(100))
+        if (tally_nats_query(p, stream, &info) == TALLY_OK && info.hist_total >= want)
+            break;
+    assert_int_equal(info.hist_total, want);
+    for (int b = first; b <= last; b++)
+        assert_int_equal(info.bins[b], MSG_BYTES);
+}
+
+/* The lease key overwritten by a stranger that never renews it. */
+static void test_lease_overwritten(void **state)
+{
+    (void)state;
+    th_daemon_t w;
+    start_worker(&w);
+    wait_owned();
+    tally_nats_t *p = producer("steal");
+    for (uint8_t v = 1; v <= 3; v++)
+        send_value_to(p, "steal", v, true);
+    kvStore *leases = NULL;
+    assert_int_equal(js_KeyValue(&leases, js, TALLY_NATS_BUCKET_LEASES), NATS_OK);
+    uint64_t rev = 0;
+    assert_int_equal(kvStore_PutString(&rev, leases, "p0", "stranger"), NATS_OK);
+    wait_log(&w, "partition 0 lost: its lease was lost; its local state is dropped");
+    for (uint8_t v = 4; v <= 6; v++) /* while nobody applies them */
+        send_value_to(p, "steal", v, false);
+    /* The stranger's key expires (the bucket's TTL); the worker takes the partition again from
+     * its last checkpoint and applies what came after, once. */
+    wait_owned();
+    holds_each_once(p, "steal", 1, 6);
+    void *sock = th_connect(w.endpoint, 10000);
+    assert_true(th_stat(sock, "tallyd_nats_leases_lost_total") >= 1);
+    th_close(sock);
+    kvStore_Destroy(leases);
+    tally_nats_destroy(&p);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
+/* Another take of the partition's checkpoint (a stranger's epoch) while the worker owns it. */
+static void test_checkpoint_fenced(void **state)
+{
+    (void)state;
+    th_daemon_t w;
+    start_worker(&w);
+    wait_owned();
+    tally_nats_t *p = producer("fence");
+    for (uint8_t v = 1; v <= 3; v++)
+        send_value_to(p, "fence", v, true);
+    kvStore *ckpts = NULL;
+    assert_int_equal(td_nats_kv_open(js, TALLY_NATS_BUCKET_CKPT, 0, 1, &ckpts, msg, sizeof msg),
+                     TD_OK);
+    td_ckpt_t other;
+    uint8_t *st = NULL;
+    size_t len = 0;
+    bool fenced = true;
+    assert_int_equal(td_ckpt_take(&other, js, ckpts, 0, "stranger", 1ull << 40, &st, &len, &fenced,
+                                  msg, sizeof msg),
+                     TD_OK);
+    assert_false(fenced);
+    free(st);
+    /* The worker's next checkpoint (after this message) meets the fence. */
+    send_value_to(p, "fence", 4, true);
+    wait_log(&w, "partition 0 lost: another worker holds its checkpoint");
+    send_value_to(p, "fence", 5, false);
+    /* Its own lease runs out (it stopped renewing it), it takes the partition again, fencing the
+     * stranger, and catches up from the checkpoint the stranger took over. */
+    wait_log(&w, "gapper took partition 0");
+    holds_each_once(p, "fence", 1, 5);
+    kvStore_Destroy(ckpts);
     tally_nats_destroy(&p);
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
 }
@@ -285,6 +392,8 @@ int main(void)
     th_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gap_after_purge),
+        cmocka_unit_test(test_lease_overwritten),
+        cmocka_unit_test(test_checkpoint_fenced),
         cmocka_unit_test(test_ckpt_chunks_that_do_not_add_up),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
