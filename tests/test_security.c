@@ -48,17 +48,9 @@ static char bob_pub[KEY], bob_sec[KEY];     /* not allowed (until the reload tes
 static char server_key_path[128], clients_dir[128];
 static th_daemon_t daemon_;
 
-/* A key file in CZMQ's certificate format, as `tally keygen` writes it. */
 static void write_key(const char *path, const char *pub, const char *sec, mode_t mode)
 {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, mode);
-    assert_true(fd >= 0);
-    FILE *f = fdopen(fd, "w");
-    fprintf(f, "#   ZeroMQ CURVE certificate\nmetadata\ncurve\n    public-key = \"%s\"\n", pub);
-    if (sec)
-        fprintf(f, "    secret-key = \"%s\"\n", sec);
-    fclose(f);
-    assert_int_equal(chmod(path, mode), 0);
+    assert_int_equal(th_write_key_file(path, pub, sec, mode), 0);
 }
 
 static int setup(void **state)

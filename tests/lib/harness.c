@@ -4,6 +4,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -14,6 +15,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -661,6 +663,24 @@ int th_sh(const char *fmt, ...)
     va_end(ap);
     int status = system(cmd);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int th_write_key_file(const char *path, const char *pub, const char *sec, mode_t mode)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, mode);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!f) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    fprintf(f, "#   ZeroMQ CURVE certificate\nmetadata\ncurve\n");
+    if (pub)
+        fprintf(f, "    public-key = \"%s\"\n", pub);
+    if (sec)
+        fprintf(f, "    secret-key = \"%s\"\n", sec);
+    int rc = fclose(f) == 0 ? 0 : -1;
+    return rc == 0 ? chmod(path, mode) : -1;
 }
 
 int th_write_clock(const char *path, uint64_t ms)

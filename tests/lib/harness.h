@@ -136,6 +136,10 @@ long long th_metric(const th_daemon_t *d, const char *name);
 /* Runs a shell command (formatted like printf): its exit status, -1 when it did not exit. */
 int th_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* A CURVE key file in CZMQ's certificate format, as `tally keygen` writes it, with the public
+ * key, the secret key or both (NULL: that line left out), made with `mode`; 0, or -1. */
+int th_write_key_file(const char *path, const char *pub, const char *sec, mode_t mode);
+
 /* Writes the time ms (decimal, ms since the epoch) to path atomically (a temporary file renamed
  * over it): the file a tallyd started with --test-clock reads its window clock from. */
 int th_write_clock(const char *path, uint64_t ms);
