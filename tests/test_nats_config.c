@@ -1,0 +1,221 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * test_nats_config.c — a fleet that does not match what joins it, and requests on the wrong
+ * subject, against a real (one-node) JetStream server (PROTOCOL.md §13):
+ *   - a producer before any worker has made the fleet: refused, saying to start a worker first;
+ *   - a worker configured for another partition count, or another lease TTL, than the fleet it
+ *     joins, and a fleet whose partition count is not a number: the worker refuses to start
+ *     (start-up failed: exit status 1, as tallyd(8) says) with the reason, and the fleet is left
+ *     as it was;
+ *   - on the query subjects a worker answers only what belongs there: a message shorter than a
+ *     header gets `header`, a filter on tally.q.K, a query on tally.ctl and a ping on
+ *     tally.streams get `opcode`, a query of a stream of another partition gets `stream_name`;
+ *     the right ones are answered ok.
+ */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <nats/nats.h>
+
+#include "harness.h"
+#include "nats_cluster.h"
+#include "tally.h"
+#include "tally_fleet.h"
+
+#define cluster tn_suite
+#define nc tn_suite_nc
+#define js tn_suite_js
+static char msg[512], dir[64];
+
+static int setup(void **state)
+{
+    (void)state;
+    if (th_tmpdir(dir, sizeof dir, "tally-nats-config") != 0)
+        return -1;
+    return tn_suite_setup(1);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    th_rmrf(dir);
+    return tn_suite_teardown();
+}
+
+static const char *const worker_args[] = {"--nats-servers",
+                                          NULL,
+                                          "--nats-replicas",
+                                          "1",
+                                          "--nats-lease-ttl-ms",
+                                          "3000",
+                                          "--nats-member-id",
+                                          "cfg",
+                                          "--window-intervals",
+                                          "0",
+                                          NULL};
+
+static void start_worker(th_daemon_t *d, const char *partitions)
+{
+    const char *args[16];
+    memcpy(args, worker_args, sizeof worker_args);
+    args[1] = cluster.urls;
+    const char *extra[] = {"--nats-partitions", partitions, NULL};
+    assert_int_equal(th_daemon_start_with(d, args, extra), 0);
+}
+
+/* A worker with `partitions` and `ttl` that must refuse to start: its exit status; log in log. */
+static int refused_worker(const char *partitions, const char *ttl, char *log, size_t cap)
+{
+    char bind[64];
+    snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", th_free_port());
+    snprintf(log, cap, "%s/worker.log", dir);
+    const char *args[] = {"--bind",
+                          bind,
+                          "--backend",
+                          "cpu",
+                          "--shm",
+                          "off",
+                          "--nats-servers",
+                          cluster.urls,
+                          "--nats-replicas",
+                          "1",
+                          "--nats-partitions",
+                          partitions,
+                          "--nats-lease-ttl-ms",
+                          ttl,
+                          "--nats-member-id",
+                          "misfit",
+                          NULL};
+    return th_daemon_run_to_exit(args, log, 30000);
+}
+
+static void expect_in_log(const char *log, const char *text)
+{
+    th_daemon_t d = {0};
+    snprintf(d.log_path, sizeof d.log_path, "%s", log);
+    if (!th_daemon_log_contains(&d, text))
+        fail_msg("no '%s' in %s", text, log);
+}
+
+static void test_producer_before_the_fleet(void **state)
+{
+    (void)state;
+    tally_nats_opts_t o = {.servers = cluster.urls, .producer_id = "early", .timeout_ms = 5000};
+    tally_nats_t *p = NULL;
+    assert_int_not_equal(tally_nats_new(&o, &p, msg, sizeof msg), TALLY_OK);
+    assert_null(p);
+    assert_non_null(strstr(msg, "no tallyd fleet on this NATS"));
+}
+
+static void test_worker_that_does_not_fit(void **state)
+{
+    (void)state;
+    th_daemon_t w;
+    start_worker(&w, "2"); /* makes the fleet: 2 partitions, lease 3000 ms */
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+    char log[128];
+    assert_int_equal(refused_worker("3", "3000", log, sizeof log), 1);
+    expect_in_log(log, "the fleet has 2 partitions, this worker is configured for 3");
+    assert_int_equal(refused_worker("2", "4000", log, sizeof log), 1);
+    expect_in_log(log, "has a TTL of 3000 ms, not 4000 (every worker of a fleet needs the same "
+                       "lease_ttl_ms)");
+
+    /* A partition count that is not one. */
+    kvStore *fleet = NULL;
+    assert_int_equal(js_KeyValue(&fleet, js, TALLY_NATS_BUCKET_FLEET), NATS_OK);
+    uint64_t rev = 0;
+    assert_int_equal(kvStore_PutString(&rev, fleet, TALLY_NATS_KEY_PARTITIONS, "lots"), NATS_OK);
+    assert_int_equal(refused_worker("2", "3000", log, sizeof log), 1);
+    expect_in_log(log, "TALLY_FLEET/partitions holds 'lots', not a partition count");
+    assert_int_equal(kvStore_PutString(&rev, fleet, TALLY_NATS_KEY_PARTITIONS, "2"), NATS_OK);
+    kvStore_Destroy(fleet);
+    start_worker(&w, "2"); /* the fleet as it was: a worker that fits joins */
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
+/* `data` (len bytes) on subject as a request: the reply's status (-1 without a reply). */
+static int ask(const char *subject, const void *data, int len)
+{
+    natsMsg *reply = NULL;
+    if (natsConnection_Request(&reply, nc, subject, data, len, 10000) != NATS_OK)
+        return -1;
+    tally_rep_t rep;
+    int st = natsMsg_GetDataLength(reply) >= TALLY_REP_HEADER_SIZE &&
+                     tally_rep_decode((const uint8_t *)natsMsg_GetData(reply),
+                                      TALLY_REP_HEADER_SIZE, &rep) == TALLY_OK
+                 ? (int)rep.status
+                 : -2;
+    natsMsg_Destroy(reply);
+    return st;
+}
+
+/* A header of op (on `stream`, NULL: none) on subject: the reply's status. */
+static int ask_op(const char *subject, uint8_t op, const char *stream)
+{
+    tally_req_t req = th_req(op, TALLY_DTYPE_NONE, 9);
+    if (op == TALLY_OP_FILTER) {
+        req.dtype = TALLY_DTYPE_I32;
+        req.pred = TALLY_PRED_GT;
+    }
+    if (stream)
+        assert_int_equal(tally_req_set_stream(&req, stream), TALLY_OK);
+    uint8_t header[TALLY_REQ_HEADER_SIZE];
+    tally_req_encode(&req, header);
+    return ask(subject, header, sizeof header);
+}
+
+/* A stream name of partition k (of 2). */
+static void name_in(uint32_t k, char *name, size_t cap)
+{
+    for (int i = 0;; i++) {
+        snprintf(name, cap, "cfg/%d", i);
+        if (tally_partition(name, strlen(name), 2) == k)
+            return;
+    }
+}
+
+static void test_wrong_subjects_refused(void **state)
+{
+    (void)state;
+    th_daemon_t w;
+    start_worker(&w, "2");
+    char q0[32], in0[32], in1[32];
+    tally_fleet_name(q0, sizeof q0, TALLY_NATS_SUBJ_QUERY, 0);
+    name_in(0, in0, sizeof in0);
+    name_in(1, in1, sizeof in1);
+    /* Until the worker owns partition 0, tally.q.0 has nobody to answer: ask until it does. */
+    int st = -1;
+    for (int64_t t0 = th_now_ms(); st != TALLY_E_UNKNOWN_STREAM && th_now_ms() - t0 < 20000;)
+        if ((st = ask_op(q0, TALLY_OP_QUERY, in0)) != TALLY_E_UNKNOWN_STREAM)
+            th_sleep_ms(100);
+    assert_int_equal(st, TALLY_E_UNKNOWN_STREAM); /* the right subject: answered (no such stream) */
+    assert_int_equal(ask(q0, "short", 5), TALLY_E_HEADER);
+    assert_int_equal(ask_op(q0, TALLY_OP_FILTER, NULL), TALLY_E_OPCODE);
+    assert_int_equal(ask_op(q0, TALLY_OP_QUERY, in1), TALLY_E_STREAM_NAME);
+    assert_int_equal(ask_op(TALLY_NATS_SUBJ_CTL, TALLY_OP_QUERY, in0), TALLY_E_OPCODE);
+    assert_int_equal(ask_op(TALLY_NATS_SUBJ_STREAMS, TALLY_OP_PING, NULL), TALLY_E_OPCODE);
+    assert_int_equal(ask_op(TALLY_NATS_SUBJ_CTL, TALLY_OP_PING, NULL), TALLY_OK);
+    assert_int_equal(ask_op(TALLY_NATS_SUBJ_STREAMS, TALLY_OP_STREAMS, NULL), TALLY_OK);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
+int main(void)
+{
+    if (!tn_server_bin()) {
+        fprintf(stderr, "nats-server not found: skipped\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_producer_before_the_fleet),
+        cmocka_unit_test(test_worker_that_does_not_fit),
+        cmocka_unit_test(test_wrong_subjects_refused),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
