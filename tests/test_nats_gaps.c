@@ -7,9 +7,9 @@
  *     first sequence is past the checkpoint's + 1: td_partition_first_seq), counts it in
  *     tallyd_nats_gaps_total, says which sequences are gone, and applies what is left, once;
  *   - a checkpoint whose chunks do not add up (td_nats_ckpt.c): a chunk deleted, a chunk longer
- *     than the manifest says, a chunk shorter (caught by the length, before the CRC), each
- *     refused as corrupt with its reason by a read and by a new owner's take (which then fences
- *     nothing); a manifest deleted reads as no checkpoint, and a new owner starts afresh;
+ *     than the manifest says, a chunk shorter (caught by the length, before the CRC), a manifest
+ *     whose chunk count does not fit its length, each refused as corrupt with its reason by a
+ *     read and by a new owner's take (which then fences nothing); a manifest deleted reads as no checkpoint, and a new owner starts afresh;
  *   - another writer in the worker's way: its lease overwritten (the next renewal finds it lost,
  *     the partition and its local streams are dropped, and taken again once the stranger's key
  *     expires), and its checkpoint fenced by another take (the next checkpoint finds it and drops
@@ -359,6 +359,18 @@ static void test_ckpt_chunks_that_do_not_add_up(void **state)
     /* ... and one byte shorter. */
     assert_int_equal(kvStore_Put(&rev, kv, key, big + 2 * TD_CKPT_CHUNK_BYTES, 999), NATS_OK);
     refused(kv, "chunks shorter than the manifest says");
+
+    /* A manifest that counts two chunks for three chunks' worth of state: inconsistent, refused
+     * before any chunk is read. */
+    assert_int_equal(kvStore_Put(&rev, kv, key, big + 2 * TD_CKPT_CHUNK_BYTES, 1000), NATS_OK);
+    td_ckpt_manifest_t wrong = c.cur;
+    wrong.chunks = 2;
+    uint8_t value[TD_CKPT_MANIFEST_SIZE];
+    td_ckpt_manifest_encode(&wrong, value);
+    char manifest_key[16];
+    tally_fleet_name(manifest_key, sizeof manifest_key, "p", CK);
+    assert_int_equal(kvStore_Put(&rev, kv, manifest_key, value, (int)sizeof value), NATS_OK);
+    refused(kv, "checkpoint manifest inconsistent");
 
     /* The manifest deleted: no checkpoint to read; a new owner starts from nothing. */
     char manifest[16];
