@@ -10,7 +10,16 @@
  *   - on the query subjects a worker answers only what belongs there: a message shorter than a
  *     header gets `header`, a filter on tally.q.K, a query on tally.ctl and a ping on
  *     tally.streams get `opcode`, a query of a stream of another partition gets `stream_name`;
- *     the right ones are answered ok.
+ *     the right ones are answered ok;
+ *   - protected mode for [nats] servers (tallyd --check-config, no server needed): loopback
+ *     URLs (127.x, localhost, [::1], with spaces around them) pass; any URL off the loopback
+ *     without credentials is refused (exit 2) with the reason, unless the URL carries a user, a
+ *     credentials file or an nkey is set, or protected_mode is off (a warning); a member id with
+ *     other characters is refused;
+ *   - libtally's producer refuses NATS options that cannot work before connecting: an nkey
+ *     without its seed file, a client certificate without its key, a CA file that cannot be
+ *     read (TALLY_E_ARG, saying which); a credentials or seed file that cannot be read fails
+ *     the connection (TALLY_E_TRANSPORT).
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -206,6 +215,100 @@ static void test_wrong_subjects_refused(void **state)
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
 }
 
+/* tallyd --check-config with `extra`: its exit status; stderr in the log. */
+static int check_config(const char *const *extra, char *log, size_t cap)
+{
+    snprintf(log, cap, "%s/check.log", dir);
+    const char *args[24] = {"--check-config", "--shm", "off"};
+    int n = 3;
+    for (int i = 0; extra[i] && n < 23; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+    return th_daemon_run_to_exit(args, log, 20000);
+}
+
+static void test_protected_mode_for_nats(void **state)
+{
+    (void)state;
+    char log[128];
+    const char *local[] = {"nats://127.0.0.1:4222", "nats://[::1]:4222",
+                           " nats://localhost:4222 , nats://127.0.0.2:4222 ", NULL};
+    for (int i = 0; local[i]; i++) {
+        const char *args[] = {"--nats-servers", local[i], NULL};
+        if (check_config(args, log, sizeof log) != 0)
+            fail_msg("'%s' refused (%s)", local[i], log);
+    }
+    const char *remote[] = {"nats://10.1.2.3:4222", "nats://127.0.0.1:4222,tls://nats.example:4222",
+                            NULL};
+    for (int i = 0; remote[i]; i++) {
+        const char *args[] = {"--nats-servers", remote[i], NULL};
+        assert_int_equal(check_config(args, log, sizeof log), 2);
+        expect_in_log(log, "protected mode: [nats] servers");
+    }
+    const char *with_user[] = {"--nats-servers", "nats://worker:pw@10.1.2.3:4222", NULL};
+    assert_int_equal(check_config(with_user, log, sizeof log), 0);
+    const char *with_creds[] = {"--nats-servers", "nats://10.1.2.3:4222", "--nats-credentials",
+                                "/etc/tallyd/worker.creds", NULL};
+    assert_int_equal(check_config(with_creds, log, sizeof log), 0);
+    const char *with_nkey[] = {
+        "--nats-servers",   "nats://10.1.2.3:4222",  "--nats-nkey", "UAEXAMPLE",
+        "--nats-nkey-seed", "/etc/tallyd/worker.nk", NULL};
+    assert_int_equal(check_config(with_nkey, log, sizeof log), 0);
+    const char *unprotected[] = {"--nats-servers", "nats://10.1.2.3:4222", "--protected-mode",
+                                 "off", NULL};
+    assert_int_equal(check_config(unprotected, log, sizeof log), 0);
+    expect_in_log(log, "protected_mode is off: NATS servers nats://10.1.2.3:4222 without "
+                       "credentials");
+    const char *bad_id[] = {"--nats-servers", "nats://127.0.0.1:4222", "--nats-member-id",
+                            "two words", NULL};
+    assert_int_equal(check_config(bad_id, log, sizeof log), 2);
+    expect_in_log(log, "[nats] member_id 'two words': 1..64 characters");
+}
+
+/* tally_nats_new with opts: TALLY_E_ARG, and the message holds `why`. */
+static void refused_opts(const tally_nats_opts_t *o, const char *why)
+{
+    tally_nats_t *p = NULL;
+    msg[0] = '\0';
+    tally_status_t st = tally_nats_new(o, &p, msg, sizeof msg);
+    if (st != TALLY_E_ARG)
+        fail_msg("%s: %s (%s)", why, tally_status_name(st), msg);
+    assert_null(p);
+    if (!strstr(msg, why))
+        fail_msg("'%s', not '%s'", msg, why);
+}
+
+static void test_client_options_refused(void **state)
+{
+    (void)state;
+    char missing[128];
+    snprintf(missing, sizeof missing, "%s/none.pem", dir);
+    tally_nats_opts_t base = {.servers = cluster.urls, .timeout_ms = 2000};
+    tally_nats_opts_t o = base;
+    o.nkey = "UAEXAMPLE";
+    refused_opts(&o, "an nkey needs its seed file, and a seed file its nkey");
+    o = base;
+    o.nkey_seed = missing;
+    refused_opts(&o, "an nkey needs its seed file");
+    o = base;
+    o.tls_cert = missing;
+    refused_opts(&o, "a TLS client certificate needs its key, and a key its certificate");
+    o = base;
+    o.tls_ca = missing;
+    refused_opts(&o, "TLS CA file");
+    /* A credentials or seed file is read when connecting: then the connection fails. */
+    for (int i = 0; i < 2; i++) {
+        o = base;
+        if (i == 0)
+            o.credentials = missing;
+        else
+            o.nkey = "UAEXAMPLE", o.nkey_seed = missing;
+        tally_nats_t *p = NULL;
+        assert_int_equal(tally_nats_new(&o, &p, msg, sizeof msg), TALLY_E_TRANSPORT);
+        assert_null(p);
+    }
+}
+
 int main(void)
 {
     if (!tn_server_bin()) {
@@ -216,6 +319,8 @@ int main(void)
         cmocka_unit_test(test_producer_before_the_fleet),
         cmocka_unit_test(test_worker_that_does_not_fit),
         cmocka_unit_test(test_wrong_subjects_refused),
+        cmocka_unit_test(test_protected_mode_for_nats),
+        cmocka_unit_test(test_client_options_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
