@@ -7,10 +7,7 @@
  *     with two connections each open from 127.0.0.1, 127.0.0.2 and ::1 and a bound of two, a
  *     probe from one of them closes that address's oldest idle connection and no other (issue
  *     37's fourth survivor: IPv4 clients sharing one budget). Skipped, with a message, where
- *     the box has no IPv6 loopback;
- *   - a metrics port that cannot be bound (another socket holds it): tallyd refuses to start,
- *     exits 1 with the reason, and what it had made for the port is taken down again (the
- *     ASan build's leak check sees it).
+ *     the box has no IPv6 loopback. (A metrics port that cannot be bound: test_start_failures.c.)
  * Loopback addresses 127.0.0.2 and up are all local on Linux, so the test plays several peers.
  */
 #include <arpa/inet.h>
@@ -148,41 +145,10 @@ static void test_dual_stack_counts_each_address(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
 
-/* The metrics port is taken: tallyd says so and exits 1 (TD_ERR_BIND's status), having taken
- * down the web and the guard it made for it. */
-static void test_metrics_port_taken(void **state)
-{
-    (void)state;
-    int holder = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    assert_int_equal(bind(holder, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(listen(holder, 1), 0);
-    socklen_t len = sizeof a;
-    assert_int_equal(getsockname(holder, (struct sockaddr *)&a, &len), 0);
-    char listen_at[32], bind[64], log[128];
-    snprintf(listen_at, sizeof listen_at, "127.0.0.1:%d", ntohs(a.sin_port));
-    snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", th_free_port());
-    snprintf(log, sizeof log, "%s/taken.log", dir);
-    const char *args[] = {"--bind", bind,        "--backend", "cpu", "--shm",
-                          "off",    "--metrics", listen_at,   NULL};
-    int status = th_daemon_run_to_exit(args, log, 20000);
-    th_daemon_t d = {0};
-    snprintf(d.log_path, sizeof d.log_path, "%s", log);
-    char want[96];
-    snprintf(want, sizeof want, "metrics: cannot listen on %s", listen_at);
-    if (!th_daemon_log_contains(&d, want))
-        fail_msg("no '%s' in %s", want, log);
-    assert_int_not_equal(status, 0);
-    assert_true(status < 128); /* an exit, not a signal (an ASan report aborts) */
-    assert_false(th_daemon_log_contains(&d, "ready:"));
-    close(holder);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dual_stack_counts_each_address),
-        cmocka_unit_test(test_metrics_port_taken),
     };
     return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }
