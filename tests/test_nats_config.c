@@ -19,7 +19,10 @@
  *   - libtally's producer refuses NATS options that cannot work before connecting: an nkey
  *     without its seed file, a client certificate without its key, a CA file that cannot be
  *     read (TALLY_E_ARG, saying which); a credentials or seed file that cannot be read fails
- *     the connection (TALLY_E_TRANSPORT).
+ *     the connection (TALLY_E_TRANSPORT); what cannot be published or asked (a shared-memory
+ *     reference, a seq that would overflow over its chunks, a ping on a partition, a filter as
+ *     a question, a bad stream name, missing arguments) is refused before anything is sent; a
+ *     partition count given by the producer is used as given.
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -309,6 +312,61 @@ static void test_client_options_refused(void **state)
     }
 }
 
+/* libtally's producer refuses what cannot be published or asked, before sending anything; an
+ * explicit partition count is used as given (no fleet read). */
+static void test_producer_refusals(void **state)
+{
+    (void)state;
+    tally_nats_opts_t o = {.servers = cluster.urls,
+                           .producer_id = "refusals",
+                           .timeout_ms = 5000,
+                           .partitions = TALLY_NATS_MAX_PARTITIONS + 1};
+    tally_nats_t *p = NULL;
+    assert_int_equal(tally_nats_new(&o, &p, msg, sizeof msg), TALLY_E_ARG);
+    assert_non_null(strstr(msg, "partitions: 1.."));
+    assert_int_equal(tally_nats_new(NULL, &p, msg, sizeof msg), TALLY_E_ARG);
+    assert_int_equal(tally_nats_new(&o, NULL, msg, sizeof msg), TALLY_E_ARG);
+    o.partitions = 7; /* not the fleet's: taken as given */
+    assert_int_equal(tally_nats_new(&o, &p, msg, sizeof msg), TALLY_OK);
+    assert_int_equal(tally_nats_partitions(p), 7);
+    assert_string_equal(tally_nats_producer_id(p), "refusals");
+    uint8_t bytes[16] = {0};
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, "refused/x"), TALLY_OK);
+    req.flags = TALLY_FLAG_SHM_REF;
+    assert_int_equal(tally_nats_send(p, &req, bytes, sizeof bytes, false, NULL, NULL), TALLY_E_ARG);
+    assert_non_null(strstr(tally_nats_error(p), "shared-memory references do not travel"));
+    req.flags = 0;
+    req.seq = UINT64_MAX; /* two chunks would overflow it */
+    size_t big = 2 * tally_nats_max_payload(p);
+    uint8_t *large = calloc(1, big);
+    assert_non_null(large);
+    assert_int_equal(tally_nats_send(p, &req, large, big, false, NULL, NULL), TALLY_E_ARG);
+    assert_non_null(strstr(tally_nats_error(p), "seq overflows"));
+    free(large);
+    tally_req_t ping = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 0);
+    assert_int_equal(tally_nats_send(p, &ping, NULL, 0, false, NULL, NULL), TALLY_E_ARG);
+    assert_int_equal(tally_nats_send(NULL, &req, NULL, 0, false, NULL, NULL), TALLY_E_ARG);
+    assert_int_equal(tally_nats_send(p, &req, NULL, 4, false, NULL, NULL), TALLY_E_ARG);
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    tally_req_t filter = th_req(TALLY_OP_FILTER, TALLY_DTYPE_I32, 0);
+    filter.pred = TALLY_PRED_GT;
+    assert_int_equal(tally_nats_call(p, &filter, NULL, 0, &reply), TALLY_E_ARG);
+    assert_non_null(strstr(tally_nats_error(p), "only query (with a stream), ping, info"));
+    assert_int_equal(tally_nats_call(p, NULL, NULL, 0, &reply), TALLY_E_ARG);
+    tally_stream_info_t info;
+    assert_int_equal(tally_nats_query(p, "two words", &info), TALLY_E_STREAM_NAME);
+    assert_int_equal(tally_nats_query(p, NULL, &info), TALLY_E_ARG);
+    assert_int_equal(tally_nats_recv(NULL, 10, &reply), TALLY_E_ARG);
+    assert_int_equal(tally_nats_flush(NULL), TALLY_E_ARG);
+    tally_reply_clear(&reply);
+    tally_nats_destroy(&p);
+    assert_null(p);
+    tally_nats_destroy(&p); /* twice is harmless */
+    tally_nats_destroy(NULL);
+}
+
 int main(void)
 {
     if (!tn_server_bin()) {
@@ -321,6 +379,7 @@ int main(void)
         cmocka_unit_test(test_wrong_subjects_refused),
         cmocka_unit_test(test_protected_mode_for_nats),
         cmocka_unit_test(test_client_options_refused),
+        cmocka_unit_test(test_producer_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
