@@ -40,7 +40,7 @@ if [ "$BUILD" = 1 ]; then
     -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS="--coverage -fprofile-update=atomic" \
     -DCMAKE_EXE_LINKER_FLAGS=--coverage \
     "-DCMAKE_SHARED_LINKER_FLAGS=--coverage -Wl,--exclude-libs,libgcov.a" >/dev/null || exit 1
-  cmake --build "$B" -j"$jobs" >"$B.log" 2>&1 || { tail -50 "$B.log"; exit 1; }
+  cmake --build "$B" -j"$jobs" >"$B/build.log" 2>&1 || { tail -50 "$B/build.log"; exit 1; }
 fi
 [ -d "$B" ] || { echo "no build directory $B"; exit 2; }
 tests_rc=0
