@@ -7,6 +7,7 @@
  *     joins, and a fleet whose partition count is not a number: the worker refuses to start
  *     (start-up failed: exit status 1, as tallyd(8) says) with the reason, and the fleet is left
  *     as it was;
+ *   - a worker without a member id is HOST-PID, the host name made of member id characters;
  *   - on the query subjects a worker answers only what belongs there: a message shorter than a
  *     header gets `header`, a filter on tally.q.K, a query on tally.ctl and a ping on
  *     tally.streams get `opcode`, a query of a stream of another partition gets `stream_name`;
@@ -32,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <nats/nats.h>
@@ -149,6 +151,34 @@ static void test_worker_that_does_not_fit(void **state)
     assert_int_equal(kvStore_PutString(&rev, fleet, TALLY_NATS_KEY_PARTITIONS, "2"), NATS_OK);
     kvStore_Destroy(fleet);
     start_worker(&w, "2"); /* the fleet as it was: a worker that fits joins */
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
+/* Without --nats-member-id a worker is HOST-PID, the host name's other characters made '-'. */
+static void test_default_member_id(void **state)
+{
+    (void)state;
+    char host[64] = "tallyd";
+    gethostname(host, sizeof host - 1);
+    for (char *c = host; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9')))
+            *c = '-';
+    const char *args[] = {"--nats-servers",
+                          cluster.urls,
+                          "--nats-replicas",
+                          "1",
+                          "--nats-partitions",
+                          "2",
+                          "--nats-lease-ttl-ms",
+                          "3000",
+                          NULL};
+    th_daemon_t w;
+    assert_int_equal(th_daemon_start(&w, args), 0);
+    char want[160];
+    snprintf(want, sizeof want, "fleet: %.40s-%d joins", host, (int)w.pid);
+    for (int i = 0; i < 200 && !th_daemon_log_contains(&w, want); i++)
+        th_sleep_ms(50);
+    assert_true(th_daemon_log_contains(&w, want));
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
 }
 
@@ -376,6 +406,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_producer_before_the_fleet),
         cmocka_unit_test(test_worker_that_does_not_fit),
+        cmocka_unit_test(test_default_member_id),
         cmocka_unit_test(test_wrong_subjects_refused),
         cmocka_unit_test(test_protected_mode_for_nats),
         cmocka_unit_test(test_client_options_refused),
