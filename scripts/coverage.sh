@@ -2,10 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 # scripts/coverage.sh — line and branch coverage of the whole CTest suite, by folder, against
 # the floors in tests/coverage-floors.txt (issue 37). Builds the CPU build with gcc --coverage
-# (atomic counters: tallyd's threads update them at once) and the allocation-failure hooks, so
-# CTest runs test_alloc_sweep too; runs every test; prints the table by folder (gcovr, Debian's
-# gcovr, through scripts/coverage-table.py) and fails when a test fails or a folder is under its
-# floor.
+# (atomic counters: tallyd's threads update them at once) and the allocation-failure hooks;
+# runs every test of CTest, then the allocation-failure sweep over every N (scripts/alloc-sweep.sh,
+# instead of CTest's sample of it); prints the table by folder (gcovr, Debian's gcovr, through
+# scripts/coverage-table.py) and fails when a test fails or a folder is under its floor.
 #
 #   scripts/coverage.sh [-B DIR] [--no-build] [--no-test] [--raise] [--html]
 #
@@ -45,9 +45,14 @@ fi
 [ -d "$B" ] || { echo "no build directory $B"; exit 2; }
 tests_rc=0
 if [ "$TEST" = 1 ]; then
-  echo "== the CTest suite with coverage (the allocation sweep included)"
+  echo "== the CTest suite with coverage"
   find "$B" -name '*.gcda' -delete
-  (cd "$B" && ctest --output-on-failure -j"$jobs") || tests_rc=1
+  # The allocation sweep whole (every N: scripts/alloc-sweep.sh) rather than CTest's sample.
+  (cd "$B" && ctest --output-on-failure -j"$jobs" -E '^test_alloc_sweep$') || tests_rc=1
+  echo "== the allocation-failure sweep, every allocation ($(($(date +%s) - start)) s so far)"
+  scripts/alloc-sweep.sh -B "$B" --jobs "$jobs" >"$B/alloc-sweep.log" 2>&1 || {
+    tail -40 "$B/alloc-sweep.log"; tests_rc=1; }
+  tail -1 "$B/alloc-sweep.log"
 fi
 echo "== coverage by folder ($(($(date +%s) - start)) s so far)"
 # Counters written by processes killed mid-update can be off (gcov prints a negative count):

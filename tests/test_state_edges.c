@@ -6,7 +6,11 @@
  *     as one of 5 (td_state_check_info), and 0 is fine;
  *   - a saved window ring lists its slots oldest first, each interval once: two slots of one
  *     interval, or two in the wrong order, make the ring invalid (nothing restored), where the
- *     same slots in order restore (td_window_decode).
+ *     same slots in order restore (td_window_decode); a record cut short, or decoded into a ring
+ *     that holds slots already, is refused too; version 3's fixed-size slots likewise (an
+ *     interval twice, a slot whose bins do not add up to its total);
+ *   - a ring is made only with intervals, an interval length and 1..4 channels;
+ *   - a window query longer than the time since the epoch of the clock sums from 0.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -95,11 +99,91 @@ static void test_ring_slots_in_order_once(void **state)
     assert_int_equal(slots, 0);
 }
 
+static void test_ring_records_refused(void **state)
+{
+    (void)state;
+    uint64_t t = 1000000;
+    uint8_t rec[2048];
+    size_t len = one_slot(t, 3, rec, sizeof rec);
+    td_window_t *back = td_window_new(INTERVALS, MS, 1);
+    unsigned dropped = 0;
+    bool nomem = false;
+    assert_int_equal(td_window_decode(back, t, MS, rec, 3, &dropped, &nomem), 0); /* < count */
+    tally_put_u32(rec, 2); /* two slots announced, one there */
+    assert_int_equal(td_window_decode(back, t, MS, rec, len, &dropped, &nomem), 0);
+    assert_int_equal(td_window_slots(back), 0);
+    tally_put_u32(rec, 1);
+    assert_int_equal(td_window_decode(back, t, MS, rec, len, &dropped, &nomem), len);
+    assert_int_equal(td_window_decode(back, t, MS, rec, len, &dropped, &nomem), 0); /* not empty */
+    assert_int_equal(td_window_slots(back), 1);
+    td_window_destroy(&back);
+}
+
+/* Version 3's slot: interval, underflow, overflow, total, then 256 bins. */
+static void put_v3(uint8_t *p, uint64_t interval, uint64_t total, uint64_t bin7)
+{
+    memset(p, 0, td_window_slot_size_v3(1));
+    tally_put_u64(p, interval);
+    tally_put_u64(p + 24, total);
+    tally_put_u64(p + TD_WINDOW_SLOT_HEADER + 8 * 7, bin7);
+}
+
+static void test_v3_ring_refused(void **state)
+{
+    (void)state;
+    size_t size = td_window_slot_size_v3(1);
+    uint8_t *in = calloc(2, size);
+    assert_non_null(in);
+    uint64_t t = 1000000, now = t / MS;
+    td_window_t *w = td_window_new(INTERVALS, MS, 1);
+    put_v3(in, now - 1, 4, 4);
+    put_v3(in + size, now, 5, 5);
+    assert_int_equal(td_window_decode_v3(w, t, MS, in, 2), 0); /* both placed */
+    assert_int_equal(td_window_slots(w), 2);
+    td_window_destroy(&w);
+    w = td_window_new(INTERVALS, MS, 1);
+    put_v3(in + size, now - 1, 5, 5); /* the same interval twice */
+    assert_int_equal(td_window_decode_v3(w, t, MS, in, 2), -1);
+    put_v3(in + size, now, 6, 5); /* a total its bins do not make */
+    assert_int_equal(td_window_decode_v3(w, t, MS, in, 2), -1);
+    assert_int_equal(td_window_slots(w), 0);
+    td_window_destroy(&w);
+    free(in);
+}
+
+static void test_ring_made_only_when_valid(void **state)
+{
+    (void)state;
+    assert_null(td_window_new(0, MS, 1));
+    assert_null(td_window_new(INTERVALS, 0, 1));
+    assert_null(td_window_new(INTERVALS, MS, 0));
+    assert_null(td_window_new(INTERVALS, MS, TALLY_HIST_CHANNELS_MAX + 1));
+    td_window_t *w = td_window_new(INTERVALS, MS, TALLY_HIST_CHANNELS_MAX);
+    assert_non_null(w);
+    td_window_destroy(&w);
+    /* A clock 2.5 intervals after the epoch: a query of 10 intervals sums the 3 there are, from
+     * 0. */
+    w = td_window_new(INTERVALS, MS, 1);
+    uint64_t bins[256] = {0};
+    bins[1] = 2;
+    assert_true(td_window_add(w, 500, bins, 0, 0, 2));
+    assert_true(td_window_add(w, 2500, bins, 0, 0, 2));
+    tally_stream_info_t info;
+    assert_int_equal(td_window_sum(w, 2500, 10, &info), 0);
+    assert_int_equal(info.hist_total, 4);
+    assert_int_equal(td_window_sum(w, 2500, 2, &info), MS); /* intervals 1 and 2 */
+    assert_int_equal(info.hist_total, 2);
+    td_window_destroy(&w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_carry_without_scans_refused),
         cmocka_unit_test(test_ring_slots_in_order_once),
+        cmocka_unit_test(test_ring_records_refused),
+        cmocka_unit_test(test_v3_ring_refused),
+        cmocka_unit_test(test_ring_made_only_when_valid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
