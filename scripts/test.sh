@@ -6,8 +6,13 @@
 # build with AddressSanitizer + UndefinedBehaviorSanitizer. That build also has the allocation-
 # failure hooks (-DTALLY_ALLOC_FAULTS=ON: inert unless TALLYD_ALLOC_FAIL_AT is set), so its CTest
 # run includes test_alloc_sweep, the bounded allocation-failure sweep (about 200 runs over the
-# whole range, none started after 200 s; scripts/alloc-sweep.sh runs every N). Last, the Debian
-# packages are built, installed, upgraded, used and purged (scripts/package-test.sh).
+# whole range, none started after 200 s; scripts/alloc-sweep.sh runs every N). Then coverage:
+# a gcc --coverage build runs the suite again and fails under the floors of
+# tests/coverage-floors.txt (scripts/coverage.sh); and mutation testing: a sample of
+# tests/mutants.txt (TALLY_MUTANTS, default 10), chosen by the commit so that each commit runs
+# another part of it, must all be killed (scripts/mutants.sh; .ci/weekly runs the whole list).
+# Last, the Debian packages are built, installed, upgraded, used and purged
+# (scripts/package-test.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -33,6 +38,12 @@ cmake -S . -B build-asan -DTALLY_WERROR=ON -DTALLY_SANITIZE=ON -DTALLY_ALLOC_FAU
 cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j"$jobs")
+
+echo "== coverage: the suite in a gcc --coverage build, against tests/coverage-floors.txt"
+scripts/coverage.sh -B build-cov
+
+echo "== mutants: ${TALLY_MUTANTS:-10} of tests/mutants.txt, chosen by the commit"
+scripts/mutants.sh --sample "${TALLY_MUTANTS:-10}" --scratch build-mutants
 
 # The Debian packages (issue 35): built, linted, installed over the previous version's, used,
 # removed and purged on this machine (scripts/package-test.sh; about 3 minutes). Last, on its
