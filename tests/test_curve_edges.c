@@ -10,7 +10,10 @@
  *     counted in tallyd_auth_total and summed up in one line when the next second's first
  *     refusal comes;
  *   - SIGHUP while the clients directory is gone: the reload is refused with the reason and the
- *     keys allowed before stay allowed.
+ *     keys allowed before stay allowed;
+ *   - a clients directory with other files in it, and more keys than the first allocation
+ *     holds: only NAME.pub counts, a long NAME is cut to 64 characters;
+ *   - an abstract ipc endpoint (ipc://@NAME) is bound and served.
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -200,6 +203,57 @@ static void test_reload_without_clients_dir_keeps_keys(void **state)
     th_use_curve(NULL, NULL, NULL);
 }
 
+/* A clients directory as people leave it: a README, a hidden .pub, a backup, 20 keys (more than
+ * the first allocation of the set holds), and a key file whose name is longer than a user id:
+ * only NAME.pub files count, and the long name is cut to 64 characters (as the user it is
+ * counted under). */
+static void test_clients_dir_as_found(void **state)
+{
+    (void)state;
+    char many[128], path[256], pub[KEY], sec[KEY];
+    snprintf(many, sizeof many, "%s/many", dir);
+    assert_int_equal(mkdir(many, 0700), 0);
+    for (int i = 0; i < 20; i++) {
+        assert_int_equal(zmq_curve_keypair(pub, sec), 0);
+        snprintf(path, sizeof path, "%s/cam%d.pub", many, i);
+        assert_int_equal(th_write_key_file(path, pub, NULL, 0644), 0);
+    }
+    const char *skipped[] = {"README", ".hidden.pub", "alice.pub.bak", ".pub"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof path, "%s/%s", many, skipped[i]);
+        assert_int_equal(th_write_key_file(path, "not a key", NULL, 0644), 0);
+    }
+    char name[80];
+    memset(name, 'n', 70);
+    name[70] = '\0';
+    snprintf(path, sizeof path, "%s/%s.pub", many, name);
+    assert_int_equal(th_write_key_file(path, alice_pub, NULL, 0644), 0);
+    const char *args[] = {"--curve-secret-key", server_key, "--curve-clients-dir", many, NULL};
+    th_use_curve(server_pub, alice_pub, alice_sec);
+    th_daemon_t d;
+    assert_int_equal(th_daemon_start(&d, args), 0); /* alice's key, under the long name */
+    assert_true(th_daemon_log_contains(&d, "curve: on, server public key"));
+    assert_true(th_daemon_log_contains(&d, "21 client keys allowed"));
+    char want[96];
+    snprintf(want, sizeof want, "curve: client '%.64s' connected", name);
+    assert_true(th_daemon_log_contains(&d, want));
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    th_use_curve(NULL, NULL, NULL);
+}
+
+/* An abstract ipc endpoint (ipc://@NAME, no file): bound and served, no file mode to set. */
+static void test_abstract_ipc(void **state)
+{
+    (void)state;
+    char endpoint[64];
+    snprintf(endpoint, sizeof endpoint, "ipc://@tally-37-%d", (int)getpid());
+    const char *args[] = {"--bind", endpoint, NULL};
+    th_daemon_t d;
+    assert_int_equal(th_daemon_start(&d, args), 0);
+    assert_true(th_ping(endpoint, 5000));
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -207,6 +261,8 @@ int main(void)
         cmocka_unit_test(test_bare_secret_key_derives_public),
         cmocka_unit_test(test_refusals_rate_limited),
         cmocka_unit_test(test_reload_without_clients_dir_keeps_keys),
+        cmocka_unit_test(test_clients_dir_as_found),
+        cmocka_unit_test(test_abstract_ipc),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
