@@ -96,7 +96,8 @@ static void test_clients_dir_unusable(void **state)
     snprintf(missing, sizeof missing, "%s/none", dir);
     int status = refused_start(server_key, missing, log, sizeof log);
     assert_true(status > 0 && status < 128);
-    snprintf(want, sizeof want, "curve_clients_dir %s: No such file or directory", missing);
+    snprintf(want, sizeof want,
+             "curve_clients_dir (--curve-clients-dir): cannot read %s: No such file", missing);
     expect_in_log(log, want);
 
     /* A NAME.pub that holds a secret key only. */

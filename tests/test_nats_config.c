@@ -9,9 +9,9 @@
  *     as it was;
  *   - a worker without a member id is HOST-PID, the host name made of member id characters;
  *   - on the query subjects a worker answers only what belongs there: a message shorter than a
- *     header gets `header`, a filter on tally.q.K, a query on tally.ctl and a ping on
- *     tally.streams get `opcode`, a query of a stream of another partition gets `stream_name`;
- *     the right ones are answered ok;
+ *     header gets `header`, a filter on tally.q.K.USER, a query on tally.ctl.USER and a ping on
+ *     tally.streams.USER get `opcode`, a query of a stream of another partition gets
+ *     `stream_name`; the right ones are answered ok (as the anonymous user, to its inbox);
  *   - protected mode for [nats] servers (tallyd --check-config, no server needed): loopback
  *     URLs (127.x, localhost, [::1], with spaces around them) pass; any URL off the loopback
  *     without credentials is refused (exit 2) with the reason, unless the URL carries a user, a
@@ -182,19 +182,27 @@ static void test_default_member_id(void **state)
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
 }
 
-/* `data` (len bytes) on subject as a request: the reply's status (-1 without a reply). */
+/* `data` (len bytes) on subject as a request from the anonymous user (PROTOCOL.md §13
+ * "Security": the reply comes to an inbox under _INBOX.anon.): the reply's status (-1 without
+ * a reply within 10 s). */
 static int ask(const char *subject, const void *data, int len)
 {
+    static const char inbox[] = TALLY_NATS_INBOX TALLY_NATS_USER_ANON ".test37";
+    natsSubscription *sub = NULL;
     natsMsg *reply = NULL;
-    if (natsConnection_Request(&reply, nc, subject, data, len, 10000) != NATS_OK)
-        return -1;
-    tally_rep_t rep;
-    int st = natsMsg_GetDataLength(reply) >= TALLY_REP_HEADER_SIZE &&
+    assert_int_equal(natsConnection_SubscribeSync(&sub, nc, inbox), NATS_OK);
+    assert_int_equal(natsConnection_PublishRequest(nc, subject, inbox, data, len), NATS_OK);
+    int st = -1;
+    if (natsSubscription_NextMsg(&reply, sub, 10000) == NATS_OK) {
+        tally_rep_t rep;
+        st = natsMsg_GetDataLength(reply) >= TALLY_REP_HEADER_SIZE &&
                      tally_rep_decode((const uint8_t *)natsMsg_GetData(reply),
                                       TALLY_REP_HEADER_SIZE, &rep) == TALLY_OK
                  ? (int)rep.status
                  : -2;
+    }
     natsMsg_Destroy(reply);
+    natsSubscription_Destroy(sub);
     return st;
 }
 
@@ -228,23 +236,26 @@ static void test_wrong_subjects_refused(void **state)
     (void)state;
     th_daemon_t w;
     start_worker(&w, "2");
-    char q0[32], in0[32], in1[32];
-    tally_fleet_name(q0, sizeof q0, TALLY_NATS_SUBJ_QUERY, 0);
+    char q0[64], ctl[64], streams[64], in0[32], in1[32];
+    tally_fleet_subject(q0, sizeof q0, TALLY_NATS_SUBJ_QUERY, 0, TALLY_NATS_USER_ANON);
+    tally_fleet_subject(ctl, sizeof ctl, TALLY_NATS_SUBJ_CTL, -1, TALLY_NATS_USER_ANON);
+    tally_fleet_subject(streams, sizeof streams, TALLY_NATS_SUBJ_STREAMS, -1, TALLY_NATS_USER_ANON);
     name_in(0, in0, sizeof in0);
     name_in(1, in1, sizeof in1);
-    /* Until the worker owns partition 0, tally.q.0 has nobody to answer: ask until it does. */
+    /* Until the worker owns partition 0, its query subject has nobody to answer: ask until it
+     * does. */
     int st = -1;
-    for (int64_t t0 = th_now_ms(); st != TALLY_E_UNKNOWN_STREAM && th_now_ms() - t0 < 20000;)
+    for (int64_t t0 = th_now_ms(); st != TALLY_E_UNKNOWN_STREAM && th_now_ms() - t0 < 30000;)
         if ((st = ask_op(q0, TALLY_OP_QUERY, in0)) != TALLY_E_UNKNOWN_STREAM)
             th_sleep_ms(100);
     assert_int_equal(st, TALLY_E_UNKNOWN_STREAM); /* the right subject: answered (no such stream) */
     assert_int_equal(ask(q0, "short", 5), TALLY_E_HEADER);
     assert_int_equal(ask_op(q0, TALLY_OP_FILTER, NULL), TALLY_E_OPCODE);
     assert_int_equal(ask_op(q0, TALLY_OP_QUERY, in1), TALLY_E_STREAM_NAME);
-    assert_int_equal(ask_op(TALLY_NATS_SUBJ_CTL, TALLY_OP_QUERY, in0), TALLY_E_OPCODE);
-    assert_int_equal(ask_op(TALLY_NATS_SUBJ_STREAMS, TALLY_OP_PING, NULL), TALLY_E_OPCODE);
-    assert_int_equal(ask_op(TALLY_NATS_SUBJ_CTL, TALLY_OP_PING, NULL), TALLY_OK);
-    assert_int_equal(ask_op(TALLY_NATS_SUBJ_STREAMS, TALLY_OP_STREAMS, NULL), TALLY_OK);
+    assert_int_equal(ask_op(ctl, TALLY_OP_QUERY, in0), TALLY_E_OPCODE);
+    assert_int_equal(ask_op(streams, TALLY_OP_PING, NULL), TALLY_E_OPCODE);
+    assert_int_equal(ask_op(ctl, TALLY_OP_PING, NULL), TALLY_OK);
+    assert_int_equal(ask_op(streams, TALLY_OP_STREAMS, NULL), TALLY_OK);
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
 }
 
@@ -280,12 +291,21 @@ static void test_protected_mode_for_nats(void **state)
     }
     const char *with_user[] = {"--nats-servers", "nats://worker:pw@10.1.2.3:4222", NULL};
     assert_int_equal(check_config(with_user, log, sizeof log), 0);
+    char creds[128], seed[128];
+    snprintf(creds, sizeof creds, "%s/worker.creds", dir);
+    snprintf(seed, sizeof seed, "%s/worker.nk", dir);
+    assert_int_equal(th_write_file(dir, "worker.creds", "creds\n", 6), 0);
+    assert_int_equal(th_write_file(dir, "worker.nk", "SUAEXAMPLE\n", 11), 0);
     const char *with_creds[] = {"--nats-servers", "nats://10.1.2.3:4222", "--nats-credentials",
-                                "/etc/tallyd/worker.creds", NULL};
+                                creds, NULL};
     assert_int_equal(check_config(with_creds, log, sizeof log), 0);
-    const char *with_nkey[] = {
-        "--nats-servers",   "nats://10.1.2.3:4222",  "--nats-nkey", "UAEXAMPLE",
-        "--nats-nkey-seed", "/etc/tallyd/worker.nk", NULL};
+    const char *with_nkey[] = {"--nats-servers",
+                               "nats://10.1.2.3:4222",
+                               "--nats-nkey",
+                               "UAEXAMPLE",
+                               "--nats-nkey-seed",
+                               seed,
+                               NULL};
     assert_int_equal(check_config(with_nkey, log, sizeof log), 0);
     const char *unprotected[] = {"--nats-servers", "nats://10.1.2.3:4222", "--protected-mode",
                                  "off", NULL};
