@@ -230,6 +230,16 @@ bool th_daemon_log_contains(const th_daemon_t *d, const char *text)
     return found;
 }
 
+bool th_file_contains(const char *path, const char *text)
+{
+    th_daemon_t d = {0};
+    snprintf(d.log_path, sizeof d.log_path, "%s", path);
+    bool found = th_daemon_log_contains(&d, text);
+    if (!found)
+        fprintf(stderr, "no '%s' in %s\n", text, path);
+    return found;
+}
+
 void *th_connect(const char *endpoint, int timeout_ms)
 {
     void *sock = th_dealer(timeout_ms);

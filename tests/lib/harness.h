@@ -43,6 +43,9 @@ int th_daemon_run_to_exit(const char *const *args, const char *log, int timeout_
 /* True when the daemon's log contains text. */
 bool th_daemon_log_contains(const th_daemon_t *d, const char *text);
 
+/* True when the file at path (a log) contains text; false, saying so on stderr, when not. */
+bool th_file_contains(const char *path, const char *text);
+
 /* A loopback TCP port that was free a moment ago (bound, read, closed). */
 int th_free_port(void);
 /* The tallyd under test: $TALLYD_BIN, or ./tallyd. */
