@@ -9,12 +9,14 @@
  *   - a checkpoint whose chunks do not add up (td_nats_ckpt.c): a chunk deleted, a chunk longer
  *     than the manifest says, a chunk shorter (caught by the length, before the CRC), a manifest
  *     whose chunk count does not fit its length, each refused as corrupt with its reason by a
- *     read and by a new owner's take (which then fences nothing); a manifest deleted reads as no checkpoint, and a new owner starts afresh;
+ *     read and by a new owner's take (which then fences nothing); a manifest deleted reads as no
+ * checkpoint, and a new owner starts afresh;
  *   - another writer in the worker's way: its lease overwritten (the next renewal finds it lost,
  *     the partition and its local streams are dropped, and taken again once the stranger's key
  *     expires), and its checkpoint fenced by another take (the next checkpoint finds it and drops
  *     the partition, which the worker takes back, fencing the other): either way every message
- *     is applied exactly once in the end.
+ *     is applied exactly once in the end;
+ *   - a stale release (the previous holder's revision) leaves the successor's lease.
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -282,6 +284,34 @@ static void test_checkpoint_fenced(void **state)
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
 }
 
+/* A release is a compare-and-set on the releaser's revision: B's stale release, after A took the
+ * partition, leaves A's lease (one node: every read is the latest, none served by a replica that
+ * lags, as test_nats_fleet's three nodes may). */
+static void test_stale_release_keeps_successor(void **state)
+{
+    (void)state;
+    kvStore *leases = NULL;
+    assert_int_equal(
+        td_nats_kv_open(js, TALLY_NATS_BUCKET_LEASES, 3000, 1, &leases, msg, sizeof msg), TD_OK);
+    enum { K = 9 }; /* a partition of its own in the bucket */
+    td_lease_t a = {0}, b = {0};
+    bool taken = false;
+    char holder[80];
+    assert_int_equal(td_lease_acquire(leases, K, "B", 3000, &b, &taken, msg, sizeof msg), TD_OK);
+    assert_true(taken);
+    td_lease_t stale_b = b;
+    assert_int_equal(td_lease_release(js, K, &b, msg, sizeof msg), TD_OK);
+    assert_int_equal(td_lease_holder(leases, K, holder, sizeof holder, msg, sizeof msg), TD_OK);
+    assert_string_equal(holder, "");
+    assert_int_equal(td_lease_acquire(leases, K, "A", 3000, &a, &taken, msg, sizeof msg), TD_OK);
+    assert_true(taken);
+    assert_int_equal(td_lease_release(js, K, &stale_b, msg, sizeof msg), TD_OK);
+    assert_int_equal(td_lease_holder(leases, K, holder, sizeof holder, msg, sizeof msg), TD_OK);
+    assert_string_equal(holder, "A");
+    assert_int_equal(td_lease_release(js, K, &a, msg, sizeof msg), TD_OK);
+    kvStore_Destroy(leases);
+}
+
 /* ---- checkpoint chunks that do not add up ------------------------------------------------- */
 
 #define CK 7 /* a partition number of its own in the bucket (the worker above used 0) */
@@ -406,6 +436,7 @@ int main(void)
         cmocka_unit_test(test_gap_after_purge),
         cmocka_unit_test(test_lease_overwritten),
         cmocka_unit_test(test_checkpoint_fenced),
+        cmocka_unit_test(test_stale_release_keeps_successor),
         cmocka_unit_test(test_ckpt_chunks_that_do_not_add_up),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
