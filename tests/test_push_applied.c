@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_push_applied.c — what a push that fails part-way reports as applied (libtally's
- * tally_push_*, client/tally.c: push_account, applied_bytes), against a real tallyd whose
+ * tally_push_*, client/tally_push.c: push_account, applied_bytes), against a real tallyd whose
  * max_batch refuses one chunk: the chunks before it are applied, it and those after are not,
  * and the result says exactly how many chunks and how many of the input's bytes the stream
  * holds, when chunks are short (the CLI prints it as "applied k of N chunks, B bytes"):
