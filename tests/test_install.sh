@@ -14,7 +14,8 @@
 #     completes `tally q` with P's tally), and with MAN=man the man pages tally(1), tallyd(8)
 #     and tallyd.conf(5) under share/man, which `man -l` renders.
 # usage: test_install.sh BUILD_DIR CC [CFLAGS] [MAN] (CFLAGS: the sanitizer flags of an ASan
-# build, whose libtally needs its runtime loaded first; MAN: "man" when the build made the man
+# build, whose libtally needs its runtime loaded first, or --coverage for a coverage build's
+# libtally.a, which needs libgcov; MAN: "man" when the build made the man
 # pages, empty when it did not, without scdoc)
 set -eu
 build=$1
