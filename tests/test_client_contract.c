@@ -120,6 +120,8 @@ static void test_region_calls(void **state)
     assert_int_equal(tally_send_shm(client, &hist, region, 0, 8192, NULL, 0, NULL), TALLY_E_ARG);
     assert_int_equal(tally_send_shm(client, &hist, NULL, 0, 16, NULL, 0, NULL), TALLY_E_ARG);
     assert_int_equal(tally_send_shm(NULL, &hist, region, 0, 16, NULL, 0, NULL), TALLY_E_ARG);
+    /* No client and a range outside the region: no client's error buffer to report it in. */
+    assert_int_equal(tally_send_shm(NULL, &hist, region, 4097, 0, NULL, 0, NULL), TALLY_E_ARG);
     tally_req_t scan = {.opcode = TALLY_OP_SCAN, .dtype = TALLY_DTYPE_I32};
     assert_int_equal(tally_send_shm(client, &scan, region, 0, 16, region, 4097, NULL),
                      TALLY_E_ARG); /* output past its region */
@@ -263,14 +265,12 @@ static void test_sub_and_keys(void **state)
     char pub[41];
     assert_int_equal(tally_keygen(NULL, pub, msg, sizeof msg), TALLY_E_ARG);
     assert_int_equal(tally_keygen("", pub, msg, sizeof msg), TALLY_E_ARG);
-    tally_curve_keys_t keys;
     assert_int_equal(tally_curve_keys_load("x", "y", NULL, msg, sizeof msg), TALLY_E_ARG);
     tally_client_t *c = NULL;
     tally_curve_keys_t bad = {
         .server_public = "short", .client_public = "short", .client_secret = "short"};
     assert_int_equal(tally_client_new_curve(daemon_.endpoint, 1000, &bad, &c), TALLY_E_ARG);
     assert_null(c);
-    (void)keys;
 }
 
 int main(void)
