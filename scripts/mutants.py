@@ -14,7 +14,7 @@ lines (blank lines and `#` comments between blocks). `find` is a piece of the co
 must occur in exactly one line of the file, once; `into` replaces it (empty: deleted). `kill` is
 the CTest regex (ctest -R) of the tests that must fail with the mutant in; `why` one line on what
 the mutant breaks. A `find` that no longer matches exactly one line fails `check`: the list is
-kept with the code (CONTRIBUTING.md, "Adding a mutant").
+kept with the code (docs/testing.md, "Adding a mutant").
 """
 import hashlib
 import os

@@ -6,13 +6,8 @@
 # build with AddressSanitizer + UndefinedBehaviorSanitizer. That build also has the allocation-
 # failure hooks (-DTALLY_ALLOC_FAULTS=ON: inert unless TALLYD_ALLOC_FAIL_AT is set), so its CTest
 # run includes test_alloc_sweep, the bounded allocation-failure sweep (about 200 runs over the
-# whole range, none started after 200 s; scripts/alloc-sweep.sh runs every N). Then coverage:
-# a gcc --coverage build runs the suite again and fails under the floors of
-# tests/coverage-floors.txt (scripts/coverage.sh); and mutation testing: a sample of
-# tests/mutants.txt (TALLY_MUTANTS, default 10), chosen by the commit so that each commit runs
-# another part of it, must all be killed (scripts/mutants.sh; .ci/weekly runs the whole list).
-# Last, the Debian packages are built, installed, upgraded, used and purged
-# (scripts/package-test.sh).
+# whole range, none started after 200 s; scripts/alloc-sweep.sh runs every N). Last, the Debian
+# packages are built, installed, upgraded, used and purged (scripts/package-test.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -39,9 +34,12 @@ cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j"$jobs")
 
+# Coverage and mutants (docs/testing.md, "Coverage and mutants"): a gcc --coverage build runs
+# the suite and the whole allocation sweep and fails under the floors of
+# tests/coverage-floors.txt; TALLY_MUTANTS (10) mutants of tests/mutants.txt, another subset for
+# each commit, must all be killed (the whole list: .ci/weekly). About 11 minutes on CI's machine.
 echo "== coverage: the suite in a gcc --coverage build, against tests/coverage-floors.txt"
 scripts/coverage.sh -B build-cov
-
 echo "== mutants: ${TALLY_MUTANTS:-10} of tests/mutants.txt, chosen by the commit"
 scripts/mutants.sh --sample "${TALLY_MUTANTS:-10}" --scratch build-mutants
 
