@@ -178,6 +178,9 @@ static void test_unknown_no_and_wrong_server_key_refused(void **state)
 {
     (void)state;
     start_curve(NULL, NULL);
+    /* The pings start-up made: more than one when a slow start let one time out unanswered. */
+    const char *pings = "tallyd_requests_total{op=\"ping\",status=\"ok\"}";
+    long long started = wait_stat(pings, 1);
     char other_pub[KEY], other_sec[KEY];
     assert_int_equal(zmq_curve_keypair(other_pub, other_sec), 0);
     /* An unknown key, no CURVE at all, and alice's own key against another server key. */
@@ -195,7 +198,7 @@ static void test_unknown_no_and_wrong_server_key_refused(void **state)
     assert_true(wait_failed_handshakes(before + 1) > before);
     /* Nothing of theirs reached the server: only alice's requests are counted. */
     assert_true(ping_as(daemon_.endpoint, server_pub, alice_pub, alice_sec, 5000));
-    assert_int_equal(wait_stat("tallyd_requests_total{op=\"ping\",status=\"ok\"}", 2), 2);
+    assert_int_equal(wait_stat(pings, started + 1), started + 1);
     assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
     assert_true(th_daemon_log_contains(&daemon_, bob_pub)); /* the refused key is logged */
 }
