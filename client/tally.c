@@ -53,6 +53,7 @@
 #include "tally.h"
 #include "tally_args.h"
 #include "tally_client_int.h"
+#include "tally_keys.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -223,6 +224,12 @@ static tally_status_t set_curve(void *sock, const tally_curve_keys_t *keys)
 {
     if (!keys || !keys->server_public[0])
         return TALLY_OK;
+    /* ZeroMQ takes any 40 bytes it can decode, so a short key padded with NULs got through. */
+    const char *const each[] = {keys->server_public, keys->client_public, keys->client_secret};
+    for (int i = 0; i < 3; i++)
+        if (strnlen(each[i], TALLY_KEY_LEN + 1) != TALLY_KEY_LEN ||
+            !tally_key_valid(each[i], TALLY_KEY_LEN))
+            return TALLY_E_ARG;
     if (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, keys->server_public, 40) != 0 ||
         zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, keys->client_public, 40) != 0 ||
         zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, keys->client_secret, 40) != 0)

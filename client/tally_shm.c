@@ -266,7 +266,9 @@ static tally_status_t shm_ref(tally_client_t *self, const tally_req_t *req,
                               const tally_region_t *out, size_t out_offset,
                               uint8_t ref_bytes[TALLY_SHM_REF_SIZE])
 {
-    if (!self || !req || !in || offset > in->size || length > in->size - offset ||
+    if (!self)
+        return TALLY_E_ARG;
+    if (!req || !in || offset > in->size || length > in->size - offset ||
         (out && out_offset > out->size))
         return fail(self, TALLY_E_ARG, "the range is not inside the region");
     tally_shm_ref_t ref = {.in_handle = in->handle, .in_offset = offset, .in_length = length};

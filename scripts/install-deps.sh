@@ -12,6 +12,7 @@ packages=(build-essential cmake pkg-config libzmq3-dev libuv1-dev libcmocka-dev
           python3-pytest python3-mypy  # its tests and type check
           python3-prometheus-client python3-yaml  # test_prometheus, test_grafana_dashboard
           scdoc man-db  # the man pages (man/) and their test
+          gcovr  # scripts/coverage.sh: coverage by folder against tests/coverage-floors.txt
           python3-jsonschema  # test_web_api: the HTTP API against web/schema/
           chromium chromium-driver python3-selenium  # test_web_browser: the page in a browser
           debhelper dh-python python3-all python3-setuptools pybuild-plugin-pyproject

@@ -34,6 +34,15 @@ cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j"$jobs")
 
+# Coverage and mutants (docs/testing.md, "Coverage and mutants"): a gcc --coverage build runs
+# the suite and the whole allocation sweep and fails under the floors of
+# tests/coverage-floors.txt; TALLY_MUTANTS (10) mutants of tests/mutants.txt, another subset for
+# each commit, must all be killed (the whole list: .ci/weekly). About 11 minutes on CI's machine.
+echo "== coverage: the suite in a gcc --coverage build, against tests/coverage-floors.txt"
+scripts/coverage.sh -B build-cov
+echo "== mutants: ${TALLY_MUTANTS:-10} of tests/mutants.txt, chosen by the commit"
+scripts/mutants.sh --sample "${TALLY_MUTANTS:-10}" --scratch build-mutants
+
 # The Debian packages (issue 35): built, linted, installed over the previous version's, used,
 # removed and purged on this machine (scripts/package-test.sh; about 3 minutes). Last, on its
 # own: it installs system packages, which nothing else here may be running beside. Skipped

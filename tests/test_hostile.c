@@ -66,26 +66,10 @@ static void test_reply_bytes_bounded(void **state)
     const char *args[] = {
         "--max-batch", "1M", "--max-reply-bytes-per-peer", "8M", "--max-reply-bytes", "64M", NULL};
     assert_int_equal(th_daemon_start(&daemon_, args), 0);
-    void *peer = th_dealer(30000);
-    int one = 1, small = 4096;
-    zmq_setsockopt(peer, ZMQ_RCVHWM, &one, sizeof one);
-    zmq_setsockopt(peer, ZMQ_RCVBUF, &small, sizeof small);
-    assert_int_equal(zmq_connect(peer, daemon_.endpoint), 0);
     void *other = th_connect(daemon_.endpoint, 10000);
-    int32_t *in = th_random_i32(MIB / 4, -1000, 1000);
-    for (int i = 0; i < NONREADER_SCANS; i++) {
-        tally_req_t req = th_req(TALLY_OP_SCAN, TALLY_DTYPE_I32, 1000 + (uint64_t)i);
-        assert_int_equal(th_send_request(peer, &req, in, MIB), 0);
-    }
-    free(in);
-    /* Every scan answered (sent, or queued for the peer), whatever its status. */
-    const char *ok = "tallyd_requests_total{op=\"scan\",status=\"ok\"}";
-    const char *busy = "tallyd_requests_total{op=\"scan\",status=\"busy\"}";
-    long long n_ok = 0, n_busy = 0;
-    for (int i = 0; i < 600 && n_ok + n_busy < NONREADER_SCANS; i++, th_sleep_ms(50)) {
-        n_ok = th_stat(other, ok);
-        n_busy = th_stat(other, busy);
-    }
+    long long n_ok, n_busy;
+    void *peer = th_nonreader_scans(daemon_.endpoint, other, NONREADER_SCANS, 1000, &n_ok, &n_busy);
+    assert_non_null(peer);
     assert_int_equal(n_ok + n_busy, NONREADER_SCANS);
     fprintf(stderr, "%lld scans ok, %lld busy\n", n_ok, n_busy);
     assert_true(n_ok >= 1 && n_busy >= 1);

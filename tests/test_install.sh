@@ -15,11 +15,12 @@
 #     and tallyd.conf(5) under share/man, which `man -l` renders.
 # usage: test_install.sh BUILD_DIR CC [CFLAGS] [MAN] (CFLAGS: the sanitizer flags of an ASan
 # build, whose libtally needs its runtime loaded first; MAN: "man" when the build made the man
-# pages, empty when it did not, without scdoc)
+# pages, empty when it did not, without scdoc). TALLY_INSTALL_APP_FLAGS: more flags for the app
+# (--coverage in a coverage build, whose libtally.a needs libgcov).
 set -eu
 build=$1
 cc=$2
-cflags=${3:-}
+cflags="${3:-} ${TALLY_INSTALL_APP_FLAGS:-}"
 man=${4:-}
 prefix=$(mktemp -d "${TMPDIR:-/tmp}/tallyd-install.XXXXXX")
 trap 'rm -rf "$prefix"' EXIT

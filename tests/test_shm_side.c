@@ -6,12 +6,15 @@
  *   and no descriptor, and an allowed producer still registers (run as root: a child switches to
  *   nobody, 65534; skipped otherwise);
  * - max_connections_per_uid: the connection past it is answered `quota` (op 0) and closed, for
- *   another allowed uid too, while tallyd's own uid still gets in;
+ *   another allowed uid too, while tallyd's own uid still gets in; a uid allowed by its user
+ *   name, or by its group's name, or by a supplementary group, is let in as by its number;
+ * - refusals past one logged a second are summed in one line;
  * - a connection that registers nothing within register_timeout_ms is closed, one that did is
  *   kept;
  * - a malformed message (bad magic, version, op, reserved byte, short, too long, the wrong number
  *   of descriptors) is answered, echoing its op, and closes the connection; the descriptors that
  *   came with it are closed (tallyd's /proc/PID/fd count returns to where it was);
+ * - a side-channel directory another user owns, or others may write, is refused at start;
  * - a second tallyd on a live side-channel path refuses to start (explicit path, the default
  *   path, and a path whose lock file was removed), a stale socket left by a killed tallyd is
  *   replaced.
@@ -19,6 +22,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <pwd.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -119,11 +123,14 @@ static bool wait_log_count(const th_daemon_t *d, const char *text, int want)
 
 /* In a child that has become uid/gid NOBODY: opens `count` side connections and keeps them,
  * tells the parent on `ready` how many connected, and waits for the parent to close `hold`. */
+static gid_t nobody_group; /* a supplementary group nobody_opens joins first (0: none) */
+
 static void nobody_opens(int count, int ready, int hold)
 {
     struct rlimit lim = {.rlim_cur = (rlim_t)count + 64, .rlim_max = (rlim_t)count + 64};
-    if (setrlimit(RLIMIT_NOFILE, &lim) != 0 || setgroups(0, NULL) != 0 || setgid(NOBODY) != 0 ||
-        setuid(NOBODY) != 0)
+    if (setrlimit(RLIMIT_NOFILE, &lim) != 0 ||
+        setgroups(nobody_group ? 1 : 0, nobody_group ? &nobody_group : NULL) != 0 ||
+        setgid(NOBODY) != 0 || setuid(NOBODY) != 0)
         _exit(2);
     int connected = 0;
     for (int i = 0; i < count; i++)
@@ -168,6 +175,8 @@ static void end_nobody(pid_t pid, int hold_w)
 /* Starts tallyd with the socket's group nobody's and `extra`; nobody opens `count` side
  * connections and keeps them; tallyd holds at most `kept` of them (its descriptors), and a
  * producer of tallyd's own uid still registers a region. Returns with tallyd running. */
+static void nobody_round(th_daemon_t *d, int count, int kept);
+
 static void nobody_keeps_no_one_out(th_daemon_t *d, const char *const *extra, int count, int kept)
 {
     char group[16];
@@ -178,6 +187,13 @@ static void nobody_keeps_no_one_out(th_daemon_t *d, const char *const *extra, in
         args[argc++] = extra[i];
     args[argc] = NULL;
     start(d, args);
+    nobody_round(d, count, kept);
+}
+
+/* nobody opens `count` side connections and keeps them; tallyd (running) holds at most `kept`
+ * of them, and a producer of tallyd's own uid still registers a region. */
+static void nobody_round(th_daemon_t *d, int count, int kept)
+{
     /* A first producer, kept: whatever tallyd opens on its first side connection is in base. */
     th_answer_t ans;
     int first = connect_side();
@@ -209,6 +225,47 @@ static void test_not_allowed_flood(void **state)
                                        "--shm-register-timeout-ms", "3600000", NULL};
     nobody_keeps_no_one_out(&d, args, 1100, 0);
     assert_true(th_daemon_log_contains(&d, "uid 65534 refused: uid 65534 gid 65534 may not"));
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
+/* Refusals beyond one logged a second are summed up in one line when the next second's first
+ * comes (bursts until a second boundary falls after a burst). */
+static void test_refusals_summed(void **state)
+{
+    (void)state;
+    if (geteuid() != 0)
+        skip();
+    th_daemon_t d;
+    static const char *const args[] = {"--shm-register-timeout-ms", "3600000", NULL};
+    nobody_keeps_no_one_out(&d, args, 20, 0);
+    for (int round = 0; round < 4 && !th_daemon_log_contains(&d, "more side connections refused");
+         round++) {
+        th_sleep_ms(1100);
+        nobody_round(&d, 20, 0);
+    }
+    assert_true(th_daemon_log_contains(&d, "more side connections refused, not logged"));
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
+/* A uid let in by a supplementary group of its (SO_PEERGROUPS) in shm_allow_gids (root only). */
+static void test_supplementary_group_allowed(void **state)
+{
+    (void)state;
+    if (geteuid() != 0)
+        skip();
+    nobody_group = 4242;
+    th_daemon_t d;
+    static const char *const args[] = {"--shm-allow-gids",
+                                       "4242",
+                                       "--shm-max-connections-per-uid",
+                                       "3",
+                                       "--shm-register-timeout-ms",
+                                       "3600000",
+                                       NULL};
+    nobody_keeps_no_one_out(&d, args, 5, 3);
+    nobody_group = 0;
+    assert_true(th_daemon_log_contains(&d, "uid 65534 already holds 3 side-channel"));
+    assert_false(th_daemon_log_contains(&d, "may not register"));
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
 
@@ -273,6 +330,38 @@ static void test_per_uid_cap_other_uid(void **state)
         "3600000",          NULL};
     nobody_keeps_no_one_out(&d, args, 50, 3);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
+/* Users and groups by name in the allow-lists (issue 37): nobody's user name, then its group's
+ * name, lets nobody in as its number does (root only): its connections are taken up to the
+ * per-uid cap (the one past it is refused for the cap, not as a stranger). The names are this
+ * system's for uid and gid 65534. */
+static void test_allowed_by_name(void **state)
+{
+    (void)state;
+    if (geteuid() != 0)
+        skip();
+    struct passwd *pw = getpwuid(NOBODY);
+    struct group *gr = getgrgid(NOBODY);
+    if (!pw || !gr) {
+        print_message("no name for uid or gid %d here: skipped\n", NOBODY);
+        skip();
+    }
+    char user[64], group[64];
+    snprintf(user, sizeof user, "%s", pw->pw_name);
+    snprintf(group, sizeof group, "%s", gr->gr_name);
+    const char *lists[] = {"--shm-allow-uids", "--shm-allow-gids"};
+    const char *names[] = {user, group};
+    for (int i = 0; i < 2; i++) {
+        th_daemon_t d;
+        const char *const args[] = {
+            lists[i],  names[i], "--shm-max-connections-per-uid", "3", "--shm-register-timeout-ms",
+            "3600000", NULL};
+        nobody_keeps_no_one_out(&d, args, 5, 3);
+        assert_true(th_daemon_log_contains(&d, "uid 65534 already holds 3 side-channel"));
+        assert_false(th_daemon_log_contains(&d, "may not register"));
+        assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    }
 }
 
 /* ---- register timeout -------------------------------------------------------------------- */
@@ -438,6 +527,29 @@ static void assert_still_serving(void)
     close(side);
 }
 
+/* A side-channel directory that another user owns, or that others may write without the sticky
+ * bit: tallyd refuses to put its socket there (another user could replace it) and to start. */
+static void test_socket_dir_refused(void **state)
+{
+    (void)state;
+    if (geteuid() != 0)
+        skip(); /* giving the directory to nobody needs root */
+    char sub[96], path[128], want[160];
+    const mode_t modes[] = {0755, 0777};
+    for (int i = 0; i < 2; i++) {
+        snprintf(sub, sizeof sub, "%s/dir%d", dir, i);
+        assert_int_equal(mkdir(sub, modes[i]), 0);
+        assert_int_equal(chmod(sub, modes[i]), 0); /* whatever the umask */
+        if (i == 0)
+            assert_int_equal(chown(sub, NOBODY, NOBODY), 0);
+        snprintf(path, sizeof path, "%s/shm.sock", sub);
+        const char *args[] = {"--shm-socket", path, NULL};
+        assert_int_not_equal(run_second(args, NULL), 0);
+        snprintf(want, sizeof want, "%s is not a directory owned by tallyd's user or root", sub);
+        assert_true(second_log_contains(want));
+    }
+}
+
 static void test_second_tallyd_refused(void **state)
 {
     (void)state;
@@ -484,10 +596,17 @@ static void test_stale_socket_replaced(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_not_allowed_flood),     cmocka_unit_test(test_per_uid_cap),
-        cmocka_unit_test(test_per_uid_cap_other_uid), cmocka_unit_test(test_register_timeout),
-        cmocka_unit_test(test_malformed_closes),      cmocka_unit_test(test_second_tallyd_refused),
+        cmocka_unit_test(test_not_allowed_flood),
+        cmocka_unit_test(test_per_uid_cap),
+        cmocka_unit_test(test_per_uid_cap_other_uid),
+        cmocka_unit_test(test_register_timeout),
+        cmocka_unit_test(test_malformed_closes),
+        cmocka_unit_test(test_second_tallyd_refused),
         cmocka_unit_test(test_stale_socket_replaced),
+        cmocka_unit_test(test_allowed_by_name),
+        cmocka_unit_test(test_refusals_summed),
+        cmocka_unit_test(test_supplementary_group_allowed),
+        cmocka_unit_test(test_socket_dir_refused),
     };
     const char *only = getenv("TALLY_TEST_FILTER"); /* one test by name (a mutation check) */
     if (only && *only)

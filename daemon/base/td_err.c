@@ -22,13 +22,6 @@ const char *td_err_name(td_err_t err)
     return "unknown";
 }
 
-tally_status_t td_err_to_wire(td_err_t err)
-{
-    if (err == TD_OK)
-        return TALLY_OK;
-    return err == TD_ERR_BACKEND ? TALLY_E_BACKEND : TALLY_E_INTERNAL;
-}
-
 int td_err_exit_code(td_err_t err)
 {
     if (err == TD_OK)

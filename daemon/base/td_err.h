@@ -7,9 +7,10 @@
  * parse, an endpoint that cannot be bound, a state file that cannot be written, a library
  * initialiser that fails — is not a request's fault and has no wire status: a missing file is
  * not "unknown stream", a bind failure is not "bad parameter". Internal functions return a
- * td_err_t (with a message buffer where the caller shows one to a person), and the edge that
- * answers a request maps what it must with td_err_to_wire(); start-up maps to an exit status
- * with td_err_exit_code().
+ * td_err_t (with a message buffer where the caller shows one to a person); where such an error
+ * stops a request, the code that answers it says what happened in its own words (out of memory,
+ * a backend that failed) with the status that fits; start-up maps to an exit status with
+ * td_err_exit_code().
  */
 #ifndef TD_ERR_H
 #define TD_ERR_H
@@ -30,10 +31,6 @@ typedef enum {
 
 /* "config", "io", ...: for logs and tests. */
 const char *td_err_name(td_err_t err);
-
-/* The wire status a request gets when an internal error stops it: TALLY_E_BACKEND for a
- * backend error, TALLY_E_INTERNAL for everything else (none is the client's fault). */
-tally_status_t td_err_to_wire(td_err_t err);
 
 /* tallyd's exit status when start-up fails with err: 2 for a configuration error (as for a
  * bad command line), 1 otherwise. */

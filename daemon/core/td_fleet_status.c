@@ -25,15 +25,6 @@ static uint64_t lag_of(const td_fleet_status_t *st, uint32_t k)
     return last > applied ? last - applied : 0;
 }
 
-uint64_t td_fleet_status_lag(const td_fleet_status_t *st)
-{
-    uint64_t lag = 0;
-    for (uint32_t k = 0; st->on && k < st->partitions; k++)
-        if (LOAD(st->owned[k]))
-            lag += lag_of(st, k);
-    return lag;
-}
-
 size_t td_fleet_status_info(const td_fleet_status_t *st, char *out, size_t cap)
 {
     if (!st->on) {

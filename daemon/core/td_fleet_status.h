@@ -48,9 +48,6 @@ typedef struct td_fleet_status {
 
 /* Partitions owned now. */
 uint32_t td_fleet_status_owned(const td_fleet_status_t *st);
-/* Messages of owned partitions not yet applied, as far as the worker knows (sum of last_seq -
- * applied_seq over owned partitions). */
-uint64_t td_fleet_status_lag(const td_fleet_status_t *st);
 /* The `info` keys (PROTOCOL.md §13), appended to out like snprintf: the length they need. */
 size_t td_fleet_status_info(const td_fleet_status_t *st, char *out, size_t cap);
 /* The tallyd_nats_* metric families (Prometheus text), like snprintf; nothing when not in a

@@ -217,13 +217,6 @@ bool td_window_prepare(td_window_plan_t *plan)
     return true;
 }
 
-void td_window_abort(td_window_plan_t *plan)
-{
-    td_bins_abort(&plan->bins);
-    free(plan->array);
-    plan->array = NULL;
-}
-
 /* Inserts an empty slot for interval, keeping the order; the array has room. */
 static slot_t *insert(td_window_t *w, uint64_t interval)
 {

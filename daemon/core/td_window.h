@@ -69,13 +69,13 @@ size_t td_window_bytes(const td_window_t *self);
 /* Plans adding a batch's histogram (bins: channels x 256) at now_ms. */
 void td_window_plan(const td_window_t *self, uint64_t now_ms, const uint64_t *bins,
                     td_window_plan_t *plan);
-/* Allocates what the plan needs; false when out of memory (nothing to abort then). */
+/* Allocates what the plan needs; false when out of memory (nothing to abort then). A prepared
+ * plan is always committed: nothing after it can refuse the batch. */
 bool td_window_prepare(td_window_plan_t *plan);
 /* Adds the batch as planned and prepared (the same ring, now_ms and bins as td_window_plan):
  * bins, underflow, overflow and n elements to the slot of now_ms's interval. */
 void td_window_commit(td_window_t *self, const uint64_t *bins, uint64_t underflow,
                       uint64_t overflow, uint64_t n, td_window_plan_t *plan);
-void td_window_abort(td_window_plan_t *plan);
 /* Plan, prepare and commit in one step; false (nothing changed) when out of memory. */
 bool td_window_add(td_window_t *self, uint64_t now_ms, const uint64_t *bins, uint64_t underflow,
                    uint64_t overflow, uint64_t n);

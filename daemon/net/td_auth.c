@@ -435,11 +435,6 @@ void td_auth_counts(td_auth_t *self, td_auth_counts_t *out)
     };
 }
 
-const char *td_auth_public_key(const td_auth_t *self)
-{
-    return self->public_key;
-}
-
 void td_auth_destroy(td_auth_t **self_p)
 {
     td_auth_t *self = *self_p;

@@ -63,8 +63,6 @@ void td_auth_counts(td_auth_t *self, td_auth_counts_t *out);
 /* One event of the ROUTER's socket monitor (ZMQ_EVENT_HANDSHAKE_*, with its value): counted, and
  * a refusal logged. Loop thread. */
 void td_auth_event(td_auth_t *self, unsigned event, uint32_t value);
-/* The server's public key (Z85). */
-const char *td_auth_public_key(const td_auth_t *self);
 /* Stops the handler thread and closes its sockets: before zmq_ctx_term. */
 void td_auth_destroy(td_auth_t **self_p);
 

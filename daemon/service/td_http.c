@@ -609,8 +609,10 @@ static td_err_t start_mhd(td_http_t *self, const char *listen, const struct sock
     /* Suspend and resume: the web's requests wait for the loop without holding this thread. */
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG |
                      MHD_ALLOW_SUSPEND_RESUME;
+    /* IPv6: dual stack, so [::] takes IPv4 clients too (as IPv4-mapped addresses, each its
+     * own address in the guard's bounds); libmicrohttpd's MHD_USE_IPv6 alone sets V6ONLY. */
     if (ss->ss_family == AF_INET6)
-        flags |= MHD_USE_IPv6;
+        flags |= MHD_USE_DUAL_STACK;
     /* MHD's idle timeout is only a backstop: the guard's deadline comes first. */
     unsigned idle_s = deadline_ms / 1000 + 1;
     td_http_guard_t *g = self->guard;

@@ -4,6 +4,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -14,6 +15,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -165,6 +167,28 @@ int th_daemon_start_with(th_daemon_t *d, const char *const *args, const char *co
     return th_daemon_start(d, argv);
 }
 
+int th_daemon_run_to_exit(const char *const *args, const char *log, int timeout_ms)
+{
+    const char *argv[40];
+    int argc = 0;
+    argv[argc++] = th_tallyd_bin();
+    for (int i = 0; args && args[i] && argc < 39; i++)
+        argv[argc++] = args[i];
+    argv[argc] = NULL;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (!freopen(log, "w", stderr) || !freopen("/dev/null", "w", stdout))
+            _exit(126);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    th_daemon_t d = {.pid = pid};
+    return th_daemon_wait(&d, timeout_ms);
+}
+
 int th_daemon_stop(th_daemon_t *d, int sig, int timeout_ms)
 {
     if (d->pid <= 0)
@@ -203,6 +227,16 @@ bool th_daemon_log_contains(const th_daemon_t *d, const char *text)
     while (!found && fgets(line, sizeof line, f))
         found = strstr(line, text) != NULL;
     fclose(f);
+    return found;
+}
+
+bool th_file_contains(const char *path, const char *text)
+{
+    th_daemon_t d = {0};
+    snprintf(d.log_path, sizeof d.log_path, "%s", path);
+    bool found = th_daemon_log_contains(&d, text);
+    if (!found)
+        fprintf(stderr, "no '%s' in %s\n", text, path);
     return found;
 }
 
@@ -303,6 +337,36 @@ void th_reply_free(th_reply_t *reply)
 {
     free(reply->payload);
     memset(reply, 0, sizeof *reply);
+}
+
+void *th_nonreader_scans(const char *endpoint, void *stats, int scans, uint64_t first_id,
+                         long long *n_ok, long long *n_busy)
+{
+    void *peer = th_dealer(30000);
+    int one = 1, small = 4096;
+    zmq_setsockopt(peer, ZMQ_RCVHWM, &one, sizeof one);
+    zmq_setsockopt(peer, ZMQ_RCVBUF, &small, sizeof small);
+    if (zmq_connect(peer, endpoint) != 0) {
+        th_close(peer);
+        return NULL;
+    }
+    size_t bytes = 1u << 20;
+    int32_t *in = th_random_i32(bytes / 4, -1000, 1000);
+    for (int i = 0; i < scans; i++) {
+        tally_req_t req = th_req(TALLY_OP_SCAN, TALLY_DTYPE_I32, first_id + (uint64_t)i);
+        if (th_send_request(peer, &req, in, bytes) != 0)
+            break;
+    }
+    free(in);
+    /* Every scan answered (sent, or queued for the peer), whatever its status. */
+    const char *ok = "tallyd_requests_total{op=\"scan\",status=\"ok\"}";
+    const char *busy = "tallyd_requests_total{op=\"scan\",status=\"busy\"}";
+    *n_ok = *n_busy = 0;
+    for (int i = 0; i < 600 && *n_ok + *n_busy < scans; i++, th_sleep_ms(50)) {
+        *n_ok = th_stat(stats, ok);
+        *n_busy = th_stat(stats, busy);
+    }
+    return peer;
 }
 
 int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len, th_reply_t *reply)
@@ -493,16 +557,26 @@ int th_write_file(const char *dir, const char *name, const void *data, size_t le
 
 int th_tcp_connect_from(const char *src, int port)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    bool v6 = src && strchr(src, ':');
+    int fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM, 0);
     if (fd < 0)
         return -1;
-    struct sockaddr_in in = {.sin_family = AF_INET};
-    if (src && (inet_pton(AF_INET, src, &in.sin_addr) != 1 ||
-                bind(fd, (struct sockaddr *)&in, sizeof in) != 0))
+    struct sockaddr_storage ss = {0};
+    struct sockaddr_in *in = (struct sockaddr_in *)&ss;
+    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+    socklen_t len = v6 ? sizeof *in6 : sizeof *in;
+    ss.ss_family = v6 ? AF_INET6 : AF_INET;
+    if (src && (inet_pton(ss.ss_family, src, v6 ? (void *)&in6->sin6_addr : &in->sin_addr) != 1 ||
+                bind(fd, (struct sockaddr *)&ss, len) != 0))
         goto fail;
-    in.sin_port = htons((uint16_t)port);
-    in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&in, sizeof in) != 0)
+    if (v6) {
+        in6->sin6_port = htons((uint16_t)port);
+        in6->sin6_addr = in6addr_loopback;
+    } else {
+        in->sin_port = htons((uint16_t)port);
+        in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    }
+    if (connect(fd, (struct sockaddr *)&ss, len) != 0)
         goto fail;
     return fd;
 fail:
@@ -558,7 +632,7 @@ char *th_http_get(int port, const char *method, const char *path, const char *he
 
 int th_metrics_port(const th_daemon_t *d)
 {
-    static const char mark[] = "metrics: serving http://127.0.0.1:";
+    static const char mark[] = "metrics: serving http://"; /* then ADDRESS:PORT/metrics */
     FILE *f = fopen(d->log_path, "r");
     if (!f)
         return -1;
@@ -566,8 +640,10 @@ int th_metrics_port(const th_daemon_t *d)
     int port = -1;
     while (fgets(line, sizeof line, f)) {
         const char *at = strstr(line, mark);
-        if (at)
-            port = atoi(at + strlen(mark));
+        const char *slash = at ? strchr(at + strlen(mark), '/') : NULL;
+        const char *colon = slash ? memrchr(at, ':', (size_t)(slash - at)) : NULL;
+        if (colon)
+            port = atoi(colon + 1);
     }
     fclose(f);
     return port;
@@ -597,6 +673,24 @@ int th_sh(const char *fmt, ...)
     va_end(ap);
     int status = system(cmd);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int th_write_key_file(const char *path, const char *pub, const char *sec, mode_t mode)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, mode);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!f) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    fprintf(f, "#   ZeroMQ CURVE certificate\nmetadata\ncurve\n");
+    if (pub)
+        fprintf(f, "    public-key = \"%s\"\n", pub);
+    if (sec)
+        fprintf(f, "    secret-key = \"%s\"\n", sec);
+    int rc = fclose(f) == 0 ? 0 : -1;
+    return rc == 0 ? chmod(path, mode) : -1;
 }
 
 int th_write_clock(const char *path, uint64_t ms)

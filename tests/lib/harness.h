@@ -37,8 +37,14 @@ int th_daemon_start_with(th_daemon_t *d, const char *const *args, const char *co
 int th_daemon_stop(th_daemon_t *d, int sig, int timeout_ms);
 /* The same without a signal: waits for the daemon to exit on its own. */
 int th_daemon_wait(th_daemon_t *d, int timeout_ms);
+/* Runs tallyd with args (nothing added) to its exit, its stderr in log: for a tallyd that is
+ * to refuse to start. Its exit status, or -1 when it did not exit within timeout_ms (killed). */
+int th_daemon_run_to_exit(const char *const *args, const char *log, int timeout_ms);
 /* True when the daemon's log contains text. */
 bool th_daemon_log_contains(const th_daemon_t *d, const char *text);
+
+/* True when the file at path (a log) contains text; false, saying so on stderr, when not. */
+bool th_file_contains(const char *path, const char *text);
 
 /* A loopback TCP port that was free a moment ago (bound, read, closed). */
 int th_free_port(void);
@@ -83,6 +89,13 @@ int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len,
  * `tallyd_limited_total{reason="stream_rate"}`), asked on sock; -1 when absent or on no reply. */
 long long th_stat(void *sock, const char *name);
 
+/* A peer that never reads (receive high-water mark 1, a 4 KiB kernel buffer, so its replies stay
+ * in tallyd), connected to endpoint, that pipelines `scans` scans of 1 MiB of int32 (each reply
+ * 2 MiB of int64 sums), request ids first_id on; returns once tallyd has answered all of them
+ * (sent, or queued for the peer: ok or busy, counted in *n_ok and *n_busy as read on `stats`, a
+ * first tallyd's only scans), or after 30 s. The DEALER (th_close it), or NULL. */
+void *th_nonreader_scans(const char *endpoint, void *stats, int scans, uint64_t first_id,
+                         long long *n_ok, long long *n_busy);
 /* One request, one reply in *reply (th_reply_free it): the reply's status, or -1 without a
  * reply. */
 int th_call_reply_status(void *sock, const tally_req_t *req, const void *payload, size_t len,
@@ -110,7 +123,8 @@ int th_write_file(const char *dir, const char *name, const void *data, size_t le
  * NUL-terminated, or NULL when the connection fails. */
 char *th_http_get(int port, const char *method, const char *path, const char *headers);
 /* A TCP connection from src (a dotted IPv4 address, e.g. another loopback address 127.0.0.N;
- * NULL: any) to 127.0.0.1:port; the descriptor, or -1. */
+ * NULL: any) to 127.0.0.1:port, or from an IPv6 address (src with a colon, e.g. "::1") to
+ * [::1]:port; the descriptor, or -1. */
 int th_tcp_connect_from(const char *src, int port);
 /* Sends request (the whole HTTP request) from src (as above) and reads the response until the
  * server closes the connection: the response, malloc'ed and NUL-terminated, or NULL when the
@@ -124,6 +138,10 @@ int th_metrics_port(const th_daemon_t *d);
 long long th_metric(const th_daemon_t *d, const char *name);
 /* Runs a shell command (formatted like printf): its exit status, -1 when it did not exit. */
 int th_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* A CURVE key file in CZMQ's certificate format, as `tally keygen` writes it, with the public
+ * key, the secret key or both (NULL: that line left out), made with `mode`; 0, or -1. */
+int th_write_key_file(const char *path, const char *pub, const char *sec, mode_t mode);
 
 /* Writes the time ms (decimal, ms since the epoch) to path atomically (a temporary file renamed
  * over it): the file a tallyd started with --test-clock reads its window clock from. */

@@ -1,0 +1,284 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * test_client_contract.c — what libtally's header promises for arguments it cannot use, call by
+ * call (client/tally.h): TALLY_E_ARG (or the status the header names) for a NULL where an object
+ * is needed, a range outside a region, a quantile outside [0, 1], a channel a histogram lacks;
+ * NULL or 0 from the accessors of a NULL object; destroy functions that take NULL and set the
+ * caller's pointer to NULL. test_client.c covers the calls of the request path; these are the
+ * rest. A real tallyd (CPU) serves the few that need one.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "tally.h"
+
+static th_daemon_t daemon_;
+static tally_client_t *client;
+
+static int setup(void **state)
+{
+    (void)state;
+    if (th_daemon_start(&daemon_, NULL) != 0)
+        return -1;
+    return tally_client_new(daemon_.endpoint, 10000, &client) == TALLY_OK ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    tally_client_destroy(&client);
+    return th_daemon_stop(&daemon_, SIGTERM, 10000) == 0 ? 0 : -1;
+}
+
+static void test_info_calls(void **state)
+{
+    (void)state;
+    tally_info_t *info = NULL;
+    assert_int_equal(tally_info_fetch(NULL, &info), TALLY_E_ARG);
+    assert_int_equal(tally_info_fetch(client, NULL), TALLY_E_ARG);
+    assert_int_equal(tally_info_parse(NULL, 4, &info), TALLY_E_ARG);
+    assert_int_equal(tally_info_parse("a=1\n", 4, NULL), TALLY_E_ARG);
+    assert_int_equal(tally_info(client, TALLY_OP_INFO, NULL), TALLY_E_ARG);
+    assert_int_equal(tally_info_count(NULL), 0);
+    assert_null(tally_info_key(NULL, 0));
+    assert_null(tally_info_value(NULL, 0));
+    assert_null(tally_info_lookup(NULL, "a"));
+    uint64_t v = 7;
+    assert_int_equal(tally_info_u64(NULL, "a", &v), TALLY_E_ARG);
+    assert_int_equal(tally_info_parse("a=1\nb=x\nc=01\n", 13, &info), TALLY_OK);
+    assert_null(tally_info_key(info, 3));
+    assert_null(tally_info_lookup(info, NULL));
+    assert_int_equal(tally_info_u64(info, NULL, &v), TALLY_E_ARG);
+    assert_int_equal(tally_info_u64(info, "a", NULL), TALLY_E_ARG);
+    assert_int_equal(tally_info_u64(info, "b", &v), TALLY_E_REPLY); /* not a number */
+    assert_int_equal(tally_info_u64(info, "c", &v), TALLY_E_REPLY); /* a leading zero */
+    assert_int_equal(v, 7);                                         /* unchanged on failure */
+    tally_info_destroy(&info);
+    assert_null(info);
+    tally_info_destroy(&info);
+    tally_info_destroy(NULL);
+}
+
+static void test_stream_calls(void **state)
+{
+    (void)state;
+    tally_stream_info_t info;
+    char **names = NULL;
+    size_t count = 0;
+    assert_int_equal(tally_query(NULL, "s", &info), TALLY_E_ARG);
+    assert_int_equal(tally_query(client, "s", NULL), TALLY_E_ARG);
+    assert_int_equal(tally_query_window(client, "s", 0, &info, NULL, NULL), TALLY_E_ARG);
+    assert_int_equal(tally_query_window(NULL, "s", 1000, &info, NULL, NULL), TALLY_E_ARG);
+    assert_int_equal(tally_reset(NULL, "s"), TALLY_E_ARG);
+    assert_int_equal(tally_delete(NULL, "s"), TALLY_E_ARG);
+    assert_int_equal(tally_streams(NULL, &names, &count), TALLY_E_ARG);
+    assert_int_equal(tally_streams(client, NULL, &count), TALLY_E_ARG);
+    assert_int_equal(tally_streams(client, &names, NULL), TALLY_E_ARG);
+    tally_strings_free(NULL, 3);
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    assert_int_equal(tally_reply_stream_info(NULL, &info), TALLY_E_ARG);
+    assert_int_equal(tally_reply_stream_info(&reply, NULL), TALLY_E_ARG);
+    assert_int_equal(tally_reply_stream_info(&reply, &info), TALLY_E_REPLY); /* not a record */
+    tally_reply_clear(&reply);
+    tally_reply_clear(NULL);
+    assert_int_equal(tally_ping(NULL, NULL), TALLY_E_ARG);
+    assert_string_equal(tally_client_error(NULL), "");
+    assert_int_equal(tally_client_timeout(NULL), 0);
+}
+
+static void test_region_calls(void **state)
+{
+    (void)state;
+    tally_region_t *region = NULL;
+    assert_int_equal(tally_region_create(NULL, 4096, &region), TALLY_E_ARG);
+    assert_int_equal(tally_region_create(client, 0, &region), TALLY_E_ARG);
+    assert_int_equal(tally_region_create(client, 4096, NULL), TALLY_E_ARG);
+    assert_null(tally_region_data(NULL));
+    assert_int_equal(tally_region_size(NULL), 0);
+    tally_region_destroy(NULL);
+    tally_region_destroy(&region); /* *region_p NULL */
+    assert_int_equal(tally_region_create(client, 4096, &region), TALLY_OK);
+    assert_int_equal(tally_region_size(region), 4096);
+    tally_req_t hist = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8};
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    /* Ranges outside the region: refused, nothing sent. */
+    assert_int_equal(tally_call_shm(client, &hist, region, 4097, 0, NULL, 0, &reply), TALLY_E_ARG);
+    assert_int_equal(tally_call_shm(client, &hist, region, 4000, 200, NULL, 0, &reply),
+                     TALLY_E_ARG);
+    assert_int_equal(tally_send_shm(client, &hist, region, 0, 8192, NULL, 0, NULL), TALLY_E_ARG);
+    assert_int_equal(tally_send_shm(client, &hist, NULL, 0, 16, NULL, 0, NULL), TALLY_E_ARG);
+    assert_int_equal(tally_send_shm(NULL, &hist, region, 0, 16, NULL, 0, NULL), TALLY_E_ARG);
+    /* No client and a range outside the region: no client's error buffer to report it in. */
+    assert_int_equal(tally_send_shm(NULL, &hist, region, 4097, 0, NULL, 0, NULL), TALLY_E_ARG);
+    tally_req_t scan = {.opcode = TALLY_OP_SCAN, .dtype = TALLY_DTYPE_I32};
+    assert_int_equal(tally_send_shm(client, &scan, region, 0, 16, region, 4097, NULL),
+                     TALLY_E_ARG); /* output past its region */
+    assert_int_equal(tally_call_shm(client, &hist, region, 0, 16, NULL, 0, NULL), TALLY_E_ARG);
+    /* Within: served. */
+    memset(tally_region_data(region), 3, 16);
+    assert_int_equal(tally_call_shm(client, &hist, region, 0, 16, NULL, 0, &reply), TALLY_OK);
+    assert_int_equal(tally_get_u64(reply.payload + 8 * 3), 16);
+    tally_reply_clear(&reply);
+    tally_region_destroy(&region);
+    assert_null(region);
+}
+
+static void test_push_calls(void **state)
+{
+    (void)state;
+    tally_req_t hist = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8};
+    tally_push_t *push = NULL;
+    assert_int_equal(tally_push_new(client, &hist, NULL, NULL, NULL, NULL), TALLY_E_ARG);
+    assert_int_equal(tally_push_new(NULL, &hist, NULL, NULL, NULL, &push), TALLY_E_ARG);
+    assert_null(push);
+    assert_int_equal(tally_push_new(client, NULL, NULL, NULL, NULL, &push), TALLY_E_ARG);
+    tally_req_t ping = {.opcode = TALLY_OP_PING};
+    assert_int_equal(tally_push_new(client, &ping, NULL, NULL, NULL, &push), TALLY_E_ARG);
+    assert_non_null(strstr(tally_client_error(client), "a push takes operations with a batch"));
+    tally_req_t no_dtype = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_NONE};
+    assert_int_equal(tally_push_new(client, &no_dtype, NULL, NULL, NULL, &push), TALLY_E_ARG);
+    tally_run_opts_t numbered = {.seq = TALLY_RUN_SEQ_APPEND}; /* but no stream */
+    assert_int_equal(tally_push_new(client, &hist, &numbered, NULL, NULL, &push), TALLY_E_ARG);
+    assert_non_null(strstr(tally_client_error(client), "sequence numbers need a stream"));
+    tally_req_t minmax = {.opcode = TALLY_OP_MINMAX, .dtype = TALLY_DTYPE_I32};
+    tally_run_opts_t shm = {.shm = TALLY_RUN_SHM_HOST};
+    assert_int_equal(tally_push_new(client, &minmax, &shm, NULL, NULL, &push), TALLY_E_ARG);
+    assert_int_equal(tally_push_chunk_bytes(NULL), 0);
+    assert_null(tally_push_result(NULL));
+    assert_int_equal(tally_push_write(NULL, "x", 1), TALLY_E_ARG);
+    assert_int_equal(tally_push_flush(NULL), TALLY_E_ARG);
+    assert_int_equal(tally_push_finish(NULL), TALLY_E_ARG);
+    tally_push_destroy(NULL);
+    tally_push_destroy(&push);
+    /* A finished push: writes and flushes refused, finishing again answers the same. */
+    assert_int_equal(tally_push_new(client, &hist, NULL, NULL, NULL, &push), TALLY_OK);
+    assert_int_equal(tally_push_write(push, NULL, 3), TALLY_E_ARG); /* a length without data */
+    assert_int_equal(tally_push_write(push, "abc", 3), TALLY_OK);
+    assert_int_equal(tally_push_finish(push), TALLY_OK);
+    assert_int_equal(tally_push_finish(push), TALLY_OK);
+    assert_int_equal(tally_push_flush(push), TALLY_E_ARG);
+    assert_int_equal(tally_push_write(push, "d", 1), TALLY_E_ARG);
+    tally_push_destroy(&push);
+    assert_null(push);
+    int64_t lo, hi;
+    assert_int_equal(tally_minmax(client, TALLY_DTYPE_I32, "\1\0\0\0", 4, NULL, &hi), TALLY_E_ARG);
+    assert_int_equal(tally_minmax(client, TALLY_DTYPE_I32, "\1\0\0\0", 4, &lo, NULL), TALLY_E_ARG);
+}
+
+static void test_hist_calls(void **state)
+{
+    (void)state;
+    tally_stream_info_t info;
+    memset(&info, 0, sizeof info);
+    tally_hist_t hist;
+    assert_int_equal(tally_hist_from_info(&info, 0, &hist), TALLY_E_ARG); /* no histogram yet */
+    info.hist_dtype = TALLY_DTYPE_U8;
+    info.bins[5] = 2;
+    info.hist_total = 2;
+    assert_int_equal(tally_hist_from_info(&info, 1, &hist), TALLY_E_ARG); /* no channel 1 */
+    assert_int_equal(tally_hist_from_info(NULL, 0, &hist), TALLY_E_ARG);
+    assert_int_equal(tally_hist_from_info(&info, 0, NULL), TALLY_E_ARG);
+    info.hist_dtype = TALLY_DTYPE_I32; /* a ranged type with an empty range: not from tallyd */
+    info.hist_lo = info.hist_hi = 10;
+    assert_int_equal(tally_hist_from_info(&info, 0, &hist), TALLY_E_ARG);
+    info.hist_dtype = TALLY_DTYPE_U8;
+    assert_int_equal(tally_hist_from_info(&info, 0, &hist), TALLY_OK);
+    tally_quantile_t q;
+    assert_int_equal(tally_hist_quantile(&hist, -0.1, &q), TALLY_E_ARG);
+    assert_int_equal(tally_hist_quantile(&hist, 1.5, &q), TALLY_E_ARG);
+    assert_int_equal(tally_hist_quantile(&hist, NAN, &q), TALLY_E_ARG);
+    assert_int_equal(tally_hist_quantile(NULL, 0.5, &q), TALLY_E_ARG);
+    assert_int_equal(tally_hist_quantile(&hist, 0.5, NULL), TALLY_E_ARG);
+    char name[TALLY_QUANTILE_NAME_MAX];
+    assert_int_equal(tally_quantile_name(2, name, sizeof name), TALLY_E_ARG);
+    assert_int_equal(tally_quantile_name(0.5, name, 4), TALLY_E_ARG); /* room too small */
+    assert_int_equal(tally_quantile_name(0.5, NULL, sizeof name), TALLY_E_ARG);
+    assert_int_equal(tally_quantile_name(0.125, name, sizeof name), TALLY_OK);
+    assert_string_equal(name, "p12.5");
+    tally_buf_t out = {0};
+    double too_many[TALLY_QUANTILES_MAX + 1];
+    for (int i = 0; i <= TALLY_QUANTILES_MAX; i++)
+        too_many[i] = i / 100.0;
+    assert_int_equal(tally_hist_json_quantiles(&hist, too_many, TALLY_QUANTILES_MAX + 1, &out),
+                     TALLY_E_ARG);
+    assert_int_equal(tally_hist_json_quantiles(&hist, NULL, 2, &out), TALLY_E_ARG);
+    double bad[] = {0.5, 1.01};
+    assert_int_equal(tally_hist_csv_quantiles(&hist, NULL, false, bad, 2, &out), TALLY_E_ARG);
+    assert_int_equal(tally_hist_json(NULL, &out), TALLY_E_ARG);
+    assert_int_equal(tally_hist_json(&hist, NULL), TALLY_E_ARG);
+    assert_int_equal(tally_hist_csv(NULL, NULL, true, &out), TALLY_E_ARG);
+    assert_int_equal(out.len, 0); /* nothing appended by a refusal */
+    tally_stream_view_t view = {.name = NULL, .info = &info};
+    assert_int_equal(tally_stream_json(&view, &out), TALLY_E_ARG);
+    assert_int_equal(tally_stream_json(NULL, &out), TALLY_E_ARG);
+    assert_int_equal(tally_json_string(NULL, &out), TALLY_E_ARG);
+    assert_int_equal(tally_json_string("x", NULL), TALLY_E_ARG);
+    /* A control character goes out as \\u00XX. */
+    assert_int_equal(tally_json_string("a\x01", &out), TALLY_OK);
+    assert_string_equal((const char *)out.data, "\"a\\u0001\"");
+    tally_buf_free(&out);
+    assert_int_equal(tally_buf_append(NULL, "x", 1), TALLY_E_ARG);
+    assert_int_equal(tally_buf_printf(NULL, "%d", 1), TALLY_E_ARG);
+    assert_int_equal(tally_buf_append(&out, "x", 1), TALLY_OK);
+    assert_int_equal(tally_buf_reserve(&out, SIZE_MAX), TALLY_E_ARG); /* len + extra overflows */
+    tally_buf_free(&out);
+    tally_buf_free(NULL);
+}
+
+static void test_sub_and_keys(void **state)
+{
+    (void)state;
+    tally_sub_t *sub = NULL;
+    assert_int_equal(tally_sub_new(NULL, &sub), TALLY_E_ARG);
+    assert_int_equal(tally_sub_new("", &sub), TALLY_E_ARG);
+    assert_int_equal(tally_sub_new("tcp://127.0.0.1:1", NULL), TALLY_E_ARG);
+    assert_int_equal(tally_sub_subscribe(NULL, ""), TALLY_E_ARG);
+    tally_pub_msg_t m;
+    assert_int_equal(tally_sub_recv(NULL, 0, &m), TALLY_E_ARG);
+    assert_int_equal(tally_sub_fd(NULL), -1);
+    tally_sub_destroy(NULL);
+    assert_int_equal(tally_sub_new("tcp://127.0.0.1:1", &sub), TALLY_OK);
+    char long_prefix[TALLY_STREAM_NAME_MAX + 2];
+    memset(long_prefix, 'p', sizeof long_prefix - 1);
+    long_prefix[sizeof long_prefix - 1] = '\0';
+    assert_int_equal(tally_sub_subscribe(sub, long_prefix), TALLY_E_ARG);
+    assert_int_equal(tally_sub_subscribe(sub, NULL), TALLY_E_ARG);
+    assert_int_equal(tally_sub_recv(sub, 0, NULL), TALLY_E_ARG);
+    assert_true(tally_sub_fd(sub) >= 0);
+    assert_int_equal(tally_sub_recv(sub, 0, &m), TALLY_E_TIMEOUT); /* nothing came */
+    tally_sub_destroy(&sub);
+    assert_null(sub);
+
+    char msg[256];
+    char pub[41];
+    assert_int_equal(tally_keygen(NULL, pub, msg, sizeof msg), TALLY_E_ARG);
+    assert_int_equal(tally_keygen("", pub, msg, sizeof msg), TALLY_E_ARG);
+    assert_int_equal(tally_curve_keys_load("x", "y", NULL, msg, sizeof msg), TALLY_E_ARG);
+    tally_client_t *c = NULL;
+    tally_curve_keys_t bad = {
+        .server_public = "short", .client_public = "short", .client_secret = "short"};
+    assert_int_equal(tally_client_new_curve(daemon_.endpoint, 1000, &bad, &c), TALLY_E_ARG);
+    assert_null(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_info_calls),   cmocka_unit_test(test_stream_calls),
+        cmocka_unit_test(test_region_calls), cmocka_unit_test(test_push_calls),
+        cmocka_unit_test(test_hist_calls),   cmocka_unit_test(test_sub_and_keys),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,261 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * test_curve_edges.c — CURVE (daemon/net/td_auth.c) where test_security.c does not go, against
+ * the real tallyd:
+ *   - a curve_clients_dir that does not exist, and a NAME.pub in it that holds no public key:
+ *     tallyd refuses to start, saying which and why;
+ *   - a server key file with only its secret key: tallyd derives the public half, says it, and a
+ *     client that knows that public key is served;
+ *   - a burst of refused clients (unknown keys): ten refusals a second are logged, the rest are
+ *     counted in tallyd_auth_total and summed up in one line when the next second's first
+ *     refusal comes;
+ *   - SIGHUP while the clients directory is gone: the reload is refused with the reason and the
+ *     keys allowed before stay allowed;
+ *   - a clients directory with other files in it, and more keys than the first allocation
+ *     holds: only NAME.pub counts, a long NAME is cut to 64 characters;
+ *   - an abstract ipc endpoint (ipc://@NAME) is bound and served.
+ */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+#define KEY 41
+#define BURST 30
+
+static char dir[64], server_key[128], clients[128];
+static char server_pub[KEY], server_sec[KEY], alice_pub[KEY], alice_sec[KEY];
+
+static int setup(void **state)
+{
+    (void)state;
+    if (th_tmpdir(dir, sizeof dir, "tally-curve-edges") != 0)
+        return -1;
+    assert_int_equal(zmq_curve_keypair(server_pub, server_sec), 0);
+    assert_int_equal(zmq_curve_keypair(alice_pub, alice_sec), 0);
+    snprintf(server_key, sizeof server_key, "%s/server.key", dir);
+    assert_int_equal(th_write_key_file(server_key, server_pub, server_sec, 0600), 0);
+    snprintf(clients, sizeof clients, "%s/clients", dir);
+    assert_int_equal(mkdir(clients, 0700), 0);
+    char path[192];
+    snprintf(path, sizeof path, "%s/alice.pub", clients);
+    assert_int_equal(th_write_key_file(path, alice_pub, NULL, 0644), 0);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    th_use_curve(NULL, NULL, NULL);
+    return th_rmrf(dir);
+}
+
+/* tallyd with CURVE and `key`/`clients_dir`, run to its exit: its status; its log in log. */
+static int refused_start(const char *key, const char *clients_dir, char *log, size_t cap)
+{
+    char bind[64];
+    snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", th_free_port());
+    snprintf(log, cap, "%s/refused.log", dir);
+    const char *args[] = {"--bind",
+                          bind,
+                          "--backend",
+                          "cpu",
+                          "--shm",
+                          "off",
+                          "--curve-secret-key",
+                          key,
+                          "--curve-clients-dir",
+                          clients_dir,
+                          NULL};
+    return th_daemon_run_to_exit(args, log, 20000);
+}
+
+static void test_clients_dir_unusable(void **state)
+{
+    (void)state;
+    char log[128], missing[128], want[320];
+    snprintf(missing, sizeof missing, "%s/none", dir);
+    int status = refused_start(server_key, missing, log, sizeof log);
+    assert_true(status > 0 && status < 128);
+    snprintf(want, sizeof want,
+             "curve_clients_dir (--curve-clients-dir): cannot read %s: No such file", missing);
+    assert_true(th_file_contains(log, want));
+
+    /* A NAME.pub that holds a secret key only. */
+    char odd[128], path[192];
+    snprintf(odd, sizeof odd, "%s/odd", dir);
+    assert_int_equal(mkdir(odd, 0700), 0);
+    snprintf(path, sizeof path, "%s/mallory.pub", odd);
+    assert_int_equal(th_write_key_file(path, NULL, alice_sec, 0600), 0);
+    status = refused_start(server_key, odd, log, sizeof log);
+    assert_true(status > 0 && status < 128);
+    snprintf(want, sizeof want, "%s holds no public-key", path);
+    assert_true(th_file_contains(log, want));
+}
+
+static void test_bare_secret_key_derives_public(void **state)
+{
+    (void)state;
+    char bare[128];
+    snprintf(bare, sizeof bare, "%s/bare.key", dir);
+    assert_int_equal(th_write_key_file(bare, NULL, server_sec, 0600), 0);
+    const char *args[] = {"--curve-secret-key", bare, "--curve-clients-dir", clients, NULL};
+    th_use_curve(server_pub, alice_pub, alice_sec);
+    th_daemon_t d;
+    assert_int_equal(th_daemon_start(&d, args), 0); /* answered alice's ping: the key is right */
+    char want[96];
+    snprintf(want, sizeof want, "curve: on, server public key %s", server_pub);
+    assert_true(th_daemon_log_contains(&d, want));
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    th_use_curve(NULL, NULL, NULL);
+}
+
+/* A DEALER with a fresh key pair that the server does not know, sending a ping (never answered). */
+static void *stranger(const char *endpoint)
+{
+    char pub[KEY], sec[KEY];
+    assert_int_equal(zmq_curve_keypair(pub, sec), 0);
+    th_use_curve(server_pub, pub, sec);
+    void *sock = th_connect(endpoint, 100);
+    tally_req_t ping = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 1);
+    th_send_request(sock, &ping, NULL, 0);
+    th_use_curve(server_pub, alice_pub, alice_sec);
+    return sock;
+}
+
+static long long wait_stat(void *sock, const char *name, long long want)
+{
+    long long v = -1;
+    for (int i = 0; i < 400 && (v = th_stat(sock, name)) < want; i++)
+        th_sleep_ms(50);
+    return v;
+}
+
+static void test_refusals_rate_limited(void **state)
+{
+    (void)state;
+    const char *args[] = {"--curve-secret-key", server_key, "--curve-clients-dir", clients, NULL};
+    th_use_curve(server_pub, alice_pub, alice_sec);
+    th_daemon_t d;
+    assert_int_equal(th_daemon_start(&d, args), 0);
+    void *alice = th_connect(d.endpoint, 10000);
+    const char *unknown = "tallyd_auth_total{result=\"unknown_key\"}";
+    /* Bursts until one second's refusals pass the ten it logs (a loaded box may spread a burst
+     * over a second boundary). */
+    void *socks[4 * BURST];
+    int opened = 0;
+    while (!th_daemon_log_contains(&d, "more refusals not logged") && opened < 4 * BURST) {
+        for (int i = 0; i < BURST; i++)
+            socks[opened++] = stranger(d.endpoint);
+        assert_int_equal(wait_stat(alice, unknown, opened), opened);
+        th_sleep_ms(1100); /* the next second's first refusal says how many were left out */
+        socks[opened++] = stranger(d.endpoint);
+        assert_int_equal(wait_stat(alice, unknown, opened), opened);
+    }
+    assert_true(th_daemon_log_contains(&d, "more refusals not logged (tallyd_auth_total counts"));
+    for (int i = 0; i < opened; i++)
+        th_close(socks[i]);
+    th_close(alice);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    th_use_curve(NULL, NULL, NULL);
+}
+
+static void test_reload_without_clients_dir_keeps_keys(void **state)
+{
+    (void)state;
+    char moved[128];
+    snprintf(moved, sizeof moved, "%s/clients-moved", dir);
+    const char *args[] = {"--curve-secret-key", server_key, "--curve-clients-dir", clients, NULL};
+    th_use_curve(server_pub, alice_pub, alice_sec);
+    th_daemon_t d;
+    assert_int_equal(th_daemon_start(&d, args), 0);
+    assert_int_equal(rename(clients, moved), 0);
+    kill(d.pid, SIGHUP);
+    char want[256];
+    snprintf(want, sizeof want,
+             "reload: curve_clients_dir %s: No such file or directory; keeping the 1 client keys "
+             "allowed",
+             clients);
+    for (int i = 0; i < 400 && !th_daemon_log_contains(&d, want); i++)
+        th_sleep_ms(50);
+    assert_true(th_daemon_log_contains(&d, want));
+    assert_true(th_ping(d.endpoint, 5000)); /* alice, still allowed */
+    assert_int_equal(rename(moved, clients), 0);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    th_use_curve(NULL, NULL, NULL);
+}
+
+/* A clients directory as people leave it: a README, a hidden .pub, a backup, 20 keys (more than
+ * the first allocation of the set holds), and a key file whose name is longer than a user id:
+ * only NAME.pub files count, and the long name is cut to 64 characters (as the user it is
+ * counted under). */
+static void test_clients_dir_as_found(void **state)
+{
+    (void)state;
+    char many[128], path[256], pub[KEY], sec[KEY];
+    snprintf(many, sizeof many, "%s/many", dir);
+    assert_int_equal(mkdir(many, 0700), 0);
+    for (int i = 0; i < 20; i++) {
+        assert_int_equal(zmq_curve_keypair(pub, sec), 0);
+        snprintf(path, sizeof path, "%s/cam%d.pub", many, i);
+        assert_int_equal(th_write_key_file(path, pub, NULL, 0644), 0);
+    }
+    const char *skipped[] = {"README", ".hidden.pub", "alice.pub.bak", ".pub"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof path, "%s/%s", many, skipped[i]);
+        assert_int_equal(th_write_key_file(path, "not a key", NULL, 0644), 0);
+    }
+    char name[80];
+    memset(name, 'n', 70);
+    name[70] = '\0';
+    snprintf(path, sizeof path, "%s/%s.pub", many, name);
+    assert_int_equal(th_write_key_file(path, alice_pub, NULL, 0644), 0);
+    const char *args[] = {"--curve-secret-key", server_key, "--curve-clients-dir", many, NULL};
+    th_use_curve(server_pub, alice_pub, alice_sec);
+    th_daemon_t d;
+    assert_int_equal(th_daemon_start(&d, args), 0); /* alice's key, under the long name */
+    assert_true(th_daemon_log_contains(&d, "curve: on, server public key"));
+    assert_true(th_daemon_log_contains(&d, "21 client keys allowed"));
+    char want[96];
+    snprintf(want, sizeof want, "curve: client '%.64s' connected", name);
+    assert_true(th_daemon_log_contains(&d, want));
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    th_use_curve(NULL, NULL, NULL);
+}
+
+/* An abstract ipc endpoint (ipc://@NAME, no file): bound and served, no file mode to set. */
+static void test_abstract_ipc(void **state)
+{
+    (void)state;
+    char endpoint[64];
+    snprintf(endpoint, sizeof endpoint, "ipc://@tally-37-%d", (int)getpid());
+    const char *args[] = {"--bind", endpoint, NULL};
+    th_daemon_t d;
+    assert_int_equal(th_daemon_start(&d, args), 0);
+    assert_true(th_ping(endpoint, 5000));
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_clients_dir_unusable),
+        cmocka_unit_test(test_bare_secret_key_derives_public),
+        cmocka_unit_test(test_refusals_rate_limited),
+        cmocka_unit_test(test_reload_without_clients_dir_keeps_keys),
+        cmocka_unit_test(test_clients_dir_as_found),
+        cmocka_unit_test(test_abstract_ipc),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,116 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * test_start_failures.c — an endpoint tallyd cannot have at start (issue 37: the start-failure
+ * cleanup of each), against the real tallyd: the metrics port, the PUB endpoint and the request
+ * endpoint held by another socket, and an ipc:// endpoint in a directory that does not exist.
+ * Each time tallyd exits 1 (start-up failed, tallyd(8)) saying which endpoint and why, after
+ * taking down what it had made before (the ASan build's leak check runs at that exit), and never
+ * says it is ready.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+static char dir[64];
+
+static int make_dir(void **state)
+{
+    (void)state;
+    return th_tmpdir(dir, sizeof dir, "tally-start-failures");
+}
+
+static int remove_dir(void **state)
+{
+    (void)state;
+    return th_rmrf(dir);
+}
+
+/* A listening TCP socket on a loopback port of its own: the descriptor; its port in *port. */
+static int hold_port(int *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(fd, 1), 0);
+    socklen_t len = sizeof a;
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+/* tallyd with `option value` (plus a free request endpoint unless option is --bind) must exit 1
+ * saying `want`. */
+static void refused(const char *option, const char *value, const char *want)
+{
+    char bind[64], log[128];
+    snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", th_free_port());
+    snprintf(log, sizeof log, "%s/refused.log", dir);
+    bool is_bind = strcmp(option, "--bind") == 0;
+    const char *args[] = {
+        "--backend", "cpu", "--shm", "off", option, value, is_bind ? NULL : "--bind", bind, NULL};
+    int status = th_daemon_run_to_exit(args, log, 20000);
+    assert_true(th_file_contains(log, want));
+    assert_int_equal(status, 1);
+    th_daemon_t d = {0};
+    snprintf(d.log_path, sizeof d.log_path, "%s", log);
+    assert_false(th_daemon_log_contains(&d, "ready:"));
+}
+
+static void test_metrics_port_taken(void **state)
+{
+    (void)state;
+    int port, holder = hold_port(&port);
+    char at[32], want[96];
+    snprintf(at, sizeof at, "127.0.0.1:%d", port);
+    snprintf(want, sizeof want, "metrics: cannot listen on %s", at);
+    refused("--metrics", at, want);
+    close(holder);
+}
+
+static void test_pub_endpoint_taken(void **state)
+{
+    (void)state;
+    int port, holder = hold_port(&port);
+    char at[128], want[160];
+    snprintf(at, sizeof at, "tcp://127.0.0.1:%d", port);
+    snprintf(want, sizeof want, "cannot bind the PUB socket to %s", at);
+    refused("--pub", at, want);
+    close(holder);
+}
+
+static void test_request_endpoint_taken(void **state)
+{
+    (void)state;
+    int port, holder = hold_port(&port);
+    char at[128], want[160];
+    snprintf(at, sizeof at, "tcp://127.0.0.1:%d", port);
+    snprintf(want, sizeof want, "cannot bind %s", at);
+    refused("--bind", at, want);
+    close(holder);
+    /* An ipc:// endpoint whose directory does not exist. */
+    snprintf(at, sizeof at, "ipc://%s/none/tallyd.sock", dir);
+    snprintf(want, sizeof want, "cannot bind %s", at);
+    refused("--bind", at, want);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_metrics_port_taken),
+        cmocka_unit_test(test_pub_endpoint_taken),
+        cmocka_unit_test(test_request_endpoint_taken),
+    };
+    return cmocka_run_group_tests(tests, make_dir, remove_dir);
+}
