@@ -13,6 +13,9 @@
  *   - two workers share the partitions; kill -9 of one: the other takes its partitions within the
  *     lease TTL and a few seconds, and every stream equals a model that applied each message
  *     once, duplicates published on purpose included;
+ *   - a partition lost while the request path is full (max_inflight): the worker deletes its
+ *     local copy before it takes the partition again, so nothing after the checkpoint is
+ *     applied twice;
  *   - protected mode: a NATS server off the loopback without credentials is refused at start.
  */
 #include <setjmp.h>
@@ -72,12 +75,22 @@ static void start_worker(th_daemon_t *d, const char *member)
     start_worker_with(d, member, NULL);
 }
 
+static void start_worker_on(th_daemon_t *d, const char *urls, const char *member,
+                            const char *const *extra);
+
 static void start_worker_with(th_daemon_t *d, const char *member, const char *const *extra)
+{
+    start_worker_on(d, cluster.urls, member, extra);
+}
+
+/* A worker of the fleet on the NATS servers urls (the suite's cluster, or a test's own). */
+static void start_worker_on(th_daemon_t *d, const char *urls, const char *member,
+                            const char *const *extra)
 {
     const char *args[] = {"--metrics",
                           "127.0.0.1:0",
                           "--nats-servers",
-                          cluster.urls,
+                          urls,
                           "--nats-replicas",
                           "1",
                           "--nats-partitions",
@@ -118,12 +131,17 @@ static int64_t wait_owned(const char *member, int count, int timeout_ms)
     return took;
 }
 
-static tally_nats_t *producer(const char *id)
+static tally_nats_t *producer_on(const char *urls, const char *id)
 {
-    tally_nats_opts_t o = {.servers = cluster.urls, .producer_id = id, .timeout_ms = 15000};
+    tally_nats_opts_t o = {.servers = urls, .producer_id = id, .timeout_ms = 15000};
     tally_nats_t *p = NULL;
     assert_int_equal(tally_nats_new(&o, &p, msg, sizeof msg), TALLY_OK);
     return p;
+}
+
+static tally_nats_t *producer(const char *id)
+{
+    return producer_on(cluster.urls, id);
 }
 
 static void stream_name(char *buf, size_t cap, int i)
@@ -558,6 +576,130 @@ static void test_backpressure_at_max_inflight(void **state)
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
 }
 
+/* Waits until the worker's metric NAME reaches at least want; its last value. */
+static long long wait_metric(th_daemon_t *d, const char *name, long long want, int timeout_ms)
+{
+    int64_t t0 = th_now_ms();
+    long long v = th_metric(d, name);
+    while (v < want && th_now_ms() - t0 < timeout_ms) {
+        th_sleep_ms(50);
+        v = th_metric(d, name);
+    }
+    return v;
+}
+
+#define LOST_STREAMS 8
+#define LOST_BYTES 1000
+
+/* Sends one LOST_BYTES hist to each of the streams lost0.. (every byte of lost<i> is i). */
+static void push_lost_streams(tally_nats_t *p)
+{
+    uint8_t batch[LOST_BYTES];
+    for (int i = 0; i < LOST_STREAMS; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "lost%d", i);
+        memset(batch, i, sizeof batch);
+        tally_req_t req = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8};
+        assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+        assert_int_equal(tally_nats_send(p, &req, batch, sizeof batch, true, NULL, NULL), TALLY_OK);
+    }
+    assert_int_equal(tally_nats_flush(p), TALLY_OK);
+    for (int i = 0; i < LOST_STREAMS; i++) {
+        tally_reply_t reply;
+        tally_reply_init(&reply);
+        assert_int_equal(tally_nats_recv(p, 20000, &reply), TALLY_OK);
+        assert_int_equal(reply.rep.status, TALLY_OK);
+        tally_reply_clear(&reply);
+    }
+}
+
+/* Every stream lost<i> holds its one batch once (bin i = LOST_BYTES), once its owner answers. */
+static void check_lost_streams_once(tally_nats_t *p, int timeout_ms)
+{
+    int64_t t0 = th_now_ms();
+    for (int i = 0; i < LOST_STREAMS; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "lost%d", i);
+        tally_stream_info_t info;
+        tally_status_t st;
+        while ((st = tally_nats_query(p, name, &info)) != TALLY_OK && th_now_ms() - t0 < timeout_ms)
+            th_sleep_ms(100); /* no owner right now: ask again */
+        assert_int_equal(st, TALLY_OK);
+        if (info.hist_total != LOST_BYTES)
+            fail_msg("%s holds %llu values, %d were sent once", name,
+                     (unsigned long long)info.hist_total, LOST_BYTES);
+        assert_int_equal(info.bins[i], LOST_BYTES);
+    }
+}
+
+/* A partition lost while the request path is full (PROTOCOL.md §13 "Exactly once across
+ * crashes"): max_inflight 1, taken by a ZeroMQ client's 1 MiB hist (of no stream) on a simulated
+ * GPU whose launches take 4 s, when the test deletes every lease. The worker loses its partitions
+ * and, the only member, takes them again from their checkpoints; before it does, its local copy
+ * must be gone, though its delete requests meet `busy`: a copy left behind gets the messages after
+ * the checkpoint applied a second time. A cluster of its own, so that the checkpoints hold no
+ * streams yet (nothing checkpointed for an hour): with records, a restore over a copy left behind
+ * is refused, and the next take deletes it once the path is free. */
+static void test_lost_partition_copy_deleted_while_path_full(void **state)
+{
+    (void)state;
+    tn_cluster_t own;
+    natsConnection *own_nc = NULL;
+    jsCtx *own_js = NULL;
+    assert_int_equal(tn_cluster_start(&own, 1, NULL, 30000), 0);
+    assert_int_equal(tn_connect(&own, &own_nc, &own_js), 0);
+    const char *extra[] = {"--max-inflight",
+                           "1",
+                           "--backend",
+                           "auto", /* the fleet's 1000-byte hists on the CPU, the hold on the GPU */
+                           "--test-sim-gpus",
+                           "1",
+                           "--nats-checkpoint-interval-ms",
+                           "3600000",
+                           NULL};
+    setenv("TALLYD_TEST_SIM_LATENCY_US", "4000000", 1);
+    th_daemon_t w;
+    start_worker_on(&w, own.urls, "wl", extra);
+    unsetenv("TALLYD_TEST_SIM_LATENCY_US");
+    assert_int_equal(wait_metric(&w, "tallyd_nats_partitions_owned", PARTITIONS, 20000),
+                     PARTITIONS);
+    tally_nats_t *p = producer_on(own.urls, "lost");
+    push_lost_streams(p);
+
+    void *hold = th_connect(w.endpoint, 30000);
+    size_t big = 1 << 20;
+    uint8_t *bytes = calloc(1, big);
+    assert_non_null(bytes);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 1); /* no stream: not the fleet's */
+    assert_int_equal(th_send_request(hold, &req, bytes, big), 0);
+    free(bytes);
+    assert_int_equal(wait_metric(&w, "tallyd_requests_in_flight", 1, 20000), 1);
+    kvStore *leases = NULL;
+    assert_int_equal(js_KeyValue(&leases, own_js, TALLY_NATS_BUCKET_LEASES), NATS_OK);
+    for (uint32_t k = 0; k < PARTITIONS; k++) {
+        char key[16];
+        snprintf(key, sizeof key, "p%u", (unsigned)k);
+        assert_int_equal(kvStore_Delete(leases, key), NATS_OK);
+    }
+    kvStore_Destroy(leases);
+    th_reply_t reply;
+    assert_int_equal(th_recv_reply(hold, &reply), 0);
+    assert_int_equal(reply.rep.status, TALLY_OK);
+    th_reply_free(&reply);
+    th_close(hold);
+
+    assert_true(wait_metric(&w, "tallyd_nats_partitions_taken_total", 2 * PARTITIONS, 30000) >=
+                2 * PARTITIONS);
+    assert_int_equal(wait_metric(&w, "tallyd_nats_partitions_owned", PARTITIONS, 30000),
+                     PARTITIONS);
+    check_lost_streams_once(p, 30000);
+    tally_nats_destroy(&p);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+    jsCtx_Destroy(own_js);
+    natsConnection_Destroy(own_nc);
+    tn_cluster_stop(&own);
+}
+
 /* A worker with CURVE on for its ZeroMQ clients (PROTOCOL.md §13 "Security"): its partitions'
  * requests reach the request path as a transport of their own, not through a socket, so it
  * applies and answers as without CURVE. With [nats] local_writes on, a CURVE client may change a
@@ -728,6 +870,7 @@ int main(void)
         cmocka_unit_test(test_failover_kill9_exactly_once),
         cmocka_unit_test(test_watch_publications),
         cmocka_unit_test(test_backpressure_at_max_inflight),
+        cmocka_unit_test(test_lost_partition_copy_deleted_while_path_full),
         cmocka_unit_test(test_curve_worker),
         cmocka_unit_test(test_cli_over_nats),
         cmocka_unit_test(test_protected_mode),
