@@ -556,18 +556,25 @@ static void test_watch_publications(void **state)
 }
 
 /* Backpressure (PROTOCOL.md §13 "Validation"): at max_inflight the worker's requests wait and are
- * sent again (tallyd_nats_resent_total), never lost or applied twice. With max_inflight 1 and
- * four partitions of 64 KiB hists (run on CPU workers, not inline), the path is often full. */
+ * sent again (tallyd_nats_resent_total), never lost or applied twice. With max_inflight 1, four
+ * partitions of 64 KiB hists, and a simulated GPU whose every launch takes 50 ms, the path is
+ * full while any one request runs, and the fleet thread sends the other partitions' next
+ * messages meanwhile (it steps every partition each 5 ms at most). Run on the CPU workers the
+ * requests took microseconds: a loaded box could apply all 72 without two ever meeting (resent
+ * 0, one run in 20 here). */
 static void test_backpressure_at_max_inflight(void **state)
 {
     (void)state;
     th_daemon_t w;
-    const char *extra[] = {"--max-inflight", "1", NULL};
+    const char *extra[] = {"--max-inflight",  "1", "--backend", "cuda",
+                           "--test-sim-gpus", "1", NULL};
+    setenv("TALLYD_TEST_SIM_LATENCY_US", "50000", 1);
     start_worker_with(&w, "wb", extra);
+    unsetenv("TALLYD_TEST_SIM_LATENCY_US");
     wait_owned("wb", PARTITIONS, 20000);
     tally_nats_t *p = producer("backpressure");
-    /* Whether two partitions' requests meet at the path is timing: about one in five runs of
-     * three rounds met none on a loaded 2-core box. Rounds go on until one has (at most 30). */
+    /* With the 50 ms launches the first rounds meet at the path; more go on until they have
+     * (at most 30 rounds), whatever the box's load. */
     for (int i = 0; i < 10 && th_metric(&w, "tallyd_nats_resent_total") <= 0; i++)
         push_hists_of(p, 3, true, th_rand(), 64 << 10);
     check_model_eventually(p, 30000);
