@@ -854,13 +854,6 @@ static void wait_regions(tally_client_t *c, uint64_t regions)
     }
 }
 
-/* Whether the side connection has an answer waiting, unread. */
-static bool side_answer_waiting(int side)
-{
-    uint8_t byte;
-    return recv(side, &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
-}
-
 /* Pinning a region (cudaHostRegister) takes milliseconds per hundred MiB; it runs on a worker.
  * Each simulated registration here takes 3 s: meanwhile the loop answers another client (its
  * stats show the region mapped, a ping comes back) before the region's producer has its answer;
@@ -884,9 +877,9 @@ static void test_register_off_loop(void **state)
     tally__side_send(side, &m, fd);
     close(fd);
     wait_regions(c, 1); /* mapped on the loop, handed to a worker */
-    assert_false(side_answer_waiting(side));
+    assert_false(th_side_answer_waiting(side));
     assert_int_equal(tally_ping(c, NULL), TALLY_OK);
-    assert_false(side_answer_waiting(side));
+    assert_false(th_side_answer_waiting(side));
     uint8_t buf[TALLY_SHM_ANSWER_SIZE + TALLY_ERROR_MESSAGE_MAX];
     ssize_t n = recv(side, buf, sizeof buf, 0);
     assert_true(n >= TALLY_SHM_ANSWER_SIZE);
