@@ -756,8 +756,12 @@ static void test_curve_worker(void **state)
 
 /* The CLI's --nats (PROTOCOL.md §13 "A client over NATS"): every command against the fleet, the
  * data commands' output equal to the same command's over ZeroMQ, a push cut to fit one message
- * per chunk; libtally's NATS client refuses a payload over one message and shared memory. */
-#define nats_cli(dir, fmt, ...) th_cli((dir), "tcp://127.0.0.1:1", "--nats %s " fmt, __VA_ARGS__)
+ * per chunk; libtally's NATS client refuses a payload over one message and shared memory. Each
+ * command may wait a minute for a reply (CLI_WAIT): tally's default 5 s is short for the 20 MiB
+ * push under ASan on a loaded box. */
+#define CLI_WAIT "-t 60000"
+#define nats_cli(dir, fmt, ...)                                                                    \
+    th_cli((dir), "tcp://127.0.0.1:1", CLI_WAIT " --nats %s " fmt, __VA_ARGS__)
 
 static void test_cli_over_nats(void **state)
 {
@@ -776,7 +780,7 @@ static void test_cli_over_nats(void **state)
     free(data);
     const char *u = cluster.urls;
 
-    th_cli_t z = th_cli(dir, w.endpoint, "hist --in in.bin");
+    th_cli_t z = th_cli(dir, w.endpoint, CLI_WAIT " hist --in in.bin");
     th_cli_t r = nats_cli(dir, "hist --stream clip/a --chunk 16M --in in.bin", u);
     assert_int_equal(z.status, 0);
     assert_int_equal(r.status, 0);
@@ -785,8 +789,10 @@ static void test_cli_over_nats(void **state)
     th_cli_free(&r);
     assert_int_equal(th_write_file(dir, "t.txt", "1 2 3 -4 5", 10), 0);
     char reset[512], del[512];
-    snprintf(reset, sizeof reset, "reset clip/a && %s --nats %s query clip/a", th_tally_bin(), u);
-    snprintf(del, sizeof del, "delete clip/a && %s --nats %s query clip/a", th_tally_bin(), u);
+    snprintf(reset, sizeof reset, "reset clip/a && %s " CLI_WAIT " --nats %s query clip/a",
+             th_tally_bin(), u);
+    snprintf(del, sizeof del, "delete clip/a && %s " CLI_WAIT " --nats %s query clip/a",
+             th_tally_bin(), u);
     /* In order: each command, its exit status, and what its stdout (or stderr) holds. */
     const struct {
         const char *args;
