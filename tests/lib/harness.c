@@ -156,6 +156,28 @@ int th_daemon_start_with(th_daemon_t *d, const char *const *args, const char *co
     return th_daemon_start(d, argv);
 }
 
+int th_daemon_run_to_exit(const char *const *args, const char *log, int timeout_ms)
+{
+    const char *argv[40];
+    int argc = 0;
+    argv[argc++] = th_tallyd_bin();
+    for (int i = 0; args && args[i] && argc < 39; i++)
+        argv[argc++] = args[i];
+    argv[argc] = NULL;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (!freopen(log, "w", stderr) || !freopen("/dev/null", "w", stdout))
+            _exit(126);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    th_daemon_t d = {.pid = pid};
+    return th_daemon_wait(&d, timeout_ms);
+}
+
 int th_daemon_stop(th_daemon_t *d, int sig, int timeout_ms)
 {
     if (d->pid <= 0)

@@ -50,6 +50,9 @@ int th_daemon_start_with(th_daemon_t *d, const char *const *args, const char *co
 int th_daemon_stop(th_daemon_t *d, int sig, int timeout_ms);
 /* The same without a signal: waits for the daemon to exit on its own. */
 int th_daemon_wait(th_daemon_t *d, int timeout_ms);
+/* Runs tallyd with args (nothing added) to its exit, its stderr in log: for a tallyd that is
+ * to refuse to start. Its exit status, or -1 when it did not exit within timeout_ms (killed). */
+int th_daemon_run_to_exit(const char *const *args, const char *log, int timeout_ms);
 /* True when the daemon's log contains text. */
 bool th_daemon_log_contains(const th_daemon_t *d, const char *text);
 
