@@ -40,10 +40,20 @@
 static kvStore *leases, *ckpts;
 static char msg[512];
 
+/* Two users: `all`, the test's, and `nolist`, who may not make consumers, so it cannot list a
+ * bucket's keys (test_ckpt_purge_failure_is_not_a_failed_write). */
+static const char users[] =
+    "authorization { users = [\n"
+    "  { user: all, password: all }\n"
+    "  { user: nolist, password: nolist,\n"
+    "    permissions: { publish: { allow: \">\", deny: \"$JS.API.CONSUMER.>\" } } }\n"
+    "] }";
+
 static int setup(void **state)
 {
     (void)state;
-    if (tn_suite_setup(3) != 0)
+    tn_options_t o = {.extra_conf = users, .user = "all", .password = "all"};
+    if (tn_cluster_start(&cluster, 3, &o, 30000) != 0 || tn_connect(&cluster, &nc, &js) != 0)
         return -1;
     td_nats_layout_t l = {.partitions = PARTITIONS,
                           .replicas = 3,
@@ -239,6 +249,23 @@ static size_t count_keys_settled(const char *prefix, size_t want)
     return n;
 }
 
+/* member takes partition k's checkpoint under epoch, then writes len bytes of state as of seq,
+ * which must take `chunks` chunk keys. */
+static void write_chunked(td_ckpt_t *c, uint32_t k, const char *member, uint64_t epoch,
+                          uint64_t seq, const uint8_t *state, size_t len, uint32_t chunks)
+{
+    uint8_t *st = NULL;
+    size_t got = 0;
+    bool fenced = true;
+    assert_int_equal(
+        td_ckpt_take(c, js, ckpts, k, member, epoch, &st, &got, &fenced, msg, sizeof msg), TD_OK);
+    assert_false(fenced);
+    free(st);
+    assert_int_equal(td_ckpt_write(c, seq, state, len, &fenced, msg, sizeof msg), TD_OK);
+    assert_false(fenced);
+    assert_int_equal(c->cur.chunks, chunks);
+}
+
 static void test_ckpt_large_chunked(void **state)
 {
     (void)state;
@@ -251,11 +278,7 @@ static void test_ckpt_large_chunked(void **state)
     uint8_t *st = NULL;
     size_t len = 0;
     bool fenced = true;
-    assert_int_equal(td_ckpt_take(&b, js, ckpts, 2, "B", 300, &st, &len, &fenced, msg, sizeof msg),
-                     TD_OK);
-    assert_int_equal(td_ckpt_write(&b, 40, big, big_len, &fenced, msg, sizeof msg), TD_OK);
-    assert_false(fenced);
-    assert_int_equal(b.cur.chunks, 6); /* 5 MiB + 123 in chunks of 1 MiB - 4 KiB */
+    write_chunked(&b, 2, "B", 300, 40, big, big_len, 6); /* 5 MiB + 123 in 1 MiB - 4 KiB */
     read_back(2, 40, "B", big, big_len);
     assert_int_equal(count_keys_settled("p2.300.", 6), 6);
 
@@ -286,6 +309,69 @@ static void test_ckpt_large_chunked(void **state)
     assert_int_equal(td_ckpt_read(js, 2, &m, &st, &len, msg, sizeof msg), TD_ERR_CORRUPT);
     assert_non_null(strstr(msg, "CRC"));
     assert_null(st);
+    free(big);
+}
+
+/* kv of bucket TALLY_CKPT on a connection of its own as `nolist` (natsConnection_Destroy
+ * *c after kvStore_Destroy). */
+static kvStore *ckpts_as_nolist(natsConnection **c, jsCtx **j)
+{
+    char url[96];
+    const char *hostport = strstr(cluster.node[0].url, "//") + 2;
+    snprintf(url, sizeof url, "nats://nolist:nolist@%s", hostport);
+    kvStore *kv = NULL;
+    assert_int_equal(natsConnection_ConnectTo(c, url), NATS_OK);
+    assert_int_equal(natsConnection_JetStream(j, *c, NULL), NATS_OK);
+    assert_int_equal(js_KeyValue(&kv, *j, TALLY_NATS_BUCKET_CKPT), NATS_OK);
+    return kv;
+}
+
+/* An owner's first write removes its predecessor's chunks, which needs the bucket's keys listed
+ * (a consumer made on the stream, the slowest call of a write: it timed out on the loaded box).
+ * When that fails the checkpoint is written all the same (TD_OK, not fenced, read back; msg says
+ * why), the chunks stay, and the next owner's first write removes them. Here the second owner's
+ * connection may not make consumers at all. */
+static void test_ckpt_purge_failure_is_not_a_failed_write(void **state)
+{
+    (void)state;
+    size_t big_len = (2u << 20) + 5;
+    uint8_t *big = calloc(1, big_len);
+    assert_non_null(big);
+    td_ckpt_t a, b, c;
+    write_chunked(&a, 3, "A", 500, 10, big, big_len, 3);
+    assert_int_equal(count_keys_settled("p3.500.", 3), 3);
+    uint8_t *st = NULL;
+    size_t len = 0;
+    bool fenced = true;
+
+    natsConnection *conn = NULL;
+    jsCtx *j = NULL;
+    kvStore *kv = ckpts_as_nolist(&conn, &j);
+    assert_int_equal(td_ckpt_take(&b, j, kv, 3, "B", 600, &st, &len, &fenced, msg, sizeof msg),
+                     TD_OK);
+    assert_false(fenced);
+    assert_int_equal(len, big_len);
+    free(st);
+    assert_int_equal(td_ckpt_write(&b, 11, (const uint8_t *)"small", 5, &fenced, msg, sizeof msg),
+                     TD_OK);
+    assert_false(fenced);
+    print_message("the removal failed: %s\n", msg);
+    assert_non_null(strstr(msg, "listing the keys of " TALLY_NATS_BUCKET_CKPT));
+    read_back(3, 11, "B", "small", 5);
+    assert_int_equal(count_keys("p3.500."), 3);
+    assert_int_equal(td_ckpt_write(&b, 12, (const uint8_t *)"again", 5, &fenced, msg, sizeof msg),
+                     TD_OK);
+    assert_string_equal(msg, ""); /* not tried again */
+    read_back(3, 12, "B", "again", 5);
+    kvStore_Destroy(kv);
+    jsCtx_Destroy(j);
+    natsConnection_Destroy(conn);
+
+    /* The next owner's first write removes them. */
+    write_chunked(&c, 3, "C", 700, 13, big, big_len, 3);
+    assert_string_equal(msg, "");
+    assert_int_equal(count_keys_settled("p3.500.", 0), 0);
+    read_back(3, 13, "C", big, big_len);
     free(big);
 }
 
@@ -406,6 +492,7 @@ int main(void)
         cmocka_unit_test(test_lease_exclusive_and_expiry),
         cmocka_unit_test(test_ckpt_fencing),
         cmocka_unit_test(test_ckpt_large_chunked),
+        cmocka_unit_test(test_ckpt_purge_failure_is_not_a_failed_write),
         cmocka_unit_test(test_manifest_decode_rejects),
         cmocka_unit_test(test_consumer_resume),
     };

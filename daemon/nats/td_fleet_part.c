@@ -369,6 +369,8 @@ bool td_part_checkpoint(td_fleet_t *f, td_part_t *p)
         TD_FLEET_COUNT(f, checkpoint_failures);
         return false;
     }
+    if (msg[0]) /* committed, the predecessor's chunks left behind */
+        td_warn("fleet: checkpoint of partition %u: %s", (unsigned)p->k, msg);
     p->ckpt_seq = p->applied_seq;
     TD_FLEET_COUNT(f, checkpoints);
     ack_all(f, p);
