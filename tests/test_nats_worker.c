@@ -647,14 +647,27 @@ static void check_lost_streams_once(tally_nats_t *p, int timeout_ms)
  * the checkpoint applied a second time. A cluster of its own, so that the checkpoints hold no
  * streams yet (nothing checkpointed for an hour): with records, a restore over a copy left behind
  * is refused, and the next take deletes it once the path is free. */
+/* A one-node cluster of a test's own, and the test's connection to it (own_cluster_stop). */
+static void own_cluster_start(tn_cluster_t *own, natsConnection **own_nc, jsCtx **own_js)
+{
+    assert_int_equal(tn_cluster_start(own, 1, NULL, 30000), 0);
+    assert_int_equal(tn_connect(own, own_nc, own_js), 0);
+}
+
+static void own_cluster_stop(tn_cluster_t *own, natsConnection *own_nc, jsCtx *own_js)
+{
+    jsCtx_Destroy(own_js);
+    natsConnection_Destroy(own_nc);
+    tn_cluster_stop(own);
+}
+
 static void test_lost_partition_copy_deleted_while_path_full(void **state)
 {
     (void)state;
     tn_cluster_t own;
     natsConnection *own_nc = NULL;
     jsCtx *own_js = NULL;
-    assert_int_equal(tn_cluster_start(&own, 1, NULL, 30000), 0);
-    assert_int_equal(tn_connect(&own, &own_nc, &own_js), 0);
+    own_cluster_start(&own, &own_nc, &own_js);
     const char *extra[] = {"--max-inflight",
                            "1",
                            "--backend",
@@ -702,9 +715,33 @@ static void test_lost_partition_copy_deleted_while_path_full(void **state)
     check_lost_streams_once(p, 30000);
     tally_nats_destroy(&p);
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
-    jsCtx_Destroy(own_js);
-    natsConnection_Destroy(own_nc);
-    tn_cluster_stop(&own);
+    own_cluster_stop(&own, own_nc, own_js);
+}
+
+/* A cluster so slow that taking every partition lasts longer than a lease (each take 2.5 s here,
+ * TALLYD_TEST_TAKE_MS; 4 of them, a 6 s lease): the worker takes them over several heartbeats,
+ * renewing the ones it holds between, so each is taken once and none runs out. Before, one
+ * heartbeat took them all, the first ones' leases ran out meanwhile, and the worker dropped and
+ * took them again for ever (test_nats_faults under load: 8 partitions never settled). */
+static void test_slow_takes_keep_their_leases(void **state)
+{
+    (void)state;
+    tn_cluster_t own;
+    natsConnection *own_nc = NULL;
+    jsCtx *own_js = NULL;
+    own_cluster_start(&own, &own_nc, &own_js);
+    const char *extra[] = {"--nats-lease-ttl-ms", "6000", NULL};
+    setenv("TALLYD_TEST_TAKE_MS", "2500", 1);
+    th_daemon_t w;
+    start_worker_on(&w, own.urls, "ws", extra);
+    unsetenv("TALLYD_TEST_TAKE_MS");
+    assert_int_equal(wait_metric(&w, "tallyd_nats_partitions_owned", PARTITIONS, 120000),
+                     PARTITIONS);
+    assert_int_equal(th_metric(&w, "tallyd_nats_partitions_taken_total"), PARTITIONS);
+    if (th_daemon_log_contains(&w, "lease ran out"))
+        fail_msg("a lease ran out:\n%s", th_slurp(w.log_path));
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 30000), 0);
+    own_cluster_stop(&own, own_nc, own_js);
 }
 
 /* A worker with CURVE on for its ZeroMQ clients (PROTOCOL.md §13 "Security"): its partitions'
@@ -884,6 +921,7 @@ int main(void)
         cmocka_unit_test(test_watch_publications),
         cmocka_unit_test(test_backpressure_at_max_inflight),
         cmocka_unit_test(test_lost_partition_copy_deleted_while_path_full),
+        cmocka_unit_test(test_slow_takes_keep_their_leases),
         cmocka_unit_test(test_curve_worker),
         cmocka_unit_test(test_cli_over_nats),
         cmocka_unit_test(test_protected_mode),

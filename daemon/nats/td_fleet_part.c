@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "td_fleet_int.h"
 #include "td_log.h"
@@ -271,6 +272,8 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
         td_warn("fleet: %s", msg);
     if (!taken)
         return;
+    if (f->test_take_ms > 0)
+        usleep((useconds_t)(f->test_take_ms * 1000));
     uint8_t *state = NULL;
     size_t len = 0;
     td_err_t err = td_ckpt_take(&p->ckpt, f->js, f->ckpts, p->k, f->member, p->lease.revision,
