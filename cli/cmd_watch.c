@@ -292,9 +292,13 @@ static void mark_up(watch_t *w)
 static void poll_round(watch_t *w)
 {
     if (!w->client) {
-        /* Each wait is bounded by about one interval, so 'q' never waits long. */
+        /* Each wait is bounded by about one interval, so 'q' never waits long; --once, which no
+         * key stops, waits as any command does (--timeout): a reply later than an interval is
+         * not "cannot reach tallyd". */
         int timeout = (int)(w->interval_s * 1000);
         timeout = timeout < 250 ? 250 : timeout > w->cli->timeout_ms ? w->cli->timeout_ms : timeout;
+        if (w->once)
+            timeout = w->cli->timeout_ms;
         if (w->cli->nats) { /* a fleet: the queries go to each stream's owner over NATS */
             if (cli_nats_client(w->cli, timeout, &w->client) != 0)
                 mark_down(w, TALLY_E_TRANSPORT, "cannot reach NATS");

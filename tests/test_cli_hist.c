@@ -611,6 +611,40 @@ static void test_watch_once(void **state)
     expect_status(cli("watch"), 2, "at least one");
 }
 
+/* watch --once waits for a reply as any command does (--timeout), however short the interval:
+ * on a tallyd whose simulated GPU takes 3 s per launch, a query queued behind a hist on its
+ * stream is answered after up to 3 s, and --interval 200ms (whose rounds wait 250 ms in the live
+ * view) still prints the frame instead of "cannot reach tallyd" (exit 3). */
+static void test_watch_once_waits_for_a_slow_reply(void **state)
+{
+    (void)state;
+    th_daemon_t slow;
+    const char *args[] = {"--backend", "cuda", "--test-sim-gpus", "1", NULL};
+    setenv("TALLYD_TEST_SIM_LATENCY_US", "3000000", 1);
+    int started = th_daemon_start(&slow, args);
+    unsetenv("TALLYD_TEST_SIM_LATENCY_US");
+    assert_int_equal(started, 0);
+    void *sock = th_connect(slow.endpoint, 30000);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 1);
+    assert_int_equal(tally_req_set_stream(&req, "slow"), TALLY_OK);
+    assert_int_equal(th_send_request(sock, &req, "\x0a\x0a\x14\xfa", 4), 0);
+    int64_t t0 = th_now_ms();
+    while (th_stat(sock, "tallyd_requests_in_flight") < 2) /* the hist on the GPU, the stats */
+        assert_true(th_now_ms() - t0 < 30000);
+    th_cli_t r =
+        th_cli(tmpdir, slow.endpoint, "-t 60000 watch --once --ascii --interval 200ms slow");
+    if (r.status != 0)
+        fail_msg("exit %d; stderr: %s", r.status, r.err);
+    assert_non_null(strstr(r.out, "slow  u8  count 4  "));
+    th_cli_free(&r);
+    th_reply_t reply;
+    assert_int_equal(th_recv_reply(sock, &reply), 0);
+    assert_int_equal(reply.rep.status, TALLY_OK);
+    th_reply_free(&reply);
+    th_close(sock);
+    assert_int_equal(th_daemon_stop(&slow, SIGTERM, 20000), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -621,6 +655,7 @@ int main(void)
         cmocka_unit_test(test_reset_keeps_delete_removes),
         cmocka_unit_test(test_query_last),
         cmocka_unit_test(test_watch_once),
+        cmocka_unit_test(test_watch_once_waits_for_a_slow_reply),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -120,8 +120,9 @@ static void test_calls_reject_bad_arguments(void **state)
     tally_client_destroy(&c);
 }
 
-/* A request the daemon would reject is refused locally, at once, and nothing is sent: here
- * the endpoint is unreachable, so anything that tried to send would time out instead. */
+/* A request the daemon would reject is refused locally, and nothing is sent: here the endpoint
+ * is unreachable, so anything that tried to send would end in a timeout or transport error
+ * instead of the status each call is asserted to return. */
 static void test_bad_requests_rejected_before_sending(void **state)
 {
     (void)state;
@@ -129,7 +130,6 @@ static void test_bad_requests_rejected_before_sending(void **state)
     snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", unused_port());
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new(endpoint, 2000, &c), TALLY_OK);
-    int64_t start = now_ms();
 
     tally_req_t req = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8};
     assert_int_equal(tally_req_set_stream(&req, "has space"), TALLY_E_STREAM_NAME);
@@ -162,7 +162,6 @@ static void test_bad_requests_rejected_before_sending(void **state)
     tally_req_t hist = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_I32, .lo = 5, .hi = 5};
     assert_int_equal(tally_send(c, &hist, bytes, 16, NULL), TALLY_E_PARAM);
 
-    assert_true(now_ms() - start < 500);
     tally_buf_free(&out);
     tally_client_destroy(&c);
 }
@@ -369,7 +368,8 @@ static void test_open_says_why(void **state)
 }
 
 /* A daemon that accepts the connection but never answers: the send succeeds, the receive
- * times out, and destroying the client does not wait for the queued request. */
+ * times out, not before the client's timeout (how long after is the scheduler's), and
+ * destroying the client does not wait for the queued request. */
 static void test_silent_peer_times_out(void **state)
 {
     (void)state;
@@ -387,7 +387,7 @@ static void test_silent_peer_times_out(void **state)
     tally_reply_init(&reply);
     tally_req_t ping = {.opcode = TALLY_OP_PING};
     assert_int_equal(tally_call(c, &ping, NULL, 0, &reply), TALLY_E_TIMEOUT);
-    assert_true(now_ms() - start < 400);
+    assert_true(now_ms() - start >= 200);
     tally_client_destroy(&c);
     int linger = 0;
     zmq_setsockopt(router, ZMQ_LINGER, &linger, sizeof linger);

@@ -13,6 +13,9 @@
  *   - two workers share the partitions; kill -9 of one: the other takes its partitions within the
  *     lease TTL and a few seconds, and every stream equals a model that applied each message
  *     once, duplicates published on purpose included;
+ *   - a partition lost while the request path is full (max_inflight): the worker deletes its
+ *     local copy before it takes the partition again, so nothing after the checkpoint is
+ *     applied twice;
  *   - protected mode: a NATS server off the loopback without credentials is refused at start.
  */
 #include <setjmp.h>
@@ -72,12 +75,22 @@ static void start_worker(th_daemon_t *d, const char *member)
     start_worker_with(d, member, NULL);
 }
 
+static void start_worker_on(th_daemon_t *d, const char *urls, const char *member,
+                            const char *const *extra);
+
 static void start_worker_with(th_daemon_t *d, const char *member, const char *const *extra)
+{
+    start_worker_on(d, cluster.urls, member, extra);
+}
+
+/* A worker of the fleet on the NATS servers urls (the suite's cluster, or a test's own). */
+static void start_worker_on(th_daemon_t *d, const char *urls, const char *member,
+                            const char *const *extra)
 {
     const char *args[] = {"--metrics",
                           "127.0.0.1:0",
                           "--nats-servers",
-                          cluster.urls,
+                          urls,
                           "--nats-replicas",
                           "1",
                           "--nats-partitions",
@@ -118,12 +131,17 @@ static int64_t wait_owned(const char *member, int count, int timeout_ms)
     return took;
 }
 
-static tally_nats_t *producer(const char *id)
+static tally_nats_t *producer_on(const char *urls, const char *id)
 {
-    tally_nats_opts_t o = {.servers = cluster.urls, .producer_id = id, .timeout_ms = 15000};
+    tally_nats_opts_t o = {.servers = urls, .producer_id = id, .timeout_ms = 15000};
     tally_nats_t *p = NULL;
     assert_int_equal(tally_nats_new(&o, &p, msg, sizeof msg), TALLY_OK);
     return p;
+}
+
+static tally_nats_t *producer(const char *id)
+{
+    return producer_on(cluster.urls, id);
 }
 
 static void stream_name(char *buf, size_t cap, int i)
@@ -538,24 +556,192 @@ static void test_watch_publications(void **state)
 }
 
 /* Backpressure (PROTOCOL.md §13 "Validation"): at max_inflight the worker's requests wait and are
- * sent again (tallyd_nats_resent_total), never lost or applied twice. With max_inflight 1 and
- * four partitions of 64 KiB hists (run on CPU workers, not inline), the path is often full. */
+ * sent again (tallyd_nats_resent_total), never lost or applied twice. With max_inflight 1, four
+ * partitions of 64 KiB hists, and a simulated GPU whose every launch takes 50 ms, the path is
+ * full while any one request runs, and the fleet thread sends the other partitions' next
+ * messages meanwhile (it steps every partition each 5 ms at most). Run on the CPU workers the
+ * requests took microseconds: a loaded box could apply all 72 without two ever meeting (resent
+ * 0, one run in 20 here). */
 static void test_backpressure_at_max_inflight(void **state)
 {
     (void)state;
     th_daemon_t w;
-    const char *extra[] = {"--max-inflight", "1", NULL};
+    const char *extra[] = {"--max-inflight",  "1", "--backend", "cuda",
+                           "--test-sim-gpus", "1", NULL};
+    setenv("TALLYD_TEST_SIM_LATENCY_US", "50000", 1);
     start_worker_with(&w, "wb", extra);
+    unsetenv("TALLYD_TEST_SIM_LATENCY_US");
     wait_owned("wb", PARTITIONS, 20000);
     tally_nats_t *p = producer("backpressure");
-    /* Whether two partitions' requests meet at the path is timing: about one in five runs of
-     * three rounds met none on a loaded 2-core box. Rounds go on until one has (at most 30). */
+    /* With the 50 ms launches the first rounds meet at the path; more go on until they have
+     * (at most 30 rounds), whatever the box's load. */
     for (int i = 0; i < 10 && th_metric(&w, "tallyd_nats_resent_total") <= 0; i++)
         push_hists_of(p, 3, true, th_rand(), 64 << 10);
     check_model_eventually(p, 30000);
     tally_nats_destroy(&p);
     assert_true(th_metric(&w, "tallyd_nats_resent_total") > 0);
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
+/* Waits until the worker's metric NAME reaches at least want; its last value. */
+static long long wait_metric(th_daemon_t *d, const char *name, long long want, int timeout_ms)
+{
+    int64_t t0 = th_now_ms();
+    long long v = th_metric(d, name);
+    while (v < want && th_now_ms() - t0 < timeout_ms) {
+        th_sleep_ms(50);
+        v = th_metric(d, name);
+    }
+    return v;
+}
+
+#define LOST_STREAMS 8
+#define LOST_BYTES 1000
+
+/* Sends one LOST_BYTES hist to each of the streams lost0.. (every byte of lost<i> is i). */
+static void push_lost_streams(tally_nats_t *p)
+{
+    uint8_t batch[LOST_BYTES];
+    for (int i = 0; i < LOST_STREAMS; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "lost%d", i);
+        memset(batch, i, sizeof batch);
+        tally_req_t req = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8};
+        assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+        assert_int_equal(tally_nats_send(p, &req, batch, sizeof batch, true, NULL, NULL), TALLY_OK);
+    }
+    assert_int_equal(tally_nats_flush(p), TALLY_OK);
+    for (int i = 0; i < LOST_STREAMS; i++) {
+        tally_reply_t reply;
+        tally_reply_init(&reply);
+        assert_int_equal(tally_nats_recv(p, 20000, &reply), TALLY_OK);
+        assert_int_equal(reply.rep.status, TALLY_OK);
+        tally_reply_clear(&reply);
+    }
+}
+
+/* Every stream lost<i> holds its one batch once (bin i = LOST_BYTES), once its owner answers. */
+static void check_lost_streams_once(tally_nats_t *p, int timeout_ms)
+{
+    int64_t t0 = th_now_ms();
+    for (int i = 0; i < LOST_STREAMS; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "lost%d", i);
+        tally_stream_info_t info;
+        tally_status_t st;
+        while ((st = tally_nats_query(p, name, &info)) != TALLY_OK && th_now_ms() - t0 < timeout_ms)
+            th_sleep_ms(100); /* no owner right now: ask again */
+        assert_int_equal(st, TALLY_OK);
+        if (info.hist_total != LOST_BYTES)
+            fail_msg("%s holds %llu values, %d were sent once", name,
+                     (unsigned long long)info.hist_total, LOST_BYTES);
+        assert_int_equal(info.bins[i], LOST_BYTES);
+    }
+}
+
+/* A partition lost while the request path is full (PROTOCOL.md §13 "Exactly once across
+ * crashes"): max_inflight 1, taken by a ZeroMQ client's 1 MiB hist (of no stream) on a simulated
+ * GPU whose launches take 4 s, when the test deletes every lease. The worker loses its partitions
+ * and, the only member, takes them again from their checkpoints; before it does, its local copy
+ * must be gone, though its delete requests meet `busy`: a copy left behind gets the messages after
+ * the checkpoint applied a second time. A cluster of its own, so that the checkpoints hold no
+ * streams yet (nothing checkpointed for an hour): with records, a restore over a copy left behind
+ * is refused, and the next take deletes it once the path is free. */
+/* A one-node cluster of a test's own, and the test's connection to it (own_cluster_stop). */
+static void own_cluster_start(tn_cluster_t *own, natsConnection **own_nc, jsCtx **own_js)
+{
+    assert_int_equal(tn_cluster_start(own, 1, NULL, 30000), 0);
+    assert_int_equal(tn_connect(own, own_nc, own_js), 0);
+}
+
+static void own_cluster_stop(tn_cluster_t *own, natsConnection *own_nc, jsCtx *own_js)
+{
+    jsCtx_Destroy(own_js);
+    natsConnection_Destroy(own_nc);
+    tn_cluster_stop(own);
+}
+
+static void test_lost_partition_copy_deleted_while_path_full(void **state)
+{
+    (void)state;
+    tn_cluster_t own;
+    natsConnection *own_nc = NULL;
+    jsCtx *own_js = NULL;
+    own_cluster_start(&own, &own_nc, &own_js);
+    const char *extra[] = {"--max-inflight",
+                           "1",
+                           "--backend",
+                           "auto", /* the fleet's 1000-byte hists on the CPU, the hold on the GPU */
+                           "--test-sim-gpus",
+                           "1",
+                           "--nats-checkpoint-interval-ms",
+                           "3600000",
+                           NULL};
+    setenv("TALLYD_TEST_SIM_LATENCY_US", "4000000", 1);
+    th_daemon_t w;
+    start_worker_on(&w, own.urls, "wl", extra);
+    unsetenv("TALLYD_TEST_SIM_LATENCY_US");
+    assert_int_equal(wait_metric(&w, "tallyd_nats_partitions_owned", PARTITIONS, 20000),
+                     PARTITIONS);
+    tally_nats_t *p = producer_on(own.urls, "lost");
+    push_lost_streams(p);
+
+    void *hold = th_connect(w.endpoint, 30000);
+    size_t big = 1 << 20;
+    uint8_t *bytes = calloc(1, big);
+    assert_non_null(bytes);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 1); /* no stream: not the fleet's */
+    assert_int_equal(th_send_request(hold, &req, bytes, big), 0);
+    free(bytes);
+    assert_int_equal(wait_metric(&w, "tallyd_requests_in_flight", 1, 20000), 1);
+    kvStore *leases = NULL;
+    assert_int_equal(js_KeyValue(&leases, own_js, TALLY_NATS_BUCKET_LEASES), NATS_OK);
+    for (uint32_t k = 0; k < PARTITIONS; k++) {
+        char key[16];
+        snprintf(key, sizeof key, "p%u", (unsigned)k);
+        assert_int_equal(kvStore_Delete(leases, key), NATS_OK);
+    }
+    kvStore_Destroy(leases);
+    th_reply_t reply;
+    assert_int_equal(th_recv_reply(hold, &reply), 0);
+    assert_int_equal(reply.rep.status, TALLY_OK);
+    th_reply_free(&reply);
+    th_close(hold);
+
+    assert_true(wait_metric(&w, "tallyd_nats_partitions_taken_total", 2 * PARTITIONS, 30000) >=
+                2 * PARTITIONS);
+    assert_int_equal(wait_metric(&w, "tallyd_nats_partitions_owned", PARTITIONS, 30000),
+                     PARTITIONS);
+    check_lost_streams_once(p, 30000);
+    tally_nats_destroy(&p);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+    own_cluster_stop(&own, own_nc, own_js);
+}
+
+/* A cluster so slow that taking every partition lasts longer than a lease (each take 2.5 s here,
+ * TALLYD_TEST_TAKE_MS; 4 of them, a 6 s lease): the worker takes them over several heartbeats,
+ * renewing the ones it holds between, so each is taken once and none runs out. Before, one
+ * heartbeat took them all, the first ones' leases ran out meanwhile, and the worker dropped and
+ * took them again for ever (test_nats_faults under load: 8 partitions never settled). */
+static void test_slow_takes_keep_their_leases(void **state)
+{
+    (void)state;
+    tn_cluster_t own;
+    natsConnection *own_nc = NULL;
+    jsCtx *own_js = NULL;
+    own_cluster_start(&own, &own_nc, &own_js);
+    const char *extra[] = {"--nats-lease-ttl-ms", "6000", NULL};
+    setenv("TALLYD_TEST_TAKE_MS", "2500", 1);
+    th_daemon_t w;
+    start_worker_on(&w, own.urls, "ws", extra);
+    unsetenv("TALLYD_TEST_TAKE_MS");
+    assert_int_equal(wait_metric(&w, "tallyd_nats_partitions_owned", PARTITIONS, 120000),
+                     PARTITIONS);
+    assert_int_equal(th_metric(&w, "tallyd_nats_partitions_taken_total"), PARTITIONS);
+    if (th_daemon_log_contains(&w, "lease ran out"))
+        fail_msg("a lease ran out:\n%s", th_slurp(w.log_path));
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 30000), 0);
+    own_cluster_stop(&own, own_nc, own_js);
 }
 
 /* A worker with CURVE on for its ZeroMQ clients (PROTOCOL.md §13 "Security"): its partitions'
@@ -607,8 +793,12 @@ static void test_curve_worker(void **state)
 
 /* The CLI's --nats (PROTOCOL.md §13 "A client over NATS"): every command against the fleet, the
  * data commands' output equal to the same command's over ZeroMQ, a push cut to fit one message
- * per chunk; libtally's NATS client refuses a payload over one message and shared memory. */
-#define nats_cli(dir, fmt, ...) th_cli((dir), "tcp://127.0.0.1:1", "--nats %s " fmt, __VA_ARGS__)
+ * per chunk; libtally's NATS client refuses a payload over one message and shared memory. Each
+ * command may wait a minute for a reply (CLI_WAIT): tally's default 5 s is short for the 20 MiB
+ * push under ASan on a loaded box. */
+#define CLI_WAIT "-t 60000"
+#define nats_cli(dir, fmt, ...)                                                                    \
+    th_cli((dir), "tcp://127.0.0.1:1", CLI_WAIT " --nats %s " fmt, __VA_ARGS__)
 
 static void test_cli_over_nats(void **state)
 {
@@ -627,7 +817,7 @@ static void test_cli_over_nats(void **state)
     free(data);
     const char *u = cluster.urls;
 
-    th_cli_t z = th_cli(dir, w.endpoint, "hist --in in.bin");
+    th_cli_t z = th_cli(dir, w.endpoint, CLI_WAIT " hist --in in.bin");
     th_cli_t r = nats_cli(dir, "hist --stream clip/a --chunk 16M --in in.bin", u);
     assert_int_equal(z.status, 0);
     assert_int_equal(r.status, 0);
@@ -636,8 +826,10 @@ static void test_cli_over_nats(void **state)
     th_cli_free(&r);
     assert_int_equal(th_write_file(dir, "t.txt", "1 2 3 -4 5", 10), 0);
     char reset[512], del[512];
-    snprintf(reset, sizeof reset, "reset clip/a && %s --nats %s query clip/a", th_tally_bin(), u);
-    snprintf(del, sizeof del, "delete clip/a && %s --nats %s query clip/a", th_tally_bin(), u);
+    snprintf(reset, sizeof reset, "reset clip/a && %s " CLI_WAIT " --nats %s query clip/a",
+             th_tally_bin(), u);
+    snprintf(del, sizeof del, "delete clip/a && %s " CLI_WAIT " --nats %s query clip/a",
+             th_tally_bin(), u);
     /* In order: each command, its exit status, and what its stdout (or stderr) holds. */
     const struct {
         const char *args;
@@ -728,6 +920,8 @@ int main(void)
         cmocka_unit_test(test_failover_kill9_exactly_once),
         cmocka_unit_test(test_watch_publications),
         cmocka_unit_test(test_backpressure_at_max_inflight),
+        cmocka_unit_test(test_lost_partition_copy_deleted_while_path_full),
+        cmocka_unit_test(test_slow_takes_keep_their_leases),
         cmocka_unit_test(test_curve_worker),
         cmocka_unit_test(test_cli_over_nats),
         cmocka_unit_test(test_protected_mode),

@@ -66,6 +66,19 @@ static bool ping(const char *endpoint, int timeout_ms)
     return th_ping(endpoint, timeout_ms);
 }
 
+/* Waits for d's "ready" line, as th_await_pong waits for a pong: 1, 0 when it exited first
+ * (reaped: *status), -1 after TH_START_WAIT_MS. */
+static int await_ready_line(const th_daemon_t *d, int *status)
+{
+    for (int64_t t0 = th_now_ms(); th_now_ms() - t0 < TH_START_WAIT_MS; usleep(20000)) {
+        if (th_daemon_log_contains(d, "ready"))
+            return 1;
+        if (waitpid(d->pid, status, WNOHANG) == d->pid)
+            return 0;
+    }
+    return -1;
+}
+
 /* In the child: moves the fds to 3.. and sets the variables systemd would. */
 static void child_setup(const spawn_opts_t *o)
 {
@@ -145,18 +158,16 @@ static int spawn(th_daemon_t *d, const char *const *args, const spawn_opts_t *o)
         spawned[spawned_count++] = pid;
     if (o->no_wait)
         return 0;
-    for (int i = 0; i < 100; i++) {
-        if (!o->no_bind && ping(d->endpoint, 100))
-            return 0;
-        if (o->no_bind && th_daemon_log_contains(d, "ready"))
-            return 0;
-        int status;
-        if (waitpid(pid, &status, WNOHANG) == pid) {
-            d->pid = 0;
-            fprintf(stderr, "tallyd exited early (log %s)\n", d->log_path);
-            return -1;
-        }
-        usleep(20000);
+    /* Up once it answers a ping; without --bind (sockets from "systemd"), once it says so. */
+    int status;
+    int up = o->no_bind ? await_ready_line(d, &status)
+                        : th_await_pong(d->endpoint, pid, d->log_path, TH_START_WAIT_MS, &status);
+    if (up == 1)
+        return 0;
+    if (up == 0) {
+        d->pid = 0;
+        fprintf(stderr, "tallyd exited early (log %s)\n", d->log_path);
+        return -1;
     }
     fprintf(stderr, "tallyd did not start (log %s)\n", d->log_path);
     th_daemon_stop(d, SIGKILL, 1000);

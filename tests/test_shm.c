@@ -84,10 +84,8 @@ static void stop(th_daemon_t *d)
     rmdir(path);
 }
 
-static uint64_t stat_value(const char *endpoint, const char *name)
+static uint64_t stat_of(tally_client_t *c, const char *name)
 {
-    tally_client_t *c = NULL;
-    assert_int_equal(tally_client_new(endpoint, 5000, &c), TALLY_OK);
     char *text = NULL;
     assert_int_equal(tally_info(c, TALLY_OP_STATS, &text), TALLY_OK);
     char line[128];
@@ -96,6 +94,14 @@ static uint64_t stat_value(const char *endpoint, const char *name)
     assert_non_null(at);
     uint64_t v = strtoull(at + strlen(line), NULL, 10);
     free(text);
+    return v;
+}
+
+static uint64_t stat_value(const char *endpoint, const char *name)
+{
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(endpoint, 5000, &c), TALLY_OK);
+    uint64_t v = stat_of(c, name);
     tally_client_destroy(&c);
     return v;
 }
@@ -838,15 +844,28 @@ static void test_shm_off(void **state)
 
 /* ---- registration off the loop thread ---------------------------------------------------- */
 
+/* Waits until tallyd counts `regions` mapped regions (asked over c). */
+static void wait_regions(tally_client_t *c, uint64_t regions)
+{
+    int64_t t0 = th_now_ms();
+    while (stat_of(c, "tallyd_shm_regions ") != regions) {
+        assert_true(th_now_ms() - t0 < 30000);
+        th_sleep_ms(20);
+    }
+}
+
 /* Pinning a region (cudaHostRegister) takes milliseconds per hundred MiB; it runs on a worker.
- * Each simulated registration here takes 1.5 s: meanwhile another client's pings are answered
- * at once (the loop is free), the region cannot be referenced yet, and its producer's answer comes
- * after. A side connection that closes mid-registration leaves nothing mapped. */
+ * Each simulated registration here takes 3 s: meanwhile the loop answers another client (its
+ * stats show the region mapped, a ping comes back) before the region's producer has its answer;
+ * a loop that pinned the region itself would send that answer before any of them (an order, not
+ * a time: a loaded box may take long over each reply). The region cannot be referenced yet, and
+ * its producer's answer comes after. A side connection that closes mid-registration leaves
+ * nothing mapped. */
 static void test_register_off_loop(void **state)
 {
     (void)state;
     th_daemon_t d;
-    start_sim(&d, "1", "TALLYD_TEST_SIM_REGISTER_US", "1500000", false);
+    start_sim(&d, "1", "TALLYD_TEST_SIM_REGISTER_US", "3000000", false);
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new(d.endpoint, 10000, &c), TALLY_OK);
 
@@ -857,15 +876,10 @@ static void test_register_off_loop(void **state)
     memcpy(m.id, "peerA", 5);
     tally__side_send(side, &m, fd);
     close(fd);
-    usleep(200000); /* tallyd has read it and handed it to a worker */
-    struct timespec t0, t1;
-    for (int i = 0; i < 5; i++) {
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        assert_int_equal(tally_ping(c, NULL), TALLY_OK);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
-        assert_true(ms < 1000); /* a loop blocked in the registration would take ~1.3 s */
-    }
+    wait_regions(c, 1); /* mapped on the loop, handed to a worker */
+    assert_false(th_side_answer_waiting(side));
+    assert_int_equal(tally_ping(c, NULL), TALLY_OK);
+    assert_false(th_side_answer_waiting(side));
     uint8_t buf[TALLY_SHM_ANSWER_SIZE + TALLY_ERROR_MESSAGE_MAX];
     ssize_t n = recv(side, buf, sizeof buf, 0);
     assert_true(n >= TALLY_SHM_ANSWER_SIZE);
@@ -875,20 +889,16 @@ static void test_register_off_loop(void **state)
     assert_int_equal(ans.size, 1 << 20);
     assert_int_equal(stat_value(d.endpoint, "tallyd_shm_regions "), 1);
     close(side);
+    wait_regions(c, 0); /* its connection's regions go with it */
 
     /* Closed while its registration runs: mapped until the worker is done, then gone. */
     side = side_open();
     fd = th_memfd(1 << 20, SEALS);
     tally__side_send(side, &m, fd);
     close(fd);
-    usleep(200000);
+    wait_regions(c, 1); /* its registration runs */
     close(side);
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    while (stat_value(d.endpoint, "tallyd_shm_regions ") != 0) {
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        assert_true(t1.tv_sec - t0.tv_sec < 30);
-        usleep(50000);
-    }
+    wait_regions(c, 0);
     assert_int_equal(stat_value(d.endpoint, "tallyd_shm_bytes "), 0);
     assert_int_equal(tally_ping(c, NULL), TALLY_OK);
     tally_client_destroy(&c);

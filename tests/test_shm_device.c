@@ -132,11 +132,11 @@ static int stable_fds(pid_t pid)
     return last;
 }
 
-/* tallyd's descriptor count once it is want (up to 10 s), else what it is then. */
+/* tallyd's descriptor count once it is want (up to 30 s), else what it is then. */
 static int fds_reach(pid_t pid, int want)
 {
     int now = th_fd_count(pid);
-    for (int i = 0; i < 200 && now != want; i++) {
+    for (int64_t t0 = th_now_ms(); now != want && th_now_ms() - t0 < 30000;) {
         th_sleep_ms(50);
         now = th_fd_count(pid);
     }
@@ -356,17 +356,29 @@ static void test_requests_in_place(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
 }
 
-/* A device region's import runs on a worker (TALLYD_TEST_SIM_REGISTER_US makes each take 1.5 s
- * here): meanwhile pings are answered at once, the region's handle is not usable yet, and the
- * producer's answer comes after; a refused import (a wrong size) is answered the same way, its
- * descriptor closed; a connection closed mid-import leaves nothing imported (the descriptor
- * closed). */
+/* Waits until tallyd counts `regions` shared-memory regions (a device region counts from the
+ * moment its import is handed to a worker). */
+static void wait_shm_regions(void *sock, long long regions)
+{
+    int64_t t0 = th_now_ms();
+    while (th_stat(sock, "tallyd_shm_regions") != regions) {
+        assert_true(th_now_ms() - t0 < 30000);
+        th_sleep_ms(20);
+    }
+}
+
+/* A device region's import runs on a worker (TALLYD_TEST_SIM_REGISTER_US makes each take 3 s
+ * here): meanwhile the loop answers (stats that count the region, then a ping) before the
+ * producer has its answer, which a loop busy with the import would have sent first (an order,
+ * not a time: a loaded box may take long over each reply); the region's handle is not usable
+ * yet. A refused import (a wrong size) is answered the same way, its descriptor closed; a
+ * connection closed mid-import leaves nothing imported (the descriptor closed). */
 static void test_import_off_loop(void **state)
 {
     (void)state;
     th_daemon_t d;
     uint8_t uuid[TALLY_GPU_UUID_SIZE];
-    setenv("TALLYD_TEST_SIM_REGISTER_US", "1500000", 1);
+    setenv("TALLYD_TEST_SIM_REGISTER_US", "3000000", 1);
     int side = start_side(&d, sim2, 0, uuid);
     unsetenv("TALLYD_TEST_SIM_REGISTER_US");
     void *ctx = zmq_ctx_new();
@@ -385,15 +397,13 @@ static void test_import_off_loop(void **state)
     int fd = filled_memfd(REGION_BYTES, NULL, 0);
     assert_int_equal(th_side_send_raw(side, buf, len, &fd, 1), 0);
     close(fd);
-    th_sleep_ms(200); /* tallyd has read it and handed it to a worker */
-    for (int i = 0; i < 5; i++) {
-        uint64_t t0 = th_now_ms();
-        th_reply_t r;
-        tally_req_t ping = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 40 + (uint64_t)i);
-        assert_int_equal(th_call(sock, &ping, NULL, 0, &r), 0);
-        th_reply_free(&r);
-        assert_true(th_now_ms() - t0 < 1000); /* a loop blocked in the import: ~1.3 s */
-    }
+    wait_shm_regions(sock, 1); /* read, and handed to a worker */
+    assert_false(th_side_answer_waiting(side));
+    th_reply_t r;
+    tally_req_t ping = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 40);
+    assert_int_equal(th_call(sock, &ping, NULL, 0, &r), 0);
+    th_reply_free(&r);
+    assert_false(th_side_answer_waiting(side));
     th_answer_t ans;
     assert_int_equal(th_side_recv(side, &ans, 10000), 1);
     assert_int_equal(ans.a.status, TALLY_OK);
@@ -412,12 +422,11 @@ static void test_import_off_loop(void **state)
     fd = filled_memfd(REGION_BYTES, NULL, 0);
     assert_int_equal(th_side_send_raw(side2, buf, len, &fd, 1), 0);
     close(fd);
-    th_sleep_ms(200);
+    wait_shm_regions(sock, 2); /* its import runs */
     close(side2);
     close(side); /* and the first region goes with its connection */
     assert_int_equal(fds_reach(d.pid, base - 1), base - 1);
-    for (int i = 0; i < 100 && th_stat(sock, "tallyd_gpu_regions") != 0; i++)
-        th_sleep_ms(50);
+    wait_shm_regions(sock, 0);
     assert_int_equal(th_stat(sock, "tallyd_gpu_regions"), 0);
     assert_int_equal(th_stat(sock, "tallyd_gpu_region_bytes"), 0);
     zmq_close(sock);

@@ -5,7 +5,10 @@
  * plan (which partitions this worker should own) up to date.
  *
  * The thread's loop, every turn: the heartbeat when it is due (every third of the lease TTL:
- * membership, lease renewals, the plan: partitions to take and to give up), then one step of
+ * membership, lease renewals, the plan: partitions to take and to give up, for at most a third
+ * of the TTL, so that a cluster slow enough to make taking every partition last longer than a
+ * lease never lets the first ones taken run out meanwhile; the rest wait for the next
+ * heartbeat, which renews the leases first), then one step of
  * each owned partition (td_fleet_part.c), the queries that arrived (td_fleet_query.c), and the
  * replies from the request path (waiting a few milliseconds there when nothing else happened).
  * At a stop signal it gives every partition up (checkpointed, released), leaves the membership,
@@ -120,8 +123,9 @@ static void renew_leases(td_fleet_t *f)
     }
 }
 
-/* Takes what the plan gives this worker and is free; gives up what belongs to another member. */
-static void follow_plan(td_fleet_t *f)
+/* Takes what the plan gives this worker and is free; gives up what belongs to another member;
+ * until `until` (monotonic ms; one at least), then the rest at the next heartbeat. */
+static void follow_plan(td_fleet_t *f, int64_t until)
 {
     char msg[256];
     char **ids = NULL;
@@ -138,12 +142,19 @@ static void follow_plan(td_fleet_t *f)
     td_fleet_plan((const char *const *)ids, n, f->member, f->partitions, mine);
     f->live_members = n; /* what `streams` answers say, so that analysts need no KV rights */
     int64_t now = td_nats_now_ms();
+    bool acted = false; /* one take or give-up at least, however long the renewals took */
     for (uint32_t k = 0; k < f->partitions && !atomic_load(&f->stopping); k++) {
         td_part_t *p = &f->parts[k];
-        if (mine[k] && !p->owned && now >= p->no_take_until_ms)
+        bool take = mine[k] && !p->owned && now >= p->no_take_until_ms;
+        bool give_up = !mine[k] && p->owned;
+        if ((take || give_up) && acted && now >= until)
+            break;
+        if (take)
             td_part_take(f, p);
-        else if (!mine[k] && p->owned)
+        else if (give_up)
             td_part_give_up(f, p);
+        acted |= take || give_up;
+        now = td_nats_now_ms();
     }
     free(mine);
     td_member_list_free(ids, n);
@@ -152,12 +163,13 @@ static void follow_plan(td_fleet_t *f)
 static void heartbeat(td_fleet_t *f)
 {
     char msg[256], info[128];
+    int64_t began = td_nats_now_ms();
     snprintf(info, sizeof info, "pid=%d", (int)getpid());
     if (td_member_beat(f->members, f->member, info, msg, sizeof msg) != TD_OK)
         td_warn("fleet: %s", msg);
     renew_leases(f);
-    follow_plan(f);
-    f->next_beat_ms = td_nats_now_ms() + f->ttl_ms / 3;
+    follow_plan(f, began + f->ttl_ms / 3);
+    f->next_beat_ms = began + f->ttl_ms / 3; /* a heartbeat that ran long: the next one now */
 }
 
 /* ---- The thread ---------------------------------------------------------------------------- */
@@ -271,6 +283,8 @@ static void settings(td_fleet_t *f, const td_config_t *cfg)
     f->ttl_ms = cfg->nats_lease_ttl_ms;
     f->ckpt_ms = cfg->nats_checkpoint_ms;
     f->watch_ms = cfg->pub_interval_ms;
+    const char *take_ms = getenv("TALLYD_TEST_TAKE_MS"); /* test only: a slow cluster's takes */
+    f->test_take_ms = take_ms ? atoll(take_ms) : 0;
 }
 
 /* What info shows of the settings: before the loop runs, so the loop reads them unlocked. */

@@ -111,6 +111,7 @@ struct td_fleet {
     uint32_t partitions;
     int64_t ttl_ms, ckpt_ms;
     size_t max_payload;
+    int64_t test_take_ms; /* test only: each take lasts this much longer (TALLYD_TEST_TAKE_MS) */
     /* NATS. */
     natsConnection *nc;
     jsCtx *js;

@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "td_fleet_int.h"
 #include "td_log.h"
@@ -97,22 +98,65 @@ static void list_on_loop(td_fleet_t *f, void *arg)
             memcpy(j->names[j->count++], s->name, s->name_len);
 }
 
+/* Deletes one stream of the local copy through the request path: sent again while the path
+ * answers `busy` (at max_inflight, or out of memory) until deadline. Gone (deleted, or unknown
+ * already): TD_OK. */
+static td_err_t delete_local_stream(td_fleet_t *f, const char *name, int64_t deadline)
+{
+    tally_req_t del = {.version = TALLY_PROTO_VERSION, .opcode = TALLY_OP_DELETE};
+    uint8_t frame[TALLY_REQ_HEADER_SIZE];
+    if (tally_req_set_stream(&del, name) != TALLY_OK)
+        return TD_ERR_CORRUPT;
+    tally_req_encode(&del, frame);
+    tally_status_t st = TALLY_E_BUSY;
+    int64_t left;
+    while (st == TALLY_E_BUSY && (left = deadline - td_nats_now_ms()) > 0) {
+        size_t len = 0;
+        uint8_t *reply = td_fleet_path_call(f, frame, sizeof frame, (int)left, &len);
+        tally_rep_t rep;
+        if (reply && len >= TALLY_REP_HEADER_SIZE &&
+            tally_rep_decode(reply, TALLY_REP_HEADER_SIZE, &rep) == TALLY_OK)
+            st = (tally_status_t)rep.status;
+        free(reply); /* none: no free pending slot (send again), or no answer by the deadline */
+        for (int64_t again = td_nats_now_ms() + TD_FLEET_RETRY_MS, now;
+             st == TALLY_E_BUSY && (now = td_nats_now_ms()) < again;)
+            td_fleet_path_poll(f, (int)(again - now)); /* other replies meanwhile */
+    }
+    if (st == TALLY_OK || st == TALLY_E_UNKNOWN_STREAM)
+        return TD_OK;
+    td_warn("fleet: stream '%s' of a local copy not deleted: %s", name, tally_status_name(st));
+    return TD_ERR_LIBRARY;
+}
+
 /* Deletes this worker's local copy of partition k's streams, through the request path (after
- * anything of theirs still in flight): what a new owner restores must not meet an old copy. */
-static void delete_local_streams(td_fleet_t *f, uint32_t k)
+ * anything of theirs still in flight): what a new owner restores must not meet an old copy, and
+ * one that stays would have the messages after its checkpoint applied to it a second time.
+ * TD_OK only when every stream is gone. */
+static td_err_t delete_local_streams(td_fleet_t *f, uint32_t k, char *msg, size_t cap)
 {
     table_job_t j = {.k = k, .partitions = f->partitions};
     td_fleet_on_loop(f, list_on_loop, &j);
-    for (size_t i = 0; i < j.count; i++) {
-        tally_req_t del = {.version = TALLY_PROTO_VERSION, .opcode = TALLY_OP_DELETE};
-        uint8_t frame[TALLY_REQ_HEADER_SIZE];
-        if (tally_req_set_stream(&del, j.names[i]) != TALLY_OK)
-            continue;
-        tally_req_encode(&del, frame);
-        size_t len = 0;
-        free(td_fleet_path_call(f, frame, sizeof frame, 10000, &len));
+    if (!j.names) {
+        snprintf(msg, cap, "out of memory listing its local streams");
+        return TD_ERR_NOMEM;
     }
+    int64_t deadline = td_nats_now_ms() + f->ttl_ms / 3; /* a heartbeat: leases renewed in time */
+    size_t kept = 0;
+    for (size_t i = 0; i < j.count; i++)
+        kept += delete_local_stream(f, j.names[i], deadline) != TD_OK;
     free(j.names);
+    if (kept)
+        snprintf(msg, cap, "%zu of its %zu local streams could not be deleted", kept, j.count);
+    return kept ? TD_ERR_LIBRARY : TD_OK;
+}
+
+/* The local copy of a partition no longer this worker's goes; when it cannot, the next take
+ * (restore) deletes it first or is not made. */
+static void drop_local_copy(td_fleet_t *f, td_part_t *p)
+{
+    char msg[256];
+    if (delete_local_streams(f, p->k, msg, sizeof msg) != TD_OK)
+        td_warn("fleet: partition %u: %s; they go before it is taken again", (unsigned)p->k, msg);
 }
 
 /* ---- Taking, losing, giving up ------------------------------------------------------------- */
@@ -145,7 +189,9 @@ static void forget_work(td_fleet_t *f, td_part_t *p)
 static td_err_t restore(td_fleet_t *f, td_part_t *p, uint8_t *state, size_t len, char *msg,
                         size_t cap)
 {
-    delete_local_streams(f, p->k);
+    td_err_t err = delete_local_streams(f, p->k, msg, cap);
+    if (err != TD_OK) /* restored over an old copy, its streams would count twice */
+        return err;
     if (len == 0)
         return TD_OK;
     table_job_t j = {.k = p->k, .partitions = f->partitions, .buf = state, .len = len};
@@ -226,6 +272,8 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
         td_warn("fleet: %s", msg);
     if (!taken)
         return;
+    if (f->test_take_ms > 0)
+        usleep((useconds_t)(f->test_take_ms * 1000));
     uint8_t *state = NULL;
     size_t len = 0;
     td_err_t err = td_ckpt_take(&p->ckpt, f->js, f->ckpts, p->k, f->member, p->lease.revision,
@@ -271,7 +319,7 @@ void td_part_drop(td_fleet_t *f, td_part_t *p, const char *why)
         p->no_take_until_ms = td_nats_now_ms() + TD_FLEET_TAKE_BACKOFF_MS;
     }
     memset(&p->lease, 0, sizeof p->lease);
-    delete_local_streams(f, p->k);
+    drop_local_copy(f, p);
 }
 
 void td_part_quiesce(td_fleet_t *f, td_part_t *p)
@@ -292,7 +340,7 @@ void td_part_give_up(td_fleet_t *f, td_part_t *p)
     td_fleet_watch_flush(f, p->k); /* its streams' last changes, before they are not ours */
     forget_work(f, p);
     if (!atomic_load(&f->stopping)) /* tallyd goes on: its copy is no longer the truth */
-        delete_local_streams(f, p->k);
+        drop_local_copy(f, p);
     release_lease(f, p);
     td_notice("fleet: %s gave partition %u up at sequence %" PRIu64, f->member, (unsigned)p->k,
               p->applied_seq);
@@ -324,6 +372,8 @@ bool td_part_checkpoint(td_fleet_t *f, td_part_t *p)
         TD_FLEET_COUNT(f, checkpoint_failures);
         return false;
     }
+    if (msg[0]) /* committed, the predecessor's chunks left behind */
+        td_warn("fleet: checkpoint of partition %u: %s", (unsigned)p->k, msg);
     p->ckpt_seq = p->applied_seq;
     TD_FLEET_COUNT(f, checkpoints);
     ack_all(f, p);

@@ -278,7 +278,7 @@ out:
 }
 
 /* Removes partition k's chunk keys of every epoch but keep_epoch (a predecessor's, which no
- * manifest names any more). Failures only leave garbage: logged by the caller, not fatal. */
+ * manifest names any more). Failures only leave garbage: not a failed write (td_ckpt_write). */
 static td_err_t purge_other_epochs(kvStore *kv, uint32_t k, uint64_t keep_epoch, char *msg,
                                    size_t cap)
 {
@@ -352,10 +352,17 @@ td_err_t td_ckpt_write(td_ckpt_t *c, uint64_t applied_seq, const uint8_t *state,
     if (err != TD_OK || *fenced)
         return err;
     c->cur = m;
+    /* Committed. The listing this needs is the slowest call here (a consumer made on the
+     * stream): on a loaded cluster it can time out, which must not pass for a failed write. It
+     * is not tried again: each try can hold the fleet thread for the listing's timeout, and the
+     * next owner's first write removes what is left. */
     if (!c->cleaned) {
         c->cleaned = true;
-        return purge_other_epochs(c->kv, c->k, c->epoch, msg, cap);
+        if (purge_other_epochs(c->kv, c->k, c->epoch, msg, cap) != TD_OK)
+            return TD_OK; /* msg says why */
     }
+    if (cap)
+        msg[0] = '\0';
     return TD_OK;
 }
 

@@ -60,7 +60,7 @@ typedef struct {
     uint64_t epoch;
     uint64_t revision;      /* of the manifest key, as this owner last wrote it */
     td_ckpt_manifest_t cur; /* the manifest at that revision */
-    bool cleaned;           /* other epochs' chunks removed */
+    bool cleaned;           /* other epochs' chunks removed (or that tried and failed) */
 } td_ckpt_t;
 
 /* Takes partition k's checkpoint for member under epoch: fences the previous owner, then loads
@@ -71,7 +71,10 @@ td_err_t td_ckpt_take(td_ckpt_t *c, jsCtx *js, kvStore *kv, uint32_t k, const ch
                       uint64_t epoch, uint8_t **state, size_t *len, bool *fenced, char *msg,
                       size_t cap);
 /* Writes a checkpoint: state (len bytes) as of applied_seq. *fenced: the manifest moved since
- * this owner's last write (a new owner took the partition): nothing of it is committed. */
+ * this owner's last write (a new owner took the partition): nothing of it is committed. TD_OK
+ * once the manifest is committed; msg is then empty, or says why the removal of other epochs'
+ * chunks that follows an owner's first write failed (not tried again: the chunks stay until the
+ * next owner's first write). */
 td_err_t td_ckpt_write(td_ckpt_t *c, uint64_t applied_seq, const uint8_t *state, size_t len,
                        bool *fenced, char *msg, size_t cap);
 /* Reads partition k's committed checkpoint without taking it (tests, tools): manifest and state

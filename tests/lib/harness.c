@@ -130,25 +130,16 @@ int th_daemon_start(th_daemon_t *d, const char *const *extra_args)
             _exit(127);
         }
         d->pid = pid;
-        /* Wait for a pong: the daemon is up once it answers. */
-        void *sock = th_connect(d->endpoint, 200);
-        for (int i = 0; i < 50; i++) {
-            tally_req_t ping = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 1);
-            th_reply_t reply;
-            if (th_call(sock, &ping, NULL, 0, &reply) == 0) {
-                th_reply_free(&reply);
-                th_close(sock);
-                return 0;
-            }
-            int status;
-            if (waitpid(pid, &status, WNOHANG) == pid)
-                break; /* exited: maybe the port was taken meanwhile; try another */
-            th_close(sock);
-            sock = th_connect(d->endpoint, 200);
+        /* The daemon is up once it answers; exited, or another process answering on its port:
+         * the port was taken meanwhile, try another. */
+        int status;
+        int up = th_await_pong(d->endpoint, pid, d->log_path, TH_START_WAIT_MS, &status);
+        if (up == 1)
+            return 0;
+        if (up == -1) {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
         }
-        th_close(sock);
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
         remove_shm_dir(d);
         fprintf(stderr, "tallyd did not start on %s (log %s)\n", d->endpoint, d->log_path);
     }
@@ -217,9 +208,9 @@ int th_daemon_wait(th_daemon_t *d, int timeout_ms)
     return -1;
 }
 
-bool th_daemon_log_contains(const th_daemon_t *d, const char *text)
+static bool file_has(const char *path, const char *text)
 {
-    FILE *f = fopen(d->log_path, "r");
+    FILE *f = fopen(path, "r");
     if (!f)
         return false;
     char line[2048];
@@ -228,6 +219,44 @@ bool th_daemon_log_contains(const th_daemon_t *d, const char *text)
         found = strstr(line, text) != NULL;
     fclose(f);
     return found;
+}
+
+bool th_daemon_log_contains(const th_daemon_t *d, const char *text)
+{
+    return file_has(d->log_path, text);
+}
+
+/* Whether a pong on endpoint came from the tallyd of pid: it listens there and is ready (both
+ * logged before it serves), and runs. A tallyd that failed after its bind (a metrics port
+ * taken) exits without serving, and another test's tallyd may take the port it left and answer
+ * (seen on the loaded dev box, where hundreds of tallyd start a minute). */
+static bool answered_by(const char *endpoint, pid_t pid, const char *log_path)
+{
+    char bound[160], bound_sd[160]; /* the whole endpoint: port 4123 is not 41234 */
+    snprintf(bound, sizeof bound, "listening on %s\n", endpoint);
+    snprintf(bound_sd, sizeof bound_sd, "listening on %s (", endpoint);
+    return (file_has(log_path, bound) || file_has(log_path, bound_sd)) &&
+           file_has(log_path, " ready: ") && waitpid(pid, NULL, WNOHANG) == 0;
+}
+
+int th_await_pong(const char *endpoint, pid_t pid, const char *log_path, int timeout_ms,
+                  int *status)
+{
+    void *sock = th_connect(endpoint, 200);
+    tally_req_t ping = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 1);
+    int up = th_send_request(sock, &ping, NULL, 0) == 0 ? 0 : -1;
+    for (int64_t t0 = th_now_ms(); up == 0 && th_now_ms() - t0 < timeout_ms;) {
+        th_reply_t reply;
+        if (th_recv_reply(sock, &reply) == 0) {
+            th_reply_free(&reply);
+            up = answered_by(endpoint, pid, log_path) ? 1 : -1;
+        } else if (waitpid(pid, status, WNOHANG) == pid) {
+            th_close(sock);
+            return 0;
+        }
+    }
+    th_close(sock);
+    return up == 1 ? 1 : -1;
 }
 
 bool th_file_contains(const char *path, const char *text)

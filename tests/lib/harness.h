@@ -23,6 +23,19 @@ typedef struct {
     char shm_socket[128]; /* the side channel's path in shm_dir */
 } th_daemon_t;
 
+/* How long a started tallyd may take to answer its first ping (a fleet worker making its
+ * JetStream objects while a cluster forms retries for up to 30 s). */
+#define TH_START_WAIT_MS 60000
+
+/* Waits until the tallyd of pid, its stderr in log_path, answers a ping on endpoint: 1 when it
+ * did, 0 when it exited first (reaped; its wait status in *status), -1 when it did not answer
+ * within timeout_ms, or another process answered on its port (the log does not say it listens
+ * there and is ready). One ping on one socket, which ZeroMQ sends once tallyd listens: a socket per
+ * try would begin the connection and its handshake anew each time, which a loaded box may not
+ * finish in a try's time, and each ping that arrives is one more in tallyd's stats. */
+int th_await_pong(const char *endpoint, pid_t pid, const char *log_path, int timeout_ms,
+                  int *status);
+
 /* Starts $TALLYD_BIN (or ./tallyd) with --bind on a free port plus extra_args (NULL-terminated,
  * may be NULL) and waits until it answers a ping. Returns 0, or -1 (and logs) on failure.
  * Unless extra_args has --shm-socket, the daemon's side channel is shm_socket in a directory of

@@ -102,6 +102,12 @@ bool th_side_closed(int side, int timeout_ms)
     return false;
 }
 
+bool th_side_answer_waiting(int side)
+{
+    uint8_t byte;
+    return recv(side, &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+}
+
 void th_sim_uuid(unsigned gpu, uint8_t uuid[TALLY_GPU_UUID_SIZE])
 {
     memset(uuid, 0, TALLY_GPU_UUID_SIZE);

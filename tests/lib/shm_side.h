@@ -34,6 +34,8 @@ int th_side_call(int side, uint8_t op, const char *id, uint64_t handle, int fd, 
 /* True when the connection ends (EOF or reset) within timeout_ms; answers before the end are
  * read and dropped. */
 bool th_side_closed(int side, int timeout_ms);
+/* True when an answer has arrived and is not read yet (it stays to be read). */
+bool th_side_answer_waiting(int side);
 /* A memfd of size bytes with seals added (0 for none); aborts on failure. */
 int th_memfd(size_t size, int seals);
 /* Simulated GPU gpu's UUID (PROTOCOL.md §10, --test-sim-gpus): "tallyd-sim-gpu", 0, gpu. */
