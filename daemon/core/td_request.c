@@ -6,6 +6,7 @@
  */
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,9 +47,10 @@ td_request_t *td_request_queue_take_all(td_request_queue_t *q)
 
 td_request_t *td_request_new(void)
 {
-    td_request_t *self = calloc(1, sizeof *self);
+    td_request_t *self = malloc(sizeof *self);
     if (!self)
         return NULL;
+    memset(self, 0, offsetof(td_request_t, identity)); /* the buffers after it: see there */
     self->rep.version = TALLY_PROTO_VERSION;
     return self;
 }
@@ -343,7 +345,10 @@ static void execute_scan(td_request_t *self, tk_backend_t *backend, size_t n)
 
 static void execute_hist(td_request_t *self, tk_backend_t *backend, size_t n)
 {
-    memset(&self->hist, 0, sizeof self->hist);
+    /* Only the bins the dtype uses (a u8 batch: 2 KiB of the 8): backends add into them. */
+    memset(self->hist.bins, 0,
+           (size_t)tally_hist_channels(self->req.dtype) * TALLY_HIST_BINS * sizeof(uint64_t));
+    self->hist.underflow = self->hist.overflow = 0;
     tally_status_t st = tk_backend_hist(backend, self->req.dtype, self->payload, n, self->req.lo,
                                         self->req.hi, &self->hist);
     if (backend_ok(self, backend, st, NULL, "histogram"))

@@ -49,8 +49,7 @@ typedef struct td_request {
     /* Envelope: where the reply goes (td_transport.h): the transport, the sender's id (empty:
      * tallyd's own request) and the transport's words. */
     td_transport_t *transport;
-    uint8_t identity[TD_IDENTITY_MAX];
-    size_t identity_len;
+    size_t identity_len; /* of identity, at the end */
     uint64_t transport_word;
     void *transport_ctx;
     /* Who sent it (td_peers.h): its connection, held to a share of max_inflight, and its client
@@ -81,7 +80,6 @@ typedef struct td_request {
 
     /* Execution. */
     int64_t carry;        /* scan: carry-in, then carry-out */
-    tk_hist_t hist;       /* hist: this batch's histogram */
     uint64_t kept;        /* filter: elements kept */
     td_placement_t where; /* set by td_sched before the machine runs it */
     bool gpu_failed;      /* the GPU failed it: td_sched reruns it on the CPU */
@@ -100,6 +98,13 @@ typedef struct td_request {
     uint64_t reply_reserved; /* bytes reserved for the reply until it is sent (td_reply.h) */
     /* The reply as its transport sees it, from send_reply until td_reply_end (td_path.c). */
     td_reply_t out;
+
+    /* Last, and not zeroed by td_request_new (9.2 KiB of memset per request was a third of a
+     * small request's instructions on the loop thread: bench/NOTES.md, issue 31): the sender's
+     * id (identity_len bytes of it are set), and a hist's histogram (execute_hist zeroes the
+     * bins its dtype uses; the GPU copies its result in). */
+    uint8_t identity[TD_IDENTITY_MAX];
+    tk_hist_t hist; /* hist: this batch's histogram */
 } td_request_t;
 
 /* A FIFO of requests linked through their `next`: a stream's FIFO (td_sched.c), a GPU lane's
