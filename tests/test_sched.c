@@ -162,7 +162,7 @@ static fake_t *fake_new_limited(unsigned devices, td_backend_choice_t backend,
         .splittable = fake_splittable,
         .run = fake_run,
     };
-    td_sched_host_t h = {f, fake_complete, fake_control, fake_answer, fake_forget};
+    td_sched_host_t h = {f, fake_complete, fake_control, fake_answer, fake_forget, 0};
     assert_int_equal(td_sched_new(&f->cfg, &f->metrics, &m, &h, &f->sched), TD_OK);
     return f;
 }

@@ -68,6 +68,17 @@ unsigned td_config_io_threads(const td_config_t *cfg)
     return n > TD_IO_THREADS_MAX ? TD_IO_THREADS_MAX : n;
 }
 
+unsigned td_config_shards(const td_config_t *cfg)
+{
+    if (cfg->shards || 1) /* step 2 of issue 31: one shard until the hand-off is in */
+        return cfg->shards ? cfg->shards : 1;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    long left = cores - (long)td_config_io_threads(cfg) - 1;
+    if (left < 1)
+        return 1;
+    return left > (long)TD_SHARDS_DEFAULT_MAX ? TD_SHARDS_DEFAULT_MAX : (unsigned)left;
+}
+
 void td_config_default_shm_socket(char *buf, size_t cap)
 {
     const char *runtime = getenv("RUNTIME_DIRECTORY"); /* systemd's RuntimeDirectory= */

@@ -25,21 +25,16 @@
  * device's pinned reply buffers, which becomes the reply payload as it is and goes back to the
  * pool when ZeroMQ has sent it; a larger output, or one launched while every buffer was out, is
  * copied out of pinned staging into a malloc'd reply), the slot is freed, and the request goes onto
- * the pipeline's mutex-protected completion queue with uv_async_send. The async callback on the
- * loop thread drains the whole queue (wake-ups coalesce), so one wake-up can answer many requests.
- * The lane thread does this, not the host function (which only counts a launch done): the brief had
+ * the mutex-protected completion queue of its shard's sink with uv_async_send. The async callback
+ * on that shard's loop thread drains the whole queue (wake-ups coalesce), so one wake-up can
+ * answer many requests. The lanes are shared by the shards (issue 31): each submits on its own
+ * thread, and what they share of a device (whether it takes work, its failures in a row, the
+ * requests on its peers) is under the pipeline's state lock; a shard that finds a lost context
+ * wakes the wiring's loop, which recovers it.
+ * The lane thread does this, not the host function (which only marks the slot done): the brief had
  * the host function push to the completion queue directly, but building the reply there blocks the
  * lane's CUDA stream (see slot_done), and a multi-megabyte copy-out must stay off the loop thread
  * too.
- *
- * Polling (--gpu-spin-us > 0, issue 34): a host function per launch costs a wake-up of CUDA's
- * one callback thread and holds its stream until that thread has run it; on the H200 every
- * device-region row stopped at about 30,000 requests a second whatever its size (bench/NOTES.md).
- * A spinning lane thread instead asks the engine whether its head slot's work has finished
- * (lane_finished: an event query), and its launches enqueue no host function; before it sleeps
- * with work on the device it asks for one wake-up at the stream's tail (lane_notify). Either way a
- * slot is done by count, not by a flag its host function sets, so a late host function can never
- * mark a slot that was retired and launched into again.
  *
  * Placement is the scheduler's (td_sched.c): each request arrives with the device and lane it
  * goes to, its carry index and whether it starts its stream's chain, and how many pieces it is
@@ -83,56 +78,35 @@
  * against any batch (16 MiB runs in well under a millisecond on an H100), short against a
  * client's timeout (5 s by default). */
 #define TD_GPU_WATCHDOG_MS 200
-/* How often a spinning lane thread asks the engine whether its head slot's work finished. */
-#define TD_GPU_POLL_NS 1000u
 
 /* ---- lane thread -------------------------------------------------------------------------- */
 
-/* The host function (CUDA's callback thread): counts one more launch of the lane done and wakes
- * the lane thread, nothing more. A host function blocks its CUDA stream until it returns, so any
- * work here (the reply's copy, even for a 64 KiB batch) delays the lane's next batch; tried, the
- * 64 KiB hist throughput fell 14 - 24 % against the echo (bench/NOTES.md). No CUDA calls here.
- * It counts rather than marking its slot: a spinning lane thread may have seen the launch finish
- * first (lane_finished), retired the slot and launched into it again before this runs. */
+/* The host function (CUDA's callback thread): marks the slot done and wakes the lane thread,
+ * nothing more. A host function blocks its CUDA stream until it returns, so any work here (the
+ * reply's copy, even for a 64 KiB batch) delays the lane's next batch; tried, the 64 KiB hist
+ * throughput fell 14 - 24 % against the echo (bench/NOTES.md). No CUDA calls here. */
 static void slot_done(void *arg)
 {
-    lane_t *l = arg;
+    slot_t *slot = arg;
+    lane_t *l = slot->lane;
     pthread_mutex_lock(&l->lock);
-    atomic_fetch_add(&l->done_count, 1);
-    atomic_fetch_add(&l->events, 1);
-    pthread_cond_signal(&l->cond);
-    pthread_mutex_unlock(&l->lock);
-}
-
-/* The wake-up a polling lane asked for before sleeping (lane_notify): any thread. */
-static void lane_wake(void *arg)
-{
-    lane_t *l = arg;
-    pthread_mutex_lock(&l->lock);
-    l->wake_pending = false;
-    atomic_fetch_add(&l->events, 1);
-    pthread_cond_signal(&l->cond);
-    pthread_mutex_unlock(&l->lock);
-}
-
-/* Whether the slot at the head of the ring is finished: failed, seen finished while spinning
- * (spin_for_event), or counted done by the host functions. Lock held. */
-static bool head_finished(lane_t *l, slot_t *slot)
-{
-    if (slot->state == SLOT_INFLIGHT && atomic_load(&l->done_count) > slot->seq)
+    if (slot->state == SLOT_INFLIGHT) /* else the watchdog already failed it */
         slot->state = SLOT_DONE;
-    return slot->state == SLOT_DONE || slot->state == SLOT_FAILED;
+    atomic_fetch_add(&l->events, 1);
+    pthread_cond_signal(&l->cond);
+    pthread_mutex_unlock(&l->lock);
 }
 
 /* The wake-up is sent under the lock: the loop cannot see (and answer) this request before the
- * send is done, so the last request's send never races td_gpu_close. */
+ * send is done, so the last request's send never races td_gpu_sink_close. */
 void td_gpu_push_completion(td_gpu_t *g, td_request_t *r)
 {
-    pthread_mutex_lock(&g->done_lock);
-    td_request_queue_push(&g->done, r);
-    if (g->async_open)
-        uv_async_send(&g->async);
-    pthread_mutex_unlock(&g->done_lock);
+    sink_t *k = &g->sinks[r->shard < g->opts.sinks ? r->shard : 0];
+    pthread_mutex_lock(&k->lock);
+    td_request_queue_push(&k->done, r);
+    if (k->open)
+        uv_async_send(&k->async);
+    pthread_mutex_unlock(&k->lock);
 }
 
 void *td_gpu_pool_take(reply_pool_t *p, size_t bytes)
@@ -304,20 +278,16 @@ static void launch(lane_t *l, slot_t *slot)
     if (job.dst == NULL && !r->out_ptr && output_bytes(r)) /* the reply, built in place */
         job.dst = slot->reply_buf = td_gpu_pool_take(&l->dev->pool, output_bytes(r));
     s->small->carry = r->carry;
-    slot->seq = l->launched; /* done (slot_done) is called for it only when the launch succeeds */
-    td_gpu_done_fn done = l->poll ? NULL : slot_done; /* polling: no host function */
     if (pieces > 1) {
         td_debug("request %" PRIu64 ": %zu bytes split into %u pieces over the %u lanes of GPU %d",
                  r->rep.request_id, r->payload_len, pieces, l->dev->lane_count, l->dev->ordinal);
         st = e->lane_launch_split(l->hw, (void *const *)l->peer_hw, l->dev->lane_count, pieces,
-                                  &job, done, l);
+                                  &job, slot_done, slot);
     } else {
-        st = e->lane_launch(l->hw, &job, done, l);
+        st = e->lane_launch(l->hw, &job, slot_done, slot);
     }
-    if (st == TD_GPU_OK) {
-        l->launched += done != NULL;
+    if (st == TD_GPU_OK)
         return;
-    }
 failed:
     td_warn("GPU %d (%s) lane %u: launch of request %" PRIu64 " failed: %s", l->dev->ordinal,
             l->dev->name, l->index, r->rep.request_id, e->error_string());
@@ -382,56 +352,24 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* With work on the device, polls (lock released) up to spin_us for an event (a request queued,
- * a host function run) or for the head slot's work to finish (lane_finished: the GPU seen done
- * without waiting for CUDA's callback thread to wake and run the host function), before the
- * caller sleeps. Returns true when one came. Lock held on entry and return. */
+/* With work on the device, polls (lock released) up to spin_us for an event before the caller
+ * sleeps. Returns true when one came. Lock held on entry and return. */
 static bool spin_for_event(lane_t *l)
 {
     if (!l->gpu->opts.spin_us || !ring_has_inflight(l))
         return false;
     unsigned seen = atomic_load(&l->events);
-    slot_t *head = &l->slots[l->ring[l->ring_head]];
-    bool ask = l->gpu->engine->lane_finished && head->state == SLOT_INFLIGHT;
     uint64_t until = now_ns() + (uint64_t)l->gpu->opts.spin_us * 1000u;
-    bool got = false, finished = false;
-    uint64_t now = 0, asked = 0;
+    bool got = false;
     pthread_mutex_unlock(&l->lock);
-    /* Only this thread retires or launches: the head slot and its launch stay put meanwhile.
-     * The engine is asked at most every TD_GPU_POLL_NS (a driver call; four lanes asking
-     * back to back would contend for the driver with each other's launches). */
-    while (!(got = atomic_load(&l->events) != seen) && (now = now_ns()) < until) {
-        if (ask && now - asked >= TD_GPU_POLL_NS) {
-            asked = now;
-            if ((finished = l->gpu->engine->lane_finished(l->hw, head->index)))
-                break;
-        }
+    while (!(got = atomic_load(&l->events) != seen) && now_ns() < until) {
 #if defined(__x86_64__) || defined(__i386__)
         __builtin_ia32_pause();
 #endif
     }
     pthread_mutex_lock(&l->lock);
-    if (finished && head->state == SLOT_INFLIGHT)
-        head->state = SLOT_DONE;
     /* An event between the last poll and the lock would otherwise be slept through. */
-    return got || finished || atomic_load(&l->events) != seen;
-}
-
-/* A polling lane about to sleep with work on the device asks for a wake-up once that work is
- * done (one at a time). Returns true when an event came meanwhile (the sim's wake-up comes at
- * once): look again rather than sleep. Lock held on entry and return. */
-static bool ask_wake(lane_t *l)
-{
-    if (!ring_has_inflight(l) || l->wake_pending)
-        return false;
-    unsigned seen = atomic_load(&l->events);
-    l->wake_pending = true;
-    pthread_mutex_unlock(&l->lock);
-    td_gpu_err_t st = l->gpu->engine->lane_notify(l->hw, lane_wake, l);
-    pthread_mutex_lock(&l->lock);
-    if (st != TD_GPU_OK) /* the watchdog's wake-ups remain; it finds a failed device */
-        l->wake_pending = false;
-    return atomic_load(&l->events) != seen;
+    return got || atomic_load(&l->events) != seen;
 }
 
 void *td_gpu_lane_main(void *arg)
@@ -441,8 +379,6 @@ void *td_gpu_lane_main(void *arg)
     char name[16]; /* for profiles and top -H: "tdlane-0.3" is device 0, lane 3 */
     snprintf(name, sizeof name, "tdlane-%d.%u", l->dev->ordinal % 100, l->index % 100);
     pthread_setname_np(pthread_self(), name);
-    const td_gpu_engine_t *e = l->gpu->engine;
-    l->poll = l->gpu->opts.spin_us && e->lane_finished && e->lane_notify;
     if (l->gpu->engine->lane_bind(l->hw) != TD_GPU_OK)
         atomic_store(&l->dev->dead, true);
     pthread_mutex_lock(&l->lock);
@@ -450,7 +386,7 @@ void *td_gpu_lane_main(void *arg)
         /* 1. Retire finished slots, strictly in launch order. */
         if (l->ring_count && !l->retiring) {
             slot_t *head = &l->slots[l->ring[l->ring_head]];
-            if (head_finished(l, head)) {
+            if (head->state == SLOT_DONE || head->state == SLOT_FAILED) {
                 l->ring_head = (l->ring_head + 1) % slots;
                 l->ring_count--;
                 l->retiring++;
@@ -474,9 +410,8 @@ void *td_gpu_lane_main(void *arg)
         }
         if (l->stop && !l->ring_count && !l->waiting.head && !l->retiring)
             break;
-        if (spin_for_event(l) || (l->poll && ask_wake(l)))
-            continue;
-        wait_with_watchdog(l);
+        if (!spin_for_event(l))
+            wait_with_watchdog(l);
     }
     pthread_mutex_unlock(&l->lock);
     return NULL;
@@ -509,24 +444,10 @@ static void note_result(device_t *d, const td_request_t *r)
                d->ordinal, d->name, d->errors_in_row);
 }
 
-/* --gpu-spin-loop: an idle handle keeps the loop polling (epoll with no timeout) while requests
- * are on the GPU, so a completion's wake-up (uv_async_send) and the next request's arrival are
- * seen without waking a sleeping thread. It does nothing itself. */
-static void spin_cb(uv_idle_t *handle)
+/* The devices' bookkeeping for a batch of completions (state lock held). */
+static void note_batch(td_gpu_t *g, td_request_t *r)
 {
-    (void)handle;
-}
-
-static void async_cb(uv_async_t *handle)
-{
-    td_gpu_t *g = handle->data;
-    pthread_mutex_lock(&g->done_lock);
-    td_request_t *r = td_request_queue_take_all(&g->done);
-    pthread_mutex_unlock(&g->done_lock);
-    while (r) {
-        td_request_t *next = r->next;
-        if (g->submitted && --g->submitted == 0 && g->spin_open)
-            uv_idle_stop(&g->spin);
+    for (; r; r = r->next) {
         /* The device, not the lane: a recovery may be reopening its lanes. */
         device_t *d = &g->devices[r->where.device];
         unsigned holder;
@@ -534,21 +455,65 @@ static void async_cb(uv_async_t *handle)
             g->devices[holder].peer_users--;
         if (!d->recovering && d->lanes_open)
             note_result(d, r);
-        g->complete(g->owner, r);
+    }
+}
+
+/* A lost context may wait for the devices to go idle: checked on the wiring's loop. */
+static void check_recovery(td_gpu_t *g, uv_loop_t *here)
+{
+    if (here == g->loop) {
+        pthread_mutex_lock(&g->state_lock);
+        td_gpu_recover_check(g);
+        pthread_mutex_unlock(&g->state_lock);
+        return;
+    }
+    for (unsigned i = 0; i < g->device_count; i++)
+        if (atomic_load(&g->devices[i].context_lost) && g->recover_async_open) {
+            uv_async_send(&g->recover_async);
+            return;
+        }
+}
+
+static void async_cb(uv_async_t *handle)
+{
+    sink_t *k = handle->data;
+    td_gpu_t *g = k->gpu;
+    pthread_mutex_lock(&k->lock);
+    td_request_t *r = td_request_queue_take_all(&k->done);
+    pthread_mutex_unlock(&k->lock);
+    pthread_mutex_lock(&g->state_lock);
+    note_batch(g, r);
+    pthread_mutex_unlock(&g->state_lock);
+    while (r) {
+        td_request_t *next = r->next;
+        k->complete(k->owner, r);
         r = next;
     }
-    td_gpu_recover_check(g);
+    check_recovery(g, k->loop);
+}
+
+static void recover_async_cb(uv_async_t *handle)
+{
+    check_recovery(handle->data, handle->loop);
+}
+
+/* Whether device d takes r now (state lock taken here); r on a peer counts on its holder, whose
+ * recovery waits for it (td_gpu_device.c). */
+static bool admit_on_device(td_gpu_t *g, device_t *d, const td_request_t *r)
+{
+    pthread_mutex_lock(&g->state_lock);
+    unsigned holder;
+    if (td_gpu_region_holder(r, &holder) && holder != r->where.device)
+        g->devices[holder].peer_users++;
+    bool open = !d->recovering && d->lanes_open;
+    pthread_mutex_unlock(&g->state_lock);
+    return open;
 }
 
 void td_gpu_submit(td_gpu_t *g, td_request_t *r)
 {
     device_t *d = &g->devices[r->where.device];
-    if (g->submitted++ == 0 && g->spin_open)
-        uv_idle_start(&g->spin, spin_cb);
-    unsigned holder; /* run on a peer: its holder's recovery waits for it (td_gpu_device.c) */
-    if (td_gpu_region_holder(r, &holder) && holder != r->where.device)
-        g->devices[holder].peer_users++;
-    if (d->recovering || !d->lanes_open) { /* no lanes to run it: failed, as on a dead device */
+    if (!admit_on_device(g, d, r)) { /* no lanes to run it: failed, as on a dead device */
         r->gpu_failed = true;
         td_gpu_push_completion(g, r);
         return;
@@ -629,9 +594,11 @@ unsigned td_gpu_ordinals(const td_gpu_t *g)
 uint64_t td_gpu_device_bytes(const td_gpu_t *g)
 {
     uint64_t bytes = 0;
+    pthread_mutex_lock(&((td_gpu_t *)g)->state_lock);
     for (unsigned i = 0; i < g->device_count; i++)
         if (!g->devices[i].recovering) /* else its worker is writing it */
             bytes += g->devices[i].device_bytes;
+    pthread_mutex_unlock(&((td_gpu_t *)g)->state_lock);
     return bytes;
 }
 
@@ -642,6 +609,7 @@ const char *td_gpu_engine_name(const td_gpu_t *g)
 
 void td_gpu_describe(const td_gpu_t *g, char *buf, size_t cap)
 {
+    pthread_mutex_lock(&((td_gpu_t *)g)->state_lock);
     size_t len = (size_t)snprintf(buf, cap, "%s:", g->engine->name);
     for (unsigned i = 0; i < g->device_count && len < cap; i++) {
         const device_t *d = &g->devices[i];
@@ -652,58 +620,33 @@ void td_gpu_describe(const td_gpu_t *g, char *buf, size_t cap)
                                 : d->recoveries            ? ", recovered"
                                                            : "");
     }
+    pthread_mutex_unlock(&((td_gpu_t *)g)->state_lock);
 }
 
-td_err_t td_gpu_new(uv_loop_t *loop, td_gpu_engine_t *engine, const td_gpu_opts_t *opts,
-                    td_gpu_complete_fn complete, void *owner, td_gpu_t **out, char *why,
-                    size_t why_cap)
+/* The wiring's loop handles: the recovery's timer and wake-up. */
+static int open_recovery(td_gpu_t *g, char *why, size_t why_cap)
 {
-    td_err_t err = TD_ERR_NOMEM;
-    td_gpu_t *g = calloc(1, sizeof *g);
-    if (!g) {
-        snprintf(why, why_cap, "out of memory");
-        engine->destroy(&engine);
-        return TD_ERR_NOMEM;
+    int rc = uv_timer_init(g->loop, &g->recover_timer);
+    if (rc == 0) {
+        g->recover_timer.data = g;
+        g->recover_timer_open = true;
+        rc = uv_async_init(g->loop, &g->recover_async, recover_async_cb);
     }
-    g->loop = loop;
-    g->engine = engine; /* owned from here: td_gpu_destroy frees it */
-    g->done_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER; /* cannot fail, unlike _init */
-    int count = engine->device_count(engine->ctx);
-    if (count <= 0) {
-        snprintf(why, why_cap, "no device");
-        err = TD_ERR_BACKEND;
-        goto fail;
+    if (rc == 0) {
+        g->recover_async.data = g;
+        g->recover_async_open = true;
     }
-    g->opts = *opts;
-    g->carries = opts->max_inflight + 1;
-    g->complete = complete;
-    g->owner = owner;
-    if (uv_async_init(loop, &g->async, async_cb) != 0) {
-        snprintf(why, why_cap, "cannot create the completion wake-up");
-        err = TD_ERR_LIBRARY;
-        goto fail;
-    }
-    g->async.data = g;
-    g->async_open = true;
-    if (uv_timer_init(loop, &g->recover_timer) != 0) {
-        snprintf(why, why_cap, "cannot create the recovery timer");
-        err = TD_ERR_LIBRARY;
-        goto fail;
-    }
-    g->recover_timer.data = g;
-    g->recover_timer_open = true;
-    if (opts->spin_loop) {
-        if (uv_idle_init(loop, &g->spin) != 0) {
-            snprintf(why, why_cap, "cannot create the loop's spin handle");
-            err = TD_ERR_LIBRARY;
-            goto fail;
-        }
-        g->spin_open = true;
-    }
+    if (rc != 0)
+        snprintf(why, why_cap, "cannot create the recovery's handles: %s", uv_strerror(rc));
+    return rc;
+}
+
+static td_err_t open_devices(td_gpu_t *g, int count, char *why, size_t why_cap)
+{
     g->devices = calloc((size_t)count, sizeof *g->devices);
     if (!g->devices) {
         snprintf(why, why_cap, "out of memory");
-        goto fail;
+        return TD_ERR_NOMEM;
     }
     for (int i = 0; i < count; i++) {
         char reason[256];
@@ -719,32 +662,82 @@ td_err_t td_gpu_new(uv_loop_t *loop, td_gpu_engine_t *engine, const td_gpu_opts_
         snprintf(why, why_cap, "%s", reason);
         memset(d, 0, sizeof *d);
     }
-    if (g->device_count == 0) {
+    return g->device_count ? TD_OK : TD_ERR_BACKEND;
+}
+
+td_err_t td_gpu_new(uv_loop_t *loop, td_gpu_engine_t *engine, const td_gpu_opts_t *opts,
+                    td_gpu_t **out, char *why, size_t why_cap)
+{
+    td_err_t err = TD_ERR_NOMEM;
+    td_gpu_t *g = calloc(1, sizeof *g);
+    if (!g) {
+        snprintf(why, why_cap, "out of memory");
+        engine->destroy(&engine);
+        return TD_ERR_NOMEM;
+    }
+    g->loop = loop;
+    g->engine = engine; /* owned from here: td_gpu_destroy frees it */
+    g->state_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER; /* cannot fail, unlike _init */
+    g->opts = *opts;
+    g->opts.sinks = opts->sinks ? opts->sinks : 1;
+    g->carries = g->opts.sinks * opts->max_inflight + 1;
+    g->sinks = calloc(g->opts.sinks, sizeof *g->sinks);
+    for (unsigned i = 0; g->sinks && i < g->opts.sinks; i++)
+        g->sinks[i].lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+    int count = engine->device_count(engine->ctx);
+    if (!g->sinks) {
+        snprintf(why, why_cap, "out of memory");
+    } else if (count <= 0) {
+        snprintf(why, why_cap, "no device");
         err = TD_ERR_BACKEND;
-        goto fail;
+    } else if (open_recovery(g, why, why_cap) != 0) {
+        err = TD_ERR_LIBRARY;
+    } else {
+        err = open_devices(g, count, why, why_cap);
+    }
+    if (err != TD_OK) {
+        td_gpu_destroy(&g);
+        return err;
     }
     *out = g;
     return TD_OK;
-fail:
-    td_gpu_destroy(&g);
-    return err;
+}
+
+int td_gpu_sink_open(td_gpu_t *g, unsigned index, uv_loop_t *loop, td_gpu_complete_fn complete,
+                     void *owner)
+{
+    sink_t *k = &g->sinks[index];
+    *k = (sink_t){.gpu = g, .loop = loop, .complete = complete, .owner = owner, .lock = k->lock};
+    int rc = uv_async_init(loop, &k->async, async_cb);
+    if (rc != 0)
+        return rc;
+    k->async.data = k;
+    k->open = true;
+    return 0;
+}
+
+void td_gpu_sink_close(td_gpu_t *g, unsigned index)
+{
+    sink_t *k = g ? &g->sinks[index] : NULL;
+    if (!k || !k->open)
+        return;
+    pthread_mutex_lock(&k->lock);
+    k->open = false;
+    pthread_mutex_unlock(&k->lock);
+    uv_close((uv_handle_t *)&k->async, NULL);
 }
 
 void td_gpu_close(td_gpu_t *g)
 {
-    if (!g || !g->async_open)
+    if (!g)
         return;
-    pthread_mutex_lock(&g->done_lock);
-    g->async_open = false;
-    pthread_mutex_unlock(&g->done_lock);
-    uv_close((uv_handle_t *)&g->async, NULL);
     if (g->recover_timer_open) {
         g->recover_timer_open = false;
         uv_close((uv_handle_t *)&g->recover_timer, NULL);
     }
-    if (g->spin_open) {
-        g->spin_open = false;
-        uv_close((uv_handle_t *)&g->spin, NULL);
+    if (g->recover_async_open) {
+        g->recover_async_open = false;
+        uv_close((uv_handle_t *)&g->recover_async, NULL);
     }
 }
 
@@ -757,15 +750,20 @@ void td_gpu_destroy(td_gpu_t **self_p)
     for (unsigned i = 0; i < g->device_count; i++)
         td_gpu_device_close(g, &g->devices[i]);
     free(g->devices);
-    if (g->async_open) { /* only on a failed td_gpu_new: the loop never ran with it */
-        uv_close((uv_handle_t *)&g->async, NULL);
-        if (g->recover_timer_open)
-            uv_close((uv_handle_t *)&g->recover_timer, NULL);
-        if (g->spin_open)
-            uv_close((uv_handle_t *)&g->spin, NULL);
-        uv_run(g->loop, UV_RUN_NOWAIT);
+    for (unsigned i = 0; g->sinks && i < g->opts.sinks; i++) {
+        sink_t *k = &g->sinks[i];
+        if (k->open) { /* only on a failed start: its loop never ran with it */
+            td_gpu_sink_close(g, i);
+            uv_run(k->loop, UV_RUN_NOWAIT);
+        }
+        pthread_mutex_destroy(&k->lock);
     }
-    pthread_mutex_destroy(&g->done_lock);
+    bool handles = g->recover_timer_open || g->recover_async_open;
+    td_gpu_close(g);
+    if (handles)
+        uv_run(g->loop, UV_RUN_NOWAIT);
+    free(g->sinks);
+    pthread_mutex_destroy(&g->state_lock);
     if (g->engine)
         g->engine->destroy(&g->engine);
     free(g);

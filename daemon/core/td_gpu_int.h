@@ -29,7 +29,6 @@ typedef struct {
     slot_state_t state;
     td_request_t *r;
     void *reply_buf; /* a pinned reply buffer the device writes the output to, or NULL */
-    uint64_t seq;    /* the lane's launch number (lane thread): done's count passes it when done */
 } slot_t;
 
 struct lane {
@@ -53,15 +52,6 @@ struct lane {
     unsigned retiring; /* slots popped from the ring whose completion is not pushed yet */
     bool stop;
     atomic_uint events; /* bumped on every slot done and request queued (for spinning) */
-    /* Completion by count (td_gpu.c slot_done): the host functions of a lane run in its launch
-     * order, so the slot of launch number s is done once more than s of them ran. */
-    uint64_t launched;           /* lane thread only: launches whose done will come */
-    _Atomic uint64_t done_count; /* host functions run */
-    /* Polling (td_gpu.c spin_for_event): launches enqueue no host function; the lane thread
-     * asks lane_finished while it spins and, before it sleeps with work on the device, one
-     * wake-up at the stream's tail (lane_notify), pending until it ran (under lock). */
-    bool poll;
-    bool wake_pending;
 };
 
 /* The device's pinned reply buffers (TD_GPU_REPLY_BUFS in td_config.h says why). Taken by lane
@@ -95,36 +85,47 @@ struct device {
      * lanes are closed, the context recreated, the lanes opened again: nothing may be submitted
      * meanwhile); recoveries done; the context's generation, bumped by each, which the device
      * regions imported in it carry (an older one names memory the reset unmapped). */
-    bool lanes_open;        /* loop thread, or the recovery's worker while recovering */
-    bool recovering;        /* loop thread only */
-    unsigned recoveries;    /* loop thread only */
+    bool lanes_open;        /* under state_lock, or the recovery's worker while recovering */
+    bool recovering;        /* under state_lock */
+    unsigned recoveries;    /* under state_lock */
     atomic_uint generation; /* written on the loop thread, read by importing workers */
-    unsigned peer_users; /* loop thread: requests running on other devices over its regions */
+    unsigned peer_users; /* under state_lock: requests running on other devices over its regions */
 };
 
-struct td_gpu {
+/* Where a shard's completions go (issue 31): the completion queue of the loop that submitted
+ * them, and its wake-up. One per shard; the lane threads push a request to the sink its shard
+ * names (r->shard). */
+typedef struct {
+    td_gpu_t *gpu;
     uv_loop_t *loop;
-    td_gpu_engine_t *engine;
-    td_gpu_opts_t opts;
-    unsigned carries; /* per lane: index 0 for requests without a stream */
     td_gpu_complete_fn complete;
     void *owner;
+    uv_async_t async;
+    bool open; /* written under lock once the lane threads run */
+    pthread_mutex_t lock;
+    td_request_queue_t done;
+} sink_t;
+
+struct td_gpu {
+    uv_loop_t *loop; /* the wiring's: recoveries run from it */
+    td_gpu_engine_t *engine;
+    td_gpu_opts_t opts;
+    unsigned carries; /* per lane: index 0 for requests without a stream, then each shard's */
     device_t *devices;
     unsigned device_count;
-    /* Polls the unusable devices until they are idle enough to recover (td_gpu_device.c). */
+    /* The devices' bookkeeping that the shards share (lanes_open, recovering, recoveries,
+     * errors_in_row, peer_users): every shard submits and completes on its own thread, and the
+     * recoveries run from the wiring's loop. Taken once per submission and once per batch of
+     * completions. */
+    pthread_mutex_t state_lock;
+    /* Polls the unusable devices until they are idle enough to recover (td_gpu_device.c); a
+     * shard's completions that find a lost context wake it (recover_async). */
     uv_timer_t recover_timer;
     bool recover_timer_open;
+    uv_async_t recover_async;
+    bool recover_async_open;
     atomic_uint recovering; /* recoveries whose worker has not finished */
-
-    uv_async_t async;
-    bool async_open; /* written under done_lock once the lane threads run */
-    /* --gpu-spin-loop: the loop polls instead of sleeping while requests are on the GPU. */
-    uv_idle_t spin;
-    bool spin_open;
-
-    unsigned submitted; /* loop thread: requests submitted and not yet completed */
-    pthread_mutex_t done_lock;
-    td_request_queue_t done;
+    sink_t *sinks;          /* opts.sinks of them */
 };
 
 /* ---- td_gpu.c ----------------------------------------------------------------------------- */
@@ -145,8 +146,8 @@ td_gpu_err_t td_gpu_device_open(td_gpu_t *g, device_t *d, int ordinal, char *why
 /* Stops and joins its lane threads, closes its lanes and reply buffers (idle ones: a recovery
  * waits for that, td_gpu_destroy runs after the loop). */
 void td_gpu_device_close(td_gpu_t *g, device_t *d);
-/* The loop thread, after completions: starts the recovery of unusable devices that are idle, and
- * keeps polling for the others. */
+/* The wiring's loop thread, state_lock held: starts the recovery of unusable devices that are
+ * idle, and keeps polling for the others. */
 void td_gpu_recover_check(td_gpu_t *g);
 /* Waits for a recovery's worker still running (td_gpu_destroy, after the loop stopped). */
 void td_gpu_recover_wait(td_gpu_t *g);

@@ -57,6 +57,7 @@ td_request_t *td_request_new(void)
 
 void td_request_release_input(td_request_t *self)
 {
+    td_bytes_free(&self->arrived);
     td_bytes_free(&self->payload_held);
     free(self->payload_copy);
     self->payload_copy = NULL;

@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "td_mailbox.h"
 #include "td_shm.h"
 #include "td_stream.h"
 #include "tally_ops.h"
@@ -50,6 +51,19 @@ typedef struct td_request {
      * tallyd's own request) and the transport's words. */
     td_transport_t *transport;
     size_t identity_len; /* of identity, at the end */
+    /* Issue 31: the shard that runs it, and how it travels between threads (td_mailbox.h). The
+     * front (td_path.c) identifies and decodes it on the transports' thread: whether its header
+     * decoded (if not it is failed already), its request frames, its payload until the shard
+     * takes it (td_request_take_payload), its connection's share of the in-flight slots and what
+     * the connection had in flight with it (td_admit.h); the transport's end of its reply. */
+    unsigned shard;
+    td_hop_t hop;
+    bool decoded;
+    int frames;
+    td_bytes_t arrived;
+    unsigned share;
+    unsigned share_inflight;
+    td_reply_outcome_t outcome;
     uint64_t transport_word;
     void *transport_ctx;
     /* Who sent it (td_peers.h): its connection, held to a share of max_inflight, and its client

@@ -44,8 +44,10 @@ typedef struct td_sched_stream {
 
 typedef struct {
     unsigned load;
-    unsigned *carry_free; /* carry indices 1..carries-1 not held by a stream */
+    unsigned carry_fresh; /* carries base+1 .. base+carry_fresh-1 were handed out once */
+    unsigned *carry_free; /* of them, those given back (grown as needed) */
     unsigned carry_free_count;
+    unsigned carry_free_cap;
 } lane_t;
 
 typedef struct {
@@ -56,7 +58,7 @@ typedef struct {
 /* A peer's queue of requests for one class of worker (deficit round robin, below). */
 typedef struct td_sched_flow {
     td_peer_t *peer; /* NULL: the queue of requests whose connection has no table entry */
-    unsigned cls;
+    unsigned cls;    /* its slot in the entry (td_peer_flow): this shard's class */
     td_request_queue_t queue;
     uint64_t deficit; /* bytes it may still start in its turn */
     bool turn;        /* its turn has begun (its quantum was added) */
@@ -343,14 +345,16 @@ static void place_first(td_sched_t *s, td_request_t *r, record_t *rec)
     if (!rec)
         return;
     lane_t *l = &s->devices[w->device].lanes[w->lane];
-    if (!l->carry_free_count) { /* cannot happen: carries = max_inflight + 1 */
+    if (!l->carry_free_count && l->carry_fresh >= s->machine.gpu_carries) {
+        /* cannot happen: a shard's carries = max_inflight + 1 */
         td_err("GPU lane out of scan carries; stream '%s' runs unpinned", rec->stream->name);
         return;
     }
     rec->pinned = true;
     rec->device = w->device;
     rec->lane = w->lane;
-    rec->carry_index = l->carry_free[--l->carry_free_count];
+    rec->carry_index = l->carry_free_count ? l->carry_free[--l->carry_free_count]
+                                           : s->machine.gpu_carry_base + l->carry_fresh++;
     w->carry_index = rec->carry_index;
 }
 
@@ -374,8 +378,16 @@ static void unpin(td_sched_t *s, record_t *rec)
     if (!rec->pinned)
         return;
     lane_t *l = &s->devices[rec->device].lanes[rec->lane];
-    l->carry_free[l->carry_free_count++] = rec->carry_index;
     rec->pinned = false;
+    if (l->carry_free_count == l->carry_free_cap) {
+        unsigned cap = l->carry_free_cap ? 2 * l->carry_free_cap : 64;
+        unsigned *grown = realloc(l->carry_free, cap * sizeof *grown);
+        if (!grown) /* out of memory: the carry is not handed out again (one int64 of 65,536) */
+            return;
+        l->carry_free = grown;
+        l->carry_free_cap = cap;
+    }
+    l->carry_free[l->carry_free_count++] = rec->carry_index;
 }
 
 /* Runs on the loop thread rather than a worker: a tiny batch is cheaper there than two thread
@@ -436,15 +448,16 @@ static flow_t *flow_of(td_sched_t *s, td_peer_t *peer, unsigned cls)
 {
     if (!peer)
         return &s->drr[cls].anonymous;
-    flow_t *f = td_peer_flow(peer, cls);
+    unsigned slot = s->host.shard * TD_PEER_FLOWS + cls;
+    flow_t *f = td_peer_flow(peer, slot);
     if (f)
         return f;
     f = calloc(1, sizeof *f);
     if (!f)
         return &s->drr[cls].anonymous; /* out of memory: shares the anonymous queue */
     f->peer = peer;
-    f->cls = cls;
-    td_peer_set_flow(peer, cls, f);
+    f->cls = slot;
+    td_peer_set_flow(peer, slot, f);
     return f;
 }
 
@@ -459,7 +472,7 @@ static void flow_retire(drr_t *d, flow_t *f)
     f->turn = false;
     if (f == &d->anonymous)
         return;
-    td_peer_set_flow(f->peer, f->cls, NULL);
+    td_peer_set_flow(f->peer, f->cls, NULL); /* cls: its slot */
     free(f);
 }
 
@@ -875,14 +888,8 @@ static td_err_t devices_new(td_sched_t *s)
         s->devices[d].lanes = calloc(m->gpu_lanes, sizeof *s->devices[d].lanes);
         if (!s->devices[d].lanes)
             return TD_ERR_NOMEM;
-        for (unsigned i = 0; i < m->gpu_lanes; i++) {
-            lane_t *l = &s->devices[d].lanes[i];
-            l->carry_free = calloc(m->gpu_carries ? m->gpu_carries : 1, sizeof *l->carry_free);
-            if (!l->carry_free)
-                return TD_ERR_NOMEM;
-            for (unsigned c = m->gpu_carries; c-- > 1;) /* low indices handed out first */
-                l->carry_free[l->carry_free_count++] = c;
-        }
+        for (unsigned i = 0; i < m->gpu_lanes; i++) /* low indices handed out first */
+            s->devices[d].lanes[i].carry_fresh = 1;
     }
     return TD_OK;
 }

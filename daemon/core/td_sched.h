@@ -66,6 +66,9 @@ typedef struct {
     unsigned gpu_devices;
     unsigned gpu_lanes;      /* per device */
     unsigned gpu_carries;    /* device scan carries per lane; index 0 is for stateless requests */
+    /* This scheduler hands out carries gpu_carry_base + 1 .. gpu_carry_base + gpu_carries - 1 (the
+     * shards share the lanes, each with a range of its own: td_exec_port_machine). */
+    unsigned gpu_carry_base;
     size_t gpu_buffer_bytes; /* the most a lane's buffers hold of one batch (whole) */
     /* How much work is handed to the machine at once; the rest waits in the peers' queues, which
      * take turns (deficit round robin): requests on the CPU workers, cpu_workers (+
@@ -99,6 +102,7 @@ typedef struct {
     /* A stream nothing refers to any more that is not live (td_stream_t's life: deleted, or
      * created by requests that all failed): forget its name (and free it). */
     void (*forget)(void *owner, td_stream_t *stream);
+    unsigned shard; /* its queues in the per-peer entries: td_peer_flow's slots of this shard */
 } td_sched_host_t;
 
 /* cfg is the live configuration (max_inflight may be reloaded); metrics for the fallbacks and
