@@ -95,6 +95,7 @@ static void op_info(td_server_t *s, td_request_t *r)
                       .pub_endpoint = s->pub ? td_pub_endpoint(s->pub) : NULL,
                       .gpu_uuids = gpu_uuids,
                       .curve = td_zmq_auth(s->zmq) != NULL,
+                      .shards = td_path_shard_count(s->path),
                       .fleet = &s->fleet_status};
     td_op_info(&info, r);
 }

@@ -103,6 +103,13 @@
 #               (issue 21, item 10: the leak at stop was seen under ASan, not on the dev box)
 #   info        `tally info` of a tallyd on every GPU of the host (a multi-GPU kind shows
 #               them all)
+#   shards      issue 31: the CPU-vs-GPU differential test with every tallyd on 1 and then on 4
+#               shards (TALLYD_TEST_SHARDS), then bench/run-shards.sh (about 4 minutes): hist u8
+#               64 B - 4 KiB, 8 and 16 producers x 64, ipc and tcp, no stream and 256 streams,
+#               beside the ZeroMQ echo with the same I/O threads; one producer's 4 KiB p50;
+#               tallyd at 1, 2, 4, 8 and 16 shards (req/s, and per shard); more I/O threads
+#               beside redis-benchmark -P 64 -c 16 when redis-server is installed. Any step
+#               runs on shards with TALLYD_TEST_SHARDS=N set for the call (STEPS=ctest too)
 #   systemd     the unit's systemd-analyze security score, and where systemd runs, tallyd on
 #               the GPU under the unit's sandbox answering a hist
 set -uo pipefail
@@ -165,6 +172,22 @@ step_diff() {
     grep -E "every reply|PASSED|FAILED|ERROR|LINE" "$OUT/test_differential-$row.log" | head -8 |
       sed "s/^/  $row: /" | tee -a "$S"
   done
+}
+
+# Issue 31: the GPU path against the CPU reference on one shard and on four, then the tables.
+step_shards() {
+  for n in 1 4; do
+    TALLYD_TEST_SHARDS=$n TALLY_PIPELINE_ENGINE=cuda TALLY_DIFF_SCALE=${DIFF_SCALE:-2} \
+      timed "test_differential (cuda, $n shards)" 300 "$B/tests/test_differential" \
+      >"$OUT/test_differential-shards$n.log" 2>&1
+    grep -E "every reply|PASSED|FAILED|ERROR|LINE" "$OUT/test_differential-shards$n.log" |
+      head -8 | sed "s/^/shards $n: /" | tee -a "$S"
+  done
+  SECONDS_PER_RUN=${SECONDS_PER_RUN:-1} timed run-shards 540 bench/run-shards.sh "$B" \
+    "$OUT/shards" >"$OUT/run-shards.log" 2>&1
+  cp "$OUT/shards/shards.md" "$OUT/" 2>/dev/null
+  grep -E "^#|^\| (ipc|tcp|[0-9]+ shards|echo|tallyd)|^per shard|requests per second" \
+    "$OUT/shards/shards.md" | tee -a "$S"
 }
 
 step_kernel_test() {
@@ -499,7 +522,8 @@ date -u >>"$S"
 build
 for step in $STEPS; do
   case $step in
-  ctest | suites | diff | region | kernels | sweep | variants | profile | info | systemd | soak) "step_$step" ;;
+  ctest | suites | diff | region | kernels | sweep | variants | profile | info | systemd | soak | shards)
+    "step_$step" ;;
   soak-collect) step_soak_collect ;;
   asan-stop) step_asan_stop ;;
   kernel-test) step_kernel_test ;;

@@ -389,8 +389,8 @@ td_err_t td_config_add_bind(td_config_t *cfg, const char *endpoint);
 
 /* The ZeroMQ I/O threads to use: cfg->io_threads, or the default from the core count. */
 unsigned td_config_io_threads(const td_config_t *cfg);
-/* The shards to run: cfg->shards, or the cores less the I/O threads and the socket's thread,
- * from 1 to TD_SHARDS_DEFAULT_MAX. */
+/* The shards to run: cfg->shards, or (tests) $TALLYD_TEST_SHARDS, or the cores less the I/O
+ * threads and the socket's thread, from 1 to TD_SHARDS_DEFAULT_MAX. */
 unsigned td_config_shards(const td_config_t *cfg);
 /* The default side-channel path: $RUNTIME_DIRECTORY (systemd), /run/tallyd as root,
  * $XDG_RUNTIME_DIR, else /tmp/tallyd-UID; then TD_SHM_SOCKET_NAME. */

@@ -47,7 +47,8 @@ struct td_exec {
     size_t gpu_max_batch; /* the staging size, fixed at start */
     td_gpu_t *gpu;        /* NULL: CPU only */
     port_t *ports;
-    char devices[512]; /* td_exec_devices */
+    _Atomic unsigned *gpu_loads; /* the ports' schedulers' shared placement (td_sched.h) */
+    char devices[512];           /* td_exec_devices */
 };
 
 /* ---- CPU path ----------------------------------------------------------------------------- */
@@ -180,6 +181,7 @@ void td_exec_port_machine(td_exec_t *x, unsigned index, td_sched_machine_t *m)
     m->gpu_lanes = td_gpu_lanes(x->gpu);
     m->gpu_carries = TD_MAX_INFLIGHT_LIMIT + 1; /* each port its own (td_gpu_opts_t.sinks) */
     m->gpu_carry_base = index * TD_MAX_INFLIGHT_LIMIT;
+    m->gpu_loads = x->gpu_loads;
     m->gpu_buffer_bytes = x->gpu_max_batch;
     m->region_peers = exec_region_peers;
 }
@@ -230,6 +232,12 @@ static td_err_t open_gpu(td_exec_t *x)
         err = td_gpu_new(x->env.loop, engine, &opts, &x->gpu, why, sizeof why);
     }
     if (err == TD_OK) {
+        size_t loads = (size_t)td_gpu_device_count(x->gpu) * (1 + td_gpu_lanes(x->gpu));
+        x->gpu_loads = calloc(loads, sizeof *x->gpu_loads);
+        if (!x->gpu_loads) {
+            td_gpu_destroy(&x->gpu);
+            return TD_ERR_NOMEM;
+        }
         td_metrics_set_gpus(x->env.metrics, td_gpu_ordinals(x->gpu));
         char desc[512];
         td_gpu_describe(x->gpu, desc, sizeof desc);
@@ -286,6 +294,7 @@ void td_exec_destroy(td_exec_t **self_p)
     if (!x)
         return;
     td_gpu_destroy(&x->gpu);
+    free(x->gpu_loads);
     free(x->ports);
     free(x);
     *self_p = NULL;

@@ -144,8 +144,7 @@ static void build_reply(lane_t *l, slot_t *slot)
     td_request_t *r = slot->r;
     td_gpu_staging_t *s = &l->staging[slot->index];
     if (r->req.opcode == TALLY_OP_HIST) {
-        r->hist = s->small->hist;
-        td_request_hist_result(r);
+        td_request_hist_result(r, &s->small->hist);
         return;
     }
     if (r->req.opcode == TALLY_OP_MINMAX) {

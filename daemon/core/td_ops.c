@@ -62,9 +62,10 @@ void td_op_info(const td_info_t *info, td_request_t *r)
                  td_config_state_bytes_per_client(c));
     if (n > 0)
         len += (size_t)n < TD_TEXT_REPLY_MAX - len ? (size_t)n : TD_TEXT_REPLY_MAX - len - 1;
-    /* The GPUs a device region may be registered on (PROTOCOL.md §10 "Device memory"). */
-    n = snprintf(text + len, TD_TEXT_REPLY_MAX - len, "gpu_uuids=%s\n",
-                 info->gpu_uuids ? info->gpu_uuids : "");
+    /* The GPUs a device region may be registered on (PROTOCOL.md §10 "Device memory"), and the
+     * request path's shards (issue 31). */
+    n = snprintf(text + len, TD_TEXT_REPLY_MAX - len, "gpu_uuids=%s\nshards=%u\n",
+                 info->gpu_uuids ? info->gpu_uuids : "", info->shards);
     if (n > 0)
         len += (size_t)n < TD_TEXT_REPLY_MAX - len ? (size_t)n : TD_TEXT_REPLY_MAX - len - 1;
     /* The NATS fleet (PROTOCOL.md §13): on or off, and a worker's limits and partitions. */

@@ -113,12 +113,11 @@ typedef struct td_request {
     /* The reply as its transport sees it, from send_reply until td_reply_end (td_path.c). */
     td_reply_t out;
 
-    /* Last, and not zeroed by td_request_new (9.2 KiB of memset per request was a third of a
-     * small request's instructions on the loop thread: bench/NOTES.md, issue 31): the sender's
-     * id (identity_len bytes of it are set), and a hist's histogram (execute_hist zeroes the
-     * bins its dtype uses; the GPU copies its result in). */
+    /* Last, and not zeroed by td_request_new (issue 31: a small request's memsets were a third
+     * of its instructions on the loop thread, bench/NOTES.md): the sender's id, of which
+     * identity_len bytes are set. A hist's histogram is not kept here: it is the reply's payload
+     * (td_request_hist_result), which apply reads back. */
     uint8_t identity[TD_IDENTITY_MAX];
-    tk_hist_t hist; /* hist: this batch's histogram */
 } td_request_t;
 
 /* A FIFO of requests linked through their `next`: a stream's FIFO (td_sched.c), a GPU lane's
@@ -163,10 +162,10 @@ void td_request_drop_reply(td_request_t *self);
  * is built, for the CPU backend and the GPU pipeline alike (any thread). A filter kept `kept`
  * elements at out, a scan wrote its sums at out and ends with `carry`: when out is the output
  * region (out_ptr) the reply carries only the header, else out is malloc'd or a lent buffer
- * (td_request_lend_reply after) and becomes the reply payload. A hist's bins are in self->hist. */
+ * (td_request_lend_reply after) and becomes the reply payload. A hist's are the counts in hist. */
 void td_request_filter_result(td_request_t *self, void *out, uint64_t kept);
 void td_request_scan_result(td_request_t *self, void *out, int64_t carry);
-void td_request_hist_result(td_request_t *self);
+void td_request_hist_result(td_request_t *self, const tk_hist_t *hist);
 /* A minmax batch's min and max (TK_MINMAX_EMPTY_* for an empty batch: a reply without values). */
 void td_request_minmax_result(td_request_t *self, int64_t min, int64_t max);
 

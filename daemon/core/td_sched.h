@@ -48,6 +48,7 @@
 #ifndef TD_SCHED_H
 #define TD_SCHED_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -69,6 +70,11 @@ typedef struct {
     /* This scheduler hands out carries gpu_carry_base + 1 .. gpu_carry_base + gpu_carries - 1 (the
      * shards share the lanes, each with a range of its own: td_exec_port_machine). */
     unsigned gpu_carry_base;
+    /* What is placed on each device and lane and not back, shared by every scheduler on the
+     * machine (the shards': their placement is the least loaded lane of all, and a device's
+     * queue for the peer rule counts every shard's requests): gpu_devices x (1 + gpu_lanes)
+     * counters, a device's then its lanes'. NULL: the scheduler keeps its own. */
+    _Atomic unsigned *gpu_loads;
     size_t gpu_buffer_bytes; /* the most a lane's buffers hold of one batch (whole) */
     /* How much work is handed to the machine at once; the rest waits in the peers' queues, which
      * take turns (deficit round robin): requests on the CPU workers, cpu_workers (+

@@ -71,17 +71,19 @@ void td_shard_retire(td_shard_t *p, td_request_t *r)
         p->env.metrics->replies_dropped_gone++;
         td_debug("reply to request %" PRIu64 " dropped: the peer has gone", r->rep.request_id);
     }
-    td_metrics_observe(p->env.metrics, r->req.opcode, (tally_status_t)r->rep.status, r->payload_len,
-                       r->reply_len, uv_hrtime() - r->received_ns);
     td_peers_release(p->env.peers, &r->conn);
     td_peers_release(p->env.peers, &r->client);
     td_request_destroy(&r);
 }
 
-/* The end of every request: its in-flight slot, then its reply, handed to the front for its
- * transport with its input freed (a reply the transport keeps holds only itself). */
+/* The end of every request: its in-flight slot and its counts, then its reply, handed to the
+ * front for its transport with its input freed (a reply the transport keeps holds only itself).
+ * Counted here, not when the transport is done with it: a client that has its reply and asks for
+ * `stats` finds it counted, whichever shard ran it. */
 static void reply(td_shard_t *p, td_request_t *r)
 {
+    td_metrics_observe(p->env.metrics, r->req.opcode, (tally_status_t)r->rep.status, r->payload_len,
+                       r->reply_len, uv_hrtime() - r->received_ns);
     td_sched_answered(p->sched);
     td_request_release_input(r);
     td_replies_hand(p->env.replies, r);

@@ -414,7 +414,9 @@ void td_service_reload(td_service_t *self)
     }
     td_config_t *live = self->host.cfg;
     unsigned old_interval = live->state_interval;
+    td_streams_hold(self->host.streams); /* the shards read the live configuration */
     td_config_apply_runtime(live, &next);
+    td_streams_release(self->host.streams);
     td_config_clear(&next);
 
     td_streams_set_max(self->host.streams, live->max_streams);
