@@ -31,11 +31,12 @@ void td_admit_identify(td_admit_t *a, td_request_t *r, const char *user)
         r->share = td_config_inflight_per_peer(a->cfg, a->active_conns);
         r->share_inflight = td_peer_inflight(r->conn);
     }
-    if (user && user[0])
+    if (user && user[0]) {
         r->client = td_peers_acquire(a->peers, TD_PEER_USER, user, strlen(user), now);
-    else
-        r->client =
-            td_peers_acquire(a->peers, TD_PEER_CONNECTION, r->identity, r->identity_len, now);
+    } else if (r->conn) { /* the connection is the client: the same entry, a second reference */
+        r->client = r->conn;
+        td_peer_hold(r->client);
+    }
     if (r->client && user && user[0])
         td_peer_count_request(r->client);
 }

@@ -9,7 +9,7 @@
 
 int td_mailbox_init(td_mailbox_t *mb, uv_loop_t *loop, uv_async_cb cb, void *data)
 {
-    atomic_init(&mb->top, NULL);
+    atomic_init(&mb->stack.top, NULL);
     int rc = uv_async_init(loop, &mb->async, cb);
     if (rc != 0)
         return rc;
@@ -35,16 +35,28 @@ void td_hop_batch_add(td_hop_batch_t *batch, td_hop_t *hop, unsigned kind)
         batch->oldest = hop;
 }
 
+void td_hop_stack_push(td_hop_stack_t *stack, td_hop_batch_t *batch)
+{
+    if (!batch->newest)
+        return;
+    td_hop_t *top = atomic_load_explicit(&stack->top, memory_order_relaxed);
+    do {
+        batch->oldest->next = top;
+    } while (!atomic_compare_exchange_weak_explicit(&stack->top, &top, batch->newest,
+                                                    memory_order_release, memory_order_relaxed));
+    batch->newest = batch->oldest = NULL;
+}
+
+td_hop_t *td_hop_stack_take(td_hop_stack_t *stack)
+{
+    return atomic_exchange_explicit(&stack->top, NULL, memory_order_acquire);
+}
+
 void td_mailbox_post(td_mailbox_t *mb, td_hop_batch_t *batch)
 {
     if (!batch->newest)
         return;
-    td_hop_t *top = atomic_load_explicit(&mb->top, memory_order_relaxed);
-    do {
-        batch->oldest->next = top;
-    } while (!atomic_compare_exchange_weak_explicit(&mb->top, &top, batch->newest,
-                                                    memory_order_release, memory_order_relaxed));
-    batch->newest = batch->oldest = NULL;
+    td_hop_stack_push(&mb->stack, batch);
     uv_async_send(&mb->async);
 }
 
@@ -57,7 +69,7 @@ void td_mailbox_post_one(td_mailbox_t *mb, td_hop_t *hop, unsigned kind)
 
 td_hop_t *td_mailbox_take(td_mailbox_t *mb)
 {
-    td_hop_t *hop = atomic_exchange_explicit(&mb->top, NULL, memory_order_acquire);
+    td_hop_t *hop = td_hop_stack_take(&mb->stack);
     td_hop_t *oldest_first = NULL;
     while (hop) { /* newest first on the stack: reversed */
         td_hop_t *next = hop->next;

@@ -35,8 +35,14 @@ typedef struct {
     td_hop_t *oldest;
 } td_hop_batch_t;
 
+/* The stack alone: posted to by any thread, taken whole by one (no wake-up: the taker looks
+ * when it needs to; the pool of recycled requests, td_path.c). */
 typedef struct {
     _Atomic(td_hop_t *) top; /* posted, newest first */
+} td_hop_stack_t;
+
+typedef struct {
+    td_hop_stack_t stack;
     uv_async_t async;
     bool open;
 } td_mailbox_t;
@@ -59,5 +65,10 @@ void td_mailbox_post(td_mailbox_t *mb, td_hop_batch_t *batch);
 void td_mailbox_post_one(td_mailbox_t *mb, td_hop_t *hop, unsigned kind);
 /* Consumer's thread: everything posted so far, oldest first, linked by next (NULL: nothing). */
 td_hop_t *td_mailbox_take(td_mailbox_t *mb);
+
+/* The same on a stack without a wake-up: push a batch (emptied), take everything (in no
+ * particular order: a pool needs none). */
+void td_hop_stack_push(td_hop_stack_t *stack, td_hop_batch_t *batch);
+td_hop_t *td_hop_stack_take(td_hop_stack_t *stack);
 
 #endif

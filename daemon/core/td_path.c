@@ -13,9 +13,10 @@
  * transports' loop thread, which owns the sockets (a ZeroMQ socket is single-threaded; so are the
  * HTTP API's jobs and the NATS worker's queue). It does the least a request needs before it can
  * go to its shard: the sender's entry in the per-peer table and its share of the in-flight slots
- * (td_admit_identify: judged there, in the order requests are read, as before), the header
- * decoded (its stream names the shard), the request's in-flight slot. The payload is not touched
- * (the transport's bytes move with the request: no copy).
+ * (td_admit_identify: judged there, in the order requests are read, as before), the header frame
+ * copied (128 bytes) and its stream's name read from it (which names the shard: the shard decodes
+ * the rest), the request's in-flight slot. The payload is not touched (the transport's bytes move
+ * with the request: no copy).
  *
  * Hand-off (more than one shard): requests, replies and the ends of replies travel through
  * mailboxes (td_mailbox.h), one per shard and one for the front, in batches: what the front hands
@@ -25,6 +26,12 @@
  * its replies to the front the same way. One producer per mailbox direction and FIFO batches: a
  * stream's requests reach their shard in the order the front read them, which is the order
  * ZeroMQ delivered them.
+ *
+ * Requests are allocated on the front's thread and retired on their shard's: freed there, every
+ * one would go back to the front's malloc arena under its lock, and the front would find its
+ * cache empty at every allocation (bench/NOTES.md: a third of the front's instructions). So a
+ * shard hands its retired requests back, emptied, in batches onto a lock-free pool, and the
+ * front takes the whole pool when its own spares run out (at most TD_PATH_SPARES kept).
  *
  * In flight: the front counts what it hands each shard and the replies that come back; their
  * difference is what max_inflight bounds (td_path_may_read), exact on the front's thread with no
@@ -100,6 +107,7 @@ typedef struct {
     td_mailbox_t inbox;      /* the front's hops to it */
     td_hop_batch_t to_shard; /* the front's thread: not posted yet */
     td_hop_batch_t to_front; /* the shard's thread: not posted yet */
+    td_hop_batch_t to_pool;  /* the shard\'s thread: retired requests, not pooled yet */
     uv_prepare_t flush_prepare;
     uv_check_t flush_check;
     bool flush_open;
@@ -117,6 +125,9 @@ struct td_path {
     bool threads; /* more than one shard: each on a thread of its own */
     td_path_machines_t machines;
     td_mailbox_t inbox; /* the shards' hops to the front */
+    td_hop_stack_t pool; /* retired requests the shards hand back */
+    td_hop_t *spares;    /* the front\'s: taken from the pool, not in use */
+    unsigned spare_count;
     uv_prepare_t flush_prepare;
     uv_check_t flush_check;
     bool front_open;     /* inbox and flush handles initialised */
@@ -140,6 +151,9 @@ struct td_path {
 };
 
 static void flush_to_shards(td_path_t *p);
+
+/* The most retired requests the front keeps for reuse; more are freed (after a burst). */
+#define TD_PATH_SPARES 4096u
 
 /* ---- Holding the shards still ------------------------------------------------------------- */
 
@@ -215,13 +229,16 @@ static slot_t *least_loaded(td_path_t *p)
     return &p->slots[best];
 }
 
-/* A named stream's shard owns it; anything else goes where there is least to do. */
+/* A named stream's shard owns it; anything else (no stream, or a header its shard will refuse)
+ * goes where there is least to do. Only the name is read here: the shard decodes the header. */
 static slot_t *pick(td_path_t *p, const td_request_t *r)
 {
+    const char *name;
+    size_t len;
     if (p->count == 1)
         return &p->slots[0];
-    if (r->decoded && r->req.stream_len)
-        return &p->slots[td_stream_shard(r->req.stream, r->req.stream_len, p->count)];
+    if (r->has_header && tally_req_stream_of(r->header, r->header_len, &name, &len))
+        return &p->slots[td_stream_shard(name, len, p->count)];
     return least_loaded(p);
 }
 
@@ -239,31 +256,52 @@ static void take_envelope(td_path_t *p, td_request_t *r, td_transport_t *t, cons
     td_admit_identify(&p->admit, r, from->user);
 }
 
-/* Decoded even when the frame count is wrong, so that every reply echoes the first request
- * frame's opcode, flags and id (§3); with no request frame at all they stay 0. A header that
- * does not decode fails r here; its shard answers it (td_shard.c). */
-static void decode(td_request_t *r, const td_msg_t *m)
+/* The message's header frame (its first TALLY_REQ_HEADER_SIZE bytes: the decoder reads no more
+ * of a longer one, which it refuses by its length) and frame count, for its shard. */
+static void copy_header(td_request_t *r, const td_msg_t *m)
 {
-    char msg[TALLY_ERROR_MESSAGE_MAX + 1];
-    tally_status_t st =
-        tally_req_decode(m->header, m->header ? m->header_len : 0, &r->req, msg, sizeof msg);
-    r->rep.opcode = r->req.opcode;
-    r->rep.flags = r->req.flags;
-    r->rep.request_id = r->req.request_id;
     r->frames = m->frames;
-    r->decoded = st == TALLY_OK;
-    if (!r->decoded)
-        td_request_fail(r, st, "%s", msg);
+    r->has_header = m->header != NULL;
+    r->header_len = m->header ? m->header_len : 0;
+    if (m->header)
+        memcpy(r->header, m->header,
+               r->header_len < TALLY_REQ_HEADER_SIZE ? r->header_len : TALLY_REQ_HEADER_SIZE);
+}
+
+static td_request_t *hop_request(td_hop_t *hop);
+
+/* A request: a spare (the shards' retired ones), else a new one. */
+static td_request_t *new_request(td_path_t *p)
+{
+    if (!p->spares) {
+        for (td_hop_t *hop = td_hop_stack_take(&p->pool), *next; hop; hop = next) {
+            next = hop->next;
+            if (p->spare_count >= TD_PATH_SPARES) {
+                free(hop_request(hop));
+                continue;
+            }
+            hop->next = p->spares;
+            p->spares = hop;
+            p->spare_count++;
+        }
+    }
+    if (!p->spares)
+        return td_request_new();
+    td_request_t *r = hop_request(p->spares);
+    p->spares = p->spares->next;
+    p->spare_count--;
+    td_request_reuse(r);
+    return r;
 }
 
 td_err_t td_path_submit(td_path_t *p, td_transport_t *t, td_msg_t *m)
 {
-    td_request_t *r = td_request_new();
+    td_request_t *r = new_request(p);
     if (!r)
         return TD_ERR_NOMEM; /* the transport answers it (td_transport.h) */
     r->received_ns = uv_hrtime();
     take_envelope(p, r, t, &m->from);
-    decode(r, m);
+    copy_header(r, m);
     r->arrived = m->payload; /* the shard's now */
     m->payload = (td_bytes_t){0};
     slot_t *slot = pick(p, r);
@@ -362,6 +400,13 @@ static void shard_deleted(void *front, const char *name, size_t len)
     td_hop_batch_add(&slot->to_front, &d->hop, HOP_DELETED);
 }
 
+/* A shard's retired request, back to the front's pool with the shard's next flush. */
+static void shard_recycle(void *front, td_request_t *r)
+{
+    td_path_t *p = front;
+    td_hop_batch_add(&p->slots[r->shard].to_pool, &r->hop, 0);
+}
+
 /* Null when nobody listens; the shard tests env.deleted, so it must be set only then. */
 static void set_deleted(td_path_t *p, td_path_deleted_fn deleted, void *ctx)
 {
@@ -386,6 +431,7 @@ static void flush_to_shards(td_path_t *p)
 static void flush_to_front(slot_t *slot)
 {
     td_mailbox_post(&slot->path->inbox, &slot->to_front);
+    td_hop_stack_push(&slot->path->pool, &slot->to_pool);
 }
 
 static td_request_t *hop_request(td_hop_t *hop)
@@ -598,6 +644,7 @@ static td_err_t new_slot(td_path_t *p, unsigned i)
                           .replies = p->env.replies,
                           .reply = shard_reply,
                           .gather = shard_gather,
+                          .recycle = p->threads ? shard_recycle : NULL,
                           .front = p};
     return td_shard_new(&env, &slot->shard);
 }
@@ -615,6 +662,7 @@ td_err_t td_path_new(const td_path_env_t *env, td_path_t **out)
     p->lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER; /* cannot fail, unlike _init */
     p->parked_cond = p->release_cond = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
     atomic_init(&p->want, 0);
+    atomic_init(&p->pool.top, NULL);
     p->slots = calloc(p->count, sizeof *p->slots);
     td_err_t err = p->slots ? TD_OK : TD_ERR_NOMEM;
     for (unsigned i = 0; err == TD_OK && i < p->count; i++)
@@ -714,6 +762,7 @@ void td_path_destroy(td_path_t **self_p)
             uv_run(slot->loop, UV_RUN_NOWAIT);
         }
         td_shard_destroy(&slot->shard);
+        td_hop_stack_push(&self->pool, &slot->to_pool); /* retired after its thread ended */
         if (slot->loop_open && uv_loop_close(&slot->own_loop) != 0)
             td_warn("shard %u's loop still had handles open at exit", i);
     }
@@ -722,6 +771,14 @@ void td_path_destroy(td_path_t **self_p)
         uv_run(self->env.loop, UV_RUN_NOWAIT);
     }
     free(self->slots);
+    for (td_hop_t *hop = td_hop_stack_take(&self->pool), *next; hop; hop = next) {
+        next = hop->next;
+        free(hop_request(hop));
+    }
+    for (td_hop_t *hop = self->spares, *next; hop; hop = next) {
+        next = hop->next;
+        free(hop_request(hop));
+    }
     pthread_mutex_destroy(&self->lock);
     pthread_cond_destroy(&self->parked_cond);
     pthread_cond_destroy(&self->release_cond);

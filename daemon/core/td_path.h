@@ -7,8 +7,9 @@
  *
  * The path is a front and its shards (issue 31; td_shard.h). The front runs on the transports'
  * loop thread: it identifies each submitted message's sender and holds it to the per-connection
- * share of the in-flight slots (td_admit.h), decodes the header (proto/), and hands the request to
- * the shard that owns its stream (td_stream_shard: the published FNV-1a 64 of the name), or, with
+ * share of the in-flight slots (td_admit.h), reads the stream's name from the header (proto/'s
+ * tally_req_stream_of: the shard decodes the rest), and hands the request to the shard that owns
+ * its stream (td_stream_shard: the published FNV-1a 64 of the name), or, with
  * no stream, to the least loaded shard. The shard checks and runs it and hands the reply back;
  * the front gives it to its transport, and the transport's end of it (td_reply_end) goes back to
  * the shard. `info`, `stats` and `streams` are answered by the front from the whole daemon, with

@@ -34,8 +34,11 @@ struct td_replies {
     _Atomic uint64_t peak_total;
 };
 
-/* What reply_freed needs: the bytes, the meters, and the buffer's own free function. */
+/* What reply_freed needs: the bytes, the meters, and the buffer's own free function. Written by
+ * the shard, read by whichever thread the transport frees on (ZeroMQ's I/O thread, after
+ * ZeroMQ's own hand-off); `published` makes that hand-off one a race detector sees too. */
 typedef struct {
+    _Atomic bool published;
     uint64_t bytes;
     td_reply_meter_t *meter; /* a reference; NULL: no per-peer entry */
     _Atomic uint64_t *total;
@@ -176,6 +179,7 @@ static void uncount(const ticket_t *t)
 static void reply_freed(void *data, void *hint)
 {
     ticket_t *t = hint;
+    (void)atomic_load_explicit(&t->published, memory_order_acquire);
     uncount(t);
     t->free_fn(data, t->hint);
     free(t);
@@ -210,6 +214,7 @@ static ticket_t *ticket_new(td_replies_t *self, td_request_t *r,
         td_reply_meter_hold(t->meter);
         atomic_fetch_add_explicit(&t->meter->held, t->bytes, memory_order_relaxed);
     }
+    atomic_store_explicit(&t->published, true, memory_order_release);
     return t;
 }
 

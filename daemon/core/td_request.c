@@ -45,13 +45,17 @@ td_request_t *td_request_queue_take_all(td_request_queue_t *q)
     return first;
 }
 
+void td_request_reuse(td_request_t *self)
+{
+    memset(self, 0, offsetof(td_request_t, identity)); /* the buffers after it: see there */
+    self->rep.version = TALLY_PROTO_VERSION;
+}
+
 td_request_t *td_request_new(void)
 {
     td_request_t *self = malloc(sizeof *self);
-    if (!self)
-        return NULL;
-    memset(self, 0, offsetof(td_request_t, identity)); /* the buffers after it: see there */
-    self->rep.version = TALLY_PROTO_VERSION;
+    if (self)
+        td_request_reuse(self);
     return self;
 }
 
@@ -67,13 +71,18 @@ void td_request_release_input(td_request_t *self)
     td_shm_region_put(&self->shm_out);
 }
 
+void td_request_dispose(td_request_t *self)
+{
+    td_request_release_input(self);
+    td_request_drop_reply(self);
+}
+
 void td_request_destroy(td_request_t **self_p)
 {
     td_request_t *self = *self_p;
     if (!self)
         return;
-    td_request_release_input(self);
-    td_request_drop_reply(self);
+    td_request_dispose(self);
     free(self);
     *self_p = NULL;
 }

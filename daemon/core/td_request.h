@@ -52,12 +52,15 @@ typedef struct td_request {
     td_transport_t *transport;
     size_t identity_len; /* of identity, at the end */
     /* Issue 31: the shard that runs it, and how it travels between threads (td_mailbox.h). The
-     * front (td_path.c) identifies and decodes it on the transports' thread: whether its header
-     * decoded (if not it is failed already), its request frames, its payload until the shard
-     * takes it (td_request_take_payload), its connection's share of the in-flight slots and what
-     * the connection had in flight with it (td_admit.h); the transport's end of its reply. */
+     * front (td_path.c) identifies it on the transports' thread and copies its header frame (at
+     * the end; header_len is the frame's length, has_header whether there was one), its request
+     * frames, its payload until the shard takes it (td_request_take_payload), its connection's
+     * share of the in-flight slots and what the connection had in flight with it (td_admit.h);
+     * its shard decodes the header (decoded: it did); the transport's end of its reply. */
     unsigned shard;
     td_hop_t hop;
+    bool has_header;
+    size_t header_len;
     bool decoded;
     int frames;
     td_bytes_t arrived;
@@ -118,6 +121,7 @@ typedef struct td_request {
      * identity_len bytes are set. A hist's histogram is not kept here: it is the reply's payload
      * (td_request_hist_result), which apply reads back. */
     uint8_t identity[TD_IDENTITY_MAX];
+    uint8_t header[TALLY_REQ_HEADER_SIZE]; /* of header_len bytes, at most this many copied */
 } td_request_t;
 
 /* A FIFO of requests linked through their `next`: a stream's FIFO (td_sched.c), a GPU lane's
@@ -137,6 +141,10 @@ td_request_t *td_request_queue_take_all(td_request_queue_t *q);
 /* Allocates an empty request (its reply header's version set). NULL when out of memory. */
 td_request_t *td_request_new(void);
 void td_request_destroy(td_request_t **self_p);
+/* What destroy does but the free: the input and the reply let go (the request, emptied of what it
+ * held, goes back to a pool: td_path.c); td_request_reuse makes it new again. */
+void td_request_dispose(td_request_t *self);
+void td_request_reuse(td_request_t *self);
 /* Frees the payload and gives back the shared-memory regions (payload_len stays): for a request
  * that is done but whose reply waits (td_reply.c). */
 void td_request_release_input(td_request_t *self);

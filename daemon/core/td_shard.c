@@ -7,7 +7,8 @@
  * ------
  * Everything here runs on the shard's thread, which owns its part of the stream table, its
  * counters and its scheduler's queues, so nothing of that needs a lock. td_shard_take finishes a
- * request the front identified and decoded: the payload checked on its size before it is taken
+ * request the front identified: its header decoded and validated (proto/), the payload checked
+ * on its size before it is taken
  * (an oversize one is never copied), the per-connection limits met, a shared-memory reference
  * resolved. Then dispatch answers it at once (ping; info, stats and streams through the front,
  * which holds every shard still while it reads them) or hands it to the scheduler (td_sched.h),
@@ -73,7 +74,12 @@ void td_shard_retire(td_shard_t *p, td_request_t *r)
     }
     td_peers_release(p->env.peers, &r->conn);
     td_peers_release(p->env.peers, &r->client);
-    td_request_destroy(&r);
+    if (!p->env.recycle) {
+        td_request_destroy(&r);
+        return;
+    }
+    td_request_dispose(r);
+    p->env.recycle(p->env.front, r);
 }
 
 /* The end of every request: its in-flight slot and its counts, then its reply, handed to the
@@ -328,8 +334,8 @@ static bool take_request(td_shard_t *p, td_request_t *r, char *msg, size_t cap)
     return !td_admit_over_reply_bound(&p->admit, r);
 }
 
-/* The message's frame count and header (decoded by the front, which failed r if it did not
- * decode), then the request itself (take_request). True when r may go on to dispatch; false when
+/* The message's frame count and header (decode failed r if it did not decode), then the
+ * request itself (take_request). True when r may go on to dispatch; false when
  * it was failed, to be answered. */
 static bool check_message(td_shard_t *p, td_request_t *r, char *msg, size_t cap)
 {
@@ -343,9 +349,26 @@ static bool check_message(td_shard_t *p, td_request_t *r, char *msg, size_t cap)
     return r->decoded && take_request(p, r, msg, cap);
 }
 
+/* Decoded even when the frame count is wrong, so that every reply echoes the first request
+ * frame's opcode, flags and id (§3); with no request frame at all they stay 0. A header that
+ * does not decode fails r (check_message answers it). */
+static void decode(td_request_t *r)
+{
+    char msg[TALLY_ERROR_MESSAGE_MAX + 1];
+    tally_status_t st =
+        tally_req_decode(r->has_header ? r->header : NULL, r->header_len, &r->req, msg, sizeof msg);
+    r->rep.opcode = r->req.opcode;
+    r->rep.flags = r->req.flags;
+    r->rep.request_id = r->req.request_id;
+    r->decoded = st == TALLY_OK;
+    if (!r->decoded)
+        td_request_fail(r, st, "%s", msg);
+}
+
 void td_shard_take(td_shard_t *p, td_request_t *r)
 {
     td_sched_received(p->sched);
+    decode(r);
     char msg[TALLY_ERROR_MESSAGE_MAX + 1];
     if (p->stopping) {
         answer_stopping(p, r);
@@ -354,9 +377,8 @@ void td_shard_take(td_shard_t *p, td_request_t *r)
     } else {
         td_debug("request %" PRIu64 " answered %s", r->rep.request_id,
                  tally_status_name((tally_status_t)r->rep.status));
-        reply(p, r);
+        reply(p, r); /* its input, taken or not, was released there (r may be gone now) */
     }
-    td_bytes_free(&r->arrived); /* not taken: the request was answered before */
 }
 
 /* ---- Life cycle ------------------------------------------------------------------------------ */

@@ -3,18 +3,18 @@
  * td_shard.h — one shard of the request path (issue 31): what happens to a request on the
  * thread of the shard that owns its stream, from its checks to its reply.
  *
- * The front (td_path.c) reads nothing of a request but its envelope and header: it identifies the
- * sender, decodes the header, picks the shard (a named stream's: td_stream_shard; any other, the
- * least loaded) and hands the request over. The shard does the rest, as the one loop thread did
- * before there were shards: the payload's checks and the per-connection limits it meets before it
- * runs (td_admit.h), a shared-memory reference resolved, the stream found or created in the
- * shard's part of the table, the scheduler (td_sched.h) that orders it on its stream and runs it
- * (td_exec.h: inline, on a CPU worker or a GPU lane, whose completion comes back to this shard's
- * loop), its result folded into the stream (td_request.h: the sequence rule, exactly once), and
- * the reply, which goes back to the front for its transport. Each shard has its own scheduler,
- * part of the stream table, counters and in-flight count; what the limits need of all shards
- * together (the per-peer entries, the reply bytes, the stream budget) is shared, and exact
- * (td_peers.h, td_reply.h, td_stream.h say how).
+ * The front (td_path.c) reads nothing of a request but its envelope and its stream's name: it
+ * identifies the sender, copies the header frame, picks the shard (a named stream's:
+ * td_stream_shard; any other, the least loaded) and hands the request over. The shard does the
+ * rest, as the one loop thread did before there were shards: the header decoded, the payload's
+ * checks and the per-connection limits it meets before it runs (td_admit.h), a shared-memory
+ * reference resolved, the stream found or created in the shard's part of the table, the scheduler
+ * (td_sched.h) that orders it on its stream and runs it (td_exec.h: inline, on a CPU worker or a
+ * GPU lane, whose completion comes back to this shard's loop), its result folded into the stream
+ * (td_request.h: the sequence rule, exactly once), and the reply, which goes back to the front for
+ * its transport. Each shard has its own scheduler, part of the stream table, counters and in-flight
+ * count; what the limits need of all shards together (the per-peer entries, the reply bytes, the
+ * stream budget) is shared, and exact (td_peers.h, td_reply.h, td_stream.h say how).
  *
  * `info`, `stats` and `streams` need the whole daemon: the shard hands them to the front
  * (env.gather), which answers them with every shard held still and gives them back
@@ -55,6 +55,9 @@ typedef struct {
     void (*reply)(void *front, td_request_t *r);
     void (*gather)(void *front, td_request_t *r);
     void (*deleted)(void *front, const char *name, size_t name_len);
+    /* A retired request, emptied (td_request_dispose), for the front to use again; NULL: the
+     * shard frees it. */
+    void (*recycle)(void *front, td_request_t *r);
     void *front;
 } td_shard_env_t;
 
@@ -68,7 +71,7 @@ void td_shard_attach(td_shard_t *self, td_shm_t *shm,
 /* Destroys the scheduler too. */
 void td_shard_destroy(td_shard_t **self_p);
 
-/* A request the front identified and decoded (r->shard is this one): checked, run, answered. */
+/* A request the front identified (r->shard is this one): decoded, checked, run, answered. */
 void td_shard_take(td_shard_t *self, td_request_t *r);
 /* The executor hands a compute request back (td_exec_port's done). */
 void td_shard_finished(td_shard_t *self, td_request_t *r);
