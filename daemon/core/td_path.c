@@ -453,8 +453,12 @@ static void front_inbox_cb(uv_async_t *handle)
             free(d);
         } else if (hop->kind == HOP_GATHER) {
             td_request_t *r = hop_request(hop);
+            slot_t *slot = &p->slots[r->shard];
             gather(p, r);
-            td_hop_batch_add(&p->slots[r->shard].to_shard, &r->hop, HOP_RESUME);
+            if (slot->running)
+                td_hop_batch_add(&slot->to_shard, &r->hop, HOP_RESUME);
+            else /* its thread has ended: this thread owns the shard */
+                td_shard_resume(slot->shard, r);
         } else { /* HOP_REPLY */
             reply_out(p, hop_request(hop));
         }
@@ -757,7 +761,8 @@ void td_path_destroy(td_path_t **self_p)
         return;
     for (unsigned i = 0; self->slots && i < self->count; i++) {
         slot_t *slot = &self->slots[i];
-        if (!self->closed && (slot->sweep_open || slot->flush_open || slot->inbox.open)) {
+        if (!self->closed &&
+            (slot->machine_open || slot->sweep_open || slot->flush_open || slot->inbox.open)) {
             shard_close_handles(slot); /* a failed start: their loops never ran */
             uv_run(slot->loop, UV_RUN_NOWAIT);
         }

@@ -33,7 +33,11 @@
  *     TD_SCHED_CPU_AHEAD) or the lanes (gpu_lane_depth each) are full, and the queues take turns
  *     by bytes (deficit round robin, TD_SCHED_QUANTUM, td_config.h); a stream has at most one
  *     request in such a queue, and its next waits until that one has its lane, so a stream's
- *     order holds; a tiny CPU batch runs at once on the loop thread;
+ *     order holds; a tiny CPU batch runs at once on the loop thread (its shard's). With shards
+ *     (issue 31) each has its own scheduler: the turns are between the connections whose
+ *     requests that shard runs, and each shard fills the workers and lanes up to these bounds
+ *     on its own (so with N shards up to N times as much waits on the shared machine); the
+ *     placement on the lanes sees every shard's load (gpu_loads);
  *   - backpressure: every request counts against max_inflight from the moment it is read until
  *     it is answered; the server stops reading at the limit;
  *   - stopping: nothing new starts; a waiting request is answered `shutdown` once nothing of its
