@@ -764,7 +764,8 @@ void td_path_destroy(td_path_t **self_p)
         if (!self->closed &&
             (slot->machine_open || slot->sweep_open || slot->flush_open || slot->inbox.open)) {
             shard_close_handles(slot); /* a failed start: their loops never ran */
-            uv_run(slot->loop, UV_RUN_NOWAIT);
+            if (slot->loop)            /* with one shard the front's, run below */
+                uv_run(slot->loop, UV_RUN_NOWAIT);
         }
         td_shard_destroy(&slot->shard);
         td_hop_stack_push(&self->pool, &slot->to_pool); /* retired after its thread ended */
