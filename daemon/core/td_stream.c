@@ -116,7 +116,13 @@ td_err_t td_streams_new_parts(unsigned parts, unsigned max_streams, td_streams_t
     atomic_store(&self->budget->max_streams, max_streams);
     self->parts = calloc(parts, sizeof *self->parts);
     self->cursor = calloc(parts, sizeof *self->cursor);
-    for (unsigned i = 0; self->parts && self->cursor && i < parts; i++) {
+    if (!self->parts || !self->cursor) { /* td_streams_destroy would take it for one part */
+        free(self->parts);
+        free(self->cursor);
+        free(self);
+        return TD_ERR_NOMEM;
+    }
+    for (unsigned i = 0; i < parts; i++) {
         if (!(self->parts[i] = part_new(self->budget)))
             break;
         self->part_count++;
