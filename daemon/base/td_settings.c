@@ -122,7 +122,7 @@ const td_setting_t td_settings[] = {
      .reload = TD_RELOAD_RESTART, .example = "4",
      .help = "request-path shards, each a thread that owns the streams whose names hash to it "
              "(the published FNV-1a 64, PROTOCOL.md §13) and runs their requests; 1 runs them on "
-             "the thread that owns the sockets",
+             "the thread that owns the sockets; every limit stays the whole daemon's",
      .default_doc = "the cores less the I/O threads and one, from 1 to 16"},
     /* [state] */
     {.option = "state-dir", .arg = "DIR", .section = "state", .key = "dir", .type = TD_SET_STRING,
