@@ -31,10 +31,20 @@
  * thread, and what they share of a device (whether it takes work, its failures in a row, the
  * requests on its peers) is under the pipeline's state lock; a shard that finds a lost context
  * wakes the wiring's loop, which recovers it.
- * The lane thread does this, not the host function (which only marks the slot done): the brief had
+ * The lane thread does this, not the host function (which only counts a launch done): the brief had
  * the host function push to the completion queue directly, but building the reply there blocks the
  * lane's CUDA stream (see slot_done), and a multi-megabyte copy-out must stay off the loop thread
  * too.
+ *
+ * Polling (--gpu-spin-us > 0, issue 34): a host function per launch costs a wake-up of CUDA's
+ * one callback thread and holds its stream until that thread has run it; on the H200 every
+ * device-region row stopped at about 30,000 requests a second whatever its size (bench/NOTES.md).
+ * A spinning lane thread instead asks the engine whether its head slot's work has finished
+ * (lane_finished: an event query), and its launches enqueue no host function; before it sleeps
+ * with work on the device it asks for one wake-up at the stream's tail (lane_notify). Either way a
+ * slot is done by count, not by a flag its host function sets, so a late host function can never
+ * mark a slot that was retired and launched into again. --gpu-spin-loop keeps each shard's loop
+ * polling while its requests are on the GPU (the sink's idle handle).
  *
  * Placement is the scheduler's (td_sched.c): each request arrives with the device and lane it
  * goes to, its carry index and whether it starts its stream's chain, and how many pieces it is
@@ -78,30 +88,57 @@
  * against any batch (16 MiB runs in well under a millisecond on an H100), short against a
  * client's timeout (5 s by default). */
 #define TD_GPU_WATCHDOG_MS 200
+/* How often a spinning lane thread asks the engine whether its head slot's work finished. */
+#define TD_GPU_POLL_NS 1000u
 
 /* ---- lane thread -------------------------------------------------------------------------- */
 
-/* The host function (CUDA's callback thread): marks the slot done and wakes the lane thread,
- * nothing more. A host function blocks its CUDA stream until it returns, so any work here (the
- * reply's copy, even for a 64 KiB batch) delays the lane's next batch; tried, the 64 KiB hist
- * throughput fell 14 - 24 % against the echo (bench/NOTES.md). No CUDA calls here. */
+/* The host function (CUDA's callback thread): counts one more launch of the lane done and wakes
+ * the lane thread, nothing more. A host function blocks its CUDA stream until it returns, so any
+ * work here (the reply's copy, even for a 64 KiB batch) delays the lane's next batch; tried, the
+ * 64 KiB hist throughput fell 14 - 24 % against the echo (bench/NOTES.md). No CUDA calls here.
+ * It counts rather than marking its slot: a spinning lane thread may have seen the launch finish
+ * first (lane_finished), retired the slot and launched into it again before this runs. */
 static void slot_done(void *arg)
 {
-    slot_t *slot = arg;
-    lane_t *l = slot->lane;
+    lane_t *l = arg;
     pthread_mutex_lock(&l->lock);
-    if (slot->state == SLOT_INFLIGHT) /* else the watchdog already failed it */
-        slot->state = SLOT_DONE;
+    atomic_fetch_add(&l->done_count, 1);
     atomic_fetch_add(&l->events, 1);
     pthread_cond_signal(&l->cond);
     pthread_mutex_unlock(&l->lock);
+}
+
+/* The wake-up a polling lane asked for before sleeping (lane_notify): any thread. */
+static void lane_wake(void *arg)
+{
+    lane_t *l = arg;
+    pthread_mutex_lock(&l->lock);
+    l->wake_pending = false;
+    atomic_fetch_add(&l->events, 1);
+    pthread_cond_signal(&l->cond);
+    pthread_mutex_unlock(&l->lock);
+}
+
+/* Whether the slot at the head of the ring is finished: failed, seen finished while spinning
+ * (spin_for_event), or counted done by the host functions. Lock held. */
+static bool head_finished(lane_t *l, slot_t *slot)
+{
+    if (slot->state == SLOT_INFLIGHT && atomic_load(&l->done_count) > slot->seq)
+        slot->state = SLOT_DONE;
+    return slot->state == SLOT_DONE || slot->state == SLOT_FAILED;
+}
+
+static sink_t *sink_of(td_gpu_t *g, const td_request_t *r)
+{
+    return &g->sinks[r->shard < g->opts.sinks ? r->shard : 0];
 }
 
 /* The wake-up is sent under the lock: the loop cannot see (and answer) this request before the
  * send is done, so the last request's send never races td_gpu_sink_close. */
 void td_gpu_push_completion(td_gpu_t *g, td_request_t *r)
 {
-    sink_t *k = &g->sinks[r->shard < g->opts.sinks ? r->shard : 0];
+    sink_t *k = sink_of(g, r);
     pthread_mutex_lock(&k->lock);
     td_request_queue_push(&k->done, r);
     if (k->open)
@@ -277,16 +314,20 @@ static void launch(lane_t *l, slot_t *slot)
     if (job.dst == NULL && !r->out_ptr && output_bytes(r)) /* the reply, built in place */
         job.dst = slot->reply_buf = td_gpu_pool_take(&l->dev->pool, output_bytes(r));
     s->small->carry = r->carry;
+    slot->seq = l->launched; /* done (slot_done) is called for it only when the launch succeeds */
+    td_gpu_done_fn done = l->poll ? NULL : slot_done; /* polling: no host function */
     if (pieces > 1) {
         td_debug("request %" PRIu64 ": %zu bytes split into %u pieces over the %u lanes of GPU %d",
                  r->rep.request_id, r->payload_len, pieces, l->dev->lane_count, l->dev->ordinal);
         st = e->lane_launch_split(l->hw, (void *const *)l->peer_hw, l->dev->lane_count, pieces,
-                                  &job, slot_done, slot);
+                                  &job, done, l);
     } else {
-        st = e->lane_launch(l->hw, &job, slot_done, slot);
+        st = e->lane_launch(l->hw, &job, done, l);
     }
-    if (st == TD_GPU_OK)
+    if (st == TD_GPU_OK) {
+        l->launched += done != NULL;
         return;
+    }
 failed:
     td_warn("GPU %d (%s) lane %u: launch of request %" PRIu64 " failed: %s", l->dev->ordinal,
             l->dev->name, l->index, r->rep.request_id, e->error_string());
@@ -351,24 +392,56 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* With work on the device, polls (lock released) up to spin_us for an event before the caller
- * sleeps. Returns true when one came. Lock held on entry and return. */
+/* With work on the device, polls (lock released) up to spin_us for an event (a request queued,
+ * a host function run) or for the head slot's work to finish (lane_finished: the GPU seen done
+ * without waiting for CUDA's callback thread to wake and run the host function), before the
+ * caller sleeps. Returns true when one came. Lock held on entry and return. */
 static bool spin_for_event(lane_t *l)
 {
     if (!l->gpu->opts.spin_us || !ring_has_inflight(l))
         return false;
     unsigned seen = atomic_load(&l->events);
+    slot_t *head = &l->slots[l->ring[l->ring_head]];
+    bool ask = l->gpu->engine->lane_finished && head->state == SLOT_INFLIGHT;
     uint64_t until = now_ns() + (uint64_t)l->gpu->opts.spin_us * 1000u;
-    bool got = false;
+    bool got = false, finished = false;
+    uint64_t now = 0, asked = 0;
     pthread_mutex_unlock(&l->lock);
-    while (!(got = atomic_load(&l->events) != seen) && now_ns() < until) {
+    /* Only this thread retires or launches: the head slot and its launch stay put meanwhile.
+     * The engine is asked at most every TD_GPU_POLL_NS (a driver call; four lanes asking
+     * back to back would contend for the driver with each other's launches). */
+    while (!(got = atomic_load(&l->events) != seen) && (now = now_ns()) < until) {
+        if (ask && now - asked >= TD_GPU_POLL_NS) {
+            asked = now;
+            if ((finished = l->gpu->engine->lane_finished(l->hw, head->index)))
+                break;
+        }
 #if defined(__x86_64__) || defined(__i386__)
         __builtin_ia32_pause();
 #endif
     }
     pthread_mutex_lock(&l->lock);
+    if (finished && head->state == SLOT_INFLIGHT)
+        head->state = SLOT_DONE;
     /* An event between the last poll and the lock would otherwise be slept through. */
-    return got || atomic_load(&l->events) != seen;
+    return got || finished || atomic_load(&l->events) != seen;
+}
+
+/* A polling lane about to sleep with work on the device asks for a wake-up once that work is
+ * done (one at a time). Returns true when an event came meanwhile (the sim's wake-up comes at
+ * once): look again rather than sleep. Lock held on entry and return. */
+static bool ask_wake(lane_t *l)
+{
+    if (!ring_has_inflight(l) || l->wake_pending)
+        return false;
+    unsigned seen = atomic_load(&l->events);
+    l->wake_pending = true;
+    pthread_mutex_unlock(&l->lock);
+    td_gpu_err_t st = l->gpu->engine->lane_notify(l->hw, lane_wake, l);
+    pthread_mutex_lock(&l->lock);
+    if (st != TD_GPU_OK) /* the watchdog's wake-ups remain; it finds a failed device */
+        l->wake_pending = false;
+    return atomic_load(&l->events) != seen;
 }
 
 void *td_gpu_lane_main(void *arg)
@@ -378,6 +451,8 @@ void *td_gpu_lane_main(void *arg)
     char name[16]; /* for profiles and top -H: "tdlane-0.3" is device 0, lane 3 */
     snprintf(name, sizeof name, "tdlane-%d.%u", l->dev->ordinal % 100, l->index % 100);
     pthread_setname_np(pthread_self(), name);
+    const td_gpu_engine_t *e = l->gpu->engine;
+    l->poll = l->gpu->opts.spin_us && e->lane_finished && e->lane_notify;
     if (l->gpu->engine->lane_bind(l->hw) != TD_GPU_OK)
         atomic_store(&l->dev->dead, true);
     pthread_mutex_lock(&l->lock);
@@ -385,7 +460,7 @@ void *td_gpu_lane_main(void *arg)
         /* 1. Retire finished slots, strictly in launch order. */
         if (l->ring_count && !l->retiring) {
             slot_t *head = &l->slots[l->ring[l->ring_head]];
-            if (head->state == SLOT_DONE || head->state == SLOT_FAILED) {
+            if (head_finished(l, head)) {
                 l->ring_head = (l->ring_head + 1) % slots;
                 l->ring_count--;
                 l->retiring++;
@@ -409,8 +484,9 @@ void *td_gpu_lane_main(void *arg)
         }
         if (l->stop && !l->ring_count && !l->waiting.head && !l->retiring)
             break;
-        if (!spin_for_event(l))
-            wait_with_watchdog(l);
+        if (spin_for_event(l) || (l->poll && ask_wake(l)))
+            continue;
+        wait_with_watchdog(l);
     }
     pthread_mutex_unlock(&l->lock);
     return NULL;
@@ -473,6 +549,14 @@ static void check_recovery(td_gpu_t *g, uv_loop_t *here)
         }
 }
 
+/* --gpu-spin-loop: an idle handle keeps the shard's loop polling (epoll with no timeout) while
+ * its requests are on the GPU, so a completion's wake-up (uv_async_send) and the next request's
+ * arrival are seen without waking a sleeping thread. It does nothing itself. */
+static void spin_cb(uv_idle_t *handle)
+{
+    (void)handle;
+}
+
 static void async_cb(uv_async_t *handle)
 {
     sink_t *k = handle->data;
@@ -485,6 +569,8 @@ static void async_cb(uv_async_t *handle)
     pthread_mutex_unlock(&g->state_lock);
     while (r) {
         td_request_t *next = r->next;
+        if (k->submitted && --k->submitted == 0 && k->spin_open)
+            uv_idle_stop(&k->spin);
         k->complete(k->owner, r);
         r = next;
     }
@@ -512,6 +598,9 @@ static bool admit_on_device(td_gpu_t *g, device_t *d, const td_request_t *r)
 void td_gpu_submit(td_gpu_t *g, td_request_t *r)
 {
     device_t *d = &g->devices[r->where.device];
+    sink_t *k = sink_of(g, r); /* this shard's: submit runs on its thread */
+    if (k->submitted++ == 0 && k->spin_open)
+        uv_idle_start(&k->spin, spin_cb);
     if (!admit_on_device(g, d, r)) { /* no lanes to run it: failed, as on a dead device */
         r->gpu_failed = true;
         td_gpu_push_completion(g, r);
@@ -712,6 +801,12 @@ int td_gpu_sink_open(td_gpu_t *g, unsigned index, uv_loop_t *loop, td_gpu_comple
         return rc;
     k->async.data = k;
     k->open = true;
+    if (g->opts.spin_loop) {
+        rc = uv_idle_init(loop, &k->spin);
+        if (rc != 0)
+            return rc; /* td_gpu_sink_close closes the wake-up */
+        k->spin_open = true;
+    }
     return 0;
 }
 
@@ -724,6 +819,10 @@ void td_gpu_sink_close(td_gpu_t *g, unsigned index)
     k->open = false;
     pthread_mutex_unlock(&k->lock);
     uv_close((uv_handle_t *)&k->async, NULL);
+    if (k->spin_open) {
+        k->spin_open = false;
+        uv_close((uv_handle_t *)&k->spin, NULL);
+    }
 }
 
 void td_gpu_close(td_gpu_t *g)

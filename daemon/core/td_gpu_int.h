@@ -29,6 +29,7 @@ typedef struct {
     slot_state_t state;
     td_request_t *r;
     void *reply_buf; /* a pinned reply buffer the device writes the output to, or NULL */
+    uint64_t seq;    /* the lane's launch number (lane thread): done's count passes it when done */
 } slot_t;
 
 struct lane {
@@ -52,6 +53,15 @@ struct lane {
     unsigned retiring; /* slots popped from the ring whose completion is not pushed yet */
     bool stop;
     atomic_uint events; /* bumped on every slot done and request queued (for spinning) */
+    /* Completion by count (td_gpu.c slot_done): the host functions of a lane run in its launch
+     * order, so the slot of launch number s is done once more than s of them ran. */
+    uint64_t launched;           /* lane thread only: launches whose done will come */
+    _Atomic uint64_t done_count; /* host functions run */
+    /* Polling (td_gpu.c spin_for_event): launches enqueue no host function; the lane thread
+     * asks lane_finished while it spins and, before it sleeps with work on the device, one
+     * wake-up at the stream's tail (lane_notify), pending until it ran (under lock). */
+    bool poll;
+    bool wake_pending;
 };
 
 /* The device's pinned reply buffers (TD_GPU_REPLY_BUFS in td_config.h says why). Taken by lane
@@ -104,6 +114,11 @@ typedef struct {
     bool open; /* written under lock once the lane threads run */
     pthread_mutex_t lock;
     td_request_queue_t done;
+    /* --gpu-spin-loop (issue 34): this shard's loop polls instead of sleeping while its requests
+     * are on the GPU. submitted: the shard's thread's count of those. */
+    uv_idle_t spin;
+    bool spin_open;
+    unsigned submitted;
 } sink_t;
 
 struct td_gpu {
