@@ -737,6 +737,8 @@ void td_path_close(td_path_t *self)
         slot_t *slot = &self->slots[i];
         if (!slot->running) { /* one shard: its handles are on this loop */
             shard_close_handles(slot);
+            if (slot->loop_open) /* a shard whose thread never ran (a start that failed later) */
+                uv_run(&slot->own_loop, UV_RUN_NOWAIT);
             continue;
         }
         td_hop_batch_add(&slot->to_shard, &slot->close_hop, HOP_CLOSE);
