@@ -3,7 +3,7 @@
  * loadgen.c — tallyd's end-to-end load generator, and the ZeroMQ echo server it is compared to.
  *
  *   loadgen --endpoint EP --op filter|scan|hist [--size B] [--producers N] [--window W]
- *           [--seconds S | --count C] [--stream] [--scan-i32] [--shm | --shm-out]
+ *           [--seconds S | --count C] [--stream | --streams K] [--scan-i32] [--shm | --shm-out]
  *           [--send copy|zc] [--pid PID] [--label TEXT] [--server-key KEY|FILE --client-key FILE]
  *   loadgen [--echo-key FILE] [--echo-reply BYTES] [--echo-io-threads N] [--echo-touch N]
  *           --serve-echo EP [EP...]
@@ -23,6 +23,12 @@
  * (the reply does not wait for it): the raw transport with tallyd's memory traffic and none of
  * its code. Otherwise request and reply are the same size; note that a scan's reply is twice its
  * request (int64 sums of int32 input) unless --scan-i32, so its transport work is 1.5x the echo's.
+ *
+ * --streams K names K streams (loadgen/s0 .. loadgen/sK-1) and sends request i of every producer
+ * on stream i mod K (--stream: one stream per producer, loadgen/P), so the requests spread over
+ * tallyd's shards (issue 31: a stream's shard is tally_partition(name, shards)); then a line
+ * after the row gives the requests answered per second on each shard, the shard count taken from
+ * tallyd's `info`, so an imbalance between shards shows.
  *
  * --send zc sends each payload with tally_send_zc, straight from the one payload buffer (ZeroMQ
  * calls a no-op free function when it has sent it), instead of tally_send's copy into a new
@@ -67,12 +73,17 @@
 #define MAX_PRODUCERS 64
 #define TIMEOUT_MS 30000
 #define MAX_ENDPOINTS 8
+#define MAX_STREAMS 4096
+#define MAX_SHARDS 64
 
 typedef struct {
     bench_opts_t c; /* --endpoint --label --size --producers --window --seconds --header */
     const char *op;
     uint64_t count; /* per producer; 0 = by time */
     bool stream;
+    unsigned streams;          /* --streams K: 0 = off */
+    unsigned shards;           /* tallyd's, from `info` (--streams only) */
+    uint16_t *shard_of_stream; /* the shard of each of the K streams */
     bool scan_i32;
     bool shm;     /* input by shared-memory reference */
     bool shm_out; /* and output into the region (filter, scan) */
@@ -90,6 +101,7 @@ typedef struct {
     /* results */
     uint64_t sent, answered, errors, measured;
     uint64_t bytes;
+    uint64_t per_shard[MAX_SHARDS]; /* --streams: measured replies by the shard of their stream */
     double *lat_us; /* measured latencies */
     size_t lat_cap;
     double t_start, t_end; /* measured interval */
@@ -158,7 +170,8 @@ static bool producer_connect(producer_t *p, const tally_req_t *req, tally_client
 
 /* One reply received at t: counted, and measured inside the interval. */
 static void producer_note_reply(producer_t *p, tally_status_t st, const tally_reply_t *reply,
-                                double t, double t_stop, const double *sent_at)
+                                double t, double t_stop, const double *sent_at,
+                                const uint16_t *stream_at)
 {
     p->answered++;
     if (st != TALLY_OK) { /* counted; reported only when nothing else failed before */
@@ -173,7 +186,18 @@ static void producer_note_reply(producer_t *p, tally_status_t st, const tally_re
         p->measured++;
         p->bytes += p->o->c.size;
         p->t_end = t;
+        if (p->o->streams)
+            p->per_shard
+                [p->o->shard_of_stream[stream_at[reply->rep.request_id % (MAX_WINDOW * 4)]]]++;
     }
+}
+
+/* --streams: request i of a producer goes on stream i mod K. */
+static void name_stream(tally_req_t *req, unsigned k)
+{
+    char name[32];
+    snprintf(name, sizeof name, "loadgen/s%u", k);
+    tally_req_set_stream(req, name);
 }
 
 /* --send zc's free function: the payload is run()'s, freed after every producer has joined. */
@@ -191,6 +215,7 @@ static void *producer_main(void *arg)
     tally_region_t *region = NULL;
     size_t out_slice = 0;
     double sent_at[MAX_WINDOW * 4];
+    uint16_t stream_at[MAX_WINDOW * 4]; /* --streams: the stream of each request in flight */
     tally_req_t req = make_req(o, p->index);
     double warmup_from = bench_stagger(&o->c, p->index, p->origin);
     if (!producer_connect(p, &req, &c, &region, &out_slice))
@@ -206,6 +231,9 @@ static void *producer_main(void *arg)
     while (sending || inflight) {
         while (sending && inflight < o->c.window) {
             uint64_t id = 0;
+            unsigned k = o->streams ? (unsigned)((p->sent + p->index) % o->streams) : 0;
+            if (o->streams)
+                name_stream(&req, k);
             if (region) /* output slices by send count: a benchmark ignores their contents */
                 st = tally_send_shm(c, &req, region, 0, o->c.size, out_slice ? region : NULL,
                                     o->c.size + (size_t)(p->sent % o->c.window) * out_slice, &id);
@@ -219,6 +247,7 @@ static void *producer_main(void *arg)
                 break;
             }
             sent_at[id % (MAX_WINDOW * 4)] = bench_now_s();
+            stream_at[id % (MAX_WINDOW * 4)] = (uint16_t)k;
             p->sent++;
             inflight++;
         }
@@ -231,7 +260,7 @@ static void *producer_main(void *arg)
             break;
         }
         inflight--;
-        producer_note_reply(p, st, &reply, t, t_stop, sent_at);
+        producer_note_reply(p, st, &reply, t, t_stop, sent_at, stream_at);
         if (o->count ? p->sent >= o->count : t >= t_stop)
             sending = false;
     }
@@ -239,6 +268,45 @@ static void *producer_main(void *arg)
     tally_region_destroy(&region);
     tally_client_destroy(&c);
     return NULL;
+}
+
+/* --streams: the requests answered per second on each of tallyd's shards. */
+static void print_per_shard(const opts_t *o, const producer_t *ps, double span)
+{
+    if (!o->streams)
+        return;
+    printf("per shard (%u shards, %u streams), req/s:", o->shards, o->streams);
+    for (unsigned sh = 0; sh < o->shards; sh++) {
+        uint64_t n = 0;
+        for (unsigned i = 0; i < o->c.producers; i++)
+            n += ps[i].per_shard[sh];
+        printf(" %.0f", (double)n / span);
+    }
+    printf("\n");
+}
+
+/* --streams: tallyd's shard count (its `info`; 1 when it does not say) and each stream's shard
+ * (tally_partition: the same FNV-1a 64 modulo the shards as tallyd's, PROTOCOL.md §5 `info`). */
+static bool setup_streams(opts_t *o)
+{
+    o->shards = 1;
+    tally_client_t *c = NULL;
+    char *text = NULL;
+    if (tally_client_new_curve(o->c.endpoint, TIMEOUT_MS, &o->curve, &c) == TALLY_OK &&
+        tally_info(c, TALLY_OP_INFO, &text) == TALLY_OK) {
+        const char *at = strstr(text, "\nshards=");
+        unsigned n = at ? (unsigned)strtoul(at + 8, NULL, 10) : 1;
+        o->shards = n >= 1 && n <= MAX_SHARDS ? n : 1;
+    }
+    free(text);
+    tally_client_destroy(&c);
+    o->shard_of_stream = calloc(o->streams, sizeof *o->shard_of_stream);
+    for (unsigned k = 0; o->shard_of_stream && k < o->streams; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "loadgen/s%u", k);
+        o->shard_of_stream[k] = (uint16_t)tally_partition(name, strlen(name), o->shards);
+    }
+    return o->shard_of_stream != NULL;
 }
 
 static int run(const opts_t *o)
@@ -300,6 +368,7 @@ static int run(const opts_t *o)
            o->c.producers, o->c.window, (double)measured / span, (double)bytes / span / 1e9,
            bench_percentile(all, measured, 0.50), bench_percentile(all, measured, 0.99),
            bench_percentile(all, measured, 0.999), answered, sent, errors, hwm);
+    print_per_shard(o, ps, span);
     fflush(stdout);
     free(all);
     free(payload);
@@ -482,7 +551,8 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: loadgen --endpoint EP --op filter|scan|hist|echo [--size BYTES]\n"
-            "               [--producers N] [--window W] [--seconds S | --count C] [--stream]\n"
+            "               [--producers N] [--window W] [--seconds S | --count C]\n"
+            "               [--stream | --streams K]\n"
             "               [--scan-i32] [--shm | --shm-out] [--pid PID] [--stagger-ms MS]\n"
             "               [--send copy|zc] [--label TEXT]\n"
             "               [--header] [--server-key KEY|FILE --client-key FILE]\n"
@@ -529,6 +599,8 @@ static bool own_opt(void *ctx, int argc, char **argv, int *i)
     }
     if (strcmp(a, "--op") == 0)
         o->op = v;
+    else if (strcmp(a, "--streams") == 0)
+        o->streams = (unsigned)strtoul(v, NULL, 0);
     else if (strcmp(a, "--send") == 0 && (strcmp(v, "zc") == 0 || strcmp(v, "copy") == 0))
         o->send_zc = strcmp(v, "zc") == 0;
     else if (strcmp(a, "--count") == 0)
@@ -576,5 +648,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "loadgen: CURVE keys: %s\n", why);
         return 2;
     }
-    return run(&o);
+    if (o.streams > MAX_STREAMS || (o.streams && (o.stream || !setup_streams(&o)))) {
+        usage();
+        return 2;
+    }
+    int rc = run(&o);
+    free(o.shard_of_stream);
+    return rc;
 }

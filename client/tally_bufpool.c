@@ -15,12 +15,17 @@
  * context (which gives back whatever was still queued) before it destroys the pool.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "tally_internal.h"
 
 typedef struct {
-    tally_bufpool_t *pool;
+    /* Stored (release) once the header and then the payload are written
+     * (tally__bufpool_written), read first by whichever thread gives the buffer back (acquire):
+     * ZeroMQ's I/O thread, after ZeroMQ's own hand-off, which a race detector cannot see
+     * (scripts/tsan.sh). */
+    _Atomic(tally_bufpool_t *) pool;
     size_t capacity;
     max_align_t align; /* the payload after the header stays aligned for any type */
 } header_t;
@@ -81,10 +86,17 @@ void *tally__bufpool_take(tally_bufpool_t *self, size_t len)
         h = malloc(sizeof *h + len);
         if (!h)
             return NULL;
-        h->pool = self;
         h->capacity = len;
+        atomic_store_explicit(&h->pool, self, memory_order_release);
     }
     return h + 1;
+}
+
+void tally__bufpool_written(void *data)
+{
+    header_t *h = (header_t *)data - 1;
+    tally_bufpool_t *pool = atomic_load_explicit(&h->pool, memory_order_relaxed);
+    atomic_store_explicit(&h->pool, pool, memory_order_release);
 }
 
 void tally__bufpool_give_back(void *data, void *hint)
@@ -93,7 +105,7 @@ void tally__bufpool_give_back(void *data, void *hint)
     if (!data)
         return;
     header_t *h = (header_t *)data - 1;
-    tally_bufpool_t *self = h->pool;
+    tally_bufpool_t *self = atomic_load_explicit(&h->pool, memory_order_acquire);
     pthread_mutex_lock(&self->lock);
     bool keep =
         self->free_count < TALLY_POOL_BUFFERS && self->free_bytes + h->capacity <= TALLY_POOL_BYTES;

@@ -103,6 +103,7 @@ static int send_payload_copy(tally_client_t *self, const void *payload, size_t l
     if (!buf)
         return zmq_send(self->sock, len ? payload : "", len, 0) < 0 ? -1 : 0;
     memcpy(buf, payload, len);
+    tally__bufpool_written(buf);
     zmq_msg_t frame;
     if (zmq_msg_init_data(&frame, buf, len, tally__bufpool_give_back, NULL) != 0) {
         tally__bufpool_give_back(buf, NULL); /* out of memory for ZeroMQ's bookkeeping */

@@ -64,6 +64,9 @@ void tally__bufpool_destroy(tally_bufpool_t **self_p);
 /* A buffer of at least len bytes (a kept one, or a new one), or NULL: len outside
  * [TALLY_POOL_MIN_BYTES, TALLY_POOL_BYTES], or out of memory. */
 void *tally__bufpool_take(tally_bufpool_t *self, size_t len);
+/* The taken buffer is written: published (a release) for whichever thread gives it back
+ * (ZeroMQ's I/O thread, after a hand-off of ZeroMQ's that a race detector cannot see). */
+void tally__bufpool_written(void *data);
 /* Gives a taken buffer back (a zmq_free_fn: any thread; hint unused): kept while the pool has
  * room, else freed. */
 void tally__bufpool_give_back(void *data, void *hint);

@@ -4,21 +4,24 @@
  *
  * Design
  * ------
- * One libuv loop thread owns every socket and every piece of shared state (the stream table, the
- * metrics, the scheduler's queues). The request path (td_path.h) takes requests from transports
- * (td_transport.h: the ZeroMQ ROUTER socket, td_zmq.h; the HTTP API's requests, td_local.h) and
- * answers through them; compute work goes to the executor (td_exec.h: the CPU on libuv's worker
- * pool, or the GPU pipeline of td_gpu.h) and comes back to the loop thread through exec_done, so
- * nothing needs a lock. This file makes the parts, hands each what it needs of the others (the
- * path's answer_here for info and stats, which need the whole daemon; the service's host), and
+ * One libuv loop thread owns every socket (the ZeroMQ ROUTER socket, td_zmq.h; the HTTP port;
+ * the shared-memory side channel; the PUB socket) and the service around them. The request path
+ * (td_path.h) takes requests from the transports (td_transport.h; the HTTP API's requests,
+ * td_local.h) and answers through them; it runs on shards (issue 31: --shards, td_shard.h), each
+ * owning a part of the stream table, with its scheduler and counters: with one shard on this loop
+ * thread, with more each on a thread and loop of its own. Compute work goes to the executor
+ * (td_exec.h: the CPU inline or on libuv's worker pool, or the GPU pipeline of td_gpu.h, shared by
+ * the shards through a port each) and comes back to its shard's loop through exec_done. This file
+ * makes the parts, hands each what it needs of the others (the path's answer_here for info and
+ * stats, which need the whole daemon and run with the shards held still; the service's host), and
  * runs the life cycle: signals, reload, the sweep of idle per-peer entries, and stopping.
  *
  * Stopping (SIGTERM, SIGINT): nothing new starts. Requests running on a backend finish and are
  * answered; requests waiting on a stream FIFO are answered `shutdown` in order, once the stream's
  * running requests are done; messages still queued in the socket are read and answered
  * `shutdown` for at most drain_ms. Reading ends at that deadline, or earlier once the socket is
- * empty and nothing is in flight; then the final state snapshot, then the socket closes with a
- * short linger for the last replies.
+ * empty and nothing is in flight; then the shards' threads end, the final state snapshot, then
+ * the socket closes with a short linger for the last replies.
  */
 #include <errno.h>
 #include <signal.h>
@@ -71,7 +74,8 @@ struct td_server {
     td_shm_t *shm;         /* shared-memory side channel and regions; NULL when off */
     td_pub_t *pub;         /* the PUB socket (subscriptions); NULL when off */
     char devices[256];
-    td_metrics_t metrics;
+    td_metrics_t metrics; /* this thread's counters; the shards keep theirs (td_path.h) */
+    td_shard_gauges_t shard_gauges[TD_SHARDS_LIMIT]; /* sample_gauges' */
     td_service_t *service; /* systemd, state persistence, HTTP metrics, reload */
     uint64_t started_ns;
     td_fleet_status_t fleet_status; /* a NATS fleet worker's info keys and metrics */
@@ -91,19 +95,25 @@ static void op_info(td_server_t *s, td_request_t *r)
                       .pub_endpoint = s->pub ? td_pub_endpoint(s->pub) : NULL,
                       .gpu_uuids = gpu_uuids,
                       .curve = td_zmq_auth(s->zmq) != NULL,
+                      .shards = td_path_shard_count(s->path),
                       .fleet = &s->fleet_status};
     td_op_info(&info, r);
 }
 
-/* The gauges `stats`, GET /metrics and the systemd status line report. */
+/* The gauges `stats`, GET /metrics and the systemd status line report (the shards held still
+ * by the caller, td_service.c: their queues and per-shard figures). */
 static void sample_gauges(void *ctx, td_gauges_t *g)
 {
     td_server_t *s = ctx;
-    td_sched_t *sched = td_path_sched(s->path);
+    unsigned shards = td_path_shard_count(s->path);
+    for (unsigned i = 0; i < shards && i < TD_SHARDS_LIMIT; i++)
+        td_path_shard_gauges(s->path, i, &s->shard_gauges[i]);
     *g = (td_gauges_t){
-        .inflight = td_sched_inflight(sched),
+        .inflight = td_path_inflight(s->path),
         .max_inflight = s->cfg.max_inflight,
-        .queued = td_sched_queued(sched),
+        .queued = td_path_queued(s->path),
+        .shards = shards,
+        .shard = s->shard_gauges,
         .stream_count = td_streams_count(s->streams),
         .state_bytes = td_streams_bytes(s->streams),
         .state_bytes_max = s->cfg.max_state_bytes,
@@ -128,6 +138,13 @@ static void sample_gauges(void *ctx, td_gauges_t *g)
     td_shm_device_gauges(s->shm, &g->gpu_regions, &g->gpu_region_bytes);
 }
 
+/* Every counter, the shards' summed (td_service_host_t.counters): the shards held still. */
+static void sum_counters(void *ctx, td_metrics_t *out)
+{
+    td_server_t *s = ctx;
+    td_path_sum_metrics(s->path, out);
+}
+
 /* A stream's record for the HTTP API (td_service_host_t.view): `query`'s, through td_ops.c. */
 static tally_status_t host_view(void *ctx, const td_stream_t *stream, uint64_t window_ms,
                                 tally_stream_info_t *out, uint64_t *start_ms, uint64_t *end_ms,
@@ -150,6 +167,7 @@ static td_service_host_t service_host(td_server_t *s)
                                .cfg = &s->cfg,
                                .streams = s->streams,
                                .metrics = &s->metrics,
+                               .counters = sum_counters,
                                .gauges = sample_gauges,
                                .view = host_view,
                                .submit = host_submit,
@@ -218,8 +236,8 @@ static void zmq_pumped(void *owner, bool read_any, bool more)
         return;
     if (read_any)
         s->last_input_ns = uv_hrtime();
-    if (td_sched_inflight(td_path_sched(s->path)) == 0 && !more) /* stopping: reading ends */
-        stop_when_quiet(s, !td_path_may_read(s->path));          /* only at the drain deadline */
+    if (td_path_inflight(s->path) == 0 && !more)        /* stopping: reading ends */
+        stop_when_quiet(s, !td_path_may_read(s->path)); /* only at the drain deadline */
 }
 
 static void drain_cb(uv_timer_t *handle)
@@ -227,13 +245,13 @@ static void drain_cb(uv_timer_t *handle)
     td_server_t *s = handle->data;
     td_path_drain_over(s->path);
     td_notice("drain time over: reading stopped; %u requests still running",
-              td_sched_inflight(td_path_sched(s->path)));
+              td_path_inflight(s->path));
     td_zmq_pump(s->zmq);
 }
 
 static void stop(td_server_t *s, int signum)
 {
-    unsigned inflight = td_sched_inflight(td_path_sched(s->path));
+    unsigned inflight = td_path_inflight(s->path);
     if (td_path_stopping(s->path)) {
         td_notice("%s again: still stopping, %u requests in flight", strsignal(signum), inflight);
         return;
@@ -268,7 +286,8 @@ static void close_all(td_server_t *s)
     if (s->closed)
         return;
     s->closed = true;
-    td_zmq_close(s->zmq); /* replies kept for connections that closed are dropped */
+    td_zmq_close(s->zmq);   /* replies kept for connections that closed are dropped */
+    td_path_close(s->path); /* the shards' threads end: their state is this thread's now */
     uv_close((uv_handle_t *)&s->drain_timer, NULL);
     uv_close((uv_handle_t *)&s->quiet_timer, NULL);
     uv_close((uv_handle_t *)&s->sweep_timer, NULL);
@@ -292,11 +311,29 @@ static void sweep_cb(uv_timer_t *handle)
 {
     td_server_t *s = handle->data;
     td_peers_set_rate(s->peers, s->cfg.stream_create_rate);
-    td_peers_sweep(s->peers, uv_hrtime());
-    td_streams_sweep(s->streams, td_clock_ms(), TD_STREAMS_SWEEP_PER_TICK);
+    td_peers_sweep(s->peers, uv_hrtime()); /* the shards sweep their parts of the table */
 }
 
-/* The request path, the executor, and the scheduler that places work on it. */
+/* A shard's machine (td_path_machines_t): the executor's port on the shard's loop. */
+static td_err_t machine_open(void *ctx, unsigned shard, uv_loop_t *loop, td_sched_machine_t *m)
+{
+    td_server_t *s = ctx;
+    int rc = td_exec_port_open(s->exec, shard, loop);
+    if (rc != 0) {
+        td_err("cannot open shard %u's way to the backends: %s", shard, uv_strerror(rc));
+        return TD_ERR_LIBRARY;
+    }
+    td_exec_port_machine(s->exec, shard, m);
+    return TD_OK;
+}
+
+static void machine_close(void *ctx, unsigned shard)
+{
+    td_server_t *s = ctx;
+    td_exec_port_close(s->exec, shard);
+}
+
+/* The request path, the executor, and the schedulers that place work on it. */
 static td_err_t open_backends(td_server_t *s)
 {
     td_path_env_t path_env = {.cfg = &s->cfg,
@@ -304,6 +341,7 @@ static td_err_t open_backends(td_server_t *s)
                               .streams = s->streams,
                               .peers = s->peers,
                               .replies = s->replies,
+                              .loop = &s->loop,
                               .answer_here = answer_here,
                               .owner = s};
     td_err_t err = td_path_new(&path_env, &s->path);
@@ -319,20 +357,21 @@ static td_err_t open_backends(td_server_t *s)
         .cfg = &s->cfg,
         .metrics = &s->metrics,
         .cpu = s->cpu,
+        .ports = td_path_shard_count(s->path),
         .done = exec_done,
         .owner = s,
     };
     err = td_exec_new(&env, &s->exec);
     if (err != TD_OK)
         return err;
-    td_sched_machine_t machine;
-    td_exec_machine(s->exec, &machine);
-    err = td_path_start(s->path, &machine);
+    td_path_machines_t machines = {.open = machine_open, .close = machine_close, .ctx = s};
+    err = td_path_start(s->path, &machines);
     if (err != TD_OK)
         return err;
     td_exec_describe(s->exec, s->devices, sizeof s->devices);
-    td_notice("backend %s (%s; chosen by --backend %s)", td_exec_backend_name(s->exec), s->devices,
-              td_backend_choice_name(s->cfg.backend));
+    td_notice("backend %s (%s; chosen by --backend %s); %u shard%s", td_exec_backend_name(s->exec),
+              s->devices, td_backend_choice_name(s->cfg.backend), td_path_shard_count(s->path),
+              td_path_shard_count(s->path) == 1 ? "" : "s");
     return td_local_new(s->path, &s->local);
 }
 
@@ -490,7 +529,8 @@ static void free_reloadable_strings(td_server_t *s)
 /* The stream table (windows, the test clock) and the per-peer table. */
 static td_err_t open_tables(td_server_t *s)
 {
-    td_err_t err = td_streams_new(s->cfg.max_streams, &s->streams);
+    unsigned shards = td_config_shards(&s->cfg);
+    td_err_t err = td_streams_new_parts(shards, s->cfg.max_streams, &s->streams);
     if (err != TD_OK)
         return err;
     td_streams_set_window(s->streams, s->cfg.window_intervals, s->cfg.window_interval_ms);
@@ -499,14 +539,14 @@ static td_err_t open_tables(td_server_t *s)
     td_clock_set_test_file(s->cfg.test_clock);
     err = td_replies_new(&s->cfg, &s->replies);
     if (err == TD_OK)
-        err = td_peers_new(&s->peers);
+        err = td_peers_new_shards(shards, &s->peers);
     return err;
 }
 
 static void close_tables(td_server_t *s)
 {
     td_local_destroy(&s->local);
-    td_path_destroy(&s->path); /* and the scheduler */
+    td_path_destroy(&s->path); /* and the shards' schedulers */
     td_exec_destroy(&s->exec);
     if (s->cpu)
         s->cpu->destroy(&s->cpu);
@@ -570,6 +610,10 @@ int td_server_run(td_server_t *s)
     td_notice("tallyd %s ready: %u in flight max, batches up to %zu bytes", TALLY_VERSION,
               s->cfg.max_inflight, s->cfg.max_batch);
     td_service_ready(s->service);
+    if (td_path_run(s->path) != TD_OK) { /* the shards' threads: stop at once, cleanly */
+        stop(s, SIGTERM);
+        td_path_drain_over(s->path);
+    }
     td_zmq_pump(s->zmq); /* messages may have queued between bind and the first poll */
     uv_run(&s->loop, UV_RUN_DEFAULT);
     return td_service_exit_code(s->service); /* the final snapshot: did it reach the disk? */

@@ -335,6 +335,18 @@ tally_status_t tally_req_decode(const uint8_t *buf, size_t len, tally_req_t *req
     return tally__validate_fields(req, msg, msg_cap);
 }
 
+bool tally_req_stream_of(const uint8_t *buf, size_t len, const char **name, size_t *name_len)
+{
+    if (!buf || len != TALLY_REQ_HEADER_SIZE || tally_get_u32(buf + HEAD_OFF_MAGIC) != TALLY_MAGIC)
+        return false;
+    size_t n = buf[REQ_OFF_STREAM_LEN];
+    if (n == 0 || n > TALLY_STREAM_NAME_MAX)
+        return false;
+    *name = (const char *)buf + REQ_OFF_STREAM;
+    *name_len = n;
+    return true;
+}
+
 /* ---- Reply header ----------------------------------------------------------------------- */
 
 static const wire_field_t rep_fields[] = {FIELD(HEAD_OFF_VERSION, tally_rep_t, version),

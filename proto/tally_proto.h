@@ -210,6 +210,13 @@ void tally_req_encode(const tally_req_t *req, uint8_t out[TALLY_REQ_HEADER_SIZE]
 tally_status_t tally_req_decode(const uint8_t *buf, size_t len, tally_req_t *req, char *msg,
                                 size_t msg_cap);
 
+/* The stream a header frame names, read without decoding the rest (tallyd routes a request to
+ * the shard that owns its stream before the shard decodes it): true with *name (pointing into
+ * buf, not NUL-terminated) and *name_len when buf is a header of TALLY_REQ_HEADER_SIZE bytes with
+ * the magic that names a stream of at most TALLY_STREAM_NAME_MAX bytes; false otherwise (no
+ * stream, or a header that tally_req_decode will refuse). */
+bool tally_req_stream_of(const uint8_t *buf, size_t len, const char **name, size_t *name_len);
+
 /* Checks the request's fields against each other and the payload size (in bytes), given the
  * daemon's maximum batch in bytes. tally_req_decode already calls this with payload checks
  * skipped; the daemon calls it again once it knows the payload size. */

@@ -6,7 +6,7 @@
 mkdir -p /opt/deps
 for f in .deps/debs/*.deb; do dpkg -x "$f" /opt/deps; done
 export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export PATH=$PATH:/opt/deps/usr/sbin # nats-server, for the NATS tests
+export PATH=$PATH:/opt/deps/usr/sbin:/opt/deps/usr/bin # nats-server (NATS tests), redis (shards)
 export CMAKE_PREFIX_PATH=/opt/deps/usr
 export CPATH=/opt/deps/usr/include
 export LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu

@@ -14,3 +14,6 @@ apt-get download libzmq5 libzmq3-dev libuv1 libuv1-dev libcmocka0 libcmocka-dev 
 # NumPy for the Python binding's GPU benchmark (gpu-check.sh STEPS=gpu-region-py), used when the
 # GPU machine's python3 lacks it and is Debian's version.
 apt-get download python3-numpy libblas3 liblapack3 libgfortran5
+# Redis beside tallyd's shards (gpu-check.sh STEPS=shards, bench/run-shards.sh: issue 31's
+# redis-benchmark -t incr -P 64 -c 16): redis-server is a link to redis-tools' redis-check-rdb.
+apt-get download redis-server redis-tools libjemalloc2 liblzf1

@@ -103,6 +103,19 @@
 #               (issue 21, item 10: the leak at stop was seen under ASan, not on the dev box)
 #   info        `tally info` of a tallyd on every GPU of the host (a multi-GPU kind shows
 #               them all)
+#   shards      issue 31, about 2 minutes: the CPU-vs-GPU differential test with every tallyd on 4
+#               shards (TALLYD_TEST_SHARDS=4; its test_differential_shards compares 1 and 4
+#               shards), then bench/run-shards.sh: hist u8 64 B - 4 KiB, 8 and 16 producers x
+#               64, ipc and tcp, no stream and 256 streams, beside the ZeroMQ echo with the same
+#               I/O threads; one producer's 4 KiB p50 against the echo's; tallyd at 1, 2, 4, 8
+#               and 16 shards (req/s, per shard, busy seconds per shard); more I/O threads beside
+#               redis-benchmark -t incr,hset -P 64 -c 16 (Debian's redis, carried by
+#               fetch-device-deps.sh). The summary gets the computed tables in markdown
+#               ($OUT/shards-summary.md: tallyd / echo, scaling / linear, p50 - echo p50,
+#               tallyd / Redis INCR); the rows are in $OUT/shards.md. With STEPS=shards alone
+#               the build makes only what it runs (tallyd, tally, loadgen, test_differential)
+#               unless BUILD_TARGETS says otherwise. Any step runs on shards with
+#               TALLYD_TEST_SHARDS=N set for the call (STEPS=ctest too)
 #   systemd     the unit's systemd-analyze security score, and where systemd runs, tallyd on
 #               the GPU under the unit's sandbox answering a hist
 set -uo pipefail
@@ -165,6 +178,25 @@ step_diff() {
     grep -E "every reply|PASSED|FAILED|ERROR|LINE" "$OUT/test_differential-$row.log" | head -8 |
       sed "s/^/  $row: /" | tee -a "$S"
   done
+}
+
+# Issue 31: the GPU path against the CPU reference on four shards (and, inside the test, one
+# against four), then the tables.
+step_shards() {
+  TALLYD_TEST_SHARDS=4 TALLY_PIPELINE_ENGINE=cuda TALLY_DIFF_SCALE=${DIFF_SCALE:-1} \
+    timed "test_differential (cuda, 4 shards)" 150 "$B/tests/test_differential" \
+    >"$OUT/test_differential-shards4.log" 2>&1
+  grep -E "every reply|PASSED|FAILED|ERROR|LINE" "$OUT/test_differential-shards4.log" |
+    head -8 | sed "s/^/shards 4: /" | tee -a "$S"
+  SECONDS_PER_RUN=${SECONDS_PER_RUN:-1} timed run-shards 400 bench/run-shards.sh "$B" \
+    "$OUT/shards" >"$OUT/run-shards.log" 2>&1
+  cp "$OUT/shards/shards.md" "$OUT/shards/shards-summary.md" "$OUT/" 2>/dev/null
+  if [ -s "$OUT/shards-summary.md" ]; then
+    tee -a "$S" <"$OUT/shards-summary.md"
+  else
+    note "run-shards: no summary (tail of $OUT/run-shards.log:)"
+    tail -20 "$OUT/run-shards.log" | tee -a "$S"
+  fi
 }
 
 step_kernel_test() {
@@ -496,10 +528,15 @@ step_systemd() {
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv \
   >>"$S" 2>&1
 date -u >>"$S"
+# STEPS=shards alone needs four targets, not the whole tree (a minute less of the call's ten).
+if [ "${STEPS// /}" = shards ] && [ -z "${BUILD_TARGETS:-}" ]; then
+  BUILD_TARGETS="tallyd tally loadgen test_differential"
+fi
 build
 for step in $STEPS; do
   case $step in
-  ctest | suites | diff | region | kernels | sweep | variants | profile | info | systemd | soak) "step_$step" ;;
+  ctest | suites | diff | region | kernels | sweep | variants | profile | info | systemd | soak | shards)
+    "step_$step" ;;
   soak-collect) step_soak_collect ;;
   asan-stop) step_asan_stop ;;
   kernel-test) step_kernel_test ;;

@@ -6,8 +6,11 @@
 # build with AddressSanitizer + UndefinedBehaviorSanitizer. That build also has the allocation-
 # failure hooks (-DTALLY_ALLOC_FAULTS=ON: inert unless TALLYD_ALLOC_FAIL_AT is set), so its CTest
 # run includes test_alloc_sweep, the bounded allocation-failure sweep (about 200 runs over the
-# whole range, none started after 200 s; scripts/alloc-sweep.sh runs every N). Last, the Debian
-# packages are built, installed, upgraded, used and purged (scripts/package-test.sh).
+# whole range, none started after 200 s; scripts/alloc-sweep.sh runs every N). The first run's
+# tallyd has one shard (TALLYD_TEST_SHARDS=1), the sanitizer run's four (TALLYD_TEST_SHARDS=4,
+# issue 31: every integration test passes on both, the sweep runs a 4-shard daemon); a test that
+# sets --shards itself keeps its own. Last, the Debian packages are built, installed, upgraded,
+# used and purged (scripts/package-test.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -16,7 +19,7 @@ jobs=$(nproc)
 echo "== build and test (warnings as errors)"
 cmake -S . -B build-test -DTALLY_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build build-test -j"$jobs"
-(cd build-test && ctest --output-on-failure -j"$jobs")
+(cd build-test && TALLYD_TEST_SHARDS=1 ctest --output-on-failure -j"$jobs")
 
 # The libFuzzer target is built when clang can link it (install-deps.sh installs clang); a
 # crash or a violated property in these 20 s fails the run.
@@ -31,7 +34,7 @@ echo "== build and test with AddressSanitizer and UndefinedBehaviorSanitizer"
 cmake -S . -B build-asan -DTALLY_WERROR=ON -DTALLY_SANITIZE=ON -DTALLY_ALLOC_FAULTS=ON \
   -DTALLY_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
 cmake --build build-asan -j"$jobs"
-(cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+(cd build-asan && TALLYD_TEST_SHARDS=4 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j"$jobs")
 
 # Coverage and mutants (docs/testing.md, "Coverage and mutants"): a gcc --coverage build runs

@@ -42,6 +42,10 @@
  * leave a gap); numbered, an exact prefix, and once the client has resent every batch after the
  * reconnect both daemons hold the same record byte for byte, all 20 batches in order.
  *
+ * test_differential_shards (issue 31): the same sequence on two CPU-backend tallyd, one with
+ * --shards 1 and one with --shards 4, swapping shard counts at the restart (a state file loaded
+ * by another shard count than wrote it): every reply and every stream's record equal.
+ *
  * test_query_behind_delete: a query, reset and delete pipelined behind a delete get
  * unknown_stream (they used to find the cleared stream, which then stayed listed: the
  * differential test found it, as a reply that depended on timing).
@@ -1047,6 +1051,8 @@ typedef struct {
     void *socks[2][CONNS];
     char fault_every[16]; /* --test-fault-every for the GPU daemon, "" for none */
     char lanes[16];       /* --gpu-streams for the GPU daemon, "" for the default */
+    /* test_differential_shards: both on the CPU backend, with these --shards (issue 31). */
+    const char *shards[2];
 } pair_t;
 
 static int start_one(pair_t *p, int which, const char *inflight)
@@ -1055,13 +1061,18 @@ static int start_one(pair_t *p, int which, const char *inflight)
     snprintf(batch, sizeof batch, "%zu", max_batch_bytes());
     const char *argv[24];
     int argc = 0;
+    bool gpu = which && !p->shards[which];
     argv[argc++] = "--backend";
-    argv[argc++] = which ? (getenv("TALLY_DIFF_AUTO") ? "auto" : "cuda") : "cpu";
-    if (which && getenv("TALLY_DIFF_AUTO")) { /* small batches on the CPU, larger on the GPU */
+    argv[argc++] = gpu ? (getenv("TALLY_DIFF_AUTO") ? "auto" : "cuda") : "cpu";
+    if (p->shards[which]) {
+        argv[argc++] = "--shards";
+        argv[argc++] = p->shards[which];
+    }
+    if (gpu && getenv("TALLY_DIFF_AUTO")) { /* small batches on the CPU, larger on the GPU */
         argv[argc++] = "--gpu-min-batch";
         argv[argc++] = getenv("TALLY_DIFF_AUTO");
     }
-    if (which && !use_cuda()) {
+    if (gpu && !use_cuda()) {
         argv[argc++] = "--test-sim-gpus";
         argv[argc++] = "2";
     }
@@ -1075,15 +1086,15 @@ static int start_one(pair_t *p, int which, const char *inflight)
     argv[argc++] = clock_path;
     argv[argc++] = "--window-intervals";
     argv[argc++] = "4";
-    if (which && p->lanes[0]) {
+    if (gpu && p->lanes[0]) {
         argv[argc++] = "--gpu-streams";
         argv[argc++] = p->lanes;
     }
-    if (which && getenv("TALLY_DIFF_GPU_SPIN_US")) { /* lanes that poll the GPU (issue 34) */
+    if (gpu && getenv("TALLY_DIFF_GPU_SPIN_US")) { /* lanes that poll the GPU (issue 34) */
         argv[argc++] = "--gpu-spin-us";
         argv[argc++] = getenv("TALLY_DIFF_GPU_SPIN_US");
     }
-    if (which && p->fault_every[0]) { /* GPU failures: the CPU reruns must be exact too */
+    if (gpu && p->fault_every[0]) { /* GPU failures: the CPU reruns must be exact too */
         argv[argc++] = "--test-fault-every";
         argv[argc++] = p->fault_every;
     }
@@ -1155,18 +1166,25 @@ static void remove_dir(const char *dir)
 }
 
 static void differential(uint64_t seed, const char *inflight_before, const char *inflight_after,
-                         unsigned fault_every)
+                         unsigned fault_every, const char *const shards[2])
 {
     fprintf(stderr,
             "differential: seed %llu (%s; TALLY_TEST_SEED=%llu reproduces the random "
             "run), scale %u\n",
-            (unsigned long long)seed, use_cuda() ? "cuda" : "sim", (unsigned long long)seed,
-            scale());
+            (unsigned long long)seed,
+            shards       ? "cpu, shards"
+            : use_cuda() ? "cuda"
+                         : "sim",
+            (unsigned long long)seed, scale());
     rng = seed;
     model_init();
     memset(&tally_of_run, 0, sizeof tally_of_run);
     pair_t p;
     memset(&p, 0, sizeof p);
+    if (shards) {
+        p.shards[0] = shards[0];
+        p.shards[1] = shards[1];
+    }
     if (fault_every)
         snprintf(p.fault_every, sizeof p.fault_every, "%u", fault_every);
     if (seed != FIXED_SEED) /* 1 to 4 lanes per device: streams share lanes and carries more */
@@ -1192,6 +1210,9 @@ static void differential(uint64_t seed, const char *inflight_before, const char 
         if (phase == 0) { /* stop and restore both, in the middle of the sequence */
             for (int which = 0; which < 2; which++)
                 stop_one(&p, which);
+            const char *swap = p.shards[0]; /* shards: each restores the other's shard count */
+            p.shards[0] = p.shards[1];
+            p.shards[1] = swap;
             assert_int_equal(start_one(&p, 0, inflight_after), 0);
             assert_int_equal(start_one(&p, 1, inflight_after), 0);
             sync_check(&p, &o);
@@ -1216,7 +1237,7 @@ static void differential(uint64_t seed, const char *inflight_before, const char 
 static void test_differential_fixed_seed(void **state)
 {
     (void)state;
-    differential(FIXED_SEED, "3", "64", 0);
+    differential(FIXED_SEED, "3", "64", 0, NULL);
 }
 
 static void test_differential_random_seed(void **state)
@@ -1225,7 +1246,21 @@ static void test_differential_random_seed(void **state)
     uint64_t seed = th_seed();
     const char *e = getenv("TALLY_DIFF_FAULT_EVERY");
     differential(seed, seed % 2 ? "64" : "5", seed % 2 ? "2" : "64",
-                 e ? (unsigned)strtoul(e, NULL, 10) : 0);
+                 e ? (unsigned)strtoul(e, NULL, 10) : 0, NULL);
+}
+
+/* Issue 31: the same sequence on one shard and on four (both on the CPU backend), every reply
+ * and every stream's record compared, across the restart: the streams of the CONNS connections
+ * land on different shards, their requests pipelined at once; stateless ones go to the least
+ * loaded shard. At the restart each daemon takes the other's shard count, so each state file is
+ * loaded by a tallyd with another --shards than the one that wrote it. */
+static void test_differential_shards(void **state)
+{
+    (void)state;
+    if (use_cuda()) /* the GPU build's run covers the GPU path; this one the CPU's shards */
+        skip();
+    const char *const shards[2] = {"1", "4"};
+    differential(th_seed(), "64", "5", 0, shards);
 }
 
 /* ---- a query and a reset queued behind a reset ------------------------------------------ */
@@ -1534,6 +1569,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_differential_fixed_seed),
         cmocka_unit_test(test_differential_random_seed),
+        cmocka_unit_test(test_differential_shards),
         cmocka_unit_test(test_snapshot_prefix_kill),
         cmocka_unit_test(test_snapshot_prefix_term),
         cmocka_unit_test(test_query_behind_delete),

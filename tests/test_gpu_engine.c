@@ -203,7 +203,9 @@ static void test_oom_at_open(void **state)
         assert_int_equal(uv_loop_init(&loop), 0);
         td_gpu_t *gpu = NULL;
         char why[256] = "";
-        td_err_t err = td_gpu_new(&loop, e, &opts, ignore_complete, NULL, &gpu, why, sizeof why);
+        td_err_t err = td_gpu_new(&loop, e, &opts, &gpu, why, sizeof why);
+        if (err == TD_OK)
+            assert_int_equal(td_gpu_sink_open(gpu, 0, &loop, ignore_complete, NULL), 0);
         if (before == 0) { /* no lane opens: no device */
             assert_int_equal(err, TD_ERR_BACKEND);
             assert_null(gpu);
@@ -211,6 +213,7 @@ static void test_oom_at_open(void **state)
             assert_int_equal(err, TD_OK);
             assert_int_equal(td_gpu_device_count(gpu), 1);
             assert_true(td_gpu_usable(gpu));
+            td_gpu_sink_close(gpu, 0);
             td_gpu_close(gpu);
             uv_run(&loop, UV_RUN_DEFAULT);
             td_gpu_destroy(&gpu);

@@ -115,6 +115,21 @@ static void *connect_non_reader(void *ctx, const char *endpoint)
  * bounded: on the loaded 2-core box a scheduler alone kept single pings over 100 ms (the bound
  * this test had, 250 ms under ASan), and how fast is bench/'s question. */
 #define PING_WAIT_MS 60000
+/* A sanitizer build (ASan's or TSan's: gcc names both, clang 14 only answers __has_feature). */
+#if defined(__SANITIZE_THREAD__)
+#define TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TEST_TSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(TEST_TSAN)
+#define TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TEST_SANITIZED 1
+#endif
+#endif
 
 /* One round: SLOW_REQUESTS hist requests from the non-reader, a timed ping from the other
  * client every PING_EVERY of them and PINGS_AFTER more after; the round trips go to rtt. */
@@ -430,8 +445,8 @@ static void pipeline_hists(void *const *socks, const uint8_t *mib, int count)
 static void test_received_frames_do_not_page_fault(void **state)
 {
     (void)state;
-#ifdef __SANITIZE_ADDRESS__
-    skip(); /* ASan's allocator replaces glibc's and ignores mallopt */
+#ifdef TEST_SANITIZED
+    skip(); /* ASan's and TSan's allocators replace glibc's and ignore mallopt */
 #endif
     const char *args[] = {"--backend", "cpu", "--io-threads", "2", NULL};
     start(args);
@@ -495,8 +510,8 @@ static int malloc_heaps(pid_t pid)
 static void test_malloc_arenas_bounded(void **state)
 {
     (void)state;
-#ifdef __SANITIZE_ADDRESS__
-    skip(); /* ASan's allocator replaces glibc's and ignores mallopt */
+#ifdef TEST_SANITIZED
+    skip(); /* ASan's and TSan's allocators replace glibc's and ignore mallopt */
 #endif
     const char *args[] = {"--backend", "auto", "--test-sim-gpus", "2", "--io-threads", "2", NULL};
     start(args);

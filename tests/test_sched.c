@@ -79,9 +79,14 @@ static bool fake_splittable(void *ctx, const td_request_t *r)
            (r->req.opcode == TALLY_OP_HIST || r->req.opcode == TALLY_OP_SCAN);
 }
 
+/* A result: a hist's is its (empty) histogram, the reply its apply step reads back. */
 static void succeed(td_request_t *r)
 {
-    td_request_succeed(r, TALLY_DTYPE_NONE, NULL, 0, 0);
+    static const tk_hist_t empty;
+    if (r->req.opcode == TALLY_OP_HIST)
+        td_request_hist_result(r, &empty);
+    else
+        td_request_succeed(r, TALLY_DTYPE_NONE, NULL, 0, 0);
 }
 
 /* An inline CPU run completes at once, as td_exec's does; anything else waits for the test. */
@@ -162,7 +167,7 @@ static fake_t *fake_new_limited(unsigned devices, td_backend_choice_t backend,
         .splittable = fake_splittable,
         .run = fake_run,
     };
-    td_sched_host_t h = {f, fake_complete, fake_control, fake_answer, fake_forget};
+    td_sched_host_t h = {f, fake_complete, fake_control, fake_answer, fake_forget, 0};
     assert_int_equal(td_sched_new(&f->cfg, &f->metrics, &m, &h, &f->sched), TD_OK);
     return f;
 }

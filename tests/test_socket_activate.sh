@@ -21,7 +21,11 @@ cleanup() {
 trap cleanup EXIT
 for attempt in 1 2 3 4 5; do
   port=$((20000 + $(od -An -N2 -tu2 /dev/urandom) % 40000))
+  # The tool gives tallyd a clean environment: the sanitizers' and the shard count's are passed.
+  # shellcheck disable=SC2046 # one -E per variable set
   systemd-socket-activate -l "127.0.0.1:$port" -l "$dir/tallyd.sock" \
+    $(for v in TSAN_OPTIONS ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS TALLYD_TEST_SHARDS; do
+      eval "[ -n \"\${$v:-}\" ]" && printf -- '-E %s ' "$v"; done) \
     "$tallyd" --backend cpu --log-level debug --shm-socket "$dir/shm.sock" >"$dir/log" 2>&1 &
   pid=$!
   for i in $(seq 50); do

@@ -27,6 +27,7 @@
 #include <cmocka.h>
 
 #include "td_config.h"
+#include "td_hash.h"
 #include "td_state.h"
 #include "td_state_record.h"
 #include "td_stream.h"
@@ -129,10 +130,10 @@ static void assert_tables_like(td_streams_t *a, td_streams_t *b, int skip, bool 
     assert_int_equal(td_streams_count(b), want);
     td_stream_t *y = td_streams_first(b);
     int i = 0;
-    for (td_stream_t *x = td_streams_first(a); x; x = x->list_next, i++) {
+    for (td_stream_t *x = td_streams_first(a); x; x = td_streams_next(a, x), i++) {
         if (i == skip) {
             assert_true((td_streams_find(b, x->name, x->name_len) != NULL) == present);
-            y = present ? y->list_next : y;
+            y = present ? td_streams_next(b, y) : y;
             continue;
         }
         assert_non_null(y);
@@ -146,7 +147,7 @@ static void assert_tables_like(td_streams_t *a, td_streams_t *b, int skip, bool 
         size_t nx = ring_of(x, rx, sizeof rx);
         assert_int_equal(ring_of(y, ry, sizeof ry), nx);
         assert_memory_equal(rx, ry, nx);
-        y = y->list_next;
+        y = td_streams_next(b, y);
     }
 }
 
@@ -236,6 +237,57 @@ static bool keep_odd(const td_stream_t *s, void *arg)
     unsigned *asked = arg;
     (*asked)++;
     return (s->name[5] - '0') % 2 == 1; /* "s%05u": the last digit of the index */
+}
+
+/* Decodes buf into a fresh whole table of `parts` parts (caller destroys it); every stream lands
+ * in the part its name's shard says. */
+static td_streams_t *decode_parts(const uint8_t *buf, size_t len, unsigned parts)
+{
+    td_streams_t *t = NULL;
+    assert_int_equal(td_streams_new_parts(parts, 1000, &t), TD_OK);
+    td_streams_set_window(t, 8, 1000);
+    td_state_report_t r;
+    char msg[256] = "";
+    assert_int_equal(td_state_decode(buf, len, NOW_MS, t, &r, msg, sizeof msg), TD_OK);
+    assert_false(td_state_report_lossy(&r));
+    unsigned in_parts = 0;
+    for (unsigned i = 0; i < td_streams_parts(t); i++) {
+        td_streams_t *part = td_streams_part(t, i);
+        for (td_stream_t *s = td_streams_first(part); s; s = s->list_next, in_parts++)
+            assert_int_equal(td_stream_shard(s->name, s->name_len, parts), i);
+    }
+    assert_int_equal(in_parts, td_streams_count(t));
+    return t;
+}
+
+/* Issue 31: a state file is the same whatever the shard count that writes or reads it: streams
+ * written by one shard load into four parts (each in its shard's), and back into one and three,
+ * every stream equal and in creation order. */
+static void test_state_across_shard_counts(void **state)
+{
+    (void)state;
+    td_streams_t *one = random_table(40);
+    uint8_t *buf = NULL, *again = NULL, *third = NULL;
+    size_t len = 0, again_len = 0, third_len = 0;
+    encode(one, &buf, &len);
+    td_streams_t *four = decode_parts(buf, len, 4);
+    assert_tables_equal(one, four);
+    encode(four, &again, &again_len);
+    assert_int_equal(again_len, len); /* the same records, in the same order */
+    assert_memory_equal(again + TD_STATE_HEADER_SIZE, buf + TD_STATE_HEADER_SIZE,
+                        len - TD_STATE_HEADER_SIZE);
+    td_streams_t *back = decode_parts(again, again_len, 1), *three = decode_parts(again, len, 3);
+    assert_tables_equal(one, back);
+    assert_tables_equal(one, three);
+    encode(three, &third, &third_len);
+    assert_int_equal(third_len, len);
+    td_streams_destroy(&one);
+    td_streams_destroy(&four);
+    td_streams_destroy(&back);
+    td_streams_destroy(&three);
+    free(buf);
+    free(again);
+    free(third);
 }
 
 static void test_encode_some_keeps_only_filtered(void **state)
@@ -1610,6 +1662,7 @@ int main(void)
         cmocka_unit_test(test_log_compaction_crash_windows),
         cmocka_unit_test(test_log_failed_append_compacts),
         cmocka_unit_test(test_encode_some_keeps_only_filtered),
+        cmocka_unit_test(test_state_across_shard_counts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

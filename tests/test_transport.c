@@ -117,6 +117,15 @@ static void answer_here(void *owner, td_request_t *r)
     td_request_succeed(r, TALLY_DTYPE_NONE, NULL, 0, 0);
 }
 
+/* The one shard's machine (td_path_machines_t). */
+static td_err_t machine_open(void *ctx, unsigned shard, uv_loop_t *loop, td_sched_machine_t *m)
+{
+    (void)shard;
+    (void)loop;
+    *m = (td_sched_machine_t){.ctx = ctx, .cpu_workers = 2, .run = machine_run};
+    return TD_OK;
+}
+
 static broker_t *broker_new(unsigned max_inflight)
 {
     broker_t *b = calloc(1, sizeof *b);
@@ -137,8 +146,8 @@ static broker_t *broker_new(unsigned max_inflight)
                          .answer_here = answer_here,
                          .owner = b};
     assert_int_equal(td_path_new(&env, &b->path), TD_OK);
-    td_sched_machine_t m = {.ctx = b, .cpu_workers = 2, .run = machine_run};
-    assert_int_equal(td_path_start(b->path, &m), TD_OK);
+    td_path_machines_t machines = {.open = machine_open, .ctx = b};
+    assert_int_equal(td_path_start(b->path, &machines), TD_OK);
     b->base = (td_transport_t){.ops = &broker_ops, .path = b->path};
     return b;
 }
@@ -157,7 +166,7 @@ static void broker_destroy(broker_t **b_p)
     for (unsigned i = 0; i < b->kept_count; i++)
         td_bytes_free(&b->kept[i]);
     assert_int_equal(reply_held(b), 0);
-    assert_int_equal(td_sched_inflight(td_path_sched(b->path)), 0);
+    assert_int_equal(td_path_inflight(b->path), 0);
     td_path_destroy(&b->path);
     b->cpu->destroy(&b->cpu);
     td_peers_destroy(&b->peers);

@@ -68,6 +68,23 @@ unsigned td_config_io_threads(const td_config_t *cfg)
     return n > TD_IO_THREADS_MAX ? TD_IO_THREADS_MAX : n;
 }
 
+unsigned td_config_shards(const td_config_t *cfg)
+{
+    if (cfg->shards)
+        return cfg->shards;
+    /* Test only: the whole suite runs again with this many shards (scripts/test.sh), however
+     * each test starts tallyd, unless the test sets --shards itself. */
+    const char *test = getenv("TALLYD_TEST_SHARDS");
+    unsigned long n = test ? strtoul(test, NULL, 10) : 0;
+    if (n >= 1 && n <= TD_SHARDS_LIMIT)
+        return (unsigned)n;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    long left = cores - (long)td_config_io_threads(cfg) - 1;
+    if (left < 1)
+        return 1;
+    return left > (long)TD_SHARDS_DEFAULT_MAX ? TD_SHARDS_DEFAULT_MAX : (unsigned)left;
+}
+
 void td_config_default_shm_socket(char *buf, size_t cap)
 {
     const char *runtime = getenv("RUNTIME_DIRECTORY"); /* systemd's RuntimeDirectory= */

@@ -167,6 +167,14 @@
 #define TD_IO_THREADS_MIN 2u
 #define TD_IO_THREADS_MAX 4u
 #define TD_IO_THREADS_LIMIT 64u
+/* Shards (--shards; 0 = from the core count, issue 31): each a loop thread that owns the streams
+ * td_stream_shard gives it and runs their requests. The default takes the cores that the ZeroMQ
+ * I/O threads and the thread that owns the sockets leave, at least 1 (one shard runs on that
+ * thread itself: the 2-core CI box), at most TD_SHARDS_DEFAULT_MAX: past the echo's ceiling (one
+ * ROUTER socket on one thread, ~0.8 M requests/s on the 16-core H200 host) more shards add
+ * threads and nothing else. At most TD_SHARDS_LIMIT when set. */
+#define TD_SHARDS_DEFAULT_MAX 16u
+#define TD_SHARDS_LIMIT 64u
 /* glibc's malloc, set once at start (main.c). ZeroMQ's I/O threads malloc every received frame
  * (1 MiB each under a hist load) and tallyd frees it once the request is done. With glibc's
  * defaults the trim threshold follows the last large block freed (about 2 MiB here), so the heap
@@ -320,6 +328,7 @@ typedef struct {
     unsigned state_interval;   /* seconds between state snapshots */
     char *metrics_listen;      /* owned; ADDR:PORT of the HTTP metrics endpoint, NULL = off */
     unsigned io_threads;       /* ZeroMQ I/O threads; 0 = from the core count */
+    unsigned shards;           /* request-path shards; 0 = from the core count */
     bool shm;                  /* offer shared-memory input (td_shm.c) */
     char *shm_socket;          /* owned; the side channel's path; NULL = the default */
     bool shm_socket_explicit;  /* set by the file or command line: failing to bind is fatal */
@@ -380,6 +389,9 @@ td_err_t td_config_add_bind(td_config_t *cfg, const char *endpoint);
 
 /* The ZeroMQ I/O threads to use: cfg->io_threads, or the default from the core count. */
 unsigned td_config_io_threads(const td_config_t *cfg);
+/* The shards to run: cfg->shards, or (tests) $TALLYD_TEST_SHARDS, or the cores less the I/O
+ * threads and the socket's thread, from 1 to TD_SHARDS_DEFAULT_MAX. */
+unsigned td_config_shards(const td_config_t *cfg);
 /* The default side-channel path: $RUNTIME_DIRECTORY (systemd), /run/tallyd as root,
  * $XDG_RUNTIME_DIR, else /tmp/tallyd-UID; then TD_SHM_SOCKET_NAME. */
 void td_config_default_shm_socket(char *buf, size_t cap);

@@ -24,4 +24,12 @@ static inline uint64_t td_fnv1a64(const void *data, size_t len)
     return tally_fnv1a64_from(TD_FNV1A64_BASIS, data, len);
 }
 
+/* The shard that owns a stream (issue 31): the published FNV-1a 64 of its name, the one of the
+ * NATS partitions (PROTOCOL.md §13), modulo the shards; 0 with one shard. A stream never moves
+ * while tallyd runs. */
+static inline unsigned td_stream_shard(const char *name, size_t len, unsigned shards)
+{
+    return shards > 1 ? (unsigned)(tally_fnv1a64(name, len) % shards) : 0;
+}
+
 #endif

@@ -117,6 +117,13 @@ const td_setting_t td_settings[] = {
      .type = TD_SET_UINT, .offset = FIELD(io_threads), .def = 0u, .min = 1,
      .max = TD_IO_THREADS_LIMIT, .reload = TD_RELOAD_RESTART, .example = "4",
      .help = "ZeroMQ I/O threads", .default_doc = "cores / 4, from 2 to 4"},
+    {.option = "shards", .arg = "N", .section = "server", .key = "shards", .type = TD_SET_UINT,
+     .offset = FIELD(shards), .def = 0u, .min = 1, .max = TD_SHARDS_LIMIT,
+     .reload = TD_RELOAD_RESTART, .example = "4",
+     .help = "request-path shards, each a thread that owns the streams whose names hash to it "
+             "(the published FNV-1a 64, PROTOCOL.md §13) and runs their requests; 1 runs them on "
+             "the thread that owns the sockets; every limit stays the whole daemon's",
+     .default_doc = "the cores less the I/O threads and one, from 1 to 16"},
     /* [state] */
     {.option = "state-dir", .arg = "DIR", .section = "state", .key = "dir", .type = TD_SET_STRING,
      .offset = FIELD(state_dir), .reload = TD_RELOAD_RESTART, .example = "/var/lib/tallyd",

@@ -20,15 +20,23 @@ void td_admit_count_limited(td_admit_t *a, const td_request_t *r, td_limit_t lim
 void td_admit_identify(td_admit_t *a, td_request_t *r, const char *user)
 {
     uint64_t now = uv_hrtime();
-    td_peers_set_rate(a->peers, a->cfg->stream_create_rate); /* the live value: reloads apply */
+    if (a->rate != a->cfg->stream_create_rate) { /* the live value: reloads apply */
+        a->rate = a->cfg->stream_create_rate;
+        td_peers_set_rate(a->peers, a->rate);
+    }
     r->conn = td_peers_acquire(a->peers, TD_PEER_CONNECTION, r->identity, r->identity_len, now);
     if (r->conn && td_peer_inflight_begin(r->conn))
         a->active_conns++;
-    if (user && user[0])
+    if (r->conn) { /* the fair share, judged now that r counts (td_admit_over_share) */
+        r->share = td_config_inflight_per_peer(a->cfg, a->active_conns);
+        r->share_inflight = td_peer_inflight(r->conn);
+    }
+    if (user && user[0]) {
         r->client = td_peers_acquire(a->peers, TD_PEER_USER, user, strlen(user), now);
-    else
-        r->client =
-            td_peers_acquire(a->peers, TD_PEER_CONNECTION, r->identity, r->identity_len, now);
+    } else if (r->conn) { /* the connection is the client: the same entry, a second reference */
+        r->client = r->conn;
+        td_peer_hold(r->client);
+    }
     if (r->client && user && user[0])
         td_peer_count_request(r->client);
 }
@@ -47,14 +55,13 @@ void td_admit_answered(td_admit_t *a, td_request_t *r)
  * when r was failed. */
 bool td_admit_over_share(td_admit_t *a, td_request_t *r)
 {
-    unsigned share = td_config_inflight_per_peer(a->cfg, a->active_conns);
-    if (!r->conn || td_peer_inflight(r->conn) <= share) /* it counts r itself */
+    if (!r->conn || r->share_inflight <= r->share) /* it counts r itself */
         return false;
     td_admit_count_limited(a, r, TD_LIMIT_INFLIGHT);
     td_request_fail(r, TALLY_E_BUSY,
                     "this connection already has %u requests in flight (max_inflight_per_peer "
                     "%u); send more once replies arrive",
-                    td_peer_inflight(r->conn) - 1, share);
+                    r->share_inflight - 1, r->share);
     return true;
 }
 

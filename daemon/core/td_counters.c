@@ -2,6 +2,8 @@
 /*
  * td_counters.c — see td_counters.h.
  */
+#include <stddef.h>
+
 #include "td_counters.h"
 
 const double td_latency_bounds_us[TD_LATENCY_BUCKETS] = {
@@ -48,4 +50,41 @@ void td_metrics_count_region_request(td_metrics_t *m, int ordinal, bool peer)
 {
     if (ordinal >= 0 && ordinal < TD_METRICS_GPUS_MAX)
         m->gpu_region_requests[ordinal][peer]++;
+}
+
+void td_metrics_add(td_metrics_t *dst, const td_metrics_t *src)
+{
+    for (unsigned op = 0; op < TALLY_OP_COUNT; op++) {
+        for (unsigned st = 0; st < TALLY_STATUS_WIRE_COUNT; st++)
+            dst->requests[op][st] += src->requests[op][st];
+        for (unsigned b = 0; b <= TD_LATENCY_BUCKETS; b++)
+            dst->latency_buckets[op][b] += src->latency_buckets[op][b];
+        dst->latency_sum_s[op] += src->latency_sum_s[op];
+    }
+    struct {
+        uint64_t *to;
+        const uint64_t *from;
+    } sums[] = {
+        {&dst->bytes_in, &src->bytes_in},
+        {&dst->bytes_out, &src->bytes_out},
+        {&dst->replies_dropped_gone, &src->replies_dropped_gone},
+        {&dst->replies_dropped_slow, &src->replies_dropped_slow},
+        {&dst->backend_fallbacks, &src->backend_fallbacks},
+        {&dst->read_pauses, &src->read_pauses},
+        {&dst->state_write_failures, &src->state_write_failures},
+        {&dst->state_bytes_written, &src->state_bytes_written},
+        {&dst->notify_failures, &src->notify_failures},
+        {&dst->shm_requests, &src->shm_requests},
+    };
+    for (size_t i = 0; i < sizeof sums / sizeof sums[0]; i++)
+        *sums[i].to += *sums[i].from;
+    for (unsigned g = 0; g < TD_METRICS_GPUS_MAX; g++) {
+        dst->gpu_requests[g] += src->gpu_requests[g];
+        dst->gpu_region_requests[g][0] += src->gpu_region_requests[g][0];
+        dst->gpu_region_requests[g][1] += src->gpu_region_requests[g][1];
+    }
+    for (unsigned l = 0; l < TD_LIMIT_COUNT; l++)
+        dst->limited[l] += src->limited[l];
+    if (src->gpu_devices > dst->gpu_devices)
+        dst->gpu_devices = src->gpu_devices;
 }

@@ -5,9 +5,11 @@
  * them as Prometheus text; they live here, below it, so the request path counts without
  * depending on the service around it.
  *
- * The counters are plain integers owned by the loop thread (every request is accepted and
- * answered there), so updating them needs no atomics. Anything that reads them from another
- * thread (the HTTP exporter) asks the loop thread for a rendered snapshot instead.
+ * The counters are plain integers owned by one thread: each shard has its own (issue 31; every
+ * request is answered on its shard's thread), and the loop thread its own for what it counts (the
+ * transports, the snapshots), so updating them needs no atomics. The loop thread sums them while
+ * it holds the shards still (td_path_sum_metrics); anything that reads them from another thread
+ * (the HTTP exporter) asks the loop thread for a rendered snapshot instead.
  *
  * A counter that is one increment is written directly (`m->read_pauses++`: the field's name and
  * comment say what it counts, and a function per counter would say nothing more); a write that
@@ -69,6 +71,9 @@ void td_metrics_observe(td_metrics_t *m, unsigned opcode, tally_status_t status,
                         size_t bytes_out, uint64_t latency_ns);
 /* Requests answered so far, whatever their operation and status. */
 uint64_t td_metrics_answered(const td_metrics_t *m);
+/* Adds every counter of src to dst (the shards' counters gathered, issue 31); the GPU count is
+ * the larger. */
+void td_metrics_add(td_metrics_t *dst, const td_metrics_t *src);
 /* How many GPUs the pipeline has (by ordinal), and a request completed on GPU `ordinal`; only the
  * first TD_METRICS_GPUS_MAX are counted. */
 void td_metrics_set_gpus(td_metrics_t *m, unsigned devices);

@@ -35,16 +35,25 @@
 #include "td_gpu.h"
 #include "td_log.h"
 
+/* A shard's way into the executor. */
+typedef struct {
+    td_exec_t *x;
+    unsigned index;
+    uv_loop_t *loop; /* NULL: not open */
+} port_t;
+
 struct td_exec {
     td_exec_env_t env;
     size_t gpu_max_batch; /* the staging size, fixed at start */
     td_gpu_t *gpu;        /* NULL: CPU only */
-    char devices[512];    /* td_exec_devices */
+    port_t *ports;
+    _Atomic unsigned *gpu_loads; /* the ports' schedulers' shared placement (td_sched.h) */
+    char devices[512];           /* td_exec_devices */
 };
 
 /* ---- CPU path ----------------------------------------------------------------------------- */
 
-/* The job is the request's cpu_job; its data is the executor. */
+/* The job is the request's cpu_job; its data is the port. */
 static td_request_t *job_request(uv_work_t *job)
 {
     return (td_request_t *)((char *)job - offsetof(td_request_t, cpu_job));
@@ -52,32 +61,34 @@ static td_request_t *job_request(uv_work_t *job)
 
 static void work_cb(uv_work_t *job)
 {
-    td_exec_t *x = job->data;
-    td_request_execute(job_request(job), x->env.cpu);
+    port_t *port = job->data;
+    td_request_execute(job_request(job), port->x->env.cpu);
 }
 
 static void after_work_cb(uv_work_t *job, int status)
 {
-    td_exec_t *x = job->data;
+    port_t *port = job->data;
     td_request_t *r = job_request(job);
     if (status == UV_ECANCELED)
         td_request_fail(r, TALLY_E_SHUTDOWN, "tallyd is shutting down");
-    x->env.done(x->env.owner, r);
+    port->x->env.done(port->x->env.owner, r);
 }
 
-static void cpu_submit(td_exec_t *x, td_request_t *r)
+/* On the port's loop: libuv's pool is the process's, each loop gets its own jobs back. */
+static void cpu_submit(port_t *port, td_request_t *r)
 {
-    r->cpu_job.data = x;
-    int rc = uv_queue_work(x->env.loop, &r->cpu_job, work_cb, after_work_cb);
+    r->cpu_job.data = port;
+    int rc = uv_queue_work(port->loop, &r->cpu_job, work_cb, after_work_cb);
     if (rc != 0) {
         td_request_fail(r, TALLY_E_INTERNAL, "cannot queue work: %s", uv_strerror(rc));
-        x->env.done(x->env.owner, r);
+        port->x->env.done(port->x->env.owner, r);
     }
 }
 
 /* ---- GPU path ----------------------------------------------------------------------------- */
 
-/* Loop thread: a request is back from the pipeline (its reply built, or r->gpu_failed). */
+/* The port's loop thread: a request is back from the pipeline (its reply built, or
+ * r->gpu_failed). */
 static void gpu_complete(void *owner, td_request_t *r)
 {
     td_exec_t *x = owner;
@@ -88,13 +99,14 @@ static void gpu_complete(void *owner, td_request_t *r)
 
 static void exec_run(void *ctx, td_request_t *r)
 {
-    td_exec_t *x = ctx;
+    port_t *port = ctx;
+    td_exec_t *x = port->x;
     if (r->where.gpu) {
         td_gpu_submit(x->gpu, r);
         return;
     }
     if (!r->where.cpu_inline) {
-        cpu_submit(x, r);
+        cpu_submit(port, r);
         return;
     }
     td_request_execute(r, x->env.cpu);
@@ -103,22 +115,22 @@ static void exec_run(void *ctx, td_request_t *r)
 
 static bool exec_device_usable(void *ctx, unsigned device)
 {
-    return td_gpu_device_usable(((td_exec_t *)ctx)->gpu, device);
+    return td_gpu_device_usable(((port_t *)ctx)->x->gpu, device);
 }
 
 static int exec_device_ordinal(void *ctx, unsigned device)
 {
-    return td_gpu_device_ordinal(((td_exec_t *)ctx)->gpu, device);
+    return td_gpu_device_ordinal(((port_t *)ctx)->x->gpu, device);
 }
 
 static bool exec_splittable(void *ctx, const td_request_t *r)
 {
-    return td_gpu_splittable(((td_exec_t *)ctx)->gpu, r);
+    return td_gpu_splittable(((port_t *)ctx)->x->gpu, r);
 }
 
 static uint32_t exec_region_peers(void *ctx, const td_request_t *r)
 {
-    return td_gpu_region_peers(((td_exec_t *)ctx)->gpu, r);
+    return td_gpu_region_peers(((port_t *)ctx)->x->gpu, r);
 }
 
 /* The threads of libuv's pool that runs the CPU path: UV_THREADPOOL_SIZE, which main.c sets
@@ -132,10 +144,30 @@ static unsigned cpu_workers(void)
     return n > 1024 ? 1024 : (unsigned)n;
 }
 
-void td_exec_machine(td_exec_t *x, td_sched_machine_t *m)
+int td_exec_port_open(td_exec_t *x, unsigned index, uv_loop_t *loop)
+{
+    port_t *port = &x->ports[index];
+    if (x->gpu) {
+        int rc = td_gpu_sink_open(x->gpu, index, loop, gpu_complete, x);
+        if (rc != 0)
+            return rc;
+    }
+    port->loop = loop;
+    return 0;
+}
+
+void td_exec_port_close(td_exec_t *x, unsigned index)
+{
+    if (!x || !x->ports[index].loop)
+        return;
+    td_gpu_sink_close(x->gpu, index);
+    x->ports[index].loop = NULL;
+}
+
+void td_exec_port_machine(td_exec_t *x, unsigned index, td_sched_machine_t *m)
 {
     *m = (td_sched_machine_t){
-        .ctx = x,
+        .ctx = &x->ports[index],
         .cpu_workers = cpu_workers(),
         .gpu_lane_depth = TD_SCHED_LANE_DEPTH,
         .device_usable = exec_device_usable,
@@ -147,7 +179,9 @@ void td_exec_machine(td_exec_t *x, td_sched_machine_t *m)
         return;
     m->gpu_devices = td_gpu_device_count(x->gpu);
     m->gpu_lanes = td_gpu_lanes(x->gpu);
-    m->gpu_carries = td_gpu_carries(x->gpu);
+    m->gpu_carries = TD_MAX_INFLIGHT_LIMIT + 1; /* each port its own (td_gpu_opts_t.sinks) */
+    m->gpu_carry_base = index * TD_MAX_INFLIGHT_LIMIT;
+    m->gpu_loads = x->gpu_loads;
     m->gpu_buffer_bytes = x->gpu_max_batch;
     m->region_peers = exec_region_peers;
 }
@@ -193,10 +227,17 @@ static td_err_t open_gpu(td_exec_t *x)
             .spin_us = cfg->gpu_spin_us,
             .spin_loop = cfg->gpu_spin_loop,
             .max_inflight = TD_MAX_INFLIGHT_LIMIT, /* a reload may raise max_inflight */
+            .sinks = x->env.ports,
         };
-        err = td_gpu_new(x->env.loop, engine, &opts, gpu_complete, x, &x->gpu, why, sizeof why);
+        err = td_gpu_new(x->env.loop, engine, &opts, &x->gpu, why, sizeof why);
     }
     if (err == TD_OK) {
+        size_t loads = (size_t)td_gpu_device_count(x->gpu) * (1 + td_gpu_lanes(x->gpu));
+        x->gpu_loads = calloc(loads, sizeof *x->gpu_loads);
+        if (!x->gpu_loads) {
+            td_gpu_destroy(&x->gpu);
+            return TD_ERR_NOMEM;
+        }
         td_metrics_set_gpus(x->env.metrics, td_gpu_ordinals(x->gpu));
         char desc[512];
         td_gpu_describe(x->gpu, desc, sizeof desc);
@@ -221,9 +262,18 @@ td_err_t td_exec_new(const td_exec_env_t *env, td_exec_t **out)
     if (!x)
         return TD_ERR_NOMEM;
     *x = (td_exec_t){.env = *env};
+    x->env.ports = env->ports ? env->ports : 1;
+    x->ports = calloc(x->env.ports, sizeof *x->ports);
+    if (!x->ports) {
+        free(x);
+        return TD_ERR_NOMEM;
+    }
+    for (unsigned i = 0; i < x->env.ports; i++)
+        x->ports[i] = (port_t){.x = x, .index = i};
     if (env->cfg->backend != TD_BACKEND_CPU) {
         td_err_t err = open_gpu(x);
         if (err != TD_OK) {
+            free(x->ports);
             free(x);
             return err;
         }
@@ -244,6 +294,8 @@ void td_exec_destroy(td_exec_t **self_p)
     if (!x)
         return;
     td_gpu_destroy(&x->gpu);
+    free(x->gpu_loads);
+    free(x->ports);
     free(x);
     *self_p = NULL;
 }

@@ -25,8 +25,12 @@
  * device's pinned reply buffers, which becomes the reply payload as it is and goes back to the
  * pool when ZeroMQ has sent it; a larger output, or one launched while every buffer was out, is
  * copied out of pinned staging into a malloc'd reply), the slot is freed, and the request goes onto
- * the pipeline's mutex-protected completion queue with uv_async_send. The async callback on the
- * loop thread drains the whole queue (wake-ups coalesce), so one wake-up can answer many requests.
+ * the mutex-protected completion queue of its shard's sink with uv_async_send. The async callback
+ * on that shard's loop thread drains the whole queue (wake-ups coalesce), so one wake-up can
+ * answer many requests. The lanes are shared by the shards (issue 31): each submits on its own
+ * thread, and what they share of a device (whether it takes work, its failures in a row, the
+ * requests on its peers) is under the pipeline's state lock; a shard that finds a lost context
+ * wakes the wiring's loop, which recovers it.
  * The lane thread does this, not the host function (which only counts a launch done): the brief had
  * the host function push to the completion queue directly, but building the reply there blocks the
  * lane's CUDA stream (see slot_done), and a multi-megabyte copy-out must stay off the loop thread
@@ -39,7 +43,8 @@
  * (lane_finished: an event query), and its launches enqueue no host function; before it sleeps
  * with work on the device it asks for one wake-up at the stream's tail (lane_notify). Either way a
  * slot is done by count, not by a flag its host function sets, so a late host function can never
- * mark a slot that was retired and launched into again.
+ * mark a slot that was retired and launched into again. --gpu-spin-loop keeps each shard's loop
+ * polling while its requests are on the GPU (the sink's idle handle).
  *
  * Placement is the scheduler's (td_sched.c): each request arrives with the device and lane it
  * goes to, its carry index and whether it starts its stream's chain, and how many pieces it is
@@ -124,15 +129,21 @@ static bool head_finished(lane_t *l, slot_t *slot)
     return slot->state == SLOT_DONE || slot->state == SLOT_FAILED;
 }
 
+static sink_t *sink_of(td_gpu_t *g, const td_request_t *r)
+{
+    return &g->sinks[r->shard < g->opts.sinks ? r->shard : 0];
+}
+
 /* The wake-up is sent under the lock: the loop cannot see (and answer) this request before the
- * send is done, so the last request's send never races td_gpu_close. */
+ * send is done, so the last request's send never races td_gpu_sink_close. */
 void td_gpu_push_completion(td_gpu_t *g, td_request_t *r)
 {
-    pthread_mutex_lock(&g->done_lock);
-    td_request_queue_push(&g->done, r);
-    if (g->async_open)
-        uv_async_send(&g->async);
-    pthread_mutex_unlock(&g->done_lock);
+    sink_t *k = sink_of(g, r);
+    pthread_mutex_lock(&k->lock);
+    td_request_queue_push(&k->done, r);
+    if (k->open)
+        uv_async_send(&k->async);
+    pthread_mutex_unlock(&k->lock);
 }
 
 void *td_gpu_pool_take(reply_pool_t *p, size_t bytes)
@@ -170,8 +181,7 @@ static void build_reply(lane_t *l, slot_t *slot)
     td_request_t *r = slot->r;
     td_gpu_staging_t *s = &l->staging[slot->index];
     if (r->req.opcode == TALLY_OP_HIST) {
-        r->hist = s->small->hist;
-        td_request_hist_result(r);
+        td_request_hist_result(r, &s->small->hist);
         return;
     }
     if (r->req.opcode == TALLY_OP_MINMAX) {
@@ -509,24 +519,10 @@ static void note_result(device_t *d, const td_request_t *r)
                d->ordinal, d->name, d->errors_in_row);
 }
 
-/* --gpu-spin-loop: an idle handle keeps the loop polling (epoll with no timeout) while requests
- * are on the GPU, so a completion's wake-up (uv_async_send) and the next request's arrival are
- * seen without waking a sleeping thread. It does nothing itself. */
-static void spin_cb(uv_idle_t *handle)
+/* The devices' bookkeeping for a batch of completions (state lock held). */
+static void note_batch(td_gpu_t *g, td_request_t *r)
 {
-    (void)handle;
-}
-
-static void async_cb(uv_async_t *handle)
-{
-    td_gpu_t *g = handle->data;
-    pthread_mutex_lock(&g->done_lock);
-    td_request_t *r = td_request_queue_take_all(&g->done);
-    pthread_mutex_unlock(&g->done_lock);
-    while (r) {
-        td_request_t *next = r->next;
-        if (g->submitted && --g->submitted == 0 && g->spin_open)
-            uv_idle_stop(&g->spin);
+    for (; r; r = r->next) {
         /* The device, not the lane: a recovery may be reopening its lanes. */
         device_t *d = &g->devices[r->where.device];
         unsigned holder;
@@ -534,21 +530,78 @@ static void async_cb(uv_async_t *handle)
             g->devices[holder].peer_users--;
         if (!d->recovering && d->lanes_open)
             note_result(d, r);
-        g->complete(g->owner, r);
+    }
+}
+
+/* A lost context may wait for the devices to go idle: checked on the wiring's loop. */
+static void check_recovery(td_gpu_t *g, uv_loop_t *here)
+{
+    if (here == g->loop) {
+        pthread_mutex_lock(&g->state_lock);
+        td_gpu_recover_check(g);
+        pthread_mutex_unlock(&g->state_lock);
+        return;
+    }
+    for (unsigned i = 0; i < g->device_count; i++)
+        if (atomic_load(&g->devices[i].context_lost) && g->recover_async_open) {
+            uv_async_send(&g->recover_async);
+            return;
+        }
+}
+
+/* --gpu-spin-loop: an idle handle keeps the shard's loop polling (epoll with no timeout) while
+ * its requests are on the GPU, so a completion's wake-up (uv_async_send) and the next request's
+ * arrival are seen without waking a sleeping thread. It does nothing itself. */
+static void spin_cb(uv_idle_t *handle)
+{
+    (void)handle;
+}
+
+static void async_cb(uv_async_t *handle)
+{
+    sink_t *k = handle->data;
+    td_gpu_t *g = k->gpu;
+    pthread_mutex_lock(&k->lock);
+    td_request_t *r = td_request_queue_take_all(&k->done);
+    pthread_mutex_unlock(&k->lock);
+    pthread_mutex_lock(&g->state_lock);
+    note_batch(g, r);
+    pthread_mutex_unlock(&g->state_lock);
+    while (r) {
+        td_request_t *next = r->next;
+        if (k->submitted && --k->submitted == 0 && k->spin_open)
+            uv_idle_stop(&k->spin);
+        k->complete(k->owner, r);
         r = next;
     }
-    td_gpu_recover_check(g);
+    check_recovery(g, k->loop);
+}
+
+static void recover_async_cb(uv_async_t *handle)
+{
+    check_recovery(handle->data, handle->loop);
+}
+
+/* Whether device d takes r now (state lock taken here); r on a peer counts on its holder, whose
+ * recovery waits for it (td_gpu_device.c). */
+static bool admit_on_device(td_gpu_t *g, device_t *d, const td_request_t *r)
+{
+    pthread_mutex_lock(&g->state_lock);
+    unsigned holder;
+    if (td_gpu_region_holder(r, &holder) && holder != r->where.device)
+        g->devices[holder].peer_users++;
+    bool open = !d->recovering && d->lanes_open;
+    pthread_mutex_unlock(&g->state_lock);
+    return open;
 }
 
 void td_gpu_submit(td_gpu_t *g, td_request_t *r)
 {
     device_t *d = &g->devices[r->where.device];
-    if (g->submitted++ == 0 && g->spin_open)
-        uv_idle_start(&g->spin, spin_cb);
-    unsigned holder; /* run on a peer: its holder's recovery waits for it (td_gpu_device.c) */
-    if (td_gpu_region_holder(r, &holder) && holder != r->where.device)
-        g->devices[holder].peer_users++;
-    if (d->recovering || !d->lanes_open) { /* no lanes to run it: failed, as on a dead device */
+    sink_t *k = sink_of(g, r); /* this shard's: submit runs on its thread */
+    if (k->submitted++ == 0 && k->spin_open)
+        uv_idle_start(&k->spin, spin_cb);
+    if (!admit_on_device(g, d, r)) { /* no lanes to run it: failed, as on a dead device */
         r->gpu_failed = true;
         td_gpu_push_completion(g, r);
         return;
@@ -629,9 +682,11 @@ unsigned td_gpu_ordinals(const td_gpu_t *g)
 uint64_t td_gpu_device_bytes(const td_gpu_t *g)
 {
     uint64_t bytes = 0;
+    pthread_mutex_lock(&((td_gpu_t *)g)->state_lock);
     for (unsigned i = 0; i < g->device_count; i++)
         if (!g->devices[i].recovering) /* else its worker is writing it */
             bytes += g->devices[i].device_bytes;
+    pthread_mutex_unlock(&((td_gpu_t *)g)->state_lock);
     return bytes;
 }
 
@@ -642,6 +697,7 @@ const char *td_gpu_engine_name(const td_gpu_t *g)
 
 void td_gpu_describe(const td_gpu_t *g, char *buf, size_t cap)
 {
+    pthread_mutex_lock(&((td_gpu_t *)g)->state_lock);
     size_t len = (size_t)snprintf(buf, cap, "%s:", g->engine->name);
     for (unsigned i = 0; i < g->device_count && len < cap; i++) {
         const device_t *d = &g->devices[i];
@@ -652,58 +708,33 @@ void td_gpu_describe(const td_gpu_t *g, char *buf, size_t cap)
                                 : d->recoveries            ? ", recovered"
                                                            : "");
     }
+    pthread_mutex_unlock(&((td_gpu_t *)g)->state_lock);
 }
 
-td_err_t td_gpu_new(uv_loop_t *loop, td_gpu_engine_t *engine, const td_gpu_opts_t *opts,
-                    td_gpu_complete_fn complete, void *owner, td_gpu_t **out, char *why,
-                    size_t why_cap)
+/* The wiring's loop handles: the recovery's timer and wake-up. */
+static int open_recovery(td_gpu_t *g, char *why, size_t why_cap)
 {
-    td_err_t err = TD_ERR_NOMEM;
-    td_gpu_t *g = calloc(1, sizeof *g);
-    if (!g) {
-        snprintf(why, why_cap, "out of memory");
-        engine->destroy(&engine);
-        return TD_ERR_NOMEM;
+    int rc = uv_timer_init(g->loop, &g->recover_timer);
+    if (rc == 0) {
+        g->recover_timer.data = g;
+        g->recover_timer_open = true;
+        rc = uv_async_init(g->loop, &g->recover_async, recover_async_cb);
     }
-    g->loop = loop;
-    g->engine = engine; /* owned from here: td_gpu_destroy frees it */
-    g->done_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER; /* cannot fail, unlike _init */
-    int count = engine->device_count(engine->ctx);
-    if (count <= 0) {
-        snprintf(why, why_cap, "no device");
-        err = TD_ERR_BACKEND;
-        goto fail;
+    if (rc == 0) {
+        g->recover_async.data = g;
+        g->recover_async_open = true;
     }
-    g->opts = *opts;
-    g->carries = opts->max_inflight + 1;
-    g->complete = complete;
-    g->owner = owner;
-    if (uv_async_init(loop, &g->async, async_cb) != 0) {
-        snprintf(why, why_cap, "cannot create the completion wake-up");
-        err = TD_ERR_LIBRARY;
-        goto fail;
-    }
-    g->async.data = g;
-    g->async_open = true;
-    if (uv_timer_init(loop, &g->recover_timer) != 0) {
-        snprintf(why, why_cap, "cannot create the recovery timer");
-        err = TD_ERR_LIBRARY;
-        goto fail;
-    }
-    g->recover_timer.data = g;
-    g->recover_timer_open = true;
-    if (opts->spin_loop) {
-        if (uv_idle_init(loop, &g->spin) != 0) {
-            snprintf(why, why_cap, "cannot create the loop's spin handle");
-            err = TD_ERR_LIBRARY;
-            goto fail;
-        }
-        g->spin_open = true;
-    }
+    if (rc != 0)
+        snprintf(why, why_cap, "cannot create the recovery's handles: %s", uv_strerror(rc));
+    return rc;
+}
+
+static td_err_t open_devices(td_gpu_t *g, int count, char *why, size_t why_cap)
+{
     g->devices = calloc((size_t)count, sizeof *g->devices);
     if (!g->devices) {
         snprintf(why, why_cap, "out of memory");
-        goto fail;
+        return TD_ERR_NOMEM;
     }
     for (int i = 0; i < count; i++) {
         char reason[256];
@@ -719,32 +750,92 @@ td_err_t td_gpu_new(uv_loop_t *loop, td_gpu_engine_t *engine, const td_gpu_opts_
         snprintf(why, why_cap, "%s", reason);
         memset(d, 0, sizeof *d);
     }
-    if (g->device_count == 0) {
+    return g->device_count ? TD_OK : TD_ERR_BACKEND;
+}
+
+td_err_t td_gpu_new(uv_loop_t *loop, td_gpu_engine_t *engine, const td_gpu_opts_t *opts,
+                    td_gpu_t **out, char *why, size_t why_cap)
+{
+    td_err_t err = TD_ERR_NOMEM;
+    td_gpu_t *g = calloc(1, sizeof *g);
+    if (!g) {
+        snprintf(why, why_cap, "out of memory");
+        engine->destroy(&engine);
+        return TD_ERR_NOMEM;
+    }
+    g->loop = loop;
+    g->engine = engine; /* owned from here: td_gpu_destroy frees it */
+    g->state_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER; /* cannot fail, unlike _init */
+    g->opts = *opts;
+    g->opts.sinks = opts->sinks ? opts->sinks : 1;
+    g->carries = g->opts.sinks * opts->max_inflight + 1;
+    g->sinks = calloc(g->opts.sinks, sizeof *g->sinks);
+    for (unsigned i = 0; g->sinks && i < g->opts.sinks; i++)
+        g->sinks[i].lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+    int count = engine->device_count(engine->ctx);
+    if (!g->sinks) {
+        snprintf(why, why_cap, "out of memory");
+    } else if (count <= 0) {
+        snprintf(why, why_cap, "no device");
         err = TD_ERR_BACKEND;
-        goto fail;
+    } else if (open_recovery(g, why, why_cap) != 0) {
+        err = TD_ERR_LIBRARY;
+    } else {
+        err = open_devices(g, count, why, why_cap);
+    }
+    if (err != TD_OK) {
+        td_gpu_destroy(&g);
+        return err;
     }
     *out = g;
     return TD_OK;
-fail:
-    td_gpu_destroy(&g);
-    return err;
+}
+
+int td_gpu_sink_open(td_gpu_t *g, unsigned index, uv_loop_t *loop, td_gpu_complete_fn complete,
+                     void *owner)
+{
+    sink_t *k = &g->sinks[index];
+    *k = (sink_t){.gpu = g, .loop = loop, .complete = complete, .owner = owner, .lock = k->lock};
+    int rc = uv_async_init(loop, &k->async, async_cb);
+    if (rc != 0)
+        return rc;
+    k->async.data = k;
+    k->open = true;
+    if (g->opts.spin_loop) {
+        rc = uv_idle_init(loop, &k->spin);
+        if (rc != 0)
+            return rc; /* td_gpu_sink_close closes the wake-up */
+        k->spin_open = true;
+    }
+    return 0;
+}
+
+void td_gpu_sink_close(td_gpu_t *g, unsigned index)
+{
+    sink_t *k = g ? &g->sinks[index] : NULL;
+    if (!k || !k->open)
+        return;
+    pthread_mutex_lock(&k->lock);
+    k->open = false;
+    pthread_mutex_unlock(&k->lock);
+    uv_close((uv_handle_t *)&k->async, NULL);
+    if (k->spin_open) {
+        k->spin_open = false;
+        uv_close((uv_handle_t *)&k->spin, NULL);
+    }
 }
 
 void td_gpu_close(td_gpu_t *g)
 {
-    if (!g || !g->async_open)
+    if (!g)
         return;
-    pthread_mutex_lock(&g->done_lock);
-    g->async_open = false;
-    pthread_mutex_unlock(&g->done_lock);
-    uv_close((uv_handle_t *)&g->async, NULL);
     if (g->recover_timer_open) {
         g->recover_timer_open = false;
         uv_close((uv_handle_t *)&g->recover_timer, NULL);
     }
-    if (g->spin_open) {
-        g->spin_open = false;
-        uv_close((uv_handle_t *)&g->spin, NULL);
+    if (g->recover_async_open) {
+        g->recover_async_open = false;
+        uv_close((uv_handle_t *)&g->recover_async, NULL);
     }
 }
 
@@ -757,15 +848,20 @@ void td_gpu_destroy(td_gpu_t **self_p)
     for (unsigned i = 0; i < g->device_count; i++)
         td_gpu_device_close(g, &g->devices[i]);
     free(g->devices);
-    if (g->async_open) { /* only on a failed td_gpu_new: the loop never ran with it */
-        uv_close((uv_handle_t *)&g->async, NULL);
-        if (g->recover_timer_open)
-            uv_close((uv_handle_t *)&g->recover_timer, NULL);
-        if (g->spin_open)
-            uv_close((uv_handle_t *)&g->spin, NULL);
-        uv_run(g->loop, UV_RUN_NOWAIT);
+    for (unsigned i = 0; g->sinks && i < g->opts.sinks; i++) {
+        sink_t *k = &g->sinks[i];
+        if (k->open) { /* only on a failed start: its loop never ran with it */
+            td_gpu_sink_close(g, i);
+            uv_run(k->loop, UV_RUN_NOWAIT);
+        }
+        pthread_mutex_destroy(&k->lock);
     }
-    pthread_mutex_destroy(&g->done_lock);
+    bool handles = g->recover_timer_open || g->recover_async_open;
+    td_gpu_close(g);
+    if (handles)
+        uv_run(g->loop, UV_RUN_NOWAIT);
+    free(g->sinks);
+    pthread_mutex_destroy(&g->state_lock);
     if (g->engine)
         g->engine->destroy(&g->engine);
     free(g);

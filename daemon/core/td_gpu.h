@@ -2,12 +2,18 @@
 /*
  * td_gpu.h — the GPU pipeline: one per host, one set of lanes per device.
  *
- * Called on the loop thread only (the lane threads are internal). The scheduler (td_sched.c)
- * decides which requests come here and where (r->where: device, lane, carry, pieces) and handles
- * what comes back; this module moves them through the devices: a request submitted goes to its
- * lane, waits there for a staging slot (bounded by max_inflight, which counts it), is copied into
- * pinned staging and launched by the lane's thread, and comes back through `complete` on the loop
- * thread, in launch order per lane, with either its reply built (OK) or r->gpu_failed set.
+ * The scheduler (td_sched.c) decides which requests come here and where (r->where: device, lane,
+ * carry, pieces) and handles what comes back; this module moves them through the devices: a
+ * request submitted goes to its lane, waits there for a staging slot (bounded by max_inflight,
+ * which counts it), is copied into pinned staging and launched by the lane's thread, and comes
+ * back through its sink's `complete` on the loop thread that submitted it, in launch order per
+ * lane, with either its reply built (OK) or r->gpu_failed set.
+ *
+ * Threads (issue 31): the lanes are shared by every shard. A shard submits on its own thread and
+ * gets its completions on its own loop through its sink (td_gpu_sink_open, one per shard:
+ * r->shard names it); the devices' bookkeeping is under a lock of the pipeline's; the recovery of
+ * a lost context runs from the wiring's loop (`loop` of td_gpu_new). Everything else is called on
+ * the wiring's loop thread.
  */
 #ifndef TD_GPU_H
 #define TD_GPU_H
@@ -31,18 +37,26 @@ typedef struct {
     unsigned spin_us;      /* lane threads poll this long before sleeping */
     bool spin_loop;        /* the loop polls while requests are on the GPU (--gpu-spin-loop) */
     unsigned max_inflight; /* the most requests ever in flight: bounds the streams in flight at
-                            * once, so the scan carries per lane */
+                            * once, so the scan carries per lane (per sink) */
+    unsigned sinks;        /* the shards that submit (at least 1) */
 } td_gpu_opts_t;
 
 /* Opens every device of the engine (taking ownership of it, also on failure) with its lanes
  * and threads. A device that cannot be opened is skipped with a warning; TD_ERR_BACKEND (and
- * why) when none could, TD_ERR_NOMEM or TD_ERR_LIBRARY (libuv) otherwise. */
+ * why) when none could, TD_ERR_NOMEM or TD_ERR_LIBRARY (libuv) otherwise. Each shard's sink is
+ * opened with td_gpu_sink_open before it submits. */
 td_err_t td_gpu_new(uv_loop_t *loop, td_gpu_engine_t *engine, const td_gpu_opts_t *opts,
-                    td_gpu_complete_fn complete, void *owner, td_gpu_t **out, char *why,
-                    size_t why_cap);
-/* Stops and joins the lane threads (after the loop stopped) and frees everything. */
+                    td_gpu_t **out, char *why, size_t why_cap);
+/* Sink `index` (< opts.sinks): the completions of requests with r->shard == index come back
+ * through complete(owner, r) on `loop`, which must not run yet (or be the caller's). A libuv
+ * error code, 0 when done. */
+int td_gpu_sink_open(td_gpu_t *self, unsigned index, uv_loop_t *loop, td_gpu_complete_fn complete,
+                     void *owner);
+/* On the sink's loop thread, with nothing of it in flight: closes its wake-up. */
+void td_gpu_sink_close(td_gpu_t *self, unsigned index);
+/* Stops and joins the lane threads (after the loops stopped) and frees everything. */
 void td_gpu_destroy(td_gpu_t **self_p);
-/* Closes the loop handle (the completion wake-up); call with nothing in flight. */
+/* Closes the wiring's loop handles (the recovery's); call with nothing in flight. */
 void td_gpu_close(td_gpu_t *self);
 
 /* True while at least one device is usable. */
@@ -57,7 +71,7 @@ unsigned td_gpu_carries(const td_gpu_t *self);
 bool td_gpu_device_usable(const td_gpu_t *self, unsigned device);
 /* The CUDA ordinal of a device; -1 when there is no such device. */
 int td_gpu_device_ordinal(const td_gpu_t *self, unsigned device);
-/* Queues a prepared compute request on the lane r->where names. */
+/* Queues a prepared compute request on the lane r->where names (its shard's thread). */
 void td_gpu_submit(td_gpu_t *self, td_request_t *r);
 /* Can r be split over a device's lanes: its input (and a scan's output) in regions registered
  * with the devices, a hist or a scan, and an engine that splits? */
@@ -81,7 +95,7 @@ void td_gpu_dev_release(td_gpu_t *self, unsigned gpu, void *import);
 const char *td_gpu_dev_unusable(const td_gpu_t *self, unsigned gpu, const void *import);
 /* Peer access (td_gpu_device.c): the devices other than the one holding r's device regions
  * that can run r now (bit d: device d; mapped there at the import, serving, the owner serving
- * and none of them reset since): 0 when there are none or r has no device region. Loop thread. */
+ * and none of them reset since): 0 when there are none or r has no device region. Any shard. */
 uint32_t td_gpu_region_peers(const td_gpu_t *self, const td_request_t *r);
 /* Whether r has a device region (input or output): *gpu the device holding it (the input's). */
 bool td_gpu_region_holder(const td_request_t *r, unsigned *gpu);

@@ -349,7 +349,7 @@ static uint32_t dev_reach(const td_gpu_t *g, unsigned gpu, const gpu_import_t *w
     return reach;
 }
 
-uint32_t td_gpu_region_peers(const td_gpu_t *g, const td_request_t *r)
+static uint32_t region_peers_locked(const td_gpu_t *g, const td_request_t *r)
 {
     unsigned gpu;
     void *import;
@@ -364,6 +364,14 @@ uint32_t td_gpu_region_peers(const td_gpu_t *g, const td_request_t *r)
         any = true;
     }
     return any ? peers : 0;
+}
+
+uint32_t td_gpu_region_peers(const td_gpu_t *g, const td_request_t *r)
+{
+    pthread_mutex_lock(&((td_gpu_t *)g)->state_lock); /* device_serves' fields */
+    uint32_t peers = region_peers_locked(g, r);
+    pthread_mutex_unlock(&((td_gpu_t *)g)->state_lock);
+    return peers;
 }
 
 bool td_gpu_region_holder(const td_request_t *r, unsigned *gpu)
@@ -419,13 +427,8 @@ static void recover_work(uv_work_t *work)
     atomic_fetch_sub(&g->recovering, 1);
 }
 
-/* Loop thread: the device serves again, in a new context generation (its device regions must
- * be registered again), or stays unusable. */
-static void recover_after(uv_work_t *work, int status)
+static void recover_done(recover_work_t *w, device_t *d)
 {
-    (void)status;
-    recover_work_t *w = work->data;
-    device_t *d = w->d;
     d->recovering = false;
     d->recoveries++;
     if (w->status == TD_GPU_OK) {
@@ -441,6 +444,18 @@ static void recover_after(uv_work_t *work, int status)
                "serves on with the other GPUs and the CPU",
                d->ordinal, d->name, w->why);
     }
+}
+
+/* Loop thread: the device serves again, in a new context generation (its device regions must
+ * be registered again), or stays unusable. */
+static void recover_after(uv_work_t *work, int status)
+{
+    (void)status;
+    recover_work_t *w = work->data;
+    device_t *d = w->d;
+    pthread_mutex_lock(&w->g->state_lock);
+    recover_done(w, d);
+    pthread_mutex_unlock(&w->g->state_lock);
     free(w);
 }
 
@@ -464,7 +479,10 @@ static void start_recovery(td_gpu_t *g, device_t *d)
 
 static void recover_timer_cb(uv_timer_t *timer)
 {
-    td_gpu_recover_check(timer->data);
+    td_gpu_t *g = timer->data;
+    pthread_mutex_lock(&g->state_lock);
+    td_gpu_recover_check(g);
+    pthread_mutex_unlock(&g->state_lock);
 }
 
 void td_gpu_recover_check(td_gpu_t *g)

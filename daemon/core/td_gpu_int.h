@@ -95,36 +95,52 @@ struct device {
      * lanes are closed, the context recreated, the lanes opened again: nothing may be submitted
      * meanwhile); recoveries done; the context's generation, bumped by each, which the device
      * regions imported in it carry (an older one names memory the reset unmapped). */
-    bool lanes_open;        /* loop thread, or the recovery's worker while recovering */
-    bool recovering;        /* loop thread only */
-    unsigned recoveries;    /* loop thread only */
+    bool lanes_open;        /* under state_lock, or the recovery's worker while recovering */
+    bool recovering;        /* under state_lock */
+    unsigned recoveries;    /* under state_lock */
     atomic_uint generation; /* written on the loop thread, read by importing workers */
-    unsigned peer_users; /* loop thread: requests running on other devices over its regions */
+    unsigned peer_users; /* under state_lock: requests running on other devices over its regions */
 };
 
-struct td_gpu {
+/* Where a shard's completions go (issue 31): the completion queue of the loop that submitted
+ * them, and its wake-up. One per shard; the lane threads push a request to the sink its shard
+ * names (r->shard). */
+typedef struct {
+    td_gpu_t *gpu;
     uv_loop_t *loop;
-    td_gpu_engine_t *engine;
-    td_gpu_opts_t opts;
-    unsigned carries; /* per lane: index 0 for requests without a stream */
     td_gpu_complete_fn complete;
     void *owner;
-    device_t *devices;
-    unsigned device_count;
-    /* Polls the unusable devices until they are idle enough to recover (td_gpu_device.c). */
-    uv_timer_t recover_timer;
-    bool recover_timer_open;
-    atomic_uint recovering; /* recoveries whose worker has not finished */
-
     uv_async_t async;
-    bool async_open; /* written under done_lock once the lane threads run */
-    /* --gpu-spin-loop: the loop polls instead of sleeping while requests are on the GPU. */
+    bool open; /* written under lock once the lane threads run */
+    pthread_mutex_t lock;
+    td_request_queue_t done;
+    /* --gpu-spin-loop (issue 34): this shard's loop polls instead of sleeping while its requests
+     * are on the GPU. submitted: the shard's thread's count of those. */
     uv_idle_t spin;
     bool spin_open;
+    unsigned submitted;
+} sink_t;
 
-    unsigned submitted; /* loop thread: requests submitted and not yet completed */
-    pthread_mutex_t done_lock;
-    td_request_queue_t done;
+struct td_gpu {
+    uv_loop_t *loop; /* the wiring's: recoveries run from it */
+    td_gpu_engine_t *engine;
+    td_gpu_opts_t opts;
+    unsigned carries; /* per lane: index 0 for requests without a stream, then each shard's */
+    device_t *devices;
+    unsigned device_count;
+    /* The devices' bookkeeping that the shards share (lanes_open, recovering, recoveries,
+     * errors_in_row, peer_users): every shard submits and completes on its own thread, and the
+     * recoveries run from the wiring's loop. Taken once per submission and once per batch of
+     * completions. */
+    pthread_mutex_t state_lock;
+    /* Polls the unusable devices until they are idle enough to recover (td_gpu_device.c); a
+     * shard's completions that find a lost context wake it (recover_async). */
+    uv_timer_t recover_timer;
+    bool recover_timer_open;
+    uv_async_t recover_async;
+    bool recover_async_open;
+    atomic_uint recovering; /* recoveries whose worker has not finished */
+    sink_t *sinks;          /* opts.sinks of them */
 };
 
 /* ---- td_gpu.c ----------------------------------------------------------------------------- */
@@ -145,8 +161,8 @@ td_gpu_err_t td_gpu_device_open(td_gpu_t *g, device_t *d, int ordinal, char *why
 /* Stops and joins its lane threads, closes its lanes and reply buffers (idle ones: a recovery
  * waits for that, td_gpu_destroy runs after the loop). */
 void td_gpu_device_close(td_gpu_t *g, device_t *d);
-/* The loop thread, after completions: starts the recovery of unusable devices that are idle, and
- * keeps polling for the others. */
+/* The wiring's loop thread, state_lock held: starts the recovery of unusable devices that are
+ * idle, and keeps polling for the others. */
 void td_gpu_recover_check(td_gpu_t *g);
 /* Waits for a recovery's worker still running (td_gpu_destroy, after the loop stopped). */
 void td_gpu_recover_wait(td_gpu_t *g);

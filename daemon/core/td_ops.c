@@ -62,9 +62,10 @@ void td_op_info(const td_info_t *info, td_request_t *r)
                  td_config_state_bytes_per_client(c));
     if (n > 0)
         len += (size_t)n < TD_TEXT_REPLY_MAX - len ? (size_t)n : TD_TEXT_REPLY_MAX - len - 1;
-    /* The GPUs a device region may be registered on (PROTOCOL.md §10 "Device memory"). */
-    n = snprintf(text + len, TD_TEXT_REPLY_MAX - len, "gpu_uuids=%s\n",
-                 info->gpu_uuids ? info->gpu_uuids : "");
+    /* The GPUs a device region may be registered on (PROTOCOL.md §10 "Device memory"), and the
+     * request path's shards (issue 31). */
+    n = snprintf(text + len, TD_TEXT_REPLY_MAX - len, "gpu_uuids=%s\nshards=%u\n",
+                 info->gpu_uuids ? info->gpu_uuids : "", info->shards);
     if (n > 0)
         len += (size_t)n < TD_TEXT_REPLY_MAX - len ? (size_t)n : TD_TEXT_REPLY_MAX - len - 1;
     /* The NATS fleet (PROTOCOL.md §13): on or off, and a worker's limits and partitions. */
@@ -79,7 +80,7 @@ void td_op_streams(td_streams_t *streams, td_request_t *r)
 {
     size_t len = 0;
     uint64_t count = 0;
-    for (td_stream_t *st = td_streams_first(streams); st; st = st->list_next)
+    for (td_stream_t *st = td_streams_first(streams); st; st = td_streams_next(streams, st))
         len += 1 + st->name_len;
     uint8_t *out = malloc(len ? len : 1);
     if (!out) {
@@ -87,7 +88,7 @@ void td_op_streams(td_streams_t *streams, td_request_t *r)
         return;
     }
     size_t at = 0;
-    for (td_stream_t *st = td_streams_first(streams); st; st = st->list_next) {
+    for (td_stream_t *st = td_streams_first(streams); st; st = td_streams_next(streams, st)) {
         out[at++] = (uint8_t)st->name_len;
         memcpy(out + at, st->name, st->name_len);
         at += st->name_len;
@@ -148,7 +149,7 @@ static bool window_view(const td_config_t *cfg, td_request_t *r, const td_stream
 
 void td_op_query(const td_config_t *cfg, td_request_t *r, const td_stream_t *stream)
 {
-    static tally_stream_info_t view; /* loop thread only; 8 KiB off the stack */
+    static _Thread_local tally_stream_info_t view; /* per shard thread; 8 KiB off the stack */
     const tally_stream_info_t *info = &view;
     if (r->req.flags & TALLY_FLAG_QUERY_WINDOW) {
         if (!window_view(cfg, r, stream, &view))

@@ -24,6 +24,7 @@ typedef struct {
     const char *pub_endpoint; /* NULL when subscriptions are off */
     const char *gpu_uuids;    /* the GPUs device regions may name (PROTOCOL.md §10), or "" */
     bool curve;
+    unsigned shards;                     /* the request path's (td_path.h) */
     const struct td_fleet_status *fleet; /* the NATS fleet keys (daemon/core/td_fleet_status.h) */
 } td_info_t;
 

@@ -1,337 +1,245 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * td_path.c — the request path, from a transport's message to its reply (td_path.h,
- * td_transport.h).
+ * td_path.c — the request path's front: a transport's message to its shard, the shard's reply to
+ * its transport, the transport's end of it back to the shard; gathering from the shards; their
+ * threads (td_path.h, td_shard.h, td_transport.h).
  *
  * Design
  * ------
- * Everything here runs on the loop thread, which owns the stream table, the metrics and the
- * scheduler's queues, so nothing needs a lock. td_path_submit turns a transport's message into a
- * request: its sender identified (td_admit.h), its header decoded and validated, the payload
- * checked on its size before it is taken (an oversize one is never copied), the per-connection
- * limits met, a shared-memory reference resolved. Then dispatch answers it at once (ping, info,
- * stats, streams) or hands it to the scheduler (td_sched.h), which calls back here (sched_*) to
- * fold a result into its stream, run a query, reset or delete, send a reply and forget a deleted
- * stream.
+ * Shared nothing, like Dragonfly's shards and Seastar's sharded<T> (STYLE.md): each shard owns
+ * its part of the stream table, its scheduler, its counters, and runs on one thread; a request
+ * goes to the shard that owns its stream and everything it does to that stream happens there, so
+ * nothing on the hot path takes a lock. The front is the one thread that sees every request: the
+ * transports' loop thread, which owns the sockets (a ZeroMQ socket is single-threaded; so are the
+ * HTTP API's jobs and the NATS worker's queue). It does the least a request needs before it can
+ * go to its shard: the sender's entry in the per-peer table and its share of the in-flight slots
+ * (td_admit_identify: judged there, in the order requests are read, as before), the header frame
+ * copied (128 bytes) and its stream's name read from it (which names the shard: the shard decodes
+ * the rest), the request's in-flight slot. The payload is not touched (the transport's bytes move
+ * with the request: no copy).
  *
- * Ordering: requests on one named stream apply in arrival order (the stream's FIFO in
- * td_sched.c): on the GPU they are pipelined on the stream's lane, which completes them in order;
- * on the CPU they run one at a time; requests without a stream run concurrently. Replies are
- * matched to requests by request_id, so they may leave in a different order than requests
- * arrived.
+ * Hand-off (more than one shard): requests, replies and the ends of replies travel through
+ * mailboxes (td_mailbox.h), one per shard and one for the front, in batches: what the front hands
+ * a shard during one callback (a pump of up to 256 messages) is posted once, with one
+ * compare-and-swap and one wake-up, from the loop's check and prepare handles and at the end of
+ * the front's own mailbox callback (so nothing waits across a blocking poll), and a shard posts
+ * its replies to the front the same way. One producer per mailbox direction and FIFO batches: a
+ * stream's requests reach their shard in the order the front read them, which is the order
+ * ZeroMQ delivered them.
  *
- * Shared memory: a filter, scan or hist with TALLY_FLAG_SHM_REF carries a reference instead of
- * its batch; it is resolved against the regions its sender registered over the side channel
- * (td_shm.h), and from then on the request's payload simply points into the producer's mapping
- * (and out_ptr at its output range), so the executor and backends need nothing else. The request
- * holds the regions until its reply is handed to its transport.
+ * Requests are allocated on the front's thread and retired on their shard's: freed there, every
+ * one would go back to the front's malloc arena under its lock, and the front would find its
+ * cache empty at every allocation (bench/NOTES.md: a third of the front's instructions). So a
+ * shard hands its retired requests back, emptied, in batches onto a lock-free pool, and the
+ * front takes the whole pool when its own spares run out (at most TD_PATH_SPARES kept).
  *
- * Who may change a stream: on a fleet worker ([nats] servers set), only the fleet's own transport
- * (td_transport_t.owns_streams): a ZeroMQ, shared-memory or HTTP request on a stream other than a
- * query is answered not_permitted unless [nats] local_writes is on, so that nothing beside its
- * partition's messages changes a fleet's stream (PROTOCOL.md §13 "Security").
+ * In flight: the front counts what it hands each shard and the replies that come back; their
+ * difference is what max_inflight bounds (td_path_may_read), exact on the front's thread with no
+ * atomic (a reply counts once it is back on that thread).
  *
- * Bounded memory: every request counts against max_inflight from the moment it is submitted until
- * its transport ends its reply (td_sched_received/answered); transports stop reading at the limit
- * (td_path_may_read). Sizes are checked here, not by the transport: a payload over max_batch gets
- * too_large like any other bad request.
+ * Gathering: `info`, `stats`, `streams`, /metrics, the web page, the snapshots, the PUB socket
+ * and the NATS worker read the whole table and every shard's counters on the loop thread, while
+ * the shards are held still: td_streams_hold (the whole table's hook, installed here) wakes every
+ * shard and waits until each has parked at a barrier (a mutex and two condition variables), and
+ * td_streams_release lets them go. The mutex hands over what the shards wrote before they parked
+ * and what the loop thread wrote while they were parked. A shard parks only when it is between
+ * callbacks, so a hold waits at most for the longest callback running (one inline batch); holds
+ * come from timers and requests for the whole daemon, never per request. Shards never wait for
+ * the loop thread otherwise, and the loop thread waits for nothing while it holds them, so no
+ * cycle of waits can form.
  *
- * The end of every request is reply(): its in-flight slot, its connection's count, its reply
- * handed to its transport with the reply bytes counted (td_reply.h); the transport ends it
- * (td_reply_end: sent, or dropped and counted here), and retire() frees it.
+ * Stopping: td_path_stop reaches each shard behind the requests already handed to it; once the
+ * wiring finds nothing in flight and nothing left to read it closes the transports (which drop
+ * the replies they kept: their ends still go to the shards), then td_path_close hands each shard
+ * its last message, the shard closes its handles and its loop ends, and the threads are joined:
+ * from then on the loop thread owns every shard's state (the final snapshot reads it).
  */
 #include <inttypes.h>
-#include <stddef.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <uv.h>
 
 #include "td_admit.h"
+#include "td_hash.h"
 #include "td_log.h"
+#include "td_mailbox.h"
 #include "td_ops.h"
 #include "td_path.h"
+#include "td_shard.h"
 
-struct td_path {
-    td_config_t *cfg;
-    td_metrics_t *metrics;
-    td_streams_t *streams;
-    td_peers_t *peers;
-    td_replies_t *replies;
-    td_admit_t admit; /* who sent a request, and its per-connection limits */
-    td_sched_t *sched;
-    td_shm_t *shm; /* NULL when off */
-    td_path_deleted_fn deleted; /* NULL when nobody listens (no subscriptions) */
-    void *deleted_ctx;
-    void (*answer_here)(void *owner, td_request_t *r);
-    void *owner;
-    bool stopping;      /* a stop signal arrived: start nothing new, answer `shutdown` */
-    bool drain_expired; /* drain_ms has passed since: transports read nothing more */
+/* What a hop carries (td_mailbox.h): to a shard, then to the front. */
+enum {
+    HOP_TAKE = 1, /* a request to check and run */
+    HOP_RETIRE,   /* its transport is done with its reply */
+    HOP_RESUME,   /* info, stats or streams answered by the front: send the reply */
+    HOP_STOP,     /* a stop signal */
+    HOP_CLOSE,    /* the last message: close the loop's handles */
+    HOP_REPLY,    /* a reply, for its transport */
+    HOP_GATHER,   /* info, stats or streams, to answer from the whole daemon */
+    HOP_DELETED,  /* a stream was deleted (the PUB socket tells its subscribers) */
 };
 
-/* ---- Replies ---------------------------------------------------------------------------- */
+/* A deleted stream's name on its way to the front. */
+typedef struct {
+    td_hop_t hop;
+    size_t len;
+    char name[];
+} deleted_t;
 
-/* A reply's end: its metrics and memory. */
-static void retire(td_path_t *p, td_request_t *r)
+typedef struct {
+    td_path_t *path;
+    unsigned index;
+    td_shard_t *shard;
+    td_metrics_t metrics; /* the shard's counters */
+    uint64_t dispatched;  /* the front's: requests handed to the shard */
+    uint64_t replied;     /* the front's: their replies back */
+    uv_loop_t *loop;      /* the shard's: own_loop, or the front's with one shard */
+    uv_timer_t sweep;     /* its part's window slots that left the ring */
+    bool sweep_open;
+    bool machine_open; /* the machines' open succeeded: close it */
+    /* With threads (more than one shard): */
+    uv_loop_t own_loop;
+    bool loop_open;
+    uv_thread_t thread;
+    bool running;            /* its thread runs (started, not joined) */
+    td_mailbox_t inbox;      /* the front's hops to it */
+    td_hop_batch_t to_shard; /* the front's thread: not posted yet */
+    td_hop_batch_t to_front; /* the shard's thread: not posted yet */
+    td_hop_batch_t to_pool;  /* the shard\'s thread: retired requests, not pooled yet */
+    uv_prepare_t flush_prepare;
+    uv_check_t flush_check;
+    bool flush_open;
+    td_hop_t stop_hop;
+    td_hop_t close_hop;
+    unsigned parked_epoch; /* the shard's thread: the last hold it parked for */
+    uint64_t start_ns;
+} slot_t;
+
+struct td_path {
+    td_path_env_t env;
+    td_admit_t admit; /* identification and the fair share: the front's */
+    unsigned count;
+    slot_t *slots;
+    bool threads; /* more than one shard: each on a thread of its own */
+    td_path_machines_t machines;
+    td_mailbox_t inbox; /* the shards' hops to the front */
+    td_hop_stack_t pool; /* retired requests the shards hand back */
+    td_hop_t *spares;    /* the front\'s: taken from the pool, not in use */
+    unsigned spare_count;
+    uv_prepare_t flush_prepare;
+    uv_check_t flush_check;
+    bool front_open;     /* inbox and flush handles initialised */
+    uint64_t dispatched; /* over every shard */
+    uint64_t replied;
+    unsigned next_pick; /* where the search for the least loaded shard starts */
+    bool stopping;      /* a stop signal arrived */
+    bool drain_expired; /* drain_ms has passed since: transports read nothing more */
+    bool closed;
+    td_shm_t *shm;
+    td_path_deleted_fn deleted; /* NULL when nobody listens (no subscriptions) */
+    void *deleted_ctx;
+    /* Holding the shards (td_streams_hold): a hold is an epoch; a shard parks once per epoch. */
+    pthread_mutex_t lock;
+    pthread_cond_t parked_cond;  /* a shard parked */
+    pthread_cond_t release_cond; /* the hold is over */
+    _Atomic unsigned want;       /* the epoch of the latest hold */
+    unsigned released;           /* under lock: the epoch released last */
+    unsigned parked;             /* under lock: shards parked in this epoch */
+    unsigned hold_depth;         /* the loop thread's: nested holds */
+};
+
+static void flush_to_shards(td_path_t *p);
+
+/* The most retired requests the front keeps for reuse; more are freed (after a burst). */
+#define TD_PATH_SPARES 4096u
+
+/* ---- Holding the shards still ------------------------------------------------------------- */
+
+/* A shard's thread, when it wakes: parks while the loop thread holds the shards. */
+static void park_if_held(slot_t *slot)
 {
-    td_metrics_observe(p->metrics, r->req.opcode, (tally_status_t)r->rep.status, r->payload_len,
-                       r->reply_len, uv_hrtime() - r->received_ns);
-    td_peers_release(p->peers, &r->conn);
-    td_peers_release(p->peers, &r->client);
-    td_request_destroy(&r);
-}
-
-void td_reply_end(td_reply_t *reply, td_reply_outcome_t outcome)
-{
-    td_request_t *r = (td_request_t *)((char *)reply - offsetof(td_request_t, out));
-    td_path_t *p = r->transport->path;
-    td_bytes_free(&reply->body); /* what the transport did not take */
-    if (outcome == TD_REPLY_SLOW) {
-        p->metrics->replies_dropped_slow++;
-        td_debug("reply to request %" PRIu64 " dropped: the peer is not reading its replies",
-                 r->rep.request_id);
-    } else if (outcome != TD_REPLY_SENT) { /* a broken transport too (logged there) */
-        p->metrics->replies_dropped_gone++;
-        td_debug("reply to request %" PRIu64 " dropped: the peer has gone", r->rep.request_id);
-    }
-    retire(p, r);
-}
-
-/* The end of every request: its in-flight slot, then its reply, handed to its transport with
- * its input freed (a reply the transport keeps holds only itself). */
-static void reply(td_path_t *p, td_request_t *r)
-{
-    td_sched_answered(p->sched);
-    td_admit_answered(&p->admit, r);
-    td_request_release_input(r);
-    td_replies_hand(p->replies, r);
-    r->out.to = (td_sender_t){.id = r->identity,
-                              .id_len = r->identity_len,
-                              .word = r->transport_word,
-                              .ctx = r->transport_ctx};
-    r->out.peer_name = r->conn ? td_peer_name(r->conn) : "";
-    r->out.next = NULL;
-    r->transport->ops->send_reply(r->transport, &r->out);
-}
-
-/* ---- What the scheduler asks of the path (td_sched.h) ------------------------------------- */
-
-/* A compute request's result: folded into its stream (and the stream's window ring), answered. */
-static bool sched_complete(void *owner, td_request_t *r)
-{
-    td_path_t *p = owner;
-    bool applied = td_request_apply(r);
-    if (applied && r->stream)
-        r->stream->updated_ms = td_clock_ms(); /* the web page's "last update" */
-    reply(p, r);
-    return applied;
-}
-
-/* query, reset or delete, on a stream whose earlier requests are done. A reset zeroes the stream
- * and keeps it (td_stream_zero); a delete clears it, and td_sched forgets its name. */
-static void sched_control(void *owner, td_request_t *r, td_stream_t *stream)
-{
-    td_path_t *p = owner;
-    switch (r->req.opcode) {
-    case TALLY_OP_QUERY:
-        td_op_query(p->cfg, r, stream);
+    td_path_t *p = slot->path;
+    unsigned want = atomic_load_explicit(&p->want, memory_order_acquire);
+    if (want == slot->parked_epoch)
         return;
-    case TALLY_OP_RESET:
-        td_stream_zero(stream);
-        stream->updated_ms = td_clock_ms();
-        break;
-    default: /* TALLY_OP_DELETE */
-        if (p->deleted)
-            p->deleted(p->deleted_ctx, stream->name, stream->name_len);
-        td_stream_clear(stream);
-        stream->pub_dirty = false;
-        break;
-    }
-    td_request_succeed(r, TALLY_DTYPE_NONE, NULL, 0, 0);
+    pthread_mutex_lock(&p->lock);
+    slot->parked_epoch = want;
+    p->parked++;
+    pthread_cond_signal(&p->parked_cond);
+    while (p->released != want)
+        pthread_cond_wait(&p->release_cond, &p->lock);
+    pthread_mutex_unlock(&p->lock);
 }
 
-static void sched_answer(void *owner, td_request_t *r)
+static unsigned running_shards(const td_path_t *p)
 {
-    reply(owner, r);
+    unsigned n = 0;
+    for (unsigned i = 0; i < p->count; i++)
+        n += p->slots[i].running;
+    return n;
 }
 
-/* A deleted stream, or one whose creating request failed (td_stream_t's life): the latter gives
- * its client the stream and the creation token back, as if it had never been made. */
-static void sched_forget(void *owner, td_stream_t *stream)
+/* td_streams_hold's hook: stops every running shard at its barrier, or lets them all go. */
+static void hold(void *ctx, bool on)
 {
-    td_path_t *p = owner;
-    td_peer_t *client = stream->owner;
-    if (client && stream->life == TD_STREAM_NEW) /* it was never used: PROTOCOL.md §8 */
-        td_peer_give_token(p->peers, client);
-    td_streams_remove(p->streams, &stream); /* its bytes leave the client's count */
-    if (client)
-        td_peer_stream_removed(client);
-    td_peers_release(p->peers, &client);
-}
-
-void td_path_finished(td_path_t *self, td_request_t *r)
-{
-    td_sched_finished(self->sched, r);
-}
-
-/* ---- Dispatch ----------------------------------------------------------------------------- */
-
-/* A filter, scan or hist names a stream that does not exist yet: its client's stream count and
- * creation rate, then the global max_streams. Returns false when the request was failed. */
-static bool create_stream(td_path_t *p, td_request_t *r, td_stream_t **out)
-{
-    const tally_req_t *q = &r->req;
-    td_peer_t *client = r->client;
-    unsigned per_client = td_config_streams_per_client(p->cfg);
-    if (client && td_peer_streams(client) >= per_client) {
-        td_admit_count_limited(&p->admit, r, TD_LIMIT_STREAMS);
-        td_request_fail(r, TALLY_E_CLIENT_STREAMS,
-                        "this client already holds %u streams (max_streams_per_client %u); "
-                        "delete one it no longer needs",
-                        td_peer_streams(client), per_client);
-        return false;
-    }
-    if (client && !td_peer_take_token(p->peers, client, uv_hrtime())) {
-        td_admit_count_limited(&p->admit, r, TD_LIMIT_RATE);
-        td_request_fail(r, TALLY_E_RATE,
-                        "this client creates streams faster than stream_create_rate (%u per "
-                        "second); retry later",
-                        p->cfg->stream_create_rate);
-        return false;
-    }
-    char msg[TALLY_ERROR_MESSAGE_MAX];
-    tally_status_t st =
-        td_streams_create(p->streams, q->stream, q->stream_len, client, msg, sizeof msg, out);
-    if (st == TALLY_E_CLIENT_STREAMS)
-        td_admit_count_limited(&p->admit, r, TD_LIMIT_STREAMS);
-    if (st != TALLY_OK) {
-        if (client) /* a refused request uses none of the creation rate (PROTOCOL.md §8) */
-            td_peer_give_token(p->peers, client);
-        td_request_fail(r, st, "cannot create stream '%s': %s", q->stream, msg);
-        return false;
-    }
-    if (client)
-        td_peer_stream_added(client); /* and the stream's reference to it */
-    (*out)->life = TD_STREAM_NEW;     /* until a request is applied to it (td_sched.c) */
-    return true;
-}
-
-/* ping, info, stats, streams: answered here on the loop thread, at once. */
-static void answer_now(td_path_t *p, td_request_t *r)
-{
-    switch (r->req.opcode) {
-    case TALLY_OP_INFO:
-    case TALLY_OP_STATS:
-        p->answer_here(p->owner, r);
-        break;
-    case TALLY_OP_STREAMS:
-        td_op_streams(p->streams, r);
-        break;
-    default: /* TALLY_OP_PING */
-        td_request_succeed(r, TALLY_DTYPE_NONE, NULL, 0, 0);
-        break;
-    }
-}
-
-/* By the operation's row (tally_ops.h): a batch goes to the scheduler with its stream (made by
- * its first batch), a query, reset or delete waits for its stream, the rest is answered now. */
-static void dispatch(td_path_t *p, td_request_t *r)
-{
-    const tally_req_t *q = &r->req;
-    const tally_op_info_t *op = tally_op_info(q->opcode);
-    td_stream_t *stream =
-        q->stream_len ? td_streams_find(p->streams, q->stream, q->stream_len) : NULL;
-    if ((op->batch && (stream || !q->stream_len || create_stream(p, r, &stream))) ||
-        (!op->batch && stream)) {
-        td_sched_arrived(p->sched, r, stream);
+    td_path_t *p = ctx;
+    if (!p->threads || !running_shards(p))
+        return;
+    if (!on) {
+        if (--p->hold_depth)
+            return;
+        pthread_mutex_lock(&p->lock);
+        p->released = atomic_load_explicit(&p->want, memory_order_relaxed);
+        pthread_cond_broadcast(&p->release_cond);
+        pthread_mutex_unlock(&p->lock);
         return;
     }
-    if (!op->batch && op->stream == TALLY_STREAM_REQUIRED)
-        td_request_fail(r, TALLY_E_UNKNOWN_STREAM, "no stream named '%s'", q->stream);
-    else if (!op->batch)
-        answer_now(p, r);
-    reply(p, r);
+    if (p->hold_depth++)
+        return;
+    pthread_mutex_lock(&p->lock);
+    p->parked = 0;
+    atomic_store_explicit(&p->want, p->released + 1, memory_order_release);
+    pthread_mutex_unlock(&p->lock);
+    for (unsigned i = 0; i < p->count; i++)
+        if (p->slots[i].running)
+            uv_async_send(&p->slots[i].inbox.async);
+    unsigned n = running_shards(p);
+    pthread_mutex_lock(&p->lock);
+    while (p->parked < n)
+        pthread_cond_wait(&p->parked_cond, &p->lock);
+    pthread_mutex_unlock(&p->lock);
 }
 
-/* ---- Submission ----------------------------------------------------------------------------- */
+/* ---- The front: a transport's message to its shard ----------------------------------------- */
 
-/* A request whose payload is a shared-memory reference: checks it and points the request's
- * payload (and output) into the regions, which it references until it is destroyed. */
-static tally_status_t resolve_shm_ref(td_path_t *p, td_request_t *r, char *msg, size_t cap)
+/* The least loaded shard: the fewest requests in flight, the search starting one further each
+ * time so that ties spread. */
+static slot_t *least_loaded(td_path_t *p)
 {
-    tally_shm_ref_t ref;
-    tally_status_t st = tally_shm_ref_decode(r->payload, r->payload_len, &ref, msg, cap);
-    if (st == TALLY_OK)
-        st = tally_shm_ref_validate(&r->req, &ref, p->cfg->max_batch, msg, cap);
-    uint8_t *in = NULL, *out = NULL;
-    if (st == TALLY_OK)
-        st = td_shm_resolve(p->shm, r->identity, r->identity_len, ref.in_handle, ref.in_offset,
-                            ref.in_length, false, &r->shm_in, &in, msg, cap);
-    if (st == TALLY_OK && ref.out_handle)
-        st = td_shm_resolve(p->shm, r->identity, r->identity_len, ref.out_handle, ref.out_offset,
-                            ref.out_length, true, &r->shm_out, &out, msg, cap);
-    if (st != TALLY_OK)
-        return st;
-    r->payload = in;
-    r->payload_len = (size_t)ref.in_length;
-    r->out_ptr = out;
-    p->metrics->shm_requests++;
-    return TALLY_OK;
-}
-
-/* Stopping: every message read is answered `shutdown`, whatever it holds (the header is decoded
- * only to echo its id). One that names a stream with requests still waiting or running queues
- * behind them, so that stream's replies keep their order. */
-static void answer_stopping(td_path_t *p, td_request_t *r, bool decoded)
-{
-    td_request_fail(r, TALLY_E_SHUTDOWN, "tallyd is shutting down; not run");
-    td_stream_t *stream = decoded && r->req.stream_len
-                              ? td_streams_find(p->streams, r->req.stream, r->req.stream_len)
-                              : NULL;
-    td_sched_arrived(p->sched, r, stream);
-}
-
-/* On a fleet worker a stream changes only through its partition (PROTOCOL.md §13 "Security"):
- * a request of another transport that would change one (any operation on a stream but a query)
- * is refused, unless [nats] local_writes is on. True when r was failed. */
-static bool refused_on_worker(const td_path_t *p, td_request_t *r)
-{
-    if (!p->cfg->nats_servers || p->cfg->nats_local_writes || r->transport->owns_streams ||
-        !r->req.stream_len || r->req.opcode == TALLY_OP_QUERY)
-        return false;
-    td_request_fail(r, TALLY_E_NOT_PERMITTED,
-                    "stream %.*s is a fleet's: on a worker it changes only through its partition "
-                    "(tally.in.<k>); [nats] local_writes = on lets other clients change streams",
-                    (int)r->req.stream_len, r->req.stream);
-    return true;
-}
-
-/* A request with a valid header: its payload checked on its size before it is taken (an
- * oversize one is never copied), the per-connection limits, then the payload taken (and a
- * shared-memory reference resolved from it). False when r was failed. */
-static bool take_request(td_path_t *p, td_request_t *r, td_bytes_t *payload, char *msg, size_t cap)
-{
-    r->payload_len = payload->len;
-    tally_status_t st = tally_req_validate(&r->req, r->payload_len, p->cfg->max_batch, msg, cap);
-    if (st != TALLY_OK) {
-        td_request_fail(r, st, "%s", msg);
-        return false;
+    unsigned best = p->next_pick % p->count;
+    for (unsigned k = 1; k < p->count; k++) {
+        unsigned i = (p->next_pick + k) % p->count;
+        if (p->slots[i].dispatched - p->slots[i].replied <
+            p->slots[best].dispatched - p->slots[best].replied)
+            best = i;
     }
-    if (refused_on_worker(p, r))
-        return false;
-    if (td_admit_over_share(&p->admit, r))
-        return false;
-    st = td_request_take_payload(r, payload);
-    if (st != TALLY_OK) {
-        td_request_fail(r, st, "out of memory for a payload of %zu bytes", r->payload_len);
-        return false;
-    }
-    /* After the take: the reference is decoded from the taken payload, which then points into
-     * the producer's region instead. */
-    if ((r->req.flags & TALLY_FLAG_SHM_REF) && (st = resolve_shm_ref(p, r, msg, cap)) != TALLY_OK) {
-        td_request_fail(r, st, "%s", msg);
-        return false;
-    }
-    return !td_admit_over_reply_bound(&p->admit, r);
+    p->next_pick = best + 1;
+    return &p->slots[best];
+}
+
+/* A named stream's shard owns it; anything else (no stream, or a header its shard will refuse)
+ * goes where there is least to do. Only the name is read here: the shard decodes the header. */
+static slot_t *pick(td_path_t *p, const td_request_t *r)
+{
+    const char *name;
+    size_t len;
+    if (p->count == 1)
+        return &p->slots[0];
+    if (r->has_header && tally_req_stream_of(r->header, r->header_len, &name, &len))
+        return &p->slots[td_stream_shard(name, len, p->count)];
+    return least_loaded(p);
 }
 
 /* The envelope into r: its transport and sender (and who that is, held to the per-peer limits;
@@ -348,52 +256,62 @@ static void take_envelope(td_path_t *p, td_request_t *r, td_transport_t *t, cons
     td_admit_identify(&p->admit, r, from->user);
 }
 
-/* The message's frame count and header, then the request itself (take_request). True when r
- * may go on to dispatch; false when it was failed, to be answered. */
-static bool check_message(td_path_t *p, td_request_t *r, td_msg_t *m, tally_status_t decoded,
-                          char *msg, size_t cap)
+/* The message's header frame (its first TALLY_REQ_HEADER_SIZE bytes: the decoder reads no more
+ * of a longer one, which it refuses by its length) and frame count, for its shard. */
+static void copy_header(td_request_t *r, const td_msg_t *m)
 {
-    if (m->frames != 2) {
-        td_request_fail(r, TALLY_E_FRAMES,
-                        "a request is 2 frames (header, payload) after the routing envelope; "
-                        "this message has %d",
-                        m->frames);
-        return false;
+    r->frames = m->frames;
+    r->has_header = m->header != NULL;
+    r->header_len = m->header ? m->header_len : 0;
+    if (m->header)
+        memcpy(r->header, m->header,
+               r->header_len < TALLY_REQ_HEADER_SIZE ? r->header_len : TALLY_REQ_HEADER_SIZE);
+}
+
+static td_request_t *hop_request(td_hop_t *hop);
+
+/* A request: a spare (the shards' retired ones), else a new one. */
+static td_request_t *new_request(td_path_t *p)
+{
+    if (!p->spares) {
+        for (td_hop_t *hop = td_hop_stack_take(&p->pool), *next; hop; hop = next) {
+            next = hop->next;
+            if (p->spare_count >= TD_PATH_SPARES) {
+                free(hop_request(hop));
+                continue;
+            }
+            hop->next = p->spares;
+            p->spares = hop;
+            p->spare_count++;
+        }
     }
-    if (decoded != TALLY_OK) {
-        td_request_fail(r, decoded, "%s", msg);
-        return false;
-    }
-    return take_request(p, r, &m->payload, msg, cap);
+    if (!p->spares)
+        return td_request_new();
+    td_request_t *r = hop_request(p->spares);
+    p->spares = p->spares->next;
+    p->spare_count--;
+    td_request_reuse(r);
+    return r;
 }
 
 td_err_t td_path_submit(td_path_t *p, td_transport_t *t, td_msg_t *m)
 {
-    td_request_t *r = td_request_new();
-    if (!r) {
+    td_request_t *r = new_request(p);
+    if (!r)
         return TD_ERR_NOMEM; /* the transport answers it (td_transport.h) */
-    }
-    td_sched_received(p->sched);
     r->received_ns = uv_hrtime();
     take_envelope(p, r, t, &m->from);
-    /* Decoded even when the frame count is wrong, so that every reply echoes the first request
-     * frame's opcode, flags and id (§3); with no request frame at all they stay 0. */
-    char msg[TALLY_ERROR_MESSAGE_MAX + 1];
-    tally_status_t st =
-        tally_req_decode(m->header, m->header ? m->header_len : 0, &r->req, msg, sizeof msg);
-    r->rep.opcode = r->req.opcode;
-    r->rep.flags = r->req.flags;
-    r->rep.request_id = r->req.request_id;
-    if (p->stopping) {
-        answer_stopping(p, r, st == TALLY_OK && m->frames == 2);
-    } else if (check_message(p, r, m, st, msg, sizeof msg)) {
-        dispatch(p, r);
-    } else {
-        td_debug("request %" PRIu64 " answered %s", r->rep.request_id,
-                 tally_status_name((tally_status_t)r->rep.status));
-        reply(p, r);
-    }
-    td_bytes_free(&m->payload); /* not taken: the request was answered before */
+    copy_header(r, m);
+    r->arrived = m->payload; /* the shard's now */
+    m->payload = (td_bytes_t){0};
+    slot_t *slot = pick(p, r);
+    r->shard = slot->index;
+    slot->dispatched++;
+    p->dispatched++;
+    if (p->threads)
+        td_hop_batch_add(&slot->to_shard, &r->hop, HOP_TAKE);
+    else
+        td_shard_take(slot->shard, r);
     return TD_OK;
 }
 
@@ -401,44 +319,441 @@ bool td_path_may_read(const td_path_t *p)
 {
     if (p->stopping)
         return !p->drain_expired;
-    return td_sched_may_read(p->sched);
+    return p->dispatched - p->replied < p->env.cfg->max_inflight;
+}
+
+/* ---- Replies ------------------------------------------------------------------------------ */
+
+/* The loop thread: a shard's reply, out through its transport. */
+static void reply_out(td_path_t *p, td_request_t *r)
+{
+    p->slots[r->shard].replied++;
+    p->replied++;
+    td_admit_answered(&p->admit, r);
+    r->transport->ops->send_reply(r->transport, &r->out);
+}
+
+void td_reply_end(td_reply_t *reply, td_reply_outcome_t outcome)
+{
+    td_request_t *r = (td_request_t *)((char *)reply - offsetof(td_request_t, out));
+    td_path_t *p = r->transport->path;
+    slot_t *slot = &p->slots[r->shard];
+    td_bytes_free(&reply->body); /* what the transport did not take */
+    r->outcome = outcome;
+    if (slot->running)
+        td_hop_batch_add(&slot->to_shard, &r->hop, HOP_RETIRE);
+    else /* one shard, or its thread has ended: the loop thread owns it */
+        td_shard_retire(slot->shard, r);
+}
+
+/* info, stats and streams, from the whole daemon with every shard held still. */
+static void gather(td_path_t *p, td_request_t *r)
+{
+    td_streams_hold(p->env.streams);
+    if (r->req.opcode == TALLY_OP_STREAMS)
+        td_op_streams(p->env.streams, r);
+    else
+        p->env.answer_here(p->env.owner, r);
+    td_streams_release(p->env.streams);
+}
+
+/* ---- What a shard hands the front (td_shard_env_t), on the shard's thread ------------------ */
+
+static void shard_reply(void *front, td_request_t *r)
+{
+    td_path_t *p = front;
+    if (p->threads)
+        td_hop_batch_add(&p->slots[r->shard].to_front, &r->hop, HOP_REPLY);
+    else
+        reply_out(p, r);
+}
+
+static void shard_gather(void *front, td_request_t *r)
+{
+    td_path_t *p = front;
+    if (p->threads) {
+        td_hop_batch_add(&p->slots[r->shard].to_front, &r->hop, HOP_GATHER);
+        return;
+    }
+    gather(p, r);
+    td_shard_resume(p->slots[r->shard].shard, r);
+}
+
+/* A deleted stream: its name goes to the loop thread (subscriptions are its). Out of memory,
+ * the subscribers do not hear of it (the deletion itself stands). */
+static void shard_deleted(void *front, const char *name, size_t len)
+{
+    td_path_t *p = front;
+    if (!p->threads) {
+        p->deleted(p->deleted_ctx, name, len);
+        return;
+    }
+    deleted_t *d = malloc(sizeof *d + len);
+    if (!d) {
+        td_warn("out of memory: the deletion of stream '%.*s' is not published", (int)len, name);
+        return;
+    }
+    d->len = len;
+    memcpy(d->name, name, len);
+    /* the shard of the stream: the name says which */
+    slot_t *slot = &p->slots[td_stream_shard(name, len, p->count)];
+    td_hop_batch_add(&slot->to_front, &d->hop, HOP_DELETED);
+}
+
+/* A shard's retired request, back to the front's pool with the shard's next flush. */
+static void shard_recycle(void *front, td_request_t *r)
+{
+    td_path_t *p = front;
+    td_hop_batch_add(&p->slots[r->shard].to_pool, &r->hop, 0);
+}
+
+/* Null when nobody listens; the shard tests env.deleted, so it must be set only then. */
+static void set_deleted(td_path_t *p, td_path_deleted_fn deleted, void *ctx)
+{
+    p->deleted = deleted;
+    p->deleted_ctx = ctx;
+}
+
+void td_path_finished(td_path_t *self, td_request_t *r)
+{
+    td_shard_finished(self->slots[r->shard].shard, r);
+}
+
+/* ---- The mailboxes ------------------------------------------------------------------------- */
+
+static void flush_to_shards(td_path_t *p)
+{
+    for (unsigned i = 0; i < p->count; i++)
+        if (p->slots[i].running)
+            td_mailbox_post(&p->slots[i].inbox, &p->slots[i].to_shard);
+}
+
+static void flush_to_front(slot_t *slot)
+{
+    td_mailbox_post(&slot->path->inbox, &slot->to_front);
+    td_hop_stack_push(&slot->path->pool, &slot->to_pool);
+}
+
+static td_request_t *hop_request(td_hop_t *hop)
+{
+    return (td_request_t *)((char *)hop - offsetof(td_request_t, hop));
+}
+
+/* The loop thread: what the shards handed back. */
+static void front_inbox_cb(uv_async_t *handle)
+{
+    td_path_t *p = handle->data;
+    td_hop_t *hop = td_mailbox_take(&p->inbox);
+    while (hop) {
+        td_hop_t *next = hop->next;
+        if (hop->kind == HOP_DELETED) {
+            deleted_t *d = (deleted_t *)hop;
+            if (p->deleted)
+                p->deleted(p->deleted_ctx, d->name, d->len);
+            free(d);
+        } else if (hop->kind == HOP_GATHER) {
+            td_request_t *r = hop_request(hop);
+            slot_t *slot = &p->slots[r->shard];
+            gather(p, r);
+            if (slot->running)
+                td_hop_batch_add(&slot->to_shard, &r->hop, HOP_RESUME);
+            else /* its thread has ended: this thread owns the shard */
+                td_shard_resume(slot->shard, r);
+        } else { /* HOP_REPLY */
+            reply_out(p, hop_request(hop));
+        }
+        hop = next;
+    }
+    flush_to_shards(p);
+}
+
+static void front_flush_cb(uv_handle_t *handle)
+{
+    flush_to_shards(handle->data);
+}
+
+static void front_prepare_cb(uv_prepare_t *handle)
+{
+    front_flush_cb((uv_handle_t *)handle);
+}
+
+static void front_check_cb(uv_check_t *handle)
+{
+    front_flush_cb((uv_handle_t *)handle);
+}
+
+static void shard_close_handles(slot_t *slot);
+
+/* A shard's thread: what the front handed it. */
+static void shard_inbox_cb(uv_async_t *handle)
+{
+    slot_t *slot = handle->data;
+    park_if_held(slot);
+    td_hop_t *hop = td_mailbox_take(&slot->inbox);
+    while (hop) {
+        td_hop_t *next = hop->next;
+        switch (hop->kind) {
+        case HOP_TAKE:
+            td_shard_take(slot->shard, hop_request(hop));
+            break;
+        case HOP_RETIRE:
+            td_shard_retire(slot->shard, hop_request(hop));
+            break;
+        case HOP_RESUME:
+            td_shard_resume(slot->shard, hop_request(hop));
+            break;
+        case HOP_STOP:
+            td_shard_stop(slot->shard);
+            break;
+        default: /* HOP_CLOSE: nothing is in flight, nothing more comes */
+            flush_to_front(slot);
+            shard_close_handles(slot);
+            return;
+        }
+        hop = next;
+    }
+    flush_to_front(slot);
+}
+
+static void shard_flush_cb(uv_handle_t *handle)
+{
+    flush_to_front(handle->data);
+}
+
+static void shard_prepare_cb(uv_prepare_t *handle)
+{
+    shard_flush_cb((uv_handle_t *)handle);
+}
+
+static void shard_check_cb(uv_check_t *handle)
+{
+    shard_flush_cb((uv_handle_t *)handle);
+}
+
+/* ---- Shards: their loops and threads ------------------------------------------------------ */
+
+static void sweep_cb(uv_timer_t *timer)
+{
+    slot_t *slot = timer->data;
+    td_streams_sweep(td_shard_streams(slot->shard), td_clock_ms(), TD_STREAMS_SWEEP_PER_TICK);
+}
+
+/* On the shard's loop (the front's with one shard): the sweep of its part, and with a thread of
+ * its own its mailbox and the handles that post its batches. */
+static int open_slot_handles(slot_t *slot)
+{
+    int rc = uv_timer_init(slot->loop, &slot->sweep);
+    if (rc != 0)
+        return rc;
+    slot->sweep.data = slot;
+    slot->sweep_open = true;
+    rc = uv_timer_start(&slot->sweep, sweep_cb, TD_PEERS_SWEEP_MS, TD_PEERS_SWEEP_MS);
+    if (rc == 0)
+        uv_unref((uv_handle_t *)&slot->sweep);
+    if (rc != 0 || !slot->path->threads)
+        return rc;
+    rc = td_mailbox_init(&slot->inbox, slot->loop, shard_inbox_cb, slot);
+    if (rc == 0 && (rc = uv_prepare_init(slot->loop, &slot->flush_prepare)) == 0 &&
+        (rc = uv_check_init(slot->loop, &slot->flush_check)) == 0) {
+        slot->flush_open = true;
+        slot->flush_prepare.data = slot->flush_check.data = slot;
+        rc = uv_prepare_start(&slot->flush_prepare, shard_prepare_cb);
+        if (rc == 0)
+            rc = uv_check_start(&slot->flush_check, shard_check_cb);
+    }
+    return rc;
+}
+
+/* On the shard's thread (or the loop thread with one shard, or on a failed start): closes what
+ * the shard holds on its loop; with a thread, its loop ends once the callbacks have run. */
+static void shard_close_handles(slot_t *slot)
+{
+    td_path_t *p = slot->path;
+    if (slot->machine_open && p->machines.close)
+        p->machines.close(p->machines.ctx, slot->index);
+    slot->machine_open = false;
+    if (slot->sweep_open)
+        uv_close((uv_handle_t *)&slot->sweep, NULL);
+    slot->sweep_open = false;
+    td_mailbox_close(&slot->inbox);
+    if (slot->flush_open) {
+        uv_close((uv_handle_t *)&slot->flush_prepare, NULL);
+        uv_close((uv_handle_t *)&slot->flush_check, NULL);
+        slot->flush_open = false;
+    }
+}
+
+static void shard_main(void *arg)
+{
+    slot_t *slot = arg;
+    char name[16]; /* for profiles and top -H: "tdshard-3" */
+    snprintf(name, sizeof name, "tdshard-%u", slot->index % 1000);
+    pthread_setname_np(pthread_self(), name);
+    uv_run(slot->loop, UV_RUN_DEFAULT);
+}
+
+/* The front's mailbox and the handles that post its batches, on the transports' loop. */
+static int open_front(td_path_t *p)
+{
+    int rc = td_mailbox_init(&p->inbox, p->env.loop, front_inbox_cb, p);
+    if (rc != 0)
+        return rc;
+    p->front_open = true;
+    if ((rc = uv_prepare_init(p->env.loop, &p->flush_prepare)) != 0 ||
+        (rc = uv_check_init(p->env.loop, &p->flush_check)) != 0)
+        return rc;
+    p->flush_prepare.data = p->flush_check.data = p;
+    rc = uv_prepare_start(&p->flush_prepare, front_prepare_cb);
+    if (rc == 0)
+        rc = uv_check_start(&p->flush_check, front_check_cb);
+    if (rc == 0) { /* they do not keep the loop alive: the transports do */
+        uv_unref((uv_handle_t *)&p->flush_prepare);
+        uv_unref((uv_handle_t *)&p->flush_check);
+        uv_unref((uv_handle_t *)&p->inbox.async);
+    }
+    return rc;
+}
+
+static void close_front(td_path_t *p)
+{
+    if (!p->front_open)
+        return;
+    p->front_open = false;
+    td_mailbox_close(&p->inbox);
+    if (p->flush_prepare.type != UV_UNKNOWN_HANDLE)
+        uv_close((uv_handle_t *)&p->flush_prepare, NULL);
+    if (p->flush_check.type != UV_UNKNOWN_HANDLE)
+        uv_close((uv_handle_t *)&p->flush_check, NULL);
 }
 
 /* ---- Life cycle ------------------------------------------------------------------------------ */
+
+static td_err_t new_slot(td_path_t *p, unsigned i)
+{
+    slot_t *slot = &p->slots[i];
+    *slot = (slot_t){.path = p, .index = i, .loop = p->env.loop};
+    if (p->threads) {
+        if (uv_loop_init(&slot->own_loop) != 0)
+            return TD_ERR_LIBRARY;
+        slot->loop_open = true;
+        slot->loop = &slot->own_loop;
+    }
+    if (slot->loop)
+        uv_loop_configure(slot->loop, UV_METRICS_IDLE_TIME); /* busy_s */
+    td_shard_env_t env = {.index = i,
+                          .cfg = p->env.cfg,
+                          .metrics = &slot->metrics,
+                          .streams = td_streams_part(p->env.streams, i),
+                          .peers = p->env.peers,
+                          .replies = p->env.replies,
+                          .reply = shard_reply,
+                          .gather = shard_gather,
+                          .recycle = p->threads ? shard_recycle : NULL,
+                          .front = p};
+    return td_shard_new(&env, &slot->shard);
+}
 
 td_err_t td_path_new(const td_path_env_t *env, td_path_t **out)
 {
     td_path_t *p = calloc(1, sizeof *p);
     if (!p)
         return TD_ERR_NOMEM;
-    *p = (td_path_t){.cfg = env->cfg,
-                     .metrics = env->metrics,
-                     .streams = env->streams,
-                     .peers = env->peers,
-                     .replies = env->replies,
-                     .answer_here = env->answer_here,
-                     .owner = env->owner};
+    p->env = *env;
+    p->count = td_streams_parts(env->streams);
+    p->threads = p->count > 1;
     p->admit = (td_admit_t){
         .cfg = env->cfg, .peers = env->peers, .replies = env->replies, .metrics = env->metrics};
+    p->lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER; /* cannot fail, unlike _init */
+    p->parked_cond = p->release_cond = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
+    atomic_init(&p->want, 0);
+    atomic_init(&p->pool.top, NULL);
+    p->slots = calloc(p->count, sizeof *p->slots);
+    td_err_t err = p->slots ? TD_OK : TD_ERR_NOMEM;
+    for (unsigned i = 0; err == TD_OK && i < p->count; i++)
+        err = new_slot(p, i);
+    if (err == TD_OK && p->threads && open_front(p) != 0)
+        err = TD_ERR_LIBRARY;
+    if (err != TD_OK) {
+        td_path_destroy(&p);
+        return err;
+    }
+    td_streams_set_hold(env->streams, hold, p);
     *out = p;
     return TD_OK;
 }
 
-td_err_t td_path_start(td_path_t *self, const td_sched_machine_t *machine)
+td_err_t td_path_start(td_path_t *self, const td_path_machines_t *machines)
 {
-    td_sched_host_t host = {.owner = self,
-                            .complete = sched_complete,
-                            .control = sched_control,
-                            .answer = sched_answer,
-                            .forget = sched_forget};
-    return td_sched_new(self->cfg, self->metrics, machine, &host, &self->sched);
+    self->machines = *machines;
+    for (unsigned i = 0; i < self->count; i++) {
+        slot_t *slot = &self->slots[i];
+        td_sched_machine_t machine;
+        td_err_t err = machines->open(machines->ctx, i, slot->loop, &machine);
+        if (err != TD_OK)
+            return err;
+        slot->machine_open = true;
+        err = td_shard_start(slot->shard, &machine);
+        if (err != TD_OK)
+            return err;
+        if (slot->loop && open_slot_handles(slot) != 0) {
+            td_err("cannot set up shard %u's loop", i);
+            return TD_ERR_LIBRARY;
+        }
+    }
+    return TD_OK;
+}
+
+td_err_t td_path_run(td_path_t *self)
+{
+    for (unsigned i = 0; self->threads && i < self->count; i++) {
+        slot_t *slot = &self->slots[i];
+        slot->start_ns = uv_hrtime();
+        int rc = uv_thread_create(&slot->thread, shard_main, slot);
+        if (rc != 0) {
+            td_err("cannot start shard %u's thread: %s", i, uv_strerror(rc));
+            return TD_ERR_LIBRARY;
+        }
+        slot->running = true;
+    }
+    if (!self->threads)
+        self->slots[0].start_ns = uv_hrtime();
+    return TD_OK;
 }
 
 void td_path_attach(td_path_t *self, td_shm_t *shm, td_path_deleted_fn deleted, void *ctx)
 {
     self->shm = shm;
-    self->deleted = deleted;
-    self->deleted_ctx = ctx;
+    set_deleted(self, deleted, ctx);
+    for (unsigned i = 0; i < self->count; i++)
+        td_shard_attach(self->slots[i].shard, shm, deleted ? shard_deleted : NULL);
+}
+
+void td_path_close(td_path_t *self)
+{
+    if (self->closed)
+        return;
+    self->closed = true;
+    for (unsigned i = 0; i < self->count; i++) {
+        slot_t *slot = &self->slots[i];
+        if (!slot->running) { /* one shard: its handles are on this loop */
+            shard_close_handles(slot);
+            if (slot->loop_open) /* a shard whose thread never ran (a start that failed later) */
+                uv_run(&slot->own_loop, UV_RUN_NOWAIT);
+            continue;
+        }
+        td_hop_batch_add(&slot->to_shard, &slot->close_hop, HOP_CLOSE);
+        td_mailbox_post(&slot->inbox, &slot->to_shard);
+    }
+    for (unsigned i = 0; i < self->count; i++) {
+        slot_t *slot = &self->slots[i];
+        if (!slot->running)
+            continue;
+        uv_thread_join(&slot->thread);
+        slot->running = false; /* the loop thread owns it from here */
+    }
+    if (self->front_open)
+        front_inbox_cb(&self->inbox.async); /* the shards' last hops (nothing is in flight) */
+    close_front(self);
 }
 
 void td_path_destroy(td_path_t **self_p)
@@ -446,20 +761,50 @@ void td_path_destroy(td_path_t **self_p)
     td_path_t *self = *self_p;
     if (!self)
         return;
-    td_sched_destroy(&self->sched);
+    for (unsigned i = 0; self->slots && i < self->count; i++) {
+        slot_t *slot = &self->slots[i];
+        if (!self->closed &&
+            (slot->machine_open || slot->sweep_open || slot->flush_open || slot->inbox.open)) {
+            shard_close_handles(slot); /* a failed start: their loops never ran */
+            if (slot->loop)            /* with one shard the front's, run below */
+                uv_run(slot->loop, UV_RUN_NOWAIT);
+        }
+        td_shard_destroy(&slot->shard);
+        td_hop_stack_push(&self->pool, &slot->to_pool); /* retired after its thread ended */
+        if (slot->loop_open && uv_loop_close(&slot->own_loop) != 0)
+            td_warn("shard %u's loop still had handles open at exit", i);
+    }
+    if (self->front_open) {
+        close_front(self);
+        uv_run(self->env.loop, UV_RUN_NOWAIT);
+    }
+    free(self->slots);
+    for (td_hop_t *hop = td_hop_stack_take(&self->pool), *next; hop; hop = next) {
+        next = hop->next;
+        free(hop_request(hop));
+    }
+    for (td_hop_t *hop = self->spares, *next; hop; hop = next) {
+        next = hop->next;
+        free(hop_request(hop));
+    }
+    pthread_mutex_destroy(&self->lock);
+    pthread_cond_destroy(&self->parked_cond);
+    pthread_cond_destroy(&self->release_cond);
     free(self);
     *self_p = NULL;
-}
-
-td_sched_t *td_path_sched(const td_path_t *self)
-{
-    return self->sched;
 }
 
 void td_path_stop(td_path_t *self)
 {
     self->stopping = true;
-    td_sched_stop(self->sched); /* answers what waits on a stream, in each stream's order */
+    for (unsigned i = 0; i < self->count; i++) {
+        slot_t *slot = &self->slots[i];
+        if (slot->running) /* behind the requests handed to it before */
+            td_hop_batch_add(&slot->to_shard, &slot->stop_hop, HOP_STOP);
+        else
+            td_shard_stop(slot->shard);
+    }
+    flush_to_shards(self);
 }
 
 void td_path_drain_over(td_path_t *self)
@@ -470,4 +815,44 @@ void td_path_drain_over(td_path_t *self)
 bool td_path_stopping(const td_path_t *self)
 {
     return self->stopping;
+}
+
+unsigned td_path_inflight(const td_path_t *self)
+{
+    return (unsigned)(self->dispatched - self->replied);
+}
+
+unsigned td_path_shard_count(const td_path_t *self)
+{
+    return self->count;
+}
+
+void td_path_shard_gauges(td_path_t *self, unsigned shard, td_shard_gauges_t *out)
+{
+    slot_t *slot = &self->slots[shard];
+    uint64_t now = uv_hrtime();
+    uint64_t idle = slot->loop ? uv_metrics_idle_time(slot->loop) : 0;
+    uint64_t alive = slot->start_ns && now > slot->start_ns ? now - slot->start_ns : 0;
+    *out = (td_shard_gauges_t){
+        .requests = td_metrics_answered(&slot->metrics),
+        .inflight = (unsigned)(slot->dispatched - slot->replied),
+        .queued = td_sched_queued(td_shard_sched(slot->shard)),
+        .streams = td_streams_part_count(td_shard_streams(slot->shard)),
+        .busy_s = alive > idle ? (double)(alive - idle) / 1e9 : 0,
+    };
+}
+
+void td_path_sum_metrics(td_path_t *self, td_metrics_t *out)
+{
+    *out = *self->env.metrics;
+    for (unsigned i = 0; i < self->count; i++)
+        td_metrics_add(out, &self->slots[i].metrics);
+}
+
+unsigned td_path_queued(td_path_t *self)
+{
+    unsigned queued = 0;
+    for (unsigned i = 0; i < self->count; i++)
+        queued += td_sched_queued(td_shard_sched(self->slots[i].shard));
+    return queued;
 }

@@ -4,6 +4,7 @@
  * and id bytes) of fixed width, since it holds one entry per live connection and client, and
  * every entry is looked up once per request.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,24 +18,26 @@ struct td_peer {
     uint8_t key[1 + TD_PEER_KEY_MAX]; /* the kind, then the routing id or user id */
     size_t key_len;
     char name[TD_PEER_NAME_MAX]; /* the user id, or the routing id in hex */
-    unsigned refs;               /* requests and streams pointing here */
+    _Atomic unsigned refs;       /* requests and streams pointing here */
     unsigned inflight;           /* connection: requests read and not yet answered */
-    unsigned streams;            /* client: streams it created that still exist */
-    size_t state_bytes;          /* client: the bytes of those streams (td_stream.h) */
-    double tokens;               /* client: stream creations it may make now */
+    _Atomic unsigned streams;    /* client: streams it created that still exist */
+    _Atomic size_t state_bytes;  /* client: the bytes of those streams (td_stream.h) */
+    double tokens;               /* client, under the table's token lock: creations it may make */
     uint64_t tokens_ns;          /* when tokens was last brought up to date */
     uint64_t requests;           /* user: requests read */
-    uint64_t limited;            /* user: requests refused by a per-peer limit */
-    uint64_t reserved;           /* connection: reply bytes reserved for requests in flight */
+    _Atomic uint64_t limited;    /* user: requests refused by a per-peer limit */
+    _Atomic uint64_t reserved;   /* connection: reply bytes reserved for requests in flight */
     td_reply_meter_t *meter;     /* connection: reply bytes inside ZeroMQ (td_peers.h) */
-    struct td_sched_flow *flows[TD_PEER_FLOWS]; /* connection: the scheduler's queues */
     struct td_peer *hash_next;
+    struct td_sched_flow *flows[]; /* connection: the shards' scheduler queues */
 };
 
 struct td_peers {
     td_peer_t *buckets[TD_PEERS_BUCKETS];
     unsigned count;
-    double rate; /* stream creations per second; 0 = unlimited */
+    unsigned shards;
+    pthread_mutex_t token_lock; /* the entries' buckets and the rate */
+    double rate;                /* stream creations per second; 0 = unlimited */
 };
 
 static void entry_free(td_peer_t *p)
@@ -44,13 +47,20 @@ static void entry_free(td_peer_t *p)
     free(p);
 }
 
-td_err_t td_peers_new(td_peers_t **out)
+td_err_t td_peers_new_shards(unsigned shards, td_peers_t **out)
 {
     td_peers_t *self = calloc(1, sizeof *self);
     if (!self)
         return TD_ERR_NOMEM;
+    self->shards = shards ? shards : 1;
+    self->token_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER; /* cannot fail, unlike _init */
     *out = self;
     return TD_OK;
+}
+
+td_err_t td_peers_new(td_peers_t **out)
+{
+    return td_peers_new_shards(1, out);
 }
 
 void td_peers_destroy(td_peers_t **self_p)
@@ -66,11 +76,12 @@ void td_peers_destroy(td_peers_t **self_p)
             p = next;
         }
     }
+    pthread_mutex_destroy(&self->token_lock);
     free(self);
     *self_p = NULL;
 }
 
-/* One second's worth of creations, at least one. */
+/* One second's worth of creations, at least one. Token lock held. */
 static double burst(const td_peers_t *self)
 {
     return self->rate < 1 ? 1 : self->rate;
@@ -78,7 +89,9 @@ static double burst(const td_peers_t *self)
 
 void td_peers_set_rate(td_peers_t *self, unsigned per_second)
 {
+    pthread_mutex_lock(&self->token_lock);
     self->rate = per_second;
+    pthread_mutex_unlock(&self->token_lock);
 }
 
 /* The printable name: a user id as it is (it came from our own key list), a routing id in hex
@@ -108,7 +121,7 @@ td_peer_t *td_peers_acquire(td_peers_t *self, td_peer_kind_t kind, const void *i
     while (p && (p->key_len != key_len || memcmp(p->key, key, key_len) != 0))
         p = p->hash_next;
     if (!p) {
-        p = calloc(1, sizeof *p);
+        p = calloc(1, sizeof *p + (size_t)self->shards * TD_PEER_FLOWS * sizeof p->flows[0]);
         if (!p)
             return NULL;
         p->meter = calloc(1, sizeof *p->meter);
@@ -117,22 +130,25 @@ td_peer_t *td_peers_acquire(td_peers_t *self, td_peer_kind_t kind, const void *i
         memcpy(p->key, key, key_len);
         p->key_len = key_len;
         set_name(p, kind, id, len);
+        pthread_mutex_lock(&self->token_lock);
         p->tokens = burst(self);
+        pthread_mutex_unlock(&self->token_lock);
         p->tokens_ns = now_ns;
         p->hash_next = self->buckets[b];
         self->buckets[b] = p;
         self->count++;
     }
-    p->refs++;
+    atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
     return p;
 }
 
+/* Release order: the sweep that finds the entry unreferenced sees what its last holder did. */
 void td_peers_release(td_peers_t *self, td_peer_t **peer_p)
 {
     (void)self;
     td_peer_t *p = *peer_p;
-    if (p && p->refs > 0)
-        p->refs--;
+    if (p)
+        atomic_fetch_sub_explicit(&p->refs, 1, memory_order_release);
     *peer_p = NULL;
 }
 
@@ -149,22 +165,41 @@ static void refill(const td_peers_t *self, td_peer_t *p, uint64_t now_ns)
 
 bool td_peer_take_token(td_peers_t *self, td_peer_t *client, uint64_t now_ns)
 {
-    if (self->rate <= 0)
-        return true;
-    refill(self, client, now_ns);
-    if (client->tokens < 1)
-        return false;
-    client->tokens -= 1;
-    return true;
+    bool taken = true;
+    pthread_mutex_lock(&self->token_lock);
+    if (self->rate > 0) {
+        refill(self, client, now_ns);
+        taken = client->tokens >= 1;
+        if (taken)
+            client->tokens -= 1;
+    }
+    pthread_mutex_unlock(&self->token_lock);
+    return taken;
 }
 
 void td_peer_give_token(td_peers_t *self, td_peer_t *client)
 {
-    if (self->rate <= 0)
-        return;
-    client->tokens += 1;
-    if (client->tokens > burst(self))
-        client->tokens = burst(self);
+    pthread_mutex_lock(&self->token_lock);
+    if (self->rate > 0) {
+        client->tokens += 1;
+        if (client->tokens > burst(self))
+            client->tokens = burst(self);
+    }
+    pthread_mutex_unlock(&self->token_lock);
+}
+
+/* An entry nothing refers to whose bucket is full: the sweep may free it. */
+static bool sweepable(td_peers_t *self, td_peer_t *p, uint64_t now_ns)
+{
+    /* A connection whose replies still sit in ZeroMQ keeps its entry, or its next request would
+     * find a fresh meter and the bound on its unread replies would not hold. */
+    bool idle = atomic_load_explicit(&p->refs, memory_order_acquire) == 0 &&
+                p->key[0] != TD_PEER_USER && (!p->meter || atomic_load(&p->meter->held) == 0);
+    pthread_mutex_lock(&self->token_lock);
+    refill(self, p, now_ns);
+    bool full = self->rate <= 0 || p->tokens >= burst(self);
+    pthread_mutex_unlock(&self->token_lock);
+    return idle && full;
 }
 
 void td_peers_sweep(td_peers_t *self, uint64_t now_ns)
@@ -173,13 +208,7 @@ void td_peers_sweep(td_peers_t *self, uint64_t now_ns)
         td_peer_t **link = &self->buckets[b];
         while (*link) {
             td_peer_t *p = *link;
-            refill(self, p, now_ns);
-            /* A connection whose replies still sit in ZeroMQ keeps its entry, or its next
-             * request would find a fresh meter and the bound on its unread replies would not
-             * hold. */
-            bool idle = p->refs == 0 && p->key[0] != TD_PEER_USER &&
-                        (!p->meter || atomic_load(&p->meter->held) == 0);
-            if (idle && (self->rate <= 0 || p->tokens >= burst(self))) {
+            if (sweepable(self, p, now_ns)) {
                 *link = p->hash_next;
                 entry_free(p);
                 self->count--;
@@ -210,7 +239,7 @@ const char *td_peer_name(const td_peer_t *peer)
 
 unsigned td_peer_refs(const td_peer_t *peer)
 {
-    return peer->refs;
+    return atomic_load_explicit(&((td_peer_t *)peer)->refs, memory_order_relaxed);
 }
 
 bool td_peer_inflight_begin(td_peer_t *conn)
@@ -230,28 +259,49 @@ unsigned td_peer_inflight(const td_peer_t *conn)
 
 unsigned td_peer_streams(const td_peer_t *client)
 {
-    return client->streams;
+    return atomic_load_explicit(&((td_peer_t *)client)->streams, memory_order_relaxed);
+}
+
+bool td_peer_take_stream(td_peer_t *client, unsigned max, unsigned *held)
+{
+    unsigned n = atomic_load_explicit(&client->streams, memory_order_relaxed);
+    do {
+        *held = n;
+        if (n >= max)
+            return false;
+    } while (!atomic_compare_exchange_weak_explicit(&client->streams, &n, n + 1,
+                                                    memory_order_relaxed, memory_order_relaxed));
+    return true;
+}
+
+void td_peer_give_stream(td_peer_t *client)
+{
+    atomic_fetch_sub_explicit(&client->streams, 1, memory_order_relaxed);
+}
+
+void td_peer_hold(td_peer_t *peer)
+{
+    atomic_fetch_add_explicit(&peer->refs, 1, memory_order_relaxed);
 }
 
 size_t td_peer_state_bytes(const td_peer_t *client)
 {
-    return client->state_bytes;
+    return atomic_load_explicit(&((td_peer_t *)client)->state_bytes, memory_order_relaxed);
+}
+
+bool td_peer_state_bytes_charge(td_peer_t *client, size_t growth, size_t max, size_t *held)
+{
+    *held = atomic_fetch_add_explicit(&client->state_bytes, growth, memory_order_relaxed);
+    if (!max || *held + growth <= max)
+        return true;
+    atomic_fetch_sub_explicit(&client->state_bytes, growth, memory_order_relaxed);
+    return false;
 }
 
 void td_peer_state_bytes_change(td_peer_t *client, size_t before, size_t after)
 {
-    client->state_bytes = client->state_bytes - before + after;
-}
-
-void td_peer_stream_added(td_peer_t *client)
-{
-    client->refs++; /* the stream's reference */
-    client->streams++;
-}
-
-void td_peer_stream_removed(td_peer_t *client)
-{
-    client->streams--;
+    if (after != before) /* a wrapping difference: the atomic's arithmetic is modular */
+        atomic_fetch_add_explicit(&client->state_bytes, after - before, memory_order_relaxed);
 }
 
 void td_peer_count_request(td_peer_t *user)
@@ -261,7 +311,7 @@ void td_peer_count_request(td_peer_t *user)
 
 void td_peer_count_limited(td_peer_t *user)
 {
-    user->limited++;
+    atomic_fetch_add_explicit(&user->limited, 1, memory_order_relaxed);
 }
 
 uint64_t td_peer_requests(const td_peer_t *user)
@@ -271,7 +321,7 @@ uint64_t td_peer_requests(const td_peer_t *user)
 
 uint64_t td_peer_limited(const td_peer_t *user)
 {
-    return user->limited;
+    return atomic_load_explicit(&((td_peer_t *)user)->limited, memory_order_relaxed);
 }
 
 td_reply_meter_t *td_peer_meter(td_peer_t *conn)
@@ -293,25 +343,25 @@ void td_reply_meter_release(td_reply_meter_t *meter)
 
 uint64_t td_peer_reserved(const td_peer_t *conn)
 {
-    return conn->reserved;
+    return atomic_load_explicit(&((td_peer_t *)conn)->reserved, memory_order_relaxed);
 }
 
-void td_peer_reserve(td_peer_t *conn, uint64_t bytes)
+uint64_t td_peer_reserve(td_peer_t *conn, uint64_t bytes)
 {
-    conn->reserved += bytes;
+    return atomic_fetch_add_explicit(&conn->reserved, bytes, memory_order_relaxed);
 }
 
 void td_peer_unreserve(td_peer_t *conn, uint64_t bytes)
 {
-    conn->reserved -= bytes;
+    atomic_fetch_sub_explicit(&conn->reserved, bytes, memory_order_relaxed);
 }
 
-struct td_sched_flow *td_peer_flow(const td_peer_t *conn, unsigned cls)
+struct td_sched_flow *td_peer_flow(const td_peer_t *conn, unsigned slot)
 {
-    return conn->flows[cls];
+    return conn->flows[slot];
 }
 
-void td_peer_set_flow(td_peer_t *conn, unsigned cls, struct td_sched_flow *flow)
+void td_peer_set_flow(td_peer_t *conn, unsigned slot, struct td_sched_flow *flow)
 {
-    conn->flows[cls] = flow;
+    conn->flows[slot] = flow;
 }

@@ -25,7 +25,15 @@
  * Once unreferenced it stays until its token bucket has refilled (td_peers_sweep), so closing and
  * reopening nothing resets a rate; a user entry (CURVE) stays for good, since it carries the
  * per-user counters that the metrics report and there is one per allowed key at most.
- * Loop thread only.
+ *
+ * Threads (issue 31): the table — finding, adding and sweeping entries — and a connection's
+ * requests in flight are the transports' thread's (td_path.c identifies every request there,
+ * before it goes to its shard). An entry's other counters are shared by the shards that run the
+ * peer's requests and hold its streams: its references, streams, state bytes, refusals and
+ * reserved reply bytes are atomics, and where a bound applies the check and the count are one
+ * step (td_peer_take_stream, td_peer_state_bytes_charge), so a per-client limit stays exact
+ * however many shards count toward it; its token bucket (and the table's rate) is under a lock,
+ * taken only when a stream is created; each shard has its own scheduler queues in the entry.
  */
 #ifndef TD_PEERS_H
 #define TD_PEERS_H
@@ -50,8 +58,9 @@ typedef struct td_peer td_peer_t;
 
 typedef struct td_peers td_peers_t;
 
-/* TD_ERR_NOMEM when out of memory. */
+/* TD_ERR_NOMEM when out of memory. td_peers_new: for one shard. */
 td_err_t td_peers_new(td_peers_t **out);
+td_err_t td_peers_new_shards(unsigned shards, td_peers_t **out);
 void td_peers_destroy(td_peers_t **self_p);
 
 /* Sets the stream creation rate (per second, 0 = unlimited) used by td_peer_take_token and the
@@ -86,14 +95,19 @@ unsigned td_peer_refs(const td_peer_t *peer);
 bool td_peer_inflight_begin(td_peer_t *conn);
 bool td_peer_inflight_end(td_peer_t *conn);
 unsigned td_peer_inflight(const td_peer_t *conn);
-/* A client's streams: how many it holds; one more (it also references the entry, released with
- * td_peers_release when the stream goes), one fewer. */
+/* A client's streams: how many it holds; one more, unless it holds `max` already (then false,
+ * with the count in *held); one fewer (a stream removed, or one taken for a creation that then
+ * failed). */
 unsigned td_peer_streams(const td_peer_t *client);
-void td_peer_stream_added(td_peer_t *client);
-void td_peer_stream_removed(td_peer_t *client);
-/* The bytes of stream state a client's streams hold (max_state_bytes_per_client), and one of
+bool td_peer_take_stream(td_peer_t *client, unsigned max, unsigned *held);
+void td_peer_give_stream(td_peer_t *client);
+/* One more reference (a stream the client created: released with td_peers_release). */
+void td_peer_hold(td_peer_t *peer);
+/* The bytes of stream state a client's streams hold (max_state_bytes_per_client); `growth` more
+ * unless that passes `max` (0: no bound; then false, with what it holds in *held); and one of
  * them going from `before` to `after` bytes (kept by td_stream.c). */
 size_t td_peer_state_bytes(const td_peer_t *client);
+bool td_peer_state_bytes_charge(td_peer_t *client, size_t growth, size_t max, size_t *held);
 void td_peer_state_bytes_change(td_peer_t *client, size_t before, size_t after);
 /* A user's counters (tallyd_client_*_total): a request read, a request refused by a limit. */
 void td_peer_count_request(td_peer_t *user);
@@ -111,17 +125,19 @@ typedef struct td_reply_meter {
 td_reply_meter_t *td_peer_meter(td_peer_t *conn);
 void td_reply_meter_hold(td_reply_meter_t *meter);
 void td_reply_meter_release(td_reply_meter_t *meter);
-/* A connection's reply bytes reserved for its requests in flight (loop thread): add or remove. */
+/* A connection's reply bytes reserved for its requests in flight (the shards'): add, returning
+ * what was reserved before, or remove. */
 uint64_t td_peer_reserved(const td_peer_t *conn);
-void td_peer_reserve(td_peer_t *conn, uint64_t bytes);
+uint64_t td_peer_reserve(td_peer_t *conn, uint64_t bytes);
 void td_peer_unreserve(td_peer_t *conn, uint64_t bytes);
 
-/* The scheduler's queue of this connection for worker class `cls` (< TD_PEER_FLOWS), or NULL;
- * the scheduler sets it while the queue holds requests (each of which references the entry). */
+/* The scheduler's queue of this connection for worker class `cls` (< TD_PEER_FLOWS) of shard s,
+ * at slot s x TD_PEER_FLOWS + cls, or NULL; the shard's scheduler sets it while the queue holds
+ * requests (each of which references the entry). */
 #define TD_PEER_FLOWS 2
 struct td_sched_flow;
-struct td_sched_flow *td_peer_flow(const td_peer_t *conn, unsigned cls);
-void td_peer_set_flow(td_peer_t *conn, unsigned cls, struct td_sched_flow *flow);
+struct td_sched_flow *td_peer_flow(const td_peer_t *conn, unsigned slot);
+void td_peer_set_flow(td_peer_t *conn, unsigned slot, struct td_sched_flow *flow);
 
 /* Entries in the table, and iteration over the user entries (for the metrics). */
 unsigned td_peers_count(const td_peers_t *self);

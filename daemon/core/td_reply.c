@@ -10,10 +10,13 @@
  * I/O thread), so the counters it touches are atomics: the connection's meter (td_peers.h) and
  * the total here, which lives until after every transport is gone (td_server_destroy).
  *
- * Reservations are loop-thread counters (the connection's in its td_peer_t, the total here):
- * taken when a request is admitted, given back when its reply is handed to its transport. Held
- * bytes are counted before the transport gets them, so they never go below zero whatever thread
- * frees them.
+ * Reservations are counted the same way (the connection's in its td_peer_t, the total here),
+ * since a connection's requests run on every shard (issue 31): taken when a request is admitted,
+ * given back when its reply is handed to its transport. A reservation is added first and taken
+ * back when the sum passes a bound, so the check and the count are one step and two shards never
+ * both fit under a bound that has room for one. Held bytes are counted before the transport gets
+ * them, so they never go below zero whatever thread frees them. The peaks are raised with a
+ * compare-and-swap.
  */
 #include <inttypes.h>
 #include <stdatomic.h>
@@ -25,14 +28,17 @@
 
 struct td_replies {
     const td_config_t *cfg;
-    _Atomic uint64_t held; /* reply bytes held by transports, all connections */
-    uint64_t reserved;     /* loop thread, like the rest: reserved for requests in flight */
-    uint64_t peak_peer;    /* the most one connection has used */
-    uint64_t peak_total;
+    _Atomic uint64_t held;      /* reply bytes held by transports, all connections */
+    _Atomic uint64_t reserved;  /* reserved for requests in flight */
+    _Atomic uint64_t peak_peer; /* the most one connection has used */
+    _Atomic uint64_t peak_total;
 };
 
-/* What reply_freed needs: the bytes, the meters, and the buffer's own free function. */
+/* What reply_freed needs: the bytes, the meters, and the buffer's own free function. Written by
+ * the shard, read by whichever thread the transport frees on (ZeroMQ's I/O thread, after
+ * ZeroMQ's own hand-off); `published` makes that hand-off one a race detector sees too. */
 typedef struct {
+    _Atomic bool published;
     uint64_t bytes;
     td_reply_meter_t *meter; /* a reference; NULL: no per-peer entry */
     _Atomic uint64_t *total;
@@ -47,6 +53,9 @@ td_err_t td_replies_new(const td_config_t *cfg, td_replies_t **out)
         return TD_ERR_NOMEM;
     self->cfg = cfg;
     atomic_init(&self->held, 0);
+    atomic_init(&self->reserved, 0);
+    atomic_init(&self->peak_peer, 0);
+    atomic_init(&self->peak_total, 0);
     *out = self;
     return TD_OK;
 }
@@ -81,18 +90,52 @@ static uint64_t peer_used(const td_peer_t *conn)
     return conn ? meter_held(conn) + td_peer_reserved(conn) : 0;
 }
 
-static uint64_t total_used(const td_replies_t *self)
+static uint64_t total_used(td_replies_t *self)
 {
-    return atomic_load_explicit(&self->held, memory_order_relaxed) + self->reserved;
+    return atomic_load_explicit(&self->held, memory_order_relaxed) +
+           atomic_load_explicit(&self->reserved, memory_order_relaxed);
+}
+
+static void raise_peak(_Atomic uint64_t *peak, uint64_t value)
+{
+    uint64_t seen = atomic_load_explicit(peak, memory_order_relaxed);
+    while (value > seen && !atomic_compare_exchange_weak_explicit(
+                               peak, &seen, value, memory_order_relaxed, memory_order_relaxed))
+        continue;
 }
 
 static void note_peaks(td_replies_t *self, const td_peer_t *conn)
 {
-    uint64_t peer = peer_used(conn), total = total_used(self);
-    if (peer > self->peak_peer)
-        self->peak_peer = peer;
-    if (total > self->peak_total)
-        self->peak_total = total;
+    raise_peak(&self->peak_peer, peer_used(conn));
+    raise_peak(&self->peak_total, total_used(self));
+}
+
+/* Reserves `need` for r's connection, or says it would pass the connection's bound (nothing
+ * reserved then). A connection with nothing outstanding always gets one request through. */
+static bool reserve_peer(td_replies_t *self, td_request_t *r, uint64_t need)
+{
+    if (!r->conn)
+        return true;
+    uint64_t before = td_peer_reserve(r->conn, need) + meter_held(r->conn);
+    if (before > 0 && before + need > td_config_reply_bytes_per_peer(self->cfg)) {
+        td_peer_unreserve(r->conn, need);
+        return false;
+    }
+    return true;
+}
+
+/* The same for all connections together, for a reply that needs a reservation. */
+static bool reserve_total(td_replies_t *self, uint64_t need)
+{
+    if (need == 0)
+        return true;
+    uint64_t before = atomic_fetch_add_explicit(&self->reserved, need, memory_order_relaxed) +
+                      atomic_load_explicit(&self->held, memory_order_relaxed);
+    if (before > 0 && before + need > td_config_reply_bytes(self->cfg)) {
+        atomic_fetch_sub_explicit(&self->reserved, need, memory_order_relaxed);
+        return false;
+    }
+    return true;
 }
 
 td_reply_admit_t td_replies_admit(td_replies_t *self, td_request_t *r)
@@ -100,23 +143,24 @@ td_reply_admit_t td_replies_admit(td_replies_t *self, td_request_t *r)
     if (r->req.opcode == TALLY_OP_PING) /* its reply is a header: always answered */
         return TD_REPLY_ADMITTED;
     uint64_t need = td_reply_need(r);
-    uint64_t peer = peer_used(r->conn);
-    if (r->conn && peer > 0 && peer + need > td_config_reply_bytes_per_peer(self->cfg))
+    if (!reserve_peer(self, r, need))
         return TD_REPLY_OVER_PEER;
-    uint64_t total = total_used(self);
-    if (need > 0 && total > 0 && total + need > td_config_reply_bytes(self->cfg))
+    if (!reserve_total(self, need)) {
+        if (r->conn)
+            td_peer_unreserve(r->conn, need);
         return TD_REPLY_OVER_TOTAL;
+    }
     r->reply_reserved = need;
-    self->reserved += need;
-    if (r->conn)
-        td_peer_reserve(r->conn, need);
-    note_peaks(self, r->conn);
+    if (need)
+        note_peaks(self, r->conn);
     return TD_REPLY_ADMITTED;
 }
 
 static void unreserve(td_replies_t *self, td_request_t *r)
 {
-    self->reserved -= r->reply_reserved;
+    if (!r->reply_reserved)
+        return;
+    atomic_fetch_sub_explicit(&self->reserved, r->reply_reserved, memory_order_relaxed);
     if (r->conn)
         td_peer_unreserve(r->conn, r->reply_reserved);
     r->reply_reserved = 0;
@@ -135,6 +179,7 @@ static void uncount(const ticket_t *t)
 static void reply_freed(void *data, void *hint)
 {
     ticket_t *t = hint;
+    (void)atomic_load_explicit(&t->published, memory_order_acquire);
     uncount(t);
     t->free_fn(data, t->hint);
     free(t);
@@ -169,6 +214,7 @@ static ticket_t *ticket_new(td_replies_t *self, td_request_t *r,
         td_reply_meter_hold(t->meter);
         atomic_fetch_add_explicit(&t->meter->held, t->bytes, memory_order_relaxed);
     }
+    atomic_store_explicit(&t->published, true, memory_order_release);
     return t;
 }
 
@@ -193,15 +239,17 @@ void td_replies_hand(td_replies_t *self, td_request_t *r)
     r->reply_data = NULL; /* the transport's now; reply_len stays for the metrics */
     r->reply_free = NULL;
     r->reply_hint = NULL;
-    note_peaks(self, r->conn);
+    if (t)
+        note_peaks(self, r->conn);
 }
 
 void td_replies_gauges(const td_replies_t *self, td_reply_gauges_t *g)
 {
-    g->held = atomic_load_explicit(&((td_replies_t *)self)->held, memory_order_relaxed);
-    g->reserved = self->reserved;
-    g->peak_peer = self->peak_peer;
-    g->peak_total = self->peak_total;
+    td_replies_t *m = (td_replies_t *)self; /* atomics are read through a non-const pointer */
+    g->held = atomic_load_explicit(&m->held, memory_order_relaxed);
+    g->reserved = atomic_load_explicit(&m->reserved, memory_order_relaxed);
+    g->peak_peer = atomic_load_explicit(&m->peak_peer, memory_order_relaxed);
+    g->peak_total = atomic_load_explicit(&m->peak_total, memory_order_relaxed);
     g->bound_peer = td_config_reply_bytes_per_peer(self->cfg);
     g->bound_total = td_config_reply_bytes(self->cfg);
 }

@@ -6,6 +6,7 @@
  */
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,17 +45,23 @@ td_request_t *td_request_queue_take_all(td_request_queue_t *q)
     return first;
 }
 
+void td_request_reuse(td_request_t *self)
+{
+    memset(self, 0, offsetof(td_request_t, identity)); /* the buffers after it: see there */
+    self->rep.version = TALLY_PROTO_VERSION;
+}
+
 td_request_t *td_request_new(void)
 {
-    td_request_t *self = calloc(1, sizeof *self);
-    if (!self)
-        return NULL;
-    self->rep.version = TALLY_PROTO_VERSION;
+    td_request_t *self = malloc(sizeof *self);
+    if (self)
+        td_request_reuse(self);
     return self;
 }
 
 void td_request_release_input(td_request_t *self)
 {
+    td_bytes_free(&self->arrived);
     td_bytes_free(&self->payload_held);
     free(self->payload_copy);
     self->payload_copy = NULL;
@@ -64,13 +71,18 @@ void td_request_release_input(td_request_t *self)
     td_shm_region_put(&self->shm_out);
 }
 
+void td_request_dispose(td_request_t *self)
+{
+    td_request_release_input(self);
+    td_request_drop_reply(self);
+}
+
 void td_request_destroy(td_request_t **self_p)
 {
     td_request_t *self = *self_p;
     if (!self)
         return;
-    td_request_release_input(self);
-    td_request_drop_reply(self);
+    td_request_dispose(self);
     free(self);
     *self_p = NULL;
 }
@@ -343,14 +355,19 @@ static void execute_scan(td_request_t *self, tk_backend_t *backend, size_t n)
 
 static void execute_hist(td_request_t *self, tk_backend_t *backend, size_t n)
 {
-    memset(&self->hist, 0, sizeof self->hist);
+    /* The thread's own scratch (8 KiB: not on the stack of a worker); only the bins the dtype
+     * uses are zeroed (a u8 batch: 2 KiB of the 8): backends add into them. */
+    static _Thread_local tk_hist_t hist;
+    memset(hist.bins, 0,
+           (size_t)tally_hist_channels(self->req.dtype) * TALLY_HIST_BINS * sizeof(uint64_t));
+    hist.underflow = hist.overflow = 0;
     tally_status_t st = tk_backend_hist(backend, self->req.dtype, self->payload, n, self->req.lo,
-                                        self->req.hi, &self->hist);
+                                        self->req.hi, &hist);
     if (backend_ok(self, backend, st, NULL, "histogram"))
-        td_request_hist_result(self);
+        td_request_hist_result(self, &hist);
 }
 
-void td_request_hist_result(td_request_t *self)
+void td_request_hist_result(td_request_t *self, const tk_hist_t *hist)
 {
     bool ranged = tally_hist_ranged(self->req.dtype);
     size_t values = tally_hist_values(self->req.dtype);
@@ -361,10 +378,10 @@ void td_request_hist_result(td_request_t *self)
         return;
     }
     for (size_t b = 0; b < bins; b++)
-        tally_put_u64(out + 8 * b, self->hist.bins[b]);
+        tally_put_u64(out + 8 * b, hist->bins[b]);
     if (ranged) {
-        tally_put_u64(out + 8 * TALLY_HIST_BINS, self->hist.underflow);
-        tally_put_u64(out + 8 * (TALLY_HIST_BINS + 1), self->hist.overflow);
+        tally_put_u64(out + 8 * TALLY_HIST_BINS, hist->underflow);
+        tally_put_u64(out + 8 * (TALLY_HIST_BINS + 1), hist->overflow);
     }
     td_request_succeed(self, TALLY_DTYPE_U64, out, values * sizeof(uint64_t), values);
     self->rep.aux0 = td_request_elements(self);
@@ -414,10 +431,19 @@ void td_request_execute(td_request_t *self, tk_backend_t *backend)
  * false, with the request failed, when the budget or memory refuses it (nothing changed). */
 static bool apply_hist(td_request_t *self, td_stream_t *stream, size_t n)
 {
+    /* The batch's counts, read back from its reply (td_request_hist_result's layout). */
+    static _Thread_local tk_hist_t hist;
+    const uint8_t *reply = self->reply_data;
+    size_t bins = (size_t)tally_hist_channels(self->req.dtype) * TALLY_HIST_BINS;
+    for (size_t b = 0; b < bins; b++)
+        hist.bins[b] = tally_get_u64(reply + 8 * b);
+    bool ranged = tally_hist_ranged(self->req.dtype);
+    hist.underflow = ranged ? tally_get_u64(reply + 8 * TALLY_HIST_BINS) : 0;
+    hist.overflow = ranged ? tally_get_u64(reply + 8 * (TALLY_HIST_BINS + 1)) : 0;
     char msg[TALLY_ERROR_MESSAGE_MAX];
-    tally_status_t st = td_stream_add_hist(stream, self->req.dtype, self->req.lo, self->req.hi,
-                                           self->hist.bins, self->hist.underflow,
-                                           self->hist.overflow, n, td_clock_ms(), msg, sizeof msg);
+    tally_status_t st =
+        td_stream_add_hist(stream, self->req.dtype, self->req.lo, self->req.hi, hist.bins,
+                           hist.underflow, hist.overflow, n, td_clock_ms(), msg, sizeof msg);
     if (st != TALLY_OK)
         td_request_fail(self, st, "stream '%s': %s; the batch was not applied", stream->name, msg);
     return st == TALLY_OK;

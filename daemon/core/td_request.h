@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "td_mailbox.h"
 #include "td_shm.h"
 #include "td_stream.h"
 #include "tally_ops.h"
@@ -49,8 +50,23 @@ typedef struct td_request {
     /* Envelope: where the reply goes (td_transport.h): the transport, the sender's id (empty:
      * tallyd's own request) and the transport's words. */
     td_transport_t *transport;
-    uint8_t identity[TD_IDENTITY_MAX];
-    size_t identity_len;
+    size_t identity_len; /* of identity, at the end */
+    /* Issue 31: the shard that runs it, and how it travels between threads (td_mailbox.h). The
+     * front (td_path.c) identifies it on the transports' thread and copies its header frame (at
+     * the end; header_len is the frame's length, has_header whether there was one), its request
+     * frames, its payload until the shard takes it (td_request_take_payload), its connection's
+     * share of the in-flight slots and what the connection had in flight with it (td_admit.h);
+     * its shard decodes the header (decoded: it did); the transport's end of its reply. */
+    unsigned shard;
+    td_hop_t hop;
+    bool has_header;
+    size_t header_len;
+    bool decoded;
+    int frames;
+    td_bytes_t arrived;
+    unsigned share;
+    unsigned share_inflight;
+    td_reply_outcome_t outcome;
     uint64_t transport_word;
     void *transport_ctx;
     /* Who sent it (td_peers.h): its connection, held to a share of max_inflight, and its client
@@ -81,7 +97,6 @@ typedef struct td_request {
 
     /* Execution. */
     int64_t carry;        /* scan: carry-in, then carry-out */
-    tk_hist_t hist;       /* hist: this batch's histogram */
     uint64_t kept;        /* filter: elements kept */
     td_placement_t where; /* set by td_sched before the machine runs it */
     bool gpu_failed;      /* the GPU failed it: td_sched reruns it on the CPU */
@@ -100,6 +115,13 @@ typedef struct td_request {
     uint64_t reply_reserved; /* bytes reserved for the reply until it is sent (td_reply.h) */
     /* The reply as its transport sees it, from send_reply until td_reply_end (td_path.c). */
     td_reply_t out;
+
+    /* Last, and not zeroed by td_request_new (issue 31: a small request's memsets were a third
+     * of its instructions on the loop thread, bench/NOTES.md): the sender's id, of which
+     * identity_len bytes are set. A hist's histogram is not kept here: it is the reply's payload
+     * (td_request_hist_result), which apply reads back. */
+    uint8_t identity[TD_IDENTITY_MAX];
+    uint8_t header[TALLY_REQ_HEADER_SIZE]; /* of header_len bytes, at most this many copied */
 } td_request_t;
 
 /* A FIFO of requests linked through their `next`: a stream's FIFO (td_sched.c), a GPU lane's
@@ -119,6 +141,10 @@ td_request_t *td_request_queue_take_all(td_request_queue_t *q);
 /* Allocates an empty request (its reply header's version set). NULL when out of memory. */
 td_request_t *td_request_new(void);
 void td_request_destroy(td_request_t **self_p);
+/* What destroy does but the free: the input and the reply let go (the request, emptied of what it
+ * held, goes back to a pool: td_path.c); td_request_reuse makes it new again. */
+void td_request_dispose(td_request_t *self);
+void td_request_reuse(td_request_t *self);
 /* Frees the payload and gives back the shared-memory regions (payload_len stays): for a request
  * that is done but whose reply waits (td_reply.c). */
 void td_request_release_input(td_request_t *self);
@@ -144,10 +170,10 @@ void td_request_drop_reply(td_request_t *self);
  * is built, for the CPU backend and the GPU pipeline alike (any thread). A filter kept `kept`
  * elements at out, a scan wrote its sums at out and ends with `carry`: when out is the output
  * region (out_ptr) the reply carries only the header, else out is malloc'd or a lent buffer
- * (td_request_lend_reply after) and becomes the reply payload. A hist's bins are in self->hist. */
+ * (td_request_lend_reply after) and becomes the reply payload. A hist's are the counts in hist. */
 void td_request_filter_result(td_request_t *self, void *out, uint64_t kept);
 void td_request_scan_result(td_request_t *self, void *out, int64_t carry);
-void td_request_hist_result(td_request_t *self);
+void td_request_hist_result(td_request_t *self, const tk_hist_t *hist);
 /* A minmax batch's min and max (TK_MINMAX_EMPTY_* for an empty batch: a reply without values). */
 void td_request_minmax_result(td_request_t *self, int64_t min, int64_t max);
 

@@ -17,6 +17,7 @@
  */
 #include <inttypes.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,20 +44,22 @@ typedef struct td_sched_stream {
 } record_t;
 
 typedef struct {
-    unsigned load;
-    unsigned *carry_free; /* carry indices 1..carries-1 not held by a stream */
+    _Atomic unsigned *load; /* in the machine's table: every shard's requests on the lane */
+    unsigned carry_fresh; /* carries base+1 .. base+carry_fresh-1 were handed out once */
+    unsigned *carry_free; /* of them, those given back (grown as needed) */
     unsigned carry_free_count;
+    unsigned carry_free_cap;
 } lane_t;
 
 typedef struct {
-    unsigned load;
+    _Atomic unsigned *load; /* likewise for the device */
     lane_t *lanes;
 } device_t;
 
 /* A peer's queue of requests for one class of worker (deficit round robin, below). */
 typedef struct td_sched_flow {
     td_peer_t *peer; /* NULL: the queue of requests whose connection has no table entry */
-    unsigned cls;
+    unsigned cls;    /* its slot in the entry (td_peer_flow): this shard's class */
     td_request_queue_t queue;
     uint64_t deficit; /* bytes it may still start in its turn */
     bool turn;        /* its turn has begun (its quantum was added) */
@@ -87,6 +90,7 @@ struct td_sched {
     drr_t drr[TD_PEER_FLOWS];
     bool dispatching;    /* dispatch() is running: a nested call only asks it to look again */
     bool dispatch_again;
+    _Atomic unsigned *own_loads; /* the loads table, when the machine has none */
 };
 
 static void advance(td_sched_t *s, record_t *rec);
@@ -136,6 +140,14 @@ static td_request_t *pop(td_sched_t *s, record_t *rec)
 }
 
 /* ---- placement ---------------------------------------------------------------------------- */
+
+/* What is placed on a device or lane by every scheduler of the machine (the shards share the
+ * GPUs: td_sched_machine_t.gpu_loads); the others' counts move meanwhile, which only makes a
+ * choice less exact, never wrong. */
+static unsigned load_of(_Atomic unsigned *load)
+{
+    return atomic_load_explicit(load, memory_order_relaxed);
+}
 
 static bool gpu_usable(const td_sched_t *s)
 {
@@ -211,7 +223,7 @@ static bool lanes_idle(const td_sched_t *s, unsigned device, unsigned lane, unsi
 {
     const device_t *d = &s->devices[device];
     for (unsigned i = 0; i < count; i++)
-        if (d->lanes[(lane + i) % s->machine.gpu_lanes].load)
+        if (load_of(d->lanes[(lane + i) % s->machine.gpu_lanes].load))
             return false;
     return true;
 }
@@ -242,9 +254,10 @@ static unsigned split_pieces(const td_sched_t *s, const td_request_t *r, unsigne
 static void add_load(td_sched_t *s, const td_placement_t *w, int delta)
 {
     device_t *d = &s->devices[w->device];
-    d->load += (unsigned)delta;
+    atomic_fetch_add_explicit(d->load, (unsigned)delta, memory_order_relaxed);
     for (unsigned i = 0; i < lanes_used(s, w->pieces); i++)
-        d->lanes[(w->lane + i) % s->machine.gpu_lanes].load += (unsigned)delta;
+        atomic_fetch_add_explicit(d->lanes[(w->lane + i) % s->machine.gpu_lanes].load,
+                                  (unsigned)delta, memory_order_relaxed);
 }
 
 /* The least loaded lane of the least loaded usable device. */
@@ -255,7 +268,7 @@ static void least_loaded(const td_sched_t *s, unsigned *device, unsigned *lane)
     for (unsigned d = 0; d < s->machine.gpu_devices; d++) {
         if (!s->machine.device_usable(s->machine.ctx, d))
             continue;
-        if (!found || s->devices[d].load < s->devices[best].load)
+        if (!found || load_of(s->devices[d].load) < load_of(s->devices[best].load))
             best = d;
         found = true;
     }
@@ -263,7 +276,7 @@ static void least_loaded(const td_sched_t *s, unsigned *device, unsigned *lane)
     const device_t *dev = &s->devices[best];
     unsigned pick = 0;
     for (unsigned i = 1; i < s->machine.gpu_lanes; i++)
-        if (dev->lanes[i].load < dev->lanes[pick].load)
+        if (load_of(dev->lanes[i].load) < load_of(dev->lanes[pick].load))
             pick = i;
     *device = best;
     *lane = pick;
@@ -273,7 +286,7 @@ static void least_loaded(const td_sched_t *s, unsigned *device, unsigned *lane)
 static bool has_idle_lane(const td_sched_t *s, unsigned d)
 {
     for (unsigned i = 0; i < s->machine.gpu_lanes; i++)
-        if (!s->devices[d].lanes[i].load)
+        if (!load_of(s->devices[d].lanes[i].load))
             return true;
     return false;
 }
@@ -283,7 +296,7 @@ static bool has_idle_lane(const td_sched_t *s, unsigned d)
 static bool owner_busy(const td_sched_t *s, unsigned owner)
 {
     unsigned queue = s->cfg->gpu_peer_queue;
-    return s->cfg->test_gpu_peer_always || (queue && s->devices[owner].load >= queue);
+    return s->cfg->test_gpu_peer_always || (queue && load_of(s->devices[owner].load) >= queue);
 }
 
 /* The GPU that runs a request by device reference (PROTOCOL.md §10, "Which GPU runs it"): the
@@ -303,7 +316,7 @@ static unsigned region_device(const td_sched_t *s, const td_request_t *r, unsign
     for (unsigned d = 0; d < s->machine.gpu_devices && d < 32; d++) {
         if (!((peers >> d) & 1u) || (!s->cfg->test_gpu_peer_always && !has_idle_lane(s, d)))
             continue;
-        if (best == owner || s->devices[d].load < s->devices[best].load)
+        if (best == owner || load_of(s->devices[d].load) < load_of(s->devices[best].load))
             best = d;
     }
     return best;
@@ -335,7 +348,7 @@ static void place_first(td_sched_t *s, td_request_t *r, record_t *rec)
         const device_t *dev = &s->devices[w->device];
         w->lane = 0;
         for (unsigned i = 1; i < s->machine.gpu_lanes; i++)
-            if (dev->lanes[i].load < dev->lanes[w->lane].load)
+            if (load_of(dev->lanes[i].load) < load_of(dev->lanes[w->lane].load))
                 w->lane = i;
     }
     w->carry_upload = true;
@@ -343,14 +356,16 @@ static void place_first(td_sched_t *s, td_request_t *r, record_t *rec)
     if (!rec)
         return;
     lane_t *l = &s->devices[w->device].lanes[w->lane];
-    if (!l->carry_free_count) { /* cannot happen: carries = max_inflight + 1 */
+    if (!l->carry_free_count && l->carry_fresh >= s->machine.gpu_carries) {
+        /* cannot happen: a shard's carries = max_inflight + 1 */
         td_err("GPU lane out of scan carries; stream '%s' runs unpinned", rec->stream->name);
         return;
     }
     rec->pinned = true;
     rec->device = w->device;
     rec->lane = w->lane;
-    rec->carry_index = l->carry_free[--l->carry_free_count];
+    rec->carry_index = l->carry_free_count ? l->carry_free[--l->carry_free_count]
+                                           : s->machine.gpu_carry_base + l->carry_fresh++;
     w->carry_index = rec->carry_index;
 }
 
@@ -374,8 +389,16 @@ static void unpin(td_sched_t *s, record_t *rec)
     if (!rec->pinned)
         return;
     lane_t *l = &s->devices[rec->device].lanes[rec->lane];
-    l->carry_free[l->carry_free_count++] = rec->carry_index;
     rec->pinned = false;
+    if (l->carry_free_count == l->carry_free_cap) {
+        unsigned cap = l->carry_free_cap ? 2 * l->carry_free_cap : 64;
+        unsigned *grown = realloc(l->carry_free, cap * sizeof *grown);
+        if (!grown) /* out of memory: the carry is not handed out again (one int64 of 65,536) */
+            return;
+        l->carry_free = grown;
+        l->carry_free_cap = cap;
+    }
+    l->carry_free[l->carry_free_count++] = rec->carry_index;
 }
 
 /* Runs on the loop thread rather than a worker: a tiny batch is cheaper there than two thread
@@ -436,15 +459,16 @@ static flow_t *flow_of(td_sched_t *s, td_peer_t *peer, unsigned cls)
 {
     if (!peer)
         return &s->drr[cls].anonymous;
-    flow_t *f = td_peer_flow(peer, cls);
+    unsigned slot = s->host.shard * TD_PEER_FLOWS + cls;
+    flow_t *f = td_peer_flow(peer, slot);
     if (f)
         return f;
     f = calloc(1, sizeof *f);
     if (!f)
         return &s->drr[cls].anonymous; /* out of memory: shares the anonymous queue */
     f->peer = peer;
-    f->cls = cls;
-    td_peer_set_flow(peer, cls, f);
+    f->cls = slot;
+    td_peer_set_flow(peer, slot, f);
     return f;
 }
 
@@ -459,7 +483,7 @@ static void flow_retire(drr_t *d, flow_t *f)
     f->turn = false;
     if (f == &d->anonymous)
         return;
-    td_peer_set_flow(f->peer, f->cls, NULL);
+    td_peer_set_flow(f->peer, f->cls, NULL); /* cls: its slot */
     free(f);
 }
 
@@ -871,17 +895,21 @@ static td_err_t devices_new(td_sched_t *s)
     s->devices = calloc(m->gpu_devices, sizeof *s->devices);
     if (!s->devices)
         return TD_ERR_NOMEM;
+    _Atomic unsigned *loads = m->gpu_loads;
+    if (!loads) { /* a machine of its own (the tests'): the scheduler keeps the table */
+        loads = s->own_loads = calloc((size_t)m->gpu_devices * (1 + m->gpu_lanes), sizeof *loads);
+        if (!loads)
+            return TD_ERR_NOMEM;
+    }
     for (unsigned d = 0; d < m->gpu_devices; d++) {
+        _Atomic unsigned *row = loads + (size_t)d * (1 + m->gpu_lanes);
+        s->devices[d].load = row;
         s->devices[d].lanes = calloc(m->gpu_lanes, sizeof *s->devices[d].lanes);
         if (!s->devices[d].lanes)
             return TD_ERR_NOMEM;
         for (unsigned i = 0; i < m->gpu_lanes; i++) {
-            lane_t *l = &s->devices[d].lanes[i];
-            l->carry_free = calloc(m->gpu_carries ? m->gpu_carries : 1, sizeof *l->carry_free);
-            if (!l->carry_free)
-                return TD_ERR_NOMEM;
-            for (unsigned c = m->gpu_carries; c-- > 1;) /* low indices handed out first */
-                l->carry_free[l->carry_free_count++] = c;
+            s->devices[d].lanes[i].load = row + 1 + i;
+            s->devices[d].lanes[i].carry_fresh = 1; /* low indices handed out first */
         }
     }
     return TD_OK;
@@ -925,6 +953,7 @@ void td_sched_destroy(td_sched_t **self_p)
         free(s->devices[d].lanes);
     }
     free(s->devices);
+    free(s->own_loads);
     free(s);
     *self_p = NULL;
 }

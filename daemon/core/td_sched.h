@@ -33,7 +33,11 @@
  *     TD_SCHED_CPU_AHEAD) or the lanes (gpu_lane_depth each) are full, and the queues take turns
  *     by bytes (deficit round robin, TD_SCHED_QUANTUM, td_config.h); a stream has at most one
  *     request in such a queue, and its next waits until that one has its lane, so a stream's
- *     order holds; a tiny CPU batch runs at once on the loop thread;
+ *     order holds; a tiny CPU batch runs at once on the loop thread (its shard's). With shards
+ *     (issue 31) each has its own scheduler: the turns are between the connections whose
+ *     requests that shard runs, and each shard fills the workers and lanes up to these bounds
+ *     on its own (so with N shards up to N times as much waits on the shared machine); the
+ *     placement on the lanes sees every shard's load (gpu_loads);
  *   - backpressure: every request counts against max_inflight from the moment it is read until
  *     it is answered; the server stops reading at the limit;
  *   - stopping: nothing new starts; a waiting request is answered `shutdown` once nothing of its
@@ -48,6 +52,7 @@
 #ifndef TD_SCHED_H
 #define TD_SCHED_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -66,6 +71,14 @@ typedef struct {
     unsigned gpu_devices;
     unsigned gpu_lanes;      /* per device */
     unsigned gpu_carries;    /* device scan carries per lane; index 0 is for stateless requests */
+    /* This scheduler hands out carries gpu_carry_base + 1 .. gpu_carry_base + gpu_carries - 1 (the
+     * shards share the lanes, each with a range of its own: td_exec_port_machine). */
+    unsigned gpu_carry_base;
+    /* What is placed on each device and lane and not back, shared by every scheduler on the
+     * machine (the shards': their placement is the least loaded lane of all, and a device's
+     * queue for the peer rule counts every shard's requests): gpu_devices x (1 + gpu_lanes)
+     * counters, a device's then its lanes'. NULL: the scheduler keeps its own. */
+    _Atomic unsigned *gpu_loads;
     size_t gpu_buffer_bytes; /* the most a lane's buffers hold of one batch (whole) */
     /* How much work is handed to the machine at once; the rest waits in the peers' queues, which
      * take turns (deficit round robin): requests on the CPU workers, cpu_workers (+
@@ -99,6 +112,7 @@ typedef struct {
     /* A stream nothing refers to any more that is not live (td_stream_t's life: deleted, or
      * created by requests that all failed): forget its name (and free it). */
     void (*forget)(void *owner, td_stream_t *stream);
+    unsigned shard; /* its queues in the per-peer entries: td_peer_flow's slots of this shard */
 } td_sched_host_t;
 
 /* cfg is the live configuration (max_inflight may be reloaded); metrics for the fallbacks and

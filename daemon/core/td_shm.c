@@ -44,7 +44,8 @@
  * total (pinned memory is a host resource) answer `quota`.
  *
  * Lifetime: a region holds one reference for its connection and one per request using it
- * (td_shm_resolve, released in td_request_destroy). Closing the connection or releasing the
+ * (td_shm_resolve, released in td_request_destroy, on the request's shard: the table is shared
+ * by the shards under its lock, td_shm_int.h). Closing the connection or releasing the
  * region drops the first; the last one unregisters it from the GPU and unmaps it. So a producer
  * that dies with requests in flight cannot pull the pages from under the GPU: they stay mapped
  * until those requests have been answered.
@@ -227,6 +228,14 @@ td_err_t td_shm_new(const td_shm_env_t *env, td_shm_t **out)
         return TD_ERR_NOMEM;
     shm->env = *env;
     shm->listen_fd = shm->lock_fd = -1;
+    pthread_mutexattr_t recursive;
+    if (pthread_mutexattr_init(&recursive) != 0 ||
+        pthread_mutexattr_settype(&recursive, PTHREAD_MUTEX_RECURSIVE) != 0 ||
+        pthread_mutex_init(&shm->lock, &recursive) != 0) {
+        free(shm);
+        return TD_ERR_LIBRARY;
+    }
+    pthread_mutexattr_destroy(&recursive);
     if (cfg->shm_socket)
         snprintf(shm->path, sizeof shm->path, "%s", cfg->shm_socket);
     else
@@ -239,6 +248,7 @@ td_err_t td_shm_new(const td_shm_env_t *env, td_shm_t **out)
             uv_run(env->loop, UV_RUN_NOWAIT);
         }
         release_socket(shm);
+        pthread_mutex_destroy(&shm->lock);
         free(shm);
         /* Another tallyd's side channel is never taken over, nor silently done without: the
          * operator asked for two daemons on one path. Other failures of the default path
@@ -292,6 +302,7 @@ void td_shm_destroy(td_shm_t **self_p)
     while (shm->regions)
         td_shm_region_free(shm, shm->regions);
     release_socket(shm);
+    pthread_mutex_destroy(&shm->lock);
     free(shm);
     *self_p = NULL;
 }

@@ -7,6 +7,7 @@
 #ifndef TD_SHM_INT_H
 #define TD_SHM_INT_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/socket.h>
@@ -62,6 +63,11 @@ struct td_shm {
     unsigned refused_unlogged;  /* refusals since, not logged */
     td_shm_conn_t *conns;
     unsigned conn_count;
+    /* The region table is shared by the shards (issue 31): they resolve references and drop
+     * them on their threads. Under this lock (recursive: a detach inside a walk of the table):
+     * the list, the counts below, every region's refs, registering and conn. A region's other
+     * fields are set before it is findable (registering keeps it out of reach until then). */
+    pthread_mutex_t lock;
     td_shm_region_t *regions; /* attached and detached-but-referenced */
     unsigned region_count;
     uint64_t region_bytes;
@@ -71,17 +77,23 @@ struct td_shm {
 
 /* ---- td_shm_regions.c --------------------------------------------------------------------- */
 
-/* Frees a region whose last reference is gone (unregisters it from the GPU, unmaps it). */
+/* Frees a region whose last reference is gone (unregisters it from the GPU, unmaps it); lock
+ * held. */
 void td_shm_region_free(td_shm_t *shm, td_shm_region_t *region);
 /* The connection lets go of a region: new requests can no longer find it. */
 void td_shm_region_detach(td_shm_region_t *region);
-/* An attached, usable region by handle, or NULL. */
+/* An attached, usable region by handle, or NULL; lock held. */
 td_shm_region_t *td_shm_find_region(td_shm_t *shm, uint64_t handle);
-/* Adds a region registered by c for the routing id of m (one reference, c's), counted in the
- * quotas from now on; NULL when out of memory. A device region's handle has
- * TALLY_SHM_DEVICE_HANDLE_BIT set, a host region's never. */
+/* Adds a region registered by c for the routing id of m (one reference, c's; two while
+ * `registering`, the worker's too), counted in the quotas from now on; NULL when out of memory.
+ * A device region's handle has TALLY_SHM_DEVICE_HANDLE_BIT set, a host region's never. */
 td_shm_region_t *td_shm_region_add(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_msg_t *m,
-                                   uint8_t *base, size_t size, bool writable, bool device);
+                                   uint8_t *base, size_t size, bool writable, bool device,
+                                   bool registering);
+/* A registration on a worker is over: the region can be found (failed: import NULL first). */
+void td_shm_region_ready(td_shm_region_t *region, bool failed);
+void td_shm_lock(td_shm_t *shm);
+void td_shm_unlock(td_shm_t *shm);
 /* Checks the descriptor and maps it. TALLY_OK with *base, *size and *writable set. */
 tally_status_t td_shm_map_memfd(int fd, uint8_t **base, size_t *size, bool *writable, char *why,
                                 size_t cap);

@@ -51,23 +51,51 @@ bool td_shm_region_direct(const td_shm_region_t *region)
     return region && region->device_registered;
 }
 
+void td_shm_lock(td_shm_t *shm)
+{
+    pthread_mutex_lock(&shm->lock);
+}
+
+void td_shm_unlock(td_shm_t *shm)
+{
+    pthread_mutex_unlock(&shm->lock);
+}
+
+/* Any thread (a request's shard, the loop thread): the last reference frees the region there.
+ * The GPU engine's unregister and release are thread-safe (CUDA's calls are; the simulated and
+ * fault engines keep no shared state for them). */
 void td_shm_region_put(td_shm_region_t **region_p)
 {
     td_shm_region_t *region = *region_p;
     if (!region)
         return;
     *region_p = NULL;
+    td_shm_t *shm = region->shm;
+    td_shm_lock(shm);
     if (--region->refs == 0)
-        td_shm_region_free(region->shm, region);
+        td_shm_region_free(shm, region);
+    td_shm_unlock(shm);
 }
 
 /* The connection lets go of a region: new requests can no longer find it. */
 void td_shm_region_detach(td_shm_region_t *region)
 {
+    td_shm_t *shm = region->shm;
+    td_shm_lock(shm);
     if (region->conn)
         region->conn->regions--;
     region->conn = NULL;
     td_shm_region_put(&region);
+    td_shm_unlock(shm);
+}
+
+void td_shm_region_ready(td_shm_region_t *region, bool failed)
+{
+    td_shm_lock(region->shm);
+    if (failed)
+        region->import = NULL; /* nothing to release */
+    region->registering = false;
+    td_shm_unlock(region->shm);
 }
 
 td_shm_region_t *td_shm_find_region(td_shm_t *shm, uint64_t handle)
@@ -92,17 +120,20 @@ static uint64_t new_handle(td_shm_t *shm, bool device)
 }
 
 td_shm_region_t *td_shm_region_add(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_msg_t *m,
-                                   uint8_t *base, size_t size, bool writable, bool device)
+                                   uint8_t *base, size_t size, bool writable, bool device,
+                                   bool registering)
 {
     td_shm_region_t *r = calloc(1, sizeof *r);
     if (!r)
         return NULL;
+    td_shm_lock(shm);
     *r = (td_shm_region_t){.handle = new_handle(shm, device),
                            .base = base,
                            .size = size,
                            .writable = writable,
                            .device = device,
-                           .refs = 1,
+                           .registering = registering,
+                           .refs = registering ? 2 : 1,
                            .conn = c,
                            .shm = shm,
                            .id_len = m->id_len};
@@ -115,6 +146,7 @@ td_shm_region_t *td_shm_region_add(td_shm_t *shm, td_shm_conn_t *c, const tally_
     shm->device_bytes += device ? size : 0;
     c->regions++;
     c->registered = true; /* the register timeout is over for c */
+    td_shm_unlock(shm);
     return r;
 }
 
@@ -129,21 +161,22 @@ bool td_shm_region_device(const td_shm_region_t *region, unsigned *gpu, void **i
 
 void td_shm_device_gauges(const td_shm_t *shm, unsigned *regions, uint64_t *bytes)
 {
-    *regions = shm ? shm->device_count : 0;
-    *bytes = shm ? shm->device_bytes : 0;
+    *regions = 0;
+    *bytes = 0;
+    if (!shm)
+        return;
+    td_shm_lock((td_shm_t *)shm);
+    *regions = shm->device_count;
+    *bytes = shm->device_bytes;
+    td_shm_unlock((td_shm_t *)shm);
 }
 
-tally_status_t td_shm_resolve(td_shm_t *shm, const uint8_t *id, size_t id_len, uint64_t handle,
-                              uint64_t offset, uint64_t length, bool output,
-                              td_shm_region_t **region, uint8_t **ptr, char *msg, size_t msg_cap)
+static tally_status_t resolve_locked(td_shm_t *shm, const uint8_t *id, size_t id_len,
+                                     uint64_t handle, uint64_t offset, uint64_t length, bool output,
+                                     td_shm_region_t **region, uint8_t **ptr, char *msg,
+                                     size_t msg_cap)
 {
     const char *what = output ? "output" : "input";
-    *region = NULL;
-    *ptr = NULL;
-    if (!shm) {
-        snprintf(msg, msg_cap, "shared memory is off in this tallyd");
-        return TALLY_E_BAD_REF;
-    }
     td_shm_region_t *r = td_shm_find_region(shm, handle);
     if (!r && (handle & TALLY_SHM_DEVICE_HANDLE_BIT) && !shm->env.dev_import) {
         snprintf(msg, msg_cap,
@@ -181,10 +214,33 @@ tally_status_t td_shm_resolve(td_shm_t *shm, const uint8_t *id, size_t id_len, u
     return TALLY_OK;
 }
 
+tally_status_t td_shm_resolve(td_shm_t *shm, const uint8_t *id, size_t id_len, uint64_t handle,
+                              uint64_t offset, uint64_t length, bool output,
+                              td_shm_region_t **region, uint8_t **ptr, char *msg, size_t msg_cap)
+{
+    *region = NULL;
+    *ptr = NULL;
+    if (!shm) {
+        snprintf(msg, msg_cap, "shared memory is off in this tallyd");
+        return TALLY_E_BAD_REF;
+    }
+    td_shm_lock(shm);
+    tally_status_t st =
+        resolve_locked(shm, id, id_len, handle, offset, length, output, region, ptr, msg, msg_cap);
+    td_shm_unlock(shm);
+    return st;
+}
+
 void td_shm_gauges(const td_shm_t *shm, unsigned *regions, uint64_t *bytes)
 {
-    *regions = shm ? shm->region_count : 0;
-    *bytes = shm ? shm->region_bytes : 0;
+    *regions = 0;
+    *bytes = 0;
+    if (!shm)
+        return;
+    td_shm_lock((td_shm_t *)shm);
+    *regions = shm->region_count;
+    *bytes = shm->region_bytes;
+    td_shm_unlock((td_shm_t *)shm);
 }
 
 /* Checks the descriptor (a sealed, non-empty memfd) and maps it. */

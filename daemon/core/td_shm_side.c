@@ -186,8 +186,8 @@ static void register_after(uv_work_t *work, int status)
     (void)status;
     td_shm_region_t *r = work->data;
     free(work);
-    r->registering = false;
-    td_shm_conn_t *c = r->conn;
+    td_shm_region_ready(r, false);
+    td_shm_conn_t *c = r->conn; /* the loop thread's: only it detaches */
     if (c) {
         c->registering = false;
         if (!answer_registered(c, r) || !watch_conn(c))
@@ -197,19 +197,15 @@ static void register_after(uv_work_t *work, int status)
 }
 
 /* Hands the GPU registration to a worker; false when it cannot be queued (then the caller
- * answers at once with the region unregistered: the GPU copies through staging). The region
- * holds one more reference until register_after. */
+ * registers it here). The region (added registering, with the worker's reference) holds that
+ * reference until register_after. */
 static bool start_device_register(td_shm_t *shm, td_shm_conn_t *c, td_shm_region_t *r)
 {
     uv_work_t *work = calloc(1, sizeof *work);
     if (!work)
         return false;
     work->data = r;
-    r->registering = true;
-    r->refs++;
     if (uv_queue_work(shm->env.loop, work, register_work, register_after) != 0) {
-        r->registering = false;
-        r->refs--;
         free(work);
         return false;
     }
@@ -228,11 +224,14 @@ static bool quota_refused(td_shm_t *shm, td_shm_conn_t *c, uint8_t op, uint64_t 
                      cfg->shm_max_regions_per_peer);
         return true;
     }
-    if (size > cfg->shm_max_bytes || shm->region_bytes > cfg->shm_max_bytes - size) {
+    td_shm_lock(shm);
+    uint64_t registered = shm->region_bytes;
+    td_shm_unlock(shm);
+    if (size > cfg->shm_max_bytes || registered > cfg->shm_max_bytes - size) {
         *ok = answer(c, op, TALLY_E_QUOTA, 0, 0,
                      "a region of %" PRIu64 " bytes would exceed shm_max_bytes (%zu; %" PRIu64
                      " registered)",
-                     size, cfg->shm_max_bytes, shm->region_bytes);
+                     size, cfg->shm_max_bytes, registered);
         return true;
     }
     return false;
@@ -259,16 +258,20 @@ static bool do_register(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_msg_t *
         munmap(base, size);
         return ok;
     }
-    td_shm_region_t *r = td_shm_region_add(shm, c, m, base, size, writable, false);
+    bool pin = shm->env.region_register != NULL;
+    td_shm_region_t *r = td_shm_region_add(shm, c, m, base, size, writable, false, pin);
     if (!r) {
         munmap(base, size);
         return answer(c, m->op, TALLY_E_INTERNAL, 0, 0, "out of memory");
     }
-    if (shm->env.region_register) {
+    if (pin) {
         if (start_device_register(shm, c, r))
             return true; /* answered by register_after once the worker is done */
         /* No worker to be had: pin it here rather than not at all. */
         r->device_registered = shm->env.region_register(shm->env.ctx, base, size, !writable);
+        td_shm_region_ready(r, false);
+        td_shm_region_t *worker = r; /* the worker's reference, that no worker holds */
+        td_shm_region_put(&worker);
     }
     return answer_registered(c, r);
 }
@@ -310,11 +313,10 @@ static void dev_import_after(uv_work_t *work, int status)
     (void)status;
     dev_import_work_t *w = work->data;
     td_shm_region_t *r = w->region;
-    td_shm_conn_t *c = r->conn;
-    r->registering = false;
+    td_shm_conn_t *c = r->conn; /* the loop thread's: only it detaches */
+    td_shm_region_ready(r, w->status != TALLY_OK);
     if (w->status != TALLY_OK) {
         close(w->fd);
-        r->import = NULL; /* nothing to release */
         if (c)
             td_shm_region_detach(r); /* the connection's reference; the worker's follows */
     } else if (c) {
@@ -355,7 +357,7 @@ static bool do_register_device(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_
     dev_import_work_t *w = calloc(1, sizeof *w);
     bool writable = (m->dev_flags & TALLY_SHM_DEV_OUTPUT) != 0;
     td_shm_region_t *r =
-        w ? td_shm_region_add(shm, c, m, NULL, (size_t)m->dev_size, writable, true) : NULL;
+        w ? td_shm_region_add(shm, c, m, NULL, (size_t)m->dev_size, writable, true, true) : NULL;
     if (!r) {
         free(w);
         close(fd);
@@ -369,11 +371,11 @@ static bool do_register_device(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_
         memcpy(w->event_bytes, m->event, sizeof w->event_bytes);
         w->event = w->event_bytes;
     }
-    r->registering = true;
-    r->refs++; /* the worker's, until dev_import_after */
+    /* registering, with the worker's reference until dev_import_after */
     if (uv_queue_work(shm->env.loop, &w->work, dev_import_work, dev_import_after) != 0) {
-        r->registering = false;
-        r->refs--;
+        td_shm_region_ready(r, true);
+        td_shm_region_t *worker = r;
+        td_shm_region_put(&worker);
         td_shm_region_detach(r);
         free(w);
         close(fd);
@@ -386,12 +388,16 @@ static bool do_register_device(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_
 
 static bool do_release(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_msg_t *m)
 {
+    td_shm_lock(shm);
     td_shm_region_t *r = td_shm_find_region(shm, m->handle);
-    if (!r || r->conn != c)
+    bool mine = r && r->conn == c;
+    uint64_t size = mine ? r->size : 0;
+    if (mine)
+        td_shm_region_detach(r);
+    td_shm_unlock(shm);
+    if (!mine)
         return answer(c, m->op, TALLY_E_BAD_REF, m->handle, 0,
                       "handle %016" PRIx64 " is not a region of this connection", m->handle);
-    uint64_t size = r->size;
-    td_shm_region_detach(r);
     return answer(c, m->op, TALLY_OK, m->handle, size, NULL);
 }
 
@@ -413,11 +419,13 @@ void td_shm_conn_close(td_shm_t *shm, td_shm_conn_t *c)
         }
     }
     shm->conn_count--;
+    td_shm_lock(shm); /* no shard frees a region of the walk meanwhile */
     for (td_shm_region_t *r = shm->regions, *next; r; r = next) {
         next = r->next; /* region_detach may free r */
         if (r->conn == c)
             td_shm_region_detach(r);
     }
+    td_shm_unlock(shm);
     td_debug("shm: side connection of pid %d closed", (int)c->cred.pid);
     stop_reading(c->fd);
     uv_poll_stop(&c->poll);

@@ -16,6 +16,18 @@
  * a stream is not created, and a hist that would grow one is not applied, past either. These
  * are the sizes tallyd asks malloc for; the allocator's own overhead (8 to 16 bytes per
  * allocation, a few per stream) is not in them.
+ *
+ * Parts (issue 31): tallyd's whole table is made of one part per shard (td_streams_new_parts);
+ * a stream lives in the part td_stream_shard names (the published FNV-1a 64 of its name, so it
+ * never moves while tallyd runs), and each part is touched only by its shard's thread. What the
+ * parts share is the budget: the stream count (max_streams), the bytes (max_state_bytes), the
+ * order of creation, kept in atomics and charged before anything grows (a check and its charge
+ * are one step, so two shards never both take the last byte or the last stream: the limits stay
+ * exact). A table made by td_streams_new is a whole of one part, which is itself. The whole's
+ * operations by name (find, get, remove) go to the name's part; td_streams_first and
+ * td_streams_next walk every part in creation order. A thread other than the shards' reads or
+ * changes the whole only while td_streams_hold holds it (the shards stopped at a barrier,
+ * td_path.c); the budget's counters may be read at any time.
  */
 #ifndef TD_STREAM_H
 #define TD_STREAM_H
@@ -74,15 +86,6 @@ typedef struct td_stream {
     bool fleet_dirty;
     /* Changed since the last state snapshot took it (td_state.h): its record is due. */
     bool state_dirty;
-    /* Requests that named the stream (for per-stream metrics). */
-    uint64_t requests;
-    /* When a request last changed it (applied, reset): the window clock (td_clock_ms); 0 when
-     * nothing has since tallyd started. The web page's "last update". */
-    uint64_t updated_ms;
-    /* Sequence numbers (PROTOCOL.md, "Sequence numbers"): info.last_seq is the last one applied;
-     * seq_admitted the last one started, which runs ahead of it while GPU-pipelined requests are
-     * in flight (it equals info.last_seq whenever nothing is). */
-    uint64_t seq_admitted;
     /* Whether clients can see it yet (PROTOCOL.md §5 "Streams": a failed request has no
      * effect, so it creates no stream). TD_STREAM_NEW: created by a filter, scan or hist that
      * is not applied yet; TD_STREAM_DELETED: deleted while requests queued behind the delete
@@ -90,6 +93,17 @@ typedef struct td_stream {
      * request was applied to it meanwhile (that makes it TD_STREAM_LIVE); a query, reset or
      * delete that reaches it meanwhile gets unknown_stream. */
     td_stream_life_t life;
+    /* Requests that named the stream (for per-stream metrics). */
+    uint64_t requests;
+    /* Its place in the order of creation, across the parts (td_streams_next). */
+    uint64_t created;
+    /* When a request last changed it (applied, reset): the window clock (td_clock_ms); 0 when
+     * nothing has since tallyd started. The web page's "last update". */
+    uint64_t updated_ms;
+    /* Sequence numbers (PROTOCOL.md, "Sequence numbers"): info.last_seq is the last one applied;
+     * seq_admitted the last one started, which runs ahead of it while GPU-pipelined requests are
+     * in flight (it equals info.last_seq whenever nothing is). */
+    uint64_t seq_admitted;
     /* The client that created it (td_peers.h; a reference, counted in its `streams` and its
      * state bytes), NULL for a stream restored from the state file. */
     struct td_peer *owner;
@@ -106,7 +120,21 @@ typedef struct td_stream {
 
 /* TD_ERR_NOMEM when out of memory. */
 td_err_t td_streams_new(unsigned max_streams, td_streams_t **out);
+/* The whole table of `parts` parts (one per shard, 1 to TD_SHARDS_LIMIT), sharing one budget;
+ * with one part, the part itself. */
+td_err_t td_streams_new_parts(unsigned parts, unsigned max_streams, td_streams_t **out);
+/* Destroys a whole with its parts (not a part on its own). */
 void td_streams_destroy(td_streams_t **self_p);
+/* The parts of a whole (1 for a table of one part), and part i. */
+unsigned td_streams_parts(const td_streams_t *self);
+td_streams_t *td_streams_part(td_streams_t *self, unsigned i);
+/* The whole is read (or changed) by a thread other than its parts' shards: between
+ * td_streams_hold and td_streams_release the shards are stopped (nested holds count; a table
+ * without a hook installed holds nothing: one part, on the caller's thread). */
+void td_streams_hold(td_streams_t *self);
+void td_streams_release(td_streams_t *self);
+typedef void (*td_streams_hold_fn)(void *ctx, bool hold);
+void td_streams_set_hold(td_streams_t *self, td_streams_hold_fn hold, void *ctx);
 
 /* NULL when no stream of that name exists. */
 td_stream_t *td_streams_find(td_streams_t *self, const char *name, size_t len);
@@ -137,10 +165,16 @@ void td_streams_set_max(td_streams_t *self, unsigned max_streams);
 void td_streams_set_budget(td_streams_t *self, size_t max_bytes, size_t max_bytes_per_client);
 /* Bytes allocated for stream state: every stream's td_stream_bytes plus the hash buckets. */
 size_t td_streams_bytes(const td_streams_t *self);
-/* Iteration in creation order: for (s = td_streams_first(t); s; s = s->list_next). */
+/* Iteration in creation order, over every part: for (s = td_streams_first(t); s;
+ * s = td_streams_next(t, s)); one walk of a whole at a time (it keeps a place in each part), and
+ * the walk must not remove streams. */
 td_stream_t *td_streams_first(td_streams_t *self);
-/* Frees, in up to `max` streams from where the last call stopped, the window slots that have
- * left the ring at now_ms, so a stream gone quiet gives its intervals back without a batch. */
+td_stream_t *td_streams_next(td_streams_t *self, const td_stream_t *stream);
+/* Streams and bytes of one part (a shard's, for its metrics). */
+unsigned td_streams_part_count(const td_streams_t *part);
+size_t td_streams_part_bytes(const td_streams_t *part);
+/* Frees, in up to `max` streams of a part from where the last call stopped, the window slots that
+ * have left the ring at now_ms, so a stream gone quiet gives its intervals back without a batch. */
 void td_streams_sweep(td_streams_t *self, uint64_t now_ms, unsigned max);
 
 /* Change tracking for incremental snapshots (td_state.h): on, every stream removed from now on

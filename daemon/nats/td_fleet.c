@@ -25,6 +25,7 @@
 #include "td_fleet_plan.h"
 #include "td_log.h"
 #include "td_nats_js.h"
+#include "td_stream.h"
 
 /* ---- Settings ---------------------------------------------------------------------------- */
 
@@ -82,7 +83,9 @@ static void on_async(uv_async_t *h)
     pthread_mutex_unlock(&f->mu);
     if (!job)
         return;
+    td_streams_hold(f->host.streams); /* the jobs read and change the table: shards stopped */
     job->fn(f, job->arg);
+    td_streams_release(f->host.streams);
     pthread_mutex_lock(&f->mu);
     job->done = true;
     pthread_cond_broadcast(&f->cond);

@@ -88,12 +88,14 @@ static void list_on_loop(td_fleet_t *f, void *arg)
 {
     table_job_t *j = arg;
     size_t n = 0;
-    for (td_stream_t *s = td_streams_first(f->host.streams); s; s = s->list_next)
+    for (td_stream_t *s = td_streams_first(f->host.streams); s;
+         s = td_streams_next(f->host.streams, s))
         n += in_partition(s, j);
     j->names = calloc(n + 1, sizeof *j->names);
     if (!j->names)
         return;
-    for (td_stream_t *s = td_streams_first(f->host.streams); s; s = s->list_next)
+    for (td_stream_t *s = td_streams_first(f->host.streams); s;
+         s = td_streams_next(f->host.streams, s))
         if (in_partition(s, j))
             memcpy(j->names[j->count++], s->name, s->name_len);
 }

@@ -53,7 +53,8 @@ static void collect_on_loop(td_fleet_t *f, void *arg)
     watch_job_t *j = arg;
     size_t taken = 0;
     uint64_t now = td_clock_ms();
-    for (td_stream_t *s = td_streams_first(f->host.streams); s; s = s->list_next) {
+    for (td_stream_t *s = td_streams_first(f->host.streams); s;
+         s = td_streams_next(f->host.streams, s)) {
         if (!s->fleet_dirty)
             continue;
         uint32_t k = tally_partition(s->name, s->name_len, f->partitions);
@@ -145,7 +146,8 @@ void td_fleet_watch_flush(td_fleet_t *f, uint32_t k)
 static void mark_on_loop(td_fleet_t *f, void *arg)
 {
     uint32_t k = *(const uint32_t *)arg;
-    for (td_stream_t *s = td_streams_first(f->host.streams); s; s = s->list_next)
+    for (td_stream_t *s = td_streams_first(f->host.streams); s;
+         s = td_streams_next(f->host.streams, s))
         if (tally_partition(s->name, s->name_len, f->partitions) == k)
             s->fleet_dirty = true;
 }

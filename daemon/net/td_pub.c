@@ -73,7 +73,8 @@ void td_pub_tick(td_pub_t *p)
         publish(p, d->name, d->len, TALLY_PUB_DELETED, NULL, 0, now);
         free(d);
     }
-    for (td_stream_t *s = td_streams_first(p->streams); s; s = s->list_next) {
+    td_streams_hold(p->streams); /* the shards stopped while their streams are read */
+    for (td_stream_t *s = td_streams_first(p->streams); s; s = td_streams_next(p->streams, s)) {
         if (!s->pub_dirty)
             continue;
         s->pub_dirty = false;
@@ -81,6 +82,7 @@ void td_pub_tick(td_pub_t *p)
         size_t len = tally_stream_info_encode(&info, record);
         publish(p, s->name, s->name_len, TALLY_PUB_UPDATE, record, len, now);
     }
+    td_streams_release(p->streams);
 }
 
 static void timer_cb(uv_timer_t *timer)

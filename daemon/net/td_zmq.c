@@ -25,7 +25,6 @@
 #include <zmq.h>
 
 #include "td_log.h"
-#include "td_sched.h"
 #include "td_path.h"
 #include "td_zmq_int.h"
 
@@ -199,7 +198,7 @@ void td_zmq_pump(td_zmq_t *z)
     bool at_limit = !td_path_stopping(path) && !reading;
     if (input && at_limit && !z->paused) {
         z->env.metrics->read_pauses++;
-        td_debug("%u requests in flight: reading paused", td_sched_inflight(td_path_sched(path)));
+        td_debug("%u requests in flight: reading paused", td_path_inflight(path));
     }
     z->paused = input && at_limit;
     bool more = input && reading;

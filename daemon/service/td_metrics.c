@@ -14,6 +14,7 @@
 
 #include "td_fleet_status.h"
 #include "td_metrics.h"
+#include "td_path.h"
 #include "td_peers.h"
 #include "tally_revision.h"
 
@@ -84,7 +85,8 @@ static void render_stream_family(const td_gauges_t *g, stream_family_t f, out_t 
     unsigned n = 0;
     uint64_t other = 0;
     bool any_other = false;
-    for (td_stream_t *s = td_streams_first(g->streams); s; s = s->list_next, n++) {
+    for (td_stream_t *s = td_streams_first(g->streams); s;
+         s = td_streams_next(g->streams, s), n++) {
         if (n >= g->metrics_streams) {
             other += stream_counter(s, f);
             any_other = true;
@@ -159,7 +161,7 @@ static void render_stream_histograms(const td_gauges_t *g, out_t *o)
             "# TYPE tallyd_stream_values histogram\n");
     unsigned n = 0;
     for (td_stream_t *s = td_streams_first(g->streams); s && n < g->metrics_streams;
-         s = s->list_next, n++) {
+         s = td_streams_next(g->streams, s), n++) {
         static tally_stream_info_t view; /* the loop thread renders; 8 KiB off the stack */
         td_stream_info(s, &view);        /* the record, rebuilt from the compact bins */
         unsigned channels = tally_hist_channels(view.hist_dtype);
@@ -481,6 +483,40 @@ static void render_gauges(const td_gauges_t *g, out_t *o)
          (unsigned long long)g->pub_failed);
 }
 
+/* Each shard's share of the work (issue 31), so an imbalance shows. */
+static void render_shards(const td_gauges_t *g, out_t *o)
+{
+    static const struct {
+        const char *name, *type, *help;
+    } families[] = {
+        {"tallyd_shards", "gauge", "Shards of the request path (--shards)."},
+        {"tallyd_shard_requests_total", "counter", "Requests a shard answered."},
+        {"tallyd_shard_requests_in_flight", "gauge",
+         "Requests handed to a shard and not yet answered."},
+        {"tallyd_shard_queue_depth", "gauge",
+         "Requests waiting behind another on their stream, on a shard."},
+        {"tallyd_shard_streams", "gauge", "Named streams a shard owns."},
+        {"tallyd_shard_busy_seconds_total", "counter",
+         "Seconds a shard's loop thread spent working (not waiting for work)."},
+    };
+    emit(o, "# HELP %s %s\n# TYPE %s %s\n%s %u\n", families[0].name, families[0].help,
+         families[0].name, families[0].type, families[0].name, g->shards);
+    for (size_t f = 1; f < sizeof families / sizeof families[0]; f++) {
+        emit(o, "# HELP %s %s\n# TYPE %s %s\n", families[f].name, families[f].help,
+             families[f].name, families[f].type);
+        for (unsigned i = 0; g->shard && i < g->shards; i++) {
+            const struct td_shard_gauges *s = &g->shard[i];
+            double v = f == 1   ? (double)s->requests
+                       : f == 2 ? s->inflight
+                       : f == 3 ? s->queued
+                       : f == 4 ? s->streams
+                                : s->busy_s;
+            emit(o, f == 5 ? "%s{shard=\"%u\"} %.6f\n" : "%s{shard=\"%u\"} %.0f\n",
+                 families[f].name, i, v);
+        }
+    }
+}
+
 /* What unread replies hold (td_reply.h), the bounds on it, and connections lost with requests
  * unanswered. */
 static void render_replies(const td_gauges_t *g, out_t *o)
@@ -533,6 +569,7 @@ size_t td_metrics_render(const td_metrics_t *m, const td_gauges_t *g, char *buf,
     if (g->curve)
         render_auth(g, &o);
     render_gauges(g, &o);
+    render_shards(g, &o);
     render_replies(g, &o);
     render_streams(g, &o);
     render_process(g, &o);

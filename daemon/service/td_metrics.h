@@ -3,9 +3,10 @@
  * td_metrics.h — the Prometheus text rendering of tallyd's counters (td_counters.h, kept by the
  * request path) and of the gauges the loop reads when asked (td_gauges_t).
  *
- * The counters are plain integers owned by the loop thread (every request is accepted and
- * answered there), so updating them needs no atomics. Anything that reads them from another
- * thread (the HTTP exporter) asks the loop thread for a rendered snapshot instead.
+ * The counters are plain integers, each shard's owned by its thread and summed on the loop thread
+ * while the shards are held still (td_path_sum_metrics), so updating them needs no atomics.
+ * Anything that reads them from another thread (the HTTP exporter) asks the loop thread for a
+ * rendered snapshot instead.
  *
  * A counter that is one increment is written directly (`m->read_pauses++`: the field's name and
  * comment say what it counts, and a function per counter would say nothing more); a write that
@@ -53,6 +54,8 @@ typedef struct {
     bool curve;
     td_auth_counts_t auth; /* handshakes allowed and refused, with CURVE */
     td_reply_gauges_t reply;             /* unread replies (td_reply.h) */
+    unsigned shards;                     /* the request path's shards (issue 31), and each one's */
+    const struct td_shard_gauges *shard;
     const struct td_fleet_status *fleet; /* the NATS fleet worker's (td_fleet_status.h), or NULL */
 } td_gauges_t;
 

@@ -4,8 +4,9 @@
  *
  * Design
  * ------
- * Everything here runs on the loop thread, driven by libuv timers, so it can read the stream
- * table and the metrics without locks:
+ * Everything here runs on the loop thread, driven by libuv timers; it reads the stream table,
+ * the shards' counters and gauges while it holds the table (td_streams_hold: the shards stopped
+ * at their barrier, issue 31; with one shard, on this thread, nothing to stop):
  *   - status timer (every TD_STATUS_INTERVAL_MS, only under systemd): STATUS= summary line;
  *   - watchdog timer (when WatchdogSec= is set): WATCHDOG=1 every half interval. Pinging from
  *     the loop thread means a loop that hangs stops pinging, and systemd restarts tallyd;
@@ -16,9 +17,10 @@
  * stream when the store compacts) is consistent. The write (which fsyncs) runs on a libuv
  * worker so the loop never blocks on the disk. At most one write is in flight; a snapshot asked
  * for meanwhile is taken when the write finishes. A snapshot with nothing changed writes
- * nothing (an idle daemon does not fsync every interval). At shutdown the server calls td_service_close once every request has been
- * answered, so the final snapshot holds everything acknowledged: a clean restart loses
- * nothing. A kill -9 loses what changed since the last snapshot, at most one interval.
+ * nothing (an idle daemon does not fsync every interval). At shutdown the server calls
+ * td_service_close once every request has been answered, so the final snapshot holds everything
+ * acknowledged: a clean restart loses nothing. A kill -9 loses what changed since the last
+ * snapshot, at most one interval.
  *
  * A periodic write that fails is logged at warning and counted
  * (tallyd_state_write_failures_total); nothing is marked written, so the next interval tries
@@ -69,15 +71,34 @@ struct td_service {
 td_err_t td_service_render_metrics(const td_service_host_t *host, char **text, size_t *len)
 {
     td_gauges_t g;
+    td_metrics_t counters;
+    td_streams_hold(host->streams);
     host->gauges(host->ctx, &g);
-    size_t need = td_metrics_render(host->metrics, &g, NULL, 0) + 1;
+    host->counters(host->ctx, &counters);
+    size_t need = td_metrics_render(&counters, &g, NULL, 0) + 1;
     char *out = malloc(need);
+    if (out)
+        td_metrics_render(&counters, &g, out, need);
+    td_streams_release(host->streams);
     if (!out)
         return TD_ERR_NOMEM;
-    td_metrics_render(host->metrics, &g, out, need);
     *text = out;
     *len = need - 1;
     return TD_OK;
+}
+
+/* The gauges, and the requests answered so far, with the shards held for the moment. */
+static void sample(td_service_t *self, td_gauges_t *g, uint64_t *answered)
+{
+    td_streams_hold(self->host.streams);
+    self->host.gauges(self->host.ctx, g);
+    if (answered) {
+        td_metrics_t counters;
+        self->host.counters(self->host.ctx, &counters);
+        *answered = td_metrics_answered(&counters);
+    }
+    td_streams_release(self->host.streams);
+    g->streams = NULL; /* not to be read once released */
 }
 
 static td_err_t render_cb(void *ctx, char **text, size_t *len)
@@ -91,7 +112,7 @@ static bool health_cb(void *ctx, const char **why)
 {
     td_service_t *self = ctx;
     td_gauges_t g;
-    self->host.gauges(self->host.ctx, &g);
+    sample(self, &g, NULL);
     *why = g.stopping ? "draining" : g.gpus_lost ? "gpu lost" : NULL;
     return *why == NULL;
 }
@@ -100,10 +121,10 @@ static bool health_cb(void *ctx, const char **why)
 static void summary(td_service_t *self, char *buf, size_t cap)
 {
     td_gauges_t g;
-    self->host.gauges(self->host.ctx, &g);
+    uint64_t answered = 0;
+    sample(self, &g, &answered);
     snprintf(buf, cap, "serving on %s: %u streams, %u in flight, %llu requests answered", g.backend,
-             g.stream_count, g.inflight,
-             (unsigned long long)td_metrics_answered(self->host.metrics));
+             g.stream_count, g.inflight, (unsigned long long)answered);
 }
 
 /* A systemd notification that could not be sent (td_notify logged it) is counted. */
@@ -191,7 +212,10 @@ static void state_save(td_service_t *self)
         return;
     }
     td_state_job_t *records = NULL;
-    if (td_state_store_begin(self->store, self->host.streams, td_clock_ms(), &records) != TD_OK) {
+    td_streams_hold(self->host.streams);
+    td_err_t err = td_state_store_begin(self->store, self->host.streams, td_clock_ms(), &records);
+    td_streams_release(self->host.streams);
+    if (err != TD_OK) {
         state_not_queued(self, "out of memory for a snapshot");
         return;
     }
@@ -390,7 +414,9 @@ void td_service_reload(td_service_t *self)
     }
     td_config_t *live = self->host.cfg;
     unsigned old_interval = live->state_interval;
+    td_streams_hold(self->host.streams); /* the shards read the live configuration */
     td_config_apply_runtime(live, &next);
+    td_streams_release(self->host.streams);
     td_config_clear(&next);
 
     td_streams_set_max(self->host.streams, live->max_streams);

@@ -21,9 +21,12 @@ typedef void (*td_reply_fn)(void *arg, const tally_rep_t *rep, const void *paylo
 typedef struct {
     uv_loop_t *loop;
     td_config_t *cfg;      /* the server's live configuration; reload updates it */
-    td_streams_t *streams; /* loop-thread-only, like everything here */
-    td_metrics_t *metrics; /* the service counts state write failures in it */
-    void (*gauges)(void *ctx, td_gauges_t *out); /* samples the server's gauges */
+    /* The whole table: read while held (td_streams_hold: the shards stopped, issue 31). */
+    td_streams_t *streams;
+    td_metrics_t *metrics; /* the loop thread's counters: the service counts state writes in it */
+    /* Every counter, the shards' summed into out (the table held). */
+    void (*counters)(void *ctx, td_metrics_t *out);
+    void (*gauges)(void *ctx, td_gauges_t *out); /* samples the server's gauges (held) */
     /* A stream's record as `query` answers it (PROTOCOL.md §5 query): all time when window_ms
      * is 0, else over the last window_ms ("Windows"), with the window's start and end (ms since
      * the epoch; 0 for all time). TALLY_E_WINDOW with msg when the ring is shorter or off.

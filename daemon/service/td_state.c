@@ -65,7 +65,7 @@ td_err_t td_state_encode_some(td_streams_t *streams, uint64_t now_ms, uint64_t g
 {
     uint32_t count = 0;
     size_t total = TD_STATE_HEADER_SIZE;
-    for (td_stream_t *s = td_streams_first(streams); s; s = s->list_next)
+    for (td_stream_t *s = td_streams_first(streams); s; s = td_streams_next(streams, s))
         if (!keep || keep(s, arg)) {
             total += td_state_record_encode(s, now_ms, NULL);
             count++;
@@ -75,7 +75,7 @@ td_err_t td_state_encode_some(td_streams_t *streams, uint64_t now_ms, uint64_t g
         return TD_ERR_NOMEM;
     put_header(out, TD_STATE_MAGIC, count, generation);
     uint8_t *rec = out + TD_STATE_HEADER_SIZE;
-    for (td_stream_t *s = td_streams_first(streams); s; s = s->list_next)
+    for (td_stream_t *s = td_streams_first(streams); s; s = td_streams_next(streams, s))
         if (!keep || keep(s, arg))
             rec += td_state_record_encode(s, now_ms, rec);
     *buf = out;

@@ -86,7 +86,7 @@ static td_err_t begin_full(td_state_store_t *self, td_streams_t *streams, uint64
     td_err_t err = td_state_encode(streams, now_ms, job->generation, &job->buf, &job->len);
     if (err != TD_OK)
         return err;
-    for (td_stream_t *s = td_streams_first(streams); s; s = s->list_next)
+    for (td_stream_t *s = td_streams_first(streams); s; s = td_streams_next(streams, s))
         s->state_dirty = false;
     job->streams = td_streams_count(streams);
     return TD_OK;
@@ -101,7 +101,7 @@ static td_err_t begin_append(td_state_store_t *self, td_streams_t *streams, uint
     const uint8_t *p = removed;
     for (unsigned i = 0; i < removed_count; i++, p += 1 + *p)
         len += td_state_record_encode_removed((const char *)p + 1, *p, NULL);
-    for (td_stream_t *s = td_streams_first(streams); s; s = s->list_next)
+    for (td_stream_t *s = td_streams_first(streams); s; s = td_streams_next(streams, s))
         if (s->state_dirty)
             len += td_state_record_encode(s, now_ms, NULL);
     if (len == 0)
@@ -113,7 +113,7 @@ static td_err_t begin_append(td_state_store_t *self, td_streams_t *streams, uint
     p = removed;
     for (unsigned i = 0; i < removed_count; i++, p += 1 + *p)
         out += td_state_record_encode_removed((const char *)p + 1, *p, out);
-    for (td_stream_t *s = td_streams_first(streams); s; s = s->list_next) {
+    for (td_stream_t *s = td_streams_first(streams); s; s = td_streams_next(streams, s)) {
         if (!s->state_dirty)
             continue;
         out += td_state_record_encode(s, now_ms, out);

@@ -657,16 +657,21 @@ static void async_cb(uv_async_t *handle)
     td_web_job_t *job = self->head;
     self->head = self->tail = NULL;
     pthread_mutex_unlock(&self->lock);
+    td_streams_hold(self->host.streams); /* the shards stopped while the jobs read the table */
     while (job) {
         td_web_job_t *next = job->next; /* the answer may free job (once resumed) */
         run_job(self, job);
         job = next;
     }
+    td_streams_release(self->host.streams);
 }
 
 static void tick_cb(uv_timer_t *timer)
 {
-    td_sse_tick(timer->data);
+    td_web_t *self = timer->data;
+    td_streams_hold(self->host.streams);
+    td_sse_tick(self);
+    td_streams_release(self->host.streams);
 }
 
 /* ---- Life cycle -------------------------------------------------------------------------- */

@@ -111,7 +111,7 @@ tally_status_t td_web_list_json(td_web_t *self, tally_buf_t *out)
                                          td_clock_ms(), cfg->pub_interval_ms, ring);
     bool first = true;
     for (td_stream_t *s = td_streams_first(self->host.streams); s && st == TALLY_OK;
-         s = s->list_next, first = false)
+         s = td_streams_next(self->host.streams, s), first = false)
         st = list_entry(self, s, rate_ms, first, out);
     return st == TALLY_OK ? tally_buf_printf(out, "]}") : st;
 }

@@ -85,6 +85,14 @@ static void fuzz_request(const uint8_t *data, size_t size)
     memset(msg, 'x', sizeof msg);
     tally_status_t st = tally_req_decode(header, hlen, &req, msg, sizeof msg);
     CHECK(st == TALLY_OK || (st >= TALLY_E_HEADER && st < TALLY_STATUS_WIRE_COUNT));
+    /* The stream tallyd routes by (issue 31): a valid request's, read without decoding. */
+    const char *name = NULL;
+    size_t name_len = 0;
+    bool named = tally_req_stream_of(header, hlen, &name, &name_len);
+    CHECK(!named || (name_len >= 1 && name_len <= TALLY_STREAM_NAME_MAX));
+    if (st == TALLY_OK)
+        CHECK(named == (req.stream_len > 0) &&
+              (!named || (name_len == req.stream_len && !memcmp(name, req.stream, name_len))));
     CHECK(st != TALLY_E_FRAMES && st != TALLY_E_TOO_LARGE && st != TALLY_E_PAYLOAD);
     check_message(st, msg, sizeof msg);
 

@@ -1,0 +1,81 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * td_mailbox.c — a lock-free stack of hops and a wake-up (see td_mailbox.h).
+ *
+ * Memory order: a post publishes what the hops carry with release, the take acquires it, so the
+ * consumer sees everything the producer wrote into a request before posting it.
+ */
+#include "td_mailbox.h"
+
+int td_mailbox_init(td_mailbox_t *mb, uv_loop_t *loop, uv_async_cb cb, void *data)
+{
+    atomic_init(&mb->stack.top, NULL);
+    int rc = uv_async_init(loop, &mb->async, cb);
+    if (rc != 0)
+        return rc;
+    mb->async.data = data;
+    mb->open = true;
+    return 0;
+}
+
+void td_mailbox_close(td_mailbox_t *mb)
+{
+    if (!mb->open)
+        return;
+    mb->open = false;
+    uv_close((uv_handle_t *)&mb->async, NULL);
+}
+
+void td_hop_batch_add(td_hop_batch_t *batch, td_hop_t *hop, unsigned kind)
+{
+    hop->kind = kind;
+    hop->next = batch->newest;
+    batch->newest = hop;
+    if (!batch->oldest)
+        batch->oldest = hop;
+}
+
+void td_hop_stack_push(td_hop_stack_t *stack, td_hop_batch_t *batch)
+{
+    if (!batch->newest)
+        return;
+    td_hop_t *top = atomic_load_explicit(&stack->top, memory_order_relaxed);
+    do {
+        batch->oldest->next = top;
+    } while (!atomic_compare_exchange_weak_explicit(&stack->top, &top, batch->newest,
+                                                    memory_order_release, memory_order_relaxed));
+    batch->newest = batch->oldest = NULL;
+}
+
+td_hop_t *td_hop_stack_take(td_hop_stack_t *stack)
+{
+    return atomic_exchange_explicit(&stack->top, NULL, memory_order_acquire);
+}
+
+void td_mailbox_post(td_mailbox_t *mb, td_hop_batch_t *batch)
+{
+    if (!batch->newest)
+        return;
+    td_hop_stack_push(&mb->stack, batch);
+    uv_async_send(&mb->async);
+}
+
+void td_mailbox_post_one(td_mailbox_t *mb, td_hop_t *hop, unsigned kind)
+{
+    td_hop_batch_t one = {0};
+    td_hop_batch_add(&one, hop, kind);
+    td_mailbox_post(mb, &one);
+}
+
+td_hop_t *td_mailbox_take(td_mailbox_t *mb)
+{
+    td_hop_t *hop = td_hop_stack_take(&mb->stack);
+    td_hop_t *oldest_first = NULL;
+    while (hop) { /* newest first on the stack: reversed */
+        td_hop_t *next = hop->next;
+        hop->next = oldest_first;
+        oldest_first = hop;
+        hop = next;
+    }
+    return oldest_first;
+}
