@@ -170,10 +170,12 @@
 /* Shards (--shards; 0 = from the core count, issue 31): each a loop thread that owns the streams
  * td_stream_shard gives it and runs their requests. The default takes the cores that the ZeroMQ
  * I/O threads and the thread that owns the sockets leave, at least 1 (one shard runs on that
- * thread itself: the 2-core CI box), at most TD_SHARDS_DEFAULT_MAX: past the echo's ceiling (one
- * ROUTER socket on one thread, ~0.8 M requests/s on the 16-core H200 host) more shards add
- * threads and nothing else. At most TD_SHARDS_LIMIT when set. */
-#define TD_SHARDS_DEFAULT_MAX 16u
+ * thread itself: the 2-core CI box), at most TD_SHARDS_DEFAULT_MAX. Measured on the 16-core H200
+ * host (bench/RESULTS.md "Shards", 2026-12-02, 64 B hist, 16 producers x 64, 256 streams): 1 shard
+ * 132 k requests/s, 2 shards 275 k (0.96 x the echo), 4 shards 259 k, 8 shards 174 k, 16 shards
+ * 165 k: past the echo's ceiling more shards only add hand-offs and wake-ups, so the default stops
+ * at 4. At most TD_SHARDS_LIMIT when set. */
+#define TD_SHARDS_DEFAULT_MAX 4u
 #define TD_SHARDS_LIMIT 64u
 /* glibc's malloc, set once at start (main.c). ZeroMQ's I/O threads malloc every received frame
  * (1 MiB each under a hist load) and tallyd frees it once the request is done. With glibc's
