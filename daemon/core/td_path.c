@@ -294,6 +294,34 @@ static td_request_t *new_request(td_path_t *p)
     return r;
 }
 
+/* Several shards: a shared-memory reference is resolved here, as the request is read, so that
+ * the regions it names stay for it (referenced) even if their side connection lets them go
+ * before its shard takes it: with one thread the request was read and resolved before the
+ * loop saw the side connection close, and so it still is. Anything that does not resolve here
+ * is left to the shard, which answers it as with one. */
+static void pin_regions(td_path_t *p, td_request_t *r)
+{
+    tally_req_t req;
+    tally_shm_ref_t ref;
+    char msg[TALLY_ERROR_MESSAGE_MAX + 1];
+    uint8_t *in = NULL, *out = NULL;
+    if (!p->shm || !r->has_header || r->arrived.len != TALLY_SHM_REF_SIZE ||
+        tally_req_decode(r->header, r->header_len, &req, msg, sizeof msg) != TALLY_OK ||
+        !(req.flags & TALLY_FLAG_SHM_REF) ||
+        tally_shm_ref_decode(r->arrived.data, r->arrived.len, &ref, msg, sizeof msg) != TALLY_OK ||
+        td_shm_resolve(p->shm, r->identity, r->identity_len, ref.in_handle, ref.in_offset,
+                       ref.in_length, false, &r->shm_in, &in, msg, sizeof msg) != TALLY_OK)
+        return;
+    if (ref.out_handle &&
+        td_shm_resolve(p->shm, r->identity, r->identity_len, ref.out_handle, ref.out_offset,
+                       ref.out_length, true, &r->shm_out, &out, msg, sizeof msg) != TALLY_OK) {
+        td_shm_region_put(&r->shm_in);
+        return;
+    }
+    r->shm_in_ptr = in;
+    r->shm_out_ptr = out;
+}
+
 td_err_t td_path_submit(td_path_t *p, td_transport_t *t, td_msg_t *m)
 {
     td_request_t *r = new_request(p);
@@ -304,6 +332,8 @@ td_err_t td_path_submit(td_path_t *p, td_transport_t *t, td_msg_t *m)
     copy_header(r, m);
     r->arrived = m->payload; /* the shard's now */
     m->payload = (td_bytes_t){0};
+    if (p->threads)
+        pin_regions(p, r);
     slot_t *slot = pick(p, r);
     r->shard = slot->index;
     slot->dispatched++;

@@ -86,10 +86,14 @@ typedef struct td_request {
     td_stream_t *stream; /* named stream, or NULL */
     /* Shared memory (TALLY_FLAG_SHM_REF): payload points into shm_in's mapping; with an output
      * region the result is written at out_ptr and the reply carries only the header. Each
-     * region is referenced until the request is destroyed. */
+     * region is referenced until the request is destroyed. With several shards the front
+     * resolves them as it reads the request (td_path.c, pin_regions), so that a region its
+     * connection lets go afterwards stays for it; shm_in_ptr and shm_out_ptr are then where they
+     * start, for the shard. */
     td_shm_region_t *shm_in;
     td_shm_region_t *shm_out;
     void *out_ptr;
+    void *shm_in_ptr, *shm_out_ptr;
     uint64_t received_ns;
     /* The link of the one queue that holds the request at a time: its stream's FIFO
      * (td_sched.c), then a GPU lane's wait list and the pipeline's completion queue (td_gpu.c). */

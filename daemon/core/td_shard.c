@@ -259,11 +259,12 @@ static tally_status_t resolve_shm_ref(td_shard_t *p, td_request_t *r, char *msg,
     tally_status_t st = tally_shm_ref_decode(r->payload, r->payload_len, &ref, msg, cap);
     if (st == TALLY_OK)
         st = tally_shm_ref_validate(&r->req, &ref, p->env.cfg->max_batch, msg, cap);
-    uint8_t *in = NULL, *out = NULL;
-    if (st == TALLY_OK)
+    uint8_t *in = r->shm_in_ptr, *out = r->shm_out_ptr;
+    bool pinned = r->shm_in != NULL; /* the front resolved them as it read r (td_path.c) */
+    if (st == TALLY_OK && !pinned)
         st = td_shm_resolve(p->shm, r->identity, r->identity_len, ref.in_handle, ref.in_offset,
                             ref.in_length, false, &r->shm_in, &in, msg, cap);
-    if (st == TALLY_OK && ref.out_handle)
+    if (st == TALLY_OK && !pinned && ref.out_handle)
         st = td_shm_resolve(p->shm, r->identity, r->identity_len, ref.out_handle, ref.out_offset,
                             ref.out_length, true, &r->shm_out, &out, msg, cap);
     if (st != TALLY_OK)
