@@ -401,6 +401,8 @@ static void test_silent_peer_times_out(void **state)
 #define FAKE_ERROR_MAGIC 0x7E570001   /* reply TALLY_E_BACKEND with a message */
 #define FAKE_STALE_MAGIC 0x7E570002   /* send a reply to an unknown request id first */
 #define FAKE_BADSIZE_MAGIC 0x7E570003 /* reply with a payload of the wrong size */
+#define FAKE_SILENT_ERROR_MAGIC 0x7E570004 /* reply TALLY_E_BACKEND with no message */
+#define FAKE_RAGGED_MAGIC 0x7E570005       /* reply int64s in a payload of 4 bytes too many */
 
 typedef struct {
     void *ctx;
@@ -555,6 +557,13 @@ static bool fake_handle(fake_t *f, fake_reply_t *r, fake_reply_t *stale)
                    "ab");
     } else if (first == FAKE_ERROR_MAGIC && req.dtype == TALLY_DTYPE_I32) {
         fake_error(r, TALLY_E_BACKEND, "fake daemon: backend exploded");
+    } else if (first == FAKE_SILENT_ERROR_MAGIC && req.dtype == TALLY_DTYPE_I32) {
+        r->rep.status = TALLY_E_BACKEND;
+        r->rep.dtype = TALLY_DTYPE_TEXT;
+    } else if (first == FAKE_RAGGED_MAGIC && req.dtype == TALLY_DTYPE_I32) {
+        r->rep.dtype = TALLY_DTYPE_I64;
+        r->len = 12;
+        r->payload = calloc(1, r->len);
     } else {
         fake_compute(f, &req, p, len, r);
         if (first == FAKE_BADSIZE_MAGIC && req.dtype == TALLY_DTYPE_I32)
@@ -880,6 +889,18 @@ static void test_run_failures(void **state)
     x[500] = FAKE_BADSIZE_MAGIC;
     assert_int_equal(tally_run(c, &req, x, sizeof x, &opts, &out, &res), TALLY_E_REPLY);
     assert_string_not_equal(res.error, "");
+    tally_buf_free(&out);
+
+    /* A daemon error without a message is named by its status's text. */
+    x[500] = FAKE_SILENT_ERROR_MAGIC;
+    assert_int_equal(tally_run(c, &req, x, sizeof x, &opts, &out, &res), TALLY_E_BACKEND);
+    assert_string_equal(res.error, tally_status_text(TALLY_E_BACKEND));
+    tally_buf_free(&out);
+
+    /* A reply of 12 bytes said to hold int64s is not one: TALLY_E_REPLY, saying so. */
+    x[500] = FAKE_RAGGED_MAGIC;
+    assert_int_equal(tally_run(c, &req, x, sizeof x, &opts, &out, &res), TALLY_E_REPLY);
+    assert_string_equal(res.error, "reply payload of 12 bytes is not a whole number of i64");
     tally_buf_free(&out);
 
     /* The client still works afterwards. */
