@@ -398,9 +398,9 @@ static void test_silent_peer_times_out(void **state)
 /* ---- A fake daemon ----------------------------------------------------------------------- */
 
 /* Inputs whose first element is one of these make the fake daemon misbehave. */
-#define FAKE_ERROR_MAGIC 0x7E570001   /* reply TALLY_E_BACKEND with a message */
-#define FAKE_STALE_MAGIC 0x7E570002   /* send a reply to an unknown request id first */
-#define FAKE_BADSIZE_MAGIC 0x7E570003 /* reply with a payload of the wrong size */
+#define FAKE_ERROR_MAGIC 0x7E570001        /* reply TALLY_E_BACKEND with a message */
+#define FAKE_STALE_MAGIC 0x7E570002        /* send a reply to an unknown request id first */
+#define FAKE_BADSIZE_MAGIC 0x7E570003      /* reply with a payload of the wrong size */
 #define FAKE_SILENT_ERROR_MAGIC 0x7E570004 /* reply TALLY_E_BACKEND with no message */
 #define FAKE_RAGGED_MAGIC 0x7E570005       /* reply int64s in a payload of 4 bytes too many */
 
