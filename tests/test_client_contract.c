@@ -2,7 +2,8 @@
 /*
  * test_client_contract.c — what libtally's header promises for arguments it cannot use, call by
  * call (client/tally.h): TALLY_E_ARG (or the status the header names) for a NULL where an object
- * is needed, a range outside a region, a quantile outside [0, 1], a channel a histogram lacks;
+ * is needed, a range outside a region, a quantile outside [0, 1], a channel a histogram lacks,
+ * a copy outside a GPU allocation, flags of a device region that do not agree with its event;
  * NULL or 0 from the accessors of a NULL object; destroy functions that take NULL and set the
  * caller's pointer to NULL. test_client.c covers the calls of the request path; these are the
  * rest. A real tallyd (CPU) serves the few that need one.
@@ -133,6 +134,70 @@ static void test_region_calls(void **state)
     tally_reply_clear(&reply);
     tally_region_destroy(&region);
     assert_null(region);
+}
+
+/* tally_gpu_*: arguments refused before any allocation or driver call; ranges outside an
+ * allocation refused saying so (on a simulated GPU allocation, TALLY_TEST_SIM_GPU=1: no driver). */
+static void test_gpu_calls(void **state)
+{
+    (void)state;
+    tally_gpu_mem_t *mem = NULL;
+    uint8_t uuid[16] = {0}, bytes[16] = {0};
+    assert_int_equal(setenv("TALLY_TEST_SIM_GPU", "1", 1), 0);
+    assert_int_equal(tally_gpu_alloc(0, 4096, NULL), TALLY_E_ARG);
+    assert_int_equal(tally_gpu_alloc(0, 0, &mem), TALLY_E_ARG);
+    assert_int_equal(tally_gpu_alloc(-1, 4096, &mem), TALLY_E_ARG);
+    assert_null(mem);
+    assert_null(tally_gpu_ptr(NULL));
+    assert_int_equal(tally_gpu_size(NULL), 0);
+    assert_int_equal(tally_gpu_register(client, NULL, 0, NULL, &(tally_region_t *){NULL}),
+                     TALLY_E_ARG);
+    assert_int_equal(tally_gpu_copy_to(NULL, 0, bytes, 1), TALLY_E_ARG);
+    assert_int_equal(tally_gpu_copy_from(NULL, 0, bytes, 1), TALLY_E_ARG);
+    tally_gpu_free(NULL);
+    tally_gpu_free(&mem); /* *mem_p NULL */
+
+    /* tally_gpu_register_fd: each argument it cannot use, before it opens the side channel. */
+    tally_region_t *region = NULL;
+    int fd = 0; /* any descriptor: refused before it is read */
+    unsigned out = TALLY_GPU_OUTPUT, event = TALLY_GPU_EVENT;
+    assert_int_equal(tally_gpu_register_fd(NULL, fd, 4096, uuid, 0, NULL, NULL, &region),
+                     TALLY_E_ARG);
+    assert_int_equal(tally_gpu_register_fd(client, fd, 4096, uuid, 0, NULL, NULL, NULL),
+                     TALLY_E_ARG);
+    assert_int_equal(tally_gpu_register_fd(client, -1, 4096, uuid, 0, NULL, NULL, &region),
+                     TALLY_E_ARG);
+    assert_int_equal(tally_gpu_register_fd(client, fd, 0, uuid, 0, NULL, NULL, &region),
+                     TALLY_E_ARG);
+    assert_int_equal(tally_gpu_register_fd(client, fd, 4096, NULL, 0, NULL, NULL, &region),
+                     TALLY_E_ARG);
+    assert_int_equal(tally_gpu_register_fd(client, fd, 4096, uuid, 0x80, NULL, NULL, &region),
+                     TALLY_E_ARG); /* a flag it does not know */
+    assert_int_equal(tally_gpu_register_fd(client, fd, 4096, uuid, event, NULL, NULL, &region),
+                     TALLY_E_ARG); /* TALLY_GPU_EVENT without the event */
+    assert_int_equal(tally_gpu_register_fd(client, fd, 4096, uuid, out, bytes, NULL, &region),
+                     TALLY_E_ARG); /* an event without TALLY_GPU_EVENT */
+    assert_null(region);
+
+    /* An allocation rounded up to its granularity; copies within it, and none outside. */
+    assert_int_equal(tally_gpu_alloc(0, 1000, &mem), TALLY_OK);
+    size_t size = tally_gpu_size(mem);
+    assert_int_equal(size, 65536);
+    assert_non_null(tally_gpu_ptr(mem));
+    memset(bytes, 7, sizeof bytes);
+    assert_int_equal(tally_gpu_copy_to(mem, size - 16, bytes, 16), TALLY_OK);
+    assert_int_equal(tally_gpu_copy_to(mem, size, bytes, 0), TALLY_OK);
+    assert_int_equal(tally_gpu_copy_to(mem, size - 15, bytes, 16), TALLY_E_ARG);
+    assert_string_equal(tally_gpu_error(), "copy of 16 bytes at 65521 outside the allocation");
+    assert_int_equal(tally_gpu_copy_from(mem, size + 1, bytes, 0), TALLY_E_ARG);
+    assert_int_equal(tally_gpu_copy_from(mem, 0, bytes, size + 1), TALLY_E_ARG);
+    memset(bytes, 0, sizeof bytes);
+    assert_int_equal(tally_gpu_copy_from(mem, size - 16, bytes, 16), TALLY_OK);
+    assert_int_equal(bytes[0], 7);
+    assert_int_equal(bytes[15], 7);
+    tally_gpu_free(&mem);
+    assert_null(mem);
+    assert_int_equal(unsetenv("TALLY_TEST_SIM_GPU"), 0);
 }
 
 static void test_push_calls(void **state)
@@ -279,6 +344,7 @@ int main(void)
         cmocka_unit_test(test_info_calls),   cmocka_unit_test(test_stream_calls),
         cmocka_unit_test(test_region_calls), cmocka_unit_test(test_push_calls),
         cmocka_unit_test(test_hist_calls),   cmocka_unit_test(test_sub_and_keys),
+        cmocka_unit_test(test_gpu_calls),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
