@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -365,6 +366,67 @@ static void test_open_says_why(void **state)
     assert_int_equal(tally_client_open("tcp://127.0.0.1:1", 100, NULL, &c, NULL, 0), TALLY_OK);
     tally_client_destroy(&c);
     assert_int_equal(tally_endpoint_probe("udp://127.0.0.1:1", 100), EINVAL);
+}
+
+/* A Unix stream socket bound to the len bytes of path (a file's path with its NUL, or a NUL and
+ * a name in the abstract namespace), listening when `listening`: its descriptor. */
+static int held_unix(const char *path, size_t len, bool listening)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    memcpy(a.sun_path, path, len);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(
+        bind(fd, (struct sockaddr *)&a, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len)),
+        0);
+    if (listening)
+        assert_int_equal(listen(fd, 4), 0);
+    return fd;
+}
+
+/* tally_endpoint_probe says what it found, with sockets this test holds (no port or name another
+ * process could take): something listening is 0; a TCP port bound but not listening and an
+ * abstract name nobody listens on are ECONNREFUSED; a missing socket file is ENOENT; an
+ * endpoint without a port, without an endpoint, or of another kind is EINVAL; a host that does
+ * not resolve is EHOSTUNREACH. */
+static void test_probe_says_why(void **state)
+{
+    (void)state;
+    int tcp = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in in = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof in;
+    assert_int_equal(bind(tcp, (struct sockaddr *)&in, sizeof in), 0);
+    assert_int_equal(getsockname(tcp, (struct sockaddr *)&in, &len), 0);
+    char endpoint[128];
+    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", ntohs(in.sin_port));
+    assert_int_equal(tally_endpoint_probe(endpoint, 20000), ECONNREFUSED); /* bound, no listen */
+    assert_int_equal(listen(tcp, 4), 0);
+    assert_int_equal(tally_endpoint_probe(endpoint, 20000), 0);
+    assert_int_equal(tally_endpoint_probe(endpoint, 0), 0); /* a timeout of 0 waits 1 ms at least */
+    close(tcp);
+
+    char name[64];
+    int n = snprintf(name, sizeof name, "%ctally-probe-%d", '\0', (int)getpid());
+    int abstract = held_unix(name, (size_t)n, false);
+    snprintf(endpoint, sizeof endpoint, "ipc://@%s", name + 1);
+    assert_int_equal(tally_endpoint_probe(endpoint, 20000), ECONNREFUSED);
+    assert_int_equal(listen(abstract, 4), 0);
+    assert_int_equal(tally_endpoint_probe(endpoint, 20000), 0);
+    close(abstract);
+
+    char dir[64], path[96];
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-probe"), 0);
+    snprintf(path, sizeof path, "%s/tallyd.sock", dir);
+    snprintf(endpoint, sizeof endpoint, "ipc://%s", path);
+    assert_int_equal(tally_endpoint_probe(endpoint, 20000), ENOENT);
+    int file = held_unix(path, strlen(path) + 1, true);
+    assert_int_equal(tally_endpoint_probe(endpoint, 20000), 0);
+    close(file);
+    assert_int_equal(th_rmrf(dir), 0);
+
+    assert_int_equal(tally_endpoint_probe(NULL, 100), EINVAL);
+    assert_int_equal(tally_endpoint_probe("tcp://127.0.0.1", 100), EINVAL);
+    assert_int_equal(tally_endpoint_probe("tcp://no-such-host.invalid:5570", 100), EHOSTUNREACH);
 }
 
 /* A daemon that accepts the connection but never answers: the send succeeds, the receive
@@ -1112,6 +1174,7 @@ int main(void)
         cmocka_unit_test(test_bufpool_reuses_and_bounds),
         cmocka_unit_test(test_unreachable_endpoint_fails_at_once),
         cmocka_unit_test(test_open_says_why),
+        cmocka_unit_test(test_probe_says_why),
         cmocka_unit_test(test_silent_peer_times_out),
     };
     const struct CMUnitTest fake[] = {
