@@ -477,6 +477,7 @@ typedef struct {
     int nstreams;
     atomic_uint max_batch_seen; /* the largest number of requests answered at once */
     atomic_uint reordered;      /* batches of more than one, answered out of order */
+    _Atomic(const char *) info; /* the `info` text it answers; NULL: "version=fake" */
 } fake_t;
 
 typedef struct {
@@ -604,7 +605,8 @@ static bool fake_handle(fake_t *f, fake_reply_t *r, fake_reply_t *stale)
     } else if (req.opcode == TALLY_OP_PING) {
         /* empty OK reply */
     } else if (req.opcode == TALLY_OP_INFO) {
-        fake_error(r, TALLY_OK, "version=fake");
+        const char *info = atomic_load(&f->info);
+        fake_error(r, TALLY_OK, info ? info : "version=fake");
         r->rep.dtype = TALLY_DTYPE_TEXT;
     } else if (req.opcode == TALLY_OP_STATS) {
         r->shape = SHAPE_THREE_FRAMES;
@@ -1037,6 +1039,46 @@ static void zc_free(void *data, void *hint)
 }
 
 /* tally_send_zc hands the buffer to ZeroMQ and frees it exactly once, on every path. */
+/* A daemon whose `info` names a shared-memory side channel the client cannot use: the region is
+ * refused, saying why. */
+static void test_side_channel_unusable(void **state)
+{
+    fake_t *f = *state;
+    char xs[121], long_path[160], missing[96], said[192];
+    memset(xs, 'x', sizeof xs - 1);
+    xs[sizeof xs - 1] = '\0';
+    snprintf(long_path, sizeof long_path, "shm=on\nshm_socket=/%s\n", xs);
+    snprintf(missing, sizeof missing, "/nonexistent/tally-side-%d.sock", (int)getpid());
+    char missing_info[128];
+    snprintf(missing_info, sizeof missing_info, "shm=on\nshm_socket=%s\n", missing);
+    snprintf(said, sizeof said,
+             "cannot connect to the shared-memory side channel %s: No such file or directory",
+             missing);
+    struct {
+        const char *info;
+        tally_status_t status;
+        const char *error;
+    } cases[] = {
+        {"shm=on\n", TALLY_E_ARG, "the daemon offers no shared memory (info: shm=off)"},
+        {"shm=on\nshm_socket=\n", TALLY_E_ARG,
+         "the daemon offers no shared memory (info: shm=off)"},
+        {"shm=auto\nshm_socket=/x\n", TALLY_E_ARG,
+         "the daemon offers no shared memory (info: shm=off)"},
+        {long_path, TALLY_E_REPLY, "the daemon's shm_socket path is too long for a socket"},
+        {missing_info, TALLY_E_IO, said},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        atomic_store(&f->info, cases[i].info);
+        tally_client_t *c = fake_client(state);
+        tally_region_t *region = (tally_region_t *)&region;
+        assert_int_equal(tally_region_create(c, 4096, &region), cases[i].status);
+        assert_null(region);
+        assert_string_equal(tally_client_error(c), cases[i].error);
+        tally_client_destroy(&c);
+    }
+    atomic_store(&f->info, NULL);
+}
+
 static void test_send_zero_copy(void **state)
 {
     tally_client_t *c = fake_client(state);
@@ -1186,6 +1228,7 @@ int main(void)
         cmocka_unit_test(test_run_hist_sums_chunks),
         cmocka_unit_test(test_run_respects_window),
         cmocka_unit_test(test_run_failures),
+        cmocka_unit_test(test_side_channel_unusable),
         cmocka_unit_test(test_send_zero_copy),
         cmocka_unit_test(test_send_copies_large_payloads),
     };
