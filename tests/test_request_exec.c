@@ -6,7 +6,8 @@
  * the backend and the operation, and no result left behind (the output buffer freed: the ASan
  * build's leak check); a request whose opcode is not a compute operation is TALLY_E_INTERNAL
  * saying so; an empty minmax batch is a reply without values, count 0, even from this backend
- * (it is not asked).
+ * (it is not asked); an error message is cut to what the wire allows and replaces a result set
+ * before; the request queue is first in, first out.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -138,12 +139,68 @@ static void test_empty_minmax_is_a_reply_without_values(void **state)
     td_request_destroy(&r);
 }
 
+/* An error message longer than the wire allows is cut to TALLY_ERROR_MESSAGE_MAX bytes; an
+ * empty one is an empty reply payload; a failure replaces a result set before. */
+static void test_error_messages_bounded(void **state)
+{
+    (void)state;
+    td_request_t *r = request(TALLY_OP_HIST, TALLY_DTYPE_U8, sizeof batch);
+    char long_text[TALLY_ERROR_MESSAGE_MAX + 40];
+    memset(long_text, 'e', sizeof long_text - 1);
+    long_text[sizeof long_text - 1] = '\0';
+    td_request_fail(r, TALLY_E_PARAM, "%s", long_text);
+    assert_int_equal(r->rep.status, TALLY_E_PARAM);
+    assert_int_equal(r->reply_len, TALLY_ERROR_MESSAGE_MAX);
+    assert_memory_equal(r->reply_data, long_text, TALLY_ERROR_MESSAGE_MAX);
+    td_request_fail(r, TALLY_E_BUSY, "%s", "");
+    assert_int_equal(r->rep.status, TALLY_E_BUSY);
+    assert_int_equal(r->reply_len, 0);
+    td_request_destroy(&r);
+
+    r = request(TALLY_OP_MINMAX, TALLY_DTYPE_I32, sizeof batch);
+    td_request_minmax_result(r, -3, 7);
+    assert_int_equal(r->rep.status, TALLY_OK);
+    assert_int_equal(r->rep.count, 2);
+    td_request_fail(r, TALLY_E_INTERNAL, "late");
+    assert_failed(r, TALLY_E_INTERNAL, "late");
+    td_request_destroy(&r);
+    td_request_destroy(&r); /* NULL: nothing */
+}
+
+/* The queue of requests: FIFO, empty after the last pop and after take_all. */
+static void test_queue(void **state)
+{
+    (void)state;
+    td_request_queue_t q = {0};
+    assert_null(td_request_queue_pop(&q));
+    td_request_t *a = request(TALLY_OP_HIST, TALLY_DTYPE_U8, 1),
+                 *b = request(TALLY_OP_HIST, TALLY_DTYPE_U8, 2);
+    td_request_queue_push(&q, a);
+    td_request_queue_push(&q, b);
+    assert_ptr_equal(td_request_queue_pop(&q), a);
+    assert_null(a->next);
+    assert_ptr_equal(td_request_queue_pop(&q), b);
+    assert_null(td_request_queue_pop(&q));
+    assert_null(q.tail);
+    td_request_queue_push(&q, a);
+    td_request_queue_push(&q, b);
+    assert_ptr_equal(td_request_queue_take_all(&q), a);
+    assert_ptr_equal(a->next, b);
+    assert_null(q.head);
+    assert_null(td_request_queue_pop(&q));
+    a->next = NULL;
+    td_request_destroy(&a);
+    td_request_destroy(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_backend_failure_is_the_reply),
         cmocka_unit_test(test_not_a_compute_operation),
         cmocka_unit_test(test_empty_minmax_is_a_reply_without_values),
+        cmocka_unit_test(test_error_messages_bounded),
+        cmocka_unit_test(test_queue),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
