@@ -44,8 +44,10 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* A loopback TCP port that nothing listens on (bound once by us, then released). */
-static int unused_port(void)
+/* A loopback TCP port that nothing listens on: bound by us and held, not listening, so a
+ * connection to it is refused and no other process can take it meanwhile; its socket in *held
+ * (close it when done). */
+static int refusing_port(int *held)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     assert_true(fd >= 0);
@@ -53,7 +55,7 @@ static int unused_port(void)
     assert_int_equal(bind(fd, (struct sockaddr *)&addr, sizeof addr), 0);
     socklen_t len = sizeof addr;
     assert_int_equal(getsockname(fd, (struct sockaddr *)&addr, &len), 0);
-    close(fd);
+    *held = fd;
     return ntohs(addr.sin_port);
 }
 
@@ -128,7 +130,8 @@ static void test_bad_requests_rejected_before_sending(void **state)
 {
     (void)state;
     char endpoint[64];
-    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", unused_port());
+    int held;
+    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", refusing_port(&held));
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new(endpoint, 2000, &c), TALLY_OK);
 
@@ -165,6 +168,7 @@ static void test_bad_requests_rejected_before_sending(void **state)
 
     tally_buf_free(&out);
     tally_client_destroy(&c);
+    close(held);
 }
 
 /* ---- Reassembly arithmetic --------------------------------------------------------------- */
@@ -309,7 +313,8 @@ static void test_unreachable_endpoint_fails_at_once(void **state)
 {
     (void)state;
     char endpoint[64], said[160];
-    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", unused_port());
+    int held;
+    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", refusing_port(&held));
     snprintf(said, sizeof said, "cannot connect to %s: Connection refused (is tallyd running?)",
              endpoint);
     const int timeout = 20000;
@@ -334,6 +339,7 @@ static void test_unreachable_endpoint_fails_at_once(void **state)
     assert_null(names);
     tally_client_destroy(&c);
     assert_int_equal(tally_endpoint_probe(endpoint, 1000), ECONNREFUSED);
+    close(held);
 
     /* An ipc path with no socket: the same, with the system's words for it. */
     snprintf(endpoint, sizeof endpoint, "ipc:///nonexistent/tally-%d.sock", (int)getpid());
