@@ -3,7 +3,8 @@
  * test_client_contract.c — what libtally's header promises for arguments it cannot use, call by
  * call (client/tally.h): TALLY_E_ARG (or the status the header names) for a NULL where an object
  * is needed, a range outside a region, a quantile outside [0, 1], a channel a histogram lacks,
- * a copy outside a GPU allocation, flags of a device region that do not agree with its event;
+ * a copy outside a GPU allocation, flags of a device region that do not agree with its event, a
+ * key file that exists (tally_keygen never replaces one, nor leaves half a pair);
  * NULL or 0 from the accessors of a NULL object; destroy functions that take NULL and set the
  * caller's pointer to NULL. test_client.c covers the calls of the request path; these are the
  * rest. A real tallyd (CPU) serves the few that need one.
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -338,13 +340,54 @@ static void test_sub_and_keys(void **state)
     assert_null(c);
 }
 
+/* tally_keygen never replaces a key file, and never leaves half a pair: a second keygen of the
+ * same name is refused naming the file, the pair left as it was; a stray NAME.pub refuses the
+ * pair and takes the NAME.key just written away again; a name too long for a path is refused. */
+static void test_keygen_never_replaces(void **state)
+{
+    (void)state;
+    char dir[64], base[96], path[128], msg[512], want[256], pub[41], again[41] = "";
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-keygen"), 0);
+    snprintf(base, sizeof base, "%s/a", dir);
+    assert_int_equal(tally_keygen(base, pub, msg, sizeof msg), TALLY_OK);
+    assert_int_equal(strlen(pub), 40);
+    char *key_before = th_slurp(strcat(strcpy(path, base), ".key"));
+    assert_non_null(key_before);
+    assert_int_equal(tally_keygen(base, again, msg, sizeof msg), TALLY_E_IO);
+    snprintf(want, sizeof want, "cannot create %s.key: File exists", base);
+    assert_string_equal(msg, want);
+    assert_string_equal(again, ""); /* no key said made */
+    char *key_after = th_slurp(path);
+    assert_string_equal(key_after, key_before);
+    free(key_before);
+    free(key_after);
+
+    snprintf(base, sizeof base, "%s/b", dir);
+    assert_int_equal(th_write_file(dir, "b.pub", "stray\n", 6), 0);
+    assert_int_equal(tally_keygen(base, pub, msg, sizeof msg), TALLY_E_IO);
+    snprintf(want, sizeof want, "cannot create %s.pub: File exists", base);
+    assert_string_equal(msg, want);
+    snprintf(path, sizeof path, "%s.key", base);
+    assert_int_equal(access(path, F_OK), -1); /* no half a pair */
+
+    snprintf(base, sizeof base, "%s/b.pub/c", dir); /* under a file: not a directory */
+    assert_int_equal(tally_keygen(base, pub, msg, sizeof msg), TALLY_E_IO);
+    snprintf(want, sizeof want, "cannot create %s.key: Not a directory", base);
+    assert_string_equal(msg, want);
+    char too_long[5000];
+    memset(too_long, 'k', sizeof too_long - 1);
+    too_long[sizeof too_long - 1] = '\0';
+    assert_int_equal(tally_keygen(too_long, pub, msg, sizeof msg), TALLY_E_ARG);
+    assert_int_equal(th_rmrf(dir), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_info_calls),   cmocka_unit_test(test_stream_calls),
         cmocka_unit_test(test_region_calls), cmocka_unit_test(test_push_calls),
         cmocka_unit_test(test_hist_calls),   cmocka_unit_test(test_sub_and_keys),
-        cmocka_unit_test(test_gpu_calls),
+        cmocka_unit_test(test_gpu_calls),    cmocka_unit_test(test_keygen_never_replaces),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
