@@ -4,7 +4,8 @@
  * call (client/tally.h): TALLY_E_ARG (or the status the header names) for a NULL where an object
  * is needed, a range outside a region, a quantile outside [0, 1], a channel a histogram lacks,
  * a copy outside a GPU allocation, flags of a device region that do not agree with its event, a
- * key file that exists (tally_keygen never replaces one, nor leaves half a pair);
+ * key file that exists (tally_keygen never replaces one, nor leaves half a pair), the order in
+ * which CURVE keys are looked for and what a half-configured pair says;
  * NULL or 0 from the accessors of a NULL object; destroy functions that take NULL and set the
  * caller's pointer to NULL. test_client.c covers the calls of the request path; these are the
  * rest. A real tallyd (CPU) serves the few that need one.
@@ -18,7 +19,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <zmq.h>
 
 #include <cmocka.h>
 
@@ -381,13 +385,93 @@ static void test_keygen_never_replaces(void **state)
     assert_int_equal(th_rmrf(dir), 0);
 }
 
+/* Where tally_curve_keys_load finds the keys, first match wins: the argument, TALLY_SERVER_KEY
+ * and TALLY_CLIENT_KEY, then `server_key` and `client_key` in $XDG_CONFIG_HOME/tally/tally.conf
+ * (else ~/.config/tally/tally.conf), whose lines may be indented and padded and whose other keys
+ * that start with the same letters are not these; and what each half-configured pair says. */
+static void test_curve_keys_where_from(void **state)
+{
+    (void)state;
+    char dir[64], path[160], conf[256], msg[512], me[41], other[41], sec[41], xdg[96], me_key[128];
+    tally_curve_keys_t keys;
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-curve-keys"), 0);
+    snprintf(path, sizeof path, "%s/me", dir);
+    assert_int_equal(tally_keygen(path, me, msg, sizeof msg), TALLY_OK);
+    snprintf(me_key, sizeof me_key, "%s/me.key", dir);
+    assert_int_equal(zmq_curve_keypair(other, sec), 0);
+    snprintf(xdg, sizeof xdg, "%s/xdg", dir);
+    snprintf(path, sizeof path, "%s/xdg/tally", dir);
+    assert_int_equal(mkdir(xdg, 0700), 0);
+    assert_int_equal(mkdir(path, 0700), 0);
+    int n = snprintf(conf, sizeof conf,
+                     "# keys\n\tserver_key\t=  %s \t\r\n  server_key_old = %s\nclient_key=%s\n"
+                     "client_keyring\n",
+                     other, me, me_key);
+    assert_int_equal(th_write_file(path, "tally.conf", conf, (size_t)n), 0);
+    char *home = getenv("HOME") ? strdup(getenv("HOME")) : NULL;
+    assert_int_equal(setenv("XDG_CONFIG_HOME", xdg, 1), 0);
+    unsetenv("TALLY_SERVER_KEY");
+    unsetenv("TALLY_CLIENT_KEY");
+
+    /* The configuration file: server_key, not server_key_old; the value without its padding. */
+    assert_int_equal(tally_curve_keys_load(NULL, NULL, &keys, msg, sizeof msg), TALLY_OK);
+    assert_string_equal(keys.server_public, other);
+    assert_string_equal(keys.client_public, me);
+    /* The environment before the file, the argument before both. */
+    assert_int_equal(setenv("TALLY_SERVER_KEY", me, 1), 0);
+    assert_int_equal(tally_curve_keys_load(NULL, NULL, &keys, msg, sizeof msg), TALLY_OK);
+    assert_string_equal(keys.server_public, me);
+    assert_int_equal(tally_curve_keys_load(other, NULL, &keys, msg, sizeof msg), TALLY_OK);
+    assert_string_equal(keys.server_public, other);
+    unsetenv("TALLY_SERVER_KEY");
+
+    /* A server key file with no public key in it; a client key file with no public key. */
+    char secret_only[128], want[512];
+    snprintf(secret_only, sizeof secret_only, "%s/secret-only.key", dir);
+    assert_int_equal(th_write_key_file(secret_only, NULL, sec, 0600), 0);
+    assert_int_equal(tally_curve_keys_load(secret_only, me_key, &keys, msg, sizeof msg),
+                     TALLY_E_ARG);
+    snprintf(want, sizeof want, "%s holds no public-key (the server's public key)", secret_only);
+    assert_string_equal(msg, want);
+    assert_string_equal(keys.server_public, ""); /* nothing half loaded */
+    assert_int_equal(tally_curve_keys_load(other, secret_only, &keys, msg, sizeof msg),
+                     TALLY_E_ARG);
+    snprintf(want, sizeof want, "%s: no public-key beside the secret key (use `tally keygen`)",
+             secret_only);
+    assert_string_equal(msg, want);
+    assert_string_equal(keys.client_public, "");
+
+    /* A server key and no client key anywhere: how to make one. */
+    n = snprintf(conf, sizeof conf, "server_key = %s\n", other);
+    assert_int_equal(th_write_file(path, "tally.conf", conf, (size_t)n), 0);
+    assert_int_equal(tally_curve_keys_load(NULL, NULL, &keys, msg, sizeof msg), TALLY_E_ARG);
+    assert_non_null(strstr(msg, "a server key is set but no client key: make one with `tally "
+                                "keygen NAME`"));
+    assert_string_equal(keys.server_public, "");
+
+    /* No XDG_CONFIG_HOME: ~/.config/tally/tally.conf, here none: CURVE off. */
+    unsetenv("XDG_CONFIG_HOME");
+    assert_int_equal(setenv("HOME", dir, 1), 0);
+    assert_int_equal(tally_curve_keys_load(NULL, NULL, &keys, msg, sizeof msg), TALLY_OK);
+    assert_string_equal(keys.server_public, "");
+    if (home)
+        setenv("HOME", home, 1);
+    free(home);
+    assert_int_equal(th_rmrf(dir), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_info_calls),   cmocka_unit_test(test_stream_calls),
-        cmocka_unit_test(test_region_calls), cmocka_unit_test(test_push_calls),
-        cmocka_unit_test(test_hist_calls),   cmocka_unit_test(test_sub_and_keys),
-        cmocka_unit_test(test_gpu_calls),    cmocka_unit_test(test_keygen_never_replaces),
+        cmocka_unit_test(test_info_calls),
+        cmocka_unit_test(test_stream_calls),
+        cmocka_unit_test(test_region_calls),
+        cmocka_unit_test(test_push_calls),
+        cmocka_unit_test(test_hist_calls),
+        cmocka_unit_test(test_sub_and_keys),
+        cmocka_unit_test(test_gpu_calls),
+        cmocka_unit_test(test_keygen_never_replaces),
+        cmocka_unit_test(test_curve_keys_where_from),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
