@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -43,8 +44,10 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* A loopback TCP port that nothing listens on (bound once by us, then released). */
-static int unused_port(void)
+/* A loopback TCP port that nothing listens on: bound by us and held, not listening, so a
+ * connection to it is refused and no other process can take it meanwhile; its socket in *held
+ * (close it when done). */
+static int refusing_port(int *held)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     assert_true(fd >= 0);
@@ -52,7 +55,7 @@ static int unused_port(void)
     assert_int_equal(bind(fd, (struct sockaddr *)&addr, sizeof addr), 0);
     socklen_t len = sizeof addr;
     assert_int_equal(getsockname(fd, (struct sockaddr *)&addr, &len), 0);
-    close(fd);
+    *held = fd;
     return ntohs(addr.sin_port);
 }
 
@@ -127,7 +130,8 @@ static void test_bad_requests_rejected_before_sending(void **state)
 {
     (void)state;
     char endpoint[64];
-    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", unused_port());
+    int held;
+    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", refusing_port(&held));
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new(endpoint, 2000, &c), TALLY_OK);
 
@@ -164,6 +168,7 @@ static void test_bad_requests_rejected_before_sending(void **state)
 
     tally_buf_free(&out);
     tally_client_destroy(&c);
+    close(held);
 }
 
 /* ---- Reassembly arithmetic --------------------------------------------------------------- */
@@ -308,7 +313,8 @@ static void test_unreachable_endpoint_fails_at_once(void **state)
 {
     (void)state;
     char endpoint[64], said[160];
-    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", unused_port());
+    int held;
+    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", refusing_port(&held));
     snprintf(said, sizeof said, "cannot connect to %s: Connection refused (is tallyd running?)",
              endpoint);
     const int timeout = 20000;
@@ -333,6 +339,7 @@ static void test_unreachable_endpoint_fails_at_once(void **state)
     assert_null(names);
     tally_client_destroy(&c);
     assert_int_equal(tally_endpoint_probe(endpoint, 1000), ECONNREFUSED);
+    close(held);
 
     /* An ipc path with no socket: the same, with the system's words for it. */
     snprintf(endpoint, sizeof endpoint, "ipc:///nonexistent/tally-%d.sock", (int)getpid());
@@ -367,6 +374,67 @@ static void test_open_says_why(void **state)
     assert_int_equal(tally_endpoint_probe("udp://127.0.0.1:1", 100), EINVAL);
 }
 
+/* A Unix stream socket bound to the len bytes of path (a file's path with its NUL, or a NUL and
+ * a name in the abstract namespace), listening when `listening`: its descriptor. */
+static int held_unix(const char *path, size_t len, bool listening)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    memcpy(a.sun_path, path, len);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(
+        bind(fd, (struct sockaddr *)&a, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len)),
+        0);
+    if (listening)
+        assert_int_equal(listen(fd, 4), 0);
+    return fd;
+}
+
+/* tally_endpoint_probe says what it found, with sockets this test holds (no port or name another
+ * process could take): something listening is 0; a TCP port bound but not listening and an
+ * abstract name nobody listens on are ECONNREFUSED; a missing socket file is ENOENT; an
+ * endpoint without a port, without an endpoint, or of another kind is EINVAL; a host that does
+ * not resolve is EHOSTUNREACH. */
+static void test_probe_says_why(void **state)
+{
+    (void)state;
+    int tcp = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in in = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof in;
+    assert_int_equal(bind(tcp, (struct sockaddr *)&in, sizeof in), 0);
+    assert_int_equal(getsockname(tcp, (struct sockaddr *)&in, &len), 0);
+    char endpoint[128];
+    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", ntohs(in.sin_port));
+    assert_int_equal(tally_endpoint_probe(endpoint, 20000), ECONNREFUSED); /* bound, no listen */
+    assert_int_equal(listen(tcp, 4), 0);
+    assert_int_equal(tally_endpoint_probe(endpoint, 20000), 0);
+    assert_int_equal(tally_endpoint_probe(endpoint, 0), 0); /* a timeout of 0 waits 1 ms at least */
+    close(tcp);
+
+    char name[64];
+    int n = snprintf(name, sizeof name, "%ctally-probe-%d", '\0', (int)getpid());
+    int abstract = held_unix(name, (size_t)n, false);
+    snprintf(endpoint, sizeof endpoint, "ipc://@%s", name + 1);
+    assert_int_equal(tally_endpoint_probe(endpoint, 20000), ECONNREFUSED);
+    assert_int_equal(listen(abstract, 4), 0);
+    assert_int_equal(tally_endpoint_probe(endpoint, 20000), 0);
+    close(abstract);
+
+    char dir[64], path[96];
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-probe"), 0);
+    snprintf(path, sizeof path, "%s/tallyd.sock", dir);
+    snprintf(endpoint, sizeof endpoint, "ipc://%s", path);
+    assert_int_equal(tally_endpoint_probe(endpoint, 20000), ENOENT);
+    int file = held_unix(path, strlen(path) + 1, true);
+    assert_int_equal(tally_endpoint_probe(endpoint, 20000), 0);
+    close(file);
+    assert_int_equal(th_rmrf(dir), 0);
+
+    assert_int_equal(tally_endpoint_probe(NULL, 100), EINVAL);
+    assert_int_equal(tally_endpoint_probe("tcp://127.0.0.1", 100), EINVAL);
+    assert_int_equal(tally_endpoint_probe("tcp://no-such-host.invalid:5570", 100), EHOSTUNREACH);
+}
+
 /* A daemon that accepts the connection but never answers: the send succeeds, the receive
  * times out, not before the client's timeout (how long after is the scheduler's), and
  * destroying the client does not wait for the queued request. */
@@ -398,9 +466,11 @@ static void test_silent_peer_times_out(void **state)
 /* ---- A fake daemon ----------------------------------------------------------------------- */
 
 /* Inputs whose first element is one of these make the fake daemon misbehave. */
-#define FAKE_ERROR_MAGIC 0x7E570001   /* reply TALLY_E_BACKEND with a message */
-#define FAKE_STALE_MAGIC 0x7E570002   /* send a reply to an unknown request id first */
-#define FAKE_BADSIZE_MAGIC 0x7E570003 /* reply with a payload of the wrong size */
+#define FAKE_ERROR_MAGIC 0x7E570001        /* reply TALLY_E_BACKEND with a message */
+#define FAKE_STALE_MAGIC 0x7E570002        /* send a reply to an unknown request id first */
+#define FAKE_BADSIZE_MAGIC 0x7E570003      /* reply with a payload of the wrong size */
+#define FAKE_SILENT_ERROR_MAGIC 0x7E570004 /* reply TALLY_E_BACKEND with no message */
+#define FAKE_RAGGED_MAGIC 0x7E570005       /* reply int64s in a payload of 4 bytes too many */
 
 typedef struct {
     void *ctx;
@@ -413,6 +483,7 @@ typedef struct {
     int nstreams;
     atomic_uint max_batch_seen; /* the largest number of requests answered at once */
     atomic_uint reordered;      /* batches of more than one, answered out of order */
+    _Atomic(const char *) info; /* the `info` text it answers; NULL: "version=fake" */
 } fake_t;
 
 typedef struct {
@@ -540,7 +611,8 @@ static bool fake_handle(fake_t *f, fake_reply_t *r, fake_reply_t *stale)
     } else if (req.opcode == TALLY_OP_PING) {
         /* empty OK reply */
     } else if (req.opcode == TALLY_OP_INFO) {
-        fake_error(r, TALLY_OK, "version=fake");
+        const char *info = atomic_load(&f->info);
+        fake_error(r, TALLY_OK, info ? info : "version=fake");
         r->rep.dtype = TALLY_DTYPE_TEXT;
     } else if (req.opcode == TALLY_OP_STATS) {
         r->shape = SHAPE_THREE_FRAMES;
@@ -555,6 +627,13 @@ static bool fake_handle(fake_t *f, fake_reply_t *r, fake_reply_t *stale)
                    "ab");
     } else if (first == FAKE_ERROR_MAGIC && req.dtype == TALLY_DTYPE_I32) {
         fake_error(r, TALLY_E_BACKEND, "fake daemon: backend exploded");
+    } else if (first == FAKE_SILENT_ERROR_MAGIC && req.dtype == TALLY_DTYPE_I32) {
+        r->rep.status = TALLY_E_BACKEND;
+        r->rep.dtype = TALLY_DTYPE_TEXT;
+    } else if (first == FAKE_RAGGED_MAGIC && req.dtype == TALLY_DTYPE_I32) {
+        r->rep.dtype = TALLY_DTYPE_I64;
+        r->len = 12;
+        r->payload = calloc(1, r->len);
     } else {
         fake_compute(f, &req, p, len, r);
         if (first == FAKE_BADSIZE_MAGIC && req.dtype == TALLY_DTYPE_I32)
@@ -882,6 +961,18 @@ static void test_run_failures(void **state)
     assert_string_not_equal(res.error, "");
     tally_buf_free(&out);
 
+    /* A daemon error without a message is named by its status's text. */
+    x[500] = FAKE_SILENT_ERROR_MAGIC;
+    assert_int_equal(tally_run(c, &req, x, sizeof x, &opts, &out, &res), TALLY_E_BACKEND);
+    assert_string_equal(res.error, tally_status_text(TALLY_E_BACKEND));
+    tally_buf_free(&out);
+
+    /* A reply of 12 bytes said to hold int64s is not one: TALLY_E_REPLY, saying so. */
+    x[500] = FAKE_RAGGED_MAGIC;
+    assert_int_equal(tally_run(c, &req, x, sizeof x, &opts, &out, &res), TALLY_E_REPLY);
+    assert_string_equal(res.error, "reply payload of 12 bytes is not a whole number of i64");
+    tally_buf_free(&out);
+
     /* The client still works afterwards. */
     assert_int_equal(tally_ping(c, NULL), TALLY_OK);
     tally_client_destroy(&c);
@@ -954,6 +1045,46 @@ static void zc_free(void *data, void *hint)
 }
 
 /* tally_send_zc hands the buffer to ZeroMQ and frees it exactly once, on every path. */
+/* A daemon whose `info` names a shared-memory side channel the client cannot use: the region is
+ * refused, saying why. */
+static void test_side_channel_unusable(void **state)
+{
+    fake_t *f = *state;
+    char xs[121], long_path[160], missing[96], said[192];
+    memset(xs, 'x', sizeof xs - 1);
+    xs[sizeof xs - 1] = '\0';
+    snprintf(long_path, sizeof long_path, "shm=on\nshm_socket=/%s\n", xs);
+    snprintf(missing, sizeof missing, "/nonexistent/tally-side-%d.sock", (int)getpid());
+    char missing_info[128];
+    snprintf(missing_info, sizeof missing_info, "shm=on\nshm_socket=%s\n", missing);
+    snprintf(said, sizeof said,
+             "cannot connect to the shared-memory side channel %s: No such file or directory",
+             missing);
+    struct {
+        const char *info;
+        tally_status_t status;
+        const char *error;
+    } cases[] = {
+        {"shm=on\n", TALLY_E_ARG, "the daemon offers no shared memory (info: shm=off)"},
+        {"shm=on\nshm_socket=\n", TALLY_E_ARG,
+         "the daemon offers no shared memory (info: shm=off)"},
+        {"shm=auto\nshm_socket=/x\n", TALLY_E_ARG,
+         "the daemon offers no shared memory (info: shm=off)"},
+        {long_path, TALLY_E_REPLY, "the daemon's shm_socket path is too long for a socket"},
+        {missing_info, TALLY_E_IO, said},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        atomic_store(&f->info, cases[i].info);
+        tally_client_t *c = fake_client(state);
+        tally_region_t *region = (tally_region_t *)&region;
+        assert_int_equal(tally_region_create(c, 4096, &region), cases[i].status);
+        assert_null(region);
+        assert_string_equal(tally_client_error(c), cases[i].error);
+        tally_client_destroy(&c);
+    }
+    atomic_store(&f->info, NULL);
+}
+
 static void test_send_zero_copy(void **state)
 {
     tally_client_t *c = fake_client(state);
@@ -1091,6 +1222,7 @@ int main(void)
         cmocka_unit_test(test_bufpool_reuses_and_bounds),
         cmocka_unit_test(test_unreachable_endpoint_fails_at_once),
         cmocka_unit_test(test_open_says_why),
+        cmocka_unit_test(test_probe_says_why),
         cmocka_unit_test(test_silent_peer_times_out),
     };
     const struct CMUnitTest fake[] = {
@@ -1102,6 +1234,7 @@ int main(void)
         cmocka_unit_test(test_run_hist_sums_chunks),
         cmocka_unit_test(test_run_respects_window),
         cmocka_unit_test(test_run_failures),
+        cmocka_unit_test(test_side_channel_unusable),
         cmocka_unit_test(test_send_zero_copy),
         cmocka_unit_test(test_send_copies_large_payloads),
     };

@@ -2,7 +2,10 @@
 /*
  * test_client_contract.c — what libtally's header promises for arguments it cannot use, call by
  * call (client/tally.h): TALLY_E_ARG (or the status the header names) for a NULL where an object
- * is needed, a range outside a region, a quantile outside [0, 1], a channel a histogram lacks;
+ * is needed, a range outside a region, a quantile outside [0, 1], a channel a histogram lacks,
+ * a copy outside a GPU allocation, flags of a device region that do not agree with its event, a
+ * key file that exists (tally_keygen never replaces one, nor leaves half a pair), the order in
+ * which CURVE keys are looked for and what a half-configured pair says;
  * NULL or 0 from the accessors of a NULL object; destroy functions that take NULL and set the
  * caller's pointer to NULL. test_client.c covers the calls of the request path; these are the
  * rest. A real tallyd (CPU) serves the few that need one.
@@ -16,6 +19,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <zmq.h>
 
 #include <cmocka.h>
 
@@ -133,6 +140,70 @@ static void test_region_calls(void **state)
     tally_reply_clear(&reply);
     tally_region_destroy(&region);
     assert_null(region);
+}
+
+/* tally_gpu_*: arguments refused before any allocation or driver call; ranges outside an
+ * allocation refused saying so (on a simulated GPU allocation, TALLY_TEST_SIM_GPU=1: no driver). */
+static void test_gpu_calls(void **state)
+{
+    (void)state;
+    tally_gpu_mem_t *mem = NULL;
+    uint8_t uuid[16] = {0}, bytes[16] = {0};
+    assert_int_equal(setenv("TALLY_TEST_SIM_GPU", "1", 1), 0);
+    assert_int_equal(tally_gpu_alloc(0, 4096, NULL), TALLY_E_ARG);
+    assert_int_equal(tally_gpu_alloc(0, 0, &mem), TALLY_E_ARG);
+    assert_int_equal(tally_gpu_alloc(-1, 4096, &mem), TALLY_E_ARG);
+    assert_null(mem);
+    assert_null(tally_gpu_ptr(NULL));
+    assert_int_equal(tally_gpu_size(NULL), 0);
+    assert_int_equal(tally_gpu_register(client, NULL, 0, NULL, &(tally_region_t *){NULL}),
+                     TALLY_E_ARG);
+    assert_int_equal(tally_gpu_copy_to(NULL, 0, bytes, 1), TALLY_E_ARG);
+    assert_int_equal(tally_gpu_copy_from(NULL, 0, bytes, 1), TALLY_E_ARG);
+    tally_gpu_free(NULL);
+    tally_gpu_free(&mem); /* *mem_p NULL */
+
+    /* tally_gpu_register_fd: each argument it cannot use, before it opens the side channel. */
+    tally_region_t *region = NULL;
+    int fd = 0; /* any descriptor: refused before it is read */
+    unsigned out = TALLY_GPU_OUTPUT, event = TALLY_GPU_EVENT;
+    assert_int_equal(tally_gpu_register_fd(NULL, fd, 4096, uuid, 0, NULL, NULL, &region),
+                     TALLY_E_ARG);
+    assert_int_equal(tally_gpu_register_fd(client, fd, 4096, uuid, 0, NULL, NULL, NULL),
+                     TALLY_E_ARG);
+    assert_int_equal(tally_gpu_register_fd(client, -1, 4096, uuid, 0, NULL, NULL, &region),
+                     TALLY_E_ARG);
+    assert_int_equal(tally_gpu_register_fd(client, fd, 0, uuid, 0, NULL, NULL, &region),
+                     TALLY_E_ARG);
+    assert_int_equal(tally_gpu_register_fd(client, fd, 4096, NULL, 0, NULL, NULL, &region),
+                     TALLY_E_ARG);
+    assert_int_equal(tally_gpu_register_fd(client, fd, 4096, uuid, 0x80, NULL, NULL, &region),
+                     TALLY_E_ARG); /* a flag it does not know */
+    assert_int_equal(tally_gpu_register_fd(client, fd, 4096, uuid, event, NULL, NULL, &region),
+                     TALLY_E_ARG); /* TALLY_GPU_EVENT without the event */
+    assert_int_equal(tally_gpu_register_fd(client, fd, 4096, uuid, out, bytes, NULL, &region),
+                     TALLY_E_ARG); /* an event without TALLY_GPU_EVENT */
+    assert_null(region);
+
+    /* An allocation rounded up to its granularity; copies within it, and none outside. */
+    assert_int_equal(tally_gpu_alloc(0, 1000, &mem), TALLY_OK);
+    size_t size = tally_gpu_size(mem);
+    assert_int_equal(size, 65536);
+    assert_non_null(tally_gpu_ptr(mem));
+    memset(bytes, 7, sizeof bytes);
+    assert_int_equal(tally_gpu_copy_to(mem, size - 16, bytes, 16), TALLY_OK);
+    assert_int_equal(tally_gpu_copy_to(mem, size, bytes, 0), TALLY_OK);
+    assert_int_equal(tally_gpu_copy_to(mem, size - 15, bytes, 16), TALLY_E_ARG);
+    assert_string_equal(tally_gpu_error(), "copy of 16 bytes at 65521 outside the allocation");
+    assert_int_equal(tally_gpu_copy_from(mem, size + 1, bytes, 0), TALLY_E_ARG);
+    assert_int_equal(tally_gpu_copy_from(mem, 0, bytes, size + 1), TALLY_E_ARG);
+    memset(bytes, 0, sizeof bytes);
+    assert_int_equal(tally_gpu_copy_from(mem, size - 16, bytes, 16), TALLY_OK);
+    assert_int_equal(bytes[0], 7);
+    assert_int_equal(bytes[15], 7);
+    tally_gpu_free(&mem);
+    assert_null(mem);
+    assert_int_equal(unsetenv("TALLY_TEST_SIM_GPU"), 0);
 }
 
 static void test_push_calls(void **state)
@@ -273,12 +344,134 @@ static void test_sub_and_keys(void **state)
     assert_null(c);
 }
 
+/* tally_keygen never replaces a key file, and never leaves half a pair: a second keygen of the
+ * same name is refused naming the file, the pair left as it was; a stray NAME.pub refuses the
+ * pair and takes the NAME.key just written away again; a name too long for a path is refused. */
+static void test_keygen_never_replaces(void **state)
+{
+    (void)state;
+    char dir[64], base[96], path[128], msg[512], want[256], pub[41], again[41] = "";
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-keygen"), 0);
+    snprintf(base, sizeof base, "%s/a", dir);
+    assert_int_equal(tally_keygen(base, pub, msg, sizeof msg), TALLY_OK);
+    assert_int_equal(strlen(pub), 40);
+    char *key_before = th_slurp(strcat(strcpy(path, base), ".key"));
+    assert_non_null(key_before);
+    assert_int_equal(tally_keygen(base, again, msg, sizeof msg), TALLY_E_IO);
+    snprintf(want, sizeof want, "cannot create %s.key: File exists", base);
+    assert_string_equal(msg, want);
+    assert_string_equal(again, ""); /* no key said made */
+    char *key_after = th_slurp(path);
+    assert_string_equal(key_after, key_before);
+    free(key_before);
+    free(key_after);
+
+    snprintf(base, sizeof base, "%s/b", dir);
+    assert_int_equal(th_write_file(dir, "b.pub", "stray\n", 6), 0);
+    assert_int_equal(tally_keygen(base, pub, msg, sizeof msg), TALLY_E_IO);
+    snprintf(want, sizeof want, "cannot create %s.pub: File exists", base);
+    assert_string_equal(msg, want);
+    snprintf(path, sizeof path, "%s.key", base);
+    assert_int_equal(access(path, F_OK), -1); /* no half a pair */
+
+    snprintf(base, sizeof base, "%s/b.pub/c", dir); /* under a file: not a directory */
+    assert_int_equal(tally_keygen(base, pub, msg, sizeof msg), TALLY_E_IO);
+    snprintf(want, sizeof want, "cannot create %s.key: Not a directory", base);
+    assert_string_equal(msg, want);
+    char too_long[5000];
+    memset(too_long, 'k', sizeof too_long - 1);
+    too_long[sizeof too_long - 1] = '\0';
+    assert_int_equal(tally_keygen(too_long, pub, msg, sizeof msg), TALLY_E_ARG);
+    assert_int_equal(th_rmrf(dir), 0);
+}
+
+/* Where tally_curve_keys_load finds the keys, first match wins: the argument, TALLY_SERVER_KEY
+ * and TALLY_CLIENT_KEY, then `server_key` and `client_key` in $XDG_CONFIG_HOME/tally/tally.conf
+ * (else ~/.config/tally/tally.conf), whose lines may be indented and padded and whose other keys
+ * that start with the same letters are not these; and what each half-configured pair says. */
+static void test_curve_keys_where_from(void **state)
+{
+    (void)state;
+    char dir[64], path[160], conf[256], msg[512], me[41], other[41], sec[41], xdg[96], me_key[128];
+    tally_curve_keys_t keys;
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-curve-keys"), 0);
+    snprintf(path, sizeof path, "%s/me", dir);
+    assert_int_equal(tally_keygen(path, me, msg, sizeof msg), TALLY_OK);
+    snprintf(me_key, sizeof me_key, "%s/me.key", dir);
+    assert_int_equal(zmq_curve_keypair(other, sec), 0);
+    snprintf(xdg, sizeof xdg, "%s/xdg", dir);
+    snprintf(path, sizeof path, "%s/xdg/tally", dir);
+    assert_int_equal(mkdir(xdg, 0700), 0);
+    assert_int_equal(mkdir(path, 0700), 0);
+    int n = snprintf(conf, sizeof conf,
+                     "# keys\n\tserver_key\t=  %s \t\r\n  server_key_old = %s\nclient_key=%s\n"
+                     "client_keyring\n",
+                     other, me, me_key);
+    assert_int_equal(th_write_file(path, "tally.conf", conf, (size_t)n), 0);
+    char *home = getenv("HOME") ? strdup(getenv("HOME")) : NULL;
+    assert_int_equal(setenv("XDG_CONFIG_HOME", xdg, 1), 0);
+    unsetenv("TALLY_SERVER_KEY");
+    unsetenv("TALLY_CLIENT_KEY");
+
+    /* The configuration file: server_key, not server_key_old; the value without its padding. */
+    assert_int_equal(tally_curve_keys_load(NULL, NULL, &keys, msg, sizeof msg), TALLY_OK);
+    assert_string_equal(keys.server_public, other);
+    assert_string_equal(keys.client_public, me);
+    /* The environment before the file, the argument before both. */
+    assert_int_equal(setenv("TALLY_SERVER_KEY", me, 1), 0);
+    assert_int_equal(tally_curve_keys_load(NULL, NULL, &keys, msg, sizeof msg), TALLY_OK);
+    assert_string_equal(keys.server_public, me);
+    assert_int_equal(tally_curve_keys_load(other, NULL, &keys, msg, sizeof msg), TALLY_OK);
+    assert_string_equal(keys.server_public, other);
+    unsetenv("TALLY_SERVER_KEY");
+
+    /* A server key file with no public key in it; a client key file with no public key. */
+    char secret_only[128], want[512];
+    snprintf(secret_only, sizeof secret_only, "%s/secret-only.key", dir);
+    assert_int_equal(th_write_key_file(secret_only, NULL, sec, 0600), 0);
+    assert_int_equal(tally_curve_keys_load(secret_only, me_key, &keys, msg, sizeof msg),
+                     TALLY_E_ARG);
+    snprintf(want, sizeof want, "%s holds no public-key (the server's public key)", secret_only);
+    assert_string_equal(msg, want);
+    assert_string_equal(keys.server_public, ""); /* nothing half loaded */
+    assert_int_equal(tally_curve_keys_load(other, secret_only, &keys, msg, sizeof msg),
+                     TALLY_E_ARG);
+    snprintf(want, sizeof want, "%s: no public-key beside the secret key (use `tally keygen`)",
+             secret_only);
+    assert_string_equal(msg, want);
+    assert_string_equal(keys.client_public, "");
+
+    /* A server key and no client key anywhere: how to make one. */
+    n = snprintf(conf, sizeof conf, "server_key = %s\n", other);
+    assert_int_equal(th_write_file(path, "tally.conf", conf, (size_t)n), 0);
+    assert_int_equal(tally_curve_keys_load(NULL, NULL, &keys, msg, sizeof msg), TALLY_E_ARG);
+    assert_non_null(strstr(msg, "a server key is set but no client key: make one with `tally "
+                                "keygen NAME`"));
+    assert_string_equal(keys.server_public, "");
+
+    /* No XDG_CONFIG_HOME: ~/.config/tally/tally.conf, here none: CURVE off. */
+    unsetenv("XDG_CONFIG_HOME");
+    assert_int_equal(setenv("HOME", dir, 1), 0);
+    assert_int_equal(tally_curve_keys_load(NULL, NULL, &keys, msg, sizeof msg), TALLY_OK);
+    assert_string_equal(keys.server_public, "");
+    if (home)
+        setenv("HOME", home, 1);
+    free(home);
+    assert_int_equal(th_rmrf(dir), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_info_calls),   cmocka_unit_test(test_stream_calls),
-        cmocka_unit_test(test_region_calls), cmocka_unit_test(test_push_calls),
-        cmocka_unit_test(test_hist_calls),   cmocka_unit_test(test_sub_and_keys),
+        cmocka_unit_test(test_info_calls),
+        cmocka_unit_test(test_stream_calls),
+        cmocka_unit_test(test_region_calls),
+        cmocka_unit_test(test_push_calls),
+        cmocka_unit_test(test_hist_calls),
+        cmocka_unit_test(test_sub_and_keys),
+        cmocka_unit_test(test_gpu_calls),
+        cmocka_unit_test(test_keygen_never_replaces),
+        cmocka_unit_test(test_curve_keys_where_from),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

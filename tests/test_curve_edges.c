@@ -64,8 +64,8 @@ static int teardown(void **state)
 /* tallyd with CURVE and `key`/`clients_dir`, run to its exit: its status; its log in log. */
 static int refused_start(const char *key, const char *clients_dir, char *log, size_t cap)
 {
-    char bind[64];
-    snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", th_free_port());
+    char bind[96]; /* ipc:// in dir: no TCP port another process could take first */
+    snprintf(bind, sizeof bind, "ipc://%s/refused.sock", dir);
     snprintf(log, cap, "%s/refused.log", dir);
     const char *args[] = {"--bind",
                           bind,

@@ -87,8 +87,8 @@ static void start_worker(th_daemon_t *d, const char *partitions)
 /* A worker with `partitions` and `ttl` that must refuse to start: its exit status; log in log. */
 static int refused_worker(const char *partitions, const char *ttl, char *log, size_t cap)
 {
-    char bind[64];
-    snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", th_free_port());
+    char bind[96]; /* ipc:// in dir: no TCP port another process could take first */
+    snprintf(bind, sizeof bind, "ipc://%s/refused.sock", dir);
     snprintf(log, cap, "%s/worker.log", dir);
     const char *args[] = {"--bind",
                           bind,

@@ -393,6 +393,44 @@ static void test_manifest_decode_rejects(void **state)
     v[5] = 0;
     v[0] = 'X';
     assert_int_equal(td_ckpt_manifest_decode(v, sizeof v, &out, msg, sizeof msg), TD_ERR_CORRUPT);
+    v[0] = TD_CKPT_MAGIC[0];
+    /* A header of another version, a reserved byte set, one byte short of a header: not one. */
+    char not_one[64];
+    snprintf(not_one, sizeof not_one, "not a version-%u checkpoint manifest (%zu bytes)",
+             TD_CKPT_VERSION, sizeof v);
+    for (int i = 4; i < 8; i++) {
+        uint8_t was = v[i];
+        v[i] = (uint8_t)(i == 4 ? TD_CKPT_VERSION + 1 : 1);
+        assert_int_equal(td_ckpt_manifest_decode(v, sizeof v, &out, msg, sizeof msg),
+                         TD_ERR_CORRUPT);
+        assert_string_equal(msg, not_one);
+        v[i] = was;
+    }
+    assert_int_equal(td_ckpt_manifest_decode(v, TD_CKPT_MANIFEST_SIZE - 1, &out, msg, sizeof msg),
+                     TD_ERR_CORRUPT);
+    /* A writer's id that no member could have; none at all is an older writer's, allowed. */
+    m.member[0] = '.';
+    td_ckpt_manifest_encode(&m, v);
+    assert_int_equal(td_ckpt_manifest_decode(v, sizeof v, &out, msg, sizeof msg), TD_ERR_CORRUPT);
+    m.member[0] = 0;
+    td_ckpt_manifest_encode(&m, v);
+    assert_int_equal(td_ckpt_manifest_decode(v, sizeof v, &out, msg, sizeof msg), TD_OK);
+    assert_string_equal(out.member, "");
+    /* Chunked: the count of chunks its state needs, and no inline state beside them. */
+    uint8_t h[TD_CKPT_MANIFEST_SIZE];
+    m.state_len = TD_CKPT_CHUNK_BYTES + 1;
+    m.chunks = 2;
+    td_ckpt_manifest_encode(&m, h);
+    assert_int_equal(td_ckpt_manifest_decode(h, sizeof h, &out, msg, sizeof msg), TD_OK);
+    assert_int_equal(out.chunks, 2);
+    assert_int_equal(out.state_len, TD_CKPT_CHUNK_BYTES + 1);
+    td_ckpt_manifest_encode(&m, v); /* and 3 bytes inline */
+    assert_int_equal(td_ckpt_manifest_decode(v, sizeof v, &out, msg, sizeof msg), TD_ERR_CORRUPT);
+    assert_string_equal(msg, "checkpoint manifest inconsistent: 1044481 bytes of state, 2 chunks, "
+                             "3 inline");
+    m.chunks = 1;
+    td_ckpt_manifest_encode(&m, h);
+    assert_int_equal(td_ckpt_manifest_decode(h, sizeof h, &out, msg, sizeof msg), TD_ERR_CORRUPT);
 }
 
 static void publish_n(uint32_t k, int n)

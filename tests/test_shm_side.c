@@ -490,8 +490,8 @@ static int run_second(const char *const *args, const char *runtime)
 {
     char log[128];
     snprintf(log, sizeof log, "%s/second.log", dir);
-    char bind[64];
-    snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", th_free_port());
+    char bind[96]; /* ipc:// in dir: no TCP port another process could take first */
+    snprintf(bind, sizeof bind, "ipc://%s/second.sock", dir);
     const char *argv[16] = {th_tallyd_bin(), "--bind", bind, "--backend", "cpu"};
     int argc = 5;
     for (int i = 0; args && args[i] && argc < 15; i++)

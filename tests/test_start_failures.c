@@ -50,12 +50,14 @@ static int hold_port(int *port)
     return fd;
 }
 
-/* tallyd with `option value` (plus a free request endpoint unless option is --bind) must exit 1
- * saying `want`. */
+/* tallyd with `option value` must exit 1 saying `want`. Unless option is --bind, the request
+ * endpoint is an ipc:// path in this test's own directory: a TCP port picked a moment before
+ * could be taken by another process under load, and tallyd would then be refused that one
+ * instead of the endpoint the test holds. */
 static void refused(const char *option, const char *value, const char *want)
 {
-    char bind[64], log[128];
-    snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", th_free_port());
+    char bind[96], log[128];
+    snprintf(bind, sizeof bind, "ipc://%s/tallyd.sock", dir);
     snprintf(log, sizeof log, "%s/refused.log", dir);
     bool is_bind = strcmp(option, "--bind") == 0;
     const char *args[] = {
