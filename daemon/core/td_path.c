@@ -305,7 +305,7 @@ static void pin_regions(td_path_t *p, td_request_t *r)
     tally_shm_ref_t ref;
     char msg[TALLY_ERROR_MESSAGE_MAX + 1];
     uint8_t *in = NULL, *out = NULL;
-    if (!p->shm || !r->has_header || r->arrived.len != TALLY_SHM_REF_SIZE ||
+    if (!p->shm || !r->has_header || !r->arrived.data || r->arrived.len != TALLY_SHM_REF_SIZE ||
         tally_req_decode(r->header, r->header_len, &req, msg, sizeof msg) != TALLY_OK ||
         !(req.flags & TALLY_FLAG_SHM_REF) ||
         tally_shm_ref_decode(r->arrived.data, r->arrived.len, &ref, msg, sizeof msg) != TALLY_OK ||
