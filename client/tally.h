@@ -184,6 +184,11 @@ TALLY_API tally_status_t tally_delete(tally_client_t *self, const char *stream);
 /* The daemon's stream names: a malloc'd array of *count malloc'd strings, freed with
  * tally_strings_free. */
 TALLY_API tally_status_t tally_streams(tally_client_t *self, char ***names, size_t *count);
+/* tally_streams, and *missing: for a client of a fleet (tally_client_new_nats), the partitions
+ * whose owner did not answer in time, so that their streams are not in the list (0: the list is
+ * whole); always 0 from one tallyd. */
+TALLY_API tally_status_t tally_streams_missing(tally_client_t *self, char ***names, size_t *count,
+                                               uint32_t *missing);
 TALLY_API void tally_strings_free(char **names, size_t count);
 
 /* ---- Shared memory (producers on tallyd's host; PROTOCOL.md §10) ----------------------- */
@@ -740,9 +745,13 @@ TALLY_API tally_status_t tally_nats_call(tally_nats_t *self, const tally_req_t *
 /* The stream's record, as tally_query. */
 TALLY_API tally_status_t tally_nats_query(tally_nats_t *self, const char *stream,
                                           tally_stream_info_t *info);
-/* The fleet's streams: every worker's, gathered until as many workers answered as are members
- * (or the timeout), each name once; freed with tally_strings_free. */
+/* The fleet's streams: every worker's, each name once; freed with tally_strings_free. Gathered
+ * until the answers cover every partition (each says which partitions it lists: Tally-Owned),
+ * or as many workers answered as are members, or the timeout; a partition no answer covered
+ * is counted in tally_nats_streams_missing, and its streams are not in the list. */
 TALLY_API tally_status_t tally_nats_streams(tally_nats_t *self, char ***names, size_t *count);
+/* The partitions the last tally_nats_streams heard no owner for (0: its list was whole). */
+TALLY_API uint32_t tally_nats_streams_missing(const tally_nats_t *self);
 
 /* A client of a fleet instead of one tallyd (PROTOCOL.md §13 "A client over NATS"): the same
  * tally_send, tally_recv, tally_call, tally_run, pushes and wrappers, over NATS. filter, scan,

@@ -59,6 +59,7 @@ struct tally_nats {
     char user[TALLY_NATS_MEMBER_ID_MAX + 1]; /* the NATS user: subjects, inbox, id namespace */
     char producer_id[TALLY_NATS_MEMBER_ID_MAX + 1];
     uint32_t partitions;
+    uint32_t streams_missing; /* the last gather's partitions without an answer */
     size_t max_payload;
     int timeout_ms;
     size_t window_bytes;
@@ -892,6 +893,23 @@ static size_t members_said(natsMsg *m)
     return n < 100000 ? (size_t)n : 0;
 }
 
+/* Marks the partitions a `streams` answer covers (its Tally-Owned header) in covered; an answer
+ * without one (an older worker) covers none: the list is not known whole. */
+static void mark_owned(tally_nats_t *self, natsMsg *m, bool *covered)
+{
+    const char *v = NULL;
+    if (natsMsgHeader_Get(m, TALLY_NATS_HDR_OWNED, &v) == NATS_OK && v)
+        tally_fleet_owned_merge(v, self->partitions, covered);
+}
+
+static uint32_t count_covered(const bool *covered, uint32_t partitions)
+{
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < partitions; k++)
+        n += covered[k] ? 1 : 0;
+    return n;
+}
+
 /* Adds the names of one member's `streams` answer (entries [u8 length][name]) to *names, each
  * name once. */
 static tally_status_t merge_names(natsMsg *m, char ***names, size_t *count, size_t *cap)
@@ -921,8 +939,8 @@ static tally_status_t merge_names(natsMsg *m, char ***names, size_t *count, size
     return TALLY_OK;
 }
 
-/* Publishes a `streams` request and gathers answers until as many members have answered as the
- * answers say are live (the most any says), or the timeout. */
+/* Publishes a `streams` request and gathers answers until they cover every partition, or as many
+ * members have answered as the answers say are live (the most any says), or the timeout. */
 static tally_status_t gather_streams(tally_nats_t *self, natsSubscription *sub, const char *inbox,
                                      char ***names, size_t *count)
 {
@@ -934,6 +952,7 @@ static tally_status_t gather_streams(tally_nats_t *self, natsSubscription *sub, 
     uint8_t frame[TALLY_REQ_HEADER_SIZE];
     tally_req_encode(&req, frame);
     size_t members = 0, answered = 0, cap = 0;
+    bool covered[TALLY_NATS_MAX_PARTITIONS] = {false};
     char subject[32 + TALLY_NATS_MEMBER_ID_MAX];
     tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_STREAMS, -1, self->user);
     natsStatus s =
@@ -942,7 +961,8 @@ static tally_status_t gather_streams(tally_nats_t *self, natsSubscription *sub, 
         return fail(self, TALLY_E_TRANSPORT, "streams: %s", natsStatus_GetText(s));
     int64_t deadline = now_ms() + self->timeout_ms;
     tally_status_t st = TALLY_OK;
-    while (st == TALLY_OK && (members == 0 || answered < members)) {
+    while (st == TALLY_OK && (members == 0 || answered < members) &&
+           count_covered(covered, self->partitions) < self->partitions) {
         int64_t left = deadline - now_ms();
         natsMsg *m = NULL;
         if (left <= 0 || natsSubscription_NextMsg(&m, sub, left) != NATS_OK)
@@ -953,12 +973,14 @@ static tally_status_t gather_streams(tally_nats_t *self, natsSubscription *sub, 
                 TALLY_OK &&
             rep.status == TALLY_OK) {
             st = merge_names(m, names, count, &cap);
+            mark_owned(self, m, covered);
             answered++;
             size_t said = members_said(m);
             members = said > members ? said : members;
         }
         natsMsg_Destroy(m);
     }
+    self->streams_missing = self->partitions - count_covered(covered, self->partitions);
     if (st == TALLY_OK && answered == 0 && refused_publish(self, subject))
         st = fail(self, TALLY_E_TRANSPORT,
                   "the NATS server refused to let user %s publish to %s (its permissions: "
@@ -967,6 +989,11 @@ static tally_status_t gather_streams(tally_nats_t *self, natsSubscription *sub, 
     if (st == TALLY_OK && answered == 0)
         st = fail(self, TALLY_E_TIMEOUT, "no worker answered within %d ms", self->timeout_ms);
     return st;
+}
+
+uint32_t tally_nats_streams_missing(const tally_nats_t *self)
+{
+    return self ? self->streams_missing : 0;
 }
 
 tally_status_t tally_nats_streams(tally_nats_t *self, char ***names, size_t *count)

@@ -96,6 +96,12 @@ tally_status_t tally_nats_streams(tally_nats_t *self, char ***names, size_t *cou
     return TALLY_E_ARG;
 }
 
+uint32_t tally_nats_streams_missing(const tally_nats_t *self)
+{
+    (void)self;
+    return 0;
+}
+
 uint64_t tally__nats_next_id(const tally_nats_t *self)
 {
     (void)self;
