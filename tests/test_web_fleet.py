@@ -13,7 +13,9 @@ a real 3-server NATS JetStream cluster (nats-server, started here) and two tally
     whole or missing; `tally --nats streams` says the same on stderr and exits 1;
   - the page of one worker (headless Chromium) shows a stream the other owns: its card's counts
     equal the owner's record, its row and card carry the owner's member id, and it follows a
-    new batch.
+    new batch;
+  - `tally --nats watch` (in tmux) subscribes to the owners' publications on tally.watch.<k>:
+    with an interval of an hour only a publication can bring a new batch's count to its screen.
 
 usage: test_web_fleet.py TALLYD TALLY SOURCE_DIR
 """
@@ -143,8 +145,10 @@ def whole_list(ws, totals):
     for d in ws:
         doc = the_list(d)
         fleet = doc.get("fleet")
-        if fleet != {"member": d.name, "partitions": PARTITIONS, "covered": PARTITIONS,
-                     "answered": 2, "members": 2, "partial": False}:
+        # "members" is what the answering workers' last heartbeats saw: it may lag one behind
+        if dict(fleet or {}, members=0) != {"member": d.name, "partitions": PARTITIONS,
+                                            "covered": PARTITIONS, "answered": 2, "members": 0,
+                                            "partial": False} or fleet["members"] not in (1, 2):
             fail("%s's list: fleet %r" % (d.name, fleet))
         names = [e["stream"] for e in doc["streams"]]
         if names != sorted(STREAMS):
@@ -224,6 +228,39 @@ def partial(ws, cluster, owner):
         os.kill(wb.proc.pid, signal.SIGCONT)
 
 
+def watch_subscribed(tmp, cluster, name):
+    """tally --nats watch --interval 1h: only the fleet's publications can redraw it."""
+    if not shutil.which("tmux"):
+        print("no tmux: tally watch --nats not checked")
+        return
+    tmux = ["tmux", "-L", "tally-web-fleet-%d" % os.getpid()]
+    want = until(lambda: queried(cluster, name), "a query of %s" % name)["count"]
+    cmd = "%s --nats %s watch --interval 1h --ascii %s" % (TALLY, cluster.urls, name)
+    subprocess.run(tmux + ["new-session", "-d", "-s", "w", "-x", "120", "-y", "40", cmd],
+                   check=True, cwd=tmp)
+    try:
+        def screen():
+            return subprocess.run(tmux + ["capture-pane", "-p", "-t", "w"], capture_output=True,
+                                  text=True).stdout
+
+        until(lambda: "%s  u8  count %d " % (name, want) in screen(), "watch shows %s" % name, 60)
+        if "sub tally.watch.<k>" not in screen():
+            fail("watch --nats did not subscribe:\n" + screen())
+        # The subscription may take a moment: push until a publication shows.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            tally_nats(cluster, "hist", "--stream", name, "--out", os.devnull, data=b"\x05" * 3)
+            want += 3
+            t = time.monotonic()
+            while time.monotonic() < t + 3 and "count %d " % want not in screen():
+                time.sleep(0.1)
+            if "count %d " % want in screen():
+                return
+        fail("no publication reached tally --nats watch; the screen:\n" + screen())
+    finally:
+        subprocess.run(tmux + ["kill-server"], capture_output=True)
+
+
 def page(tmp, ws, cluster, owner):
     """wa's page shows a stream wb owns."""
     from selenium import webdriver
@@ -297,6 +334,7 @@ def run(tmp):
         partial(ws, cluster, owner)
         until(lambda: the_list(ws[0])["fleet"]["partial"] is False, "wb answers again")
         owner = {e["stream"]: e["member"] for e in the_list(ws[0])["streams"]}
+        watch_subscribed(tmp, cluster, STREAMS[0])
         if os.environ.get("TALLY_WEB_FLEET_BROWSER", "1") == "1":
             page(tmp, ws, cluster, owner)
     finally:

@@ -10,9 +10,11 @@
  * (at most TD_VIEW_QUEUE wait; more are refused, and the API answers 503), this thread asks on
  * the fleet's connection (libnats' connections are shared between threads) and queues the answer
  * back, and the loop hands it to the asker from a uv_async handle. One question at a time: a
- * gather lasts until every partition is covered or every live member has answered, a few
- * milliseconds, and TD_VIEW_WAIT_MS at the most when a member does not answer; its answer then
- * says which partitions no answer covered instead of passing the list off as whole.
+ * gather lasts until the answers cover every partition, a few milliseconds, and TD_VIEW_WAIT_MS
+ * at the most when a member does not answer (or a partition is between owners); its answer then
+ * says how many partitions the answers covered instead of passing the list off as whole. (The
+ * live-member count an answer carries is not a stopping rule: a member's view of the membership
+ * can lag a heartbeat behind, and a list cut at the first answer would be partial for nothing.)
  */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -227,7 +229,7 @@ static void gather(td_view_t *v, view_ask_t *a)
     ans->partitions = f->partitions;
     int64_t deadline = td_nats_now_ms() + TD_VIEW_WAIT_MS;
     while (s == NATS_OK && ans->covered < f->partitions && !ans->truncated &&
-           !(ans->members && ans->answered >= ans->members) && !atomic_load(&v->stop)) {
+           !atomic_load(&v->stop)) {
         int64_t left = deadline - td_nats_now_ms();
         natsMsg *m = NULL;
         if (left <= 0)
