@@ -22,7 +22,7 @@ size_t tally__nats_chunk_limit(const tally_nats_t *self, const tally_req_t *req,
  * stream that does not exist yet), for a push that numbers its chunks. */
 tally_status_t tally__nats_last_seq(tally_nats_t *self, const char *stream, uint64_t *last);
 
-/* tally_nats.c's connection, for tally_nats_watch.c; tally_nats_watch.c: adds the names of one
+/* tally_nats.c's connection, for tally_nats_watch.c; tally_nats_names.c: adds the names of one
  * member's `streams` answer m (entries [u8 length][name]) to *names (*count of *cap), each name
  * once. Only with libnats (not the stub). */
 typedef struct __natsConnection natsConnection;

@@ -1,9 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * tally_nats_watch.c — the fleet seen as a whole, beside tally_nats.c: the subscription to the
- * workers' histogram publications on tally.watch.<k> (tally_nats_sub_*, what `tally watch
- * --nats` redraws from; PROTOCOL.md §13 "Histogram publications"), and the merging of the
- * members' `streams` answers that tally_nats_streams gathers.
+ * tally_nats_watch.c — a subscription to a fleet's histogram publications on tally.watch.<k>
+ * (tally_nats_sub_*, what `tally watch --nats` redraws from; PROTOCOL.md §13 "Histogram
+ * publications"), on a tally_nats_t's connection: a floor above tally_nats.c.
  *
  * libnats delivers a subscription's messages on a thread of its own: the callback only queues
  * the message under the mutex (bounded in bytes: past TALLY_NATS_SUB_BYTES the oldest go, and
@@ -25,33 +24,6 @@
 #include "tally_fleet.h"
 
 #define TALLY_NATS_SUB_BYTES (64u << 20)
-
-tally_status_t tally__nats_merge_names(natsMsg *m, char ***names, size_t *count, size_t *cap)
-{
-    const uint8_t *p = (const uint8_t *)natsMsg_GetData(m) + TALLY_REP_HEADER_SIZE;
-    size_t len = (size_t)natsMsg_GetDataLength(m) - TALLY_REP_HEADER_SIZE;
-    for (size_t at = 0; at < len; at += 1 + p[at]) {
-        if (p[at] == 0 || at + 1 + p[at] > len)
-            return TALLY_E_REPLY;
-        bool seen = false;
-        for (size_t i = 0; i < *count && !seen; i++)
-            seen = strlen((*names)[i]) == p[at] && memcmp((*names)[i], p + at + 1, p[at]) == 0;
-        if (seen) /* two members during a hand-over */
-            continue;
-        if (*count == *cap) {
-            size_t grown_cap = *cap ? 2 * *cap : 64;
-            char **grown = realloc(*names, grown_cap * sizeof *grown);
-            if (!grown)
-                return TALLY_E_NOMEM;
-            *names = grown;
-            *cap = grown_cap;
-        }
-        if (!((*names)[*count] = strndup((const char *)p + at + 1, p[at])))
-            return TALLY_E_NOMEM;
-        (*count)++;
-    }
-    return TALLY_OK;
-}
 
 /* ---- The subscription -------------------------------------------------------------------- */
 
