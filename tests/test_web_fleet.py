@@ -30,29 +30,15 @@ import sys
 import tempfile
 import time
 
-import jsonschema
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from web_common import Daemon, fail, free_port, quote  # noqa: E402
+from web_common import Daemon, fail, free_port, quote, schema_checker  # noqa: E402
 
 TALLYD, TALLY, SRC = sys.argv[1], sys.argv[2], sys.argv[3]
 PARTITIONS = 8
 STREAMS = ["s%02d" % i for i in range(12)]
 MEMBERS = ["wa", "wb"]
 
-with open(os.path.join(SRC, "web", "schema", "stream.json")) as f:
-    STREAM_SCHEMA = json.load(f)
-with open(os.path.join(SRC, "web", "schema", "api.json")) as f:
-    API_SCHEMA = json.load(f)
-
-
-def check(doc, definition=None, what=""):
-    schema = STREAM_SCHEMA if definition is None else dict(
-        API_SCHEMA, **{"$ref": "#/definitions/" + definition})
-    try:
-        jsonschema.validate(doc, schema, cls=jsonschema.Draft7Validator)
-    except jsonschema.ValidationError as e:
-        fail("%s does not match %s: %s" % (what, definition or "stream.json", e.message))
+check = schema_checker(SRC)
 
 
 def nats_server():

@@ -169,8 +169,9 @@ static void merge(td_view_t *v, view_ask_t *a, natsMsg *m, bool *covered)
         size_t said = strtoul(members, NULL, 10);
         ans->members = said > ans->members && said <= 100000 ? said : ans->members;
     }
-    for (size_t at = TALLY_REP_HEADER_SIZE; at < len && at + 1 + data[at] <= len;
-         at += 1 + data[at]) {
+    for (size_t at = TALLY_REP_HEADER_SIZE;
+         at < len && at + 1 + data[at] <= len && data[at] && data[at] <= TALLY_STREAM_NAME_MAX;
+         at += 1 + data[at]) { /* a garbled entry ends the member's list */
         if (ans->count == a->cap) {
             size_t cap = a->cap ? 2 * a->cap : 256;
             td_fleet_entry_t *grown = cap * sizeof *grown <= TD_VIEW_LIST_BYTES

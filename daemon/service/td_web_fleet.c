@@ -36,6 +36,16 @@ static td_web_job_t *detach(td_web_ask_t *a)
     return job;
 }
 
+/* The fleet's callback's arg: the job still waiting for the answer, or NULL (the web closed);
+ * the ask is freed either way. */
+static td_web_job_t *answered(void *arg)
+{
+    td_web_ask_t *a = arg;
+    td_web_job_t *job = detach(a);
+    free(a);
+    return job;
+}
+
 /* The status and error code an unanswered question gets. */
 static void answer_failed(td_web_t *self, td_web_job_t *job, const td_fleet_answer_t *ans)
 {
@@ -47,9 +57,7 @@ static void answer_failed(td_web_t *self, td_web_job_t *job, const td_fleet_answ
 
 static void list_answered(void *arg, const td_fleet_answer_t *ans)
 {
-    td_web_ask_t *a = arg;
-    td_web_job_t *job = detach(a);
-    free(a);
+    td_web_job_t *job = answered(arg);
     if (!job)
         return;
     if (ans->status != TALLY_OK) {
@@ -65,9 +73,7 @@ static void list_answered(void *arg, const td_fleet_answer_t *ans)
 
 static void query_answered(void *arg, const td_fleet_answer_t *ans)
 {
-    td_web_ask_t *a = arg;
-    td_web_job_t *job = detach(a);
-    free(a);
+    td_web_job_t *job = answered(arg);
     if (!job)
         return;
     tally_rep_t rep;
