@@ -315,7 +315,13 @@ def run(tmp):
         for name in STREAMS:
             until(lambda: (queried(cluster, name) or {}).get("count") == totals[name],
                   "%s applied" % name)
+        # Both lists whole before they are looked at (a loaded box may still be settling)
+        until(lambda: all(the_list(d)["fleet"]["covered"] == PARTITIONS for d in ws),
+              "both workers' lists covering every partition")
         owner = whole_list(ws, totals)
+        r = tally_nats(cluster, "streams")
+        if sorted(r.stdout.decode().split()) != sorted(STREAMS) or r.stderr:
+            fail("tally --nats streams: %r %r" % (r.stdout, r.stderr))
         remote_records(ws, cluster, owner)
         partial(ws, cluster, owner)
         until(lambda: the_list(ws[0])["fleet"]["partial"] is False, "wb answers again")
