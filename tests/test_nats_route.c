@@ -334,6 +334,15 @@ static void test_owner_and_not_owner(void **state)
     recv_ok(c, STREAMS);
     check_model(c);
     tally_client_destroy(&c);
+    /* The CLI's --fleet: a query of a stream of b's, from its owner. */
+    char dir[128];
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-route"), 0);
+    th_cli_t q = th_cli(dir, member[0].endpoint, "--fleet %s query --json route/%d", tn_suite.urls,
+                        sb);
+    assert_int_equal(q.status, 0);
+    assert_non_null(strstr(q.out, "\"last_seq\":1,"));
+    th_cli_free(&q);
+    th_rmrf(dir);
     assert_int_equal(th_metric(&member[0], "tallyd_nats_not_owner_total"), tries + 1);
     stop_members(state);
 }
@@ -447,6 +456,12 @@ static void test_refusals(void **state)
     assert_int_equal(tally_client_new_fleet(&o, &c, msg, sizeof msg), TALLY_E_ARG);
     assert_null(c);
     assert_non_null(strstr(msg, "no tallyd fleet in direct mode"));
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-route"), 0);
+    th_cli_t r = th_cli(dir, "tcp://127.0.0.1:1", "--fleet %s ping", tn_suite.urls);
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "no tallyd fleet in direct mode"));
+    th_cli_free(&r);
+    th_rmrf(dir);
 }
 
 int main(void)

@@ -350,11 +350,10 @@ const td_setting_t td_settings[] = {
              "only through their partitions (PROTOCOL.md §13 \"Security\")"},
     {.option = "nats-direct", .arg = "off|local", .section = "nats", .key = "direct",
      .type = TD_SET_STRING, .offset = FIELD(nats_direct), .reload = TD_RELOAD_RESTART,
-     .help = "direct mode (PROTOCOL.md §13 \"Direct mode\"): local, producers send straight to "
-             "the owner of a stream's partition over ZeroMQ or shared memory (libtally's fleet "
-             "client, tally --fleet), a member answers not_owner for a partition it does not own, "
-             "and direct writes are made durable by the partition's checkpoints only (a host "
-             "lost loses those since the last one); replicated is not built yet",
+     .help = "direct mode (PROTOCOL.md §13 \"Direct mode\"): local, producers send a stream's "
+             "requests over ZeroMQ straight to the member owning its partition (tally --fleet), "
+             "others answer not_owner, and direct writes are durable at the partition's "
+             "checkpoints only (a lost host loses those since); replicated is not built yet",
      .default_doc = "off"},
     {.option = "nats-advertise", .arg = "ENDPOINT", .section = "nats", .key = "advertise",
      .type = TD_SET_STRING, .offset = FIELD(nats_advertise), .reload = TD_RELOAD_RESTART,
