@@ -575,7 +575,7 @@ static char *read_protocol_md(void)
 #ifdef TALLY_PROTOCOL_MD
     FILE *f = fopen(TALLY_PROTOCOL_MD, "rb");
     assert_non_null(f);
-    static char doc[128 * 1024];
+    static char doc[256 * 1024]; /* PROTOCOL.md passed 128 KiB with §13 "Direct mode" */
     size_t len = fread(doc, 1, sizeof doc - 1, f);
     fclose(f);
     assert_true(len > 0 && len < sizeof doc - 1);
