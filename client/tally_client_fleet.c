@@ -33,8 +33,8 @@
 #include <zmq.h>
 
 #include "tally_client_int.h"
+#include "tally_client_nats.h"
 #include "tally_fleet.h"
-#include "tally_nats_conn.h"
 #include "tally_transport.h"
 
 #define TALLY_FLEET_HOPS 8
@@ -64,8 +64,7 @@ typedef struct pending {
 
 typedef struct {
     tally__transport_t base; /* first: the core's handle on it */
-    natsConnection *nc;
-    jsCtx *js;
+    tally_nats_t *nats; /* the connection (a producer's, tally_nats.c) */
     kvStore *leases, *endpoints;
     uint32_t partitions;
     int timeout_ms;
@@ -309,16 +308,28 @@ static tally_status_t fleetc_last_seq(tally__transport_t *base, const char *stre
 {
     fleetc_t *self = (fleetc_t *)base;
     uint32_t k = tally_partition(stream, strlen(stream), self->partitions);
-    int m = self->owner[k];
-    if (m < 0)
-        m = self->owner[k] = owner_until(self, k, now_us() + (int64_t)self->timeout_ms * 1000);
     tally_stream_info_t info;
-    tally_status_t st = m < 0 ? TALLY_E_TIMEOUT : tally_query(self->members[m].c, stream, &info);
+    tally_status_t st = TALLY_E_NOT_OWNER;
+    const char *why = "";
+    for (int hop = 0; st == TALLY_E_NOT_OWNER && hop <= TALLY_FLEET_HOPS; hop++) {
+        int m = self->owner[k];
+        if (m < 0)
+            m = self->owner[k] =
+                owner_until(self, k, now_us() + (int64_t)self->timeout_ms * 1000);
+        if (m < 0) {
+            snprintf(error, cap, "%s", self->error);
+            return TALLY_E_TIMEOUT;
+        }
+        st = tally_query(self->members[m].c, stream, &info);
+        why = tally_client_error(self->members[m].c);
+        if (st == TALLY_E_NOT_OWNER) /* the owner it names, else the buckets' at the next turn */
+            self->owner[k] = named_owner(self, why);
+    }
     *last = st == TALLY_OK ? info.last_seq : 0;
     if (st == TALLY_E_UNKNOWN_STREAM) /* a stream's first push */
         return TALLY_OK;
     if (st != TALLY_OK)
-        snprintf(error, cap, "%s", m < 0 ? self->error : tally_client_error(self->members[m].c));
+        snprintf(error, cap, "%s", why);
     return st;
 }
 
@@ -331,8 +342,7 @@ static void fleetc_destroy(tally__transport_t **self_p)
         tally_client_destroy(&self->members[i].c);
     kvStore_Destroy(self->leases);
     kvStore_Destroy(self->endpoints);
-    jsCtx_Destroy(self->js);
-    natsConnection_Destroy(self->nc);
+    tally_nats_destroy(&self->nats);
     free(self);
     *self_p = NULL;
 }
@@ -346,40 +356,25 @@ static const tally__transport_ops_t fleetc_ops = {
     .destroy = fleetc_destroy,
 };
 
-/* NATS: the connection, the partition count and the two buckets. */
+/* NATS (tally_nats_new: the connection and the partition count) and the two buckets. */
 static tally_status_t fleetc_connect(fleetc_t *self, const tally_nats_opts_t *opts, char *msg,
                                      size_t cap)
 {
-    tally_nats_conf_t conf = {.servers = opts->servers,
-                              .credentials = opts->credentials,
-                              .nkey = opts->nkey,
-                              .nkey_seed = opts->nkey_seed,
-                              .tls_ca = opts->tls_ca,
-                              .tls_cert = opts->tls_cert,
-                              .tls_key = opts->tls_key,
-                              .user = opts->user,
-                              .timeout_ms = self->timeout_ms};
-    tally_status_t st = tally__nats_connect(&conf, &self->nc, msg, cap);
+    tally_nats_opts_t o = *opts;
+    o.timeout_ms = self->timeout_ms;
+    tally_status_t st = tally_nats_new(&o, &self->nats, msg, cap);
     if (st != TALLY_OK)
         return st;
-    kvStore *fleet = NULL;
-    kvEntry *e = NULL;
-    natsStatus s = natsConnection_JetStream(&self->js, self->nc, NULL);
-    if (s == NATS_OK && (s = js_KeyValue(&fleet, self->js, TALLY_NATS_BUCKET_FLEET)) == NATS_OK &&
-        (s = kvStore_Get(&e, fleet, TALLY_NATS_KEY_PARTITIONS)) == NATS_OK)
-        self->partitions = (uint32_t)strtoul(kvEntry_ValueString(e), NULL, 10);
-    kvEntry_Destroy(e);
-    kvStore_Destroy(fleet);
+    self->partitions = tally_nats_partitions(self->nats);
+    jsCtx *js = tally__nats_js(self->nats);
+    natsStatus s = js_KeyValue(&self->leases, js, TALLY_NATS_BUCKET_LEASES);
     if (s == NATS_OK)
-        s = js_KeyValue(&self->leases, self->js, TALLY_NATS_BUCKET_LEASES);
-    if (s == NATS_OK)
-        s = js_KeyValue(&self->endpoints, self->js, TALLY_NATS_BUCKET_ENDPOINTS);
-    if (s != NATS_OK || self->partitions < 1 || self->partitions > TALLY_NATS_MAX_PARTITIONS) {
+        s = js_KeyValue(&self->endpoints, js, TALLY_NATS_BUCKET_ENDPOINTS);
+    if (s != NATS_OK) {
         snprintf(msg, cap,
-                 "no tallyd fleet in direct mode on this NATS (%s, %s, %s: %s): start a worker "
+                 "no tallyd fleet in direct mode on this NATS (%s, %s: %s): start a worker "
                  "with [nats] direct = local first",
-                 TALLY_NATS_BUCKET_FLEET, TALLY_NATS_BUCKET_LEASES, TALLY_NATS_BUCKET_ENDPOINTS,
-                 s != NATS_OK ? natsStatus_GetText(s) : "no partition count");
+                 TALLY_NATS_BUCKET_LEASES, TALLY_NATS_BUCKET_ENDPOINTS, natsStatus_GetText(s));
         return TALLY_E_ARG;
     }
     return TALLY_OK;

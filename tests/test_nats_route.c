@@ -69,6 +69,17 @@ static int stop_members(void **state)
     return 0;
 }
 
+/* The end of a test: each member still running stops on SIGTERM (its partitions given up,
+ * direct writes checkpointed) and exits 0 (under ASan: without a leak). */
+static void stop_clean(void)
+{
+    for (int i = 0; i < 2; i++)
+        if (member[i].pid > 0) {
+            assert_int_equal(th_daemon_stop(&member[i], SIGTERM, TIMEOUT_MS), 0);
+            member[i].pid = 0;
+        }
+}
+
 static int teardown(void **state)
 {
     stop_members(state);
@@ -79,18 +90,7 @@ static int teardown(void **state)
 /* No fleet on the cluster: each test's members make their own. */
 static void fresh_fleet(void)
 {
-    jsErrCode jerr = 0;
-    for (uint32_t k = 0; k < PARTITIONS; k++) {
-        char stream[32];
-        tally_fleet_name(stream, sizeof stream, TALLY_NATS_STREAM_PREFIX, k);
-        js_DeleteStream(tn_suite_js, stream, NULL, &jerr);
-    }
-    js_DeleteStream(tn_suite_js, TALLY_NATS_DEAD_STREAM, NULL, &jerr);
-    const char *buckets[] = {TALLY_NATS_BUCKET_FLEET, TALLY_NATS_BUCKET_MEMBERS,
-                             TALLY_NATS_BUCKET_LEASES, TALLY_NATS_BUCKET_CKPT,
-                             TALLY_NATS_BUCKET_ENDPOINTS};
-    for (size_t i = 0; i < sizeof buckets / sizeof buckets[0]; i++)
-        js_DeleteKeyValue(tn_suite_js, buckets[i]);
+    tn_fleet_delete(tn_suite_js, PARTITIONS);
     kvStore_Destroy(leases);
     leases = NULL;
     memset(model, 0, sizeof model);
@@ -344,7 +344,7 @@ static void test_owner_and_not_owner(void **state)
     th_cli_free(&q);
     th_rmrf(dir);
     assert_int_equal(th_metric(&member[0], "tallyd_nats_not_owner_total"), tries + 1);
-    stop_members(state);
+    stop_clean();
 }
 
 /* ---- 2. a hand-over: not_owner followed, direct writes in the give-up's checkpoint -------- */
@@ -365,7 +365,25 @@ static void test_handover_follows_not_owner(void **state)
     start(1, "3600000");
     wait_held(ids[1], PARTITIONS / 2);
     wait_held(ids[0], PARTITIONS / 2);
-    /* The client still sends every stream to a, which answers not_owner for b's. */
+    /* A push numbered from its stream's last_seq, on a stream of b's: the client asks a for it
+     * first, and follows a's not_owner to b. */
+    int sb = stream_held_by(ids[1]);
+    char name[32];
+    stream_name(sb, name, sizeof name);
+    uint8_t data[600];
+    size_t n = batch(sb, 9, data);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    tally_run_opts_t ro = {.seq = TALLY_RUN_SEQ_APPEND};
+    tally_run_result_t res;
+    tally_buf_t out = {0};
+    tally_status_t st = tally_run(c, &req, data, n, &ro, &out, &res);
+    if (st != TALLY_OK)
+        fail_msg("tally_run: %s: %s", tally_status_name(st), tally_client_error(c));
+    tally_buf_free(&out);
+    tr_hist_parts(TALLY_DTYPE_U8, data, n, 0, 0, model[sb], NULL, NULL);
+    seqs[sb]++;
+    /* The client still sends every other stream to a, which answers not_owner for b's. */
     for (int r = 3; r < 5; r++) {
         for (int s = 0; s < STREAMS; s++)
             send_hist(c, s, r, true);
@@ -374,7 +392,7 @@ static void test_handover_follows_not_owner(void **state)
     check_model(c);
     assert_true(th_metric(&member[0], "tallyd_nats_not_owner_total") >= 1);
     tally_client_destroy(&c);
-    stop_members(state);
+    stop_clean();
 }
 
 /* ---- 3. kill -9 of an owner: numbered resends applied exactly once ----------------------- */
@@ -428,7 +446,7 @@ static void test_kill_owner_resends_once(void **state)
     wait_held(ids[0], PARTITIONS);
     check_model(c); /* each resent numbered request applied once; the unnumbered one not */
     tally_client_destroy(&c);
-    stop_members(state);
+    stop_clean();
 }
 
 /* ---- 4. refusals ------------------------------------------------------------------------ */
@@ -455,11 +473,23 @@ static void test_refusals(void **state)
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new_fleet(&o, &c, msg, sizeof msg), TALLY_E_ARG);
     assert_null(c);
+    assert_non_null(strstr(msg, "no tallyd fleet on this NATS"));
+    /* A fleet (its partition count), but none of direct mode's buckets. */
+    kvConfig kc;
+    kvConfig_Init(&kc);
+    kc.Bucket = TALLY_NATS_BUCKET_FLEET;
+    kvStore *kv = NULL;
+    assert_int_equal(js_CreateKeyValue(&kv, tn_suite_js, &kc), NATS_OK);
+    uint64_t rev = 0;
+    assert_int_equal(kvStore_PutString(&rev, kv, TALLY_NATS_KEY_PARTITIONS, "4"), NATS_OK);
+    kvStore_Destroy(kv);
+    assert_int_equal(tally_client_new_fleet(&o, &c, msg, sizeof msg), TALLY_E_ARG);
     assert_non_null(strstr(msg, "no tallyd fleet in direct mode"));
+    tn_fleet_delete(tn_suite_js, PARTITIONS);
     assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-route"), 0);
     th_cli_t r = th_cli(dir, "tcp://127.0.0.1:1", "--fleet %s ping", tn_suite.urls);
     assert_int_equal(r.status, 2);
-    assert_non_null(strstr(r.err, "no tallyd fleet in direct mode"));
+    assert_non_null(strstr(r.err, "no tallyd fleet on this NATS"));
     th_cli_free(&r);
     th_rmrf(dir);
 }
