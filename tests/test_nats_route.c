@@ -320,6 +320,14 @@ static void test_owner_and_not_owner(void **state)
     assert_int_equal(tally_call(a, &req, data, n, &r), TALLY_OK);
     tally_reply_clear(&r);
     tr_hist_parts(TALLY_DTYPE_U8, data, n, 0, 0, model[sa], NULL, NULL);
+    /* Admitted there and failed (the stream's histogram is u8): not a write to checkpoint. */
+    tally_req_t wrong = th_req(TALLY_OP_HIST, TALLY_DTYPE_I32, 0);
+    assert_int_equal(tally_req_set_stream(&wrong, name), TALLY_OK);
+    wrong.lo = 0;
+    wrong.hi = 100;
+    int32_t values[4] = {1, 2, 3, 4};
+    assert_int_equal(tally_call(a, &wrong, values, sizeof values, &r), TALLY_E_STREAM_STATE);
+    tally_reply_clear(&r);
     tally_client_destroy(&a);
     assert_int_equal(th_metric(&member[0], "tallyd_nats_not_owner_total"), tries + 1);
     assert_int_equal(th_metric(&member[1], "tallyd_nats_not_owner_total"), 0);

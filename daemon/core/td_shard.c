@@ -91,7 +91,7 @@ static void reply(td_shard_t *p, td_request_t *r)
 {
     if (r->routed) { /* its partition may be given up once nothing of it is in flight */
         r->routed = false;
-        p->route.done(p->route.ctx, &r->req);
+        p->route.done(p->route.ctx, &r->req, (tally_status_t)r->rep.status);
     }
     td_metrics_observe(p->env.metrics, r->req.opcode, (tally_status_t)r->rep.status, r->payload_len,
                        r->reply_len, uv_hrtime() - r->received_ns);

@@ -86,11 +86,11 @@ static tally_status_t route_admit(void *ctx, const tally_req_t *req, char *msg, 
     return TALLY_E_NOT_OWNER;
 }
 
-static void route_done(void *ctx, const tally_req_t *req)
+static void route_done(void *ctx, const tally_req_t *req, tally_status_t status)
 {
     td_fleet_route_t *r = ctx;
     uint32_t k = tally_partition(req->stream, req->stream_len, r->f->partitions);
-    if (is_write(req->opcode)) {
+    if (status == TALLY_OK && is_write(req->opcode)) {
         atomic_fetch_add(&r->uncommitted[k], 1);
         TD_FLEET_COUNT(r->f, direct_uncommitted);
     }
