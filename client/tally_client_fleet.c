@@ -202,11 +202,10 @@ static tally_status_t fleetc_send(tally__transport_t *base, const tally_req_t *r
 
 /* ---- Receiving ---------------------------------------------------------------------------- */
 
-static bool reads_only(uint8_t op)
-{
-    return op == TALLY_OP_QUERY || op == TALLY_OP_PING || op == TALLY_OP_INFO ||
-           op == TALLY_OP_STATS || op == TALLY_OP_STREAMS;
-}
+/* The operations that only read: asked again of a new owner whatever they carry. */
+static const bool reads_only[TALLY_OP_COUNT] = {[TALLY_OP_QUERY] = true, [TALLY_OP_PING] = true,
+                                                [TALLY_OP_INFO] = true,  [TALLY_OP_STATS] = true,
+                                                [TALLY_OP_STREAMS] = true};
 
 /* Requests whose owner may have changed: sent to the new one (or failed, when they may have
  * been applied and carry no seq). A request that cannot be sent is answered with its failure
@@ -224,7 +223,7 @@ static bool check_owners(fleetc_t *self, tally_reply_t *reply, tally_status_t *s
         bool moved = m != p->m, late = now - p->sent_us >= TALLY_FLEET_SUSPECT_MS * 1000;
         if (m < 0 || (!moved && (!p->waiting || !late)))
             continue; /* no owner yet, or the same one: slow, not gone (a waiting one: later) */
-        if (!p->waiting && !p->req.seq && !reads_only(p->req.opcode)) {
+        if (!p->waiting && !p->req.seq && !reads_only[p->req.opcode]) { /* sent: a known op */
             reply->rep.request_id = p->id;
             reply->rep.opcode = p->req.opcode;
             set_msg(reply->error,

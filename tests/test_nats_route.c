@@ -97,7 +97,8 @@ static void fresh_fleet(void)
     memset(seqs, 0, sizeof seqs);
 }
 
-static void start(int i, const char *ckpt_ms)
+/* Member i, with another endpoint to advertise (NULL: its first bind, the harness's tcp). */
+static void start(int i, const char *ckpt_ms, const char *advertise)
 {
     const char *args[] = {"--nats-servers",
                           tn_suite.urls,
@@ -115,8 +116,25 @@ static void start(int i, const char *ckpt_ms)
                           "local",
                           "--metrics",
                           "127.0.0.1:0",
+                          advertise ? "--bind" : NULL,
+                          advertise,
+                          "--nats-advertise",
+                          advertise,
                           NULL};
     assert_int_equal(th_daemon_start(&member[i], args), 0);
+}
+
+/* Member id's published ZeroMQ endpoint (TALLY_ENDPOINTS), into out. */
+static void published(const char *id, char *out, size_t cap)
+{
+    kvStore *eps = NULL;
+    kvEntry *e = NULL;
+    assert_int_equal(js_KeyValue(&eps, tn_suite_js, TALLY_NATS_BUCKET_ENDPOINTS), NATS_OK);
+    assert_int_equal(kvStore_Get(&e, eps, id), NATS_OK);
+    assert_true(tally_fleet_endpoint_get(kvEntry_Value(e), (size_t)kvEntry_ValueLen(e), "zmq", out,
+                                         cap));
+    kvEntry_Destroy(e);
+    kvStore_Destroy(eps);
 }
 
 /* The holder of partition k ("" when none). */
@@ -190,6 +208,18 @@ static uint64_t send_hist(tally_client_t *c, int s, int r, bool numbered)
     return id;
 }
 
+/* An unnumbered hist request for stream s that fails to be sent with `want`. */
+static void send_hist_status(tally_client_t *c, int s, tally_status_t want)
+{
+    uint8_t data[600];
+    size_t n = batch(s, 0, data);
+    char name[32];
+    stream_name(s, name, sizeof name);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    assert_int_equal(tally_send(c, &req, data, n, NULL), want);
+}
+
 /* Waits for `count` replies, each TALLY_OK. */
 static void recv_ok(tally_client_t *c, int count)
 {
@@ -261,9 +291,9 @@ static void test_owner_and_not_owner(void **state)
 {
     (void)state;
     fresh_fleet();
-    start(0, "200");
+    start(0, "200", NULL);
     wait_held(ids[0], PARTITIONS);
-    start(1, "200");
+    start(1, "200", NULL);
     wait_held(ids[0], PARTITIONS / 2);
     wait_held(ids[1], PARTITIONS / 2);
     /* Member a's endpoints, as published. */
@@ -361,8 +391,15 @@ static void test_handover_follows_not_owner(void **state)
 {
     (void)state;
     fresh_fleet();
-    start(0, "3600000"); /* no periodic checkpoint: only a give-up writes one */
+    /* a advertises an ipc endpoint, bound beside the harness's tcp one: the fleet client
+     * reaches it there. */
+    char dir[128], ipc[192], seen[256];
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-route"), 0);
+    snprintf(ipc, sizeof ipc, "ipc://%s/a.sock", dir);
+    start(0, "3600000", ipc); /* no periodic checkpoint: only a give-up writes one */
     wait_held(ids[0], PARTITIONS);
+    published(ids[0], seen, sizeof seen);
+    assert_string_equal(seen, ipc);
     tally_client_t *c = fleet_client();
     for (int r = 0; r < 3; r++) {
         for (int s = 0; s < STREAMS; s++)
@@ -370,7 +407,7 @@ static void test_handover_follows_not_owner(void **state)
         recv_ok(c, STREAMS);
     }
     assert_int_equal(info_u64(&member[0], "nats_direct_uncommitted"), 3 * STREAMS);
-    start(1, "3600000");
+    start(1, "3600000", NULL);
     wait_held(ids[1], PARTITIONS / 2);
     wait_held(ids[0], PARTITIONS / 2);
     /* A push numbered from its stream's last_seq, on a stream of b's: the client asks a for it
@@ -391,6 +428,15 @@ static void test_handover_follows_not_owner(void **state)
     tally_buf_free(&out);
     tr_hist_parts(TALLY_DTYPE_U8, data, n, 0, 0, model[sb], NULL, NULL);
     seqs[sb]++;
+    /* A stream's first numbered push: no last_seq yet. */
+    assert_int_equal(tally_req_set_stream(&req, "route/new"), TALLY_OK);
+    assert_int_equal(tally_run(c, &req, data, n, &ro, &out, &res), TALLY_OK);
+    assert_int_equal(res.last_seq, 1);
+    tally_buf_free(&out);
+    /* A request without a stream, its id not asked for: partition 0's owner answers. */
+    tally_req_t ping = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 0);
+    assert_int_equal(tally_send(c, &ping, NULL, 0, NULL), TALLY_OK);
+    recv_ok(c, 1);
     /* The client still sends every other stream to a, which answers not_owner for b's. */
     for (int r = 3; r < 5; r++) {
         for (int s = 0; s < STREAMS; s++)
@@ -401,6 +447,7 @@ static void test_handover_follows_not_owner(void **state)
     assert_true(th_metric(&member[0], "tallyd_nats_not_owner_total") >= 1);
     tally_client_destroy(&c);
     stop_clean();
+    th_rmrf(dir);
 }
 
 /* ---- 3. kill -9 of an owner: numbered resends applied exactly once ----------------------- */
@@ -409,8 +456,8 @@ static void test_kill_owner_resends_once(void **state)
 {
     (void)state;
     fresh_fleet();
-    start(0, "200");
-    start(1, "200");
+    start(0, "200", NULL);
+    start(1, "200", NULL);
     wait_held(ids[0], PARTITIONS / 2);
     wait_held(ids[1], PARTITIONS / 2);
     tally_client_t *c = fleet_client();
@@ -475,12 +522,21 @@ static void test_refusals(void **state)
         assert_int_not_equal(th_daemon_run_to_exit(args, log, TIMEOUT_MS), 0);
         assert_true(th_file_contains(log, says[i]));
     }
+    /* off is a value too (the default). */
+    const char *off[] = {"--nats-servers", tn_suite.urls, "--nats-direct", "off",
+                         "--check-config", NULL};
+    assert_int_equal(th_daemon_run_to_exit(off, log, TIMEOUT_MS), 0);
     th_rmrf(dir);
     /* No fleet in direct mode on this NATS. */
     tally_nats_opts_t o = {.servers = tn_suite.urls, .timeout_ms = 2000};
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new_fleet(&o, &c, msg, sizeof msg), TALLY_E_ARG);
     assert_null(c);
+    assert_int_equal(tally_client_new_fleet(NULL, &c, msg, sizeof msg), TALLY_E_ARG);
+    assert_int_equal(tally_client_new_fleet(&o, NULL, msg, sizeof msg), TALLY_E_ARG);
+    o.timeout_ms = 0; /* the default timeout; and no room for the reason */
+    assert_int_equal(tally_client_new_fleet(&o, &c, NULL, 0), TALLY_E_ARG);
+    o.timeout_ms = 2000;
     assert_non_null(strstr(msg, "no tallyd fleet on this NATS"));
     /* A fleet (its partition count), but none of direct mode's buckets. */
     kvConfig kc;
@@ -502,6 +558,76 @@ static void test_refusals(void **state)
     th_rmrf(dir);
 }
 
+/* ---- 5. partitions without a reachable owner -------------------------------------------- */
+
+static kvStore *bucket(const char *name)
+{
+    kvConfig kc;
+    kvConfig_Init(&kc);
+    kc.Bucket = name;
+    kvStore *kv = NULL;
+    assert_int_equal(js_CreateKeyValue(&kv, tn_suite_js, &kc), NATS_OK);
+    return kv;
+}
+
+static void put(kvStore *kv, const char *key, const char *value)
+{
+    uint64_t rev = 0;
+    assert_int_equal(kvStore_PutString(&rev, kv, key, value), NATS_OK);
+}
+
+/* A stream of partition k. */
+static int stream_in(uint32_t k)
+{
+    for (int s = 0; s < STREAMS; s++)
+        if (partition_of(s) == k)
+            return s;
+    fail_msg("no test stream in partition %u", (unsigned)k);
+    return -1;
+}
+
+/* The buckets of a fleet whose owners cannot be reached: partition 0's owner publishes an
+ * endpoint that is not one, partition 1's none, partition 2 has no owner. Every way in waits
+ * for an owner and times out, saying which partition. */
+static void test_no_owner(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    kvStore *fleet = bucket(TALLY_NATS_BUCKET_FLEET), *ls = bucket(TALLY_NATS_BUCKET_LEASES),
+            *eps = bucket(TALLY_NATS_BUCKET_ENDPOINTS);
+    put(fleet, TALLY_NATS_KEY_PARTITIONS, "4");
+    put(ls, "p0", "ghost");
+    put(ls, "p1", "ghost-2");
+    put(eps, "ghost", "zmq=nowhere\n");
+    tally_nats_opts_t o = {.servers = tn_suite.urls, .timeout_ms = 300};
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new_fleet(&o, &c, msg, sizeof msg), TALLY_OK);
+    tally_reply_t r;
+    tally_reply_init(&r);
+    assert_int_equal(tally_recv(c, &r), TALLY_E_TIMEOUT); /* nothing in flight */
+    assert_string_equal(tally_client_error(c), "no request in flight");
+    assert_int_equal(tally_ping(c, NULL), TALLY_E_TIMEOUT); /* no stream: partition 0's owner */
+    assert_non_null(strstr(tally_client_error(c), "partition 0 has no owner in direct mode"));
+    int s1 = stream_in(1), s2 = stream_in(2);
+    send_hist_status(c, s1, TALLY_E_TIMEOUT);
+    assert_non_null(strstr(tally_client_error(c), "partition 1 has no owner"));
+    /* A push numbered from the stream's last_seq: no owner to ask it of. */
+    char name[32];
+    stream_name(s2, name, sizeof name);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    tally_run_opts_t ro = {.seq = TALLY_RUN_SEQ_APPEND};
+    tally_buf_t out = {0};
+    uint8_t data[16] = {1, 2, 3};
+    assert_int_equal(tally_run(c, &req, data, sizeof data, &ro, &out, NULL), TALLY_E_TIMEOUT);
+    tally_buf_free(&out);
+    tally_client_destroy(&c);
+    kvStore_Destroy(fleet);
+    kvStore_Destroy(ls);
+    kvStore_Destroy(eps);
+    fresh_fleet();
+}
+
 int main(void)
 {
     if (!tn_server_bin()) {
@@ -510,6 +636,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_refusals, stop_members),
+        cmocka_unit_test_teardown(test_no_owner, stop_members),
         cmocka_unit_test_teardown(test_owner_and_not_owner, stop_members),
         cmocka_unit_test_teardown(test_handover_follows_not_owner, stop_members),
         cmocka_unit_test_teardown(test_kill_owner_resends_once, stop_members),

@@ -55,11 +55,10 @@ td_err_t td_fleet_route_check_config(const td_config_t *cfg, bool *direct, char 
     return TD_ERR_CONFIG;
 }
 
-static bool is_write(uint8_t op)
-{
-    return op == TALLY_OP_FILTER || op == TALLY_OP_SCAN || op == TALLY_OP_HIST ||
-           op == TALLY_OP_RESET || op == TALLY_OP_DELETE;
-}
+/* The operations that change a stream (what a checkpoint must take). */
+static const bool writes[TALLY_OP_COUNT] = {[TALLY_OP_FILTER] = true, [TALLY_OP_SCAN] = true,
+                                            [TALLY_OP_HIST] = true,   [TALLY_OP_RESET] = true,
+                                            [TALLY_OP_DELETE] = true};
 
 /* ---- The shards' side (td_route_t) ------------------------------------------------------- */
 
@@ -90,7 +89,7 @@ static void route_done(void *ctx, const tally_req_t *req, tally_status_t status)
 {
     td_fleet_route_t *r = ctx;
     uint32_t k = tally_partition(req->stream, req->stream_len, r->f->partitions);
-    if (status == TALLY_OK && is_write(req->opcode)) {
+    if (status == TALLY_OK && writes[req->opcode]) { /* a decoded opcode: below the count */
         atomic_fetch_add(&r->uncommitted[k], 1);
         TD_FLEET_COUNT(r->f, direct_uncommitted);
     }
