@@ -765,8 +765,8 @@ TALLY_API tally_status_t tally_client_new_nats(const tally_nats_opts_t *opts, ta
  * stream go to partition 0's owner. Shared-memory regions are refused. TALLY_E_ARG (no fleet in
  * direct mode on that NATS, a malformed option), TALLY_E_TRANSPORT (NATS unreachable); msg (may
  * be NULL) says why. */
-TALLY_API tally_status_t tally_client_new_fleet(const tally_nats_opts_t *opts,
-                                                tally_client_t **out, char *msg, size_t msg_cap);
+TALLY_API tally_status_t tally_client_new_fleet(const tally_nats_opts_t *opts, tally_client_t **out,
+                                                char *msg, size_t msg_cap);
 
 #ifdef __cplusplus
 }

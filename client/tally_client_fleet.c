@@ -64,7 +64,7 @@ typedef struct pending {
 
 typedef struct {
     tally__transport_t base; /* first: the core's handle on it */
-    tally_nats_t *nats; /* the connection (a producer's, tally_nats.c) */
+    tally_nats_t *nats;      /* the connection (a producer's, tally_nats.c) */
     kvStore *leases, *endpoints;
     uint32_t partitions;
     int timeout_ms;
@@ -149,8 +149,7 @@ static tally_status_t send_to(fleetc_t *self, pending_t *p, int m)
     p->m = m;
     p->waiting = false;
     p->sent_us = now_us();
-    tally_status_t st =
-        tally_send(self->members[m].c, &p->req, p->payload, p->len, &p->inner_id);
+    tally_status_t st = tally_send(self->members[m].c, &p->req, p->payload, p->len, &p->inner_id);
     if (st != TALLY_OK)
         snprintf(self->error, sizeof self->error, "%s", tally_client_error(self->members[m].c));
     return st;
@@ -188,7 +187,8 @@ static tally_status_t fleetc_send(tally__transport_t *base, const tally_req_t *r
     self->head = p;
     int m = self->owner[p->k];
     if (m < 0)
-        m = self->owner[p->k] = owner_until(self, p->k, now_us() + (int64_t)self->timeout_ms * 1000);
+        m = self->owner[p->k] =
+            owner_until(self, p->k, now_us() + (int64_t)self->timeout_ms * 1000);
     tally_status_t st = m < 0 ? TALLY_E_TIMEOUT : send_to(self, p, m);
     if (st != TALLY_OK) {
         snprintf(error, cap, "%s", self->error);
@@ -203,8 +203,10 @@ static tally_status_t fleetc_send(tally__transport_t *base, const tally_req_t *r
 /* ---- Receiving ---------------------------------------------------------------------------- */
 
 /* The operations that only read: asked again of a new owner whatever they carry. */
-static const bool reads_only[TALLY_OP_COUNT] = {[TALLY_OP_QUERY] = true, [TALLY_OP_PING] = true,
-                                                [TALLY_OP_INFO] = true,  [TALLY_OP_STATS] = true,
+static const bool reads_only[TALLY_OP_COUNT] = {[TALLY_OP_QUERY] = true,
+                                                [TALLY_OP_PING] = true,
+                                                [TALLY_OP_INFO] = true,
+                                                [TALLY_OP_STATS] = true,
                                                 [TALLY_OP_STREAMS] = true};
 
 /* Requests whose owner may have changed: sent to the new one (or failed, when they may have
@@ -302,8 +304,8 @@ static size_t fleetc_chunk_limit(const tally__transport_t *base, const tally_req
     return SIZE_MAX; /* ZeroMQ: the caller's chunks, as a plain client's */
 }
 
-static tally_status_t fleetc_last_seq(tally__transport_t *base, const char *stream,
-                                      uint64_t *last, char *error, size_t cap)
+static tally_status_t fleetc_last_seq(tally__transport_t *base, const char *stream, uint64_t *last,
+                                      char *error, size_t cap)
 {
     fleetc_t *self = (fleetc_t *)base;
     uint32_t k = tally_partition(stream, strlen(stream), self->partitions);
@@ -313,8 +315,7 @@ static tally_status_t fleetc_last_seq(tally__transport_t *base, const char *stre
     for (int hop = 0; st == TALLY_E_NOT_OWNER && hop <= TALLY_FLEET_HOPS; hop++) {
         int m = self->owner[k];
         if (m < 0)
-            m = self->owner[k] =
-                owner_until(self, k, now_us() + (int64_t)self->timeout_ms * 1000);
+            m = self->owner[k] = owner_until(self, k, now_us() + (int64_t)self->timeout_ms * 1000);
         if (m < 0) {
             snprintf(error, cap, "%s", self->error);
             return TALLY_E_TIMEOUT;

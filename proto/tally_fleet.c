@@ -112,8 +112,7 @@ const char *tally_fleet_redact(const char *servers, char *out, size_t cap)
     return out;
 }
 
-bool tally_fleet_endpoint_get(const char *value, size_t len, const char *key, char *out,
-                              size_t cap)
+bool tally_fleet_endpoint_get(const char *value, size_t len, const char *key, char *out, size_t cap)
 {
     size_t klen = strlen(key);
     for (size_t at = 0; at < len;) {

@@ -131,8 +131,8 @@ static void published(const char *id, char *out, size_t cap)
     kvEntry *e = NULL;
     assert_int_equal(js_KeyValue(&eps, tn_suite_js, TALLY_NATS_BUCKET_ENDPOINTS), NATS_OK);
     assert_int_equal(kvStore_Get(&e, eps, id), NATS_OK);
-    assert_true(tally_fleet_endpoint_get(kvEntry_Value(e), (size_t)kvEntry_ValueLen(e), "zmq", out,
-                                         cap));
+    assert_true(
+        tally_fleet_endpoint_get(kvEntry_Value(e), (size_t)kvEntry_ValueLen(e), "zmq", out, cap));
     kvEntry_Destroy(e);
     kvStore_Destroy(eps);
 }
@@ -362,7 +362,8 @@ static void test_owner_and_not_owner(void **state)
     assert_int_equal(th_metric(&member[0], "tallyd_nats_not_owner_total"), tries + 1);
     assert_int_equal(th_metric(&member[1], "tallyd_nats_not_owner_total"), 0);
     assert_int_equal(info_u64(&member[0], "nats_direct_uncommitted") +
-                         info_u64(&member[1], "nats_direct_uncommitted") <= 1,
+                             info_u64(&member[1], "nats_direct_uncommitted") <=
+                         1,
                      true);
 
     /* The fleet client: every stream to its owner, numbered, pipelined. */
@@ -375,8 +376,8 @@ static void test_owner_and_not_owner(void **state)
     /* The CLI's --fleet: a query of a stream of b's, from its owner. */
     char dir[128];
     assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-route"), 0);
-    th_cli_t q = th_cli(dir, member[0].endpoint, "--fleet %s query --json route/%d", tn_suite.urls,
-                        sb);
+    th_cli_t q =
+        th_cli(dir, member[0].endpoint, "--fleet %s query --json route/%d", tn_suite.urls, sb);
     assert_int_equal(q.status, 0);
     assert_non_null(strstr(q.out, "\"last_seq\":1,"));
     th_cli_free(&q);
@@ -517,8 +518,9 @@ static void test_refusals(void **state)
     const char *says[] = {"[nats] direct = replicated is not built yet",
                           "[nats] direct 'fast': off or local"};
     for (int i = 0; i < 2; i++) {
-        const char *args[] = {"--nats-servers", tn_suite.urls, "--nats-direct", values[i],
-                              "--bind", "ipc:///nonexistent/never", NULL};
+        const char *args[] = {
+            "--nats-servers",           tn_suite.urls, "--nats-direct", values[i], "--bind",
+            "ipc:///nonexistent/never", NULL};
         assert_int_not_equal(th_daemon_run_to_exit(args, log, TIMEOUT_MS), 0);
         assert_true(th_file_contains(log, says[i]));
     }

@@ -37,8 +37,8 @@ size_t td_fleet_status_info(const td_fleet_status_t *st, char *out, size_t cap)
                      "nats=on\nnats_member_id=%s\nnats_partitions=%" PRIu32
                      "\nnats_partitions_owned=%" PRIu32 "\nnats_lease_ttl_ms=%" PRIu64
                      "\nnats_checkpoint_interval_ms=%" PRIu64 "\nnats_max_payload=%" PRIu64
-                     "\nnats_max_reply=%" PRIu64 "\nnats_direct=%s\nnats_direct_uncommitted=%" PRIu64
-                     "\n",
+                     "\nnats_max_reply=%" PRIu64
+                     "\nnats_direct=%s\nnats_direct_uncommitted=%" PRIu64 "\n",
                      st->member, st->partitions, td_fleet_status_owned(st), st->lease_ttl_ms,
                      st->checkpoint_interval_ms, st->max_payload, reply_max,
                      st->direct ? "local" : "off", LOAD(st->direct_uncommitted));

@@ -300,8 +300,8 @@ static void answer_stopping(td_shard_t *p, td_request_t *r)
 static bool refused_on_worker(const td_shard_t *p, td_request_t *r)
 {
     const td_config_t *cfg = p->env.cfg;
-    if (!cfg->nats_servers || cfg->nats_local_writes || p->route.admit || r->transport->owns_streams ||
-        !r->req.stream_len || r->req.opcode == TALLY_OP_QUERY)
+    if (!cfg->nats_servers || cfg->nats_local_writes || p->route.admit ||
+        r->transport->owns_streams || !r->req.stream_len || r->req.opcode == TALLY_OP_QUERY)
         return false;
     td_request_fail(r, TALLY_E_NOT_PERMITTED,
                     "stream %.*s is a fleet's: on a worker it changes only through its partition "

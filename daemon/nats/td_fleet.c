@@ -327,8 +327,8 @@ td_err_t td_fleet_new(const td_fleet_host_t *host, td_fleet_t **out)
         f->parts[k].inflight = -1;
     }
     if ((err = connect_fleet(f, host->cfg)) != TD_OK || (err = td_fleet_path_open(f)) != TD_OK ||
-        (err = td_fleet_query_open(f)) != TD_OK || (err = td_fleet_route_open(f, host->cfg)) != TD_OK ||
-        (err = open_loop_handles(f)) != TD_OK)
+        (err = td_fleet_query_open(f)) != TD_OK ||
+        (err = td_fleet_route_open(f, host->cfg)) != TD_OK || (err = open_loop_handles(f)) != TD_OK)
         goto fail;
     publish_settings(f);
     if (pthread_create(&f->thread, NULL, fleet_thread, f) != 0) {

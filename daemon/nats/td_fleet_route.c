@@ -32,7 +32,7 @@ typedef struct {
 struct td_fleet_route {
     td_fleet_t *f;
     kvStore *endpoints;
-    char value[2 * TALLY_NATS_ENDPOINT_MAX + 16]; /* what this member publishes */
+    char value[2 * TALLY_NATS_ENDPOINT_MAX + 16];           /* what this member publishes */
     _Atomic int64_t valid_until[TALLY_NATS_MAX_PARTITIONS]; /* 0: not owned */
     _Atomic uint32_t inflight[TALLY_NATS_MAX_PARTITIONS];
     _Atomic uint64_t uncommitted[TALLY_NATS_MAX_PARTITIONS];
@@ -56,8 +56,10 @@ td_err_t td_fleet_route_check_config(const td_config_t *cfg, bool *direct, char 
 }
 
 /* The operations that change a stream (what a checkpoint must take). */
-static const bool writes[TALLY_OP_COUNT] = {[TALLY_OP_FILTER] = true, [TALLY_OP_SCAN] = true,
-                                            [TALLY_OP_HIST] = true,   [TALLY_OP_RESET] = true,
+static const bool writes[TALLY_OP_COUNT] = {[TALLY_OP_FILTER] = true,
+                                            [TALLY_OP_SCAN] = true,
+                                            [TALLY_OP_HIST] = true,
+                                            [TALLY_OP_RESET] = true,
                                             [TALLY_OP_DELETE] = true};
 
 /* ---- The shards' side (td_route_t) ------------------------------------------------------- */
@@ -100,7 +102,7 @@ static void route_done(void *ctx, const tally_req_t *req, tally_status_t status)
 
 static void endpoint_value(td_fleet_route_t *r, const td_config_t *cfg)
 {
-    const char *zmq = cfg->nats_advertise    ? cfg->nats_advertise
+    const char *zmq = cfg->nats_advertise   ? cfg->nats_advertise
                       : cfg->bind_count > 0 ? cfg->binds[0]
                                             : TD_DEFAULT_ENDPOINT;
     int n = snprintf(r->value, sizeof r->value, "zmq=%.*s\n", TALLY_NATS_ENDPOINT_MAX - 1, zmq);
@@ -209,8 +211,8 @@ void td_fleet_route_closed(td_fleet_t *f, uint32_t k)
     while (atomic_load(&r->inflight[k]) > 0 && td_nats_now_ms() < deadline)
         usleep(1000);
     if (atomic_load(&r->inflight[k]) > 0)
-        td_warn("fleet: partition %u given up with %u direct requests still running",
-                (unsigned)k, (unsigned)atomic_load(&r->inflight[k]));
+        td_warn("fleet: partition %u given up with %u direct requests still running", (unsigned)k,
+                (unsigned)atomic_load(&r->inflight[k]));
 }
 
 uint64_t td_fleet_route_uncommitted(td_fleet_t *f, uint32_t k)
