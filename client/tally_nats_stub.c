@@ -116,3 +116,9 @@ size_t tally__nats_chunk_limit(const tally_nats_t *self, const tally_req_t *req,
     (void)want_reply;
     return 0;
 }
+
+tally_status_t tally_client_new_fleet(const tally_nats_opts_t *opts, tally_client_t **out,
+                                      char *msg, size_t msg_cap)
+{
+    return tally_client_new_nats(opts, out, msg, msg_cap);
+}

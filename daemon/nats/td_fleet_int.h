@@ -146,6 +146,8 @@ struct td_fleet {
     /* Histogram publications (td_fleet_watch.c): every watch_ms (pub_interval_ms); pub_seq. */
     int64_t watch_ms, next_watch_ms;
     uint64_t watch_seq;
+    /* Direct mode (td_fleet_route.c); NULL when off. */
+    struct td_fleet_route *route;
     /* Counters and what info and /metrics show (the server's, or own_status). */
     td_fleet_status_t *st;
     td_fleet_status_t own_status;
