@@ -781,6 +781,20 @@ TALLY_API void tally_nats_sub_destroy(tally_nats_sub_t **self_p);
 TALLY_API tally_status_t tally_client_new_nats(const tally_nats_opts_t *opts, tally_client_t **out,
                                                char *msg, size_t msg_cap);
 
+/* A client of a fleet in direct mode (PROTOCOL.md §13 "Direct mode"; tallyd's [nats] direct =
+ * local): the same calls, each request sent over ZeroMQ straight to the member that owns its
+ * stream's partition (tally_partition; the owner from TALLY_LEASES, its endpoint from
+ * TALLY_ENDPOINTS, read through NATS at opts->servers). A `not_owner` answer is followed to the
+ * owner it names (up to 8 hops); a `shutdown` answer, or no answer from an owner that has since
+ * been replaced, is sent again to the partition's next owner once it has taken over, when the
+ * request is numbered (`seq`: applied once) or only reads; an unnumbered write that lost its
+ * owner is answered TALLY_E_TRANSPORT (it may or may not have been applied). Requests without a
+ * stream go to partition 0's owner. Shared-memory regions are refused. TALLY_E_ARG (no fleet in
+ * direct mode on that NATS, a malformed option), TALLY_E_TRANSPORT (NATS unreachable); msg (may
+ * be NULL) says why. */
+TALLY_API tally_status_t tally_client_new_fleet(const tally_nats_opts_t *opts, tally_client_t **out,
+                                                char *msg, size_t msg_cap);
+
 #ifdef __cplusplus
 }
 #endif

@@ -30,4 +30,10 @@ typedef struct __natsMsg natsMsg;
 natsConnection *tally__nats_conn(tally_nats_t *self);
 tally_status_t tally__nats_merge_names(natsMsg *m, char ***names, size_t *count, size_t *cap);
 
+/* tally_nats.c: the producer's JetStream context (libnats' jsCtx), for the fleet client
+ * (tally_client_fleet.c), which reads the buckets of direct mode through the producer's
+ * connection. */
+struct __jsCtx;
+struct __jsCtx *tally__nats_js(tally_nats_t *self);
+
 #endif

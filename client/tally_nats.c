@@ -398,6 +398,11 @@ static tally_status_t open_fleet(tally_nats_t *self, const tally_nats_opts_t *op
     return read_partitions(self);
 }
 
+jsCtx *tally__nats_js(tally_nats_t *self)
+{
+    return self->js;
+}
+
 tally_status_t tally_nats_new(const tally_nats_opts_t *opts, tally_nats_t **out, char *msg,
                               size_t msg_cap)
 {

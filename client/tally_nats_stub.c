@@ -159,3 +159,9 @@ void tally_nats_sub_destroy(tally_nats_sub_t **self_p)
 {
     (void)self_p;
 }
+
+tally_status_t tally_client_new_fleet(const tally_nats_opts_t *opts, tally_client_t **out,
+                                      char *msg, size_t msg_cap)
+{
+    return tally_client_new_nats(opts, out, msg, msg_cap);
+}

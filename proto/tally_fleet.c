@@ -149,3 +149,23 @@ const char *tally_fleet_redact(const char *servers, char *out, size_t cap)
     }
     return out;
 }
+
+bool tally_fleet_endpoint_get(const char *value, size_t len, const char *key, char *out, size_t cap)
+{
+    size_t klen = strlen(key);
+    for (size_t at = 0; at < len;) {
+        const char *line = value + at;
+        const char *nl = memchr(line, '\n', len - at);
+        size_t n = nl ? (size_t)(nl - line) : len - at;
+        at += n + 1;
+        if (n <= klen + 1 || memcmp(line, key, klen) != 0 || line[klen] != '=')
+            continue;
+        size_t vlen = n - klen - 1;
+        if (vlen >= cap)
+            return false;
+        memcpy(out, line + klen + 1, vlen);
+        out[vlen] = '\0';
+        return true;
+    }
+    return false;
+}

@@ -46,6 +46,10 @@
 #define TALLY_NATS_BUCKET_MEMBERS "TALLY_MEMBERS" /* key: the member id (TTL) */
 #define TALLY_NATS_BUCKET_LEASES "TALLY_LEASES"   /* key p<k>: the owner (TTL) */
 #define TALLY_NATS_BUCKET_CKPT "TALLY_CKPT"       /* key p<k>: manifest; p<k>.<gen>.<i>: chunks */
+/* Direct mode (PROTOCOL.md §13 "Direct mode"): key = the member id (TTL = the lease TTL), value
+ * "zmq=<endpoint>\n" and, with the side channel on, "shm=<path>\n". */
+#define TALLY_NATS_BUCKET_ENDPOINTS "TALLY_ENDPOINTS"
+#define TALLY_NATS_ENDPOINT_MAX 256
 
 /* Message headers. */
 #define TALLY_NATS_HDR_MSG_ID "Nats-Msg-Id"
@@ -98,5 +102,9 @@ int tally_fleet_owned_merge(const char *text, uint32_t partitions, bool *covered
 /* A list of NATS URLs as logs and messages may show it: each URL's password ("user:***@") or
  * token ("***@") masked. Writes out (cap bytes, cut at a URL's end when short) and returns it. */
 const char *tally_fleet_redact(const char *servers, char *out, size_t cap);
+/* The value of `key` ("zmq", "shm") in a TALLY_ENDPOINTS value (len bytes, lines of key=value)
+ * into out (cap bytes, NUL-terminated): true when it is there, not empty, and fits. */
+bool tally_fleet_endpoint_get(const char *value, size_t len, const char *key, char *out,
+                              size_t cap);
 
 #endif

@@ -69,6 +69,7 @@ typedef struct td_fleet_status {
     uint64_t checkpoint_interval_ms; /* [nats] checkpoint_interval_ms */
     uint64_t max_payload;            /* the NATS server's max_payload */
     td_fleet_view_t view;            /* the whole fleet's streams, for the HTTP API */
+    bool direct;                     /* [nats] direct = local (PROTOCOL.md §13 "Direct mode") */
     /* Counters since start (fleet thread). */
     _Atomic uint64_t applied;             /* messages applied (dead letters included) */
     _Atomic uint64_t dead_letters;        /* messages published to tally.dead.<k> */
@@ -81,6 +82,10 @@ typedef struct td_fleet_status {
     /* Refused for naming what their publisher may not (PROTOCOL.md §13 "Security"): a reply
      * subject outside its inbox, a dedupe id outside its namespace. */
     _Atomic uint64_t refused_reply, refused_id;
+    /* Direct mode: writes applied since their partition's last checkpoint (what a host lost
+     * loses), and requests answered not_owner. */
+    _Atomic uint64_t direct_uncommitted;
+    _Atomic uint64_t not_owner;
     /* Per partition: owned now; the last sequence applied; the partition's last sequence as the
      * worker last saw it (a delivered message's sequence plus the consumer's pending count). */
     _Atomic bool owned[TALLY_NATS_MAX_PARTITIONS];

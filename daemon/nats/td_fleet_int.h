@@ -147,6 +147,8 @@ struct td_fleet {
     int64_t watch_ms, next_watch_ms;
     uint64_t watch_seq;
     struct td_view *view; /* the HTTP API's questions to the fleet (td_fleet_view.c) */
+    /* Direct mode (td_fleet_route.c); NULL when off. */
+    struct td_fleet_route *route;
     /* Counters and what info and /metrics show (the server's, or own_status). */
     td_fleet_status_t *st;
     td_fleet_status_t own_status;
