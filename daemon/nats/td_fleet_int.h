@@ -191,8 +191,6 @@ void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *
 void td_part_quiesce(td_fleet_t *f, td_part_t *p);
 /* Writes the checkpoint now (nothing in flight). False when fenced or it failed. */
 bool td_part_checkpoint(td_fleet_t *f, td_part_t *p);
-/* True when stream `name` belongs to a partition this worker owns with a valid lease. */
-bool td_fleet_owns_stream(td_fleet_t *f, const char *name, size_t len);
 
 /* td_fleet_view.c: the thread that answers the HTTP API's questions about the whole fleet
  * (td_fleet_status_t.view, filled here); closed after the loop has ended. */

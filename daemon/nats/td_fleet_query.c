@@ -108,12 +108,6 @@ void td_fleet_publish_reply(td_fleet_t *f, const char *subject, natsMsg *request
     publish_reply(f, subject, request, k, seq, reply, len, NULL);
 }
 
-bool td_fleet_owns_stream(td_fleet_t *f, const char *name, size_t len)
-{
-    td_part_t *p = &f->parts[tally_partition(name, len, f->partitions)];
-    return p->owned && td_lease_valid(&p->lease, td_nats_now_ms());
-}
-
 static void answer_error(td_fleet_t *f, natsMsg *m, tally_status_t st, const char *why)
 {
     uint8_t frame[TALLY_REP_HEADER_SIZE + TALLY_ERROR_MESSAGE_MAX];
