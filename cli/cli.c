@@ -451,15 +451,20 @@ static int client_new(const cli_t *cli, int timeout_ms, tally_client_t **client)
     return 0;
 }
 
+tally_nats_opts_t cli_nats_opts(const cli_t *cli, int timeout_ms)
+{
+    return (tally_nats_opts_t){.servers = cli->fleet ? cli->fleet : cli->nats,
+                               .credentials = cli->nats_creds,
+                               .user = cli->nats_user,
+                               .tls_ca = cli->nats_tls_ca,
+                               .tls_cert = cli->nats_tls_cert,
+                               .tls_key = cli->nats_tls_key,
+                               .timeout_ms = timeout_ms};
+}
+
 int cli_nats_client(const cli_t *cli, int timeout_ms, tally_client_t **client)
 {
-    tally_nats_opts_t o = {.servers = cli->fleet ? cli->fleet : cli->nats,
-                           .credentials = cli->nats_creds,
-                           .user = cli->nats_user,
-                           .tls_ca = cli->nats_tls_ca,
-                           .tls_cert = cli->nats_tls_cert,
-                           .tls_key = cli->nats_tls_key,
-                           .timeout_ms = timeout_ms};
+    tally_nats_opts_t o = cli_nats_opts(cli, timeout_ms);
     char why[512] = "", shown[512];
     tally_fleet_redact(o.servers, shown, sizeof shown); /* no password on the terminal */
     tally_status_t status = cli->fleet ? tally_client_new_fleet(&o, client, why, sizeof why)

@@ -203,6 +203,8 @@ int cli_connect(const cli_t *cli, tally_client_t **client);
  * --nats: a client of the fleet (tally_client_new_nats), timeout_ms for every wait. 0 or an
  * exit status (after reporting). */
 int cli_nats_client(const cli_t *cli, int timeout_ms, tally_client_t **client);
+/* The NATS options of cli's --nats* settings. */
+tally_nats_opts_t cli_nats_opts(const cli_t *cli, int timeout_ms);
 
 /* Runs a command on argv (argv[0] is its name): cmd->run, or cmd->request on a connection.
  * 0, CLI_HELP_SHOWN or an exit status. */

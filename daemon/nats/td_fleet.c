@@ -328,7 +328,8 @@ td_err_t td_fleet_new(const td_fleet_host_t *host, td_fleet_t **out)
     }
     if ((err = connect_fleet(f, host->cfg)) != TD_OK || (err = td_fleet_path_open(f)) != TD_OK ||
         (err = td_fleet_query_open(f)) != TD_OK ||
-        (err = td_fleet_route_open(f, host->cfg)) != TD_OK || (err = open_loop_handles(f)) != TD_OK)
+        (err = td_fleet_route_open(f, host->cfg)) != TD_OK || (err = open_loop_handles(f)) != TD_OK ||
+        (err = td_fleet_view_open(f)) != TD_OK)
         goto fail;
     publish_settings(f);
     if (pthread_create(&f->thread, NULL, fleet_thread, f) != 0) {
@@ -368,6 +369,7 @@ void td_fleet_destroy(td_fleet_t **self_p)
         uv_close((uv_handle_t *)&f->sig_term, NULL);
         uv_close((uv_handle_t *)&f->sig_int, NULL);
     }
+    td_fleet_view_close(f);
     if (f->host.loop)
         uv_run(f->host.loop, UV_RUN_NOWAIT); /* the close callbacks */
     td_fleet_query_close(f);
