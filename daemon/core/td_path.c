@@ -18,8 +18,7 @@
  * the rest), the request's in-flight slot. The payload is not touched (the transport's bytes move
  * with the request: no copy).
  *
- * Hand-off (more than one shard): requests, replies and the ends of replies travel through
- * mailboxes (td_mailbox.h), one per shard and one for the front, in batches: what the front hands
+ * Hand-off (more than one shard): requests and replies travel through mailboxes (td_mailbox.h), one per shard and one for the front, in batches: what the front hands
  * a shard during one callback (a pump of up to 256 messages) is posted once, with one
  * compare-and-swap and one wake-up, from the loop's check and prepare handles and at the end of
  * the front's own mailbox callback (so nothing waits across a blocking poll), and a shard posts
@@ -27,11 +26,11 @@
  * stream's requests reach their shard in the order the front read them, which is the order
  * ZeroMQ delivered them.
  *
- * Requests are allocated on the front's thread and retired on their shard's: freed there, every
- * one would go back to the front's malloc arena under its lock, and the front would find its
- * cache empty at every allocation (bench/NOTES.md: a third of the front's instructions). So a
- * shard hands its retired requests back, emptied, in batches onto a lock-free pool, and the
- * front takes the whole pool when its own spares run out (at most TD_PATH_SPARES kept).
+ * Requests are allocated and retired on the front's thread: the transport ends a reply there
+ * (td_reply_end), and its request is counted, released and kept among the front's spares for the
+ * next message (at most TD_PATH_SPARES), with no hop back to its shard (that hop woke every shard
+ * once more per batch of replies; freeing on the shard sent every request back to the front's
+ * malloc arena under its lock: bench/NOTES.md, "The front").
  *
  * In flight: the front counts what it hands each shard and the replies that come back; their
  * difference is what max_inflight bounds (td_path_may_read), exact on the front's thread with no
@@ -72,7 +71,6 @@
 /* What a hop carries (td_mailbox.h): to a shard, then to the front. */
 enum {
     HOP_TAKE = 1, /* a request to check and run */
-    HOP_RETIRE,   /* its transport is done with its reply */
     HOP_RESUME,   /* info, stats or streams answered by the front: send the reply */
     HOP_STOP,     /* a stop signal */
     HOP_CLOSE,    /* the last message: close the loop's handles */
@@ -107,7 +105,6 @@ typedef struct {
     td_mailbox_t inbox;      /* the front's hops to it */
     td_hop_batch_t to_shard; /* the front's thread: not posted yet */
     td_hop_batch_t to_front; /* the shard's thread: not posted yet */
-    td_hop_batch_t to_pool;  /* the shard\'s thread: retired requests, not pooled yet */
     uv_prepare_t flush_prepare;
     uv_check_t flush_check;
     bool flush_open;
@@ -125,8 +122,7 @@ struct td_path {
     bool threads; /* more than one shard: each on a thread of its own */
     td_path_machines_t machines;
     td_mailbox_t inbox; /* the shards' hops to the front */
-    td_hop_stack_t pool; /* retired requests the shards hand back */
-    td_hop_t *spares;    /* the front\'s: taken from the pool, not in use */
+    td_hop_t *spares;   /* the front's: retired requests, not in use */
     unsigned spare_count;
     uv_prepare_t flush_prepare;
     uv_check_t flush_check;
@@ -270,21 +266,9 @@ static void copy_header(td_request_t *r, const td_msg_t *m)
 
 static td_request_t *hop_request(td_hop_t *hop);
 
-/* A request: a spare (the shards' retired ones), else a new one. */
+/* A request: a spare (a retired one), else a new one. */
 static td_request_t *new_request(td_path_t *p)
 {
-    if (!p->spares) {
-        for (td_hop_t *hop = td_hop_stack_take(&p->pool), *next; hop; hop = next) {
-            next = hop->next;
-            if (p->spare_count >= TD_PATH_SPARES) {
-                free(hop_request(hop));
-                continue;
-            }
-            hop->next = p->spares;
-            p->spares = hop;
-            p->spare_count++;
-        }
-    }
     if (!p->spares)
         return td_request_new();
     td_request_t *r = hop_request(p->spares);
@@ -363,17 +347,40 @@ static void reply_out(td_path_t *p, td_request_t *r)
     r->transport->ops->send_reply(r->transport, &r->out);
 }
 
+/* The transport is done with r's reply: a dropped one counted (on the front's counters, which
+ * td_path_sum_metrics adds to the shards'), its peers' references released, and r kept for a
+ * request to come (with threads; at most TD_PATH_SPARES) or freed. On the front's thread, not
+ * r's shard's: nothing of the shard's is left in r (its input and its reply's bytes went when it
+ * was answered), and a hop back would wake the shard once more for every batch of replies
+ * (bench/NOTES.md, "The front"). */
+static void retire(td_path_t *p, td_request_t *r, td_reply_outcome_t outcome)
+{
+    if (outcome == TD_REPLY_SLOW) {
+        p->env.metrics->replies_dropped_slow++;
+        td_debug("reply to request %" PRIu64 " dropped: the peer is not reading its replies",
+                 r->rep.request_id);
+    } else if (outcome != TD_REPLY_SENT) { /* a broken transport too (logged there) */
+        p->env.metrics->replies_dropped_gone++;
+        td_debug("reply to request %" PRIu64 " dropped: the peer has gone", r->rep.request_id);
+    }
+    td_peers_release(p->env.peers, &r->conn);
+    td_peers_release(p->env.peers, &r->client);
+    if (!p->threads || p->spare_count >= TD_PATH_SPARES) {
+        td_request_destroy(&r);
+        return;
+    }
+    td_request_dispose(r);
+    r->hop.next = p->spares;
+    p->spares = &r->hop;
+    p->spare_count++;
+}
+
 void td_reply_end(td_reply_t *reply, td_reply_outcome_t outcome)
 {
     td_request_t *r = (td_request_t *)((char *)reply - offsetof(td_request_t, out));
-    td_path_t *p = r->transport->path;
-    slot_t *slot = &p->slots[r->shard];
     td_bytes_free(&reply->body); /* what the transport did not take */
     r->outcome = outcome;
-    if (slot->running)
-        td_hop_batch_add(&slot->to_shard, &r->hop, HOP_RETIRE);
-    else /* one shard, or its thread has ended: the loop thread owns it */
-        td_shard_retire(slot->shard, r);
+    retire(r->transport->path, r, outcome);
 }
 
 /* info, stats and streams, from the whole daemon with every shard held still. */
@@ -430,13 +437,6 @@ static void shard_deleted(void *front, const char *name, size_t len)
     td_hop_batch_add(&slot->to_front, &d->hop, HOP_DELETED);
 }
 
-/* A shard's retired request, back to the front's pool with the shard's next flush. */
-static void shard_recycle(void *front, td_request_t *r)
-{
-    td_path_t *p = front;
-    td_hop_batch_add(&p->slots[r->shard].to_pool, &r->hop, 0);
-}
-
 /* Null when nobody listens; the shard tests env.deleted, so it must be set only then. */
 static void set_deleted(td_path_t *p, td_path_deleted_fn deleted, void *ctx)
 {
@@ -461,7 +461,6 @@ static void flush_to_shards(td_path_t *p)
 static void flush_to_front(slot_t *slot)
 {
     td_mailbox_post(&slot->path->inbox, &slot->to_front);
-    td_hop_stack_push(&slot->path->pool, &slot->to_pool);
 }
 
 static td_request_t *hop_request(td_hop_t *hop)
@@ -525,9 +524,6 @@ static void shard_inbox_cb(uv_async_t *handle)
         switch (hop->kind) {
         case HOP_TAKE:
             td_shard_take(slot->shard, hop_request(hop));
-            break;
-        case HOP_RETIRE:
-            td_shard_retire(slot->shard, hop_request(hop));
             break;
         case HOP_RESUME:
             td_shard_resume(slot->shard, hop_request(hop));
@@ -678,7 +674,6 @@ static td_err_t new_slot(td_path_t *p, unsigned i)
                           .replies = p->env.replies,
                           .reply = shard_reply,
                           .gather = shard_gather,
-                          .recycle = p->threads ? shard_recycle : NULL,
                           .front = p};
     return td_shard_new(&env, &slot->shard);
 }
@@ -696,7 +691,6 @@ td_err_t td_path_new(const td_path_env_t *env, td_path_t **out)
     p->lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER; /* cannot fail, unlike _init */
     p->parked_cond = p->release_cond = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
     atomic_init(&p->want, 0);
-    atomic_init(&p->pool.top, NULL);
     p->slots = calloc(p->count, sizeof *p->slots);
     td_err_t err = p->slots ? TD_OK : TD_ERR_NOMEM;
     for (unsigned i = 0; err == TD_OK && i < p->count; i++)
@@ -800,7 +794,6 @@ void td_path_destroy(td_path_t **self_p)
                 uv_run(slot->loop, UV_RUN_NOWAIT);
         }
         td_shard_destroy(&slot->shard);
-        td_hop_stack_push(&self->pool, &slot->to_pool); /* retired after its thread ended */
         if (slot->loop_open && uv_loop_close(&slot->own_loop) != 0)
             td_warn("shard %u's loop still had handles open at exit", i);
     }
@@ -809,10 +802,6 @@ void td_path_destroy(td_path_t **self_p)
         uv_run(self->env.loop, UV_RUN_NOWAIT);
     }
     free(self->slots);
-    for (td_hop_t *hop = td_hop_stack_take(&self->pool), *next; hop; hop = next) {
-        next = hop->next;
-        free(hop_request(hop));
-    }
     for (td_hop_t *hop = self->spares, *next; hop; hop = next) {
         next = hop->next;
         free(hop_request(hop));

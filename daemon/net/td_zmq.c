@@ -98,10 +98,13 @@ static void handle_message(td_zmq_t *z, zmq_msg_t *frames, int kept, int total)
     const uint8_t *id = zmq_msg_data(&frames[0]);
     size_t id_len = zmq_msg_size(&frames[0]);
     td_zmq_conn_t *conn = td_zmq_conn_of(z, &frames[kept - 1], &id, &id_len);
+    /* A metadata lookup is a map search in libzmq (~360 instructions, bench/NOTES.md): only a
+     * ZAP handler (CURVE on) sets User-Id, so without one there is none to look up. */
     td_msg_t m = {
         .from = {.id = id,
                  .id_len = id_len,
-                 .user = kept > 1 ? zmq_msg_gets(&frames[kept - 1], "User-Id") : NULL,
+                 .user = kept > 1 && z->rt.auth ? zmq_msg_gets(&frames[kept - 1], "User-Id")
+                                                : NULL,
                  .word = delimiter ? TD_ZMQ_DELIMITER : 0,
                  .ctx = conn},
         .header = body < kept ? zmq_msg_data(&frames[body]) : NULL,
