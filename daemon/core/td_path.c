@@ -54,6 +54,7 @@
  * from then on the loop thread owns every shard's state (the final snapshot reads it).
  */
 #include <inttypes.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -111,6 +112,11 @@ typedef struct {
     td_hop_t stop_hop;
     td_hop_t close_hop;
     unsigned parked_epoch; /* the shard's thread: the last hold it parked for */
+    /* Who runs the shard now: its thread holds `own` while it runs its loop's callbacks and lets
+     * go only to sleep, so the front may take it to run a request itself (run_on_front). */
+    pthread_mutex_t own;
+    int sleep_ms;      /* under own: the timeout the shard's thread sleeps with */
+    bool front_has_it; /* under own: the front runs the shard (its replies leave at once) */
     uint64_t start_ns;
 } slot_t;
 
@@ -147,6 +153,7 @@ struct td_path {
 };
 
 static void flush_to_shards(td_path_t *p);
+static void flush_to_front(slot_t *slot);
 
 /* The most retired requests the front keeps for reuse; more are freed (after a burst). */
 #define TD_PATH_SPARES 4096u
@@ -306,6 +313,40 @@ static void pin_regions(td_path_t *p, td_request_t *r)
     r->shm_out_ptr = out;
 }
 
+/* The only request in flight, with nothing else waiting to be read: run here, on the front's thread,
+ * instead of a hand-off and two wake-ups (the shard's, then the front's for the reply: most of a
+ * small request's time when one is in flight, bench/NOTES.md "The front"). The shard's thread
+ * holds `own` whenever it runs a callback (shard_main), so with `own` taken here the shard is
+ * asleep and stays so, and everything handed to it before has been taken (the front is its
+ * mailbox's only producer): its state is the front's for the moment, and the request still
+ * comes after every earlier one of its stream. A reply made now leaves at once (shard_reply);
+ * what the request started (work on the CPU pool or a GPU lane) completes on the shard's loop
+ * as before, and anything the run left the shard's loop to do sooner than it sleeps for (a timer
+ * started, an idle handle) wakes it. Under load this never takes work from the shards: another
+ * request is then in flight, or waits to be read (without that second condition a front that
+ * keeps up would run every request itself, one after the other: callgrind showed it). False
+ * when the request must be handed over. */
+static bool run_on_front(td_path_t *p, slot_t *slot, td_request_t *r)
+{
+    const td_transport_ops_t *ops = r->transport->ops;
+    if (p->dispatched - p->replied != 1 || p->stopping || !slot->running ||
+        !td_hop_batch_empty(&slot->to_shard) ||
+        atomic_load_explicit(&slot->inbox.stack.top, memory_order_relaxed) ||
+        !ops->input_waiting || ops->input_waiting(r->transport) ||
+        pthread_mutex_trylock(&slot->own) != 0)
+        return false;
+    slot->front_has_it = true;
+    td_shard_take(slot->shard, r);
+    slot->front_has_it = false;
+    flush_to_front(slot); /* what it hands the front otherwise (a gather, a deleted name) */
+    int due = uv_backend_timeout(slot->loop);
+    bool wake = due >= 0 && (slot->sleep_ms < 0 || due < slot->sleep_ms);
+    pthread_mutex_unlock(&slot->own);
+    if (wake)
+        uv_async_send(&slot->inbox.async);
+    return true;
+}
+
 td_err_t td_path_submit(td_path_t *p, td_transport_t *t, td_msg_t *m)
 {
     td_request_t *r = new_request(p);
@@ -322,10 +363,10 @@ td_err_t td_path_submit(td_path_t *p, td_transport_t *t, td_msg_t *m)
     r->shard = slot->index;
     slot->dispatched++;
     p->dispatched++;
-    if (p->threads)
-        td_hop_batch_add(&slot->to_shard, &r->hop, HOP_TAKE);
-    else
+    if (!p->threads)
         td_shard_take(slot->shard, r);
+    else if (!run_on_front(p, slot, r))
+        td_hop_batch_add(&slot->to_shard, &r->hop, HOP_TAKE);
     return TD_OK;
 }
 
@@ -399,8 +440,9 @@ static void gather(td_path_t *p, td_request_t *r)
 static void shard_reply(void *front, td_request_t *r)
 {
     td_path_t *p = front;
-    if (p->threads)
-        td_hop_batch_add(&p->slots[r->shard].to_front, &r->hop, HOP_REPLY);
+    slot_t *slot = &p->slots[r->shard];
+    if (p->threads && !slot->front_has_it)
+        td_hop_batch_add(&slot->to_front, &r->hop, HOP_REPLY);
     else
         reply_out(p, r);
 }
@@ -615,7 +657,19 @@ static void shard_main(void *arg)
     char name[16]; /* for profiles and top -H: "tdshard-3" */
     snprintf(name, sizeof name, "tdshard-%u", slot->index % 1000);
     pthread_setname_np(pthread_self(), name);
-    uv_run(slot->loop, UV_RUN_DEFAULT);
+    /* uv_run(UV_RUN_DEFAULT), with `own` let go while it sleeps (run_on_front): the loop's
+     * callbacks run without blocking, then the thread waits on the loop's descriptor for what
+     * libuv would have waited for (libuv's uv_backend_fd and uv_backend_timeout, for loops run
+     * from outside). */
+    pthread_mutex_lock(&slot->own);
+    while (uv_run(slot->loop, UV_RUN_NOWAIT)) {
+        slot->sleep_ms = uv_backend_timeout(slot->loop);
+        pthread_mutex_unlock(&slot->own);
+        struct pollfd fd = {.fd = uv_backend_fd(slot->loop), .events = POLLIN};
+        (void)poll(&fd, 1, slot->sleep_ms); /* EINTR: the loop looks again */
+        pthread_mutex_lock(&slot->own);
+    }
+    pthread_mutex_unlock(&slot->own);
 }
 
 /* The front's mailbox and the handles that post its batches, on the transports' loop. */
@@ -658,6 +712,7 @@ static td_err_t new_slot(td_path_t *p, unsigned i)
 {
     slot_t *slot = &p->slots[i];
     *slot = (slot_t){.path = p, .index = i, .loop = p->env.loop};
+    slot->own = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
     if (p->threads) {
         if (uv_loop_init(&slot->own_loop) != 0)
             return TD_ERR_LIBRARY;
@@ -796,6 +851,7 @@ void td_path_destroy(td_path_t **self_p)
         td_shard_destroy(&slot->shard);
         if (slot->loop_open && uv_loop_close(&slot->own_loop) != 0)
             td_warn("shard %u's loop still had handles open at exit", i);
+        pthread_mutex_destroy(&slot->own);
     }
     if (self->front_open) {
         close_front(self);

@@ -38,7 +38,19 @@
  * hold tallyd up for long. */
 #define TD_SHUTDOWN_LINGER_MS 1000
 
-static const td_transport_ops_t zmq_ops = {.name = "zeromq", .send_reply = td_zmq_send_reply};
+/* Another message ready on the socket (ZMQ_EVENTS; the pump reads it again last, which is what
+ * re-arms the descriptor). A failure says yes: the path then hands the request over as usual. */
+static bool input_waiting(td_transport_t *transport)
+{
+    td_zmq_t *z = (td_zmq_t *)transport;
+    uint32_t events = 0;
+    size_t size = sizeof events;
+    return zmq_getsockopt(z->rt.socket, ZMQ_EVENTS, &events, &size) != 0 ||
+           (events & ZMQ_POLLIN) != 0;
+}
+
+static const td_transport_ops_t zmq_ops = {
+    .name = "zeromq", .send_reply = td_zmq_send_reply, .input_waiting = input_waiting};
 
 /* ---- Reading ---------------------------------------------------------------------------- */
 
