@@ -116,6 +116,7 @@ typedef struct {
      * go only to sleep, so the front may take it to run a request itself (run_on_front). */
     pthread_mutex_t own;
     int sleep_ms;      /* under own: the timeout the shard's thread sleeps with */
+    _Atomic uint64_t asleep_ns; /* the shard's thread's time asleep (libuv's idle time is not) */
     bool front_has_it; /* under own: the front runs the shard (its replies leave at once) */
     uint64_t start_ns;
 } slot_t;
@@ -666,7 +667,9 @@ static void shard_main(void *arg)
         slot->sleep_ms = uv_backend_timeout(slot->loop);
         pthread_mutex_unlock(&slot->own);
         struct pollfd fd = {.fd = uv_backend_fd(slot->loop), .events = POLLIN};
+        uint64_t t0 = uv_hrtime();
         (void)poll(&fd, 1, slot->sleep_ms); /* EINTR: the loop looks again */
+        atomic_fetch_add_explicit(&slot->asleep_ns, uv_hrtime() - t0, memory_order_relaxed);
         pthread_mutex_lock(&slot->own);
     }
     pthread_mutex_unlock(&slot->own);
@@ -719,8 +722,8 @@ static td_err_t new_slot(td_path_t *p, unsigned i)
         slot->loop_open = true;
         slot->loop = &slot->own_loop;
     }
-    if (slot->loop)
-        uv_loop_configure(slot->loop, UV_METRICS_IDLE_TIME); /* busy_s */
+    if (slot->loop && !p->threads) /* busy_s: a shard's thread counts its own (shard_main) */
+        uv_loop_configure(slot->loop, UV_METRICS_IDLE_TIME);
     td_shard_env_t env = {.index = i,
                           .cfg = p->env.cfg,
                           .metrics = &slot->metrics,
@@ -906,7 +909,11 @@ void td_path_shard_gauges(td_path_t *self, unsigned shard, td_shard_gauges_t *ou
 {
     slot_t *slot = &self->slots[shard];
     uint64_t now = uv_hrtime();
-    uint64_t idle = slot->loop ? uv_metrics_idle_time(slot->loop) : 0;
+    /* A shard's thread sleeps outside libuv (shard_main): its own count; one shard runs on the
+     * front's loop, which libuv counts. */
+    uint64_t idle = self->threads
+                        ? atomic_load_explicit(&slot->asleep_ns, memory_order_relaxed)
+                        : (slot->loop ? uv_metrics_idle_time(slot->loop) : 0);
     uint64_t alive = slot->start_ns && now > slot->start_ns ? now - slot->start_ns : 0;
     *out = (td_shard_gauges_t){
         .requests = td_metrics_answered(&slot->metrics),
