@@ -18,13 +18,13 @@
  * the rest), the request's in-flight slot. The payload is not touched (the transport's bytes move
  * with the request: no copy).
  *
- * Hand-off (more than one shard): requests and replies travel through mailboxes (td_mailbox.h), one per shard and one for the front, in batches: what the front hands
- * a shard during one callback (a pump of up to 256 messages) is posted once, with one
- * compare-and-swap and one wake-up, from the loop's check and prepare handles and at the end of
- * the front's own mailbox callback (so nothing waits across a blocking poll), and a shard posts
- * its replies to the front the same way. One producer per mailbox direction and FIFO batches: a
- * stream's requests reach their shard in the order the front read them, which is the order
- * ZeroMQ delivered them.
+ * Hand-off (more than one shard): requests and replies travel through mailboxes (td_mailbox.h), one
+ * per shard and one for the front, in batches: what the front hands a shard during one callback (a
+ * pump of up to 256 messages) is posted once, with one compare-and-swap and one wake-up, from the
+ * loop's check and prepare handles and at the end of the front's own mailbox callback (so nothing
+ * waits across a blocking poll), and a shard posts its replies to the front the same way. One
+ * producer per mailbox direction and FIFO batches: a stream's requests reach their shard in the
+ * order the front read them, which is the order ZeroMQ delivered them.
  *
  * Requests are allocated and retired on the front's thread: the transport ends a reply there
  * (td_reply_end), and its request is counted, released and kept among the front's spares for the
@@ -115,7 +115,7 @@ typedef struct {
     /* Who runs the shard now: its thread holds `own` while it runs its loop's callbacks and lets
      * go only to sleep, so the front may take it to run a request itself (run_on_front). */
     pthread_mutex_t own;
-    int sleep_ms;      /* under own: the timeout the shard's thread sleeps with */
+    int sleep_ms;               /* under own: the timeout the shard's thread sleeps with */
     _Atomic uint64_t asleep_ns; /* the shard's thread's time asleep (libuv's idle time is not) */
     bool front_has_it; /* under own: the front runs the shard (its replies leave at once) */
     uint64_t start_ns;
@@ -314,9 +314,9 @@ static void pin_regions(td_path_t *p, td_request_t *r)
     r->shm_out_ptr = out;
 }
 
-/* The only request in flight, with nothing else waiting to be read: run here, on the front's thread,
- * instead of a hand-off and two wake-ups (the shard's, then the front's for the reply: most of a
- * small request's time when one is in flight, bench/NOTES.md "The front"). The shard's thread
+/* The only request in flight, with nothing else waiting to be read: run here, on the front's
+ * thread, instead of a hand-off and two wake-ups (the shard's, then the front's for the reply: most
+ * of a small request's time when one is in flight, bench/NOTES.md "The front"). The shard's thread
  * holds `own` whenever it runs a callback (shard_main), so with `own` taken here the shard is
  * asleep and stays so, and everything handed to it before has been taken (the front is its
  * mailbox's only producer): its state is the front's for the moment, and the request still
@@ -332,9 +332,8 @@ static bool run_on_front(td_path_t *p, slot_t *slot, td_request_t *r)
     const td_transport_ops_t *ops = r->transport->ops;
     if (p->dispatched - p->replied != 1 || p->stopping || !slot->running ||
         !td_hop_batch_empty(&slot->to_shard) ||
-        atomic_load_explicit(&slot->inbox.stack.top, memory_order_relaxed) ||
-        !ops->input_waiting || ops->input_waiting(r->transport) ||
-        pthread_mutex_trylock(&slot->own) != 0)
+        atomic_load_explicit(&slot->inbox.stack.top, memory_order_relaxed) || !ops->input_waiting ||
+        ops->input_waiting(r->transport) || pthread_mutex_trylock(&slot->own) != 0)
         return false;
     slot->front_has_it = true;
     td_shard_take(slot->shard, r);
@@ -911,9 +910,8 @@ void td_path_shard_gauges(td_path_t *self, unsigned shard, td_shard_gauges_t *ou
     uint64_t now = uv_hrtime();
     /* A shard's thread sleeps outside libuv (shard_main): its own count; one shard runs on the
      * front's loop, which libuv counts. */
-    uint64_t idle = self->threads
-                        ? atomic_load_explicit(&slot->asleep_ns, memory_order_relaxed)
-                        : (slot->loop ? uv_metrics_idle_time(slot->loop) : 0);
+    uint64_t idle = self->threads ? atomic_load_explicit(&slot->asleep_ns, memory_order_relaxed)
+                                  : (slot->loop ? uv_metrics_idle_time(slot->loop) : 0);
     uint64_t alive = slot->start_ns && now > slot->start_ns ? now - slot->start_ns : 0;
     *out = (td_shard_gauges_t){
         .requests = td_metrics_answered(&slot->metrics),

@@ -115,8 +115,7 @@ static void handle_message(td_zmq_t *z, zmq_msg_t *frames, int kept, int total)
     td_msg_t m = {
         .from = {.id = id,
                  .id_len = id_len,
-                 .user = kept > 1 && z->rt.auth ? zmq_msg_gets(&frames[kept - 1], "User-Id")
-                                                : NULL,
+                 .user = kept > 1 && z->rt.auth ? zmq_msg_gets(&frames[kept - 1], "User-Id") : NULL,
                  .word = delimiter ? TD_ZMQ_DELIMITER : 0,
                  .ctx = conn},
         .header = body < kept ? zmq_msg_data(&frames[body]) : NULL,
