@@ -12,8 +12,8 @@
  *     creations one at a time fill it to within the bytes one stream gives back at its delete;
  *   - a stream's order when its requests alternate between the front's thread (a lone request,
  *     td_path.c run_on_front) and its shard's (pipelined ones): a scan's running carry continues
- *     exactly across both; and an idle shard's busy seconds stay near 0 (its thread sleeps
- *     outside libuv, and counts that sleep itself).
+ *     exactly across both; and an idle shard's busy seconds stay well under the uptime (its
+ *     thread sleeps outside libuv, and counts that sleep itself).
  * The rest of the suite runs again at 4 shards in scripts/test.sh's sanitizer pass; these are the
  * checks that need the shards to be more than one, whatever the suite's setting.
  */
@@ -280,14 +280,17 @@ static void test_lone_and_pipelined_keep_order(void **state)
         }
         total += BURST * N;
     }
-    /* Idle for over a second: a shard's busy seconds (whole seconds here) stay 0, the uptime
-     * does not. */
-    th_sleep_ms(1200);
-    assert_true(th_stat(sock, "tallyd_uptime_seconds") >= 1);
+    /* Idle for over two seconds: a shard's busy seconds (whole seconds here) stay at least 2
+     * under the uptime (they were the uptime when the shards' sleep went uncounted; a loaded box
+     * may still stretch the little work above into a second). */
+    th_sleep_ms(2200);
+    long long uptime = th_stat(sock, "tallyd_uptime_seconds");
+    assert_true(uptime >= 2);
     for (unsigned s = 0; s < SHARDS; s++) {
         char name[80];
         snprintf(name, sizeof name, "tallyd_shard_busy_seconds_total{shard=\"%u\"}", s);
-        assert_int_equal(th_stat(sock, name), 0);
+        long long busy = th_stat(sock, name);
+        assert_true(busy >= 0 && busy + 2 <= uptime);
     }
     assert_int_equal(th_close_and_stop(sock, &d, 10000), 0);
 }
