@@ -9,7 +9,11 @@
  *   - the limits of the whole daemon stay exact when one connection pipelines creations that land
  *     on every shard at once (PROTOCOL.md §8 "Shards"): max_streams and max_streams_per_client
  *     admit exactly their number; max_state_bytes is never passed, and once the burst is answered
- *     creations one at a time fill it to within the bytes one stream gives back at its delete.
+ *     creations one at a time fill it to within the bytes one stream gives back at its delete;
+ *   - a stream's order when its requests alternate between the front's thread (a lone request,
+ *     td_path.c run_on_front) and its shard's (pipelined ones): a scan's running carry continues
+ *     exactly across both; and an idle shard's busy seconds stay well under the uptime (its
+ *     thread sleeps outside libuv, and counts that sleep itself).
  * The rest of the suite runs again at 4 shards in scripts/test.sh's sanitizer pass; these are the
  * checks that need the shards to be more than one, whatever the suite's setting.
  */
@@ -229,6 +233,68 @@ static void test_state_bytes_never_passed(void **state)
     assert_int_equal(th_close_and_stop(sock, &d, 10000), 0);
 }
 
+/* A scan of `n` ones on stream "carry" after `before` elements: its inclusive sums are
+ * before + 1 .. before + n. */
+static void check_sums(const th_reply_t *r, int64_t before, unsigned n)
+{
+    assert_int_equal(r->rep.status, TALLY_OK);
+    assert_int_equal(r->len, n * sizeof(int64_t));
+    for (unsigned i = 0; i < n; i++) {
+        int64_t v;
+        memcpy(&v, r->payload + i * sizeof v, sizeof v);
+        assert_int_equal(v, before + i + 1);
+    }
+}
+
+static void test_lone_and_pipelined_keep_order(void **state)
+{
+    (void)state;
+    enum { N = 8, BURST = 12, ROUNDS = 6 };
+    int32_t ones[N];
+    for (unsigned i = 0; i < N; i++)
+        ones[i] = 1;
+    th_daemon_t d;
+    start(&d, NULL);
+    void *sock = th_connect(d.endpoint, 10000);
+    int64_t total = 0;
+    for (unsigned round = 0; round < ROUNDS; round++) {
+        /* Alone: nothing else in flight, so the front runs it. */
+        tally_req_t req = th_req(TALLY_OP_SCAN, TALLY_DTYPE_I32, next_id++);
+        assert_int_equal(tally_req_set_stream(&req, "carry"), TALLY_OK);
+        th_reply_t r;
+        assert_int_equal(th_call(sock, &req, ones, sizeof ones, &r), 0);
+        check_sums(&r, total, N);
+        th_reply_free(&r);
+        total += N;
+        /* Pipelined: handed to the shard's thread, applied in the order sent. */
+        uint64_t first = next_id;
+        for (unsigned k = 0; k < BURST; k++) {
+            req = th_req(TALLY_OP_SCAN, TALLY_DTYPE_I32, next_id++);
+            assert_int_equal(tally_req_set_stream(&req, "carry"), TALLY_OK);
+            assert_int_equal(th_send_request(sock, &req, ones, sizeof ones), 0);
+        }
+        for (unsigned k = 0; k < BURST; k++) {
+            assert_int_equal(th_recv_reply(sock, &r), 0);
+            check_sums(&r, total + (int64_t)(r.rep.request_id - first) * N, N);
+            th_reply_free(&r);
+        }
+        total += BURST * N;
+    }
+    /* Idle for over two seconds: a shard's busy seconds (whole seconds here) stay at least 2
+     * under the uptime (they were the uptime when the shards' sleep went uncounted; a loaded box
+     * may still stretch the little work above into a second). */
+    th_sleep_ms(2200);
+    long long uptime = th_stat(sock, "tallyd_uptime_seconds");
+    assert_true(uptime >= 2);
+    for (unsigned s = 0; s < SHARDS; s++) {
+        char name[80];
+        snprintf(name, sizeof name, "tallyd_shard_busy_seconds_total{shard=\"%u\"}", s);
+        long long busy = th_stat(sock, name);
+        assert_true(busy >= 0 && busy + 2 <= uptime);
+    }
+    assert_int_equal(th_close_and_stop(sock, &d, 10000), 0);
+}
+
 int main(void)
 {
     th_seed();
@@ -236,6 +302,7 @@ int main(void)
         cmocka_unit_test(test_gathering_sees_every_shard),
         cmocka_unit_test(test_stream_counts_exact),
         cmocka_unit_test(test_state_bytes_never_passed),
+        cmocka_unit_test(test_lone_and_pipelined_keep_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

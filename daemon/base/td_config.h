@@ -174,7 +174,10 @@
  * host (bench/RESULTS.md "Shards", 2026-12-02, 64 B hist, 16 producers x 64, 256 streams): 1 shard
  * 132 k requests/s, 2 shards 275 k (0.96 x the echo), 4 shards 259 k, 8 shards 174 k, 16 shards
  * 165 k: past the echo's ceiling more shards only add hand-offs and wake-ups, so the default stops
- * at 4. At most TD_SHARDS_LIMIT when set. */
+ * at 4. Looked at again after the front's changes (bench/RESULTS.md "The front", one call beside
+ * main): 4 shards 166 k, 6 212 k, 8 203 k against main's 241 k at 4, 1-second rows that main's own
+ * spread (154-241 k for one configuration) does not tell apart: kept at 4. At most TD_SHARDS_LIMIT
+ * when set. */
 #define TD_SHARDS_DEFAULT_MAX 4u
 #define TD_SHARDS_LIMIT 64u
 /* glibc's malloc, set once at start (main.c). ZeroMQ's I/O threads malloc every received frame

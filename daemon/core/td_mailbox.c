@@ -35,7 +35,7 @@ void td_hop_batch_add(td_hop_batch_t *batch, td_hop_t *hop, unsigned kind)
         batch->oldest = hop;
 }
 
-void td_hop_stack_push(td_hop_stack_t *stack, td_hop_batch_t *batch)
+static void stack_push(td_hop_stack_t *stack, td_hop_batch_t *batch)
 {
     if (!batch->newest)
         return;
@@ -47,7 +47,7 @@ void td_hop_stack_push(td_hop_stack_t *stack, td_hop_batch_t *batch)
     batch->newest = batch->oldest = NULL;
 }
 
-td_hop_t *td_hop_stack_take(td_hop_stack_t *stack)
+static td_hop_t *stack_take(td_hop_stack_t *stack)
 {
     return atomic_exchange_explicit(&stack->top, NULL, memory_order_acquire);
 }
@@ -56,7 +56,7 @@ void td_mailbox_post(td_mailbox_t *mb, td_hop_batch_t *batch)
 {
     if (!batch->newest)
         return;
-    td_hop_stack_push(&mb->stack, batch);
+    stack_push(&mb->stack, batch);
     uv_async_send(&mb->async);
 }
 
@@ -69,7 +69,7 @@ void td_mailbox_post_one(td_mailbox_t *mb, td_hop_t *hop, unsigned kind)
 
 td_hop_t *td_mailbox_take(td_mailbox_t *mb)
 {
-    td_hop_t *hop = td_hop_stack_take(&mb->stack);
+    td_hop_t *hop = stack_take(&mb->stack);
     td_hop_t *oldest_first = NULL;
     while (hop) { /* newest first on the stack: reversed */
         td_hop_t *next = hop->next;

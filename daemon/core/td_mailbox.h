@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_mailbox.h — how the threads of the request path hand each other work (issue 31): the
- * transports' thread hands a request to its shard, the shard hands the reply back for its
- * transport to send, and the transport's end of the reply goes to the shard again.
+ * transports' thread hands a request to its shard, and the shard hands the reply back for its
+ * transport to send (the transport's end of the reply stays on the transports' thread).
  *
  * A mailbox is a lock-free stack of hops (a Treiber stack: one compare-and-swap to post, one
  * exchange to take everything) and a uv_async_t on the consumer's loop. A producer collects what
@@ -35,8 +35,7 @@ typedef struct {
     td_hop_t *oldest;
 } td_hop_batch_t;
 
-/* The stack alone: posted to by any thread, taken whole by one (no wake-up: the taker looks
- * when it needs to; the pool of recycled requests, td_path.c). */
+/* The stack alone: posted to by any thread, taken whole by one. */
 typedef struct {
     _Atomic(td_hop_t *) top; /* posted, newest first */
 } td_hop_stack_t;
@@ -65,10 +64,5 @@ void td_mailbox_post(td_mailbox_t *mb, td_hop_batch_t *batch);
 void td_mailbox_post_one(td_mailbox_t *mb, td_hop_t *hop, unsigned kind);
 /* Consumer's thread: everything posted so far, oldest first, linked by next (NULL: nothing). */
 td_hop_t *td_mailbox_take(td_mailbox_t *mb);
-
-/* The same on a stack without a wake-up: push a batch (emptied), take everything (in no
- * particular order: a pool needs none). */
-void td_hop_stack_push(td_hop_stack_t *stack, td_hop_batch_t *batch);
-td_hop_t *td_hop_stack_take(td_hop_stack_t *stack);
 
 #endif

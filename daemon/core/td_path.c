@@ -18,20 +18,19 @@
  * the rest), the request's in-flight slot. The payload is not touched (the transport's bytes move
  * with the request: no copy).
  *
- * Hand-off (more than one shard): requests, replies and the ends of replies travel through
- * mailboxes (td_mailbox.h), one per shard and one for the front, in batches: what the front hands
- * a shard during one callback (a pump of up to 256 messages) is posted once, with one
- * compare-and-swap and one wake-up, from the loop's check and prepare handles and at the end of
- * the front's own mailbox callback (so nothing waits across a blocking poll), and a shard posts
- * its replies to the front the same way. One producer per mailbox direction and FIFO batches: a
- * stream's requests reach their shard in the order the front read them, which is the order
- * ZeroMQ delivered them.
+ * Hand-off (more than one shard): requests and replies travel through mailboxes (td_mailbox.h), one
+ * per shard and one for the front, in batches: what the front hands a shard during one callback (a
+ * pump of up to 256 messages) is posted once, with one compare-and-swap and one wake-up, from the
+ * loop's check and prepare handles and at the end of the front's own mailbox callback (so nothing
+ * waits across a blocking poll), and a shard posts its replies to the front the same way. One
+ * producer per mailbox direction and FIFO batches: a stream's requests reach their shard in the
+ * order the front read them, which is the order ZeroMQ delivered them.
  *
- * Requests are allocated on the front's thread and retired on their shard's: freed there, every
- * one would go back to the front's malloc arena under its lock, and the front would find its
- * cache empty at every allocation (bench/NOTES.md: a third of the front's instructions). So a
- * shard hands its retired requests back, emptied, in batches onto a lock-free pool, and the
- * front takes the whole pool when its own spares run out (at most TD_PATH_SPARES kept).
+ * Requests are allocated and retired on the front's thread: the transport ends a reply there
+ * (td_reply_end), and its request is counted, released and kept among the front's spares for the
+ * next message (at most TD_PATH_SPARES), with no hop back to its shard (that hop woke every shard
+ * once more per batch of replies; freeing on the shard sent every request back to the front's
+ * malloc arena under its lock: bench/NOTES.md, "The front").
  *
  * In flight: the front counts what it hands each shard and the replies that come back; their
  * difference is what max_inflight bounds (td_path_may_read), exact on the front's thread with no
@@ -55,6 +54,7 @@
  * from then on the loop thread owns every shard's state (the final snapshot reads it).
  */
 #include <inttypes.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -72,7 +72,6 @@
 /* What a hop carries (td_mailbox.h): to a shard, then to the front. */
 enum {
     HOP_TAKE = 1, /* a request to check and run */
-    HOP_RETIRE,   /* its transport is done with its reply */
     HOP_RESUME,   /* info, stats or streams answered by the front: send the reply */
     HOP_STOP,     /* a stop signal */
     HOP_CLOSE,    /* the last message: close the loop's handles */
@@ -107,13 +106,18 @@ typedef struct {
     td_mailbox_t inbox;      /* the front's hops to it */
     td_hop_batch_t to_shard; /* the front's thread: not posted yet */
     td_hop_batch_t to_front; /* the shard's thread: not posted yet */
-    td_hop_batch_t to_pool;  /* the shard\'s thread: retired requests, not pooled yet */
     uv_prepare_t flush_prepare;
     uv_check_t flush_check;
     bool flush_open;
     td_hop_t stop_hop;
     td_hop_t close_hop;
     unsigned parked_epoch; /* the shard's thread: the last hold it parked for */
+    /* Who runs the shard now: its thread holds `own` while it runs its loop's callbacks and lets
+     * go only to sleep, so the front may take it to run a request itself (run_on_front). */
+    pthread_mutex_t own;
+    int sleep_ms;               /* under own: the timeout the shard's thread sleeps with */
+    _Atomic uint64_t asleep_ns; /* the shard's thread's time asleep (libuv's idle time is not) */
+    bool front_has_it; /* under own: the front runs the shard (its replies leave at once) */
     uint64_t start_ns;
 } slot_t;
 
@@ -125,8 +129,7 @@ struct td_path {
     bool threads; /* more than one shard: each on a thread of its own */
     td_path_machines_t machines;
     td_mailbox_t inbox; /* the shards' hops to the front */
-    td_hop_stack_t pool; /* retired requests the shards hand back */
-    td_hop_t *spares;    /* the front\'s: taken from the pool, not in use */
+    td_hop_t *spares;   /* the front's: retired requests, not in use */
     unsigned spare_count;
     uv_prepare_t flush_prepare;
     uv_check_t flush_check;
@@ -151,6 +154,7 @@ struct td_path {
 };
 
 static void flush_to_shards(td_path_t *p);
+static void flush_to_front(slot_t *slot);
 
 /* The most retired requests the front keeps for reuse; more are freed (after a burst). */
 #define TD_PATH_SPARES 4096u
@@ -270,21 +274,9 @@ static void copy_header(td_request_t *r, const td_msg_t *m)
 
 static td_request_t *hop_request(td_hop_t *hop);
 
-/* A request: a spare (the shards' retired ones), else a new one. */
+/* A request: a spare (a retired one), else a new one. */
 static td_request_t *new_request(td_path_t *p)
 {
-    if (!p->spares) {
-        for (td_hop_t *hop = td_hop_stack_take(&p->pool), *next; hop; hop = next) {
-            next = hop->next;
-            if (p->spare_count >= TD_PATH_SPARES) {
-                free(hop_request(hop));
-                continue;
-            }
-            hop->next = p->spares;
-            p->spares = hop;
-            p->spare_count++;
-        }
-    }
     if (!p->spares)
         return td_request_new();
     td_request_t *r = hop_request(p->spares);
@@ -322,6 +314,39 @@ static void pin_regions(td_path_t *p, td_request_t *r)
     r->shm_out_ptr = out;
 }
 
+/* The only request in flight, with nothing else waiting to be read: run here, on the front's
+ * thread, instead of a hand-off and two wake-ups (the shard's, then the front's for the reply: most
+ * of a small request's time when one is in flight, bench/NOTES.md "The front"). The shard's thread
+ * holds `own` whenever it runs a callback (shard_main), so with `own` taken here the shard is
+ * asleep and stays so, and everything handed to it before has been taken (the front is its
+ * mailbox's only producer): its state is the front's for the moment, and the request still
+ * comes after every earlier one of its stream. A reply made now leaves at once (shard_reply);
+ * what the request started (work on the CPU pool or a GPU lane) completes on the shard's loop
+ * as before, and anything the run left the shard's loop to do sooner than it sleeps for (a timer
+ * started, an idle handle) wakes it. Under load this never takes work from the shards: another
+ * request is then in flight, or waits to be read (without that second condition a front that
+ * keeps up would run every request itself, one after the other: callgrind showed it). False
+ * when the request must be handed over. */
+static bool run_on_front(td_path_t *p, slot_t *slot, td_request_t *r)
+{
+    const td_transport_ops_t *ops = r->transport->ops;
+    if (p->dispatched - p->replied != 1 || p->stopping || !slot->running ||
+        !td_hop_batch_empty(&slot->to_shard) ||
+        atomic_load_explicit(&slot->inbox.stack.top, memory_order_relaxed) || !ops->input_waiting ||
+        ops->input_waiting(r->transport) || pthread_mutex_trylock(&slot->own) != 0)
+        return false;
+    slot->front_has_it = true;
+    td_shard_take(slot->shard, r);
+    slot->front_has_it = false;
+    flush_to_front(slot); /* what it hands the front otherwise (a gather, a deleted name) */
+    int due = uv_backend_timeout(slot->loop);
+    bool wake = due >= 0 && (slot->sleep_ms < 0 || due < slot->sleep_ms);
+    pthread_mutex_unlock(&slot->own);
+    if (wake)
+        uv_async_send(&slot->inbox.async);
+    return true;
+}
+
 td_err_t td_path_submit(td_path_t *p, td_transport_t *t, td_msg_t *m)
 {
     td_request_t *r = new_request(p);
@@ -338,10 +363,10 @@ td_err_t td_path_submit(td_path_t *p, td_transport_t *t, td_msg_t *m)
     r->shard = slot->index;
     slot->dispatched++;
     p->dispatched++;
-    if (p->threads)
-        td_hop_batch_add(&slot->to_shard, &r->hop, HOP_TAKE);
-    else
+    if (!p->threads)
         td_shard_take(slot->shard, r);
+    else if (!run_on_front(p, slot, r))
+        td_hop_batch_add(&slot->to_shard, &r->hop, HOP_TAKE);
     return TD_OK;
 }
 
@@ -363,17 +388,40 @@ static void reply_out(td_path_t *p, td_request_t *r)
     r->transport->ops->send_reply(r->transport, &r->out);
 }
 
+/* The transport is done with r's reply: a dropped one counted (on the front's counters, which
+ * td_path_sum_metrics adds to the shards'), its peers' references released, and r kept for a
+ * request to come (with threads; at most TD_PATH_SPARES) or freed. On the front's thread, not
+ * r's shard's: nothing of the shard's is left in r (its input and its reply's bytes went when it
+ * was answered), and a hop back would wake the shard once more for every batch of replies
+ * (bench/NOTES.md, "The front"). */
+static void retire(td_path_t *p, td_request_t *r, td_reply_outcome_t outcome)
+{
+    if (outcome == TD_REPLY_SLOW) {
+        p->env.metrics->replies_dropped_slow++;
+        td_debug("reply to request %" PRIu64 " dropped: the peer is not reading its replies",
+                 r->rep.request_id);
+    } else if (outcome != TD_REPLY_SENT) { /* a broken transport too (logged there) */
+        p->env.metrics->replies_dropped_gone++;
+        td_debug("reply to request %" PRIu64 " dropped: the peer has gone", r->rep.request_id);
+    }
+    td_peers_release(p->env.peers, &r->conn);
+    td_peers_release(p->env.peers, &r->client);
+    if (!p->threads || p->spare_count >= TD_PATH_SPARES) {
+        td_request_destroy(&r);
+        return;
+    }
+    td_request_dispose(r);
+    r->hop.next = p->spares;
+    p->spares = &r->hop;
+    p->spare_count++;
+}
+
 void td_reply_end(td_reply_t *reply, td_reply_outcome_t outcome)
 {
     td_request_t *r = (td_request_t *)((char *)reply - offsetof(td_request_t, out));
-    td_path_t *p = r->transport->path;
-    slot_t *slot = &p->slots[r->shard];
     td_bytes_free(&reply->body); /* what the transport did not take */
     r->outcome = outcome;
-    if (slot->running)
-        td_hop_batch_add(&slot->to_shard, &r->hop, HOP_RETIRE);
-    else /* one shard, or its thread has ended: the loop thread owns it */
-        td_shard_retire(slot->shard, r);
+    retire(r->transport->path, r, outcome);
 }
 
 /* info, stats and streams, from the whole daemon with every shard held still. */
@@ -392,8 +440,9 @@ static void gather(td_path_t *p, td_request_t *r)
 static void shard_reply(void *front, td_request_t *r)
 {
     td_path_t *p = front;
-    if (p->threads)
-        td_hop_batch_add(&p->slots[r->shard].to_front, &r->hop, HOP_REPLY);
+    slot_t *slot = &p->slots[r->shard];
+    if (p->threads && !slot->front_has_it)
+        td_hop_batch_add(&slot->to_front, &r->hop, HOP_REPLY);
     else
         reply_out(p, r);
 }
@@ -430,13 +479,6 @@ static void shard_deleted(void *front, const char *name, size_t len)
     td_hop_batch_add(&slot->to_front, &d->hop, HOP_DELETED);
 }
 
-/* A shard's retired request, back to the front's pool with the shard's next flush. */
-static void shard_recycle(void *front, td_request_t *r)
-{
-    td_path_t *p = front;
-    td_hop_batch_add(&p->slots[r->shard].to_pool, &r->hop, 0);
-}
-
 /* Null when nobody listens; the shard tests env.deleted, so it must be set only then. */
 static void set_deleted(td_path_t *p, td_path_deleted_fn deleted, void *ctx)
 {
@@ -461,7 +503,6 @@ static void flush_to_shards(td_path_t *p)
 static void flush_to_front(slot_t *slot)
 {
     td_mailbox_post(&slot->path->inbox, &slot->to_front);
-    td_hop_stack_push(&slot->path->pool, &slot->to_pool);
 }
 
 static td_request_t *hop_request(td_hop_t *hop)
@@ -525,9 +566,6 @@ static void shard_inbox_cb(uv_async_t *handle)
         switch (hop->kind) {
         case HOP_TAKE:
             td_shard_take(slot->shard, hop_request(hop));
-            break;
-        case HOP_RETIRE:
-            td_shard_retire(slot->shard, hop_request(hop));
             break;
         case HOP_RESUME:
             td_shard_resume(slot->shard, hop_request(hop));
@@ -619,7 +657,21 @@ static void shard_main(void *arg)
     char name[16]; /* for profiles and top -H: "tdshard-3" */
     snprintf(name, sizeof name, "tdshard-%u", slot->index % 1000);
     pthread_setname_np(pthread_self(), name);
-    uv_run(slot->loop, UV_RUN_DEFAULT);
+    /* uv_run(UV_RUN_DEFAULT), with `own` let go while it sleeps (run_on_front): the loop's
+     * callbacks run without blocking, then the thread waits on the loop's descriptor for what
+     * libuv would have waited for (libuv's uv_backend_fd and uv_backend_timeout, for loops run
+     * from outside). */
+    pthread_mutex_lock(&slot->own);
+    while (uv_run(slot->loop, UV_RUN_NOWAIT)) {
+        slot->sleep_ms = uv_backend_timeout(slot->loop);
+        pthread_mutex_unlock(&slot->own);
+        struct pollfd fd = {.fd = uv_backend_fd(slot->loop), .events = POLLIN};
+        uint64_t t0 = uv_hrtime();
+        (void)poll(&fd, 1, slot->sleep_ms); /* EINTR: the loop looks again */
+        atomic_fetch_add_explicit(&slot->asleep_ns, uv_hrtime() - t0, memory_order_relaxed);
+        pthread_mutex_lock(&slot->own);
+    }
+    pthread_mutex_unlock(&slot->own);
 }
 
 /* The front's mailbox and the handles that post its batches, on the transports' loop. */
@@ -662,14 +714,15 @@ static td_err_t new_slot(td_path_t *p, unsigned i)
 {
     slot_t *slot = &p->slots[i];
     *slot = (slot_t){.path = p, .index = i, .loop = p->env.loop};
+    slot->own = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
     if (p->threads) {
         if (uv_loop_init(&slot->own_loop) != 0)
             return TD_ERR_LIBRARY;
         slot->loop_open = true;
         slot->loop = &slot->own_loop;
     }
-    if (slot->loop)
-        uv_loop_configure(slot->loop, UV_METRICS_IDLE_TIME); /* busy_s */
+    if (slot->loop && !p->threads) /* busy_s: a shard's thread counts its own (shard_main) */
+        uv_loop_configure(slot->loop, UV_METRICS_IDLE_TIME);
     td_shard_env_t env = {.index = i,
                           .cfg = p->env.cfg,
                           .metrics = &slot->metrics,
@@ -678,7 +731,6 @@ static td_err_t new_slot(td_path_t *p, unsigned i)
                           .replies = p->env.replies,
                           .reply = shard_reply,
                           .gather = shard_gather,
-                          .recycle = p->threads ? shard_recycle : NULL,
                           .front = p};
     return td_shard_new(&env, &slot->shard);
 }
@@ -696,7 +748,6 @@ td_err_t td_path_new(const td_path_env_t *env, td_path_t **out)
     p->lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER; /* cannot fail, unlike _init */
     p->parked_cond = p->release_cond = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
     atomic_init(&p->want, 0);
-    atomic_init(&p->pool.top, NULL);
     p->slots = calloc(p->count, sizeof *p->slots);
     td_err_t err = p->slots ? TD_OK : TD_ERR_NOMEM;
     for (unsigned i = 0; err == TD_OK && i < p->count; i++)
@@ -806,19 +857,15 @@ void td_path_destroy(td_path_t **self_p)
                 uv_run(slot->loop, UV_RUN_NOWAIT);
         }
         td_shard_destroy(&slot->shard);
-        td_hop_stack_push(&self->pool, &slot->to_pool); /* retired after its thread ended */
         if (slot->loop_open && uv_loop_close(&slot->own_loop) != 0)
             td_warn("shard %u's loop still had handles open at exit", i);
+        pthread_mutex_destroy(&slot->own);
     }
     if (self->front_open) {
         close_front(self);
         uv_run(self->env.loop, UV_RUN_NOWAIT);
     }
     free(self->slots);
-    for (td_hop_t *hop = td_hop_stack_take(&self->pool), *next; hop; hop = next) {
-        next = hop->next;
-        free(hop_request(hop));
-    }
     for (td_hop_t *hop = self->spares, *next; hop; hop = next) {
         next = hop->next;
         free(hop_request(hop));
@@ -867,7 +914,10 @@ void td_path_shard_gauges(td_path_t *self, unsigned shard, td_shard_gauges_t *ou
 {
     slot_t *slot = &self->slots[shard];
     uint64_t now = uv_hrtime();
-    uint64_t idle = slot->loop ? uv_metrics_idle_time(slot->loop) : 0;
+    /* A shard's thread sleeps outside libuv (shard_main): its own count; one shard runs on the
+     * front's loop, which libuv counts. */
+    uint64_t idle = self->threads ? atomic_load_explicit(&slot->asleep_ns, memory_order_relaxed)
+                                  : (slot->loop ? uv_metrics_idle_time(slot->loop) : 0);
     uint64_t alive = slot->start_ns && now > slot->start_ns ? now - slot->start_ns : 0;
     *out = (td_shard_gauges_t){
         .requests = td_metrics_answered(&slot->metrics),

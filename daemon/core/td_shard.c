@@ -38,8 +38,8 @@
  * not by the transport: a payload over max_batch gets too_large like any other bad request.
  *
  * The end of every request is reply(): its in-flight slot, its reply handed back with the reply
- * bytes counted (td_reply.h); the transport ends it (td_reply_end, which the front brings here:
- * sent, or dropped and counted), and td_shard_retire frees it.
+ * bytes counted (td_reply.h); the transport ends it (td_reply_end, on the front's thread: sent, or
+ * dropped and counted there, and the request kept for reuse or freed; td_path.c).
  */
 #include <inttypes.h>
 #include <stddef.h>
@@ -62,26 +62,6 @@ struct td_shard {
 };
 
 /* ---- Replies ---------------------------------------------------------------------------- */
-
-void td_shard_retire(td_shard_t *p, td_request_t *r)
-{
-    if (r->outcome == TD_REPLY_SLOW) {
-        p->env.metrics->replies_dropped_slow++;
-        td_debug("reply to request %" PRIu64 " dropped: the peer is not reading its replies",
-                 r->rep.request_id);
-    } else if (r->outcome != TD_REPLY_SENT) { /* a broken transport too (logged there) */
-        p->env.metrics->replies_dropped_gone++;
-        td_debug("reply to request %" PRIu64 " dropped: the peer has gone", r->rep.request_id);
-    }
-    td_peers_release(p->env.peers, &r->conn);
-    td_peers_release(p->env.peers, &r->client);
-    if (!p->env.recycle) {
-        td_request_destroy(&r);
-        return;
-    }
-    td_request_dispose(r);
-    p->env.recycle(p->env.front, r);
-}
 
 /* The end of every request: its in-flight slot and its counts, then its reply, handed to the
  * front for its transport with its input freed (a reply the transport keeps holds only itself).

@@ -55,9 +55,6 @@ typedef struct {
     void (*reply)(void *front, td_request_t *r);
     void (*gather)(void *front, td_request_t *r);
     void (*deleted)(void *front, const char *name, size_t name_len);
-    /* A retired request, emptied (td_request_dispose), for the front to use again; NULL: the
-     * shard frees it. */
-    void (*recycle)(void *front, td_request_t *r);
     void *front;
 } td_shard_env_t;
 
@@ -91,8 +88,6 @@ void td_shard_take(td_shard_t *self, td_request_t *r);
 void td_shard_finished(td_shard_t *self, td_request_t *r);
 /* An `info`, `stats` or `streams` handed to the front: its reply is filled; it leaves now. */
 void td_shard_resume(td_shard_t *self, td_request_t *r);
-/* Its transport is done with r's reply (td_reply_end, with r->outcome): counted and freed. */
-void td_shard_retire(td_shard_t *self, td_request_t *r);
 
 /* A stop signal (td_path_stop): every request taken from now on is answered `shutdown`, and what
  * waits on a stream is answered so in its order (td_sched_stop). */

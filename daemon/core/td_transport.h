@@ -141,6 +141,10 @@ typedef struct {
     /* A reply to one of this transport's requests (see the design above): send it, keep it or
      * drop it, and end it with td_reply_end. */
     void (*send_reply)(td_transport_t *self, td_reply_t *reply);
+    /* Whether more requests wait to be read now (asked only when the one just submitted is the
+     * only one in flight: the path then runs it on the loop thread if nothing else waits,
+     * td_path.c). NULL: the path assumes more wait. */
+    bool (*input_waiting)(td_transport_t *self);
 } td_transport_ops_t;
 
 /* A transport: embedded first in the transport's own struct. */
