@@ -836,12 +836,14 @@ static void test_secrets_redacted(void **state)
     /* The worker's log: where it joined, without its password. */
     assert_true(th_daemon_log_contains(&worker, "joins on tls://worker:***@127.0.0.1:"));
     assert_false(th_daemon_log_contains(&worker, "change-me-worker"));
-    /* A worker that cannot reach its servers says which, without the password. */
+    /* A worker that cannot reach its servers says which, without the password. Its request
+     * endpoint is an ipc:// path in the test's directory: a TCP port picked before could be
+     * another process's by the time it binds. */
     char cmd[1024], out[4096];
     snprintf(cmd, sizeof cmd,
-             "%s --bind tcp://127.0.0.1:%d --shm off --nats-servers "
+             "%s --bind ipc://%s/unreachable.sock --shm off --nats-servers "
              "tls://worker:change-me-worker@127.0.0.1:1 --nats-tls-ca %s 2>&1",
-             th_tallyd_bin(), th_free_port(), ca);
+             th_tallyd_bin(), dir, ca);
     FILE *f = popen(cmd, "r");
     assert_non_null(f);
     size_t n = fread(out, 1, sizeof out - 1, f);

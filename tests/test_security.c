@@ -102,6 +102,21 @@ static void start_curve(const char *extra1, const char *extra2)
     assert_int_equal(th_daemon_start(&daemon_, args), 0);
 }
 
+/* Starts daemon_ with --bind tcp://0.0.0.0:PORT (in endpoint, cap bytes) and args
+ * (NULL-terminated), on a port chosen anew until one binds: another test's process may take a
+ * port the moment after it was chosen. The port, or -1 when five failed. */
+static int start_open_bind(const char *const *args, char *endpoint, size_t cap)
+{
+    for (int i = 0; i < 5; i++) {
+        int port = th_free_port();
+        snprintf(endpoint, cap, "tcp://0.0.0.0:%d", port);
+        const char *bind[] = {"--bind", endpoint, NULL};
+        if (th_daemon_start_with(&daemon_, bind, args) == 0)
+            return port;
+    }
+    return -1;
+}
+
 /* A ping from a socket with these keys (NULL server: no CURVE): true when answered. */
 static bool ping_as(const char *endpoint, const char *server, const char *pub, const char *sec,
                     int timeout_ms)
@@ -282,7 +297,6 @@ static int run_refused(const char *const *args, const char *log)
 {
     const char *argv[32];
     int argc = 0;
-    argv[argc++] = th_tallyd_bin();
     for (int i = 0; args[i] && argc < 26; i++)
         argv[argc++] = args[i];
     argv[argc++] = "--backend";
@@ -290,25 +304,7 @@ static int run_refused(const char *const *args, const char *log)
     argv[argc++] = "--shm"; /* not the default side channel: another test run's tallyd may */
     argv[argc++] = "off";   /* hold it, and this one would refuse for that reason instead */
     argv[argc] = NULL;
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        FILE *err = freopen(log, "w", stderr);
-        FILE *out = freopen("/dev/null", "w", stdout);
-        (void)err;
-        (void)out;
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    int status = 0;
-    for (int waited = 0; waited < 20000; waited += 10) {
-        if (waitpid(pid, &status, WNOHANG) == pid)
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        usleep(10000);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    return -1;
+    return th_daemon_run_to_exit(argv, log, 20000);
 }
 
 static bool file_contains(const char *path, const char *text)
@@ -325,11 +321,13 @@ static bool file_contains(const char *path, const char *text)
 static void test_secret_key_must_be_private(void **state)
 {
     (void)state;
-    char path[160], log[160], endpoint[64];
+    char path[160], log[160], endpoint[160];
     snprintf(path, sizeof path, "%s/open.key", dir);
     snprintf(log, sizeof log, "%s/open.log", dir);
     write_key(path, server_pub, server_sec, 0644);
-    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", th_free_port());
+    /* An ipc:// endpoint in the test's directory: a TCP port picked before could be another
+     * process's by the time tallyd binds it, and the refusal asserted is about the key. */
+    snprintf(endpoint, sizeof endpoint, "ipc://%s/open.sock", dir);
     const char *args[] = {"--bind", endpoint, "--curve-secret-key", path, "--shm", "off", NULL};
     assert_int_not_equal(run_refused(args, log), 0);
     assert_true(file_contains(log, "chmod 600"));
@@ -362,21 +360,18 @@ static void test_protected_mode(void **state)
     assert_int_equal(run_refused(check, log), 2);
     assert_true(file_contains(log, "protected mode"));
 
-    /* Explicitly allowed: it starts, with a warning. The port is chosen again here: on a busy
-     * box another test's process may have taken the first one meanwhile. */
-    int started = -1;
-    for (int i = 0; i < 5 && started != 0; i++) {
-        port = th_free_port();
-        snprintf(endpoint, sizeof endpoint, "tcp://0.0.0.0:%d", port);
-        const char *open_args[] = {"--bind", endpoint, "--protected-mode", "off", NULL};
-        started = th_daemon_start(&daemon_, open_args);
-    }
-    assert_int_equal(started, 0);
+    /* Explicitly allowed: it starts, with a warning. */
+    const char *open_args[] = {"--protected-mode", "off", NULL};
+    assert_true(start_open_bind(open_args, endpoint, sizeof endpoint) > 0);
     assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
     assert_true(th_daemon_log_contains(&daemon_, "protected_mode is off: tcp://0.0.0.0"));
 
     /* With CURVE a network bind is fine, and clients with keys reach it. */
-    start_curve("--bind", endpoint);
+    const char *curve_args[] = {"--curve-secret-key", server_key_path, "--curve-clients-dir",
+                                clients_dir, NULL};
+    th_use_curve(server_pub, alice_pub, alice_sec);
+    port = start_open_bind(curve_args, endpoint, sizeof endpoint);
+    assert_true(port > 0);
     char local[64];
     snprintf(local, sizeof local, "tcp://127.0.0.1:%d", port);
     assert_true(ping_as(local, server_pub, alice_pub, alice_sec, 5000));
@@ -389,10 +384,10 @@ static void test_metrics_protected_mode_and_basic_auth(void **state)
     (void)state;
     char log[160], listen[64], auth[160];
     snprintf(log, sizeof log, "%s/metrics.log", dir);
-    int port = th_free_port();
-    snprintf(listen, sizeof listen, "0.0.0.0:%d", port);
-    char endpoint[64];
-    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", th_free_port());
+    /* Refused before anything is bound: neither port nor endpoint is taken. */
+    snprintf(listen, sizeof listen, "0.0.0.0:%d", th_free_port());
+    char endpoint[160];
+    snprintf(endpoint, sizeof endpoint, "ipc://%s/metrics.sock", dir);
     const char *bare[] = {"--bind", endpoint, "--metrics", listen, "--shm", "off", NULL};
     assert_int_equal(run_refused(bare, log), 2);
     assert_true(file_contains(log, "refusing to serve metrics on 0.0.0.0"));
@@ -403,8 +398,16 @@ static void test_metrics_protected_mode_and_basic_auth(void **state)
     fprintf(f, "tally:s3cret\n");
     fclose(f);
     assert_int_equal(chmod(auth, 0600), 0);
-    const char *args[] = {"--metrics", listen, "--metrics-auth-file", auth, NULL};
-    assert_int_equal(th_daemon_start(&daemon_, args), 0);
+    /* Its port chosen anew until one binds: another process may take one the moment after. */
+    int port = -1;
+    for (int i = 0; i < 5 && port < 0; i++) {
+        port = th_free_port();
+        snprintf(listen, sizeof listen, "0.0.0.0:%d", port);
+        const char *args[] = {"--metrics", listen, "--metrics-auth-file", auth, NULL};
+        if (th_daemon_start(&daemon_, args) != 0)
+            port = -1;
+    }
+    assert_true(port > 0);
     char *resp = th_http_get(port, "GET", "/metrics", NULL);
     assert_non_null(resp);
     assert_non_null(strstr(resp, " 401 "));
@@ -426,7 +429,7 @@ static void test_metrics_protected_mode_and_basic_auth(void **state)
 
     /* The password file, like a secret key, must be private. */
     assert_int_equal(chmod(auth, 0640), 0);
-    snprintf(listen, sizeof listen, "127.0.0.1:%d", th_free_port());
+    snprintf(listen, sizeof listen, "127.0.0.1:0");
     const char *open_file[] = {"--bind", endpoint, "--metrics", listen, "--metrics-auth-file",
                                auth,     "--shm",  "off",       NULL};
     assert_int_not_equal(run_refused(open_file, log), 0);

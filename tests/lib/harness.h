@@ -17,7 +17,7 @@
 typedef struct {
     pid_t pid;
     int port;
-    char endpoint[64];
+    char endpoint[128];
     char log_path[128];   /* tallyd's stderr */
     char shm_dir[64];     /* its own directory for the side channel; "" when the test set it */
     char shm_socket[128]; /* the side channel's path in shm_dir */
@@ -59,8 +59,22 @@ bool th_daemon_log_contains(const th_daemon_t *d, const char *text);
 /* True when the file at path (a log) contains text; false, saying so on stderr, when not. */
 bool th_file_contains(const char *path, const char *text);
 
-/* A loopback TCP port that was free a moment ago (bound, read, closed). */
+/* A loopback TCP port that was free a moment ago (bound, read, closed). Another process may take
+ * it before the test uses it (CTest runs tests in parallel): only for a tallyd that
+ * th_daemon_start starts (it retries on another port) or a test that retries itself; a tallyd
+ * run to its exit binds an ipc:// path in the test's directory, and a port nothing may listen
+ * on is th_refusing_port's. */
 int th_free_port(void);
+/* A loopback TCP port that nothing listens on, bound by the test and held (not listening) so
+ * that no other process can take it: a connection to it is refused. Its socket in *held (close
+ * it when done); -1 (and *held -1) on failure. */
+int th_refusing_port(int *held);
+/* Forks and runs argv (argv[0] the program's path; NULL-terminated) with its stderr in the file
+ * log (created or truncated) and its stdout there too (stdout_to_log) or in /dev/null; killed
+ * when the test dies. setup(arg), unless NULL, runs in the child just before the exec (the
+ * environment, descriptors to pass). The child's pid, or -1. */
+pid_t th_spawn(const char *const *argv, const char *log, bool stdout_to_log,
+               void (*setup)(const void *arg), const void *arg);
 /* The tallyd under test: $TALLYD_BIN, or ./tallyd. */
 const char *th_tallyd_bin(void);
 
