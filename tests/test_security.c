@@ -82,8 +82,7 @@ static int stop_daemon(void **state)
 {
     (void)state;
     th_use_curve(NULL, NULL, NULL);
-    if (daemon_.pid > 0)
-        th_daemon_stop(&daemon_, SIGKILL, 5000);
+    th_daemon_kill(&daemon_);
     return 0;
 }
 
@@ -592,6 +591,70 @@ static void test_cli_keygen_and_keys(void **state)
     assert_true(th_daemon_log_contains(&daemon_, "curve: client 'cam1' connected"));
 }
 
+/* A key of 40 Z85 characters that is no key: each 5 characters are a base-85 number that must
+ * fit 32 bits ("%nSc0" is 2^32 - 1), and ZeroMQ decodes nothing above. tally_key_valid took it
+ * for a key, so tallyd said "curve_clients: cannot add" for one in the list, and "curve: " and
+ * nothing more for one in a client key file. Now refused where it is written: by the settings
+ * (curve_clients), and in a key file with the file's name, at start and at a reload (which keeps
+ * the keys it had). */
+static void test_key_that_does_not_decode(void **state)
+{
+    (void)state;
+    char top[KEY], over[KEY], percent[KEY];
+    for (int i = 0; i < 8; i++) {
+        memcpy(top + 5 * i, "%nSc0", 5);
+        memcpy(over + 5 * i, i == 7 ? "%nSc1" : "%nSc0", 5);
+    }
+    memset(percent, '%', TALLY_KEY_LEN);
+    top[TALLY_KEY_LEN] = over[TALLY_KEY_LEN] = percent[TALLY_KEY_LEN] = '\0';
+    uint8_t bin[32];
+    assert_true(tally_key_valid(top, TALLY_KEY_LEN)); /* as ZeroMQ has it */
+    assert_non_null(zmq_z85_decode(bin, top));
+    assert_false(tally_key_valid(over, TALLY_KEY_LEN));
+    assert_null(zmq_z85_decode(bin, over));
+    assert_false(tally_key_valid(percent, TALLY_KEY_LEN));
+
+    /* In curve_clients: the settings' refusal, at start and by --check-config. */
+    char log[160], item[80];
+    snprintf(log, sizeof log, "%s/undecodable.log", dir);
+    snprintf(item, sizeof item, "cam1:%s", over);
+    const char *list[] = {
+        "--curve-secret-key", server_key_path, "--curve-clients", item, "--check-config", NULL};
+    assert_int_equal(run_refused(list, log), 2);
+    assert_true(file_contains(log, "invalid value 'cam1:%nSc0"));
+
+    /* In a client key file: its name and what is wrong with it. */
+    char keys[160], bad[200], said[400];
+    snprintf(keys, sizeof keys, "%s/undecodable-clients", dir);
+    assert_int_equal(mkdir(keys, 0700), 0);
+    snprintf(bad, sizeof bad, "%s/alice.pub", keys);
+    write_key(bad, alice_pub, NULL, 0644);
+    snprintf(bad, sizeof bad, "%s/cam1.pub", keys);
+    write_key(bad, over, NULL, 0644);
+    snprintf(said, sizeof said, "curve: %s: the public key is not 40 characters of Z85 text", bad);
+    const char *from_dir[] = {"--curve-secret-key", server_key_path, "--curve-clients-dir", keys,
+                              NULL};
+    assert_int_not_equal(run_refused(from_dir, log), 0);
+    assert_true(file_contains(log, said));
+
+    /* The same file appearing at a reload: said, and the key allowed before still is. */
+    assert_int_equal(unlink(bad), 0);
+    th_use_curve(server_pub, alice_pub, alice_sec);
+    assert_int_equal(th_daemon_start(&daemon_, from_dir), 0);
+    write_key(bad, over, NULL, 0644);
+    kill(daemon_.pid, SIGHUP);
+    snprintf(said, sizeof said,
+             "reload: %s: the public key is not 40 characters of Z85 text; keeping the 1 client "
+             "keys allowed",
+             bad);
+    bool logged = false;
+    for (int i = 0; i < 100 && !logged; i++, th_sleep_ms(50))
+        logged = th_daemon_log_contains(&daemon_, said);
+    assert_true(logged);
+    assert_true(ping_as(daemon_.endpoint, server_pub, alice_pub, alice_sec, 5000));
+    assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
+}
+
 /* What protected mode counts as local: only loopback tcp, ipc and inproc. */
 static void test_endpoint_is_local(void **state)
 {
@@ -630,6 +693,7 @@ int main(void)
         cmocka_unit_test(test_secret_key_must_be_private),
         cmocka_unit_test_teardown(test_protected_mode, stop_daemon),
         cmocka_unit_test_teardown(test_metrics_protected_mode_and_basic_auth, stop_daemon),
+        cmocka_unit_test_teardown(test_key_that_does_not_decode, stop_daemon),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -148,8 +148,8 @@ static int run_to_exit(const char *dir, char *log, size_t cap)
     char endpoint[300], log_path[300];
     snprintf(endpoint, sizeof endpoint, "ipc://%s/tallyd.sock", dir);
     snprintf(log_path, sizeof log_path, "%s/tallyd.log", dir);
-    const char *args[] = {"--bind", endpoint, "--backend", "cpu", "--state-dir", dir,
-                          "--shm",  "off",    NULL};
+    const char *args[] = {"--bind", endpoint, "--backend", "cpu", "--state-dir",
+                          dir,      "--shm",  "off",       NULL};
     int status = th_daemon_run_to_exit(args, log_path, 10000);
     char *text = th_slurp(log_path);
     snprintf(log, cap, "%s", text ? text : "");

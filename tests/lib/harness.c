@@ -385,6 +385,39 @@ void th_reply_free(th_reply_t *reply)
     memset(reply, 0, sizeof *reply);
 }
 
+void *th_nonreader_started(th_daemon_t *d, const char *const *args, int scans, uint64_t first_id,
+                           void **other, long long *n_ok, long long *n_busy)
+{
+    *other = NULL;
+    if (th_daemon_start(d, args) != 0)
+        return NULL;
+    *other = th_connect(d->endpoint, 30000);
+    void *peer = th_nonreader_scans(d->endpoint, *other, scans, first_id, n_ok, n_busy);
+    if (peer && *n_ok + *n_busy != scans) {
+        fprintf(stderr, "%d scans pipelined, %lld answered ok and %lld busy\n", scans, *n_ok,
+                *n_busy);
+        th_close(peer);
+        peer = NULL;
+    }
+    return peer;
+}
+
+long long th_stat_wait_at_most(void *sock, const char *name, long long want, int timeout_ms)
+{
+    long long v = -1;
+    for (int64_t t0 = th_now_ms();
+         (v = th_stat(sock, name)) > want && th_now_ms() - t0 < timeout_ms;)
+        th_sleep_ms(50);
+    return v;
+}
+
+void th_daemon_kill(th_daemon_t *d)
+{
+    if (d->pid > 0)
+        th_daemon_stop(d, SIGKILL, 5000);
+    d->pid = 0;
+}
+
 void *th_nonreader_scans(const char *endpoint, void *stats, int scans, uint64_t first_id,
                          long long *n_ok, long long *n_busy)
 {

@@ -123,6 +123,19 @@ long long th_stat(void *sock, const char *name);
  * first tallyd's only scans), or after 30 s. The DEALER (th_close it), or NULL. */
 void *th_nonreader_scans(const char *endpoint, void *stats, int scans, uint64_t first_id,
                          long long *n_ok, long long *n_busy);
+/* What test_hostile and test_reply_bounds begin with: starts d with args (NULL-terminated),
+ * connects *other (a DEALER, 30 s receive timeout) and has a th_nonreader_scans peer pipeline
+ * `scans` scans, request ids first_id on, counting them in *n_ok and *n_busy as read on *other.
+ * The peer, or NULL (said on stderr) when tallyd did not start or did not answer them all. */
+void *th_nonreader_started(th_daemon_t *d, const char *const *args, int scans, uint64_t first_id,
+                           void **other, long long *n_ok, long long *n_busy);
+/* Asks sock for the stat `name` (th_stat) every 50 ms until it is at most `want`, for at most
+ * timeout_ms: its last value. */
+long long th_stat_wait_at_most(void *sock, const char *name, long long want, int timeout_ms);
+/* The end of a test's daemon that may still run (a teardown after a failed test): SIGKILL and
+ * reaped, its pid 0. */
+void th_daemon_kill(th_daemon_t *d);
+
 /* One request, one reply in *reply (th_reply_free it): the reply's status, or -1 without a
  * reply. */
 int th_call_reply_status(void *sock, const tally_req_t *req, const void *payload, size_t len,

@@ -14,7 +14,7 @@
 #define LC_RESEND_ID 500   /* its resend, LC_RESEND_ID + k */
 #define LC_READ_MS 200     /* one wait for a reply */
 #define LC_ANSWER_MS 60000 /* bound on tallyd answering every scan (never reached when correct) */
-#define LC_REPLY_MS 60000     /* bound on one resent scan's reply (never reached when correct) */
+#define LC_REPLY_MS 60000  /* bound on one resent scan's reply (never reached when correct) */
 #define LC_RESEND_POLL_MS 500 /* one receive of it: the wait goes on until LC_REPLY_MS */
 
 static tally_req_t scan_req(const char *stream, uint64_t id, uint64_t seq)
