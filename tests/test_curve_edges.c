@@ -64,21 +64,8 @@ static int teardown(void **state)
 /* tallyd with CURVE and `key`/`clients_dir`, run to its exit: its status; its log in log. */
 static int refused_start(const char *key, const char *clients_dir, char *log, size_t cap)
 {
-    char bind[96]; /* ipc:// in dir: no TCP port another process could take first */
-    snprintf(bind, sizeof bind, "ipc://%s/refused.sock", dir);
-    snprintf(log, cap, "%s/refused.log", dir);
-    const char *args[] = {"--bind",
-                          bind,
-                          "--backend",
-                          "cpu",
-                          "--shm",
-                          "off",
-                          "--curve-secret-key",
-                          key,
-                          "--curve-clients-dir",
-                          clients_dir,
-                          NULL};
-    return th_daemon_run_to_exit(args, log, 20000);
+    const char *args[] = {"--curve-secret-key", key, "--curve-clients-dir", clients_dir, NULL};
+    return th_run_refused(dir, args, log, cap, 20000);
 }
 
 static void test_clients_dir_unusable(void **state)

@@ -51,18 +51,12 @@ static int hold_port(int *port)
 }
 
 /* tallyd with `option value` must exit 1 saying `want`. Unless option is --bind, the request
- * endpoint is an ipc:// path in this test's own directory: a TCP port picked a moment before
- * could be taken by another process under load, and tallyd would then be refused that one
- * instead of the endpoint the test holds. */
+ * endpoint is an ipc:// path in this test's own directory (th_run_refused). */
 static void refused(const char *option, const char *value, const char *want)
 {
-    char bind[96], log[128];
-    snprintf(bind, sizeof bind, "ipc://%s/tallyd.sock", dir);
-    snprintf(log, sizeof log, "%s/refused.log", dir);
-    bool is_bind = strcmp(option, "--bind") == 0;
-    const char *args[] = {
-        "--backend", "cpu", "--shm", "off", option, value, is_bind ? NULL : "--bind", bind, NULL};
-    int status = th_daemon_run_to_exit(args, log, 20000);
+    char log[128];
+    const char *args[] = {option, value, NULL};
+    int status = th_run_refused(dir, args, log, sizeof log, 20000);
     assert_true(th_file_contains(log, want));
     assert_int_equal(status, 1);
     th_daemon_t d = {0};

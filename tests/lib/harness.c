@@ -197,6 +197,26 @@ int th_daemon_run_to_exit(const char *const *args, const char *log, int timeout_
     return th_daemon_wait(&d, timeout_ms);
 }
 
+int th_run_refused(const char *dir, const char *const *args, char *log, size_t cap, int timeout_ms)
+{
+    char bind[160];
+    snprintf(bind, sizeof bind, "ipc://%s/refused.sock", dir);
+    snprintf(log, cap, "%s/refused.log", dir);
+    const char *argv[32] = {"--backend", "cpu", "--shm", "off"};
+    int argc = 4;
+    bool has_bind = false;
+    for (int i = 0; args && args[i] && argc < 28; i++) {
+        has_bind |= strcmp(args[i], "--bind") == 0;
+        argv[argc++] = args[i];
+    }
+    if (!has_bind) {
+        argv[argc++] = "--bind";
+        argv[argc++] = bind;
+    }
+    argv[argc] = NULL;
+    return th_daemon_run_to_exit(argv, log, timeout_ms);
+}
+
 int th_daemon_stop(th_daemon_t *d, int sig, int timeout_ms)
 {
     if (d->pid <= 0)

@@ -53,6 +53,13 @@ int th_daemon_wait(th_daemon_t *d, int timeout_ms);
 /* Runs tallyd with args (nothing added) to its exit, its stderr in log: for a tallyd that is
  * to refuse to start. Its exit status, or -1 when it did not exit within timeout_ms (killed). */
 int th_daemon_run_to_exit(const char *const *args, const char *log, int timeout_ms);
+/* A tallyd that is to refuse to start, run to its exit: --backend cpu, --shm off and args
+ * (NULL-terminated, 24 at most) and, unless args has --bind, --bind ipc://DIR/refused.sock (in
+ * the test's own directory dir: a TCP port picked a moment before could be another process's by
+ * the time tallyd binds it, and it would be refused for that instead). Its stderr in
+ * DIR/refused.log, whose path goes into log (cap bytes). Its exit status, or -1 when it did not
+ * exit within timeout_ms (killed). */
+int th_run_refused(const char *dir, const char *const *args, char *log, size_t cap, int timeout_ms);
 /* True when the daemon's log contains text. */
 bool th_daemon_log_contains(const th_daemon_t *d, const char *text);
 
