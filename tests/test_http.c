@@ -284,6 +284,42 @@ static void test_busy_connections_refuse_then_expire(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
 
+/* The per-address bound the same way: with every connection from 127.0.0.2 inside a request, a
+ * new one from there is refused (none of its own is idle to close), while another address is
+ * served; after the deadline, 127.0.0.2 is served again. */
+static void test_busy_address_refused_others_served(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    int port;
+    start(&d, &port,
+          (const char *[]){"--metrics-request-timeout-ms", "1500",
+                           "--metrics-max-connections-per-address", "2", NULL});
+    static const char post[] = "POST /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                               "Content-Length: 1000\r\nExpect: 100-continue\r\n\r\n";
+    slow_t busy[2];
+    for (int i = 0; i < 2; i++) {
+        slow_open_with(&busy[i], "127.0.0.2", port, post);
+        char reply[64] = "";
+        struct pollfd p = {.fd = busy[i].fd, .events = POLLIN};
+        assert_int_equal(poll(&p, 1, 5000), 1);
+        assert_true(read(busy[i].fd, reply, sizeof reply - 1) > 0);
+        assert_non_null(strstr(reply, " 100 "));
+    }
+    assert_int_equal(probe(port, "127.0.0.2", "/healthz", NULL), 0); /* refused */
+    assert_int_equal(probe(port, "127.0.0.3", "/healthz", NULL), 200);
+    assert_int_equal(count_closed(busy, 2), 0);
+    int64_t t0 = th_now_ms();
+    while (count_closed(busy, 2) < 2 && th_now_ms() - t0 < 4000) {
+        slow_trickle(busy, 2);
+        th_sleep_ms(50);
+    }
+    assert_int_equal(count_closed(busy, 2), 2);
+    slow_close_all(busy, 2);
+    assert_int_equal(probe(port, "127.0.0.2", "/healthz", NULL), 200);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
 /* ---- Event streams beside probes (issue 30, item 4) ---------------------------------------- */
 
 /* Sends a GET of path with Host (NULL: an HTTP/1.0 request without one) from src and reads the
@@ -593,6 +629,7 @@ int main(void)
         cmocka_unit_test(test_address_bound_closes_oldest_idle),
         cmocka_unit_test(test_total_bound_closes_oldest_idle),
         cmocka_unit_test(test_busy_connections_refuse_then_expire),
+        cmocka_unit_test(test_busy_address_refused_others_served),
         cmocka_unit_test(test_event_streams_leave_room_for_probes),
         cmocka_unit_test(test_event_streams_leave_room_in_total),
         cmocka_unit_test(test_host_checked_against_rebinding),
