@@ -406,10 +406,8 @@ static void test_producer_refusals(void **state)
 
 int main(void)
 {
-    if (!tn_server_bin()) {
-        fprintf(stderr, "nats-server not found: skipped\n");
+    if (tn_skip())
         return 77;
-    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_producer_before_the_fleet),
         cmocka_unit_test(test_worker_that_does_not_fit),

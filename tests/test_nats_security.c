@@ -1017,10 +1017,8 @@ static void test_zmq_mutation_refused(void **state)
 
 int main(void)
 {
-    if (!tn_server_bin()) {
-        fprintf(stderr, "nats-server not found: skipped\n");
+    if (tn_skip())
         return 77;
-    }
     if (system("command -v openssl >/dev/null 2>&1") != 0) {
         fprintf(stderr, "openssl not found: skipped\n");
         return 77;
