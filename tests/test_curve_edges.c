@@ -108,16 +108,20 @@ static void test_bare_secret_key_derives_public(void **state)
     th_use_curve(NULL, NULL, NULL);
 }
 
-/* The clients the server refuses, each counted under its own tallyd_auth_total result and
- * logged with its own line, all under one rate limit. */
+/* The clients the server refuses, counted under tallyd_auth_total's results and logged with
+ * their lines, all under one rate limit. Which of a mechanism mismatch and a hang-up the server
+ * sees first for a client without CURVE is a race between the two ends (td_auth_event): either
+ * result and line is that refusal's. */
 typedef struct {
-    const char *result; /* tallyd_auth_total{result="..."} */
-    const char *logged; /* the refusal's log line */
+    const char *results[2]; /* tallyd_auth_total{result="..."}; the second may be NULL */
+    const char *logged[2];  /* the refusal's log line, or the other */
 } refusal_t;
 
-static const refusal_t unknown_key = {"unknown_key", "is not allowed (curve_clients_dir"};
-static const refusal_t no_curve = {"no_curve", "refused a client that does not use CURVE"};
-static const refusal_t wrong_server = {"bad_handshake", "refused a client whose handshake failed"};
+static const refusal_t unknown_key = {{"unknown_key", NULL},
+                                      {"is not allowed (curve_clients_dir", NULL}};
+static const refusal_t no_curve = {{"no_curve", "bad_handshake"},
+                                   {"does not use CURVE", "a client's handshake failed"}};
+static const refusal_t wrong_server = {{"bad_handshake", NULL}, {"handshake failed", NULL}};
 
 /* A DEALER the server refuses, sending a ping (never answered): with a fresh key pair the server
  * does not know, without CURVE, or with a server key that is not the server's. */
@@ -138,26 +142,29 @@ static void *stranger(const char *endpoint, const refusal_t *kind)
     return sock;
 }
 
-static long long wait_stat(void *sock, const char *name, long long want)
+/* The refusals of kind counted so far (its results summed). */
+static long long counted(void *sock, const refusal_t *kind)
 {
-    long long v = -1;
-    for (int i = 0; i < 400 && (v = th_stat(sock, name)) < want; i++)
-        th_sleep_ms(50);
-    return v;
+    long long sum = 0;
+    for (int i = 0; i < 2 && kind->results[i]; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "tallyd_auth_total{result=\"%s\"}", kind->results[i]);
+        long long v = th_stat(sock, name);
+        sum += v > 0 ? v : 0;
+    }
+    return sum;
 }
 
-/* Waits until `opened` refusals of kind are counted: exactly that many for a key refused (ZAP's
- * answer ends it), at least that many for a client without CURVE or with another server key
- * (ZeroMQ tries their handshakes again, each counted). */
+/* Waits up to 20 s until `opened` refusals of kind are counted: exactly that many for a key
+ * refused (ZAP's answer ends it), at least that many for a client without CURVE or with another
+ * server key (ZeroMQ tries their handshakes again, each counted). */
 static void assert_counted(void *alice, const refusal_t *kind, int opened)
 {
-    char counted[96];
-    snprintf(counted, sizeof counted, "tallyd_auth_total{result=\"%s\"}", kind->result);
-    long long n = wait_stat(alice, counted, opened);
-    if (kind == &unknown_key)
-        assert_int_equal(n, opened);
-    else
-        assert_true(n >= opened);
+    long long n = 0;
+    for (int i = 0; i < 400 && (n = counted(alice, kind)) < opened; i++)
+        th_sleep_ms(50);
+    if (kind == &unknown_key ? n != opened : n < opened)
+        fail_msg("%lld refusals counted as %s, %d clients refused", n, kind->results[0], opened);
 }
 
 /* Bursts of refused clients of one kind: every one counted, ten a second logged at most, the
@@ -182,7 +189,8 @@ static void refusals_rate_limited(const refusal_t *kind)
         assert_counted(alice, kind, opened);
     }
     assert_true(th_daemon_log_contains(&d, "more refusals not logged (tallyd_auth_total counts"));
-    assert_true(th_daemon_log_contains(&d, kind->logged));
+    assert_true(th_daemon_log_contains(&d, kind->logged[0]) ||
+                (kind->logged[1] && th_daemon_log_contains(&d, kind->logged[1])));
     for (int i = 0; i < opened; i++)
         th_close(socks[i]);
     th_close(alice);
