@@ -192,6 +192,9 @@ const cli_option_t cli_common_options[] = {
      "a TLS client certificate (PEM) for servers that verify\nclients (default: "
      "$TALLY_NATS_TLS_CERT)"},
     {"nats-tls-key", CLI_OPT_NATS_TLS_KEY, "FILE", "its key (PEM; default: $TALLY_NATS_TLS_KEY)"},
+    {"fleet", CLI_OPT_FLEET, "URL",
+     "a fleet in direct mode at these NATS servers: each request\ngoes over ZeroMQ straight to "
+     "its stream's owner (default:\n$TALLY_FLEET; PROTOCOL.md §13 \"Direct mode\")"},
     {"help", 'h', NULL, "show this help"},
     {0},
 };
@@ -206,6 +209,7 @@ static const cli_setter_t common_setters[] = {
     CLI_SET_ARG(CLI_OPT_NATS_TLS_CA, cli_t, nats_tls_ca),
     CLI_SET_ARG(CLI_OPT_NATS_TLS_CERT, cli_t, nats_tls_cert),
     CLI_SET_ARG(CLI_OPT_NATS_TLS_KEY, cli_t, nats_tls_key),
+    CLI_SET_ARG(CLI_OPT_FLEET, cli_t, fleet),
     {0},
 };
 
@@ -447,18 +451,24 @@ static int client_new(const cli_t *cli, int timeout_ms, tally_client_t **client)
     return 0;
 }
 
+tally_nats_opts_t cli_nats_opts(const cli_t *cli, int timeout_ms)
+{
+    return (tally_nats_opts_t){.servers = cli->fleet ? cli->fleet : cli->nats,
+                               .credentials = cli->nats_creds,
+                               .user = cli->nats_user,
+                               .tls_ca = cli->nats_tls_ca,
+                               .tls_cert = cli->nats_tls_cert,
+                               .tls_key = cli->nats_tls_key,
+                               .timeout_ms = timeout_ms};
+}
+
 int cli_nats_client(const cli_t *cli, int timeout_ms, tally_client_t **client)
 {
-    tally_nats_opts_t o = {.servers = cli->nats,
-                           .credentials = cli->nats_creds,
-                           .user = cli->nats_user,
-                           .tls_ca = cli->nats_tls_ca,
-                           .tls_cert = cli->nats_tls_cert,
-                           .tls_key = cli->nats_tls_key,
-                           .timeout_ms = timeout_ms};
+    tally_nats_opts_t o = cli_nats_opts(cli, timeout_ms);
     char why[512] = "", shown[512];
-    tally_fleet_redact(cli->nats, shown, sizeof shown); /* no password on the terminal */
-    tally_status_t status = tally_client_new_nats(&o, client, why, sizeof why);
+    tally_fleet_redact(o.servers, shown, sizeof shown); /* no password on the terminal */
+    tally_status_t status = cli->fleet ? tally_client_new_fleet(&o, client, why, sizeof why)
+                                       : tally_client_new_nats(&o, client, why, sizeof why);
     if (status == TALLY_E_TRANSPORT) {
         cli_error("cannot connect to NATS at %s: %s", shown, why);
         return EXIT_TRANSPORT;
@@ -472,7 +482,7 @@ int cli_nats_client(const cli_t *cli, int timeout_ms, tally_client_t **client)
 
 int cli_connect(const cli_t *cli, tally_client_t **client)
 {
-    if (cli->nats) /* a fleet (PROTOCOL.md §13): NATS says itself when nothing answers */
+    if (cli->nats || cli->fleet) /* a fleet (PROTOCOL.md §13): NATS says when nothing answers */
         return cli_nats_client(cli, cli->timeout_ms, client);
     int rc = client_new(cli, cli->timeout_ms, client);
     if (rc)

@@ -48,6 +48,7 @@ typedef struct {
     const char *nats_tls_ca;   /* --nats-tls-ca, else $TALLY_NATS_TLS_CA: TLS, servers checked */
     const char *nats_tls_cert; /* --nats-tls-cert/-key, else $TALLY_NATS_TLS_CERT/_KEY */
     const char *nats_tls_key;
+    const char *fleet; /* --fleet, else $TALLY_FLEET: a fleet in direct mode, by its NATS servers */
 } cli_t;
 
 /* One option: getopt_long's fields plus what --help prints for it. */
@@ -95,6 +96,7 @@ enum {
     CLI_OPT_NATS_TLS_CA,
     CLI_OPT_NATS_TLS_CERT,
     CLI_OPT_NATS_TLS_KEY,
+    CLI_OPT_FLEET,
 };
 
 /* What a group of options needs of its command's operation (the row of tally_ops.h) to be the
@@ -197,9 +199,12 @@ int cli_option_duration_ms(const char *cmd, const char *option, const char *arg,
  * (tally_client_wait_connected: a daemon that is not there fails at once, naming the endpoint
  * and the reason, in libtally's words). 0 or an exit status (after reporting). */
 int cli_connect(const cli_t *cli, tally_client_t **client);
-/* With --nats: a client of the fleet (tally_client_new_nats), timeout_ms for every wait. 0 or an
+/* With --fleet: tally_client_new_fleet (direct mode), the --nats options for its NATS; else with
+ * --nats: a client of the fleet (tally_client_new_nats), timeout_ms for every wait. 0 or an
  * exit status (after reporting). */
 int cli_nats_client(const cli_t *cli, int timeout_ms, tally_client_t **client);
+/* The NATS options of cli's --nats* settings. */
+tally_nats_opts_t cli_nats_opts(const cli_t *cli, int timeout_ms);
 
 /* Runs a command on argv (argv[0] is its name): cmd->run, or cmd->request on a connection.
  * 0, CLI_HELP_SHOWN or an exit status. */

@@ -234,13 +234,21 @@ static int list_streams(tally_client_t *client, const cli_command_t *cmd, char *
     int rc;
     char **names = NULL;
     size_t count = 0;
-    tally_status_t status = tally_streams(client, &names, &count);
+    uint32_t missing = 0;
+    tally_status_t status = tally_streams_missing(client, &names, &count, &missing);
     if (status != TALLY_OK) {
         rc = cli_report(status, "streams", tally_client_error(client));
     } else {
         for (size_t i = 0; i < count; i++)
             printf("%s\n", names[i]);
         rc = cli_finish_stdout();
+    }
+    if (status == TALLY_OK && missing) { /* a fleet's worker did not answer: not passed off */
+        fprintf(stderr,
+                "tally: streams: a partial list: no worker answered in time for %" PRIu32
+                " partition(s); their streams are missing\n",
+                missing);
+        rc = rc ? rc : 1;
     }
     tally_strings_free(names, count);
     return rc;

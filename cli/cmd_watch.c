@@ -4,7 +4,9 @@
  *
  * One loop, one thread. Every interval it queries every stream (the queries pipelined, so a
  * round costs one round trip and a daemon that is down costs one timeout, not one per stream),
- * or with --sub takes the records tallyd publishes on its PUB socket, and redraws the screen:
+ * or with --sub takes the records tallyd publishes on its PUB socket (with --nats: those the
+ * fleet's workers publish on tally.watch.<k>, unless they publish nothing), and redraws the
+ * screen:
  * per stream (per channel for rgb8/rgba8) a header line (count, rate, mean, quantiles), the 256
  * bins folded to the terminal's width as bars, and an axis line. Between rounds it sleeps in
  * poll() on the keyboard, a self-pipe written by the signal handlers (SIGWINCH redraws at the
@@ -75,6 +77,8 @@ typedef struct {
     size_t count;
     tally_client_t *client;
     tally_sub_t *sub;
+    tally_nats_t *nats;      /* --nats: the connection of the subscription below */
+    tally_nats_sub_t *nsub;  /* --nats: the fleet's publications, or NULL: queried */
     uint64_t last_pub_seq;   /* the last publication's number: not above it = a new run */
     bool down;               /* the last round got no answer */
     double down_since_s;     /* wall clock, for the status line */
@@ -288,6 +292,12 @@ static void mark_up(watch_t *w)
     }
 }
 
+/* Whether the records come from publications (--sub, or a fleet's). */
+static bool subscribed(const watch_t *w)
+{
+    return w->sub || w->nsub;
+}
+
 /* Sends every stream's query, then takes the replies as they come. */
 static void poll_round(watch_t *w)
 {
@@ -324,7 +334,7 @@ static void poll_round(watch_t *w)
         }
     }
     /* With --sub the records also come with the daemon's wall-clock times: one time base. */
-    double t = w->sub ? wall_s() : mono_s();
+    double t = subscribed(w) ? wall_s() : mono_s();
     tally_reply_t reply;
     tally_reply_init(&reply);
     for (size_t got = 0; got < w->count;) {
@@ -384,12 +394,14 @@ static bool sub_drain(watch_t *w)
     if (!msg)
         return false;
     for (;;) {
-        tally_status_t st = tally_sub_recv(w->sub, 0, msg);
+        tally_status_t st =
+            w->sub ? tally_sub_recv(w->sub, 0, msg) : tally_nats_sub_recv(w->nsub, 0, msg);
         if (st == TALLY_E_REPLY)
             continue; /* not a publication this tally understands: skipped */
         if (st != TALLY_OK)
             break;
-        note_pub_seq(w, msg->pub.pub_seq);
+        if (w->sub) /* a fleet's workers number theirs each on its own */
+            note_pub_seq(w, msg->pub.pub_seq);
         watch_stream_t *s = find_stream(w, msg->stream);
         if (!s)
             continue;
@@ -600,8 +612,11 @@ static void draw(watch_t *w, bool resized)
     char where[256];
     line(w, "tally watch  %s%s%s  every %gs  %s  %s%s",
          w->cli->nats ? tally_fleet_redact(w->cli->nats, where, sizeof where) : w->cli->endpoint,
-         w->sub_endpoint ? "  sub " : "", w->sub_endpoint ? w->sub_endpoint : "", w->interval_s,
-         w->log ? "log" : "linear", now, w->once ? "" : "  (q quits)");
+         w->sub_endpoint || w->nsub ? "  sub " : "",
+         w->sub_endpoint ? w->sub_endpoint
+         : w->nsub       ? TALLY_NATS_SUBJ_WATCH "<k>"
+                         : "",
+         w->interval_s, w->log ? "log" : "linear", now, w->once ? "" : "  (q quits)");
     line(w, "%s", w->status);
     header_t *headers = calloc(w->count * HV_CHANNELS_MAX, sizeof *headers);
     if (!headers)
@@ -665,7 +680,7 @@ static void watch_loop(watch_t *w)
     bool resized = true;
     while (!got_quit) {
         if (mono_s() >= next) {
-            if (w->sub && !first)
+            if (subscribed(w) && !first)
                 sub_tick(w);
             else
                 poll_round(w);
@@ -678,11 +693,14 @@ static void watch_loop(watch_t *w)
         }
         struct pollfd fds[3] = {{.fd = wake_pipe[0], .events = POLLIN},
                                 {.fd = keyboard ? STDIN_FILENO : -1, .events = POLLIN},
-                                {.fd = w->sub ? tally_sub_fd(w->sub) : -1, .events = POLLIN}};
+                                {.fd = w->sub    ? tally_sub_fd(w->sub)
+                                       : w->nsub ? tally_nats_sub_fd(w->nsub)
+                                                 : -1,
+                                 .events = POLLIN}};
         double wait_s = next - mono_s();
         int timeout = wait_s > 0 ? (int)ceil(wait_s * 1000) : 0;
         /* The subscription's fd is edge-triggered: drain before sleeping on it. */
-        if (w->sub && sub_drain(w))
+        if (subscribed(w) && sub_drain(w))
             draw(w, false);
         if (poll(fds, 3, timeout) < 0 && errno != EINTR)
             break;
@@ -831,6 +849,40 @@ static int subscribe(watch_t *w)
     return st == TALLY_OK ? 0 : cli_report(st, "watch: --sub", "cannot subscribe");
 }
 
+/* --nats: the publications on tally.watch.<k> of the streams' partitions, on a connection of
+ * their own; where the workers publish nothing (pub_interval_ms 0 in their `info`) or the
+ * subscription fails, the streams are queried each interval, as the status line says. */
+static void nats_subscribe(watch_t *w)
+{
+    tally_nats_opts_t o = cli_nats_opts(w->cli, w->cli->timeout_ms);
+    char why[256] = "", *text = NULL;
+    tally_req_t req = {.opcode = TALLY_OP_INFO};
+    tally_reply_t info;
+    tally_reply_init(&info);
+    tally_status_t st = tally_nats_new(&o, &w->nats, why, sizeof why);
+    if (st == TALLY_OK && (st = tally_nats_call(w->nats, &req, NULL, 0, &info)) == TALLY_OK &&
+        !(text = strndup(info.payload ? (const char *)info.payload : "", info.len)))
+        st = TALLY_E_NOMEM;
+    const char *at = text ? strstr(text, "pub_interval_ms=") : NULL;
+    if (st == TALLY_OK && at && (at == text || at[-1] == '\n') && atoll(at + 16) == 0)
+        snprintf(w->status, sizeof w->status,
+                 "the fleet publishes nothing (pub_interval_ms 0): querying every interval");
+    else if (st == TALLY_OK && (st = tally_nats_sub_new(w->nats, &w->nsub)) == TALLY_OK)
+        for (size_t i = 0; st == TALLY_OK && i < w->count; i++)
+            st = tally_nats_sub_stream(w->nsub, w->streams[i].name);
+    if (st != TALLY_OK)
+        snprintf(w->status, sizeof w->status, "not subscribed (%.160s): querying every interval",
+                 why[0]    ? why
+                 : w->nats ? tally_nats_error(w->nats)
+                           : tally_status_name(st));
+    if (!w->nsub || st != TALLY_OK) {
+        tally_nats_sub_destroy(&w->nsub);
+        tally_nats_destroy(&w->nats);
+    }
+    free(text);
+    tally_reply_clear(&info);
+}
+
 static int run_watch(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
 {
     watch_t w = {.cli = cli, .interval_s = 1.0};
@@ -852,8 +904,8 @@ static int run_watch(cli_t *cli, const cli_command_t *cmd, int argc, char **argv
     }
     /* Checked once: later, an endpoint where nothing listens is only "unreachable" for now. */
     if (cli->nats && w.sub_endpoint) {
-        rc = cli_usage_error("watch", "--sub takes tallyd's PUB socket; with --nats the "
-                                      "streams are queried from their owners");
+        rc = cli_usage_error("watch", "--sub takes tallyd's PUB socket; with --nats watch "
+                                      "subscribes to the fleet's publications itself");
         goto done;
     }
     if ((rc = endpoint_arg("-e", cli->endpoint)) != 0 ||
@@ -883,6 +935,8 @@ static int run_watch(cli_t *cli, const cli_command_t *cmd, int argc, char **argv
     }
     if (w.sub_endpoint && (rc = subscribe(&w)) != 0)
         goto done;
+    if (cli->nats)
+        nats_subscribe(&w);
     terminal_take();
     watch_loop(&w);
     terminal_restore();
@@ -891,6 +945,8 @@ done:
     explicit_bzero(&w.keys, sizeof w.keys);
     tally_client_destroy(&w.client);
     tally_sub_destroy(&w.sub);
+    tally_nats_sub_destroy(&w.nsub);
+    tally_nats_destroy(&w.nats);
     tally_buf_free(&w.frame);
     free(w.streams);
     return rc;
@@ -907,7 +963,9 @@ CLI_COMMAND(watch, .usage = "watch [OPTIONS] STREAM...",
                 "tallyd does not answer, the status line says so and watch keeps retrying; it\n"
                 "says when it has reconnected. With --sub the histograms come from tallyd's\n"
                 "publications (PROTOCOL.md §11): a frame as soon as they arrive, a ping each\n"
-                "interval to tell whether tallyd is there. Streams that do not fit the screen are\n"
+                "interval to tell whether tallyd is there; with --nats from the fleet's\n"
+                "publications on tally.watch.<k> (PROTOCOL.md §13), queried each interval where\n"
+                "its workers publish nothing. Streams that do not fit the screen are\n"
                 "named on a last line, \"+N more\". Quit with q or Ctrl-C (exit status 0).\n"
                 "\n"
                 "--once prints one frame and exits: 0, or 1 when tallyd refused a stream (an\n"

@@ -43,7 +43,7 @@ static void print_usage(FILE *f)
                "TALLY_SERVER_KEY and TALLY_CLIENT_KEY, the CURVE keys when --server-key and\n"
                "--client-key are not given; TALLY_NATS, TALLY_NATS_CREDS, TALLY_NATS_USER,\n"
                "TALLY_NATS_TLS_CA, TALLY_NATS_TLS_CERT and TALLY_NATS_TLS_KEY, the --nats\n"
-               "options of those names.\n"
+               "options of those names; TALLY_FLEET, --fleet.\n"
                "Exit status: 0 ok, 1 error reported by tallyd, 2 usage or input error,\n"
                "3 no reply (nothing listening, timeout or transport failure), 130 interrupted.\n");
 }
@@ -67,6 +67,7 @@ static int top_level(cli_t *cli, int argc, char **argv)
         {"nats-tls-ca", required_argument, NULL, CLI_OPT_NATS_TLS_CA},
         {"nats-tls-cert", required_argument, NULL, CLI_OPT_NATS_TLS_CERT},
         {"nats-tls-key", required_argument, NULL, CLI_OPT_NATS_TLS_KEY},
+        {"fleet", required_argument, NULL, CLI_OPT_FLEET},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
         {0},
@@ -118,6 +119,7 @@ int main(int argc, char **argv)
     cli.nats_tls_ca = env("TALLY_NATS_TLS_CA");
     cli.nats_tls_cert = env("TALLY_NATS_TLS_CERT");
     cli.nats_tls_key = env("TALLY_NATS_TLS_KEY");
+    cli.fleet = env("TALLY_FLEET");
     int rc = top_level(&cli, argc, argv);
     if (rc)
         return rc == CLI_HELP_SHOWN ? 0 : rc;

@@ -37,8 +37,10 @@
  *   6  tally_push.c         pushes, tally_run, tally_minmax  ▶ gpu, shm, control, call, chunk, buf
  *   5  tally_gpu.c          exportable device memory         ▶ shm
  *      tally_client_nats.c  a client over NATS: a transport  ▶ nats, control, call, tally.c
+ *      tally_nats_watch.c   a fleet's publications (NATS)    ▶ nats
  *   4  tally_shm.c          shared memory, device regions    ▶ control, call, chunk, info
- *      tally_nats.c         the NATS producer and queries    ▶ control, call, nats_conn
+ *      tally_nats.c         the NATS producer and queries    ▶ control, call, nats_conn,
+ *                                                              nats_names
  *   3  tally_control.c      ping, info, query, reset, delete, streams            ▶ call, info
  *   2  tally_call.c         send, receive, tally_call        ▶ tally.c, bufpool
  *      tally_sub.c          subscriptions (PUB)              ▶ tally.c
@@ -46,7 +48,8 @@
  *   1  tally.c              the client, its connection       ▶ bufpool, probe
  *      tally_hist.c         summaries and quantiles          ▶ buf
  *   0  tally_chunk.c, tally_buf.c, tally_bufpool.c, tally_probe.c, tally_info.c, tally_curve.c,
- *      tally_nats_conn.c (and tally_nats_stub.c, in place of tally_nats.c without libnats)
+ *      tally_nats_conn.c, tally_nats_names.c (and tally_nats_stub.c, in place of tally_nats.c
+ *      and tally_nats_watch.c without libnats)
  *
  *   the table of transports: tally_call.c, tally_push.c ── ops ──▶ tally_client_nats.c
  */

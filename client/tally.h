@@ -184,6 +184,11 @@ TALLY_API tally_status_t tally_delete(tally_client_t *self, const char *stream);
 /* The daemon's stream names: a malloc'd array of *count malloc'd strings, freed with
  * tally_strings_free. */
 TALLY_API tally_status_t tally_streams(tally_client_t *self, char ***names, size_t *count);
+/* tally_streams, and *missing: for a client of a fleet (tally_client_new_nats), the partitions
+ * whose owner did not answer in time, so that their streams are not in the list (0: the list is
+ * whole); always 0 from one tallyd. */
+TALLY_API tally_status_t tally_streams_missing(tally_client_t *self, char ***names, size_t *count,
+                                               uint32_t *missing);
 TALLY_API void tally_strings_free(char **names, size_t count);
 
 /* ---- Shared memory (producers on tallyd's host; PROTOCOL.md §10) ----------------------- */
@@ -740,9 +745,31 @@ TALLY_API tally_status_t tally_nats_call(tally_nats_t *self, const tally_req_t *
 /* The stream's record, as tally_query. */
 TALLY_API tally_status_t tally_nats_query(tally_nats_t *self, const char *stream,
                                           tally_stream_info_t *info);
-/* The fleet's streams: every worker's, gathered until as many workers answered as are members
- * (or the timeout), each name once; freed with tally_strings_free. */
+/* The fleet's streams: every worker's, each name once; freed with tally_strings_free. Gathered
+ * until the answers cover every partition (each says which partitions it lists: Tally-Owned),
+ * or the timeout; a partition no answer covered is counted in tally_nats_streams_missing, and
+ * its streams are not in the list. */
 TALLY_API tally_status_t tally_nats_streams(tally_nats_t *self, char ***names, size_t *count);
+/* The partitions the last tally_nats_streams heard no owner for (0: its list was whole). */
+TALLY_API uint32_t tally_nats_streams_missing(const tally_nats_t *self);
+
+/* A subscription to a fleet's histogram publications (PROTOCOL.md §13 "Histogram
+ * publications"; the NATS user needs `tally.watch.>`), on nats's connection: destroy it before
+ * nats. Each stream named subscribes its partition's tally.watch.<k> (once per partition), so
+ * the other streams of those partitions come too: check msg->stream. What arrives is queued
+ * (at most 64 MiB; beyond it the oldest are dropped, counted by tally_nats_sub_dropped). */
+typedef struct tally_nats_sub tally_nats_sub_t;
+TALLY_API tally_status_t tally_nats_sub_new(tally_nats_t *nats, tally_nats_sub_t **out);
+TALLY_API tally_status_t tally_nats_sub_stream(tally_nats_sub_t *self, const char *stream);
+/* The next publication, waiting up to timeout_ms (0: only what has arrived): as tally_sub_recv
+ * (msg->pub.kind is TALLY_PUB_UPDATE; pub_seq counts per worker run). TALLY_E_TIMEOUT when none
+ * came, TALLY_E_REPLY for a message that does not decode (it is consumed). */
+TALLY_API tally_status_t tally_nats_sub_recv(tally_nats_sub_t *self, int timeout_ms,
+                                             tally_pub_msg_t *msg);
+/* A descriptor to poll() for POLLIN: readable while publications wait. */
+TALLY_API int tally_nats_sub_fd(const tally_nats_sub_t *self);
+TALLY_API uint64_t tally_nats_sub_dropped(const tally_nats_sub_t *self);
+TALLY_API void tally_nats_sub_destroy(tally_nats_sub_t **self_p);
 
 /* A client of a fleet instead of one tallyd (PROTOCOL.md §13 "A client over NATS"): the same
  * tally_send, tally_recv, tally_call, tally_run, pushes and wrappers, over NATS. filter, scan,
@@ -753,6 +780,20 @@ TALLY_API tally_status_t tally_nats_streams(tally_nats_t *self, char ***names, s
  * tally_nats_new. */
 TALLY_API tally_status_t tally_client_new_nats(const tally_nats_opts_t *opts, tally_client_t **out,
                                                char *msg, size_t msg_cap);
+
+/* A client of a fleet in direct mode (PROTOCOL.md §13 "Direct mode"; tallyd's [nats] direct =
+ * local): the same calls, each request sent over ZeroMQ straight to the member that owns its
+ * stream's partition (tally_partition; the owner from TALLY_LEASES, its endpoint from
+ * TALLY_ENDPOINTS, read through NATS at opts->servers). A `not_owner` answer is followed to the
+ * owner it names (up to 8 hops); a `shutdown` answer, or no answer from an owner that has since
+ * been replaced, is sent again to the partition's next owner once it has taken over, when the
+ * request is numbered (`seq`: applied once) or only reads; an unnumbered write that lost its
+ * owner is answered TALLY_E_TRANSPORT (it may or may not have been applied). Requests without a
+ * stream go to partition 0's owner. Shared-memory regions are refused. TALLY_E_ARG (no fleet in
+ * direct mode on that NATS, a malformed option), TALLY_E_TRANSPORT (NATS unreachable); msg (may
+ * be NULL) says why. */
+TALLY_API tally_status_t tally_client_new_fleet(const tally_nats_opts_t *opts, tally_client_t **out,
+                                                char *msg, size_t msg_cap);
 
 #ifdef __cplusplus
 }

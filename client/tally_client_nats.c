@@ -156,6 +156,7 @@ static tally_status_t gather_streams(tally__natsc_t *self, uint64_t id, tally_re
     }
     tally_strings_free(names, count);
     reply->rep.aux0 = count;
+    reply->rep.aux1 = tally_nats_streams_missing(self->nats); /* 0 from one tallyd: whole */
     return take_buffer(reply, out, len);
 }
 

@@ -22,4 +22,18 @@ size_t tally__nats_chunk_limit(const tally_nats_t *self, const tally_req_t *req,
  * stream that does not exist yet), for a push that numbers its chunks. */
 tally_status_t tally__nats_last_seq(tally_nats_t *self, const char *stream, uint64_t *last);
 
+/* tally_nats.c's connection, for tally_nats_watch.c; tally_nats_names.c: adds the names of one
+ * member's `streams` answer m (entries [u8 length][name]) to *names (*count of *cap), each name
+ * once. Only with libnats (not the stub). */
+typedef struct __natsConnection natsConnection;
+typedef struct __natsMsg natsMsg;
+natsConnection *tally__nats_conn(tally_nats_t *self);
+tally_status_t tally__nats_merge_names(natsMsg *m, char ***names, size_t *count, size_t *cap);
+
+/* tally_nats.c: the producer's JetStream context (libnats' jsCtx), for the fleet client
+ * (tally_client_fleet.c), which reads the buckets of direct mode through the producer's
+ * connection. */
+struct __jsCtx;
+struct __jsCtx *tally__nats_js(tally_nats_t *self);
+
 #endif

@@ -210,13 +210,22 @@ static tally_status_t parse_streams(const uint8_t *p, size_t len, char ***names,
 
 tally_status_t tally_streams(tally_client_t *self, char ***names, size_t *count)
 {
-    if (!self || !names || !count)
+    uint32_t missing = 0;
+    return tally_streams_missing(self, names, count, &missing);
+}
+
+tally_status_t tally_streams_missing(tally_client_t *self, char ***names, size_t *count,
+                                     uint32_t *missing)
+{
+    if (!self || !names || !count || !missing)
         return TALLY_E_ARG;
     *names = NULL;
     *count = 0;
+    *missing = 0;
     tally_reply_t reply;
     tally_status_t status = call_op(self, TALLY_OP_STREAMS, &reply);
     if (status == TALLY_OK) {
+        *missing = reply.rep.aux1 <= UINT32_MAX ? (uint32_t)reply.rep.aux1 : UINT32_MAX;
         status = parse_streams(reply.payload, reply.len, names, count);
         if (status == TALLY_E_REPLY)
             fail(self, status, "malformed streams reply");

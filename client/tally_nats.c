@@ -59,6 +59,7 @@ struct tally_nats {
     char user[TALLY_NATS_MEMBER_ID_MAX + 1]; /* the NATS user: subjects, inbox, id namespace */
     char producer_id[TALLY_NATS_MEMBER_ID_MAX + 1];
     uint32_t partitions;
+    uint32_t streams_missing; /* the last gather's partitions without an answer */
     size_t max_payload;
     int timeout_ms;
     size_t window_bytes;
@@ -397,6 +398,11 @@ static tally_status_t open_fleet(tally_nats_t *self, const tally_nats_opts_t *op
     return read_partitions(self);
 }
 
+jsCtx *tally__nats_js(tally_nats_t *self)
+{
+    return self->js;
+}
+
 tally_status_t tally_nats_new(const tally_nats_opts_t *opts, tally_nats_t **out, char *msg,
                               size_t msg_cap)
 {
@@ -459,6 +465,11 @@ void tally_nats_destroy(tally_nats_t **self_p)
     pthread_mutex_destroy(&self->mu);
     free(self);
     *self_p = NULL;
+}
+
+natsConnection *tally__nats_conn(tally_nats_t *self)
+{
+    return self->nc;
 }
 
 uint32_t tally_nats_partitions(const tally_nats_t *self)
@@ -760,14 +771,21 @@ tally_status_t tally_nats_recv(tally_nats_t *self, int timeout_ms, tally_reply_t
 /* ---- Request-reply: queries, control, streams (PROTOCOL.md §13 "Answers by request-reply") -- */
 
 /* True when the server's last error on the connection was a permissions violation for
- * publishing to subject (it drops such a message and says so only as an asynchronous error). */
+ * publishing to subject (it drops such a message and says so only as an asynchronous error);
+ * the producer's error then says so. */
 static bool refused_publish(tally_nats_t *self, const char *subject)
 {
     const char *text = NULL;
     if (natsConnection_GetLastError(self->nc, &text) != NATS_NOT_PERMITTED || !text)
         return false;
     const char *at = strstr(text, subject);
-    return at && strstr(text, "Publish") && (at[strlen(subject)] == '"' || !at[strlen(subject)]);
+    if (!at || !strstr(text, "Publish") || (at[strlen(subject)] != '"' && at[strlen(subject)]))
+        return false;
+    fail(self, TALLY_E_TRANSPORT,
+         "the NATS server refused to let user %s publish to %s (its permissions: PROTOCOL.md "
+         "§13 \"Security\")",
+         self->user, subject);
+    return true;
 }
 
 /* Sends the frame of req (and payload) to subject and waits for the answer, asking again while
@@ -802,10 +820,7 @@ static tally_status_t request(tally_nats_t *self, const char *subject, const tal
             continue;
         }
         if (s == NATS_TIMEOUT && refused_publish(self, subject))
-            return fail(self, TALLY_E_TRANSPORT,
-                        "the NATS server refused to let user %s publish to %s (its permissions: "
-                        "PROTOCOL.md §13 \"Security\")",
-                        self->user, subject);
+            return TALLY_E_TRANSPORT;
         if (s == NATS_TIMEOUT || s == NATS_NO_RESPONDERS)
             return fail(self, TALLY_E_TIMEOUT, "no answer on %s within %d ms (no worker owns it?)",
                         subject, self->timeout_ms);
@@ -881,48 +896,9 @@ tally_status_t tally__nats_last_seq(tally_nats_t *self, const char *stream, uint
     return st;
 }
 
-/* The live members a `streams` answer says there are (its Tally-Members header); 0 when it
- * says nothing. Read from the answers, so an analyst needs no rights on the members bucket. */
-static size_t members_said(natsMsg *m)
-{
-    const char *v = NULL;
-    if (natsMsgHeader_Get(m, TALLY_NATS_HDR_MEMBERS, &v) != NATS_OK || !v)
-        return 0;
-    unsigned long n = strtoul(v, NULL, 10);
-    return n < 100000 ? (size_t)n : 0;
-}
-
-/* Adds the names of one member's `streams` answer (entries [u8 length][name]) to *names, each
- * name once. */
-static tally_status_t merge_names(natsMsg *m, char ***names, size_t *count, size_t *cap)
-{
-    const uint8_t *p = (const uint8_t *)natsMsg_GetData(m) + TALLY_REP_HEADER_SIZE;
-    size_t len = (size_t)natsMsg_GetDataLength(m) - TALLY_REP_HEADER_SIZE;
-    for (size_t at = 0; at < len; at += 1 + p[at]) {
-        if (p[at] == 0 || at + 1 + p[at] > len)
-            return TALLY_E_REPLY;
-        bool seen = false;
-        for (size_t i = 0; i < *count && !seen; i++)
-            seen = strlen((*names)[i]) == p[at] && memcmp((*names)[i], p + at + 1, p[at]) == 0;
-        if (seen) /* two members during a hand-over */
-            continue;
-        if (*count == *cap) {
-            size_t grown_cap = *cap ? 2 * *cap : 64;
-            char **grown = realloc(*names, grown_cap * sizeof *grown);
-            if (!grown)
-                return TALLY_E_NOMEM;
-            *names = grown;
-            *cap = grown_cap;
-        }
-        if (!((*names)[*count] = strndup((const char *)p + at + 1, p[at])))
-            return TALLY_E_NOMEM;
-        (*count)++;
-    }
-    return TALLY_OK;
-}
-
-/* Publishes a `streams` request and gathers answers until as many members have answered as the
- * answers say are live (the most any says), or the timeout. */
+/* Publishes a `streams` request and gathers answers until they cover every partition, or the
+ * timeout; from workers whose answers say nothing of their partitions (older ones), until as
+ * many members have answered as the answers say are live (the most any says). */
 static tally_status_t gather_streams(tally_nats_t *self, natsSubscription *sub, const char *inbox,
                                      char ***names, size_t *count)
 {
@@ -934,6 +910,8 @@ static tally_status_t gather_streams(tally_nats_t *self, natsSubscription *sub, 
     uint8_t frame[TALLY_REQ_HEADER_SIZE];
     tally_req_encode(&req, frame);
     size_t members = 0, answered = 0, cap = 0;
+    bool covered[TALLY_NATS_MAX_PARTITIONS] = {false}; /* by the answers' Tally-Owned */
+    int ncovered = 0;
     char subject[32 + TALLY_NATS_MEMBER_ID_MAX];
     tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_STREAMS, -1, self->user);
     natsStatus s =
@@ -942,7 +920,8 @@ static tally_status_t gather_streams(tally_nats_t *self, natsSubscription *sub, 
         return fail(self, TALLY_E_TRANSPORT, "streams: %s", natsStatus_GetText(s));
     int64_t deadline = now_ms() + self->timeout_ms;
     tally_status_t st = TALLY_OK;
-    while (st == TALLY_OK && (members == 0 || answered < members)) {
+    while (st == TALLY_OK && ncovered < (int)self->partitions &&
+           (ncovered > 0 || members == 0 || answered < members)) {
         int64_t left = deadline - now_ms();
         natsMsg *m = NULL;
         if (left <= 0 || natsSubscription_NextMsg(&m, sub, left) != NATS_OK)
@@ -952,21 +931,31 @@ static tally_status_t gather_streams(tally_nats_t *self, natsSubscription *sub, 
             tally_rep_decode((const uint8_t *)natsMsg_GetData(m), TALLY_REP_HEADER_SIZE, &rep) ==
                 TALLY_OK &&
             rep.status == TALLY_OK) {
-            st = merge_names(m, names, count, &cap);
+            st = tally__nats_merge_names(m, names, count, &cap);
+            const char *owned = NULL; /* an older worker's answer covers none: not known whole */
+            natsMsgHeader_Get(m, TALLY_NATS_HDR_OWNED, &owned);
+            int fresh = tally_fleet_owned_merge(owned, self->partitions, covered);
+            ncovered += fresh > 0 ? fresh : 0;
             answered++;
-            size_t said = members_said(m);
-            members = said > members ? said : members;
+            const char *v = NULL; /* the live members (Tally-Members): no KV rights needed */
+            size_t said = natsMsgHeader_Get(m, TALLY_NATS_HDR_MEMBERS, &v) == NATS_OK && v
+                              ? strtoul(v, NULL, 10)
+                              : 0;
+            members = said > members && said < 100000 ? said : members;
         }
         natsMsg_Destroy(m);
     }
+    self->streams_missing = self->partitions - (uint32_t)ncovered;
     if (st == TALLY_OK && answered == 0 && refused_publish(self, subject))
-        st = fail(self, TALLY_E_TRANSPORT,
-                  "the NATS server refused to let user %s publish to %s (its permissions: "
-                  "PROTOCOL.md §13 \"Security\")",
-                  self->user, subject);
+        st = TALLY_E_TRANSPORT;
     if (st == TALLY_OK && answered == 0)
         st = fail(self, TALLY_E_TIMEOUT, "no worker answered within %d ms", self->timeout_ms);
     return st;
+}
+
+uint32_t tally_nats_streams_missing(const tally_nats_t *self)
+{
+    return self ? self->streams_missing : 0;
 }
 
 tally_status_t tally_nats_streams(tally_nats_t *self, char ***names, size_t *count)

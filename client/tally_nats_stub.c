@@ -96,6 +96,12 @@ tally_status_t tally_nats_streams(tally_nats_t *self, char ***names, size_t *cou
     return TALLY_E_ARG;
 }
 
+uint32_t tally_nats_streams_missing(const tally_nats_t *self)
+{
+    (void)self;
+    return 0;
+}
+
 uint64_t tally__nats_next_id(const tally_nats_t *self)
 {
     (void)self;
@@ -115,4 +121,47 @@ size_t tally__nats_chunk_limit(const tally_nats_t *self, const tally_req_t *req,
     (void)req;
     (void)want_reply;
     return 0;
+}
+
+tally_status_t tally_nats_sub_new(tally_nats_t *nats, tally_nats_sub_t **out)
+{
+    (void)nats;
+    if (out)
+        *out = NULL;
+    return TALLY_E_ARG;
+}
+
+tally_status_t tally_nats_sub_stream(tally_nats_sub_t *self, const char *stream)
+{
+    (void)self, (void)stream;
+    return TALLY_E_ARG;
+}
+
+tally_status_t tally_nats_sub_recv(tally_nats_sub_t *self, int timeout_ms, tally_pub_msg_t *msg)
+{
+    (void)self, (void)timeout_ms, (void)msg;
+    return TALLY_E_ARG;
+}
+
+int tally_nats_sub_fd(const tally_nats_sub_t *self)
+{
+    (void)self;
+    return -1;
+}
+
+uint64_t tally_nats_sub_dropped(const tally_nats_sub_t *self)
+{
+    (void)self;
+    return 0;
+}
+
+void tally_nats_sub_destroy(tally_nats_sub_t **self_p)
+{
+    (void)self_p;
+}
+
+tally_status_t tally_client_new_fleet(const tally_nats_opts_t *opts, tally_client_t **out,
+                                      char *msg, size_t msg_cap)
+{
+    return tally_client_new_nats(opts, out, msg, msg_cap);
 }

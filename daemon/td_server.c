@@ -171,6 +171,7 @@ static td_service_host_t service_host(td_server_t *s)
                                .gauges = sample_gauges,
                                .view = host_view,
                                .submit = host_submit,
+                               .fleet = &s->fleet_status,
                                .ctx = s};
 }
 

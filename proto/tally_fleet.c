@@ -76,6 +76,44 @@ bool tally_fleet_id_allowed(const char *id, const char *user)
     return id && ulen && strncmp(id, user, ulen) == 0 && id[ulen] == '.' && id[ulen + 1];
 }
 
+size_t tally_fleet_owned_format(const bool *owned, uint32_t partitions, char *out, size_t cap)
+{
+    size_t n = (partitions + 3) / 4;
+    if (n + 1 > cap)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned v = 0;
+        for (uint32_t j = 0; j < 4 && 4 * i + j < partitions; j++)
+            v |= owned[4 * i + j] ? 1u << j : 0;
+        out[i] = "0123456789abcdef"[v];
+    }
+    out[n] = '\0';
+    return n;
+}
+
+int tally_fleet_owned_merge(const char *text, uint32_t partitions, bool *covered)
+{
+    size_t n = text ? strlen(text) : 0;
+    if (n == 0 || n > (partitions + 3) / 4)
+        return -1;
+    for (size_t i = 0; i < n; i++) { /* checked whole before anything is marked */
+        const char *at = strchr("0123456789abcdef", text[i]);
+        unsigned v = at && text[i] ? (unsigned)(at - "0123456789abcdef") : 16;
+        if (v > 15 || (4 * i + 4 > partitions && (v >> (partitions - 4 * i)) != 0))
+            return -1;
+    }
+    int fresh = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned v = (unsigned)(strchr("0123456789abcdef", text[i]) - "0123456789abcdef");
+        for (uint32_t j = 0; j < 4; j++)
+            if ((v >> j & 1) && !covered[4 * i + j]) {
+                covered[4 * i + j] = true;
+                fresh++;
+            }
+    }
+    return fresh;
+}
+
 const char *tally_fleet_redact(const char *servers, char *out, size_t cap)
 {
     size_t w = 0;
@@ -110,4 +148,24 @@ const char *tally_fleet_redact(const char *servers, char *out, size_t cap)
         }
     }
     return out;
+}
+
+bool tally_fleet_endpoint_get(const char *value, size_t len, const char *key, char *out, size_t cap)
+{
+    size_t klen = strlen(key);
+    for (size_t at = 0; at < len;) {
+        const char *line = value + at;
+        const char *nl = memchr(line, '\n', len - at);
+        size_t n = nl ? (size_t)(nl - line) : len - at;
+        at += n + 1;
+        if (n <= klen + 1 || memcmp(line, key, klen) != 0 || line[klen] != '=')
+            continue;
+        size_t vlen = n - klen - 1;
+        if (vlen >= cap)
+            return false;
+        memcpy(out, line + klen + 1, vlen);
+        out[vlen] = '\0';
+        return true;
+    }
+    return false;
 }

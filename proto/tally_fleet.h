@@ -46,6 +46,10 @@
 #define TALLY_NATS_BUCKET_MEMBERS "TALLY_MEMBERS" /* key: the member id (TTL) */
 #define TALLY_NATS_BUCKET_LEASES "TALLY_LEASES"   /* key p<k>: the owner (TTL) */
 #define TALLY_NATS_BUCKET_CKPT "TALLY_CKPT"       /* key p<k>: manifest; p<k>.<gen>.<i>: chunks */
+/* Direct mode (PROTOCOL.md §13 "Direct mode"): key = the member id (TTL = the lease TTL), value
+ * "zmq=<endpoint>\n" and, with the side channel on, "shm=<path>\n". */
+#define TALLY_NATS_BUCKET_ENDPOINTS "TALLY_ENDPOINTS"
+#define TALLY_NATS_ENDPOINT_MAX 256
 
 /* Message headers. */
 #define TALLY_NATS_HDR_MSG_ID "Nats-Msg-Id"
@@ -58,6 +62,8 @@
 #define TALLY_NATS_HDR_STREAM "Tally-Stream"
 #define TALLY_NATS_HDR_MEMBER "Tally-Member"
 #define TALLY_NATS_HDR_MEMBERS "Tally-Members" /* `streams` answers: the live members */
+/* `streams` answers: the partitions whose streams the answer lists (tally_fleet_owned_format) */
+#define TALLY_NATS_HDR_OWNED "Tally-Owned"
 
 /* A dedupe id is 1..192 bytes (libtally's: user, producer id, number and, renamed after a
  * collision, 16 hex digits); a member id 1..64 of A-Z a-z 0-9 - _. */
@@ -84,8 +90,21 @@ const char *tally_fleet_subject_user(const char *subject);
 bool tally_fleet_reply_allowed(const char *reply, const char *user);
 /* True when a dedupe id is in user's namespace: "<user>." and at least one byte more. */
 bool tally_fleet_id_allowed(const char *id, const char *user);
+/* The partitions marked in owned[0..partitions) as a Tally-Owned value: a hex bitmap, character i
+ * holding partitions 4i..4i+3 (partition 4i+j in bit j), so ceil(partitions / 4) characters,
+ * all '0' when none is marked. Writes out (cap bytes with its NUL); the length, 0 when it does
+ * not fit. */
+size_t tally_fleet_owned_format(const bool *owned, uint32_t partitions, char *out, size_t cap);
+/* Marks in covered[0..partitions) the partitions a Tally-Owned value names; the number newly
+ * marked, or -1 when text is not such a value (not hex, longer than partitions need, or a bit
+ * at or past partitions set), leaving covered as it was. */
+int tally_fleet_owned_merge(const char *text, uint32_t partitions, bool *covered);
 /* A list of NATS URLs as logs and messages may show it: each URL's password ("user:***@") or
  * token ("***@") masked. Writes out (cap bytes, cut at a URL's end when short) and returns it. */
 const char *tally_fleet_redact(const char *servers, char *out, size_t cap);
+/* The value of `key` ("zmq", "shm") in a TALLY_ENDPOINTS value (len bytes, lines of key=value)
+ * into out (cap bytes, NUL-terminated): true when it is there, not empty, and fits. */
+bool tally_fleet_endpoint_get(const char *value, size_t len, const char *key, char *out,
+                              size_t cap);
 
 #endif

@@ -148,7 +148,10 @@ typedef enum {
     TALLY_E_NOT_PERMITTED = 25, /* the sender may not do this (a fleet's stream changed over
                                  * ZeroMQ; a fleet message replying or deduping outside its
                                  * publisher's own names) */
-    TALLY_STATUS_WIRE_COUNT = 26,
+    TALLY_E_NOT_OWNER = 26,     /* direct mode (PROTOCOL.md §13 "Direct mode"): this fleet member
+                                 * does not own the stream's partition; the message names the owner
+                                 * and its endpoint when known */
+    TALLY_STATUS_WIRE_COUNT = 27,
 
     /* Client-side only. */
     TALLY_E_TIMEOUT = 100,   /* no reply within the timeout */

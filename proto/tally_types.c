@@ -57,6 +57,8 @@ static const struct {
     {TALLY_E_NOT_PERMITTED, "not_permitted",
      "the sender may not do this (on a fleet worker, streams change only through their "
      "partition)"},
+    {TALLY_E_NOT_OWNER, "not_owner",
+     "this fleet member does not own the stream's partition; send it to the owner"},
     {TALLY_E_TIMEOUT, "timeout", "no reply from the daemon within the timeout"},
     {TALLY_E_TRANSPORT, "transport", "the ZeroMQ transport failed"},
     {TALLY_E_REPLY, "bad_reply", "the reply from the daemon is malformed"},

@@ -56,12 +56,19 @@ static void test_info_keys(void **state)
     size_t n = td_fleet_status_info(&st, out, sizeof out);
     const char *want = "nats=on\nnats_member_id=w-1\nnats_partitions=4\nnats_partitions_owned=2\n"
                        "nats_lease_ttl_ms=5000\nnats_checkpoint_interval_ms=700\n"
-                       "nats_max_payload=1024\nnats_max_reply=0\n";
+                       "nats_max_payload=1024\nnats_max_reply=0\nnats_direct=off\n"
+                       "nats_direct_uncommitted=0\n";
     assert_string_equal(out, want);
     assert_int_equal(n, strlen(want));
     st.max_payload = 1 << 20;
     td_fleet_status_info(&st, out, sizeof out);
     assert_non_null(strstr(out, "\nnats_max_reply=1044480\n"));
+    st.direct = true;
+    st.direct_uncommitted = 7;
+    td_fleet_status_info(&st, out, sizeof out);
+    assert_non_null(strstr(out, "\nnats_direct=local\nnats_direct_uncommitted=7\n"));
+    st.direct = false;
+    st.direct_uncommitted = 0;
 }
 
 static void test_metrics_lag_and_length(void **state)
@@ -84,6 +91,8 @@ static void test_metrics_lag_and_length(void **state)
     assert_null(strstr(out, "partition=\"1\""));
     assert_non_null(strstr(out, "\ntallyd_nats_partition_lag{partition=\"2\"} 0\n"));
     assert_non_null(strstr(out, "\ntallyd_nats_refused_total{reason=\"reply\"} 5\n"));
+    assert_non_null(strstr(out, "\ntallyd_nats_direct_uncommitted 0\n"));
+    assert_non_null(strstr(out, "\ntallyd_nats_not_owner_total 0\n"));
 
     /* A short buffer: the whole length told, what fits written, terminated. */
     char whole[8192];

@@ -76,17 +76,7 @@ static int teardown(void **state)
 /* No fleet on the cluster: each test's workers make their own (a lease TTL is the buckets'). */
 static void fresh_fleet(void)
 {
-    jsErrCode jerr = 0;
-    for (uint32_t k = 0; k < PARTITIONS; k++) {
-        char stream[32];
-        tally_fleet_name(stream, sizeof stream, TALLY_NATS_STREAM_PREFIX, k);
-        js_DeleteStream(tn_suite_js, stream, NULL, &jerr);
-    }
-    js_DeleteStream(tn_suite_js, TALLY_NATS_DEAD_STREAM, NULL, &jerr);
-    const char *buckets[] = {TALLY_NATS_BUCKET_FLEET, TALLY_NATS_BUCKET_MEMBERS,
-                             TALLY_NATS_BUCKET_LEASES, TALLY_NATS_BUCKET_CKPT};
-    for (size_t i = 0; i < sizeof buckets / sizeof buckets[0]; i++)
-        js_DeleteKeyValue(tn_suite_js, buckets[i]);
+    tn_fleet_delete(tn_suite_js, PARTITIONS);
     kvStore_Destroy(leases);
     leases = NULL;
     memset(model, 0, sizeof model);

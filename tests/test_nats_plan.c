@@ -117,6 +117,39 @@ static void test_user_names(void **state)
     assert_false(tally_fleet_id_allowed(NULL, "cam1"));
 }
 
+/* Tally-Owned (PROTOCOL.md §13 "Answers by request-reply"): the examples of PROTOCOL.md, a
+ * round trip at every partition count's edge, and what a merge refuses without marking. */
+static void test_owned_bitmap(void **state)
+{
+    (void)state;
+    bool owned[9] = {true, true, true, true}, covered[9] = {false};
+    char text[8];
+    assert_int_equal(tally_fleet_owned_format(owned, 8, text, sizeof text), 2);
+    assert_string_equal(text, "f0"); /* partitions 0-3: digit 0 */
+    bool odd[4] = {false, true, false, true};
+    assert_int_equal(tally_fleet_owned_format(odd, 4, text, sizeof text), 1);
+    assert_string_equal(text, "a");
+    owned[8] = true; /* 9 partitions: 3 digits, the last holding partition 8 alone */
+    assert_int_equal(tally_fleet_owned_format(owned, 9, text, sizeof text), 3);
+    assert_string_equal(text, "f01");
+    assert_int_equal(tally_fleet_owned_format(owned, 9, text, 3), 0); /* no room for the NUL */
+    assert_int_equal(tally_fleet_owned_merge("0f1", 9, covered), 5);
+    assert_int_equal(tally_fleet_owned_merge("0f1", 9, covered), 0); /* each counted once */
+    assert_int_equal(tally_fleet_owned_merge("f00", 9, covered), 4);
+    for (int k = 0; k < 9; k++)
+        assert_true(covered[k]);
+    bool none[9] = {false};
+    const char *refused[] = {"", "0f10", "0F1", "0g1", "0f2", "0f8", "0x"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
+        if (tally_fleet_owned_merge(refused[i], 9, none) != -1)
+            fail_msg("Tally-Owned '%s' taken for 9 partitions", refused[i]);
+    assert_int_equal(tally_fleet_owned_merge(NULL, 9, none), -1);
+    for (int k = 0; k < 9; k++)
+        assert_false(none[k]); /* nothing marked by a value refused */
+    assert_int_equal(tally_fleet_owned_merge("1", 1, none), 1);
+    assert_int_equal(tally_fleet_owned_merge("2", 1, none), -1); /* partition 1 of 1 */
+}
+
 #define P 64
 #define MAXM 8
 
@@ -206,6 +239,7 @@ int main(void)
         cmocka_unit_test(test_partition_vectors_match_protocol_md),
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_user_names),
+        cmocka_unit_test(test_owned_bitmap),
         cmocka_unit_test(test_plan_one_owner_each),
         cmocka_unit_test(test_plan_join_and_leave_move_only_their_share),
         cmocka_unit_test(test_score_vectors),

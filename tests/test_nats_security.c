@@ -26,7 +26,11 @@
  *   7. the documented producer numbers a push (`tally --nats … hist --stream`) through TLS with
  *      --nats-tls-ca (and the environment); a client certificate is presented where a server
  *      asks; the worker's rights cannot change a stream, delete, purge or make foreign consumers;
- *   8. a CURVE client changes a fleet's stream over ZeroMQ: not_permitted, the stream unchanged.
+ *   8. a CURVE client changes a fleet's stream over ZeroMQ: not_permitted, the stream unchanged;
+ *   9. direct mode's rights (PROTOCOL.md §13 "Direct mode"): the worker user makes, writes,
+ *      reads and deletes in TALLY_ENDPOINTS as td_fleet_route.c does, a direct producer reads
+ *      the partition count, the leases and the endpoints (tally_client_new_fleet connects) and
+ *      may publish nothing to a partition.
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -48,6 +52,7 @@
 #include "nats_cluster.h"
 #include "tally.h"
 #include "tally_fleet.h"
+#include "td_nats_js.h"
 
 #define NODES 3
 #define PARTITIONS 8 /* contrib/nats/tallyd-worker.conf's */
@@ -1015,6 +1020,55 @@ static void test_zmq_mutation_refused(void **state)
     assert_int_equal(values_of("zmq/s"), -1);
 }
 
+/* ---- 9. Direct mode's buckets ----------------------------------------------------------- */
+
+static void test_direct_rights(void **state)
+{
+    (void)state;
+    /* The worker user, as a member in direct mode: the bucket made (or found) with the lease
+     * TTL and the fleet's replicas, its key written, read back and deleted. */
+    peer_t wk, pd;
+    peer_open(&wk, "worker");
+    kvStore *eps = NULL;
+    assert_int_equal(
+        td_nats_kv_open(wk.js, TALLY_NATS_BUCKET_ENDPOINTS, 10000, 3, &eps, msg, sizeof msg),
+        TD_OK);
+    uint64_t rev = 0;
+    kvEntry *e = NULL;
+    assert_int_equal(kvStore_PutString(&rev, eps, "w9", "zmq=tcp://127.0.0.1:1\n"), NATS_OK);
+    assert_int_equal(kvStore_Get(&e, eps, "w9"), NATS_OK);
+    kvEntry_Destroy(e);
+    assert_int_equal(kvStore_Delete(eps, "w9"), NATS_OK);
+    assert_int_equal(kvStore_PutString(&rev, eps, "w9", "zmq=tcp://127.0.0.1:1\n"), NATS_OK);
+    kvStore_Destroy(eps);
+    /* A direct producer: the three buckets read, nothing published to a partition. */
+    peer_open(&pd, "producer-direct");
+    kvStore *ls = NULL;
+    assert_int_equal(js_KeyValue(&eps, pd.js, TALLY_NATS_BUCKET_ENDPOINTS), NATS_OK);
+    assert_int_equal(kvStore_Get(&e, eps, "w9"), NATS_OK);
+    kvEntry_Destroy(e);
+    assert_int_equal(js_KeyValue(&ls, pd.js, TALLY_NATS_BUCKET_LEASES), NATS_OK);
+    assert_int_equal(kvStore_Get(&e, ls, "p0"), NATS_OK); /* w1 holds every partition */
+    assert_int_equal(kvEntry_ValueLen(e), 2);
+    kvEntry_Destroy(e);
+    kvStore_Destroy(ls);
+    kvStore_Destroy(eps);
+    assert_int_equal(natsConnection_PublishString(pd.nc, "tally.in.0.producer-direct", "x"),
+                     NATS_OK);
+    natsConnection_Flush(pd.nc);
+    wait_denied(&pd, 1);
+    assert_int_equal(atomic_load(&wk.denied), 0);
+    peer_close(&pd);
+    peer_close(&wk);
+    char urls[512];
+    urls_for("producer-direct", urls, sizeof urls);
+    tally_nats_opts_t o = {.servers = urls, .tls_ca = ca, .timeout_ms = 15000};
+    tally_client_t *c = NULL;
+    if (tally_client_new_fleet(&o, &c, msg, sizeof msg) != TALLY_OK)
+        fail_msg("tally_client_new_fleet as producer-direct: %s", msg);
+    tally_client_destroy(&c);
+}
+
 int main(void)
 {
     if (tn_skip())
@@ -1033,6 +1087,7 @@ int main(void)
         cmocka_unit_test(test_secrets_redacted),
         cmocka_unit_test(test_producer_cli_and_worker_rights),
         cmocka_unit_test(test_zmq_mutation_refused),
+        cmocka_unit_test(test_direct_rights),
     };
     int failed = cmocka_run_group_tests(tests, setup, teardown);
     nats_Close(); /* libnats' threads and globals: gone before the leak check */

@@ -122,6 +122,14 @@ def test_installed_package() -> None:
     assert importlib.metadata.version("tally") == tally.library_version()
 
 
+def test_not_owner_status() -> None:
+    """Direct mode's status (PROTOCOL.md §7, 26): its number from the header, its name from
+    libtally, as an Error carries them."""
+    assert tally._wire.E_NOT_OWNER == 26
+    e = tally.Error(tally._wire.E_NOT_OWNER, "partition 1 is owned by b at tcp://h:5555")
+    assert e.status == 26 and e.name == "not_owner"
+
+
 def test_layout_check() -> None:
     # The import-time check passes the real table and refuses a ctypes struct whose size,
     # field offset or field set differs from the C struct's (tally/_wire.py's LAYOUT).

@@ -31,28 +31,15 @@ import tempfile
 import threading
 import time
 
-import jsonschema
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from web_common import Daemon, Events, fail, free_port, quote, write_secret  # noqa: E402
+from web_common import (Daemon, Events, fail, free_port, quote, schema_checker,  # noqa: E402
+                        write_secret)
 
 TALLYD, TALLY, SRC = sys.argv[1], sys.argv[2], sys.argv[3]
 TOKEN = "0123456789abcdef-test-token"
 ODD_NAMES = ["a/b", "50%", "q?x=1", "h#1", "sp+c", "%2F", "x/../y", "\"q\\"]
 
-with open(os.path.join(SRC, "web", "schema", "stream.json")) as f:
-    STREAM_SCHEMA = json.load(f)
-with open(os.path.join(SRC, "web", "schema", "api.json")) as f:
-    API_SCHEMA = json.load(f)
-
-
-def check(doc, definition=None, what=""):
-    schema = STREAM_SCHEMA if definition is None else dict(
-        API_SCHEMA, **{"$ref": "#/definitions/" + definition})
-    try:
-        jsonschema.validate(doc, schema, cls=jsonschema.Draft7Validator)
-    except jsonschema.ValidationError as e:
-        fail("%s does not match %s: %s" % (what, definition or "stream.json", e.message))
+check = schema_checker(SRC)
 
 
 def le(values, width, signed=False):

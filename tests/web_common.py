@@ -30,6 +30,26 @@ def quote(name):
     return urllib.parse.quote(name, safe="")
 
 
+def schema_checker(src):
+    """check(doc, definition=None, what=""): fails unless doc is valid against
+    web/schema/stream.json (definition None) or the definition of web/schema/api.json named
+    (python3-jsonschema, imported here: not every user of this file needs it)."""
+    import jsonschema
+    with open(os.path.join(src, "web", "schema", "stream.json")) as f:
+        stream_schema = json.load(f)
+    with open(os.path.join(src, "web", "schema", "api.json")) as f:
+        api_schema = json.load(f)
+
+    def check(doc, definition=None, what=""):
+        schema = stream_schema if definition is None else dict(
+            api_schema, **{"$ref": "#/definitions/" + definition})
+        try:
+            jsonschema.validate(doc, schema, cls=jsonschema.Draft7Validator)
+        except jsonschema.ValidationError as e:
+            fail("%s does not match %s: %s" % (what, definition or "stream.json", e.message))
+    return check
+
+
 def write_secret(path, text, mode=0o600):
     with open(path, "w") as f:
         f.write(text + "\n")

@@ -23,6 +23,13 @@
 // those heights (0..1 of the canvas) in that order. performance marks: "first-render" once the
 // list and the chosen streams are first drawn, and a measure "update" (from the first event of a
 // tick to the end of its drawing) for every live update.
+//
+// A fleet worker (its list says "fleet") shows the whole fleet: the page asks GET api/v1/streams
+// (every member's streams) at the publication interval instead of taking the event stream's
+// list, which holds this worker's streams alone, and asks each chosen stream another member
+// owns of GET api/v1/streams/NAME (its owner answers through this worker) at the same pace; a
+// row and a card of such a stream carry data-member=OWNER, and a list some member did not
+// answer in time says so (#partial).
 'use strict';
 
 (function () {
@@ -45,6 +52,9 @@
     windowMs: -1,
     generation: 0, // connections made: a refusal's answer for an older one is ignored
     filter: '', // the list's name filter, lowercase
+    member: '', // this worker's member id in a fleet, '' otherwise
+    fleetList: null, // a fleet worker's list of the whole fleet (GET api/v1/streams)
+    polling: false,
   };
 
   const $ = (id) => document.getElementById(id);
@@ -91,7 +101,11 @@
     const generation = ++state.generation;
     const url = eventsUrl();
     const source = new EventSource(url);
-    source.addEventListener('streams', (e) => { state.list = JSON.parse(e.data); changed(); });
+    source.addEventListener('streams', (e) => {
+      state.list = JSON.parse(e.data);
+      if (state.list.fleet && !state.polling) startFleet(state.list.fleet.member);
+      changed();
+    });
     source.addEventListener('stream', (e) => {
       const rec = JSON.parse(e.data);
       state.records.set(rec.stream, rec);
@@ -99,7 +113,9 @@
       changed();
     });
     source.addEventListener('deleted', (e) => {
-      state.records.set(JSON.parse(e.data).stream, null);
+      const name = JSON.parse(e.data).stream;
+      if (ownerOf(name)) return; // another member's: not in this worker's table
+      state.records.set(name, null);
       changed();
     });
     source.onopen = () => setStatus('live');
@@ -173,6 +189,52 @@
     }
   }
 
+  // ---- A fleet ---------------------------------------------------------------------------
+
+  // The member that owns stream `name` when it is not this worker, else ''.
+  function ownerOf(name) {
+    const list = state.fleetList;
+    const s = list && list.streams.find((e) => e.stream === name);
+    return s && s.member && s.member !== state.member ? s.member : '';
+  }
+
+  async function getJson(url) {
+    try {
+      const r = await fetch(url, { cache: 'no-store' });
+      return { status: r.status, body: await r.json() };
+    } catch (e) {
+      return { status: 0, body: null };
+    }
+  }
+
+  function startFleet(member) {
+    state.member = member;
+    state.polling = true;
+    pollFleet();
+  }
+
+  // The whole fleet's list, then the chosen streams other members own; again an interval later.
+  async function pollFleet() {
+    const list = await getJson('api/v1/streams');
+    if (list.status === 200) {
+      state.fleetList = list.body;
+      $('partial').classList.toggle('hidden', !list.body.fleet.partial);
+      changed();
+    }
+    const generation = state.generation;
+    for (const name of state.chosen.filter(ownerOf)) {
+      const q = state.last ? '?last=' + encodeURIComponent(state.last) : '';
+      const rec = await getJson('api/v1/streams/' + encodeURIComponent(name) + q);
+      if (generation !== state.generation || !state.chosen.includes(name)) continue;
+      if (rec.status !== 200 && rec.status !== 404) continue; // asked again next time
+      state.records.set(name, rec.status === 200 ? rec.body : null);
+      if (rec.status === 200) state.updates.set(name, (state.updates.get(name) || 0) + 1);
+      changed();
+    }
+    const every = state.list ? Math.max(state.list.interval_ms, 500) : 1000;
+    setTimeout(pollFleet, every);
+  }
+
   // Events of one tick arrive together: draw once, at the next frame.
   function changed() {
     if (state.dirty) return;
@@ -220,7 +282,7 @@
   }
 
   function drawList() {
-    const list = state.list;
+    const list = state.fleetList || state.list;
     if (!list) return;
     updateWindows(list.window_ms);
     const body = $('streams').tBodies[0];
@@ -228,7 +290,8 @@
     for (const s of list.streams) {
       const tr = document.createElement('tr');
       tr.dataset.stream = s.stream;
-      tr.dataset.values = String(s.values);
+      tr.dataset.values = String(s.values === undefined ? '' : s.values);
+      if (s.member) tr.dataset.member = s.member;
       tr.hidden = !matches(s.stream);
       const box = document.createElement('input');
       box.type = 'checkbox';
@@ -236,10 +299,11 @@
       box.setAttribute('aria-label', 'show ' + s.stream);
       box.addEventListener('change', () => choose(s.stream, box.checked));
       cell(tr, '').appendChild(box);
-      cell(tr, s.stream, 'name');
+      const name = cell(tr, s.stream, 'name');
+      if (s.member && s.member !== state.member) name.title = 'on ' + s.member;
       cell(tr, s.type || '-');
       cell(tr, shortCount(s.values), 'num').title = String(s.values);
-      cell(tr, s.rate === null ? '-' : shortCount(s.rate), 'num');
+      cell(tr, s.rate === null || s.rate === undefined ? '-' : shortCount(s.rate), 'num');
       const when = cell(tr, ago(s.updated_ms, list.time_ms));
       if (s.updated_ms) when.title = new Date(s.updated_ms).toISOString();
       rows.push(tr);
@@ -254,7 +318,8 @@
 
   // "No streams yet" once tallyd says so (not before), and what the filter leaves.
   function notes() {
-    const total = state.list ? state.list.streams.length : 0;
+    const list = state.fleetList || state.list;
+    const total = list ? list.streams.length : 0;
     const shown = [...$('streams').tBodies[0].rows].filter((r) => !r.hidden).length;
     $('empty').classList.toggle('hidden', !state.list || total > 0);
     $('nomatch').classList.toggle('hidden', total === 0 || shown > 0);
@@ -317,6 +382,7 @@
 
   function fillCard(card, name, rec) {
     card.dataset.updates = String(state.updates.get(name) || 0);
+    if (ownerOf(name)) card.dataset.member = ownerOf(name);
     card.dataset.deleted = String(rec === null);
     const small = card.querySelector('h2 small');
     if (rec === null) {

@@ -348,6 +348,19 @@ const td_setting_t td_settings[] = {
      .help = "let ZeroMQ, shared-memory and HTTP clients of a worker change streams (hist, scan or "
              "filter on a stream, reset, delete); off, they get not_permitted and streams change "
              "only through their partitions (PROTOCOL.md §13 \"Security\")"},
+    {.option = "nats-direct", .arg = "off|local", .section = "nats", .key = "direct",
+     .type = TD_SET_STRING, .offset = FIELD(nats_direct), .reload = TD_RELOAD_RESTART,
+     .help = "direct mode (PROTOCOL.md §13 \"Direct mode\"): local, producers send a stream's "
+             "requests over ZeroMQ straight to the member owning its partition (tally --fleet), "
+             "others answer not_owner, and direct writes are durable at the partition's "
+             "checkpoints only (a lost host loses those since); replicated is not built yet",
+     .default_doc = "off"},
+    {.option = "nats-advertise", .arg = "ENDPOINT", .section = "nats", .key = "advertise",
+     .type = TD_SET_STRING, .offset = FIELD(nats_advertise), .reload = TD_RELOAD_RESTART,
+     .example = "tcp://10.0.0.5:5555",
+     .help = "the ZeroMQ endpoint other hosts reach this member at, published in TALLY_ENDPOINTS "
+             "for direct mode",
+     .default_doc = "the first bind endpoint"},
     {.option = "nats-partitions", .arg = "N", .section = "nats", .key = "partitions",
      .type = TD_SET_UINT, .offset = FIELD(nats_partitions), .def = TD_DEFAULT_NATS_PARTITIONS,
      .min = 1, .max = TALLY_NATS_MAX_PARTITIONS, .reload = TD_RELOAD_RESTART,

@@ -37,9 +37,11 @@ size_t td_fleet_status_info(const td_fleet_status_t *st, char *out, size_t cap)
                      "nats=on\nnats_member_id=%s\nnats_partitions=%" PRIu32
                      "\nnats_partitions_owned=%" PRIu32 "\nnats_lease_ttl_ms=%" PRIu64
                      "\nnats_checkpoint_interval_ms=%" PRIu64 "\nnats_max_payload=%" PRIu64
-                     "\nnats_max_reply=%" PRIu64 "\n",
+                     "\nnats_max_reply=%" PRIu64
+                     "\nnats_direct=%s\nnats_direct_uncommitted=%" PRIu64 "\n",
                      st->member, st->partitions, td_fleet_status_owned(st), st->lease_ttl_ms,
-                     st->checkpoint_interval_ms, st->max_payload, reply_max);
+                     st->checkpoint_interval_ms, st->max_payload, reply_max,
+                     st->direct ? "local" : "off", LOAD(st->direct_uncommitted));
     return n > 0 ? (size_t)n : 0;
 }
 
@@ -112,5 +114,13 @@ size_t td_fleet_status_render(const td_fleet_status_t *st, char *out, size_t cap
         "tallyd_nats_refused_total{reason=\"reply\"} %" PRIu64
         "\ntallyd_nats_refused_total{reason=\"id\"} %" PRIu64 "\n",
         LOAD(st->refused_reply), LOAD(st->refused_id));
+    put(&t,
+        "# HELP tallyd_nats_direct_uncommitted Direct writes applied since their partition's last "
+        "checkpoint (lost with this host under durability local).\n"
+        "# TYPE tallyd_nats_direct_uncommitted gauge\ntallyd_nats_direct_uncommitted %" PRIu64 "\n",
+        LOAD(st->direct_uncommitted));
+    counter(&t, "tallyd_nats_not_owner_total",
+            "Direct requests answered not_owner: their stream's partition is another member's.",
+            LOAD(st->not_owner));
     return t.len;
 }

@@ -17,7 +17,48 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tally_fleet.h"
 #include "tally_proto.h"
+
+/* ---- What the HTTP API asks of the whole fleet (td_fleet_view.c answers; td_web.c asks) ---- */
+
+/* One stream of the fleet's list and the member whose answer listed it (its owner). */
+typedef struct {
+    char name[TALLY_STREAM_NAME_MAX + 1];
+    char member[TALLY_NATS_MEMBER_ID_MAX + 1];
+} td_fleet_entry_t;
+
+/* An answer, handed to the asker's callback; everything in it is the fleet's, freed after the
+ * callback returns. */
+typedef struct {
+    tally_status_t status; /* TALLY_OK, or why nothing came: timeout, transport, shutdown, busy */
+    char message[256];     /* with an error status: what happened */
+    /* streams: every name the members' answers listed, each once */
+    td_fleet_entry_t *entries;
+    size_t count;
+    uint32_t partitions, covered; /* covered < partitions: some member did not answer in time */
+    size_t answered, members;     /* members that answered; the live members they said there are */
+    bool truncated;               /* more streams than the list's memory bound: some left out */
+    /* query: the owner's reply frame (64-byte header, then the record), and who answered */
+    const uint8_t *reply;
+    size_t reply_len;
+    char owner[TALLY_NATS_MEMBER_ID_MAX + 1];
+} td_fleet_answer_t;
+
+/* Called exactly once per question, on the loop thread (or, after the loop has ended, from
+ * td_fleet_destroy with status TALLY_E_SHUTDOWN). */
+typedef void (*td_fleet_answer_fn)(void *arg, const td_fleet_answer_t *answer);
+
+/* The fleet fills this before the server's loop runs; NULL functions: not in a fleet. Both are
+ * called on the loop thread, queue the question for the fleet's NATS thread and return at once;
+ * false (done not called) when too many questions wait already. */
+typedef struct {
+    /* Gathers every member's `streams` answer (tally.streams), as `tally --nats streams`. */
+    bool (*streams)(void *ctx, td_fleet_answer_fn done, void *arg);
+    /* Asks the owner of req's stream (tally.q.<k>) the `query` req (no payload). */
+    bool (*query)(void *ctx, const tally_req_t *req, td_fleet_answer_fn done, void *arg);
+    void *ctx;
+} td_fleet_view_t;
 
 typedef struct td_fleet_status {
     /* Settings: written before the server's loop runs, read-only after. */
@@ -27,6 +68,8 @@ typedef struct td_fleet_status {
     uint64_t lease_ttl_ms;           /* [nats] lease_ttl_ms */
     uint64_t checkpoint_interval_ms; /* [nats] checkpoint_interval_ms */
     uint64_t max_payload;            /* the NATS server's max_payload */
+    td_fleet_view_t view;            /* the whole fleet's streams, for the HTTP API */
+    bool direct;                     /* [nats] direct = local (PROTOCOL.md §13 "Direct mode") */
     /* Counters since start (fleet thread). */
     _Atomic uint64_t applied;             /* messages applied (dead letters included) */
     _Atomic uint64_t dead_letters;        /* messages published to tally.dead.<k> */
@@ -39,6 +82,10 @@ typedef struct td_fleet_status {
     /* Refused for naming what their publisher may not (PROTOCOL.md §13 "Security"): a reply
      * subject outside its inbox, a dedupe id outside its namespace. */
     _Atomic uint64_t refused_reply, refused_id;
+    /* Direct mode: writes applied since their partition's last checkpoint (what a host lost
+     * loses), and requests answered not_owner. */
+    _Atomic uint64_t direct_uncommitted;
+    _Atomic uint64_t not_owner;
     /* Per partition: owned now; the last sequence applied; the partition's last sequence as the
      * worker last saw it (a delivered message's sequence plus the consumer's pending count). */
     _Atomic bool owned[TALLY_NATS_MAX_PARTITIONS];

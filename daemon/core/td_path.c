@@ -758,6 +758,12 @@ void td_path_attach(td_path_t *self, td_shm_t *shm, td_path_deleted_fn deleted, 
         td_shard_attach(self->slots[i].shard, shm, deleted ? shard_deleted : NULL);
 }
 
+void td_path_attach_route(td_path_t *self, const td_route_t *route)
+{
+    for (unsigned i = 0; i < self->count; i++)
+        td_shard_attach_route(self->slots[i].shard, route);
+}
+
 void td_path_close(td_path_t *self)
 {
     if (self->closed)

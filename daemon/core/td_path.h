@@ -33,6 +33,7 @@
 #include "td_reply.h"
 #include "td_request.h"
 #include "td_sched.h"
+#include "td_shard.h"
 #include "td_shm.h"
 #include "td_stream.h"
 #include "td_transport.h"
@@ -72,6 +73,8 @@ typedef void (*td_path_deleted_fn)(void *ctx, const char *name, size_t name_len)
 /* What serves beside the path, once open: the shared-memory regions requests reference and the
  * PUB socket told of deleted streams (either NULL when off). */
 void td_path_attach(td_path_t *self, td_shm_t *shm, td_path_deleted_fn deleted, void *ctx);
+/* Direct mode's route (td_shard.h, td_route_t), handed to every shard; before td_path_run. */
+void td_path_attach_route(td_path_t *self, const td_route_t *route);
 /* Reading has ended and nothing is in flight: the shards close what they hold on their loops
  * (the machines' close) and their threads end; the loop thread owns everything after. Then the
  * transports' loop handles of the path close. */

@@ -62,6 +62,7 @@ typedef struct td_request {
     bool has_header;
     size_t header_len;
     bool decoded;
+    bool routed; /* direct mode: admitted by its shard's route, told at its reply (td_shard.h) */
     int frames;
     td_bytes_t arrived;
     unsigned share;

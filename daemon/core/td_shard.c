@@ -56,7 +56,8 @@ struct td_shard {
     td_shard_env_t env;
     td_admit_t admit; /* the reply bounds, the refusals' counts */
     td_sched_t *sched;
-    td_shm_t *shm; /* NULL when off */
+    td_shm_t *shm;    /* NULL when off */
+    td_route_t route; /* direct mode's owner check (admit NULL: none) */
     bool stopping; /* a stop signal arrived: start nothing new, answer `shutdown` */
 };
 
@@ -88,6 +89,10 @@ void td_shard_retire(td_shard_t *p, td_request_t *r)
  * `stats` finds it counted, whichever shard ran it. */
 static void reply(td_shard_t *p, td_request_t *r)
 {
+    if (r->routed) { /* its partition may be given up once nothing of it is in flight */
+        r->routed = false;
+        p->route.done(p->route.ctx, &r->req, (tally_status_t)r->rep.status);
+    }
     td_metrics_observe(p->env.metrics, r->req.opcode, (tally_status_t)r->rep.status, r->payload_len,
                        r->reply_len, uv_hrtime() - r->received_ns);
     td_sched_answered(p->sched);
@@ -295,14 +300,30 @@ static void answer_stopping(td_shard_t *p, td_request_t *r)
 static bool refused_on_worker(const td_shard_t *p, td_request_t *r)
 {
     const td_config_t *cfg = p->env.cfg;
-    if (!cfg->nats_servers || cfg->nats_local_writes || r->transport->owns_streams ||
-        !r->req.stream_len || r->req.opcode == TALLY_OP_QUERY)
+    if (!cfg->nats_servers || cfg->nats_local_writes || p->route.admit ||
+        r->transport->owns_streams || !r->req.stream_len || r->req.opcode == TALLY_OP_QUERY)
         return false;
     td_request_fail(r, TALLY_E_NOT_PERMITTED,
                     "stream %.*s is a fleet's: on a worker it changes only through its partition "
                     "(tally.in.<k>); [nats] local_writes = on lets other clients change streams",
                     (int)r->req.stream_len, r->req.stream);
     return true;
+}
+
+/* Direct mode: a request on a stream whose partition this member does not own is answered by
+ * the route (`not_owner`); one it owns runs, and the route hears of its end. True when r was
+ * failed. */
+static bool routed_elsewhere(td_shard_t *p, td_request_t *r, char *msg, size_t cap)
+{
+    if (!p->route.admit || r->transport->owns_streams || !r->req.stream_len)
+        return false;
+    tally_status_t st = p->route.admit(p->route.ctx, &r->req, msg, cap);
+    if (st != TALLY_OK) {
+        td_request_fail(r, st, "%s", msg);
+        return true;
+    }
+    r->routed = true;
+    return false;
 }
 
 /* A request with a valid header: its payload checked on its size before it is taken (an
@@ -317,7 +338,7 @@ static bool take_request(td_shard_t *p, td_request_t *r, char *msg, size_t cap)
         td_request_fail(r, st, "%s", msg);
         return false;
     }
-    if (refused_on_worker(p, r))
+    if (routed_elsewhere(p, r, msg, cap) || refused_on_worker(p, r))
         return false;
     if (td_admit_over_share(&p->admit, r))
         return false;
@@ -412,6 +433,11 @@ void td_shard_attach(td_shard_t *self, td_shm_t *shm,
 {
     self->shm = shm;
     self->env.deleted = deleted;
+}
+
+void td_shard_attach_route(td_shard_t *self, const td_route_t *route)
+{
+    self->route = *route;
 }
 
 void td_shard_destroy(td_shard_t **self_p)

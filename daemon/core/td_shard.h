@@ -68,6 +68,20 @@ td_err_t td_shard_start(td_shard_t *self, const td_sched_machine_t *machine);
  * subscriptions to tell), once they are open. */
 void td_shard_attach(td_shard_t *self, td_shm_t *shm,
                      void (*deleted)(void *front, const char *name, size_t name_len));
+/* Direct mode (PROTOCOL.md §13 "Direct mode"): who decides whether a request on a stream may run
+ * on this member. admit is asked on the shard's thread for every request that names a stream and
+ * comes from a transport that does not own streams (ZeroMQ, shared memory, HTTP; not the fleet's
+ * own): TALLY_OK, it runs here and done is told once it is answered (with its status); any other
+ * status answers it
+ * (msg says why: the owner and its endpoint). The core never names NATS: the fleet fills this
+ * (daemon/nats/td_fleet_route.c) and td_path_attach_route hands it to every shard, before the
+ * shards' threads run. Without one, a fleet worker refuses such writes (`not_permitted`). */
+typedef struct {
+    tally_status_t (*admit)(void *ctx, const tally_req_t *req, char *msg, size_t cap);
+    void (*done)(void *ctx, const tally_req_t *req, tally_status_t status);
+    void *ctx;
+} td_route_t;
+void td_shard_attach_route(td_shard_t *self, const td_route_t *route);
 /* Destroys the scheduler too. */
 void td_shard_destroy(td_shard_t **self_p);
 

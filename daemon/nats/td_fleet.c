@@ -23,6 +23,7 @@
 #include "tally_nats_conn.h"
 #include "td_fleet_int.h"
 #include "td_fleet_plan.h"
+#include "td_fleet_route.h"
 #include "td_log.h"
 #include "td_nats_js.h"
 #include "td_stream.h"
@@ -54,7 +55,9 @@ td_err_t td_fleet_check_config(const td_config_t *cfg, char *msg, size_t cap)
     }
     tally_nats_conf_t conf = nats_conf(cfg, NULL);
     char user[TALLY_NATS_MEMBER_ID_MAX + 1], shown[512];
-    if (tally__nats_user(&conf, user, sizeof user, msg, cap) != TALLY_OK)
+    bool direct = false;
+    if (tally__nats_user(&conf, user, sizeof user, msg, cap) != TALLY_OK ||
+        td_fleet_route_check_config(cfg, &direct, msg, cap) != TD_OK)
         return TD_ERR_CONFIG;
     if (tally__nats_servers_local(cfg->nats_servers) || tally__nats_has_credentials(&conf))
         return TD_OK;
@@ -171,6 +174,7 @@ static void heartbeat(td_fleet_t *f)
     if (td_member_beat(f->members, f->member, info, msg, sizeof msg) != TD_OK)
         td_warn("fleet: %s", msg);
     renew_leases(f);
+    td_fleet_route_beat(f); /* direct mode: endpoints, lease ends, owners */
     follow_plan(f, began + f->ttl_ms / 3);
     f->next_beat_ms = began + f->ttl_ms / 3; /* a heartbeat that ran long: the next one now */
 }
@@ -323,7 +327,9 @@ td_err_t td_fleet_new(const td_fleet_host_t *host, td_fleet_t **out)
         f->parts[k].inflight = -1;
     }
     if ((err = connect_fleet(f, host->cfg)) != TD_OK || (err = td_fleet_path_open(f)) != TD_OK ||
-        (err = td_fleet_query_open(f)) != TD_OK || (err = open_loop_handles(f)) != TD_OK)
+        (err = td_fleet_query_open(f)) != TD_OK ||
+        (err = td_fleet_route_open(f, host->cfg)) != TD_OK || (err = open_loop_handles(f)) != TD_OK ||
+        (err = td_fleet_view_open(f)) != TD_OK)
         goto fail;
     publish_settings(f);
     if (pthread_create(&f->thread, NULL, fleet_thread, f) != 0) {
@@ -363,6 +369,7 @@ void td_fleet_destroy(td_fleet_t **self_p)
         uv_close((uv_handle_t *)&f->sig_term, NULL);
         uv_close((uv_handle_t *)&f->sig_int, NULL);
     }
+    td_fleet_view_close(f);
     if (f->host.loop)
         uv_run(f->host.loop, UV_RUN_NOWAIT); /* the close callbacks */
     td_fleet_query_close(f);
@@ -373,6 +380,7 @@ void td_fleet_destroy(td_fleet_t **self_p)
         free(f->parts[k].acks);
     }
     free(f->parts);
+    td_fleet_route_close(f);
     kvStore_Destroy(f->members);
     kvStore_Destroy(f->leases);
     kvStore_Destroy(f->ckpts);

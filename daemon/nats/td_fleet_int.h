@@ -146,6 +146,9 @@ struct td_fleet {
     /* Histogram publications (td_fleet_watch.c): every watch_ms (pub_interval_ms); pub_seq. */
     int64_t watch_ms, next_watch_ms;
     uint64_t watch_seq;
+    struct td_view *view; /* the HTTP API's questions to the fleet (td_fleet_view.c) */
+    /* Direct mode (td_fleet_route.c); NULL when off. */
+    struct td_fleet_route *route;
     /* Counters and what info and /metrics show (the server's, or own_status). */
     td_fleet_status_t *st;
     td_fleet_status_t own_status;
@@ -188,8 +191,11 @@ void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *
 void td_part_quiesce(td_fleet_t *f, td_part_t *p);
 /* Writes the checkpoint now (nothing in flight). False when fenced or it failed. */
 bool td_part_checkpoint(td_fleet_t *f, td_part_t *p);
-/* True when stream `name` belongs to a partition this worker owns with a valid lease. */
-bool td_fleet_owns_stream(td_fleet_t *f, const char *name, size_t len);
+
+/* td_fleet_view.c: the thread that answers the HTTP API's questions about the whole fleet
+ * (td_fleet_status_t.view, filled here); closed after the loop has ended. */
+td_err_t td_fleet_view_open(td_fleet_t *f);
+void td_fleet_view_close(td_fleet_t *f);
 
 /* td_fleet_watch.c: publishes the owned streams that changed when a tick is due; true when it
  * published any. */

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "td_fleet_int.h"
+#include "td_fleet_route.h"
 #include "td_log.h"
 #include "td_nats_consumer.h"
 #include "td_nats_js.h"
@@ -185,6 +186,7 @@ static void forget_work(td_fleet_t *f, td_part_t *p)
     p->acks_len = p->acks_count = 0; /* not ours to acknowledge any more */
     p->owned = false;
     TD_FLEET_SET(f, owned[p->k], false);
+    td_fleet_route_closed(f, p->k); /* direct mode: no more requests here */
 }
 
 /* Loads the checkpoint's state into the stream table (after removing any old local copy). */
@@ -298,6 +300,7 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
         return;
     }
     p->owned = true;
+    td_fleet_route_owned(f, p->k, p->lease.valid_until_ms); /* direct mode: requests run here */
     td_fleet_watch_taken(f, p->k); /* what it loaded is published at the next tick */
     p->last_ckpt_ms = td_nats_now_ms();
     TD_FLEET_SET(f, applied_seq[p->k], p->applied_seq);
@@ -336,8 +339,10 @@ void td_part_quiesce(td_fleet_t *f, td_part_t *p)
 
 void td_part_give_up(td_fleet_t *f, td_part_t *p)
 {
+    td_fleet_route_closed(f, p->k); /* direct mode: what was answered goes into the checkpoint */
     td_part_quiesce(f, p);
-    if (p->applied_seq > p->ckpt_seq && !td_part_checkpoint(f, p))
+    if ((p->applied_seq > p->ckpt_seq || td_fleet_route_uncommitted(f, p->k)) &&
+        !td_part_checkpoint(f, p))
         return; /* dropped (fenced or expired), or the write failed: the next owner redoes it */
     td_fleet_watch_flush(f, p->k); /* its streams' last changes, before they are not ours */
     forget_work(f, p);
@@ -355,6 +360,7 @@ bool td_part_checkpoint(td_fleet_t *f, td_part_t *p)
         td_part_drop(f, p, "its lease ran out before a checkpoint");
         return false;
     }
+    uint64_t direct = td_fleet_route_uncommitted(f, p->k); /* all in the snapshot, maybe more */
     table_job_t j = {.k = p->k, .partitions = f->partitions};
     td_fleet_on_loop(f, snapshot_on_loop, &j);
     bool fenced = false;
@@ -377,6 +383,7 @@ bool td_part_checkpoint(td_fleet_t *f, td_part_t *p)
     if (msg[0]) /* committed, the predecessor's chunks left behind */
         td_warn("fleet: checkpoint of partition %u: %s", (unsigned)p->k, msg);
     p->ckpt_seq = p->applied_seq;
+    td_fleet_route_committed(f, p->k, direct);
     TD_FLEET_COUNT(f, checkpoints);
     ack_all(f, p);
     return true;
@@ -653,7 +660,8 @@ bool td_part_step(td_fleet_t *f, td_part_t *p)
         process(f, p, m);
         return true;
     }
-    if (p->applied_seq > p->ckpt_seq && now - p->last_ckpt_ms >= f->ckpt_ms) {
+    if ((p->applied_seq > p->ckpt_seq || td_fleet_route_uncommitted(f, p->k)) &&
+        now - p->last_ckpt_ms >= f->ckpt_ms) {
         td_part_checkpoint(f, p);
         return true;
     }

@@ -69,11 +69,15 @@ size_t td_fleet_error_reply(const uint8_t *req, size_t len, tally_status_t st, c
     return TALLY_REP_HEADER_SIZE + n;
 }
 
-void td_fleet_publish_reply(td_fleet_t *f, const char *subject, natsMsg *request, uint32_t k,
-                            uint64_t seq, const uint8_t *reply, size_t len)
+/* td_fleet_publish_reply, and for a `streams` answer (owned not NULL) the partitions it covers
+ * in Tally-Owned. */
+static void publish_reply(td_fleet_t *f, const char *subject, natsMsg *request, uint32_t k,
+                          uint64_t seq, const uint8_t *reply, size_t len, const char *owned)
 {
     natsMsg *m = NULL;
     natsStatus s = natsMsg_Create(&m, subject, NULL, (const char *)reply, (int)len);
+    if (s == NATS_OK && owned)
+        s = natsMsgHeader_Set(m, TALLY_NATS_HDR_OWNED, owned);
     const char *id = NULL;
     if (s == NATS_OK && natsMsgHeader_Get(request, TALLY_NATS_HDR_MSG_ID, &id) == NATS_OK && id)
         s = natsMsgHeader_Set(m, TALLY_NATS_HDR_REPLY_ID, id);
@@ -98,10 +102,10 @@ void td_fleet_publish_reply(td_fleet_t *f, const char *subject, natsMsg *request
     natsMsg_Destroy(m);
 }
 
-bool td_fleet_owns_stream(td_fleet_t *f, const char *name, size_t len)
+void td_fleet_publish_reply(td_fleet_t *f, const char *subject, natsMsg *request, uint32_t k,
+                            uint64_t seq, const uint8_t *reply, size_t len)
 {
-    td_part_t *p = &f->parts[tally_partition(name, len, f->partitions)];
-    return p->owned && td_lease_valid(&p->lease, td_nats_now_ms());
+    publish_reply(f, subject, request, k, seq, reply, len, NULL);
 }
 
 static void answer_error(td_fleet_t *f, natsMsg *m, tally_status_t st, const char *why)
@@ -202,8 +206,10 @@ bool td_fleet_query_step(td_fleet_t *f)
     return any;
 }
 
-/* A `streams` reply cut to the streams of the partitions this member owns. */
-static uint8_t *filter_streams(td_fleet_t *f, const uint8_t *reply, size_t len, size_t *out_len)
+/* A `streams` reply cut to the streams of the partitions this member owns now (owned[k], judged
+ * once for the whole answer, so that the list and its Tally-Owned header agree). */
+static uint8_t *filter_streams(td_fleet_t *f, const bool *owned, const uint8_t *reply, size_t len,
+                               size_t *out_len)
 {
     uint8_t *out = malloc(len);
     if (!out)
@@ -213,7 +219,7 @@ static uint8_t *filter_streams(td_fleet_t *f, const uint8_t *reply, size_t len, 
     uint64_t count = 0;
     while (at < len && at + 1 + reply[at] <= len) {
         size_t n = reply[at];
-        if (td_fleet_owns_stream(f, (const char *)reply + at + 1, n)) {
+        if (owned[tally_partition((const char *)reply + at + 1, n, f->partitions)]) {
             memcpy(out + w, reply + at, 1 + n);
             w += 1 + n;
             count++;
@@ -252,8 +258,21 @@ void td_fleet_query_reply(td_fleet_t *f, td_pend_t *pend, const uint8_t *reply, 
     uint8_t *filtered = NULL;
     uint8_t head[TALLY_REP_HEADER_SIZE];
     bool ok = tally_get_u32(reply + 16) == TALLY_OK;
-    if (pend->streams_filter && ok && (filtered = filter_streams(f, reply, len, &len)))
+    bool owned[TALLY_NATS_MAX_PARTITIONS];
+    char owned_text[TALLY_NATS_MAX_PARTITIONS / 4 + 1];
+    if (pend->streams_filter && ok) {
+        int64_t now = td_nats_now_ms();
+        for (uint32_t k = 0; k < f->partitions; k++)
+            owned[k] = f->parts[k].owned && td_lease_valid(&f->parts[k].lease, now);
+        tally_fleet_owned_format(owned, f->partitions, owned_text, sizeof owned_text);
+        filtered = filter_streams(f, owned, reply, len, &len);
+        if (!filtered) { /* not the whole table, which would claim other members' streams */
+            answer_error(f, m, TALLY_E_NOMEM, "out of memory");
+            natsMsg_Destroy(m);
+            return;
+        }
         send = filtered;
+    }
     if (pend->seq_only && ok) {
         len = seq_only(reply, len, head);
         send = head;
@@ -262,7 +281,7 @@ void td_fleet_query_reply(td_fleet_t *f, td_pend_t *pend, const uint8_t *reply, 
         natsMsg_Destroy(m);
         return;
     }
-    td_fleet_publish_reply(f, natsMsg_GetReply(m), m, 0, 0, send, len);
+    publish_reply(f, natsMsg_GetReply(m), m, 0, 0, send, len, filtered ? owned_text : NULL);
     free(filtered);
     natsMsg_Destroy(m);
 }

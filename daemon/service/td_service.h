@@ -39,6 +39,9 @@ typedef struct {
      * stream's queued requests; tallyd stopping answers it `shutdown`); done is called exactly
      * once, on the loop thread. */
     void (*submit)(void *ctx, const tally_req_t *req, td_reply_fn done, void *arg);
+    /* The fleet worker's status and its questions to the whole fleet (td_fleet_status.h):
+     * settings and hooks filled before the loop runs; NULL or not `on`: not in a fleet. */
+    struct td_fleet_status *fleet;
     void *ctx;
 } td_service_host_t;
 

@@ -508,8 +508,7 @@ bool td_web_request_done(td_web_t *self, void *con_cls)
 
 /* ---- Jobs: the loop thread's side -------------------------------------------------------- */
 
-/* Stores the answer and resumes the connection (body: malloc'ed JSON, owned by the job). */
-static void answer(td_web_t *self, td_web_job_t *job, unsigned status, char *body, size_t len)
+void td_web_answer(td_web_t *self, td_web_job_t *job, unsigned status, char *body, size_t len)
 {
     pthread_mutex_lock(&self->lock);
     job->answered = true;
@@ -520,23 +519,23 @@ static void answer(td_web_t *self, td_web_job_t *job, unsigned status, char *bod
     MHD_resume_connection(job->conn);
 }
 
-static void answer_error(td_web_t *self, td_web_job_t *job, unsigned status, const char *code,
+void td_web_answer_error(td_web_t *self, td_web_job_t *job, unsigned status, const char *code,
                          const char *message)
 {
     size_t len = 0;
     char *body = td_web_error_json(&len, code, "%s", message);
-    answer(self, job, body ? status : MHD_HTTP_INTERNAL_SERVER_ERROR, body, len);
+    td_web_answer(self, job, body ? status : MHD_HTTP_INTERNAL_SERVER_ERROR, body, len);
 }
 
-static void answer_buf(td_web_t *self, td_web_job_t *job, tally_status_t st, tally_buf_t *out,
+void td_web_answer_buf(td_web_t *self, td_web_job_t *job, tally_status_t st, tally_buf_t *out,
                        const char *msg)
 {
     if (st == TALLY_OK) {
-        answer(self, job, MHD_HTTP_OK, (char *)out->data, out->len);
+        td_web_answer(self, job, MHD_HTTP_OK, (char *)out->data, out->len);
         return;
     }
     tally_buf_free(out);
-    answer_error(self, job, td_web_http_status(st), tally_status_name(st), msg);
+    td_web_answer_error(self, job, td_web_http_status(st), tally_status_name(st), msg);
 }
 
 /* A reset's or delete's reply from the request path. */
@@ -557,7 +556,7 @@ static void control_done(void *arg, const tally_rep_t *rep, const void *payload,
         if (st != TALLY_OK)
             snprintf(msg, sizeof msg, "out of memory");
     }
-    answer_buf(job->web, job, st, &out, msg);
+    td_web_answer_buf(job->web, job, st, &out, msg);
 }
 
 /* A query's reply from the request path: the record rendered as `tally query --json`. */
@@ -568,7 +567,7 @@ static void query_done(void *arg, const tally_rep_t *rep, const void *payload, s
     char msg[TALLY_ERROR_MESSAGE_MAX + 1];
     tally_status_t st = td_web_reply_json(job->params.streams[0], &job->params, rep, payload,
                                           len, &out, msg, sizeof msg);
-    answer_buf(job->web, job, st, &out, msg);
+    td_web_answer_buf(job->web, job, st, &out, msg);
 }
 
 /* A query, reset or delete of the job's stream, handed to the request path like the opcode:
@@ -584,7 +583,7 @@ static void submit(td_web_t *self, td_web_job_t *job)
         req.lo = (int64_t)job->params.last_ms;
     }
     if (tally_req_set_stream(&req, job->params.streams[0]) != TALLY_OK) { /* checked before */
-        answer_error(self, job, MHD_HTTP_BAD_REQUEST, "stream_name", "not a stream name");
+        td_web_answer_error(self, job, MHD_HTTP_BAD_REQUEST, "stream_name", "not a stream name");
         return;
     }
     self->host.submit(self->host.ctx, &req, job->kind == TD_WEB_STREAM ? query_done : control_done,
@@ -605,19 +604,19 @@ static void open_events(td_web_t *self, td_web_job_t *job)
         st = TALLY_E_UNKNOWN_STREAM;
     }
     if (st != TALLY_OK) {
-        answer_error(self, job, td_web_http_status(st), tally_status_name(st), msg);
+        td_web_answer_error(self, job, td_web_http_status(st), tally_status_name(st), msg);
         return;
     }
     td_sse_t *sse = td_sse_open(self, p, job->kind == TD_WEB_EVENTS);
     if (!sse) {
-        answer_error(self, job, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal", "out of memory");
+        td_web_answer_error(self, job, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal", "out of memory");
         return;
     }
     pthread_mutex_lock(&self->lock);
     job->sse = sse;
     job->sse_reserved = false; /* the stream holds the place now */
     pthread_mutex_unlock(&self->lock);
-    answer(self, job, MHD_HTTP_OK, NULL, 0);
+    td_web_answer(self, job, MHD_HTTP_OK, NULL, 0);
 }
 
 static void run_job(td_web_t *self, td_web_job_t *job)
@@ -629,15 +628,17 @@ static void run_job(td_web_t *self, td_web_job_t *job)
     bool path = job->kind == TD_WEB_STREAM || job->kind == TD_WEB_RESET ||
                 job->kind == TD_WEB_DELETE;
     if (g.stopping && !path) {
-        answer_error(self, job, MHD_HTTP_SERVICE_UNAVAILABLE, "shutdown",
+        td_web_answer_error(self, job, MHD_HTTP_SERVICE_UNAVAILABLE, "shutdown",
                      "tallyd is shutting down");
         return;
     }
     tally_buf_t out = {0};
     char msg[TALLY_ERROR_MESSAGE_MAX + 1] = "out of memory";
+    if (td_web_fleet_asks(self, job))
+        return; /* the whole fleet's list, or a stream another member owns */
     switch (job->kind) {
     case TD_WEB_LIST:
-        answer_buf(self, job, td_web_list_json(self, &out), &out, msg);
+        td_web_answer_buf(self, job, td_web_list_json(self, &out), &out, msg);
         return;
     case TD_WEB_STREAM:
     case TD_WEB_RESET:
@@ -753,9 +754,10 @@ void td_web_close(td_web_t *self)
     td_web_job_t *job = self->head;
     self->head = self->tail = NULL;
     pthread_mutex_unlock(&self->lock);
+    td_web_fleet_close(self);
     while (job) {
         td_web_job_t *next = job->next;
-        answer_error(self, job, MHD_HTTP_SERVICE_UNAVAILABLE, "shutdown",
+        td_web_answer_error(self, job, MHD_HTTP_SERVICE_UNAVAILABLE, "shutdown",
                      "tallyd is shutting down");
         job = next;
     }

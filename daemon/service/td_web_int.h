@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "tally.h"
+#include "td_fleet_status.h"
 #include "td_web.h"
 
 /* Streams one event stream may name (stream=...), and the token's room. */
@@ -77,8 +78,30 @@ struct td_web {
     unsigned sse_open;         /* lock: event streams open or being opened */
     unsigned max_sse;
     td_sse_t *sse;                     /* loop: the event streams registered */
+    struct td_web_ask *asks;           /* loop: jobs waiting for the fleet (td_web_fleet.c) */
     char token[TD_WEB_TOKEN_MAX];      /* "" = none; read-only after start */
 };
+
+/* ---- td_web.c: answers (loop thread) ------------------------------------------------------ */
+
+/* Stores the answer and resumes the connection (body: malloc'ed JSON, owned by the job). */
+void td_web_answer(td_web_t *self, td_web_job_t *job, unsigned status, char *body, size_t len);
+/* An error document with status. */
+void td_web_answer_error(td_web_t *self, td_web_job_t *job, unsigned status, const char *code,
+                         const char *message);
+/* out's document with 200 when st is TALLY_OK, else the error of st with msg (out freed). */
+void td_web_answer_buf(td_web_t *self, td_web_job_t *job, tally_status_t st, tally_buf_t *out,
+                       const char *msg);
+
+/* ---- td_web_fleet.c: a fleet worker's API shows the whole fleet (loop thread) ------------- */
+
+/* Takes the job when it is the fleet's to answer: the list of a fleet worker (every member's
+ * streams), or a stream of a partition this worker does not own (asked of its owner). False:
+ * not in a fleet, or a question this worker answers itself. */
+bool td_web_fleet_asks(td_web_t *self, td_web_job_t *job);
+/* Closing: answers every job still waiting for the fleet 503; their answers, when they come,
+ * are dropped. */
+void td_web_fleet_close(td_web_t *self);
 
 /* ---- td_web_json.c: the API's documents (loop thread, but errors anywhere) --------------- */
 
@@ -86,8 +109,14 @@ struct td_web {
  * out of memory. */
 char *td_web_error_json(size_t *len, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* The list of streams (GET /api/v1/streams). */
+/* The list of streams (GET /api/v1/streams): this tallyd's; a fleet worker's carries its
+ * member id ("fleet"). */
 tally_status_t td_web_list_json(td_web_t *self, tally_buf_t *out);
+/* A fleet worker's list of the whole fleet from the members' answers (a): the entries of the
+ * streams this worker owns in full, the others' with their name and owner; "fleet" says how
+ * much of the fleet answered. */
+tally_status_t td_web_fleet_list_json(td_web_t *self, const td_fleet_answer_t *a,
+                                      tally_buf_t *out);
 /* The record of stream `name` with p's window and quantiles: TALLY_E_UNKNOWN_STREAM,
  * TALLY_E_WINDOW (with msg) or TALLY_E_NOMEM otherwise. */
 tally_status_t td_web_record_json(td_web_t *self, const char *name, const td_web_params_t *p,

@@ -73,9 +73,21 @@ static double stream_rate(td_web_t *self, const td_stream_t *s, uint64_t window_
     return (double)scratch.hist_total * 1000.0 / (double)(end - start);
 }
 
-/* One entry of the list. */
+/* Ends an entry: its owner when in a fleet. */
+static tally_status_t end_entry(const char *member, tally_buf_t *out)
+{
+    tally_status_t st = TALLY_OK;
+    if (member) {
+        st = tally_buf_printf(out, ",\"member\":");
+        if (st == TALLY_OK)
+            st = tally_json_string(member, out);
+    }
+    return st == TALLY_OK ? tally_buf_printf(out, "}") : st;
+}
+
+/* One entry of the list; member: its owner in a fleet, or NULL. */
 static tally_status_t list_entry(td_web_t *self, const td_stream_t *s, uint64_t rate_ms,
-                                 bool first, tally_buf_t *out)
+                                 bool first, const char *member, tally_buf_t *out)
 {
     const char *type = tally_dtype_name((tally_dtype_t)s->info.hist_dtype);
     tally_status_t st = tally_buf_printf(out, "%s{\"stream\":", first ? "" : ",");
@@ -95,25 +107,85 @@ static tally_status_t list_entry(td_web_t *self, const td_stream_t *s, uint64_t 
         st = rate >= 0 ? tally_buf_printf(out, ",\"rate\":%.6g", rate)
                        : tally_buf_printf(out, ",\"rate\":null");
     if (st == TALLY_OK)
-        st = s->updated_ms ? tally_buf_printf(out, ",\"updated_ms\":%" PRIu64 "}", s->updated_ms)
-                           : tally_buf_printf(out, ",\"updated_ms\":null}");
-    return st;
+        st = s->updated_ms ? tally_buf_printf(out, ",\"updated_ms\":%" PRIu64, s->updated_ms)
+                           : tally_buf_printf(out, ",\"updated_ms\":null");
+    return st == TALLY_OK ? end_entry(member, out) : st;
+}
+
+/* The list's first fields, up to the opening of "streams". */
+static tally_status_t list_head(td_web_t *self, uint64_t *rate_ms, tally_buf_t *out)
+{
+    const td_config_t *cfg = self->host.cfg;
+    uint64_t ring = (uint64_t)cfg->window_intervals * cfg->window_interval_ms;
+    *rate_ms = ring < TD_WEB_RATE_WINDOW_MS ? ring : TD_WEB_RATE_WINDOW_MS;
+    return tally_buf_printf(out,
+                            "{\"time_ms\":%" PRIu64 ",\"interval_ms\":%u,"
+                            "\"window_ms\":%" PRIu64 ",\"streams\":[",
+                            td_clock_ms(), cfg->pub_interval_ms, ring);
+}
+
+/* This worker's member id when it is one of a fleet, else NULL. */
+static const char *fleet_member(const td_web_t *self)
+{
+    return self->host.fleet && self->host.fleet->on ? self->host.fleet->member : NULL;
+}
+
+/* Closes "streams" and, for a fleet worker, adds "fleet" (a: how much of the fleet answered, or
+ * NULL for this worker's own list). */
+static tally_status_t list_tail(td_web_t *self, const td_fleet_answer_t *a, tally_buf_t *out)
+{
+    const char *member = fleet_member(self);
+    tally_status_t st = tally_buf_printf(out, "]");
+    if (st == TALLY_OK && member) {
+        st = tally_buf_printf(out, ",\"fleet\":{\"member\":");
+        if (st == TALLY_OK)
+            st = tally_json_string(member, out);
+        if (st == TALLY_OK && a)
+            st = tally_buf_printf(out,
+                                  ",\"partitions\":%" PRIu32 ",\"covered\":%" PRIu32
+                                  ",\"answered\":%zu,\"members\":%zu,\"partial\":%s",
+                                  a->partitions, a->covered, a->answered, a->members,
+                                  a->covered < a->partitions || a->truncated ? "true" : "false");
+        if (st == TALLY_OK)
+            st = tally_buf_printf(out, "}");
+    }
+    return st == TALLY_OK ? tally_buf_printf(out, "}") : st;
 }
 
 tally_status_t td_web_list_json(td_web_t *self, tally_buf_t *out)
 {
-    const td_config_t *cfg = self->host.cfg;
-    uint64_t ring = (uint64_t)cfg->window_intervals * cfg->window_interval_ms;
-    uint64_t rate_ms = ring < TD_WEB_RATE_WINDOW_MS ? ring : TD_WEB_RATE_WINDOW_MS;
-    tally_status_t st = tally_buf_printf(out,
-                                         "{\"time_ms\":%" PRIu64 ",\"interval_ms\":%u,"
-                                         "\"window_ms\":%" PRIu64 ",\"streams\":[",
-                                         td_clock_ms(), cfg->pub_interval_ms, ring);
+    uint64_t rate_ms = 0;
+    const char *member = fleet_member(self);
+    tally_status_t st = list_head(self, &rate_ms, out);
     bool first = true;
     for (td_stream_t *s = td_streams_first(self->host.streams); s && st == TALLY_OK;
          s = td_streams_next(self->host.streams, s), first = false)
-        st = list_entry(self, s, rate_ms, first, out);
-    return st == TALLY_OK ? tally_buf_printf(out, "]}") : st;
+        st = list_entry(self, s, rate_ms, first, member, out);
+    return st == TALLY_OK ? list_tail(self, NULL, out) : st;
+}
+
+tally_status_t td_web_fleet_list_json(td_web_t *self, const td_fleet_answer_t *a,
+                                      tally_buf_t *out)
+{
+    uint64_t rate_ms = 0;
+    const char *member = fleet_member(self);
+    tally_status_t st = list_head(self, &rate_ms, out);
+    for (size_t i = 0; i < a->count && st == TALLY_OK; i++) {
+        const td_fleet_entry_t *e = &a->entries[i];
+        const td_stream_t *s = member && strcmp(e->member, member) == 0
+                                   ? td_streams_find(self->host.streams, e->name, strlen(e->name))
+                                   : NULL;
+        if (s) { /* this worker's own: in full */
+            st = list_entry(self, s, rate_ms, i == 0, member, out);
+            continue;
+        }
+        st = tally_buf_printf(out, "%s{\"stream\":", i ? "," : "");
+        if (st == TALLY_OK)
+            st = tally_json_string(e->name, out);
+        if (st == TALLY_OK)
+            st = end_entry(e->member, out);
+    }
+    return st == TALLY_OK ? list_tail(self, a, out) : st;
 }
 
 tally_status_t td_web_reply_json(const char *name, const td_web_params_t *p,

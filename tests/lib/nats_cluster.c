@@ -25,6 +25,7 @@
 
 #include "harness.h"
 #include "nats_cluster.h"
+#include "tally_fleet.h"
 
 const char *tn_server_bin(void)
 {
@@ -417,4 +418,20 @@ void tn_cluster_stop(tn_cluster_t *c)
         th_rmrf(c->dir);
     c->dir[0] = 0;
     c->nodes = 0;
+}
+
+void tn_fleet_delete(jsCtx *js, uint32_t partitions)
+{
+    jsErrCode jerr = 0;
+    for (uint32_t k = 0; k < partitions; k++) {
+        char stream[32];
+        tally_fleet_name(stream, sizeof stream, TALLY_NATS_STREAM_PREFIX, k);
+        js_DeleteStream(js, stream, NULL, &jerr);
+    }
+    js_DeleteStream(js, TALLY_NATS_DEAD_STREAM, NULL, &jerr);
+    const char *buckets[] = {TALLY_NATS_BUCKET_FLEET, TALLY_NATS_BUCKET_MEMBERS,
+                             TALLY_NATS_BUCKET_LEASES, TALLY_NATS_BUCKET_CKPT,
+                             TALLY_NATS_BUCKET_ENDPOINTS};
+    for (size_t i = 0; i < sizeof buckets / sizeof buckets[0]; i++)
+        js_DeleteKeyValue(js, buckets[i]);
 }

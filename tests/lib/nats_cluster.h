@@ -89,6 +89,10 @@ int tn_suite_teardown(void);
  * at the last look). */
 int64_t tn_wait_leases(jsCtx *js, uint32_t partitions, const char *member, int count,
                        int timeout_ms, int *held);
+/* No fleet on the cluster any more: the partitions' streams (0..partitions-1), the dead letters
+ * and every bucket a fleet makes (TALLY_FLEET, _MEMBERS, _LEASES, _CKPT, _ENDPOINTS) deleted, so
+ * that a test's workers make their own (a lease TTL is the buckets'). */
+void tn_fleet_delete(jsCtx *js, uint32_t partitions);
 /* The index of the node named by server name `name` ("n<i>"), or -1. */
 int tn_node_index(const tn_cluster_t *c, const char *name);
 /* Kills every node (SIGKILL: no state is kept), reaps them and removes the scratch

@@ -1,0 +1,407 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * tally_client_fleet.c — a tally_client_t that sends each request straight to the member of a
+ * tallyd fleet that owns its stream (tally_client_new_fleet, the CLI's --fleet; PROTOCOL.md §13
+ * "Direct mode"), over ZeroMQ, instead of through JetStream.
+ *
+ * It is a transport (tally_transport.h), like tally_client_nats.c: the core reaches it only
+ * through the table at the end of this file, and every program written against tally_send and
+ * tally_recv works unchanged. Where to send: the stream's partition (tally_partition, the
+ * published hash), its lease holder in TALLY_LEASES, the holder's ZeroMQ endpoint in
+ * TALLY_ENDPOINTS, looked up once per partition and kept until a member says otherwise; one
+ * plain libtally client per member, made when first needed. A request without a stream (ping,
+ * info, stats, streams) goes to partition 0's owner.
+ *
+ * Every request in flight is kept (header and a copy of its payload) until its reply, so that:
+ *   - a `not_owner` answer (nothing was run) is followed: sent again to the owner the answer
+ *     names ("... at ENDPOINT"), or the one the buckets name, up to TALLY_FLEET_HOPS times;
+ *   - a `shutdown` answer (a member stopping: nothing was run) waits for the partition's next
+ *     owner and is sent there;
+ *   - a request without an answer after TALLY_FLEET_SUSPECT_MS whose partition has changed
+ *     owner (the old one was killed or cut off) is sent to the new owner when it is numbered
+ *     (`seq`: the new owner applies it only if its checkpoint does not have it; exactly once) or
+ *     reads only; any other is answered TALLY_E_TRANSPORT, since it may or may not have been
+ *     applied.
+ * A reply from a member for a request since sent elsewhere is dropped. Not thread-safe.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <nats/nats.h>
+#include <zmq.h>
+
+#include "tally_client_int.h"
+#include "tally_client_nats.h"
+#include "tally_fleet.h"
+#include "tally_transport.h"
+
+#define TALLY_FLEET_HOPS 8
+#define TALLY_FLEET_MEMBERS_MAX 64
+#define TALLY_FLEET_SUSPECT_MS 1000
+#define TALLY_FLEET_POLL_MS 50
+
+typedef struct {
+    char member[TALLY_NATS_MEMBER_ID_MAX + 1];
+    char endpoint[TALLY_NATS_ENDPOINT_MAX];
+    tally_client_t *c;
+} member_t;
+
+typedef struct pending {
+    struct pending *next;
+    uint64_t id;       /* what the caller knows it by */
+    int m;             /* the member it went to last; -1: waiting for an owner */
+    uint64_t inner_id; /* that member's client's id for it */
+    uint32_t k;
+    int hops;
+    bool waiting; /* answered `shutdown`, or its owner was lost: for the next owner */
+    int64_t sent_us;
+    tally_req_t req;
+    uint8_t *payload;
+    size_t len;
+} pending_t;
+
+typedef struct {
+    tally__transport_t base; /* first: the core's handle on it */
+    tally_nats_t *nats;      /* the connection (a producer's, tally_nats.c) */
+    kvStore *leases, *endpoints;
+    uint32_t partitions;
+    int timeout_ms;
+    member_t members[TALLY_FLEET_MEMBERS_MAX];
+    int count;
+    int owner[TALLY_NATS_MAX_PARTITIONS]; /* the member each partition's requests go to; -1 */
+    pending_t *head;
+    uint64_t next_id;
+    int64_t checked_us;
+    char error[TALLY_ERROR_MESSAGE_MAX + 1];
+} fleetc_t;
+
+/* ---- Who owns what ------------------------------------------------------------------------ */
+
+static int member_index(fleetc_t *self, const char *member, const char *endpoint)
+{
+    for (int i = 0; i < self->count; i++)
+        if (strcmp(self->members[i].member, member) == 0 &&
+            strcmp(self->members[i].endpoint, endpoint) == 0)
+            return i;
+    if (self->count == TALLY_FLEET_MEMBERS_MAX)
+        return -1;
+    member_t *m = &self->members[self->count];
+    if (tally_client_open(endpoint, self->timeout_ms, NULL, &m->c, self->error,
+                          sizeof self->error) != TALLY_OK)
+        return -1;
+    snprintf(m->member, sizeof m->member, "%s", member);
+    snprintf(m->endpoint, sizeof m->endpoint, "%s", endpoint);
+    return self->count++;
+}
+
+/* Partition k's owner now, as the buckets say: its member index, or -1 (none with direct mode
+ * yet, or NATS did not answer). */
+static int owner_now(fleetc_t *self, uint32_t k)
+{
+    char key[16], member[TALLY_NATS_MEMBER_ID_MAX + 1], endpoint[TALLY_NATS_ENDPOINT_MAX];
+    tally_fleet_name(key, sizeof key, "p", k);
+    kvEntry *e = NULL;
+    if (kvStore_Get(&e, self->leases, key) != NATS_OK)
+        return -1;
+    snprintf(member, sizeof member, "%.*s", kvEntry_ValueLen(e), kvEntry_ValueString(e));
+    kvEntry_Destroy(e);
+    e = NULL;
+    if (!member[0] || kvStore_Get(&e, self->endpoints, member) != NATS_OK)
+        return -1;
+    bool known = tally_fleet_endpoint_get(kvEntry_Value(e), (size_t)kvEntry_ValueLen(e), "zmq",
+                                          endpoint, sizeof endpoint);
+    kvEntry_Destroy(e);
+    return known ? member_index(self, member, endpoint) : -1;
+}
+
+/* Waits for partition k's owner until deadline (us). */
+static int owner_until(fleetc_t *self, uint32_t k, int64_t deadline)
+{
+    int m;
+    while ((m = owner_now(self, k)) < 0 && now_us() < deadline)
+        usleep(TALLY_FLEET_POLL_MS * 1000);
+    if (m < 0)
+        snprintf(self->error, sizeof self->error,
+                 "partition %u has no owner in direct mode (TALLY_LEASES, TALLY_ENDPOINTS) "
+                 "within %d ms",
+                 (unsigned)k, self->timeout_ms);
+    return m;
+}
+
+/* A not_owner answer's "partition K is owned by M at ENDPOINT": M's member index, or -1. */
+static int named_owner(fleetc_t *self, const char *why)
+{
+    const char *by = strstr(why, " owned by "), *at = strstr(why, " at ");
+    if (!by || !at || at < by)
+        return -1;
+    char member[TALLY_NATS_MEMBER_ID_MAX + 1];
+    by += strlen(" owned by ");
+    snprintf(member, sizeof member, "%.*s", (int)(at - by), by);
+    return member_index(self, member, at + strlen(" at "));
+}
+
+/* ---- Sending ------------------------------------------------------------------------------ */
+
+static tally_status_t send_to(fleetc_t *self, pending_t *p, int m)
+{
+    p->m = m;
+    p->waiting = false;
+    p->sent_us = now_us();
+    tally_status_t st = tally_send(self->members[m].c, &p->req, p->payload, p->len, &p->inner_id);
+    if (st != TALLY_OK)
+        snprintf(self->error, sizeof self->error, "%s", tally_client_error(self->members[m].c));
+    return st;
+}
+
+static void unlink_pending(fleetc_t *self, pending_t *p)
+{
+    for (pending_t **at = &self->head; *at; at = &(*at)->next)
+        if (*at == p) {
+            *at = p->next;
+            break;
+        }
+    free(p->payload);
+    free(p);
+}
+
+static tally_status_t fleetc_send(tally__transport_t *base, const tally_req_t *req,
+                                  const void *payload, size_t len, uint64_t *request_id,
+                                  char *error, size_t cap)
+{
+    fleetc_t *self = (fleetc_t *)base;
+    pending_t *p = calloc(1, sizeof *p);
+    if (!p || (len && !(p->payload = malloc(len)))) {
+        free(p);
+        snprintf(error, cap, "out of memory");
+        return TALLY_E_NOMEM;
+    }
+    if (len)
+        memcpy(p->payload, payload, len);
+    p->len = len;
+    p->req = *req;
+    p->id = ++self->next_id;
+    p->k = req->stream_len ? tally_partition(req->stream, req->stream_len, self->partitions) : 0;
+    p->next = self->head;
+    self->head = p;
+    int m = self->owner[p->k];
+    if (m < 0)
+        m = self->owner[p->k] =
+            owner_until(self, p->k, now_us() + (int64_t)self->timeout_ms * 1000);
+    tally_status_t st = m < 0 ? TALLY_E_TIMEOUT : send_to(self, p, m);
+    if (st != TALLY_OK) {
+        snprintf(error, cap, "%s", self->error);
+        unlink_pending(self, p);
+        return st;
+    }
+    if (request_id)
+        *request_id = p->id;
+    return TALLY_OK;
+}
+
+/* ---- Receiving ---------------------------------------------------------------------------- */
+
+/* The operations that only read: asked again of a new owner whatever they carry. */
+static const bool reads_only[TALLY_OP_COUNT] = {[TALLY_OP_QUERY] = true,
+                                                [TALLY_OP_PING] = true,
+                                                [TALLY_OP_INFO] = true,
+                                                [TALLY_OP_STATS] = true,
+                                                [TALLY_OP_STREAMS] = true};
+
+/* Requests whose owner may have changed: sent to the new one (or failed, when they may have
+ * been applied and carry no seq). A request that cannot be sent is answered with its failure
+ * into reply (true). */
+static bool check_owners(fleetc_t *self, tally_reply_t *reply, tally_status_t *status)
+{
+    int64_t now = now_us();
+    if (now - self->checked_us < TALLY_FLEET_POLL_MS * 4 * 1000)
+        return false;
+    self->checked_us = now;
+    for (pending_t *p = self->head; p; p = p->next) {
+        if (!p->waiting && now - p->sent_us < TALLY_FLEET_SUSPECT_MS * 1000)
+            continue;
+        int m = owner_now(self, p->k);
+        bool moved = m != p->m, late = now - p->sent_us >= TALLY_FLEET_SUSPECT_MS * 1000;
+        if (m < 0 || (!moved && (!p->waiting || !late)))
+            continue; /* no owner yet, or the same one: slow, not gone (a waiting one: later) */
+        if (!p->waiting && !p->req.seq && !reads_only[p->req.opcode]) { /* sent: a known op */
+            reply->rep.request_id = p->id;
+            reply->rep.opcode = p->req.opcode;
+            set_msg(reply->error,
+                    "partition %u changed owner (%s) before answering; this request has no seq, "
+                    "so it is not sent again: it may or may not have been applied",
+                    (unsigned)p->k, self->members[m].member);
+            unlink_pending(self, p);
+            *status = TALLY_E_TRANSPORT;
+            return true;
+        }
+        self->owner[p->k] = m;
+        if (send_to(self, p, m) != TALLY_OK)
+            p->waiting = true; /* tried again at the next check */
+    }
+    return false;
+}
+
+/* The reply r from member m: handed to the caller (true), or followed and dropped. */
+static bool take_reply(fleetc_t *self, int m, tally_status_t st, tally_reply_t *r)
+{
+    pending_t *p = self->head;
+    while (p && !(p->m == m && p->inner_id == r->rep.request_id))
+        p = p->next;
+    if (!p)
+        return false; /* a request since sent elsewhere */
+    if (st == TALLY_E_NOT_OWNER && p->hops < TALLY_FLEET_HOPS) {
+        p->hops++;
+        int to = self->owner[p->k] = named_owner(self, r->error);
+        if (to < 0 || send_to(self, p, to) != TALLY_OK)
+            p->waiting = true; /* the buckets say where, at the next check */
+        return false;
+    }
+    if (st == TALLY_E_SHUTDOWN) { /* not run: for the partition's next owner */
+        p->waiting = true;
+        return false;
+    }
+    r->rep.request_id = p->id;
+    unlink_pending(self, p);
+    return true;
+}
+
+static tally_status_t fleetc_recv(tally__transport_t *base, int timeout_ms, tally_reply_t *reply)
+{
+    fleetc_t *self = (fleetc_t *)base;
+    tally_reply_clear(reply);
+    int64_t deadline = now_us() + (int64_t)timeout_ms * 1000;
+    zmq_pollitem_t items[TALLY_FLEET_MEMBERS_MAX];
+    tally_status_t st = TALLY_OK;
+    while (self->head) {
+        for (int i = 0; i < self->count; i++)
+            items[i] = (zmq_pollitem_t){.socket = self->members[i].c->sock, .events = ZMQ_POLLIN};
+        zmq_poll(items, self->count, TALLY_FLEET_POLL_MS);
+        for (int i = 0; i < self->count; i++) {
+            if (!(items[i].revents & ZMQ_POLLIN))
+                continue;
+            st = tally_recv(self->members[i].c, reply);
+            if (take_reply(self, i, st, reply))
+                return st;
+            tally_reply_clear(reply);
+        }
+        if (check_owners(self, reply, &st))
+            return st;
+        if (now_us() >= deadline) {
+            set_msg(reply->error, "no reply from the fleet within %d ms", timeout_ms);
+            return TALLY_E_TIMEOUT;
+        }
+    }
+    set_msg(reply->error, "no request in flight");
+    return TALLY_E_TIMEOUT;
+}
+
+static size_t fleetc_chunk_limit(const tally__transport_t *base, const tally_req_t *req)
+{
+    (void)base;
+    (void)req;
+    return SIZE_MAX; /* ZeroMQ: the caller's chunks, as a plain client's */
+}
+
+static tally_status_t fleetc_last_seq(tally__transport_t *base, const char *stream, uint64_t *last,
+                                      char *error, size_t cap)
+{
+    fleetc_t *self = (fleetc_t *)base;
+    uint32_t k = tally_partition(stream, strlen(stream), self->partitions);
+    tally_stream_info_t info;
+    tally_status_t st = TALLY_E_NOT_OWNER;
+    const char *why = "";
+    for (int hop = 0; st == TALLY_E_NOT_OWNER && hop <= TALLY_FLEET_HOPS; hop++) {
+        int m = self->owner[k];
+        if (m < 0)
+            m = self->owner[k] = owner_until(self, k, now_us() + (int64_t)self->timeout_ms * 1000);
+        if (m < 0) {
+            snprintf(error, cap, "%s", self->error);
+            return TALLY_E_TIMEOUT;
+        }
+        st = tally_query(self->members[m].c, stream, &info);
+        why = tally_client_error(self->members[m].c);
+        if (st == TALLY_E_NOT_OWNER) /* the owner it names, else the buckets' at the next turn */
+            self->owner[k] = named_owner(self, why);
+    }
+    *last = st == TALLY_OK ? info.last_seq : 0;
+    if (st == TALLY_E_UNKNOWN_STREAM) /* a stream's first push */
+        return TALLY_OK;
+    if (st != TALLY_OK)
+        snprintf(error, cap, "%s", why);
+    return st;
+}
+
+static void fleetc_destroy(tally__transport_t **self_p)
+{
+    fleetc_t *self = (fleetc_t *)*self_p;
+    while (self->head)
+        unlink_pending(self, self->head);
+    for (int i = 0; i < self->count; i++)
+        tally_client_destroy(&self->members[i].c);
+    kvStore_Destroy(self->leases);
+    kvStore_Destroy(self->endpoints);
+    tally_nats_destroy(&self->nats);
+    free(self);
+    *self_p = NULL;
+}
+
+static const tally__transport_ops_t fleetc_ops = {
+    .name = "the fleet's direct mode",
+    .send = fleetc_send,
+    .recv = fleetc_recv,
+    .chunk_limit = fleetc_chunk_limit,
+    .last_seq = fleetc_last_seq,
+    .destroy = fleetc_destroy,
+};
+
+/* NATS (tally_nats_new: the connection and the partition count) and the two buckets. */
+static tally_status_t fleetc_connect(fleetc_t *self, const tally_nats_opts_t *opts, char *msg,
+                                     size_t cap)
+{
+    tally_nats_opts_t o = *opts;
+    o.timeout_ms = self->timeout_ms;
+    tally_status_t st = tally_nats_new(&o, &self->nats, msg, cap);
+    if (st != TALLY_OK)
+        return st;
+    self->partitions = tally_nats_partitions(self->nats);
+    jsCtx *js = tally__nats_js(self->nats);
+    natsStatus s = js_KeyValue(&self->leases, js, TALLY_NATS_BUCKET_LEASES);
+    if (s == NATS_OK)
+        s = js_KeyValue(&self->endpoints, js, TALLY_NATS_BUCKET_ENDPOINTS);
+    if (s != NATS_OK) {
+        snprintf(msg, cap,
+                 "no tallyd fleet in direct mode on this NATS (%s, %s: %s): start a worker "
+                 "with [nats] direct = local first",
+                 TALLY_NATS_BUCKET_LEASES, TALLY_NATS_BUCKET_ENDPOINTS, natsStatus_GetText(s));
+        return TALLY_E_ARG;
+    }
+    return TALLY_OK;
+}
+
+tally_status_t tally_client_new_fleet(const tally_nats_opts_t *opts, tally_client_t **out,
+                                      char *msg, size_t msg_cap)
+{
+    if (!out || !opts)
+        return TALLY_E_ARG;
+    *out = NULL;
+    fleetc_t *self = calloc(1, sizeof *self);
+    if (!self)
+        return TALLY_E_NOMEM;
+    self->base.ops = &fleetc_ops;
+    for (uint32_t k = 0; k < TALLY_NATS_MAX_PARTITIONS; k++)
+        self->owner[k] = -1;
+    self->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : TALLY_DEFAULT_TIMEOUT_MS;
+    char why[512] = "";
+    tally__transport_t *transport = &self->base;
+    tally_status_t st = fleetc_connect(self, opts, why, sizeof why);
+    if (st == TALLY_OK)
+        st = tally__client_new_transport(transport, self->timeout_ms, out);
+    if (st != TALLY_OK) {
+        if (msg && msg_cap)
+            snprintf(msg, msg_cap, "%s", why[0] ? why : "out of memory");
+        fleetc_destroy(&transport);
+    }
+    return st;
+}

@@ -1,0 +1,647 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * test_nats_route.c — direct mode (PROTOCOL.md §13 "Direct mode"; issue 33, first step) against
+ * a real 3-node NATS cluster (tests/lib/nats_cluster.c), with tallyd members started with
+ * [nats] direct = local:
+ *   1. routing: the owner of a stream's partition takes its requests over ZeroMQ; another member
+ *      answers `not_owner` naming the owner and its endpoint (writes and queries alike, counted
+ *      in its metrics); the endpoints are in TALLY_ENDPOINTS; info says nats_direct=local;
+ *   2. a hand-over: one member owns every partition and takes numbered hist requests from the
+ *      fleet client (tally_client_new_fleet) with checkpoints an hour apart, so only the
+ *      give-up's checkpoint can carry them; a second member joins, the first gives half the
+ *      partitions up; the fleet client, still sending to the first, follows its not_owner
+ *      answers; every stream equals the model (tests/lib/reference.c) on its new owner;
+ *   3. kill -9 of an owner: its partitions checkpointed (nats_direct_uncommitted 0), it is
+ *      stopped (SIGSTOP) with numbered requests sent to it and unanswered, then killed; the
+ *      fleet client sends them again to the new owner once it has taken over, which applies each
+ *      exactly once (the model, last_seq); an unnumbered write sent with them is answered
+ *      `transport` (it may or may not have been applied) and was not;
+ *   4. what is refused: [nats] direct = replicated (not built) and an unknown value, at start;
+ *      a fleet client on a NATS without a fleet in direct mode.
+ * Waits are bounded loops on what the cluster or the members report; no time is asserted.
+ */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <nats/nats.h>
+
+#include "harness.h"
+#include "nats_cluster.h"
+#include "reference.h"
+#include "tally.h"
+#include "tally_fleet.h"
+#include "td_nats_lease.h"
+
+#define PARTITIONS 4
+#define STREAMS 16
+#define TIMEOUT_MS 30000
+
+static char msg[512];
+static kvStore *leases;
+static th_daemon_t member[2];
+static const char *const ids[2] = {"route-a", "route-b"};
+/* The model: each stream's u8 histogram and the last seq sent to it. */
+static uint64_t model[STREAMS][256];
+static uint64_t seqs[STREAMS];
+
+static int setup(void **state)
+{
+    (void)state;
+    return tn_suite_setup(3);
+}
+
+static int stop_members(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 2; i++)
+        if (member[i].pid > 0) {
+            kill(member[i].pid, SIGCONT);
+            th_daemon_stop(&member[i], SIGKILL, 5000);
+            member[i].pid = 0;
+        }
+    return 0;
+}
+
+/* The end of a test: each member still running stops on SIGTERM (its partitions given up,
+ * direct writes checkpointed) and exits 0 (under ASan: without a leak). */
+static void stop_clean(void)
+{
+    for (int i = 0; i < 2; i++)
+        if (member[i].pid > 0) {
+            assert_int_equal(th_daemon_stop(&member[i], SIGTERM, TIMEOUT_MS), 0);
+            member[i].pid = 0;
+        }
+}
+
+static int teardown(void **state)
+{
+    stop_members(state);
+    kvStore_Destroy(leases);
+    return tn_suite_teardown();
+}
+
+/* No fleet on the cluster: each test's members make their own. */
+static void fresh_fleet(void)
+{
+    tn_fleet_delete(tn_suite_js, PARTITIONS);
+    kvStore_Destroy(leases);
+    leases = NULL;
+    memset(model, 0, sizeof model);
+    memset(seqs, 0, sizeof seqs);
+}
+
+/* Member i, with another endpoint to advertise (NULL: its first bind, the harness's tcp). */
+static void start(int i, const char *ckpt_ms, const char *advertise)
+{
+    const char *args[] = {"--nats-servers",
+                          tn_suite.urls,
+                          "--nats-replicas",
+                          "1",
+                          "--nats-partitions",
+                          "4",
+                          "--nats-lease-ttl-ms",
+                          "3000",
+                          "--nats-checkpoint-interval-ms",
+                          ckpt_ms,
+                          "--nats-member-id",
+                          ids[i],
+                          "--nats-direct",
+                          "local",
+                          "--metrics",
+                          "127.0.0.1:0",
+                          advertise ? "--bind" : NULL,
+                          advertise,
+                          "--nats-advertise",
+                          advertise,
+                          NULL};
+    assert_int_equal(th_daemon_start(&member[i], args), 0);
+}
+
+/* Member id's published ZeroMQ endpoint (TALLY_ENDPOINTS), into out. */
+static void published(const char *id, char *out, size_t cap)
+{
+    kvStore *eps = NULL;
+    kvEntry *e = NULL;
+    assert_int_equal(js_KeyValue(&eps, tn_suite_js, TALLY_NATS_BUCKET_ENDPOINTS), NATS_OK);
+    assert_int_equal(kvStore_Get(&e, eps, id), NATS_OK);
+    assert_true(
+        tally_fleet_endpoint_get(kvEntry_Value(e), (size_t)kvEntry_ValueLen(e), "zmq", out, cap));
+    kvEntry_Destroy(e);
+    kvStore_Destroy(eps);
+}
+
+/* The holder of partition k ("" when none). */
+static void holder(uint32_t k, char *out, size_t cap)
+{
+    if (!leases)
+        assert_int_equal(js_KeyValue(&leases, tn_suite_js, TALLY_NATS_BUCKET_LEASES), NATS_OK);
+    if (td_lease_holder(leases, k, out, cap, msg, sizeof msg) != TD_OK)
+        out[0] = '\0';
+}
+
+static int held_by(const char *id)
+{
+    int held = 0;
+    for (uint32_t k = 0; k < PARTITIONS; k++) {
+        char h[80];
+        holder(k, h, sizeof h);
+        held += strcmp(h, id) == 0;
+    }
+    return held;
+}
+
+static void wait_held(const char *id, int count)
+{
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    int held;
+    while ((held = held_by(id)) != count && th_now_ms() < until)
+        th_sleep_ms(50);
+    if (held != count)
+        fail_msg("%s holds %d partitions, not %d", id, held, count);
+}
+
+static void stream_name(int s, char *out, size_t cap)
+{
+    snprintf(out, cap, "route/%d", s);
+}
+
+static uint32_t partition_of(int s)
+{
+    char name[32];
+    stream_name(s, name, sizeof name);
+    return tally_partition(name, strlen(name), PARTITIONS);
+}
+
+/* Stream s's next batch of round r, in the model when `counted`. */
+static size_t batch(int s, int r, uint8_t *out)
+{
+    size_t n = 200 + (size_t)(s * 7 + r * 13) % 300;
+    for (size_t j = 0; j < n; j++)
+        out[j] = (uint8_t)(s * 31 + r * 7 + j * 13 + (j >> 3));
+    return n;
+}
+
+/* A numbered hist request for stream s (its next seq), sent; the batch goes into the model. */
+static uint64_t send_hist(tally_client_t *c, int s, int r, bool numbered)
+{
+    uint8_t data[600];
+    size_t n = batch(s, r, data);
+    char name[32];
+    stream_name(s, name, sizeof name);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    if (numbered)
+        req.seq = ++seqs[s];
+    uint64_t id = 0;
+    tally_status_t st = tally_send(c, &req, data, n, &id);
+    if (st != TALLY_OK)
+        fail_msg("send to %s: %s: %s", name, tally_status_name(st), tally_client_error(c));
+    if (numbered)
+        tr_hist_parts(TALLY_DTYPE_U8, data, n, 0, 0, model[s], NULL, NULL);
+    return id;
+}
+
+/* An unnumbered hist request for stream s that fails to be sent with `want`. */
+static void send_hist_status(tally_client_t *c, int s, tally_status_t want)
+{
+    uint8_t data[600];
+    size_t n = batch(s, 0, data);
+    char name[32];
+    stream_name(s, name, sizeof name);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    assert_int_equal(tally_send(c, &req, data, n, NULL), want);
+}
+
+/* Waits for `count` replies, each TALLY_OK. */
+static void recv_ok(tally_client_t *c, int count)
+{
+    for (int i = 0; i < count; i++) {
+        tally_reply_t r;
+        tally_reply_init(&r);
+        tally_status_t st = tally_recv(c, &r);
+        if (st != TALLY_OK)
+            fail_msg("reply %d of %d: %s: %s", i + 1, count, tally_status_name(st), r.error);
+        tally_reply_clear(&r);
+    }
+}
+
+/* Every stream, queried through the fleet client, equals the model. */
+static void check_model(tally_client_t *c)
+{
+    for (int s = 0; s < STREAMS; s++) {
+        char name[32];
+        stream_name(s, name, sizeof name);
+        tally_stream_info_t info;
+        tally_status_t st = tally_query(c, name, &info);
+        if (st != TALLY_OK)
+            fail_msg("query %s: %s: %s", name, tally_status_name(st), tally_client_error(c));
+        assert_int_equal(info.last_seq, seqs[s]);
+        assert_memory_equal(info.bins, model[s], sizeof model[s]);
+    }
+}
+
+static tally_client_t *fleet_client(void)
+{
+    tally_nats_opts_t o = {.servers = tn_suite.urls, .timeout_ms = TIMEOUT_MS};
+    tally_client_t *c = NULL;
+    tally_status_t st = tally_client_new_fleet(&o, &c, msg, sizeof msg);
+    if (st != TALLY_OK)
+        fail_msg("tally_client_new_fleet: %s: %s", tally_status_name(st), msg);
+    return c;
+}
+
+/* A stream whose partition `id` holds. */
+static int stream_held_by(const char *id)
+{
+    for (int s = 0; s < STREAMS; s++) {
+        char h[80];
+        holder(partition_of(s), h, sizeof h);
+        if (strcmp(h, id) == 0)
+            return s;
+    }
+    fail_msg("%s holds no partition of the test's streams", id);
+    return -1;
+}
+
+/* info's value of key from a member (plain client). */
+static uint64_t info_u64(const th_daemon_t *d, const char *key)
+{
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(d->endpoint, TIMEOUT_MS, &c), TALLY_OK);
+    tally_info_t *info = NULL;
+    assert_int_equal(tally_info_fetch(c, &info), TALLY_OK);
+    uint64_t v = 0;
+    assert_int_equal(tally_info_u64(info, key, &v), TALLY_OK);
+    tally_info_destroy(&info);
+    tally_client_destroy(&c);
+    return v;
+}
+
+/* ---- 1. routing ------------------------------------------------------------------------- */
+
+static void test_owner_and_not_owner(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    start(0, "200", NULL);
+    wait_held(ids[0], PARTITIONS);
+    start(1, "200", NULL);
+    wait_held(ids[0], PARTITIONS / 2);
+    wait_held(ids[1], PARTITIONS / 2);
+    /* Member a's endpoints, as published. */
+    kvStore *eps = NULL;
+    kvEntry *e = NULL;
+    assert_int_equal(js_KeyValue(&eps, tn_suite_js, TALLY_NATS_BUCKET_ENDPOINTS), NATS_OK);
+    assert_int_equal(kvStore_Get(&e, eps, ids[0]), NATS_OK);
+    char zmq[256], shm[256];
+    assert_true(tally_fleet_endpoint_get(kvEntry_Value(e), (size_t)kvEntry_ValueLen(e), "zmq", zmq,
+                                         sizeof zmq));
+    assert_string_equal(zmq, member[0].endpoint);
+    assert_true(tally_fleet_endpoint_get(kvEntry_Value(e), (size_t)kvEntry_ValueLen(e), "shm", shm,
+                                         sizeof shm));
+    assert_false(tally_fleet_endpoint_get(kvEntry_Value(e), (size_t)kvEntry_ValueLen(e), "zmq", zmq,
+                                          4)); /* too long for the room */
+    assert_false(tally_fleet_endpoint_get(kvEntry_Value(e), (size_t)kvEntry_ValueLen(e), "http",
+                                          zmq, sizeof zmq));
+    kvEntry_Destroy(e);
+    kvStore_Destroy(eps);
+
+    /* A stream of b's, sent to a: not_owner naming b at its endpoint, a write and a query. */
+    int sb = stream_held_by(ids[1]), sa = stream_held_by(ids[0]);
+    tally_client_t *a = NULL;
+    assert_int_equal(tally_client_new(member[0].endpoint, TIMEOUT_MS, &a), TALLY_OK);
+    char name[32], want[256];
+    stream_name(sb, name, sizeof name);
+    snprintf(want, sizeof want, "partition %u is owned by %s at %s", (unsigned)partition_of(sb),
+             ids[1], member[1].endpoint);
+    uint8_t data[600];
+    size_t n = batch(sb, 0, data);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    tally_reply_t r;
+    tally_reply_init(&r);
+    /* Until a's next heartbeat has read who took the partition it gave up: "no owner now". */
+    long long tries = 0;
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    do {
+        tally_reply_clear(&r);
+        assert_int_equal(tally_call(a, &req, data, n, &r), TALLY_E_NOT_OWNER);
+        tries++;
+        if (strstr(r.error, "has no owner now"))
+            th_sleep_ms(100);
+    } while (strstr(r.error, "has no owner now") && th_now_ms() < until);
+    assert_string_equal(r.error, want);
+    tally_reply_clear(&r);
+    tally_stream_info_t info;
+    assert_int_equal(tally_query(a, name, &info), TALLY_E_NOT_OWNER);
+    assert_string_equal(tally_status_name(TALLY_E_NOT_OWNER), "not_owner");
+    /* A stream of a's, sent to a: applied. */
+    stream_name(sa, name, sizeof name);
+    n = batch(sa, 0, data);
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    assert_int_equal(tally_call(a, &req, data, n, &r), TALLY_OK);
+    tally_reply_clear(&r);
+    tr_hist_parts(TALLY_DTYPE_U8, data, n, 0, 0, model[sa], NULL, NULL);
+    /* Admitted there and failed (the stream's histogram is u8): not a write to checkpoint. */
+    tally_req_t wrong = th_req(TALLY_OP_HIST, TALLY_DTYPE_I32, 0);
+    assert_int_equal(tally_req_set_stream(&wrong, name), TALLY_OK);
+    wrong.lo = 0;
+    wrong.hi = 100;
+    int32_t values[4] = {1, 2, 3, 4};
+    assert_int_equal(tally_call(a, &wrong, values, sizeof values, &r), TALLY_E_STREAM_STATE);
+    tally_reply_clear(&r);
+    tally_client_destroy(&a);
+    assert_int_equal(th_metric(&member[0], "tallyd_nats_not_owner_total"), tries + 1);
+    assert_int_equal(th_metric(&member[1], "tallyd_nats_not_owner_total"), 0);
+    assert_int_equal(info_u64(&member[0], "nats_direct_uncommitted") +
+                             info_u64(&member[1], "nats_direct_uncommitted") <=
+                         1,
+                     true);
+
+    /* The fleet client: every stream to its owner, numbered, pipelined. */
+    tally_client_t *c = fleet_client();
+    for (int s = 0; s < STREAMS; s++)
+        send_hist(c, s, 1, true);
+    recv_ok(c, STREAMS);
+    check_model(c);
+    tally_client_destroy(&c);
+    /* The CLI's --fleet: a query of a stream of b's, from its owner. */
+    char dir[128];
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-route"), 0);
+    th_cli_t q =
+        th_cli(dir, member[0].endpoint, "--fleet %s query --json route/%d", tn_suite.urls, sb);
+    assert_int_equal(q.status, 0);
+    assert_non_null(strstr(q.out, "\"last_seq\":1,"));
+    th_cli_free(&q);
+    th_rmrf(dir);
+    assert_int_equal(th_metric(&member[0], "tallyd_nats_not_owner_total"), tries + 1);
+    stop_clean();
+}
+
+/* ---- 2. a hand-over: not_owner followed, direct writes in the give-up's checkpoint -------- */
+
+static void test_handover_follows_not_owner(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    /* a advertises an ipc endpoint, bound beside the harness's tcp one: the fleet client
+     * reaches it there. */
+    char dir[128], ipc[192], seen[256];
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-route"), 0);
+    snprintf(ipc, sizeof ipc, "ipc://%s/a.sock", dir);
+    start(0, "3600000", ipc); /* no periodic checkpoint: only a give-up writes one */
+    wait_held(ids[0], PARTITIONS);
+    published(ids[0], seen, sizeof seen);
+    assert_string_equal(seen, ipc);
+    tally_client_t *c = fleet_client();
+    for (int r = 0; r < 3; r++) {
+        for (int s = 0; s < STREAMS; s++)
+            send_hist(c, s, r, true);
+        recv_ok(c, STREAMS);
+    }
+    assert_int_equal(info_u64(&member[0], "nats_direct_uncommitted"), 3 * STREAMS);
+    start(1, "3600000", NULL);
+    wait_held(ids[1], PARTITIONS / 2);
+    wait_held(ids[0], PARTITIONS / 2);
+    /* A push numbered from its stream's last_seq, on a stream of b's: the client asks a for it
+     * first, and follows a's not_owner to b. */
+    int sb = stream_held_by(ids[1]);
+    char name[32];
+    stream_name(sb, name, sizeof name);
+    uint8_t data[600];
+    size_t n = batch(sb, 9, data);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    tally_run_opts_t ro = {.seq = TALLY_RUN_SEQ_APPEND};
+    tally_run_result_t res;
+    tally_buf_t out = {0};
+    tally_status_t st = tally_run(c, &req, data, n, &ro, &out, &res);
+    if (st != TALLY_OK)
+        fail_msg("tally_run: %s: %s", tally_status_name(st), tally_client_error(c));
+    tally_buf_free(&out);
+    tr_hist_parts(TALLY_DTYPE_U8, data, n, 0, 0, model[sb], NULL, NULL);
+    seqs[sb]++;
+    /* A stream's first numbered push: no last_seq yet. */
+    assert_int_equal(tally_req_set_stream(&req, "route/new"), TALLY_OK);
+    assert_int_equal(tally_run(c, &req, data, n, &ro, &out, &res), TALLY_OK);
+    assert_int_equal(res.last_seq, 1);
+    tally_buf_free(&out);
+    /* A request without a stream, its id not asked for: partition 0's owner answers. */
+    tally_req_t ping = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 0);
+    assert_int_equal(tally_send(c, &ping, NULL, 0, NULL), TALLY_OK);
+    recv_ok(c, 1);
+    /* The client still sends every other stream to a, which answers not_owner for b's. */
+    for (int r = 3; r < 5; r++) {
+        for (int s = 0; s < STREAMS; s++)
+            send_hist(c, s, r, true);
+        recv_ok(c, STREAMS);
+    }
+    check_model(c);
+    assert_true(th_metric(&member[0], "tallyd_nats_not_owner_total") >= 1);
+    tally_client_destroy(&c);
+    stop_clean();
+    th_rmrf(dir);
+}
+
+/* ---- 3. kill -9 of an owner: numbered resends applied exactly once ----------------------- */
+
+static void test_kill_owner_resends_once(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    start(0, "200", NULL);
+    start(1, "200", NULL);
+    wait_held(ids[0], PARTITIONS / 2);
+    wait_held(ids[1], PARTITIONS / 2);
+    tally_client_t *c = fleet_client();
+    for (int r = 0; r < 2; r++) {
+        for (int s = 0; s < STREAMS; s++)
+            send_hist(c, s, r, true);
+        recv_ok(c, STREAMS);
+    }
+    /* b's direct writes checkpointed: nothing answered is lost with it. */
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    while (info_u64(&member[1], "nats_direct_uncommitted") != 0 && th_now_ms() < until)
+        th_sleep_ms(50);
+    assert_int_equal(info_u64(&member[1], "nats_direct_uncommitted"), 0);
+    /* b stops answering; numbered requests on every stream, one unnumbered on a stream of b's. */
+    int sb = stream_held_by(ids[1]);
+    assert_int_equal(kill(member[1].pid, SIGSTOP), 0);
+    for (int s = 0; s < STREAMS; s++)
+        send_hist(c, s, 2, true);
+    uint64_t lost = send_hist(c, sb, 3, false);
+    kill(member[1].pid, SIGKILL);
+    th_daemon_wait(&member[1], 5000);
+    member[1].pid = 0;
+    int ok = 0, transport = 0;
+    for (int i = 0; i < STREAMS + 1; i++) {
+        tally_reply_t r;
+        tally_reply_init(&r);
+        tally_status_t st = tally_recv(c, &r);
+        if (st == TALLY_E_TRANSPORT) {
+            assert_int_equal(r.rep.request_id, lost);
+            assert_non_null(strstr(r.error, "no seq"));
+            transport++;
+        } else if (st == TALLY_OK) {
+            ok++;
+        } else {
+            fail_msg("reply: %s: %s", tally_status_name(st), r.error);
+        }
+        tally_reply_clear(&r);
+    }
+    assert_int_equal(ok, STREAMS);
+    assert_int_equal(transport, 1);
+    wait_held(ids[0], PARTITIONS);
+    check_model(c); /* each resent numbered request applied once; the unnumbered one not */
+    tally_client_destroy(&c);
+    stop_clean();
+}
+
+/* ---- 4. refusals ------------------------------------------------------------------------ */
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    char dir[128], log[192];
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-route"), 0);
+    snprintf(log, sizeof log, "%s/tallyd.log", dir);
+    const char *values[] = {"replicated", "fast"};
+    const char *says[] = {"[nats] direct = replicated is not built yet",
+                          "[nats] direct 'fast': off or local"};
+    for (int i = 0; i < 2; i++) {
+        const char *args[] = {
+            "--nats-servers",           tn_suite.urls, "--nats-direct", values[i], "--bind",
+            "ipc:///nonexistent/never", NULL};
+        assert_int_not_equal(th_daemon_run_to_exit(args, log, TIMEOUT_MS), 0);
+        assert_true(th_file_contains(log, says[i]));
+    }
+    /* off is a value too (the default). */
+    const char *off[] = {"--nats-servers", tn_suite.urls, "--nats-direct", "off",
+                         "--check-config", NULL};
+    assert_int_equal(th_daemon_run_to_exit(off, log, TIMEOUT_MS), 0);
+    th_rmrf(dir);
+    /* No fleet in direct mode on this NATS. */
+    tally_nats_opts_t o = {.servers = tn_suite.urls, .timeout_ms = 2000};
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new_fleet(&o, &c, msg, sizeof msg), TALLY_E_ARG);
+    assert_null(c);
+    assert_int_equal(tally_client_new_fleet(NULL, &c, msg, sizeof msg), TALLY_E_ARG);
+    assert_int_equal(tally_client_new_fleet(&o, NULL, msg, sizeof msg), TALLY_E_ARG);
+    o.timeout_ms = 0; /* the default timeout; and no room for the reason */
+    assert_int_equal(tally_client_new_fleet(&o, &c, NULL, 0), TALLY_E_ARG);
+    o.timeout_ms = 2000;
+    assert_non_null(strstr(msg, "no tallyd fleet on this NATS"));
+    /* A fleet (its partition count), but none of direct mode's buckets. */
+    kvConfig kc;
+    kvConfig_Init(&kc);
+    kc.Bucket = TALLY_NATS_BUCKET_FLEET;
+    kvStore *kv = NULL;
+    assert_int_equal(js_CreateKeyValue(&kv, tn_suite_js, &kc), NATS_OK);
+    uint64_t rev = 0;
+    assert_int_equal(kvStore_PutString(&rev, kv, TALLY_NATS_KEY_PARTITIONS, "4"), NATS_OK);
+    kvStore_Destroy(kv);
+    assert_int_equal(tally_client_new_fleet(&o, &c, msg, sizeof msg), TALLY_E_ARG);
+    assert_non_null(strstr(msg, "no tallyd fleet in direct mode"));
+    tn_fleet_delete(tn_suite_js, PARTITIONS);
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-route"), 0);
+    th_cli_t r = th_cli(dir, "tcp://127.0.0.1:1", "--fleet %s ping", tn_suite.urls);
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "no tallyd fleet on this NATS"));
+    th_cli_free(&r);
+    th_rmrf(dir);
+}
+
+/* ---- 5. partitions without a reachable owner -------------------------------------------- */
+
+static kvStore *bucket(const char *name)
+{
+    kvConfig kc;
+    kvConfig_Init(&kc);
+    kc.Bucket = name;
+    kvStore *kv = NULL;
+    assert_int_equal(js_CreateKeyValue(&kv, tn_suite_js, &kc), NATS_OK);
+    return kv;
+}
+
+static void put(kvStore *kv, const char *key, const char *value)
+{
+    uint64_t rev = 0;
+    assert_int_equal(kvStore_PutString(&rev, kv, key, value), NATS_OK);
+}
+
+/* A stream of partition k. */
+static int stream_in(uint32_t k)
+{
+    for (int s = 0; s < STREAMS; s++)
+        if (partition_of(s) == k)
+            return s;
+    fail_msg("no test stream in partition %u", (unsigned)k);
+    return -1;
+}
+
+/* The buckets of a fleet whose owners cannot be reached: partition 0's owner publishes an
+ * endpoint that is not one, partition 1's none, partition 2 has no owner. Every way in waits
+ * for an owner and times out, saying which partition. */
+static void test_no_owner(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    kvStore *fleet = bucket(TALLY_NATS_BUCKET_FLEET), *ls = bucket(TALLY_NATS_BUCKET_LEASES),
+            *eps = bucket(TALLY_NATS_BUCKET_ENDPOINTS);
+    put(fleet, TALLY_NATS_KEY_PARTITIONS, "4");
+    put(ls, "p0", "ghost");
+    put(ls, "p1", "ghost-2");
+    put(eps, "ghost", "zmq=nowhere\n");
+    tally_nats_opts_t o = {.servers = tn_suite.urls, .timeout_ms = 300};
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new_fleet(&o, &c, msg, sizeof msg), TALLY_OK);
+    tally_reply_t r;
+    tally_reply_init(&r);
+    assert_int_equal(tally_recv(c, &r), TALLY_E_TIMEOUT); /* nothing in flight */
+    assert_string_equal(tally_client_error(c), "no request in flight");
+    assert_int_equal(tally_ping(c, NULL), TALLY_E_TIMEOUT); /* no stream: partition 0's owner */
+    assert_non_null(strstr(tally_client_error(c), "partition 0 has no owner in direct mode"));
+    int s1 = stream_in(1), s2 = stream_in(2);
+    send_hist_status(c, s1, TALLY_E_TIMEOUT);
+    assert_non_null(strstr(tally_client_error(c), "partition 1 has no owner"));
+    /* A push numbered from the stream's last_seq: no owner to ask it of. */
+    char name[32];
+    stream_name(s2, name, sizeof name);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    tally_run_opts_t ro = {.seq = TALLY_RUN_SEQ_APPEND};
+    tally_buf_t out = {0};
+    uint8_t data[16] = {1, 2, 3};
+    assert_int_equal(tally_run(c, &req, data, sizeof data, &ro, &out, NULL), TALLY_E_TIMEOUT);
+    tally_buf_free(&out);
+    tally_client_destroy(&c);
+    kvStore_Destroy(fleet);
+    kvStore_Destroy(ls);
+    kvStore_Destroy(eps);
+    fresh_fleet();
+}
+
+int main(void)
+{
+    if (!tn_server_bin()) {
+        fprintf(stderr, "nats-server not found: skipped\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_refusals, stop_members),
+        cmocka_unit_test_teardown(test_no_owner, stop_members),
+        cmocka_unit_test_teardown(test_owner_and_not_owner, stop_members),
+        cmocka_unit_test_teardown(test_handover_follows_not_owner, stop_members),
+        cmocka_unit_test_teardown(test_kill_owner_resends_once, stop_members),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,350 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A fleet worker's web page and JSON API show the whole fleet (docs/web.md "A fleet"), against
+a real 3-server NATS JetStream cluster (nats-server, started here) and two tallyd workers:
+
+  - GET /api/v1/streams of either worker lists every stream of the fleet, each with the member
+    that owns it ("member"): the worker's own in full, the other's by name; "fleet" says every
+    partition was covered and both members answered; valid against web/schema/api.json;
+  - GET /api/v1/streams/NAME of a stream the other worker owns is its owner's record, equal to
+    `tally --nats query --json NAME` and to the owner's own answer; with last= too; an unknown
+    stream is 404 from its owner;
+  - a member that does not answer (SIGSTOP) makes the list partial ("partial": true, the
+    partitions covered, one member of two answered), and a stream it owns 504, not passed off as
+    whole or missing; `tally --nats streams` says the same on stderr and exits 1;
+  - the page of one worker (headless Chromium) shows a stream the other owns: its card's counts
+    equal the owner's record, its row and card carry the owner's member id, and it follows a
+    new batch;
+  - `tally --nats watch` (in tmux) subscribes to the owners' publications on tally.watch.<k>:
+    with an interval of an hour only a publication can bring a new batch's count to its screen.
+
+usage: test_web_fleet.py TALLYD TALLY SOURCE_DIR
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from web_common import Daemon, fail, free_port, quote, schema_checker  # noqa: E402
+
+TALLYD, TALLY, SRC = sys.argv[1], sys.argv[2], sys.argv[3]
+PARTITIONS = 8
+STREAMS = ["s%02d" % i for i in range(12)]
+MEMBERS = ["wa", "wb"]
+
+check = schema_checker(SRC)
+
+
+def nats_server():
+    return os.environ.get("TALLY_NATS_SERVER") or shutil.which("nats-server")
+
+
+class Cluster:
+    """Three nats-server processes with JetStream, routed to each other, on free ports."""
+
+    def __init__(self, tmp):
+        self.procs = []
+        ports = [(free_port(), free_port()) for _ in range(3)]
+        self.urls = ",".join("nats://127.0.0.1:%d" % c for c, _ in ports)
+        for i, (client, route) in enumerate(ports):
+            conf = os.path.join(tmp, "n%d.conf" % i)
+            routes = ", ".join('"nats-route://127.0.0.1:%d"' % r
+                               for j, (_, r) in enumerate(ports) if j != i)
+            with open(conf, "w") as f:
+                f.write('server_name: n%d\nlisten: 127.0.0.1:%d\nmax_payload: 8MB\n'
+                        'jetstream {\n  store_dir: "%s/store%d"\n  max_memory_store: 256MB\n}\n'
+                        'cluster {\n  name: webfleet\n  listen: 127.0.0.1:%d\n  routes: [%s]\n}\n'
+                        % (i, client, tmp, i, route, routes))
+            log = open(os.path.join(tmp, "n%d.log" % i), "w")
+            self.procs.append(subprocess.Popen([nats_server(), "-c", conf], stdout=log,
+                                               stderr=subprocess.STDOUT))
+        for client, _ in ports:  # listening; the workers wait for JetStream themselves
+            until(lambda: connects(client), "nats-server on port %d" % client, 30)
+
+    def stop(self):
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            p.wait(timeout=30)
+
+
+def connects(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def tally_nats(cluster, *args, data=None, check=True):
+    r = subprocess.run([TALLY, "--nats", cluster.urls] + list(args), input=data,
+                       capture_output=True, timeout=60)
+    if check and r.returncode != 0:
+        fail("tally --nats %s: exit %d: %s" % (" ".join(args), r.returncode, r.stderr.decode()))
+    return r
+
+
+def worker(tmp, cluster, member):
+    return Daemon(TALLYD, TALLY, tmp, name=member, extra=[
+        "--nats-servers", cluster.urls, "--nats-partitions", str(PARTITIONS),
+        "--nats-replicas", "3", "--nats-member-id", member, "--nats-lease-ttl-ms", "15000",
+        "--nats-checkpoint-interval-ms", "200", "--pub-interval-ms", "200"])
+
+
+def owned(d):
+    status, _, body = d.request("GET", "/metrics")
+    for line in body.decode().splitlines():
+        if line.startswith("tallyd_nats_partitions_owned "):
+            return int(float(line.split()[1]))
+    return -1
+
+
+def until(pred, what, limit_s=90):
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.2)
+    fail("%s: not within %d s" % (what, limit_s))
+
+
+def queried(cluster, name):
+    r = tally_nats(cluster, "query", "--json", name, check=False)
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+
+def the_list(d):
+    doc = d.get_json("/api/v1/streams")
+    check(doc, "streams", "GET /api/v1/streams of %s" % d.name)
+    return doc
+
+
+def whole_list(ws, totals):
+    """Both workers list every stream, each with its owner; the owner's entries in full."""
+    for d in ws:
+        doc = the_list(d)
+        fleet = doc.get("fleet")
+        # "members" is what the answering workers' last heartbeats saw: it may lag one behind
+        if dict(fleet or {}, members=0) != {"member": d.name, "partitions": PARTITIONS,
+                                            "covered": PARTITIONS, "answered": 2, "members": 0,
+                                            "partial": False} or fleet["members"] not in (1, 2):
+            fail("%s's list: fleet %r" % (d.name, fleet))
+        names = [e["stream"] for e in doc["streams"]]
+        if names != sorted(STREAMS):
+            fail("%s lists %r, expected %r" % (d.name, names, sorted(STREAMS)))
+        for e in doc["streams"]:
+            if e["member"] not in MEMBERS:
+                fail("%s: %r has no owner" % (d.name, e))
+            if e["member"] == d.name and e.get("values") != totals[e["stream"]]:
+                fail("%s's own %r: values %r, expected %d" % (d.name, e["stream"],
+                                                             e.get("values"), totals[e["stream"]]))
+            if e["member"] != d.name and set(e) != {"stream", "member"}:
+                fail("%s: another member's entry %r holds more than its name" % (d.name, e))
+    return {e["stream"]: e["member"] for e in the_list(ws[0])["streams"]}
+
+
+def remote_records(ws, cluster, owner):
+    for d in ws:
+        other = [n for n in STREAMS if owner[n] != d.name]
+        if not other:
+            fail("%s owns every stream: no stream of the other to ask" % d.name)
+        for name in other:
+            got = d.get_json("/api/v1/streams/" + quote(name))
+            check(got, None, "GET /api/v1/streams/%s of %s" % (name, d.name))
+            owners = [w for w in ws if w.name == owner[name]][0]
+            if got != owners.get_json("/api/v1/streams/" + quote(name)):
+                fail("%s's record of %s differs from its owner's" % (d.name, name))
+            if got != queried(cluster, name):
+                fail("%s's record of %s differs from tally --nats query --json" % (d.name, name))
+        windowed = d.get_json("/api/v1/streams/%s?last=10s&quantiles=0.5" % quote(other[0]))
+        check(windowed, None, "a window of another member's stream")
+        if "window" not in windowed or windowed["count"] != got_count(owner, ws, other[0]):
+            fail("%s: the window of %s: %r" % (d.name, other[0], windowed))
+        missing = "nosuch-" + d.name
+        err = d.get_json("/api/v1/streams/" + missing, want=404)
+        if err["error"] != "unknown_stream":
+            fail("an unknown stream asked of the fleet: %r" % err)
+
+
+def got_count(owner, ws, name):
+    d = [w for w in ws if w.name == owner[name]][0]
+    return d.get_json("/api/v1/streams/%s?last=10s" % quote(name))["count"]
+
+
+def partial(ws, cluster, owner):
+    """wb stopped: wa's list is partial, and wb's streams 504."""
+    wa, wb = ws
+    os.kill(wb.proc.pid, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        doc = the_list(wa)
+        took = time.monotonic() - began
+        mine = owned(wa)
+        fleet = doc["fleet"]
+        # "members" is what wa's last heartbeat saw: 2, or 1 once wb's membership has lapsed
+        if dict(fleet, members=0) != {"member": "wa", "partitions": PARTITIONS, "covered": mine,
+                                      "answered": 1, "members": 0, "partial": True} or \
+                fleet["members"] not in (1, 2):
+            fail("a list with wb stopped: fleet %r (wa owns %d)" % (fleet, mine))
+        if sorted(e["stream"] for e in doc["streams"]) != sorted(
+                n for n in STREAMS if owner[n] == "wa"):
+            fail("a list with wb stopped lists %r" % doc["streams"])
+        if took > 10:
+            fail("the partial list took %.1f s" % took)
+        theirs = [n for n in STREAMS if owner[n] == "wb"][0]
+        err = wa.get_json("/api/v1/streams/" + quote(theirs), want=504)
+        if err["error"] != "timeout":
+            fail("a stream of a stopped member: %r" % err)
+        r = tally_nats(cluster, "--timeout", "3000", "streams", check=False)
+        text = r.stderr.decode()
+        if r.returncode != 1 or "partial" not in text or \
+                "for %d partition(s)" % (PARTITIONS - mine) not in text:
+            fail("tally --nats streams with a member stopped: exit %d, %r" % (r.returncode, text))
+        listed = sorted(r.stdout.decode().split())
+        if listed != sorted(n for n in STREAMS if owner[n] == "wa"):
+            fail("tally --nats streams with a member stopped printed %r" % listed)
+    finally:
+        os.kill(wb.proc.pid, signal.SIGCONT)
+
+
+def watch_subscribed(tmp, cluster, name):
+    """tally --nats watch --interval 1h: only the fleet's publications can redraw it."""
+    if not shutil.which("tmux"):
+        print("no tmux: tally watch --nats not checked")
+        return
+    tmux = ["tmux", "-L", "tally-web-fleet-%d" % os.getpid()]
+    want = until(lambda: queried(cluster, name), "a query of %s" % name)["count"]
+    cmd = "%s --nats %s watch --interval 1h --ascii %s" % (TALLY, cluster.urls, name)
+    subprocess.run(tmux + ["new-session", "-d", "-s", "w", "-x", "120", "-y", "40", cmd],
+                   check=True, cwd=tmp)
+    try:
+        def screen():
+            return subprocess.run(tmux + ["capture-pane", "-p", "-t", "w"], capture_output=True,
+                                  text=True).stdout
+
+        until(lambda: "%s  u8  count %d " % (name, want) in screen(), "watch shows %s" % name, 60)
+        if "sub tally.watch.<k>" not in screen():
+            fail("watch --nats did not subscribe:\n" + screen())
+        # The subscription may take a moment: push until a publication shows.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            tally_nats(cluster, "hist", "--stream", name, "--out", os.devnull, data=b"\x05" * 3)
+            want += 3
+            t = time.monotonic()
+            while time.monotonic() < t + 3 and "count %d " % want not in screen():
+                time.sleep(0.1)
+            if "count %d " % want in screen():
+                return
+        fail("no publication reached tally --nats watch; the screen:\n" + screen())
+    finally:
+        subprocess.run(tmux + ["kill-server"], capture_output=True)
+
+
+def page(tmp, ws, cluster, owner):
+    """wa's page shows a stream wb owns."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.support.ui import WebDriverWait
+    wa = ws[0]
+    name = [n for n in STREAMS if owner[n] == "wb"][0]  # as the list says now
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = shutil.which("chromium")
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--user-data-dir=" + os.path.join(tmp, "profile")):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    drv = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
+    try:
+        drv.get("http://127.0.0.1:%d/#stream=%s" % (wa.port, quote(name)))
+
+        def card():
+            return drv.execute_script("""
+                const card = [...document.querySelectorAll('article.card')]
+                    .find((c) => c.dataset.stream === arguments[0]);
+                const row = [...document.querySelectorAll('tr')]
+                    .find((r) => r.dataset.stream === arguments[0]);
+                if (!card || !row || !card.querySelector('.channel')) return null;
+                return {member: card.dataset.member, row: row.dataset.member,
+                        rows: document.querySelectorAll('tbody tr').length,
+                        count: +card.querySelector('.channel').dataset.count};""", name)
+
+        def shows(count):
+            def pred(d):
+                c = card()
+                return c if c and c["count"] == count else None
+            try:
+                return WebDriverWait(drv, 60, poll_frequency=0.2).until(pred)
+            except Exception:
+                fail("wa's page did not show %s with count %d: %r" % (name, count, card()))
+
+        want = until(lambda: queried(cluster, name), "a query of %s" % name)["count"]
+        c = shows(want)
+        if c["member"] != "wb" or c["row"] != "wb" or c["rows"] != len(STREAMS):
+            fail("wa's page: %r" % c)
+        tally_nats(cluster, "hist", "--stream", name, "--out", os.devnull, data=bytes(range(7)))
+        until(lambda: queried(cluster, name)["count"] == want + 7, "the new batch applied")
+        shows(want + 7)
+        bad = [e for e in drv.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+        if bad:
+            fail("console errors: %r" % bad)
+    finally:
+        drv.quit()
+
+
+def run(tmp):
+    cluster = Cluster(tmp)
+    ws = []
+    try:
+        for m in MEMBERS:
+            ws.append(worker(tmp, cluster, m))
+            ws[-1].name = m
+        until(lambda: owned(ws[0]) + owned(ws[1]) == PARTITIONS and owned(ws[0]) > 0 and
+              owned(ws[1]) > 0, "both workers own partitions, all of them")
+        totals = {}
+        for i, name in enumerate(STREAMS):
+            data = bytes((i * 7 + j) % 256 for j in range(100 + i))
+            tally_nats(cluster, "hist", "--stream", name, "--out", os.devnull, data=data)
+            totals[name] = len(data)
+        for name in STREAMS:
+            until(lambda: (queried(cluster, name) or {}).get("count") == totals[name],
+                  "%s applied" % name)
+        # Both lists whole before they are looked at (a loaded box may still be settling)
+        until(lambda: all(the_list(d)["fleet"]["covered"] == PARTITIONS for d in ws),
+              "both workers' lists covering every partition")
+        owner = whole_list(ws, totals)
+        r = tally_nats(cluster, "streams")
+        if sorted(r.stdout.decode().split()) != sorted(STREAMS) or r.stderr:
+            fail("tally --nats streams: %r %r" % (r.stdout, r.stderr))
+        remote_records(ws, cluster, owner)
+        partial(ws, cluster, owner)
+        until(lambda: the_list(ws[0])["fleet"]["partial"] is False, "wb answers again")
+        owner = {e["stream"]: e["member"] for e in the_list(ws[0])["streams"]}
+        watch_subscribed(tmp, cluster, STREAMS[0])
+        if os.environ.get("TALLY_WEB_FLEET_BROWSER", "1") == "1":
+            page(tmp, ws, cluster, owner)
+        for d in ws:  # a clean stop: leaves the fleet, exit 0 (and nothing for ASan to say)
+            d.stop(want_rc=0)
+    finally:
+        for d in ws:
+            d.stop(want_rc=None)
+        cluster.stop()
+
+
+def main():
+    if not nats_server():
+        print("no nats-server: skipping")
+        sys.exit(77)
+    with tempfile.TemporaryDirectory(prefix="tally-web-fleet-") as tmp:
+        run(tmp)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
