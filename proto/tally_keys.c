@@ -3,6 +3,7 @@
  * tally_keys.c — see tally_keys.h.
  */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,9 +21,20 @@ bool tally_key_valid(const char *text, size_t len)
 {
     if (len != TALLY_KEY_LEN)
         return false;
-    for (size_t i = 0; i < len; i++)
-        if (text[i] == '\0' || !strchr(z85_chars, text[i]))
+    /* Each 5 characters are a base-85 number that must fit 32 bits: "%nSc0" is 2^32 - 1, and
+     * ZeroMQ's decoder refuses anything above (a key of '%' only is 40 characters of the
+     * alphabet, and no key). */
+    for (size_t group = 0; group < len; group += 5) {
+        uint64_t value = 0;
+        for (size_t i = group; i < group + 5; i++) {
+            const char *c = text[i] ? strchr(z85_chars, text[i]) : NULL;
+            if (!c)
+                return false;
+            value = value * 85 + (uint64_t)(c - z85_chars);
+        }
+        if (value > UINT32_MAX)
             return false;
+    }
     return true;
 }
 

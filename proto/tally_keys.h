@@ -25,7 +25,8 @@
 
 #define TALLY_KEY_LEN 40 /* Z85 characters of a CURVE key */
 
-/* True when text[0..len) is a well-formed Z85 CURVE key (40 characters of Z85's alphabet). */
+/* True when text[0..len) is a well-formed Z85 CURVE key: 40 characters of Z85's alphabet, each
+ * 5 of them a number under 2^32 (what zmq_z85_decode decodes). */
 bool tally_key_valid(const char *text, size_t len);
 
 /* Parses a key file's text: the public key and the secret key it holds (either may be absent:

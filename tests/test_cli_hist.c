@@ -591,8 +591,13 @@ static void test_watch_once(void **state)
     expect_status(cli("watch --once --size 10x2 once"), 2, "--size");
     expect_status(cli("watch --once --size 80 once"), 2, "--size");
 
-    /* Nothing listening: the reason, not a timeout, and no "retrying" (exit 3). */
-    r = cli("watch -e tcp://127.0.0.1:%d --once once", th_free_port());
+    /* Nothing listening: the reason, not a timeout, and no "retrying" (exit 3). The port is
+     * held (bound, not listening) so that no other test's process can listen there meanwhile. */
+    int held;
+    int refusing = th_refusing_port(&held);
+    assert_true(refusing > 0);
+    r = cli("watch -e tcp://127.0.0.1:%d --once once", refusing);
+    close(held);
     assert_int_equal(r.status, 3);
     assert_non_null(strstr(r.err, "cannot connect: Connection refused"));
     assert_null(strstr(r.err, "retrying"));

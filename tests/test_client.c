@@ -44,21 +44,6 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* A loopback TCP port that nothing listens on: bound by us and held, not listening, so a
- * connection to it is refused and no other process can take it meanwhile; its socket in *held
- * (close it when done). */
-static int refusing_port(int *held)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(fd >= 0);
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    assert_int_equal(bind(fd, (struct sockaddr *)&addr, sizeof addr), 0);
-    socklen_t len = sizeof addr;
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&addr, &len), 0);
-    *held = fd;
-    return ntohs(addr.sin_port);
-}
-
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static uint64_t rng(void)
 {
@@ -131,7 +116,8 @@ static void test_bad_requests_rejected_before_sending(void **state)
     (void)state;
     char endpoint[64];
     int held;
-    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", refusing_port(&held));
+    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", th_refusing_port(&held));
+    assert_true(held >= 0);
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new(endpoint, 2000, &c), TALLY_OK);
 
@@ -314,7 +300,8 @@ static void test_unreachable_endpoint_fails_at_once(void **state)
     (void)state;
     char endpoint[64], said[160];
     int held;
-    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", refusing_port(&held));
+    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", th_refusing_port(&held));
+    assert_true(held >= 0);
     snprintf(said, sizeof said, "cannot connect to %s: Connection refused (is tallyd running?)",
              endpoint);
     const int timeout = 20000;

@@ -38,20 +38,8 @@ static th_daemon_t daemon_;
 static int stop_daemon(void **state)
 {
     (void)state;
-    if (daemon_.pid > 0)
-        th_daemon_stop(&daemon_, SIGKILL, 5000);
-    daemon_.pid = 0;
+    th_daemon_kill(&daemon_);
     return 0;
-}
-
-/* Polls `stat` (a metric line) on sock until it is at most `want`, for at most 30 s; its last
- * value. */
-static long long wait_stat_at_most(void *sock, const char *stat, long long want)
-{
-    long long v = -1;
-    for (int i = 0; i < 600 && (v = th_stat(sock, stat)) > want; i++)
-        th_sleep_ms(50);
-    return v;
 }
 
 #define NONREADER_SCANS 64
@@ -65,10 +53,10 @@ static void test_reply_bytes_bounded(void **state)
     (void)state;
     const char *args[] = {
         "--max-batch", "1M", "--max-reply-bytes-per-peer", "8M", "--max-reply-bytes", "64M", NULL};
-    assert_int_equal(th_daemon_start(&daemon_, args), 0);
-    void *other = th_connect(daemon_.endpoint, 10000);
+    void *other;
     long long n_ok, n_busy;
-    void *peer = th_nonreader_scans(daemon_.endpoint, other, NONREADER_SCANS, 1000, &n_ok, &n_busy);
+    void *peer =
+        th_nonreader_started(&daemon_, args, NONREADER_SCANS, 1000, &other, &n_ok, &n_busy);
     assert_non_null(peer);
     assert_int_equal(n_ok + n_busy, NONREADER_SCANS);
     fprintf(stderr, "%lld scans ok, %lld busy\n", n_ok, n_busy);
@@ -101,7 +89,8 @@ static void test_reply_bytes_bounded(void **state)
     }
     assert_int_equal(got_busy, n_busy);
     /* Read and freed by ZeroMQ: nothing is held any more. */
-    assert_int_equal(wait_stat_at_most(other, "tallyd_reply_bytes{state=\"held\"}", 0), 0);
+    assert_int_equal(th_stat_wait_at_most(other, "tallyd_reply_bytes{state=\"held\"}", 0, 30000),
+                     0);
     th_close(peer);
     assert_int_equal(th_close_and_stop(other, &daemon_, 10000), 0);
     daemon_.pid = 0;

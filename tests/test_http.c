@@ -242,30 +242,26 @@ static void test_total_bound_closes_oldest_idle(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
 
-/* A connection inside a request (its headers in, its body still coming) is not closed to make
- * room: a new one is refused instead, until the busy ones reach their deadline. */
-static void test_busy_connections_refuse_then_expire(void **state)
+/* Opens two connections, from src[0] and src[1], inside a request: with Expect: 100-continue,
+ * tallyd's "100 Continue" says that the request's headers were handled. */
+static void open_busy(slow_t busy[2], const char *const src[2], int port)
 {
-    (void)state;
-    th_daemon_t d;
-    int port;
-    start(&d, &port,
-          (const char *[]){"--metrics-request-timeout-ms", "1500", "--metrics-max-connections", "2",
-                           NULL});
-    /* With Expect: 100-continue, tallyd's "100 Continue" says that the request's headers were
-     * handled: the connection is inside its request. */
     static const char post[] = "POST /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                                "Content-Length: 1000\r\nExpect: 100-continue\r\n\r\n";
-    slow_t busy[2];
     for (int i = 0; i < 2; i++) {
-        slow_open_with(&busy[i], i ? "127.0.0.3" : "127.0.0.2", port, post);
+        slow_open_with(&busy[i], src[i], port, post);
         char reply[64] = "";
         struct pollfd p = {.fd = busy[i].fd, .events = POLLIN};
         assert_int_equal(poll(&p, 1, 5000), 1);
         assert_true(read(busy[i].fd, reply, sizeof reply - 1) > 0);
         assert_non_null(strstr(reply, " 100 "));
     }
-    assert_int_equal(probe(port, NULL, "/healthz", NULL), 0); /* refused */
+}
+
+/* Keeps the two busy requests trickling until tallyd closes both at the 1500 ms deadline, not
+ * before (nor much after), then closes our ends. */
+static void trickle_to_deadline(slow_t busy[2])
+{
     assert_int_equal(count_closed(busy, 2), 0);
     int64_t t0 = th_now_ms();
     while (count_closed(busy, 2) < 2 && th_now_ms() - t0 < 4000) {
@@ -280,7 +276,43 @@ static void test_busy_connections_refuse_then_expire(void **state)
                      (long long)age);
     }
     slow_close_all(busy, 2);
+}
+
+/* A connection inside a request (its headers in, its body still coming) is not closed to make
+ * room: a new one is refused instead, until the busy ones reach their deadline. */
+static void test_busy_connections_refuse_then_expire(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    int port;
+    start(&d, &port,
+          (const char *[]){"--metrics-request-timeout-ms", "1500", "--metrics-max-connections", "2",
+                           NULL});
+    slow_t busy[2];
+    open_busy(busy, (const char *[]){"127.0.0.2", "127.0.0.3"}, port);
+    assert_int_equal(probe(port, NULL, "/healthz", NULL), 0); /* refused */
+    trickle_to_deadline(busy);
     assert_int_equal(probe(port, NULL, "/healthz", NULL), 200);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
+/* The per-address bound the same way: with every connection from 127.0.0.2 inside a request, a
+ * new one from there is refused (none of its own is idle to close), while another address is
+ * served; after the deadline, 127.0.0.2 is served again. */
+static void test_busy_address_refused_others_served(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    int port;
+    start(&d, &port,
+          (const char *[]){"--metrics-request-timeout-ms", "1500",
+                           "--metrics-max-connections-per-address", "2", NULL});
+    slow_t busy[2];
+    open_busy(busy, (const char *[]){"127.0.0.2", "127.0.0.2"}, port);
+    assert_int_equal(probe(port, "127.0.0.2", "/healthz", NULL), 0); /* refused */
+    assert_int_equal(probe(port, "127.0.0.3", "/healthz", NULL), 200);
+    trickle_to_deadline(busy);
+    assert_int_equal(probe(port, "127.0.0.2", "/healthz", NULL), 200);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
 
@@ -593,6 +625,7 @@ int main(void)
         cmocka_unit_test(test_address_bound_closes_oldest_idle),
         cmocka_unit_test(test_total_bound_closes_oldest_idle),
         cmocka_unit_test(test_busy_connections_refuse_then_expire),
+        cmocka_unit_test(test_busy_address_refused_others_served),
         cmocka_unit_test(test_event_streams_leave_room_for_probes),
         cmocka_unit_test(test_event_streams_leave_room_in_total),
         cmocka_unit_test(test_host_checked_against_rebinding),

@@ -41,9 +41,7 @@ static th_daemon_t daemon_;
 static int stop_daemon(void **state)
 {
     (void)state;
-    if (daemon_.pid > 0)
-        th_daemon_stop(&daemon_, SIGKILL, 5000);
-    daemon_.pid = 0;
+    th_daemon_kill(&daemon_);
     return 0;
 }
 

@@ -160,10 +160,8 @@ static void test_no_orphans(void **state)
 
 int main(void)
 {
-    if (!tn_server_bin()) {
-        fprintf(stderr, "nats-server not found: skipped\n");
+    if (tn_skip())
         return 77;
-    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cluster_lifecycle),
         cmocka_unit_test(test_no_orphans),

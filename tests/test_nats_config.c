@@ -87,16 +87,7 @@ static void start_worker(th_daemon_t *d, const char *partitions)
 /* A worker with `partitions` and `ttl` that must refuse to start: its exit status; log in log. */
 static int refused_worker(const char *partitions, const char *ttl, char *log, size_t cap)
 {
-    char bind[96]; /* ipc:// in dir: no TCP port another process could take first */
-    snprintf(bind, sizeof bind, "ipc://%s/refused.sock", dir);
-    snprintf(log, cap, "%s/worker.log", dir);
-    const char *args[] = {"--bind",
-                          bind,
-                          "--backend",
-                          "cpu",
-                          "--shm",
-                          "off",
-                          "--nats-servers",
+    const char *args[] = {"--nats-servers",
                           cluster.urls,
                           "--nats-replicas",
                           "1",
@@ -107,7 +98,7 @@ static int refused_worker(const char *partitions, const char *ttl, char *log, si
                           "--nats-member-id",
                           "misfit",
                           NULL};
-    return th_daemon_run_to_exit(args, log, 30000);
+    return th_run_refused(dir, args, log, cap, 30000);
 }
 
 static void test_producer_before_the_fleet(void **state)
@@ -415,10 +406,8 @@ static void test_producer_refusals(void **state)
 
 int main(void)
 {
-    if (!tn_server_bin()) {
-        fprintf(stderr, "nats-server not found: skipped\n");
+    if (tn_skip())
         return 77;
-    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_producer_before_the_fleet),
         cmocka_unit_test(test_worker_that_does_not_fit),

@@ -426,10 +426,8 @@ static int teardown(void **state)
 
 int main(void)
 {
-    if (!tn_server_bin()) {
-        fprintf(stderr, "nats-server not found: skipped\n");
+    if (tn_skip())
         return 77;
-    }
     th_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fleet_under_faults),

@@ -522,10 +522,8 @@ static void test_consumer_resume(void **state)
 
 int main(void)
 {
-    if (!tn_server_bin()) {
-        fprintf(stderr, "nats-server not found: skipped\n");
+    if (tn_skip())
         return 77;
-    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lease_exclusive_and_expiry),
         cmocka_unit_test(test_ckpt_fencing),

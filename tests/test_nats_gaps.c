@@ -427,10 +427,8 @@ static void test_ckpt_chunks_that_do_not_add_up(void **state)
 
 int main(void)
 {
-    if (!tn_server_bin()) {
-        fprintf(stderr, "nats-server not found: skipped\n");
+    if (tn_skip())
         return 77;
-    }
     th_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gap_after_purge),

@@ -454,10 +454,8 @@ static void test_dropped_partition_releases_the_lease(void **state)
 
 int main(void)
 {
-    if (!tn_server_bin()) {
-        fprintf(stderr, "nats-server not found: skipped\n");
+    if (tn_skip())
         return 77;
-    }
     th_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_failed_take_over_releases_the_lease, stop_workers),

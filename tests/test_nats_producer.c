@@ -321,10 +321,8 @@ static void test_pub_ack_after_node_kill(void **state)
 
 int main(void)
 {
-    if (!tn_server_bin()) {
-        fprintf(stderr, "nats-server not found: skipped\n");
+    if (tn_skip())
         return 77;
-    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_no_fleet),
         cmocka_unit_test(test_message_and_duplicate),

@@ -632,10 +632,8 @@ static void test_no_owner(void **state)
 
 int main(void)
 {
-    if (!tn_server_bin()) {
-        fprintf(stderr, "nats-server not found: skipped\n");
+    if (tn_skip())
         return 77;
-    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_refusals, stop_members),
         cmocka_unit_test_teardown(test_no_owner, stop_members),

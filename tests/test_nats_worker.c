@@ -153,8 +153,7 @@ static void stream_name(char *buf, size_t cap, int i)
  * seed (the same seed, the same messages); with replies, reads them all and checks each batch's
  * histogram. */
 /* rounds of one u8 hist of `size` random bytes on every stream, kept in the model. */
-static void push_hists_of(tally_nats_t *p, int rounds, bool want_reply, uint64_t seed,
-                          size_t size)
+static void push_hists_of(tally_nats_t *p, int rounds, bool want_reply, uint64_t seed, size_t size)
 {
     uint8_t *batch = malloc(size);
     assert_non_null(batch);
@@ -908,10 +907,8 @@ static void test_protected_mode(void **state)
 
 int main(void)
 {
-    if (!tn_server_bin()) {
-        fprintf(stderr, "nats-server not found: skipped\n");
+    if (tn_skip())
         return 77;
-    }
     th_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_apply_reply_query),

@@ -33,9 +33,7 @@ static th_daemon_t daemon_;
 static int stop_daemon(void **state)
 {
     (void)state;
-    if (daemon_.pid > 0)
-        th_daemon_stop(&daemon_, SIGKILL, 5000);
-    daemon_.pid = 0;
+    th_daemon_kill(&daemon_);
     return 0;
 }
 
@@ -79,10 +77,9 @@ static void test_total_bound_refuses_another_connection(void **state)
     (void)state;
     const char *args[] = {
         "--max-batch", "8M", "--max-reply-bytes-per-peer", "64M", "--max-reply-bytes", "16M", NULL};
-    assert_int_equal(th_daemon_start(&daemon_, args), 0);
-    void *other = th_connect(daemon_.endpoint, 30000);
+    void *other;
     long long n_ok, n_busy;
-    void *holder = th_nonreader_scans(daemon_.endpoint, other, HOLDER_SCANS, 100, &n_ok, &n_busy);
+    void *holder = th_nonreader_started(&daemon_, args, HOLDER_SCANS, 100, &other, &n_ok, &n_busy);
     assert_non_null(holder);
     assert_int_equal(n_ok + n_busy, HOLDER_SCANS);
     assert_true(th_stat(other, "tallyd_reply_bytes{state=\"held\"}") > 0);
@@ -109,11 +106,8 @@ static void test_total_bound_refuses_another_connection(void **state)
         assert_true(got.rep.status == TALLY_OK || got.rep.status == TALLY_E_BUSY);
         th_reply_free(&got);
     }
-    long long held = -1;
-    for (int i = 0; i < 600 && (held = th_stat(other, "tallyd_reply_bytes{state=\"held\"}")) > 0;
-         i++)
-        th_sleep_ms(50);
-    assert_int_equal(held, 0);
+    assert_int_equal(th_stat_wait_at_most(other, "tallyd_reply_bytes{state=\"held\"}", 0, 30000),
+                     0);
     assert_int_equal(scan_call(other, 8 * MIB, 9, &r), TALLY_OK);
     assert_int_equal(r.len, 16 * MIB);
     th_reply_free(&r);

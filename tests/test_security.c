@@ -82,8 +82,7 @@ static int stop_daemon(void **state)
 {
     (void)state;
     th_use_curve(NULL, NULL, NULL);
-    if (daemon_.pid > 0)
-        th_daemon_stop(&daemon_, SIGKILL, 5000);
+    th_daemon_kill(&daemon_);
     return 0;
 }
 
@@ -100,6 +99,21 @@ static void start_curve(const char *extra1, const char *extra2)
                           NULL};
     th_use_curve(server_pub, alice_pub, alice_sec);
     assert_int_equal(th_daemon_start(&daemon_, args), 0);
+}
+
+/* Starts daemon_ with --bind tcp://0.0.0.0:PORT (in endpoint, cap bytes) and args
+ * (NULL-terminated), on a port chosen anew until one binds: another test's process may take a
+ * port the moment after it was chosen. The port, or -1 when five failed. */
+static int start_open_bind(const char *const *args, char *endpoint, size_t cap)
+{
+    for (int i = 0; i < 5; i++) {
+        int port = th_free_port();
+        snprintf(endpoint, cap, "tcp://0.0.0.0:%d", port);
+        const char *bind[] = {"--bind", endpoint, NULL};
+        if (th_daemon_start_with(&daemon_, bind, args) == 0)
+            return port;
+    }
+    return -1;
 }
 
 /* A ping from a socket with these keys (NULL server: no CURVE): true when answered. */
@@ -282,7 +296,6 @@ static int run_refused(const char *const *args, const char *log)
 {
     const char *argv[32];
     int argc = 0;
-    argv[argc++] = th_tallyd_bin();
     for (int i = 0; args[i] && argc < 26; i++)
         argv[argc++] = args[i];
     argv[argc++] = "--backend";
@@ -290,25 +303,7 @@ static int run_refused(const char *const *args, const char *log)
     argv[argc++] = "--shm"; /* not the default side channel: another test run's tallyd may */
     argv[argc++] = "off";   /* hold it, and this one would refuse for that reason instead */
     argv[argc] = NULL;
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        FILE *err = freopen(log, "w", stderr);
-        FILE *out = freopen("/dev/null", "w", stdout);
-        (void)err;
-        (void)out;
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    int status = 0;
-    for (int waited = 0; waited < 20000; waited += 10) {
-        if (waitpid(pid, &status, WNOHANG) == pid)
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        usleep(10000);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    return -1;
+    return th_daemon_run_to_exit(argv, log, 20000);
 }
 
 static bool file_contains(const char *path, const char *text)
@@ -325,11 +320,13 @@ static bool file_contains(const char *path, const char *text)
 static void test_secret_key_must_be_private(void **state)
 {
     (void)state;
-    char path[160], log[160], endpoint[64];
+    char path[160], log[160], endpoint[160];
     snprintf(path, sizeof path, "%s/open.key", dir);
     snprintf(log, sizeof log, "%s/open.log", dir);
     write_key(path, server_pub, server_sec, 0644);
-    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", th_free_port());
+    /* An ipc:// endpoint in the test's directory: a TCP port picked before could be another
+     * process's by the time tallyd binds it, and the refusal asserted is about the key. */
+    snprintf(endpoint, sizeof endpoint, "ipc://%s/open.sock", dir);
     const char *args[] = {"--bind", endpoint, "--curve-secret-key", path, "--shm", "off", NULL};
     assert_int_not_equal(run_refused(args, log), 0);
     assert_true(file_contains(log, "chmod 600"));
@@ -362,21 +359,18 @@ static void test_protected_mode(void **state)
     assert_int_equal(run_refused(check, log), 2);
     assert_true(file_contains(log, "protected mode"));
 
-    /* Explicitly allowed: it starts, with a warning. The port is chosen again here: on a busy
-     * box another test's process may have taken the first one meanwhile. */
-    int started = -1;
-    for (int i = 0; i < 5 && started != 0; i++) {
-        port = th_free_port();
-        snprintf(endpoint, sizeof endpoint, "tcp://0.0.0.0:%d", port);
-        const char *open_args[] = {"--bind", endpoint, "--protected-mode", "off", NULL};
-        started = th_daemon_start(&daemon_, open_args);
-    }
-    assert_int_equal(started, 0);
+    /* Explicitly allowed: it starts, with a warning. */
+    const char *open_args[] = {"--protected-mode", "off", NULL};
+    assert_true(start_open_bind(open_args, endpoint, sizeof endpoint) > 0);
     assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
     assert_true(th_daemon_log_contains(&daemon_, "protected_mode is off: tcp://0.0.0.0"));
 
     /* With CURVE a network bind is fine, and clients with keys reach it. */
-    start_curve("--bind", endpoint);
+    const char *curve_args[] = {"--curve-secret-key", server_key_path, "--curve-clients-dir",
+                                clients_dir, NULL};
+    th_use_curve(server_pub, alice_pub, alice_sec);
+    port = start_open_bind(curve_args, endpoint, sizeof endpoint);
+    assert_true(port > 0);
     char local[64];
     snprintf(local, sizeof local, "tcp://127.0.0.1:%d", port);
     assert_true(ping_as(local, server_pub, alice_pub, alice_sec, 5000));
@@ -389,10 +383,10 @@ static void test_metrics_protected_mode_and_basic_auth(void **state)
     (void)state;
     char log[160], listen[64], auth[160];
     snprintf(log, sizeof log, "%s/metrics.log", dir);
-    int port = th_free_port();
-    snprintf(listen, sizeof listen, "0.0.0.0:%d", port);
-    char endpoint[64];
-    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", th_free_port());
+    /* Refused before anything is bound: neither port nor endpoint is taken. */
+    snprintf(listen, sizeof listen, "0.0.0.0:%d", th_free_port());
+    char endpoint[160];
+    snprintf(endpoint, sizeof endpoint, "ipc://%s/metrics.sock", dir);
     const char *bare[] = {"--bind", endpoint, "--metrics", listen, "--shm", "off", NULL};
     assert_int_equal(run_refused(bare, log), 2);
     assert_true(file_contains(log, "refusing to serve metrics on 0.0.0.0"));
@@ -403,8 +397,16 @@ static void test_metrics_protected_mode_and_basic_auth(void **state)
     fprintf(f, "tally:s3cret\n");
     fclose(f);
     assert_int_equal(chmod(auth, 0600), 0);
-    const char *args[] = {"--metrics", listen, "--metrics-auth-file", auth, NULL};
-    assert_int_equal(th_daemon_start(&daemon_, args), 0);
+    /* Its port chosen anew until one binds: another process may take one the moment after. */
+    int port = -1;
+    for (int i = 0; i < 5 && port < 0; i++) {
+        port = th_free_port();
+        snprintf(listen, sizeof listen, "0.0.0.0:%d", port);
+        const char *args[] = {"--metrics", listen, "--metrics-auth-file", auth, NULL};
+        if (th_daemon_start(&daemon_, args) != 0)
+            port = -1;
+    }
+    assert_true(port > 0);
     char *resp = th_http_get(port, "GET", "/metrics", NULL);
     assert_non_null(resp);
     assert_non_null(strstr(resp, " 401 "));
@@ -426,7 +428,7 @@ static void test_metrics_protected_mode_and_basic_auth(void **state)
 
     /* The password file, like a secret key, must be private. */
     assert_int_equal(chmod(auth, 0640), 0);
-    snprintf(listen, sizeof listen, "127.0.0.1:%d", th_free_port());
+    snprintf(listen, sizeof listen, "127.0.0.1:0");
     const char *open_file[] = {"--bind", endpoint, "--metrics", listen, "--metrics-auth-file",
                                auth,     "--shm",  "off",       NULL};
     assert_int_not_equal(run_refused(open_file, log), 0);
@@ -589,6 +591,70 @@ static void test_cli_keygen_and_keys(void **state)
     assert_true(th_daemon_log_contains(&daemon_, "curve: client 'cam1' connected"));
 }
 
+/* A key of 40 Z85 characters that is no key: each 5 characters are a base-85 number that must
+ * fit 32 bits ("%nSc0" is 2^32 - 1), and ZeroMQ decodes nothing above. tally_key_valid took it
+ * for a key, so tallyd said "curve_clients: cannot add" for one in the list, and "curve: " and
+ * nothing more for one in a client key file. Now refused where it is written: by the settings
+ * (curve_clients), and in a key file with the file's name, at start and at a reload (which keeps
+ * the keys it had). */
+static void test_key_that_does_not_decode(void **state)
+{
+    (void)state;
+    char top[KEY], over[KEY], percent[KEY];
+    for (int i = 0; i < 8; i++) {
+        memcpy(top + 5 * i, "%nSc0", 5);
+        memcpy(over + 5 * i, i == 7 ? "%nSc1" : "%nSc0", 5);
+    }
+    memset(percent, '%', TALLY_KEY_LEN);
+    top[TALLY_KEY_LEN] = over[TALLY_KEY_LEN] = percent[TALLY_KEY_LEN] = '\0';
+    uint8_t bin[32];
+    assert_true(tally_key_valid(top, TALLY_KEY_LEN)); /* as ZeroMQ has it */
+    assert_non_null(zmq_z85_decode(bin, top));
+    assert_false(tally_key_valid(over, TALLY_KEY_LEN));
+    assert_null(zmq_z85_decode(bin, over));
+    assert_false(tally_key_valid(percent, TALLY_KEY_LEN));
+
+    /* In curve_clients: the settings' refusal, at start and by --check-config. */
+    char log[160], item[80];
+    snprintf(log, sizeof log, "%s/undecodable.log", dir);
+    snprintf(item, sizeof item, "cam1:%s", over);
+    const char *list[] = {
+        "--curve-secret-key", server_key_path, "--curve-clients", item, "--check-config", NULL};
+    assert_int_equal(run_refused(list, log), 2);
+    assert_true(file_contains(log, "invalid value 'cam1:%nSc0"));
+
+    /* In a client key file: its name and what is wrong with it. */
+    char keys[160], bad[200], said[400];
+    snprintf(keys, sizeof keys, "%s/undecodable-clients", dir);
+    assert_int_equal(mkdir(keys, 0700), 0);
+    snprintf(bad, sizeof bad, "%s/alice.pub", keys);
+    write_key(bad, alice_pub, NULL, 0644);
+    snprintf(bad, sizeof bad, "%s/cam1.pub", keys);
+    write_key(bad, over, NULL, 0644);
+    snprintf(said, sizeof said, "curve: %s: the public key is not 40 characters of Z85 text", bad);
+    const char *from_dir[] = {"--curve-secret-key", server_key_path, "--curve-clients-dir", keys,
+                              NULL};
+    assert_int_not_equal(run_refused(from_dir, log), 0);
+    assert_true(file_contains(log, said));
+
+    /* The same file appearing at a reload: said, and the key allowed before still is. */
+    assert_int_equal(unlink(bad), 0);
+    th_use_curve(server_pub, alice_pub, alice_sec);
+    assert_int_equal(th_daemon_start(&daemon_, from_dir), 0);
+    write_key(bad, over, NULL, 0644);
+    kill(daemon_.pid, SIGHUP);
+    snprintf(said, sizeof said,
+             "reload: %s: the public key is not 40 characters of Z85 text; keeping the 1 client "
+             "keys allowed",
+             bad);
+    bool logged = false;
+    for (int i = 0; i < 400 && !logged; i++, th_sleep_ms(50)) /* 20 s at most */
+        logged = th_daemon_log_contains(&daemon_, said);
+    assert_true(logged);
+    assert_true(ping_as(daemon_.endpoint, server_pub, alice_pub, alice_sec, 5000));
+    assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);
+}
+
 /* What protected mode counts as local: only loopback tcp, ipc and inproc. */
 static void test_endpoint_is_local(void **state)
 {
@@ -627,6 +693,7 @@ int main(void)
         cmocka_unit_test(test_secret_key_must_be_private),
         cmocka_unit_test_teardown(test_protected_mode, stop_daemon),
         cmocka_unit_test_teardown(test_metrics_protected_mode_and_basic_auth, stop_daemon),
+        cmocka_unit_test_teardown(test_key_that_does_not_decode, stop_daemon),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -113,18 +113,25 @@ static void child_setup(const spawn_opts_t *o)
     }
 }
 
-/* Starts tallyd with args (NULL-terminated) and, unless no_bind, --bind on a free port; waits
- * for it to answer a ping unless no_wait. Returns 0 or -1. */
-static int spawn(th_daemon_t *d, const char *const *args, const spawn_opts_t *o)
+static void child_setup_of(const void *o)
 {
-    static const spawn_opts_t none = {.nfds = 0};
-    if (!o)
-        o = &none;
+    child_setup(o);
+}
+
+/* One start of spawn's: 0, -1, or 1 when tallyd could not bind its TCP port (another process
+ * took it after th_free_port chose it) and another port is to be tried. */
+static int spawn_once(th_daemon_t *d, const char *const *args, const spawn_opts_t *o)
+{
     static int serial;
     memset(d, 0, sizeof *d);
-    d->port = th_free_port();
-    snprintf(d->endpoint, sizeof d->endpoint, "tcp://127.0.0.1:%d", d->port);
-    snprintf(d->log_path, sizeof d->log_path, "%s/tallyd-%d.log", scratch, ++serial);
+    ++serial;
+    if (o->no_wait) { /* expected to fail: an ipc:// endpoint, which no other process takes */
+        snprintf(d->endpoint, sizeof d->endpoint, "ipc://%s/tallyd-%d.sock", scratch, serial);
+    } else {
+        d->port = th_free_port();
+        snprintf(d->endpoint, sizeof d->endpoint, "tcp://127.0.0.1:%d", d->port);
+    }
+    snprintf(d->log_path, sizeof d->log_path, "%s/tallyd-%d.log", scratch, serial);
     const char *argv[48];
     int argc = 0;
     argv[argc++] = th_tallyd_bin();
@@ -141,18 +148,10 @@ static int spawn(th_daemon_t *d, const char *const *args, const spawn_opts_t *o)
     for (int i = 0; args && args[i] && argc < 46; i++)
         argv[argc++] = args[i];
     argv[argc] = NULL;
-    pid_t pid = fork();
+    /* its stdout in the log too: never CTest's output pipe held open */
+    pid_t pid = th_spawn(argv, d->log_path, true, child_setup_of, o);
     if (pid < 0)
         return -1;
-    if (pid == 0) {
-        FILE *log = freopen(d->log_path, "w", stderr);
-        (void)log;
-        dup2(STDERR_FILENO, STDOUT_FILENO); /* never hold CTest's output pipe open */
-        child_setup(o);
-        execv(argv[0], (char *const *)argv);
-        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
     d->pid = pid;
     if (spawned_count < (int)(sizeof spawned / sizeof spawned[0]))
         spawned[spawned_count++] = pid;
@@ -164,14 +163,30 @@ static int spawn(th_daemon_t *d, const char *const *args, const spawn_opts_t *o)
                         : th_await_pong(d->endpoint, pid, d->log_path, TH_START_WAIT_MS, &status);
     if (up == 1)
         return 0;
-    if (up == 0) {
+    if (up == 0)
         d->pid = 0;
-        fprintf(stderr, "tallyd exited early (log %s)\n", d->log_path);
-        return -1;
-    }
-    fprintf(stderr, "tallyd did not start (log %s)\n", d->log_path);
-    th_daemon_stop(d, SIGKILL, 1000);
+    else
+        th_daemon_stop(d, SIGKILL, 1000);
+    char taken[200];
+    snprintf(taken, sizeof taken, "cannot bind %s: Address already in use", d->endpoint);
+    if (!o->no_bind && th_daemon_log_contains(d, taken))
+        return 1;
+    fprintf(stderr, "tallyd %s (log %s)\n", up == 0 ? "exited early" : "did not start",
+            d->log_path);
     return -1;
+}
+
+/* Starts tallyd with args (NULL-terminated) and, unless no_bind, --bind on a free port (an
+ * ipc:// path in scratch when no_wait: a start expected to fail); waits for it to answer a ping
+ * unless no_wait, starting it again on another port when another process took the first.
+ * Returns 0 or -1. */
+static int spawn(th_daemon_t *d, const char *const *args, const spawn_opts_t *o)
+{
+    static const spawn_opts_t none = {.nfds = 0};
+    int rc = 1;
+    for (int attempt = 0; attempt < 5 && rc == 1; attempt++)
+        rc = spawn_once(d, args, o ? o : &none);
+    return rc == 0 ? 0 : -1;
 }
 
 /* Waits up to timeout_ms for the log to contain text. */

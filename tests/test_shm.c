@@ -363,11 +363,13 @@ static uint64_t register_64k(int side, const char *peer)
     return ans.a.handle;
 }
 
-static void test_bad_refs(void **state)
+/* Bad references against a tallyd of `shards` shards: with several, the request path resolves
+ * a reference as it reads the request (pin_regions in td_path.c) and leaves what does not
+ * resolve to the shard, which must answer it as one shard does. */
+static void bad_refs(const char *shards)
 {
-    (void)state;
     th_daemon_t d;
-    static const char *const args[] = {"--max-batch", "1M", NULL};
+    const char *const args[] = {"--max-batch", "1M", "--shards", shards, NULL};
     start(&d, args);
     int side_a = side_open(), side_b = side_open();
     th_answer_t ans;
@@ -414,6 +416,13 @@ static void test_bad_refs(void **state)
     stop(&d);
 }
 
+static void test_bad_refs(void **state)
+{
+    (void)state;
+    bad_refs("1");
+    bad_refs("4");
+}
+
 /* One reference with several problems per row: the status and message of the first check
  * in PROTOCOL.md §10's order. */
 typedef struct {
@@ -443,11 +452,10 @@ static uint64_t order_handle(uint64_t which, const uint64_t handles[4])
     return which ? handles[which - 1] : 0;
 }
 
-static void test_ref_check_order(void **state)
+static void ref_check_order(const char *shards)
 {
-    (void)state;
     th_daemon_t d;
-    static const char *const args[] = {"--max-batch", "1M", NULL};
+    const char *const args[] = {"--max-batch", "1M", "--shards", shards, NULL};
     start(&d, args);
     int side = side_open();
     th_answer_t ans;
@@ -472,6 +480,14 @@ static void test_ref_check_order(void **state)
     close(other);
     close(side);
     stop(&d);
+}
+
+/* The order of the checks, with one shard and with four (bad_refs says why both). */
+static void test_ref_check_order(void **state)
+{
+    (void)state;
+    ref_check_order("1");
+    ref_check_order("4");
 }
 
 /* §6: the connection's share of in-flight slots (busy) comes before the reference's contents.

@@ -550,6 +550,77 @@ static void test_socket_dir_refused(void **state)
     }
 }
 
+static void set_runtime_directory(const void *path)
+{
+    setenv("RUNTIME_DIRECTORY", path, 1);
+}
+
+/* A side-channel path tallyd cannot use, for any user: a directory that cannot be made, a file
+ * where the directory should be, a lock file that is a symbolic link (never followed), a
+ * directory where the socket should be. Named (--shm-socket), tallyd says why and does not
+ * start; the default path ($RUNTIME_DIRECTORY/tallyd-shm.sock) the same, tallyd serving with
+ * shared memory off. */
+static void test_socket_path_unusable(void **state)
+{
+    (void)state;
+    char file[96], link_dir[96], lock[160], sock_dir[96], target[128];
+    snprintf(file, sizeof file, "%s/afile", dir);
+    assert_int_equal(th_write_file(dir, "afile", "x", 1), 0);
+    snprintf(link_dir, sizeof link_dir, "%s/linked", dir);
+    assert_int_equal(mkdir(link_dir, 0700), 0);
+    snprintf(lock, sizeof lock, "%s/shm.sock.lock", link_dir);
+    snprintf(target, sizeof target, "%s/elsewhere", dir);
+    assert_int_equal(symlink(target, lock), 0);
+    snprintf(sock_dir, sizeof sock_dir, "%s/taken", dir);
+    assert_int_equal(mkdir(sock_dir, 0700), 0);
+    snprintf(target, sizeof target, "%s/shm.sock", sock_dir);
+    assert_int_equal(mkdir(target, 0700), 0);
+    const struct {
+        const char *sub; /* the socket path under dir */
+        const char *said, *said_more;
+    } cases[] = {
+        {"missing/deeper/shm.sock", "shm: cannot create ", "/missing/deeper: No such file"},
+        {"afile/shm.sock", "shm: ", "/afile is not a directory owned by tallyd's user or root"},
+        {"linked/shm.sock", "shm: cannot open ",
+         "/linked/shm.sock.lock: Too many levels of symbolic links"},
+        {"taken/shm.sock", "shm: cannot listen on ", "/taken/shm.sock: Address already in use"},
+    };
+    char path[160], want[256];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, cases[i].sub);
+        const char *args[] = {"--shm-socket", path, NULL};
+        assert_int_equal(run_second(args, NULL), 1);
+        snprintf(want, sizeof want, "%s%s%s", cases[i].said, dir, cases[i].said_more);
+        if (!second_log_contains(want))
+            fail_msg("case %zu: no '%s' in %s/second.log", i, want, dir);
+        assert_false(second_log_contains(" ready: "));
+    }
+    assert_int_equal(access(target, F_OK), 0); /* the directory in its way left as it was */
+
+    /* The default path in a "runtime directory" that is a file: a warning, and no side channel. */
+    char bind[96], log[96];
+    snprintf(bind, sizeof bind, "ipc://%s/third.sock", dir);
+    snprintf(log, sizeof log, "%s/third.log", dir);
+    const char *argv[] = {th_tallyd_bin(), "--bind", bind, "--backend", "cpu", NULL};
+    th_daemon_t d = {.pid = th_spawn(argv, log, false, set_runtime_directory, file)};
+    snprintf(d.endpoint, sizeof d.endpoint, "%s", bind);
+    snprintf(d.log_path, sizeof d.log_path, "%s", log);
+    assert_true(d.pid > 0);
+    int status;
+    assert_int_equal(th_await_pong(bind, d.pid, log, TH_START_WAIT_MS, &status), 1);
+    snprintf(want, sizeof want,
+             "shm: %s is not a directory owned by tallyd's user or root; shared memory is off",
+             file);
+    assert_true(th_daemon_log_contains(&d, want));
+    void *sock = th_connect(bind, 10000);
+    tally_req_t info = th_req(TALLY_OP_INFO, TALLY_DTYPE_NONE, 3);
+    th_reply_t reply;
+    assert_int_equal(th_call(sock, &info, NULL, 0, &reply), 0);
+    assert_non_null(strstr((const char *)reply.payload, "\nshm=off\n"));
+    th_reply_free(&reply);
+    assert_int_equal(th_close_and_stop(sock, &d, 10000), 0);
+}
+
 static void test_second_tallyd_refused(void **state)
 {
     (void)state;
@@ -607,6 +678,7 @@ int main(void)
         cmocka_unit_test(test_refusals_summed),
         cmocka_unit_test(test_supplementary_group_allowed),
         cmocka_unit_test(test_socket_dir_refused),
+        cmocka_unit_test(test_socket_path_unusable),
     };
     const char *only = getenv("TALLY_TEST_FILTER"); /* one test by name (a mutation check) */
     if (only && *only)

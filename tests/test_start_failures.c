@@ -51,18 +51,12 @@ static int hold_port(int *port)
 }
 
 /* tallyd with `option value` must exit 1 saying `want`. Unless option is --bind, the request
- * endpoint is an ipc:// path in this test's own directory: a TCP port picked a moment before
- * could be taken by another process under load, and tallyd would then be refused that one
- * instead of the endpoint the test holds. */
+ * endpoint is an ipc:// path in this test's own directory (th_run_refused). */
 static void refused(const char *option, const char *value, const char *want)
 {
-    char bind[96], log[128];
-    snprintf(bind, sizeof bind, "ipc://%s/tallyd.sock", dir);
-    snprintf(log, sizeof log, "%s/refused.log", dir);
-    bool is_bind = strcmp(option, "--bind") == 0;
-    const char *args[] = {
-        "--backend", "cpu", "--shm", "off", option, value, is_bind ? NULL : "--bind", bind, NULL};
-    int status = th_daemon_run_to_exit(args, log, 20000);
+    char log[128];
+    const char *args[] = {option, value, NULL};
+    int status = th_run_refused(dir, args, log, sizeof log, 20000);
     assert_true(th_file_contains(log, want));
     assert_int_equal(status, 1);
     th_daemon_t d = {0};
@@ -70,37 +64,35 @@ static void refused(const char *option, const char *value, const char *want)
     assert_false(th_daemon_log_contains(&d, "ready:"));
 }
 
+/* tallyd with `option` on a loopback port another socket listens on (a tcp:// endpoint, or
+ * IP:PORT unless tcp) must exit 1 saying `said` and that address. */
+static void refused_on_taken_port(const char *option, bool tcp, const char *said)
+{
+    int port, holder = hold_port(&port);
+    char at[64], want[160];
+    snprintf(at, sizeof at, "%s127.0.0.1:%d", tcp ? "tcp://" : "", port);
+    snprintf(want, sizeof want, "%s%s", said, at);
+    refused(option, at, want);
+    close(holder);
+}
+
 static void test_metrics_port_taken(void **state)
 {
     (void)state;
-    int port, holder = hold_port(&port);
-    char at[32], want[96];
-    snprintf(at, sizeof at, "127.0.0.1:%d", port);
-    snprintf(want, sizeof want, "metrics: cannot listen on %s", at);
-    refused("--metrics", at, want);
-    close(holder);
+    refused_on_taken_port("--metrics", false, "metrics: cannot listen on ");
 }
 
 static void test_pub_endpoint_taken(void **state)
 {
     (void)state;
-    int port, holder = hold_port(&port);
-    char at[128], want[160];
-    snprintf(at, sizeof at, "tcp://127.0.0.1:%d", port);
-    snprintf(want, sizeof want, "cannot bind the PUB socket to %s", at);
-    refused("--pub", at, want);
-    close(holder);
+    refused_on_taken_port("--pub", true, "cannot bind the PUB socket to ");
 }
 
 static void test_request_endpoint_taken(void **state)
 {
     (void)state;
-    int port, holder = hold_port(&port);
+    refused_on_taken_port("--bind", true, "cannot bind ");
     char at[128], want[160];
-    snprintf(at, sizeof at, "tcp://127.0.0.1:%d", port);
-    snprintf(want, sizeof want, "cannot bind %s", at);
-    refused("--bind", at, want);
-    close(holder);
     /* An ipc:// endpoint whose directory does not exist. */
     snprintf(at, sizeof at, "ipc://%s/none/tallyd.sock", dir);
     snprintf(want, sizeof want, "cannot bind %s", at);

@@ -778,8 +778,8 @@ static unsigned fill_rings(td_streams_t *t)
                 s->window = td_window_new(td_streams_window_intervals(t),
                                           td_streams_window_interval_ms(t), channels);
             assert_non_null(s->window);
-            assert_true(td_window_add(s->window, NOW_MS - 1000ull * (uint64_t)k, bins, under,
-                                      over, n + under + over));
+            assert_true(td_window_add(s->window, NOW_MS - 1000ull * (uint64_t)k, bins, under, over,
+                                      n + under + over));
             td_stream_recount(s);
         }
         with_ring++;
@@ -1214,8 +1214,7 @@ static void test_write_failures_reported(void **state)
     snprintf(tmp, sizeof tmp, "%s/%s.tmp", dir, TD_STATE_FILE);
     assert_int_equal(mkdir(tmp, 0700), 0);
     msg[0] = '\0';
-    assert_int_equal(td_state_write_file(dir, TD_STATE_FILE, buf, len, msg, sizeof msg),
-                     TD_ERR_IO);
+    assert_int_equal(td_state_write_file(dir, TD_STATE_FILE, buf, len, msg, sizeof msg), TD_ERR_IO);
     assert_non_null(strstr(msg, "create"));
     assert_non_null(strstr(msg, "Is a directory"));
     rmdir(tmp);
@@ -1286,9 +1285,8 @@ static size_t snapshot(td_state_store_t *store, td_streams_t *t, bool *full)
     size_t written = 0;
     unsigned streams = 0;
     bool was_full = false;
-    assert_int_equal(td_state_store_end(store, &job, msg, sizeof msg, &written, &streams,
-                                        &was_full),
-                     TD_OK);
+    assert_int_equal(
+        td_state_store_end(store, &job, msg, sizeof msg, &written, &streams, &was_full), TD_OK);
     assert_null(job);
     if (full)
         *full = was_full;
@@ -1366,6 +1364,55 @@ static void test_log_appends_what_changed(void **state)
     assert_int_equal(r.log_records, 5 + 2 + 1);
     assert_false(td_state_report_lossy(&r));
     assert_int_equal(r.log_torn, 0);
+    assert_tables_equal(t, back);
+    td_streams_destroy(&back);
+    td_state_store_close(&store);
+    td_streams_destroy(&t);
+    log_dir_done(dir);
+}
+
+/* A 4-part table (a 4-shard tallyd) from which more names are removed between two snapshots
+ * than the first 1 KiB of tombstones holds, in every part (about 225 names of 6 characters
+ * each): the next snapshot is a log record, not a whole one, and the restore has none of them
+ * and every other stream as it is. */
+static void test_log_removals_from_every_part(void **state)
+{
+    (void)state;
+    char dir[64];
+    log_dir(dir, sizeof dir);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    td_streams_t *one = random_image(1000, &buf, &len);
+    td_streams_t *t = decode_parts(buf, len, 4);
+    free(buf);
+    td_streams_destroy(&one);
+    td_state_store_t *store = open_store(dir, t);
+    bool full = false;
+    assert_true(snapshot(store, t, &full) > 0);
+    assert_true(full);
+    unsigned removed = 0, kept = 0;
+    for (unsigned i = 0; i < td_streams_parts(t); i++) {
+        td_streams_t *part = td_streams_part(t, i);
+        unsigned removed_here = 0;
+        for (td_stream_t *s = td_streams_first(part); s; s = s->list_next, kept++) {
+            for (unsigned k = 0; k < 9 && s->list_next; k++, removed_here++) {
+                td_stream_t *gone = s->list_next;
+                td_streams_remove(part, &gone);
+                assert_null(gone);
+            }
+        }
+        assert_true(removed_here * 7 > 1024); /* name and its length byte, past the first 1 KiB */
+        removed += removed_here;
+    }
+    assert_int_equal(removed + kept, 1000);
+    assert_int_equal(td_streams_count(t), kept);
+    assert_true(snapshot(store, t, &full) > 0);
+    assert_false(full);
+    td_state_report_t r;
+    td_streams_t *back = restored(dir, &r);
+    assert_true(r.log_used);
+    assert_false(td_state_report_lossy(&r));
+    assert_int_equal(td_streams_count(back), kept);
     assert_tables_equal(t, back);
     td_streams_destroy(&back);
     td_state_store_close(&store);
@@ -1657,6 +1704,7 @@ int main(void)
         cmocka_unit_test(test_unusable_state_path_refused),
         cmocka_unit_test(test_write_failures_reported),
         cmocka_unit_test(test_log_appends_what_changed),
+        cmocka_unit_test(test_log_removals_from_every_part),
         cmocka_unit_test(test_log_compacts),
         cmocka_unit_test(test_log_torn_and_damaged),
         cmocka_unit_test(test_log_compaction_crash_windows),

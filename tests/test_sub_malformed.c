@@ -16,8 +16,8 @@
 
 #include <cmocka.h>
 
-#include "harness.h"
 #include "tally.h"
+#include "harness.h"
 
 static void *ctx, *pub;
 static tally_sub_t *sub;
@@ -50,10 +50,13 @@ static int setup(void **state)
     (void)state;
     ctx = zmq_ctx_new();
     pub = zmq_socket(ctx, ZMQ_PUB);
+    /* Port 0 ("*"): the kernel picks a free one as it binds, so no other process can take it
+     * between a choice and the bind. */
     char endpoint[64];
-    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", th_free_port());
-    if (zmq_bind(pub, endpoint) != 0 || tally_sub_new(endpoint, &sub) != TALLY_OK ||
-        tally_sub_subscribe(sub, "") != TALLY_OK)
+    size_t cap = sizeof endpoint;
+    if (zmq_bind(pub, "tcp://127.0.0.1:*") != 0 ||
+        zmq_getsockopt(pub, ZMQ_LAST_ENDPOINT, endpoint, &cap) != 0 ||
+        tally_sub_new(endpoint, &sub) != TALLY_OK || tally_sub_subscribe(sub, "") != TALLY_OK)
         return -1;
     /* A subscription reaches the publisher some time after the connect: publish until one
      * arrives. */

@@ -140,34 +140,22 @@ static void test_earlier_release_restores_byte_for_byte(void **state)
     assert_int_equal(th_rmrf(dir), 0);
 }
 
-/* tallyd on dir: its exit status (it must exit within 10 s), its stderr in log (cap bytes). */
+/* tallyd on dir: its exit status (it must exit within 10 s), its stderr in log (cap bytes).
+ * Its request endpoint is an ipc:// path in dir, not a TCP port that another test's process
+ * could take before tallyd binds it (the refusal asserted is about the state files). */
 static int run_to_exit(const char *dir, char *log, size_t cap)
 {
-    char endpoint[64], log_path[300];
-    snprintf(endpoint, sizeof endpoint, "tcp://127.0.0.1:%d", th_free_port());
+    char endpoint[300], log_path[300];
+    snprintf(endpoint, sizeof endpoint, "ipc://%s/tallyd.sock", dir);
     snprintf(log_path, sizeof log_path, "%s/tallyd.log", dir);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        FILE *f = freopen(log_path, "w", stderr);
-        (void)f;
-        execl(th_tallyd_bin(), th_tallyd_bin(), "--bind", endpoint, "--backend", "cpu",
-              "--state-dir", dir, "--shm", "off", (char *)NULL);
-        _exit(127);
-    }
-    int status = -1;
-    for (int i = 0; i < 200 && waitpid(pid, &status, WNOHANG) == 0; i++)
-        th_sleep_ms(50);
-    if (!WIFEXITED(status)) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-        return -1;
-    }
+    const char *args[] = {"--bind", endpoint, "--backend", "cpu", "--state-dir",
+                          dir,      "--shm",  "off",       NULL};
+    int status = th_daemon_run_to_exit(args, log_path, 10000);
     char *text = th_slurp(log_path);
     snprintf(log, cap, "%s", text ? text : "");
     free(text);
     remove(log_path);
-    return WEXITSTATUS(status);
+    return status;
 }
 
 /* The file named `file` in dir, its version made `version` (its header resealed): tallyd

@@ -619,8 +619,9 @@ static td_err_t replace_path(char **field_p, const char *value)
     return replace_string(field_p, path);
 }
 
-/* curve_clients: comma-separated KEY or NAME:KEY items (td_auth.c reads them; checked here too,
- * so that a typo stops tallyd at start and --check-config reports it). */
+/* curve_clients: comma-separated KEY or NAME:KEY items, each key one tally_key_valid accepts.
+ * The one check of the list, at start, --check-config and every reload: td_auth.c's load_list
+ * reads what passed it as it is. */
 static bool valid_key_list(const char *text)
 {
     for (const char *p = text; *p;) {

@@ -85,9 +85,10 @@ static bool refusal_log_ok(td_auth_t *self)
 
 /* ---- The allowed keys ------------------------------------------------------------------- */
 
-/* bad_key: what a key that is not Z85 is (a file's or a setting's error). */
-static td_err_t add_key(key_set_t *set, const char *z85, const char *user, size_t user_len,
-                        td_err_t bad_key)
+/* z85 is a key tally_key_valid accepted (the settings' check of curve_clients, or
+ * tally_key_file_read's of a file), so it decodes: TD_ERR_NOMEM (no memory, or ALLOWED_KEYS_MAX
+ * reached) is the one failure. */
+static td_err_t add_key(key_set_t *set, const char *z85, const char *user, size_t user_len)
 {
     if (set->count == set->cap) {
         size_t cap = set->cap ? 2 * set->cap : 16;
@@ -99,8 +100,7 @@ static td_err_t add_key(key_set_t *set, const char *z85, const char *user, size_
         set->cap = cap;
     }
     allowed_key_t *k = &set->keys[set->count];
-    if (!zmq_z85_decode(k->key, z85))
-        return bad_key;
+    zmq_z85_decode(k->key, z85);
     if (user_len > USER_ID_MAX)
         user_len = USER_ID_MAX;
     memcpy(k->user, user, user_len);
@@ -123,8 +123,12 @@ static td_err_t load_key_file(key_set_t *set, const char *dir, const char *name,
         snprintf(msg, cap, "%s holds no public-key", path);
         return TD_ERR_IO;
     }
-    /* Whatever went wrong, the directory's keys are not usable as they are. */
-    return add_key(set, pub, name, len - 4, TD_ERR_IO) == TD_OK ? TD_OK : TD_ERR_IO;
+    if (add_key(set, pub, name, len - 4) != TD_OK) {
+        snprintf(msg, cap, "%s: cannot hold its key (out of memory, or over %d keys)", path,
+                 ALLOWED_KEYS_MAX);
+        return TD_ERR_NOMEM;
+    }
+    return TD_OK;
 }
 
 /* Every NAME.pub file of dir: the key in it, under NAME. */
@@ -148,28 +152,23 @@ static td_err_t load_dir(key_set_t *set, const char *dir, char *msg, size_t cap)
 }
 
 /* curve_clients: comma-separated KEY or NAME:KEY items (a key is 40 characters, so the name is
- * what comes before the last 41). */
+ * what comes before the last 41). The settings refused any other list (valid_key_list in
+ * td_settings.c, at start and at every reload, the only way a list gets here): every item is
+ * KEY or NAME:KEY, and every key one tally_key_valid accepts. */
 static td_err_t load_list(key_set_t *set, const char *list, char *msg, size_t cap)
 {
     for (const char *p = list; *p;) {
         size_t len = strcspn(p, ",");
-        const char *key = len >= TALLY_KEY_LEN ? p + len - TALLY_KEY_LEN : p;
-        bool named = len > TALLY_KEY_LEN + 1 && key[-1] == ':';
-        if (!tally_key_valid(key, len >= TALLY_KEY_LEN ? TALLY_KEY_LEN : len) ||
-            (len != TALLY_KEY_LEN && !named)) {
-            snprintf(msg, cap,
-                     "curve_clients: '%.*s' is not KEY or NAME:KEY (a key is 40 "
-                     "characters of Z85)",
-                     (int)len, p);
-            return TD_ERR_CONFIG;
-        }
+        const char *key = p + len - TALLY_KEY_LEN;
+        bool named = len > TALLY_KEY_LEN;
         char z85[TALLY_KEY_LEN + 1];
         memcpy(z85, key, TALLY_KEY_LEN);
         z85[TALLY_KEY_LEN] = '\0';
-        td_err_t err = named ? add_key(set, z85, p, len - TALLY_KEY_LEN - 1, TD_ERR_CONFIG)
-                             : add_key(set, z85, key, TALLY_KEY_LEN, TD_ERR_CONFIG);
+        td_err_t err = named ? add_key(set, z85, p, len - TALLY_KEY_LEN - 1)
+                             : add_key(set, z85, key, TALLY_KEY_LEN);
         if (err != TD_OK) {
-            snprintf(msg, cap, "curve_clients: cannot add '%.*s'", (int)len, p);
+            snprintf(msg, cap, "curve_clients: cannot hold '%.*s' (out of memory, or over %d keys)",
+                     (int)len, p, ALLOWED_KEYS_MAX);
             return err;
         }
         p += len + (p[len] == ',');

@@ -54,6 +54,42 @@ int th_free_port(void)
     return port;
 }
 
+int th_refusing_port(int *held)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof addr;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&addr, sizeof addr) == 0 &&
+        getsockname(fd, (struct sockaddr *)&addr, &len) == 0) {
+        *held = fd;
+        return ntohs(addr.sin_port);
+    }
+    if (fd >= 0)
+        close(fd);
+    *held = -1;
+    return -1;
+}
+
+pid_t th_spawn(const char *const *argv, const char *log, bool stdout_to_log,
+               void (*setup)(const void *arg), const void *arg)
+{
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+    /* If the test dies, its process must not outlive it: an orphan holding the test's output
+     * pipe would turn a failure into a CTest timeout. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (!freopen(log, "w", stderr))
+        _exit(126);
+    if (stdout_to_log ? dup2(STDERR_FILENO, STDOUT_FILENO) < 0 : !freopen("/dev/null", "w", stdout))
+        _exit(126);
+    if (setup)
+        setup(arg);
+    execv(argv[0], (char *const *)argv);
+    fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+}
+
 const char *th_tallyd_bin(void)
 {
     const char *bin = getenv("TALLYD_BIN");
@@ -114,21 +150,9 @@ int th_daemon_start(th_daemon_t *d, const char *const *extra_args)
         if (own_shm_socket(d, extra_args, argv, &argc) != 0)
             return -1;
         argv[argc] = NULL;
-        pid_t pid = fork();
+        pid_t pid = th_spawn(argv, d->log_path, false, NULL, NULL);
         if (pid < 0)
             return -1;
-        if (pid == 0) {
-            /* If the test dies, its daemon must not outlive it: an orphan holding the test's
-             * output pipe would turn a failure into a CTest timeout. */
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
-            FILE *log = freopen(d->log_path, "w", stderr);
-            FILE *out = freopen("/dev/null", "w", stdout);
-            (void)log;
-            (void)out;
-            execv(argv[0], (char *const *)argv);
-            fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
-            _exit(127);
-        }
         d->pid = pid;
         /* The daemon is up once it answers; exited, or another process answering on its port:
          * the port was taken meanwhile, try another. */
@@ -166,18 +190,31 @@ int th_daemon_run_to_exit(const char *const *args, const char *log, int timeout_
     for (int i = 0; args && args[i] && argc < 39; i++)
         argv[argc++] = args[i];
     argv[argc] = NULL;
-    pid_t pid = fork();
+    pid_t pid = th_spawn(argv, log, false, NULL, NULL);
     if (pid < 0)
         return -1;
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (!freopen(log, "w", stderr) || !freopen("/dev/null", "w", stdout))
-            _exit(126);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
     th_daemon_t d = {.pid = pid};
     return th_daemon_wait(&d, timeout_ms);
+}
+
+int th_run_refused(const char *dir, const char *const *args, char *log, size_t cap, int timeout_ms)
+{
+    char bind[160];
+    snprintf(bind, sizeof bind, "ipc://%s/refused.sock", dir);
+    snprintf(log, cap, "%s/refused.log", dir);
+    const char *argv[32] = {"--backend", "cpu", "--shm", "off"};
+    int argc = 4;
+    bool has_bind = false;
+    for (int i = 0; args && args[i] && argc < 28; i++) {
+        has_bind |= strcmp(args[i], "--bind") == 0;
+        argv[argc++] = args[i];
+    }
+    if (!has_bind) {
+        argv[argc++] = "--bind";
+        argv[argc++] = bind;
+    }
+    argv[argc] = NULL;
+    return th_daemon_run_to_exit(argv, log, timeout_ms);
 }
 
 int th_daemon_stop(th_daemon_t *d, int sig, int timeout_ms)
@@ -366,6 +403,39 @@ void th_reply_free(th_reply_t *reply)
 {
     free(reply->payload);
     memset(reply, 0, sizeof *reply);
+}
+
+void *th_nonreader_started(th_daemon_t *d, const char *const *args, int scans, uint64_t first_id,
+                           void **other, long long *n_ok, long long *n_busy)
+{
+    *other = NULL;
+    if (th_daemon_start(d, args) != 0)
+        return NULL;
+    *other = th_connect(d->endpoint, 30000);
+    void *peer = th_nonreader_scans(d->endpoint, *other, scans, first_id, n_ok, n_busy);
+    if (peer && *n_ok + *n_busy != scans) {
+        fprintf(stderr, "%d scans pipelined, %lld answered ok and %lld busy\n", scans, *n_ok,
+                *n_busy);
+        th_close(peer);
+        peer = NULL;
+    }
+    return peer;
+}
+
+long long th_stat_wait_at_most(void *sock, const char *name, long long want, int timeout_ms)
+{
+    long long v = -1;
+    for (int64_t t0 = th_now_ms();
+         (v = th_stat(sock, name)) > want && th_now_ms() - t0 < timeout_ms;)
+        th_sleep_ms(50);
+    return v;
+}
+
+void th_daemon_kill(th_daemon_t *d)
+{
+    if (d->pid > 0)
+        th_daemon_stop(d, SIGKILL, 5000);
+    d->pid = 0;
 }
 
 void *th_nonreader_scans(const char *endpoint, void *stats, int scans, uint64_t first_id,

@@ -17,7 +17,7 @@
 typedef struct {
     pid_t pid;
     int port;
-    char endpoint[64];
+    char endpoint[128];
     char log_path[128];   /* tallyd's stderr */
     char shm_dir[64];     /* its own directory for the side channel; "" when the test set it */
     char shm_socket[128]; /* the side channel's path in shm_dir */
@@ -53,14 +53,35 @@ int th_daemon_wait(th_daemon_t *d, int timeout_ms);
 /* Runs tallyd with args (nothing added) to its exit, its stderr in log: for a tallyd that is
  * to refuse to start. Its exit status, or -1 when it did not exit within timeout_ms (killed). */
 int th_daemon_run_to_exit(const char *const *args, const char *log, int timeout_ms);
+/* A tallyd that is to refuse to start, run to its exit: --backend cpu, --shm off and args
+ * (NULL-terminated, 24 at most) and, unless args has --bind, --bind ipc://DIR/refused.sock (in
+ * the test's own directory dir: a TCP port picked a moment before could be another process's by
+ * the time tallyd binds it, and it would be refused for that instead). Its stderr in
+ * DIR/refused.log, whose path goes into log (cap bytes). Its exit status, or -1 when it did not
+ * exit within timeout_ms (killed). */
+int th_run_refused(const char *dir, const char *const *args, char *log, size_t cap, int timeout_ms);
 /* True when the daemon's log contains text. */
 bool th_daemon_log_contains(const th_daemon_t *d, const char *text);
 
 /* True when the file at path (a log) contains text; false, saying so on stderr, when not. */
 bool th_file_contains(const char *path, const char *text);
 
-/* A loopback TCP port that was free a moment ago (bound, read, closed). */
+/* A loopback TCP port that was free a moment ago (bound, read, closed). Another process may take
+ * it before the test uses it (CTest runs tests in parallel): only for a tallyd that
+ * th_daemon_start starts (it retries on another port) or a test that retries itself; a tallyd
+ * run to its exit binds an ipc:// path in the test's directory, and a port nothing may listen
+ * on is th_refusing_port's. */
 int th_free_port(void);
+/* A loopback TCP port that nothing listens on, bound by the test and held (not listening) so
+ * that no other process can take it: a connection to it is refused. Its socket in *held (close
+ * it when done); -1 (and *held -1) on failure. */
+int th_refusing_port(int *held);
+/* Forks and runs argv (argv[0] the program's path; NULL-terminated) with its stderr in the file
+ * log (created or truncated) and its stdout there too (stdout_to_log) or in /dev/null; killed
+ * when the test dies. setup(arg), unless NULL, runs in the child just before the exec (the
+ * environment, descriptors to pass). The child's pid, or -1. */
+pid_t th_spawn(const char *const *argv, const char *log, bool stdout_to_log,
+               void (*setup)(const void *arg), const void *arg);
 /* The tallyd under test: $TALLYD_BIN, or ./tallyd. */
 const char *th_tallyd_bin(void);
 
@@ -109,6 +130,19 @@ long long th_stat(void *sock, const char *name);
  * first tallyd's only scans), or after 30 s. The DEALER (th_close it), or NULL. */
 void *th_nonreader_scans(const char *endpoint, void *stats, int scans, uint64_t first_id,
                          long long *n_ok, long long *n_busy);
+/* What test_hostile and test_reply_bounds begin with: starts d with args (NULL-terminated),
+ * connects *other (a DEALER, 30 s receive timeout) and has a th_nonreader_scans peer pipeline
+ * `scans` scans, request ids first_id on, counting them in *n_ok and *n_busy as read on *other.
+ * The peer, or NULL (said on stderr) when tallyd did not start or did not answer them all. */
+void *th_nonreader_started(th_daemon_t *d, const char *const *args, int scans, uint64_t first_id,
+                           void **other, long long *n_ok, long long *n_busy);
+/* Asks sock for the stat `name` (th_stat) every 50 ms until it is at most `want`, for at most
+ * timeout_ms: its last value. */
+long long th_stat_wait_at_most(void *sock, const char *name, long long want, int timeout_ms);
+/* The end of a test's daemon that may still run (a teardown after a failed test): SIGKILL and
+ * reaped, its pid 0. */
+void th_daemon_kill(th_daemon_t *d);
+
 /* One request, one reply in *reply (th_reply_free it): the reply's status, or -1 without a
  * reply. */
 int th_call_reply_status(void *sock, const tally_req_t *req, const void *payload, size_t len,

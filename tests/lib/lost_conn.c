@@ -14,6 +14,8 @@
 #define LC_RESEND_ID 500   /* its resend, LC_RESEND_ID + k */
 #define LC_READ_MS 200     /* one wait for a reply */
 #define LC_ANSWER_MS 60000 /* bound on tallyd answering every scan (never reached when correct) */
+#define LC_REPLY_MS 60000  /* bound on one resent scan's reply (never reached when correct) */
+#define LC_RESEND_POLL_MS 500 /* one receive of it: the wait goes on until LC_REPLY_MS */
 
 static tally_req_t scan_req(const char *stream, uint64_t id, uint64_t seq)
 {
@@ -200,11 +202,13 @@ static int send_one(void *sock, const char *stream, int k, uint64_t seq, uint64_
         tally_req_t req = scan_req(stream, LC_RESEND_ID + (uint64_t)k, seq);
         if (th_send_request(sock, &req, v, LC_ELEMS * sizeof *v) != 0)
             break;
-        th_reply_t r;
-        int64_t until = th_now_ms() + 30000;
+        /* Waits for the reply up to LC_REPLY_MS, one LC_RESEND_POLL_MS receive at a time: a
+         * receive that times out is no lost reply (a loaded box under TSan may take seconds). */
+        int64_t until = th_now_ms() + LC_REPLY_MS;
         status = -1;
-        while (status < 0 && th_now_ms() < until && th_recv_reply(sock, &r) == 0) {
-            if (r.rep.request_id == req.request_id) {
+        while (status < 0 && th_now_ms() < until) {
+            th_reply_t r;
+            if (th_recv_reply(sock, &r) == 0 && r.rep.request_id == req.request_id) {
                 status = (int)r.rep.status;
                 *aux0 = r.rep.aux0;
             }
@@ -220,7 +224,7 @@ static int send_one(void *sock, const char *stream, int k, uint64_t seq, uint64_
 const char *lc_resend(const th_daemon_t *d, void *sock, const char *stream, lc_run_t *run)
 {
     uint64_t applied = run->last_seq;
-    int timeout = 1000;
+    int timeout = LC_RESEND_POLL_MS;
     zmq_setsockopt(sock, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
     for (int k = 0; k < run->n; k++) {
         uint64_t aux0 = 0;

@@ -47,6 +47,14 @@ const char *tn_server_bin(void)
     return NULL;
 }
 
+bool tn_skip(void)
+{
+    if (tn_server_bin())
+        return false;
+    fprintf(stderr, "nats-server not found: skipped\n");
+    return true;
+}
+
 static int write_conf(const tn_cluster_t *c, int i, const tn_options_t *opts)
 {
     const tn_node_t *n = &c->node[i];

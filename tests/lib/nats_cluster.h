@@ -56,6 +56,9 @@ struct tn_cluster {
 /* The nats-server under test: $TALLY_NATS_SERVER, else nats-server on the PATH; NULL when none
  * is executable (tests then skip with 77). */
 const char *tn_server_bin(void);
+/* True, saying "nats-server not found: skipped" on stderr, when tn_server_bin finds none: a
+ * test's main then returns 77, CTest's skip. */
+bool tn_skip(void);
 
 /* Starts a cluster of `nodes` (1..TN_MAX_NODES; 1 = a single JetStream server, no cluster
  * block) and waits until it is ready (at most timeout_ms). 0, or -1 (logged; nothing left
