@@ -286,6 +286,12 @@
 #define TD_NATS_CHECKPOINT_MS_MIN 10u
 #define TD_NATS_CHECKPOINT_MS_LIMIT 3600000u
 #define TD_DEFAULT_NATS_PARTITION_MAX_BYTES (1ull << 30)
+/* A partition's window (issue 32): messages in the request path at once, and their payload
+ * bytes (one message always goes, however large). 256 keeps a 1 KiB-message partition's round
+ * trip off the critical path; the bytes bound keeps a worker's memory per partition bounded. */
+#define TD_DEFAULT_NATS_INFLIGHT 256u
+#define TD_NATS_INFLIGHT_LIMIT 4096u
+#define TD_DEFAULT_NATS_INFLIGHT_BYTES (16ull << 20)
 /* A partition's stream keeps a message this long (a worker outage longer than this loses what
  * was not applied; the fleet removes nothing itself: daemon/nats/td_nats_consumer.h). */
 #define TD_DEFAULT_NATS_PARTITION_MAX_AGE_S 86400u
@@ -370,6 +376,8 @@ typedef struct {
     unsigned nats_replicas;
     unsigned nats_lease_ttl_ms;
     unsigned nats_checkpoint_ms;
+    unsigned nats_inflight;
+    size_t nats_inflight_bytes;
     size_t nats_partition_max_bytes;
     unsigned nats_partition_max_age_s;
     int argc;                /* the command line, kept so SIGHUP can re-apply it (borrowed) */

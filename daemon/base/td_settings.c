@@ -367,6 +367,17 @@ const td_setting_t td_settings[] = {
      .def = TD_DEFAULT_NATS_CHECKPOINT_MS, .min = TD_NATS_CHECKPOINT_MS_MIN,
      .max = TD_NATS_CHECKPOINT_MS_LIMIT, .reload = TD_RELOAD_RESTART,
      .help = "a partition's state is checkpointed at least this often while messages arrive"},
+    {.option = "nats-inflight", .arg = "N", .section = "nats", .key = "inflight",
+     .type = TD_SET_UINT, .offset = FIELD(nats_inflight), .def = TD_DEFAULT_NATS_INFLIGHT,
+     .min = 1, .max = TD_NATS_INFLIGHT_LIMIT, .reload = TD_RELOAD_RESTART,
+     .help = "messages of one partition in the request path at once (different streams side by "
+             "side, each stream in order)"},
+    {.option = "nats-inflight-bytes", .arg = "B", .section = "nats", .key = "inflight_bytes",
+     .type = TD_SET_SIZE, .offset = FIELD(nats_inflight_bytes),
+     .def = TD_DEFAULT_NATS_INFLIGHT_BYTES, .min = 1 << 16, .max = SIZE_MAX,
+     .reload = TD_RELOAD_RESTART,
+     .help = "payload bytes of one partition's messages in the request path at once (one "
+             "message always goes), K/M/G"},
     {.option = "nats-partition-max-bytes", .arg = "B", .section = "nats",
      .key = "partition_max_bytes", .type = TD_SET_SIZE, .offset = FIELD(nats_partition_max_bytes),
      .def = TD_DEFAULT_NATS_PARTITION_MAX_BYTES, .min = 1 << 20, .max = SIZE_MAX,

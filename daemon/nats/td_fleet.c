@@ -182,6 +182,7 @@ static void leave(td_fleet_t *f)
     for (uint32_t k = 0; k < f->partitions; k++)
         if (f->parts[k].owned)
             td_part_give_up(f, &f->parts[k]);
+    natsConnection_FlushTimeout(f->reply_nc, 2000); /* the last replies and acknowledgements */
     char msg[256];
     if (td_member_leave(f->members, f->member, msg, sizeof msg) != TD_OK)
         td_warn("fleet: %s", msg);
@@ -213,11 +214,24 @@ static void *fleet_thread(void *arg)
 
 /* ---- Life ---------------------------------------------------------------------------------- */
 
+td_err_t td_fleet_connect(td_fleet_t *f, const char *role, bool asap, natsConnection **nc,
+                          char *msg, size_t cap)
+{
+    char name[TALLY_NATS_MEMBER_ID_MAX + 40];
+    snprintf(name, sizeof name, "%s%s%s", f->member, role ? "/" : "", role ? role : "");
+    tally_nats_conf_t conf = nats_conf(f->host.cfg, name);
+    conf.send_asap = asap;
+    return tally__nats_connect(&conf, nc, msg, cap) == TALLY_OK ? TD_OK : TD_ERR_LIBRARY;
+}
+
 static td_err_t connect_fleet(td_fleet_t *f, const td_config_t *cfg)
 {
     char msg[512];
-    tally_nats_conf_t conf = nats_conf(cfg, f->member);
-    if (tally__nats_connect(&conf, &f->nc, msg, sizeof msg) != TALLY_OK) {
+    /* The fleet thread's calls (every one answered before the next): flushed at once. Replies,
+     * watch publications and acknowledgements go on a connection of their own, buffered: a
+     * window's replies leave in few writes, and never wait behind a slow JetStream call. */
+    if (td_fleet_connect(f, NULL, true, &f->nc, msg, sizeof msg) != TD_OK ||
+        td_fleet_connect(f, "replies", false, &f->reply_nc, msg, sizeof msg) != TD_OK) {
         td_err("fleet: %s", msg);
         return TD_ERR_LIBRARY;
     }
@@ -285,6 +299,9 @@ static void settings(td_fleet_t *f, const td_config_t *cfg)
     f->partitions = cfg->nats_partitions;
     f->ttl_ms = cfg->nats_lease_ttl_ms;
     f->ckpt_ms = cfg->nats_checkpoint_ms;
+    f->inflight = cfg->nats_inflight ? cfg->nats_inflight : TD_DEFAULT_NATS_INFLIGHT;
+    f->inflight_bytes =
+        cfg->nats_inflight_bytes ? cfg->nats_inflight_bytes : TD_DEFAULT_NATS_INFLIGHT_BYTES;
     f->watch_ms = cfg->pub_interval_ms;
     const char *take_ms = getenv("TALLYD_TEST_TAKE_MS"); /* test only: a slow cluster's takes */
     f->test_take_ms = take_ms ? atoll(take_ms) : 0;
@@ -318,10 +335,11 @@ td_err_t td_fleet_new(const td_fleet_host_t *host, td_fleet_t **out)
     f->parts = calloc(f->partitions, sizeof *f->parts);
     if (!f->parts)
         goto fail;
-    for (uint32_t k = 0; k < f->partitions; k++) {
+    for (uint32_t k = 0; k < f->partitions; k++)
         f->parts[k].k = k;
-        f->parts[k].inflight = -1;
-    }
+    f->pend_cap = (size_t)f->partitions * f->inflight + TD_FLEET_PENDING_EXTRA;
+    if (!(f->pend = calloc(f->pend_cap, sizeof *f->pend)))
+        goto fail;
     if ((err = connect_fleet(f, host->cfg)) != TD_OK || (err = td_fleet_path_open(f)) != TD_OK ||
         (err = td_fleet_query_open(f)) != TD_OK || (err = open_loop_handles(f)) != TD_OK)
         goto fail;
@@ -359,6 +377,8 @@ void td_fleet_destroy(td_fleet_t **self_p)
     }
     if (f->async.loop && !uv_is_closing((uv_handle_t *)&f->async))
         uv_close((uv_handle_t *)&f->async, NULL);
+    if (f->check.loop && !uv_is_closing((uv_handle_t *)&f->check))
+        uv_close((uv_handle_t *)&f->check, NULL);
     if (f->sig_term.loop && !f->loop_closed) {
         uv_close((uv_handle_t *)&f->sig_term, NULL);
         uv_close((uv_handle_t *)&f->sig_int, NULL);
@@ -367,17 +387,16 @@ void td_fleet_destroy(td_fleet_t **self_p)
         uv_run(f->host.loop, UV_RUN_NOWAIT); /* the close callbacks */
     td_fleet_query_close(f);
     td_fleet_path_close(f);
-    for (uint32_t k = 0; f->parts && k < f->partitions; k++) {
-        td_reader_stop(&f->parts[k].reader);
-        natsMsg_Destroy(f->parts[k].retry);
-        free(f->parts[k].acks);
-    }
+    for (uint32_t k = 0; f->parts && k < f->partitions; k++)
+        td_part_free(f, &f->parts[k]);
     free(f->parts);
+    free(f->pend);
     kvStore_Destroy(f->members);
     kvStore_Destroy(f->leases);
     kvStore_Destroy(f->ckpts);
     jsCtx_Destroy(f->js);
     natsConnection_Destroy(f->nc);
+    natsConnection_Destroy(f->reply_nc);
     pthread_cond_destroy(&f->cond);
     pthread_mutex_destroy(&f->mu);
     free(f);

@@ -37,9 +37,9 @@ td_err_t td_consumer_start(jsCtx *js, uint32_t k, uint64_t epoch, unsigned resta
     jsConsumerConfig cc;
     jsConsumerConfig_Init(&cc);
     cc.Durable = durable;
-    cc.AckPolicy = js_AckExplicit;
+    cc.AckPolicy = js_AckAll; /* one acknowledgement per checkpoint */
     cc.AckWait = ack_wait_ms * 1000000;
-    cc.MaxAckPending = -1; /* acknowledged at checkpoints only: no cap on what is in between */
+    cc.MaxAckPending = TD_NATS_ACK_PENDING;
     cc.DeliverPolicy = start_seq > 1 ? js_DeliverByStartSequence : js_DeliverAll;
     cc.OptStartSeq = start_seq > 1 ? start_seq : 0;
     jsConsumerInfo *ci = NULL;
@@ -49,10 +49,13 @@ td_err_t td_consumer_start(jsCtx *js, uint32_t k, uint64_t epoch, unsigned resta
      * where this owner needs it; anything else is refused. */
     bool right = s == NATS_OK && ci && ci->Config && ci->Config->OptStartSeq == cc.OptStartSeq &&
                  ci->Delivered.Consumer == 0;
+    int64_t pending = right ? ci->Config->MaxAckPending : 0;
     jsConsumerInfo_Destroy(ci);
-    if (!right) {
+    if (!right || pending != cc.MaxAckPending) {
         snprintf(msg, cap, "creating consumer %s at %" PRIu64 ": %s", durable, start_seq,
-                 s == NATS_OK ? "it exists and has delivered already" : td_nats_last_error(s));
+                 s != NATS_OK ? td_nats_last_error(s)
+                 : !right     ? "it exists and has delivered already"
+                              : "the server did not take its max_ack_pending");
         return TD_ERR_LIBRARY;
     }
     jsSubOptions so;

@@ -26,13 +26,20 @@
 
 #include "td_err.h"
 
+/* What an owner's consumer lets be delivered and not acknowledged: an owner acknowledges once per
+ * checkpoint (AckAll), and drains for a checkpoint at half of it. Set explicitly and checked:
+ * libnats 3.4.1 does not send MaxAckPending -1, and the server's default (1,000) held every
+ * partition to 1,000 messages per checkpoint interval. */
+#define TD_NATS_ACK_PENDING (1 << 20)
+
 /* A fetch asks for at most this many bytes: libnats drops a subscription whose pending bytes
  * pass its 64 MiB limit (a slow consumer), so stay well under it. */
 #define TD_NATS_FETCH_MAX_BYTES (32ll << 20)
 
 /* Creates the owner's durable consumer tally-p<k>-<epoch>-<restart> of partition k (epoch: the
  * owner's lease revision; restart: how many it made before under that lease) delivering from
- * start_seq (<= 1: from the first message), explicit acks, ack_wait_ms, after deleting every other
+ * start_seq (<= 1: from the first message), AckAll (an acknowledgement covers every message
+ * delivered before it), TD_NATS_ACK_PENDING, ack_wait_ms, after deleting every other
  * consumer of the partition (a previous owner's, or its own previous one), and binds *sub to it.
  * A consumer of that name that has delivered already is refused. */
 td_err_t td_consumer_start(jsCtx *js, uint32_t k, uint64_t epoch, unsigned restart,
