@@ -273,13 +273,18 @@
 #define TD_WEB_RATE_WINDOW_MS 10000u
 
 /* The NATS JetStream fleet (PROTOCOL.md §13, daemon/nats/). Off until [nats] servers is set. A
- * lease lives lease_ttl_ms and is renewed every third of it; a checkpoint is written at least
- * every checkpoint_interval_ms while messages are applied; a partition's JetStream stream holds
- * at most partition_max_bytes not yet checkpointed (then producers are refused: backpressure). */
+ * lease lives lease_ttl_ms and is renewed once it is a second old (daemon/nats/td_fleet_int.h);
+ * a checkpoint is written at least every checkpoint_interval_ms while messages are applied; a
+ * partition's JetStream stream holds at most partition_max_bytes not yet checkpointed (then
+ * producers are refused: backpressure). */
 #define TD_DEFAULT_NATS_PARTITIONS 8u
 #define TD_DEFAULT_NATS_REPLICAS 3u
 #define TD_NATS_REPLICAS_LIMIT 5u
-#define TD_DEFAULT_NATS_LEASE_TTL_MS 10000u
+/* 15 s: JetStream elects a new leader for a replicated bucket within a few seconds (2-5 s seen
+ * on loopback after kill -9 of the leader), and a lease must outlive that with the renewal's
+ * retries (docs/fleet.md); a worker's failover costs about TTL + 2 s. A worker with no
+ * lease_ttl_ms takes an existing fleet's. */
+#define TD_DEFAULT_NATS_LEASE_TTL_MS 15000u
 #define TD_NATS_LEASE_TTL_MS_MIN 1000u
 #define TD_NATS_LEASE_TTL_MS_LIMIT 600000u
 #define TD_DEFAULT_NATS_CHECKPOINT_MS 1000u

@@ -46,6 +46,16 @@
 /* At start, making the fleet's streams and buckets is tried this often, this far apart. */
 #define TD_FLEET_START_RETRIES 60
 #define TD_FLEET_START_RETRY_MS 500
+/* Through a lost nats-server (issue 32): the key-value buckets' calls wait this long (libnats'
+ * default is 5 s), leases are renewed once they are this old and, when a renewal fails (the
+ * bucket electing a leader), tried again after a short pause, and the fleet thread's other
+ * JetStream calls wait at most TD_FLEET_JS_WAIT_MS. A renewal then never holds the partitions
+ * still for longer than a couple of seconds, and a lease outlives an election shorter than its
+ * TTL less about two seconds (docs/fleet.md). */
+#define TD_FLEET_KV_WAIT_MS 1000
+#define TD_FLEET_JS_WAIT_MS 2000
+#define TD_FLEET_RENEW_AGE_MS 1000
+#define TD_FLEET_RENEW_RETRY_MS 250
 /* A partition whose take-over failed (a damaged checkpoint, NATS errors) is not tried again
  * before this. */
 #define TD_FLEET_TAKE_BACKOFF_MS 5000
@@ -102,8 +112,8 @@ typedef struct {
     bool owned;
     td_lease_t lease;
     td_ckpt_t ckpt;
-    td_reader_t reader;   /* fetches from the bound durable consumer */
-    natsConnection *rnc;  /* the reader's own connection (made at the first take, kept) */
+    td_reader_t reader;  /* fetches from the bound durable consumer */
+    natsConnection *rnc; /* the reader's own connection (made at the first take, kept) */
     jsCtx *rjs;
     unsigned restarts;    /* consumers made under the current lease */
     uint64_t applied_seq; /* the watermark: every message up to it is applied (or judged) */
@@ -115,9 +125,9 @@ typedef struct {
     td_win_entry_t *win;
     uint64_t win_first;
     size_t win_len, win_bytes, retries;
-    int64_t retry_at;  /* when the WIN_RETRY entries are sent again */
-    natsMsg *next;     /* taken from the reader, waiting for room in the window */
-    bool draining;     /* a checkpoint is due: nothing new until the window is empty */
+    int64_t retry_at; /* when the WIN_RETRY entries are sent again */
+    natsMsg *next;    /* taken from the reader, waiting for room in the window */
+    bool draining;    /* a checkpoint is due: nothing new until the window is empty */
     /* AckAll: the ack subject of the watermark's message, sent after the next checkpoint. */
     char ack[TD_FLEET_ACK_MAX];
     uint64_t unacked; /* messages retired since the last acknowledgement */
@@ -142,13 +152,15 @@ struct td_fleet {
     /* NATS. */
     natsConnection *nc;
     natsConnection *reply_nc; /* replies, watch publications and acks: buffered, no flush each */
-    jsCtx *js;
+    jsCtx *js;                /* the fleet thread's JetStream calls (TD_FLEET_JS_WAIT_MS) */
+    jsCtx *kv_js;             /* its buckets' (TD_FLEET_KV_WAIT_MS) */
     kvStore *members, *leases, *ckpts;
     natsSubscription *q_sub, *seq_sub, *ctl_sub, *streams_sub;
     /* Partitions. */
     td_part_t *parts;
     int64_t next_beat_ms;
-    size_t live_members; /* at the last heartbeat */
+    int64_t next_renew_ms; /* after a failed renewal: the next try */
+    size_t live_members;   /* at the last heartbeat */
     /* The transport (td_fleet_transport.c): requests queued for the loop, replies queued for the
      * fleet thread (under q_mu); wake_fd: an eventfd written when a reply is queued, and by the
      * readers when they queue messages. */

@@ -186,7 +186,7 @@ static void resend(td_fleet_t *f, td_part_t *p);
 static void release_lease(td_fleet_t *f, td_part_t *p)
 {
     char msg[256];
-    if (p->lease.revision && td_lease_release(f->js, p->k, &p->lease, msg, sizeof msg) != TD_OK)
+    if (p->lease.revision && td_lease_release(f->kv_js, p->k, &p->lease, msg, sizeof msg) != TD_OK)
         td_warn("fleet: %s", msg);
     memset(&p->lease, 0, sizeof p->lease);
 }
@@ -280,8 +280,8 @@ static td_err_t start_consumer(td_fleet_t *f, td_part_t *p, uint64_t start_seq, 
     natsSubscription *sub = NULL;
     td_err_t err = reader_connection(f, p, msg, cap);
     if (err == TD_OK)
-        err = td_consumer_start(p->rjs, p->k, p->lease.revision, p->restarts++, start_seq,
-                                ack_wait, &sub, msg, cap);
+        err = td_consumer_start(p->rjs, p->k, p->lease.revision, p->restarts++, start_seq, ack_wait,
+                                &sub, msg, cap);
     if (err == TD_OK && (err = td_reader_start(f, &p->reader, p->k, sub)) != TD_OK) {
         snprintf(msg, cap, "cannot start its reader thread");
         natsSubscription_Destroy(sub);
@@ -422,7 +422,7 @@ void td_part_give_up(td_fleet_t *f, td_part_t *p)
     else if (p->applied_seq > p->ckpt_seq && !td_part_checkpoint(f, p))
         return; /* dropped (fenced or expired), or the write failed: the next owner redoes it */
     if (!p->owned)
-        return; /* lost while it waited for its messages */
+        return;                    /* lost while it waited for its messages */
     td_fleet_watch_flush(f, p->k); /* its streams' last changes, before they are not ours */
     forget_work(f, p);
     if (!atomic_load(&f->stopping)) /* tallyd goes on: its copy is no longer the truth */
@@ -540,7 +540,8 @@ static bool same_stream(natsMsg *a, natsMsg *b)
 static bool order_broken(const td_fleet_t *f, const td_part_t *p, uint64_t pos, bool applied)
 {
     natsMsg *m = entry_at(f, p, pos)->msg;
-    uint64_t from = applied ? p->win_first : pos + 1, to = applied ? pos : p->win_first + p->win_len;
+    uint64_t from = applied ? p->win_first : pos + 1,
+             to = applied ? pos : p->win_first + p->win_len;
     for (uint64_t i = from; i < to; i++) {
         const td_win_entry_t *o = entry_at(f, p, i);
         if (o->state == (applied ? WIN_RETRY : WIN_DONE) && same_stream(o->msg, m))

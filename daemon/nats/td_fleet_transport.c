@@ -157,8 +157,7 @@ td_err_t td_fleet_path_open(td_fleet_t *f)
     f->transport = (td_transport_t){.ops = &fleet_ops, .path = f->host.path, .owns_streams = true};
     if (pthread_mutex_init(&f->q_mu, NULL) != 0)
         return TD_ERR_LIBRARY;
-    if (uv_check_init(f->host.loop, &f->check) != 0 ||
-        uv_check_start(&f->check, on_check) != 0) {
+    if (uv_check_init(f->host.loop, &f->check) != 0 || uv_check_start(&f->check, on_check) != 0) {
         pthread_mutex_destroy(&f->q_mu);
         return TD_ERR_LIBRARY;
     }
