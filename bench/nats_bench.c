@@ -35,6 +35,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,27 +131,55 @@ static int bare(const char *url, const char *stream, long count)
     return bare_k(url, k, count, 1);
 }
 
-static int bare_k(const char *url, uint32_t k, long count, uint64_t from)
+/* A bare pull consumer of partition k (AckNone) on a connection of its own that reconnects for
+ * ever: from sequence `from` (<= 1: the first), or (follow) from the next message published, as
+ * a durable (replicated with its stream, so it outlives a lost server). 0, or 1 (said why). */
+static int bare_subscribe(const char *url, uint32_t k, bool follow, uint64_t from,
+                          natsConnection **nc, jsCtx **js, natsSubscription **sub)
 {
-    char stream_name[32], subject[32];
+    char stream_name[32], subject[32], durable[32], copy[1024];
     snprintf(stream_name, sizeof stream_name, "TALLY_P%u", (unsigned)k);
     snprintf(subject, sizeof subject, "tally.in.%u.*", (unsigned)k); /* every publisher */
-    natsConnection *nc = NULL;
-    jsCtx *js = NULL;
-    natsSubscription *sub = NULL;
+    snprintf(durable, sizeof durable, "bench-follow-%u", (unsigned)k);
     jsErrCode jerr = 0;
     jsSubOptions so;
     jsSubOptions_Init(&so);
     so.Stream = stream_name;
     so.Config.AckPolicy = js_AckNone;
-    so.Config.DeliverPolicy = from > 1 ? js_DeliverByStartSequence : js_DeliverAll;
-    so.Config.OptStartSeq = from > 1 ? from : 0;
-    if (natsConnection_ConnectTo(&nc, url) != NATS_OK ||
-        natsConnection_JetStream(&js, nc, NULL) != NATS_OK ||
-        js_PullSubscribe(&sub, js, subject, NULL, NULL, &so, &jerr) != NATS_OK) {
+    so.Config.DeliverPolicy = follow     ? js_DeliverNew
+                              : from > 1 ? js_DeliverByStartSequence
+                                         : js_DeliverAll;
+    so.Config.OptStartSeq = !follow && from > 1 ? from : 0;
+    const char *servers[8];
+    int ns = 0;
+    snprintf(copy, sizeof copy, "%s", url);
+    for (char *save = NULL, *u = strtok_r(copy, ",", &save); u && ns < 8;
+         u = strtok_r(NULL, ",", &save))
+        servers[ns++] = u;
+    natsOptions *o = NULL;
+    bool ok =
+        natsOptions_Create(&o) == NATS_OK && natsOptions_SetServers(o, servers, ns) == NATS_OK &&
+        natsOptions_SetMaxReconnect(o, -1) == NATS_OK &&
+        natsOptions_SetReconnectWait(o, 250) == NATS_OK &&
+        natsConnection_Connect(nc, o) == NATS_OK &&
+        natsConnection_JetStream(js, *nc, NULL) == NATS_OK &&
+        js_PullSubscribe(sub, *js, subject, follow ? durable : NULL, NULL, &so, &jerr) == NATS_OK;
+    natsOptions_Destroy(o);
+    if (!ok)
         fprintf(stderr, "nats_bench: %s\n", nats_GetLastError(NULL));
+    return ok ? 0 : 1;
+}
+
+static int bare_k(const char *url, uint32_t k, long count, uint64_t from)
+{
+    char stream_name[32];
+    snprintf(stream_name, sizeof stream_name, "TALLY_P%u", (unsigned)k);
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    natsSubscription *sub = NULL;
+    jsErrCode jerr = 0;
+    if (bare_subscribe(url, k, false, from, &nc, &js, &sub) != 0)
         return 1;
-    }
     if (count < 0) {
         jsStreamInfo *si = NULL;
         if (js_GetStreamInfo(&si, js, stream_name, NULL, &jerr) != NATS_OK) {
@@ -237,37 +266,11 @@ static int leader(const char *url, const char *stream)
  * partition k's new messages for ms: the longest wait between two messages once they flow. */
 static int bare_follow(const char *url, uint32_t k, long ms)
 {
-    char stream_name[32], subject[32], durable[32];
-    snprintf(stream_name, sizeof stream_name, "TALLY_P%u", (unsigned)k);
-    snprintf(subject, sizeof subject, "tally.in.%u.*", (unsigned)k);
-    snprintf(durable, sizeof durable, "bench-follow-%u", (unsigned)k);
     natsConnection *nc = NULL;
     jsCtx *js = NULL;
     natsSubscription *sub = NULL;
-    jsErrCode jerr = 0;
-    jsSubOptions so;
-    jsSubOptions_Init(&so);
-    so.Stream = stream_name;
-    so.Config.AckPolicy = js_AckNone;
-    so.Config.DeliverPolicy = js_DeliverNew;
-    natsOptions *o = NULL;
-    char copy[1024];
-    const char *servers[8];
-    int ns = 0;
-    snprintf(copy, sizeof copy, "%s", url);
-    for (char *save = NULL, *u = strtok_r(copy, ",", &save); u && ns < 8;
-         u = strtok_r(NULL, ",", &save))
-        servers[ns++] = u;
-    if (natsOptions_Create(&o) != NATS_OK || natsOptions_SetServers(o, servers, ns) != NATS_OK ||
-        natsOptions_SetMaxReconnect(o, -1) != NATS_OK ||
-        natsOptions_SetReconnectWait(o, 250) != NATS_OK ||
-        natsConnection_Connect(&nc, o) != NATS_OK ||
-        natsConnection_JetStream(&js, nc, NULL) != NATS_OK ||
-        js_PullSubscribe(&sub, js, subject, durable, NULL, &so, &jerr) != NATS_OK) {
-        fprintf(stderr, "nats_bench: %s\n", nats_GetLastError(NULL));
+    if (bare_subscribe(url, k, true, 0, &nc, &js, &sub) != 0)
         return 1;
-    }
-    natsOptions_Destroy(o);
     double start = now_s(), last = 0, gap = 0;
     long got = 0;
     while (now_s() - start < ms / 1000.0) {
