@@ -68,6 +68,11 @@ static void test_lease_survives_the_buckets_election(void **state)
     assert_int_equal(th_daemon_start(&w, args), 0);
     int held = 0;
     assert_true(tn_wait_leases(tn_suite_js, PARTITIONS, "el", PARTITIONS, 60000, &held) >= 0);
+    /* every take finished (a lease key is written before the take's consumer: one cut short by
+     * the kill would be released, or wait for its TTL, and prove nothing about renewals) */
+    for (int i = 0; i < 300 && th_metric(&w, "tallyd_nats_partitions_owned") < PARTITIONS; i++)
+        th_sleep_ms(100);
+    assert_int_equal(th_metric(&w, "tallyd_nats_partitions_owned"), PARTITIONS);
     tally_nats_opts_t o = {.servers = tn_suite.urls, .producer_id = "el", .timeout_ms = 20000};
     tally_nats_t *p = NULL;
     assert_int_equal(tally_nats_new(&o, &p, msg, sizeof msg), TALLY_OK);
