@@ -102,6 +102,8 @@ static int send_all(const char *url, const char *const *names, long n, long coun
         while (rate > 0 && now_s() - t0 < i / rate)
             nats_Sleep(1);
         st = tally_nats_send(p, &req, data, size, false, NULL, NULL);
+        for (int again = 0; again < 10 && st == TALLY_E_TIMEOUT; again++) /* a lost server */
+            st = tally_nats_send(p, &req, data, size, false, NULL, NULL);
     }
     if (st == TALLY_OK)
         st = tally_nats_flush(p);

@@ -4,11 +4,15 @@
 # 3-node JetStream cluster on loopback (R3 streams, scratch stores), 8 partitions, hist u8
 # requests spread over 4 streams per partition. For each SIZE:COUNT of SIZES (default
 # "1024:100000 64:100000 1048576:256"; or the arguments COUNT SIZE for one):
-#   1. a fill (no worker running), then bare JetStream pull consumers, one per partition at once,
-#      read it on the cores worker 1 runs on: the ceiling for one worker;
-#   2. one worker applies it (from the first query showing values to the one showing all);
-#   3. a fresh fill, three workers started at once apply it, and bare consumers read it on the
-#      cores of the three: GB/s and messages/s, 3 vs 1, each beside bare.
+#   1. worker 1 owns every partition and is stopped (SIGSTOP, within its lease); a fill is
+#      published, and bare JetStream pull consumers, one per partition at once, read it on the
+#      cores worker 1 runs on: the ceiling for one worker;
+#   2. the worker goes on (SIGCONT) and applies it: timed until its tallyd_nats_applied_total
+#      has counted every message;
+#   3. the same with three workers (balanced first) and bare consumers on the three's cores:
+#      GB/s and messages/s, 3 vs 1, each beside bare.
+# Workers run with --max-inflight 4096: tallyd's bound of requests in its request path (64 by
+# default) would otherwise hold a worker to 64 messages in flight over all its partitions.
 # Then, with the three applying a steady stream (a third of their 1 KiB rate):
 #   4. failover: kill -9 of a worker, FAILOVERS times (default 3; the worker started again and
 #      the partitions settled between): the pause until every partition has gone past what it
@@ -20,10 +24,10 @@
 # three workers (C - 3 C/8 - 1)/3, the producers and watchers the rest (16 cores: servers 0-1,
 # 2-3, 4-5; workers 6-8, 9-11, 12-14; tools 15). Prints markdown rows for bench/RESULTS.md.
 # BUILD (default build) holds tallyd and nats_bench; TALLYD_ARGS adds worker options; LEASE_MS
-# the lease (default 4000).
+# the lease (default 8000: a fill while the workers are stopped must end well within it).
 set -euo pipefail
 build=${BUILD:-build}
-lease=${LEASE_MS:-4000}
+lease=${LEASE_MS:-8000}
 failovers=${FAILOVERS:-3}
 sizes=${SIZES:-1024:100000 64:100000 1048576:256}
 [ $# -ge 2 ] && sizes="$2:$1"
@@ -68,7 +72,8 @@ worker() { # worker N [options]: starts wN in the background, on its cores
   $(on "${cores[$n]}") "$build/daemon/tallyd" --bind "tcp://127.0.0.1:$z" \
     --metrics "127.0.0.1:${mport[$n]}" --nats-servers "$url" --nats-replicas 3 \
     --nats-partitions $parts --nats-member-id "w$n" --window-intervals 0 --shm off \
-    --nats-partition-max-bytes 4G --nats-lease-ttl-ms "$lease" ${TALLYD_ARGS:-} "$@" \
+    --nats-partition-max-bytes 4G --nats-lease-ttl-ms "$lease" --max-inflight 4096 \
+    ${TALLYD_ARGS:-} "$@" \
     >>"$dir/w$n.log" 2>&1 &
   pid[$n]=$!
 }
@@ -111,47 +116,77 @@ bare() { # bare TAG CORES: bare consumers of every partition from the sequences 
   elapsed "$t0" "$t1" >"$dir/bare-$tag-s"
 }
 
-# The fleet (streams, buckets) once.
+applied() { # applied N...: the messages these workers have applied, in all
+  local n s=0
+  for n in "$@"; do s=$((s + $(metric "$n" tallyd_nats_applied_total))); done
+  echo "$s"
+}
+# round TAG SIZE COUNT CORES N...: the workers N (running, balanced) are stopped (SIGSTOP, well
+# within their lease), a fill of COUNT x SIZE is published and bare consumers read it on CORES;
+# then the workers go on (SIGCONT) and their applied counters are sampled until they have
+# applied it all: "applied-TAG SECONDS MESSAGES" from the SIGCONT, the fill's time beside.
+round() {
+  local tag=$1 size=$2 count=$3 c=$4 n base t0
+  shift 4
+  base=$(applied "$@")
+  for n in "$@"; do kill -STOP "${pid[$n]}"; done
+  t0=$(now)
+  $(on "$tools") "$build/bench/nats_bench" part-seqs "$url" >"$dir/seqs"
+  $(on "$tools") "$build/bench/nats_bench" fleet-fill "$url" "$tag" "$count" "$size" \
+    >"$dir/fill-$tag"
+  bare "$tag" "$c"
+  echo "paused $(elapsed "$t0" "$(now)") s" >>"$dir/fill-$tag"
+  ports=()
+  for n in "$@"; do ports+=("${mport[$n]}"); done
+  t0=$(now) # before the SIGCONT: the sampler's own start is not lost
+  for n in "$@"; do kill -CONT "${pid[$n]}"; done
+  python3 - "$t0" "$((base + count))" "${ports[@]}" >"$dir/applied-$tag" <<'PY'
+import sys, time, urllib.request
+t0, want, ports = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+def applied():
+    s = 0
+    for p in ports:
+        try:
+            t = urllib.request.urlopen(f"http://127.0.0.1:{p}/metrics", timeout=2).read().decode()
+            s += int(float(next((l.split()[-1] for l in t.splitlines()
+                                 if l.startswith("tallyd_nats_applied_total ")), "0")))
+        except OSError:
+            pass
+    return s
+while applied() < want and time.time() - t0 < 120:
+    time.sleep(0.005)
+print(f"applied {time.time() - t0:.3f} {applied() >= want}")
+PY
+}
+
+# The fleet (streams, buckets) once, then for each size: one worker, then three.
 worker 1
 balanced 1
-stop 1
 for sc in $sizes; do
   size=${sc%%:*} count=${sc##*:}
-  # One worker beside bare consumers on its cores.
-  $(on "$tools") "$build/bench/nats_bench" part-seqs "$url" >"$dir/seqs"
-  $(on "$tools") "$build/bench/nats_bench" fleet-fill "$url" "r1-$size" "$count" "$size" \
-    >"$dir/fill1-$size"
-  bare "1-$size" "${cores[1]}"
-  worker 1
-  $(on "$tools") "$build/bench/nats_bench" fleet-applied "$url" "r1-$size" $((count * size)) \
-    600000 >"$dir/applied1-$size"
-  # Three, started at once on a fresh fill; bare consumers on the three's cores.
+  round "1-$size" "$size" "$count" "${cores[1]}" 1
   worker 3
   worker 6
   balanced 1 3 6
-  stop 1 3 6
-  $(on "$tools") "$build/bench/nats_bench" part-seqs "$url" >"$dir/seqs"
-  $(on "$tools") "$build/bench/nats_bench" fleet-fill "$url" "r3-$size" "$count" "$size" \
-    >"$dir/fill3-$size"
-  bare "3-$size" "${cores[1]},${cores[3]},${cores[6]}"
-  for n in 1 3 6; do worker $n; done
-  $(on "$tools") "$build/bench/nats_bench" fleet-applied "$url" "r3-$size" $((count * size)) \
-    600000 >"$dir/applied3-$size"
-  balanced 1 3 6
-  stop 1 3 6
+  round "3-$size" "$size" "$count" "${cores[1]},${cores[3]},${cores[6]}" 1 3 6
+  stop 3 6
+  balanced 1
   echo "$size $count" >>"$dir/sizes"
   # the raw figures as they come (a run cut short by its time limit still shows them)
   echo "$size B x $count: bare(1) $(cat "$dir/bare-1-$size-s") s, bare(3) $(cat "$dir/bare-3-$size-s") s;" \
-    "$(grep -h '^fleet-applied ' "$dir/applied1-$size")" / "$(grep -h '^fleet-applied ' "$dir/applied3-$size")"
+    "applied(1) $(cat "$dir/applied-1-$size"), applied(3) $(cat "$dir/applied-3-$size");" \
+    "$(grep -h paused "$dir/fill-1-$size") / $(grep -h paused "$dir/fill-3-$size")"
 done
 
 # A steady stream at a third of the three's 1 KiB rate (or the first size's), for the faults.
-for n in 1 3 6; do worker $n; done
+worker 3
+worker 6
 balanced 1 3 6
 size=$(awk 'NR==1{print $1}' "$dir/sizes")
-grep -q '^1024 ' "$dir/sizes" && size=1024
-rate3=$(awk '/^fleet-applied /{print $4}' "$dir/applied3-$size")
-steady=$(python3 -c "import sys; print(min(20000.0, max(1.0, float(sys.argv[1]) * 1e9 / int(sys.argv[2]) / 3)))" "$rate3" "$size")
+count=$(awk 'NR==1{print $2}' "$dir/sizes")
+grep -q '^1024 ' "$dir/sizes" && size=1024 && count=$(awk '$1==1024{print $2}' "$dir/sizes")
+secs3=$(awk '{print $2}' "$dir/applied-3-$size")
+steady=$(python3 -c "import sys; print(min(20000.0, max(1.0, int(sys.argv[1]) / float(sys.argv[2]) / 3)))" "$count" "$secs3")
 secs=$((lease / 1000 + 12))
 : >"$dir/failovers"
 for ((i = 0; i < failovers; i++)); do
@@ -203,6 +238,8 @@ def field(name, what, i):
 def bare(tag):
     s = float(open(f"{d}/bare-{tag}-s").read())
     return sum(field(f"bare-{tag}-{k}", "bare-consumer", 2) for k in range(8)) / s / 1e9
+def applied(tag, size, count):
+    return count * (size + 128) / field(f"applied-{tag}", "applied", 1) / 1e9
 try:
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                          capture_output=True, text=True, timeout=10).stdout.strip().splitlines()
@@ -212,14 +249,17 @@ except (OSError, subprocess.SubprocessError):
 when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
 print(f"\n{machine}, {os.cpu_count()} cores, {when}; hist u8 over 8 partitions (4 streams each), "
       f"3-node R3 cluster on loopback, lease {lease} ms; {layout}\n")
+print("GB/s count what a message holds (its 128-byte request header and the payload); the workers "
+      "apply a fill published while they were stopped (SIGSTOP, within the lease), timed from "
+      "their SIGCONT to the last message applied (their tallyd_nats_applied_total)\n")
 print("| messages | bare (1 worker's cores) | 1 worker | 1 / bare | bare (3 workers' cores) "
       "| 3 workers | 3 / bare | 3 / 1 |")
 print("|---|---|---|---|---|---|---|---|")
 for line in open(f"{d}/sizes"):
     size, count = map(int, line.split())
     b1, b3 = bare(f"1-{size}"), bare(f"3-{size}")
-    one, three = field(f"applied1-{size}", "fleet-applied", 3), field(f"applied3-{size}", "fleet-applied", 3)
-    rate = lambda g: f"{g:.3f} GB/s ({g * 1e9 / size / 1e3:.0f} k msg/s)"
+    one, three = applied(f"1-{size}", size, count), applied(f"3-{size}", size, count)
+    rate = lambda g: f"{g:.3f} GB/s ({g * 1e9 / (size + 128) / 1e3:.0f} k msg/s)"
     print(f"| {count} x {size} B | {rate(b1)} | {rate(one)} | {one / b1:.2f} x | {rate(b3)} "
           f"| {rate(three)} | {three / b3:.2f} x | {three / one:.2f} x |")
 fo = [float(x) for x in open(f"{d}/failovers").read().split()]
