@@ -265,6 +265,13 @@ static td_err_t connect_fleet(td_fleet_t *f, const td_config_t *cfg)
         td_err("fleet: %s", msg);
         return TD_ERR_LIBRARY;
     }
+    char user[TALLY_NATS_MEMBER_ID_MAX + 1];
+    tally_nats_conf_t conf = nats_conf(cfg, f->member);
+    if (tally__nats_user(&conf, user, sizeof user, msg, sizeof msg) != TALLY_OK) {
+        td_err("fleet: %s", msg);
+        return TD_ERR_CONFIG;
+    }
+    snprintf(f->inbox_prefix, sizeof f->inbox_prefix, "%s%s.", TALLY_NATS_INBOX, user);
     f->max_payload = (size_t)natsConnection_GetMaxPayload(f->nc);
     jsOptions jo, ko;
     jsOptions_Init(&jo);

@@ -83,7 +83,7 @@ typedef struct {
 typedef struct {
     struct td_fleet *fleet;
     uint32_t k;
-    natsSubscription *sub; /* the bound durable consumer (the reader's) */
+    struct td_pull *pull; /* its pulls from the partition's durable consumer */
     pthread_t thread;
     bool started;
     atomic_bool stop;
@@ -144,6 +144,7 @@ struct td_fleet {
     td_fleet_host_t host;
     /* Settings (copied). */
     char member[TALLY_NATS_MEMBER_ID_MAX + 1];
+    char inbox_prefix[2 * TALLY_NATS_MEMBER_ID_MAX + 16]; /* _INBOX.<user>. */
     uint32_t partitions;
     int64_t ttl_ms, ckpt_ms;
     size_t max_payload;
@@ -252,8 +253,8 @@ void td_fleet_watch_flush(td_fleet_t *f, uint32_t k);
 /* Partition k was taken: every stream of it (loaded from its checkpoint) counts as changed. */
 void td_fleet_watch_taken(td_fleet_t *f, uint32_t k);
 
-/* td_fleet_reader.c: the reader takes sub (and destroys it at stop). */
-td_err_t td_reader_start(td_fleet_t *f, td_reader_t *r, uint32_t k, natsSubscription *sub);
+/* td_fleet_reader.c: the reader takes pull (and destroys it at stop). */
+td_err_t td_reader_start(td_fleet_t *f, td_reader_t *r, uint32_t k, struct td_pull *pull);
 natsMsg *td_reader_pop(td_reader_t *r);
 void td_reader_stop(td_reader_t *r);
 

@@ -277,14 +277,17 @@ static td_err_t start_consumer(td_fleet_t *f, td_part_t *p, uint64_t start_seq, 
                                size_t cap)
 {
     int64_t ack_wait = f->ckpt_ms * 4 > 30000 ? f->ckpt_ms * 4 : 30000;
-    natsSubscription *sub = NULL;
+    td_pull_t *pull = NULL;
+    char inbox[sizeof f->inbox_prefix + TALLY_NATS_MEMBER_ID_MAX + 64];
+    snprintf(inbox, sizeof inbox, "%s%s.p%u.%" PRIu64 ".%u", f->inbox_prefix, f->member,
+             (unsigned)p->k, p->lease.revision, p->restarts);
     td_err_t err = reader_connection(f, p, msg, cap);
     if (err == TD_OK)
-        err = td_consumer_start(p->rjs, p->k, p->lease.revision, p->restarts++, start_seq, ack_wait,
-                                &sub, msg, cap);
-    if (err == TD_OK && (err = td_reader_start(f, &p->reader, p->k, sub)) != TD_OK) {
+        err = td_consumer_start(p->rjs, p->rnc, inbox, p->k, p->lease.revision, p->restarts++,
+                                start_seq, ack_wait, &pull, msg, cap);
+    if (err == TD_OK && (err = td_reader_start(f, &p->reader, p->k, pull)) != TD_OK) {
         snprintf(msg, cap, "cannot start its reader thread");
-        natsSubscription_Destroy(sub);
+        td_pull_destroy(&pull);
     }
     return err;
 }
