@@ -13,9 +13,9 @@
  * on $JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer> with a batch, a byte limit and an expiry,
  * answered on an inbox of the puller's own. libnats 3.4.1's natsSubscription_Fetch(Request)
  * writes past its list when messages of an earlier pull that expired arrive during a later one
- * (nats.c issue 749): a worker paused (SIGSTOP) with pulls outstanding corrupted its heap when
- * it woke (seen on the H200 and on the dev box, 2026-12-02). Each owner
- * makes a consumer of its own (named with its lease's revision) starting at its checkpoint's
+ * (the C client's issue 749): a worker paused (SIGSTOP) with pulls outstanding corrupted its
+ * heap when it woke (seen on the H200 and on the dev box, 2026-12-02). Each owner makes a
+ * consumer of its own (named with its lease's revision) starting at its checkpoint's
  * sequence + 1, and deletes the previous owner's: so messages the previous owner fetched but did
  * not checkpoint come again at once, not after the ack wait, and a delete or create that timed
  * out (done or not on the server) can never leave this owner on a consumer that has moved on.
