@@ -144,6 +144,10 @@ td_err_t td_consumer_fetch(td_pull_t *pull, int batch, int64_t max_bytes, int64_
         if (!heartbeat)
             break;
     }
+    if (s == NATS_OK && list->Count == 0) { /* an empty list holds nothing, as libnats' did */
+        free(list->Msgs);
+        list->Msgs = NULL;
+    }
     if (s == NATS_OK)
         return TD_OK;
     natsMsgList_Destroy(list);
