@@ -6,9 +6,12 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 # nats_start DIR NODES: starts NODES nats-servers (max_payload 8MB, JetStream stores in DIR);
-# sets nats_urls (comma-separated) and waits until each says it is ready.
+# sets nats_urls (comma-separated) and nats_pids (node i's process), and waits until each says
+# it is ready. NATS_PIN="CORES0 CORES1 ...": node i runs on CORES<i> (taskset).
 nats_start() {
-  local d=$1 nodes=$2 i j routes cports=() ports=()
+  local d=$1 nodes=$2 i j routes cports=() ports=() pins
+  read -r -a pins <<<"${NATS_PIN:-}"
+  nats_pids=()
   for ((i = 0; i < nodes; i++)); do ports+=("$(free_port)"); cports+=("$(free_port)"); done
   nats_urls=
   for ((i = 0; i < nodes; i++)); do
@@ -24,7 +27,12 @@ nats_start() {
           "${cports[i]}" "$routes"
       fi
     } >"$d/nats$i.conf"
-    nats-server -c "$d/nats$i.conf" >"$d/nats$i.log" 2>&1 &
+    if [ -n "${pins[i]:-}" ]; then
+      taskset -c "${pins[i]}" nats-server -c "$d/nats$i.conf" >"$d/nats$i.log" 2>&1 &
+    else
+      nats-server -c "$d/nats$i.conf" >"$d/nats$i.log" 2>&1 &
+    fi
+    nats_pids+=($!)
     nats_urls+="${nats_urls:+,}nats://127.0.0.1:${ports[i]}"
   done
   for ((i = 0; i < nodes; i++)); do

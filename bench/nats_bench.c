@@ -14,13 +14,20 @@
  * every partition (chosen by tally_partition, so every partition has the same work):
  *   nats_bench fleet-fill URL PREFIX COUNT SIZE [RATE]   COUNT requests, partition after
  *                                             partition in turn; RATE > 0: that many a second
- *   nats_bench bare-part URL K                a bare pull consumer reads every message partition K
- *                                             holds (run one per partition at once)
+ *   nats_bench bare-part URL K [FROM]         a bare pull consumer reads every message partition K
+ *                                             holds from sequence FROM (default 1; run one per
+ *                                             partition at once)
+ *   nats_bench part-seqs URL                  "seqs S0 S1 ...": each partition's last sequence
+ *   nats_bench bare-follow URL K MS           a bare durable (R3) consumer follows partition K's
+ *                                             new messages for MS ms: "bare-gap K SECONDS COUNT",
+ *                                             the longest wait between two messages
+ *   nats_bench leader URL STREAM              the name of STREAM's leader (n<i>)
  *   nats_bench fleet-applied URL PREFIX VALUES MS   waits until PREFIX's streams hold VALUES
  *   nats_bench failover URL PREFIX PID MS     a watcher per partition; once every partition
- *                                             applies, kill -9 PID, then the pause: from the kill
- *                                             until each partition has gone past what it showed
- *                                             at the kill ("failover SECONDS" and per partition)
+ *                                             applies, kill -9 PID (a worker, or a nats-server),
+ *                                             then the pause: from the kill until each partition
+ *                                             has gone past what it showed at the kill
+ *                                             ("failover SECONDS" and per partition)
  *
  * Each prints one line "what seconds bytes GB/s". The fleet must exist (a worker started once).
  */
@@ -28,6 +35,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,7 +65,10 @@ static tally_nats_t *producer_t(const char *url, int timeout_ms)
     return p;
 }
 
-static tally_nats_t *producer(const char *url) { return producer_t(url, 30000); }
+static tally_nats_t *producer(const char *url)
+{
+    return producer_t(url, 30000);
+}
 
 static void report(const char *what, double secs, double bytes)
 {
@@ -91,6 +102,8 @@ static int send_all(const char *url, const char *const *names, long n, long coun
         while (rate > 0 && now_s() - t0 < i / rate)
             nats_Sleep(1);
         st = tally_nats_send(p, &req, data, size, false, NULL, NULL);
+        for (int again = 0; again < 10 && st == TALLY_E_TIMEOUT; again++) /* a lost server */
+            st = tally_nats_send(p, &req, data, size, false, NULL, NULL);
     }
     if (st == TALLY_OK)
         st = tally_nats_flush(p);
@@ -110,43 +123,73 @@ static int fill(const char *url, const char *stream, long count, size_t size)
 }
 
 /* A bare pull consumer of partition k: count messages, or (count < 0) all it holds now. */
-static int bare_k(const char *url, uint32_t k, long count);
+static int bare_k(const char *url, uint32_t k, long count, uint64_t from);
 
 static int bare(const char *url, const char *stream, long count)
 {
     tally_nats_t *p = producer(url); /* for the partition count */
     uint32_t k = tally_partition(stream, strlen(stream), tally_nats_partitions(p));
     tally_nats_destroy(&p);
-    return bare_k(url, k, count);
+    return bare_k(url, k, count, 1);
 }
 
-static int bare_k(const char *url, uint32_t k, long count)
+/* A bare pull consumer of partition k (AckNone) on a connection of its own that reconnects for
+ * ever: from sequence `from` (<= 1: the first), or (follow) from the next message published, as
+ * a durable (replicated with its stream, so it outlives a lost server). 0, or 1 (said why). */
+static int bare_subscribe(const char *url, uint32_t k, bool follow, uint64_t from,
+                          natsConnection **nc, jsCtx **js, natsSubscription **sub)
 {
-    char stream_name[32], subject[32];
+    char stream_name[32], subject[32], durable[32], copy[1024];
     snprintf(stream_name, sizeof stream_name, "TALLY_P%u", (unsigned)k);
     snprintf(subject, sizeof subject, "tally.in.%u.*", (unsigned)k); /* every publisher */
-    natsConnection *nc = NULL;
-    jsCtx *js = NULL;
-    natsSubscription *sub = NULL;
+    snprintf(durable, sizeof durable, "bench-follow-%u", (unsigned)k);
     jsErrCode jerr = 0;
     jsSubOptions so;
     jsSubOptions_Init(&so);
     so.Stream = stream_name;
     so.Config.AckPolicy = js_AckNone;
-    so.Config.DeliverPolicy = js_DeliverAll;
-    if (natsConnection_ConnectTo(&nc, url) != NATS_OK ||
-        natsConnection_JetStream(&js, nc, NULL) != NATS_OK ||
-        js_PullSubscribe(&sub, js, subject, NULL, NULL, &so, &jerr) != NATS_OK) {
+    so.Config.DeliverPolicy = follow     ? js_DeliverNew
+                              : from > 1 ? js_DeliverByStartSequence
+                                         : js_DeliverAll;
+    so.Config.OptStartSeq = !follow && from > 1 ? from : 0;
+    const char *servers[8];
+    int ns = 0;
+    snprintf(copy, sizeof copy, "%s", url);
+    for (char *save = NULL, *u = strtok_r(copy, ",", &save); u && ns < 8;
+         u = strtok_r(NULL, ",", &save))
+        servers[ns++] = u;
+    natsOptions *o = NULL;
+    bool ok =
+        natsOptions_Create(&o) == NATS_OK && natsOptions_SetServers(o, servers, ns) == NATS_OK &&
+        natsOptions_SetMaxReconnect(o, -1) == NATS_OK &&
+        natsOptions_SetReconnectWait(o, 250) == NATS_OK &&
+        natsConnection_Connect(nc, o) == NATS_OK &&
+        natsConnection_JetStream(js, *nc, NULL) == NATS_OK &&
+        js_PullSubscribe(sub, *js, subject, follow ? durable : NULL, NULL, &so, &jerr) == NATS_OK;
+    natsOptions_Destroy(o);
+    if (!ok)
         fprintf(stderr, "nats_bench: %s\n", nats_GetLastError(NULL));
+    return ok ? 0 : 1;
+}
+
+static int bare_k(const char *url, uint32_t k, long count, uint64_t from)
+{
+    char stream_name[32];
+    snprintf(stream_name, sizeof stream_name, "TALLY_P%u", (unsigned)k);
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    natsSubscription *sub = NULL;
+    jsErrCode jerr = 0;
+    if (bare_subscribe(url, k, false, from, &nc, &js, &sub) != 0)
         return 1;
-    }
     if (count < 0) {
         jsStreamInfo *si = NULL;
         if (js_GetStreamInfo(&si, js, stream_name, NULL, &jerr) != NATS_OK) {
             fprintf(stderr, "nats_bench: %s\n", nats_GetLastError(NULL));
             return 1;
         }
-        count = (long)si->State.Msgs;
+        count =
+            (long)(si->State.LastSeq + 1 - (from > si->State.FirstSeq ? from : si->State.FirstSeq));
         jsStreamInfo_Destroy(si);
     }
     double t0 = now_s(), bytes = 0;
@@ -171,6 +214,94 @@ static int bare_k(const char *url, uint32_t k, long count)
     jsCtx_Destroy(js);
     natsConnection_Destroy(nc);
     return got >= count ? 0 : 1;
+}
+
+static int part_seqs(const char *url)
+{
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    tally_nats_t *p = producer(url);
+    uint32_t parts = tally_nats_partitions(p);
+    tally_nats_destroy(&p);
+    if (natsConnection_ConnectTo(&nc, url) != NATS_OK ||
+        natsConnection_JetStream(&js, nc, NULL) != NATS_OK)
+        return 1;
+    printf("seqs");
+    for (uint32_t k = 0; k < parts; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "TALLY_P%u", (unsigned)k);
+        jsStreamInfo *si = NULL;
+        jsErrCode jerr = 0;
+        uint64_t last = 0;
+        if (js_GetStreamInfo(&si, js, name, NULL, &jerr) == NATS_OK)
+            last = si->State.LastSeq;
+        jsStreamInfo_Destroy(si);
+        printf(" %" PRIu64, last);
+    }
+    printf("\n");
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    return 0;
+}
+
+static int leader(const char *url, const char *stream)
+{
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    if (natsConnection_ConnectTo(&nc, url) != NATS_OK ||
+        natsConnection_JetStream(&js, nc, NULL) != NATS_OK ||
+        js_GetStreamInfo(&si, js, stream, NULL, &jerr) != NATS_OK || !si->Cluster ||
+        !si->Cluster->Leader) {
+        fprintf(stderr, "nats_bench: %s: %s\n", stream, nats_GetLastError(NULL));
+        return 1;
+    }
+    printf("%s\n", si->Cluster->Leader);
+    jsStreamInfo_Destroy(si);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    return 0;
+}
+
+/* A durable consumer (replicated with its stream, so it outlives a lost server) following
+ * partition k's new messages for ms: the longest wait between two messages once they flow. */
+static int bare_follow(const char *url, uint32_t k, long ms)
+{
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    natsSubscription *sub = NULL;
+    if (bare_subscribe(url, k, true, 0, &nc, &js, &sub) != 0)
+        return 1;
+    double start = now_s(), last = 0, gap = 0;
+    long got = 0;
+    while (now_s() - start < ms / 1000.0) {
+        natsMsgList list;
+        jsFetchRequest fr;
+        jsFetchRequest_Init(&fr);
+        fr.Batch = 256;
+        fr.MaxBytes = 32 << 20;
+        fr.Expires = 200000000ll;
+        natsStatus s = natsSubscription_FetchRequest(&list, sub, &fr);
+        if (s != NATS_OK && s != NATS_TIMEOUT) {
+            nats_Sleep(50);
+            continue;
+        }
+        if (s == NATS_OK && list.Count > 0) {
+            double t = now_s();
+            if (last > 0 && t - last > gap)
+                gap = t - last;
+            last = t;
+            got += list.Count;
+        }
+        natsMsgList_Destroy(&list);
+    }
+    printf("bare-gap %u %.3f %ld\n", (unsigned)k, gap, got);
+    natsSubscription_Unsubscribe(sub); /* the durable goes with it */
+    natsSubscription_Destroy(sub);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    return 0;
 }
 
 /* From the first answer showing values to the one showing all: the worker's applying rate once
@@ -283,8 +414,8 @@ static int fleet_applied(const char *url, const char *prefix, uint64_t values, l
     double t1 = now_s();
     tally_nats_destroy(&p);
     if (sum < values) {
-        fprintf(stderr, "nats_bench: %" PRIu64 " of %" PRIu64 " values after %ld ms\n", sum,
-                values, ms);
+        fprintf(stderr, "nats_bench: %" PRIu64 " of %" PRIu64 " values after %ld ms\n", sum, values,
+                ms);
         return 1;
     }
     report("fleet-applied", t1 - t0, (double)(values - v0));
@@ -340,8 +471,8 @@ static int failover(const char *url, const char *prefix, pid_t pid, long ms)
     _Atomic double kill_at = 0;
     double start = now_s();
     for (uint32_t k = 0; k < n.parts; k++) {
-        w[k] = (watch_t){.url = url, .n = &n, .k = k, .deadline = start + ms / 1000.0,
-                         .kill_at = &kill_at};
+        w[k] = (watch_t){
+            .url = url, .n = &n, .k = k, .deadline = start + ms / 1000.0, .kill_at = &kill_at};
         pthread_create(&th[k], NULL, watch, &w[k]);
     }
     for (uint32_t k = 0; k < n.parts && now_s() - start < ms / 2000.0; k++)
@@ -381,14 +512,23 @@ int main(int argc, char **argv)
     else if ((argc == 6 || argc == 7) && strcmp(argv[1], "fleet-fill") == 0)
         rc = fleet_fill(argv[2], argv[3], atol(argv[4]), (size_t)atol(argv[5]),
                         argc == 7 ? atof(argv[6]) : 0);
-    else if (argc == 4 && strcmp(argv[1], "bare-part") == 0)
-        rc = bare_k(argv[2], (uint32_t)atol(argv[3]), -1);
+    else if ((argc == 4 || argc == 5) && strcmp(argv[1], "bare-part") == 0)
+        rc = bare_k(argv[2], (uint32_t)atol(argv[3]), -1,
+                    argc == 5 ? strtoull(argv[4], NULL, 10) : 1);
+    else if (argc == 3 && strcmp(argv[1], "part-seqs") == 0)
+        rc = part_seqs(argv[2]);
+    else if (argc == 5 && strcmp(argv[1], "bare-follow") == 0)
+        rc = bare_follow(argv[2], (uint32_t)atol(argv[3]), atol(argv[4]));
+    else if (argc == 4 && strcmp(argv[1], "leader") == 0)
+        rc = leader(argv[2], argv[3]);
     else if (argc == 6 && strcmp(argv[1], "fleet-applied") == 0)
         rc = fleet_applied(argv[2], argv[3], strtoull(argv[4], NULL, 10), atol(argv[5]));
     else if (argc == 6 && strcmp(argv[1], "failover") == 0)
         rc = failover(argv[2], argv[3], (pid_t)atol(argv[4]), atol(argv[5]));
     else
-        fprintf(stderr, "usage: nats_bench fill|bare|applied|fleet-fill|bare-part|fleet-applied|failover URL STREAM ... (see the source)\n");
+        fprintf(stderr,
+                "usage: nats_bench fill|bare|applied|fleet-fill|bare-part|fleet-applied|failover "
+                "URL STREAM ... (see the source)\n");
     nats_Close();
     return rc;
 }

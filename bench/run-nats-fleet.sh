@@ -1,42 +1,80 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# run-nats-fleet.sh [COUNT] [SIZE]: issue 22's fleet figures, a benchmark (not a timed test). A
-# 3-node JetStream cluster on loopback (R3 streams, scratch stores), 8 partitions, COUNT hist u8
-# requests of SIZE bytes (default 512 x 1 MiB) spread over 4 streams per partition:
-#   1. bare JetStream pull consumers, one per partition at once, read them: the ceiling;
-#   2. one worker applies them (from its restart: the first query showing values to all);
-#   3. three workers apply a fresh fill (prefix r3) the same way: GB/s, ratio 3 vs 1 beside bare;
-#   4. failover: the three apply a steady stream (a third of their rate); kill -9 of one; the
-#      pause until every partition has gone past what it showed at the kill, against TTL + 2 s;
-#   5. checkpoints during step 3 per partition (the workers' /metrics) and their state bytes
-#      (the take-over log lines).
-# Prints markdown rows for bench/RESULTS.md. BUILD (default build) holds tallyd and nats_bench;
-# TALLYD_ARGS adds worker options (--backend cuda); LEASE_MS the lease (default 4000).
+# run-nats-fleet.sh: issue 22's and issue 32's fleet figures, a benchmark (not a timed test). A
+# 3-node JetStream cluster on loopback (R3 streams, scratch stores), 8 partitions, hist u8
+# requests spread over 4 streams per partition. For each SIZE:COUNT of SIZES (default
+# "1024:100000 64:100000 1048576:256"; or the arguments COUNT SIZE for one):
+#   1. worker 1 owns every partition and is stopped (SIGSTOP, within its lease); a fill is
+#      published, and bare JetStream pull consumers, one per partition at once, read it on the
+#      cores worker 1 runs on: the ceiling for one worker;
+#   2. the worker goes on (SIGCONT) and applies it: timed until its tallyd_nats_applied_total
+#      has counted every message;
+#   3. the same with three workers (balanced first) and bare consumers on the three's cores:
+#      GB/s and messages/s, 3 vs 1, each beside bare.
+# Workers run with --max-inflight 4096: tallyd's bound of requests in its request path (64 by
+# default) would otherwise hold a worker to 64 messages in flight over all its partitions.
+# Then, with the three applying a steady stream (a third of their 1 KiB rate):
+#   4. failover: kill -9 of a worker, FAILOVERS times (default 3; the worker started again and
+#      the partitions settled between): the pause until every partition has gone past what it
+#      showed at the kill, against lease TTL + 2 s;
+#   5. a lost server: kill -9 of the nats-server leading the lease bucket: the workers' pause
+#      (the same watchers) against the longest gap a bare durable consumer of each partition saw.
+# PIN=1 pins servers, workers and the tools to disjoint cores (taskset), so that one host says
+# what separate hosts would do: with C cores each nats-server gets C/8 (at least 1), each of the
+# three workers (C - 3 C/8 - 1)/3, the producers and watchers the rest (16 cores: servers 0-1,
+# 2-3, 4-5; workers 6-8, 9-11, 12-14; tools 15). Prints markdown rows for bench/RESULTS.md.
+# BUILD (default build) holds tallyd and nats_bench; TALLYD_ARGS adds worker options; LEASE_MS
+# the lease (default 8000: a fill while the workers are stopped must end well within it).
 set -euo pipefail
-count=${1:-512}
-size=${2:-1048576}
 build=${BUILD:-build}
-lease=${LEASE_MS:-4000}
+lease=${LEASE_MS:-8000}
+failovers=${FAILOVERS:-3}
+sizes=${SIZES:-1024:100000 64:100000 1048576:256}
+[ $# -ge 2 ] && sizes="$2:$1"
 parts=8
 dir=$(mktemp -d)
-declare -A pid mport
+declare -A pid mport cores
 # Workers first, with -9: one stopping gracefully after its cluster waits on NATS timeouts.
 trap 'kill -9 "${pid[@]}" 2>/dev/null || true; kill $(jobs -p) 2>/dev/null || true
       wait 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$dir"' EXIT
 . "$(dirname "$0")/nats-lib.sh"
 nb() { "$build/bench/nats_bench" "$@"; }
+
+# The layout. PIN=1: with C cores, each nats-server gets S = C/8 cores (at least 1), each of
+# the three workers W = (C - 3S - 1)/3, and the producers and watchers what is left.
+ncpu=$(nproc)
+# $(on CORES) CMD: CMD on CORES with PIN=1 (taskset execs it: $! of a job is still CMD's pid)
+on() { if [ "${PIN:-0}" = 1 ]; then echo "taskset -c $1"; fi; }
+if [ "${PIN:-0}" = 1 ]; then
+  s=$((ncpu / 8 > 0 ? ncpu / 8 : 1))
+  w=$(((ncpu - 3 * s - 1) / 3))
+  ((w >= 1)) || { echo "PIN=1 needs at least 7 cores" >&2; exit 1; }
+  NATS_PIN="0-$((s - 1)) $s-$((2 * s - 1)) $((2 * s))-$((3 * s - 1))"
+  at=$((3 * s))
+  for n in 1 3 6; do cores[$n]="$at-$((at + w - 1))"; at=$((at + w)); done
+  tools="$at-$((ncpu - 1))"
+  layout="pinned: servers on cores ${NATS_PIN// /, }; workers on ${cores[1]}, ${cores[3]}, ${cores[6]}; tools on $tools"
+else
+  NATS_PIN=
+  for n in 1 3 6; do cores[$n]="0-$((ncpu - 1))"; done
+  tools="0-$((ncpu - 1))"
+  layout="not pinned"
+fi
+export NATS_PIN
 nats_start "$dir" 3
 url=$nats_urls
-worker() { # worker N [options]: starts wN in the background
+worker() { # worker N [options]: starts wN in the background, on its cores
   local n=$1 z
   shift
   z=$(free_port)
   mport[$n]=$(free_port)
   # shellcheck disable=SC2086
-  "$build/daemon/tallyd" --bind "tcp://127.0.0.1:$z" --metrics "127.0.0.1:${mport[$n]}" \
-    --nats-servers "$url" --nats-replicas 3 --nats-partitions $parts --nats-member-id "w$n" \
-    --window-intervals 0 --shm off --nats-partition-max-bytes 4G --nats-lease-ttl-ms "$lease" \
-    ${TALLYD_ARGS:-} "$@" >>"$dir/w$n.log" 2>&1 &
+  $(on "${cores[$n]}") "$build/daemon/tallyd" --bind "tcp://127.0.0.1:$z" \
+    --metrics "127.0.0.1:${mport[$n]}" --nats-servers "$url" --nats-replicas 3 \
+    --nats-partitions $parts --nats-member-id "w$n" --window-intervals 0 --shm off \
+    --nats-partition-max-bytes 4G --nats-lease-ttl-ms "$lease" --max-inflight 4096 \
+    ${TALLYD_ARGS:-} "$@" \
+    >>"$dir/w$n.log" 2>&1 &
   pid[$n]=$!
 }
 stop() { local n; for n in "$@"; do kill -TERM "${pid[$n]}"; wait "${pid[$n]}" || true; done; }
@@ -56,7 +94,7 @@ balanced() { # balanced N...: waits (up to 600 tries) until they own all partiti
   local n ok
   for _ in $(seq 600); do
     ok=1
-    for n in "$@"; do (($(metric "$n" tallyd_nats_partitions_owned) > 0)) || ok=0; done # each has some (ids chosen so)
+    for n in "$@"; do (($(metric "$n" tallyd_nats_partitions_owned) > 0)) || ok=0; done
     ((ok && $(owned "$@") == parts)) && return 0
     sleep 0.1
   done
@@ -65,66 +103,143 @@ balanced() { # balanced N...: waits (up to 600 tries) until they own all partiti
 }
 elapsed() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.3f}')" "$@"; }
 now() { date +%s.%N; }
+bare() { # bare TAG CORES: bare consumers of every partition from the sequences in $dir/seqs
+  local tag=$1 c=$2 k from t0 t1 b=()
+  read -r -a from <"$dir/seqs"
+  t0=$(now)
+  for ((k = 0; k < parts; k++)); do
+    $(on "$c") "$build/bench/nats_bench" bare-part "$url" $k $((from[k + 1] + 1)) >"$dir/bare-$tag-$k" &
+    b+=($!)
+  done
+  wait "${b[@]}"
+  t1=$(now)
+  elapsed "$t0" "$t1" >"$dir/bare-$tag-s"
+}
 
-# The fleet (streams, buckets) once, then the fill with no worker running.
+applied() { # applied N...: the messages these workers have applied, in all
+  local n s=0
+  for n in "$@"; do s=$((s + $(metric "$n" tallyd_nats_applied_total))); done
+  echo "$s"
+}
+# round TAG SIZE COUNT CORES N...: the workers N (running, balanced) are stopped (SIGSTOP, well
+# within their lease), a fill of COUNT x SIZE is published and bare consumers read it on CORES;
+# then the workers go on (SIGCONT) and their applied counters are sampled until they have
+# applied it all: "applied-TAG SECONDS MESSAGES" from the SIGCONT, the fill's time beside.
+round() {
+  local tag=$1 size=$2 count=$3 c=$4 n base t0
+  shift 4
+  base=$(applied "$@")
+  for n in "$@"; do kill -STOP "${pid[$n]}"; done
+  t0=$(now)
+  $(on "$tools") "$build/bench/nats_bench" part-seqs "$url" >"$dir/seqs"
+  $(on "$tools") "$build/bench/nats_bench" fleet-fill "$url" "$tag" "$count" "$size" \
+    >"$dir/fill-$tag"
+  bare "$tag" "$c"
+  echo "paused $(elapsed "$t0" "$(now)") s" >>"$dir/fill-$tag"
+  ports=()
+  for n in "$@"; do ports+=("${mport[$n]}"); done
+  t0=$(now) # before the SIGCONT: the sampler's own start is not lost
+  for n in "$@"; do kill -CONT "${pid[$n]}"; done
+  python3 - "$t0" "$((base + count))" "${ports[@]}" >"$dir/applied-$tag" <<'PY'
+import sys, time, urllib.request
+t0, want, ports = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+def applied():
+    s = 0
+    for p in ports:
+        try:
+            t = urllib.request.urlopen(f"http://127.0.0.1:{p}/metrics", timeout=2).read().decode()
+            s += int(float(next((l.split()[-1] for l in t.splitlines()
+                                 if l.startswith("tallyd_nats_applied_total ")), "0")))
+        except OSError:
+            pass
+    return s
+while applied() < want and time.time() - t0 < 120:
+    time.sleep(0.005)
+print(f"applied {time.time() - t0:.3f} {applied() >= want}")
+PY
+}
+
+# The fleet (streams, buckets) once, then for each size: one worker, then three.
 worker 1
 balanced 1
-stop 1
-nb fleet-fill "$url" r1 "$count" "$size" | tee "$dir/fill1"
-t0=$(now)
-bare=()
-for ((k = 0; k < parts; k++)); do nb bare-part "$url" $k >"$dir/bare$k" & bare+=($!); done
-wait "${bare[@]}"
-t1=$(now)
-bare_s=$(elapsed "$t0" "$t1")
+for sc in $sizes; do
+  size=${sc%%:*} count=${sc##*:}
+  round "1-$size" "$size" "$count" "${cores[1]}" 1
+  worker 3
+  worker 6
+  balanced 1 3 6
+  round "3-$size" "$size" "$count" "${cores[1]},${cores[3]},${cores[6]}" 1 3 6
+  stop 3 6
+  balanced 1
+  echo "$size $count" >>"$dir/sizes"
+  # the raw figures as they come (a run cut short by its time limit still shows them)
+  echo "$size B x $count: bare(1) $(cat "$dir/bare-1-$size-s") s, bare(3) $(cat "$dir/bare-3-$size-s") s;" \
+    "applied(1) $(cat "$dir/applied-1-$size"), applied(3) $(cat "$dir/applied-3-$size");" \
+    "$(grep -h paused "$dir/fill-1-$size") / $(grep -h paused "$dir/fill-3-$size")"
+done
 
-# One worker applies them.
-worker 1
-nb fleet-applied "$url" r1 $((count * size)) 600000 | tee "$dir/applied1"
-
-# Three: they settle, stop, a fresh fill, then all three start at once.
+# A steady stream at a third of the three's 1 KiB rate (or the first size's), for the faults.
 worker 3
 worker 6
 balanced 1 3 6
-stop 1 3 6
-nb fleet-fill "$url" r3 "$count" "$size" | tee "$dir/fill3"
-for n in 1 3 6; do : >"$dir/w$n.log"; worker $n; done
-nb fleet-applied "$url" r3 $((count * size)) 600000 | tee "$dir/applied3"
-balanced 1 3 6
-ckpts=0
-for n in 1 3 6; do ckpts=$((ckpts + $(metric $n tallyd_nats_checkpoints_total))); done
-own2=$(metric 6 tallyd_nats_partitions_owned)
+size=$(awk 'NR==1{print $1}' "$dir/sizes")
+count=$(awk 'NR==1{print $2}' "$dir/sizes")
+grep -q '^1024 ' "$dir/sizes" && size=1024 && count=$(awk '$1==1024{print $2}' "$dir/sizes")
+secs3=$(awk '{print $2}' "$dir/applied-3-$size")
+steady=$(python3 -c "import sys; print(min(20000.0, max(1.0, int(sys.argv[1]) / float(sys.argv[2]) / 3)))" "$count" "$secs3")
+secs=$((lease / 1000 + 12))
+: >"$dir/failovers"
+for ((i = 0; i < failovers; i++)); do
+  $(on "$tools") "$build/bench/nats_bench" fleet-fill "$url" "fo$i" \
+    "$(python3 -c "print(int($steady * $secs))")" "$size" "$steady" >"$dir/fill-fo$i" 2>&1 &
+  prod=$!
+  $(on "$tools") "$build/bench/nats_bench" failover "$url" "fo$i" "${pid[6]}" $(((secs - 2) * 1000)) \
+    >"$dir/failover$i" || true
+  wait "${pid[6]}" 2>/dev/null || true
+  kill "$prod" 2>/dev/null || true
+  wait "$prod" 2>/dev/null || true
+  awk '/^failover /{print $2}' "$dir/failover$i" >>"$dir/failovers"
+  echo "failover $i: $(tail -1 "$dir/failovers")"
+  worker 6
+  balanced 1 3 6
+done
 
-# Failover: a steady stream at a third of the three's rate, kill -9 of w6 (member ids w1 w3 w6: 3, 2 and 3 partitions by PROTOCOL.md §13's rendezvous hashing; w1 w2 w3 would leave w2 none).
-rate3=$(awk '/^fleet-applied /{print $4}' "$dir/applied3")
-steady=$(python3 -c "import sys; print(max(1.0, float(sys.argv[1]) * 1e9 / int(sys.argv[2]) / 3))" "$rate3" "$size")
-secs=$((lease / 1000 + 20))
-nb fleet-fill "$url" fo "$(python3 -c "print(int($steady * $secs))")" "$size" "$steady" >"$dir/fill-fo" 2>&1 &
+# A lost nats-server: the one leading the lease bucket (its election is the workers' alone).
+lead=$($(on "$tools") "$build/bench/nats_bench" leader "$url" KV_TALLY_LEASES)
+li=${lead#n}
+$(on "$tools") "$build/bench/nats_bench" fleet-fill "$url" sk \
+  "$(python3 -c "print(int($steady * $((secs + 4))))")" "$size" "$steady" >"$dir/fill-sk" 2>&1 &
 prod=$!
-nb failover "$url" fo "${pid[6]}" $(((secs - 2) * 1000)) | tee "$dir/failover" || true
-wait "${pid[6]}" 2>/dev/null || true
+follow=()
+for ((k = 0; k < parts; k++)); do
+  $(on "$tools") "$build/bench/nats_bench" bare-follow "$url" $k $(((secs + 2) * 1000)) \
+    >"$dir/follow$k" 2>&1 &
+  follow+=($!)
+done
+$(on "$tools") "$build/bench/nats_bench" failover "$url" sk "${nats_pids[$li]}" \
+  $(((secs - 2) * 1000)) >"$dir/server-kill" || true
+wait "${follow[@]}" || true
 kill "$prod" 2>/dev/null || true
 wait "$prod" 2>/dev/null || true
 
-python3 - "$dir" "$count" "$size" "$bare_s" "$lease" "$ckpts" "$own2" "$steady" <<'PY'
-import glob, os, re, socket, subprocess, sys, time
-d, count, size, bare_s, lease, ckpts, own2, steady = sys.argv[1:]
-count, size, bare_s, lease, ckpts = int(count), int(size), float(bare_s), int(lease), int(ckpts)
+python3 - "$dir" "$lease" "$steady" "$size" "$layout" "$lead" <<'PY'
+import os, re, socket, subprocess, sys, time
+d, lease, steady, fsize, layout, lead = sys.argv[1:]
+lease = int(lease)
 def field(name, what, i):
-    with open(f"{d}/{name}") as f:
-        for l in f:
-            if l.split()[0] == what:
-                return float(l.split()[i])
+    try:
+        with open(f"{d}/{name}") as f:
+            for l in f:
+                if l.split() and l.split()[0] == what:
+                    return float(l.split()[i])
+    except OSError:
+        pass
     return float("nan")
-bare_bytes = sum(field(f"bare{k}", "bare-consumer", 2) for k in range(8))
-bare = bare_bytes / bare_s / 1e9
-one, three = field("applied1", "fleet-applied", 3), field("applied3", "fleet-applied", 3)
-one_s, three_s = field("applied1", "fleet-applied-from-start", 3), field("applied3", "fleet-applied-from-start", 3)
-pause = field("failover", "failover", 1)
-state = []
-for n in (1, 3, 6):
-    with open(f"{d}/w{n}.log") as f:
-        state += [int(m) for m in re.findall(r"took partition \d+ at sequence \d+ \((\d+) bytes", f.read())]
+def bare(tag):
+    s = float(open(f"{d}/bare-{tag}-s").read())
+    return sum(field(f"bare-{tag}-{k}", "bare-consumer", 2) for k in range(8)) / s / 1e9
+def applied(tag, size, count):
+    return count * (size + 128) / field(f"applied-{tag}", "applied", 1) / 1e9
 try:
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                          capture_output=True, text=True, timeout=10).stdout.strip().splitlines()
@@ -132,15 +247,29 @@ try:
 except (OSError, subprocess.SubprocessError):
     machine = socket.gethostname()
 when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-print(f"\n{machine}, {os.cpu_count()} cores, {when}; {count} x {size} B hist u8 over 8 partitions, "
-      f"3-node R3 cluster on loopback, lease {lease} ms\n")
-print("| bare pull consumers (8 at once) | 1 worker | 3 workers | 3 / 1 | 3 workers / bare |")
+print(f"\n{machine}, {os.cpu_count()} cores, {when}; hist u8 over 8 partitions (4 streams each), "
+      f"3-node R3 cluster on loopback, lease {lease} ms; {layout}\n")
+print("GB/s count what a message holds (its 128-byte request header and the payload); the workers "
+      "apply a fill published while they were stopped (SIGSTOP, within the lease), timed from "
+      "their SIGCONT to the last message applied (their tallyd_nats_applied_total)\n")
+print("| messages | bare (1 worker's cores) | 1 worker | 1 / bare | bare (3 workers' cores) "
+      "| 3 workers | 3 / bare | 3 / 1 |")
+print("|---|---|---|---|---|---|---|---|")
+for line in open(f"{d}/sizes"):
+    size, count = map(int, line.split())
+    b1, b3 = bare(f"1-{size}"), bare(f"3-{size}")
+    one, three = applied(f"1-{size}", size, count), applied(f"3-{size}", size, count)
+    rate = lambda g: f"{g:.3f} GB/s ({g * 1e9 / (size + 128) / 1e3:.0f} k msg/s)"
+    print(f"| {count} x {size} B | {rate(b1)} | {rate(one)} | {one / b1:.2f} x | {rate(b3)} "
+          f"| {rate(three)} | {three / b3:.2f} x | {three / one:.2f} x |")
+fo = [float(x) for x in open(f"{d}/failovers").read().split()]
+worst_bare = max((field(f"follow{k}", "bare-gap", 2) for k in range(8)), default=float("nan"))
+sk = field("server-kill", "failover", 1)
+print(f"\n| failover after kill -9 of a worker ({len(fo)} runs) | lease TTL + 2 s | steady load "
+      f"| apply pause after kill -9 of nats-server {lead} (the lease bucket's leader) "
+      f"| bare consumers' longest gap |")
 print("|---|---|---|---|---|")
-print(f"| {bare:.3f} | {one:.3f} ({one_s:.3f}) | {three:.3f} ({three_s:.3f}) | {three / one:.2f} x "
-      f"| {three / bare:.2f} x |")
-print("\n| failover pause (kill -9) | lease TTL + 2 s | partitions of the killed worker "
-      "| steady load | checkpoints / partition (3-worker fill) | checkpoint state bytes |")
-print("|---|---|---|---|---|---|")
-print(f"| {pause:.2f} s | {lease / 1000 + 2:.1f} s | {own2} of 8 | {float(steady):.1f} req/s "
-      f"| {ckpts / 8:.1f} | {max(state) if state else 0} |")
+print(f"| {', '.join(f'{x:.2f}' for x in fo)} s (max {max(fo) if fo else float('nan'):.2f}) "
+      f"| {lease / 1000 + 2:.1f} s | {float(steady):.0f} x {fsize} B/s | {sk:.2f} s "
+      f"| {worst_bare:.2f} s |")
 PY

@@ -51,10 +51,14 @@
 #               device region by tallyd) against the same commands without it, on a 16 MiB file
 #               (lines "gpu-region-cli: CMD: identical"; "DIFFERS" is a failure), and the
 #               device-region requests counted (tallyd_gpu_region_requests_total ... owner)
-#   nats-fleet  bench/run-nats-fleet.sh (issue 22: a 3-node R3 cluster on loopback, 8 partitions;
-#               bare pull consumers, 1 then 3 workers of the CUDA build applying 512 x 1 MiB
-#               hist u8 (NATS_FLEET_COUNT), failover pause after kill -9 against lease + 2 s,
-#               checkpoints): $OUT/nats-fleet.txt, its markdown rows in the summary (240 s cap)
+#   nats-fleet  bench/run-nats-fleet.sh (issues 22 and 32: a 3-node R3 cluster on loopback, 8
+#               partitions, servers and workers pinned to disjoint cores (PIN=1); bare pull
+#               consumers beside 1 then 3 workers of the CUDA build applying hist u8 of 1 KiB,
+#               64 B and 1 MiB (NATS_FLEET_SIZES, "SIZE:COUNT ..."), failover pause after kill -9
+#               of a worker (NATS_FLEET_FAILOVERS runs, default 3) against lease + 2 s, the apply
+#               pause after kill -9 of the lease bucket's nats-server against the bare
+#               consumers' longest gap): $OUT/nats-fleet.txt, its markdown rows in the summary
+#               (240 s cap)
 #   gpu-region-py
 #               the Python binding's GpuRegion on the GPU (bench/gpu_region_py.py): hist by
 #               device reference on 64 and 256 MiB regions, 8 threads with a client each (8 in
@@ -330,9 +334,10 @@ step_bench() { # NAME: bench/run-NAME.sh into $OUT/NAME
 
 step_nats_fleet() { # issue 22's fleet figures: bench/run-nats-fleet.sh on the CUDA build
   command -v nats-server >/dev/null || { note "nats-fleet: no nats-server (fetch-device-deps.sh)"; return; }
-  BUILD=$B TALLYD_ARGS="--backend auto" timed nats-fleet 240 bench/run-nats-fleet.sh \
-    "${NATS_FLEET_COUNT:-512}" 1048576 >"$OUT/nats-fleet.txt" 2>&1
-  grep -A3 "^| \(bare\|failover\)" "$OUT/nats-fleet.txt" | tee -a "$S"
+  BUILD=$B TALLYD_ARGS="--backend auto" PIN=1 FAILOVERS=${NATS_FLEET_FAILOVERS:-3} \
+    SIZES=${NATS_FLEET_SIZES:-1024:100000 64:100000 1048576:256} \
+    timed nats-fleet 240 bench/run-nats-fleet.sh >"$OUT/nats-fleet.txt" 2>&1
+  grep -A5 "^| \(messages\|failover\)" "$OUT/nats-fleet.txt" | tee -a "$S"
 }
 
 step_soak() {

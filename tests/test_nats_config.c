@@ -8,6 +8,7 @@
  *     (start-up failed: exit status 1, as tallyd(8) says) with the reason, and the fleet is left
  *     as it was;
  *   - a worker without a member id is HOST-PID, the host name made of member id characters;
+ *   - a worker without a lease TTL takes the fleet's (test_worker_takes_the_fleets_ttl);
  *   - on the query subjects a worker answers only what belongs there: a message shorter than a
  *     header gets `header`, a filter on tally.q.K.USER, a query on tally.ctl.USER and a ping on
  *     tally.streams.USER get `opcode`, a query of a stream of another partition gets
@@ -165,6 +166,26 @@ static void test_default_member_id(void **state)
     for (int i = 0; i < 200 && !th_daemon_log_contains(&w, want); i++)
         th_sleep_ms(50);
     assert_true(th_daemon_log_contains(&w, want));
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
+/* A worker with no lease_ttl_ms joins an existing fleet with the fleet's TTL (its TALLY_LEASES
+ * bucket's, 3000 ms here), says so, and does not refuse to start (issue 32: before, its default
+ * differed from the fleet's and it was refused). */
+static void test_worker_takes_the_fleets_ttl(void **state)
+{
+    (void)state;
+    const char *args[] = {"--nats-servers", cluster.urls, "--nats-replicas", "1",
+                          "--nats-partitions", "2", "--nats-member-id", "adopter", NULL};
+    th_daemon_t w;
+    assert_int_equal(th_daemon_start(&w, args), 0);
+    const char *want = "fleet: adopter joins on";
+    for (int i = 0; i < 200 && !th_daemon_log_contains(&w, want); i++)
+        th_sleep_ms(50);
+    assert_true(th_daemon_log_contains(
+        &w, "fleet: lease TTL 3000 ms, the fleet's (bucket TALLY_LEASES; [nats] lease_ttl_ms is "
+            "not set)"));
+    assert_true(th_daemon_log_contains(&w, "2 partitions, lease 3000 ms"));
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
 }
 
@@ -412,6 +433,7 @@ int main(void)
         cmocka_unit_test(test_producer_before_the_fleet),
         cmocka_unit_test(test_worker_that_does_not_fit),
         cmocka_unit_test(test_default_member_id),
+        cmocka_unit_test(test_worker_takes_the_fleets_ttl),
         cmocka_unit_test(test_wrong_subjects_refused),
         cmocka_unit_test(test_protected_mode_for_nats),
         cmocka_unit_test(test_client_options_refused),

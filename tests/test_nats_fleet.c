@@ -445,7 +445,7 @@ static void publish_n(uint32_t k, int n)
     }
 }
 
-static uint64_t fetch_all(natsSubscription *sub, int expect, char (*acks)[256])
+static uint64_t fetch_all(td_pull_t *sub, int expect, char (*acks)[256])
 {
     natsMsgList list;
     uint64_t first = 0;
@@ -471,8 +471,10 @@ static void test_consumer_resume(void **state)
 {
     (void)state;
     publish_n(3, 10);
-    natsSubscription *sub = NULL;
-    assert_int_equal(td_consumer_start(js, 3, 100, 0, 1, 30000, &sub, msg, sizeof msg), TD_OK);
+    td_pull_t *sub = NULL;
+    assert_int_equal(
+        td_consumer_start(js, nc, "_INBOX.test.p3.100", 3, 100, 0, 1, 30000, &sub, msg, sizeof msg),
+        TD_OK);
     static char acks[11][256];
     assert_int_equal(fetch_all(sub, 10, acks), 1);
     /* A checkpoint holding 1..6: each acknowledged, the last one confirmed. */
@@ -485,9 +487,8 @@ static void test_consumer_resume(void **state)
                      NATS_OK);
     assert_int_equal(ci->AckFloor.Stream, 6);
     jsConsumerInfo_Destroy(ci);
-    /* The subscription goes: the consumer stays (it was bound, not made by the subscribe). */
-    natsSubscription_Unsubscribe(sub);
-    natsSubscription_Destroy(sub);
+    /* The puller goes: the consumer stays. */
+    td_pull_destroy(&sub);
     assert_int_equal(js_GetConsumerInfo(&ci, js, "TALLY_P3", "tally-p3-100-0", NULL, &jerr),
                      NATS_OK);
     jsConsumerInfo_Destroy(ci);
@@ -495,14 +496,17 @@ static void test_consumer_resume(void **state)
     /* A new owner whose checkpoint holds 1..6: from 7 at once (7..10 were delivered, not acked,
      * and would otherwise wait for the 30 s ack wait). */
     int64_t t0 = td_nats_now_ms();
-    assert_int_equal(td_consumer_start(js, 3, 200, 0, 7, 30000, &sub, msg, sizeof msg), TD_OK);
+    assert_int_equal(
+        td_consumer_start(js, nc, "_INBOX.test.p3.200", 3, 200, 0, 7, 30000, &sub, msg, sizeof msg),
+        TD_OK);
     assert_int_equal(fetch_all(sub, 4, NULL), 7);
     /* The previous owner's consumer is gone; the same name again, having delivered, is refused
      * (a create that timed out but happened must not be taken for a fresh one). */
     assert_int_equal(js_GetConsumerInfo(&ci, js, "TALLY_P3", "tally-p3-100-0", NULL, &jerr),
                      NATS_NOT_FOUND);
-    natsSubscription *again = NULL;
-    assert_int_equal(td_consumer_start(js, 3, 200, 0, 7, 30000, &again, msg, sizeof msg),
+    td_pull_t *again = NULL;
+    assert_int_equal(td_consumer_start(js, nc, "_INBOX.test.p3.200b", 3, 200, 0, 7, 30000, &again,
+                                       msg, sizeof msg),
                      TD_ERR_LIBRARY);
     assert_null(again);
     assert_true(td_nats_now_ms() - t0 < 15000);
@@ -512,7 +516,7 @@ static void test_consumer_resume(void **state)
     assert_int_equal(td_consumer_fetch(sub, 100, 0, 200, &list, msg, sizeof msg), TD_OK);
     assert_int_equal(list.Count, 0);
     assert_true(td_nats_now_ms() - t0 < 4000);
-    natsSubscription_Destroy(sub);
+    td_pull_destroy(&sub);
     /* Nothing was removed from the stream (the fleet never removes: td_nats_consumer.h). */
     jsStreamInfo *si = NULL;
     assert_int_equal(js_GetStreamInfo(&si, js, "TALLY_P3", NULL, &jerr), NATS_OK);

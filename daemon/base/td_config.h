@@ -276,19 +276,30 @@
 #define TD_WEB_RATE_WINDOW_MS 10000u
 
 /* The NATS JetStream fleet (PROTOCOL.md §13, daemon/nats/). Off until [nats] servers is set. A
- * lease lives lease_ttl_ms and is renewed every third of it; a checkpoint is written at least
- * every checkpoint_interval_ms while messages are applied; a partition's JetStream stream holds
- * at most partition_max_bytes not yet checkpointed (then producers are refused: backpressure). */
+ * lease lives lease_ttl_ms and is renewed once it is a second old (daemon/nats/td_fleet_int.h);
+ * a checkpoint is written at least every checkpoint_interval_ms while messages are applied; a
+ * partition's JetStream stream holds at most partition_max_bytes not yet checkpointed (then
+ * producers are refused: backpressure). */
 #define TD_DEFAULT_NATS_PARTITIONS 8u
 #define TD_DEFAULT_NATS_REPLICAS 3u
 #define TD_NATS_REPLICAS_LIMIT 5u
-#define TD_DEFAULT_NATS_LEASE_TTL_MS 10000u
+/* 15 s: JetStream elects a new leader for a replicated bucket within a few seconds (2-5 s seen
+ * on loopback after kill -9 of the leader), and a lease must outlive that with the renewal's
+ * retries (docs/fleet.md); a worker's failover costs about TTL + 2 s. A worker with no
+ * lease_ttl_ms takes an existing fleet's. */
+#define TD_DEFAULT_NATS_LEASE_TTL_MS 15000u
 #define TD_NATS_LEASE_TTL_MS_MIN 1000u
 #define TD_NATS_LEASE_TTL_MS_LIMIT 600000u
 #define TD_DEFAULT_NATS_CHECKPOINT_MS 1000u
 #define TD_NATS_CHECKPOINT_MS_MIN 10u
 #define TD_NATS_CHECKPOINT_MS_LIMIT 3600000u
 #define TD_DEFAULT_NATS_PARTITION_MAX_BYTES (1ull << 30)
+/* A partition's window (issue 32): messages in the request path at once, and their payload
+ * bytes (one message always goes, however large). 256 keeps a 1 KiB-message partition's round
+ * trip off the critical path; the bytes bound keeps a worker's memory per partition bounded. */
+#define TD_DEFAULT_NATS_INFLIGHT 256u
+#define TD_NATS_INFLIGHT_LIMIT 4096u
+#define TD_DEFAULT_NATS_INFLIGHT_BYTES (16ull << 20)
 /* A partition's stream keeps a message this long (a worker outage longer than this loses what
  * was not applied; the fleet removes nothing itself: daemon/nats/td_nats_consumer.h). */
 #define TD_DEFAULT_NATS_PARTITION_MAX_AGE_S 86400u
@@ -375,6 +386,8 @@ typedef struct {
     unsigned nats_replicas;
     unsigned nats_lease_ttl_ms;
     unsigned nats_checkpoint_ms;
+    unsigned nats_inflight;
+    size_t nats_inflight_bytes;
     size_t nats_partition_max_bytes;
     unsigned nats_partition_max_age_s;
     int argc;                /* the command line, kept so SIGHUP can re-apply it (borrowed) */

@@ -8,7 +8,8 @@
  * membership, lease renewals, the plan: partitions to take and to give up, for at most a third
  * of the TTL, so that a cluster slow enough to make taking every partition last longer than a
  * lease never lets the first ones taken run out meanwhile; the rest wait for the next
- * heartbeat, which renews the leases first), then one step of
+ * heartbeat, which renews the leases first), the renewal of every lease a second old (tried
+ * again shortly when the bucket does not answer: td_fleet_int.h), then one step of
  * each owned partition (td_fleet_part.c), the queries that arrived (td_fleet_query.c), and the
  * replies from the request path (waiting a few milliseconds there when nothing else happened).
  * At a stop signal it gives every partition up (checkpointed, released), leaves the membership,
@@ -113,19 +114,32 @@ static void close_loop_handles(td_fleet_t *f, void *arg)
 
 /* ---- Heartbeat ----------------------------------------------------------------------------- */
 
+/* Renews every lease TD_FLEET_RENEW_AGE_MS old or more (td_fleet_int.h). After a renewal
+ * that failed (no answer within TD_FLEET_KV_WAIT_MS: the bucket electing a leader, a server
+ * lost) the rest wait TD_FLEET_RENEW_RETRY_MS, so the partitions keep applying between tries;
+ * each try is one more chance before the TTL runs out by this worker's own clock. */
 static void renew_leases(td_fleet_t *f)
 {
     char msg[256];
+    int64_t now = td_nats_now_ms();
+    if (now < f->next_renew_ms)
+        return;
     for (uint32_t k = 0; k < f->partitions; k++) {
         td_part_t *p = &f->parts[k];
-        if (!p->owned)
+        if (!p->owned || now - (p->lease.valid_until_ms - f->ttl_ms) < TD_FLEET_RENEW_AGE_MS)
             continue;
         bool lost = false;
         if (td_lease_renew(f->leases, k, f->member, f->ttl_ms, &p->lease, &lost, msg, sizeof msg) !=
-            TD_OK)
-            td_warn("fleet: %s", msg); /* it may still be ours: its own clock decides */
-        else if (lost)
+            TD_OK) {
+            td_warn("fleet: %s; tried again in %d ms", msg, TD_FLEET_RENEW_RETRY_MS);
+            f->next_renew_ms = td_nats_now_ms() + TD_FLEET_RENEW_RETRY_MS;
+            return; /* it may still be ours: its own clock decides */
+        }
+        if (lost)
             td_part_drop(f, p, "its lease was lost");
+        else /* direct mode: requests run here until the new end */
+            td_fleet_route_owned(f, k, p->lease.valid_until_ms);
+        now = td_nats_now_ms();
     }
 }
 
@@ -186,6 +200,7 @@ static void leave(td_fleet_t *f)
     for (uint32_t k = 0; k < f->partitions; k++)
         if (f->parts[k].owned)
             td_part_give_up(f, &f->parts[k]);
+    natsConnection_FlushTimeout(f->reply_nc, 2000); /* the last replies and acknowledgements */
     char msg[256];
     if (td_member_leave(f->members, f->member, msg, sizeof msg) != TD_OK)
         td_warn("fleet: %s", msg);
@@ -201,6 +216,7 @@ static void *fleet_thread(void *arg)
     while (!atomic_load(&f->stopping)) {
         if (td_nats_now_ms() >= f->next_beat_ms)
             heartbeat(f);
+        renew_leases(f);
         bool busy = false;
         for (uint32_t k = 0; k < f->partitions; k++)
             if (f->parts[k].owned)
@@ -217,19 +233,63 @@ static void *fleet_thread(void *arg)
 
 /* ---- Life ---------------------------------------------------------------------------------- */
 
+td_err_t td_fleet_connect(td_fleet_t *f, const char *role, bool asap, natsConnection **nc,
+                          char *msg, size_t cap)
+{
+    char name[TALLY_NATS_MEMBER_ID_MAX + 40];
+    snprintf(name, sizeof name, "%s%s%s", f->member, role ? "/" : "", role ? role : "");
+    tally_nats_conf_t conf = nats_conf(f->host.cfg, name);
+    conf.send_asap = asap;
+    return tally__nats_connect(&conf, nc, msg, cap) == TALLY_OK ? TD_OK : TD_ERR_LIBRARY;
+}
+
+/* The lease TTL: [nats] lease_ttl_ms; unset, an existing fleet's (its TALLY_LEASES bucket's
+ * TTL, logged: a worker need not repeat it), or TD_DEFAULT_NATS_LEASE_TTL_MS for a new fleet. */
+static void choose_ttl(td_fleet_t *f)
+{
+    int64_t have = 0;
+    if (f->ttl_ms > 0)
+        return;
+    if (td_nats_bucket_ttl(f->kv_js, TALLY_NATS_BUCKET_LEASES, &have) == TD_OK && have > 0) {
+        f->ttl_ms = have;
+        td_notice("fleet: lease TTL %" PRId64 " ms, the fleet's (bucket %s; [nats] lease_ttl_ms "
+                  "is not set)",
+                  have, TALLY_NATS_BUCKET_LEASES);
+        return;
+    }
+    f->ttl_ms = TD_DEFAULT_NATS_LEASE_TTL_MS;
+}
+
 static td_err_t connect_fleet(td_fleet_t *f, const td_config_t *cfg)
 {
     char msg[512];
-    tally_nats_conf_t conf = nats_conf(cfg, f->member);
-    if (tally__nats_connect(&conf, &f->nc, msg, sizeof msg) != TALLY_OK) {
+    /* The fleet thread's calls (every one answered before the next): flushed at once. Replies,
+     * watch publications and acknowledgements go on a connection of their own, buffered: a
+     * window's replies leave in few writes, and never wait behind a slow JetStream call. */
+    if (td_fleet_connect(f, NULL, true, &f->nc, msg, sizeof msg) != TD_OK ||
+        td_fleet_connect(f, "replies", false, &f->reply_nc, msg, sizeof msg) != TD_OK) {
         td_err("fleet: %s", msg);
         return TD_ERR_LIBRARY;
     }
+    char user[TALLY_NATS_MEMBER_ID_MAX + 1];
+    tally_nats_conf_t conf = nats_conf(cfg, f->member);
+    if (tally__nats_user(&conf, user, sizeof user, msg, sizeof msg) != TALLY_OK) {
+        td_err("fleet: %s", msg);
+        return TD_ERR_CONFIG;
+    }
+    snprintf(f->inbox_prefix, sizeof f->inbox_prefix, "%s%s.", TALLY_NATS_INBOX, user);
     f->max_payload = (size_t)natsConnection_GetMaxPayload(f->nc);
-    if (natsConnection_JetStream(&f->js, f->nc, NULL) != NATS_OK) {
+    jsOptions jo, ko;
+    jsOptions_Init(&jo);
+    jsOptions_Init(&ko);
+    jo.Wait = TD_FLEET_JS_WAIT_MS;
+    ko.Wait = TD_FLEET_KV_WAIT_MS;
+    if (natsConnection_JetStream(&f->js, f->nc, &jo) != NATS_OK ||
+        natsConnection_JetStream(&f->kv_js, f->nc, &ko) != NATS_OK) {
         td_err("fleet: JetStream: %s", td_nats_last_error(NATS_ERR));
         return TD_ERR_LIBRARY;
     }
+    choose_ttl(f);
     td_nats_layout_t l = {.partitions = f->partitions,
                           .replicas = (int)cfg->nats_replicas,
                           .partition_max_bytes = (int64_t)cfg->nats_partition_max_bytes,
@@ -247,13 +307,13 @@ static td_err_t connect_fleet(td_fleet_t *f, const td_config_t *cfg)
         err = td_nats_fleet_ensure(f->js, &l, msg, sizeof msg);
     }
     if (err == TD_OK)
-        err = td_nats_kv_open(f->js, TALLY_NATS_BUCKET_MEMBERS, f->ttl_ms, l.replicas, &f->members,
+        err = td_nats_kv_open(f->kv_js, TALLY_NATS_BUCKET_MEMBERS, f->ttl_ms, l.replicas,
+                              &f->members, msg, sizeof msg);
+    if (err == TD_OK)
+        err = td_nats_kv_open(f->kv_js, TALLY_NATS_BUCKET_LEASES, f->ttl_ms, l.replicas, &f->leases,
                               msg, sizeof msg);
     if (err == TD_OK)
-        err = td_nats_kv_open(f->js, TALLY_NATS_BUCKET_LEASES, f->ttl_ms, l.replicas, &f->leases,
-                              msg, sizeof msg);
-    if (err == TD_OK)
-        err = td_nats_kv_open(f->js, TALLY_NATS_BUCKET_CKPT, 0, l.replicas, &f->ckpts, msg,
+        err = td_nats_kv_open(f->kv_js, TALLY_NATS_BUCKET_CKPT, 0, l.replicas, &f->ckpts, msg,
                               sizeof msg);
     if (err != TD_OK)
         td_err("fleet: %s", msg);
@@ -289,6 +349,9 @@ static void settings(td_fleet_t *f, const td_config_t *cfg)
     f->partitions = cfg->nats_partitions;
     f->ttl_ms = cfg->nats_lease_ttl_ms;
     f->ckpt_ms = cfg->nats_checkpoint_ms;
+    f->inflight = cfg->nats_inflight ? cfg->nats_inflight : TD_DEFAULT_NATS_INFLIGHT;
+    f->inflight_bytes =
+        cfg->nats_inflight_bytes ? cfg->nats_inflight_bytes : TD_DEFAULT_NATS_INFLIGHT_BYTES;
     f->watch_ms = cfg->pub_interval_ms;
     const char *take_ms = getenv("TALLYD_TEST_TAKE_MS"); /* test only: a slow cluster's takes */
     f->test_take_ms = take_ms ? atoll(take_ms) : 0;
@@ -322,10 +385,11 @@ td_err_t td_fleet_new(const td_fleet_host_t *host, td_fleet_t **out)
     f->parts = calloc(f->partitions, sizeof *f->parts);
     if (!f->parts)
         goto fail;
-    for (uint32_t k = 0; k < f->partitions; k++) {
+    for (uint32_t k = 0; k < f->partitions; k++)
         f->parts[k].k = k;
-        f->parts[k].inflight = -1;
-    }
+    f->pend_cap = (size_t)f->partitions * f->inflight + TD_FLEET_PENDING_EXTRA;
+    if (!(f->pend = calloc(f->pend_cap, sizeof *f->pend)))
+        goto fail;
     if ((err = connect_fleet(f, host->cfg)) != TD_OK || (err = td_fleet_path_open(f)) != TD_OK ||
         (err = td_fleet_query_open(f)) != TD_OK ||
         (err = td_fleet_route_open(f, host->cfg)) != TD_OK || (err = open_loop_handles(f)) != TD_OK ||
@@ -365,6 +429,8 @@ void td_fleet_destroy(td_fleet_t **self_p)
     }
     if (f->async.loop && !uv_is_closing((uv_handle_t *)&f->async))
         uv_close((uv_handle_t *)&f->async, NULL);
+    if (f->check.loop && !uv_is_closing((uv_handle_t *)&f->check))
+        uv_close((uv_handle_t *)&f->check, NULL);
     if (f->sig_term.loop && !f->loop_closed) {
         uv_close((uv_handle_t *)&f->sig_term, NULL);
         uv_close((uv_handle_t *)&f->sig_int, NULL);
@@ -374,18 +440,18 @@ void td_fleet_destroy(td_fleet_t **self_p)
         uv_run(f->host.loop, UV_RUN_NOWAIT); /* the close callbacks */
     td_fleet_query_close(f);
     td_fleet_path_close(f);
-    for (uint32_t k = 0; f->parts && k < f->partitions; k++) {
-        td_reader_stop(&f->parts[k].reader);
-        natsMsg_Destroy(f->parts[k].retry);
-        free(f->parts[k].acks);
-    }
+    for (uint32_t k = 0; f->parts && k < f->partitions; k++)
+        td_part_free(f, &f->parts[k]);
     free(f->parts);
     td_fleet_route_close(f);
+    free(f->pend);
     kvStore_Destroy(f->members);
     kvStore_Destroy(f->leases);
     kvStore_Destroy(f->ckpts);
     jsCtx_Destroy(f->js);
+    jsCtx_Destroy(f->kv_js);
     natsConnection_Destroy(f->nc);
+    natsConnection_Destroy(f->reply_nc);
     pthread_cond_destroy(&f->cond);
     pthread_mutex_destroy(&f->mu);
     free(f);

@@ -26,14 +26,19 @@
 #include "td_nats_lease.h"
 #include "td_transport.h"
 
-/* Requests in flight in the request path at once: one per owned partition, plus queries. While
- * the path takes nothing (max_inflight) a request is answered `busy` and sent again later, which
- * keeps order since a partition has one at a time. */
-#define TD_FLEET_PENDING_MAX 64
+/* Pending slots besides the partitions' windows ([nats] inflight each): queries and the fleet's
+ * own calls. A request the path cannot take yet (max_inflight) waits on the loop's side of the
+ * transport, in order, rather than being answered `busy` (td_fleet_transport.c). */
+#define TD_FLEET_PENDING_EXTRA 64
+/* A slot's index is the tag's low bits (the rest is a counter). */
+#define TD_FLEET_SLOT_BITS 24
 /* A partition's reader queues at most this much (a fetch asks for the room left, at least one
  * message of max_payload: 8 MiB with contrib/nats). */
 #define TD_FLEET_FETCH_BYTES (24ll << 20)
 #define TD_FLEET_FETCH_BATCH 256
+#define TD_FLEET_FETCH_BATCH 256
+/* A partition's step takes at most this many messages from its reader (the others' turn). */
+#define TD_FLEET_STEP_MESSAGES 256
 /* How long the thread sleeps in the transport's poll when nothing was fetched. */
 #define TD_FLEET_IDLE_MS 5
 /* Resend after `busy` or `rate_limited`. */
@@ -41,6 +46,16 @@
 /* At start, making the fleet's streams and buckets is tried this often, this far apart. */
 #define TD_FLEET_START_RETRIES 60
 #define TD_FLEET_START_RETRY_MS 500
+/* Through a lost nats-server (issue 32): the key-value buckets' calls wait this long (libnats'
+ * default is 5 s), leases are renewed once they are this old and, when a renewal fails (the
+ * bucket electing a leader), tried again after a short pause, and the fleet thread's other
+ * JetStream calls wait at most TD_FLEET_JS_WAIT_MS. A renewal then never holds the partitions
+ * still for longer than a couple of seconds, and a lease outlives an election shorter than its
+ * TTL less about two seconds (docs/fleet.md). */
+#define TD_FLEET_KV_WAIT_MS 1000
+#define TD_FLEET_JS_WAIT_MS 2000
+#define TD_FLEET_RENEW_AGE_MS 1000
+#define TD_FLEET_RENEW_RETRY_MS 250
 /* A partition whose take-over failed (a damaged checkpoint, NATS errors) is not tried again
  * before this. */
 #define TD_FLEET_TAKE_BACKOFF_MS 5000
@@ -48,13 +63,14 @@
 typedef enum { PEND_FREE = 0, PEND_PART, PEND_QUERY, PEND_SYNC } td_pend_kind_t;
 
 /* One request in flight in the request path. Its tag replaces the request id on the way in; the
- * reply's request id finds it again (slot in the low 8 bits). */
+ * reply's request id finds it again (slot in the low TD_FLEET_SLOT_BITS bits). */
 typedef struct {
     td_pend_kind_t kind;
     uint64_t tag;
     uint64_t orig_id;    /* the request id the message carried, restored in its reply */
     uint32_t k;          /* PEND_PART: the partition */
-    natsMsg *msg;        /* PEND_PART: the JetStream message; PEND_QUERY: the NATS request */
+    uint64_t pos;        /* PEND_PART: its place in the partition's window */
+    natsMsg *msg;        /* PEND_QUERY: the NATS request */
     bool streams_filter; /* PEND_QUERY: a `streams` answer, cut to the partitions owned */
     bool seq_only;       /* PEND_QUERY: a tally.seq answer, cut to the stream's last_seq */
     bool done;           /* PEND_SYNC: the reply came (reply, reply_len: malloc'ed) */
@@ -67,7 +83,7 @@ typedef struct {
 typedef struct {
     struct td_fleet *fleet;
     uint32_t k;
-    natsSubscription *sub; /* the bound durable consumer (the reader's) */
+    struct td_pull *pull; /* its pulls from the partition's durable consumer */
     pthread_t thread;
     bool started;
     atomic_bool stop;
@@ -78,23 +94,43 @@ typedef struct {
     size_t bytes;
 } td_reader_t;
 
+/* One message of a partition's window (td_fleet_part.c): judged in sequence order, applied
+ * side by side with the others, retired in order once done. */
+typedef enum { WIN_SENT = 1, WIN_DONE, WIN_RETRY } td_win_state_t;
+typedef struct {
+    natsMsg *msg;
+    uint64_t seq;
+    int slot; /* WIN_SENT: its pend slot */
+    td_win_state_t state;
+} td_win_entry_t;
+
+/* The longest ack subject kept ($JS.ACK.<stream>.<consumer>.<9 numbers>). */
+#define TD_FLEET_ACK_MAX 256
+
 typedef struct {
     uint32_t k;
     bool owned;
     td_lease_t lease;
     td_ckpt_t ckpt;
-    td_reader_t reader;   /* fetches from the bound durable consumer */
+    td_reader_t reader;  /* fetches from the bound durable consumer */
+    natsConnection *rnc; /* the reader's own connection (made at the first take, kept) */
+    jsCtx *rjs;
     unsigned restarts;    /* consumers made under the current lease */
-    uint64_t applied_seq; /* the last JetStream sequence applied (or judged) */
+    uint64_t applied_seq; /* the watermark: every message up to it is applied (or judged) */
+    uint64_t high_seq;    /* the last message taken into the window */
     uint64_t ckpt_seq;    /* applied_seq of the last checkpoint */
     int64_t last_ckpt_ms;
-    /* The ack subjects of the messages judged since the last checkpoint, NUL-separated: the
-     * next checkpoint holds them, and then acknowledges each (td_nats_consumer.h). */
-    char *acks;
-    size_t acks_len, acks_cap, acks_count;
-    int inflight;   /* its message in the request path: a pend slot, or -1 */
-    natsMsg *retry; /* a message answered `busy`: sent again at retry_at */
-    int64_t retry_at;
+    /* The window: a ring of f->inflight entries from absolute position win_first; win_bytes:
+     * their payloads (at most f->inflight_bytes, or one message). */
+    td_win_entry_t *win;
+    uint64_t win_first;
+    size_t win_len, win_bytes, retries;
+    int64_t retry_at; /* when the WIN_RETRY entries are sent again */
+    natsMsg *next;    /* taken from the reader, waiting for room in the window */
+    bool draining;    /* a checkpoint is due: nothing new until the window is empty */
+    /* AckAll: the ack subject of the watermark's message, sent after the next checkpoint. */
+    char ack[TD_FLEET_ACK_MAX];
+    uint64_t unacked; /* messages retired since the last acknowledgement */
     int64_t no_take_until_ms;
 } td_part_t;
 
@@ -108,19 +144,24 @@ struct td_fleet {
     td_fleet_host_t host;
     /* Settings (copied). */
     char member[TALLY_NATS_MEMBER_ID_MAX + 1];
+    char inbox_prefix[2 * TALLY_NATS_MEMBER_ID_MAX + 16]; /* _INBOX.<user>. */
     uint32_t partitions;
     int64_t ttl_ms, ckpt_ms;
     size_t max_payload;
+    size_t inflight, inflight_bytes; /* a partition's window ([nats] inflight, inflight_bytes) */
     int64_t test_take_ms; /* test only: each take lasts this much longer (TALLYD_TEST_TAKE_MS) */
     /* NATS. */
     natsConnection *nc;
-    jsCtx *js;
+    natsConnection *reply_nc; /* replies, watch publications and acks: buffered, no flush each */
+    jsCtx *js;                /* the fleet thread's JetStream calls (TD_FLEET_JS_WAIT_MS) */
+    jsCtx *kv_js;             /* its buckets' (TD_FLEET_KV_WAIT_MS) */
     kvStore *members, *leases, *ckpts;
     natsSubscription *q_sub, *seq_sub, *ctl_sub, *streams_sub;
     /* Partitions. */
     td_part_t *parts;
     int64_t next_beat_ms;
-    size_t live_members; /* at the last heartbeat */
+    int64_t next_renew_ms; /* after a failed renewal: the next try */
+    size_t live_members;   /* at the last heartbeat */
     /* The transport (td_fleet_transport.c): requests queued for the loop, replies queued for the
      * fleet thread (under q_mu); wake_fd: an eventfd written when a reply is queued, and by the
      * readers when they queue messages. */
@@ -130,8 +171,11 @@ struct td_fleet {
     struct td_fleet_sub *sub_head, *sub_tail;
     struct td_fleet_rep *rep_head, *rep_tail;
     int wake_fd;
-    td_pend_t pend[TD_FLEET_PENDING_MAX];
+    td_pend_t *pend; /* pend_cap slots: the windows', then TD_FLEET_PENDING_EXTRA */
+    size_t pend_cap, pend_hint;
     uint64_t next_tag;
+    atomic_bool subs_waiting; /* requests the path could not take yet (the loop's check) */
+    uv_check_t check;
     /* The thread, and the loop calls. */
     pthread_t thread;
     bool thread_started;
@@ -179,6 +223,11 @@ void td_fleet_on_loop(td_fleet_t *f, void (*fn)(td_fleet_t *f, void *arg), void 
 /* A reply frame for slot (header already with the original request id). */
 void td_fleet_on_reply(td_fleet_t *f, int slot, const uint8_t *reply, size_t len);
 
+/* td_fleet.c: a connection of the fleet's (its settings, named after the member and role; asap:
+ * every publication flushed at once). */
+td_err_t td_fleet_connect(td_fleet_t *f, const char *role, bool asap, natsConnection **nc,
+                          char *msg, size_t cap);
+
 /* td_fleet_part.c */
 void td_part_take(td_fleet_t *f, td_part_t *p);
 void td_part_give_up(td_fleet_t *f, td_part_t *p);
@@ -187,8 +236,13 @@ void td_part_drop(td_fleet_t *f, td_part_t *p, const char *why);
 /* One step: resend, fetch, submit, checkpoint when due. True when it did something. */
 bool td_part_step(td_fleet_t *f, td_part_t *p);
 void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *reply, size_t len);
-/* Waits (polling for replies) until the partition has nothing in flight. */
+/* Waits (polling for replies) until the partition has nothing in the request path. */
 void td_part_quiesce(td_fleet_t *f, td_part_t *p);
+/* Frees what a partition keeps past its ownership (at the fleet's end). */
+void td_part_free(td_fleet_t *f, td_part_t *p);
+/* True while the partition's lease is valid by this worker's clock: checked right before every
+ * write of the partition's (a checkpoint, a reply, a dead letter, a watch publication). */
+bool td_part_may_write(const td_part_t *p);
 /* Writes the checkpoint now (nothing in flight). False when fenced or it failed. */
 bool td_part_checkpoint(td_fleet_t *f, td_part_t *p);
 
@@ -205,8 +259,8 @@ void td_fleet_watch_flush(td_fleet_t *f, uint32_t k);
 /* Partition k was taken: every stream of it (loaded from its checkpoint) counts as changed. */
 void td_fleet_watch_taken(td_fleet_t *f, uint32_t k);
 
-/* td_fleet_reader.c: the reader takes sub (and destroys it at stop). */
-td_err_t td_reader_start(td_fleet_t *f, td_reader_t *r, uint32_t k, natsSubscription *sub);
+/* td_fleet_reader.c: the reader takes pull (and destroys it at stop). */
+td_err_t td_reader_start(td_fleet_t *f, td_reader_t *r, uint32_t k, struct td_pull *pull);
 natsMsg *td_reader_pop(td_reader_t *r);
 void td_reader_stop(td_reader_t *r);
 

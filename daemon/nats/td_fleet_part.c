@@ -2,18 +2,36 @@
 /*
  * td_fleet_part.c — one partition's life on this worker (PROTOCOL.md §13 "Exactly once across
  * crashes"): taking it (lease, fence, load the checkpoint into the stream table, the consumer at
- * checkpoint + 1), applying its messages one at a time in sequence order through the request
- * path (a message at or below the last applied sequence is skipped; a failing one becomes a dead
- * letter), checkpointing it, and giving it up or losing it.
+ * checkpoint + 1), applying its messages through the request path (a message at or below the
+ * last one taken is skipped; a failing one becomes a dead letter), checkpointing it, and giving
+ * it up or losing it.
  *
- * One message of a partition is in the request path at a time. That keeps the order of every
- * stream even when tallyd answers `busy` or `rate_limited` (the message is sent again, nothing
- * after it has gone ahead), and makes a checkpoint's snapshot consistent: nothing of the
- * partition is half applied when it is taken. Partitions run side by side.
+ * The window (issue 32). Up to [nats] inflight messages of a partition (and inflight_bytes of
+ * payload) are in the request path at once: it keeps each stream's order (its shard runs a
+ * stream's requests in the order they were submitted), so messages of different streams of a
+ * partition are applied side by side, on the shards their streams hash to, and those of one
+ * stream in sequence order. Messages enter the window in sequence order and leave it from its
+ * head once done: the watermark (applied_seq) is the highest sequence below which everything is
+ * applied or judged. A checkpoint is taken at the watermark with nothing in the path: when one is
+ * due the partition takes nothing new until its window is empty (draining: about one round trip
+ * of the path), so its snapshot holds exactly the messages up to the watermark. A message
+ * answered `busy` (no effect) is sent again, and nothing new enters the window meanwhile; if a
+ * later message of its stream was applied meanwhile, the stream's order is broken and the
+ * partition is dropped and taken again from its checkpoint (order_broken: rare, since the
+ * transport holds the fleet's requests while tallyd is at max_inflight instead of refusing
+ * them). A partition given up with messages applied above a refused one is not checkpointed
+ * (its next owner applies from the last checkpoint), so a checkpoint never needs to name the
+ * messages above its watermark that it holds.
+ *
+ * Acknowledgements: the consumer is AckAll, so one acknowledgement of the watermark's message
+ * after each checkpoint covers every message up to it (td_nats_consumer.h).
  *
  * Nothing is written to NATS for a partition once its lease has run out by this worker's own
- * clock (td_lease_valid): not a reply, not a dead letter, not a checkpoint. The checkpoint's
- * compare-and-set is the fence for what was started just before.
+ * clock (td_part_may_write, checked right before each write): not a reply, not a dead letter,
+ * not a checkpoint, not a watch publication. A worker paused with messages in the path finds
+ * their replies waiting when it wakes, and drops the partition instead of answering them
+ * (test_nats_inflight). The checkpoint's compare-and-set is the fence for what was started just
+ * before.
  *
  * Who published a message is the user its subject names (tally.in.<k>.<user>), which the
  * server's permissions let only that user publish to; never a header the producer writes. A
@@ -164,29 +182,60 @@ static void drop_local_copy(td_fleet_t *f, td_part_t *p)
 
 /* ---- Taking, losing, giving up ------------------------------------------------------------- */
 
+static void resend(td_fleet_t *f, td_part_t *p);
+
 static void release_lease(td_fleet_t *f, td_part_t *p)
 {
     char msg[256];
-    if (p->lease.revision && td_lease_release(f->js, p->k, &p->lease, msg, sizeof msg) != TD_OK)
+    if (p->lease.revision && td_lease_release(f->kv_js, p->k, &p->lease, msg, sizeof msg) != TD_OK)
         td_warn("fleet: %s", msg);
     memset(&p->lease, 0, sizeof p->lease);
 }
 
+/* Empties the window: what is in the request path is forgotten (its reply, when it comes,
+ * finds no slot). */
+static void forget_window(td_fleet_t *f, td_part_t *p)
+{
+    for (size_t i = 0; i < p->win_len; i++) {
+        td_win_entry_t *e = &p->win[(p->win_first + i) % f->inflight];
+        if (e->state == WIN_SENT)
+            memset(&f->pend[e->slot], 0, sizeof f->pend[e->slot]);
+        natsMsg_Destroy(e->msg);
+        memset(e, 0, sizeof *e);
+    }
+    p->win_first += p->win_len;
+    p->win_len = p->win_bytes = p->retries = 0;
+    natsMsg_Destroy(p->next);
+    p->next = NULL;
+    p->draining = false;
+}
+
 static void forget_work(td_fleet_t *f, td_part_t *p)
 {
-    if (p->inflight >= 0) { /* its reply, when it comes, finds no slot */
-        td_pend_t *pend = &f->pend[p->inflight];
-        natsMsg_Destroy(pend->msg);
-        memset(pend, 0, sizeof *pend);
-        p->inflight = -1;
-    }
+    forget_window(f, p);
     td_reader_stop(&p->reader);
-    natsMsg_Destroy(p->retry);
-    p->retry = NULL;
-    p->acks_len = p->acks_count = 0; /* not ours to acknowledge any more */
+    p->ack[0] = 0; /* not ours to acknowledge any more */
+    p->unacked = 0;
     p->owned = false;
     TD_FLEET_SET(f, owned[p->k], false);
     td_fleet_route_closed(f, p->k); /* direct mode: no more requests here */
+}
+
+void td_part_free(td_fleet_t *f, td_part_t *p)
+{
+    td_reader_stop(&p->reader);
+    natsMsg_Destroy(p->next);
+    for (size_t i = 0; p->win && i < p->win_len; i++)
+        natsMsg_Destroy(p->win[(p->win_first + i) % f->inflight].msg);
+    free(p->win);
+    jsCtx_Destroy(p->rjs);
+    natsConnection_Destroy(p->rnc);
+    memset(p, 0, sizeof *p);
+}
+
+bool td_part_may_write(const td_part_t *p)
+{
+    return p->owned && td_lease_valid(&p->lease, td_nats_now_ms());
 }
 
 /* Loads the checkpoint's state into the stream table (after removing any old local copy). */
@@ -207,70 +256,87 @@ static td_err_t restore(td_fleet_t *f, td_part_t *p, uint8_t *state, size_t len,
     return j.err;
 }
 
+/* The reader's own connection, made at the partition's first take and kept: a fetch waits on
+ * the server, and readers on one connection would queue behind each other. */
+static td_err_t reader_connection(td_fleet_t *f, td_part_t *p, char *msg, size_t cap)
+{
+    if (p->rjs)
+        return TD_OK;
+    char role[32];
+    snprintf(role, sizeof role, "reader-%u", (unsigned)p->k);
+    if (!p->rnc && td_fleet_connect(f, role, true, &p->rnc, msg, cap) != TD_OK)
+        return TD_ERR_LIBRARY;
+    if (natsConnection_JetStream(&p->rjs, p->rnc, NULL) != NATS_OK) {
+        snprintf(msg, cap, "JetStream on the reader's connection: %s",
+                 td_nats_last_error(NATS_ERR));
+        return TD_ERR_LIBRARY;
+    }
+    return TD_OK;
+}
+
 /* The partition's consumer from start_seq (the checkpoint's sequence + 1), and its reader. */
 static td_err_t start_consumer(td_fleet_t *f, td_part_t *p, uint64_t start_seq, char *msg,
                                size_t cap)
 {
     int64_t ack_wait = f->ckpt_ms * 4 > 30000 ? f->ckpt_ms * 4 : 30000;
-    natsSubscription *sub = NULL;
-    td_err_t err = td_consumer_start(f->js, p->k, p->lease.revision, p->restarts++, start_seq,
-                                     ack_wait, &sub, msg, cap);
-    if (err == TD_OK && (err = td_reader_start(f, &p->reader, p->k, sub)) != TD_OK) {
+    td_pull_t *pull = NULL;
+    char inbox[sizeof f->inbox_prefix + TALLY_NATS_MEMBER_ID_MAX + 64];
+    snprintf(inbox, sizeof inbox, "%s%s.p%u.%" PRIu64 ".%u", f->inbox_prefix, f->member,
+             (unsigned)p->k, p->lease.revision, p->restarts);
+    td_err_t err = reader_connection(f, p, msg, cap);
+    if (err == TD_OK)
+        err = td_consumer_start(p->rjs, p->rnc, inbox, p->k, p->lease.revision, p->restarts++,
+                                start_seq, ack_wait, &pull, msg, cap);
+    if (err == TD_OK && (err = td_reader_start(f, &p->reader, p->k, pull)) != TD_OK) {
         snprintf(msg, cap, "cannot start its reader thread");
-        natsSubscription_Destroy(sub);
+        td_pull_destroy(&pull);
     }
     return err;
 }
 
-/* A message past applied_seq + 1: were the ones between removed from the stream (a purge: go
- * on), or not delivered (a consumer that moved on: read again from applied_seq + 1)? True when
+/* A message past high_seq + 1: were the ones between removed from the stream (a purge: go
+ * on), or not delivered (a consumer that moved on: read again from high_seq + 1)? True when
  * the message is to be applied. */
 static bool accept_gap(td_fleet_t *f, td_part_t *p, uint64_t seq)
 {
     uint64_t first = td_partition_first_seq(f->js, p->k);
-    if (first > p->applied_seq + 1) {
+    if (first > p->high_seq + 1) {
         TD_FLEET_COUNT(f, gaps);
         td_warn("fleet: partition %u: sequences %" PRIu64 "..%" PRIu64
                 " were removed from its stream before they were applied",
-                (unsigned)p->k, p->applied_seq + 1, first - 1);
+                (unsigned)p->k, p->high_seq + 1, first - 1);
         return true;
     }
     char msg[256];
     td_warn("fleet: partition %u: sequence %" PRIu64 " came after %" PRIu64
             "; reading again from %" PRIu64,
-            (unsigned)p->k, seq, p->applied_seq, p->applied_seq + 1);
+            (unsigned)p->k, seq, p->high_seq, p->high_seq + 1);
     td_reader_stop(&p->reader);
-    if (start_consumer(f, p, p->applied_seq + 1, msg, sizeof msg) != TD_OK) {
+    if (start_consumer(f, p, p->high_seq + 1, msg, sizeof msg) != TD_OK) {
         td_warn("fleet: partition %u: %s", (unsigned)p->k, msg);
         td_part_drop(f, p, "its consumer could not be made again");
     }
     return false;
 }
 
-/* After a checkpoint: acknowledges every message it holds, the last one confirmed (the server
- * handles one connection's acknowledgements in order), so the consumer does not deliver them
- * again after its ack wait; a failure only means they come again, and are skipped. */
-static void ack_all(td_fleet_t *f, td_part_t *p)
+/* After a checkpoint: one acknowledgement of the watermark's message covers every message up
+ * to it (an AckAll consumer), so the consumer does not deliver them again after its ack wait.
+ * Buffered, not confirmed: a lost one only means they come again, and are skipped. */
+static void ack_checkpointed(td_fleet_t *f, td_part_t *p)
 {
-    char msg[256];
-    const char *last = NULL;
-    for (size_t at = 0, i = 0; i < p->acks_count; i++) {
-        const char *subject = p->acks + at;
-        at += strlen(subject) + 1;
-        if (i + 1 == p->acks_count)
-            last = subject;
-        else
-            natsConnection_Publish(f->nc, subject, "+ACK", 4);
-    }
-    if (last && td_consumer_ack_sync(f->nc, last, 5000, msg, sizeof msg) != TD_OK)
-        td_warn("fleet: partition %u: %s", (unsigned)p->k, msg);
-    p->acks_len = p->acks_count = 0;
+    if (p->ack[0] && natsConnection_Publish(f->reply_nc, p->ack, "+ACK", 4) != NATS_OK)
+        td_warn("fleet: partition %u: acknowledging: %s", (unsigned)p->k,
+                td_nats_last_error(NATS_ERR));
+    p->ack[0] = 0;
+    p->unacked = 0;
 }
 
 void td_part_take(td_fleet_t *f, td_part_t *p)
 {
     char msg[512];
     bool taken = false, fenced = false;
+    if (!p->win && !(p->win = calloc(f->inflight, sizeof *p->win)))
+        return; /* tried again at the next heartbeat */
     if (td_lease_acquire(f->leases, p->k, f->member, f->ttl_ms, &p->lease, &taken, msg,
                          sizeof msg) != TD_OK)
         td_warn("fleet: %s", msg);
@@ -285,7 +351,7 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
     if (err == TD_OK && !fenced)
         err = restore(f, p, state, len, msg, sizeof msg);
     free(state);
-    p->applied_seq = p->ckpt_seq = p->ckpt.cur.applied_seq;
+    p->applied_seq = p->high_seq = p->ckpt_seq = p->ckpt.cur.applied_seq;
     p->restarts = 0;
     if (err == TD_OK && !fenced)
         err = start_consumer(f, p, p->applied_seq + 1, msg, sizeof msg);
@@ -329,21 +395,43 @@ void td_part_drop(td_fleet_t *f, td_part_t *p, const char *why)
 
 void td_part_quiesce(td_fleet_t *f, td_part_t *p)
 {
-    int64_t deadline = td_nats_now_ms() + 30000;
-    while ((p->inflight >= 0 || p->retry) && td_nats_now_ms() < deadline) {
-        if (p->retry && p->inflight < 0)
-            break; /* `busy`: not applied, so not in the checkpoint either */
+    int64_t deadline = td_nats_now_ms() + f->ttl_ms / 3; /* leases renewed in time */
+    while (p->owned && td_nats_now_ms() < deadline) {
+        bool sent = false;
+        for (size_t i = 0; i < p->win_len && !sent; i++)
+            sent = p->win[(p->win_first + i) % f->inflight].state == WIN_SENT;
+        if (!sent && (p->retries == 0 || atomic_load(&f->stopping)))
+            break; /* `shutdown` or `busy`: not applied, so not in the checkpoint either */
+        if (p->retries && !sent)
+            resend(f, p);
         td_fleet_path_poll(f, 10);
     }
+}
+
+/* Messages applied after one that was refused and waits in the window: a checkpoint now would
+ * hold their effect at a watermark below them (applied twice by the next owner). */
+static bool applied_above_refused(const td_fleet_t *f, const td_part_t *p)
+{
+    for (size_t i = 0; i < p->win_len; i++)
+        if (p->win[(p->win_first + i) % f->inflight].state == WIN_DONE)
+            return true; /* the head is never WIN_DONE: it would have been retired */
+    return false;
 }
 
 void td_part_give_up(td_fleet_t *f, td_part_t *p)
 {
     td_fleet_route_closed(f, p->k); /* direct mode: what was answered goes into the checkpoint */
     td_part_quiesce(f, p);
-    if ((p->applied_seq > p->ckpt_seq || td_fleet_route_uncommitted(f, p->k)) &&
-        !td_part_checkpoint(f, p))
+    if (p->owned && applied_above_refused(f, p))
+        td_warn("fleet: partition %u given up without a checkpoint: messages after a refused one "
+                "were applied; the next owner applies from sequence %" PRIu64
+                " (and without this member's direct writes since its last checkpoint)",
+                (unsigned)p->k, p->ckpt_seq + 1);
+    else if ((p->applied_seq > p->ckpt_seq || td_fleet_route_uncommitted(f, p->k)) &&
+             !td_part_checkpoint(f, p))
         return; /* dropped (fenced or expired), or the write failed: the next owner redoes it */
+    if (!p->owned)
+        return;                    /* lost while it waited for its messages */
     td_fleet_watch_flush(f, p->k); /* its streams' last changes, before they are not ours */
     forget_work(f, p);
     if (!atomic_load(&f->stopping)) /* tallyd goes on: its copy is no longer the truth */
@@ -356,7 +444,7 @@ void td_part_give_up(td_fleet_t *f, td_part_t *p)
 bool td_part_checkpoint(td_fleet_t *f, td_part_t *p)
 {
     char msg[512];
-    if (!td_lease_valid(&p->lease, td_nats_now_ms())) {
+    if (!td_part_may_write(p)) {
         td_part_drop(f, p, "its lease ran out before a checkpoint");
         return false;
     }
@@ -365,7 +453,7 @@ bool td_part_checkpoint(td_fleet_t *f, td_part_t *p)
     td_fleet_on_loop(f, snapshot_on_loop, &j);
     bool fenced = false;
     td_err_t err = j.err;
-    if (err == TD_OK && td_lease_valid(&p->lease, td_nats_now_ms()))
+    if (err == TD_OK && td_part_may_write(p))
         err = td_ckpt_write(&p->ckpt, p->applied_seq, j.buf, j.len, &fenced, msg, sizeof msg);
     else if (err == TD_OK)
         fenced = true; /* ran out meanwhile: write nothing */
@@ -385,41 +473,92 @@ bool td_part_checkpoint(td_fleet_t *f, td_part_t *p)
     p->ckpt_seq = p->applied_seq;
     td_fleet_route_committed(f, p->k, direct);
     TD_FLEET_COUNT(f, checkpoints);
-    ack_all(f, p);
+    ack_checkpointed(f, p);
     return true;
 }
 
 /* ---- Applying ------------------------------------------------------------------------------ */
 
-/* Keeps m's ack subject for the next checkpoint. */
-static void keep_ack(td_part_t *p, natsMsg *m)
+/* ---- The window ---------------------------------------------------------------------------- */
+
+static td_win_entry_t *entry_at(const td_fleet_t *f, const td_part_t *p, uint64_t pos)
 {
-    const char *ack = natsMsg_GetReply(m);
-    size_t n = ack ? strlen(ack) + 1 : 0;
-    if (n == 0)
-        return;
-    if (p->acks_len + n > p->acks_cap) {
-        size_t cap = p->acks_cap ? 2 * p->acks_cap : 4096;
-        while (cap < p->acks_len + n)
-            cap *= 2;
-        char *grown = realloc(p->acks, cap);
-        if (!grown)
-            return; /* unacknowledged, it comes again after the ack wait and is skipped */
-        p->acks = grown;
-        p->acks_cap = cap;
-    }
-    memcpy(p->acks + p->acks_len, ack, n);
-    p->acks_len += n;
-    p->acks_count++;
+    return &p->win[pos % f->inflight];
 }
 
-static void mark_applied(td_fleet_t *f, td_part_t *p, natsMsg *m, uint64_t seq)
+/* Room for one more message of len bytes (one message always fits alone). */
+static bool window_has_room(const td_fleet_t *f, const td_part_t *p, size_t len)
 {
-    p->applied_seq = seq;
-    keep_ack(p, m);
+    return p->win_len < f->inflight && (p->win_len == 0 || p->win_bytes + len <= f->inflight_bytes);
+}
+
+/* Retires the done messages at the window's head: the watermark moves past them, and the last
+ * one's ack subject is what the next checkpoint acknowledges. */
+static void retire(td_fleet_t *f, td_part_t *p)
+{
+    while (p->win_len) {
+        td_win_entry_t *e = entry_at(f, p, p->win_first);
+        if (e->state != WIN_DONE)
+            break;
+        const char *ack = natsMsg_GetReply(e->msg);
+        if (ack && strlen(ack) < sizeof p->ack)
+            memcpy(p->ack, ack, strlen(ack) + 1);
+        p->applied_seq = e->seq;
+        p->win_bytes -= (size_t)natsMsg_GetDataLength(e->msg);
+        natsMsg_Destroy(e->msg);
+        memset(e, 0, sizeof *e);
+        p->win_first++;
+        p->win_len--;
+        p->unacked++;
+    }
+    TD_FLEET_SET(f, applied_seq[p->k], p->applied_seq);
+}
+
+static void mark_done(td_fleet_t *f, td_part_t *p, td_win_entry_t *e)
+{
+    e->state = WIN_DONE;
     TD_FLEET_COUNT(f, applied);
-    TD_FLEET_SET(f, applied_seq[p->k], seq);
-    natsMsg_Destroy(m);
+    retire(f, p);
+}
+
+/* Refused for now (`busy`, no free slot, NATS would not take its dead letter): sent again
+ * after ms; nothing new is taken into the window meanwhile. */
+static void mark_retry(td_part_t *p, td_win_entry_t *e, int64_t ms)
+{
+    e->state = WIN_RETRY;
+    e->slot = -1;
+    p->retries++;
+    p->retry_at = td_nats_now_ms() + ms;
+}
+
+static bool same_stream(natsMsg *a, natsMsg *b)
+{
+    const char *na, *nb;
+    size_t la, lb;
+    return tally_req_stream_of((const uint8_t *)natsMsg_GetData(a),
+                               (size_t)natsMsg_GetDataLength(a), &na, &la) &&
+           tally_req_stream_of((const uint8_t *)natsMsg_GetData(b),
+                               (size_t)natsMsg_GetDataLength(b), &nb, &lb) &&
+           la > 0 && la == lb && memcmp(na, nb, la) == 0;
+}
+
+/* The request path keeps a stream's order, but a message refused (`busy`) and sent again goes
+ * behind those of its stream that were in the path with it: true when the message at pos was
+ * applied after a refused one of its stream before it (applied: true), or was refused after one
+ * of its stream after it was applied (applied: false). The partition is then taken again from
+ * its checkpoint. The fleet's requests are refused only by max_reply_bytes or for memory (the
+ * transport holds them while tallyd is at max_inflight), so this is rare. */
+static bool order_broken(const td_fleet_t *f, const td_part_t *p, uint64_t pos, bool applied)
+{
+    natsMsg *m = entry_at(f, p, pos)->msg;
+    uint64_t from = applied ? p->win_first : pos + 1,
+             to = applied ? pos : p->win_first + p->win_len;
+    for (uint64_t i = from; i < to; i++) {
+        const td_win_entry_t *o = entry_at(f, p, i);
+        if (o->state == (applied ? WIN_RETRY : WIN_DONE) && same_stream(o->msg, m))
+            return true;
+    }
+    return false;
 }
 
 static const char *header(natsMsg *m, const char *key)
@@ -432,6 +571,8 @@ static const char *header(natsMsg *m, const char *key)
 static bool dead_letter(td_fleet_t *f, td_part_t *p, natsMsg *m, uint64_t seq, tally_status_t st,
                         const char *why)
 {
+    if (!td_part_may_write(p))
+        return false; /* its lease ran out: the next step drops the partition */
     char subject[32], num[24], seqs[24];
     tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_DEAD, p->k);
     snprintf(num, sizeof num, "%u", (unsigned)p->k);
@@ -544,83 +685,118 @@ static tally_status_t check_message(td_fleet_t *f, td_part_t *p, natsMsg *m, cha
     return TALLY_OK;
 }
 
-/* A message that fails: the dead letters, its error reply, then it counts as applied. */
-static void fail_message(td_fleet_t *f, td_part_t *p, natsMsg *m, uint64_t seq, tally_status_t st,
+/* A message that fails its checks: the dead letters, its error reply, then it counts as
+ * applied. */
+static void fail_message(td_fleet_t *f, td_part_t *p, td_win_entry_t *e, tally_status_t st,
                          const char *why)
 {
-    if (!dead_letter(f, p, m, seq, st, why)) {
-        p->retry = m;
-        p->retry_at = td_nats_now_ms() + TD_FLEET_RETRY_MS * 10;
+    natsMsg *m = e->msg;
+    if (!dead_letter(f, p, m, e->seq, st, why)) {
+        mark_retry(p, e, TD_FLEET_RETRY_MS * 10);
         return;
     }
     if (st == TALLY_E_NOT_PERMITTED)
-        td_warn("fleet: partition %u sequence %" PRIu64 " from %s refused: %s", (unsigned)p->k, seq,
-                natsMsg_GetSubject(m), why);
+        td_warn("fleet: partition %u sequence %" PRIu64 " from %s refused: %s", (unsigned)p->k,
+                e->seq, natsMsg_GetSubject(m), why);
     const char *to = reply_to(m);
     if (to) {
         uint8_t frame[TALLY_REP_HEADER_SIZE + TALLY_ERROR_MESSAGE_MAX];
         size_t len = td_fleet_error_reply((const uint8_t *)natsMsg_GetData(m),
                                           (size_t)natsMsg_GetDataLength(m), st, why, frame);
-        td_fleet_publish_reply(f, to, m, p->k, seq, frame, len);
+        td_fleet_publish_reply(f, to, m, p->k, e->seq, frame, len);
     }
-    mark_applied(f, p, m, seq);
+    mark_done(f, p, e);
 }
 
-/* Judges a message: skipped (applied before), a dead letter, or sent to the request path. */
+/* Checks the message at pos and sends it to the request path, or judges it at once. */
+static void judge(td_fleet_t *f, td_part_t *p, uint64_t pos)
+{
+    td_win_entry_t *e = entry_at(f, p, pos);
+    char why[TALLY_ERROR_MESSAGE_MAX + 1] = "";
+    tally_status_t st = check_message(f, p, e->msg, why, sizeof why);
+    if (st != TALLY_OK) {
+        fail_message(f, p, e, st, why);
+        return;
+    }
+    int slot = td_fleet_path_send(f, PEND_PART, (const uint8_t *)natsMsg_GetData(e->msg),
+                                  (size_t)natsMsg_GetDataLength(e->msg));
+    if (slot < 0) {
+        mark_retry(p, e, TD_FLEET_RETRY_MS);
+        return;
+    }
+    f->pend[slot].k = p->k;
+    f->pend[slot].pos = pos;
+    e->slot = slot;
+    e->state = WIN_SENT;
+}
+
+/* Sends the refused messages of the window again, in sequence order. */
+static void resend(td_fleet_t *f, td_part_t *p)
+{
+    uint64_t end = p->win_first + p->win_len;
+    for (uint64_t pos = p->win_first; pos < end && p->owned; pos++) {
+        if (pos < p->win_first || entry_at(f, p, pos)->state != WIN_RETRY)
+            continue;
+        p->retries--;
+        judge(f, p, pos);
+    }
+}
+
+/* Takes a message from the reader into the window: skipped (applied before), judged at once,
+ * or sent to the request path. */
 static void process(td_fleet_t *f, td_part_t *p, natsMsg *m)
 {
     uint64_t pending = 0;
     uint64_t seq = td_nats_msg_seq_pending(m, &pending);
     if (seq + pending > atomic_load_explicit(&f->st->last_seq[p->k], memory_order_relaxed))
         TD_FLEET_SET(f, last_seq[p->k], seq + pending); /* the lag metric's end */
-    if (seq == 0 || seq <= p->applied_seq) {
-        td_debug("fleet: partition %u sequence %" PRIu64 ": skipped (applied up to %" PRIu64 ")",
-                 (unsigned)p->k, seq, p->applied_seq);
-        keep_ack(p, m); /* applied before (a redelivery, or the previous owner's): in a
-                         * checkpoint already, or in the next one */
+    if (seq == 0 || seq <= p->high_seq) {
+        td_debug("fleet: partition %u sequence %" PRIu64 ": skipped (taken up to %" PRIu64 ")",
+                 (unsigned)p->k, seq, p->high_seq);
+        natsMsg_Destroy(m); /* a redelivery, or the previous owner's: acknowledged with the
+                             * watermark's message */
+        return;
+    }
+    if (seq > p->high_seq + 1 && !accept_gap(f, p, seq)) {
         natsMsg_Destroy(m);
         return;
     }
-    if (seq > p->applied_seq + 1 && !accept_gap(f, p, seq)) {
-        natsMsg_Destroy(m);
+    size_t len = (size_t)natsMsg_GetDataLength(m);
+    if (!window_has_room(f, p, len)) {
+        p->next = m;
         return;
     }
-    char why[TALLY_ERROR_MESSAGE_MAX + 1] = "";
-    tally_status_t st = check_message(f, p, m, why, sizeof why);
-    if (st != TALLY_OK) {
-        fail_message(f, p, m, seq, st, why);
-        return;
-    }
-    int slot = td_fleet_path_send(f, PEND_PART, (const uint8_t *)natsMsg_GetData(m),
-                                  (size_t)natsMsg_GetDataLength(m));
-    if (slot < 0) {
-        p->retry = m;
-        p->retry_at = td_nats_now_ms() + TD_FLEET_RETRY_MS;
-        return;
-    }
-    f->pend[slot].k = p->k;
-    f->pend[slot].msg = m;
-    p->inflight = slot;
+    uint64_t pos = p->win_first + p->win_len++;
+    *entry_at(f, p, pos) = (td_win_entry_t){.msg = m, .seq = seq, .slot = -1};
+    p->win_bytes += len;
+    p->high_seq = seq;
+    judge(f, p, pos);
 }
 
 void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *reply, size_t len)
 {
-    natsMsg *m = pend->msg;
-    pend->msg = NULL;
-    p->inflight = -1;
+    uint64_t pos = pend->pos;
+    if (!p->owned || pos < p->win_first || pos >= p->win_first + p->win_len ||
+        entry_at(f, p, pos)->state != WIN_SENT)
+        return; /* forgotten with its window */
+    td_win_entry_t *e = entry_at(f, p, pos);
     tally_rep_t rep;
     tally_rep_decode(reply, TALLY_REP_HEADER_SIZE, &rep);
     tally_status_t st = (tally_status_t)rep.status;
     if (st == TALLY_E_BUSY || st == TALLY_E_RATE || st == TALLY_E_SHUTDOWN) {
         TD_FLEET_COUNT(f, resent);
-        p->retry = m; /* no effect: the same message again (at shutdown: the next owner's) */
-        p->retry_at = td_nats_now_ms() + TD_FLEET_RETRY_MS;
+        mark_retry(p, e, TD_FLEET_RETRY_MS); /* no effect: the same message again (at
+                                              * shutdown: the next owner's) */
+        if (order_broken(f, p, pos, false))
+            td_part_drop(f, p, "a message was refused after a later one of its stream applied");
         return;
     }
-    uint64_t seq = td_nats_msg_seq(m);
-    if (!td_lease_valid(&p->lease, td_nats_now_ms())) {
-        natsMsg_Destroy(m);
+    if (!td_part_may_write(p)) { /* the fence: nothing of it goes out */
         td_part_drop(f, p, "its lease ran out");
+        return;
+    }
+    if (order_broken(f, p, pos, true)) {
+        td_part_drop(f, p, "a message was applied before a refused one of its stream");
         return;
     }
     if (st != TALLY_OK && st != TALLY_E_DUPLICATE) {
@@ -628,19 +804,18 @@ void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *
         size_t n = len - TALLY_REP_HEADER_SIZE;
         snprintf(why, sizeof why, "%.*s", (int)(n < TALLY_ERROR_MESSAGE_MAX ? n : 255),
                  (const char *)reply + TALLY_REP_HEADER_SIZE);
-        if (!dead_letter(f, p, m, seq, st, why)) {
-            p->retry = m; /* applied? No: a failed request has no effect; judge it again */
-            p->retry_at = td_nats_now_ms() + TD_FLEET_RETRY_MS * 10;
+        if (!dead_letter(f, p, e->msg, e->seq, st, why)) {
+            mark_retry(p, e, TD_FLEET_RETRY_MS * 10); /* a failed request had no effect */
             return;
         }
     }
-    const char *to = reply_to(m);
+    const char *to = reply_to(e->msg);
     if (to)
-        td_fleet_publish_reply(f, to, m, p->k, seq, reply, len);
+        td_fleet_publish_reply(f, to, e->msg, p->k, e->seq, reply, len);
     td_debug("fleet: partition %u sequence %" PRIu64 ": %s (request seq %" PRIu64 ")",
-             (unsigned)p->k, seq, tally_status_name(st),
-             tally_get_u64((const uint8_t *)natsMsg_GetData(m) + 40));
-    mark_applied(f, p, m, seq);
+             (unsigned)p->k, e->seq, tally_status_name(st),
+             tally_get_u64((const uint8_t *)natsMsg_GetData(e->msg) + 40));
+    mark_done(f, p, e);
 }
 
 bool td_part_step(td_fleet_t *f, td_part_t *p)
@@ -650,24 +825,34 @@ bool td_part_step(td_fleet_t *f, td_part_t *p)
         td_part_drop(f, p, "its lease ran out (this worker was paused or cut off)");
         return true;
     }
-    if (p->inflight >= 0)
-        return false;
-    if (p->retry) {
+    if (p->retries) {
         if (now < p->retry_at)
             return false;
-        natsMsg *m = p->retry;
-        p->retry = NULL;
-        process(f, p, m);
+        resend(f, p);
         return true;
     }
-    if ((p->applied_seq > p->ckpt_seq || td_fleet_route_uncommitted(f, p->k)) &&
-        now - p->last_ckpt_ms >= f->ckpt_ms) {
+    if (p->draining) { /* a checkpoint is taken at the watermark with nothing in the path */
+        if (p->win_len)
+            return false;
+        p->draining = false;
         td_part_checkpoint(f, p);
         return true;
     }
-    natsMsg *m = td_reader_pop(&p->reader);
-    if (!m)
-        return false;
-    process(f, p, m);
-    return true;
+    if ((p->high_seq > p->ckpt_seq || td_fleet_route_uncommitted(f, p->k)) &&
+        (now - p->last_ckpt_ms >= f->ckpt_ms || p->unacked >= TD_NATS_ACK_PENDING / 2)) {
+        p->draining = true;
+        return true;
+    }
+    bool did = false;
+    for (int i = 0; i < TD_FLEET_STEP_MESSAGES && p->owned && !p->retries; i++) {
+        natsMsg *m = p->next ? p->next : td_reader_pop(&p->reader);
+        if (!m)
+            break;
+        p->next = NULL;
+        process(f, p, m);
+        did = true;
+        if (p->next)
+            break; /* the window is full */
+    }
+    return did;
 }

@@ -89,14 +89,14 @@ static void publish_reply(td_fleet_t *f, const char *subject, natsMsg *request, 
         if (s == NATS_OK)
             s = natsMsgHeader_Set(m, TALLY_NATS_HDR_SEQ, num);
     }
-    if (s == NATS_OK && !seq)
+    if (s == NATS_OK) /* who answered: a worker paused past its lease must never be it */
         s = natsMsgHeader_Set(m, TALLY_NATS_HDR_MEMBER, f->member);
     if (s == NATS_OK && !seq) {
         snprintf(num, sizeof num, "%zu", f->live_members);
         s = natsMsgHeader_Set(m, TALLY_NATS_HDR_MEMBERS, num);
     }
     if (s == NATS_OK)
-        s = natsConnection_PublishMsg(f->nc, m);
+        s = natsConnection_PublishMsg(f->reply_nc, m);
     if (s != NATS_OK) /* a reply is not stored anyway: the requester times out and asks again */
         td_warn("fleet: reply to %s: %s", subject, td_nats_last_error(s));
     natsMsg_Destroy(m);

@@ -59,7 +59,7 @@ static void *reader_thread(void *arg)
             break;
         natsMsgList list;
         char msg[256];
-        if (td_consumer_fetch(r->sub, TD_FLEET_FETCH_BATCH, TD_FLEET_FETCH_BYTES - (int64_t)used,
+        if (td_consumer_fetch(r->pull, TD_FLEET_FETCH_BATCH, TD_FLEET_FETCH_BYTES - (int64_t)used,
                               READER_WAIT_MS, &list, msg, sizeof msg) != TD_OK) {
             td_warn("fleet: partition %u: %s", (unsigned)r->k, msg);
             usleep(READER_WAIT_MS * 1000);
@@ -74,12 +74,12 @@ static void *reader_thread(void *arg)
     return NULL;
 }
 
-td_err_t td_reader_start(td_fleet_t *f, td_reader_t *r, uint32_t k, natsSubscription *sub)
+td_err_t td_reader_start(td_fleet_t *f, td_reader_t *r, uint32_t k, struct td_pull *pull)
 {
     memset(r, 0, sizeof *r);
     r->fleet = f;
     r->k = k;
-    r->sub = sub;
+    r->pull = pull;
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cond, NULL);
     if (pthread_create(&r->thread, NULL, reader_thread, r) != 0) {
@@ -119,7 +119,7 @@ void td_reader_stop(td_reader_t *r)
     pthread_join(r->thread, NULL); /* at most one fetch's wait */
     for (size_t i = 0; i < r->len; i++)
         natsMsg_Destroy(r->ring[(r->head + i) % TD_READER_RING]);
-    natsSubscription_Destroy(r->sub); /* bound: the durable consumer stays for the next owner */
+    td_pull_destroy(&r->pull); /* the durable consumer stays for the next owner */
     pthread_cond_destroy(&r->cond);
     pthread_mutex_destroy(&r->mu);
     memset(r, 0, sizeof *r);

@@ -24,6 +24,7 @@
 
 #include "td_fleet_int.h"
 #include "td_log.h"
+#include "td_path.h"
 
 /* A request waiting for the loop. */
 typedef struct td_fleet_sub {
@@ -110,7 +111,7 @@ void td_fleet_path_on_loop(td_fleet_t *f)
     sub_item_t *s = f->sub_head;
     f->sub_head = f->sub_tail = NULL;
     pthread_mutex_unlock(&f->q_mu);
-    while (s) {
+    while (s && (td_path_may_read(f->transport.path) || td_path_stopping(f->transport.path))) {
         sub_item_t *next = s->next;
         td_msg_t m = {.header = s->header,
                       .header_len = sizeof s->header,
@@ -118,7 +119,7 @@ void td_fleet_path_on_loop(td_fleet_t *f)
                       .frames = 2};
         if (!td_path_may_read(f->transport.path)) {
             td_bytes_free(&s->payload);
-            refuse(f, s, TALLY_E_BUSY, "tallyd is at max_inflight");
+            refuse(f, s, TALLY_E_SHUTDOWN, "tallyd reads nothing more (stopping)");
         } else if (td_path_submit(f->transport.path, &f->transport, &m) != TD_OK) {
             td_bytes_free(&s->payload); /* still ours: nothing was taken */
             refuse(f, s, TALLY_E_BUSY, "out of memory for the request");
@@ -126,6 +127,27 @@ void td_fleet_path_on_loop(td_fleet_t *f)
         free(s);
         s = next;
     }
+    if (!s)
+        return;
+    /* At max_inflight: what is left goes back in front of what was queued meanwhile, and the
+     * check handle tries again after the loop's next turn (replies free slots). */
+    pthread_mutex_lock(&f->q_mu);
+    sub_item_t *last = s;
+    while (last->next)
+        last = last->next;
+    last->next = f->sub_head;
+    if (!f->sub_head)
+        f->sub_tail = last;
+    f->sub_head = s;
+    pthread_mutex_unlock(&f->q_mu);
+    atomic_store(&f->subs_waiting, true);
+}
+
+static void on_check(uv_check_t *h)
+{
+    td_fleet_t *f = h->data;
+    if (atomic_exchange(&f->subs_waiting, false))
+        td_fleet_path_on_loop(f);
 }
 
 /* ---- Fleet thread ---------------------------------------------------------------------------- */
@@ -135,6 +157,12 @@ td_err_t td_fleet_path_open(td_fleet_t *f)
     f->transport = (td_transport_t){.ops = &fleet_ops, .path = f->host.path, .owns_streams = true};
     if (pthread_mutex_init(&f->q_mu, NULL) != 0)
         return TD_ERR_LIBRARY;
+    if (uv_check_init(f->host.loop, &f->check) != 0 || uv_check_start(&f->check, on_check) != 0) {
+        pthread_mutex_destroy(&f->q_mu);
+        return TD_ERR_LIBRARY;
+    }
+    f->check.data = f;
+    uv_unref((uv_handle_t *)&f->check); /* it must not keep the loop alive */
     f->q_mu_ready = true;
     f->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     return f->wake_fd < 0 ? TD_ERR_LIBRARY : TD_OK;
@@ -157,7 +185,7 @@ void td_fleet_path_close(td_fleet_t *f)
     }
     f->sub_tail = NULL;
     f->rep_tail = NULL;
-    for (int i = 0; i < TD_FLEET_PENDING_MAX; i++)
+    for (size_t i = 0; f->pend && i < f->pend_cap; i++)
         free(f->pend[i].reply);
     if (f->wake_fd >= 0)
         close(f->wake_fd);
@@ -167,18 +195,21 @@ void td_fleet_path_close(td_fleet_t *f)
     f->q_mu_ready = false;
 }
 
-/* A free pending slot with a fresh tag, or -1. */
+/* A free pending slot with a fresh tag, or -1 (looked for from where the last one was found:
+ * slots are taken and freed roughly in turn). */
 static int take_slot(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *data)
 {
-    for (int i = 0; i < TD_FLEET_PENDING_MAX; i++) {
+    for (size_t n = 0; n < f->pend_cap; n++) {
+        size_t i = (f->pend_hint + n) % f->pend_cap;
         td_pend_t *p = &f->pend[i];
         if (p->kind != PEND_FREE)
             continue;
         memset(p, 0, sizeof *p);
         p->kind = kind;
-        p->tag = (++f->next_tag << 8) | (uint64_t)i;
+        p->tag = (++f->next_tag << TD_FLEET_SLOT_BITS) | (uint64_t)i;
         p->orig_id = tally_get_u64(data + 8);
-        return i;
+        f->pend_hint = i + 1;
+        return (int)i;
     }
     return -1;
 }
@@ -215,8 +246,8 @@ int td_fleet_path_send(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *data, 
 static void dispatch(td_fleet_t *f, uint8_t *reply, size_t len)
 {
     uint64_t tag = tally_get_u64(reply + 8);
-    int slot = (int)(tag & 0xff);
-    td_pend_t *p = slot < TD_FLEET_PENDING_MAX ? &f->pend[slot] : NULL;
+    size_t slot = (size_t)(tag & ((1u << TD_FLEET_SLOT_BITS) - 1));
+    td_pend_t *p = slot < f->pend_cap ? &f->pend[slot] : NULL;
     if (!p || p->kind == PEND_FREE || p->tag != tag) {
         free(reply); /* a reply to a request given up (its partition was dropped) */
         return;
@@ -228,7 +259,7 @@ static void dispatch(td_fleet_t *f, uint8_t *reply, size_t len)
         p->reply_len = len;
         return;
     }
-    td_fleet_on_reply(f, slot, reply, len);
+    td_fleet_on_reply(f, (int)slot, reply, len);
     free(reply);
 }
 

@@ -100,7 +100,7 @@ static void publish(td_fleet_t *f, const watch_msg_t *w)
     if (s == NATS_OK)
         s = natsMsgHeader_Set(m, TALLY_NATS_HDR_MEMBER, f->member);
     if (s == NATS_OK)
-        s = natsConnection_PublishMsg(f->nc, m);
+        s = natsConnection_PublishMsg(f->reply_nc, m);
     if (s != NATS_OK)
         td_debug("fleet: publishing stream '%s' on %s: %s", w->name, subject, natsStatus_GetText(s));
     natsMsg_Destroy(m);
@@ -114,11 +114,10 @@ static bool collect_and_publish(td_fleet_t *f, int64_t only)
     j.tail = &j.head;
     td_fleet_on_loop(f, collect_on_loop, &j);
     bool any = j.head != NULL;
-    int64_t now = td_nats_now_ms();
     while (j.head) {
         watch_msg_t *m = j.head;
         j.head = m->next;
-        if (td_lease_valid(&f->parts[m->k].lease, now)) /* nothing said past its lease */
+        if (td_part_may_write(&f->parts[m->k])) /* nothing said past its lease */
             publish(f, m);
         free(m);
     }
@@ -140,7 +139,7 @@ void td_fleet_watch_flush(td_fleet_t *f, uint32_t k)
         return;
     while (collect_and_publish(f, k)) /* a tick's bytes at a time, until none is left */
         continue;
-    natsConnection_FlushTimeout(f->nc, 5000); /* out before the lease is released */
+    natsConnection_FlushTimeout(f->reply_nc, 5000); /* out before the lease is released */
 }
 
 static void mark_on_loop(td_fleet_t *f, void *arg)

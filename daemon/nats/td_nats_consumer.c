@@ -3,7 +3,9 @@
  * td_nats_consumer.c — see td_nats_consumer.h.
  */
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tally_fleet.h"
@@ -24,22 +26,37 @@ static void delete_others(jsCtx *js, const char *stream, const char *keep)
     jsConsumerNamesList_Destroy(names);
 }
 
-td_err_t td_consumer_start(jsCtx *js, uint32_t k, uint64_t epoch, unsigned restart,
-                           uint64_t start_seq, int64_t ack_wait_ms, natsSubscription **sub,
-                           char *msg, size_t cap)
+struct td_pull {
+    natsConnection *nc;
+    natsSubscription *inbox;
+    char inbox_subject[256];
+    char next[200]; /* $JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer> */
+};
+
+void td_pull_destroy(td_pull_t **pull)
 {
-    char stream[32], durable[80], subject[32];
+    if (!*pull)
+        return;
+    natsSubscription_Destroy((*pull)->inbox);
+    free(*pull);
+    *pull = NULL;
+}
+
+td_err_t td_consumer_start(jsCtx *js, natsConnection *nc, const char *inbox, uint32_t k,
+                           uint64_t epoch, unsigned restart, uint64_t start_seq,
+                           int64_t ack_wait_ms, td_pull_t **pull, char *msg, size_t cap)
+{
+    char stream[32], durable[80];
     tally_fleet_name(stream, sizeof stream, TALLY_NATS_STREAM_PREFIX, k);
     snprintf(durable, sizeof durable, "%s%u-%" PRIu64 "-%u", TALLY_NATS_CONSUMER_PREFIX,
              (unsigned)k, epoch, restart);
-    tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k, "*");
-    *sub = NULL;
+    *pull = NULL;
     jsConsumerConfig cc;
     jsConsumerConfig_Init(&cc);
     cc.Durable = durable;
-    cc.AckPolicy = js_AckExplicit;
+    cc.AckPolicy = js_AckAll; /* one acknowledgement per checkpoint */
     cc.AckWait = ack_wait_ms * 1000000;
-    cc.MaxAckPending = -1; /* acknowledged at checkpoints only: no cap on what is in between */
+    cc.MaxAckPending = TD_NATS_ACK_PENDING;
     cc.DeliverPolicy = start_seq > 1 ? js_DeliverByStartSequence : js_DeliverAll;
     cc.OptStartSeq = start_seq > 1 ? start_seq : 0;
     jsConsumerInfo *ci = NULL;
@@ -49,43 +66,91 @@ td_err_t td_consumer_start(jsCtx *js, uint32_t k, uint64_t epoch, unsigned resta
      * where this owner needs it; anything else is refused. */
     bool right = s == NATS_OK && ci && ci->Config && ci->Config->OptStartSeq == cc.OptStartSeq &&
                  ci->Delivered.Consumer == 0;
+    int64_t pending = right ? ci->Config->MaxAckPending : 0;
     jsConsumerInfo_Destroy(ci);
-    if (!right) {
+    if (!right || pending != cc.MaxAckPending) {
         snprintf(msg, cap, "creating consumer %s at %" PRIu64 ": %s", durable, start_seq,
-                 s == NATS_OK ? "it exists and has delivered already" : td_nats_last_error(s));
+                 s != NATS_OK ? td_nats_last_error(s)
+                 : !right     ? "it exists and has delivered already"
+                              : "the server did not take its max_ack_pending");
         return TD_ERR_LIBRARY;
     }
-    jsSubOptions so;
-    jsSubOptions_Init(&so);
-    so.Stream = stream;
-    so.Consumer = durable; /* bind: the subscription does not own (nor delete) the consumer */
-    s = js_PullSubscribe(sub, js, subject, durable, NULL, &so, &jerr);
+    td_pull_t *p = calloc(1, sizeof *p);
+    if (!p) {
+        snprintf(msg, cap, "out of memory");
+        return TD_ERR_NOMEM;
+    }
+    p->nc = nc;
+    snprintf(p->inbox_subject, sizeof p->inbox_subject, "%s", inbox);
+    snprintf(p->next, sizeof p->next, "$JS.API.CONSUMER.MSG.NEXT.%s.%s", stream, durable);
+    s = natsConnection_SubscribeSync(&p->inbox, nc, p->inbox_subject);
     if (s != NATS_OK) {
-        snprintf(msg, cap, "binding consumer %s: %s", durable, td_nats_last_error(s));
-        *sub = NULL;
+        snprintf(msg, cap, "subscribing to %s: %s", p->inbox_subject, td_nats_last_error(s));
+        free(p);
         return TD_ERR_LIBRARY;
     }
+    natsSubscription_SetPendingLimits(p->inbox, -1, -1); /* bounded by the pulls' max bytes */
+    *pull = p;
     delete_others(js, stream, durable);
     return TD_OK;
 }
 
-td_err_t td_consumer_fetch(natsSubscription *sub, int batch, int64_t max_bytes, int64_t wait_ms,
+/* A status message of a pull (404 no messages, 408 expired, 409 limits; 100 a heartbeat): it
+ * carries a Status header and no reply subject. */
+static const char *pull_status(natsMsg *m)
+{
+    const char *st = NULL;
+    if (natsMsg_GetReply(m) && strncmp(natsMsg_GetReply(m), "$JS.ACK.", 8) == 0)
+        return NULL;
+    return natsMsgHeader_Get(m, "Status", &st) == NATS_OK && st ? st : "";
+}
+
+td_err_t td_consumer_fetch(td_pull_t *pull, int batch, int64_t max_bytes, int64_t wait_ms,
                            natsMsgList *list, char *msg, size_t cap)
 {
-    jsFetchRequest fr;
-    jsFetchRequest_Init(&fr);
-    fr.Batch = batch;
-    fr.MaxBytes =
-        max_bytes > 0 && max_bytes < TD_NATS_FETCH_MAX_BYTES ? max_bytes : TD_NATS_FETCH_MAX_BYTES;
-    /* A wait is needed: NoWait with an expiry still waits the expiry on nats-server 2.9, and
-     * without one libnats returns before the server's answer can arrive. */
-    fr.Expires = (wait_ms > 0 ? wait_ms : 1) * 1000000;
     memset(list, 0, sizeof *list);
-    jsErrCode jerr = 0;
-    natsStatus s = natsSubscription_FetchRequest(list, sub, &fr);
-    (void)jerr;
-    if (s == NATS_OK || s == NATS_TIMEOUT)
+    if (max_bytes <= 0 || max_bytes > TD_NATS_FETCH_MAX_BYTES)
+        max_bytes = TD_NATS_FETCH_MAX_BYTES;
+    wait_ms = wait_ms > 0 ? wait_ms : 1;
+    char body[128];
+    int n = snprintf(body, sizeof body,
+                     "{\"batch\":%d,\"max_bytes\":%" PRId64 ",\"expires\":%" PRId64 "}", batch,
+                     max_bytes, wait_ms * 1000000);
+    natsStatus s =
+        natsConnection_PublishRequest(pull->nc, pull->next, pull->inbox_subject, body, n);
+    if (s == NATS_OK && !(list->Msgs = calloc((size_t)batch, sizeof *list->Msgs)))
+        s = NATS_NO_MEMORY;
+    /* Until the batch, the bytes, this pull's end (a status), or its expiry and a little more.
+     * A message of an earlier pull that comes late is taken too: the consumer delivers in
+     * order, whichever pull carries it. */
+    int64_t deadline = nats_Now() + wait_ms + 200, bytes = 0;
+    while (s == NATS_OK && list->Count < batch && bytes < max_bytes) {
+        int64_t left = deadline - nats_Now();
+        natsMsg *m = NULL;
+        if (left <= 0 || (s = natsSubscription_NextMsg(&m, pull->inbox, left)) == NATS_TIMEOUT) {
+            s = NATS_OK;
+            break;
+        }
+        if (s != NATS_OK)
+            break;
+        const char *st = pull_status(m);
+        if (!st) {
+            bytes += natsMsg_GetDataLength(m);
+            list->Msgs[list->Count++] = m;
+            continue;
+        }
+        bool heartbeat = strcmp(st, "100") == 0;
+        natsMsg_Destroy(m);
+        if (!heartbeat)
+            break;
+    }
+    if (s == NATS_OK && list->Count == 0) { /* an empty list holds nothing, as libnats' did */
+        free(list->Msgs);
+        list->Msgs = NULL;
+    }
+    if (s == NATS_OK)
         return TD_OK;
+    natsMsgList_Destroy(list);
     snprintf(msg, cap, "fetch: %s", td_nats_last_error(s));
     return TD_ERR_LIBRARY;
 }

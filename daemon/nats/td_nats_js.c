@@ -122,6 +122,19 @@ td_err_t td_nats_kv_open(jsCtx *js, const char *name, int64_t ttl_ms, int replic
     return TD_OK;
 }
 
+td_err_t td_nats_bucket_ttl(jsCtx *js, const char *name, int64_t *ttl_ms)
+{
+    kvStore *kv = NULL;
+    kvStatus *st = NULL;
+    *ttl_ms = 0;
+    natsStatus s = js_KeyValue(&kv, js, name);
+    if (s == NATS_OK && (s = kvStore_Status(&st, kv)) == NATS_OK)
+        *ttl_ms = kvStatus_TTL(st) / 1000000;
+    kvStatus_Destroy(st);
+    kvStore_Destroy(kv);
+    return s == NATS_OK ? TD_OK : s == NATS_NOT_FOUND ? TD_ERR_CONFIG : TD_ERR_LIBRARY;
+}
+
 static td_err_t parse_partitions(kvEntry *e, uint32_t *partitions, char *msg, size_t cap)
 {
     char text[16];

@@ -35,6 +35,9 @@ td_err_t td_nats_kv_open(jsCtx *js, const char *name, int64_t ttl_ms, int replic
                          char *msg, size_t cap);
 
 /* The fleet's partition count from TALLY_FLEET; TD_ERR_CONFIG when there is no fleet yet. */
+/* The TTL of key-value bucket name (0: none); TD_ERR_CONFIG when there is no such bucket. */
+td_err_t td_nats_bucket_ttl(jsCtx *js, const char *name, int64_t *ttl_ms);
+
 td_err_t td_nats_read_partitions(jsCtx *js, uint32_t *partitions, char *msg, size_t cap);
 
 /* Every key of a bucket into *list (kvKeysList_Destroy it; empty when the bucket is). */

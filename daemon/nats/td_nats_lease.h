@@ -11,6 +11,16 @@
  * own: the lease is valid until TTL after the renewal was *sent* (a monotonic clock, which runs
  * on while the process is stopped), always before the server lets the key expire, so a worker
  * that wakes from a pause past its lease knows it before it acts.
+ *
+ * No grace past the TTL, even while the bucket has no leader to renew with (issue 32 asked
+ * whether a lease nobody else can take might live on): the key's expiry is each replica's own
+ * (the bucket is a stream with a max age, and every replica removes an old message by its own
+ * clock), so once the TTL has passed since the last write, the replica that wins the election
+ * has no key, and another worker's create succeeds at once. A worker acting past its TTL could
+ * then apply beside the new owner; its checkpoint would be refused by the fence, but its
+ * replies and watch publications would not. So the lease must outlive the election instead:
+ * renewals are tried every second while they fail (td_fleet_int.h), and the default TTL (15 s,
+ * TD_DEFAULT_NATS_LEASE_TTL_MS) is several elections long (docs/fleet.md).
  */
 #ifndef TD_NATS_LEASE_H
 #define TD_NATS_LEASE_H
