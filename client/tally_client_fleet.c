@@ -71,7 +71,7 @@ typedef struct {
     member_t members[TALLY_FLEET_MEMBERS_MAX];
     int count;
     int owner[TALLY_NATS_MAX_PARTITIONS]; /* the member each partition's requests go to; -1 */
-    pending_t *head;
+    pending_t *head, **tail; /* in the order sent: a stream's numbered requests resent in order */
     uint64_t next_id;
     int64_t checked_us;
     char error[TALLY_ERROR_MESSAGE_MAX + 1];
@@ -160,6 +160,8 @@ static void unlink_pending(fleetc_t *self, pending_t *p)
     for (pending_t **at = &self->head; *at; at = &(*at)->next)
         if (*at == p) {
             *at = p->next;
+            if (self->tail == &p->next)
+                self->tail = at;
             break;
         }
     free(p->payload);
@@ -183,8 +185,8 @@ static tally_status_t fleetc_send(tally__transport_t *base, const tally_req_t *r
     p->req = *req;
     p->id = ++self->next_id;
     p->k = req->stream_len ? tally_partition(req->stream, req->stream_len, self->partitions) : 0;
-    p->next = self->head;
-    self->head = p;
+    *self->tail = p;
+    self->tail = &p->next;
     int m = self->owner[p->k];
     if (m < 0)
         m = self->owner[p->k] =
@@ -210,8 +212,9 @@ static const bool reads_only[TALLY_OP_COUNT] = {[TALLY_OP_QUERY] = true,
                                                 [TALLY_OP_STREAMS] = true};
 
 /* Requests whose owner may have changed: sent to the new one (or failed, when they may have
- * been applied and carry no seq). A request that cannot be sent is answered with its failure
- * into reply (true). */
+ * been applied and carry no seq), oldest first: a stream's numbered requests reach the new owner
+ * in their order (one sent ahead of an earlier seq would be refused `sequence_gap`). A request
+ * that cannot be sent is answered with its failure into reply (true). */
 static bool check_owners(fleetc_t *self, tally_reply_t *reply, tally_status_t *status)
 {
     int64_t now = now_us();
@@ -390,6 +393,7 @@ tally_status_t tally_client_new_fleet(const tally_nats_opts_t *opts, tally_clien
     if (!self)
         return TALLY_E_NOMEM;
     self->base.ops = &fleetc_ops;
+    self->tail = &self->head;
     for (uint32_t k = 0; k < TALLY_NATS_MAX_PARTITIONS; k++)
         self->owner[k] = -1;
     self->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : TALLY_DEFAULT_TIMEOUT_MS;

@@ -10,7 +10,9 @@
  *      fleet client (tally_client_new_fleet) with checkpoints an hour apart, so only the
  *      give-up's checkpoint can carry them; a second member joins, the first gives half the
  *      partitions up; the fleet client, still sending to the first, follows its not_owner
- *      answers; every stream equals the model (tests/lib/reference.c) on its new owner;
+ *      answers; every stream equals the model (tests/lib/reference.c) on its new owner; then
+ *      the first stops with numbered requests queued to it, and those it does not apply are
+ *      sent to the partitions' next owner in their order;
  *   3. kill -9 of an owner: its partitions checkpointed (nats_direct_uncommitted 0), it is
  *      stopped (SIGSTOP) with numbered requests sent to it and unanswered, then killed; the
  *      fleet client sends them again to the new owner once it has taken over, which applies each
@@ -446,6 +448,34 @@ static void test_handover_follows_not_owner(void **state)
     }
     check_model(c);
     assert_true(th_metric(&member[0], "tallyd_nats_not_owner_total") >= 1);
+    /* a stops with four numbered requests of each of its streams queued to it (sent while it
+     * was stopped, the stop signal pending at its SIGCONT): those it does not apply (answered
+     * `shutdown`, or not at all) go to its partitions' next owner, b, once a has given them up,
+     * each stream's in their order (resent newest first, b refused them `sequence_gap`); each
+     * applied once. */
+    int mine[STREAMS], count = 0;
+    for (int s = 0; s < STREAMS; s++) {
+        char h[80];
+        holder(partition_of(s), h, sizeof h);
+        if (strcmp(h, ids[0]) == 0)
+            mine[count++] = s;
+    }
+    assert_true(count > 0);
+    assert_int_equal(kill(member[0].pid, SIGSTOP), 0);
+    for (int r = 5; r < 9; r++)
+        for (int i = 0; i < count; i++)
+            send_hist(c, mine[i], r, true);
+    assert_int_equal(kill(member[0].pid, SIGTERM), 0);
+    assert_int_equal(kill(member[0].pid, SIGCONT), 0);
+    recv_ok(c, 4 * count);
+    assert_int_equal(th_daemon_wait(&member[0], TIMEOUT_MS), 0);
+    member[0].pid = 0;
+    wait_held(ids[1], PARTITIONS);
+    /* A new client: c still sends the streams whose replies came from a before it stopped to
+     * a, and a send to an endpoint gone waits its whole timeout to fail. */
+    tally_client_destroy(&c);
+    c = fleet_client();
+    check_model(c);
     tally_client_destroy(&c);
     stop_clean();
     th_rmrf(dir);
@@ -589,8 +619,9 @@ static int stream_in(uint32_t k)
 }
 
 /* The buckets of a fleet whose owners cannot be reached: partition 0's owner publishes an
- * endpoint that is not one, partition 1's none, partition 2 has no owner. Every way in waits
- * for an owner and times out, saying which partition. */
+ * endpoint that is not one, partition 1's none, partition 2 has no owner, partition 3's owner
+ * one where nothing listens. Every way in waits for an owner, or a reply, and times out, saying
+ * which partition or that the fleet did not answer. */
 static void test_no_owner(void **state)
 {
     (void)state;
@@ -600,7 +631,9 @@ static void test_no_owner(void **state)
     put(fleet, TALLY_NATS_KEY_PARTITIONS, "4");
     put(ls, "p0", "ghost");
     put(ls, "p1", "ghost-2");
+    put(ls, "p3", "ghost-3");
     put(eps, "ghost", "zmq=nowhere\n");
+    put(eps, "ghost-3", "zmq=tcp://127.0.0.1:1\n");
     tally_nats_opts_t o = {.servers = tn_suite.urls, .timeout_ms = 300};
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new_fleet(&o, &c, msg, sizeof msg), TALLY_OK);
@@ -623,6 +656,10 @@ static void test_no_owner(void **state)
     uint8_t data[16] = {1, 2, 3};
     assert_int_equal(tally_run(c, &req, data, sizeof data, &ro, &out, NULL), TALLY_E_TIMEOUT);
     tally_buf_free(&out);
+    /* An owner that is not there: its connection refused, the request not kept. */
+    send_hist_status(c, stream_in(3), TALLY_E_TRANSPORT);
+    assert_non_null(strstr(tally_client_error(c), "cannot connect to tcp://127.0.0.1:1"));
+    assert_int_equal(tally_recv(c, &r), TALLY_E_TIMEOUT); /* nothing in flight */
     tally_client_destroy(&c);
     kvStore_Destroy(fleet);
     kvStore_Destroy(ls);

@@ -14,6 +14,10 @@ a real 3-server NATS JetStream cluster (nats-server, started here) and two tally
   - the page of one worker (headless Chromium) shows a stream the other owns: its card's counts
     equal the owner's record, its row and card carry the owner's member id, and it follows a
     new batch;
+  - with the other member stopped, questions beyond the 32 that may wait are refused `503`
+    `busy`; an owner's answer that does not decode (a rogue responder on tally.q.<k>) is `502`
+    `bad_reply`, one shorter than a reply header too; questions still waiting when the worker
+    stops end (`503` `shutdown`, or closed), and the fleet's late answers find no job (exit 0);
   - `tally --nats watch` (in tmux) subscribes to the owners' publications on tally.watch.<k>:
     with an interval of an hour only a publication can bring a new batch's count to its screen.
 
@@ -28,6 +32,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -94,7 +99,8 @@ def worker(tmp, cluster, member):
     return Daemon(TALLYD, TALLY, tmp, name=member, extra=[
         "--nats-servers", cluster.urls, "--nats-partitions", str(PARTITIONS),
         "--nats-replicas", "3", "--nats-member-id", member, "--nats-lease-ttl-ms", "15000",
-        "--nats-checkpoint-interval-ms", "200", "--pub-interval-ms", "200"])
+        "--nats-checkpoint-interval-ms", "200", "--pub-interval-ms", "200",
+        "--metrics-max-connections-per-address", "64"])
 
 
 def owned(d):
@@ -214,6 +220,118 @@ def partial(ws, cluster, owner):
         os.kill(wb.proc.pid, signal.SIGCONT)
 
 
+class Rogue(threading.Thread):
+    """A NATS client (the plain text protocol) answering every tally.q.<k> question with
+    `payload`: not an owner, for the answers a worker must refuse to pass on."""
+
+    def __init__(self, cluster, payload):
+        super().__init__(daemon=True)
+        host, port = cluster.urls.split(",")[0].rsplit("/", 1)[1].split(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=30)
+        self.file = self.sock.makefile("rb")
+        self.payload, self.answered = payload, 0
+        self.file.readline()  # INFO
+        self.sock.sendall(b'CONNECT {"verbose":false,"pedantic":false}\r\n'
+                          b"SUB tally.q.> 1\r\nPING\r\n")
+        while self.file.readline().strip() != b"PONG":
+            pass
+        self.start()
+
+    def run(self):
+        try:
+            while True:
+                line = self.file.readline()
+                if not line:
+                    return
+                if line.startswith(b"PING"):
+                    self.sock.sendall(b"PONG\r\n")
+                elif line.startswith(b"MSG "):
+                    parts = line.split()
+                    self.file.read(int(parts[-1]) + 2)
+                    if len(parts) == 5:  # MSG subject sid reply size
+                        self.sock.sendall(b"PUB %s %d\r\n%s\r\n" % (
+                            parts[3], len(self.payload), self.payload))
+                        self.answered += 1
+        except OSError:
+            return
+
+    def stop(self):
+        """Gone from NATS (and its subscription with it) before this returns."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # a close alone waits for the file's reader
+        except OSError:
+            pass
+        self.join(10)
+        self.file.close()
+        self.sock.close()
+
+
+def flood(d, name, count):
+    """count GETs of stream name's record at once, each on its own connection; returns the
+    list of (status, error) filled in as they end, and their threads."""
+    got = []
+
+    def one():
+        try:
+            status, _, body = d.request("GET", "/api/v1/streams/" + quote(name), timeout=120)
+            got.append((status, json.loads(body).get("error")))
+        except Exception as e:  # noqa: BLE001 - recorded, judged by the caller
+            got.append((0, repr(e)))
+    threads = [threading.Thread(target=one, daemon=True) for _ in range(count)]
+    for t in threads:
+        t.start()
+    return got, threads
+
+
+def refusals(ws, cluster, theirs):
+    """wb stopped: more than 32 questions at once, then answers that are not replies."""
+    wa, wb = ws
+    os.kill(wb.proc.pid, signal.SIGSTOP)
+    rogue = None
+    try:
+        got, threads = flood(wa, theirs, 48)
+        until(lambda: (503, "busy") in got, "a 503 busy with 48 questions waiting", 60)
+        # The rest are answered by a responder whose answers do not decode (the one being asked
+        # when it subscribed may time out first).
+        rogue = Rogue(cluster, b"\0" * 64)
+        for t in threads:
+            t.join(120)
+        kinds = set(got)
+        if len(got) != 48 or not kinds <= {(503, "busy"), (502, "bad_reply"), (504, "timeout")} \
+                or (502, "bad_reply") not in kinds:
+            fail("48 questions at once with wb stopped: %r" % sorted(got))
+        rogue.payload = b"short"
+        err = wa.get_json("/api/v1/streams/" + quote(theirs), want=502)
+        if err["error"] != "bad_reply" or "not a reply" not in err["message"]:
+            fail("an answer shorter than a reply header: %r" % err)
+    finally:
+        if rogue:
+            rogue.stop()
+        os.kill(wb.proc.pid, signal.SIGCONT)
+
+
+def stop_while_asking(ws, theirs):
+    """wb stopped, wa's questions queued to the full: wa stops; they are answered shutdown, and
+    the fleet's answers coming after find no job; wa exits 0 (under ASan: no leak)."""
+    wa, wb = ws
+    os.kill(wb.proc.pid, signal.SIGSTOP)
+    try:
+        got, threads = flood(wa, theirs, 40)
+        until(lambda: (503, "busy") in got, "a 503 busy with 40 questions waiting", 60)
+        wa.stop(want_rc=0)
+        for t in threads:
+            t.join(60)
+        # Each ends: refused busy, or answered shutdown, or (not flushed before libmicrohttpd
+        # stops: td_http_destroy does not wait for the answers td_web_close queued) closed
+        # without a response; none hangs, none gets a record.
+        closed = (0, "RemoteDisconnected('Remote end closed connection without response')")
+        if len(got) != 40 or (503, "busy") not in got or \
+                not set(got) <= {(503, "busy"), (503, "shutdown"), (504, "timeout"), closed}:
+            fail("questions waiting when wa stopped: %r" % sorted(got))
+    finally:
+        os.kill(wb.proc.pid, signal.SIGCONT)
+
+
 def watch_subscribed(tmp, cluster, name):
     """tally --nats watch --interval 1h: only the fleet's publications can redraw it."""
     if not shutil.which("tmux"):
@@ -326,11 +444,15 @@ def run(tmp):
         partial(ws, cluster, owner)
         until(lambda: the_list(ws[0])["fleet"]["partial"] is False, "wb answers again")
         owner = {e["stream"]: e["member"] for e in the_list(ws[0])["streams"]}
+        refusals(ws, cluster, [n for n in STREAMS if owner[n] == "wb"][0])
+        until(lambda: the_list(ws[0])["fleet"]["partial"] is False, "wb answers again")
+        owner = {e["stream"]: e["member"] for e in the_list(ws[0])["streams"]}
         watch_subscribed(tmp, cluster, STREAMS[0])
         if os.environ.get("TALLY_WEB_FLEET_BROWSER", "1") == "1":
             page(tmp, ws, cluster, owner)
-        for d in ws:  # a clean stop: leaves the fleet, exit 0 (and nothing for ASan to say)
-            d.stop(want_rc=0)
+        theirs = [n for n in STREAMS if owner[n] == "wb"][0]
+        stop_while_asking(ws, theirs)
+        ws[1].stop(want_rc=0)  # a clean stop: leaves the fleet, exit 0 (nothing for ASan)
     finally:
         for d in ws:
             d.stop(want_rc=None)

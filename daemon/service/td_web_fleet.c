@@ -46,13 +46,14 @@ static td_web_job_t *answered(void *arg)
     return job;
 }
 
-/* The status and error code an unanswered question gets. */
+/* The status and error code an unanswered question gets: no owner in time 504, an owner's
+ * answer that is not a reply 502 (as one that does not decode). */
 static void answer_failed(td_web_t *self, td_web_job_t *job, const td_fleet_answer_t *ans)
 {
-    td_web_answer_error(self, job,
-                        ans->status == TALLY_E_TIMEOUT ? MHD_HTTP_GATEWAY_TIMEOUT
-                                                       : td_web_http_status(ans->status),
-                        tally_status_name(ans->status), ans->message);
+    unsigned code = ans->status == TALLY_E_TIMEOUT ? MHD_HTTP_GATEWAY_TIMEOUT
+                    : ans->status == TALLY_E_REPLY ? MHD_HTTP_BAD_GATEWAY
+                                                   : td_web_http_status(ans->status);
+    td_web_answer_error(self, job, code, tally_status_name(ans->status), ans->message);
 }
 
 static void list_answered(void *arg, const td_fleet_answer_t *ans)
