@@ -37,8 +37,8 @@
 
 static char msg[512];
 static char names[STREAMS][32];
-static int64_t sum[STREAMS];                /* the model: each stream's carry */
-static int64_t want_carry[SENT];            /* by request id - first: the carry-out it gets */
+static int64_t sum[STREAMS];     /* the model: each stream's carry */
+static int64_t want_carry[SENT]; /* by request id - first: the carry-out it gets */
 static th_daemon_t w;
 
 /* STREAMS stream names, half of partition 0, half of partition 2. */
@@ -187,8 +187,7 @@ static void poison(tally_nats_t *p)
     for (int i = 0; i < 4; i++) {
         natsMsg *d = NULL;
         assert_int_equal(
-            js_GetMsg(&d, tn_suite_js, "TALLY_DEAD", last - 3 + (uint64_t)i, NULL, &jerr),
-            NATS_OK);
+            js_GetMsg(&d, tn_suite_js, "TALLY_DEAD", last - 3 + (uint64_t)i, NULL, &jerr), NATS_OK);
         const char *status = NULL, *part = NULL;
         assert_int_equal(natsMsgHeader_Get(d, TALLY_NATS_HDR_STATUS, &status), NATS_OK);
         assert_int_equal(natsMsgHeader_Get(d, TALLY_NATS_HDR_PARTITION, &part), NATS_OK);
