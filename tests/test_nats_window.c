@@ -1,0 +1,341 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * test_nats_window.c — a partition's window under refusals (issue 32; PROTOCOL.md §13): one
+ * worker whose windows hold two messages each (--nats-inflight 2, --nats-inflight-bytes 64K) and
+ * whose tallyd reserves room for one scan reply at a time (--max-reply-bytes 40K: a scan of 4,000
+ * i32 values may reply 32,000 bytes), so that a scan sent while another's reply is reserved or
+ * held is answered `busy` and sent again (td_part_reply's retry, the step's resend), sometimes
+ * behind a later message of its stream (the partition is then taken again from its checkpoint).
+ * Scans carry from one request to the next, so a message applied twice, lost or out of order
+ * shows in the carries: every message gets one OK reply whose carry-out is its stream's running
+ * sum up to it, a last scan of each stream finds the sum of everything sent (each message applied
+ * exactly once), and the worker counted its refused messages in tallyd_nats_resent_total.
+ */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <nats/nats.h>
+
+#include "harness.h"
+#include "nats_cluster.h"
+#include "tally.h"
+#include "tally_fleet.h"
+#include "tally_proto.h"
+
+#define PARTITIONS 4
+#define STREAMS 12  /* streams of partitions 0 and 2 */
+#define ROUNDS 3    /* scans on each */
+#define VALUES 4000 /* i32 values of a scan: 16,000 bytes, a reply of up to 32,000 */
+#define SENT (STREAMS * ROUNDS)
+
+static char msg[512];
+static char names[STREAMS][32];
+static int64_t sum[STREAMS];     /* the model: each stream's carry */
+static int64_t want_carry[SENT]; /* by request id - first: the carry-out it gets */
+static th_daemon_t w;
+
+/* STREAMS stream names, half of partition 0, half of partition 2. */
+static void pick_names(void)
+{
+    int n = 0;
+    for (int i = 0; n < STREAMS; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "win%d/px", i);
+        if (tally_partition(name, strlen(name), PARTITIONS) == (uint32_t)(n % 2) * 2)
+            memcpy(names[n++], name, sizeof name);
+    }
+}
+
+static void start_worker(void)
+{
+    const char *args[] = {"--metrics",
+                          "127.0.0.1:0",
+                          "--nats-servers",
+                          tn_suite.urls,
+                          "--nats-replicas",
+                          "1",
+                          "--nats-partitions",
+                          "4",
+                          "--nats-lease-ttl-ms",
+                          "3000",
+                          "--nats-checkpoint-interval-ms",
+                          "200",
+                          "--nats-member-id",
+                          "win",
+                          "--nats-inflight",
+                          "2",
+                          "--nats-inflight-bytes",
+                          "64K",
+                          "--max-reply-bytes",
+                          "40K",
+                          "--window-intervals",
+                          "0",
+                          NULL};
+    assert_int_equal(th_daemon_start_with(&w, args, NULL), 0);
+}
+
+/* A scan of n pseudo-random values (0..999) on stream i; its request id. */
+static uint64_t send_scan(tally_nats_t *p, int i, size_t n, uint64_t *x)
+{
+    static int32_t values[VALUES];
+    for (size_t j = 0; j < n; j++) {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        values[j] = (int32_t)((*x >> 32) % 1000);
+        sum[i] += values[j];
+    }
+    tally_req_t req;
+    memset(&req, 0, sizeof req);
+    req.opcode = TALLY_OP_SCAN;
+    req.dtype = TALLY_DTYPE_I32;
+    assert_int_equal(tally_req_set_stream(&req, names[i]), TALLY_OK);
+    uint64_t id = 0;
+    size_t chunks = 0;
+    assert_int_equal(tally_nats_send(p, &req, values, n * sizeof *values, true, &id, &chunks),
+                     TALLY_OK);
+    assert_int_equal(chunks, 1);
+    return id;
+}
+
+/* Publishes frame to tally.in.0 (with a Tally-Reply to inbox and a Nats-Msg-Id when sub is
+ * given); with sub, the reply's status. */
+static uint32_t publish_frame(const uint8_t *frame, size_t len, natsSubscription *sub,
+                              const char *inbox, const char *id)
+{
+    char subject[48]; /* the cluster has no users: every client is "anon" */
+    tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, 0, TALLY_NATS_USER_ANON);
+    natsMsg *m = NULL;
+    assert_int_equal(natsMsg_Create(&m, subject, NULL, (const char *)frame, (int)len), NATS_OK);
+    if (sub)
+        assert_int_equal(natsMsgHeader_Set(m, TALLY_NATS_HDR_REPLY, inbox), NATS_OK);
+    if (id)
+        assert_int_equal(natsMsgHeader_Set(m, TALLY_NATS_HDR_MSG_ID, id), NATS_OK);
+    jsErrCode jerr = 0;
+    assert_int_equal(js_PublishMsg(NULL, tn_suite_js, m, NULL, &jerr), NATS_OK);
+    natsMsg_Destroy(m);
+    if (!sub)
+        return TALLY_OK;
+    natsMsg *r = NULL;
+    assert_int_equal(natsSubscription_NextMsg(&r, sub, 20000), NATS_OK);
+    tally_rep_t rep;
+    assert_true(natsMsg_GetDataLength(r) >= (int)TALLY_REP_HEADER_SIZE);
+    assert_int_equal(
+        tally_rep_decode((const uint8_t *)natsMsg_GetData(r), TALLY_REP_HEADER_SIZE, &rep),
+        TALLY_OK);
+    natsMsg_Destroy(r);
+    return rep.status;
+}
+
+/* Messages that fail PROTOCOL.md §13's checks before the request path (test_nats_worker has
+ * the others): each is a dead letter with its status, answered with it when it asks for a
+ * reply, and the partition goes on. */
+static void poison(tally_nats_t *p)
+{
+    const char *inbox = TALLY_NATS_INBOX TALLY_NATS_USER_ANON ".window";
+    natsSubscription *sub = NULL;
+    assert_int_equal(natsConnection_SubscribeSync(&sub, tn_suite_nc, inbox), NATS_OK);
+    size_t big = ((tally_nats_max_payload(p) - TALLY_NATS_HEADROOM) / 2 + 4096) & ~(size_t)3;
+    uint8_t *buf = calloc(1, TALLY_REQ_HEADER_SIZE + big);
+    assert_non_null(buf);
+    tally_req_t req;
+    memset(&req, 0, sizeof req);
+    req.version = TALLY_PROTO_VERSION;
+    req.opcode = TALLY_OP_SCAN;
+    req.dtype = TALLY_DTYPE_I32;
+    assert_int_equal(tally_req_set_stream(&req, names[0]), TALLY_OK);
+    /* a scan whose i64 output would not fit a NATS message */
+    tally_req_encode(&req, buf);
+    assert_int_equal(publish_frame(buf, TALLY_REQ_HEADER_SIZE + big, sub, inbox, NULL),
+                     TALLY_E_TOO_LARGE);
+    /* the same zeros with an i32 output: its reply fits, and it is applied (the carry stays) */
+    req.flags = TALLY_FLAG_SCAN_OUT_I32;
+    tally_req_encode(&req, buf);
+    assert_int_equal(publish_frame(buf, TALLY_REQ_HEADER_SIZE + big, sub, inbox, NULL), TALLY_OK);
+    /* a shared-memory reference: no region travels over NATS */
+    req.flags = TALLY_FLAG_SHM_REF;
+    tally_req_encode(&req, buf);
+    assert_int_equal(publish_frame(buf, TALLY_REQ_HEADER_SIZE + TALLY_SHM_REF_SIZE, sub, inbox,
+                                   TALLY_NATS_USER_ANON ".window.ref"),
+                     TALLY_E_BAD_REF);
+    /* a payload of 6 bytes: not a whole number of i32 */
+    req.flags = 0;
+    tally_req_encode(&req, buf);
+    assert_int_equal(publish_frame(buf, TALLY_REQ_HEADER_SIZE + 6, sub, inbox, NULL),
+                     TALLY_E_PAYLOAD);
+    /* a version tallyd does not speak, with no reply asked for */
+    buf[4] = (uint8_t)(TALLY_PROTO_VERSION + 7);
+    assert_int_equal(publish_frame(buf, TALLY_REQ_HEADER_SIZE + 4, NULL, NULL, NULL), TALLY_OK);
+    free(buf);
+    int64_t t0 = th_now_ms();
+    while (th_metric(&w, "tallyd_nats_dead_letters_total") < 4 && th_now_ms() - t0 < 10000)
+        th_sleep_ms(50);
+    assert_int_equal(th_metric(&w, "tallyd_nats_dead_letters_total"), 4);
+    const char *want[4] = {"too_large", "bad_ref", "bad_payload", "bad_version"};
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    assert_int_equal(js_GetStreamInfo(&si, tn_suite_js, "TALLY_DEAD", NULL, &jerr), NATS_OK);
+    uint64_t last = si->State.LastSeq;
+    jsStreamInfo_Destroy(si);
+    for (int i = 0; i < 4; i++) {
+        natsMsg *d = NULL;
+        assert_int_equal(
+            js_GetMsg(&d, tn_suite_js, "TALLY_DEAD", last - 3 + (uint64_t)i, NULL, &jerr), NATS_OK);
+        const char *status = NULL, *part = NULL;
+        assert_int_equal(natsMsgHeader_Get(d, TALLY_NATS_HDR_STATUS, &status), NATS_OK);
+        assert_int_equal(natsMsgHeader_Get(d, TALLY_NATS_HDR_PARTITION, &part), NATS_OK);
+        assert_string_equal(status, want[i]);
+        assert_string_equal(part, "0");
+        natsMsg_Destroy(d);
+    }
+    /* the partition goes on: a scan of stream 0 still carries its sum */
+    uint64_t x0 = 0;
+    uint64_t id = send_scan(p, 0, 1, &x0);
+    assert_int_equal(tally_nats_flush(p), TALLY_OK);
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    assert_int_equal(tally_nats_recv(p, 20000, &reply), TALLY_OK);
+    assert_int_equal(reply.rep.request_id, id);
+    assert_int_equal((int64_t)reply.rep.aux0, sum[0]);
+    tally_reply_clear(&reply);
+    natsSubscription_Destroy(sub);
+}
+
+static void test_refused_messages_applied_once(void **state)
+{
+    (void)state;
+    pick_names();
+    start_worker();
+    int held = 0;
+    assert_true(tn_wait_leases(tn_suite_js, PARTITIONS, "win", PARTITIONS, 20000, &held) >= 0);
+    assert_int_equal(held, PARTITIONS);
+    tally_nats_opts_t o = {.servers = tn_suite.urls, .producer_id = "window", .timeout_ms = 15000};
+    tally_nats_t *p = NULL;
+    assert_int_equal(tally_nats_new(&o, &p, msg, sizeof msg), TALLY_OK);
+    uint64_t x = th_rand() | 1, first = 0;
+    int64_t t0 = th_now_ms();
+    for (int r = 0; r < ROUNDS; r++)
+        for (int i = 0; i < STREAMS; i++) {
+            uint64_t id = send_scan(p, i, VALUES, &x);
+            if (r == 0 && i == 0)
+                first = id;
+            assert_true(id - first < SENT);
+            want_carry[id - first] = sum[i];
+        }
+    assert_int_equal(tally_nats_flush(p), TALLY_OK);
+    bool got[SENT] = {false};
+    for (int n = 0; n < SENT; n++) {
+        tally_reply_t reply;
+        tally_reply_init(&reply);
+        assert_int_equal(tally_nats_recv(p, 20000, &reply), TALLY_OK);
+        assert_int_equal(reply.rep.status, TALLY_OK);
+        uint64_t k = reply.rep.request_id - first;
+        assert_true(k < SENT);
+        assert_false(got[k]); /* one reply each */
+        got[k] = true;
+        assert_int_equal(reply.rep.count, VALUES);
+        assert_int_equal((int64_t)reply.rep.aux0, want_carry[k]); /* in order, once */
+        tally_reply_clear(&reply);
+    }
+    int64_t took = th_now_ms() - t0;
+    tally_reply_t extra;
+    tally_reply_init(&extra);
+    assert_int_equal(tally_nats_recv(p, 300, &extra), TALLY_E_TIMEOUT);
+    /* a last scan of one zero on each stream: its carry-out is everything applied there */
+    for (int i = 0; i < STREAMS; i++) {
+        uint64_t x0 = 0; /* the generator at 0 stays 0: the value is 0 */
+        uint64_t id = send_scan(p, i, 1, &x0);
+        assert_int_equal(tally_nats_flush(p), TALLY_OK);
+        tally_reply_t reply;
+        tally_reply_init(&reply);
+        assert_int_equal(tally_nats_recv(p, 20000, &reply), TALLY_OK);
+        assert_int_equal(reply.rep.request_id, id);
+        assert_int_equal(reply.rep.status, TALLY_OK);
+        if ((int64_t)reply.rep.aux0 != sum[i])
+            fail_msg("%s carries %lld, the model %lld", names[i], (long long)reply.rep.aux0,
+                     (long long)sum[i]);
+        tally_reply_clear(&reply);
+    }
+    long long resent = th_metric(&w, "tallyd_nats_resent_total");
+    print_message("%d scans on %d streams applied in %lld ms; %lld answered busy and sent again\n",
+                  SENT, STREAMS, (long long)took, resent);
+    assert_true(resent > 0);
+    assert_true(th_metric(&w, "tallyd_nats_applied_total") >= SENT + STREAMS);
+    assert_int_equal(th_metric(&w, "tallyd_nats_dead_letters_total"), 0);
+    poison(p);
+    /* stopped with scans queued: those refused `shutdown` are the next owner's, each applied
+     * once (the worker started again finds every carry equal to the model) */
+    for (int i = 0; i < STREAMS; i++)
+        send_scan(p, i, VALUES, &x);
+    assert_int_equal(tally_nats_flush(p), TALLY_OK);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+    start_worker();
+    assert_true(tn_wait_leases(tn_suite_js, PARTITIONS, "win", PARTITIONS, 20000, &held) >= 0);
+    uint64_t final = 0;
+    for (int i = 0; i < STREAMS; i++) {
+        uint64_t x0 = 0, id = send_scan(p, i, 1, &x0);
+        if (i == 0)
+            final = id;
+    }
+    assert_int_equal(tally_nats_flush(p), TALLY_OK);
+    int64_t last[STREAMS];
+    bool seen[2 * STREAMS] = {false}; /* the queued scans' replies, then the last ones' */
+    int left = STREAMS;
+    while (left > 0) {
+        tally_reply_t reply;
+        tally_reply_init(&reply);
+        assert_int_equal(tally_nats_recv(p, 20000, &reply), TALLY_OK);
+        assert_int_equal(reply.rep.status, TALLY_OK);
+        uint64_t k = reply.rep.request_id - (final - STREAMS);
+        assert_true(k < 2 * STREAMS);
+        assert_false(seen[k]); /* one reply each */
+        seen[k] = true;
+        if (k >= STREAMS) {
+            last[k - STREAMS] = (int64_t)reply.rep.aux0;
+            left--;
+        }
+        tally_reply_clear(&reply);
+    }
+    for (int i = 0; i < STREAMS; i++)
+        if (last[i] != sum[i])
+            fail_msg("%s carries %lld after the restart, the model %lld", names[i],
+                     (long long)last[i], (long long)sum[i]);
+    assert_int_equal(th_metric(&w, "tallyd_nats_dead_letters_total"), 0);
+    tally_nats_destroy(&p);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    return tn_suite_setup(1);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    if (w.pid > 0)
+        th_daemon_stop(&w, SIGKILL, 5000);
+    return tn_suite_teardown();
+}
+
+int main(void)
+{
+    if (!tn_server_bin()) {
+        fprintf(stderr, "nats-server not found: skipped\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_refused_messages_applied_once),
+    };
+    int failed = cmocka_run_group_tests(tests, setup, teardown);
+    nats_Close();
+    return failed;
+}
