@@ -185,8 +185,11 @@ void td_fleet_path_close(td_fleet_t *f)
     }
     f->sub_tail = NULL;
     f->rep_tail = NULL;
-    for (size_t i = 0; f->pend && i < f->pend_cap; i++)
+    for (size_t i = 0; f->pend && i < f->pend_cap; i++) {
         free(f->pend[i].reply);
+        natsMsg_Destroy(f->pend[i].msg); /* a query whose answer never came back (stopping) */
+        f->pend[i].msg = NULL;
+    }
     if (f->wake_fd >= 0)
         close(f->wake_fd);
     f->wake_fd = -1;
