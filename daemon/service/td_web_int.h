@@ -75,6 +75,8 @@ struct td_web {
     bool ready;   /* lock: the handles exist */
     bool closing; /* lock */
     td_web_job_t *head, *tail; /* lock: the jobs for the loop thread */
+    unsigned unwritten;        /* lock: jobs answered (not event streams) not yet completed */
+    pthread_cond_t written;    /* lock: signalled when `unwritten` goes down */
     unsigned sse_open;         /* lock: event streams open or being opened */
     unsigned max_sse;
     td_sse_t *sse;                     /* loop: the event streams registered */
