@@ -20,7 +20,9 @@ a real 3-server NATS JetStream cluster (nats-server, started here) and two tally
     stops each get a whole `503` `shutdown` response (none closed without one), and the
     fleet's late answers find no job (exit 0);
   - `tally --nats watch` (in tmux) subscribes to the owners' publications on tally.watch.<k>:
-    with an interval of an hour only a publication can bring a new batch's count to its screen.
+    with an interval of an hour only a publication can bring a new batch's count to its screen;
+    with a worker that publishes nothing (--pub-interval-ms 0) it says so and queries each
+    interval instead, and the new count shows.
 
 usage: test_web_fleet.py TALLYD TALLY SOURCE_DIR
 """
@@ -96,11 +98,11 @@ def tally_nats(cluster, *args, data=None, check=True):
     return r
 
 
-def worker(tmp, cluster, member):
+def worker(tmp, cluster, member, pub_ms=200):
     return Daemon(TALLYD, TALLY, tmp, name=member, extra=[
         "--nats-servers", cluster.urls, "--nats-partitions", str(PARTITIONS),
         "--nats-replicas", "3", "--nats-member-id", member, "--nats-lease-ttl-ms", "15000",
-        "--nats-checkpoint-interval-ms", "200", "--pub-interval-ms", "200",
+        "--nats-checkpoint-interval-ms", "200", "--pub-interval-ms", str(pub_ms),
         "--metrics-max-connections-per-address", "64"])
 
 
@@ -376,6 +378,35 @@ def watch_subscribed(tmp, cluster, name):
         subprocess.run(tmux + ["kill-server"], capture_output=True)
 
 
+def watch_polled(tmp, cluster, wc, name):
+    """A fleet whose only worker publishes nothing (--pub-interval-ms 0): tally --nats watch
+    says so and queries each interval, so a new batch's count reaches its screen; the worker's
+    event streams tick at 1000 ms (the list's interval_ms)."""
+    if the_list(wc)["interval_ms"] != 1000:
+        fail("interval_ms of a worker publishing nothing: %r" % the_list(wc)["interval_ms"])
+    if not shutil.which("tmux"):
+        print("no tmux: tally watch --nats's polling not checked")
+        return
+    tmux = ["tmux", "-L", "tally-web-fleet-poll-%d" % os.getpid()]
+    want = until(lambda: queried(cluster, name), "a query of %s" % name)["count"]
+    cmd = "%s --nats %s watch --interval 0.5 --ascii %s" % (TALLY, cluster.urls, name)
+    subprocess.run(tmux + ["new-session", "-d", "-s", "w", "-x", "120", "-y", "40", cmd],
+                   check=True, cwd=tmp)
+    try:
+        def screen():
+            return subprocess.run(tmux + ["capture-pane", "-p", "-t", "w"], capture_output=True,
+                                  text=True).stdout
+
+        until(lambda: "%s  u8  count %d " % (name, want) in screen(), "watch shows %s" % name, 60)
+        says = "the fleet publishes nothing (pub_interval_ms 0): querying every interval"
+        if says not in screen() or "sub tally.watch.<k>" in screen():
+            fail("watch --nats with a fleet publishing nothing:\n" + screen())
+        tally_nats(cluster, "hist", "--stream", name, "--out", os.devnull, data=b"\x05" * 3)
+        until(lambda: "count %d " % (want + 3) in screen(), "watch queried the new count", 30)
+    finally:
+        subprocess.run(tmux + ["kill-server"], capture_output=True)
+
+
 def page(tmp, ws, cluster, owner):
     """wa's page shows a stream wb owns."""
     from selenium import webdriver
@@ -464,6 +495,11 @@ def run(tmp):
         theirs = [n for n in STREAMS if owner[n] == "wb"][0]
         stop_while_asking(ws, theirs)
         ws[1].stop(want_rc=0)  # a clean stop: leaves the fleet, exit 0 (nothing for ASan)
+        ws.append(worker(tmp, cluster, "wc", pub_ms=0))
+        ws[-1].name = "wc"
+        until(lambda: owned(ws[2]) == PARTITIONS, "wc owns every partition")
+        watch_polled(tmp, cluster, ws[2], STREAMS[0])
+        ws[2].stop(want_rc=0)
     finally:
         for d in ws:
             d.stop(want_rc=None)

@@ -742,7 +742,7 @@ td_err_t td_web_open(td_web_t *self)
     if (rc == 0) {
         self->tick.data = self;
         self->handles_open = 2;
-        uint64_t every = self->host.cfg->pub_interval_ms;
+        uint64_t every = td_web_tick_ms(self->host.cfg);
         rc = uv_timer_start(&self->tick, tick_cb, every, every);
     }
     if (rc != 0) {

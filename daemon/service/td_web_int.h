@@ -84,6 +84,13 @@ struct td_web {
     char token[TD_WEB_TOKEN_MAX];      /* "" = none; read-only after start */
 };
 
+/* How often the event streams tick: pub_interval_ms, or TD_WEB_TICK_MS where nothing is
+ * published (0). */
+static inline unsigned td_web_tick_ms(const td_config_t *cfg)
+{
+    return cfg->pub_interval_ms ? cfg->pub_interval_ms : TD_WEB_TICK_MS;
+}
+
 /* ---- td_web.c: answers (loop thread) ------------------------------------------------------ */
 
 /* Stores the answer and resumes the connection (body: malloc'ed JSON, owned by the job). */
