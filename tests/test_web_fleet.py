@@ -4,7 +4,9 @@ a real 3-server NATS JetStream cluster (nats-server, started here) and two tally
 
   - GET /api/v1/streams of either worker lists every stream of the fleet, each with the member
     that owns it ("member"): the worker's own in full, the other's by name; "fleet" says every
-    partition was covered and both members answered; valid against web/schema/api.json;
+    partition was covered and both members answered, and counts both ("members": 2) from the
+    first list asked after the second joined (before it owns anything) and once both own
+    partitions; valid against web/schema/api.json;
   - GET /api/v1/streams/NAME of a stream the other worker owns is its owner's record, equal to
     `tally --nats query --json NAME` and to the owner's own answer; with last= too; an unknown
     stream is 404 from its owner;
@@ -140,10 +142,8 @@ def whole_list(ws, totals):
     for d in ws:
         doc = the_list(d)
         fleet = doc.get("fleet")
-        # "members" is what the answering workers' last heartbeats saw: it may lag one behind
-        if dict(fleet or {}, members=0) != {"member": d.name, "partitions": PARTITIONS,
-                                            "covered": PARTITIONS, "answered": 2, "members": 0,
-                                            "partial": False} or fleet["members"] not in (1, 2):
+        if fleet != {"member": d.name, "partitions": PARTITIONS, "covered": PARTITIONS,
+                     "answered": 2, "members": 2, "partial": False}:
             fail("%s's list: fleet %r" % (d.name, fleet))
         names = [e["stream"] for e in doc["streams"]]
         if names != sorted(STREAMS):
@@ -197,7 +197,7 @@ def partial(ws, cluster, owner):
         took = time.monotonic() - began
         mine = owned(wa)
         fleet = doc["fleet"]
-        # "members" is what wa's last heartbeat saw: 2, or 1 once wb's membership has lapsed
+        # "members": wb's membership key stays until it expires (2), then 1
         if dict(fleet, members=0) != {"member": "wa", "partitions": PARTITIONS, "covered": mine,
                                       "answered": 1, "members": 0, "partial": True} or \
                 fleet["members"] not in (1, 2):
@@ -465,8 +465,22 @@ def run(tmp):
         for m in MEMBERS:
             ws.append(worker(tmp, cluster, m))
             ws[-1].name = m
+            if m == MEMBERS[0]:
+                until(lambda: owned(ws[0]) == PARTITIONS, "wa owns every partition")
+        # wb has joined (its first heartbeat is the fleet thread's first step, before it answers
+        # ping) and owns nothing yet: wa, owning every partition, answers the list alone, and
+        # counts wb (Tally-Members read when asked; at wa's last heartbeat it saw itself alone).
+        fleet = the_list(ws[0])["fleet"]
+        if fleet["members"] != 2:
+            fail("wa's list right after wb joined: fleet %r" % fleet)
         until(lambda: owned(ws[0]) + owned(ws[1]) == PARTITIONS and owned(ws[0]) > 0 and
               owned(ws[1]) > 0, "both workers own partitions, all of them")
+        # The next streams answer of each counts both members (read when asked, not at the
+        # last heartbeat, PROTOCOL.md §13), whatever else is still settling.
+        for d in ws:
+            fleet = the_list(d)["fleet"]
+            if fleet["members"] != 2:
+                fail("%s's first list with both workers owning: fleet %r" % (d.name, fleet))
         totals = {}
         for i, name in enumerate(STREAMS):
             data = bytes((i * 7 + j) % 256 for j in range(100 + i))
