@@ -227,12 +227,6 @@ static void unlink_pending(fleetc_t *self, pending_t *p)
 
 /* ---- `streams`, gathered ------------------------------------------------------------------ */
 
-static void free_buffer(void *data, void *hint)
-{
-    (void)hint;
-    free(data);
-}
-
 /* Member m's streams of the partitions owner[] says it owns, appended to *out (*len bytes, *cap
  * allocated; tallyd's own layout: a length byte, then the name) and counted in *count; false
  * when m did not answer (its connection not up within a probe, or no reply). */
@@ -288,16 +282,8 @@ static tally_status_t gather_streams(fleetc_t *self, pending_t *p)
         missing += m < 0 || !answered[m];
     }
     tally_reply_t *r = &p->answer;
-    zmq_msg_t *frame = malloc(sizeof *frame);
-    if (!frame || zmq_msg_init_data(frame, out ? out : (void *)"", len, out ? free_buffer : NULL,
-                                    NULL) != 0) {
-        free(frame);
-        free(out);
+    if ((!out && !(out = malloc(1))) || tally__reply_take(r, out, len) != TALLY_OK)
         return TALLY_E_NOMEM;
-    }
-    r->msg_ = frame;
-    r->payload = len ? out : NULL;
-    r->len = len;
     r->rep = (tally_rep_t){.version = TALLY_PROTO_VERSION, .opcode = TALLY_OP_STREAMS,
                            .request_id = p->id, .aux0 = count, .aux1 = missing};
     p->ready = true;

@@ -195,21 +195,30 @@ static size_t batch(int s, int r, uint8_t *out)
     return n;
 }
 
-/* A numbered hist request for stream s (its next seq), sent; the batch goes into the model. */
-static uint64_t send_hist(tally_client_t *c, int s, int r, bool numbered)
+/* An unnumbered u8 hist request for stream s, its batch of round r into data (600 bytes) and
+ * its length into *n. */
+static tally_req_t hist_req(int s, int r, uint8_t *data, size_t *n)
 {
-    uint8_t data[600];
-    size_t n = batch(s, r, data);
+    *n = batch(s, r, data);
     char name[32];
     stream_name(s, name, sizeof name);
     tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
     assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    return req;
+}
+
+/* A numbered hist request for stream s (its next seq), sent; the batch goes into the model. */
+static uint64_t send_hist(tally_client_t *c, int s, int r, bool numbered)
+{
+    uint8_t data[600];
+    size_t n;
+    tally_req_t req = hist_req(s, r, data, &n);
     if (numbered)
         req.seq = ++seqs[s];
     uint64_t id = 0;
     tally_status_t st = tally_send(c, &req, data, n, &id);
     if (st != TALLY_OK)
-        fail_msg("send to %s: %s: %s", name, tally_status_name(st), tally_client_error(c));
+        fail_msg("send to %s: %s: %s", req.stream, tally_status_name(st), tally_client_error(c));
     if (numbered)
         tr_hist_parts(TALLY_DTYPE_U8, data, n, 0, 0, model[s], NULL, NULL);
     return id;
@@ -219,11 +228,8 @@ static uint64_t send_hist(tally_client_t *c, int s, int r, bool numbered)
 static void send_hist_status(tally_client_t *c, int s, tally_status_t want)
 {
     uint8_t data[600];
-    size_t n = batch(s, 0, data);
-    char name[32];
-    stream_name(s, name, sizeof name);
-    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
-    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    size_t n;
+    tally_req_t req = hist_req(s, 0, data, &n);
     assert_int_equal(tally_send(c, &req, data, n, NULL), want);
 }
 
@@ -510,25 +516,33 @@ static void test_handover_follows_not_owner(void **state)
 
 /* ---- 3. kill -9 of an owner: numbered resends applied exactly once ----------------------- */
 
-static void test_kill_owner_resends_once(void **state)
+/* Two members splitting the partitions, and a fleet client that has sent `rounds` numbered
+ * batches to every stream, each answered; b's direct writes checkpointed, so that nothing
+ * answered is lost with it. */
+static tally_client_t *two_owners_written(int rounds)
 {
-    (void)state;
     fresh_fleet();
     start(0, "200", NULL);
     start(1, "200", NULL);
     wait_held(ids[0], PARTITIONS / 2);
     wait_held(ids[1], PARTITIONS / 2);
     tally_client_t *c = fleet_client();
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < rounds; r++) {
         for (int s = 0; s < STREAMS; s++)
             send_hist(c, s, r, true);
         recv_ok(c, STREAMS);
     }
-    /* b's direct writes checkpointed: nothing answered is lost with it. */
     int64_t until = th_now_ms() + TIMEOUT_MS;
     while (info_u64(&member[1], "nats_direct_uncommitted") != 0 && th_now_ms() < until)
         th_sleep_ms(50);
     assert_int_equal(info_u64(&member[1], "nats_direct_uncommitted"), 0);
+    return c;
+}
+
+static void test_kill_owner_resends_once(void **state)
+{
+    (void)state;
+    tally_client_t *c = two_owners_written(2);
     /* b stops answering; numbered requests on every stream, one unnumbered on a stream of b's. */
     int sb = stream_held_by(ids[1]);
     assert_int_equal(kill(member[1].pid, SIGSTOP), 0);
@@ -571,19 +585,7 @@ static void test_kill_owner_resends_once(void **state)
 static void test_owner_gone_reroutes(void **state)
 {
     (void)state;
-    fresh_fleet();
-    start(0, "200", NULL);
-    start(1, "200", NULL);
-    wait_held(ids[0], PARTITIONS / 2);
-    wait_held(ids[1], PARTITIONS / 2);
-    tally_client_t *c = fleet_client();
-    for (int s = 0; s < STREAMS; s++) /* every owner known to c, its connection up */
-        send_hist(c, s, 0, true);
-    recv_ok(c, STREAMS);
-    int64_t until = th_now_ms() + TIMEOUT_MS;
-    while (info_u64(&member[1], "nats_direct_uncommitted") != 0 && th_now_ms() < until)
-        th_sleep_ms(50);
-    assert_int_equal(info_u64(&member[1], "nats_direct_uncommitted"), 0);
+    tally_client_t *c = two_owners_written(1); /* every owner known to c, its connection up */
     check_streams(c); /* both owners' */
     int sb = stream_held_by(ids[1]);
     /* b killed with nothing in flight: c still names it the owner of its partitions. A push
@@ -596,16 +598,13 @@ static void test_owner_gone_reroutes(void **state)
     int64_t t0 = th_now_ms();
     /* A push numbered from the stream's last_seq asks it of the new owner, then sends. */
     uint8_t data[600];
-    size_t n = batch(sb, 1, data);
-    char name[32];
-    stream_name(sb, name, sizeof name);
-    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
-    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    size_t n;
+    tally_req_t req = hist_req(sb, 1, data, &n);
     tally_run_opts_t ro = {.seq = TALLY_RUN_SEQ_APPEND};
     tally_buf_t out = {0};
     tally_status_t st = tally_run(c, &req, data, n, &ro, &out, NULL);
     if (st != TALLY_OK)
-        fail_msg("push to %s: %s: %s", name, tally_status_name(st), tally_client_error(c));
+        fail_msg("push to %s: %s: %s", req.stream, tally_status_name(st), tally_client_error(c));
     tally_buf_free(&out);
     seqs[sb]++;
     tr_hist_parts(TALLY_DTYPE_U8, data, n, 0, 0, model[sb], NULL, NULL);

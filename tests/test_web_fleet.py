@@ -345,37 +345,59 @@ def stop_while_asking(ws, theirs):
         os.kill(wb.proc.pid, signal.SIGCONT)
 
 
+class Watch:
+    """`tally --nats watch --interval INTERVAL --ascii NAME` in a tmux session of its own, once
+    it shows NAME's count (self.want); None from start() without tmux."""
+
+    @classmethod
+    def start(cls, tmp, cluster, tag, interval, name):
+        if not shutil.which("tmux"):
+            print("no tmux: tally watch --nats (%s) not checked" % tag)
+            return None
+        return cls(tmp, cluster, tag, interval, name)
+
+    def __init__(self, tmp, cluster, tag, interval, name):
+        self.tmux = ["tmux", "-L", "tally-web-fleet-%s-%d" % (tag, os.getpid())]
+        self.want = until(lambda: queried(cluster, name), "a query of %s" % name)["count"]
+        cmd = "%s --nats %s watch --interval %s --ascii %s" % (TALLY, cluster.urls, interval, name)
+        subprocess.run(self.tmux + ["new-session", "-d", "-s", "w", "-x", "120", "-y", "40", cmd],
+                       check=True, cwd=tmp)
+        try:
+            until(lambda: "%s  u8  count %d " % (name, self.want) in self.screen(),
+                  "watch shows %s" % name, 60)
+        except BaseException:
+            self.close()
+            raise
+
+    def screen(self):
+        return subprocess.run(self.tmux + ["capture-pane", "-p", "-t", "w"], capture_output=True,
+                              text=True).stdout
+
+    def close(self):
+        subprocess.run(self.tmux + ["kill-server"], capture_output=True)
+
+
 def watch_subscribed(tmp, cluster, name):
     """tally --nats watch --interval 1h: only the fleet's publications can redraw it."""
-    if not shutil.which("tmux"):
-        print("no tmux: tally watch --nats not checked")
+    w = Watch.start(tmp, cluster, "sub", "1h", name)
+    if not w:
         return
-    tmux = ["tmux", "-L", "tally-web-fleet-%d" % os.getpid()]
-    want = until(lambda: queried(cluster, name), "a query of %s" % name)["count"]
-    cmd = "%s --nats %s watch --interval 1h --ascii %s" % (TALLY, cluster.urls, name)
-    subprocess.run(tmux + ["new-session", "-d", "-s", "w", "-x", "120", "-y", "40", cmd],
-                   check=True, cwd=tmp)
     try:
-        def screen():
-            return subprocess.run(tmux + ["capture-pane", "-p", "-t", "w"], capture_output=True,
-                                  text=True).stdout
-
-        until(lambda: "%s  u8  count %d " % (name, want) in screen(), "watch shows %s" % name, 60)
-        if "sub tally.watch.<k>" not in screen():
-            fail("watch --nats did not subscribe:\n" + screen())
+        if "sub tally.watch.<k>" not in w.screen():
+            fail("watch --nats did not subscribe:\n" + w.screen())
         # The subscription may take a moment: push until a publication shows.
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             tally_nats(cluster, "hist", "--stream", name, "--out", os.devnull, data=b"\x05" * 3)
-            want += 3
+            w.want += 3
             t = time.monotonic()
-            while time.monotonic() < t + 3 and "count %d " % want not in screen():
+            while time.monotonic() < t + 3 and "count %d " % w.want not in w.screen():
                 time.sleep(0.1)
-            if "count %d " % want in screen():
+            if "count %d " % w.want in w.screen():
                 return
-        fail("no publication reached tally --nats watch; the screen:\n" + screen())
+        fail("no publication reached tally --nats watch; the screen:\n" + w.screen())
     finally:
-        subprocess.run(tmux + ["kill-server"], capture_output=True)
+        w.close()
 
 
 def watch_polled(tmp, cluster, wc, name):
@@ -384,27 +406,17 @@ def watch_polled(tmp, cluster, wc, name):
     event streams tick at 1000 ms (the list's interval_ms)."""
     if the_list(wc)["interval_ms"] != 1000:
         fail("interval_ms of a worker publishing nothing: %r" % the_list(wc)["interval_ms"])
-    if not shutil.which("tmux"):
-        print("no tmux: tally watch --nats's polling not checked")
+    w = Watch.start(tmp, cluster, "poll", "0.5", name)
+    if not w:
         return
-    tmux = ["tmux", "-L", "tally-web-fleet-poll-%d" % os.getpid()]
-    want = until(lambda: queried(cluster, name), "a query of %s" % name)["count"]
-    cmd = "%s --nats %s watch --interval 0.5 --ascii %s" % (TALLY, cluster.urls, name)
-    subprocess.run(tmux + ["new-session", "-d", "-s", "w", "-x", "120", "-y", "40", cmd],
-                   check=True, cwd=tmp)
     try:
-        def screen():
-            return subprocess.run(tmux + ["capture-pane", "-p", "-t", "w"], capture_output=True,
-                                  text=True).stdout
-
-        until(lambda: "%s  u8  count %d " % (name, want) in screen(), "watch shows %s" % name, 60)
         says = "the fleet publishes nothing (pub_interval_ms 0): querying every interval"
-        if says not in screen() or "sub tally.watch.<k>" in screen():
-            fail("watch --nats with a fleet publishing nothing:\n" + screen())
+        if says not in w.screen() or "sub tally.watch.<k>" in w.screen():
+            fail("watch --nats with a fleet publishing nothing:\n" + w.screen())
         tally_nats(cluster, "hist", "--stream", name, "--out", os.devnull, data=b"\x05" * 3)
-        until(lambda: "count %d " % (want + 3) in screen(), "watch queried the new count", 30)
+        until(lambda: "count %d " % (w.want + 3) in w.screen(), "watch queried the new count", 30)
     finally:
-        subprocess.run(tmux + ["kill-server"], capture_output=True)
+        w.close()
 
 
 def page(tmp, ws, cluster, owner):

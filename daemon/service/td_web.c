@@ -28,7 +28,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "tally_args.h"
 #include "td_http.h"
@@ -760,14 +759,7 @@ td_err_t td_web_open(td_web_t *self)
  * connection whether its response went out or not. */
 static void wait_written(td_web_t *self)
 {
-    struct timespec deadline;
-    clock_gettime(CLOCK_REALTIME, &deadline);
-    deadline.tv_sec += TD_WEB_CLOSE_WAIT_MS / 1000;
-    deadline.tv_nsec += (long)(TD_WEB_CLOSE_WAIT_MS % 1000) * 1000000L;
-    if (deadline.tv_nsec >= 1000000000L) {
-        deadline.tv_sec++;
-        deadline.tv_nsec -= 1000000000L;
-    }
+    struct timespec deadline = td_http_deadline(TD_WEB_CLOSE_WAIT_MS);
     int rc = 0;
     pthread_mutex_lock(&self->lock);
     while (self->unwritten > 0 && rc != ETIMEDOUT)
