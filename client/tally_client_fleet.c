@@ -362,10 +362,15 @@ static bool check_owners(fleetc_t *self, tally_reply_t *reply, tally_status_t *s
     if (now - self->checked_us < TALLY_FLEET_POLL_MS * 4 * 1000)
         return false;
     self->checked_us = now;
+    int seen[TALLY_NATS_MAX_PARTITIONS]; /* each partition's owner, read once a check: -2 not yet */
+    for (uint32_t k = 0; k < self->partitions; k++)
+        seen[k] = -2;
     for (pending_t *p = self->head; p; p = p->next) {
         if (p->ready || (!p->waiting && now - p->sent_us < TALLY_FLEET_SUSPECT_MS * 1000))
             continue;
-        int m = owner_now(self, p->k);
+        if (seen[p->k] == -2)
+            seen[p->k] = owner_now(self, p->k);
+        int m = seen[p->k];
         bool moved = m != p->m, late = now - p->sent_us >= TALLY_FLEET_SUSPECT_MS * 1000;
         if (m < 0 || (!moved && (!p->waiting || !late)))
             continue; /* no owner yet, or the same one: slow, not gone (a waiting one: later) */
