@@ -92,6 +92,28 @@ def connects(port):
         return False
 
 
+def member_listed(cluster, member):
+    """Whether member's heartbeat is in TALLY_MEMBERS now: a JetStream direct get of its key's
+    last message, over plain NATS (the reply: a message, or the status 404)."""
+    host, port = cluster.urls.split(",")[0].rsplit("/", 1)[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        f = sock.makefile("rb")
+        f.readline()  # INFO
+        sock.sendall(b'CONNECT {"verbose":false,"pedantic":false,"headers":true}\r\n'
+                     b"SUB _INBOX.member 1\r\n"
+                     b"PUB $JS.API.DIRECT.GET.KV_TALLY_MEMBERS.$KV.TALLY_MEMBERS.%s "
+                     b"_INBOX.member 0\r\n\r\n" % member.encode())
+        while True:
+            line = f.readline()
+            if not line:
+                return False
+            if line.startswith(b"PING"):
+                sock.sendall(b"PONG\r\n")
+            elif line.startswith((b"MSG ", b"HMSG ")):
+                body = f.read(int(line.split()[-1]) + 2)
+                return not body.startswith(b"NATS/1.0 4")
+
+
 def tally_nats(cluster, *args, data=None, check=True):
     r = subprocess.run([TALLY, "--nats", cluster.urls] + list(args), input=data,
                        capture_output=True, timeout=60)
@@ -479,9 +501,10 @@ def run(tmp):
             ws[-1].name = m
             if m == MEMBERS[0]:
                 until(lambda: owned(ws[0]) == PARTITIONS, "wa owns every partition")
-        # wb has joined (its first heartbeat is the fleet thread's first step, before it answers
-        # ping) and owns nothing yet: wa, owning every partition, answers the list alone, and
-        # counts wb (Tally-Members read when asked; at wa's last heartbeat it saw itself alone).
+        # wb has joined (its heartbeat is in TALLY_MEMBERS) and owns nothing yet. wa, owning
+        # every partition, could answer a list alone; it counts wb (Tally-Members read when
+        # asked; at wa's last heartbeat, up to 5 s ago, it saw itself alone).
+        until(lambda: member_listed(cluster, "wb"), "wb in TALLY_MEMBERS", 30)
         fleet = the_list(ws[0])["fleet"]
         if fleet["members"] != 2:
             fail("wa's list right after wb joined: fleet %r" % fleet)
