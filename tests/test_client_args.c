@@ -144,8 +144,10 @@ static void test_send_zc_frees_once(void **state)
         tally_status_t want;
         int frees;
     } cases[] = {
-        {NULL, &r, data, 8, TALLY_E_ARG, 1},   {client, NULL, data, 8, TALLY_E_ARG, 1},
-        {client, &r, data, 0, TALLY_E_ARG, 1}, {client, &r, NULL, 8, TALLY_E_ARG, 0},
+        {NULL, &r, data, 8, TALLY_E_ARG, 1},
+        {client, NULL, data, 8, TALLY_E_ARG, 1},
+        {client, &r, data, 0, TALLY_E_ARG, 1},
+        {client, &r, NULL, 8, TALLY_E_ARG, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         freed = 0;

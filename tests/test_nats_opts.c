@@ -120,8 +120,14 @@ static void test_security_files(void **state)
         .servers = NOBODY, .tls_cert = "/nonexistent/c.pem", .tls_key = "/nonexistent/k.pem"};
     expect_refused(&o, TALLY_E_ARG, "TLS certificate /nonexistent/c.pem: ");
     /* Empty strings are "none", as NULL: the connection is tried. */
-    o = (tally_nats_opts_t){.servers = NOBODY, .nkey = "", .nkey_seed = "", .credentials = "",
-                            .tls_ca = "", .tls_cert = "", .tls_key = "", .user = ""};
+    o = (tally_nats_opts_t){.servers = NOBODY,
+                            .nkey = "",
+                            .nkey_seed = "",
+                            .credentials = "",
+                            .tls_ca = "",
+                            .tls_cert = "",
+                            .tls_key = "",
+                            .user = ""};
     expect_refused(&o, TALLY_E_TRANSPORT, "cannot connect to " NOBODY);
 }
 
@@ -167,8 +173,8 @@ static void test_null_producer(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_null_arguments),  cmocka_unit_test(test_servers),
-        cmocka_unit_test(test_users),           cmocka_unit_test(test_security_files),
+        cmocka_unit_test(test_null_arguments), cmocka_unit_test(test_servers),
+        cmocka_unit_test(test_users),          cmocka_unit_test(test_security_files),
         cmocka_unit_test(test_null_producer),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);

@@ -282,8 +282,8 @@ static void test_split(void **state)
 static void test_options_and_silence(void **state)
 {
     (void)state;
-    tally_nats_opts_t o = {.servers = cluster.urls, .timeout_ms = 3000,
-                           .partitions = TALLY_NATS_MAX_PARTITIONS + 1};
+    tally_nats_opts_t o = {
+        .servers = cluster.urls, .timeout_ms = 3000, .partitions = TALLY_NATS_MAX_PARTITIONS + 1};
     tally_nats_t *p = NULL;
     char msg[256] = "";
     assert_int_equal(tally_nats_new(&o, &p, msg, sizeof msg), TALLY_E_ARG);
@@ -337,6 +337,30 @@ static void watch_publish(uint32_t k, const char *stream, const void *data, int 
     assert_int_equal(natsConnection_Flush(nc), NATS_OK);
 }
 
+/* Waits until sub hears what this suite's connection publishes on tally.watch.<k> (the two
+ * connections may be on different nodes: the subscription's interest reaches the other node a
+ * little later, and a message published before it is not delivered). Probes (good records of
+ * pub_seq 1) until one comes, then a marker (pub_seq 2): ordered after every probe, so once it
+ * has come nothing of the sync is left to arrive. rec holds a good record of full bytes. */
+static void watch_sync(tally_nats_sub_t *sub, uint32_t k, uint8_t *rec, int full)
+{
+    tally_pub_t pub = {.kind = TALLY_PUB_UPDATE, .pub_seq = 1, .time_ms = 1, .interval_ms = 1};
+    tally_pub_msg_t msg;
+    tally_status_t st = TALLY_E_TIMEOUT;
+    tally_pub_encode(&pub, rec);
+    for (int i = 0; i < 300 && st == TALLY_E_TIMEOUT; i++) {
+        watch_publish(k, "w1", rec, full);
+        st = tally_nats_sub_recv(sub, 200, &msg);
+    }
+    assert_int_equal(st, TALLY_OK);
+    pub.pub_seq = 2;
+    tally_pub_encode(&pub, rec);
+    watch_publish(k, "w1", rec, full);
+    do
+        assert_int_equal(tally_nats_sub_recv(sub, 10000, &msg), TALLY_OK);
+    while (msg.pub.pub_seq != 2);
+}
+
 /* tally_nats_sub_* (PROTOCOL.md §13 "Histogram publications") with the messages written here:
  * a malformed stream name is refused; naming a stream of a partition already subscribed is a
  * no-op; with nothing queued a receive times out (at once, or after its wait); a message that
@@ -366,12 +390,15 @@ static void test_watch_messages(void **state)
     info.batches = 3;
     info.hist_dtype = TALLY_DTYPE_U8;
     info.bins[7] = 11;
-    int full = (int)(TALLY_PUB_HEADER_SIZE + tally_stream_info_encode(&info, rec + TALLY_PUB_HEADER_SIZE));
-    watch_publish(k, NULL, rec, full);           /* no stream named */
-    watch_publish(k, "bad name", rec, full);     /* a malformed one */
-    watch_publish(k, "w1", rec, 10);             /* a short header */
-    watch_publish(k, "w1", rec, full - 1);       /* a record of the wrong size */
-    watch_publish(k, "w1", rec, full);           /* good */
+    int full =
+        (int)(TALLY_PUB_HEADER_SIZE + tally_stream_info_encode(&info, rec + TALLY_PUB_HEADER_SIZE));
+    watch_sync(sub, k, rec, full);
+    tally_pub_encode(&pub, rec);             /* pub_seq 9 again */
+    watch_publish(k, NULL, rec, full);       /* no stream named */
+    watch_publish(k, "bad name", rec, full); /* a malformed one */
+    watch_publish(k, "w1", rec, 10);         /* a short header */
+    watch_publish(k, "w1", rec, full - 1);   /* a record of the wrong size */
+    watch_publish(k, "w1", rec, full);       /* good */
     for (int i = 0; i < 4; i++)
         assert_int_equal(tally_nats_sub_recv(sub, 10000, &msg), TALLY_E_REPLY);
     assert_int_equal(tally_nats_sub_recv(sub, 10000, &msg), TALLY_OK);
