@@ -4,7 +4,7 @@
  * PROTOCOL.md §13) refuses before any server answers, and its calls given nothing to work on.
  * No nats-server is needed: every refusal here comes before a connection or from a connection
  * refused (127.0.0.1 port 1, where nothing listens):
- *   - NULL options or out: TALLY_E_ARG;
+ *   - NULL options or out: TALLY_E_ARG (tally_nats_new, tally_client_new_nats);
  *   - a server list of commas and spaces names no URL; spaces around each URL are dropped;
  *   - a user (given, or the user:password@ of a URL) that cannot name the fleet's subjects; a
  *     token@ names no user (the producer is "anon");
@@ -57,6 +57,13 @@ static void test_null_arguments(void **state)
     char msg[64];
     assert_int_equal(tally_nats_new(NULL, &p, msg, sizeof msg), TALLY_E_ARG);
     assert_int_equal(tally_nats_new(&o, NULL, msg, sizeof msg), TALLY_E_ARG);
+    /* A client over NATS (tally_client_new_nats): the same, and the producer's failure. */
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new_nats(NULL, &c, msg, sizeof msg), TALLY_E_ARG);
+    assert_int_equal(tally_client_new_nats(&o, NULL, msg, sizeof msg), TALLY_E_ARG);
+    assert_int_equal(tally_client_new_nats(&o, &c, msg, sizeof msg), TALLY_E_TRANSPORT);
+    assert_null(c);
+    assert_non_null(strstr(msg, "cannot connect to " NOBODY));
 }
 
 static void test_servers(void **state)

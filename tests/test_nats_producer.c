@@ -278,7 +278,7 @@ static void test_split(void **state)
  * this suite): a query of a malformed stream name is refused (TALLY_E_STREAM_NAME, as
  * tally_query) before it is sent; a call is asked again until the timeout (TALLY_E_TIMEOUT); a
  * query without a stream is not one a worker answers (TALLY_E_ARG); `streams` says no worker
- * answered and counts every partition missing. */
+ * answered and counts every partition missing, and through a tally_client_t over NATS too. */
 static void test_options_and_silence(void **state)
 {
     (void)state;
@@ -321,6 +321,16 @@ static void test_options_and_silence(void **state)
     assert_non_null(strstr(tally_nats_error(p), "no worker answered within 1000 ms"));
     assert_int_equal(tally_nats_streams_missing(p), 2);
     tally_nats_destroy(&p);
+
+    /* The same through a tally_client_t over NATS: `streams` fails at the send, saying why. */
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new_nats(&o, &c, msg, sizeof msg), TALLY_OK);
+    assert_int_equal(tally_client_wait_connected(c), TALLY_OK); /* NATS: connected already */
+    assert_int_equal(tally_streams(c, &names, &count), TALLY_E_TIMEOUT);
+    assert_null(names);
+    assert_non_null(strstr(tally_client_error(c), "no worker answered within 1000 ms"));
+    tally_client_destroy(&c);
+    assert_null(c);
 }
 
 /* Publishes data (with a Tally-Stream header of stream unless NULL) on tally.watch.<k>. */
