@@ -8,8 +8,6 @@
  *   - a user who may not create streams or consumers: the fleet is not made, and says which;
  *   - a fleet that is not this worker's: another partition count, another lease TTL, a stream
  *     that captures other subjects, a partition count that is not a number, no fleet at all;
- *   - a checkpoint whose chunk is missing, too long or too short, or whose manifest is not one:
- *     TD_ERR_CORRUPT, nothing loaded, and no take (the manifest stays where it was);
  *   - a lease key still ours under a revision this holder does not know: an error that keeps
  *     the lease (it may still be ours), not a loss; a consumer name that exists and has
  *     delivered already is refused.
@@ -316,91 +314,6 @@ static void test_not_this_fleet(void **state)
     assert_int_equal(parts, PARTITIONS);
 }
 
-/* Partition 0's checkpoint, 2 chunks (TD_CKPT_CHUNK_BYTES + 100 bytes), written by "A" under
- * epoch 50 over none (generation 1: its chunk keys are p0.50.1.<i>); its manifest's revision. */
-static uint64_t write_two_chunks(kvStore *ckpts, uint8_t *state, size_t len)
-{
-    td_ckpt_t c;
-    uint8_t *st = NULL;
-    size_t got = 0;
-    bool fenced = true;
-    assert_int_equal(kvStore_Purge(ckpts, "p0", NULL), NATS_OK);
-    assert_int_equal(
-        td_ckpt_take(&c, js, ckpts, 0, "A", 50, &st, &got, &fenced, msg, sizeof msg), TD_OK);
-    free(st);
-    assert_false(fenced);
-    assert_int_equal(td_ckpt_write(&c, 77, state, len, &fenced, msg, sizeof msg), TD_OK);
-    assert_false(fenced);
-    return c.revision;
-}
-
-/* A checkpoint that cannot be loaded is not taken: TD_ERR_CORRUPT, no state, and the manifest
- * is still the one that was there (revision `rev`, applied 77). */
-static void take_refused(kvStore *ckpts, uint64_t rev, const char *why)
-{
-    td_ckpt_t c;
-    uint8_t *st = (uint8_t *)1;
-    size_t len = 9;
-    bool fenced = true;
-    assert_int_equal(
-        td_ckpt_take(&c, js, ckpts, 0, "B", 60, &st, &len, &fenced, msg, sizeof msg),
-        TD_ERR_CORRUPT);
-    msg_has(why);
-    assert_null(st);
-    assert_int_equal(len, 0);
-    assert_false(fenced);
-    kvEntry *e = NULL;
-    assert_int_equal(kvStore_Get(&e, ckpts, "p0"), NATS_OK);
-    assert_int_equal(kvEntry_Revision(e), rev);
-    kvEntry_Destroy(e);
-    td_ckpt_manifest_t m;
-    assert_int_equal(td_ckpt_read(js, 0, &m, &st, &len, msg, sizeof msg), TD_ERR_CORRUPT);
-    msg_has(why);
-    assert_null(st);
-}
-
-static void test_ckpt_chunk_damage(void **state)
-{
-    (void)state;
-    kvStore *ckpts = open_kv(js, TALLY_NATS_BUCKET_CKPT);
-    size_t len = TD_CKPT_CHUNK_BYTES + 100;
-    uint8_t *big = malloc(len);
-    assert_non_null(big);
-    for (size_t i = 0; i < len; i++)
-        big[i] = (uint8_t)(i * 7);
-    uint64_t rev = 0;
-
-    rev = write_two_chunks(ckpts, big, len); /* a chunk deleted */
-    assert_int_equal(kvStore_Purge(ckpts, "p0.50.1.1", NULL), NATS_OK);
-    take_refused(ckpts, rev, "checkpoint chunk p0.50.1.1: missing");
-
-    rev = write_two_chunks(ckpts, big, len); /* the last chunk longer than the manifest says */
-    uint64_t r = 0;
-    assert_int_equal(kvStore_Put(&r, ckpts, "p0.50.1.1", big, 200), NATS_OK);
-    take_refused(ckpts, rev, "checkpoint chunk p0.50.1.1: longer than the manifest says");
-
-    rev = write_two_chunks(ckpts, big, len); /* ... shorter */
-    assert_int_equal(kvStore_Put(&r, ckpts, "p0.50.1.1", big, 50), NATS_OK);
-    take_refused(ckpts, rev, "chunks shorter than the manifest says");
-
-    /* A manifest that is not one. */
-    assert_int_equal(kvStore_Put(&rev, ckpts, "p0", "not a manifest", 14), NATS_OK);
-    take_refused(ckpts, rev, "not a version-1 checkpoint manifest (14 bytes)");
-
-    /* Good again (over none): it reads back whole. */
-    write_two_chunks(ckpts, big, len);
-    td_ckpt_manifest_t m;
-    uint8_t *st = NULL;
-    size_t got = 0;
-    assert_int_equal(td_ckpt_read(js, 0, &m, &st, &got, msg, sizeof msg), TD_OK);
-    assert_int_equal(got, len);
-    assert_int_equal(m.applied_seq, 77);
-    assert_memory_equal(st, big, len);
-    free(st);
-    free(big);
-    kvStore_Destroy(ckpts);
-}
-
 /* The lease key holds this member's id under a revision its holder did not write (a renewal
  * whose answer was lost, then applied): the renewal fails and says so, keeping the lease (it
  * may still be ours; valid_until_ms runs out anyway). Another holder's: lost. */
@@ -477,7 +390,6 @@ int main(void)
         cmocka_unit_test(test_connection_gone),
         cmocka_unit_test(test_no_permission),
         cmocka_unit_test(test_not_this_fleet),
-        cmocka_unit_test(test_ckpt_chunk_damage),
         cmocka_unit_test(test_lease_unknown_revision),
         cmocka_unit_test(test_consumer_exists),
     };

@@ -16,7 +16,12 @@
  *     expires), and its checkpoint fenced by another take (the next checkpoint finds it and drops
  *     the partition, which the worker takes back, fencing the other): either way every message
  *     is applied exactly once in the end;
- *   - a stale release (the previous holder's revision) leaves the successor's lease.
+ *   - a stale release (the previous holder's revision) leaves the successor's lease;
+ *   - JetStream refusing the worker's writes: the dead-letter stream deleted (a message that
+ *     fails its checks waits, tried again, until it can be a dead letter: then one dead letter,
+ *     one error reply, and what came after it applied once); the checkpoint bucket refusing a
+ *     manifest (counted in tallyd_nats_checkpoint_failures_total; the worker keeps applying, and
+ *     the next checkpoint after the limit is lifted holds everything).
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -425,6 +430,143 @@ static void test_ckpt_chunks_that_do_not_add_up(void **state)
     kvStore_Destroy(kv);
 }
 
+/* ---- JetStream refusing the worker's writes ------------------------------------------------- */
+
+/* The fleet's objects as the worker makes them (partitions 1, lease TTL 3000 ms): made again
+ * after a test removed one. */
+static void fleet_ensure(void)
+{
+    td_nats_layout_t l = {.partitions = 1,
+                          .replicas = 1,
+                          .partition_max_bytes = 64ll << 20,
+                          .partition_max_age_ms = 3600 * 1000,
+                          .lease_ttl_ms = 3000,
+                          .max_msg_size = (int32_t)natsConnection_GetMaxPayload(tn_suite_nc)};
+    assert_int_equal(td_nats_fleet_ensure(js, &l, msg, sizeof msg), TD_OK);
+}
+
+static long long stat_of(const th_daemon_t *w, const char *name)
+{
+    void *sock = th_connect(w->endpoint, 10000);
+    long long v = th_stat(sock, name);
+    th_close(sock);
+    return v;
+}
+
+/* The dead-letter stream deleted behind the worker's back: a message that fails its checks
+ * cannot be put there, so it is not done with (no reply, nothing after it applied) but tried
+ * again, saying why, until the stream is back; then it is a dead letter once, its publisher
+ * gets one error reply, and the message after it is applied once. */
+static void test_dead_letters_gone(void **state)
+{
+    (void)state;
+    th_daemon_t w;
+    start_worker(&w);
+    wait_owned();
+    jsErrCode jerr = 0;
+    assert_int_equal(js_DeleteStream(js, TALLY_NATS_DEAD_STREAM, NULL, &jerr), NATS_OK);
+    natsSubscription *inbox = NULL;
+    assert_int_equal(natsConnection_SubscribeSync(&inbox, tn_suite_nc, "_INBOX.anon.dead"),
+                     NATS_OK);
+    char subject[48];
+    tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, 0, TALLY_NATS_USER_ANON);
+    natsMsg *bad = NULL;
+    assert_int_equal(natsMsg_Create(&bad, subject, NULL, "too short", 9), NATS_OK);
+    assert_int_equal(natsMsgHeader_Set(bad, TALLY_NATS_HDR_REPLY, "_INBOX.anon.dead"), NATS_OK);
+    jsPubAck *pa = NULL;
+    assert_int_equal(js_PublishMsg(&pa, js, bad, NULL, &jerr), NATS_OK);
+    uint64_t seq = pa->Sequence;
+    jsPubAck_Destroy(pa);
+    natsMsg_Destroy(bad);
+    tally_nats_t *p = producer("dead");
+    send_value_to(p, "afterdead", 5, false);
+    char text[96];
+    snprintf(text, sizeof text, "dead letter of partition 0 sequence %llu: ",
+             (unsigned long long)seq);
+    wait_log(&w, text);
+    natsMsg *r = NULL;
+    assert_int_equal(natsSubscription_NextMsg(&r, inbox, 300), NATS_TIMEOUT);
+    tally_stream_info_t info = {0};
+    assert_true(tally_nats_query(p, "afterdead", &info) != TALLY_OK || info.batches == 0);
+    assert_int_equal(stat_of(&w, "tallyd_nats_dead_letters_total"), 0);
+
+    fleet_ensure(); /* the stream is back */
+    assert_int_equal(natsSubscription_NextMsg(&r, inbox, 20000), NATS_OK);
+    tally_rep_t rep;
+    assert_true(natsMsg_GetDataLength(r) >= TALLY_REP_HEADER_SIZE);
+    assert_int_equal(tally_rep_decode((const uint8_t *)natsMsg_GetData(r), TALLY_REP_HEADER_SIZE,
+                                      &rep),
+                     TALLY_OK);
+    assert_int_equal(rep.status, TALLY_E_HEADER);
+    natsMsg_Destroy(r);
+    holds_each_once(p, "afterdead", 5, 5);
+    assert_int_equal(natsSubscription_NextMsg(&r, inbox, 300), NATS_TIMEOUT); /* one reply */
+    assert_int_equal(stat_of(&w, "tallyd_nats_dead_letters_total"), 1);
+    natsMsg *d = NULL;
+    assert_int_equal(js_GetLastMsg(&d, js, TALLY_NATS_DEAD_STREAM, TALLY_NATS_SUBJ_DEAD ">", NULL,
+                                   &jerr),
+                     NATS_OK);
+    assert_int_equal(natsMsg_GetSequence(d), 1); /* the only one */
+    const char *v = NULL;
+    assert_int_equal(natsMsgHeader_Get(d, TALLY_NATS_HDR_STATUS, &v), NATS_OK);
+    assert_string_equal(v, tally_status_name(TALLY_E_HEADER));
+    char seqs[24];
+    snprintf(seqs, sizeof seqs, "%llu", (unsigned long long)seq);
+    assert_int_equal(natsMsgHeader_Get(d, TALLY_NATS_HDR_SEQ, &v), NATS_OK);
+    assert_string_equal(v, seqs);
+    natsMsg_Destroy(d);
+    natsSubscription_Destroy(inbox);
+    tally_nats_destroy(&p);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
+/* The checkpoint bucket's stream limited to messages smaller than a manifest behind the
+ * worker's back: each checkpoint fails (its manifest still the one the worker knows, so not
+ * fenced), is counted and said, and the worker keeps the partition and goes on applying; once
+ * the limit is lifted the next checkpoint holds everything applied. */
+static void test_checkpoint_refused(void **state)
+{
+    (void)state;
+    th_daemon_t w;
+    start_worker(&w);
+    wait_owned();
+    tally_nats_t *p = producer("limit");
+    send_value_to(p, "limit", 1, true);
+    jsStreamInfo *si = NULL, *si2 = NULL;
+    jsErrCode jerr = 0;
+    assert_int_equal(js_GetStreamInfo(&si, js, "KV_" TALLY_NATS_BUCKET_CKPT, NULL, &jerr),
+                     NATS_OK);
+    jsStreamConfig sc = *si->Config;
+    sc.MaxMsgSize = 16;
+    assert_int_equal(js_UpdateStream(&si2, js, &sc, NULL, &jerr), NATS_OK);
+    jsStreamInfo_Destroy(si2);
+    send_value_to(p, "limit", 2, true);
+    wait_log(&w, "fleet: checkpoint of partition 0: writing checkpoint of partition 0: ");
+    assert_true(stat_of(&w, "tallyd_nats_checkpoint_failures_total") >= 1);
+    send_value_to(p, "limit", 3, true); /* still its owner */
+    holds_each_once(p, "limit", 1, 3);
+
+    sc = *si->Config;
+    assert_int_equal(js_UpdateStream(&si2, js, &sc, NULL, &jerr), NATS_OK);
+    jsStreamInfo_Destroy(si2);
+    jsStreamInfo_Destroy(si);
+    uint64_t last = 0;
+    partition_first_seq(&last);
+    td_ckpt_manifest_t m = {0};
+    for (int64_t t0 = th_now_ms(); m.applied_seq != last && th_now_ms() - t0 < 20000;
+         th_sleep_ms(100)) {
+        uint8_t *st = NULL;
+        size_t len = 0;
+        if (td_ckpt_read(js, 0, &m, &st, &len, msg, sizeof msg) != TD_OK)
+            m.applied_seq = 0;
+        free(st);
+    }
+    assert_int_equal(m.applied_seq, last);
+    assert_string_equal(m.member, "gapper");
+    tally_nats_destroy(&p);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
 int main(void)
 {
     if (tn_skip())
@@ -436,6 +578,8 @@ int main(void)
         cmocka_unit_test(test_checkpoint_fenced),
         cmocka_unit_test(test_stale_release_keeps_successor),
         cmocka_unit_test(test_ckpt_chunks_that_do_not_add_up),
+        cmocka_unit_test(test_dead_letters_gone),
+        cmocka_unit_test(test_checkpoint_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
