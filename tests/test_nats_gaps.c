@@ -21,7 +21,8 @@
  *     fails its checks waits, tried again, until it can be a dead letter: then one dead letter,
  *     one error reply, and what came after it applied once); the checkpoint bucket refusing a
  *     manifest (counted in tallyd_nats_checkpoint_failures_total; the worker keeps applying, and
- *     the next checkpoint after the limit is lifted holds everything).
+ *     the next checkpoint after the limit is lifted holds everything); a checkpoint that cannot
+ *     be loaded at a take (not taken, the lease given back; taken once it is whole again).
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -516,6 +517,31 @@ static void test_dead_letters_gone(void **state)
     assert_string_equal(v, seqs);
     natsMsg_Destroy(d);
     natsSubscription_Destroy(inbox);
+
+    /* The same for a message the request path refuses (a reset of no stream): its dead letter
+     * fails, it is sent again until the stream is back, then it is one dead letter. */
+    assert_int_equal(js_DeleteStream(js, TALLY_NATS_DEAD_STREAM, NULL, &jerr), NATS_OK);
+    tally_req_t req;
+    memset(&req, 0, sizeof req);
+    req.opcode = TALLY_OP_RESET;
+    assert_int_equal(tally_req_set_stream(&req, "nosuch"), TALLY_OK);
+    assert_int_equal(tally_nats_send(p, &req, NULL, 0, false, NULL, NULL), TALLY_OK);
+    assert_int_equal(tally_nats_flush(p), TALLY_OK);
+    snprintf(text, sizeof text, "dead letter of partition 0 sequence %llu: ",
+             (unsigned long long)seq + 2);
+    wait_log(&w, text);
+    fleet_ensure();
+    for (int64_t t0 = th_now_ms();
+         stat_of(&w, "tallyd_nats_dead_letters_total") < 2 && th_now_ms() - t0 < 20000;)
+        th_sleep_ms(50);
+    assert_int_equal(stat_of(&w, "tallyd_nats_dead_letters_total"), 2);
+    assert_int_equal(js_GetLastMsg(&d, js, TALLY_NATS_DEAD_STREAM, TALLY_NATS_SUBJ_DEAD ">", NULL,
+                                   &jerr),
+                     NATS_OK);
+    assert_int_equal(natsMsg_GetSequence(d), 1);
+    assert_int_equal(natsMsgHeader_Get(d, TALLY_NATS_HDR_STATUS, &v), NATS_OK);
+    assert_string_equal(v, tally_status_name(TALLY_E_UNKNOWN_STREAM));
+    natsMsg_Destroy(d);
     tally_nats_destroy(&p);
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
 }
@@ -567,6 +593,39 @@ static void test_checkpoint_refused(void **state)
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
 }
 
+/* A checkpoint that cannot be loaded when the worker takes the partition: not taken, saying
+ * why, its lease given back at once (not held until it expires); once the checkpoint is whole
+ * again the worker takes it (after its back-off) and has what it held. */
+static void test_take_refused_corrupt_checkpoint(void **state)
+{
+    (void)state;
+    kvStore *ckpts = NULL, *leases = NULL;
+    assert_int_equal(js_KeyValue(&ckpts, js, TALLY_NATS_BUCKET_CKPT), NATS_OK);
+    assert_int_equal(js_KeyValue(&leases, js, TALLY_NATS_BUCKET_LEASES), NATS_OK);
+    kvEntry *good = NULL;
+    assert_int_equal(kvStore_Get(&good, ckpts, "p0"), NATS_OK);
+    uint64_t rev = 0;
+    assert_int_equal(kvStore_Put(&rev, ckpts, "p0", "not a manifest", 14), NATS_OK);
+    th_daemon_t w;
+    start_worker(&w);
+    wait_log(&w, "partition 0 not taken: not a version-1 checkpoint manifest (14 bytes)");
+    char holder[80] = "?";
+    for (int64_t t0 = th_now_ms(); holder[0] && th_now_ms() - t0 < 10000; th_sleep_ms(50))
+        assert_int_equal(td_lease_holder(leases, 0, holder, sizeof holder, msg, sizeof msg),
+                         TD_OK);
+    assert_string_equal(holder, ""); /* released */
+    assert_int_equal(kvStore_Put(&rev, ckpts, "p0", kvEntry_Value(good), kvEntry_ValueLen(good)),
+                     NATS_OK);
+    kvEntry_Destroy(good);
+    wait_owned();
+    tally_nats_t *p = producer("corrupt");
+    holds_each_once(p, "limit", 1, 3); /* test_checkpoint_refused's */
+    tally_nats_destroy(&p);
+    kvStore_Destroy(ckpts);
+    kvStore_Destroy(leases);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
 int main(void)
 {
     if (tn_skip())
@@ -580,6 +639,7 @@ int main(void)
         cmocka_unit_test(test_ckpt_chunks_that_do_not_add_up),
         cmocka_unit_test(test_dead_letters_gone),
         cmocka_unit_test(test_checkpoint_refused),
+        cmocka_unit_test(test_take_refused_corrupt_checkpoint),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
