@@ -39,8 +39,9 @@
 #define js tn_suite_js
 static char msg[512];
 
-/* `all`, the test's user, and `nomake`, who may not create streams or consumers (its requests
- * to do so get no answer: a permission violation, then the API's timeout). */
+/* `all`, the test's user; `nomake`, who may not create streams or consumers, and `noinfo`, who
+ * may not ask about the partitions' streams (their requests get no answer: a permission
+ * violation, then the API's timeout). */
 static const char users[] =
     "authorization { users = [\n"
     "  { user: all, password: all }\n"
@@ -48,6 +49,9 @@ static const char users[] =
     "    permissions: { publish: { allow: \">\",\n"
     "      deny: [\"$JS.API.STREAM.CREATE.>\", \"$JS.API.CONSUMER.CREATE.>\",\n"
     "             \"$JS.API.CONSUMER.DURABLE.CREATE.>\"] } } }\n"
+    "  { user: noinfo, password: noinfo,\n"
+    "    permissions: { publish: { allow: \">\",\n"
+    "      deny: [\"$JS.API.STREAM.INFO.TALLY_P0\", \"$JS.API.STREAM.INFO.TALLY_P1\"] } } }\n"
     "] }";
 
 static td_nats_layout_t layout(uint32_t partitions, int64_t ttl_ms)
@@ -229,8 +233,9 @@ static void test_connection_gone(void **state)
     natsConnection_Destroy(c);
 }
 
-/* A user who may not create streams: the fleet of a new partition count is refused at its
- * first stream, saying so. One who may not create consumers cannot take a partition. */
+/* A user who may not create streams: a fleet missing its dead-letter stream is refused at it,
+ * saying so; one who may not create consumers cannot take a partition; one who may not look at
+ * the partitions' streams cannot check the fleet. */
 static void test_no_permission(void **state)
 {
     (void)state;
@@ -252,6 +257,15 @@ static void test_no_permission(void **state)
                      TD_ERR_LIBRARY);
     assert_null(pull);
     msg_has("creating consumer " TALLY_NATS_CONSUMER_PREFIX "0-3-0 at 1: ");
+    jsCtx_Destroy(j);
+    natsConnection_Destroy(c);
+
+    /* One who may not look at the partitions' streams: the fleet is not checked, and a
+     * partition's first sequence is unknown (0). */
+    connect_as("noinfo", 500, &c, &j);
+    assert_int_equal(td_nats_fleet_ensure(j, &l, msg, sizeof msg), TD_ERR_LIBRARY);
+    msg_has("stream " TALLY_NATS_STREAM_PREFIX "0: ");
+    assert_int_equal(td_partition_first_seq(j, 0), 0);
     jsCtx_Destroy(j);
     natsConnection_Destroy(c);
 }
@@ -302,6 +316,13 @@ static void test_not_this_fleet(void **state)
     assert_int_equal(td_nats_read_partitions(js, &parts, msg, sizeof msg), TD_ERR_CONFIG);
     msg_has("holds 'two', not a partition count");
     assert_int_equal(parts, 0);
+    const char *bad[] = {"0", "", "2x", "99999999", "222222222222222222222"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        assert_int_equal(kvStore_PutString(&rev, fleet, TALLY_NATS_KEY_PARTITIONS, bad[i]),
+                         NATS_OK);
+        assert_int_equal(td_nats_read_partitions(js, &parts, msg, sizeof msg), TD_ERR_CONFIG);
+        msg_has("not a partition count");
+    }
     assert_int_equal(kvStore_PutString(&rev, fleet, TALLY_NATS_KEY_PARTITIONS, "2"), NATS_OK);
     assert_int_equal(td_nats_read_partitions(js, &parts, msg, sizeof msg), TD_OK);
     assert_int_equal(parts, PARTITIONS);
@@ -332,6 +353,9 @@ static void test_lease_unknown_revision(void **state)
     msg_has("renewing lease p1: ");
     assert_false(lost);
     assert_int_equal(l.revision, mine);
+    td_lease_t none = {0}; /* no revision: nothing renewed, though the key names A */
+    assert_int_equal(td_lease_renew(leases, 1, "A", TTL_MS, &none, &lost, msg, sizeof msg), TD_OK);
+    assert_true(lost);
     assert_int_equal(kvStore_PutString(&rev, leases, "p1", "B"), NATS_OK);
     assert_int_equal(td_lease_renew(leases, 1, "A", TTL_MS, &l, &lost, msg, sizeof msg), TD_OK);
     assert_true(lost);

@@ -593,9 +593,10 @@ static void test_checkpoint_refused(void **state)
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
 }
 
-/* A checkpoint that cannot be loaded when the worker takes the partition: not taken, saying
- * why, its lease given back at once (not held until it expires); once the checkpoint is whole
- * again the worker takes it (after its back-off) and has what it held. */
+/* A checkpoint that cannot be loaded when the worker takes the partition (a manifest that is not
+ * one; then a whole checkpoint whose state is not a state table): not taken, saying why, its
+ * lease given back at once (not held until it expires); once the checkpoint is good again the
+ * worker takes it (after its back-off) and has what it held. */
 static void test_take_refused_corrupt_checkpoint(void **state)
 {
     (void)state;
@@ -614,6 +615,20 @@ static void test_take_refused_corrupt_checkpoint(void **state)
         assert_int_equal(td_lease_holder(leases, 0, holder, sizeof holder, msg, sizeof msg),
                          TD_OK);
     assert_string_equal(holder, ""); /* released */
+    /* A whole checkpoint (CRC right) of a state that is not one: not taken either. */
+    assert_int_equal(kvStore_Purge(ckpts, "p0", NULL), NATS_OK);
+    td_ckpt_t c;
+    uint8_t *st = NULL;
+    size_t len = 0;
+    bool fenced = true;
+    assert_int_equal(
+        td_ckpt_take(&c, js, ckpts, 0, "stranger", 999, &st, &len, &fenced, msg, sizeof msg),
+        TD_OK);
+    assert_int_equal(td_ckpt_write(&c, 1, (const uint8_t *)"no state table", 14, &fenced, msg,
+                                   sizeof msg),
+                     TD_OK);
+    assert_false(fenced);
+    wait_log(&w, "partition 0 not taken: its checkpoint: ");
     assert_int_equal(kvStore_Put(&rev, ckpts, "p0", kvEntry_Value(good), kvEntry_ValueLen(good)),
                      NATS_OK);
     kvEntry_Destroy(good);
