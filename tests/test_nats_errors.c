@@ -8,6 +8,7 @@
  *   - a user who may not create streams or consumers: the fleet is not made, and says which;
  *   - a fleet that is not this worker's: another partition count, another lease TTL, a stream
  *     that captures other subjects, a partition count that is not a number, no fleet at all;
+ *   - an owner's first write that cannot remove its predecessor's chunks: written all the same;
  *   - a lease key still ours under a revision this holder does not know: an error that keeps
  *     the lease (it may still be ours), not a loss; a consumer name that exists and has
  *     delivered already is refused.
@@ -39,9 +40,10 @@
 #define js tn_suite_js
 static char msg[512];
 
-/* `all`, the test's user; `nomake`, who may not create streams or consumers, and `noinfo`, who
- * may not ask about the partitions' streams (their requests get no answer: a permission
- * violation, then the API's timeout). */
+/* `all`, the test's user; `nomake`, who may not create streams or consumers; `noinfo`, who
+ * may not ask about the partitions' streams; `nopurge`, who may not write partition 0's
+ * checkpoint chunks of epoch 7 (their requests get no answer: a permission violation, then the
+ * API's timeout). */
 static const char users[] =
     "authorization { users = [\n"
     "  { user: all, password: all }\n"
@@ -52,6 +54,8 @@ static const char users[] =
     "  { user: noinfo, password: noinfo,\n"
     "    permissions: { publish: { allow: \">\",\n"
     "      deny: [\"$JS.API.STREAM.INFO.TALLY_P0\", \"$JS.API.STREAM.INFO.TALLY_P1\"] } } }\n"
+    "  { user: nopurge, password: nopurge,\n"
+    "    permissions: { publish: { allow: \">\", deny: \"$KV.TALLY_CKPT.p0.7.>\" } } }\n"
     "] }";
 
 static td_nats_layout_t layout(uint32_t partitions, int64_t ttl_ms)
@@ -406,6 +410,54 @@ static void test_consumer_exists(void **state)
     natsMsg_Destroy(plain);
 }
 
+/* An owner's first write removes its predecessor's chunks; when a removal fails the checkpoint
+ * is written all the same (TD_OK, not fenced, read back), and the message says why. */
+static void test_ckpt_old_chunks_not_removed(void **state)
+{
+    (void)state;
+    kvStore *ckpts = open_kv(js, TALLY_NATS_BUCKET_CKPT);
+    size_t big_len = TD_CKPT_CHUNK_BYTES + 10;
+    uint8_t *big = calloc(1, big_len);
+    assert_non_null(big);
+    td_ckpt_t a, b;
+    uint8_t *st = NULL;
+    size_t len = 0;
+    bool fenced = true;
+    assert_int_equal(
+        td_ckpt_take(&a, js, ckpts, 0, "A", 7, &st, &len, &fenced, msg, sizeof msg), TD_OK);
+    assert_int_equal(td_ckpt_write(&a, 20, big, big_len, &fenced, msg, sizeof msg), TD_OK);
+    assert_int_equal(a.cur.chunks, 2);
+
+    natsConnection *c = NULL;
+    jsCtx *j = NULL;
+    connect_as("nopurge", 500, &c, &j);
+    kvStore *kv = open_kv(j, TALLY_NATS_BUCKET_CKPT);
+    assert_int_equal(td_ckpt_take(&b, j, kv, 0, "B", 8, &st, &len, &fenced, msg, sizeof msg),
+                     TD_OK);
+    assert_false(fenced);
+    assert_int_equal(len, big_len);
+    free(st);
+    assert_int_equal(td_ckpt_write(&b, 21, (const uint8_t *)"small", 5, &fenced, msg, sizeof msg),
+                     TD_OK);
+    assert_false(fenced);
+    msg_has("removing old checkpoint chunks: ");
+    td_ckpt_manifest_t m;
+    assert_int_equal(td_ckpt_read(js, 0, &m, &st, &len, msg, sizeof msg), TD_OK);
+    assert_int_equal(m.applied_seq, 21);
+    assert_string_equal(m.member, "B");
+    assert_int_equal(len, 5);
+    assert_memory_equal(st, "small", 5);
+    free(st);
+    kvEntry *e = NULL; /* still there */
+    assert_int_equal(kvStore_Get(&e, ckpts, "p0.7.1.0"), NATS_OK);
+    kvEntry_Destroy(e);
+    free(big);
+    kvStore_Destroy(kv);
+    jsCtx_Destroy(j);
+    natsConnection_Destroy(c);
+    kvStore_Destroy(ckpts);
+}
+
 int main(void)
 {
     if (tn_skip())
@@ -416,6 +468,7 @@ int main(void)
         cmocka_unit_test(test_not_this_fleet),
         cmocka_unit_test(test_lease_unknown_revision),
         cmocka_unit_test(test_consumer_exists),
+        cmocka_unit_test(test_ckpt_old_chunks_not_removed),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
