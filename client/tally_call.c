@@ -140,7 +140,7 @@ static int send_payload_copy(tally_client_t *self, const void *payload, size_t l
 tally_status_t tally__send_until(tally_client_t *self, const tally_req_t *req, const void *payload,
                                  size_t len, uint64_t *request_id, int64_t deadline)
 {
-    if (!self || !req || (len && !payload))
+    if (!req || (len && !payload))
         return TALLY_E_ARG;
     if (self->transport) /* a fleet over NATS (tally_transport.h) */
         return self->transport->ops->send(self->transport, req, payload, len, request_id,
