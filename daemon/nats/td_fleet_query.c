@@ -158,6 +158,26 @@ static bool judge(td_fleet_t *f, natsMsg *m, natsSubscription *from, bool *mine)
     return op == TALLY_OP_STREAMS;
 }
 
+/* A `streams` answer's Tally-Members, read from TALLY_MEMBERS when the question comes (once per
+ * TD_FLEET_MEMBERS_FRESH_MS of questions at most), not only at the heartbeat (every lease TTL /
+ * 3): a member that joined since is counted in the next answer. */
+#define TD_FLEET_MEMBERS_FRESH_MS 100
+static void count_members(td_fleet_t *f)
+{
+    int64_t now = td_nats_now_ms();
+    if (f->members_read_ms && now - f->members_read_ms < TD_FLEET_MEMBERS_FRESH_MS)
+        return;
+    char msg[256], **ids = NULL;
+    size_t n = 0;
+    if (td_member_list(f->members, &ids, &n, msg, sizeof msg) != TD_OK) {
+        td_warn("fleet: %s", msg); /* the heartbeat's count stands */
+        return;
+    }
+    td_member_list_free(ids, n);
+    f->live_members = n;
+    f->members_read_ms = now;
+}
+
 /* Whether this member answers m at all, and with what; forwards it when it is to be run. */
 static void take_query(td_fleet_t *f, natsMsg *m, natsSubscription *from)
 {
@@ -174,6 +194,8 @@ static void take_query(td_fleet_t *f, natsMsg *m, natsSubscription *from)
         natsMsg_Destroy(m);
         return;
     }
+    if (ok && from == f->streams_sub)
+        count_members(f);
     if (!ok) {
         bool q = from == f->q_sub || from == f->seq_sub;
         answer_error(f, m, q && data[5] == TALLY_OP_QUERY ? TALLY_E_STREAM_NAME : TALLY_E_OPCODE,
