@@ -13,7 +13,8 @@
  *     keys allowed before stay allowed;
  *   - a clients directory with other files in it, and more keys than the first allocation
  *     holds: only NAME.pub counts, a long NAME is cut to 64 characters;
- *   - an abstract ipc endpoint (ipc://@NAME) is bound and served.
+ *   - an abstract ipc endpoint (ipc://@NAME) is bound and served;
+ *   - a bare KEY in curve_clients is allowed, its client known by the key.
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -246,8 +247,8 @@ static void test_clients_dir_as_found(void **state)
         snprintf(path, sizeof path, "%s/cam%d.pub", many, i);
         assert_int_equal(th_write_key_file(path, pub, NULL, 0644), 0);
     }
-    const char *skipped[] = {"README", ".hidden.pub", "alice.pub.bak", ".pub"};
-    for (int i = 0; i < 4; i++) {
+    const char *skipped[] = {"README", ".hidden.pub", "alice.pub.bak", ".pub", "pub"};
+    for (int i = 0; i < 5; i++) {
         snprintf(path, sizeof path, "%s/%s", many, skipped[i]);
         assert_int_equal(th_write_key_file(path, "not a key", NULL, 0644), 0);
     }
@@ -265,6 +266,29 @@ static void test_clients_dir_as_found(void **state)
     char want[96];
     snprintf(want, sizeof want, "curve: client '%.64s' connected", name);
     assert_true(th_daemon_log_contains(&d, want));
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    th_use_curve(NULL, NULL, NULL);
+}
+
+/* curve_clients with a bare KEY (no NAME:): the key is allowed, and its client is known by the
+ * key itself (its user id, PROTOCOL.md §12); a NAME:KEY item beside it keeps its name. */
+static void test_clients_list_bare_key(void **state)
+{
+    (void)state;
+    char pub[KEY], sec[KEY], list[160];
+    assert_int_equal(zmq_curve_keypair(pub, sec), 0);
+    snprintf(list, sizeof list, "%s,cam9:%s", alice_pub, pub);
+    const char *args[] = {"--curve-secret-key", server_key, "--curve-clients", list, NULL};
+    th_use_curve(server_pub, alice_pub, alice_sec);
+    th_daemon_t d;
+    assert_int_equal(th_daemon_start(&d, args), 0); /* answered alice's ping */
+    assert_true(th_daemon_log_contains(&d, "2 client keys allowed"));
+    char want[96];
+    snprintf(want, sizeof want, "curve: client '%s' connected", alice_pub);
+    assert_true(th_daemon_log_contains(&d, want));
+    th_use_curve(server_pub, pub, sec);
+    assert_true(th_ping(d.endpoint, 5000));
+    assert_true(th_daemon_log_contains(&d, "curve: client 'cam9' connected"));
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
     th_use_curve(NULL, NULL, NULL);
 }
@@ -291,6 +315,7 @@ int main(void)
         cmocka_unit_test(test_reload_without_clients_dir_keeps_keys),
         cmocka_unit_test(test_clients_dir_as_found),
         cmocka_unit_test(test_abstract_ipc),
+        cmocka_unit_test(test_clients_list_bare_key),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
