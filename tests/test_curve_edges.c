@@ -13,7 +13,8 @@
  *     keys allowed before stay allowed;
  *   - a clients directory with other files in it, and more keys than the first allocation
  *     holds: only NAME.pub counts, a long NAME is cut to 64 characters;
- *   - an abstract ipc endpoint (ipc://@NAME) is bound and served;
+ *   - an abstract ipc endpoint (ipc://@NAME) is bound and served, and refused to a second
+ *     tallyd while the first holds it;
  *   - a bare KEY in curve_clients is allowed, its client known by the key.
  */
 #include <setjmp.h>
@@ -293,7 +294,9 @@ static void test_clients_list_bare_key(void **state)
     th_use_curve(NULL, NULL, NULL);
 }
 
-/* An abstract ipc endpoint (ipc://@NAME, no file): bound and served, no file mode to set. */
+/* An abstract ipc endpoint (ipc://@NAME, no file): bound and served, no file mode to set; a
+ * second tallyd on the same name is refused it ("Address already in use", without the hint of
+ * a TCP port's `ss -ltnp`: there is no port) and exits non-zero. */
 static void test_abstract_ipc(void **state)
 {
     (void)state;
@@ -303,6 +306,14 @@ static void test_abstract_ipc(void **state)
     th_daemon_t d;
     assert_int_equal(th_daemon_start(&d, args), 0);
     assert_true(th_ping(endpoint, 5000));
+    char log[128], want[128];
+    const char *again[] = {"--bind", endpoint, NULL};
+    int status = th_run_refused(dir, again, log, sizeof log, 20000);
+    assert_true(status > 0 && status < 128);
+    snprintf(want, sizeof want, "cannot bind %s: Address already in use\n", endpoint);
+    assert_true(th_file_contains(log, want));
+    assert_false(th_file_contains(log, "ss -ltnp"));
+    assert_true(th_ping(endpoint, 5000)); /* the first one's still */
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
 

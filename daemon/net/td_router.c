@@ -107,10 +107,13 @@ static td_err_t adopt_fd(void *router, const td_config_t *cfg, int index)
     td_err_t err = td_listen_fd_endpoint(index, cfg, &fd, endpoint, sizeof endpoint, &family);
     if (err != TD_OK)
         return err;
+    /* zmq_setsockopt of an int option, with an int's size, to a socket of a live context does
+     * not fail: the bind is what can. */
     int one = 1, use_fd = fd;
-    if ((family == AF_INET6 && zmq_setsockopt(router, ZMQ_IPV6, &one, sizeof one) != 0) ||
-        zmq_setsockopt(router, ZMQ_USE_FD, &use_fd, sizeof use_fd) != 0 ||
-        zmq_bind(router, endpoint) != 0) {
+    if (family == AF_INET6)
+        zmq_setsockopt(router, ZMQ_IPV6, &one, sizeof one);
+    zmq_setsockopt(router, ZMQ_USE_FD, &use_fd, sizeof use_fd);
+    if (zmq_bind(router, endpoint) != 0) {
         td_err("socket activation: cannot adopt fd %d (%s): %s", fd, endpoint, zmq_strerror(errno));
         return TD_ERR_BIND;
     }
@@ -125,19 +128,17 @@ static td_err_t bind_passed(void *router, const td_config_t *cfg)
     td_err_t err = TD_OK;
     for (int i = 0; i < n && err == TD_OK; i++)
         err = adopt_fd(router, cfg, i);
-    int none = -1; /* later binds create their own sockets */
-    if (n > 0 && zmq_setsockopt(router, ZMQ_USE_FD, &none, sizeof none) != 0 && err == TD_OK) {
-        td_err("socket activation: cannot reset ZMQ_USE_FD: %s", zmq_strerror(errno));
-        err = TD_ERR_LIBRARY;
-    }
+    int none = -1; /* later binds create their own sockets (an int option: cannot fail) */
+    if (n > 0)
+        zmq_setsockopt(router, ZMQ_USE_FD, &none, sizeof none);
     return err;
 }
 
 /* A bind that failed, with what to do where tallyd can tell: the address is in use. */
 static void bind_failed(const char *endpoint, int err)
 {
-    const char *colon = strrchr(endpoint, ':');
-    if (err == EADDRINUSE && !strncmp(endpoint, "tcp://", 6) && colon)
+    const char *colon = strrchr(endpoint, ':'); /* a tcp:// endpoint that was bound has a port */
+    if (err == EADDRINUSE && !strncmp(endpoint, "tcp://", 6))
         td_err("cannot bind %s: %s (another program listens there, perhaps another tallyd: `ss "
                "-ltnp 'sport = :%s'` names it; stop it, or bind another port)",
                endpoint, zmq_strerror(err), colon + 1);
@@ -160,8 +161,8 @@ static td_err_t bind_endpoints(void *router, const td_config_t *cfg)
             return TD_ERR_BIND;
         }
         int ipv6 = tally_endpoint_ipv6(cfg->binds[i]); /* tcp://[::1]:PORT; read at bind */
-        if (zmq_setsockopt(router, ZMQ_IPV6, &ipv6, sizeof ipv6) != 0 ||
-            zmq_bind(router, cfg->binds[i]) != 0) {
+        zmq_setsockopt(router, ZMQ_IPV6, &ipv6, sizeof ipv6); /* an int option: cannot fail */
+        if (zmq_bind(router, cfg->binds[i]) != 0) {
             bind_failed(cfg->binds[i], errno);
             return TD_ERR_BIND;
         }
@@ -177,10 +178,10 @@ td_err_t td_router_open(const td_config_t *cfg, td_router_t *rt)
     rt->ctx = zmq_ctx_new();
     if (!rt->ctx)
         return TD_ERR_LIBRARY;
-    /* Before the first socket: the I/O threads start with it. */
+    /* Before the first socket: the I/O threads start with it. zmq_ctx_set refuses only a
+     * negative count, and the settings bound io_threads to 1 and up. */
     int io_threads = (int)td_config_io_threads(cfg);
-    if (zmq_ctx_set(rt->ctx, ZMQ_IO_THREADS, io_threads) != 0)
-        td_warn("cannot set %d ZeroMQ I/O threads: %s", io_threads, zmq_strerror(errno));
+    zmq_ctx_set(rt->ctx, ZMQ_IO_THREADS, io_threads);
     td_info("%d ZeroMQ I/O threads", io_threads);
     rt->socket = zmq_socket(rt->ctx, ZMQ_ROUTER);
     if (!rt->socket)
@@ -194,11 +195,8 @@ td_err_t td_router_open(const td_config_t *cfg, td_router_t *rt)
         err = bind_endpoints(rt->socket, cfg);
     if (err != TD_OK)
         return err;
-    size_t size = sizeof rt->fd;
-    if (zmq_getsockopt(rt->socket, ZMQ_FD, &rt->fd, &size) != 0) {
-        td_err("reading ZMQ_FD: %s", zmq_strerror(errno));
-        return TD_ERR_LIBRARY;
-    }
+    size_t size = sizeof rt->fd; /* of an open socket, with its size: cannot fail */
+    zmq_getsockopt(rt->socket, ZMQ_FD, &rt->fd, &size);
     return TD_OK;
 }
 
