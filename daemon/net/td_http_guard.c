@@ -83,7 +83,7 @@ static void address_key(const struct sockaddr *sa, uint8_t key[ADDR_KEY])
     if (sa->sa_family == AF_INET) {
         key[0] = 4;
         memcpy(key + 1, &((const struct sockaddr_in *)sa)->sin_addr, 4);
-    } else if (sa->sa_family == AF_INET6) {
+    } else { /* AF_INET6: the listener is an IPv4 or an IPv6 TCP socket */
         const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
         bool mapped = IN6_IS_ADDR_V4MAPPED(a);
         key[0] = mapped ? 4 : 6;

@@ -96,9 +96,11 @@ static bool open_socket(td_pub_t *p, void *zmq_ctx, const char *endpoint, char *
     p->socket = zmq_socket(zmq_ctx, ZMQ_PUB);
     int hwm = TD_PUB_SNDHWM, linger = 0;
     size_t cap = sizeof p->endpoint;
-    if (!p->socket || zmq_setsockopt(p->socket, ZMQ_SNDHWM, &hwm, sizeof hwm) != 0 ||
-        zmq_setsockopt(p->socket, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
-        zmq_bind(p->socket, endpoint) != 0 ||
+    if (p->socket) { /* int options, with an int's size: they cannot fail */
+        zmq_setsockopt(p->socket, ZMQ_SNDHWM, &hwm, sizeof hwm);
+        zmq_setsockopt(p->socket, ZMQ_LINGER, &linger, sizeof linger);
+    }
+    if (!p->socket || zmq_bind(p->socket, endpoint) != 0 ||
         zmq_getsockopt(p->socket, ZMQ_LAST_ENDPOINT, p->endpoint, &cap) != 0) {
         snprintf(why, why_cap, "cannot bind the PUB socket to %s: %s", endpoint,
                  zmq_strerror(errno));

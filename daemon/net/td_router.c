@@ -32,8 +32,9 @@ static void restrict_ipc_socket(const char *endpoint)
  * connection that comes back with the routing id of one that closed takes the id over at once,
  * even while tallyd has not yet read every request of the closed one; without it libzmq 4.3.4
  * ignores the new connection for good (td_zmq.h says why and what tallyd does about the
- * requests still to read). */
-static td_err_t set_socket_options(void *router, const td_config_t *cfg)
+ * requests still to read). Each is an option of a ROUTER socket with a value of its type and
+ * size, to a socket just made: zmq_setsockopt cannot fail. */
+static void set_socket_options(void *router, const td_config_t *cfg)
 {
     int one = 1, rcvhwm = TD_DEFAULT_RCVHWM, sndhwm = TD_DEFAULT_SNDHWM, linger = 0;
     /* tallyd checks payload sizes itself (too_large), so a client that sends too much still
@@ -41,26 +42,12 @@ static td_err_t set_socket_options(void *router, const td_config_t *cfg)
      * max_frame, far above max_batch (td_config.h says why): a frame over it closes the
      * connection. */
     int64_t maxmsg = (int64_t)td_config_max_frame(cfg);
-    struct {
-        int option;
-        const void *value;
-        size_t len;
-        const char *name;
-    } opts[] = {
-        {ZMQ_ROUTER_MANDATORY, &one, sizeof one, "ZMQ_ROUTER_MANDATORY"},
-        {ZMQ_ROUTER_HANDOVER, &one, sizeof one, "ZMQ_ROUTER_HANDOVER"},
-        {ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm, "ZMQ_RCVHWM"},
-        {ZMQ_SNDHWM, &sndhwm, sizeof sndhwm, "ZMQ_SNDHWM"},
-        {ZMQ_LINGER, &linger, sizeof linger, "ZMQ_LINGER"},
-        {ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg, "ZMQ_MAXMSGSIZE"},
-    };
-    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
-        if (zmq_setsockopt(router, opts[i].option, opts[i].value, opts[i].len) != 0) {
-            td_err("cannot set %s: %s", opts[i].name, zmq_strerror(errno));
-            return TD_ERR_LIBRARY;
-        }
-    }
-    return TD_OK;
+    zmq_setsockopt(router, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    zmq_setsockopt(router, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
+    zmq_setsockopt(router, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm);
+    zmq_setsockopt(router, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm);
+    zmq_setsockopt(router, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
 }
 
 /* The socket monitor, before any bind so that it sees every connection accepted: a PAIR socket
@@ -186,9 +173,8 @@ td_err_t td_router_open(const td_config_t *cfg, td_router_t *rt)
     rt->socket = zmq_socket(rt->ctx, ZMQ_ROUTER);
     if (!rt->socket)
         return TD_ERR_LIBRARY;
-    td_err_t err = set_socket_options(rt->socket, cfg);
-    if (err == TD_OK)
-        err = open_monitor(rt);
+    set_socket_options(rt->socket, cfg);
+    td_err_t err = open_monitor(rt);
     if (err == TD_OK)
         err = open_curve(rt, cfg);
     if (err == TD_OK)

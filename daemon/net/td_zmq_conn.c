@@ -148,7 +148,7 @@ static void mark_lost(td_zmq_t *z, td_zmq_conn_t *c)
               " read from it so far (the client closed it, or ZeroMQ did after a frame over "
               "max_frame); their replies are kept %u ms for a connection with its routing id; "
               "replies handed to ZeroMQ just before the close may be lost with it",
-              name[0] ? name : "?", c->address, c->read - c->answered, c->read,
+              name, c->address, /* a routing id has a byte at least */ c->read - c->answered, c->read,
               TD_REPLY_RECONNECT_GRACE_MS);
 }
 
