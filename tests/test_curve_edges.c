@@ -15,7 +15,8 @@
  *     holds: only NAME.pub counts, a long NAME is cut to 64 characters;
  *   - an abstract ipc endpoint (ipc://@NAME) is bound and served, and refused to a second
  *     tallyd while the first holds it;
- *   - a bare KEY in curve_clients is allowed, its client known by the key.
+ *   - a bare KEY in curve_clients is allowed, its client known by the key;
+ *   - one key file more than the 65,536 keys tallyd holds: refused at start.
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -294,6 +295,26 @@ static void test_clients_list_bare_key(void **state)
     th_use_curve(NULL, NULL, NULL);
 }
 
+/* More client keys than tallyd holds (65,536, PROTOCOL.md §12): a clients directory with one
+ * more NAME.pub is refused at start, naming the file and the bound (the same key in every file:
+ * the set holds keys, it does not tell them apart). */
+static void test_clients_over_the_bound(void **state)
+{
+    (void)state;
+    char over[128], path[192], log[128], want[256];
+    snprintf(over, sizeof over, "%s/over", dir);
+    assert_int_equal(mkdir(over, 0700), 0);
+    for (int i = 0; i <= 65536; i++) {
+        snprintf(path, sizeof path, "%s/k%d.pub", over, i);
+        assert_int_equal(th_write_key_file(path, alice_pub, NULL, 0644), 0);
+    }
+    int status = refused_start(server_key, over, log, sizeof log);
+    assert_true(status > 0 && status < 128);
+    snprintf(want, sizeof want, ".pub: cannot hold its key (out of memory, or over 65536 keys)");
+    assert_true(th_file_contains(log, want));
+    assert_int_equal(th_rmrf(over), 0);
+}
+
 /* An abstract ipc endpoint (ipc://@NAME, no file): bound and served, no file mode to set; a
  * second tallyd on the same name is refused it ("Address already in use", without the hint of
  * a TCP port's `ss -ltnp`: there is no port) and exits non-zero. */
@@ -327,6 +348,7 @@ int main(void)
         cmocka_unit_test(test_clients_dir_as_found),
         cmocka_unit_test(test_abstract_ipc),
         cmocka_unit_test(test_clients_list_bare_key),
+        cmocka_unit_test(test_clients_over_the_bound),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
