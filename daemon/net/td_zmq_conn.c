@@ -182,10 +182,8 @@ static void close_conn(td_zmq_t *z, td_zmq_conn_t *c)
     z->closed_tail = c;
     if (++z->closed_count <= TD_ZMQ_CLOSED_KEPT)
         return;
-    td_zmq_conn_t *old = z->closed_head;
+    td_zmq_conn_t *old = z->closed_head; /* the list holds c after it: it does not run empty */
     z->closed_head = old->closed_next;
-    if (!z->closed_head)
-        z->closed_tail = NULL;
     z->closed_count--;
     drop_from_table(z, old);
 }
