@@ -13,7 +13,10 @@
  *     keys allowed before stay allowed;
  *   - a clients directory with other files in it, and more keys than the first allocation
  *     holds: only NAME.pub counts, a long NAME is cut to 64 characters;
- *   - an abstract ipc endpoint (ipc://@NAME) is bound and served.
+ *   - an abstract ipc endpoint (ipc://@NAME) is bound and served, and refused to a second
+ *     tallyd while the first holds it;
+ *   - a bare KEY in curve_clients is allowed, its client known by the key;
+ *   - one key file more than the 65,536 keys tallyd holds: refused at start.
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -246,8 +249,8 @@ static void test_clients_dir_as_found(void **state)
         snprintf(path, sizeof path, "%s/cam%d.pub", many, i);
         assert_int_equal(th_write_key_file(path, pub, NULL, 0644), 0);
     }
-    const char *skipped[] = {"README", ".hidden.pub", "alice.pub.bak", ".pub"};
-    for (int i = 0; i < 4; i++) {
+    const char *skipped[] = {"README", ".hidden.pub", "alice.pub.bak", ".pub", "pub"};
+    for (int i = 0; i < 5; i++) {
         snprintf(path, sizeof path, "%s/%s", many, skipped[i]);
         assert_int_equal(th_write_key_file(path, "not a key", NULL, 0644), 0);
     }
@@ -269,7 +272,52 @@ static void test_clients_dir_as_found(void **state)
     th_use_curve(NULL, NULL, NULL);
 }
 
-/* An abstract ipc endpoint (ipc://@NAME, no file): bound and served, no file mode to set. */
+/* curve_clients with a bare KEY (no NAME:): the key is allowed, and its client is known by the
+ * key itself (its user id, PROTOCOL.md §12); a NAME:KEY item beside it keeps its name. */
+static void test_clients_list_bare_key(void **state)
+{
+    (void)state;
+    char pub[KEY], sec[KEY], list[160];
+    assert_int_equal(zmq_curve_keypair(pub, sec), 0);
+    snprintf(list, sizeof list, "%s,cam9:%s", alice_pub, pub);
+    const char *args[] = {"--curve-secret-key", server_key, "--curve-clients", list, NULL};
+    th_use_curve(server_pub, alice_pub, alice_sec);
+    th_daemon_t d;
+    assert_int_equal(th_daemon_start(&d, args), 0); /* answered alice's ping */
+    assert_true(th_daemon_log_contains(&d, "2 client keys allowed"));
+    char want[96];
+    snprintf(want, sizeof want, "curve: client '%s' connected", alice_pub);
+    assert_true(th_daemon_log_contains(&d, want));
+    th_use_curve(server_pub, pub, sec);
+    assert_true(th_ping(d.endpoint, 5000));
+    assert_true(th_daemon_log_contains(&d, "curve: client 'cam9' connected"));
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    th_use_curve(NULL, NULL, NULL);
+}
+
+/* More client keys than tallyd holds (65,536, PROTOCOL.md §12): a clients directory with one
+ * more NAME.pub is refused at start, naming the file and the bound (the same key in every file:
+ * the set holds keys, it does not tell them apart). */
+static void test_clients_over_the_bound(void **state)
+{
+    (void)state;
+    char over[128], path[192], log[128], want[256];
+    snprintf(over, sizeof over, "%s/over", dir);
+    assert_int_equal(mkdir(over, 0700), 0);
+    for (int i = 0; i <= 65536; i++) {
+        snprintf(path, sizeof path, "%s/k%d.pub", over, i);
+        assert_int_equal(th_write_key_file(path, alice_pub, NULL, 0644), 0);
+    }
+    int status = refused_start(server_key, over, log, sizeof log);
+    assert_true(status > 0 && status < 128);
+    snprintf(want, sizeof want, ".pub: cannot hold its key (out of memory, or over 65536 keys)");
+    assert_true(th_file_contains(log, want));
+    assert_int_equal(th_rmrf(over), 0);
+}
+
+/* An abstract ipc endpoint (ipc://@NAME, no file): bound and served, no file mode to set; a
+ * second tallyd on the same name is refused it ("Address already in use", without the hint of
+ * a TCP port's `ss -ltnp`: there is no port) and exits non-zero. */
 static void test_abstract_ipc(void **state)
 {
     (void)state;
@@ -279,6 +327,14 @@ static void test_abstract_ipc(void **state)
     th_daemon_t d;
     assert_int_equal(th_daemon_start(&d, args), 0);
     assert_true(th_ping(endpoint, 5000));
+    char log[128], want[128];
+    const char *again[] = {"--bind", endpoint, NULL};
+    int status = th_run_refused(dir, again, log, sizeof log, 20000);
+    assert_true(status > 0 && status < 128);
+    snprintf(want, sizeof want, "cannot bind %s: Address already in use\n", endpoint);
+    assert_true(th_file_contains(log, want));
+    assert_false(th_file_contains(log, "ss -ltnp"));
+    assert_true(th_ping(endpoint, 5000)); /* the first one's still */
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
 
@@ -291,6 +347,8 @@ int main(void)
         cmocka_unit_test(test_reload_without_clients_dir_keeps_keys),
         cmocka_unit_test(test_clients_dir_as_found),
         cmocka_unit_test(test_abstract_ipc),
+        cmocka_unit_test(test_clients_list_bare_key),
+        cmocka_unit_test(test_clients_over_the_bound),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

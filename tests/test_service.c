@@ -601,20 +601,65 @@ static void test_socket_activation_bind_collides(void **state)
     close(tcp);
 }
 
+/* A datagram socket among those passed: tallyd refuses to start at it, naming its fd, and
+ * adopts none of the sockets after it. */
 static void test_socket_activation_rejects_datagram_socket(void **state)
 {
     (void)state;
     int udp = socket(AF_INET, SOCK_DGRAM, 0);
     struct sockaddr_in in = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     assert_int_equal(bind(udp, (struct sockaddr *)&in, sizeof in), 0);
-    spawn_opts_t o = {.fds = {udp}, .nfds = 1, .no_bind = true, .no_wait = true};
+    int port;
+    int tcp = listen_tcp(INADDR_LOOPBACK, &port);
+    spawn_opts_t o = {.fds = {udp, tcp}, .nfds = 2, .no_bind = true, .no_wait = true};
     th_daemon_t d;
     assert_int_equal(spawn(&d, NULL, &o), 0);
     close(udp);
+    close(tcp);
     int status = 0;
     assert_int_equal(waitpid(d.pid, &status, 0), d.pid);
     assert_true(WIFEXITED(status) && WEXITSTATUS(status) != 0);
-    assert_true(th_daemon_log_contains(&d, "is not a listening stream socket"));
+    assert_true(th_daemon_log_contains(&d, "fd 3 is not a listening stream socket"));
+    assert_false(th_daemon_log_contains(&d, "(socket fd 4 from systemd)"));
+}
+
+/* A passed IPv6 socket ([::1], as ListenStream=[::1]:PORT makes): adopted as tcp://[::1]:PORT
+ * and served. Skipped, with a message, where the box has no IPv6 loopback. */
+static void test_socket_activation_ipv6(void **state)
+{
+    (void)state;
+    int fd = socket(AF_INET6, SOCK_STREAM, 0);
+    struct sockaddr_in6 in6 = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    socklen_t len = sizeof in6;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&in6, sizeof in6) != 0) {
+        if (fd >= 0)
+            close(fd);
+        print_message("no IPv6 loopback ([::1] cannot be bound): test skipped\n");
+        skip();
+    }
+    assert_int_equal(listen(fd, 16), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&in6, &len), 0);
+    spawn_opts_t o = {.fds = {fd}, .nfds = 1, .no_bind = true};
+    th_daemon_t d;
+    char endpoint[64];
+    snprintf(endpoint, sizeof endpoint, "tcp://[::1]:%d", ntohs(in6.sin6_port));
+    assert_int_equal(spawn(&d, NULL, &o), 0);
+    close(fd);
+    void *sock = th_dealer(5000); /* a client of tcp://[::1] sets ZMQ_IPV6 as tallyd does */
+    int one = 1;
+    assert_int_equal(zmq_setsockopt(sock, ZMQ_IPV6, &one, sizeof one), 0);
+    assert_int_equal(zmq_connect(sock, endpoint), 0);
+    tally_req_t req = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 6);
+    th_reply_t reply;
+    assert_int_equal(th_call(sock, &req, NULL, 0, &reply), 0);
+    assert_int_equal(reply.rep.status, TALLY_OK);
+    assert_int_equal(reply.rep.request_id, 6);
+    th_reply_free(&reply);
+    th_close(sock);
+    char line[128];
+    snprintf(line, sizeof line, "listening on %s (socket fd 3 from systemd)", endpoint);
+    assert_true(th_daemon_log_contains(&d, line));
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
 
 /* ---- persistent state ------------------------------------------------------------------- */
@@ -1482,6 +1527,7 @@ int main(void)
         cmocka_unit_test_teardown(test_log_time_unless_journal, kill_leftovers),
         cmocka_unit_test_teardown(test_socket_activation_tcp_and_ipc, kill_leftovers),
         cmocka_unit_test_teardown(test_socket_activation_rejects_datagram_socket, kill_leftovers),
+        cmocka_unit_test_teardown(test_socket_activation_ipv6, kill_leftovers),
         cmocka_unit_test_teardown(test_socket_activation_bind_collides, kill_leftovers),
         cmocka_unit_test_teardown(test_socket_activation_protected_and_curve, kill_leftovers),
         cmocka_unit_test_teardown(test_state_survives_clean_restart, kill_leftovers),

@@ -714,12 +714,10 @@ void td_gpu_describe(const td_gpu_t *g, char *buf, size_t cap)
 /* The wiring's loop handles: the recovery's timer and wake-up. */
 static int open_recovery(td_gpu_t *g, char *why, size_t why_cap)
 {
-    int rc = uv_timer_init(g->loop, &g->recover_timer);
-    if (rc == 0) {
-        g->recover_timer.data = g;
-        g->recover_timer_open = true;
-        rc = uv_async_init(g->loop, &g->recover_async, recover_async_cb);
-    }
+    uv_timer_init(g->loop, &g->recover_timer); /* fills in the handle: returns 0 */
+    g->recover_timer.data = g;
+    g->recover_timer_open = true;
+    int rc = uv_async_init(g->loop, &g->recover_async, recover_async_cb);
     if (rc == 0) {
         g->recover_async.data = g;
         g->recover_async_open = true;
@@ -802,9 +800,7 @@ int td_gpu_sink_open(td_gpu_t *g, unsigned index, uv_loop_t *loop, td_gpu_comple
     k->async.data = k;
     k->open = true;
     if (g->opts.spin_loop) {
-        rc = uv_idle_init(loop, &k->spin);
-        if (rc != 0)
-            return rc; /* td_gpu_sink_close closes the wake-up */
+        uv_idle_init(loop, &k->spin); /* fills in the handle: returns 0 */
         k->spin_open = true;
     }
     return 0;

@@ -610,26 +610,26 @@ static void sweep_cb(uv_timer_t *timer)
  * its own its mailbox and the handles that post its batches. */
 static int open_slot_handles(slot_t *slot)
 {
-    int rc = uv_timer_init(slot->loop, &slot->sweep);
-    if (rc != 0)
-        return rc;
+    /* libuv's uv_timer_init, uv_prepare_init and uv_check_init only fill in the handle and
+     * return 0, and their starts fail only without a callback: the mailbox's wake-up (an
+     * eventfd) is what can fail. */
+    uv_timer_init(slot->loop, &slot->sweep);
     slot->sweep.data = slot;
     slot->sweep_open = true;
-    rc = uv_timer_start(&slot->sweep, sweep_cb, TD_PEERS_SWEEP_MS, TD_PEERS_SWEEP_MS);
-    if (rc == 0)
-        uv_unref((uv_handle_t *)&slot->sweep);
-    if (rc != 0 || !slot->path->threads)
+    uv_timer_start(&slot->sweep, sweep_cb, TD_PEERS_SWEEP_MS, TD_PEERS_SWEEP_MS);
+    uv_unref((uv_handle_t *)&slot->sweep);
+    if (!slot->path->threads)
+        return 0;
+    int rc = td_mailbox_init(&slot->inbox, slot->loop, shard_inbox_cb, slot);
+    if (rc != 0)
         return rc;
-    rc = td_mailbox_init(&slot->inbox, slot->loop, shard_inbox_cb, slot);
-    if (rc == 0 && (rc = uv_prepare_init(slot->loop, &slot->flush_prepare)) == 0 &&
-        (rc = uv_check_init(slot->loop, &slot->flush_check)) == 0) {
-        slot->flush_open = true;
-        slot->flush_prepare.data = slot->flush_check.data = slot;
-        rc = uv_prepare_start(&slot->flush_prepare, shard_prepare_cb);
-        if (rc == 0)
-            rc = uv_check_start(&slot->flush_check, shard_check_cb);
-    }
-    return rc;
+    uv_prepare_init(slot->loop, &slot->flush_prepare);
+    uv_check_init(slot->loop, &slot->flush_check);
+    slot->flush_open = true;
+    slot->flush_prepare.data = slot->flush_check.data = slot;
+    uv_prepare_start(&slot->flush_prepare, shard_prepare_cb);
+    uv_check_start(&slot->flush_check, shard_check_cb);
+    return 0;
 }
 
 /* On the shard's thread (or the loop thread with one shard, or on a failed start): closes what
@@ -681,19 +681,17 @@ static int open_front(td_path_t *p)
     if (rc != 0)
         return rc;
     p->front_open = true;
-    if ((rc = uv_prepare_init(p->env.loop, &p->flush_prepare)) != 0 ||
-        (rc = uv_check_init(p->env.loop, &p->flush_check)) != 0)
-        return rc;
+    /* Neither the inits nor the starts fail (open_slot_handles says why). */
+    uv_prepare_init(p->env.loop, &p->flush_prepare);
+    uv_check_init(p->env.loop, &p->flush_check);
     p->flush_prepare.data = p->flush_check.data = p;
-    rc = uv_prepare_start(&p->flush_prepare, front_prepare_cb);
-    if (rc == 0)
-        rc = uv_check_start(&p->flush_check, front_check_cb);
-    if (rc == 0) { /* they do not keep the loop alive: the transports do */
-        uv_unref((uv_handle_t *)&p->flush_prepare);
-        uv_unref((uv_handle_t *)&p->flush_check);
-        uv_unref((uv_handle_t *)&p->inbox.async);
-    }
-    return rc;
+    uv_prepare_start(&p->flush_prepare, front_prepare_cb);
+    uv_check_start(&p->flush_check, front_check_cb);
+    /* They do not keep the loop alive: the transports do. */
+    uv_unref((uv_handle_t *)&p->flush_prepare);
+    uv_unref((uv_handle_t *)&p->flush_check);
+    uv_unref((uv_handle_t *)&p->inbox.async);
+    return 0;
 }
 
 static void close_front(td_path_t *p)
@@ -702,10 +700,8 @@ static void close_front(td_path_t *p)
         return;
     p->front_open = false;
     td_mailbox_close(&p->inbox);
-    if (p->flush_prepare.type != UV_UNKNOWN_HANDLE)
-        uv_close((uv_handle_t *)&p->flush_prepare, NULL);
-    if (p->flush_check.type != UV_UNKNOWN_HANDLE)
-        uv_close((uv_handle_t *)&p->flush_check, NULL);
+    uv_close((uv_handle_t *)&p->flush_prepare, NULL); /* open_front opened both with the inbox */
+    uv_close((uv_handle_t *)&p->flush_check, NULL);
 }
 
 /* ---- Life cycle ------------------------------------------------------------------------------ */

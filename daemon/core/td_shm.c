@@ -193,16 +193,12 @@ static void release_socket(td_shm_t *shm)
 /* The register timer, the listening socket and its uv_poll, started; false with why. */
 static bool start_listening(td_shm_t *shm, char *why, size_t cap)
 {
-    int rc = uv_timer_init(shm->env.loop, &shm->register_timer);
-    if (rc != 0) {
-        snprintf(why, cap, "cannot create a timer: %s", uv_strerror(rc));
-        return false;
-    }
+    uv_timer_init(shm->env.loop, &shm->register_timer); /* fills in the handle: returns 0 */
     shm->register_timer.data = shm;
     shm->timer_open = true; /* td_shm_close closes it from here on */
     if (!prepare_dir(shm->path, why, cap) || !bind_socket(shm, why, cap))
         return false;
-    rc = uv_poll_init(shm->env.loop, &shm->listen_poll, shm->listen_fd);
+    int rc = uv_poll_init(shm->env.loop, &shm->listen_poll, shm->listen_fd);
     if (rc != 0) {
         snprintf(why, cap, "cannot watch the side channel: %s", uv_strerror(rc));
         return false;
@@ -228,13 +224,11 @@ td_err_t td_shm_new(const td_shm_env_t *env, td_shm_t **out)
         return TD_ERR_NOMEM;
     shm->env = *env;
     shm->listen_fd = shm->lock_fd = -1;
+    /* With glibc none of these fails: they fill in memory, and the type is a valid one. */
     pthread_mutexattr_t recursive;
-    if (pthread_mutexattr_init(&recursive) != 0 ||
-        pthread_mutexattr_settype(&recursive, PTHREAD_MUTEX_RECURSIVE) != 0 ||
-        pthread_mutex_init(&shm->lock, &recursive) != 0) {
-        free(shm);
-        return TD_ERR_LIBRARY;
-    }
+    pthread_mutexattr_init(&recursive);
+    pthread_mutexattr_settype(&recursive, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&shm->lock, &recursive);
     pthread_mutexattr_destroy(&recursive);
     if (cfg->shm_socket)
         snprintf(shm->path, sizeof shm->path, "%s", cfg->shm_socket);
@@ -243,10 +237,8 @@ td_err_t td_shm_new(const td_shm_env_t *env, td_shm_t **out)
     char why[512];
     if (!start_listening(shm, why, sizeof why)) {
         bool in_use = shm->in_use;
-        if (shm->listening || shm->timer_open) { /* handles must be closed before shm goes */
-            td_shm_close(shm);
-            uv_run(env->loop, UV_RUN_NOWAIT);
-        }
+        td_shm_close(shm); /* the timer at least is open: closed before shm goes */
+        uv_run(env->loop, UV_RUN_NOWAIT);
         release_socket(shm);
         pthread_mutex_destroy(&shm->lock);
         free(shm);

@@ -83,7 +83,7 @@ static void address_key(const struct sockaddr *sa, uint8_t key[ADDR_KEY])
     if (sa->sa_family == AF_INET) {
         key[0] = 4;
         memcpy(key + 1, &((const struct sockaddr_in *)sa)->sin_addr, 4);
-    } else if (sa->sa_family == AF_INET6) {
+    } else { /* AF_INET6: the listener is an IPv4 or an IPv6 TCP socket */
         const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
         bool mapped = IN6_IS_ADDR_V4MAPPED(a);
         key[0] = mapped ? 4 : 6;
@@ -313,28 +313,17 @@ static void *deadline_main(void *arg)
     return NULL;
 }
 
-/* The lock, and the condition variable on the monotonic clock (the deadlines' clock). */
-static td_err_t init_sync(td_http_guard_t *self)
+/* The lock, and the condition variable on the monotonic clock (the deadlines' clock). None of
+ * these fails with glibc: they fill in memory (pthread_condattr_setclock refuses only a clock
+ * that is not one, or a CPU-time clock). */
+static void init_sync(td_http_guard_t *self)
 {
     pthread_condattr_t attr;
-    int rc = pthread_condattr_init(&attr);
-    if (rc != 0)
-        goto fail;
-    rc = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    if (rc == 0)
-        rc = pthread_cond_init(&self->wake, &attr);
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&self->wake, &attr);
     pthread_condattr_destroy(&attr);
-    if (rc != 0)
-        goto fail;
-    rc = pthread_mutex_init(&self->lock, NULL);
-    if (rc != 0) {
-        pthread_cond_destroy(&self->wake);
-        goto fail;
-    }
-    return TD_OK;
-fail:
-    td_err("metrics http: cannot create a lock: %s", strerror(rc));
-    return TD_ERR_LIBRARY;
+    pthread_mutex_init(&self->lock, NULL);
 }
 
 td_err_t td_http_guard_new(const td_http_limits_t *limits, td_http_guard_t **out)
@@ -345,9 +334,10 @@ td_err_t td_http_guard_new(const td_http_limits_t *limits, td_http_guard_t **out
     self->limits = *limits;
     self->slot_count = limits->max_connections + limits->max_streaming + TD_HTTP_CLOSING_SLACK;
     self->slots = calloc(self->slot_count, sizeof *self->slots);
-    td_err_t err = self->slots ? init_sync(self) : TD_ERR_NOMEM;
-    if (err != TD_OK)
+    td_err_t err = TD_ERR_NOMEM;
+    if (!self->slots)
         goto fail;
+    init_sync(self);
     for (unsigned i = self->slot_count; i-- > 0;) {
         self->slots[i].next = self->pool;
         self->pool = &self->slots[i];

@@ -90,20 +90,17 @@ static void timer_cb(uv_timer_t *timer)
     td_pub_tick(timer->data);
 }
 
-static void free_after_close(uv_handle_t *handle)
-{
-    free(handle->data);
-}
-
 /* The PUB socket, bound at endpoint; false with why. */
 static bool open_socket(td_pub_t *p, void *zmq_ctx, const char *endpoint, char *why, size_t why_cap)
 {
     p->socket = zmq_socket(zmq_ctx, ZMQ_PUB);
     int hwm = TD_PUB_SNDHWM, linger = 0;
     size_t cap = sizeof p->endpoint;
-    if (!p->socket || zmq_setsockopt(p->socket, ZMQ_SNDHWM, &hwm, sizeof hwm) != 0 ||
-        zmq_setsockopt(p->socket, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
-        zmq_bind(p->socket, endpoint) != 0 ||
+    if (p->socket) { /* int options, with an int's size: they cannot fail */
+        zmq_setsockopt(p->socket, ZMQ_SNDHWM, &hwm, sizeof hwm);
+        zmq_setsockopt(p->socket, ZMQ_LINGER, &linger, sizeof linger);
+    }
+    if (!p->socket || zmq_bind(p->socket, endpoint) != 0 ||
         zmq_getsockopt(p->socket, ZMQ_LAST_ENDPOINT, p->endpoint, &cap) != 0) {
         snprintf(why, why_cap, "cannot bind the PUB socket to %s: %s", endpoint,
                  zmq_strerror(errno));
@@ -128,21 +125,11 @@ td_err_t td_pub_new(uv_loop_t *loop, void *zmq_ctx, const char *endpoint, unsign
         err = TD_ERR_BIND;
         goto fail;
     }
-    /* The timer last: a failure above leaves no libuv handle to close. */
-    int rc = uv_timer_init(loop, &p->timer);
-    if (rc != 0) {
-        snprintf(why, why_cap, "cannot create the PUB timer: %s", uv_strerror(rc));
-        err = TD_ERR_LIBRARY;
-        goto fail;
-    }
+    /* The timer last: a failure above leaves no libuv handle to close. libuv's uv_timer_init
+     * only fills in the handle, and uv_timer_start fails only without a callback: no error. */
+    uv_timer_init(loop, &p->timer);
     p->timer.data = p;
-    rc = uv_timer_start(&p->timer, timer_cb, interval_ms, interval_ms);
-    if (rc != 0) { /* cannot happen to a timer just made, with a callback */
-        snprintf(why, why_cap, "cannot start the PUB timer: %s", uv_strerror(rc));
-        zmq_close(p->socket);
-        uv_close((uv_handle_t *)&p->timer, free_after_close);
-        return TD_ERR_LIBRARY;
-    }
+    uv_timer_start(&p->timer, timer_cb, interval_ms, interval_ms);
     td_info("publishing changed streams on %s every %u ms", p->endpoint, interval_ms);
     *out = p;
     return TD_OK;

@@ -32,8 +32,9 @@ static void restrict_ipc_socket(const char *endpoint)
  * connection that comes back with the routing id of one that closed takes the id over at once,
  * even while tallyd has not yet read every request of the closed one; without it libzmq 4.3.4
  * ignores the new connection for good (td_zmq.h says why and what tallyd does about the
- * requests still to read). */
-static td_err_t set_socket_options(void *router, const td_config_t *cfg)
+ * requests still to read). Each is an option of a ROUTER socket with a value of its type and
+ * size, to a socket just made: zmq_setsockopt cannot fail. */
+static void set_socket_options(void *router, const td_config_t *cfg)
 {
     int one = 1, rcvhwm = TD_DEFAULT_RCVHWM, sndhwm = TD_DEFAULT_SNDHWM, linger = 0;
     /* tallyd checks payload sizes itself (too_large), so a client that sends too much still
@@ -41,26 +42,12 @@ static td_err_t set_socket_options(void *router, const td_config_t *cfg)
      * max_frame, far above max_batch (td_config.h says why): a frame over it closes the
      * connection. */
     int64_t maxmsg = (int64_t)td_config_max_frame(cfg);
-    struct {
-        int option;
-        const void *value;
-        size_t len;
-        const char *name;
-    } opts[] = {
-        {ZMQ_ROUTER_MANDATORY, &one, sizeof one, "ZMQ_ROUTER_MANDATORY"},
-        {ZMQ_ROUTER_HANDOVER, &one, sizeof one, "ZMQ_ROUTER_HANDOVER"},
-        {ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm, "ZMQ_RCVHWM"},
-        {ZMQ_SNDHWM, &sndhwm, sizeof sndhwm, "ZMQ_SNDHWM"},
-        {ZMQ_LINGER, &linger, sizeof linger, "ZMQ_LINGER"},
-        {ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg, "ZMQ_MAXMSGSIZE"},
-    };
-    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
-        if (zmq_setsockopt(router, opts[i].option, opts[i].value, opts[i].len) != 0) {
-            td_err("cannot set %s: %s", opts[i].name, zmq_strerror(errno));
-            return TD_ERR_LIBRARY;
-        }
-    }
-    return TD_OK;
+    zmq_setsockopt(router, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    zmq_setsockopt(router, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
+    zmq_setsockopt(router, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm);
+    zmq_setsockopt(router, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm);
+    zmq_setsockopt(router, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
 }
 
 /* The socket monitor, before any bind so that it sees every connection accepted: a PAIR socket
@@ -107,10 +94,13 @@ static td_err_t adopt_fd(void *router, const td_config_t *cfg, int index)
     td_err_t err = td_listen_fd_endpoint(index, cfg, &fd, endpoint, sizeof endpoint, &family);
     if (err != TD_OK)
         return err;
+    /* zmq_setsockopt of an int option, with an int's size, to a socket of a live context does
+     * not fail: the bind is what can. */
     int one = 1, use_fd = fd;
-    if ((family == AF_INET6 && zmq_setsockopt(router, ZMQ_IPV6, &one, sizeof one) != 0) ||
-        zmq_setsockopt(router, ZMQ_USE_FD, &use_fd, sizeof use_fd) != 0 ||
-        zmq_bind(router, endpoint) != 0) {
+    if (family == AF_INET6)
+        zmq_setsockopt(router, ZMQ_IPV6, &one, sizeof one);
+    zmq_setsockopt(router, ZMQ_USE_FD, &use_fd, sizeof use_fd);
+    if (zmq_bind(router, endpoint) != 0) {
         td_err("socket activation: cannot adopt fd %d (%s): %s", fd, endpoint, zmq_strerror(errno));
         return TD_ERR_BIND;
     }
@@ -125,19 +115,17 @@ static td_err_t bind_passed(void *router, const td_config_t *cfg)
     td_err_t err = TD_OK;
     for (int i = 0; i < n && err == TD_OK; i++)
         err = adopt_fd(router, cfg, i);
-    int none = -1; /* later binds create their own sockets */
-    if (n > 0 && zmq_setsockopt(router, ZMQ_USE_FD, &none, sizeof none) != 0 && err == TD_OK) {
-        td_err("socket activation: cannot reset ZMQ_USE_FD: %s", zmq_strerror(errno));
-        err = TD_ERR_LIBRARY;
-    }
+    int none = -1; /* later binds create their own sockets (an int option: cannot fail) */
+    if (n > 0)
+        zmq_setsockopt(router, ZMQ_USE_FD, &none, sizeof none);
     return err;
 }
 
 /* A bind that failed, with what to do where tallyd can tell: the address is in use. */
 static void bind_failed(const char *endpoint, int err)
 {
-    const char *colon = strrchr(endpoint, ':');
-    if (err == EADDRINUSE && !strncmp(endpoint, "tcp://", 6) && colon)
+    const char *colon = strrchr(endpoint, ':'); /* a tcp:// endpoint that was bound has a port */
+    if (err == EADDRINUSE && !strncmp(endpoint, "tcp://", 6))
         td_err("cannot bind %s: %s (another program listens there, perhaps another tallyd: `ss "
                "-ltnp 'sport = :%s'` names it; stop it, or bind another port)",
                endpoint, zmq_strerror(err), colon + 1);
@@ -160,8 +148,8 @@ static td_err_t bind_endpoints(void *router, const td_config_t *cfg)
             return TD_ERR_BIND;
         }
         int ipv6 = tally_endpoint_ipv6(cfg->binds[i]); /* tcp://[::1]:PORT; read at bind */
-        if (zmq_setsockopt(router, ZMQ_IPV6, &ipv6, sizeof ipv6) != 0 ||
-            zmq_bind(router, cfg->binds[i]) != 0) {
+        zmq_setsockopt(router, ZMQ_IPV6, &ipv6, sizeof ipv6); /* an int option: cannot fail */
+        if (zmq_bind(router, cfg->binds[i]) != 0) {
             bind_failed(cfg->binds[i], errno);
             return TD_ERR_BIND;
         }
@@ -177,28 +165,24 @@ td_err_t td_router_open(const td_config_t *cfg, td_router_t *rt)
     rt->ctx = zmq_ctx_new();
     if (!rt->ctx)
         return TD_ERR_LIBRARY;
-    /* Before the first socket: the I/O threads start with it. */
+    /* Before the first socket: the I/O threads start with it. zmq_ctx_set refuses only a
+     * negative count, and the settings bound io_threads to 1 and up. */
     int io_threads = (int)td_config_io_threads(cfg);
-    if (zmq_ctx_set(rt->ctx, ZMQ_IO_THREADS, io_threads) != 0)
-        td_warn("cannot set %d ZeroMQ I/O threads: %s", io_threads, zmq_strerror(errno));
+    zmq_ctx_set(rt->ctx, ZMQ_IO_THREADS, io_threads);
     td_info("%d ZeroMQ I/O threads", io_threads);
     rt->socket = zmq_socket(rt->ctx, ZMQ_ROUTER);
     if (!rt->socket)
         return TD_ERR_LIBRARY;
-    td_err_t err = set_socket_options(rt->socket, cfg);
-    if (err == TD_OK)
-        err = open_monitor(rt);
+    set_socket_options(rt->socket, cfg);
+    td_err_t err = open_monitor(rt);
     if (err == TD_OK)
         err = open_curve(rt, cfg);
     if (err == TD_OK)
         err = bind_endpoints(rt->socket, cfg);
     if (err != TD_OK)
         return err;
-    size_t size = sizeof rt->fd;
-    if (zmq_getsockopt(rt->socket, ZMQ_FD, &rt->fd, &size) != 0) {
-        td_err("reading ZMQ_FD: %s", zmq_strerror(errno));
-        return TD_ERR_LIBRARY;
-    }
+    size_t size = sizeof rt->fd; /* of an open socket, with its size: cannot fail */
+    zmq_getsockopt(rt->socket, ZMQ_FD, &rt->fd, &size);
     return TD_OK;
 }
 

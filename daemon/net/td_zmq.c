@@ -105,7 +105,8 @@ static void answer_no_memory(td_zmq_t *z, const td_msg_t *m)
  * is never empty. */
 static void handle_message(td_zmq_t *z, zmq_msg_t *frames, int kept, int total)
 {
-    bool delimiter = kept > 1 && zmq_msg_size(&frames[1]) == 0;
+    /* A ROUTER's message is the routing id and at least one frame: kept >= 2. */
+    bool delimiter = zmq_msg_size(&frames[1]) == 0;
     int body = delimiter ? 2 : 1;
     const uint8_t *id = zmq_msg_data(&frames[0]);
     size_t id_len = zmq_msg_size(&frames[0]);
@@ -115,7 +116,7 @@ static void handle_message(td_zmq_t *z, zmq_msg_t *frames, int kept, int total)
     td_msg_t m = {
         .from = {.id = id,
                  .id_len = id_len,
-                 .user = kept > 1 && z->rt.auth ? zmq_msg_gets(&frames[kept - 1], "User-Id") : NULL,
+                 .user = z->rt.auth ? zmq_msg_gets(&frames[kept - 1], "User-Id") : NULL,
                  .word = delimiter ? TD_ZMQ_DELIMITER : 0,
                  .ctx = conn},
         .header = body < kept ? zmq_msg_data(&frames[body]) : NULL,
@@ -179,11 +180,11 @@ static void set_idle(td_zmq_t *z, bool on)
 {
     if (on == z->idle_active)
         return;
-    int rc = on ? uv_idle_start(&z->idle, idle_cb) : uv_idle_stop(&z->idle);
-    if (rc != 0) { /* cannot happen (a valid handle and callback); the check handle still pumps */
-        td_err("%s the idle handle: %s", on ? "starting" : "stopping", uv_strerror(rc));
-        return;
-    }
+    /* libuv's uv_idle_start fails only without a callback, uv_idle_stop never: no error. */
+    if (on)
+        uv_idle_start(&z->idle, idle_cb);
+    else
+        uv_idle_stop(&z->idle);
     z->idle_active = on;
 }
 
@@ -247,13 +248,13 @@ static void zmq_handles(td_zmq_t *z, uv_handle_t *all[TD_ZMQ_HANDLES])
 static int open_handles(td_zmq_t *z)
 {
     uv_loop_t *loop = z->env.loop;
+    /* libuv's uv_check_init, uv_idle_init and uv_timer_init only fill in the handle and return
+     * 0, and uv_check_start fails only without a callback: the descriptors' polls are what can
+     * fail. */
+    uv_check_init(loop, &z->check);
+    uv_idle_init(loop, &z->idle);
+    uv_timer_init(loop, &z->retry_timer);
     int rc = uv_poll_init_socket(loop, &z->poll, z->rt.fd);
-    if (rc == 0)
-        rc = uv_check_init(loop, &z->check);
-    if (rc == 0)
-        rc = uv_idle_init(loop, &z->idle);
-    if (rc == 0)
-        rc = uv_timer_init(loop, &z->retry_timer);
     if (rc == 0)
         rc = uv_poll_init_socket(loop, &z->monitor_poll, z->rt.monitor_fd);
     uv_handle_t *handles[TD_ZMQ_HANDLES];
@@ -264,11 +265,12 @@ static int open_handles(td_zmq_t *z)
         rc = uv_poll_start(&z->poll, UV_READABLE, poll_cb);
     if (rc == 0)
         rc = uv_poll_start(&z->monitor_poll, UV_READABLE, poll_cb);
-    if (rc == 0)
-        rc = uv_check_start(&z->check, check_cb);
-    if (rc != 0)
+    if (rc != 0) {
         td_err("cannot set up the event loop: %s", uv_strerror(rc));
-    return rc;
+        return rc;
+    }
+    uv_check_start(&z->check, check_cb);
+    return 0;
 }
 
 /* A failed start: the handles that were initialised (a zeroed handle has no type yet), then the
@@ -282,8 +284,8 @@ static void close_failed(td_zmq_t *z)
             uv_close(handles[i], NULL);
     uv_run(z->env.loop, UV_RUN_NOWAIT);
     td_router_close_monitor(&z->rt);
-    if (z->rt.socket && zmq_close(z->rt.socket) != 0)
-        td_warn("closing the socket: %s", zmq_strerror(errno));
+    if (z->rt.socket)
+        zmq_close(z->rt.socket); /* fails only for what is not a socket */
     td_auth_destroy(&z->rt.auth); /* its sockets are in the context */
     while (z->rt.ctx && zmq_ctx_term(z->rt.ctx) == -1 && errno == EINTR)
         continue;
@@ -328,11 +330,11 @@ void td_zmq_close_socket(td_zmq_t *z)
     if (!z->rt.socket)
         return;
     td_router_close_monitor(&z->rt);
+    /* Neither fails on a socket of a context not yet terminated (zmq_ctx_term comes after, in
+     * td_zmq_destroy), with an int's size for ZMQ_LINGER. */
     int linger = TD_SHUTDOWN_LINGER_MS;
-    if (zmq_setsockopt(z->rt.socket, ZMQ_LINGER, &linger, sizeof linger) != 0)
-        td_warn("setting the socket's linger: %s", zmq_strerror(errno));
-    if (zmq_close(z->rt.socket) != 0)
-        td_warn("closing the socket: %s", zmq_strerror(errno));
+    zmq_setsockopt(z->rt.socket, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_close(z->rt.socket);
     z->rt.socket = NULL;
 }
 

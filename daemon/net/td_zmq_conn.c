@@ -148,7 +148,7 @@ static void mark_lost(td_zmq_t *z, td_zmq_conn_t *c)
               " read from it so far (the client closed it, or ZeroMQ did after a frame over "
               "max_frame); their replies are kept %u ms for a connection with its routing id; "
               "replies handed to ZeroMQ just before the close may be lost with it",
-              name[0] ? name : "?", c->address, c->read - c->answered, c->read,
+              name, c->address, /* a routing id has a byte at least */ c->read - c->answered, c->read,
               TD_REPLY_RECONNECT_GRACE_MS);
 }
 
@@ -182,10 +182,8 @@ static void close_conn(td_zmq_t *z, td_zmq_conn_t *c)
     z->closed_tail = c;
     if (++z->closed_count <= TD_ZMQ_CLOSED_KEPT)
         return;
-    td_zmq_conn_t *old = z->closed_head;
+    td_zmq_conn_t *old = z->closed_head; /* the list holds c after it: it does not run empty */
     z->closed_head = old->closed_next;
-    if (!z->closed_head)
-        z->closed_tail = NULL;
     z->closed_count--;
     drop_from_table(z, old);
 }
