@@ -1,0 +1,390 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * test_nats_answers.c — a worker's answers by request-reply, and its view of the fleet, when
+ * what comes over NATS is not what a member says (PROTOCOL.md §13 "Answers by request-reply",
+ * docs/web.md "A fleet"), against a real (one-node) JetStream server and real workers:
+ *   - a request whose reply subject is outside the inboxes of the user its subject names is
+ *     answered nowhere, counted in tallyd_nats_refused_total{reason="reply"} and logged; one
+ *     without a reply subject is answered nowhere and not counted; a query of a partition the
+ *     fleet does not have gets no answer; a windowed query on tally.seq gets `bad_opcode`;
+ *   - "ghost", a member the test plays (it holds both partitions' leases and answers on the
+ *     query subjects), answers `streams` with frames that are no member's answer (too short, an
+ *     error, no Tally-Member, no Tally-Owned, a Tally-Owned of another layout), and with answers
+ *     whose lists end at a garbled entry: the worker's GET /api/v1/streams lists only the
+ *     streams of ghost's well-formed answers, each once, covering both partitions, not partial;
+ *   - GET /api/v1/streams/NAME of ghost's streams: an answer shorter than a reply header is 502
+ *     "not a reply", a reply header that does not decode is 502 bad_reply, no answer at all is
+ *     504 after the view's wait ("no owner?"), and ghost's error reply is passed on with its
+ *     status and message;
+ *   - in direct mode the worker answers a request for ghost's partition not_owner, naming ghost
+ *     (which publishes no endpoint), and counts it.
+ */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <pthread.h>
+
+#include <cmocka.h>
+#include <nats/nats.h>
+
+#include "harness.h"
+#include "nats_cluster.h"
+#include "tally.h"
+#include "tally_fleet.h"
+
+#define cluster tn_suite
+#define nc tn_suite_nc
+#define js tn_suite_js
+#define WAIT_MS 30000
+
+static int setup(void **state)
+{
+    (void)state;
+    return tn_suite_setup(1);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    return tn_suite_teardown();
+}
+
+static void start_worker(th_daemon_t *d, const char *member, bool direct)
+{
+    const char *args[] = {"--metrics",
+                          "127.0.0.1:0",
+                          "--nats-servers",
+                          cluster.urls,
+                          "--nats-replicas",
+                          "1",
+                          "--nats-partitions",
+                          "2",
+                          "--nats-lease-ttl-ms",
+                          "3000",
+                          "--nats-member-id",
+                          member,
+                          "--window-intervals",
+                          "0",
+                          direct ? "--nats-direct" : NULL,
+                          "local",
+                          NULL};
+    assert_int_equal(th_daemon_start_with(d, args, NULL), 0);
+}
+
+/* A stream name of partition k (of 2). */
+static void name_in(uint32_t k, char *name, size_t cap)
+{
+    for (int i = 0;; i++) {
+        snprintf(name, cap, "ans-%d", i);
+        if (tally_partition(name, strlen(name), 2) == k)
+            return;
+    }
+}
+
+/* data on subject with reply subject `reply` (NULL: none); what comes back on inbox within
+ * wait_ms: the reply's status, -1 for nothing. */
+static int ask_on(const char *subject, const char *reply, const char *inbox, const void *data,
+                  int len, int wait_ms)
+{
+    natsSubscription *sub = NULL;
+    natsMsg *m = NULL;
+    assert_int_equal(natsConnection_SubscribeSync(&sub, nc, inbox), NATS_OK);
+    assert_int_equal(natsConnection_PublishRequest(nc, subject, reply, data, len), NATS_OK);
+    int st = -1;
+    if (natsSubscription_NextMsg(&m, sub, wait_ms) == NATS_OK) {
+        tally_rep_t rep;
+        st = natsMsg_GetDataLength(m) >= TALLY_REP_HEADER_SIZE &&
+                     tally_rep_decode((const uint8_t *)natsMsg_GetData(m), TALLY_REP_HEADER_SIZE,
+                                      &rep) == TALLY_OK
+                 ? (int)rep.status
+                 : -2;
+    }
+    natsMsg_Destroy(m);
+    natsSubscription_Destroy(sub);
+    return st;
+}
+
+static const char inbox[] = TALLY_NATS_INBOX TALLY_NATS_USER_ANON ".answers";
+
+/* A request header of op (on stream, NULL: none; flags) on subject, answered to the anonymous
+ * user's inbox: its status, -1 without an answer within wait_ms. */
+static int ask_op(const char *subject, uint8_t op, const char *stream, uint8_t flags, int wait_ms)
+{
+    tally_req_t req = th_req(op, TALLY_DTYPE_NONE, 7);
+    req.flags = flags;
+    if (flags & TALLY_FLAG_QUERY_WINDOW)
+        req.lo = 1000;
+    if (stream)
+        assert_int_equal(tally_req_set_stream(&req, stream), TALLY_OK);
+    uint8_t header[TALLY_REQ_HEADER_SIZE];
+    tally_req_encode(&req, header);
+    return ask_on(subject, inbox, inbox, header, sizeof header, wait_ms);
+}
+
+static long long wait_metric(th_daemon_t *d, const char *name, long long want)
+{
+    long long v = th_metric(d, name);
+    for (int64_t until = th_now_ms() + WAIT_MS; v != want && th_now_ms() < until;
+         v = th_metric(d, name))
+        th_sleep_ms(50);
+    return v;
+}
+
+static void test_requests_answered_nowhere(void **state)
+{
+    (void)state;
+    th_daemon_t w;
+    start_worker(&w, "owner", false);
+    char q0[64], q5[64], seq0[64], ctl[64], in0[32];
+    tally_fleet_subject(q0, sizeof q0, TALLY_NATS_SUBJ_QUERY, 0, TALLY_NATS_USER_ANON);
+    tally_fleet_subject(q5, sizeof q5, TALLY_NATS_SUBJ_QUERY, 5, TALLY_NATS_USER_ANON);
+    tally_fleet_subject(seq0, sizeof seq0, TALLY_NATS_SUBJ_SEQ, 0, TALLY_NATS_USER_ANON);
+    tally_fleet_subject(ctl, sizeof ctl, TALLY_NATS_SUBJ_CTL, -1, TALLY_NATS_USER_ANON);
+    name_in(0, in0, sizeof in0);
+    /* Until the worker owns partition 0, nobody answers there. */
+    int st = -1;
+    for (int64_t t0 = th_now_ms(); st != TALLY_E_UNKNOWN_STREAM && th_now_ms() - t0 < WAIT_MS;)
+        if ((st = ask_op(q0, TALLY_OP_QUERY, in0, 0, 2000)) != TALLY_E_UNKNOWN_STREAM)
+            th_sleep_ms(100);
+    assert_int_equal(st, TALLY_E_UNKNOWN_STREAM);
+
+    /* No reply subject, then one of another user's inboxes: neither answered, one counted. */
+    tally_req_t req = th_req(TALLY_OP_PING, TALLY_DTYPE_NONE, 8);
+    uint8_t header[TALLY_REQ_HEADER_SIZE];
+    tally_req_encode(&req, header);
+    assert_int_equal(natsConnection_Publish(nc, ctl, header, sizeof header), NATS_OK);
+    static const char other[] = TALLY_NATS_INBOX "mallory.x";
+    assert_int_equal(ask_on(ctl, other, other, header, sizeof header, 500), -1);
+    const char *refused = "tallyd_nats_refused_total{reason=\"reply\"}";
+    assert_int_equal(wait_metric(&w, refused, 1), 1);
+    assert_true(th_daemon_log_contains(
+        &w, "fleet: a request on tally.ctl.anon asks for its answer on _INBOX.mallory.x, outside "
+            "the inboxes of user anon (_INBOX.<user>.>): answered nowhere"));
+    /* A request on the same subject after them is answered: both were taken, one counted. */
+    assert_int_equal(ask_op(ctl, TALLY_OP_PING, NULL, 0, 10000), TALLY_OK);
+    assert_int_equal(th_metric(&w, refused), 1);
+
+    /* A partition the fleet does not have: nobody's to answer. */
+    assert_int_equal(ask_op(q5, TALLY_OP_QUERY, in0, 0, 500), -1);
+    /* tally.seq answers a query without a window: a window is another operation there. */
+    assert_int_equal(ask_op(seq0, TALLY_OP_QUERY, in0, TALLY_FLAG_QUERY_WINDOW, 10000),
+                     TALLY_E_OPCODE);
+    assert_int_equal(ask_op(seq0, TALLY_OP_QUERY, in0, 0, 10000), TALLY_E_UNKNOWN_STREAM);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
+/* ---- ghost: a member the test plays ------------------------------------------------------ */
+
+static atomic_bool ghost_on;
+static atomic_int q1_asked;
+
+/* ghost's answer on `to`: a reply header of status st (version 0: one that does not decode)
+ * and tail, cut to `cut` bytes when not 0, with the headers given (NULL: left out). */
+static void ghost_send(const char *to, int version, tally_status_t st, const void *tail,
+                       size_t tail_len, size_t cut, const char *member, const char *owned,
+                       const char *members)
+{
+    uint8_t frame[TALLY_REP_HEADER_SIZE + 256];
+    tally_rep_t rep;
+    memset(&rep, 0, sizeof rep);
+    rep.version = TALLY_PROTO_VERSION;
+    rep.opcode = TALLY_OP_STREAMS;
+    rep.status = st;
+    rep.dtype = st == TALLY_OK ? TALLY_DTYPE_NONE : TALLY_DTYPE_TEXT;
+    tally_rep_encode(&rep, frame);
+    if (version != TALLY_PROTO_VERSION)
+        frame[0] ^= 0xff; /* no reply header of this protocol */
+    assert_true(tail_len <= 256);
+    if (tail_len)
+        memcpy(frame + TALLY_REP_HEADER_SIZE, tail, tail_len);
+    size_t len = cut ? cut : TALLY_REP_HEADER_SIZE + tail_len;
+    natsMsg *m = NULL;
+    assert_int_equal(natsMsg_Create(&m, to, NULL, (const char *)frame, (int)len), NATS_OK);
+    if (member)
+        natsMsgHeader_Set(m, TALLY_NATS_HDR_MEMBER, member);
+    if (owned)
+        natsMsgHeader_Set(m, TALLY_NATS_HDR_OWNED, owned);
+    if (members)
+        natsMsgHeader_Set(m, TALLY_NATS_HDR_MEMBERS, members);
+    natsConnection_PublishMsg(nc, m);
+    natsMsg_Destroy(m);
+}
+
+/* A `streams` list: names, each as its length byte and its bytes; into out, its length. */
+static size_t entries(uint8_t *out, const char *const *names)
+{
+    size_t n = 0;
+    for (int i = 0; names[i]; i++) {
+        size_t len = strlen(names[i]);
+        out[n++] = (uint8_t)len;
+        memcpy(out + n, names[i], len);
+        n += len;
+    }
+    return n;
+}
+
+static void on_streams(natsConnection *c, natsSubscription *s, natsMsg *req, void *arg)
+{
+    (void)c, (void)s, (void)arg;
+    const char *to = natsMsg_GetReply(req);
+    uint8_t list[256];
+    size_t n = entries(list, (const char *const[]){"bad/x", NULL});
+    /* No member's answer: each covers nothing and lists nothing. */
+    ghost_send(to, TALLY_PROTO_VERSION, TALLY_OK, list, n, 10, "ghost", "3", "2");
+    ghost_send(to, TALLY_PROTO_VERSION, TALLY_E_BUSY, list, n, 0, "ghost", "3", "2");
+    ghost_send(to, TALLY_PROTO_VERSION, TALLY_OK, list, n, 0, NULL, "3", "2");
+    ghost_send(to, TALLY_PROTO_VERSION, TALLY_OK, list, n, 0, "ghost", NULL, "2");
+    ghost_send(to, TALLY_PROTO_VERSION, TALLY_OK, list, n, 0, "ghost", "4", "2");
+    ghost_send(to, TALLY_PROTO_VERSION, TALLY_OK, list, n, 0, "ghost", "33", "2");
+    /* Partition 0's answer: its list ends at an empty entry. */
+    n = entries(list, (const char *const[]){"ghost/b", "ghost/a", "", "hidden/0", NULL});
+    ghost_send(to, TALLY_PROTO_VERSION, TALLY_OK, list, n, 0, "ghost", "1", "3");
+    /* Partition 1's: ghost/a again (once in the list), then an entry longer than the frame; a
+     * member count past any fleet is not taken. */
+    n = entries(list, (const char *const[]){"ghost/a", "ghost/c", NULL});
+    list[n++] = 40;
+    memcpy(list + n, "hidden/1", 8);
+    n += 8;
+    ghost_send(to, TALLY_PROTO_VERSION, TALLY_OK, list, n, 0, "ghost", "2", "999999");
+    natsMsg_Destroy(req);
+}
+
+static void on_query(natsConnection *c, natsSubscription *s, natsMsg *req, void *arg)
+{
+    (void)c, (void)s, (void)arg;
+    const char *to = natsMsg_GetReply(req);
+    bool p0 = strncmp(natsMsg_GetSubject(req), "tally.q.0.", 10) == 0;
+    static const char why[] = "ghost keeps no such stream";
+    if (p0) {
+        ghost_send(to, TALLY_PROTO_VERSION, TALLY_OK, NULL, 0, 10, "ghost", NULL, NULL);
+    } else {
+        int asked = atomic_fetch_add(&q1_asked, 1);
+        if (asked == 1)
+            ghost_send(to, 0, TALLY_OK, NULL, 0, 0, "ghost", NULL, NULL);
+        else if (asked == 2)
+            ghost_send(to, TALLY_PROTO_VERSION, TALLY_E_UNKNOWN_STREAM, why, strlen(why), 0,
+                       "ghost", NULL, NULL);
+        /* the first: no answer at all */
+    }
+    natsMsg_Destroy(req);
+}
+
+/* Keeps both partitions' leases ghost's while ghost_on. */
+static void *hold_leases(void *arg)
+{
+    kvStore *leases = arg;
+    while (atomic_load(&ghost_on)) {
+        uint64_t rev = 0;
+        kvStore_PutString(&rev, leases, "p0", "ghost");
+        kvStore_PutString(&rev, leases, "p1", "ghost");
+        th_sleep_ms(300);
+    }
+    return NULL;
+}
+
+/* GET path from d's API: the response, which must have status `code` and contain `want`. */
+static void get_expect(th_daemon_t *d, const char *path, const char *code, const char *want)
+{
+    char *r = th_http_get(th_metrics_port(d), "GET", path, NULL);
+    assert_non_null(r);
+    if (strncmp(r + 9, code, 3) != 0 || !strstr(r, want))
+        fail_msg("GET %s: want %s and '%s', got:\n%s", path, code, want, r);
+    free(r);
+}
+
+static void test_view_of_a_member_that_answers_badly(void **state)
+{
+    (void)state;
+    /* A worker makes the fleet and gives both partitions up when it stops. */
+    th_daemon_t w;
+    start_worker(&w, "maker", false);
+    int held = 0;
+    assert_true(tn_wait_leases(js, 2, "maker", 2, WAIT_MS, &held) >= 0);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+    kvStore *leases = NULL;
+    assert_int_equal(js_KeyValue(&leases, js, TALLY_NATS_BUCKET_LEASES), NATS_OK);
+    atomic_store(&ghost_on, true);
+    pthread_t holder;
+    assert_int_equal(pthread_create(&holder, NULL, hold_leases, leases), 0);
+    assert_true(tn_wait_leases(js, 2, "ghost", 2, WAIT_MS, &held) >= 0);
+    natsSubscription *streams_sub = NULL, *q_sub = NULL;
+    assert_int_equal(natsConnection_Subscribe(&streams_sub, nc, "tally.streams.anon", on_streams,
+                                              NULL),
+                     NATS_OK);
+    assert_int_equal(natsConnection_Subscribe(&q_sub, nc, "tally.q.*.anon", on_query, NULL),
+                     NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+
+    th_daemon_t b;
+    start_worker(&b, "bystander", true);
+    get_expect(&b, "/api/v1/streams", "200",
+               "\"streams\":[{\"stream\":\"ghost/a\",\"member\":\"ghost\"},{\"stream\":"
+               "\"ghost/b\",\"member\":\"ghost\"},{\"stream\":\"ghost/c\",\"member\":\"ghost\"}]");
+    char *r = th_http_get(th_metrics_port(&b), "GET", "/api/v1/streams", NULL);
+    assert_non_null(r);
+    assert_non_null(strstr(r, "\"partitions\":2,\"covered\":2,"));
+    assert_non_null(strstr(r, "\"members\":3,\"partial\":false"));
+    assert_null(strstr(r, "bad/x"));
+    assert_null(strstr(r, "hidden"));
+    free(r);
+
+    char in0[32], in1[32], path[64];
+    name_in(0, in0, sizeof in0);
+    name_in(1, in1, sizeof in1);
+    snprintf(path, sizeof path, "/api/v1/streams/%s", in0);
+    get_expect(&b, path, "502", "the owner's answer on tally.q.0.anon is not a reply");
+    snprintf(path, sizeof path, "/api/v1/streams/%s", in1);
+    int64_t t0 = th_now_ms();
+    get_expect(&b, path, "504", "no member answered on tally.q.1.anon in time (no owner?)");
+    assert_true(th_now_ms() - t0 >= 1900); /* the view's whole wait */
+    get_expect(&b, path, "502", "the owner's reply does not decode");
+    get_expect(&b, path, "404", "ghost keeps no such stream");
+
+    /* Direct mode: a request for ghost's partition is not this worker's. */
+    void *sock = th_connect(b.endpoint, 10000);
+    assert_non_null(sock);
+    tally_req_t req = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, 1);
+    assert_int_equal(tally_req_set_stream(&req, in0), TALLY_OK);
+    th_reply_t rep;
+    char want[64];
+    snprintf(want, sizeof want, "partition 0 is owned by ghost");
+    long long tries = 0;
+    bool named = false;
+    for (int64_t until = th_now_ms() + WAIT_MS; !named && th_now_ms() < until; tries++) {
+        assert_int_equal(th_call_reply_status(sock, &req, NULL, 0, &rep), TALLY_E_NOT_OWNER);
+        named = rep.len == strlen(want) && memcmp(rep.payload, want, strlen(want)) == 0;
+        th_reply_free(&rep);
+        if (!named)
+            th_sleep_ms(100); /* "no owner now" until its next heartbeat has read the lease */
+    }
+    assert_true(named);
+    th_close(sock);
+    assert_int_equal(wait_metric(&b, "tallyd_nats_not_owner_total", tries), tries);
+
+    assert_int_equal(th_daemon_stop(&b, SIGTERM, 20000), 0);
+    natsSubscription_Destroy(streams_sub);
+    natsSubscription_Destroy(q_sub);
+    atomic_store(&ghost_on, false);
+    pthread_join(holder, NULL);
+    kvStore_Delete(leases, "p0");
+    kvStore_Delete(leases, "p1");
+    kvStore_Destroy(leases);
+}
+
+int main(void)
+{
+    if (tn_skip())
+        return 77;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_requests_answered_nowhere),
+        cmocka_unit_test(test_view_of_a_member_that_answers_badly),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
