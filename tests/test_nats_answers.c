@@ -10,8 +10,11 @@
  *   - "ghost", a member the test plays (it holds both partitions' leases and answers on the
  *     query subjects), answers `streams` with frames that are no member's answer (too short, an
  *     error, no Tally-Member, no Tally-Owned, a Tally-Owned of another layout), and with answers
- *     whose lists end at a garbled entry: the worker's GET /api/v1/streams lists only the
- *     streams of ghost's well-formed answers, each once, covering both partitions, not partial;
+ *     whose lists end at a garbled entry (empty, longer than a stream name, past the frame):
+ *     the worker's GET /api/v1/streams lists only the streams of ghost's well-formed answers
+ *     (300 and more: the list grows), each once, covering both partitions, not partial; an
+ *     answer of both partitions listing nothing is an empty list; one of partition 0 alone is
+ *     partial, after the view's whole wait;
  *   - GET /api/v1/streams/NAME of ghost's streams: an answer shorter than a reply header is 502
  *     "not a reply", a reply header that does not decode is 502 bad_reply, no answer at all is
  *     504 after the view's wait ("no owner?"), and ghost's error reply is passed on with its
@@ -191,7 +194,7 @@ static void ghost_send(const char *to, int version, tally_status_t st, const voi
                        size_t tail_len, size_t cut, const char *member, const char *owned,
                        const char *members)
 {
-    uint8_t frame[TALLY_REP_HEADER_SIZE + 256];
+    static uint8_t frame[TALLY_REP_HEADER_SIZE + 4096]; /* one callback thread */
     tally_rep_t rep;
     memset(&rep, 0, sizeof rep);
     rep.version = TALLY_PROTO_VERSION;
@@ -201,7 +204,7 @@ static void ghost_send(const char *to, int version, tally_status_t st, const voi
     tally_rep_encode(&rep, frame);
     if (version != TALLY_PROTO_VERSION)
         frame[0] ^= 0xff; /* no reply header of this protocol */
-    assert_true(tail_len <= 256);
+    assert_true(tail_len <= 4096);
     if (tail_len)
         memcpy(frame + TALLY_REP_HEADER_SIZE, tail, tail_len);
     size_t len = cut ? cut : TALLY_REP_HEADER_SIZE + tail_len;
@@ -230,30 +233,57 @@ static size_t entries(uint8_t *out, const char *const *names)
     return n;
 }
 
+static atomic_int lists_asked;
+
+/* The first `streams` question: answers that are no member's, then well-formed ones; the second:
+ * both partitions covered, nothing listed; the third: partition 0 only. */
 static void on_streams(natsConnection *c, natsSubscription *s, natsMsg *req, void *arg)
 {
     (void)c, (void)s, (void)arg;
     const char *to = natsMsg_GetReply(req);
-    uint8_t list[256];
+    int asked = atomic_fetch_add(&lists_asked, 1);
+    natsMsg_Destroy(req);
+    if (asked == 1) {
+        ghost_send(to, TALLY_PROTO_VERSION, TALLY_OK, NULL, 0, 0, "ghost", "3", "2");
+        return;
+    }
+    if (asked == 2) {
+        ghost_send(to, TALLY_PROTO_VERSION, TALLY_OK, NULL, 0, 0, "ghost", "1", "2");
+        return;
+    }
+    static uint8_t list[4096];
     size_t n = entries(list, (const char *const[]){"bad/x", NULL});
     /* No member's answer: each covers nothing and lists nothing. */
     ghost_send(to, TALLY_PROTO_VERSION, TALLY_OK, list, n, 10, "ghost", "3", "2");
+    ghost_send(to, 0, TALLY_OK, list, n, 0, "ghost", "3", "2");
     ghost_send(to, TALLY_PROTO_VERSION, TALLY_E_BUSY, list, n, 0, "ghost", "3", "2");
     ghost_send(to, TALLY_PROTO_VERSION, TALLY_OK, list, n, 0, NULL, "3", "2");
     ghost_send(to, TALLY_PROTO_VERSION, TALLY_OK, list, n, 0, "ghost", NULL, "2");
     ghost_send(to, TALLY_PROTO_VERSION, TALLY_OK, list, n, 0, "ghost", "4", "2");
     ghost_send(to, TALLY_PROTO_VERSION, TALLY_OK, list, n, 0, "ghost", "33", "2");
-    /* Partition 0's answer: its list ends at an empty entry. */
+    /* Partition 0's answers: a list that ends at an empty entry; one without Tally-Members whose
+     * list ends at an entry longer than a stream name; one of 300 streams; one listing none,
+     * with a member count past any fleet (not taken). */
     n = entries(list, (const char *const[]){"ghost/b", "ghost/a", "", "hidden/0", NULL});
     ghost_send(to, TALLY_PROTO_VERSION, TALLY_OK, list, n, 0, "ghost", "1", "3");
-    /* Partition 1's: ghost/a again (once in the list), then an entry longer than the frame; a
-     * member count past any fleet is not taken. */
+    n = entries(list, (const char *const[]){"ghost/d", NULL});
+    list[n++] = TALLY_STREAM_NAME_MAX + 1;
+    memset(list + n, 'h', TALLY_STREAM_NAME_MAX + 1);
+    n += TALLY_STREAM_NAME_MAX + 1;
+    ghost_send(to, TALLY_PROTO_VERSION, TALLY_OK, list, n, 0, "ghost", "1", NULL);
+    n = 0;
+    for (int i = 0; i < 300; i++) {
+        list[n] = (uint8_t)snprintf((char *)list + n + 1, 16, "g/%03d", i);
+        n += 1 + list[n];
+    }
+    ghost_send(to, TALLY_PROTO_VERSION, TALLY_OK, list, n, 0, "ghost", "1", NULL);
+    ghost_send(to, TALLY_PROTO_VERSION, TALLY_OK, NULL, 0, 0, "ghost", "1", "999999");
+    /* Partition 1's: ghost/a again (once in the list), then an entry longer than the frame. */
     n = entries(list, (const char *const[]){"ghost/a", "ghost/c", NULL});
     list[n++] = 40;
     memcpy(list + n, "hidden/1", 8);
     n += 8;
-    ghost_send(to, TALLY_PROTO_VERSION, TALLY_OK, list, n, 0, "ghost", "2", "999999");
-    natsMsg_Destroy(req);
+    ghost_send(to, TALLY_PROTO_VERSION, TALLY_OK, list, n, 0, "ghost", "2", "2");
 }
 
 static void on_query(natsConnection *c, natsSubscription *s, natsMsg *req, void *arg)
@@ -270,7 +300,7 @@ static void on_query(natsConnection *c, natsSubscription *s, natsMsg *req, void 
             ghost_send(to, 0, TALLY_OK, NULL, 0, 0, "ghost", NULL, NULL);
         else if (asked == 2)
             ghost_send(to, TALLY_PROTO_VERSION, TALLY_E_UNKNOWN_STREAM, why, strlen(why), 0,
-                       "ghost", NULL, NULL);
+                       NULL, NULL, NULL);
         /* the first: no answer at all */
     }
     natsMsg_Destroy(req);
@@ -324,16 +354,34 @@ static void test_view_of_a_member_that_answers_badly(void **state)
 
     th_daemon_t b;
     start_worker(&b, "bystander", true);
-    get_expect(&b, "/api/v1/streams", "200",
-               "\"streams\":[{\"stream\":\"ghost/a\",\"member\":\"ghost\"},{\"stream\":"
-               "\"ghost/b\",\"member\":\"ghost\"},{\"stream\":\"ghost/c\",\"member\":\"ghost\"}]");
     char *r = th_http_get(th_metrics_port(&b), "GET", "/api/v1/streams", NULL);
     assert_non_null(r);
-    assert_non_null(strstr(r, "\"partitions\":2,\"covered\":2,"));
-    assert_non_null(strstr(r, "\"members\":3,\"partial\":false"));
+    if (!strstr(r, "{\"stream\":\"g/299\",\"member\":\"ghost\"},{\"stream\":\"ghost/a\","
+                   "\"member\":\"ghost\"},{\"stream\":\"ghost/b\",\"member\":\"ghost\"},{"
+                   "\"stream\":\"ghost/c\",\"member\":\"ghost\"},{\"stream\":\"ghost/d\","
+                   "\"member\":\"ghost\"}]") ||
+        !strstr(r, "\"partitions\":2,\"covered\":2,") ||
+        !strstr(r, "\"members\":3,\"partial\":false"))
+        fail_msg("the fleet's list: %s", r);
+    int listed = 0;
+    for (const char *at = r; (at = strstr(at, "\"member\":\"ghost\"")); at++)
+        listed++;
+    assert_int_equal(listed, 300 + 4);
+    assert_non_null(strstr(r, "\"streams\":[{\"stream\":\"g/000\",\"member\":\"ghost\"}"));
     assert_null(strstr(r, "bad/x"));
     assert_null(strstr(r, "hidden"));
+    assert_null(strstr(r, "hhhh"));
     free(r);
+    /* Both partitions covered, nothing listed; then partition 0 only: partial, after the wait. */
+    get_expect(&b, "/api/v1/streams", "200", "\"streams\":[],\"fleet\":{\"member\":"
+                                             "\"bystander\",\"partitions\":2,\"covered\":2,");
+    int64_t t0 = th_now_ms();
+    r = th_http_get(th_metrics_port(&b), "GET", "/api/v1/streams", NULL);
+    assert_non_null(r);
+    if (!strstr(r, "\"partitions\":2,\"covered\":1,") || !strstr(r, "\"partial\":true"))
+        fail_msg("a list of partition 0 only: %s", r);
+    free(r);
+    assert_true(th_now_ms() - t0 >= 1900); /* the view's whole wait */
 
     char in0[32], in1[32], path[64];
     name_in(0, in0, sizeof in0);
@@ -341,7 +389,7 @@ static void test_view_of_a_member_that_answers_badly(void **state)
     snprintf(path, sizeof path, "/api/v1/streams/%s", in0);
     get_expect(&b, path, "502", "the owner's answer on tally.q.0.anon is not a reply");
     snprintf(path, sizeof path, "/api/v1/streams/%s", in1);
-    int64_t t0 = th_now_ms();
+    t0 = th_now_ms();
     get_expect(&b, path, "504", "no member answered on tally.q.1.anon in time (no owner?)");
     assert_true(th_now_ms() - t0 >= 1900); /* the view's whole wait */
     get_expect(&b, path, "502", "the owner's reply does not decode");

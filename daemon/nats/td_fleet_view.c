@@ -31,7 +31,7 @@
 #define TD_VIEW_QUEUE 32
 #define TD_VIEW_WAIT_MS 2000
 #define TD_VIEW_LIST_BYTES (8u << 20)
-/* A query nobody answers (a partition between owners) is asked again this often. */
+/* A gather looks at `stop` this often while it waits for answers. */
 #define TD_VIEW_RETRY_MS 100
 
 typedef struct view_ask {
@@ -253,19 +253,16 @@ static void gather(td_view_t *v, view_ask_t *a)
     sort_entries(ans);
 }
 
+/* One request: the member asking is subscribed to tally.q.*.* itself (td_fleet_query_open runs
+ * before td_fleet_view_open, and td_fleet_query_close after td_fleet_view_close), so NATS never
+ * answers "no responders"; a partition between owners is a timeout, like one whose owner is
+ * slow. */
 static void query(td_view_t *v, view_ask_t *a)
 {
     char subject[48 + TALLY_NATS_MEMBER_ID_MAX];
     tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_QUERY, a->k, v->user);
-    int64_t deadline = td_nats_now_ms() + TD_VIEW_WAIT_MS;
-    natsStatus s = NATS_TIMEOUT;
-    for (int64_t left = TD_VIEW_WAIT_MS; left > 0 && !atomic_load(&v->stop);
-         left = deadline - td_nats_now_ms()) {
-        s = natsConnection_Request(&a->reply, v->f->nc, subject, a->frame, sizeof a->frame, left);
-        if (s != NATS_NO_RESPONDERS)
-            break;
-        nats_Sleep(left < TD_VIEW_RETRY_MS ? left : TD_VIEW_RETRY_MS); /* between owners */
-    }
+    natsStatus s = natsConnection_Request(&a->reply, v->f->nc, subject, a->frame,
+                                          sizeof a->frame, TD_VIEW_WAIT_MS);
     const char *owner = NULL;
     if (s == NATS_OK && natsMsg_GetDataLength(a->reply) >= TALLY_REP_HEADER_SIZE) {
         a->answer.reply = (const uint8_t *)natsMsg_GetData(a->reply);
@@ -274,7 +271,7 @@ static void query(td_view_t *v, view_ask_t *a)
             snprintf(a->answer.owner, sizeof a->answer.owner, "%s", owner);
     } else if (s == NATS_OK) {
         say(a, TALLY_E_REPLY, "the owner's answer on %s is not a reply", subject);
-    } else if (s == NATS_TIMEOUT || s == NATS_NO_RESPONDERS) {
+    } else if (s == NATS_TIMEOUT) {
         say(a, TALLY_E_TIMEOUT, "no member answered on %s in time (no owner?)", subject);
     } else {
         say(a, TALLY_E_TRANSPORT, "a query of the fleet: %s", td_nats_last_error(s));
