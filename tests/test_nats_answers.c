@@ -5,7 +5,9 @@
  * docs/web.md "A fleet"), against a real (one-node) JetStream server and real workers:
  *   - a request whose reply subject is outside the inboxes of the user its subject names is
  *     answered nowhere, counted in tallyd_nats_refused_total{reason="reply"} and logged; one
- *     without a reply subject is answered nowhere and not counted; a query of a partition the
+ *     without a reply subject is answered nowhere and not counted; tally.ctl answers info and
+ *     stats too; a query without a stream, or with a stream length past a name's, gets
+ *     `bad_stream_name` from the request path; a query of a partition the
  *     fleet does not have gets no answer; a windowed query on tally.seq gets `bad_opcode`;
  *   - "ghost", a member the test plays (it holds both partitions' leases and answers on the
  *     query subjects), answers `streams` with frames that are no member's answer (too short, an
@@ -18,7 +20,8 @@
  *   - GET /api/v1/streams/NAME of ghost's streams: an answer shorter than a reply header is 502
  *     "not a reply", a reply header that does not decode is 502 bad_reply, no answer at all is
  *     504 after the view's wait ("no owner?"), and ghost's error reply is passed on with its
- *     status and message;
+ *     status and message; while the view waits on a query nobody answers it holds 32
+ *     questions, and the next is refused at once (503 busy);
  *   - in direct mode the worker answers a request for ghost's partition not_owner, naming ghost
  *     (which publishes no endpoint), and counts it.
  */
@@ -32,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <poll.h>
 #include <pthread.h>
 
 #include <cmocka.h>
@@ -75,6 +79,8 @@ static void start_worker(th_daemon_t *d, const char *member, bool direct)
                           member,
                           "--window-intervals",
                           "0",
+                          "--metrics-max-connections-per-address",
+                          "64",
                           direct ? "--nats-direct" : NULL,
                           "local",
                           NULL};
@@ -174,6 +180,15 @@ static void test_requests_answered_nowhere(void **state)
     assert_int_equal(ask_op(ctl, TALLY_OP_PING, NULL, 0, 10000), TALLY_OK);
     assert_int_equal(th_metric(&w, refused), 1);
 
+    /* What tally.ctl answers besides ping; a query without a stream, or with a stream length
+     * past a name's, is the request path's to refuse. */
+    assert_int_equal(ask_op(ctl, TALLY_OP_INFO, NULL, 0, 10000), TALLY_OK);
+    assert_int_equal(ask_op(ctl, TALLY_OP_STATS, NULL, 0, 10000), TALLY_OK);
+    assert_int_equal(ask_op(q0, TALLY_OP_QUERY, NULL, 0, 10000), TALLY_E_STREAM_NAME);
+    tally_req_t query = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, 9);
+    tally_req_encode(&query, header);
+    header[17] = TALLY_STREAM_NAME_MAX + 1;
+    assert_int_equal(ask_on(q0, inbox, inbox, header, sizeof header, 10000), TALLY_E_STREAM_NAME);
     /* A partition the fleet does not have: nobody's to answer. */
     assert_int_equal(ask_op(q5, TALLY_OP_QUERY, in0, 0, 500), -1);
     /* tally.seq answers a query without a window: a window is another operation there. */
@@ -296,12 +311,13 @@ static void on_query(natsConnection *c, natsSubscription *s, natsMsg *req, void 
         ghost_send(to, TALLY_PROTO_VERSION, TALLY_OK, NULL, 0, 10, "ghost", NULL, NULL);
     } else {
         int asked = atomic_fetch_add(&q1_asked, 1);
-        if (asked == 1)
+        if (asked == 0 || asked == 3)
+            ; /* no answer at all */
+        else if (asked == 1)
             ghost_send(to, 0, TALLY_OK, NULL, 0, 0, "ghost", NULL, NULL);
-        else if (asked == 2)
+        else
             ghost_send(to, TALLY_PROTO_VERSION, TALLY_E_UNKNOWN_STREAM, why, strlen(why), 0,
                        NULL, NULL, NULL);
-        /* the first: no answer at all */
     }
     natsMsg_Destroy(req);
 }
@@ -327,6 +343,62 @@ static void get_expect(th_daemon_t *d, const char *path, const char *code, const
     if (strncmp(r + 9, code, 3) != 0 || !strstr(r, want))
         fail_msg("GET %s: want %s and '%s', got:\n%s", path, code, want, r);
     free(r);
+}
+
+/* A GET of path sent on a connection of its own, its response read later (read_all). */
+static int send_get(th_daemon_t *d, const char *path)
+{
+    int fd = th_tcp_connect_from(NULL, th_metrics_port(d));
+    assert_true(fd >= 0);
+    char req[160];
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\n\r\n", path);
+    assert_int_equal(write(fd, req, (size_t)n), n);
+    return fd;
+}
+
+/* The response on fd (until the server closes it, at most WAIT_MS), NUL-terminated; fd closed. */
+static char *read_all(int fd)
+{
+    static char buf[8192];
+    size_t len = 0;
+    for (int64_t until = th_now_ms() + WAIT_MS; len < sizeof buf - 1 && th_now_ms() < until;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 100) <= 0)
+            continue;
+        ssize_t n = read(fd, buf + len, sizeof buf - 1 - len);
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+    }
+    buf[len] = '\0';
+    close(fd);
+    return buf;
+}
+
+/* While the view waits on a query nobody answers, it holds 32 questions (that one and 31
+ * queued); the next is refused at once, 503 busy, and the others are answered in turn. */
+static void view_queue_full(th_daemon_t *b, const char *path)
+{
+    int fds[33];
+    fds[0] = send_get(b, path);
+    for (int64_t until = th_now_ms() + WAIT_MS; atomic_load(&q1_asked) < 4 && th_now_ms() < until;)
+        th_sleep_ms(10);
+    assert_int_equal(atomic_load(&q1_asked), 4); /* ghost has it, and keeps silent */
+    for (int i = 1; i < 33; i++)
+        fds[i] = send_get(b, path);
+    int busy = 0, answered = 0;
+    assert_non_null(strstr(read_all(fds[0]), " 504 "));
+    for (int i = 1; i < 33; i++) {
+        const char *r = read_all(fds[i]);
+        if (strstr(r, " 503 ") && strstr(r, "too many questions to the fleet wait already"))
+            busy++;
+        else if (strstr(r, " 404 ") && strstr(r, "ghost keeps no such stream"))
+            answered++;
+        else
+            fail_msg("GET %s: %s", path, r);
+    }
+    assert_int_equal(busy, 1);
+    assert_int_equal(answered, 31);
 }
 
 static void test_view_of_a_member_that_answers_badly(void **state)
@@ -394,6 +466,7 @@ static void test_view_of_a_member_that_answers_badly(void **state)
     assert_true(th_now_ms() - t0 >= 1900); /* the view's whole wait */
     get_expect(&b, path, "502", "the owner's reply does not decode");
     get_expect(&b, path, "404", "ghost keeps no such stream");
+    view_queue_full(&b, path);
 
     /* Direct mode: a request for ghost's partition is not this worker's. */
     void *sock = th_connect(b.endpoint, 10000);
