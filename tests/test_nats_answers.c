@@ -23,7 +23,10 @@
  *     status and message; while the view waits on a query nobody answers it holds 32
  *     questions, and the next is refused at once (503 busy);
  *   - in direct mode the worker answers a request for ghost's partition not_owner, naming ghost
- *     (which publishes no endpoint), and counts it.
+ *     (which publishes no endpoint), and counts it;
+ *   - a worker that stops publishes each partition's changed streams as it gives it up, those of
+ *     the other partition left for its own turn, before its next tick (PROTOCOL.md §13
+ *     "Histogram publications").
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -63,7 +66,8 @@ static int teardown(void **state)
     return tn_suite_teardown();
 }
 
-static void start_worker(th_daemon_t *d, const char *member, bool direct)
+/* A fleet worker of 2 partitions, in direct mode when `direct`, publishing every pub_ms. */
+static void start_worker(th_daemon_t *d, const char *member, bool direct, const char *pub_ms)
 {
     const char *args[] = {"--metrics",
                           "127.0.0.1:0",
@@ -81,6 +85,8 @@ static void start_worker(th_daemon_t *d, const char *member, bool direct)
                           "0",
                           "--metrics-max-connections-per-address",
                           "64",
+                          "--pub-interval-ms",
+                          pub_ms,
                           direct ? "--nats-direct" : NULL,
                           "local",
                           NULL};
@@ -137,6 +143,39 @@ static int ask_op(const char *subject, uint8_t op, const char *stream, uint8_t f
     return ask_on(subject, inbox, inbox, header, sizeof header, wait_ms);
 }
 
+/* One hist batch of 100 bytes into stream `name` on d (direct mode), sent until d owns its
+ * partition and applies it. */
+static void write_direct(th_daemon_t *d, const char *name)
+{
+    void *sock = th_connect(d->endpoint, 10000);
+    assert_non_null(sock);
+    uint8_t data[100];
+    memset(data, 7, sizeof data);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    int st = -1;
+    for (int64_t until = th_now_ms() + WAIT_MS; st != TALLY_OK && th_now_ms() < until;)
+        if ((st = th_call_status(sock, &req, data, sizeof data)) == TALLY_E_NOT_OWNER)
+            th_sleep_ms(50);
+    assert_int_equal(st, TALLY_OK);
+    th_close(sock);
+}
+
+/* The Tally-Stream of each publication on watch within wait_ms, joined with ',' into out. */
+static void watched(natsSubscription *watch, int wait_ms, char *out, size_t cap)
+{
+    natsMsg *m = NULL;
+    out[0] = '\0';
+    while (natsSubscription_NextMsg(&m, watch, wait_ms) == NATS_OK) {
+        const char *name = "?", *member = "?";
+        natsMsgHeader_Get(m, TALLY_NATS_HDR_STREAM, &name);
+        natsMsgHeader_Get(m, TALLY_NATS_HDR_MEMBER, &member);
+        size_t n = strlen(out);
+        snprintf(out + n, cap - n, "%s%s@%s", n ? "," : "", name, member);
+        natsMsg_Destroy(m);
+    }
+}
+
 static long long wait_metric(th_daemon_t *d, const char *name, long long want)
 {
     long long v = th_metric(d, name);
@@ -150,7 +189,7 @@ static void test_requests_answered_nowhere(void **state)
 {
     (void)state;
     th_daemon_t w;
-    start_worker(&w, "owner", false);
+    start_worker(&w, "owner", true, "1000");
     char q0[64], q5[64], seq0[64], ctl[64], in0[32];
     tally_fleet_subject(q0, sizeof q0, TALLY_NATS_SUBJ_QUERY, 0, TALLY_NATS_USER_ANON);
     tally_fleet_subject(q5, sizeof q5, TALLY_NATS_SUBJ_QUERY, 5, TALLY_NATS_USER_ANON);
@@ -195,6 +234,8 @@ static void test_requests_answered_nowhere(void **state)
     assert_int_equal(ask_op(seq0, TALLY_OP_QUERY, in0, TALLY_FLAG_QUERY_WINDOW, 10000),
                      TALLY_E_OPCODE);
     assert_int_equal(ask_op(seq0, TALLY_OP_QUERY, in0, 0, 10000), TALLY_E_UNKNOWN_STREAM);
+    write_direct(&w, in0); /* now it exists: its last_seq alone */
+    assert_int_equal(ask_op(seq0, TALLY_OP_QUERY, in0, 0, 10000), TALLY_OK);
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
 }
 
@@ -406,10 +447,24 @@ static void test_view_of_a_member_that_answers_badly(void **state)
     (void)state;
     /* A worker makes the fleet and gives both partitions up when it stops. */
     th_daemon_t w;
-    start_worker(&w, "maker", false);
+    char in0[32], in1[32], path[64];
+    name_in(0, in0, sizeof in0);
+    name_in(1, in1, sizeof in1);
+    natsSubscription *watch = NULL;
+    assert_int_equal(natsConnection_SubscribeSync(&watch, nc, TALLY_NATS_SUBJ_WATCH ">"), NATS_OK);
+    tn_fleet_delete(js, 2); /* a fleet of its own: no stream of the first test's checkpoints */
+    start_worker(&w, "maker", true, "60000"); /* its first tick at start, the next far later */
     int held = 0;
     assert_true(tn_wait_leases(js, 2, "maker", 2, WAIT_MS, &held) >= 0);
+    /* A changed stream in each partition: each published as its partition is given up. */
+    write_direct(&w, in0);
+    write_direct(&w, in1);
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+    char seen[256], want[128];
+    watched(watch, 1000, seen, sizeof seen);
+    snprintf(want, sizeof want, "%s@maker,%s@maker", in0, in1);
+    assert_string_equal(seen, want);
+    natsSubscription_Destroy(watch);
     kvStore *leases = NULL;
     assert_int_equal(js_KeyValue(&leases, js, TALLY_NATS_BUCKET_LEASES), NATS_OK);
     atomic_store(&ghost_on, true);
@@ -425,7 +480,7 @@ static void test_view_of_a_member_that_answers_badly(void **state)
     assert_int_equal(natsConnection_Flush(nc), NATS_OK);
 
     th_daemon_t b;
-    start_worker(&b, "bystander", true);
+    start_worker(&b, "bystander", true, "1000");
     char *r = th_http_get(th_metrics_port(&b), "GET", "/api/v1/streams", NULL);
     assert_non_null(r);
     if (!strstr(r, "{\"stream\":\"g/299\",\"member\":\"ghost\"},{\"stream\":\"ghost/a\","
@@ -455,9 +510,6 @@ static void test_view_of_a_member_that_answers_badly(void **state)
     free(r);
     assert_true(th_now_ms() - t0 >= 1900); /* the view's whole wait */
 
-    char in0[32], in1[32], path[64];
-    name_in(0, in0, sizeof in0);
-    name_in(1, in1, sizeof in1);
     snprintf(path, sizeof path, "/api/v1/streams/%s", in0);
     get_expect(&b, path, "502", "the owner's answer on tally.q.0.anon is not a reply");
     snprintf(path, sizeof path, "/api/v1/streams/%s", in1);
@@ -474,7 +526,6 @@ static void test_view_of_a_member_that_answers_badly(void **state)
     tally_req_t req = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, 1);
     assert_int_equal(tally_req_set_stream(&req, in0), TALLY_OK);
     th_reply_t rep;
-    char want[64];
     snprintf(want, sizeof want, "partition 0 is owned by ghost");
     long long tries = 0;
     bool named = false;
