@@ -296,7 +296,8 @@ static atomic_int lists_asked;
 static void on_streams(natsConnection *c, natsSubscription *s, natsMsg *req, void *arg)
 {
     (void)c, (void)s, (void)arg;
-    const char *to = natsMsg_GetReply(req);
+    char to[128];
+    snprintf(to, sizeof to, "%s", natsMsg_GetReply(req));
     int asked = atomic_fetch_add(&lists_asked, 1);
     natsMsg_Destroy(req);
     if (asked == 1) {
