@@ -16,7 +16,8 @@
  *     the worker's GET /api/v1/streams lists only the streams of ghost's well-formed answers
  *     (300 and more: the list grows), each once, covering both partitions, not partial; an
  *     answer of both partitions listing nothing is an empty list; one of partition 0 alone is
- *     partial, after the view's whole wait;
+ *     partial, after the view's whole wait; one of 70,000 streams is cut at the list's 8 MiB
+ *     (64,527 entries of 130 bytes) and partial;
  *   - GET /api/v1/streams/NAME of ghost's streams: an answer shorter than a reply header is 502
  *     "not a reply", a reply header that does not decode is 502 bad_reply, no answer at all is
  *     504 after the view's wait ("no owner?"), and ghost's error reply is passed on with its
@@ -87,8 +88,12 @@ static void start_worker(th_daemon_t *d, const char *member, bool direct, const 
                           "64",
                           "--pub-interval-ms",
                           pub_ms,
+                          "--shm",
+                          "off",
                           direct ? "--nats-direct" : NULL,
                           "local",
+                          direct && strcmp(member, "owner") == 0 ? "--nats-advertise" : NULL,
+                          "tcp://owner.example:5555",
                           NULL};
     assert_int_equal(th_daemon_start_with(d, args, NULL), 0);
 }
@@ -190,6 +195,19 @@ static void test_requests_answered_nowhere(void **state)
     (void)state;
     th_daemon_t w;
     start_worker(&w, "owner", true, "1000");
+    /* Direct mode: its endpoints under its member id, zmq= the advertised one. */
+    kvStore *endpoints = NULL;
+    assert_int_equal(js_KeyValue(&endpoints, js, TALLY_NATS_BUCKET_ENDPOINTS), NATS_OK);
+    kvEntry *e = NULL;
+    for (int64_t until = th_now_ms() + WAIT_MS;
+         kvStore_Get(&e, endpoints, "owner") != NATS_OK && th_now_ms() < until;)
+        th_sleep_ms(50);
+    assert_non_null(e);
+    char value[512];
+    snprintf(value, sizeof value, "%.*s", kvEntry_ValueLen(e), kvEntry_ValueString(e));
+    assert_string_equal(value, "zmq=tcp://owner.example:5555\n");
+    kvEntry_Destroy(e);
+    kvStore_Destroy(endpoints);
     char q0[64], q5[64], seq0[64], ctl[64], in0[32];
     tally_fleet_subject(q0, sizeof q0, TALLY_NATS_SUBJ_QUERY, 0, TALLY_NATS_USER_ANON);
     tally_fleet_subject(q5, sizeof q5, TALLY_NATS_SUBJ_QUERY, 5, TALLY_NATS_USER_ANON);
@@ -218,6 +236,13 @@ static void test_requests_answered_nowhere(void **state)
     /* A request on the same subject after them is answered: both were taken, one counted. */
     assert_int_equal(ask_op(ctl, TALLY_OP_PING, NULL, 0, 10000), TALLY_OK);
     assert_int_equal(th_metric(&w, refused), 1);
+    /* A subject that names no user (not a member id's characters): no inbox is its. */
+    static const char odd[] = TALLY_NATS_INBOX "no~user.x";
+    assert_int_equal(ask_on(TALLY_NATS_SUBJ_CTL ".no~user", odd, odd, header, sizeof header, 500),
+                     -1);
+    assert_int_equal(wait_metric(&w, refused, 2), 2);
+    assert_true(th_daemon_log_contains(
+        &w, "asks for its answer on _INBOX.no~user.x, outside the inboxes of user (none)"));
 
     /* What tally.ctl answers besides ping; a query without a stream, or with a stream length
      * past a name's, is the request path's to refuse. */
@@ -291,6 +316,33 @@ static size_t entries(uint8_t *out, const char *const *names)
 
 static atomic_int lists_asked;
 
+/* An answer of both partitions listing `count` streams t/NNNNN. */
+static void ghost_many(const char *to, int count)
+{
+    size_t cap = TALLY_REP_HEADER_SIZE + (size_t)count * 8;
+    uint8_t *frame = calloc(1, cap);
+    assert_non_null(frame);
+    tally_rep_t rep;
+    memset(&rep, 0, sizeof rep);
+    rep.version = TALLY_PROTO_VERSION;
+    rep.opcode = TALLY_OP_STREAMS;
+    rep.count = (uint64_t)count;
+    tally_rep_encode(&rep, frame);
+    size_t n = TALLY_REP_HEADER_SIZE;
+    for (int i = 0; i < count; i++) {
+        frame[n] = 7;
+        snprintf((char *)frame + n + 1, 8, "t/%05d", i);
+        n += 8;
+    }
+    natsMsg *m = NULL;
+    assert_int_equal(natsMsg_Create(&m, to, NULL, (const char *)frame, (int)n), NATS_OK);
+    natsMsgHeader_Set(m, TALLY_NATS_HDR_MEMBER, "ghost");
+    natsMsgHeader_Set(m, TALLY_NATS_HDR_OWNED, "3");
+    natsConnection_PublishMsg(nc, m);
+    natsMsg_Destroy(m);
+    free(frame);
+}
+
 /* The first `streams` question: answers that are no member's, then well-formed ones; the second:
  * both partitions covered, nothing listed; the third: partition 0 only. */
 static void on_streams(natsConnection *c, natsSubscription *s, natsMsg *req, void *arg)
@@ -306,6 +358,10 @@ static void on_streams(natsConnection *c, natsSubscription *s, natsMsg *req, voi
     }
     if (asked == 2) {
         ghost_send(to, TALLY_PROTO_VERSION, TALLY_OK, NULL, 0, 0, "ghost", "1", "2");
+        return;
+    }
+    if (asked == 3) {
+        ghost_many(to, 70000);
         return;
     }
     static uint8_t list[4096];
@@ -508,6 +564,17 @@ static void test_view_of_a_member_that_answers_badly(void **state)
     assert_non_null(r);
     if (!strstr(r, "\"partitions\":2,\"covered\":1,") || !strstr(r, "\"partial\":true"))
         fail_msg("a list of partition 0 only: %s", r);
+    free(r);
+    /* 70,000 streams: the list is cut at its 8 MiB (64,527 entries) and says partial. */
+    r = th_http_get(th_metrics_port(&b), "GET", "/api/v1/streams", NULL);
+    assert_non_null(r);
+    assert_int_equal(strncmp(r + 9, "200", 3), 0);
+    listed = 0;
+    for (const char *at = r; (at = strstr(at, "{\"stream\":\"t/")); at++)
+        listed++;
+    assert_int_equal(listed, (8 << 20) / 130);
+    assert_non_null(strstr(r, "\"partitions\":2,\"covered\":2,"));
+    assert_non_null(strstr(r, "\"partial\":true"));
     free(r);
     assert_true(th_now_ms() - t0 >= 1900); /* the view's whole wait */
 

@@ -293,7 +293,7 @@ void td_fleet_on_reply(td_fleet_t *f, int slot, const uint8_t *reply, size_t len
     td_pend_t *pend = &f->pend[slot];
     if (pend->kind == PEND_PART)
         td_part_reply(f, &f->parts[pend->k], pend, reply, len);
-    else if (pend->kind == PEND_QUERY)
+    else /* PEND_QUERY: dispatch (td_fleet_transport.c) keeps PEND_SYNC's and drops free slots' */
         td_fleet_query_reply(f, pend, reply, len);
     memset(pend, 0, sizeof *pend);
 }

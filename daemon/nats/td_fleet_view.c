@@ -27,7 +27,8 @@
 #include "td_nats_js.h"
 
 /* Questions waiting at once; how long a gather or a query waits for answers; the memory one
- * list may take (entries of name and member: about 60,000 streams). */
+ * list may take (entries of name and member, 130 bytes: 64,527 streams; more, and the list says
+ * it is partial). */
 #define TD_VIEW_QUEUE 32
 #define TD_VIEW_WAIT_MS 2000
 #define TD_VIEW_LIST_BYTES (8u << 20)
@@ -73,7 +74,7 @@ static void push(view_ask_t ***tail, view_ask_t *a)
 static bool ask(td_view_t *v, view_ask_t *a)
 {
     pthread_mutex_lock(&v->mu);
-    bool room = v->waiting < TD_VIEW_QUEUE && !atomic_load(&v->stop);
+    bool room = v->waiting < TD_VIEW_QUEUE; /* no ask after close: the loop has ended */
     if (room) {
         v->waiting++;
         push(&v->todo_tail, a);
@@ -172,11 +173,11 @@ static void merge(td_view_t *v, view_ask_t *a, natsMsg *m, bool *covered)
     for (size_t at = TALLY_REP_HEADER_SIZE;
          at < len && at + 1 + data[at] <= len && data[at] && data[at] <= TALLY_STREAM_NAME_MAX;
          at += 1 + data[at]) { /* a garbled entry ends the member's list */
-        if (ans->count == a->cap) {
-            size_t cap = a->cap ? 2 * a->cap : 256;
-            td_fleet_entry_t *grown = cap * sizeof *grown <= TD_VIEW_LIST_BYTES
-                                          ? realloc(ans->entries, cap * sizeof *grown)
-                                          : NULL;
+        if (ans->count == a->cap) { /* doubled, the last step to the limit itself */
+            size_t most = TD_VIEW_LIST_BYTES / sizeof *ans->entries;
+            size_t cap = !a->cap ? 256 : 2 * a->cap < most ? 2 * a->cap : most;
+            td_fleet_entry_t *grown =
+                cap > a->cap ? realloc(ans->entries, cap * sizeof *grown) : NULL;
             if (!grown) {
                 ans->truncated = true;
                 return;
