@@ -329,9 +329,11 @@ static void ghost_many(const char *to, int count)
     rep.count = (uint64_t)count;
     tally_rep_encode(&rep, frame);
     size_t n = TALLY_REP_HEADER_SIZE;
+    assert_true(count <= 100000);
     for (int i = 0; i < count; i++) {
-        frame[n] = 7;
-        snprintf((char *)frame + n + 1, 8, "t/%05d", i);
+        char name[16];
+        frame[n] = (uint8_t)snprintf(name, sizeof name, "t/%05d", i); /* 7: i < 100,000 */
+        memcpy(frame + n + 1, name, 7);
         n += 8;
     }
     natsMsg *m = NULL;
