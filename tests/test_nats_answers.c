@@ -435,6 +435,20 @@ static void *hold_leases(void *arg)
     return NULL;
 }
 
+/* How many times `what` stands in s: one pass (strstr from each hit, under ASan's interceptor,
+ * measures the rest of a response of megabytes each time). */
+static int count_of(const char *s, const char *what)
+{
+    int count = 0;
+    for (const char *at = s; *at; at++) {
+        size_t i = 0;
+        while (what[i] && at[i] == what[i])
+            i++;
+        count += what[i] == '\0';
+    }
+    return count;
+}
+
 /* GET path from d's API: the response, which must have status `code` and contain `want`. */
 static void get_expect(th_daemon_t *d, const char *path, const char *code, const char *want)
 {
@@ -549,10 +563,7 @@ static void test_view_of_a_member_that_answers_badly(void **state)
         !strstr(r, "\"partitions\":2,\"covered\":2,") ||
         !strstr(r, "\"members\":3,\"partial\":false"))
         fail_msg("the fleet's list: %s", r);
-    int listed = 0;
-    for (const char *at = r; (at = strstr(at, "\"member\":\"ghost\"")); at++)
-        listed++;
-    assert_int_equal(listed, 300 + 4);
+    assert_int_equal(count_of(r, "\"member\":\"ghost\""), 300 + 4);
     assert_non_null(strstr(r, "\"streams\":[{\"stream\":\"g/000\",\"member\":\"ghost\"}"));
     assert_null(strstr(r, "bad/x"));
     assert_null(strstr(r, "hidden"));
@@ -571,10 +582,7 @@ static void test_view_of_a_member_that_answers_badly(void **state)
     r = th_http_get(th_metrics_port(&b), "GET", "/api/v1/streams", NULL);
     assert_non_null(r);
     assert_int_equal(strncmp(r + 9, "200", 3), 0);
-    listed = 0;
-    for (const char *at = r; (at = strstr(at, "{\"stream\":\"t/")); at++)
-        listed++;
-    assert_int_equal(listed, (8 << 20) / 130);
+    assert_int_equal(count_of(r, "{\"stream\":\"t/"), (8 << 20) / 130);
     assert_non_null(strstr(r, "\"partitions\":2,\"covered\":2,"));
     assert_non_null(strstr(r, "\"partial\":true"));
     free(r);
