@@ -79,7 +79,7 @@ static void publish_reply(td_fleet_t *f, const char *subject, natsMsg *request, 
     if (s == NATS_OK && owned)
         s = natsMsgHeader_Set(m, TALLY_NATS_HDR_OWNED, owned);
     const char *id = NULL;
-    if (s == NATS_OK && natsMsgHeader_Get(request, TALLY_NATS_HDR_MSG_ID, &id) == NATS_OK && id)
+    if (s == NATS_OK && natsMsgHeader_Get(request, TALLY_NATS_HDR_MSG_ID, &id) == NATS_OK)
         s = natsMsgHeader_Set(m, TALLY_NATS_HDR_REPLY_ID, id);
     char num[24];
     if (s == NATS_OK && seq) {

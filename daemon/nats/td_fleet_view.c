@@ -166,7 +166,7 @@ static void merge(td_view_t *v, view_ask_t *a, natsMsg *m, bool *covered)
         tally_fleet_owned_merge(owned, v->f->partitions, covered) < 0)
         return; /* not a member's answer of this layout: it covers nothing */
     ans->answered++;
-    if (natsMsgHeader_Get(m, TALLY_NATS_HDR_MEMBERS, &members) == NATS_OK && members) {
+    if (natsMsgHeader_Get(m, TALLY_NATS_HDR_MEMBERS, &members) == NATS_OK) { /* a received header: never NULL */
         size_t said = strtoul(members, NULL, 10);
         ans->members = said > ans->members && said <= 100000 ? said : ans->members;
     }
@@ -268,7 +268,7 @@ static void query(td_view_t *v, view_ask_t *a)
     if (s == NATS_OK && natsMsg_GetDataLength(a->reply) >= TALLY_REP_HEADER_SIZE) {
         a->answer.reply = (const uint8_t *)natsMsg_GetData(a->reply);
         a->answer.reply_len = (size_t)natsMsg_GetDataLength(a->reply);
-        if (natsMsgHeader_Get(a->reply, TALLY_NATS_HDR_MEMBER, &owner) == NATS_OK && owner)
+        if (natsMsgHeader_Get(a->reply, TALLY_NATS_HDR_MEMBER, &owner) == NATS_OK)
             snprintf(a->answer.owner, sizeof a->answer.owner, "%s", owner);
     } else if (s == NATS_OK) {
         say(a, TALLY_E_REPLY, "the owner's answer on %s is not a reply", subject);
