@@ -788,8 +788,12 @@ TALLY_API tally_status_t tally_client_new_nats(const tally_nats_opts_t *opts, ta
  * owner it names (up to 8 hops); a `shutdown` answer, or no answer from an owner that has since
  * been replaced, is sent again to the partition's next owner once it has taken over, when the
  * request is numbered (`seq`: applied once) or only reads; an unnumbered write that lost its
- * owner is answered TALLY_E_TRANSPORT (it may or may not have been applied). Requests without a
- * stream go to partition 0's owner. Shared-memory regions are refused. TALLY_E_ARG (no fleet in
+ * owner is answered TALLY_E_TRANSPORT (it may or may not have been applied). An owner whose
+ * connection does not come up within 1 s (it exited) is not waited on for the timeout: the
+ * routing is read again and the request, not yet sent, goes to the owner it names. Requests
+ * without a stream go to partition 0's owner, except `streams`, gathered from every owner
+ * (tally_streams_missing counts the partitions whose owner did not answer). Shared-memory
+ * regions are refused. TALLY_E_ARG (no fleet in
  * direct mode on that NATS, a malformed option), TALLY_E_TRANSPORT (NATS unreachable); msg (may
  * be NULL) says why. */
 TALLY_API tally_status_t tally_client_new_fleet(const tally_nats_opts_t *opts, tally_client_t **out,

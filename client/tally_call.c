@@ -60,6 +60,26 @@ void tally_reply_clear(tally_reply_t *reply)
     tally_reply_init(reply);
 }
 
+static void free_buffer(void *data, void *hint)
+{
+    (void)hint;
+    free(data);
+}
+
+tally_status_t tally__reply_take(tally_reply_t *reply, uint8_t *buf, size_t len)
+{
+    zmq_msg_t *frame = malloc(sizeof *frame);
+    if (!frame || zmq_msg_init_data(frame, buf, len, free_buffer, NULL) != 0) {
+        free(frame);
+        free(buf);
+        return TALLY_E_NOMEM;
+    }
+    reply->msg_ = frame;
+    reply->payload = len ? buf : NULL;
+    reply->len = len;
+    return TALLY_OK;
+}
+
 /* ---- Send and receive --------------------------------------------------------------------- */
 
 /* Validates req and queues its header frame (with ZMQ_SNDMORE), waiting for the socket until
@@ -120,7 +140,7 @@ static int send_payload_copy(tally_client_t *self, const void *payload, size_t l
 tally_status_t tally__send_until(tally_client_t *self, const tally_req_t *req, const void *payload,
                                  size_t len, uint64_t *request_id, int64_t deadline)
 {
-    if (!self || !req || (len && !payload))
+    if (!req || (len && !payload))
         return TALLY_E_ARG;
     if (self->transport) /* a fleet over NATS (tally_transport.h) */
         return self->transport->ops->send(self->transport, req, payload, len, request_id,

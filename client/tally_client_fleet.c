@@ -10,13 +10,20 @@
  * published hash), its lease holder in TALLY_LEASES, the holder's ZeroMQ endpoint in
  * TALLY_ENDPOINTS, looked up once per partition and kept until a member says otherwise; one
  * plain libtally client per member, made when first needed. A request without a stream (ping,
- * info, stats, streams) goes to partition 0's owner.
+ * info, stats) goes to partition 0's owner. `streams` is gathered from every owner (a member
+ * lists only the streams it holds): each name kept from the member the routing names as its
+ * partition's owner, the partitions whose owner did not answer counted in the reply's aux1 as
+ * tally_client_nats.c does (tally_streams_missing).
  *
  * Every request in flight is kept (header and a copy of its payload) until its reply, so that:
  *   - a `not_owner` answer (nothing was run) is followed: sent again to the owner the answer
  *     names ("... at ENDPOINT"), or the one the buckets name, up to TALLY_FLEET_HOPS times;
  *   - a `shutdown` answer (a member stopping: nothing was run) waits for the partition's next
  *     owner and is sent there;
+ *   - a request that cannot be sent because its owner's connection does not come up within
+ *     TALLY_FLEET_SUSPECT_MS (the owner exited or was killed) is not waited on for the whole
+ *     timeout: the routing is read again and it goes to the owner it names, or waits, unsent,
+ *     for one whose connection is up (a member found down is not waited for again);
  *   - a request without an answer after TALLY_FLEET_SUSPECT_MS whose partition has changed
  *     owner (the old one was killed or cut off) is sent to the new owner when it is numbered
  *     (`seq`: the new owner applies it only if its checkpoint does not have it; exactly once) or
@@ -46,6 +53,7 @@ typedef struct {
     char member[TALLY_NATS_MEMBER_ID_MAX + 1];
     char endpoint[TALLY_NATS_ENDPOINT_MAX];
     tally_client_t *c;
+    bool down; /* its connection did not come up within a probe: not waited for again */
 } member_t;
 
 typedef struct pending {
@@ -60,6 +68,9 @@ typedef struct pending {
     tally_req_t req;
     uint8_t *payload;
     size_t len;
+    bool ready; /* answered here (`streams`, gathered): answer and status wait for tally_recv */
+    tally_status_t status;
+    tally_reply_t answer;
 } pending_t;
 
 typedef struct {
@@ -130,6 +141,40 @@ static int owner_until(fleetc_t *self, uint32_t k, int64_t deadline)
     return m;
 }
 
+/* At most TALLY_FLEET_SUSPECT_MS (and the timeout) for a member's connection to come up. */
+static int probe_ms(const fleetc_t *self)
+{
+    return self->timeout_ms < TALLY_FLEET_SUSPECT_MS ? self->timeout_ms : TALLY_FLEET_SUSPECT_MS;
+}
+
+/* Partition k's owner for a call made now: the one known, unless its connection does not come
+ * up within a probe (it exited): then the one the routing names next, waited for until
+ * deadline (us); -1 when none is up by then (self->error says why). */
+static int owner_up(fleetc_t *self, uint32_t k, int64_t deadline)
+{
+    for (;;) {
+        int m = self->owner[k] >= 0 ? self->owner[k] : owner_now(self, k);
+        if (m >= 0) {
+            member_t *o = &self->members[m];
+            int64_t probe = now_us() + (o->down ? 0 : (int64_t)probe_ms(self) * 1000);
+            tally_status_t st = tally__wait_connected(o->c, probe < deadline ? probe : deadline);
+            o->down = st == TALLY_E_TIMEOUT;
+            if (!o->down) /* up, or refused: the call says so */
+                return self->owner[k] = m;
+            self->owner[k] = -1;
+            snprintf(self->error, sizeof self->error, "%s", tally_client_error(o->c));
+        } else {
+            snprintf(self->error, sizeof self->error,
+                     "partition %u has no owner in direct mode (TALLY_LEASES, TALLY_ENDPOINTS) "
+                     "within %d ms",
+                     (unsigned)k, self->timeout_ms);
+        }
+        if (now_us() >= deadline)
+            return -1;
+        usleep(TALLY_FLEET_POLL_MS * 1000);
+    }
+}
+
 /* A not_owner answer's "partition K is owned by M at ENDPOINT": M's member index, or -1. */
 static int named_owner(fleetc_t *self, const char *why)
 {
@@ -144,14 +189,26 @@ static int named_owner(fleetc_t *self, const char *why)
 
 /* ---- Sending ------------------------------------------------------------------------------ */
 
+/* Sends p to member m. Its connection is waited for TALLY_FLEET_SUSPECT_MS at most (an owner
+ * that has exited never comes back: the routing is asked again instead), and not at all while it
+ * is known down; then nothing was sent, and p waits (TALLY_E_TIMEOUT) for the routing to name
+ * an owner whose connection is up (check_owners). */
 static tally_status_t send_to(fleetc_t *self, pending_t *p, int m)
 {
+    member_t *to = &self->members[m];
     p->m = m;
     p->waiting = false;
     p->sent_us = now_us();
-    tally_status_t st = tally_send(self->members[m].c, &p->req, p->payload, p->len, &p->inner_id);
+    int64_t deadline = p->sent_us + (to->down ? 0 : (int64_t)probe_ms(self) * 1000);
+    tally_status_t st =
+        tally__send_until(to->c, &p->req, p->payload, p->len, &p->inner_id, deadline);
+    to->down = st == TALLY_E_TIMEOUT;
     if (st != TALLY_OK)
-        snprintf(self->error, sizeof self->error, "%s", tally_client_error(self->members[m].c));
+        snprintf(self->error, sizeof self->error, "%s", tally_client_error(to->c));
+    if (st == TALLY_E_TIMEOUT) {
+        p->m = -1;
+        p->waiting = true;
+    }
     return st;
 }
 
@@ -166,6 +223,73 @@ static void unlink_pending(fleetc_t *self, pending_t *p)
         }
     free(p->payload);
     free(p);
+}
+
+/* ---- `streams`, gathered ------------------------------------------------------------------ */
+
+/* Member m's streams of the partitions owner[] says it owns, appended to *out (*len bytes, *cap
+ * allocated; tallyd's own layout: a length byte, then the name) and counted in *count; false
+ * when m did not answer (its connection not up within a probe, or no reply). */
+static bool gather_member(fleetc_t *self, int m, const int *owner, uint8_t **out, size_t *len,
+                          size_t *cap, uint64_t *count)
+{
+    member_t *o = &self->members[m];
+    int64_t probe = now_us() + (o->down ? 0 : (int64_t)probe_ms(self) * 1000);
+    o->down = tally__wait_connected(o->c, probe) == TALLY_E_TIMEOUT;
+    char **names = NULL;
+    size_t n = 0;
+    if (o->down || tally_streams(o->c, &names, &n) != TALLY_OK)
+        return false;
+    bool ok = true;
+    for (size_t i = 0; i < n && ok; i++) {
+        size_t l = strlen(names[i]);
+        if (owner[tally_partition(names[i], l, self->partitions)] != m)
+            continue; /* held, not owned (a hand-over's leftover): its owner lists it */
+        if (*len + 1 + l > *cap) {
+            size_t want = (*cap ? *cap * 2 : 4096) + 1 + l;
+            uint8_t *grown = realloc(*out, want);
+            ok = grown != NULL;
+            if (!ok)
+                break;
+            *out = grown;
+            *cap = want;
+        }
+        (*out)[(*len)++] = (uint8_t)l;
+        memcpy(*out + *len, names[i], l);
+        *len += l;
+        ++*count;
+    }
+    tally_strings_free(names, n);
+    return ok;
+}
+
+/* p (a `streams`) answered here: every owner's streams into p->answer, as one tallyd's reply. */
+static tally_status_t gather_streams(fleetc_t *self, pending_t *p)
+{
+    int owner[TALLY_NATS_MAX_PARTITIONS];
+    bool asked[TALLY_FLEET_MEMBERS_MAX] = {false}, answered[TALLY_FLEET_MEMBERS_MAX] = {false};
+    for (uint32_t k = 0; k < self->partitions; k++)
+        owner[k] = owner_now(self, k);
+    uint8_t *out = NULL;
+    size_t len = 0, cap = 0;
+    uint64_t count = 0, missing = 0;
+    for (uint32_t k = 0; k < self->partitions; k++) {
+        int m = owner[k];
+        if (m >= 0 && !asked[m]) {
+            asked[m] = true;
+            answered[m] = gather_member(self, m, owner, &out, &len, &cap, &count);
+        }
+        missing += m < 0 || !answered[m];
+    }
+    tally_reply_t *r = &p->answer;
+    if ((!out && !(out = malloc(1))) || tally__reply_take(r, out, len) != TALLY_OK)
+        return TALLY_E_NOMEM;
+    r->rep = (tally_rep_t){.version = TALLY_PROTO_VERSION, .opcode = TALLY_OP_STREAMS,
+                           .request_id = p->id, .aux0 = count, .aux1 = missing};
+    p->ready = true;
+    p->m = -1; /* no member's reply is its */
+    p->status = TALLY_OK;
+    return TALLY_OK;
 }
 
 static tally_status_t fleetc_send(tally__transport_t *base, const tally_req_t *req,
@@ -187,11 +311,28 @@ static tally_status_t fleetc_send(tally__transport_t *base, const tally_req_t *r
     p->k = req->stream_len ? tally_partition(req->stream, req->stream_len, self->partitions) : 0;
     *self->tail = p;
     self->tail = &p->next;
+    if (req->opcode == TALLY_OP_STREAMS) {
+        tally_status_t st = gather_streams(self, p);
+        if (st != TALLY_OK) {
+            snprintf(error, cap, "out of memory");
+            unlink_pending(self, p);
+        } else if (request_id) {
+            *request_id = p->id;
+        }
+        return st;
+    }
     int m = self->owner[p->k];
     if (m < 0)
         m = self->owner[p->k] =
             owner_until(self, p->k, now_us() + (int64_t)self->timeout_ms * 1000);
     tally_status_t st = m < 0 ? TALLY_E_TIMEOUT : send_to(self, p, m);
+    if (st == TALLY_E_TIMEOUT && m >= 0) { /* its owner's connection is down: who owns it now */
+        int now = owner_now(self, p->k);
+        if (now >= 0 && now != m)
+            st = send_to(self, p, self->owner[p->k] = now);
+        if (st == TALLY_E_TIMEOUT)
+            st = TALLY_OK; /* not sent: waits for an owner that is up, within tally_recv */
+    }
     if (st != TALLY_OK) {
         snprintf(error, cap, "%s", self->error);
         unlink_pending(self, p);
@@ -221,10 +362,15 @@ static bool check_owners(fleetc_t *self, tally_reply_t *reply, tally_status_t *s
     if (now - self->checked_us < TALLY_FLEET_POLL_MS * 4 * 1000)
         return false;
     self->checked_us = now;
+    int seen[TALLY_NATS_MAX_PARTITIONS]; /* each partition's owner, read once a check: -2 not yet */
+    for (uint32_t k = 0; k < self->partitions; k++)
+        seen[k] = -2;
     for (pending_t *p = self->head; p; p = p->next) {
-        if (!p->waiting && now - p->sent_us < TALLY_FLEET_SUSPECT_MS * 1000)
+        if (p->ready || (!p->waiting && now - p->sent_us < TALLY_FLEET_SUSPECT_MS * 1000))
             continue;
-        int m = owner_now(self, p->k);
+        if (seen[p->k] == -2)
+            seen[p->k] = owner_now(self, p->k);
+        int m = seen[p->k];
         bool moved = m != p->m, late = now - p->sent_us >= TALLY_FLEET_SUSPECT_MS * 1000;
         if (m < 0 || (!moved && (!p->waiting || !late)))
             continue; /* no owner yet, or the same one: slow, not gone (a waiting one: later) */
@@ -241,7 +387,7 @@ static bool check_owners(fleetc_t *self, tally_reply_t *reply, tally_status_t *s
         }
         self->owner[p->k] = m;
         if (send_to(self, p, m) != TALLY_OK)
-            p->waiting = true; /* tried again at the next check */
+            p->waiting = true; /* tried again at the next check (a member down: at no cost) */
     }
     return false;
 }
@@ -277,6 +423,14 @@ static tally_status_t fleetc_recv(tally__transport_t *base, int timeout_ms, tall
     int64_t deadline = now_us() + (int64_t)timeout_ms * 1000;
     zmq_pollitem_t items[TALLY_FLEET_MEMBERS_MAX];
     tally_status_t st = TALLY_OK;
+    for (pending_t *p = self->head; p; p = p->next)
+        if (p->ready) { /* answered here */
+            *reply = p->answer;
+            tally_reply_init(&p->answer);
+            st = p->status;
+            unlink_pending(self, p);
+            return st;
+        }
     while (self->head) {
         for (int i = 0; i < self->count; i++)
             items[i] = (zmq_pollitem_t){.socket = self->members[i].c->sock, .events = ZMQ_POLLIN};
@@ -316,9 +470,7 @@ static tally_status_t fleetc_last_seq(tally__transport_t *base, const char *stre
     tally_status_t st = TALLY_E_NOT_OWNER;
     const char *why = "";
     for (int hop = 0; st == TALLY_E_NOT_OWNER && hop <= TALLY_FLEET_HOPS; hop++) {
-        int m = self->owner[k];
-        if (m < 0)
-            m = self->owner[k] = owner_until(self, k, now_us() + (int64_t)self->timeout_ms * 1000);
+        int m = owner_up(self, k, now_us() + (int64_t)self->timeout_ms * 1000);
         if (m < 0) {
             snprintf(error, cap, "%s", self->error);
             return TALLY_E_TIMEOUT;
@@ -339,8 +491,10 @@ static tally_status_t fleetc_last_seq(tally__transport_t *base, const char *stre
 static void fleetc_destroy(tally__transport_t **self_p)
 {
     fleetc_t *self = (fleetc_t *)*self_p;
-    while (self->head)
+    while (self->head) {
+        tally_reply_clear(&self->head->answer);
         unlink_pending(self, self->head);
+    }
     for (int i = 0; i < self->count; i++)
         tally_client_destroy(&self->members[i].c);
     kvStore_Destroy(self->leases);

@@ -100,7 +100,8 @@ tally_status_t tally__wait_connected(tally_client_t *self, int64_t deadline);
 
 /* ---- tally_call.c: requests and replies --------------------------------------------------- */
 
-/* tally_send with the caller's deadline (tally_call_shm sends and waits under one). */
+/* tally_send with the caller's deadline (tally_call_shm sends and waits under one); self is
+ * not NULL (each caller has checked it: the deadline is computed from it). */
 tally_status_t tally__send_until(tally_client_t *self, const tally_req_t *req, const void *payload,
                                  size_t len, uint64_t *request_id, int64_t deadline);
 /* Receives until the reply to request `id` comes (replies to older requests are skipped). */

@@ -105,27 +105,6 @@ static tally_status_t stash(tally__natsc_t *self, tally_status_t status, tally_r
     return TALLY_OK;
 }
 
-static void free_buffer(void *data, void *hint)
-{
-    (void)hint;
-    free(data);
-}
-
-/* reply's payload becomes buf (malloc'ed, len bytes), freed by tally_reply_clear. */
-static tally_status_t take_buffer(tally_reply_t *reply, uint8_t *buf, size_t len)
-{
-    zmq_msg_t *frame = malloc(sizeof *frame);
-    if (!frame || zmq_msg_init_data(frame, buf, len, free_buffer, NULL) != 0) {
-        free(frame);
-        free(buf);
-        return TALLY_E_NOMEM;
-    }
-    reply->msg_ = frame;
-    reply->payload = len ? buf : NULL;
-    reply->len = len;
-    return TALLY_OK;
-}
-
 /* `streams`: every worker's names, as one reply payload of tallyd's own layout (§5). */
 static tally_status_t gather_streams(tally__natsc_t *self, uint64_t id, tally_reply_t *reply)
 {
@@ -157,7 +136,7 @@ static tally_status_t gather_streams(tally__natsc_t *self, uint64_t id, tally_re
     tally_strings_free(names, count);
     reply->rep.aux0 = count;
     reply->rep.aux1 = tally_nats_streams_missing(self->nats); /* 0 from one tallyd: whole */
-    return take_buffer(reply, out, len);
+    return tally__reply_take(reply, out, len);
 }
 
 static tally_status_t natsc_send(tally__transport_t *base, const tally_req_t *req,

@@ -65,5 +65,8 @@ struct tally__transport {
  * the transport the caller's. */
 tally_status_t tally__client_new_transport(tally__transport_t *transport, int timeout_ms,
                                            tally_client_t **out);
+/* A reply a transport makes itself: its payload becomes buf (malloc'ed, len bytes; freed by
+ * tally_reply_clear, or here when out of memory). */
+tally_status_t tally__reply_take(tally_reply_t *reply, uint8_t *buf, size_t len);
 
 #endif /* TALLY_TRANSPORT_H */

@@ -16,7 +16,13 @@
  *     expires), and its checkpoint fenced by another take (the next checkpoint finds it and drops
  *     the partition, which the worker takes back, fencing the other): either way every message
  *     is applied exactly once in the end;
- *   - a stale release (the previous holder's revision) leaves the successor's lease.
+ *   - a stale release (the previous holder's revision) leaves the successor's lease;
+ *   - JetStream refusing the worker's writes: the dead-letter stream deleted (a message that
+ *     fails its checks waits, tried again, until it can be a dead letter: then one dead letter,
+ *     one error reply, and what came after it applied once); the checkpoint bucket refusing a
+ *     manifest (counted in tallyd_nats_checkpoint_failures_total; the worker keeps applying, and
+ *     the next checkpoint after the limit is lifted holds everything); a checkpoint that cannot
+ *     be loaded at a take (not taken, the lease given back; taken once it is whole again).
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -425,6 +431,221 @@ static void test_ckpt_chunks_that_do_not_add_up(void **state)
     kvStore_Destroy(kv);
 }
 
+/* ---- JetStream refusing the worker's writes ------------------------------------------------- */
+
+/* The fleet's objects as the worker makes them (partitions 1, lease TTL 3000 ms): made again
+ * after a test removed one. */
+static void fleet_ensure(void)
+{
+    td_nats_layout_t l = {.partitions = 1,
+                          .replicas = 1,
+                          .partition_max_bytes = 64ll << 20,
+                          .partition_max_age_ms = 3600 * 1000,
+                          .lease_ttl_ms = 3000,
+                          .max_msg_size = (int32_t)natsConnection_GetMaxPayload(tn_suite_nc)};
+    assert_int_equal(td_nats_fleet_ensure(js, &l, msg, sizeof msg), TD_OK);
+}
+
+static long long stat_of(const th_daemon_t *w, const char *name)
+{
+    void *sock = th_connect(w->endpoint, 10000);
+    long long v = th_stat(sock, name);
+    th_close(sock);
+    return v;
+}
+
+/* The dead-letter stream deleted behind the worker's back: a message that fails its checks
+ * cannot be put there, so it is not done with (no reply, nothing after it applied) but tried
+ * again, saying why, until the stream is back; then it is a dead letter once, its publisher
+ * gets one error reply, and the message after it is applied once. */
+static void test_dead_letters_gone(void **state)
+{
+    (void)state;
+    th_daemon_t w;
+    start_worker(&w);
+    wait_owned();
+    jsErrCode jerr = 0;
+    assert_int_equal(js_DeleteStream(js, TALLY_NATS_DEAD_STREAM, NULL, &jerr), NATS_OK);
+    natsSubscription *inbox = NULL;
+    assert_int_equal(natsConnection_SubscribeSync(&inbox, tn_suite_nc, "_INBOX.anon.dead"),
+                     NATS_OK);
+    char subject[48];
+    tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, 0, TALLY_NATS_USER_ANON);
+    natsMsg *bad = NULL;
+    assert_int_equal(natsMsg_Create(&bad, subject, NULL, "too short", 9), NATS_OK);
+    assert_int_equal(natsMsgHeader_Set(bad, TALLY_NATS_HDR_REPLY, "_INBOX.anon.dead"), NATS_OK);
+    jsPubAck *pa = NULL;
+    assert_int_equal(js_PublishMsg(&pa, js, bad, NULL, &jerr), NATS_OK);
+    uint64_t seq = pa->Sequence;
+    jsPubAck_Destroy(pa);
+    natsMsg_Destroy(bad);
+    tally_nats_t *p = producer("dead");
+    send_value_to(p, "afterdead", 5, false);
+    char text[96];
+    snprintf(text, sizeof text, "dead letter of partition 0 sequence %llu: ",
+             (unsigned long long)seq);
+    wait_log(&w, text);
+    natsMsg *r = NULL;
+    assert_int_equal(natsSubscription_NextMsg(&r, inbox, 300), NATS_TIMEOUT);
+    tally_stream_info_t info = {0};
+    assert_true(tally_nats_query(p, "afterdead", &info) != TALLY_OK || info.batches == 0);
+    assert_int_equal(stat_of(&w, "tallyd_nats_dead_letters_total"), 0);
+
+    fleet_ensure(); /* the stream is back */
+    assert_int_equal(natsSubscription_NextMsg(&r, inbox, 20000), NATS_OK);
+    tally_rep_t rep;
+    assert_true(natsMsg_GetDataLength(r) >= TALLY_REP_HEADER_SIZE);
+    assert_int_equal(tally_rep_decode((const uint8_t *)natsMsg_GetData(r), TALLY_REP_HEADER_SIZE,
+                                      &rep),
+                     TALLY_OK);
+    assert_int_equal(rep.status, TALLY_E_HEADER);
+    natsMsg_Destroy(r);
+    holds_each_once(p, "afterdead", 5, 5);
+    assert_int_equal(natsSubscription_NextMsg(&r, inbox, 300), NATS_TIMEOUT); /* one reply */
+    assert_int_equal(stat_of(&w, "tallyd_nats_dead_letters_total"), 1);
+    natsMsg *d = NULL;
+    assert_int_equal(js_GetLastMsg(&d, js, TALLY_NATS_DEAD_STREAM, TALLY_NATS_SUBJ_DEAD ">", NULL,
+                                   &jerr),
+                     NATS_OK);
+    assert_int_equal(natsMsg_GetSequence(d), 1); /* the only one */
+    const char *v = NULL;
+    assert_int_equal(natsMsgHeader_Get(d, TALLY_NATS_HDR_STATUS, &v), NATS_OK);
+    assert_string_equal(v, tally_status_name(TALLY_E_HEADER));
+    char seqs[24];
+    snprintf(seqs, sizeof seqs, "%llu", (unsigned long long)seq);
+    assert_int_equal(natsMsgHeader_Get(d, TALLY_NATS_HDR_SEQ, &v), NATS_OK);
+    assert_string_equal(v, seqs);
+    natsMsg_Destroy(d);
+    natsSubscription_Destroy(inbox);
+
+    /* The same for a message the request path refuses (a reset of no stream): its dead letter
+     * fails, it is sent again until the stream is back; the worker stopped meanwhile gives the
+     * partition up at the message before it, and the next run makes it one dead letter. */
+    assert_int_equal(js_DeleteStream(js, TALLY_NATS_DEAD_STREAM, NULL, &jerr), NATS_OK);
+    tally_req_t req;
+    memset(&req, 0, sizeof req);
+    req.opcode = TALLY_OP_RESET;
+    assert_int_equal(tally_req_set_stream(&req, "nosuch"), TALLY_OK);
+    assert_int_equal(tally_nats_send(p, &req, NULL, 0, false, NULL, NULL), TALLY_OK);
+    assert_int_equal(tally_nats_flush(p), TALLY_OK);
+    snprintf(text, sizeof text, "dead letter of partition 0 sequence %llu: ",
+             (unsigned long long)seq + 2);
+    wait_log(&w, text);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+    assert_true(th_daemon_log_contains(&w, "gave partition 0 up at sequence "));
+    fleet_ensure();
+    start_worker(&w);
+    wait_owned();
+    for (int64_t t0 = th_now_ms();
+         stat_of(&w, "tallyd_nats_dead_letters_total") < 1 && th_now_ms() - t0 < 20000;)
+        th_sleep_ms(50);
+    assert_int_equal(stat_of(&w, "tallyd_nats_dead_letters_total"), 1); /* this run's */
+    assert_int_equal(js_GetLastMsg(&d, js, TALLY_NATS_DEAD_STREAM, TALLY_NATS_SUBJ_DEAD ">", NULL,
+                                   &jerr),
+                     NATS_OK);
+    assert_int_equal(natsMsg_GetSequence(d), 1);
+    assert_int_equal(natsMsgHeader_Get(d, TALLY_NATS_HDR_STATUS, &v), NATS_OK);
+    assert_string_equal(v, tally_status_name(TALLY_E_UNKNOWN_STREAM));
+    natsMsg_Destroy(d);
+    tally_nats_destroy(&p);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
+/* The checkpoint bucket's stream limited to messages smaller than a manifest behind the
+ * worker's back: each checkpoint fails (its manifest still the one the worker knows, so not
+ * fenced), is counted and said, and the worker keeps the partition and goes on applying; once
+ * the limit is lifted the next checkpoint holds everything applied. */
+static void test_checkpoint_refused(void **state)
+{
+    (void)state;
+    th_daemon_t w;
+    start_worker(&w);
+    wait_owned();
+    tally_nats_t *p = producer("limit");
+    send_value_to(p, "limit", 1, true);
+    jsStreamInfo *si = NULL, *si2 = NULL;
+    jsErrCode jerr = 0;
+    assert_int_equal(js_GetStreamInfo(&si, js, "KV_" TALLY_NATS_BUCKET_CKPT, NULL, &jerr),
+                     NATS_OK);
+    jsStreamConfig sc = *si->Config;
+    sc.MaxMsgSize = 16;
+    assert_int_equal(js_UpdateStream(&si2, js, &sc, NULL, &jerr), NATS_OK);
+    jsStreamInfo_Destroy(si2);
+    send_value_to(p, "limit", 2, true);
+    wait_log(&w, "fleet: checkpoint of partition 0: writing checkpoint of partition 0: ");
+    assert_true(stat_of(&w, "tallyd_nats_checkpoint_failures_total") >= 1);
+    send_value_to(p, "limit", 3, true); /* still its owner */
+    holds_each_once(p, "limit", 1, 3);
+
+    sc = *si->Config;
+    assert_int_equal(js_UpdateStream(&si2, js, &sc, NULL, &jerr), NATS_OK);
+    jsStreamInfo_Destroy(si2);
+    jsStreamInfo_Destroy(si);
+    uint64_t last = 0;
+    partition_first_seq(&last);
+    td_ckpt_manifest_t m = {0};
+    for (int64_t t0 = th_now_ms(); m.applied_seq != last && th_now_ms() - t0 < 20000;
+         th_sleep_ms(100)) {
+        uint8_t *st = NULL;
+        size_t len = 0;
+        if (td_ckpt_read(js, 0, &m, &st, &len, msg, sizeof msg) != TD_OK)
+            m.applied_seq = 0;
+        free(st);
+    }
+    assert_int_equal(m.applied_seq, last);
+    assert_string_equal(m.member, "gapper");
+    tally_nats_destroy(&p);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
+/* A checkpoint that cannot be loaded when the worker takes the partition (a manifest that is not
+ * one; then a whole checkpoint whose state is not a state table): not taken, saying why, its
+ * lease given back at once (not held until it expires); once the checkpoint is good again the
+ * worker takes it (after its back-off) and has what it held. */
+static void test_take_refused_corrupt_checkpoint(void **state)
+{
+    (void)state;
+    kvStore *ckpts = NULL, *leases = NULL;
+    assert_int_equal(js_KeyValue(&ckpts, js, TALLY_NATS_BUCKET_CKPT), NATS_OK);
+    assert_int_equal(js_KeyValue(&leases, js, TALLY_NATS_BUCKET_LEASES), NATS_OK);
+    kvEntry *good = NULL;
+    assert_int_equal(kvStore_Get(&good, ckpts, "p0"), NATS_OK);
+    uint64_t rev = 0;
+    assert_int_equal(kvStore_Put(&rev, ckpts, "p0", "not a manifest", 14), NATS_OK);
+    th_daemon_t w;
+    start_worker(&w);
+    wait_log(&w, "partition 0 not taken: not a version-1 checkpoint manifest (14 bytes)");
+    char holder[80] = "?";
+    for (int64_t t0 = th_now_ms(); holder[0] && th_now_ms() - t0 < 10000; th_sleep_ms(50))
+        assert_int_equal(td_lease_holder(leases, 0, holder, sizeof holder, msg, sizeof msg),
+                         TD_OK);
+    assert_string_equal(holder, ""); /* released */
+    /* A whole checkpoint (CRC right) of a state that is not one: not taken either. */
+    assert_int_equal(kvStore_Purge(ckpts, "p0", NULL), NATS_OK);
+    td_ckpt_t c;
+    uint8_t *st = NULL;
+    size_t len = 0;
+    bool fenced = true;
+    assert_int_equal(
+        td_ckpt_take(&c, js, ckpts, 0, "stranger", 999, &st, &len, &fenced, msg, sizeof msg),
+        TD_OK);
+    assert_int_equal(td_ckpt_write(&c, 1, (const uint8_t *)"no state table", 14, &fenced, msg,
+                                   sizeof msg),
+                     TD_OK);
+    assert_false(fenced);
+    wait_log(&w, "partition 0 not taken: its checkpoint: ");
+    assert_int_equal(kvStore_Put(&rev, ckpts, "p0", kvEntry_Value(good), kvEntry_ValueLen(good)),
+                     NATS_OK);
+    kvEntry_Destroy(good);
+    wait_owned();
+    tally_nats_t *p = producer("corrupt");
+    holds_each_once(p, "limit", 1, 3); /* test_checkpoint_refused's */
+    tally_nats_destroy(&p);
+    kvStore_Destroy(ckpts);
+    kvStore_Destroy(leases);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
 int main(void)
 {
     if (tn_skip())
@@ -436,6 +657,9 @@ int main(void)
         cmocka_unit_test(test_checkpoint_fenced),
         cmocka_unit_test(test_stale_release_keeps_successor),
         cmocka_unit_test(test_ckpt_chunks_that_do_not_add_up),
+        cmocka_unit_test(test_dead_letters_gone),
+        cmocka_unit_test(test_checkpoint_refused),
+        cmocka_unit_test(test_take_refused_corrupt_checkpoint),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -10,10 +10,18 @@
  *   - a batch over max_payload is cut into whole-element requests on the same stream, seq
  *     counting up, their payloads joined the batch; a scan with a reply is cut so the reply fits;
  *     a scan without a stream that would need cutting is refused and sends nothing;
+ *   - what cannot go to a partition (an op not published, a shared-memory reference, seq
+ *     passing 2^64 - 1 over the parts) is refused and sends nothing;
+ *   - options against the cluster (partitions over the maximum, a partition count given), calls
+ *     that nobody answers (timeouts, `streams` with every partition missing), and a fleet KV
+ *     whose partition count is not valid;
+ *   - tally_nats_sub_* with messages written by the test: the ones that do not decode are
+ *     consumed as TALLY_E_REPLY, a good one gives its stream and record;
  *   - kill -9 of the partition's stream leader while PubAcks are outstanding: the flush still
  *     succeeds and the stream holds every message exactly once.
  */
 #include <setjmp.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -244,11 +252,212 @@ static void test_split(void **state)
     q.opcode = TALLY_OP_QUERY;
     assert_int_equal(tally_req_set_stream(&q, "big"), TALLY_OK);
     assert_int_equal(tally_nats_send(p, &q, NULL, 0, false, NULL, NULL), TALLY_E_ARG);
+    assert_non_null(strstr(tally_nats_error(p), "query cannot be published to a partition"));
+    q.opcode = 200; /* no operation's */
+    assert_int_equal(tally_nats_send(p, &q, NULL, 0, false, NULL, NULL), TALLY_E_ARG);
+    assert_non_null(strstr(tally_nats_error(p), "opcode cannot be published to a partition"));
+    /* A reference into shared memory means nothing to a worker on another host. */
+    r.flags |= TALLY_FLAG_SHM_REF;
+    assert_int_equal(tally_nats_send(p, &r, big, 64, false, NULL, NULL), TALLY_E_ARG);
+    assert_non_null(strstr(tally_nats_error(p), "shared-memory references do not travel"));
+    /* Three parts numbered from seq would pass 2^64 - 1: refused whole. */
+    r.flags &= ~TALLY_FLAG_SHM_REF;
+    r.seq = UINT64_MAX - 1;
+    assert_int_equal(tally_nats_send(p, &r, big, len, false, NULL, NULL), TALLY_E_ARG);
+    assert_non_null(strstr(tally_nats_error(p), "seq overflows over 3 chunks"));
     tally_nats_stats_t st;
     tally_nats_stats(p, &st);
     assert_int_equal(st.sent, 3 + 1 + 4);
     assert_int_equal(st.acked, st.sent);
     free(big);
+    tally_nats_destroy(&p);
+}
+
+/* Options checked against the cluster: a partition count over TALLY_NATS_MAX_PARTITIONS is
+ * refused; one given is used instead of the fleet's. Calls nobody answers (no worker runs in
+ * this suite): a query of a malformed stream name is refused (TALLY_E_STREAM_NAME, as
+ * tally_query) before it is sent; a call is asked again until the timeout (TALLY_E_TIMEOUT); a
+ * query without a stream is not one a worker answers (TALLY_E_ARG); `streams` says no worker
+ * answered and counts every partition missing, and through a tally_client_t over NATS too. */
+static void test_options_and_silence(void **state)
+{
+    (void)state;
+    tally_nats_opts_t o = {
+        .servers = cluster.urls, .timeout_ms = 3000, .partitions = TALLY_NATS_MAX_PARTITIONS + 1};
+    tally_nats_t *p = NULL;
+    char msg[256] = "";
+    assert_int_equal(tally_nats_new(&o, &p, msg, sizeof msg), TALLY_E_ARG);
+    assert_null(p);
+    assert_non_null(strstr(msg, "partitions: 1..1024"));
+    o.partitions = 2;
+    o.window_bytes = 1u << 20;
+    o.timeout_ms = 1000;
+    assert_int_equal(tally_nats_new(&o, &p, msg, sizeof msg), TALLY_OK);
+    assert_int_equal(tally_nats_partitions(p), 2);
+
+    tally_stream_info_t info;
+    assert_int_equal(tally_nats_query(p, "no spaces allowed", &info), TALLY_E_STREAM_NAME);
+    tally_req_t req;
+    memset(&req, 0, sizeof req);
+    req.opcode = TALLY_OP_STATS; /* any worker's: none here */
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    int64_t t0 = th_now_ms();
+    assert_int_equal(tally_nats_call(p, &req, NULL, 0, &reply), TALLY_E_TIMEOUT);
+    assert_true(th_now_ms() - t0 >= 900);
+    if (!strstr(reply.error, "within 1000 ms (no worker owns it?)"))
+        fail_msg("%s", reply.error);
+    tally_reply_clear(&reply);
+    req.opcode = TALLY_OP_QUERY; /* a query names its stream (its partition's owner answers) */
+    assert_int_equal(tally_nats_call(p, &req, NULL, 0, &reply), TALLY_E_ARG);
+    assert_non_null(strstr(tally_nats_error(p), "only query (with a stream), ping, info and"));
+    tally_reply_clear(&reply);
+
+    char **names = (char **)&names;
+    size_t count = 7;
+    assert_int_equal(tally_nats_streams(p, &names, &count), TALLY_E_TIMEOUT);
+    assert_null(names);
+    assert_int_equal(count, 0);
+    assert_non_null(strstr(tally_nats_error(p), "no worker answered within 1000 ms"));
+    assert_int_equal(tally_nats_streams_missing(p), 2);
+    tally_nats_destroy(&p);
+
+    /* The same through a tally_client_t over NATS: `streams` fails at the send, saying why. */
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new_nats(&o, &c, msg, sizeof msg), TALLY_OK);
+    assert_int_equal(tally_client_wait_connected(c), TALLY_OK); /* NATS: connected already */
+    assert_int_equal(tally_streams(c, &names, &count), TALLY_E_TIMEOUT);
+    assert_null(names);
+    assert_non_null(strstr(tally_client_error(c), "no worker answered within 1000 ms"));
+    tally_client_destroy(&c);
+    assert_null(c);
+}
+
+/* Publishes data (with a Tally-Stream header of stream unless NULL) on tally.watch.<k>. */
+static void watch_publish(uint32_t k, const char *stream, const void *data, int len)
+{
+    char subject[32];
+    tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_WATCH, k);
+    natsMsg *m = NULL;
+    assert_int_equal(natsMsg_Create(&m, subject, NULL, data, len), NATS_OK);
+    if (stream)
+        assert_int_equal(natsMsgHeader_Set(m, TALLY_NATS_HDR_STREAM, stream), NATS_OK);
+    assert_int_equal(natsConnection_PublishMsg(nc, m), NATS_OK);
+    natsMsg_Destroy(m);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+}
+
+/* Waits until sub hears what this suite's connection publishes on tally.watch.<k> (the two
+ * connections may be on different nodes: the subscription's interest reaches the other node a
+ * little later, and a message published before it is not delivered). Probes (good records of
+ * pub_seq 1) until one comes, then a marker (pub_seq 2): ordered after every probe, so once it
+ * has come nothing of the sync is left to arrive. rec holds a good record of full bytes. */
+static void watch_sync(tally_nats_sub_t *sub, uint32_t k, uint8_t *rec, int full)
+{
+    tally_pub_t pub = {.kind = TALLY_PUB_UPDATE, .pub_seq = 1, .time_ms = 1, .interval_ms = 1};
+    tally_pub_msg_t msg;
+    tally_status_t st = TALLY_E_TIMEOUT;
+    tally_pub_encode(&pub, rec);
+    for (int i = 0; i < 300 && st == TALLY_E_TIMEOUT; i++) {
+        watch_publish(k, "w1", rec, full);
+        st = tally_nats_sub_recv(sub, 200, &msg);
+    }
+    assert_int_equal(st, TALLY_OK);
+    pub.pub_seq = 2;
+    tally_pub_encode(&pub, rec);
+    watch_publish(k, "w1", rec, full);
+    do
+        assert_int_equal(tally_nats_sub_recv(sub, 10000, &msg), TALLY_OK);
+    while (msg.pub.pub_seq != 2);
+}
+
+/* tally_nats_sub_* (PROTOCOL.md §13 "Histogram publications") with the messages written here:
+ * a malformed stream name is refused; naming a stream of a partition already subscribed is a
+ * no-op; with nothing queued a receive times out (at once, or after its wait); a message that
+ * does not decode (no Tally-Stream, a malformed one, a short or wrong-kind header, a record of
+ * the wrong size) is consumed as TALLY_E_REPLY; a good one gives its stream and record; what
+ * is still queued at destroy is freed with it. */
+static void test_watch_messages(void **state)
+{
+    (void)state;
+    tally_nats_t *p = producer("watcher", 3000);
+    tally_nats_sub_t *sub = NULL;
+    assert_int_equal(tally_nats_sub_new(p, &sub), TALLY_OK);
+    assert_true(tally_nats_sub_fd(sub) >= 0);
+    assert_int_equal(tally_nats_sub_stream(sub, "bad name"), TALLY_E_ARG);
+    assert_int_equal(tally_nats_sub_stream(sub, "w1"), TALLY_OK);
+    assert_int_equal(tally_nats_sub_stream(sub, "w1"), TALLY_OK); /* its partition's, again */
+    tally_pub_msg_t msg;
+    assert_int_equal(tally_nats_sub_recv(sub, 0, &msg), TALLY_E_TIMEOUT);
+    assert_int_equal(tally_nats_sub_recv(sub, 50, &msg), TALLY_E_TIMEOUT);
+
+    uint32_t k = tally_partition("w1", 2, PARTITIONS);
+    static uint8_t rec[TALLY_PUB_HEADER_SIZE + TALLY_QUERY_PAYLOAD_MAX];
+    tally_pub_t pub = {.kind = TALLY_PUB_UPDATE, .pub_seq = 9, .time_ms = 1, .interval_ms = 1000};
+    tally_pub_encode(&pub, rec);
+    tally_stream_info_t info;
+    memset(&info, 0, sizeof info);
+    info.batches = 3;
+    info.hist_dtype = TALLY_DTYPE_U8;
+    info.bins[7] = 11;
+    int full =
+        (int)(TALLY_PUB_HEADER_SIZE + tally_stream_info_encode(&info, rec + TALLY_PUB_HEADER_SIZE));
+    watch_sync(sub, k, rec, full);
+    tally_pub_encode(&pub, rec);             /* pub_seq 9 again */
+    watch_publish(k, NULL, rec, full);       /* no stream named */
+    watch_publish(k, "bad name", rec, full); /* a malformed one */
+    watch_publish(k, "w1", rec, 10);         /* a short header */
+    watch_publish(k, "w1", rec, full - 1);   /* a record of the wrong size */
+    watch_publish(k, "w1", rec, full);       /* good */
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(tally_nats_sub_recv(sub, 10000, &msg), TALLY_E_REPLY);
+    assert_int_equal(tally_nats_sub_recv(sub, 10000, &msg), TALLY_OK);
+    assert_string_equal(msg.stream, "w1");
+    assert_int_equal(msg.pub.pub_seq, 9);
+    assert_int_equal(msg.info.batches, 3);
+    assert_int_equal(msg.info.bins[7], 11);
+    pub.kind = TALLY_PUB_DELETED; /* not what a fleet publishes */
+    tally_pub_encode(&pub, rec);
+    watch_publish(k, "w1", rec, full);
+    assert_int_equal(tally_nats_sub_recv(sub, 10000, &msg), TALLY_E_REPLY);
+    assert_int_equal(tally_nats_sub_dropped(sub), 0);
+    /* Two left queued: freed by destroy (ASan's leak check says so). */
+    watch_publish(k, "w1", rec, full);
+    watch_publish(k, "w1", rec, full);
+    struct pollfd pfd = {.fd = tally_nats_sub_fd(sub), .events = POLLIN};
+    assert_int_equal(poll(&pfd, 1, 10000), 1);
+    tally_nats_sub_destroy(&sub);
+    assert_null(sub);
+    tally_nats_destroy(&p);
+}
+
+/* The fleet's partition count as the fleet's KV holds it: one out of 1..1024, or not a number,
+ * is refused (TALLY_E_REPLY, the value quoted); the fleet's own value is put back. */
+static void test_bad_partition_count(void **state)
+{
+    (void)state;
+    kvStore *kv = NULL;
+    assert_int_equal(js_KeyValue(&kv, js, TALLY_NATS_BUCKET_FLEET), NATS_OK);
+    const char *bad[] = {"0", "1025", "four", "12345678901234567890"};
+    const char *shown[] = {"'0'", "'1025'", "'four'", "''"}; /* 15 bytes or more: none shown */
+    for (size_t i = 0; i < 4; i++) {
+        assert_int_equal(kvStore_PutString(NULL, kv, TALLY_NATS_KEY_PARTITIONS, bad[i]), NATS_OK);
+        tally_nats_opts_t o = {.servers = cluster.urls, .timeout_ms = 3000};
+        tally_nats_t *p = NULL;
+        char msg[256] = "";
+        assert_int_equal(tally_nats_new(&o, &p, msg, sizeof msg), TALLY_E_REPLY);
+        assert_null(p);
+        char want[64];
+        snprintf(want, sizeof want, "the fleet's partition count %s is not valid", shown[i]);
+        if (!strstr(msg, want))
+            fail_msg("'%s': %s", bad[i], msg);
+    }
+    char good[16];
+    snprintf(good, sizeof good, "%d", PARTITIONS);
+    assert_int_equal(kvStore_PutString(NULL, kv, TALLY_NATS_KEY_PARTITIONS, good), NATS_OK);
+    kvStore_Destroy(kv);
+    tally_nats_t *p = producer("after", 3000);
+    assert_int_equal(tally_nats_partitions(p), PARTITIONS);
     tally_nats_destroy(&p);
 }
 
@@ -327,6 +536,9 @@ int main(void)
         cmocka_unit_test(test_no_fleet),
         cmocka_unit_test(test_message_and_duplicate),
         cmocka_unit_test(test_split),
+        cmocka_unit_test(test_options_and_silence),
+        cmocka_unit_test(test_watch_messages),
+        cmocka_unit_test(test_bad_partition_count),
         cmocka_unit_test(test_pub_ack_after_node_kill),
     };
     int failed = cmocka_run_group_tests(tests, setup, teardown);

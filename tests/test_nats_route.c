@@ -18,9 +18,14 @@
  *      fleet client sends them again to the new owner once it has taken over, which applies each
  *      exactly once (the model, last_seq); an unnumbered write sent with them is answered
  *      `transport` (it may or may not have been applied) and was not;
+ *   3b. an owner killed (SIGKILL) before the next send to it: the fleet client waits a probe
+ *      for its connection, not its whole timeout, and asks a push's last_seq of, and sends each
+ *      stream's next numbered batch to, the new owner once it holds the partition: all answered
+ *      within REROUTE_BOUND_MS, each applied once (the model, last_seq); `streams` through the
+ *      fleet client lists every stream once, gathered from both owners, then from the one left;
  *   4. what is refused: [nats] direct = replicated (not built) and an unknown value, at start;
  *      a fleet client on a NATS without a fleet in direct mode.
- * Waits are bounded loops on what the cluster or the members report; no time is asserted.
+ * Waits are bounded loops on what the cluster or the members report; one time is asserted (3b).
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -190,21 +195,30 @@ static size_t batch(int s, int r, uint8_t *out)
     return n;
 }
 
-/* A numbered hist request for stream s (its next seq), sent; the batch goes into the model. */
-static uint64_t send_hist(tally_client_t *c, int s, int r, bool numbered)
+/* An unnumbered u8 hist request for stream s, its batch of round r into data (600 bytes) and
+ * its length into *n. */
+static tally_req_t hist_req(int s, int r, uint8_t *data, size_t *n)
 {
-    uint8_t data[600];
-    size_t n = batch(s, r, data);
+    *n = batch(s, r, data);
     char name[32];
     stream_name(s, name, sizeof name);
     tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
     assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    return req;
+}
+
+/* A numbered hist request for stream s (its next seq), sent; the batch goes into the model. */
+static uint64_t send_hist(tally_client_t *c, int s, int r, bool numbered)
+{
+    uint8_t data[600];
+    size_t n;
+    tally_req_t req = hist_req(s, r, data, &n);
     if (numbered)
         req.seq = ++seqs[s];
     uint64_t id = 0;
     tally_status_t st = tally_send(c, &req, data, n, &id);
     if (st != TALLY_OK)
-        fail_msg("send to %s: %s: %s", name, tally_status_name(st), tally_client_error(c));
+        fail_msg("send to %s: %s: %s", req.stream, tally_status_name(st), tally_client_error(c));
     if (numbered)
         tr_hist_parts(TALLY_DTYPE_U8, data, n, 0, 0, model[s], NULL, NULL);
     return id;
@@ -214,11 +228,8 @@ static uint64_t send_hist(tally_client_t *c, int s, int r, bool numbered)
 static void send_hist_status(tally_client_t *c, int s, tally_status_t want)
 {
     uint8_t data[600];
-    size_t n = batch(s, 0, data);
-    char name[32];
-    stream_name(s, name, sizeof name);
-    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
-    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    size_t n;
+    tally_req_t req = hist_req(s, 0, data, &n);
     assert_int_equal(tally_send(c, &req, data, n, NULL), want);
 }
 
@@ -248,6 +259,30 @@ static void check_model(tally_client_t *c)
         assert_int_equal(info.last_seq, seqs[s]);
         assert_memory_equal(info.bins, model[s], sizeof model[s]);
     }
+}
+
+/* `streams` through the fleet client lists every test stream once, from every owner, with no
+ * partition missing (a member alone lists only the streams it holds). */
+static void check_streams(tally_client_t *c)
+{
+    char **names = NULL;
+    size_t count = 0;
+    uint32_t missing = 1;
+    tally_status_t st = tally_streams_missing(c, &names, &count, &missing);
+    if (st != TALLY_OK)
+        fail_msg("streams: %s: %s", tally_status_name(st), tally_client_error(c));
+    assert_int_equal(missing, 0);
+    int seen[STREAMS] = {0};
+    for (size_t i = 0; i < count; i++) {
+        int s = -1;
+        if (sscanf(names[i], "route/%d", &s) != 1 || s < 0 || s >= STREAMS)
+            fail_msg("streams lists '%s', not one of the test's", names[i]);
+        seen[s]++;
+    }
+    tally_strings_free(names, count);
+    for (int s = 0; s < STREAMS; s++)
+        if (seen[s] != 1)
+            fail_msg("streams lists route/%d %d times, not once", s, seen[s]);
 }
 
 static tally_client_t *fleet_client(void)
@@ -471,10 +506,8 @@ static void test_handover_follows_not_owner(void **state)
     assert_int_equal(th_daemon_wait(&member[0], TIMEOUT_MS), 0);
     member[0].pid = 0;
     wait_held(ids[1], PARTITIONS);
-    /* A new client: c still sends the streams whose replies came from a before it stopped to
-     * a, and a send to an endpoint gone waits its whole timeout to fail. */
-    tally_client_destroy(&c);
-    c = fleet_client();
+    /* c still names a the owner of the streams whose replies came from a before it stopped:
+     * a send there waits a probe for a's connection, not its whole timeout, and goes to b. */
     check_model(c);
     tally_client_destroy(&c);
     stop_clean();
@@ -483,25 +516,33 @@ static void test_handover_follows_not_owner(void **state)
 
 /* ---- 3. kill -9 of an owner: numbered resends applied exactly once ----------------------- */
 
-static void test_kill_owner_resends_once(void **state)
+/* Two members splitting the partitions, and a fleet client that has sent `rounds` numbered
+ * batches to every stream, each answered; b's direct writes checkpointed, so that nothing
+ * answered is lost with it. */
+static tally_client_t *two_owners_written(int rounds)
 {
-    (void)state;
     fresh_fleet();
     start(0, "200", NULL);
     start(1, "200", NULL);
     wait_held(ids[0], PARTITIONS / 2);
     wait_held(ids[1], PARTITIONS / 2);
     tally_client_t *c = fleet_client();
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < rounds; r++) {
         for (int s = 0; s < STREAMS; s++)
             send_hist(c, s, r, true);
         recv_ok(c, STREAMS);
     }
-    /* b's direct writes checkpointed: nothing answered is lost with it. */
     int64_t until = th_now_ms() + TIMEOUT_MS;
     while (info_u64(&member[1], "nats_direct_uncommitted") != 0 && th_now_ms() < until)
         th_sleep_ms(50);
     assert_int_equal(info_u64(&member[1], "nats_direct_uncommitted"), 0);
+    return c;
+}
+
+static void test_kill_owner_resends_once(void **state)
+{
+    (void)state;
+    tally_client_t *c = two_owners_written(2);
     /* b stops answering; numbered requests on every stream, one unnumbered on a stream of b's. */
     int sb = stream_held_by(ids[1]);
     assert_int_equal(kill(member[1].pid, SIGSTOP), 0);
@@ -531,6 +572,53 @@ static void test_kill_owner_resends_once(void **state)
     assert_int_equal(transport, 1);
     wait_held(ids[0], PARTITIONS);
     check_model(c); /* each resent numbered request applied once; the unnumbered one not */
+    tally_client_destroy(&c);
+    stop_clean();
+}
+
+/* ---- 3b. an owner gone before the next send: it goes to the new owner, not waited on ----- */
+
+/* Bound on the failover seen by a sender: the lease TTL (3 s) and the new owner's take-over,
+ * with room for a loaded box, and well below the client's timeout (TIMEOUT_MS). */
+#define REROUTE_BOUND_MS 15000
+
+static void test_owner_gone_reroutes(void **state)
+{
+    (void)state;
+    tally_client_t *c = two_owners_written(1); /* every owner known to c, its connection up */
+    check_streams(c); /* both owners' */
+    int sb = stream_held_by(ids[1]);
+    /* b killed with nothing in flight: c still names it the owner of its partitions. A push
+     * to one of them (seq from the stream's last_seq) and a send to each wait a probe for b's
+     * connection, not the timeout, and go (unsent until then) to a once a holds the partition;
+     * all answered well within the client's timeout, each applied once. */
+    kill(member[1].pid, SIGKILL);
+    th_daemon_wait(&member[1], 5000);
+    member[1].pid = 0;
+    int64_t t0 = th_now_ms();
+    /* A push numbered from the stream's last_seq asks it of the new owner, then sends. */
+    uint8_t data[600];
+    size_t n;
+    tally_req_t req = hist_req(sb, 1, data, &n);
+    tally_run_opts_t ro = {.seq = TALLY_RUN_SEQ_APPEND};
+    tally_buf_t out = {0};
+    tally_status_t st = tally_run(c, &req, data, n, &ro, &out, NULL);
+    if (st != TALLY_OK)
+        fail_msg("push to %s: %s: %s", req.stream, tally_status_name(st), tally_client_error(c));
+    tally_buf_free(&out);
+    seqs[sb]++;
+    tr_hist_parts(TALLY_DTYPE_U8, data, n, 0, 0, model[sb], NULL, NULL);
+    for (int s = 0; s < STREAMS; s++)
+        send_hist(c, s, 2, true);
+    recv_ok(c, STREAMS);
+    int64_t took = th_now_ms() - t0;
+    print_message("every stream answered %lld ms after its owner was killed\n", (long long)took);
+    if (took > REROUTE_BOUND_MS)
+        fail_msg("answered %lld ms after the owner was killed (bound %d ms, timeout %d ms)",
+                 (long long)took, REROUTE_BOUND_MS, TIMEOUT_MS);
+    assert_int_equal(held_by(ids[0]), PARTITIONS);
+    check_model(c); /* each applied once: last_seq and bins equal the model */
+    check_streams(c); /* all a's now */
     tally_client_destroy(&c);
     stop_clean();
 }
@@ -677,6 +765,7 @@ int main(void)
         cmocka_unit_test_teardown(test_owner_and_not_owner, stop_members),
         cmocka_unit_test_teardown(test_handover_follows_not_owner, stop_members),
         cmocka_unit_test_teardown(test_kill_owner_resends_once, stop_members),
+        cmocka_unit_test_teardown(test_owner_gone_reroutes, stop_members),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1053,6 +1053,10 @@ static void test_config_file_errors_exit_2(void **state)
         {"log_level = debug\n", ".conf:1: key 'log_level' outside any [section]"},
         {"[server]\nthis line has no equals sign\n", ".conf:2: syntax error"},
         {"[state]\ninterval = 0\n", ".conf:2: invalid value '0' for interval in [state]"},
+        /* 0 publishes nothing; between 0 and 10 is no interval, and 0 beside an endpoint none */
+        {"[pub]\ninterval_ms = 5\n", "[pub] interval_ms 5: 0 (publish nothing) or 10 to 3600000"},
+        {"[pub]\nendpoint = tcp://127.0.0.1:1\ninterval_ms = 0\n",
+         "[pub] endpoint tcp://127.0.0.1:1 with interval_ms = 0 would publish nothing"},
     };
     char conf[300];
     snprintf(conf, sizeof conf, "%s/bad.conf", scratch);

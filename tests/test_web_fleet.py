@@ -4,7 +4,9 @@ a real 3-server NATS JetStream cluster (nats-server, started here) and two tally
 
   - GET /api/v1/streams of either worker lists every stream of the fleet, each with the member
     that owns it ("member"): the worker's own in full, the other's by name; "fleet" says every
-    partition was covered and both members answered; valid against web/schema/api.json;
+    partition was covered and both members answered, and counts both ("members": 2) from the
+    first list asked after the second joined (before it owns anything) and once both own
+    partitions; valid against web/schema/api.json;
   - GET /api/v1/streams/NAME of a stream the other worker owns is its owner's record, equal to
     `tally --nats query --json NAME` and to the owner's own answer; with last= too; an unknown
     stream is 404 from its owner;
@@ -17,9 +19,12 @@ a real 3-server NATS JetStream cluster (nats-server, started here) and two tally
   - with the other member stopped, questions beyond the 32 that may wait are refused `503`
     `busy`; an owner's answer that does not decode (a rogue responder on tally.q.<k>) is `502`
     `bad_reply`, one shorter than a reply header too; questions still waiting when the worker
-    stops end (`503` `shutdown`, or closed), and the fleet's late answers find no job (exit 0);
+    stops each get a whole `503` `shutdown` response (none closed without one), and the
+    fleet's late answers find no job (exit 0);
   - `tally --nats watch` (in tmux) subscribes to the owners' publications on tally.watch.<k>:
-    with an interval of an hour only a publication can bring a new batch's count to its screen.
+    with an interval of an hour only a publication can bring a new batch's count to its screen;
+    with a worker that publishes nothing (--pub-interval-ms 0) it says so and queries each
+    interval instead, and the new count shows.
 
 usage: test_web_fleet.py TALLYD TALLY SOURCE_DIR
 """
@@ -87,6 +92,28 @@ def connects(port):
         return False
 
 
+def member_listed(cluster, member):
+    """Whether member's heartbeat is in TALLY_MEMBERS now: a JetStream direct get of its key's
+    last message, over plain NATS (the reply: a message, or the status 404)."""
+    host, port = cluster.urls.split(",")[0].rsplit("/", 1)[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        f = sock.makefile("rb")
+        f.readline()  # INFO
+        sock.sendall(b'CONNECT {"verbose":false,"pedantic":false,"headers":true}\r\n'
+                     b"SUB _INBOX.member 1\r\n"
+                     b"PUB $JS.API.DIRECT.GET.KV_TALLY_MEMBERS.$KV.TALLY_MEMBERS.%s "
+                     b"_INBOX.member 0\r\n\r\n" % member.encode())
+        while True:
+            line = f.readline()
+            if not line:
+                return False
+            if line.startswith(b"PING"):
+                sock.sendall(b"PONG\r\n")
+            elif line.startswith((b"MSG ", b"HMSG ")):
+                body = f.read(int(line.split()[-1]) + 2)
+                return not body.startswith(b"NATS/1.0 4")
+
+
 def tally_nats(cluster, *args, data=None, check=True):
     r = subprocess.run([TALLY, "--nats", cluster.urls] + list(args), input=data,
                        capture_output=True, timeout=60)
@@ -95,11 +122,11 @@ def tally_nats(cluster, *args, data=None, check=True):
     return r
 
 
-def worker(tmp, cluster, member):
+def worker(tmp, cluster, member, pub_ms=200):
     return Daemon(TALLYD, TALLY, tmp, name=member, extra=[
         "--nats-servers", cluster.urls, "--nats-partitions", str(PARTITIONS),
         "--nats-replicas", "3", "--nats-member-id", member, "--nats-lease-ttl-ms", "15000",
-        "--nats-checkpoint-interval-ms", "200", "--pub-interval-ms", "200",
+        "--nats-checkpoint-interval-ms", "200", "--pub-interval-ms", str(pub_ms),
         "--metrics-max-connections-per-address", "64"])
 
 
@@ -137,10 +164,8 @@ def whole_list(ws, totals):
     for d in ws:
         doc = the_list(d)
         fleet = doc.get("fleet")
-        # "members" is what the answering workers' last heartbeats saw: it may lag one behind
-        if dict(fleet or {}, members=0) != {"member": d.name, "partitions": PARTITIONS,
-                                            "covered": PARTITIONS, "answered": 2, "members": 0,
-                                            "partial": False} or fleet["members"] not in (1, 2):
+        if fleet != {"member": d.name, "partitions": PARTITIONS, "covered": PARTITIONS,
+                     "answered": 2, "members": 2, "partial": False}:
             fail("%s's list: fleet %r" % (d.name, fleet))
         names = [e["stream"] for e in doc["streams"]]
         if names != sorted(STREAMS):
@@ -194,7 +219,7 @@ def partial(ws, cluster, owner):
         took = time.monotonic() - began
         mine = owned(wa)
         fleet = doc["fleet"]
-        # "members" is what wa's last heartbeat saw: 2, or 1 once wb's membership has lapsed
+        # "members": wb's membership key stays until it expires (2), then 1
         if dict(fleet, members=0) != {"member": "wa", "partitions": PARTITIONS, "covered": mine,
                                       "answered": 1, "members": 0, "partial": True} or \
                 fleet["members"] not in (1, 2):
@@ -266,15 +291,19 @@ class Rogue(threading.Thread):
         self.sock.close()
 
 
-def flood(d, name, count):
+def flood(d, name, count, bodies=None):
     """count GETs of stream name's record at once, each on its own connection; returns the
-    list of (status, error) filled in as they end, and their threads."""
+    list of (status, error) filled in as they end, and their threads (each decoded body also
+    into `bodies` when given)."""
     got = []
 
     def one():
         try:
             status, _, body = d.request("GET", "/api/v1/streams/" + quote(name), timeout=120)
-            got.append((status, json.loads(body).get("error")))
+            doc = json.loads(body)
+            if bodies is not None:
+                bodies.append((status, doc))
+            got.append((status, doc.get("error")))
         except Exception as e:  # noqa: BLE001 - recorded, judged by the caller
             got.append((0, repr(e)))
     threads = [threading.Thread(target=one, daemon=True) for _ in range(count)]
@@ -311,58 +340,105 @@ def refusals(ws, cluster, theirs):
 
 
 def stop_while_asking(ws, theirs):
-    """wb stopped, wa's questions queued to the full: wa stops; they are answered shutdown, and
-    the fleet's answers coming after find no job; wa exits 0 (under ASan: no leak)."""
+    """wb stopped, wa's questions queued to the full: wa stops; every question waiting gets a
+    whole `503` `shutdown` response before libmicrohttpd stops (docs/web.md), none is closed
+    without one, the fleet's answers coming after find no job; wa exits 0 (under ASan: no
+    leak)."""
     wa, wb = ws
     os.kill(wb.proc.pid, signal.SIGSTOP)
     try:
-        got, threads = flood(wa, theirs, 40)
+        bodies = []
+        got, threads = flood(wa, theirs, 40, bodies)
         until(lambda: (503, "busy") in got, "a 503 busy with 40 questions waiting", 60)
         wa.stop(want_rc=0)
         for t in threads:
             t.join(60)
-        # Each ends: refused busy, or answered shutdown, or (not flushed before libmicrohttpd
-        # stops: td_http_destroy does not wait for the answers td_web_close queued) closed
-        # without a response; none hangs, none gets a record.
-        closed = (0, "RemoteDisconnected('Remote end closed connection without response')")
+        # Each ends: refused busy, or (one at a time, 2 s each, while the stop comes) timed
+        # out, or answered shutdown; none hangs, none gets a record, none is closed without a
+        # response. Most of the 32 that may wait are still waiting at the stop.
+        shutdown = [doc for status, doc in bodies if doc.get("error") == "shutdown"]
         if len(got) != 40 or (503, "busy") not in got or \
-                not set(got) <= {(503, "busy"), (503, "shutdown"), (504, "timeout"), closed}:
+                not set(got) <= {(503, "busy"), (503, "shutdown"), (504, "timeout")} or \
+                len(shutdown) < 16 or got.count((503, "shutdown")) != len(shutdown) or \
+                any(doc != {"error": "shutdown", "message": "tallyd is shutting down"}
+                    for doc in shutdown):
             fail("questions waiting when wa stopped: %r" % sorted(got))
     finally:
         os.kill(wb.proc.pid, signal.SIGCONT)
 
 
+class Watch:
+    """`tally --nats watch --interval INTERVAL --ascii NAME` in a tmux session of its own, once
+    it shows NAME's count (self.want); None from start() without tmux."""
+
+    @classmethod
+    def start(cls, tmp, cluster, tag, interval, name):
+        if not shutil.which("tmux"):
+            print("no tmux: tally watch --nats (%s) not checked" % tag)
+            return None
+        return cls(tmp, cluster, tag, interval, name)
+
+    def __init__(self, tmp, cluster, tag, interval, name):
+        self.tmux = ["tmux", "-L", "tally-web-fleet-%s-%d" % (tag, os.getpid())]
+        self.want = until(lambda: queried(cluster, name), "a query of %s" % name)["count"]
+        cmd = "%s --nats %s watch --interval %s --ascii %s" % (TALLY, cluster.urls, interval, name)
+        subprocess.run(self.tmux + ["new-session", "-d", "-s", "w", "-x", "120", "-y", "40", cmd],
+                       check=True, cwd=tmp)
+        try:
+            until(lambda: "%s  u8  count %d " % (name, self.want) in self.screen(),
+                  "watch shows %s" % name, 60)
+        except BaseException:
+            self.close()
+            raise
+
+    def screen(self):
+        return subprocess.run(self.tmux + ["capture-pane", "-p", "-t", "w"], capture_output=True,
+                              text=True).stdout
+
+    def close(self):
+        subprocess.run(self.tmux + ["kill-server"], capture_output=True)
+
+
 def watch_subscribed(tmp, cluster, name):
     """tally --nats watch --interval 1h: only the fleet's publications can redraw it."""
-    if not shutil.which("tmux"):
-        print("no tmux: tally watch --nats not checked")
+    w = Watch.start(tmp, cluster, "sub", "1h", name)
+    if not w:
         return
-    tmux = ["tmux", "-L", "tally-web-fleet-%d" % os.getpid()]
-    want = until(lambda: queried(cluster, name), "a query of %s" % name)["count"]
-    cmd = "%s --nats %s watch --interval 1h --ascii %s" % (TALLY, cluster.urls, name)
-    subprocess.run(tmux + ["new-session", "-d", "-s", "w", "-x", "120", "-y", "40", cmd],
-                   check=True, cwd=tmp)
     try:
-        def screen():
-            return subprocess.run(tmux + ["capture-pane", "-p", "-t", "w"], capture_output=True,
-                                  text=True).stdout
-
-        until(lambda: "%s  u8  count %d " % (name, want) in screen(), "watch shows %s" % name, 60)
-        if "sub tally.watch.<k>" not in screen():
-            fail("watch --nats did not subscribe:\n" + screen())
+        if "sub tally.watch.<k>" not in w.screen():
+            fail("watch --nats did not subscribe:\n" + w.screen())
         # The subscription may take a moment: push until a publication shows.
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             tally_nats(cluster, "hist", "--stream", name, "--out", os.devnull, data=b"\x05" * 3)
-            want += 3
+            w.want += 3
             t = time.monotonic()
-            while time.monotonic() < t + 3 and "count %d " % want not in screen():
+            while time.monotonic() < t + 3 and "count %d " % w.want not in w.screen():
                 time.sleep(0.1)
-            if "count %d " % want in screen():
+            if "count %d " % w.want in w.screen():
                 return
-        fail("no publication reached tally --nats watch; the screen:\n" + screen())
+        fail("no publication reached tally --nats watch; the screen:\n" + w.screen())
     finally:
-        subprocess.run(tmux + ["kill-server"], capture_output=True)
+        w.close()
+
+
+def watch_polled(tmp, cluster, wc, name):
+    """A fleet whose only worker publishes nothing (--pub-interval-ms 0): tally --nats watch
+    says so and queries each interval, so a new batch's count reaches its screen; the worker's
+    event streams tick at 1000 ms (the list's interval_ms)."""
+    if the_list(wc)["interval_ms"] != 1000:
+        fail("interval_ms of a worker publishing nothing: %r" % the_list(wc)["interval_ms"])
+    w = Watch.start(tmp, cluster, "poll", "0.5", name)
+    if not w:
+        return
+    try:
+        says = "the fleet publishes nothing (pub_interval_ms 0): querying every interval"
+        if says not in w.screen() or "sub tally.watch.<k>" in w.screen():
+            fail("watch --nats with a fleet publishing nothing:\n" + w.screen())
+        tally_nats(cluster, "hist", "--stream", name, "--out", os.devnull, data=b"\x05" * 3)
+        until(lambda: "count %d " % (w.want + 3) in w.screen(), "watch queried the new count", 30)
+    finally:
+        w.close()
 
 
 def page(tmp, ws, cluster, owner):
@@ -423,8 +499,23 @@ def run(tmp):
         for m in MEMBERS:
             ws.append(worker(tmp, cluster, m))
             ws[-1].name = m
+            if m == MEMBERS[0]:
+                until(lambda: owned(ws[0]) == PARTITIONS, "wa owns every partition")
+        # wb has joined (its heartbeat is in TALLY_MEMBERS) and owns nothing yet. wa, owning
+        # every partition, could answer a list alone; it counts wb (Tally-Members read when
+        # asked; at wa's last heartbeat, up to 5 s ago, it saw itself alone).
+        until(lambda: member_listed(cluster, "wb"), "wb in TALLY_MEMBERS", 30)
+        fleet = the_list(ws[0])["fleet"]
+        if fleet["members"] != 2:
+            fail("wa's list right after wb joined: fleet %r" % fleet)
         until(lambda: owned(ws[0]) + owned(ws[1]) == PARTITIONS and owned(ws[0]) > 0 and
               owned(ws[1]) > 0, "both workers own partitions, all of them")
+        # The next streams answer of each counts both members (read when asked, not at the
+        # last heartbeat, PROTOCOL.md §13), whatever else is still settling.
+        for d in ws:
+            fleet = the_list(d)["fleet"]
+            if fleet["members"] != 2:
+                fail("%s's first list with both workers owning: fleet %r" % (d.name, fleet))
         totals = {}
         for i, name in enumerate(STREAMS):
             data = bytes((i * 7 + j) % 256 for j in range(100 + i))
@@ -453,6 +544,11 @@ def run(tmp):
         theirs = [n for n in STREAMS if owner[n] == "wb"][0]
         stop_while_asking(ws, theirs)
         ws[1].stop(want_rc=0)  # a clean stop: leaves the fleet, exit 0 (nothing for ASan)
+        ws.append(worker(tmp, cluster, "wc", pub_ms=0))
+        ws[-1].name = "wc"
+        until(lambda: owned(ws[2]) == PARTITIONS, "wc owns every partition")
+        watch_polled(tmp, cluster, ws[2], STREAMS[0])
+        ws[2].stop(want_rc=0)
     finally:
         for d in ws:
             d.stop(want_rc=None)

@@ -239,8 +239,11 @@
 #define TD_WINDOW_INTERVALS_LIMIT 2048u
 #define TD_WINDOW_INTERVAL_MS_MIN 10u
 #define TD_WINDOW_INTERVAL_MS_LIMIT 3600000u
-/* Subscriptions (PROTOCOL.md §11, td_pub.h): how often changed streams are published. */
+/* Subscriptions (PROTOCOL.md §11, td_pub.h): how often changed streams are published; 0 is
+ * none (no [pub] endpoint then; a fleet's watchers query), else TD_PUB_INTERVAL_MS_MIN at least.
+ * The web page's event streams tick every pub_interval_ms, or TD_WEB_TICK_MS when it is 0. */
 #define TD_PUB_INTERVAL_MS_MIN 10u
+#define TD_WEB_TICK_MS 1000u
 #define TD_PUB_INTERVAL_MS_LIMIT 3600000u
 #define TD_PUB_SNDHWM 1000 /* messages queued per subscriber before ZeroMQ drops them */
 /* Per-stream Prometheus series (td_metrics.c): the first this many streams, in creation order,

@@ -305,8 +305,10 @@ const td_setting_t td_settings[] = {
      .default_doc = "off"},
     {.option = "pub-interval-ms", .arg = "MS", .section = "pub", .key = "interval_ms",
      .type = TD_SET_UINT, .offset = FIELD(pub_interval_ms), .def = 1000u,
-     .min = TD_PUB_INTERVAL_MS_MIN, .max = TD_PUB_INTERVAL_MS_LIMIT, .reload = TD_RELOAD_RESTART,
-     .help = "how often to publish, in milliseconds"},
+     .min = 0, .max = TD_PUB_INTERVAL_MS_LIMIT, .reload = TD_RELOAD_RESTART,
+     .help = "how often to publish, in milliseconds (10 at least); 0 publishes nothing: no "
+             "[pub] endpoint, a fleet worker nothing on tally.watch.<k> (tally watch --nats "
+             "then queries), the web page's events every 1000 ms"},
     /* [nats] */
     {.option = "nats-servers", .arg = "URLS", .section = "nats", .key = "servers",
      .type = TD_SET_STRING, .offset = FIELD(nats_servers), .reload = TD_RELOAD_RESTART,

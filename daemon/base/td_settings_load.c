@@ -271,6 +271,18 @@ static td_err_t finish_config(td_config_t *cfg, char *msg, size_t msg_cap)
                  cfg->max_frame, cfg->max_batch, TD_MAX_FRAME_HEADROOM);
         return TD_ERR_CONFIG;
     }
+    if (cfg->pub_interval_ms && cfg->pub_interval_ms < TD_PUB_INTERVAL_MS_MIN) {
+        snprintf(msg, msg_cap, "[pub] interval_ms %u: 0 (publish nothing) or %u to %u",
+                 cfg->pub_interval_ms, TD_PUB_INTERVAL_MS_MIN, TD_PUB_INTERVAL_MS_LIMIT);
+        return TD_ERR_CONFIG;
+    }
+    if (!cfg->pub_interval_ms && cfg->pub_endpoint) {
+        snprintf(msg, msg_cap,
+                 "[pub] endpoint %s with interval_ms = 0 would publish nothing: set an interval "
+                 "or leave the endpoint out",
+                 cfg->pub_endpoint);
+        return TD_ERR_CONFIG;
+    }
     /* Under systemd, StateDirectory= names the state directory (the first of a list). */
     const char *env = getenv("STATE_DIRECTORY");
     if (!cfg->state_dir && env && env[0] && !(cfg->state_dir = strndup(env, strcspn(env, ":"))))

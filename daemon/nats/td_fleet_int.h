@@ -161,7 +161,8 @@ struct td_fleet {
     td_part_t *parts;
     int64_t next_beat_ms;
     int64_t next_renew_ms; /* after a failed renewal: the next try */
-    size_t live_members;   /* at the last heartbeat */
+    size_t live_members;   /* TALLY_MEMBERS' keys: at the last heartbeat or `streams` question */
+    int64_t members_read_ms; /* when a `streams` question last read live_members (monotonic) */
     /* The transport (td_fleet_transport.c): requests queued for the loop, replies queued for the
      * fleet thread (under q_mu); wake_fd: an eventfd written when a reply is queued, and by the
      * readers when they queue messages. */

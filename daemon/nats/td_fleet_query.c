@@ -165,6 +165,26 @@ static tally_status_t judge(td_fleet_t *f, natsMsg *m, natsSubscription *from, b
     return op == TALLY_OP_STREAMS ? TALLY_OK : TALLY_E_OPCODE;
 }
 
+/* A `streams` answer's Tally-Members, read from TALLY_MEMBERS when the question comes (once per
+ * TD_FLEET_MEMBERS_FRESH_MS of questions at most), not only at the heartbeat (every lease TTL /
+ * 3): a member that joined since is counted in the next answer. */
+#define TD_FLEET_MEMBERS_FRESH_MS 100
+static void count_members(td_fleet_t *f)
+{
+    int64_t now = td_nats_now_ms();
+    if (f->members_read_ms && now - f->members_read_ms < TD_FLEET_MEMBERS_FRESH_MS)
+        return;
+    char msg[256], **ids = NULL;
+    size_t n = 0;
+    if (td_member_list(f->members, &ids, &n, msg, sizeof msg) != TD_OK) {
+        td_warn("fleet: %s", msg); /* the heartbeat's count stands */
+        return;
+    }
+    td_member_list_free(ids, n);
+    f->live_members = n;
+    f->members_read_ms = now;
+}
+
 /* Whether this member answers m at all, and with what; forwards it when it is to be run. */
 static void take_query(td_fleet_t *f, natsMsg *m, natsSubscription *from)
 {
@@ -176,6 +196,8 @@ static void take_query(td_fleet_t *f, natsMsg *m, natsSubscription *from)
         natsMsg_Destroy(m); /* not ours, or nowhere it may go */
         return;
     }
+    if (why == TALLY_OK && from == f->streams_sub)
+        count_members(f);
     if (why != TALLY_OK) {
         answer_error(f, m, why,
                      why == TALLY_E_HEADER ? "a request is a 128-byte header and a payload"

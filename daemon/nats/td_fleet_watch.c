@@ -17,8 +17,6 @@
  * lease), and the new owner marks every stream it loaded from the checkpoint changed
  * (td_fleet_watch_taken), so its next tick publishes them, even those the old owner could not
  * (it crashed, or its lease ran out first).
- *
- * A worker always publishes: pub_interval_ms is at least TD_PUB_INTERVAL_MS_MIN (td_config.h).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -129,7 +127,7 @@ static bool collect_and_publish(td_fleet_t *f, int64_t only)
 bool td_fleet_watch_step(td_fleet_t *f)
 {
     int64_t now = td_nats_now_ms();
-    if (now < f->next_watch_ms)
+    if (!f->watch_ms || now < f->next_watch_ms)
         return false;
     f->next_watch_ms = now + f->watch_ms;
     return collect_and_publish(f, -1);
@@ -137,6 +135,8 @@ bool td_fleet_watch_step(td_fleet_t *f)
 
 void td_fleet_watch_flush(td_fleet_t *f, uint32_t k)
 {
+    if (!f->watch_ms)
+        return;
     while (collect_and_publish(f, k)) /* a tick's bytes at a time, until none is left */
         continue;
     natsConnection_FlushTimeout(f->reply_nc, 5000); /* out before the lease is released */
@@ -153,5 +153,6 @@ static void mark_on_loop(td_fleet_t *f, void *arg)
 
 void td_fleet_watch_taken(td_fleet_t *f, uint32_t k)
 {
-    td_fleet_on_loop(f, mark_on_loop, &k);
+    if (f->watch_ms)
+        td_fleet_on_loop(f, mark_on_loop, &k);
 }

@@ -240,12 +240,12 @@ static void async_cb(uv_async_t *handle)
     pthread_mutex_unlock(&self->lock);
 }
 
-static struct timespec wait_deadline(void)
+struct timespec td_http_deadline(unsigned ms)
 {
     struct timespec deadline;
     clock_gettime(CLOCK_REALTIME, &deadline);
-    deadline.tv_sec += TD_METRICS_WAIT_MS / 1000;
-    deadline.tv_nsec += (long)(TD_METRICS_WAIT_MS % 1000) * 1000000L;
+    deadline.tv_sec += ms / 1000;
+    deadline.tv_nsec += (long)(ms % 1000) * 1000000L;
     if (deadline.tv_nsec >= 1000000000L) {
         deadline.tv_sec++;
         deadline.tv_nsec -= 1000000000L;
@@ -257,7 +257,7 @@ static struct timespec wait_deadline(void)
  * and waits (at most TD_METRICS_WAIT_MS) for *answered to reach it; true when it did. */
 static bool ask_loop(td_http_t *self, uint64_t *requested, const uint64_t *answered)
 {
-    struct timespec deadline = wait_deadline();
+    struct timespec deadline = td_http_deadline(TD_METRICS_WAIT_MS);
     uint64_t mine = ++*requested;
     bool ask = self->ready && !self->closing;
     if (ask && uv_async_send(&self->async) != 0) {

@@ -11,6 +11,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <time.h>
 #include <uv.h>
 
 #include "td_config.h"
@@ -37,6 +38,8 @@ td_err_t td_http_new(const td_service_host_t *host, td_http_render_fn render,
  * api_token_file) and keeps nothing: `--check-config` and the start check them before anything
  * starts, with td_http_new's messages (logged). TD_OK, TD_ERR_IO, TD_ERR_NOMEM. */
 td_err_t td_http_check(const td_config_t *cfg);
+/* now + ms on CLOCK_REALTIME, for pthread_cond_timedwait. */
+struct timespec td_http_deadline(unsigned ms);
 /* The first line of a secret file (auth_file, api_token_file: `what`) into line, which holds
  * cap bytes; TD_ERR_IO (logged) when the file cannot be read, is empty, or group or others may
  * access it. */

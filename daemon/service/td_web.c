@@ -36,6 +36,8 @@
 #include "td_web_int.h"
 
 #define API_PREFIX "/api/v1"
+/* How long a stop waits for the answers queued to be written (docs/web.md). */
+#define TD_WEB_CLOSE_WAIT_MS 2000
 #define JSON_TYPE "application/json"
 /* No script, style, image or connection from anywhere but tallyd itself, and no inline
  * script or style: the page's own files do everything. */
@@ -496,11 +498,12 @@ bool td_web_request_done(td_web_t *self, void *con_cls)
         return false;
     if (job->sse && !job->sse_handed) /* the stream's response was never made */
         td_sse_release(self, job->sse);
-    if (job->sse_reserved) {
-        pthread_mutex_lock(&self->lock);
+    pthread_mutex_lock(&self->lock);
+    if (job->sse_reserved)
         self->sse_open--;
-        pthread_mutex_unlock(&self->lock);
-    }
+    if (job->answered && !job->sse && --self->unwritten == 0)
+        pthread_cond_broadcast(&self->written);
+    pthread_mutex_unlock(&self->lock);
     free(job->body);
     free(job);
     return true;
@@ -511,6 +514,8 @@ bool td_web_request_done(td_web_t *self, void *con_cls)
 void td_web_answer(td_web_t *self, td_web_job_t *job, unsigned status, char *body, size_t len)
 {
     pthread_mutex_lock(&self->lock);
+    if (!job->sse)
+        self->unwritten++; /* until libmicrohttpd completes the request (td_web_request_done) */
     job->answered = true;
     job->status = status;
     job->body = body;
@@ -710,6 +715,8 @@ td_err_t td_web_new(const td_service_host_t *host, td_http_guard_t *guard, td_we
     self->max_sse = host->cfg->metrics_max_sse_clients;
     td_err_t err = read_token(host->cfg, self->token);
     int rc = err == TD_OK ? pthread_mutex_init(&self->lock, NULL) : 0;
+    if (err == TD_OK && rc == 0 && (rc = pthread_cond_init(&self->written, NULL)) != 0)
+        pthread_mutex_destroy(&self->lock);
     if (rc != 0) {
         td_err("web: cannot create a lock: %s", strerror(rc));
         err = TD_ERR_LIBRARY;
@@ -734,7 +741,7 @@ td_err_t td_web_open(td_web_t *self)
     if (rc == 0) {
         self->tick.data = self;
         self->handles_open = 2;
-        uint64_t every = self->host.cfg->pub_interval_ms;
+        uint64_t every = td_web_tick_ms(self->host.cfg);
         rc = uv_timer_start(&self->tick, tick_cb, every, every);
     }
     if (rc != 0) {
@@ -745,6 +752,23 @@ td_err_t td_web_open(td_web_t *self)
     self->ready = true;
     pthread_mutex_unlock(&self->lock);
     return TD_OK;
+}
+
+/* Waits (at most TD_WEB_CLOSE_WAIT_MS) until libmicrohttpd has written every answer given, the
+ * 503s td_web_close just queued among them: MHD_stop_daemon, which comes next, closes each
+ * connection whether its response went out or not. */
+static void wait_written(td_web_t *self)
+{
+    struct timespec deadline = td_http_deadline(TD_WEB_CLOSE_WAIT_MS);
+    int rc = 0;
+    pthread_mutex_lock(&self->lock);
+    while (self->unwritten > 0 && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&self->written, &self->lock, &deadline);
+    unsigned left = self->unwritten;
+    pthread_mutex_unlock(&self->lock);
+    if (left)
+        td_warn("web: %u answers not written after %d ms; their connections close without them",
+                left, TD_WEB_CLOSE_WAIT_MS);
 }
 
 void td_web_close(td_web_t *self)
@@ -762,10 +786,12 @@ void td_web_close(td_web_t *self)
         job = next;
     }
     td_sse_close_all(self);
+    wait_written(self);
 }
 
 static void free_web(td_web_t *self)
 {
+    pthread_cond_destroy(&self->written);
     pthread_mutex_destroy(&self->lock);
     explicit_bzero(self->token, sizeof self->token);
     free(self);

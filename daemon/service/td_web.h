@@ -55,7 +55,9 @@ enum MHD_Result td_web_handle(td_web_t *self, struct MHD_Connection *conn, const
  * false when it was not td_web's. */
 bool td_web_request_done(td_web_t *self, void *con_cls);
 /* Loop thread, before MHD_stop_daemon: answers every waiting job 503, ends every event stream
- * and resumes every suspended connection (libmicrohttpd must not stop with one suspended). */
+ * and resumes every suspended connection (libmicrohttpd must not stop with one suspended), then
+ * waits up to 2 s for libmicrohttpd to have written those answers (MHD_stop_daemon closes the
+ * connections whether it has or not). */
 void td_web_close(td_web_t *self);
 /* Loop thread, after MHD_stop_daemon: closes the handles; the memory goes in their callbacks
  * (or at once when td_web_open never ran). */

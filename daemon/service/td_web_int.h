@@ -75,12 +75,21 @@ struct td_web {
     bool ready;   /* lock: the handles exist */
     bool closing; /* lock */
     td_web_job_t *head, *tail; /* lock: the jobs for the loop thread */
+    unsigned unwritten;        /* lock: jobs answered (not event streams) not yet completed */
+    pthread_cond_t written;    /* lock: signalled when `unwritten` goes down */
     unsigned sse_open;         /* lock: event streams open or being opened */
     unsigned max_sse;
     td_sse_t *sse;                     /* loop: the event streams registered */
     struct td_web_ask *asks;           /* loop: jobs waiting for the fleet (td_web_fleet.c) */
     char token[TD_WEB_TOKEN_MAX];      /* "" = none; read-only after start */
 };
+
+/* How often the event streams tick: pub_interval_ms, or TD_WEB_TICK_MS where nothing is
+ * published (0). */
+static inline unsigned td_web_tick_ms(const td_config_t *cfg)
+{
+    return cfg->pub_interval_ms ? cfg->pub_interval_ms : TD_WEB_TICK_MS;
+}
 
 /* ---- td_web.c: answers (loop thread) ------------------------------------------------------ */
 

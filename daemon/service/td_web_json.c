@@ -121,7 +121,7 @@ static tally_status_t list_head(td_web_t *self, uint64_t *rate_ms, tally_buf_t *
     return tally_buf_printf(out,
                             "{\"time_ms\":%" PRIu64 ",\"interval_ms\":%u,"
                             "\"window_ms\":%" PRIu64 ",\"streams\":[",
-                            td_clock_ms(), cfg->pub_interval_ms, ring);
+                            td_clock_ms(), td_web_tick_ms(cfg), ring);
 }
 
 /* This worker's member id when it is one of a fleet, else NULL. */

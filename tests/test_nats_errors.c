@@ -1,0 +1,474 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * test_nats_errors.c — how the worker's JetStream building blocks (daemon/nats/td_nats_js.c,
+ * td_nats_lease.c, td_nats_consumer.c, td_nats_ckpt.c) report what goes wrong, against a real
+ * single JetStream server (issue 37):
+ *   - a connection that is gone: every call answers TD_ERR_LIBRARY (no lease taken, nothing
+ *     written, a first sequence of 0) with a message that names what it was doing;
+ *   - a user who may not create streams or consumers: the fleet is not made, and says which;
+ *   - a fleet that is not this worker's: another partition count, another lease TTL, a stream
+ *     that captures other subjects, a partition count that is not a number, no fleet at all;
+ *   - an owner's first write that cannot remove its predecessor's chunks: written all the same;
+ *   - a lease key still ours under a revision this holder does not know: an error that keeps
+ *     the lease (it may still be ours), not a loss; a consumer name that exists and has
+ *     delivered already is refused.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <nats/nats.h>
+
+#include "harness.h"
+#include "nats_cluster.h"
+#include "tally_fleet.h"
+#include "td_nats_ckpt.h"
+#include "td_nats_consumer.h"
+#include "td_nats_js.h"
+#include "td_nats_lease.h"
+
+#define PARTITIONS 2
+#define TTL_MS 4000
+
+#define cluster tn_suite
+#define nc tn_suite_nc
+#define js tn_suite_js
+static char msg[512];
+
+/* `all`, the test's user; `nomake`, who may not create streams or consumers; `noinfo`, who
+ * may not ask about the partitions' streams; `nopurge`, who may not write partition 0's
+ * checkpoint chunks of epoch 7 (their requests get no answer: a permission violation, then the
+ * API's timeout). */
+static const char users[] =
+    "authorization { users = [\n"
+    "  { user: all, password: all }\n"
+    "  { user: nomake, password: nomake,\n"
+    "    permissions: { publish: { allow: \">\",\n"
+    "      deny: [\"$JS.API.STREAM.CREATE.>\", \"$JS.API.CONSUMER.CREATE.>\",\n"
+    "             \"$JS.API.CONSUMER.DURABLE.CREATE.>\"] } } }\n"
+    "  { user: noinfo, password: noinfo,\n"
+    "    permissions: { publish: { allow: \">\",\n"
+    "      deny: [\"$JS.API.STREAM.INFO.TALLY_P0\", \"$JS.API.STREAM.INFO.TALLY_P1\"] } } }\n"
+    "  { user: nopurge, password: nopurge,\n"
+    "    permissions: { publish: { allow: \">\", deny: \"$KV.TALLY_CKPT.p0.7.>\" } } }\n"
+    "] }";
+
+static td_nats_layout_t layout(uint32_t partitions, int64_t ttl_ms)
+{
+    td_nats_layout_t l = {.partitions = partitions,
+                          .replicas = 1,
+                          .partition_max_bytes = 16ll << 20,
+                          .partition_max_age_ms = 3600 * 1000,
+                          .lease_ttl_ms = ttl_ms,
+                          .max_msg_size = (int32_t)natsConnection_GetMaxPayload(nc)};
+    return l;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    tn_options_t o = {.extra_conf = users, .user = "all", .password = "all"};
+    if (tn_cluster_start(&cluster, 1, &o, 30000) != 0 || tn_connect(&cluster, &nc, &js) != 0)
+        return -1;
+    td_nats_layout_t l = layout(PARTITIONS, TTL_MS);
+    if (td_nats_fleet_ensure(js, &l, msg, sizeof msg) != TD_OK) {
+        fprintf(stderr, "fleet: %s\n", msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    return tn_suite_teardown();
+}
+
+static void msg_has(const char *text)
+{
+    print_message("%s\n", msg);
+    assert_non_null(strstr(msg, text));
+}
+
+/* A second connection as `user`, its JetStream context waiting at most wait_ms per call. */
+static void connect_as(const char *user, int64_t wait_ms, natsConnection **c, jsCtx **j)
+{
+    char url[128];
+    const char *hostport = strstr(cluster.node[0].url, "//") + 2;
+    snprintf(url, sizeof url, "nats://%s:%s@%s", user, user, hostport);
+    assert_int_equal(natsConnection_ConnectTo(c, url), NATS_OK);
+    jsOptions jo;
+    jsOptions_Init(&jo);
+    jo.Wait = wait_ms;
+    assert_int_equal(natsConnection_JetStream(j, *c, &jo), NATS_OK);
+}
+
+static kvStore *open_kv(jsCtx *j, const char *bucket)
+{
+    kvStore *kv = NULL;
+    assert_int_equal(js_KeyValue(&kv, j, bucket), NATS_OK);
+    return kv;
+}
+
+static void publish_n(uint32_t k, int n)
+{
+    char subject[48];
+    tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k, "anon");
+    for (int i = 0; i < n; i++) {
+        jsErrCode jerr = 0;
+        assert_int_equal(js_Publish(NULL, js, subject, "m", 1, NULL, &jerr), NATS_OK);
+    }
+}
+
+/* Every building block on a connection that is gone (closed: what a worker's calls meet after
+ * its connection to NATS is lost for good) fails, saying what it was doing, and changes nothing
+ * it was given as if it had succeeded. */
+static void test_connection_gone(void **state)
+{
+    (void)state;
+    natsConnection *c = NULL;
+    jsCtx *j = NULL;
+    connect_as("all", 2000, &c, &j);
+    kvStore *leases = open_kv(j, TALLY_NATS_BUCKET_LEASES);
+    kvStore *members = open_kv(j, TALLY_NATS_BUCKET_MEMBERS);
+    kvStore *ckpts = open_kv(j, TALLY_NATS_BUCKET_CKPT);
+    td_pull_t *pull = NULL;
+    assert_int_equal(td_consumer_start(j, c, "_INBOX.errors.p1", 1, 9, 0, 1, 30000, &pull, msg,
+                                       sizeof msg),
+                     TD_OK);
+    td_ckpt_t ck;
+    uint8_t *st = NULL;
+    size_t len = 0;
+    bool fenced = true;
+    assert_int_equal(
+        td_ckpt_take(&ck, j, ckpts, 1, "gone", 9, &st, &len, &fenced, msg, sizeof msg), TD_OK);
+    assert_false(fenced);
+    natsConnection_Close(c);
+
+    td_lease_t l;
+    bool taken = true, lost = true;
+    assert_int_equal(td_lease_acquire(leases, 1, "gone", TTL_MS, &l, &taken, msg, sizeof msg),
+                     TD_ERR_LIBRARY);
+    assert_false(taken);
+    msg_has("reading lease p1: ");
+    l.revision = 7;
+    l.valid_until_ms = td_nats_now_ms() + TTL_MS;
+    assert_int_equal(td_lease_renew(leases, 1, "gone", TTL_MS, &l, &lost, msg, sizeof msg),
+                     TD_ERR_LIBRARY);
+    assert_false(lost);
+    assert_int_equal(l.revision, 7); /* kept: the lease may still be ours */
+    assert_int_equal(td_lease_release(j, 1, &l, msg, sizeof msg), TD_ERR_LIBRARY);
+    msg_has("releasing lease p1: ");
+    assert_int_equal(l.revision, 0); /* forgotten all the same */
+    assert_int_equal(td_member_beat(members, "gone", "{}", msg, sizeof msg), TD_ERR_LIBRARY);
+    msg_has("heartbeat: ");
+    assert_int_equal(td_member_leave(members, "gone", msg, sizeof msg), TD_ERR_LIBRARY);
+    msg_has("leaving: ");
+    char **ids = (char **)1;
+    size_t n = 9;
+    assert_int_equal(td_member_list(members, &ids, &n, msg, sizeof msg), TD_ERR_LIBRARY);
+    assert_null(ids);
+    assert_int_equal(n, 0);
+    msg_has("listing the keys of " TALLY_NATS_BUCKET_MEMBERS);
+
+    kvStore *kv = (kvStore *)1;
+    assert_int_equal(td_nats_kv_open(j, TALLY_NATS_BUCKET_LEASES, TTL_MS, 1, &kv, msg, sizeof msg),
+                     TD_ERR_LIBRARY);
+    assert_null(kv);
+    msg_has("key-value bucket " TALLY_NATS_BUCKET_LEASES ": ");
+    int64_t ttl = 5;
+    assert_int_equal(td_nats_bucket_ttl(j, TALLY_NATS_BUCKET_LEASES, &ttl), TD_ERR_LIBRARY);
+    assert_int_equal(ttl, 0);
+    uint32_t parts = 0;
+    assert_int_equal(td_nats_read_partitions(j, &parts, msg, sizeof msg), TD_ERR_LIBRARY);
+    assert_int_equal(parts, 0);
+    msg_has(TALLY_NATS_BUCKET_FLEET ": ");
+    td_nats_layout_t lay = layout(PARTITIONS, TTL_MS);
+    assert_int_equal(td_nats_fleet_ensure(j, &lay, msg, sizeof msg), TD_ERR_LIBRARY);
+    msg_has("key-value bucket " TALLY_NATS_BUCKET_FLEET ": ");
+
+    td_pull_t *again = NULL;
+    assert_int_equal(td_consumer_start(j, c, "_INBOX.errors.p1b", 1, 9, 1, 1, 30000, &again, msg,
+                                       sizeof msg),
+                     TD_ERR_LIBRARY);
+    assert_null(again);
+    msg_has("creating consumer ");
+    natsMsgList list;
+    assert_int_equal(td_consumer_fetch(pull, 10, 0, 100, &list, msg, sizeof msg), TD_ERR_LIBRARY);
+    assert_int_equal(list.Count, 0);
+    assert_null(list.Msgs);
+    msg_has("fetch: ");
+    assert_int_equal(td_consumer_ack_sync(c, "$JS.ACK.x", 200, msg, sizeof msg), TD_ERR_LIBRARY);
+    msg_has("acknowledging: ");
+    assert_int_equal(td_partition_first_seq(j, 1), 0);
+    td_pull_destroy(&pull);
+
+    /* A checkpoint: inline, its compare-and-set fails and the manifest cannot be read after it;
+     * chunked, the first chunk cannot be written. */
+    assert_int_equal(td_ckpt_write(&ck, 3, (const uint8_t *)"abc", 3, &fenced, msg, sizeof msg),
+                     TD_ERR_LIBRARY);
+    assert_false(fenced);
+    msg_has("reading checkpoint p1: ");
+    size_t big_len = TD_CKPT_CHUNK_BYTES + 10;
+    uint8_t *big = calloc(1, big_len);
+    assert_non_null(big);
+    assert_int_equal(td_ckpt_write(&ck, 4, big, big_len, &fenced, msg, sizeof msg),
+                     TD_ERR_LIBRARY);
+    msg_has("writing checkpoint chunk p1.9.");
+    free(big);
+    td_ckpt_manifest_t m;
+    assert_int_equal(td_ckpt_read(j, 1, &m, &st, &len, msg, sizeof msg), TD_ERR_LIBRARY);
+    assert_null(st);
+    msg_has("reading checkpoint p1: ");
+    assert_int_equal(td_ckpt_take(&ck, j, ckpts, 1, "gone", 10, &st, &len, &fenced, msg,
+                                  sizeof msg),
+                     TD_ERR_LIBRARY);
+    assert_null(st);
+
+    kvStore_Destroy(leases);
+    kvStore_Destroy(members);
+    kvStore_Destroy(ckpts);
+    jsCtx_Destroy(j);
+    natsConnection_Destroy(c);
+}
+
+/* A user who may not create streams: a fleet missing its dead-letter stream is refused at it,
+ * saying so; one who may not create consumers cannot take a partition; one who may not look at
+ * the partitions' streams cannot check the fleet. */
+static void test_no_permission(void **state)
+{
+    (void)state;
+    natsConnection *c = NULL;
+    jsCtx *j = NULL;
+    connect_as("nomake", 500, &c, &j);
+    /* A fleet on a bucket of its own that does not exist yet: its dead-letter stream is the
+     * first stream it lacks once the partitions' exist; here TALLY_DEAD is deleted first. */
+    jsErrCode jerr = 0;
+    assert_int_equal(js_DeleteStream(js, TALLY_NATS_DEAD_STREAM, NULL, &jerr), NATS_OK);
+    td_nats_layout_t l = layout(PARTITIONS, TTL_MS);
+    assert_int_equal(td_nats_fleet_ensure(j, &l, msg, sizeof msg), TD_ERR_LIBRARY);
+    msg_has("cannot create stream " TALLY_NATS_DEAD_STREAM " (1 replicas): ");
+    assert_int_equal(td_nats_fleet_ensure(js, &l, msg, sizeof msg), TD_OK); /* as `all` */
+
+    td_pull_t *pull = NULL;
+    assert_int_equal(td_consumer_start(j, c, "_INBOX.errors.nomake", 0, 3, 0, 1, 30000, &pull,
+                                       msg, sizeof msg),
+                     TD_ERR_LIBRARY);
+    assert_null(pull);
+    msg_has("creating consumer " TALLY_NATS_CONSUMER_PREFIX "0-3-0 at 1: ");
+    jsCtx_Destroy(j);
+    natsConnection_Destroy(c);
+
+    /* One who may not look at the partitions' streams: the fleet is not checked, and a
+     * partition's first sequence is unknown (0). */
+    connect_as("noinfo", 500, &c, &j);
+    assert_int_equal(td_nats_fleet_ensure(j, &l, msg, sizeof msg), TD_ERR_LIBRARY);
+    msg_has("stream " TALLY_NATS_STREAM_PREFIX "0: ");
+    assert_int_equal(td_partition_first_seq(j, 0), 0);
+    jsCtx_Destroy(j);
+    natsConnection_Destroy(c);
+}
+
+/* What a worker finds when the fleet on this NATS is not the one it is configured for. */
+static void test_not_this_fleet(void **state)
+{
+    (void)state;
+    td_nats_layout_t l = layout(PARTITIONS + 1, TTL_MS);
+    assert_int_equal(td_nats_fleet_ensure(js, &l, msg, sizeof msg), TD_ERR_CONFIG);
+    msg_has("the fleet has 2 partitions, this worker is configured for 3");
+    l = layout(PARTITIONS, TTL_MS * 2);
+    assert_int_equal(td_nats_fleet_ensure(js, &l, msg, sizeof msg), TD_ERR_CONFIG);
+    msg_has("has a TTL of 4000 ms, not 8000");
+    int64_t ttl = 0;
+    assert_int_equal(td_nats_bucket_ttl(js, TALLY_NATS_BUCKET_LEASES, &ttl), TD_OK);
+    assert_int_equal(ttl, TTL_MS);
+    assert_int_equal(td_nats_bucket_ttl(js, "TALLY_NO_SUCH_BUCKET", &ttl), TD_ERR_CONFIG);
+    assert_int_equal(ttl, 0);
+
+    /* Partition 1's stream captures another subject (an older tallyd's). */
+    char name[32];
+    tally_fleet_name(name, sizeof name, TALLY_NATS_STREAM_PREFIX, 1);
+    jsErrCode jerr = 0;
+    jsStreamInfo *si = NULL;
+    assert_int_equal(js_GetStreamInfo(&si, js, name, NULL, &jerr), NATS_OK);
+    const char *old = "tally.in.1";
+    jsStreamConfig sc = *si->Config;
+    sc.Subjects = &old;
+    sc.SubjectsLen = 1;
+    jsStreamInfo *si2 = NULL;
+    assert_int_equal(js_UpdateStream(&si2, js, &sc, NULL, &jerr), NATS_OK);
+    jsStreamInfo_Destroy(si2);
+    l = layout(PARTITIONS, TTL_MS);
+    assert_int_equal(td_nats_fleet_ensure(js, &l, msg, sizeof msg), TD_ERR_CONFIG);
+    msg_has("does not capture exactly");
+    sc = *si->Config; /* back as it was */
+    assert_int_equal(js_UpdateStream(&si2, js, &sc, NULL, &jerr), NATS_OK);
+    jsStreamInfo_Destroy(si2);
+    jsStreamInfo_Destroy(si);
+    assert_int_equal(td_nats_fleet_ensure(js, &l, msg, sizeof msg), TD_OK);
+
+    /* The partition count: not a number, then no fleet at all. */
+    kvStore *fleet = open_kv(js, TALLY_NATS_BUCKET_FLEET);
+    uint64_t rev = 0;
+    assert_int_equal(kvStore_PutString(&rev, fleet, TALLY_NATS_KEY_PARTITIONS, "two"), NATS_OK);
+    uint32_t parts = 0;
+    assert_int_equal(td_nats_read_partitions(js, &parts, msg, sizeof msg), TD_ERR_CONFIG);
+    msg_has("holds 'two', not a partition count");
+    assert_int_equal(parts, 0);
+    const char *bad[] = {"0", "", "2x", "99999999", "222222222222222222222"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        assert_int_equal(kvStore_PutString(&rev, fleet, TALLY_NATS_KEY_PARTITIONS, bad[i]),
+                         NATS_OK);
+        assert_int_equal(td_nats_read_partitions(js, &parts, msg, sizeof msg), TD_ERR_CONFIG);
+        msg_has("not a partition count");
+    }
+    assert_int_equal(kvStore_PutString(&rev, fleet, TALLY_NATS_KEY_PARTITIONS, "2"), NATS_OK);
+    assert_int_equal(td_nats_read_partitions(js, &parts, msg, sizeof msg), TD_OK);
+    assert_int_equal(parts, PARTITIONS);
+    kvStore_Destroy(fleet);
+    assert_int_equal(js_DeleteKeyValue(js, TALLY_NATS_BUCKET_FLEET), NATS_OK);
+    assert_int_equal(td_nats_read_partitions(js, &parts, msg, sizeof msg), TD_ERR_CONFIG);
+    msg_has("no tallyd fleet on this NATS");
+    assert_int_equal(td_nats_fleet_ensure(js, &l, msg, sizeof msg), TD_OK); /* made again */
+    assert_int_equal(td_nats_read_partitions(js, &parts, msg, sizeof msg), TD_OK);
+    assert_int_equal(parts, PARTITIONS);
+}
+
+/* The lease key holds this member's id under a revision its holder did not write (a renewal
+ * whose answer was lost, then applied): the renewal fails and says so, keeping the lease (it
+ * may still be ours; valid_until_ms runs out anyway). Another holder's: lost. */
+static void test_lease_unknown_revision(void **state)
+{
+    (void)state;
+    kvStore *leases = open_kv(js, TALLY_NATS_BUCKET_LEASES);
+    td_lease_t l;
+    bool taken = false, lost = true;
+    assert_int_equal(td_lease_acquire(leases, 1, "A", TTL_MS, &l, &taken, msg, sizeof msg), TD_OK);
+    assert_true(taken);
+    uint64_t mine = l.revision, rev = 0;
+    assert_int_equal(kvStore_PutString(&rev, leases, "p1", "A"), NATS_OK);
+    assert_int_equal(td_lease_renew(leases, 1, "A", TTL_MS, &l, &lost, msg, sizeof msg),
+                     TD_ERR_LIBRARY);
+    msg_has("renewing lease p1: ");
+    assert_false(lost);
+    assert_int_equal(l.revision, mine);
+    td_lease_t none = {0}; /* no revision: nothing renewed, though the key names A */
+    assert_int_equal(td_lease_renew(leases, 1, "A", TTL_MS, &none, &lost, msg, sizeof msg), TD_OK);
+    assert_true(lost);
+    assert_int_equal(kvStore_PutString(&rev, leases, "p1", "B"), NATS_OK);
+    assert_int_equal(td_lease_renew(leases, 1, "A", TTL_MS, &l, &lost, msg, sizeof msg), TD_OK);
+    assert_true(lost);
+    assert_int_equal(l.revision, 0);
+    /* No revision at all: nothing to renew, and the key is B's: lost. */
+    assert_int_equal(td_lease_renew(leases, 1, "A", TTL_MS, &l, &lost, msg, sizeof msg), TD_OK);
+    assert_true(lost);
+    assert_int_equal(kvStore_Delete(leases, "p1"), NATS_OK);
+    kvStore_Destroy(leases);
+}
+
+/* A consumer name that exists and has delivered already is not taken over (it would not start
+ * where this owner needs it); a message that is not JetStream's has no sequence. */
+static void test_consumer_exists(void **state)
+{
+    (void)state;
+    publish_n(1, 3);
+    td_pull_t *pull = NULL, *again = NULL;
+    assert_int_equal(td_consumer_start(js, nc, "_INBOX.errors.c1", 1, 40, 0, 1, 30000, &pull, msg,
+                                       sizeof msg),
+                     TD_OK);
+    natsMsgList list;
+    int got = 0;
+    for (int round = 0; round < 20 && got == 0; round++) {
+        assert_int_equal(td_consumer_fetch(pull, 10, 0, 500, &list, msg, sizeof msg), TD_OK);
+        got += list.Count;
+        if (list.Count) {
+            uint64_t pending = 99;
+            assert_true(td_nats_msg_seq_pending(list.Msgs[0], &pending) >= 1);
+            assert_true(pending < 99);
+        }
+        natsMsgList_Destroy(&list);
+    }
+    assert_true(got > 0);
+    assert_int_equal(td_consumer_start(js, nc, "_INBOX.errors.c1b", 1, 40, 0, 1, 30000, &again,
+                                       msg, sizeof msg),
+                     TD_ERR_LIBRARY);
+    assert_null(again);
+    msg_has("it exists and has delivered already");
+    td_pull_destroy(&pull);
+
+    natsMsg *plain = NULL;
+    assert_int_equal(natsMsg_Create(&plain, "x", NULL, "y", 1), NATS_OK);
+    uint64_t pending = 5;
+    assert_int_equal(td_nats_msg_seq_pending(plain, &pending), 0);
+    assert_int_equal(pending, 0);
+    assert_int_equal(td_nats_msg_seq(plain), 0);
+    natsMsg_Destroy(plain);
+}
+
+/* An owner's first write removes its predecessor's chunks; when a removal fails the checkpoint
+ * is written all the same (TD_OK, not fenced, read back), and the message says why. */
+static void test_ckpt_old_chunks_not_removed(void **state)
+{
+    (void)state;
+    kvStore *ckpts = open_kv(js, TALLY_NATS_BUCKET_CKPT);
+    size_t big_len = TD_CKPT_CHUNK_BYTES + 10;
+    uint8_t *big = calloc(1, big_len);
+    assert_non_null(big);
+    td_ckpt_t a, b;
+    uint8_t *st = NULL;
+    size_t len = 0;
+    bool fenced = true;
+    assert_int_equal(
+        td_ckpt_take(&a, js, ckpts, 0, "A", 7, &st, &len, &fenced, msg, sizeof msg), TD_OK);
+    assert_int_equal(td_ckpt_write(&a, 20, big, big_len, &fenced, msg, sizeof msg), TD_OK);
+    assert_int_equal(a.cur.chunks, 2);
+
+    natsConnection *c = NULL;
+    jsCtx *j = NULL;
+    connect_as("nopurge", 500, &c, &j);
+    kvStore *kv = open_kv(j, TALLY_NATS_BUCKET_CKPT);
+    assert_int_equal(td_ckpt_take(&b, j, kv, 0, "B", 8, &st, &len, &fenced, msg, sizeof msg),
+                     TD_OK);
+    assert_false(fenced);
+    assert_int_equal(len, big_len);
+    free(st);
+    assert_int_equal(td_ckpt_write(&b, 21, (const uint8_t *)"small", 5, &fenced, msg, sizeof msg),
+                     TD_OK);
+    assert_false(fenced);
+    msg_has("removing old checkpoint chunks: ");
+    td_ckpt_manifest_t m;
+    assert_int_equal(td_ckpt_read(js, 0, &m, &st, &len, msg, sizeof msg), TD_OK);
+    assert_int_equal(m.applied_seq, 21);
+    assert_string_equal(m.member, "B");
+    assert_int_equal(len, 5);
+    assert_memory_equal(st, "small", 5);
+    free(st);
+    kvEntry *e = NULL; /* still there */
+    assert_int_equal(kvStore_Get(&e, ckpts, "p0.7.1.0"), NATS_OK);
+    kvEntry_Destroy(e);
+    free(big);
+    kvStore_Destroy(kv);
+    jsCtx_Destroy(j);
+    natsConnection_Destroy(c);
+    kvStore_Destroy(ckpts);
+}
+
+int main(void)
+{
+    if (tn_skip())
+        return 77;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_connection_gone),
+        cmocka_unit_test(test_no_permission),
+        cmocka_unit_test(test_not_this_fleet),
+        cmocka_unit_test(test_lease_unknown_revision),
+        cmocka_unit_test(test_consumer_exists),
+        cmocka_unit_test(test_ckpt_old_chunks_not_removed),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
