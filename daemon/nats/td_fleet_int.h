@@ -209,8 +209,9 @@ td_err_t td_fleet_path_open(td_fleet_t *f);
 void td_fleet_path_close(td_fleet_t *f);
 /* Loop thread (the fleet's async handle): submits the requests queued. */
 void td_fleet_path_on_loop(td_fleet_t *f);
-/* Queues one request frame (data: header then payload, copied) for the request path with a fresh
- * tag in a free slot, of the given kind; the slot, or -1 when none is free. */
+/* Queues one request frame (data: header then payload, copied; len at least
+ * TALLY_REQ_HEADER_SIZE, which every caller has checked) for the request path with a fresh tag
+ * in a free slot, of the given kind; the slot, or -1 when none is free. */
 int td_fleet_path_send(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *data, size_t len);
 /* Waits up to timeout_ms for replies and hands each to td_fleet_on_reply (PEND_SYNC ones are
  * kept in their slot). */

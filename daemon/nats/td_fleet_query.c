@@ -79,7 +79,7 @@ static void publish_reply(td_fleet_t *f, const char *subject, natsMsg *request, 
     if (s == NATS_OK && owned)
         s = natsMsgHeader_Set(m, TALLY_NATS_HDR_OWNED, owned);
     const char *id = NULL;
-    if (s == NATS_OK && natsMsgHeader_Get(request, TALLY_NATS_HDR_MSG_ID, &id) == NATS_OK && id)
+    if (s == NATS_OK && natsMsgHeader_Get(request, TALLY_NATS_HDR_MSG_ID, &id) == NATS_OK)
         s = natsMsgHeader_Set(m, TALLY_NATS_HDR_REPLY_ID, id);
     char num[24];
     if (s == NATS_OK && seq) {
@@ -133,9 +133,11 @@ static bool reply_allowed(td_fleet_t *f, natsMsg *m)
     return false;
 }
 
-/* Which operations a subscription answers, and for tally.q and tally.seq the partition. ok:
- * m may be run here; false with *mine false: not this member's (the owner answers). */
-static bool judge(td_fleet_t *f, natsMsg *m, natsSubscription *from, bool *mine)
+/* Which operations a subscription answers, and for tally.q and tally.seq the partition:
+ * TALLY_OK when m may be run here, else the status its error answer carries (bad_opcode for an
+ * operation the subject does not answer, a windowed query on tally.seq included; bad_stream_name
+ * for a stream of another partition); *mine false: not this member's (the owner answers). */
+static tally_status_t judge(td_fleet_t *f, natsMsg *m, natsSubscription *from, bool *mine)
 {
     const uint8_t *data = (const uint8_t *)natsMsg_GetData(m);
     uint8_t op = data[5];
@@ -146,16 +148,21 @@ static bool judge(td_fleet_t *f, natsMsg *m, natsSubscription *from, bool *mine)
         if (k >= f->partitions || !f->parts[k].owned ||
             !td_lease_valid(&f->parts[k].lease, td_nats_now_ms())) {
             *mine = false;
-            return false;
+            return TALLY_E_OPCODE;
         }
         size_t slen = data[17] <= TALLY_STREAM_NAME_MAX ? data[17] : 0;
         bool window = from == f->seq_sub && (data[7] & TALLY_FLAG_QUERY_WINDOW);
-        return op == TALLY_OP_QUERY && !window &&
-               (slen == 0 || tally_partition((const char *)data + 64, slen, f->partitions) == k);
+        if (op != TALLY_OP_QUERY || window)
+            return TALLY_E_OPCODE;
+        return slen == 0 || tally_partition((const char *)data + 64, slen, f->partitions) == k
+                   ? TALLY_OK
+                   : TALLY_E_STREAM_NAME;
     }
     if (from == f->ctl_sub)
-        return op == TALLY_OP_PING || op == TALLY_OP_INFO || op == TALLY_OP_STATS;
-    return op == TALLY_OP_STREAMS;
+        return op == TALLY_OP_PING || op == TALLY_OP_INFO || op == TALLY_OP_STATS
+                   ? TALLY_OK
+                   : TALLY_E_OPCODE;
+    return op == TALLY_OP_STREAMS ? TALLY_OK : TALLY_E_OPCODE;
 }
 
 /* A `streams` answer's Tally-Members, read from TALLY_MEMBERS when the question comes (once per
@@ -184,22 +191,17 @@ static void take_query(td_fleet_t *f, natsMsg *m, natsSubscription *from)
     const uint8_t *data = (const uint8_t *)natsMsg_GetData(m);
     size_t len = (size_t)natsMsg_GetDataLength(m);
     bool mine = true;
-    bool ok = len >= TALLY_REQ_HEADER_SIZE && judge(f, m, from, &mine);
+    tally_status_t why = len >= TALLY_REQ_HEADER_SIZE ? judge(f, m, from, &mine) : TALLY_E_HEADER;
     if (!mine || !reply_allowed(f, m)) {
         natsMsg_Destroy(m); /* not ours, or nowhere it may go */
         return;
     }
-    if (len < TALLY_REQ_HEADER_SIZE) {
-        answer_error(f, m, TALLY_E_HEADER, "a request is a 128-byte header and a payload");
-        natsMsg_Destroy(m);
-        return;
-    }
-    if (ok && from == f->streams_sub)
+    if (why == TALLY_OK && from == f->streams_sub)
         count_members(f);
-    if (!ok) {
-        bool q = from == f->q_sub || from == f->seq_sub;
-        answer_error(f, m, q && data[5] == TALLY_OP_QUERY ? TALLY_E_STREAM_NAME : TALLY_E_OPCODE,
-                     "not answered on this subject (PROTOCOL.md §13)");
+    if (why != TALLY_OK) {
+        answer_error(f, m, why,
+                     why == TALLY_E_HEADER ? "a request is a 128-byte header and a payload"
+                                           : "not answered on this subject (PROTOCOL.md §13)");
         natsMsg_Destroy(m);
         return;
     }
@@ -313,7 +315,7 @@ void td_fleet_on_reply(td_fleet_t *f, int slot, const uint8_t *reply, size_t len
     td_pend_t *pend = &f->pend[slot];
     if (pend->kind == PEND_PART)
         td_part_reply(f, &f->parts[pend->k], pend, reply, len);
-    else if (pend->kind == PEND_QUERY)
+    else /* PEND_QUERY: dispatch (td_fleet_transport.c) keeps PEND_SYNC's and drops free slots' */
         td_fleet_query_reply(f, pend, reply, len);
     memset(pend, 0, sizeof *pend);
 }

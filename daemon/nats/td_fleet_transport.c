@@ -219,8 +219,6 @@ static int take_slot(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *data)
 
 int td_fleet_path_send(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *data, size_t len)
 {
-    if (len < TALLY_REQ_HEADER_SIZE)
-        return -1;
     sub_item_t *s = calloc(1, sizeof *s);
     size_t plen = len - TALLY_REQ_HEADER_SIZE;
     uint8_t *payload = plen ? malloc(plen) : NULL;

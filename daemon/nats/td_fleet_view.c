@@ -27,11 +27,12 @@
 #include "td_nats_js.h"
 
 /* Questions waiting at once; how long a gather or a query waits for answers; the memory one
- * list may take (entries of name and member: about 60,000 streams). */
+ * list may take (entries of name and member, 130 bytes: 64,527 streams; more, and the list says
+ * it is partial). */
 #define TD_VIEW_QUEUE 32
 #define TD_VIEW_WAIT_MS 2000
 #define TD_VIEW_LIST_BYTES (8u << 20)
-/* A query nobody answers (a partition between owners) is asked again this often. */
+/* A gather looks at `stop` this often while it waits for answers. */
 #define TD_VIEW_RETRY_MS 100
 
 typedef struct view_ask {
@@ -73,7 +74,7 @@ static void push(view_ask_t ***tail, view_ask_t *a)
 static bool ask(td_view_t *v, view_ask_t *a)
 {
     pthread_mutex_lock(&v->mu);
-    bool room = v->waiting < TD_VIEW_QUEUE && !atomic_load(&v->stop);
+    bool room = v->waiting < TD_VIEW_QUEUE; /* no ask after close: the loop has ended */
     if (room) {
         v->waiting++;
         push(&v->todo_tail, a);
@@ -165,18 +166,18 @@ static void merge(td_view_t *v, view_ask_t *a, natsMsg *m, bool *covered)
         tally_fleet_owned_merge(owned, v->f->partitions, covered) < 0)
         return; /* not a member's answer of this layout: it covers nothing */
     ans->answered++;
-    if (natsMsgHeader_Get(m, TALLY_NATS_HDR_MEMBERS, &members) == NATS_OK && members) {
+    if (natsMsgHeader_Get(m, TALLY_NATS_HDR_MEMBERS, &members) == NATS_OK) { /* a received header: never NULL */
         size_t said = strtoul(members, NULL, 10);
         ans->members = said > ans->members && said <= 100000 ? said : ans->members;
     }
     for (size_t at = TALLY_REP_HEADER_SIZE;
          at < len && at + 1 + data[at] <= len && data[at] && data[at] <= TALLY_STREAM_NAME_MAX;
          at += 1 + data[at]) { /* a garbled entry ends the member's list */
-        if (ans->count == a->cap) {
-            size_t cap = a->cap ? 2 * a->cap : 256;
-            td_fleet_entry_t *grown = cap * sizeof *grown <= TD_VIEW_LIST_BYTES
-                                          ? realloc(ans->entries, cap * sizeof *grown)
-                                          : NULL;
+        if (ans->count == a->cap) { /* doubled, the last step to the limit itself */
+            size_t most = TD_VIEW_LIST_BYTES / sizeof *ans->entries;
+            size_t cap = !a->cap ? 256 : 2 * a->cap < most ? 2 * a->cap : most;
+            td_fleet_entry_t *grown =
+                cap > a->cap ? realloc(ans->entries, cap * sizeof *grown) : NULL;
             if (!grown) {
                 ans->truncated = true;
                 return;
@@ -253,28 +254,25 @@ static void gather(td_view_t *v, view_ask_t *a)
     sort_entries(ans);
 }
 
+/* One request: the member asking is subscribed to tally.q.*.* itself (td_fleet_query_open runs
+ * before td_fleet_view_open, and td_fleet_query_close after td_fleet_view_close), so NATS never
+ * answers "no responders"; a partition between owners is a timeout, like one whose owner is
+ * slow. */
 static void query(td_view_t *v, view_ask_t *a)
 {
     char subject[48 + TALLY_NATS_MEMBER_ID_MAX];
     tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_QUERY, a->k, v->user);
-    int64_t deadline = td_nats_now_ms() + TD_VIEW_WAIT_MS;
-    natsStatus s = NATS_TIMEOUT;
-    for (int64_t left = TD_VIEW_WAIT_MS; left > 0 && !atomic_load(&v->stop);
-         left = deadline - td_nats_now_ms()) {
-        s = natsConnection_Request(&a->reply, v->f->nc, subject, a->frame, sizeof a->frame, left);
-        if (s != NATS_NO_RESPONDERS)
-            break;
-        nats_Sleep(left < TD_VIEW_RETRY_MS ? left : TD_VIEW_RETRY_MS); /* between owners */
-    }
+    natsStatus s = natsConnection_Request(&a->reply, v->f->nc, subject, a->frame,
+                                          sizeof a->frame, TD_VIEW_WAIT_MS);
     const char *owner = NULL;
     if (s == NATS_OK && natsMsg_GetDataLength(a->reply) >= TALLY_REP_HEADER_SIZE) {
         a->answer.reply = (const uint8_t *)natsMsg_GetData(a->reply);
         a->answer.reply_len = (size_t)natsMsg_GetDataLength(a->reply);
-        if (natsMsgHeader_Get(a->reply, TALLY_NATS_HDR_MEMBER, &owner) == NATS_OK && owner)
+        if (natsMsgHeader_Get(a->reply, TALLY_NATS_HDR_MEMBER, &owner) == NATS_OK)
             snprintf(a->answer.owner, sizeof a->answer.owner, "%s", owner);
     } else if (s == NATS_OK) {
         say(a, TALLY_E_REPLY, "the owner's answer on %s is not a reply", subject);
-    } else if (s == NATS_TIMEOUT || s == NATS_NO_RESPONDERS) {
+    } else if (s == NATS_TIMEOUT) {
         say(a, TALLY_E_TIMEOUT, "no member answered on %s in time (no owner?)", subject);
     } else {
         say(a, TALLY_E_TRANSPORT, "a query of the fleet: %s", td_nats_last_error(s));
