@@ -227,10 +227,10 @@
 #define TD_MAX_BATCH_LIMIT (1024ull << 20) /* --max-batch may not exceed 1 GiB */
 #define TD_MAX_INFLIGHT_LIMIT 65536u
 #define TD_STATE_INTERVAL_LIMIT 86400u
-#define TD_STATE_FILE "streams.state"   /* in the state directory */
-#define TD_STATE_LOG_FILE "streams.log" /* beside it: the changes since (td_state.h) */
-#define TD_STATUS_INTERVAL_MS 5000      /* systemd STATUS= line refresh */
-#define TD_METRICS_WAIT_MS 2000         /* an HTTP scrape waits this long for the loop */
+#define TD_STATE_FILE "streams.state" /* in the state directory */
+#define TD_STATE_LOG_FILE "streams.log"  /* beside it: the changes since (td_state.h) */
+#define TD_STATUS_INTERVAL_MS 5000    /* systemd STATUS= line refresh */
+#define TD_METRICS_WAIT_MS 2000       /* an HTTP scrape waits this long for the loop */
 /* Windows (PROTOCOL.md "Windows", td_window.h): each stream's ring of recent intervals, one
  * minute in seconds by default. A ring keeps only the intervals that counted something, each
  * 48 bytes plus its counts (at most 8 x 256 x channels bytes), so the limits keep one stream's
@@ -322,22 +322,22 @@ typedef struct {
     size_t max_batch;      /* bytes */
     unsigned max_inflight; /* requests */
     unsigned max_streams;
-    unsigned max_inflight_per_peer;    /* per connection; 0 = a fair share */
-    unsigned max_streams_per_client;   /* per client identity; 0 = max_streams / 2 */
-    unsigned stream_create_rate;       /* per client identity and second; 0 = unlimited */
+    unsigned max_inflight_per_peer;  /* per connection; 0 = a fair share */
+    unsigned max_streams_per_client; /* per client identity; 0 = max_streams / 2 */
+    unsigned stream_create_rate;     /* per client identity and second; 0 = unlimited */
     size_t max_state_bytes;            /* bytes of stream state in all */
     size_t max_state_bytes_per_client; /* per client identity; 0 = max_state_bytes / 2 */
-    size_t max_frame; /* bytes; ZeroMQ's hard frame limit; 0 = TD_MAX_FRAME_FACTOR x max_batch */
+    size_t max_frame;  /* bytes; ZeroMQ's hard frame limit; 0 = TD_MAX_FRAME_FACTOR x max_batch */
     size_t max_reply_bytes_per_peer; /* unread reply bytes per connection; 0 = computed */
     size_t max_reply_bytes;          /* unread reply bytes in total; 0 = computed */
-    unsigned drain_ms;               /* reading after a stop signal */
-    unsigned workers;                /* CPU threads for batch work; 0 = number of cores */
-    int log_level;                   /* td_log_level_t */
-    char *config_file;               /* owned; NULL = none */
-    bool config_file_explicit;       /* given with --config: a missing file is then an error */
-    unsigned gpu_streams;            /* lanes per GPU */
-    size_t gpu_min_batch;            /* auto mode: smaller batches run on the CPU */
-    unsigned gpu_peer_queue; /* device references go to a peer GPU from this owner load; 0 = off */
+    unsigned drain_ms; /* reading after a stop signal */
+    unsigned workers;  /* CPU threads for batch work; 0 = number of cores */
+    int log_level;     /* td_log_level_t */
+    char *config_file; /* owned; NULL = none */
+    bool config_file_explicit; /* given with --config: a missing file is then an error */
+    unsigned gpu_streams;      /* lanes per GPU */
+    size_t gpu_min_batch;      /* auto mode: smaller batches run on the CPU */
+    unsigned gpu_peer_queue;   /* device references go to a peer GPU from this owner load; 0 = off */
     bool test_gpu_peer_always; /* test only: device references go to a peer GPU whenever one can */
     unsigned test_fault_every; /* test only: every Nth GPU request reports a failure; 0 = off */
     unsigned test_sim_gpus;    /* test only: N simulated GPUs (host memory, CPU kernels) */
@@ -380,11 +380,11 @@ typedef struct {
     char *nats_tls_ca;       /* owned; a CA file: TLS on */
     char *nats_tls_cert;     /* owned; a client certificate and key */
     char *nats_tls_key;
-    char *nats_member_id;   /* owned; NULL = host name and process id */
-    char *nats_user;        /* owned; the NATS user (inbox prefix); NULL = the URLs' */
-    bool nats_local_writes; /* other transports may change streams on a worker */
-    char *nats_direct;      /* owned; direct mode: NULL or "off", "local" (td_config_direct) */
-    char *nats_advertise;   /* owned; the endpoint published for direct mode; NULL = the bind */
+    char *nats_member_id;    /* owned; NULL = host name and process id */
+    char *nats_user;         /* owned; the NATS user (inbox prefix); NULL = the URLs' */
+    bool nats_local_writes;  /* other transports may change streams on a worker */
+    char *nats_direct;       /* owned; direct mode: NULL or "off", "local" (td_config_direct) */
+    char *nats_advertise;    /* owned; the endpoint published for direct mode; NULL = the bind */
     unsigned nats_partitions;
     unsigned nats_replicas;
     unsigned nats_lease_ttl_ms;
@@ -393,7 +393,7 @@ typedef struct {
     size_t nats_inflight_bytes;
     size_t nats_partition_max_bytes;
     unsigned nats_partition_max_age_s;
-    int argc; /* the command line, kept so SIGHUP can re-apply it (borrowed) */
+    int argc;                /* the command line, kept so SIGHUP can re-apply it (borrowed) */
     char **argv;
     /* The HTTP port's guard (td_http_guard.h): the deadline for each whole request, and the
      * connections at once in total and from one address (an IPv6 /64 counts as one). */
@@ -401,10 +401,10 @@ typedef struct {
     unsigned metrics_max_connections;
     unsigned metrics_max_connections_per_address;
     unsigned metrics_histogram_buckets; /* per-stream Prometheus histogram buckets; 0 = none */
-    char *metrics_api_token_file;       /* owned; the HTTP API's bearer token (td_web.c), or NULL */
-    unsigned metrics_max_sse_clients;   /* event streams (SSE) open at once */
-    char *metrics_allowed_hosts;        /* owned; names a request's Host may give besides the listen
-                                         * address, localhost and IP addresses (td_http.c), or NULL */
+    char *metrics_api_token_file; /* owned; the HTTP API's bearer token (td_web.c), or NULL */
+    unsigned metrics_max_sse_clients; /* event streams (SSE) open at once */
+    char *metrics_allowed_hosts;      /* owned; names a request's Host may give besides the listen
+                                       * address, localhost and IP addresses (td_http.c), or NULL */
 } td_config_t;
 
 /* Adds an endpoint to cfg->binds: TD_ERR_CONFIG for an invalid one or one too many. */
