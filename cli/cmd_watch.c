@@ -841,7 +841,7 @@ static int endpoint_arg(const char *option, const char *endpoint)
  * are dropped on arrival). */
 static int subscribe(watch_t *w)
 {
-    tally_status_t st = tally_sub_new(w->sub_endpoint, &w->sub);
+    tally_status_t st = tally_sub_new_curve(w->sub_endpoint, &w->keys, &w->sub);
     if (st == TALLY_E_ARG)
         return cli_usage_error("watch", "--sub: invalid endpoint '%s'", w->sub_endpoint);
     for (size_t i = 0; st == TALLY_OK && i < w->count; i++)

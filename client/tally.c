@@ -107,8 +107,9 @@ static tally_status_t set_int_opt(void *sock, int opt, int value)
 #define TALLY_MONITOR_EVENTS                                                                       \
     (ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECTED |                \
      ZMQ_EVENT_CONNECT_RETRIED)
-#define TALLY_MONITOR_ADDR "inproc://tally-monitor" /* one per context, and a client has its own   \
-                                                     */
+#define TALLY_MONITOR_ADDR                                                                         \
+    "inproc://tally-monitor" /* one per context, and a client has its own                          \
+                              */
 
 /* Before the connect, so that no event is missed. */
 static tally_status_t monitor_start(tally_client_t *self)
@@ -223,7 +224,7 @@ tally_status_t tally_client_new(const char *endpoint, int timeout_ms, tally_clie
 
 /* CURVE options must be set before the connect: a connection made without them would start a
  * plain handshake that tallyd refuses (and counts). */
-static tally_status_t set_curve(void *sock, const tally_curve_keys_t *keys)
+tally_status_t tally__set_curve(void *sock, const tally_curve_keys_t *keys)
 {
     if (!keys || !keys->server_public[0])
         return TALLY_OK;
@@ -311,7 +312,7 @@ tally_status_t tally_client_open(const char *endpoint, int timeout_ms,
         goto fail_ctx;
     if (set_socket_options(self, timeout_ms) != TALLY_OK)
         goto fail_sock;
-    if (set_curve(self->sock, keys) != TALLY_OK) {
+    if (tally__set_curve(self->sock, keys) != TALLY_OK) {
         status = TALLY_E_ARG;
         snprintf(msg, msg_cap, "CURVE keys that are not 40 characters of Z85");
         goto fail_sock;

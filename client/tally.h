@@ -279,8 +279,8 @@ TALLY_API tally_status_t tally_gpu_register(tally_client_t *client, const tally_
  * it; TALLY_E_BACKEND when the driver fails (tally_gpu_error says why). */
 TALLY_API tally_status_t tally_gpu_copy_to(tally_gpu_mem_t *mem, size_t offset, const void *src,
                                            size_t len);
-TALLY_API tally_status_t tally_gpu_copy_from(const tally_gpu_mem_t *mem, size_t offset,
-                                             void *dst, size_t len);
+TALLY_API tally_status_t tally_gpu_copy_from(const tally_gpu_mem_t *mem, size_t offset, void *dst,
+                                             size_t len);
 /* Unmaps and frees it here (tallyd holds its own reference until it releases the region);
  * sets *mem_p to NULL. */
 TALLY_API void tally_gpu_free(tally_gpu_mem_t **mem_p);
@@ -462,7 +462,8 @@ typedef struct {
 } tally_pub_msg_t;
 
 /* Connects (asynchronously, reconnecting by itself) to a PUB endpoint; nothing arrives until
- * tally_sub_subscribe. */
+ * tally_sub_subscribe. A plain connection; tally_sub_new_curve (below, with the CURVE keys)
+ * subscribes to a daemon with CURVE on. */
 TALLY_API tally_status_t tally_sub_new(const char *endpoint, tally_sub_t **out);
 TALLY_API void tally_sub_destroy(tally_sub_t **self_p);
 /* Receives the streams whose names start with `prefix` ("" for all; a prefix also matches
@@ -655,6 +656,15 @@ TALLY_API tally_status_t tally_client_new_curve(const char *endpoint, int timeou
 TALLY_API tally_status_t tally_client_open(const char *endpoint, int timeout_ms,
                                            const tally_curve_keys_t *keys, tally_client_t **out,
                                            char *msg, size_t msg_cap);
+
+/* tally_sub_new for a daemon with CURVE on: keys as for tally_client_new_curve (from
+ * tally_curve_keys_load; NULL or an empty server_public: plain). tallyd's PUB socket admits the
+ * clients its request endpoint admits (PROTOCOL.md §12); a subscriber it does not admit (no
+ * keys, an unknown client key, a wrong server key) connects but receives nothing: tally_sub_recv
+ * ends in TALLY_E_TIMEOUT, and the daemon logs and counts an unknown key's refusal. TALLY_E_ARG
+ * for keys that are not 40 characters of Z85. */
+TALLY_API tally_status_t tally_sub_new_curve(const char *endpoint, const tally_curve_keys_t *keys,
+                                             tally_sub_t **out);
 
 /* ---- NATS JetStream: producing to a tallyd fleet (tally_nats.c; PROTOCOL.md §13) --------- */
 

@@ -108,4 +108,9 @@ tally_status_t tally__send_until(tally_client_t *self, const tally_req_t *req, c
 tally_status_t tally__wait_reply(tally_client_t *self, uint64_t id, int64_t deadline,
                                  tally_reply_t *reply);
 
+/* tally.c lends tally_sub.c: makes sock a CURVE client with keys (NULL or an empty
+ * server_public: nothing), before its connect; TALLY_E_ARG for keys that are not 40 characters
+ * of Z85. */
+tally_status_t tally__set_curve(void *sock, const tally_curve_keys_t *keys);
+
 #endif /* TALLY_CLIENT_INT_H */

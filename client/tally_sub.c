@@ -7,11 +7,16 @@
  * publisher's side, so a subscriber names the prefixes it wants and still checks names itself
  * when it wants exact ones ("cam0" also matches "cam01").
  *
+ * With CURVE on (tally_sub_new_curve) the SUB socket is a CURVE client with the request client's
+ * keys: tallyd's PUB socket is a CURVE server with the request endpoint's key and allowed clients
+ * (PROTOCOL.md §12), and a subscriber it does not admit simply receives nothing.
+ *
  * tally_sub_fd is ZMQ_FD: edge-triggered, readable when *something* may have changed, so a
  * caller that polls it must then call tally_sub_recv with timeout 0 until TALLY_E_TIMEOUT,
  * or it may wait forever for an edge that already passed.
  */
 #include "tally.h"
+#include "tally_client_int.h"
 #include "tally_internal.h"
 #include "tally_proto.h"
 
@@ -28,6 +33,12 @@ struct tally_sub {
 
 tally_status_t tally_sub_new(const char *endpoint, tally_sub_t **out)
 {
+    return tally_sub_new_curve(endpoint, NULL, out);
+}
+
+tally_status_t tally_sub_new_curve(const char *endpoint, const tally_curve_keys_t *keys,
+                                   tally_sub_t **out)
+{
     if (!out || !endpoint || !*endpoint)
         return TALLY_E_ARG;
     *out = NULL;
@@ -42,7 +53,8 @@ tally_status_t tally_sub_new(const char *endpoint, tally_sub_t **out)
     self->sock = zmq_socket(self->ctx, ZMQ_SUB);
     if (!self->sock || zmq_setsockopt(self->sock, ZMQ_LINGER, &zero, sizeof zero) != 0)
         goto fail;
-    if ((status = tally__connect(self->sock, endpoint)) != TALLY_OK)
+    if ((status = tally__set_curve(self->sock, keys)) != TALLY_OK ||
+        (status = tally__connect(self->sock, endpoint)) != TALLY_OK)
         goto fail;
     *out = self;
     return TALLY_OK;

@@ -472,7 +472,7 @@ static td_err_t open_services(td_server_t *s)
         return err;
     if (s->cfg.pub_endpoint) {
         char why[512];
-        err = td_pub_new(&s->loop, td_zmq_context(s->zmq), s->cfg.pub_endpoint,
+        err = td_pub_new(&s->loop, td_zmq_context(s->zmq), td_zmq_auth(s->zmq), s->cfg.pub_endpoint,
                          s->cfg.pub_interval_ms, s->streams, &s->pub, why, sizeof why);
         if (err != TD_OK) {
             td_err("%s", why);

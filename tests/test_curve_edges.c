@@ -45,16 +45,8 @@ static int setup(void **state)
     (void)state;
     if (th_tmpdir(dir, sizeof dir, "tally-curve-edges") != 0)
         return -1;
-    assert_int_equal(zmq_curve_keypair(server_pub, server_sec), 0);
-    assert_int_equal(zmq_curve_keypair(alice_pub, alice_sec), 0);
-    snprintf(server_key, sizeof server_key, "%s/server.key", dir);
-    assert_int_equal(th_write_key_file(server_key, server_pub, server_sec, 0600), 0);
-    snprintf(clients, sizeof clients, "%s/clients", dir);
-    assert_int_equal(mkdir(clients, 0700), 0);
-    char path[192];
-    snprintf(path, sizeof path, "%s/alice.pub", clients);
-    assert_int_equal(th_write_key_file(path, alice_pub, NULL, 0644), 0);
-    return 0;
+    return th_curve_dir(dir, "alice", server_pub, server_sec, alice_pub, alice_sec, server_key,
+                        clients, sizeof server_key);
 }
 
 static int teardown(void **state)

@@ -708,6 +708,15 @@ def test_curve_keys(tmp_path: Path) -> None:
         with tally.Client(d.endpoint, 5000, **keys) as secure:
             assert secure.curve and secure.info()["curve"] == "on"
             np.testing.assert_array_equal(secure.scan(np.ones(4, np.int32)), [1, 2, 3, 4])
+            # The PUB socket admits the same clients: cam1's keys hear py-curve, no keys nothing.
+            def poke() -> None:
+                secure.hist(np.ones(8, np.uint8), stream="py-curve")
+
+            with secure.subscribe("py-curve") as keyed, tally.Subscriber(d.pub, "") as bare:
+                assert wait_for(keyed, "py-curve", "update", poke).record is not None
+                for _ in range(10):  # 10 more publication intervals of 50 ms, each with news
+                    poke()
+                    assert bare.recv(timeout_ms=50) is None
         with tally.Client(d.endpoint, 300) as plain:  # no keys: tallyd never answers
             assert not plain.curve
             with pytest.raises(tally.Error) as e:

@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -351,6 +352,79 @@ static void test_watch_sub(void **state)
     assert_int_equal(wait_exit("s"), 0);
 }
 
+/* --sub with CURVE: watch subscribes with the keys it queries with (--server-key, --client-key),
+ * and tallyd's PUB socket, a CURVE server then, serves it. */
+static void test_watch_sub_curve(void **state)
+{
+    (void)state;
+    char cdir[128], server_key[192], clients[192], client_key[192], cipc[192], cpub[192];
+    char server_pub[41], server_sec[41], alice_pub[41], alice_sec[41];
+    snprintf(cdir, sizeof cdir, "%s/curve", dir);
+    assert_int_equal(mkdir(cdir, 0700), 0);
+    assert_int_equal(th_curve_dir(cdir, "alice", server_pub, server_sec, alice_pub, alice_sec,
+                                  server_key, clients, sizeof server_key),
+                     0);
+    snprintf(client_key, sizeof client_key, "%s/alice.key", cdir);
+    assert_int_equal(th_write_key_file(client_key, alice_pub, alice_sec, 0600), 0);
+    char server_pub_file[192]; /* Z85 has shell characters: the key goes by its file */
+    snprintf(server_pub_file, sizeof server_pub_file, "%s/server.pub", cdir);
+    assert_int_equal(th_write_key_file(server_pub_file, server_pub, NULL, 0644), 0);
+    snprintf(cipc, sizeof cipc, "ipc://%s/sock", cdir);
+    snprintf(cpub, sizeof cpub, "ipc://%s/pub", cdir);
+    const char *args[] = {"--bind",
+                          cipc,
+                          "--pub",
+                          cpub,
+                          "--pub-interval-ms",
+                          "200",
+                          "--curve-secret-key",
+                          server_key,
+                          "--curve-clients-dir",
+                          clients,
+                          NULL};
+    th_daemon_t curved;
+    th_use_curve(server_pub, alice_pub, alice_sec);
+    assert_int_equal(th_daemon_start(&curved, args), 0);
+    tally_curve_keys_t keys = {0};
+    memcpy(keys.server_public, server_pub, 41);
+    memcpy(keys.client_public, alice_pub, 41);
+    memcpy(keys.client_secret, alice_sec, 41);
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new_curve(cipc, 20000, &keys, &c), TALLY_OK);
+    uint8_t data[1000] = {0};
+    tally_req_t req = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8};
+    assert_int_equal(tally_req_set_stream(&req, "secret"), TALLY_OK);
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    assert_int_equal(tally_call(c, &req, data, sizeof data, &reply), TALLY_OK);
+    char wargs[1024];
+    snprintf(wargs, sizeof wargs,
+             "-e %s --server-key %s --client-key %s --interval 1h --ascii --sub %s secret", cipc,
+             server_pub_file, client_key, cpub);
+    start_watch("k", 100, 20, wargs);
+    wait_screen("k", "secret  u8  count 1.00k", NULL);
+    int64_t deadline = th_now_ms() + DEADLINE_MS;
+    char *s = NULL;
+    for (;;) { /* only a publication brings a new count within the hour */
+        tally_reply_clear(&reply);
+        assert_int_equal(tally_call(c, &req, data, sizeof data, &reply), TALLY_OK);
+        th_sleep_ms(500);
+        free(s);
+        s = screen("k");
+        if (!strstr(s, "count 1.00k") && strstr(s, "secret  u8  count "))
+            break;
+        if (th_now_ms() > deadline)
+            fail_msg("no publication reached watch --sub with CURVE; the screen:\n%s", s);
+    }
+    free(s);
+    tally_reply_clear(&reply);
+    tally_client_destroy(&c);
+    free(run("tmux -L %s send-keys -t k q", tmux_sock));
+    assert_int_equal(wait_exit("k"), 0);
+    assert_int_equal(th_daemon_stop(&curved, SIGTERM, 20000), 0);
+    th_use_curve(NULL, NULL, NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -358,6 +432,7 @@ int main(void)
         cmocka_unit_test(test_watch_ctrl_c_and_unknown),
         cmocka_unit_test(test_watch_small_terminal),
         cmocka_unit_test(test_watch_sub),
+        cmocka_unit_test(test_watch_sub_curve),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -131,9 +131,10 @@ bool td_endpoint_is_local(const char *endpoint)
     return false; /* a wildcard, an interface or a host name */
 }
 
-static void protected_mode_message(const char *endpoint, bool metrics, char *msg, size_t cap)
+static void protected_mode_message(const char *endpoint, td_endpoint_kind_t kind, char *msg,
+                                   size_t cap)
 {
-    if (metrics) {
+    if (kind == TD_ENDPOINT_METRICS) {
         snprintf(msg, cap,
                  "protected mode: refusing to serve metrics on %s, a network address, without "
                  "authentication. Put USER:PASSWORD in a file only tallyd can read and set "
@@ -142,43 +143,55 @@ static void protected_mode_message(const char *endpoint, bool metrics, char *msg
                  endpoint);
         return;
     }
+    bool pub = kind == TD_ENDPOINT_PUB;
     snprintf(msg, cap,
-             "protected mode: refusing to listen on %s, a network address, without CURVE: anyone "
-             "who reaches it could push into, reset or read any stream. Set up keys: `tally "
+             "protected mode: refusing to %s on %s, a network address, without CURVE: anyone "
+             "who reaches it could %s. Set up keys: `tally "
              "keygen /etc/tallyd/server` (writes server.key and server.pub), then in [security] "
              "curve_secret_key = /etc/tallyd/server.key and curve_clients_dir = a directory "
              "holding each client's NAME.pub (`tally keygen NAME` on the client); give clients "
              "server.pub (PROTOCOL.md §12). Or bind 127.0.0.1 or ipc://, or set [security] "
              "protected_mode = off if the network is trusted",
-             endpoint);
+             pub ? "publish (--pub)" : "listen", endpoint,
+             pub ? "read every stream's histogram" : "push into, reset or read any stream");
 }
 
-td_err_t td_config_check_endpoint(const td_config_t *cfg, const char *endpoint, bool metrics,
-                                  char *msg, size_t cap)
+td_err_t td_config_check_endpoint(const td_config_t *cfg, const char *endpoint,
+                                  td_endpoint_kind_t kind, char *msg, size_t cap)
 {
+    bool metrics = kind == TD_ENDPOINT_METRICS;
     bool authenticated = metrics ? cfg->metrics_auth_file != NULL : cfg->curve_secret_key != NULL;
     /* A metrics address that is not HOST:PORT at all is td_http's to refuse, more helpfully. */
     bool malformed = metrics && !strchr(endpoint, ':');
     if (authenticated || malformed || td_endpoint_is_local(endpoint))
         return TD_OK;
     if (cfg->protected_mode) {
-        protected_mode_message(endpoint, metrics, msg, cap);
+        protected_mode_message(endpoint, kind, msg, cap);
         return TD_ERR_CONFIG;
     }
+    static const char *const what[] = {[TD_ENDPOINT_REQUEST] = "",
+                                       [TD_ENDPOINT_METRICS] = "metrics endpoint ",
+                                       [TD_ENDPOINT_PUB] = "PUB endpoint "};
+    static const char *const can[] = {[TD_ENDPOINT_REQUEST] = "push into, reset or read any stream",
+                                      [TD_ENDPOINT_METRICS] = "read tallyd's metrics",
+                                      [TD_ENDPOINT_PUB] = "read every stream's histogram"};
     td_warn("protected_mode is off: %s%s is a network address without authentication; anyone "
             "who reaches it can %s",
-            metrics ? "metrics endpoint " : "", endpoint,
-            metrics ? "read tallyd's metrics" : "push into, reset or read any stream");
+            what[kind], endpoint, can[kind]);
     return TD_OK;
 }
 
 td_err_t td_config_check_protected(const td_config_t *cfg, char *msg, size_t cap)
 {
     for (int i = 0; i < cfg->bind_count; i++)
-        if (td_config_check_endpoint(cfg, cfg->binds[i], false, msg, cap) != TD_OK)
+        if (td_config_check_endpoint(cfg, cfg->binds[i], TD_ENDPOINT_REQUEST, msg, cap) != TD_OK)
             return TD_ERR_CONFIG;
+    /* The PUB socket is a CURVE server exactly when the request endpoint is (td_pub_new). */
+    if (cfg->pub_endpoint &&
+        td_config_check_endpoint(cfg, cfg->pub_endpoint, TD_ENDPOINT_PUB, msg, cap) != TD_OK)
+        return TD_ERR_CONFIG;
     if (cfg->metrics_listen)
-        return td_config_check_endpoint(cfg, cfg->metrics_listen, true, msg, cap);
+        return td_config_check_endpoint(cfg, cfg->metrics_listen, TD_ENDPOINT_METRICS, msg, cap);
     return TD_OK;
 }
 

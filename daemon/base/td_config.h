@@ -437,13 +437,18 @@ size_t td_config_state_bytes_per_client(const td_config_t *cfg);
  * address (127.0.0.0/8, ::1, localhost, lo). A wildcard, an interface name or any other address
  * (and any other transport) is a network endpoint. Also takes HOST:PORT (the metrics listen). */
 bool td_endpoint_is_local(const char *endpoint);
-/* Protected mode for one endpoint (metrics: the HTTP metrics listen address): TD_ERR_CONFIG,
- * with a message that says how to set up keys, for a network endpoint without authentication
- * (CURVE; basic auth for metrics) while protected_mode is on; with it off, a warning is logged
- * (at every start) and TD_OK returned. */
-td_err_t td_config_check_endpoint(const td_config_t *cfg, const char *endpoint, bool metrics,
-                                  char *msg, size_t cap);
-/* td_config_check_endpoint for every bind and the metrics endpoint. */
+/* What an endpoint serves, for protected mode's check and message. */
+typedef enum {
+    TD_ENDPOINT_REQUEST, /* a ROUTER bind: requests (CURVE) */
+    TD_ENDPOINT_METRICS, /* the HTTP metrics listen address (basic auth) */
+    TD_ENDPOINT_PUB,     /* the PUB socket: publications (CURVE, the request endpoint's keys) */
+} td_endpoint_kind_t;
+/* Protected mode for one endpoint: TD_ERR_CONFIG, with a message that says how to set up keys,
+ * for a network endpoint without authentication (CURVE; basic auth for metrics) while
+ * protected_mode is on; with it off, a warning is logged (at every start) and TD_OK returned. */
+td_err_t td_config_check_endpoint(const td_config_t *cfg, const char *endpoint,
+                                  td_endpoint_kind_t kind, char *msg, size_t cap);
+/* td_config_check_endpoint for every bind, the PUB endpoint and the metrics endpoint. */
 td_err_t td_config_check_protected(const td_config_t *cfg, char *msg, size_t cap);
 
 const char *td_backend_choice_name(td_backend_choice_t choice);

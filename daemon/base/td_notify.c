@@ -157,7 +157,7 @@ td_err_t td_listen_fd_endpoint(int index, const td_config_t *cfg, int *fd, char 
         td_err("socket activation: %s", why);
         return err;
     }
-    if (td_config_check_endpoint(cfg, endpoint, false, why, sizeof why) != TD_OK) {
+    if (td_config_check_endpoint(cfg, endpoint, TD_ENDPOINT_REQUEST, why, sizeof why) != TD_OK) {
         td_err("socket activation: fd %d: %s", *fd, why);
         return TD_ERR_BIND;
     }

@@ -382,15 +382,22 @@ fail:
     return err;
 }
 
-td_err_t td_auth_apply(td_auth_t *self, void *router)
+td_err_t td_auth_secure(const td_auth_t *self, void *sock)
 {
     int one = 1;
-    if (zmq_setsockopt(router, ZMQ_CURVE_SERVER, &one, sizeof one) != 0 ||
-        zmq_setsockopt(router, ZMQ_CURVE_SECRETKEY, self->secret_key, TALLY_KEY_LEN) != 0 ||
-        zmq_setsockopt(router, ZMQ_ZAP_DOMAIN, ZAP_DOMAIN, strlen(ZAP_DOMAIN)) != 0) {
+    if (zmq_setsockopt(sock, ZMQ_CURVE_SERVER, &one, sizeof one) != 0 ||
+        zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, self->secret_key, TALLY_KEY_LEN) != 0 ||
+        zmq_setsockopt(sock, ZMQ_ZAP_DOMAIN, ZAP_DOMAIN, strlen(ZAP_DOMAIN)) != 0) {
         td_err("cannot make the socket a CURVE server: %s", zmq_strerror(errno));
         return TD_ERR_LIBRARY;
     }
+    return TD_OK;
+}
+
+td_err_t td_auth_apply(td_auth_t *self, void *router)
+{
+    if (td_auth_secure(self, router) != TD_OK)
+        return TD_ERR_LIBRARY;
     if (pthread_create(&self->thread, NULL, auth_thread, self) != 0) {
         td_err("cannot start the ZAP handler thread");
         return TD_ERR_LIBRARY;

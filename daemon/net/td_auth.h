@@ -56,6 +56,11 @@ td_err_t td_auth_check(const td_config_t *cfg, char *msg, size_t msg_cap);
 /* Makes router a CURVE server with the secret key and watches its handshakes; TD_ERR_LIBRARY
  * (logged) when ZeroMQ or the handler thread cannot. */
 td_err_t td_auth_apply(td_auth_t *self, void *router);
+/* Makes sock (the PUB socket) a CURVE server with the same secret key and ZAP domain, so the
+ * same handler admits the same clients; before its bind. The handler logs a refused key; no
+ * monitor watches this socket, so its handshakes are not counted in td_auth_counts.
+ * TD_ERR_LIBRARY (logged). */
+td_err_t td_auth_secure(const td_auth_t *self, void *sock);
 /* SIGHUP: re-reads the allowed keys (cfg holds the live curve_clients_dir and curve_clients).
  * On an error the current set stays and the error is logged. */
 void td_auth_reload(td_auth_t *self, const td_config_t *cfg);

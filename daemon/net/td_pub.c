@@ -8,6 +8,7 @@
 #include <string.h>
 #include <zmq.h>
 
+#include "td_auth.h"
 #include "td_config.h"
 #include "td_log.h"
 #include "td_pub.h"
@@ -90,8 +91,10 @@ static void timer_cb(uv_timer_t *timer)
     td_pub_tick(timer->data);
 }
 
-/* The PUB socket, bound at endpoint; false with why. */
-static bool open_socket(td_pub_t *p, void *zmq_ctx, const char *endpoint, char *why, size_t why_cap)
+/* The PUB socket, bound at endpoint (a CURVE server first when auth is set: no connection is
+ * ever made without it); false with why. */
+static bool open_socket(td_pub_t *p, void *zmq_ctx, td_auth_t *auth, const char *endpoint,
+                        char *why, size_t why_cap)
 {
     p->socket = zmq_socket(zmq_ctx, ZMQ_PUB);
     int hwm = TD_PUB_SNDHWM, linger = 0;
@@ -99,6 +102,10 @@ static bool open_socket(td_pub_t *p, void *zmq_ctx, const char *endpoint, char *
     if (p->socket) { /* int options, with an int's size: they cannot fail */
         zmq_setsockopt(p->socket, ZMQ_SNDHWM, &hwm, sizeof hwm);
         zmq_setsockopt(p->socket, ZMQ_LINGER, &linger, sizeof linger);
+    }
+    if (p->socket && auth && td_auth_secure(auth, p->socket) != TD_OK) {
+        snprintf(why, why_cap, "cannot make the PUB socket a CURVE server");
+        return false;
     }
     if (!p->socket || zmq_bind(p->socket, endpoint) != 0 ||
         zmq_getsockopt(p->socket, ZMQ_LAST_ENDPOINT, p->endpoint, &cap) != 0) {
@@ -109,8 +116,9 @@ static bool open_socket(td_pub_t *p, void *zmq_ctx, const char *endpoint, char *
     return true;
 }
 
-td_err_t td_pub_new(uv_loop_t *loop, void *zmq_ctx, const char *endpoint, unsigned interval_ms,
-                    td_streams_t *streams, td_pub_t **out, char *why, size_t why_cap)
+td_err_t td_pub_new(uv_loop_t *loop, void *zmq_ctx, td_auth_t *auth, const char *endpoint,
+                    unsigned interval_ms, td_streams_t *streams, td_pub_t **out, char *why,
+                    size_t why_cap)
 {
     td_pub_t *p = calloc(1, sizeof *p);
     if (!p) {
@@ -121,7 +129,7 @@ td_err_t td_pub_new(uv_loop_t *loop, void *zmq_ctx, const char *endpoint, unsign
     p->interval_ms = interval_ms;
     p->deleted_end = &p->deleted;
     td_err_t err = TD_OK;
-    if (!open_socket(p, zmq_ctx, endpoint, why, why_cap)) {
+    if (!open_socket(p, zmq_ctx, auth, endpoint, why, why_cap)) {
         err = TD_ERR_BIND;
         goto fail;
     }
@@ -130,7 +138,8 @@ td_err_t td_pub_new(uv_loop_t *loop, void *zmq_ctx, const char *endpoint, unsign
     uv_timer_init(loop, &p->timer);
     p->timer.data = p;
     uv_timer_start(&p->timer, timer_cb, interval_ms, interval_ms);
-    td_info("publishing changed streams on %s every %u ms", p->endpoint, interval_ms);
+    td_info("publishing changed streams on %s every %u ms%s", p->endpoint, interval_ms,
+            auth ? " (CURVE: the request endpoint's key and allowed clients)" : "");
     *out = p;
     return TD_OK;
 

@@ -21,15 +21,20 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "td_auth.h"
 #include "td_err.h"
 #include "td_stream.h"
 
 typedef struct td_pub td_pub_t;
 
 /* Binds a PUB socket of zmq_ctx at endpoint and starts publishing `streams` every interval_ms.
- * TD_ERR_BIND with why when the endpoint cannot be bound; TD_ERR_NOMEM, TD_ERR_LIBRARY. */
-td_err_t td_pub_new(uv_loop_t *loop, void *zmq_ctx, const char *endpoint, unsigned interval_ms,
-                    td_streams_t *streams, td_pub_t **out, char *why, size_t why_cap);
+ * With auth (CURVE on; NULL: off) the socket is a CURVE server with the request endpoint's key
+ * and ZAP domain (td_auth_secure), so only allowed clients subscribe (PROTOCOL.md §12).
+ * TD_ERR_BIND with why when the endpoint cannot be bound (or the socket made a CURVE server);
+ * TD_ERR_NOMEM. */
+td_err_t td_pub_new(uv_loop_t *loop, void *zmq_ctx, td_auth_t *auth, const char *endpoint,
+                    unsigned interval_ms, td_streams_t *streams, td_pub_t **out, char *why,
+                    size_t why_cap);
 /* Stops the timer and closes the socket (nothing is published after it); the loop must run
  * once more before td_pub_destroy frees it. */
 void td_pub_close(td_pub_t *self);

@@ -792,6 +792,22 @@ int th_write_key_file(const char *path, const char *pub, const char *sec, mode_t
     return rc == 0 ? chmod(path, mode) : -1;
 }
 
+int th_curve_dir(const char *dir, const char *client, char server_pub[41], char server_sec[41],
+                 char client_pub[41], char client_sec[41], char *server_key, char *clients,
+                 size_t cap)
+{
+    char path[512];
+    snprintf(server_key, cap, "%s/server.key", dir);
+    snprintf(clients, cap, "%s/clients", dir);
+    snprintf(path, sizeof path, "%s/%s.pub", clients, client);
+    if (zmq_curve_keypair(server_pub, server_sec) != 0 ||
+        zmq_curve_keypair(client_pub, client_sec) != 0 ||
+        th_write_key_file(server_key, server_pub, server_sec, 0600) != 0 ||
+        mkdir(clients, 0700) != 0)
+        return -1;
+    return th_write_key_file(path, client_pub, NULL, 0644);
+}
+
 int th_write_clock(const char *path, uint64_t ms)
 {
     char tmp[512];

@@ -189,6 +189,12 @@ int th_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* A CURVE key file in CZMQ's certificate format, as `tally keygen` writes it, with the public
  * key, the secret key or both (NULL: that line left out), made with `mode`; 0, or -1. */
 int th_write_key_file(const char *path, const char *pub, const char *sec, mode_t mode);
+/* A CURVE test's keys in dir: a server pair (its file DIR/server.key, mode 0600, in server_key)
+ * and a client's, whose public half is DIR/clients/CLIENT.pub, the only key allowed (the
+ * directory in clients); server_key and clients hold cap bytes. 0, or -1. */
+int th_curve_dir(const char *dir, const char *client, char server_pub[41], char server_sec[41],
+                 char client_pub[41], char client_sec[41], char *server_key, char *clients,
+                 size_t cap);
 
 /* Writes the time ms (decimal, ms since the epoch) to path atomically (a temporary file renamed
  * over it): the file a tallyd started with --test-clock reads its window clock from. */

@@ -47,7 +47,7 @@ from . import _lib
 from ._hist import (DEFAULT_QUANTILES, BinRef, Quantile, Record, Summary, Window, channels,
                     edges, quantile, quantiles, record_from_info, summarize)
 from ._lib import Error, lib
-from ._sub import Publication, Subscriber
+from ._sub import Publication, Subscriber, load_keys
 from ._wire import (DEFAULT_ENDPOINT, DEFAULT_TIMEOUT_MS, DTYPE, E_ARG, E_IO,  # noqa: F401
                     E_UNKNOWN_STREAM, E_WINDOW, FLAG_FILTER_STABLE, FLAG_SCAN_EXCLUSIVE,
                     FLAG_SCAN_OUT_I32, HIST_BINS, OP, OP_DTYPES, PRED, SEQ_APPEND, SEQ_OFF, SEQ_RESUME,
@@ -430,13 +430,9 @@ class Client(_Handle):
                  server_key: Optional[str] = None, client_key: Optional[str] = None):
         endpoint = endpoint or os.environ.get("TALLY_ENDPOINT") or DEFAULT_ENDPOINT
         self._c = ctypes.c_void_p()
-        keys, why = _lib.CurveKeys(), ctypes.create_string_buffer(512)
+        keys, why = load_keys(server_key, client_key), ctypes.create_string_buffer(512)
+        self._key_args = (server_key, client_key)  # the subscribers' (subscribe)
         try:
-            st = lib.tally_curve_keys_load(server_key.encode() if server_key else None,
-                                           client_key.encode() if client_key else None,
-                                           ctypes.byref(keys), why, len(why))
-            if st:
-                raise Error(st, f"CURVE keys: {why.value.decode(errors='replace')}")
             self.curve = bool(keys.server_public)
             st = lib.tally_client_open(endpoint.encode(), timeout_ms, ctypes.byref(keys),
                                        ctypes.byref(self._c), why, len(why))
@@ -531,11 +527,13 @@ class Client(_Handle):
 
     def subscribe(self, *prefixes: str) -> Subscriber:
         """A Subscriber on the PUB endpoint tallyd reports in info (tallyd --pub), subscribed to
-        prefixes ("" for every stream; none given: every stream)."""
+        prefixes ("" for every stream; none given: every stream), with this client's CURVE
+        keys (tallyd's PUB socket admits the clients its request endpoint admits)."""
         endpoint = self.info().get("pub", "")
         if not endpoint:
             raise Error(E_ARG, "tallyd publishes nothing: start it with --pub ENDPOINT")
-        return Subscriber(endpoint, *(prefixes or ("",)))
+        return Subscriber(endpoint, *(prefixes or ("",)), server_key=self._key_args[0],
+                          client_key=self._key_args[1])
 
     # -- data operations over whole arrays (tally_run) --
 

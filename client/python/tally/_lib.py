@@ -227,6 +227,7 @@ SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "tally_gpu_free": (None, [_PP]),
     "tally_gpu_error": (ctypes.c_char_p, []),
     "tally_sub_new": (_I, [_CP, _PP]),
+    "tally_sub_new_curve": (_I, [_CP, _ptr(CurveKeys), _PP]),
     "tally_sub_destroy": (None, [_PP]),
     "tally_sub_subscribe": (_I, [_P, _CP]),
     "tally_sub_recv": (_I, [_P, _I, _ptr(PubMsg)]),

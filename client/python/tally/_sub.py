@@ -13,7 +13,7 @@ import ctypes
 from typing import Iterator, NamedTuple, Optional
 
 from ._hist import Record, record_from_info
-from ._lib import Error, PubMsg, lib
+from ._lib import CurveKeys, Error, PubMsg, lib
 from ._wire import E_REPLY, E_TIMEOUT, PUB_DELETED
 
 WAIT_SLICE_MS = 200
@@ -32,18 +32,41 @@ class Publication(NamedTuple):
     record: Optional[Record]
 
 
+def load_keys(server_key: Optional[str], client_key: Optional[str]) -> CurveKeys:
+    """CURVE keys as the CLI finds them (tally_curve_keys_load): the arguments, else
+    $TALLY_SERVER_KEY and $TALLY_CLIENT_KEY, else ~/.config/tally/tally.conf; none anywhere: an
+    empty server_public (plain). Raises Error saying why. The caller wipes them after use."""
+    keys, why = CurveKeys(), ctypes.create_string_buffer(512)
+    st = lib.tally_curve_keys_load(server_key.encode() if server_key else None,
+                                   client_key.encode() if client_key else None,
+                                   ctypes.byref(keys), why, len(why))
+    if st:
+        ctypes.memset(ctypes.byref(keys), 0, ctypes.sizeof(keys))
+        raise Error(st, f"CURVE keys: {why.value.decode(errors='replace')}")
+    return keys
+
+
 class Subscriber:
     """A subscription to tallyd's publications (tallyd --pub ENDPOINT). It connects in the
     background and reconnects by itself; nothing arrives until a prefix is subscribed.
+    CURVE keys as Client takes them (server_key, client_key, else the environment and
+    tally.conf): with CURVE on, tallyd's PUB socket admits only its allowed clients, and a
+    subscriber it does not admit receives nothing (PROTOCOL.md §12).
 
         with tally.Subscriber("tcp://127.0.0.1:5556", "cam") as sub:
             for pub in sub:                 # blocks; Ctrl-C stops it
                 print(pub.stream, tally.summarize(pub.record)["quantiles"])
     """
 
-    def __init__(self, endpoint: str, *prefixes: str):
+    def __init__(self, endpoint: str, *prefixes: str, server_key: Optional[str] = None,
+                 client_key: Optional[str] = None):
         self._sub = ctypes.c_void_p()
-        st = lib.tally_sub_new(endpoint.encode(), ctypes.byref(self._sub))
+        keys = load_keys(server_key, client_key)
+        try:
+            st = lib.tally_sub_new_curve(endpoint.encode(), ctypes.byref(keys),
+                                         ctypes.byref(self._sub))
+        finally:
+            ctypes.memset(ctypes.byref(keys), 0, ctypes.sizeof(keys))
         if st:
             raise Error(st, f"cannot subscribe to {endpoint!r}")
         self.endpoint = endpoint
