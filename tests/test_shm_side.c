@@ -272,6 +272,23 @@ static void test_supplementary_group_allowed(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
 
+/* A uid whose groups (its own and its supplementary one) are none of shm_allow_gids is refused
+ * at accept, as a stranger (root only). */
+static void test_supplementary_group_not_allowed(void **state)
+{
+    (void)state;
+    if (geteuid() != 0)
+        skip();
+    nobody_group = 4343;
+    th_daemon_t d;
+    static const char *const args[] = {"--shm-allow-gids", "4242", "--shm-register-timeout-ms",
+                                       "3600000", NULL};
+    nobody_keeps_no_one_out(&d, args, 3, 0);
+    nobody_group = 0;
+    assert_true(th_daemon_log_contains(&d, "uid 65534 gid 65534 may not register"));
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
 /* The connection past max_connections_per_uid: one answer, `quota` with op 0, then closed. */
 static void expect_quota_refusal(void)
 {
@@ -640,6 +657,24 @@ static void test_socket_dir_refused(void **state)
     }
 }
 
+/* A directory that others may write but with the sticky bit (as /tmp): no other user can
+ * replace tallyd's socket there, and tallyd serves from it. */
+static void test_socket_dir_sticky(void **state)
+{
+    (void)state;
+    char sub[80], saved[sizeof sock_path];
+    snprintf(sub, sizeof sub, "%s/sticky", dir);
+    assert_int_equal(mkdir(sub, 0700), 0);
+    assert_int_equal(chmod(sub, 01777), 0);
+    memcpy(saved, sock_path, sizeof saved);
+    snprintf(sock_path, sizeof sock_path, "%s/shm.sock", sub);
+    th_daemon_t d;
+    start(&d, NULL);
+    assert_still_serving();
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    memcpy(sock_path, saved, sizeof sock_path);
+}
+
 static void set_runtime_directory(const void *path)
 {
     setenv("RUNTIME_DIRECTORY", path, 1);
@@ -770,6 +805,8 @@ int main(void)
         cmocka_unit_test(test_allowed_by_name),
         cmocka_unit_test(test_refusals_summed),
         cmocka_unit_test(test_supplementary_group_allowed),
+        cmocka_unit_test(test_supplementary_group_not_allowed),
+        cmocka_unit_test(test_socket_dir_sticky),
         cmocka_unit_test(test_socket_dir_refused),
         cmocka_unit_test(test_socket_path_unusable),
     };

@@ -19,8 +19,8 @@
 
 /* ---- the side channel: answers ------------------------------------------------------------ */
 
-/* Sends an answer on fd, with msg after it for an error. False when it could not be sent
- * whole: the peer does not read, or has gone. */
+/* Sends an answer on fd, with msg (a string, "" for none) after it for an error. False when it
+ * could not be sent whole: the peer does not read, or has gone. */
 static bool send_answer(int fd, uint8_t op, tally_status_t status, uint64_t handle, uint64_t size,
                         const char *msg)
 {
@@ -28,7 +28,7 @@ static bool send_answer(int fd, uint8_t op, tally_status_t status, uint64_t hand
     tally_shm_answer_t a = {.op = op, .status = (uint32_t)status, .handle = handle, .size = size};
     tally_shm_answer_encode(&a, buf);
     size_t len = TALLY_SHM_ANSWER_SIZE;
-    if (status != TALLY_OK && msg) {
+    if (status != TALLY_OK) {
         size_t n = strnlen(msg, TALLY_ERROR_MESSAGE_MAX);
         memcpy(buf + len, msg, n);
         len += n;
@@ -36,14 +36,15 @@ static bool send_answer(int fd, uint8_t op, tally_status_t status, uint64_t hand
     return send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)len;
 }
 
-/* Sends an answer to c (with a message for an error). False when the peer must be dropped. */
+/* Sends an answer to c, with the message fmt makes for an error (fmt is NULL only for TALLY_OK).
+ * False when the peer must be dropped. */
 static bool answer(td_shm_conn_t *c, uint8_t op, tally_status_t status, uint64_t handle,
                    uint64_t size, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 static bool answer(td_shm_conn_t *c, uint8_t op, tally_status_t status, uint64_t handle,
                    uint64_t size, const char *fmt, ...)
 {
     char msg[TALLY_ERROR_MESSAGE_MAX + 1] = "";
-    if (status != TALLY_OK && fmt) {
+    if (status != TALLY_OK) {
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(msg, sizeof msg, fmt, ap);
