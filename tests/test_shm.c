@@ -921,6 +921,30 @@ static void test_register_off_loop(void **state)
     stop(&d);
 }
 
+/* A stop while a registration runs on its worker: the side connection is closed without an
+ * answer, the worker finishes, and tallyd exits cleanly with the region unmapped. */
+static void test_stop_mid_register(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    start_sim(&d, "1", "TALLYD_TEST_SIM_REGISTER_US", "1000000", true);
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(d.endpoint, 10000, &c), TALLY_OK);
+    int side = side_open();
+    int fd = th_memfd(1 << 20, SEALS);
+    tally_shm_msg_t m = {.op = TALLY_SHM_OP_REGISTER, .id_len = 5};
+    memcpy(m.id, "peerA", 5);
+    tally__side_send(side, &m, fd);
+    close(fd);
+    wait_regions(c, 1); /* handed to its worker */
+    tally_client_destroy(&c);
+    stop(&d);
+    th_answer_t ans;
+    assert_int_equal(th_side_recv(side, &ans, 5000), 0); /* closed, never answered */
+    close(side);
+    assert_true(th_daemon_log_contains(&d, "unmapped (1048576 bytes)"));
+}
+
 /* ---- one large request split over the lanes ---------------------------------------------- */
 
 #define SPLIT_BYTES (12u << 20) /* over TD_GPU_SPLIT_MIN_BYTES: split over 4 lanes */
@@ -1323,6 +1347,7 @@ int main(void)
         cmocka_unit_test(test_auto_routing),
         cmocka_unit_test(test_shm_off),
         cmocka_unit_test(test_register_off_loop),
+        cmocka_unit_test(test_stop_mid_register),
         cmocka_unit_test(test_split),
         cmocka_unit_test(test_hist_pieces),
         cmocka_unit_test(test_sigterm_inflight_refs),

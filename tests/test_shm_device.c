@@ -434,6 +434,46 @@ static void test_import_off_loop(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
 }
 
+/* A stop while two imports run on their workers, one that succeeds and one refused (a wrong
+ * size): both side connections are closed without an answer, and tallyd exits cleanly with
+ * nothing imported left (the region gauges at 0 before the end, every descriptor closed). */
+static void test_stop_mid_import(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    uint8_t uuid[TALLY_GPU_UUID_SIZE];
+    setenv("TALLYD_TEST_SIM_REGISTER_US", "1000000", 1);
+    int good = start_side(&d, sim2, 0, uuid);
+    unsetenv("TALLYD_TEST_SIM_REGISTER_US");
+    int bad = th_side_connect(d.shm_socket);
+    assert_true(bad >= 0);
+    void *ctx = zmq_ctx_new();
+    void *sock = dealer(ctx, d.endpoint, "producer");
+    const uint64_t sizes[2] = {REGION_BYTES, 2 * REGION_BYTES};
+    const int sides[2] = {good, bad};
+    for (int i = 0; i < 2; i++) {
+        tally_shm_msg_t m = {
+            .op = TALLY_SHM_OP_REGISTER_DEVICE, .id_len = 8, .dev_size = sizes[i], .dev_flags = 0};
+        memcpy(m.id, "producer", 8);
+        memcpy(m.gpu_uuid, uuid, TALLY_GPU_UUID_SIZE);
+        uint8_t buf[TALLY_SHM_MSG_MAX];
+        size_t len = tally_shm_msg_encode(&m, buf);
+        int fd = filled_memfd(REGION_BYTES, NULL, 0);
+        assert_int_equal(th_side_send_raw(sides[i], buf, len, &fd, 1), 0);
+        close(fd);
+    }
+    wait_shm_regions(sock, 2); /* both handed to their workers */
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+    for (int i = 0; i < 2; i++) {
+        th_answer_t ans;
+        assert_int_equal(th_side_recv(sides[i], &ans, 5000), 0); /* closed, never answered */
+        close(sides[i]);
+    }
+    assert_false(th_daemon_log_contains(&d, "regions still referenced at exit"));
+}
+
 /* `tally hist|filter|scan --gpu-region` (TALLY_TEST_SIM_GPU=1: libtally's "GPU memory" is a
  * sealed memfd that the simulated GPUs import): the chunks go by device reference, filter and
  * scan output is written into the device region by tallyd, and every output equals the one
@@ -997,6 +1037,7 @@ int main(void)
         cmocka_unit_test(test_descriptor_held_until_release),
         cmocka_unit_test(test_requests_in_place),
         cmocka_unit_test(test_import_off_loop),
+        cmocka_unit_test(test_stop_mid_import),
         cmocka_unit_test(test_cli_gpu_region),
         cmocka_unit_test(test_device_output),
         cmocka_unit_test(test_cpu_backend_refuses_device_handles),
