@@ -380,6 +380,10 @@ static void bad_refs(const char *shards)
     void *a = dealer(ctx, d.endpoint, "peerA");
     tally_shm_ref_t ok = {.in_handle = ha, .in_offset = 4096, .in_length = 4096};
     expect_ref(a, TALLY_OP_HIST, 0, ok, TALLY_OK, NULL);
+    void *longer = dealer(ctx, d.endpoint, "peerA2"); /* peerA's handle, another routing id */
+    expect_ref(longer, TALLY_OP_HIST, 0, ok, TALLY_E_BAD_REF,
+               "not a region registered by this peer");
+    zmq_close(longer);
     check_bad_input_refs(a, ok, ha, hb);
     check_bad_output_refs(a, ok, ha, hb);
 

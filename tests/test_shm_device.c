@@ -577,7 +577,8 @@ static uint32_t ref_out_call(void *sock, uint8_t opcode, const char *stream, uin
  * written into a region registered with DEV_OUTPUT and the reply carries only its header, the
  * output equal to a payload's reply (the scan's carry continued on a stream); the input may be a
  * host region too, and the request then runs on the output's GPU; refusals: an output region
- * registered without DEV_OUTPUT (read-only), input and output on two GPUs, a range past the end. */
+ * registered without DEV_OUTPUT (read-only), an unknown device handle, input and output on two
+ * GPUs, a range past the end. */
 static void test_device_output(void **state)
 {
     (void)state;
@@ -630,6 +631,11 @@ static void test_device_output(void **state)
     assert_int_equal(ref_out_call(sock, TALLY_OP_SCAN, NULL, in, 4096, in, 0, &r),
                      TALLY_E_BAD_REF);
     assert_non_null(strstr((const char *)r.payload, "read-only"));
+    th_reply_free(&r);
+    /* A device handle no region has, on a tallyd with GPUs: unknown, not "a GPU is needed". */
+    assert_int_equal(ref_out_call(sock, TALLY_OP_SCAN, NULL, in ^ 2, 4096, out, 0, &r),
+                     TALLY_E_BAD_REF);
+    assert_non_null(strstr((const char *)r.payload, "is not a region registered by this peer"));
     th_reply_free(&r);
     assert_int_equal(ref_out_call(sock, TALLY_OP_SCAN, NULL, in, 4096, far, 0, &r),
                      TALLY_E_BAD_REF);
