@@ -289,6 +289,53 @@ static void test_supplementary_group_not_allowed(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
 
+/* tallyd's own cap of 1,024 side connections, whatever the per-uid caps allow: nobody (allowed)
+ * holds 40, tallyd's own uid opens 1,000, and those past the 1,024th are answered `quota` for
+ * tallyd's maximum (op 0) and closed, not for their uid's cap (root only). */
+static void test_connections_max(void **state)
+{
+    (void)state;
+    struct rlimit lim;
+    if (geteuid() != 0 || getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_max < 2200)
+        skip();
+    if (lim.rlim_cur < 2200) { /* ours and tallyd's (inherited): 1,040 connections each */
+        lim.rlim_cur = 2200;
+        assert_int_equal(setrlimit(RLIMIT_NOFILE, &lim), 0);
+    }
+    char uid[16], group[16];
+    snprintf(uid, sizeof uid, "%d", NOBODY);
+    snprintf(group, sizeof group, "%d", NOBODY);
+    const char *const args[] = {"--shm-allow-uids",
+                                uid,
+                                "--shm-socket-group",
+                                group,
+                                "--shm-max-connections-per-uid",
+                                "1024",
+                                "--shm-register-timeout-ms",
+                                "3600000",
+                                NULL};
+    th_daemon_t d;
+    start(&d, args);
+    int hold, connected = 0;
+    pid_t child = spawn_nobody(40, &hold, &connected);
+    assert_int_equal(connected, 40);
+    enum { OWN = 1000 };
+    static int sides[OWN];
+    for (int i = 0; i < OWN; i++)
+        sides[i] = connect_side();
+    th_answer_t ans;
+    assert_int_equal(th_side_recv(sides[OWN - 1], &ans, 10000), 1); /* unasked, at accept */
+    assert_int_equal(ans.a.status, TALLY_E_QUOTA);
+    assert_int_equal(ans.a.op, 0);
+    assert_non_null(strstr(ans.msg, "tallyd already serves its maximum of 1024 side-channel"));
+    assert_true(th_side_closed(sides[OWN - 1], 5000));
+    assert_int_equal(register_4k(sides[0], &ans), TALLY_OK); /* the first ones are served */
+    for (int i = 0; i < OWN; i++)
+        close(sides[i]);
+    end_nobody(child, hold);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
 /* The connection past max_connections_per_uid: one answer, `quota` with op 0, then closed. */
 static void expect_quota_refusal(void)
 {
@@ -806,6 +853,7 @@ int main(void)
         cmocka_unit_test(test_refusals_summed),
         cmocka_unit_test(test_supplementary_group_allowed),
         cmocka_unit_test(test_supplementary_group_not_allowed),
+        cmocka_unit_test(test_connections_max),
         cmocka_unit_test(test_socket_dir_sticky),
         cmocka_unit_test(test_socket_dir_refused),
         cmocka_unit_test(test_socket_path_unusable),
