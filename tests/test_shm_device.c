@@ -270,9 +270,14 @@ static void test_descriptor_held_until_release(void **state)
     /* Refusals leave nothing behind. */
     assert_int_equal(dev_register(side, fd, 8192, uuid, 0, &ans), TALLY_E_BAD_REF);
     assert_int_equal(fds_reach(d.pid, base - 1), base - 1);
-    /* Closing the connection releases its regions and their descriptors. */
+    /* Closing the connection releases its regions and their descriptors; one of them an output
+     * region with an IPC event (PROTOCOL.md §10: the import waits on it, the simulated device
+     * has nothing to wait for), held the same way. */
     assert_int_equal(dev_register(side, fd, 4096, uuid, 0, &ans), TALLY_OK);
-    assert_int_equal(dev_register(side, fd, 4096, uuid, 0, &ans), TALLY_OK);
+    assert_int_equal(
+        dev_register(side, fd, 4096, uuid, TALLY_SHM_DEV_OUTPUT | TALLY_SHM_DEV_EVENT, &ans),
+        TALLY_OK);
+    assert_true(th_daemon_log_contains(&d, "(4096 bytes on GPU 0, read-write, with an IPC event)"));
     assert_int_equal(fds_reach(d.pid, base + 1), base + 1);
     close(side);
     assert_int_equal(fds_reach(d.pid, base - 2), base - 2);
