@@ -874,6 +874,17 @@ static void wait_regions(tally_client_t *c, uint64_t regions)
     }
 }
 
+/* Sends a registration of a sealed 1 MiB memfd as peerA on side, without waiting for its
+ * answer. */
+static void send_1m_region(int side)
+{
+    int fd = th_memfd(1 << 20, SEALS);
+    tally_shm_msg_t m = {.op = TALLY_SHM_OP_REGISTER, .id_len = 5};
+    memcpy(m.id, "peerA", 5);
+    tally__side_send(side, &m, fd);
+    close(fd);
+}
+
 /* Pinning a region (cudaHostRegister) takes milliseconds per hundred MiB; it runs on a worker.
  * Each simulated registration here takes 3 s: meanwhile the loop answers another client (its
  * stats show the region mapped, a ping comes back) before the region's producer has its answer;
@@ -891,11 +902,7 @@ static void test_register_off_loop(void **state)
 
     /* A raw registration whose answer we wait for later. */
     int side = side_open();
-    int fd = th_memfd(1 << 20, SEALS);
-    tally_shm_msg_t m = {.op = TALLY_SHM_OP_REGISTER, .id_len = 5};
-    memcpy(m.id, "peerA", 5);
-    tally__side_send(side, &m, fd);
-    close(fd);
+    send_1m_region(side);
     wait_regions(c, 1); /* mapped on the loop, handed to a worker */
     assert_false(th_side_answer_waiting(side));
     assert_int_equal(tally_ping(c, NULL), TALLY_OK);
@@ -913,9 +920,7 @@ static void test_register_off_loop(void **state)
 
     /* Closed while its registration runs: mapped until the worker is done, then gone. */
     side = side_open();
-    fd = th_memfd(1 << 20, SEALS);
-    tally__side_send(side, &m, fd);
-    close(fd);
+    send_1m_region(side);
     wait_regions(c, 1); /* its registration runs */
     close(side);
     wait_regions(c, 0);
@@ -935,11 +940,7 @@ static void test_stop_mid_register(void **state)
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new(d.endpoint, 10000, &c), TALLY_OK);
     int side = side_open();
-    int fd = th_memfd(1 << 20, SEALS);
-    tally_shm_msg_t m = {.op = TALLY_SHM_OP_REGISTER, .id_len = 5};
-    memcpy(m.id, "peerA", 5);
-    tally__side_send(side, &m, fd);
-    close(fd);
+    send_1m_region(side);
     wait_regions(c, 1); /* handed to its worker */
     tally_client_destroy(&c);
     stop(&d);
