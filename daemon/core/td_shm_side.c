@@ -197,19 +197,17 @@ static void register_after(uv_work_t *work, int status)
     td_shm_region_put(&r);
 }
 
-/* Hands the GPU registration to a worker; false when it cannot be queued (then the caller
- * registers it here). The region (added registering, with the worker's reference) holds that
- * reference until register_after. */
+/* Hands the GPU registration to a worker; false when out of memory (then the caller registers it
+ * here). The region (added registering, with the worker's reference) holds that reference until
+ * register_after. */
 static bool start_device_register(td_shm_t *shm, td_shm_conn_t *c, td_shm_region_t *r)
 {
     uv_work_t *work = calloc(1, sizeof *work);
     if (!work)
         return false;
     work->data = r;
-    if (uv_queue_work(shm->env.loop, work, register_work, register_after) != 0) {
-        free(work);
-        return false;
-    }
+    /* Fails only without a work callback (libuv's uv_queue_work: UV_EINVAL). */
+    (void)uv_queue_work(shm->env.loop, work, register_work, register_after);
     c->registering = true;
     uv_poll_stop(&c->poll); /* one message at a time per connection: answers stay in order */
     return true;
@@ -268,7 +266,7 @@ static bool do_register(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_msg_t *
     if (pin) {
         if (start_device_register(shm, c, r))
             return true; /* answered by register_after once the worker is done */
-        /* No worker to be had: pin it here rather than not at all. */
+        /* No memory for the worker's request: pin it here rather than not at all. */
         r->device_registered = shm->env.region_register(shm->env.ctx, base, size, !writable);
         td_shm_region_ready(r, false);
         td_shm_region_t *worker = r; /* the worker's reference, that no worker holds */
@@ -372,16 +370,9 @@ static bool do_register_device(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_
         memcpy(w->event_bytes, m->event, sizeof w->event_bytes);
         w->event = w->event_bytes;
     }
-    /* registering, with the worker's reference until dev_import_after */
-    if (uv_queue_work(shm->env.loop, &w->work, dev_import_work, dev_import_after) != 0) {
-        td_shm_region_ready(r, true);
-        td_shm_region_t *worker = r;
-        td_shm_region_put(&worker);
-        td_shm_region_detach(r);
-        free(w);
-        close(fd);
-        return answer(c, m->op, TALLY_E_INTERNAL, 0, 0, "cannot queue the import");
-    }
+    /* registering, with the worker's reference until dev_import_after; uv_queue_work fails only
+     * without a work callback (UV_EINVAL) */
+    (void)uv_queue_work(shm->env.loop, &w->work, dev_import_work, dev_import_after);
     c->registering = true;
     uv_poll_stop(&c->poll); /* one message at a time per connection: answers stay in order */
     return true;
