@@ -380,6 +380,10 @@ static void bad_refs(const char *shards)
     void *a = dealer(ctx, d.endpoint, "peerA");
     tally_shm_ref_t ok = {.in_handle = ha, .in_offset = 4096, .in_length = 4096};
     expect_ref(a, TALLY_OP_HIST, 0, ok, TALLY_OK, NULL);
+    void *longer = dealer(ctx, d.endpoint, "peerA2"); /* peerA's handle, another routing id */
+    expect_ref(longer, TALLY_OP_HIST, 0, ok, TALLY_E_BAD_REF,
+               "not a region registered by this peer");
+    zmq_close(longer);
     check_bad_input_refs(a, ok, ha, hb);
     check_bad_output_refs(a, ok, ha, hb);
 
@@ -870,6 +874,17 @@ static void wait_regions(tally_client_t *c, uint64_t regions)
     }
 }
 
+/* Sends a registration of a sealed 1 MiB memfd as peerA on side, without waiting for its
+ * answer. */
+static void send_1m_region(int side)
+{
+    int fd = th_memfd(1 << 20, SEALS);
+    tally_shm_msg_t m = {.op = TALLY_SHM_OP_REGISTER, .id_len = 5};
+    memcpy(m.id, "peerA", 5);
+    tally__side_send(side, &m, fd);
+    close(fd);
+}
+
 /* Pinning a region (cudaHostRegister) takes milliseconds per hundred MiB; it runs on a worker.
  * Each simulated registration here takes 3 s: meanwhile the loop answers another client (its
  * stats show the region mapped, a ping comes back) before the region's producer has its answer;
@@ -887,11 +902,7 @@ static void test_register_off_loop(void **state)
 
     /* A raw registration whose answer we wait for later. */
     int side = side_open();
-    int fd = th_memfd(1 << 20, SEALS);
-    tally_shm_msg_t m = {.op = TALLY_SHM_OP_REGISTER, .id_len = 5};
-    memcpy(m.id, "peerA", 5);
-    tally__side_send(side, &m, fd);
-    close(fd);
+    send_1m_region(side);
     wait_regions(c, 1); /* mapped on the loop, handed to a worker */
     assert_false(th_side_answer_waiting(side));
     assert_int_equal(tally_ping(c, NULL), TALLY_OK);
@@ -909,9 +920,7 @@ static void test_register_off_loop(void **state)
 
     /* Closed while its registration runs: mapped until the worker is done, then gone. */
     side = side_open();
-    fd = th_memfd(1 << 20, SEALS);
-    tally__side_send(side, &m, fd);
-    close(fd);
+    send_1m_region(side);
     wait_regions(c, 1); /* its registration runs */
     close(side);
     wait_regions(c, 0);
@@ -919,6 +928,26 @@ static void test_register_off_loop(void **state)
     assert_int_equal(tally_ping(c, NULL), TALLY_OK);
     tally_client_destroy(&c);
     stop(&d);
+}
+
+/* A stop while a registration runs on its worker: the side connection is closed without an
+ * answer, the worker finishes, and tallyd exits cleanly with the region unmapped. */
+static void test_stop_mid_register(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    start_sim(&d, "1", "TALLYD_TEST_SIM_REGISTER_US", "1000000", true);
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(d.endpoint, 10000, &c), TALLY_OK);
+    int side = side_open();
+    send_1m_region(side);
+    wait_regions(c, 1); /* handed to its worker */
+    tally_client_destroy(&c);
+    stop(&d);
+    th_answer_t ans;
+    assert_int_equal(th_side_recv(side, &ans, 5000), 0); /* closed, never answered */
+    close(side);
+    assert_true(th_daemon_log_contains(&d, "unmapped (1048576 bytes)"));
 }
 
 /* ---- one large request split over the lanes ---------------------------------------------- */
@@ -1323,6 +1352,7 @@ int main(void)
         cmocka_unit_test(test_auto_routing),
         cmocka_unit_test(test_shm_off),
         cmocka_unit_test(test_register_off_loop),
+        cmocka_unit_test(test_stop_mid_register),
         cmocka_unit_test(test_split),
         cmocka_unit_test(test_hist_pieces),
         cmocka_unit_test(test_sigterm_inflight_refs),

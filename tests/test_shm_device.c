@@ -270,9 +270,14 @@ static void test_descriptor_held_until_release(void **state)
     /* Refusals leave nothing behind. */
     assert_int_equal(dev_register(side, fd, 8192, uuid, 0, &ans), TALLY_E_BAD_REF);
     assert_int_equal(fds_reach(d.pid, base - 1), base - 1);
-    /* Closing the connection releases its regions and their descriptors. */
+    /* Closing the connection releases its regions and their descriptors; one of them an output
+     * region with an IPC event (PROTOCOL.md §10: the import waits on it, the simulated device
+     * has nothing to wait for), held the same way. */
     assert_int_equal(dev_register(side, fd, 4096, uuid, 0, &ans), TALLY_OK);
-    assert_int_equal(dev_register(side, fd, 4096, uuid, 0, &ans), TALLY_OK);
+    assert_int_equal(
+        dev_register(side, fd, 4096, uuid, TALLY_SHM_DEV_OUTPUT | TALLY_SHM_DEV_EVENT, &ans),
+        TALLY_OK);
+    assert_true(th_daemon_log_contains(&d, "(4096 bytes on GPU 0, read-write, with an IPC event)"));
     assert_int_equal(fds_reach(d.pid, base + 1), base + 1);
     close(side);
     assert_int_equal(fds_reach(d.pid, base - 2), base - 2);
@@ -434,6 +439,46 @@ static void test_import_off_loop(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
 }
 
+/* A stop while two imports run on their workers, one that succeeds and one refused (a wrong
+ * size): both side connections are closed without an answer, and tallyd exits cleanly with
+ * nothing imported left (the region gauges at 0 before the end, every descriptor closed). */
+static void test_stop_mid_import(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    uint8_t uuid[TALLY_GPU_UUID_SIZE];
+    setenv("TALLYD_TEST_SIM_REGISTER_US", "1000000", 1);
+    int good = start_side(&d, sim2, 0, uuid);
+    unsetenv("TALLYD_TEST_SIM_REGISTER_US");
+    int bad = th_side_connect(d.shm_socket);
+    assert_true(bad >= 0);
+    void *ctx = zmq_ctx_new();
+    void *sock = dealer(ctx, d.endpoint, "producer");
+    const uint64_t sizes[2] = {REGION_BYTES, 2 * REGION_BYTES};
+    const int sides[2] = {good, bad};
+    for (int i = 0; i < 2; i++) {
+        tally_shm_msg_t m = {
+            .op = TALLY_SHM_OP_REGISTER_DEVICE, .id_len = 8, .dev_size = sizes[i], .dev_flags = 0};
+        memcpy(m.id, "producer", 8);
+        memcpy(m.gpu_uuid, uuid, TALLY_GPU_UUID_SIZE);
+        uint8_t buf[TALLY_SHM_MSG_MAX];
+        size_t len = tally_shm_msg_encode(&m, buf);
+        int fd = filled_memfd(REGION_BYTES, NULL, 0);
+        assert_int_equal(th_side_send_raw(sides[i], buf, len, &fd, 1), 0);
+        close(fd);
+    }
+    wait_shm_regions(sock, 2); /* both handed to their workers */
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+    for (int i = 0; i < 2; i++) {
+        th_answer_t ans;
+        assert_int_equal(th_side_recv(sides[i], &ans, 5000), 0); /* closed, never answered */
+        close(sides[i]);
+    }
+    assert_false(th_daemon_log_contains(&d, "regions still referenced at exit"));
+}
+
 /* `tally hist|filter|scan --gpu-region` (TALLY_TEST_SIM_GPU=1: libtally's "GPU memory" is a
  * sealed memfd that the simulated GPUs import): the chunks go by device reference, filter and
  * scan output is written into the device region by tallyd, and every output equals the one
@@ -537,7 +582,8 @@ static uint32_t ref_out_call(void *sock, uint8_t opcode, const char *stream, uin
  * written into a region registered with DEV_OUTPUT and the reply carries only its header, the
  * output equal to a payload's reply (the scan's carry continued on a stream); the input may be a
  * host region too, and the request then runs on the output's GPU; refusals: an output region
- * registered without DEV_OUTPUT (read-only), input and output on two GPUs, a range past the end. */
+ * registered without DEV_OUTPUT (read-only), an unknown device handle, input and output on two
+ * GPUs, a range past the end. */
 static void test_device_output(void **state)
 {
     (void)state;
@@ -590,6 +636,11 @@ static void test_device_output(void **state)
     assert_int_equal(ref_out_call(sock, TALLY_OP_SCAN, NULL, in, 4096, in, 0, &r),
                      TALLY_E_BAD_REF);
     assert_non_null(strstr((const char *)r.payload, "read-only"));
+    th_reply_free(&r);
+    /* A device handle no region has, on a tallyd with GPUs: unknown, not "a GPU is needed". */
+    assert_int_equal(ref_out_call(sock, TALLY_OP_SCAN, NULL, in ^ 2, 4096, out, 0, &r),
+                     TALLY_E_BAD_REF);
+    assert_non_null(strstr((const char *)r.payload, "is not a region registered by this peer"));
     th_reply_free(&r);
     assert_int_equal(ref_out_call(sock, TALLY_OP_SCAN, NULL, in, 4096, far, 0, &r),
                      TALLY_E_BAD_REF);
@@ -997,6 +1048,7 @@ int main(void)
         cmocka_unit_test(test_descriptor_held_until_release),
         cmocka_unit_test(test_requests_in_place),
         cmocka_unit_test(test_import_off_loop),
+        cmocka_unit_test(test_stop_mid_import),
         cmocka_unit_test(test_cli_gpu_region),
         cmocka_unit_test(test_device_output),
         cmocka_unit_test(test_cpu_backend_refuses_device_handles),

@@ -10,10 +10,13 @@
  *   name, or by its group's name, or by a supplementary group, is let in as by its number;
  * - refusals past one logged a second are summed in one line;
  * - a connection that registers nothing within register_timeout_ms is closed, one that did is
- *   kept;
+ *   kept; each connection's deadline counts from its own accept;
+ * - a release of another connection's handle, or of an unknown one, is refused and the
+ *   connection stays;
  * - a malformed message (bad magic, version, op, reserved byte, short, too long, the wrong number
  *   of descriptors) is answered, echoing its op, and closes the connection; the descriptors that
- *   came with it are closed (tallyd's /proc/PID/fd count returns to where it was);
+ *   came with it are closed (tallyd's /proc/PID/fd count returns to where it was), and so are
+ *   those of the messages queued behind it;
  * - a side-channel directory another user owns, or others may write, is refused at start;
  * - a second tallyd on a live side-channel path refuses to start (explicit path, the default
  *   path, and a path whose lock file was removed), a stale socket left by a killed tallyd is
@@ -269,6 +272,70 @@ static void test_supplementary_group_allowed(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
 
+/* A uid whose groups (its own and its supplementary one) are none of shm_allow_gids is refused
+ * at accept, as a stranger (root only). */
+static void test_supplementary_group_not_allowed(void **state)
+{
+    (void)state;
+    if (geteuid() != 0)
+        skip();
+    nobody_group = 4343;
+    th_daemon_t d;
+    static const char *const args[] = {"--shm-allow-gids", "4242", "--shm-register-timeout-ms",
+                                       "3600000", NULL};
+    nobody_keeps_no_one_out(&d, args, 3, 0);
+    nobody_group = 0;
+    assert_true(th_daemon_log_contains(&d, "uid 65534 gid 65534 may not register"));
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
+/* tallyd's own cap of 1,024 side connections, whatever the per-uid caps allow: nobody (allowed)
+ * holds 40, tallyd's own uid opens 1,000, and those past the 1,024th are answered `quota` for
+ * tallyd's maximum (op 0) and closed, not for their uid's cap (root only). */
+static void test_connections_max(void **state)
+{
+    (void)state;
+    struct rlimit lim;
+    if (geteuid() != 0 || getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_max < 2200)
+        skip();
+    if (lim.rlim_cur < 2200) { /* ours and tallyd's (inherited): 1,040 connections each */
+        lim.rlim_cur = 2200;
+        assert_int_equal(setrlimit(RLIMIT_NOFILE, &lim), 0);
+    }
+    char uid[16], group[16];
+    snprintf(uid, sizeof uid, "%d", NOBODY);
+    snprintf(group, sizeof group, "%d", NOBODY);
+    const char *const args[] = {"--shm-allow-uids",
+                                uid,
+                                "--shm-socket-group",
+                                group,
+                                "--shm-max-connections-per-uid",
+                                "1024",
+                                "--shm-register-timeout-ms",
+                                "3600000",
+                                NULL};
+    th_daemon_t d;
+    start(&d, args);
+    int hold, connected = 0;
+    pid_t child = spawn_nobody(40, &hold, &connected);
+    assert_int_equal(connected, 40);
+    enum { OWN = 1000 };
+    static int sides[OWN];
+    for (int i = 0; i < OWN; i++)
+        sides[i] = connect_side();
+    th_answer_t ans;
+    assert_int_equal(th_side_recv(sides[OWN - 1], &ans, 10000), 1); /* unasked, at accept */
+    assert_int_equal(ans.a.status, TALLY_E_QUOTA);
+    assert_int_equal(ans.a.op, 0);
+    assert_non_null(strstr(ans.msg, "tallyd already serves its maximum of 1024 side-channel"));
+    assert_true(th_side_closed(sides[OWN - 1], 5000));
+    assert_int_equal(register_4k(sides[0], &ans), TALLY_OK); /* the first ones are served */
+    for (int i = 0; i < OWN; i++)
+        close(sides[i]);
+    end_nobody(child, hold);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
 /* The connection past max_connections_per_uid: one answer, `quota` with op 0, then closed. */
 static void expect_quota_refusal(void)
 {
@@ -399,6 +466,64 @@ static void test_register_timeout(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
 
+/* Each connection gets its own register_timeout_ms from its accept: those accepted after the
+ * first (one 300 ms later, two together 600 ms later, taken while tallyd was stopped) are not
+ * closed when the first's deadline passes, and each is closed once its own has. */
+static void test_register_timeout_each(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    const char *const args[] = {"--shm-register-timeout-ms", "1000", NULL};
+    start(&d, args);
+    int side[4];
+    int64_t at[4];
+    at[0] = th_now_ms();
+    side[0] = connect_side();
+    th_sleep_ms(300);
+    at[1] = th_now_ms();
+    side[1] = connect_side();
+    th_sleep_ms(300);
+    assert_int_equal(kill(d.pid, SIGSTOP), 0); /* the next two are accepted at once */
+    side[2] = connect_side();
+    side[3] = connect_side();
+    at[2] = at[3] = th_now_ms();
+    assert_int_equal(kill(d.pid, SIGCONT), 0);
+    for (int i = 0; i < 4; i++) {
+        assert_true(th_side_closed(side[i], 10000));
+        /* 950: libuv's loop clock may be the coarse one, a few ms behind; a connection closed
+         * at the first's deadline would be at 700 ms (side[1]) or 400 ms (side[2], side[3]). */
+        if (th_now_ms() - at[i] < 950)
+            fail_msg("connection %d closed %d ms after its accept", i, (int)(th_now_ms() - at[i]));
+        close(side[i]);
+    }
+    assert_true(wait_log_count(&d, "no region registered within 1000 ms", 4));
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
+/* Releases refused (PROTOCOL.md §10): another connection's handle, and an unknown one, are
+ * answered bad_ref and the connection stays; the other connection's region is untouched. */
+static void test_release_not_mine(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    start(&d, NULL);
+    int a = connect_side(), b = connect_side();
+    th_answer_t ans;
+    assert_int_equal(register_4k(a, &ans), TALLY_OK);
+    uint64_t ha = ans.a.handle;
+    assert_int_equal(th_side_call(b, TALLY_SHM_OP_RELEASE, NULL, ha, -1, &ans), TALLY_E_BAD_REF);
+    assert_int_equal(ans.a.handle, ha);
+    assert_non_null(strstr(ans.msg, "is not a region of this connection"));
+    assert_int_equal(th_side_call(b, TALLY_SHM_OP_RELEASE, NULL, ha ^ 1, -1, &ans),
+                     TALLY_E_BAD_REF);
+    assert_int_equal(register_4k(b, &ans), TALLY_OK); /* b still served */
+    assert_int_equal(th_side_call(a, TALLY_SHM_OP_RELEASE, NULL, ha, -1, &ans), TALLY_OK);
+    assert_int_equal(ans.a.size, 4096);
+    close(a);
+    close(b);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
 /* ---- malformed messages ------------------------------------------------------------------ */
 
 typedef struct {
@@ -481,6 +606,37 @@ static void test_malformed_closes(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
 
+/* A malformed message with a register queued behind it (tallyd stopped while both are sent):
+ * the malformed one is answered, the connection closes, and the queued register's memfd is
+ * closed with the rest of the queue (a release too), neither answered. */
+static void test_malformed_drops_queue(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    const char *const args[] = {"--shm-register-timeout-ms", "3600000", NULL};
+    start(&d, args);
+    int base = th_fd_count(d.pid);
+    assert_int_equal(kill(d.pid, SIGSTOP), 0);
+    int side = connect_side(); /* in the backlog until tallyd runs again */
+    uint8_t buf[TALLY_SHM_MSG_MAX] = {0};
+    tally_shm_msg_t msg = {.op = TALLY_SHM_OP_REGISTER, .id_len = 1, .id = {'p'}};
+    tally_shm_msg_encode(&msg, buf);
+    buf[0] = 'X'; /* bad magic */
+    assert_int_equal(th_side_send_raw(side, buf, 17, NULL, 0), 0);
+    int fd = th_memfd(4096, SEALS);
+    assert_int_equal(th_side_send(side, TALLY_SHM_OP_REGISTER, "p", 0, fd), 0);
+    assert_int_equal(th_side_send(side, TALLY_SHM_OP_RELEASE, NULL, 42, -1), 0);
+    close(fd);
+    assert_int_equal(kill(d.pid, SIGCONT), 0);
+    th_answer_t ans;
+    assert_int_equal(th_side_recv(side, &ans, 5000), 1);
+    assert_int_equal(ans.a.status, TALLY_E_MAGIC);
+    assert_int_equal(th_side_recv(side, &ans, 5000), 0); /* no answer to the register: the end */
+    close(side);
+    assert_true(wait_fd_count(d.pid, base) <= base);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+}
+
 /* ---- two tallyds, one path --------------------------------------------------------------- */
 
 /* Runs tallyd with args (and RUNTIME_DIRECTORY=runtime when not NULL) until it exits, at most
@@ -548,6 +704,24 @@ static void test_socket_dir_refused(void **state)
         snprintf(want, sizeof want, "%s is not a directory owned by tallyd's user or root", sub);
         assert_true(second_log_contains(want));
     }
+}
+
+/* A directory that others may write but with the sticky bit (as /tmp): no other user can
+ * replace tallyd's socket there, and tallyd serves from it. */
+static void test_socket_dir_sticky(void **state)
+{
+    (void)state;
+    char sub[80], saved[sizeof sock_path];
+    snprintf(sub, sizeof sub, "%s/sticky", dir);
+    assert_int_equal(mkdir(sub, 0700), 0);
+    assert_int_equal(chmod(sub, 01777), 0);
+    memcpy(saved, sock_path, sizeof saved);
+    snprintf(sock_path, sizeof sock_path, "%s/shm.sock", sub);
+    th_daemon_t d;
+    start(&d, NULL);
+    assert_still_serving();
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
+    memcpy(sock_path, saved, sizeof sock_path);
 }
 
 static void set_runtime_directory(const void *path)
@@ -671,12 +845,18 @@ int main(void)
         cmocka_unit_test(test_per_uid_cap),
         cmocka_unit_test(test_per_uid_cap_other_uid),
         cmocka_unit_test(test_register_timeout),
+        cmocka_unit_test(test_register_timeout_each),
+        cmocka_unit_test(test_release_not_mine),
+        cmocka_unit_test(test_malformed_drops_queue),
         cmocka_unit_test(test_malformed_closes),
         cmocka_unit_test(test_second_tallyd_refused),
         cmocka_unit_test(test_stale_socket_replaced),
         cmocka_unit_test(test_allowed_by_name),
         cmocka_unit_test(test_refusals_summed),
         cmocka_unit_test(test_supplementary_group_allowed),
+        cmocka_unit_test(test_supplementary_group_not_allowed),
+        cmocka_unit_test(test_connections_max),
+        cmocka_unit_test(test_socket_dir_sticky),
         cmocka_unit_test(test_socket_dir_refused),
         cmocka_unit_test(test_socket_path_unusable),
     };

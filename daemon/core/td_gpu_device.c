@@ -470,11 +470,8 @@ static void start_recovery(td_gpu_t *g, device_t *d)
     atomic_fetch_add(&g->recovering, 1);
     td_info("GPU %d (%s): idle after it was marked unusable: recreating its context", d->ordinal,
             d->name);
-    if (uv_queue_work(g->loop, &w->work, recover_work, recover_after) != 0) {
-        d->recovering = false;
-        atomic_fetch_sub(&g->recovering, 1);
-        free(w);
-    }
+    /* Fails only without a work callback (libuv's uv_queue_work: UV_EINVAL). */
+    (void)uv_queue_work(g->loop, &w->work, recover_work, recover_after);
 }
 
 static void recover_timer_cb(uv_timer_t *timer)

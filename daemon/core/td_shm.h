@@ -29,21 +29,21 @@ typedef struct td_shm td_shm_t;
 typedef struct td_shm_region td_shm_region_t;
 
 /* How regions reach the GPU: register once at registration (on a libuv worker thread),
- * unregister at the last release (loop thread). Both may be NULL (no GPU). region_register returns
- * false when the region stays unregistered (the GPU then copies through staging, which is correct,
- * only slower). */
+ * unregister at the last release (loop thread). Both are set, or both NULL (no GPU).
+ * region_register returns false when the region stays unregistered (the GPU then copies through
+ * staging, which is correct, only slower). */
 typedef struct {
     uv_loop_t *loop;
     const td_config_t *cfg; /* live: the allow lists and quotas apply at each registration */
     bool (*region_register)(void *ctx, void *base, size_t size, bool read_only);
     void (*region_unregister)(void *ctx, void *base);
-    /* Device regions (PROTOCOL.md §10 "Device memory"); NULL without a GPU (op 3 is then refused,
-     * "a GPU is needed"). dev_import imports fd (an exported allocation of `size` bytes) on the
-     * usable GPU with `uuid`: TALLY_OK with *gpu (the pipeline's device number), *import and
-     * *ptr (the device address), the import owning fd; else a status and why, fd the caller's.
-     * dev_release undoes it and closes fd; dev_unusable says why references to the region
-     * cannot run on *gpu any more (NULL when they can): "is unusable", or that the GPU was reset
-     * since the import (td_gpu_dev_unusable). */
+    /* Device regions (PROTOCOL.md §10 "Device memory"): the three are set together, or all NULL
+     * without a GPU (op 3 is then refused, "a GPU is needed"). dev_import imports fd (an exported
+     * allocation of `size` bytes) on the usable GPU with `uuid`: TALLY_OK with *gpu (the pipeline's
+     * device number), *import and *ptr (the device address), the import owning fd; else a status
+     * and why, fd the caller's. dev_release undoes it and closes fd; dev_unusable says why
+     * references to the region cannot run on *gpu any more (NULL when they can): "is unusable", or
+     * that the GPU was reset since the import (td_gpu_dev_unusable). */
     tally_status_t (*dev_import)(void *ctx, const uint8_t *uuid, int fd, uint64_t size,
                                  bool writable, const uint8_t *event, unsigned *gpu, void **import,
                                  void **ptr, char *why, size_t why_cap);

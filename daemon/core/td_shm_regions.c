@@ -39,7 +39,7 @@ void td_shm_region_free(td_shm_t *shm, td_shm_region_t *region)
         free(region);
         return;
     }
-    if (region->device_registered && shm->env.region_unregister)
+    if (region->device_registered) /* only region_register sets it: region_unregister is set */
         shm->env.region_unregister(shm->env.ctx, region->base);
     munmap(region->base, region->size);
     td_debug("shm: region %016" PRIx64 " unmapped (%zu bytes)", region->handle, region->size);
@@ -201,9 +201,8 @@ static tally_status_t resolve_locked(td_shm_t *shm, const uint8_t *id, size_t id
                  r->device ? "registered without DEV_OUTPUT" : "write-sealed memfd");
         return TALLY_E_BAD_REF;
     }
-    const char *unusable = r->device && shm->env.dev_unusable
-                               ? shm->env.dev_unusable(shm->env.ctx, r->gpu, r->import)
-                               : NULL;
+    const char *unusable = /* a device region was imported: dev_unusable is set */
+        r->device ? shm->env.dev_unusable(shm->env.ctx, r->gpu, r->import) : NULL;
     if (unusable) {
         snprintf(msg, msg_cap, "the GPU holding region %016" PRIx64 " %s", handle, unusable);
         return TALLY_E_BAD_REF;

@@ -19,8 +19,8 @@
 
 /* ---- the side channel: answers ------------------------------------------------------------ */
 
-/* Sends an answer on fd, with msg after it for an error. False when it could not be sent
- * whole: the peer does not read, or has gone. */
+/* Sends an answer on fd, with msg (a string, "" for none) after it for an error. False when it
+ * could not be sent whole: the peer does not read, or has gone. */
 static bool send_answer(int fd, uint8_t op, tally_status_t status, uint64_t handle, uint64_t size,
                         const char *msg)
 {
@@ -28,7 +28,7 @@ static bool send_answer(int fd, uint8_t op, tally_status_t status, uint64_t hand
     tally_shm_answer_t a = {.op = op, .status = (uint32_t)status, .handle = handle, .size = size};
     tally_shm_answer_encode(&a, buf);
     size_t len = TALLY_SHM_ANSWER_SIZE;
-    if (status != TALLY_OK && msg) {
+    if (status != TALLY_OK) {
         size_t n = strnlen(msg, TALLY_ERROR_MESSAGE_MAX);
         memcpy(buf + len, msg, n);
         len += n;
@@ -36,14 +36,15 @@ static bool send_answer(int fd, uint8_t op, tally_status_t status, uint64_t hand
     return send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)len;
 }
 
-/* Sends an answer to c (with a message for an error). False when the peer must be dropped. */
+/* Sends an answer to c, with the message fmt makes for an error (fmt is NULL only for TALLY_OK).
+ * False when the peer must be dropped. */
 static bool answer(td_shm_conn_t *c, uint8_t op, tally_status_t status, uint64_t handle,
                    uint64_t size, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 static bool answer(td_shm_conn_t *c, uint8_t op, tally_status_t status, uint64_t handle,
                    uint64_t size, const char *fmt, ...)
 {
     char msg[TALLY_ERROR_MESSAGE_MAX + 1] = "";
-    if (status != TALLY_OK && fmt) {
+    if (status != TALLY_OK) {
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(msg, sizeof msg, fmt, ap);
@@ -196,19 +197,17 @@ static void register_after(uv_work_t *work, int status)
     td_shm_region_put(&r);
 }
 
-/* Hands the GPU registration to a worker; false when it cannot be queued (then the caller
- * registers it here). The region (added registering, with the worker's reference) holds that
- * reference until register_after. */
+/* Hands the GPU registration to a worker; false when out of memory (then the caller registers it
+ * here). The region (added registering, with the worker's reference) holds that reference until
+ * register_after. */
 static bool start_device_register(td_shm_t *shm, td_shm_conn_t *c, td_shm_region_t *r)
 {
     uv_work_t *work = calloc(1, sizeof *work);
     if (!work)
         return false;
     work->data = r;
-    if (uv_queue_work(shm->env.loop, work, register_work, register_after) != 0) {
-        free(work);
-        return false;
-    }
+    /* Fails only without a work callback (libuv's uv_queue_work: UV_EINVAL). */
+    (void)uv_queue_work(shm->env.loop, work, register_work, register_after);
     c->registering = true;
     uv_poll_stop(&c->poll); /* one message at a time per connection: answers stay in order */
     return true;
@@ -267,7 +266,7 @@ static bool do_register(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_msg_t *
     if (pin) {
         if (start_device_register(shm, c, r))
             return true; /* answered by register_after once the worker is done */
-        /* No worker to be had: pin it here rather than not at all. */
+        /* No memory for the worker's request: pin it here rather than not at all. */
         r->device_registered = shm->env.region_register(shm->env.ctx, base, size, !writable);
         td_shm_region_ready(r, false);
         td_shm_region_t *worker = r; /* the worker's reference, that no worker holds */
@@ -371,16 +370,9 @@ static bool do_register_device(td_shm_t *shm, td_shm_conn_t *c, const tally_shm_
         memcpy(w->event_bytes, m->event, sizeof w->event_bytes);
         w->event = w->event_bytes;
     }
-    /* registering, with the worker's reference until dev_import_after */
-    if (uv_queue_work(shm->env.loop, &w->work, dev_import_work, dev_import_after) != 0) {
-        td_shm_region_ready(r, true);
-        td_shm_region_t *worker = r;
-        td_shm_region_put(&worker);
-        td_shm_region_detach(r);
-        free(w);
-        close(fd);
-        return answer(c, m->op, TALLY_E_INTERNAL, 0, 0, "cannot queue the import");
-    }
+    /* registering, with the worker's reference until dev_import_after; uv_queue_work fails only
+     * without a work callback (UV_EINVAL) */
+    (void)uv_queue_work(shm->env.loop, &w->work, dev_import_work, dev_import_after);
     c->registering = true;
     uv_poll_stop(&c->poll); /* one message at a time per connection: answers stay in order */
     return true;
