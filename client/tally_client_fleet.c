@@ -147,6 +147,13 @@ static int probe_ms(const fleetc_t *self)
     return self->timeout_ms < TALLY_FLEET_SUSPECT_MS ? self->timeout_ms : TALLY_FLEET_SUSPECT_MS;
 }
 
+/* When a wait for member o's connection gives up: a probe from now, or now when it is known
+ * down. */
+static int64_t probe_deadline(const fleetc_t *self, const member_t *o)
+{
+    return now_us() + (o->down ? 0 : (int64_t)probe_ms(self) * 1000);
+}
+
 /* Partition k's owner for a call made now: the one known, unless its connection does not come
  * up within a probe (it exited): then the one the routing names next, waited for until
  * deadline (us); -1 when none is up by then (self->error says why). */
@@ -156,7 +163,7 @@ static int owner_up(fleetc_t *self, uint32_t k, int64_t deadline)
         int m = self->owner[k] >= 0 ? self->owner[k] : owner_now(self, k);
         if (m >= 0) {
             member_t *o = &self->members[m];
-            int64_t probe = now_us() + (o->down ? 0 : (int64_t)probe_ms(self) * 1000);
+            int64_t probe = probe_deadline(self, o);
             tally_status_t st = tally__wait_connected(o->c, probe < deadline ? probe : deadline);
             o->down = st == TALLY_E_TIMEOUT;
             if (!o->down) /* up, or refused: the call says so */
@@ -227,15 +234,14 @@ static void unlink_pending(fleetc_t *self, pending_t *p)
 
 /* ---- `streams`, gathered ------------------------------------------------------------------ */
 
-/* Member m's streams of the partitions owner[] says it owns, appended to *out (*len bytes, *cap
- * allocated; tallyd's own layout: a length byte, then the name) and counted in *count; false
- * when m did not answer (its connection not up within a probe, or no reply). */
-static bool gather_member(fleetc_t *self, int m, const int *owner, uint8_t **out, size_t *len,
-                          size_t *cap, uint64_t *count)
+/* Member m's streams of the partitions owner[] says it owns, appended to out (tallyd's own
+ * layout: a length byte, then the name) and counted in *count; false when m did not answer (its
+ * connection not up within a probe, or no reply) or out could not grow. */
+static bool gather_member(fleetc_t *self, int m, const int *owner, tally_buf_t *out,
+                          uint64_t *count)
 {
     member_t *o = &self->members[m];
-    int64_t probe = now_us() + (o->down ? 0 : (int64_t)probe_ms(self) * 1000);
-    o->down = tally__wait_connected(o->c, probe) == TALLY_E_TIMEOUT;
+    o->down = tally__wait_connected(o->c, probe_deadline(self, o)) == TALLY_E_TIMEOUT;
     char **names = NULL;
     size_t n = 0;
     if (o->down || tally_streams(o->c, &names, &n) != TALLY_OK)
@@ -245,19 +251,13 @@ static bool gather_member(fleetc_t *self, int m, const int *owner, uint8_t **out
         size_t l = strlen(names[i]);
         if (owner[tally_partition(names[i], l, self->partitions)] != m)
             continue; /* held, not owned (a hand-over's leftover): its owner lists it */
-        if (*len + 1 + l > *cap) {
-            size_t want = (*cap ? *cap * 2 : 4096) + 1 + l;
-            uint8_t *grown = realloc(*out, want);
-            ok = grown != NULL;
-            if (!ok)
-                break;
-            *out = grown;
-            *cap = want;
+        ok = tally_buf_reserve(out, 1 + l) == TALLY_OK; /* then neither append can fail */
+        if (ok) {
+            uint8_t l8 = (uint8_t)l;
+            tally_buf_append(out, &l8, 1);
+            tally_buf_append(out, names[i], l);
+            ++*count;
         }
-        (*out)[(*len)++] = (uint8_t)l;
-        memcpy(*out + *len, names[i], l);
-        *len += l;
-        ++*count;
     }
     tally_strings_free(names, n);
     return ok;
@@ -270,22 +270,25 @@ static tally_status_t gather_streams(fleetc_t *self, pending_t *p)
     bool asked[TALLY_FLEET_MEMBERS_MAX] = {false}, answered[TALLY_FLEET_MEMBERS_MAX] = {false};
     for (uint32_t k = 0; k < self->partitions; k++)
         owner[k] = owner_now(self, k);
-    uint8_t *out = NULL;
-    size_t len = 0, cap = 0;
+    tally_buf_t out = {0};
     uint64_t count = 0, missing = 0;
     for (uint32_t k = 0; k < self->partitions; k++) {
         int m = owner[k];
         if (m >= 0 && !asked[m]) {
             asked[m] = true;
-            answered[m] = gather_member(self, m, owner, &out, &len, &cap, &count);
+            answered[m] = gather_member(self, m, owner, &out, &count);
         }
         missing += m < 0 || !answered[m];
     }
     tally_reply_t *r = &p->answer;
-    if ((!out && !(out = malloc(1))) || tally__reply_take(r, out, len) != TALLY_OK)
+    if ((!out.data && !(out.data = malloc(1))) ||
+        tally__reply_take(r, out.data, out.len) != TALLY_OK)
         return TALLY_E_NOMEM;
-    r->rep = (tally_rep_t){.version = TALLY_PROTO_VERSION, .opcode = TALLY_OP_STREAMS,
-                           .request_id = p->id, .aux0 = count, .aux1 = missing};
+    r->rep = (tally_rep_t){.version = TALLY_PROTO_VERSION,
+                           .opcode = TALLY_OP_STREAMS,
+                           .request_id = p->id,
+                           .aux0 = count,
+                           .aux1 = missing};
     p->ready = true;
     p->m = -1; /* no member's reply is its */
     p->status = TALLY_OK;
