@@ -159,6 +159,11 @@ struct td_transport {
 /* Loop thread: hands msg to the path; msg->payload belongs to the path from here on, unless
  * TD_ERR_NOMEM (no memory for the request: nothing was taken, no reply will come; logged). */
 td_err_t td_path_submit(td_path_t *path, td_transport_t *transport, td_msg_t *msg);
+/* Loop thread: hands the transports the replies the shards have sent back since it last did
+ * (send_reply, on this thread). A transport calls it as it services its socket, before it looks
+ * for more to read: while the loop thread is busy, replies come this way, without a wake-up
+ * (td_mailbox.h); when it sleeps, they wake it. Nothing with one shard. */
+void td_path_take_replies(td_path_t *path);
 /* Loop thread: whether the path takes requests now (under the in-flight limit; while stopping,
  * messages are still taken, to be answered `shutdown`). */
 bool td_path_may_read(const td_path_t *path);

@@ -194,6 +194,7 @@ void td_zmq_pump(td_zmq_t *z)
         return;
     td_zmq_monitor_read(z); /* connections closed: before their last replies are sent */
     td_path_t *path = z->env.path;
+    td_path_take_replies(path); /* the shards' replies: sent before ZMQ_EVENTS is read below */
     int budget = TD_READ_BUDGET;
     bool read_any = false;
     while (td_path_may_read(path) && budget > 0 && read_message(z)) {
