@@ -356,6 +356,10 @@ td_err_t td_path_submit(td_path_t *p, td_transport_t *t, td_msg_t *m)
     take_envelope(p, r, t, &m->from);
     copy_header(r, m);
     r->arrived = m->payload; /* the shard's now */
+    if (m->payload_borrowed) { /* the transport's: copied (TD_PAYLOAD_BORROW_MAX at most) */
+        memcpy(r->payload_inline, m->payload.data, m->payload.len);
+        r->arrived = (td_bytes_t){.data = r->payload_inline, .len = m->payload.len};
+    }
     m->payload = (td_bytes_t){0};
     if (p->threads)
         pin_regions(p, r);

@@ -74,6 +74,9 @@ typedef struct td_path td_path_t;
 typedef struct td_transport td_transport_t;
 typedef struct td_reply td_reply_t;
 
+/* The largest payload a transport may lend for td_path_submit's duration (td_msg_t). */
+#define TD_PAYLOAD_BORROW_MAX 256
+
 /* Bytes and how to give them back: free_fn(data, hint) once, on any thread (the signature of
  * ZeroMQ's zmq_free_fn, so a payload goes into a message as it is). free_fn NULL: nothing to
  * free (borrowed, or none). */
@@ -111,8 +114,13 @@ typedef struct {
      * td_path_submit only. */
     const void *header;
     size_t header_len;
-    /* The second request frame; moved to the path (its free function is the path's to call). */
+    /* The second request frame; moved to the path (its free function is the path's to call),
+     * or, with payload_borrowed, the transport's until td_path_submit returns: the path copies
+     * it into the request (at most TD_PAYLOAD_BORROW_MAX bytes). A small payload then costs the
+     * transport no holder to allocate and the shard none to free (bench/NOTES.md, "The front's
+     * instructions"). */
     td_bytes_t payload;
+    bool payload_borrowed;
     /* Request frames after the transport's envelope: a request is 2 (header, payload); any
      * other count is answered `frames` (PROTOCOL.md §1). */
     int frames;
