@@ -21,7 +21,7 @@
 #
 # BASE_TALLYD=path (another build's tallyd, e.g. main's) runs beside this one in sections 1-3,
 # its rows labelled "base" and interleaved with this build's, so that both meet the same moment of
-# the host (an A/B in one run: bench/NOTES.md, "Wake-ups only for a sleeper"); the summary then
+# the host (an A/B in one run: bench/NOTES.md, "The front's instructions and wake-ups"); the summary then
 # gives its ratios too. SKIP_MORE=1 leaves out section 4.
 #
 # Then OUT_DIR/shards-summary.md, the tables computed from those rows (tallyd / echo,

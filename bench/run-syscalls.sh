@@ -3,7 +3,7 @@
 # bench/run-syscalls.sh BUILD_DIR OUT_DIR — system calls, context switches and CPU time per small
 # request, by thread of tallyd, under load (perf stat --per-thread on the running daemon): what
 # callgrind's instruction counts do not see, the wake-ups between the front and the shards
-# (bench/NOTES.md, "Wake-ups only for a sleeper").
+# (bench/NOTES.md, "The front's instructions and wake-ups").
 #
 # tallyd (--backend cpu, ipc, TALLYD_ARGS, default "--shards 4 --max-inflight 4096") answers
 # `loadgen --op hist --size SIZE --window 64 --producers PRODUCERS --count COUNT/PRODUCERS

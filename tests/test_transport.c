@@ -300,9 +300,9 @@ static void test_lent_payload_is_copied(void **state)
 {
     (void)state;
     broker_t *b = broker_new(64);
-    assert_int_equal(submit(b, (sub_t){TALLY_OP_HIST, TALLY_DTYPE_U8, "p0", 1, 0, 64u << 10,
-                                       "producer", 0}),
-                     TD_OK);
+    assert_int_equal(
+        submit(b, (sub_t){TALLY_OP_HIST, TALLY_DTYPE_U8, "p0", 1, 0, 64u << 10, "producer", 0}),
+        TD_OK);
     assert_int_equal(b->running_count, 1); /* on a worker: the next of p0 waits for it */
     tally_req_t req = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8, .request_id = 2};
     assert_int_equal(tally_req_set_stream(&req, "p0"), TALLY_OK);

@@ -20,7 +20,8 @@
  * then reads the flag; the consumer sets the flag, then reads the stack; a sequentially
  * consistent fence in each makes one of them see the other (the store-buffer pattern), so no
  * post is left waiting for a consumer asleep. Under load both sides are mostly awake, and a
- * batch crosses with no system call at all (bench/NOTES.md, "Wake-ups only for a sleeper").
+ * batch crosses with no system call at all (bench/NOTES.md, "The front's instructions and
+ * wake-ups").
  *
  * A hop is embedded in what it carries (a request: td_request_t.hop) with a kind that says what
  * to do with it. Taking everything at once means no hop is ever popped alone, so the stack has

@@ -118,7 +118,7 @@ typedef struct {
      * or, with payload_borrowed, the transport's until td_path_submit returns: the path copies
      * it into the request (at most TD_PAYLOAD_BORROW_MAX bytes). A small payload then costs the
      * transport no holder to allocate and the shard none to free (bench/NOTES.md, "The front's
-     * instructions"). */
+     * instructions and wake-ups"). */
     td_bytes_t payload;
     bool payload_borrowed;
     /* Request frames after the transport's envelope: a request is 2 (header, payload); any

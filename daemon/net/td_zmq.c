@@ -141,7 +141,7 @@ static void handle_message(td_zmq_t *z, zmq_msg_t *frames, int kept, int total)
 
 /* Reads one whole message. Returns 1 when one was handled, 0 when none was waiting. The frames
  * kept are received in place (no move from a scratch frame: bench/NOTES.md, "The front's
- * instructions"); those beyond them go through the last slot, released as they come. */
+ * instructions and wake-ups"); those beyond them go through the last slot, released at once. */
 static int read_message(td_zmq_t *z)
 {
     zmq_msg_t frames[TD_FRAMES_KEPT + 1];
