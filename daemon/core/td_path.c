@@ -20,11 +20,15 @@
  *
  * Hand-off (more than one shard): requests and replies travel through mailboxes (td_mailbox.h), one
  * per shard and one for the front, in batches: what the front hands a shard during one callback (a
- * pump of up to 256 messages) is posted once, with one compare-and-swap and one wake-up, from the
- * loop's check and prepare handles and at the end of the front's own mailbox callback (so nothing
- * waits across a blocking poll), and a shard posts its replies to the front the same way. One
- * producer per mailbox direction and FIFO batches: a stream's requests reach their shard in the
- * order the front read them, which is the order ZeroMQ delivered them.
+ * pump of up to 256 messages) is posted once, with one compare-and-swap, from the loop's check
+ * and prepare handles and at the end of the front's own mailbox callback (so nothing waits across
+ * a blocking poll), and a shard posts its replies to the front the same way. A post wakes its
+ * consumer only when it sleeps (td_mailbox.h): a shard's thread takes what came while it ran
+ * before it sleeps (shard_main), and the front takes the shards' replies as its transport services
+ * the socket (td_path_take_replies, from the ZeroMQ pump) or, when it is about to block, through
+ * its own wake-up (front_prepare_cb). One producer per mailbox direction and FIFO batches: a
+ * stream's requests reach their shard in the order the front read them, which is the order ZeroMQ
+ * delivered them.
  *
  * Requests are allocated and retired on the front's thread: the transport ends a reply there
  * (td_reply_end), and its request is counted, released and kept among the front's spares for the
