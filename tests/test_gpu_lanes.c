@@ -71,11 +71,15 @@ static struct {
     unsigned reset_entered;
     bool register_fails;
     bool import_fails;
+    bool reset_fails;    /* device_reset cannot recreate the context */
+    bool notify_at_once; /* a wake-up asked for while work is held comes at once */
+    bool no_uuid;        /* device_uuid fails */
     /* what happened */
     held_t held[HELD_MAX];
     unsigned held_count;
     held_t notify[HELD_MAX]; /* wake-ups asked for while work was held */
     unsigned notify_count;
+    unsigned woken_at_once; /* wake-ups given at once (notify_at_once) */
     unsigned checks;
     unsigned resets;
     struct {
@@ -92,9 +96,9 @@ static void knobs_reset(void)
     pthread_mutex_lock(&T.lock);
     T.no_devices = T.bind_fails = T.bogus_kept = T.fail_launches = T.hold = T.lost = false;
     T.notify_fails = T.reset_blocks = T.reset_go = false;
-    T.register_fails = T.import_fails = false;
+    T.register_fails = T.import_fails = T.reset_fails = T.notify_at_once = T.no_uuid = false;
     T.check_ok = T.held_count = T.notify_count = T.checks = T.resets = T.lane_count = 0;
-    T.reset_entered = 0;
+    T.reset_entered = T.woken_at_once = 0;
     pthread_mutex_unlock(&T.lock);
 }
 
@@ -195,6 +199,14 @@ static td_gpu_err_t t_lane_notify(void *lane, td_gpu_done_fn done, void *arg)
     bool held = false;
     for (unsigned i = 0; i < T.held_count; i++)
         held |= T.held[i].lane == lane;
+    if (held && T.notify_at_once) { /* as if the work finished between the poll and the ask */
+        pthread_mutex_unlock(&T.lock);
+        done(arg);
+        pthread_mutex_lock(&T.lock);
+        T.woken_at_once++;
+        pthread_mutex_unlock(&T.lock);
+        return TD_GPU_OK;
+    }
     if (held) { /* once the held work is released */
         T.notify[T.notify_count++] = (held_t){.lane = lane, .done = done, .arg = arg};
         pthread_mutex_unlock(&T.lock);
@@ -219,6 +231,13 @@ static td_gpu_err_t t_lane_check(void *lane)
     if (st != TD_GPU_OK)
         snprintf(t_error, sizeof t_error, "test engine: context lost");
     return st;
+}
+
+static td_gpu_err_t t_device_uuid(void *ctx, int device, uint8_t uuid[TALLY_GPU_UUID_SIZE])
+{
+    if (T.no_uuid)
+        return TD_GPU_E_DEVICE;
+    return T.inner->device_uuid(ctx, device, uuid);
 }
 
 static td_gpu_err_t t_region_register(void *ctx, void *base, size_t size, bool read_only)
@@ -248,9 +267,14 @@ static td_gpu_err_t t_device_reset(void *ctx, int device, char *why, size_t why_
     while (T.reset_blocks && !T.reset_go)
         pthread_cond_wait(&T.cond, &T.lock);
     T.resets++;
-    T.lost = false;
+    bool fails = T.reset_fails;
+    T.lost = fails;
     T.held_count = T.notify_count = 0;
     pthread_mutex_unlock(&T.lock);
+    if (fails) {
+        snprintf(why, why_cap, "test engine: the context cannot be recreated");
+        return TD_GPU_E_DEVICE;
+    }
     return T.inner->device_reset(ctx, device, why, why_cap);
 }
 
@@ -268,7 +292,14 @@ static void t_destroy(td_gpu_engine_t **self_p)
 
 /* The test engine over `devices` simulated GPUs; without_* leave a member out (NULL), as an
  * engine that cannot do it has. */
-typedef enum { WITH_ALL = 0, WITHOUT_FINISHED = 1, WITHOUT_IMPORT = 2, WITHOUT_RESET = 4 } without_t;
+typedef enum {
+    WITH_ALL = 0,
+    WITHOUT_FINISHED = 1,
+    WITHOUT_IMPORT = 2,
+    WITHOUT_RESET = 4,
+    WITHOUT_NOTIFY = 8,
+    WITHOUT_SPLIT = 16,
+} without_t;
 
 static td_gpu_engine_t *engine_new(unsigned devices, unsigned without)
 {
@@ -283,7 +314,9 @@ static td_gpu_engine_t *engine_new(unsigned devices, unsigned without)
     e->lane_bind = t_lane_bind;
     e->lane_launch = t_lane_launch;
     e->lane_finished = (without & WITHOUT_FINISHED) ? NULL : t_lane_finished;
-    e->lane_notify = t_lane_notify;
+    e->lane_notify = (without & WITHOUT_NOTIFY) ? NULL : t_lane_notify;
+    e->lane_launch_split = (without & WITHOUT_SPLIT) ? NULL : T.inner->lane_launch_split;
+    e->device_uuid = t_device_uuid;
     e->lane_check = t_lane_check;
     e->region_register = t_region_register;
     e->dev_import = (without & WITHOUT_IMPORT) ? NULL : t_dev_import;
@@ -630,6 +663,36 @@ static void test_no_reset_stays_unusable(void **state)
     rig_close(&g);
 }
 
+/* A context that cannot be recreated: the device stays unusable with its lanes closed, and a
+ * request placed on it fails at once. */
+static void test_reset_fails(void **state)
+{
+    (void)state;
+    knobs_reset();
+    knob(&T.reset_fails, true);
+    rig_t g;
+    rig_open(&g, engine_new(1, WITH_ALL), 1, 0);
+    lose_context(&g, 1);
+    wait_for(&T.resets, 1);
+    double deadline = now_s() + 30;
+    uint64_t bytes;
+    char desc[256];
+    do { /* the recovery's end, on the loop */
+        assert_true(now_s() < deadline);
+        uv_run(&g.loop, UV_RUN_NOWAIT);
+        usleep(1000);
+        td_gpu_describe(g.gpu, desc, sizeof desc);
+        bytes = td_gpu_device_bytes(g.gpu);
+    } while (strstr(desc, "recovering"));
+    assert_non_null(strstr(desc, ", unusable)"));
+    assert_int_equal(bytes, 0); /* no lanes */
+    submit(&g, 0, 0, 2);
+    pump(&g, 2);
+    assert_gpu_failed(g.done[1], 2);
+    assert_false(td_gpu_usable(g.gpu));
+    rig_close(&g);
+}
+
 /* A reply still lent out (its pinned buffer not given back) holds the recovery back: the device
  * stays unusable while the sender holds it, and recovers once it is given back (the recovery's
  * timer looks again). After TD_GPU_RECOVER_MAX recoveries, a lost device stays unusable. */
@@ -647,6 +710,11 @@ static void test_recovery_waits_for_lent_replies(void **state)
     char desc[256];
     td_gpu_describe(g.gpu, desc, sizeof desc);
     assert_non_null(strstr(desc, ", unusable)")); /* not recovering: a buffer is out */
+    submit(&g, 0, 0, 3); /* placed before it was lost: fails, and the recovery waits on */
+    pump(&g, 3);
+    assert_gpu_failed(g.done[2], 3);
+    td_gpu_describe(g.gpu, desc, sizeof desc);
+    assert_non_null(strstr(desc, ", unusable)"));
     assert_int_equal(counted(&T.resets), 0);
     rig_free_done(&g); /* the reply is sent: its buffer is back */
     pump_until_described(&g, "recovered");
@@ -664,24 +732,47 @@ static void test_recovery_waits_for_lent_replies(void **state)
     rig_close(&g);
 }
 
-/* Spin-polling on an engine that cannot say whether a launch finished (no lane_finished): the
- * lane spins only for events, sleeps, and its host functions complete the work. */
-static void test_spin_without_lane_finished(void **state)
+/* Spin-polling on an engine that cannot say whether a launch finished (no lane_finished), or
+ * cannot wake a lane when its work is done (no lane_notify): the lane does not poll; it spins
+ * only for events, sleeps, and its host functions complete the work. */
+static void test_spin_without_polling(void **state)
+{
+    (void)state;
+    unsigned engines[] = {WITHOUT_FINISHED, WITHOUT_NOTIFY};
+    for (unsigned i = 0; i < 2; i++) {
+        knobs_reset();
+        knob(&T.hold, true);
+        rig_t g;
+        rig_open(&g, engine_new(1, engines[i]), 1, 200);
+        submit(&g, 0, 0, 1);
+        submit(&g, 0, 0, 2);
+        wait_for(&T.held_count, 2);
+        usleep(2000); /* the lane spins, gives up and sleeps */
+        assert_int_equal(g.done_count, 0);
+        release_held();
+        pump(&g, 2);
+        assert_filtered(g.done[0], 1);
+        assert_filtered(g.done[1], 2);
+        rig_close(&g);
+    }
+}
+
+/* A polling lane whose wake-up comes as soon as it is asked for (the work finished between the
+ * poll and the ask) looks again rather than sleeps, until the work is seen finished. */
+static void test_spin_wake_at_once(void **state)
 {
     (void)state;
     knobs_reset();
     knob(&T.hold, true);
+    knob(&T.notify_at_once, true);
     rig_t g;
-    rig_open(&g, engine_new(1, WITHOUT_FINISHED), 1, 200);
+    rig_open(&g, engine_new(1, WITH_ALL), 1, 100);
     submit(&g, 0, 0, 1);
-    submit(&g, 0, 0, 2);
-    wait_for(&T.held_count, 2);
-    usleep(2000); /* the lane spins, gives up and sleeps */
+    wait_for(&T.woken_at_once, 2); /* asked, woken at once, polled, asked again */
     assert_int_equal(g.done_count, 0);
     release_held();
-    pump(&g, 2);
+    pump(&g, 1);
     assert_filtered(g.done[0], 1);
-    assert_filtered(g.done[1], 2);
     rig_close(&g);
 }
 
@@ -823,7 +914,7 @@ static void test_contracts(void **state)
     (void)state;
     knobs_reset();
     rig_t g;
-    rig_open(&g, engine_new(2, WITHOUT_IMPORT), 1, 0);
+    rig_open(&g, engine_new(2, WITHOUT_IMPORT | WITHOUT_SPLIT), 1, 0);
     assert_false(td_gpu_device_usable(g.gpu, 2));
     assert_int_equal(td_gpu_device_ordinal(g.gpu, 2), -1);
     assert_int_equal(td_gpu_device_ordinal(g.gpu, 1), 1);
@@ -853,6 +944,26 @@ static void test_contracts(void **state)
     assert_string_equal(why, "the test engine cannot import GPU memory");
     assert_string_equal(td_gpu_dev_unusable(g.gpu, 5, NULL), "is unusable");
     assert_null(td_gpu_dev_unusable(g.gpu, 1, NULL));
+    /* A plain request: no device region, no peers; an engine that cannot split. */
+    td_request_t *r = td_request_new();
+    assert_non_null(r);
+    r->req.opcode = TALLY_OP_HIST;
+    r->req.dtype = TALLY_DTYPE_U8;
+    assert_false(td_gpu_region_holder(r, &gpu));
+    assert_int_equal(td_gpu_region_peers(g.gpu, r), 0);
+    assert_false(td_gpu_splittable(g.gpu, r));
+    td_request_destroy(&r);
+    rig_close(&g);
+    /* Devices without a UUID: none listed, none to import on. */
+    knobs_reset();
+    knob(&T.no_uuid, true);
+    rig_open(&g, engine_new(1, WITH_ALL), 1, 0);
+    assert_int_equal(td_gpu_uuids(g.gpu, uuids, sizeof uuids), 0);
+    assert_string_equal(uuids, "");
+    assert_int_equal(td_gpu_dev_import(g.gpu, uuid, -1, 4096, false, NULL, &gpu, &import, &ptr,
+                                       why, sizeof why),
+                     TALLY_E_BAD_REF);
+    assert_string_equal(why, "no GPU with UUID GPU-74616c6c-7964-2d73-696d-2d6770750000");
     rig_close(&g);
     /* An engine that imports, on a device that fails the import: `internal`, logged. */
     knobs_reset();
@@ -876,8 +987,10 @@ int main(void)
         cmocka_unit_test(test_slow_launch_outlives_the_watchdog),
         cmocka_unit_test(test_lost_context_and_recovery),
         cmocka_unit_test(test_no_reset_stays_unusable),
+        cmocka_unit_test(test_reset_fails),
         cmocka_unit_test(test_recovery_waits_for_lent_replies),
-        cmocka_unit_test(test_spin_without_lane_finished),
+        cmocka_unit_test(test_spin_without_polling),
+        cmocka_unit_test(test_spin_wake_at_once),
         cmocka_unit_test(test_spin_notify_fails),
         cmocka_unit_test(test_spin_wake_pending),
         cmocka_unit_test(test_spin_loop_while_on_the_gpu),
