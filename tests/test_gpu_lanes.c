@@ -516,6 +516,17 @@ static void assert_filtered(const td_request_t *r, uint64_t id)
         assert_true(kept[i] > 0);
 }
 
+/* Releases the held work; the first n requests (ids 1..n) are then answered right, in order,
+ * and the rig is closed. */
+static void finish(rig_t *g, unsigned n)
+{
+    release_held();
+    pump(g, n);
+    for (unsigned i = 0; i < n; i++)
+        assert_filtered(g->done[i], i + 1);
+    rig_close(g);
+}
+
 static void assert_gpu_failed(const td_request_t *r, uint64_t id)
 {
     assert_int_equal(r->rep.request_id, id);
@@ -604,10 +615,7 @@ static void test_slow_launch_outlives_the_watchdog(void **state)
     pump_briefly(&g);
     assert_int_equal(g.done_count, 0);
     assert_true(td_gpu_usable(g.gpu));
-    release_held();
-    pump(&g, 1);
-    assert_filtered(g.done[0], 1);
-    rig_close(&g);
+    finish(&g, 1);
 }
 
 /* A lost context found by the watchdog: the held work of both lanes fails (one of them finds
@@ -763,11 +771,7 @@ static void test_spin_without_polling(void **state)
         wait_for(&T.held_count, 2);
         pump_briefly(&g); /* the lane spins, gives up and sleeps: nothing completes */
         assert_int_equal(g.done_count, 0);
-        release_held();
-        pump(&g, 2);
-        assert_filtered(g.done[0], 1);
-        assert_filtered(g.done[1], 2);
-        rig_close(&g);
+        finish(&g, 2);
     }
 }
 
@@ -785,10 +789,7 @@ static void test_spin_wake_at_once(void **state)
     wait_for(&T.woken_at_once, 2); /* asked, woken at once, polled, asked again */
     pump_briefly(&g);
     assert_int_equal(g.done_count, 0);
-    release_held();
-    pump(&g, 1);
-    assert_filtered(g.done[0], 1);
-    rig_close(&g);
+    finish(&g, 1);
 }
 
 /* A polling lane that cannot ask for a wake-up (lane_notify fails): the watchdog's wake-ups
@@ -803,10 +804,7 @@ static void test_spin_notify_fails(void **state)
     rig_open(&g, engine_new(1, WITH_ALL), 1, 100);
     submit(&g, 0, 0, 1);
     wait_for(&T.checks, 1); /* slept until the watchdog, which found it running */
-    release_held();         /* no host function: only the poll sees it */
-    pump(&g, 1);
-    assert_filtered(g.done[0], 1);
-    rig_close(&g);
+    finish(&g, 1); /* no host function: only the poll sees it finished */
 }
 
 /* A polling lane with a wake-up pending when more work comes: it launches it, spins, and does
@@ -825,11 +823,7 @@ static void test_spin_wake_pending(void **state)
     pump_briefly(&g); /* spins again, and sleeps without asking twice */
     assert_int_equal(counted(&T.notify_count), 1);
     assert_int_equal(g.done_count, 0);
-    release_held();
-    pump(&g, 2);
-    assert_filtered(g.done[0], 1);
-    assert_filtered(g.done[1], 2);
-    rig_close(&g);
+    finish(&g, 2);
 }
 
 static void count_active_idle(uv_handle_t *h, void *arg)
