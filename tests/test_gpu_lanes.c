@@ -91,6 +91,15 @@ static struct {
 
 static _Thread_local char t_error[128] = "no error";
 
+/* A knob of T as the engine's callers see it (lane threads, workers: under its lock). */
+static bool flag(const bool *k)
+{
+    pthread_mutex_lock(&T.lock);
+    bool value = *k;
+    pthread_mutex_unlock(&T.lock);
+    return value;
+}
+
 static void knobs_reset(void)
 {
     pthread_mutex_lock(&T.lock);
@@ -104,7 +113,7 @@ static void knobs_reset(void)
 
 static int t_device_count(void *ctx)
 {
-    return T.no_devices ? 0 : T.inner->device_count(ctx);
+    return flag(&T.no_devices) ? 0 : T.inner->device_count(ctx);
 }
 
 static td_gpu_err_t t_lane_open(void *ctx, int device, size_t max_batch, unsigned slots,
@@ -145,7 +154,7 @@ static void t_lane_close(void *lane)
 
 static td_gpu_err_t t_lane_bind(void *lane)
 {
-    if (T.bind_fails)
+    if (flag(&T.bind_fails))
         return TD_GPU_E_DEVICE;
     return T.inner->lane_bind(lane);
 }
@@ -154,7 +163,7 @@ static td_gpu_err_t t_lane_launch(void *lane, const td_gpu_job_t *job, td_gpu_do
                                   void *arg)
 {
     pthread_mutex_lock(&T.lock);
-    bool fail = T.lost || T.fail_launches, hold = T.hold;
+    bool fail = T.lost || T.fail_launches, hold = T.hold, bogus = T.bogus_kept;
     pthread_mutex_unlock(&T.lock);
     if (fail) {
         snprintf(t_error, sizeof t_error, "test engine: launch refused");
@@ -163,7 +172,7 @@ static td_gpu_err_t t_lane_launch(void *lane, const td_gpu_job_t *job, td_gpu_do
     td_gpu_err_t st = T.inner->lane_launch(lane, job, NULL, NULL); /* runs now */
     if (st != TD_GPU_OK)
         return st;
-    if (T.bogus_kept && job->opcode == TALLY_OP_FILTER)
+    if (bogus && job->opcode == TALLY_OP_FILTER)
         staging_of(lane)[job->slot].small->kept = job->n + 1;
     if (!hold) {
         if (done)
@@ -235,14 +244,14 @@ static td_gpu_err_t t_lane_check(void *lane)
 
 static td_gpu_err_t t_device_uuid(void *ctx, int device, uint8_t uuid[TALLY_GPU_UUID_SIZE])
 {
-    if (T.no_uuid)
+    if (flag(&T.no_uuid))
         return TD_GPU_E_DEVICE;
     return T.inner->device_uuid(ctx, device, uuid);
 }
 
 static td_gpu_err_t t_region_register(void *ctx, void *base, size_t size, bool read_only)
 {
-    if (T.register_fails) {
+    if (flag(&T.register_fails)) {
         snprintf(t_error, sizeof t_error, "test engine: cannot register");
         return TD_GPU_E_DEVICE;
     }
@@ -252,7 +261,7 @@ static td_gpu_err_t t_region_register(void *ctx, void *base, size_t size, bool r
 static td_gpu_err_t t_dev_import(void *ctx, const td_gpu_import_args_t *a, uint32_t *peers_mapped,
                                  void **import, void **ptr, char *why, size_t why_cap)
 {
-    if (T.import_fails) {
+    if (flag(&T.import_fails)) {
         snprintf(why, why_cap, "test engine: the device failed the import");
         return TD_GPU_E_DEVICE;
     }
