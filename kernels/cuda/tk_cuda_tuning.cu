@@ -111,7 +111,7 @@ static bool valid(const tk_cuda_tuning_t *t)
            (t->rgb_layout == TK_RGB_PACKED || t->rgb_layout == TK_RGB_COPIES16 ||
             t->rgb_layout == TK_RGB_COPIES32) &&
            t->rgb_blocks_per_sm >= 1 && t->rgb_blocks_per_sm <= 4 && t->rgb_flush_steps <= 65535 &&
-           t->scan_shape <= TK_SCAN_V16_LEAN && t->scan_shape_i32 <= TK_SCAN_V16_LEAN &&
+           t->scan_shape < TK_SCAN_SHAPES && t->scan_shape_i32 < TK_SCAN_SHAPES &&
            t->scan_prefetch_tiles <= 4096 && t->minmax_blocks_per_sm >= 1 &&
            t->minmax_blocks_per_sm <= 8 && (t->minmax_unroll == 1 || t->minmax_unroll == 4);
 }
