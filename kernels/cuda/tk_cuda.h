@@ -130,8 +130,8 @@ enum {
     TK_SCAN_V8_LEAN = 1,  /* 8 vectors, offsets recomputed after the look-back (fewer registers) */
     TK_SCAN_V12_LEAN = 2, /* 12 vectors (12288-element tiles), offsets recomputed */
     TK_SCAN_V16_LEAN = 3, /* 16 vectors (16384-element tiles), offsets recomputed */
-    /* int32 output with one more resident block an SM than the shape above it (registers capped
-     * to fit; int64 output, which cannot fit it, runs as that shape): */
+    /* int32 output with one block an SM more than V12 / V16 lean (registers capped to fit, a few
+     * spilled); int64 output, which cannot fit it, runs as V12 / V16 lean: */
     TK_SCAN_V12_LEAN_B4 = 4, /* 12 vectors, 4 blocks an SM */
     TK_SCAN_V16_LEAN_B3 = 5, /* 16 vectors, 3 blocks an SM */
     TK_SCAN_SHAPES = 6

@@ -454,17 +454,8 @@ __global__ void __launch_bounds__(TK_HIST_THREADS, 3)
             break;
         packed_flush(packed_words, lo, hi);
     }
-    if (i < body_vecs) { /* fewer than TK_HIST_UNROLL left: loaded together, as tk_for_each_vec */
-        uint4 v[TK_HIST_UNROLL];
-#pragma unroll
-        for (int u = 0; u < TK_HIST_UNROLL - 1; u++)
-            if (i + u * stride < body_vecs)
-                v[u] = __ldg(body + i + u * stride);
-#pragma unroll
-        for (int u = 0; u < TK_HIST_UNROLL - 1; u++)
-            if (i + u * stride < body_vecs)
-                places.count(v[u]);
-    }
+    for (; i < body_vecs; i += stride)
+        places.count(__ldg(body + i));
 
     /* The unaligned ends, byte by byte, by block 0: byte e is channel e mod CH, for RGBA place
      * (e - head) mod 4. */

@@ -317,10 +317,7 @@ static inline unsigned tk_persistent_blocks(size_t vecs, size_t per_block, unsig
 }
 
 /* A grid-stride pass over `vecs` 16-byte vectors, UNROLL loads in flight per thread (all loads
- * first, then the work): f(v, i) for every vector i. The last round, fewer than UNROLL vectors,
- * loads them all before the work too (guarded loads): one load at a time there cost a memory
- * latency per vector at the end of every thread, most of a 64 MiB histogram's tail (a thread
- * had 15.5 vectors: 3 rounds of 4, then 3 single loads; issue 34). */
+ * first, then the work): f(v, i) for every vector i. */
 template <int THREADS, int UNROLL, typename F>
 static __device__ __forceinline__ void tk_for_each_vec(const uint4 *body, size_t vecs, F f)
 {
@@ -335,17 +332,8 @@ static __device__ __forceinline__ void tk_for_each_vec(const uint4 *body, size_t
         for (int u = 0; u < UNROLL; u++)
             f(v[u], i + u * stride);
     }
-    if (i < vecs) { /* at most UNROLL - 1 left */
-        uint4 v[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL - 1; u++)
-            if (i + u * stride < vecs)
-                v[u] = __ldg(body + i + u * stride);
-#pragma unroll
-        for (int u = 0; u < UNROLL - 1; u++)
-            if (i + u * stride < vecs)
-                f(v[u], i + u * stride);
-    }
+    for (; i < vecs; i += stride)
+        f(__ldg(body + i), i);
 }
 
 /* ---- Errors --------------------------------------------------------------------------------- */
