@@ -43,7 +43,8 @@ static const tk_cuda_tuning_t rows[] = {
      * int32 scan output since the sweep of 2026-12-02 17:42 UTC (bench/runs/
      * kernels-h200-2026-12-02-kern2.txt; copy 4192 GB/s): V12 lean x4, 0.923 x copy (prefetch
      * 132: 0.929; V16 lean x3 0.925; V12 lean 0.896, the row before, 0.890 in that run's table):
-     * 48K elements in flight an SM instead of 36K, at the cost of 56 bytes of spills (L1). */
+     * 48K elements in flight an SM instead of 36K, at the cost of 56 bytes of spills (L1);
+     * the table with this row, 17:53 UTC (kernels-h200-2026-12-02-kern2-confirm.txt): 0.917. */
     {"sm90-hbm3e", 9, 4000, 4, TK_RGB_PACKED, 3, 0, TK_SCAN_V16_LEAN, TK_SCAN_V12_LEAN_B4, 0, 8,
      4},
     /* NVIDIA H100 SXM (HBM3, 3.35 TB/s) and any other Hopper part: the constants measured on the
