@@ -452,6 +452,7 @@ static bool nap_for_head(lane_t *l)
         l->napping = true;
         l->nap_since = now_ns();
     } else if (now_ns() - l->nap_since > (uint64_t)TD_GPU_WATCHDOG_MS * 1000000u) {
+        l->napping = false; /* so that the spin after the wake-up sees the head finish */
         return false;
     }
     unsigned seen = atomic_load(&l->events);
