@@ -43,9 +43,10 @@
  * (lane_finished: an event query), and its launches enqueue no host function; before it sleeps
  * with work on the device it asks for one wake-up at the stream's tail (lane_notify); with more
  * than one launch there it naps and asks again instead (nap_for_head), so that the head's reply
- * does not wait for the tail's kernel. Either way a slot is done by count, not by a flag its host function sets, so a late host function can never
- * mark a slot that was retired and launched into again. --gpu-spin-loop keeps each shard's loop
- * polling while its requests are on the GPU (the sink's idle handle).
+ * does not wait for the tail's kernel. Either way a slot is done by count, not by a flag its host
+ * function sets, so a late host function can never mark a slot that was retired and launched
+ * into again. --gpu-spin-loop keeps each shard's loop polling while its requests are on the GPU
+ * (the sink's idle handle).
  *
  * Placement is the scheduler's (td_sched.c): each request arrives with the device and lane it
  * goes to, its carry index and whether it starts its stream's chain, and how many pieces it is
