@@ -41,10 +41,12 @@
  * device-region row stopped at about 30,000 requests a second whatever its size (bench/NOTES.md).
  * A spinning lane thread instead asks the engine whether its head slot's work has finished
  * (lane_finished: an event query), and its launches enqueue no host function; before it sleeps
- * with work on the device it asks for one wake-up at the stream's tail (lane_notify). Either way a
- * slot is done by count, not by a flag its host function sets, so a late host function can never
- * mark a slot that was retired and launched into again. --gpu-spin-loop keeps each shard's loop
- * polling while its requests are on the GPU (the sink's idle handle).
+ * with work on the device it asks for one wake-up at the stream's tail (lane_notify); with more
+ * than one launch there it naps and asks again instead (nap_for_head), so that the head's reply
+ * does not wait for the tail's kernel. Either way a slot is done by count, not by a flag its host
+ * function sets, so a late host function can never mark a slot that was retired and launched
+ * into again. --gpu-spin-loop keeps each shard's loop polling while its requests are on the GPU
+ * (the sink's idle handle).
  *
  * Placement is the scheduler's (td_sched.c): each request arrives with the device and lane it
  * goes to, its carry index and whether it starts its stream's chain, and how many pieces it is
@@ -74,6 +76,9 @@
  */
 #include <inttypes.h>
 #include <pthread.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,6 +95,9 @@
 #define TD_GPU_WATCHDOG_MS 200
 /* How often a spinning lane thread asks the engine whether its head slot's work finished. */
 #define TD_GPU_POLL_NS 1000u
+/* A polling lane with more than one launch on the device, its spin run out: how long it naps
+ * between two questions (nap_for_head). */
+#define TD_GPU_NAP_US 20u
 
 /* ---- lane thread -------------------------------------------------------------------------- */
 
@@ -400,7 +408,7 @@ static uint64_t now_ns(void)
  * caller sleeps. Returns true when one came. Lock held on entry and return. */
 static bool spin_for_event(lane_t *l)
 {
-    if (!l->gpu->opts.spin_us || !ring_has_inflight(l))
+    if (!l->gpu->opts.spin_us || l->napping || !ring_has_inflight(l))
         return false;
     unsigned seen = atomic_load(&l->events);
     /* The head is in flight: a finished or failed head is retired before the lane waits. */
@@ -430,6 +438,44 @@ static bool spin_for_event(lane_t *l)
     return got || finished || atomic_load(&l->events) != seen;
 }
 
+/* A polling lane whose spin ran out with more than one launch on the device naps TD_GPU_NAP_US
+ * (or until an event) and asks the engine whether the head's work finished. The wake-up of
+ * ask_wake comes at the stream's tail, after the last launch: with two 256 MiB histograms on a
+ * lane, the first one's reply waited for the second's kernel (H200, 2026-12-02: 0.77-0.89 x read
+ * polling against 0.95-1.02 with host functions, bench/NOTES.md). After TD_GPU_WATCHDOG_MS of
+ * naps it leaves the head to ask_wake and the watchdog (a failed kernel never finishes). Returns
+ * true when it napped. Lock held on entry and return. */
+static bool nap_for_head(lane_t *l)
+{
+    if (!l->poll || l->ring_count < 2 || !ring_has_inflight(l))
+        return false;
+    slot_t *head = &l->slots[l->ring[l->ring_head]];
+    if (head->state != SLOT_INFLIGHT)
+        return false;
+    if (!l->napping) {
+        l->napping = true;
+        l->nap_since = now_ns();
+    } else if (now_ns() - l->nap_since > (uint64_t)TD_GPU_WATCHDOG_MS * 1000000u) {
+        l->napping = false; /* so that the spin after the wake-up sees the head finish */
+        return false;
+    }
+    unsigned seen = atomic_load(&l->events);
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_nsec += (long)TD_GPU_NAP_US * 1000L;
+    deadline.tv_sec += deadline.tv_nsec / 1000000000L;
+    deadline.tv_nsec %= 1000000000L;
+    (void)pthread_cond_timedwait(&l->cond, &l->lock, &deadline);
+    if (atomic_load(&l->events) != seen)
+        return true;
+    pthread_mutex_unlock(&l->lock); /* only this thread retires or launches: the head stays */
+    bool finished = l->gpu->engine->lane_finished(l->hw, head->index);
+    pthread_mutex_lock(&l->lock);
+    if (finished && head->state == SLOT_INFLIGHT)
+        head->state = SLOT_DONE;
+    return true;
+}
+
 /* A polling lane about to sleep with work on the device asks for a wake-up once that work is
  * done (one at a time). Returns true when an event came meanwhile (the sim's wake-up comes at
  * once): look again rather than sleep. Lock held on entry and return. */
@@ -456,6 +502,10 @@ void *td_gpu_lane_main(void *arg)
     pthread_setname_np(pthread_self(), name);
     const td_gpu_engine_t *e = l->gpu->engine;
     l->poll = l->gpu->opts.spin_us && e->lane_finished && e->lane_notify;
+#ifdef __linux__
+    if (l->poll) /* nap_for_head's naps of 20 us, not 20 + the default 50 us of timer slack */
+        (void)prctl(PR_SET_TIMERSLACK, 1000UL);
+#endif
     if (l->gpu->engine->lane_bind(l->hw) != TD_GPU_OK)
         atomic_store(&l->dev->dead, true);
     pthread_mutex_lock(&l->lock);
@@ -468,6 +518,7 @@ void *td_gpu_lane_main(void *arg)
                 l->ring_head = (l->ring_head + 1) % slots;
                 l->ring_count--;
                 l->retiring++;
+                l->napping = false;
                 pthread_mutex_unlock(&l->lock);
                 retire(l, head);
                 pthread_mutex_lock(&l->lock);
@@ -481,6 +532,7 @@ void *td_gpu_lane_main(void *arg)
             slot->state = atomic_load(&l->dev->dead) ? SLOT_FAILED : SLOT_INFLIGHT;
             l->ring[(l->ring_head + l->ring_count) % slots] = slot->index;
             l->ring_count++;
+            l->napping = false;
             pthread_mutex_unlock(&l->lock);
             launch(l, slot);
             pthread_mutex_lock(&l->lock);
@@ -488,7 +540,7 @@ void *td_gpu_lane_main(void *arg)
         }
         if (l->stop && !l->ring_count && !l->waiting.head)
             break;
-        if (spin_for_event(l) || (l->poll && ask_wake(l)))
+        if (spin_for_event(l) || nap_for_head(l) || (l->poll && ask_wake(l)))
             continue;
         wait_with_watchdog(l);
     }

@@ -63,6 +63,10 @@ struct lane {
      * wake-up at the stream's tail (lane_notify), pending until it ran (under lock). */
     bool poll;
     bool wake_pending;
+    /* Polling with more than one launch on the device (td_gpu.c nap_for_head): the spin ran out
+     * since the last retire or launch, so the lane naps and polls instead of spinning again. */
+    bool napping;
+    uint64_t nap_since; /* when it began (ns, CLOCK_MONOTONIC) */
 };
 
 /* The device's pinned reply buffers (TD_GPU_REPLY_BUFS in td_config.h says why). Taken by lane
