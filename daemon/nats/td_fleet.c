@@ -431,6 +431,8 @@ void td_fleet_destroy(td_fleet_t **self_p)
         uv_close((uv_handle_t *)&f->async, NULL);
     if (f->check.loop && !uv_is_closing((uv_handle_t *)&f->check))
         uv_close((uv_handle_t *)&f->check, NULL);
+    if (f->prepare.loop && !uv_is_closing((uv_handle_t *)&f->prepare))
+        uv_close((uv_handle_t *)&f->prepare, NULL);
     if (f->sig_term.loop && !f->loop_closed) {
         uv_close((uv_handle_t *)&f->sig_term, NULL);
         uv_close((uv_handle_t *)&f->sig_int, NULL);
