@@ -56,6 +56,11 @@
 #define TD_FLEET_JS_WAIT_MS 2000
 #define TD_FLEET_RENEW_AGE_MS 1000
 #define TD_FLEET_RENEW_RETRY_MS 250
+/* A heartbeat brought forward to a key's expiry (td_fleet.c, awaited_expiry) comes this long
+ * after it (the server removes an expired message by a timer of its own), and no sooner than
+ * this after the last one while the key is still there. */
+#define TD_FLEET_EXPIRY_MARGIN_MS 100
+#define TD_FLEET_EXPIRY_RETRY_MS 250
 /* A partition whose take-over failed (a damaged checkpoint, NATS errors) is not tried again
  * before this. */
 #define TD_FLEET_TAKE_BACKOFF_MS 5000
@@ -166,6 +171,7 @@ struct td_fleet {
     /* Partitions. */
     td_part_t *parts;
     int64_t next_beat_ms;
+    int64_t expiry_beat_ms; /* follow_plan's: when an awaited key runs out (0: none) */
     int64_t next_renew_ms; /* after a failed renewal: the next try */
     size_t live_members;   /* TALLY_MEMBERS' keys: at the last heartbeat or `streams` question */
     int64_t members_read_ms; /* when a `streams` question last read live_members (monotonic) */
