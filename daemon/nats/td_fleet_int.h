@@ -109,6 +109,7 @@ typedef struct {
 typedef enum { WIN_SENT = 1, WIN_DONE, WIN_RETRY } td_win_state_t;
 typedef struct {
     natsMsg *msg;
+    struct td_msg_ref *ref; /* once sent: the message, shared with the request path */
     uint64_t seq;
     int slot; /* WIN_SENT: its pend slot */
     td_win_state_t state;
@@ -231,6 +232,10 @@ void td_fleet_path_on_loop(td_fleet_t *f);
  * in a free slot, of the given kind; the slot, or -1 when none is free. It reaches the loop at
  * the next td_fleet_path_flush (td_fleet_path_poll and td_fleet_on_loop flush first). */
 int td_fleet_path_send(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *data, size_t len);
+/* The same with the payload given (moved: the path frees it; on failure it is freed here) instead
+ * of copied: header is the request header's TALLY_REQ_HEADER_SIZE bytes. */
+int td_fleet_path_send_shared(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *header,
+                              td_bytes_t *payload);
 /* Posts the requests queued since the last flush to the loop: one lock, one wake-up. */
 void td_fleet_path_flush(td_fleet_t *f);
 /* A reply frame (header, then body_len bytes of body) into buf when it fits in cap, else

@@ -192,16 +192,62 @@ static void release_lease(td_fleet_t *f, td_part_t *p)
     memset(&p->lease, 0, sizeof p->lease);
 }
 
+/* A message shared by its window entry and the request path (issue 32: no copy of the payload):
+ * the last of them to let go destroys it, on whichever thread that is. */
+typedef struct td_msg_ref {
+    atomic_int refs;
+    natsMsg *msg;
+} td_msg_ref_t;
+
+static void msg_ref_release(void *data, void *hint)
+{
+    (void)data;
+    td_msg_ref_t *r = hint;
+    if (atomic_fetch_sub_explicit(&r->refs, 1, memory_order_acq_rel) == 1) {
+        natsMsg_Destroy(r->msg);
+        free(r);
+    }
+}
+
+/* A window entry's message goes (the path may still hold it). */
+static void entry_release(td_win_entry_t *e)
+{
+    if (e->ref)
+        msg_ref_release(NULL, e->ref);
+    else
+        natsMsg_Destroy(e->msg);
+    memset(e, 0, sizeof *e);
+}
+
+/* The payload of e's message for the request path, sharing it (td_bytes_t: its free function lets
+ * go); false without memory for the sharing. */
+static bool entry_payload(td_win_entry_t *e, td_bytes_t *payload)
+{
+    if (!e->ref) {
+        if (!(e->ref = malloc(sizeof *e->ref)))
+            return false;
+        atomic_init(&e->ref->refs, 1); /* the entry's */
+        e->ref->msg = e->msg;
+    }
+    atomic_fetch_add_explicit(&e->ref->refs, 1, memory_order_relaxed);
+    size_t len = (size_t)natsMsg_GetDataLength(e->msg) - TALLY_REQ_HEADER_SIZE;
+    *payload = (td_bytes_t){.data = len ? (void *)(natsMsg_GetData(e->msg) + TALLY_REQ_HEADER_SIZE)
+                                        : NULL,
+                            .len = len,
+                            .free_fn = msg_ref_release,
+                            .hint = e->ref};
+    return true;
+}
+
 /* Empties the window: what is in the request path is forgotten (its reply, when it comes,
- * finds no slot). */
+ * finds no slot; the path lets its messages go when it is done with them). */
 static void forget_window(td_fleet_t *f, td_part_t *p)
 {
     for (size_t i = 0; i < p->win_len; i++) {
         td_win_entry_t *e = &p->win[(p->win_first + i) % f->inflight];
         if (e->state == WIN_SENT)
             memset(&f->pend[e->slot], 0, sizeof f->pend[e->slot]);
-        natsMsg_Destroy(e->msg);
-        memset(e, 0, sizeof *e);
+        entry_release(e);
     }
     p->win_first += p->win_len;
     p->win_len = p->win_bytes = p->retries = 0;
@@ -226,7 +272,7 @@ void td_part_free(td_fleet_t *f, td_part_t *p)
     td_reader_stop(&p->reader);
     natsMsg_Destroy(p->next);
     for (size_t i = 0; p->win && i < p->win_len; i++)
-        natsMsg_Destroy(p->win[(p->win_first + i) % f->inflight].msg);
+        entry_release(&p->win[(p->win_first + i) % f->inflight]);
     free(p->win);
     jsCtx_Destroy(p->rjs);
     natsConnection_Destroy(p->rnc);
@@ -505,8 +551,7 @@ static void retire(td_fleet_t *f, td_part_t *p)
             memcpy(p->ack, ack, strlen(ack) + 1);
         p->applied_seq = e->seq;
         p->win_bytes -= (size_t)natsMsg_GetDataLength(e->msg);
-        natsMsg_Destroy(e->msg);
-        memset(e, 0, sizeof *e);
+        entry_release(e);
         p->win_first++;
         p->win_len--;
         p->unacked++;
@@ -745,8 +790,11 @@ static void judge(td_fleet_t *f, td_part_t *p, uint64_t pos)
         fail_message(f, p, e, st, why);
         return;
     }
-    int slot = td_fleet_path_send(f, PEND_PART, (const uint8_t *)natsMsg_GetData(e->msg),
-                                  (size_t)natsMsg_GetDataLength(e->msg));
+    td_bytes_t payload;
+    int slot = entry_payload(e, &payload)
+                   ? td_fleet_path_send_shared(f, PEND_PART,
+                                               (const uint8_t *)natsMsg_GetData(e->msg), &payload)
+                   : -1;
     if (slot < 0) {
         mark_retry(p, e, TD_FLEET_RETRY_MS);
         return;

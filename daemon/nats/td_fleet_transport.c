@@ -3,9 +3,10 @@
  * td_fleet_transport.c — the fleet's two ways into the daemon:
  *
  *   - the request path, as a transport (core/td_transport.h): the fleet thread queues a request
- *     frame (its request id replaced by a tag naming its pending slot, its payload copied, since
- *     the NATS message may be dropped with its partition while the request runs: one allocation
- *     holds the queue item and the payload, which the path frees) and the loop submits it with
+ *     frame (its request id replaced by a tag naming its pending slot; a partition's message is
+ *     not copied: its payload shares the NATS message, which goes once both the window and the
+ *     path let go of it, since the partition may be dropped while the request runs; a query's
+ *     payload is copied into its queue item's allocation) and the loop submits it with
  *     td_path_submit as tallyd's own request (no sender id: the fleet's streams are held to the
  *     daemon's limits, not to one client's share), or, while the path takes nothing
  *     (td_path_may_read), holds it until replies free slots. Every reply comes back through
@@ -64,9 +65,9 @@ static void free_item(void *data, void *hint)
 /* Frees a sub item not submitted (with its payload). */
 static void sub_free(sub_item_t *s)
 {
-    if (s->payload.free_fn)
-        td_bytes_free(&s->payload); /* the item too */
-    else
+    bool in_payload = s->payload.free_fn == free_item;
+    td_bytes_free(&s->payload); /* in_payload: the item too */
+    if (!in_payload)
         free(s);
 }
 
@@ -152,7 +153,7 @@ void td_fleet_path_on_loop(td_fleet_t *f)
     pthread_mutex_unlock(&f->q_mu);
     while (s && (td_path_may_read(f->transport.path) || td_path_stopping(f->transport.path))) {
         sub_item_t *next = s->next;
-        bool in_payload = s->payload.free_fn != NULL; /* the item goes with its payload */
+        bool in_payload = s->payload.free_fn == free_item; /* the item goes with its payload */
         td_msg_t m = {.header = s->header,
                       .header_len = sizeof s->header,
                       .payload = s->payload,
@@ -164,8 +165,8 @@ void td_fleet_path_on_loop(td_fleet_t *f)
             refuse(f, s, TALLY_E_BUSY, "out of memory for the request");
             sub_free(s); /* still ours: nothing was taken */
         } else if (!in_payload) {
-            free(s); /* no payload: the item is ours (the path copied the header) */
-        } /* else the path frees the item with the payload (it may have already) */
+            free(s); /* the path copied the header and took the payload: the item is ours */
+        } /* else the path frees the item with its payload (it may have already) */
         s = next;
     }
     if (!s)
@@ -269,6 +270,16 @@ static int take_slot(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *data)
     return -1;
 }
 
+/* Fleet thread: s waits for td_fleet_path_flush. */
+static void queue_sub(td_fleet_t *f, sub_item_t *s)
+{
+    if (f->sub_out_tail)
+        f->sub_out_tail->next = s;
+    else
+        f->sub_out_head = s;
+    f->sub_out_tail = s;
+}
+
 int td_fleet_path_send(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *data, size_t len)
 {
     size_t plen = len - TALLY_REQ_HEADER_SIZE;
@@ -284,11 +295,26 @@ int td_fleet_path_send(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *data, 
     memcpy(s->data, data + TALLY_REQ_HEADER_SIZE, plen);
     s->payload = plen ? (td_bytes_t){.data = s->data, .len = plen, .free_fn = free_item, .hint = s}
                       : (td_bytes_t){0};
-    if (f->sub_out_tail) /* posted by td_fleet_path_flush */
-        f->sub_out_tail->next = s;
-    else
-        f->sub_out_head = s;
-    f->sub_out_tail = s;
+    queue_sub(f, s);
+    return slot;
+}
+
+int td_fleet_path_send_shared(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *header,
+                              td_bytes_t *payload)
+{
+    sub_item_t *s = malloc(sizeof *s);
+    int slot = s ? take_slot(f, kind, header) : -1;
+    if (slot < 0) {
+        free(s);
+        td_bytes_free(payload);
+        return -1;
+    }
+    s->next = NULL;
+    memcpy(s->header, header, sizeof s->header);
+    tally_put_u64(s->header + 8, f->pend[slot].tag);
+    s->payload = *payload;
+    *payload = (td_bytes_t){0};
+    queue_sub(f, s);
     return slot;
 }
 
