@@ -129,9 +129,10 @@ static bool head_finished(lane_t *l, slot_t *slot)
     return slot->state == SLOT_DONE || slot->state == SLOT_FAILED;
 }
 
+/* r->shard is the shard that submitted it (td_path.c: one of the opts.sinks shards). */
 static sink_t *sink_of(td_gpu_t *g, const td_request_t *r)
 {
-    return &g->sinks[r->shard < g->opts.sinks ? r->shard : 0];
+    return &g->sinks[r->shard];
 }
 
 /* The wake-up is sent under the lock: the loop cannot see (and answer) this request before the
@@ -355,10 +356,11 @@ static bool ring_has_inflight(const lane_t *l)
     return false;
 }
 
+/* A free slot holds no request: retire frees both at once, under the lock. */
 static slot_t *take_free_slot(lane_t *l)
 {
     for (unsigned i = 0; i < l->gpu->opts.slots; i++)
-        if (l->slots[i].state == SLOT_FREE && !l->slots[i].r)
+        if (l->slots[i].state == SLOT_FREE)
             return &l->slots[i];
     return NULL;
 }
@@ -401,8 +403,9 @@ static bool spin_for_event(lane_t *l)
     if (!l->gpu->opts.spin_us || !ring_has_inflight(l))
         return false;
     unsigned seen = atomic_load(&l->events);
+    /* The head is in flight: a finished or failed head is retired before the lane waits. */
     slot_t *head = &l->slots[l->ring[l->ring_head]];
-    bool ask = l->gpu->engine->lane_finished && head->state == SLOT_INFLIGHT;
+    bool ask = l->gpu->engine->lane_finished != NULL;
     uint64_t until = now_ns() + (uint64_t)l->gpu->opts.spin_us * 1000u;
     bool got = false, finished = false;
     uint64_t now = 0, asked = 0;
@@ -421,7 +424,7 @@ static bool spin_for_event(lane_t *l)
 #endif
     }
     pthread_mutex_lock(&l->lock);
-    if (finished && head->state == SLOT_INFLIGHT)
+    if (finished) /* only this thread changes a slot's state */
         head->state = SLOT_DONE;
     /* An event between the last poll and the lock would otherwise be slept through. */
     return got || finished || atomic_load(&l->events) != seen;
@@ -457,8 +460,9 @@ void *td_gpu_lane_main(void *arg)
         atomic_store(&l->dev->dead, true);
     pthread_mutex_lock(&l->lock);
     for (;;) {
-        /* 1. Retire finished slots, strictly in launch order. */
-        if (l->ring_count && !l->retiring) {
+        /* 1. Retire finished slots, strictly in launch order (one at a time: retire is done
+         * before the thread looks again). */
+        if (l->ring_count) {
             slot_t *head = &l->slots[l->ring[l->ring_head]];
             if (head_finished(l, head)) {
                 l->ring_head = (l->ring_head + 1) % slots;
@@ -482,7 +486,7 @@ void *td_gpu_lane_main(void *arg)
             pthread_mutex_lock(&l->lock);
             continue;
         }
-        if (l->stop && !l->ring_count && !l->waiting.head && !l->retiring)
+        if (l->stop && !l->ring_count && !l->waiting.head)
             break;
         if (spin_for_event(l) || (l->poll && ask_wake(l)))
             continue;
@@ -543,7 +547,7 @@ static void check_recovery(td_gpu_t *g, uv_loop_t *here)
         return;
     }
     for (unsigned i = 0; i < g->device_count; i++)
-        if (atomic_load(&g->devices[i].context_lost) && g->recover_async_open) {
+        if (atomic_load(&g->devices[i].context_lost) && g->recovery_open) {
             uv_async_send(&g->recover_async);
             return;
         }
@@ -569,7 +573,7 @@ static void async_cb(uv_async_t *handle)
     pthread_mutex_unlock(&g->state_lock);
     while (r) {
         td_request_t *next = r->next;
-        if (k->submitted && --k->submitted == 0 && k->spin_open)
+        if (--k->submitted == 0 && k->spin_open) /* each one of this sink's submissions */
             uv_idle_stop(&k->spin);
         k->complete(k->owner, r);
         r = next;
@@ -672,11 +676,9 @@ unsigned td_gpu_device_count(const td_gpu_t *g)
 
 unsigned td_gpu_ordinals(const td_gpu_t *g)
 {
-    unsigned n = 0; /* ordinals, so a skipped device leaves its number out, not the last one */
-    for (unsigned i = 0; i < g->device_count; i++)
-        if ((unsigned)g->devices[i].ordinal + 1 > n)
-            n = (unsigned)g->devices[i].ordinal + 1;
-    return n;
+    /* Opened in ordinal order (at least one: td_gpu_new), so a skipped device leaves its number
+     * out, not the last one. */
+    return (unsigned)g->devices[g->device_count - 1].ordinal + 1;
 }
 
 uint64_t td_gpu_device_bytes(const td_gpu_t *g)
@@ -711,20 +713,16 @@ void td_gpu_describe(const td_gpu_t *g, char *buf, size_t cap)
     pthread_mutex_unlock(&((td_gpu_t *)g)->state_lock);
 }
 
-/* The wiring's loop handles: the recovery's timer and wake-up. */
-static int open_recovery(td_gpu_t *g, char *why, size_t why_cap)
+/* The wiring's loop handles: the recovery's timer and wake-up. Neither can fail: the timer only
+ * fills in its handle, and uv_async_init fails only when it must make the loop's wake-up
+ * descriptor, which uv_loop_init made already (for its threadpool's own uv_async_t). */
+static void open_recovery(td_gpu_t *g)
 {
-    uv_timer_init(g->loop, &g->recover_timer); /* fills in the handle: returns 0 */
+    uv_timer_init(g->loop, &g->recover_timer);
     g->recover_timer.data = g;
-    g->recover_timer_open = true;
-    int rc = uv_async_init(g->loop, &g->recover_async, recover_async_cb);
-    if (rc == 0) {
-        g->recover_async.data = g;
-        g->recover_async_open = true;
-    }
-    if (rc != 0)
-        snprintf(why, why_cap, "cannot create the recovery's handles: %s", uv_strerror(rc));
-    return rc;
+    (void)uv_async_init(g->loop, &g->recover_async, recover_async_cb);
+    g->recover_async.data = g;
+    g->recovery_open = true;
 }
 
 static td_err_t open_devices(td_gpu_t *g, int count, char *why, size_t why_cap)
@@ -776,9 +774,8 @@ td_err_t td_gpu_new(uv_loop_t *loop, td_gpu_engine_t *engine, const td_gpu_opts_
     } else if (count <= 0) {
         snprintf(why, why_cap, "no device");
         err = TD_ERR_BACKEND;
-    } else if (open_recovery(g, why, why_cap) != 0) {
-        err = TD_ERR_LIBRARY;
     } else {
+        open_recovery(g);
         err = open_devices(g, count, why, why_cap);
     }
     if (err != TD_OK) {
@@ -823,16 +820,11 @@ void td_gpu_sink_close(td_gpu_t *g, unsigned index)
 
 void td_gpu_close(td_gpu_t *g)
 {
-    if (!g)
+    if (!g->recovery_open)
         return;
-    if (g->recover_timer_open) {
-        g->recover_timer_open = false;
-        uv_close((uv_handle_t *)&g->recover_timer, NULL);
-    }
-    if (g->recover_async_open) {
-        g->recover_async_open = false;
-        uv_close((uv_handle_t *)&g->recover_async, NULL);
-    }
+    g->recovery_open = false;
+    uv_close((uv_handle_t *)&g->recover_timer, NULL);
+    uv_close((uv_handle_t *)&g->recover_async, NULL);
 }
 
 void td_gpu_destroy(td_gpu_t **self_p)
@@ -852,14 +844,13 @@ void td_gpu_destroy(td_gpu_t **self_p)
         }
         pthread_mutex_destroy(&k->lock);
     }
-    bool handles = g->recover_timer_open || g->recover_async_open;
+    bool handles = g->recovery_open;
     td_gpu_close(g);
     if (handles)
         uv_run(g->loop, UV_RUN_NOWAIT);
     free(g->sinks);
     pthread_mutex_destroy(&g->state_lock);
-    if (g->engine)
-        g->engine->destroy(&g->engine);
+    g->engine->destroy(&g->engine); /* set before any failure of td_gpu_new */
     free(g);
     *self_p = NULL;
 }

@@ -50,7 +50,8 @@ struct lane {
     unsigned *ring;             /* slot indices in launch order */
     unsigned ring_head;
     unsigned ring_count;
-    unsigned retiring; /* slots popped from the ring whose completion is not pushed yet */
+    unsigned retiring; /* slots popped from the ring whose completion is not pushed yet (read by
+                        * device_idle: the lane thread itself finds it 0, its retire done) */
     bool stop;
     atomic_uint events; /* bumped on every slot done and request queued (for spinning) */
     /* Completion by count (td_gpu.c slot_done): the host functions of a lane run in its launch
@@ -136,9 +137,8 @@ struct td_gpu {
     /* Polls the unusable devices until they are idle enough to recover (td_gpu_device.c); a
      * shard's completions that find a lost context wake it (recover_async). */
     uv_timer_t recover_timer;
-    bool recover_timer_open;
     uv_async_t recover_async;
-    bool recover_async_open;
+    bool recovery_open; /* both, opened together by td_gpu_new, closed by td_gpu_close */
     atomic_uint recovering; /* recoveries whose worker has not finished */
     sink_t *sinks;          /* opts.sinks of them */
 };

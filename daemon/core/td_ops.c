@@ -15,13 +15,6 @@
 /* Space for an info reply. */
 #define TD_TEXT_REPLY_MAX (64 * 1024)
 
-static void reply_text(td_request_t *r, char *text, size_t len)
-{
-    if (len > TD_TEXT_REPLY_MAX - 1)
-        len = TD_TEXT_REPLY_MAX - 1;
-    td_request_succeed(r, TALLY_DTYPE_TEXT, text, len, len);
-}
-
 void td_op_info(const td_info_t *info, td_request_t *r)
 {
     char *text = malloc(TD_TEXT_REPLY_MAX);
@@ -73,7 +66,7 @@ void td_op_info(const td_info_t *info, td_request_t *r)
         size_t m = td_fleet_status_info(info->fleet, text + len, TD_TEXT_REPLY_MAX - len);
         len += m < TD_TEXT_REPLY_MAX - len ? m : TD_TEXT_REPLY_MAX - len - 1;
     }
-    reply_text(r, text, len);
+    td_request_succeed(r, TALLY_DTYPE_TEXT, text, len, len); /* each part cut to fit: < MAX */
 }
 
 void td_op_streams(td_streams_t *streams, td_request_t *r)
