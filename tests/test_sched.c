@@ -14,7 +14,9 @@
  * rule (a large shared-memory request is split only onto idle lanes, unless it fits the device
  * buffers only when split). Issue 21: the peers' queues take turns by bytes (deficit round
  * robin) on the CPU workers and the GPU lanes, and a request refused at admission while earlier
- * ones of its stream run is answered after them.
+ * ones of its stream run is answered after them. Requests by device reference (fake device
+ * regions): which GPU runs them (the owner, or a peer by load while the owner is busy), when a
+ * stream's later ones may pipeline on a peer, what is refused, and failures answered internal.
  */
 #include <setjmp.h>
 #include <stdarg.h>
