@@ -28,6 +28,7 @@
 
 #include <cmocka.h>
 
+#include "td_exec.h"
 #include "td_gpu_engine.h"
 #include "td_peers.h"
 #include "td_sched.h"
@@ -1078,6 +1079,58 @@ static void test_device_region_refusals(void **state)
     fake_destroy(&f);
 }
 
+/* ---- the machine td_exec describes to a shard's scheduler ---------------------------------- */
+
+static unsigned exec_cpu_workers(td_exec_t *x, const char *pool_size)
+{
+    if (pool_size)
+        setenv("UV_THREADPOOL_SIZE", pool_size, 1);
+    else
+        unsetenv("UV_THREADPOOL_SIZE");
+    td_sched_machine_t m;
+    td_exec_port_machine(x, 0, &m);
+    return m.cpu_workers;
+}
+
+/* The CPU workers the scheduler counts on are the threads libuv's pool runs: UV_THREADPOOL_SIZE
+ * as libuv reads it (4 unset, 1 for 0 or what is not a number, at most 1024); a CPU-only
+ * executor has one port at least and no GPU. */
+static void test_exec_machine(void **state)
+{
+    (void)state;
+    td_config_t cfg;
+    td_config_init(&cfg);
+    cfg.backend = TD_BACKEND_CPU;
+    td_metrics_t metrics = {0};
+    td_exec_env_t env = {.cfg = &cfg, .metrics = &metrics, .ports = 0};
+    td_exec_t *x = NULL;
+    assert_int_equal(td_exec_new(&env, &x), TD_OK);
+    const char *saved = getenv("UV_THREADPOOL_SIZE");
+    char *keep = saved ? strdup(saved) : NULL;
+    assert_int_equal(exec_cpu_workers(x, NULL), 4);
+    assert_int_equal(exec_cpu_workers(x, "0"), 1);
+    assert_int_equal(exec_cpu_workers(x, "many"), 1);
+    assert_int_equal(exec_cpu_workers(x, "12"), 12);
+    assert_int_equal(exec_cpu_workers(x, "5000"), 1024);
+    exec_cpu_workers(x, keep);
+    free(keep);
+    td_sched_machine_t m;
+    td_exec_port_machine(x, 0, &m); /* port 0 exists: ports 0 means one */
+    assert_int_equal(m.gpu_devices, 0);
+    assert_null(m.region_peers);
+    assert_string_equal(td_exec_backends(x), "cpu");
+    assert_string_equal(td_exec_backend_name(x), "cpu");
+    char uuids[8] = "x";
+    assert_int_equal(td_exec_gpu_uuids(x, uuids, sizeof uuids), 0);
+    assert_string_equal(uuids, "");
+    assert_int_equal(td_exec_gpu_uuids(x, NULL, 0), 0); /* no room: nothing written */
+    td_exec_port_close(x, 0); /* never opened: nothing to close */
+    td_exec_close(x);
+    td_exec_destroy(&x);
+    assert_null(x);
+    td_config_clear(&cfg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1102,6 +1155,7 @@ int main(void)
         cmocka_unit_test(test_failed_gpu_request_reruns_successors),
         cmocka_unit_test(test_device_region_placement),
         cmocka_unit_test(test_device_region_refusals),
+        cmocka_unit_test(test_exec_machine),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
