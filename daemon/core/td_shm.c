@@ -76,7 +76,7 @@ size_t td_shm_info(const td_config_t *cfg, char *buf, size_t cap)
                      "shm_max_connections_per_uid=%u\nshm_register_timeout_ms=%u\n",
                      cfg->shm_max_regions_per_peer, cfg->shm_max_bytes, cfg->shm_max_conns_per_uid,
                      cfg->shm_register_timeout_ms);
-    return n < 0 || cap == 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+    return n > 0 ? (size_t)n : 0;
 }
 
 /* ---- life cycle --------------------------------------------------------------------------- */
