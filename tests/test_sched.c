@@ -36,8 +36,8 @@
 #include "td_shm_int.h"
 
 #define MIB (1u << 20)
-#define RUNNING_MAX 64
-#define LOG_MAX 64
+#define RUNNING_MAX 128
+#define LOG_MAX 128
 
 typedef struct {
     uint64_t id;
@@ -64,8 +64,11 @@ typedef struct {
 
 /* What a fake machine lacks or has beyond the usual (fake_new_machine). */
 enum {
-    FAKE_NO_SPLIT = 1, /* no splittable: nothing is split over lanes */
-    FAKE_PEERS = 2,    /* region_peers: f->peers */
+    FAKE_NO_SPLIT = 1,   /* no splittable: nothing is split over lanes */
+    FAKE_PEERS = 2,      /* region_peers: f->peers */
+    FAKE_WIDE = 4,       /* 32 lanes per GPU, not 4 */
+    FAKE_ONE_LANE = 8,   /* 1 lane per GPU, with 128 scan carries */
+    FAKE_ONE_CARRY = 16, /* 1 scan carry per lane, not 16 */
 };
 
 /* ---- the fake machine and host ------------------------------------------------------------ */
@@ -177,8 +180,8 @@ static fake_t *fake_new_machine(unsigned devices, td_backend_choice_t backend,
     td_sched_machine_t m = {
         .ctx = f,
         .gpu_devices = devices,
-        .gpu_lanes = 4,
-        .gpu_carries = 17,
+        .gpu_lanes = extras & FAKE_WIDE ? 32 : 4,
+        .gpu_carries = extras & FAKE_ONE_CARRY ? 2 : 17,
         .gpu_buffer_bytes = f->buffer_bytes,
         .cpu_workers = cpu_workers,
         .gpu_lane_depth = lane_depth,
@@ -188,6 +191,10 @@ static fake_t *fake_new_machine(unsigned devices, td_backend_choice_t backend,
         .region_peers = extras & FAKE_PEERS ? fake_region_peers : NULL,
         .run = fake_run,
     };
+    if (extras & FAKE_ONE_LANE) {
+        m.gpu_lanes = 1;
+        m.gpu_carries = 129;
+    }
     td_sched_host_t h = {f, fake_complete, fake_control, fake_answer, fake_forget, 0};
     assert_int_equal(td_sched_new(&f->cfg, &f->metrics, &m, &h, &f->sched), TD_OK);
     return f;
@@ -1131,6 +1138,61 @@ static void test_exec_machine(void **state)
     td_config_clear(&cfg);
 }
 
+/* A lane's scan carries: every stream pinned to the lane holds its own; those given back (more
+ * than the free list's first 64) are handed out again, the last one given back first. With more
+ * lanes than TD_GPU_SPLIT_MAX_PIECES, a split still stops at that many pieces. */
+static void test_lane_carries_and_wide_split(void **state)
+{
+    (void)state;
+    enum { STREAMS = 70 };
+    fake_t *f = fake_new_machine(1, TD_BACKEND_CUDA, 128, 64 * MIB, 0, 0, FAKE_ONE_LANE);
+    char name[8];
+    for (unsigned i = 0; i < STREAMS; i++) {
+        snprintf(name, sizeof name, "c%u", i);
+        arrive(f, TALLY_OP_SCAN, name, i + 1, MIB);
+        assert_true(f->running[i]->where.gpu && f->running[i]->where.carry_upload);
+        assert_int_equal(f->running[i]->where.carry_index, i + 1);
+    }
+    for (unsigned i = 0; i < STREAMS; i++)
+        finish_oldest(f);
+    arrive(f, TALLY_OP_SCAN, "again", STREAMS + 1, MIB);
+    assert_int_equal(f->running[0]->where.carry_index, STREAMS);
+    arrive(f, TALLY_OP_SCAN, "again2", STREAMS + 2, MIB);
+    assert_int_equal(f->running[1]->where.carry_index, STREAMS - 1);
+    finish_oldest(f);
+    finish_oldest(f);
+    assert_int_equal(f->log_count, STREAMS + 2);
+    fake_destroy(&f);
+
+    f = fake_new_machine(1, TD_BACKEND_CUDA, 64, 64 * MIB, 0, 0, FAKE_WIDE);
+    arrive_flags(f, TALLY_OP_SCAN, NULL, 1, 64 * MIB, TALLY_FLAG_SHM_REF); /* 32 lanes' worth */
+    assert_int_equal(f->running[0]->where.pieces, TD_GPU_SPLIT_MAX_PIECES);
+    finish(f, 1);
+    fake_destroy(&f);
+}
+
+/* A lane out of scan carries (a machine with fewer than its streams need; tallyd's have one per
+ * request in flight): the stream runs on the GPU unpinned, uploading its host carry, and its next
+ * request waits for it instead of chaining a device carry it does not hold. */
+static void test_lane_out_of_carries(void **state)
+{
+    (void)state;
+    fake_t *f = fake_new_machine(1, TD_BACKEND_CUDA, 64, 64 * MIB, 0, 0, FAKE_ONE_CARRY);
+    const char *names[] = {"l0", "l1", "l2", "l3", "l4"};
+    for (uint64_t i = 0; i < 5; i++)
+        arrive(f, TALLY_OP_SCAN, names[i], i + 1, MIB); /* one carry per lane: 4 pinned */
+    assert_true(f->running[4]->where.gpu && f->running[4]->where.carry_upload);
+    arrive(f, TALLY_OP_SCAN, "l4", 6, MIB);
+    assert_false(is_running(f, 6));
+    finish(f, 5);
+    assert_true(is_running(f, 6)); /* the stream drained: it starts anew */
+    while (f->running_count)
+        finish_oldest(f);
+    uint64_t want[] = {5, 1, 2, 3, 4, 6};
+    assert_log(f, want, 6, NULL);
+    fake_destroy(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1155,6 +1217,8 @@ int main(void)
         cmocka_unit_test(test_failed_gpu_request_reruns_successors),
         cmocka_unit_test(test_device_region_placement),
         cmocka_unit_test(test_device_region_refusals),
+        cmocka_unit_test(test_lane_carries_and_wide_split),
+        cmocka_unit_test(test_lane_out_of_carries),
         cmocka_unit_test(test_exec_machine),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

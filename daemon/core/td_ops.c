@@ -74,8 +74,7 @@ void td_op_info(const td_info_t *info, td_request_t *r)
              td_config_state_bytes_per_client(c));
     /* The GPUs a device region may be registered on (PROTOCOL.md §10 "Device memory"), and the
      * request path's shards (issue 31). */
-    info_add(&t, "gpu_uuids=%s\nshards=%u\n", info->gpu_uuids ? info->gpu_uuids : "",
-             info->shards);
+    info_add(&t, "gpu_uuids=%s\nshards=%u\n", info->gpu_uuids ? info->gpu_uuids : "", info->shards);
     /* The NATS fleet (PROTOCOL.md §13): on or off, and a worker's limits and partitions. */
     if (info->fleet)
         info_grew(&t, td_fleet_status_info(info->fleet, t.text + t.len, TD_TEXT_REPLY_MAX - t.len));
