@@ -73,14 +73,22 @@ static void push(const char *stream, uint8_t value, size_t n)
     push_to(client, stream, value, n);
 }
 
+/* A subscription to `prefix` at endpoint, and *msg to receive into (the caller frees both). */
+static tally_sub_t *subscribed(const char *endpoint, const char *prefix, tally_pub_msg_t **msg)
+{
+    tally_sub_t *sub = NULL;
+    assert_int_equal(tally_sub_new(endpoint, &sub), TALLY_OK);
+    assert_int_equal(tally_sub_subscribe(sub, prefix), TALLY_OK);
+    *msg = malloc(sizeof **msg);
+    assert_non_null(*msg);
+    return sub;
+}
+
 static void test_sub_prefix_records(void **state)
 {
     (void)state;
-    tally_sub_t *sub = NULL;
-    assert_int_equal(tally_sub_new(pub, &sub), TALLY_OK);
-    assert_int_equal(tally_sub_subscribe(sub, "cam"), TALLY_OK);
-    tally_pub_msg_t *msg = malloc(sizeof *msg);
-    assert_non_null(msg);
+    tally_pub_msg_t *msg;
+    tally_sub_t *sub = subscribed(pub, "cam", &msg);
     /* Push until the subscription has joined and cam0's first record arrives. */
     int64_t deadline = th_now_ms() + DEADLINE_MS;
     bool joined = false;
@@ -133,11 +141,8 @@ static void test_sub_prefix_records(void **state)
 static void test_sub_deleted_and_fd(void **state)
 {
     (void)state;
-    tally_sub_t *sub = NULL;
-    assert_int_equal(tally_sub_new(pub, &sub), TALLY_OK);
-    assert_int_equal(tally_sub_subscribe(sub, "gone"), TALLY_OK);
-    tally_pub_msg_t *msg = malloc(sizeof *msg);
-    assert_non_null(msg);
+    tally_pub_msg_t *msg;
+    tally_sub_t *sub = subscribed(pub, "gone", &msg);
     int fd = tally_sub_fd(sub);
     assert_true(fd >= 0);
     /* Join first (records of "gone" arrive), through the fd: poll, then drain. */
@@ -255,11 +260,8 @@ static void test_sub_deleted_at_shards(void **state)
     assert_int_equal(th_daemon_start(&d, args), 0);
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new(d.endpoint, 20000, &c), TALLY_OK);
-    tally_sub_t *sub = NULL;
-    assert_int_equal(tally_sub_new(pub4, &sub), TALLY_OK);
-    assert_int_equal(tally_sub_subscribe(sub, "del"), TALLY_OK);
-    tally_pub_msg_t *msg = malloc(sizeof *msg);
-    assert_non_null(msg);
+    tally_pub_msg_t *msg;
+    tally_sub_t *sub = subscribed(pub4, "del", &msg);
     int64_t deadline = th_now_ms() + DEADLINE_MS;
     for (bool joined = false; !joined;) { /* the subscription joins late */
         push_to(c, "del0", 1, 10);
