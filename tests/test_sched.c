@@ -50,7 +50,7 @@ typedef struct {
     td_streams_t *streams;
     td_sched_t *sched;
     unsigned devices;
-    bool dead[2];
+    bool dead[4];
     size_t buffer_bytes;
     td_request_t *running[RUNNING_MAX]; /* started, not finished, in start order */
     unsigned running_count;
@@ -171,6 +171,7 @@ static fake_t *fake_new_machine(unsigned devices, td_backend_choice_t backend,
 {
     fake_t *f = calloc(1, sizeof *f);
     assert_non_null(f);
+    assert_true(devices <= sizeof f->dead / sizeof f->dead[0]);
     td_config_init(&f->cfg);
     f->cfg.backend = backend;
     f->cfg.max_inflight = max_inflight;
