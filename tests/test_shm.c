@@ -794,8 +794,12 @@ static void test_released_while_in_flight(void **state)
     req.flags = TALLY_FLAG_SHM_REF;
     assert_int_equal(th_send_request(a, &req, bytes, sizeof bytes), 0);
     th_answer_t ans;
-    while (stat_value(d.endpoint, "tallyd_requests_in_flight ") < 2) /* stats is one */
+    int64_t deadline = th_now_ms() + 30000;
+    while (stat_value(d.endpoint, "tallyd_requests_in_flight ") < 2) { /* stats is one */
+        if (th_now_ms() > deadline)
+            fail_msg("the hist was not seen in flight within 30 s");
         usleep(10000);
+    }
     assert_int_equal(th_side_call(side, TALLY_SHM_OP_RELEASE, NULL, ha, -1, &ans), TALLY_OK);
     assert_int_equal(stat_value(d.endpoint, "tallyd_shm_regions "), 1);
     expect_ref(a, TALLY_OP_HIST, 0, ref, TALLY_E_BAD_REF, "not a region registered by this peer");
