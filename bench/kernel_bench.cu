@@ -474,16 +474,19 @@ static void sweep_line(const char *what, const char *cand, double gb, double cei
     fflush(stdout);
 }
 
-static const char *const shape_names[] = {"V8", "V8 lean", "V12 lean", "V16 lean"};
+static const char *const shape_names[TK_SCAN_SHAPES] = {"V8",       "V8 lean",     "V12 lean",
+                                                        "V16 lean", "V12 lean x4", "V16 lean x3"};
 
 static void sweep_scan(Bench &b, const tk_cuda_tuning_t &base)
 {
     size_t sb = tk_cuda_scan_scratch_bytes(N32);
     int64_t *carry = (int64_t *)&b.d_small[1];
     const unsigned prefetch[] = {0, 132, 264, 528, 1056};
-    for (unsigned shape = TK_SCAN_V8; shape <= TK_SCAN_V16_LEAN; shape++) {
+    for (unsigned shape = TK_SCAN_V8; shape < TK_SCAN_SHAPES; shape++) {
         for (unsigned p : prefetch) {
             if (shape == TK_SCAN_V8 && p) /* the legacy shape does not prefetch */
+                continue;
+            if (shape >= TK_SCAN_V12_LEAN_B4 && p > 132) /* far prefetches lost everywhere */
                 continue;
             tk_cuda_tuning_t t = base;
             t.scan_shape = t.scan_shape_i32 = shape;

@@ -91,7 +91,7 @@ static void op_info(td_server_t *s, td_request_t *r)
                       .backend = td_exec_backend_name(s->exec),
                       .backends = td_exec_backends(s->exec),
                       .devices = td_exec_devices(s->exec),
-                      .shm_path = s->shm ? td_shm_path(s->shm) : NULL,
+                      .shm_path = td_shm_path(s->shm),
                       .pub_endpoint = s->pub ? td_pub_endpoint(s->pub) : NULL,
                       .gpu_uuids = gpu_uuids,
                       .curve = td_zmq_auth(s->zmq) != NULL,

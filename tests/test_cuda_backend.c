@@ -79,6 +79,14 @@ static void tunings_init(void)
         t.minmax_blocks_per_sm = 1 + 2 * s;
         tunings[n_tunings++] = t;
     }
+    /* The int32 shapes with one more block an SM (int64 output runs as the shape below them). */
+    for (unsigned s = TK_SCAN_V12_LEAN_B4; s < TK_SCAN_SHAPES && n_tunings < MAX_TUNINGS; s++) {
+        tk_cuda_tuning_t t = *tk_cuda_tuning_row(0);
+        t.name = "variant";
+        t.scan_shape = t.scan_shape_i32 = s;
+        t.scan_prefetch_tiles = s == TK_SCAN_V16_LEAN_B3 ? 2 : 0;
+        tunings[n_tunings++] = t;
+    }
 }
 
 /* Tuning r in use (r = n_tunings: back to the device's own row). */

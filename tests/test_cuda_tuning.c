@@ -84,10 +84,10 @@ static void test_use_checks(void **state)
     t.rgb_layout = 8;
     assert_int_equal(tk_cuda_tuning_use(&t), TALLY_E_PARAM);
     t = *r0;
-    t.scan_shape = TK_SCAN_V16_LEAN + 1;
+    t.scan_shape = TK_SCAN_SHAPES;
     assert_int_equal(tk_cuda_tuning_use(&t), TALLY_E_PARAM);
     t = *r0;
-    t.scan_shape_i32 = TK_SCAN_V16_LEAN + 1;
+    t.scan_shape_i32 = TK_SCAN_SHAPES;
     assert_int_equal(tk_cuda_tuning_use(&t), TALLY_E_PARAM);
     t = *r0;
     t.minmax_unroll = 2;

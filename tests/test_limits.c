@@ -18,6 +18,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -367,12 +368,65 @@ static void test_token_bucket_and_sweep(void **state)
     assert_null(peers);
 }
 
+/* The per-peer table's edges: a routing id of ZeroMQ's longest (255 bytes) is named by as many
+ * of its bytes in hex as the name holds; ids are told apart by their first TD_PEER_KEY_MAX
+ * bytes; a token given back never lifts the bucket over its burst, and with no rate nothing is
+ * counted; the sweep keeps a connection whose replies still sit in ZeroMQ (its meter holds
+ * bytes) and frees it once they have left, and with no rate an idle entry goes at once. */
+static void test_peer_names_tokens_and_held_replies(void **state)
+{
+    (void)state;
+    td_peers_t *peers = NULL;
+    assert_int_equal(td_peers_new(&peers), TALLY_OK);
+    uint8_t id[TD_PEER_KEY_MAX + 44];
+    for (size_t i = 0; i < sizeof id; i++)
+        id[i] = (uint8_t)(0xa0 + i % 16);
+    td_peer_t *c = td_peers_acquire(peers, TD_PEER_CONNECTION, id, 255, SEC);
+    const char *name = td_peer_name(c);
+    assert_int_equal(strlen(name), (TD_PEER_NAME_MAX - 1) / 2 * 2);
+    assert_memory_equal(name, "a0a1a2a3a4a5a6a7a8a9aaabacadaeaf", 32);
+    td_peer_t *longest = td_peers_acquire(peers, TD_PEER_CONNECTION, id, TD_PEER_KEY_MAX, SEC);
+    td_peer_t *longer = td_peers_acquire(peers, TD_PEER_CONNECTION, id, sizeof id, SEC);
+    assert_ptr_equal(longer, longest);
+    assert_ptr_not_equal(longest, c);
+    assert_int_equal(td_peers_count(peers), 2);
+    assert_int_equal(td_peer_refs(longest), 2);
+    td_peers_release(peers, &longest);
+    td_peers_release(peers, &longer);
+    td_peers_release(peers, &c);
+
+    td_peers_set_rate(peers, 2);
+    c = td_peers_acquire(peers, TD_PEER_CONNECTION, "\x05", 1, SEC);
+    assert_true(td_peer_take_token(peers, c, SEC));
+    for (int i = 0; i < 3; i++)
+        td_peer_give_token(peers, c); /* one back, then over the burst: capped */
+    assert_true(td_peer_take_token(peers, c, SEC));
+    assert_true(td_peer_take_token(peers, c, SEC));
+    assert_false(td_peer_take_token(peers, c, SEC));
+    td_peers_set_rate(peers, 0);
+    td_peer_give_token(peers, c); /* unlimited: nothing to give back */
+
+    /* Unreferenced with 100 reply bytes inside ZeroMQ: kept; once they left, swept (no rate:
+     * nothing to wait for), with the other unreferenced connections. */
+    atomic_store(&td_peer_meter(c)->held, 100);
+    td_peers_release(peers, &c);
+    td_peers_sweep(peers, 2 * SEC);
+    assert_int_equal(td_peers_count(peers), 1);
+    c = td_peers_acquire(peers, TD_PEER_CONNECTION, "\x05", 1, 2 * SEC);
+    atomic_store(&td_peer_meter(c)->held, 0);
+    td_peers_release(peers, &c);
+    td_peers_sweep(peers, 2 * SEC);
+    assert_int_equal(td_peers_count(peers), 0);
+    td_peers_destroy(&peers);
+}
+
 int main(void)
 {
     th_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fair_share_arithmetic),
         cmocka_unit_test(test_token_bucket_and_sweep),
+        cmocka_unit_test(test_peer_names_tokens_and_held_replies),
         cmocka_unit_test_teardown(test_busy_beyond_the_share, stop_daemon),
         cmocka_unit_test_teardown(test_streams_per_client, stop_daemon),
         cmocka_unit_test_teardown(test_stream_create_rate, stop_daemon),

@@ -4,7 +4,7 @@
  * cluster (PROTOCOL.md §13):
  *   - leases: one holder at a time; renewal by compare-and-set; expiry on TTL, and the holder's
  *     own clock says "expired" before the server lets another worker take it; a stale release
- *     cannot delete the successor's lease;
+ *     cannot delete the successor's lease; when a key runs out, as a waiting worker reads it;
  *   - checkpoints: a new owner's take fences the old one (its next write fails, nothing of it
  *     committed); round trips inline and chunked (5 MiB); the first write of an owner removes
  *     its predecessor's chunks; a damaged chunk is caught by the CRC;
@@ -140,6 +140,13 @@ static void test_lease_exclusive_and_expiry(void **state)
     assert_int_equal(td_lease_acquire(leases, 0, "B", TTL_MS, &b, &taken, msg, sizeof msg), TD_OK);
     assert_false(taken);
     holder_is(0, "A");
+    /* When the key runs out, on this clock (what a worker waiting for it looks again at): TTL
+     * after the server's time of A's write, which is after A sent it and before it heard back
+     * (the same host's clocks; a second either way for a loaded box). */
+    int64_t expiry = 0;
+    assert_int_equal(td_kv_expiry(leases, "p0", TTL_MS, &expiry), TD_OK);
+    assert_true(expiry >= a.valid_until_ms - 1000);
+    assert_true(expiry <= td_nats_now_ms() + TTL_MS + 1000);
     uint64_t first = a.revision;
     assert_int_equal(td_lease_renew(leases, 0, "A", TTL_MS, &a, &lost, msg, sizeof msg), TD_OK);
     assert_false(lost);
@@ -173,6 +180,11 @@ static void test_lease_exclusive_and_expiry(void **state)
     assert_false(released_on_leader(0));
     holder_is(0, "A");
     assert_int_equal(td_lease_release(js, 0, &a, msg, sizeof msg), TD_OK);
+    /* Released: no key, nothing to wait for (read from the leader's view: a replica may lag). */
+    for (int64_t t0 = td_nats_now_ms(); expiry != 0; th_sleep_ms(20)) {
+        assert_true(td_nats_now_ms() - t0 < 30000);
+        assert_int_equal(td_kv_expiry(leases, "p0", TTL_MS, &expiry), TD_OK);
+    }
 }
 
 static void read_back(uint32_t k, uint64_t seq, const char *member, const void *state, size_t len)

@@ -14,7 +14,9 @@
  * rule (a large shared-memory request is split only onto idle lanes, unless it fits the device
  * buffers only when split). Issue 21: the peers' queues take turns by bytes (deficit round
  * robin) on the CPU workers and the GPU lanes, and a request refused at admission while earlier
- * ones of its stream run is answered after them.
+ * ones of its stream run is answered after them. Requests by device reference (fake device
+ * regions): which GPU runs them (the owner, or a peer by load while the owner is busy), when a
+ * stream's later ones may pipeline on a peer, what is refused, and failures answered internal.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,14 +28,16 @@
 
 #include <cmocka.h>
 
+#include "td_exec.h"
 #include "td_gpu_engine.h"
 #include "td_peers.h"
 #include "td_sched.h"
 #include "td_settings.h"
+#include "td_shm_int.h"
 
 #define MIB (1u << 20)
-#define RUNNING_MAX 64
-#define LOG_MAX 64
+#define RUNNING_MAX 128
+#define LOG_MAX 128
 
 typedef struct {
     uint64_t id;
@@ -46,7 +50,7 @@ typedef struct {
     td_streams_t *streams;
     td_sched_t *sched;
     unsigned devices;
-    bool dead[2];
+    bool dead[4];
     size_t buffer_bytes;
     td_request_t *running[RUNNING_MAX]; /* started, not finished, in start order */
     unsigned running_count;
@@ -55,7 +59,17 @@ typedef struct {
     uint64_t started[LOG_MAX]; /* requests handed to the machine, in that order */
     unsigned started_count;
     td_peer_t *conn; /* the connection the next arrivals come from (NULL: none) */
+    uint32_t peers;  /* the GPUs that reach a device region over peer access (FAKE_PEERS) */
 } fake_t;
+
+/* What a fake machine lacks or has beyond the usual (fake_new_machine). */
+enum {
+    FAKE_NO_SPLIT = 1,   /* no splittable: nothing is split over lanes */
+    FAKE_PEERS = 2,      /* region_peers: f->peers */
+    FAKE_WIDE = 4,       /* 32 lanes per GPU, not 4 */
+    FAKE_ONE_LANE = 8,   /* 1 lane per GPU, with 128 scan carries */
+    FAKE_ONE_CARRY = 16, /* 1 scan carry per lane, not 16 */
+};
 
 /* ---- the fake machine and host ------------------------------------------------------------ */
 
@@ -77,6 +91,13 @@ static bool fake_splittable(void *ctx, const td_request_t *r)
     (void)ctx;
     return (r->req.flags & TALLY_FLAG_SHM_REF) &&
            (r->req.opcode == TALLY_OP_HIST || r->req.opcode == TALLY_OP_SCAN);
+}
+
+/* Every device region reaches the GPUs of f->peers. */
+static uint32_t fake_region_peers(void *ctx, const td_request_t *r)
+{
+    (void)r;
+    return ((fake_t *)ctx)->peers;
 }
 
 /* A result: a hist's is its (empty) histogram, the reply its apply step reads back. */
@@ -108,6 +129,7 @@ static void record(fake_t *f, td_request_t *r)
 {
     assert_true(f->log_count < LOG_MAX);
     f->log[f->log_count++] = (answer_t){r->req.request_id, r->rep.status};
+    r->shm_in = r->shm_out = NULL; /* the test's own regions (device_region) */
     td_request_destroy(&r);
     td_sched_answered(f->sched);
 }
@@ -141,13 +163,15 @@ static void fake_forget(void *owner, td_stream_t *stream)
 }
 
 /* A scheduler over `devices` simulated GPUs of 4 lanes (0: CPU only) with buffers of `bytes`;
- * the machine takes any number of requests at once unless fake_new_limited says otherwise. */
-static fake_t *fake_new_limited(unsigned devices, td_backend_choice_t backend,
+ * the machine takes any number of requests at once unless fake_new_limited says otherwise, and
+ * has what `extras` (FAKE_*) says. */
+static fake_t *fake_new_machine(unsigned devices, td_backend_choice_t backend,
                                 unsigned max_inflight, size_t bytes, unsigned cpu_workers,
-                                unsigned lane_depth)
+                                unsigned lane_depth, unsigned extras)
 {
     fake_t *f = calloc(1, sizeof *f);
     assert_non_null(f);
+    assert_true(devices <= sizeof f->dead / sizeof f->dead[0]);
     td_config_init(&f->cfg);
     f->cfg.backend = backend;
     f->cfg.max_inflight = max_inflight;
@@ -157,19 +181,31 @@ static fake_t *fake_new_limited(unsigned devices, td_backend_choice_t backend,
     td_sched_machine_t m = {
         .ctx = f,
         .gpu_devices = devices,
-        .gpu_lanes = 4,
-        .gpu_carries = 17,
+        .gpu_lanes = extras & FAKE_WIDE ? 32 : 4,
+        .gpu_carries = extras & FAKE_ONE_CARRY ? 2 : 17,
         .gpu_buffer_bytes = f->buffer_bytes,
         .cpu_workers = cpu_workers,
         .gpu_lane_depth = lane_depth,
         .device_usable = fake_device_usable,
         .device_ordinal = fake_device_ordinal,
-        .splittable = fake_splittable,
+        .splittable = extras & FAKE_NO_SPLIT ? NULL : fake_splittable,
+        .region_peers = extras & FAKE_PEERS ? fake_region_peers : NULL,
         .run = fake_run,
     };
+    if (extras & FAKE_ONE_LANE) {
+        m.gpu_lanes = 1;
+        m.gpu_carries = 129;
+    }
     td_sched_host_t h = {f, fake_complete, fake_control, fake_answer, fake_forget, 0};
     assert_int_equal(td_sched_new(&f->cfg, &f->metrics, &m, &h, &f->sched), TD_OK);
     return f;
+}
+
+static fake_t *fake_new_limited(unsigned devices, td_backend_choice_t backend,
+                                unsigned max_inflight, size_t bytes, unsigned cpu_workers,
+                                unsigned lane_depth)
+{
+    return fake_new_machine(devices, backend, max_inflight, bytes, cpu_workers, lane_depth, 0);
 }
 
 static fake_t *fake_new_buffers(unsigned devices, td_backend_choice_t backend,
@@ -257,6 +293,25 @@ static td_request_t *arrive_flags(fake_t *f, uint8_t op, const char *stream, uin
 static td_request_t *arrive(fake_t *f, uint8_t op, const char *stream, uint64_t id, size_t bytes)
 {
     return arrive_flags(f, op, stream, id, bytes, 0);
+}
+
+/* A device region on GPU `gpu` (PROTOCOL.md §10 "Device memory"): all the scheduler reads of
+ * one. The requests only point at it (record lets go of it before freeing them). */
+static td_shm_region_t device_region(unsigned gpu)
+{
+    return (td_shm_region_t){.device = true, .gpu = gpu, .refs = 1};
+}
+
+/* A request by device reference: its input in `in`, its output (NULL: none) in `out`. */
+static td_request_t *arrive_region(fake_t *f, uint8_t op, const char *stream, uint64_t id,
+                                   size_t bytes, td_shm_region_t *in, td_shm_region_t *out)
+{
+    uint8_t dtype = op == TALLY_OP_HIST ? TALLY_DTYPE_U8 : TALLY_DTYPE_I32;
+    td_request_t *r = request_new(op, dtype, stream, id, bytes, TALLY_FLAG_SHM_REF);
+    r->shm_in = in;
+    r->shm_out = out;
+    hand_over(f, r);
+    return r;
 }
 
 /* Read while stopping: the server fails it `shutdown`, then hands it over with its stream, if
@@ -857,6 +912,288 @@ static void test_queued_behind_gpu_failure_reruns(void **state)
     fake_destroy(&f);
 }
 
+/* The split's edges (issue 9): a batch under TD_GPU_SPLIT_MIN_BYTES that fits the buffers only
+ * in pieces gets as many as it needs even with fewer lanes' worth of bytes; an empty one runs
+ * whole; one that even TD_GPU_SPLIT_MAX_PIECES pieces cannot fit, or that the machine cannot
+ * split at all, runs on the CPU however the backend asks for the GPU. */
+static void test_split_edges(void **state)
+{
+    (void)state;
+    fake_t *f = fake_new_buffers(1, TD_BACKEND_CUDA, 64, MIB);
+    arrive_flags(f, TALLY_OP_SCAN, NULL, 1, 3 * MIB, TALLY_FLAG_SHM_REF);
+    assert_true(f->running[0]->where.gpu);
+    assert_int_equal(f->running[0]->where.pieces, 3); /* 3 MiB / 2 MiB is 1, but 3 fit */
+    arrive_flags(f, TALLY_OP_HIST, NULL, 2, 0, TALLY_FLAG_SHM_REF);
+    assert_true(f->running[1]->where.gpu);
+    assert_int_equal(f->running[1]->where.pieces, 1);
+    arrive_flags(f, TALLY_OP_SCAN, NULL, 3, (TD_GPU_SPLIT_MAX_PIECES + 1) * MIB,
+                 TALLY_FLAG_SHM_REF);
+    assert_false(f->running[2]->where.gpu);
+    for (uint64_t id = 1; id <= 3; id++)
+        finish(f, id);
+    fake_destroy(&f);
+
+    f = fake_new_machine(1, TD_BACKEND_CUDA, 64, 4 * MIB, 0, 0, FAKE_NO_SPLIT);
+    arrive_flags(f, TALLY_OP_SCAN, NULL, 4, 12 * MIB, TALLY_FLAG_SHM_REF);
+    assert_false(f->running[0]->where.gpu);
+    arrive_flags(f, TALLY_OP_SCAN, NULL, 5, 4 * MIB, TALLY_FLAG_SHM_REF);
+    assert_true(f->running[1]->where.gpu);
+    assert_int_equal(f->running[1]->where.pieces, 1);
+    finish(f, 4);
+    finish(f, 5);
+    fake_destroy(&f);
+}
+
+/* The GPU a stream is pinned to becomes unusable while a request of it runs there: the next one
+ * is not pipelined onto it; it waits for the stream to drain and starts on a usable GPU. */
+static void test_pinned_gpu_lost(void **state)
+{
+    (void)state;
+    fake_t *f = fake_new(2, TD_BACKEND_CUDA, 64);
+    arrive(f, TALLY_OP_SCAN, "a", 1, MIB);
+    assert_int_equal(f->running[0]->where.device, 0);
+    f->dead[0] = true;
+    arrive(f, TALLY_OP_SCAN, "a", 2, MIB);
+    assert_false(is_running(f, 2));
+    finish(f, 1);
+    assert_true(is_running(f, 2));
+    assert_true(f->running[0]->where.gpu);
+    assert_int_equal(f->running[0]->where.device, 1);
+    assert_true(f->running[0]->where.carry_upload);
+    finish(f, 2);
+    uint64_t want[] = {1, 2};
+    assert_log(f, want, 2, NULL);
+    fake_destroy(&f);
+}
+
+/* A GPU request that fails with a status (not applied) while later ones of its stream are
+ * pipelined behind it: those chained their scan carry from a device carry the host copy never
+ * took, so they rerun on the CPU from the host copy as they come back. */
+static void test_failed_gpu_request_reruns_successors(void **state)
+{
+    (void)state;
+    fake_t *f = fake_new(1, TD_BACKEND_CUDA, 64);
+    arrive(f, TALLY_OP_SCAN, "a", 1, MIB);
+    arrive(f, TALLY_OP_SCAN, "a", 2, MIB);
+    assert_true(is_running(f, 1) && is_running(f, 2));
+    finish_failed(f, 1, TALLY_E_INTERNAL);
+    assert_int_equal(f->metrics.backend_fallbacks, 0);
+    finish(f, 2); /* rerun inline on the CPU, answered */
+    assert_int_equal(f->metrics.backend_fallbacks, 1);
+    assert_int_equal(f->metrics.gpu_requests[0], 1); /* 1 ran there (and failed) */
+    uint64_t ids[] = {1, 2};
+    uint32_t want[] = {TALLY_E_INTERNAL, TALLY_OK};
+    assert_log(f, ids, 2, want);
+    fake_destroy(&f);
+}
+
+/* Requests by device reference (PROTOCOL.md §10 "Which GPU runs it"): on the region's GPU while
+ * it is not busy; with the owner busy (the test switch) on the least loaded GPU that reaches the
+ * region over peer access, and a stream's later ones pipelined there only while that rule still
+ * holds (else they wait for the stream to drain and go to the owner); with no region_peers
+ * (a machine without peer access), always the owner. */
+static void test_device_region_placement(void **state)
+{
+    (void)state;
+    fake_t *f = fake_new_machine(3, TD_BACKEND_CUDA, 64, 64 * MIB, 0, 0, FAKE_PEERS);
+    td_shm_region_t r0 = device_region(0);
+    f->cfg.gpu_peer_queue = 0; /* the owner is never busy */
+    f->peers = 1u << 1 | 1u << 2;
+    arrive_region(f, TALLY_OP_HIST, NULL, 1, MIB, &r0, NULL);
+    assert_int_equal(f->running[0]->where.device, 0);
+    arrive(f, TALLY_OP_HIST, NULL, 2, MIB); /* by payload: the least loaded, GPU 1 */
+    assert_int_equal(f->running[1]->where.device, 1);
+    f->cfg.test_gpu_peer_always = true;
+    arrive_region(f, TALLY_OP_HIST, NULL, 3, MIB, &r0, NULL); /* GPU 2: less loaded than 1 */
+    assert_int_equal(f->running[2]->where.device, 2);
+    arrive_region(f, TALLY_OP_HIST, NULL, 4, MIB, &r0, NULL); /* 1 and 2 tie: the first */
+    assert_int_equal(f->running[3]->where.device, 1);
+    for (uint64_t id = 1; id <= 4; id++)
+        finish(f, id);
+    assert_int_equal(f->metrics.gpu_requests[2], 1);
+
+    /* A stream on a peer: pipelined there while the peer reaches the region and the owner is
+     * busy, not once either stops. */
+    f->peers = 1u << 2;
+    arrive_region(f, TALLY_OP_SCAN, "a", 5, MIB, &r0, NULL);
+    assert_int_equal(f->running[0]->where.device, 2);
+    arrive_region(f, TALLY_OP_SCAN, "a", 6, MIB, &r0, NULL);
+    assert_true(is_running(f, 6));
+    assert_int_equal(f->running[1]->where.device, 2);
+    f->peers = 0;
+    arrive_region(f, TALLY_OP_SCAN, "a", 7, MIB, &r0, NULL);
+    assert_false(is_running(f, 7));
+    finish(f, 5);
+    finish(f, 6); /* drained: placed anew, on the owner (no peer reaches the region) */
+    assert_true(is_running(f, 7));
+    assert_int_equal(f->running[0]->where.device, 0);
+    finish(f, 7);
+    f->peers = 1u << 1;
+    arrive_region(f, TALLY_OP_SCAN, "b", 8, MIB, &r0, NULL);
+    assert_int_equal(f->running[0]->where.device, 1);
+    f->cfg.test_gpu_peer_always = false; /* the owner is not busy any more */
+    arrive_region(f, TALLY_OP_SCAN, "b", 9, MIB, &r0, NULL);
+    assert_false(is_running(f, 9));
+    finish(f, 8);
+    assert_int_equal(f->running[0]->where.device, 0);
+    finish(f, 9);
+    uint64_t ids[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    assert_log(f, ids, 9, NULL);
+    fake_destroy(&f);
+
+    f = fake_new(2, TD_BACKEND_CUDA, 64); /* no region_peers */
+    f->cfg.test_gpu_peer_always = true;
+    td_shm_region_t r1 = device_region(1);
+    arrive_region(f, TALLY_OP_HIST, NULL, 10, MIB, &r1, NULL);
+    assert_int_equal(f->running[0]->where.device, 1);
+    finish(f, 10);
+    assert_int_equal(f->metrics.gpu_requests[1], 1);
+    fake_destroy(&f);
+}
+
+/* What a GPU cannot run by device reference is refused, and in its stream's turn: input and
+ * output regions on two GPUs (bad_ref), a scan above the buffers (too_large); a failure on the
+ * GPU is answered internal (the CPU cannot reach device memory), for the failed request and for
+ * the one pipelined behind it alike. */
+static void test_device_region_refusals(void **state)
+{
+    (void)state;
+    fake_t *f = fake_new_buffers(2, TD_BACKEND_CUDA, 64, 4 * MIB);
+    td_shm_region_t r0 = device_region(0), r1 = device_region(1);
+    arrive(f, TALLY_OP_SCAN, "a", 1, MIB);
+    assert_int_equal(f->running[0]->where.device, 0);
+    arrive_region(f, TALLY_OP_SCAN, "a", 2, MIB, &r0, &r1);
+    arrive_region(f, TALLY_OP_SCAN, "a", 3, 8 * MIB, &r0, NULL);
+    arrive_region(f, TALLY_OP_SCAN, NULL, 4, MIB, &r1, &r0); /* stateless: answered at once */
+    assert_int_equal(f->running_count, 1);
+    uint64_t ids1[] = {4};
+    uint32_t want1[] = {TALLY_E_BAD_REF};
+    assert_log(f, ids1, 1, want1);
+    finish(f, 1);
+    uint64_t ids2[] = {4, 1, 2, 3};
+    uint32_t want2[] = {TALLY_E_BAD_REF, TALLY_OK, TALLY_E_BAD_REF, TALLY_E_TOO_LARGE};
+    assert_log(f, ids2, 4, want2);
+
+    arrive_region(f, TALLY_OP_SCAN, "b", 5, MIB, &r1, &r1);
+    arrive_region(f, TALLY_OP_SCAN, "b", 6, MIB, &r1, NULL);
+    assert_true(is_running(f, 5) && is_running(f, 6));
+    finish_as(f, 5, true);
+    finish(f, 6); /* queued behind the failure on the device: not trusted either */
+    assert_int_equal(f->metrics.backend_fallbacks, 2);
+    uint64_t ids3[] = {4, 1, 2, 3, 5, 6};
+    uint32_t want3[] = {TALLY_E_BAD_REF,   TALLY_OK,          TALLY_E_BAD_REF,
+                        TALLY_E_TOO_LARGE, TALLY_E_INTERNAL, TALLY_E_INTERNAL};
+    assert_log(f, ids3, 6, want3);
+    fake_destroy(&f);
+}
+
+/* ---- the machine td_exec describes to a shard's scheduler ---------------------------------- */
+
+static unsigned exec_cpu_workers(td_exec_t *x, const char *pool_size)
+{
+    if (pool_size)
+        setenv("UV_THREADPOOL_SIZE", pool_size, 1);
+    else
+        unsetenv("UV_THREADPOOL_SIZE");
+    td_sched_machine_t m;
+    td_exec_port_machine(x, 0, &m);
+    return m.cpu_workers;
+}
+
+/* The CPU workers the scheduler counts on are the threads libuv's pool runs: UV_THREADPOOL_SIZE
+ * as libuv reads it (4 unset, 1 for 0 or what is not a number, at most 1024); a CPU-only
+ * executor has one port at least and no GPU. */
+static void test_exec_machine(void **state)
+{
+    (void)state;
+    td_config_t cfg;
+    td_config_init(&cfg);
+    cfg.backend = TD_BACKEND_CPU;
+    td_metrics_t metrics = {0};
+    td_exec_env_t env = {.cfg = &cfg, .metrics = &metrics, .ports = 0};
+    td_exec_t *x = NULL;
+    assert_int_equal(td_exec_new(&env, &x), TD_OK);
+    const char *saved = getenv("UV_THREADPOOL_SIZE");
+    char *keep = saved ? strdup(saved) : NULL;
+    assert_int_equal(exec_cpu_workers(x, NULL), 4);
+    assert_int_equal(exec_cpu_workers(x, "0"), 1);
+    assert_int_equal(exec_cpu_workers(x, "many"), 1);
+    assert_int_equal(exec_cpu_workers(x, "12"), 12);
+    assert_int_equal(exec_cpu_workers(x, "5000"), 1024);
+    exec_cpu_workers(x, keep);
+    free(keep);
+    td_sched_machine_t m;
+    td_exec_port_machine(x, 0, &m); /* port 0 exists: ports 0 means one */
+    assert_int_equal(m.gpu_devices, 0);
+    assert_null(m.region_peers);
+    assert_string_equal(td_exec_backends(x), "cpu");
+    assert_string_equal(td_exec_backend_name(x), "cpu");
+    char uuids[8] = "x";
+    assert_int_equal(td_exec_gpu_uuids(x, uuids, sizeof uuids), 0);
+    assert_string_equal(uuids, "");
+    assert_int_equal(td_exec_gpu_uuids(x, NULL, 0), 0); /* no room: nothing written */
+    td_exec_port_close(x, 0); /* never opened: nothing to close */
+    td_exec_close(x);
+    td_exec_destroy(&x);
+    assert_null(x);
+    td_config_clear(&cfg);
+}
+
+/* A lane's scan carries: every stream pinned to the lane holds its own; those given back (more
+ * than the free list's first 64) are handed out again, the last one given back first. With more
+ * lanes than TD_GPU_SPLIT_MAX_PIECES, a split still stops at that many pieces. */
+static void test_lane_carries_and_wide_split(void **state)
+{
+    (void)state;
+    enum { STREAMS = 70 };
+    fake_t *f = fake_new_machine(1, TD_BACKEND_CUDA, 128, 64 * MIB, 0, 0, FAKE_ONE_LANE);
+    char name[8];
+    for (unsigned i = 0; i < STREAMS; i++) {
+        snprintf(name, sizeof name, "c%u", i);
+        arrive(f, TALLY_OP_SCAN, name, i + 1, MIB);
+        assert_true(f->running[i]->where.gpu && f->running[i]->where.carry_upload);
+        assert_int_equal(f->running[i]->where.carry_index, i + 1);
+    }
+    for (unsigned i = 0; i < STREAMS; i++)
+        finish_oldest(f);
+    arrive(f, TALLY_OP_SCAN, "again", STREAMS + 1, MIB);
+    assert_int_equal(f->running[0]->where.carry_index, STREAMS);
+    arrive(f, TALLY_OP_SCAN, "again2", STREAMS + 2, MIB);
+    assert_int_equal(f->running[1]->where.carry_index, STREAMS - 1);
+    finish_oldest(f);
+    finish_oldest(f);
+    assert_int_equal(f->log_count, STREAMS + 2);
+    fake_destroy(&f);
+
+    f = fake_new_machine(1, TD_BACKEND_CUDA, 64, 64 * MIB, 0, 0, FAKE_WIDE);
+    arrive_flags(f, TALLY_OP_SCAN, NULL, 1, 64 * MIB, TALLY_FLAG_SHM_REF); /* 32 lanes' worth */
+    assert_int_equal(f->running[0]->where.pieces, TD_GPU_SPLIT_MAX_PIECES);
+    finish(f, 1);
+    fake_destroy(&f);
+}
+
+/* A lane out of scan carries (a machine with fewer than its streams need; tallyd's have one per
+ * request in flight): the stream runs on the GPU unpinned, uploading its host carry, and its next
+ * request waits for it instead of chaining a device carry it does not hold. */
+static void test_lane_out_of_carries(void **state)
+{
+    (void)state;
+    fake_t *f = fake_new_machine(1, TD_BACKEND_CUDA, 64, 64 * MIB, 0, 0, FAKE_ONE_CARRY);
+    const char *names[] = {"l0", "l1", "l2", "l3", "l4"};
+    for (uint64_t i = 0; i < 5; i++)
+        arrive(f, TALLY_OP_SCAN, names[i], i + 1, MIB); /* one carry per lane: 4 pinned */
+    assert_true(f->running[4]->where.gpu && f->running[4]->where.carry_upload);
+    arrive(f, TALLY_OP_SCAN, "l4", 6, MIB);
+    assert_false(is_running(f, 6));
+    finish(f, 5);
+    assert_true(is_running(f, 6)); /* the stream drained: it starts anew */
+    while (f->running_count)
+        finish_oldest(f);
+    uint64_t want[] = {5, 1, 2, 3, 4, 6};
+    assert_log(f, want, 6, NULL);
+    fake_destroy(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -876,6 +1213,14 @@ int main(void)
         cmocka_unit_test(test_shutdown_leaves_no_new_stream),
         cmocka_unit_test(test_shutdown_wins_over_sequence_gap),
         cmocka_unit_test(test_queued_behind_gpu_failure_reruns),
+        cmocka_unit_test(test_split_edges),
+        cmocka_unit_test(test_pinned_gpu_lost),
+        cmocka_unit_test(test_failed_gpu_request_reruns_successors),
+        cmocka_unit_test(test_device_region_placement),
+        cmocka_unit_test(test_device_region_refusals),
+        cmocka_unit_test(test_lane_carries_and_wide_split),
+        cmocka_unit_test(test_lane_out_of_carries),
+        cmocka_unit_test(test_exec_machine),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <zmq.h>
 
 #include "harness.h"
 #include "tally_proto.h"
@@ -295,6 +296,72 @@ static void test_lone_and_pipelined_keep_order(void **state)
     assert_int_equal(th_close_and_stop(sock, &d, 10000), 0);
 }
 
+/* The status of the next reply on sock, after the delimiter frame when it has one (§1). */
+static uint32_t raw_status(void *sock, bool delimiter)
+{
+    zmq_msg_t frames[4];
+    int n = 0, more = 1;
+    while (more && n < 4) {
+        zmq_msg_init(&frames[n]);
+        assert_true(zmq_msg_recv(&frames[n], sock, 0) >= 0);
+        more = zmq_msg_more(&frames[n]);
+        n++;
+    }
+    assert_false(more);
+    int at = delimiter ? 1 : 0;
+    assert_int_equal(n, at + 2);
+    if (delimiter)
+        assert_int_equal(zmq_msg_size(&frames[0]), 0);
+    tally_rep_t rep;
+    assert_int_equal(tally_rep_decode(zmq_msg_data(&frames[at]), zmq_msg_size(&frames[at]), &rep),
+                     TALLY_OK);
+    for (int i = 0; i < n; i++)
+        zmq_msg_close(&frames[i]);
+    return rep.status;
+}
+
+/* What names no stream, at four shards with the side channel on (the request path looks at a
+ * request's header for its stream, and for a shared-memory reference to pin, before its shard
+ * decodes it): no request frame, an undecodable header, a payload of a reference's size without
+ * the flag; each answered as one shard answers it, by whichever shard had least to do. */
+static void test_streamless_messages(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    start(&d, NULL);
+    void *sock = th_connect(d.endpoint, 10000);
+    const void *empty[1] = {""};
+    size_t empty_len[1] = {0};
+    assert_int_equal(th_send_frames(sock, 1, empty, empty_len), 0);
+    assert_int_equal(raw_status(sock, true), TALLY_E_FRAMES);
+
+    uint8_t payload[TALLY_SHM_REF_SIZE];
+    memset(payload, 7, sizeof payload);
+    const void *garbled[2] = {"not a header", payload};
+    size_t garbled_len[2] = {12, sizeof payload};
+    assert_int_equal(th_send_frames(sock, 2, garbled, garbled_len), 0);
+    assert_int_equal(raw_status(sock, false), TALLY_E_HEADER);
+
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, next_id++);
+    th_reply_t r;
+    assert_int_equal(th_call_reply_status(sock, &req, payload, sizeof payload, &r), TALLY_OK);
+    assert_int_equal(r.len, 256 * 8);
+    uint64_t sevens = 0;
+    memcpy(&sevens, r.payload + 7 * 8, 8);
+    assert_int_equal(sevens, sizeof payload); /* every byte counted: no reference taken */
+    th_reply_free(&r);
+
+    long long answered = 0;
+    for (unsigned s = 0; s < SHARDS; s++) {
+        char name[80];
+        snprintf(name, sizeof name, "tallyd_shard_requests_total{shard=\"%u\"}", s);
+        answered += th_stat(sock, name);
+    }
+    assert_true(answered >= 3);
+    assert_int_equal(th_stat(sock, "tallyd_streams"), 0);
+    assert_int_equal(th_close_and_stop(sock, &d, 10000), 0);
+}
+
 int main(void)
 {
     th_seed();
@@ -303,6 +370,7 @@ int main(void)
         cmocka_unit_test(test_stream_counts_exact),
         cmocka_unit_test(test_state_bytes_never_passed),
         cmocka_unit_test(test_lone_and_pipelined_keep_order),
+        cmocka_unit_test(test_streamless_messages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

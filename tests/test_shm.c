@@ -12,7 +12,8 @@
  *   refuses unsealed, empty and non-memfd descriptors and a peer whose uid is not allowed; the
  *   quotas answer `quota`.
  * - A producer that dies with requests in flight: no crash, and its region stays mapped until
- *   they are answered, then goes (the tallyd_shm_regions gauge).
+ *   they are answered, then goes (the tallyd_shm_regions gauge); likewise a region released
+ *   while a request uses it, which new requests can no longer reference.
  * Raw side-channel messages and a raw DEALER with a chosen routing id drive the refusals;
  * libtally (tally_region_create, tally_call_shm) drives the rest.
  */
@@ -774,6 +775,50 @@ static void test_dead_producer(void **state)
     stop(&d);
 }
 
+/* A region its producer releases while a request still uses it: mapped until that request is
+ * answered (OK), but gone for new requests at once (bad_ref), though its handle is still in the
+ * table. Each simulated launch takes 5 s: the checks between have seconds to run. */
+static void test_released_while_in_flight(void **state)
+{
+    (void)state;
+    th_daemon_t d;
+    start_sim(&d, "1", "TALLYD_TEST_SIM_LATENCY_US", "5000000", false);
+    int side = side_open();
+    uint64_t ha = register_64k(side, "peerA");
+    void *ctx = zmq_ctx_new();
+    void *a = dealer(ctx, d.endpoint, "peerA");
+    tally_shm_ref_t ref = {.in_handle = ha, .in_length = 4096};
+    uint8_t bytes[TALLY_SHM_REF_SIZE];
+    tally_shm_ref_encode(&ref, bytes);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 1);
+    req.flags = TALLY_FLAG_SHM_REF;
+    assert_int_equal(th_send_request(a, &req, bytes, sizeof bytes), 0);
+    th_answer_t ans;
+    int64_t deadline = th_now_ms() + 30000;
+    while (stat_value(d.endpoint, "tallyd_requests_in_flight ") < 2) { /* stats is one */
+        if (th_now_ms() > deadline)
+            fail_msg("the hist was not seen in flight within 30 s");
+        usleep(10000);
+    }
+    assert_int_equal(th_side_call(side, TALLY_SHM_OP_RELEASE, NULL, ha, -1, &ans), TALLY_OK);
+    assert_int_equal(stat_value(d.endpoint, "tallyd_shm_regions "), 1);
+    expect_ref(a, TALLY_OP_HIST, 0, ref, TALLY_E_BAD_REF, "not a region registered by this peer");
+    th_reply_t reply;
+    assert_int_equal(th_recv_reply(a, &reply), 0);
+    assert_int_equal(reply.rep.request_id, 1);
+    assert_int_equal(reply.rep.status, TALLY_OK);
+    uint64_t zeros; /* the hist of the region's 4 KiB, all zero */
+    assert_int_equal(reply.len, 256 * sizeof zeros);
+    memcpy(&zeros, reply.payload, sizeof zeros);
+    assert_int_equal(zeros, 4096);
+    th_reply_free(&reply);
+    assert_int_equal(stat_value(d.endpoint, "tallyd_shm_regions "), 0);
+    zmq_close(a);
+    zmq_ctx_term(ctx);
+    close(side);
+    stop(&d);
+}
+
 /* Auto mode: a scan with its input and output in registered regions goes to the GPU from
  * TD_GPU_MIN_BATCH_SHM; by payload, or without an output region, it stays on the CPU. Each GPU
  * request is made to fail (--test-fault-every 1), so the fallback counter counts them. */
@@ -1349,6 +1394,7 @@ int main(void)
         cmocka_unit_test(test_side_channel_refusals),
         cmocka_unit_test(test_quotas),
         cmocka_unit_test(test_dead_producer),
+        cmocka_unit_test(test_released_while_in_flight),
         cmocka_unit_test(test_auto_routing),
         cmocka_unit_test(test_shm_off),
         cmocka_unit_test(test_register_off_loop),

@@ -2,7 +2,8 @@
 /*
  * test_start_failures.c — an endpoint tallyd cannot have at start (issue 37: the start-failure
  * cleanup of each), against the real tallyd: the metrics port, the PUB endpoint and the request
- * endpoint held by another socket, and an ipc:// endpoint in a directory that does not exist.
+ * endpoint held by another socket, an ipc:// endpoint in a directory that does not exist, and
+ * --backend cuda with no GPU to be had.
  * Each time tallyd exits 1 (start-up failed, tallyd(8)) saying which endpoint and why, after
  * taking down what it had made before (the ASan build's leak check runs at that exit), and never
  * says it is ready.
@@ -99,12 +100,30 @@ static void test_request_endpoint_taken(void **state)
     refused("--bind", at, want);
 }
 
+/* --backend cuda where no GPU can be used (none visible to CUDA, or a build without CUDA): no
+ * usable backend, so tallyd exits 1 saying why (tallyd(8) EXIT STATUS) instead of serving on
+ * the CPU as --backend auto would. */
+static void test_backend_cuda_without_gpu(void **state)
+{
+    (void)state;
+    const char *was = getenv("CUDA_VISIBLE_DEVICES");
+    char *saved = was ? strdup(was) : NULL;
+    setenv("CUDA_VISIBLE_DEVICES", "", 1);
+    refused("--backend", "cuda", "--backend cuda: no usable GPU: ");
+    if (saved)
+        setenv("CUDA_VISIBLE_DEVICES", saved, 1);
+    else
+        unsetenv("CUDA_VISIBLE_DEVICES");
+    free(saved);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_metrics_port_taken),
         cmocka_unit_test(test_pub_endpoint_taken),
         cmocka_unit_test(test_request_endpoint_taken),
+        cmocka_unit_test(test_backend_cuda_without_gpu),
     };
     return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

@@ -10,14 +10,20 @@
  *     that holds slots already, is refused too; version 3's fixed-size slots likewise (an
  *     interval twice, a slot whose bins do not add up to its total);
  *   - a ring is made only with intervals, an interval length and 1..4 channels;
- *   - a window query longer than the time since the epoch of the clock sums from 0.
+ *   - a window query longer than the time since the epoch of the clock sums from 0;
+ *   - a saved slot whose bins do not add up or do not decode invalidates the ring; one of another
+ *     interval length, or from the future of a clock that stepped back, is dropped (the rest
+ *     restored);
+ *   - the test clock file: its milliseconds, 0 while it is missing or empty.
  */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -117,6 +123,26 @@ static void test_ring_records_refused(void **state)
     assert_int_equal(td_window_decode(back, t, MS, rec, len, &dropped, &nomem), 0); /* not empty */
     assert_int_equal(td_window_slots(back), 1);
     td_window_destroy(&back);
+
+    /* A slot of another interval length, or from the future of a clock that stepped back since
+     * it was saved: dropped, the rest restored. Bins that do not add up to the slot's total, or
+     * that do not decode (cut): the ring is invalid. */
+    back = td_window_new(INTERVALS, MS, 1);
+    assert_int_equal(td_window_decode(back, t - 5 * MS, MS, rec, len, &dropped, &nomem), len);
+    assert_int_equal(dropped, 1);
+    assert_int_equal(td_window_decode(back, t, 2 * MS, rec, len, &dropped, &nomem), len);
+    assert_int_equal(dropped, 1);
+    assert_int_equal(td_window_slots(back), 0);
+    tally_put_u64(rec + 4 + 24, 4); /* the total: one more than the bins hold */
+    assert_int_equal(td_window_decode(back, t, MS, rec, len, &dropped, &nomem), 0);
+    tally_put_u64(rec + 4 + 24, 3);
+    assert_int_equal(td_window_decode(back, t, MS, rec, 4 + 32, &dropped, &nomem), 0); /* no bins */
+    assert_int_equal(td_window_slots(back), 0);
+    assert_int_equal(td_window_decode(back, t, MS, rec, len, &dropped, &nomem), len);
+    assert_int_equal(dropped, 0);
+    assert_int_equal(td_window_slots(back), 1);
+    assert_false(nomem);
+    td_window_destroy(&back);
 }
 
 /* Version 3's slot: interval, underflow, overflow, total, then 256 bins. */
@@ -176,6 +202,28 @@ static void test_ring_made_only_when_valid(void **state)
     td_window_destroy(&w);
 }
 
+/* The test clock (--test-clock FILE): the milliseconds the file holds; 0 while the file is
+ * missing or empty (a test writing it anew). */
+static void test_clock_file(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/tally-clock-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    td_clock_set_test_file(path);
+    assert_int_equal(td_clock_ms(), 0); /* empty */
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("123456\n", f);
+    fclose(f);
+    assert_int_equal(td_clock_ms(), 123456);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(td_clock_ms(), 0); /* missing */
+    td_clock_set_test_file(NULL);
+    assert_true(td_clock_ms() > 1700000000000ull); /* the wall clock again */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -184,6 +232,7 @@ int main(void)
         cmocka_unit_test(test_ring_records_refused),
         cmocka_unit_test(test_v3_ring_refused),
         cmocka_unit_test(test_ring_made_only_when_valid),
+        cmocka_unit_test(test_clock_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

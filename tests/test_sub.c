@@ -54,7 +54,7 @@ static int teardown(void **state)
     return th_daemon_teardown(&daemon_, 20000, dir);
 }
 
-static void push(const char *stream, uint8_t value, size_t n)
+static void push_to(tally_client_t *c, const char *stream, uint8_t value, size_t n)
 {
     uint8_t *data = malloc(n);
     assert_non_null(data);
@@ -63,19 +63,32 @@ static void push(const char *stream, uint8_t value, size_t n)
     assert_int_equal(tally_req_set_stream(&req, stream), TALLY_OK);
     tally_reply_t reply;
     tally_reply_init(&reply);
-    assert_int_equal(tally_call(client, &req, data, n, &reply), TALLY_OK);
+    assert_int_equal(tally_call(c, &req, data, n, &reply), TALLY_OK);
     tally_reply_clear(&reply);
     free(data);
+}
+
+static void push(const char *stream, uint8_t value, size_t n)
+{
+    push_to(client, stream, value, n);
+}
+
+/* A subscription to `prefix` at endpoint, and *msg to receive into (the caller frees both). */
+static tally_sub_t *subscribed(const char *endpoint, const char *prefix, tally_pub_msg_t **msg)
+{
+    tally_sub_t *sub = NULL;
+    assert_int_equal(tally_sub_new(endpoint, &sub), TALLY_OK);
+    assert_int_equal(tally_sub_subscribe(sub, prefix), TALLY_OK);
+    *msg = malloc(sizeof **msg);
+    assert_non_null(*msg);
+    return sub;
 }
 
 static void test_sub_prefix_records(void **state)
 {
     (void)state;
-    tally_sub_t *sub = NULL;
-    assert_int_equal(tally_sub_new(pub, &sub), TALLY_OK);
-    assert_int_equal(tally_sub_subscribe(sub, "cam"), TALLY_OK);
-    tally_pub_msg_t *msg = malloc(sizeof *msg);
-    assert_non_null(msg);
+    tally_pub_msg_t *msg;
+    tally_sub_t *sub = subscribed(pub, "cam", &msg);
     /* Push until the subscription has joined and cam0's first record arrives. */
     int64_t deadline = th_now_ms() + DEADLINE_MS;
     bool joined = false;
@@ -128,11 +141,8 @@ static void test_sub_prefix_records(void **state)
 static void test_sub_deleted_and_fd(void **state)
 {
     (void)state;
-    tally_sub_t *sub = NULL;
-    assert_int_equal(tally_sub_new(pub, &sub), TALLY_OK);
-    assert_int_equal(tally_sub_subscribe(sub, "gone"), TALLY_OK);
-    tally_pub_msg_t *msg = malloc(sizeof *msg);
-    assert_non_null(msg);
+    tally_pub_msg_t *msg;
+    tally_sub_t *sub = subscribed(pub, "gone", &msg);
     int fd = tally_sub_fd(sub);
     assert_true(fd >= 0);
     /* Join first (records of "gone" arrive), through the fd: poll, then drain. */
@@ -236,11 +246,69 @@ static void test_sub_arguments(void **state)
     tally_sub_destroy(&sub); /* a second destroy of NULL is harmless */
 }
 
+/* At four shards a deletion reaches the subscribers from the deleting stream's shard through the
+ * request path's front (td_path.c shard_deleted): eight streams, spread over the shards, deleted
+ * one after the other, each announced exactly once. */
+static void test_sub_deleted_at_shards(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    char pub4[160];
+    snprintf(pub4, sizeof pub4, "ipc://%s/pub4", dir);
+    const char *args[] = {"--pub", pub4, "--pub-interval-ms", "100", "--shards", "4", NULL};
+    th_daemon_t d;
+    assert_int_equal(th_daemon_start(&d, args), 0);
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(d.endpoint, 20000, &c), TALLY_OK);
+    tally_pub_msg_t *msg;
+    tally_sub_t *sub = subscribed(pub4, "del", &msg);
+    int64_t deadline = th_now_ms() + DEADLINE_MS;
+    for (bool joined = false; !joined;) { /* the subscription joins late */
+        push_to(c, "del0", 1, 10);
+        joined = tally_sub_recv(sub, 200, msg) == TALLY_OK;
+        if (th_now_ms() > deadline)
+            fail_msg("no publication of 'del0' within %d ms", DEADLINE_MS);
+    }
+    char names[N][8];
+    unsigned shards = 0;
+    for (unsigned i = 0; i < N; i++) {
+        snprintf(names[i], sizeof names[i], "del%u", i);
+        shards |= 1u << tally_partition(names[i], strlen(names[i]), 4);
+        push_to(c, names[i], (uint8_t)i, 10);
+    }
+    assert_true(shards != 1 && shards != 2 && shards != 4 && shards != 8); /* several shards */
+    for (unsigned i = 0; i < N; i++)
+        assert_int_equal(tally_delete(c, names[i]), TALLY_OK);
+    unsigned seen[N] = {0}, total = 0;
+    while (total < N) {
+        tally_status_t st = tally_sub_recv(sub, 500, msg);
+        assert_true(st == TALLY_OK || st == TALLY_E_TIMEOUT);
+        if (st == TALLY_OK && msg->pub.kind == TALLY_PUB_DELETED) {
+            unsigned i = (unsigned)atoi(msg->stream + 3);
+            assert_true(i < N);
+            assert_string_equal(msg->stream, names[i]);
+            seen[i]++;
+            total++;
+        }
+        if (th_now_ms() > deadline)
+            fail_msg("%u of %d 'deleted' publications within %d ms", total, N, DEADLINE_MS);
+    }
+    for (unsigned i = 0; i < N; i++)
+        assert_int_equal(seen[i], 1);
+    assert_false(tally_sub_recv(sub, 300, msg) == TALLY_OK &&
+                 msg->pub.kind == TALLY_PUB_DELETED); /* none twice */
+    free(msg);
+    tally_sub_destroy(&sub);
+    tally_client_destroy(&c);
+    assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sub_prefix_records),
         cmocka_unit_test(test_sub_deleted_and_fd),
+        cmocka_unit_test(test_sub_deleted_at_shards),
         cmocka_unit_test(test_reply_stream_info),
         cmocka_unit_test(test_sub_arguments),
     };

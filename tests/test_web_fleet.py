@@ -190,10 +190,14 @@ def remote_records(ws, cluster, owner):
             got = d.get_json("/api/v1/streams/" + quote(name))
             check(got, None, "GET /api/v1/streams/%s of %s" % (name, d.name))
             owners = [w for w in ws if w.name == owner[name]][0]
-            if got != owners.get_json("/api/v1/streams/" + quote(name)):
-                fail("%s's record of %s differs from its owner's" % (d.name, name))
-            if got != queried(cluster, name):
-                fail("%s's record of %s differs from tally --nats query --json" % (d.name, name))
+            theirs = owners.get_json("/api/v1/streams/" + quote(name))
+            if got != theirs:
+                fail("%s's record of %s differs from its owner's:\n%r\n%r" %
+                     (d.name, name, got, theirs))
+            asked = queried(cluster, name)
+            if got != asked:
+                fail("%s's record of %s differs from tally --nats query --json:\n%r\n%r" %
+                     (d.name, name, got, asked))
         windowed = d.get_json("/api/v1/streams/%s?last=10s&quantiles=0.5" % quote(other[0]))
         check(windowed, None, "a window of another member's stream")
         if "window" not in windowed or windowed["count"] != got_count(owner, ws, other[0]):
@@ -549,6 +553,11 @@ def run(tmp):
         until(lambda: owned(ws[2]) == PARTITIONS, "wc owns every partition")
         watch_polled(tmp, cluster, ws[2], STREAMS[0])
         ws[2].stop(want_rc=0)
+    except BaseException:  # a failure (fail() exits): each worker's last words, for CI's log
+        for d in ws:
+            print("---- the end of %s's log:\n%s" % (d.name, d.log_text()[-4000:]),
+                  file=sys.stderr)
+        raise
     finally:
         for d in ws:
             d.stop(want_rc=None)

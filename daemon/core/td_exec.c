@@ -131,13 +131,14 @@ static uint32_t exec_region_peers(void *ctx, const td_request_t *r)
 }
 
 /* The threads of libuv's pool that runs the CPU path: UV_THREADPOOL_SIZE, which main.c sets
- * from --workers (libuv's default 4 when unset, its cap 1024). */
+ * from --workers unless the environment has it, read as libuv reads it (4 when unset, 1 for 0
+ * or what is not a number, at most 1024). */
 static unsigned cpu_workers(void)
 {
     const char *size = getenv("UV_THREADPOOL_SIZE");
-    unsigned long n = size ? strtoul(size, NULL, 10) : 0;
+    unsigned long n = size ? strtoul(size, NULL, 10) : 4;
     if (n == 0)
-        n = 4;
+        n = 1;
     return n > 1024 ? 1024 : (unsigned)n;
 }
 

@@ -43,8 +43,8 @@ typedef struct {
 
 /* Opens every device of the engine (taking ownership of it, also on failure) with its lanes
  * and threads. A device that cannot be opened is skipped with a warning; TD_ERR_BACKEND (and
- * why) when none could, TD_ERR_NOMEM or TD_ERR_LIBRARY (libuv) otherwise. Each shard's sink is
- * opened with td_gpu_sink_open before it submits. */
+ * why) when none could, TD_ERR_NOMEM otherwise. Each shard's sink is opened with
+ * td_gpu_sink_open before it submits. */
 td_err_t td_gpu_new(uv_loop_t *loop, td_gpu_engine_t *engine, const td_gpu_opts_t *opts,
                     td_gpu_t **out, char *why, size_t why_cap);
 /* Sink `index` (< opts.sinks): the completions of requests with r->shard == index come back

@@ -395,7 +395,7 @@ static bool device_idle(device_t *d)
         idle = !l->ring_count && !l->waiting.head && !l->retiring;
         pthread_mutex_unlock(&l->lock);
     }
-    if (idle && d->pool_open) {
+    if (idle) { /* the pool is open while the lanes are (asked only then) */
         pthread_mutex_lock(&d->pool.lock);
         idle = d->pool.free_count == d->pool.count;
         pthread_mutex_unlock(&d->pool.lock);
@@ -498,7 +498,7 @@ void td_gpu_recover_check(td_gpu_t *g)
             waiting = true;
     }
     /* Replies still being sent hold the device's pinned buffers: look again shortly. */
-    if (waiting && g->recover_timer_open && !uv_is_active((uv_handle_t *)&g->recover_timer))
+    if (waiting && g->recovery_open && !uv_is_active((uv_handle_t *)&g->recover_timer))
         uv_timer_start(&g->recover_timer, recover_timer_cb, TD_GPU_RECOVER_POLL_MS, 0);
 }
 

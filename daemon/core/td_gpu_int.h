@@ -50,7 +50,8 @@ struct lane {
     unsigned *ring;             /* slot indices in launch order */
     unsigned ring_head;
     unsigned ring_count;
-    unsigned retiring; /* slots popped from the ring whose completion is not pushed yet */
+    unsigned retiring; /* slots popped from the ring whose completion is not pushed yet (read by
+                        * device_idle: the lane thread itself finds it 0, its retire done) */
     bool stop;
     atomic_uint events; /* bumped on every slot done and request queued (for spinning) */
     /* Completion by count (td_gpu.c slot_done): the host functions of a lane run in its launch
@@ -62,6 +63,10 @@ struct lane {
      * wake-up at the stream's tail (lane_notify), pending until it ran (under lock). */
     bool poll;
     bool wake_pending;
+    /* Polling with more than one launch on the device (td_gpu.c nap_for_head): the spin ran out
+     * since the last retire or launch, so the lane naps and polls instead of spinning again. */
+    bool napping;
+    uint64_t nap_since; /* when it began (ns, CLOCK_MONOTONIC) */
 };
 
 /* The device's pinned reply buffers (TD_GPU_REPLY_BUFS in td_config.h says why). Taken by lane
@@ -136,9 +141,8 @@ struct td_gpu {
     /* Polls the unusable devices until they are idle enough to recover (td_gpu_device.c); a
      * shard's completions that find a lost context wake it (recover_async). */
     uv_timer_t recover_timer;
-    bool recover_timer_open;
     uv_async_t recover_async;
-    bool recover_async_open;
+    bool recovery_open; /* both, opened together by td_gpu_new, closed by td_gpu_close */
     atomic_uint recovering; /* recoveries whose worker has not finished */
     sink_t *sinks;          /* opts.sinks of them */
 };

@@ -3,6 +3,7 @@
  * td_ops.c — the operations answered on the loop thread from what tallyd holds (see td_ops.h).
  */
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,65 +16,69 @@
 /* Space for an info reply. */
 #define TD_TEXT_REPLY_MAX (64 * 1024)
 
-static void reply_text(td_request_t *r, char *text, size_t len)
+/* An info reply as it is written: at most TD_TEXT_REPLY_MAX - 1 bytes and its NUL. What would
+ * pass that is cut (the reply holds a few KiB), so that no part needs a check of its own. */
+typedef struct {
+    char *text;
+    size_t len;
+} info_text_t;
+
+/* n bytes were written at the end, as snprintf counts them: what passed the end was cut. */
+static void info_grew(info_text_t *t, size_t n)
 {
-    if (len > TD_TEXT_REPLY_MAX - 1)
-        len = TD_TEXT_REPLY_MAX - 1;
-    td_request_succeed(r, TALLY_DTYPE_TEXT, text, len, len);
+    size_t room = TD_TEXT_REPLY_MAX - 1 - t->len;
+    t->len += n < room ? n : room;
+}
+
+static void info_add(info_text_t *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void info_add(info_text_t *t, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(t->text + t->len, TD_TEXT_REPLY_MAX - t->len, fmt, ap);
+    va_end(ap);
+    info_grew(t, n > 0 ? (size_t)n : 0);
 }
 
 void td_op_info(const td_info_t *info, td_request_t *r)
 {
-    char *text = malloc(TD_TEXT_REPLY_MAX);
-    if (!text) {
+    info_text_t t = {.text = malloc(TD_TEXT_REPLY_MAX)};
+    if (!t.text) {
         td_request_fail(r, TALLY_E_INTERNAL, "out of memory");
         return;
     }
     const td_config_t *c = info->cfg;
-    int n =
-        snprintf(text, TD_TEXT_REPLY_MAX,
-                 "version=%s\nprotocol=%d\nbackend=%s\nbackends=%s\ndevices=%s\n"
-                 "max_batch=%zu\nmax_inflight=%u\nmax_streams=%u\nshm=%s\nshm_socket=%s\n"
-                 "window_intervals=%u\nwindow_interval_ms=%u\npub=%s\npub_interval_ms=%u\n"
-                 "curve=%s\n",
-                 TALLY_VERSION, TALLY_PROTO_VERSION, info->backend, info->backends, info->devices,
-                 c->max_batch, c->max_inflight, c->max_streams, info->shm_path ? "on" : "off",
-                 info->shm_path ? info->shm_path : "", c->window_intervals, c->window_interval_ms,
-                 info->pub_endpoint ? info->pub_endpoint : "", c->pub_interval_ms,
-                 info->curve ? "on" : "off");
+    info_add(&t,
+             "version=%s\nprotocol=%d\nbackend=%s\nbackends=%s\ndevices=%s\n"
+             "max_batch=%zu\nmax_inflight=%u\nmax_streams=%u\nshm=%s\nshm_socket=%s\n"
+             "window_intervals=%u\nwindow_interval_ms=%u\npub=%s\npub_interval_ms=%u\n"
+             "curve=%s\n",
+             TALLY_VERSION, TALLY_PROTO_VERSION, info->backend, info->backends, info->devices,
+             c->max_batch, c->max_inflight, c->max_streams, info->shm_path ? "on" : "off",
+             info->shm_path ? info->shm_path : "", c->window_intervals, c->window_interval_ms,
+             info->pub_endpoint ? info->pub_endpoint : "", c->pub_interval_ms,
+             info->curve ? "on" : "off");
     /* The per-peer limits a client can meet (PROTOCOL.md §8), as in force: 0 for the in-flight
      * share means the fair share, which changes with the connections in flight. */
-    if (n > 0 && n < TD_TEXT_REPLY_MAX)
-        n += snprintf(text + n, TD_TEXT_REPLY_MAX - (size_t)n,
-                      "max_inflight_per_peer=%u\nmax_streams_per_client=%u\n"
-                      "stream_create_rate=%u\nmax_frame=%zu\nmax_unread_replies=%d\n"
-                      "max_reply_bytes_per_peer=%" PRIu64 "\nmax_reply_bytes=%" PRIu64 "\n",
-                      c->max_inflight_per_peer, td_config_streams_per_client(c),
-                      c->stream_create_rate, td_config_max_frame(c), TD_DEFAULT_SNDHWM,
-                      td_config_reply_bytes_per_peer(c), td_config_reply_bytes(c));
-    size_t len = n > 0 ? (size_t)n : 0;
-    if (len > TD_TEXT_REPLY_MAX - 1)
-        len = TD_TEXT_REPLY_MAX - 1;
+    info_add(&t,
+             "max_inflight_per_peer=%u\nmax_streams_per_client=%u\n"
+             "stream_create_rate=%u\nmax_frame=%zu\nmax_unread_replies=%d\n"
+             "max_reply_bytes_per_peer=%" PRIu64 "\nmax_reply_bytes=%" PRIu64 "\n",
+             c->max_inflight_per_peer, td_config_streams_per_client(c), c->stream_create_rate,
+             td_config_max_frame(c), TD_DEFAULT_SNDHWM, td_config_reply_bytes_per_peer(c),
+             td_config_reply_bytes(c));
     /* The shared-memory side channel's limits (PROTOCOL.md §10), after the per-peer ones. */
-    len += td_shm_info(c, text + len, TD_TEXT_REPLY_MAX - len);
+    info_grew(&t, td_shm_info(c, t.text + t.len, TD_TEXT_REPLY_MAX - t.len));
     /* The stream state's memory budget (PROTOCOL.md §8). */
-    n = snprintf(text + len, TD_TEXT_REPLY_MAX - len,
-                 "max_state_bytes=%zu\nmax_state_bytes_per_client=%zu\n", c->max_state_bytes,
-                 td_config_state_bytes_per_client(c));
-    if (n > 0)
-        len += (size_t)n < TD_TEXT_REPLY_MAX - len ? (size_t)n : TD_TEXT_REPLY_MAX - len - 1;
+    info_add(&t, "max_state_bytes=%zu\nmax_state_bytes_per_client=%zu\n", c->max_state_bytes,
+             td_config_state_bytes_per_client(c));
     /* The GPUs a device region may be registered on (PROTOCOL.md §10 "Device memory"), and the
      * request path's shards (issue 31). */
-    n = snprintf(text + len, TD_TEXT_REPLY_MAX - len, "gpu_uuids=%s\nshards=%u\n",
-                 info->gpu_uuids ? info->gpu_uuids : "", info->shards);
-    if (n > 0)
-        len += (size_t)n < TD_TEXT_REPLY_MAX - len ? (size_t)n : TD_TEXT_REPLY_MAX - len - 1;
+    info_add(&t, "gpu_uuids=%s\nshards=%u\n", info->gpu_uuids ? info->gpu_uuids : "", info->shards);
     /* The NATS fleet (PROTOCOL.md §13): on or off, and a worker's limits and partitions. */
-    if (info->fleet) {
-        size_t m = td_fleet_status_info(info->fleet, text + len, TD_TEXT_REPLY_MAX - len);
-        len += m < TD_TEXT_REPLY_MAX - len ? m : TD_TEXT_REPLY_MAX - len - 1;
-    }
-    reply_text(r, text, len);
+    if (info->fleet)
+        info_grew(&t, td_fleet_status_info(info->fleet, t.text + t.len, TD_TEXT_REPLY_MAX - t.len));
+    td_request_succeed(r, TALLY_DTYPE_TEXT, t.text, t.len, t.len);
 }
 
 void td_op_streams(td_streams_t *streams, td_request_t *r)

@@ -76,7 +76,7 @@ size_t td_shm_info(const td_config_t *cfg, char *buf, size_t cap)
                      "shm_max_connections_per_uid=%u\nshm_register_timeout_ms=%u\n",
                      cfg->shm_max_regions_per_peer, cfg->shm_max_bytes, cfg->shm_max_conns_per_uid,
                      cfg->shm_register_timeout_ms);
-    return n < 0 || cap == 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+    return n > 0 ? (size_t)n : 0;
 }
 
 /* ---- life cycle --------------------------------------------------------------------------- */
@@ -230,10 +230,8 @@ td_err_t td_shm_new(const td_shm_env_t *env, td_shm_t **out)
     pthread_mutexattr_settype(&recursive, PTHREAD_MUTEX_RECURSIVE);
     pthread_mutex_init(&shm->lock, &recursive);
     pthread_mutexattr_destroy(&recursive);
-    if (cfg->shm_socket)
-        snprintf(shm->path, sizeof shm->path, "%s", cfg->shm_socket);
-    else
-        td_config_default_shm_socket(shm->path, sizeof shm->path);
+    /* Always set: the settings fill in the default path (td_settings_load.c). */
+    snprintf(shm->path, sizeof shm->path, "%s", cfg->shm_socket);
     char why[512];
     if (!start_listening(shm, why, sizeof why)) {
         bool in_use = shm->in_use;

@@ -66,9 +66,9 @@ void td_shm_destroy(td_shm_t **self_p);
 
 /* The side channel's path (for `info`), or NULL when self is NULL. */
 const char *td_shm_path(const td_shm_t *self);
-/* Appends the side channel's limits to `info` at buf (cap bytes): the lines
+/* Appends the side channel's limits to `info` at buf (cap bytes) like snprintf: the lines
  * shm_max_regions_per_peer, shm_max_bytes, shm_max_connections_per_uid and
- * shm_register_timeout_ms (PROTOCOL.md §5 info). Returns the bytes written (at most cap - 1). */
+ * shm_register_timeout_ms (PROTOCOL.md §5 info). Returns the length they need. */
 size_t td_shm_info(const td_config_t *cfg, char *buf, size_t cap);
 
 /* Resolves [offset, offset + length) of region `handle` for a request from routing id `id`:

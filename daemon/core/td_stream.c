@@ -389,9 +389,8 @@ static void remember_removed(td_streams_t *self, const td_stream_t *s)
         return;
     size_t need = self->removed_len + 1 + s->name_len;
     if (need > self->removed_cap) {
+        /* Enough: a name adds at most 256 bytes, and the buffer is at least 1024. */
         size_t cap = self->removed_cap ? 2 * self->removed_cap : 1024;
-        while (cap < need)
-            cap *= 2;
         uint8_t *grown = realloc(self->removed, cap);
         if (!grown) {
             self->removed_lost = true;
@@ -411,11 +410,10 @@ void td_streams_remove(td_streams_t *self, td_stream_t **stream_p)
     td_stream_t *s = *stream_p;
     self = s->table; /* the whole's part that holds it */
     size_t slot = td_fnv1a64(s->name, s->name_len) & (self->bucket_count - 1);
-    td_stream_t **link = &self->buckets[slot];
-    while (*link && *link != s)
+    td_stream_t **link = &self->buckets[slot]; /* s is in its slot's chain (link_stream) */
+    while (*link != s)
         link = &(*link)->hash_next;
-    if (*link)
-        *link = s->hash_next;
+    *link = s->hash_next;
     if (s->list_prev)
         s->list_prev->list_next = s->list_next;
     else

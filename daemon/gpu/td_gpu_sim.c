@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "td_gpu_engine.h"
@@ -34,7 +35,14 @@ typedef struct {
     /* Test-only: simulated GPUs 0..peers-1 can reach each other's memory (peer access), as two
      * GPUs on NVLink can (TALLYD_TEST_SIM_PEERS=N; unset: none can). */
     unsigned peers;
+    /* Test-only: a launch without done (a polling lane's) is seen finished by lane_finished only
+     * this long after it returned (TALLYD_TEST_SIM_FINISH_US), as a GPU's work is, so a polling
+     * lane spins out and naps (td_gpu.c nap_for_head). */
+    unsigned finish_us;
 } sim_t;
+
+/* Slots whose finish time a lane keeps (TD_GPU_SLOTS_PER_LANE is 2); any later one is finished. */
+#define SIM_FINISH_SLOTS 64
 
 typedef struct {
     sim_t *sim;
@@ -47,7 +55,24 @@ typedef struct {
     td_gpu_small_t d_small;
     int64_t *d_carries;
     unsigned carries;
+    uint64_t finish_ns[SIM_FINISH_SLOTS]; /* CLOCK_MONOTONIC: when slot i's launch is finished */
 } sim_lane_t;
+
+static uint64_t sim_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* A launch into `slot` has returned: done now, or, polled, finished after finish_us. */
+static void sim_launched(sim_lane_t *l, unsigned slot, td_gpu_done_fn done, void *arg)
+{
+    if (done)
+        done(arg);
+    else if (slot < SIM_FINISH_SLOTS)
+        l->finish_ns[slot] = sim_now_ns() + (uint64_t)l->sim->finish_us * 1000u;
+}
 
 static _Thread_local char sim_error[128] = "no error";
 
@@ -206,8 +231,7 @@ static td_gpu_err_t sim_lane_launch(void *lane, const td_gpu_job_t *job, td_gpu_
         snprintf(sim_error, sizeof sim_error, "simulated kernel failed: %s", tally_status_name(st));
         return TD_GPU_E_DEVICE;
     }
-    if (done) /* else the lane thread polls sim_lane_finished */
-        done(arg);
+    sim_launched(l, job->slot, done, arg); /* without done the lane polls sim_lane_finished */
     return TD_GPU_OK;
 }
 
@@ -260,17 +284,16 @@ static td_gpu_err_t sim_lane_launch_split(void *lane, void *const *lanes, unsign
         snprintf(sim_error, sizeof sim_error, "simulated split kernel failed");
         return TD_GPU_E_DEVICE;
     }
-    if (done) /* else the lane thread polls sim_lane_finished */
-        done(arg);
+    sim_launched(l, job->slot, done, arg); /* without done the lane polls sim_lane_finished */
     return TD_GPU_OK;
 }
 
-/* done came before the launch returned: a launch that succeeded has finished. */
+/* done came before the launch returned: a launch that succeeded has finished (finish_us after
+ * it returned, when set). */
 static bool sim_lane_finished(void *lane, unsigned slot)
 {
-    (void)lane;
-    (void)slot;
-    return true;
+    const sim_lane_t *l = lane;
+    return slot >= SIM_FINISH_SLOTS || sim_now_ns() >= l->finish_ns[slot];
 }
 
 /* Everything enqueued has finished (each launch ran before it returned): done at once. */
@@ -429,6 +452,8 @@ td_gpu_err_t td_gpu_engine_sim_new(unsigned devices, td_gpu_engine_t **out)
     sim->register_us = reg ? (unsigned)strtoul(reg, NULL, 10) : 0;
     const char *peers = getenv("TALLYD_TEST_SIM_PEERS");
     sim->peers = peers ? (unsigned)strtoul(peers, NULL, 10) : 0;
+    const char *finish = getenv("TALLYD_TEST_SIM_FINISH_US");
+    sim->finish_us = finish ? (unsigned)strtoul(finish, NULL, 10) : 0;
     *e = sim_engine;
     e->ctx = sim;
     *out = e;

@@ -4,7 +4,8 @@
  * fleet's objects, the thread's loop, and the heartbeat that keeps membership, leases and the
  * plan (which partitions this worker should own) up to date.
  *
- * The thread's loop, every turn: the heartbeat when it is due (every third of the lease TTL:
+ * The thread's loop, every turn: the heartbeat when it is due (every third of the lease TTL, or
+ * sooner when a key it waits for runs out: another member's heartbeat, a lease it should take;
  * membership, lease renewals, the plan: partitions to take and to give up, for at most a third
  * of the TTL, so that a cluster slow enough to make taking every partition last longer than a
  * lease never lets the first ones taken run out meanwhile; the rest wait for the next
@@ -143,8 +144,38 @@ static void renew_leases(td_fleet_t *f)
     }
 }
 
+/* The soonest of *soonest and when the key of kv runs out (an absent key, or one NATS will not
+ * read: nothing). */
+static void note_expiry(td_fleet_t *f, kvStore *kv, const char *key, int64_t *soonest)
+{
+    int64_t at = 0;
+    if (td_kv_expiry(kv, key, f->ttl_ms, &at) == TD_OK && at && (!*soonest || at < *soonest))
+        *soonest = at;
+}
+
+/* When a key this worker waits for runs out (0: none): another member's heartbeat (the plan
+ * changes when it goes) and the lease of each partition the plan gives this worker that another
+ * still holds (issue 32: a worker killed without a word is taken over when its keys expire, not
+ * at the heartbeat after). */
+static int64_t awaited_expiry(td_fleet_t *f, char *const *ids, size_t n, const bool *mine)
+{
+    int64_t soonest = 0;
+    char key[16];
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(ids[i], f->member) != 0)
+            note_expiry(f, f->members, ids[i], &soonest);
+    for (uint32_t k = 0; k < f->partitions; k++) {
+        if (!mine[k] || f->parts[k].owned)
+            continue;
+        td_lease_key(key, sizeof key, k);
+        note_expiry(f, f->leases, key, &soonest);
+    }
+    return soonest;
+}
+
 /* Takes what the plan gives this worker and is free; gives up what belongs to another member;
- * until `until` (monotonic ms; one at least), then the rest at the next heartbeat. */
+ * until `until` (monotonic ms; one at least), then the rest at the next heartbeat. The next
+ * heartbeat is brought forward to when a key it waits for runs out (awaited_expiry). */
 static void follow_plan(td_fleet_t *f, int64_t until)
 {
     char msg[256];
@@ -176,6 +207,11 @@ static void follow_plan(td_fleet_t *f, int64_t until)
         acted |= take || give_up;
         now = td_nats_now_ms();
     }
+    int64_t expiry = atomic_load(&f->stopping) ? 0 : awaited_expiry(f, ids, n, mine);
+    if (expiry) { /* a key's expiry is its stream's, a little after its time: looked for again */
+        int64_t at = expiry + TD_FLEET_EXPIRY_MARGIN_MS, soonest = now + TD_FLEET_EXPIRY_RETRY_MS;
+        f->expiry_beat_ms = at > soonest ? at : soonest;
+    }
     free(mine);
     td_member_list_free(ids, n);
 }
@@ -189,8 +225,11 @@ static void heartbeat(td_fleet_t *f)
         td_warn("fleet: %s", msg);
     renew_leases(f);
     td_fleet_route_beat(f); /* direct mode: endpoints, lease ends, owners */
+    f->expiry_beat_ms = 0;
     follow_plan(f, began + f->ttl_ms / 3);
     f->next_beat_ms = began + f->ttl_ms / 3; /* a heartbeat that ran long: the next one now */
+    if (f->expiry_beat_ms && f->expiry_beat_ms < f->next_beat_ms)
+        f->next_beat_ms = f->expiry_beat_ms;
 }
 
 /* ---- The thread ---------------------------------------------------------------------------- */
@@ -431,6 +470,8 @@ void td_fleet_destroy(td_fleet_t **self_p)
         uv_close((uv_handle_t *)&f->async, NULL);
     if (f->check.loop && !uv_is_closing((uv_handle_t *)&f->check))
         uv_close((uv_handle_t *)&f->check, NULL);
+    if (f->prepare.loop && !uv_is_closing((uv_handle_t *)&f->prepare))
+        uv_close((uv_handle_t *)&f->prepare, NULL);
     if (f->sig_term.loop && !f->loop_closed) {
         uv_close((uv_handle_t *)&f->sig_term, NULL);
         uv_close((uv_handle_t *)&f->sig_int, NULL);

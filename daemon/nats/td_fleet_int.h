@@ -56,6 +56,11 @@
 #define TD_FLEET_JS_WAIT_MS 2000
 #define TD_FLEET_RENEW_AGE_MS 1000
 #define TD_FLEET_RENEW_RETRY_MS 250
+/* A heartbeat brought forward to a key's expiry (td_fleet.c, awaited_expiry) comes this long
+ * after it (the server removes an expired message by a timer of its own), and no sooner than
+ * this after the last one while the key is still there. */
+#define TD_FLEET_EXPIRY_MARGIN_MS 100
+#define TD_FLEET_EXPIRY_RETRY_MS 250
 /* A partition whose take-over failed (a damaged checkpoint, NATS errors) is not tried again
  * before this. */
 #define TD_FLEET_TAKE_BACKOFF_MS 5000
@@ -91,7 +96,12 @@ typedef struct {
     pthread_cond_t cond; /* room in the queue again, or stop */
     natsMsg *ring[TD_READER_RING];
     size_t head, len;
-    size_t bytes;
+    size_t bytes; /* the ring's and those taken but not popped yet */
+    /* The fleet thread's: what it took from the ring at once (one lock for a batch, issue 32),
+     * popped one by one; `popped`: bytes popped since, still counted in `bytes`. */
+    natsMsg *taken[TD_READER_RING];
+    size_t took, taken_len;
+    size_t popped;
 } td_reader_t;
 
 /* One message of a partition's window (td_fleet_part.c): judged in sequence order, applied
@@ -99,9 +109,11 @@ typedef struct {
 typedef enum { WIN_SENT = 1, WIN_DONE, WIN_RETRY } td_win_state_t;
 typedef struct {
     natsMsg *msg;
+    struct td_msg_ref *ref; /* once sent: the message, shared with the request path */
     uint64_t seq;
     int slot; /* WIN_SENT: its pend slot */
     td_win_state_t state;
+    const char *to; /* judged: its Tally-Reply where its publisher may be answered, or NULL */
 } td_win_entry_t;
 
 /* The longest ack subject kept ($JS.ACK.<stream>.<consumer>.<9 numbers>). */
@@ -160,6 +172,7 @@ struct td_fleet {
     /* Partitions. */
     td_part_t *parts;
     int64_t next_beat_ms;
+    int64_t expiry_beat_ms; /* follow_plan's: when an awaited key runs out (0: none) */
     int64_t next_renew_ms; /* after a failed renewal: the next try */
     size_t live_members;   /* TALLY_MEMBERS' keys: at the last heartbeat or `streams` question */
     int64_t members_read_ms; /* when a `streams` question last read live_members (monotonic) */
@@ -171,6 +184,11 @@ struct td_fleet {
     bool q_mu_ready;
     struct td_fleet_sub *sub_head, *sub_tail;
     struct td_fleet_rep *rep_head, *rep_tail;
+    /* Not posted yet (issue 32: a batch per turn, td_fleet_transport.c): the fleet thread's
+     * requests, the loop thread's replies. */
+    struct td_fleet_sub *sub_out_head, *sub_out_tail;
+    struct td_fleet_rep *rep_out_head, *rep_out_tail;
+    uv_prepare_t prepare;
     int wake_fd;
     td_pend_t *pend; /* pend_cap slots: the windows', then TD_FLEET_PENDING_EXTRA */
     size_t pend_cap, pend_hint;
@@ -211,8 +229,19 @@ void td_fleet_path_close(td_fleet_t *f);
 void td_fleet_path_on_loop(td_fleet_t *f);
 /* Queues one request frame (data: header then payload, copied; len at least
  * TALLY_REQ_HEADER_SIZE, which every caller has checked) for the request path with a fresh tag
- * in a free slot, of the given kind; the slot, or -1 when none is free. */
+ * in a free slot, of the given kind; the slot, or -1 when none is free. It reaches the loop at
+ * the next td_fleet_path_flush (td_fleet_path_poll and td_fleet_on_loop flush first). */
 int td_fleet_path_send(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *data, size_t len);
+/* The same with the payload given (moved: the path frees it; on failure it is freed here) instead
+ * of copied: header is the request header's TALLY_REQ_HEADER_SIZE bytes. */
+int td_fleet_path_send_shared(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *header,
+                              td_bytes_t *payload);
+/* Posts the requests queued since the last flush to the loop: one lock, one wake-up. */
+void td_fleet_path_flush(td_fleet_t *f);
+/* A reply frame (header, then body_len bytes of body) into buf when it fits in cap, else
+ * malloc'ed (free it when it is not buf); NULL without memory (logged). */
+uint8_t *td_fleet_frame(const uint8_t *header, const uint8_t *body, size_t body_len, uint8_t *buf,
+                        size_t cap, size_t *len);
 /* Waits up to timeout_ms for replies and hands each to td_fleet_on_reply (PEND_SYNC ones are
  * kept in their slot). */
 void td_fleet_path_poll(td_fleet_t *f, int timeout_ms);
@@ -222,8 +251,10 @@ uint8_t *td_fleet_path_call(td_fleet_t *f, const uint8_t *data, size_t len, int 
                             size_t *reply_len);
 /* Runs fn(f, arg) on the server's loop thread and waits for it. */
 void td_fleet_on_loop(td_fleet_t *f, void (*fn)(td_fleet_t *f, void *arg), void *arg);
-/* A reply frame for slot (header already with the original request id). */
-void td_fleet_on_reply(td_fleet_t *f, int slot, const uint8_t *reply, size_t len);
+/* A reply for slot: its header (TALLY_REP_HEADER_SIZE bytes, already with the original request
+ * id) and body. */
+void td_fleet_on_reply(td_fleet_t *f, int slot, const uint8_t *header, const uint8_t *body,
+                       size_t body_len);
 
 /* td_fleet.c: a connection of the fleet's (its settings, named after the member and role; asap:
  * every publication flushed at once). */
@@ -237,7 +268,8 @@ void td_part_give_up(td_fleet_t *f, td_part_t *p);
 void td_part_drop(td_fleet_t *f, td_part_t *p, const char *why);
 /* One step: resend, fetch, submit, checkpoint when due. True when it did something. */
 bool td_part_step(td_fleet_t *f, td_part_t *p);
-void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *reply, size_t len);
+void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *header,
+                   const uint8_t *body, size_t body_len);
 /* Waits (polling for replies) until the partition has nothing in the request path. */
 void td_part_quiesce(td_fleet_t *f, td_part_t *p);
 /* Frees what a partition keeps past its ownership (at the fleet's end). */

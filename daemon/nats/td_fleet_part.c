@@ -192,16 +192,62 @@ static void release_lease(td_fleet_t *f, td_part_t *p)
     memset(&p->lease, 0, sizeof p->lease);
 }
 
+/* A message shared by its window entry and the request path (issue 32: no copy of the payload):
+ * the last of them to let go destroys it, on whichever thread that is. */
+typedef struct td_msg_ref {
+    atomic_int refs;
+    natsMsg *msg;
+} td_msg_ref_t;
+
+static void msg_ref_release(void *data, void *hint)
+{
+    (void)data;
+    td_msg_ref_t *r = hint;
+    if (atomic_fetch_sub_explicit(&r->refs, 1, memory_order_acq_rel) == 1) {
+        natsMsg_Destroy(r->msg);
+        free(r);
+    }
+}
+
+/* A window entry's message goes (the path may still hold it). */
+static void entry_release(td_win_entry_t *e)
+{
+    if (e->ref)
+        msg_ref_release(NULL, e->ref);
+    else
+        natsMsg_Destroy(e->msg);
+    memset(e, 0, sizeof *e);
+}
+
+/* The payload of e's message for the request path, sharing it (td_bytes_t: its free function lets
+ * go); false without memory for the sharing. */
+static bool entry_payload(td_win_entry_t *e, td_bytes_t *payload)
+{
+    if (!e->ref) {
+        if (!(e->ref = malloc(sizeof *e->ref)))
+            return false;
+        atomic_init(&e->ref->refs, 1); /* the entry's */
+        e->ref->msg = e->msg;
+    }
+    atomic_fetch_add_explicit(&e->ref->refs, 1, memory_order_relaxed);
+    size_t len = (size_t)natsMsg_GetDataLength(e->msg) - TALLY_REQ_HEADER_SIZE;
+    *payload = (td_bytes_t){.data = len ? (void *)(natsMsg_GetData(e->msg) + TALLY_REQ_HEADER_SIZE)
+                                        : NULL,
+                            .len = len,
+                            .free_fn = msg_ref_release,
+                            .hint = e->ref};
+    return true;
+}
+
 /* Empties the window: what is in the request path is forgotten (its reply, when it comes,
- * finds no slot). */
+ * finds no slot; the path lets its messages go when it is done with them). */
 static void forget_window(td_fleet_t *f, td_part_t *p)
 {
     for (size_t i = 0; i < p->win_len; i++) {
         td_win_entry_t *e = &p->win[(p->win_first + i) % f->inflight];
         if (e->state == WIN_SENT)
             memset(&f->pend[e->slot], 0, sizeof f->pend[e->slot]);
-        natsMsg_Destroy(e->msg);
-        memset(e, 0, sizeof *e);
+        entry_release(e);
     }
     p->win_first += p->win_len;
     p->win_len = p->win_bytes = p->retries = 0;
@@ -226,7 +272,7 @@ void td_part_free(td_fleet_t *f, td_part_t *p)
     td_reader_stop(&p->reader);
     natsMsg_Destroy(p->next);
     for (size_t i = 0; p->win && i < p->win_len; i++)
-        natsMsg_Destroy(p->win[(p->win_first + i) % f->inflight].msg);
+        entry_release(&p->win[(p->win_first + i) % f->inflight]);
     free(p->win);
     jsCtx_Destroy(p->rjs);
     natsConnection_Destroy(p->rnc);
@@ -505,8 +551,7 @@ static void retire(td_fleet_t *f, td_part_t *p)
             memcpy(p->ack, ack, strlen(ack) + 1);
         p->applied_seq = e->seq;
         p->win_bytes -= (size_t)natsMsg_GetDataLength(e->msg);
-        natsMsg_Destroy(e->msg);
-        memset(e, 0, sizeof *e);
+        entry_release(e);
         p->win_first++;
         p->win_len--;
         p->unacked++;
@@ -605,21 +650,45 @@ static bool dead_letter(td_fleet_t *f, td_part_t *p, natsMsg *m, uint64_t seq, t
     return true;
 }
 
-/* The Tally-Reply of m when its publisher may be answered there (one of the inboxes of the user
- * its subject names), else NULL. */
-static const char *reply_to(natsMsg *m)
+/* m's Tally-Reply and Nats-Msg-Id headers (NULL: none), read once: a header asked for and
+ * missing costs libnats an error text each time (issue 32: a third of the fleet thread's
+ * formatting, three times a message). */
+typedef struct {
+    const char *to, *id;
+} msg_headers_t;
+
+static msg_headers_t msg_headers(natsMsg *m)
 {
-    const char *to = header(m, TALLY_NATS_HDR_REPLY);
+    msg_headers_t h = {0};
+    const char **keys = NULL;
+    int n = 0;
+    if (natsMsgHeader_Keys(m, &keys, &n) != NATS_OK)
+        return h; /* no headers at all */
+    for (int i = 0; i < n; i++) {
+        if (!h.to && strcmp(keys[i], TALLY_NATS_HDR_REPLY) == 0)
+            h.to = header(m, TALLY_NATS_HDR_REPLY);
+        else if (!h.id && strcmp(keys[i], TALLY_NATS_HDR_MSG_ID) == 0)
+            h.id = header(m, TALLY_NATS_HDR_MSG_ID);
+    }
+    free((void *)keys);
+    return h;
+}
+
+/* The Tally-Reply to when m's publisher may be answered there (one of the inboxes of the user
+ * its subject names), else NULL. */
+static const char *reply_allowed(natsMsg *m, const char *to)
+{
     return tally_fleet_reply_allowed(to, tally_fleet_subject_user(natsMsg_GetSubject(m))) ? to
                                                                                           : NULL;
 }
 
 /* What the publisher of m may not ask for (PROTOCOL.md §13 "Security"): TALLY_E_NOT_PERMITTED
  * with why (counted), or TALLY_OK. */
-static tally_status_t check_publisher(td_fleet_t *f, natsMsg *m, char *why, size_t cap)
+static tally_status_t check_publisher(td_fleet_t *f, natsMsg *m, const msg_headers_t *h,
+                                      char *why, size_t cap)
 {
     const char *user = tally_fleet_subject_user(natsMsg_GetSubject(m));
-    const char *to = header(m, TALLY_NATS_HDR_REPLY), *id = header(m, TALLY_NATS_HDR_MSG_ID);
+    const char *to = h->to, *id = h->id;
     if (to && !tally_fleet_reply_allowed(to, user)) {
         TD_FLEET_COUNT(f, refused_reply);
         snprintf(why, cap, "Tally-Reply %.80s is not an inbox of user %s (%s%s.>)", to,
@@ -637,12 +706,13 @@ static tally_status_t check_publisher(td_fleet_t *f, natsMsg *m, char *why, size
 
 /* The checks PROTOCOL.md §13 adds after §6's (which the request path repeats): the status and
  * why, or TALLY_OK. */
-static tally_status_t check_message(td_fleet_t *f, td_part_t *p, natsMsg *m, char *why, size_t cap)
+static tally_status_t check_message(td_fleet_t *f, td_part_t *p, natsMsg *m,
+                                    const msg_headers_t *h, char *why, size_t cap)
 {
     const uint8_t *data = (const uint8_t *)natsMsg_GetData(m);
     size_t len = (size_t)natsMsg_GetDataLength(m);
     tally_req_t req;
-    tally_status_t refused = check_publisher(f, m, why, cap);
+    tally_status_t refused = check_publisher(f, m, h, why, cap);
     if (refused != TALLY_OK)
         return refused;
     if (len < TALLY_REQ_HEADER_SIZE) {
@@ -676,7 +746,7 @@ static tally_status_t check_message(td_fleet_t *f, td_part_t *p, natsMsg *m, cha
     size_t reply = op == TALLY_OP_FILTER ? payload
                    : op == TALLY_OP_SCAN ? (req.flags & TALLY_FLAG_SCAN_OUT_I32 ? 1 : 2) * payload
                                          : 0;
-    if (header(m, TALLY_NATS_HDR_REPLY) &&
+    if (h->to &&
         reply + TALLY_REP_HEADER_SIZE > f->max_payload - TALLY_NATS_HEADROOM) {
         snprintf(why, cap, "its reply (up to %zu bytes) would not fit NATS's max_payload %zu",
                  reply, f->max_payload);
@@ -698,7 +768,7 @@ static void fail_message(td_fleet_t *f, td_part_t *p, td_win_entry_t *e, tally_s
     if (st == TALLY_E_NOT_PERMITTED)
         td_warn("fleet: partition %u sequence %" PRIu64 " from %s refused: %s", (unsigned)p->k,
                 e->seq, natsMsg_GetSubject(m), why);
-    const char *to = reply_to(m);
+    const char *to = e->to;
     if (to) {
         uint8_t frame[TALLY_REP_HEADER_SIZE + TALLY_ERROR_MESSAGE_MAX];
         size_t len = td_fleet_error_reply((const uint8_t *)natsMsg_GetData(m),
@@ -713,13 +783,18 @@ static void judge(td_fleet_t *f, td_part_t *p, uint64_t pos)
 {
     td_win_entry_t *e = entry_at(f, p, pos);
     char why[TALLY_ERROR_MESSAGE_MAX + 1] = "";
-    tally_status_t st = check_message(f, p, e->msg, why, sizeof why);
+    msg_headers_t h = msg_headers(e->msg);
+    e->to = reply_allowed(e->msg, h.to);
+    tally_status_t st = check_message(f, p, e->msg, &h, why, sizeof why);
     if (st != TALLY_OK) {
         fail_message(f, p, e, st, why);
         return;
     }
-    int slot = td_fleet_path_send(f, PEND_PART, (const uint8_t *)natsMsg_GetData(e->msg),
-                                  (size_t)natsMsg_GetDataLength(e->msg));
+    td_bytes_t payload;
+    int slot = entry_payload(e, &payload)
+                   ? td_fleet_path_send_shared(f, PEND_PART,
+                                               (const uint8_t *)natsMsg_GetData(e->msg), &payload)
+                   : -1;
     if (slot < 0) {
         mark_retry(p, e, TD_FLEET_RETRY_MS);
         return;
@@ -773,7 +848,8 @@ static void process(td_fleet_t *f, td_part_t *p, natsMsg *m)
     judge(f, p, pos);
 }
 
-void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *reply, size_t len)
+void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *header,
+                   const uint8_t *body, size_t body_len)
 {
     uint64_t pos = pend->pos;
     if (!p->owned || pos < p->win_first || pos >= p->win_first + p->win_len ||
@@ -781,7 +857,7 @@ void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *
         return; /* forgotten with its window */
     td_win_entry_t *e = entry_at(f, p, pos);
     tally_rep_t rep;
-    tally_rep_decode(reply, TALLY_REP_HEADER_SIZE, &rep);
+    tally_rep_decode(header, TALLY_REP_HEADER_SIZE, &rep);
     tally_status_t st = (tally_status_t)rep.status;
     if (st == TALLY_E_BUSY || st == TALLY_E_RATE || st == TALLY_E_SHUTDOWN) {
         TD_FLEET_COUNT(f, resent);
@@ -795,23 +871,28 @@ void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *
         td_part_drop(f, p, "its lease ran out");
         return;
     }
-    if (order_broken(f, p, pos, true)) {
+    if (p->retries && order_broken(f, p, pos, true)) { /* only a refused one can be overtaken */
         td_part_drop(f, p, "a message was applied before a refused one of its stream");
         return;
     }
     if (st != TALLY_OK && st != TALLY_E_DUPLICATE) {
         char why[TALLY_ERROR_MESSAGE_MAX + 1];
-        size_t n = len - TALLY_REP_HEADER_SIZE;
-        snprintf(why, sizeof why, "%.*s", (int)(n < TALLY_ERROR_MESSAGE_MAX ? n : 255),
-                 (const char *)reply + TALLY_REP_HEADER_SIZE);
+        snprintf(why, sizeof why, "%.*s",
+                 (int)(body_len < TALLY_ERROR_MESSAGE_MAX ? body_len : TALLY_ERROR_MESSAGE_MAX),
+                 (const char *)body);
         if (!dead_letter(f, p, e->msg, e->seq, st, why)) {
             mark_retry(p, e, TD_FLEET_RETRY_MS * 10); /* a failed request had no effect */
             return;
         }
     }
-    const char *to = reply_to(e->msg);
-    if (to)
-        td_fleet_publish_reply(f, to, e->msg, p->k, e->seq, reply, len);
+    const char *to = e->to;
+    uint8_t buf[TALLY_REP_HEADER_SIZE + 4096];
+    size_t len = 0;
+    uint8_t *frame = to ? td_fleet_frame(header, body, body_len, buf, sizeof buf, &len) : NULL;
+    if (frame) /* without memory for it: no reply (the publisher's wait ends unanswered) */
+        td_fleet_publish_reply(f, to, e->msg, p->k, e->seq, frame, len);
+    if (frame != buf)
+        free(frame);
     td_debug("fleet: partition %u sequence %" PRIu64 ": %s (request seq %" PRIu64 ")",
              (unsigned)p->k, e->seq, tally_status_name(st),
              tally_get_u64((const uint8_t *)natsMsg_GetData(e->msg) + 40));

@@ -221,8 +221,12 @@ bool td_fleet_query_step(td_fleet_t *f)
     natsSubscription *subs[4] = {f->q_sub, f->seq_sub, f->ctl_sub, f->streams_sub};
     bool any = false;
     for (int i = 0; i < 4; i++) {
+        /* Only what is queued: a NextMsg that finds nothing costs libnats an error text, four
+         * of them every turn of the thread (issue 32). */
+        uint64_t queued = 0;
         natsMsg *m = NULL;
-        while (natsSubscription_NextMsg(&m, subs[i], 0) == NATS_OK) {
+        while (natsSubscription_QueuedMsgs(subs[i], &queued) == NATS_OK && queued > 0 &&
+               natsSubscription_NextMsg(&m, subs[i], 0) == NATS_OK) {
             take_query(f, m, subs[i]);
             any = true;
         }
@@ -310,12 +314,20 @@ void td_fleet_query_reply(td_fleet_t *f, td_pend_t *pend, const uint8_t *reply, 
     natsMsg_Destroy(m);
 }
 
-void td_fleet_on_reply(td_fleet_t *f, int slot, const uint8_t *reply, size_t len)
+void td_fleet_on_reply(td_fleet_t *f, int slot, const uint8_t *header, const uint8_t *body,
+                       size_t body_len)
 {
     td_pend_t *pend = &f->pend[slot];
-    if (pend->kind == PEND_PART)
-        td_part_reply(f, &f->parts[pend->k], pend, reply, len);
-    else /* PEND_QUERY: dispatch (td_fleet_transport.c) keeps PEND_SYNC's and drops free slots' */
-        td_fleet_query_reply(f, pend, reply, len);
+    if (pend->kind == PEND_PART) {
+        td_part_reply(f, &f->parts[pend->k], pend, header, body, body_len);
+    } else { /* PEND_QUERY: dispatch (td_fleet_transport.c) keeps PEND_SYNC's, drops free ones */
+        size_t len = 0;
+        uint8_t *frame = td_fleet_frame(header, body, body_len, NULL, 0, &len);
+        if (frame)
+            td_fleet_query_reply(f, pend, frame, len);
+        else
+            natsMsg_Destroy(pend->msg); /* unanswered: its asker times out */
+        free(frame);
+    }
     memset(pend, 0, sizeof *pend);
 }

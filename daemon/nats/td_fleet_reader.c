@@ -6,7 +6,8 @@
  * A fetch blocks (a pull request waits on the server until messages come or it expires), so it
  * cannot run on the fleet thread, which serves every partition, the queries and the replies at
  * once. The queue is bounded in bytes (TD_FLEET_FETCH_BYTES: a fetch asks only for the room
- * left), and the reader wakes the fleet thread through an eventfd it polls beside the request
+ * left, and what the fleet thread has taken and not popped yet still counts), the fleet thread
+ * takes everything queued under one lock (td_reader_pop), and the reader wakes the fleet thread through an eventfd it polls beside the request
  * path's socket, so a message waits for nobody's timer.
  */
 #include <stdint.h>
@@ -91,20 +92,36 @@ td_err_t td_reader_start(td_fleet_t *f, td_reader_t *r, uint32_t k, struct td_pu
     return TD_OK;
 }
 
+/* Under the lock, the fleet thread gives back the room of what it popped (the reader waits for
+ * it) and, when it has popped everything it took, takes the whole ring. */
+static void take_batch(td_reader_t *r)
+{
+    pthread_mutex_lock(&r->mu);
+    r->bytes -= r->popped;
+    r->popped = 0;
+    if (r->took == r->taken_len) {
+        r->took = r->taken_len = 0;
+        for (; r->len > 0; r->len--) {
+            r->taken[r->taken_len++] = r->ring[r->head];
+            r->head = (r->head + 1) % TD_READER_RING;
+        }
+    }
+    pthread_cond_signal(&r->cond);
+    pthread_mutex_unlock(&r->mu);
+}
+
 natsMsg *td_reader_pop(td_reader_t *r)
 {
     if (!r->started)
         return NULL;
-    pthread_mutex_lock(&r->mu);
-    natsMsg *m = NULL;
-    if (r->len > 0) {
-        m = r->ring[r->head];
-        r->head = (r->head + 1) % TD_READER_RING;
-        r->len--;
-        r->bytes -= (size_t)natsMsg_GetDataLength(m);
-        pthread_cond_signal(&r->cond);
-    }
-    pthread_mutex_unlock(&r->mu);
+    /* Room is given back a quarter of the queue's bytes at a time, so that large messages are
+     * fetched again before everything taken has gone. */
+    if (r->took == r->taken_len || r->popped >= TD_FLEET_FETCH_BYTES / 4)
+        take_batch(r);
+    if (r->took == r->taken_len)
+        return NULL;
+    natsMsg *m = r->taken[r->took++];
+    r->popped += (size_t)natsMsg_GetDataLength(m);
     return m;
 }
 
@@ -119,6 +136,8 @@ void td_reader_stop(td_reader_t *r)
     pthread_join(r->thread, NULL); /* at most one fetch's wait */
     for (size_t i = 0; i < r->len; i++)
         natsMsg_Destroy(r->ring[(r->head + i) % TD_READER_RING]);
+    for (size_t i = r->took; i < r->taken_len; i++)
+        natsMsg_Destroy(r->taken[i]);
     td_pull_destroy(&r->pull); /* the durable consumer stays for the next owner */
     pthread_cond_destroy(&r->cond);
     pthread_mutex_destroy(&r->mu);

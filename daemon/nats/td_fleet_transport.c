@@ -3,14 +3,21 @@
  * td_fleet_transport.c — the fleet's two ways into the daemon:
  *
  *   - the request path, as a transport (core/td_transport.h): the fleet thread queues a request
- *     frame (its request id replaced by a tag naming its pending slot, its payload copied, since
- *     the NATS message may be dropped with its partition while the request runs) and wakes the
- *     loop; the loop submits it with td_path_submit as tallyd's own request (no sender id: the
- *     fleet's streams are held to the daemon's limits, not to one client's share), or, while the
- *     path takes nothing (td_path_may_read), answers it `busy` at once, which the fleet sends
- *     again later. Every reply comes back through send_reply on the loop thread: its payload
- *     bytes are kept (they stay counted in the reply bounds until the fleet thread frees them),
- *     queued for the fleet thread, and the eventfd the readers also write wakes it;
+ *     frame (its request id replaced by a tag naming its pending slot; a partition's message is
+ *     not copied: its payload shares the NATS message, which goes once both the window and the
+ *     path let go of it, since the partition may be dropped while the request runs; a query's
+ *     payload is copied into its queue item's allocation) and the loop submits it with
+ *     td_path_submit as tallyd's own request (no sender id: the fleet's streams are held to the
+ *     daemon's limits, not to one client's share), or, while the path takes nothing
+ *     (td_path_may_read), holds it until replies free slots. Every reply comes back through
+ *     send_reply on the loop thread: its payload bytes are kept, not copied (they stay counted
+ *     in the reply bounds until the fleet thread frees them), and handed to the fleet thread;
+ *   - both directions in batches (issue 32), as the request path's mailboxes do (td_mailbox.h):
+ *     the fleet thread collects what one turn of its loop sends and posts it with one lock and
+ *     one wake-up of the loop (td_fleet_path_flush, before it waits for anything), and the loop
+ *     collects the replies of one turn of its own and posts them with one lock and one write of
+ *     the eventfd the readers also write (its prepare and check handles: never across a
+ *     blocking poll). Per message, then, no system call and no lock on either side;
  *   - the loop thread, through the fleet's uv_async handle: td_fleet_on_loop posts a job and
  *     waits, for the work on the stream table that only the loop thread may do.
  */
@@ -26,11 +33,13 @@
 #include "td_log.h"
 #include "td_path.h"
 
-/* A request waiting for the loop. */
+/* A request waiting for the loop, its payload in the same allocation (data): the path frees the
+ * whole item through the payload's free function once it has submitted it. */
 typedef struct td_fleet_sub {
     struct td_fleet_sub *next;
     uint8_t header[TALLY_REQ_HEADER_SIZE]; /* its request id is the tag */
-    td_bytes_t payload;
+    td_bytes_t payload;                    /* data, or empty */
+    uint8_t data[];
 } sub_item_t;
 
 /* A reply waiting for the fleet thread. */
@@ -46,6 +55,22 @@ static void free_bytes(void *data, void *hint)
     free(data);
 }
 
+/* A sub item's payload: the item goes with it. */
+static void free_item(void *data, void *hint)
+{
+    (void)data;
+    free(hint);
+}
+
+/* Frees a sub item not submitted (with its payload). */
+static void sub_free(sub_item_t *s)
+{
+    bool in_payload = s->payload.free_fn == free_item;
+    td_bytes_free(&s->payload); /* in_payload: the item too */
+    if (!in_payload)
+        free(s);
+}
+
 /* ---- Loop thread ---------------------------------------------------------------------------- */
 
 static void wake_fleet(td_fleet_t *f)
@@ -55,22 +80,37 @@ static void wake_fleet(td_fleet_t *f)
     (void)n; /* the counter is at most saturated: the thread wakes anyway */
 }
 
+/* A reply for the fleet thread, collected until the loop's turn ends (flush_replies). */
 static void queue_reply(td_fleet_t *f, rep_item_t *item)
 {
+    item->next = NULL;
+    if (f->rep_out_tail)
+        f->rep_out_tail->next = item;
+    else
+        f->rep_out_head = item;
+    f->rep_out_tail = item;
+}
+
+/* The replies of this turn of the loop to the fleet thread: one lock, one wake-up. */
+static void flush_replies(td_fleet_t *f)
+{
+    if (!f->rep_out_head)
+        return;
     pthread_mutex_lock(&f->q_mu);
     if (f->rep_tail)
-        f->rep_tail->next = item;
+        f->rep_tail->next = f->rep_out_head;
     else
-        f->rep_head = item;
-    f->rep_tail = item;
+        f->rep_head = f->rep_out_head;
+    f->rep_tail = f->rep_out_tail;
     pthread_mutex_unlock(&f->q_mu);
+    f->rep_out_head = f->rep_out_tail = NULL;
     wake_fleet(f);
 }
 
 static void send_reply(td_transport_t *transport, td_reply_t *reply)
 {
     td_fleet_t *f = (td_fleet_t *)((char *)transport - offsetof(td_fleet_t, transport));
-    rep_item_t *item = calloc(1, sizeof *item);
+    rep_item_t *item = malloc(sizeof *item);
     if (!item) { /* the fleet thread's wait for it times out and the partition is taken anew */
         td_err("fleet: out of memory for a reply");
         td_reply_end(reply, TD_REPLY_BROKEN);
@@ -113,18 +153,20 @@ void td_fleet_path_on_loop(td_fleet_t *f)
     pthread_mutex_unlock(&f->q_mu);
     while (s && (td_path_may_read(f->transport.path) || td_path_stopping(f->transport.path))) {
         sub_item_t *next = s->next;
+        bool in_payload = s->payload.free_fn == free_item; /* the item goes with its payload */
         td_msg_t m = {.header = s->header,
                       .header_len = sizeof s->header,
                       .payload = s->payload,
                       .frames = 2};
         if (!td_path_may_read(f->transport.path)) {
-            td_bytes_free(&s->payload);
             refuse(f, s, TALLY_E_SHUTDOWN, "tallyd reads nothing more (stopping)");
+            sub_free(s);
         } else if (td_path_submit(f->transport.path, &f->transport, &m) != TD_OK) {
-            td_bytes_free(&s->payload); /* still ours: nothing was taken */
             refuse(f, s, TALLY_E_BUSY, "out of memory for the request");
-        }
-        free(s);
+            sub_free(s); /* still ours: nothing was taken */
+        } else if (!in_payload) {
+            free(s); /* the path copied the header and took the payload: the item is ours */
+        } /* else the path frees the item with its payload (it may have already) */
         s = next;
     }
     if (!s)
@@ -148,6 +190,13 @@ static void on_check(uv_check_t *h)
     td_fleet_t *f = h->data;
     if (atomic_exchange(&f->subs_waiting, false))
         td_fleet_path_on_loop(f);
+    flush_replies(f);
+}
+
+/* Before the loop blocks: replies made after this turn's check (other handles' callbacks). */
+static void on_prepare(uv_prepare_t *h)
+{
+    flush_replies(h->data);
 }
 
 /* ---- Fleet thread ---------------------------------------------------------------------------- */
@@ -157,12 +206,15 @@ td_err_t td_fleet_path_open(td_fleet_t *f)
     f->transport = (td_transport_t){.ops = &fleet_ops, .path = f->host.path, .owns_streams = true};
     if (pthread_mutex_init(&f->q_mu, NULL) != 0)
         return TD_ERR_LIBRARY;
-    if (uv_check_init(f->host.loop, &f->check) != 0 || uv_check_start(&f->check, on_check) != 0) {
+    if (uv_check_init(f->host.loop, &f->check) != 0 || uv_check_start(&f->check, on_check) != 0 ||
+        uv_prepare_init(f->host.loop, &f->prepare) != 0 ||
+        uv_prepare_start(&f->prepare, on_prepare) != 0) {
         pthread_mutex_destroy(&f->q_mu);
         return TD_ERR_LIBRARY;
     }
-    f->check.data = f;
-    uv_unref((uv_handle_t *)&f->check); /* it must not keep the loop alive */
+    f->check.data = f->prepare.data = f;
+    uv_unref((uv_handle_t *)&f->check); /* they must not keep the loop alive */
+    uv_unref((uv_handle_t *)&f->prepare);
     f->q_mu_ready = true;
     f->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     return f->wake_fd < 0 ? TD_ERR_LIBRARY : TD_OK;
@@ -171,11 +223,12 @@ td_err_t td_fleet_path_open(td_fleet_t *f)
 /* After the loop has ended (nothing submits or replies any more). */
 void td_fleet_path_close(td_fleet_t *f)
 {
+    flush_replies(f);
+    td_fleet_path_flush(f);
     while (f->sub_head) {
         sub_item_t *s = f->sub_head;
         f->sub_head = s->next;
-        td_bytes_free(&s->payload);
-        free(s);
+        sub_free(s);
     }
     while (f->rep_head) {
         rep_item_t *r = f->rep_head;
@@ -217,54 +270,104 @@ static int take_slot(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *data)
     return -1;
 }
 
+/* Fleet thread: s waits for td_fleet_path_flush. */
+static void queue_sub(td_fleet_t *f, sub_item_t *s)
+{
+    if (f->sub_out_tail)
+        f->sub_out_tail->next = s;
+    else
+        f->sub_out_head = s;
+    f->sub_out_tail = s;
+}
+
 int td_fleet_path_send(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *data, size_t len)
 {
-    sub_item_t *s = calloc(1, sizeof *s);
     size_t plen = len - TALLY_REQ_HEADER_SIZE;
-    uint8_t *payload = plen ? malloc(plen) : NULL;
-    int slot = s && (payload || !plen) ? take_slot(f, kind, data) : -1;
+    sub_item_t *s = malloc(sizeof *s + plen);
+    int slot = s ? take_slot(f, kind, data) : -1;
     if (slot < 0) {
         free(s);
-        free(payload);
         return -1;
     }
+    s->next = NULL;
     memcpy(s->header, data, sizeof s->header);
     tally_put_u64(s->header + 8, f->pend[slot].tag);
-    if (plen)
-        memcpy(payload, data + TALLY_REQ_HEADER_SIZE, plen);
-    s->payload = (td_bytes_t){.data = payload, .len = plen, .free_fn = plen ? free_bytes : NULL};
-    pthread_mutex_lock(&f->q_mu);
-    if (f->sub_tail)
-        f->sub_tail->next = s;
-    else
-        f->sub_head = s;
-    f->sub_tail = s;
-    pthread_mutex_unlock(&f->q_mu);
-    uv_async_send(&f->async);
+    memcpy(s->data, data + TALLY_REQ_HEADER_SIZE, plen);
+    s->payload = plen ? (td_bytes_t){.data = s->data, .len = plen, .free_fn = free_item, .hint = s}
+                      : (td_bytes_t){0};
+    queue_sub(f, s);
     return slot;
 }
 
-static void dispatch(td_fleet_t *f, uint8_t *reply, size_t len)
+int td_fleet_path_send_shared(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *header,
+                              td_bytes_t *payload)
 {
-    uint64_t tag = tally_get_u64(reply + 8);
-    size_t slot = (size_t)(tag & ((1u << TD_FLEET_SLOT_BITS) - 1));
-    td_pend_t *p = slot < f->pend_cap ? &f->pend[slot] : NULL;
-    if (!p || p->kind == PEND_FREE || p->tag != tag) {
-        free(reply); /* a reply to a request given up (its partition was dropped) */
-        return;
+    sub_item_t *s = malloc(sizeof *s);
+    int slot = s ? take_slot(f, kind, header) : -1;
+    if (slot < 0) {
+        free(s);
+        td_bytes_free(payload);
+        return -1;
     }
-    tally_put_u64(reply + 8, p->orig_id);
-    if (p->kind == PEND_SYNC) {
-        p->done = true;
-        p->reply = reply;
-        p->reply_len = len;
-        return;
-    }
-    td_fleet_on_reply(f, (int)slot, reply, len);
-    free(reply);
+    s->next = NULL;
+    memcpy(s->header, header, sizeof s->header);
+    tally_put_u64(s->header + 8, f->pend[slot].tag);
+    s->payload = *payload;
+    *payload = (td_bytes_t){0};
+    queue_sub(f, s);
+    return slot;
 }
 
-/* Takes the replies the loop has queued, each as one frame (header, then payload). */
+void td_fleet_path_flush(td_fleet_t *f)
+{
+    if (!f->sub_out_head)
+        return;
+    pthread_mutex_lock(&f->q_mu);
+    if (f->sub_tail)
+        f->sub_tail->next = f->sub_out_head;
+    else
+        f->sub_head = f->sub_out_head;
+    f->sub_tail = f->sub_out_tail;
+    pthread_mutex_unlock(&f->q_mu);
+    f->sub_out_head = f->sub_out_tail = NULL;
+    uv_async_send(&f->async);
+}
+
+uint8_t *td_fleet_frame(const uint8_t *header, const uint8_t *body, size_t body_len, uint8_t *buf,
+                        size_t cap, size_t *len)
+{
+    *len = TALLY_REP_HEADER_SIZE + body_len;
+    uint8_t *frame = *len <= cap ? buf : malloc(*len);
+    if (!frame) {
+        td_err("fleet: out of memory for a reply frame");
+        return NULL;
+    }
+    memcpy(frame, header, TALLY_REP_HEADER_SIZE);
+    if (body_len)
+        memcpy(frame + TALLY_REP_HEADER_SIZE, body, body_len);
+    return frame;
+}
+
+/* One reply to its pending slot: its header gets the original request id back. */
+static void dispatch(td_fleet_t *f, rep_item_t *r)
+{
+    uint64_t tag = tally_get_u64(r->header + 8);
+    size_t slot = (size_t)(tag & ((1u << TD_FLEET_SLOT_BITS) - 1));
+    td_pend_t *p = slot < f->pend_cap ? &f->pend[slot] : NULL;
+    if (!p || p->kind == PEND_FREE || p->tag != tag)
+        return; /* a reply to a request given up (its partition was dropped) */
+    tally_put_u64(r->header + 8, p->orig_id);
+    if (p->kind == PEND_SYNC) { /* kept for td_fleet_path_call, malloc'ed whole */
+        size_t len = 0;
+        p->reply = td_fleet_frame(r->header, r->body.data, r->body.len, NULL, 0, &len);
+        p->reply_len = len;
+        p->done = p->reply != NULL; /* no memory: its wait times out */
+        return;
+    }
+    td_fleet_on_reply(f, (int)slot, r->header, r->body.data, r->body.len);
+}
+
+/* Takes the replies the loop has posted: header and payload as the path made them (no copy). */
 static void take_replies(td_fleet_t *f)
 {
     pthread_mutex_lock(&f->q_mu);
@@ -273,25 +376,16 @@ static void take_replies(td_fleet_t *f)
     pthread_mutex_unlock(&f->q_mu);
     while (r) {
         rep_item_t *next = r->next;
-        size_t len = TALLY_REP_HEADER_SIZE + r->body.len;
-        uint8_t *frame = malloc(len);
-        if (frame) {
-            memcpy(frame, r->header, TALLY_REP_HEADER_SIZE);
-            if (r->body.len)
-                memcpy(frame + TALLY_REP_HEADER_SIZE, r->body.data, r->body.len);
-        } else {
-            td_err("fleet: out of memory for a reply"); /* its wait times out */
-        }
+        dispatch(f, r);
         td_bytes_free(&r->body);
         free(r);
-        if (frame)
-            dispatch(f, frame, len);
         r = next;
     }
 }
 
 void td_fleet_path_poll(td_fleet_t *f, int timeout_ms)
 {
+    td_fleet_path_flush(f); /* what this turn sent, before waiting for anything */
     struct pollfd p = {.fd = f->wake_fd, .events = POLLIN};
     if (poll(&p, 1, timeout_ms) > 0) { /* a reply, or a reader queued messages */
         uint64_t count;
@@ -324,6 +418,7 @@ uint8_t *td_fleet_path_call(td_fleet_t *f, const uint8_t *data, size_t len, int 
 void td_fleet_on_loop(td_fleet_t *f, void (*fn)(td_fleet_t *f, void *arg), void *arg)
 {
     td_fleet_job_t job = {.fn = fn, .arg = arg};
+    td_fleet_path_flush(f); /* requests sent before the job reach the loop before it */
     pthread_mutex_lock(&f->mu);
     f->job = &job;
     pthread_mutex_unlock(&f->mu);

@@ -18,7 +18,7 @@ int64_t td_nats_now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void lease_key(char *key, size_t cap, uint32_t k)
+void td_lease_key(char *key, size_t cap, uint32_t k)
 {
     tally_fleet_name(key, cap, "p", k);
 }
@@ -29,7 +29,7 @@ static natsStatus lease_write(kvStore *leases, uint32_t k, const char *member, i
                               td_lease_t *l)
 {
     char key[16];
-    lease_key(key, sizeof key, k);
+    td_lease_key(key, sizeof key, k);
     int64_t sent = td_nats_now_ms();
     uint64_t rev = 0;
     natsStatus s = l->revision ? kvStore_UpdateString(&rev, leases, key, member, l->revision)
@@ -110,7 +110,7 @@ td_err_t td_lease_holder(kvStore *leases, uint32_t k, char *holder, size_t cap, 
                          size_t msg_cap)
 {
     char key[16];
-    lease_key(key, sizeof key, k);
+    td_lease_key(key, sizeof key, k);
     kvEntry *e = NULL;
     holder[0] = 0;
     natsStatus s = kvStore_Get(&e, leases, key);
@@ -123,6 +123,24 @@ td_err_t td_lease_holder(kvStore *leases, uint32_t k, char *holder, size_t cap, 
     int len = kvEntry_ValueLen(e);
     snprintf(holder, cap, "%.*s", len > 0 ? len : 0, (const char *)kvEntry_Value(e));
     kvEntry_Destroy(e);
+    return TD_OK;
+}
+
+td_err_t td_kv_expiry(kvStore *kv, const char *key, int64_t ttl_ms, int64_t *at_ms)
+{
+    kvEntry *e = NULL;
+    *at_ms = 0;
+    natsStatus s = kvStore_Get(&e, kv, key);
+    if (s == NATS_NOT_FOUND)
+        return TD_OK;
+    if (s != NATS_OK)
+        return TD_ERR_LIBRARY;
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    int64_t wall_ms = (int64_t)wall.tv_sec * 1000 + wall.tv_nsec / 1000000;
+    int64_t written_ms = kvEntry_Created(e) / 1000000;
+    kvEntry_Destroy(e);
+    *at_ms = td_nats_now_ms() + (written_ms + ttl_ms - wall_ms);
     return TD_OK;
 }
 

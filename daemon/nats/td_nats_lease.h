@@ -57,6 +57,15 @@ bool td_lease_valid(const td_lease_t *l, int64_t now_ms);
 td_err_t td_lease_holder(kvStore *leases, uint32_t k, char *holder, size_t cap, char *msg,
                          size_t msg_cap);
 
+/* When key of a bucket whose TTL is ttl_ms runs out if nobody writes it again: *at_ms on this
+ * worker's monotonic clock (td_nats_now_ms), from the server's time of its last write and the
+ * wall clocks' difference now (one host's, or NTP-close ones'); 0 when the key is absent. A
+ * worker that waits for a key to go (a member that stopped beating, the lease of a partition it
+ * should take) looks again then rather than at its next heartbeat (issue 32). */
+td_err_t td_kv_expiry(kvStore *kv, const char *key, int64_t ttl_ms, int64_t *at_ms);
+/* The lease key's name of partition k ("p<k>") into key (cap bytes). */
+void td_lease_key(char *key, size_t cap, uint32_t k);
+
 /* Writes member's heartbeat (its key in TALLY_MEMBERS, value `info`). */
 td_err_t td_member_beat(kvStore *members, const char *member, const char *info, char *msg,
                         size_t cap);

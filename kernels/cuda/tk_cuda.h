@@ -129,7 +129,12 @@ enum {
     TK_SCAN_V8 = 0,       /* 8 vectors a lane (8192-element tiles), run offsets kept in registers */
     TK_SCAN_V8_LEAN = 1,  /* 8 vectors, offsets recomputed after the look-back (fewer registers) */
     TK_SCAN_V12_LEAN = 2, /* 12 vectors (12288-element tiles), offsets recomputed */
-    TK_SCAN_V16_LEAN = 3  /* 16 vectors (16384-element tiles), offsets recomputed */
+    TK_SCAN_V16_LEAN = 3, /* 16 vectors (16384-element tiles), offsets recomputed */
+    /* int32 output with one block an SM more than V12 / V16 lean (registers capped to fit, a few
+     * spilled); int64 output, which cannot fit it, runs as V12 / V16 lean: */
+    TK_SCAN_V12_LEAN_B4 = 4, /* 12 vectors, 4 blocks an SM */
+    TK_SCAN_V16_LEAN_B3 = 5, /* 16 vectors, 3 blocks an SM */
+    TK_SCAN_SHAPES = 6
 };
 typedef struct {
     const char *name;

@@ -10,6 +10,7 @@ static thread_local cudaError_t tk_last_error = cudaSuccess;
 
 __global__ void tk_lookback_init_kernel(tk_tile_state_t *states, unsigned n)
 {
+    tk_prologue_done(); /* the pass after it waits for this kernel's writes before any look-back */
     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         *tk_tile_at(states, i) = tk_tile_state_t{};

@@ -214,6 +214,9 @@ __global__ void __launch_bounds__(TK_FILTER_THREADS)
     const unsigned acc = warp_ranks<T, VEC>(w, n, tile, lo, hi, invert, flags, run_offset);
     if (lane == 0)
         warp_count[warp] = acc;
+    /* The counter's zero or the states' reset (the kernel before this one) is done from here on;
+     * the loads above ran beside it (tk_launch_after). */
+    tk_after_prologue();
     __syncthreads();
 
     /* 3. Block scan of warp counts, then the tile's place in the output. */
@@ -241,21 +244,22 @@ __global__ void __launch_bounds__(TK_FILTER_THREADS)
 
 __global__ void tk_filter_zero_kernel(u64 *kept)
 {
+    tk_prologue_done();
     *kept = 0;
 }
 
 template <typename T, bool STABLE>
-static void launch_filter(bool vec, unsigned tiles, cudaStream_t s, const void *in, size_t n,
-                          void *out, u64 *kept, tk_tile_state_t *st, const tk_keep_range_t *r)
+static cudaError_t launch_filter(bool vec, unsigned tiles, cudaStream_t s, const void *in,
+                                 size_t n, void *out, u64 *kept, tk_tile_state_t *st,
+                                 const tk_keep_range_t *r)
 {
     const T *i = static_cast<const T *>(in);
     T *o = static_cast<T *>(out);
     if (vec)
-        tk_filter_kernel<T, STABLE, true>
-            <<<tiles, TK_FILTER_THREADS, 0, s>>>(i, n, o, kept, st, tiles, r->lo, r->hi, r->invert);
-    else
-        tk_filter_kernel<T, STABLE, false>
-            <<<tiles, TK_FILTER_THREADS, 0, s>>>(i, n, o, kept, st, tiles, r->lo, r->hi, r->invert);
+        return tk_launch_after(tk_filter_kernel<T, STABLE, true>, tiles, TK_FILTER_THREADS, s, i,
+                               n, o, kept, st, tiles, r->lo, r->hi, r->invert);
+    return tk_launch_after(tk_filter_kernel<T, STABLE, false>, tiles, TK_FILTER_THREADS, s, i, n,
+                           o, kept, st, tiles, r->lo, r->hi, r->invert);
 }
 
 static size_t tile_elems(tally_dtype_t dtype)
@@ -307,16 +311,16 @@ extern "C" tally_status_t tk_cuda_filter(tally_dtype_t dtype, const void *d_in, 
         return tk_cuda_check_launch();
     if (spec->stable)
         tk_lookback_init(states, tiles, stream);
-    if (dtype == TALLY_DTYPE_U8) {
-        if (spec->stable)
-            launch_filter<uint8_t, true>(vec, tiles, stream, d_in, n, d_out, kept, states, &r);
-        else
-            launch_filter<uint8_t, false>(vec, tiles, stream, d_in, n, d_out, kept, states, &r);
-    } else {
-        if (spec->stable)
-            launch_filter<int32_t, true>(vec, tiles, stream, d_in, n, d_out, kept, states, &r);
-        else
-            launch_filter<int32_t, false>(vec, tiles, stream, d_in, n, d_out, kept, states, &r);
-    }
-    return tk_cuda_check_launch();
+    cudaError_t err;
+    if (dtype == TALLY_DTYPE_U8)
+        err = spec->stable ? launch_filter<uint8_t, true>(vec, tiles, stream, d_in, n, d_out, kept,
+                                                          states, &r)
+                           : launch_filter<uint8_t, false>(vec, tiles, stream, d_in, n, d_out,
+                                                           kept, states, &r);
+    else
+        err = spec->stable ? launch_filter<int32_t, true>(vec, tiles, stream, d_in, n, d_out, kept,
+                                                          states, &r)
+                           : launch_filter<int32_t, false>(vec, tiles, stream, d_in, n, d_out,
+                                                           kept, states, &r);
+    return err != cudaSuccess ? tk_cuda_status(err) : tk_cuda_check_launch();
 }

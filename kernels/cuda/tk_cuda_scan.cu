@@ -232,6 +232,9 @@ scan_tile(const int32_t *__restrict__ in, size_t n, void *__restrict__ out, cons
         wt = warp_offsets(x, run_prefix);
     if ((threadIdx.x & 31) == 0)
         warp_total[threadIdx.x >> 5] = wt;
+    /* The states' reset (tk_lookback_init, the kernel before this one) is done from here on;
+     * the loads above ran beside it (programmatic dependent launch, tk_launch_after). */
+    tk_after_prologue();
     __syncthreads();
     if (threadIdx.x < 32)
         tile_prefix(tile, num_tiles, warp_total, warp_prefix, carry, carry_out, states);
@@ -254,16 +257,18 @@ __global__ void __launch_bounds__(TK_SCAN_THREADS)
 
 /* Resident blocks per SM that the lean shapes' aligned kernels are built for (the launch bound
  * caps their registers to fit): as many as fit without spilling (nvcc 13.0, sm_90: int64 output
- * needs about 16 registers more). The unaligned kernels have no cap. */
-template <int V, bool OUT32, bool VEC> struct scan_min_blocks {
+ * needs about 16 registers more), or MORE = one block more for int32 output (TK_SCAN_V12_LEAN_B4,
+ * TK_SCAN_V16_LEAN_B3: 64 and 80 registers, each with 56 bytes of spill stores and 72 of loads,
+ * around the look-back, in L1). The unaligned kernels have no cap. */
+template <int V, bool MORE, bool OUT32, bool VEC> struct scan_min_blocks {
     static constexpr int value = !VEC      ? 1
                                  : V == 8  ? (OUT32 ? 4 : 3)
-                                 : V == 12 ? (OUT32 ? 3 : 2)
-                                           : 2;
+                                 : V == 12 ? (OUT32 ? 3 : 2) + MORE
+                                           : 2 + MORE;
 };
 
-template <int V, bool EXCL, bool OUT32, bool VEC>
-__global__ void __launch_bounds__(TK_SCAN_THREADS, (scan_min_blocks<V, OUT32, VEC>::value))
+template <int V, bool MORE, bool EXCL, bool OUT32, bool VEC>
+__global__ void __launch_bounds__(TK_SCAN_THREADS, (scan_min_blocks<V, MORE, OUT32, VEC>::value))
     tk_scan_lean_kernel(const int32_t *__restrict__ in, size_t n, void *__restrict__ out,
                         const int64_t *carry_in, int64_t *carry_out, tk_tile_state_t *states,
                         unsigned num_tiles, unsigned prefetch_tiles)
@@ -289,40 +294,40 @@ struct scan_args {
     cudaStream_t stream;
 };
 
-template <int V, bool LEAN, bool EXCL, bool OUT32, bool VEC>
-static void launch_kernel(const scan_args &a, unsigned tiles)
+/* The scan kernel, launched to start beside the states' reset before it (tk_launch_after). */
+template <int V, bool LEAN, bool MORE, bool EXCL, bool OUT32, bool VEC>
+static cudaError_t launch_kernel(const scan_args &a, unsigned tiles)
 {
     if (LEAN)
-        tk_scan_lean_kernel<V, EXCL, OUT32, VEC><<<tiles, TK_SCAN_THREADS, 0, a.stream>>>(
-            a.in, a.n, a.out, a.carry_in, a.carry_out, a.states, tiles, a.prefetch_tiles);
-    else
-        tk_scan_kernel<EXCL, OUT32, VEC><<<tiles, TK_SCAN_THREADS, 0, a.stream>>>(
-            a.in, a.n, a.out, a.carry_in, a.carry_out, a.states, tiles, a.prefetch_tiles);
+        return tk_launch_after(tk_scan_lean_kernel<V, MORE, EXCL, OUT32, VEC>, tiles,
+                               TK_SCAN_THREADS, a.stream, a.in, a.n, a.out, a.carry_in,
+                               a.carry_out, a.states, tiles, a.prefetch_tiles);
+    return tk_launch_after(tk_scan_kernel<EXCL, OUT32, VEC>, tiles, TK_SCAN_THREADS, a.stream,
+                           a.in, a.n, a.out, a.carry_in, a.carry_out, a.states, tiles,
+                           a.prefetch_tiles);
 }
 
-template <int V, bool LEAN, bool EXCL, bool OUT32>
-static void launch_mode(bool vec, const scan_args &a)
+template <int V, bool LEAN, bool MORE, bool EXCL, bool OUT32>
+static cudaError_t launch_mode(bool vec, const scan_args &a)
 {
     unsigned tiles = (unsigned)tk_div_up(a.n, TK_SCAN_TILE(V));
     if (vec)
-        launch_kernel<V, LEAN, EXCL, OUT32, true>(a, tiles);
-    else
-        launch_kernel<V, LEAN, EXCL, OUT32, false>(a, tiles);
+        return launch_kernel<V, LEAN, MORE, EXCL, OUT32, true>(a, tiles);
+    return launch_kernel<V, LEAN, MORE, EXCL, OUT32, false>(a, tiles);
 }
 
 /* Resets the states of the shape's tiles, then the scan. */
-template <int V, bool LEAN>
-static void launch_shape(bool exclusive, bool out_i32, bool vec, const scan_args &a)
+template <int V, bool LEAN, bool MORE = false>
+static cudaError_t launch_shape(bool exclusive, bool out_i32, bool vec, const scan_args &a)
 {
     tk_lookback_init(a.states, (unsigned)tk_div_up(a.n, TK_SCAN_TILE(V)), a.stream);
     if (exclusive && out_i32)
-        launch_mode<V, LEAN, true, true>(vec, a);
-    else if (exclusive)
-        launch_mode<V, LEAN, true, false>(vec, a);
-    else if (out_i32)
-        launch_mode<V, LEAN, false, true>(vec, a);
-    else
-        launch_mode<V, LEAN, false, false>(vec, a);
+        return launch_mode<V, LEAN, MORE, true, true>(vec, a);
+    if (exclusive)
+        return launch_mode<V, LEAN, false, true, false>(vec, a);
+    if (out_i32)
+        return launch_mode<V, LEAN, MORE, false, true>(vec, a);
+    return launch_mode<V, LEAN, false, false, false>(vec, a);
 }
 
 extern "C" size_t tk_cuda_scan_scratch_bytes(size_t n)
@@ -358,21 +363,28 @@ extern "C" tally_status_t tk_cuda_scan(const int32_t *d_in, size_t n, int exclus
                    t->scan_prefetch_tiles,
                    stream};
     bool vec = (uintptr_t)d_in % 16 == 0 && (uintptr_t)d_out % 16 == 0;
+    cudaError_t err;
     switch (out_i32 ? t->scan_shape_i32 : t->scan_shape) {
     case TK_SCAN_V8:
-        launch_shape<TK_SCAN_VECS, false>(exclusive, out_i32, vec, a);
+        err = launch_shape<TK_SCAN_VECS, false>(exclusive, out_i32, vec, a);
         break;
     case TK_SCAN_V8_LEAN:
-        launch_shape<8, true>(exclusive, out_i32, vec, a);
+        err = launch_shape<8, true>(exclusive, out_i32, vec, a);
         break;
     case TK_SCAN_V12_LEAN:
-        launch_shape<12, true>(exclusive, out_i32, vec, a);
+        err = launch_shape<12, true>(exclusive, out_i32, vec, a);
         break;
     case TK_SCAN_V16_LEAN:
-        launch_shape<16, true>(exclusive, out_i32, vec, a);
+        err = launch_shape<16, true>(exclusive, out_i32, vec, a);
+        break;
+    case TK_SCAN_V12_LEAN_B4:
+        err = launch_shape<12, true, true>(exclusive, out_i32, vec, a);
+        break;
+    case TK_SCAN_V16_LEAN_B3:
+        err = launch_shape<16, true, true>(exclusive, out_i32, vec, a);
         break;
     default:
         return TALLY_E_PARAM;
     }
-    return tk_cuda_check_launch();
+    return err != cudaSuccess ? tk_cuda_status(err) : tk_cuda_check_launch();
 }

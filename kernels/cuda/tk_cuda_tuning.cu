@@ -39,8 +39,14 @@ static const tk_cuda_tuning_t rows[] = {
      *     0.805, V8 lean 0.865, + prefetch 132 tiles 0.880, V12 lean 0.828); int32 out: V12
      *     lean 0.894 (V8 0.863, V8 lean 0.874, + prefetch 132 0.889, V16 lean 0.837); a prefetch
      *     of 264 tiles or more costs 0.05-0.2 everywhere (L2 thrash), so none;
-     *   minmax: 8 blocks/SM x 4 loads 0.965-0.982 (4 x 4 0.961-0.979; 1 load 0.46-0.95). */
-    {"sm90-hbm3e", 9, 4000, 4, TK_RGB_PACKED, 3, 0, TK_SCAN_V16_LEAN, TK_SCAN_V12_LEAN, 0, 8, 4},
+     *   minmax: 8 blocks/SM x 4 loads 0.965-0.982 (4 x 4 0.961-0.979; 1 load 0.46-0.95).
+     * int32 scan output since the sweep of 2026-12-02 17:42 UTC (bench/runs/
+     * kernels-h200-2026-12-02-kern2.txt; copy 4192 GB/s): V12 lean x4, 0.923 x copy (prefetch
+     * 132: 0.929; V16 lean x3 0.925; V12 lean 0.896, the row before, 0.890 in that run's table):
+     * 48K elements in flight an SM instead of 36K, at the cost of 56 bytes of spills (L1);
+     * the table with this row, 17:53 UTC (kernels-h200-2026-12-02-kern2-confirm.txt): 0.917. */
+    {"sm90-hbm3e", 9, 4000, 4, TK_RGB_PACKED, 3, 0, TK_SCAN_V16_LEAN, TK_SCAN_V12_LEAN_B4, 0, 8,
+     4},
     /* NVIDIA H100 SXM (HBM3, 3.35 TB/s) and any other Hopper part: the constants measured on the
      * H100 on 2026-11-26 (kernels-h100-2026-11-26.txt): hist u8 0.98-0.995, i32 0.99, rgb8
      * 0.92-0.94 and rgba8 0.97-0.98 with 16 copies, scan 0.913 / 0.937 x copy. Not yet measured
@@ -111,7 +117,7 @@ static bool valid(const tk_cuda_tuning_t *t)
            (t->rgb_layout == TK_RGB_PACKED || t->rgb_layout == TK_RGB_COPIES16 ||
             t->rgb_layout == TK_RGB_COPIES32) &&
            t->rgb_blocks_per_sm >= 1 && t->rgb_blocks_per_sm <= 4 && t->rgb_flush_steps <= 65535 &&
-           t->scan_shape <= TK_SCAN_V16_LEAN && t->scan_shape_i32 <= TK_SCAN_V16_LEAN &&
+           t->scan_shape < TK_SCAN_SHAPES && t->scan_shape_i32 < TK_SCAN_SHAPES &&
            t->scan_prefetch_tiles <= 4096 && t->minmax_blocks_per_sm >= 1 &&
            t->minmax_blocks_per_sm <= 8 && (t->minmax_unroll == 1 || t->minmax_unroll == 4);
 }
