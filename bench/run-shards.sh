@@ -19,6 +19,11 @@
 # answered `busy`). SECONDS_PER_RUN (default 1) sets each row's measured time. About 90 s on the
 # 16-core host at the defaults (36 + 13 runs of 1.3 s, Redis's 2 x 2 M commands).
 #
+# BASE_TALLYD=path (another build's tallyd, e.g. main's) runs beside this one in sections 1-3,
+# its rows labelled "base" and interleaved with this build's, so that both meet the same moment of
+# the host (an A/B in one run: bench/NOTES.md, "The front's instructions and wake-ups"); the summary then
+# gives its ratios too. SKIP_MORE=1 leaves out section 4.
+#
 # Then OUT_DIR/shards-summary.md, the issue's tables computed from those rows (tallyd / echo,
 # the scaling against 1 shard x N, p50 - echo p50, tallyd / Redis INCR) with each shard's busy
 # seconds (tallyd_shard_busy_seconds_total, from `tally stats` after the run: a shard near the
@@ -32,12 +37,16 @@ IO_MORE=${IO_MORE:-8}
 SCALE=${SCALE_SHARDS:-1 2 4 8 16}
 REDIS_N=${REDIS_N:-2000000}
 
-# tallyd NAME SHARDS IO: a tallyd on ipc and tcp (port from NAME's hash); its pid in TD_PID.
+BASE=${BASE_TALLYD:-}
+
+# tallyd NAME SHARDS IO [BINARY]: a tallyd (this build's, or BINARY) on ipc and tcp (a random
+# port); its pid in TD_PID.
 tallyd_up() {
-  local name=$1 shards=$2 io=$3 port=$((5800 + RANDOM % 100))
+  local name=$1 shards=$2 io=$3 bin=${4:-$TD} port=$((5800 + RANDOM % 100))
   local args=(--backend auto --shm off --log-level warning --max-inflight 4096 --io-threads "$io")
   [ "$shards" != default ] && args+=(--shards "$shards")
-  "$TD" --bind "ipc://$RUN/$name.ipc" --bind "tcp://127.0.0.1:$port" "${args[@]}" \
+  [ "$bin" != "$TD" ] && port=$((5900 + RANDOM % 100))
+  "$bin" --bind "ipc://$RUN/$name.ipc" --bind "tcp://127.0.0.1:$port" "${args[@]}" \
     2>"$OUT/tallyd-$name.log" &
   TD_PID=$!
   pids+=("$TD_PID")
@@ -89,17 +98,25 @@ lg() { # label endpoint op size producers window extra...
     "$IO I/O threads each"
   echo
   bench_table_header
+  if [ -n "$BASE" ]; then
+    tallyd_up base "${SHARDS:-default}" "$IO" "$BASE"
+    BASE_PID=$TD_PID BASE_TCP=$TCP_EP
+  fi
   tallyd_up main "${SHARDS:-default}" "$IO"
   echo_up "$IO"
   for tr in ipc tcp; do
     td_ep=ipc://$RUN/main.ipc
     ec_ep=ipc://$RUN/echo.ipc
-    [ $tr = tcp ] && td_ep=$TCP_EP && ec_ep=tcp://127.0.0.1:5799
+    base_ep=ipc://$RUN/base.ipc
+    [ $tr = tcp ] && td_ep=$TCP_EP && ec_ep=tcp://127.0.0.1:5799 && base_ep=${BASE_TCP:-}
     for size in 64 1024 4096; do
       for p in 8 16; do
         lg "$tr echo" "$ec_ep" echo $size $p 64 | grep '^| '
         lg "$tr tallyd" "$td_ep" hist $size $p 64 | grep '^| '
+        [ -n "$BASE" ] && lg "$tr base" "$base_ep" hist $size $p 64 | grep '^| '
         lg "$tr tallyd 256 streams" "$td_ep" hist $size $p 64 --streams 256 | grep '^| '
+        [ -n "$BASE" ] && lg "$tr base 256 streams" "$base_ep" hist $size $p 64 --streams 256 |
+          grep '^| '
       done
     done
   done
@@ -109,6 +126,14 @@ lg() { # label endpoint op size producers window extra...
   bench_table_header
   lg "ipc echo" "ipc://$RUN/echo.ipc" echo 4096 1 1
   lg "ipc tallyd" "ipc://$RUN/main.ipc" hist 4096 1 1
+  if [ -n "$BASE" ]; then
+    lg "ipc base" "ipc://$RUN/base.ipc" hist 4096 1 1
+    lg "ipc echo" "ipc://$RUN/echo.ipc" echo 4096 1 1
+    lg "ipc base" "ipc://$RUN/base.ipc" hist 4096 1 1
+    lg "ipc tallyd" "ipc://$RUN/main.ipc" hist 4096 1 1
+    kill "$BASE_PID" 2>/dev/null
+    wait "$BASE_PID" 2>/dev/null
+  fi
   echo_down
   tallyd_down
   echo
@@ -123,8 +148,14 @@ lg() { # label endpoint op size producers window extra...
     lg "$n shards" "ipc://$RUN/s$n.ipc" hist 64 16 64 --streams 256
     busy "s$n"
     tallyd_down
+    [ -n "$BASE" ] || continue
+    tallyd_up "b$n" "$n" "$IO" "$BASE"
+    lg "$n shards base" "ipc://$RUN/b$n.ipc" hist 64 16 64 --streams 256
+    busy "b$n"
+    tallyd_down
   done
   echo
+  [ "${SKIP_MORE:-0}" = 1 ] && exit 0
   echo "## 4. $IO_MORE I/O threads on both sides, 64 B, 16 producers x 64, ipc, and Redis"
   echo
   bench_table_header
@@ -159,6 +190,7 @@ lg() { # label endpoint op size producers window extra...
 awk -v shards="${SHARDS:-default}" -v io="$IO" -v io_more="$IO_MORE" '
 function cell(i) { gsub(/^ +| +$/, "", F[i]); return F[i] }
 function ratio(a, b) { return (a > 0 && b > 0) ? sprintf("%.2f", a / b) : "-" }
+function low(a, b) { return (a == "" || b + 0 < a + 0) ? b : a }
 /^## / { sec = substr($2, 1, 1) + 0; next }
 /^\| / && !/^\| run \|/ && !/^\|---/ {
   split($0, F, "|"); label = cell(2); size = cell(4); pw = cell(5); rps = cell(6) + 0
@@ -167,12 +199,16 @@ function ratio(a, b) { return (a > 0 && b > 0) ? sprintf("%.2f", a / b) : "-" }
     split(label, L, " "); tr = L[1]; split(pw, W, " "); key = tr SUBSEP size SUBSEP W[1]
     if (!(key in seen)) { seen[key] = 1; order[++nk] = key }
     if (label ~ /echo$/) echo[key] = rps
+    else if (label ~ /base 256 streams$/) base_named[key] = rps
     else if (label ~ /streams$/) named[key] = rps
+    else if (label ~ /base$/) { base[key] = rps; hb = 1 }
     else td[key] = rps
-  } else if (sec == 2) {
-    if (label ~ /echo/) p50e = p50; else p50t = p50
+  } else if (sec == 2) { # the lowest of each (rounds of the same run)
+    if (label ~ /echo/) p50e = low(p50e, p50); else if (label ~ /base/) p50b = low(p50b, p50)
+    else p50t = low(p50t, p50)
   } else if (sec == 3) {
     if (label == "echo") scale_echo = rps
+    else if (label ~ /base/) { n = label + 0; bsc[n] = rps; last = "b" n; bper = 1 }
     else { n = label + 0; sc[n] = rps; sorder[++ns] = n; last = n }
   } else if (sec == 4) {
     if (label == "echo") more_echo = rps
@@ -194,16 +230,30 @@ END {
     printf "| %s | %s | %s | %.0f | %.0f | %s | %.0f | %s |\n", K[1], K[2], K[3], echo[k], td[k],
       ratio(td[k], echo[k]), named[k], ratio(named[k], echo[k])
   }
-  printf "\n4 KiB, one producer, one in flight, ipc: p50 tallyd %s us, echo %s us, difference %s us\n\n",
+  if (hb) {
+    print "\nThe same rows, base (BASE_TALLYD) interleaved with them:\n"
+    print "| transport | size | P x 64 | tallyd / echo | base / echo | tallyd / base | streams: tallyd / echo | base / echo | tallyd / base |"
+    print "|---|---|---|---|---|---|---|---|---|"
+    for (i = 1; i <= nk; i++) {
+      split(order[i], K, SUBSEP); k = order[i]
+      printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", K[1], K[2], K[3],
+        ratio(td[k], echo[k]), ratio(base[k], echo[k]), ratio(td[k], base[k]),
+        ratio(named[k], echo[k]), ratio(base_named[k], echo[k]), ratio(named[k], base_named[k])
+    }
+  }
+  printf "\n4 KiB, one producer, one in flight, ipc: p50 tallyd %s us, echo %s us, difference %s us\n",
     p50t, p50e, (p50t != "" && p50e != "") ? sprintf("%+.1f", p50t - p50e) : "-"
-  printf "### Scaling: hist u8 64 B, 16 producers x 64, ipc, 256 streams (echo: %.0f req/s)\n\n", scale_echo
-  print "| shards | req/s | / 1 shard | / linear | / echo | req/s per shard | busy s per shard |"
-  print "|---|---|---|---|---|---|---|"
+  if (p50b != "") printf "base: p50 %s us, difference %+.1f us\n", p50b, p50b - p50e
+  printf "\n### Scaling: hist u8 64 B, 16 producers x 64, ipc, 256 streams (echo: %.0f req/s)\n\n", scale_echo
+  print "| shards | req/s | / 1 shard | / linear | / echo | req/s per shard | busy s per shard | base req/s | base / echo | base busy s per shard |"
+  print "|---|---|---|---|---|---|---|---|---|---|"
   for (i = 1; i <= ns; i++) {
     n = sorder[i]
-    printf "| %d | %.0f | %s | %s | %s | %s | %s |\n", n, sc[n], ratio(sc[n], sc[1]),
-      ratio(sc[n], sc[1] * n), ratio(sc[n], scale_echo), per[n], busy[n]
+    printf "| %d | %.0f | %s | %s | %s | %s | %s | %s | %s | %s |\n", n, sc[n], ratio(sc[n], sc[1]),
+      ratio(sc[n], sc[1] * n), ratio(sc[n], scale_echo), per[n], busy[n],
+      bper ? sprintf("%.0f", bsc[n]) : "-", ratio(bsc[n], scale_echo), bper ? busy["b" n] : "-"
   }
+  if (more_echo == "") exit
   printf "\n### %s I/O threads on both sides, 64 B, 16 producers x 64, ipc\n\n", io_more
   print "| what | req/s | / echo | / Redis INCR |"
   print "|---|---|---|---|"

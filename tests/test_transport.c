@@ -14,6 +14,8 @@
  *   - a reply's payload counts toward the reply bytes (td_reply.h) until the transport frees it,
  *     even after td_reply_end, and not after;
  *   - a message without two request frames is answered `frames`, echoing the header's id;
+ *   - a payload the transport only lends is copied: the path never frees it, and the transport
+ *     may write over it once td_path_submit returns;
  *   - td_path_may_read says no at max_inflight, yes again once replies leave;
  *   - tallyd's own requests (no sender id) make no per-peer entry; a named sender does;
  *   - a stopping path answers `shutdown`.
@@ -284,6 +286,56 @@ static void test_frames_answered_with_the_header_id(void **state)
     broker_destroy(&b);
 }
 
+static void lent_free(void *data, void *hint)
+{
+    (void)data;
+    (void)hint;
+    fail_msg("the path freed a payload its transport only lent");
+}
+
+/* A payload the transport lends (td_msg_t.payload_borrowed) is its own again once td_path_submit
+ * returns: the path copies it. The lent hist waits behind a running one on its stream, the
+ * transport overwrites its buffer, and the stream still counts the bytes it lent. */
+static void test_lent_payload_is_copied(void **state)
+{
+    (void)state;
+    broker_t *b = broker_new(64);
+    assert_int_equal(
+        submit(b, (sub_t){TALLY_OP_HIST, TALLY_DTYPE_U8, "p0", 1, 0, 64u << 10, "producer", 0}),
+        TD_OK);
+    assert_int_equal(b->running_count, 1); /* on a worker: the next of p0 waits for it */
+    tally_req_t req = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8, .request_id = 2};
+    assert_int_equal(tally_req_set_stream(&req, "p0"), TALLY_OK);
+    uint8_t header[TALLY_REQ_HEADER_SIZE];
+    tally_req_encode(&req, header);
+    uint8_t lent[TD_PAYLOAD_BORROW_MAX];
+    memset(lent, 200, sizeof lent);
+    td_msg_t m = {
+        .from = {.id = (const uint8_t *)"producer", .id_len = 8},
+        .header = header,
+        .header_len = sizeof header,
+        .payload = {.data = lent, .len = sizeof lent, .free_fn = lent_free},
+        .payload_borrowed = true,
+        .frames = 2,
+    };
+    assert_int_equal(td_path_submit(b->path, &b->base, &m), TD_OK);
+    assert_int_equal(b->seen_count, 0);
+    memset(lent, 201, sizeof lent); /* the transport's buffer again */
+    drain(b);
+    assert_int_equal(b->seen_count, 2);
+    assert_int_equal(b->seen[1].id, 2);
+    assert_int_equal(b->seen[1].status, TALLY_OK);
+    td_stream_t *st = stream_of(b, "p0");
+    assert_non_null(st);
+    uint64_t bins[256];
+    td_bins_get(&st->bins, 256, bins);
+    /* the first batch (bytes 1, 2, 3, ...) put 256 in every bin; the lent one 256 more in 200 */
+    assert_int_equal(bins[200], 256 + sizeof lent);
+    assert_int_equal(bins[201], 256);
+    assert_int_equal(b->payloads_freed, 1); /* the first one's; the lent one is not freed */
+    broker_destroy(&b);
+}
+
 static void test_may_read_follows_the_inflight_limit(void **state)
 {
     (void)state;
@@ -336,6 +388,7 @@ int main(void)
         cmocka_unit_test(test_numbered_requests_apply_once_in_order),
         cmocka_unit_test(test_reply_bytes_count_until_the_transport_frees_them),
         cmocka_unit_test(test_frames_answered_with_the_header_id),
+        cmocka_unit_test(test_lent_payload_is_copied),
         cmocka_unit_test(test_may_read_follows_the_inflight_limit),
         cmocka_unit_test(test_own_requests_skip_the_peer_table),
         cmocka_unit_test(test_stopping_answers_shutdown),

@@ -19,7 +19,7 @@ void td_admit_count_limited(td_admit_t *a, const td_request_t *r, td_limit_t lim
 
 void td_admit_identify(td_admit_t *a, td_request_t *r, const char *user)
 {
-    uint64_t now = uv_hrtime();
+    uint64_t now = r->received_ns; /* as it arrived: the clock is read once a request */
     if (a->rate != a->cfg->stream_create_rate) { /* the live value: reloads apply */
         a->rate = a->cfg->stream_create_rate;
         td_peers_set_rate(a->peers, a->rate);

@@ -38,7 +38,8 @@ typedef struct {
 /* Who sent r (td_peers.h): its connection (r->identity), and its client identity — the ZAP user
  * id that CURVE authenticated (`user`, the "User-Id" property of its messages; NULL or empty
  * without CURVE), else the connection itself. The connection counts r as in flight until
- * td_admit_answered, and whether that passes its share of the in-flight slots is noted in r. */
+ * td_admit_answered, and whether that passes its share of the in-flight slots is noted in r.
+ * r->received_ns is the time the peers' table sees. */
 void td_admit_identify(td_admit_t *a, td_request_t *r, const char *user);
 /* r's reply has left (or was dropped or kept): its connection has one fewer in flight. */
 void td_admit_answered(td_admit_t *a, td_request_t *r);

@@ -3,13 +3,15 @@
  * td_mailbox.c — a lock-free stack of hops and a wake-up (see td_mailbox.h).
  *
  * Memory order: a post publishes what the hops carry with release, the take acquires it, so the
- * consumer sees everything the producer wrote into a request before posting it.
+ * consumer sees everything the producer wrote into a request before posting it. The wake-up's
+ * flag and the stack meet through a sequentially consistent fence on each side (td_mailbox.h).
  */
 #include "td_mailbox.h"
 
 int td_mailbox_init(td_mailbox_t *mb, uv_loop_t *loop, uv_async_cb cb, void *data)
 {
     atomic_init(&mb->stack.top, NULL);
+    atomic_init(&mb->sleeping, true); /* not running yet: the first post wakes it */
     int rc = uv_async_init(loop, &mb->async, cb);
     if (rc != 0)
         return rc;
@@ -57,7 +59,25 @@ void td_mailbox_post(td_mailbox_t *mb, td_hop_batch_t *batch)
     if (!batch->newest)
         return;
     stack_push(&mb->stack, batch);
-    uv_async_send(&mb->async);
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&mb->sleeping, memory_order_relaxed) &&
+        atomic_exchange_explicit(&mb->sleeping, false, memory_order_relaxed))
+        uv_async_send(&mb->async); /* one poster wakes it; the others find it awake */
+}
+
+bool td_mailbox_sleep(td_mailbox_t *mb)
+{
+    atomic_store_explicit(&mb->sleeping, true, memory_order_relaxed);
+    atomic_thread_fence(memory_order_seq_cst);
+    if (!td_mailbox_waiting(mb))
+        return true;
+    atomic_store_explicit(&mb->sleeping, false, memory_order_relaxed);
+    return false;
+}
+
+void td_mailbox_wake(td_mailbox_t *mb)
+{
+    atomic_store_explicit(&mb->sleeping, false, memory_order_relaxed);
 }
 
 void td_mailbox_post_one(td_mailbox_t *mb, td_hop_t *hop, unsigned kind)

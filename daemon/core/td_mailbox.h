@@ -12,6 +12,17 @@
  * the order they were added, by one producer and across its batches, so a stream's requests,
  * which all go through the one thread that reads them, reach their shard in arrival order.
  *
+ * Wake-ups: a post writes the consumer's wake-up (an eventfd write, and the consumer's return from
+ * its poll and read) only when the consumer sleeps, or is about to. A consumer that is awake takes
+ * what was posted before it sleeps again: td_mailbox_sleep, called last before it blocks, says
+ * whether hops are waiting (then it takes them instead of sleeping) and from then on lets a post
+ * wake it; td_mailbox_wake, once it is up, stops posts from writing the wake-up. A post pushes,
+ * then reads the flag; the consumer sets the flag, then reads the stack; a sequentially
+ * consistent fence in each makes one of them see the other (the store-buffer pattern), so no
+ * post is left waiting for a consumer asleep. Under load both sides are mostly awake, and a
+ * batch crosses with no system call at all (bench/NOTES.md, "The front's instructions and
+ * wake-ups").
+ *
  * A hop is embedded in what it carries (a request: td_request_t.hop) with a kind that says what
  * to do with it. Taking everything at once means no hop is ever popped alone, so the stack has
  * no ABA problem. Posting to a mailbox after td_mailbox_close is a bug: the owners close a
@@ -43,6 +54,7 @@ typedef struct {
 typedef struct {
     td_hop_stack_t stack;
     uv_async_t async;
+    _Atomic bool sleeping; /* the consumer sleeps or is about to: a post wakes it */
     bool open;
 } td_mailbox_t;
 
@@ -62,6 +74,17 @@ static inline bool td_hop_batch_empty(const td_hop_batch_t *batch)
 void td_mailbox_post(td_mailbox_t *mb, td_hop_batch_t *batch);
 /* Any thread: one hop at once (a control message). */
 void td_mailbox_post_one(td_mailbox_t *mb, td_hop_t *hop, unsigned kind);
+/* Consumer's thread, last before it blocks: false when hops are waiting (take them, do not
+ * sleep: no post will wake it for them); true when it may sleep, and a post will wake it. */
+bool td_mailbox_sleep(td_mailbox_t *mb);
+/* Consumer's thread, up again: posts stop writing its wake-up (it calls td_mailbox_sleep before
+ * it sleeps again). */
+void td_mailbox_wake(td_mailbox_t *mb);
+/* Consumer's thread: whether hops are waiting. */
+static inline bool td_mailbox_waiting(td_mailbox_t *mb)
+{
+    return atomic_load_explicit(&mb->stack.top, memory_order_relaxed) != NULL;
+}
 /* Consumer's thread: everything posted so far, oldest first, linked by next (NULL: nothing). */
 td_hop_t *td_mailbox_take(td_mailbox_t *mb);
 

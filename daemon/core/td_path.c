@@ -20,11 +20,15 @@
  *
  * Hand-off (more than one shard): requests and replies travel through mailboxes (td_mailbox.h), one
  * per shard and one for the front, in batches: what the front hands a shard during one callback (a
- * pump of up to 256 messages) is posted once, with one compare-and-swap and one wake-up, from the
- * loop's check and prepare handles and at the end of the front's own mailbox callback (so nothing
- * waits across a blocking poll), and a shard posts its replies to the front the same way. One
- * producer per mailbox direction and FIFO batches: a stream's requests reach their shard in the
- * order the front read them, which is the order ZeroMQ delivered them.
+ * pump of up to 256 messages) is posted once, with one compare-and-swap, from the loop's check
+ * and prepare handles and at the end of the front's own mailbox callback (so nothing waits across
+ * a blocking poll), and a shard posts its replies to the front the same way. A post wakes its
+ * consumer only when it sleeps (td_mailbox.h): a shard's thread takes what came while it ran
+ * before it sleeps (shard_main), and the front takes the shards' replies as its transport services
+ * the socket (td_path_take_replies, from the ZeroMQ pump) or, when it is about to block, through
+ * its own wake-up (front_prepare_cb). One producer per mailbox direction and FIFO batches: a
+ * stream's requests reach their shard in the order the front read them, which is the order ZeroMQ
+ * delivered them.
  *
  * Requests are allocated and retired on the front's thread: the transport ends a reply there
  * (td_reply_end), and its request is counted, released and kept among the front's spares for the
@@ -356,6 +360,10 @@ td_err_t td_path_submit(td_path_t *p, td_transport_t *t, td_msg_t *m)
     take_envelope(p, r, t, &m->from);
     copy_header(r, m);
     r->arrived = m->payload; /* the shard's now */
+    if (m->payload_borrowed) { /* the transport's: copied (TD_PAYLOAD_BORROW_MAX at most) */
+        memcpy(r->payload_inline, m->payload.data, m->payload.len);
+        r->arrived = (td_bytes_t){.data = r->payload_inline, .len = m->payload.len};
+    }
     m->payload = (td_bytes_t){0};
     if (p->threads)
         pin_regions(p, r);
@@ -514,6 +522,7 @@ static td_request_t *hop_request(td_hop_t *hop)
 static void front_inbox_cb(uv_async_t *handle)
 {
     td_path_t *p = handle->data;
+    td_mailbox_wake(&p->inbox);
     td_hop_t *hop = td_mailbox_take(&p->inbox);
     while (hop) {
         td_hop_t *next = hop->next;
@@ -538,19 +547,33 @@ static void front_inbox_cb(uv_async_t *handle)
     flush_to_shards(p);
 }
 
-static void front_flush_cb(uv_handle_t *handle)
-{
-    flush_to_shards(handle->data);
-}
-
+/* Last before the loop may block: the shards' posts wake it from now on, and what they posted
+ * since the transports last took replies (td_path_take_replies) is taken at once, through the
+ * wake-up: not here, where a reply sent would not be followed by the transport's look at its
+ * socket before the loop blocks (td_zmq.c). */
 static void front_prepare_cb(uv_prepare_t *handle)
 {
-    front_flush_cb((uv_handle_t *)handle);
+    td_path_t *p = handle->data;
+    flush_to_shards(p);
+    if (!td_mailbox_sleep(&p->inbox))
+        uv_async_send(&p->inbox.async);
 }
 
+/* Up again: the shards' posts stop writing the wake-up until the next prepare. */
 static void front_check_cb(uv_check_t *handle)
 {
-    front_flush_cb((uv_handle_t *)handle);
+    td_path_t *p = handle->data;
+    td_mailbox_wake(&p->inbox);
+    flush_to_shards(p);
+}
+
+void td_path_take_replies(td_path_t *p)
+{
+    if (!p->front_open)
+        return;
+    td_mailbox_wake(&p->inbox);
+    if (td_mailbox_waiting(&p->inbox))
+        front_inbox_cb(&p->inbox.async);
 }
 
 static void shard_close_handles(slot_t *slot);
@@ -663,6 +686,10 @@ static void shard_main(void *arg)
      * from outside). */
     pthread_mutex_lock(&slot->own);
     while (uv_run(slot->loop, UV_RUN_NOWAIT)) {
+        if (!td_mailbox_sleep(&slot->inbox)) { /* posted while it ran: no wake-up was written */
+            shard_inbox_cb(&slot->inbox.async);
+            continue;
+        }
         slot->sleep_ms = uv_backend_timeout(slot->loop);
         pthread_mutex_unlock(&slot->own);
         struct pollfd fd = {.fd = uv_backend_fd(slot->loop), .events = POLLIN};
@@ -670,6 +697,7 @@ static void shard_main(void *arg)
         (void)poll(&fd, 1, slot->sleep_ms); /* EINTR: the loop looks again */
         atomic_fetch_add_explicit(&slot->asleep_ns, uv_hrtime() - t0, memory_order_relaxed);
         pthread_mutex_lock(&slot->own);
+        td_mailbox_wake(&slot->inbox);
     }
     pthread_mutex_unlock(&slot->own);
 }

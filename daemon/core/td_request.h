@@ -76,7 +76,8 @@ typedef struct td_request {
     struct td_peer *conn;
     struct td_peer *client;
 
-    /* The request. payload points into payload_held (the transport's bytes), or into
+    /* The request. payload points into payload_held (the transport's bytes, or payload_inline),
+     * or into
      * payload_copy when they were not aligned for its element type, or into a shared-memory
      * region (shm_in). */
     tally_req_t req;
@@ -127,6 +128,8 @@ typedef struct td_request {
      * (td_request_hist_result), which apply reads back. */
     uint8_t identity[TD_IDENTITY_MAX];
     uint8_t header[TALLY_REQ_HEADER_SIZE]; /* of header_len bytes, at most this many copied */
+    /* A payload its transport lent (td_msg_t.payload_borrowed), copied: `arrived` points here. */
+    _Alignas(16) uint8_t payload_inline[TD_PAYLOAD_BORROW_MAX];
 } td_request_t;
 
 /* A FIFO of requests linked through their `next`: a stream's FIFO (td_sched.c), a GPU lane's

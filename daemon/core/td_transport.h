@@ -74,6 +74,9 @@ typedef struct td_path td_path_t;
 typedef struct td_transport td_transport_t;
 typedef struct td_reply td_reply_t;
 
+/* The largest payload a transport may lend for td_path_submit's duration (td_msg_t). */
+#define TD_PAYLOAD_BORROW_MAX 256
+
 /* Bytes and how to give them back: free_fn(data, hint) once, on any thread (the signature of
  * ZeroMQ's zmq_free_fn, so a payload goes into a message as it is). free_fn NULL: nothing to
  * free (borrowed, or none). */
@@ -111,8 +114,13 @@ typedef struct {
      * td_path_submit only. */
     const void *header;
     size_t header_len;
-    /* The second request frame; moved to the path (its free function is the path's to call). */
+    /* The second request frame; moved to the path (its free function is the path's to call),
+     * or, with payload_borrowed, the transport's until td_path_submit returns: the path copies
+     * it into the request (at most TD_PAYLOAD_BORROW_MAX bytes). A small payload then costs the
+     * transport no holder to allocate and the shard none to free (bench/NOTES.md, "The front's
+     * instructions and wake-ups"). */
     td_bytes_t payload;
+    bool payload_borrowed;
     /* Request frames after the transport's envelope: a request is 2 (header, payload); any
      * other count is answered `frames` (PROTOCOL.md §1). */
     int frames;
@@ -159,6 +167,11 @@ struct td_transport {
 /* Loop thread: hands msg to the path; msg->payload belongs to the path from here on, unless
  * TD_ERR_NOMEM (no memory for the request: nothing was taken, no reply will come; logged). */
 td_err_t td_path_submit(td_path_t *path, td_transport_t *transport, td_msg_t *msg);
+/* Loop thread: hands the transports the replies the shards have sent back since it last did
+ * (send_reply, on this thread). A transport calls it as it services its socket, before it looks
+ * for more to read: while the loop thread is busy, replies come this way, without a wake-up
+ * (td_mailbox.h); when it sleeps, they wake it. Nothing with one shard. */
+void td_path_take_replies(td_path_t *path);
 /* Loop thread: whether the path takes requests now (under the in-flight limit; while stopping,
  * messages are still taken, to be answered `shutdown`). */
 bool td_path_may_read(const td_path_t *path);

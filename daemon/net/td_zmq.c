@@ -94,6 +94,7 @@ static void answer_no_memory(td_zmq_t *z, const td_msg_t *m)
                                 .status = TALLY_E_INTERNAL,
                                 .dtype = TALLY_DTYPE_TEXT},
                         .body = {.data = (void *)text, .len = sizeof text - 1}};
+    tally_rep_encode(&reply.rep, reply.header);
     td_err("out of memory: request %" PRIu64 " answered `internal`", reply.rep.request_id);
     (void)td_zmq_send_now(z, &reply); /* a peer gone or not reading: as for any reply */
     td_zmq_conn_answered(m->from.ctx);
@@ -123,8 +124,14 @@ static void handle_message(td_zmq_t *z, zmq_msg_t *frames, int kept, int total)
         .header_len = body < kept ? zmq_msg_size(&frames[body]) : 0,
         .frames = total - body,
     };
-    if (m.frames == 2)
+    if (m.frames == 2 && zmq_msg_size(&frames[body + 1]) <= TD_PAYLOAD_BORROW_MAX) {
+        /* lent: the path copies it, the frame is released with the others (read_message) */
+        m.payload = (td_bytes_t){.data = zmq_msg_data(&frames[body + 1]),
+                                 .len = zmq_msg_size(&frames[body + 1])};
+        m.payload_borrowed = true;
+    } else if (m.frames == 2) {
         m.payload = hold_frame(&frames[body + 1]);
+    }
     td_zmq_conn_read(z, conn); /* before: the path may answer at once */
     if (td_path_submit(z->env.path, &z->base, &m) != TD_OK) { /* no memory for the request */
         td_bytes_free(&m.payload);
@@ -132,18 +139,20 @@ static void handle_message(td_zmq_t *z, zmq_msg_t *frames, int kept, int total)
     }
 }
 
-/* Reads one whole message. Returns 1 when one was handled, 0 when none was waiting. */
+/* Reads one whole message. Returns 1 when one was handled, 0 when none was waiting. The frames
+ * kept are received in place (no move from a scratch frame: bench/NOTES.md, "The front's
+ * instructions and wake-ups"); those beyond them go through the last slot, released at once. */
 static int read_message(td_zmq_t *z)
 {
-    zmq_msg_t frames[TD_FRAMES_KEPT];
+    zmq_msg_t frames[TD_FRAMES_KEPT + 1];
     int kept = 0;
     int total = 0;
     for (;;) {
-        zmq_msg_t frame;
-        zmq_msg_init(&frame);
-        if (zmq_msg_recv(&frame, z->rt.socket, ZMQ_DONTWAIT) == -1) {
+        zmq_msg_t *frame = &frames[kept];
+        zmq_msg_init(frame);
+        if (zmq_msg_recv(frame, z->rt.socket, ZMQ_DONTWAIT) == -1) {
             int err = errno;
-            zmq_msg_close(&frame);
+            zmq_msg_close(frame);
             if (total == 0 && (err == EAGAIN || err == EINTR))
                 return 0;
             /* Cannot happen for the later frames of a message (ZeroMQ delivers multipart
@@ -151,13 +160,11 @@ static int read_message(td_zmq_t *z)
             td_err("receiving a message: %s", zmq_strerror(err));
             break;
         }
-        bool more = zmq_msg_more(&frame);
-        if (kept < TD_FRAMES_KEPT) {
-            zmq_msg_init(&frames[kept]);
-            zmq_msg_move(&frames[kept], &frame);
+        bool more = zmq_msg_more(frame);
+        if (kept < TD_FRAMES_KEPT)
             kept++;
-        }
-        zmq_msg_close(&frame);
+        else
+            zmq_msg_close(frame);
         total++;
         if (!more)
             break;
@@ -194,6 +201,7 @@ void td_zmq_pump(td_zmq_t *z)
         return;
     td_zmq_monitor_read(z); /* connections closed: before their last replies are sent */
     td_path_t *path = z->env.path;
+    td_path_take_replies(path); /* the shards' replies: sent before ZMQ_EVENTS is read below */
     int budget = TD_READ_BUDGET;
     bool read_any = false;
     while (td_path_may_read(path) && budget > 0 && read_message(z)) {

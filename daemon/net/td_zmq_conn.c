@@ -297,13 +297,23 @@ static td_zmq_conn_t *record(td_zmq_t *z, const char *key, int fd, const uint8_t
     return c;
 }
 
+/* The descriptor "__fd" names: its decimal digits (libzmq writes a non-negative int), read here
+ * rather than by atoi, whose strtol was a tenth of this function's cost a message. */
+static int fd_of(const char *key)
+{
+    int fd = 0;
+    for (; *key >= '0' && *key <= '9' && fd < (1 << 27); key++)
+        fd = fd * 10 + (*key - '0');
+    return fd;
+}
+
 td_zmq_conn_t *td_zmq_conn_of(td_zmq_t *z, const zmq_msg_t *meta, const uint8_t **id,
                               size_t *id_len)
 {
     const char *key = zmq_msg_gets(meta, "__fd");
     if (!key)
         return NULL;
-    int fd = atoi(key);
+    int fd = fd_of(key);
     /* Only a hand-over's temporary id (a zero byte and 4 more) needs the Identity: one lookup
      * less for every other message. */
     const char *identity = *id_len == 5 && !(*id)[0] ? zmq_msg_gets(meta, "Identity") : NULL;

@@ -25,7 +25,8 @@
 /* The reply's payload as a message ZeroMQ frees once written out (an empty one when it has
  * none). When ZeroMQ has no memory for it, a successful reply becomes an `internal` error (the
  * request's effect stands: PROTOCOL.md §7) and an error reply loses only its text; the reply is
- * never lost (alloc sweep, issue 25). The header is encoded after this, into reply->header. */
+ * never lost (alloc sweep, issue 25). The header (reply->header, encoded by the request path on
+ * the shard: td_replies_hand) is encoded again here only then. */
 static void body_message(td_reply_t *reply, zmq_msg_t *body)
 {
     td_bytes_t *b = &reply->body;
@@ -46,6 +47,7 @@ static void body_message(td_reply_t *reply, zmq_msg_t *body)
         reply->rep.dtype = TALLY_DTYPE_TEXT;
         reply->rep.count = 0;
         reply->rep.aux0 = 0;
+        tally_rep_encode(&reply->rep, reply->header);
         if (zmq_msg_init_size(body, sizeof text - 1) == 0) {
             memcpy(zmq_msg_data(body), text, sizeof text - 1);
             return;
@@ -72,7 +74,6 @@ int td_zmq_send_now(td_zmq_t *z, td_reply_t *reply)
     zmq_msg_t body;
     if (!err) {
         body_message(reply, &body);
-        tally_rep_encode(&reply->rep, reply->header);
         if (zmq_send(router, reply->header, sizeof reply->header, more) == -1) {
             err = errno;
             zmq_msg_close(&body);
