@@ -11,10 +11,16 @@
  *     them, Peer-Address, and "__fd", the descriptor ZMQ_SRCFD reads), alive while the connection
  *     or any message of it is. The address of its "__fd" value is the connection's key here;
  *   - the socket monitor (td_router.c) reports ZMQ_EVENT_ACCEPTED and ZMQ_EVENT_DISCONNECTED
- *     with the descriptor. Connections on one descriptor follow each other, so its k-th
- *     disconnection closes its k-th accepted connection. A record is made when tallyd reads a
- *     connection's first message, after reading the monitor (ZeroMQ reports the accept before a
- *     message of the connection can be read), and takes its descriptor's accept count then.
+ *     with the descriptor. Connections on one descriptor follow each other, and a connection's
+ *     disconnection is reported before its descriptor is closed (stream_engine_base_t::error),
+ *     so before the next connection on it is accepted: when tallyd reads a connection's first
+ *     message, every earlier connection's close on its descriptor has been reported. Its accept
+ *     need not have been: libzmq reports it (stream_listener_base_t::create_engine) after
+ *     handing the connection to an I/O thread, which may read its messages, and even see it
+ *     close, first (with 2 I/O threads on a loaded 2-core box, about one connection in 3,000).
+ *     So a record, made when tallyd reads a connection's first message, after reading the
+ *     monitor, is open unless its close has been reported (judged in open_now below), and the
+ *     descriptor's next disconnection is its close.
  * An address is free for reuse once a connection's last message is freed, so a record found by
  * key is the message's only when the descriptors match and so do the routing ids (or the
  * message's is one a hand-over gave it, below); otherwise the record is stale and forgotten.
@@ -59,7 +65,6 @@
 struct td_zmq_conn {
     const char *key;     /* its metadata's "__fd" value: one per connection while it lives */
     int fd;              /* its descriptor, from that value */
-    uint64_t accept_no;  /* which accept on fd it is (the monitor's count); 0: not known */
     uint64_t read;       /* requests read from it */
     uint64_t answered;   /* of them, replies handed on (sent to ZeroMQ, kept or dropped) */
     unsigned refs;       /* 1 while open or in the closed list, plus its requests unanswered */
@@ -211,9 +216,8 @@ static void monitor_event(td_zmq_t *z, uint16_t event, int fd)
         return;
     }
     slot->disconnected++;
-    td_zmq_conn_t *c = slot->conn;
-    if (c && c->accept_no && c->accept_no <= slot->disconnected)
-        close_conn(z, c);
+    if (slot->conn) /* open when tallyd read its first message, after the closes before it */
+        close_conn(z, slot->conn);
 }
 
 void td_zmq_monitor_read(td_zmq_t *z)
@@ -260,12 +264,26 @@ static bool same_id(const td_zmq_conn_t *c, const uint8_t *id, size_t id_len)
     return c->id_len == id_len && memcmp(c->id, id, id_len) == 0;
 }
 
+/* Whether the connection on slot's descriptor whose first message tallyd reads now is still open
+ * as far as the monitor has said, the closes before it all reported (see the top of the file);
+ * its number then is disconnected + 1, and disconnected if it has closed. */
+static bool open_now(const td_zmq_fd_t *slot)
+{
+    if (slot->accepted != slot->disconnected)
+        return slot->accepted > slot->disconnected; /* fewer: its close reported before its accept */
+    /* Every accept reported is closed: this one's accept is still to come when the last one
+     * closed has a record; without one, it is the last one closed (before tallyd read it),
+     * which cannot be told from a connection that closed without a message (a TCP probe) just
+     * before this one came: taken as closed. */
+    return slot->recorded >= slot->disconnected;
+}
+
 /* A new record for the connection with metadata key on fd, whose first message tallyd reads
  * now; NULL when out of memory. */
 static td_zmq_conn_t *record(td_zmq_t *z, const char *key, int fd, const uint8_t *id, size_t id_len,
                              bool renamed, const zmq_msg_t *meta)
 {
-    td_zmq_monitor_read(z); /* its accept, and what closed before it */
+    td_zmq_monitor_read(z); /* what closed before it (its accept may come later) */
     td_zmq_conn_t *c = calloc(1, sizeof *c + id_len);
     if (!c)
         return NULL;
@@ -276,16 +294,17 @@ static td_zmq_conn_t *record(td_zmq_t *z, const char *key, int fd, const uint8_t
     size_t b = bucket_of(key);
     c->next = z->conns[b];
     z->conns[b] = c;
-    td_zmq_fd_t *slot = fd_slot(z, fd);
-    bool gone = renamed || (slot && slot->accepted && slot->disconnected >= slot->accepted);
+    /* A connection a hand-over renamed is taken as closed: a newer one has its routing id. */
+    td_zmq_fd_t *slot = renamed ? NULL : fd_slot(z, fd);
+    bool open = !renamed && (!slot || open_now(slot));
     if (slot)
-        c->accept_no = slot->accepted;
-    if (slot && !gone) {
+        slot->recorded = slot->disconnected + open;
+    if (slot && open) {
         if (slot->conn) /* its descriptor is this connection's now */
             close_conn(z, slot->conn);
         slot->conn = c;
     }
-    if (gone)
+    if (!open)
         close_conn(z, c);
     if (renamed) {
         c->unroutable = true;

@@ -23,11 +23,13 @@
 
 typedef struct td_zmq_conn td_zmq_conn_t;
 
-/* A descriptor as the socket monitor has seen it: connections accepted and closed on it, and the
- * record of the one tallyd reads from now. */
+/* A descriptor as the socket monitor has seen it: connections accepted and closed on it, which
+ * of them tallyd made a record of last (numbered by the closes before it: the first is 1), and
+ * the record of the one tallyd reads from now. */
 typedef struct {
     uint64_t accepted;
     uint64_t disconnected;
+    uint64_t recorded;
     td_zmq_conn_t *conn;
 } td_zmq_fd_t;
 
