@@ -414,7 +414,7 @@ static void test_consumer_exists(void **state)
 
 /* A message's stream sequence and pending count read from its ack subject (td_nats_consumer.c's
  * ack_seq, both of JetStream's forms): the fields named, and 0 for a subject that is neither
- * form (nats.c's own reading, the fallback, refuses those too). */
+ * form (the NATS C client's own reading, the fallback, refuses those too). */
 static void test_ack_subjects(void **state)
 {
     (void)state;
