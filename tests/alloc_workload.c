@@ -25,15 +25,15 @@
  *     ASAN_OPTIONS/LSAN_OPTIONS apply to it), and no reply left unfreed at exit (tallyd's own
  *     warnings: pooled GPU reply buffers are invisible to LeakSanitizer);
  *   - with N = 0, every reply is ok as well (the load itself is right).
- * With --fleet (built with NATS; else it exits 77), the same tallyd is a fleet worker of 2 partitions beside it,
- * against one nats-server of its own (tests/lib/nats_cluster.h), and only the fleet's allocations
- * (daemon/nats/: TALLYD_ALLOC_FAIL_IN=/nats/) are numbered: the load is then a producer's 8
- * requests over 4 streams, each asking for its reply (max_inflight 2: most of them wait for
- * room in the request path), and the answers by request-reply (a query,
- * ping, info, stats, the fleet's streams), after which every request must have had exactly one
- * reply (any status; none only where tallyd logged that it had no memory for the reply's frame:
- * a fleet's reply is published at most once) and, with no allocation failing, every one ok; the
- * zmq load is not sent.
+ * With --fleet (built with NATS; else it exits 77), the same tallyd is a fleet worker of 2
+ * partitions, against one nats-server of its own (tests/lib/nats_cluster.h), and only the fleet's
+ * allocations (daemon/nats/: TALLYD_ALLOC_FAIL_IN=/nats/) are numbered: the load is then a
+ * producer's 8 requests over 4 streams, each asking for its reply (max_inflight 2: most of them
+ * wait for room in the request path), and the answers by request-reply (a query, ping, info,
+ * stats, the fleet's streams), after which every request must have had exactly one reply (any
+ * status; none only where tallyd logged that it had no memory for the reply's frame: a fleet's
+ * reply is published at most once) and, with no allocation failing, every one ok; the ZeroMQ
+ * load is not sent.
  * With `persist`, every allocation from N on fails: replies and the last ping are not required
  * (tallyd answers what it can), the last three points are. Prints one line, "alloc N: <outcome>
  * (counted C ...)", and tallyd's log when it fails (exit 1) or TALLY_ALLOC_SHOW_LOG is set.
@@ -152,11 +152,11 @@ static int spawn(run_t *r, const char *n)
                           "--gpu-streams", "2", "--gpu-min-batch", "16K", "--max-batch", "1M",
                           "--metrics", "127.0.0.1:0", "--pub", r->pub, "--pub-interval-ms", "10",
                           "--config", conf, NULL};
-    /* clang-format on */
     const char *fleet[] = {"--nats-servers", r->nats_url, "--nats-replicas", "1",
                            "--nats-partitions", "2", "--nats-lease-ttl-ms", "2000",
                            "--nats-checkpoint-interval-ms", "100", "--nats-member-id", "alloc",
                            NULL};
+    /* clang-format on */
     const char *all[sizeof argv / sizeof argv[0] + sizeof fleet / sizeof fleet[0]];
     size_t used = sizeof argv / sizeof argv[0] - 1;
     memcpy(all, argv, sizeof argv);

@@ -422,16 +422,16 @@ static void test_ack_subjects(void **state)
         const char *reply;
         uint64_t seq, pending;
     } cases[] = {
-        {"$JS.ACK.TALLY_P0.c.1.42.7.1700000000000000000.5", 42, 5},      /* 9 tokens */
-        {"$JS.ACK.dom.hash.TALLY_P0.c.1.43.7.1700000000000000000.6", 43, 6}, /* 11 */
+        {"$JS.ACK.TALLY_P0.c.1.42.7.1700000000000000000.5", 42, 5},              /* 9 tokens */
+        {"$JS.ACK.dom.hash.TALLY_P0.c.1.43.7.1700000000000000000.6", 43, 6},     /* 11 */
         {"$JS.ACK.dom.hash.TALLY_P0.c.1.44.7.1700000000000000000.7.tok", 44, 7}, /* 12 */
-        {"$JS.ACK.TALLY_P0.c.1.42.7.1700000000000000000", 0, 0},         /* 8 tokens */
-        {"$JS.ACK.x.TALLY_P0.c.1.42.7.1700000000000000000.5", 0, 0},     /* 10 tokens */
-        {"$JS.ACK.TALLY_P0.c.1.x42.7.1700000000000000000.5", 0, 0},      /* not a number */
-        {"$JS.ACK.TALLY_P0.c.1.42x.7.1700000000000000000.5", 0, 0},      /* a number and more */
-        {"$JS.ACK.TALLY_P0.c.1.42.7.1700000000000000000.", 0, 0},        /* no pending count */
-        {"$JS.ACK.a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p", 0, 0},               /* 18 tokens */
-        {"$JS.NAK.TALLY_P0.c.1.42.7.1700000000000000000.5", 0, 0},       /* not an ack subject */
+        {"$JS.ACK.TALLY_P0.c.1.42.7.1700000000000000000", 0, 0},                 /* 8 tokens */
+        {"$JS.ACK.x.TALLY_P0.c.1.42.7.1700000000000000000.5", 0, 0},             /* 10 tokens */
+        {"$JS.ACK.TALLY_P0.c.1.x42.7.1700000000000000000.5", 0, 0},              /* not a number */
+        {"$JS.ACK.TALLY_P0.c.1.42x.7.1700000000000000000.5", 0, 0}, /* a number and more */
+        {"$JS.ACK.TALLY_P0.c.1.42.7.1700000000000000000.", 0, 0},   /* no pending count */
+        {"$JS.ACK.a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p", 0, 0},          /* 18 tokens */
+        {"$JS.NAK.TALLY_P0.c.1.42.7.1700000000000000000.5", 0, 0},  /* not an ack subject */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         natsMsg *m = NULL;
