@@ -194,6 +194,10 @@ struct td_fleet {
     size_t pend_cap, pend_hint;
     uint64_t next_tag;
     atomic_bool subs_waiting; /* requests the path could not take yet (the loop's check) */
+    /* Replies the loop could not hand over (no memory), and how many the fleet thread has seen:
+     * the partitions waiting for one are dropped and taken anew (td_part_reply_lost). */
+    atomic_uint replies_lost;
+    unsigned replies_lost_seen;
     uv_check_t check;
     /* The thread, and the loop calls. */
     pthread_t thread;
@@ -270,6 +274,10 @@ void td_part_drop(td_fleet_t *f, td_part_t *p, const char *why);
 bool td_part_step(td_fleet_t *f, td_part_t *p);
 void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *header,
                    const uint8_t *body, size_t body_len);
+/* A reply of the request path's was lost (no memory for it): every partition with a message
+ * waiting for its reply is dropped, since that one would wait for ever; taken anew, its
+ * messages are delivered again from its checkpoint. */
+void td_part_reply_lost(td_fleet_t *f);
 /* Waits (polling for replies) until the partition has nothing in the request path. */
 void td_part_quiesce(td_fleet_t *f, td_part_t *p);
 /* Frees what a partition keeps past its ownership (at the fleet's end). */

@@ -439,13 +439,27 @@ void td_part_drop(td_fleet_t *f, td_part_t *p, const char *why)
     drop_local_copy(f, p);
 }
 
+/* True when a message of the partition's window is in the request path. */
+static bool awaits_reply(const td_fleet_t *f, const td_part_t *p)
+{
+    for (size_t i = 0; i < p->win_len; i++)
+        if (p->win[(p->win_first + i) % f->inflight].state == WIN_SENT)
+            return true;
+    return false;
+}
+
+void td_part_reply_lost(td_fleet_t *f)
+{
+    for (uint32_t k = 0; k < f->partitions; k++)
+        if (f->parts[k].owned && awaits_reply(f, &f->parts[k]))
+            td_part_drop(f, &f->parts[k], "a reply of the request path's was lost (no memory)");
+}
+
 void td_part_quiesce(td_fleet_t *f, td_part_t *p)
 {
     int64_t deadline = td_nats_now_ms() + f->ttl_ms / 3; /* leases renewed in time */
     while (p->owned && td_nats_now_ms() < deadline) {
-        bool sent = false;
-        for (size_t i = 0; i < p->win_len && !sent; i++)
-            sent = p->win[(p->win_first + i) % f->inflight].state == WIN_SENT;
+        bool sent = awaits_reply(f, p);
         if (!sent && (p->retries == 0 || atomic_load(&f->stopping)))
             break; /* `shutdown` or `busy`: not applied, so not in the checkpoint either */
         if (p->retries && !sent)
