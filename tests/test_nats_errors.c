@@ -458,17 +458,58 @@ static void test_ckpt_old_chunks_not_removed(void **state)
     kvStore_Destroy(ckpts);
 }
 
+/* seq (pending) of a message whose reply subject is ack, or 0 (0) when it is not an ack subject
+ * (td_nats_msg_seq_pending reads it in place, issue 32). */
+static uint64_t ack_seq_of(const char *ack, uint64_t *pending)
+{
+    natsMsg *m = NULL;
+    assert_int_equal(natsMsg_Create(&m, "x", ack, "y", 1), NATS_OK);
+    uint64_t seq = td_nats_msg_seq_pending(m, pending);
+    natsMsg_Destroy(m);
+    return seq;
+}
+
+/* Both forms of an ack subject, and what is not one (no server asked: a subject that is not one
+ * falls back to natsMsg_GetMetaData, which refuses it too). */
+static void test_ack_subject_read(void **state)
+{
+    (void)state;
+    uint64_t pending = 0;
+    assert_int_equal(ack_seq_of("$JS.ACK.TALLY_P3.c.1.4242.17.1733190000000000000.9", &pending),
+                     4242);
+    assert_int_equal(pending, 9);
+    assert_int_equal(
+        ack_seq_of("$JS.ACK.dom.ACCHASH.TALLY_P3.c.2.77.18.1733190000.0.rnd", &pending), 77);
+    assert_int_equal(pending, 0);
+    assert_int_equal(ack_seq_of("$JS.ACK.dom.ACCHASH.TALLY_P3.c.2.78.18.1733190000.5", &pending),
+                     78);
+    assert_int_equal(pending, 5);
+    const char *not_ack[] = {
+        "$JS.ACK.S.c.1.42.7.1700",                 /* 8 tokens */
+        "$JS.ACK.S.c.1.42.7.1700.9.x",             /* 10 */
+        "$JS.ACK.S.c.1.4x2.7.1700.9",              /* a sequence that is not a number */
+        "$JS.ACK.S.c.1..7.1700.9",                 /* an empty one */
+        "$JS.ACK.S.c.1.42.7.1700.",                /* no pending count */
+        "$JS.ACK.a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p", /* more tokens than either form */
+        "$JS.ACKS.S.c.1.42.7.1700.9",
+        "_INBOX.S.c.1.42.7.1700.9.a",
+    };
+    for (size_t i = 0; i < sizeof not_ack / sizeof *not_ack; i++) {
+        pending = 3;
+        assert_int_equal(ack_seq_of(not_ack[i], &pending), 0);
+        assert_int_equal(pending, 0);
+    }
+}
+
 int main(void)
 {
     if (tn_skip())
         return 77;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_connection_gone),
-        cmocka_unit_test(test_no_permission),
-        cmocka_unit_test(test_not_this_fleet),
-        cmocka_unit_test(test_lease_unknown_revision),
-        cmocka_unit_test(test_consumer_exists),
-        cmocka_unit_test(test_ckpt_old_chunks_not_removed),
+        cmocka_unit_test(test_connection_gone),  cmocka_unit_test(test_no_permission),
+        cmocka_unit_test(test_not_this_fleet),   cmocka_unit_test(test_lease_unknown_revision),
+        cmocka_unit_test(test_consumer_exists),  cmocka_unit_test(test_ckpt_old_chunks_not_removed),
+        cmocka_unit_test(test_ack_subject_read),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
