@@ -3,15 +3,20 @@
 # run-nats-worker.sh BUILD... — one fleet worker's cost per message, for profiling and A/B on a
 # small box (issue 32; bench/NOTES.md "The fleet worker's instructions per message"): one
 # nats-server (R1), 8 partitions, hist u8 over 4 streams a partition. For each round (ROUNDS,
-# default 3) and each BUILD in turn (builds interleaved, so the box's load falls on each alike):
+# default 3) and each BUILD in turn (builds interleaved, every other round in the reverse order,
+# so that the box's load and the place in the round fall on each alike: the second worker of a
+# round was the slower on the dev box, whichever build it was):
 # the build's tallyd becomes the only worker (the previous one gave its partitions up with
 # SIGTERM), is stopped (SIGSTOP), a fill of COUNT x SIZE (default 30000 x 1024) is published,
 # and it goes on (SIGCONT): timed until its tallyd_nats_applied_total counts the fill (sampled
 # every 50 ms), with the CPU time of all its threads (from /proc) per message.
-# CALLGRIND=1: each worker runs under callgrind with instrumentation off, switched on after
-# its SIGCONT; instructions per message = the dump's total / messages applied meanwhile, and
-# the functions' inclusive shares (callgrind_annotate) are kept in the run's folder (KEEP=1
-# keeps it; its path is printed). TALLYD_ARGS adds worker options.
+# CALLGRIND=1 (COUNT 12000, ROUNDS 1 by default): each worker runs under callgrind with
+# instrumentation off, switched on after its SIGCONT and dumped once the fill is applied;
+# instructions per message = the dump's total / the replies the fleet thread took meanwhile
+# (td_part_reply's calls), also without the /metrics pages the sampler asked for (every second
+# here: not the messages' cost). The profiles (inclusive, self, callers) stay in the run's folder
+# with KEEP=1 (its path is printed). Instructions do not move with the box's load; the rates
+# and CPU times do (2x on the shared dev box). TALLYD_ARGS adds worker options.
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 BUILD..." >&2; exit 2; }
 rounds=${ROUNDS:-3}
@@ -116,11 +121,11 @@ print(f'{sys.argv[5]} {s:.3f} {c / s:.0f} {t / hz / c * 1e6:.1f}{sys.argv[6]}')"
 
 echo "# $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), $(date -u '+%Y-%m-%d %H:%M UTC');" \
   "$count x $size B; columns: build-round seconds msg/s cpu-us/msg [instr/msg, without /metrics, messages counted]"
-for ((r = 1; r <= rounds; r++)); do
-  i=0
-  for b in "$@"; do
-    i=$((i + 1))
-    one "$b" "b$i-r$r-$size"
+builds=("$@")
+for ((r = 1; r <= rounds; r++)); do # in turn, every other round backwards: ABBA...
+  for ((j = 0; j < ${#builds[@]}; j++)); do
+    i=$((r % 2 ? j : ${#builds[@]} - 1 - j))
+    one "${builds[i]}" "b$((i + 1))-r$r-$size"
   done
 done
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
