@@ -506,9 +506,12 @@ int main(void)
     if (tn_skip())
         return 77;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_connection_gone),  cmocka_unit_test(test_no_permission),
-        cmocka_unit_test(test_not_this_fleet),   cmocka_unit_test(test_lease_unknown_revision),
-        cmocka_unit_test(test_consumer_exists),  cmocka_unit_test(test_ckpt_old_chunks_not_removed),
+        cmocka_unit_test(test_connection_gone),
+        cmocka_unit_test(test_no_permission),
+        cmocka_unit_test(test_not_this_fleet),
+        cmocka_unit_test(test_lease_unknown_revision),
+        cmocka_unit_test(test_consumer_exists),
+        cmocka_unit_test(test_ckpt_old_chunks_not_removed),
         cmocka_unit_test(test_ack_subject_read),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
