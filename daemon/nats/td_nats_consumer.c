@@ -165,8 +165,8 @@ static bool ack_seq(const char *ack, uint64_t *seq, uint64_t *pending)
     size_t n = 0;
     if (!ack || strncmp(ack, "$JS.ACK.", 8) != 0)
         return false;
-    /* Token by token with strchr (issue 32: a loop over every character of the ~100-byte
-     * subject cost ~1.6 k instructions a message; strchr reads it a vector at a time). */
+    /* Token by token with strchr, which reads the ~100-byte subject a vector at a time (issue
+     * 32: 570 -> 457 instructions a delivery against a loop over every character). */
     for (const char *c = ack; c; c = strchr(c, '.')) {
         if (n == 16)
             return false; /* more tokens than either form has */
