@@ -432,6 +432,10 @@ static void test_ack_subjects(void **state)
         {"$JS.ACK.TALLY_P0.c.1.42.7.1700000000000000000.", 0, 0},   /* no pending count */
         {"$JS.ACK.a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p", 0, 0},          /* 18 tokens */
         {"$JS.NAK.TALLY_P0.c.1.42.7.1700000000000000000.5", 0, 0},  /* not an ack subject */
+        {"$JS.ACK.dom.ACCHASH.TALLY_P3.c.2.77.18.1733190000.0.rnd", 77, 0}, /* 12, pending 0 */
+        {"$JS.ACK.S.c.1..7.1700.9", 0, 0},                          /* an empty sequence */
+        {"$JS.ACKS.S.c.1.42.7.1700.9", 0, 0},                       /* not $JS.ACK */
+        {"_INBOX.S.c.1.42.7.1700.9.a", 0, 0},                       /* an inbox */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         natsMsg *m = NULL;

@@ -359,6 +359,10 @@ td_err_t td_path_submit(td_path_t *p, td_transport_t *t, td_msg_t *m)
     r->received_ns = uv_hrtime();
     take_envelope(p, r, t, &m->from);
     copy_header(r, m);
+    if (m->req) { /* the shard need not decode it again */
+        r->req = *m->req;
+        r->decoded = true;
+    }
     r->arrived = m->payload; /* the shard's now */
     if (m->payload_borrowed) { /* the transport's: copied (TD_PAYLOAD_BORROW_MAX at most) */
         memcpy(r->payload_inline, m->payload.data, m->payload.len);

@@ -56,7 +56,8 @@ typedef struct td_request {
      * the end; header_len is the frame's length, has_header whether there was one), its request
      * frames, its payload until the shard takes it (td_request_take_payload), its connection's
      * share of the in-flight slots and what the connection had in flight with it (td_admit.h);
-     * its shard decodes the header (decoded: it did); the transport's end of its reply. */
+     * its shard decodes the header (decoded: it did, or the transport had); the transport's end
+     * of its reply. */
     unsigned shard;
     td_hop_t hop;
     bool has_header;

@@ -353,12 +353,14 @@ static bool check_message(td_shard_t *p, td_request_t *r, char *msg, size_t cap)
 
 /* Decoded even when the frame count is wrong, so that every reply echoes the first request
  * frame's opcode, flags and id (§3); with no request frame at all they stay 0. A header that
- * does not decode fails r (check_message answers it). */
+ * does not decode fails r (check_message answers it). One its transport decoded (td_msg_t's
+ * req) is not decoded again. */
 static void decode(td_request_t *r)
 {
     char msg[TALLY_ERROR_MESSAGE_MAX + 1];
-    tally_status_t st =
-        tally_req_decode(r->has_header ? r->header : NULL, r->header_len, &r->req, msg, sizeof msg);
+    tally_status_t st = r->decoded ? TALLY_OK
+                                   : tally_req_decode(r->has_header ? r->header : NULL,
+                                                      r->header_len, &r->req, msg, sizeof msg);
     r->rep.opcode = r->req.opcode;
     r->rep.flags = r->req.flags;
     r->rep.request_id = r->req.request_id;

@@ -114,6 +114,11 @@ typedef struct {
      * td_path_submit only. */
     const void *header;
     size_t header_len;
+    /* That header already decoded (tally_req_decode, its request id as in the frame) by a
+     * transport that has read it anyway, or NULL: its shard decodes it. The fleet's reads every
+     * message's to judge it (issue 32: a second decode was ~900 instructions a message). Read
+     * during td_path_submit only. */
+    const tally_req_t *req;
     /* The second request frame; moved to the path (its free function is the path's to call),
      * or, with payload_borrowed, the transport's until td_path_submit returns: the path copies
      * it into the request (at most TD_PAYLOAD_BORROW_MAX bytes). A small payload then costs the

@@ -38,7 +38,9 @@
 typedef struct td_fleet_sub {
     struct td_fleet_sub *next;
     uint8_t header[TALLY_REQ_HEADER_SIZE]; /* its request id is the tag */
-    td_bytes_t payload;                    /* data, or empty */
+    bool decoded;                          /* req is the header decoded (a partition's message) */
+    tally_req_t req;
+    td_bytes_t payload; /* data, or empty */
     uint8_t data[];
 } sub_item_t;
 
@@ -158,6 +160,7 @@ void td_fleet_path_on_loop(td_fleet_t *f)
         bool in_payload = s->payload.free_fn == free_item; /* the item goes with its payload */
         td_msg_t m = {.header = s->header,
                       .header_len = sizeof s->header,
+                      .req = s->decoded ? &s->req : NULL,
                       .payload = s->payload,
                       .frames = 2};
         if (!td_path_may_read(f->transport.path)) {
@@ -296,6 +299,7 @@ int td_fleet_path_send(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *data, 
         return -1;
     }
     s->next = NULL;
+    s->decoded = false;
     memcpy(s->header, data, sizeof s->header);
     tally_put_u64(s->header + 8, f->pend[slot].tag);
     memcpy(s->data, data + TALLY_REQ_HEADER_SIZE, plen);
@@ -306,7 +310,7 @@ int td_fleet_path_send(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *data, 
 }
 
 int td_fleet_path_send_shared(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *header,
-                              td_bytes_t *payload)
+                              const tally_req_t *req, td_bytes_t *payload)
 {
     sub_item_t *s = malloc(sizeof *s);
     int slot = s ? take_slot(f, kind, header) : -1;
@@ -318,6 +322,9 @@ int td_fleet_path_send_shared(td_fleet_t *f, td_pend_kind_t kind, const uint8_t 
     s->next = NULL;
     memcpy(s->header, header, sizeof s->header);
     tally_put_u64(s->header + 8, f->pend[slot].tag);
+    s->decoded = true;
+    s->req = *req;
+    s->req.request_id = f->pend[slot].tag;
     s->payload = *payload;
     *payload = (td_bytes_t){0};
     queue_sub(f, s);
