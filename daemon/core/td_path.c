@@ -367,6 +367,8 @@ td_err_t td_path_submit(td_path_t *p, td_transport_t *t, td_msg_t *m)
     if (m->payload_borrowed) { /* the transport's: copied (TD_PAYLOAD_BORROW_MAX at most) */
         memcpy(r->payload_inline, m->payload.data, m->payload.len);
         r->arrived = (td_bytes_t){.data = r->payload_inline, .len = m->payload.len};
+    } else if (m->hold) { /* the transport's holder, moved in */
+        r->arrived = m->hold(r->payload_holder, m->hold_ctx);
     }
     m->payload = (td_bytes_t){0};
     if (p->threads)

@@ -131,6 +131,9 @@ typedef struct td_request {
     uint8_t header[TALLY_REQ_HEADER_SIZE]; /* of header_len bytes, at most this many copied */
     /* A payload its transport lent (td_msg_t.payload_borrowed), copied: `arrived` points here. */
     _Alignas(16) uint8_t payload_inline[TD_PAYLOAD_BORROW_MAX];
+    /* A larger payload's holder, moved in by its transport (td_msg_t.hold): `arrived` (then
+     * payload_held) is freed through it before the request is reused or freed. */
+    _Alignas(16) uint8_t payload_holder[TD_PAYLOAD_HOLDER_MAX];
 } td_request_t;
 
 /* A FIFO of requests linked through their `next`: a stream's FIFO (td_sched.c), a GPU lane's
