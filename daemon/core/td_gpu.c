@@ -137,10 +137,11 @@ static bool head_finished(lane_t *l, slot_t *slot)
     return slot->state == SLOT_DONE || slot->state == SLOT_FAILED;
 }
 
-/* r->shard is the shard that submitted it (td_path.c: one of the opts.sinks shards). */
+/* r->shard is the shard that submitted it (td_path.c: one of the opts.sinks shards), unless
+ * the front ran it and takes its completion (r->gpu_to_front: the last sink, the front's). */
 static sink_t *sink_of(td_gpu_t *g, const td_request_t *r)
 {
-    return &g->sinks[r->shard];
+    return &g->sinks[r->gpu_to_front ? g->opts.sinks - 1 : r->shard];
 }
 
 /* The wake-up is sent under the lock: the loop cannot see (and answer) this request before the
@@ -632,7 +633,7 @@ static void async_cb(uv_async_t *handle)
     while (r) {
         td_request_t *next = r->next;
         r->gpu_stamp[TD_GPU_STAGE_BACK] = now;
-        if (--k->submitted == 0 && k->spin_open) /* each one of this sink's submissions */
+        if (k->spin_open && --k->submitted == 0) /* each one of this sink's submissions */
             uv_idle_stop(&k->spin);
         k->complete(k->owner, r);
         r = next;
@@ -663,7 +664,7 @@ void td_gpu_submit(td_gpu_t *g, td_request_t *r)
     r->gpu_stamp[TD_GPU_STAGE_SUBMIT] = uv_hrtime();
     device_t *d = &g->devices[r->where.device];
     sink_t *k = sink_of(g, r); /* this shard's: submit runs on its thread */
-    if (k->submitted++ == 0 && k->spin_open)
+    if (k->spin_open && k->submitted++ == 0)
         uv_idle_start(&k->spin, spin_cb);
     if (!admit_on_device(g, d, r)) { /* no lanes to run it: failed, as on a dead device */
         r->gpu_failed = true;

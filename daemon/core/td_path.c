@@ -82,6 +82,7 @@ enum {
     HOP_REPLY,    /* a reply, for its transport */
     HOP_GATHER,   /* info, stats or streams, to answer from the whole daemon */
     HOP_DELETED,  /* a stream was deleted (the PUB socket tells its subscribers) */
+    HOP_FINISH,   /* a GPU completion the front took but could not finish: the shard ran */
 };
 
 /* A deleted stream's name on its way to the front. */
@@ -138,6 +139,8 @@ struct td_path {
     uv_prepare_t flush_prepare;
     uv_check_t flush_check;
     bool front_open;     /* inbox and flush handles initialised */
+    bool front_port;     /* the front's machine is open (its GPU sink: td_path_port_count) */
+    pthread_t front_thread;
     uint64_t dispatched; /* over every shard */
     uint64_t replied;
     unsigned next_pick; /* where the search for the least loaded shard starts */
@@ -331,24 +334,59 @@ static void pin_regions(td_path_t *p, td_request_t *r)
  * request is then in flight, or waits to be read (without that second condition a front that
  * keeps up would run every request itself, one after the other: callgrind showed it). False
  * when the request must be handed over. */
-static bool run_on_front(td_path_t *p, slot_t *slot, td_request_t *r)
+static void front_let_go(slot_t *slot);
+
+/* A request by device reference on no stream (issue 34): nothing orders it after another, and
+ * its shard's part is a few microseconds beside a hand-off and two wake-ups each way (bench/
+ * NOTES.md, "The shard hand-off on the GPU path"), so the front runs it whenever it can take
+ * the shard, under load too, and finishes it (td_path_finished). */
+static bool device_ref_unnamed(const td_request_t *r)
+{
+    unsigned gpu;
+    void *import;
+    const char *name;
+    size_t len;
+    return r->shm_in && td_shm_region_device(r->shm_in, &gpu, &import) &&
+           !(r->has_header && tally_req_stream_of(r->header, r->header_len, &name, &len));
+}
+
+/* The only request in flight and nothing waiting, or a device reference on no stream. */
+static bool front_may_run(const td_path_t *p, const slot_t *slot, const td_request_t *r)
 {
     const td_transport_ops_t *ops = r->transport->ops;
-    if (p->dispatched - p->replied != 1 || p->stopping || !slot->running ||
-        !td_hop_batch_empty(&slot->to_shard) ||
-        atomic_load_explicit(&slot->inbox.stack.top, memory_order_relaxed) || !ops->input_waiting ||
-        ops->input_waiting(r->transport) || pthread_mutex_trylock(&slot->own) != 0)
+    if (device_ref_unnamed(r))
+        return true;
+    return p->dispatched - p->replied == 1 && td_hop_batch_empty(&slot->to_shard) &&
+           !atomic_load_explicit(&slot->inbox.stack.top, memory_order_relaxed) &&
+           ops->input_waiting && !ops->input_waiting(r->transport);
+}
+
+static bool run_on_front(td_path_t *p, slot_t *slot, td_request_t *r)
+{
+    if (p->stopping || !slot->running || !front_may_run(p, slot, r) ||
+        pthread_mutex_trylock(&slot->own) != 0)
         return false;
+    /* Its GPU completion comes to the front too (the front's sink; not with --gpu-spin-loop,
+     * whose polling handle is a shard loop's). */
+    r->gpu_to_front = !p->env.cfg->gpu_spin_loop;
     slot->front_has_it = true;
     td_shard_take(slot->shard, r);
     slot->front_has_it = false;
-    flush_to_front(slot); /* what it hands the front otherwise (a gather, a deleted name) */
+    front_let_go(slot);
+    return true;
+}
+
+/* The front is done running the shard (it holds `own`): what the run handed the front goes (a
+ * gather, a deleted name), and anything the run left the shard's loop to do sooner than it
+ * sleeps for (a timer started, an idle handle) wakes it. */
+static void front_let_go(slot_t *slot)
+{
+    flush_to_front(slot);
     int due = uv_backend_timeout(slot->loop);
     bool wake = due >= 0 && (slot->sleep_ms < 0 || due < slot->sleep_ms);
     pthread_mutex_unlock(&slot->own);
     if (wake)
         uv_async_send(&slot->inbox.async);
-    return true;
 }
 
 td_err_t td_path_submit(td_path_t *p, td_transport_t *t, td_msg_t *m)
@@ -499,9 +537,33 @@ static void set_deleted(td_path_t *p, td_path_deleted_fn deleted, void *ctx)
     p->deleted_ctx = ctx;
 }
 
+/* A GPU completion on the front (its sink: r->gpu_to_front): finished here with the shard held,
+ * as run_on_front runs a request, when the shard's thread sleeps; else its thread finishes it,
+ * behind what the front handed it before. */
+static void finish_on_front(slot_t *slot, td_request_t *r)
+{
+    if (!slot->running) { /* its thread has ended: this thread owns the shard */
+        td_shard_finished(slot->shard, r);
+        return;
+    }
+    if (pthread_mutex_trylock(&slot->own) != 0) {
+        td_hop_batch_add(&slot->to_shard, &r->hop, HOP_FINISH);
+        return;
+    }
+    slot->front_has_it = true;
+    td_shard_finished(slot->shard, r);
+    slot->front_has_it = false;
+    front_let_go(slot);
+}
+
 void td_path_finished(td_path_t *self, td_request_t *r)
 {
-    td_shard_finished(self->slots[r->shard].shard, r);
+    slot_t *slot = &self->slots[r->shard];
+    if (!self->threads || !pthread_equal(pthread_self(), self->front_thread) ||
+        slot->front_has_it) /* its shard's thread, or the front already running the shard */
+        td_shard_finished(slot->shard, r);
+    else
+        finish_on_front(slot, r);
 }
 
 /* ---- The mailboxes ------------------------------------------------------------------------- */
@@ -597,6 +659,9 @@ static void shard_inbox_cb(uv_async_t *handle)
             break;
         case HOP_RESUME:
             td_shard_resume(slot->shard, hop_request(hop));
+            break;
+        case HOP_FINISH:
+            td_shard_finished(slot->shard, hop_request(hop));
             break;
         case HOP_STOP:
             td_shard_stop(slot->shard);
@@ -772,6 +837,7 @@ td_err_t td_path_new(const td_path_env_t *env, td_path_t **out)
     p->env = *env;
     p->count = td_streams_parts(env->streams);
     p->threads = p->count > 1;
+    p->front_thread = pthread_self(); /* the transports' loop thread makes the path */
     p->admit = (td_admit_t){
         .cfg = env->cfg, .peers = env->peers, .replies = env->replies, .metrics = env->metrics};
     p->lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER; /* cannot fail, unlike _init */
@@ -810,7 +876,26 @@ td_err_t td_path_start(td_path_t *self, const td_path_machines_t *machines)
             return TD_ERR_LIBRARY;
         }
     }
+    if (self->threads) { /* the front's machine: only its GPU sink is used */
+        td_sched_machine_t unused;
+        td_err_t err = machines->open(machines->ctx, self->count, self->env.loop, &unused);
+        if (err != TD_OK)
+            return err;
+        self->front_port = true;
+    }
     return TD_OK;
+}
+
+unsigned td_path_port_count(const td_path_t *self)
+{
+    return self->count + (self->threads ? 1u : 0u);
+}
+
+static void close_front_port(td_path_t *self)
+{
+    if (self->front_port && self->machines.close)
+        self->machines.close(self->machines.ctx, self->count);
+    self->front_port = false;
 }
 
 td_err_t td_path_run(td_path_t *self)
@@ -869,6 +954,7 @@ void td_path_close(td_path_t *self)
     }
     if (self->front_open)
         front_inbox_cb(&self->inbox.async); /* the shards' last hops (nothing is in flight) */
+    close_front_port(self);
     close_front(self);
 }
 
@@ -890,6 +976,8 @@ void td_path_destroy(td_path_t **self_p)
             td_warn("shard %u's loop still had handles open at exit", i);
         pthread_mutex_destroy(&slot->own);
     }
+    if (!self->closed)
+        close_front_port(self); /* a failed start */
     if (self->front_open) {
         close_front(self);
         uv_run(self->env.loop, UV_RUN_NOWAIT);

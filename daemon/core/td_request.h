@@ -108,6 +108,9 @@ typedef struct td_request {
     int64_t carry;        /* scan: carry-in, then carry-out */
     uint64_t kept;        /* filter: elements kept */
     td_placement_t where; /* set by td_sched before the machine runs it */
+    /* Its GPU completion goes to the front's sink, not its shard's (td_path.c: the front ran it,
+     * and finishes it too when it can take the shard). */
+    bool gpu_to_front;
     bool gpu_failed;      /* the GPU failed it: td_sched reruns it on the CPU */
     uv_work_t cpu_job;    /* td_exec.c's: the CPU path's job on libuv's worker pool */
 
