@@ -340,14 +340,18 @@ static void front_let_go(slot_t *slot);
  * its shard's part is a few microseconds beside a hand-off and two wake-ups each way (bench/
  * NOTES.md, "The shard hand-off on the GPU path"), so the front runs it whenever it can take
  * the shard, under load too, and finishes it (td_path_finished). */
+static bool named(const td_request_t *r)
+{
+    const char *name;
+    size_t len;
+    return r->has_header && tally_req_stream_of(r->header, r->header_len, &name, &len);
+}
+
 static bool device_ref_unnamed(const td_request_t *r)
 {
     unsigned gpu;
     void *import;
-    const char *name;
-    size_t len;
-    return r->shm_in && td_shm_region_device(r->shm_in, &gpu, &import) &&
-           !(r->has_header && tally_req_stream_of(r->header, r->header_len, &name, &len));
+    return r->shm_in && td_shm_region_device(r->shm_in, &gpu, &import) && !named(r);
 }
 
 /* The only request in flight and nothing waiting, or a device reference on no stream. */
@@ -366,9 +370,12 @@ static bool run_on_front(td_path_t *p, slot_t *slot, td_request_t *r)
     if (p->stopping || !slot->running || !front_may_run(p, slot, r) ||
         pthread_mutex_trylock(&slot->own) != 0)
         return false;
-    /* Its GPU completion comes to the front too (the front's sink; not with --gpu-spin-loop,
-     * whose polling handle is a shard loop's). */
-    r->gpu_to_front = !p->env.cfg->gpu_spin_loop;
+    /* Its GPU completion comes to the front too (the front's sink), unless it names a stream:
+     * a stream's completions all take its shard's sink, the one queue that keeps them in the
+     * order its lane retired them (a first request run here and the next ones on the shard,
+     * completed through two queues, were applied out of order: test_seq_gpu, H200). Not with
+     * --gpu-spin-loop either, whose polling handle is a shard loop's. */
+    r->gpu_to_front = !p->env.cfg->gpu_spin_loop && !named(r);
     slot->front_has_it = true;
     td_shard_take(slot->shard, r);
     slot->front_has_it = false;
