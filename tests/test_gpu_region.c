@@ -672,8 +672,8 @@ static stages_t stages_read(void *sock)
     th_reply_t reply;
     assert_int_equal(th_call(sock, &req, NULL, 0, &reply), 0);
     for (size_t i = 0; i < STAGES; i++) {
-        st.seconds[i] =
-            stat_value((const char *)reply.payload, "tallyd_gpu_stage_seconds_total", stage_names[i]);
+        st.seconds[i] = stat_value((const char *)reply.payload, "tallyd_gpu_stage_seconds_total",
+                                   stage_names[i]);
         st.requests[i] = stat_value((const char *)reply.payload, "tallyd_gpu_stage_requests_total",
                                     stage_names[i]);
     }

@@ -765,8 +765,9 @@ static void test_pipelined_unnamed(void **state)
     static const char *const stages[] = {"submit", "to_lane", "launch", "device",
                                          "retire", "back",    "apply",  "to_front"};
     for (int loop_spin = 0; loop_spin < 2; loop_spin++) {
-        const char *const args[] = {"--backend", "cuda", "--test-sim-gpus", "1",
-                                    loop_spin ? "--gpu-spin-loop" : NULL, NULL};
+        const char *const args[] = {
+            "--backend", "cuda", "--test-sim-gpus", "1", loop_spin ? "--gpu-spin-loop" : NULL,
+            NULL};
         th_daemon_t d;
         uint8_t uuid[TALLY_GPU_UUID_SIZE];
         int side = start_side(&d, args, 0, uuid);

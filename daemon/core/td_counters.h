@@ -77,8 +77,8 @@ typedef struct {
     /* Of them, requests by device reference (PROTOCOL.md §10 "Device memory"): [0] run on the GPU
      * that holds the region, [1] on another one (peer access). */
     uint64_t gpu_region_requests[TD_METRICS_GPUS_MAX][2];
-    uint64_t gpu_stage_ns[TD_GPU_STAGES];    /* summed over the requests counted in it */
-    uint64_t gpu_stage_count[TD_GPU_STAGES]; /* requests counted in each stage */
+    uint64_t gpu_stage_ns[TD_GPU_STAGES];       /* summed over the requests counted in it */
+    uint64_t gpu_stage_count[TD_GPU_STAGES];    /* requests counted in each stage */
     unsigned gpu_devices;                       /* how many of those to report */
     uint64_t limited[TD_LIMIT_COUNT];           /* requests refused by a per-peer limit */
 } td_metrics_t;

@@ -13,9 +13,9 @@
  * gets its completions on its own loop through its sink (td_gpu_sink_open, one per shard:
  * r->shard names it), or, with r->gpu_to_front, through the last sink, the front's (td_path.c runs
  * a request on the front and takes its completion there too, so that no shard's thread wakes for
- * it: issue 34, bench/NOTES.md); the devices' bookkeeping is under a lock of the pipeline's; the recovery of
- * a lost context runs from the wiring's loop (`loop` of td_gpu_new). Everything else is called on
- * the wiring's loop thread.
+ * it: issue 34, bench/NOTES.md); the devices' bookkeeping is under a lock of the pipeline's; the
+ * recovery of a lost context runs from the wiring's loop (`loop` of td_gpu_new). Everything else is
+ * called on the wiring's loop thread.
  */
 #ifndef TD_GPU_H
 #define TD_GPU_H

@@ -439,8 +439,8 @@ static void reply_out(td_path_t *p, td_request_t *r)
     p->replied++;
     if (r->gpu_stamp[TD_GPU_STAGE_APPLY]) {
         r->gpu_stamp[TD_GPU_STAGE_TO_FRONT] = uv_hrtime();
-        td_metrics_gpu_stages(p->env.metrics, r->gpu_stamp, r->received_ns,
-                              TD_GPU_STAGE_TO_FRONT, TD_GPU_STAGE_TO_FRONT);
+        td_metrics_gpu_stages(p->env.metrics, r->gpu_stamp, r->received_ns, TD_GPU_STAGE_TO_FRONT,
+                              TD_GPU_STAGE_TO_FRONT);
     }
     td_admit_answered(&p->admit, r);
     r->transport->ops->send_reply(r->transport, &r->out);

@@ -397,8 +397,8 @@ static void render_gpu_regions(const td_metrics_t *m, const td_gauges_t *g, out_
 /* Where GPU requests' time went, by stage (td_gpu_stage_t; docs/service.md). */
 static void render_gpu_stages(const td_metrics_t *m, out_t *o)
 {
-    static const char *const stages[TD_GPU_STAGES] = {
-        "submit", "to_lane", "launch", "device", "retire", "back", "apply", "to_front"};
+    static const char *const stages[TD_GPU_STAGES] = {"submit", "to_lane", "launch", "device",
+                                                      "retire", "back",    "apply",  "to_front"};
     if (!m->gpu_devices)
         return;
     emit(o, "# HELP tallyd_gpu_stage_seconds_total Time GPU requests spent in each stage from "
