@@ -6,8 +6,9 @@
  * the CPU backend's refusal, every registration refusal (unknown UUID, not an allocation, a
  * wrong size, a malformed op 3), the quotas shared with host regions, the descriptor that tallyd
  * holds until the region is released (counted in /proc/PID/fd), the release deferred while a
- * request uses the region, the handle's bit 63, `info` gpu_uuids, and requests by reference read
- * in place with the results a payload gets. The real import is gpu-check.sh's (test_gpu_region).
+ * request uses the region, the handle's bit 63, `info` gpu_uuids, requests by reference read
+ * in place with the results a payload gets, and many on no stream in flight at once (the front
+ * runs and finishes them on several shards, issue 34) with every stage of each counted. The real import is gpu-check.sh's (test_gpu_region).
  */
 #include <fcntl.h>
 #include <setjmp.h>
