@@ -29,6 +29,7 @@
 #include "td_transport.h"
 #include "tally_proto.h"
 #include "td_config.h"
+#include "td_counters.h"
 #include "tk_backend.h"
 
 #define TD_IDENTITY_MAX 256
@@ -98,6 +99,8 @@ typedef struct td_request {
     void *out_ptr;
     void *shm_in_ptr, *shm_out_ptr;
     uint64_t received_ns;
+    /* GPU requests: when each stage ended (uv_hrtime; td_counters.h, td_gpu_stage_t), 0 until. */
+    uint64_t gpu_stamp[TD_GPU_STAGES];
     /* The link of the one queue that holds the request at a time: its stream's FIFO
      * (td_sched.c), then a GPU lane's wait list and the pipeline's completion queue (td_gpu.c). */
     struct td_request *next;
@@ -106,6 +109,9 @@ typedef struct td_request {
     int64_t carry;        /* scan: carry-in, then carry-out */
     uint64_t kept;        /* filter: elements kept */
     td_placement_t where; /* set by td_sched before the machine runs it */
+    /* Its GPU completion goes to the front's sink, not its shard's (td_path.c: the front ran it,
+     * and finishes it too when it can take the shard). */
+    bool gpu_to_front;
     bool gpu_failed;      /* the GPU failed it: td_sched reruns it on the CPU */
     uv_work_t cpu_job;    /* td_exec.c's: the CPU path's job on libuv's worker pool */
 

@@ -73,8 +73,14 @@ static void reply(td_shard_t *p, td_request_t *r)
         r->routed = false;
         p->route.done(p->route.ctx, &r->req, (tally_status_t)r->rep.status);
     }
+    uint64_t now = uv_hrtime();
     td_metrics_observe(p->env.metrics, r->req.opcode, (tally_status_t)r->rep.status, r->payload_len,
-                       r->reply_len, uv_hrtime() - r->received_ns);
+                       r->reply_len, now - r->received_ns);
+    if (r->where.gpu) { /* where its time went (the last stage, to the front, is the front's) */
+        r->gpu_stamp[TD_GPU_STAGE_APPLY] = now;
+        td_metrics_gpu_stages(p->env.metrics, r->gpu_stamp, r->received_ns, TD_GPU_STAGE_SUBMIT,
+                              TD_GPU_STAGE_APPLY);
+    }
     td_sched_answered(p->sched);
     td_request_release_input(r);
     td_replies_hand(p->env.replies, r);
