@@ -38,10 +38,15 @@ size_t td_fleet_status_info(const td_fleet_status_t *st, char *out, size_t cap)
                      "\nnats_partitions_owned=%" PRIu32 "\nnats_lease_ttl_ms=%" PRIu64
                      "\nnats_checkpoint_interval_ms=%" PRIu64 "\nnats_max_payload=%" PRIu64
                      "\nnats_max_reply=%" PRIu64
-                     "\nnats_direct=%s\nnats_direct_uncommitted=%" PRIu64 "\n",
+                     "\nnats_direct=%s\nnats_direct_uncommitted=%" PRIu64
+                     "\nnats_changelog_commits=%" PRIu64 "\nnats_not_durable=%" PRIu64 "\n",
                      st->member, st->partitions, td_fleet_status_owned(st), st->lease_ttl_ms,
                      st->checkpoint_interval_ms, st->max_payload, reply_max,
-                     st->direct ? "local" : "off", LOAD(st->direct_uncommitted));
+                     st->replicated ? "replicated"
+                     : st->direct   ? "local"
+                                    : "off",
+                     LOAD(st->direct_uncommitted), LOAD(st->changelog_commits),
+                     LOAD(st->not_durable));
     return n > 0 ? (size_t)n : 0;
 }
 
@@ -122,5 +127,14 @@ size_t td_fleet_status_render(const td_fleet_status_t *st, char *out, size_t cap
     counter(&t, "tallyd_nats_not_owner_total",
             "Direct requests answered not_owner: their stream's partition is another member's.",
             LOAD(st->not_owner));
+    counter(&t, "tallyd_nats_changelog_commits_total",
+            "Changelog messages stored (direct = replicated): each a partition's group commit.",
+            LOAD(st->changelog_commits));
+    counter(&t, "tallyd_nats_changelog_replayed_total",
+            "Changelog messages applied at take-overs (direct = replicated).",
+            LOAD(st->changelog_replayed));
+    counter(&t, "tallyd_nats_not_durable_total",
+            "Direct writes answered not_durable: their changelog record was not stored.",
+            LOAD(st->not_durable));
     return t.len;
 }

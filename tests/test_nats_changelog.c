@@ -1,0 +1,330 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * test_nats_changelog.c — direct mode with replicated durability (`[nats] direct = replicated`;
+ * PROTOCOL.md §13 "Direct mode", "Changelog"; issue 33's second step) against a real 3-node
+ * NATS cluster (tests/lib/nats_cluster.c), the changelog streams TALLY_CL<k> with 3 replicas.
+ * Checkpoints are an hour apart, so that between a take and a give-up only the changelog holds
+ * the direct writes:
+ *   1. answered after the PubAck, in td_state_record's encoding: one member owns every
+ *      partition; after each numbered hist's reply (one request in flight), the last message of
+ *      its partition's changelog already holds the stream's record with that request's effect:
+ *      parsed by td_state_record_parse, its last_seq the request's seq and its bins the model's
+ *      (tests/lib/reference.c), with the writer's epoch, batch and member in its headers; info
+ *      says nats_direct=replicated; after a clean stop the checkpoint manifest (version 2)
+ *      names the changelog sequence it holds;
+ *   2. kill -9 of an owner under load: two members split the partitions; the fleet client keeps
+ *      16 numbered requests in flight, and the owner of half of them is killed (SIGKILL) after
+ *      some of a round's replies: every request ends answered (OK, or `duplicate` for a resend
+ *      whose first try was stored), and every stream on the member left equals the model of all
+ *      requests (last_seq too): each write the killed owner answered came back through its
+ *      changelog (none of it was in a checkpoint), each one it did not answer was applied once.
+ * Waits are bounded loops on what the cluster or the members report; no time is asserted.
+ */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <nats/nats.h>
+
+#include "harness.h"
+#include "nats_cluster.h"
+#include "reference.h"
+#include "tally.h"
+#include "tally_fleet.h"
+#include "td_nats_ckpt.h"
+#include "td_nats_lease.h"
+#include "td_state_record.h"
+
+#define PARTITIONS 4
+#define STREAMS 16
+#define TIMEOUT_MS 60000
+
+static char msg[512];
+static kvStore *leases;
+static th_daemon_t member[2];
+static const char *const ids[2] = {"cl-a", "cl-b"};
+static uint64_t model[STREAMS][256];
+static uint64_t seqs[STREAMS];
+
+static int setup(void **state)
+{
+    (void)state;
+    return tn_suite_setup(3);
+}
+
+static int stop_members(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 2; i++)
+        if (member[i].pid > 0) {
+            th_daemon_stop(&member[i], SIGKILL, 5000);
+            member[i].pid = 0;
+        }
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    stop_members(state);
+    kvStore_Destroy(leases);
+    return tn_suite_teardown();
+}
+
+static void fresh_fleet(void)
+{
+    tn_fleet_delete(tn_suite_js, PARTITIONS);
+    kvStore_Destroy(leases);
+    leases = NULL;
+    memset(model, 0, sizeof model);
+    memset(seqs, 0, sizeof seqs);
+}
+
+static void start(int i)
+{
+    const char *args[] = {"--nats-servers",
+                          tn_suite.urls,
+                          "--nats-replicas",
+                          "3",
+                          "--nats-partitions",
+                          "4",
+                          "--nats-lease-ttl-ms",
+                          "3000",
+                          "--nats-checkpoint-interval-ms",
+                          "3600000",
+                          "--nats-member-id",
+                          ids[i],
+                          "--nats-direct",
+                          "replicated",
+                          "--nats-commit-ms",
+                          "2",
+                          "--metrics",
+                          "127.0.0.1:0",
+                          NULL};
+    assert_int_equal(th_daemon_start(&member[i], args), 0);
+}
+
+static int held_by(const char *id)
+{
+    if (!leases)
+        assert_int_equal(js_KeyValue(&leases, tn_suite_js, TALLY_NATS_BUCKET_LEASES), NATS_OK);
+    int n = 0;
+    for (uint32_t k = 0; k < PARTITIONS; k++) {
+        char holder[TALLY_NATS_MEMBER_ID_MAX + 1] = "";
+        if (td_lease_holder(leases, k, holder, sizeof holder, msg, sizeof msg) == TD_OK &&
+            strcmp(holder, id) == 0)
+            n++;
+    }
+    return n;
+}
+
+static void wait_held(const char *id, int count)
+{
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    int held;
+    while ((held = held_by(id)) != count && th_now_ms() < until)
+        th_sleep_ms(50);
+    if (held != count)
+        fail_msg("%s holds %d partitions, not %d", id, held, count);
+}
+
+static void stream_name(int s, char *out, size_t cap)
+{
+    snprintf(out, cap, "cl/%d", s);
+}
+
+static uint32_t partition_of(int s)
+{
+    char name[32];
+    stream_name(s, name, sizeof name);
+    return tally_partition(name, strlen(name), PARTITIONS);
+}
+
+/* Stream s's numbered hist of round r, sent; its batch goes into the model. */
+static void send_hist(tally_client_t *c, int s, int r)
+{
+    uint8_t data[600];
+    size_t n = 200 + (size_t)(s * 7 + r * 13) % 300;
+    for (size_t j = 0; j < n; j++)
+        data[j] = (uint8_t)(s * 31 + r * 7 + j * 13 + (j >> 3));
+    char name[32];
+    stream_name(s, name, sizeof name);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    req.seq = ++seqs[s];
+    tally_status_t st = tally_send(c, &req, data, n, NULL);
+    if (st != TALLY_OK)
+        fail_msg("send to %s: %s: %s", name, tally_status_name(st), tally_client_error(c));
+    tr_hist_parts(TALLY_DTYPE_U8, data, n, 0, 0, model[s], NULL, NULL);
+}
+
+/* One reply: OK, or `duplicate` (a resend whose first try was stored). */
+static void recv_applied(tally_client_t *c)
+{
+    tally_reply_t r;
+    tally_reply_init(&r);
+    tally_status_t st = tally_recv(c, &r);
+    if (st != TALLY_OK && st != TALLY_E_DUPLICATE)
+        fail_msg("reply: %s: %s", tally_status_name(st), r.error);
+    tally_reply_clear(&r);
+}
+
+static tally_client_t *fleet_client(void)
+{
+    tally_nats_opts_t o = {.servers = tn_suite.urls, .timeout_ms = TIMEOUT_MS};
+    tally_client_t *c = NULL;
+    tally_status_t st = tally_client_new_fleet(&o, &c, msg, sizeof msg);
+    if (st != TALLY_OK)
+        fail_msg("tally_client_new_fleet: %s: %s", tally_status_name(st), msg);
+    return c;
+}
+
+static void check_model(tally_client_t *c)
+{
+    for (int s = 0; s < STREAMS; s++) {
+        char name[32];
+        stream_name(s, name, sizeof name);
+        tally_stream_info_t info;
+        tally_status_t st = tally_query(c, name, &info);
+        if (st != TALLY_OK)
+            fail_msg("query %s: %s: %s", name, tally_status_name(st), tally_client_error(c));
+        assert_int_equal(info.last_seq, seqs[s]);
+        assert_memory_equal(info.bins, model[s], sizeof model[s]);
+    }
+}
+
+static const char *info_value(const th_daemon_t *d, const char *key, char *out, size_t cap)
+{
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(d->endpoint, TIMEOUT_MS, &c), TALLY_OK);
+    tally_info_t *info = NULL;
+    assert_int_equal(tally_info_fetch(c, &info), TALLY_OK);
+    const char *v = tally_info_lookup(info, key);
+    assert_non_null(v);
+    snprintf(out, cap, "%s", v);
+    tally_info_destroy(&info);
+    tally_client_destroy(&c);
+    return out;
+}
+
+/* ---- 1. answered after the PubAck; the record's format --------------------------------------- */
+
+/* The last changelog message of stream s's partition holds its record, equal to the model. */
+static void check_last_record(int s)
+{
+    static td_state_record_t rec;
+    char stream[32], subject[32], name[32];
+    tally_fleet_name(stream, sizeof stream, TALLY_NATS_CL_STREAM_PREFIX, partition_of(s));
+    tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_CL, partition_of(s));
+    stream_name(s, name, sizeof name);
+    natsMsg *m = NULL;
+    jsErrCode jerr = 0;
+    assert_int_equal(js_GetLastMsg(&m, tn_suite_js, stream, subject, NULL, &jerr), NATS_OK);
+    const char *v = NULL;
+    assert_int_equal(natsMsgHeader_Get(m, TALLY_NATS_HDR_MEMBER, &v), NATS_OK);
+    assert_string_equal(v, ids[0]);
+    assert_int_equal(natsMsgHeader_Get(m, TALLY_NATS_HDR_EPOCH, &v), NATS_OK);
+    assert_true(strtoull(v, NULL, 10) > 0);
+    assert_int_equal(natsMsgHeader_Get(m, TALLY_NATS_HDR_BATCH, &v), NATS_OK);
+    assert_true(strtoull(v, NULL, 10) > 0); /* a batch of records, not a fence */
+    const uint8_t *p = (const uint8_t *)natsMsg_GetData(m);
+    size_t len = (size_t)natsMsg_GetDataLength(m), found = 0;
+    for (size_t at = 0; at < len;) {
+        size_t size = td_state_record_check(p + at, len - at);
+        assert_true(size > 0); /* every byte of a message is a whole record */
+        char why[160];
+        if (!td_state_record_parse(p + at, size, &rec, why, sizeof why))
+            fail_msg("record at %zu: %s", at, why);
+        if (rec.name_len == strlen(name) && memcmp(rec.name, name, rec.name_len) == 0) {
+            assert_int_equal(rec.kind, TD_STATE_RECORD_STREAM);
+            assert_int_equal(rec.info.last_seq, seqs[s]);
+            assert_memory_equal(rec.info.bins, model[s], sizeof model[s]);
+            found++;
+        }
+        at += size;
+    }
+    natsMsg_Destroy(m);
+    assert_int_equal(found, 1);
+}
+
+static void test_answered_after_ack(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    start(0);
+    wait_held(ids[0], PARTITIONS);
+    char v[64];
+    assert_string_equal(info_value(&member[0], "nats_direct", v, sizeof v), "replicated");
+    tally_client_t *c = fleet_client();
+    for (int r = 0; r < 3; r++)
+        for (int s = 0; s < STREAMS; s++) {
+            send_hist(c, s, r);
+            recv_applied(c);
+            check_last_record(s); /* stored before the reply left */
+        }
+    assert_true(th_metric(&member[0], "tallyd_nats_changelog_commits_total") >= 3 * STREAMS);
+    assert_int_equal(th_metric(&member[0], "tallyd_nats_not_durable_total"), 0);
+    check_model(c);
+    tally_client_destroy(&c);
+    /* A clean stop checkpoints each partition with the changelog sequence its state holds. */
+    assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
+    member[0].pid = 0;
+    for (uint32_t k = 0; k < PARTITIONS; k++) {
+        td_ckpt_manifest_t m;
+        uint8_t *st = NULL;
+        size_t len = 0;
+        assert_int_equal(td_ckpt_read(tn_suite_js, k, &m, &st, &len, msg, sizeof msg), TD_OK);
+        free(st);
+        assert_true(m.cl_seq > 0);
+    }
+}
+
+/* ---- 2. kill -9 of an owner under load -------------------------------------------------------- */
+
+#define ROUNDS 6
+
+static void test_kill_owner_under_load(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    start(0);
+    start(1);
+    wait_held(ids[0], PARTITIONS / 2);
+    wait_held(ids[1], PARTITIONS / 2);
+    tally_client_t *c = fleet_client();
+    for (int r = 0; r < ROUNDS; r++) {
+        for (int s = 0; s < STREAMS; s++)
+            send_hist(c, s, r);
+        for (int i = 0; i < STREAMS; i++) {
+            recv_applied(c);
+            if (r == 2 && i == STREAMS / 2) { /* b has answered writes no checkpoint holds */
+                assert_true(th_metric(&member[1], "tallyd_nats_changelog_commits_total") > 0);
+                kill(member[1].pid, SIGKILL);
+                th_daemon_wait(&member[1], 5000);
+                member[1].pid = 0;
+            }
+        }
+    }
+    wait_held(ids[0], PARTITIONS);
+    check_model(c); /* every answered write survived; every other one applied once */
+    assert_true(th_metric(&member[0], "tallyd_nats_changelog_replayed_total") > 0);
+    tally_client_destroy(&c);
+    assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
+    member[0].pid = 0;
+}
+
+int main(void)
+{
+    if (tn_skip())
+        return 77;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_answered_after_ack, stop_members),
+        cmocka_unit_test_teardown(test_kill_owner_under_load, stop_members),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
