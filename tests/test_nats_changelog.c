@@ -18,6 +18,9 @@
  *      whose first try was stored), and every stream on the member left equals the model of all
  *      requests (last_seq too): each write the killed owner answered came back through its
  *      changelog (none of it was in a checkpoint), each one it did not answer was applied once.
+ *   3. a record that cannot be stored (the partition's changelog stream removed under its
+ *      owner): the write is answered not_durable and counted, the owner gives the partition up
+ *      and takes it again, and writes are answered again.
  * Waits are bounded loops on what the cluster or the members report; no time is asserted.
  */
 #include <setjmp.h>
@@ -109,6 +112,23 @@ static void start(int i)
     assert_int_equal(th_daemon_start(&member[i], args), 0);
 }
 
+/* What the members said, on stderr: for a failure's report. */
+static void dump_logs(void)
+{
+    for (int i = 0; i < 2; i++) {
+        if (!member[i].log_path[0])
+            continue;
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "echo '--- %s' >&2; grep -v '<7>' %s | tail -30 >&2", ids[i],
+                 member[i].log_path);
+        (void)system(cmd);
+        if (getenv("TEST_GDB") && member[i].pid > 0) {
+            snprintf(cmd, sizeof cmd, "gdb -p %d -batch -ex 'thread apply all bt' 2>/dev/null | grep -E '^#|^Thread' | grep -v '?? ()' >&2", (int)member[i].pid);
+            (void)system(cmd);
+        }
+    }
+}
+
 static int held_by(const char *id)
 {
     if (!leases)
@@ -129,6 +149,8 @@ static void wait_held(const char *id, int count)
     int held;
     while ((held = held_by(id)) != count && th_now_ms() < until)
         th_sleep_ms(50);
+    if (held != count)
+        dump_logs();
     if (held != count)
         fail_msg("%s holds %d partitions, not %d", id, held, count);
 }
@@ -318,6 +340,57 @@ static void test_kill_owner_under_load(void **state)
     member[0].pid = 0;
 }
 
+/* ---- 3. a record that cannot be stored ---------------------------------------------------- */
+
+/* The changelog stream of a partition removed under its owner: the next write on it is run but
+ * answered not_durable (counted), the owner gives the partition up, takes it again (the stream
+ * made anew), and takes writes again. */
+static void test_not_stored_not_durable(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    start(0);
+    wait_held(ids[0], PARTITIONS);
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(member[0].endpoint, TIMEOUT_MS, &c), TALLY_OK);
+    uint8_t data[16] = {1, 2, 3};
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, "cl/0"), TALLY_OK);
+    tally_buf_t out = {0};
+    assert_int_equal(tally_run(c, &req, data, sizeof data, NULL, &out, NULL), TALLY_OK);
+    char stream[32];
+    tally_fleet_name(stream, sizeof stream, TALLY_NATS_CL_STREAM_PREFIX, partition_of(0));
+    jsErrCode jerr = 0;
+    assert_int_equal(js_DeleteStream(tn_suite_js, stream, NULL, &jerr), NATS_OK);
+    int64_t until = th_now_ms() + TIMEOUT_MS; /* every take done, not only its lease held */
+    while (th_metric(&member[0], "tallyd_nats_partitions_taken_total") < PARTITIONS &&
+           th_now_ms() < until)
+        th_sleep_ms(50);
+    long long taken = th_metric(&member[0], "tallyd_nats_partitions_taken_total");
+    assert_int_equal(taken, PARTITIONS);
+    assert_int_equal(tally_run(c, &req, data, sizeof data, NULL, &out, NULL), TALLY_E_NOT_DURABLE);
+    assert_non_null(strstr(tally_client_error(c), "was not stored"));
+    assert_int_equal(th_metric(&member[0], "tallyd_nats_not_durable_total"), 1);
+    until = th_now_ms() + TIMEOUT_MS; /* dropped, then taken again after a back-off */
+    while (th_metric(&member[0], "tallyd_nats_partitions_taken_total") == taken &&
+           th_now_ms() < until)
+        th_sleep_ms(100);
+    assert_true(th_metric(&member[0], "tallyd_nats_partitions_taken_total") > taken);
+    tally_status_t st;
+    until = th_now_ms() + TIMEOUT_MS;
+    while (((st = tally_run(c, &req, data, sizeof data, NULL, &out, NULL)) == TALLY_E_NOT_OWNER ||
+            st == TALLY_E_NOT_DURABLE) &&
+           th_now_ms() < until)
+        th_sleep_ms(100);
+    if (st != TALLY_OK)
+        dump_logs();
+    assert_int_equal(st, TALLY_OK);
+    tally_buf_free(&out);
+    tally_client_destroy(&c);
+    assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
+    member[0].pid = 0;
+}
+
 int main(void)
 {
     if (tn_skip())
@@ -325,6 +398,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_answered_after_ack, stop_members),
         cmocka_unit_test_teardown(test_kill_owner_under_load, stop_members),
+        cmocka_unit_test_teardown(test_not_stored_not_durable, stop_members),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

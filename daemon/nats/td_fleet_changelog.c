@@ -25,6 +25,10 @@
 #include "td_state_record.h"
 #include "td_window.h"
 
+/* A publish that found no stream leader (an election, a stream just made) is sent again after
+ * this, until TD_FLEET_JS_WAIT_MS have passed since the first try: nothing stored it, and a
+ * second try that finds the first one stored fails on its expected last sequence anyway. */
+#define CL_RETRY_MS 50
 /* JetStream's error code for a publish whose Nats-Expected-Last-Sequence is not the last. */
 #define CL_WRONG_LAST_SEQUENCE 10071
 /* A take stores its fence against this many writers racing it before it gives up. */
@@ -44,6 +48,8 @@ typedef struct {
     uint64_t batch;     /* the ticket of the batch now filling */
     uint64_t flight;    /* the ticket published and not settled yet (0: none) */
     int64_t flight_ms;
+    natsMsg *retry;     /* the flight's message, to publish again at retry_ms (no responders) */
+    int64_t retry_ms;
     uint64_t ok_upto;   /* tickets up to it were stored */
     uint64_t fail_from; /* tickets from it on failed (0: none) */
     /* At the last take: the tickets of earlier ownerships above ok_then were not stored. */
@@ -59,6 +65,8 @@ struct td_changelog {
     pthread_t thread;
     bool started, stop;
     int64_t commit_ms;
+    int replicas;       /* of TALLY_CL<k> */
+    int64_t max_age_ms; /* how long a record is kept ([nats] partition_max_age_s) */
     cl_part_t *parts;
 };
 
@@ -88,6 +96,8 @@ static void fail_locked(td_changelog_t *cl, uint32_t k, const char *why)
     if (p->state == CL_OPEN)
         p->state = CL_FAILED;
     p->flight = 0;
+    natsMsg_Destroy(p->retry);
+    p->retry = NULL;
     p->len = 0;
     p->batch++;
 }
@@ -102,7 +112,13 @@ static void on_ack(jsCtx *js, natsMsg *m, jsPubAck *pa, jsPubAckErr *pae, void *
     uint64_t ticket = batch ? strtoull(batch, NULL, 10) : 0;
     pthread_mutex_lock(&cl->mu);
     cl_part_t *p = k < cl->f->partitions ? &cl->parts[k] : NULL;
-    if (p && ticket && p->flight == ticket) {
+    if (p && ticket && p->flight == ticket && pae && pae->Err == NATS_NO_RESPONDERS &&
+        td_nats_now_ms() - p->flight_ms < TD_FLEET_JS_WAIT_MS) {
+        p->retry = m; /* the committer sends it again */
+        p->retry_ms = td_nats_now_ms() + CL_RETRY_MS;
+        m = NULL;
+        pthread_cond_signal(&cl->cond);
+    } else if (p && ticket && p->flight == ticket) {
         if (pa && !pae) {
             p->stored = pa->Sequence;
             p->ok_upto = ticket;
@@ -138,6 +154,29 @@ static natsStatus add_headers(natsMsg *m, const td_fleet_t *f, uint64_t epoch, u
     return s;
 }
 
+static void publish_options(jsPubOptions *po, const cl_part_t *p)
+{
+    jsPubOptions_Init(po);
+    po->ExpectLastSeq = p->stored;
+    po->MaxWait = TD_FLEET_JS_WAIT_MS;
+}
+
+/* Under mu: the flight's message again, after no stream leader answered it. */
+static void retry_locked(td_changelog_t *cl, uint32_t k)
+{
+    cl_part_t *p = &cl->parts[k];
+    jsPubOptions po;
+    publish_options(&po, p);
+    natsStatus s = js_PublishMsgAsync(cl->js, &p->retry, &po);
+    natsMsg_Destroy(p->retry); /* NULL when the library took it */
+    p->retry = NULL;
+    if (s != NATS_OK) {
+        char why[256];
+        snprintf(why, sizeof why, "a publish failed: %s", td_nats_last_error(s));
+        fail_locked(cl, k, why);
+    }
+}
+
 /* Under mu: publishes partition k's batch, expecting its chain's last sequence. */
 static void publish_locked(td_changelog_t *cl, uint32_t k, int64_t now)
 {
@@ -146,9 +185,7 @@ static void publish_locked(td_changelog_t *cl, uint32_t k, int64_t now)
     subject_of(subject, sizeof subject, k);
     natsMsg *m = NULL;
     jsPubOptions po;
-    jsPubOptions_Init(&po);
-    po.ExpectLastSeq = p->stored;
-    po.MaxWait = TD_FLEET_JS_WAIT_MS;
+    publish_options(&po, p);
     natsStatus s = natsMsg_Create(&m, subject, NULL, (const char *)p->buf, (int)p->len);
     if (s == NATS_OK)
         s = add_headers(m, cl->f, p->epoch, p->batch);
@@ -176,6 +213,11 @@ static int64_t commit_due(td_changelog_t *cl)
         if (p->flight && now - p->flight_ms >= TD_FLEET_JS_WAIT_MS + 1000) {
             fail_locked(cl, k, "a publish was not acknowledged in time");
             woke = true;
+        } else if (p->retry && now >= p->retry_ms) {
+            retry_locked(cl, k);
+            woke |= p->state != CL_OPEN;
+        } else if (p->retry && p->retry_ms < next) {
+            next = p->retry_ms;
         }
         if (p->state != CL_OPEN || p->flight || p->len == 0)
             continue;
@@ -419,13 +461,23 @@ td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t 
     if (!cl)
         return TD_OK;
     uint64_t first = 0, last = 0, applied = cl_seq, max_epoch = 0, fence = 0;
-    td_err_t err = last_seq(f, k, &first, &last, msg, cap);
+    char stream[32], subject[32];
+    stream_of(stream, sizeof stream, k);
+    subject_of(subject, sizeof subject, k);
+    td_err_t err = td_nats_stream_ensure(f->js, stream, subject, cl->replicas, cl->max_age_ms,
+                                         (int32_t)f->max_payload, msg, cap); /* removed? */
+    if (err == TD_OK)
+        err = last_seq(f, k, &first, &last, msg, cap);
     if (err == TD_OK && last == 0) { /* nothing to expect yet: a first message, then the fence */
         bool lost = false;
         err = store_fence(f, k, epoch, 0, &fence, &lost, msg, cap);
         if (err == TD_OK)
             err = last_seq(f, k, &first, &last, msg, cap);
     }
+    if (err == TD_OK && last < applied)
+        td_warn("fleet: partition %u: its changelog ends at %" PRIu64 ", before its checkpoint's %"
+                PRIu64 " (the stream was removed and made again?)",
+                (unsigned)k, last, applied);
     if (err == TD_OK && first > applied + 1 && last > applied)
         td_warn("fleet: partition %u: changelog records %" PRIu64 "..%" PRIu64
                 " were removed before a checkpoint held them",
@@ -533,6 +585,8 @@ td_err_t td_changelog_open(td_fleet_t *f, const td_config_t *cfg)
     }
     cl->f = f;
     cl->commit_ms = cfg->nats_commit_ms;
+    cl->replicas = (int)cfg->nats_replicas;
+    cl->max_age_ms = (int64_t)cfg->nats_partition_max_age_s * 1000;
     for (uint32_t k = 0; k < f->partitions; k++)
         cl->parts[k].batch = 1;
     pthread_mutex_init(&cl->mu, NULL);
@@ -543,14 +597,6 @@ td_err_t td_changelog_open(td_fleet_t *f, const td_config_t *cfg)
     pthread_condattr_destroy(&ca);
     f->cl = cl;
     td_err_t err = TD_OK;
-    for (uint32_t k = 0; err == TD_OK && k < f->partitions; k++) {
-        char stream[32], subject[32];
-        stream_of(stream, sizeof stream, k);
-        subject_of(subject, sizeof subject, k);
-        err = td_nats_stream_ensure(f->js, stream, subject, (int)cfg->nats_replicas,
-                                    (int64_t)cfg->nats_partition_max_age_s * 1000,
-                                    (int32_t)f->max_payload, msg, sizeof msg);
-    }
     jsOptions jo;
     jsOptions_Init(&jo);
     jo.Wait = TD_FLEET_JS_WAIT_MS;
@@ -588,8 +634,10 @@ void td_changelog_close(td_fleet_t *f)
     }
     jsCtx_Destroy(cl->js); /* no PubAck comes after this */
     natsConnection_Destroy(cl->nc);
-    for (uint32_t k = 0; k < f->partitions; k++)
+    for (uint32_t k = 0; k < f->partitions; k++) {
         free(cl->parts[k].buf);
+        natsMsg_Destroy(cl->parts[k].retry);
+    }
     free(cl->parts);
     pthread_cond_destroy(&cl->cond);
     pthread_mutex_destroy(&cl->mu);
