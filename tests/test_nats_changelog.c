@@ -43,7 +43,6 @@
 #include "tally_fleet.h"
 #include "td_fleet_plan.h"
 #include "td_nats_ckpt.h"
-#include "td_nats_lease.h"
 #include "td_state_record.h"
 
 #define PARTITIONS 4
@@ -51,7 +50,6 @@
 #define TIMEOUT_MS 60000
 
 static char msg[512];
-static kvStore *leases;
 static th_daemon_t member[2];
 static const char *const ids[2] = {"cl-a", "cl-b"};
 static uint64_t model[STREAMS][256];
@@ -77,15 +75,12 @@ static int stop_members(void **state)
 static int teardown(void **state)
 {
     stop_members(state);
-    kvStore_Destroy(leases);
     return tn_suite_teardown();
 }
 
 static void fresh_fleet(void)
 {
     tn_fleet_delete(tn_suite_js, PARTITIONS);
-    kvStore_Destroy(leases);
-    leases = NULL;
     memset(model, 0, sizeof model);
     memset(seqs, 0, sizeof seqs);
 }
@@ -136,30 +131,14 @@ static int planned(int i)
     return n;
 }
 
-static int held_by(const char *id)
-{
-    if (!leases)
-        assert_int_equal(js_KeyValue(&leases, tn_suite_js, TALLY_NATS_BUCKET_LEASES), NATS_OK);
-    int n = 0;
-    for (uint32_t k = 0; k < PARTITIONS; k++) {
-        char holder[TALLY_NATS_MEMBER_ID_MAX + 1] = "";
-        if (td_lease_holder(leases, k, holder, sizeof holder, msg, sizeof msg) == TD_OK &&
-            strcmp(holder, id) == 0)
-            n++;
-    }
-    return n;
-}
-
+/* Waits until member id holds `count` partitions' leases; the members' logs when it does not. */
 static void wait_held(const char *id, int count)
 {
-    int64_t until = th_now_ms() + TIMEOUT_MS;
-    int held;
-    while ((held = held_by(id)) != count && th_now_ms() < until)
-        th_sleep_ms(50);
-    if (held != count)
-        dump_logs();
-    if (held != count)
-        fail_msg("%s holds %d partitions, not %d", id, held, count);
+    int held = 0;
+    if (tn_wait_leases(tn_suite_js, PARTITIONS, id, count, TIMEOUT_MS, &held) >= 0)
+        return;
+    dump_logs();
+    fail_msg("%s holds %d partitions, not %d", id, held, count);
 }
 
 static void stream_name(int s, char *out, size_t cap)
