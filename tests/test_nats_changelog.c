@@ -292,7 +292,8 @@ static void test_answered_after_ack(void **state)
     }
 }
 
-/* ---- 2. kill -9 of an owner under load -------------------------------------------------------- */
+/* ---- 2. kill -9 of an owner under load --------------------------------------------------------
+ */
 
 #define ROUNDS 6
 

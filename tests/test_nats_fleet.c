@@ -445,8 +445,12 @@ static void test_manifest_decode_rejects(void **state)
     assert_int_equal(td_ckpt_manifest_decode(h, sizeof h, &out, msg, sizeof msg), TD_ERR_CORRUPT);
     /* Version 2 (direct = replicated): cl_seq after the 120 bytes, the inline state after it. */
     uint8_t v2[TD_CKPT_MANIFEST_SIZE_CL + 3];
-    m = (td_ckpt_manifest_t){.applied_seq = 9, .epoch = 1, .generation = 2, .state_len = 3,
-                             .member = "w1", .cl_seq = 77};
+    m = (td_ckpt_manifest_t){.applied_seq = 9,
+                             .epoch = 1,
+                             .generation = 2,
+                             .state_len = 3,
+                             .member = "w1",
+                             .cl_seq = 77};
     assert_int_equal(td_ckpt_manifest_size(&m), TD_CKPT_MANIFEST_SIZE_CL);
     td_ckpt_manifest_encode(&m, v2);
     assert_int_equal(v2[4], TD_CKPT_VERSION_CL);
@@ -455,9 +459,9 @@ static void test_manifest_decode_rejects(void **state)
     assert_int_equal(out.applied_seq, 9);
     assert_int_equal(td_ckpt_manifest_decode(v2, sizeof v2 - 1, &out, msg, sizeof msg),
                      TD_ERR_CORRUPT); /* inline length differs */
-    assert_int_equal(td_ckpt_manifest_decode(v2, TD_CKPT_MANIFEST_SIZE_CL - 1, &out, msg,
-                                             sizeof msg),
-                     TD_ERR_CORRUPT); /* too short for its cl_seq */
+    assert_int_equal(
+        td_ckpt_manifest_decode(v2, TD_CKPT_MANIFEST_SIZE_CL - 1, &out, msg, sizeof msg),
+        TD_ERR_CORRUPT); /* too short for its cl_seq */
 }
 
 static void publish_n(uint32_t k, int n)

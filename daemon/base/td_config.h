@@ -388,7 +388,7 @@ typedef struct {
     char *nats_member_id;    /* owned; NULL = host name and process id */
     char *nats_user;         /* owned; the NATS user (inbox prefix); NULL = the URLs' */
     bool nats_local_writes;  /* other transports may change streams on a worker */
-    char *nats_direct; /* owned; direct mode: NULL or "off", "local", "replicated" */
+    char *nats_direct;       /* owned; direct mode: NULL or "off", "local", "replicated" */
     char *nats_advertise;    /* owned; the endpoint published for direct mode; NULL = the bind */
     unsigned nats_partitions;
     unsigned nats_replicas;

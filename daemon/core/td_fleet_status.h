@@ -69,7 +69,7 @@ typedef struct td_fleet_status {
     uint64_t checkpoint_interval_ms; /* [nats] checkpoint_interval_ms */
     uint64_t max_payload;            /* the NATS server's max_payload */
     td_fleet_view_t view;            /* the whole fleet's streams, for the HTTP API */
-    bool direct;                     /* [nats] direct = local (PROTOCOL.md §13 "Direct mode") */
+    bool direct;                     /* [nats] direct = local or replicated (§13 "Direct mode") */
     bool replicated;                 /* [nats] direct = replicated */
     /* Counters since start (fleet thread). */
     _Atomic uint64_t applied;             /* messages applied (dead letters included) */

@@ -41,14 +41,14 @@ typedef enum { CL_CLOSED = 0, CL_OPEN, CL_FAILED } cl_state_t;
 typedef struct {
     cl_state_t state;
     uint64_t epoch;
-    uint64_t stored;    /* the last sequence of this owner's chain (its fence's, then its acks) */
-    uint8_t *buf;       /* the batch: records waiting to be published */
+    uint64_t stored; /* the last sequence of this owner's chain (its fence's, then its acks) */
+    uint8_t *buf;    /* the batch: records waiting to be published */
     size_t len, cap;
-    int64_t first_ms;   /* when the batch's first record came (monotonic) */
-    uint64_t batch;     /* the ticket of the batch now filling */
-    uint64_t flight;    /* the ticket published and not settled yet (0: none) */
+    int64_t first_ms; /* when the batch's first record came (monotonic) */
+    uint64_t batch;   /* the ticket of the batch now filling */
+    uint64_t flight;  /* the ticket published and not settled yet (0: none) */
     int64_t flight_ms;
-    natsMsg *retry;     /* the flight's message, to publish again at retry_ms (no responders) */
+    natsMsg *retry; /* the flight's message, to publish again at retry_ms (no responders) */
     int64_t retry_ms;
     uint64_t ok_upto;   /* tickets up to it were stored */
     uint64_t fail_from; /* tickets from it on failed (0: none) */
@@ -273,8 +273,8 @@ static bool grow(cl_part_t *p, size_t need)
     return true;
 }
 
-bool td_changelog_hold(td_fleet_t *f, uint32_t k, const tally_req_t *req,
-                       const td_stream_t *stream, uint64_t *ticket)
+bool td_changelog_hold(td_fleet_t *f, uint32_t k, const tally_req_t *req, const td_stream_t *stream,
+                       uint64_t *ticket)
 {
     td_changelog_t *cl = f->cl;
     uint64_t now = td_clock_ms();
@@ -306,8 +306,8 @@ tally_status_t td_changelog_settled(td_fleet_t *f, uint32_t k, uint64_t ticket, 
     td_changelog_t *cl = f->cl;
     pthread_mutex_lock(&cl->mu);
     const cl_part_t *p = &cl->parts[k];
-    bool failed = (p->fail_from && ticket >= p->fail_from) ||
-                  (ticket < p->open_from && ticket > p->ok_then);
+    bool failed =
+        (p->fail_from && ticket >= p->fail_from) || (ticket < p->open_from && ticket > p->ok_then);
     *pending = !failed && ticket > p->ok_upto;
     pthread_mutex_unlock(&cl->mu);
     if (!failed)
@@ -320,7 +320,8 @@ tally_status_t td_changelog_settled(td_fleet_t *f, uint32_t k, uint64_t ticket, 
     return TALLY_E_NOT_DURABLE;
 }
 
-/* ---- Taking a partition: the replay and the fence --------------------------------------------- */
+/* ---- Taking a partition: the replay and the fence ---------------------------------------------
+ */
 
 typedef struct {
     const uint8_t *buf;
@@ -475,8 +476,8 @@ td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t 
             err = last_seq(f, k, &first, &last, msg, cap);
     }
     if (err == TD_OK && last < applied)
-        td_warn("fleet: partition %u: its changelog ends at %" PRIu64 ", before its checkpoint's %"
-                PRIu64 " (the stream was removed and made again?)",
+        td_warn("fleet: partition %u: its changelog ends at %" PRIu64
+                ", before its checkpoint's %" PRIu64 " (the stream was removed and made again?)",
                 (unsigned)k, last, applied);
     if (err == TD_OK && first > applied + 1 && last > applied)
         td_warn("fleet: partition %u: changelog records %" PRIu64 "..%" PRIu64
@@ -495,8 +496,7 @@ td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t 
         fence = 0;
     }
     if (err == TD_OK && !fence) {
-        snprintf(msg, cap, "its changelog's fence lost to other writers %d times",
-                 CL_FENCE_TRIES);
+        snprintf(msg, cap, "its changelog's fence lost to other writers %d times", CL_FENCE_TRIES);
         err = TD_ERR_LIBRARY;
     }
     if (err != TD_OK)
@@ -603,8 +603,8 @@ td_err_t td_changelog_open(td_fleet_t *f, const td_config_t *cfg)
     jo.PublishAsync.AckHandler = on_ack;
     jo.PublishAsync.AckHandlerClosure = cl;
     jo.PublishAsync.MaxPending = (int64_t)f->partitions + 16;
-    if (err == TD_OK && (err = td_fleet_connect(f, "changelog", true, &cl->nc, msg, sizeof msg)) ==
-                            TD_OK &&
+    if (err == TD_OK &&
+        (err = td_fleet_connect(f, "changelog", true, &cl->nc, msg, sizeof msg)) == TD_OK &&
         natsConnection_JetStream(&cl->js, cl->nc, &jo) != NATS_OK) {
         snprintf(msg, sizeof msg, "JetStream on the changelog's connection: %s",
                  td_nats_last_error(NATS_ERR));

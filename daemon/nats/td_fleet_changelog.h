@@ -66,7 +66,7 @@ bool td_changelog_failed(struct td_fleet *f, uint32_t k);
 /* The shards' side (td_route_t.hold and .settled through td_fleet_route.c). */
 bool td_changelog_hold(struct td_fleet *f, uint32_t k, const tally_req_t *req,
                        const td_stream_t *stream, uint64_t *ticket);
-tally_status_t td_changelog_settled(struct td_fleet *f, uint32_t k, uint64_t ticket,
-                                    bool *pending, char *msg, size_t cap);
+tally_status_t td_changelog_settled(struct td_fleet *f, uint32_t k, uint64_t ticket, bool *pending,
+                                    char *msg, size_t cap);
 
 #endif

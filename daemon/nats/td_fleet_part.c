@@ -500,7 +500,7 @@ bool td_part_checkpoint(td_fleet_t *f, td_part_t *p)
         return false;
     }
     uint64_t direct = td_fleet_route_uncommitted(f, p->k); /* all in the snapshot, maybe more */
-    uint64_t cl_seq = td_changelog_stored(f, p->k);      /* the same: every record up to it */
+    uint64_t cl_seq = td_changelog_stored(f, p->k);        /* the same: every record up to it */
     if (cl_seq > p->ckpt.cl_seq)
         p->ckpt.cl_seq = cl_seq;
     table_job_t j = {.k = p->k, .partitions = f->partitions};
