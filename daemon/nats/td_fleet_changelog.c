@@ -210,6 +210,8 @@ static int64_t commit_due(td_changelog_t *cl)
     bool woke = false;
     for (uint32_t k = 0; k < cl->f->partitions; k++) {
         cl_part_t *p = &cl->parts[k];
+        /* libnats reports a PubAck missing after MaxWait (TD_FLEET_JS_WAIT_MS); this is the
+         * backstop should it not (a connection lost with the publish in it) */
         if (p->flight && now - p->flight_ms >= TD_FLEET_JS_WAIT_MS + 1000) {
             fail_locked(cl, k, "a publish was not acknowledged in time");
             woke = true;
