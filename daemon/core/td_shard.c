@@ -37,6 +37,12 @@
  * until its reply is back on the front's thread (td_path.c counts both). Sizes are checked here,
  * not by the transport: a payload over max_batch gets too_large like any other bad request.
  *
+ * Replicated durability (direct mode, td_route_t.hold): a routed write that succeeded is held
+ * at reply() instead of leaving (its input released, its in-flight slot kept) until the route
+ * has its change durable; the route wakes the shards (td_path_wake_held, any thread) and each
+ * looks at its held replies in order (td_shard_release_held): settled ones leave, as they are or
+ * as the error the route says (not_durable).
+ *
  * The end of every request is reply(): its in-flight slot, its reply handed back with the reply
  * bytes counted (td_reply.h); the transport ends it (td_reply_end, on the front's thread: sent, or
  * dropped and counted there, and the request kept for reuse or freed; td_path.c).

@@ -292,10 +292,11 @@ bool td_changelog_hold(td_fleet_t *f, uint32_t k, const tally_req_t *req, const 
             td_state_record_encode(stream, now, p->buf + p->len);
         else
             td_state_record_encode_removed(req->stream, req->stream_len, p->buf + p->len);
-        if (p->len == 0)
+        bool first = p->len == 0; /* the committer sleeps until its commit_ms: tell it */
+        if (first)
             p->first_ms = td_nats_now_ms();
         p->len += size;
-        if (p->len >= TD_NATS_COMMIT_BYTES || cl->commit_ms == 0)
+        if (first || p->len >= TD_NATS_COMMIT_BYTES)
             pthread_cond_signal(&cl->cond);
     }
     pthread_mutex_unlock(&cl->mu);
