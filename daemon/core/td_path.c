@@ -102,7 +102,7 @@ typedef struct {
     uv_timer_t sweep;     /* its part's window slots that left the ring */
     bool sweep_open;
     uv_async_t held_wake; /* the route settled held replies (td_path_wake_held) */
-    bool held_wake_open;  /* under the path's wake_mu */
+    bool held_wake_open;  /* closed under the path's wake_mu */
     bool machine_open; /* the machines' open succeeded: close it */
     /* With threads (more than one shard): */
     uv_loop_t own_loop;
@@ -636,13 +636,11 @@ static void held_wake_cb(uv_async_t *handle)
 {
     slot_t *slot = handle->data;
     td_shard_release_held(slot->shard);
-    if (slot->path->threads)
-        flush_to_front(slot);
+    flush_to_front(slot); /* with one shard its replies left at once: nothing to post */
 }
 
-/* On the shard's loop (the front's with one shard): the sweep of its part, the route's wake-up
- * of its held replies, and with a thread of its own its mailbox and the handles that post its
- * batches. */
+/* On the shard's loop (the front's with one shard): the sweep of its part, the route's wake-up of
+ * its held replies, and with a thread of its own its mailbox and the handles posting batches. */
 static int open_slot_handles(slot_t *slot)
 {
     /* libuv's uv_timer_init, uv_prepare_init and uv_check_init only fill in the handle and
@@ -658,9 +656,7 @@ static int open_slot_handles(slot_t *slot)
         return rc;
     slot->held_wake.data = slot;
     uv_unref((uv_handle_t *)&slot->held_wake);
-    pthread_mutex_lock(&slot->path->wake_mu);
-    slot->held_wake_open = true;
-    pthread_mutex_unlock(&slot->path->wake_mu);
+    slot->held_wake_open = true; /* before the fleet starts (main.c): no route wakes it yet */
     if (!slot->path->threads)
         return 0;
     rc = td_mailbox_init(&slot->inbox, slot->loop, shard_inbox_cb, slot);
