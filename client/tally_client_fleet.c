@@ -19,7 +19,9 @@
  *   - a `not_owner` answer (nothing was run) is followed: sent again to the owner the answer
  *     names ("... at ENDPOINT"), or the one the buckets name, up to TALLY_FLEET_HOPS times;
  *   - a `shutdown` answer (a member stopping: nothing was run) waits for the partition's next
- *     owner and is sent there;
+ *     owner and is sent there; so does a numbered request answered `not_durable` (replicated
+ *     durability: run, its changelog record not stored, the partition given up), which the
+ *     next owner applies only if what it loaded lacks it (an unnumbered one is answered so);
  *   - a request that cannot be sent because its owner's connection does not come up within
  *     TALLY_FLEET_SUSPECT_MS (the owner exited or was killed) is not waited on for the whole
  *     timeout: the routing is read again and it goes to the owner it names, or waits, unsent,
@@ -410,7 +412,9 @@ static bool take_reply(fleetc_t *self, int m, tally_status_t st, tally_reply_t *
             p->waiting = true; /* the buckets say where, at the next check */
         return false;
     }
-    if (st == TALLY_E_SHUTDOWN) { /* not run: for the partition's next owner */
+    if (st == TALLY_E_SHUTDOWN || (st == TALLY_E_NOT_DURABLE && p->req.seq)) {
+        /* not run, or run and not stored (the member gives the partition up): for the
+         * partition's next owner, which applies a numbered one only if it lacks it */
         p->waiting = true;
         return false;
     }

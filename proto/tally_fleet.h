@@ -37,6 +37,9 @@
 /* JetStream streams: TALLY_P<k> per partition; the dead letters of all partitions. */
 #define TALLY_NATS_STREAM_PREFIX "TALLY_P"
 #define TALLY_NATS_DEAD_STREAM "TALLY_DEAD"
+/* Direct mode, replicated: partition k's changelog, the stream TALLY_CL<k> on tally.cl.<k>. */
+#define TALLY_NATS_CL_STREAM_PREFIX "TALLY_CL"
+#define TALLY_NATS_SUBJ_CL "tally.cl."
 /* The durable pull consumer of partition k: tally-p<k>. */
 #define TALLY_NATS_CONSUMER_PREFIX "tally-p"
 
@@ -61,6 +64,8 @@
 #define TALLY_NATS_HDR_REASON "Tally-Reason"
 #define TALLY_NATS_HDR_STREAM "Tally-Stream"
 #define TALLY_NATS_HDR_MEMBER "Tally-Member"
+#define TALLY_NATS_HDR_EPOCH "Tally-Epoch" /* changelog: the writer's lease revision */
+#define TALLY_NATS_HDR_BATCH "Tally-Batch" /* changelog: the writer's batch number (0: a fence) */
 #define TALLY_NATS_HDR_MEMBERS "Tally-Members" /* `streams` answers: the live members */
 /* `streams` answers: the partitions whose streams the answer lists (tally_fleet_owned_format) */
 #define TALLY_NATS_HDR_OWNED "Tally-Owned"

@@ -151,7 +151,11 @@ typedef enum {
     TALLY_E_NOT_OWNER = 26,     /* direct mode (PROTOCOL.md §13 "Direct mode"): this fleet member
                                  * does not own the stream's partition; the message names the owner
                                  * and its endpoint when known */
-    TALLY_STATUS_WIRE_COUNT = 27,
+    TALLY_E_NOT_DURABLE = 27,   /* direct mode, replicated: the request ran but the changelog
+                                 * record holding its effect was not acknowledged by JetStream;
+                                 * the member gives the partition up: send it again (with seq)
+                                 * to the partition's next owner */
+    TALLY_STATUS_WIRE_COUNT = 28,
 
     /* Client-side only. */
     TALLY_E_TIMEOUT = 100,   /* no reply within the timeout */

@@ -59,6 +59,9 @@ static const struct {
      "partition)"},
     {TALLY_E_NOT_OWNER, "not_owner",
      "this fleet member does not own the stream's partition; send it to the owner"},
+    {TALLY_E_NOT_DURABLE, "not_durable",
+     "the request ran, but its effect was not made durable in the partition's changelog; send it "
+     "again with its seq to the partition's next owner"},
     {TALLY_E_TIMEOUT, "timeout", "no reply from the daemon within the timeout"},
     {TALLY_E_TRANSPORT, "transport", "the ZeroMQ transport failed"},
     {TALLY_E_REPLY, "bad_reply", "the reply from the daemon is malformed"},

@@ -408,8 +408,8 @@ static void test_manifest_decode_rejects(void **state)
     v[0] = TD_CKPT_MAGIC[0];
     /* A header of another version, a reserved byte set, one byte short of a header: not one. */
     char not_one[64];
-    snprintf(not_one, sizeof not_one, "not a version-%u checkpoint manifest (%zu bytes)",
-             TD_CKPT_VERSION, sizeof v);
+    snprintf(not_one, sizeof not_one, "not a version-%u or %u checkpoint manifest (%zu bytes)",
+             TD_CKPT_VERSION, TD_CKPT_VERSION_CL, sizeof v);
     for (int i = 4; i < 8; i++) {
         uint8_t was = v[i];
         v[i] = (uint8_t)(i == 4 ? TD_CKPT_VERSION + 1 : 1);
@@ -443,6 +443,25 @@ static void test_manifest_decode_rejects(void **state)
     m.chunks = 1;
     td_ckpt_manifest_encode(&m, h);
     assert_int_equal(td_ckpt_manifest_decode(h, sizeof h, &out, msg, sizeof msg), TD_ERR_CORRUPT);
+    /* Version 2 (direct = replicated): cl_seq after the 120 bytes, the inline state after it. */
+    uint8_t v2[TD_CKPT_MANIFEST_SIZE_CL + 3];
+    m = (td_ckpt_manifest_t){.applied_seq = 9,
+                             .epoch = 1,
+                             .generation = 2,
+                             .state_len = 3,
+                             .member = "w1",
+                             .cl_seq = 77};
+    assert_int_equal(td_ckpt_manifest_size(&m), TD_CKPT_MANIFEST_SIZE_CL);
+    td_ckpt_manifest_encode(&m, v2);
+    assert_int_equal(v2[4], TD_CKPT_VERSION_CL);
+    assert_int_equal(td_ckpt_manifest_decode(v2, sizeof v2, &out, msg, sizeof msg), TD_OK);
+    assert_int_equal(out.cl_seq, 77);
+    assert_int_equal(out.applied_seq, 9);
+    assert_int_equal(td_ckpt_manifest_decode(v2, sizeof v2 - 1, &out, msg, sizeof msg),
+                     TD_ERR_CORRUPT); /* inline length differs */
+    assert_int_equal(
+        td_ckpt_manifest_decode(v2, TD_CKPT_MANIFEST_SIZE_CL - 1, &out, msg, sizeof msg),
+        TD_ERR_CORRUPT); /* too short for its cl_seq */
 }
 
 static void publish_n(uint32_t k, int n)

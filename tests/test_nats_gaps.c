@@ -614,7 +614,7 @@ static void test_take_refused_corrupt_checkpoint(void **state)
     assert_int_equal(kvStore_Put(&rev, ckpts, "p0", "not a manifest", 14), NATS_OK);
     th_daemon_t w;
     start_worker(&w);
-    wait_log(&w, "partition 0 not taken: not a version-1 checkpoint manifest (14 bytes)");
+    wait_log(&w, "partition 0 not taken: not a version-1 or 2 checkpoint manifest (14 bytes)");
     char holder[80] = "?";
     for (int64_t t0 = th_now_ms(); holder[0] && th_now_ms() - t0 < 10000; th_sleep_ms(50))
         assert_int_equal(td_lease_holder(leases, 0, holder, sizeof holder, msg, sizeof msg),

@@ -23,7 +23,7 @@
  *      stream's next numbered batch to, the new owner once it holds the partition: all answered
  *      within REROUTE_BOUND_MS, each applied once (the model, last_seq); `streams` through the
  *      fleet client lists every stream once, gathered from both owners, then from the one left;
- *   4. what is refused: [nats] direct = replicated (not built) and an unknown value, at start;
+ *   4. what is refused: an unknown [nats] direct value, at start;
  *      a fleet client on a NATS without a fleet in direct mode.
  * Waits are bounded loops on what the cluster or the members report; one time is asserted (3b).
  */
@@ -632,10 +632,9 @@ static void test_refusals(void **state)
     char dir[128], log[192];
     assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-route"), 0);
     snprintf(log, sizeof log, "%s/tallyd.log", dir);
-    const char *values[] = {"replicated", "fast"};
-    const char *says[] = {"[nats] direct = replicated is not built yet",
-                          "[nats] direct 'fast': off or local"};
-    for (int i = 0; i < 2; i++) {
+    const char *values[] = {"fast"};
+    const char *says[] = {"[nats] direct 'fast': off, local or replicated"};
+    for (int i = 0; i < 1; i++) {
         const char *args[] = {
             "--nats-servers",           tn_suite.urls, "--nats-direct", values[i], "--bind",
             "ipc:///nonexistent/never", NULL};

@@ -192,7 +192,9 @@ static void test_status_names(void **state)
     assert_string_equal(tally_status_name(TALLY_E_NOT_PERMITTED), "not_permitted");
     assert_int_equal(TALLY_E_NOT_OWNER, 26);
     assert_string_equal(tally_status_name(TALLY_E_NOT_OWNER), "not_owner");
-    assert_int_equal(TALLY_STATUS_WIRE_COUNT, 27);
+    assert_int_equal(TALLY_E_NOT_DURABLE, 27);
+    assert_string_equal(tally_status_name(TALLY_E_NOT_DURABLE), "not_durable");
+    assert_int_equal(TALLY_STATUS_WIRE_COUNT, 28);
     assert_string_equal(tally_status_name((tally_status_t)50), "unknown");
     assert_string_equal(tally_status_text((tally_status_t)50), "unknown status");
 }

@@ -301,6 +301,11 @@
 #define TD_DEFAULT_NATS_CHECKPOINT_MS 1000u
 #define TD_NATS_CHECKPOINT_MS_MIN 10u
 #define TD_NATS_CHECKPOINT_MS_LIMIT 3600000u
+/* Direct mode, replicated: a partition's changelog records are published every commit_ms (group
+ * commit), or at once when TD_NATS_COMMIT_BYTES are waiting (docs/fleet.md "Replicated"). */
+#define TD_DEFAULT_NATS_COMMIT_MS 2u
+#define TD_NATS_COMMIT_MS_LIMIT 1000u
+#define TD_NATS_COMMIT_BYTES (256u << 10)
 #define TD_DEFAULT_NATS_PARTITION_MAX_BYTES (1ull << 30)
 /* A partition's window (issue 32): messages in the request path at once, and their payload
  * bytes (one message always goes, however large). 256 keeps a 1 KiB-message partition's round
@@ -388,12 +393,13 @@ typedef struct {
     char *nats_member_id;    /* owned; NULL = host name and process id */
     char *nats_user;         /* owned; the NATS user (inbox prefix); NULL = the URLs' */
     bool nats_local_writes;  /* other transports may change streams on a worker */
-    char *nats_direct;       /* owned; direct mode: NULL or "off", "local" (td_config_direct) */
+    char *nats_direct;       /* owned; direct mode: NULL or "off", "local", "replicated" */
     char *nats_advertise;    /* owned; the endpoint published for direct mode; NULL = the bind */
     unsigned nats_partitions;
     unsigned nats_replicas;
     unsigned nats_lease_ttl_ms;
     unsigned nats_checkpoint_ms;
+    unsigned nats_commit_ms; /* direct = replicated: the group commit's interval */
     unsigned nats_inflight;
     size_t nats_inflight_bytes;
     size_t nats_partition_max_bytes;

@@ -350,13 +350,20 @@ const td_setting_t td_settings[] = {
      .help = "let ZeroMQ, shared-memory and HTTP clients of a worker change streams (hist, scan or "
              "filter on a stream, reset, delete); off, they get not_permitted and streams change "
              "only through their partitions (PROTOCOL.md §13 \"Security\")"},
-    {.option = "nats-direct", .arg = "off|local", .section = "nats", .key = "direct",
+    {.option = "nats-direct", .arg = "off|local|replicated", .section = "nats", .key = "direct",
      .type = TD_SET_STRING, .offset = FIELD(nats_direct), .reload = TD_RELOAD_RESTART,
-     .help = "direct mode (PROTOCOL.md §13 \"Direct mode\"): local, producers send a stream's "
-             "requests over ZeroMQ straight to the member owning its partition (tally --fleet), "
-             "others answer not_owner, and direct writes are durable at the partition's "
-             "checkpoints only (a lost host loses those since); replicated is not built yet",
+     .help = "direct mode (PROTOCOL.md §13 \"Direct mode\"): producers send a stream's requests "
+             "over ZeroMQ straight to the member owning its partition (tally --fleet), others "
+             "answer not_owner; local: direct writes are durable at the partition's checkpoints "
+             "only (a lost host loses those since); replicated: each write is answered once the "
+             "partition's changelog record holding it is stored (TALLY_CL<k>)",
      .default_doc = "off"},
+    {.option = "nats-commit-ms", .arg = "MS", .section = "nats", .key = "commit_ms",
+     .type = TD_SET_UINT, .offset = FIELD(nats_commit_ms), .def = TD_DEFAULT_NATS_COMMIT_MS,
+     .min = 0, .max = TD_NATS_COMMIT_MS_LIMIT, .reload = TD_RELOAD_RESTART,
+     .help = "direct = replicated: a partition's changelog records are published together every "
+             "this many ms (group commit; at once when 256 KiB wait; 0: as soon as the previous "
+             "one is stored)"},
     {.option = "nats-advertise", .arg = "ENDPOINT", .section = "nats", .key = "advertise",
      .type = TD_SET_STRING, .offset = FIELD(nats_advertise), .reload = TD_RELOAD_RESTART,
      .example = "tcp://10.0.0.5:5555",

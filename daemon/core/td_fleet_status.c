@@ -33,15 +33,19 @@ size_t td_fleet_status_info(const td_fleet_status_t *st, char *out, size_t cap)
     }
     /* The largest reply a message naming Tally-Reply may ask for (§13 "Validation"). */
     uint64_t reply_max = st->max_payload > 4096 ? st->max_payload - 4096 : 0;
-    int n = snprintf(out, cap,
-                     "nats=on\nnats_member_id=%s\nnats_partitions=%" PRIu32
-                     "\nnats_partitions_owned=%" PRIu32 "\nnats_lease_ttl_ms=%" PRIu64
-                     "\nnats_checkpoint_interval_ms=%" PRIu64 "\nnats_max_payload=%" PRIu64
-                     "\nnats_max_reply=%" PRIu64
-                     "\nnats_direct=%s\nnats_direct_uncommitted=%" PRIu64 "\n",
-                     st->member, st->partitions, td_fleet_status_owned(st), st->lease_ttl_ms,
-                     st->checkpoint_interval_ms, st->max_payload, reply_max,
-                     st->direct ? "local" : "off", LOAD(st->direct_uncommitted));
+    int n =
+        snprintf(out, cap,
+                 "nats=on\nnats_member_id=%s\nnats_partitions=%" PRIu32
+                 "\nnats_partitions_owned=%" PRIu32 "\nnats_lease_ttl_ms=%" PRIu64
+                 "\nnats_checkpoint_interval_ms=%" PRIu64 "\nnats_max_payload=%" PRIu64
+                 "\nnats_max_reply=%" PRIu64 "\nnats_direct=%s\nnats_direct_uncommitted=%" PRIu64
+                 "\nnats_changelog_commits=%" PRIu64 "\nnats_not_durable=%" PRIu64 "\n",
+                 st->member, st->partitions, td_fleet_status_owned(st), st->lease_ttl_ms,
+                 st->checkpoint_interval_ms, st->max_payload, reply_max,
+                 st->replicated ? "replicated"
+                 : st->direct   ? "local"
+                                : "off",
+                 LOAD(st->direct_uncommitted), LOAD(st->changelog_commits), LOAD(st->not_durable));
     return n > 0 ? (size_t)n : 0;
 }
 
@@ -122,5 +126,14 @@ size_t td_fleet_status_render(const td_fleet_status_t *st, char *out, size_t cap
     counter(&t, "tallyd_nats_not_owner_total",
             "Direct requests answered not_owner: their stream's partition is another member's.",
             LOAD(st->not_owner));
+    counter(&t, "tallyd_nats_changelog_commits_total",
+            "Changelog messages stored (direct = replicated): each a partition's group commit.",
+            LOAD(st->changelog_commits));
+    counter(&t, "tallyd_nats_changelog_replayed_total",
+            "Changelog messages applied at take-overs (direct = replicated).",
+            LOAD(st->changelog_replayed));
+    counter(&t, "tallyd_nats_not_durable_total",
+            "Direct writes answered not_durable: their changelog record was not stored.",
+            LOAD(st->not_durable));
     return t.len;
 }

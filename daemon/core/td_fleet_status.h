@@ -69,7 +69,8 @@ typedef struct td_fleet_status {
     uint64_t checkpoint_interval_ms; /* [nats] checkpoint_interval_ms */
     uint64_t max_payload;            /* the NATS server's max_payload */
     td_fleet_view_t view;            /* the whole fleet's streams, for the HTTP API */
-    bool direct;                     /* [nats] direct = local (PROTOCOL.md §13 "Direct mode") */
+    bool direct;                     /* [nats] direct = local or replicated (§13 "Direct mode") */
+    bool replicated;                 /* [nats] direct = replicated */
     /* Counters since start (fleet thread). */
     _Atomic uint64_t applied;             /* messages applied (dead letters included) */
     _Atomic uint64_t dead_letters;        /* messages published to tally.dead.<k> */
@@ -86,6 +87,9 @@ typedef struct td_fleet_status {
      * loses), and requests answered not_owner. */
     _Atomic uint64_t direct_uncommitted;
     _Atomic uint64_t not_owner;
+    /* direct = replicated: changelog messages stored (PubAcks), messages replayed at take-overs,
+     * direct writes answered not_durable. */
+    _Atomic uint64_t changelog_commits, changelog_replayed, not_durable;
     /* Per partition: owned now; the last sequence applied; the partition's last sequence as the
      * worker last saw it (a delivered message's sequence plus the consumer's pending count). */
     _Atomic bool owned[TALLY_NATS_MAX_PARTITIONS];

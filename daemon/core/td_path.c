@@ -254,7 +254,7 @@ td_err_t td_path_submit(td_path_t *p, td_transport_t *t, td_msg_t *m)
         r->req = *m->req;
         r->decoded = true;
     }
-    r->arrived = m->payload; /* the shard's now */
+    r->arrived = m->payload;   /* the shard's now */
     if (m->payload_borrowed) { /* the transport's: copied (TD_PAYLOAD_BORROW_MAX at most) */
         memcpy(r->payload_inline, m->payload.data, m->payload.len);
         r->arrived = (td_bytes_t){.data = r->payload_inline, .len = m->payload.len};
@@ -529,8 +529,15 @@ static void sweep_cb(uv_timer_t *timer)
     td_streams_sweep(td_shard_streams(slot->shard), td_clock_ms(), TD_STREAMS_SWEEP_PER_TICK);
 }
 
-/* On the shard's loop (the front's with one shard): the sweep of its part, and with a thread of
- * its own its mailbox and the handles that post its batches. */
+static void held_wake_cb(uv_async_t *handle)
+{
+    slot_t *slot = handle->data;
+    td_shard_release_held(slot->shard);
+    flush_to_front(slot); /* with one shard its replies left at once: nothing to post */
+}
+
+/* On the shard's loop (the front's with one shard): the sweep of its part, the route's wake-up of
+ * its held replies, and with a thread of its own its mailbox and the handles posting batches. */
 static int open_slot_handles(slot_t *slot)
 {
     /* libuv's uv_timer_init, uv_prepare_init and uv_check_init only fill in the handle and
@@ -541,9 +548,15 @@ static int open_slot_handles(slot_t *slot)
     slot->sweep_open = true;
     uv_timer_start(&slot->sweep, sweep_cb, TD_PEERS_SWEEP_MS, TD_PEERS_SWEEP_MS);
     uv_unref((uv_handle_t *)&slot->sweep);
+    int rc = uv_async_init(slot->loop, &slot->held_wake, held_wake_cb);
+    if (rc != 0)
+        return rc;
+    slot->held_wake.data = slot;
+    uv_unref((uv_handle_t *)&slot->held_wake);
+    slot->held_wake_open = true; /* before the fleet starts (main.c): no route wakes it yet */
     if (!slot->path->threads)
         return 0;
-    int rc = td_mailbox_init(&slot->inbox, slot->loop, shard_inbox_cb, slot);
+    rc = td_mailbox_init(&slot->inbox, slot->loop, shard_inbox_cb, slot);
     if (rc != 0)
         return rc;
     uv_prepare_init(slot->loop, &slot->flush_prepare);
@@ -566,6 +579,11 @@ static void shard_close_handles(slot_t *slot)
     if (slot->sweep_open)
         uv_close((uv_handle_t *)&slot->sweep, NULL);
     slot->sweep_open = false;
+    pthread_mutex_lock(&p->wake_mu);
+    if (slot->held_wake_open)
+        uv_close((uv_handle_t *)&slot->held_wake, NULL);
+    slot->held_wake_open = false;
+    pthread_mutex_unlock(&p->wake_mu);
     td_mailbox_close(&slot->inbox);
     if (slot->flush_open) {
         uv_close((uv_handle_t *)&slot->flush_prepare, NULL);
@@ -671,6 +689,7 @@ td_err_t td_path_new(const td_path_env_t *env, td_path_t **out)
     p->admit = (td_admit_t){
         .cfg = env->cfg, .peers = env->peers, .replies = env->replies, .metrics = env->metrics};
     p->lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER; /* cannot fail, unlike _init */
+    p->wake_mu = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
     p->parked_cond = p->release_cond = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
     atomic_init(&p->want, 0);
     p->slots = calloc(p->count, sizeof *p->slots);
@@ -759,6 +778,15 @@ void td_path_attach_route(td_path_t *self, const td_route_t *route)
         td_shard_attach_route(self->slots[i].shard, route);
 }
 
+void td_path_wake_held(td_path_t *self)
+{
+    pthread_mutex_lock(&self->wake_mu);
+    for (unsigned i = 0; i < self->count; i++)
+        if (self->slots[i].held_wake_open)
+            uv_async_send(&self->slots[i].held_wake);
+    pthread_mutex_unlock(&self->wake_mu);
+}
+
 void td_path_close(td_path_t *self)
 {
     if (self->closed)
@@ -818,6 +846,7 @@ void td_path_destroy(td_path_t **self_p)
         free(hop_request(hop));
     }
     pthread_mutex_destroy(&self->lock);
+    pthread_mutex_destroy(&self->wake_mu);
     pthread_cond_destroy(&self->parked_cond);
     pthread_cond_destroy(&self->release_cond);
     free(self);

@@ -77,6 +77,9 @@ typedef void (*td_path_deleted_fn)(void *ctx, const char *name, size_t name_len)
 void td_path_attach(td_path_t *self, td_shm_t *shm, td_path_deleted_fn deleted, void *ctx);
 /* Direct mode's route (td_shard.h, td_route_t), handed to every shard; before td_path_run. */
 void td_path_attach_route(td_path_t *self, const td_route_t *route);
+/* The route settled some held replies (td_route_t.settled): every shard looks at its own. Any
+ * thread. */
+void td_path_wake_held(td_path_t *self);
 /* Reading has ended and nothing is in flight: the shards close what they hold on their loops
  * (the machines' close) and their threads end; the loop thread owns everything after. Then the
  * transports' loop handles of the path close. */

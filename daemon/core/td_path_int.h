@@ -40,7 +40,9 @@ typedef struct {
     uv_loop_t *loop;      /* the shard's: own_loop, or the front's with one shard */
     uv_timer_t sweep;     /* its part's window slots that left the ring */
     bool sweep_open;
-    bool machine_open; /* the machines' open succeeded: close it */
+    uv_async_t held_wake; /* the route settled held replies (td_path_wake_held) */
+    bool held_wake_open;  /* closed under the path's wake_mu */
+    bool machine_open;    /* the machines' open succeeded: close it */
     /* With threads (more than one shard): */
     uv_loop_t own_loop;
     bool loop_open;
@@ -96,6 +98,7 @@ struct td_path {
     unsigned released;           /* under lock: the epoch released last */
     unsigned parked;             /* under lock: shards parked in this epoch */
     unsigned hold_depth;         /* the loop thread's: nested holds */
+    pthread_mutex_t wake_mu;     /* td_path_wake_held against the shards' closes */
 };
 
 /* The front runs r itself with slot's shard held, when it may (td_path_front.c); false when r

@@ -65,6 +65,8 @@ typedef struct td_request {
     size_t header_len;
     bool decoded;
     bool routed; /* direct mode: admitted by its shard's route, told at its reply (td_shard.h) */
+    bool held;   /* replicated: its reply waits for the route (held_ticket; td_shard.c) */
+    uint64_t held_ticket;
     int frames;
     td_bytes_t arrived;
     unsigned share;

@@ -37,6 +37,12 @@
  * until its reply is back on the front's thread (td_path.c counts both). Sizes are checked here,
  * not by the transport: a payload over max_batch gets too_large like any other bad request.
  *
+ * Replicated durability (direct mode, td_route_t.hold): a routed write that succeeded is held
+ * at reply() instead of leaving (its input released, its in-flight slot kept) until the route
+ * has its change durable; the route wakes the shards (td_path_wake_held, any thread) and each
+ * looks at its held replies in order (td_shard_release_held): settled ones leave, as they are or
+ * as the error the route says (not_durable).
+ *
  * The end of every request is reply(): its in-flight slot, its reply handed back with the reply
  * bytes counted (td_reply.h); the transport ends it (td_reply_end, on the front's thread: sent, or
  * dropped and counted there, and the request kept for reuse or freed; td_path.c).
@@ -59,6 +65,8 @@ struct td_shard {
     td_shm_t *shm;    /* NULL when off */
     td_route_t route; /* direct mode's owner check (admit NULL: none) */
     bool stopping; /* a stop signal arrived: start nothing new, answer `shutdown` */
+    /* Replicated durability: replies that wait for the route (linked by next, in reply order). */
+    td_request_t *held_head, *held_tail;
 };
 
 /* ---- Replies ---------------------------------------------------------------------------- */
@@ -67,8 +75,54 @@ struct td_shard {
  * front for its transport with its input freed (a reply the transport keeps holds only itself).
  * Counted here, not when the transport is done with it: a client that has its reply and asks for
  * `stats` finds it counted, whichever shard ran it. */
+static void reply(td_shard_t *p, td_request_t *r);
+
+/* Replicated durability: a write that succeeded waits until the route has its change durable
+ * (td_route_t.hold); it stays counted in flight, and its partition's, meanwhile. True when held. */
+static bool held(td_shard_t *p, td_request_t *r)
+{
+    if (!r->routed || !p->route.hold || r->held || r->rep.status != TALLY_OK)
+        return false;
+    const td_stream_t *stream = r->req.opcode == TALLY_OP_DELETE ? NULL : r->stream;
+    if (!p->route.hold(p->route.ctx, &r->req, stream, &r->held_ticket))
+        return false;
+    r->held = true;
+    td_request_release_input(r); /* applied: only its reply is kept */
+    r->next = NULL;
+    if (p->held_tail)
+        p->held_tail->next = r;
+    else
+        p->held_head = r;
+    p->held_tail = r;
+    return true;
+}
+
+void td_shard_release_held(td_shard_t *p)
+{
+    td_request_t **at = &p->held_head, *last = NULL;
+    while (*at) {
+        td_request_t *r = *at;
+        char msg[TALLY_ERROR_MESSAGE_MAX + 1] = "";
+        bool pending = false;
+        tally_status_t st =
+            p->route.settled(p->route.ctx, &r->req, r->held_ticket, &pending, msg, sizeof msg);
+        if (pending) {
+            last = r;
+            at = &r->next;
+            continue;
+        }
+        *at = r->next;
+        if (st != TALLY_OK)
+            td_request_fail(r, st, "%s", msg);
+        reply(p, r);
+    }
+    p->held_tail = last;
+}
+
 static void reply(td_shard_t *p, td_request_t *r)
 {
+    if (held(p, r))
+        return;
     if (r->routed) { /* its partition may be given up once nothing of it is in flight */
         r->routed = false;
         p->route.done(p->route.ctx, &r->req, (tally_status_t)r->rep.status);

@@ -76,9 +76,20 @@ void td_shard_attach(td_shard_t *self, td_shm_t *shm,
 typedef struct {
     tally_status_t (*admit)(void *ctx, const tally_req_t *req, char *msg, size_t cap);
     void (*done)(void *ctx, const tally_req_t *req, tally_status_t status);
+    /* Replicated durability (NULL: none). hold is asked of an admitted request that changed its
+     * stream (status OK) before its reply, with the stream as it is now (NULL after a delete):
+     * true when the reply waits until the route says the change is durable (*ticket: what for).
+     * Held replies are looked at again each time the route wakes the shards
+     * (td_path_wake_held): settled answers TALLY_OK (durable: sent as it is), another status
+     * (the reply becomes that error, with msg), or leaves *pending set (still waiting). */
+    bool (*hold)(void *ctx, const tally_req_t *req, const td_stream_t *stream, uint64_t *ticket);
+    tally_status_t (*settled)(void *ctx, const tally_req_t *req, uint64_t ticket, bool *pending,
+                              char *msg, size_t cap);
     void *ctx;
 } td_route_t;
 void td_shard_attach_route(td_shard_t *self, const td_route_t *route);
+/* The route has settled some held replies: each one settled leaves now (shard's thread). */
+void td_shard_release_held(td_shard_t *self);
 /* Destroys the scheduler too. */
 void td_shard_destroy(td_shard_t **self_p);
 

@@ -146,6 +146,8 @@ typedef struct {
     int64_t no_take_until_ms;
 } td_part_t;
 
+typedef struct td_changelog td_changelog_t;
+
 typedef struct td_fleet_job {
     void (*fn)(td_fleet_t *f, void *arg);
     void *arg;
@@ -214,8 +216,10 @@ struct td_fleet {
     int64_t watch_ms, next_watch_ms;
     uint64_t watch_seq;
     struct td_view *view; /* the HTTP API's questions to the fleet (td_fleet_view.c) */
-    /* Direct mode (td_fleet_route.c); NULL when off. */
+    /* Direct mode (td_fleet_route.c); NULL when off. Its changelog (td_fleet_changelog.c); NULL
+     * unless direct = replicated. */
     struct td_fleet_route *route;
+    struct td_changelog *cl;
     /* Counters and what info and /metrics show (the server's, or own_status). */
     td_fleet_status_t *st;
     td_fleet_status_t own_status;

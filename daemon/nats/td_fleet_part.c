@@ -51,6 +51,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "td_fleet_changelog.h"
 #include "td_fleet_int.h"
 #include "td_fleet_route.h"
 #include "td_log.h"
@@ -264,6 +265,7 @@ static void forget_work(td_fleet_t *f, td_part_t *p)
     p->unacked = 0;
     p->owned = false;
     TD_FLEET_SET(f, owned[p->k], false);
+    td_changelog_closed(f, p->k);   /* replicated: what waits for a PubAck is not_durable */
     td_fleet_route_closed(f, p->k); /* direct mode: no more requests here */
 }
 
@@ -397,6 +399,9 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
     if (err == TD_OK && !fenced)
         err = restore(f, p, state, len, msg, sizeof msg);
     free(state);
+    p->ckpt.cl_seq = p->ckpt.cur.cl_seq;
+    if (err == TD_OK && !fenced) /* replicated: the changelog after the checkpoint, and a fence */
+        err = td_changelog_take(f, p->k, p->ckpt.cl_seq, p->lease.revision, msg, sizeof msg);
     p->applied_seq = p->high_seq = p->ckpt_seq = p->ckpt.cur.applied_seq;
     p->restarts = 0;
     if (err == TD_OK && !fenced)
@@ -509,6 +514,9 @@ bool td_part_checkpoint(td_fleet_t *f, td_part_t *p)
         return false;
     }
     uint64_t direct = td_fleet_route_uncommitted(f, p->k); /* all in the snapshot, maybe more */
+    uint64_t cl_seq = td_changelog_stored(f, p->k);        /* the same: every record up to it */
+    if (cl_seq > p->ckpt.cl_seq)
+        p->ckpt.cl_seq = cl_seq;
     table_job_t j = {.k = p->k, .partitions = f->partitions};
     td_fleet_on_loop(f, snapshot_on_loop, &j);
     bool fenced = false;
@@ -917,6 +925,10 @@ bool td_part_step(td_fleet_t *f, td_part_t *p)
     int64_t now = td_nats_now_ms();
     if (!td_lease_valid(&p->lease, now)) {
         td_part_drop(f, p, "its lease ran out (this worker was paused or cut off)");
+        return true;
+    }
+    if (td_changelog_failed(f, p->k)) { /* its next owner starts from what JetStream holds */
+        td_part_drop(f, p, "its changelog could not be written");
         return true;
     }
     if (p->retries) {

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "td_fleet_changelog.h"
 #include "td_fleet_int.h"
 #include "td_fleet_route.h"
 #include "td_log.h"
@@ -40,18 +41,18 @@ struct td_fleet_route {
     owner_t owners[TALLY_NATS_MAX_PARTITIONS];
 };
 
+static bool replicated(const td_config_t *cfg)
+{
+    return cfg->nats_direct && strcmp(cfg->nats_direct, "replicated") == 0;
+}
+
 td_err_t td_fleet_route_check_config(const td_config_t *cfg, bool *direct, char *msg, size_t cap)
 {
     const char *v = cfg->nats_direct;
-    *direct = v && strcmp(v, "local") == 0;
+    *direct = v && (strcmp(v, "local") == 0 || replicated(cfg));
     if (!v || *direct || strcmp(v, "off") == 0)
         return TD_OK;
-    if (strcmp(v, "replicated") == 0)
-        snprintf(msg, cap,
-                 "[nats] direct = replicated is not built yet (a changelog per partition: "
-                 "docs/fleet.md, \"Next steps\"); direct = local checkpoints direct writes only");
-    else
-        snprintf(msg, cap, "[nats] direct '%s': off or local", v);
+    snprintf(msg, cap, "[nats] direct '%s': off, local or replicated", v);
     return TD_ERR_CONFIG;
 }
 
@@ -85,6 +86,24 @@ static tally_status_t route_admit(void *ctx, const tally_req_t *req, char *msg, 
                  o->endpoint);
     pthread_mutex_unlock(&r->mu);
     return TALLY_E_NOT_OWNER;
+}
+
+static bool route_hold(void *ctx, const tally_req_t *req, const td_stream_t *stream,
+                       uint64_t *ticket)
+{
+    td_fleet_route_t *r = ctx;
+    if (!writes[req->opcode])
+        return false;
+    uint32_t k = tally_partition(req->stream, req->stream_len, r->f->partitions);
+    return td_changelog_hold(r->f, k, req, stream, ticket);
+}
+
+static tally_status_t route_settled(void *ctx, const tally_req_t *req, uint64_t ticket,
+                                    bool *pending, char *msg, size_t cap)
+{
+    td_fleet_route_t *r = ctx;
+    uint32_t k = tally_partition(req->stream, req->stream_len, r->f->partitions);
+    return td_changelog_settled(r->f, k, ticket, pending, msg, cap);
 }
 
 static void route_done(void *ctx, const tally_req_t *req, tally_status_t status)
@@ -139,12 +158,20 @@ td_err_t td_fleet_route_open(td_fleet_t *f, const td_config_t *cfg)
     f->route = r;
     f->st->direct = true;
     td_route_t route = {.admit = route_admit, .done = route_done, .ctx = r};
+    if (replicated(cfg)) {
+        if ((err = td_changelog_open(f, cfg)) != TD_OK)
+            return err; /* the route is freed by td_fleet_route_close */
+        f->st->replicated = true;
+        route.hold = route_hold;
+        route.settled = route_settled;
+    }
     td_path_attach_route(f->host.path, &route);
     return TD_OK;
 }
 
 void td_fleet_route_close(td_fleet_t *f)
 {
+    td_changelog_close(f);
     td_fleet_route_t *r = f->route;
     if (!r)
         return;

@@ -18,6 +18,9 @@
  *     zero, and only then checkpoints: every direct write that was answered is in the
  *     checkpoint the next owner loads. Direct writes since a partition's last checkpoint are
  *     counted (nats_direct_uncommitted): with durability `local`, what a lost host loses.
+ *     With `replicated` the route also holds each write's reply until its changelog record is
+ *     stored (td_route_t.hold and .settled, td_fleet_changelog.h); a held request stays in its
+ *     partition's in-flight count until its reply, so a give-up waits for those too.
  * Every function is a no-op on a fleet without direct mode (f->route NULL).
  */
 #ifndef TD_FLEET_ROUTE_H
@@ -31,8 +34,8 @@
 struct td_fleet;
 typedef struct td_fleet_route td_fleet_route_t;
 
-/* [nats] direct's value: false for off (or unset), true for local; anything else (replicated
- * included: not built) is refused with msg. */
+/* [nats] direct's value: false for off (or unset), true for local or replicated (which also
+ * opens the changelog, td_fleet_changelog.h); anything else is refused with msg. */
 td_err_t td_fleet_route_check_config(const td_config_t *cfg, bool *direct, char *msg, size_t cap);
 /* With direct mode on: the bucket, the endpoint published, and the route handed to the request
  * path's shards (before they run). Fleet thread not started yet. */

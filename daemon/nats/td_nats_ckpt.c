@@ -16,7 +16,7 @@
 #include "td_nats_ckpt.h"
 #include "td_nats_js.h"
 
-#define INLINE_MAX (TD_CKPT_CHUNK_BYTES - TD_CKPT_MANIFEST_SIZE)
+#define INLINE_MAX (TD_CKPT_CHUNK_BYTES - TD_CKPT_MANIFEST_SIZE_CL)
 
 static uint32_t crc_of(const uint8_t *buf, size_t len)
 {
@@ -30,11 +30,18 @@ static uint32_t crc_of(const uint8_t *buf, size_t len)
     return (uint32_t)crc;
 }
 
-void td_ckpt_manifest_encode(const td_ckpt_manifest_t *m, uint8_t out[TD_CKPT_MANIFEST_SIZE])
+size_t td_ckpt_manifest_size(const td_ckpt_manifest_t *m)
 {
-    memset(out, 0, TD_CKPT_MANIFEST_SIZE);
+    return m->cl_seq ? TD_CKPT_MANIFEST_SIZE_CL : TD_CKPT_MANIFEST_SIZE;
+}
+
+void td_ckpt_manifest_encode(const td_ckpt_manifest_t *m, uint8_t *out)
+{
+    memset(out, 0, td_ckpt_manifest_size(m));
     memcpy(out, TD_CKPT_MAGIC, 4);
-    out[4] = TD_CKPT_VERSION;
+    out[4] = m->cl_seq ? TD_CKPT_VERSION_CL : TD_CKPT_VERSION;
+    if (m->cl_seq)
+        tally_put_u64(out + TD_CKPT_MANIFEST_SIZE, m->cl_seq);
     tally_put_u64(out + 8, m->applied_seq);
     tally_put_u64(out + 16, m->epoch);
     tally_put_u64(out + 24, m->generation);
@@ -49,12 +56,15 @@ td_err_t td_ckpt_manifest_decode(const uint8_t *buf, size_t len, td_ckpt_manifes
                                  size_t cap)
 {
     memset(m, 0, sizeof *m);
+    bool cl = len >= TD_CKPT_MANIFEST_SIZE_CL && buf[4] == TD_CKPT_VERSION_CL;
     if (len < TD_CKPT_MANIFEST_SIZE || memcmp(buf, TD_CKPT_MAGIC, 4) != 0 ||
-        buf[4] != TD_CKPT_VERSION || buf[5] || buf[6] || buf[7]) {
-        snprintf(msg, cap, "not a version-%u checkpoint manifest (%zu bytes)", TD_CKPT_VERSION,
-                 len);
+        (buf[4] != TD_CKPT_VERSION && !cl) || buf[5] || buf[6] || buf[7]) {
+        snprintf(msg, cap, "not a version-%u or %u checkpoint manifest (%zu bytes)",
+                 TD_CKPT_VERSION, TD_CKPT_VERSION_CL, len);
         return TD_ERR_CORRUPT;
     }
+    if (cl)
+        m->cl_seq = tally_get_u64(buf + TD_CKPT_MANIFEST_SIZE);
     m->applied_seq = tally_get_u64(buf + 8);
     m->epoch = tally_get_u64(buf + 16);
     m->generation = tally_get_u64(buf + 24);
@@ -64,7 +74,7 @@ td_err_t td_ckpt_manifest_decode(const uint8_t *buf, size_t len, td_ckpt_manifes
     m->chunk_epoch = tally_get_u64(buf + 48);
     memcpy(m->member, buf + TD_CKPT_MEMBER_OFF, TALLY_NATS_MEMBER_ID_MAX);
     m->member[TALLY_NATS_MEMBER_ID_MAX] = 0;
-    size_t inline_len = len - TD_CKPT_MANIFEST_SIZE;
+    size_t inline_len = len - td_ckpt_manifest_size(m);
     uint64_t want_chunks = (m->state_len + TD_CKPT_CHUNK_BYTES - 1) / TD_CKPT_CHUNK_BYTES;
     bool ok =
         (m->member[0] == 0 || tally_fleet_member_id_valid(m->member)) &&
@@ -116,14 +126,14 @@ static void manifest_key(char *key, size_t cap, uint32_t k)
 /* The manifest's value: the manifest, then the state when it is inline. */
 static uint8_t *manifest_value(const td_ckpt_manifest_t *m, const uint8_t *state, size_t *len)
 {
-    size_t extra = m->chunks == 0 ? (size_t)m->state_len : 0;
-    uint8_t *v = malloc(TD_CKPT_MANIFEST_SIZE + extra + 1);
+    size_t extra = m->chunks == 0 ? (size_t)m->state_len : 0, size = td_ckpt_manifest_size(m);
+    uint8_t *v = malloc(TD_CKPT_MANIFEST_SIZE_CL + extra + 1);
     if (!v)
         return NULL;
     td_ckpt_manifest_encode(m, v);
     if (extra)
-        memcpy(v + TD_CKPT_MANIFEST_SIZE, state, extra);
-    *len = TD_CKPT_MANIFEST_SIZE + extra;
+        memcpy(v + size, state, extra);
+    *len = size + extra;
     return v;
 }
 
@@ -142,8 +152,9 @@ static td_err_t load_state(jsCtx *js, uint32_t k, const td_ckpt_manifest_t *m, c
     }
     size_t at = 0;
     if (m->chunks == 0) {
-        memcpy(buf, v + TD_CKPT_MANIFEST_SIZE, vlen - TD_CKPT_MANIFEST_SIZE);
-        at = vlen - TD_CKPT_MANIFEST_SIZE;
+        size_t size = td_ckpt_manifest_size(m);
+        memcpy(buf, v + size, vlen - size);
+        at = vlen - size;
     }
     for (uint32_t i = 0; i < m->chunks; i++) {
         char key[96];
@@ -336,7 +347,8 @@ td_err_t td_ckpt_write(td_ckpt_t *c, uint64_t applied_seq, const uint8_t *state,
                       ? 0
                       : (uint32_t)((len + TD_CKPT_CHUNK_BYTES - 1) / TD_CKPT_CHUNK_BYTES),
         .crc = crc_of(state, len),
-        .chunk_epoch = c->epoch};
+        .chunk_epoch = c->epoch,
+        .cl_seq = c->cl_seq};
     snprintf(m.member, sizeof m.member, "%s", c->member);
     td_err_t err = put_chunks(c, &m, state, msg, cap);
     if (err != TD_OK)

@@ -28,6 +28,9 @@
 #define TD_CKPT_MAGIC "TLYC"
 #define TD_CKPT_VERSION 1u
 #define TD_CKPT_MANIFEST_SIZE 120u
+/* Version 2 (written when cl_seq is not 0: direct = replicated) adds cl_seq at 120..127. */
+#define TD_CKPT_VERSION_CL 2u
+#define TD_CKPT_MANIFEST_SIZE_CL 128u
 #define TD_CKPT_MEMBER_OFF 56u
 /* A state up to this size is stored after the manifest in the same value; larger ones in chunks
  * of this size (well under a message's 8 MiB with max_payload 8MB, or 1 MiB by default less
@@ -43,9 +46,13 @@ typedef struct {
     uint32_t crc;         /* zlib crc32 of the state */
     uint64_t chunk_epoch; /* the epoch in the chunks' keys: that of the owner that wrote them */
     char member[TALLY_NATS_MEMBER_ID_MAX + 1];
+    uint64_t cl_seq; /* the partition's changelog (TALLY_CL<k>) is in the state up to it */
 } td_ckpt_manifest_t;
 
-void td_ckpt_manifest_encode(const td_ckpt_manifest_t *m, uint8_t out[TD_CKPT_MANIFEST_SIZE]);
+/* The manifest's size: TD_CKPT_MANIFEST_SIZE, or TD_CKPT_MANIFEST_SIZE_CL with a cl_seq
+ * (what td_ckpt_manifest_encode writes to out). */
+size_t td_ckpt_manifest_size(const td_ckpt_manifest_t *m);
+void td_ckpt_manifest_encode(const td_ckpt_manifest_t *m, uint8_t *out);
 /* TD_ERR_CORRUPT with msg for a value that is not a manifest (magic, version, reserved bytes,
  * member id, inline length, chunk count against the length). */
 td_err_t td_ckpt_manifest_decode(const uint8_t *buf, size_t len, td_ckpt_manifest_t *m, char *msg,
@@ -59,6 +66,7 @@ typedef struct {
     char member[TALLY_NATS_MEMBER_ID_MAX + 1];
     uint64_t epoch;
     uint64_t revision;      /* of the manifest key, as this owner last wrote it */
+    uint64_t cl_seq;        /* the changelog's sequence the next write's state covers */
     td_ckpt_manifest_t cur; /* the manifest at that revision */
     bool cleaned;           /* other epochs' chunks removed (or that tried and failed) */
 } td_ckpt_t;

@@ -85,6 +85,14 @@ static td_err_t ensure_stream(jsCtx *js, const char *name, const char *subject, 
     return TD_OK;
 }
 
+td_err_t td_nats_stream_ensure(jsCtx *js, const char *name, const char *subject, int replicas,
+                               int64_t max_age_ms, int32_t max_msg_size, char *msg, size_t cap)
+{
+    bool created = false;
+    return ensure_stream(js, name, subject, replicas, -1, max_age_ms, js_LimitsPolicy,
+                         js_DiscardOld, max_msg_size, &created, msg, cap);
+}
+
 td_err_t td_nats_kv_open(jsCtx *js, const char *name, int64_t ttl_ms, int replicas, kvStore **out,
                          char *msg, size_t cap)
 {

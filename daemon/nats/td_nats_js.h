@@ -29,6 +29,11 @@ typedef struct {
  * differs from the layout, TD_ERR_LIBRARY when NATS refuses (msg says why). */
 td_err_t td_nats_fleet_ensure(jsCtx *js, const td_nats_layout_t *layout, char *msg, size_t cap);
 
+/* A stream capturing `subject` alone (file storage, limits retention, a message kept
+ * max_age_ms), created when missing; one capturing anything else is TD_ERR_CONFIG. */
+td_err_t td_nats_stream_ensure(jsCtx *js, const char *name, const char *subject, int replicas,
+                               int64_t max_age_ms, int32_t max_msg_size, char *msg, size_t cap);
+
 /* Binds the bucket `name`, creating it (history 1, ttl_ms: 0 = none) when it does not exist.
  * An existing bucket with another TTL is TD_ERR_CONFIG. */
 td_err_t td_nats_kv_open(jsCtx *js, const char *name, int64_t ttl_ms, int replicas, kvStore **out,

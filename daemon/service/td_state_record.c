@@ -50,7 +50,9 @@ static void seal(uint8_t *out, size_t size)
 
 size_t td_state_record_encode(const td_stream_t *s, uint64_t now_ms, uint8_t *out)
 {
-    static tally_stream_info_t head; /* the counters only: its bins stay zero */
+    /* the counters only: its bins stay zero; per thread (direct mode's changelog encodes on
+     * the shards' threads) */
+    static _Thread_local tally_stream_info_t head;
     size_t values = td_stream_values(s->info.hist_dtype);
     size_t at = TD_STATE_RECORD_NAME_OFF + s->name_len + AFTER_INTERVAL;
     size_t bins = td_bins_encode(&s->bins, values, NULL);

@@ -25,7 +25,8 @@
  *
  * Records hold the ring's slots that are still inside it when encoded; slots of another interval
  * length than the reader's, or older than its ring reaches, are dropped when applied.
- * Loop thread only (the encoder and parser use static buffers of a histogram's size).
+ * The encoder runs on any thread (the shards' in direct mode's changelog, td_fleet_changelog.c)
+ * for a stream that thread owns; the parser on the loop thread only (static buffers).
  */
 #ifndef TD_STATE_RECORD_H
 #define TD_STATE_RECORD_H

@@ -427,6 +427,8 @@ void tn_fleet_delete(jsCtx *js, uint32_t partitions)
         char stream[32];
         tally_fleet_name(stream, sizeof stream, TALLY_NATS_STREAM_PREFIX, k);
         js_DeleteStream(js, stream, NULL, &jerr);
+        tally_fleet_name(stream, sizeof stream, TALLY_NATS_CL_STREAM_PREFIX, k);
+        js_DeleteStream(js, stream, NULL, &jerr);
     }
     js_DeleteStream(js, TALLY_NATS_DEAD_STREAM, NULL, &jerr);
     const char *buckets[] = {TALLY_NATS_BUCKET_FLEET, TALLY_NATS_BUCKET_MEMBERS,

@@ -89,7 +89,8 @@ int tn_suite_teardown(void);
  * at the last look). */
 int64_t tn_wait_leases(jsCtx *js, uint32_t partitions, const char *member, int count,
                        int timeout_ms, int *held);
-/* No fleet on the cluster any more: the partitions' streams (0..partitions-1), the dead letters
+/* No fleet on the cluster any more: the partitions' streams (0..partitions-1) and their
+ * changelogs (TALLY_CL<k>), the dead letters
  * and every bucket a fleet makes (TALLY_FLEET, _MEMBERS, _LEASES, _CKPT, _ENDPOINTS) deleted, so
  * that a test's workers make their own (a lease TTL is the buckets'). */
 void tn_fleet_delete(jsCtx *js, uint32_t partitions);

@@ -1,0 +1,649 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * td_fleet_changelog.c — direct mode's changelog per partition and its group commit
+ * (td_fleet_changelog.h says what and why).
+ *
+ * A partition's tickets: each batch of records has a number (its ticket), counted up for the
+ * member's life; a held reply waits for its batch's. Batches are published one at a time, in
+ * order, so they are settled in order: those up to ok_upto were stored; from fail_from (0: none)
+ * on every one failed, until the partition is taken again; a take keeps what was not stored of
+ * the ownerships before it (above ok_then, below open_from) failed.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "td_fleet_changelog.h"
+#include "td_fleet_int.h"
+#include "td_log.h"
+#include "td_nats_js.h"
+#include "td_path.h"
+#include "td_state_record.h"
+#include "td_window.h"
+
+/* A publish that found no stream leader (an election, a stream just made) is sent again after
+ * this, until TD_FLEET_JS_WAIT_MS have passed since the first try: nothing stored it, and a
+ * second try that finds the first one stored fails on its expected last sequence anyway. */
+#define CL_RETRY_MS 50
+/* JetStream's error code for a publish whose Nats-Expected-Last-Sequence is not the last. */
+#define CL_WRONG_LAST_SEQUENCE 10071
+/* A take stores its fence against this many writers racing it before it gives up. */
+#define CL_FENCE_TRIES 5
+/* Replayed batches are applied on the loop this many bytes at a time (the shards held). */
+#define CL_APPLY_BYTES (4u << 20)
+
+typedef enum { CL_CLOSED = 0, CL_OPEN, CL_FAILED } cl_state_t;
+
+typedef struct {
+    cl_state_t state;
+    uint64_t epoch;
+    uint64_t stored; /* the last sequence of this owner's chain (its fence's, then its acks) */
+    uint8_t *buf;    /* the batch: records waiting to be published */
+    size_t len, cap;
+    int64_t first_ms; /* when the batch's first record came (monotonic) */
+    uint64_t batch;   /* the ticket of the batch now filling */
+    uint64_t flight;  /* the ticket published and not settled yet (0: none) */
+    int64_t flight_ms;
+    natsMsg *retry; /* the flight's message, to publish again at retry_ms (no responders) */
+    int64_t retry_ms;
+    uint64_t ok_upto;   /* tickets up to it were stored */
+    uint64_t fail_from; /* tickets from it on failed (0: none) */
+    /* At the last take: the tickets of earlier ownerships above ok_then were not stored. */
+    uint64_t open_from, ok_then;
+} cl_part_t;
+
+struct td_changelog {
+    td_fleet_t *f;
+    natsConnection *nc;
+    jsCtx *js; /* publishes asynchronously; its PubAcks come to on_ack */
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    pthread_t thread;
+    bool started, stop;
+    int64_t commit_ms;
+    int replicas;       /* of TALLY_CL<k> */
+    int64_t max_age_ms; /* how long a record is kept ([nats] partition_max_age_s) */
+    cl_part_t *parts;
+};
+
+static void subject_of(char *out, size_t cap, uint32_t k)
+{
+    tally_fleet_name(out, cap, TALLY_NATS_SUBJ_CL, k);
+}
+
+static void stream_of(char *out, size_t cap, uint32_t k)
+{
+    tally_fleet_name(out, cap, TALLY_NATS_CL_STREAM_PREFIX, k);
+}
+
+/* ---- Settling ------------------------------------------------------------------------------ */
+
+/* Under mu: the batch in flight and the one filling fail, and every later one until a take. */
+static void fail_locked(td_changelog_t *cl, uint32_t k, const char *why)
+{
+    cl_part_t *p = &cl->parts[k];
+    uint64_t from = p->flight ? p->flight : p->batch;
+    if (!p->fail_from || from < p->fail_from)
+        p->fail_from = from;
+    if (p->state == CL_OPEN)
+        td_warn("fleet: partition %u's changelog: %s; the partition is given up, its writes not "
+                "stored are answered not_durable",
+                (unsigned)k, why);
+    if (p->state == CL_OPEN)
+        p->state = CL_FAILED;
+    p->flight = 0;
+    natsMsg_Destroy(p->retry);
+    p->retry = NULL;
+    p->len = 0;
+    p->batch++;
+}
+
+static void on_ack(jsCtx *js, natsMsg *m, jsPubAck *pa, jsPubAckErr *pae, void *closure)
+{
+    (void)js;
+    td_changelog_t *cl = closure;
+    const char *subject = natsMsg_GetSubject(m), *batch = NULL;
+    unsigned long k = strtoul(subject + strlen(TALLY_NATS_SUBJ_CL), NULL, 10);
+    natsMsgHeader_Get(m, TALLY_NATS_HDR_BATCH, &batch);
+    uint64_t ticket = batch ? strtoull(batch, NULL, 10) : 0;
+    pthread_mutex_lock(&cl->mu);
+    cl_part_t *p = k < cl->f->partitions ? &cl->parts[k] : NULL;
+    if (p && ticket && p->flight == ticket && pae && pae->Err == NATS_NO_RESPONDERS &&
+        td_nats_now_ms() - p->flight_ms < TD_FLEET_JS_WAIT_MS) {
+        p->retry = m; /* the committer sends it again */
+        p->retry_ms = td_nats_now_ms() + CL_RETRY_MS;
+        m = NULL;
+        pthread_cond_signal(&cl->cond);
+    } else if (p && ticket && p->flight == ticket) {
+        if (pa && !pae) {
+            p->stored = pa->Sequence;
+            p->ok_upto = ticket;
+            p->flight = 0;
+            TD_FLEET_COUNT(cl->f, changelog_commits);
+        } else {
+            char why[256];
+            snprintf(why, sizeof why, "a publish failed: %s (%d)",
+                     pae && pae->ErrText ? pae->ErrText
+                                         : td_nats_last_error(pae ? pae->Err : NATS_ERR),
+                     pae ? (int)pae->ErrCode : 0);
+            fail_locked(cl, (uint32_t)k, why);
+        }
+        pthread_cond_signal(&cl->cond);
+    }
+    pthread_mutex_unlock(&cl->mu);
+    natsMsg_Destroy(m);
+    td_path_wake_held(cl->f->host.path);
+}
+
+/* ---- Publishing (the committer thread) ------------------------------------------------------ */
+
+static natsStatus add_headers(natsMsg *m, const td_fleet_t *f, uint64_t epoch, uint64_t ticket)
+{
+    char num[24];
+    snprintf(num, sizeof num, "%" PRIu64, epoch);
+    natsStatus s = natsMsgHeader_Set(m, TALLY_NATS_HDR_EPOCH, num);
+    snprintf(num, sizeof num, "%" PRIu64, ticket);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, TALLY_NATS_HDR_BATCH, num);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, TALLY_NATS_HDR_MEMBER, f->member);
+    return s;
+}
+
+static void publish_options(jsPubOptions *po, const cl_part_t *p)
+{
+    jsPubOptions_Init(po);
+    po->ExpectLastSeq = p->stored;
+    po->MaxWait = TD_FLEET_JS_WAIT_MS;
+}
+
+/* Under mu: the flight's message again, after no stream leader answered it. */
+static void retry_locked(td_changelog_t *cl, uint32_t k)
+{
+    cl_part_t *p = &cl->parts[k];
+    jsPubOptions po;
+    publish_options(&po, p);
+    natsStatus s = js_PublishMsgAsync(cl->js, &p->retry, &po);
+    natsMsg_Destroy(p->retry); /* NULL when the library took it */
+    p->retry = NULL;
+    if (s != NATS_OK) {
+        char why[256];
+        snprintf(why, sizeof why, "a publish failed: %s", td_nats_last_error(s));
+        fail_locked(cl, k, why);
+    }
+}
+
+/* Under mu: publishes partition k's batch, expecting its chain's last sequence. */
+static void publish_locked(td_changelog_t *cl, uint32_t k, int64_t now)
+{
+    cl_part_t *p = &cl->parts[k];
+    char subject[32];
+    subject_of(subject, sizeof subject, k);
+    natsMsg *m = NULL;
+    jsPubOptions po;
+    publish_options(&po, p);
+    natsStatus s = natsMsg_Create(&m, subject, NULL, (const char *)p->buf, (int)p->len);
+    if (s == NATS_OK)
+        s = add_headers(m, cl->f, p->epoch, p->batch);
+    if (s == NATS_OK)
+        s = js_PublishMsgAsync(cl->js, &m, &po);
+    natsMsg_Destroy(m); /* NULL when the library took it */
+    if (s != NATS_OK) {
+        char why[256];
+        snprintf(why, sizeof why, "a publish failed: %s", td_nats_last_error(s));
+        fail_locked(cl, k, why);
+        return;
+    }
+    p->flight = p->batch++;
+    p->flight_ms = now;
+    p->len = 0;
+}
+
+/* Under mu: publishes what is due; the time of the next thing to do (monotonic ms). */
+static int64_t commit_due(td_changelog_t *cl)
+{
+    int64_t now = td_nats_now_ms(), next = now + 100;
+    bool woke = false;
+    for (uint32_t k = 0; k < cl->f->partitions; k++) {
+        cl_part_t *p = &cl->parts[k];
+        /* libnats reports a PubAck missing after MaxWait (TD_FLEET_JS_WAIT_MS); this is the
+         * backstop should it not (a connection lost with the publish in it) */
+        if (p->flight && now - p->flight_ms >= TD_FLEET_JS_WAIT_MS + 1000) {
+            fail_locked(cl, k, "a publish was not acknowledged in time");
+            woke = true;
+        } else if (p->retry && now >= p->retry_ms) {
+            retry_locked(cl, k);
+            woke |= p->state != CL_OPEN;
+        } else if (p->retry && p->retry_ms < next) {
+            next = p->retry_ms;
+        }
+        if (p->state != CL_OPEN || p->flight || p->len == 0)
+            continue;
+        if (p->len >= TD_NATS_COMMIT_BYTES || now - p->first_ms >= cl->commit_ms) {
+            publish_locked(cl, k, now);
+            woke |= p->state != CL_OPEN;
+        } else if (p->first_ms + cl->commit_ms < next) {
+            next = p->first_ms + cl->commit_ms;
+        }
+    }
+    if (woke)
+        td_path_wake_held(cl->f->host.path);
+    return next;
+}
+
+static void *committer(void *arg)
+{
+    td_changelog_t *cl = arg;
+    pthread_setname_np(pthread_self(), "tdchangelog");
+    pthread_mutex_lock(&cl->mu);
+    while (!cl->stop) {
+        int64_t wait_ms = commit_due(cl) - td_nats_now_ms();
+        if (wait_ms <= 0)
+            continue;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_sec += wait_ms / 1000;
+        ts.tv_nsec += (wait_ms % 1000) * 1000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&cl->cond, &cl->mu, &ts);
+    }
+    pthread_mutex_unlock(&cl->mu);
+    return NULL;
+}
+
+/* ---- The shards' side ------------------------------------------------------------------------ */
+
+static bool grow(cl_part_t *p, size_t need)
+{
+    if (p->len + need <= p->cap)
+        return true;
+    size_t cap = p->cap ? p->cap : 64u << 10;
+    while (cap < p->len + need)
+        cap *= 2;
+    uint8_t *buf = realloc(p->buf, cap);
+    if (!buf)
+        return false;
+    p->buf = buf;
+    p->cap = cap;
+    return true;
+}
+
+bool td_changelog_hold(td_fleet_t *f, uint32_t k, const tally_req_t *req, const td_stream_t *stream,
+                       uint64_t *ticket)
+{
+    td_changelog_t *cl = f->cl;
+    uint64_t now = td_clock_ms();
+    size_t size = stream ? td_state_record_encode(stream, now, NULL)
+                         : td_state_record_encode_removed(req->stream, req->stream_len, NULL);
+    pthread_mutex_lock(&cl->mu);
+    cl_part_t *p = &cl->parts[k];
+    *ticket = p->batch;
+    if (p->state == CL_OPEN && !grow(p, size))
+        fail_locked(cl, k, "out of memory for a record");
+    if (p->state == CL_OPEN) {
+        if (stream)
+            td_state_record_encode(stream, now, p->buf + p->len);
+        else
+            td_state_record_encode_removed(req->stream, req->stream_len, p->buf + p->len);
+        bool first = p->len == 0; /* the committer sleeps until its commit_ms: tell it */
+        if (first)
+            p->first_ms = td_nats_now_ms();
+        p->len += size;
+        if (first || p->len >= TD_NATS_COMMIT_BYTES)
+            pthread_cond_signal(&cl->cond);
+    }
+    pthread_mutex_unlock(&cl->mu);
+    return true; /* closed or failed: *ticket fails (fail_from is at most the batch filling) */
+}
+
+tally_status_t td_changelog_settled(td_fleet_t *f, uint32_t k, uint64_t ticket, bool *pending,
+                                    char *msg, size_t cap)
+{
+    td_changelog_t *cl = f->cl;
+    pthread_mutex_lock(&cl->mu);
+    const cl_part_t *p = &cl->parts[k];
+    bool failed =
+        (p->fail_from && ticket >= p->fail_from) || (ticket < p->open_from && ticket > p->ok_then);
+    *pending = !failed && ticket > p->ok_upto;
+    pthread_mutex_unlock(&cl->mu);
+    if (!failed)
+        return TALLY_OK;
+    TD_FLEET_COUNT(f, not_durable);
+    snprintf(msg, cap,
+             "partition %u: the changelog record of this write was not stored (it may or may not "
+             "survive this member); the partition is given up: send it again with its seq",
+             (unsigned)k);
+    return TALLY_E_NOT_DURABLE;
+}
+
+/* ---- Taking a partition: the replay and the fence ---------------------------------------------
+ */
+
+typedef struct {
+    const uint8_t *buf;
+    size_t len;
+    unsigned applied, refused;
+} apply_job_t;
+
+static void apply_on_loop(td_fleet_t *f, void *arg)
+{
+    static td_state_record_t rec; /* loop thread only: a histogram's bins */
+    apply_job_t *j = arg;
+    uint64_t now = td_clock_ms();
+    for (size_t at = 0; at < j->len;) {
+        size_t size = td_state_record_check(j->buf + at, j->len - at);
+        char why[160];
+        unsigned dropped = 0;
+        if (size == 0 || !td_state_record_parse(j->buf + at, size, &rec, why, sizeof why)) {
+            j->refused++;
+            return; /* a batch is written whole: the rest cannot be trusted either */
+        }
+        if (td_state_record_apply(f->host.streams, &rec, now, &dropped, why, sizeof why) ==
+            TD_STATE_APPLIED)
+            j->applied++;
+        else
+            j->refused++;
+        at += size;
+    }
+}
+
+static uint64_t header_u64(natsMsg *m, const char *key)
+{
+    const char *v = NULL;
+    return natsMsgHeader_Get(m, key, &v) == NATS_OK && v ? strtoull(v, NULL, 10) : 0;
+}
+
+/* Applies the messages after..last of TALLY_CL<k>; *max_epoch: the highest epoch applied. */
+static td_err_t replay(td_fleet_t *f, uint32_t k, uint64_t after, uint64_t last,
+                       uint64_t *max_epoch, char *msg, size_t cap)
+{
+    char stream[32];
+    stream_of(stream, sizeof stream, k);
+    for (uint64_t seq = after + 1; seq <= last; seq++) {
+        natsMsg *m = NULL;
+        jsErrCode jerr = 0;
+        natsStatus s = js_GetMsg(&m, f->js, stream, seq, NULL, &jerr);
+        if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr) {
+            td_warn("fleet: partition %u: changelog record %" PRIu64 " is gone (max age?)",
+                    (unsigned)k, seq);
+            continue;
+        }
+        if (s != NATS_OK) {
+            snprintf(msg, cap, "reading changelog record %" PRIu64 ": %s", seq,
+                     td_nats_last_error(s));
+            return TD_ERR_LIBRARY;
+        }
+        uint64_t epoch = header_u64(m, TALLY_NATS_HDR_EPOCH);
+        if (epoch < *max_epoch) {
+            td_warn("fleet: partition %u: changelog record %" PRIu64 " of epoch %" PRIu64
+                    " after epoch %" PRIu64 ": a stale owner's, skipped",
+                    (unsigned)k, seq, epoch, *max_epoch);
+            natsMsg_Destroy(m);
+            continue;
+        }
+        *max_epoch = epoch;
+        apply_job_t j = {.buf = (const uint8_t *)natsMsg_GetData(m),
+                         .len = (size_t)natsMsg_GetDataLength(m)};
+        if (j.len)
+            td_fleet_on_loop(f, apply_on_loop, &j);
+        natsMsg_Destroy(m);
+        if (j.refused) {
+            snprintf(msg, cap, "changelog record %" PRIu64 ": %u of its streams refused", seq,
+                     j.refused);
+            return TD_ERR_CORRUPT;
+        }
+        TD_FLEET_COUNT(f, changelog_replayed);
+    }
+    return TD_OK;
+}
+
+static td_err_t last_seq(td_fleet_t *f, uint32_t k, uint64_t *first, uint64_t *last, char *msg,
+                         size_t cap)
+{
+    char stream[32];
+    stream_of(stream, sizeof stream, k);
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_GetStreamInfo(&si, f->js, stream, NULL, &jerr);
+    if (s != NATS_OK) {
+        snprintf(msg, cap, "%s: %s", stream, td_nats_last_error(s));
+        return TD_ERR_LIBRARY;
+    }
+    *first = si->State.FirstSeq;
+    *last = si->State.LastSeq;
+    jsStreamInfo_Destroy(si);
+    return TD_OK;
+}
+
+/* Stores a message without records expecting `expect` as the last sequence (0: none, for the
+ * stream's first message, deduplicated by its id so that racing members store one). *seq: where
+ * it was stored; *lost: another writer came first. */
+static td_err_t store_fence(td_fleet_t *f, uint32_t k, uint64_t epoch, uint64_t expect,
+                            uint64_t *seq, bool *lost, char *msg, size_t cap)
+{
+    char subject[32];
+    subject_of(subject, sizeof subject, k);
+    natsMsg *m = NULL;
+    jsPubOptions po;
+    jsPubOptions_Init(&po);
+    po.ExpectLastSeq = expect;
+    if (!expect)
+        po.MsgId = "tally-changelog-start";
+    jsPubAck *pa = NULL;
+    jsErrCode jerr = 0;
+    *lost = false;
+    natsStatus s = natsMsg_Create(&m, subject, NULL, NULL, 0);
+    if (s == NATS_OK)
+        s = add_headers(m, f, epoch, 0);
+    if (s == NATS_OK)
+        s = js_PublishMsg(&pa, f->js, m, &po, &jerr);
+    natsMsg_Destroy(m);
+    if (s == NATS_OK) {
+        *seq = pa->Sequence;
+        jsPubAck_Destroy(pa);
+        return TD_OK;
+    }
+    if (jerr == CL_WRONG_LAST_SEQUENCE) {
+        *lost = true;
+        return TD_OK;
+    }
+    snprintf(msg, cap, "storing the changelog's fence: %s", td_nats_last_error(s));
+    return TD_ERR_LIBRARY;
+}
+
+td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t epoch, char *msg,
+                           size_t cap)
+{
+    td_changelog_t *cl = f->cl;
+    if (!cl)
+        return TD_OK;
+    uint64_t first = 0, last = 0, applied = cl_seq, max_epoch = 0, fence = 0;
+    char stream[32], subject[32];
+    stream_of(stream, sizeof stream, k);
+    subject_of(subject, sizeof subject, k);
+    td_err_t err = td_nats_stream_ensure(f->js, stream, subject, cl->replicas, cl->max_age_ms,
+                                         (int32_t)f->max_payload, msg, cap); /* removed? */
+    if (err == TD_OK)
+        err = last_seq(f, k, &first, &last, msg, cap);
+    if (err == TD_OK && last == 0) { /* nothing to expect yet: a first message, then the fence */
+        bool lost = false;
+        err = store_fence(f, k, epoch, 0, &fence, &lost, msg, cap);
+        if (err == TD_OK)
+            err = last_seq(f, k, &first, &last, msg, cap);
+    }
+    if (err == TD_OK && last < applied)
+        td_warn("fleet: partition %u: its changelog ends at %" PRIu64
+                ", before its checkpoint's %" PRIu64 " (the stream was removed and made again?)",
+                (unsigned)k, last, applied);
+    if (err == TD_OK && first > applied + 1 && last > applied)
+        td_warn("fleet: partition %u: changelog records %" PRIu64 "..%" PRIu64
+                " were removed before a checkpoint held them",
+                (unsigned)k, applied + 1, first - 1);
+    for (int i = 0; err == TD_OK && i < CL_FENCE_TRIES; i++) {
+        bool lost = false;
+        err = replay(f, k, applied, last, &max_epoch, msg, cap);
+        if (err == TD_OK)
+            applied = last;
+        if (err == TD_OK)
+            err = store_fence(f, k, epoch, last, &fence, &lost, msg, cap);
+        if (err != TD_OK || !lost)
+            break;
+        err = last_seq(f, k, &first, &last, msg, cap); /* another writer: its records too */
+        fence = 0;
+    }
+    if (err == TD_OK && !fence) {
+        snprintf(msg, cap, "its changelog's fence lost to other writers %d times", CL_FENCE_TRIES);
+        err = TD_ERR_LIBRARY;
+    }
+    if (err != TD_OK)
+        return err;
+    pthread_mutex_lock(&cl->mu);
+    cl_part_t *p = &cl->parts[k];
+    p->state = CL_OPEN;
+    p->epoch = epoch;
+    p->stored = fence;
+    p->fail_from = 0;
+    p->flight = 0;
+    p->len = 0;
+    p->ok_then = p->ok_upto;
+    p->open_from = p->batch;
+    pthread_mutex_unlock(&cl->mu);
+    td_info("fleet: partition %u's changelog: applied %" PRIu64 "..%" PRIu64 ", fence at %" PRIu64,
+            (unsigned)k, cl_seq + 1, last, fence);
+    return TD_OK;
+}
+
+void td_changelog_closed(td_fleet_t *f, uint32_t k)
+{
+    td_changelog_t *cl = f->cl;
+    if (!cl)
+        return;
+    pthread_mutex_lock(&cl->mu);
+    cl_part_t *p = &cl->parts[k];
+    if (p->state != CL_CLOSED) {
+        p->state = CL_CLOSED;
+        fail_locked(cl, k, "closed");
+    }
+    pthread_mutex_unlock(&cl->mu);
+    td_path_wake_held(f->host.path);
+}
+
+uint64_t td_changelog_stored(td_fleet_t *f, uint32_t k)
+{
+    td_changelog_t *cl = f->cl;
+    if (!cl)
+        return 0;
+    pthread_mutex_lock(&cl->mu);
+    uint64_t seq = cl->parts[k].stored;
+    pthread_mutex_unlock(&cl->mu);
+    return seq;
+}
+
+bool td_changelog_failed(td_fleet_t *f, uint32_t k)
+{
+    td_changelog_t *cl = f->cl;
+    if (!cl)
+        return false;
+    pthread_mutex_lock(&cl->mu);
+    bool failed = cl->parts[k].state == CL_FAILED;
+    pthread_mutex_unlock(&cl->mu);
+    return failed;
+}
+
+/* Waits until partition k has nothing waiting for a PubAck (a give-up's last records), up to a
+ * third of the lease TTL. */
+void td_changelog_flush(td_fleet_t *f, uint32_t k)
+{
+    td_changelog_t *cl = f->cl;
+    if (!cl)
+        return;
+    int64_t deadline = td_nats_now_ms() + f->ttl_ms / 3;
+    pthread_mutex_lock(&cl->mu);
+    while ((cl->parts[k].len || cl->parts[k].flight) && cl->parts[k].state == CL_OPEN &&
+           td_nats_now_ms() < deadline) {
+        pthread_cond_signal(&cl->cond);
+        pthread_mutex_unlock(&cl->mu);
+        usleep(1000);
+        pthread_mutex_lock(&cl->mu);
+    }
+    pthread_mutex_unlock(&cl->mu);
+}
+
+/* ---- Life ------------------------------------------------------------------------------------ */
+
+td_err_t td_changelog_open(td_fleet_t *f, const td_config_t *cfg)
+{
+    char msg[512];
+    td_changelog_t *cl = calloc(1, sizeof *cl);
+    if (!cl || !(cl->parts = calloc(f->partitions, sizeof *cl->parts))) {
+        free(cl);
+        return TD_ERR_NOMEM;
+    }
+    cl->f = f;
+    cl->commit_ms = cfg->nats_commit_ms;
+    cl->replicas = (int)cfg->nats_replicas;
+    cl->max_age_ms = (int64_t)cfg->nats_partition_max_age_s * 1000;
+    for (uint32_t k = 0; k < f->partitions; k++)
+        cl->parts[k].batch = 1;
+    pthread_mutex_init(&cl->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&cl->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    f->cl = cl;
+    td_err_t err = TD_OK;
+    jsOptions jo;
+    jsOptions_Init(&jo);
+    jo.Wait = TD_FLEET_JS_WAIT_MS;
+    jo.PublishAsync.AckHandler = on_ack;
+    jo.PublishAsync.AckHandlerClosure = cl;
+    jo.PublishAsync.MaxPending = (int64_t)f->partitions + 16;
+    if (err == TD_OK &&
+        (err = td_fleet_connect(f, "changelog", true, &cl->nc, msg, sizeof msg)) == TD_OK &&
+        natsConnection_JetStream(&cl->js, cl->nc, &jo) != NATS_OK) {
+        snprintf(msg, sizeof msg, "JetStream on the changelog's connection: %s",
+                 td_nats_last_error(NATS_ERR));
+        err = TD_ERR_LIBRARY;
+    }
+    if (err == TD_OK && pthread_create(&cl->thread, NULL, committer, cl) != 0) {
+        snprintf(msg, sizeof msg, "cannot start the changelog's thread");
+        err = TD_ERR_LIBRARY;
+    }
+    cl->started = err == TD_OK;
+    if (err != TD_OK)
+        td_err("fleet: %s", msg);
+    return err;
+}
+
+void td_changelog_close(td_fleet_t *f)
+{
+    td_changelog_t *cl = f->cl;
+    if (!cl)
+        return;
+    if (cl->started) {
+        pthread_mutex_lock(&cl->mu);
+        cl->stop = true;
+        pthread_cond_signal(&cl->cond);
+        pthread_mutex_unlock(&cl->mu);
+        pthread_join(cl->thread, NULL);
+    }
+    jsCtx_Destroy(cl->js); /* no PubAck comes after this */
+    natsConnection_Destroy(cl->nc);
+    for (uint32_t k = 0; k < f->partitions; k++) {
+        free(cl->parts[k].buf);
+        natsMsg_Destroy(cl->parts[k].retry);
+    }
+    free(cl->parts);
+    pthread_cond_destroy(&cl->cond);
+    pthread_mutex_destroy(&cl->mu);
+    free(cl);
+    f->cl = NULL;
+}

@@ -1,0 +1,72 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * td_fleet_changelog.h — direct mode's replicated durability (`[nats] direct = replicated`;
+ * PROTOCOL.md §13 "Direct mode", "Changelog"): each owner appends its partitions' changes to a
+ * JetStream stream per partition, TALLY_CL<k> on the subject tally.cl.<k>, and a direct write is
+ * answered once the record holding its effect is stored.
+ *
+ * Records. A changed stream's whole record in td_state_record's encoding (a histogram's is about
+ * 2 KiB; a removal after a delete), taken on the stream's shard right after the write, so that
+ * it holds the write's effect and every earlier one. A partition's records wait in its batch,
+ * published as one message every `[nats] commit_ms`, or at once at TD_NATS_COMMIT_BYTES (group
+ * commit); one message per partition is in flight at a time, and each held reply is released
+ * by the PubAck of the message holding its record (Kafka's AckAll, per partition).
+ *
+ * Fencing is JetStream's compare-and-set: every message of an owner carries
+ * Nats-Expected-Last-Sequence, the sequence its previous message was stored at. A new owner
+ * reads the tail, applies it, and stores a fence (a message without records) expecting the last
+ * sequence it read; from then on a previous owner's publish fails (wrong last sequence), and
+ * it answers not_durable instead of success, so no acknowledged write of a stale owner can
+ * land after a fence. Every message carries its owner's epoch (the lease revision) too: a
+ * replay skips, and logs, a message whose epoch is below one already applied.
+ *
+ * A publish that fails or is not acknowledged within TD_FLEET_JS_WAIT_MS fails the partition:
+ * its held replies and its batch are answered not_durable (the change may or may not be
+ * stored), and the fleet thread drops the partition (td_part_step), so that its next owner
+ * starts from what JetStream holds, and the fleet client sends numbered requests there.
+ *
+ * Threads: hold on the shards' threads; the PubAcks on libnats' thread; the committer thread
+ * publishes the batches; take, closed and the checkpoints' calls on the fleet thread. All
+ * under one mutex.
+ */
+#ifndef TD_FLEET_CHANGELOG_H
+#define TD_FLEET_CHANGELOG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "td_config.h"
+#include "td_err.h"
+#include "td_stream.h"
+
+struct td_fleet;
+
+/* The streams TALLY_CL<k> (made when missing), the committer's connection and thread; f->cl.
+ * Fleet thread not started yet. */
+td_err_t td_changelog_open(struct td_fleet *f, const td_config_t *cfg);
+/* Stops the committer (after the partitions were given up) and frees it all. */
+void td_changelog_close(struct td_fleet *f);
+
+/* Taking partition k under epoch, its checkpoint loaded: applies the records after cl_seq (the
+ * checkpoint's) to the stream table, then stores the fence; records may be written from then
+ * on. TD_ERR_LIBRARY (msg) when NATS failed or the fence kept losing to another writer. */
+td_err_t td_changelog_take(struct td_fleet *f, uint32_t k, uint64_t cl_seq, uint64_t epoch,
+                           char *msg, size_t cap);
+/* Partition k is lost or given up: what waits for a PubAck is answered not_durable. */
+void td_changelog_closed(struct td_fleet *f, uint32_t k);
+/* The last sequence of TALLY_CL<k> whose records the stream table holds (read before a
+ * checkpoint's snapshot: the manifest's cl_seq). */
+uint64_t td_changelog_stored(struct td_fleet *f, uint32_t k);
+/* Waits (a third of the lease TTL at most) until partition k has no record unpublished or
+ * unacknowledged. */
+void td_changelog_flush(struct td_fleet *f, uint32_t k);
+/* A publish of partition k failed: the fleet thread drops it. */
+bool td_changelog_failed(struct td_fleet *f, uint32_t k);
+
+/* The shards' side (td_route_t.hold and .settled through td_fleet_route.c). */
+bool td_changelog_hold(struct td_fleet *f, uint32_t k, const tally_req_t *req,
+                       const td_stream_t *stream, uint64_t *ticket);
+tally_status_t td_changelog_settled(struct td_fleet *f, uint32_t k, uint64_t ticket, bool *pending,
+                                    char *msg, size_t cap);
+
+#endif

@@ -1,0 +1,410 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * test_nats_changelog.c — direct mode with replicated durability (`[nats] direct = replicated`;
+ * PROTOCOL.md §13 "Direct mode", "Changelog"; issue 33's second step) against a real 3-node
+ * NATS cluster (tests/lib/nats_cluster.c), the changelog streams TALLY_CL<k> with 3 replicas.
+ * Checkpoints are an hour apart, so that between a take and a give-up only the changelog holds
+ * the direct writes:
+ *   1. answered after the PubAck, in td_state_record's encoding: one member owns every
+ *      partition; after each numbered hist's reply (one request in flight), the last message of
+ *      its partition's changelog already holds the stream's record with that request's effect:
+ *      parsed by td_state_record_parse, its last_seq the request's seq and its bins the model's
+ *      (tests/lib/reference.c), with the writer's epoch, batch and member in its headers; info
+ *      says nats_direct=replicated; after a clean stop the checkpoint manifest (version 2)
+ *      names the changelog sequence it holds;
+ *   2. kill -9 of an owner under load: two members split the partitions (as the plan says); the
+ *      fleet client keeps
+ *      16 numbered requests in flight, and the owner of half of them is killed (SIGKILL) after
+ *      some of a round's replies: every request ends answered (OK, or `duplicate` for a resend
+ *      whose first try was stored), and every stream on the member left equals the model of all
+ *      requests (last_seq too): each write the killed owner answered came back through its
+ *      changelog (none of it was in a checkpoint), each one it did not answer was applied once.
+ *   3. a record that cannot be stored (the partition's changelog stream removed under its
+ *      owner): the write is answered not_durable and counted, the owner gives the partition up
+ *      and takes it again, and writes are answered again.
+ * Waits are bounded loops on what the cluster or the members report; no time is asserted.
+ */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+#include <nats/nats.h>
+
+#include "harness.h"
+#include "nats_cluster.h"
+#include "reference.h"
+#include "tally.h"
+#include "tally_fleet.h"
+#include "td_fleet_plan.h"
+#include "td_nats_ckpt.h"
+#include "td_state_record.h"
+
+#define PARTITIONS 4
+#define STREAMS 16
+#define TIMEOUT_MS 60000
+
+static char msg[512];
+static th_daemon_t member[2];
+static const char *const ids[2] = {"cl-a", "cl-b"};
+static uint64_t model[STREAMS][256];
+static uint64_t seqs[STREAMS];
+
+static int setup(void **state)
+{
+    (void)state;
+    return tn_suite_setup(3);
+}
+
+static int stop_members(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 2; i++)
+        if (member[i].pid > 0) {
+            th_daemon_stop(&member[i], SIGKILL, 5000);
+            member[i].pid = 0;
+        }
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    stop_members(state);
+    return tn_suite_teardown();
+}
+
+static void fresh_fleet(void)
+{
+    tn_fleet_delete(tn_suite_js, PARTITIONS);
+    memset(model, 0, sizeof model);
+    memset(seqs, 0, sizeof seqs);
+}
+
+/* Member i with lease TTL ttl_ms (a failover waits for it; a clean stop must finish within it,
+ * or a partition whose lease ran out is not checkpointed: on a loaded box, a long one). */
+static void start(int i, const char *ttl_ms)
+{
+    const char *args[] = {"--nats-servers",
+                          tn_suite.urls,
+                          "--nats-replicas",
+                          "3",
+                          "--nats-partitions",
+                          "4",
+                          "--nats-lease-ttl-ms",
+                          ttl_ms,
+                          "--nats-checkpoint-interval-ms",
+                          "3600000",
+                          "--nats-member-id",
+                          ids[i],
+                          "--nats-direct",
+                          "replicated",
+                          "--nats-commit-ms",
+                          "2",
+                          "--metrics",
+                          "127.0.0.1:0",
+                          NULL};
+    assert_int_equal(th_daemon_start(&member[i], args), 0);
+}
+
+/* What the members said, on stderr: for a failure's report. */
+static void dump_logs(void)
+{
+    for (int i = 0; i < 2; i++) {
+        if (!member[i].log_path[0])
+            continue;
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "echo '--- %s' >&2; grep -v '<7>' %s | tail -30 >&2", ids[i],
+                 member[i].log_path);
+        (void)system(cmd);
+    }
+}
+
+/* The partitions the plan gives member i of both (rendezvous hashing: not always half). */
+static int planned(int i)
+{
+    int n = 0;
+    for (uint32_t k = 0; k < PARTITIONS; k++)
+        n += td_fleet_owner(ids, 2, k) == i;
+    return n;
+}
+
+/* Waits until member id holds `count` partitions' leases; the members' logs when it does not. */
+static void wait_held(const char *id, int count)
+{
+    int held = 0;
+    if (tn_wait_leases(tn_suite_js, PARTITIONS, id, count, TIMEOUT_MS, &held) >= 0)
+        return;
+    dump_logs();
+    fail_msg("%s holds %d partitions, not %d", id, held, count);
+}
+
+static void stream_name(int s, char *out, size_t cap)
+{
+    snprintf(out, cap, "cl/%d", s);
+}
+
+static uint32_t partition_of(int s)
+{
+    char name[32];
+    stream_name(s, name, sizeof name);
+    return tally_partition(name, strlen(name), PARTITIONS);
+}
+
+/* Stream s's numbered hist of round r, sent; its batch goes into the model. */
+static void send_hist(tally_client_t *c, int s, int r)
+{
+    uint8_t data[600];
+    size_t n = 200 + (size_t)(s * 7 + r * 13) % 300;
+    for (size_t j = 0; j < n; j++)
+        data[j] = (uint8_t)(s * 31 + r * 7 + j * 13 + (j >> 3));
+    char name[32];
+    stream_name(s, name, sizeof name);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    req.seq = ++seqs[s];
+    tally_status_t st = tally_send(c, &req, data, n, NULL);
+    if (st != TALLY_OK)
+        fail_msg("send to %s: %s: %s", name, tally_status_name(st), tally_client_error(c));
+    tr_hist_parts(TALLY_DTYPE_U8, data, n, 0, 0, model[s], NULL, NULL);
+}
+
+/* One reply: OK, or `duplicate` (a resend whose first try was stored). */
+static void recv_applied(tally_client_t *c)
+{
+    tally_reply_t r;
+    tally_reply_init(&r);
+    tally_status_t st = tally_recv(c, &r);
+    if (st != TALLY_OK && st != TALLY_E_DUPLICATE)
+        fail_msg("reply: %s: %s", tally_status_name(st), r.error);
+    tally_reply_clear(&r);
+}
+
+static tally_client_t *fleet_client(void)
+{
+    tally_nats_opts_t o = {.servers = tn_suite.urls, .timeout_ms = TIMEOUT_MS};
+    tally_client_t *c = NULL;
+    tally_status_t st = tally_client_new_fleet(&o, &c, msg, sizeof msg);
+    if (st != TALLY_OK)
+        fail_msg("tally_client_new_fleet: %s: %s", tally_status_name(st), msg);
+    return c;
+}
+
+static void check_model(tally_client_t *c)
+{
+    for (int s = 0; s < STREAMS; s++) {
+        char name[32];
+        stream_name(s, name, sizeof name);
+        tally_stream_info_t info;
+        tally_status_t st = tally_query(c, name, &info);
+        if (st != TALLY_OK)
+            fail_msg("query %s: %s: %s", name, tally_status_name(st), tally_client_error(c));
+        assert_int_equal(info.last_seq, seqs[s]);
+        assert_memory_equal(info.bins, model[s], sizeof model[s]);
+    }
+}
+
+static const char *info_value(const th_daemon_t *d, const char *key, char *out, size_t cap)
+{
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(d->endpoint, TIMEOUT_MS, &c), TALLY_OK);
+    tally_info_t *info = NULL;
+    assert_int_equal(tally_info_fetch(c, &info), TALLY_OK);
+    const char *v = tally_info_lookup(info, key);
+    assert_non_null(v);
+    snprintf(out, cap, "%s", v);
+    tally_info_destroy(&info);
+    tally_client_destroy(&c);
+    return out;
+}
+
+/* ---- 1. answered after the PubAck; the record's format --------------------------------------- */
+
+/* The last changelog message of stream s's partition holds its record, equal to the model. */
+static void check_last_record(int s)
+{
+    static td_state_record_t rec;
+    char stream[32], subject[32], name[32];
+    tally_fleet_name(stream, sizeof stream, TALLY_NATS_CL_STREAM_PREFIX, partition_of(s));
+    tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_CL, partition_of(s));
+    stream_name(s, name, sizeof name);
+    natsMsg *m = NULL;
+    jsErrCode jerr = 0;
+    assert_int_equal(js_GetLastMsg(&m, tn_suite_js, stream, subject, NULL, &jerr), NATS_OK);
+    const char *v = NULL;
+    assert_int_equal(natsMsgHeader_Get(m, TALLY_NATS_HDR_MEMBER, &v), NATS_OK);
+    assert_string_equal(v, ids[0]);
+    assert_int_equal(natsMsgHeader_Get(m, TALLY_NATS_HDR_EPOCH, &v), NATS_OK);
+    assert_true(strtoull(v, NULL, 10) > 0);
+    assert_int_equal(natsMsgHeader_Get(m, TALLY_NATS_HDR_BATCH, &v), NATS_OK);
+    assert_true(strtoull(v, NULL, 10) > 0); /* a batch of records, not a fence */
+    const uint8_t *p = (const uint8_t *)natsMsg_GetData(m);
+    size_t len = (size_t)natsMsg_GetDataLength(m), found = 0;
+    for (size_t at = 0; at < len;) {
+        size_t size = td_state_record_check(p + at, len - at);
+        assert_true(size > 0); /* every byte of a message is a whole record */
+        char why[160];
+        if (!td_state_record_parse(p + at, size, &rec, why, sizeof why))
+            fail_msg("record at %zu: %s", at, why);
+        if (rec.name_len == strlen(name) && memcmp(rec.name, name, rec.name_len) == 0) {
+            assert_int_equal(rec.kind, TD_STATE_RECORD_STREAM);
+            assert_int_equal(rec.info.last_seq, seqs[s]);
+            assert_memory_equal(rec.info.bins, model[s], sizeof model[s]);
+            found++;
+        }
+        at += size;
+    }
+    natsMsg_Destroy(m);
+    assert_int_equal(found, 1);
+}
+
+static int64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static void test_answered_after_ack(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    start(0, "15000");
+    wait_held(ids[0], PARTITIONS);
+    char v[64];
+    assert_string_equal(info_value(&member[0], "nats_direct", v, sizeof v), "replicated");
+    tally_client_t *c = fleet_client();
+    int64_t waited_us = 0; /* a round trip's time, shown (not asserted) */
+    for (int r = 0; r < 3; r++)
+        for (int s = 0; s < STREAMS; s++) {
+            int64_t t0 = now_us();
+            send_hist(c, s, r);
+            recv_applied(c);
+            waited_us += now_us() - t0;
+            check_last_record(s); /* stored before the reply left */
+        }
+    print_message("a replicated write's round trip, one in flight: %lld us on average\n",
+                  (long long)(waited_us / (3 * STREAMS)));
+    assert_true(th_metric(&member[0], "tallyd_nats_changelog_commits_total") >= 3 * STREAMS);
+    assert_int_equal(th_metric(&member[0], "tallyd_nats_not_durable_total"), 0);
+    check_model(c);
+    tally_client_destroy(&c);
+    /* A clean stop checkpoints each partition with the changelog sequence its state holds. */
+    assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
+    member[0].pid = 0;
+    for (uint32_t k = 0; k < PARTITIONS; k++) {
+        td_ckpt_manifest_t m;
+        uint8_t *st = NULL;
+        size_t len = 0;
+        assert_int_equal(td_ckpt_read(tn_suite_js, k, &m, &st, &len, msg, sizeof msg), TD_OK);
+        free(st);
+        if (m.cl_seq == 0) {
+            dump_logs();
+            fail_msg("partition %u's checkpoint names no changelog sequence", (unsigned)k);
+        }
+    }
+}
+
+/* ---- 2. kill -9 of an owner under load --------------------------------------------------------
+ */
+
+#define ROUNDS 6
+
+static void test_kill_owner_under_load(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    start(0, "3000");
+    start(1, "3000");
+    assert_true(planned(1) > 0); /* b has partitions to lose */
+    wait_held(ids[0], planned(0));
+    wait_held(ids[1], planned(1));
+    tally_client_t *c = fleet_client();
+    for (int r = 0; r < ROUNDS; r++) {
+        for (int s = 0; s < STREAMS; s++)
+            send_hist(c, s, r);
+        for (int i = 0; i < STREAMS; i++) {
+            recv_applied(c);
+            if (r == 2 && i == STREAMS / 2) { /* b has answered writes no checkpoint holds */
+                assert_true(th_metric(&member[1], "tallyd_nats_changelog_commits_total") > 0);
+                kill(member[1].pid, SIGKILL);
+                th_daemon_wait(&member[1], 5000);
+                member[1].pid = 0;
+            }
+        }
+    }
+    wait_held(ids[0], PARTITIONS);
+    check_model(c); /* every answered write survived; every other one applied once */
+    assert_true(th_metric(&member[0], "tallyd_nats_changelog_replayed_total") > 0);
+    tally_client_destroy(&c);
+    assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
+    member[0].pid = 0;
+}
+
+/* ---- 3. a record that cannot be stored ---------------------------------------------------- */
+
+/* The changelog stream of a partition removed under its owner: the next write on it is run but
+ * answered not_durable (counted), the owner gives the partition up, takes it again (the stream
+ * made anew), and takes writes again. */
+static void test_not_stored_not_durable(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    start(0, "15000");
+    wait_held(ids[0], PARTITIONS);
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(member[0].endpoint, TIMEOUT_MS, &c), TALLY_OK);
+    uint8_t data[16] = {1, 2, 3};
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, "cl/0"), TALLY_OK);
+    tally_buf_t out = {0};
+    assert_int_equal(tally_run(c, &req, data, sizeof data, NULL, &out, NULL), TALLY_OK);
+    char stream[32];
+    tally_fleet_name(stream, sizeof stream, TALLY_NATS_CL_STREAM_PREFIX, partition_of(0));
+    jsErrCode jerr = 0;
+    assert_int_equal(js_DeleteStream(tn_suite_js, stream, NULL, &jerr), NATS_OK);
+    int64_t until = th_now_ms() + TIMEOUT_MS; /* every take done, not only its lease held */
+    while (th_metric(&member[0], "tallyd_nats_partitions_taken_total") < PARTITIONS &&
+           th_now_ms() < until)
+        th_sleep_ms(50);
+    long long taken = th_metric(&member[0], "tallyd_nats_partitions_taken_total");
+    assert_int_equal(taken, PARTITIONS);
+    assert_int_equal(tally_run(c, &req, data, sizeof data, NULL, &out, NULL), TALLY_E_NOT_DURABLE);
+    assert_non_null(strstr(tally_client_error(c), "was not stored"));
+    assert_int_equal(th_metric(&member[0], "tallyd_nats_not_durable_total"), 1);
+    until = th_now_ms() + TIMEOUT_MS; /* dropped, then taken again after a back-off */
+    while (th_metric(&member[0], "tallyd_nats_partitions_taken_total") == taken &&
+           th_now_ms() < until)
+        th_sleep_ms(100);
+    assert_true(th_metric(&member[0], "tallyd_nats_partitions_taken_total") > taken);
+    tally_status_t st;
+    until = th_now_ms() + TIMEOUT_MS;
+    while (((st = tally_run(c, &req, data, sizeof data, NULL, &out, NULL)) == TALLY_E_NOT_OWNER ||
+            st == TALLY_E_NOT_DURABLE) &&
+           th_now_ms() < until)
+        th_sleep_ms(100);
+    if (st != TALLY_OK)
+        dump_logs();
+    assert_int_equal(st, TALLY_OK);
+    tally_buf_free(&out);
+    tally_client_destroy(&c);
+    assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
+    member[0].pid = 0;
+}
+
+int main(void)
+{
+    if (tn_skip())
+        return 77;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_answered_after_ack, stop_members),
+        cmocka_unit_test_teardown(test_kill_owner_under_load, stop_members),
+        cmocka_unit_test_teardown(test_not_stored_not_durable, stop_members),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
