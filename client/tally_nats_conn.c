@@ -227,3 +227,16 @@ out:
     free(copy);
     return st;
 }
+
+void tally__nats_sub_close(natsConnection *nc, natsSubscription **sub)
+{
+    if (!*sub)
+        return;
+    /* A flush that fails ends the wait too: the connection lost (its read loop ends with the
+     * socket) or a server slower than TALLY_NATS_SUB_CLOSE_MS, by which time a message being
+     * delivered at the unsubscribe is long delivered. Closed: nothing is delivered any more. */
+    if (natsSubscription_Unsubscribe(*sub) == NATS_OK)
+        natsConnection_FlushTimeout(nc, TALLY_NATS_SUB_CLOSE_MS);
+    natsSubscription_Destroy(*sub);
+    *sub = NULL;
+}
