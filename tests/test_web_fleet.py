@@ -148,8 +148,14 @@ def until(pred, what, limit_s=90):
     fail("%s: not within %d s" % (what, limit_s))
 
 
+# A bound for the CLI's answers that a working fleet never reaches (its default, 5 s, a worker
+# kept from answering by a loaded 2-core box can): a query returns at its answer, a `streams`
+# list once every partition is covered.
+PATIENT = ("--timeout", "30000")
+
+
 def queried(cluster, name):
-    r = tally_nats(cluster, "query", "--json", name, check=False)
+    r = tally_nats(cluster, *PATIENT, "query", "--json", name, check=False)
     return json.loads(r.stdout) if r.returncode == 0 else None
 
 
@@ -557,7 +563,7 @@ def run(tmp):
         until(lambda: all(the_list(d)["fleet"]["covered"] == PARTITIONS for d in ws),
               "both workers' lists covering every partition")
         owner = whole_list(ws, totals)
-        r = tally_nats(cluster, "streams")
+        r = tally_nats(cluster, *PATIENT, "streams")
         if sorted(r.stdout.decode().split()) != sorted(STREAMS) or r.stderr:
             fail("tally --nats streams: %r %r" % (r.stdout, r.stderr))
         remote_records(ws, cluster, owner)
