@@ -175,20 +175,25 @@ def the_list(d):
     return doc
 
 
-def answering_again(d):
-    """Each stream's owner, from the first list of d's that is whole again (wb continued): the
-    list looked at, since the next one may again be partial on a loaded box (an answer later
-    than the gather's 2 s)."""
-    def whole():
+def whole(d, what):
+    """The first list of d's that is whole (every member answered within the gather's 2 s,
+    which a loaded 2-core box can keep one from): the list looked at, since the next may be
+    partial again."""
+    def is_whole():
         doc = the_list(d)
         return doc if doc["fleet"]["partial"] is False else None
-    return {e["stream"]: e["member"] for e in until(whole, "wb answers again")["streams"]}
+    return until(is_whole, what)
+
+
+def answering_again(d):
+    """Each stream's owner, from d's first whole list once wb continued."""
+    return {e["stream"]: e["member"] for e in whole(d, "wb answers again")["streams"]}
 
 
 def whole_list(ws, totals):
     """Both workers list every stream, each with its owner; the owner's entries in full."""
     for d in ws:
-        doc = the_list(d)
+        doc = whole(d, "a whole list of %s's" % d.name)
         fleet = doc.get("fleet")
         if fleet != {"member": d.name, "partitions": PARTITIONS, "covered": PARTITIONS,
                      "answered": 2, "members": 2, "partial": False}:
@@ -204,7 +209,7 @@ def whole_list(ws, totals):
                                                              e.get("values"), totals[e["stream"]]))
             if e["member"] != d.name and set(e) != {"stream", "member"}:
                 fail("%s: another member's entry %r holds more than its name" % (d.name, e))
-    return {e["stream"]: e["member"] for e in the_list(ws[0])["streams"]}
+    return {e["stream"]: e["member"] for e in whole(ws[0], "a whole list of wa's")["streams"]}
 
 
 def remote_records(ws, cluster, owner):
