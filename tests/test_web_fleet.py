@@ -74,8 +74,12 @@ class Cluster:
             log = open(os.path.join(tmp, "n%d.log" % i), "w")
             self.procs.append(subprocess.Popen([nats_server(), "-c", conf], stdout=log,
                                                stderr=subprocess.STDOUT))
-        for client, _ in ports:  # listening; the workers wait for JetStream themselves
+        # Listening, and JetStream answering (the cluster has its meta leader), as
+        # tests/lib/nats_cluster.c waits: a worker's start waits 30 s for JetStream, which a
+        # cluster starting on a loaded box can take before it elects one.
+        for client, _ in ports:
             until(lambda: connects(client), "nats-server on port %d" % client, 30)
+            until(lambda: jetstream_answers(client), "JetStream on port %d" % client, 120)
 
     def stop(self):
         for p in self.procs:
@@ -88,6 +92,28 @@ def connects(port):
     try:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
         return True
+    except OSError:
+        return False
+
+
+def jetstream_answers(port):
+    """Whether the server on port answers a JetStream account-info request without an error
+    (before its cluster has a meta leader: "JetStream system temporarily unavailable")."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            f = sock.makefile("rb")
+            f.readline()  # INFO
+            sock.sendall(b'CONNECT {"verbose":false,"pedantic":false}\r\n'
+                         b"SUB _INBOX.ready 1\r\nPUB $JS.API.INFO _INBOX.ready 0\r\n\r\n")
+            while True:
+                line = f.readline()
+                if not line:
+                    return False
+                if line.startswith(b"PING"):
+                    sock.sendall(b"PONG\r\n")
+                elif line.startswith(b"MSG "):
+                    body = f.read(int(line.split()[-1]) + 2)
+                    return b'"error"' not in body
     except OSError:
         return False
 

@@ -99,8 +99,15 @@ td_err_t td_nats_kv_open(jsCtx *js, const char *name, int64_t ttl_ms, int replic
         kc.Replicas = replicas;
         kc.StorageType = js_FileStorage;
         s = js_CreateKeyValue(out, js, &kc);
-        if (s != NATS_OK) /* two workers starting at once both found none: the other made it */
-            s = js_KeyValue(out, js, name);
+        /* Two workers starting at once both found none: the other made it. Else the creation's
+         * error is the one said (the lookup's would be Not Found). */
+        if (s != NATS_OK)
+            snprintf(msg, cap, "key-value bucket %s: %s", name, td_nats_last_error(s));
+        if (s != NATS_OK && js_KeyValue(out, js, name) != NATS_OK) {
+            *out = NULL;
+            return TD_ERR_LIBRARY;
+        }
+        s = NATS_OK;
     }
     if (s != NATS_OK) {
         snprintf(msg, cap, "key-value bucket %s: %s", name, td_nats_last_error(s));
