@@ -13,7 +13,8 @@
 # thread, instructions per request, the share of the whole process; threads are named as callgrind
 # numbers them (1: the loop thread; the ZeroMQ I/O threads and the others follow in the order
 # they started). The echo server (loadgen --serve-echo) is
-# measured the same way for the transport's own cost.
+# measured the same way for the transport's own cost. KEEP=1 keeps the larger run's callgrind
+# files in OUT_DIR (for callgrind_annotate: thread 1 is tallyd's loop thread, the front).
 set -uo pipefail
 # shellcheck source-path=SCRIPTDIR source=bench-env.sh
 . "$(dirname "$0")/bench-env.sh"
@@ -85,3 +86,4 @@ table() {
   done
   table echo
 } 2>&1 | tee "$MD"
+if [ -n "${KEEP:-}" ]; then cp "$RUN"/*-"$LARGE".* "$OUT"/; fi

@@ -358,7 +358,7 @@ static td_err_t open_backends(td_server_t *s)
         .cfg = &s->cfg,
         .metrics = &s->metrics,
         .cpu = s->cpu,
-        .ports = td_path_shard_count(s->path),
+        .ports = td_path_port_count(s->path),
         .done = exec_done,
         .owner = s,
     };

@@ -229,8 +229,21 @@ static tally_status_t cpu_hist_u8(void *ctx, const uint8_t *in, size_t n, tk_his
     (void)ctx;
     if (!hist || (n && !in))
         return TALLY_E_PARAM;
-    if (n < HIST_SMALL) {
-        for (size_t i = 0; i < n; i++)
+    if (n < HIST_SMALL) { /* one 8-byte load for eight bytes: 4 instructions a byte, not 5 */
+        size_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            uint64_t v;
+            memcpy(&v, in + i, 8); /* written out: -O2 keeps a loop over the shifts */
+            hist->bins[v & 255]++;
+            hist->bins[(v >> 8) & 255]++;
+            hist->bins[(v >> 16) & 255]++;
+            hist->bins[(v >> 24) & 255]++;
+            hist->bins[(v >> 32) & 255]++;
+            hist->bins[(v >> 40) & 255]++;
+            hist->bins[(v >> 48) & 255]++;
+            hist->bins[v >> 56]++;
+        }
+        for (; i < n; i++)
             hist->bins[in[i]]++;
         return TALLY_OK;
     }

@@ -6,7 +6,7 @@
 # ASan+UBSan build with -DTALLY_ALLOC_FAULTS=ON (daemon/base/td_alloc_fault.h), leak detection on.
 #
 #   scripts/alloc-sweep.sh [-B DIR] [--build] [--runs R | --stride S] [--from N] [--to N]
-#                          [--jobs J] [--time-limit SEC] [--persist]
+#                          [--jobs J] [--time-limit SEC] [--persist] [--fleet]
 #
 #   -B DIR          the build (default build-alloc; --build configures and builds it there)
 #   --runs R        about R runs spread evenly over the range (stride = range / R)
@@ -16,11 +16,14 @@
 #   --jobs J        runs at once (default 1)
 #   --time-limit S  start no run after S seconds (the CTest form); 0: none
 #   --persist       every allocation from N on fails (TALLYD_ALLOC_FAIL_PERSIST)
+#   --fleet         a fleet worker against a nats-server of each run's own, only the fleet's
+#                   allocations (daemon/nats/) numbered (77, skipped: a build without NATS, or
+#                   no nats-server: $TALLY_NATS_SERVER or nats-server on the PATH)
 # Prints a line per run, then the sites that failed and a summary; exits 1 when a run failed
 # (its line is followed by tallyd's log; the run's directory in /tmp is kept).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-B=build-alloc BUILD=0 RUNS=0 STRIDE=1 FROM=1 TO=0 JOBS=1 LIMIT=0 PERSIST=""
+B=build-alloc BUILD=0 RUNS=0 STRIDE=1 FROM=1 TO=0 JOBS=1 LIMIT=0 PERSIST="" FLEET=""
 while [ $# -gt 0 ]; do
   case "$1" in
   -B) B=$2; shift ;;
@@ -32,6 +35,7 @@ while [ $# -gt 0 ]; do
   --jobs) JOBS=$2; shift ;;
   --time-limit) LIMIT=$2; shift ;;
   --persist) PERSIST=persist ;;
+  --fleet) FLEET=--fleet ;;
   *) sed -n '2,/^set /p' "$0" | sed '$d'; exit 2 ;;
   esac
   shift
@@ -44,13 +48,22 @@ fi
 B=$(cd "$B" 2>/dev/null && pwd) || { echo "no build directory"; exit 2; }
 DRIVER=$B/tests/alloc_workload
 [ -x "$DRIVER" ] || { echo "no $DRIVER: configure $B with -DTALLY_ALLOC_FAULTS=ON (or pass --build)"; exit 2; }
+if [ -n "$FLEET" ] && ! command -v "${TALLY_NATS_SERVER:-nats-server}" >/dev/null; then
+  echo "nats-server not found: skipped"
+  exit 77
+fi
 export TALLYD_BIN=$B/daemon/tallyd TALLY_STATE_FIXTURE=$PWD/tests/data/state-v3/streams.state
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export LSAN_OPTIONS=suppressions=$PWD/tests/lsan/libzmq.supp
 
 # The range: one run with nothing failing counts the allocations (and checks the load).
-first=$("$DRIVER" 0) || { echo "$first"; echo "the run with no allocation failing failed"; exit 1; }
+first=$("$DRIVER" $FLEET 0)
+case $? in
+0) ;;
+77) echo "$first"; exit 77 ;; # --fleet in a build without NATS
+*) echo "$first"; echo "the run with no allocation failing failed"; exit 1 ;;
+esac
 echo "$first"
 count=$(sed -n 's/.*counted \([0-9]*\).*/\1/p' <<<"$first" | head -1)
 [ "${count:-0}" -gt 0 ] || { echo "no count in: $first"; exit 1; }
@@ -61,9 +74,9 @@ echo "range $FROM..$TO of $count counted, stride $STRIDE, $JOBS at once${LIMIT:+
 out=$(mktemp /tmp/alloc-sweep.XXXXXX)
 deadline=0
 [ "$LIMIT" -gt 0 ] && deadline=$(($(date +%s) + LIMIT))
-export DRIVER PERSIST deadline
+export DRIVER PERSIST FLEET deadline
 seq "$FROM" "$STRIDE" "$TO" | xargs -P "$JOBS" -I{} bash -c \
-  '[ "$deadline" = 0 ] || [ "$(date +%s)" -lt "$deadline" ] || exit 0; "$DRIVER" {} $PERSIST' |
+  '[ "$deadline" = 0 ] || [ "$(date +%s)" -lt "$deadline" ] || exit 0; "$DRIVER" $FLEET {} $PERSIST' |
   tee "$out" | grep -E '^(alloc|FAIL)'
 runs=$(grep -c '^alloc ' "$out")
 failed=$(grep -c '^FAIL' "$out")

@@ -4,7 +4,7 @@
 # the floors in tests/coverage-floors.txt (issue 37). Builds the CPU build with gcc --coverage
 # (atomic counters: tallyd's threads update them at once) and the allocation-failure hooks;
 # runs every test of CTest, then the allocation-failure sweep over every N (scripts/alloc-sweep.sh,
-# instead of CTest's sample of it); prints the table by folder (gcovr, Debian's gcovr, through
+# instead of CTest's sample of it; the fleet's too, with NATS); prints the table by folder (gcovr, Debian's gcovr, through
 # scripts/coverage-table.py) and fails when a test fails or a folder is under its floor.
 #
 #   scripts/coverage.sh [-B DIR] [--no-build] [--no-test] [--raise] [--html]
@@ -48,11 +48,20 @@ if [ "$TEST" = 1 ]; then
   echo "== the CTest suite with coverage"
   find "$B" -name '*.gcda' -delete
   # The allocation sweep whole (every N: scripts/alloc-sweep.sh) rather than CTest's sample.
-  (cd "$B" && ctest --output-on-failure -j"$jobs" -E '^test_alloc_sweep$') || tests_rc=1
+  (cd "$B" && ctest --output-on-failure -j"$jobs" -E '^test_alloc_sweep(_fleet)?$') || tests_rc=1
   echo "== the allocation-failure sweep, every allocation ($(($(date +%s) - start)) s so far)"
   scripts/alloc-sweep.sh -B "$B" --jobs "$jobs" >"$B/alloc-sweep.log" 2>&1 || {
     tail -40 "$B/alloc-sweep.log"; tests_rc=1; }
   tail -1 "$B/alloc-sweep.log"
+  # The fleet's allocations (daemon/nats/) under a fleet worker, where NATS is built and a
+  # nats-server is at hand (77: skipped).
+  if [ -x "$B/tests/alloc_workload" ]; then
+    echo "== the allocation-failure sweep of the fleet ($(($(date +%s) - start)) s so far)"
+    scripts/alloc-sweep.sh -B "$B" --fleet --jobs "$jobs" >"$B/alloc-sweep-fleet.log" 2>&1
+    rc=$?
+    [ "$rc" = 0 ] || [ "$rc" = 77 ] || { tail -40 "$B/alloc-sweep-fleet.log"; tests_rc=1; }
+    tail -1 "$B/alloc-sweep-fleet.log"
+  fi
 fi
 echo "== coverage by folder ($(($(date +%s) - start)) s so far)"
 # Counters written by processes killed mid-update can be off (gcov prints a negative count):

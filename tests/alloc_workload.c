@@ -3,7 +3,8 @@
  * alloc_workload.c — one run of the allocation-failure sweep (issue 25; scripts/alloc-sweep.sh
  * runs it for every N, or every Nth, against a tallyd built with -DTALLY_ALLOC_FAULTS=ON).
  *
- *   alloc_workload N [persist]     (TALLYD_BIN: the tallyd; TALLY_STATE_FIXTURE: a state file)
+ *   alloc_workload [--fleet] N [persist]   (TALLYD_BIN: the tallyd; TALLY_STATE_FIXTURE: a
+ *                                          state file)
  *
  * Starts tallyd with allocation N failing (TALLYD_ALLOC_FAIL_AT=N; 0: none, which is the run
  * that counts the range) on the CPU backend beside 2 simulated GPUs (batches of 16 KiB and more
@@ -24,6 +25,15 @@
  *     ASAN_OPTIONS/LSAN_OPTIONS apply to it), and no reply left unfreed at exit (tallyd's own
  *     warnings: pooled GPU reply buffers are invisible to LeakSanitizer);
  *   - with N = 0, every reply is ok as well (the load itself is right).
+ * With --fleet (built with NATS; else it exits 77), the same tallyd is a fleet worker of 2
+ * partitions, against one nats-server of its own (tests/lib/nats_cluster.h), and only the fleet's
+ * allocations (daemon/nats/: TALLYD_ALLOC_FAIL_IN=/nats/) are numbered: the load is then a
+ * producer's 8 requests over 4 streams, each asking for its reply (max_inflight 2: most of them
+ * wait for room in the request path), and the answers by request-reply (a query, ping, info,
+ * stats, the fleet's streams), after which every request must have had exactly one reply (any
+ * status; none only where tallyd logged that it had no memory for the reply's frame: a fleet's
+ * reply is published at most once) and, with no allocation failing, every one ok; the ZeroMQ
+ * load is not sent.
  * With `persist`, every allocation from N on fails: replies and the last ping are not required
  * (tallyd answers what it can), the last three points are. Prints one line, "alloc N: <outcome>
  * (counted C ...)", and tallyd's log when it fails (exit 1) or TALLY_ALLOC_SHOW_LOG is set.
@@ -45,6 +55,10 @@
 
 #include "harness.h"
 #include "shm_side.h"
+#ifdef TALLY_HAVE_NATS
+#include "nats_cluster.h"
+#include "tally.h"
+#endif
 
 #define REPLY_TIMEOUT_MS 15000 /* a loaded 2-core box under ASan: generous */
 #define READY_TIMEOUT_MS 60000
@@ -60,6 +74,7 @@ typedef struct {
     char pub[128];
     pid_t pid;
     bool persist;
+    const char *nats_url; /* --fleet: the nats-server; NULL: no fleet */
     uint64_t next_id;
     unsigned replies, refused; /* replies received, of which not ok */
     const char *failure;       /* the first thing that went wrong, or NULL */
@@ -128,7 +143,8 @@ static int spawn(run_t *r, const char *n)
     snprintf(r->pub, sizeof r->pub, "ipc://%s/pub.sock", r->dir);
     char conf[96];
     snprintf(conf, sizeof conf, "%s/tallyd.conf", r->dir);
-    if (copy_fixture(state) != 0 || write_conf(r->dir, 64) != 0)
+    /* A fleet's 8 messages at once against 2 in flight: the fleet's requests wait for room. */
+    if (copy_fixture(state) != 0 || write_conf(r->dir, r->nats_url ? 2 : 64) != 0)
         return -1;
     /* clang-format off */
     const char *argv[] = {th_tallyd_bin(), "--bind", r->endpoint, "--shm-socket", shm,
@@ -136,18 +152,29 @@ static int spawn(run_t *r, const char *n)
                           "--gpu-streams", "2", "--gpu-min-batch", "16K", "--max-batch", "1M",
                           "--metrics", "127.0.0.1:0", "--pub", r->pub, "--pub-interval-ms", "10",
                           "--config", conf, NULL};
+    const char *fleet[] = {"--nats-servers", r->nats_url, "--nats-replicas", "1",
+                           "--nats-partitions", "2", "--nats-lease-ttl-ms", "2000",
+                           "--nats-checkpoint-interval-ms", "100", "--nats-member-id", "alloc",
+                           NULL};
     /* clang-format on */
+    const char *all[sizeof argv / sizeof argv[0] + sizeof fleet / sizeof fleet[0]];
+    size_t used = sizeof argv / sizeof argv[0] - 1;
+    memcpy(all, argv, sizeof argv);
+    if (r->nats_url)
+        memcpy(all + used, fleet, sizeof fleet);
     r->pid = fork();
     if (r->pid < 0)
         return -1;
     if (r->pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         setenv("TALLYD_ALLOC_FAIL_AT", n, 1);
+        if (r->nats_url)
+            setenv("TALLYD_ALLOC_FAIL_IN", "/nats/", 1);
         if (r->persist)
             setenv("TALLYD_ALLOC_FAIL_PERSIST", "1", 1);
         if (!freopen(r->log, "w", stderr) || !freopen("/dev/null", "w", stdout))
             _exit(127);
-        execv(argv[0], (char *const *)argv);
+        execv(all[0], (char *const *)all);
         _exit(127);
     }
     return 0;
@@ -339,6 +366,97 @@ static void http_load(run_t *r, bool count_only)
     }
 }
 
+#ifdef TALLY_HAVE_NATS
+#define FLEET_REQUESTS 8
+
+/* An answer by request-reply: with no allocation failing it must be ok; with one failing any
+ * status will do (a timeout too: an answer whose allocation failed is not sent, and the
+ * requester gives up), for the fleet must only keep serving and stop cleanly. */
+static void fleet_answered(run_t *r, tally_status_t st, bool count_only, const char *what)
+{
+    if (st != TALLY_OK && count_only)
+        fail(r, what);
+}
+
+/* The fleet's load: a producer's requests over 4 streams (hist and scan, each asking for its
+ * reply), each of which must get exactly one reply; then a query, ping, info, stats and the
+ * fleet's streams by request-reply. */
+static void fleet_load(run_t *r, bool count_only, const int32_t *data)
+{
+    tally_nats_opts_t opts = {.servers = r->nats_url, .timeout_ms = REPLY_TIMEOUT_MS};
+    tally_nats_t *p = NULL;
+    char msg[256];
+    if (tally_nats_new(&opts, &p, msg, sizeof msg) != TALLY_OK) {
+        fail(r, "the producer cannot connect (or finds no fleet)");
+        return;
+    }
+    uint64_t ids[FLEET_REQUESTS];
+    for (int i = 0; i < FLEET_REQUESTS; i++) {
+        char stream[8];
+        snprintf(stream, sizeof stream, "f%d", i % 4);
+        tally_req_t q = i % 2 ? on_stream(TALLY_OP_SCAN, TALLY_DTYPE_I32, stream)
+                              : on_stream(TALLY_OP_HIST, TALLY_DTYPE_U8, stream);
+        if (tally_nats_send(p, &q, data, 4096, true, &ids[i], NULL) != TALLY_OK)
+            fail(r, "the producer cannot publish");
+    }
+    if (tally_nats_flush(p) != TALLY_OK)
+        fail(r, "the producer's messages were not all stored");
+    /* In slices, so that a run whose one missing reply had no memory for its frame (logged;
+     * its reply is not published) ends as soon as the others have come. */
+    int64_t deadline = th_now_ms() + REPLY_TIMEOUT_MS;
+    for (int got = 0; got < FLEET_REQUESTS && !r->failure;) {
+        tally_reply_t rep;
+        tally_reply_init(&rep);
+        tally_status_t st = tally_nats_recv(p, 100, &rep);
+        if (st == TALLY_E_TIMEOUT) {
+            tally_reply_clear(&rep);
+            if (got == FLEET_REQUESTS - 1 && log_has(r, "out of memory for a reply frame"))
+                break;
+            if (th_now_ms() >= deadline)
+                fail(r, "a fleet request got no reply");
+            continue;
+        }
+        int i = 0;
+        while (i < FLEET_REQUESTS && ids[i] != rep.rep.request_id)
+            i++;
+        if (st == TALLY_E_TRANSPORT || st == TALLY_E_REPLY)
+            fail(r, "a fleet request got no reply (or a malformed one)");
+        else if (i == FLEET_REQUESTS)
+            fail(r, "a fleet reply for no request in flight (a second reply?)");
+        else
+            ids[i] = 0;
+        got++;
+        r->replies++;
+        if (st != TALLY_OK) {
+            r->refused++;
+            size_t used = strlen(r->not_ok);
+            snprintf(r->not_ok + used, sizeof r->not_ok - used, "  fleet request: %s: %.80s\n",
+                     tally_status_name(st), rep.error);
+        }
+        tally_reply_clear(&rep);
+    }
+    tally_stream_info_t info;
+    fleet_answered(r, tally_nats_query(p, "f0", &info), count_only, "a fleet query failed");
+    static const uint8_t ops[] = {TALLY_OP_PING, TALLY_OP_INFO, TALLY_OP_STATS};
+    for (size_t i = 0; i < sizeof ops; i++) {
+        tally_reply_t rep;
+        tally_reply_init(&rep);
+        tally_req_t q = on_stream(ops[i], TALLY_DTYPE_NONE, NULL);
+        fleet_answered(r, tally_nats_call(p, &q, NULL, 0, &rep), count_only,
+                       "a fleet ping, info or stats failed");
+        tally_reply_clear(&rep);
+    }
+    char **names = NULL;
+    size_t count = 0;
+    fleet_answered(r, tally_nats_streams(p, &names, &count), count_only,
+                   "the fleet's streams were not listed");
+    if (count_only && count != 4)
+        fail(r, "the fleet's streams are not the 4 written");
+    tally_strings_free(names, count);
+    tally_nats_destroy(&p);
+}
+#endif
+
 static void load(run_t *r, bool count_only)
 {
     void *ctx = zmq_ctx_new();
@@ -351,6 +469,12 @@ static void load(run_t *r, bool count_only)
     int32_t *data = th_random_i32(64u << 10, -1000, 1000); /* 256 KiB; the batches take parts */
     if (!sock || !data) {
         fail(r, "no socket or no memory in the driver");
+        goto done;
+    }
+    if (r->nats_url) {
+#ifdef TALLY_HAVE_NATS
+        fleet_load(r, count_only, data);
+#endif
         goto done;
     }
     call(r, sock, on_stream(TALLY_OP_PING, TALLY_DTYPE_NONE, NULL), NULL, 0);
@@ -428,12 +552,28 @@ static void print_result(run_t *r, const char *n, const char *outcome, int statu
 
 int main(int argc, char **argv)
 {
+    bool fleet = argc > 1 && strcmp(argv[1], "--fleet") == 0;
+    argc -= fleet;
+    argv += fleet;
     if (argc < 2) {
-        fprintf(stderr, "usage: %s N [persist]\n", argv[0]);
+        fprintf(stderr, "usage: alloc_workload [--fleet] N [persist]\n");
         return 2;
     }
     run_t r = {.persist = argc > 2 && strcmp(argv[2], "persist") == 0};
     bool count_only = strtoull(argv[1], NULL, 10) == 0;
+#ifdef TALLY_HAVE_NATS
+    tn_cluster_t nats = {0};
+    if (fleet && tn_cluster_start(&nats, 1, NULL, READY_TIMEOUT_MS) != 0) {
+        fprintf(stderr, "alloc %s: cannot start a nats-server\n", argv[1]);
+        return 2;
+    }
+    r.nats_url = fleet ? nats.node[0].url : NULL;
+#else
+    if (fleet) {
+        printf("alloc_workload: built without NATS: no --fleet (skipped)\n");
+        return 77;
+    }
+#endif
     if (th_tmpdir(r.dir, sizeof r.dir, "tallyd-alloc") != 0 || spawn(&r, argv[1]) != 0) {
         fprintf(stderr, "alloc %s: cannot start tallyd\n", argv[1]);
         return 2;
@@ -467,5 +607,8 @@ int main(int argc, char **argv)
     int code = r.failure ? 1 : 0;
     if (!r.failure)
         th_rmrf(r.dir);
+#ifdef TALLY_HAVE_NATS
+    tn_cluster_stop(&nats);
+#endif
     return code;
 }

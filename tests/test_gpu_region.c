@@ -646,6 +646,57 @@ static double kernel_out_rate(uint8_t op, size_t n, int total)
     return (double)n * 4 * total / elapsed / 1e9;
 }
 
+/* Where tallyd's GPU requests spent their time, stage by stage (tallyd_gpu_stage_*_total in its
+ * stats, docs/service.md): read before and after a run, the difference is that run's. */
+static const char *const stage_names[] = {"submit", "to_lane", "launch", "device",
+                                          "retire", "back",    "apply",  "to_front"};
+#define STAGES (sizeof stage_names / sizeof stage_names[0])
+
+typedef struct {
+    double seconds[STAGES];
+    double requests[STAGES];
+} stages_t;
+
+static double stat_value(const char *text, const char *family, const char *stage)
+{
+    char key[160];
+    snprintf(key, sizeof key, "\n%s{stage=\"%s\"} ", family, stage);
+    const char *at = strstr(text, key);
+    return at ? strtod(at + strlen(key), NULL) : 0;
+}
+
+static stages_t stages_read(void *sock)
+{
+    stages_t st = {0};
+    tally_req_t req = th_req(TALLY_OP_STATS, TALLY_DTYPE_NONE, 999998);
+    th_reply_t reply;
+    assert_int_equal(th_call(sock, &req, NULL, 0, &reply), 0);
+    for (size_t i = 0; i < STAGES; i++) {
+        st.seconds[i] = stat_value((const char *)reply.payload, "tallyd_gpu_stage_seconds_total",
+                                   stage_names[i]);
+        st.requests[i] = stat_value((const char *)reply.payload, "tallyd_gpu_stage_requests_total",
+                                    stage_names[i]);
+    }
+    th_reply_free(&reply);
+    return st;
+}
+
+/* One line: each stage's microseconds a request between `before` and now, and their sum. */
+static void stages_print(void *sock, const char *what, const stages_t *before)
+{
+    stages_t now = stages_read(sock);
+    char line[512];
+    double total = 0;
+    size_t len = (size_t)snprintf(line, sizeof line, "bench: stages, %s:", what);
+    for (size_t i = 0; i < STAGES && len < sizeof line; i++) {
+        double n = now.requests[i] - before->requests[i];
+        double us = n > 0 ? (now.seconds[i] - before->seconds[i]) / n * 1e6 : 0;
+        total += us;
+        len += (size_t)snprintf(line + len, sizeof line - len, " %s %.1f;", stage_names[i], us);
+    }
+    print_message("%s in tallyd %.1f us a request\n", line, total);
+}
+
 /* The hardware's ceilings in this run (bench/ceilings.h, as kernel_bench measures them: 1 GiB
  * buffers, the median of 15 runs), which issue 34's targets compare the rows against: read for
  * the histograms, the device-to-device copy (bytes read + written) for filter and scan. */
@@ -688,7 +739,9 @@ static void bench_device_output(const char *gpu_name, const ceilings_t *c)
         tally_shm_ref_t ref = {
             .in_handle = in, .in_length = len, .out_handle = out, .out_length = 2 * len};
         (void)ref_rate(gpu_sock, &req, &ref, (int)(BENCH_WARM_BYTES / len)); /* warm-up */
+        stages_t st = stages_read(gpu_sock);
         double via = ref_rate(gpu_sock, &req, &ref, (int)(BENCH_BYTES / len));
+        stages_print(gpu_sock, ops[k] == TALLY_OP_SCAN ? "scan 32 MiB" : "filter 32 MiB", &st);
         double kernel = kernel_out_rate(ops[k], len / 4, (int)(BENCH_BYTES / len));
         double moved = ops[k] == TALLY_OP_SCAN ? 3.0 : 2.0; /* bytes moved an input byte */
         print_message("bench: %s, %s i32 32 MiB device region -> device output region via "
@@ -786,10 +839,14 @@ static void bench_overhead(void)
     req.flags = TALLY_FLAG_SHM_REF;
     tally_shm_ref_t ref = {.in_handle = handle, .in_length = g.size};
     (void)ref_requests_per_s(gpu_sock, &req, &ref, 2000, bench_inflight()); /* warm-up */
+    stages_t st = stages_read(gpu_sock);
     double one = ref_requests_per_s(gpu_sock, &req, &ref, 4000, 1);
+    stages_print(gpu_sock, "2 MiB, one in flight", &st);
     thread_cpu_t tallyd[64], self[64];
     int nt = threads_cpu(gpu_d.pid, tallyd, 64), ns = threads_cpu(getpid(), self, 64);
+    st = stages_read(gpu_sock);
     double many = ref_requests_per_s(gpu_sock, &req, &ref, 40000, bench_inflight());
+    stages_print(gpu_sock, "2 MiB, 8 in flight", &st);
     print_message("bench: tallyd's cost a request (hist u8 2 MiB device region): one in flight "
                   "%.1f us a round trip; %d in flight %.0f requests/s (%.1f us a request)\n",
                   1e6 / one, bench_inflight(), many, 1e6 / many);
@@ -862,7 +919,11 @@ static void test_bench(void **state)
         assert_int_equal(dev_register(side, g.fd, g.size, uuid, NULL, &handle, NULL, 0), TALLY_OK);
         int total = (int)(BENCH_BYTES / g.size);
         (void)tallyd_rate(gpu_sock, handle, g.size, (int)(BENCH_WARM_BYTES / g.size));
+        stages_t st = stages_read(gpu_sock);
         double in_place = tallyd_rate(gpu_sock, handle, g.size, total);
+        char what[64];
+        snprintf(what, sizeof what, "hist %zu MiB, %d in flight", g.size / MIB, bench_inflight());
+        stages_print(gpu_sock, what, &st);
         double kernel = kernel_rate(g.size, total);
         print_message("bench: %s, hist u8 %zu MiB device region via tallyd (%d in flight): %.0f "
                       "GB/s; %.3f x the read ceiling (%.0f); the kernel at one in flight on local "

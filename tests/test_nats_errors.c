@@ -12,7 +12,9 @@
  *   - a lease key still ours under a revision this holder does not know (a renewal applied
  *     after libnats stopped waiting for its answer): renewed on that revision, not a loss, nor
  *     an error until the lease runs out; a checkpoint manifest written so: committed, not
- *     fenced; a consumer name that exists and has delivered already is refused.
+ *     fenced; a consumer name that exists and has delivered already is refused;
+ *   - a message's sequence read from its ack subject: both of JetStream's forms, and nothing
+ *     (0) from a subject of neither.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -510,6 +512,44 @@ static void test_consumer_exists(void **state)
     natsMsg_Destroy(plain);
 }
 
+/* A message's stream sequence and pending count read from its ack subject (td_nats_consumer.c's
+ * ack_seq, both of JetStream's forms): the fields named, and 0 for a subject that is neither
+ * form (the NATS C client's own reading, the fallback, refuses those too). */
+static void test_ack_subjects(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *reply;
+        uint64_t seq, pending;
+    } cases[] = {
+        {"$JS.ACK.TALLY_P0.c.1.42.7.1700000000000000000.5", 42, 5},              /* 9 tokens */
+        {"$JS.ACK.dom.hash.TALLY_P0.c.1.43.7.1700000000000000000.6", 43, 6},     /* 11 */
+        {"$JS.ACK.dom.hash.TALLY_P0.c.1.44.7.1700000000000000000.7.tok", 44, 7}, /* 12 */
+        {"$JS.ACK.TALLY_P0.c.1.42.7.1700000000000000000", 0, 0},                 /* 8 tokens */
+        {"$JS.ACK.x.TALLY_P0.c.1.42.7.1700000000000000000.5", 0, 0},             /* 10 tokens */
+        {"$JS.ACK.TALLY_P0.c.1.x42.7.1700000000000000000.5", 0, 0},              /* not a number */
+        {"$JS.ACK.TALLY_P0.c.1.42x.7.1700000000000000000.5", 0, 0}, /* a number and more */
+        {"$JS.ACK.TALLY_P0.c.1.42.7.1700000000000000000.", 0, 0},   /* no pending count */
+        {"$JS.ACK.a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p", 0, 0},          /* 18 tokens */
+        {"$JS.NAK.TALLY_P0.c.1.42.7.1700000000000000000.5", 0, 0},  /* not an ack subject */
+        {"$JS.ACK.dom.ACCHASH.TALLY_P3.c.2.77.18.1733190000.0.rnd", 77, 0}, /* 12, pending 0 */
+        {"$JS.ACK.S.c.1..7.1700.9", 0, 0},                          /* an empty sequence */
+        {"$JS.ACKS.S.c.1.42.7.1700.9", 0, 0},                       /* not $JS.ACK */
+        {"_INBOX.S.c.1.42.7.1700.9.a", 0, 0},                       /* an inbox */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        natsMsg *m = NULL;
+        assert_int_equal(natsMsg_Create(&m, "x", cases[i].reply, "y", 1), NATS_OK);
+        uint64_t pending = 99;
+        uint64_t seq = td_nats_msg_seq_pending(m, &pending);
+        if (seq != cases[i].seq || pending != cases[i].pending)
+            fail_msg("%s: seq %llu pending %llu, not %llu and %llu", cases[i].reply,
+                     (unsigned long long)seq, (unsigned long long)pending,
+                     (unsigned long long)cases[i].seq, (unsigned long long)cases[i].pending);
+        natsMsg_Destroy(m);
+    }
+}
+
 /* An owner's first write removes its predecessor's chunks; when a removal fails the checkpoint
  * is written all the same (TD_OK, not fenced, read back), and the message says why. */
 static void test_ckpt_old_chunks_not_removed(void **state)
@@ -570,6 +610,7 @@ int main(void)
         cmocka_unit_test(test_ckpt_write_answered_late),
         cmocka_unit_test(test_sub_closed_while_delivered),
         cmocka_unit_test(test_consumer_exists),
+        cmocka_unit_test(test_ack_subjects),
         cmocka_unit_test(test_ckpt_old_chunks_not_removed),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

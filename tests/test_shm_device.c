@@ -6,8 +6,9 @@
  * the CPU backend's refusal, every registration refusal (unknown UUID, not an allocation, a
  * wrong size, a malformed op 3), the quotas shared with host regions, the descriptor that tallyd
  * holds until the region is released (counted in /proc/PID/fd), the release deferred while a
- * request uses the region, the handle's bit 63, `info` gpu_uuids, and requests by reference read
- * in place with the results a payload gets. The real import is gpu-check.sh's (test_gpu_region).
+ * request uses the region, the handle's bit 63, `info` gpu_uuids, requests by reference read
+ * in place with the results a payload gets, and many on no stream in flight at once (the front
+ * runs and finishes them on several shards, issue 34) with every stage of each counted. The real import is gpu-check.sh's (test_gpu_region).
  */
 #include <fcntl.h>
 #include <setjmp.h>
@@ -753,6 +754,72 @@ static void test_runs_on_its_gpu(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
 }
 
+/* Requests by device reference on no stream, many in flight (issue 34): on several shards the
+ * front runs them and takes their GPU completions itself (td_path.c, run_on_front and
+ * finish_on_front), with and without the loop's polling (--gpu-spin-loop keeps completions on
+ * the shards); each is answered once with the histogram a payload gets, and every stage of each
+ * is counted in tallyd_gpu_stage_requests_total. */
+static void test_pipelined_unnamed(void **state)
+{
+    (void)state;
+    enum { N = 1024, INFLIGHT = 48, ROUNDS = 4 };
+    static const char *const stages[] = {"submit", "to_lane", "launch", "device",
+                                         "retire", "back",    "apply",  "to_front"};
+    for (int loop_spin = 0; loop_spin < 2; loop_spin++) {
+        const char *const args[] = {
+            "--backend", "cuda", "--test-sim-gpus", "1", loop_spin ? "--gpu-spin-loop" : NULL,
+            NULL};
+        th_daemon_t d;
+        uint8_t uuid[TALLY_GPU_UUID_SIZE];
+        int side = start_side(&d, args, 0, uuid);
+        int32_t values[N];
+        for (int i = 0; i < N; i++)
+            values[i] = i % 201 - 100;
+        int fd = filled_memfd(REGION_BYTES, values, sizeof values);
+        th_answer_t ans;
+        assert_int_equal(dev_register(side, fd, REGION_BYTES, uuid, 0, &ans), TALLY_OK);
+        close(fd);
+        void *ctx = zmq_ctx_new();
+        void *sock = dealer(ctx, d.endpoint, "producer");
+        th_reply_t want;
+        assert_int_equal(ref_call(sock, TALLY_OP_HIST, NULL, ans.a.handle, 0, N * 4, 0, &want),
+                         TALLY_OK);
+        tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_I32, 0);
+        req.flags = TALLY_FLAG_SHM_REF;
+        req.lo = -100;
+        req.hi = 100;
+        tally_shm_ref_t ref = {.in_handle = ans.a.handle, .in_length = N * 4};
+        uint8_t bytes[TALLY_SHM_REF_SIZE];
+        tally_shm_ref_encode(&ref, bytes);
+        bool seen[INFLIGHT * ROUNDS] = {false};
+        for (int round = 0; round < ROUNDS; round++) {
+            for (int i = 0; i < INFLIGHT; i++) {
+                req.request_id = (uint64_t)(round * INFLIGHT + i + 1);
+                assert_int_equal(th_send_request(sock, &req, bytes, sizeof bytes), 0);
+            }
+            for (int i = 0; i < INFLIGHT; i++) {
+                th_reply_t r;
+                assert_int_equal(th_recv_reply(sock, &r), 0);
+                assert_int_equal(r.rep.status, TALLY_OK);
+                assert_true(r.rep.request_id >= 1 && r.rep.request_id <= INFLIGHT * ROUNDS);
+                assert_false(seen[r.rep.request_id - 1]);
+                seen[r.rep.request_id - 1] = true;
+                assert_int_equal(r.len, want.len);
+                assert_memory_equal(r.payload, want.payload, want.len);
+                th_reply_free(&r);
+            }
+        }
+        th_reply_free(&want);
+        for (size_t k = 0; k < sizeof stages / sizeof stages[0]; k++) {
+            char name[96];
+            snprintf(name, sizeof name, "tallyd_gpu_stage_requests_total{stage=\"%s\"}", stages[k]);
+            assert_int_equal(th_stat(sock, name), INFLIGHT * ROUNDS + 1);
+        }
+        finish_clients(ctx, sock, side);
+        assert_int_equal(th_daemon_stop(&d, SIGTERM, 20000), 0);
+    }
+}
+
 /* Failure is contained (issue 23): a device-referenced request whose GPU fails is answered
  * `internal` (its input is on the GPU: the CPU cannot rerun it), the GPU is marked unusable
  * after TD_GPU_DEAD_AFTER (3) failures in a row, then references to its regions get bad_ref,
@@ -1060,6 +1127,7 @@ int main(void)
         cmocka_unit_test(test_device_buffers_bound),
         cmocka_unit_test(test_libtally_gpu_register),
         cmocka_unit_test(test_deferred_release),
+        cmocka_unit_test(test_pipelined_unnamed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,6 +16,8 @@
  *   - a message without two request frames is answered `frames`, echoing the header's id;
  *   - a payload the transport only lends is copied: the path never frees it, and the transport
  *     may write over it once td_path_submit returns;
+ *   - a payload in the transport's holder is moved into the request's room once and released
+ *     there once; an ok reply keeps a copy of its header beside its payload (header_kept);
  *   - td_path_may_read says no at max_inflight, yes again once replies leave;
  *   - tallyd's own requests (no sender id) make no per-peer entry; a named sender does;
  *   - a stopping path answers `shutdown`.
@@ -40,6 +42,7 @@ typedef struct {
     uint64_t id;
     uint32_t status;
     uint64_t aux0;
+    bool header_kept; /* td_reply_t.header_kept set (and equal to the header) */
 } seen_t;
 
 /* The broker transport, the path and what the test watches. */
@@ -71,8 +74,12 @@ static void broker_send_reply(td_transport_t *t, td_reply_t *reply)
 {
     broker_t *b = (broker_t *)t;
     assert_true(b->seen_count < REPLIES_MAX);
-    b->seen[b->seen_count++] =
-        (seen_t){.id = reply->rep.request_id, .status = reply->rep.status, .aux0 = reply->rep.aux0};
+    if (reply->header_kept)
+        assert_memory_equal(reply->header_kept, reply->header, sizeof reply->header);
+    b->seen[b->seen_count++] = (seen_t){.id = reply->rep.request_id,
+                                        .status = reply->rep.status,
+                                        .aux0 = reply->rep.aux0,
+                                        .header_kept = reply->header_kept != NULL};
     if (b->keep_bodies && reply->body.data) { /* held past td_reply_end: still counted */
         b->kept[b->kept_count++] = reply->body;
         td_bytes_taken(&reply->body);
@@ -293,6 +300,19 @@ static void lent_free(void *data, void *hint)
     fail_msg("the path freed a payload its transport only lent");
 }
 
+/* Request 1, a 64 KiB hist on stream p0 from "producer", left running on a worker; header: the
+ * encoded header of request 2, a hist on p0, which will wait behind it. */
+static void hist_behind_a_running_one(broker_t *b, uint8_t header[TALLY_REQ_HEADER_SIZE])
+{
+    assert_int_equal(
+        submit(b, (sub_t){TALLY_OP_HIST, TALLY_DTYPE_U8, "p0", 1, 0, 64u << 10, "producer", 0}),
+        TD_OK);
+    assert_int_equal(b->running_count, 1); /* on a worker: the next of p0 waits for it */
+    tally_req_t req = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8, .request_id = 2};
+    assert_int_equal(tally_req_set_stream(&req, "p0"), TALLY_OK);
+    tally_req_encode(&req, header);
+}
+
 /* A payload the transport lends (td_msg_t.payload_borrowed) is its own again once td_path_submit
  * returns: the path copies it. The lent hist waits behind a running one on its stream, the
  * transport overwrites its buffer, and the stream still counts the bytes it lent. */
@@ -300,14 +320,8 @@ static void test_lent_payload_is_copied(void **state)
 {
     (void)state;
     broker_t *b = broker_new(64);
-    assert_int_equal(
-        submit(b, (sub_t){TALLY_OP_HIST, TALLY_DTYPE_U8, "p0", 1, 0, 64u << 10, "producer", 0}),
-        TD_OK);
-    assert_int_equal(b->running_count, 1); /* on a worker: the next of p0 waits for it */
-    tally_req_t req = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8, .request_id = 2};
-    assert_int_equal(tally_req_set_stream(&req, "p0"), TALLY_OK);
     uint8_t header[TALLY_REQ_HEADER_SIZE];
-    tally_req_encode(&req, header);
+    hist_behind_a_running_one(b, header);
     uint8_t lent[TD_PAYLOAD_BORROW_MAX];
     memset(lent, 200, sizeof lent);
     td_msg_t m = {
@@ -333,6 +347,85 @@ static void test_lent_payload_is_copied(void **state)
     assert_int_equal(bins[200], 256 + sizeof lent);
     assert_int_equal(bins[201], 256);
     assert_int_equal(b->payloads_freed, 1); /* the first one's; the lent one is not freed */
+    broker_destroy(&b);
+}
+
+/* A transport's holder of a payload (td_msg_t.hold; ZeroMQ's frame), as it lies in the request's
+ * room. */
+typedef struct {
+    uint8_t *data;
+    size_t len;
+    void *where; /* the room it was moved into */
+} holder_t;
+
+_Static_assert(sizeof(holder_t) <= TD_PAYLOAD_HOLDER_MAX, "a holder fits the room");
+
+static unsigned holds_made;
+
+static void holder_release(void *data, void *hint)
+{
+    holder_t *h = hint;
+    assert_ptr_equal(h->where, hint); /* released where it was moved to */
+    assert_ptr_equal(h->data, data);
+    free(h->data);
+    h->data = NULL;
+    the_broker->payloads_freed++;
+}
+
+static td_bytes_t holder_move(void *room, void *ctx)
+{
+    holder_t *from = ctx, *h = room;
+    *h = *from;
+    h->where = room;
+    from->data = NULL; /* moved: the transport's is empty */
+    holds_made++;
+    return (td_bytes_t){.data = h->data, .len = h->len, .free_fn = holder_release, .hint = h};
+}
+
+/* A payload in the transport's holder (td_msg_t.hold) is moved into its request once, read from
+ * there (the hist waits behind a running one on its stream meanwhile), and released there once.
+ * An ok reply with a payload keeps a copy of its header beside it (td_reply_t.header_kept, equal
+ * to the header: the broker checks every reply); an error reply has none. */
+static void test_held_payload_stays_in_its_request(void **state)
+{
+    (void)state;
+    broker_t *b = broker_new(64);
+    holds_made = 0;
+    uint8_t header[TALLY_REQ_HEADER_SIZE];
+    hist_behind_a_running_one(b, header);
+    holder_t frame = {.data = malloc(4096), .len = 4096};
+    assert_non_null(frame.data);
+    memset(frame.data, 200, frame.len);
+    td_msg_t m = {
+        .from = {.id = (const uint8_t *)"producer", .id_len = 8},
+        .header = header,
+        .header_len = sizeof header,
+        .hold = holder_move,
+        .hold_ctx = &frame,
+        .frames = 2,
+    };
+    assert_int_equal(td_path_submit(b->path, &b->base, &m), TD_OK);
+    assert_int_equal(holds_made, 1);
+    assert_null(frame.data); /* moved into the request */
+    assert_int_equal(b->seen_count, 0);
+    assert_int_equal(b->payloads_freed, 0);
+    drain(b);
+    assert_int_equal(b->seen_count, 2);
+    assert_int_equal(b->seen[1].id, 2);
+    assert_int_equal(b->seen[1].status, TALLY_OK);
+    assert_true(b->seen[1].header_kept);
+    td_stream_t *st = stream_of(b, "p0");
+    assert_non_null(st);
+    uint64_t bins[256];
+    td_bins_get(&st->bins, 256, bins);
+    assert_int_equal(bins[200], 256 + 4096);
+    assert_int_equal(b->payloads_freed, 2); /* the first one, and the held one in its room */
+    assert_int_equal(
+        submit(b, (sub_t){TALLY_OP_HIST, TALLY_DTYPE_U8, NULL, 3, 0, 16, "producer", 3}),
+        TD_OK); /* three frames: answered `frames`, an error without a kept header */
+    assert_int_equal(b->seen_count, 3);
+    assert_int_equal(b->seen[2].status, TALLY_E_FRAMES);
+    assert_false(b->seen[2].header_kept);
     broker_destroy(&b);
 }
 
@@ -389,6 +482,7 @@ int main(void)
         cmocka_unit_test(test_reply_bytes_count_until_the_transport_frees_them),
         cmocka_unit_test(test_frames_answered_with_the_header_id),
         cmocka_unit_test(test_lent_payload_is_copied),
+        cmocka_unit_test(test_held_payload_stays_in_its_request),
         cmocka_unit_test(test_may_read_follows_the_inflight_limit),
         cmocka_unit_test(test_own_requests_skip_the_peer_table),
         cmocka_unit_test(test_stopping_answers_shutdown),

@@ -26,6 +26,7 @@ static atomic_uint_least64_t failed;  /* of which failed on purpose */
 static uint64_t fail_at;              /* TALLYD_ALLOC_FAIL_AT; 0: none */
 static bool persist;                  /* TALLYD_ALLOC_FAIL_PERSIST */
 static bool armed;                    /* TALLYD_ALLOC_FAIL_AT is set (0 too): report at exit */
+static const char *only;              /* TALLYD_ALLOC_FAIL_IN; NULL: every allocation */
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 
 static void read_env(void)
@@ -35,6 +36,9 @@ static void read_env(void)
     armed = at != NULL;
     fail_at = at ? strtoull(at, NULL, 10) : 0;
     persist = keep && keep[0] && strcmp(keep, "0") != 0;
+    only = getenv("TALLYD_ALLOC_FAIL_IN");
+    if (only && !only[0])
+        only = NULL;
 }
 
 static const char *base_name(const char *path)
@@ -47,6 +51,8 @@ static const char *base_name(const char *path)
 bool td_af_must_fail(const char *what, const char *file, int line)
 {
     pthread_once(&env_once, read_env);
+    if (only && (!file || !strstr(file, only)))
+        return false; /* not numbered: outside the part swept */
     uint64_t n = atomic_fetch_add_explicit(&counted, 1, memory_order_relaxed) + 1;
     if (!fail_at || n < fail_at || (n > fail_at && !persist))
         return false;

@@ -16,6 +16,9 @@
  * through the engine's host_alloc) are such calls. Environment (read once, at the first count):
  *   TALLYD_ALLOC_FAIL_AT=N       the Nth allocation fails (1 = the first); unset or 0: none fails
  *   TALLYD_ALLOC_FAIL_PERSIST=1  every allocation after the Nth fails too (default: the Nth only)
+ *   TALLYD_ALLOC_FAIL_IN=TEXT    only the allocations of source files whose path contains TEXT
+ *                                ("/nats/": the fleet's) are numbered, and so may fail; the others
+ *                                (and ZeroMQ's, whose site is not known) are neither
  * tallyd writes to stderr, when an allocation is failed on purpose,
  *   tallyd: alloc-fault: failing allocation N (malloc at td_stream.c:123)
  * and at exit, when TALLYD_ALLOC_FAIL_AT is set (0 too: count only),

@@ -124,6 +124,11 @@
  * before it sleeps, saving a wake-up per request when batches are short (--gpu-spin-us; see
  * bench/NOTES.md for the A/B that chose it). */
 #define TD_GPU_SPIN_US_LIMIT 10000u
+/* Unset, lanes poll TD_GPU_SPIN_US_DEFAULT on a real GPU and not at all on the tests' simulated
+ * ones (whose behaviour on the 2-core CI box stays what it was). 50 us: on the H200 polling beat
+ * host functions on every device-region row, one in flight and 8 (bench/NOTES.md, issue 34). */
+#define TD_GPU_SPIN_US_DEFAULT 50u
+#define TD_GPU_SPIN_US_UNSET 0xffffffffu
 /* CPU batches up to this size run on the loop thread itself (a 16 KiB batch takes a few
  * microseconds there): through the worker pool, a 4 KiB request's p50 was 27-43 us over the
  * ZeroMQ echo on the H200 host (bench/NOTES.md), two thread wake-ups more than needed. */

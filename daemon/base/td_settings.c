@@ -420,7 +420,8 @@ const td_setting_t td_settings[] = {
      .help = "print the version"},
     /* Hidden: tuning (bench/NOTES.md), the tests' hooks, and the documents' generators. */
     {.option = "gpu-spin-us", .arg = "US", .type = TD_SET_UINT, .offset = FIELD(gpu_spin_us),
-     .def = 0u, .max = TD_GPU_SPIN_US_LIMIT, .hidden = true,
+     .def = TD_GPU_SPIN_US_UNSET, .max = TD_GPU_SPIN_US_LIMIT, .hidden = true,
+     .default_doc = "50 on a GPU, 0 (no polling) on the tests' simulated GPUs",
      .help = "lane threads poll the GPU this long for a completion before they sleep; launches "
              "then enqueue no host function"},
     {.option = "gpu-spin-loop", .type = TD_SET_FLAG, .offset = FIELD(gpu_spin_loop),

@@ -52,6 +52,19 @@ void td_metrics_count_region_request(td_metrics_t *m, int ordinal, bool peer)
         m->gpu_region_requests[ordinal][peer]++;
 }
 
+void td_metrics_gpu_stages(td_metrics_t *m, const uint64_t stamp[TD_GPU_STAGES], uint64_t start,
+                           unsigned first, unsigned last)
+{
+    for (unsigned i = first; i <= last; i++)
+        if (!stamp[i])
+            return;
+    for (unsigned i = first; i <= last; i++) {
+        uint64_t from = i ? stamp[i - 1] : start;
+        m->gpu_stage_ns[i] += stamp[i] > from ? stamp[i] - from : 0; /* clocks of two threads */
+        m->gpu_stage_count[i]++;
+    }
+}
+
 void td_metrics_add(td_metrics_t *dst, const td_metrics_t *src)
 {
     for (unsigned op = 0; op < TALLY_OP_COUNT; op++) {
@@ -82,6 +95,10 @@ void td_metrics_add(td_metrics_t *dst, const td_metrics_t *src)
         dst->gpu_requests[g] += src->gpu_requests[g];
         dst->gpu_region_requests[g][0] += src->gpu_region_requests[g][0];
         dst->gpu_region_requests[g][1] += src->gpu_region_requests[g][1];
+    }
+    for (unsigned i = 0; i < TD_GPU_STAGES; i++) {
+        dst->gpu_stage_ns[i] += src->gpu_stage_ns[i];
+        dst->gpu_stage_count[i] += src->gpu_stage_count[i];
     }
     for (unsigned l = 0; l < TD_LIMIT_COUNT; l++)
         dst->limited[l] += src->limited[l];

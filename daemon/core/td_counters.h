@@ -32,6 +32,22 @@
 #define TD_LATENCY_BUCKETS 14
 extern const double td_latency_bounds_us[TD_LATENCY_BUCKETS];
 
+/* Where a GPU request's time goes, stage by stage (issue 34: tallyd_gpu_stage_seconds_total).
+ * Stage i ends at the request's stamp i (td_request_t.gpu_stamp); stage 0 starts when the front
+ * read it. Every stage is counted on the shard at the reply, but the last, the reply's way back
+ * to the front, which the front counts. */
+typedef enum {
+    TD_GPU_STAGE_SUBMIT = 0,   /* read by the front -> handed to its lane by its shard */
+    TD_GPU_STAGE_TO_LANE = 1,  /* -> started by its lane thread */
+    TD_GPU_STAGE_LAUNCH = 2,   /* -> the launch's CUDA calls returned */
+    TD_GPU_STAGE_DEVICE = 3,   /* -> its lane saw the device's work done */
+    TD_GPU_STAGE_RETIRE = 4,   /* -> its reply built, on its shard's completion queue */
+    TD_GPU_STAGE_BACK = 5,     /* -> taken off that queue on the shard's loop */
+    TD_GPU_STAGE_APPLY = 6,    /* -> applied to its stream and answered */
+    TD_GPU_STAGE_TO_FRONT = 7, /* -> its reply handed to its transport on the front */
+    TD_GPU_STAGES = 8,
+} td_gpu_stage_t;
+
 /* The per-peer limits (td_peers.h), for tallyd_limited_total{reason}. */
 typedef enum {
     TD_LIMIT_INFLIGHT = 0, /* busy: the connection's share of max_inflight */
@@ -61,6 +77,8 @@ typedef struct {
     /* Of them, requests by device reference (PROTOCOL.md §10 "Device memory"): [0] run on the GPU
      * that holds the region, [1] on another one (peer access). */
     uint64_t gpu_region_requests[TD_METRICS_GPUS_MAX][2];
+    uint64_t gpu_stage_ns[TD_GPU_STAGES];       /* summed over the requests counted in it */
+    uint64_t gpu_stage_count[TD_GPU_STAGES];    /* requests counted in each stage */
     unsigned gpu_devices;                       /* how many of those to report */
     uint64_t limited[TD_LIMIT_COUNT];           /* requests refused by a per-peer limit */
 } td_metrics_t;
@@ -81,6 +99,10 @@ void td_metrics_count_gpu_request(td_metrics_t *m, int ordinal);
 /* A request by device reference completed on GPU `ordinal`: peer when that is not the GPU
  * holding its region. */
 void td_metrics_count_region_request(td_metrics_t *m, int ordinal, bool peer);
+/* A GPU request's stages [first, last] from its stamps (stamp[i] ends stage i; `start` begins
+ * stage 0): counted only when every one of them was stamped (a request rerun on the CPU is not). */
+void td_metrics_gpu_stages(td_metrics_t *m, const uint64_t stamp[TD_GPU_STAGES], uint64_t start,
+                           unsigned first, unsigned last);
 
 /* Renders the Prometheus text format into buf; returns the length it needed (like snprintf).
  * Besides tallyd's own: tallyd_build_info, the per-stream series (tallyd_stream_*), and the

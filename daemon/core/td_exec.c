@@ -222,7 +222,9 @@ static td_err_t open_gpu(td_exec_t *x)
             .max_batch = x->gpu_max_batch,
             .lanes = cfg->gpu_streams ? cfg->gpu_streams : TD_DEFAULT_GPU_STREAMS,
             .slots = TD_GPU_SLOTS_PER_LANE,
-            .spin_us = cfg->gpu_spin_us,
+            .spin_us = cfg->gpu_spin_us != TD_GPU_SPIN_US_UNSET ? cfg->gpu_spin_us
+                       : cfg->test_sim_gpus                     ? 0
+                                                                : TD_GPU_SPIN_US_DEFAULT,
             .spin_loop = cfg->gpu_spin_loop,
             .max_inflight = TD_MAX_INFLIGHT_LIMIT, /* a reload may raise max_inflight */
             .sinks = x->env.ports,

@@ -137,10 +137,11 @@ static bool head_finished(lane_t *l, slot_t *slot)
     return slot->state == SLOT_DONE || slot->state == SLOT_FAILED;
 }
 
-/* r->shard is the shard that submitted it (td_path.c: one of the opts.sinks shards). */
+/* r->shard is the shard that submitted it (td_path.c: one of the opts.sinks shards), unless
+ * the front ran it and takes its completion (r->gpu_to_front: the last sink, the front's). */
 static sink_t *sink_of(td_gpu_t *g, const td_request_t *r)
 {
-    return &g->sinks[r->shard];
+    return &g->sinks[r->gpu_to_front ? g->opts.sinks - 1 : r->shard];
 }
 
 /* The wake-up is sent under the lock: the loop cannot see (and answer) this request before the
@@ -245,6 +246,7 @@ static void retire(lane_t *l, slot_t *slot)
         td_gpu_pool_give_back(slot->reply_buf, &l->dev->pool);
         slot->reply_buf = NULL;
     }
+    r->gpu_stamp[TD_GPU_STAGE_RETIRE] = uv_hrtime();
     pthread_mutex_lock(&l->lock);
     slot->state = SLOT_FREE;
     slot->r = NULL;
@@ -520,6 +522,7 @@ void *td_gpu_lane_main(void *arg)
                 l->retiring++;
                 l->napping = false;
                 pthread_mutex_unlock(&l->lock);
+                head->r->gpu_stamp[TD_GPU_STAGE_DEVICE] = uv_hrtime();
                 retire(l, head);
                 pthread_mutex_lock(&l->lock);
                 continue;
@@ -534,7 +537,10 @@ void *td_gpu_lane_main(void *arg)
             l->ring_count++;
             l->napping = false;
             pthread_mutex_unlock(&l->lock);
+            td_request_t *r = slot->r; /* retired by this thread only: still slot's after launch */
+            r->gpu_stamp[TD_GPU_STAGE_TO_LANE] = uv_hrtime();
             launch(l, slot);
+            r->gpu_stamp[TD_GPU_STAGE_LAUNCH] = uv_hrtime();
             pthread_mutex_lock(&l->lock);
             continue;
         }
@@ -623,9 +629,11 @@ static void async_cb(uv_async_t *handle)
     pthread_mutex_lock(&g->state_lock);
     note_batch(g, r);
     pthread_mutex_unlock(&g->state_lock);
+    uint64_t now = uv_hrtime();
     while (r) {
         td_request_t *next = r->next;
-        if (--k->submitted == 0 && k->spin_open) /* each one of this sink's submissions */
+        r->gpu_stamp[TD_GPU_STAGE_BACK] = now;
+        if (k->spin_open && --k->submitted == 0) /* each one of this sink's submissions */
             uv_idle_stop(&k->spin);
         k->complete(k->owner, r);
         r = next;
@@ -653,9 +661,10 @@ static bool admit_on_device(td_gpu_t *g, device_t *d, const td_request_t *r)
 
 void td_gpu_submit(td_gpu_t *g, td_request_t *r)
 {
+    r->gpu_stamp[TD_GPU_STAGE_SUBMIT] = uv_hrtime();
     device_t *d = &g->devices[r->where.device];
     sink_t *k = sink_of(g, r); /* this shard's: submit runs on its thread */
-    if (k->submitted++ == 0 && k->spin_open)
+    if (k->spin_open && k->submitted++ == 0)
         uv_idle_start(&k->spin, spin_cb);
     if (!admit_on_device(g, d, r)) { /* no lanes to run it: failed, as on a dead device */
         r->gpu_failed = true;

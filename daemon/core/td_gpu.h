@@ -11,9 +11,11 @@
  *
  * Threads (issue 31): the lanes are shared by every shard. A shard submits on its own thread and
  * gets its completions on its own loop through its sink (td_gpu_sink_open, one per shard:
- * r->shard names it); the devices' bookkeeping is under a lock of the pipeline's; the recovery of
- * a lost context runs from the wiring's loop (`loop` of td_gpu_new). Everything else is called on
- * the wiring's loop thread.
+ * r->shard names it), or, with r->gpu_to_front, through the last sink, the front's (td_path.c runs
+ * a request on the front and takes its completion there too, so that no shard's thread wakes for
+ * it: issue 34, bench/NOTES.md); the devices' bookkeeping is under a lock of the pipeline's; the
+ * recovery of a lost context runs from the wiring's loop (`loop` of td_gpu_new). Everything else is
+ * called on the wiring's loop thread.
  */
 #ifndef TD_GPU_H
 #define TD_GPU_H
@@ -38,7 +40,8 @@ typedef struct {
     bool spin_loop;        /* the loop polls while requests are on the GPU (--gpu-spin-loop) */
     unsigned max_inflight; /* the most requests ever in flight: bounds the streams in flight at
                             * once, so the scan carries per lane (per sink) */
-    unsigned sinks;        /* the shards that submit (at least 1) */
+    unsigned sinks;        /* the shards that submit, and the front when it is a thread of its
+                            * own (at least 1) */
 } td_gpu_opts_t;
 
 /* Opens every device of the engine (taking ownership of it, also on failure) with its lanes
@@ -47,7 +50,8 @@ typedef struct {
  * td_gpu_sink_open before it submits. */
 td_err_t td_gpu_new(uv_loop_t *loop, td_gpu_engine_t *engine, const td_gpu_opts_t *opts,
                     td_gpu_t **out, char *why, size_t why_cap);
-/* Sink `index` (< opts.sinks): the completions of requests with r->shard == index come back
+/* Sink `index` (< opts.sinks): the completions of requests with r->shard == index (or, for the
+ * last sink, of those with r->gpu_to_front) come back
  * through complete(owner, r) on `loop`, which must not run yet (or be the caller's). A libuv
  * error code, 0 when done. */
 int td_gpu_sink_open(td_gpu_t *self, unsigned index, uv_loop_t *loop, td_gpu_complete_fn complete,

@@ -71,18 +71,8 @@
 #include "td_mailbox.h"
 #include "td_ops.h"
 #include "td_path.h"
+#include "td_path_int.h"
 #include "td_shard.h"
-
-/* What a hop carries (td_mailbox.h): to a shard, then to the front. */
-enum {
-    HOP_TAKE = 1, /* a request to check and run */
-    HOP_RESUME,   /* info, stats or streams answered by the front: send the reply */
-    HOP_STOP,     /* a stop signal */
-    HOP_CLOSE,    /* the last message: close the loop's handles */
-    HOP_REPLY,    /* a reply, for its transport */
-    HOP_GATHER,   /* info, stats or streams, to answer from the whole daemon */
-    HOP_DELETED,  /* a stream was deleted (the PUB socket tells its subscribers) */
-};
 
 /* A deleted stream's name on its way to the front. */
 typedef struct {
@@ -90,72 +80,6 @@ typedef struct {
     size_t len;
     char name[];
 } deleted_t;
-
-typedef struct {
-    td_path_t *path;
-    unsigned index;
-    td_shard_t *shard;
-    td_metrics_t metrics; /* the shard's counters */
-    uint64_t dispatched;  /* the front's: requests handed to the shard */
-    uint64_t replied;     /* the front's: their replies back */
-    uv_loop_t *loop;      /* the shard's: own_loop, or the front's with one shard */
-    uv_timer_t sweep;     /* its part's window slots that left the ring */
-    bool sweep_open;
-    bool machine_open; /* the machines' open succeeded: close it */
-    /* With threads (more than one shard): */
-    uv_loop_t own_loop;
-    bool loop_open;
-    uv_thread_t thread;
-    bool running;            /* its thread runs (started, not joined) */
-    td_mailbox_t inbox;      /* the front's hops to it */
-    td_hop_batch_t to_shard; /* the front's thread: not posted yet */
-    td_hop_batch_t to_front; /* the shard's thread: not posted yet */
-    uv_prepare_t flush_prepare;
-    uv_check_t flush_check;
-    bool flush_open;
-    td_hop_t stop_hop;
-    td_hop_t close_hop;
-    unsigned parked_epoch; /* the shard's thread: the last hold it parked for */
-    /* Who runs the shard now: its thread holds `own` while it runs its loop's callbacks and lets
-     * go only to sleep, so the front may take it to run a request itself (run_on_front). */
-    pthread_mutex_t own;
-    int sleep_ms;               /* under own: the timeout the shard's thread sleeps with */
-    _Atomic uint64_t asleep_ns; /* the shard's thread's time asleep (libuv's idle time is not) */
-    bool front_has_it; /* under own: the front runs the shard (its replies leave at once) */
-    uint64_t start_ns;
-} slot_t;
-
-struct td_path {
-    td_path_env_t env;
-    td_admit_t admit; /* identification and the fair share: the front's */
-    unsigned count;
-    slot_t *slots;
-    bool threads; /* more than one shard: each on a thread of its own */
-    td_path_machines_t machines;
-    td_mailbox_t inbox; /* the shards' hops to the front */
-    td_hop_t *spares;   /* the front's: retired requests, not in use */
-    unsigned spare_count;
-    uv_prepare_t flush_prepare;
-    uv_check_t flush_check;
-    bool front_open;     /* inbox and flush handles initialised */
-    uint64_t dispatched; /* over every shard */
-    uint64_t replied;
-    unsigned next_pick; /* where the search for the least loaded shard starts */
-    bool stopping;      /* a stop signal arrived */
-    bool drain_expired; /* drain_ms has passed since: transports read nothing more */
-    bool closed;
-    td_shm_t *shm;
-    td_path_deleted_fn deleted; /* NULL when nobody listens (no subscriptions) */
-    void *deleted_ctx;
-    /* Holding the shards (td_streams_hold): a hold is an epoch; a shard parks once per epoch. */
-    pthread_mutex_t lock;
-    pthread_cond_t parked_cond;  /* a shard parked */
-    pthread_cond_t release_cond; /* the hold is over */
-    _Atomic unsigned want;       /* the epoch of the latest hold */
-    unsigned released;           /* under lock: the epoch released last */
-    unsigned parked;             /* under lock: shards parked in this epoch */
-    unsigned hold_depth;         /* the loop thread's: nested holds */
-};
 
 static void flush_to_shards(td_path_t *p);
 static void flush_to_front(slot_t *slot);
@@ -318,39 +242,6 @@ static void pin_regions(td_path_t *p, td_request_t *r)
     r->shm_out_ptr = out;
 }
 
-/* The only request in flight, with nothing else waiting to be read: run here, on the front's
- * thread, instead of a hand-off and two wake-ups (the shard's, then the front's for the reply: most
- * of a small request's time when one is in flight, bench/NOTES.md "The front"). The shard's thread
- * holds `own` whenever it runs a callback (shard_main), so with `own` taken here the shard is
- * asleep and stays so, and everything handed to it before has been taken (the front is its
- * mailbox's only producer): its state is the front's for the moment, and the request still
- * comes after every earlier one of its stream. A reply made now leaves at once (shard_reply);
- * what the request started (work on the CPU pool or a GPU lane) completes on the shard's loop
- * as before, and anything the run left the shard's loop to do sooner than it sleeps for (a timer
- * started, an idle handle) wakes it. Under load this never takes work from the shards: another
- * request is then in flight, or waits to be read (without that second condition a front that
- * keeps up would run every request itself, one after the other: callgrind showed it). False
- * when the request must be handed over. */
-static bool run_on_front(td_path_t *p, slot_t *slot, td_request_t *r)
-{
-    const td_transport_ops_t *ops = r->transport->ops;
-    if (p->dispatched - p->replied != 1 || p->stopping || !slot->running ||
-        !td_hop_batch_empty(&slot->to_shard) ||
-        atomic_load_explicit(&slot->inbox.stack.top, memory_order_relaxed) || !ops->input_waiting ||
-        ops->input_waiting(r->transport) || pthread_mutex_trylock(&slot->own) != 0)
-        return false;
-    slot->front_has_it = true;
-    td_shard_take(slot->shard, r);
-    slot->front_has_it = false;
-    flush_to_front(slot); /* what it hands the front otherwise (a gather, a deleted name) */
-    int due = uv_backend_timeout(slot->loop);
-    bool wake = due >= 0 && (slot->sleep_ms < 0 || due < slot->sleep_ms);
-    pthread_mutex_unlock(&slot->own);
-    if (wake)
-        uv_async_send(&slot->inbox.async);
-    return true;
-}
-
 td_err_t td_path_submit(td_path_t *p, td_transport_t *t, td_msg_t *m)
 {
     td_request_t *r = new_request(p);
@@ -359,10 +250,16 @@ td_err_t td_path_submit(td_path_t *p, td_transport_t *t, td_msg_t *m)
     r->received_ns = uv_hrtime();
     take_envelope(p, r, t, &m->from);
     copy_header(r, m);
+    if (m->req) { /* the shard need not decode it again */
+        r->req = *m->req;
+        r->decoded = true;
+    }
     r->arrived = m->payload; /* the shard's now */
     if (m->payload_borrowed) { /* the transport's: copied (TD_PAYLOAD_BORROW_MAX at most) */
         memcpy(r->payload_inline, m->payload.data, m->payload.len);
         r->arrived = (td_bytes_t){.data = r->payload_inline, .len = m->payload.len};
+    } else if (m->hold) { /* the transport's holder, moved in */
+        r->arrived = m->hold(r->payload_holder, m->hold_ctx);
     }
     m->payload = (td_bytes_t){0};
     if (p->threads)
@@ -373,7 +270,7 @@ td_err_t td_path_submit(td_path_t *p, td_transport_t *t, td_msg_t *m)
     p->dispatched++;
     if (!p->threads)
         td_shard_take(slot->shard, r);
-    else if (!run_on_front(p, slot, r))
+    else if (!td_path_run_on_front(p, slot, r))
         td_hop_batch_add(&slot->to_shard, &r->hop, HOP_TAKE);
     return TD_OK;
 }
@@ -394,6 +291,11 @@ static void reply_out(td_path_t *p, td_request_t *r)
 {
     p->slots[r->shard].replied++;
     p->replied++;
+    if (r->gpu_stamp[TD_GPU_STAGE_APPLY]) {
+        r->gpu_stamp[TD_GPU_STAGE_TO_FRONT] = uv_hrtime();
+        td_metrics_gpu_stages(p->env.metrics, r->gpu_stamp, r->received_ns, TD_GPU_STAGE_TO_FRONT,
+                              TD_GPU_STAGE_TO_FRONT);
+    }
     td_admit_answered(&p->admit, r);
     r->transport->ops->send_reply(r->transport, &r->out);
 }
@@ -496,11 +398,6 @@ static void set_deleted(td_path_t *p, td_path_deleted_fn deleted, void *ctx)
     p->deleted_ctx = ctx;
 }
 
-void td_path_finished(td_path_t *self, td_request_t *r)
-{
-    td_shard_finished(self->slots[r->shard].shard, r);
-}
-
 /* ---- The mailboxes ------------------------------------------------------------------------- */
 
 static void flush_to_shards(td_path_t *p)
@@ -594,6 +491,9 @@ static void shard_inbox_cb(uv_async_t *handle)
             break;
         case HOP_RESUME:
             td_shard_resume(slot->shard, hop_request(hop));
+            break;
+        case HOP_FINISH:
+            td_shard_finished(slot->shard, hop_request(hop));
             break;
         case HOP_STOP:
             td_shard_stop(slot->shard);
@@ -769,6 +669,7 @@ td_err_t td_path_new(const td_path_env_t *env, td_path_t **out)
     p->env = *env;
     p->count = td_streams_parts(env->streams);
     p->threads = p->count > 1;
+    p->front_thread = pthread_self(); /* the transports' loop thread makes the path */
     p->admit = (td_admit_t){
         .cfg = env->cfg, .peers = env->peers, .replies = env->replies, .metrics = env->metrics};
     p->lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER; /* cannot fail, unlike _init */
@@ -807,7 +708,26 @@ td_err_t td_path_start(td_path_t *self, const td_path_machines_t *machines)
             return TD_ERR_LIBRARY;
         }
     }
+    if (self->threads) { /* the front's machine: only its GPU sink is used */
+        td_sched_machine_t unused;
+        td_err_t err = machines->open(machines->ctx, self->count, self->env.loop, &unused);
+        if (err != TD_OK)
+            return err;
+        self->front_port = true;
+    }
     return TD_OK;
+}
+
+unsigned td_path_port_count(const td_path_t *self)
+{
+    return self->count + (self->threads ? 1u : 0u);
+}
+
+static void close_front_port(td_path_t *self)
+{
+    if (self->front_port && self->machines.close)
+        self->machines.close(self->machines.ctx, self->count);
+    self->front_port = false;
 }
 
 td_err_t td_path_run(td_path_t *self)
@@ -867,6 +787,7 @@ void td_path_close(td_path_t *self)
     }
     if (self->front_open)
         front_inbox_cb(&self->inbox.async); /* the shards' last hops (nothing is in flight) */
+    close_front_port(self);
     close_front(self);
 }
 
@@ -888,6 +809,8 @@ void td_path_destroy(td_path_t **self_p)
             td_warn("shard %u's loop still had handles open at exit", i);
         pthread_mutex_destroy(&slot->own);
     }
+    if (!self->closed)
+        close_front_port(self); /* a failed start */
     if (self->front_open) {
         close_front(self);
         uv_run(self->env.loop, UV_RUN_NOWAIT);

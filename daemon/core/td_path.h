@@ -54,7 +54,9 @@ typedef struct {
 
 /* What each shard runs its requests on: open fills shard's machine (td_sched.h) for its loop
  * (the executor's port, td_exec_port_open), before that loop runs; close, on the shard's thread
- * once nothing of it is in flight, closes it (NULL: nothing to close). */
+ * once nothing of it is in flight, closes it (NULL: nothing to close). With shards on threads of
+ * their own, one more (`shard` == the shard count) on the transports' loop: the front's, whose
+ * only use is its GPU sink (td_gpu.h, r->gpu_to_front), closed by td_path_close. */
 typedef struct {
     td_err_t (*open)(void *ctx, unsigned shard, uv_loop_t *loop, td_sched_machine_t *machine);
     void (*close)(void *ctx, unsigned shard);
@@ -84,7 +86,9 @@ void td_path_close(td_path_t *self);
 /* After td_path_close (or a failed start): destroys the shards and their schedulers. */
 void td_path_destroy(td_path_t **self_p);
 
-/* The executor hands a compute request back (td_exec_env_t.done), on its shard's thread. */
+/* The executor hands a compute request back (td_exec_env_t.done), on its shard's thread, or on
+ * the front's (a GPU completion of r->gpu_to_front), which finishes it with the shard held when
+ * the shard's thread sleeps and hands it over otherwise. */
 void td_path_finished(td_path_t *self, td_request_t *r);
 
 /* A stop signal: every message submitted from now on is answered `shutdown`, and what waits on
@@ -98,6 +102,8 @@ bool td_path_stopping(const td_path_t *self);
 /* Requests read and not answered yet, over every shard (max_inflight counts them). */
 unsigned td_path_inflight(const td_path_t *self);
 unsigned td_path_shard_count(const td_path_t *self);
+/* The executor's ports the machines open: a shard's each, and the front's with threads. */
+unsigned td_path_port_count(const td_path_t *self);
 
 /* What the metrics show of each shard, so an imbalance shows: while the whole table is held. */
 typedef struct td_shard_gauges {

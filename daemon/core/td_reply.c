@@ -21,6 +21,7 @@
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "td_log.h"
 #include "td_peers.h"
@@ -44,6 +45,7 @@ typedef struct {
     _Atomic uint64_t *total;
     void (*free_fn)(void *data, void *hint); /* the buffer's own: free, or the GPU's give-back */
     void *hint;
+    uint8_t header[TALLY_REP_HEADER_SIZE]; /* td_reply_t.header_kept */
 } ticket_t;
 
 td_err_t td_replies_new(const td_config_t *cfg, td_replies_t **out)
@@ -191,11 +193,12 @@ static void free_reply_data(void *data, void *hint)
     free(data);
 }
 
-/* A ticket for r's payload, counted from now on; NULL for an error reply (a message of at most
- * 255 bytes is not counted) or when out of memory (then it goes uncounted: a reply is never
+/* A ticket for r's payload, counted from now on, with a copy of the encoded reply header that
+ * lives as long as the payload (td_reply_t.header_kept); NULL for an error reply (a message of at
+ * most 255 bytes is not counted) or when out of memory (then it goes uncounted: a reply is never
  * dropped for its bookkeeping). */
 static ticket_t *ticket_new(td_replies_t *self, td_request_t *r,
-                            void (*free_fn)(void *data, void *hint))
+                            void (*free_fn)(void *data, void *hint), const uint8_t *header)
 {
     if (r->rep.status != TALLY_OK)
         return NULL;
@@ -209,6 +212,7 @@ static ticket_t *ticket_new(td_replies_t *self, td_request_t *r,
                     .total = &self->held,
                     .free_fn = free_fn,
                     .hint = r->reply_hint};
+    memcpy(t->header, header, sizeof t->header);
     atomic_fetch_add_explicit(&self->held, t->bytes, memory_order_relaxed);
     if (t->meter) {
         td_reply_meter_hold(t->meter);
@@ -225,14 +229,16 @@ void td_replies_hand(td_replies_t *self, td_request_t *r)
     out->rep = r->rep;
     tally_rep_encode(&r->rep, out->header);
     out->body = (td_bytes_t){0};
+    out->header_kept = NULL;
     if (!r->reply_data)
         return;
     void (*free_fn)(void *, void *) = r->reply_free ? r->reply_free : free_reply_data;
     void *hint = r->reply_hint;
-    ticket_t *t = r->reply_len ? ticket_new(self, r, free_fn) : NULL;
+    ticket_t *t = r->reply_len ? ticket_new(self, r, free_fn, out->header) : NULL;
     if (t) {
         free_fn = reply_freed;
         hint = t;
+        out->header_kept = t->header;
     }
     out->body =
         (td_bytes_t){.data = r->reply_data, .len = r->reply_len, .free_fn = free_fn, .hint = hint};

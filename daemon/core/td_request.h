@@ -29,6 +29,7 @@
 #include "td_transport.h"
 #include "tally_proto.h"
 #include "td_config.h"
+#include "td_counters.h"
 #include "tk_backend.h"
 
 #define TD_IDENTITY_MAX 256
@@ -56,7 +57,8 @@ typedef struct td_request {
      * the end; header_len is the frame's length, has_header whether there was one), its request
      * frames, its payload until the shard takes it (td_request_take_payload), its connection's
      * share of the in-flight slots and what the connection had in flight with it (td_admit.h);
-     * its shard decodes the header (decoded: it did); the transport's end of its reply. */
+     * its shard decodes the header (decoded: it did, or the transport had); the transport's end
+     * of its reply. */
     unsigned shard;
     td_hop_t hop;
     bool has_header;
@@ -97,6 +99,8 @@ typedef struct td_request {
     void *out_ptr;
     void *shm_in_ptr, *shm_out_ptr;
     uint64_t received_ns;
+    /* GPU requests: when each stage ended (uv_hrtime; td_counters.h, td_gpu_stage_t), 0 until. */
+    uint64_t gpu_stamp[TD_GPU_STAGES];
     /* The link of the one queue that holds the request at a time: its stream's FIFO
      * (td_sched.c), then a GPU lane's wait list and the pipeline's completion queue (td_gpu.c). */
     struct td_request *next;
@@ -105,6 +109,9 @@ typedef struct td_request {
     int64_t carry;        /* scan: carry-in, then carry-out */
     uint64_t kept;        /* filter: elements kept */
     td_placement_t where; /* set by td_sched before the machine runs it */
+    /* Its GPU completion goes to the front's sink, not its shard's (td_path.c: the front ran it,
+     * and finishes it too when it can take the shard). */
+    bool gpu_to_front;
     bool gpu_failed;      /* the GPU failed it: td_sched reruns it on the CPU */
     uv_work_t cpu_job;    /* td_exec.c's: the CPU path's job on libuv's worker pool */
 
@@ -130,6 +137,9 @@ typedef struct td_request {
     uint8_t header[TALLY_REQ_HEADER_SIZE]; /* of header_len bytes, at most this many copied */
     /* A payload its transport lent (td_msg_t.payload_borrowed), copied: `arrived` points here. */
     _Alignas(16) uint8_t payload_inline[TD_PAYLOAD_BORROW_MAX];
+    /* A larger payload's holder, moved in by its transport (td_msg_t.hold): `arrived` (then
+     * payload_held) is freed through it before the request is reused or freed. */
+    _Alignas(16) uint8_t payload_holder[TD_PAYLOAD_HOLDER_MAX];
 } td_request_t;
 
 /* A FIFO of requests linked through their `next`: a stream's FIFO (td_sched.c), a GPU lane's

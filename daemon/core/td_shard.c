@@ -73,8 +73,14 @@ static void reply(td_shard_t *p, td_request_t *r)
         r->routed = false;
         p->route.done(p->route.ctx, &r->req, (tally_status_t)r->rep.status);
     }
+    uint64_t now = uv_hrtime();
     td_metrics_observe(p->env.metrics, r->req.opcode, (tally_status_t)r->rep.status, r->payload_len,
-                       r->reply_len, uv_hrtime() - r->received_ns);
+                       r->reply_len, now - r->received_ns);
+    if (r->where.gpu) { /* where its time went (the last stage, to the front, is the front's) */
+        r->gpu_stamp[TD_GPU_STAGE_APPLY] = now;
+        td_metrics_gpu_stages(p->env.metrics, r->gpu_stamp, r->received_ns, TD_GPU_STAGE_SUBMIT,
+                              TD_GPU_STAGE_APPLY);
+    }
     td_sched_answered(p->sched);
     td_request_release_input(r);
     td_replies_hand(p->env.replies, r);
@@ -353,12 +359,14 @@ static bool check_message(td_shard_t *p, td_request_t *r, char *msg, size_t cap)
 
 /* Decoded even when the frame count is wrong, so that every reply echoes the first request
  * frame's opcode, flags and id (§3); with no request frame at all they stay 0. A header that
- * does not decode fails r (check_message answers it). */
+ * does not decode fails r (check_message answers it). One its transport decoded (td_msg_t's
+ * req) is not decoded again. */
 static void decode(td_request_t *r)
 {
     char msg[TALLY_ERROR_MESSAGE_MAX + 1];
-    tally_status_t st =
-        tally_req_decode(r->has_header ? r->header : NULL, r->header_len, &r->req, msg, sizeof msg);
+    tally_status_t st = r->decoded ? TALLY_OK
+                                   : tally_req_decode(r->has_header ? r->header : NULL,
+                                                      r->header_len, &r->req, msg, sizeof msg);
     r->rep.opcode = r->req.opcode;
     r->rep.flags = r->req.flags;
     r->rep.request_id = r->req.request_id;

@@ -76,6 +76,9 @@ typedef struct td_reply td_reply_t;
 
 /* The largest payload a transport may lend for td_path_submit's duration (td_msg_t). */
 #define TD_PAYLOAD_BORROW_MAX 256
+/* The room a request gives a transport's holder of a larger payload (td_msg_t.hold): a
+ * zmq_msg_t's 64 bytes. */
+#define TD_PAYLOAD_HOLDER_MAX 64
 
 /* Bytes and how to give them back: free_fn(data, hint) once, on any thread (the signature of
  * ZeroMQ's zmq_free_fn, so a payload goes into a message as it is). free_fn NULL: nothing to
@@ -114,6 +117,11 @@ typedef struct {
      * td_path_submit only. */
     const void *header;
     size_t header_len;
+    /* That header already decoded (tally_req_decode, its request id as in the frame) by a
+     * transport that has read it anyway, or NULL: its shard decodes it. The fleet's reads every
+     * message's to judge it (issue 32: a second decode was ~900 instructions a message). Read
+     * during td_path_submit only. */
+    const tally_req_t *req;
     /* The second request frame; moved to the path (its free function is the path's to call),
      * or, with payload_borrowed, the transport's until td_path_submit returns: the path copies
      * it into the request (at most TD_PAYLOAD_BORROW_MAX bytes). A small payload then costs the
@@ -121,6 +129,15 @@ typedef struct {
      * instructions and wake-ups"). */
     td_bytes_t payload;
     bool payload_borrowed;
+    /* Or, hold not NULL (payload then unused), the payload stays in a holder of the
+     * transport's that the request gives room for: hold(room, hold_ctx) moves the holder into
+     * `room` (TD_PAYLOAD_HOLDER_MAX bytes, aligned for any type, not moved until the bytes are
+     * freed) and returns the bytes, whose free function releases the holder in place. A payload
+     * of any size then costs no allocation and no copy (ZeroMQ: its frame, moved into the
+     * request; bench/NOTES.md, "Payloads and reply headers without an allocation"). Called at
+     * most once, only once the path has the request (not on TD_ERR_NOMEM). */
+    td_bytes_t (*hold)(void *room, void *hold_ctx);
+    void *hold_ctx;
     /* Request frames after the transport's envelope: a request is 2 (header, payload); any
      * other count is answered `frames` (PROTOCOL.md §1). */
     int frames;
@@ -141,7 +158,11 @@ struct td_reply {
     tally_rep_t rep;       /* the reply header, decoded (in-process transports read it) */
     uint8_t header[TALLY_REP_HEADER_SIZE]; /* and encoded */
     td_bytes_t body;                       /* the reply payload; rep.status != OK: a message */
-    td_reply_t *next;                      /* the transport's own link while it keeps the reply */
+    /* The same encoded header, kept with the body's bytes (freed by body.free_fn, not before),
+     * or NULL: a transport that hands the body on without a copy may send this ahead of it
+     * without a copy either (ZeroMQ: no allocation for the header frame). */
+    const uint8_t *header_kept;
+    td_reply_t *next; /* the transport's own link while it keeps the reply */
 };
 
 typedef struct {

@@ -412,8 +412,10 @@ td_err_t td_fleet_new(const td_fleet_host_t *host, td_fleet_t **out)
 {
     *out = NULL;
     td_fleet_t *f = calloc(1, sizeof *f);
-    if (!f)
+    if (!f) {
+        td_err("fleet: out of memory while starting");
         return TD_ERR_NOMEM;
+    }
     f->host = *host;
     f->st = host->status ? host->status : &f->own_status;
     f->wake_fd = -1;
@@ -447,6 +449,8 @@ td_err_t td_fleet_new(const td_fleet_host_t *host, td_fleet_t **out)
     *out = f;
     return TD_OK;
 fail:
+    if (err == TD_ERR_NOMEM) /* the other failures have said what they were */
+        td_err("fleet: out of memory while starting");
     td_fleet_destroy(&f);
     return err;
 }

@@ -194,6 +194,10 @@ struct td_fleet {
     size_t pend_cap, pend_hint;
     uint64_t next_tag;
     atomic_bool subs_waiting; /* requests the path could not take yet (the loop's check) */
+    /* Replies the loop could not hand over (no memory), and how many the fleet thread has seen:
+     * the partitions waiting for one are dropped and taken anew (td_part_reply_lost). */
+    atomic_uint replies_lost;
+    unsigned replies_lost_seen;
     uv_check_t check;
     /* The thread, and the loop calls. */
     pthread_t thread;
@@ -233,9 +237,10 @@ void td_fleet_path_on_loop(td_fleet_t *f);
  * the next td_fleet_path_flush (td_fleet_path_poll and td_fleet_on_loop flush first). */
 int td_fleet_path_send(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *data, size_t len);
 /* The same with the payload given (moved: the path frees it; on failure it is freed here) instead
- * of copied: header is the request header's TALLY_REQ_HEADER_SIZE bytes. */
+ * of copied: header is the request header's TALLY_REQ_HEADER_SIZE bytes, req that header as
+ * tally_req_decode read it (the path does not decode it again). */
 int td_fleet_path_send_shared(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *header,
-                              td_bytes_t *payload);
+                              const tally_req_t *req, td_bytes_t *payload);
 /* Posts the requests queued since the last flush to the loop: one lock, one wake-up. */
 void td_fleet_path_flush(td_fleet_t *f);
 /* A reply frame (header, then body_len bytes of body) into buf when it fits in cap, else
@@ -270,6 +275,10 @@ void td_part_drop(td_fleet_t *f, td_part_t *p, const char *why);
 bool td_part_step(td_fleet_t *f, td_part_t *p);
 void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *header,
                    const uint8_t *body, size_t body_len);
+/* A reply of the request path's was lost (no memory for it): every partition with a message
+ * waiting for its reply is dropped, since that one would wait for ever; taken anew, its
+ * messages are delivered again from its checkpoint. */
+void td_part_reply_lost(td_fleet_t *f);
 /* Waits (polling for replies) until the partition has nothing in the request path. */
 void td_part_quiesce(td_fleet_t *f, td_part_t *p);
 /* Frees what a partition keeps past its ownership (at the fleet's end). */

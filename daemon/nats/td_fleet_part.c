@@ -439,13 +439,27 @@ void td_part_drop(td_fleet_t *f, td_part_t *p, const char *why)
     drop_local_copy(f, p);
 }
 
+/* True when a message of the partition's window is in the request path. */
+static bool awaits_reply(const td_fleet_t *f, const td_part_t *p)
+{
+    for (size_t i = 0; i < p->win_len; i++)
+        if (p->win[(p->win_first + i) % f->inflight].state == WIN_SENT)
+            return true;
+    return false;
+}
+
+void td_part_reply_lost(td_fleet_t *f)
+{
+    for (uint32_t k = 0; k < f->partitions; k++)
+        if (f->parts[k].owned && awaits_reply(f, &f->parts[k]))
+            td_part_drop(f, &f->parts[k], "a reply of the request path's was lost (no memory)");
+}
+
 void td_part_quiesce(td_fleet_t *f, td_part_t *p)
 {
     int64_t deadline = td_nats_now_ms() + f->ttl_ms / 3; /* leases renewed in time */
     while (p->owned && td_nats_now_ms() < deadline) {
-        bool sent = false;
-        for (size_t i = 0; i < p->win_len && !sent; i++)
-            sent = p->win[(p->win_first + i) % f->inflight].state == WIN_SENT;
+        bool sent = awaits_reply(f, p);
         if (!sent && (p->retries == 0 || atomic_load(&f->stopping)))
             break; /* `shutdown` or `busy`: not applied, so not in the checkpoint either */
         if (p->retries && !sent)
@@ -547,8 +561,9 @@ static void retire(td_fleet_t *f, td_part_t *p)
         if (e->state != WIN_DONE)
             break;
         const char *ack = natsMsg_GetReply(e->msg);
-        if (ack && strlen(ack) < sizeof p->ack)
-            memcpy(p->ack, ack, strlen(ack) + 1);
+        size_t ack_len = ack ? strlen(ack) : sizeof p->ack;
+        if (ack_len < sizeof p->ack)
+            memcpy(p->ack, ack, ack_len + 1);
         p->applied_seq = e->seq;
         p->win_bytes -= (size_t)natsMsg_GetDataLength(e->msg);
         entry_release(e);
@@ -652,14 +667,15 @@ static bool dead_letter(td_fleet_t *f, td_part_t *p, natsMsg *m, uint64_t seq, t
 
 /* m's Tally-Reply and Nats-Msg-Id headers (NULL: none), read once: a header asked for and
  * missing costs libnats an error text each time (issue 32: a third of the fleet thread's
- * formatting, three times a message). */
+ * formatting, three times a message); and the user its subject names (NULL: none), read once
+ * too. */
 typedef struct {
-    const char *to, *id;
+    const char *to, *id, *user;
 } msg_headers_t;
 
 static msg_headers_t msg_headers(natsMsg *m)
 {
-    msg_headers_t h = {0};
+    msg_headers_t h = {.user = tally_fleet_subject_user(natsMsg_GetSubject(m))};
     const char **keys = NULL;
     int n = 0;
     if (natsMsgHeader_Keys(m, &keys, &n) != NATS_OK)
@@ -674,21 +690,18 @@ static msg_headers_t msg_headers(natsMsg *m)
     return h;
 }
 
-/* The Tally-Reply to when m's publisher may be answered there (one of the inboxes of the user
- * its subject names), else NULL. */
-static const char *reply_allowed(natsMsg *m, const char *to)
+/* The Tally-Reply when the publisher may be answered there (one of the inboxes of the user its
+ * message's subject names), else NULL. */
+static const char *reply_allowed(const msg_headers_t *h)
 {
-    return tally_fleet_reply_allowed(to, tally_fleet_subject_user(natsMsg_GetSubject(m))) ? to
-                                                                                          : NULL;
+    return tally_fleet_reply_allowed(h->to, h->user) ? h->to : NULL;
 }
 
-/* What the publisher of m may not ask for (PROTOCOL.md §13 "Security"): TALLY_E_NOT_PERMITTED
+/* What a message's publisher may not ask for (PROTOCOL.md §13 "Security"): TALLY_E_NOT_PERMITTED
  * with why (counted), or TALLY_OK. */
-static tally_status_t check_publisher(td_fleet_t *f, natsMsg *m, const msg_headers_t *h,
-                                      char *why, size_t cap)
+static tally_status_t check_publisher(td_fleet_t *f, const msg_headers_t *h, char *why, size_t cap)
 {
-    const char *user = tally_fleet_subject_user(natsMsg_GetSubject(m));
-    const char *to = h->to, *id = h->id;
+    const char *user = h->user, *to = h->to, *id = h->id;
     if (to && !tally_fleet_reply_allowed(to, user)) {
         TD_FLEET_COUNT(f, refused_reply);
         snprintf(why, cap, "Tally-Reply %.80s is not an inbox of user %s (%s%s.>)", to,
@@ -704,47 +717,46 @@ static tally_status_t check_publisher(td_fleet_t *f, natsMsg *m, const msg_heade
     return TALLY_OK;
 }
 
-/* The checks PROTOCOL.md §13 adds after §6's (which the request path repeats): the status and
- * why, or TALLY_OK. */
-static tally_status_t check_message(td_fleet_t *f, td_part_t *p, natsMsg *m,
-                                    const msg_headers_t *h, char *why, size_t cap)
+/* The checks PROTOCOL.md §13 adds after §6's (which the request path repeats, but for the
+ * header's decoding: req, handed to it): the status and why, or TALLY_OK. */
+static tally_status_t check_message(td_fleet_t *f, td_part_t *p, natsMsg *m, const msg_headers_t *h,
+                                    tally_req_t *req, char *why, size_t cap)
 {
     const uint8_t *data = (const uint8_t *)natsMsg_GetData(m);
     size_t len = (size_t)natsMsg_GetDataLength(m);
-    tally_req_t req;
-    tally_status_t refused = check_publisher(f, m, h, why, cap);
+    tally_status_t refused = check_publisher(f, h, why, cap);
     if (refused != TALLY_OK)
         return refused;
     if (len < TALLY_REQ_HEADER_SIZE) {
         snprintf(why, cap, "message of %zu bytes: shorter than a request header", len);
         return TALLY_E_HEADER;
     }
-    tally_status_t st = tally_req_decode(data, TALLY_REQ_HEADER_SIZE, &req, why, cap);
+    tally_status_t st = tally_req_decode(data, TALLY_REQ_HEADER_SIZE, req, why, cap);
     if (st == TALLY_OK)
-        st =
-            tally_req_validate(&req, len - TALLY_REQ_HEADER_SIZE, f->host.cfg->max_batch, why, cap);
+        st = tally_req_validate(req, len - TALLY_REQ_HEADER_SIZE, f->host.cfg->max_batch, why, cap);
     if (st != TALLY_OK)
         return st;
-    uint8_t op = req.opcode;
+    uint8_t op = req->opcode;
     if (op != TALLY_OP_FILTER && op != TALLY_OP_SCAN && op != TALLY_OP_HIST &&
         op != TALLY_OP_RESET && op != TALLY_OP_DELETE) {
         snprintf(why, cap, "%s is not taken from a partition (request-reply only)",
                  tally_op_name((tally_op_t)op));
         return TALLY_E_OPCODE;
     }
-    if (req.flags & TALLY_FLAG_SHM_REF) {
+    if (req->flags & TALLY_FLAG_SHM_REF) {
         snprintf(why, cap, "shared-memory references do not travel over NATS");
         return TALLY_E_BAD_REF;
     }
-    if (req.stream_len && tally_partition(req.stream, req.stream_len, f->partitions) != p->k) {
-        snprintf(why, cap, "stream %.*s belongs to partition %u, not %u", (int)req.stream_len,
-                 req.stream, (unsigned)tally_partition(req.stream, req.stream_len, f->partitions),
+    if (req->stream_len && tally_partition(req->stream, req->stream_len, f->partitions) != p->k) {
+        snprintf(why, cap, "stream %.*s belongs to partition %u, not %u", (int)req->stream_len,
+                 req->stream,
+                 (unsigned)tally_partition(req->stream, req->stream_len, f->partitions),
                  (unsigned)p->k);
         return TALLY_E_STREAM_NAME;
     }
     size_t payload = len - TALLY_REQ_HEADER_SIZE;
     size_t reply = op == TALLY_OP_FILTER ? payload
-                   : op == TALLY_OP_SCAN ? (req.flags & TALLY_FLAG_SCAN_OUT_I32 ? 1 : 2) * payload
+                   : op == TALLY_OP_SCAN ? (req->flags & TALLY_FLAG_SCAN_OUT_I32 ? 1 : 2) * payload
                                          : 0;
     if (h->to &&
         reply + TALLY_REP_HEADER_SIZE > f->max_payload - TALLY_NATS_HEADROOM) {
@@ -784,16 +796,17 @@ static void judge(td_fleet_t *f, td_part_t *p, uint64_t pos)
     td_win_entry_t *e = entry_at(f, p, pos);
     char why[TALLY_ERROR_MESSAGE_MAX + 1] = "";
     msg_headers_t h = msg_headers(e->msg);
-    e->to = reply_allowed(e->msg, h.to);
-    tally_status_t st = check_message(f, p, e->msg, &h, why, sizeof why);
+    e->to = reply_allowed(&h);
+    tally_req_t req;
+    tally_status_t st = check_message(f, p, e->msg, &h, &req, why, sizeof why);
     if (st != TALLY_OK) {
         fail_message(f, p, e, st, why);
         return;
     }
     td_bytes_t payload;
     int slot = entry_payload(e, &payload)
-                   ? td_fleet_path_send_shared(f, PEND_PART,
-                                               (const uint8_t *)natsMsg_GetData(e->msg), &payload)
+                   ? td_fleet_path_send_shared(
+                         f, PEND_PART, (const uint8_t *)natsMsg_GetData(e->msg), &req, &payload)
                    : -1;
     if (slot < 0) {
         mark_retry(p, e, TD_FLEET_RETRY_MS);

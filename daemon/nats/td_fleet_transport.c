@@ -38,7 +38,9 @@
 typedef struct td_fleet_sub {
     struct td_fleet_sub *next;
     uint8_t header[TALLY_REQ_HEADER_SIZE]; /* its request id is the tag */
-    td_bytes_t payload;                    /* data, or empty */
+    bool decoded;                          /* req is the header decoded (a partition's message) */
+    tally_req_t req;
+    td_bytes_t payload; /* data, or empty */
     uint8_t data[];
 } sub_item_t;
 
@@ -111,9 +113,11 @@ static void send_reply(td_transport_t *transport, td_reply_t *reply)
 {
     td_fleet_t *f = (td_fleet_t *)((char *)transport - offsetof(td_fleet_t, transport));
     rep_item_t *item = malloc(sizeof *item);
-    if (!item) { /* the fleet thread's wait for it times out and the partition is taken anew */
+    if (!item) { /* the fleet thread drops what waits for it (td_part_reply_lost) */
         td_err("fleet: out of memory for a reply");
         td_reply_end(reply, TD_REPLY_BROKEN);
+        atomic_fetch_add(&f->replies_lost, 1);
+        wake_fleet(f);
         return;
     }
     memcpy(item->header, reply->header, sizeof item->header);
@@ -156,6 +160,7 @@ void td_fleet_path_on_loop(td_fleet_t *f)
         bool in_payload = s->payload.free_fn == free_item; /* the item goes with its payload */
         td_msg_t m = {.header = s->header,
                       .header_len = sizeof s->header,
+                      .req = s->decoded ? &s->req : NULL,
                       .payload = s->payload,
                       .frames = 2};
         if (!td_path_may_read(f->transport.path)) {
@@ -204,20 +209,24 @@ static void on_prepare(uv_prepare_t *h)
 td_err_t td_fleet_path_open(td_fleet_t *f)
 {
     f->transport = (td_transport_t){.ops = &fleet_ops, .path = f->host.path, .owns_streams = true};
-    if (pthread_mutex_init(&f->q_mu, NULL) != 0)
-        return TD_ERR_LIBRARY;
-    if (uv_check_init(f->host.loop, &f->check) != 0 || uv_check_start(&f->check, on_check) != 0 ||
-        uv_prepare_init(f->host.loop, &f->prepare) != 0 ||
-        uv_prepare_start(&f->prepare, on_prepare) != 0) {
-        pthread_mutex_destroy(&f->q_mu);
-        return TD_ERR_LIBRARY;
-    }
+    /* None of these can fail: glibc's pthread_mutex_init with default attributes only fills in
+     * the mutex, libuv's uv_check_init and uv_prepare_init only fill in the handle and return 0,
+     * and their starts fail only without a callback. The eventfd can (descriptors run out). */
+    pthread_mutex_init(&f->q_mu, NULL);
+    uv_check_init(f->host.loop, &f->check);
+    uv_check_start(&f->check, on_check);
+    uv_prepare_init(f->host.loop, &f->prepare);
+    uv_prepare_start(&f->prepare, on_prepare);
     f->check.data = f->prepare.data = f;
     uv_unref((uv_handle_t *)&f->check); /* they must not keep the loop alive */
     uv_unref((uv_handle_t *)&f->prepare);
     f->q_mu_ready = true;
     f->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    return f->wake_fd < 0 ? TD_ERR_LIBRARY : TD_OK;
+    if (f->wake_fd < 0) {
+        td_err("fleet: eventfd: %s", strerror(errno));
+        return TD_ERR_LIBRARY;
+    }
+    return TD_OK;
 }
 
 /* After the loop has ended (nothing submits or replies any more). */
@@ -290,6 +299,7 @@ int td_fleet_path_send(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *data, 
         return -1;
     }
     s->next = NULL;
+    s->decoded = false;
     memcpy(s->header, data, sizeof s->header);
     tally_put_u64(s->header + 8, f->pend[slot].tag);
     memcpy(s->data, data + TALLY_REQ_HEADER_SIZE, plen);
@@ -300,7 +310,7 @@ int td_fleet_path_send(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *data, 
 }
 
 int td_fleet_path_send_shared(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *header,
-                              td_bytes_t *payload)
+                              const tally_req_t *req, td_bytes_t *payload)
 {
     sub_item_t *s = malloc(sizeof *s);
     int slot = s ? take_slot(f, kind, header) : -1;
@@ -312,6 +322,9 @@ int td_fleet_path_send_shared(td_fleet_t *f, td_pend_kind_t kind, const uint8_t 
     s->next = NULL;
     memcpy(s->header, header, sizeof s->header);
     tally_put_u64(s->header + 8, f->pend[slot].tag);
+    s->decoded = true;
+    s->req = *req;
+    s->req.request_id = f->pend[slot].tag;
     s->payload = *payload;
     *payload = (td_bytes_t){0};
     queue_sub(f, s);
@@ -380,6 +393,11 @@ static void take_replies(td_fleet_t *f)
         td_bytes_free(&r->body);
         free(r);
         r = next;
+    }
+    unsigned lost = atomic_load(&f->replies_lost);
+    if (lost != f->replies_lost_seen) { /* a synchronous call's wait times out by itself */
+        f->replies_lost_seen = lost;
+        td_part_reply_lost(f);
     }
 }
 

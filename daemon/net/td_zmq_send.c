@@ -5,13 +5,14 @@
  *
  * A reply's payload goes to ZeroMQ without a copy: zmq_msg_init_data with the free function the
  * request path gave with the bytes (td_transport.h), which uncounts them once ZeroMQ is done
- * (td_reply.h). Replies kept for a connection that has closed sit in a `lost` record per routing
- * id, in order; a reply for that connection that comes later joins them (a stream's replies stay
- * in order). The retry timer sends them while the connection takes them, and drops them all once
- * TD_REPLY_RECONNECT_GRACE_MS have passed since the connection was found closed. Their payloads
- * stay counted meanwhile: they are freed only when sent and written out, or dropped. Each reply
- * ends its request's account with its connection (td_zmq_conn.c), which a reply that finds the
- * connection gone counts and logs as lost.
+ * (td_reply.h); its header, kept beside it until then (td_reply_t.header_kept), goes without a
+ * copy or an allocation too. Replies kept for a connection that has closed sit in a `lost` record
+ * per routing id, in order; a reply for that connection that comes later joins them (a stream's
+ * replies stay in order). The retry timer sends them while the connection takes them, and drops
+ * them all once TD_REPLY_RECONNECT_GRACE_MS have passed since the connection was found closed.
+ * Their payloads stay counted meanwhile: they are freed only when sent and written out, or dropped.
+ * Each reply ends its request's account with its connection (td_zmq_conn.c), which a reply that
+ * finds the connection gone counts and logs as lost.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -23,20 +24,21 @@
 #include "td_zmq_int.h"
 
 /* The reply's payload as a message ZeroMQ frees once written out (an empty one when it has
- * none). When ZeroMQ has no memory for it, a successful reply becomes an `internal` error (the
- * request's effect stands: PROTOCOL.md §7) and an error reply loses only its text; the reply is
- * never lost (alloc sweep, issue 25). The header (reply->header, encoded by the request path on
- * the shard: td_replies_hand) is encoded again here only then. */
-static void body_message(td_reply_t *reply, zmq_msg_t *body)
+ * none); true when that message holds the payload's own bytes. When ZeroMQ has no memory for
+ * it, a successful reply becomes an `internal` error (the request's effect stands: PROTOCOL.md
+ * §7) and an error reply loses only its text; the reply is never lost (alloc sweep, issue 25).
+ * The header (reply->header, encoded by the request path on the shard: td_replies_hand) is
+ * encoded again here only then. */
+static bool body_message(td_reply_t *reply, zmq_msg_t *body)
 {
     td_bytes_t *b = &reply->body;
     if (!b->data || !b->len) {
         zmq_msg_init(body);
-        return;
+        return false;
     }
     if (zmq_msg_init_data(body, b->data, b->len, b->free_fn, b->hint) == 0) {
         td_bytes_taken(b);
-        return;
+        return true;
     }
     /* ZeroMQ took nothing: td_reply_end frees the payload */
     td_err("out of memory for the reply to request %" PRIu64 ": answering `internal`",
@@ -50,10 +52,51 @@ static void body_message(td_reply_t *reply, zmq_msg_t *body)
         tally_rep_encode(&reply->rep, reply->header);
         if (zmq_msg_init_size(body, sizeof text - 1) == 0) {
             memcpy(zmq_msg_data(body), text, sizeof text - 1);
-            return;
+            return false;
         }
     }
     zmq_msg_init(body);
+    return false;
+}
+
+/* A later frame of a reply (after the routing id), retried when a signal interrupts it: a
+ * message left without its later frames would take the next reply's frames as its own. 0, or
+ * the errno of the failure; the frame is released either way. */
+static int send_later(void *router, zmq_msg_t *frame, int flags)
+{
+    int rc;
+    while ((rc = zmq_msg_send(frame, router, flags)) == -1 && errno == EINTR)
+        continue;
+    if (rc != -1)
+        return 0;
+    int err = errno;
+    zmq_msg_close(frame); /* not sent: still ours */
+    return err;
+}
+
+/* The same for a frame of bytes ZeroMQ copies. */
+static int send_later_copy(void *router, const void *data, size_t len, int flags)
+{
+    int rc;
+    while ((rc = zmq_send(router, data, len, flags)) == -1 && errno == EINTR)
+        continue;
+    return rc == -1 ? errno : 0;
+}
+
+/* The header frame. Beside a payload handed over whole, the copy of the header kept with it
+ * (reply->header_kept) goes without a copy and without an allocation: a message of constant
+ * data (zmq_msg_init_data with no free function allocates nothing), read by ZeroMQ's I/O thread
+ * as it writes the frame out, which is before it takes the payload's frame and so before it
+ * frees the payload and, with it, the kept header (a message left incomplete is rolled back
+ * unread). Otherwise ZeroMQ copies the header (an allocation above 33 bytes). */
+static int send_header(void *router, td_reply_t *reply, bool body_whole, int flags)
+{
+    zmq_msg_t header;
+    void *kept = (void *)reply->header_kept; /* read only: ZeroMQ's type is not const */
+    if (body_whole && kept &&
+        zmq_msg_init_data(&header, kept, TALLY_REP_HEADER_SIZE, NULL, NULL) == 0)
+        return send_later(router, &header, flags);
+    return send_later_copy(router, reply->header, sizeof reply->header, flags);
 }
 
 /* Sends the reply now: 0, or the errno of the failed send (EHOSTUNREACH: the peer has gone;
@@ -69,18 +112,16 @@ int td_zmq_send_now(td_zmq_t *z, td_reply_t *reply)
     if (zmq_send(router, reply->to.id, reply->to.id_len, more) == -1)
         return errno;
     int err = 0;
-    if ((reply->to.word & TD_ZMQ_DELIMITER) && zmq_send(router, "", 0, more) == -1)
-        err = errno;
-    zmq_msg_t body;
+    if (reply->to.word & TD_ZMQ_DELIMITER)
+        err = send_later_copy(router, "", 0, more);
     if (!err) {
-        body_message(reply, &body);
-        if (zmq_send(router, reply->header, sizeof reply->header, more) == -1) {
-            err = errno;
+        zmq_msg_t body;
+        bool whole = body_message(reply, &body);
+        err = send_header(router, reply, whole, more);
+        if (err)
             zmq_msg_close(&body);
-        } else if (zmq_msg_send(&body, router, ZMQ_DONTWAIT) == -1) {
-            err = errno;
-            zmq_msg_close(&body);
-        }
+        else
+            err = send_later(router, &body, ZMQ_DONTWAIT);
     }
     if (err)
         td_err("sending the reply to request %" PRIu64 ": %s", reply->rep.request_id,

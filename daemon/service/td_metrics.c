@@ -394,6 +394,26 @@ static void render_gpu_regions(const td_metrics_t *m, const td_gauges_t *g, out_
                  where[w], (unsigned long long)m->gpu_region_requests[d][w]);
 }
 
+/* Where GPU requests' time went, by stage (td_gpu_stage_t; docs/service.md). */
+static void render_gpu_stages(const td_metrics_t *m, out_t *o)
+{
+    static const char *const stages[TD_GPU_STAGES] = {"submit", "to_lane", "launch", "device",
+                                                      "retire", "back",    "apply",  "to_front"};
+    if (!m->gpu_devices)
+        return;
+    emit(o, "# HELP tallyd_gpu_stage_seconds_total Time GPU requests spent in each stage from "
+            "their read to their reply's hand-off (docs/service.md).\n"
+            "# TYPE tallyd_gpu_stage_seconds_total counter\n");
+    for (unsigned i = 0; i < TD_GPU_STAGES; i++)
+        emit(o, "tallyd_gpu_stage_seconds_total{stage=\"%s\"} %.9f\n", stages[i],
+             (double)m->gpu_stage_ns[i] / 1e9);
+    emit(o, "# HELP tallyd_gpu_stage_requests_total GPU requests counted in each stage.\n"
+            "# TYPE tallyd_gpu_stage_requests_total counter\n");
+    for (unsigned i = 0; i < TD_GPU_STAGES; i++)
+        emit(o, "tallyd_gpu_stage_requests_total{stage=\"%s\"} %llu\n", stages[i],
+             (unsigned long long)m->gpu_stage_count[i]);
+}
+
 /* Shared memory, requests per GPU and the per-peer limits. */
 static void render_resources(const td_metrics_t *m, const td_gauges_t *g, out_t *o)
 {
@@ -416,6 +436,7 @@ static void render_resources(const td_metrics_t *m, const td_gauges_t *g, out_t 
         emit(o, "tallyd_gpu_requests_total{device=\"%u\"} %llu\n", d,
              (unsigned long long)m->gpu_requests[d]);
     render_gpu_regions(m, g, o);
+    render_gpu_stages(m, o);
     static const char *const limit_names[TD_LIMIT_COUNT] = {
         "inflight_share", "client_streams", "stream_rate", "reply_bytes_peer", "reply_bytes"};
     emit(o, "# HELP tallyd_limited_total Requests refused by a per-peer limit: the connection's "

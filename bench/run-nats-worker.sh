@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# run-nats-worker.sh BUILD... — one fleet worker's cost per message, for profiling and A/B on a
+# small box (issue 32; bench/NOTES.md "The fleet worker's instructions per message"): one
+# nats-server (R1), 8 partitions, hist u8 over 4 streams a partition. For each round (ROUNDS,
+# default 3) and each BUILD in turn (builds interleaved, every other round in the reverse order,
+# so that the box's load and the place in the round fall on each alike: the second worker of a
+# round was the slower on the dev box, whichever build it was):
+# the build's tallyd becomes the only worker (the previous one gave its partitions up with
+# SIGTERM), is stopped (SIGSTOP), a fill of COUNT x SIZE (default 30000 x 1024) is published,
+# and it goes on (SIGCONT): timed until its tallyd_nats_applied_total counts the fill (sampled
+# every 50 ms), with the CPU time of all its threads (from /proc) per message.
+# CALLGRIND=1 (COUNT 12000, ROUNDS 1 by default): each worker runs under callgrind with
+# instrumentation off, switched on after its SIGCONT and dumped once the fill is applied;
+# instructions per message = the dump's total / the replies the fleet thread took meanwhile
+# (td_part_reply's calls), also without the /metrics pages the sampler asked for (every second
+# here: not the messages' cost). The profiles (inclusive, self, callers) stay in the run's folder
+# with KEEP=1 (its path is printed). Instructions do not move with the box's load; the rates
+# and CPU times do (2x on the shared dev box). TALLYD_ARGS adds worker options.
+set -euo pipefail
+[ $# -ge 1 ] || { echo "usage: $0 BUILD..." >&2; exit 2; }
+rounds=${ROUNDS:-3}
+size=${SIZE:-1024}
+count=${COUNT:-30000}
+[ "${CALLGRIND:-0}" = 1 ] && count=${COUNT:-12000} && rounds=${ROUNDS:-1}
+dir=$(mktemp -d)
+wpid=
+trap '[ -n "$wpid" ] && kill -9 "$wpid" 2>/dev/null; kill $(jobs -p) 2>/dev/null || true
+      wait 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$dir"' EXIT
+. "$(dirname "$0")/nats-lib.sh"
+nats_start "$dir" 1
+url=$nats_urls
+mport=$(free_port)
+nb=$1/bench/nats_bench
+
+metric() { # metric NAME: the worker's value (0 when none)
+  python3 - "$mport" "$1" <<'PY' 2>/dev/null || echo 0
+import sys, urllib.request
+t = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
+print(next((l.split()[-1] for l in t.splitlines() if l.startswith(sys.argv[2] + " ")), "0"))
+PY
+}
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$wpid/stat"; }
+
+# one BUILD TAG: a round of BUILD's worker; prints "TAG seconds msg/s us-cpu/msg [instr/msg]"
+one() {
+  local build=$1 tag=$2 z vg=() t0 c0 c1 a0 a1 base secs
+  z=$(free_port)
+  [ "${CALLGRIND:-0}" = 1 ] && vg=(valgrind --tool=callgrind --instr-atstart=no
+    --callgrind-out-file="$dir/cg-$tag.out")
+  # shellcheck disable=SC2086
+  "${vg[@]}" "$build/daemon/tallyd" --bind "tcp://127.0.0.1:$z" --metrics "127.0.0.1:$mport" \
+    --nats-servers "$url" --nats-replicas 1 --nats-partitions 8 --nats-member-id w1 \
+    --window-intervals 0 --shm off --nats-partition-max-bytes 4G --nats-lease-ttl-ms 60000 \
+    --max-inflight 4096 ${TALLYD_ARGS:-} >>"$dir/w-$tag.log" 2>&1 &
+  wpid=$!
+  for _ in $(seq 1200); do (($(metric tallyd_nats_partitions_owned) == 8)) && break; sleep 0.1; done
+  (($(metric tallyd_nats_partitions_owned) == 8)) || { echo "$tag: worker not ready ($dir)" >&2; exit 1; }
+  base=$(metric tallyd_nats_applied_total)
+  a0=$base
+  kill -STOP "$wpid"
+  "$nb" fleet-fill "$url" "$tag" "$count" "$size" >"$dir/fill-$tag"
+  c0=$(cpu_ticks)
+  t0=$(date +%s.%N)
+  kill -CONT "$wpid"
+  if [ "${CALLGRIND:-0}" = 1 ]; then
+    callgrind_control -i on "$wpid" >/dev/null
+    a0=$(metric tallyd_nats_applied_total)
+  fi
+  secs=$(python3 - "$t0" "$((base + count))" "$mport" "${CALLGRIND:-0}" <<'PY'
+import sys, time, urllib.request
+t0, want, port, cg = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
+def applied():
+    try:
+        t = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        return int(float(next((l.split()[-1] for l in t.splitlines()
+                               if l.startswith("tallyd_nats_applied_total ")), "0")))
+    except OSError:
+        return 0
+while applied() < want and time.time() - t0 < 600:
+    time.sleep(1.0 if cg else 0.05)
+print(f"{time.time() - t0:.3f}")
+PY
+)
+  c1=$(cpu_ticks)
+  a1=$(metric tallyd_nats_applied_total)
+  local ir=""
+  if [ "${CALLGRIND:-0}" = 1 ]; then
+    callgrind_control -d "$wpid" >/dev/null
+    callgrind_control -i off "$wpid" >/dev/null
+    local f total
+    f=$(ls -t "$dir"/cg-"$tag".out* | head -1)
+    callgrind_annotate --inclusive=yes "$f" 2>/dev/null | head -150 >"$dir/annotate-$tag.txt" || true
+    callgrind_annotate "$f" 2>/dev/null | head -100 >"$dir/self-$tag.txt" || true
+    callgrind_annotate --tree=caller "$f" 2>/dev/null >"$dir/callers-$tag.txt" || true
+    # messages: the replies the fleet thread took while instrumented (td_part_reply's calls), the
+    # /metrics pages' share apart (the sampler's, not the messages')
+    python3 - "$dir/callers-$tag.txt" "$dir/annotate-$tag.txt" >"$dir/ir-$tag" <<'PY'
+import re, sys
+calls = total = metrics = 0
+for l in open(sys.argv[1]):  # the most calls td_part_reply made of any one function
+    m = re.search(r"<\s+\S*td_fleet_part.c:td_part_reply \((\d[\d,]*)x\)", l)
+    calls = max(calls, int(m.group(1).replace(",", ""))) if m else calls
+for l in open(sys.argv[2]):
+    v = l.split()
+    if "PROGRAM TOTALS" in l:
+        total = int(v[0].replace(",", ""))
+    if l.rstrip().endswith("td_metrics_render") and not metrics:
+        metrics = int(v[0].replace(",", ""))
+print(f" {total // max(calls, 1)} {(total - metrics) // max(calls, 1)} {calls}")
+PY
+    ir=$(cat "$dir/ir-$tag")
+  fi
+  kill -TERM "$wpid"
+  wait "$wpid" || true
+  wpid=
+  python3 -c "import sys; c, s, t, hz = map(float, sys.argv[1:5]); \
+print(f'{sys.argv[5]} {s:.3f} {c / s:.0f} {t / hz / c * 1e6:.1f}{sys.argv[6]}')" \
+    "$count" "$secs" "$((c1 - c0))" "$(getconf CLK_TCK)" "$tag" "$ir"
+}
+
+echo "# $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), $(date -u '+%Y-%m-%d %H:%M UTC');" \
+  "$count x $size B; columns: build-round seconds msg/s cpu-us/msg [instr/msg, without /metrics, messages counted]"
+builds=("$@")
+for ((r = 1; r <= rounds; r++)); do # in turn, every other round backwards: ABBA...
+  for ((j = 0; j < ${#builds[@]}; j++)); do
+    i=$((r % 2 ? j : ${#builds[@]} - 1 - j))
+    one "${builds[i]}" "b$((i + 1))-r$r-$size"
+  done
+done
+echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+[ -n "${KEEP:-}" ] && echo "# kept: $dir"
+exit 0
