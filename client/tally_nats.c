@@ -451,7 +451,11 @@ void tally_nats_destroy(tally_nats_t **self_p)
     tally_nats_t *self = self_p ? *self_p : NULL;
     if (!self)
         return;
-    /* jsCtx_Destroy waits for nothing: PubAcks that have not come are dropped with it. */
+    /* jsCtx_Destroy waits for nothing: PubAcks that have not come are dropped with it. The
+     * connection is closed before the replies' subscription goes: a reply coming meanwhile
+     * would otherwise meet it half destroyed (tally_nats_conn.h, tally__nats_sub_close). */
+    if (self->nc)
+        natsConnection_Close(self->nc);
     natsSubscription_Destroy(self->replies);
     jsCtx_Destroy(self->js);
     natsConnection_Destroy(self->nc);
@@ -972,7 +976,7 @@ tally_status_t tally_nats_streams(tally_nats_t *self, char ***names, size_t *cou
     tally_status_t st = s == NATS_OK
                             ? gather_streams(self, sub, inbox, names, count)
                             : fail(self, TALLY_E_TRANSPORT, "streams: %s", natsStatus_GetText(s));
-    natsSubscription_Destroy(sub);
+    tally__nats_sub_close(self->nc, &sub); /* more answers may be coming */
     if (st != TALLY_OK) {
         tally_strings_free(*names, *count);
         *names = NULL;

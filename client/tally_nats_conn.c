@@ -227,3 +227,18 @@ out:
     free(copy);
     return st;
 }
+
+void tally__nats_sub_close(natsConnection *nc, natsSubscription **sub)
+{
+    if (!*sub)
+        return;
+    /* Only a connected connection has a read loop delivering (one that lost its socket is
+     * joined before the reconnect: a stop while NATS is away waits for nothing here). A flush that
+     * fails ends the wait too: a server slower than TALLY_NATS_SUB_CLOSE_MS, by which time a
+     * message being delivered at the unsubscribe is long delivered. */
+    if (natsSubscription_Unsubscribe(*sub) == NATS_OK &&
+        natsConnection_Status(nc) == NATS_CONN_STATUS_CONNECTED)
+        natsConnection_FlushTimeout(nc, TALLY_NATS_SUB_CLOSE_MS);
+    natsSubscription_Destroy(*sub);
+    *sub = NULL;
+}

@@ -51,5 +51,16 @@ bool tally__nats_has_credentials(const tally_nats_conf_t *conf);
  * TALLY_E_ARG with msg when it is not a valid name (1..64 of A-Z a-z 0-9 - _). */
 tally_status_t tally__nats_user(const tally_nats_conf_t *conf, char *out, size_t cap, char *msg,
                                 size_t msg_cap);
+/* How long tally__nats_sub_close waits for its round trip. */
+#define TALLY_NATS_SUB_CLOSE_MS 2000
+/* Unsubscribes *sub, waits for one round trip of nc (its connection), then destroys it and sets
+ * *sub to NULL. libnats before 3.6.1 (Debian 12 ships 3.4.1; issue 637 of the NATS C client)
+ * delivers a message by finding its subscription under the connection's lock, letting go of
+ * that lock, and only then locking the subscription: a natsSubscription_Destroy in between frees
+ * what the read loop is about to lock and fill (a bare abort(), a crash, or a corrupt heap).
+ * Once unsubscribed no message finds it any more, and the PONG of the flush is read by that
+ * same read loop after any message it was delivering. Not needed after natsConnection_Close
+ * (the read loop has ended). */
+void tally__nats_sub_close(natsConnection *nc, natsSubscription **sub);
 
 #endif

@@ -277,6 +277,8 @@ td_err_t td_path_submit(td_path_t *p, td_transport_t *t, td_msg_t *m)
 
 bool td_path_may_read(const td_path_t *p)
 {
+    if (p->closed) /* a transport still open (the fleet's, giving its partitions up) */
+        return false;
     if (p->stopping)
         return !p->drain_expired;
     return p->dispatched - p->replied < p->env.cfg->max_inflight;
@@ -792,6 +794,7 @@ void td_path_close(td_path_t *self)
     if (self->closed)
         return;
     self->closed = true;
+    self->stopping = true; /* whatever the cause: a transport still open answers `shutdown` */
     for (unsigned i = 0; i < self->count; i++) {
         slot_t *slot = &self->slots[i];
         if (!slot->running) { /* one shard: its handles are on this loop */

@@ -82,7 +82,9 @@ void td_path_attach_route(td_path_t *self, const td_route_t *route);
 void td_path_wake_held(td_path_t *self);
 /* Reading has ended and nothing is in flight: the shards close what they hold on their loops
  * (the machines' close) and their threads end; the loop thread owns everything after. Then the
- * transports' loop handles of the path close. */
+ * transports' loop handles of the path close. From then on the path is stopping and takes
+ * nothing (td_path_may_read): a transport still open (the fleet's, giving its partitions up)
+ * answers what it has `shutdown`, since no shard would ever answer it. */
 void td_path_close(td_path_t *self);
 /* After td_path_close (or a failed start): destroys the shards and their schedulers. */
 void td_path_destroy(td_path_t **self_p);

@@ -194,7 +194,8 @@ td_err_t td_path_submit(td_path_t *path, td_transport_t *transport, td_msg_t *ms
  * (td_mailbox.h); when it sleeps, they wake it. Nothing with one shard. */
 void td_path_take_replies(td_path_t *path);
 /* Loop thread: whether the path takes requests now (under the in-flight limit; while stopping,
- * messages are still taken, to be answered `shutdown`). */
+ * messages are still taken, to be answered `shutdown`, until the drain deadline or the path's
+ * close: after td_path_close no shard would ever answer them). */
 bool td_path_may_read(const td_path_t *path);
 /* Loop thread: the transport is done with reply (frees what it left of the body, counts a
  * dropped one, frees the request). */

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tally_nats_conn.h"
 #include "td_fleet_int.h"
 #include "td_log.h"
 #include "td_nats_js.h"
@@ -43,11 +44,12 @@ td_err_t td_fleet_query_open(td_fleet_t *f)
 
 void td_fleet_query_close(td_fleet_t *f)
 {
-    natsSubscription_Destroy(f->q_sub);
-    natsSubscription_Destroy(f->seq_sub);
-    natsSubscription_Destroy(f->ctl_sub);
-    natsSubscription_Destroy(f->streams_sub);
-    f->q_sub = f->seq_sub = f->ctl_sub = f->streams_sub = NULL;
+    /* Questions keep coming (other members' lists, producers' queries) until each is closed:
+     * the way libnats 3.4.1 allows (tally_nats_conn.h). */
+    tally__nats_sub_close(f->nc, &f->q_sub);
+    tally__nats_sub_close(f->nc, &f->seq_sub);
+    tally__nats_sub_close(f->nc, &f->ctl_sub);
+    tally__nats_sub_close(f->nc, &f->streams_sub);
 }
 
 size_t td_fleet_error_reply(const uint8_t *req, size_t len, tally_status_t st, const char *why,

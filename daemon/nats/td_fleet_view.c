@@ -245,7 +245,7 @@ static void gather(td_view_t *v, view_ask_t *a)
         for (uint32_t k = 0; k < f->partitions; k++)
             ans->covered += covered[k] ? 1 : 0;
     }
-    natsSubscription_Destroy(sub);
+    tally__nats_sub_close(f->nc, &sub); /* late answers may be arriving (tally_nats_conn.h) */
     natsInbox_Destroy(unique);
     if (s != NATS_OK)
         say(a, TALLY_E_TRANSPORT, "the fleet's streams: %s", td_nats_last_error(s));

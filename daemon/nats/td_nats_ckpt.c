@@ -199,17 +199,27 @@ static td_err_t get_manifest(jsCtx *js, uint32_t k, natsMsg **e, char *msg, size
     return TD_OK;
 }
 
-/* After a failed compare-and-set on the manifest: fenced (another revision there) or a NATS
- * failure. */
-static td_err_t after_failed_cas(jsCtx *js, uint32_t k, uint64_t expected, natsStatus s,
-                                 bool *fenced, char *msg, size_t cap)
+/* After a failed compare-and-set of value (len bytes) on the manifest: fenced (another
+ * revision there), a NATS failure, or our own write after all: the server applied it but
+ * answered after libnats stopped waiting (a loaded server), and the manifest there is, byte for
+ * byte, the one written (its generation and epoch are this owner's alone): *written is then its
+ * revision, and the write is committed. */
+static td_err_t after_failed_cas(jsCtx *js, uint32_t k, uint64_t expected, const uint8_t *value,
+                                 size_t len, natsStatus s, uint64_t *written, bool *fenced,
+                                 char *msg, size_t cap)
 {
     natsMsg *e = NULL;
     td_err_t err = get_manifest(js, k, &e, msg, cap);
     if (err != TD_OK)
         return err;
     uint64_t now = e ? natsMsg_GetSequence(e) : 0;
+    bool ours = e && now != expected && (size_t)natsMsg_GetDataLength(e) == len &&
+                memcmp(natsMsg_GetData(e), value, len) == 0;
     natsMsg_Destroy(e);
+    if (ours) {
+        *written = now;
+        return TD_OK;
+    }
     if (now != expected) {
         *fenced = true;
         snprintf(msg, cap,
@@ -232,10 +242,12 @@ static td_err_t cas_manifest(td_ckpt_t *c, uint64_t expected, const uint8_t *val
     uint64_t rev = 0;
     natsStatus s = expected ? kvStore_Update(&rev, c->kv, key, value, (int)len, expected)
                             : kvStore_Create(&rev, c->kv, key, value, (int)len);
-    if (s != NATS_OK)
-        return after_failed_cas(c->js, c->k, expected, s, fenced, msg, cap);
-    c->revision = rev;
-    return TD_OK;
+    td_err_t err = s == NATS_OK ? TD_OK
+                                : after_failed_cas(c->js, c->k, expected, value, len, s, &rev,
+                                                   fenced, msg, cap);
+    if (err == TD_OK && !*fenced)
+        c->revision = rev;
+    return err;
 }
 
 td_err_t td_ckpt_take(td_ckpt_t *c, jsCtx *js, kvStore *kv, uint32_t k, const char *member,

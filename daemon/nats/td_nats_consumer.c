@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "tally_fleet.h"
+#include "tally_nats_conn.h"
 #include "td_nats_consumer.h"
 #include "td_nats_js.h"
 
@@ -37,7 +38,9 @@ void td_pull_destroy(td_pull_t **pull)
 {
     if (!*pull)
         return;
-    natsSubscription_Destroy((*pull)->inbox);
+    /* A pull still open on the server (expired late, or cut short by the batch) may deliver to
+     * the inbox meanwhile: closed the way libnats 3.4.1 allows (tally_nats_conn.h). */
+    tally__nats_sub_close((*pull)->nc, &(*pull)->inbox);
     free(*pull);
     *pull = NULL;
 }

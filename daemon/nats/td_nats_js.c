@@ -107,6 +107,15 @@ td_err_t td_nats_kv_open(jsCtx *js, const char *name, int64_t ttl_ms, int replic
         kc.Replicas = replicas;
         kc.StorageType = js_FileStorage;
         s = js_CreateKeyValue(out, js, &kc);
+        /* Two workers starting at once both found none: the other made it. Else the creation's
+         * error is the one said (the lookup's would be Not Found). */
+        if (s != NATS_OK)
+            snprintf(msg, cap, "key-value bucket %s: %s", name, td_nats_last_error(s));
+        if (s != NATS_OK && js_KeyValue(out, js, name) != NATS_OK) {
+            *out = NULL;
+            return TD_ERR_LIBRARY;
+        }
+        s = NATS_OK;
     }
     if (s != NATS_OK) {
         snprintf(msg, cap, "key-value bucket %s: %s", name, td_nats_last_error(s));
@@ -192,8 +201,18 @@ static td_err_t ensure_partitions(jsCtx *js, const td_nats_layout_t *l, char *ms
     char text[16];
     snprintf(text, sizeof text, "%u", (unsigned)l->partitions);
     uint64_t rev = 0;
-    kvStore_CreateString(&rev, kv, TALLY_NATS_KEY_PARTITIONS, text); /* the first one wins */
+    kvEntry *e = NULL;
+    natsStatus made = kvStore_CreateString(&rev, kv, TALLY_NATS_KEY_PARTITIONS, text);
+    /* The first one wins. Neither written nor there: a bucket just made whose stream has no
+     * leader yet (a worker starting with its cluster): a NATS failure, tried again. */
+    natsStatus there = made == NATS_OK ? NATS_OK : kvStore_Get(&e, kv, TALLY_NATS_KEY_PARTITIONS);
+    kvEntry_Destroy(e);
     kvStore_Destroy(kv);
+    if (there == NATS_NOT_FOUND) {
+        snprintf(msg, cap, "%s/%s not written: %s", TALLY_NATS_BUCKET_FLEET,
+                 TALLY_NATS_KEY_PARTITIONS, natsStatus_GetText(made));
+        return TD_ERR_LIBRARY;
+    }
     uint32_t have = 0;
     err = td_nats_read_partitions(js, &have, msg, cap);
     if (err == TD_OK && have != l->partitions) {

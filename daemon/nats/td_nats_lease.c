@@ -23,6 +23,9 @@ void td_lease_key(char *key, size_t cap, uint32_t k)
     tally_fleet_name(key, cap, "p", k);
 }
 
+static td_err_t lease_read(kvStore *leases, uint32_t k, char *holder, size_t cap, uint64_t *rev,
+                           char *msg, size_t msg_cap);
+
 /* Writes member into partition k's lease key by compare-and-set on l->revision (0: create if
  * absent); on success l holds the new revision and is valid for ttl_ms from before the write. */
 static natsStatus lease_write(kvStore *leases, uint32_t k, const char *member, int64_t ttl_ms,
@@ -63,15 +66,25 @@ td_err_t td_lease_renew(kvStore *leases, uint32_t k, const char *member, int64_t
     if (s == NATS_OK)
         return TD_OK;
     /* libnats 3.4.1 gives no jsErrCode for a KV update: a failed compare-and-set and a failing
-     * server look alike. The key tells them apart: not ours (or gone) means lost. */
+     * server look alike. The key tells them apart: not ours (or gone) means lost. Ours at a
+     * later revision: an earlier renewal that the server applied but answered after libnats
+     * stopped waiting (a loaded server), which every renewal after it would fail on until the
+     * lease ran out; its revision is taken, and the renewal made again on it (valid_until_ms
+     * stays that of the last write known to be ours until one succeeds). */
     char holder[TALLY_NATS_MEMBER_ID_MAX + 1];
-    td_err_t err = td_lease_holder(leases, k, holder, sizeof holder, msg, cap);
+    uint64_t rev = 0;
+    td_err_t err = lease_read(leases, k, holder, sizeof holder, &rev, msg, cap);
     if (err != TD_OK)
         return err; /* keep l: the lease may still be ours; valid_until_ms runs out anyway */
     if (strcmp(holder, member) != 0 || !l->revision) {
         *lost = true;
         memset(l, 0, sizeof *l);
         return TD_OK;
+    }
+    if (rev > l->revision) {
+        l->revision = rev;
+        if ((s = lease_write(leases, k, member, ttl_ms, l)) == NATS_OK)
+            return TD_OK;
     }
     snprintf(msg, cap, "renewing lease p%u: %s", (unsigned)k, td_nats_last_error(s));
     return TD_ERR_LIBRARY;
@@ -109,10 +122,19 @@ bool td_lease_valid(const td_lease_t *l, int64_t now_ms)
 td_err_t td_lease_holder(kvStore *leases, uint32_t k, char *holder, size_t cap, char *msg,
                          size_t msg_cap)
 {
+    uint64_t rev;
+    return lease_read(leases, k, holder, cap, &rev, msg, msg_cap);
+}
+
+/* td_lease_holder, and the key's revision (0 when absent). */
+static td_err_t lease_read(kvStore *leases, uint32_t k, char *holder, size_t cap, uint64_t *rev,
+                           char *msg, size_t msg_cap)
+{
     char key[16];
     td_lease_key(key, sizeof key, k);
     kvEntry *e = NULL;
     holder[0] = 0;
+    *rev = 0;
     natsStatus s = kvStore_Get(&e, leases, key);
     if (s == NATS_NOT_FOUND)
         return TD_OK;
@@ -122,6 +144,7 @@ td_err_t td_lease_holder(kvStore *leases, uint32_t k, char *holder, size_t cap, 
     }
     int len = kvEntry_ValueLen(e);
     snprintf(holder, cap, "%.*s", len > 0 ? len : 0, (const char *)kvEntry_Value(e));
+    *rev = kvEntry_Revision(e);
     kvEntry_Destroy(e);
     return TD_OK;
 }
