@@ -11,7 +11,8 @@
  *      parsed by td_state_record_parse, its last_seq the request's seq and its bins the model's
  *      (tests/lib/reference.c), with the writer's epoch, batch and member in its headers; info
  *      says nats_direct=replicated; after a clean stop the checkpoint manifest (version 2)
- *      names the changelog sequence it holds;
+ *      names the changelog sequence it holds; a changelog stream removed after that checkpoint
+ *      is made anew at the next take, with a warning, and the checkpoint's state kept;
  *   2. kill -9 of an owner under load: two members split the partitions (as the plan says); the
  *      fleet client keeps
  *      16 numbered requests in flight, and the owner of half of them is killed (SIGKILL) after
@@ -21,7 +22,15 @@
  *      changelog (none of it was in a checkpoint), each one it did not answer was applied once.
  *   3. a record that cannot be stored (the partition's changelog stream removed under its
  *      owner): the write is answered not_durable and counted, the owner gives the partition up
- *      and takes it again, and writes are answered again.
+ *      and takes it again, and writes are answered again;
+ *   4. group commit by bytes, deletes and resets: with commit_ms at 1 s, 1000 writes (rgba8,
+ *      512 in flight, all of one partition) are stored in far fewer changelog messages than
+ *      writes (a partition's batch goes out at 256 KiB); a delete and a reset follow; the owner is killed, and the next one rebuilds
+ *      every stream from the changelog alone (the deleted one unknown, the reset one empty),
+ *      then takes writes and a delete itself;
+ *   5. another writer's record between two of the owner's batches (a deposed owner's late
+ *      publish): the owner's next publish is refused (its expected last sequence), the write
+ *      answered not_durable, the partition taken again, and the write sent again applied once.
  * Waits are bounded loops on what the cluster or the members report; no time is asserted.
  */
 #include <setjmp.h>
@@ -88,7 +97,7 @@ static void fresh_fleet(void)
 
 /* Member i with lease TTL ttl_ms (a failover waits for it; a clean stop must finish within it,
  * or a partition whose lease ran out is not checkpointed: on a loaded box, a long one). */
-static void start(int i, const char *ttl_ms)
+static void start_commit(int i, const char *ttl_ms, const char *commit_ms)
 {
     const char *args[] = {"--nats-servers",
                           tn_suite.urls,
@@ -105,11 +114,20 @@ static void start(int i, const char *ttl_ms)
                           "--nats-direct",
                           "replicated",
                           "--nats-commit-ms",
-                          "2",
+                          commit_ms,
+                          "--max-inflight", /* test 4's 512 in flight: held replies count */
+                          "1024",
+                          "--stream-create-rate", /* test 4's 1000 new streams at once */
+                          "100000",
                           "--metrics",
                           "127.0.0.1:0",
                           NULL};
     assert_int_equal(th_daemon_start(&member[i], args), 0);
+}
+
+static void start(int i, const char *ttl_ms)
+{
+    start_commit(i, ttl_ms, "2");
 }
 
 /* What the members said, on stderr: for a failure's report. */
@@ -309,6 +327,21 @@ static void test_answered_after_ack(void **state)
             fail_msg("partition %u's checkpoint names no changelog sequence", (unsigned)k);
         }
     }
+    /* A changelog stream removed after the checkpoint that holds it (an operator's mistake):
+     * the next take makes it anew, warns that it ends before the checkpoint, and keeps the
+     * checkpoint's state. */
+    char stream[32];
+    tally_fleet_name(stream, sizeof stream, TALLY_NATS_CL_STREAM_PREFIX, partition_of(0));
+    jsErrCode jerr = 0;
+    assert_int_equal(js_DeleteStream(tn_suite_js, stream, NULL, &jerr), NATS_OK);
+    start(0, "15000");
+    wait_held(ids[0], PARTITIONS);
+    c = fleet_client();
+    check_model(c);
+    tally_client_destroy(&c);
+    assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
+    member[0].pid = 0;
+    assert_int_equal(th_sh("grep -q 'ends at .*before its checkpoint' %s", member[0].log_path), 0);
 }
 
 /* ---- 2. kill -9 of an owner under load --------------------------------------------------------
@@ -398,6 +431,218 @@ static void test_not_stored_not_durable(void **state)
     member[0].pid = 0;
 }
 
+/* ---- 5. another writer's record: the fence ---------------------------------------------------- */
+
+/* A record stored in partition k's changelog by someone else (a deposed owner's late publish,
+ * here the test's own, empty and unsigned) between two of the owner's batches: the owner's next
+ * publish expects its own last sequence and is refused, so that write is answered not_durable,
+ * the partition given up and taken again (the foreign record replayed: it holds nothing), and
+ * writes are answered again with their effect kept. */
+/* One numbered request and its reply (tally_run would number chunks itself): the status, and
+ * the reply's error into why. */
+static tally_status_t call_numbered(tally_client_t *c, const tally_req_t *req, const void *data,
+                                    size_t len, char *why, size_t cap)
+{
+    tally_status_t st = tally_send(c, req, data, len, NULL);
+    if (st != TALLY_OK)
+        return st;
+    tally_reply_t r;
+    tally_reply_init(&r);
+    st = tally_recv(c, &r);
+    snprintf(why, cap, "%s", r.error);
+    tally_reply_clear(&r);
+    return st;
+}
+
+static void test_other_writer_fenced(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    start(0, "15000");
+    wait_held(ids[0], PARTITIONS);
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    while (th_metric(&member[0], "tallyd_nats_partitions_taken_total") < PARTITIONS &&
+           th_now_ms() < until)
+        th_sleep_ms(50);
+    long long taken = th_metric(&member[0], "tallyd_nats_partitions_taken_total");
+    assert_int_equal(taken, PARTITIONS);
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(member[0].endpoint, TIMEOUT_MS, &c), TALLY_OK);
+    uint8_t data[16] = {1, 2, 3};
+    uint64_t bins[256] = {0};
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, "cl/0"), TALLY_OK);
+    char why[TALLY_ERROR_MESSAGE_MAX + 1];
+    req.seq = 1;
+    assert_int_equal(call_numbered(c, &req, data, sizeof data, why, sizeof why), TALLY_OK);
+    tr_hist_parts(TALLY_DTYPE_U8, data, sizeof data, 0, 0, bins, NULL, NULL);
+    char subject[32];
+    tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_CL, partition_of(0));
+    jsErrCode jerr = 0;
+    assert_int_equal(js_Publish(NULL, tn_suite_js, subject, "", 0, NULL, &jerr), NATS_OK);
+    req.seq = 2;
+    assert_int_equal(call_numbered(c, &req, data, sizeof data, why, sizeof why),
+                     TALLY_E_NOT_DURABLE);
+    assert_non_null(strstr(why, "was not stored"));
+    assert_int_equal(th_metric(&member[0], "tallyd_nats_not_durable_total"), 1);
+    until = th_now_ms() + TIMEOUT_MS; /* dropped, then taken again after a back-off */
+    while (th_metric(&member[0], "tallyd_nats_partitions_taken_total") == taken &&
+           th_now_ms() < until)
+        th_sleep_ms(100);
+    assert_true(th_metric(&member[0], "tallyd_nats_partitions_taken_total") > taken);
+    /* seq 2 again: its first try ran but was not stored, and the state came back from the
+     * changelog without it, so it applies now (once). */
+    tally_status_t st;
+    until = th_now_ms() + TIMEOUT_MS;
+    while (((st = call_numbered(c, &req, data, sizeof data, why, sizeof why)) ==
+                TALLY_E_NOT_OWNER ||
+            st == TALLY_E_NOT_DURABLE) &&
+           th_now_ms() < until)
+        th_sleep_ms(100);
+    if (st != TALLY_OK)
+        dump_logs();
+    assert_int_equal(st, TALLY_OK);
+    tr_hist_parts(TALLY_DTYPE_U8, data, sizeof data, 0, 0, bins, NULL, NULL);
+    tally_stream_info_t info;
+    assert_int_equal(tally_query(c, "cl/0", &info), TALLY_OK);
+    if (info.last_seq != 2) {
+        dump_logs();
+        fail_msg("cl/0: last_seq %llu, %llu batches, %llu elements", (unsigned long long)info.last_seq,
+                 (unsigned long long)info.batches, (unsigned long long)info.hist_total);
+    }
+    assert_memory_equal(info.bins, bins, sizeof bins);
+    tally_client_destroy(&c);
+    assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
+    member[0].pid = 0;
+}
+
+/* ---- 4. group commit by bytes; deletes and resets through the changelog ---------------------- */
+
+#define MANY 1000 /* streams, all of partition 0 */
+#define WINDOW 512 /* requests in flight: below tallyd's reply queue per peer (SNDHWM) */
+#define PIXELS 256 /* rgba8: every value of every channel once, so a record's 1024 bins are dense */
+
+static char many_names[MANY][32];
+static uint64_t many_model[MANY][4 * 256];
+
+/* MANY stream names of partition 0, so that its batch fills up: ~1.1 KiB records, WINDOW of
+ * them held at once, over TD_NATS_COMMIT_BYTES (256 KiB) long before commit_ms (1 s) */
+static void many_pick(void)
+{
+    int n = 0;
+    for (int i = 0; n < MANY; i++) {
+        snprintf(many_names[n], sizeof many_names[n], "gc/%d", i);
+        if (tally_partition(many_names[n], strlen(many_names[n]), PARTITIONS) == 0)
+            n++;
+    }
+}
+
+static tally_status_t many_send(tally_client_t *c, int s, uint64_t seq)
+{
+    uint8_t data[4 * PIXELS];
+    for (size_t j = 0; j < sizeof data; j++) /* channel j % 4 of pixel j / 4: a permutation */
+        data[j] = (uint8_t)((j / 4) * 5 + (size_t)s + seq + (j % 4));
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_RGBA8, 0);
+    assert_int_equal(tally_req_set_stream(&req, many_names[s]), TALLY_OK);
+    req.seq = seq;
+    tr_hist_parts(TALLY_DTYPE_RGBA8, data, PIXELS, 0, 0, many_model[s], NULL, NULL);
+    return tally_send(c, &req, data, sizeof data, NULL);
+}
+
+/* Streams from..MANY-1, one numbered hist each (seq), WINDOW in flight; all answered once
+ * stored, in far fewer changelog messages than writes. */
+static void many_writes(tally_client_t *c, const th_daemon_t *d, int from, uint64_t seq)
+{
+    long long before = th_metric(d, "tallyd_nats_changelog_commits_total");
+    int sent = from, got = from;
+    while (got < MANY) {
+        while (sent < MANY && sent - got < WINDOW) {
+            tally_status_t st = many_send(c, sent, seq);
+            if (st != TALLY_OK)
+                fail_msg("send to %s: %s: %s", many_names[sent], tally_status_name(st),
+                         tally_client_error(c));
+            sent++;
+        }
+        tally_reply_t r;
+        tally_reply_init(&r);
+        tally_status_t st = tally_recv(c, &r);
+        if (st != TALLY_OK && st != TALLY_E_DUPLICATE) { /* what the member saw, for the report */
+            th_sh("curl -s http://127.0.0.1:%d/metrics | grep -E '^tallyd_(requests_total|shard_"
+                  "requests|requests_in_flight|replies_dropped|nats_(changelog|not_))' >&2",
+                  th_metrics_port(d));
+            dump_logs();
+            fail_msg("reply %d of %d: %s: %s", got - from + 1, MANY - from, tally_status_name(st),
+                     r.error);
+        }
+        tally_reply_clear(&r);
+        got++;
+    }
+    long long commits = th_metric(d, "tallyd_nats_changelog_commits_total") - before;
+    print_message("%d writes stored in %lld changelog messages\n", MANY - from, commits);
+    assert_true(commits > 0);
+    assert_true(commits <= MANY / 10); /* grouped: one message per write would be MANY */
+}
+
+/* Streams from..MANY-1 equal the model; stream `gone` is unknown. */
+static void check_many(tally_client_t *c, int gone, int from)
+{
+    tally_stream_info_t info;
+    tally_status_t st = tally_query(c, many_names[gone], &info);
+    if (st != TALLY_E_UNKNOWN_STREAM)
+        dump_logs();
+    assert_int_equal(st, TALLY_E_UNKNOWN_STREAM);
+    for (int s = from; s < MANY; s++) {
+        if ((st = tally_query(c, many_names[s], &info)) != TALLY_OK)
+            fail_msg("query %s: %s: %s", many_names[s], tally_status_name(st),
+                     tally_client_error(c));
+        assert_memory_equal(info.bins, many_model[s], sizeof many_model[s]);
+    }
+}
+
+/* Waits until member i has taken `count` partitions (loaded, replayed, fenced: not only leased). */
+static void wait_taken(int i, long long count)
+{
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    while (th_metric(&member[i], "tallyd_nats_partitions_taken_total") < count &&
+           th_now_ms() < until)
+        th_sleep_ms(50);
+    assert_int_equal(th_metric(&member[i], "tallyd_nats_partitions_taken_total"), count);
+}
+
+/* A commit_ms of 1 s (its limit), so that batches go out by bytes. Member a: 1000 writes, a
+ * delete and a reset, then killed (SIGKILL) with none of it in a checkpoint; member b rebuilds
+ * every stream from the changelog alone (the deleted one unknown, the reset one empty, the rest
+ * the model), takes 998 writes and a delete itself, and stops cleanly. */
+static void test_group_commit_delete_reset(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    many_pick();
+    memset(many_model, 0, sizeof many_model);
+    start_commit(0, "3000", "1000");
+    wait_held(ids[0], PARTITIONS);
+    wait_taken(0, PARTITIONS);
+    tally_client_t *c = fleet_client();
+    many_writes(c, &member[0], 0, 1);
+    assert_int_equal(tally_delete(c, many_names[0]), TALLY_OK);
+    assert_int_equal(tally_reset(c, many_names[1]), TALLY_OK);
+    memset(many_model[1], 0, sizeof many_model[1]);
+    kill(member[0].pid, SIGKILL);
+    th_daemon_wait(&member[0], 5000);
+    member[0].pid = 0;
+    start_commit(1, "3000", "1000");
+    wait_held(ids[1], PARTITIONS);
+    wait_taken(1, PARTITIONS);
+    check_many(c, 0, 1);
+    assert_true(th_metric(&member[1], "tallyd_nats_changelog_replayed_total") > 0);
+    many_writes(c, &member[1], 2, 2);
+    assert_int_equal(tally_delete(c, many_names[2]), TALLY_OK);
+    check_many(c, 2, 3);
+    tally_client_destroy(&c);
+    assert_int_equal(th_daemon_stop(&member[1], SIGTERM, TIMEOUT_MS), 0);
+    member[1].pid = 0;
+}
+
 int main(void)
 {
     if (tn_skip())
@@ -406,6 +651,8 @@ int main(void)
         cmocka_unit_test_teardown(test_answered_after_ack, stop_members),
         cmocka_unit_test_teardown(test_kill_owner_under_load, stop_members),
         cmocka_unit_test_teardown(test_not_stored_not_durable, stop_members),
+        cmocka_unit_test_teardown(test_group_commit_delete_reset, stop_members),
+        cmocka_unit_test_teardown(test_other_writer_fenced, stop_members),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -15,7 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "td_fleet_changelog.h"
 #include "td_fleet_int.h"
@@ -555,25 +554,6 @@ bool td_changelog_failed(td_fleet_t *f, uint32_t k)
     bool failed = cl->parts[k].state == CL_FAILED;
     pthread_mutex_unlock(&cl->mu);
     return failed;
-}
-
-/* Waits until partition k has nothing waiting for a PubAck (a give-up's last records), up to a
- * third of the lease TTL. */
-void td_changelog_flush(td_fleet_t *f, uint32_t k)
-{
-    td_changelog_t *cl = f->cl;
-    if (!cl)
-        return;
-    int64_t deadline = td_nats_now_ms() + f->ttl_ms / 3;
-    pthread_mutex_lock(&cl->mu);
-    while ((cl->parts[k].len || cl->parts[k].flight) && cl->parts[k].state == CL_OPEN &&
-           td_nats_now_ms() < deadline) {
-        pthread_cond_signal(&cl->cond);
-        pthread_mutex_unlock(&cl->mu);
-        usleep(1000);
-        pthread_mutex_lock(&cl->mu);
-    }
-    pthread_mutex_unlock(&cl->mu);
 }
 
 /* ---- Life ------------------------------------------------------------------------------------ */

@@ -57,9 +57,6 @@ void td_changelog_closed(struct td_fleet *f, uint32_t k);
 /* The last sequence of TALLY_CL<k> whose records the stream table holds (read before a
  * checkpoint's snapshot: the manifest's cl_seq). */
 uint64_t td_changelog_stored(struct td_fleet *f, uint32_t k);
-/* Waits (a third of the lease TTL at most) until partition k has no record unpublished or
- * unacknowledged. */
-void td_changelog_flush(struct td_fleet *f, uint32_t k);
 /* A publish of partition k failed: the fleet thread drops it. */
 bool td_changelog_failed(struct td_fleet *f, uint32_t k);
 
