@@ -558,11 +558,11 @@ static void test_operator_malloc_tunables_win(void **state)
 
 /* ---- A second SIGTERM while input keeps tallyd stopping -------------------------------------- */
 
-/* tallyd stops once nothing is in flight and its socket has been quiet TD_DRAIN_QUIET_MS
- * (td_server.c, stop_when_quiet), or at the drain deadline, which this test puts far away. A
- * batch held 3 s by the simulated GPU keeps it stopping whatever the pings' timing, and the pings
- * go on until that batch is answered and PING_AFTER_MS more, so that tallyd stops on its quiet
- * timer (quiet_cb), not on a read. */
+/* tallyd stops once nothing is in flight and its socket has been quiet TD_DRAIN_QUIET_MS (the
+ * quiet timer, started again by every read: td_server.c, zmq_pumped and quiet_cb), or at the drain
+ * deadline, which this test puts far away. A batch held 3 s by the simulated GPU keeps it
+ * stopping at the second SIGTERM whatever the pings' timing, and the pings go on until that batch
+ * is answered and PING_AFTER_MS more, so that tallyd stops on its quiet timer. */
 #define QUIET_DRAIN_MS_TEXT "30000"
 #define QUIET_HELD_US "3000000"
 #define PING_PERIOD_MS 20
