@@ -60,7 +60,7 @@ struct td_server {
     uv_timer_t drain_timer; /* the end of reading after a stop signal */
     uv_timer_t quiet_timer; /* a stopping socket that stayed empty long enough */
     uv_timer_t sweep_timer; /* frees idle per-peer entries */
-    uint64_t last_input_ns; /* stopping: the signal, or the last message read since */
+    bool quiet;             /* stopping: the quiet timer ran out, nothing read since */
     bool closed;            /* transports and handles closed */
 
     td_streams_t *streams;
@@ -207,38 +207,37 @@ static void exec_done(void *owner, td_request_t *r)
 
 static void close_all(td_server_t *s);
 
+/* The quiet timer ran out: nothing was read for TD_DRAIN_QUIET_MS since the stop signal or the
+ * last message (td_config.h says why a moment is not enough). What came meanwhile is read first:
+ * a message read there makes the socket not quiet after all (zmq_pumped). */
 static void quiet_cb(uv_timer_t *handle)
 {
     td_server_t *s = handle->data;
+    s->quiet = true;
     td_zmq_pump(s->zmq);
 }
 
-/* Stopping, nothing in flight, nothing to read: close once the socket has stayed empty for
- * TD_DRAIN_QUIET_MS (td_config.h says why a moment is not enough), or at the deadline. */
-static void stop_when_quiet(td_server_t *s, bool drain_expired)
+/* Stopping, and input now: the quiet timer starts again. libuv's uv_timer_start fails only
+ * without a callback or on a closing handle (after close_all, when nothing pumps any more). */
+static void not_quiet(td_server_t *s)
 {
-    uint64_t quiet_ns = (uint64_t)TD_DRAIN_QUIET_MS * 1000000u;
-    uint64_t since = uv_hrtime() - s->last_input_ns;
-    if (drain_expired || since >= quiet_ns) {
-        close_all(s);
-        return;
-    }
-    uint64_t wait_ms = (quiet_ns - since) / 1000000u + 1;
-    if (uv_timer_start(&s->quiet_timer, quiet_cb, wait_ms, 0) != 0)
-        close_all(s);
+    s->quiet = false;
+    uv_timer_start(&s->quiet_timer, quiet_cb, TD_DRAIN_QUIET_MS, 0);
 }
 
-/* After every read of the ROUTER socket (td_zmq_env_t.pumped): while stopping, the time of the
- * last input, and the close once nothing is in flight and nothing more will be read. */
+/* After every read of the ROUTER socket (td_zmq_env_t.pumped): while stopping, the quiet timer
+ * again after a read, and the close once nothing is in flight and nothing more will be read, the
+ * socket quiet or the drain deadline past. Only the timer says quiet (no clock is read here: this
+ * runs after every turn of the loop too, and comparing times here raced the timer). */
 static void zmq_pumped(void *owner, bool read_any, bool more)
 {
     td_server_t *s = owner;
     if (!td_path_stopping(s->path))
         return;
     if (read_any)
-        s->last_input_ns = uv_hrtime();
-    if (td_path_inflight(s->path) == 0 && !more)        /* stopping: reading ends */
-        stop_when_quiet(s, !td_path_may_read(s->path)); /* only at the drain deadline */
+        not_quiet(s);
+    if (td_path_inflight(s->path) == 0 && !more && (s->quiet || !td_path_may_read(s->path)))
+        close_all(s);
 }
 
 static void drain_cb(uv_timer_t *handle)
@@ -260,7 +259,7 @@ static void stop(td_server_t *s, int signum)
     td_notice("%s: stopping; finishing %u requests in flight, answering the rest `shutdown` "
               "for up to %u ms",
               strsignal(signum), inflight, s->cfg.drain_ms);
-    s->last_input_ns = uv_hrtime();
+    not_quiet(s); /* the signal counts as input */
     td_service_stopping(s->service);
     int rc = uv_timer_start(&s->drain_timer, drain_cb, s->cfg.drain_ms, 0);
     td_path_stop(s->path); /* answers what waits on a stream, in each stream's order */

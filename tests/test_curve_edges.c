@@ -16,7 +16,12 @@
  *   - an abstract ipc endpoint (ipc://@NAME) is bound and served, and refused to a second
  *     tallyd while the first holds it;
  *   - a bare KEY in curve_clients is allowed, its client known by the key;
- *   - one key file more than the 65,536 keys tallyd holds: refused at start.
+ *   - one key file more than the 65,536 keys tallyd holds: refused at start;
+ *   - the ZAP handler itself (td_auth linked in, asked over inproc as libzmq asks it, RFC 27):
+ *     an allowed CURVE key is answered 200 with its user id, and every request that is not a
+ *     whole CURVE one (another mechanism, a key of 31 bytes, frames missing or too many) 400,
+ *     each echoing its request id; td_auth_new's failures (no secret key file, a curve_clients
+ *     list over the 65,536 keys, the ZAP endpoint taken, ZeroMQ out of sockets) say why.
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -33,6 +38,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "td_auth.h"
 
 #define KEY 41
 #define BURST 30
@@ -330,6 +336,160 @@ static void test_abstract_ipc(void **state)
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
 
+/* ---- The ZAP handler, asked directly --------------------------------------------------------- */
+
+#define ZAP "inproc://zeromq.zap.01"
+
+/* One ZAP request of n frames (sizes[i] bytes of frames[i]) from req: the answer's status code
+ * (its version, request id, text and metadata checked here), its user id in user. */
+static int zap_ask(void *req, const char *const *frames, const size_t *sizes, int n, char *user,
+                   size_t user_cap)
+{
+    for (int i = 0; i < n; i++)
+        assert_int_equal(zmq_send(req, frames[i], sizes[i], i + 1 < n ? ZMQ_SNDMORE : 0),
+                         (int)sizes[i]);
+    char f[6][80];
+    int len[6];
+    for (int i = 0; i < 6; i++) {
+        len[i] = zmq_recv(req, f[i], sizeof f[i] - 1, 0);
+        assert_true(len[i] >= 0 && len[i] < (int)sizeof f[i]); /* 10 s at most: RCVTIMEO */
+        f[i][len[i]] = '\0';
+        int more = 0;
+        size_t size = sizeof more;
+        assert_int_equal(zmq_getsockopt(req, ZMQ_RCVMORE, &more, &size), 0);
+        assert_int_equal(more, i < 5);
+    }
+    assert_string_equal(f[0], "1.0");
+    assert_int_equal(len[1], (int)sizes[1]); /* the request id, echoed */
+    assert_memory_equal(f[1], frames[1], sizes[1]);
+    assert_int_equal(len[5], 0); /* no metadata */
+    snprintf(user, user_cap, "%s", f[4]);
+    int status = atoi(f[2]);
+    assert_string_equal(f[3], status == 200 ? "OK" : "key not allowed");
+    return status;
+}
+
+/* A CURVE request for key (32 bytes) from address, with `extra` frames after it, the mechanism
+ * and the key's length changed as asked: the answer's status, its user id in user. */
+static int zap_curve(void *req, const char *mechanism, const uint8_t *key, size_t key_len,
+                     const char *address, int frames, char *user, size_t cap)
+{
+    static unsigned id;
+    char rid[16];
+    snprintf(rid, sizeof rid, "req-%u", ++id);
+    const char *f[9] = {"1.0", rid, "tallyd", address, "", mechanism, (const char *)key, "", ""};
+    size_t s[9] = {3, strlen(rid), 6, strlen(address), 0, strlen(mechanism), key_len, 0, 0};
+    return zap_ask(req, f, s, frames, user, cap);
+}
+
+static td_config_t curve_config(const char *clients_dir, const char *list)
+{
+    return (td_config_t){.curve_secret_key = server_key,
+                         .curve_clients_dir = (char *)clients_dir,
+                         .curve_clients = (char *)list};
+}
+
+static void test_zap_answers(void **state)
+{
+    (void)state;
+    void *ctx = zmq_ctx_new();
+    void *router = zmq_socket(ctx, ZMQ_ROUTER);
+    td_config_t cfg = curve_config(clients, NULL);
+    char msg[256];
+    td_auth_t *auth = NULL;
+    assert_int_equal(td_auth_new(ctx, &cfg, &auth, msg, sizeof msg), TD_OK);
+    assert_int_equal(td_auth_apply(auth, router), TD_OK);
+    void *req = zmq_socket(ctx, ZMQ_REQ);
+    int timeout = 10000;
+    zmq_setsockopt(req, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    assert_int_equal(zmq_connect(req, ZAP), 0);
+
+    uint8_t alice[32], other[32];
+    assert_non_null(zmq_z85_decode(alice, alice_pub));
+    memcpy(other, alice, 32);
+    other[0] ^= 1;
+    char user[80];
+    /* alice's key, with no address (an ipc peer may have none): 200, her name */
+    assert_int_equal(zap_curve(req, "CURVE", alice, 32, "", 7, user, sizeof user), 200);
+    assert_string_equal(user, "alice");
+    assert_int_equal(zap_curve(req, "CURVE", other, 32, "127.0.0.1", 7, user, sizeof user), 400);
+    assert_string_equal(user, "");
+    /* Her key, but not a whole CURVE request: refused, every one. */
+    assert_int_equal(zap_curve(req, "PLAIN", alice, 32, "127.0.0.1", 7, user, sizeof user), 400);
+    assert_int_equal(zap_curve(req, "NULL", alice, 32, "127.0.0.1", 7, user, sizeof user), 400);
+    assert_int_equal(zap_curve(req, "CURVE", alice, 31, "127.0.0.1", 7, user, sizeof user), 400);
+    assert_int_equal(zap_curve(req, "CURVE", alice, 32, "127.0.0.1", 6, user, sizeof user), 400);
+    assert_int_equal(zap_curve(req, "CURVE", alice, 32, "127.0.0.1", 9, user, sizeof user), 400);
+    assert_int_equal(zap_curve(req, "CURVE", alice, 32, "", 3, user, sizeof user), 400);
+    assert_string_equal(user, "");
+    /* and still answering */
+    assert_int_equal(zap_curve(req, "CURVE", alice, 32, "::1", 7, user, sizeof user), 200);
+
+    /* The monitor's events: a handshake counted under its result, any other event under none. */
+    td_auth_counts_t before, after;
+    td_auth_counts(auth, &before);
+    td_auth_event(auth, ZMQ_EVENT_CONNECTED, 7);
+    td_auth_event(auth, ZMQ_EVENT_HANDSHAKE_SUCCEEDED, 0);
+    td_auth_counts(auth, &after);
+    before.allowed++;
+    assert_memory_equal(&before, &after, sizeof before);
+
+    /* A second handler in the same context: the endpoint is the first one's. */
+    td_auth_t *again = NULL;
+    assert_int_equal(td_auth_new(ctx, &cfg, &again, msg, sizeof msg), TD_ERR_LIBRARY);
+    assert_string_equal(msg, "cannot start the ZAP handler: Address already in use");
+    assert_null(again);
+    td_auth_destroy(&auth);
+    assert_null(auth);
+    zmq_close(req);
+    zmq_close(router);
+    assert_int_equal(zmq_ctx_term(ctx), 0);
+}
+
+static void test_auth_new_failures(void **state)
+{
+    (void)state;
+    void *ctx = zmq_ctx_new();
+    assert_int_equal(zmq_ctx_set(ctx, ZMQ_MAX_SOCKETS, 1), 0);
+    td_auth_t *auth = NULL;
+    char msg[256], missing[128];
+
+    snprintf(missing, sizeof missing, "%s/none.key", dir);
+    td_config_t cfg = curve_config(clients, NULL);
+    cfg.curve_secret_key = missing;
+    assert_int_equal(td_auth_new(ctx, &cfg, &auth, msg, sizeof msg), TD_ERR_IO);
+    assert_non_null(strstr(msg, missing));
+    assert_null(auth);
+
+    /* One item more than the 65,536 keys tallyd holds (the same key: the set does not tell
+     * keys apart). */
+    size_t items = 65537, len = items * KEY;
+    char *list = malloc(len);
+    assert_non_null(list);
+    for (size_t i = 0; i < items; i++) {
+        memcpy(list + i * KEY, alice_pub, KEY - 1);
+        list[i * KEY + KEY - 1] = i + 1 < items ? ',' : '\0';
+    }
+    cfg = curve_config(NULL, list);
+    assert_int_equal(td_auth_new(ctx, &cfg, &auth, msg, sizeof msg), TD_ERR_NOMEM);
+    char want[128];
+    snprintf(want, sizeof want,
+             "curve_clients: cannot hold '%s' (out of memory, or over 65536 keys)", alice_pub);
+    assert_string_equal(msg, want);
+    assert_null(auth);
+    free(list);
+
+    /* ZeroMQ out of sockets (the context's one is taken): no handler. */
+    void *taken = zmq_socket(ctx, ZMQ_PAIR);
+    assert_non_null(taken);
+    cfg = curve_config(clients, NULL);
+    assert_int_equal(td_auth_new(ctx, &cfg, &auth, msg, sizeof msg), TD_ERR_LIBRARY);
+    assert_string_equal(msg, "cannot start the ZAP handler: Too many open files");
+    assert_null(auth);
+    zmq_close(taken);
+    assert_int_equal(zmq_ctx_term(ctx), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -341,6 +501,8 @@ int main(void)
         cmocka_unit_test(test_abstract_ipc),
         cmocka_unit_test(test_clients_list_bare_key),
         cmocka_unit_test(test_clients_over_the_bound),
+        cmocka_unit_test(test_zap_answers),
+        cmocka_unit_test(test_auth_new_failures),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -11,6 +11,9 @@
  *   - pipelined numbered scans on one stream, then SIGTERM: the ok replies are a prefix in order,
  *     the rest `shutdown` (not sequence_gap, though each follows a request answered `shutdown`),
  *     and the state restored after the restart holds exactly the ok ones, last_seq included;
+ *   - a client that keeps pinging through SIGTERM and a second SIGTERM: tallyd is still stopping
+ *     at the second (it says so), answers every request once (ok or `shutdown`), and exits 0
+ *     once its socket has been quiet for a moment, long before its drain time;
  *   - oversize payloads among pipelined requests: answered too_large on a connection that stays
  *     open, and the replies of the requests around them all arrive; a frame over the max_frame
  *     guard closes only its own connection;
@@ -553,6 +556,121 @@ static void test_operator_malloc_tunables_win(void **state)
     assert_false(th_daemon_log_contains(&daemon_, "malloc thresholds left"));
 }
 
+/* ---- A second SIGTERM while input keeps tallyd stopping -------------------------------------- */
+
+/* tallyd stops once nothing is in flight and its socket has been quiet TD_DRAIN_QUIET_MS (the
+ * quiet timer, started again by every read: td_server.c, zmq_pumped and quiet_cb), or at the drain
+ * deadline, which this test puts far away. A batch held 3 s by the simulated GPU keeps it
+ * stopping at the second SIGTERM whatever the pings' timing, and the pings go on until that batch
+ * is answered and PING_AFTER_MS more, so that tallyd stops on its quiet timer. */
+#define QUIET_DRAIN_MS_TEXT "30000"
+#define QUIET_HELD_US "3000000"
+#define PING_PERIOD_MS 20
+#define PING_AFTER_MS 300
+#define QUIET_WAIT_MS 60000 /* for a reply: only a tallyd that lost one waits this long */
+#define QUIET_PINGS_MAX 8192
+
+typedef struct {
+    void *sock;
+    uint64_t sent;                 /* requests sent, ids 0 .. sent - 1 */
+    uint64_t answered;             /* replies received, each to a request not answered before */
+    uint8_t seen[QUIET_PINGS_MAX]; /* replies per id */
+    uint16_t status[QUIET_PINGS_MAX];
+} pinger_t;
+
+/* Receives the replies that arrive within wait_ms (the first one waited for, the rest taken as
+ * they are there): each to a request sent, answered once, ok or `shutdown`. */
+static void pinger_collect(pinger_t *p, int wait_ms)
+{
+    zmq_pollitem_t item = {p->sock, 0, ZMQ_POLLIN, 0};
+    while (zmq_poll(&item, 1, wait_ms) == 1) {
+        th_reply_t reply;
+        assert_int_equal(th_recv_reply(p->sock, &reply), 0);
+        uint64_t id = reply.rep.request_id;
+        assert_true(id < p->sent);
+        assert_int_equal(p->seen[id]++, 0);
+        p->status[id] = reply.rep.status;
+        if (reply.rep.status != TALLY_OK && reply.rep.status != TALLY_E_SHUTDOWN)
+            fail_msg("request %" PRIu64 ": status %u", id, reply.rep.status);
+        p->answered++;
+        th_reply_free(&reply);
+        wait_ms = 0;
+    }
+}
+
+static void pinger_send(pinger_t *p, uint8_t op, const void *payload, size_t len)
+{
+    assert_true(p->sent < QUIET_PINGS_MAX);
+    tally_req_t req = th_req(op, op == TALLY_OP_PING ? TALLY_DTYPE_NONE : TALLY_DTYPE_U8, p->sent);
+    assert_int_equal(th_send_request(p->sock, &req, payload, len), 0);
+    p->sent++;
+}
+
+/* One ping, then the replies that come in the PING_PERIOD_MS after it. */
+static void ping_once(pinger_t *p)
+{
+    pinger_send(p, TALLY_OP_PING, NULL, 0);
+    int64_t t0 = th_now_ms();
+    for (int64_t left = PING_PERIOD_MS; left > 0; left = PING_PERIOD_MS - (th_now_ms() - t0))
+        pinger_collect(p, (int)left);
+}
+
+/* A ping every PING_PERIOD_MS until request `until` has been answered (UINT64_MAX: no such
+ * wait), and for ms after that. */
+static void ping_while(pinger_t *p, uint64_t until, int ms)
+{
+    for (int64_t t0 = th_now_ms(); until != UINT64_MAX && !p->seen[until];) {
+        if (th_now_ms() - t0 > QUIET_WAIT_MS)
+            fail_msg("request %" PRIu64 " not answered in %d ms", until, QUIET_WAIT_MS);
+        ping_once(p);
+    }
+    for (int64_t t0 = th_now_ms(); th_now_ms() - t0 < ms;)
+        ping_once(p);
+}
+
+static void test_second_sigterm_while_input_keeps_it_stopping(void **state)
+{
+    (void)state;
+    setenv("TALLYD_TEST_SIM_LATENCY_US", QUIET_HELD_US, 1);
+    const char *args[] = {"--drain-ms",
+                          QUIET_DRAIN_MS_TEXT, /* the deadline far away */
+                          "--backend",
+                          "cuda",
+                          "--test-sim-gpus",
+                          "1",
+                          "--gpu-min-batch",
+                          "1",
+                          NULL};
+    start(args);
+    unsetenv("TALLYD_TEST_SIM_LATENCY_US");
+    static pinger_t p;
+    memset(&p, 0, sizeof p);
+    p.sock = th_connect(daemon_.endpoint, QUIET_WAIT_MS);
+    static const uint8_t bytes[4096] = {1, 2, 3};
+    pinger_send(&p, TALLY_OP_HIST, bytes, sizeof bytes); /* id 0: held 3 s on the GPU */
+    ping_while(&p, 1, 0); /* id 1 answered: the batch before it was read, and is in flight */
+    assert_int_equal(p.seen[0], 0);
+
+    assert_int_equal(kill(daemon_.pid, SIGTERM), 0);
+    ping_while(&p, UINT64_MAX, PING_AFTER_MS);
+    assert_int_equal(kill(daemon_.pid, SIGTERM), 0);
+    ping_while(&p, 0, PING_AFTER_MS); /* until the batch is answered, and a while after */
+    int64_t quiet_from = th_now_ms();
+    for (int64_t t0 = quiet_from; p.answered < p.sent && th_now_ms() - t0 < QUIET_WAIT_MS;)
+        pinger_collect(&p, 100);
+
+    /* Stopped on its quiet timer, long before the drain time (30 s). */
+    assert_int_equal(th_daemon_wait(&daemon_, 20000), 0);
+    fprintf(stderr, "%" PRIu64 " requests, all answered; stopped %lld ms after the last\n", p.sent,
+            (long long)(th_now_ms() - quiet_from));
+    assert_int_equal(p.answered, p.sent);
+    assert_int_equal(p.status[0], TALLY_OK); /* in flight at SIGTERM: finished */
+    assert_true(th_file_contains(daemon_.log_path, "stopping; finishing 1 requests in flight"));
+    assert_true(th_file_contains(daemon_.log_path, "again: still stopping"));
+    assert_false(th_daemon_log_contains(&daemon_, "drain time over"));
+    th_close(p.sock);
+}
+
 /* Over max_frame (4 x max_batch by default) ZeroMQ closes the connection, as PROTOCOL.md §1
  * says: no reply on it, and tallyd goes on serving everyone else. */
 static void test_frame_over_max_frame_closes_only_its_connection(void **state)
@@ -615,6 +733,8 @@ int main(void)
         cmocka_unit_test_teardown(test_oversize_payloads_answered_too_large_between_valid_ones,
                                   kill_leftovers),
         cmocka_unit_test_teardown(test_frame_over_max_frame_closes_only_its_connection,
+                                  kill_leftovers),
+        cmocka_unit_test_teardown(test_second_sigterm_while_input_keeps_it_stopping,
                                   kill_leftovers),
         cmocka_unit_test(test_drain_ms_and_max_frame_settings),
         cmocka_unit_test_teardown(test_received_frames_do_not_page_fault, kill_leftovers),
