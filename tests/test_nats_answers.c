@@ -8,7 +8,11 @@
  *     without a reply subject is answered nowhere and not counted; tally.ctl answers info and
  *     stats too; a query without a stream, or with a stream length past a name's, gets
  *     `bad_stream_name` from the request path; a query of a partition the
- *     fleet does not have gets no answer; a windowed query on tally.seq gets `bad_opcode`;
+ *     fleet does not have gets no answer; a windowed query on tally.seq gets `bad_opcode`; a
+ *     `streams` question of another protocol version gets `bad_version` without Tally-Owned;
+ *     a partition's message on a subject that names no user, with a Tally-Reply or a
+ *     Nats-Msg-Id, is a dead letter `not_permitted` saying the user is (none), counted; a
+ *     numbered message whose seq its stream has applied is answered `duplicate`, no dead letter;
  *   - "ghost", a member the test plays (it holds both partitions' leases and answers on the
  *     query subjects), answers `streams` with frames that are no member's answer (too short, an
  *     error, no Tally-Member, no Tally-Owned, a Tally-Owned of another layout), and with answers
@@ -25,6 +29,8 @@
  *     questions, and the next is refused at once (503 busy);
  *   - in direct mode the worker answers a request for ghost's partition not_owner, naming ghost
  *     (which publishes no endpoint), and counts it;
+ *   - a take-over that cannot finish leaves the partition untaken, logged with why: a checkpoint
+ *     of more streams than the worker's max_streams, a take that outlasts the lease;
  *   - a worker that stops publishes each partition's changed streams as it gives it up, those of
  *     the other partition left for its own turn, before its next tick (PROTOCOL.md §13
  *     "Histogram publications").
@@ -67,8 +73,10 @@ static int teardown(void **state)
     return tn_suite_teardown();
 }
 
-/* A fleet worker of 2 partitions, in direct mode when `direct`, publishing every pub_ms. */
-static void start_worker(th_daemon_t *d, const char *member, bool direct, const char *pub_ms)
+/* A fleet worker of 2 partitions, in direct mode when `direct`, publishing every pub_ms, with
+ * the options `extra` (NULL-terminated, may be NULL). */
+static void start_worker_with(th_daemon_t *d, const char *member, bool direct, const char *pub_ms,
+                              const char *const *extra)
 {
     const char *args[] = {"--metrics",
                           "127.0.0.1:0",
@@ -95,30 +103,53 @@ static void start_worker(th_daemon_t *d, const char *member, bool direct, const 
                           direct && strcmp(member, "owner") == 0 ? "--nats-advertise" : NULL,
                           "tcp://owner.example:5555",
                           NULL};
-    assert_int_equal(th_daemon_start_with(d, args, NULL), 0);
+    assert_int_equal(th_daemon_start_with(d, args, extra), 0);
 }
 
-/* A stream name of partition k (of 2). */
-static void name_in(uint32_t k, char *name, size_t cap)
+static void start_worker(th_daemon_t *d, const char *member, bool direct, const char *pub_ms)
 {
-    for (int i = 0;; i++) {
+    start_worker_with(d, member, direct, pub_ms, NULL);
+}
+
+/* The stream name of partition k (of 2) after `after` (NULL: the first). */
+static void name_after(uint32_t k, const char *after, char *name, size_t cap)
+{
+    int i = after ? atoi(after + strlen("ans-")) + 1 : 0;
+    for (;; i++) {
         snprintf(name, cap, "ans-%d", i);
         if (tally_partition(name, strlen(name), 2) == k)
             return;
     }
 }
 
+/* A stream name of partition k (of 2). */
+static void name_in(uint32_t k, char *name, size_t cap)
+{
+    name_after(k, NULL, name, cap);
+}
+
 /* data on subject with reply subject `reply` (NULL: none); what comes back on inbox within
- * wait_ms: the reply's status, -1 for nothing. */
-static int ask_on(const char *subject, const char *reply, const char *inbox, const void *data,
-                  int len, int wait_ms)
+ * wait_ms (NULL: nothing). */
+static natsMsg *answer_on(const char *subject, const char *reply, const char *inbox,
+                          const void *data, int len, int wait_ms)
 {
     natsSubscription *sub = NULL;
     natsMsg *m = NULL;
     assert_int_equal(natsConnection_SubscribeSync(&sub, nc, inbox), NATS_OK);
     assert_int_equal(natsConnection_PublishRequest(nc, subject, reply, data, len), NATS_OK);
+    if (natsSubscription_NextMsg(&m, sub, wait_ms) != NATS_OK)
+        m = NULL;
+    natsSubscription_Destroy(sub);
+    return m;
+}
+
+/* answer_on's answer: the reply's status, -1 for nothing, -2 for no reply header. */
+static int ask_on(const char *subject, const char *reply, const char *inbox, const void *data,
+                  int len, int wait_ms)
+{
+    natsMsg *m = answer_on(subject, reply, inbox, data, len, wait_ms);
     int st = -1;
-    if (natsSubscription_NextMsg(&m, sub, wait_ms) == NATS_OK) {
+    if (m) {
         tally_rep_t rep;
         st = natsMsg_GetDataLength(m) >= TALLY_REP_HEADER_SIZE &&
                      tally_rep_decode((const uint8_t *)natsMsg_GetData(m), TALLY_REP_HEADER_SIZE,
@@ -127,7 +158,6 @@ static int ask_on(const char *subject, const char *reply, const char *inbox, con
                  : -2;
     }
     natsMsg_Destroy(m);
-    natsSubscription_Destroy(sub);
     return st;
 }
 
@@ -188,6 +218,79 @@ static long long wait_metric(th_daemon_t *d, const char *name, long long want)
          v = th_metric(d, name))
         th_sleep_ms(50);
     return v;
+}
+
+/* Partition k's last dead letter once its Tally-Reason holds `want` (waited for: the worker
+ * counts a refusal before it publishes the dead letter); asserts its Tally-Status is status. */
+static void dead_letter_says(uint32_t k, tally_status_t status, const char *want)
+{
+    char subject[48], reason[512] = "";
+    snprintf(subject, sizeof subject, "%s%u", TALLY_NATS_SUBJ_DEAD, (unsigned)k);
+    const char *st = NULL;
+    natsMsg *d = NULL;
+    for (int64_t until = th_now_ms() + WAIT_MS; !strstr(reason, want) && th_now_ms() < until;) {
+        natsMsg_Destroy(d);
+        d = NULL;
+        jsErrCode jerr = 0;
+        const char *r = NULL;
+        if (js_GetLastMsg(&d, js, TALLY_NATS_DEAD_STREAM, subject, NULL, &jerr) == NATS_OK &&
+            natsMsgHeader_Get(d, TALLY_NATS_HDR_REASON, &r) == NATS_OK)
+            snprintf(reason, sizeof reason, "%s", r);
+        if (!strstr(reason, want))
+            th_sleep_ms(50);
+    }
+    if (!strstr(reason, want))
+        fail_msg("the last dead letter of partition %u says '%s', not '%s'", (unsigned)k, reason,
+                 want);
+    assert_int_equal(natsMsgHeader_Get(d, TALLY_NATS_HDR_STATUS, &st), NATS_OK);
+    assert_string_equal(st, tally_status_name(status));
+    natsMsg_Destroy(d);
+}
+
+/* A hist header on stream `name` published to partition k's subject of `user` with the
+ * headers given (NULL: left out), stored by JetStream. */
+static void publish_as(uint32_t k, const char *user, const char *name, const char *reply_to,
+                       const char *id)
+{
+    char subject[64];
+    snprintf(subject, sizeof subject, "%s%u.%s", TALLY_NATS_SUBJ_IN, (unsigned)k, user);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    uint8_t header[TALLY_REQ_HEADER_SIZE];
+    tally_req_encode(&req, header);
+    natsMsg *m = NULL;
+    assert_int_equal(natsMsg_Create(&m, subject, NULL, (const char *)header, sizeof header),
+                     NATS_OK);
+    if (reply_to)
+        assert_int_equal(natsMsgHeader_Set(m, TALLY_NATS_HDR_REPLY, reply_to), NATS_OK);
+    if (id)
+        assert_int_equal(natsMsgHeader_Set(m, TALLY_NATS_HDR_MSG_ID, id), NATS_OK);
+    jsErrCode jerr = 0;
+    assert_int_equal(js_PublishMsg(NULL, js, m, NULL, &jerr), NATS_OK);
+    natsMsg_Destroy(m);
+}
+
+/* A hist of 4 bytes on stream `name` numbered seq, published to partition k as the anonymous
+ * user with Tally-Reply `reply_to` and Nats-Msg-Id `id`, stored by JetStream. */
+static void publish_numbered(uint32_t k, const char *name, uint64_t seq, const char *reply_to,
+                             const char *id)
+{
+    char subject[64];
+    tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, (int)k, TALLY_NATS_USER_ANON);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    req.seq = seq;
+    uint8_t frame[TALLY_REQ_HEADER_SIZE + 4] = {0};
+    tally_req_encode(&req, frame);
+    memset(frame + TALLY_REQ_HEADER_SIZE, 3, 4);
+    natsMsg *m = NULL;
+    assert_int_equal(natsMsg_Create(&m, subject, NULL, (const char *)frame, sizeof frame),
+                     NATS_OK);
+    assert_int_equal(natsMsgHeader_Set(m, TALLY_NATS_HDR_REPLY, reply_to), NATS_OK);
+    assert_int_equal(natsMsgHeader_Set(m, TALLY_NATS_HDR_MSG_ID, id), NATS_OK);
+    jsErrCode jerr = 0;
+    assert_int_equal(js_PublishMsg(NULL, js, m, NULL, &jerr), NATS_OK);
+    natsMsg_Destroy(m);
 }
 
 static void test_requests_answered_nowhere(void **state)
@@ -261,6 +364,70 @@ static void test_requests_answered_nowhere(void **state)
     assert_int_equal(ask_op(seq0, TALLY_OP_QUERY, in0, 0, 10000), TALLY_E_UNKNOWN_STREAM);
     write_direct(&w, in0); /* now it exists: its last_seq alone */
     assert_int_equal(ask_op(seq0, TALLY_OP_QUERY, in0, 0, 10000), TALLY_OK);
+
+    /* A `streams` question the request path refuses (a protocol version it does not speak) is
+     * answered with its error as it is: no list, so no Tally-Owned to claim partitions by. */
+    char streams[64];
+    tally_fleet_subject(streams, sizeof streams, TALLY_NATS_SUBJ_STREAMS, -1,
+                        TALLY_NATS_USER_ANON);
+    tally_req_t list = th_req(TALLY_OP_STREAMS, TALLY_DTYPE_NONE, 10);
+    tally_req_encode(&list, header);
+    header[4] = TALLY_PROTO_VERSION + 1; /* the version byte (PROTOCOL.md §2) */
+    natsMsg *a = answer_on(streams, inbox, inbox, header, sizeof header, 10000);
+    assert_non_null(a);
+    tally_rep_t rep;
+    assert_true(natsMsg_GetDataLength(a) >= TALLY_REP_HEADER_SIZE);
+    assert_int_equal(
+        tally_rep_decode((const uint8_t *)natsMsg_GetData(a), TALLY_REP_HEADER_SIZE, &rep),
+        TALLY_OK);
+    assert_int_equal(rep.status, TALLY_E_VERSION);
+    const char *owned = NULL, *member = NULL;
+    assert_int_not_equal(natsMsgHeader_Get(a, TALLY_NATS_HDR_OWNED, &owned), NATS_OK);
+    assert_int_equal(natsMsgHeader_Get(a, TALLY_NATS_HDR_MEMBER, &member), NATS_OK);
+    assert_string_equal(member, "owner");
+    natsMsg_Destroy(a);
+
+    /* A partition's message published under a subject that names no user (not a member id's
+     * characters): no inbox and no dedupe id is its, so one naming either is a dead letter
+     * not_permitted, counted by reason, its reason saying the user is (none). */
+    const char *refused_id = "tallyd_nats_refused_total{reason=\"id\"}";
+    publish_as(0, "no~user", in0, TALLY_NATS_INBOX "no~user.r", NULL);
+    assert_int_equal(wait_metric(&w, refused, 3), 3);
+    dead_letter_says(0, TALLY_E_NOT_PERMITTED,
+                     "Tally-Reply _INBOX.no~user.r is not an inbox of user (none) (_INBOX.<user>.>)");
+    publish_as(0, "no~user", in0, NULL, "no~user.1");
+    assert_int_equal(wait_metric(&w, refused_id, 1), 1);
+    dead_letter_says(0, TALLY_E_NOT_PERMITTED,
+                     "Nats-Msg-Id no~user.1 is outside the ids of user (none) (<user>.*)");
+
+    /* A numbered message whose seq the stream has applied already is answered `duplicate`
+     * and is no dead letter (PROTOCOL.md §13 "Dead letters": any reason but duplicate). */
+    char dup[32];
+    name_after(0, in0, dup, sizeof dup);
+    static const char dup_inbox[] = TALLY_NATS_INBOX TALLY_NATS_USER_ANON ".dup";
+    natsSubscription *replies = NULL;
+    assert_int_equal(natsConnection_SubscribeSync(&replies, nc, dup_inbox), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    publish_numbered(0, dup, 1, dup_inbox, "anon.dup.1");
+    publish_numbered(0, dup, 1, dup_inbox, "anon.dup.2");
+    const char *want[] = {"anon.dup.1", "anon.dup.2"};
+    const tally_status_t status[] = {TALLY_OK, TALLY_E_DUPLICATE};
+    for (int i = 0; i < 2; i++) { /* one partition's replies come in sequence order */
+        natsMsg *r = NULL;
+        assert_int_equal(natsSubscription_NextMsg(&r, replies, WAIT_MS), NATS_OK);
+        const char *id = NULL;
+        assert_int_equal(natsMsgHeader_Get(r, TALLY_NATS_HDR_REPLY_ID, &id), NATS_OK);
+        assert_string_equal(id, want[i]);
+        assert_true(natsMsg_GetDataLength(r) >= TALLY_REP_HEADER_SIZE);
+        assert_int_equal(
+            tally_rep_decode((const uint8_t *)natsMsg_GetData(r), TALLY_REP_HEADER_SIZE, &rep),
+            TALLY_OK);
+        assert_int_equal(rep.status, status[i]);
+        natsMsg_Destroy(r);
+    }
+    natsSubscription_Destroy(replies);
+    assert_int_equal(th_metric(&w, "tallyd_nats_dead_letters_total"), 2); /* the two above */
+    dead_letter_says(0, TALLY_E_NOT_PERMITTED, "Nats-Msg-Id no~user.1 is outside the ids");
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
 }
 
@@ -515,6 +682,57 @@ static void view_queue_full(th_daemon_t *b, const char *path)
     assert_int_equal(answered, 31);
 }
 
+/* d's log holds `want` (waited for: a take-over is tried again after a back-off). */
+static void log_says(const th_daemon_t *d, const char *want)
+{
+    for (int64_t until = th_now_ms() + WAIT_MS;
+         !th_daemon_log_contains(d, want) && th_now_ms() < until;)
+        th_sleep_ms(50);
+    if (!th_daemon_log_contains(d, want)) {
+        char cmd[200];
+        snprintf(cmd, sizeof cmd, "tail -30 %s >&2", d->log_path);
+        if (system(cmd) != 0)
+            print_message("(no log)\n");
+        fail_msg("no '%s' in the worker's log", want);
+    }
+}
+
+/* A take-over that cannot finish leaves the partition untaken (its lease released, tried again
+ * after a back-off), saying why in the log (PROTOCOL.md §13 "Membership and who owns what"): a
+ * checkpoint holding more streams than the worker's max_streams (the state would not be whole),
+ * and a take that outlasts the lease (TALLYD_TEST_TAKE_MS: a cluster that slow). */
+static void test_partitions_not_taken(void **state)
+{
+    (void)state;
+    tn_fleet_delete(js, 2); /* a fleet of its own */
+    th_daemon_t w;
+    char a[32], b[32];
+    name_in(0, a, sizeof a);
+    name_after(0, a, b, sizeof b);
+    start_worker(&w, "full", true, "1000");
+    write_direct(&w, a);
+    write_direct(&w, b);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0); /* partition 0's checkpoint: both */
+
+    const char *small[] = {"--max-streams", "1", NULL};
+    start_worker_with(&w, "small", true, "1000", small);
+    log_says(&w, "fleet: partition 0 not taken: its checkpoint: 1 of 2 streams restored");
+    void *sock = th_connect(w.endpoint, 10000);
+    assert_non_null(sock);
+    tally_req_t req = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, 1);
+    assert_int_equal(tally_req_set_stream(&req, a), TALLY_OK);
+    assert_int_equal(th_call_status(sock, &req, NULL, 0), TALLY_E_NOT_OWNER);
+    th_close(sock);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+
+    setenv("TALLYD_TEST_TAKE_MS", "3500", 1); /* the lease is 3000 ms */
+    start_worker(&w, "slow", true, "1000");
+    unsetenv("TALLYD_TEST_TAKE_MS");
+    log_says(&w, "not taken: the lease ran out while taking it");
+    assert_int_equal(th_metric(&w, "tallyd_nats_partitions_owned"), 0);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 30000), 0);
+}
+
 static void test_view_of_a_member_that_answers_badly(void **state)
 {
     (void)state;
@@ -635,6 +853,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_requests_answered_nowhere),
         cmocka_unit_test(test_view_of_a_member_that_answers_badly),
+        cmocka_unit_test(test_partitions_not_taken),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
