@@ -31,6 +31,8 @@
  *     (which publishes no endpoint), and counts it;
  *   - a take-over that cannot finish leaves the partition untaken, logged with why: a checkpoint
  *     of more streams than the worker's max_streams, a take that outlasts the lease;
+ *   - a worker that gives a partition up publishes every changed stream of it, 2,500 of them:
+ *     more than one tick's 4 MiB;
  *   - a worker that stops publishes each partition's changed streams as it gives it up, those of
  *     the other partition left for its own turn, before its next tick (PROTOCOL.md §13
  *     "Histogram publications").
@@ -733,6 +735,50 @@ static void test_partitions_not_taken(void **state)
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 30000), 0);
 }
 
+/* A worker that gives a partition up publishes all of its changed streams first, also more
+ * than one tick takes (4 MiB of records, about 1,800 byte histograms): a tick's bytes at a time
+ * until none is left (PROTOCOL.md §13 "Histogram publications"). */
+static void test_give_up_publishes_past_a_tick(void **state)
+{
+    (void)state;
+    enum { STREAMS = 2500 };
+    tn_fleet_delete(js, 2);
+    natsSubscription *watch = NULL;
+    assert_int_equal(natsConnection_SubscribeSync(&watch, nc, TALLY_NATS_SUBJ_WATCH "0"), NATS_OK);
+    assert_int_equal(natsSubscription_SetPendingLimits(watch, -1, -1), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    th_daemon_t w;
+    const char *unlimited[] = {"--stream-create-rate", "0", NULL}; /* one client makes them all */
+    start_worker_with(&w, "giver", true, "600000", unlimited); /* a tick at start, then none */
+    char name[32];
+    name_in(0, name, sizeof name);
+    write_direct(&w, name); /* partition 0 is its own */
+    void *sock = th_connect(w.endpoint, 10000);
+    assert_non_null(sock);
+    uint8_t data[16];
+    memset(data, 1, sizeof data);
+    for (int i = 1; i < STREAMS; i++) {
+        name_after(0, name, name, sizeof name);
+        tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, (uint64_t)i);
+        assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+        assert_int_equal(th_call_status(sock, &req, data, sizeof data), TALLY_OK);
+    }
+    th_close(sock);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 30000), 0);
+    int got = 0;
+    natsMsg *m = NULL;
+    while (got < STREAMS && natsSubscription_NextMsg(&m, watch, WAIT_MS) == NATS_OK) {
+        const char *member = NULL;
+        assert_int_equal(natsMsgHeader_Get(m, TALLY_NATS_HDR_MEMBER, &member), NATS_OK);
+        assert_string_equal(member, "giver");
+        got++;
+        natsMsg_Destroy(m);
+    }
+    assert_int_equal(got, STREAMS); /* each changed stream once: none was published before */
+    assert_int_not_equal(natsSubscription_NextMsg(&m, watch, 200), NATS_OK);
+    natsSubscription_Destroy(watch);
+}
+
 static void test_view_of_a_member_that_answers_badly(void **state)
 {
     (void)state;
@@ -854,6 +900,7 @@ int main(void)
         cmocka_unit_test(test_requests_answered_nowhere),
         cmocka_unit_test(test_view_of_a_member_that_answers_badly),
         cmocka_unit_test(test_partitions_not_taken),
+        cmocka_unit_test(test_give_up_publishes_past_a_tick),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -10,6 +10,8 @@
  *   - a worker without a member id is HOST-PID, the host name made of member id characters;
  *   - a worker without a lease TTL takes the fleet's (test_worker_takes_the_fleets_ttl), and
  *     where TALLY_LEASES has none keeps its default, refused by the fleet's other buckets;
+ *   - a worker in direct mode finding TALLY_ENDPOINTS of another TTL refuses to start, saying
+ *     so, and leaves the bucket as it was;
  *   - on the query subjects a worker answers only what belongs there: a message shorter than a
  *     header gets `header`, a filter on tally.q.K.USER, a query on tally.ctl.USER and a ping on
  *     tally.streams.USER get `opcode`, a query of a stream of another partition gets
@@ -285,6 +287,35 @@ static void test_wrong_subjects_refused(void **state)
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
 }
 
+/* A worker in direct mode finding TALLY_ENDPOINTS made with another TTL than its lease's (by
+ * hand, or a fleet of another lease_ttl_ms) refuses to start, saying so, as for the fleet's
+ * other buckets; the bucket is left as it was. */
+static void test_endpoints_of_another_ttl(void **state)
+{
+    (void)state;
+    kvConfig kc;
+    kvConfig_Init(&kc);
+    kc.Bucket = TALLY_NATS_BUCKET_ENDPOINTS;
+    kc.TTL = 60000ll * 1000000; /* 60 s, in nanoseconds */
+    kvStore *kv = NULL;
+    assert_int_equal(js_CreateKeyValue(&kv, js, &kc), NATS_OK);
+    kvStore_Destroy(kv);
+    const char *args[] = {"--nats-servers", cluster.urls, "--nats-replicas", "1",
+                          "--nats-partitions", "2", "--nats-lease-ttl-ms", "3000",
+                          "--nats-member-id", "direct", "--nats-direct", "local", NULL};
+    char log[128];
+    assert_int_equal(th_run_refused(dir, args, log, sizeof log, 30000), 1);
+    assert_true(th_file_contains(log, "key-value bucket " TALLY_NATS_BUCKET_ENDPOINTS
+                                      " has a TTL of 60000 ms, not 3000"));
+    kvStatus *st = NULL;
+    assert_int_equal(js_KeyValue(&kv, js, TALLY_NATS_BUCKET_ENDPOINTS), NATS_OK);
+    assert_int_equal(kvStore_Status(&st, kv), NATS_OK);
+    assert_int_equal(kvStatus_TTL(st), kc.TTL);
+    kvStatus_Destroy(st);
+    kvStore_Destroy(kv);
+    assert_int_equal(js_DeleteKeyValue(js, TALLY_NATS_BUCKET_ENDPOINTS), NATS_OK);
+}
+
 /* tallyd --check-config with `extra`: its exit status; stderr in the log. */
 static int check_config(const char *const *extra, char *log, size_t cap)
 {
@@ -463,6 +494,7 @@ int main(void)
         cmocka_unit_test(test_default_member_id),
         cmocka_unit_test(test_worker_takes_the_fleets_ttl),
         cmocka_unit_test(test_wrong_subjects_refused),
+        cmocka_unit_test(test_endpoints_of_another_ttl),
         cmocka_unit_test(test_protected_mode_for_nats),
         cmocka_unit_test(test_client_options_refused),
         cmocka_unit_test(test_producer_refusals),
