@@ -21,7 +21,7 @@
  *     (300 and more: the list grows), each once, covering both partitions, not partial; an
  *     answer of both partitions listing nothing is an empty list; one of partition 0 alone is
  *     partial, after the view's whole wait; one of 70,000 streams is cut at the list's 8 MiB
- *     (64,527 entries of 130 bytes) and partial;
+ *     (64,527 entries of 130 bytes) and partial, of both partitions or of partition 0 alone;
  *   - GET /api/v1/streams/NAME of ghost's streams: an answer shorter than a reply header is 502
  *     "not a reply", a reply header that does not decode is 502 bad_reply, no answer at all is
  *     504 after the view's wait ("no owner?"), and ghost's error reply is passed on with its
@@ -249,50 +249,20 @@ static void dead_letter_says(uint32_t k, tally_status_t status, const char *want
     natsMsg_Destroy(d);
 }
 
-/* A hist header on stream `name` published to partition k's subject of `user` with the
- * headers given (NULL: left out), stored by JetStream. */
-static void publish_as(uint32_t k, const char *user, const char *name, const char *reply_to,
-                       const char *id)
+/* A hist of 4 bytes on stream `name` (numbered seq, 0: not), published to partition k's
+ * subject of `user` with the headers given (NULL: left out), stored by JetStream. */
+static void publish_as(uint32_t k, const char *user, const char *name, uint64_t seq,
+                       const char *reply_to, const char *id)
 {
     char subject[64];
-    snprintf(subject, sizeof subject, "%s%u.%s", TALLY_NATS_SUBJ_IN, (unsigned)k, user);
-    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
-    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
-    uint8_t header[TALLY_REQ_HEADER_SIZE];
-    tally_req_encode(&req, header);
-    natsMsg *m = NULL;
-    assert_int_equal(natsMsg_Create(&m, subject, NULL, (const char *)header, sizeof header),
-                     NATS_OK);
-    if (reply_to)
-        assert_int_equal(natsMsgHeader_Set(m, TALLY_NATS_HDR_REPLY, reply_to), NATS_OK);
-    if (id)
-        assert_int_equal(natsMsgHeader_Set(m, TALLY_NATS_HDR_MSG_ID, id), NATS_OK);
-    jsErrCode jerr = 0;
-    assert_int_equal(js_PublishMsg(NULL, js, m, NULL, &jerr), NATS_OK);
-    natsMsg_Destroy(m);
-}
-
-/* A hist of 4 bytes on stream `name` numbered seq, published to partition k as the anonymous
- * user with Tally-Reply `reply_to` and Nats-Msg-Id `id`, stored by JetStream. */
-static void publish_numbered(uint32_t k, const char *name, uint64_t seq, const char *reply_to,
-                             const char *id)
-{
-    char subject[64];
-    tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, (int)k, TALLY_NATS_USER_ANON);
+    tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, (int64_t)k, user);
     tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
     assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
     req.seq = seq;
-    uint8_t frame[TALLY_REQ_HEADER_SIZE + 4] = {0};
+    uint8_t frame[TALLY_REQ_HEADER_SIZE + 4];
     tally_req_encode(&req, frame);
     memset(frame + TALLY_REQ_HEADER_SIZE, 3, 4);
-    natsMsg *m = NULL;
-    assert_int_equal(natsMsg_Create(&m, subject, NULL, (const char *)frame, sizeof frame),
-                     NATS_OK);
-    assert_int_equal(natsMsgHeader_Set(m, TALLY_NATS_HDR_REPLY, reply_to), NATS_OK);
-    assert_int_equal(natsMsgHeader_Set(m, TALLY_NATS_HDR_MSG_ID, id), NATS_OK);
-    jsErrCode jerr = 0;
-    assert_int_equal(js_PublishMsg(NULL, js, m, NULL, &jerr), NATS_OK);
-    natsMsg_Destroy(m);
+    assert_int_equal(tn_publish(js, subject, frame, sizeof frame, reply_to, id), NATS_OK);
 }
 
 static void test_requests_answered_nowhere(void **state)
@@ -370,8 +340,7 @@ static void test_requests_answered_nowhere(void **state)
     /* A `streams` question the request path refuses (a protocol version it does not speak) is
      * answered with its error as it is: no list, so no Tally-Owned to claim partitions by. */
     char streams[64];
-    tally_fleet_subject(streams, sizeof streams, TALLY_NATS_SUBJ_STREAMS, -1,
-                        TALLY_NATS_USER_ANON);
+    tally_fleet_subject(streams, sizeof streams, TALLY_NATS_SUBJ_STREAMS, -1, TALLY_NATS_USER_ANON);
     tally_req_t list = th_req(TALLY_OP_STREAMS, TALLY_DTYPE_NONE, 10);
     tally_req_encode(&list, header);
     header[4] = TALLY_PROTO_VERSION + 1; /* the version byte (PROTOCOL.md §2) */
@@ -393,11 +362,12 @@ static void test_requests_answered_nowhere(void **state)
      * characters): no inbox and no dedupe id is its, so one naming either is a dead letter
      * not_permitted, counted by reason, its reason saying the user is (none). */
     const char *refused_id = "tallyd_nats_refused_total{reason=\"id\"}";
-    publish_as(0, "no~user", in0, TALLY_NATS_INBOX "no~user.r", NULL);
+    publish_as(0, "no~user", in0, 0, TALLY_NATS_INBOX "no~user.r", NULL);
     assert_int_equal(wait_metric(&w, refused, 3), 3);
-    dead_letter_says(0, TALLY_E_NOT_PERMITTED,
-                     "Tally-Reply _INBOX.no~user.r is not an inbox of user (none) (_INBOX.<user>.>)");
-    publish_as(0, "no~user", in0, NULL, "no~user.1");
+    dead_letter_says(
+        0, TALLY_E_NOT_PERMITTED,
+        "Tally-Reply _INBOX.no~user.r is not an inbox of user (none) (_INBOX.<user>.>)");
+    publish_as(0, "no~user", in0, 0, NULL, "no~user.1");
     assert_int_equal(wait_metric(&w, refused_id, 1), 1);
     dead_letter_says(0, TALLY_E_NOT_PERMITTED,
                      "Nats-Msg-Id no~user.1 is outside the ids of user (none) (<user>.*)");
@@ -410,8 +380,8 @@ static void test_requests_answered_nowhere(void **state)
     natsSubscription *replies = NULL;
     assert_int_equal(natsConnection_SubscribeSync(&replies, nc, dup_inbox), NATS_OK);
     assert_int_equal(natsConnection_Flush(nc), NATS_OK);
-    publish_numbered(0, dup, 1, dup_inbox, "anon.dup.1");
-    publish_numbered(0, dup, 1, dup_inbox, "anon.dup.2");
+    publish_as(0, TALLY_NATS_USER_ANON, dup, 1, dup_inbox, "anon.dup.1");
+    publish_as(0, TALLY_NATS_USER_ANON, dup, 1, dup_inbox, "anon.dup.2");
     const char *want[] = {"anon.dup.1", "anon.dup.2"};
     const tally_status_t status[] = {TALLY_OK, TALLY_E_DUPLICATE};
     for (int i = 0; i < 2; i++) { /* one partition's replies come in sequence order */
@@ -485,8 +455,8 @@ static size_t entries(uint8_t *out, const char *const *names)
 
 static atomic_int lists_asked;
 
-/* An answer of both partitions listing `count` streams t/NNNNN. */
-static void ghost_many(const char *to, int count)
+/* An answer of the partitions `owned` (Tally-Owned) listing `count` streams t/NNNNN. */
+static void ghost_many(const char *to, int count, const char *owned)
 {
     size_t cap = TALLY_REP_HEADER_SIZE + (size_t)count * 8;
     uint8_t *frame = calloc(1, cap);
@@ -508,14 +478,15 @@ static void ghost_many(const char *to, int count)
     natsMsg *m = NULL;
     assert_int_equal(natsMsg_Create(&m, to, NULL, (const char *)frame, (int)n), NATS_OK);
     natsMsgHeader_Set(m, TALLY_NATS_HDR_MEMBER, "ghost");
-    natsMsgHeader_Set(m, TALLY_NATS_HDR_OWNED, "3");
+    natsMsgHeader_Set(m, TALLY_NATS_HDR_OWNED, owned);
     natsConnection_PublishMsg(nc, m);
     natsMsg_Destroy(m);
     free(frame);
 }
 
 /* The first `streams` question: answers that are no member's, then well-formed ones; the second:
- * both partitions covered, nothing listed; the third: partition 0 only. */
+ * both partitions covered, nothing listed; the third: partition 0 only; the fourth and fifth:
+ * 70,000 streams of both partitions, then of partition 0. */
 static void on_streams(natsConnection *c, natsSubscription *s, natsMsg *req, void *arg)
 {
     (void)c, (void)s, (void)arg;
@@ -531,8 +502,8 @@ static void on_streams(natsConnection *c, natsSubscription *s, natsMsg *req, voi
         ghost_send(to, TALLY_PROTO_VERSION, TALLY_OK, NULL, 0, 0, "ghost", "1", "2");
         return;
     }
-    if (asked == 3) {
-        ghost_many(to, 70000);
+    if (asked == 3 || asked == 4) {
+        ghost_many(to, 70000, asked == 3 ? "3" : "1");
         return;
     }
     static uint8_t list[4096];
@@ -748,8 +719,9 @@ static void test_give_up_publishes_past_a_tick(void **state)
     assert_int_equal(natsSubscription_SetPendingLimits(watch, -1, -1), NATS_OK);
     assert_int_equal(natsConnection_Flush(nc), NATS_OK);
     th_daemon_t w;
-    const char *unlimited[] = {"--stream-create-rate", "0", NULL}; /* one client makes them all */
-    start_worker_with(&w, "giver", true, "600000", unlimited); /* a tick at start, then none */
+    /* One client makes them all; a tick at start, and none more before the give-up. */
+    const char *unlimited[] = {"--stream-create-rate", "0", NULL};
+    start_worker_with(&w, "giver", true, "600000", unlimited);
     char name[32];
     name_in(0, name, sizeof name);
     write_direct(&w, name); /* partition 0 is its own */
@@ -851,6 +823,14 @@ static void test_view_of_a_member_that_answers_badly(void **state)
     assert_non_null(strstr(r, "\"partial\":true"));
     free(r);
     assert_true(th_now_ms() - t0 >= 1900); /* the view's whole wait */
+    /* The same of partition 0 alone: cut, and partial, without partition 1's answer. */
+    r = th_http_get(th_metrics_port(&b), "GET", "/api/v1/streams", NULL);
+    assert_non_null(r);
+    assert_int_equal(strncmp(r + 9, "200", 3), 0);
+    assert_int_equal(count_of(r, "{\"stream\":\"t/"), (8 << 20) / 130);
+    assert_non_null(strstr(r, "\"partitions\":2,\"covered\":1,"));
+    assert_non_null(strstr(r, "\"partial\":true"));
+    free(r);
 
     snprintf(path, sizeof path, "/api/v1/streams/%s", in0);
     get_expect(&b, path, "502", "the owner's answer on tally.q.0.anon is not a reply");

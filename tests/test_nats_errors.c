@@ -15,7 +15,8 @@
  *   - a lease key still ours under a revision this holder does not know (a renewal applied
  *     after libnats stopped waiting for its answer): renewed on that revision, not a loss, nor
  *     an error until the lease runs out; a checkpoint manifest written so: committed, not
- *     fenced; a consumer name that exists and has delivered already is refused; a fetch of
+ *     fenced; a manifest deleted under its owner fences the owner's next write; a consumer
+ *     name that exists and has delivered already is refused; a fetch of
  *     more bytes than a pull carries is cut to the most it may;
  *   - a message's sequence read from its ack subject: both of JetStream's forms, and nothing
  *     (0) from a subject of neither.
@@ -467,6 +468,18 @@ static void test_ckpt_write_answered_late(void **state)
     assert_int_equal(len, 3);
     assert_memory_equal(st, "six", 3);
     free(st);
+    /* The manifest deleted under its owner (by hand): the owner's next write is fenced, and
+     * does not make it again. */
+    assert_int_equal(td_ckpt_take(&c, js, ckpts, 1, "A", 10, &st, &len, &fenced, msg, sizeof msg),
+                     TD_OK);
+    assert_false(fenced);
+    free(st);
+    assert_int_equal(kvStore_Delete(ckpts, "p1"), NATS_OK);
+    assert_int_equal(td_ckpt_write(&c, 8, (const uint8_t *)"eight", 5, &fenced, msg, sizeof msg),
+                     TD_OK);
+    assert_true(fenced);
+    msg_has("checkpoint of partition 1 was written by another worker (revision 0,");
+    assert_int_equal(td_ckpt_read(js, 1, &m, &st, &len, msg, sizeof msg), TD_ERR_CONFIG);
     kvStore_Destroy(ckpts);
 }
 

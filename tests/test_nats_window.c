@@ -112,15 +112,8 @@ static uint32_t publish_frame(const uint8_t *frame, size_t len, natsSubscription
 {
     char subject[48]; /* the cluster has no users: every client is "anon" */
     tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, 0, TALLY_NATS_USER_ANON);
-    natsMsg *m = NULL;
-    assert_int_equal(natsMsg_Create(&m, subject, NULL, (const char *)frame, (int)len), NATS_OK);
-    if (sub)
-        assert_int_equal(natsMsgHeader_Set(m, TALLY_NATS_HDR_REPLY, inbox), NATS_OK);
-    if (id)
-        assert_int_equal(natsMsgHeader_Set(m, TALLY_NATS_HDR_MSG_ID, id), NATS_OK);
-    jsErrCode jerr = 0;
-    assert_int_equal(js_PublishMsg(NULL, tn_suite_js, m, NULL, &jerr), NATS_OK);
-    natsMsg_Destroy(m);
+    assert_int_equal(tn_publish(tn_suite_js, subject, frame, (int)len, sub ? inbox : NULL, id),
+                     NATS_OK);
     if (!sub)
         return TALLY_OK;
     natsMsg *r = NULL;
