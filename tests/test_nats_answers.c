@@ -13,6 +13,7 @@
  *     a partition's message on a subject that names no user, with a Tally-Reply or a
  *     Nats-Msg-Id, is a dead letter `not_permitted` saying the user is (none), counted; a
  *     numbered message whose seq its stream has applied is answered `duplicate`, no dead letter;
+ *     one with headers of its producer's own beside the fleet's is applied and answered;
  *   - "ghost", a member the test plays (it holds both partitions' leases and answers on the
  *     query subjects), answers `streams` with frames that are no member's answer (too short, an
  *     error, no Tally-Member, no Tally-Owned, a Tally-Owned of another layout), and with answers
@@ -29,6 +30,8 @@
  *     questions, and the next is refused at once (503 busy);
  *   - in direct mode the worker answers a request for ghost's partition not_owner, naming ghost
  *     (which publishes no endpoint), and counts it;
+ *   - a worker's `streams` answer leaves out a stream it holds of a partition it does not own
+ *     (local_writes), and its Tally-Owned names the one it owns;
  *   - a take-over that cannot finish leaves the partition untaken, logged with why: a checkpoint
  *     of more streams than the worker's max_streams, a take that outlasts the lease;
  *   - a worker that gives a partition up publishes every changed stream of it, 2,500 of them:
@@ -382,9 +385,27 @@ static void test_requests_answered_nowhere(void **state)
     assert_int_equal(natsConnection_Flush(nc), NATS_OK);
     publish_as(0, TALLY_NATS_USER_ANON, dup, 1, dup_inbox, "anon.dup.1");
     publish_as(0, TALLY_NATS_USER_ANON, dup, 1, dup_inbox, "anon.dup.2");
-    const char *want[] = {"anon.dup.1", "anon.dup.2"};
-    const tally_status_t status[] = {TALLY_OK, TALLY_E_DUPLICATE};
-    for (int i = 0; i < 2; i++) { /* one partition's replies come in sequence order */
+    /* A header of the producer's own beside the fleet's is no concern of the worker's. */
+    char subject[48];
+    tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, 0, TALLY_NATS_USER_ANON);
+    tally_req_t next = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&next, dup), TALLY_OK);
+    next.seq = 2;
+    uint8_t frame[TALLY_REQ_HEADER_SIZE + 4] = {0};
+    tally_req_encode(&next, frame);
+    natsMsg *own = NULL;
+    assert_int_equal(natsMsg_Create(&own, subject, NULL, (const char *)frame, sizeof frame),
+                     NATS_OK);
+    assert_int_equal(natsMsgHeader_Set(own, "Sensor-Site", "north"), NATS_OK);
+    assert_int_equal(natsMsgHeader_Set(own, TALLY_NATS_HDR_MSG_ID, "anon.dup.3"), NATS_OK);
+    assert_int_equal(natsMsgHeader_Set(own, "Sensor-Shift", "night"), NATS_OK);
+    assert_int_equal(natsMsgHeader_Set(own, TALLY_NATS_HDR_REPLY, dup_inbox), NATS_OK);
+    jsErrCode jerr = 0;
+    assert_int_equal(js_PublishMsg(NULL, js, own, NULL, &jerr), NATS_OK);
+    natsMsg_Destroy(own);
+    const char *want[] = {"anon.dup.1", "anon.dup.2", "anon.dup.3"};
+    const tally_status_t status[] = {TALLY_OK, TALLY_E_DUPLICATE, TALLY_OK};
+    for (int i = 0; i < 3; i++) { /* one partition's replies come in sequence order */
         natsMsg *r = NULL;
         assert_int_equal(natsSubscription_NextMsg(&r, replies, WAIT_MS), NATS_OK);
         const char *id = NULL;
@@ -655,6 +676,79 @@ static void view_queue_full(th_daemon_t *b, const char *path)
     assert_int_equal(answered, 31);
 }
 
+/* Keeps partition 1's lease ghost's while ghost_on. */
+static void *hold_p1(void *arg)
+{
+    kvStore *leases = arg;
+    while (atomic_load(&ghost_on)) {
+        uint64_t rev = 0;
+        kvStore_PutString(&rev, leases, "p1", "ghost");
+        th_sleep_ms(300);
+    }
+    return NULL;
+}
+
+/* A worker's `streams` answer lists the streams of the partitions it owns, whatever else it
+ * holds: with local_writes, a ZeroMQ client's stream of partition 1, whose lease another
+ * member holds, is left out, and Tally-Owned says partition 0 alone (PROTOCOL.md §13 "Answers
+ * by request-reply"). */
+static void test_streams_answer_only_owned(void **state)
+{
+    (void)state;
+    tn_fleet_delete(js, 2);
+    th_daemon_t w;
+    start_worker(&w, "maker", false, "1000"); /* makes the fleet's buckets */
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+    kvStore *leases = NULL;
+    assert_int_equal(js_KeyValue(&leases, js, TALLY_NATS_BUCKET_LEASES), NATS_OK);
+    atomic_store(&ghost_on, true);
+    pthread_t holder;
+    assert_int_equal(pthread_create(&holder, NULL, hold_p1, leases), 0);
+    int held = 0;
+    assert_true(tn_wait_leases(js, 2, "ghost", 1, WAIT_MS, &held) >= 0);
+    const char *local[] = {"--nats-local-writes", "on", NULL};
+    start_worker_with(&w, "half", false, "1000", local);
+    assert_true(tn_wait_leases(js, 2, "half", 1, WAIT_MS, &held) >= 0);
+    char in0[32], in1[32];
+    name_in(0, in0, sizeof in0);
+    name_in(1, in1, sizeof in1);
+    void *sock = th_connect(w.endpoint, 10000);
+    assert_non_null(sock);
+    uint8_t data[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    const char *names[] = {in0, in1};
+    for (int i = 0; i < 2; i++) {
+        tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, (uint64_t)i + 1);
+        assert_int_equal(tally_req_set_stream(&req, names[i]), TALLY_OK);
+        assert_int_equal(th_call_status(sock, &req, data, sizeof data), TALLY_OK);
+    }
+    th_close(sock);
+    char streams[64];
+    tally_fleet_subject(streams, sizeof streams, TALLY_NATS_SUBJ_STREAMS, -1, TALLY_NATS_USER_ANON);
+    tally_req_t list = th_req(TALLY_OP_STREAMS, TALLY_DTYPE_NONE, 3);
+    uint8_t header[TALLY_REQ_HEADER_SIZE];
+    tally_req_encode(&list, header);
+    natsMsg *a = answer_on(streams, inbox, inbox, header, sizeof header, WAIT_MS);
+    assert_non_null(a);
+    const char *owned = NULL;
+    assert_int_equal(natsMsgHeader_Get(a, TALLY_NATS_HDR_OWNED, &owned), NATS_OK);
+    assert_string_equal(owned, "1");
+    tally_rep_t rep;
+    const uint8_t *d = (const uint8_t *)natsMsg_GetData(a);
+    size_t len = (size_t)natsMsg_GetDataLength(a);
+    assert_true(len >= TALLY_REP_HEADER_SIZE);
+    assert_int_equal(tally_rep_decode(d, TALLY_REP_HEADER_SIZE, &rep), TALLY_OK);
+    assert_int_equal(rep.status, TALLY_OK);
+    assert_int_equal(rep.count, 1);
+    assert_int_equal(len, TALLY_REP_HEADER_SIZE + 1 + strlen(in0));
+    assert_int_equal(d[TALLY_REP_HEADER_SIZE], strlen(in0));
+    assert_memory_equal(d + TALLY_REP_HEADER_SIZE + 1, in0, strlen(in0));
+    natsMsg_Destroy(a);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+    atomic_store(&ghost_on, false);
+    pthread_join(holder, NULL);
+    kvStore_Destroy(leases);
+}
+
 /* d's log holds `want` (waited for: a take-over is tried again after a back-off). */
 static void log_says(const th_daemon_t *d, const char *want)
 {
@@ -881,6 +975,7 @@ int main(void)
         cmocka_unit_test(test_view_of_a_member_that_answers_badly),
         cmocka_unit_test(test_partitions_not_taken),
         cmocka_unit_test(test_give_up_publishes_past_a_tick),
+        cmocka_unit_test(test_streams_answer_only_owned),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -5,9 +5,11 @@
  * single JetStream server (issue 37):
  *   - a connection that is gone: every call answers TD_ERR_LIBRARY (no lease taken, nothing
  *     written, no key's expiry known, a first sequence of 0) with a message that names what it
- *     was doing; a heartbeat without info writes an empty key;
+ *     was doing; before it, no member is an empty list, and a heartbeat without info writes an
+ *     empty key;
  *   - a user who may not create streams or consumers: the fleet is not made, and says which;
- *     one who may not list consumers makes its own and leaves the previous owner's;
+ *     one who may not write the partition count is told it was not written; one who may not
+ *     list consumers makes its own and leaves the previous owner's;
  *   - a fleet that is not this worker's: another partition count, another lease TTL, a stream
  *     that captures other subjects or one more, a partition count that is not a number, no
  *     fleet at all;
@@ -53,7 +55,8 @@ static char msg[512];
 
 /* `all`, the test's user; `nomake`, who may not create streams or consumers; `noinfo`, who
  * may not ask about the partitions' streams; `nopurge`, who may not write partition 0's
- * checkpoint chunks of epoch 7; `nolist`, who may not list a stream's consumers (their requests
+ * checkpoint chunks of epoch 7; `nopart`, who may not write the fleet's partition count;
+ * `nolist`, who may not list a stream's consumers (their requests
  * get no answer: a permission violation, then the API's timeout). */
 static const char users[] =
     "authorization { users = [\n"
@@ -67,6 +70,8 @@ static const char users[] =
     "      deny: [\"$JS.API.STREAM.INFO.TALLY_P0\", \"$JS.API.STREAM.INFO.TALLY_P1\"] } } }\n"
     "  { user: nopurge, password: nopurge,\n"
     "    permissions: { publish: { allow: \">\", deny: \"$KV.TALLY_CKPT.p0.7.>\" } } }\n"
+    "  { user: nopart, password: nopart,\n"
+    "    permissions: { publish: { allow: \">\", deny: \"$KV.TALLY_FLEET.partitions\" } } }\n"
     "  { user: nolist, password: nolist,\n"
     "    permissions: { publish: { allow: \">\", deny: \"$JS.API.CONSUMER.NAMES.>\" } } }\n"
     "] }";
@@ -161,6 +166,12 @@ static void test_connection_gone(void **state)
     assert_int_equal(
         td_ckpt_take(&ck, j, ckpts, 1, "gone", 9, &st, &len, &fenced, msg, sizeof msg), TD_OK);
     assert_false(fenced);
+    /* No member yet: an empty list, not an error. */
+    char **none = (char **)1;
+    size_t count = 9;
+    assert_int_equal(td_member_list(members, &none, &count, msg, sizeof msg), TD_OK);
+    assert_int_equal(count, 0);
+    td_member_list_free(none, count);
     /* A heartbeat without info writes the member's key all the same, empty. */
     assert_int_equal(td_member_beat(members, "quiet", NULL, msg, sizeof msg), TD_OK);
     kvEntry *beat = NULL;
@@ -298,6 +309,16 @@ static void test_no_permission(void **state)
     assert_int_equal(td_partition_first_seq(j, 0), 0);
     jsCtx_Destroy(j);
     natsConnection_Destroy(c);
+
+    /* One who may not write the partition count, on a NATS without a fleet: the count is
+     * neither written nor there, which the worker says (and tries again at its start). */
+    assert_int_equal(js_DeleteKeyValue(js, TALLY_NATS_BUCKET_FLEET), NATS_OK);
+    connect_as("nopart", 500, &c, &j);
+    assert_int_equal(td_nats_fleet_ensure(j, &l, msg, sizeof msg), TD_ERR_LIBRARY);
+    msg_has(TALLY_NATS_BUCKET_FLEET "/" TALLY_NATS_KEY_PARTITIONS " not written: ");
+    jsCtx_Destroy(j);
+    natsConnection_Destroy(c);
+    assert_int_equal(td_nats_fleet_ensure(js, &l, msg, sizeof msg), TD_OK); /* as `all` */
 
     /* One who may not list consumers: its consumer is made all the same, and the previous
      * owner's is left for the server's inactivity threshold (td_consumer_start). */
