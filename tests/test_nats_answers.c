@@ -8,7 +8,12 @@
  *     without a reply subject is answered nowhere and not counted; tally.ctl answers info and
  *     stats too; a query without a stream, or with a stream length past a name's, gets
  *     `bad_stream_name` from the request path; a query of a partition the
- *     fleet does not have gets no answer; a windowed query on tally.seq gets `bad_opcode`;
+ *     fleet does not have gets no answer; a windowed query on tally.seq gets `bad_opcode`; a
+ *     `streams` question of another protocol version gets `bad_version` without Tally-Owned;
+ *     a partition's message on a subject that names no user, with a Tally-Reply or a
+ *     Nats-Msg-Id, is a dead letter `not_permitted` saying the user is (none), counted; a
+ *     numbered message whose seq its stream has applied is answered `duplicate`, no dead letter;
+ *     one with headers of its producer's own beside the fleet's is applied and answered;
  *   - "ghost", a member the test plays (it holds both partitions' leases and answers on the
  *     query subjects), answers `streams` with frames that are no member's answer (too short, an
  *     error, no Tally-Member, no Tally-Owned, a Tally-Owned of another layout), and with answers
@@ -17,7 +22,7 @@
  *     (300 and more: the list grows), each once, covering both partitions, not partial; an
  *     answer of both partitions listing nothing is an empty list; one of partition 0 alone is
  *     partial, after the view's whole wait; one of 70,000 streams is cut at the list's 8 MiB
- *     (64,527 entries of 130 bytes) and partial;
+ *     (64,527 entries of 130 bytes) and partial, of both partitions or of partition 0 alone;
  *   - GET /api/v1/streams/NAME of ghost's streams: an answer shorter than a reply header is 502
  *     "not a reply", a reply header that does not decode is 502 bad_reply, no answer at all is
  *     504 after the view's wait ("no owner?"), and ghost's error reply is passed on with its
@@ -25,6 +30,12 @@
  *     questions, and the next is refused at once (503 busy);
  *   - in direct mode the worker answers a request for ghost's partition not_owner, naming ghost
  *     (which publishes no endpoint), and counts it;
+ *   - a worker's `streams` answer leaves out a stream it holds of a partition it does not own
+ *     (local_writes), and its Tally-Owned names the one it owns;
+ *   - a take-over that cannot finish leaves the partition untaken, logged with why: a checkpoint
+ *     of more streams than the worker's max_streams, a take that outlasts the lease;
+ *   - a worker that gives a partition up publishes every changed stream of it, 2,500 of them:
+ *     more than one tick's 4 MiB;
  *   - a worker that stops publishes each partition's changed streams as it gives it up, those of
  *     the other partition left for its own turn, before its next tick (PROTOCOL.md §13
  *     "Histogram publications").
@@ -67,8 +78,10 @@ static int teardown(void **state)
     return tn_suite_teardown();
 }
 
-/* A fleet worker of 2 partitions, in direct mode when `direct`, publishing every pub_ms. */
-static void start_worker(th_daemon_t *d, const char *member, bool direct, const char *pub_ms)
+/* A fleet worker of 2 partitions, in direct mode when `direct`, publishing every pub_ms, with
+ * the options `extra` (NULL-terminated, may be NULL). */
+static void start_worker_with(th_daemon_t *d, const char *member, bool direct, const char *pub_ms,
+                              const char *const *extra)
 {
     const char *args[] = {"--metrics",
                           "127.0.0.1:0",
@@ -95,30 +108,53 @@ static void start_worker(th_daemon_t *d, const char *member, bool direct, const 
                           direct && strcmp(member, "owner") == 0 ? "--nats-advertise" : NULL,
                           "tcp://owner.example:5555",
                           NULL};
-    assert_int_equal(th_daemon_start_with(d, args, NULL), 0);
+    assert_int_equal(th_daemon_start_with(d, args, extra), 0);
 }
 
-/* A stream name of partition k (of 2). */
-static void name_in(uint32_t k, char *name, size_t cap)
+static void start_worker(th_daemon_t *d, const char *member, bool direct, const char *pub_ms)
 {
-    for (int i = 0;; i++) {
+    start_worker_with(d, member, direct, pub_ms, NULL);
+}
+
+/* The stream name of partition k (of 2) after `after` (NULL: the first). */
+static void name_after(uint32_t k, const char *after, char *name, size_t cap)
+{
+    int i = after ? atoi(after + strlen("ans-")) + 1 : 0;
+    for (;; i++) {
         snprintf(name, cap, "ans-%d", i);
         if (tally_partition(name, strlen(name), 2) == k)
             return;
     }
 }
 
+/* A stream name of partition k (of 2). */
+static void name_in(uint32_t k, char *name, size_t cap)
+{
+    name_after(k, NULL, name, cap);
+}
+
 /* data on subject with reply subject `reply` (NULL: none); what comes back on inbox within
- * wait_ms: the reply's status, -1 for nothing. */
-static int ask_on(const char *subject, const char *reply, const char *inbox, const void *data,
-                  int len, int wait_ms)
+ * wait_ms (NULL: nothing). */
+static natsMsg *answer_on(const char *subject, const char *reply, const char *inbox,
+                          const void *data, int len, int wait_ms)
 {
     natsSubscription *sub = NULL;
     natsMsg *m = NULL;
     assert_int_equal(natsConnection_SubscribeSync(&sub, nc, inbox), NATS_OK);
     assert_int_equal(natsConnection_PublishRequest(nc, subject, reply, data, len), NATS_OK);
+    if (natsSubscription_NextMsg(&m, sub, wait_ms) != NATS_OK)
+        m = NULL;
+    natsSubscription_Destroy(sub);
+    return m;
+}
+
+/* answer_on's answer: the reply's status, -1 for nothing, -2 for no reply header. */
+static int ask_on(const char *subject, const char *reply, const char *inbox, const void *data,
+                  int len, int wait_ms)
+{
+    natsMsg *m = answer_on(subject, reply, inbox, data, len, wait_ms);
     int st = -1;
-    if (natsSubscription_NextMsg(&m, sub, wait_ms) == NATS_OK) {
+    if (m) {
         tally_rep_t rep;
         st = natsMsg_GetDataLength(m) >= TALLY_REP_HEADER_SIZE &&
                      tally_rep_decode((const uint8_t *)natsMsg_GetData(m), TALLY_REP_HEADER_SIZE,
@@ -127,7 +163,6 @@ static int ask_on(const char *subject, const char *reply, const char *inbox, con
                  : -2;
     }
     natsMsg_Destroy(m);
-    natsSubscription_Destroy(sub);
     return st;
 }
 
@@ -188,6 +223,49 @@ static long long wait_metric(th_daemon_t *d, const char *name, long long want)
          v = th_metric(d, name))
         th_sleep_ms(50);
     return v;
+}
+
+/* Partition k's last dead letter once its Tally-Reason holds `want` (waited for: the worker
+ * counts a refusal before it publishes the dead letter); asserts its Tally-Status is status. */
+static void dead_letter_says(uint32_t k, tally_status_t status, const char *want)
+{
+    char subject[48], reason[512] = "";
+    snprintf(subject, sizeof subject, "%s%u", TALLY_NATS_SUBJ_DEAD, (unsigned)k);
+    const char *st = NULL;
+    natsMsg *d = NULL;
+    for (int64_t until = th_now_ms() + WAIT_MS; !strstr(reason, want) && th_now_ms() < until;) {
+        natsMsg_Destroy(d);
+        d = NULL;
+        jsErrCode jerr = 0;
+        const char *r = NULL;
+        if (js_GetLastMsg(&d, js, TALLY_NATS_DEAD_STREAM, subject, NULL, &jerr) == NATS_OK &&
+            natsMsgHeader_Get(d, TALLY_NATS_HDR_REASON, &r) == NATS_OK)
+            snprintf(reason, sizeof reason, "%s", r);
+        if (!strstr(reason, want))
+            th_sleep_ms(50);
+    }
+    if (!strstr(reason, want))
+        fail_msg("the last dead letter of partition %u says '%s', not '%s'", (unsigned)k, reason,
+                 want);
+    assert_int_equal(natsMsgHeader_Get(d, TALLY_NATS_HDR_STATUS, &st), NATS_OK);
+    assert_string_equal(st, tally_status_name(status));
+    natsMsg_Destroy(d);
+}
+
+/* A hist of 4 bytes on stream `name` (numbered seq, 0: not), published to partition k's
+ * subject of `user` with the headers given (NULL: left out), stored by JetStream. */
+static void publish_as(uint32_t k, const char *user, const char *name, uint64_t seq,
+                       const char *reply_to, const char *id)
+{
+    char subject[64];
+    tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, (int64_t)k, user);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    req.seq = seq;
+    uint8_t frame[TALLY_REQ_HEADER_SIZE + 4];
+    tally_req_encode(&req, frame);
+    memset(frame + TALLY_REQ_HEADER_SIZE, 3, 4);
+    assert_int_equal(tn_publish(js, subject, frame, sizeof frame, reply_to, id), NATS_OK);
 }
 
 static void test_requests_answered_nowhere(void **state)
@@ -261,6 +339,88 @@ static void test_requests_answered_nowhere(void **state)
     assert_int_equal(ask_op(seq0, TALLY_OP_QUERY, in0, 0, 10000), TALLY_E_UNKNOWN_STREAM);
     write_direct(&w, in0); /* now it exists: its last_seq alone */
     assert_int_equal(ask_op(seq0, TALLY_OP_QUERY, in0, 0, 10000), TALLY_OK);
+
+    /* A `streams` question the request path refuses (a protocol version it does not speak) is
+     * answered with its error as it is: no list, so no Tally-Owned to claim partitions by. */
+    char streams[64];
+    tally_fleet_subject(streams, sizeof streams, TALLY_NATS_SUBJ_STREAMS, -1, TALLY_NATS_USER_ANON);
+    tally_req_t list = th_req(TALLY_OP_STREAMS, TALLY_DTYPE_NONE, 10);
+    tally_req_encode(&list, header);
+    header[4] = TALLY_PROTO_VERSION + 1; /* the version byte (PROTOCOL.md §2) */
+    natsMsg *a = answer_on(streams, inbox, inbox, header, sizeof header, 10000);
+    assert_non_null(a);
+    tally_rep_t rep;
+    assert_true(natsMsg_GetDataLength(a) >= TALLY_REP_HEADER_SIZE);
+    assert_int_equal(
+        tally_rep_decode((const uint8_t *)natsMsg_GetData(a), TALLY_REP_HEADER_SIZE, &rep),
+        TALLY_OK);
+    assert_int_equal(rep.status, TALLY_E_VERSION);
+    const char *owned = NULL, *member = NULL;
+    assert_int_not_equal(natsMsgHeader_Get(a, TALLY_NATS_HDR_OWNED, &owned), NATS_OK);
+    assert_int_equal(natsMsgHeader_Get(a, TALLY_NATS_HDR_MEMBER, &member), NATS_OK);
+    assert_string_equal(member, "owner");
+    natsMsg_Destroy(a);
+
+    /* A partition's message published under a subject that names no user (not a member id's
+     * characters): no inbox and no dedupe id is its, so one naming either is a dead letter
+     * not_permitted, counted by reason, its reason saying the user is (none). */
+    const char *refused_id = "tallyd_nats_refused_total{reason=\"id\"}";
+    publish_as(0, "no~user", in0, 0, TALLY_NATS_INBOX "no~user.r", NULL);
+    assert_int_equal(wait_metric(&w, refused, 3), 3);
+    dead_letter_says(
+        0, TALLY_E_NOT_PERMITTED,
+        "Tally-Reply _INBOX.no~user.r is not an inbox of user (none) (_INBOX.<user>.>)");
+    publish_as(0, "no~user", in0, 0, NULL, "no~user.1");
+    assert_int_equal(wait_metric(&w, refused_id, 1), 1);
+    dead_letter_says(0, TALLY_E_NOT_PERMITTED,
+                     "Nats-Msg-Id no~user.1 is outside the ids of user (none) (<user>.*)");
+
+    /* A numbered message whose seq the stream has applied already is answered `duplicate`
+     * and is no dead letter (PROTOCOL.md §13 "Dead letters": any reason but duplicate). */
+    char dup[32];
+    name_after(0, in0, dup, sizeof dup);
+    static const char dup_inbox[] = TALLY_NATS_INBOX TALLY_NATS_USER_ANON ".dup";
+    natsSubscription *replies = NULL;
+    assert_int_equal(natsConnection_SubscribeSync(&replies, nc, dup_inbox), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    publish_as(0, TALLY_NATS_USER_ANON, dup, 1, dup_inbox, "anon.dup.1");
+    publish_as(0, TALLY_NATS_USER_ANON, dup, 1, dup_inbox, "anon.dup.2");
+    /* A header of the producer's own beside the fleet's is no concern of the worker's. */
+    char subject[48];
+    tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, 0, TALLY_NATS_USER_ANON);
+    tally_req_t next = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&next, dup), TALLY_OK);
+    next.seq = 2;
+    uint8_t frame[TALLY_REQ_HEADER_SIZE + 4] = {0};
+    tally_req_encode(&next, frame);
+    natsMsg *own = NULL;
+    assert_int_equal(natsMsg_Create(&own, subject, NULL, (const char *)frame, sizeof frame),
+                     NATS_OK);
+    assert_int_equal(natsMsgHeader_Set(own, "Sensor-Site", "north"), NATS_OK);
+    assert_int_equal(natsMsgHeader_Set(own, TALLY_NATS_HDR_MSG_ID, "anon.dup.3"), NATS_OK);
+    assert_int_equal(natsMsgHeader_Set(own, "Sensor-Shift", "night"), NATS_OK);
+    assert_int_equal(natsMsgHeader_Set(own, TALLY_NATS_HDR_REPLY, dup_inbox), NATS_OK);
+    jsErrCode jerr = 0;
+    assert_int_equal(js_PublishMsg(NULL, js, own, NULL, &jerr), NATS_OK);
+    natsMsg_Destroy(own);
+    const char *want[] = {"anon.dup.1", "anon.dup.2", "anon.dup.3"};
+    const tally_status_t status[] = {TALLY_OK, TALLY_E_DUPLICATE, TALLY_OK};
+    for (int i = 0; i < 3; i++) { /* one partition's replies come in sequence order */
+        natsMsg *r = NULL;
+        assert_int_equal(natsSubscription_NextMsg(&r, replies, WAIT_MS), NATS_OK);
+        const char *id = NULL;
+        assert_int_equal(natsMsgHeader_Get(r, TALLY_NATS_HDR_REPLY_ID, &id), NATS_OK);
+        assert_string_equal(id, want[i]);
+        assert_true(natsMsg_GetDataLength(r) >= TALLY_REP_HEADER_SIZE);
+        assert_int_equal(
+            tally_rep_decode((const uint8_t *)natsMsg_GetData(r), TALLY_REP_HEADER_SIZE, &rep),
+            TALLY_OK);
+        assert_int_equal(rep.status, status[i]);
+        natsMsg_Destroy(r);
+    }
+    natsSubscription_Destroy(replies);
+    assert_int_equal(th_metric(&w, "tallyd_nats_dead_letters_total"), 2); /* the two above */
+    dead_letter_says(0, TALLY_E_NOT_PERMITTED, "Nats-Msg-Id no~user.1 is outside the ids");
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
 }
 
@@ -316,8 +476,8 @@ static size_t entries(uint8_t *out, const char *const *names)
 
 static atomic_int lists_asked;
 
-/* An answer of both partitions listing `count` streams t/NNNNN. */
-static void ghost_many(const char *to, int count)
+/* An answer of the partitions `owned` (Tally-Owned) listing `count` streams t/NNNNN. */
+static void ghost_many(const char *to, int count, const char *owned)
 {
     size_t cap = TALLY_REP_HEADER_SIZE + (size_t)count * 8;
     uint8_t *frame = calloc(1, cap);
@@ -339,14 +499,15 @@ static void ghost_many(const char *to, int count)
     natsMsg *m = NULL;
     assert_int_equal(natsMsg_Create(&m, to, NULL, (const char *)frame, (int)n), NATS_OK);
     natsMsgHeader_Set(m, TALLY_NATS_HDR_MEMBER, "ghost");
-    natsMsgHeader_Set(m, TALLY_NATS_HDR_OWNED, "3");
+    natsMsgHeader_Set(m, TALLY_NATS_HDR_OWNED, owned);
     natsConnection_PublishMsg(nc, m);
     natsMsg_Destroy(m);
     free(frame);
 }
 
 /* The first `streams` question: answers that are no member's, then well-formed ones; the second:
- * both partitions covered, nothing listed; the third: partition 0 only. */
+ * both partitions covered, nothing listed; the third: partition 0 only; the fourth and fifth:
+ * 70,000 streams of both partitions, then of partition 0. */
 static void on_streams(natsConnection *c, natsSubscription *s, natsMsg *req, void *arg)
 {
     (void)c, (void)s, (void)arg;
@@ -362,8 +523,8 @@ static void on_streams(natsConnection *c, natsSubscription *s, natsMsg *req, voi
         ghost_send(to, TALLY_PROTO_VERSION, TALLY_OK, NULL, 0, 0, "ghost", "1", "2");
         return;
     }
-    if (asked == 3) {
-        ghost_many(to, 70000);
+    if (asked == 3 || asked == 4) {
+        ghost_many(to, 70000, asked == 3 ? "3" : "1");
         return;
     }
     static uint8_t list[4096];
@@ -515,6 +676,188 @@ static void view_queue_full(th_daemon_t *b, const char *path)
     assert_int_equal(answered, 31);
 }
 
+/* Keeps partition 1's lease ghost's while ghost_on. */
+static void *hold_p1(void *arg)
+{
+    kvStore *leases = arg;
+    while (atomic_load(&ghost_on)) {
+        uint64_t rev = 0;
+        kvStore_PutString(&rev, leases, "p1", "ghost");
+        th_sleep_ms(300);
+    }
+    return NULL;
+}
+
+/* A worker's `streams` answer lists the streams of the partitions it owns, whatever else it
+ * holds: with local_writes, a ZeroMQ client's stream of partition 1, whose lease another
+ * member holds, is left out, and Tally-Owned says partition 0 alone (PROTOCOL.md §13 "Answers
+ * by request-reply"). */
+static void test_streams_answer_only_owned(void **state)
+{
+    (void)state;
+    tn_fleet_delete(js, 2);
+    th_daemon_t w;
+    start_worker(&w, "maker", false, "1000"); /* makes the fleet's buckets */
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+    kvStore *leases = NULL;
+    assert_int_equal(js_KeyValue(&leases, js, TALLY_NATS_BUCKET_LEASES), NATS_OK);
+    atomic_store(&ghost_on, true);
+    pthread_t holder;
+    assert_int_equal(pthread_create(&holder, NULL, hold_p1, leases), 0);
+    int held = 0;
+    assert_true(tn_wait_leases(js, 2, "ghost", 1, WAIT_MS, &held) >= 0);
+    const char *local[] = {"--nats-local-writes", "on", NULL};
+    start_worker_with(&w, "half", false, "1000", local);
+    assert_true(tn_wait_leases(js, 2, "half", 1, WAIT_MS, &held) >= 0);
+    char in0[32], in1[32];
+    name_in(0, in0, sizeof in0);
+    name_in(1, in1, sizeof in1);
+    void *sock = th_connect(w.endpoint, 10000);
+    assert_non_null(sock);
+    uint8_t data[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    const char *names[] = {in0, in1};
+    for (int i = 0; i < 2; i++) {
+        tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, (uint64_t)i + 1);
+        assert_int_equal(tally_req_set_stream(&req, names[i]), TALLY_OK);
+        assert_int_equal(th_call_status(sock, &req, data, sizeof data), TALLY_OK);
+    }
+    th_close(sock);
+    char streams[64];
+    tally_fleet_subject(streams, sizeof streams, TALLY_NATS_SUBJ_STREAMS, -1, TALLY_NATS_USER_ANON);
+    tally_req_t list = th_req(TALLY_OP_STREAMS, TALLY_DTYPE_NONE, 3);
+    uint8_t header[TALLY_REQ_HEADER_SIZE];
+    tally_req_encode(&list, header);
+    natsMsg *a = answer_on(streams, inbox, inbox, header, sizeof header, WAIT_MS);
+    assert_non_null(a);
+    const char *owned = NULL;
+    assert_int_equal(natsMsgHeader_Get(a, TALLY_NATS_HDR_OWNED, &owned), NATS_OK);
+    assert_string_equal(owned, "1");
+    tally_rep_t rep;
+    const uint8_t *d = (const uint8_t *)natsMsg_GetData(a);
+    size_t len = (size_t)natsMsg_GetDataLength(a);
+    assert_true(len >= TALLY_REP_HEADER_SIZE);
+    assert_int_equal(tally_rep_decode(d, TALLY_REP_HEADER_SIZE, &rep), TALLY_OK);
+    assert_int_equal(rep.status, TALLY_OK);
+    assert_int_equal(rep.count, 1);
+    assert_int_equal(len, TALLY_REP_HEADER_SIZE + 1 + strlen(in0));
+    assert_int_equal(d[TALLY_REP_HEADER_SIZE], strlen(in0));
+    assert_memory_equal(d + TALLY_REP_HEADER_SIZE + 1, in0, strlen(in0));
+    natsMsg_Destroy(a);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+    atomic_store(&ghost_on, false);
+    pthread_join(holder, NULL);
+    kvStore_Destroy(leases);
+}
+
+/* d's log holds `want` (waited for: a take-over is tried again after a back-off). */
+static void log_says(const th_daemon_t *d, const char *want)
+{
+    for (int64_t until = th_now_ms() + WAIT_MS;
+         !th_daemon_log_contains(d, want) && th_now_ms() < until;)
+        th_sleep_ms(50);
+    if (!th_daemon_log_contains(d, want)) {
+        char cmd[200];
+        snprintf(cmd, sizeof cmd, "tail -30 %s >&2", d->log_path);
+        if (system(cmd) != 0)
+            print_message("(no log)\n");
+        fail_msg("no '%s' in the worker's log", want);
+    }
+}
+
+/* A take-over that cannot finish leaves the partition untaken (its lease released, tried again
+ * after a back-off), saying why in the log (PROTOCOL.md §13 "Membership and who owns what"): a
+ * checkpoint holding more streams than the worker's max_streams (the state would not be whole),
+ * and a take that outlasts the lease (TALLYD_TEST_TAKE_MS: a cluster that slow). */
+static void test_partitions_not_taken(void **state)
+{
+    (void)state;
+    tn_fleet_delete(js, 2); /* a fleet of its own */
+    th_daemon_t w;
+    char a[32], b[32];
+    name_in(0, a, sizeof a);
+    name_after(0, a, b, sizeof b);
+    start_worker(&w, "full", true, "1000");
+    write_direct(&w, a);
+    write_direct(&w, b);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0); /* partition 0's checkpoint: both */
+
+    const char *small[] = {"--max-streams", "1", NULL};
+    start_worker_with(&w, "small", true, "1000", small);
+    log_says(&w, "fleet: partition 0 not taken: its checkpoint: 1 of 2 streams restored");
+    void *sock = th_connect(w.endpoint, 10000);
+    assert_non_null(sock);
+    tally_req_t req = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, 1);
+    assert_int_equal(tally_req_set_stream(&req, a), TALLY_OK);
+    assert_int_equal(th_call_status(sock, &req, NULL, 0), TALLY_E_NOT_OWNER);
+    th_close(sock);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+
+    setenv("TALLYD_TEST_TAKE_MS", "3500", 1); /* the lease is 3000 ms */
+    start_worker(&w, "slow", true, "1000");
+    unsetenv("TALLYD_TEST_TAKE_MS");
+    log_says(&w, "not taken: the lease ran out while taking it");
+    assert_int_equal(th_metric(&w, "tallyd_nats_partitions_owned"), 0);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 30000), 0);
+}
+
+/* A worker that gives a partition up publishes all of its changed streams first, also more
+ * than one tick takes (4 MiB of records, about 1,800 byte histograms): a tick's bytes at a time
+ * until none is left (PROTOCOL.md §13 "Histogram publications"). */
+static void test_give_up_publishes_past_a_tick(void **state)
+{
+    (void)state;
+    enum { STREAMS = 2500 };
+    tn_fleet_delete(js, 2);
+    natsSubscription *watch = NULL;
+    assert_int_equal(natsConnection_SubscribeSync(&watch, nc, TALLY_NATS_SUBJ_WATCH "0"), NATS_OK);
+    assert_int_equal(natsSubscription_SetPendingLimits(watch, -1, -1), NATS_OK);
+    assert_int_equal(natsConnection_Flush(nc), NATS_OK);
+    th_daemon_t w;
+    /* One client makes them all; a tick at start, and none more before the give-up. */
+    const char *unlimited[] = {"--stream-create-rate", "0", NULL};
+    start_worker_with(&w, "giver", true, "600000", unlimited);
+    char name[32];
+    name_in(0, name, sizeof name);
+    write_direct(&w, name); /* partition 0 is its own */
+    void *sock = th_connect(w.endpoint, 10000);
+    assert_non_null(sock);
+    uint8_t data[16];
+    memset(data, 1, sizeof data);
+    for (int i = 1; i < STREAMS; i++) {
+        name_after(0, name, name, sizeof name);
+        tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, (uint64_t)i);
+        assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+        assert_int_equal(th_call_status(sock, &req, data, sizeof data), TALLY_OK);
+    }
+    th_close(sock);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 30000), 0);
+    int got = 0;
+    natsMsg *m = NULL;
+    while (got < STREAMS && natsSubscription_NextMsg(&m, watch, WAIT_MS) == NATS_OK) {
+        const char *member = NULL;
+        assert_int_equal(natsMsgHeader_Get(m, TALLY_NATS_HDR_MEMBER, &member), NATS_OK);
+        assert_string_equal(member, "giver");
+        got++;
+        natsMsg_Destroy(m);
+    }
+    assert_int_equal(got, STREAMS); /* each changed stream once: none was published before */
+    assert_int_not_equal(natsSubscription_NextMsg(&m, watch, 200), NATS_OK);
+    natsSubscription_Destroy(watch);
+}
+
+/* d's GET /api/v1/streams: ghost's 70,000 streams cut at the list's 8 MiB (64,527 entries of
+ * 130 bytes), partial, its fleet part holding `covered`. */
+static void cut_list(th_daemon_t *d, const char *covered)
+{
+    char *r = th_http_get(th_metrics_port(d), "GET", "/api/v1/streams", NULL);
+    assert_non_null(r);
+    assert_int_equal(strncmp(r + 9, "200", 3), 0);
+    assert_int_equal(count_of(r, "{\"stream\":\"t/"), (8 << 20) / 130);
+    assert_non_null(strstr(r, covered));
+    assert_non_null(strstr(r, "\"partial\":true"));
+    free(r);
+}
+
 static void test_view_of_a_member_that_answers_badly(void **state)
 {
     (void)state;
@@ -578,15 +921,11 @@ static void test_view_of_a_member_that_answers_badly(void **state)
     if (!strstr(r, "\"partitions\":2,\"covered\":1,") || !strstr(r, "\"partial\":true"))
         fail_msg("a list of partition 0 only: %s", r);
     free(r);
-    /* 70,000 streams: the list is cut at its 8 MiB (64,527 entries) and says partial. */
-    r = th_http_get(th_metrics_port(&b), "GET", "/api/v1/streams", NULL);
-    assert_non_null(r);
-    assert_int_equal(strncmp(r + 9, "200", 3), 0);
-    assert_int_equal(count_of(r, "{\"stream\":\"t/"), (8 << 20) / 130);
-    assert_non_null(strstr(r, "\"partitions\":2,\"covered\":2,"));
-    assert_non_null(strstr(r, "\"partial\":true"));
-    free(r);
+    /* 70,000 streams: the list is cut at its 8 MiB (64,527 entries) and says partial; then the
+     * same of partition 0 alone, without partition 1's answer. */
+    cut_list(&b, "\"partitions\":2,\"covered\":2,");
     assert_true(th_now_ms() - t0 >= 1900); /* the view's whole wait */
+    cut_list(&b, "\"partitions\":2,\"covered\":1,");
 
     snprintf(path, sizeof path, "/api/v1/streams/%s", in0);
     get_expect(&b, path, "502", "the owner's answer on tally.q.0.anon is not a reply");
@@ -635,6 +974,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_requests_answered_nowhere),
         cmocka_unit_test(test_view_of_a_member_that_answers_badly),
+        cmocka_unit_test(test_partitions_not_taken),
+        cmocka_unit_test(test_give_up_publishes_past_a_tick),
+        cmocka_unit_test(test_streams_answer_only_owned),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

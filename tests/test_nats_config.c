@@ -8,7 +8,10 @@
  *     (start-up failed: exit status 1, as tallyd(8) says) with the reason, and the fleet is left
  *     as it was;
  *   - a worker without a member id is HOST-PID, the host name made of member id characters;
- *   - a worker without a lease TTL takes the fleet's (test_worker_takes_the_fleets_ttl);
+ *   - a worker without a lease TTL takes the fleet's (test_worker_takes_the_fleets_ttl), and
+ *     where TALLY_LEASES has none keeps its default, refused by the fleet's other buckets;
+ *   - a worker in direct mode finding TALLY_ENDPOINTS of another TTL refuses to start, saying
+ *     so, and leaves the bucket as it was;
  *   - on the query subjects a worker answers only what belongs there: a message shorter than a
  *     header gets `header`, a filter on tally.q.K.USER, a query on tally.ctl.USER and a ping on
  *     tally.streams.USER get `opcode`, a query of a stream of another partition gets
@@ -17,7 +20,8 @@
  *     URLs (127.x, localhost, [::1], with spaces around them) pass; any URL off the loopback
  *     without credentials is refused (exit 2) with the reason, unless the URL carries a user, a
  *     credentials file or an nkey is set, or protected_mode is off (a warning); a member id with
- *     other characters is refused;
+ *     other characters, a NATS user that cannot name subjects and a direct mode that is not
+ *     off, local or replicated are refused;
  *   - libtally's producer refuses NATS options that cannot work before connecting: an nkey
  *     without its seed file, a client certificate without its key, a CA file that cannot be
  *     read (TALLY_E_ARG, saying which); a credentials or seed file that cannot be read fails
@@ -187,6 +191,23 @@ static void test_worker_takes_the_fleets_ttl(void **state)
             "not set)"));
     assert_true(th_daemon_log_contains(&w, "2 partitions, lease 3000 ms"));
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+
+    /* A TALLY_LEASES without a TTL (made by hand, not by a worker) gives it none to take: it
+     * keeps its default (15000 ms), which the fleet's other buckets refuse. */
+    assert_int_equal(js_DeleteKeyValue(js, TALLY_NATS_BUCKET_LEASES), NATS_OK);
+    kvConfig kc;
+    kvConfig_Init(&kc);
+    kc.Bucket = TALLY_NATS_BUCKET_LEASES;
+    kvStore *kv = NULL;
+    assert_int_equal(js_CreateKeyValue(&kv, js, &kc), NATS_OK);
+    kvStore_Destroy(kv);
+    const char *no_ttl[] = {"--nats-servers", cluster.urls, "--nats-replicas", "1",
+                            "--nats-partitions", "2", "--nats-member-id", "adopter", NULL};
+    char log[128];
+    assert_int_equal(th_run_refused(dir, no_ttl, log, sizeof log, 30000), 1);
+    assert_true(th_file_contains(log, "has a TTL of 3000 ms, not 15000"));
+    assert_false(th_file_contains(log, "the fleet's (bucket"));
+    assert_int_equal(js_DeleteKeyValue(js, TALLY_NATS_BUCKET_LEASES), NATS_OK); /* made again */
 }
 
 /* `data` (len bytes) on subject as a request from the anonymous user (PROTOCOL.md §13
@@ -266,6 +287,35 @@ static void test_wrong_subjects_refused(void **state)
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
 }
 
+/* A worker in direct mode finding TALLY_ENDPOINTS made with another TTL than its lease's (by
+ * hand, or a fleet of another lease_ttl_ms) refuses to start, saying so, as for the fleet's
+ * other buckets; the bucket is left as it was. */
+static void test_endpoints_of_another_ttl(void **state)
+{
+    (void)state;
+    kvConfig kc;
+    kvConfig_Init(&kc);
+    kc.Bucket = TALLY_NATS_BUCKET_ENDPOINTS;
+    kc.TTL = 60000ll * 1000000; /* 60 s, in nanoseconds */
+    kvStore *kv = NULL;
+    assert_int_equal(js_CreateKeyValue(&kv, js, &kc), NATS_OK);
+    kvStore_Destroy(kv);
+    const char *args[] = {"--nats-servers", cluster.urls, "--nats-replicas", "1",
+                          "--nats-partitions", "2", "--nats-lease-ttl-ms", "3000",
+                          "--nats-member-id", "direct", "--nats-direct", "local", NULL};
+    char log[128];
+    assert_int_equal(th_run_refused(dir, args, log, sizeof log, 30000), 1);
+    assert_true(th_file_contains(log, "key-value bucket " TALLY_NATS_BUCKET_ENDPOINTS
+                                      " has a TTL of 60000 ms, not 3000"));
+    kvStatus *st = NULL;
+    assert_int_equal(js_KeyValue(&kv, js, TALLY_NATS_BUCKET_ENDPOINTS), NATS_OK);
+    assert_int_equal(kvStore_Status(&st, kv), NATS_OK);
+    assert_int_equal(kvStatus_TTL(st), kc.TTL);
+    kvStatus_Destroy(st);
+    kvStore_Destroy(kv);
+    assert_int_equal(js_DeleteKeyValue(js, TALLY_NATS_BUCKET_ENDPOINTS), NATS_OK);
+}
+
 /* tallyd --check-config with `extra`: its exit status; stderr in the log. */
 static int check_config(const char *const *extra, char *log, size_t cap)
 {
@@ -324,6 +374,15 @@ static void test_protected_mode_for_nats(void **state)
                             "two words", NULL};
     assert_int_equal(check_config(bad_id, log, sizeof log), 2);
     assert_true(th_file_contains(log, "[nats] member_id 'two words': 1..64 characters"));
+    /* A NATS user that cannot name the fleet's subjects, and a durability direct mode has not. */
+    const char *bad_user[] = {"--nats-servers", "nats://127.0.0.1:4222", "--nats-user",
+                              "two words", NULL};
+    assert_int_equal(check_config(bad_user, log, sizeof log), 2);
+    assert_true(th_file_contains(log, "NATS user 'two words' cannot name the fleet's subjects"));
+    const char *bad_direct[] = {"--nats-servers", "nats://127.0.0.1:4222", "--nats-direct",
+                                "always", NULL};
+    assert_int_equal(check_config(bad_direct, log, sizeof log), 2);
+    assert_true(th_file_contains(log, "[nats] direct 'always': off, local or replicated"));
 }
 
 /* tally_nats_new with opts: TALLY_E_ARG, and the message holds `why`. */
@@ -435,6 +494,7 @@ int main(void)
         cmocka_unit_test(test_default_member_id),
         cmocka_unit_test(test_worker_takes_the_fleets_ttl),
         cmocka_unit_test(test_wrong_subjects_refused),
+        cmocka_unit_test(test_endpoints_of_another_ttl),
         cmocka_unit_test(test_protected_mode_for_nats),
         cmocka_unit_test(test_client_options_refused),
         cmocka_unit_test(test_producer_refusals),

@@ -4,15 +4,22 @@
  * td_nats_lease.c, td_nats_consumer.c, td_nats_ckpt.c) report what goes wrong, against a real
  * single JetStream server (issue 37):
  *   - a connection that is gone: every call answers TD_ERR_LIBRARY (no lease taken, nothing
- *     written, a first sequence of 0) with a message that names what it was doing;
+ *     written, no key's expiry known, a first sequence of 0) with a message that names what it
+ *     was doing; before it, no member is an empty list, and a heartbeat without info writes an
+ *     empty key;
  *   - a user who may not create streams or consumers: the fleet is not made, and says which;
+ *     one who may not write the partition count is told it was not written; one who may not
+ *     list consumers makes its own and leaves the previous owner's;
  *   - a fleet that is not this worker's: another partition count, another lease TTL, a stream
- *     that captures other subjects, a partition count that is not a number, no fleet at all;
+ *     that captures other subjects or one more, a partition count that is not a number, no
+ *     fleet at all;
  *   - an owner's first write that cannot remove its predecessor's chunks: written all the same;
  *   - a lease key still ours under a revision this holder does not know (a renewal applied
  *     after libnats stopped waiting for its answer): renewed on that revision, not a loss, nor
  *     an error until the lease runs out; a checkpoint manifest written so: committed, not
- *     fenced; a consumer name that exists and has delivered already is refused;
+ *     fenced; a manifest deleted under its owner fences the owner's next write; a consumer
+ *     name that exists and has delivered already is refused; a fetch of
+ *     more bytes than a pull carries is cut to the most it may;
  *   - a message's sequence read from its ack subject: both of JetStream's forms, and nothing
  *     (0) from a subject of neither.
  */
@@ -48,8 +55,9 @@ static char msg[512];
 
 /* `all`, the test's user; `nomake`, who may not create streams or consumers; `noinfo`, who
  * may not ask about the partitions' streams; `nopurge`, who may not write partition 0's
- * checkpoint chunks of epoch 7 (their requests get no answer: a permission violation, then the
- * API's timeout). */
+ * checkpoint chunks of epoch 7; `nopart`, who may not write the fleet's partition count;
+ * `nolist`, who may not list a stream's consumers (their requests
+ * get no answer: a permission violation, then the API's timeout). */
 static const char users[] =
     "authorization { users = [\n"
     "  { user: all, password: all }\n"
@@ -62,6 +70,10 @@ static const char users[] =
     "      deny: [\"$JS.API.STREAM.INFO.TALLY_P0\", \"$JS.API.STREAM.INFO.TALLY_P1\"] } } }\n"
     "  { user: nopurge, password: nopurge,\n"
     "    permissions: { publish: { allow: \">\", deny: \"$KV.TALLY_CKPT.p0.7.>\" } } }\n"
+    "  { user: nopart, password: nopart,\n"
+    "    permissions: { publish: { allow: \">\", deny: \"$KV.TALLY_FLEET.partitions\" } } }\n"
+    "  { user: nolist, password: nolist,\n"
+    "    permissions: { publish: { allow: \">\", deny: \"$JS.API.CONSUMER.NAMES.>\" } } }\n"
     "] }";
 
 static td_nats_layout_t layout(uint32_t partitions, int64_t ttl_ms)
@@ -154,6 +166,19 @@ static void test_connection_gone(void **state)
     assert_int_equal(
         td_ckpt_take(&ck, j, ckpts, 1, "gone", 9, &st, &len, &fenced, msg, sizeof msg), TD_OK);
     assert_false(fenced);
+    /* No member yet: an empty list, not an error. */
+    char **none = (char **)1;
+    size_t count = 9;
+    assert_int_equal(td_member_list(members, &none, &count, msg, sizeof msg), TD_OK);
+    assert_int_equal(count, 0);
+    td_member_list_free(none, count);
+    /* A heartbeat without info writes the member's key all the same, empty. */
+    assert_int_equal(td_member_beat(members, "quiet", NULL, msg, sizeof msg), TD_OK);
+    kvEntry *beat = NULL;
+    assert_int_equal(kvStore_Get(&beat, members, "quiet"), NATS_OK);
+    assert_int_equal(kvEntry_ValueLen(beat), 0);
+    kvEntry_Destroy(beat);
+    assert_int_equal(td_member_leave(members, "quiet", msg, sizeof msg), TD_OK);
     natsConnection_Close(c);
 
     td_lease_t l;
@@ -181,6 +206,10 @@ static void test_connection_gone(void **state)
     assert_null(ids);
     assert_int_equal(n, 0);
     msg_has("listing the keys of " TALLY_NATS_BUCKET_MEMBERS);
+    td_member_list_free(ids, n); /* what a caller does with a failed listing: nothing to free */
+    int64_t at = 5;
+    assert_int_equal(td_kv_expiry(leases, "p1", TTL_MS, &at), TD_ERR_LIBRARY);
+    assert_int_equal(at, 0); /* no expiry known: the caller looks at its next heartbeat */
 
     kvStore *kv = (kvStore *)1;
     assert_int_equal(td_nats_kv_open(j, TALLY_NATS_BUCKET_LEASES, TTL_MS, 1, &kv, msg, sizeof msg),
@@ -204,6 +233,8 @@ static void test_connection_gone(void **state)
                      TD_ERR_LIBRARY);
     assert_null(again);
     msg_has("creating consumer ");
+    td_pull_destroy(&again); /* none made: nothing to close */
+    assert_null(again);
     natsMsgList list;
     assert_int_equal(td_consumer_fetch(pull, 10, 0, 100, &list, msg, sizeof msg), TD_ERR_LIBRARY);
     assert_int_equal(list.Count, 0);
@@ -278,6 +309,36 @@ static void test_no_permission(void **state)
     assert_int_equal(td_partition_first_seq(j, 0), 0);
     jsCtx_Destroy(j);
     natsConnection_Destroy(c);
+
+    /* One who may not write the partition count, on a NATS without a fleet: the count is
+     * neither written nor there, which the worker says (and tries again at its start). */
+    assert_int_equal(js_DeleteKeyValue(js, TALLY_NATS_BUCKET_FLEET), NATS_OK);
+    connect_as("nopart", 500, &c, &j);
+    assert_int_equal(td_nats_fleet_ensure(j, &l, msg, sizeof msg), TD_ERR_LIBRARY);
+    msg_has(TALLY_NATS_BUCKET_FLEET "/" TALLY_NATS_KEY_PARTITIONS " not written: ");
+    jsCtx_Destroy(j);
+    natsConnection_Destroy(c);
+    assert_int_equal(td_nats_fleet_ensure(js, &l, msg, sizeof msg), TD_OK); /* as `all` */
+
+    /* One who may not list consumers: its consumer is made all the same, and the previous
+     * owner's is left for the server's inactivity threshold (td_consumer_start). */
+    td_pull_t *old = NULL;
+    assert_int_equal(td_consumer_start(js, nc, "_INBOX.errors.old", 0, 5, 0, 1, 30000, &old, msg,
+                                       sizeof msg),
+                     TD_OK);
+    td_pull_destroy(&old);
+    connect_as("nolist", 500, &c, &j);
+    assert_int_equal(td_consumer_start(j, c, "_INBOX.errors.nolist", 0, 6, 0, 1, 30000, &pull,
+                                       msg, sizeof msg),
+                     TD_OK);
+    jsConsumerInfo *ci = NULL;
+    assert_int_equal(js_GetConsumerInfo(&ci, js, TALLY_NATS_STREAM_PREFIX "0",
+                                        TALLY_NATS_CONSUMER_PREFIX "0-5-0", NULL, &jerr),
+                     NATS_OK);
+    jsConsumerInfo_Destroy(ci);
+    td_pull_destroy(&pull);
+    jsCtx_Destroy(j);
+    natsConnection_Destroy(c);
 }
 
 /* What a worker finds when the fleet on this NATS is not the one it is configured for. */
@@ -312,6 +373,15 @@ static void test_not_this_fleet(void **state)
     l = layout(PARTITIONS, TTL_MS);
     assert_int_equal(td_nats_fleet_ensure(js, &l, msg, sizeof msg), TD_ERR_CONFIG);
     msg_has("does not capture exactly");
+    /* Its own subjects and another one besides: not exactly what a worker reads either. */
+    const char *two[] = {si->Config->Subjects[0], "tally.old.1"};
+    sc.Subjects = two;
+    sc.SubjectsLen = 2;
+    assert_int_equal(js_UpdateStream(&si2, js, &sc, NULL, &jerr), NATS_OK);
+    jsStreamInfo_Destroy(si2);
+    assert_int_equal(td_nats_fleet_ensure(js, &l, msg, sizeof msg), TD_ERR_CONFIG);
+    msg_has("stream " TALLY_NATS_STREAM_PREFIX "1 exists and does not capture exactly "
+            "tally.in.1.*");
     sc = *si->Config; /* back as it was */
     assert_int_equal(js_UpdateStream(&si2, js, &sc, NULL, &jerr), NATS_OK);
     jsStreamInfo_Destroy(si2);
@@ -419,6 +489,18 @@ static void test_ckpt_write_answered_late(void **state)
     assert_int_equal(len, 3);
     assert_memory_equal(st, "six", 3);
     free(st);
+    /* The manifest deleted under its owner (by hand): the owner's next write is fenced, and
+     * does not make it again. */
+    assert_int_equal(td_ckpt_take(&c, js, ckpts, 1, "A", 10, &st, &len, &fenced, msg, sizeof msg),
+                     TD_OK);
+    assert_false(fenced);
+    free(st);
+    assert_int_equal(kvStore_Delete(ckpts, "p1"), NATS_OK);
+    assert_int_equal(td_ckpt_write(&c, 8, (const uint8_t *)"eight", 5, &fenced, msg, sizeof msg),
+                     TD_OK);
+    assert_true(fenced);
+    msg_has("checkpoint of partition 1 was written by another worker (revision 0,");
+    assert_int_equal(td_ckpt_read(js, 1, &m, &st, &len, msg, sizeof msg), TD_ERR_CONFIG);
     kvStore_Destroy(ckpts);
 }
 
@@ -501,6 +583,18 @@ static void test_consumer_exists(void **state)
                      TD_ERR_LIBRARY);
     assert_null(again);
     msg_has("it exists and has delivered already");
+    /* A fetch asking for more bytes than a pull may carry is cut to the most it may
+     * (TD_NATS_FETCH_MAX_BYTES), not refused: the next messages come. */
+    publish_n(1, 2);
+    int more = 0;
+    for (int round = 0; round < 20 && more < 2; round++) {
+        assert_int_equal(td_consumer_fetch(pull, 10, TD_NATS_FETCH_MAX_BYTES * 4, 500, &list, msg,
+                                           sizeof msg),
+                         TD_OK);
+        more += list.Count;
+        natsMsgList_Destroy(&list);
+    }
+    assert_true(more >= 2);
     td_pull_destroy(&pull);
 
     natsMsg *plain = NULL;

@@ -156,14 +156,7 @@ static void publish_all(void)
         tally_req_encode(&req, data);
         tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k, TALLY_NATS_USER_ANON);
         snprintf(id, sizeof id, "%s.inflight.%d", TALLY_NATS_USER_ANON, i);
-        natsMsg *m = NULL;
-        assert_int_equal(natsMsg_Create(&m, subject, NULL, (const char *)data, sizeof data),
-                         NATS_OK);
-        assert_int_equal(natsMsgHeader_Set(m, TALLY_NATS_HDR_MSG_ID, id), NATS_OK);
-        assert_int_equal(natsMsgHeader_Set(m, TALLY_NATS_HDR_REPLY, INBOX), NATS_OK);
-        jsErrCode jerr = 0;
-        assert_int_equal(js_PublishMsg(NULL, tn_suite_js, m, NULL, &jerr), NATS_OK);
-        natsMsg_Destroy(m);
+        assert_int_equal(tn_publish(tn_suite_js, subject, data, sizeof data, INBOX, id), NATS_OK);
     }
 }
 

@@ -10,6 +10,8 @@
  * shows in the carries: every message gets one OK reply whose carry-out is its stream's running
  * sum up to it, a last scan of each stream finds the sum of everything sent (each message applied
  * exactly once), and the worker counted its refused messages in tallyd_nats_resent_total.
+ * Then a backlog of messages larger than half the window's bytes: taken one at a time, each
+ * applied once.
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -112,15 +114,8 @@ static uint32_t publish_frame(const uint8_t *frame, size_t len, natsSubscription
 {
     char subject[48]; /* the cluster has no users: every client is "anon" */
     tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, 0, TALLY_NATS_USER_ANON);
-    natsMsg *m = NULL;
-    assert_int_equal(natsMsg_Create(&m, subject, NULL, (const char *)frame, (int)len), NATS_OK);
-    if (sub)
-        assert_int_equal(natsMsgHeader_Set(m, TALLY_NATS_HDR_REPLY, inbox), NATS_OK);
-    if (id)
-        assert_int_equal(natsMsgHeader_Set(m, TALLY_NATS_HDR_MSG_ID, id), NATS_OK);
-    jsErrCode jerr = 0;
-    assert_int_equal(js_PublishMsg(NULL, tn_suite_js, m, NULL, &jerr), NATS_OK);
-    natsMsg_Destroy(m);
+    assert_int_equal(tn_publish(tn_suite_js, subject, frame, (int)len, sub ? inbox : NULL, id),
+                     NATS_OK);
     if (!sub)
         return TALLY_OK;
     natsMsg *r = NULL;
@@ -206,6 +201,47 @@ static void poison(tally_nats_t *p)
     assert_int_equal((int64_t)reply.rep.aux0, sum[0]);
     tally_reply_clear(&reply);
     natsSubscription_Destroy(sub);
+}
+
+/* A backlog of hist messages of 40,000 bytes each on a stream of partition 0, published while
+ * no worker runs: two do not fit the window's 64 KiB (--nats-inflight-bytes), so the worker
+ * started then takes them one at a time (one message always goes), each applied once. */
+static void big_backlog(void)
+{
+    enum { BIG = 40000, BACKLOG = 3 };
+    char name[32];
+    for (int i = 0;; i++) {
+        snprintf(name, sizeof name, "winbig%d", i);
+        if (tally_partition(name, strlen(name), PARTITIONS) == 0)
+            break;
+    }
+    static uint8_t frame[TALLY_REQ_HEADER_SIZE + BIG];
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    tally_req_encode(&req, frame);
+    memset(frame + TALLY_REQ_HEADER_SIZE, 9, BIG);
+    for (int i = 0; i < BACKLOG; i++)
+        publish_frame(frame, sizeof frame, NULL, NULL, NULL);
+    start_worker();
+    void *sock = th_connect(w.endpoint, 10000);
+    assert_non_null(sock);
+    tally_req_t query = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, 1);
+    assert_int_equal(tally_req_set_stream(&query, name), TALLY_OK);
+    tally_stream_info_t info;
+    memset(&info, 0, sizeof info);
+    for (int64_t until = th_now_ms() + 20000; info.batches < BACKLOG && th_now_ms() < until;) {
+        th_reply_t r = {0};
+        if (th_call_reply_status(sock, &query, NULL, 0, &r) == TALLY_OK)
+            assert_int_equal(tally_stream_info_decode(r.payload, r.len, &info), TALLY_OK);
+        th_reply_free(&r);
+        if (info.batches < BACKLOG)
+            th_sleep_ms(50);
+    }
+    th_close(sock);
+    assert_int_equal(info.batches, BACKLOG);
+    assert_int_equal(info.hist_total, (uint64_t)BACKLOG * BIG);
+    assert_int_equal(th_metric(&w, "tallyd_nats_dead_letters_total"), 0);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
 }
 
 static void test_refused_messages_applied_once(void **state)
@@ -310,6 +346,7 @@ static void test_refused_messages_applied_once(void **state)
     assert_int_equal(th_metric(&w, "tallyd_nats_dead_letters_total"), 0);
     tally_nats_destroy(&p);
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+    big_backlog();
 }
 
 static int setup(void **state)

@@ -388,9 +388,8 @@ static void settings(td_fleet_t *f, const td_config_t *cfg)
     f->partitions = cfg->nats_partitions;
     f->ttl_ms = cfg->nats_lease_ttl_ms;
     f->ckpt_ms = cfg->nats_checkpoint_ms;
-    f->inflight = cfg->nats_inflight ? cfg->nats_inflight : TD_DEFAULT_NATS_INFLIGHT;
-    f->inflight_bytes =
-        cfg->nats_inflight_bytes ? cfg->nats_inflight_bytes : TD_DEFAULT_NATS_INFLIGHT_BYTES;
+    f->inflight = cfg->nats_inflight; /* never 0: the settings' minimum, their default */
+    f->inflight_bytes = cfg->nats_inflight_bytes;
     f->watch_ms = cfg->pub_interval_ms;
     const char *take_ms = getenv("TALLYD_TEST_TAKE_MS"); /* test only: a slow cluster's takes */
     f->test_take_ms = take_ms ? atoll(take_ms) : 0;

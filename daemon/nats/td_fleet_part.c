@@ -297,10 +297,10 @@ static td_err_t restore(td_fleet_t *f, td_part_t *p, uint8_t *state, size_t len,
         return TD_OK;
     table_job_t j = {.k = p->k, .partitions = f->partitions, .buf = state, .len = len};
     td_fleet_on_loop(f, restore_on_loop, &j);
-    if (j.err != TD_OK)
+    if (j.err != TD_OK) {
         td_err("fleet: partition %u's checkpoint: %s", (unsigned)p->k, j.msg);
-    if (j.err != TD_OK && msg)
         snprintf(msg, cap, "its checkpoint: %s", j.msg);
+    }
     return j.err;
 }
 

@@ -420,6 +420,22 @@ void tn_cluster_stop(tn_cluster_t *c)
     c->nodes = 0;
 }
 
+int tn_publish(jsCtx *js, const char *subject, const void *data, int len, const char *reply_to,
+               const char *id)
+{
+    natsMsg *m = NULL;
+    natsStatus s = natsMsg_Create(&m, subject, NULL, data, len);
+    if (s == NATS_OK && reply_to)
+        s = natsMsgHeader_Set(m, TALLY_NATS_HDR_REPLY, reply_to);
+    if (s == NATS_OK && id)
+        s = natsMsgHeader_Set(m, TALLY_NATS_HDR_MSG_ID, id);
+    jsErrCode jerr = 0;
+    if (s == NATS_OK)
+        s = js_PublishMsg(NULL, js, m, NULL, &jerr);
+    natsMsg_Destroy(m);
+    return (int)s;
+}
+
 void tn_fleet_delete(jsCtx *js, uint32_t partitions)
 {
     jsErrCode jerr = 0;

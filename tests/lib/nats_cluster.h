@@ -89,6 +89,10 @@ int tn_suite_teardown(void);
  * at the last look). */
 int64_t tn_wait_leases(jsCtx *js, uint32_t partitions, const char *member, int count,
                        int timeout_ms, int *held);
+/* Publishes data (len bytes) to JetStream on subject with the headers Tally-Reply reply_to and
+ * Nats-Msg-Id id (each NULL: left out), waiting for its PubAck: NATS_OK, or the failure. */
+int tn_publish(jsCtx *js, const char *subject, const void *data, int len, const char *reply_to,
+               const char *id);
 /* No fleet on the cluster any more: the partitions' streams (0..partitions-1) and their
  * changelogs (TALLY_CL<k>), the dead letters
  * and every bucket a fleet makes (TALLY_FLEET, _MEMBERS, _LEASES, _CKPT, _ENDPOINTS) deleted, so
