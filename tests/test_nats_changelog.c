@@ -163,6 +163,17 @@ static void wait_held(const char *id, int count)
     fail_msg("%s holds %d partitions, not %d", id, held, count);
 }
 
+/* Waits until member i has taken `count` partitions or more, since it started (loaded,
+ * replayed, fenced: not only leased). */
+static void wait_taken(int i, long long count)
+{
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    while (th_metric(&member[i], "tallyd_nats_partitions_taken_total") < count &&
+           th_now_ms() < until)
+        th_sleep_ms(50);
+    assert_true(th_metric(&member[i], "tallyd_nats_partitions_taken_total") >= count);
+}
+
 static void stream_name(int s, char *out, size_t cap)
 {
     snprintf(out, cap, "cl/%d", s);
@@ -402,22 +413,13 @@ static void test_not_stored_not_durable(void **state)
     tally_fleet_name(stream, sizeof stream, TALLY_NATS_CL_STREAM_PREFIX, partition_of(0));
     jsErrCode jerr = 0;
     assert_int_equal(js_DeleteStream(tn_suite_js, stream, NULL, &jerr), NATS_OK);
-    int64_t until = th_now_ms() + TIMEOUT_MS; /* every take done, not only its lease held */
-    while (th_metric(&member[0], "tallyd_nats_partitions_taken_total") < PARTITIONS &&
-           th_now_ms() < until)
-        th_sleep_ms(50);
-    long long taken = th_metric(&member[0], "tallyd_nats_partitions_taken_total");
-    assert_int_equal(taken, PARTITIONS);
+    wait_taken(0, PARTITIONS); /* every take done, not only its lease held */
     assert_int_equal(tally_run(c, &req, data, sizeof data, NULL, &out, NULL), TALLY_E_NOT_DURABLE);
     assert_non_null(strstr(tally_client_error(c), "was not stored"));
     assert_int_equal(th_metric(&member[0], "tallyd_nats_not_durable_total"), 1);
-    until = th_now_ms() + TIMEOUT_MS; /* dropped, then taken again after a back-off */
-    while (th_metric(&member[0], "tallyd_nats_partitions_taken_total") == taken &&
-           th_now_ms() < until)
-        th_sleep_ms(100);
-    assert_true(th_metric(&member[0], "tallyd_nats_partitions_taken_total") > taken);
+    wait_taken(0, PARTITIONS + 1); /* dropped, then taken again after a back-off */
     tally_status_t st;
-    until = th_now_ms() + TIMEOUT_MS;
+    int64_t until = th_now_ms() + TIMEOUT_MS;
     while (((st = tally_run(c, &req, data, sizeof data, NULL, &out, NULL)) == TALLY_E_NOT_OWNER ||
             st == TALLY_E_NOT_DURABLE) &&
            th_now_ms() < until)
@@ -460,12 +462,7 @@ static void test_other_writer_fenced(void **state)
     fresh_fleet();
     start(0, "15000");
     wait_held(ids[0], PARTITIONS);
-    int64_t until = th_now_ms() + TIMEOUT_MS;
-    while (th_metric(&member[0], "tallyd_nats_partitions_taken_total") < PARTITIONS &&
-           th_now_ms() < until)
-        th_sleep_ms(50);
-    long long taken = th_metric(&member[0], "tallyd_nats_partitions_taken_total");
-    assert_int_equal(taken, PARTITIONS);
+    wait_taken(0, PARTITIONS);
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new(member[0].endpoint, TIMEOUT_MS, &c), TALLY_OK);
     uint8_t data[16] = {1, 2, 3};
@@ -485,15 +482,11 @@ static void test_other_writer_fenced(void **state)
                      TALLY_E_NOT_DURABLE);
     assert_non_null(strstr(why, "was not stored"));
     assert_int_equal(th_metric(&member[0], "tallyd_nats_not_durable_total"), 1);
-    until = th_now_ms() + TIMEOUT_MS; /* dropped, then taken again after a back-off */
-    while (th_metric(&member[0], "tallyd_nats_partitions_taken_total") == taken &&
-           th_now_ms() < until)
-        th_sleep_ms(100);
-    assert_true(th_metric(&member[0], "tallyd_nats_partitions_taken_total") > taken);
+    wait_taken(0, PARTITIONS + 1); /* dropped, then taken again after a back-off */
     /* seq 2 again: its first try ran but was not stored, and the state came back from the
      * changelog without it, so it applies now (once). */
     tally_status_t st;
-    until = th_now_ms() + TIMEOUT_MS;
+    int64_t until = th_now_ms() + TIMEOUT_MS;
     while (((st = call_numbered(c, &req, data, sizeof data, why, sizeof why)) ==
                 TALLY_E_NOT_OWNER ||
             st == TALLY_E_NOT_DURABLE) &&
@@ -597,16 +590,6 @@ static void check_many(tally_client_t *c, int gone, int from)
                      tally_client_error(c));
         assert_memory_equal(info.bins, many_model[s], sizeof many_model[s]);
     }
-}
-
-/* Waits until member i has taken `count` partitions (loaded, replayed, fenced: not only leased). */
-static void wait_taken(int i, long long count)
-{
-    int64_t until = th_now_ms() + TIMEOUT_MS;
-    while (th_metric(&member[i], "tallyd_nats_partitions_taken_total") < count &&
-           th_now_ms() < until)
-        th_sleep_ms(50);
-    assert_int_equal(th_metric(&member[i], "tallyd_nats_partitions_taken_total"), count);
 }
 
 /* A commit_ms of 1 s (its limit), so that batches go out by bytes. Member a: 1000 writes, a
