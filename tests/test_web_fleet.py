@@ -56,10 +56,26 @@ def nats_server():
 
 
 class Cluster:
-    """Three nats-server processes with JetStream, routed to each other, on free ports."""
+    """Three nats-server processes with JetStream, routed to each other, on free ports.
+
+    A port free a moment ago may be another test's by the time nats-server binds it (ctest -j2;
+    docs/testing.md, "Ports and endpoints"): then that node exits, and a connection to its port
+    reaches the other process. So each node must be alive and name itself (server_name in its
+    INFO) on its port, or the whole start is tried again on fresh ports and fresh stores, as
+    tests/lib/nats_cluster.c does."""
+
+    ATTEMPTS = 5
 
     def __init__(self, tmp):
         self.procs = []
+        for attempt in range(self.ATTEMPTS):
+            if self._start(tmp, attempt):
+                return
+            self.stop()
+            self.procs = []
+        fail("the NATS cluster did not start on fresh ports %d times" % self.ATTEMPTS)
+
+    def _start(self, tmp, attempt):
         ports = [(free_port(), free_port()) for _ in range(3)]
         self.urls = ",".join("nats://127.0.0.1:%d" % c for c, _ in ports)
         for i, (client, route) in enumerate(ports):
@@ -68,18 +84,25 @@ class Cluster:
                                for j, (_, r) in enumerate(ports) if j != i)
             with open(conf, "w") as f:
                 f.write('server_name: n%d\nlisten: 127.0.0.1:%d\nmax_payload: 8MB\n'
-                        'jetstream {\n  store_dir: "%s/store%d"\n  max_memory_store: 256MB\n}\n'
+                        'jetstream {\n  store_dir: "%s/store%d.%d"\n  max_memory_store: 256MB\n}\n'
                         'cluster {\n  name: webfleet\n  listen: 127.0.0.1:%d\n  routes: [%s]\n}\n'
-                        % (i, client, tmp, i, route, routes))
+                        % (i, client, tmp, i, attempt, route, routes))
             log = open(os.path.join(tmp, "n%d.log" % i), "w")
             self.procs.append(subprocess.Popen([nats_server(), "-c", conf], stdout=log,
                                                stderr=subprocess.STDOUT))
-        # Listening, and JetStream answering (the cluster has its meta leader), as
+        # Listening as itself, and JetStream answering (the cluster has its meta leader), as
         # tests/lib/nats_cluster.c waits: a worker's start waits 30 s for JetStream, which a
         # cluster starting on a loaded box can take before it elects one.
+        for i, (client, _) in enumerate(ports):
+            proc = self.procs[i]
+            deadline = time.monotonic() + 30
+            while server_name(client) != "n%d" % i:
+                if proc.poll() is not None or time.monotonic() >= deadline:
+                    return False  # its port taken meanwhile, most likely
+                time.sleep(0.2)
         for client, _ in ports:
-            until(lambda: connects(client), "nats-server on port %d" % client, 30)
             until(lambda: jetstream_answers(client), "JetStream on port %d" % client, 120)
+        return True
 
     def stop(self):
         for p in self.procs:
@@ -88,12 +111,17 @@ class Cluster:
             p.wait(timeout=30)
 
 
-def connects(port):
+def server_name(port):
+    """The server_name in the INFO line of whatever listens on port (None: nothing, or not a
+    nats-server)."""
     try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+            line = sock.makefile("rb").readline()
+        if not line.startswith(b"INFO "):
+            return None
+        return json.loads(line[5:]).get("server_name")
+    except (OSError, ValueError):
+        return None
 
 
 def jetstream_answers(port):
