@@ -391,6 +391,39 @@ static void test_kill_owner_under_load(void **state)
     member[0].pid = 0;
 }
 
+/* One request and its reply (tally_run would number a numbered one's chunks itself): the
+ * status, and the reply's error into why. */
+static tally_status_t call_numbered(tally_client_t *c, const tally_req_t *req, const void *data,
+                                    size_t len, char *why, size_t cap)
+{
+    tally_status_t st = tally_send(c, req, data, len, NULL);
+    if (st != TALLY_OK)
+        return st;
+    tally_reply_t r;
+    tally_reply_init(&r);
+    st = tally_recv(c, &r);
+    snprintf(why, cap, "%s", r.error);
+    tally_reply_clear(&r);
+    return st;
+}
+
+/* The request sent until its partition is owned and its write stored again (after a give-up:
+ * not_owner, then not_durable until the take is done): answered OK in the end. */
+static void call_until_stored(tally_client_t *c, const tally_req_t *req, const void *data,
+                              size_t len)
+{
+    char why[TALLY_ERROR_MESSAGE_MAX + 1];
+    tally_status_t st;
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    while (((st = call_numbered(c, req, data, len, why, sizeof why)) == TALLY_E_NOT_OWNER ||
+            st == TALLY_E_NOT_DURABLE) &&
+           th_now_ms() < until)
+        th_sleep_ms(100);
+    if (st != TALLY_OK)
+        dump_logs();
+    assert_int_equal(st, TALLY_OK);
+}
+
 /* ---- 3. a record that cannot be stored ---------------------------------------------------- */
 
 /* The changelog stream of a partition removed under its owner: the next write on it is run but
@@ -418,15 +451,7 @@ static void test_not_stored_not_durable(void **state)
     assert_non_null(strstr(tally_client_error(c), "was not stored"));
     assert_int_equal(th_metric(&member[0], "tallyd_nats_not_durable_total"), 1);
     wait_taken(0, PARTITIONS + 1); /* dropped, then taken again after a back-off */
-    tally_status_t st;
-    int64_t until = th_now_ms() + TIMEOUT_MS;
-    while (((st = tally_run(c, &req, data, sizeof data, NULL, &out, NULL)) == TALLY_E_NOT_OWNER ||
-            st == TALLY_E_NOT_DURABLE) &&
-           th_now_ms() < until)
-        th_sleep_ms(100);
-    if (st != TALLY_OK)
-        dump_logs();
-    assert_int_equal(st, TALLY_OK);
+    call_until_stored(c, &req, data, sizeof data);
     tally_buf_free(&out);
     tally_client_destroy(&c);
     assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
@@ -440,22 +465,6 @@ static void test_not_stored_not_durable(void **state)
  * publish expects its own last sequence and is refused, so that write is answered not_durable,
  * the partition given up and taken again (the foreign record replayed: it holds nothing), and
  * writes are answered again with their effect kept. */
-/* One numbered request and its reply (tally_run would number chunks itself): the status, and
- * the reply's error into why. */
-static tally_status_t call_numbered(tally_client_t *c, const tally_req_t *req, const void *data,
-                                    size_t len, char *why, size_t cap)
-{
-    tally_status_t st = tally_send(c, req, data, len, NULL);
-    if (st != TALLY_OK)
-        return st;
-    tally_reply_t r;
-    tally_reply_init(&r);
-    st = tally_recv(c, &r);
-    snprintf(why, cap, "%s", r.error);
-    tally_reply_clear(&r);
-    return st;
-}
-
 static void test_other_writer_fenced(void **state)
 {
     (void)state;
@@ -485,16 +494,7 @@ static void test_other_writer_fenced(void **state)
     wait_taken(0, PARTITIONS + 1); /* dropped, then taken again after a back-off */
     /* seq 2 again: its first try ran but was not stored, and the state came back from the
      * changelog without it, so it applies now (once). */
-    tally_status_t st;
-    int64_t until = th_now_ms() + TIMEOUT_MS;
-    while (((st = call_numbered(c, &req, data, sizeof data, why, sizeof why)) ==
-                TALLY_E_NOT_OWNER ||
-            st == TALLY_E_NOT_DURABLE) &&
-           th_now_ms() < until)
-        th_sleep_ms(100);
-    if (st != TALLY_OK)
-        dump_logs();
-    assert_int_equal(st, TALLY_OK);
+    call_until_stored(c, &req, data, sizeof data);
     tr_hist_parts(TALLY_DTYPE_U8, data, sizeof data, 0, 0, bins, NULL, NULL);
     tally_stream_info_t info;
     assert_int_equal(tally_query(c, "cl/0", &info), TALLY_OK);
