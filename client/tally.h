@@ -9,7 +9,9 @@
  *      gives it a fresh request id and queues it; tally_recv returns the next reply that
  *      arrives, whichever request it answers, so a caller can keep a window of requests in
  *      flight and match replies by request id. Replies to requests on different streams (or
- *      on none) can come back in any order; requests on one stream apply in order.
+ *      on none) can come back in any order; requests on one stream apply in order. Keep the
+ *      window at most TALLY_MAX_WINDOW or so: tallyd drops the replies a connection has not read
+ *      past `max_unread_replies` (info; 1024), and their requests then time out here.
  *   2. tally_call: one synchronous request; replies to other (older, timed-out) requests are
  *      discarded while it waits. Wrappers for the small operations sit on top of it.
  *   3. tally_run: one operation over an input of any size, cut into chunks that are pipelined
