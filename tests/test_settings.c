@@ -244,8 +244,8 @@ static void test_command_line_refusals(void **state)
     static const struct {
         const char *value;
         bool on;
-    } bools[] = {{"yes", true}, {"off", false}, {"true", true}, {"no", false},
-                 {"on", true},  {"false", false}};
+    } bools[] = {{"yes", true}, {"off", false}, {"true", true},
+                 {"no", false}, {"on", true},   {"false", false}};
     for (size_t i = 0; i < sizeof bools / sizeof bools[0]; i++) {
         assert_int_equal(parse(&cfg, ARGS("--protected-mode", bools[i].value)), TD_OK);
         assert_int_equal(cfg.protected_mode, bools[i].on);
@@ -253,7 +253,7 @@ static void test_command_line_refusals(void **state)
     static const struct {
         const char *value;
         int level;
-    } levels[] = {{"3", TD_LOG_ERR},      {"7", TD_LOG_DEBUG},     {"error", TD_LOG_ERR},
+    } levels[] = {{"3", TD_LOG_ERR},        {"7", TD_LOG_DEBUG},       {"error", TD_LOG_ERR},
                   {"WARN", TD_LOG_WARNING}, {"Notice", TD_LOG_NOTICE}, {"warning", TD_LOG_WARNING},
                   {"info", TD_LOG_INFO}};
     for (size_t i = 0; i < sizeof levels / sizeof levels[0]; i++) {
@@ -321,8 +321,9 @@ static void test_file_refusals(void **state)
     refused_file("[shm]\nenabled = maybe\n",
                  "2: invalid value 'maybe' for enabled in [shm] (see --shm in --help)");
     /* Several errors: the first is the one reported. */
-    refused_file("[server]\nmax_inflight = 0\nbackend = gpu\nnosuch = 1\n",
-                 "2: invalid value '0' for max_inflight in [server] (see --max-inflight in --help)");
+    refused_file(
+        "[server]\nmax_inflight = 0\nbackend = gpu\nnosuch = 1\n",
+        "2: invalid value '0' for max_inflight in [server] (see --max-inflight in --help)");
     refused_file("[server]\nmax_batch = 1M\nthis line is neither\n",
                  "3: syntax error (expected [section] or key = value)");
 
@@ -438,8 +439,9 @@ static void test_man_page_parts(void **state)
     contains(options, "*--max-batch* _BYTES_\n\tLargest request payload, K/M/G suffixes; it sizes "
                       "the GPU staging buffers at start (*max\\_batch* in [server]). Default: "
                       "16M.\n\n");
-    contains(options, "*-c, --config* _FILE_\n\tConfiguration file. Default: " TD_DEFAULT_CONFIG_FILE
-                      " if present.\n\n");
+    contains(options,
+             "*-c, --config* _FILE_\n\tConfiguration file. Default: " TD_DEFAULT_CONFIG_FILE
+             " if present.\n\n");
     contains(options, "*--check-config*\n\tCheck the configuration file");
     contains(options, "*-V, --version*\n\tPrint the version.\n\n");
     assert_null(strstr(options, "--test-clock"));
@@ -471,16 +473,26 @@ static void test_local_endpoints_and_binds(void **state)
         const char *endpoint;
         bool local;
     } cases[] = {
-        {"ipc:///run/tallyd.sock", true},  {"inproc://x", true},
-        {"tcp://127.0.0.1:5555", true},    {"tcp://127.200.1.1:1", true},
-        {"tcp://10.0.0.1:5555", false},    {"tcp://[::1]:5555", true},
-        {"tcp://[::ffff:127.0.0.9]:1", true}, {"tcp://[::ffff:10.0.0.1]:1", false},
-        {"tcp://[::]:1", false},           {"tcp://*:5555", false},
-        {"tcp://localhost:1", true},       {"tcp://lo:1", true},
-        {"tcp://eth0:1", false},           {"udp://127.0.0.1:1", false},
-        {"127.0.0.1:9464", true},          {"[::1]:9464", true},
-        {"0.0.0.0:9464", false},           {":9464", false},
-        {"tcp://[]:1", false},             {"127.0.0.1", true},
+        {"ipc:///run/tallyd.sock", true},
+        {"inproc://x", true},
+        {"tcp://127.0.0.1:5555", true},
+        {"tcp://127.200.1.1:1", true},
+        {"tcp://10.0.0.1:5555", false},
+        {"tcp://[::1]:5555", true},
+        {"tcp://[::ffff:127.0.0.9]:1", true},
+        {"tcp://[::ffff:10.0.0.1]:1", false},
+        {"tcp://[::]:1", false},
+        {"tcp://*:5555", false},
+        {"tcp://localhost:1", true},
+        {"tcp://lo:1", true},
+        {"tcp://eth0:1", false},
+        {"udp://127.0.0.1:1", false},
+        {"127.0.0.1:9464", true},
+        {"[::1]:9464", true},
+        {"0.0.0.0:9464", false},
+        {":9464", false},
+        {"tcp://[]:1", false},
+        {"127.0.0.1", true},
         {"tcp://aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa:1", false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
