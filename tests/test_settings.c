@@ -416,16 +416,20 @@ static char *printed(void (*print)(FILE *))
     return text;
 }
 
-static void contains(const char *text, const char *piece)
+/* What print writes: it starts with head, holds each of present, none of absent (NULL-ended). */
+static void check_printed(void (*print)(FILE *), const char *head, const char *const *present,
+                          const char *const *absent)
 {
-    if (!strstr(text, piece))
-        fail_msg("no '%s' in what was printed", piece);
-}
-
-static void starts_with(const char *text, const char *head)
-{
+    char *text = printed(print);
     if (strncmp(text, head, strlen(head)) != 0)
         fail_msg("'%.80s' does not start with '%s'", text, head);
+    for (; *present; present++)
+        if (!strstr(text, *present))
+            fail_msg("no '%s' in what was printed", *present);
+    for (; *absent; absent++)
+        if (strstr(text, *absent))
+            fail_msg("'%s' printed", *absent);
+    free(text);
 }
 
 static void test_man_page_parts(void **state)
@@ -433,35 +437,31 @@ static void test_man_page_parts(void **state)
     (void)state;
     /* tallyd(8): every option not hidden, its short form and argument, its key in the file;
      * scdoc's * and _ escaped in words (a key's underscore), never in the markup. */
-    char *options = printed(td_settings_print_options_scd);
-    starts_with(options, "*-b, --bind* _ENDPOINT_\n\tZeroMQ endpoint to bind, repeatable; ");
-    contains(options, "(*bind* in [server]). Default: " TD_DEFAULT_ENDPOINT ".\n\n");
-    contains(options, "*--max-batch* _BYTES_\n\tLargest request payload, K/M/G suffixes; it sizes "
-                      "the GPU staging buffers at start (*max\\_batch* in [server]). Default: "
-                      "16M.\n\n");
-    contains(options,
-             "*-c, --config* _FILE_\n\tConfiguration file. Default: " TD_DEFAULT_CONFIG_FILE
-             " if present.\n\n");
-    contains(options, "*--check-config*\n\tCheck the configuration file");
-    contains(options, "*-V, --version*\n\tPrint the version.\n\n");
-    assert_null(strstr(options, "--test-clock"));
-    assert_null(strstr(options, "--print-settings-scd"));
-    free(options);
-
+    check_printed(
+        td_settings_print_options_scd,
+        "*-b, --bind* _ENDPOINT_\n\tZeroMQ endpoint to bind, repeatable; ",
+        (const char *const[]){
+            "(*bind* in [server]). Default: " TD_DEFAULT_ENDPOINT ".\n\n",
+            "*--max-batch* _BYTES_\n\tLargest request payload, K/M/G suffixes; it sizes the GPU "
+            "staging buffers at start (*max\\_batch* in [server]). Default: 16M.\n\n",
+            "*-c, --config* _FILE_\n\tConfiguration file. Default: " TD_DEFAULT_CONFIG_FILE
+            " if present.\n\n",
+            "*--check-config*\n\tCheck the configuration file",
+            "*-V, --version*\n\tPrint the version.\n\n", NULL},
+        (const char *const[]){"--test-clock", "--print-settings-scd", NULL});
     /* tallyd.conf(5): each [section] with its words, each key with its option and what a
-     * reload does. */
-    char *conf = printed(td_settings_print_conf_scd);
-    starts_with(conf, "## [server]\n\n*bind* = _ENDPOINT_ (repeatable)\n\tZeroMQ endpoint");
-    contains(conf, "(*--bind*). Default: " TD_DEFAULT_ENDPOINT ". Restart to change.\n\n");
-    contains(conf, "*max\\_batch* = _BYTES_\n\tLargest request payload, K/M/G suffixes; it sizes "
-                   "the GPU staging buffers at start (*--max-batch*). Default: 16M. Changes at "
-                   "reload, up to the value tallyd started with (it sized the buffers).\n\n");
-    contains(conf, "## [security]\n\nCURVE authentication and encryption (PROTOCOL.md §12).\n\n");
-    contains(conf, "subdomains; \\*: any)");
-    contains(conf, "*socket\\_group* = _G_\n");
-    assert_null(strstr(conf, "--config"));
-    assert_null(strstr(conf, "test\\_clock"));
-    free(conf);
+     * reload does; the command line's own options are not keys. */
+    check_printed(
+        td_settings_print_conf_scd,
+        "## [server]\n\n*bind* = _ENDPOINT_ (repeatable)\n\tZeroMQ endpoint",
+        (const char *const[]){
+            "(*--bind*). Default: " TD_DEFAULT_ENDPOINT ". Restart to change.\n\n",
+            "*max\\_batch* = _BYTES_\n\tLargest request payload, K/M/G suffixes; it sizes the "
+            "GPU staging buffers at start (*--max-batch*). Default: 16M. Changes at reload, up "
+            "to the value tallyd started with (it sized the buffers).\n\n",
+            "## [security]\n\nCURVE authentication and encryption (PROTOCOL.md §12).\n\n",
+            "subdomains; \\*: any)", "*socket\\_group* = _G_\n", NULL},
+        (const char *const[]){"--config", "test\\_clock", NULL});
 }
 
 /* ---- What follows from values ------------------------------------------------------------- */
