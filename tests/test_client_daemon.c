@@ -987,7 +987,7 @@ static void test_cli_refusals_word_for_word(void **state)
                 "directory\n");
 
     /* The daemon's words reach the terminal escaped: a backslash in a stream's name doubled. */
-    r = cli("query 'a\\b'");
+    r = cli("-t 60000 query 'a\\b'"); /* a bound a loaded tallyd never reaches */
     assert_int_equal(r.status, 1);
     assert_string_equal(r.out, "");
     assert_string_equal(r.err, "tally: query: unknown_stream: no stream named 'a\\\\b'\n");
@@ -995,7 +995,7 @@ static void test_cli_refusals_word_for_word(void **state)
     /* A stdout that cannot take the reply: said, exit 2. */
     char cmd[512], path[128];
     snprintf(path, sizeof path, "%s/full.err", tmpdir);
-    snprintf(cmd, sizeof cmd, "'%s' -e '%s' ping > /dev/full 2> '%s'", th_tally_bin(),
+    snprintf(cmd, sizeof cmd, "'%s' -e '%s' -t 60000 ping > /dev/full 2> '%s'", th_tally_bin(),
              daemon_.endpoint, path);
     assert_int_equal(WEXITSTATUS(system(cmd)), 2);
     char *err = slurp(path);
