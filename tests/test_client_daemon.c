@@ -902,6 +902,107 @@ static void test_cli_endpoint_and_size_errors(void **state)
     free(err);
 }
 
+/* The refusals that come before anything is sent, each in its exact words with exit 2 (nothing
+ * on stdout): the options before the command, a command's own options and arguments, the
+ * combinations that contradict each other, and files that cannot be had. Then what reaches the
+ * terminal of a daemon's words (a backslash escaped) and a stdout that cannot be written. */
+static void expect_said(cli_result_t r, const char *err)
+{
+    assert_int_equal(r.status, 2);
+    assert_string_equal(r.out, "");
+    assert_string_equal(r.err, err);
+    cli_free(&r);
+}
+
+static void test_cli_refusals_word_for_word(void **state)
+{
+    (void)state;
+    /* Before the command. */
+    cli_result_t r = cli("%s", "");
+    assert_int_equal(r.status, 2);
+    assert_string_equal(r.out, "");
+    assert_int_equal(strncmp(r.err, "usage: tally [-e ENDPOINT] [-t TIMEOUT_MS] COMMAND", 50), 0);
+    cli_free(&r);
+    r = cli("help");
+    assert_int_equal(r.status, 0);
+    assert_int_equal(strncmp(r.out, "usage: tally [-e ENDPOINT] [-t TIMEOUT_MS] COMMAND", 50), 0);
+    assert_non_null(strstr(r.out, "\nCommands:\n  filter "));
+    assert_string_equal(r.err, "");
+    cli_free(&r);
+    expect_said(cli("--bogus ping"), "tally: unknown option '--bogus' (see 'tally --help')\n");
+    expect_said(cli("-e"), "tally: option '-e' needs an argument (see 'tally --help')\n");
+    expect_said(cli("-t '' ping"), "tally: invalid number '' for --timeout: expected "
+                                   "1..2147483647 (see 'tally --help')\n");
+    /* A command's options and arguments. */
+    expect_said(cli("ping extra"),
+                "tally: ping: unexpected argument 'extra' (see 'tally ping --help')\n");
+    expect_said(cli("scan --window"),
+                "tally: scan: option '--window' needs an argument (see 'tally scan --help')\n");
+    expect_said(cli("scan -Z"), "tally: scan: unknown option '-Z' (see 'tally scan --help')\n");
+    expect_said(cli("filter --between 5 1 --text"),
+                "tally: filter: --between: LO must be <= HI (see 'tally filter --help')\n");
+    expect_said(cli("hist --type i32 --range 5 5"),
+                "tally: hist: --range: LO must be < HI (see 'tally hist --help')\n");
+    expect_said(cli("hist --frames 6 --type i32 --range 0 10"),
+                "tally: hist: --frames: 6 bytes is not a whole number of 4-byte i32 (see 'tally "
+                "hist --help')\n");
+    expect_said(cli("hist --frames 4 --text"), "tally: hist: --frames applies to binary input, "
+                                               "not --text (see 'tally hist --help')\n");
+    expect_said(cli("scan --no-seq --resume --stream s"),
+                "tally: scan: --seq-base and --resume need sequence numbers, which --no-seq "
+                "turns off (see 'tally scan --help')\n");
+    expect_said(cli("scan --seq-base 1"),
+                "tally: scan: --seq-base and --resume need --stream (see 'tally scan --help')\n");
+    expect_said(cli("scan --resume --seq-base 3 --stream s"),
+                "tally: scan: give --seq-base or --resume, not both (see 'tally scan --help')\n");
+    expect_said(cli("reset 'a b'"), "tally: reset: invalid stream name 'a b': 1-64 printable "
+                                    "ASCII bytes, no spaces (see 'tally reset --help')\n");
+    char quantiles[65 * 18 + 1] = "";
+    for (int i = 1; i <= 65; i++) /* one more than TALLY_QUANTILES_MAX, each its own */
+        snprintf(quantiles + strlen(quantiles), sizeof quantiles - strlen(quantiles),
+                 "--quantile 0.%03d ", i);
+    expect_said(cli("query %s s", quantiles),
+                "tally: query: at most 64 --quantile (see 'tally query --help')\n");
+    expect_said(cli("watch 'a b'"),
+                "tally: watch: invalid stream name 'a b' (see 'tally watch --help')\n");
+    expect_said(cli("watch --sub tcp://127.0.0.1:1 --nats nats://127.0.0.1:1 s"),
+                "tally: watch: --sub takes tallyd's PUB socket; with --nats watch subscribes to "
+                "the fleet's publications itself (see 'tally watch --help')\n");
+    expect_said(cli_at("udp://127.0.0.1:1", "watch s"),
+                "tally: watch: invalid endpoint 'udp://127.0.0.1:1' for -e: unsupported "
+                "transport (use tcp://HOST:PORT or ipc://PATH) (see 'tally watch --help')\n");
+    expect_said(cli("watch --sub bogus://1 s"),
+                "tally: watch: invalid endpoint 'bogus://1' for --sub: unsupported transport (use "
+                "tcp://HOST:PORT or ipc://PATH) (see 'tally watch --help')\n");
+    expect_said(cli("watch s"), "tally: watch: stdout is not a terminal (use --once for one "
+                                "frame) (see 'tally watch --help')\n");
+    expect_said(cli("keygen ''"), "tally: keygen: bad NAME (see 'tally keygen --help')\n");
+    /* Files that cannot be had. */
+    expect_said(cli("watch --once --server-key /nonexistent/server.pub s"),
+                "tally: CURVE keys: cannot read /nonexistent/server.pub: No such file or "
+                "directory\n");
+    write_file("three.txt", "1 2 3\n", 6);
+    expect_said(cli("scan --text --in three.txt --out /nonexistent/sums.i64"),
+                "tally: cannot open '/nonexistent/sums.i64' for writing: No such file or "
+                "directory\n");
+
+    /* The daemon's words reach the terminal escaped: a backslash in a stream's name doubled. */
+    r = cli("-t 60000 query 'a\\b'"); /* a bound a loaded tallyd never reaches */
+    assert_int_equal(r.status, 1);
+    assert_string_equal(r.out, "");
+    assert_string_equal(r.err, "tally: query: unknown_stream: no stream named 'a\\\\b'\n");
+    cli_free(&r);
+    /* A stdout that cannot take the reply: said, exit 2. */
+    char cmd[512], path[128];
+    snprintf(path, sizeof path, "%s/full.err", tmpdir);
+    snprintf(cmd, sizeof cmd, "'%s' -e '%s' -t 60000 ping > /dev/full 2> '%s'", th_tally_bin(),
+             daemon_.endpoint, path);
+    assert_int_equal(WEXITSTATUS(system(cmd)), 2);
+    char *err = slurp(path);
+    assert_string_equal(err, "tally: cannot write to stdout: No space left on device\n");
+    free(err);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -923,6 +1024,7 @@ int main(void)
         cmocka_unit_test(test_cli_stopped_daemon_one_timeout),
         cmocka_unit_test(test_cli_shm_off_says_what_to_do),
         cmocka_unit_test(test_cli_endpoint_and_size_errors),
+        cmocka_unit_test(test_cli_refusals_word_for_word),
     };
     th_seed();
     return cmocka_run_group_tests_name("client_daemon", tests, setup, teardown);

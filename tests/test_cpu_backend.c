@@ -787,6 +787,103 @@ static void test_hist_rgb(void **state)
     assert_int_equal(f->be->hist_rgb(NULL, NULL, 1, 3, &got), TALLY_E_PARAM);
 }
 
+/* minmax folds each batch into a running pair: a batch inside what was seen moves neither end,
+ * one past an end moves only that end, an empty batch moves nothing; the extremes of every type
+ * arrive exact. Refused: a missing pointer, data missing for n > 0, a type it does not take. */
+static void test_minmax(void **state)
+{
+    fx_t *f = *state;
+    tk_backend_t *be = f->be;
+    int64_t min = TK_MINMAX_EMPTY_MIN, max = TK_MINMAX_EMPTY_MAX;
+    const int32_t i32[] = {7, -3, 12, 0};
+    assert_int_equal(be->minmax(NULL, TALLY_DTYPE_I32, i32, 4, &min, &max), TALLY_OK);
+    assert_int_equal(min, -3);
+    assert_int_equal(max, 12);
+    assert_int_equal(be->minmax(NULL, TALLY_DTYPE_I32, i32, 1, &min, &max), TALLY_OK); /* 7 */
+    assert_int_equal(min, -3);
+    assert_int_equal(max, 12);
+    const int32_t ends[] = {INT32_MAX, INT32_MIN};
+    assert_int_equal(be->minmax(NULL, TALLY_DTYPE_I32, ends, 1, &min, &max), TALLY_OK);
+    assert_int_equal(min, -3);
+    assert_int_equal(max, INT32_MAX);
+    assert_int_equal(be->minmax(NULL, TALLY_DTYPE_I32, ends + 1, 1, &min, &max), TALLY_OK);
+    assert_int_equal(min, INT32_MIN);
+    assert_int_equal(max, INT32_MAX);
+    assert_int_equal(be->minmax(NULL, TALLY_DTYPE_I32, NULL, 0, &min, &max), TALLY_OK);
+    assert_int_equal(min, INT32_MIN);
+    assert_int_equal(max, INT32_MAX);
+
+    const uint8_t u8[] = {200, 5, 255, 0, 17};
+    min = TK_MINMAX_EMPTY_MIN, max = TK_MINMAX_EMPTY_MAX;
+    assert_int_equal(be->minmax(NULL, TALLY_DTYPE_U8, u8 + 1, 1, &min, &max), TALLY_OK);
+    assert_int_equal(min, 5);
+    assert_int_equal(max, 5);
+    assert_int_equal(be->minmax(NULL, TALLY_DTYPE_U8, u8 + 4, 1, &min, &max), TALLY_OK); /* 17 */
+    assert_int_equal(min, 5);
+    assert_int_equal(max, 17);
+    assert_int_equal(be->minmax(NULL, TALLY_DTYPE_U8, u8, 5, &min, &max), TALLY_OK);
+    assert_int_equal(min, 0);
+    assert_int_equal(max, 255);
+    assert_int_equal(be->minmax(NULL, TALLY_DTYPE_U8, u8 + 4, 1, &min, &max), TALLY_OK);
+    assert_int_equal(be->minmax(NULL, TALLY_DTYPE_U8, NULL, 0, &min, &max), TALLY_OK);
+    assert_int_equal(min, 0);
+    assert_int_equal(max, 255);
+
+    const uint16_t u16[] = {1000, 65535, 3, 40000};
+    min = TK_MINMAX_EMPTY_MIN, max = TK_MINMAX_EMPTY_MAX;
+    assert_int_equal(be->minmax(NULL, TALLY_DTYPE_U16, u16, 1, &min, &max), TALLY_OK);
+    assert_int_equal(be->minmax(NULL, TALLY_DTYPE_U16, u16 + 2, 1, &min, &max), TALLY_OK); /* 3 */
+    assert_int_equal(min, 3);
+    assert_int_equal(max, 1000);
+    assert_int_equal(be->minmax(NULL, TALLY_DTYPE_U16, u16 + 3, 1, &min, &max), TALLY_OK);
+    assert_int_equal(min, 3);
+    assert_int_equal(max, 40000);
+    assert_int_equal(be->minmax(NULL, TALLY_DTYPE_U16, u16, 4, &min, &max), TALLY_OK);
+    assert_int_equal(min, 3);
+    assert_int_equal(max, 65535);
+    assert_int_equal(be->minmax(NULL, TALLY_DTYPE_U16, NULL, 0, &min, &max), TALLY_OK);
+    assert_int_equal(min, 3);
+    assert_int_equal(max, 65535);
+
+    /* Refused, and the pair untouched. */
+    assert_int_equal(be->minmax(NULL, TALLY_DTYPE_I32, i32, 4, NULL, &max), TALLY_E_PARAM);
+    assert_int_equal(be->minmax(NULL, TALLY_DTYPE_I32, i32, 4, &min, NULL), TALLY_E_PARAM);
+    assert_int_equal(be->minmax(NULL, TALLY_DTYPE_I32, NULL, 4, &min, &max), TALLY_E_PARAM);
+    assert_int_equal(be->minmax(NULL, TALLY_DTYPE_I64, i32, 2, &min, &max), TALLY_E_PARAM);
+    assert_int_equal(be->minmax(NULL, TALLY_DTYPE_RGB8, u8, 3, &min, &max), TALLY_E_PARAM);
+    assert_int_equal(min, 3);
+    assert_int_equal(max, 65535);
+}
+
+/* The refusals of the uint16 and colour histograms that test_hist_u16 and test_hist_rgb do not
+ * make (no histogram, no data for n > 0, a range past 65535 or below 0, five channels), and
+ * tk_backend_hist's for a type with no histogram: each leaves the histogram as it was. */
+static void test_hist_refusals(void **state)
+{
+    fx_t *f = *state;
+    tk_backend_t *be = f->be;
+    static tk_hist_t h, zero;
+    memset(&h, 0, sizeof h);
+    uint16_t in[2] = {1, 2};
+    assert_int_equal(be->hist_u16(NULL, in, 2, 0, 10, NULL), TALLY_E_PARAM);
+    assert_int_equal(be->hist_u16(NULL, NULL, 2, 0, 10, &h), TALLY_E_PARAM);
+    assert_int_equal(be->hist_u16(NULL, in, 2, -5, -1, &h), TALLY_E_PARAM);
+    assert_int_equal(be->hist_u16(NULL, in, 2, 70000, 70001, &h), TALLY_E_PARAM);
+    assert_int_equal(be->hist_rgb(NULL, f->in8, 1, 3, NULL), TALLY_E_PARAM);
+    assert_int_equal(be->hist_rgb(NULL, f->in8, 1, 5, &h), TALLY_E_PARAM);
+    assert_int_equal(be->hist_rgb(NULL, NULL, 0, 5, &h), TALLY_E_PARAM);
+    assert_int_equal(tk_backend_hist(be, TALLY_DTYPE_I64, f->in32, 1, 0, 10, &h), TALLY_E_PARAM);
+    assert_int_equal(tk_backend_hist(be, TALLY_DTYPE_TEXT, f->in8, 1, 0, 0, &h), TALLY_E_PARAM);
+    assert_memory_equal(&h, &zero, sizeof h);
+    /* ...while every type it takes reaches its own entry. */
+    const uint8_t pixel[4] = {1, 2, 3, 4};
+    assert_int_equal(tk_backend_hist(be, TALLY_DTYPE_RGBA8, pixel, 1, 0, 0, &h), TALLY_OK);
+    assert_int_equal(h.bins[0 * TALLY_HIST_BINS + 1], 1);
+    assert_int_equal(h.bins[3 * TALLY_HIST_BINS + 4], 1);
+    assert_int_equal(tk_backend_hist(be, TALLY_DTYPE_U16, in, 2, 0, 2, &h), TALLY_OK);
+    assert_int_equal(h.overflow, 1); /* 2 is past [0, 2) */
+}
+
 static void test_table(void **state)
 {
     (void)state;
@@ -813,11 +910,15 @@ static void test_table(void **state)
     be->describe(be->ctx, buf, 4); /* truncated, still terminated */
     assert_string_equal(buf, "cpu");
     be->describe(be->ctx, NULL, 0);
+    memset(buf, 'x', sizeof buf);
+    be->describe(be->ctx, buf, 0); /* no room: nothing written */
+    assert_int_equal(buf[0], 'x');
     void (*destroy)(tk_backend_t **) = be->destroy;
     destroy(&be);
     assert_null(be);
     destroy(&be); /* destroying NULL is a no-op */
     assert_null(be);
+    destroy(NULL); /* and so is no pointer at all */
 }
 
 int main(void)
@@ -843,6 +944,8 @@ int main(void)
         cmocka_unit_test(test_u16_slot),
         cmocka_unit_test_setup_teardown(test_hist_u16, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_hist_rgb, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_minmax, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_hist_refusals, fx_setup, fx_teardown),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     printf("test_cpu_backend: %llu filter calls checked\n", filter_checks);

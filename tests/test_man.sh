@@ -6,7 +6,9 @@
 #     table, `tallyd --print-settings-md`), each under its section;
 #   - tallyd(8): exactly the options `tallyd --help` lists;
 #   - tally(1): every command `tally --help` lists, named in its DESCRIPTION and as a
-#     subsection, and every option of each (`tally CMD --help`), with the common options.
+#     subsection, and every option of each (`tally CMD --help`), with the common options;
+#   - each page's generated part is what its program prints now (--print-commands-scd,
+#     --print-options-scd, --print-settings-scd): a page built by an older binary is not.
 set -eu
 mandir=$1
 tallyd=$2
@@ -32,6 +34,22 @@ for page in tally.1 tallyd.8 tallyd.conf.5; do
     ! grep -q '@GENERATED@' "$dir/$page.txt" || fail "$page still has its @GENERATED@ line"
     echo "ok   $page: $(wc -l <"$dir/$page.txt") lines, no warnings"
 done
+
+# Each page's assembled source (PAGE.scd beside the page, man/page.cmake) holds, whole, what its
+# program prints now.
+holds() { # FILE PIECE: FILE contains PIECE's text, newlines included
+    awk -v RS='\001' 'NR == FNR { piece = $0; next } { exit index($0, piece) == 0 }' "$2" "$1"
+}
+current() { # PAGE PROGRAM OPTION
+    "$2" "$3" >"$dir/generated" || fail "$2 $3 failed"
+    [ -s "$dir/generated" ] || fail "$2 $3 printed nothing"
+    holds "$mandir/$1.scd" "$dir/generated" ||
+        fail "$1 is not what $(basename "$2") $3 prints now (rebuild the page)"
+    echo "ok   $1: its generated part is what $(basename "$2") $3 prints"
+}
+current tally.1 "$tally" --print-commands-scd
+current tallyd.8 "$tallyd" --print-options-scd
+current tallyd.conf.5 "$tallyd" --print-settings-scd
 
 # tallyd.conf(5): the keys, each under its section heading ("   [server]", "       key = ...").
 "$tallyd" --print-settings-md |

@@ -39,11 +39,6 @@ void td_log_set_level(td_log_level_t level)
     atomic_store(&log_level, (int)level);
 }
 
-td_log_level_t td_log_get_level(void)
-{
-    return (td_log_level_t)atomic_load(&log_level);
-}
-
 int td_log_parse_level(const char *text)
 {
     if (text[0] >= '3' && text[0] <= '7' && text[1] == '\0')

@@ -26,7 +26,6 @@ typedef enum {
 } td_log_level_t;
 
 void td_log_set_level(td_log_level_t level);
-td_log_level_t td_log_get_level(void);
 /* Parses "err", "warning", "notice", "info", "debug" or a digit 3..7; -1 when invalid. */
 int td_log_parse_level(const char *text);
 const char *td_log_level_name(td_log_level_t level);
