@@ -30,7 +30,16 @@
  *      then takes writes and a delete itself;
  *   5. another writer's record between two of the owner's batches (a deposed owner's late
  *      publish): the owner's next publish is refused (its expected last sequence), the write
- *      answered not_durable, the partition taken again, and the write sent again applied once.
+ *      answered not_durable, the partition taken again, and the write sent again applied once;
+ *   6. changelog messages gone before a checkpoint held them (purged here, as an owner-less
+ *      partition_max_age_s would): the next owner takes the partition from its checkpoint and
+ *      what remains, logs the loss at error level and counts exactly the messages gone; the lost
+ *      write, sent again with its seq, is applied;
+ *   7. the engine's purge below a sequence across a replica restart (why tallyd's changelogs are
+ *      not purged at checkpoints; test 1 checks that they still start at sequence 1): on
+ *      nats-server before 2.9.18 (Debian's 2.9.10) the restarted replica replays it as a purge of
+ *      everything the stream held then, and loses the records above the purge's sequence;
+ *      a purge of everything at a quiet point loses nothing on any version.
  * Waits are bounded loops on what the cluster or the members report; no time is asserted.
  */
 #include <setjmp.h>
@@ -225,18 +234,23 @@ static tally_client_t *fleet_client(void)
     return c;
 }
 
+/* Stream s equals its model (bins and last_seq). */
+static void check_stream(tally_client_t *c, int s)
+{
+    char name[32];
+    stream_name(s, name, sizeof name);
+    tally_stream_info_t info;
+    tally_status_t st = tally_query(c, name, &info);
+    if (st != TALLY_OK)
+        fail_msg("query %s: %s: %s", name, tally_status_name(st), tally_client_error(c));
+    assert_int_equal(info.last_seq, seqs[s]);
+    assert_memory_equal(info.bins, model[s], sizeof model[s]);
+}
+
 static void check_model(tally_client_t *c)
 {
-    for (int s = 0; s < STREAMS; s++) {
-        char name[32];
-        stream_name(s, name, sizeof name);
-        tally_stream_info_t info;
-        tally_status_t st = tally_query(c, name, &info);
-        if (st != TALLY_OK)
-            fail_msg("query %s: %s: %s", name, tally_status_name(st), tally_client_error(c));
-        assert_int_equal(info.last_seq, seqs[s]);
-        assert_memory_equal(info.bins, model[s], sizeof model[s]);
-    }
+    for (int s = 0; s < STREAMS; s++)
+        check_stream(c, s);
 }
 
 static const char *info_value(const th_daemon_t *d, const char *key, char *out, size_t cap)
@@ -251,6 +265,17 @@ static const char *info_value(const th_daemon_t *d, const char *key, char *out, 
     tally_info_destroy(&info);
     tally_client_destroy(&c);
     return out;
+}
+
+/* Stream `name`'s first sequence and message count, as its leader has them. */
+static void stream_state(const char *name, uint64_t *first, uint64_t *msgs)
+{
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    assert_int_equal(js_GetStreamInfo(&si, tn_suite_js, name, NULL, &jerr), NATS_OK);
+    *first = si->State.FirstSeq;
+    *msgs = si->State.Msgs;
+    jsStreamInfo_Destroy(si);
 }
 
 /* ---- 1. answered after the PubAck; the record's format --------------------------------------- */
@@ -337,6 +362,13 @@ static void test_answered_after_ack(void **state)
             dump_logs();
             fail_msg("partition %u's checkpoint names no changelog sequence", (unsigned)k);
         }
+        /* Records below a checkpoint stay: tallyd purges nothing (test 7 says why). */
+        char cl[32];
+        uint64_t first = 0, msgs = 0;
+        tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
+        stream_state(cl, &first, &msgs);
+        assert_int_equal(first, 1);
+        assert_true(msgs >= m.cl_seq); /* 1..cl_seq all there */
     }
     /* A changelog stream removed after the checkpoint that holds it (an operator's mistake):
      * the next take makes it anew, warns that it ends before the checkpoint, and keeps the
@@ -626,6 +658,218 @@ static void test_group_commit_delete_reset(void **state)
     member[1].pid = 0;
 }
 
+/* ---- 6. changelog messages gone before a checkpoint held them ------------------------------- */
+
+/* Streams x and y of one partition. Member a writes x (seq 1) and stops cleanly: its checkpoint
+ * holds it, at cl_seq c. It starts again (a fence at c + 1), writes x (seq 2) and y (seq 1),
+ * one batch each (c + 2, c + 3), each answered, and is killed. The changelog is purged below
+ * y's batch, as partition_max_age_s passing without an owner would: a's fence and x's second
+ * record are gone. Member b takes the partition anyway, from the checkpoint and what remains:
+ * it says so at error level and counts the 2 messages lost; x is as the checkpoint holds it
+ * (seq 1), y as its record; x's seq 2, sent again, is applied (not a duplicate). */
+static void test_records_gone_before_checkpoint(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    int x = 0, y = 1;
+    while (y < STREAMS && partition_of(y) != partition_of(x))
+        y++;
+    assert_true(y < STREAMS);
+    uint32_t k = partition_of(x);
+    start(0, "15000");
+    wait_taken(0, PARTITIONS);
+    tally_client_t *c = fleet_client();
+    send_hist(c, x, 0);
+    recv_applied(c);
+    uint64_t after_first[256];
+    memcpy(after_first, model[x], sizeof after_first);
+    tally_client_destroy(&c);
+    assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
+    member[0].pid = 0;
+    td_ckpt_manifest_t m;
+    uint8_t *st = NULL;
+    size_t len = 0;
+    assert_int_equal(td_ckpt_read(tn_suite_js, k, &m, &st, &len, msg, sizeof msg), TD_OK);
+    free(st);
+    start(0, "15000");
+    wait_taken(0, PARTITIONS);
+    c = fleet_client();
+    send_hist(c, x, 1);
+    recv_applied(c);
+    send_hist(c, y, 0);
+    recv_applied(c);
+    tally_client_destroy(&c);
+    kill(member[0].pid, SIGKILL);
+    th_daemon_wait(&member[0], 5000);
+    member[0].pid = 0;
+    char cl[32];
+    uint64_t first = 0, msgs = 0, last;
+    tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
+    stream_state(cl, &first, &msgs);
+    last = first + msgs - 1;
+    assert_int_equal(last, m.cl_seq + 3); /* the fence, x's batch, y's batch */
+    jsOptions po;
+    jsOptions_Init(&po);
+    po.Stream.Purge.Sequence = last; /* up to, not including: y's batch stays */
+    jsErrCode jerr = 0;
+    assert_int_equal(js_PurgeStream(tn_suite_js, cl, &po, &jerr), NATS_OK);
+    start(1, "15000");
+    wait_taken(1, PARTITIONS);
+    assert_int_equal(th_metric(&member[1], "tallyd_nats_changelog_lost_total"), 2);
+    assert_int_equal(th_sh("grep -q 'partition %u: changelog messages %llu..%llu are gone before "
+                           "a checkpoint held them' %s",
+                           (unsigned)k, (unsigned long long)m.cl_seq + 1,
+                           (unsigned long long)last - 1, member[1].log_path),
+                     0);
+    c = fleet_client();
+    check_stream(c, y);
+    memcpy(model[x], after_first, sizeof after_first);
+    seqs[x] = 1;
+    check_stream(c, x); /* its second write is lost */
+    send_hist(c, x, 1); /* seq 2 again: applied, not a duplicate */
+    tally_reply_t r;
+    tally_reply_init(&r);
+    assert_int_equal(tally_recv(c, &r), TALLY_OK);
+    tally_reply_clear(&r);
+    check_stream(c, x);
+    tally_client_destroy(&c);
+    assert_int_equal(th_daemon_stop(&member[1], SIGTERM, TIMEOUT_MS), 0);
+    member[1].pid = 0;
+}
+
+/* ---- 7. the engine's purge across a replica restart ------------------------------------------ */
+
+/* nats-server's version, major * 10000 + minor * 100 + patch (0 when it cannot be read). */
+static int server_version(void)
+{
+    char cmd[600], line[128] = "";
+    snprintf(cmd, sizeof cmd, "'%s' --version 2>&1", tn_server_bin());
+    FILE *f = popen(cmd, "r");
+    if (!f)
+        return 0;
+    if (!fgets(line, sizeof line, f))
+        line[0] = 0;
+    pclose(f);
+    const char *v = strstr(line, " v");
+    int major = 0, minor = 0, patch = 0;
+    if (!v || sscanf(v + 2, "%d.%d.%d", &major, &minor, &patch) != 3)
+        return 0;
+    return major * 10000 + minor * 100 + patch;
+}
+
+/* The node that leads stream `name`, once it has one (-1 after TIMEOUT_MS). */
+static int stream_leader(const char *name)
+{
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    do {
+        jsStreamInfo *si = NULL;
+        jsErrCode jerr = 0;
+        int leader = -1;
+        if (js_GetStreamInfo(&si, tn_suite_js, name, NULL, &jerr) == NATS_OK && si->Cluster &&
+            si->Cluster->Leader)
+            leader = tn_node_index(&tn_suite, si->Cluster->Leader);
+        jsStreamInfo_Destroy(si);
+        if (leader >= 0)
+            return leader;
+        th_sleep_ms(100);
+    } while (th_now_ms() < until);
+    return -1;
+}
+
+/* Asks stream `name`'s leader to step down until node i leads it (an election picks among the
+ * replicas that are current: a few rounds). */
+static void make_leader(const char *name, int i)
+{
+    char subject[128];
+    snprintf(subject, sizeof subject, "$JS.API.STREAM.LEADER.STEPDOWN.%s", name);
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    int leader;
+    while ((leader = stream_leader(name)) != i && th_now_ms() < until) {
+        natsMsg *reply = NULL;
+        natsConnection_RequestString(&reply, tn_suite_nc, subject, "", 5000);
+        natsMsg_Destroy(reply); /* whatever it says: the loop looks at the leader */
+        int64_t moved = th_now_ms() + 10000;
+        while (stream_leader(name) == leader && th_now_ms() < moved)
+            th_sleep_ms(100);
+    }
+    assert_int_equal(leader, i);
+}
+
+/* Stream `name` on subject, 3 replicas, file storage (as TALLY_CL<k>), with `count` messages. */
+static void purge_stream(const char *name, const char *subject, int count)
+{
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    sc.Name = name;
+    sc.Subjects = &subject;
+    sc.SubjectsLen = 1;
+    sc.Storage = js_FileStorage;
+    sc.Replicas = 3;
+    jsErrCode jerr = 0;
+    js_DeleteStream(tn_suite_js, name, NULL, &jerr); /* a run before this one's */
+    assert_int_equal(js_AddStream(NULL, tn_suite_js, &sc, NULL, &jerr), NATS_OK);
+    for (int i = 0; i < count; i++)
+        assert_int_equal(tn_publish(tn_suite_js, subject, "record", 6, NULL, NULL), NATS_OK);
+}
+
+/* What compaction of a changelog by purge would rely on (issue 33), on the cluster's own
+ * nats-server. Stream A: 20 records, purged below 11 (records 11..20 kept), 5 more; stream B: 20
+ * records, all purged (below 21, nothing left after it: a quiet point), 5 more. Their leader is
+ * killed (SIGKILL: its raft log, purge included, not yet snapshotted) and restarted, then made
+ * the leader of each. Before 2.9.18 the restarted replica replays A's purge as a purge of
+ * everything A held when it was made (nats-server#4196): records 11..20 are gone on it and kept
+ * on the others (asserted: this is why tallyd does not purge its changelogs, PROTOCOL.md §13
+ * "Changelog"); from 2.9.18 on every record >= 11 is kept. B loses nothing after its purge on
+ * any version: a purge of everything at a quiet point is safe. */
+static void test_purge_across_replica_restart(void **state)
+{
+    (void)state;
+    int version = server_version();
+    assert_true(version > 0);
+    purge_stream("PURGE_A", "purge.a", 20);
+    purge_stream("PURGE_B", "purge.b", 20);
+    int victim = stream_leader("PURGE_A");
+    assert_true(victim >= 0);
+    make_leader("PURGE_B", victim); /* its raft log holds both purges */
+    jsOptions po;
+    jsOptions_Init(&po);
+    jsErrCode jerr = 0;
+    po.Stream.Purge.Sequence = 11; /* up to, not including */
+    assert_int_equal(js_PurgeStream(tn_suite_js, "PURGE_A", &po, &jerr), NATS_OK);
+    po.Stream.Purge.Sequence = 21;
+    assert_int_equal(js_PurgeStream(tn_suite_js, "PURGE_B", &po, &jerr), NATS_OK);
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(tn_publish(tn_suite_js, "purge.a", "record", 6, NULL, NULL), NATS_OK);
+        assert_int_equal(tn_publish(tn_suite_js, "purge.b", "record", 6, NULL, NULL), NATS_OK);
+    }
+    uint64_t first = 0, msgs = 0;
+    stream_state("PURGE_A", &first, &msgs);
+    assert_int_equal(first, 11);
+    assert_int_equal(msgs, 15);
+    assert_int_equal(tn_node_kill(&tn_suite, victim, SIGKILL), 0);
+    assert_int_equal(tn_node_restart(&tn_suite, victim, TIMEOUT_MS), 0);
+    make_leader("PURGE_A", victim);
+    stream_state("PURGE_A", &first, &msgs);
+    print_message("nats-server %d.%d.%d: after a restart, the purge below 11 left %llu records "
+                  "from %llu on the restarted replica\n",
+                  version / 10000, version / 100 % 100, version % 100, (unsigned long long)msgs,
+                  (unsigned long long)first);
+    if (version < 20918) { /* nats-server#4196: records 11..20 lost on this replica */
+        assert_int_equal(first, 21);
+        assert_int_equal(msgs, 5);
+        make_leader("PURGE_A", (victim + 1) % 3); /* another replica still has them */
+        stream_state("PURGE_A", &first, &msgs);
+    }
+    assert_int_equal(first, 11);
+    assert_int_equal(msgs, 15);
+    make_leader("PURGE_B", victim);
+    stream_state("PURGE_B", &first, &msgs);
+    assert_int_equal(first, 21);
+    assert_int_equal(msgs, 5);
+    js_DeleteStream(tn_suite_js, "PURGE_A", NULL, &jerr);
+    js_DeleteStream(tn_suite_js, "PURGE_B", NULL, &jerr);
+}
+
 int main(void)
 {
     if (tn_skip())
@@ -636,6 +880,8 @@ int main(void)
         cmocka_unit_test_teardown(test_not_stored_not_durable, stop_members),
         cmocka_unit_test_teardown(test_group_commit_delete_reset, stop_members),
         cmocka_unit_test_teardown(test_other_writer_fenced, stop_members),
+        cmocka_unit_test_teardown(test_records_gone_before_checkpoint, stop_members),
+        cmocka_unit_test(test_purge_across_replica_restart),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -359,6 +359,22 @@ static uint64_t header_u64(natsMsg *m, const char *key)
     return natsMsgHeader_Get(m, key, &v) == NATS_OK && v ? strtoull(v, NULL, 10) : 0;
 }
 
+/* Changelog messages from..to of partition k are gone before a checkpoint held them (aged out
+ * past partition_max_age_s, or removed by hand): the writes they held are lost. The take goes
+ * on from the checkpoint and the messages that remain, rather than leave every stream of the
+ * partition without an owner for records that cannot come back; it says so at error level and
+ * counts them (tallyd_nats_changelog_lost_total), and a numbered producer of a stream they
+ * held meets sequence_gap at its next write (the stream's last_seq is behind). */
+static void lost(td_fleet_t *f, uint32_t k, uint64_t from, uint64_t to)
+{
+    atomic_fetch_add_explicit(&f->st->changelog_lost, to - from + 1, memory_order_relaxed);
+    td_err("fleet: partition %u: changelog messages %" PRIu64 "..%" PRIu64
+           " are gone before a checkpoint held them (partition_max_age_s passed without an "
+           "owner, or they were removed): the writes they held are lost, the partition is taken "
+           "from its checkpoint and the messages after them",
+           (unsigned)k, from, to);
+}
+
 /* Applies the messages after..last of TALLY_CL<k>; *max_epoch: the highest epoch applied. */
 static td_err_t replay(td_fleet_t *f, uint32_t k, uint64_t after, uint64_t last,
                        uint64_t *max_epoch, char *msg, size_t cap)
@@ -370,8 +386,7 @@ static td_err_t replay(td_fleet_t *f, uint32_t k, uint64_t after, uint64_t last,
         jsErrCode jerr = 0;
         natsStatus s = js_GetMsg(&m, f->js, stream, seq, NULL, &jerr);
         if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr) {
-            td_warn("fleet: partition %u: changelog record %" PRIu64 " is gone (max age?)",
-                    (unsigned)k, seq);
+            lost(f, k, seq, seq);
             continue;
         }
         if (s != NATS_OK) {
@@ -481,10 +496,11 @@ td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t 
         td_warn("fleet: partition %u: its changelog ends at %" PRIu64
                 ", before its checkpoint's %" PRIu64 " (the stream was removed and made again?)",
                 (unsigned)k, last, applied);
-    if (err == TD_OK && first > applied + 1 && last > applied)
-        td_warn("fleet: partition %u: changelog records %" PRIu64 "..%" PRIu64
-                " were removed before a checkpoint held them",
-                (unsigned)k, applied + 1, first - 1);
+    if (err == TD_OK && first > applied + 1 && last > applied) { /* asked once, not per record */
+        uint64_t gone = first - 1 < last ? first - 1 : last; /* an empty stream: first = last + 1 */
+        lost(f, k, applied + 1, gone);
+        applied = gone;
+    }
     for (int i = 0; err == TD_OK && i < CL_FENCE_TRIES; i++) {
         bool lost = false;
         err = replay(f, k, applied, last, &max_epoch, msg, cap);
