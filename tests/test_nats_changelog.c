@@ -39,7 +39,10 @@
  *      not purged at checkpoints; test 1 checks that they still start at sequence 1): on
  *      nats-server before 2.9.18 (Debian's 2.9.10) the restarted replica replays it as a purge of
  *      everything the stream held then, and loses the records above the purge's sequence;
- *      a purge of everything at a quiet point loses nothing on any version.
+ *      a purge of everything at a quiet point loses nothing on any version;
+ *   8. more records at once than a message holds (a server of its own with max_payload 64 KiB):
+ *      the batch goes out as several messages, each within max_payload and of whole records,
+ *      every write answered OK, and the next owner rebuilds every stream from them.
  * Waits are bounded loops on what the cluster or the members report; no time is asserted.
  */
 #include <setjmp.h>
@@ -73,6 +76,8 @@ static th_daemon_t member[2];
 static const char *const ids[2] = {"cl-a", "cl-b"};
 static uint64_t model[STREAMS][256];
 static uint64_t seqs[STREAMS];
+/* The cluster the members and the fleet client use: the suite's, or test 8's own. */
+static const char *cluster_urls, *cluster_replicas = "3";
 
 static int setup(void **state)
 {
@@ -109,9 +114,9 @@ static void fresh_fleet(void)
 static void start_commit(int i, const char *ttl_ms, const char *commit_ms)
 {
     const char *args[] = {"--nats-servers",
-                          tn_suite.urls,
+                          cluster_urls ? cluster_urls : tn_suite.urls,
                           "--nats-replicas",
-                          "3",
+                          cluster_replicas,
                           "--nats-partitions",
                           "4",
                           "--nats-lease-ttl-ms",
@@ -226,7 +231,8 @@ static void recv_applied(tally_client_t *c)
 
 static tally_client_t *fleet_client(void)
 {
-    tally_nats_opts_t o = {.servers = tn_suite.urls, .timeout_ms = TIMEOUT_MS};
+    tally_nats_opts_t o = {.servers = cluster_urls ? cluster_urls : tn_suite.urls,
+                           .timeout_ms = TIMEOUT_MS};
     tally_client_t *c = NULL;
     tally_status_t st = tally_client_new_fleet(&o, &c, msg, sizeof msg);
     if (st != TALLY_OK)
@@ -608,6 +614,19 @@ static void many_writes(tally_client_t *c, const th_daemon_t *d, int from, uint6
     assert_true(commits <= MANY / 10); /* grouped: one message per write would be MANY */
 }
 
+/* Streams from..MANY-1 equal the model. */
+static void check_many_from(tally_client_t *c, int from)
+{
+    for (int s = from; s < MANY; s++) {
+        tally_stream_info_t info;
+        tally_status_t st = tally_query(c, many_names[s], &info);
+        if (st != TALLY_OK)
+            fail_msg("query %s: %s: %s", many_names[s], tally_status_name(st),
+                     tally_client_error(c));
+        assert_memory_equal(info.bins, many_model[s], sizeof many_model[s]);
+    }
+}
+
 /* Streams from..MANY-1 equal the model; stream `gone` is unknown. */
 static void check_many(tally_client_t *c, int gone, int from)
 {
@@ -616,12 +635,7 @@ static void check_many(tally_client_t *c, int gone, int from)
     if (st != TALLY_E_UNKNOWN_STREAM)
         dump_logs();
     assert_int_equal(st, TALLY_E_UNKNOWN_STREAM);
-    for (int s = from; s < MANY; s++) {
-        if ((st = tally_query(c, many_names[s], &info)) != TALLY_OK)
-            fail_msg("query %s: %s: %s", many_names[s], tally_status_name(st),
-                     tally_client_error(c));
-        assert_memory_equal(info.bins, many_model[s], sizeof many_model[s]);
-    }
+    check_many_from(c, from);
 }
 
 /* A commit_ms of 1 s (its limit), so that batches go out by bytes. Member a: 1000 writes, a
@@ -656,6 +670,96 @@ static void test_group_commit_delete_reset(void **state)
     tally_client_destroy(&c);
     assert_int_equal(th_daemon_stop(&member[1], SIGTERM, TIMEOUT_MS), 0);
     member[1].pid = 0;
+}
+
+/* ---- 8. more records at once than a message holds ------------------------------------------- */
+
+#define SMALL_PAYLOAD 65536 /* max_payload of test 8's server: some 55 records of ~1.1 KiB */
+
+/* Every message of partition 0's changelog on js holds whole records, and fits a message
+ * (max_payload less TALLY_NATS_HEADROOM for the headers); how many hold records, and (*full)
+ * how many are filled to within 2 KiB of that: cut from a larger batch, since a batch goes out
+ * whole once it reaches the size, or after commit_ms below it. */
+static int check_message_sizes(jsCtx *js, int *full)
+{
+    uint64_t first = 0, last = 0;
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    char stream[32];
+    tally_fleet_name(stream, sizeof stream, TALLY_NATS_CL_STREAM_PREFIX, 0);
+    assert_int_equal(js_GetStreamInfo(&si, js, stream, NULL, &jerr), NATS_OK);
+    first = si->State.FirstSeq;
+    last = si->State.LastSeq;
+    jsStreamInfo_Destroy(si);
+    int batches = 0;
+    *full = 0;
+    for (uint64_t seq = first; seq <= last; seq++) {
+        natsMsg *m = NULL;
+        assert_int_equal(js_GetMsg(&m, js, stream, seq, NULL, &jerr), NATS_OK);
+        const uint8_t *p = (const uint8_t *)natsMsg_GetData(m);
+        size_t len = (size_t)natsMsg_GetDataLength(m), at = 0;
+        assert_true(len <= SMALL_PAYLOAD - TALLY_NATS_HEADROOM);
+        while (at < len) {
+            size_t size = td_state_record_check(p + at, len - at);
+            assert_true(size > 0);
+            at += size;
+        }
+        batches += len > 0;
+        *full += len > SMALL_PAYLOAD - TALLY_NATS_HEADROOM - 2048;
+        natsMsg_Destroy(m);
+    }
+    return batches;
+}
+
+/* A server whose max_payload is 64 KiB (a cluster of its own, one node: the changelog is one
+ * replica), commit_ms 1 s: member a's 1000 writes, 512 in flight, pile up ~560 KiB of records
+ * while a batch is in flight, far over one message. Every write is answered OK (none
+ * not_durable); every changelog message fits max_payload and holds whole records, at least
+ * 1000 x 1.1 KiB / 60 KiB of them, some cut from a larger batch; a is killed, and member b
+ * rebuilds every stream from them. */
+static void test_batch_over_max_payload(void **state)
+{
+    (void)state;
+    static tn_cluster_t small;
+    char conf[64];
+    snprintf(conf, sizeof conf, "max_payload: %d", SMALL_PAYLOAD); /* the last one counts */
+    tn_options_t o = {.extra_conf = conf};
+    assert_int_equal(tn_cluster_start(&small, 1, &o, TIMEOUT_MS), 0);
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    assert_int_equal(tn_connect(&small, &nc, &js), 0);
+    cluster_urls = small.urls;
+    cluster_replicas = "1";
+    many_pick();
+    memset(many_model, 0, sizeof many_model);
+    start_commit(0, "3000", "1000");
+    wait_taken(0, PARTITIONS);
+    char v[64];
+    assert_int_equal(atoi(info_value(&member[0], "nats_max_payload", v, sizeof v)), SMALL_PAYLOAD);
+    tally_client_t *c = fleet_client();
+    many_writes(c, &member[0], 0, 1);
+    assert_int_equal(th_metric(&member[0], "tallyd_nats_not_durable_total"), 0);
+    int full = 0, batches = check_message_sizes(js, &full);
+    print_message("%d writes stored in %d changelog messages of at most %d bytes, %d of them "
+                  "cut from a larger batch\n",
+                  MANY, batches, SMALL_PAYLOAD - (int)TALLY_NATS_HEADROOM, full);
+    assert_true(batches >= MANY * 1100 / (SMALL_PAYLOAD - (int)TALLY_NATS_HEADROOM));
+    assert_true(full > 0);
+    kill(member[0].pid, SIGKILL);
+    th_daemon_wait(&member[0], 5000);
+    member[0].pid = 0;
+    start_commit(1, "3000", "1000");
+    wait_taken(1, PARTITIONS);
+    assert_true(th_metric(&member[1], "tallyd_nats_changelog_replayed_total") >= batches);
+    check_many_from(c, 0);
+    tally_client_destroy(&c);
+    th_daemon_stop(&member[1], SIGKILL, 5000);
+    member[1].pid = 0;
+    cluster_urls = NULL;
+    cluster_replicas = "3";
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    tn_cluster_stop(&small);
 }
 
 /* ---- 6. changelog messages gone before a checkpoint held them ------------------------------- */
@@ -882,6 +986,7 @@ int main(void)
         cmocka_unit_test_teardown(test_other_writer_fenced, stop_members),
         cmocka_unit_test_teardown(test_records_gone_before_checkpoint, stop_members),
         cmocka_unit_test(test_purge_across_replica_restart),
+        cmocka_unit_test_teardown(test_batch_over_max_payload, stop_members),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

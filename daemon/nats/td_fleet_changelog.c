@@ -8,6 +8,14 @@
  * order, so they are settled in order: those up to ok_upto were stored; from fail_from (0: none)
  * on every one failed, until the partition is taken again; a take keeps what was not stored of
  * the ownerships before it (above ok_then, below open_from) failed.
+ *
+ * A message holds at most max_msg bytes of records (the server's max_payload less
+ * TALLY_NATS_HEADROOM for the headers). Records that pile up while a batch is in flight may
+ * pass that: the batch then goes out as several messages, cut between records, one at a time.
+ * Only the last one's PubAck settles the batch's ticket (a "part" settles nothing): the ticket
+ * of a message that holds the whole rest of the buffer covers every record before it, whatever
+ * ticket each was held under. A record larger than max_msg alone can never be stored: the
+ * write that made it fails the partition at once, with the sizes in the log.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -46,6 +54,7 @@ typedef struct {
     int64_t first_ms; /* when the batch's first record came (monotonic) */
     uint64_t batch;   /* the ticket of the batch now filling */
     uint64_t flight;  /* the ticket published and not settled yet (0: none) */
+    bool flight_part; /* the flight holds the batch's first records only: it settles nothing */
     int64_t flight_ms;
     natsMsg *retry; /* the flight's message, to publish again at retry_ms (no responders) */
     int64_t retry_ms;
@@ -66,6 +75,8 @@ struct td_changelog {
     int64_t commit_ms;
     int replicas;       /* of TALLY_CL<k> */
     int64_t max_age_ms; /* how long a record is kept ([nats] partition_max_age_s) */
+    size_t max_msg;     /* the records one message may hold (max_payload less the headers') */
+    size_t commit_bytes; /* a batch this large goes at once (TD_NATS_COMMIT_BYTES, or max_msg) */
     cl_part_t *parts;
 };
 
@@ -81,11 +92,12 @@ static void stream_of(char *out, size_t cap, uint32_t k)
 
 /* ---- Settling ------------------------------------------------------------------------------ */
 
-/* Under mu: the batch in flight and the one filling fail, and every later one until a take. */
+/* Under mu: every ticket not settled fails (the batch in flight, those whose first records went
+ * out as parts, the one filling), and every later one until a take. */
 static void fail_locked(td_changelog_t *cl, uint32_t k, const char *why)
 {
     cl_part_t *p = &cl->parts[k];
-    uint64_t from = p->flight ? p->flight : p->batch;
+    uint64_t from = p->ok_upto + 1;
     if (!p->fail_from || from < p->fail_from)
         p->fail_from = from;
     if (p->state == CL_OPEN)
@@ -120,7 +132,8 @@ static void on_ack(jsCtx *js, natsMsg *m, jsPubAck *pa, jsPubAckErr *pae, void *
     } else if (p && ticket && p->flight == ticket) {
         if (pa && !pae) {
             p->stored = pa->Sequence;
-            p->ok_upto = ticket;
+            if (!p->flight_part)
+                p->ok_upto = ticket;
             p->flight = 0;
             TD_FLEET_COUNT(cl->f, changelog_commits);
         } else {
@@ -176,7 +189,24 @@ static void retry_locked(td_changelog_t *cl, uint32_t k)
     }
 }
 
-/* Under mu: publishes partition k's batch, expecting its chain's last sequence. */
+/* The whole records at the front of buf (len bytes, every record whole) that fit max bytes;
+ * the first always counts (a record over max_msg never enters a batch). */
+static size_t records_within(const uint8_t *buf, size_t len, size_t max)
+{
+    size_t at = 0;
+    while (at < len) {
+        const uint8_t *size_le = buf + at + 8; /* td_state_record.h: a record's size at 8 */
+        size_t size = (size_t)size_le[0] | (size_t)size_le[1] << 8 | (size_t)size_le[2] << 16 |
+                      (size_t)size_le[3] << 24;
+        if (at > 0 && at + size > max)
+            break;
+        at += size;
+    }
+    return at;
+}
+
+/* Under mu: publishes partition k's batch, or as much of it as one message holds, expecting
+ * its chain's last sequence. */
 static void publish_locked(td_changelog_t *cl, uint32_t k, int64_t now)
 {
     cl_part_t *p = &cl->parts[k];
@@ -185,7 +215,8 @@ static void publish_locked(td_changelog_t *cl, uint32_t k, int64_t now)
     natsMsg *m = NULL;
     jsPubOptions po;
     publish_options(&po, p);
-    natsStatus s = natsMsg_Create(&m, subject, NULL, (const char *)p->buf, (int)p->len);
+    size_t n = p->len > cl->max_msg ? records_within(p->buf, p->len, cl->max_msg) : p->len;
+    natsStatus s = natsMsg_Create(&m, subject, NULL, (const char *)p->buf, (int)n);
     if (s == NATS_OK)
         s = add_headers(m, cl->f, p->epoch, p->batch);
     if (s == NATS_OK)
@@ -198,8 +229,10 @@ static void publish_locked(td_changelog_t *cl, uint32_t k, int64_t now)
         return;
     }
     p->flight = p->batch++;
+    p->flight_part = n < p->len;
     p->flight_ms = now;
-    p->len = 0;
+    memmove(p->buf, p->buf + n, p->len - n); /* the rest goes next, at once */
+    p->len -= n;
 }
 
 /* Under mu: publishes what is due; the time of the next thing to do (monotonic ms). */
@@ -222,7 +255,7 @@ static int64_t commit_due(td_changelog_t *cl)
         }
         if (p->state != CL_OPEN || p->flight || p->len == 0)
             continue;
-        if (p->len >= TD_NATS_COMMIT_BYTES || now - p->first_ms >= cl->commit_ms) {
+        if (p->len >= cl->commit_bytes || now - p->first_ms >= cl->commit_ms) {
             publish_locked(cl, k, now);
             woke |= p->state != CL_OPEN;
         } else if (p->first_ms + cl->commit_ms < next) {
@@ -284,6 +317,14 @@ bool td_changelog_hold(td_fleet_t *f, uint32_t k, const tally_req_t *req, const 
     pthread_mutex_lock(&cl->mu);
     cl_part_t *p = &cl->parts[k];
     *ticket = p->batch;
+    if (p->state == CL_OPEN && size > cl->max_msg) {
+        char why[160];
+        snprintf(why, sizeof why,
+                 "a record of %zu bytes does not fit a message (max_payload %zu less %u for "
+                 "headers)",
+                 size, f->max_payload, TALLY_NATS_HEADROOM);
+        fail_locked(cl, k, why);
+    }
     if (p->state == CL_OPEN && !grow(p, size))
         fail_locked(cl, k, "out of memory for a record");
     if (p->state == CL_OPEN) {
@@ -295,7 +336,7 @@ bool td_changelog_hold(td_fleet_t *f, uint32_t k, const tally_req_t *req, const 
         if (first)
             p->first_ms = td_nats_now_ms();
         p->len += size;
-        if (first || p->len >= TD_NATS_COMMIT_BYTES)
+        if (first || p->len >= cl->commit_bytes)
             pthread_cond_signal(&cl->cond);
     }
     pthread_mutex_unlock(&cl->mu);
@@ -586,6 +627,9 @@ td_err_t td_changelog_open(td_fleet_t *f, const td_config_t *cfg)
     cl->commit_ms = cfg->nats_commit_ms;
     cl->replicas = (int)cfg->nats_replicas;
     cl->max_age_ms = (int64_t)cfg->nats_partition_max_age_s * 1000;
+    cl->max_msg = f->max_payload > 2 * TALLY_NATS_HEADROOM ? f->max_payload - TALLY_NATS_HEADROOM
+                                                           : TALLY_NATS_HEADROOM;
+    cl->commit_bytes = cl->max_msg < TD_NATS_COMMIT_BYTES ? cl->max_msg : TD_NATS_COMMIT_BYTES;
     for (uint32_t k = 0; k < f->partitions; k++)
         cl->parts[k].batch = 1;
     pthread_mutex_init(&cl->mu, NULL);
