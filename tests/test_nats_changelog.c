@@ -42,7 +42,9 @@
  *      a purge of everything at a quiet point loses nothing on any version;
  *   8. more records at once than a message holds (a server of its own with max_payload 64 KiB):
  *      the batch goes out as several messages, each within max_payload and of whole records,
- *      every write answered OK, and the next owner rebuilds every stream from them.
+ *      every write answered OK, and the next owner rebuilds every stream from them; a stream
+ *      whose record alone passes a message (its window ring) has that write answered
+ *      not_durable, the sizes logged.
  * Waits are bounded loops on what the cluster or the members report; no time is asserted.
  */
 #include <setjmp.h>
@@ -78,6 +80,8 @@ static uint64_t model[STREAMS][256];
 static uint64_t seqs[STREAMS];
 /* The cluster the members and the fleet client use: the suite's, or test 8's own. */
 static const char *cluster_urls, *cluster_replicas = "3";
+/* Test 8: the test clock file of the members it starts, with window rings on (NULL: neither). */
+static const char *member_clock;
 
 static int setup(void **state)
 {
@@ -135,6 +139,12 @@ static void start_commit(int i, const char *ttl_ms, const char *commit_ms)
                           "100000",
                           "--metrics",
                           "127.0.0.1:0",
+                          member_clock ? "--test-clock" : NULL, /* the list ends here without */
+                          member_clock,
+                          "--window-intervals",
+                          "64",
+                          "--window-interval-ms",
+                          "1000",
                           NULL};
     assert_int_equal(th_daemon_start(&member[i], args), 0);
 }
@@ -711,12 +721,44 @@ static int check_message_sizes(jsCtx *js, int *full)
     return batches;
 }
 
+#define RING_T0 1795000000500ull /* the test clock: half way into an interval */
+
+/* A record larger than a message, on member b (64 window intervals of 1 s on the test clock):
+ * stream ring/0's window ring grows by a slot of ~1.1 KiB (rgba8, 1024 counts of 1) per write,
+ * each in an interval of its own, until its record passes 60 KiB (some 55 writes): every write
+ * before is answered OK, that one not_durable, its record's size logged. */
+static void ring_over_a_message(const char *clock)
+{
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(member[1].endpoint, TIMEOUT_MS, &c), TALLY_OK);
+    uint8_t data[4 * 256];
+    for (size_t j = 0; j < sizeof data; j++)
+        data[j] = (uint8_t)(j / 4);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_RGBA8, 0);
+    assert_int_equal(tally_req_set_stream(&req, "ring/0"), TALLY_OK);
+    char why[TALLY_ERROR_MESSAGE_MAX + 1];
+    tally_status_t st = TALLY_OK;
+    int i;
+    for (i = 0; i < 64 && st == TALLY_OK; i++) {
+        assert_int_equal(th_write_clock(clock, RING_T0 + (uint64_t)i * 1000), 0);
+        st = call_numbered(c, &req, data, sizeof data, why, sizeof why);
+    }
+    print_message("ring/0: write %d of one interval each answered %s\n", i,
+                  tally_status_name(st));
+    assert_int_equal(st, TALLY_E_NOT_DURABLE);
+    assert_true(i > 32);
+    assert_int_equal(th_sh("grep -q 'a record of [0-9]* bytes does not fit a message' %s",
+                           member[1].log_path),
+                     0);
+    tally_client_destroy(&c);
+}
+
 /* A server whose max_payload is 64 KiB (a cluster of its own, one node: the changelog is one
  * replica), commit_ms 1 s: member a's 1000 writes, 512 in flight, pile up ~560 KiB of records
  * while a batch is in flight, far over one message. Every write is answered OK (none
  * not_durable); every changelog message fits max_payload and holds whole records, at least
  * 1000 x 1.1 KiB / 60 KiB of them, some cut from a larger batch; a is killed, and member b
- * rebuilds every stream from them. */
+ * rebuilds every stream from them; then a record alone over a message (ring_over_a_message). */
 static void test_batch_over_max_payload(void **state)
 {
     (void)state;
@@ -748,13 +790,21 @@ static void test_batch_over_max_payload(void **state)
     kill(member[0].pid, SIGKILL);
     th_daemon_wait(&member[0], 5000);
     member[0].pid = 0;
-    start_commit(1, "3000", "1000");
+    char dir[256], clock[300];
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-clock"), 0);
+    snprintf(clock, sizeof clock, "%s/clock", dir);
+    assert_int_equal(th_write_clock(clock, RING_T0), 0);
+    member_clock = clock;
+    start_commit(1, "3000", "2"); /* ring/0's writes, one at a time, wait for no group */
+    member_clock = NULL;
     wait_taken(1, PARTITIONS);
     assert_true(th_metric(&member[1], "tallyd_nats_changelog_replayed_total") >= batches);
     check_many_from(c, 0);
     tally_client_destroy(&c);
+    ring_over_a_message(clock);
     th_daemon_stop(&member[1], SIGKILL, 5000);
     member[1].pid = 0;
+    th_rmrf(dir);
     cluster_urls = NULL;
     cluster_replicas = "3";
     jsCtx_Destroy(js);
