@@ -44,7 +44,11 @@
  *      the batch goes out as several messages, each within max_payload and of whole records,
  *      every write answered OK, and the next owner rebuilds every stream from them; a stream
  *      whose record alone passes a message (its window ring) has that write answered
- *      not_durable, the sizes logged.
+ *      not_durable, the sizes logged;
+ *   9. a writer racing the fence at a take: a previous owner's late batch stored between the
+ *      new owner's reading of the changelog's end and its fence (TALLYD_TEST_FENCE_GATE holds
+ *      the take there): the fence is refused, the late batch applied (its stream as it says),
+ *      and the fence stored on the next try.
  * Waits are bounded loops on what the cluster or the members report; no time is asserted.
  */
 #include <setjmp.h>
@@ -812,6 +816,132 @@ static void test_batch_over_max_payload(void **state)
     tn_cluster_stop(&small);
 }
 
+/* ---- 9. a writer racing the fence at a take ------------------------------------------------- */
+
+#define GATE_LINE ": test: its fence waits for "
+
+/* The partition whose take waits at the fence gate, from member i's log (-1: none yet). */
+static int gated_partition(int i)
+{
+    char *log = th_slurp(member[i].log_path);
+    const char *hit = log ? strstr(log, GATE_LINE) : NULL, *at = NULL;
+    for (const char *p = log; hit && (p = strstr(p, "partition ")) && p < hit; p++)
+        at = p;
+    int k = at ? atoi(at + strlen("partition ")) : -1;
+    free(log);
+    return k;
+}
+
+/* The last sequence of partition k's changelog. */
+static uint64_t changelog_last(uint32_t k)
+{
+    char cl[32];
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
+    assert_int_equal(js_GetStreamInfo(&si, tn_suite_js, cl, NULL, &jerr), NATS_OK);
+    uint64_t last = si->State.LastSeq;
+    jsStreamInfo_Destroy(si);
+    return last;
+}
+
+/* Stores, after the last message of partition k's changelog, a copy of its message at seq (data
+ * and the writer's headers): a previous owner's late batch. The stream its one record names. */
+static int store_late_copy(uint32_t k, uint64_t seq)
+{
+    static td_state_record_t rec;
+    char cl[32], subject[32];
+    tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
+    tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_CL, k);
+    natsMsg *orig = NULL, *late = NULL;
+    jsErrCode jerr = 0;
+    assert_int_equal(js_GetMsg(&orig, tn_suite_js, cl, seq, NULL, &jerr), NATS_OK);
+    const uint8_t *p = (const uint8_t *)natsMsg_GetData(orig);
+    size_t len = (size_t)natsMsg_GetDataLength(orig);
+    assert_int_equal(td_state_record_check(p, len), len); /* one write in flight: one record */
+    char why[160];
+    assert_true(td_state_record_parse(p, len, &rec, why, sizeof why));
+    assert_int_equal(natsMsg_Create(&late, subject, NULL, (const char *)p, (int)len), NATS_OK);
+    const char *keys[] = {TALLY_NATS_HDR_EPOCH, TALLY_NATS_HDR_BATCH, TALLY_NATS_HDR_MEMBER};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const char *v = NULL;
+        assert_int_equal(natsMsgHeader_Get(orig, keys[i], &v), NATS_OK);
+        assert_int_equal(natsMsgHeader_Set(late, keys[i], v), NATS_OK);
+    }
+    assert_int_equal(js_PublishMsg(NULL, tn_suite_js, late, NULL, &jerr), NATS_OK);
+    int stream = -1;
+    for (int s = 0; s < STREAMS; s++) {
+        char name[32];
+        stream_name(s, name, sizeof name);
+        if (rec.name_len == strlen(name) && memcmp(rec.name, name, rec.name_len) == 0)
+            stream = s;
+    }
+    natsMsg_Destroy(orig);
+    natsMsg_Destroy(late);
+    assert_true(stream >= 0);
+    return stream;
+}
+
+/* Member a writes every stream twice (rounds 0 and 1, one write in flight: a record per
+ * message), noting each partition's last changelog sequence after round 0, and is killed.
+ * Member b starts with its fences held (TALLYD_TEST_FENCE_GATE): its first take reads its
+ * changelog's end, replays it and waits; the test stores after that end a copy of a's message
+ * at round 0's last sequence of the partition (a's late batch: a's epoch, the record of a stream
+ * s after round 0 only) and opens the gate. b's fence is refused (the last sequence is no longer
+ * the one it expects): b applies the late message, says so, and fences again; s is as that
+ * record says (round 0), every other stream as after round 1. */
+static void test_writer_races_fence(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    start(0, "6000"); /* b's gated take must end within its lease */
+    wait_taken(0, PARTITIONS);
+    tally_client_t *c = fleet_client();
+    static uint64_t model0[STREAMS][256];
+    uint64_t seqs0[STREAMS], last0[PARTITIONS];
+    for (int s = 0; s < STREAMS; s++) {
+        send_hist(c, s, 0);
+        recv_applied(c);
+    }
+    memcpy(model0, model, sizeof model0);
+    memcpy(seqs0, seqs, sizeof seqs0);
+    for (uint32_t k = 0; k < PARTITIONS; k++)
+        last0[k] = changelog_last(k);
+    for (int s = 0; s < STREAMS; s++) {
+        send_hist(c, s, 1);
+        recv_applied(c);
+    }
+    tally_client_destroy(&c);
+    kill(member[0].pid, SIGKILL);
+    th_daemon_wait(&member[0], 5000);
+    member[0].pid = 0;
+    char dir[256], gate[300];
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-gate"), 0);
+    snprintf(gate, sizeof gate, "%s/open", dir);
+    setenv("TALLYD_TEST_FENCE_GATE", gate, 1);
+    start(1, "6000");
+    unsetenv("TALLYD_TEST_FENCE_GATE");
+    int k = -1;
+    for (int64_t until = th_now_ms() + TIMEOUT_MS; k < 0 && th_now_ms() < until;)
+        if ((k = gated_partition(1)) < 0)
+            th_sleep_ms(20);
+    assert_true(k >= 0 && k < PARTITIONS);
+    int s = store_late_copy((uint32_t)k, last0[k]);
+    FILE *open_gate = fopen(gate, "w");
+    assert_non_null(open_gate);
+    fclose(open_gate);
+    wait_taken(1, PARTITIONS);
+    assert_int_equal(th_sh("grep -q 'partition %d: its changelog.s fence lost to a message' %s", k,
+                           member[1].log_path),
+                     0);
+    memcpy(model[s], model0[s], sizeof model[s]);
+    seqs[s] = seqs0[s];
+    c = fleet_client();
+    check_model(c);
+    tally_client_destroy(&c);
+    th_rmrf(dir);
+}
+
 /* ---- 6. changelog messages gone before a checkpoint held them ------------------------------- */
 
 /* Streams x and y of one partition. Member a writes x (seq 1) and stops cleanly: its checkpoint
@@ -1037,6 +1167,7 @@ int main(void)
         cmocka_unit_test_teardown(test_records_gone_before_checkpoint, stop_members),
         cmocka_unit_test(test_purge_across_replica_restart),
         cmocka_unit_test_teardown(test_batch_over_max_payload, stop_members),
+        cmocka_unit_test_teardown(test_writer_races_fence, stop_members),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

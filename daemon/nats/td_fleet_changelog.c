@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "td_fleet_changelog.h"
 #include "td_fleet_int.h"
@@ -513,6 +514,19 @@ static td_err_t store_fence(td_fleet_t *f, uint32_t k, uint64_t epoch, uint64_t 
     return TD_ERR_LIBRARY;
 }
 
+/* Test only (TALLYD_TEST_FENCE_GATE=FILE): a take waits, up to 30 s, for FILE to exist between
+ * reading its changelog's end and storing its fence, so that a test can land another writer's
+ * message in between (the race CL_FENCE_TRIES answers). */
+static void test_fence_gate(uint32_t k)
+{
+    const char *gate = getenv("TALLYD_TEST_FENCE_GATE");
+    if (!gate)
+        return;
+    td_info("fleet: partition %u: test: its fence waits for %s", (unsigned)k, gate);
+    for (int i = 0; i < 3000 && access(gate, F_OK) != 0; i++)
+        usleep(10000);
+}
+
 td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t epoch, char *msg,
                            size_t cap)
 {
@@ -547,11 +561,18 @@ td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t 
         err = replay(f, k, applied, last, &max_epoch, msg, cap);
         if (err == TD_OK)
             applied = last;
+        if (err == TD_OK && i == 0)
+            test_fence_gate(k);
         if (err == TD_OK)
             err = store_fence(f, k, epoch, last, &fence, &lost, msg, cap);
         if (err != TD_OK || !lost)
             break;
         err = last_seq(f, k, &first, &last, msg, cap); /* another writer: its records too */
+        if (err == TD_OK)
+            td_info("fleet: partition %u: its changelog's fence lost to a message stored after "
+                    "%" PRIu64 " (a previous owner's late batch?): applying up to %" PRIu64
+                    " and fencing again",
+                    (unsigned)k, applied, last);
         fence = 0;
     }
     if (err == TD_OK && !fence) {
