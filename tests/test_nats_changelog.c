@@ -27,7 +27,8 @@
  *      512 in flight, all of one partition) are stored in far fewer changelog messages than
  *      writes (a partition's batch goes out at 256 KiB); a delete and a reset follow; the owner is killed, and the next one rebuilds
  *      every stream from the changelog alone (the deleted one unknown, the reset one empty),
- *      then takes writes and a delete itself;
+ *      a late message of a's past 4 MiB among it (the whole history again: replayed in pieces
+ *      of whole records), then takes writes and a delete itself;
  *   5. another writer's record between two of the owner's batches (a deposed owner's late
  *      publish): the owner's next publish is refused (its expected last sequence), the write
  *      answered not_durable, the partition taken again, and the write sent again applied once;
@@ -296,6 +297,19 @@ static void stream_state(const char *name, uint64_t *first, uint64_t *msgs)
     *first = si->State.FirstSeq;
     *msgs = si->State.Msgs;
     jsStreamInfo_Destroy(si);
+}
+
+/* The last sequence of partition k's changelog. */
+static uint64_t changelog_last(uint32_t k)
+{
+    char cl[32];
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
+    assert_int_equal(js_GetStreamInfo(&si, tn_suite_js, cl, NULL, &jerr), NATS_OK);
+    uint64_t last = si->State.LastSeq;
+    jsStreamInfo_Destroy(si);
+    return last;
 }
 
 /* ---- 1. answered after the PubAck; the record's format --------------------------------------- */
@@ -652,6 +666,61 @@ static void check_many(tally_client_t *c, int gone, int from)
     check_many_from(c, from);
 }
 
+#define APPLY_BYTES (4u << 20) /* td_fleet_changelog.c's CL_APPLY_BYTES: a replay's piece */
+
+/* Stores after partition k's changelog one message holding every record of it so far, in order,
+ * repeated to pass APPLY_BYTES (with the headers of its last batch: its writer's late batch). A
+ * stream's last record is the same in it as before it, so it changes no state; a replay applies
+ * it in pieces of whole records, cut at APPLY_BYTES. */
+static void store_history_again(uint32_t k)
+{
+    char cl[32], subject[32];
+    tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
+    tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_CL, k);
+    uint64_t last = changelog_last(k);
+    uint8_t *all = NULL;
+    size_t len = 0;
+    natsMsg *headers = NULL;
+    for (uint64_t seq = 1; seq <= last; seq++) {
+        natsMsg *m = NULL;
+        jsErrCode jerr = 0;
+        assert_int_equal(js_GetMsg(&m, tn_suite_js, cl, seq, NULL, &jerr), NATS_OK);
+        size_t n = (size_t)natsMsg_GetDataLength(m);
+        if (n == 0) { /* a fence */
+            natsMsg_Destroy(m);
+            continue;
+        }
+        assert_non_null(all = realloc(all, len + n));
+        memcpy(all + len, natsMsg_GetData(m), n);
+        len += n;
+        natsMsg_Destroy(headers);
+        headers = m;
+    }
+    assert_non_null(headers);
+    size_t reps = APPLY_BYTES / len + 1, size = reps * len; /* past APPLY_BYTES by < len */
+    assert_true(size <= (8u << 20) - TALLY_NATS_HEADROOM); /* the suite's max_payload */
+    uint8_t *data = malloc(size);
+    assert_non_null(data);
+    for (size_t r = 0; r < reps; r++)
+        memcpy(data + r * len, all, len);
+    print_message("partition %u's %zu bytes of records, %zu times: %zu bytes in one message\n",
+                  (unsigned)k, len, reps, size);
+    natsMsg *late = NULL;
+    assert_int_equal(natsMsg_Create(&late, subject, NULL, (const char *)data, (int)size), NATS_OK);
+    const char *keys[] = {TALLY_NATS_HDR_EPOCH, TALLY_NATS_HDR_BATCH, TALLY_NATS_HDR_MEMBER};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const char *v = NULL;
+        assert_int_equal(natsMsgHeader_Get(headers, keys[i], &v), NATS_OK);
+        assert_int_equal(natsMsgHeader_Set(late, keys[i], v), NATS_OK);
+    }
+    jsErrCode jerr = 0;
+    assert_int_equal(js_PublishMsg(NULL, tn_suite_js, late, NULL, &jerr), NATS_OK);
+    natsMsg_Destroy(late);
+    natsMsg_Destroy(headers);
+    free(data);
+    free(all);
+}
+
 /* A commit_ms of 1 s (its limit), so that batches go out by bytes. Member a: 1000 writes, a
  * delete and a reset, then killed (SIGKILL) with none of it in a checkpoint; member b rebuilds
  * every stream from the changelog alone (the deleted one unknown, the reset one empty, the rest
@@ -673,6 +742,7 @@ static void test_group_commit_delete_reset(void **state)
     kill(member[0].pid, SIGKILL);
     th_daemon_wait(&member[0], 5000);
     member[0].pid = 0;
+    store_history_again(0); /* a's late batch over APPLY_BYTES: replayed in pieces */
     start_commit(1, "3000", "1000");
     wait_held(ids[1], PARTITIONS);
     wait_taken(1, PARTITIONS);
@@ -830,19 +900,6 @@ static int gated_partition(int i)
     int k = at ? atoi(at + strlen("partition ")) : -1;
     free(log);
     return k;
-}
-
-/* The last sequence of partition k's changelog. */
-static uint64_t changelog_last(uint32_t k)
-{
-    char cl[32];
-    jsStreamInfo *si = NULL;
-    jsErrCode jerr = 0;
-    tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
-    assert_int_equal(js_GetStreamInfo(&si, tn_suite_js, cl, NULL, &jerr), NATS_OK);
-    uint64_t last = si->State.LastSeq;
-    jsStreamInfo_Destroy(si);
-    return last;
 }
 
 /* Stores, after the last message of partition k's changelog, a copy of its message at seq (data

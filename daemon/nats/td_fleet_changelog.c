@@ -190,20 +190,20 @@ static void retry_locked(td_changelog_t *cl, uint32_t k)
     }
 }
 
-/* The whole records at the front of buf (len bytes, every record whole) that fit max bytes;
- * the first always counts (a record over max_msg never enters a batch). */
+/* The bytes at the front of buf (len > 0) to take as one piece of at most max: its whole
+ * records that fit, the first always (a batch's never passes max_msg alone). A record whose
+ * size does not fit what is left (a replayed message that is not well-formed) ends the piece,
+ * or is the whole rest when it comes first: td_state_record_check refuses it there. */
 static size_t records_within(const uint8_t *buf, size_t len, size_t max)
 {
     size_t at = 0;
-    while (at < len) {
-        const uint8_t *size_le = buf + at + 8; /* td_state_record.h: a record's size at 8 */
-        size_t size = (size_t)size_le[0] | (size_t)size_le[1] << 8 | (size_t)size_le[2] << 16 |
-                      (size_t)size_le[3] << 24;
-        if (at > 0 && at + size > max)
+    while (len - at >= TD_STATE_RECORD_MIN) {
+        size_t size = tally_get_u32(buf + at + 8); /* td_state_record.h: a record's size at 8 */
+        if (size < TD_STATE_RECORD_MIN || size > len - at || (at > 0 && at + size > max))
             break;
         at += size;
     }
-    return at;
+    return at ? at : len;
 }
 
 /* Under mu: publishes partition k's batch, or as much of it as one message holds, expecting
@@ -445,10 +445,14 @@ static td_err_t replay(td_fleet_t *f, uint32_t k, uint64_t after, uint64_t last,
             continue;
         }
         *max_epoch = epoch;
-        apply_job_t j = {.buf = (const uint8_t *)natsMsg_GetData(m),
-                         .len = (size_t)natsMsg_GetDataLength(m)};
-        if (j.len)
+        const uint8_t *data = (const uint8_t *)natsMsg_GetData(m);
+        size_t len = (size_t)natsMsg_GetDataLength(m);
+        apply_job_t j = {0};
+        for (size_t at = 0; at < len && !j.refused; at += j.len) { /* CL_APPLY_BYTES at a time */
+            j.buf = data + at;
+            j.len = records_within(j.buf, len - at, CL_APPLY_BYTES);
             td_fleet_on_loop(f, apply_on_loop, &j);
+        }
         natsMsg_Destroy(m);
         if (j.refused) {
             snprintf(msg, cap, "changelog record %" PRIu64 ": %u of its streams refused", seq,
