@@ -25,10 +25,10 @@
  *      and takes it again, and writes are answered again;
  *   4. group commit by bytes, deletes and resets: with commit_ms at 1 s, 1000 writes (rgba8,
  *      512 in flight, all of one partition) are stored in far fewer changelog messages than
- *      writes (a partition's batch goes out at 256 KiB); a delete and a reset follow; the owner is killed, and the next one rebuilds
- *      every stream from the changelog alone (the deleted one unknown, the reset one empty),
- *      a late message of a's past 4 MiB among it (the whole history again: replayed in pieces
- *      of whole records), then takes writes and a delete itself;
+ *      writes (a partition's batch goes out at 256 KiB); a delete and a reset follow; the owner
+ *      is killed, and the next one rebuilds every stream from the changelog alone (the deleted
+ *      one unknown, the reset one empty), a late message of a's past 4 MiB among it (the whole
+ *      history again: replayed in pieces of whole records), then takes writes and a delete;
  *   5. another writer's record between two of the owner's batches (a deposed owner's late
  *      publish): the owner's next publish is refused (its expected last sequence), the write
  *      answered not_durable, the partition taken again, and the write sent again applied once;
@@ -72,6 +72,7 @@
 #include "tally_fleet.h"
 #include "td_fleet_plan.h"
 #include "td_nats_ckpt.h"
+#include "td_nats_js.h"
 #include "td_state_record.h"
 
 #define PARTITIONS 4
@@ -159,6 +160,14 @@ static void start(int i, const char *ttl_ms)
     start_commit(i, ttl_ms, "2");
 }
 
+/* Member i killed (SIGKILL: no give-up, no checkpoint) and reaped. */
+static void kill_member(int i)
+{
+    kill(member[i].pid, SIGKILL);
+    th_daemon_wait(&member[i], 5000);
+    member[i].pid = 0;
+}
+
 /* What the members said, on stderr: for a failure's report. */
 static void dump_logs(void)
 {
@@ -242,6 +251,15 @@ static void recv_applied(tally_client_t *c)
     if (st != TALLY_OK && st != TALLY_E_DUPLICATE)
         fail_msg("reply: %s: %s", tally_status_name(st), r.error);
     tally_reply_clear(&r);
+}
+
+/* Round r of every stream, one write in flight (so one record per changelog message). */
+static void write_round(tally_client_t *c, int r)
+{
+    for (int s = 0; s < STREAMS; s++) {
+        send_hist(c, s, r);
+        recv_applied(c);
+    }
 }
 
 static tally_client_t *fleet_client(void)
@@ -443,9 +461,7 @@ static void test_kill_owner_under_load(void **state)
             recv_applied(c);
             if (r == 2 && i == STREAMS / 2) { /* b has answered writes no checkpoint holds */
                 assert_true(th_metric(&member[1], "tallyd_nats_changelog_commits_total") > 0);
-                kill(member[1].pid, SIGKILL);
-                th_daemon_wait(&member[1], 5000);
-                member[1].pid = 0;
+                kill_member(1);
             }
         }
     }
@@ -666,6 +682,23 @@ static void check_many(tally_client_t *c, int gone, int from)
     check_many_from(c, from);
 }
 
+/* Publishes len bytes of records on subject (a changelog's) with the writer's headers of
+ * message `from` (its epoch, batch and member): a late batch of that writer. */
+static void publish_as(const char *subject, const void *data, size_t len, natsMsg *from)
+{
+    natsMsg *late = NULL;
+    assert_int_equal(natsMsg_Create(&late, subject, NULL, data, (int)len), NATS_OK);
+    const char *keys[] = {TALLY_NATS_HDR_EPOCH, TALLY_NATS_HDR_BATCH, TALLY_NATS_HDR_MEMBER};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const char *v = NULL;
+        assert_int_equal(natsMsgHeader_Get(from, keys[i], &v), NATS_OK);
+        assert_int_equal(natsMsgHeader_Set(late, keys[i], v), NATS_OK);
+    }
+    jsErrCode jerr = 0;
+    assert_int_equal(js_PublishMsg(NULL, tn_suite_js, late, NULL, &jerr), NATS_OK);
+    natsMsg_Destroy(late);
+}
+
 #define APPLY_BYTES (4u << 20) /* td_fleet_changelog.c's CL_APPLY_BYTES: a replay's piece */
 
 /* Stores after partition k's changelog one message holding every record of it so far, in order,
@@ -698,24 +731,14 @@ static void store_history_again(uint32_t k)
     }
     assert_non_null(headers);
     size_t reps = APPLY_BYTES / len + 1, size = reps * len; /* past APPLY_BYTES by < len */
-    assert_true(size <= (8u << 20) - TALLY_NATS_HEADROOM); /* the suite's max_payload */
+    assert_true(size <= (8u << 20) - TALLY_NATS_HEADROOM);  /* the suite's max_payload */
     uint8_t *data = malloc(size);
     assert_non_null(data);
     for (size_t r = 0; r < reps; r++)
         memcpy(data + r * len, all, len);
     print_message("partition %u's %zu bytes of records, %zu times: %zu bytes in one message\n",
                   (unsigned)k, len, reps, size);
-    natsMsg *late = NULL;
-    assert_int_equal(natsMsg_Create(&late, subject, NULL, (const char *)data, (int)size), NATS_OK);
-    const char *keys[] = {TALLY_NATS_HDR_EPOCH, TALLY_NATS_HDR_BATCH, TALLY_NATS_HDR_MEMBER};
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
-        const char *v = NULL;
-        assert_int_equal(natsMsgHeader_Get(headers, keys[i], &v), NATS_OK);
-        assert_int_equal(natsMsgHeader_Set(late, keys[i], v), NATS_OK);
-    }
-    jsErrCode jerr = 0;
-    assert_int_equal(js_PublishMsg(NULL, tn_suite_js, late, NULL, &jerr), NATS_OK);
-    natsMsg_Destroy(late);
+    publish_as(subject, data, size, headers);
     natsMsg_Destroy(headers);
     free(data);
     free(all);
@@ -739,9 +762,7 @@ static void test_group_commit_delete_reset(void **state)
     assert_int_equal(tally_delete(c, many_names[0]), TALLY_OK);
     assert_int_equal(tally_reset(c, many_names[1]), TALLY_OK);
     memset(many_model[1], 0, sizeof many_model[1]);
-    kill(member[0].pid, SIGKILL);
-    th_daemon_wait(&member[0], 5000);
-    member[0].pid = 0;
+    kill_member(0);
     store_history_again(0); /* a's late batch over APPLY_BYTES: replayed in pieces */
     start_commit(1, "3000", "1000");
     wait_held(ids[1], PARTITIONS);
@@ -817,13 +838,12 @@ static void ring_over_a_message(const char *clock)
         assert_int_equal(th_write_clock(clock, RING_T0 + (uint64_t)i * 1000), 0);
         st = call_numbered(c, &req, data, sizeof data, why, sizeof why);
     }
-    print_message("ring/0: write %d of one interval each answered %s\n", i,
-                  tally_status_name(st));
+    print_message("ring/0: write %d of one interval each answered %s\n", i, tally_status_name(st));
     assert_int_equal(st, TALLY_E_NOT_DURABLE);
     assert_true(i > 32);
-    assert_int_equal(th_sh("grep -q 'a record of [0-9]* bytes does not fit a message' %s",
-                           member[1].log_path),
-                     0);
+    assert_int_equal(
+        th_sh("grep -q 'a record of [0-9]* bytes does not fit a message' %s", member[1].log_path),
+        0);
     tally_client_destroy(&c);
 }
 
@@ -861,9 +881,7 @@ static void test_batch_over_max_payload(void **state)
                   MANY, batches, SMALL_PAYLOAD - (int)TALLY_NATS_HEADROOM, full);
     assert_true(batches >= MANY * 1100 / (SMALL_PAYLOAD - (int)TALLY_NATS_HEADROOM));
     assert_true(full > 0);
-    kill(member[0].pid, SIGKILL);
-    th_daemon_wait(&member[0], 5000);
-    member[0].pid = 0;
+    kill_member(0);
     char dir[256], clock[300];
     assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-clock"), 0);
     snprintf(clock, sizeof clock, "%s/clock", dir);
@@ -910,7 +928,7 @@ static int store_late_copy(uint32_t k, uint64_t seq)
     char cl[32], subject[32];
     tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
     tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_CL, k);
-    natsMsg *orig = NULL, *late = NULL;
+    natsMsg *orig = NULL;
     jsErrCode jerr = 0;
     assert_int_equal(js_GetMsg(&orig, tn_suite_js, cl, seq, NULL, &jerr), NATS_OK);
     const uint8_t *p = (const uint8_t *)natsMsg_GetData(orig);
@@ -918,14 +936,7 @@ static int store_late_copy(uint32_t k, uint64_t seq)
     assert_int_equal(td_state_record_check(p, len), len); /* one write in flight: one record */
     char why[160];
     assert_true(td_state_record_parse(p, len, &rec, why, sizeof why));
-    assert_int_equal(natsMsg_Create(&late, subject, NULL, (const char *)p, (int)len), NATS_OK);
-    const char *keys[] = {TALLY_NATS_HDR_EPOCH, TALLY_NATS_HDR_BATCH, TALLY_NATS_HDR_MEMBER};
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
-        const char *v = NULL;
-        assert_int_equal(natsMsgHeader_Get(orig, keys[i], &v), NATS_OK);
-        assert_int_equal(natsMsgHeader_Set(late, keys[i], v), NATS_OK);
-    }
-    assert_int_equal(js_PublishMsg(NULL, tn_suite_js, late, NULL, &jerr), NATS_OK);
+    publish_as(subject, p, len, orig);
     int stream = -1;
     for (int s = 0; s < STREAMS; s++) {
         char name[32];
@@ -934,7 +945,6 @@ static int store_late_copy(uint32_t k, uint64_t seq)
             stream = s;
     }
     natsMsg_Destroy(orig);
-    natsMsg_Destroy(late);
     assert_true(stream >= 0);
     return stream;
 }
@@ -956,22 +966,14 @@ static void test_writer_races_fence(void **state)
     tally_client_t *c = fleet_client();
     static uint64_t model0[STREAMS][256];
     uint64_t seqs0[STREAMS], last0[PARTITIONS];
-    for (int s = 0; s < STREAMS; s++) {
-        send_hist(c, s, 0);
-        recv_applied(c);
-    }
+    write_round(c, 0);
     memcpy(model0, model, sizeof model0);
     memcpy(seqs0, seqs, sizeof seqs0);
     for (uint32_t k = 0; k < PARTITIONS; k++)
         last0[k] = changelog_last(k);
-    for (int s = 0; s < STREAMS; s++) {
-        send_hist(c, s, 1);
-        recv_applied(c);
-    }
+    write_round(c, 1);
     tally_client_destroy(&c);
-    kill(member[0].pid, SIGKILL);
-    th_daemon_wait(&member[0], 5000);
-    member[0].pid = 0;
+    kill_member(0);
     char dir[256], gate[300];
     assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-gate"), 0);
     snprintf(gate, sizeof gate, "%s/open", dir);
@@ -1040,9 +1042,7 @@ static void test_records_gone_before_checkpoint(void **state)
     send_hist(c, y, 0);
     recv_applied(c);
     tally_client_destroy(&c);
-    kill(member[0].pid, SIGKILL);
-    th_daemon_wait(&member[0], 5000);
-    member[0].pid = 0;
+    kill_member(0);
     char cl[32];
     uint64_t first = 0, msgs = 0, last;
     tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
@@ -1136,19 +1136,14 @@ static void make_leader(const char *name, int i)
     assert_int_equal(leader, i);
 }
 
-/* Stream `name` on subject, 3 replicas, file storage (as TALLY_CL<k>), with `count` messages. */
+/* Stream `name` on subject, 3 replicas, made as TALLY_CL<k> is (no max age), with `count`
+ * messages. */
 static void purge_stream(const char *name, const char *subject, int count)
 {
-    jsStreamConfig sc;
-    jsStreamConfig_Init(&sc);
-    sc.Name = name;
-    sc.Subjects = &subject;
-    sc.SubjectsLen = 1;
-    sc.Storage = js_FileStorage;
-    sc.Replicas = 3;
     jsErrCode jerr = 0;
     js_DeleteStream(tn_suite_js, name, NULL, &jerr); /* a run before this one's */
-    assert_int_equal(js_AddStream(NULL, tn_suite_js, &sc, NULL, &jerr), NATS_OK);
+    assert_int_equal(td_nats_stream_ensure(tn_suite_js, name, subject, 3, 0, -1, msg, sizeof msg),
+                     TD_OK);
     for (int i = 0; i < count; i++)
         assert_int_equal(tn_publish(tn_suite_js, subject, "record", 6, NULL, NULL), NATS_OK);
 }

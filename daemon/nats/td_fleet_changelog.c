@@ -74,9 +74,9 @@ struct td_changelog {
     pthread_t thread;
     bool started, stop;
     int64_t commit_ms;
-    int replicas;       /* of TALLY_CL<k> */
-    int64_t max_age_ms; /* how long a record is kept ([nats] partition_max_age_s) */
-    size_t max_msg;     /* the records one message may hold (max_payload less the headers') */
+    int replicas;        /* of TALLY_CL<k> */
+    int64_t max_age_ms;  /* how long a record is kept ([nats] partition_max_age_s) */
+    size_t max_msg;      /* the records one message may hold (max_payload less the headers') */
     size_t commit_bytes; /* a batch this large goes at once (TD_NATS_COMMIT_BYTES, or max_msg) */
     cl_part_t *parts;
 };
