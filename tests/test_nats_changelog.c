@@ -779,7 +779,7 @@ static void test_group_commit_delete_reset(void **state)
 
 /* ---- 8. more records at once than a message holds ------------------------------------------- */
 
-#define SMALL_PAYLOAD 65536 /* max_payload of test 8's server: some 55 records of ~1.1 KiB */
+#define SMALL_PAYLOAD 65536 /* max_payload of test 8's server: some 27 rgba8 records (~2.2 KiB) */
 
 /* Every message of partition 0's changelog on js holds whole records, and fits a message
  * (max_payload less TALLY_NATS_HEADROOM for the headers); how many hold records, and (*full)
@@ -819,7 +819,7 @@ static int check_message_sizes(jsCtx *js, int *full)
 #define RING_T0 1795000000500ull /* the test clock: half way into an interval */
 
 /* A record larger than a message, on member b (64 window intervals of 1 s on the test clock):
- * stream ring/0's window ring grows by a slot of ~1.1 KiB (rgba8, 1024 counts of 1) per write,
+ * stream ring/0's window ring grows by a slot of ~1 KiB (rgba8, 1024 counts of 1) per write,
  * each in an interval of its own, until its record passes 60 KiB (some 55 writes): every write
  * before is answered OK, that one not_durable, its record's size logged. */
 static void ring_over_a_message(const char *clock)
@@ -848,10 +848,11 @@ static void ring_over_a_message(const char *clock)
 }
 
 /* A server whose max_payload is 64 KiB (a cluster of its own, one node: the changelog is one
- * replica), commit_ms 1 s: member a's 1000 writes, 512 in flight, pile up ~560 KiB of records
- * while a batch is in flight, far over one message. Every write is answered OK (none
- * not_durable); every changelog message fits max_payload and holds whole records, at least
- * 1000 x 1.1 KiB / 60 KiB of them, some cut from a larger batch; a is killed, and member b
+ * replica), commit_ms 1 s: member a's 1000 writes, 512 in flight, pile up to ~1.1 MiB of
+ * records (~2.2 KiB each) while a batch is in flight, far over one message. Every write is
+ * answered OK (none not_durable); every changelog message fits max_payload and holds whole
+ * records, at least 1000 x 1.1 KiB / 60 KiB of them (a bound under what they need), some cut
+ * from a larger batch; a is killed, and member b
  * rebuilds every stream from them; then a record alone over a message (ring_over_a_message). */
 static void test_batch_over_max_payload(void **state)
 {

@@ -407,7 +407,7 @@ static uint64_t header_u64(natsMsg *m, const char *key)
  * partition without an owner for records that cannot come back; it says so at error level and
  * counts them (tallyd_nats_changelog_lost_total), and a numbered producer of a stream they
  * held meets sequence_gap at its next write (the stream's last_seq is behind). */
-static void lost(td_fleet_t *f, uint32_t k, uint64_t from, uint64_t to)
+static void records_gone(td_fleet_t *f, uint32_t k, uint64_t from, uint64_t to)
 {
     atomic_fetch_add_explicit(&f->st->changelog_lost, to - from + 1, memory_order_relaxed);
     td_err("fleet: partition %u: changelog messages %" PRIu64 "..%" PRIu64
@@ -428,7 +428,7 @@ static td_err_t replay(td_fleet_t *f, uint32_t k, uint64_t after, uint64_t last,
         jsErrCode jerr = 0;
         natsStatus s = js_GetMsg(&m, f->js, stream, seq, NULL, &jerr);
         if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr) {
-            lost(f, k, seq, seq);
+            records_gone(f, k, seq, seq);
             continue;
         }
         if (s != NATS_OK) {
@@ -557,7 +557,7 @@ td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t 
                 (unsigned)k, last, applied);
     if (err == TD_OK && first > applied + 1 && last > applied) { /* asked once, not per record */
         uint64_t gone = first - 1 < last ? first - 1 : last; /* an empty stream: first = last + 1 */
-        lost(f, k, applied + 1, gone);
+        records_gone(f, k, applied + 1, gone);
         applied = gone;
     }
     for (int i = 0; err == TD_OK && i < CL_FENCE_TRIES; i++) {
