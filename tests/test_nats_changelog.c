@@ -25,12 +25,31 @@
  *      and takes it again, and writes are answered again;
  *   4. group commit by bytes, deletes and resets: with commit_ms at 1 s, 1000 writes (rgba8,
  *      512 in flight, all of one partition) are stored in far fewer changelog messages than
- *      writes (a partition's batch goes out at 256 KiB); a delete and a reset follow; the owner is killed, and the next one rebuilds
- *      every stream from the changelog alone (the deleted one unknown, the reset one empty),
- *      then takes writes and a delete itself;
+ *      writes (a partition's batch goes out at 256 KiB); a delete and a reset follow; the owner
+ *      is killed, and the next one rebuilds every stream from the changelog alone (the deleted
+ *      one unknown, the reset one empty), a late message of a's past 4 MiB among it (the whole
+ *      history again: replayed in pieces of whole records), then takes writes and a delete;
  *   5. another writer's record between two of the owner's batches (a deposed owner's late
  *      publish): the owner's next publish is refused (its expected last sequence), the write
- *      answered not_durable, the partition taken again, and the write sent again applied once.
+ *      answered not_durable, the partition taken again, and the write sent again applied once;
+ *   6. changelog messages gone before a checkpoint held them (purged here, as an owner-less
+ *      partition_max_age_s would): the next owner takes the partition from its checkpoint and
+ *      what remains, logs the loss at error level and counts exactly the messages gone; the lost
+ *      write, sent again with its seq, is applied;
+ *   7. the engine's purge below a sequence across a replica restart (why tallyd's changelogs are
+ *      not purged at checkpoints; test 1 checks that they still start at sequence 1): on
+ *      nats-server before 2.9.18 (Debian's 2.9.10) the restarted replica replays it as a purge of
+ *      everything the stream held then, and loses the records above the purge's sequence;
+ *      a purge of everything at a quiet point loses nothing on any version;
+ *   8. more records at once than a message holds (a server of its own with max_payload 64 KiB):
+ *      the batch goes out as several messages, each within max_payload and of whole records,
+ *      every write answered OK, and the next owner rebuilds every stream from them; a stream
+ *      whose record alone passes a message (its window ring) has that write answered
+ *      not_durable, the sizes logged;
+ *   9. a writer racing the fence at a take: a previous owner's late batch stored between the
+ *      new owner's reading of the changelog's end and its fence (TALLYD_TEST_FENCE_GATE holds
+ *      the take there): the fence is refused, the late batch applied (its stream as it says),
+ *      and the fence stored on the next try.
  * Waits are bounded loops on what the cluster or the members report; no time is asserted.
  */
 #include <setjmp.h>
@@ -53,6 +72,7 @@
 #include "tally_fleet.h"
 #include "td_fleet_plan.h"
 #include "td_nats_ckpt.h"
+#include "td_nats_js.h"
 #include "td_state_record.h"
 
 #define PARTITIONS 4
@@ -64,6 +84,10 @@ static th_daemon_t member[2];
 static const char *const ids[2] = {"cl-a", "cl-b"};
 static uint64_t model[STREAMS][256];
 static uint64_t seqs[STREAMS];
+/* The cluster the members and the fleet client use: the suite's, or test 8's own. */
+static const char *cluster_urls, *cluster_replicas = "3";
+/* Test 8: the test clock file of the members it starts, with window rings on (NULL: neither). */
+static const char *member_clock;
 
 static int setup(void **state)
 {
@@ -100,9 +124,9 @@ static void fresh_fleet(void)
 static void start_commit(int i, const char *ttl_ms, const char *commit_ms)
 {
     const char *args[] = {"--nats-servers",
-                          tn_suite.urls,
+                          cluster_urls ? cluster_urls : tn_suite.urls,
                           "--nats-replicas",
-                          "3",
+                          cluster_replicas,
                           "--nats-partitions",
                           "4",
                           "--nats-lease-ttl-ms",
@@ -121,6 +145,12 @@ static void start_commit(int i, const char *ttl_ms, const char *commit_ms)
                           "100000",
                           "--metrics",
                           "127.0.0.1:0",
+                          member_clock ? "--test-clock" : NULL, /* the list ends here without */
+                          member_clock,
+                          "--window-intervals",
+                          "64",
+                          "--window-interval-ms",
+                          "1000",
                           NULL};
     assert_int_equal(th_daemon_start(&member[i], args), 0);
 }
@@ -128,6 +158,14 @@ static void start_commit(int i, const char *ttl_ms, const char *commit_ms)
 static void start(int i, const char *ttl_ms)
 {
     start_commit(i, ttl_ms, "2");
+}
+
+/* Member i killed (SIGKILL: no give-up, no checkpoint) and reaped. */
+static void kill_member(int i)
+{
+    kill(member[i].pid, SIGKILL);
+    th_daemon_wait(&member[i], 5000);
+    member[i].pid = 0;
 }
 
 /* What the members said, on stderr: for a failure's report. */
@@ -215,9 +253,19 @@ static void recv_applied(tally_client_t *c)
     tally_reply_clear(&r);
 }
 
+/* Round r of every stream, one write in flight (so one record per changelog message). */
+static void write_round(tally_client_t *c, int r)
+{
+    for (int s = 0; s < STREAMS; s++) {
+        send_hist(c, s, r);
+        recv_applied(c);
+    }
+}
+
 static tally_client_t *fleet_client(void)
 {
-    tally_nats_opts_t o = {.servers = tn_suite.urls, .timeout_ms = TIMEOUT_MS};
+    tally_nats_opts_t o = {.servers = cluster_urls ? cluster_urls : tn_suite.urls,
+                           .timeout_ms = TIMEOUT_MS};
     tally_client_t *c = NULL;
     tally_status_t st = tally_client_new_fleet(&o, &c, msg, sizeof msg);
     if (st != TALLY_OK)
@@ -225,18 +273,23 @@ static tally_client_t *fleet_client(void)
     return c;
 }
 
+/* Stream s equals its model (bins and last_seq). */
+static void check_stream(tally_client_t *c, int s)
+{
+    char name[32];
+    stream_name(s, name, sizeof name);
+    tally_stream_info_t info;
+    tally_status_t st = tally_query(c, name, &info);
+    if (st != TALLY_OK)
+        fail_msg("query %s: %s: %s", name, tally_status_name(st), tally_client_error(c));
+    assert_int_equal(info.last_seq, seqs[s]);
+    assert_memory_equal(info.bins, model[s], sizeof model[s]);
+}
+
 static void check_model(tally_client_t *c)
 {
-    for (int s = 0; s < STREAMS; s++) {
-        char name[32];
-        stream_name(s, name, sizeof name);
-        tally_stream_info_t info;
-        tally_status_t st = tally_query(c, name, &info);
-        if (st != TALLY_OK)
-            fail_msg("query %s: %s: %s", name, tally_status_name(st), tally_client_error(c));
-        assert_int_equal(info.last_seq, seqs[s]);
-        assert_memory_equal(info.bins, model[s], sizeof model[s]);
-    }
+    for (int s = 0; s < STREAMS; s++)
+        check_stream(c, s);
 }
 
 static const char *info_value(const th_daemon_t *d, const char *key, char *out, size_t cap)
@@ -251,6 +304,30 @@ static const char *info_value(const th_daemon_t *d, const char *key, char *out, 
     tally_info_destroy(&info);
     tally_client_destroy(&c);
     return out;
+}
+
+/* Stream `name`'s first sequence and message count, as its leader has them. */
+static void stream_state(const char *name, uint64_t *first, uint64_t *msgs)
+{
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    assert_int_equal(js_GetStreamInfo(&si, tn_suite_js, name, NULL, &jerr), NATS_OK);
+    *first = si->State.FirstSeq;
+    *msgs = si->State.Msgs;
+    jsStreamInfo_Destroy(si);
+}
+
+/* The last sequence of partition k's changelog. */
+static uint64_t changelog_last(uint32_t k)
+{
+    char cl[32];
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
+    assert_int_equal(js_GetStreamInfo(&si, tn_suite_js, cl, NULL, &jerr), NATS_OK);
+    uint64_t last = si->State.LastSeq;
+    jsStreamInfo_Destroy(si);
+    return last;
 }
 
 /* ---- 1. answered after the PubAck; the record's format --------------------------------------- */
@@ -337,6 +414,13 @@ static void test_answered_after_ack(void **state)
             dump_logs();
             fail_msg("partition %u's checkpoint names no changelog sequence", (unsigned)k);
         }
+        /* Records below a checkpoint stay: tallyd purges nothing (test 7 says why). */
+        char cl[32];
+        uint64_t first = 0, msgs = 0;
+        tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
+        stream_state(cl, &first, &msgs);
+        assert_int_equal(first, 1);
+        assert_true(msgs >= m.cl_seq); /* 1..cl_seq all there */
     }
     /* A changelog stream removed after the checkpoint that holds it (an operator's mistake):
      * the next take makes it anew, warns that it ends before the checkpoint, and keeps the
@@ -377,9 +461,7 @@ static void test_kill_owner_under_load(void **state)
             recv_applied(c);
             if (r == 2 && i == STREAMS / 2) { /* b has answered writes no checkpoint holds */
                 assert_true(th_metric(&member[1], "tallyd_nats_changelog_commits_total") > 0);
-                kill(member[1].pid, SIGKILL);
-                th_daemon_wait(&member[1], 5000);
-                member[1].pid = 0;
+                kill_member(1);
             }
         }
     }
@@ -576,6 +658,19 @@ static void many_writes(tally_client_t *c, const th_daemon_t *d, int from, uint6
     assert_true(commits <= MANY / 10); /* grouped: one message per write would be MANY */
 }
 
+/* Streams from..MANY-1 equal the model. */
+static void check_many_from(tally_client_t *c, int from)
+{
+    for (int s = from; s < MANY; s++) {
+        tally_stream_info_t info;
+        tally_status_t st = tally_query(c, many_names[s], &info);
+        if (st != TALLY_OK)
+            fail_msg("query %s: %s: %s", many_names[s], tally_status_name(st),
+                     tally_client_error(c));
+        assert_memory_equal(info.bins, many_model[s], sizeof many_model[s]);
+    }
+}
+
 /* Streams from..MANY-1 equal the model; stream `gone` is unknown. */
 static void check_many(tally_client_t *c, int gone, int from)
 {
@@ -584,12 +679,69 @@ static void check_many(tally_client_t *c, int gone, int from)
     if (st != TALLY_E_UNKNOWN_STREAM)
         dump_logs();
     assert_int_equal(st, TALLY_E_UNKNOWN_STREAM);
-    for (int s = from; s < MANY; s++) {
-        if ((st = tally_query(c, many_names[s], &info)) != TALLY_OK)
-            fail_msg("query %s: %s: %s", many_names[s], tally_status_name(st),
-                     tally_client_error(c));
-        assert_memory_equal(info.bins, many_model[s], sizeof many_model[s]);
+    check_many_from(c, from);
+}
+
+/* Publishes len bytes of records on subject (a changelog's) with the writer's headers of
+ * message `from` (its epoch, batch and member): a late batch of that writer. */
+static void publish_as(const char *subject, const void *data, size_t len, natsMsg *from)
+{
+    natsMsg *late = NULL;
+    assert_int_equal(natsMsg_Create(&late, subject, NULL, data, (int)len), NATS_OK);
+    const char *keys[] = {TALLY_NATS_HDR_EPOCH, TALLY_NATS_HDR_BATCH, TALLY_NATS_HDR_MEMBER};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const char *v = NULL;
+        assert_int_equal(natsMsgHeader_Get(from, keys[i], &v), NATS_OK);
+        assert_int_equal(natsMsgHeader_Set(late, keys[i], v), NATS_OK);
     }
+    jsErrCode jerr = 0;
+    assert_int_equal(js_PublishMsg(NULL, tn_suite_js, late, NULL, &jerr), NATS_OK);
+    natsMsg_Destroy(late);
+}
+
+#define APPLY_BYTES (4u << 20) /* td_fleet_changelog.c's CL_APPLY_BYTES: a replay's piece */
+
+/* Stores after partition k's changelog one message holding every record of it so far, in order,
+ * repeated to pass APPLY_BYTES (with the headers of its last batch: its writer's late batch). A
+ * stream's last record is the same in it as before it, so it changes no state; a replay applies
+ * it in pieces of whole records, cut at APPLY_BYTES. */
+static void store_history_again(uint32_t k)
+{
+    char cl[32], subject[32];
+    tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
+    tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_CL, k);
+    uint64_t last = changelog_last(k);
+    uint8_t *all = NULL;
+    size_t len = 0;
+    natsMsg *headers = NULL;
+    for (uint64_t seq = 1; seq <= last; seq++) {
+        natsMsg *m = NULL;
+        jsErrCode jerr = 0;
+        assert_int_equal(js_GetMsg(&m, tn_suite_js, cl, seq, NULL, &jerr), NATS_OK);
+        size_t n = (size_t)natsMsg_GetDataLength(m);
+        if (n == 0) { /* a fence */
+            natsMsg_Destroy(m);
+            continue;
+        }
+        assert_non_null(all = realloc(all, len + n));
+        memcpy(all + len, natsMsg_GetData(m), n);
+        len += n;
+        natsMsg_Destroy(headers);
+        headers = m;
+    }
+    assert_non_null(headers);
+    size_t reps = APPLY_BYTES / len + 1, size = reps * len; /* past APPLY_BYTES by < len */
+    assert_true(size <= (8u << 20) - TALLY_NATS_HEADROOM);  /* the suite's max_payload */
+    uint8_t *data = malloc(size);
+    assert_non_null(data);
+    for (size_t r = 0; r < reps; r++)
+        memcpy(data + r * len, all, len);
+    print_message("partition %u's %zu bytes of records, %zu times: %zu bytes in one message\n",
+                  (unsigned)k, len, reps, size);
+    publish_as(subject, data, size, headers);
+    natsMsg_Destroy(headers);
+    free(data);
+    free(all);
 }
 
 /* A commit_ms of 1 s (its limit), so that batches go out by bytes. Member a: 1000 writes, a
@@ -610,9 +762,8 @@ static void test_group_commit_delete_reset(void **state)
     assert_int_equal(tally_delete(c, many_names[0]), TALLY_OK);
     assert_int_equal(tally_reset(c, many_names[1]), TALLY_OK);
     memset(many_model[1], 0, sizeof many_model[1]);
-    kill(member[0].pid, SIGKILL);
-    th_daemon_wait(&member[0], 5000);
-    member[0].pid = 0;
+    kill_member(0);
+    store_history_again(0); /* a's late batch over APPLY_BYTES: replayed in pieces */
     start_commit(1, "3000", "1000");
     wait_held(ids[1], PARTITIONS);
     wait_taken(1, PARTITIONS);
@@ -626,6 +777,440 @@ static void test_group_commit_delete_reset(void **state)
     member[1].pid = 0;
 }
 
+/* ---- 8. more records at once than a message holds ------------------------------------------- */
+
+#define SMALL_PAYLOAD 65536 /* max_payload of test 8's server: some 27 rgba8 records (~2.2 KiB) */
+
+/* Every message of partition 0's changelog on js holds whole records, and fits a message
+ * (max_payload less TALLY_NATS_HEADROOM for the headers); how many hold records, and (*full)
+ * how many are filled to within 2 KiB of that: cut from a larger batch, since a batch goes out
+ * whole once it reaches the size, or after commit_ms below it. */
+static int check_message_sizes(jsCtx *js, int *full)
+{
+    uint64_t first = 0, last = 0;
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    char stream[32];
+    tally_fleet_name(stream, sizeof stream, TALLY_NATS_CL_STREAM_PREFIX, 0);
+    assert_int_equal(js_GetStreamInfo(&si, js, stream, NULL, &jerr), NATS_OK);
+    first = si->State.FirstSeq;
+    last = si->State.LastSeq;
+    jsStreamInfo_Destroy(si);
+    int batches = 0;
+    *full = 0;
+    for (uint64_t seq = first; seq <= last; seq++) {
+        natsMsg *m = NULL;
+        assert_int_equal(js_GetMsg(&m, js, stream, seq, NULL, &jerr), NATS_OK);
+        const uint8_t *p = (const uint8_t *)natsMsg_GetData(m);
+        size_t len = (size_t)natsMsg_GetDataLength(m), at = 0;
+        assert_true(len <= SMALL_PAYLOAD - TALLY_NATS_HEADROOM);
+        while (at < len) {
+            size_t size = td_state_record_check(p + at, len - at);
+            assert_true(size > 0);
+            at += size;
+        }
+        batches += len > 0;
+        *full += len > SMALL_PAYLOAD - TALLY_NATS_HEADROOM - 2048;
+        natsMsg_Destroy(m);
+    }
+    return batches;
+}
+
+#define RING_T0 1795000000500ull /* the test clock: half way into an interval */
+
+/* A record larger than a message, on member b (64 window intervals of 1 s on the test clock):
+ * stream ring/0's window ring grows by a slot of ~1 KiB (rgba8, 1024 counts of 1) per write,
+ * each in an interval of its own, until its record passes 60 KiB (some 55 writes): every write
+ * before is answered OK, that one not_durable, its record's size logged. */
+static void ring_over_a_message(const char *clock)
+{
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new(member[1].endpoint, TIMEOUT_MS, &c), TALLY_OK);
+    uint8_t data[4 * 256];
+    for (size_t j = 0; j < sizeof data; j++)
+        data[j] = (uint8_t)(j / 4);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_RGBA8, 0);
+    assert_int_equal(tally_req_set_stream(&req, "ring/0"), TALLY_OK);
+    char why[TALLY_ERROR_MESSAGE_MAX + 1];
+    tally_status_t st = TALLY_OK;
+    int i;
+    for (i = 0; i < 64 && st == TALLY_OK; i++) {
+        assert_int_equal(th_write_clock(clock, RING_T0 + (uint64_t)i * 1000), 0);
+        st = call_numbered(c, &req, data, sizeof data, why, sizeof why);
+    }
+    print_message("ring/0: write %d of one interval each answered %s\n", i, tally_status_name(st));
+    assert_int_equal(st, TALLY_E_NOT_DURABLE);
+    assert_true(i > 32);
+    assert_int_equal(
+        th_sh("grep -q 'a record of [0-9]* bytes does not fit a message' %s", member[1].log_path),
+        0);
+    tally_client_destroy(&c);
+}
+
+/* A server whose max_payload is 64 KiB (a cluster of its own, one node: the changelog is one
+ * replica), commit_ms 1 s: member a's 1000 writes, 512 in flight, pile up to ~1.1 MiB of
+ * records (~2.2 KiB each) while a batch is in flight, far over one message. Every write is
+ * answered OK (none not_durable); every changelog message fits max_payload and holds whole
+ * records, at least 1000 x 1.1 KiB / 60 KiB of them (a bound under what they need), some cut
+ * from a larger batch; a is killed, and member b
+ * rebuilds every stream from them; then a record alone over a message (ring_over_a_message). */
+static void test_batch_over_max_payload(void **state)
+{
+    (void)state;
+    static tn_cluster_t small;
+    char conf[64];
+    snprintf(conf, sizeof conf, "max_payload: %d", SMALL_PAYLOAD); /* the last one counts */
+    tn_options_t o = {.extra_conf = conf};
+    assert_int_equal(tn_cluster_start(&small, 1, &o, TIMEOUT_MS), 0);
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    assert_int_equal(tn_connect(&small, &nc, &js), 0);
+    cluster_urls = small.urls;
+    cluster_replicas = "1";
+    many_pick();
+    memset(many_model, 0, sizeof many_model);
+    start_commit(0, "3000", "1000");
+    wait_taken(0, PARTITIONS);
+    char v[64];
+    assert_int_equal(atoi(info_value(&member[0], "nats_max_payload", v, sizeof v)), SMALL_PAYLOAD);
+    tally_client_t *c = fleet_client();
+    many_writes(c, &member[0], 0, 1);
+    assert_int_equal(th_metric(&member[0], "tallyd_nats_not_durable_total"), 0);
+    int full = 0, batches = check_message_sizes(js, &full);
+    print_message("%d writes stored in %d changelog messages of at most %d bytes, %d of them "
+                  "cut from a larger batch\n",
+                  MANY, batches, SMALL_PAYLOAD - (int)TALLY_NATS_HEADROOM, full);
+    assert_true(batches >= MANY * 1100 / (SMALL_PAYLOAD - (int)TALLY_NATS_HEADROOM));
+    assert_true(full > 0);
+    kill_member(0);
+    char dir[256], clock[300];
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-clock"), 0);
+    snprintf(clock, sizeof clock, "%s/clock", dir);
+    assert_int_equal(th_write_clock(clock, RING_T0), 0);
+    member_clock = clock;
+    start_commit(1, "3000", "2"); /* ring/0's writes, one at a time, wait for no group */
+    member_clock = NULL;
+    wait_taken(1, PARTITIONS);
+    assert_true(th_metric(&member[1], "tallyd_nats_changelog_replayed_total") >= batches);
+    check_many_from(c, 0);
+    tally_client_destroy(&c);
+    ring_over_a_message(clock);
+    /* a clean stop (its checkpoints do not fit 64 KiB: logged), so that what it ran is counted
+     * by a coverage build (a process killed writes no counters) */
+    assert_int_equal(th_daemon_stop(&member[1], SIGTERM, TIMEOUT_MS), 0);
+    member[1].pid = 0;
+    th_rmrf(dir);
+    cluster_urls = NULL;
+    cluster_replicas = "3";
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    tn_cluster_stop(&small);
+}
+
+/* ---- 9. a writer racing the fence at a take ------------------------------------------------- */
+
+#define GATE_LINE ": test: its fence waits for "
+
+/* The partition whose take waits at the fence gate, from member i's log (-1: none yet). */
+static int gated_partition(int i)
+{
+    char *log = th_slurp(member[i].log_path);
+    const char *hit = log ? strstr(log, GATE_LINE) : NULL, *at = NULL;
+    for (const char *p = log; hit && (p = strstr(p, "partition ")) && p < hit; p++)
+        at = p;
+    int k = at ? atoi(at + strlen("partition ")) : -1;
+    free(log);
+    return k;
+}
+
+/* Stores, after the last message of partition k's changelog, a copy of its message at seq (data
+ * and the writer's headers): a previous owner's late batch. The stream its one record names. */
+static int store_late_copy(uint32_t k, uint64_t seq)
+{
+    static td_state_record_t rec;
+    char cl[32], subject[32];
+    tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
+    tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_CL, k);
+    natsMsg *orig = NULL;
+    jsErrCode jerr = 0;
+    assert_int_equal(js_GetMsg(&orig, tn_suite_js, cl, seq, NULL, &jerr), NATS_OK);
+    const uint8_t *p = (const uint8_t *)natsMsg_GetData(orig);
+    size_t len = (size_t)natsMsg_GetDataLength(orig);
+    assert_int_equal(td_state_record_check(p, len), len); /* one write in flight: one record */
+    char why[160];
+    assert_true(td_state_record_parse(p, len, &rec, why, sizeof why));
+    publish_as(subject, p, len, orig);
+    int stream = -1;
+    for (int s = 0; s < STREAMS; s++) {
+        char name[32];
+        stream_name(s, name, sizeof name);
+        if (rec.name_len == strlen(name) && memcmp(rec.name, name, rec.name_len) == 0)
+            stream = s;
+    }
+    natsMsg_Destroy(orig);
+    assert_true(stream >= 0);
+    return stream;
+}
+
+/* Member a writes every stream twice (rounds 0 and 1, one write in flight: a record per
+ * message), noting each partition's last changelog sequence after round 0, and is killed.
+ * Member b starts with its fences held (TALLYD_TEST_FENCE_GATE): its first take reads its
+ * changelog's end, replays it and waits; the test stores after that end a copy of a's message
+ * at round 0's last sequence of the partition (a's late batch: a's epoch, the record of a stream
+ * s after round 0 only) and opens the gate. b's fence is refused (the last sequence is no longer
+ * the one it expects): b applies the late message, says so, and fences again; s is as that
+ * record says (round 0), every other stream as after round 1. */
+static void test_writer_races_fence(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    start(0, "6000"); /* b's gated take must end within its lease */
+    wait_taken(0, PARTITIONS);
+    tally_client_t *c = fleet_client();
+    static uint64_t model0[STREAMS][256];
+    uint64_t seqs0[STREAMS], last0[PARTITIONS];
+    write_round(c, 0);
+    memcpy(model0, model, sizeof model0);
+    memcpy(seqs0, seqs, sizeof seqs0);
+    for (uint32_t k = 0; k < PARTITIONS; k++)
+        last0[k] = changelog_last(k);
+    write_round(c, 1);
+    tally_client_destroy(&c);
+    kill_member(0);
+    char dir[256], gate[300];
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-gate"), 0);
+    snprintf(gate, sizeof gate, "%s/open", dir);
+    setenv("TALLYD_TEST_FENCE_GATE", gate, 1);
+    start(1, "6000");
+    unsetenv("TALLYD_TEST_FENCE_GATE");
+    int k = -1;
+    for (int64_t until = th_now_ms() + TIMEOUT_MS; k < 0 && th_now_ms() < until;)
+        if ((k = gated_partition(1)) < 0)
+            th_sleep_ms(20);
+    assert_true(k >= 0 && k < PARTITIONS);
+    int s = store_late_copy((uint32_t)k, last0[k]);
+    FILE *open_gate = fopen(gate, "w");
+    assert_non_null(open_gate);
+    fclose(open_gate);
+    wait_taken(1, PARTITIONS);
+    assert_int_equal(th_sh("grep -q 'partition %d: its changelog.s fence lost to a message' %s", k,
+                           member[1].log_path),
+                     0);
+    memcpy(model[s], model0[s], sizeof model[s]);
+    seqs[s] = seqs0[s];
+    c = fleet_client();
+    check_model(c);
+    tally_client_destroy(&c);
+    assert_int_equal(th_daemon_stop(&member[1], SIGTERM, TIMEOUT_MS), 0);
+    member[1].pid = 0;
+    th_rmrf(dir);
+}
+
+/* ---- 6. changelog messages gone before a checkpoint held them ------------------------------- */
+
+/* Streams x and y of one partition. Member a writes x (seq 1) and stops cleanly: its checkpoint
+ * holds it, at cl_seq c. It starts again (a fence at c + 1), writes x (seq 2) and y (seq 1),
+ * one batch each (c + 2, c + 3), each answered, and is killed. The changelog is purged below
+ * y's batch, as partition_max_age_s passing without an owner would: a's fence and x's second
+ * record are gone. Member b takes the partition anyway, from the checkpoint and what remains:
+ * it says so at error level and counts the 2 messages lost; x is as the checkpoint holds it
+ * (seq 1), y as its record; x's seq 2, sent again, is applied (not a duplicate). */
+static void test_records_gone_before_checkpoint(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    int x = 0, y = 1;
+    while (y < STREAMS && partition_of(y) != partition_of(x))
+        y++;
+    assert_true(y < STREAMS);
+    uint32_t k = partition_of(x);
+    start(0, "15000");
+    wait_taken(0, PARTITIONS);
+    tally_client_t *c = fleet_client();
+    send_hist(c, x, 0);
+    recv_applied(c);
+    uint64_t after_first[256];
+    memcpy(after_first, model[x], sizeof after_first);
+    tally_client_destroy(&c);
+    assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
+    member[0].pid = 0;
+    td_ckpt_manifest_t m;
+    uint8_t *st = NULL;
+    size_t len = 0;
+    assert_int_equal(td_ckpt_read(tn_suite_js, k, &m, &st, &len, msg, sizeof msg), TD_OK);
+    free(st);
+    start(0, "15000");
+    wait_taken(0, PARTITIONS);
+    c = fleet_client();
+    send_hist(c, x, 1);
+    recv_applied(c);
+    send_hist(c, y, 0);
+    recv_applied(c);
+    tally_client_destroy(&c);
+    kill_member(0);
+    char cl[32];
+    uint64_t first = 0, msgs = 0, last;
+    tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
+    stream_state(cl, &first, &msgs);
+    last = first + msgs - 1;
+    assert_int_equal(last, m.cl_seq + 3); /* the fence, x's batch, y's batch */
+    jsOptions po;
+    jsOptions_Init(&po);
+    po.Stream.Purge.Sequence = last; /* up to, not including: y's batch stays */
+    jsErrCode jerr = 0;
+    assert_int_equal(js_PurgeStream(tn_suite_js, cl, &po, &jerr), NATS_OK);
+    start(1, "15000");
+    wait_taken(1, PARTITIONS);
+    assert_int_equal(th_metric(&member[1], "tallyd_nats_changelog_lost_total"), 2);
+    assert_int_equal(th_sh("grep -q 'partition %u: changelog messages %llu..%llu are gone before "
+                           "a checkpoint held them' %s",
+                           (unsigned)k, (unsigned long long)m.cl_seq + 1,
+                           (unsigned long long)last - 1, member[1].log_path),
+                     0);
+    c = fleet_client();
+    check_stream(c, y);
+    memcpy(model[x], after_first, sizeof after_first);
+    seqs[x] = 1;
+    check_stream(c, x); /* its second write is lost */
+    send_hist(c, x, 1); /* seq 2 again: applied, not a duplicate */
+    tally_reply_t r;
+    tally_reply_init(&r);
+    assert_int_equal(tally_recv(c, &r), TALLY_OK);
+    tally_reply_clear(&r);
+    check_stream(c, x);
+    tally_client_destroy(&c);
+    assert_int_equal(th_daemon_stop(&member[1], SIGTERM, TIMEOUT_MS), 0);
+    member[1].pid = 0;
+}
+
+/* ---- 7. the engine's purge across a replica restart ------------------------------------------ */
+
+/* nats-server's version, major * 10000 + minor * 100 + patch (0 when it cannot be read). */
+static int server_version(void)
+{
+    char cmd[600], line[128] = "";
+    snprintf(cmd, sizeof cmd, "'%s' --version 2>&1", tn_server_bin());
+    FILE *f = popen(cmd, "r");
+    if (!f)
+        return 0;
+    if (!fgets(line, sizeof line, f))
+        line[0] = 0;
+    pclose(f);
+    const char *v = strstr(line, " v");
+    int major = 0, minor = 0, patch = 0;
+    if (!v || sscanf(v + 2, "%d.%d.%d", &major, &minor, &patch) != 3)
+        return 0;
+    return major * 10000 + minor * 100 + patch;
+}
+
+/* The node that leads stream `name`, once it has one (-1 after TIMEOUT_MS). */
+static int stream_leader(const char *name)
+{
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    do {
+        jsStreamInfo *si = NULL;
+        jsErrCode jerr = 0;
+        int leader = -1;
+        if (js_GetStreamInfo(&si, tn_suite_js, name, NULL, &jerr) == NATS_OK && si->Cluster &&
+            si->Cluster->Leader)
+            leader = tn_node_index(&tn_suite, si->Cluster->Leader);
+        jsStreamInfo_Destroy(si);
+        if (leader >= 0)
+            return leader;
+        th_sleep_ms(100);
+    } while (th_now_ms() < until);
+    return -1;
+}
+
+/* Asks stream `name`'s leader to step down until node i leads it (an election picks among the
+ * replicas that are current: a few rounds). */
+static void make_leader(const char *name, int i)
+{
+    char subject[128];
+    snprintf(subject, sizeof subject, "$JS.API.STREAM.LEADER.STEPDOWN.%s", name);
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    int leader;
+    while ((leader = stream_leader(name)) != i && th_now_ms() < until) {
+        natsMsg *reply = NULL;
+        natsConnection_RequestString(&reply, tn_suite_nc, subject, "", 5000);
+        natsMsg_Destroy(reply); /* whatever it says: the loop looks at the leader */
+        int64_t moved = th_now_ms() + 10000;
+        while (stream_leader(name) == leader && th_now_ms() < moved)
+            th_sleep_ms(100);
+    }
+    assert_int_equal(leader, i);
+}
+
+/* Stream `name` on subject, 3 replicas, made as TALLY_CL<k> is (no max age), with `count`
+ * messages. */
+static void purge_stream(const char *name, const char *subject, int count)
+{
+    jsErrCode jerr = 0;
+    js_DeleteStream(tn_suite_js, name, NULL, &jerr); /* a run before this one's */
+    assert_int_equal(td_nats_stream_ensure(tn_suite_js, name, subject, 3, 0, -1, msg, sizeof msg),
+                     TD_OK);
+    for (int i = 0; i < count; i++)
+        assert_int_equal(tn_publish(tn_suite_js, subject, "record", 6, NULL, NULL), NATS_OK);
+}
+
+/* What compaction of a changelog by purge would rely on (issue 33), on the cluster's own
+ * nats-server. Stream A: 20 records, purged below 11 (records 11..20 kept), 5 more; stream B: 20
+ * records, all purged (below 21, nothing left after it: a quiet point), 5 more. Their leader is
+ * killed (SIGKILL: its raft log, purge included, not yet snapshotted) and restarted, then made
+ * the leader of each. Before 2.9.18 the restarted replica replays A's purge as a purge of
+ * everything A held when it was made (nats-server#4196): records 11..20 are gone on it and kept
+ * on the others (asserted: this is why tallyd does not purge its changelogs, PROTOCOL.md §13
+ * "Changelog"); from 2.9.18 on every record >= 11 is kept. B loses nothing after its purge on
+ * any version: a purge of everything at a quiet point is safe. */
+static void test_purge_across_replica_restart(void **state)
+{
+    (void)state;
+    int version = server_version();
+    assert_true(version > 0);
+    purge_stream("PURGE_A", "purge.a", 20);
+    purge_stream("PURGE_B", "purge.b", 20);
+    int victim = stream_leader("PURGE_A");
+    assert_true(victim >= 0);
+    make_leader("PURGE_B", victim); /* its raft log holds both purges */
+    jsOptions po;
+    jsOptions_Init(&po);
+    jsErrCode jerr = 0;
+    po.Stream.Purge.Sequence = 11; /* up to, not including */
+    assert_int_equal(js_PurgeStream(tn_suite_js, "PURGE_A", &po, &jerr), NATS_OK);
+    po.Stream.Purge.Sequence = 21;
+    assert_int_equal(js_PurgeStream(tn_suite_js, "PURGE_B", &po, &jerr), NATS_OK);
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(tn_publish(tn_suite_js, "purge.a", "record", 6, NULL, NULL), NATS_OK);
+        assert_int_equal(tn_publish(tn_suite_js, "purge.b", "record", 6, NULL, NULL), NATS_OK);
+    }
+    uint64_t first = 0, msgs = 0;
+    stream_state("PURGE_A", &first, &msgs);
+    assert_int_equal(first, 11);
+    assert_int_equal(msgs, 15);
+    assert_int_equal(tn_node_kill(&tn_suite, victim, SIGKILL), 0);
+    assert_int_equal(tn_node_restart(&tn_suite, victim, TIMEOUT_MS), 0);
+    make_leader("PURGE_A", victim);
+    stream_state("PURGE_A", &first, &msgs);
+    print_message("nats-server %d.%d.%d: after a restart, the purge below 11 left %llu records "
+                  "from %llu on the restarted replica\n",
+                  version / 10000, version / 100 % 100, version % 100, (unsigned long long)msgs,
+                  (unsigned long long)first);
+    if (version < 20918) { /* nats-server#4196: records 11..20 lost on this replica */
+        assert_int_equal(first, 21);
+        assert_int_equal(msgs, 5);
+        make_leader("PURGE_A", (victim + 1) % 3); /* another replica still has them */
+        stream_state("PURGE_A", &first, &msgs);
+    }
+    assert_int_equal(first, 11);
+    assert_int_equal(msgs, 15);
+    make_leader("PURGE_B", victim);
+    stream_state("PURGE_B", &first, &msgs);
+    assert_int_equal(first, 21);
+    assert_int_equal(msgs, 5);
+    js_DeleteStream(tn_suite_js, "PURGE_A", NULL, &jerr);
+    js_DeleteStream(tn_suite_js, "PURGE_B", NULL, &jerr);
+}
+
 int main(void)
 {
     if (tn_skip())
@@ -636,6 +1221,10 @@ int main(void)
         cmocka_unit_test_teardown(test_not_stored_not_durable, stop_members),
         cmocka_unit_test_teardown(test_group_commit_delete_reset, stop_members),
         cmocka_unit_test_teardown(test_other_writer_fenced, stop_members),
+        cmocka_unit_test_teardown(test_records_gone_before_checkpoint, stop_members),
+        cmocka_unit_test(test_purge_across_replica_restart),
+        cmocka_unit_test_teardown(test_batch_over_max_payload, stop_members),
+        cmocka_unit_test_teardown(test_writer_races_fence, stop_members),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

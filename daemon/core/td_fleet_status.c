@@ -135,5 +135,9 @@ size_t td_fleet_status_render(const td_fleet_status_t *st, char *out, size_t cap
     counter(&t, "tallyd_nats_not_durable_total",
             "Direct writes answered not_durable: their changelog record was not stored.",
             LOAD(st->not_durable));
+    counter(&t, "tallyd_nats_changelog_lost_total",
+            "Changelog messages gone at a take-over before a checkpoint held them (aged out or "
+            "removed): the direct writes they held are lost (direct = replicated).",
+            LOAD(st->changelog_lost));
     return t.len;
 }

@@ -8,6 +8,14 @@
  * order, so they are settled in order: those up to ok_upto were stored; from fail_from (0: none)
  * on every one failed, until the partition is taken again; a take keeps what was not stored of
  * the ownerships before it (above ok_then, below open_from) failed.
+ *
+ * A message holds at most max_msg bytes of records (the server's max_payload less
+ * TALLY_NATS_HEADROOM for the headers). Records that pile up while a batch is in flight may
+ * pass that: the batch then goes out as several messages, cut between records, one at a time.
+ * Only the last one's PubAck settles the batch's ticket (a "part" settles nothing): the ticket
+ * of a message that holds the whole rest of the buffer covers every record before it, whatever
+ * ticket each was held under. A record larger than max_msg alone can never be stored: the
+ * write that made it fails the partition at once, with the sizes in the log.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -15,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "td_fleet_changelog.h"
 #include "td_fleet_int.h"
@@ -46,6 +55,7 @@ typedef struct {
     int64_t first_ms; /* when the batch's first record came (monotonic) */
     uint64_t batch;   /* the ticket of the batch now filling */
     uint64_t flight;  /* the ticket published and not settled yet (0: none) */
+    bool flight_part; /* the flight holds the batch's first records only: it settles nothing */
     int64_t flight_ms;
     natsMsg *retry; /* the flight's message, to publish again at retry_ms (no responders) */
     int64_t retry_ms;
@@ -64,8 +74,10 @@ struct td_changelog {
     pthread_t thread;
     bool started, stop;
     int64_t commit_ms;
-    int replicas;       /* of TALLY_CL<k> */
-    int64_t max_age_ms; /* how long a record is kept ([nats] partition_max_age_s) */
+    int replicas;        /* of TALLY_CL<k> */
+    int64_t max_age_ms;  /* how long a record is kept ([nats] partition_max_age_s) */
+    size_t max_msg;      /* the records one message may hold (max_payload less the headers') */
+    size_t commit_bytes; /* a batch this large goes at once (TD_NATS_COMMIT_BYTES, or max_msg) */
     cl_part_t *parts;
 };
 
@@ -81,11 +93,12 @@ static void stream_of(char *out, size_t cap, uint32_t k)
 
 /* ---- Settling ------------------------------------------------------------------------------ */
 
-/* Under mu: the batch in flight and the one filling fail, and every later one until a take. */
+/* Under mu: every ticket not settled fails (the batch in flight, those whose first records went
+ * out as parts, the one filling), and every later one until a take. */
 static void fail_locked(td_changelog_t *cl, uint32_t k, const char *why)
 {
     cl_part_t *p = &cl->parts[k];
-    uint64_t from = p->flight ? p->flight : p->batch;
+    uint64_t from = p->ok_upto + 1;
     if (!p->fail_from || from < p->fail_from)
         p->fail_from = from;
     if (p->state == CL_OPEN)
@@ -120,7 +133,8 @@ static void on_ack(jsCtx *js, natsMsg *m, jsPubAck *pa, jsPubAckErr *pae, void *
     } else if (p && ticket && p->flight == ticket) {
         if (pa && !pae) {
             p->stored = pa->Sequence;
-            p->ok_upto = ticket;
+            if (!p->flight_part)
+                p->ok_upto = ticket;
             p->flight = 0;
             TD_FLEET_COUNT(cl->f, changelog_commits);
         } else {
@@ -176,7 +190,24 @@ static void retry_locked(td_changelog_t *cl, uint32_t k)
     }
 }
 
-/* Under mu: publishes partition k's batch, expecting its chain's last sequence. */
+/* The bytes at the front of buf (len > 0) to take as one piece of at most max: its whole
+ * records that fit, the first always (a batch's never passes max_msg alone). A record whose
+ * size does not fit what is left (a replayed message that is not well-formed) ends the piece,
+ * or is the whole rest when it comes first: td_state_record_check refuses it there. */
+static size_t records_within(const uint8_t *buf, size_t len, size_t max)
+{
+    size_t at = 0;
+    while (len - at >= TD_STATE_RECORD_MIN) {
+        size_t size = tally_get_u32(buf + at + 8); /* td_state_record.h: a record's size at 8 */
+        if (size < TD_STATE_RECORD_MIN || size > len - at || (at > 0 && at + size > max))
+            break;
+        at += size;
+    }
+    return at ? at : len;
+}
+
+/* Under mu: publishes partition k's batch, or as much of it as one message holds, expecting
+ * its chain's last sequence. */
 static void publish_locked(td_changelog_t *cl, uint32_t k, int64_t now)
 {
     cl_part_t *p = &cl->parts[k];
@@ -185,7 +216,8 @@ static void publish_locked(td_changelog_t *cl, uint32_t k, int64_t now)
     natsMsg *m = NULL;
     jsPubOptions po;
     publish_options(&po, p);
-    natsStatus s = natsMsg_Create(&m, subject, NULL, (const char *)p->buf, (int)p->len);
+    size_t n = p->len > cl->max_msg ? records_within(p->buf, p->len, cl->max_msg) : p->len;
+    natsStatus s = natsMsg_Create(&m, subject, NULL, (const char *)p->buf, (int)n);
     if (s == NATS_OK)
         s = add_headers(m, cl->f, p->epoch, p->batch);
     if (s == NATS_OK)
@@ -198,8 +230,10 @@ static void publish_locked(td_changelog_t *cl, uint32_t k, int64_t now)
         return;
     }
     p->flight = p->batch++;
+    p->flight_part = n < p->len;
     p->flight_ms = now;
-    p->len = 0;
+    memmove(p->buf, p->buf + n, p->len - n); /* the rest goes next, at once */
+    p->len -= n;
 }
 
 /* Under mu: publishes what is due; the time of the next thing to do (monotonic ms). */
@@ -222,7 +256,7 @@ static int64_t commit_due(td_changelog_t *cl)
         }
         if (p->state != CL_OPEN || p->flight || p->len == 0)
             continue;
-        if (p->len >= TD_NATS_COMMIT_BYTES || now - p->first_ms >= cl->commit_ms) {
+        if (p->len >= cl->commit_bytes || now - p->first_ms >= cl->commit_ms) {
             publish_locked(cl, k, now);
             woke |= p->state != CL_OPEN;
         } else if (p->first_ms + cl->commit_ms < next) {
@@ -284,6 +318,14 @@ bool td_changelog_hold(td_fleet_t *f, uint32_t k, const tally_req_t *req, const 
     pthread_mutex_lock(&cl->mu);
     cl_part_t *p = &cl->parts[k];
     *ticket = p->batch;
+    if (p->state == CL_OPEN && size > cl->max_msg) {
+        char why[160];
+        snprintf(why, sizeof why,
+                 "a record of %zu bytes does not fit a message (max_payload %zu less %u for "
+                 "headers)",
+                 size, f->max_payload, TALLY_NATS_HEADROOM);
+        fail_locked(cl, k, why);
+    }
     if (p->state == CL_OPEN && !grow(p, size))
         fail_locked(cl, k, "out of memory for a record");
     if (p->state == CL_OPEN) {
@@ -295,7 +337,7 @@ bool td_changelog_hold(td_fleet_t *f, uint32_t k, const tally_req_t *req, const 
         if (first)
             p->first_ms = td_nats_now_ms();
         p->len += size;
-        if (first || p->len >= TD_NATS_COMMIT_BYTES)
+        if (first || p->len >= cl->commit_bytes)
             pthread_cond_signal(&cl->cond);
     }
     pthread_mutex_unlock(&cl->mu);
@@ -359,6 +401,22 @@ static uint64_t header_u64(natsMsg *m, const char *key)
     return natsMsgHeader_Get(m, key, &v) == NATS_OK && v ? strtoull(v, NULL, 10) : 0;
 }
 
+/* Changelog messages from..to of partition k are gone before a checkpoint held them (aged out
+ * past partition_max_age_s, or removed by hand): the writes they held are lost. The take goes
+ * on from the checkpoint and the messages that remain, rather than leave every stream of the
+ * partition without an owner for records that cannot come back; it says so at error level and
+ * counts them (tallyd_nats_changelog_lost_total), and a numbered producer of a stream they
+ * held meets sequence_gap at its next write (the stream's last_seq is behind). */
+static void records_gone(td_fleet_t *f, uint32_t k, uint64_t from, uint64_t to)
+{
+    atomic_fetch_add_explicit(&f->st->changelog_lost, to - from + 1, memory_order_relaxed);
+    td_err("fleet: partition %u: changelog messages %" PRIu64 "..%" PRIu64
+           " are gone before a checkpoint held them (partition_max_age_s passed without an "
+           "owner, or they were removed): the writes they held are lost, the partition is taken "
+           "from its checkpoint and the messages after them",
+           (unsigned)k, from, to);
+}
+
 /* Applies the messages after..last of TALLY_CL<k>; *max_epoch: the highest epoch applied. */
 static td_err_t replay(td_fleet_t *f, uint32_t k, uint64_t after, uint64_t last,
                        uint64_t *max_epoch, char *msg, size_t cap)
@@ -370,8 +428,7 @@ static td_err_t replay(td_fleet_t *f, uint32_t k, uint64_t after, uint64_t last,
         jsErrCode jerr = 0;
         natsStatus s = js_GetMsg(&m, f->js, stream, seq, NULL, &jerr);
         if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr) {
-            td_warn("fleet: partition %u: changelog record %" PRIu64 " is gone (max age?)",
-                    (unsigned)k, seq);
+            records_gone(f, k, seq, seq);
             continue;
         }
         if (s != NATS_OK) {
@@ -388,10 +445,14 @@ static td_err_t replay(td_fleet_t *f, uint32_t k, uint64_t after, uint64_t last,
             continue;
         }
         *max_epoch = epoch;
-        apply_job_t j = {.buf = (const uint8_t *)natsMsg_GetData(m),
-                         .len = (size_t)natsMsg_GetDataLength(m)};
-        if (j.len)
+        const uint8_t *data = (const uint8_t *)natsMsg_GetData(m);
+        size_t len = (size_t)natsMsg_GetDataLength(m);
+        apply_job_t j = {0};
+        for (size_t at = 0; at < len && !j.refused; at += j.len) { /* CL_APPLY_BYTES at a time */
+            j.buf = data + at;
+            j.len = records_within(j.buf, len - at, CL_APPLY_BYTES);
             td_fleet_on_loop(f, apply_on_loop, &j);
+        }
         natsMsg_Destroy(m);
         if (j.refused) {
             snprintf(msg, cap, "changelog record %" PRIu64 ": %u of its streams refused", seq,
@@ -457,6 +518,19 @@ static td_err_t store_fence(td_fleet_t *f, uint32_t k, uint64_t epoch, uint64_t 
     return TD_ERR_LIBRARY;
 }
 
+/* Test only (TALLYD_TEST_FENCE_GATE=FILE): a take waits, up to 30 s, for FILE to exist between
+ * reading its changelog's end and storing its fence, so that a test can land another writer's
+ * message in between (the race CL_FENCE_TRIES answers). */
+static void test_fence_gate(uint32_t k)
+{
+    const char *gate = getenv("TALLYD_TEST_FENCE_GATE");
+    if (!gate)
+        return;
+    td_info("fleet: partition %u: test: its fence waits for %s", (unsigned)k, gate);
+    for (int i = 0; i < 3000 && access(gate, F_OK) != 0; i++)
+        usleep(10000);
+}
+
 td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t epoch, char *msg,
                            size_t cap)
 {
@@ -481,20 +555,28 @@ td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t 
         td_warn("fleet: partition %u: its changelog ends at %" PRIu64
                 ", before its checkpoint's %" PRIu64 " (the stream was removed and made again?)",
                 (unsigned)k, last, applied);
-    if (err == TD_OK && first > applied + 1 && last > applied)
-        td_warn("fleet: partition %u: changelog records %" PRIu64 "..%" PRIu64
-                " were removed before a checkpoint held them",
-                (unsigned)k, applied + 1, first - 1);
+    if (err == TD_OK && first > applied + 1 && last > applied) { /* asked once, not per record */
+        uint64_t gone = first - 1 < last ? first - 1 : last; /* an empty stream: first = last + 1 */
+        records_gone(f, k, applied + 1, gone);
+        applied = gone;
+    }
     for (int i = 0; err == TD_OK && i < CL_FENCE_TRIES; i++) {
         bool lost = false;
         err = replay(f, k, applied, last, &max_epoch, msg, cap);
         if (err == TD_OK)
             applied = last;
+        if (err == TD_OK && i == 0)
+            test_fence_gate(k);
         if (err == TD_OK)
             err = store_fence(f, k, epoch, last, &fence, &lost, msg, cap);
         if (err != TD_OK || !lost)
             break;
         err = last_seq(f, k, &first, &last, msg, cap); /* another writer: its records too */
+        if (err == TD_OK)
+            td_info("fleet: partition %u: its changelog's fence lost to a message stored after "
+                    "%" PRIu64 " (a previous owner's late batch?): applying up to %" PRIu64
+                    " and fencing again",
+                    (unsigned)k, applied, last);
         fence = 0;
     }
     if (err == TD_OK && !fence) {
@@ -570,6 +652,9 @@ td_err_t td_changelog_open(td_fleet_t *f, const td_config_t *cfg)
     cl->commit_ms = cfg->nats_commit_ms;
     cl->replicas = (int)cfg->nats_replicas;
     cl->max_age_ms = (int64_t)cfg->nats_partition_max_age_s * 1000;
+    cl->max_msg = f->max_payload > 2 * TALLY_NATS_HEADROOM ? f->max_payload - TALLY_NATS_HEADROOM
+                                                           : TALLY_NATS_HEADROOM;
+    cl->commit_bytes = cl->max_msg < TD_NATS_COMMIT_BYTES ? cl->max_msg : TD_NATS_COMMIT_BYTES;
     for (uint32_t k = 0; k < f->partitions; k++)
         cl->parts[k].batch = 1;
     pthread_mutex_init(&cl->mu, NULL);

@@ -8,9 +8,10 @@
  * Records. A changed stream's whole record in td_state_record's encoding (a histogram's is about
  * 2 KiB; a removal after a delete), taken on the stream's shard right after the write, so that
  * it holds the write's effect and every earlier one. A partition's records wait in its batch,
- * published as one message every `[nats] commit_ms`, or at once at TD_NATS_COMMIT_BYTES (group
- * commit); one message per partition is in flight at a time, and each held reply is released
- * by the PubAck of the message holding its record (Kafka's AckAll, per partition).
+ * published every `[nats] commit_ms`, or at once at TD_NATS_COMMIT_BYTES or what one message
+ * holds, the smaller (group commit; a batch over a message goes as several, cut between
+ * records); one message per partition is in flight at a time, and each held reply is released
+ * by the PubAck of the batch's last message (Kafka's AckAll, per partition).
  *
  * Fencing is JetStream's compare-and-set: every message of an owner carries
  * Nats-Expected-Last-Sequence, the sequence its previous message was stored at. A new owner
