@@ -25,6 +25,9 @@
 # 2-3, 4-5; workers 6-8, 9-11, 12-14; tools 15). Prints markdown rows for bench/RESULTS.md.
 # BUILD (default build) holds tallyd and nats_bench; TALLYD_ARGS adds worker options; LEASE_MS
 # the lease (default 8000: a fill while the workers are stopped must end well within it).
+# ONLY=failover: only step 4, at STEADY 1 KiB messages a second (default 1000), with each run's
+# breakdown from the survivors' logs (when each lease ran out, the take began and ended, the
+# first message was applied, against the watchers' figure), all from the kill.
 set -euo pipefail
 build=${BUILD:-build}
 lease=${LEASE_MS:-8000}
@@ -162,6 +165,7 @@ PY
 # The fleet (streams, buckets) once, then for each size: one worker, then three.
 worker 1
 balanced 1
+[ "${ONLY:-}" = failover ] && sizes=
 for sc in $sizes; do
   size=${sc%%:*} count=${sc##*:}
   round "1-$size" "$size" "$count" "${cores[1]}" 1
@@ -182,12 +186,52 @@ done
 worker 3
 worker 6
 balanced 1 3 6
-size=$(awk 'NR==1{print $1}' "$dir/sizes")
-count=$(awk 'NR==1{print $2}' "$dir/sizes")
-grep -q '^1024 ' "$dir/sizes" && size=1024 && count=$(awk '$1==1024{print $2}' "$dir/sizes")
-secs3=$(awk '{print $2}' "$dir/applied-3-$size")
-steady=$(python3 -c "import sys; print(min(20000.0, max(1.0, int(sys.argv[1]) / float(sys.argv[2]) / 3)))" "$count" "$secs3")
+if [ "${ONLY:-}" = failover ]; then
+  size=1024 steady=${STEADY:-1000}
+else
+  size=$(awk 'NR==1{print $1}' "$dir/sizes")
+  count=$(awk 'NR==1{print $2}' "$dir/sizes")
+  grep -q '^1024 ' "$dir/sizes" && size=1024 && count=$(awk '$1==1024{print $2}' "$dir/sizes")
+  secs3=$(awk '{print $2}' "$dir/applied-3-$size")
+  steady=$(python3 -c "import sys; print(min(20000.0, max(1.0, int(sys.argv[1]) / float(sys.argv[2]) / 3)))" "$count" "$secs3")
+fi
 secs=$((lease / 1000 + 12))
+# breakdown I: run I's take-over as the survivors logged it (td_fleet_part.c), from the kill.
+breakdown() {
+  python3 - "$dir/failover$1" "$dir/w1.log" "$dir/w3.log" <<'PY'
+import datetime, re, sys
+fo, logs = sys.argv[1], sys.argv[2:]
+out = open(fo).read()
+kill = float(re.search(r"^killed-at (\S+)", out, re.M).group(1))
+back = {int(k): float(v) for k, v in re.findall(r"^partition (\d+): (\S+) s", out, re.M)}
+took, first, held = {}, {}, 0
+for name in logs:
+    for line in open(name, errors="replace"):
+        t = line.split(" ", 1)[0]
+        try:
+            at = datetime.datetime.fromisoformat(t).timestamp() - kill
+        except ValueError:
+            continue
+        if at < 0 or at > 60:
+            continue
+        m = re.search(r"took partition (\d+) .* in (\d+) ms: .*?(?:, (-?\d+) ms after the previous lease ran out)?$", line)
+        if m:
+            k, total = int(m.group(1)), int(m.group(2)) / 1000
+            expiry = at - total - int(m.group(3)) / 1000 if m.group(3) else float("nan")
+            took.setdefault(k, (expiry, at - total, at))
+        m = re.search(r"partition (\d+): first message applied", line)
+        if m:
+            first.setdefault(int(m.group(1)), at)
+        held += "still held" in line
+rows = sorted(took)
+f = lambda x: f"{x:.2f}"
+print("  partition: lease ran out / take began / taken / first applied / watcher (s after the kill)")
+for k in rows:
+    e, b, d = took[k]
+    print(f"  {k}: {f(e)} / {f(b)} / {f(d)} / {f(first.get(k, float('nan')))} / {f(back.get(k, float('nan')))}")
+print(f"  take attempts that found the lease still there: {held}")
+PY
+}
 : >"$dir/failovers"
 for ((i = 0; i < failovers; i++)); do
   $(on "$tools") "$build/bench/nats_bench" fleet-fill "$url" "fo$i" \
@@ -200,10 +244,12 @@ for ((i = 0; i < failovers; i++)); do
   wait "$prod" 2>/dev/null || true
   awk '/^failover /{print $2}' "$dir/failover$i" >>"$dir/failovers"
   echo "failover $i: $(tail -1 "$dir/failovers")"
+  breakdown "$i" || true
   worker 6
   balanced 1 3 6
 done
 
+[ "${ONLY:-}" = failover ] && { echo "failovers (s): $(tr '\n' ' ' <"$dir/failovers")"; exit 0; }
 # A lost nats-server: the one leading the lease bucket (its election is the workers' alone).
 lead=$($(on "$tools") "$build/bench/nats_bench" leader "$url" KV_TALLY_LEASES)
 li=${lead#n}
