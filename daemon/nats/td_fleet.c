@@ -168,12 +168,12 @@ static int64_t awaited_expiry(td_fleet_t *f, char *const *ids, size_t n, const b
         if (strcmp(ids[i], f->member) != 0)
             note_expiry(f, f->members, ids[i], &soonest);
     for (uint32_t k = 0; k < f->partitions; k++) {
+        f->parts[k].lease_expiry_ms = 0;
         if (!mine[k] || f->parts[k].owned)
             continue;
         td_lease_key(key, sizeof key, k);
-        int64_t at = note_expiry(f, f->leases, key, &soonest);
-        if (at) /* the take's log says how long after this it came */
-            f->parts[k].lease_expiry_ms = at;
+        /* the take's log says how long after this it came */
+        f->parts[k].lease_expiry_ms = note_expiry(f, f->leases, key, &soonest);
     }
     return soonest;
 }

@@ -105,6 +105,7 @@ typedef struct {
     td_reader_make_t make;
     atomic_int phase;     /* td_reader_phase_t */
     char why[256];        /* READER_FAILED: what failed (written before the phase) */
+    int64_t made_ms;      /* READER_READING: when its consumer was made (before the phase) */
     struct td_pull *pull; /* its pulls from the partition's durable consumer */
     pthread_t thread;
     bool started;
@@ -166,6 +167,12 @@ typedef struct {
      * take-over's log lines measure (issue 32's failover). */
     int64_t lease_expiry_ms;
     int64_t take_began_ms;
+    /* A take whose reader is making its consumer (td_fleet_part.c, take_finished): owned (its
+     * lease renewed, its partition stepped), not counted as taken yet; when the take's steps
+     * ended (monotonic) and the state it loaded, for its log line. */
+    bool taking;
+    int64_t take_leased_ms, take_loaded_ms;
+    size_t take_state_len;
 } td_part_t;
 
 typedef struct td_changelog td_changelog_t;
@@ -333,6 +340,8 @@ void td_fleet_watch_taken(td_fleet_t *f, uint32_t k);
 td_err_t td_reader_start(td_fleet_t *f, td_reader_t *r, uint32_t k, const td_reader_make_t *make);
 /* True (why filled) when the reader could not make its consumer: the thread has ended. */
 bool td_reader_failed(td_reader_t *r, char *why, size_t cap);
+/* True once the reader has made its consumer (r->made_ms says when). */
+bool td_reader_made(td_reader_t *r);
 natsMsg *td_reader_pop(td_reader_t *r);
 void td_reader_stop(td_reader_t *r);
 

@@ -263,7 +263,7 @@ static void forget_work(td_fleet_t *f, td_part_t *p)
     td_reader_stop(&p->reader);
     p->ack[0] = 0; /* not ours to acknowledge any more */
     p->unacked = 0;
-    p->owned = false;
+    p->owned = p->taking = false;
     TD_FLEET_SET(f, owned[p->k], false);
     td_changelog_closed(f, p->k);   /* replicated: what waits for a PubAck is not_durable */
     td_fleet_route_closed(f, p->k); /* direct mode: no more requests here */
@@ -324,7 +324,7 @@ static td_err_t reader_connection(td_fleet_t *f, td_part_t *p, char *msg, size_t
 
 /* The partition's reader, which makes its consumer from start_seq (the checkpoint's sequence +
  * 1) on its own thread (td_fleet_reader.c); a consumer it cannot make is seen at the next step
- * (consumer_failed). */
+ * (take_step, or td_part_step after a gap). */
 static td_err_t start_consumer(td_fleet_t *f, td_part_t *p, uint64_t start_seq, char *msg,
                                size_t cap)
 {
@@ -393,15 +393,10 @@ static void take_failed(td_fleet_t *f, td_part_t *p, const char *why)
     p->no_take_until_ms = td_nats_now_ms() + TD_FLEET_TAKE_BACKOFF_MS;
 }
 
-/* The reader could not make the partition's consumer: the take's first (restarts 1) fails the
- * take, and what it loaded goes; one made again after a gap drops the partition. */
-static void consumer_failed(td_fleet_t *f, td_part_t *p, const char *why)
+/* A take whose reader could not make its consumer, or whose lease ran out meanwhile: what it
+ * loaded goes too. */
+static void take_undone(td_fleet_t *f, td_part_t *p, const char *why)
 {
-    if (p->restarts > 1) {
-        td_warn("fleet: partition %u: %s", (unsigned)p->k, why);
-        td_part_drop(f, p, "its consumer could not be made again");
-        return;
-    }
     take_failed(f, p, why);
     drop_local_copy(f, p);
 }
@@ -426,12 +421,8 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
     if (td_lease_acquire(f->leases, p->k, f->member, f->ttl_ms, &p->lease, &taken, msg,
                          sizeof msg) != TD_OK)
         td_warn("fleet: %s", msg);
-    if (!taken) {
-        if (p->lease_expiry_ms && began > p->lease_expiry_ms) /* the server has not removed it */
-            td_info("fleet: lease p%u still held %" PRId64 " ms after it ran out", (unsigned)p->k,
-                    began - p->lease_expiry_ms);
+    if (!taken)
         return;
-    }
     int64_t leased = td_nats_now_ms();
     if (f->test_take_ms > 0)
         usleep((useconds_t)(f->test_take_ms * 1000));
@@ -457,7 +448,17 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
                                  : "the lease ran out while taking it");
         return;
     }
-    p->owned = true;
+    p->owned = p->taking = true; /* stepped from now on; taken once its consumer is made */
+    p->take_began_ms = began;
+    p->take_leased_ms = leased;
+    p->take_loaded_ms = loaded;
+    p->take_state_len = len;
+}
+
+/* A take whose reader has made its consumer: counted, and said, with its steps' times. */
+static void take_finished(td_fleet_t *f, td_part_t *p)
+{
+    p->taking = false;
     td_fleet_route_owned(f, p->k, p->lease.valid_until_ms); /* direct mode: requests run here */
     td_fleet_watch_taken(f, p->k); /* what it loaded is published at the next tick */
     p->last_ckpt_ms = td_nats_now_ms();
@@ -465,15 +466,32 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
     TD_FLEET_SET(f, last_seq[p->k], p->applied_seq);
     TD_FLEET_SET(f, owned[p->k], true);
     TD_FLEET_COUNT(f, partitions_taken);
-    int64_t done = td_nats_now_ms();
+    int64_t began = p->take_began_ms;
     char after[96];
     since_expiry(p, began, after, sizeof after);
     td_notice("fleet: %s took partition %u at sequence %" PRIu64 " (%zu bytes of state) in %" PRId64
               " ms: lease %" PRId64 ", checkpoint %" PRId64 ", consumer %" PRId64 "%s",
-              f->member, (unsigned)p->k, p->applied_seq + 1, len, done - began, leased - began,
-              loaded - leased, done - loaded, after);
+              f->member, (unsigned)p->k, p->applied_seq + 1, p->take_state_len,
+              p->reader.made_ms - began, p->take_leased_ms - began,
+              p->take_loaded_ms - p->take_leased_ms, p->reader.made_ms - p->take_loaded_ms, after);
     p->lease_expiry_ms = 0;
-    p->take_began_ms = began;
+}
+
+/* A take under way (p->taking): finished once its reader made the consumer, undone when it
+ * could not or the lease ran out meanwhile. True when the partition may go on with its step. */
+static bool take_step(td_fleet_t *f, td_part_t *p, bool *acted)
+{
+    char why[256];
+    *acted = true;
+    if (td_reader_failed(&p->reader, why, sizeof why))
+        take_undone(f, p, why);
+    else if (!td_lease_valid(&p->lease, td_nats_now_ms()))
+        take_undone(f, p, "the lease ran out while taking it");
+    else if (td_reader_made(&p->reader))
+        take_finished(f, p);
+    else
+        *acted = false;
+    return !p->taking && p->owned;
 }
 
 void td_part_drop(td_fleet_t *f, td_part_t *p, const char *why)
@@ -628,8 +646,9 @@ static void retire(td_fleet_t *f, td_part_t *p)
         p->unacked++;
         if (p->take_began_ms) { /* a take-over's last step (issue 32's failover) */
             td_notice("fleet: partition %u: first message applied %" PRId64
-                      " ms after its take began",
-                      (unsigned)p->k, td_nats_now_ms() - p->take_began_ms);
+                      " ms after its take began (its consumer made at %" PRId64 " ms)",
+                      (unsigned)p->k, td_nats_now_ms() - p->take_began_ms,
+                      p->reader.made_ms - p->take_began_ms);
             p->take_began_ms = 0;
         }
     }
@@ -976,6 +995,9 @@ void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *
 
 bool td_part_step(td_fleet_t *f, td_part_t *p)
 {
+    bool acted = false;
+    if (p->taking && !take_step(f, p, &acted))
+        return acted;
     int64_t now = td_nats_now_ms();
     if (!td_lease_valid(&p->lease, now)) {
         td_part_drop(f, p, "its lease ran out (this worker was paused or cut off)");
@@ -986,8 +1008,9 @@ bool td_part_step(td_fleet_t *f, td_part_t *p)
         return true;
     }
     char why[256];
-    if (td_reader_failed(&p->reader, why, sizeof why)) {
-        consumer_failed(f, p, why);
+    if (td_reader_failed(&p->reader, why, sizeof why)) { /* made again after a gap */
+        td_warn("fleet: partition %u: %s", (unsigned)p->k, why);
+        td_part_drop(f, p, "its consumer could not be made again");
         return true;
     }
     if (p->retries) {

@@ -60,6 +60,7 @@ static bool make_consumer(td_reader_t *r)
     const td_reader_make_t *m = &r->make;
     if (td_consumer_start(m->js, m->nc, m->inbox, r->k, m->epoch, m->restart, m->start_seq,
                           m->ack_wait_ms, &r->pull, r->why, sizeof r->why) == TD_OK) {
+        r->made_ms = td_nats_now_ms();
         atomic_store(&r->phase, READER_READING);
         return true;
     }
@@ -133,6 +134,11 @@ bool td_reader_failed(td_reader_t *r, char *why, size_t cap)
         return false;
     snprintf(why, cap, "%s", r->why);
     return true;
+}
+
+bool td_reader_made(td_reader_t *r)
+{
+    return r->started && atomic_load(&r->phase) == READER_READING;
 }
 
 /* Under the lock, the fleet thread gives back the room of what it popped (the reader waits for
