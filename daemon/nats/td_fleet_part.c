@@ -393,14 +393,6 @@ static void take_failed(td_fleet_t *f, td_part_t *p, const char *why)
     p->no_take_until_ms = td_nats_now_ms() + TD_FLEET_TAKE_BACKOFF_MS;
 }
 
-/* A take whose reader could not make its consumer, or whose lease ran out meanwhile: what it
- * loaded goes too. */
-static void take_undone(td_fleet_t *f, td_part_t *p, const char *why)
-{
-    take_failed(f, p, why);
-    drop_local_copy(f, p);
-}
-
 /* How long after the awaited lease ran out (the server's time of its last write plus the TTL,
  * read at the heartbeat before) this take began: "N ms after its lease ran out", or "". */
 static void since_expiry(const td_part_t *p, int64_t began, char *out, size_t cap)
@@ -449,6 +441,8 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
         return;
     }
     p->owned = p->taking = true; /* stepped from now on; taken once its consumer is made */
+    td_fleet_route_owned(f, p->k, p->lease.valid_until_ms); /* direct mode: requests run here */
+    td_fleet_watch_taken(f, p->k); /* what it loaded is published at the next tick */
     p->take_began_ms = began;
     p->take_leased_ms = leased;
     p->take_loaded_ms = loaded;
@@ -459,8 +453,6 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
 static void take_finished(td_fleet_t *f, td_part_t *p)
 {
     p->taking = false;
-    td_fleet_route_owned(f, p->k, p->lease.valid_until_ms); /* direct mode: requests run here */
-    td_fleet_watch_taken(f, p->k); /* what it loaded is published at the next tick */
     p->last_ckpt_ms = td_nats_now_ms();
     TD_FLEET_SET(f, applied_seq[p->k], p->applied_seq);
     TD_FLEET_SET(f, last_seq[p->k], p->applied_seq);
@@ -477,21 +469,23 @@ static void take_finished(td_fleet_t *f, td_part_t *p)
     p->lease_expiry_ms = 0;
 }
 
-/* A take under way (p->taking): finished once its reader made the consumer, undone when it
- * could not or the lease ran out meanwhile. True when the partition may go on with its step. */
+/* A take under way (p->taking; its lease valid): finished once its reader made the consumer,
+ * given up when it could not (a checkpoint first when direct writes came meanwhile, then the
+ * lease released), and tried again after the back-off. True when the partition may go on with
+ * its step. */
 static bool take_step(td_fleet_t *f, td_part_t *p, bool *acted)
 {
     char why[256];
     *acted = true;
-    if (td_reader_failed(&p->reader, why, sizeof why))
-        take_undone(f, p, why);
-    else if (!td_lease_valid(&p->lease, td_nats_now_ms()))
-        take_undone(f, p, "the lease ran out while taking it");
-    else if (td_reader_made(&p->reader))
+    if (td_reader_failed(&p->reader, why, sizeof why)) {
+        td_warn("fleet: partition %u not taken: %s", (unsigned)p->k, why);
+        td_part_give_up(f, p);
+        p->no_take_until_ms = td_nats_now_ms() + TD_FLEET_TAKE_BACKOFF_MS;
+    } else if (td_reader_made(&p->reader))
         take_finished(f, p);
     else
         *acted = false;
-    return !p->taking && p->owned;
+    return p->owned && !p->taking;
 }
 
 void td_part_drop(td_fleet_t *f, td_part_t *p, const char *why)
@@ -995,14 +989,14 @@ void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *
 
 bool td_part_step(td_fleet_t *f, td_part_t *p)
 {
-    bool acted = false;
-    if (p->taking && !take_step(f, p, &acted))
-        return acted;
     int64_t now = td_nats_now_ms();
     if (!td_lease_valid(&p->lease, now)) {
         td_part_drop(f, p, "its lease ran out (this worker was paused or cut off)");
         return true;
     }
+    bool acted = false;
+    if (p->taking && !take_step(f, p, &acted))
+        return acted;
     if (td_changelog_failed(f, p->k)) { /* its next owner starts from what JetStream holds */
         td_part_drop(f, p, "its changelog could not be written");
         return true;

@@ -130,7 +130,7 @@ td_err_t td_reader_start(td_fleet_t *f, td_reader_t *r, uint32_t k, const td_rea
 
 bool td_reader_failed(td_reader_t *r, char *why, size_t cap)
 {
-    if (!r->started || atomic_load(&r->phase) != READER_FAILED)
+    if (atomic_load(&r->phase) != READER_FAILED) /* a stopped reader is all zeros: MAKING */
         return false;
     snprintf(why, cap, "%s", r->why);
     return true;
@@ -138,7 +138,7 @@ bool td_reader_failed(td_reader_t *r, char *why, size_t cap)
 
 bool td_reader_made(td_reader_t *r)
 {
-    return r->started && atomic_load(&r->phase) == READER_READING;
+    return atomic_load(&r->phase) == READER_READING;
 }
 
 /* Under the lock, the fleet thread gives back the room of what it popped (the reader waits for
