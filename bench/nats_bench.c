@@ -435,10 +435,10 @@ typedef struct {
     const names_t *n;
     uint32_t k;
     double deadline;
-    _Atomic double *kill_at;    /* 0 until the kill */
-    uint64_t last[PER_PART];    /* each stream's last value answered by a query sent before it */
-    double back;                /* when one of them went past it after the kill; 0: not yet */
-    _Atomic int progressed;     /* it has shown values */
+    _Atomic double *kill_at; /* 0 until the kill */
+    uint64_t last[PER_PART]; /* each stream's last value answered by a query sent before it */
+    double back;             /* when one of them went past it after the kill; 0: not yet */
+    _Atomic int progressed;  /* it has shown values */
 } watch_t;
 
 /* Asks the partition's streams in turn; after the kill, the partition is back as soon as any of
@@ -485,7 +485,7 @@ static int failover(const char *url, const char *prefix, pid_t pid, long ms)
     for (uint32_t k = 0; k < n.parts && now_s() - start < ms / 2000.0; k++)
         while (!atomic_load(&w[k].progressed) && now_s() - start < ms / 2000.0)
             nats_Sleep(10);
-    nats_Sleep(1000); /* steady: every partition applying for a second */
+    nats_Sleep(1000);     /* steady: every partition applying for a second */
     struct timespec wall; /* the kill on the logs' clock, to line them up (run-nats-fleet.sh) */
     clock_gettime(CLOCK_REALTIME, &wall);
     atomic_store(&kill_at, now_s());
