@@ -23,8 +23,12 @@
 # what separate hosts would do: with C cores each nats-server gets C/8 (at least 1), each of the
 # three workers (C - 3 C/8 - 1)/3, the producers and watchers the rest (16 cores: servers 0-1,
 # 2-3, 4-5; workers 6-8, 9-11, 12-14; tools 15). Prints markdown rows for bench/RESULTS.md.
+# SAMPLE_MS: how often the apply's sampler asks the workers' /metrics (default 50; it was 5).
 # BUILD (default build) holds tallyd and nats_bench; TALLYD_ARGS adds worker options; LEASE_MS
 # the lease (default 8000: a fill while the workers are stopped must end well within it).
+# ONLY=rates: steps 1-3 alone (their raw lines). ONLY=failover: only step 4, at STEADY 1 KiB messages a second (default 1000), with each run's
+# breakdown from the survivors' logs (when each lease ran out, the take began and ended, the
+# first message was applied, against the watchers' figure), all from the kill.
 set -euo pipefail
 build=${BUILD:-build}
 lease=${LEASE_MS:-8000}
@@ -140,9 +144,15 @@ round() {
   for n in "$@"; do ports+=("${mport[$n]}"); done
   t0=$(now) # before the SIGCONT: the sampler's own start is not lost
   for n in "$@"; do kill -CONT "${pid[$n]}"; done
-  python3 - "$t0" "$((base + count))" "${ports[@]}" >"$dir/applied-$tag" <<'PY'
-import sys, time, urllib.request
-t0, want, ports = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+  python3 - "$t0" "$base" "$((base + count))" "${ports[@]}" >"$dir/applied-$tag" <<'PY'
+# Every SAMPLE_MS (default 50) each worker's /metrics, and the moment the sum reached `want`
+# interpolated between the two samples around it. A render of /metrics holds the worker's shards
+# and formats ~900 lines (~550 k instructions, bench/NOTES.md): asked every 5 ms, as this did
+# before, it took from the apply it timed. The workers drain a backlog, so their rate is steady
+# over one interval, and the crossing is within a small part of it (bench/NOTES.md).
+import os, sys, time, urllib.request
+t0, base, want, ports = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+every = int(os.environ.get("SAMPLE_MS", "50")) / 1000
 def applied():
     s = 0
     for p in ports:
@@ -153,15 +163,26 @@ def applied():
         except OSError:
             pass
     return s
-while applied() < want and time.time() - t0 < 120:
-    time.sleep(0.005)
-print(f"applied {time.time() - t0:.3f} {applied() >= want}")
+prev_t, prev_a, samples = t0, base, 0  # at the SIGCONT, the workers had applied `base`
+while True:
+    asked = time.time()
+    a = applied()
+    t = (asked + time.time()) / 2
+    samples += 1
+    if a >= want or t - t0 > 120:
+        break
+    prev_t, prev_a = t, a
+    time.sleep(every)
+if a >= want and a > prev_a:
+    t = prev_t + (t - prev_t) * (want - prev_a) / (a - prev_a)
+print(f"applied {t - t0:.3f} {a >= want} {samples}")
 PY
 }
 
 # The fleet (streams, buckets) once, then for each size: one worker, then three.
 worker 1
 balanced 1
+[ "${ONLY:-}" = failover ] && sizes=
 for sc in $sizes; do
   size=${sc%%:*} count=${sc##*:}
   round "1-$size" "$size" "$count" "${cores[1]}" 1
@@ -178,16 +199,61 @@ for sc in $sizes; do
     "$(grep -h paused "$dir/fill-1-$size") / $(grep -h paused "$dir/fill-3-$size")"
 done
 
+[ "${ONLY:-}" = rates ] && exit 0 # the raw lines above are the figures
 # A steady stream at a third of the three's 1 KiB rate (or the first size's), for the faults.
 worker 3
 worker 6
 balanced 1 3 6
-size=$(awk 'NR==1{print $1}' "$dir/sizes")
-count=$(awk 'NR==1{print $2}' "$dir/sizes")
-grep -q '^1024 ' "$dir/sizes" && size=1024 && count=$(awk '$1==1024{print $2}' "$dir/sizes")
-secs3=$(awk '{print $2}' "$dir/applied-3-$size")
-steady=$(python3 -c "import sys; print(min(20000.0, max(1.0, int(sys.argv[1]) / float(sys.argv[2]) / 3)))" "$count" "$secs3")
+if [ "${ONLY:-}" = failover ]; then
+  size=1024 steady=${STEADY:-1000}
+else
+  size=$(awk 'NR==1{print $1}' "$dir/sizes")
+  count=$(awk 'NR==1{print $2}' "$dir/sizes")
+  grep -q '^1024 ' "$dir/sizes" && size=1024 && count=$(awk '$1==1024{print $2}' "$dir/sizes")
+  secs3=$(awk '{print $2}' "$dir/applied-3-$size")
+  steady=$(python3 -c "import sys; print(min(20000.0, max(1.0, int(sys.argv[1]) / float(sys.argv[2]) / 3)))" "$count" "$secs3")
+fi
 secs=$((lease / 1000 + 12))
+# breakdown I: run I's take-over as the survivors logged it (td_fleet_part.c), from the kill.
+breakdown() {
+  python3 - "$dir/failover$1" "$dir/w1.log" "$dir/w3.log" <<'PY'
+import datetime, re, sys
+fo, logs = sys.argv[1], sys.argv[2:]
+out = open(fo).read()
+kill = float(re.search(r"^killed-at (\S+)", out, re.M).group(1))
+back = {int(k): float(v) for k, v in re.findall(r"^partition (\d+): (\S+) s", out, re.M)}
+took, first, made = {}, {}, {}
+for name in logs:
+    for line in open(name, errors="replace"):
+        t = line.split(" ", 1)[0]
+        try:
+            at = datetime.datetime.fromisoformat(t).timestamp() - kill
+        except ValueError:
+            continue
+        if at < 0 or at > 60:
+            continue
+        m = re.search(r"took partition (\d+) .* in (\d+) ms: .*?(?:, (-?\d+) ms after the previous lease ran out)?$", line)
+        if m:
+            k, total = int(m.group(1)), int(m.group(2)) / 1000
+            expiry = at - total - int(m.group(3)) / 1000 if m.group(3) else float("nan")
+            took.setdefault(k, (expiry, at - total, at))
+        m = re.search(r"partition (\d+): first message applied (\d+) ms after its take began "
+                      r"\(its consumer made at (-?\d+) ms\)", line)
+        if m:
+            k = int(m.group(1))
+            first.setdefault(k, at)
+            made.setdefault(k, at - (int(m.group(2)) - int(m.group(3))) / 1000)
+rows = sorted(took)
+f = lambda x: f"{x:.2f}"
+nan = float("nan")
+print("  partition: lease ran out (when awaited) / take began / taken / consumer made / first "
+      "applied / watcher (s after the kill)")
+for k in rows:
+    e, b, d = took[k]
+    print(f"  {k}: {f(e)} / {f(b)} / {f(d)} / {f(made.get(k, nan))} / {f(first.get(k, nan))} "
+          f"/ {f(back.get(k, nan))}")
+PY
+}
 : >"$dir/failovers"
 for ((i = 0; i < failovers; i++)); do
   $(on "$tools") "$build/bench/nats_bench" fleet-fill "$url" "fo$i" \
@@ -200,10 +266,12 @@ for ((i = 0; i < failovers; i++)); do
   wait "$prod" 2>/dev/null || true
   awk '/^failover /{print $2}' "$dir/failover$i" >>"$dir/failovers"
   echo "failover $i: $(tail -1 "$dir/failovers")"
+  breakdown "$i" || true
   worker 6
   balanced 1 3 6
 done
 
+[ "${ONLY:-}" = failover ] && { echo "failovers (s): $(tr '\n' ' ' <"$dir/failovers")"; exit 0; }
 # A lost nats-server: the one leading the lease bucket (its election is the workers' alone).
 lead=$($(on "$tools") "$build/bench/nats_bench" leader "$url" KV_TALLY_LEASES)
 li=${lead#n}

@@ -321,7 +321,7 @@ static void test_no_permission(void **state)
     assert_int_equal(td_nats_fleet_ensure(js, &l, msg, sizeof msg), TD_OK); /* as `all` */
 
     /* One who may not list consumers: its consumer is made all the same, and the previous
-     * owner's is left for the server's inactivity threshold (td_consumer_start). */
+     * owner's is left behind (td_consumer_delete_others). */
     td_pull_t *old = NULL;
     assert_int_equal(td_consumer_start(js, nc, "_INBOX.errors.old", 0, 5, 0, 1, 30000, &old, msg,
                                        sizeof msg),
@@ -331,6 +331,7 @@ static void test_no_permission(void **state)
     assert_int_equal(td_consumer_start(j, c, "_INBOX.errors.nolist", 0, 6, 0, 1, 30000, &pull,
                                        msg, sizeof msg),
                      TD_OK);
+    td_consumer_delete_others(j, pull);
     jsConsumerInfo *ci = NULL;
     assert_int_equal(js_GetConsumerInfo(&ci, js, TALLY_NATS_STREAM_PREFIX "0",
                                         TALLY_NATS_CONSUMER_PREFIX "0-5-0", NULL, &jerr),

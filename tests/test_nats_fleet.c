@@ -531,6 +531,7 @@ static void test_consumer_resume(void **state)
         td_consumer_start(js, nc, "_INBOX.test.p3.200", 3, 200, 0, 7, 30000, &sub, msg, sizeof msg),
         TD_OK);
     assert_int_equal(fetch_all(sub, 4, NULL), 7);
+    td_consumer_delete_others(js, sub); /* what the reader does after its first fetch */
     /* The previous owner's consumer is gone; the same name again, having delivered, is refused
      * (a create that timed out but happened must not be taken for a fresh one). */
     assert_int_equal(js_GetConsumerInfo(&ci, js, "TALLY_P3", "tally-p3-100-0", NULL, &jerr),

@@ -9,7 +9,8 @@
  *     owner publishes every stream it loads, changed or not, at its next tick. Before the fix
  *     neither did, and a stream's last record stayed behind its state;
  *   - a take-over that fails (the partition's stream refuses a consumer) releases the lease key at
- *     once, long before its TTL, and the partition is taken once the cause is gone; so does a
+ *     once, long before its TTL (and is not counted as a take: a take counts once its reader
+ *     made the consumer), and the partition is taken once the cause is gone; so does a
  *     partition dropped because its consumer could not be made again (a sequence missing in the
  *     middle: before the fix its key stayed until it expired).
  * Waits are bounded loops on what the cluster or the worker reports; no time is asserted.
@@ -84,7 +85,9 @@ static void fresh_fleet(void)
 
 static void start(th_daemon_t *d, const char *member, const char *ttl_ms, const char *pub_ms)
 {
-    const char *args[] = {"--nats-servers",
+    const char *args[] = {"--metrics",
+                          "127.0.0.1:0",
+                          "--nats-servers",
                           tn_suite.urls,
                           "--nats-replicas",
                           "1",
@@ -409,6 +412,14 @@ static void test_failed_take_over_releases_the_lease(void **state)
     assert_int_equal(js_AddConsumer(NULL, tn_suite_js, stream, &cc, NULL, &jerr), NATS_OK);
     start(&worker[0], "hx", "60000", "1000");
     assert_released_after(&worker[0], "hx", "partition 0 not taken");
+    /* A take counts once its reader has made the consumer: the others, never partition 0
+     * (whose take is tried again after the back-off, and fails again while the blocker is). */
+    int64_t until = th_now_ms() + 30000;
+    while (th_metric(&worker[0], "tallyd_nats_partitions_owned") != PARTITIONS - 1 &&
+           th_now_ms() < until)
+        th_sleep_ms(50);
+    assert_int_equal(th_metric(&worker[0], "tallyd_nats_partitions_owned"), PARTITIONS - 1);
+    assert_int_equal(th_metric(&worker[0], "tallyd_nats_partitions_taken_total"), PARTITIONS - 1);
     assert_int_equal(js_DeleteConsumer(tn_suite_js, stream, "blocker", NULL, &jerr), NATS_OK);
     wait_held("hx", PARTITIONS, 30000); /* after the worker's back-off */
     assert_int_equal(th_daemon_stop(&worker[0], SIGTERM, 20000), 0);

@@ -145,12 +145,15 @@ static void renew_leases(td_fleet_t *f)
 }
 
 /* The soonest of *soonest and when the key of kv runs out (an absent key, or one NATS will not
- * read: nothing). */
-static void note_expiry(td_fleet_t *f, kvStore *kv, const char *key, int64_t *soonest)
+ * read: nothing); that time, or 0. */
+static int64_t note_expiry(td_fleet_t *f, kvStore *kv, const char *key, int64_t *soonest)
 {
     int64_t at = 0;
-    if (td_kv_expiry(kv, key, f->ttl_ms, &at) == TD_OK && at && (!*soonest || at < *soonest))
+    if (td_kv_expiry(kv, key, f->ttl_ms, &at) != TD_OK)
+        return 0;
+    if (at && (!*soonest || at < *soonest))
         *soonest = at;
+    return at;
 }
 
 /* When a key this worker waits for runs out (0: none): another member's heartbeat (the plan
@@ -165,10 +168,12 @@ static int64_t awaited_expiry(td_fleet_t *f, char *const *ids, size_t n, const b
         if (strcmp(ids[i], f->member) != 0)
             note_expiry(f, f->members, ids[i], &soonest);
     for (uint32_t k = 0; k < f->partitions; k++) {
+        f->parts[k].lease_expiry_ms = 0;
         if (!mine[k] || f->parts[k].owned)
             continue;
         td_lease_key(key, sizeof key, k);
-        note_expiry(f, f->leases, key, &soonest);
+        /* the take's log says how long after this it came */
+        f->parts[k].lease_expiry_ms = note_expiry(f, f->leases, key, &soonest);
     }
     return soonest;
 }

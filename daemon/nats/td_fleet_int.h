@@ -85,9 +85,27 @@ typedef struct {
 
 /* A partition's reader thread and its queue (td_fleet_reader.c). */
 #define TD_READER_RING (4 * TD_FLEET_FETCH_BATCH)
+/* The consumer a reader makes before its first fetch (td_consumer_start's arguments): on its own
+ * thread, so that a take-over does not wait for the cluster to place the consumer, and the
+ * consumers of several partitions taken together are made at once (issue 32's failover). */
+typedef struct {
+    jsCtx *js; /* the reader's connection's */
+    natsConnection *nc;
+    char inbox[2 * TALLY_NATS_MEMBER_ID_MAX + 96];
+    uint64_t epoch, start_seq;
+    unsigned restart;
+    int64_t ack_wait_ms;
+    int64_t valid_until_ms; /* the lease's end when the reader started: after it the reader
+                             * leaves other consumers alone (they may be a successor's) */
+} td_reader_make_t;
+typedef enum { READER_MAKING = 0, READER_READING, READER_FAILED } td_reader_phase_t;
 typedef struct {
     struct td_fleet *fleet;
     uint32_t k;
+    td_reader_make_t make;
+    atomic_int phase;     /* td_reader_phase_t */
+    char why[256];        /* READER_FAILED: what failed (written before the phase) */
+    int64_t made_ms;      /* READER_READING: when its consumer was made (before the phase) */
     struct td_pull *pull; /* its pulls from the partition's durable consumer */
     pthread_t thread;
     bool started;
@@ -144,6 +162,17 @@ typedef struct {
     char ack[TD_FLEET_ACK_MAX];
     uint64_t unacked; /* messages retired since the last acknowledgement */
     int64_t no_take_until_ms;
+    /* When the lease this worker waits for runs out (td_fleet.c, awaited_expiry; monotonic, 0:
+     * not awaited), and when the last take began (0 once its first message was applied): what a
+     * take-over's log lines measure (issue 32's failover). */
+    int64_t lease_expiry_ms;
+    int64_t take_began_ms;
+    /* A take whose reader is making its consumer (td_fleet_part.c, take_finished): owned (its
+     * lease renewed, its partition stepped), not counted as taken yet; when the take's steps
+     * ended (monotonic) and the state it loaded, for its log line. */
+    bool taking;
+    int64_t take_leased_ms, take_loaded_ms;
+    size_t take_state_len;
 } td_part_t;
 
 typedef struct td_changelog td_changelog_t;
@@ -306,8 +335,13 @@ void td_fleet_watch_flush(td_fleet_t *f, uint32_t k);
 /* Partition k was taken: every stream of it (loaded from its checkpoint) counts as changed. */
 void td_fleet_watch_taken(td_fleet_t *f, uint32_t k);
 
-/* td_fleet_reader.c: the reader takes pull (and destroys it at stop). */
-td_err_t td_reader_start(td_fleet_t *f, td_reader_t *r, uint32_t k, struct td_pull *pull);
+/* td_fleet_reader.c: the reader makes the consumer `make` describes, then fetches from it (and
+ * destroys its puller at stop). */
+td_err_t td_reader_start(td_fleet_t *f, td_reader_t *r, uint32_t k, const td_reader_make_t *make);
+/* True (why filled) when the reader could not make its consumer: the thread has ended. */
+bool td_reader_failed(td_reader_t *r, char *why, size_t cap);
+/* True once the reader has made its consumer (r->made_ms says when). */
+bool td_reader_made(td_reader_t *r);
 natsMsg *td_reader_pop(td_reader_t *r);
 void td_reader_stop(td_reader_t *r);
 

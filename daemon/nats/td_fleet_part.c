@@ -263,7 +263,7 @@ static void forget_work(td_fleet_t *f, td_part_t *p)
     td_reader_stop(&p->reader);
     p->ack[0] = 0; /* not ours to acknowledge any more */
     p->unacked = 0;
-    p->owned = false;
+    p->owned = p->taking = false;
     TD_FLEET_SET(f, owned[p->k], false);
     td_changelog_closed(f, p->k);   /* replicated: what waits for a PubAck is not_durable */
     td_fleet_route_closed(f, p->k); /* direct mode: no more requests here */
@@ -322,23 +322,26 @@ static td_err_t reader_connection(td_fleet_t *f, td_part_t *p, char *msg, size_t
     return TD_OK;
 }
 
-/* The partition's consumer from start_seq (the checkpoint's sequence + 1), and its reader. */
+/* The partition's reader, which makes its consumer from start_seq (the checkpoint's sequence +
+ * 1) on its own thread (td_fleet_reader.c); a consumer it cannot make is seen at the next step
+ * (take_step, or td_part_step after a gap). */
 static td_err_t start_consumer(td_fleet_t *f, td_part_t *p, uint64_t start_seq, char *msg,
                                size_t cap)
 {
-    int64_t ack_wait = f->ckpt_ms * 4 > 30000 ? f->ckpt_ms * 4 : 30000;
-    td_pull_t *pull = NULL;
-    char inbox[sizeof f->inbox_prefix + TALLY_NATS_MEMBER_ID_MAX + 64];
-    snprintf(inbox, sizeof inbox, "%s%s.p%u.%" PRIu64 ".%u", f->inbox_prefix, f->member,
-             (unsigned)p->k, p->lease.revision, p->restarts);
     td_err_t err = reader_connection(f, p, msg, cap);
-    if (err == TD_OK)
-        err = td_consumer_start(p->rjs, p->rnc, inbox, p->k, p->lease.revision, p->restarts++,
-                                start_seq, ack_wait, &pull, msg, cap);
-    if (err == TD_OK && (err = td_reader_start(f, &p->reader, p->k, pull)) != TD_OK) {
+    if (err != TD_OK)
+        return err;
+    td_reader_make_t make = {.js = p->rjs,
+                             .nc = p->rnc,
+                             .epoch = p->lease.revision,
+                             .start_seq = start_seq,
+                             .restart = p->restarts++,
+                             .ack_wait_ms = f->ckpt_ms * 4 > 30000 ? f->ckpt_ms * 4 : 30000,
+                             .valid_until_ms = p->lease.valid_until_ms};
+    snprintf(make.inbox, sizeof make.inbox, "%s%s.p%u.%" PRIu64 ".%u", f->inbox_prefix, f->member,
+             (unsigned)p->k, p->lease.revision, make.restart);
+    if ((err = td_reader_start(f, &p->reader, p->k, &make)) != TD_OK)
         snprintf(msg, cap, "cannot start its reader thread");
-        td_pull_destroy(&pull);
-    }
     return err;
 }
 
@@ -379,17 +382,40 @@ static void ack_checkpointed(td_fleet_t *f, td_part_t *p)
     p->unacked = 0;
 }
 
+/* A take that failed: its work is forgotten and its lease given back at once (a key left
+ * behind would hold the partition from every worker until it expired); tried again after the
+ * back-off. */
+static void take_failed(td_fleet_t *f, td_part_t *p, const char *why)
+{
+    td_warn("fleet: partition %u not taken: %s", (unsigned)p->k, why);
+    forget_work(f, p);
+    release_lease(f, p);
+    p->no_take_until_ms = td_nats_now_ms() + TD_FLEET_TAKE_BACKOFF_MS;
+}
+
+/* How long after the awaited lease ran out (the server's time of its last write plus the TTL,
+ * read at the heartbeat before) this take began: "N ms after its lease ran out", or "". */
+static void since_expiry(const td_part_t *p, int64_t began, char *out, size_t cap)
+{
+    out[0] = 0;
+    if (p->lease_expiry_ms)
+        snprintf(out, cap, ", %" PRId64 " ms after the previous lease ran out",
+                 began - p->lease_expiry_ms);
+}
+
 void td_part_take(td_fleet_t *f, td_part_t *p)
 {
     char msg[512];
     bool taken = false, fenced = false;
     if (!p->win && !(p->win = calloc(f->inflight, sizeof *p->win)))
         return; /* tried again at the next heartbeat */
+    int64_t began = td_nats_now_ms();
     if (td_lease_acquire(f->leases, p->k, f->member, f->ttl_ms, &p->lease, &taken, msg,
                          sizeof msg) != TD_OK)
         td_warn("fleet: %s", msg);
     if (!taken)
         return;
+    int64_t leased = td_nats_now_ms();
     if (f->test_take_ms > 0)
         usleep((useconds_t)(f->test_take_ms * 1000));
     uint8_t *state = NULL;
@@ -400,6 +426,7 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
         err = restore(f, p, state, len, msg, sizeof msg);
     free(state);
     p->ckpt.cl_seq = p->ckpt.cur.cl_seq;
+    int64_t loaded = td_nats_now_ms();
     if (err == TD_OK && !fenced) /* replicated: the changelog after the checkpoint, and a fence */
         err = td_changelog_take(f, p->k, p->ckpt.cl_seq, p->lease.revision, msg, sizeof msg);
     p->applied_seq = p->high_seq = p->ckpt_seq = p->ckpt.cur.applied_seq;
@@ -407,25 +434,58 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
     if (err == TD_OK && !fenced)
         err = start_consumer(f, p, p->applied_seq + 1, msg, sizeof msg);
     if (err != TD_OK || fenced || !td_lease_valid(&p->lease, td_nats_now_ms())) {
-        td_warn("fleet: partition %u not taken: %s", (unsigned)p->k,
-                err != TD_OK ? msg
-                : fenced     ? "another worker wrote its checkpoint"
-                             : "the lease ran out while taking it");
-        forget_work(f, p);
-        release_lease(f, p);
-        p->no_take_until_ms = td_nats_now_ms() + TD_FLEET_TAKE_BACKOFF_MS;
+        take_failed(f, p,
+                    err != TD_OK ? msg
+                    : fenced     ? "another worker wrote its checkpoint"
+                                 : "the lease ran out while taking it");
         return;
     }
-    p->owned = true;
+    p->owned = p->taking = true; /* stepped from now on; taken once its consumer is made */
     td_fleet_route_owned(f, p->k, p->lease.valid_until_ms); /* direct mode: requests run here */
     td_fleet_watch_taken(f, p->k); /* what it loaded is published at the next tick */
+    p->take_began_ms = began;
+    p->take_leased_ms = leased;
+    p->take_loaded_ms = loaded;
+    p->take_state_len = len;
+}
+
+/* A take whose reader has made its consumer: counted, and said, with its steps' times. */
+static void take_finished(td_fleet_t *f, td_part_t *p)
+{
+    p->taking = false;
     p->last_ckpt_ms = td_nats_now_ms();
     TD_FLEET_SET(f, applied_seq[p->k], p->applied_seq);
     TD_FLEET_SET(f, last_seq[p->k], p->applied_seq);
     TD_FLEET_SET(f, owned[p->k], true);
     TD_FLEET_COUNT(f, partitions_taken);
-    td_notice("fleet: %s took partition %u at sequence %" PRIu64 " (%zu bytes of state)", f->member,
-              (unsigned)p->k, p->applied_seq + 1, len);
+    int64_t began = p->take_began_ms;
+    char after[96];
+    since_expiry(p, began, after, sizeof after);
+    td_notice("fleet: %s took partition %u at sequence %" PRIu64 " (%zu bytes of state) in %" PRId64
+              " ms: lease %" PRId64 ", checkpoint %" PRId64 ", consumer %" PRId64 "%s",
+              f->member, (unsigned)p->k, p->applied_seq + 1, p->take_state_len,
+              p->reader.made_ms - began, p->take_leased_ms - began,
+              p->take_loaded_ms - p->take_leased_ms, p->reader.made_ms - p->take_loaded_ms, after);
+    p->lease_expiry_ms = 0;
+}
+
+/* A take under way (p->taking; its lease valid): finished once its reader made the consumer,
+ * given up when it could not (a checkpoint first when direct writes came meanwhile, then the
+ * lease released), and tried again after the back-off. True when the partition may go on with
+ * its step. */
+static bool take_step(td_fleet_t *f, td_part_t *p, bool *acted)
+{
+    char why[256];
+    *acted = true;
+    if (td_reader_failed(&p->reader, why, sizeof why)) {
+        td_warn("fleet: partition %u not taken: %s", (unsigned)p->k, why);
+        td_part_give_up(f, p);
+        p->no_take_until_ms = td_nats_now_ms() + TD_FLEET_TAKE_BACKOFF_MS;
+    } else if (td_reader_made(&p->reader))
+        take_finished(f, p);
+    else
+        *acted = false;
+    return p->owned && !p->taking;
 }
 
 void td_part_drop(td_fleet_t *f, td_part_t *p, const char *why)
@@ -578,6 +638,13 @@ static void retire(td_fleet_t *f, td_part_t *p)
         p->win_first++;
         p->win_len--;
         p->unacked++;
+        if (p->take_began_ms) { /* a take-over's last step (issue 32's failover) */
+            td_notice("fleet: partition %u: first message applied %" PRId64
+                      " ms after its take began (its consumer made at %" PRId64 " ms)",
+                      (unsigned)p->k, td_nats_now_ms() - p->take_began_ms,
+                      p->reader.made_ms - p->take_began_ms);
+            p->take_began_ms = 0;
+        }
     }
     TD_FLEET_SET(f, applied_seq[p->k], p->applied_seq);
 }
@@ -927,8 +994,17 @@ bool td_part_step(td_fleet_t *f, td_part_t *p)
         td_part_drop(f, p, "its lease ran out (this worker was paused or cut off)");
         return true;
     }
+    bool acted = false;
+    if (p->taking && !take_step(f, p, &acted))
+        return acted;
     if (td_changelog_failed(f, p->k)) { /* its next owner starts from what JetStream holds */
         td_part_drop(f, p, "its changelog could not be written");
+        return true;
+    }
+    char why[256];
+    if (td_reader_failed(&p->reader, why, sizeof why)) { /* made again after a gap */
+        td_warn("fleet: partition %u: %s", (unsigned)p->k, why);
+        td_part_drop(f, p, "its consumer could not be made again");
         return true;
     }
     if (p->retries) {

@@ -9,8 +9,18 @@
  * left, and what the fleet thread has taken and not popped yet still counts), the fleet thread
  * takes everything queued under one lock (td_reader_pop), and the reader wakes the fleet thread through an eventfd it polls beside the request
  * path's socket, so a message waits for nobody's timer.
+ *
+ * A take-over's way to its first message (issue 32: failover within the lease TTL + 2 s): the
+ * reader makes the partition's consumer itself (the cluster places it in a few hundred
+ * milliseconds on a loaded host; made on the fleet thread, the partitions taken together waited
+ * for each other's, and everything else for all of them), fetches at once with a short wait that
+ * doubles while nothing comes (a new consumer's first pull could sit out its whole expiry with
+ * messages pending: 250 ms of every take-over), and only then deletes the previous owner's
+ * consumer. A consumer it cannot make ends the thread with the reason (td_reader_failed), and
+ * the fleet thread gives the partition up.
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -19,8 +29,10 @@
 #include "td_log.h"
 #include "td_nats_consumer.h"
 
-/* A fetch waits this long for messages before it asks again (and looks at `stop`). */
+/* A fetch waits this long for messages before it asks again (and looks at `stop`); the first
+ * ones after the consumer is made wait READER_FIRST_WAIT_MS, twice that, and so on up to it. */
 #define READER_WAIT_MS 250
+#define READER_FIRST_WAIT_MS 10
 
 static void wake(td_fleet_t *f)
 {
@@ -42,10 +54,29 @@ static void push(td_reader_t *r, natsMsgList *list)
     pthread_mutex_unlock(&r->mu);
 }
 
+/* Makes the consumer; on failure the reason goes into r->why and the phase says so. */
+static bool make_consumer(td_reader_t *r)
+{
+    const td_reader_make_t *m = &r->make;
+    if (td_consumer_start(m->js, m->nc, m->inbox, r->k, m->epoch, m->restart, m->start_seq,
+                          m->ack_wait_ms, &r->pull, r->why, sizeof r->why) == TD_OK) {
+        r->made_ms = td_nats_now_ms();
+        atomic_store(&r->phase, READER_READING);
+        return true;
+    }
+    atomic_store(&r->phase, READER_FAILED);
+    wake(r->fleet);
+    return false;
+}
+
 static void *reader_thread(void *arg)
 {
     td_reader_t *r = arg;
     td_fleet_t *f = r->fleet;
+    if (!make_consumer(r))
+        return NULL;
+    int64_t wait_ms = READER_FIRST_WAIT_MS;
+    bool tidied = false;
     while (!atomic_load(&r->stop)) {
         pthread_mutex_lock(&r->mu);
         /* Room for a whole fetch: at least one message of the largest size (a pull request
@@ -61,7 +92,7 @@ static void *reader_thread(void *arg)
         natsMsgList list;
         char msg[256];
         if (td_consumer_fetch(r->pull, TD_FLEET_FETCH_BATCH, TD_FLEET_FETCH_BYTES - (int64_t)used,
-                              READER_WAIT_MS, &list, msg, sizeof msg) != TD_OK) {
+                              wait_ms, &list, msg, sizeof msg) != TD_OK) {
             td_warn("fleet: partition %u: %s", (unsigned)r->k, msg);
             usleep(READER_WAIT_MS * 1000);
             continue;
@@ -69,18 +100,23 @@ static void *reader_thread(void *arg)
         if (list.Count > 0) {
             push(r, &list);
             wake(f);
+        } else if (wait_ms < READER_WAIT_MS) {
+            wait_ms = wait_ms * 2 < READER_WAIT_MS ? wait_ms * 2 : READER_WAIT_MS;
         }
         natsMsgList_Destroy(&list);
+        if (!tidied && td_nats_now_ms() < r->make.valid_until_ms)
+            td_consumer_delete_others(r->make.js, r->pull);
+        tidied = true;
     }
     return NULL;
 }
 
-td_err_t td_reader_start(td_fleet_t *f, td_reader_t *r, uint32_t k, struct td_pull *pull)
+td_err_t td_reader_start(td_fleet_t *f, td_reader_t *r, uint32_t k, const td_reader_make_t *make)
 {
     memset(r, 0, sizeof *r);
     r->fleet = f;
     r->k = k;
-    r->pull = pull;
+    r->make = *make;
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cond, NULL);
     if (pthread_create(&r->thread, NULL, reader_thread, r) != 0) {
@@ -90,6 +126,19 @@ td_err_t td_reader_start(td_fleet_t *f, td_reader_t *r, uint32_t k, struct td_pu
     }
     r->started = true;
     return TD_OK;
+}
+
+bool td_reader_failed(td_reader_t *r, char *why, size_t cap)
+{
+    if (atomic_load(&r->phase) != READER_FAILED) /* a stopped reader is all zeros: MAKING */
+        return false;
+    snprintf(why, cap, "%s", r->why);
+    return true;
+}
+
+bool td_reader_made(td_reader_t *r)
+{
+    return atomic_load(&r->phase) == READER_READING;
 }
 
 /* Under the lock, the fleet thread gives back the room of what it popped (the reader waits for

@@ -13,26 +13,25 @@
 #include "td_nats_consumer.h"
 #include "td_nats_js.h"
 
-/* Deletes every consumer of stream but `keep`: a previous owner's (it may still deliver). A
- * failure only leaves one for InactiveThreshold to remove. */
-static void delete_others(jsCtx *js, const char *stream, const char *keep)
-{
-    jsConsumerNamesList *names = NULL;
-    jsErrCode jerr = 0;
-    if (js_ConsumerNames(&names, js, stream, NULL, &jerr) != NATS_OK || !names)
-        return;
-    for (int i = 0; i < names->Count; i++)
-        if (strcmp(names->List[i], keep) != 0)
-            js_DeleteConsumer(js, stream, names->List[i], NULL, &jerr);
-    jsConsumerNamesList_Destroy(names);
-}
-
 struct td_pull {
     natsConnection *nc;
     natsSubscription *inbox;
     char inbox_subject[256];
     char next[200]; /* $JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer> */
+    char stream[32], durable[80];
 };
+
+void td_consumer_delete_others(jsCtx *js, const td_pull_t *pull)
+{
+    jsConsumerNamesList *names = NULL;
+    jsErrCode jerr = 0;
+    if (js_ConsumerNames(&names, js, pull->stream, NULL, &jerr) != NATS_OK || !names)
+        return;
+    for (int i = 0; i < names->Count; i++)
+        if (strcmp(names->List[i], pull->durable) != 0)
+            js_DeleteConsumer(js, pull->stream, names->List[i], NULL, &jerr);
+    jsConsumerNamesList_Destroy(names);
+}
 
 void td_pull_destroy(td_pull_t **pull)
 {
@@ -84,6 +83,8 @@ td_err_t td_consumer_start(jsCtx *js, natsConnection *nc, const char *inbox, uin
         return TD_ERR_NOMEM;
     }
     p->nc = nc;
+    snprintf(p->stream, sizeof p->stream, "%s", stream);
+    snprintf(p->durable, sizeof p->durable, "%s", durable);
     snprintf(p->inbox_subject, sizeof p->inbox_subject, "%s", inbox);
     snprintf(p->next, sizeof p->next, "$JS.API.CONSUMER.MSG.NEXT.%s.%s", stream, durable);
     s = natsConnection_SubscribeSync(&p->inbox, nc, p->inbox_subject);
@@ -94,7 +95,6 @@ td_err_t td_consumer_start(jsCtx *js, natsConnection *nc, const char *inbox, uin
     }
     natsSubscription_SetPendingLimits(p->inbox, -1, -1); /* bounded by the pulls' max bytes */
     *pull = p;
-    delete_others(js, stream, durable);
     return TD_OK;
 }
 

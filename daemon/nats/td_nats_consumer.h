@@ -46,13 +46,17 @@ typedef struct td_pull td_pull_t;
 /* Creates the owner's durable consumer tally-p<k>-<epoch>-<restart> of partition k (epoch: the
  * owner's lease revision; restart: how many it made before under that lease) delivering from
  * start_seq (<= 1: from the first message), AckAll (an acknowledgement covers every message
- * delivered before it), TD_NATS_ACK_PENDING, ack_wait_ms, after deleting every other consumer
- * of the partition (a previous owner's, or its own previous one), and makes *pull (nc: js's
+ * delivered before it), TD_NATS_ACK_PENDING, ack_wait_ms, and makes *pull (nc: js's
  * connection; inbox: where the pulled messages come, one of the worker's inboxes). A consumer of
  * that name that has delivered already is refused. */
 td_err_t td_consumer_start(jsCtx *js, natsConnection *nc, const char *inbox, uint32_t k,
                            uint64_t epoch, unsigned restart, uint64_t start_seq,
                            int64_t ack_wait_ms, td_pull_t **pull, char *msg, size_t cap);
+/* Deletes every other consumer of pull's partition (a previous owner's, or this owner's previous
+ * one). The reader does it after its first fetch, while the lease is valid (td_fleet_reader.c):
+ * it is tidying, not on a take-over's way (issue 32). A failure leaves one behind, which
+ * delivers to nobody. */
+void td_consumer_delete_others(jsCtx *js, const td_pull_t *pull);
 void td_pull_destroy(td_pull_t **pull);
 /* The first sequence partition k's stream still holds (0 when it cannot be asked). */
 uint64_t td_partition_first_seq(jsCtx *js, uint32_t k);
