@@ -322,6 +322,19 @@ bool td_part_may_write(const td_part_t *p);
 /* Writes the checkpoint now (nothing in flight). False when fenced or it failed. */
 bool td_part_checkpoint(td_fleet_t *f, td_part_t *p);
 
+/* td_fleet_table.c: partition k's streams in the stream table (run on the loop thread). */
+/* Its streams encoded as a checkpoint's state (*state malloc'd, the caller's to free). */
+td_err_t td_fleet_table_snapshot(td_fleet_t *f, uint32_t k, uint8_t **state, size_t *len);
+/* Deletes this worker's local copy of partition k's streams, through the request path (after
+ * anything of theirs still in flight): what a new owner restores must not meet an old copy, and
+ * one that stays would have the messages after its checkpoint applied to it a second time.
+ * TD_OK only when every stream is gone; msg says why not. */
+td_err_t td_fleet_table_delete(td_fleet_t *f, uint32_t k, char *msg, size_t cap);
+/* Loads a checkpoint's state into the stream table, after deleting any old local copy; a state
+ * this member cannot hold whole (its limits refuse a stream) is an error (TD_ERR_CORRUPT). */
+td_err_t td_fleet_table_restore(td_fleet_t *f, uint32_t k, uint8_t *state, size_t len, char *msg,
+                               size_t cap);
+
 /* td_fleet_view.c: the thread that answers the HTTP API's questions about the whole fleet
  * (td_fleet_status_t.view, filled here); closed after the loop has ended. */
 td_err_t td_fleet_view_open(td_fleet_t *f);

@@ -61,123 +61,12 @@
 #include "td_stream.h"
 #include "td_window.h"
 
-/* ---- The stream table, on the loop thread ------------------------------------------------ */
-
-typedef struct {
-    uint32_t k, partitions;
-    uint8_t *buf;
-    size_t len;
-    td_err_t err;
-    char msg[256];
-    /* list: the names of the partition's streams */
-    char (*names)[TALLY_STREAM_NAME_MAX + 1];
-    size_t count;
-} table_job_t;
-
-static bool in_partition(const td_stream_t *s, void *arg)
-{
-    const table_job_t *j = arg;
-    return tally_partition(s->name, s->name_len, j->partitions) == j->k;
-}
-
-/* A checkpoint's state is a base image alone (no append log goes with it), so its generation
- * only has to be one a base may carry (1 and up; version 4 refuses 0). */
-#define TD_FLEET_STATE_GENERATION 1
-
-static void snapshot_on_loop(td_fleet_t *f, void *arg)
-{
-    table_job_t *j = arg;
-    j->err = td_state_encode_some(f->host.streams, td_clock_ms(), TD_FLEET_STATE_GENERATION,
-                                  in_partition, j, &j->buf, &j->len);
-}
-
-static void restore_on_loop(td_fleet_t *f, void *arg)
-{
-    table_job_t *j = arg;
-    td_state_report_t report;
-    j->err = td_state_decode(j->buf, j->len, td_clock_ms(), f->host.streams, &report, j->msg,
-                             sizeof j->msg);
-    if (j->err == TD_OK && td_state_report_lossy(&report)) {
-        snprintf(j->msg, sizeof j->msg, "%u of %u streams restored", report.restored,
-                 report.records);
-        j->err = TD_ERR_CORRUPT;
-    }
-}
-
-static void list_on_loop(td_fleet_t *f, void *arg)
-{
-    table_job_t *j = arg;
-    size_t n = 0;
-    for (td_stream_t *s = td_streams_first(f->host.streams); s;
-         s = td_streams_next(f->host.streams, s))
-        n += in_partition(s, j);
-    j->names = calloc(n + 1, sizeof *j->names);
-    if (!j->names)
-        return;
-    for (td_stream_t *s = td_streams_first(f->host.streams); s;
-         s = td_streams_next(f->host.streams, s))
-        if (in_partition(s, j))
-            memcpy(j->names[j->count++], s->name, s->name_len);
-}
-
-/* Deletes one stream of the local copy through the request path: sent again while the path
- * answers `busy` (at max_inflight, or out of memory) until deadline. Gone (deleted, or unknown
- * already): TD_OK. */
-static td_err_t delete_local_stream(td_fleet_t *f, const char *name, int64_t deadline)
-{
-    tally_req_t del = {.version = TALLY_PROTO_VERSION, .opcode = TALLY_OP_DELETE};
-    uint8_t frame[TALLY_REQ_HEADER_SIZE];
-    if (tally_req_set_stream(&del, name) != TALLY_OK)
-        return TD_ERR_CORRUPT;
-    tally_req_encode(&del, frame);
-    tally_status_t st = TALLY_E_BUSY;
-    int64_t left;
-    while (st == TALLY_E_BUSY && (left = deadline - td_nats_now_ms()) > 0) {
-        size_t len = 0;
-        uint8_t *reply = td_fleet_path_call(f, frame, sizeof frame, (int)left, &len);
-        tally_rep_t rep;
-        if (reply && len >= TALLY_REP_HEADER_SIZE &&
-            tally_rep_decode(reply, TALLY_REP_HEADER_SIZE, &rep) == TALLY_OK)
-            st = (tally_status_t)rep.status;
-        free(reply); /* none: no free pending slot (send again), or no answer by the deadline */
-        for (int64_t again = td_nats_now_ms() + TD_FLEET_RETRY_MS, now;
-             st == TALLY_E_BUSY && (now = td_nats_now_ms()) < again;)
-            td_fleet_path_poll(f, (int)(again - now)); /* other replies meanwhile */
-    }
-    if (st == TALLY_OK || st == TALLY_E_UNKNOWN_STREAM)
-        return TD_OK;
-    td_warn("fleet: stream '%s' of a local copy not deleted: %s", name, tally_status_name(st));
-    return TD_ERR_LIBRARY;
-}
-
-/* Deletes this worker's local copy of partition k's streams, through the request path (after
- * anything of theirs still in flight): what a new owner restores must not meet an old copy, and
- * one that stays would have the messages after its checkpoint applied to it a second time.
- * TD_OK only when every stream is gone. */
-static td_err_t delete_local_streams(td_fleet_t *f, uint32_t k, char *msg, size_t cap)
-{
-    table_job_t j = {.k = k, .partitions = f->partitions};
-    td_fleet_on_loop(f, list_on_loop, &j);
-    if (!j.names) {
-        snprintf(msg, cap, "out of memory listing its local streams");
-        return TD_ERR_NOMEM;
-    }
-    int64_t deadline = td_nats_now_ms() + f->ttl_ms / 3; /* a heartbeat: leases renewed in time */
-    size_t kept = 0;
-    for (size_t i = 0; i < j.count; i++)
-        kept += delete_local_stream(f, j.names[i], deadline) != TD_OK;
-    free(j.names);
-    if (kept)
-        snprintf(msg, cap, "%zu of its %zu local streams could not be deleted", kept, j.count);
-    return kept ? TD_ERR_LIBRARY : TD_OK;
-}
-
 /* The local copy of a partition no longer this worker's goes; when it cannot, the next take
  * (restore) deletes it first or is not made. */
 static void drop_local_copy(td_fleet_t *f, td_part_t *p)
 {
     char msg[256];
-    if (delete_local_streams(f, p->k, msg, sizeof msg) != TD_OK)
+    if (td_fleet_table_delete(f, p->k, msg, sizeof msg) != TD_OK)
         td_warn("fleet: partition %u: %s; they go before it is taken again", (unsigned)p->k, msg);
 }
 
@@ -284,24 +173,6 @@ void td_part_free(td_fleet_t *f, td_part_t *p)
 bool td_part_may_write(const td_part_t *p)
 {
     return p->owned && td_lease_valid(&p->lease, td_nats_now_ms());
-}
-
-/* Loads the checkpoint's state into the stream table (after removing any old local copy). */
-static td_err_t restore(td_fleet_t *f, td_part_t *p, uint8_t *state, size_t len, char *msg,
-                        size_t cap)
-{
-    td_err_t err = delete_local_streams(f, p->k, msg, cap);
-    if (err != TD_OK) /* restored over an old copy, its streams would count twice */
-        return err;
-    if (len == 0)
-        return TD_OK;
-    table_job_t j = {.k = p->k, .partitions = f->partitions, .buf = state, .len = len};
-    td_fleet_on_loop(f, restore_on_loop, &j);
-    if (j.err != TD_OK) {
-        td_err("fleet: partition %u's checkpoint: %s", (unsigned)p->k, j.msg);
-        snprintf(msg, cap, "its checkpoint: %s", j.msg);
-    }
-    return j.err;
 }
 
 /* The reader's own connection, made at the partition's first take and kept: a fetch waits on
@@ -423,7 +294,7 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
     td_err_t err = td_ckpt_take(&p->ckpt, f->js, f->ckpts, p->k, f->member, p->lease.revision,
                                 &state, &len, &fenced, msg, sizeof msg);
     if (err == TD_OK && !fenced)
-        err = restore(f, p, state, len, msg, sizeof msg);
+        err = td_fleet_table_restore(f, p->k, state, len, msg, sizeof msg);
     free(state);
     p->ckpt.cl_seq = p->ckpt.cur.cl_seq;
     int64_t loaded = td_nats_now_ms();
@@ -577,15 +448,15 @@ bool td_part_checkpoint(td_fleet_t *f, td_part_t *p)
     uint64_t cl_seq = td_changelog_stored(f, p->k);        /* the same: every record up to it */
     if (cl_seq > p->ckpt.cl_seq)
         p->ckpt.cl_seq = cl_seq;
-    table_job_t j = {.k = p->k, .partitions = f->partitions};
-    td_fleet_on_loop(f, snapshot_on_loop, &j);
+    uint8_t *state = NULL;
+    size_t len = 0;
     bool fenced = false;
-    td_err_t err = j.err;
+    td_err_t err = td_fleet_table_snapshot(f, p->k, &state, &len);
     if (err == TD_OK && td_part_may_write(p))
-        err = td_ckpt_write(&p->ckpt, p->applied_seq, j.buf, j.len, &fenced, msg, sizeof msg);
+        err = td_ckpt_write(&p->ckpt, p->applied_seq, state, len, &fenced, msg, sizeof msg);
     else if (err == TD_OK)
         fenced = true; /* ran out meanwhile: write nothing */
-    free(j.buf);
+    free(state);
     p->last_ckpt_ms = td_nats_now_ms();
     if (fenced) {
         td_part_drop(f, p, "another worker holds its checkpoint");
