@@ -1,0 +1,232 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * lane_bench.cu — the GPU alone under tallyd's launch sequences (issue 34): what the device-region
+ * rows of test_gpu_region could reach if tallyd's host side cost nothing. R requests, round robin
+ * over S CUDA streams (tallyd's lanes), all enqueued at once, each one the sequence a lane
+ * enqueues for it (td_gpu_cuda.c), on one device buffer as the bench rows use one region:
+ *   hist today    memset of the histogram, the kernel, a copy of it to pinned memory, an event
+ *   hist finish   tk_cuda_hist_finish: the kernel alone, its last block writing the counts and
+ *                 a flag to pinned memory
+ *   filter, scan  the kernel(s), a copy of the 8-byte count or carry to pinned memory, an event
+ * Prints GB/s (input bytes; filter and scan also bytes read + written) against the read and copy
+ * ceilings of the same run, and the host's microseconds a request to enqueue the sequence. The
+ * finishing histogram's counts are checked against a CPU histogram of the same bytes on every
+ * stream (the accumulator must be left zero, or the counts would grow from request to request).
+ *
+ *   lane_bench [TOTAL_GIB (default 16)]
+ */
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "bench_cuda.h"
+#include "ceilings.h"
+#include "tk_cuda.h"
+
+#define MAX_STREAMS 8
+
+namespace {
+
+enum variant { HIST_TODAY, HIST_FINISH, READ_ONLY, FILTER, SCAN };
+const char *const names[] = {"hist today (memset, kernel, copy, event)",
+                             "hist finish (one kernel)", "read-only pass", "filter (kernel, copy, event)",
+                             "scan (kernels, copy, event)"};
+
+struct lanes {
+    cudaStream_t s[MAX_STREAMS];
+    cudaEvent_t ev[MAX_STREAMS];
+    tk_hist_t *d_hist[MAX_STREAMS]; /* today's: zeroed by the memset */
+    tk_hist_t *d_acc[MAX_STREAMS];  /* the finishing kernel's: left zero */
+    unsigned *d_ticket[MAX_STREAMS];
+    uint64_t *d_small[MAX_STREAMS];
+    void *d_out[MAX_STREAMS];
+    void *d_scratch[MAX_STREAMS];
+    size_t scratch_bytes;
+    unsigned *d_sink;
+    tk_hist_t *h_hist; /* pinned, one per stream */
+    unsigned *h_flag;  /* pinned, one per stream */
+    uint64_t *h_small; /* pinned, one per stream */
+    unsigned flag_value;
+};
+
+double now_s()
+{
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+void open_lanes(lanes &L, size_t out_bytes, size_t n_i32)
+{
+    L.scratch_bytes = std::max(tk_cuda_scan_scratch_bytes(n_i32),
+                               tk_cuda_filter_scratch_bytes(TALLY_DTYPE_I32, n_i32, 0));
+    for (int k = 0; k < MAX_STREAMS; k++) {
+        CK(cudaStreamCreateWithFlags(&L.s[k], cudaStreamNonBlocking));
+        CK(cudaEventCreateWithFlags(&L.ev[k], cudaEventDisableTiming));
+        CK(cudaMalloc(&L.d_hist[k], sizeof(tk_hist_t)));
+        CK(cudaMalloc(&L.d_acc[k], sizeof(tk_hist_t)));
+        CK(cudaMemset(L.d_acc[k], 0, sizeof(tk_hist_t)));
+        CK(cudaMalloc(&L.d_ticket[k], sizeof(unsigned)));
+        CK(cudaMemset(L.d_ticket[k], 0, sizeof(unsigned)));
+        CK(cudaMalloc(&L.d_small[k], 64));
+        CK(cudaMemset(L.d_small[k], 0, 64));
+        CK(cudaMalloc(&L.d_out[k], out_bytes));
+        CK(cudaMalloc(&L.d_scratch[k], L.scratch_bytes ? L.scratch_bytes : 16));
+    }
+    CK(cudaMalloc(&L.d_sink, 64));
+    CK(cudaMallocHost(&L.h_hist, MAX_STREAMS * sizeof(tk_hist_t)));
+    CK(cudaMallocHost(&L.h_flag, MAX_STREAMS * sizeof(unsigned)));
+    CK(cudaMallocHost(&L.h_small, MAX_STREAMS * sizeof(uint64_t)));
+    L.flag_value = 0;
+}
+
+void check(tally_status_t st)
+{
+    if (st != TALLY_OK) {
+        fprintf(stderr, "lane_bench: a kernel call failed: %s\n", tk_cuda_error_string());
+        exit(1);
+    }
+}
+
+/* Enqueues request i's sequence on stream k. */
+void enqueue(lanes &L, variant v, int k, const void *d_in, size_t bytes)
+{
+    cudaStream_t s = L.s[k];
+    static const tk_filter_spec_t spec = {TALLY_PRED_GT, 0, 0, 0};
+    switch (v) {
+    case HIST_TODAY:
+        CK(cudaMemsetAsync(L.d_hist[k], 0, sizeof(tk_hist_t), s));
+        check(tk_cuda_hist(TALLY_DTYPE_U8, d_in, bytes, 0, 0, L.d_hist[k], NULL, 0, s));
+        CK(cudaMemcpyAsync(&L.h_hist[k], L.d_hist[k], sizeof(tk_hist_t), cudaMemcpyDeviceToHost,
+                           s));
+        CK(cudaEventRecord(L.ev[k], s));
+        break;
+    case HIST_FINISH:
+        check(tk_cuda_hist_finish(TALLY_DTYPE_U8, d_in, bytes, 0, 0, L.d_acc[k], L.d_ticket[k],
+                                  &L.h_hist[k], &L.h_flag[k], ++L.flag_value, s));
+        break;
+    case READ_ONLY: {
+        int sms = 0;
+        CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+        CK(bench_read_only_launch(d_in, bytes, L.d_sink, sms * 8, s));
+        break;
+    }
+    case FILTER:
+        check(tk_cuda_filter(TALLY_DTYPE_I32, d_in, bytes / 4, &spec, L.d_out[k], L.d_small[k],
+                             L.d_scratch[k], L.scratch_bytes, s));
+        CK(cudaMemcpyAsync(&L.h_small[k], L.d_small[k], 8, cudaMemcpyDeviceToHost, s));
+        CK(cudaEventRecord(L.ev[k], s));
+        break;
+    case SCAN: {
+        int64_t *carry = (int64_t *)L.d_small[k];
+        check(tk_cuda_scan((const int32_t *)d_in, bytes / 4, 0, 0, L.d_out[k], carry, carry, L.d_scratch[k],
+                           L.scratch_bytes, s));
+        CK(cudaMemcpyAsync(&L.h_small[k], carry, 8, cudaMemcpyDeviceToHost, s));
+        CK(cudaEventRecord(L.ev[k], s));
+        break;
+    }
+    }
+}
+
+/* GB/s of input over `reqs` requests on `streams` streams, the median of 3 runs after one
+ * untimed; *enqueue_us: the host's time a request to enqueue them. */
+double run(lanes &L, variant v, int streams, const void *d_in, size_t bytes, int reqs,
+           double *enqueue_us)
+{
+    double rates[3], enq[3];
+    for (int rep = -1; rep < 3; rep++) {
+        CK(cudaDeviceSynchronize());
+        double t0 = now_s();
+        for (int i = 0; i < reqs; i++)
+            enqueue(L, v, i % streams, d_in, bytes);
+        double t1 = now_s();
+        CK(cudaDeviceSynchronize());
+        double t2 = now_s();
+        if (rep >= 0) {
+            rates[rep] = (double)bytes * reqs / (t2 - t0) / 1e9;
+            enq[rep] = (t1 - t0) / reqs * 1e6;
+        }
+    }
+    std::sort(rates, rates + 3);
+    std::sort(enq, enq + 3);
+    *enqueue_us = enq[1];
+    return rates[1];
+}
+
+/* The finishing histogram's counts on every stream against the CPU's, and its flag. */
+bool check_finish(const lanes &L, const std::vector<uint8_t> &host, int streams)
+{
+    uint64_t want[256] = {0};
+    for (uint8_t b : host)
+        want[b]++;
+    for (int k = 0; k < streams; k++) {
+        if (L.h_flag[k] == 0)
+            return false;
+        for (int b = 0; b < 256; b++)
+            if (L.h_hist[k].bins[b] != want[b]) {
+                fprintf(stderr, "lane_bench: stream %d bin %d: %llu, want %llu\n", k, b,
+                        (unsigned long long)L.h_hist[k].bins[b], (unsigned long long)want[b]);
+                return false;
+            }
+    }
+    return true;
+}
+
+} // namespace
+
+int main(int argc, char **argv)
+{
+    double total_gib = argc > 1 ? atof(argv[1]) : 16;
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    double read = bench_read_ceiling(1ull << 30, 15), copy = bench_copy_ceiling(1ull << 30, 15);
+    printf("lane_bench: %s, ceilings read %.0f GB/s, d2d copy %.0f GB/s (read + written)\n",
+           prop.name, read, copy);
+    const size_t big = 256ull << 20;
+    std::vector<uint8_t> host(big);
+    uint64_t x = 88172645463325252ull;
+    for (auto &b : host) { /* xorshift: every byte value, positive and negative int32s */
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        b = (uint8_t)(x >> 32);
+    }
+    void *d_in = NULL;
+    CK(cudaMalloc(&d_in, big));
+    CK(cudaMemcpy(d_in, host.data(), big, cudaMemcpyHostToDevice));
+    lanes L;
+    open_lanes(L, (32ull << 20) * 2, (32ull << 20) / 4);
+    struct row {
+        variant v;
+        size_t bytes;
+    } rows[] = {{READ_ONLY, 64ull << 20},  {HIST_TODAY, 64ull << 20}, {HIST_FINISH, 64ull << 20},
+                {HIST_TODAY, 256ull << 20}, {HIST_FINISH, 256ull << 20}, {FILTER, 32ull << 20},
+                {SCAN, 32ull << 20}};
+    const int stream_counts[] = {1, 4, 8};
+    bool ok = true;
+    for (const row &r : rows) {
+        int reqs = (int)(total_gib * (1ull << 30) / r.bytes);
+        for (int streams : stream_counts) {
+            double enq, gbps = run(L, r.v, streams, d_in, r.bytes, reqs, &enq);
+            double moved = r.v == FILTER ? 2 : r.v == SCAN ? 3 : 1;
+            double ceiling = r.v == FILTER || r.v == SCAN ? copy : read;
+            printf("lane_bench: %-42s %3zu MiB, %d streams: %6.0f GB/s in, %.3f x %s; enqueue "
+                   "%.1f us a request\n",
+                   names[r.v], r.bytes >> 20, streams, gbps, gbps * moved / ceiling,
+                   moved > 1 ? "copy" : "read", enq);
+            if (r.v == HIST_FINISH) {
+                std::vector<uint8_t> part(host.begin(), host.begin() + (long)r.bytes);
+                bool good = check_finish(L, part, streams);
+                ok = ok && good;
+                if (!good)
+                    printf("lane_bench: hist finish %zu MiB, %d streams: WRONG COUNTS\n",
+                           r.bytes >> 20, streams);
+            }
+        }
+    }
+    printf("lane_bench: hist finish counts %s\n", ok ? "equal to the CPU's" : "WRONG");
+    return ok ? 0 : 1;
+}
