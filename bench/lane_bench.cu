@@ -13,7 +13,7 @@
  * finishing histogram's counts are checked against a CPU histogram of the same bytes on every
  * stream (the accumulator must be left zero, or the counts would grow from request to request).
  *
- *   lane_bench [TOTAL_GIB (default 16)]
+ *   lane_bench [--explore] [TOTAL_GIB (default 16)]
  */
 #include <algorithm>
 #include <chrono>
@@ -175,16 +175,82 @@ bool check_finish(const lanes &L, const std::vector<uint8_t> &host, int streams)
     return true;
 }
 
+/* --explore: where the finishing histogram's time goes, GPU alone: its rate on one stream by
+ * size (the fixed cost a kernel), by resident blocks per SM (the tuning row's
+ * hist_blocks_per_sm) at 1, 2 and 4 streams, on random and all-equal bytes (the bench rows'
+ * regions hold all-equal bytes), and on one buffer against 8 buffers in turn (requests that
+ * read the same bytes at once share L2: the bench rows read one region). */
+void explore(lanes &L, double read, double total_gib)
+{
+    const size_t most = 256ull << 20;
+    void *bufs[8];
+    for (auto &b : bufs) {
+        CK(cudaMalloc(&b, most));
+        CK(cudaMemset(b, 3, most));
+    }
+    const tk_cuda_tuning_t *row = NULL;
+    if (tk_cuda_tuning_select(0, &row) != TALLY_OK || !row)
+        exit(1);
+    tk_cuda_tuning_t t = *row;
+    auto rate = [&](size_t bytes, int streams, int rotate) {
+        int reqs = (int)(total_gib * (1ull << 30) / bytes);
+        double best[3];
+        for (int rep = -1; rep < 3; rep++) {
+            CK(cudaDeviceSynchronize());
+            double t0 = now_s();
+            for (int i = 0; i < reqs; i++)
+                enqueue(L, HIST_FINISH, i % streams, bufs[i % rotate], bytes);
+            CK(cudaDeviceSynchronize());
+            if (rep >= 0)
+                best[rep] = (double)bytes * reqs / (now_s() - t0) / 1e9;
+        }
+        std::sort(best, best + 3);
+        return best[1];
+    };
+    for (size_t mib : {16, 32, 64, 128, 256}) {
+        double g = rate(mib << 20, 1, 8);
+        printf("lane_bench: explore, size, 1 stream, 8 buffers, all-equal: %3zu MiB %5.0f GB/s "
+               "%.3f x read, %.1f us a kernel, %.1f us over the read ceiling\n",
+               mib, g, g / read, (double)(mib << 20) / g / 1e3,
+               (double)(mib << 20) / g / 1e3 - (double)(mib << 20) / read / 1e3);
+    }
+    for (unsigned b = 1; b <= 4; b++) {
+        t.hist_blocks_per_sm = b;
+        if (tk_cuda_tuning_use(&t) != TALLY_OK)
+            continue;
+        for (int streams : {1, 2, 4})
+            printf("lane_bench: explore, blocks/SM %u, 64 MiB, %d streams: one buffer %.3f, 8 "
+                   "buffers %.3f x read; 256 MiB: one %.3f, 8 %.3f\n",
+                   b, streams, rate(64ull << 20, streams, 1) / read,
+                   rate(64ull << 20, streams, 8) / read, rate(256ull << 20, streams, 1) / read,
+                   rate(256ull << 20, streams, 8) / read);
+    }
+    (void)tk_cuda_tuning_use(NULL);
+    for (auto &b : bufs)
+        CK(cudaFree(b));
+}
+
 } // namespace
 
 int main(int argc, char **argv)
 {
+    bool exploring = argc > 1 && strcmp(argv[1], "--explore") == 0;
+    if (exploring) {
+        argc--;
+        argv++;
+    }
     double total_gib = argc > 1 ? atof(argv[1]) : 16;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     double read = bench_read_ceiling(1ull << 30, 15), copy = bench_copy_ceiling(1ull << 30, 15);
     printf("lane_bench: %s, ceilings read %.0f GB/s, d2d copy %.0f GB/s (read + written)\n",
            prop.name, read, copy);
+    if (exploring) {
+        lanes L;
+        open_lanes(L, 64, 16);
+        explore(L, read, total_gib);
+        return 0;
+    }
     const size_t big = 256ull << 20;
     std::vector<uint8_t> host(big);
     uint64_t x = 88172645463325252ull;

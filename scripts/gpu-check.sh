@@ -87,7 +87,8 @@
 #   lane-bench  bench/lane_bench: the GPU alone under tallyd's launch sequences (hist u8 64 and
 #               256 MiB as a lane enqueues it today and as one self-finishing kernel, filter and
 #               scan i32 32 MiB), all enqueued at once on 1, 4 and 8 streams, against the read
-#               and copy ceilings; the self-finishing histogram's counts checked against the CPU
+#               and copy ceilings; the self-finishing histogram's counts checked against the CPU;
+#               then --explore (its rate by size, blocks per SM, one buffer or 8 in turn)
 #   kernels     bench/kernel_bench (kernels against copy bandwidth and CUB), with the tuning row
 #               this GPU selects (KERNEL_TUNING=name forces one)
 #   sweep       bench/kernel_bench --sweep: candidate tuning rows (scan shapes and prefetch
@@ -286,6 +287,7 @@ step_region_tune() {
 # streams, against the ceilings of the same run.
 step_lane_bench() {
   timed lane_bench 120 "$B/bench/lane_bench" >"$OUT/lane-bench.txt" 2>&1
+  timed "lane_bench --explore" 120 "$B/bench/lane_bench" --explore >>"$OUT/lane-bench.txt" 2>&1
   grep -E "^lane_bench" "$OUT/lane-bench.txt" | tee -a "$S"
 }
 
