@@ -40,7 +40,9 @@
  * one callback thread and holds its stream until that thread has run it; on the H200 every
  * device-region row stopped at about 30,000 requests a second whatever its size (bench/NOTES.md).
  * A spinning lane thread instead asks the engine whether its head slot's work has finished
- * (lane_finished: an event query), and its launches enqueue no host function; before it sleeps
+ * (lane_finished: an event query, or a flag in pinned memory that a histogram's kernel sets),
+ * and its launches enqueue no host function; with nothing on the device it spins once more
+ * after its last event, so that the next request of a steady stream finds it awake; before it sleeps
  * with work on the device it asks for one wake-up at the stream's tail (lane_notify); with more
  * than one launch there it naps and asks again instead (nap_for_head), so that the head's reply
  * does not wait for the tail's kernel. Either way a slot is done by count, not by a flag its host
