@@ -115,16 +115,17 @@ struct tk_hist_finish {
 /* Every block, after its atomics into hist: the last one to get here copies the counts (bins
  * 0..255, underflow, overflow) to f.out, leaves hist and the ticket zero for the next kernel on
  * the stream, and then sets the flag. The fences make each block's atomics visible before its
- * ticket (threadFenceReduction's pattern), and the counts visible to the host before the flag. */
+ * ticket (threadFenceReduction's pattern), and the counts visible to the host before the flag.
+ * The block learns it is the last through __syncthreads_or, not a shared flag: 16 bytes more of
+ * static shared memory put 4 blocks over the SM's 132 KiB carveout, the next one up left less
+ * L1 for the loads in flight, and the 256 MiB rows fell from 1.03 to 0.91 x read (H200,
+ * 2026-12-03, bench/NOTES.md). */
 static __device__ __forceinline__ void hist_finish(tk_hist_t *hist, const tk_hist_finish &f)
 {
-    __shared__ bool last;
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0)
-        last = atomicAdd(f.ticket, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last)
+    unsigned done = threadIdx.x == 0 ? atomicAdd(f.ticket, 1u) + 1 : 0;
+    if (!__syncthreads_or(done == gridDim.x))
         return;
     __threadfence();
     for (int b = threadIdx.x; b < TK_HIST_I32_BINS; b += TK_HIST_THREADS) {
