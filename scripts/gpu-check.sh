@@ -85,10 +85,9 @@
 #               lanes that poll the GPU, the loop spinning, gpu streams, 16 in flight; the
 #               optional 4th field runs another tallyd binary, a baseline built in the same call)
 #   lane-bench  bench/lane_bench: the GPU alone under tallyd's launch sequences (hist u8 64 and
-#               256 MiB as a lane enqueues it today and as one self-finishing kernel, filter and
-#               scan i32 32 MiB), all enqueued at once on 1, 4 and 8 streams, against the read
-#               and copy ceilings; the self-finishing histogram's counts checked against the CPU;
-#               then --explore (its rate by size, blocks per SM, one buffer or 8 in turn)
+#               256 MiB, filter and scan i32 32 MiB), all enqueued at once on 1, 4 and 8
+#               streams, against the read and copy ceilings; then --explore (the histogram's
+#               rate by size, blocks per SM, one buffer or 8 in turn)
 #   kernels     bench/kernel_bench (kernels against copy bandwidth and CUB), with the tuning row
 #               this GPU selects (KERNEL_TUNING=name forces one)
 #   sweep       bench/kernel_bench --sweep: candidate tuning rows (scan shapes and prefetch

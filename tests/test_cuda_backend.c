@@ -558,46 +558,6 @@ static void test_scan_chunks_unaligned(void **state)
 /* ---- histogram --------------------------------------------------------------------------------
  */
 
-/* tk_cuda_hist_finish twice on one accumulator and ticket: each time the batch's counts alone
- * (so the kernel left both zero) in pinned memory, with the flag set to that call's value. */
-static void check_hist_finish(tally_dtype_t dt, const void *din, size_t n, int64_t lo, int64_t hi,
-                              const tk_hist_t *start, const tk_hist_t *want, const char *what)
-{
-    static struct {
-        tk_hist_t acc;
-        unsigned ticket;
-    } *d_fin;
-    static tk_hist_t *h_out;
-    static unsigned *h_flag, value;
-    if (!d_fin) {
-        CK(cudaMalloc((void **)&d_fin, sizeof *d_fin));
-        CK(cudaMemset(d_fin, 0, sizeof *d_fin));
-        CK(cudaMallocHost((void **)&h_out, sizeof *h_out));
-        CK(cudaMallocHost((void **)&h_flag, sizeof *h_flag));
-    }
-    for (int round = 0; round < 2; round++) {
-        memset(h_out, 0xa5, sizeof *h_out); /* poisoned: every count must be written */
-        *h_flag = 0;
-        value++;
-        tally_status_t st = tk_cuda_hist_finish(dt, din, n, lo, hi, &d_fin->acc, &d_fin->ticket,
-                                                h_out, h_flag, value, stream);
-        if (st != TALLY_OK)
-            fail_msg("%s: tk_cuda_hist_finish: %d (%s)", what, st, tk_cuda_error_string());
-        CK(cudaStreamSynchronize(stream));
-        if (*h_flag != value)
-            fail_msg("%s: tk_cuda_hist_finish's flag %u, want %u", what, *h_flag, value);
-        static tk_hist_t got;
-        got = *want;
-        for (size_t b = 0; b < TALLY_HIST_BINS; b++)
-            got.bins[b] = h_out->bins[b] + start->bins[b];
-        if (tally_hist_ranged(dt)) {
-            got.underflow = h_out->underflow + start->underflow;
-            got.overflow = h_out->overflow + start->overflow;
-        }
-        expect_bytes(what, &got, want, sizeof got / 8, 8);
-    }
-}
-
 static void check_hist(tally_dtype_t dt, const void *in, size_t n, int64_t lo, int64_t hi,
                        size_t in_offset)
 {
@@ -634,8 +594,6 @@ static void check_hist(tally_dtype_t dt, const void *in, size_t n, int64_t lo, i
         CK(cudaMemcpyAsync(&got, dh, sizeof got, cudaMemcpyDeviceToHost, stream));
         CK(cudaStreamSynchronize(stream));
         expect_bytes(what_r, &got, &want, sizeof got / 8, 8);
-        if (tk_cuda_hist_finishes(dt, n))
-            check_hist_finish(dt, din, n, lo, hi, &start, &want, what_r);
     }
     use_tuning(n_tunings);
 

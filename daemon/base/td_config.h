@@ -121,9 +121,8 @@
 #define TD_GPU_REPLY_BUFS 16u
 #define TD_GPU_REPLY_BUF_BYTES (4u << 20)
 /* A lane thread with work on the device polls this long for its completion (or a new request)
- * before it sleeps, and once more after its last event with nothing on the device, saving a
- * wake-up per request when batches are short (--gpu-spin-us; see bench/NOTES.md for the A/Bs
- * that chose it). */
+ * before it sleeps, saving a wake-up per request when batches are short (--gpu-spin-us; see
+ * bench/NOTES.md for the A/B that chose it). */
 #define TD_GPU_SPIN_US_LIMIT 10000u
 /* Unset, lanes poll TD_GPU_SPIN_US_DEFAULT on a real GPU and not at all on the tests' simulated
  * ones (whose behaviour on the 2-core CI box stays what it was). 50 us: on the H200 polling beat

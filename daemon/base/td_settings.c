@@ -429,8 +429,8 @@ const td_setting_t td_settings[] = {
     {.option = "gpu-spin-us", .arg = "US", .type = TD_SET_UINT, .offset = FIELD(gpu_spin_us),
      .def = TD_GPU_SPIN_US_UNSET, .max = TD_GPU_SPIN_US_LIMIT, .hidden = true,
      .default_doc = "50 on a GPU, 0 (no polling) on the tests' simulated GPUs",
-     .help = "lane threads poll the GPU this long for a completion (and, with nothing on it, "
-             "for the next request) before they sleep; launches then enqueue no host function"},
+     .help = "lane threads poll the GPU this long for a completion before they sleep; launches "
+             "then enqueue no host function"},
     {.option = "gpu-spin-loop", .type = TD_SET_FLAG, .offset = FIELD(gpu_spin_loop),
      .hidden = true, .help = "the loop thread polls instead of sleeping while requests are on the GPU"},
     {.option = "test-fault-every", .arg = "N", .type = TD_SET_UINT,

@@ -40,9 +40,7 @@
  * one callback thread and holds its stream until that thread has run it; on the H200 every
  * device-region row stopped at about 30,000 requests a second whatever its size (bench/NOTES.md).
  * A spinning lane thread instead asks the engine whether its head slot's work has finished
- * (lane_finished: an event query, or a flag in pinned memory that a histogram's kernel sets),
- * and its launches enqueue no host function; with nothing on the device it spins once more
- * after its last event, so that the next request of a steady stream finds it awake; before it sleeps
+ * (lane_finished: an event query), and its launches enqueue no host function; before it sleeps
  * with work on the device it asks for one wake-up at the stream's tail (lane_notify); with more
  * than one launch there it naps and asks again instead (nap_for_head), so that the head's reply
  * does not wait for the tail's kernel. Either way a slot is done by count, not by a flag its host
@@ -406,24 +404,18 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* Polls (lock released) up to spin_us for an event (a request queued, a host function run) or,
- * with work on the device, for the head slot's work to finish (lane_finished: the GPU seen done
+/* With work on the device, polls (lock released) up to spin_us for an event (a request queued,
+ * a host function run) or for the head slot's work to finish (lane_finished: the GPU seen done
  * without waiting for CUDA's callback thread to wake and run the host function), before the
- * caller sleeps. A lane with nothing on the device spins too, once after its last event: the
- * next request of a steady stream then finds it awake (a sleeping lane thread took 7-9 us to
- * wake, stage to_lane, H200 2026-12-03, bench/NOTES.md). Returns true when one came. Lock held
- * on entry and return. */
+ * caller sleeps. Returns true when one came. Lock held on entry and return. */
 static bool spin_for_event(lane_t *l)
 {
-    if (!l->gpu->opts.spin_us || l->napping)
-        return false;
-    bool inflight = ring_has_inflight(l);
-    if (!inflight && (!l->poll || l->ring_count || l->waiting.head))
+    if (!l->gpu->opts.spin_us || l->napping || !ring_has_inflight(l))
         return false;
     unsigned seen = atomic_load(&l->events);
     /* The head is in flight: a finished or failed head is retired before the lane waits. */
-    slot_t *head = inflight ? &l->slots[l->ring[l->ring_head]] : NULL;
-    bool ask = inflight && l->gpu->engine->lane_finished != NULL;
+    slot_t *head = &l->slots[l->ring[l->ring_head]];
+    bool ask = l->gpu->engine->lane_finished != NULL;
     uint64_t until = now_ns() + (uint64_t)l->gpu->opts.spin_us * 1000u;
     bool got = false, finished = false;
     uint64_t now = 0, asked = 0;

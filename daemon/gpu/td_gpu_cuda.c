@@ -23,11 +23,6 @@
  *   output is copied back whole (n elements) rather than kept-count first: reading the count
  *   first would need a synchronisation in the middle of the chain, and PCIe moves the extra
  *   bytes ~20x faster than ZeroMQ moves the request.
- * A u8, i32 or u16 histogram is one launch instead (tk_cuda_hist_finish, issue 34): the kernel
- * adds into the lane's own zeroed accumulator, and its last block copies the counts into the
- * slot's small results, zeroes the accumulator again and sets the slot's flag in pinned memory,
- * which cuda_lane_finished reads without a driver call. On the H200 the four calls of a
- * histogram took 13-14 us of the lane thread a request, the one launch 5-6 us (bench/NOTES.md).
  *
  * Errors: a failed enqueue drains the lane (tk_cuda_drain: so no copy still reads the staging
  * slot) and clears the error. A kernel that fails asynchronously never runs its host function
@@ -66,16 +61,6 @@ typedef struct {
      * function: what lane_finished asks (the lane thread alone). */
     cudaEvent_t *ev_slot;
     unsigned ev_slots;
-    /* Histograms that finish themselves (tk_cuda_hist_finish): the device accumulator and
-     * ticket they leave zero, a flag per slot in pinned memory that the kernel sets, and the
-     * value each slot's last such launch sets it to (0: that launch recorded ev_slot instead). */
-    struct lane_finish {
-        tk_hist_t acc;
-        unsigned ticket;
-    } *d_finish;
-    unsigned *flags;
-    unsigned *flag_want;
-    unsigned flag_last;
 } cuda_lane_t;
 
 static int cuda_device_count(void *ctx)
@@ -102,9 +87,6 @@ static void cuda_lane_close(void *lane)
         cudaFreeHost(l->staging[i].small);
     }
     cudaFree(l->d_carries);
-    cudaFree(l->d_finish);
-    cudaFreeHost(l->flags);
-    free(l->flag_want);
     if (l->events) {
         cudaEventDestroy(l->ev_start);
         for (unsigned i = 0; i < TD_GPU_SPLIT_MAX_PIECES; i++) {
@@ -143,27 +125,6 @@ static bool open_events(cuda_lane_t *l, char *why, size_t why_cap)
         if (!tk_cuda_setup_step(cudaEventCreateWithFlags(&l->ev_slot[l->ev_slots], flags), device,
                                 "cudaEventCreate", why, why_cap))
             return false;
-    return true;
-}
-
-/* What the histograms that finish themselves need: zeroed device accumulator and ticket, and
- * the slots' flags. */
-static bool open_finish(cuda_lane_t *l, char *why, size_t why_cap)
-{
-    int device = l->dev.device;
-    l->flag_want = calloc(l->slots, sizeof *l->flag_want);
-    if (!l->flag_want) {
-        snprintf(why, why_cap, "CUDA device %d: calloc failed: out of memory", device);
-        return false;
-    }
-    if (!tk_cuda_setup_step(cudaMalloc((void **)&l->d_finish, sizeof *l->d_finish), device,
-                            "cudaMalloc(finish)", why, why_cap) ||
-        !tk_cuda_setup_step(cudaMemset(l->d_finish, 0, sizeof *l->d_finish), device,
-                            "cudaMemset(finish)", why, why_cap) ||
-        !tk_cuda_setup_step(cudaMallocHost((void **)&l->flags, l->slots * sizeof *l->flags),
-                            device, "cudaMallocHost(flags)", why, why_cap))
-        return false;
-    memset(l->flags, 0, l->slots * sizeof *l->flags);
     return true;
 }
 
@@ -207,12 +168,11 @@ static td_gpu_err_t cuda_lane_open(void *ctx, int device, size_t max_batch, unsi
                             "cudaMalloc(carries)", why, why_cap) ||
         !tk_cuda_setup_step(cudaMemset(l->d_carries, 0, carry_bytes), device, "cudaMemset(carries)",
                             why, why_cap) ||
-        !open_events(l, why, why_cap) || !open_finish(l, why, why_cap) ||
-        !open_staging(l, max_batch, why, why_cap)) {
+        !open_events(l, why, why_cap) || !open_staging(l, max_batch, why, why_cap)) {
         cuda_lane_close(l);
         return TD_GPU_E_DEVICE;
     }
-    *device_bytes = l->dev.device_bytes + carry_bytes + sizeof *l->d_finish;
+    *device_bytes = l->dev.device_bytes + carry_bytes;
     *lane = l;
     return TD_GPU_OK;
 }
@@ -523,20 +483,6 @@ static tally_status_t enqueue_kernel(cuda_lane_t *l, const td_gpu_job_t *job, co
     }
 }
 
-/* A u8, i32 or u16 histogram in one launch (tk_cuda_hist_finish): no memset, no copy, no event;
- * its last block writes the counts into the slot's small results and then sets the slot's flag
- * to a value no earlier launch into the slot set (the flag is cleared first), which
- * cuda_lane_finished compares. */
-static tally_status_t launch_hist_finish(cuda_lane_t *l, const td_gpu_job_t *job, const void *d_in)
-{
-    unsigned want = ++l->flag_last ? l->flag_last : ++l->flag_last; /* never 0 */
-    __atomic_store_n(&l->flags[job->slot], 0u, __ATOMIC_RELAXED);
-    l->flag_want[job->slot] = want;
-    return tk_cuda_hist_finish(job->dtype, d_in, job->n, job->lo, job->hi, &l->d_finish->acc,
-                               &l->d_finish->ticket, &l->staging[job->slot].small->hist,
-                               &l->flags[job->slot], want, l->dev.stream);
-}
-
 static td_gpu_err_t cuda_lane_launch(void *lane, const td_gpu_job_t *job, td_gpu_done_fn done,
                                        void *arg)
 {
@@ -564,13 +510,6 @@ static td_gpu_err_t cuda_lane_launch(void *lane, const td_gpu_job_t *job, td_gpu
     if (job->carry_upload) /* whatever the operation: it starts the named stream's chain */
         TK_CUDA_TRY(cudaMemcpyAsync(d_carry, &s->small->carry, sizeof(int64_t),
                                     cudaMemcpyHostToDevice, l->dev.stream));
-    l->flag_want[job->slot] = 0;
-    if (job->opcode == TALLY_OP_HIST && tk_cuda_hist_finishes(job->dtype, job->n)) {
-        st = launch_hist_finish(l, job, job->dev_src ? job->dev_src : l->dev.d_in);
-        if (st != TALLY_OK)
-            goto fail;
-        goto enqueued;
-    }
     st = enqueue_kernel(l, job, job->dev_src ? job->dev_src : l->dev.d_in);
     if (st != TALLY_OK)
         goto fail;
@@ -600,8 +539,7 @@ static td_gpu_err_t cuda_lane_launch(void *lane, const td_gpu_job_t *job, td_gpu
         break;
     }
     TK_CUDA_TRY(cudaEventRecord(l->ev_slot[job->slot], l->dev.stream));
-enqueued:
-    if (done) /* else the lane thread polls the event or flag (cuda_lane_finished) */
+    if (done) /* else the lane thread polls the event (cuda_lane_finished) */
         TK_CUDA_TRY(cudaLaunchHostFunc(l->dev.stream, done, arg));
     return TD_GPU_OK;
 fail:
@@ -660,7 +598,6 @@ static td_gpu_err_t cuda_lane_launch_split(void *lane, void *const *lanes, unsig
     unsigned used = 0;
     if (!td_gpu_split_fits(job, count, l0->max_batch))
         return TD_GPU_E_UNFIT;
-    l0->flag_want[job->slot] = 0; /* finished when ev_slot is */
     if (job->carry_upload)
         TK_CUDA_TRY(cudaMemcpyAsync(d_carry, &s->small->carry, sizeof(int64_t),
                                     cudaMemcpyHostToDevice, l0->dev.stream));
@@ -702,8 +639,6 @@ fail:
 static bool cuda_lane_finished(void *lane, unsigned slot)
 {
     cuda_lane_t *l = lane;
-    if (l->flag_want[slot]) /* a histogram that finishes itself: no driver call */
-        return __atomic_load_n(&l->flags[slot], __ATOMIC_ACQUIRE) == l->flag_want[slot];
     cudaError_t err = cudaEventQuery(l->ev_slot[slot]);
     if (err == cudaSuccess)
         return true;

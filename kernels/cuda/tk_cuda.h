@@ -99,20 +99,6 @@ tally_status_t tk_cuda_hist(uint8_t dtype, const void *d_in, size_t n, int64_t l
                             tk_hist_t *d_hist, void *d_scratch, size_t scratch_bytes,
                             cudaStream_t stream);
 
-/* A histogram that finishes itself (issue 34: one launch a request instead of a memset, the
- * kernel, a copy and an event, each a driver call and a step on the stream): the kernel adds
- * into *d_acc, and its last block copies the counts (bins 0..255, underflow, overflow) to *out
- * and then sets *flag = value, which the host polls. out and flag are host memory the device can
- * write (cudaMallocHost's, by unified addressing); *d_acc and *d_ticket (device memory) must be
- * zero before the call and are zero again once the flag is set, so one pair serves every call
- * on one stream, in order. For u8, i32 and u16 batches of at least one element
- * (tk_cuda_hist_finishes); TALLY_E_PARAM otherwise. */
-bool tk_cuda_hist_finishes(uint8_t dtype, size_t n);
-tally_status_t tk_cuda_hist_finish(uint8_t dtype, const void *d_in, size_t n, int64_t lo,
-                                   int64_t hi, tk_hist_t *d_acc, unsigned *d_ticket,
-                                   tk_hist_t *out, unsigned *flag, unsigned value,
-                                   cudaStream_t stream);
-
 /* ---- minmax --------------------------------------------------------------------------------- */
 
 /* Folds the n elements of d_in (dtype i32, u8 or u16) into d_minmax[0] (the smallest) and

@@ -103,54 +103,10 @@ static __device__ __forceinline__ void count_word(unsigned *lane_bins, uint32_t 
     }
 }
 
-/* The last block's work of a histogram that finishes itself (tk_cuda_hist_finish; `ticket`
- * NULL: an ordinary one, added into `hist` for the caller to copy). */
-struct tk_hist_finish {
-    unsigned *ticket;        /* device: blocks done, 0 before and after the kernel */
-    tk_hist_t *out;          /* host memory the device can write: the counts */
-    unsigned *flag;          /* host memory the device can write: set to `value` after them */
-    unsigned value;
-};
-
-/* Every block, after its atomics into hist: the last one to get here copies the counts (bins
- * 0..255, underflow, overflow) to f.out, leaves hist and the ticket zero for the next kernel on
- * the stream, and then sets the flag. The fences make each block's atomics visible before its
- * ticket (threadFenceReduction's pattern), and the counts visible to the host before the flag.
- * The block learns it is the last through __syncthreads_or, not a shared flag: 16 bytes more of
- * static shared memory put 4 blocks over the SM's 132 KiB carveout, the next one up left less
- * L1 for the loads in flight, and the 256 MiB rows fell from 1.03 to 0.91 x read (H200,
- * 2026-12-03, bench/NOTES.md). */
-static __device__ __forceinline__ void hist_finish(tk_hist_t *hist, const tk_hist_finish &f)
-{
-    __threadfence();
-    __syncthreads();
-    unsigned done = threadIdx.x == 0 ? atomicAdd(f.ticket, 1u) + 1 : 0;
-    if (!__syncthreads_or(done == gridDim.x))
-        return;
-    __threadfence();
-    for (int b = threadIdx.x; b < TK_HIST_I32_BINS; b += TK_HIST_THREADS) {
-        u64 *src = reinterpret_cast<u64 *>(b < 256 ? &hist->bins[b]
-                                           : b == 256 ? &hist->underflow
-                                                      : &hist->overflow);
-        u64 *dst = reinterpret_cast<u64 *>(b < 256 ? &f.out->bins[b]
-                                           : b == 256 ? &f.out->underflow
-                                                      : &f.out->overflow);
-        *dst = __ldcg(src);
-        *src = 0;
-    }
-    __threadfence_system();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        *f.ticket = 0;
-        __threadfence_system();
-        *reinterpret_cast<volatile unsigned *>(f.flag) = f.value;
-    }
-}
-
 template <int MODE>
 __global__ void __launch_bounds__(TK_HIST_THREADS, TK_HIST_BLOCKS_PER_SM)
     tk_hist_kernel(const void *__restrict__ in, size_t head, size_t body_vecs, size_t tail,
-                   tk_hist_t *hist, tk_i32_range r, tk_hist_finish f)
+                   tk_hist_t *hist, tk_i32_range r)
 {
     constexpr int NB = MODE == TK_MODE_U8 ? TK_HIST_U8_BINS : TK_HIST_I32_BINS;
     constexpr size_t ESIZE = MODE == TK_MODE_U8 ? 1 : MODE == TK_MODE_U16 ? 2 : 4;
@@ -204,8 +160,6 @@ __global__ void __launch_bounds__(TK_HIST_THREADS, TK_HIST_BLOCKS_PER_SM)
             atomicAdd(reinterpret_cast<u64 *>(dst), (u64)s);
         }
     }
-    if (f.ticket)
-        hist_finish(hist, f);
 }
 
 extern "C" size_t tk_cuda_hist_u8_scratch_bytes(size_t n)
@@ -224,7 +178,7 @@ extern "C" size_t tk_cuda_hist_i32_scratch_bytes(size_t n)
  * blocks per SM on every SM. */
 template <int MODE>
 static tally_status_t launch_hist(const void *in, size_t n, tk_hist_t *hist, const tk_i32_range &r,
-                                  cudaStream_t stream, const tk_hist_finish &f = tk_hist_finish{})
+                                  cudaStream_t stream)
 {
     const tk_cuda_tuning_t *t = tk_tuning();
     if (!t)
@@ -234,20 +188,22 @@ static tally_status_t launch_hist(const void *in, size_t n, tk_hist_t *hist, con
     unsigned blocks =
         tk_persistent_blocks(b.vecs, TK_HIST_THREADS * TK_HIST_UNROLL, t->hist_blocks_per_sm);
     tk_hist_kernel<MODE>
-        <<<blocks, TK_HIST_THREADS, 0, stream>>>(in, b.head, b.vecs, b.tail, hist, r, f);
+        <<<blocks, TK_HIST_THREADS, 0, stream>>>(in, b.head, b.vecs, b.tail, hist, r);
     return tk_cuda_check_launch();
 }
 
-/* The u8, i32 and u16 histograms, ordinary (f.ticket NULL) or finishing themselves. */
-static tally_status_t hist_u8(const uint8_t *d_in, size_t n, tk_hist_t *d_hist,
-                              cudaStream_t stream, const tk_hist_finish &f)
+extern "C" tally_status_t tk_cuda_hist_u8(const uint8_t *d_in, size_t n, tk_hist_t *d_hist,
+                                          void *d_scratch, size_t scratch_bytes,
+                                          cudaStream_t stream)
 {
+    (void)d_scratch;
+    (void)scratch_bytes;
     if (!d_hist || (uintptr_t)d_hist % 8 || (n > 0 && !d_in))
         return TALLY_E_PARAM;
     if (n == 0)
         return TALLY_OK;
     tk_i32_range r = {};
-    return launch_hist<TK_MODE_U8>(d_in, n, d_hist, r, stream, f);
+    return launch_hist<TK_MODE_U8>(d_in, n, d_hist, r, stream);
 }
 
 /* The arguments of a ranged histogram: an aligned 8-byte d_hist, input aligned to its element
@@ -260,9 +216,12 @@ static bool ranged_args_ok(const void *d_in, size_t esize, size_t n, int64_t lo,
     return min <= lo && lo < hi && hi <= max;
 }
 
-static tally_status_t hist_i32(const int32_t *d_in, size_t n, int64_t lo, int64_t hi,
-                               tk_hist_t *d_hist, cudaStream_t stream, const tk_hist_finish &f)
+extern "C" tally_status_t tk_cuda_hist_i32(const int32_t *d_in, size_t n, int64_t lo, int64_t hi,
+                                           tk_hist_t *d_hist, void *d_scratch, size_t scratch_bytes,
+                                           cudaStream_t stream)
 {
+    (void)d_scratch;
+    (void)scratch_bytes;
     if (!ranged_args_ok(d_in, 4, n, lo, hi, INT32_MIN, (int64_t)INT32_MAX + 1, d_hist))
         return TALLY_E_PARAM;
     if (n == 0)
@@ -271,37 +230,7 @@ static tally_status_t hist_i32(const int32_t *d_in, size_t n, int64_t lo, int64_
     r.lo = lo;
     r.width = (u64)(hi - lo);
     r.scale = 256.0 / (double)r.width;
-    return launch_hist<TK_MODE_I32>(d_in, n, d_hist, r, stream, f);
-}
-
-static tally_status_t hist_u16(const uint16_t *d_in, size_t n, int64_t lo, int64_t hi,
-                               tk_hist_t *d_hist, cudaStream_t stream, const tk_hist_finish &f)
-{
-    if (!ranged_args_ok(d_in, 2, n, lo, hi, 0, (int64_t)UINT16_MAX + 1, d_hist))
-        return TALLY_E_PARAM;
-    if (n == 0)
-        return TALLY_OK;
-    tk_i32_range r = {};
-    tk_u16_slot_init(lo, hi, &r.u16);
-    return launch_hist<TK_MODE_U16>(d_in, n, d_hist, r, stream, f);
-}
-
-extern "C" tally_status_t tk_cuda_hist_u8(const uint8_t *d_in, size_t n, tk_hist_t *d_hist,
-                                          void *d_scratch, size_t scratch_bytes,
-                                          cudaStream_t stream)
-{
-    (void)d_scratch;
-    (void)scratch_bytes;
-    return hist_u8(d_in, n, d_hist, stream, tk_hist_finish{});
-}
-
-extern "C" tally_status_t tk_cuda_hist_i32(const int32_t *d_in, size_t n, int64_t lo, int64_t hi,
-                                           tk_hist_t *d_hist, void *d_scratch, size_t scratch_bytes,
-                                           cudaStream_t stream)
-{
-    (void)d_scratch;
-    (void)scratch_bytes;
-    return hist_i32(d_in, n, lo, hi, d_hist, stream, tk_hist_finish{});
+    return launch_hist<TK_MODE_I32>(d_in, n, d_hist, r, stream);
 }
 
 extern "C" size_t tk_cuda_hist_u16_scratch_bytes(size_t n)
@@ -316,31 +245,13 @@ extern "C" tally_status_t tk_cuda_hist_u16(const uint16_t *d_in, size_t n, int64
 {
     (void)d_scratch;
     (void)scratch_bytes;
-    return hist_u16(d_in, n, lo, hi, d_hist, stream, tk_hist_finish{});
-}
-
-extern "C" bool tk_cuda_hist_finishes(uint8_t dtype, size_t n)
-{
-    return n > 0 &&
-           (dtype == TALLY_DTYPE_U8 || dtype == TALLY_DTYPE_I32 || dtype == TALLY_DTYPE_U16);
-}
-
-extern "C" tally_status_t tk_cuda_hist_finish(uint8_t dtype, const void *d_in, size_t n,
-                                              int64_t lo, int64_t hi, tk_hist_t *d_acc,
-                                              unsigned *d_ticket, tk_hist_t *out, unsigned *flag,
-                                              unsigned value, cudaStream_t stream)
-{
-    if (!tk_cuda_hist_finishes(dtype, n) || !d_ticket || !out || !flag)
+    if (!ranged_args_ok(d_in, 2, n, lo, hi, 0, (int64_t)UINT16_MAX + 1, d_hist))
         return TALLY_E_PARAM;
-    tk_hist_finish f = {d_ticket, out, flag, value};
-    switch (dtype) {
-    case TALLY_DTYPE_U8:
-        return hist_u8((const uint8_t *)d_in, n, d_acc, stream, f);
-    case TALLY_DTYPE_I32:
-        return hist_i32((const int32_t *)d_in, n, lo, hi, d_acc, stream, f);
-    default:
-        return hist_u16((const uint16_t *)d_in, n, lo, hi, d_acc, stream, f);
-    }
+    if (n == 0)
+        return TALLY_OK;
+    tk_i32_range r = {};
+    tk_u16_slot_init(lo, hi, &r.u16);
+    return launch_hist<TK_MODE_U16>(d_in, n, d_hist, r, stream);
 }
 
 /* ---- colour --------------------------------------------------------------------------------- */
