@@ -81,8 +81,13 @@
 #               on GPU 1 reading GPU 0's memory and on GPU 0's own: lines "peer: ..."); the
 #               simulated rule itself is CTest's test_shm_peer. One GPU: "skipped"
 #   region-tune the region step's bench rows (test_bench alone) under other tallyd options and
-#               in-flight counts (REGION_TUNE="name|options|in flight;...": spinning lanes that
-#               poll the GPU, the loop spinning, gpu streams, 16 in flight)
+#               in-flight counts (REGION_TUNE="name|options|in flight[|tallyd];...": spinning
+#               lanes that poll the GPU, the loop spinning, gpu streams, 16 in flight; the
+#               optional 4th field runs another tallyd binary, a baseline built in the same call)
+#   lane-bench  bench/lane_bench: the GPU alone under tallyd's launch sequences (hist u8 64 and
+#               256 MiB, filter and scan i32 32 MiB), all enqueued at once on 1, 4 and 8
+#               streams, against the read and copy ceilings; then --explore (the histogram's
+#               rate by size, blocks per SM, one buffer or 8 in turn)
 #   kernels     bench/kernel_bench (kernels against copy bandwidth and CUB), with the tuning row
 #               this GPU selects (KERNEL_TUNING=name forces one)
 #   sweep       bench/kernel_bench --sweep: candidate tuning rows (scan shapes and prefetch
@@ -263,17 +268,26 @@ step_region() {
 # REGION_TUNE="name|tallyd options|in flight;..." (issue 34: spinning lanes that poll the GPU,
 # the loop spinning while requests are on the GPU, streams, 16 in flight).
 step_region_tune() {
-  local v name args inflight i=0
+  local v name args inflight bin i=0
   local variants=${REGION_TUNE:-"default||8;poll 50 us|--gpu-spin-us 50|8;poll 200 us|--gpu-spin-us 200|8;poll 50 us and loop spin|--gpu-spin-us 50 --gpu-spin-loop|8;poll 50 us 8 streams|--gpu-streams 8 --gpu-spin-us 50|8;default b||8;poll 50 us b|--gpu-spin-us 50|8"}
   IFS=';' read -ra list <<<"$variants"
   for v in "${list[@]}"; do
-    IFS='|' read -r name args inflight <<<"$v"
+    IFS='|' read -r name args inflight bin <<<"$v"
     i=$((i + 1))
-    TALLY_REGION_ONLY=test_bench TALLY_REGION_GPU_ARGS="$args" TALLY_REGION_INFLIGHT="$inflight" \
+    TALLYD_BIN=${bin:-$TALLYD_BIN} TALLY_REGION_ONLY=test_bench TALLY_REGION_GPU_ARGS="$args" \
+      TALLY_REGION_INFLIGHT="$inflight" \
       timed "region-tune $name" 120 "$B/tests/test_gpu_region" >"$OUT/region-tune-$i.log" 2>&1
     grep -E "bench:" "$OUT/region-tune-$i.log" | sed "s/^/region-tune $name ($inflight in flight): /" |
       tee -a "$S"
   done
+}
+
+# Issue 34: the GPU alone under tallyd's launch sequences (bench/lane_bench.cu), 1, 4 and 8
+# streams, against the ceilings of the same run.
+step_lane_bench() {
+  timed lane_bench 120 "$B/bench/lane_bench" >"$OUT/lane-bench.txt" 2>&1
+  timed "lane_bench --explore" 120 "$B/bench/lane_bench" --explore >>"$OUT/lane-bench.txt" 2>&1
+  grep -E "^lane_bench" "$OUT/lane-bench.txt" | tee -a "$S"
 }
 
 step_kernels() {
@@ -549,6 +563,7 @@ for step in $STEPS; do
   gpu-region-py) step_gpu_region_py ;;
   recover) step_recover ;;
   region-tune) step_region_tune ;;
+  lane-bench) step_lane_bench ;;
   peer) step_peer ;;
   daemon-memcheck) step_daemon_memcheck ;;
   nats-fleet) step_nats_fleet ;;
