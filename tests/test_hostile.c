@@ -74,7 +74,13 @@ static void test_reply_bytes_bounded(void **state)
     long long got_busy = 0;
     for (int i = 0; i < NONREADER_SCANS; i++) {
         th_reply_t r;
-        assert_int_equal(th_recv_reply(peer, &r), 0);
+        if (th_recv_reply(peer, &r) != 0)
+            fail_msg("%d of the %d replies arrived; tallyd dropped %lld (peer gone) and %lld "
+                     "(peer not reading), lost %lld connections (log %s)",
+                     i, NONREADER_SCANS,
+                     th_stat(other, "tallyd_replies_dropped_total{reason=\"peer_gone\"}"),
+                     th_stat(other, "tallyd_replies_dropped_total{reason=\"peer_not_reading\"}"),
+                     th_stat(other, "tallyd_connections_lost_total"), daemon_.log_path);
         uint64_t k = r.rep.request_id - 1000;
         assert_true(k < NONREADER_SCANS && !seen[k]);
         seen[k] = true;

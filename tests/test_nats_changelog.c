@@ -68,6 +68,7 @@
 #include "harness.h"
 #include "nats_cluster.h"
 #include "reference.h"
+#include "stream_check.h"
 #include "tally.h"
 #include "tally_fleet.h"
 #include "td_fleet_plan.h"
@@ -276,14 +277,10 @@ static tally_client_t *fleet_client(void)
 /* Stream s equals its model (bins and last_seq). */
 static void check_stream(tally_client_t *c, int s)
 {
-    char name[32];
+    char name[32], why[160];
     stream_name(s, name, sizeof name);
-    tally_stream_info_t info;
-    tally_status_t st = tally_query(c, name, &info);
-    if (st != TALLY_OK)
-        fail_msg("query %s: %s: %s", name, tally_status_name(st), tally_client_error(c));
-    assert_int_equal(info.last_seq, seqs[s]);
-    assert_memory_equal(info.bins, model[s], sizeof model[s]);
+    if (th_stream_differs(c, name, seqs[s], model[s], why, sizeof why))
+        fail_msg("%s", why);
 }
 
 static void check_model(tally_client_t *c)

@@ -442,7 +442,11 @@ void *th_nonreader_scans(const char *endpoint, void *stats, int scans, uint64_t 
                          long long *n_ok, long long *n_busy)
 {
     void *peer = th_dealer(30000);
-    int one = 1, small = 4096;
+    /* A kernel buffer of 256 KiB holds an eighth of one reply and is above loopback's segment
+     * size (64 KiB). The 4 KiB used until 2026-12-03 put the window below it, where a sender can
+     * wait on its persist timer: our guess at a CI run in which a reply had not arrived 30 s
+     * after the peer began to read (not reproduced on the dev box). */
+    int one = 1, small = 256 * 1024;
     zmq_setsockopt(peer, ZMQ_RCVHWM, &one, sizeof one);
     zmq_setsockopt(peer, ZMQ_RCVBUF, &small, sizeof small);
     if (zmq_connect(peer, endpoint) != 0) {
