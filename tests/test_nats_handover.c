@@ -12,8 +12,12 @@
  *     once, long before its TTL (and is not counted as a take: a take counts once its reader
  *     made the consumer), and the partition is taken once the cause is gone; so does a
  *     partition dropped because its consumer could not be made again (a sequence missing in the
- *     middle: before the fix its key stayed until it expired).
- * Waits are bounded loops on what the cluster or the worker reports; no time is asserted.
+ *     middle: before the fix its key stayed until it expired);
+ *   - a member that joins gets its share, and one that leaves (SIGTERM) has its partitions
+ *     taken, when their keys change, not at the next heartbeat (a lease of 90 s: heartbeats
+ *     30 s apart; the hand-overs must come within 12 s).
+ * Waits are bounded loops on what the cluster or the worker reports; no time is asserted but the
+ * hand-overs' bound, set against the heartbeat it must beat.
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -463,6 +467,39 @@ static void test_dropped_partition_releases_the_lease(void **state)
     assert_int_equal(th_daemon_stop(&worker[0], SIGTERM, 20000), 0);
 }
 
+/* ---- Hand-overs at the keys' changes, not at the next heartbeat ------------------------------ */
+
+/* A lease of 90 s: a heartbeat every 30 s, so only the key watch (td_fleet_keys.c) brings a
+ * hand-over within HANDOVER_MS; at the heartbeat's timing the joining member's share comes at
+ * its second heartbeat, 30 s after its start, and the leaving member's partitions up to 30 s
+ * after it left. */
+#define LONG_TTL_MS "90000"
+#define HANDOVER_MS 12000
+
+static void test_hand_over_at_key_changes(void **state)
+{
+    (void)state;
+    char a[16], b[16];
+    unsigned of_b = two_members(a, b, sizeof a);
+    fresh_fleet();
+    start(&worker[0], a, LONG_TTL_MS, HOUR_MS);
+    wait_held(a, PARTITIONS, 20000);
+    /* b joins: a gives b's share up as soon as b's member key is written, and b takes it as
+     * soon as a has released each lease. */
+    int64_t t0 = th_now_ms();
+    start(&worker[1], b, LONG_TTL_MS, HOUR_MS);
+    wait_held(b, __builtin_popcount(of_b), HANDOVER_MS);
+    wait_held(a, PARTITIONS - __builtin_popcount(of_b), HANDOVER_MS);
+    int64_t t1 = th_now_ms();
+    /* b leaves (SIGTERM): it releases its leases and deletes its member key; a takes them. */
+    assert_int_equal(th_daemon_stop(&worker[1], SIGTERM, 20000), 0);
+    wait_held(a, PARTITIONS, HANDOVER_MS);
+    fprintf(stderr, "b joined: its share %lld ms after its start; b left: a held all %lld ms after "
+                    "the SIGTERM\n",
+            (long long)(t1 - t0), (long long)(th_now_ms() - t1));
+    assert_int_equal(th_daemon_stop(&worker[0], SIGTERM, 20000), 0);
+}
+
 int main(void)
 {
     if (tn_skip())
@@ -473,6 +510,7 @@ int main(void)
         cmocka_unit_test_teardown(test_dropped_partition_releases_the_lease, stop_workers),
         cmocka_unit_test_teardown(test_watch_old_owner_publishes_before_giving_up, stop_workers),
         cmocka_unit_test_teardown(test_watch_new_owner_publishes_what_it_loads, stop_workers),
+        cmocka_unit_test_teardown(test_hand_over_at_key_changes, stop_workers),
     };
     int failed = cmocka_run_group_tests(tests, setup, teardown);
     nats_Close(); /* libnats' threads and globals: gone before the leak check */

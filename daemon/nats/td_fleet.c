@@ -6,6 +6,7 @@
  *
  * The thread's loop, every turn: the heartbeat when it is due (every third of the lease TTL, or
  * sooner when a key it waits for runs out: another member's heartbeat, a lease it should take;
+ * or at once when a member joins or leaves or such a lease is released: td_fleet_keys.c;
  * membership, lease renewals, the plan: partitions to take and to give up, for at most a third
  * of the TTL, so that a cluster slow enough to make taking every partition last longer than a
  * lease never lets the first ones taken run out meanwhile; the rest wait for the next
@@ -199,6 +200,8 @@ static void follow_plan(td_fleet_t *f, int64_t until)
     f->live_members = n; /* what `streams` answers say, so that analysts need no KV rights */
     int64_t now = td_nats_now_ms();
     bool acted = false; /* one take or give-up at least, however long the renewals took */
+    for (uint32_t k = 0; k < f->partitions; k++)
+        f->parts[k].planned = mine[k];
     for (uint32_t k = 0; k < f->partitions && !atomic_load(&f->stopping); k++) {
         td_part_t *p = &f->parts[k];
         bool take = mine[k] && !p->owned && now >= p->no_take_until_ms;
@@ -218,7 +221,7 @@ static void follow_plan(td_fleet_t *f, int64_t until)
         f->expiry_beat_ms = at > soonest ? at : soonest;
     }
     free(mine);
-    td_member_list_free(ids, n);
+    td_fleet_keys_known(f, ids, n);
 }
 
 static void heartbeat(td_fleet_t *f)
@@ -258,10 +261,10 @@ static void *fleet_thread(void *arg)
 {
     td_fleet_t *f = arg;
     while (!atomic_load(&f->stopping)) {
+        bool busy = td_fleet_keys_step(f);
         if (td_nats_now_ms() >= f->next_beat_ms)
             heartbeat(f);
         renew_leases(f);
-        bool busy = false;
         for (uint32_t k = 0; k < f->partitions; k++)
             if (f->parts[k].owned)
                 busy |= td_part_step(f, &f->parts[k]);
@@ -436,9 +439,9 @@ td_err_t td_fleet_new(const td_fleet_host_t *host, td_fleet_t **out)
     if (!(f->pend = calloc(f->pend_cap, sizeof *f->pend)))
         goto fail;
     if ((err = connect_fleet(f, host->cfg)) != TD_OK || (err = td_fleet_path_open(f)) != TD_OK ||
-        (err = td_fleet_query_open(f)) != TD_OK ||
-        (err = td_fleet_route_open(f, host->cfg)) != TD_OK || (err = open_loop_handles(f)) != TD_OK ||
-        (err = td_fleet_view_open(f)) != TD_OK)
+        (err = td_fleet_query_open(f)) != TD_OK || (err = td_fleet_keys_open(f)) != TD_OK ||
+        (err = td_fleet_route_open(f, host->cfg)) != TD_OK ||
+        (err = open_loop_handles(f)) != TD_OK || (err = td_fleet_view_open(f)) != TD_OK)
         goto fail;
     publish_settings(f);
     if (pthread_create(&f->thread, NULL, fleet_thread, f) != 0) {
@@ -488,6 +491,7 @@ void td_fleet_destroy(td_fleet_t **self_p)
     if (f->host.loop)
         uv_run(f->host.loop, UV_RUN_NOWAIT); /* the close callbacks */
     td_fleet_query_close(f);
+    td_fleet_keys_close(f);
     td_fleet_path_close(f);
     for (uint32_t k = 0; f->parts && k < f->partitions; k++)
         td_part_free(f, &f->parts[k]);

@@ -167,6 +167,7 @@ typedef struct {
      * take-over's log lines measure (issue 32's failover). */
     int64_t lease_expiry_ms;
     int64_t take_began_ms;
+    bool planned; /* the plan of the last heartbeat gives it this worker (td_fleet_keys.c) */
     /* A take whose reader is making its consumer (td_fleet_part.c, take_finished): owned (its
      * lease renewed, its partition stepped), not counted as taken yet; when the take's steps
      * ended (monotonic) and the state it loaded, for its log line. */
@@ -200,12 +201,17 @@ struct td_fleet {
     jsCtx *kv_js;             /* its buckets' (TD_FLEET_KV_WAIT_MS) */
     kvStore *members, *leases, *ckpts;
     natsSubscription *q_sub, *seq_sub, *ctl_sub, *streams_sub;
+    /* The membership and lease keys as they change (td_fleet_keys.c), and the members the last
+     * heartbeat read. */
+    natsSubscription *members_sub, *leases_sub;
+    char **known_members;
+    size_t known_count;
     /* Partitions. */
     td_part_t *parts;
     int64_t next_beat_ms;
-    int64_t expiry_beat_ms; /* follow_plan's: when an awaited key runs out (0: none) */
-    int64_t next_renew_ms; /* after a failed renewal: the next try */
-    size_t live_members;   /* TALLY_MEMBERS' keys: at the last heartbeat or `streams` question */
+    int64_t expiry_beat_ms;  /* follow_plan's: when an awaited key runs out (0: none) */
+    int64_t next_renew_ms;   /* after a failed renewal: the next try */
+    size_t live_members;     /* TALLY_MEMBERS' keys: at the last heartbeat or `streams` question */
     int64_t members_read_ms; /* when a `streams` question last read live_members (monotonic) */
     /* The transport (td_fleet_transport.c): requests queued for the loop, replies queued for the
      * fleet thread (under q_mu); wake_fd: an eventfd written when a reply is queued, and by the
@@ -333,7 +339,7 @@ td_err_t td_fleet_table_delete(td_fleet_t *f, uint32_t k, char *msg, size_t cap)
 /* Loads a checkpoint's state into the stream table, after deleting any old local copy; a state
  * this member cannot hold whole (its limits refuse a stream) is an error (TD_ERR_CORRUPT). */
 td_err_t td_fleet_table_restore(td_fleet_t *f, uint32_t k, uint8_t *state, size_t len, char *msg,
-                               size_t cap);
+                                size_t cap);
 
 /* td_fleet_view.c: the thread that answers the HTTP API's questions about the whole fleet
  * (td_fleet_status_t.view, filled here); closed after the loop has ended. */
@@ -357,6 +363,17 @@ bool td_reader_failed(td_reader_t *r, char *why, size_t cap);
 bool td_reader_made(td_reader_t *r);
 natsMsg *td_reader_pop(td_reader_t *r);
 void td_reader_stop(td_reader_t *r);
+
+/* td_fleet_keys.c: subscribes to the membership and lease keys; closes (and forgets the known
+ * members). */
+td_err_t td_fleet_keys_open(td_fleet_t *f);
+void td_fleet_keys_close(td_fleet_t *f);
+/* The members the last heartbeat read (ids and n as td_member_list gives them: kept, freed
+ * here). */
+void td_fleet_keys_known(td_fleet_t *f, char **ids, size_t n);
+/* Reads the key writes that arrived; true (and the heartbeat brought forward to now) when one
+ * can change what this worker owns. */
+bool td_fleet_keys_step(td_fleet_t *f);
 
 /* td_fleet_query.c */
 td_err_t td_fleet_query_open(td_fleet_t *f);
