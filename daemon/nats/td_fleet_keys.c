@@ -99,11 +99,8 @@ static bool drain(td_fleet_t *f, natsSubscription *sub,
                   bool (*changes)(const td_fleet_t *f, natsMsg *m))
 {
     bool any = false;
-    uint64_t queued = 0;
     natsMsg *m = NULL;
-    /* Only what is queued: a NextMsg that finds nothing costs libnats an error text. */
-    while (sub && natsSubscription_QueuedMsgs(sub, &queued) == NATS_OK && queued > 0 &&
-           natsSubscription_NextMsg(&m, sub, 0) == NATS_OK) {
+    while (td_nats_next_queued(sub, &m)) {
         any |= changes(f, m);
         natsMsg_Destroy(m);
     }

@@ -223,12 +223,8 @@ bool td_fleet_query_step(td_fleet_t *f)
     natsSubscription *subs[4] = {f->q_sub, f->seq_sub, f->ctl_sub, f->streams_sub};
     bool any = false;
     for (int i = 0; i < 4; i++) {
-        /* Only what is queued: a NextMsg that finds nothing costs libnats an error text, four
-         * of them every turn of the thread (issue 32). */
-        uint64_t queued = 0;
         natsMsg *m = NULL;
-        while (natsSubscription_QueuedMsgs(subs[i], &queued) == NATS_OK && queued > 0 &&
-               natsSubscription_NextMsg(&m, subs[i], 0) == NATS_OK) {
+        while (td_nats_next_queued(subs[i], &m)) {
             take_query(f, m, subs[i]);
             any = true;
         }

@@ -21,6 +21,14 @@ const char *td_nats_last_error(natsStatus s)
     return text && *text ? text : natsStatus_GetText(s);
 }
 
+bool td_nats_next_queued(natsSubscription *sub, natsMsg **m)
+{
+    uint64_t queued = 0;
+    *m = NULL;
+    return natsSubscription_QueuedMsgs(sub, &queued) == NATS_OK && queued > 0 &&
+           natsSubscription_NextMsg(m, sub, 0) == NATS_OK;
+}
+
 td_err_t td_nats_kv_keys(kvStore *kv, kvKeysList *list, char *msg, size_t cap)
 {
     kvWatchOptions wo;

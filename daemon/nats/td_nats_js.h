@@ -9,6 +9,7 @@
 #ifndef TD_NATS_JS_H
 #define TD_NATS_JS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -50,5 +51,10 @@ td_err_t td_nats_kv_keys(kvStore *kv, kvKeysList *list, char *msg, size_t cap);
 
 /* nats_GetLastError's text, or the status's when there is none: for messages. */
 const char *td_nats_last_error(natsStatus s);
+
+/* The next message already queued on a synchronous subscription, without waiting: true and *m
+ * (natsMsg_Destroy it), or false when none is queued. Only what is queued: a NextMsg that
+ * finds nothing costs libnats an error text, several every turn of the fleet thread (issue 32). */
+bool td_nats_next_queued(natsSubscription *sub, natsMsg **m);
 
 #endif
