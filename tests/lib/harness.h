@@ -123,7 +123,7 @@ int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len,
  * `tallyd_limited_total{reason="stream_rate"}`), asked on sock; -1 when absent or on no reply. */
 long long th_stat(void *sock, const char *name);
 
-/* A peer that never reads (receive high-water mark 1, a 256 KiB kernel buffer, so its replies stay
+/* A peer that never reads (receive high-water mark 1, a 4 KiB kernel buffer, so its replies stay
  * in tallyd), connected to endpoint, that pipelines `scans` scans of 1 MiB of int32 (each reply
  * 2 MiB of int64 sums), request ids first_id on; returns once tallyd has answered all of them
  * (sent, or queued for the peer: ok or busy, counted in *n_ok and *n_busy as read on `stats`, a
