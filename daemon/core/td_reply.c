@@ -12,11 +12,12 @@
  *
  * Reservations are counted the same way (the connection's in its td_peer_t, the total here),
  * since a connection's requests run on every shard (issue 31): taken when a request is admitted,
- * given back when its reply is handed to its transport. A reservation is added first and taken
+ * given back when its reply is handed to its transport (after the reply's held bytes are counted:
+ * never a moment with neither). A reservation is added first and taken
  * back when the sum passes a bound, so the check and the count are one step and two shards never
  * both fit under a bound that has room for one. Held bytes are counted before the transport gets
- * them, so they never go below zero whatever thread frees them. The peaks are raised with a
- * compare-and-swap.
+ * them, so they never go below zero whatever thread frees them. The peaks are the values the
+ * checks saw, raised with a compare-and-swap.
  */
 #include <inttypes.h>
 #include <stdatomic.h>
@@ -113,9 +114,11 @@ static void note_peaks(td_replies_t *self, const td_peer_t *conn)
 }
 
 /* Reserves `need` for r's connection, or says it would pass the connection's bound (nothing
- * reserved then). A connection with nothing outstanding always gets one request through. */
-static bool reserve_peer(td_replies_t *self, td_request_t *r, uint64_t need)
+ * reserved then). A connection with nothing outstanding always gets one request through.
+ * *used: what the connection uses with it, as the check saw it (its peak). */
+static bool reserve_peer(td_replies_t *self, td_request_t *r, uint64_t need, uint64_t *used)
 {
+    *used = 0;
     if (!r->conn)
         return true;
     uint64_t before = td_peer_reserve(r->conn, need) + meter_held(r->conn);
@@ -123,12 +126,14 @@ static bool reserve_peer(td_replies_t *self, td_request_t *r, uint64_t need)
         td_peer_unreserve(r->conn, need);
         return false;
     }
+    *used = before + need;
     return true;
 }
 
 /* The same for all connections together, for a reply that needs a reservation. */
-static bool reserve_total(td_replies_t *self, uint64_t need)
+static bool reserve_total(td_replies_t *self, uint64_t need, uint64_t *used)
 {
+    *used = 0;
     if (need == 0)
         return true;
     uint64_t before = atomic_fetch_add_explicit(&self->reserved, need, memory_order_relaxed) +
@@ -137,6 +142,7 @@ static bool reserve_total(td_replies_t *self, uint64_t need)
         atomic_fetch_sub_explicit(&self->reserved, need, memory_order_relaxed);
         return false;
     }
+    *used = before + need;
     return true;
 }
 
@@ -144,17 +150,19 @@ td_reply_admit_t td_replies_admit(td_replies_t *self, td_request_t *r)
 {
     if (r->req.opcode == TALLY_OP_PING) /* its reply is a header: always answered */
         return TD_REPLY_ADMITTED;
-    uint64_t need = td_reply_need(r);
-    if (!reserve_peer(self, r, need))
+    uint64_t need = td_reply_need(r), peer_used_now, total_used_now;
+    if (!reserve_peer(self, r, need, &peer_used_now))
         return TD_REPLY_OVER_PEER;
-    if (!reserve_total(self, need)) {
+    if (!reserve_total(self, need, &total_used_now)) {
         if (r->conn)
             td_peer_unreserve(r->conn, need);
         return TD_REPLY_OVER_TOTAL;
     }
     r->reply_reserved = need;
-    if (need)
-        note_peaks(self, r->conn);
+    if (need) { /* the values the checks saw: a read now could count another shard's reply twice */
+        raise_peak(&self->peak_peer, peer_used_now);
+        raise_peak(&self->peak_total, total_used_now);
+    }
     return TD_REPLY_ADMITTED;
 }
 
@@ -224,17 +232,24 @@ static ticket_t *ticket_new(td_replies_t *self, td_request_t *r,
 
 void td_replies_hand(td_replies_t *self, td_request_t *r)
 {
-    unreserve(self, r);
     td_reply_t *out = &r->out;
     out->rep = r->rep;
     tally_rep_encode(&r->rep, out->header);
     out->body = (td_bytes_t){0};
     out->header_kept = NULL;
-    if (!r->reply_data)
+    if (!r->reply_data) {
+        unreserve(self, r);
         return;
+    }
     void (*free_fn)(void *, void *) = r->reply_free ? r->reply_free : free_reply_data;
     void *hint = r->reply_hint;
+    bool reserved = r->reply_reserved != 0;
     ticket_t *t = r->reply_len ? ticket_new(self, r, free_fn, out->header) : NULL;
+    /* The reservation goes after the held bytes are counted: given back first, another shard
+     * admitting in between would see neither and could pass the bound (a 4-shard ASan run of
+     * test_hostile did, 2026-12-03). A reply within its reservation (reply_len <= need) adds
+     * nothing to the peak its admission noted; only a reply without one is noted here. */
+    unreserve(self, r);
     if (t) {
         free_fn = reply_freed;
         hint = t;
@@ -245,7 +260,7 @@ void td_replies_hand(td_replies_t *self, td_request_t *r)
     r->reply_data = NULL; /* the transport's now; reply_len stays for the metrics */
     r->reply_free = NULL;
     r->reply_hint = NULL;
-    if (t)
+    if (t && !reserved)
         note_peaks(self, r->conn);
 }
 
