@@ -14,7 +14,11 @@
 # instrumentation off, switched on after its SIGCONT and dumped once the fill is applied;
 # instructions per message = the dump's total / the replies the fleet thread took meanwhile
 # (td_part_reply's calls), also without the /metrics pages the sampler asked for (every second
-# here: not the messages' cost). The profiles (inclusive, self, callers) stay in the run's folder
+# here: not the messages' cost). THREADS=1: each thread's share of a core over one second of
+# the apply (bench/thread-cpu.sh, from 0.2 s after SIGCONT; COUNT large enough that the apply
+# lasts longer), printed after the round's line: a thread near 100 % is what holds the rate, none
+# near it says the worker waits (threads libnats starts carry the name of the tallyd thread
+# that started them: tdfleet, tdreader-K). The profiles (inclusive, self, callers) stay in the run's folder
 # with KEEP=1 (its path is printed). Instructions do not move with the box's load; the rates
 # and CPU times do (2x on the shared dev box). TALLYD_ARGS adds worker options.
 set -euo pipefail
@@ -63,6 +67,11 @@ one() {
   c0=$(cpu_ticks)
   t0=$(date +%s.%N)
   kill -CONT "$wpid"
+  local tpid=
+  if [ "${THREADS:-0}" = 1 ]; then
+    (sleep 0.2 && "$(dirname "$0")/thread-cpu.sh" "$wpid" 1 >"$dir/threads-$tag" 2>&1) &
+    tpid=$!
+  fi
   if [ "${CALLGRIND:-0}" = 1 ]; then
     callgrind_control -i on "$wpid" >/dev/null
     a0=$(metric tallyd_nats_applied_total)
@@ -111,12 +120,14 @@ print(f" {total // max(calls, 1)} {(total - metrics) // max(calls, 1)} {calls}")
 PY
     ir=$(cat "$dir/ir-$tag")
   fi
+  [ -z "$tpid" ] || wait "$tpid" || true # its second sample, before the worker goes
   kill -TERM "$wpid"
   wait "$wpid" || true
   wpid=
   python3 -c "import sys; c, s, t, hz = map(float, sys.argv[1:5]); \
 print(f'{sys.argv[5]} {s:.3f} {c / s:.0f} {t / hz / c * 1e6:.1f}{sys.argv[6]}')" \
     "$count" "$secs" "$((c1 - c0))" "$(getconf CLK_TCK)" "$tag" "$ir"
+  [ -z "$tpid" ] || head -12 "$dir/threads-$tag" | sed "s/^/  $tag threads: /"
 }
 
 echo "# $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), $(date -u '+%Y-%m-%d %H:%M UTC');" \

@@ -260,6 +260,7 @@ static void leave(td_fleet_t *f)
 static void *fleet_thread(void *arg)
 {
     td_fleet_t *f = arg;
+    pthread_setname_np(pthread_self(), "tdfleet"); /* for top -H and bench/thread-cpu.sh */
     while (!atomic_load(&f->stopping)) {
         bool busy = td_fleet_keys_step(f);
         if (td_nats_now_ms() >= f->next_beat_ms)

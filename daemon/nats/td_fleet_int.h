@@ -36,7 +36,6 @@
  * message of max_payload: 8 MiB with contrib/nats). */
 #define TD_FLEET_FETCH_BYTES (24ll << 20)
 #define TD_FLEET_FETCH_BATCH 256
-#define TD_FLEET_FETCH_BATCH 256
 /* A partition's step takes at most this many messages from its reader (the others' turn). */
 #define TD_FLEET_STEP_MESSAGES 256
 /* How long the thread sleeps in the transport's poll when nothing was fetched. */

@@ -73,6 +73,9 @@ static void *reader_thread(void *arg)
 {
     td_reader_t *r = arg;
     td_fleet_t *f = r->fleet;
+    char name[16]; /* "tdreader-3": partition 3's (libnats's threads it starts inherit it) */
+    snprintf(name, sizeof name, "tdreader-%u", r->k % 10000);
+    pthread_setname_np(pthread_self(), name);
     if (!make_consumer(r))
         return NULL;
     int64_t wait_ms = READER_FIRST_WAIT_MS;

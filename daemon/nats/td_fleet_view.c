@@ -282,6 +282,7 @@ static void query(td_view_t *v, view_ask_t *a)
 static void *view_thread(void *arg)
 {
     td_view_t *v = arg;
+    pthread_setname_np(pthread_self(), "tdfleetview");
     pthread_mutex_lock(&v->mu);
     while (!atomic_load(&v->stop)) {
         view_ask_t *a = v->todo;
