@@ -903,9 +903,10 @@ bool td_part_step(td_fleet_t *f, td_part_t *p)
             break;
         p->next = NULL;
         process(f, p, m);
+        if (p->next == m)
+            break; /* the window is full: not work (the fleet thread may sleep until a reply
+                    * makes room; reported as work, its loop turned at a core while it waited) */
         did = true;
-        if (p->next)
-            break; /* the window is full */
     }
     return did;
 }
