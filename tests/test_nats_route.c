@@ -29,12 +29,13 @@
  *      member when first used there; numbered hist by reference to every stream, while member a
  *      owns them all, then after b joins on "another host" (TALLYD_TEST_HOST_ID): b's streams
  *      answered TALLY_E_ARG naming route-b (a follow-up refused before it left), a's applied;
- *      b restarted on this host: every stream to its owner, each reply and each stream equal to
- *      the model, a stable filter into an output region on each member; tally_region_destroy
+ *      b stopped, then restarted on this host: b's streams follow a's not_owner to b and the
+ *      region is registered there on the way; each reply and each stream equal to the model, a stable filter into an output region on each member; tally_region_destroy
  *      releases it on both (tallyd_shm_regions back to 0); the CLI's `--fleet ... hist --shm`;
  *   5b. members whose records say they cannot take a memfd (no host=, another host, no shm=),
  *      faked in the buckets in front of one plain tallyd: each refused, named; a region of
- *      another client refused.
+ *      another client refused; one past the member's regions per peer refused, said;
+ *      shared memory over a client over NATS refused.
  * Waits are bounded loops on what the cluster or the members report; one time is asserted (3b).
  */
 #include <setjmp.h>
@@ -919,15 +920,21 @@ static void test_shm_through_fleet(void **state)
     hist_shm_all(c, in, 1, of_a);
     wait_regions(&member[1], 0);
 
-    /* b again, on this host: every stream by reference to its owner */
+    /* b stopped: every stream to a (b's partitions rerouted from b, which is gone); b again,
+     * on this host: its streams, sent to a, follow a's not_owner to b and are registered there
+     * on the way; every reply and every stream equal to the model */
     assert_int_equal(th_daemon_stop(&member[1], SIGTERM, TIMEOUT_MS), 0);
     member[1].pid = 0;
     wait_held(ids[0], PARTITIONS);
+    hist_shm_all(c, in, 2, NULL);
     start(1, "200", NULL);
     wait_held(ids[0], PARTITIONS / 2);
     wait_held(ids[1], PARTITIONS / 2);
-    for (int round = 2; round < 4; round++)
-        hist_shm_all(c, in, round, NULL);
+    wait_regions(&member[1], 0);
+    long long followed = th_metric(&member[0], "tallyd_nats_not_owner_total");
+    hist_shm_all(c, in, 3, NULL);
+    assert_true(th_metric(&member[0], "tallyd_nats_not_owner_total") > followed);
+    hist_shm_all(c, in, 4, NULL);
     check_model(c);
     filter_shm(c, in, out, stream_held_by(ids[0]));
     filter_shm(c, in, out, stream_held_by(ids[1]));
@@ -976,7 +983,7 @@ static void test_shm_refusals(void **state)
 {
     (void)state;
     fresh_fleet();
-    const char *args[] = {"--metrics", "127.0.0.1:0", NULL};
+    const char *args[] = {"--metrics", "127.0.0.1:0", "--shm-max-regions-per-peer", "1", NULL};
     assert_int_equal(th_daemon_start(&member[0], args), 0);
     char host[TALLY_FLEET_HOST_MAX], rec[512];
     assert_true(tally_fleet_host_id(host, sizeof host));
@@ -1027,6 +1034,13 @@ static void test_shm_refusals(void **state)
     assert_int_equal(r.rep.aux0, 64);
     tally_reply_clear(&r);
     assert_int_equal(th_metric(&member[0], "tallyd_shm_regions"), 1);
+    /* a second region, past the member's regions per peer: its registration refused, said */
+    tally_region_t *second = NULL;
+    assert_int_equal(tally_region_create(c, 4096, &second), TALLY_OK);
+    assert_int_equal(tally_call_shm(c, &req, second, 0, 64, NULL, 0, &r), TALLY_E_QUOTA);
+    if (!strstr(r.error, "registering a region with member local: "))
+        fail_msg("%s", r.error);
+    tally_region_destroy(&second);
     /* a region of another client: not this fleet client's to register */
     tally_client_t *plain = NULL;
     tally_region_t *other = NULL;
@@ -1034,6 +1048,16 @@ static void test_shm_refusals(void **state)
     assert_int_equal(tally_region_create(plain, 4096, &other), TALLY_OK);
     assert_int_equal(tally_call_shm(c, &req, other, 0, 64, NULL, 0, &r), TALLY_E_ARG);
     assert_non_null(strstr(r.error, "the region was not made by this client"));
+    /* a client over NATS (tally_client_new_nats) has no member to hand a region to */
+    tally_nats_opts_t no = {.servers = tn_suite.urls, .timeout_ms = 1000, .partitions = PARTITIONS};
+    tally_client_t *nc = NULL;
+    tally_region_t *none = NULL;
+    assert_int_equal(tally_client_new_nats(&no, &nc, msg, sizeof msg), TALLY_OK);
+    assert_int_equal(tally_region_create(nc, 4096, &none), TALLY_E_ARG);
+    assert_string_equal(tally_client_error(nc), "shared memory is not available over NATS");
+    assert_int_equal(tally_send_shm(nc, &req, other, 0, 64, NULL, 0, NULL), TALLY_E_ARG);
+    assert_string_equal(tally_client_error(nc), "shared memory is not available over NATS");
+    tally_client_destroy(&nc);
     tally_region_destroy(&other);
     tally_client_destroy(&plain);
     tally_region_destroy(&in);
