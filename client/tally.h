@@ -803,14 +803,14 @@ TALLY_API tally_status_t tally_client_new_nats(const tally_nats_opts_t *opts, ta
                                                char *msg, size_t msg_cap);
 
 /* A client of a fleet in direct mode (PROTOCOL.md §13 "Direct mode"; tallyd's [nats] direct =
- * local or replicated): the same calls, each request sent over ZeroMQ straight to the member that owns its
- * stream's partition (tally_partition; the owner from TALLY_LEASES, its endpoint from
+ * local or replicated): the same calls, each request sent over ZeroMQ straight to the member that
+ * owns its stream's partition (tally_partition; the owner from TALLY_LEASES, its endpoint from
  * TALLY_ENDPOINTS, read through NATS at opts->servers). A `not_owner` answer is followed to the
  * owner it names (up to 8 hops); a `shutdown` answer, a numbered request's `not_durable` (its
  * changelog record not stored: the owner gives the partition up), or no answer from an owner
- * that has since been replaced, is sent again to the partition's next owner once it has taken over, when the
- * request is numbered (`seq`: applied once) or only reads; an unnumbered write that lost its
- * owner is answered TALLY_E_TRANSPORT (it may or may not have been applied). An owner whose
+ * that has since been replaced, is sent again to the partition's next owner once it has taken over,
+ * when the request is numbered (`seq`: applied once) or only reads; an unnumbered write that lost
+ * its owner is answered TALLY_E_TRANSPORT (it may or may not have been applied). An owner whose
  * connection does not come up within 1 s (it exited) is not waited on for the timeout: the
  * routing is read again and the request, not yet sent, goes to the owner it names. Requests
  * without a stream go to partition 0's owner, except `streams`, gathered from every owner

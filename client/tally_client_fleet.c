@@ -230,8 +230,7 @@ static tally_status_t member_local(fleetc_t *self, int m)
     const member_t *o = &self->members[m];
     char host[TALLY_FLEET_HOST_MAX] = "", shm[TALLY_NATS_ENDPOINT_MAX] = "";
     kvEntry *e = NULL;
-    bool listed = kvStore_Get(&e, self->endpoints, o->member) == NATS_OK;
-    if (listed) {
+    if (kvStore_Get(&e, self->endpoints, o->member) == NATS_OK) {
         const char *v = kvEntry_Value(e);
         size_t n = (size_t)kvEntry_ValueLen(e);
         tally_fleet_endpoint_get(v, n, "host", host, sizeof host);
@@ -239,10 +238,8 @@ static tally_status_t member_local(fleetc_t *self, int m)
         kvEntry_Destroy(e);
     }
     char why[160];
-    if (!listed)
-        snprintf(why, sizeof why, "has no record in %s (it left)", TALLY_NATS_BUCKET_ENDPOINTS);
-    else if (!host[0])
-        snprintf(why, sizeof why, "publishes no host (a tallyd older than host=)");
+    if (!host[0]) /* a tallyd older than host=, or one whose record has gone (it left) */
+        snprintf(why, sizeof why, "publishes no host (host= in %s)", TALLY_NATS_BUCKET_ENDPOINTS);
     else if (strcmp(host, self->host) != 0)
         snprintf(why, sizeof why, "is on another host (host=%.40s; this one %.40s)", host,
                  self->host[0] ? self->host : "unknown");
@@ -250,10 +247,10 @@ static tally_status_t member_local(fleetc_t *self, int m)
         snprintf(why, sizeof why, "offers no shared memory (its side channel is off)");
     else
         return TALLY_OK;
-    snprintf(self->error, sizeof self->error,
-             "shared memory through the fleet: member %s (%s) %s; send its streams payloads "
-             "(tally_send) instead",
-             o->member, o->endpoint, why);
+    set_msg(self->error,
+            "shared memory through the fleet: member %s (%s) %s; send its streams payloads "
+            "(tally_send) instead",
+            o->member, o->endpoint, why);
     return TALLY_E_ARG;
 }
 
@@ -511,9 +508,9 @@ static tally_status_t fleetc_send(tally__transport_t *base, const tally_req_t *r
 }
 
 static tally_status_t fleetc_send_shm(tally__transport_t *base, const tally_req_t *req,
-                                      const uint8_t *ref,
-                                      const tally_region_t *in, const tally_region_t *out,
-                                      uint64_t *request_id, char *error, size_t cap)
+                                      const uint8_t *ref, const tally_region_t *in,
+                                      const tally_region_t *out, uint64_t *request_id, char *error,
+                                      size_t cap)
 {
     return send_new((fleetc_t *)base, req, ref, TALLY_SHM_REF_SIZE, in, out, request_id, error,
                     cap);
@@ -682,11 +679,6 @@ static void fleetc_destroy(tally__transport_t **self_p)
         tally_reply_clear(&self->head->answer);
         unlink_pending(self, self->head);
     }
-    while (self->regs) { /* regions not destroyed before their client: tallyd releases them */
-        registration_t *r = self->regs;
-        self->regs = r->next;
-        free(r);
-    }
     for (int i = 0; i < self->count; i++)
         tally_client_destroy(&self->members[i].c);
     kvStore_Destroy(self->leases);
@@ -717,8 +709,8 @@ static tally_status_t fleetc_connect(fleetc_t *self, const tally_nats_opts_t *op
     if (st != TALLY_OK)
         return st;
     self->partitions = tally_nats_partitions(self->nats);
-    if (!tally_fleet_host_id(self->host, sizeof self->host))
-        self->host[0] = '\0'; /* no boot id: no member is known to share this host */
+    /* no boot id: host stays "" and no member is known to share this host */
+    (void)tally_fleet_host_id(self->host, sizeof self->host);
     jsCtx *js = tally__nats_js(self->nats);
     natsStatus s = js_KeyValue(&self->leases, js, TALLY_NATS_BUCKET_LEASES);
     if (s == NATS_OK)

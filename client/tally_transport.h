@@ -57,10 +57,9 @@ typedef struct {
      * 0) to the regions in and out (NULL: none), as tally_send_shm; the transport registers
      * each region (region->fd) with the tallyd it sends to (tally__region_register) and puts
      * that tallyd's handles in the reference. */
-    tally_status_t (*send_shm)(tally__transport_t *self, const tally_req_t *req,
-                               const uint8_t *ref, const tally_region_t *in,
-                               const tally_region_t *out, uint64_t *request_id, char *error,
-                               size_t cap);
+    tally_status_t (*send_shm)(tally__transport_t *self, const tally_req_t *req, const uint8_t *ref,
+                               const tally_region_t *in, const tally_region_t *out,
+                               uint64_t *request_id, char *error, size_t cap);
     /* With send_shm: releases the region on every tallyd it was registered with (the region is
      * freed after). */
     void (*region_release)(tally__transport_t *self, const tally_region_t *region);

@@ -30,11 +30,13 @@
  *      owns them all, then after b joins on "another host" (TALLYD_TEST_HOST_ID): b's streams
  *      answered TALLY_E_ARG naming route-b (a follow-up refused before it left), a's applied;
  *      b stopped, then restarted on this host: b's streams follow a's not_owner to b and the
- *      region is registered there on the way; each reply and each stream equal to the model, a stable filter into an output region on each member; tally_region_destroy
- *      releases it on both (tallyd_shm_regions back to 0); the CLI's `--fleet ... hist --shm`;
+ *      region is registered there on the way; each reply and each stream equal to the model, a
+ *      stable filter into an output region on each member; tally_region_destroy releases it on
+ *      both (tallyd_shm_regions back to 0); the CLI's `--fleet ... hist --shm`;
  *   5b. members whose records say they cannot take a memfd (no host=, another host, no shm=),
  *      faked in the buckets in front of one plain tallyd: each refused, named; a region of
- *      another client refused; one past the member's regions per peer refused, said;
+ *      another client refused; one past the member's regions per peer refused, said, and one
+ *      to a member whose record claims a side channel its tallyd does not offer;
  *      shared memory over a client over NATS refused.
  * Waits are bounded loops on what the cluster or the members report; one time is asserted (3b).
  */
@@ -1010,7 +1012,8 @@ static void test_shm_refusals(void **state)
     assert_int_equal(tally_region_create(c, STREAMS * SLOT, &in), TALLY_OK);
     const char *why[PARTITIONS] = {"member no-host (", "member elsewhere (", "member no-shm (",
                                    NULL};
-    const char *because[PARTITIONS] = {"publishes no host", "is on another host (host=elsewhere; ",
+    const char *because[PARTITIONS] = {"publishes no host (host= in TALLY_ENDPOINTS)",
+                                       "is on another host (host=elsewhere; ",
                                        "offers no shared memory", NULL};
     uint64_t want[256], id;
     for (uint32_t k = 0; k < PARTITIONS - 1; k++) {
@@ -1041,6 +1044,23 @@ static void test_shm_refusals(void **state)
     if (!strstr(r.error, "registering a region with member local: "))
         fail_msg("%s", r.error);
     tally_region_destroy(&second);
+    /* a record that claims a side channel its tallyd does not offer (--shm off): the member's
+     * own answer, said */
+    const char *off[] = {"--shm", "off", NULL};
+    assert_int_equal(th_daemon_start(&member[1], off), 0);
+    snprintf(rec, sizeof rec, "zmq=%s\nhost=%s\nshm=/nowhere\n", member[1].endpoint, host);
+    put(eps, "liar", rec);
+    put(ls, "p3", "liar");
+    tally_client_t *c2 = fleet_client();
+    tally_region_t *third = NULL;
+    assert_int_equal(tally_region_create(c2, 4096, &third), TALLY_OK);
+    assert_int_equal(tally_call_shm(c2, &req, third, 0, 64, NULL, 0, &r), TALLY_E_ARG);
+    if (!strstr(r.error, "registering a region with member liar: the daemon offers no shared"))
+        fail_msg("%s", r.error);
+    tally_region_destroy(&third);
+    tally_client_destroy(&c2);
+    assert_int_equal(th_daemon_stop(&member[1], SIGTERM, TIMEOUT_MS), 0);
+    member[1].pid = 0;
     /* a region of another client: not this fleet client's to register */
     tally_client_t *plain = NULL;
     tally_region_t *other = NULL;
