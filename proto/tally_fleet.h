@@ -118,8 +118,8 @@ bool tally_fleet_endpoint_get(const char *value, size_t len, const char *key, ch
  * kernel's boot id, /proc/sys/kernel/random/boot_id, into out (cap bytes, NUL-terminated); true
  * when it could be read. Two processes see the same one exactly when they run on one kernel,
  * which is what passing a memfd over a Unix socket needs; /etc/machine-id is not that (copied
- * with a VM image, different in containers that share a kernel). The one function in proto/
- * that reads a file: the daemon publishes it and libtally compares it, so it is one fact. */
+ * with a VM image, different in containers that share a kernel). Here, though it reads a file:
+ * the daemon publishes it and libtally compares it, one fact in one place. */
 bool tally_fleet_host_id(char *out, size_t cap);
 
 #endif
