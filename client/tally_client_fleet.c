@@ -254,17 +254,37 @@ static tally_status_t member_local(fleetc_t *self, int m)
     return TALLY_E_ARG;
 }
 
-/* Member m's handle for region, registered there now when it is not yet (member m's connection
- * waited for until deadline: TALLY_E_TIMEOUT when it is not up, as a send's). */
+/* Forgets every region registered with member m (its tallyd has gone with them). */
+static void forget_member(fleetc_t *self, int m)
+{
+    for (registration_t **at = &self->regs; *at;) {
+        registration_t *r = *at;
+        if (r->m != m) {
+            at = &r->next;
+            continue;
+        }
+        *at = r->next;
+        free(r);
+    }
+}
+
+/* Member m's handle for region, registered there now when it is not yet, or no longer: a member
+ * restarted at the same endpoint (its side connection closed) knows none of the old ones.
+ * Member m's connection is waited for until deadline: TALLY_E_TIMEOUT when it is not up, as a
+ * send's. */
 static tally_status_t region_handle(fleetc_t *self, const tally_region_t *region, int m,
                                     int64_t deadline, uint64_t *handle)
 {
+    member_t *o = &self->members[m];
     for (registration_t *r = self->regs; r; r = r->next)
         if (r->region == region && r->m == m) {
+            if (tally__side_closed(o->c)) {
+                forget_member(self, m);
+                break;
+            }
             *handle = r->handle;
             return TALLY_OK;
         }
-    member_t *o = &self->members[m];
     if (region->fd < 0) {
         snprintf(self->error, sizeof self->error,
                  "shared memory through the fleet: the region was not made by this client "

@@ -120,6 +120,10 @@ tally_status_t tally__region_register(tally_client_t *member, const tally_region
 /* Releases handle on member's tallyd (nothing when member's side channel is closed: tallyd has
  * released what it registered). */
 void tally__region_release(tally_client_t *member, uint64_t handle);
+/* Whether the regions member registered are gone: its side connection was never opened, or
+ * tallyd has closed it (it exited: a restart at the same endpoint knows none of them), which
+ * is then closed here too. */
+bool tally__side_closed(tally_client_t *member);
 
 /* tally.c lends tally_sub.c: makes sock a CURVE client with keys (NULL or an empty
  * server_public: nothing), before its connect; TALLY_E_ARG for keys that are not 40 characters

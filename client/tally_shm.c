@@ -175,6 +175,15 @@ tally_status_t tally__region_register(tally_client_t *member, const tally_region
     return status;
 }
 
+bool tally__side_closed(tally_client_t *member)
+{
+    struct pollfd p = {.fd = member->side_fd, .events = POLLIN};
+    if (member->side_fd >= 0 && poll(&p, 1, 0) == 0)
+        return false; /* tallyd answers, never speaks first: anything to read is its end */
+    side_disconnect(member);
+    return true;
+}
+
 void tally__region_release(tally_client_t *member, uint64_t handle)
 {
     if (member->side_fd < 0)

@@ -32,7 +32,8 @@
  *      b stopped, then restarted on this host: b's streams follow a's not_owner to b and the
  *      region is registered there on the way; each reply and each stream equal to the model, a
  *      stable filter into an output region on each member; tally_region_destroy releases it on
- *      both (tallyd_shm_regions back to 0); the CLI's `--fleet ... hist --shm`;
+ *      both (tallyd_shm_regions back to 0), after a restarted at its endpoint has had it
+ *      registered again (its regions went with its process); the CLI's `--fleet ... hist --shm`;
  *   5b. members whose records say they cannot take a memfd (no host=, another host, no shm=),
  *      faked in the buckets in front of one plain tallyd: each refused, named; a region of
  *      another client refused; one past the member's regions per peer refused, said, and one
@@ -866,7 +867,11 @@ static void test_shm_through_fleet(void **state)
 {
     (void)state;
     fresh_fleet();
-    start(0, "200", NULL);
+    /* a advertises an ipc endpoint: started again there, it is the same member to the client */
+    char dir[128], ipc[192];
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-route"), 0);
+    snprintf(ipc, sizeof ipc, "ipc://%s/a.sock", dir);
+    start(0, "200", ipc);
     wait_held(ids[0], PARTITIONS);
     /* a's record names this host: the kernel's boot id */
     char host[TALLY_FLEET_HOST_MAX], mine[TALLY_FLEET_HOST_MAX];
@@ -942,6 +947,19 @@ static void test_shm_through_fleet(void **state)
     filter_shm(c, in, out, stream_held_by(ids[1]));
     wait_regions(&member[0], 2);
     wait_regions(&member[1], 2);
+
+    /* a stopped and started again at the same endpoint: its regions went with its process (its
+     * side connection closed); the next request to it registers the region again */
+    assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
+    member[0].pid = 0;
+    wait_held(ids[1], PARTITIONS);
+    start(0, "200", ipc);
+    wait_held(ids[0], PARTITIONS / 2);
+    wait_held(ids[1], PARTITIONS / 2);
+    wait_regions(&member[0], 0);
+    hist_shm_all(c, in, 5, NULL);
+    check_model(c);
+    wait_regions(&member[0], 1);
     tally_region_destroy(&in);
     tally_region_destroy(&out);
     assert_null(in);
@@ -950,8 +968,7 @@ static void test_shm_through_fleet(void **state)
     tally_client_destroy(&c);
 
     /* The CLI: `tally --fleet URL hist --stream S --in FILE --shm`, to b's stream */
-    char dir[128], path[160], name[32];
-    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-route"), 0);
+    char path[160], name[32];
     snprintf(path, sizeof path, "%s/in.bin", dir);
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
@@ -965,7 +982,6 @@ static void test_shm_through_fleet(void **state)
     if (q.status != 0)
         fail_msg("tally --fleet hist --shm: %d: %s", q.status, q.err);
     th_cli_free(&q);
-    th_rmrf(dir);
     tr_hist_parts(TALLY_DTYPE_U8, data, n, 0, 0, model[sb], NULL, NULL);
     seqs[sb]++; /* the CLI numbers a stream's chunks from its last_seq */
     c = fleet_client();
@@ -976,6 +992,7 @@ static void test_shm_through_fleet(void **state)
     tally_client_destroy(&c);
     wait_regions(&member[1], 0);
     stop_clean();
+    th_rmrf(dir);
 }
 
 /* Records that say no: partition 0's owner publishes no host, 1's another host, 2's no side
