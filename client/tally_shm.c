@@ -186,7 +186,7 @@ bool tally__side_closed(tally_client_t *member)
 
 void tally__region_release(tally_client_t *member, uint64_t handle)
 {
-    if (member->side_fd < 0)
+    if (tally__side_closed(member))
         return;
     tally_shm_msg_t m = {.op = TALLY_SHM_OP_RELEASE, .handle = handle};
     tally_shm_answer_t answer;

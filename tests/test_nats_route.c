@@ -30,10 +30,12 @@
  *      owns them all, then after b joins on "another host" (TALLYD_TEST_HOST_ID): b's streams
  *      answered TALLY_E_ARG naming route-b (a follow-up refused before it left), a's applied;
  *      b stopped, then restarted on this host: b's streams follow a's not_owner to b and the
- *      region is registered there on the way; each reply and each stream equal to the model, a
- *      stable filter into an output region on each member; tally_region_destroy releases it on
- *      both (tallyd_shm_regions back to 0), after a restarted at its endpoint has had it
- *      registered again (its regions went with its process); the CLI's `--fleet ... hist --shm`;
+ *      region is registered there on the way; each reply and each stream equal to the model; a
+ *      stable filter into an output region on each member, that region destroyed: released on
+ *      both (tallyd_shm_regions); a restarted at its endpoint: the region registered there
+ *      again (its regions went with its process); b stopped with requests by reference in
+ *      flight, then killed: each sent again to a with a's handle (b's would be bad_ref there),
+ *      applied once; the CLI's `--fleet ... hist --shm`;
  *   5b. members whose records say they cannot take a memfd (no host=, another host, no shm=),
  *      faked in the buckets in front of one plain tallyd: each refused, named; a region of
  *      another client refused; one past the member's regions per peer refused, said, and one
@@ -792,9 +794,10 @@ static tally_status_t send_hist_shm(tally_client_t *c, tally_region_t *in, int s
     return st;
 }
 
-/* Every stream in `which` (NULL: all) sent its round-r hist by reference, pipelined; each reply
- * equals its batch's counts. */
-static void hist_shm_all(tally_client_t *c, tally_region_t *in, int r, const bool *which)
+/* Every stream in `which` (NULL: all) sent its round-r hist by reference, pipelined, then
+ * `between` run (NULL: nothing); each reply equals its batch's counts. */
+static void hist_shm_all(tally_client_t *c, tally_region_t *in, int r, const bool *which,
+                         void (*between)(void))
 {
     static uint64_t want[STREAMS][256];
     uint64_t req_ids[STREAMS] = {0};
@@ -807,6 +810,8 @@ static void hist_shm_all(tally_client_t *c, tally_region_t *in, int r, const boo
             fail_msg("send_shm route/%d: %s: %s", s, tally_status_name(st), tally_client_error(c));
         sent++;
     }
+    if (between)
+        between();
     for (int i = 0; i < sent; i++) {
         tally_reply_t rep;
         tally_reply_init(&rep);
@@ -855,6 +860,14 @@ static void filter_shm(tally_client_t *c, tally_region_t *in, tally_region_t *ou
     tally_reply_clear(&r);
 }
 
+/* Member b, stopped with requests sent to it, killed (kill -9). */
+static void kill_b(void)
+{
+    kill(member[1].pid, SIGKILL);
+    th_daemon_wait(&member[1], 5000);
+    member[1].pid = 0;
+}
+
 static void wait_regions(const th_daemon_t *d, long long want)
 {
     int64_t until = th_now_ms() + TIMEOUT_MS;
@@ -892,7 +905,7 @@ static void test_shm_through_fleet(void **state)
     assert_int_equal(tally_region_create(c, STREAMS * SLOT, &in), TALLY_OK);
     assert_int_equal(tally_region_create(c, SLOT, &out), TALLY_OK);
     wait_regions(&member[0], 0); /* registered when first used */
-    hist_shm_all(c, in, 0, NULL);
+    hist_shm_all(c, in, 0, NULL, NULL);
     wait_regions(&member[0], 1);
 
     /* b joins on "another host": a gives half up; b's streams, sent to a, follow its
@@ -924,7 +937,7 @@ static void test_shm_through_fleet(void **state)
         holder(partition_of(s), h, sizeof h);
         of_a[s] = strcmp(h, ids[0]) == 0;
     }
-    hist_shm_all(c, in, 1, of_a);
+    hist_shm_all(c, in, 1, of_a, NULL);
     wait_regions(&member[1], 0);
 
     /* b stopped: every stream to a (b's partitions rerouted from b, which is gone); b again,
@@ -933,20 +946,24 @@ static void test_shm_through_fleet(void **state)
     assert_int_equal(th_daemon_stop(&member[1], SIGTERM, TIMEOUT_MS), 0);
     member[1].pid = 0;
     wait_held(ids[0], PARTITIONS);
-    hist_shm_all(c, in, 2, NULL);
+    hist_shm_all(c, in, 2, NULL, NULL);
     start(1, "200", NULL);
     wait_held(ids[0], PARTITIONS / 2);
     wait_held(ids[1], PARTITIONS / 2);
     wait_regions(&member[1], 0);
     long long followed = th_metric(&member[0], "tallyd_nats_not_owner_total");
-    hist_shm_all(c, in, 3, NULL);
+    hist_shm_all(c, in, 3, NULL, NULL);
     assert_true(th_metric(&member[0], "tallyd_nats_not_owner_total") > followed);
-    hist_shm_all(c, in, 4, NULL);
+    hist_shm_all(c, in, 4, NULL, NULL);
     check_model(c);
     filter_shm(c, in, out, stream_held_by(ids[0]));
     filter_shm(c, in, out, stream_held_by(ids[1]));
     wait_regions(&member[0], 2);
     wait_regions(&member[1], 2);
+    tally_region_destroy(&out); /* released on both */
+    assert_null(out);
+    wait_regions(&member[0], 1);
+    wait_regions(&member[1], 1);
 
     /* a stopped and started again at the same endpoint: its regions went with its process (its
      * side connection closed); the next request to it registers the region again */
@@ -957,14 +974,24 @@ static void test_shm_through_fleet(void **state)
     wait_held(ids[0], PARTITIONS / 2);
     wait_held(ids[1], PARTITIONS / 2);
     wait_regions(&member[0], 0);
-    hist_shm_all(c, in, 5, NULL);
+    hist_shm_all(c, in, 5, NULL, NULL);
     check_model(c);
     wait_regions(&member[0], 1);
+
+    /* b stopped (SIGSTOP) with a numbered request by reference on every stream of its, then
+     * killed: each is sent again to a once it has taken over, with a's handle (b's would be
+     * bad_ref there), and applied once */
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    while (info_u64(&member[1], "nats_direct_uncommitted") != 0 && th_now_ms() < until)
+        th_sleep_ms(50);
+    assert_int_equal(info_u64(&member[1], "nats_direct_uncommitted"), 0);
+    assert_int_equal(kill(member[1].pid, SIGSTOP), 0);
+    hist_shm_all(c, in, 6, NULL, kill_b);
+    wait_held(ids[0], PARTITIONS);
+    check_model(c);
     tally_region_destroy(&in);
-    tally_region_destroy(&out);
     assert_null(in);
     wait_regions(&member[0], 0);
-    wait_regions(&member[1], 0);
     tally_client_destroy(&c);
 
     /* The CLI: `tally --fleet URL hist --stream S --in FILE --shm`, to b's stream */
@@ -990,7 +1017,7 @@ static void test_shm_through_fleet(void **state)
     if (th_stream_differs(c, name, seqs[sb], model[sb], why, sizeof why))
         fail_msg("%s", why);
     tally_client_destroy(&c);
-    wait_regions(&member[1], 0);
+    wait_regions(&member[0], 0);
     stop_clean();
     th_rmrf(dir);
 }
