@@ -248,8 +248,8 @@ static tally_status_t member_local(fleetc_t *self, int m)
     else
         return TALLY_OK;
     set_msg(self->error,
-            "shared memory through the fleet: member %s (%s) %s; send its streams payloads "
-            "(tally_send) instead",
+            "shared memory through the fleet: member %s (%s) %s; send its streams' data as "
+            "payloads (tally_send; tally without --shm)",
             o->member, o->endpoint, why);
     return TALLY_E_ARG;
 }
