@@ -205,14 +205,18 @@ typedef struct tally_region tally_region_t;
  * why), TALLY_E_ARG when the daemon offers no shared memory, TALLY_E_IO or TALLY_E_TRANSPORT
  * when the side channel cannot be reached. The client's regions share one side connection; when
  * tallyd has closed it (it registered nothing in time, or was refused), the next registration
- * opens a new one. Destroy regions before their client. */
+ * opens a new one. Destroy regions before their client. On a fleet client
+ * (tally_client_new_fleet) the region is made here and registered with each member when the
+ * first request naming it goes there (tally_send_shm); over NATS (tally_client_new_nats)
+ * TALLY_E_ARG. */
 TALLY_API tally_status_t tally_region_create(tally_client_t *client, size_t size,
                                              tally_region_t **out);
 /* The region's memory (page-aligned) and size. */
 TALLY_API void *tally_region_data(const tally_region_t *region);
 TALLY_API size_t tally_region_size(const tally_region_t *region);
-/* Releases the region (the daemon unmaps it once the requests using it are answered) and
- * unmaps it here; sets *region_p to NULL. */
+/* Releases the region (the daemon unmaps it once the requests using it are answered; a fleet
+ * client's: on every member it was registered with) and unmaps it here; sets *region_p to
+ * NULL. */
 TALLY_API void tally_region_destroy(tally_region_t **region_p);
 
 /* tally_send with the input at [offset, offset + length) of `in` (whole elements; offset a
@@ -220,7 +224,12 @@ TALLY_API void tally_region_destroy(tally_region_t **region_p);
  * none) the daemon writes the result at out_offset of `out` (aligned to the output element,
  * room for the worst case: filter `length`, scan `length` or 2 x `length` for int64) and the
  * reply carries only its header: count and aux0 as usual, an empty payload. The ranges must
- * stay unchanged (input) and unread (output) until the reply has arrived. */
+ * stay unchanged (input) and unread (output) until the reply has arrived. On a fleet client
+ * the request goes to its stream's owner, the regions registered there first if they are not
+ * yet; an owner whose TALLY_ENDPOINTS record does not name this host (host=, the boot id) or a
+ * side channel (shm=) cannot take them: TALLY_E_ARG, not sent, tally_client_error naming the
+ * member and why (a not_owner follow-up to such a member is answered so). Regions of another
+ * client: TALLY_E_ARG. */
 TALLY_API tally_status_t tally_send_shm(tally_client_t *self, const tally_req_t *req,
                                         const tally_region_t *in, size_t offset, size_t length,
                                         const tally_region_t *out, size_t out_offset,
@@ -231,7 +240,7 @@ TALLY_API tally_status_t tally_send_shm(tally_client_t *self, const tally_req_t 
  * one reply with their counts summed and aux0 the elements of all; on a stream each piece is one
  * batch. After the first piece that fails no more are sent: the status is that piece's and the
  * error says which piece failed and how many were applied. tally_send_shm always sends one
- * request (over max_batch: TALLY_E_TOO_LARGE). */
+ * request (over max_batch: TALLY_E_TOO_LARGE), and so does a fleet client. */
 TALLY_API tally_status_t tally_call_shm(tally_client_t *self, const tally_req_t *req,
                                         const tally_region_t *in, size_t offset, size_t length,
                                         const tally_region_t *out, size_t out_offset,
@@ -794,19 +803,20 @@ TALLY_API tally_status_t tally_client_new_nats(const tally_nats_opts_t *opts, ta
                                                char *msg, size_t msg_cap);
 
 /* A client of a fleet in direct mode (PROTOCOL.md §13 "Direct mode"; tallyd's [nats] direct =
- * local or replicated): the same calls, each request sent over ZeroMQ straight to the member that owns its
- * stream's partition (tally_partition; the owner from TALLY_LEASES, its endpoint from
+ * local or replicated): the same calls, each request sent over ZeroMQ straight to the member that
+ * owns its stream's partition (tally_partition; the owner from TALLY_LEASES, its endpoint from
  * TALLY_ENDPOINTS, read through NATS at opts->servers). A `not_owner` answer is followed to the
  * owner it names (up to 8 hops); a `shutdown` answer, a numbered request's `not_durable` (its
  * changelog record not stored: the owner gives the partition up), or no answer from an owner
- * that has since been replaced, is sent again to the partition's next owner once it has taken over, when the
- * request is numbered (`seq`: applied once) or only reads; an unnumbered write that lost its
- * owner is answered TALLY_E_TRANSPORT (it may or may not have been applied). An owner whose
+ * that has since been replaced, is sent again to the partition's next owner once it has taken over,
+ * when the request is numbered (`seq`: applied once) or only reads; an unnumbered write that lost
+ * its owner is answered TALLY_E_TRANSPORT (it may or may not have been applied). An owner whose
  * connection does not come up within 1 s (it exited) is not waited on for the timeout: the
  * routing is read again and the request, not yet sent, goes to the owner it names. Requests
  * without a stream go to partition 0's owner, except `streams`, gathered from every owner
  * (tally_streams_missing counts the partitions whose owner did not answer). Shared-memory
- * regions are refused. TALLY_E_ARG (no fleet in
+ * regions work with the members on this host (tally_send_shm); device regions are refused
+ * (TALLY_E_ARG). TALLY_E_ARG (no fleet in
  * direct mode on that NATS, a malformed option), TALLY_E_TRANSPORT (NATS unreachable); msg (may
  * be NULL) says why. */
 TALLY_API tally_status_t tally_client_new_fleet(const tally_nats_opts_t *opts, tally_client_t **out,

@@ -31,7 +31,18 @@
  *     (`seq`: the new owner applies it only if its checkpoint does not have it; exactly once) or
  *     reads only; any other is answered TALLY_E_TRANSPORT, since it may or may not have been
  *     applied.
- * A reply from a member for a request since sent elsewhere is dropped. Not thread-safe.
+ * A reply from a member for a request since sent elsewhere is dropped.
+ *
+ * Shared memory (tally_region_create, tally_send_shm, tally_call_shm on this client). A region
+ * is a memfd made here and kept open; it is registered with a member (tally__region_register,
+ * over that member's client's side channel) the first time a request naming it goes there, and
+ * each send, first or followed, puts the handles of the member it goes to in the reference. A
+ * member takes a region only when its TALLY_ENDPOINTS record names this host (host=, the boot
+ * id: PROTOCOL.md §13) and a side channel (shm=): any other is answered TALLY_E_ARG saying which
+ * member and why, not sent the bytes instead (an output region could not be filled that way,
+ * and a producer that chose shared memory should learn that its data now crosses a network).
+ * tally_region_destroy releases the region on every member it was registered with. Not
+ * thread-safe.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +51,8 @@
 
 #include <nats/nats.h>
 #include <zmq.h>
+
+#include "tally_proto.h"
 
 #include "tally_client_int.h"
 #include "tally_client_nats.h"
@@ -58,6 +71,14 @@ typedef struct {
     bool down; /* its connection did not come up within a probe: not waited for again */
 } member_t;
 
+/* A region registered with member m: its handle there, until tally_region_destroy. */
+typedef struct registration {
+    struct registration *next;
+    const tally_region_t *region;
+    int m;
+    uint64_t handle;
+} registration_t;
+
 typedef struct pending {
     struct pending *next;
     uint64_t id;       /* what the caller knows it by */
@@ -70,6 +91,8 @@ typedef struct pending {
     tally_req_t req;
     uint8_t *payload;
     size_t len;
+    const tally_region_t *in, *out; /* a shared-memory request's regions (in: NULL for none) */
+    tally_shm_ref_t ref;            /* and its reference, handles 0: each send puts its member's */
     bool ready; /* answered here (`streams`, gathered): answer and status wait for tally_recv */
     tally_status_t status;
     tally_reply_t answer;
@@ -87,6 +110,8 @@ typedef struct {
     pending_t *head, **tail; /* in the order sent: a stream's numbered requests resent in order */
     uint64_t next_id;
     int64_t checked_us;
+    registration_t *regs;
+    char host[TALLY_FLEET_HOST_MAX]; /* this host's identity ("": unknown, no member is local) */
     char error[TALLY_ERROR_MESSAGE_MAX + 1];
 } fleetc_t;
 
@@ -196,7 +221,144 @@ static int named_owner(fleetc_t *self, const char *why)
     return member_index(self, member, at + strlen(" at "));
 }
 
+/* ---- Shared memory ------------------------------------------------------------------------ */
+
+/* Whether member m may be handed a memfd from here: its TALLY_ENDPOINTS record names this host
+ * and a side channel. TALLY_E_ARG, self->error saying which member and why, when not. */
+static tally_status_t member_local(fleetc_t *self, int m)
+{
+    const member_t *o = &self->members[m];
+    char host[TALLY_FLEET_HOST_MAX] = "", shm[TALLY_NATS_ENDPOINT_MAX] = "";
+    kvEntry *e = NULL;
+    if (kvStore_Get(&e, self->endpoints, o->member) == NATS_OK) {
+        const char *v = kvEntry_Value(e);
+        size_t n = (size_t)kvEntry_ValueLen(e);
+        tally_fleet_endpoint_get(v, n, "host", host, sizeof host);
+        tally_fleet_endpoint_get(v, n, "shm", shm, sizeof shm);
+        kvEntry_Destroy(e);
+    }
+    char why[160];
+    if (!host[0]) /* a tallyd older than host=, or one whose record has gone (it left) */
+        snprintf(why, sizeof why, "publishes no host (host= in %s)", TALLY_NATS_BUCKET_ENDPOINTS);
+    else if (strcmp(host, self->host) != 0)
+        snprintf(why, sizeof why, "is on another host (host=%.40s; this one %.40s)", host,
+                 self->host[0] ? self->host : "unknown");
+    else if (!shm[0])
+        snprintf(why, sizeof why, "offers no shared memory (its side channel is off)");
+    else
+        return TALLY_OK;
+    set_msg(self->error,
+            "shared memory through the fleet: member %s (%s) %s; send its streams' data as "
+            "payloads (tally_send; tally without --shm)",
+            o->member, o->endpoint, why);
+    return TALLY_E_ARG;
+}
+
+/* Forgets every region registered with member m (its tallyd has gone with them). */
+static void forget_member(fleetc_t *self, int m)
+{
+    for (registration_t **at = &self->regs; *at;) {
+        registration_t *r = *at;
+        if (r->m != m) {
+            at = &r->next;
+            continue;
+        }
+        *at = r->next;
+        free(r);
+    }
+}
+
+/* Member m's handle for region, registered there now when it is not yet, or no longer: a member
+ * restarted at the same endpoint (its side connection closed) knows none of the old ones.
+ * Member m's connection is waited for until deadline: TALLY_E_TIMEOUT when it is not up, as a
+ * send's. */
+static tally_status_t region_handle(fleetc_t *self, const tally_region_t *region, int m,
+                                    int64_t deadline, uint64_t *handle)
+{
+    member_t *o = &self->members[m];
+    for (registration_t *r = self->regs; r; r = r->next)
+        if (r->region == region && r->m == m) {
+            if (tally__side_closed(o->c)) {
+                forget_member(self, m);
+                break;
+            }
+            *handle = r->handle;
+            return TALLY_OK;
+        }
+    if (region->fd < 0) {
+        snprintf(self->error, sizeof self->error,
+                 "shared memory through the fleet: the region was not made by this client "
+                 "(tally_region_create on the fleet client)");
+        return TALLY_E_ARG;
+    }
+    tally_status_t st = tally__wait_connected(o->c, deadline);
+    if (st == TALLY_OK)
+        st = member_local(self, m);
+    else
+        snprintf(self->error, sizeof self->error, "%s", tally_client_error(o->c));
+    if (st != TALLY_OK)
+        return st;
+    registration_t *r = calloc(1, sizeof *r);
+    if (!r) {
+        snprintf(self->error, sizeof self->error, "out of memory");
+        return TALLY_E_NOMEM;
+    }
+    st = tally__region_register(o->c, region, &r->handle);
+    if (st != TALLY_OK) {
+        snprintf(self->error, sizeof self->error, "registering a region with member %s: %s",
+                 o->member, tally_client_error(o->c));
+        free(r);
+        /* no answer on its side channel is a failure, not a member found down */
+        return st == TALLY_E_TIMEOUT ? TALLY_E_TRANSPORT : st;
+    }
+    *r = (registration_t){.next = self->regs, .region = region, .m = m, .handle = r->handle};
+    self->regs = r;
+    *handle = r->handle;
+    return TALLY_OK;
+}
+
+/* p's reference, with member m's handles for its regions, into p->payload. */
+static tally_status_t shm_bind(fleetc_t *self, pending_t *p, int m, int64_t deadline)
+{
+    tally_shm_ref_t ref = p->ref;
+    tally_status_t st = region_handle(self, p->in, m, deadline, &ref.in_handle);
+    if (st == TALLY_OK && p->out)
+        st = region_handle(self, p->out, m, deadline, &ref.out_handle);
+    if (st == TALLY_OK)
+        tally_shm_ref_encode(&ref, p->payload);
+    return st;
+}
+
+static void fleetc_region_release(tally__transport_t *base, const tally_region_t *region)
+{
+    fleetc_t *self = (fleetc_t *)base;
+    for (registration_t **at = &self->regs; *at;) {
+        registration_t *r = *at;
+        if (r->region != region) {
+            at = &r->next;
+            continue;
+        }
+        tally__region_release(self->members[r->m].c, r->handle);
+        *at = r->next;
+        free(r);
+    }
+}
+
 /* ---- Sending ------------------------------------------------------------------------------ */
+
+/* p answered here with st and self->error: sent again to a member that cannot take its region,
+ * it is not sent at all. */
+static void answer_here(fleetc_t *self, pending_t *p, tally_status_t st)
+{
+    p->ready = true;
+    p->m = -1;
+    p->status = st;
+    p->answer.rep = (tally_rep_t){.version = TALLY_PROTO_VERSION,
+                                  .opcode = p->req.opcode,
+                                  .request_id = p->id,
+                                  .status = (uint32_t)st};
+    set_msg(p->answer.error, "%s", self->error);
+}
 
 /* Sends p to member m. Its connection is waited for TALLY_FLEET_SUSPECT_MS at most (an owner
  * that has exited never comes back: the routing is asked again instead), and not at all while it
@@ -209,8 +371,13 @@ static tally_status_t send_to(fleetc_t *self, pending_t *p, int m)
     p->waiting = false;
     p->sent_us = now_us();
     int64_t deadline = p->sent_us + (to->down ? 0 : (int64_t)probe_ms(self) * 1000);
-    tally_status_t st =
-        tally__send_until(to->c, &p->req, p->payload, p->len, &p->inner_id, deadline);
+    tally_status_t st = p->in ? shm_bind(self, p, m, deadline) : TALLY_OK;
+    if (st != TALLY_OK && st != TALLY_E_TIMEOUT) { /* its region cannot go there */
+        answer_here(self, p, st);
+        return st;
+    }
+    if (st == TALLY_OK)
+        st = tally__send_until(to->c, &p->req, p->payload, p->len, &p->inner_id, deadline);
     to->down = st == TALLY_E_TIMEOUT;
     if (st != TALLY_OK)
         snprintf(self->error, sizeof self->error, "%s", tally_client_error(to->c));
@@ -297,11 +464,12 @@ static tally_status_t gather_streams(fleetc_t *self, pending_t *p)
     return TALLY_OK;
 }
 
-static tally_status_t fleetc_send(tally__transport_t *base, const tally_req_t *req,
-                                  const void *payload, size_t len, uint64_t *request_id,
-                                  char *error, size_t cap)
+/* A request, kept until its reply: with the regions in and out (NULL: a payload's) its payload
+ * is their reference, which each send fills in with its member's handles. */
+static tally_status_t send_new(fleetc_t *self, const tally_req_t *req, const void *payload,
+                               size_t len, const tally_region_t *in, const tally_region_t *out,
+                               uint64_t *request_id, char *error, size_t cap)
 {
-    fleetc_t *self = (fleetc_t *)base;
     pending_t *p = calloc(1, sizeof *p);
     if (!p || (len && !(p->payload = malloc(len)))) {
         free(p);
@@ -311,6 +479,10 @@ static tally_status_t fleetc_send(tally__transport_t *base, const tally_req_t *r
     if (len)
         memcpy(p->payload, payload, len);
     p->len = len;
+    p->in = in;
+    p->out = out;
+    if (in) /* the core's encoding: it cannot fail */
+        (void)tally_shm_ref_decode(payload, len, &p->ref, NULL, 0);
     p->req = *req;
     p->id = ++self->next_id;
     p->k = req->stream_len ? tally_partition(req->stream, req->stream_len, self->partitions) : 0;
@@ -346,6 +518,22 @@ static tally_status_t fleetc_send(tally__transport_t *base, const tally_req_t *r
     if (request_id)
         *request_id = p->id;
     return TALLY_OK;
+}
+
+static tally_status_t fleetc_send(tally__transport_t *base, const tally_req_t *req,
+                                  const void *payload, size_t len, uint64_t *request_id,
+                                  char *error, size_t cap)
+{
+    return send_new((fleetc_t *)base, req, payload, len, NULL, NULL, request_id, error, cap);
+}
+
+static tally_status_t fleetc_send_shm(tally__transport_t *base, const tally_req_t *req,
+                                      const uint8_t *ref, const tally_region_t *in,
+                                      const tally_region_t *out, uint64_t *request_id, char *error,
+                                      size_t cap)
+{
+    return send_new((fleetc_t *)base, req, ref, TALLY_SHM_REF_SIZE, in, out, request_id, error,
+                    cap);
 }
 
 /* ---- Receiving ---------------------------------------------------------------------------- */
@@ -391,7 +579,7 @@ static bool check_owners(fleetc_t *self, tally_reply_t *reply, tally_status_t *s
             return true;
         }
         self->owner[p->k] = m;
-        if (send_to(self, p, m) != TALLY_OK)
+        if (send_to(self, p, m) != TALLY_OK && !p->ready)
             p->waiting = true; /* tried again at the next check (a member down: at no cost) */
     }
     return false;
@@ -408,7 +596,7 @@ static bool take_reply(fleetc_t *self, int m, tally_status_t st, tally_reply_t *
     if (st == TALLY_E_NOT_OWNER && p->hops < TALLY_FLEET_HOPS) {
         p->hops++;
         int to = self->owner[p->k] = named_owner(self, r->error);
-        if (to < 0 || send_to(self, p, to) != TALLY_OK)
+        if ((to < 0 || send_to(self, p, to) != TALLY_OK) && !p->ready)
             p->waiting = true; /* the buckets say where, at the next check */
         return false;
     }
@@ -423,6 +611,21 @@ static bool take_reply(fleetc_t *self, int m, tally_status_t st, tally_reply_t *
     return true;
 }
 
+/* A request answered here (`streams`, or one whose region its new owner cannot take) into
+ * reply: true, its status in *status. */
+static bool take_ready(fleetc_t *self, tally_reply_t *reply, tally_status_t *status)
+{
+    for (pending_t *p = self->head; p; p = p->next)
+        if (p->ready) {
+            *reply = p->answer;
+            tally_reply_init(&p->answer);
+            *status = p->status;
+            unlink_pending(self, p);
+            return true;
+        }
+    return false;
+}
+
 static tally_status_t fleetc_recv(tally__transport_t *base, int timeout_ms, tally_reply_t *reply)
 {
     fleetc_t *self = (fleetc_t *)base;
@@ -430,15 +633,9 @@ static tally_status_t fleetc_recv(tally__transport_t *base, int timeout_ms, tall
     int64_t deadline = now_us() + (int64_t)timeout_ms * 1000;
     zmq_pollitem_t items[TALLY_FLEET_MEMBERS_MAX];
     tally_status_t st = TALLY_OK;
-    for (pending_t *p = self->head; p; p = p->next)
-        if (p->ready) { /* answered here */
-            *reply = p->answer;
-            tally_reply_init(&p->answer);
-            st = p->status;
-            unlink_pending(self, p);
-            return st;
-        }
     while (self->head) {
+        if (take_ready(self, reply, &st))
+            return st;
         for (int i = 0; i < self->count; i++)
             items[i] = (zmq_pollitem_t){.socket = self->members[i].c->sock, .events = ZMQ_POLLIN};
         zmq_poll(items, self->count, TALLY_FLEET_POLL_MS);
@@ -517,6 +714,8 @@ static const tally__transport_ops_t fleetc_ops = {
     .recv = fleetc_recv,
     .chunk_limit = fleetc_chunk_limit,
     .last_seq = fleetc_last_seq,
+    .send_shm = fleetc_send_shm,
+    .region_release = fleetc_region_release,
     .destroy = fleetc_destroy,
 };
 
@@ -530,6 +729,8 @@ static tally_status_t fleetc_connect(fleetc_t *self, const tally_nats_opts_t *op
     if (st != TALLY_OK)
         return st;
     self->partitions = tally_nats_partitions(self->nats);
+    /* no boot id: host stays "" and no member is known to share this host */
+    (void)tally_fleet_host_id(self->host, sizeof self->host);
     jsCtx *js = tally__nats_js(self->nats);
     natsStatus s = js_KeyValue(&self->leases, js, TALLY_NATS_BUCKET_LEASES);
     if (s == NATS_OK)

@@ -54,6 +54,8 @@ struct tally_region {
     size_t size;
     uint64_t handle;
     bool device; /* a device region (tally_gpu_register_fd): base is a device address */
+    int fd;      /* a routing transport's (the fleet's direct mode): the memfd, kept to register
+                  * the region with each member it is used with; -1 otherwise */
 };
 
 /* ---- Small helpers ------------------------------------------------------------------------ */
@@ -107,6 +109,21 @@ tally_status_t tally__send_until(tally_client_t *self, const tally_req_t *req, c
 /* Receives until the reply to request `id` comes (replies to older requests are skipped). */
 tally_status_t tally__wait_reply(tally_client_t *self, uint64_t id, int64_t deadline,
                                  tally_reply_t *reply);
+
+/* ---- tally_shm.c: regions, for a transport that registers them itself ---------------------- */
+
+/* Registers region (its fd) with the tallyd `member` is connected to, over member's side channel
+ * (opened with the first); *handle receives that tallyd's handle for it. Fails as
+ * tally_region_create, member->error saying why. */
+tally_status_t tally__region_register(tally_client_t *member, const tally_region_t *region,
+                                      uint64_t *handle);
+/* Releases handle on member's tallyd (nothing when member's side channel is closed: tallyd has
+ * released what it registered). */
+void tally__region_release(tally_client_t *member, uint64_t handle);
+/* Whether the regions member registered are gone: its side connection was never opened, or
+ * tallyd has closed it (it exited: a restart at the same endpoint knows none of them), which
+ * is then closed here too. */
+bool tally__side_closed(tally_client_t *member);
 
 /* tally.c lends tally_sub.c: makes sock a CURVE client with keys (NULL or an empty
  * server_public: nothing), before its connect; TALLY_E_ARG for keys that are not 40 characters

@@ -160,12 +160,54 @@ static int sealed_memfd(size_t size)
     return fd;
 }
 
+tally_status_t tally__region_register(tally_client_t *member, const tally_region_t *region,
+                                      uint64_t *handle)
+{
+    tally_status_t status = side_connect(member);
+    if (status != TALLY_OK)
+        return status;
+    tally_shm_msg_t m = {.op = TALLY_SHM_OP_REGISTER, .id_len = TALLY_ROUTING_ID_BYTES};
+    memcpy(m.id, member->routing_id, TALLY_ROUTING_ID_BYTES);
+    tally_shm_answer_t answer;
+    status = side_call(member, &m, region->fd, &answer);
+    if (status == TALLY_OK)
+        *handle = answer.handle;
+    return status;
+}
+
+bool tally__side_closed(tally_client_t *member)
+{
+    struct pollfd p = {.fd = member->side_fd, .events = POLLIN};
+    if (member->side_fd >= 0 && poll(&p, 1, 0) == 0)
+        return false; /* tallyd answers, never speaks first: anything to read is its end */
+    side_disconnect(member);
+    return true;
+}
+
+void tally__region_release(tally_client_t *member, uint64_t handle)
+{
+    if (tally__side_closed(member))
+        return;
+    tally_shm_msg_t m = {.op = TALLY_SHM_OP_RELEASE, .handle = handle};
+    tally_shm_answer_t answer;
+    (void)side_call(member, &m, -1, &answer);
+}
+
+/* A transport that sends shared-memory requests itself (the fleet's direct mode), or NULL. */
+static const tally__transport_ops_t *shm_transport(const tally_client_t *client)
+{
+    return client->transport && client->transport->ops->send_shm ? client->transport->ops : NULL;
+}
+
 tally_status_t tally_region_create(tally_client_t *client, size_t size, tally_region_t **out)
 {
     if (!client || !out || size == 0)
         return TALLY_E_ARG;
     *out = NULL;
-    tally_status_t status = side_connect(client);
+    /* Through a transport that routes, the region is registered with each tallyd it is used
+     * with, when first used: the memfd stays open for that. */
+    bool lazy = shm_transport(client) != NULL;
+    tally_status_t status = lazy ? TALLY_OK : side_connect(client);
     if (status != TALLY_OK)
         return status;
     tally_region_t *region = calloc(1, sizeof *region);
@@ -175,15 +217,14 @@ tally_status_t tally_region_create(tally_client_t *client, size_t size, tally_re
         status = fail(client, region ? TALLY_E_IO : TALLY_E_NOMEM, "cannot create a memfd region");
         goto fail;
     }
-    tally_shm_msg_t m = {.op = TALLY_SHM_OP_REGISTER, .id_len = TALLY_ROUTING_ID_BYTES};
-    memcpy(m.id, client->routing_id, TALLY_ROUTING_ID_BYTES);
-    tally_shm_answer_t answer;
-    status = side_call(client, &m, fd, &answer);
-    if (status != TALLY_OK)
-        goto fail;
-    close(fd);
-    *region =
-        (tally_region_t){.client = client, .base = base, .size = size, .handle = answer.handle};
+    *region = (tally_region_t){.client = client, .base = base, .size = size, .fd = fd};
+    if (!lazy) {
+        status = tally__region_register(client, region, &region->handle);
+        if (status != TALLY_OK)
+            goto fail;
+        close(fd);
+        region->fd = -1;
+    }
     *out = region;
     return TALLY_OK;
 fail:
@@ -211,11 +252,13 @@ void tally_region_destroy(tally_region_t **region_p)
         return;
     tally_region_t *region = *region_p;
     tally_client_t *client = region->client;
-    if (client->side_fd >= 0) {
-        tally_shm_msg_t m = {.op = TALLY_SHM_OP_RELEASE, .handle = region->handle};
-        tally_shm_answer_t answer;
-        (void)side_call(client, &m, -1, &answer);
-    }
+    const tally__transport_ops_t *routed = shm_transport(client);
+    if (routed)
+        routed->region_release(client->transport, region);
+    else
+        tally__region_release(client, region->handle);
+    if (region->fd >= 0)
+        close(region->fd);
     if (!region->device) /* device memory is its allocator's (tally_gpu_free) */
         munmap(region->base, region->size);
     free(region);
@@ -255,7 +298,8 @@ tally_status_t tally_gpu_register_fd(tally_client_t *client, int fd, size_t size
                                .base = device_ptr,
                                .size = size,
                                .handle = answer.handle,
-                               .device = true};
+                               .device = true,
+                               .fd = -1};
     *out = region;
     return TALLY_OK;
 }
@@ -281,6 +325,25 @@ static tally_status_t shm_ref(tally_client_t *self, const tally_req_t *req,
     return TALLY_OK;
 }
 
+/* Sends the request naming ref (its regions in, out) under deadline: over the client's socket,
+ * or through its transport when that registers regions itself (refused over any other). */
+static tally_status_t send_ref(tally_client_t *self, const tally_req_t *req,
+                               const uint8_t ref[TALLY_SHM_REF_SIZE], const tally_region_t *in,
+                               const tally_region_t *out, uint64_t *request_id, int64_t deadline)
+{
+    tally_req_t wire = *req;
+    wire.flags |= TALLY_FLAG_SHM_REF;
+    if (!self->transport)
+        return tally__send_until(self, &wire, ref, TALLY_SHM_REF_SIZE, request_id, deadline);
+    const tally__transport_ops_t *routed = shm_transport(self);
+    if (!routed) {
+        set_msg(self->error, "shared memory is not available over %s", self->transport->ops->name);
+        return TALLY_E_ARG;
+    }
+    return routed->send_shm(self->transport, &wire, ref, in, out, request_id, self->error,
+                            sizeof self->error);
+}
+
 tally_status_t tally_send_shm(tally_client_t *self, const tally_req_t *req,
                               const tally_region_t *in, size_t offset, size_t length,
                               const tally_region_t *out, size_t out_offset, uint64_t *request_id)
@@ -289,9 +352,7 @@ tally_status_t tally_send_shm(tally_client_t *self, const tally_req_t *req,
     tally_status_t status = shm_ref(self, req, in, offset, length, out, out_offset, ref);
     if (status != TALLY_OK)
         return status;
-    tally_req_t wire = *req;
-    wire.flags |= TALLY_FLAG_SHM_REF;
-    return tally_send(self, &wire, ref, sizeof ref, request_id);
+    return send_ref(self, req, ref, in, out, request_id, deadline_after(self));
 }
 
 /* ---- A shared-memory hist over max_batch, in pieces ---------------------------------------- */
@@ -437,11 +498,8 @@ tally_status_t tally_call_shm(tally_client_t *self, const tally_req_t *req,
     uint8_t ref[TALLY_SHM_REF_SIZE];
     uint64_t id = 0;
     tally_status_t status = shm_ref(self, req, in, offset, length, out, out_offset, ref);
-    if (status == TALLY_OK) {
-        tally_req_t wire = *req;
-        wire.flags |= TALLY_FLAG_SHM_REF;
-        status = tally__send_until(self, &wire, ref, sizeof ref, &id, deadline);
-    }
+    if (status == TALLY_OK)
+        status = send_ref(self, req, ref, in, out, &id, deadline);
     if (status != TALLY_OK) {
         snprintf(reply->error, sizeof reply->error, "%s", self->error);
         return status;

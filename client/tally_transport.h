@@ -22,7 +22,9 @@
  * The rest of tally.h works on such a client unchanged: tally_call, the wrappers, tally_run and
  * pushes are sends and receives. What needs the ZeroMQ connection is refused in the transport's
  * name: shared memory needs tallyd's host and side channel ("shared memory is not available over
- * NATS"), and tally_client_wait_connected has nothing to wait for.
+ * NATS"), unless the transport sends to tallyds on this host itself (send_shm: the fleet's direct
+ * mode registers a region with each member it is used with), and tally_client_wait_connected has
+ * nothing to wait for.
  */
 #ifndef TALLY_TRANSPORT_H
 #define TALLY_TRANSPORT_H
@@ -50,6 +52,17 @@ typedef struct {
      * its chunks; a failure is said in error (cap bytes). */
     tally_status_t (*last_seq)(tally__transport_t *self, const char *stream, uint64_t *last,
                                char *error, size_t cap);
+    /* Optional (NULL: shared memory is refused in the transport's name). Sends req (its flags
+     * with TALLY_FLAG_SHM_REF) with the reference `ref` (TALLY_SHM_REF_SIZE bytes, checked, handles
+     * 0) to the regions in and out (NULL: none), as tally_send_shm; the transport registers
+     * each region (region->fd) with the tallyd it sends to (tally__region_register) and puts
+     * that tallyd's handles in the reference. */
+    tally_status_t (*send_shm)(tally__transport_t *self, const tally_req_t *req, const uint8_t *ref,
+                               const tally_region_t *in, const tally_region_t *out,
+                               uint64_t *request_id, char *error, size_t cap);
+    /* With send_shm: releases the region on every tallyd it was registered with (the region is
+     * freed after). */
+    void (*region_release)(tally__transport_t *self, const tally_region_t *region);
     /* Ends the transport (what it published first gets its acknowledgement, or times out) and
      * frees it; sets *self_p to NULL. */
     void (*destroy)(tally__transport_t **self_p);

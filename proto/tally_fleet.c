@@ -169,3 +169,15 @@ bool tally_fleet_endpoint_get(const char *value, size_t len, const char *key, ch
     }
     return false;
 }
+
+bool tally_fleet_host_id(char *out, size_t cap)
+{
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+    if (!f)
+        return false;
+    bool ok = fgets(out, (int)cap, f) != NULL;
+    fclose(f);
+    if (ok)
+        out[strcspn(out, "\n")] = '\0';
+    return ok && out[0];
+}

@@ -112,4 +112,14 @@ const char *tally_fleet_redact(const char *servers, char *out, size_t cap);
 bool tally_fleet_endpoint_get(const char *value, size_t len, const char *key, char *out,
                               size_t cap);
 
+/* Bytes of a host identity with its NUL: a boot id is 36 characters. */
+#define TALLY_FLEET_HOST_MAX 64
+/* This host's identity as TALLY_ENDPOINTS' `host=` says it (PROTOCOL.md §13 "Direct mode"): the
+ * kernel's boot id, /proc/sys/kernel/random/boot_id, into out (cap bytes, NUL-terminated); true
+ * when it could be read. Two processes see the same one exactly when they run on one kernel,
+ * which is what passing a memfd over a Unix socket needs; /etc/machine-id is not that (copied
+ * with a VM image, different in containers that share a kernel). Here, though it reads a file:
+ * the daemon publishes it and libtally compares it, one fact in one place. */
+bool tally_fleet_host_id(char *out, size_t cap);
+
 #endif

@@ -273,7 +273,7 @@ static void test_requests_answered_nowhere(void **state)
     (void)state;
     th_daemon_t w;
     start_worker(&w, "owner", true, "1000");
-    /* Direct mode: its endpoints under its member id, zmq= the advertised one. */
+    /* Direct mode: its endpoints under its member id, zmq= the advertised one, host= ours. */
     kvStore *endpoints = NULL;
     assert_int_equal(js_KeyValue(&endpoints, js, TALLY_NATS_BUCKET_ENDPOINTS), NATS_OK);
     kvEntry *e = NULL;
@@ -281,9 +281,11 @@ static void test_requests_answered_nowhere(void **state)
          kvStore_Get(&e, endpoints, "owner") != NATS_OK && th_now_ms() < until;)
         th_sleep_ms(50);
     assert_non_null(e);
-    char value[512];
+    char value[512], host[TALLY_FLEET_HOST_MAX], record[512];
     snprintf(value, sizeof value, "%.*s", kvEntry_ValueLen(e), kvEntry_ValueString(e));
-    assert_string_equal(value, "zmq=tcp://owner.example:5555\n");
+    assert_true(tally_fleet_host_id(host, sizeof host)); /* and this host's boot id */
+    snprintf(record, sizeof record, "zmq=tcp://owner.example:5555\nhost=%s\n", host);
+    assert_string_equal(value, record);
     kvEntry_Destroy(e);
     kvStore_Destroy(endpoints);
     char q0[64], q5[64], seq0[64], ctl[64], in0[32];

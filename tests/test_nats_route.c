@@ -24,7 +24,23 @@
  *      within REROUTE_BOUND_MS, each applied once (the model, last_seq); `streams` through the
  *      fleet client lists every stream once, gathered from both owners, then from the one left;
  *   4. what is refused: an unknown [nats] direct value, at start;
- *      a fleet client on a NATS without a fleet in direct mode.
+ *      a fleet client on a NATS without a fleet in direct mode;
+ *   5. shared memory through the fleet client (issue 33): one region, registered with each
+ *      member when first used there; numbered hist by reference to every stream, while member a
+ *      owns them all, then after b joins on "another host" (TALLYD_TEST_HOST_ID): b's streams
+ *      answered TALLY_E_ARG naming route-b (a follow-up refused before it left), a's applied;
+ *      b stopped, then restarted on this host: b's streams follow a's not_owner to b and the
+ *      region is registered there on the way; each reply and each stream equal to the model; a
+ *      stable filter into an output region on each member, that region destroyed: released on
+ *      both (tallyd_shm_regions); a restarted at its endpoint: the region registered there
+ *      again (its regions went with its process); b stopped with requests by reference in
+ *      flight, then killed: each sent again to a with a's handle (b's would be bad_ref there),
+ *      applied once; the CLI's `--fleet ... hist --shm`;
+ *   5b. members whose records say they cannot take a memfd (no host=, another host, no shm=),
+ *      faked in the buckets in front of one plain tallyd: each refused, named; a region of
+ *      another client refused; one past the member's regions per peer refused, said, and one
+ *      to a member whose record claims a side channel its tallyd does not offer;
+ *      shared memory over a client over NATS refused.
  * Waits are bounded loops on what the cluster or the members report; one time is asserted (3b).
  */
 #include <setjmp.h>
@@ -751,6 +767,374 @@ static void test_no_owner(void **state)
     fresh_fleet();
 }
 
+/* ---- 5. shared memory through the fleet client ------------------------------------------- */
+
+#define SLOT 1024 /* bytes of the region for each stream's batch (batch() writes up to 500) */
+
+/* Stream s's numbered hist of round r by reference to its slot of region `in`: the batch
+ * written there, its counts into want (256) and the model. The request id into *id. */
+static tally_status_t send_hist_shm(tally_client_t *c, tally_region_t *in, int s, int r,
+                                    uint64_t *want, uint64_t *id)
+{
+    uint8_t *at = (uint8_t *)tally_region_data(in) + (size_t)s * SLOT;
+    size_t n = batch(s, r, at);
+    char name[32];
+    stream_name(s, name, sizeof name);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    req.seq = seqs[s] + 1;
+    tally_status_t st = tally_send_shm(c, &req, in, (size_t)s * SLOT, n, NULL, 0, id);
+    if (st == TALLY_OK) {
+        seqs[s]++;
+        memset(want, 0, 256 * sizeof *want);
+        tr_hist_parts(TALLY_DTYPE_U8, at, n, 0, 0, want, NULL, NULL);
+        for (int b = 0; b < 256; b++)
+            model[s][b] += want[b];
+    }
+    return st;
+}
+
+/* Every stream in `which` (NULL: all) sent its round-r hist by reference, pipelined, then
+ * `between` run (NULL: nothing); each reply equals its batch's counts. */
+static void hist_shm_all(tally_client_t *c, tally_region_t *in, int r, const bool *which,
+                         void (*between)(void))
+{
+    static uint64_t want[STREAMS][256];
+    uint64_t req_ids[STREAMS] = {0};
+    int sent = 0;
+    for (int s = 0; s < STREAMS; s++) {
+        if (which && !which[s])
+            continue;
+        tally_status_t st = send_hist_shm(c, in, s, r, want[s], &req_ids[s]);
+        if (st != TALLY_OK)
+            fail_msg("send_shm route/%d: %s: %s", s, tally_status_name(st), tally_client_error(c));
+        sent++;
+    }
+    if (between)
+        between();
+    for (int i = 0; i < sent; i++) {
+        tally_reply_t rep;
+        tally_reply_init(&rep);
+        tally_status_t st = tally_recv(c, &rep);
+        if (st != TALLY_OK)
+            fail_msg("reply %d of %d: %s: %s", i + 1, sent, tally_status_name(st), rep.error);
+        int s = 0;
+        while (s < STREAMS && (!req_ids[s] || req_ids[s] != rep.rep.request_id))
+            s++;
+        assert_true(s < STREAMS);
+        req_ids[s] = 0;
+        assert_int_equal(rep.len, 256 * 8);
+        for (int b = 0; b < 256; b++)
+            assert_int_equal(tally_get_u64((const uint8_t *)rep.payload + 8 * b), want[s][b]);
+        tally_reply_clear(&rep);
+    }
+}
+
+/* A stable filter (> 100) of stream s's slot into an output region on its owner: the count and
+ * the output equal the reference's. Its stream is "shmf/<s>", of s's partition. */
+static void filter_shm(tally_client_t *c, tally_region_t *in, tally_region_t *out, int s)
+{
+    const uint8_t *at = (const uint8_t *)tally_region_data(in) + (size_t)s * SLOT;
+    size_t n = batch(s, 0, (uint8_t *)tally_region_data(in) + (size_t)s * SLOT);
+    char name[32];
+    int j = 0; /* a filter stream in s's partition, apart from the model's */
+    do
+        snprintf(name, sizeof name, "shmf/%d", j++);
+    while (tally_partition(name, strlen(name), PARTITIONS) != partition_of(s));
+    tally_req_t req = th_req(TALLY_OP_FILTER, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    req.flags |= TALLY_FLAG_FILTER_STABLE;
+    req.pred = TALLY_PRED_GT;
+    req.lo = 100;
+    uint8_t ref[SLOT];
+    size_t kept = tr_filter(TALLY_DTYPE_U8, at, n, TALLY_PRED_GT, 100, 0, ref);
+    tally_reply_t r;
+    tally_reply_init(&r);
+    tally_status_t st = tally_call_shm(c, &req, in, (size_t)s * SLOT, n, out, 0, &r);
+    if (st != TALLY_OK)
+        fail_msg("filter route/%d: %s: %s", s, tally_status_name(st), r.error);
+    assert_int_equal(r.rep.count, kept);
+    assert_int_equal(r.rep.aux0, n);
+    assert_int_equal(r.len, 0);
+    assert_memory_equal(tally_region_data(out), ref, kept);
+    tally_reply_clear(&r);
+}
+
+/* Member b, stopped with requests sent to it, killed (kill -9). */
+static void kill_b(void)
+{
+    kill(member[1].pid, SIGKILL);
+    th_daemon_wait(&member[1], 5000);
+    member[1].pid = 0;
+}
+
+static void wait_regions(const th_daemon_t *d, long long want)
+{
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    while (th_metric(d, "tallyd_shm_regions") != want && th_now_ms() < until)
+        th_sleep_ms(50);
+    assert_int_equal(th_metric(d, "tallyd_shm_regions"), want);
+}
+
+static void test_shm_through_fleet(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    /* a advertises an ipc endpoint: started again there, it is the same member to the client */
+    char dir[128], ipc[192];
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-route"), 0);
+    snprintf(ipc, sizeof ipc, "ipc://%s/a.sock", dir);
+    start(0, "200", ipc);
+    wait_held(ids[0], PARTITIONS);
+    /* a's record names this host: the kernel's boot id */
+    char host[TALLY_FLEET_HOST_MAX], mine[TALLY_FLEET_HOST_MAX];
+    kvStore *eps = NULL;
+    kvEntry *e = NULL;
+    assert_int_equal(js_KeyValue(&eps, tn_suite_js, TALLY_NATS_BUCKET_ENDPOINTS), NATS_OK);
+    assert_int_equal(kvStore_Get(&e, eps, ids[0]), NATS_OK);
+    assert_true(tally_fleet_endpoint_get(kvEntry_Value(e), (size_t)kvEntry_ValueLen(e), "host",
+                                         host, sizeof host));
+    kvEntry_Destroy(e);
+    kvStore_Destroy(eps);
+    assert_true(tally_fleet_host_id(mine, sizeof mine));
+    assert_int_equal(strlen(mine), 36);
+    assert_string_equal(host, mine);
+
+    tally_client_t *c = fleet_client();
+    tally_region_t *in = NULL, *out = NULL;
+    assert_int_equal(tally_region_create(c, STREAMS * SLOT, &in), TALLY_OK);
+    assert_int_equal(tally_region_create(c, SLOT, &out), TALLY_OK);
+    wait_regions(&member[0], 0); /* registered when first used */
+    hist_shm_all(c, in, 0, NULL, NULL);
+    wait_regions(&member[0], 1);
+
+    /* b joins on "another host": a gives half up; b's streams, sent to a, follow its
+     * not_owner (or the buckets) to b, which cannot take the region: answered here. */
+    setenv("TALLYD_TEST_HOST_ID", "another-host", 1);
+    start(1, "200", NULL);
+    unsetenv("TALLYD_TEST_HOST_ID");
+    wait_held(ids[0], PARTITIONS / 2);
+    wait_held(ids[1], PARTITIONS / 2);
+    int sb = stream_held_by(ids[1]);
+    uint64_t want[256], id = 0;
+    assert_int_equal(send_hist_shm(c, in, sb, 1, want, &id), TALLY_OK);
+    seqs[sb]--; /* refused: not applied */
+    for (int b = 0; b < 256; b++)
+        model[sb][b] -= want[b];
+    tally_reply_t r;
+    tally_reply_init(&r);
+    assert_int_equal(tally_recv(c, &r), TALLY_E_ARG);
+    assert_int_equal(r.rep.request_id, id);
+    if (!strstr(r.error, "member route-b (") || !strstr(r.error, "is on another host"))
+        fail_msg("refusal: %s", r.error);
+    tally_reply_clear(&r);
+    /* sent to b straight (its owner known now): refused before it is sent */
+    assert_int_equal(send_hist_shm(c, in, sb, 1, want, &id), TALLY_E_ARG);
+    assert_non_null(strstr(tally_client_error(c), "is on another host (host=another-host; "));
+    bool of_a[STREAMS];
+    for (int s = 0; s < STREAMS; s++) {
+        char h[80];
+        holder(partition_of(s), h, sizeof h);
+        of_a[s] = strcmp(h, ids[0]) == 0;
+    }
+    hist_shm_all(c, in, 1, of_a, NULL);
+    wait_regions(&member[1], 0);
+
+    /* b stopped: every stream to a (b's partitions rerouted from b, which is gone); b again,
+     * on this host: its streams, sent to a, follow a's not_owner to b and are registered there
+     * on the way; every reply and every stream equal to the model */
+    assert_int_equal(th_daemon_stop(&member[1], SIGTERM, TIMEOUT_MS), 0);
+    member[1].pid = 0;
+    wait_held(ids[0], PARTITIONS);
+    hist_shm_all(c, in, 2, NULL, NULL);
+    start(1, "200", NULL);
+    wait_held(ids[0], PARTITIONS / 2);
+    wait_held(ids[1], PARTITIONS / 2);
+    wait_regions(&member[1], 0);
+    long long followed = th_metric(&member[0], "tallyd_nats_not_owner_total");
+    hist_shm_all(c, in, 3, NULL, NULL);
+    assert_true(th_metric(&member[0], "tallyd_nats_not_owner_total") > followed);
+    hist_shm_all(c, in, 4, NULL, NULL);
+    check_model(c);
+    filter_shm(c, in, out, stream_held_by(ids[0]));
+    filter_shm(c, in, out, stream_held_by(ids[1]));
+    wait_regions(&member[0], 2);
+    wait_regions(&member[1], 2);
+    tally_region_destroy(&out); /* released on both */
+    assert_null(out);
+    wait_regions(&member[0], 1);
+    wait_regions(&member[1], 1);
+
+    /* a stopped and started again at the same endpoint: its regions went with its process (its
+     * side connection closed); the next request to it registers the region again */
+    assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
+    member[0].pid = 0;
+    wait_held(ids[1], PARTITIONS);
+    start(0, "200", ipc);
+    wait_held(ids[0], PARTITIONS / 2);
+    wait_held(ids[1], PARTITIONS / 2);
+    wait_regions(&member[0], 0);
+    hist_shm_all(c, in, 5, NULL, NULL);
+    check_model(c);
+    wait_regions(&member[0], 1);
+
+    /* b stopped (SIGSTOP) with a numbered request by reference on every stream of its, then
+     * killed: each is sent again to a once it has taken over, with a's handle (b's would be
+     * bad_ref there), and applied once */
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    while (info_u64(&member[1], "nats_direct_uncommitted") != 0 && th_now_ms() < until)
+        th_sleep_ms(50);
+    assert_int_equal(info_u64(&member[1], "nats_direct_uncommitted"), 0);
+    assert_int_equal(kill(member[1].pid, SIGSTOP), 0);
+    hist_shm_all(c, in, 6, NULL, kill_b);
+    wait_held(ids[0], PARTITIONS);
+    check_model(c);
+    tally_region_destroy(&in);
+    assert_null(in);
+    wait_regions(&member[0], 0);
+    tally_client_destroy(&c);
+
+    /* The CLI: `tally --fleet URL hist --stream S --in FILE --shm`, to b's stream */
+    char path[160], name[32];
+    snprintf(path, sizeof path, "%s/in.bin", dir);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    uint8_t data[600];
+    size_t n = batch(sb, 9, data);
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    fclose(f);
+    stream_name(sb, name, sizeof name);
+    th_cli_t q = th_cli(dir, member[0].endpoint, "--fleet %s hist --stream %s --in %s --shm",
+                        tn_suite.urls, name, path);
+    if (q.status != 0)
+        fail_msg("tally --fleet hist --shm: %d: %s", q.status, q.err);
+    th_cli_free(&q);
+    tr_hist_parts(TALLY_DTYPE_U8, data, n, 0, 0, model[sb], NULL, NULL);
+    seqs[sb]++; /* the CLI numbers a stream's chunks from its last_seq */
+    c = fleet_client();
+    char why[160];
+    stream_name(sb, name, sizeof name);
+    if (th_stream_differs(c, name, seqs[sb], model[sb], why, sizeof why))
+        fail_msg("%s", why);
+    tally_client_destroy(&c);
+    wait_regions(&member[0], 0);
+    stop_clean();
+    th_rmrf(dir);
+}
+
+/* Records that say no: partition 0's owner publishes no host, 1's another host, 2's no side
+ * channel, 3's all of it; every one of them is one plain tallyd (no fleet member: it runs what
+ * it is sent), so only the records differ. */
+static void test_shm_refusals(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    const char *args[] = {"--metrics", "127.0.0.1:0", "--shm-max-regions-per-peer", "1", NULL};
+    assert_int_equal(th_daemon_start(&member[0], args), 0);
+    char host[TALLY_FLEET_HOST_MAX], rec[512];
+    assert_true(tally_fleet_host_id(host, sizeof host));
+    kvStore *fleet = bucket(TALLY_NATS_BUCKET_FLEET), *ls = bucket(TALLY_NATS_BUCKET_LEASES),
+            *eps = bucket(TALLY_NATS_BUCKET_ENDPOINTS);
+    put(fleet, TALLY_NATS_KEY_PARTITIONS, "4");
+    const char *owners[PARTITIONS] = {"no-host", "elsewhere", "no-shm", "local"};
+    for (uint32_t k = 0; k < PARTITIONS; k++) {
+        char key[8];
+        snprintf(key, sizeof key, "p%u", (unsigned)k);
+        put(ls, key, owners[k]);
+    }
+    const char *ep = member[0].endpoint, *side = member[0].shm_socket;
+    snprintf(rec, sizeof rec, "zmq=%s\nshm=%s\n", ep, side);
+    put(eps, "no-host", rec);
+    snprintf(rec, sizeof rec, "zmq=%s\nhost=elsewhere\nshm=%s\n", ep, side);
+    put(eps, "elsewhere", rec);
+    snprintf(rec, sizeof rec, "zmq=%s\nhost=%s\n", ep, host);
+    put(eps, "no-shm", rec);
+    snprintf(rec, sizeof rec, "zmq=%s\nhost=%s\nshm=%s\n", ep, host, side);
+    put(eps, "local", rec);
+    tally_client_t *c = fleet_client();
+    tally_region_t *in = NULL;
+    assert_int_equal(tally_region_create(c, STREAMS * SLOT, &in), TALLY_OK);
+    const char *why[PARTITIONS] = {"member no-host (", "member elsewhere (", "member no-shm (",
+                                   NULL};
+    const char *because[PARTITIONS] = {"publishes no host (host= in TALLY_ENDPOINTS)",
+                                       "is on another host (host=elsewhere; ",
+                                       "offers no shared memory", NULL};
+    uint64_t want[256], id;
+    for (uint32_t k = 0; k < PARTITIONS - 1; k++) {
+        int s = stream_in(k);
+        assert_int_equal(send_hist_shm(c, in, s, 0, want, &id), TALLY_E_ARG);
+        const char *e = tally_client_error(c);
+        if (!strstr(e, why[k]) || !strstr(e, because[k]) || !strstr(e, ep))
+            fail_msg("partition %u: %s", (unsigned)k, e);
+    }
+    /* the local one takes it, with tally_call_shm too */
+    int s3 = stream_in(3);
+    assert_int_equal(send_hist_shm(c, in, s3, 0, want, &id), TALLY_OK);
+    recv_ok(c, 1);
+    char name[32];
+    stream_name(s3, name, sizeof name);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    tally_reply_t r;
+    tally_reply_init(&r);
+    assert_int_equal(tally_call_shm(c, &req, in, 0, 64, NULL, 0, &r), TALLY_OK);
+    assert_int_equal(r.rep.aux0, 64);
+    tally_reply_clear(&r);
+    assert_int_equal(th_metric(&member[0], "tallyd_shm_regions"), 1);
+    /* a second region, past the member's regions per peer: its registration refused, said */
+    tally_region_t *second = NULL;
+    assert_int_equal(tally_region_create(c, 4096, &second), TALLY_OK);
+    assert_int_equal(tally_call_shm(c, &req, second, 0, 64, NULL, 0, &r), TALLY_E_QUOTA);
+    if (!strstr(r.error, "registering a region with member local: "))
+        fail_msg("%s", r.error);
+    tally_region_destroy(&second);
+    /* a record that claims a side channel its tallyd does not offer (--shm off): the member's
+     * own answer, said */
+    const char *off[] = {"--shm", "off", NULL};
+    assert_int_equal(th_daemon_start(&member[1], off), 0);
+    snprintf(rec, sizeof rec, "zmq=%s\nhost=%s\nshm=/nowhere\n", member[1].endpoint, host);
+    put(eps, "liar", rec);
+    put(ls, "p3", "liar");
+    tally_client_t *c2 = fleet_client();
+    tally_region_t *third = NULL;
+    assert_int_equal(tally_region_create(c2, 4096, &third), TALLY_OK);
+    assert_int_equal(tally_call_shm(c2, &req, third, 0, 64, NULL, 0, &r), TALLY_E_ARG);
+    if (!strstr(r.error, "registering a region with member liar: the daemon offers no shared"))
+        fail_msg("%s", r.error);
+    tally_region_destroy(&third);
+    tally_client_destroy(&c2);
+    assert_int_equal(th_daemon_stop(&member[1], SIGTERM, TIMEOUT_MS), 0);
+    member[1].pid = 0;
+    /* a region of another client: not this fleet client's to register */
+    tally_client_t *plain = NULL;
+    tally_region_t *other = NULL;
+    assert_int_equal(tally_client_new(ep, TIMEOUT_MS, &plain), TALLY_OK);
+    assert_int_equal(tally_region_create(plain, 4096, &other), TALLY_OK);
+    assert_int_equal(tally_call_shm(c, &req, other, 0, 64, NULL, 0, &r), TALLY_E_ARG);
+    assert_non_null(strstr(r.error, "the region was not made by this client"));
+    /* a client over NATS (tally_client_new_nats) has no member to hand a region to */
+    tally_nats_opts_t no = {.servers = tn_suite.urls, .timeout_ms = 1000, .partitions = PARTITIONS};
+    tally_client_t *nc = NULL;
+    tally_region_t *none = NULL;
+    assert_int_equal(tally_client_new_nats(&no, &nc, msg, sizeof msg), TALLY_OK);
+    assert_int_equal(tally_region_create(nc, 4096, &none), TALLY_E_ARG);
+    assert_string_equal(tally_client_error(nc), "shared memory is not available over NATS");
+    assert_int_equal(tally_send_shm(nc, &req, other, 0, 64, NULL, 0, NULL), TALLY_E_ARG);
+    assert_string_equal(tally_client_error(nc), "shared memory is not available over NATS");
+    tally_client_destroy(&nc);
+    tally_region_destroy(&other);
+    tally_client_destroy(&plain);
+    tally_region_destroy(&in);
+    wait_regions(&member[0], 0);
+    tally_client_destroy(&c);
+    kvStore_Destroy(fleet);
+    kvStore_Destroy(ls);
+    kvStore_Destroy(eps);
+    fresh_fleet();
+    assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
+    member[0].pid = 0;
+}
+
 int main(void)
 {
     if (tn_skip())
@@ -762,6 +1146,8 @@ int main(void)
         cmocka_unit_test_teardown(test_handover_follows_not_owner, stop_members),
         cmocka_unit_test_teardown(test_kill_owner_resends_once, stop_members),
         cmocka_unit_test_teardown(test_owner_gone_reroutes, stop_members),
+        cmocka_unit_test_teardown(test_shm_refusals, stop_members),
+        cmocka_unit_test_teardown(test_shm_through_fleet, stop_members),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -33,7 +33,7 @@ typedef struct {
 struct td_fleet_route {
     td_fleet_t *f;
     kvStore *endpoints;
-    char value[2 * TALLY_NATS_ENDPOINT_MAX + 16];           /* what this member publishes */
+    char value[2 * TALLY_NATS_ENDPOINT_MAX + TALLY_FLEET_HOST_MAX + 24]; /* what it publishes */
     _Atomic int64_t valid_until[TALLY_NATS_MAX_PARTITIONS]; /* 0: not owned */
     _Atomic uint32_t inflight[TALLY_NATS_MAX_PARTITIONS];
     _Atomic uint64_t uncommitted[TALLY_NATS_MAX_PARTITIONS];
@@ -125,6 +125,14 @@ static void endpoint_value(td_fleet_route_t *r, const td_config_t *cfg)
                       : cfg->bind_count > 0 ? cfg->binds[0]
                                             : TD_DEFAULT_ENDPOINT;
     int n = snprintf(r->value, sizeof r->value, "zmq=%.*s\n", TALLY_NATS_ENDPOINT_MAX - 1, zmq);
+    /* host=: which kernel we run on, for a fleet client deciding whether it may hand us a memfd
+     * (PROTOCOL.md §13); TALLYD_TEST_HOST_ID (tests only) plays a member on another host. */
+    char host[TALLY_FLEET_HOST_MAX];
+    const char *test_host = getenv("TALLYD_TEST_HOST_ID");
+    if (test_host)
+        snprintf(host, sizeof host, "%s", test_host);
+    if (test_host || tally_fleet_host_id(host, sizeof host))
+        n += snprintf(r->value + n, sizeof r->value - (size_t)n, "host=%s\n", host);
     if (cfg->shm) {
         char path[TALLY_NATS_ENDPOINT_MAX];
         if (cfg->shm_socket)
