@@ -313,19 +313,20 @@ for n in range(1, nmax + 1):
               f"| {(worst(re_, 'p50') - worst(lo, 'p50')) / 1e3:.2f} / {(worst(re_, 'p99') - worst(lo, 'p99')) / 1e3:.2f} "
               f"| {total(lo, 'rps'):,.0f} / {total(re_, 'rps'):,.0f} |")
 print("\nChangelog: TALLY_CL0..7's stored bytes (JetStream stream info) gained during a replicated "
-      "run, over the input bytes answered in it\n")
-print("| N | hist | P x W | input | changelog (records) | changelog / input |")
-print("|---|---|---|---|---|---|")
+      "run, over the input bytes of every write answered in it (warm-up included)\n")
+print("| N | hist | P x W | input (writes) | changelog (messages) | bytes a write | changelog / input |")
+print("|---|---|---|---|---|---|---|")
 for tag in runs:
     if not tag.startswith("replicated-") or f"{tag}-before" not in stored:
         continue
     n, size = int(tag.split("-")[1]), int(tag.split("-")[2])
     pw = pw_cl if tag.endswith("-cl") else pw_lat if tag.endswith("-lat") else pw_small if size == small else pw_big
-    inb = total(tag, "answered") * size
+    writes = total(tag, "answered")
+    inb = writes * size
     b0, r0 = stored[f"{tag}-before"]
     b1, r1 = stored.get(f"{tag}-after", (math.nan, math.nan))
-    print(f"| {n} | {size} B | {pw} | {inb / 1e9:.3f} GB | {(b1 - b0) / 1e6:.3f} MB ({r1 - r0}) "
-          f"| {100 * (b1 - b0) / inb:.4f} % |")
+    print(f"| {n} | {size} B | {pw} | {inb / 1e9:.3f} GB ({writes}) | {(b1 - b0) / 1e6:.3f} MB "
+          f"({r1 - r0}) | {(b1 - b0) / writes:,.0f} | {100 * (b1 - b0) / inb:.4f} % |")
 errs = {t: total(t, "errors") for t in runs if total(t, "errors")}
 if errs:
     print(f"\nerrors: {errs}")
