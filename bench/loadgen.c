@@ -2,7 +2,8 @@
 /*
  * loadgen.c — tallyd's end-to-end load generator, and the ZeroMQ echo server it is compared to.
  *
- *   loadgen --endpoint EP | --fleet NATS_URL --op filter|scan|hist [--size B] [--producers N] [--window W]
+ *   loadgen --endpoint EP | --fleet NATS_URL --op filter|scan|hist [--size B] [--producers N]
+ *           [--window W]
  *           [--seconds S | --count C] [--stream | --streams K] [--scan-i32] [--shm | --shm-out]
  *           [--send copy|zc] [--pid PID] [--label TEXT] [--server-key KEY|FILE --client-key FILE]
  *   loadgen [--echo-key FILE] [--echo-reply BYTES] [--echo-io-threads N] [--echo-touch N]
@@ -92,9 +93,9 @@ typedef struct {
     unsigned shards;           /* tallyd's, from `info` (--streams only) */
     uint16_t *shard_of_stream; /* the shard of each of the K streams */
     bool scan_i32;
-    bool shm;     /* input by shared-memory reference */
-    bool shm_out; /* and output into the region (filter, scan) */
-    bool send_zc; /* --send zc: tally_send_zc from the shared payload */
+    bool shm;          /* input by shared-memory reference */
+    bool shm_out;      /* and output into the region (filter, scan) */
+    bool send_zc;      /* --send zc: tally_send_zc from the shared payload */
     const char *fleet; /* --fleet NATS_URL: a direct-mode fleet client per producer */
     int pid;
     tally_curve_keys_t curve; /* server_public "" = no CURVE */
@@ -110,7 +111,7 @@ typedef struct {
     uint64_t sent, answered, errors, measured;
     uint64_t bytes;
     uint64_t per_shard[MAX_SHARDS]; /* --streams: measured replies by the shard of their stream */
-    double *lat_us; /* measured latencies */
+    double *lat_us;                 /* measured latencies */
     size_t lat_cap;
     double t_start, t_end; /* measured interval */
     char error[256];
@@ -664,8 +665,9 @@ int main(int argc, char **argv)
     if (g.serve_echo)
         return serve_echo(g.serve_echo, g.serve_echo_count, g.echo_key, g.echo_reply,
                           g.echo_io_threads > 0 ? g.echo_io_threads : 1, g.echo_touch);
-    if (!o.c.endpoint == !o.fleet || (o.fleet && o.shm) || !o.c.producers || o.c.producers > MAX_PRODUCERS || !o.c.window ||
-        o.c.window > MAX_WINDOW || (o.c.size % 4 && strcmp(o.op, "hist") && strcmp(o.op, "echo"))) {
+    if (!o.c.endpoint == !o.fleet || (o.fleet && o.shm) || !o.c.producers ||
+        o.c.producers > MAX_PRODUCERS || !o.c.window || o.c.window > MAX_WINDOW ||
+        (o.c.size % 4 && strcmp(o.op, "hist") && strcmp(o.op, "echo"))) {
         usage();
         return 2;
     }
