@@ -7,6 +7,7 @@
 #      with K/N streams;
 #   2. N members in direct mode `local`, the same N loadgen processes each with a fleet client
 #      per producer (loadgen --fleet) over K streams, so each process reaches every member;
+#      (at N = 1 also through plain clients, --endpoint to the member: the fleet client's share);
 #   3. the same with `replicated` (every write answered once its changelog record is stored);
 # each at SMALL_SIZE (1 KiB) with PW_SMALL producers x in flight per process and BIG_SIZE
 # (1 MiB) with PW_BIG; then with each mode LAT_PW (1 x 8) at BIG_SIZE for the latency that
@@ -236,6 +237,10 @@ for ((n = 1; n <= nmax; n++)); do
       load "$tag" "$procs" "$size" "$pw" "$k" fleet
       if [ "$mode" = replicated ]; then stored "$tag-after"; fi
     done
+    if [ "$mode" = local ] && ((n == 1)); then # the member through plain clients (--endpoint)
+      load "local-1-$small-plain" 1 "$small" "$pw_small" "$k" standalone
+      load "local-1-$big-plain" 1 "$big" "$pw_big" "$k" standalone
+    fi
     for ((i = 0; i < n; i++)); do
       echo "$mode-$n member $i: commits $(metric "${tdm[i]}" tallyd_nats_changelog_commits_total)" \
         "not_durable $(metric "${tdm[i]}" tallyd_nats_not_durable_total)" >>"$out/members.txt"
@@ -300,6 +305,17 @@ if sat:
     for t in sat:
         _, size, pw = t.split("-")
         print(f"| {size} B | {pw} | {rate(t)} | {worst(t, 'p50'):.0f} / {worst(t, 'p99'):.0f} |")
+plain = [t for t in runs if t.endswith("-plain")]
+if plain:
+    print("\nN = 1, `local`: the member through loadgen's plain clients (--endpoint, as the "
+          "standalone) and through fleet clients (--fleet): the producer's share of the gap\n")
+    print("| size | P x W | standalone | member, plain clients | member, fleet clients | plain / standalone | fleet / plain |")
+    print("|---|---|---|---|---|---|---|")
+    for t in plain:
+        size = int(t.split("-")[2])
+        pw, sa, fl = (pw_small if size == small else pw_big), f"standalone-1-{size}", f"local-1-{size}"
+        print(f"| {size} B | {pw} | {rate(sa)} | {rate(t)} | {rate(fl)} | "
+              f"{ratio(total(t, 'gbs'), total(sa, 'gbs'))} | {ratio(total(fl, 'gbs'), total(t, 'gbs'))} |")
 print(f"\nLatency of hist {big} B (p50 / p99 us; several processes: the worst process's)\n")
 print("| N | P x W | local p50 / p99 | replicated p50 / p99 | added p50 / p99 (ms) | req/s local / replicated |")
 print("|---|---|---|---|---|---|")
