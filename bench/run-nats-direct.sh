@@ -209,6 +209,8 @@ stored() {
 }
 
 echo "run-nats-direct: $layout; $secs s a run" | tee "$out/layout.txt"
+# which cores are SMT siblings (CPU CORE pairs): a slot's neighbours matter (bench/NOTES.md)
+echo "cpus (CPU:CORE): $(lscpu -p=CPU,CORE 2>/dev/null | grep -v '^#' | tr ',\n' ': ')" >>"$out/layout.txt"
 # What one standalone needs to saturate: SAT_SMALL and SAT_BIG (P x W lists) on tallyd 0 alone.
 if [ -n "${SAT_SMALL:-}${SAT_BIG:-}" ]; then
   start_td 0
