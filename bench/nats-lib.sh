@@ -1,7 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-# nats-lib.sh: what run-nats.sh and run-nats-fleet.sh share (sourced, not run): free loopback
-# ports and nats-server nodes (one, or a cluster of several on loopback: R3 wants 3) with
+# nats-lib.sh: what run-nats.sh, run-nats-fleet.sh and run-nats-direct.sh share (sourced, not run):
+# the machine's name, free loopback ports and nats-server nodes (one, or a cluster of several on loopback: R3 wants 3) with
 # scratch stores under a directory.
+# machine_name: the GPU's name and count ("NVIDIA H200 x1"), else the host's name
+machine_name() {
+  local gpus
+  gpus=$(timeout 10 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null) || gpus=
+  if [ -n "$gpus" ]; then echo "$(head -1 <<<"$gpus") x$(wc -l <<<"$gpus")"; else hostname; fi
+}
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }

@@ -253,9 +253,9 @@ done
 
 # ---- the tables -----------------------------------------------------------------------------
 python3 - "$rows" "$nmax" "$small" "$big" "$cl_size" "$pw_small" "$pw_big" "$pw_lat" "$pw_cl" \
-  "$layout" <<'PY' | tee "$out/direct.md"
-import math, os, re, socket, subprocess, sys, time
-rows_path, nmax, small, big, cl_size, pw_small, pw_big, pw_lat, pw_cl, layout = sys.argv[1:]
+  "$layout" "$(machine_name)" <<'PY' | tee "$out/direct.md"
+import math, os, sys, time
+rows_path, nmax, small, big, cl_size, pw_small, pw_big, pw_lat, pw_cl, layout, machine = sys.argv[1:]
 nmax, small, big, cl_size = int(nmax), int(small), int(big), int(cl_size)
 runs, stored = {}, {}
 for line in open(rows_path):
@@ -278,12 +278,6 @@ def rate(tag):
     return f"{total(tag, 'rps'):,.0f} ({total(tag, 'gbs'):.3f})"
 def ratio(a, b):
     return f"{a / b:.2f} x" if b and not math.isnan(a) and not math.isnan(b) else "–"
-try:
-    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                         capture_output=True, text=True, timeout=10).stdout.strip().splitlines()
-    machine = f"{gpu[0]} x{len(gpu)}" if gpu else socket.gethostname()
-except (OSError, subprocess.SubprocessError):
-    machine = socket.gethostname()
 print(f"\n{machine}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
       f"hist u8 over ZeroMQ tcp loopback, 8 partitions, 3-node R3 cluster on loopback; {layout}\n")
 print("req/s (GB/s) summed over the N loadgen processes; P x W is per process (each process "
