@@ -65,7 +65,8 @@
 #               process pinned to a slot of their own, hist u8 1 KiB and 1 MiB over ZeroMQ tcp:
 #               req/s, GB/s, member / standalone; p50 / p99 of 1 MiB, 1 x 8, replicated vs local;
 #               the changelog's stored bytes over the input's, 16 MiB batches; first one
-#               standalone at NATS_DIRECT_SAT_SMALL / NATS_DIRECT_SAT_BIG producers x in flight):
+#               standalone at NATS_DIRECT_SAT_SMALL / NATS_DIRECT_SAT_BIG producers x in flight;
+#               NATS_DIRECT_TALLYD_ARGS adds tallyd options, the script's own variables pass):
 #               $OUT/nats-direct.md, its tables in the summary (330 s cap). With STEPS=nats-direct
 #               alone the build makes only tallyd, loadgen and nats_bench
 #   gpu-region-py
@@ -365,7 +366,8 @@ step_nats_fleet() { # issue 22's fleet figures: bench/run-nats-fleet.sh on the C
 
 step_nats_direct() { # issue 33's direct-mode figures: bench/run-nats-direct.sh
   command -v nats-server >/dev/null || { note "nats-direct: no nats-server (fetch-device-deps.sh)"; return; }
-  TALLYD_ARGS="--backend auto" SAT_SMALL=${NATS_DIRECT_SAT_SMALL-4x64 8x64 16x64} \
+  TALLYD_ARGS="--backend auto ${NATS_DIRECT_TALLYD_ARGS:-}" \
+    SAT_SMALL=${NATS_DIRECT_SAT_SMALL-4x64 8x64 16x64} \
     SAT_BIG=${NATS_DIRECT_SAT_BIG-2x8 4x8 8x8} \
     timed nats-direct 330 bench/run-nats-direct.sh "$B" "$OUT/nats-direct" >"$OUT/nats-direct.txt" 2>&1
   cp "$OUT/nats-direct/direct.md" "$OUT/nats-direct.md" 2>/dev/null
