@@ -2,7 +2,8 @@
 /*
  * loadgen.c — tallyd's end-to-end load generator, and the ZeroMQ echo server it is compared to.
  *
- *   loadgen --endpoint EP --op filter|scan|hist [--size B] [--producers N] [--window W]
+ *   loadgen --endpoint EP | --fleet NATS_URL --op filter|scan|hist [--size B] [--producers N]
+ *           [--window W]
  *           [--seconds S | --count C] [--stream | --streams K] [--scan-i32] [--shm | --shm-out]
  *           [--send copy|zc] [--pid PID] [--label TEXT] [--server-key KEY|FILE --client-key FILE]
  *   loadgen [--echo-key FILE] [--echo-reply BYTES] [--echo-io-threads N] [--echo-touch N]
@@ -29,6 +30,13 @@
  * tallyd's shards (issue 31: a stream's shard is tally_partition(name, shards)); then a line
  * after the row gives the requests answered per second on each shard, the shard count taken from
  * tallyd's `info`, so an imbalance between shards shows.
+ *
+ * --fleet NATS_URL: each producer is a client of a fleet in direct mode (tally_client_new_fleet,
+ * PROTOCOL.md §13 "Direct mode") instead of one tallyd: every request goes over ZeroMQ straight to
+ * the member owning its stream's partition, so --streams K (K well above the partitions) spreads
+ * every producer's requests over every member. The per-shard line is then per partition (the
+ * partition count from partition 0's owner's `info`), so an imbalance between members shows.
+ * Shared-memory regions are refused by that client (--shm with --fleet is an error).
  *
  * --send zc sends each payload with tally_send_zc, straight from the one payload buffer (ZeroMQ
  * calls a no-op free function when it has sent it), instead of tally_send's copy into a new
@@ -85,9 +93,10 @@ typedef struct {
     unsigned shards;           /* tallyd's, from `info` (--streams only) */
     uint16_t *shard_of_stream; /* the shard of each of the K streams */
     bool scan_i32;
-    bool shm;     /* input by shared-memory reference */
-    bool shm_out; /* and output into the region (filter, scan) */
-    bool send_zc; /* --send zc: tally_send_zc from the shared payload */
+    bool shm;          /* input by shared-memory reference */
+    bool shm_out;      /* and output into the region (filter, scan) */
+    bool send_zc;      /* --send zc: tally_send_zc from the shared payload */
+    const char *fleet; /* --fleet NATS_URL: a direct-mode fleet client per producer */
     int pid;
     tally_curve_keys_t curve; /* server_public "" = no CURVE */
 } opts_t;
@@ -102,7 +111,7 @@ typedef struct {
     uint64_t sent, answered, errors, measured;
     uint64_t bytes;
     uint64_t per_shard[MAX_SHARDS]; /* --streams: measured replies by the shard of their stream */
-    double *lat_us; /* measured latencies */
+    double *lat_us;                 /* measured latencies */
     size_t lat_cap;
     double t_start, t_end; /* measured interval */
     char error[256];
@@ -140,8 +149,20 @@ static tally_req_t make_req(const opts_t *o, unsigned producer)
 /* A failure of the producer's own (connect, send, recv): counted, and the one reported. */
 static void producer_error(producer_t *p, const char *what, const char *why)
 {
-    snprintf(p->error, sizeof p->error, "%s: %s", what, why);
+    snprintf(p->error, sizeof p->error, "%s: %.200s", what, why);
     p->errors++;
+}
+
+/* A client of the tallyd at --endpoint, or (--fleet) of the fleet's owners. */
+static tally_status_t client_new(const opts_t *o, tally_client_t **c, char *why, size_t why_cap)
+{
+    if (o->fleet) {
+        tally_nats_opts_t n = {.servers = o->fleet, .timeout_ms = TIMEOUT_MS};
+        return tally_client_new_fleet(&n, c, why, why_cap);
+    }
+    tally_status_t st = tally_client_new_curve(o->c.endpoint, TIMEOUT_MS, &o->curve, c);
+    snprintf(why, why_cap, "%s", tally_status_text(st));
+    return st;
 }
 
 /* Connects, and with --shm creates the producer's region: the payload, then (--shm-out) one
@@ -150,9 +171,10 @@ static bool producer_connect(producer_t *p, const tally_req_t *req, tally_client
                              tally_region_t **region, size_t *out_slice)
 {
     const opts_t *o = p->o;
-    tally_status_t st = tally_client_new_curve(o->c.endpoint, TIMEOUT_MS, &o->curve, c);
+    char why[256];
+    tally_status_t st = client_new(o, c, why, sizeof why);
     if (st != TALLY_OK) {
-        producer_error(p, "connect", tally_status_text(st));
+        producer_error(p, "connect", why);
         return false;
     }
     *out_slice = o->shm_out ? (o->scan_i32 || req->opcode != TALLY_OP_SCAN ? 1 : 2) * o->c.size : 0;
@@ -275,7 +297,8 @@ static void print_per_shard(const opts_t *o, const producer_t *ps, double span)
 {
     if (!o->streams)
         return;
-    printf("per shard (%u shards, %u streams), req/s:", o->shards, o->streams);
+    printf("per %s (%u %ss, %u streams), req/s:", o->fleet ? "partition" : "shard", o->shards,
+           o->fleet ? "partition" : "shard", o->streams);
     for (unsigned sh = 0; sh < o->shards; sh++) {
         uint64_t n = 0;
         for (unsigned i = 0; i < o->c.producers; i++)
@@ -285,17 +308,19 @@ static void print_per_shard(const opts_t *o, const producer_t *ps, double span)
     printf("\n");
 }
 
-/* --streams: tallyd's shard count (its `info`; 1 when it does not say) and each stream's shard
- * (tally_partition: the same FNV-1a 64 modulo the shards as tallyd's, PROTOCOL.md §5 `info`). */
+/* --streams: tallyd's shard count (its `info`; 1 when it does not say), or with --fleet the
+ * fleet's partitions, and each stream's shard or partition (tally_partition: the same FNV-1a 64
+ * modulo the count as tallyd's, PROTOCOL.md §5 `info`). */
 static bool setup_streams(opts_t *o)
 {
     o->shards = 1;
     tally_client_t *c = NULL;
-    char *text = NULL;
-    if (tally_client_new_curve(o->c.endpoint, TIMEOUT_MS, &o->curve, &c) == TALLY_OK &&
+    char *text = NULL, why[256];
+    const char *key = o->fleet ? "\nnats_partitions=" : "\nshards=";
+    if (client_new(o, &c, why, sizeof why) == TALLY_OK &&
         tally_info(c, TALLY_OP_INFO, &text) == TALLY_OK) {
-        const char *at = strstr(text, "\nshards=");
-        unsigned n = at ? (unsigned)strtoul(at + 8, NULL, 10) : 1;
+        const char *at = strstr(text, key);
+        unsigned n = at ? (unsigned)strtoul(at + strlen(key), NULL, 10) : 1;
         o->shards = n >= 1 && n <= MAX_SHARDS ? n : 1;
     }
     free(text);
@@ -550,7 +575,8 @@ static int serve_echo(char **endpoints, int count, const char *key_file, size_t 
 static void usage(void)
 {
     fprintf(stderr,
-            "usage: loadgen --endpoint EP --op filter|scan|hist|echo [--size BYTES]\n"
+            "usage: loadgen --endpoint EP | --fleet NATS_URL --op filter|scan|hist|echo\n"
+            "               [--size BYTES]\n"
             "               [--producers N] [--window W] [--seconds S | --count C]\n"
             "               [--stream | --streams K]\n"
             "               [--scan-i32] [--shm | --shm-out] [--pid PID] [--stagger-ms MS]\n"
@@ -599,6 +625,8 @@ static bool own_opt(void *ctx, int argc, char **argv, int *i)
     }
     if (strcmp(a, "--op") == 0)
         o->op = v;
+    else if (strcmp(a, "--fleet") == 0)
+        o->fleet = v;
     else if (strcmp(a, "--streams") == 0)
         o->streams = (unsigned)strtoul(v, NULL, 0);
     else if (strcmp(a, "--send") == 0 && (strcmp(v, "zc") == 0 || strcmp(v, "copy") == 0))
@@ -637,8 +665,9 @@ int main(int argc, char **argv)
     if (g.serve_echo)
         return serve_echo(g.serve_echo, g.serve_echo_count, g.echo_key, g.echo_reply,
                           g.echo_io_threads > 0 ? g.echo_io_threads : 1, g.echo_touch);
-    if (!o.c.endpoint || !o.c.producers || o.c.producers > MAX_PRODUCERS || !o.c.window ||
-        o.c.window > MAX_WINDOW || (o.c.size % 4 && strcmp(o.op, "hist") && strcmp(o.op, "echo"))) {
+    if (!o.c.endpoint == !o.fleet || (o.fleet && o.shm) || !o.c.producers ||
+        o.c.producers > MAX_PRODUCERS || !o.c.window || o.c.window > MAX_WINDOW ||
+        (o.c.size % 4 && strcmp(o.op, "hist") && strcmp(o.op, "echo"))) {
         usage();
         return 2;
     }

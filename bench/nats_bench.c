@@ -22,6 +22,9 @@
  *                                             new messages for MS ms: "bare-gap K SECONDS COUNT",
  *                                             the longest wait between two messages
  *   nats_bench leader URL STREAM              the name of STREAM's leader (n<i>)
+ *   nats_bench stored URL PREFIX PARTS        "stored BYTES MESSAGES": what the streams
+ *                                             PREFIX0 .. PREFIX<PARTS-1> hold, in all (direct
+ *                                             mode's changelogs, TALLY_CL: run-nats-direct.sh)
  *   nats_bench fleet-applied URL PREFIX VALUES MS   waits until PREFIX's streams hold VALUES
  *   nats_bench failover URL PREFIX PID MS     a watcher per partition; once every partition
  *                                             applies, kill -9 PID (a worker, or a nats-server),
@@ -261,6 +264,46 @@ static int leader(const char *url, const char *stream)
     jsStreamInfo_Destroy(si);
     jsCtx_Destroy(js);
     natsConnection_Destroy(nc);
+    return 0;
+}
+
+/* What streams prefix0 .. prefix<parts-1> hold (their stream info): bytes and messages. The
+ * connection's inboxes are _INBOX.<user> for a URL that names a user (contrib/nats/users.conf
+ * lets each user read only its own). */
+static int stored(const char *url, const char *prefix, uint32_t parts)
+{
+    natsConnection *nc = NULL;
+    natsOptions *no = NULL;
+    jsCtx *js = NULL;
+    char inbox[96] = "";
+    const char *user = strstr(url, "://"), *end = user ? strpbrk(user + 3, ":@") : NULL;
+    if (end && *end && strchr(user, '@'))
+        snprintf(inbox, sizeof inbox, "_INBOX.%.*s", (int)(end - user - 3), user + 3);
+    if (natsOptions_Create(&no) != NATS_OK || natsOptions_SetURL(no, url) != NATS_OK ||
+        (inbox[0] && natsOptions_SetCustomInboxPrefix(no, inbox) != NATS_OK) ||
+        natsConnection_Connect(&nc, no) != NATS_OK ||
+        natsConnection_JetStream(&js, nc, NULL) != NATS_OK) {
+        fprintf(stderr, "nats_bench: %s\n", nats_GetLastError(NULL));
+        natsOptions_Destroy(no);
+        natsConnection_Destroy(nc);
+        return 1;
+    }
+    uint64_t bytes = 0, msgs = 0;
+    for (uint32_t k = 0; k < parts; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s%u", prefix, (unsigned)k);
+        jsStreamInfo *si = NULL;
+        jsErrCode jerr = 0;
+        if (js_GetStreamInfo(&si, js, name, NULL, &jerr) == NATS_OK) {
+            bytes += si->State.Bytes;
+            msgs += si->State.Msgs;
+        }
+        jsStreamInfo_Destroy(si);
+    }
+    printf("stored %" PRIu64 " %" PRIu64 "\n", bytes, msgs);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    natsOptions_Destroy(no);
     return 0;
 }
 
@@ -531,6 +574,8 @@ int main(int argc, char **argv)
         rc = bare_follow(argv[2], (uint32_t)atol(argv[3]), atol(argv[4]));
     else if (argc == 4 && strcmp(argv[1], "leader") == 0)
         rc = leader(argv[2], argv[3]);
+    else if (argc == 5 && strcmp(argv[1], "stored") == 0)
+        rc = stored(argv[2], argv[3], (uint32_t)atol(argv[4]));
     else if (argc == 6 && strcmp(argv[1], "fleet-applied") == 0)
         rc = fleet_applied(argv[2], argv[3], strtoull(argv[4], NULL, 10), atol(argv[5]));
     else if (argc == 6 && strcmp(argv[1], "failover") == 0)

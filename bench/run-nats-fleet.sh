@@ -290,9 +290,9 @@ wait "${follow[@]}" || true
 kill "$prod" 2>/dev/null || true
 wait "$prod" 2>/dev/null || true
 
-python3 - "$dir" "$lease" "$steady" "$size" "$layout" "$lead" <<'PY'
-import os, re, socket, subprocess, sys, time
-d, lease, steady, fsize, layout, lead = sys.argv[1:]
+python3 - "$dir" "$lease" "$steady" "$size" "$layout" "$lead" "$(machine_name)" <<'PY'
+import os, re, sys, time
+d, lease, steady, fsize, layout, lead, machine = sys.argv[1:]
 lease = int(lease)
 def field(name, what, i):
     try:
@@ -308,12 +308,6 @@ def bare(tag):
     return sum(field(f"bare-{tag}-{k}", "bare-consumer", 2) for k in range(8)) / s / 1e9
 def applied(tag, size, count):
     return count * (size + 128) / field(f"applied-{tag}", "applied", 1) / 1e9
-try:
-    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                         capture_output=True, text=True, timeout=10).stdout.strip().splitlines()
-    machine = f"{gpu[0]} x{len(gpu)}" if gpu else socket.gethostname()
-except (OSError, subprocess.SubprocessError):
-    machine = socket.gethostname()
 when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
 print(f"\n{machine}, {os.cpu_count()} cores, {when}; hist u8 over 8 partitions (4 streams each), "
       f"3-node R3 cluster on loopback, lease {lease} ms; {layout}\n")

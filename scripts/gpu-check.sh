@@ -59,6 +59,16 @@
 #               pause after kill -9 of the lease bucket's nats-server against the bare
 #               consumers' longest gap): $OUT/nats-fleet.txt, its markdown rows in the summary
 #               (240 s cap)
+#   nats-direct bench/run-nats-direct.sh (issue 33, direct mode: a 3-node R3 cluster on loopback
+#               with contrib/nats/users.conf, 8 partitions; N = 1, 2 (3 with 14 cores) members in
+#               `local` and `replicated` beside N standalone tallyds, each tallyd and its loadgen
+#               process pinned to a slot of their own, hist u8 1 KiB and 1 MiB over ZeroMQ tcp:
+#               req/s, GB/s, member / standalone; p50 / p99 of 1 MiB, 1 x 8, replicated vs local;
+#               the changelog's stored bytes over the input's, 16 MiB batches; first one
+#               standalone at NATS_DIRECT_SAT_SMALL / NATS_DIRECT_SAT_BIG producers x in flight;
+#               NATS_DIRECT_TALLYD_ARGS adds tallyd options, the script's own variables pass):
+#               $OUT/nats-direct.md, its tables in the summary (330 s cap). With STEPS=nats-direct
+#               alone the build makes only tallyd, loadgen and nats_bench
 #   gpu-region-py
 #               the Python binding's GpuRegion on the GPU (bench/gpu_region_py.py): hist by
 #               device reference on 64 and 256 MiB regions, 8 threads with a client each (8 in
@@ -354,6 +364,17 @@ step_nats_fleet() { # issue 22's fleet figures: bench/run-nats-fleet.sh on the C
   grep -A5 "^| \(messages\|failover\)" "$OUT/nats-fleet.txt" | tee -a "$S"
 }
 
+step_nats_direct() { # issue 33's direct-mode figures: bench/run-nats-direct.sh
+  command -v nats-server >/dev/null || { note "nats-direct: no nats-server (fetch-device-deps.sh)"; return; }
+  TALLYD_ARGS="--backend auto ${NATS_DIRECT_TALLYD_ARGS:-}" \
+    SAT_SMALL=${NATS_DIRECT_SAT_SMALL-4x64 8x64 16x64} \
+    SAT_BIG=${NATS_DIRECT_SAT_BIG-2x8 4x8 8x8} \
+    timed nats-direct 330 bench/run-nats-direct.sh "$B" "$OUT/nats-direct" >"$OUT/nats-direct.txt" 2>&1
+  cp "$OUT/nats-direct/direct.md" "$OUT/nats-direct.md" 2>/dev/null
+  grep -E "^(\||run-nats-direct|N=|One|Latency|Changelog|req/s|errors)" "$OUT/nats-direct.txt" |
+    tee -a "$S"
+}
+
 step_soak() {
   local secs=${SOAK_SECONDS:-420}
   export SOAK_SECONDS=$secs SOAK_BACKEND=${SOAK_BACKEND:-cuda}
@@ -551,6 +572,9 @@ date -u >>"$S"
 if [ "${STEPS// /}" = shards ] && [ -z "${BUILD_TARGETS:-}" ]; then
   BUILD_TARGETS="tallyd tally loadgen test_differential"
 fi
+if [ "${STEPS// /}" = nats-direct ] && [ -z "${BUILD_TARGETS:-}" ]; then
+  BUILD_TARGETS="tallyd loadgen nats_bench"
+fi
 build
 for step in $STEPS; do
   case $step in
@@ -567,6 +591,7 @@ for step in $STEPS; do
   peer) step_peer ;;
   daemon-memcheck) step_daemon_memcheck ;;
   nats-fleet) step_nats_fleet ;;
+  nats-direct) step_nats_direct ;;
   memcheck | racecheck) step_sanitizer "$step" ;;
   path | loadgen | curve | recv-ab | io-threads | malloc-ab) step_bench "$step" ;;
   *) note "unknown step: $step" ;;
