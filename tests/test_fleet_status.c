@@ -57,7 +57,8 @@ static void test_info_keys(void **state)
     const char *want = "nats=on\nnats_member_id=w-1\nnats_partitions=4\nnats_partitions_owned=2\n"
                        "nats_lease_ttl_ms=5000\nnats_checkpoint_interval_ms=700\n"
                        "nats_max_payload=1024\nnats_max_reply=0\nnats_direct=off\n"
-                       "nats_direct_uncommitted=0\nnats_changelog_commits=0\nnats_not_durable=0\n";
+                       "nats_direct_uncommitted=0\nnats_changelog_commits=0\nnats_not_durable=0\n"
+                       "nats_changelog_purges=0\n";
     assert_string_equal(out, want);
     assert_int_equal(n, strlen(want));
     st.max_payload = 1 << 20;

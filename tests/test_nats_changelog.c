@@ -3,16 +3,18 @@
  * test_nats_changelog.c — direct mode with replicated durability (`[nats] direct = replicated`;
  * PROTOCOL.md §13 "Direct mode", "Changelog"; issue 33's second step) against a real 3-node
  * NATS cluster (tests/lib/nats_cluster.c), the changelog streams TALLY_CL<k> with 3 replicas.
- * Checkpoints are an hour apart, so that between a take and a give-up only the changelog holds
- * the direct writes:
+ * Checkpoints are an hour apart (but in tests 10 and 11), so that between a take and a give-up
+ * only the changelog holds the direct writes:
  *   1. answered after the PubAck, in td_state_record's encoding: one member owns every
  *      partition; after each numbered hist's reply (one request in flight), the last message of
  *      its partition's changelog already holds the stream's record with that request's effect:
  *      parsed by td_state_record_parse, its last_seq the request's seq and its bins the model's
  *      (tests/lib/reference.c), with the writer's epoch, batch and member in its headers; info
  *      says nats_direct=replicated; after a clean stop the checkpoint manifest (version 2)
- *      names the changelog sequence it holds; a changelog stream removed after that checkpoint
- *      is made anew at the next take, with a warning, and the checkpoint's state kept;
+ *      names the changelog sequence it holds, and the changelog is purged whole (its last
+ *      sequence kept); a changelog stream removed after that checkpoint is made anew at the
+ *      next take, with a warning, and the checkpoint's state kept; another one removed before
+ *      a give-up, the give-up's purge fails (said) and the checkpoint holds every write;
  *   2. kill -9 of an owner under load: two members split the partitions (as the plan says); the
  *      fleet client keeps
  *      16 numbered requests in flight, and the owner of half of them is killed (SIGKILL) after
@@ -36,11 +38,11 @@
  *      partition_max_age_s would): the next owner takes the partition from its checkpoint and
  *      what remains, logs the loss at error level and counts exactly the messages gone; the lost
  *      write, sent again with its seq, is applied;
- *   7. the engine's purge below a sequence across a replica restart (why tallyd's changelogs are
- *      not purged at checkpoints; test 1 checks that they still start at sequence 1): on
- *      nats-server before 2.9.18 (Debian's 2.9.10) the restarted replica replays it as a purge of
- *      everything the stream held then, and loses the records above the purge's sequence;
- *      a purge of everything at a quiet point loses nothing on any version;
+ *   7. the engine's purge below a sequence across a replica restart (why tallyd purges a
+ *      changelog only whole, at a quiet point: tests 10 and 11): on nats-server before 2.9.18
+ *      (Debian's 2.9.10) the restarted replica replays it as a purge of everything the stream
+ *      held then, and loses the records above the purge's sequence; a purge of everything at a
+ *      quiet point loses nothing on any version;
  *   8. more records at once than a message holds (a server of its own with max_payload 64 KiB):
  *      the batch goes out as several messages, each within max_payload and of whole records,
  *      every write answered OK, and the next owner rebuilds every stream from them; a stream
@@ -49,7 +51,17 @@
  *   9. a writer racing the fence at a take: a previous owner's late batch stored between the
  *      new owner's reading of the changelog's end and its fence (TALLYD_TEST_FENCE_GATE holds
  *      the take there): the fence is refused, the late batch applied (its stream as it says),
- *      and the fence stored on the next try.
+ *      and the fence stored on the next try;
+ *  10. compaction at a quiet point (checkpoints 200 ms apart): once the writes stop, each
+ *      partition's checkpoint holds its whole changelog, which its owner purges whole (no
+ *      message left, the last sequence and the checkpoint's cl_seq equal, counted in /metrics
+ *      and info); a stale owner's record is still refused (wrong last sequence) and the owner's
+ *      chain goes on; after kill -9 the next owner equals the model; records stored after the
+ *      purge survive a restart of the changelog's leader (its raft log replays the purge);
+ *  11. no purge past the checkpoint: a record stored between a checkpoint and its compaction's
+ *      check (TALLYD_TEST_PURGE_GATE holds the compaction there) keeps the changelog; writes
+ *      keep coming, 16 in flight, over many checkpoints; after kill -9 the next owner equals
+ *      the model, nothing counted lost.
  * Waits are bounded loops on what the cluster or the members report; no time is asserted.
  */
 #include <setjmp.h>
@@ -121,8 +133,9 @@ static void fresh_fleet(void)
 }
 
 /* Member i with lease TTL ttl_ms (a failover waits for it; a clean stop must finish within it,
- * or a partition whose lease ran out is not checkpointed: on a loaded box, a long one). */
-static void start_commit(int i, const char *ttl_ms, const char *commit_ms)
+ * or a partition whose lease ran out is not checkpointed: on a loaded box, a long one) and
+ * checkpoints ckpt_ms apart. */
+static void start_with(int i, const char *ttl_ms, const char *commit_ms, const char *ckpt_ms)
 {
     const char *args[] = {"--nats-servers",
                           cluster_urls ? cluster_urls : tn_suite.urls,
@@ -133,7 +146,7 @@ static void start_commit(int i, const char *ttl_ms, const char *commit_ms)
                           "--nats-lease-ttl-ms",
                           ttl_ms,
                           "--nats-checkpoint-interval-ms",
-                          "3600000",
+                          ckpt_ms,
                           "--nats-member-id",
                           ids[i],
                           "--nats-direct",
@@ -154,6 +167,12 @@ static void start_commit(int i, const char *ttl_ms, const char *commit_ms)
                           "1000",
                           NULL};
     assert_int_equal(th_daemon_start(&member[i], args), 0);
+}
+
+/* Checkpoints an hour apart: between a take and a give-up only the changelog holds the writes. */
+static void start_commit(int i, const char *ttl_ms, const char *commit_ms)
+{
+    start_with(i, ttl_ms, commit_ms, "3600000");
 }
 
 static void start(int i, const char *ttl_ms)
@@ -411,13 +430,14 @@ static void test_answered_after_ack(void **state)
             dump_logs();
             fail_msg("partition %u's checkpoint names no changelog sequence", (unsigned)k);
         }
-        /* Records below a checkpoint stay: tallyd purges nothing (test 7 says why). */
+        /* The give-up's checkpoint holds the whole changelog, nothing follows it: purged whole,
+         * its last sequence (the fence's) kept (test 10 says more). */
         char cl[32];
         uint64_t first = 0, msgs = 0;
         tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
         stream_state(cl, &first, &msgs);
-        assert_int_equal(first, 1);
-        assert_true(msgs >= m.cl_seq); /* 1..cl_seq all there */
+        assert_int_equal(msgs, 0);
+        assert_int_equal(first, m.cl_seq + 1); /* an empty stream's first: its last + 1 */
     }
     /* A changelog stream removed after the checkpoint that holds it (an operator's mistake):
      * the next take makes it anew, warns that it ends before the checkpoint, and keeps the
@@ -430,10 +450,27 @@ static void test_answered_after_ack(void **state)
     wait_held(ids[0], PARTITIONS);
     c = fleet_client();
     check_model(c);
+    /* Another partition's changelog removed before the give-up's checkpoint: the purge that
+     * follows it fails, said, and the partition is given up all the same (its checkpoint
+     * stored). */
+    write_round(c, 3);
     tally_client_destroy(&c);
+    uint32_t other = (partition_of(0) + 1) % PARTITIONS;
+    tally_fleet_name(stream, sizeof stream, TALLY_NATS_CL_STREAM_PREFIX, other);
+    assert_int_equal(js_DeleteStream(tn_suite_js, stream, NULL, &jerr), NATS_OK);
     assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
     member[0].pid = 0;
     assert_int_equal(th_sh("grep -q 'ends at .*before its checkpoint' %s", member[0].log_path), 0);
+    assert_int_equal(th_sh("grep -q 'partition %u.s changelog: a purge at a quiet point failed' %s",
+                           (unsigned)other, member[0].log_path),
+                     0);
+    start(0, "15000");
+    wait_held(ids[0], PARTITIONS);
+    c = fleet_client();
+    check_model(c);
+    tally_client_destroy(&c);
+    assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
+    member[0].pid = 0;
 }
 
 /* ---- 2. kill -9 of an owner under load --------------------------------------------------------
@@ -906,17 +943,28 @@ static void test_batch_over_max_payload(void **state)
 
 /* ---- 9. a writer racing the fence at a take ------------------------------------------------- */
 
-#define GATE_LINE ": test: its fence waits for "
-
-/* The partition whose take waits at the fence gate, from member i's log (-1: none yet). */
-static int gated_partition(int i)
+/* The partition whose `what` (fence, purge) waits at its test gate first, from member i's log
+ * (-1: none yet). */
+static int gated_partition(int i, const char *what)
 {
-    char *log = th_slurp(member[i].log_path);
-    const char *hit = log ? strstr(log, GATE_LINE) : NULL, *at = NULL;
+    char *log = th_slurp(member[i].log_path), line[64];
+    snprintf(line, sizeof line, ": test: its %s waits for ", what);
+    const char *hit = log ? strstr(log, line) : NULL, *at = NULL;
     for (const char *p = log; hit && (p = strstr(p, "partition ")) && p < hit; p++)
         at = p;
     int k = at ? atoi(at + strlen("partition ")) : -1;
     free(log);
+    return k;
+}
+
+/* Waits until member i's `what` waits at its test gate: that partition. */
+static int wait_gated(int i, const char *what)
+{
+    int k = -1;
+    for (int64_t until = th_now_ms() + TIMEOUT_MS; k < 0 && th_now_ms() < until;)
+        if ((k = gated_partition(i, what)) < 0)
+            th_sleep_ms(20);
+    assert_true(k >= 0 && k < PARTITIONS);
     return k;
 }
 
@@ -980,11 +1028,7 @@ static void test_writer_races_fence(void **state)
     setenv("TALLYD_TEST_FENCE_GATE", gate, 1);
     start(1, "6000");
     unsetenv("TALLYD_TEST_FENCE_GATE");
-    int k = -1;
-    for (int64_t until = th_now_ms() + TIMEOUT_MS; k < 0 && th_now_ms() < until;)
-        if ((k = gated_partition(1)) < 0)
-            th_sleep_ms(20);
-    assert_true(k >= 0 && k < PARTITIONS);
+    int k = wait_gated(1, "fence");
     int s = store_late_copy((uint32_t)k, last0[k]);
     FILE *open_gate = fopen(gate, "w");
     assert_non_null(open_gate);
@@ -1138,6 +1182,17 @@ static void make_leader(const char *name, int i)
     assert_int_equal(leader, i);
 }
 
+/* Stream `name`'s leader killed (SIGKILL: its raft log not yet snapshotted), restarted, and
+ * made the stream's leader again, so that the stream is read as that replica recovered it. */
+static void stream_leader_restarted(const char *name)
+{
+    int victim = stream_leader(name);
+    assert_true(victim >= 0);
+    assert_int_equal(tn_node_kill(&tn_suite, victim, SIGKILL), 0);
+    assert_int_equal(tn_node_restart(&tn_suite, victim, TIMEOUT_MS), 0);
+    make_leader(name, victim);
+}
+
 /* Stream `name` on subject, 3 replicas, made as TALLY_CL<k> is (no max age), with `count`
  * messages. */
 static void purge_stream(const char *name, const char *subject, int count)
@@ -1208,6 +1263,201 @@ static void test_purge_across_replica_restart(void **state)
     js_DeleteStream(tn_suite_js, "PURGE_B", NULL, &jerr);
 }
 
+/* ---- 10. compaction at a quiet point -------------------------------------------------------- */
+
+/* Partition k's changelog, as its leader has it: *first and *msgs. */
+static void changelog_state(uint32_t k, uint64_t *first, uint64_t *msgs)
+{
+    char cl[32];
+    tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
+    stream_state(cl, first, msgs);
+}
+
+/* Waits until partition k's changelog holds no message: purged by its owner after a checkpoint
+ * that holds it all, its last sequence still `last` (the fence's), its checkpoint's cl_seq too. */
+static void wait_purged(uint32_t k, uint64_t last)
+{
+    uint64_t first = 0, msgs = 0;
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    for (changelog_state(k, &first, &msgs); msgs > 0 && th_now_ms() < until;
+         changelog_state(k, &first, &msgs))
+        th_sleep_ms(50);
+    if (msgs > 0) {
+        dump_logs();
+        fail_msg("partition %u's changelog still holds %llu messages from %llu", (unsigned)k,
+                 (unsigned long long)msgs, (unsigned long long)first);
+    }
+    assert_int_equal(first, last + 1); /* an empty stream's first: its last + 1 */
+    assert_int_equal(changelog_last(k), last);
+    td_ckpt_manifest_t m;
+    uint8_t *st = NULL;
+    size_t len = 0;
+    assert_int_equal(td_ckpt_read(tn_suite_js, k, &m, &st, &len, msg, sizeof msg), TD_OK);
+    free(st);
+    assert_int_equal(m.cl_seq, last);
+}
+
+/* A record on partition k's changelog expecting `expect` as its last sequence (a stale owner's
+ * chain) is refused: JetStream's wrong last sequence, after a purge as before it. */
+static void stale_publish_refused(uint32_t k, uint64_t expect)
+{
+    char subject[32];
+    tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_CL, k);
+    jsPubOptions po;
+    jsPubOptions_Init(&po);
+    po.ExpectLastSeq = expect;
+    jsErrCode jerr = 0;
+    assert_int_not_equal(js_Publish(NULL, tn_suite_js, subject, "", 0, &po, &jerr), NATS_OK);
+    assert_int_equal(jerr, 10071); /* JSStreamWrongLastSequenceErr */
+}
+
+/* Member a, checkpoints 200 ms apart, writes every stream twice and goes quiet: each partition's
+ * next checkpoint holds its whole changelog, which a then purges whole (every TALLY_CL<k> holds
+ * no message, its last sequence unchanged and its checkpoint's cl_seq; counted in /metrics and
+ * info). A stale owner's record expecting an earlier sequence is refused after the purge, and
+ * a's next round is stored behind it. a is killed (SIGKILL): b finds nothing after the
+ * checkpoints but a's last round and equals the model, nothing counted lost. b writes a round
+ * (its fence and records after a's purge) and is killed; the changelog's leader, whose raft log
+ * holds the purges, is killed and restarted and made leader again: it holds every message after
+ * the purge (nats-server 2.9.10 replays a whole purge without loss; test 7's stream B). a takes
+ * the partitions again and equals the model. */
+static void test_compaction_at_quiet_point(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    start_with(0, "6000", "2", "200");
+    wait_taken(0, PARTITIONS);
+    tally_client_t *c = fleet_client();
+    write_round(c, 0);
+    write_round(c, 1);
+    uint64_t last[PARTITIONS];
+    for (uint32_t k = 0; k < PARTITIONS; k++)
+        last[k] = changelog_last(k);
+    for (uint32_t k = 0; k < PARTITIONS; k++)
+        wait_purged(k, last[k]);
+    char v[64];
+    assert_true(th_metric(&member[0], "tallyd_nats_changelog_purges_total") >= PARTITIONS);
+    assert_true(atoll(info_value(&member[0], "nats_changelog_purges", v, sizeof v)) >= PARTITIONS);
+    uint32_t k0 = partition_of(0);
+    stale_publish_refused(k0, last[k0] - 1);
+    write_round(c, 2); /* a's chain goes on: the purge kept its last sequence */
+    assert_true(changelog_last(k0) > last[k0]);
+    assert_int_equal(th_metric(&member[0], "tallyd_nats_not_durable_total"), 0);
+    kill_member(0);
+    start(1, "6000");
+    wait_taken(1, PARTITIONS);
+    check_model(c);
+    assert_int_equal(th_metric(&member[1], "tallyd_nats_changelog_lost_total"), 0);
+    write_round(c, 3); /* b's fence and records: after the purges, in no checkpoint */
+    tally_client_destroy(&c);
+    kill_member(1);
+    char cl[32];
+    tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k0);
+    uint64_t first0 = 0, msgs0 = 0, first = 0, msgs = 0;
+    stream_state(cl, &first0, &msgs0);
+    assert_true(first0 > last[k0]); /* purged before */
+    assert_true(msgs0 >= 2);        /* b's fence, and stream 0's record */
+    stream_leader_restarted(cl);
+    stream_state(cl, &first, &msgs);
+    print_message("partition %u's changelog after its leader's restart: %llu messages from %llu "
+                  "(before: %llu from %llu)\n",
+                  (unsigned)k0, (unsigned long long)msgs, (unsigned long long)first,
+                  (unsigned long long)msgs0, (unsigned long long)first0);
+    assert_int_equal(first, first0);
+    assert_int_equal(msgs, msgs0);
+    start_with(0, "6000", "2", "200");
+    wait_taken(0, PARTITIONS);
+    c = fleet_client();
+    check_model(c);
+    tally_client_destroy(&c);
+    assert_int_equal(th_metric(&member[0], "tallyd_nats_changelog_lost_total"), 0);
+    assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
+    member[0].pid = 0;
+}
+
+/* ---- 11. no purge past the checkpoint ------------------------------------------------------- */
+
+/* What member i decided at partition k's first compaction: its log line from "kept" or
+ * "purged" on, into out (false: none yet). */
+static bool first_compaction(int i, int k, char *out, size_t cap)
+{
+    char *log = th_slurp(member[i].log_path), head[64];
+    snprintf(head, sizeof head, "partition %d's changelog ", k);
+    const char *hit = log ? strstr(log, head) : NULL;
+    if (hit) {
+        hit += strlen(head);
+        size_t n = strcspn(hit, "\n");
+        snprintf(out, cap, "%.*s", (int)(n < cap ? n : cap - 1), hit);
+    }
+    free(log);
+    return hit != NULL;
+}
+
+/* Rounds from..from + n - 1 of every stream, all 16 writes of a round in flight. */
+static void write_rounds_in_flight(tally_client_t *c, int from, int n)
+{
+    for (int r = from; r < from + n; r++) {
+        for (int s = 0; s < STREAMS; s++)
+            send_hist(c, s, r);
+        for (int s = 0; s < STREAMS; s++)
+            recv_applied(c);
+    }
+}
+
+/* Member a, checkpoints 200 ms apart, its compactions held at a gate (TALLYD_TEST_PURGE_GATE)
+ * until the test opens it: a round of writes, then the first checkpoint's compaction waits; a
+ * write of a stream of that partition is stored after the checkpoint's cl_seq (answered: nothing
+ * waits); the gate opens, and the changelog is kept (said at debug level), not purged. Then
+ * writes keep coming, 16 in flight, over many checkpoints (each purging only at a quiet point),
+ * and a is killed (SIGKILL) after the last replies: b equals the model, nothing counted lost;
+ * b (its records grouped every 20 ms) takes writes the same way and equals the model. */
+static void test_no_purge_past_checkpoint(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    char dir[256], gate[300];
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-gate"), 0);
+    snprintf(gate, sizeof gate, "%s/open", dir);
+    setenv("TALLYD_TEST_PURGE_GATE", gate, 1);
+    start_with(0, "15000", "2", "200"); /* its fleet thread held at the gate: a long lease */
+    unsetenv("TALLYD_TEST_PURGE_GATE");
+    wait_taken(0, PARTITIONS);
+    tally_client_t *c = fleet_client();
+    write_round(c, 0);
+    int k = wait_gated(0, "purge");
+    int s = 0;
+    while (partition_of(s) != (uint32_t)k)
+        s++; /* the plan's hash spreads 16 streams over 4 partitions: one is there */
+    send_hist(c, s, 1);
+    recv_applied(c); /* stored after the gated checkpoint's cl_seq; nothing waits */
+    FILE *open_gate = fopen(gate, "w");
+    assert_non_null(open_gate);
+    fclose(open_gate);
+    char said[256] = "";
+    for (int64_t until = th_now_ms() + TIMEOUT_MS;
+         !first_compaction(0, k, said, sizeof said) && th_now_ms() < until;)
+        th_sleep_ms(20);
+    print_message("partition %d's first compaction: %s\n", k, said);
+    if (!strstr(said, "kept") || !strstr(said, "records were stored after the checkpoint"))
+        dump_logs();
+    assert_non_null(strstr(said, "kept"));
+    assert_non_null(strstr(said, "records were stored after the checkpoint"));
+    write_rounds_in_flight(c, 2, ROUNDS); /* records newer than each checkpoint */
+    kill_member(0);
+    start_with(1, "15000", "20", "200"); /* records wait 20 ms: often at a checkpoint */
+    wait_taken(1, PARTITIONS);
+    check_model(c);
+    assert_int_equal(th_metric(&member[1], "tallyd_nats_changelog_lost_total"), 0);
+    /* The same on b, stopped cleanly (a coverage build counts what a killed process ran not),
+     * its compactions meeting records waiting in a batch or for their PubAck. */
+    write_rounds_in_flight(c, 2 + ROUNDS, 4 * ROUNDS);
+    check_model(c);
+    tally_client_destroy(&c);
+    assert_int_equal(th_daemon_stop(&member[1], SIGTERM, TIMEOUT_MS), 0);
+    member[1].pid = 0;
+    th_rmrf(dir);
+}
+
 int main(void)
 {
     if (tn_skip())
@@ -1222,6 +1472,8 @@ int main(void)
         cmocka_unit_test(test_purge_across_replica_restart),
         cmocka_unit_test_teardown(test_batch_over_max_payload, stop_members),
         cmocka_unit_test_teardown(test_writer_races_fence, stop_members),
+        cmocka_unit_test_teardown(test_compaction_at_quiet_point, stop_members),
+        cmocka_unit_test_teardown(test_no_purge_past_checkpoint, stop_members),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

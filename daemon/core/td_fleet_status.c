@@ -33,19 +33,20 @@ size_t td_fleet_status_info(const td_fleet_status_t *st, char *out, size_t cap)
     }
     /* The largest reply a message naming Tally-Reply may ask for (§13 "Validation"). */
     uint64_t reply_max = st->max_payload > 4096 ? st->max_payload - 4096 : 0;
-    int n =
-        snprintf(out, cap,
-                 "nats=on\nnats_member_id=%s\nnats_partitions=%" PRIu32
-                 "\nnats_partitions_owned=%" PRIu32 "\nnats_lease_ttl_ms=%" PRIu64
-                 "\nnats_checkpoint_interval_ms=%" PRIu64 "\nnats_max_payload=%" PRIu64
-                 "\nnats_max_reply=%" PRIu64 "\nnats_direct=%s\nnats_direct_uncommitted=%" PRIu64
-                 "\nnats_changelog_commits=%" PRIu64 "\nnats_not_durable=%" PRIu64 "\n",
-                 st->member, st->partitions, td_fleet_status_owned(st), st->lease_ttl_ms,
-                 st->checkpoint_interval_ms, st->max_payload, reply_max,
-                 st->replicated ? "replicated"
-                 : st->direct   ? "local"
-                                : "off",
-                 LOAD(st->direct_uncommitted), LOAD(st->changelog_commits), LOAD(st->not_durable));
+    int n = snprintf(
+        out, cap,
+        "nats=on\nnats_member_id=%s\nnats_partitions=%" PRIu32 "\nnats_partitions_owned=%" PRIu32
+        "\nnats_lease_ttl_ms=%" PRIu64 "\nnats_checkpoint_interval_ms=%" PRIu64
+        "\nnats_max_payload=%" PRIu64 "\nnats_max_reply=%" PRIu64
+        "\nnats_direct=%s\nnats_direct_uncommitted=%" PRIu64 "\nnats_changelog_commits=%" PRIu64
+        "\nnats_not_durable=%" PRIu64 "\nnats_changelog_purges=%" PRIu64 "\n",
+        st->member, st->partitions, td_fleet_status_owned(st), st->lease_ttl_ms,
+        st->checkpoint_interval_ms, st->max_payload, reply_max,
+        st->replicated ? "replicated"
+        : st->direct   ? "local"
+                       : "off",
+        LOAD(st->direct_uncommitted), LOAD(st->changelog_commits), LOAD(st->not_durable),
+        LOAD(st->changelog_purges));
     return n > 0 ? (size_t)n : 0;
 }
 
@@ -139,5 +140,9 @@ size_t td_fleet_status_render(const td_fleet_status_t *st, char *out, size_t cap
             "Changelog messages gone at a take-over before a checkpoint held them (aged out or "
             "removed): the direct writes they held are lost (direct = replicated).",
             LOAD(st->changelog_lost));
+    counter(&t, "tallyd_nats_changelog_purges_total",
+            "Changelogs purged whole after a checkpoint that holds all of them, at a quiet point "
+            "(direct = replicated).",
+            LOAD(st->changelog_purges));
     return t.len;
 }

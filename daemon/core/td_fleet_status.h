@@ -88,9 +88,11 @@ typedef struct td_fleet_status {
     _Atomic uint64_t direct_uncommitted;
     _Atomic uint64_t not_owner;
     /* direct = replicated: changelog messages stored (PubAcks), messages replayed at take-overs,
-     * direct writes answered not_durable, and changelog messages gone at a take-over before a
-     * checkpoint held them (aged out or removed: the writes they held are lost). */
+     * direct writes answered not_durable, changelog messages gone at a take-over before a
+     * checkpoint held them (aged out or removed: the writes they held are lost), and changelogs
+     * purged whole at a quiet point after a checkpoint holding them. */
     _Atomic uint64_t changelog_commits, changelog_replayed, not_durable, changelog_lost;
+    _Atomic uint64_t changelog_purges;
     /* Per partition: owned now; the last sequence applied; the partition's last sequence as the
      * worker last saw it (a delivered message's sequence plus the consumer's pending count). */
     _Atomic bool owned[TALLY_NATS_MAX_PARTITIONS];

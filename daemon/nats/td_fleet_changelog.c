@@ -43,6 +43,9 @@
 #define CL_FENCE_TRIES 5
 /* Replayed batches are applied on the loop this many bytes at a time (the shards held). */
 #define CL_APPLY_BYTES (4u << 20)
+/* A purge at a quiet point is sent only with this much of the owner's lease left by its own
+ * clock, and its answer awaited no longer (td_changelog_compact says why). */
+#define CL_PURGE_LEASE_MS 1000
 
 typedef enum { CL_CLOSED = 0, CL_OPEN, CL_FAILED } cl_state_t;
 
@@ -59,6 +62,7 @@ typedef struct {
     int64_t flight_ms;
     natsMsg *retry; /* the flight's message, to publish again at retry_ms (no responders) */
     int64_t retry_ms;
+    bool purging;       /* the stream is being purged: nothing is published meanwhile */
     uint64_t ok_upto;   /* tickets up to it were stored */
     uint64_t fail_from; /* tickets from it on failed (0: none) */
     /* At the last take: the tickets of earlier ownerships above ok_then were not stored. */
@@ -254,8 +258,8 @@ static int64_t commit_due(td_changelog_t *cl)
         } else if (p->retry && p->retry_ms < next) {
             next = p->retry_ms;
         }
-        if (p->state != CL_OPEN || p->flight || p->len == 0)
-            continue;
+        if (p->state != CL_OPEN || p->flight || p->purging || p->len == 0)
+            continue; /* a purge under way: its end wakes the committer */
         if (p->len >= cl->commit_bytes || now - p->first_ms >= cl->commit_ms) {
             publish_locked(cl, k, now);
             woke |= p->state != CL_OPEN;
@@ -518,15 +522,17 @@ static td_err_t store_fence(td_fleet_t *f, uint32_t k, uint64_t epoch, uint64_t 
     return TD_ERR_LIBRARY;
 }
 
-/* Test only (TALLYD_TEST_FENCE_GATE=FILE): a take waits, up to 30 s, for FILE to exist between
- * reading its changelog's end and storing its fence, so that a test can land another writer's
- * message in between (the race CL_FENCE_TRIES answers). */
-static void test_fence_gate(uint32_t k)
+/* Test only: the fleet thread waits, up to 30 s, for the file the environment's `env` names to
+ * exist, so that a test can act in between. TALLYD_TEST_FENCE_GATE holds a take between reading
+ * its changelog's end and storing its fence (another writer's message lands there: the race
+ * CL_FENCE_TRIES answers); TALLYD_TEST_PURGE_GATE holds a compaction between its checkpoint's
+ * store and its quiet check (a record stored there must keep the stream from the purge). */
+static void test_gate(const char *env, const char *what, uint32_t k)
 {
-    const char *gate = getenv("TALLYD_TEST_FENCE_GATE");
+    const char *gate = getenv(env);
     if (!gate)
         return;
-    td_info("fleet: partition %u: test: its fence waits for %s", (unsigned)k, gate);
+    td_info("fleet: partition %u: test: %s waits for %s", (unsigned)k, what, gate);
     for (int i = 0; i < 3000 && access(gate, F_OK) != 0; i++)
         usleep(10000);
 }
@@ -566,7 +572,7 @@ td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t 
         if (err == TD_OK)
             applied = last;
         if (err == TD_OK && i == 0)
-            test_fence_gate(k);
+            test_gate("TALLYD_TEST_FENCE_GATE", "its fence", k);
         if (err == TD_OK)
             err = store_fence(f, k, epoch, last, &fence, &lost, msg, cap);
         if (err != TD_OK || !lost)
@@ -612,6 +618,90 @@ void td_changelog_closed(td_fleet_t *f, uint32_t k)
         p->state = CL_CLOSED;
         fail_locked(cl, k, "closed");
     }
+    pthread_mutex_unlock(&cl->mu);
+    td_path_wake_held(f->host.path);
+}
+
+/* ---- Compaction at a quiet point --------------------------------------------------------------
+ *
+ * A checkpoint that holds every record of the changelog makes the changelog useless to a next
+ * owner, so it is emptied: a purge of the whole stream (no sequence, no filter), the one form
+ * that nats-server before 2.9.18 replays without loss on a replica restarted before its raft
+ * snapshot (a purge below a sequence is replayed as a purge of everything: test 7 of
+ * tests/test_nats_changelog.c). It is made only at a quiet point, all of which is checked under
+ * mu: the partition's changelog open (no publish failed), the checkpoint's cl_seq the last
+ * sequence this owner stored (nothing stored after the snapshot's reading), no record waiting
+ * in the batch and no publish awaiting its PubAck (a retry is a publish in flight), and the
+ * lease held for at least CL_PURGE_LEASE_MS more by this member's own clock.
+ *
+ * Why the check and the purge cannot race with a new record. Records reach the stream only
+ * through the committer thread's publishes (publish_locked and retry_locked, under mu); the
+ * shards' threads only append to the batch (hold, under mu) and libnats' thread only settles a
+ * publish (on_ack). The check sets `purging` under the same lock hold that found the partition
+ * quiet, and the committer publishes nothing of a purging partition, so from the check until
+ * the purge's answer the stream holds exactly the messages up to `stored`, all of which the
+ * stored checkpoint holds; records written meanwhile wait in the batch and are published after
+ * the purge, behind it (its answer comes once the server applied it). The fence is unchanged:
+ * a purged stream keeps its last sequence, so this owner's next publish expects `stored` as
+ * before and a stale owner's (expecting an earlier one) is still refused.
+ *
+ * The purge is not a compare-and-set: only the lease keeps a next owner's records from it. A
+ * next owner takes the partition after the server removes this member's lease key, later than
+ * the lease's end by this member's clock; the purge's answer is awaited no longer than that end
+ * (CL_PURGE_LEASE_MS, sent with at least that much left), so a purge answered was applied before
+ * any next owner's fence. One not answered (or refused) may still be applied later, behind
+ * anything: it fails the partition as a failed publish does, nothing more published by this
+ * member, whose next owner starts from the checkpoint, which holds all of the stream. Age
+ * removal (partition_max_age_s) stays the backstop for a changelog never quiet at a checkpoint. */
+
+/* Under mu: why partition k's changelog is kept after a checkpoint holding its records up to
+ * cl_seq, with wait_ms of the lease left; NULL at a quiet point. */
+static const char *kept_because(const cl_part_t *p, uint64_t cl_seq, int64_t wait_ms)
+{
+    if (p->state != CL_OPEN || wait_ms < CL_PURGE_LEASE_MS)
+        return "its changelog failed, or its lease ends soon";
+    if (p->stored != cl_seq)
+        return "records were stored after the checkpoint's";
+    if (p->len || p->flight)
+        return "records wait to be stored";
+    return NULL;
+}
+
+void td_changelog_compact(td_fleet_t *f, uint32_t k, uint64_t cl_seq, int64_t lease_until_ms)
+{
+    td_changelog_t *cl = f->cl;
+    if (!cl)
+        return;
+    test_gate("TALLYD_TEST_PURGE_GATE", "its purge", k);
+    pthread_mutex_lock(&cl->mu);
+    cl_part_t *p = &cl->parts[k];
+    const char *kept = kept_because(p, cl_seq, lease_until_ms - td_nats_now_ms());
+    p->purging = !kept; /* from here to the answer the committer publishes nothing of k */
+    pthread_mutex_unlock(&cl->mu);
+    if (kept) {
+        td_debug("fleet: partition %u's changelog kept after the checkpoint at %" PRIu64 ": %s",
+                 (unsigned)k, cl_seq, kept);
+        return;
+    }
+    char stream[32], why[256];
+    stream_of(stream, sizeof stream, k);
+    jsOptions o;
+    jsOptions_Init(&o);
+    o.Wait = CL_PURGE_LEASE_MS;
+    jsErrCode jerr = 0;
+    natsStatus s = js_PurgeStream(f->js, stream, &o, &jerr);
+    pthread_mutex_lock(&cl->mu);
+    p->purging = false;
+    if (s == NATS_OK) {
+        TD_FLEET_COUNT(f, changelog_purges);
+        td_debug("fleet: partition %u's changelog purged: its checkpoint holds it up to %" PRIu64,
+                 (unsigned)k, cl_seq);
+    } else {
+        snprintf(why, sizeof why, "a purge at a quiet point failed: %s (%d)", td_nats_last_error(s),
+                 (int)jerr);
+        fail_locked(cl, k, why);
+    }
+    pthread_cond_signal(&cl->cond); /* what came meanwhile goes now */
     pthread_mutex_unlock(&cl->mu);
     td_path_wake_held(f->host.path);
 }

@@ -26,9 +26,14 @@
  * stored), and the fleet thread drops the partition (td_part_step), so that its next owner
  * starts from what JetStream holds, and the fleet client sends numbered requests there.
  *
+ * Compaction (td_changelog_compact): after a checkpoint that holds the changelog's last record,
+ * with nothing waiting or in flight, the stream is purged whole (its last sequence, the fence,
+ * stays); records are otherwise removed by the stream's max age.
+ *
  * Threads: hold on the shards' threads; the PubAcks on libnats' thread; the committer thread
- * publishes the batches; take, closed and the checkpoints' calls on the fleet thread. All
- * under one mutex.
+ * publishes the batches; take, closed, compact and the checkpoints' calls on the fleet thread.
+ * All under one mutex (a purge's round trip outside it, the committer held off that partition
+ * by a flag set under it: td_fleet_changelog.c, "Compaction at a quiet point").
  */
 #ifndef TD_FLEET_CHANGELOG_H
 #define TD_FLEET_CHANGELOG_H
@@ -58,6 +63,11 @@ void td_changelog_closed(struct td_fleet *f, uint32_t k);
 /* The last sequence of TALLY_CL<k> whose records the stream table holds (read before a
  * checkpoint's snapshot: the manifest's cl_seq). */
 uint64_t td_changelog_stored(struct td_fleet *f, uint32_t k);
+/* After partition k's checkpoint holding its changelog up to cl_seq was stored, its lease valid
+ * until lease_until_ms (monotonic): at a quiet point (cl_seq the last record stored, none
+ * waiting or in flight, the lease not ending within 1 s) the changelog is purged whole and the
+ * purge counted; a purge that fails fails the partition (td_changelog_failed). Fleet thread. */
+void td_changelog_compact(struct td_fleet *f, uint32_t k, uint64_t cl_seq, int64_t lease_until_ms);
 /* A publish of partition k failed: the fleet thread drops it. */
 bool td_changelog_failed(struct td_fleet *f, uint32_t k);
 

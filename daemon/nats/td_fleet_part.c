@@ -473,6 +473,8 @@ bool td_part_checkpoint(td_fleet_t *f, td_part_t *p)
     td_fleet_route_committed(f, p->k, direct);
     TD_FLEET_COUNT(f, checkpoints);
     ack_checkpointed(f, p);
+    /* replicated: a checkpoint holding the whole changelog empties it (at a quiet point) */
+    td_changelog_compact(f, p->k, p->ckpt.cur.cl_seq, p->lease.valid_until_ms);
     return true;
 }
 
