@@ -15,6 +15,9 @@
  *      sequence kept); a changelog stream removed after that checkpoint is made anew at the
  *      next take, with a warning, and the checkpoint's state kept; another one removed before
  *      a give-up, the give-up's purge fails (said) and the checkpoint holds every write;
+ *   1b. a stream written 16 times, all in flight, commit_ms 1 s: fewer changelog messages than
+ *      writes (one unless the box stalls), each with one record of the stream, the last one
+ *      the model's after every write; every reply once it is stored;
  *   2. kill -9 of an owner under load: two members split the partitions (as the plan says); the
  *      fleet client keeps
  *      16 numbered requests in flight, and the owner of half of them is killed (SIGKILL) after
@@ -471,6 +474,61 @@ static void test_answered_after_ack(void **state)
     tally_client_destroy(&c);
     assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
     member[0].pid = 0;
+}
+
+/* ---- 1b. a stream written several times before its batch goes out: one record ------------------
+ */
+
+#define REWRITES 16
+
+/* The records of stream s in message seq of partition k's changelog. */
+static int records_of(uint32_t k, uint64_t seq, int s)
+{
+    char stream[32], name[32];
+    tally_fleet_name(stream, sizeof stream, TALLY_NATS_CL_STREAM_PREFIX, k);
+    stream_name(s, name, sizeof name);
+    natsMsg *m = NULL;
+    jsErrCode jerr = 0;
+    assert_int_equal(js_GetMsg(&m, tn_suite_js, stream, seq, NULL, &jerr), NATS_OK);
+    const uint8_t *p = (const uint8_t *)natsMsg_GetData(m);
+    size_t len = (size_t)natsMsg_GetDataLength(m);
+    int found = 0;
+    for (size_t at = 0, size; at < len; at += size) {
+        size = td_state_record_check(p + at, len - at);
+        assert_true(size > 0);
+        found += p[at + 13] == strlen(name) &&
+                 memcmp(p + at + TD_STATE_RECORD_NAME_OFF, name, strlen(name)) == 0;
+    }
+    natsMsg_Destroy(m);
+    return found;
+}
+
+/* REWRITES numbered writes of one stream in flight at once, commit_ms 1 s: the changelog
+ * messages they make (one, unless the box stalls past the second) hold one record of the stream
+ * each, the last one equal to the model after all of them; every reply comes once it is
+ * stored. */
+static void test_one_record_a_stream_a_batch(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    start_commit(0, "15000", "1000");
+    wait_taken(0, PARTITIONS); /* each partition's fence stored */
+    uint32_t k = partition_of(0);
+    uint64_t before = changelog_last(k);
+    tally_client_t *c = fleet_client();
+    for (int r = 0; r < REWRITES; r++)
+        send_hist(c, 0, r);
+    for (int r = 0; r < REWRITES; r++)
+        recv_applied(c);
+    uint64_t last = changelog_last(k);
+    print_message("%d writes of one stream in %llu changelog messages\n", REWRITES,
+                  (unsigned long long)(last - before));
+    assert_true(last > before && last - before < REWRITES);
+    for (uint64_t seq = before + 1; seq <= last; seq++)
+        assert_int_equal(records_of(k, seq, 0), 1);
+    check_last_record(0); /* the model after all of them */
+    check_stream(c, 0);
+    tally_client_destroy(&c);
 }
 
 /* ---- 2. kill -9 of an owner under load --------------------------------------------------------
@@ -1464,6 +1522,7 @@ int main(void)
         return 77;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_answered_after_ack, stop_members),
+        cmocka_unit_test_teardown(test_one_record_a_stream_a_batch, stop_members),
         cmocka_unit_test_teardown(test_kill_owner_under_load, stop_members),
         cmocka_unit_test_teardown(test_not_stored_not_durable, stop_members),
         cmocka_unit_test_teardown(test_group_commit_delete_reset, stop_members),
