@@ -181,6 +181,15 @@ static void test_paused_worker_with_messages_in_flight_writes_nothing(void **sta
     assert_true(tn_wait_leases(tn_suite_js, PARTITIONS, "wa", PARTITIONS, 30000, &held) >= 0);
     publish_all();
     assert_true(wait_for("wa", 1, 30000)); /* the first is applied: the others are in the path */
+    /* Stopped between two bursts of replies (the simulated launches end 200 ms apart), once
+     * none has come for 50 ms: a reply published right before SIGSTOP sat in libnats's buffer
+     * until SIGCONT and came "late", though sent under a valid lease (CI's coverage build,
+     * 2026-12-03 16:49 UTC: "wa stopped with 3 of 16 replies sent ... after waking, wa sent 1"). */
+    for (size_t seen = 0, now = count(replies, &nreplies, "wa", 0, true); seen != now;
+         now = count(replies, &nreplies, "wa", 0, true)) {
+        seen = now;
+        th_sleep_ms(50);
+    }
     kill(wa.pid, SIGSTOP);
     int64_t stopped = th_now_ms();
     size_t before = count(replies, &nreplies, "wa", 0, true);
