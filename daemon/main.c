@@ -128,8 +128,7 @@ int main(int argc, char **argv)
 
     /* libuv sizes its worker pool from this variable when the pool first starts. */
     if (!getenv("UV_THREADPOOL_SIZE")) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        unsigned workers = cfg.workers ? cfg.workers : (unsigned)(cores > 0 ? cores : 4);
+        unsigned workers = cfg.workers ? cfg.workers : td_config_cores();
         snprintf(msg, sizeof msg, "%u", workers);
         setenv("UV_THREADPOOL_SIZE", msg, 1);
     }

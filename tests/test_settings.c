@@ -31,6 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -539,6 +540,41 @@ static void test_shard_count(void **state)
     td_config_clear(&cfg);
 }
 
+/* The defaults count the cores tallyd may run on (its affinity: taskset, CPUAffinity=), not the
+ * cores online: pinned to one core, one shard and the fewest I/O threads. */
+static void test_cores_follow_affinity(void **state)
+{
+    (void)state;
+    cpu_set_t was;
+    assert_int_equal(sched_getaffinity(0, sizeof was, &was), 0);
+    assert_int_equal(td_config_cores(), (unsigned)CPU_COUNT(&was));
+    if (CPU_COUNT(&was) < 2)
+        skip(); /* one core already: nothing to narrow */
+    const char *test_shards = getenv("TALLYD_TEST_SHARDS");
+    char *saved = test_shards ? strdup(test_shards) : NULL;
+    unsetenv("TALLYD_TEST_SHARDS");
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &was)) {
+            CPU_SET(c, &one);
+            break;
+        }
+    assert_int_equal(sched_setaffinity(0, sizeof one, &one), 0);
+    td_config_t cfg;
+    td_config_init(&cfg);
+    unsigned cores = td_config_cores(), shards = td_config_shards(&cfg),
+             io = td_config_io_threads(&cfg);
+    assert_int_equal(sched_setaffinity(0, sizeof was, &was), 0);
+    if (saved)
+        setenv("TALLYD_TEST_SHARDS", saved, 1);
+    free(saved);
+    td_config_clear(&cfg);
+    assert_int_equal(cores, 1);
+    assert_int_equal(shards, 1);
+    assert_int_equal(io, TD_IO_THREADS_MIN);
+}
+
 /* How values are shown: none as (none) in a log and as nothing in a document; a group unset as
  * -1 in a log. Names: a setting of [server] by its key, of another section with it, of the
  * command line alone by its option. An action takes no value; an option nobody has is NULL. */
@@ -641,6 +677,7 @@ int main(void)
         cmocka_unit_test(test_man_page_parts),
         cmocka_unit_test(test_local_endpoints_and_binds),
         cmocka_unit_test(test_shard_count),
+        cmocka_unit_test(test_cores_follow_affinity),
         cmocka_unit_test(test_shown_and_named),
         cmocka_unit_test(test_long_log_line),
     };

@@ -6,6 +6,7 @@
  * from it by td_settings_load.c. Nothing here includes the table: it sits above this file.
  */
 #include <arpa/inet.h>
+#include <sched.h>
 #include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,11 +58,20 @@ size_t td_config_state_bytes_per_client(const td_config_t *cfg)
     return cfg->max_state_bytes / 2 ? cfg->max_state_bytes / 2 : 1;
 }
 
+unsigned td_config_cores(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+        return (unsigned)CPU_COUNT(&set);
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    return online > 0 ? (unsigned)online : 1;
+}
+
 unsigned td_config_io_threads(const td_config_t *cfg)
 {
     if (cfg->io_threads)
         return cfg->io_threads;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    long cores = td_config_cores();
     unsigned n = cores > 0 ? (unsigned)(cores / 4) : 1;
     if (n < TD_IO_THREADS_MIN)
         n = TD_IO_THREADS_MIN;
@@ -78,8 +88,7 @@ unsigned td_config_shards(const td_config_t *cfg)
     unsigned long n = test ? strtoul(test, NULL, 10) : 0;
     if (n >= 1 && n <= TD_SHARDS_LIMIT)
         return (unsigned)n;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    long left = cores - (long)td_config_io_threads(cfg) - 1;
+    long left = (long)td_config_cores() - (long)td_config_io_threads(cfg) - 1;
     if (left < 1)
         return 1;
     return left > (long)TD_SHARDS_DEFAULT_MAX ? TD_SHARDS_DEFAULT_MAX : (unsigned)left;

@@ -421,6 +421,9 @@ typedef struct {
 /* Adds an endpoint to cfg->binds: TD_ERR_CONFIG for an invalid one or one too many. */
 td_err_t td_config_add_bind(td_config_t *cfg, const char *endpoint);
 
+/* The cores this process may run on: its CPU affinity (taskset, systemd's CPUAffinity=, a
+ * cgroup's cpuset), else the cores online. What every default sized by the cores counts. */
+unsigned td_config_cores(void);
 /* The ZeroMQ I/O threads to use: cfg->io_threads, or the default from the core count. */
 unsigned td_config_io_threads(const td_config_t *cfg);
 /* The shards to run: cfg->shards, or (tests) $TALLYD_TEST_SHARDS, or the cores less the I/O
