@@ -18,7 +18,8 @@
 # the apply (bench/thread-cpu.sh, from 0.2 s after SIGCONT; COUNT large enough that the apply
 # lasts longer), printed after the round's line: a thread near 100 % is what holds the rate, none
 # near it says the worker waits (threads libnats starts carry the name of the tallyd thread
-# that started them: tdfleet, tdreader-K). The profiles (inclusive, self, callers) stay in the run's folder
+# that started them: tdfleet, tdreader-K). PERF=1 (where perf runs: not the GPU host): the fleet
+# thread's samples over one second of the apply, by function, printed after the round's line. The profiles (inclusive, self, callers) stay in the run's folder
 # with KEEP=1 (its path is printed). Instructions do not move with the box's load; the rates
 # and CPU times do (2x on the shared dev box). TALLYD_ARGS adds worker options.
 set -euo pipefail
@@ -72,6 +73,15 @@ one() {
     (sleep 0.2 && "$(dirname "$0")/thread-cpu.sh" "$wpid" 1 >"$dir/threads-$tag" 2>&1) &
     tpid=$!
   fi
+  local ppid=
+  if [ "${PERF:-0}" = 1 ]; then # the fleet thread's cycles over 1 s of the apply, with callers
+    local ftid
+    ftid=$(grep -l '^tdfleet$' /proc/"$wpid"/task/*/comm | head -1 | cut -d/ -f5)
+    (sleep 0.2 && perf record -q -e cpu-clock --call-graph dwarf,16384 -t "$ftid" -o "$dir/perf-$tag.data" -- sleep 1 &&
+      perf report -q -i "$dir/perf-$tag.data" --no-children --percent-limit 0.7 -g none \
+        --sort symbol >"$dir/perf-$tag.txt" 2>/dev/null) >/dev/null 2>&1 &
+    ppid=$!
+  fi
   if [ "${CALLGRIND:-0}" = 1 ]; then
     callgrind_control -i on "$wpid" >/dev/null
     a0=$(metric tallyd_nats_applied_total)
@@ -121,6 +131,7 @@ PY
     ir=$(cat "$dir/ir-$tag")
   fi
   [ -z "$tpid" ] || wait "$tpid" || true # its second sample, before the worker goes
+  [ -z "$ppid" ] || wait "$ppid" || true
   kill -TERM "$wpid"
   wait "$wpid" || true
   wpid=
@@ -128,6 +139,7 @@ PY
 print(f'{sys.argv[5]} {s:.3f} {c / s:.0f} {t / hz / c * 1e6:.1f}{sys.argv[6]}')" \
     "$count" "$secs" "$((c1 - c0))" "$(getconf CLK_TCK)" "$tag" "$ir"
   [ -z "$tpid" ] || head -12 "$dir/threads-$tag" | sed "s/^/  $tag threads: /"
+  [ -z "$ppid" ] || head -40 "$dir/perf-$tag.txt" | sed "s/^/  $tag tdfleet: /"
 }
 
 echo "# $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), $(date -u '+%Y-%m-%d %H:%M UTC');" \
