@@ -173,10 +173,11 @@ const cli_option_t cli_common_options[] = {
     {"timeout", 't', "MS", "give up after MS ms without a reply (default 5000)"},
     {"server-key", CLI_OPT_SERVER_KEY, "K",
      "tallyd's CURVE public key, or its .pub file (default:\n"
-     "$TALLY_SERVER_KEY, else server_key in ~/.config/tally/tally.conf;\nnone: no CURVE)"},
+     "$TALLY_SERVER_KEY, else server_key in ~/.config/tally/tally.conf;\nnone: no CURVE; "
+     "with --fleet, each member's own)"},
     {"client-key", CLI_OPT_CLIENT_KEY, "FILE",
      "this client's key file from `tally keygen` (default:\n"
-     "$TALLY_CLIENT_KEY, else client_key in that file)"},
+     "$TALLY_CLIENT_KEY, else client_key in that file;\nwith --fleet, enough to turn CURVE on)"},
     {"nats", CLI_OPT_NATS, "URL",
      "a tallyd fleet's NATS servers (nats://HOST:PORT, comma-separated)\n"
      "instead of one tallyd at -e (default: $TALLY_NATS; PROTOCOL.md §13)"},
@@ -467,8 +468,20 @@ int cli_nats_client(const cli_t *cli, int timeout_ms, tally_client_t **client)
     tally_nats_opts_t o = cli_nats_opts(cli, timeout_ms);
     char why[512] = "", shown[512];
     tally_fleet_redact(o.servers, shown, sizeof shown); /* no password on the terminal */
-    tally_status_t status = cli->fleet ? tally_client_new_fleet(&o, client, why, sizeof why)
-                                       : tally_client_new_nats(&o, client, why, sizeof why);
+    tally_status_t status;
+    if (cli->fleet) { /* its members' server keys are their own (curve=): the client's pair here */
+        tally_curve_keys_t keys;
+        status =
+            tally_curve_client_keys_load(cli->server_key, cli->client_key, &keys, why, sizeof why);
+        if (status != TALLY_OK) {
+            cli_error("CURVE keys: %s", why);
+            return EXIT_USAGE;
+        }
+        status = tally_client_new_fleet_curve(&o, &keys, client, why, sizeof why);
+        explicit_bzero(&keys, sizeof keys);
+    } else {
+        status = tally_client_new_nats(&o, client, why, sizeof why);
+    }
     if (status == TALLY_E_TRANSPORT) {
         cli_error("cannot connect to NATS at %s: %s", shown, why);
         return EXIT_TRANSPORT;

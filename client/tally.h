@@ -643,6 +643,16 @@ typedef struct {
 TALLY_API tally_status_t tally_curve_keys_load(const char *server_key, const char *client_key,
                                                tally_curve_keys_t *keys, char *msg, size_t msg_cap);
 
+/* The same for a fleet client (tally_client_new_fleet_curve), whose members publish their own
+ * server keys (curve= in TALLY_ENDPOINTS, PROTOCOL.md §13): the client's key pair is loaded
+ * whenever one is given (client_key, $TALLY_CLIENT_KEY, client_key in tally.conf), with or
+ * without a server key; a server key given is kept in server_public (every member must then
+ * publish that one). No client key anywhere: all three "" (plain connections) and TALLY_OK. */
+TALLY_API tally_status_t tally_curve_client_keys_load(const char *server_key,
+                                                      const char *client_key,
+                                                      tally_curve_keys_t *keys, char *msg,
+                                                      size_t msg_cap);
+
 /* Makes a new CURVE key pair and writes it as two key files (CZMQ's certificate format):
  * BASE.key holds both halves (mode 0600: the client's --client-key, or tallyd's
  * curve_secret_key) and BASE.pub the public half (for the other side: a client's goes into
@@ -821,6 +831,17 @@ TALLY_API tally_status_t tally_client_new_nats(const tally_nats_opts_t *opts, ta
  * be NULL) says why. */
 TALLY_API tally_status_t tally_client_new_fleet(const tally_nats_opts_t *opts, tally_client_t **out,
                                                 char *msg, size_t msg_cap);
+/* tally_client_new_fleet over CURVE (PROTOCOL.md §12): keys from tally_curve_client_keys_load.
+ * Each member is connected to with this client's key pair and the server key the member
+ * publishes (curve= in TALLY_ENDPOINTS), which must equal keys->server_public when that is not
+ * "". Nothing goes in plain text: a member that publishes no key is not sent to, nor, without a
+ * client key pair (keys NULL or client_secret ""), is one that publishes a key; a request for
+ * its partitions fails TALLY_E_ARG, tally_client_error naming the member and why. A member that
+ * does not allow the client's key never answers (TALLY_E_TIMEOUT), as one tallyd. */
+TALLY_API tally_status_t tally_client_new_fleet_curve(const tally_nats_opts_t *opts,
+                                                      const tally_curve_keys_t *keys,
+                                                      tally_client_t **out, char *msg,
+                                                      size_t msg_cap);
 
 #ifdef __cplusplus
 }

@@ -57,6 +57,7 @@
 #include "tally_client_int.h"
 #include "tally_client_nats.h"
 #include "tally_fleet.h"
+#include "tally_keys.h"
 #include "tally_transport.h"
 
 #define TALLY_FLEET_HOPS 8
@@ -67,6 +68,7 @@
 typedef struct {
     char member[TALLY_NATS_MEMBER_ID_MAX + 1];
     char endpoint[TALLY_NATS_ENDPOINT_MAX];
+    char key[TALLY_KEY_LEN + 1]; /* the server key it publishes (curve=), or "" */
     tally_client_t *c;
     bool down; /* its connection did not come up within a probe: not waited for again */
 } member_t;
@@ -112,26 +114,73 @@ typedef struct {
     int64_t checked_us;
     registration_t *regs;
     char host[TALLY_FLEET_HOST_MAX]; /* this host's identity ("": unknown, no member is local) */
+    tally_curve_keys_t keys;         /* the client's pair ("": plain) and a server key pinned */
+    /* Why the last member_index refused a member's keys ("": it did not): no wait mends that. */
+    char refused[TALLY_ERROR_MESSAGE_MAX + 1];
     char error[TALLY_ERROR_MESSAGE_MAX + 1];
 } fleetc_t;
 
 /* ---- Who owns what ------------------------------------------------------------------------ */
 
-static int member_index(fleetc_t *self, const char *member, const char *endpoint)
+/* Whether this client may connect to a member that publishes key (curve=, "" none): nothing in
+ * plain text, to a member with CURVE nothing without a key pair, and a pinned server key must be
+ * the member's. False with self->refused saying why. */
+static bool keys_fit(fleetc_t *self, const char *member, const char *endpoint, const char *key)
 {
+    const char *why = NULL;
+    if (key[0] && !self->keys.client_secret[0])
+        why = "takes CURVE connections only: give this client a key pair the member allows "
+              "(tally keygen; --client-key, $TALLY_CLIENT_KEY or client_key in tally.conf)";
+    else if (!key[0] && self->keys.client_secret[0])
+        why = "takes plain connections, and this client, which has a CURVE key pair, sends "
+              "nothing in plain text";
+    else if (key[0] && self->keys.server_public[0] && strcmp(key, self->keys.server_public) != 0)
+        why = "has another server key than the one given (--server-key, $TALLY_SERVER_KEY)";
+    if (why)
+        set_msg(self->refused, "member %s (%s, curve=%s in %s) %s", member, endpoint,
+                key[0] ? key : "", TALLY_NATS_BUCKET_ENDPOINTS, why);
+    return !why;
+}
+
+static int member_index(fleetc_t *self, const char *member, const char *endpoint, const char *key)
+{
+    self->refused[0] = '\0';
     for (int i = 0; i < self->count; i++)
         if (strcmp(self->members[i].member, member) == 0 &&
-            strcmp(self->members[i].endpoint, endpoint) == 0)
+            strcmp(self->members[i].endpoint, endpoint) == 0 &&
+            strcmp(self->members[i].key, key) == 0)
             return i;
-    if (self->count == TALLY_FLEET_MEMBERS_MAX)
+    if (self->count == TALLY_FLEET_MEMBERS_MAX || !keys_fit(self, member, endpoint, key))
         return -1;
     member_t *m = &self->members[self->count];
-    if (tally_client_open(endpoint, self->timeout_ms, NULL, &m->c, self->error,
-                          sizeof self->error) != TALLY_OK)
+    tally_curve_keys_t keys = self->keys;
+    snprintf(keys.server_public, sizeof keys.server_public, "%s", key);
+    tally_status_t st = tally_client_open(endpoint, self->timeout_ms, &keys, &m->c, self->error,
+                                          sizeof self->error);
+    explicit_bzero(&keys, sizeof keys);
+    if (st != TALLY_OK)
         return -1;
     snprintf(m->member, sizeof m->member, "%s", member);
     snprintf(m->endpoint, sizeof m->endpoint, "%s", endpoint);
+    snprintf(m->key, sizeof m->key, "%s", key);
     return self->count++;
+}
+
+/* Member's record in TALLY_ENDPOINTS: its zmq= into endpoint (may be NULL) and curve= into key
+ * ("" none); false when it has none (or no zmq= where endpoint is asked for). */
+static bool member_record(fleetc_t *self, const char *member, char *endpoint, char *key)
+{
+    kvEntry *e = NULL;
+    key[0] = '\0';
+    if (!member[0] || kvStore_Get(&e, self->endpoints, member) != NATS_OK)
+        return false;
+    const char *v = kvEntry_Value(e);
+    size_t n = (size_t)kvEntry_ValueLen(e);
+    bool known =
+        !endpoint || tally_fleet_endpoint_get(v, n, "zmq", endpoint, TALLY_NATS_ENDPOINT_MAX);
+    tally_fleet_endpoint_get(v, n, "curve", key, TALLY_KEY_LEN + 1);
+    kvEntry_Destroy(e);
+    return known;
 }
 
 /* Partition k's owner now, as the buckets say: its member index, or -1 (none with direct mode
@@ -139,28 +188,28 @@ static int member_index(fleetc_t *self, const char *member, const char *endpoint
 static int owner_now(fleetc_t *self, uint32_t k)
 {
     char key[16], member[TALLY_NATS_MEMBER_ID_MAX + 1], endpoint[TALLY_NATS_ENDPOINT_MAX];
+    self->refused[0] = '\0';
     tally_fleet_name(key, sizeof key, "p", k);
     kvEntry *e = NULL;
     if (kvStore_Get(&e, self->leases, key) != NATS_OK)
         return -1;
     snprintf(member, sizeof member, "%.*s", kvEntry_ValueLen(e), kvEntry_ValueString(e));
     kvEntry_Destroy(e);
-    e = NULL;
-    if (!member[0] || kvStore_Get(&e, self->endpoints, member) != NATS_OK)
-        return -1;
-    bool known = tally_fleet_endpoint_get(kvEntry_Value(e), (size_t)kvEntry_ValueLen(e), "zmq",
-                                          endpoint, sizeof endpoint);
-    kvEntry_Destroy(e);
-    return known ? member_index(self, member, endpoint) : -1;
+    char curve[TALLY_KEY_LEN + 1];
+    return member_record(self, member, endpoint, curve)
+               ? member_index(self, member, endpoint, curve)
+               : -1;
 }
 
 /* Waits for partition k's owner until deadline (us). */
 static int owner_until(fleetc_t *self, uint32_t k, int64_t deadline)
 {
     int m;
-    while ((m = owner_now(self, k)) < 0 && now_us() < deadline)
+    while ((m = owner_now(self, k)) < 0 && !self->refused[0] && now_us() < deadline)
         usleep(TALLY_FLEET_POLL_MS * 1000);
-    if (m < 0)
+    if (m < 0 && self->refused[0])
+        snprintf(self->error, sizeof self->error, "%s", self->refused);
+    else if (m < 0)
         snprintf(self->error, sizeof self->error,
                  "partition %u has no owner in direct mode (TALLY_LEASES, TALLY_ENDPOINTS) "
                  "within %d ms",
@@ -197,6 +246,9 @@ static int owner_up(fleetc_t *self, uint32_t k, int64_t deadline)
                 return self->owner[k] = m;
             self->owner[k] = -1;
             snprintf(self->error, sizeof self->error, "%s", tally_client_error(o->c));
+        } else if (self->refused[0]) {
+            snprintf(self->error, sizeof self->error, "%s", self->refused);
+            return -1;
         } else {
             snprintf(self->error, sizeof self->error,
                      "partition %u has no owner in direct mode (TALLY_LEASES, TALLY_ENDPOINTS) "
@@ -215,10 +267,11 @@ static int named_owner(fleetc_t *self, const char *why)
     const char *by = strstr(why, " owned by "), *at = strstr(why, " at ");
     if (!by || !at || at < by)
         return -1;
-    char member[TALLY_NATS_MEMBER_ID_MAX + 1];
+    char member[TALLY_NATS_MEMBER_ID_MAX + 1], key[TALLY_KEY_LEN + 1];
     by += strlen(" owned by ");
     snprintf(member, sizeof member, "%.*s", (int)(at - by), by);
-    return member_index(self, member, at + strlen(" at "));
+    member_record(self, member, NULL, key); /* none (it left): refused with keys, plain without */
+    return member_index(self, member, at + strlen(" at "), key);
 }
 
 /* ---- Shared memory ------------------------------------------------------------------------ */
@@ -502,7 +555,9 @@ static tally_status_t send_new(fleetc_t *self, const tally_req_t *req, const voi
     if (m < 0)
         m = self->owner[p->k] =
             owner_until(self, p->k, now_us() + (int64_t)self->timeout_ms * 1000);
-    tally_status_t st = m < 0 ? TALLY_E_TIMEOUT : send_to(self, p, m);
+    tally_status_t st = m >= 0             ? send_to(self, p, m)
+                        : self->refused[0] ? TALLY_E_ARG /* its keys: no wait mends them */
+                                           : TALLY_E_TIMEOUT;
     if (st == TALLY_E_TIMEOUT && m >= 0) { /* its owner's connection is down: who owns it now */
         int now = owner_now(self, p->k);
         if (now >= 0 && now != m)
@@ -677,7 +732,7 @@ static tally_status_t fleetc_last_seq(tally__transport_t *base, const char *stre
         int m = owner_up(self, k, now_us() + (int64_t)self->timeout_ms * 1000);
         if (m < 0) {
             snprintf(error, cap, "%s", self->error);
-            return TALLY_E_TIMEOUT;
+            return self->refused[0] ? TALLY_E_ARG : TALLY_E_TIMEOUT;
         }
         st = tally_query(self->members[m].c, stream, &info);
         why = tally_client_error(self->members[m].c);
@@ -704,6 +759,7 @@ static void fleetc_destroy(tally__transport_t **self_p)
     kvStore_Destroy(self->leases);
     kvStore_Destroy(self->endpoints);
     tally_nats_destroy(&self->nats);
+    explicit_bzero(&self->keys, sizeof self->keys);
     free(self);
     *self_p = NULL;
 }
@@ -748,6 +804,13 @@ static tally_status_t fleetc_connect(fleetc_t *self, const tally_nats_opts_t *op
 tally_status_t tally_client_new_fleet(const tally_nats_opts_t *opts, tally_client_t **out,
                                       char *msg, size_t msg_cap)
 {
+    return tally_client_new_fleet_curve(opts, NULL, out, msg, msg_cap);
+}
+
+tally_status_t tally_client_new_fleet_curve(const tally_nats_opts_t *opts,
+                                            const tally_curve_keys_t *keys, tally_client_t **out,
+                                            char *msg, size_t msg_cap)
+{
     if (!out || !opts)
         return TALLY_E_ARG;
     *out = NULL;
@@ -759,6 +822,8 @@ tally_status_t tally_client_new_fleet(const tally_nats_opts_t *opts, tally_clien
     for (uint32_t k = 0; k < TALLY_NATS_MAX_PARTITIONS; k++)
         self->owner[k] = -1;
     self->timeout_ms = opts->timeout_ms > 0 ? opts->timeout_ms : TALLY_DEFAULT_TIMEOUT_MS;
+    if (keys && keys->client_secret[0])
+        self->keys = *keys;
     char why[512] = "";
     tally__transport_t *transport = &self->base;
     tally_status_t st = fleetc_connect(self, opts, why, sizeof why);

@@ -77,8 +77,10 @@ static tally_status_t status_of(tally_status_t st)
     return st == TALLY_E_IO ? TALLY_E_IO : TALLY_E_ARG;
 }
 
-tally_status_t tally_curve_keys_load(const char *server_key, const char *client_key,
-                                     tally_curve_keys_t *keys, char *msg, size_t msg_cap)
+/* The keys to connect with (tally_curve_keys_load); for_fleet: the client's pair whenever one is
+ * given, the server key optional (tally_curve_client_keys_load). */
+static tally_status_t keys_load(const char *server_key, const char *client_key, bool for_fleet,
+                                tally_curve_keys_t *keys, char *msg, size_t msg_cap)
 {
     char server_buf[CONF_LINE_MAX], client_buf[CONF_LINE_MAX], unused[TALLY_KEY_LEN + 1];
     if (!keys)
@@ -86,21 +88,21 @@ tally_status_t tally_curve_keys_load(const char *server_key, const char *client_
     memset(keys, 0, sizeof *keys);
     const char *server =
         pick(server_key, "TALLY_SERVER_KEY", "server_key", server_buf, sizeof server_buf);
-    if (!server)
+    const char *client =
+        pick(client_key, "TALLY_CLIENT_KEY", "client_key", client_buf, sizeof client_buf);
+    if (!server && (!for_fleet || !client))
         return TALLY_OK; /* CURVE off */
     tally_status_t st = TALLY_OK;
-    if (access(server, F_OK) != 0 && tally_key_valid(server, strlen(server)))
+    if (server && access(server, F_OK) != 0 && tally_key_valid(server, strlen(server)))
         snprintf(keys->server_public, sizeof keys->server_public, "%s", server);
-    else
+    else if (server)
         st = tally_key_file_read(server, false, keys->server_public, unused, msg, msg_cap);
-    if (st == TALLY_OK && !keys->server_public[0]) {
+    if (st == TALLY_OK && server && !keys->server_public[0]) {
         snprintf(msg, msg_cap, "%s holds no public-key (the server's public key)", server);
         st = TALLY_E_PARAM;
     }
     if (st != TALLY_OK)
         goto fail;
-    const char *client =
-        pick(client_key, "TALLY_CLIENT_KEY", "client_key", client_buf, sizeof client_buf);
     if (!client) {
         snprintf(msg, msg_cap,
                  "a server key is set but no client key: make one with `tally keygen NAME`, give "
@@ -120,6 +122,18 @@ tally_status_t tally_curve_keys_load(const char *server_key, const char *client_
 fail:
     memset(keys, 0, sizeof *keys);
     return status_of(st);
+}
+
+tally_status_t tally_curve_keys_load(const char *server_key, const char *client_key,
+                                     tally_curve_keys_t *keys, char *msg, size_t msg_cap)
+{
+    return keys_load(server_key, client_key, false, keys, msg, msg_cap);
+}
+
+tally_status_t tally_curve_client_keys_load(const char *server_key, const char *client_key,
+                                            tally_curve_keys_t *keys, char *msg, size_t msg_cap)
+{
+    return keys_load(server_key, client_key, true, keys, msg, msg_cap);
 }
 
 /* One key file, created (never replaced) with mode `mode`. */

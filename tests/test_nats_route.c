@@ -40,7 +40,11 @@
  *      faked in the buckets in front of one plain tallyd: each refused, named; a region of
  *      another client refused; one past the member's regions per peer refused, said, and one
  *      to a member whose record claims a side channel its tallyd does not offer;
- *      shared memory over a client over NATS refused.
+ *      shared memory over a client over NATS refused;
+ *   6. CURVE through the fleet client: members with CURVE on publish their server keys (curve=);
+ *      a fleet client with an allowed key pair reaches both, one without keys or with another
+ *      member's server key pinned is refused at once, named; the CLI's --fleet --client-key; a
+ *      client with keys sends nothing to a member that publishes none.
  * Waits are bounded loops on what the cluster or the members report; one time is asserted (3b).
  */
 #include <setjmp.h>
@@ -121,31 +125,42 @@ static void fresh_fleet(void)
     memset(seqs, 0, sizeof seqs);
 }
 
-/* Member i, with another endpoint to advertise (NULL: its first bind, the harness's tcp). */
+/* Member i, with another endpoint to advertise (NULL: its first bind, the harness's tcp) and
+ * the options in extra (NULL-terminated; NULL: none). */
+static void start_with(int i, const char *ckpt_ms, const char *advertise, const char *const *extra)
+{
+    const char *args[32] = {"--nats-servers",
+                            tn_suite.urls,
+                            "--nats-replicas",
+                            "1",
+                            "--nats-partitions",
+                            "4",
+                            "--nats-lease-ttl-ms",
+                            "3000",
+                            "--nats-checkpoint-interval-ms",
+                            ckpt_ms,
+                            "--nats-member-id",
+                            ids[i],
+                            "--nats-direct",
+                            "local",
+                            "--metrics",
+                            "127.0.0.1:0"};
+    size_t n = 16;
+    if (advertise) {
+        args[n++] = "--bind";
+        args[n++] = advertise;
+        args[n++] = "--nats-advertise";
+        args[n++] = advertise;
+    }
+    for (; extra && *extra && n < 31; extra++)
+        args[n++] = *extra;
+    args[n] = NULL;
+    assert_int_equal(th_daemon_start(&member[i], args), 0);
+}
+
 static void start(int i, const char *ckpt_ms, const char *advertise)
 {
-    const char *args[] = {"--nats-servers",
-                          tn_suite.urls,
-                          "--nats-replicas",
-                          "1",
-                          "--nats-partitions",
-                          "4",
-                          "--nats-lease-ttl-ms",
-                          "3000",
-                          "--nats-checkpoint-interval-ms",
-                          ckpt_ms,
-                          "--nats-member-id",
-                          ids[i],
-                          "--nats-direct",
-                          "local",
-                          "--metrics",
-                          "127.0.0.1:0",
-                          advertise ? "--bind" : NULL,
-                          advertise,
-                          "--nats-advertise",
-                          advertise,
-                          NULL};
-    assert_int_equal(th_daemon_start(&member[i], args), 0);
+    start_with(i, ckpt_ms, advertise, NULL);
 }
 
 /* Member id's published ZeroMQ endpoint (TALLY_ENDPOINTS), into out. */
@@ -599,7 +614,7 @@ static void test_owner_gone_reroutes(void **state)
 {
     (void)state;
     tally_client_t *c = two_owners_written(1); /* every owner known to c, its connection up */
-    check_streams(c); /* both owners' */
+    check_streams(c);                          /* both owners' */
     int sb = stream_held_by(ids[1]);
     /* b killed with nothing in flight: c still names it the owner of its partitions. A push
      * to one of them (seq from the stream's last_seq) and a send to each wait a probe for b's
@@ -630,7 +645,7 @@ static void test_owner_gone_reroutes(void **state)
         fail_msg("answered %lld ms after the owner was killed (bound %d ms, timeout %d ms)",
                  (long long)took, REROUTE_BOUND_MS, TIMEOUT_MS);
     assert_int_equal(held_by(ids[0]), PARTITIONS);
-    check_model(c); /* each applied once: last_seq and bins equal the model */
+    check_model(c);   /* each applied once: last_seq and bins equal the model */
     check_streams(c); /* all a's now */
     tally_client_destroy(&c);
     stop_clean();
@@ -706,6 +721,17 @@ static void put(kvStore *kv, const char *key, const char *value)
 {
     uint64_t rev = 0;
     assert_int_equal(kvStore_PutString(&rev, kv, key, value), NATS_OK);
+}
+
+/* The end of a test whose buckets were faked in front of member 0: they go, and it stops. */
+static void end_faked(kvStore *fleet, kvStore *ls, kvStore *eps)
+{
+    kvStore_Destroy(fleet);
+    kvStore_Destroy(ls);
+    kvStore_Destroy(eps);
+    fresh_fleet();
+    assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
+    member[0].pid = 0;
 }
 
 /* A stream of partition k. */
@@ -1127,12 +1153,156 @@ static void test_shm_refusals(void **state)
     tally_region_destroy(&in);
     wait_regions(&member[0], 0);
     tally_client_destroy(&c);
-    kvStore_Destroy(fleet);
-    kvStore_Destroy(ls);
+    end_faked(fleet, ls, eps);
+}
+
+/* ---- 6. CURVE through the fleet client ----------------------------------------------------- */
+
+/* Member i in direct mode with CURVE on: its server key file, one client key allowed. The harness
+ * reaches it with server_pub and that client's pair. */
+static void start_curve(int i, const char *key_file, const char *server_pub,
+                        const tally_curve_keys_t *client)
+{
+    const char *extra[] = {"--curve-secret-key", key_file, "--curve-clients", client->client_public,
+                           NULL};
+    th_use_curve(server_pub, client->client_public, client->client_secret);
+    start_with(i, "200", NULL, extra);
+    th_use_curve(NULL, NULL, NULL);
+}
+
+/* Member id's published server key (curve=), into out ("" when none). */
+static void published_key(const char *id, char *out, size_t cap)
+{
+    kvStore *eps = NULL;
+    kvEntry *e = NULL;
+    assert_int_equal(js_KeyValue(&eps, tn_suite_js, TALLY_NATS_BUCKET_ENDPOINTS), NATS_OK);
+    assert_int_equal(kvStore_Get(&e, eps, id), NATS_OK);
+    if (!tally_fleet_endpoint_get(kvEntry_Value(e), (size_t)kvEntry_ValueLen(e), "curve", out, cap))
+        out[0] = '\0';
+    kvEntry_Destroy(e);
     kvStore_Destroy(eps);
+}
+
+/* An unnumbered hist to stream s through c is refused TALLY_E_ARG at once (no wait for an owner
+ * that its keys cannot reach), the error naming the member and saying `because`. */
+static void refused_keys(tally_client_t *c, int s, const char *id, const char *because)
+{
+    int64_t t0 = th_now_ms();
+    send_hist_status(c, s, TALLY_E_ARG);
+    const char *e = tally_client_error(c);
+    char who[64];
+    snprintf(who, sizeof who, "member %s (", id);
+    if (!strstr(e, who) || !strstr(e, because))
+        fail_msg("stream route/%d: %s", s, e);
+    if (th_now_ms() - t0 > TIMEOUT_MS / 2)
+        fail_msg("refused after %lld ms, as if waiting for an owner",
+                 (long long)(th_now_ms() - t0));
+}
+
+/* Two members with CURVE on, each its own server key, published as curve= in TALLY_ENDPOINTS;
+ * a fleet client with the allowed client key pair (tally_curve_client_keys_load, no server key)
+ * applies numbered hists to every stream on both owners, equal to the model; a fleet client
+ * without keys, or with another member's server key pinned, is refused for the members it
+ * cannot reach (TALLY_E_ARG, named), not left to time out; the CLI's --fleet with --client-key
+ * queries, without it is refused; and a client with keys sends nothing to a member that
+ * publishes no key (a record faked in the buckets in front of a plain tallyd). */
+static void test_curve_through_fleet(void **state)
+{
+    (void)state;
     fresh_fleet();
-    assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
-    member[0].pid = 0;
+    char dir[128], path[3][192], pub[3][41];
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-route"), 0);
+    static const char *const names[3] = {"a", "b", "client"};
+    for (int i = 0; i < 3; i++) {
+        char base[160];
+        snprintf(base, sizeof base, "%s/%s", dir, names[i]);
+        assert_int_equal(tally_keygen(base, pub[i], msg, sizeof msg), TALLY_OK);
+        snprintf(path[i], sizeof path[i], "%s.key", base);
+    }
+    tally_curve_keys_t keys, none;
+    assert_int_equal(tally_curve_client_keys_load(NULL, path[2], &keys, msg, sizeof msg), TALLY_OK);
+    assert_string_equal(keys.client_public, pub[2]);
+    assert_string_equal(keys.server_public, ""); /* each member's own, from the bucket */
+    start_curve(0, path[0], pub[0], &keys);
+    wait_held(ids[0], PARTITIONS);
+    start_curve(1, path[1], pub[1], &keys);
+    wait_held(ids[0], PARTITIONS / 2);
+    wait_held(ids[1], PARTITIONS / 2);
+    for (int i = 0; i < 2; i++) {
+        char seen[64];
+        published_key(ids[i], seen, sizeof seen);
+        assert_string_equal(seen, pub[i]);
+    }
+    tally_nats_opts_t o = {.servers = tn_suite.urls, .timeout_ms = TIMEOUT_MS};
+    tally_client_t *c = NULL;
+    if (tally_client_new_fleet_curve(&o, &keys, &c, msg, sizeof msg) != TALLY_OK)
+        fail_msg("tally_client_new_fleet_curve: %s", msg);
+    for (int s = 0; s < STREAMS; s++)
+        send_hist(c, s, 0, true);
+    recv_ok(c, STREAMS);
+    check_model(c);
+    tally_client_destroy(&c);
+
+    /* no keys: refused for either member; member a's key pinned: b refused, a's taken */
+    int sa = stream_held_by(ids[0]), sb = stream_held_by(ids[1]);
+    tally_client_t *plain = fleet_client();
+    refused_keys(plain, sa, ids[0], "takes CURVE connections only");
+    refused_keys(plain, sb, ids[1], "takes CURVE connections only");
+    tally_client_destroy(&plain);
+    tally_curve_keys_t pinned;
+    assert_int_equal(tally_curve_client_keys_load(pub[0], path[2], &pinned, msg, sizeof msg),
+                     TALLY_OK);
+    assert_string_equal(pinned.server_public, pub[0]);
+    assert_int_equal(tally_client_new_fleet_curve(&o, &pinned, &c, msg, sizeof msg), TALLY_OK);
+    refused_keys(c, sb, ids[1], "has another server key than the one given");
+    send_hist(c, sa, 1, true);
+    recv_ok(c, 1);
+    char name[32], why[160];
+    stream_name(sa, name, sizeof name);
+    if (th_stream_differs(c, name, seqs[sa], model[sa], why, sizeof why))
+        fail_msg("%s", why);
+    tally_client_destroy(&c);
+
+    /* the CLI: --client-key reaches b's stream; without it, refused, named */
+    th_cli_t q = th_cli(dir, member[0].endpoint, "--fleet %s --client-key %s query --json route/%d",
+                        tn_suite.urls, path[2], sb);
+    if (q.status != 0 || !strstr(q.out, "\"last_seq\":1,"))
+        fail_msg("tally --fleet --client-key: %d: %s%s", q.status, q.out, q.err);
+    th_cli_free(&q);
+    q = th_cli(dir, member[0].endpoint, "--fleet %s query --json route/%d", tn_suite.urls, sb);
+    assert_int_not_equal(q.status, 0);
+    if (!strstr(q.err, "takes CURVE connections only"))
+        fail_msg("tally --fleet without keys: %s", q.err);
+    th_cli_free(&q);
+    stop_clean();
+
+    /* a member that publishes no key, in front of a plain tallyd: not sent to with keys */
+    fresh_fleet();
+    const char *args[] = {"--metrics", "127.0.0.1:0", NULL};
+    assert_int_equal(th_daemon_start(&member[0], args), 0);
+    kvStore *fleet = bucket(TALLY_NATS_BUCKET_FLEET), *ls = bucket(TALLY_NATS_BUCKET_LEASES),
+            *eps = bucket(TALLY_NATS_BUCKET_ENDPOINTS);
+    put(fleet, TALLY_NATS_KEY_PARTITIONS, "4");
+    char rec[512];
+    snprintf(rec, sizeof rec, "zmq=%s\n", member[0].endpoint);
+    put(eps, "plain", rec);
+    for (uint32_t k = 0; k < PARTITIONS; k++) {
+        char key[8];
+        snprintf(key, sizeof key, "p%u", (unsigned)k);
+        put(ls, key, "plain");
+    }
+    assert_int_equal(tally_client_new_fleet_curve(&o, &keys, &c, msg, sizeof msg), TALLY_OK);
+    refused_keys(c, 0, "plain", "sends nothing in plain text");
+    tally_client_destroy(&c);
+    memset(&none, 0, sizeof none); /* no pair: a plain client, which that member takes */
+    assert_int_equal(tally_client_new_fleet_curve(&o, &none, &c, msg, sizeof msg), TALLY_OK);
+    send_hist(c, 0, 0, false);
+    recv_ok(c, 1);
+    tally_client_destroy(&c);
+    end_faked(fleet, ls, eps);
+    explicit_bzero(&keys, sizeof keys);
+    explicit_bzero(&pinned, sizeof pinned);
+    th_rmrf(dir);
 }
 
 int main(void)
@@ -1148,6 +1318,10 @@ int main(void)
         cmocka_unit_test_teardown(test_owner_gone_reroutes, stop_members),
         cmocka_unit_test_teardown(test_shm_refusals, stop_members),
         cmocka_unit_test_teardown(test_shm_through_fleet, stop_members),
+        cmocka_unit_test_teardown(test_curve_through_fleet, stop_members),
     };
+    const char *only = getenv("TALLY_TEST_FILTER"); /* one test by name (a mutation check) */
+    if (only)
+        cmocka_set_test_filter(only);
     return cmocka_run_group_tests(tests, setup, teardown);
 }

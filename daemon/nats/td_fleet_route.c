@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "td_auth.h"
 #include "td_fleet_changelog.h"
 #include "td_fleet_int.h"
 #include "td_fleet_route.h"
@@ -33,7 +34,8 @@ typedef struct {
 struct td_fleet_route {
     td_fleet_t *f;
     kvStore *endpoints;
-    char value[2 * TALLY_NATS_ENDPOINT_MAX + TALLY_FLEET_HOST_MAX + 24]; /* what it publishes */
+    char value[2 * TALLY_NATS_ENDPOINT_MAX + TALLY_FLEET_HOST_MAX + TALLY_KEY_LEN +
+               32];                                         /* published */
     _Atomic int64_t valid_until[TALLY_NATS_MAX_PARTITIONS]; /* 0: not owned */
     _Atomic uint32_t inflight[TALLY_NATS_MAX_PARTITIONS];
     _Atomic uint64_t uncommitted[TALLY_NATS_MAX_PARTITIONS];
@@ -139,8 +141,15 @@ static void endpoint_value(td_fleet_route_t *r, const td_config_t *cfg)
             snprintf(path, sizeof path, "%s", cfg->shm_socket);
         else
             td_config_default_shm_socket(path, sizeof path);
-        snprintf(r->value + n, sizeof r->value - (size_t)n, "shm=%s\n", path);
+        n += snprintf(r->value + n, sizeof r->value - (size_t)n, "shm=%s\n", path);
     }
+    /* curve=: the server's public key, so that a fleet client with a key pair of its own may
+     * connect (and one without learns that it needs one); td_auth_check read it at the start. */
+    char key[TALLY_KEY_LEN + 1], msg[256];
+    if (td_auth_public_key(cfg, key, msg, sizeof msg) != TD_OK)
+        td_err("fleet: no curve= in %s: %s", TALLY_NATS_BUCKET_ENDPOINTS, msg);
+    else if (key[0])
+        snprintf(r->value + n, sizeof r->value - (size_t)n, "curve=%s\n", key);
 }
 
 td_err_t td_fleet_route_open(td_fleet_t *f, const td_config_t *cfg)

@@ -340,6 +340,20 @@ static td_err_t load_secret(char *public_key, char *secret_key, const char *path
     return TD_OK;
 }
 
+td_err_t td_auth_public_key(const td_config_t *cfg, char out[TALLY_KEY_LEN + 1], char *msg,
+                            size_t msg_cap)
+{
+    out[0] = '\0';
+    if (!cfg->curve_secret_key)
+        return TD_OK;
+    char secret_key[TALLY_KEY_LEN + 1];
+    td_err_t err = load_secret(out, secret_key, cfg->curve_secret_key, msg, msg_cap);
+    explicit_bzero(secret_key, sizeof secret_key);
+    if (err != TD_OK)
+        out[0] = '\0';
+    return err;
+}
+
 td_err_t td_auth_check(const td_config_t *cfg, char *msg, size_t msg_cap)
 {
     if (!cfg->curve_secret_key)

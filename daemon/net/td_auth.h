@@ -53,6 +53,10 @@ td_err_t td_auth_new(void *zmq_ctx, const td_config_t *cfg, td_auth_t **out, cha
  * curve_clients items, and keeps nothing: what `tallyd --check-config` and the start check
  * before anything starts, failing as td_auth_new would, with its msg. */
 td_err_t td_auth_check(const td_config_t *cfg, char *msg, size_t msg_cap);
+/* The server's public key (Z85, 40 characters) from cfg->curve_secret_key, into out; TD_OK
+ * with out "" when CURVE is off. What a fleet member publishes as curve= (PROTOCOL.md §13). */
+td_err_t td_auth_public_key(const td_config_t *cfg, char out[TALLY_KEY_LEN + 1], char *msg,
+                            size_t msg_cap);
 /* Makes router a CURVE server with the secret key and watches its handshakes; TD_ERR_LIBRARY
  * (logged) when ZeroMQ or the handler thread cannot. */
 td_err_t td_auth_apply(td_auth_t *self, void *router);
