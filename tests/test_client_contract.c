@@ -449,6 +449,29 @@ static void test_curve_keys_where_from(void **state)
                                 "keygen NAME`"));
     assert_string_equal(keys.server_public, "");
 
+    /* For a fleet (tally_curve_client_keys_load): the client's pair alone, from the file or the
+     * environment, is CURVE on with each member's own key; a server key given is kept (pinned);
+     * a bad client key is refused as above; neither anywhere: all "" (plain). */
+    n = snprintf(conf, sizeof conf, "client_key = %s\n", me_key);
+    assert_int_equal(th_write_file(path, "tally.conf", conf, (size_t)n), 0);
+    assert_int_equal(tally_curve_keys_load(NULL, NULL, &keys, msg, sizeof msg), TALLY_OK);
+    assert_string_equal(keys.client_public, ""); /* one tallyd: no server key, CURVE off */
+    assert_int_equal(tally_curve_client_keys_load(NULL, NULL, &keys, msg, sizeof msg), TALLY_OK);
+    assert_string_equal(keys.server_public, "");
+    assert_string_equal(keys.client_public, me);
+    assert_int_equal(strlen(keys.client_secret), 40);
+    assert_int_equal(tally_curve_client_keys_load(other, NULL, &keys, msg, sizeof msg), TALLY_OK);
+    assert_string_equal(keys.server_public, other);
+    assert_string_equal(keys.client_public, me);
+    assert_int_equal(setenv("TALLY_CLIENT_KEY", secret_only, 1), 0);
+    assert_int_equal(tally_curve_client_keys_load(NULL, NULL, &keys, msg, sizeof msg), TALLY_E_ARG);
+    assert_string_equal(keys.client_public, "");
+    unsetenv("TALLY_CLIENT_KEY");
+    assert_int_equal(th_write_file(path, "tally.conf", "", 0), 0);
+    assert_int_equal(tally_curve_client_keys_load(NULL, NULL, &keys, msg, sizeof msg), TALLY_OK);
+    assert_string_equal(keys.client_secret, "");
+    assert_int_equal(tally_curve_client_keys_load(NULL, NULL, NULL, msg, sizeof msg), TALLY_E_ARG);
+
     /* No XDG_CONFIG_HOME: ~/.config/tally/tally.conf, here none: CURVE off. */
     unsetenv("XDG_CONFIG_HOME");
     assert_int_equal(setenv("HOME", dir, 1), 0);
