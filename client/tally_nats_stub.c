@@ -165,3 +165,11 @@ tally_status_t tally_client_new_fleet(const tally_nats_opts_t *opts, tally_clien
 {
     return tally_client_new_nats(opts, out, msg, msg_cap);
 }
+
+tally_status_t tally_client_new_fleet_curve(const tally_nats_opts_t *opts,
+                                            const tally_curve_keys_t *keys, tally_client_t **out,
+                                            char *msg, size_t msg_cap)
+{
+    (void)keys;
+    return tally_client_new_nats(opts, out, msg, msg_cap);
+}
