@@ -777,6 +777,62 @@ class _ShowValues(ast.NodeTransformer):
         return ast.copy_location(ast.Expr(call), node)
 
 
+def test_fleet_client(tmp_path: Path) -> None:
+    """Client.fleet against two tallyd members in direct mode on a real 3-server NATS cluster
+    (tests/nats_cluster.py), each with CURVE on and a server key of its own (published as
+    curve=): with the client's key pair every stream's hist reaches its owner and each query
+    equals NumPy's counts, `streams` lists them all once; without keys the binding raises the
+    library's refusal naming a member; a fleet URL missing is said."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import nats_cluster  # tests/: the cluster the fleet's Python tests share
+
+    if not nats_cluster.nats_server():
+        pytest.skip("no nats-server")
+    cluster = nats_cluster.Cluster(str(tmp_path))
+    members: List[Daemon] = []
+    try:
+        client_public = tally.keygen(str(tmp_path / "cam"))
+        keys = dict(client_key=str(tmp_path / "cam.key"))
+        for m in ("py-a", "py-b"):
+            tally.keygen(str(tmp_path / m))
+            members.append(Daemon(os.environ["TALLYD"], [
+                "--nats-servers", cluster.urls, "--nats-replicas", "1", "--nats-partitions", "4",
+                "--nats-lease-ttl-ms", "3000", "--nats-member-id", m, "--nats-direct", "local",
+                "--curve-secret-key", str(tmp_path / f"{m}.key"),
+                "--curve-clients", client_public], server_key=str(tmp_path / f"{m}.pub"), **keys))
+
+        def owned(d: Daemon, m: str) -> int:
+            with tally.Client(d.endpoint, 5000, server_key=str(tmp_path / f"{m}.pub"),
+                              **keys) as c:
+                return int(c.info().get("nats_partitions_owned", "0"))
+
+        nats_cluster.until(lambda: owned(members[0], "py-a") == 2 and
+                           owned(members[1], "py-b") == 2, "the partitions split 2 and 2", 60)
+        streams = [f"py-fleet/{i}" for i in range(8)]
+        data = {s: RNG.integers(0, 256, 1000 + 37 * i, dtype=np.uint8)
+                for i, s in enumerate(streams)}
+        with tally.Client.fleet(cluster.urls, 10000, **keys) as fleet:
+            assert fleet.curve
+            for s in streams:
+                fleet.hist(data[s], stream=s)
+            for s in streams:
+                want = np.bincount(data[s], minlength=256)
+                np.testing.assert_array_equal(fleet.query(s)["bins"], want)
+            assert sorted(n for n in fleet.streams() if n.startswith("py-fleet/")) == streams
+        with tally.Client.fleet(cluster.urls, 10000) as plain:
+            assert not plain.curve
+            with pytest.raises(tally.Error, match="takes CURVE connections only") as refused:
+                plain.hist(data[streams[0]], stream=streams[0])
+            assert refused.value.name == "bad_argument" and "member py-" in str(refused.value)
+        with pytest.raises(tally.Error, match="no fleet"):
+            os.environ.pop("TALLY_FLEET", None)
+            tally.Client.fleet()
+    finally:
+        for d in members:
+            d.stop()
+        cluster.stop()
+
+
 def printed(value: Any) -> str:
     """What the page's comment should say: repr, but a NumPy scalar as NumPy 1 prints it."""
     return str(value) if isinstance(value, np.generic) else repr(value)

@@ -41,7 +41,9 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from web_common import Daemon, fail, free_port, quote, schema_checker  # noqa: E402
+import nats_cluster  # noqa: E402
+from nats_cluster import Cluster, nats_server, until  # noqa: E402
+from web_common import Daemon, fail, quote, schema_checker  # noqa: E402
 
 TALLYD, TALLY, SRC = sys.argv[1], sys.argv[2], sys.argv[3]
 PARTITIONS = 8
@@ -51,121 +53,13 @@ MEMBERS = ["wa", "wb"]
 check = schema_checker(SRC)
 
 
-def nats_server():
-    return os.environ.get("TALLY_NATS_SERVER") or shutil.which("nats-server")
-
-
-class Cluster:
-    """Three nats-server processes with JetStream, routed to each other, on free ports.
-
-    A port free a moment ago may be another test's by the time nats-server binds it (ctest -j2;
-    docs/testing.md, "Ports and endpoints"): then that node exits, and a connection to its port
-    reaches the other process. So each node must be alive and name itself (server_name in its
-    INFO) on its port, or the whole start is tried again on fresh ports and fresh stores, as
-    tests/lib/nats_cluster.c does."""
-
-    ATTEMPTS = 5
-
-    def __init__(self, tmp):
-        self.procs = []
-        for attempt in range(self.ATTEMPTS):
-            if self._start(tmp, attempt):
-                return
-            self.stop()
-            self.procs = []
-        fail("the NATS cluster did not start on fresh ports %d times" % self.ATTEMPTS)
-
-    def _start(self, tmp, attempt):
-        ports = [(free_port(), free_port()) for _ in range(3)]
-        self.urls = ",".join("nats://127.0.0.1:%d" % c for c, _ in ports)
-        for i, (client, route) in enumerate(ports):
-            conf = os.path.join(tmp, "n%d.conf" % i)
-            routes = ", ".join('"nats-route://127.0.0.1:%d"' % r
-                               for j, (_, r) in enumerate(ports) if j != i)
-            with open(conf, "w") as f:
-                f.write('server_name: n%d\nlisten: 127.0.0.1:%d\nmax_payload: 8MB\n'
-                        'jetstream {\n  store_dir: "%s/store%d.%d"\n  max_memory_store: 256MB\n}\n'
-                        'cluster {\n  name: webfleet\n  listen: 127.0.0.1:%d\n  routes: [%s]\n}\n'
-                        % (i, client, tmp, i, attempt, route, routes))
-            log = open(os.path.join(tmp, "n%d.log" % i), "w")
-            self.procs.append(subprocess.Popen([nats_server(), "-c", conf], stdout=log,
-                                               stderr=subprocess.STDOUT))
-        # Listening as itself, and JetStream answering (the cluster has its meta leader), as
-        # tests/lib/nats_cluster.c waits: a worker's start waits 30 s for JetStream, which a
-        # cluster starting on a loaded box can take before it elects one.
-        for i, (client, _) in enumerate(ports):
-            proc = self.procs[i]
-            deadline = time.monotonic() + 30
-            while server_name(client) != "n%d" % i:
-                if proc.poll() is not None or time.monotonic() >= deadline:
-                    return False  # its port taken meanwhile, most likely
-                time.sleep(0.2)
-        for client, _ in ports:
-            until(lambda: jetstream_answers(client), "JetStream on port %d" % client, 120)
-        return True
-
-    def stop(self):
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            p.wait(timeout=30)
-
-
-def server_name(port):
-    """The server_name in the INFO line of whatever listens on port (None: nothing, or not a
-    nats-server)."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
-            line = sock.makefile("rb").readline()
-        if not line.startswith(b"INFO "):
-            return None
-        return json.loads(line[5:]).get("server_name")
-    except (OSError, ValueError):
-        return None
-
-
-def jetstream_answers(port):
-    """Whether the server on port answers a JetStream account-info request without an error
-    (before its cluster has a meta leader: "JetStream system temporarily unavailable")."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-            f = sock.makefile("rb")
-            f.readline()  # INFO
-            sock.sendall(b'CONNECT {"verbose":false,"pedantic":false}\r\n'
-                         b"SUB _INBOX.ready 1\r\nPUB $JS.API.INFO _INBOX.ready 0\r\n\r\n")
-            while True:
-                line = f.readline()
-                if not line:
-                    return False
-                if line.startswith(b"PING"):
-                    sock.sendall(b"PONG\r\n")
-                elif line.startswith(b"MSG "):
-                    body = f.read(int(line.split()[-1]) + 2)
-                    return b'"error"' not in body
-    except OSError:
-        return False
-
-
 def member_listed(cluster, member):
     """Whether member's heartbeat is in TALLY_MEMBERS now: a JetStream direct get of its key's
     last message, over plain NATS (the reply: a message, or the status 404)."""
-    host, port = cluster.urls.split(",")[0].rsplit("/", 1)[1].split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
-        f = sock.makefile("rb")
-        f.readline()  # INFO
-        sock.sendall(b'CONNECT {"verbose":false,"pedantic":false,"headers":true}\r\n'
-                     b"SUB _INBOX.member 1\r\n"
-                     b"PUB $JS.API.DIRECT.GET.KV_TALLY_MEMBERS.$KV.TALLY_MEMBERS.%s "
-                     b"_INBOX.member 0\r\n\r\n" % member.encode())
-        while True:
-            line = f.readline()
-            if not line:
-                return False
-            if line.startswith(b"PING"):
-                sock.sendall(b"PONG\r\n")
-            elif line.startswith((b"MSG ", b"HMSG ")):
-                body = f.read(int(line.split()[-1]) + 2)
-                return not body.startswith(b"NATS/1.0 4")
+    port = int(cluster.urls.split(",")[0].rsplit(":", 1)[1])
+    body = nats_cluster.request(port, "$JS.API.DIRECT.GET.KV_TALLY_MEMBERS.$KV.TALLY_MEMBERS.%s"
+                                % member, headers=True, timeout_s=10)
+    return body is not None and not body.startswith(b"NATS/1.0 4")
 
 
 def tally_nats(cluster, *args, data=None, check=True):
@@ -190,16 +84,6 @@ def owned(d):
         if line.startswith("tallyd_nats_partitions_owned "):
             return int(float(line.split()[1]))
     return -1
-
-
-def until(pred, what, limit_s=90):
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.2)
-    fail("%s: not within %d s" % (what, limit_s))
 
 
 # A bound for the CLI's answers that a working fleet never reaches (its default, 5 s, a worker

@@ -175,7 +175,10 @@ static void print_constants(void)
     STRUCT(tally_quantile_t) FIELD(value) FIELD(side)                                             \
     STRUCT(tally_hist_summary_t) FIELD(count) FIELD(in_range) FIELD(underflow) FIELD(overflow)    \
         FIELD(mean) FIELD(min_bin) FIELD(max_bin) FIELD(p50) FIELD(p90) FIELD(p99)                \
-    STRUCT(tally_curve_keys_t) FIELD(server_public) FIELD(client_public) FIELD(client_secret)
+    STRUCT(tally_curve_keys_t) FIELD(server_public) FIELD(client_public) FIELD(client_secret)   \
+    STRUCT(tally_nats_opts_t) FIELD(servers) FIELD(credentials) FIELD(nkey) FIELD(nkey_seed)      \
+        FIELD(tls_ca) FIELD(tls_cert) FIELD(tls_key) FIELD(producer_id) FIELD(timeout_ms)         \
+        FIELD(partitions) FIELD(window_bytes) FIELD(user)
 
 /* A struct's line, `"type": (sizeof, {`, after the line that closes the struct before it. Each
  * struct's fields are measured in a block of their own (the one STRUCT opens), where measured_t

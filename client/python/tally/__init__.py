@@ -443,6 +443,46 @@ class Client(_Handle):
         self.endpoint = endpoint
         self.last_result: Optional[Dict[str, Any]] = None
 
+    @classmethod
+    def fleet(cls, servers: Optional[str] = None, timeout_ms: int = DEFAULT_TIMEOUT_MS,
+              client_key: Optional[str] = None, server_key: Optional[str] = None,
+              credentials: Optional[str] = None, user: Optional[str] = None,
+              tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
+              tls_key: Optional[str] = None) -> "Client":
+        """A client of a tallyd fleet in direct mode (PROTOCOL.md §13), as `tally --fleet`:
+        each request goes over ZeroMQ straight to its stream's owner, found through the fleet's
+        NATS servers (comma-separated URLs; default $TALLY_FLEET), not_owner followed, requests
+        sent again to a new owner. Members with CURVE on publish their own server keys: give
+        this client's key pair (client_key, else $TALLY_CLIENT_KEY, else tally.conf); a
+        server_key pins one key that every member must publish. credentials, user and tls_*
+        are the NATS connection's (a .creds file, the NATS user, a CA and client certificate).
+        Methods are Client's; subscribe() is not (a fleet publishes on NATS)."""
+        servers = servers or os.environ.get("TALLY_FLEET")
+        if not servers:
+            raise Error(E_ARG, "no fleet: give servers (nats://HOST:PORT,...) or set $TALLY_FLEET")
+        self = cls.__new__(cls)
+        self._c = ctypes.c_void_p()
+        self._key_args = (server_key, client_key)
+
+        def text(v: Optional[str]) -> Optional[bytes]:
+            return v.encode() if v else None
+
+        opts = _lib.NatsOpts(servers=servers.encode(), credentials=text(credentials),
+                             user=text(user), tls_ca=text(tls_ca), tls_cert=text(tls_cert),
+                             tls_key=text(tls_key), timeout_ms=timeout_ms)
+        keys, why = load_keys(server_key, client_key, fleet=True), ctypes.create_string_buffer(512)
+        try:
+            self.curve = bool(keys.client_secret)
+            st = lib.tally_client_new_fleet_curve(ctypes.byref(opts), ctypes.byref(keys),
+                                                  ctypes.byref(self._c), why, len(why))
+        finally:
+            ctypes.memset(ctypes.byref(keys), 0, ctypes.sizeof(keys))
+        if st:
+            raise Error(st, why.value.decode(errors="replace"))
+        self.endpoint = servers
+        self.last_result = None
+        return self
+
     def _check(self, status: int, message: Optional[bytes] = None) -> None:
         if status:
             if message is None:

@@ -132,8 +132,18 @@ class CurveKeys(_Struct):
                 ("client_secret", ctypes.c_char * 41)]
 
 
+class NatsOpts(_Struct):
+    _c_name = "tally_nats_opts_t"
+    _fields_ = [("servers", ctypes.c_char_p), ("credentials", ctypes.c_char_p),
+                ("nkey", ctypes.c_char_p), ("nkey_seed", ctypes.c_char_p),
+                ("tls_ca", ctypes.c_char_p), ("tls_cert", ctypes.c_char_p),
+                ("tls_key", ctypes.c_char_p), ("producer_id", ctypes.c_char_p),
+                ("timeout_ms", ctypes.c_int), ("partitions", ctypes.c_uint32),
+                ("window_bytes", ctypes.c_size_t), ("user", ctypes.c_char_p)]
+
+
 STRUCTS: Tuple[Type[_Struct], ...] = (Req, Rep, Reply, StreamInfo, RunOpts, RunResult, Buf, Pub,
-                                      PubMsg, Hist, QuantileC, HistSummary, CurveKeys)
+                                      PubMsg, Hist, QuantileC, HistSummary, CurveKeys, NatsOpts)
 
 
 def check_layouts(structs: Iterable[Type[_Struct]],
@@ -185,6 +195,9 @@ SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "tally_client_new_curve": (_I, [_CP, _I, _ptr(CurveKeys), _PP]),
     "tally_client_open": (_I, [_CP, _I, _ptr(CurveKeys), _PP, ctypes.c_char_p, _S]),
     "tally_curve_keys_load": (_I, [_CP, _CP, _ptr(CurveKeys), ctypes.c_char_p, _S]),
+    "tally_curve_client_keys_load": (_I, [_CP, _CP, _ptr(CurveKeys), ctypes.c_char_p, _S]),
+    "tally_client_new_fleet_curve": (_I, [_ptr(NatsOpts), _ptr(CurveKeys), _PP, ctypes.c_char_p,
+                                          _S]),
     "tally_keygen": (_I, [_CP, ctypes.c_char_p, ctypes.c_char_p, _S]),
     "tally_client_destroy": (None, [_PP]),
     "tally_client_error": (_CP, [_P]),

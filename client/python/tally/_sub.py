@@ -32,14 +32,17 @@ class Publication(NamedTuple):
     record: Optional[Record]
 
 
-def load_keys(server_key: Optional[str], client_key: Optional[str]) -> CurveKeys:
+def load_keys(server_key: Optional[str], client_key: Optional[str],
+              fleet: bool = False) -> CurveKeys:
     """CURVE keys as the CLI finds them (tally_curve_keys_load): the arguments, else
     $TALLY_SERVER_KEY and $TALLY_CLIENT_KEY, else ~/.config/tally/tally.conf; none anywhere: an
-    empty server_public (plain). Raises Error saying why. The caller wipes them after use."""
+    empty server_public (plain). For a fleet (tally_curve_client_keys_load) the client's pair
+    alone turns CURVE on, each member's key its own. Raises Error saying why. The caller wipes
+    them after use."""
     keys, why = CurveKeys(), ctypes.create_string_buffer(512)
-    st = lib.tally_curve_keys_load(server_key.encode() if server_key else None,
-                                   client_key.encode() if client_key else None,
-                                   ctypes.byref(keys), why, len(why))
+    load = lib.tally_curve_client_keys_load if fleet else lib.tally_curve_keys_load
+    st = load(server_key.encode() if server_key else None,
+              client_key.encode() if client_key else None, ctypes.byref(keys), why, len(why))
     if st:
         ctypes.memset(ctypes.byref(keys), 0, ctypes.sizeof(keys))
         raise Error(st, f"CURVE keys: {why.value.decode(errors='replace')}")

@@ -191,4 +191,18 @@ LAYOUT = {
         "client_public": (41, 41),
         "client_secret": (82, 41),
     }),
+    "tally_nats_opts_t": (88, {
+        "servers": (0, 8),
+        "credentials": (8, 8),
+        "nkey": (16, 8),
+        "nkey_seed": (24, 8),
+        "tls_ca": (32, 8),
+        "tls_cert": (40, 8),
+        "tls_key": (48, 8),
+        "producer_id": (56, 8),
+        "timeout_ms": (64, 4),
+        "partitions": (68, 4),
+        "window_bytes": (72, 8),
+        "user": (80, 8),
+    }),
 }
