@@ -240,7 +240,8 @@ TALLY_API tally_status_t tally_send_shm(tally_client_t *self, const tally_req_t 
  * one reply with their counts summed and aux0 the elements of all; on a stream each piece is one
  * batch. After the first piece that fails no more are sent: the status is that piece's and the
  * error says which piece failed and how many were applied. tally_send_shm always sends one
- * request (over max_batch: TALLY_E_TOO_LARGE), and so does a fleet client. */
+ * request (over max_batch: TALLY_E_TOO_LARGE). On a fleet client the pieces are of the stream's
+ * owner's max_batch (learnt when the region is registered there), each sent to the owner. */
 TALLY_API tally_status_t tally_call_shm(tally_client_t *self, const tally_req_t *req,
                                         const tally_region_t *in, size_t offset, size_t length,
                                         const tally_region_t *out, size_t out_offset,

@@ -582,6 +582,20 @@ static tally_status_t fleetc_send(tally__transport_t *base, const tally_req_t *r
     return send_new((fleetc_t *)base, req, payload, len, NULL, NULL, request_id, error, cap);
 }
 
+static size_t fleetc_shm_max_batch(tally__transport_t *base, const tally_req_t *req,
+                                   const tally_region_t *in)
+{
+    fleetc_t *self = (fleetc_t *)base;
+    uint32_t k =
+        req->stream_len ? tally_partition(req->stream, req->stream_len, self->partitions) : 0;
+    int64_t deadline = now_us() + (int64_t)self->timeout_ms * 1000;
+    int m = owner_up(self, k, deadline);
+    uint64_t handle = 0;
+    if (m < 0 || region_handle(self, in, m, deadline, &handle) != TALLY_OK)
+        return 0; /* the send that follows fails, or finds the owner, and says so */
+    return tally__max_batch(self->members[m].c);
+}
+
 static tally_status_t fleetc_send_shm(tally__transport_t *base, const tally_req_t *req,
                                       const uint8_t *ref, const tally_region_t *in,
                                       const tally_region_t *out, uint64_t *request_id, char *error,
@@ -772,6 +786,7 @@ static const tally__transport_ops_t fleetc_ops = {
     .last_seq = fleetc_last_seq,
     .send_shm = fleetc_send_shm,
     .region_release = fleetc_region_release,
+    .shm_max_batch = fleetc_shm_max_batch,
     .destroy = fleetc_destroy,
 };
 

@@ -482,6 +482,11 @@ static tally_status_t call_shm_pieces(tally_client_t *self, const tally_req_t *r
     return st;
 }
 
+size_t tally__max_batch(const tally_client_t *member)
+{
+    return member->max_batch;
+}
+
 tally_status_t tally_call_shm(tally_client_t *self, const tally_req_t *req,
                               const tally_region_t *in, size_t offset, size_t length,
                               const tally_region_t *out, size_t out_offset, tally_reply_t *reply)
@@ -489,10 +494,14 @@ tally_status_t tally_call_shm(tally_client_t *self, const tally_req_t *req,
     if (!self || !reply)
         return TALLY_E_ARG;
     tally_reply_clear(reply);
-    if (req && req->opcode == TALLY_OP_HIST && !req->seq && !out && self->max_batch &&
-        length > self->max_batch &&
-        tally_dtype_size((tally_dtype_t)req->dtype) <= self->max_batch && in &&
-        offset <= in->size && length <= in->size - offset)
+    bool pieces = req && req->opcode == TALLY_OP_HIST && !req->seq && !out && in &&
+                  offset <= in->size && length <= in->size - offset;
+    if (pieces && self->transport) /* a fleet: the max_batch of the stream's owner */
+        self->max_batch = self->transport->ops->shm_max_batch
+                              ? self->transport->ops->shm_max_batch(self->transport, req, in)
+                              : 0;
+    if (pieces && self->max_batch && length > self->max_batch &&
+        tally_dtype_size((tally_dtype_t)req->dtype) <= self->max_batch)
         return call_shm_pieces(self, req, in, offset, length, reply);
     int64_t deadline = deadline_after(self);
     uint8_t ref[TALLY_SHM_REF_SIZE];

@@ -63,6 +63,12 @@ typedef struct {
     /* With send_shm: releases the region on every tallyd it was registered with (the region is
      * freed after). */
     void (*region_release)(tally__transport_t *self, const tally_region_t *region);
+    /* With send_shm, optional (NULL: 0): the max_batch of the tallyd that a shared-memory req
+     * reading region `in` goes to now, its region registered there on the way; 0 when not
+     * known (no such tallyd, or it cannot take the region: the send then says why), so that
+     * tally_call_shm cuts a hist over it into pieces as for one tallyd. */
+    size_t (*shm_max_batch)(tally__transport_t *self, const tally_req_t *req,
+                            const tally_region_t *in);
     /* Ends the transport (what it published first gets its acknowledgement, or times out) and
      * frees it; sets *self_p to NULL. */
     void (*destroy)(tally__transport_t **self_p);

@@ -41,6 +41,8 @@
  *      another client refused; one past the member's regions per peer refused, said, and one
  *      to a member whose record claims a side channel its tallyd does not offer;
  *      shared memory over a client over NATS refused;
+ *   5c. a shared-memory hist over the owner's max_batch through the fleet client: cut into
+ *      pieces of the owner's max_batch, one reply summing them (a send of the whole: too_large);
  *   6. CURVE through the fleet client: members with CURVE on publish their server keys (curve=);
  *      a fleet client with an allowed key pair reaches both, one without keys or with another
  *      member's server key pinned is refused at once, named; the CLI's --fleet --client-key; a
@@ -1156,6 +1158,49 @@ static void test_shm_refusals(void **state)
     end_faked(fleet, ls, eps);
 }
 
+/* 5c. A shared-memory hist over the owner's max_batch (64 KiB here) through the fleet client:
+ * tally_call_shm cuts it into pieces of the owner's max_batch, as for one tallyd, one reply
+ * with the counts of all and aux0 the elements of all; the stream holds them; a tally_send_shm
+ * of the whole (no pieces) is the owner's too_large. */
+static void test_shm_pieces_through_fleet(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    const char *extra[] = {"--max-batch", "64K", NULL};
+    start_with(0, "200", NULL, extra);
+    wait_held(ids[0], PARTITIONS);
+    tally_client_t *c = fleet_client();
+    size_t len = (1u << 20) + 5; /* 16 pieces and 5 bytes */
+    tally_region_t *in = NULL;
+    assert_int_equal(tally_region_create(c, len, &in), TALLY_OK);
+    uint8_t *data = tally_region_data(in);
+    for (size_t j = 0; j < len; j++)
+        data[j] = (uint8_t)(j * 7 + (j >> 9));
+    uint64_t want[256] = {0};
+    tr_hist_parts(TALLY_DTYPE_U8, data, len, 0, 0, want, NULL, NULL);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, "route/pieces"), TALLY_OK);
+    tally_reply_t r;
+    tally_reply_init(&r);
+    tally_status_t st = tally_call_shm(c, &req, in, 0, len, NULL, 0, &r);
+    if (st != TALLY_OK)
+        fail_msg("tally_call_shm of %zu bytes: %s: %s", len, tally_status_name(st), r.error);
+    assert_int_equal(r.rep.aux0, len);
+    assert_true(th_u64s_equal(r.payload, r.len, want, 256));
+    tally_reply_clear(&r);
+    char why[160];
+    if (th_stream_differs(c, "route/pieces", 0, want, why, sizeof why))
+        fail_msg("%s", why);
+    uint64_t id = 0;
+    assert_int_equal(tally_send_shm(c, &req, in, 0, len, NULL, 0, &id), TALLY_OK);
+    assert_int_equal(tally_recv(c, &r), TALLY_E_TOO_LARGE);
+    assert_int_equal(r.rep.request_id, id);
+    tally_reply_clear(&r);
+    tally_region_destroy(&in);
+    tally_client_destroy(&c);
+    stop_clean();
+}
+
 /* ---- 6. CURVE through the fleet client ----------------------------------------------------- */
 
 /* Member i in direct mode with CURVE on: its server key file, one client key allowed. The harness
@@ -1318,6 +1363,7 @@ int main(void)
         cmocka_unit_test_teardown(test_owner_gone_reroutes, stop_members),
         cmocka_unit_test_teardown(test_shm_refusals, stop_members),
         cmocka_unit_test_teardown(test_shm_through_fleet, stop_members),
+        cmocka_unit_test_teardown(test_shm_pieces_through_fleet, stop_members),
         cmocka_unit_test_teardown(test_curve_through_fleet, stop_members),
     };
     const char *only = getenv("TALLY_TEST_FILTER"); /* one test by name (a mutation check) */
