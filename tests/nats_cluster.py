@@ -61,6 +61,9 @@ class Cluster:
         if not server:
             fail("no nats-server (apt-get install nats-server)")
         ports = [(free_port(), free_port()) for _ in range(3)]
+        # Its own name: a route to a port another test's cluster took meanwhile is refused
+        # (cluster names differ) instead of joining the two clusters into one.
+        name = "pyfleet-%d-%d" % (os.getpid(), attempt)
         self.urls = ",".join("nats://127.0.0.1:%d" % c for c, _ in ports)
         for i, (client, route) in enumerate(ports):
             conf = os.path.join(tmp, "n%d.conf" % i)
@@ -69,8 +72,8 @@ class Cluster:
             with open(conf, "w") as f:
                 f.write('server_name: n%d\nlisten: 127.0.0.1:%d\nmax_payload: 8MB\n'
                         'jetstream {\n  store_dir: "%s/store%d.%d"\n  max_memory_store: 256MB\n}\n'
-                        'cluster {\n  name: webfleet\n  listen: 127.0.0.1:%d\n  routes: [%s]\n}\n'
-                        % (i, client, tmp, i, attempt, route, routes))
+                        'cluster {\n  name: %s\n  listen: 127.0.0.1:%d\n  routes: [%s]\n}\n'
+                        % (i, client, tmp, i, attempt, name, route, routes))
             log = open(os.path.join(tmp, "n%d.log" % i), "w")
             self.procs.append(subprocess.Popen([server, "-c", conf], stdout=log,
                                                stderr=subprocess.STDOUT))

@@ -69,8 +69,12 @@ static int write_conf(const tn_cluster_t *c, int i, const tn_options_t *opts)
             "  max_file_store: 16GB\n}\n",
             i, n->client_port, c->dir, i);
     if (c->nodes > 1) {
-        fprintf(f, "cluster {\n  name: tallytest\n  listen: 127.0.0.1:%d\n  routes: [",
-                n->cluster_port);
+        /* Named after its own folder: two tests' clusters run at once (ctest -j), and a route
+         * to a port the other one took meanwhile must be refused (a cluster name that is not
+         * its own), not join the two clusters into one. */
+        const char *name = strrchr(c->dir, '/');
+        fprintf(f, "cluster {\n  name: %s\n  listen: 127.0.0.1:%d\n  routes: [",
+                name ? name + 1 : c->dir, n->cluster_port);
         const char *sep = "";
         for (int j = 0; j < c->nodes; j++)
             if (j != i) {
