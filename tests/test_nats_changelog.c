@@ -41,6 +41,11 @@
  *      partition_max_age_s would): the next owner takes the partition from its checkpoint and
  *      what remains, logs the loss at error level and counts exactly the messages gone; the lost
  *      write, sent again with its seq, is applied;
+ *  6b. a changelog removed and made again below its checkpoint's cl_seq (every changelog stream
+ *      deleted after a clean stop): the owner that made them anew is killed after answered
+ *      writes; the next owner applies the whole stream (said) and equals the model; its
+ *      checkpoint names the new stream's sequence, and after writes past the old cl_seq and a
+ *      kill -9 the next owner equals the model again;
  *   7. the engine's purge below a sequence across a replica restart (why tallyd purges a
  *      changelog only whole, at a quiet point: tests 10 and 11): on nats-server before 2.9.18
  *      (Debian's 2.9.10) the restarted replica replays it as a purge of everything the stream
@@ -311,6 +316,17 @@ static void check_model(tally_client_t *c)
         check_stream(c, s);
 }
 
+/* Member i, started, takes every partition and equals the model, nothing counted lost (a fleet
+ * client of its own: none waits for a member gone). */
+static void check_taken_model(int i)
+{
+    wait_taken(i, PARTITIONS);
+    tally_client_t *c = fleet_client();
+    check_model(c);
+    tally_client_destroy(&c);
+    assert_int_equal(th_metric(&member[i], "tallyd_nats_changelog_lost_total"), 0);
+}
+
 static const char *info_value(const th_daemon_t *d, const char *key, char *out, size_t cap)
 {
     tally_client_t *c = NULL;
@@ -347,6 +363,34 @@ static uint64_t changelog_last(uint32_t k)
     uint64_t last = si->State.LastSeq;
     jsStreamInfo_Destroy(si);
     return last;
+}
+
+/* Partition k's changelog, as its leader has it: *first and *msgs. */
+static void changelog_state(uint32_t k, uint64_t *first, uint64_t *msgs)
+{
+    char cl[32];
+    tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
+    stream_state(cl, first, msgs);
+}
+
+/* Partition k's changelog stream removed (an operator's mistake). */
+static void remove_changelog(uint32_t k)
+{
+    char cl[32];
+    jsErrCode jerr = 0;
+    tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
+    assert_int_equal(js_DeleteStream(tn_suite_js, cl, NULL, &jerr), NATS_OK);
+}
+
+/* Partition k's checkpoint manifest. */
+static td_ckpt_manifest_t manifest_of(uint32_t k)
+{
+    td_ckpt_manifest_t m;
+    uint8_t *st = NULL;
+    size_t len = 0;
+    assert_int_equal(td_ckpt_read(tn_suite_js, k, &m, &st, &len, msg, sizeof msg), TD_OK);
+    free(st);
+    return m;
 }
 
 /* ---- 1. answered after the PubAck; the record's format --------------------------------------- */
@@ -424,11 +468,7 @@ static void test_answered_after_ack(void **state)
     assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
     member[0].pid = 0;
     for (uint32_t k = 0; k < PARTITIONS; k++) {
-        td_ckpt_manifest_t m;
-        uint8_t *st = NULL;
-        size_t len = 0;
-        assert_int_equal(td_ckpt_read(tn_suite_js, k, &m, &st, &len, msg, sizeof msg), TD_OK);
-        free(st);
+        td_ckpt_manifest_t m = manifest_of(k);
         if (m.cl_seq == 0) {
             dump_logs();
             fail_msg("partition %u's checkpoint names no changelog sequence", (unsigned)k);
@@ -445,10 +485,7 @@ static void test_answered_after_ack(void **state)
     /* A changelog stream removed after the checkpoint that holds it (an operator's mistake):
      * the next take makes it anew, warns that it ends before the checkpoint, and keeps the
      * checkpoint's state. */
-    char stream[32];
-    tally_fleet_name(stream, sizeof stream, TALLY_NATS_CL_STREAM_PREFIX, partition_of(0));
-    jsErrCode jerr = 0;
-    assert_int_equal(js_DeleteStream(tn_suite_js, stream, NULL, &jerr), NATS_OK);
+    remove_changelog(partition_of(0));
     start(0, "15000");
     wait_held(ids[0], PARTITIONS);
     c = fleet_client();
@@ -459,8 +496,7 @@ static void test_answered_after_ack(void **state)
     write_round(c, 3);
     tally_client_destroy(&c);
     uint32_t other = (partition_of(0) + 1) % PARTITIONS;
-    tally_fleet_name(stream, sizeof stream, TALLY_NATS_CL_STREAM_PREFIX, other);
-    assert_int_equal(js_DeleteStream(tn_suite_js, stream, NULL, &jerr), NATS_OK);
+    remove_changelog(other);
     assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
     member[0].pid = 0;
     assert_int_equal(th_sh("grep -q 'ends at .*before its checkpoint' %s", member[0].log_path), 0);
@@ -616,10 +652,7 @@ static void test_not_stored_not_durable(void **state)
     assert_int_equal(tally_req_set_stream(&req, "cl/0"), TALLY_OK);
     tally_buf_t out = {0};
     assert_int_equal(tally_run(c, &req, data, sizeof data, NULL, &out, NULL), TALLY_OK);
-    char stream[32];
-    tally_fleet_name(stream, sizeof stream, TALLY_NATS_CL_STREAM_PREFIX, partition_of(0));
-    jsErrCode jerr = 0;
-    assert_int_equal(js_DeleteStream(tn_suite_js, stream, NULL, &jerr), NATS_OK);
+    remove_changelog(partition_of(0));
     wait_taken(0, PARTITIONS); /* every take done, not only its lease held */
     assert_int_equal(tally_run(c, &req, data, sizeof data, NULL, &out, NULL), TALLY_E_NOT_DURABLE);
     assert_non_null(strstr(tally_client_error(c), "was not stored"));
@@ -1133,11 +1166,7 @@ static void test_records_gone_before_checkpoint(void **state)
     tally_client_destroy(&c);
     assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
     member[0].pid = 0;
-    td_ckpt_manifest_t m;
-    uint8_t *st = NULL;
-    size_t len = 0;
-    assert_int_equal(td_ckpt_read(tn_suite_js, k, &m, &st, &len, msg, sizeof msg), TD_OK);
-    free(st);
+    td_ckpt_manifest_t m = manifest_of(k);
     start(0, "15000");
     wait_taken(0, PARTITIONS);
     c = fleet_client();
@@ -1180,6 +1209,82 @@ static void test_records_gone_before_checkpoint(void **state)
     tally_client_destroy(&c);
     assert_int_equal(th_daemon_stop(&member[1], SIGTERM, TIMEOUT_MS), 0);
     member[1].pid = 0;
+}
+
+/* ---- 6b. a changelog removed and made again, below its checkpoint's cl_seq ------------------ */
+
+/* Member a writes 3 rounds and stops cleanly: each partition's checkpoint holds its changelog
+ * up to cl_seq C[k] (its start, a fence and 3 records a stream). Every changelog stream is
+ * removed (an operator's mistake); a takes the partitions again, which makes them anew (the
+ * start, a fence), writes a round (a record a stream: below C[k]), each answered, and is killed
+ * before a checkpoint. Member b's take finds the changelog ending before the checkpoint's
+ * cl_seq: it says so and applies the whole stream, and equals the model. b writes a round and
+ * stops cleanly: its checkpoint names the changelog's own last sequence, not C[k] (its base
+ * restarted from its fence), and the give-up purges the changelog whole. b takes again, writes
+ * rounds until every changelog passes C[k], and is killed: a equals the model (the records between
+ * b's checkpoint and C[k] applied too), nothing counted lost. */
+static void test_changelog_made_again(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    start(0, "3000");
+    wait_taken(0, PARTITIONS);
+    tally_client_t *c = fleet_client(); /* one a member's life: none waits for a member gone */
+    int r = 0;
+    for (; r < 3; r++)
+        write_round(c, r);
+    tally_client_destroy(&c);
+    assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
+    member[0].pid = 0;
+    uint64_t before[PARTITIONS]; /* C[k] */
+    for (uint32_t k = 0; k < PARTITIONS; k++) {
+        before[k] = manifest_of(k).cl_seq;
+        remove_changelog(k);
+    }
+    /* a makes the changelogs anew; its answered writes land below C[k], in no checkpoint. */
+    start(0, "3000");
+    wait_taken(0, PARTITIONS);
+    c = fleet_client();
+    write_round(c, r++);
+    tally_client_destroy(&c);
+    kill_member(0);
+    uint32_t k0 = partition_of(0);
+    assert_true(changelog_last(k0) < before[k0]);
+    start(1, "3000");
+    check_taken_model(1);
+    assert_int_equal(
+        th_sh("grep -q 'partition %u: its changelog ends at .*before its checkpoint' %s",
+              (unsigned)k0, member[1].log_path),
+        0);
+    /* b's checkpoint names the new stream's sequence, which it holds whole: purged. */
+    c = fleet_client();
+    write_round(c, r++);
+    tally_client_destroy(&c);
+    assert_int_equal(th_daemon_stop(&member[1], SIGTERM, TIMEOUT_MS), 0);
+    member[1].pid = 0;
+    for (uint32_t k = 0; k < PARTITIONS; k++) {
+        uint64_t first = 0, msgs = 0;
+        assert_int_equal(manifest_of(k).cl_seq, changelog_last(k));
+        changelog_state(k, &first, &msgs);
+        assert_int_equal(msgs, 0);
+    }
+    /* b again, its records past C[k] after ones below it, then killed: a applies them all. */
+    start(1, "3000");
+    wait_taken(1, PARTITIONS);
+    c = fleet_client();
+    for (bool past = false; !past; r++) {
+        assert_true(r < 16);
+        write_round(c, r);
+        past = true;
+        for (uint32_t k = 0; k < PARTITIONS; k++)
+            past &= changelog_last(k) > before[k];
+    }
+    tally_client_destroy(&c);
+    kill_member(1);
+    start(0, "3000");
+    check_taken_model(0);
+    assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
+    member[0].pid = 0;
 }
 
 /* ---- 7. the engine's purge across a replica restart ------------------------------------------ */
@@ -1323,14 +1428,6 @@ static void test_purge_across_replica_restart(void **state)
 
 /* ---- 10. compaction at a quiet point -------------------------------------------------------- */
 
-/* Partition k's changelog, as its leader has it: *first and *msgs. */
-static void changelog_state(uint32_t k, uint64_t *first, uint64_t *msgs)
-{
-    char cl[32];
-    tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
-    stream_state(cl, first, msgs);
-}
-
 /* Waits until partition k's changelog holds no message: purged by its owner after a checkpoint
  * that holds it all, its last sequence still `last` (the fence's), its checkpoint's cl_seq too. */
 static void wait_purged(uint32_t k, uint64_t last)
@@ -1347,12 +1444,7 @@ static void wait_purged(uint32_t k, uint64_t last)
     }
     assert_int_equal(first, last + 1); /* an empty stream's first: its last + 1 */
     assert_int_equal(changelog_last(k), last);
-    td_ckpt_manifest_t m;
-    uint8_t *st = NULL;
-    size_t len = 0;
-    assert_int_equal(td_ckpt_read(tn_suite_js, k, &m, &st, &len, msg, sizeof msg), TD_OK);
-    free(st);
-    assert_int_equal(m.cl_seq, last);
+    assert_int_equal(manifest_of(k).cl_seq, last);
 }
 
 /* A record on partition k's changelog expecting `expect` as its last sequence (a stale owner's
@@ -1424,11 +1516,7 @@ static void test_compaction_at_quiet_point(void **state)
     assert_int_equal(first, first0);
     assert_int_equal(msgs, msgs0);
     start_with(0, "6000", "2", "200");
-    wait_taken(0, PARTITIONS);
-    c = fleet_client();
-    check_model(c);
-    tally_client_destroy(&c);
-    assert_int_equal(th_metric(&member[0], "tallyd_nats_changelog_lost_total"), 0);
+    check_taken_model(0);
     assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
     member[0].pid = 0;
 }
@@ -1528,6 +1616,7 @@ int main(void)
         cmocka_unit_test_teardown(test_group_commit_delete_reset, stop_members),
         cmocka_unit_test_teardown(test_other_writer_fenced, stop_members),
         cmocka_unit_test_teardown(test_records_gone_before_checkpoint, stop_members),
+        cmocka_unit_test_teardown(test_changelog_made_again, stop_members),
         cmocka_unit_test(test_purge_across_replica_restart),
         cmocka_unit_test_teardown(test_batch_over_max_payload, stop_members),
         cmocka_unit_test_teardown(test_writer_races_fence, stop_members),

@@ -562,10 +562,11 @@ static void test_gate(const char *env, const char *what, uint32_t k)
         usleep(10000);
 }
 
-td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t epoch, char *msg,
-                           size_t cap)
+td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t epoch,
+                           uint64_t *held, char *msg, size_t cap)
 {
     td_changelog_t *cl = f->cl;
+    *held = cl_seq;
     if (!cl)
         return TD_OK;
     uint64_t first = 0, last = 0, applied = cl_seq, max_epoch = 0, fence = 0;
@@ -582,10 +583,19 @@ td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t 
         if (err == TD_OK)
             err = last_seq(f, k, &first, &last, msg, cap);
     }
-    if (err == TD_OK && last < applied)
+    /* A stream's sequences only grow, so one that ends before the checkpoint's was removed and
+     * made again after that checkpoint was taken: every message in it came later (a missing
+     * one among them is lost, as below). Its records are whole states, so all of them go on top
+     * of the checkpoint; the caller's cl_seq restarts from the fence (*held), or a checkpoint
+     * naming the old, larger one would hide this stream's records from the next owner. */
+    if (err == TD_OK && last < applied) {
         td_warn("fleet: partition %u: its changelog ends at %" PRIu64
-                ", before its checkpoint's %" PRIu64 " (the stream was removed and made again?)",
+                ", before its checkpoint's %" PRIu64 ": the stream was removed and made again; "
+                "all of it is applied, and the checkpoints count from its fence",
                 (unsigned)k, last, applied);
+        applied = 0;
+    }
+    uint64_t from = applied + 1;
     if (err == TD_OK && first > applied + 1 && last > applied) { /* asked once, not per record */
         uint64_t gone = first - 1 < last ? first - 1 : last; /* an empty stream: first = last + 1 */
         records_gone(f, k, applied + 1, gone);
@@ -627,8 +637,9 @@ td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t 
     p->ok_then = p->ok_upto;
     p->open_from = p->batch;
     pthread_mutex_unlock(&cl->mu);
+    *held = fence;
     td_info("fleet: partition %u's changelog: applied %" PRIu64 "..%" PRIu64 ", fence at %" PRIu64,
-            (unsigned)k, cl_seq + 1, last, fence);
+            (unsigned)k, from, last, fence);
     return TD_OK;
 }
 

@@ -299,7 +299,8 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
     p->ckpt.cl_seq = p->ckpt.cur.cl_seq;
     int64_t loaded = td_nats_now_ms();
     if (err == TD_OK && !fenced) /* replicated: the changelog after the checkpoint, and a fence */
-        err = td_changelog_take(f, p->k, p->ckpt.cl_seq, p->lease.revision, msg, sizeof msg);
+        err = td_changelog_take(f, p->k, p->ckpt.cl_seq, p->lease.revision, &p->ckpt.cl_seq, msg,
+                                sizeof msg);
     p->applied_seq = p->high_seq = p->ckpt_seq = p->ckpt.cur.applied_seq;
     p->restarts = 0;
     if (err == TD_OK && !fenced)
@@ -446,6 +447,8 @@ bool td_part_checkpoint(td_fleet_t *f, td_part_t *p)
     }
     uint64_t direct = td_fleet_route_uncommitted(f, p->k); /* all in the snapshot, maybe more */
     uint64_t cl_seq = td_changelog_stored(f, p->k);        /* the same: every record up to it */
+    /* At least the take's fence (td_changelog_take's *held); 0 without a changelog, which keeps
+     * the manifest's. */
     if (cl_seq > p->ckpt.cl_seq)
         p->ckpt.cl_seq = cl_seq;
     uint8_t *state = NULL;
