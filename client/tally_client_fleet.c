@@ -166,28 +166,36 @@ static int member_index(fleetc_t *self, const char *member, const char *endpoint
     return self->count++;
 }
 
-/* Member's record in TALLY_ENDPOINTS: its zmq= into endpoint (may be NULL) and curve= into key
- * ("" none); false when it has none (or no zmq= where endpoint is asked for). */
-static bool member_record(fleetc_t *self, const char *member, char *endpoint, char *key)
+/* A member's record in TALLY_ENDPOINTS (PROTOCOL.md §13), each value "" when it has none. */
+typedef struct {
+    char zmq[TALLY_NATS_ENDPOINT_MAX];
+    char curve[TALLY_KEY_LEN + 1];
+    char host[TALLY_FLEET_HOST_MAX];
+    char shm[TALLY_NATS_ENDPOINT_MAX];
+} record_t;
+
+/* Member's record into r; false when it has none (it left, or NATS did not answer). */
+static bool member_record(fleetc_t *self, const char *member, record_t *r)
 {
+    memset(r, 0, sizeof *r);
     kvEntry *e = NULL;
-    key[0] = '\0';
     if (!member[0] || kvStore_Get(&e, self->endpoints, member) != NATS_OK)
         return false;
     const char *v = kvEntry_Value(e);
     size_t n = (size_t)kvEntry_ValueLen(e);
-    bool known =
-        !endpoint || tally_fleet_endpoint_get(v, n, "zmq", endpoint, TALLY_NATS_ENDPOINT_MAX);
-    tally_fleet_endpoint_get(v, n, "curve", key, TALLY_KEY_LEN + 1);
+    tally_fleet_endpoint_get(v, n, "zmq", r->zmq, sizeof r->zmq);
+    tally_fleet_endpoint_get(v, n, "curve", r->curve, sizeof r->curve);
+    tally_fleet_endpoint_get(v, n, "host", r->host, sizeof r->host);
+    tally_fleet_endpoint_get(v, n, "shm", r->shm, sizeof r->shm);
     kvEntry_Destroy(e);
-    return known;
+    return true;
 }
 
 /* Partition k's owner now, as the buckets say: its member index, or -1 (none with direct mode
  * yet, or NATS did not answer). */
 static int owner_now(fleetc_t *self, uint32_t k)
 {
-    char key[16], member[TALLY_NATS_MEMBER_ID_MAX + 1], endpoint[TALLY_NATS_ENDPOINT_MAX];
+    char key[16], member[TALLY_NATS_MEMBER_ID_MAX + 1];
     self->refused[0] = '\0';
     tally_fleet_name(key, sizeof key, "p", k);
     kvEntry *e = NULL;
@@ -195,10 +203,9 @@ static int owner_now(fleetc_t *self, uint32_t k)
         return -1;
     snprintf(member, sizeof member, "%.*s", kvEntry_ValueLen(e), kvEntry_ValueString(e));
     kvEntry_Destroy(e);
-    char curve[TALLY_KEY_LEN + 1];
-    return member_record(self, member, endpoint, curve)
-               ? member_index(self, member, endpoint, curve)
-               : -1;
+    record_t r;
+    return member_record(self, member, &r) && r.zmq[0] ? member_index(self, member, r.zmq, r.curve)
+                                                       : -1;
 }
 
 /* Waits for partition k's owner until deadline (us). */
@@ -267,11 +274,12 @@ static int named_owner(fleetc_t *self, const char *why)
     const char *by = strstr(why, " owned by "), *at = strstr(why, " at ");
     if (!by || !at || at < by)
         return -1;
-    char member[TALLY_NATS_MEMBER_ID_MAX + 1], key[TALLY_KEY_LEN + 1];
+    char member[TALLY_NATS_MEMBER_ID_MAX + 1];
     by += strlen(" owned by ");
     snprintf(member, sizeof member, "%.*s", (int)(at - by), by);
-    member_record(self, member, NULL, key); /* none (it left): refused with keys, plain without */
-    return member_index(self, member, at + strlen(" at "), key);
+    record_t r;
+    member_record(self, member, &r); /* none (it left): refused with keys, plain without */
+    return member_index(self, member, at + strlen(" at "), r.curve);
 }
 
 /* ---- Shared memory ------------------------------------------------------------------------ */
@@ -281,15 +289,9 @@ static int named_owner(fleetc_t *self, const char *why)
 static tally_status_t member_local(fleetc_t *self, int m)
 {
     const member_t *o = &self->members[m];
-    char host[TALLY_FLEET_HOST_MAX] = "", shm[TALLY_NATS_ENDPOINT_MAX] = "";
-    kvEntry *e = NULL;
-    if (kvStore_Get(&e, self->endpoints, o->member) == NATS_OK) {
-        const char *v = kvEntry_Value(e);
-        size_t n = (size_t)kvEntry_ValueLen(e);
-        tally_fleet_endpoint_get(v, n, "host", host, sizeof host);
-        tally_fleet_endpoint_get(v, n, "shm", shm, sizeof shm);
-        kvEntry_Destroy(e);
-    }
+    record_t r;
+    member_record(self, o->member, &r);
+    const char *host = r.host, *shm = r.shm;
     char why[160];
     if (!host[0]) /* a tallyd older than host=, or one whose record has gone (it left) */
         snprintf(why, sizeof why, "publishes no host (host= in %s)", TALLY_NATS_BUCKET_ENDPOINTS);
@@ -593,7 +595,7 @@ static size_t fleetc_shm_max_batch(tally__transport_t *base, const tally_req_t *
     uint64_t handle = 0;
     if (m < 0 || region_handle(self, in, m, deadline, &handle) != TALLY_OK)
         return 0; /* the send that follows fails, or finds the owner, and says so */
-    return tally__max_batch(self->members[m].c);
+    return self->members[m].c->max_batch;
 }
 
 static tally_status_t fleetc_send_shm(tally__transport_t *base, const tally_req_t *req,

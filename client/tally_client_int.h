@@ -124,9 +124,6 @@ void tally__region_release(tally_client_t *member, uint64_t handle);
  * tallyd has closed it (it exited: a restart at the same endpoint knows none of them), which
  * is then closed here too. */
 bool tally__side_closed(tally_client_t *member);
-/* The max_batch member's side channel learnt from its info (0 before it was opened, or when the
- * daemon did not say). */
-size_t tally__max_batch(const tally_client_t *member);
 
 /* tally.c lends tally_sub.c: makes sock a CURVE client with keys (NULL or an empty
  * server_public: nothing), before its connect; TALLY_E_ARG for keys that are not 40 characters

@@ -447,7 +447,7 @@ static tally_status_t piece_receive(shm_pieces_t *p)
  * the error says how many pieces were applied. */
 static tally_status_t call_shm_pieces(tally_client_t *self, const tally_req_t *req,
                                       const tally_region_t *in, size_t offset, size_t length,
-                                      tally_reply_t *reply)
+                                      size_t max_batch, tally_reply_t *reply)
 {
     size_t esize = tally_dtype_size((tally_dtype_t)req->dtype);
     shm_pieces_t p = {.client = self,
@@ -455,7 +455,7 @@ static tally_status_t call_shm_pieces(tally_client_t *self, const tally_req_t *r
                       .in = in,
                       .offset = offset,
                       .length = length,
-                      .piece_bytes = self->max_batch - self->max_batch % esize,
+                      .piece_bytes = max_batch - max_batch % esize,
                       .sum = reply};
     p.count = (length + p.piece_bytes - 1) / p.piece_bytes;
     tally_status_t st = TALLY_OK;
@@ -482,11 +482,6 @@ static tally_status_t call_shm_pieces(tally_client_t *self, const tally_req_t *r
     return st;
 }
 
-size_t tally__max_batch(const tally_client_t *member)
-{
-    return member->max_batch;
-}
-
 tally_status_t tally_call_shm(tally_client_t *self, const tally_req_t *req,
                               const tally_region_t *in, size_t offset, size_t length,
                               const tally_region_t *out, size_t out_offset, tally_reply_t *reply)
@@ -496,13 +491,14 @@ tally_status_t tally_call_shm(tally_client_t *self, const tally_req_t *req,
     tally_reply_clear(reply);
     bool pieces = req && req->opcode == TALLY_OP_HIST && !req->seq && !out && in &&
                   offset <= in->size && length <= in->size - offset;
+    size_t max_batch = self->max_batch;
     if (pieces && self->transport) /* a fleet: the max_batch of the stream's owner */
-        self->max_batch = self->transport->ops->shm_max_batch
-                              ? self->transport->ops->shm_max_batch(self->transport, req, in)
-                              : 0;
-    if (pieces && self->max_batch && length > self->max_batch &&
-        tally_dtype_size((tally_dtype_t)req->dtype) <= self->max_batch)
-        return call_shm_pieces(self, req, in, offset, length, reply);
+        max_batch = self->transport->ops->shm_max_batch
+                        ? self->transport->ops->shm_max_batch(self->transport, req, in)
+                        : 0;
+    if (pieces && max_batch && length > max_batch &&
+        tally_dtype_size((tally_dtype_t)req->dtype) <= max_batch)
+        return call_shm_pieces(self, req, in, offset, length, max_batch, reply);
     int64_t deadline = deadline_after(self);
     uint8_t ref[TALLY_SHM_REF_SIZE];
     uint64_t id = 0;
