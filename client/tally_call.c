@@ -165,18 +165,19 @@ tally_status_t tally_send(tally_client_t *self, const tally_req_t *req, const vo
     return tally__send_until(self, req, payload, len, request_id, deadline_after(self));
 }
 
-tally_status_t tally_send_zc(tally_client_t *self, const tally_req_t *req, void *payload,
-                             size_t len, tally_free_fn *free_fn, void *hint, uint64_t *request_id)
+tally_status_t tally__send_zc_until(tally_client_t *self, const tally_req_t *req, void *payload,
+                                    size_t len, tally_free_fn *free_fn, void *hint,
+                                    uint64_t *request_id, int64_t deadline)
 {
     tally_status_t status = TALLY_E_ARG;
     if (!self || !req || !payload || !len || !free_fn)
         goto release;
     if (self->transport) { /* NATS copies the payload into its message */
-        status = tally__send_until(self, req, payload, len, request_id, deadline_after(self));
+        status = tally__send_until(self, req, payload, len, request_id, deadline);
         goto release;
     }
     uint64_t id;
-    status = send_header_until(self, req, len, &id, deadline_after(self));
+    status = send_header_until(self, req, len, &id, deadline);
     if (status != TALLY_OK)
         goto release;
     /* From here ZeroMQ owns the buffer: it calls free_fn once it is sent, or on close. */
@@ -200,6 +201,18 @@ release:
     if (free_fn && payload)
         free_fn(payload, hint);
     return status;
+}
+
+tally_status_t tally_send_zc(tally_client_t *self, const tally_req_t *req, void *payload,
+                             size_t len, tally_free_fn *free_fn, void *hint, uint64_t *request_id)
+{
+    if (!self) {
+        if (free_fn && payload)
+            free_fn(payload, hint);
+        return TALLY_E_ARG;
+    }
+    return tally__send_zc_until(self, req, payload, len, free_fn, hint, request_id,
+                                deadline_after(self));
 }
 
 /* Fills reply from a header frame and payload frame already received. Takes `payload`. */

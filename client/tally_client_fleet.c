@@ -15,7 +15,11 @@
  * partition's owner, the partitions whose owner did not answer counted in the reply's aux1 as
  * tally_client_nats.c does (tally_streams_missing).
  *
- * Every request in flight is kept (header and a copy of its payload) until its reply, so that:
+ * Every request in flight is kept (header and a copy of its payload) until its reply, so that
+ * it can be sent again (below). A large payload's copy is the one sent: each send hands ZeroMQ
+ * a reference to it (tally__send_zc_until, by_reference), the copy freed once the request is
+ * answered and the last send is out, so it is copied once, as a plain client copies it. Sent
+ * again:
  *   - a `not_owner` answer (nothing was run) is followed: sent again to the owner the answer
  *     names ("... at ENDPOINT"), or the one the buckets name, up to TALLY_FLEET_HOPS times;
  *   - a `shutdown` answer (a member stopping: nothing was run) waits for the partition's next
@@ -44,6 +48,8 @@
  * tally_region_destroy releases the region on every member it was registered with. Not
  * thread-safe.
  */
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,6 +87,28 @@ typedef struct registration {
     uint64_t handle;
 } registration_t;
 
+/* A request's payload, kept for its resends and sent by reference: one reference the pending
+ * request's, one each send ZeroMQ has not finished (released on ZeroMQ's I/O thread). */
+typedef struct {
+    atomic_size_t refs; /* word-sized, first: its release store covers the word malloc wrote,
+                         * as a race detector tracks it (tally_bufpool.c's header likewise) */
+    _Alignas(max_align_t) uint8_t bytes[]; /* as malloc would align them */
+} kept_payload_t;
+
+static kept_payload_t *kept_of(uint8_t *bytes)
+{
+    return (kept_payload_t *)(void *)(bytes - offsetof(kept_payload_t, bytes));
+}
+
+static void kept_release(void *data, void *hint)
+{
+    (void)data;
+    kept_payload_t *kp = hint;
+    (void)atomic_load_explicit(&kp->refs, memory_order_acquire); /* td_reply.c's reply_freed */
+    if (atomic_fetch_sub_explicit(&kp->refs, 1, memory_order_acq_rel) == 1)
+        free(kp);
+}
+
 typedef struct pending {
     struct pending *next;
     uint64_t id;       /* what the caller knows it by */
@@ -91,7 +119,7 @@ typedef struct pending {
     bool waiting; /* answered `shutdown`, or its owner was lost: for the next owner */
     int64_t sent_us;
     tally_req_t req;
-    uint8_t *payload;
+    uint8_t *payload; /* a kept_payload_t's bytes, or NULL (len 0) */
     size_t len;
     const tally_region_t *in, *out; /* a shared-memory request's regions (in: NULL for none) */
     tally_shm_ref_t ref;            /* and its reference, handles 0: each send puts its member's */
@@ -99,6 +127,14 @@ typedef struct pending {
     tally_status_t status;
     tally_reply_t answer;
 } pending_t;
+
+/* Whether p's payload goes by reference: one the size a plain client sends without zmq_send's
+ * copy (TALLY_POOL_MIN_BYTES); a smaller one is copied as zmq_send copies it, and so is a
+ * shared-memory reference, which each send rewrites with its member's handles. */
+static bool by_reference(const pending_t *p)
+{
+    return p->len >= TALLY_POOL_MIN_BYTES && !p->in;
+}
 
 typedef struct {
     tally__transport_t base; /* first: the core's handle on it */
@@ -431,8 +467,14 @@ static tally_status_t send_to(fleetc_t *self, pending_t *p, int m)
         answer_here(self, p, st);
         return st;
     }
-    if (st == TALLY_OK)
+    if (st == TALLY_OK && by_reference(p)) {
+        kept_payload_t *kp = kept_of(p->payload);
+        atomic_fetch_add_explicit(&kp->refs, 1, memory_order_release);
+        st = tally__send_zc_until(to->c, &p->req, p->payload, p->len, kept_release, kp,
+                                  &p->inner_id, deadline);
+    } else if (st == TALLY_OK) {
         st = tally__send_until(to->c, &p->req, p->payload, p->len, &p->inner_id, deadline);
+    }
     to->down = st == TALLY_E_TIMEOUT;
     if (st != TALLY_OK)
         snprintf(self->error, sizeof self->error, "%s", tally_client_error(to->c));
@@ -452,7 +494,8 @@ static void unlink_pending(fleetc_t *self, pending_t *p)
                 self->tail = at;
             break;
         }
-    free(p->payload);
+    if (p->payload)
+        kept_release(NULL, kept_of(p->payload));
     free(p);
 }
 
@@ -526,13 +569,21 @@ static tally_status_t send_new(fleetc_t *self, const tally_req_t *req, const voi
                                uint64_t *request_id, char *error, size_t cap)
 {
     pending_t *p = calloc(1, sizeof *p);
-    if (!p || (len && !(p->payload = malloc(len)))) {
+    kept_payload_t *kp = len ? malloc(sizeof *kp + len) : NULL;
+    if (!p || (len && !kp)) {
         free(p);
+        free(kp);
         snprintf(error, cap, "out of memory");
         return TALLY_E_NOMEM;
     }
-    if (len)
-        memcpy(p->payload, payload, len);
+    if (len) {
+        atomic_store_explicit(&kp->refs, 1, memory_order_release);
+        memcpy(kp->bytes, payload, len);
+        /* Stored (release) after the bytes: ZeroMQ's I/O thread, which may release the last
+         * reference, reads it (acquire) after a hand-off a race detector cannot see. */
+        atomic_store_explicit(&kp->refs, 1, memory_order_release);
+        p->payload = kp->bytes;
+    }
     p->len = len;
     p->in = in;
     p->out = out;

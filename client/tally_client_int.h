@@ -106,6 +106,11 @@ tally_status_t tally__wait_connected(tally_client_t *self, int64_t deadline);
  * not NULL (each caller has checked it: the deadline is computed from it). */
 tally_status_t tally__send_until(tally_client_t *self, const tally_req_t *req, const void *payload,
                                  size_t len, uint64_t *request_id, int64_t deadline);
+/* tally_send_zc with the caller's deadline: free_fn(payload, hint) is called once, whatever
+ * happens (on failure before this returns). */
+tally_status_t tally__send_zc_until(tally_client_t *self, const tally_req_t *req, void *payload,
+                                    size_t len, tally_free_fn *free_fn, void *hint,
+                                    uint64_t *request_id, int64_t deadline);
 /* Receives until the reply to request `id` comes (replies to older requests are skipped). */
 tally_status_t tally__wait_reply(tally_client_t *self, uint64_t id, int64_t deadline,
                                  tally_reply_t *reply);

@@ -241,12 +241,21 @@ static tally_req_t hist_req(int s, int r, uint8_t *data, size_t *n)
     return req;
 }
 
+/* What send_hist adds to every fourth batch: the fleet client sends a payload this large by
+ * reference (by_reference in tally_client_fleet.c), a smaller one by copy, resends included. */
+#define LARGE_EXTRA (64u << 10)
+
 /* A numbered hist request for stream s (its next seq), sent; the batch goes into the model. */
 static uint64_t send_hist(tally_client_t *c, int s, int r, bool numbered)
 {
-    uint8_t data[600];
+    static uint8_t data[600 + LARGE_EXTRA];
     size_t n;
     tally_req_t req = hist_req(s, r, data, &n);
+    if ((s + r) % 4 == 2) {
+        for (size_t j = n; j < n + LARGE_EXTRA; j++)
+            data[j] = (uint8_t)(data[j % n] ^ (j >> 9));
+        n += LARGE_EXTRA;
+    }
     if (numbered)
         req.seq = ++seqs[s];
     uint64_t id = 0;
