@@ -69,7 +69,13 @@
  *  11. no purge past the checkpoint: a record stored between a checkpoint and its compaction's
  *      check (TALLYD_TEST_PURGE_GATE holds the compaction there) keeps the changelog; writes
  *      keep coming, 16 in flight, over many checkpoints; after kill -9 the next owner equals
- *      the model, nothing counted lost.
+ *      the model, nothing counted lost;
+ *  12. messages in flight: with the PubAcks held (TALLYD_TEST_ACK_GATE), writes 20 ms apart
+ *      (commit_ms 1: a message each) are stored up to four messages past the last one answered,
+ *      no more; once the PubAcks go, every write is answered; then writes in flight across
+ *      elections of the changelog's leader (stepped down twice) are all answered (sent again,
+ *      in order, where no leader took them) and the stream equals its model, in the member and
+ *      in the changelog's last record.
  * Waits are bounded loops on what the cluster or the members report; no time is asserted.
  */
 #include <setjmp.h>
@@ -1604,6 +1610,79 @@ static void test_no_purge_past_checkpoint(void **state)
     th_rmrf(dir);
 }
 
+/* ---- 12. messages in flight ----------------------------------------------------------------- */
+
+#define IN_FLIGHT_WRITES 6
+#define CL_DEPTH_WANT 4 /* td_fleet_changelog.c's CL_DEPTH */
+
+static void test_messages_in_flight(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    char dir[256], gate[300];
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-gate"), 0);
+    snprintf(gate, sizeof gate, "%s/open", dir);
+    FILE *open_gate = fopen(gate, "w"); /* open until the test removes it */
+    assert_non_null(open_gate);
+    fclose(open_gate);
+    setenv("TALLYD_TEST_ACK_GATE", gate, 1);
+    start_commit(0, "15000", "1");
+    unsetenv("TALLYD_TEST_ACK_GATE");
+    wait_taken(0, PARTITIONS);
+    uint32_t k = partition_of(0);
+    tally_client_t *c = fleet_client();
+    write_round(c, 0);
+    assert_int_equal(unlink(gate), 0); /* the PubAcks held from here */
+    uint64_t before = changelog_last(k);
+    for (int r = 1; r <= IN_FLIGHT_WRITES; r++) {
+        send_hist(c, 0, r);
+        th_sleep_ms(20);
+    }
+    /* The PubAck of the first is held: the member goes on to CL_DEPTH messages, not further. */
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    while (changelog_last(k) - before < CL_DEPTH_WANT && th_now_ms() < until)
+        th_sleep_ms(10);
+    th_sleep_ms(200);
+    uint64_t stored = changelog_last(k) - before;
+    open_gate = fopen(gate, "w");
+    assert_non_null(open_gate);
+    fclose(open_gate);
+    print_message("%llu messages stored with the first PubAck held\n", (unsigned long long)stored);
+    assert_int_equal(stored, CL_DEPTH_WANT);
+    for (int r = 1; r <= IN_FLIGHT_WRITES; r++)
+        recv_applied(c);
+    check_stream(c, 0);
+    check_last_record(0);
+    /* Writes in flight across two elections of partition k's changelog leader. */
+    char cl[32];
+    tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
+    int streams[STREAMS], n = 0;
+    for (int s = 0; s < STREAMS; s++)
+        if (partition_of(s) == k)
+            streams[n++] = s;
+    char stepdown[128];
+    snprintf(stepdown, sizeof stepdown, "$JS.API.STREAM.LEADER.STEPDOWN.%s", cl);
+    for (int e = 0; e < 2; e++) {
+        assert_true(stream_leader(cl) >= 0);
+        natsMsg *reply = NULL; /* answered before the election ends: the writes meet it */
+        natsConnection_RequestString(&reply, tn_suite_nc, stepdown, "", 5000);
+        natsMsg_Destroy(reply);
+        for (int r = 0; r < 8; r++)
+            for (int i = 0; i < n; i++)
+                send_hist(c, streams[i], 10 + 10 * e + r);
+        for (int r = 0; r < 8; r++)
+            for (int i = 0; i < n; i++)
+                recv_applied(c);
+    }
+    for (int i = 0; i < n; i++) {
+        check_stream(c, streams[i]);
+        check_last_record(streams[i]);
+    }
+    assert_int_equal(th_metric(&member[0], "tallyd_nats_not_durable_total"), 0);
+    tally_client_destroy(&c);
+    th_rmrf(dir);
+}
+
 int main(void)
 {
     if (tn_skip())
@@ -1622,6 +1701,7 @@ int main(void)
         cmocka_unit_test_teardown(test_writer_races_fence, stop_members),
         cmocka_unit_test_teardown(test_compaction_at_quiet_point, stop_members),
         cmocka_unit_test_teardown(test_no_purge_past_checkpoint, stop_members),
+        cmocka_unit_test_teardown(test_messages_in_flight, stop_members),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

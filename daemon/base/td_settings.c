@@ -362,8 +362,8 @@ const td_setting_t td_settings[] = {
      .type = TD_SET_UINT, .offset = FIELD(nats_commit_ms), .def = TD_DEFAULT_NATS_COMMIT_MS,
      .min = 0, .max = TD_NATS_COMMIT_MS_LIMIT, .reload = TD_RELOAD_RESTART,
      .help = "direct = replicated: a partition's changelog records are published together every "
-             "this many ms (group commit; at once when 256 KiB wait; 0: as soon as the previous "
-             "one is stored)"},
+             "this many ms (group commit; at once when 256 KiB wait; 0: at once), up to 4 "
+             "messages of a partition in flight"},
     {.option = "nats-advertise", .arg = "ENDPOINT", .section = "nats", .key = "advertise",
      .type = TD_SET_STRING, .offset = FIELD(nats_advertise), .reload = TD_RELOAD_RESTART,
      .example = "tcp://10.0.0.5:5555",

@@ -4,14 +4,22 @@
  * (td_fleet_changelog.h says what and why).
  *
  * A partition's tickets: each batch of records has a number (its ticket), counted up for the
- * member's life; a held reply waits for its batch's. Batches are published one at a time, in
- * order, so they are settled in order: those up to ok_upto were stored; from fail_from (0: none)
- * on every one failed, until the partition is taken again; a take keeps what was not stored of
- * the ownerships before it (above ok_then, below open_from) failed.
+ * member's life; a held reply waits for its batch's. Up to CL_DEPTH messages of a partition are
+ * in flight at once (its flights, oldest first), the i-th expecting the chain's last sequence
+ * plus i, so they are stored in order or not at all: a PubAck settles its flight and every one
+ * before it; tickets up to ok_upto were stored; from fail_from (0: none) on every one failed,
+ * until the partition is taken again; a take keeps what was not stored of the ownerships before
+ * it (above ok_then, below open_from) failed.
+ *
+ * A publish that found no stream leader (an election) is sent again, and so is every flight
+ * after it, which the server refused for the same reason or for its expected sequence (the one
+ * before it was not stored): once all of them are answered, in order, from the chain's last
+ * sequence. A later flight stored after all says the earlier ones were stored too (the server
+ * stores a message only after the one its expected sequence names): it settles them.
  *
  * A message holds at most max_msg bytes of records (the server's max_payload less
- * TALLY_NATS_HEADROOM for the headers). Records that pile up while a batch is in flight may
- * pass that: the batch then goes out as several messages, cut between records, one at a time.
+ * TALLY_NATS_HEADROOM for the headers). Records that pile up while messages are in flight may
+ * pass that: the batch then goes out as several messages, cut between records, in order.
  * Only the last one's PubAck settles the batch's ticket (a "part" settles nothing): the ticket
  * of a message that holds the whole rest of the buffer covers every record before it, whatever
  * ticket each was held under. A record larger than max_msg alone can never be stored: the
@@ -39,6 +47,10 @@
 #define CL_RETRY_MS 50
 /* JetStream's error code for a publish whose Nats-Expected-Last-Sequence is not the last. */
 #define CL_WRONG_LAST_SEQUENCE 10071
+/* A partition's messages in flight at once: its commit cycle is a PubAck's round trip, so one at
+ * a time bounds a partition's replicated writes at what one message holds a round trip
+ * (bench/NOTES.md, "What bounds `replicated` at 1 KiB"). */
+#define CL_DEPTH 4
 /* A take stores its fence against this many writers racing it before it gives up. */
 #define CL_FENCE_TRIES 5
 /* Replayed batches are applied on the loop this many bytes at a time (the shards held). */
@@ -49,18 +61,25 @@
 
 typedef enum { CL_CLOSED = 0, CL_OPEN, CL_FAILED } cl_state_t;
 
+/* A message published and not settled. */
+typedef struct {
+    uint64_t ticket;
+    bool part;       /* it holds the batch's first records only: it settles nothing */
+    int64_t sent_ms; /* its first publish (a resend keeps it: TD_FLEET_JS_WAIT_MS in all) */
+    natsMsg *resend; /* answered, to publish again (an election): kept until then */
+} cl_flight_t;
+
 typedef struct {
     cl_state_t state;
     uint64_t epoch;
     uint64_t stored; /* the last sequence of this owner's chain (its fence's, then its acks) */
     uint8_t *buf;    /* the batch: records waiting to be published */
     size_t len, cap;
-    int64_t first_ms; /* when the batch's first record came (monotonic) */
-    uint64_t batch;   /* the ticket of the batch now filling */
-    uint64_t flight;  /* the ticket published and not settled yet (0: none) */
-    bool flight_part; /* the flight holds the batch's first records only: it settles nothing */
-    int64_t flight_ms;
-    natsMsg *retry; /* the flight's message, to publish again at retry_ms (no responders) */
+    int64_t first_ms;              /* when the batch's first record came (monotonic) */
+    uint64_t batch;                /* the ticket of the batch now filling */
+    cl_flight_t flights[CL_DEPTH]; /* published, not settled: oldest first */
+    unsigned nflights;
+    unsigned nresend; /* of them, answered and kept to publish again at retry_ms */
     int64_t retry_ms;
     bool purging;       /* the stream is being purged: nothing is published meanwhile */
     uint64_t ok_upto;   /* tickets up to it were stored */
@@ -95,7 +114,42 @@ static void stream_of(char *out, size_t cap, uint32_t k)
     tally_fleet_name(out, cap, TALLY_NATS_CL_STREAM_PREFIX, k);
 }
 
+static void test_gate(const char *env, const char *what, uint32_t k);
+
 /* ---- Settling ------------------------------------------------------------------------------ */
+
+/* Under mu: forgets p's flights (failed, or of an ownership that ended). */
+static void drop_flights(cl_part_t *p)
+{
+    for (unsigned i = 0; i < p->nflights; i++)
+        natsMsg_Destroy(p->flights[i].resend);
+    p->nflights = p->nresend = 0;
+}
+
+/* Under mu: the flight of that ticket, or -1. */
+static int flight_of(const cl_part_t *p, uint64_t ticket)
+{
+    for (unsigned i = 0; ticket && i < p->nflights; i++)
+        if (p->flights[i].ticket == ticket)
+            return (int)i;
+    return -1;
+}
+
+/* Under mu: flights 0..i were stored, the last at seq: they leave, their tickets settled. */
+static void settle_upto(cl_part_t *p, unsigned i, uint64_t seq)
+{
+    p->stored = seq;
+    for (unsigned j = 0; j <= i; j++) {
+        if (!p->flights[j].part)
+            p->ok_upto = p->flights[j].ticket;
+        if (p->flights[j].resend) {
+            natsMsg_Destroy(p->flights[j].resend);
+            p->nresend--;
+        }
+    }
+    p->nflights -= i + 1;
+    memmove(p->flights, p->flights + i + 1, p->nflights * sizeof *p->flights);
+}
 
 /* Under mu: every ticket not settled fails (the batch in flight, those whose first records went
  * out as parts, the one filling), and every later one until a take. */
@@ -111,9 +165,7 @@ static void fail_locked(td_changelog_t *cl, uint32_t k, const char *why)
                 (unsigned)k, why);
     if (p->state == CL_OPEN)
         p->state = CL_FAILED;
-    p->flight = 0;
-    natsMsg_Destroy(p->retry);
-    p->retry = NULL;
+    drop_flights(p);
     p->len = 0;
     p->batch++;
 }
@@ -126,29 +178,31 @@ static void on_ack(jsCtx *js, natsMsg *m, jsPubAck *pa, jsPubAckErr *pae, void *
     unsigned long k = strtoul(subject + strlen(TALLY_NATS_SUBJ_CL), NULL, 10);
     natsMsgHeader_Get(m, TALLY_NATS_HDR_BATCH, &batch);
     uint64_t ticket = batch ? strtoull(batch, NULL, 10) : 0;
+    test_gate("TALLYD_TEST_ACK_GATE", "a PubAck", (uint32_t)k);
     pthread_mutex_lock(&cl->mu);
     cl_part_t *p = k < cl->f->partitions ? &cl->parts[k] : NULL;
-    if (p && ticket && p->flight == ticket && pae && pae->Err == NATS_NO_RESPONDERS &&
-        td_nats_now_ms() - p->flight_ms < TD_FLEET_JS_WAIT_MS) {
-        p->retry = m; /* the committer sends it again */
-        p->retry_ms = td_nats_now_ms() + CL_RETRY_MS;
+    int i = p ? flight_of(p, ticket) : -1; /* -1: settled already, or failed */
+    cl_flight_t *fl = i >= 0 ? &p->flights[i] : NULL;
+    /* Sent again later: no leader stored it, or (a later flight) the one before it was not. */
+    bool again =
+        fl && pae && !fl->resend && td_nats_now_ms() - fl->sent_ms < TD_FLEET_JS_WAIT_MS &&
+        (pae->Err == NATS_NO_RESPONDERS || (i > 0 && pae->ErrCode == CL_WRONG_LAST_SEQUENCE));
+    if (again) {
+        fl->resend = m; /* the committer sends it again, once every flight is answered */
         m = NULL;
+        if (p->nresend++ == 0)
+            p->retry_ms = td_nats_now_ms() + CL_RETRY_MS;
         pthread_cond_signal(&cl->cond);
-    } else if (p && ticket && p->flight == ticket) {
-        if (pa && !pae) {
-            p->stored = pa->Sequence;
-            if (!p->flight_part)
-                p->ok_upto = ticket;
-            p->flight = 0;
-            TD_FLEET_COUNT(cl->f, changelog_commits);
-        } else {
-            char why[256];
-            snprintf(why, sizeof why, "a publish failed: %s (%d)",
-                     pae && pae->ErrText ? pae->ErrText
-                                         : td_nats_last_error(pae ? pae->Err : NATS_ERR),
-                     pae ? (int)pae->ErrCode : 0);
-            fail_locked(cl, (uint32_t)k, why);
-        }
+    } else if (fl && pa && !pae) {
+        settle_upto(p, (unsigned)i, pa->Sequence);
+        TD_FLEET_COUNT(cl->f, changelog_commits);
+        pthread_cond_signal(&cl->cond);
+    } else if (fl) {
+        char why[256];
+        snprintf(why, sizeof why, "a publish failed: %s (%d)",
+                 pae && pae->ErrText ? pae->ErrText : td_nats_last_error(pae ? pae->Err : NATS_ERR),
+                 pae ? (int)pae->ErrCode : 0);
+        fail_locked(cl, (uint32_t)k, why);
         pthread_cond_signal(&cl->cond);
     }
     pthread_mutex_unlock(&cl->mu);
@@ -171,26 +225,34 @@ static natsStatus add_headers(natsMsg *m, const td_fleet_t *f, uint64_t epoch, u
     return s;
 }
 
-static void publish_options(jsPubOptions *po, const cl_part_t *p)
+/* The options of a partition's message that n others in flight precede. */
+static void publish_options(jsPubOptions *po, const cl_part_t *p, unsigned n)
 {
     jsPubOptions_Init(po);
-    po->ExpectLastSeq = p->stored;
+    po->ExpectLastSeq = p->stored + n;
     po->MaxWait = TD_FLEET_JS_WAIT_MS;
 }
 
-/* Under mu: the flight's message again, after no stream leader answered it. */
-static void retry_locked(td_changelog_t *cl, uint32_t k)
+/* Under mu: every flight again, in order, once each was answered to be sent again. */
+static void resend_locked(td_changelog_t *cl, uint32_t k)
 {
     cl_part_t *p = &cl->parts[k];
-    jsPubOptions po;
-    publish_options(&po, p);
-    natsStatus s = js_PublishMsgAsync(cl->js, &p->retry, &po);
-    natsMsg_Destroy(p->retry); /* NULL when the library took it */
-    p->retry = NULL;
-    if (s != NATS_OK) {
-        char why[256];
-        snprintf(why, sizeof why, "a publish failed: %s", td_nats_last_error(s));
-        fail_locked(cl, k, why);
+    td_info("fleet: partition %u's changelog: %u messages sent again (no stream leader took the "
+            "first)",
+            (unsigned)k, p->nflights);
+    for (unsigned i = 0; i < p->nflights && p->state == CL_OPEN; i++) {
+        jsPubOptions po;
+        publish_options(&po, p, i);
+        natsMsg *m = p->flights[i].resend;
+        p->flights[i].resend = NULL;
+        p->nresend--;
+        natsStatus s = js_PublishMsgAsync(cl->js, &m, &po);
+        natsMsg_Destroy(m); /* NULL when the library took it */
+        if (s != NATS_OK) {
+            char why[256];
+            snprintf(why, sizeof why, "a publish failed: %s", td_nats_last_error(s));
+            fail_locked(cl, k, why);
+        }
     }
 }
 
@@ -219,7 +281,7 @@ static void publish_locked(td_changelog_t *cl, uint32_t k, int64_t now)
     subject_of(subject, sizeof subject, k);
     natsMsg *m = NULL;
     jsPubOptions po;
-    publish_options(&po, p);
+    publish_options(&po, p, p->nflights);
     size_t n = p->len > cl->max_msg ? records_within(p->buf, p->len, cl->max_msg) : p->len;
     natsStatus s = natsMsg_Create(&m, subject, NULL, (const char *)p->buf, (int)n);
     if (s == NATS_OK)
@@ -233,9 +295,8 @@ static void publish_locked(td_changelog_t *cl, uint32_t k, int64_t now)
         fail_locked(cl, k, why);
         return;
     }
-    p->flight = p->batch++;
-    p->flight_part = n < p->len;
-    p->flight_ms = now;
+    p->flights[p->nflights++] =
+        (cl_flight_t){.ticket = p->batch++, .part = n < p->len, .sent_ms = now};
     memmove(p->buf, p->buf + n, p->len - n); /* the rest goes next, at once */
     p->len -= n;
 }
@@ -249,22 +310,26 @@ static int64_t commit_due(td_changelog_t *cl)
         cl_part_t *p = &cl->parts[k];
         /* libnats reports a PubAck missing after MaxWait (TD_FLEET_JS_WAIT_MS); this is the
          * backstop should it not (a connection lost with the publish in it) */
-        if (p->flight && now - p->flight_ms >= TD_FLEET_JS_WAIT_MS + 1000) {
+        bool all_answered = p->nresend && p->nresend == p->nflights;
+        if (p->nflights && now - p->flights[0].sent_ms >= TD_FLEET_JS_WAIT_MS + 1000) {
             fail_locked(cl, k, "a publish was not acknowledged in time");
             woke = true;
-        } else if (p->retry && now >= p->retry_ms) {
-            retry_locked(cl, k);
+        } else if (all_answered && now >= p->retry_ms) {
+            resend_locked(cl, k);
             woke |= p->state != CL_OPEN;
-        } else if (p->retry && p->retry_ms < next) {
+        } else if (all_answered && p->retry_ms < next) {
             next = p->retry_ms;
         }
-        if (p->state != CL_OPEN || p->flight || p->purging || p->len == 0)
-            continue; /* a purge under way: its end wakes the committer */
-        if (p->len >= cl->commit_bytes || now - p->first_ms >= cl->commit_ms) {
+        /* A flight to send again holds back the new ones (behind it, they would be refused). */
+        while (p->state == CL_OPEN && !p->nresend && p->nflights < CL_DEPTH && !p->purging &&
+               p->len) { /* a purge under way: its end wakes the committer */
+            if (p->len < cl->commit_bytes && now - p->first_ms < cl->commit_ms) {
+                if (p->first_ms + cl->commit_ms < next)
+                    next = p->first_ms + cl->commit_ms;
+                break;
+            }
             publish_locked(cl, k, now);
             woke |= p->state != CL_OPEN;
-        } else if (p->first_ms + cl->commit_ms < next) {
-            next = p->first_ms + cl->commit_ms;
         }
     }
     if (woke)
@@ -551,7 +616,9 @@ static td_err_t store_fence(td_fleet_t *f, uint32_t k, uint64_t epoch, uint64_t 
  * exist, so that a test can act in between. TALLYD_TEST_FENCE_GATE holds a take between reading
  * its changelog's end and storing its fence (another writer's message lands there: the race
  * CL_FENCE_TRIES answers); TALLYD_TEST_PURGE_GATE holds a compaction between its checkpoint's
- * store and its quiet check (a record stored there must keep the stream from the purge). */
+ * store and its quiet check (a record stored there must keep the stream from the purge);
+ * TALLYD_TEST_ACK_GATE holds the PubAcks (libnats' thread, in on_ack: the messages in flight
+ * stay in flight). */
 static void test_gate(const char *env, const char *what, uint32_t k)
 {
     const char *gate = getenv(env);
@@ -632,7 +699,7 @@ td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t 
     p->epoch = epoch;
     p->stored = fence;
     p->fail_from = 0;
-    p->flight = 0;
+    drop_flights(p);
     p->len = 0;
     p->ok_then = p->ok_upto;
     p->open_from = p->batch;
@@ -698,7 +765,7 @@ static const char *kept_because(const cl_part_t *p, uint64_t cl_seq, int64_t wai
         return "its changelog failed, or its lease ends soon";
     if (p->stored != cl_seq)
         return "records were stored after the checkpoint's";
-    if (p->len || p->flight)
+    if (p->len || p->nflights)
         return "records wait to be stored";
     return NULL;
 }
@@ -796,7 +863,7 @@ td_err_t td_changelog_open(td_fleet_t *f, const td_config_t *cfg)
     jo.Wait = TD_FLEET_JS_WAIT_MS;
     jo.PublishAsync.AckHandler = on_ack;
     jo.PublishAsync.AckHandlerClosure = cl;
-    jo.PublishAsync.MaxPending = (int64_t)f->partitions + 16;
+    jo.PublishAsync.MaxPending = (int64_t)f->partitions * CL_DEPTH + 16;
     if (err == TD_OK &&
         (err = td_fleet_connect(f, "changelog", true, &cl->nc, msg, sizeof msg)) == TD_OK &&
         natsConnection_JetStream(&cl->js, cl->nc, &jo) != NATS_OK) {
@@ -830,7 +897,7 @@ void td_changelog_close(td_fleet_t *f)
     natsConnection_Destroy(cl->nc);
     for (uint32_t k = 0; k < f->partitions; k++) {
         free(cl->parts[k].buf);
-        natsMsg_Destroy(cl->parts[k].retry);
+        drop_flights(&cl->parts[k]);
     }
     free(cl->parts);
     pthread_cond_destroy(&cl->cond);

@@ -10,8 +10,9 @@
  * it holds the write's effect and every earlier one. A partition's records wait in its batch,
  * published every `[nats] commit_ms`, or at once at TD_NATS_COMMIT_BYTES or what one message
  * holds, the smaller (group commit; a batch over a message goes as several, cut between
- * records); one message per partition is in flight at a time, and each held reply is released
- * by the PubAck of the batch's last message (Kafka's AckAll, per partition).
+ * records); up to four messages per partition are in flight at once (each expecting the one
+ * before it), and each held reply is released by the PubAck of its batch's last message (Kafka's
+ * AckAll, per partition).
  *
  * Fencing is JetStream's compare-and-set: every message of an owner carries
  * Nats-Expected-Last-Sequence, the sequence its previous message was stored at. A new owner
