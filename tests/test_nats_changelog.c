@@ -1054,6 +1054,22 @@ static int gated_partition(int i, const char *what)
     return k;
 }
 
+/* A gate for a member's TALLYD_TEST_*_GATE: the path of a file, not there yet, in a fresh
+ * folder (dir), into gate. */
+static void gate_at(char *dir, size_t dir_cap, char *gate, size_t gate_cap)
+{
+    assert_int_equal(th_tmpdir(dir, dir_cap, "tally-gate"), 0);
+    snprintf(gate, gate_cap, "%s/open", dir);
+}
+
+/* Opens the gate: its file exists. */
+static void gate_open(const char *gate)
+{
+    FILE *f = fopen(gate, "w");
+    assert_non_null(f);
+    fclose(f);
+}
+
 /* Waits until member i's `what` waits at its test gate: that partition. */
 static int wait_gated(int i, const char *what)
 {
@@ -1120,16 +1136,13 @@ static void test_writer_races_fence(void **state)
     tally_client_destroy(&c);
     kill_member(0);
     char dir[256], gate[300];
-    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-gate"), 0);
-    snprintf(gate, sizeof gate, "%s/open", dir);
+    gate_at(dir, sizeof dir, gate, sizeof gate);
     setenv("TALLYD_TEST_FENCE_GATE", gate, 1);
     start(1, "6000");
     unsetenv("TALLYD_TEST_FENCE_GATE");
     int k = wait_gated(1, "fence");
     int s = store_late_copy((uint32_t)k, last0[k]);
-    FILE *open_gate = fopen(gate, "w");
-    assert_non_null(open_gate);
-    fclose(open_gate);
+    gate_open(gate);
     wait_taken(1, PARTITIONS);
     assert_int_equal(th_sh("grep -q 'partition %d: its changelog.s fence lost to a message' %s", k,
                            member[1].log_path),
@@ -1568,8 +1581,7 @@ static void test_no_purge_past_checkpoint(void **state)
     (void)state;
     fresh_fleet();
     char dir[256], gate[300];
-    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-gate"), 0);
-    snprintf(gate, sizeof gate, "%s/open", dir);
+    gate_at(dir, sizeof dir, gate, sizeof gate);
     setenv("TALLYD_TEST_PURGE_GATE", gate, 1);
     start_with(0, "15000", "2", "200"); /* its fleet thread held at the gate: a long lease */
     unsetenv("TALLYD_TEST_PURGE_GATE");
@@ -1582,9 +1594,7 @@ static void test_no_purge_past_checkpoint(void **state)
         s++; /* the plan's hash spreads 16 streams over 4 partitions: one is there */
     send_hist(c, s, 1);
     recv_applied(c); /* stored after the gated checkpoint's cl_seq; nothing waits */
-    FILE *open_gate = fopen(gate, "w");
-    assert_non_null(open_gate);
-    fclose(open_gate);
+    gate_open(gate);
     char said[256] = "";
     for (int64_t until = th_now_ms() + TIMEOUT_MS;
          !first_compaction(0, k, said, sizeof said) && th_now_ms() < until;)
@@ -1620,11 +1630,8 @@ static void test_messages_in_flight(void **state)
     (void)state;
     fresh_fleet();
     char dir[256], gate[300];
-    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-gate"), 0);
-    snprintf(gate, sizeof gate, "%s/open", dir);
-    FILE *open_gate = fopen(gate, "w"); /* open until the test removes it */
-    assert_non_null(open_gate);
-    fclose(open_gate);
+    gate_at(dir, sizeof dir, gate, sizeof gate);
+    gate_open(gate); /* open until the test removes it */
     setenv("TALLYD_TEST_ACK_GATE", gate, 1);
     start_commit(0, "15000", "1");
     unsetenv("TALLYD_TEST_ACK_GATE");
@@ -1644,9 +1651,7 @@ static void test_messages_in_flight(void **state)
         th_sleep_ms(10);
     th_sleep_ms(200);
     uint64_t stored = changelog_last(k) - before;
-    open_gate = fopen(gate, "w");
-    assert_non_null(open_gate);
-    fclose(open_gate);
+    gate_open(gate);
     print_message("%llu messages stored with the first PubAck held\n", (unsigned long long)stored);
     assert_int_equal(stored, CL_DEPTH_WANT);
     for (int r = 1; r <= IN_FLIGHT_WRITES; r++)
