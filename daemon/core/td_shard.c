@@ -83,7 +83,7 @@ static bool held(td_shard_t *p, td_request_t *r)
 {
     if (!r->routed || !p->route.hold || r->held || r->rep.status != TALLY_OK)
         return false;
-    const td_stream_t *stream = r->req.opcode == TALLY_OP_DELETE ? NULL : r->stream;
+    td_stream_t *stream = r->req.opcode == TALLY_OP_DELETE ? NULL : r->stream;
     if (!p->route.hold(p->route.ctx, &r->req, stream, &r->held_ticket))
         return false;
     r->held = true;

@@ -78,11 +78,12 @@ typedef struct {
     void (*done)(void *ctx, const tally_req_t *req, tally_status_t status);
     /* Replicated durability (NULL: none). hold is asked of an admitted request that changed its
      * stream (status OK) before its reply, with the stream as it is now (NULL after a delete):
-     * true when the reply waits until the route says the change is durable (*ticket: what for).
+     * true when the reply waits until the route says the change is durable (*ticket: what for);
+     * it may note in the stream what it recorded (td_stream_t.cl_mark).
      * Held replies are looked at again each time the route wakes the shards
      * (td_path_wake_held): settled answers TALLY_OK (durable: sent as it is), another status
      * (the reply becomes that error, with msg), or leaves *pending set (still waiting). */
-    bool (*hold)(void *ctx, const tally_req_t *req, const td_stream_t *stream, uint64_t *ticket);
+    bool (*hold)(void *ctx, const tally_req_t *req, td_stream_t *stream, uint64_t *ticket);
     tally_status_t (*settled)(void *ctx, const tally_req_t *req, uint64_t ticket, bool *pending,
                               char *msg, size_t cap);
     void *ctx;

@@ -361,6 +361,7 @@ tally_status_t td_streams_create(td_streams_t *self, const char *name, size_t le
     s->table = self;
     s->owner = owner;
     s->state_dirty = true;
+    s->ring_epoch = 1; /* its first record has the whole ring: another of the name may be known */
     s->bytes = bytes; /* charged above */
     s->created = atomic_fetch_add_explicit(&self->budget->created, 1, memory_order_relaxed);
     self->bytes += bytes;
@@ -638,8 +639,14 @@ bool td_stream_set_info(td_stream_t *s, const tally_stream_info_t *in)
         .last_seq = in->last_seq,
     };
     td_window_destroy(&s->window);
+    s->ring_epoch++;
     td_stream_recount(s);
     return true;
+}
+
+td_ring_mark_t td_stream_ring_mark(const td_stream_t *s)
+{
+    return (td_ring_mark_t){s->ring_epoch, s->window ? td_window_stamp(s->window) : 0};
 }
 
 void td_stream_changed(td_stream_t *s)
@@ -744,6 +751,7 @@ void td_stream_clear(td_stream_t *s)
     s->seq_admitted = 0;
     td_bins_clear(&s->bins);
     td_window_destroy(&s->window);
+    s->ring_epoch++;
     s->state_dirty = true;
     td_stream_recount(s);
 }
@@ -762,6 +770,7 @@ void td_stream_zero(td_stream_t *s)
     td_bins_clear(&s->bins);
     if (s->window)
         td_window_clear(s->window);
+    s->ring_epoch++;
     td_stream_changed(s);
     td_stream_recount(s);
 }

@@ -70,6 +70,13 @@ typedef enum {
     TD_STREAM_DELETED,
 } td_stream_life_t;
 
+/* The window ring as a changelog record saw it: its epoch (td_stream_t.ring_epoch) and its
+ * stamp (td_window_stamp, 0 without a ring). */
+typedef struct {
+    uint64_t epoch;
+    uint64_t stamp;
+} td_ring_mark_t;
+
 typedef struct td_stream {
     td_stream_info_t info;
     /* The all-time histogram: tally_hist_channels(info.hist_dtype) x 256 counts. */
@@ -86,6 +93,12 @@ typedef struct td_stream {
     bool fleet_dirty;
     /* Changed since the last state snapshot took it (td_state.h): its record is due. */
     bool state_dirty;
+    /* Direct mode's changelog (td_state_record.h, kind 3): ring_epoch counts the times the
+     * ring was emptied or replaced (1 when the stream is made), so that a record whose mark is
+     * of an earlier epoch carries the whole ring; cl_mark is the ring as the stream's last
+     * record saw it, cl_mark_before where that record's changes start. */
+    uint64_t ring_epoch;
+    td_ring_mark_t cl_mark, cl_mark_before;
     /* Whether clients can see it yet (PROTOCOL.md §5 "Streams": a failed request has no
      * effect, so it creates no stream). TD_STREAM_NEW: created by a filter, scan or hist that
      * is not applied yet; TD_STREAM_DELETED: deleted while requests queued behind the delete
@@ -202,7 +215,7 @@ void td_stream_info(const td_stream_t *stream, tally_stream_info_t *out);
 uint64_t td_stream_window_info(const td_stream_t *stream, uint64_t now_ms, unsigned k,
                                uint32_t interval_ms, tally_stream_info_t *out);
 /* Sets the stream's whole state from a record (a restore): its counters and bins, its ring
- * emptied. False (the stream unchanged) when out of memory. No budget check. */
+ * emptied (a new ring epoch). False (the stream unchanged) when out of memory. No budget check. */
 bool td_stream_set_info(td_stream_t *stream, const tally_stream_info_t *info);
 
 /* A hist batch on the stream: its histogram (tally_hist_channels(dtype) x 256 bins, underflow,
@@ -213,6 +226,8 @@ bool td_stream_set_info(td_stream_t *stream, const tally_stream_info_t *info);
 tally_status_t td_stream_add_hist(td_stream_t *stream, uint8_t dtype, int64_t lo, int64_t hi,
                                   const uint64_t *bins, uint64_t underflow, uint64_t overflow,
                                   uint64_t n, uint64_t now_ms, char *msg, size_t msg_cap);
+/* The ring as it is now (td_ring_mark_t). */
+td_ring_mark_t td_stream_ring_mark(const td_stream_t *stream);
 /* Counts the stream's bytes again, after its ring was set from outside (a restore). */
 void td_stream_recount(td_stream_t *stream);
 /* The stream changed: due for publication and for the next snapshot. */

@@ -20,12 +20,14 @@ typedef struct {
     uint64_t underflow;
     uint64_t overflow;
     uint64_t total;
+    uint64_t stamp; /* the ring's stamp when a batch last changed it (0: restored, not since) */
     td_bins_t bins;
 } slot_t;
 
 struct td_window {
-    slot_t *slots; /* sorted by interval; cap allocated, count in use */
-    size_t bytes;  /* td_window_bytes, kept up to date */
+    slot_t *slots;  /* sorted by interval; cap allocated, count in use */
+    size_t bytes;   /* td_window_bytes, kept up to date */
+    uint64_t stamp; /* batches committed to the ring since it was made */
     uint32_t interval_ms;
     unsigned intervals;
     unsigned count;
@@ -251,6 +253,7 @@ void td_window_commit(td_window_t *w, const uint64_t *bins, uint64_t underflow,
     s->underflow += underflow;
     s->overflow += overflow;
     s->total += n;
+    s->stamp = ++w->stamp;
 }
 
 bool td_window_add(td_window_t *w, uint64_t now_ms, const uint64_t *bins, uint64_t underflow,
@@ -305,14 +308,21 @@ static void put_fixed(uint8_t *out, const slot_t *s)
     tally_put_u64(out + 24, s->total);
 }
 
-size_t td_window_encode(const td_window_t *w, uint64_t now_ms, uint8_t *out)
+uint64_t td_window_stamp(const td_window_t *w)
+{
+    return w->stamp;
+}
+
+/* The state record's form of the saved slots, all of them or those changed after `since`. */
+static size_t encode_slots(const td_window_t *w, uint64_t now_ms, bool all, uint64_t since,
+                           uint8_t *out)
 {
     uint64_t now = now_ms / w->interval_ms;
     size_t at = 4;
     uint32_t slots = 0;
     for (unsigned i = 0; i < w->count; i++) {
         const slot_t *s = &w->slots[i];
-        if (!slot_saved(w, s, now))
+        if (!slot_saved(w, s, now) || (!all && s->stamp <= since))
             continue;
         if (out)
             put_fixed(out + at, s);
@@ -323,6 +333,16 @@ size_t td_window_encode(const td_window_t *w, uint64_t now_ms, uint8_t *out)
     if (out)
         tally_put_u32(out, slots);
     return at;
+}
+
+size_t td_window_encode(const td_window_t *w, uint64_t now_ms, uint8_t *out)
+{
+    return encode_slots(w, now_ms, true, 0, out);
+}
+
+size_t td_window_encode_since(const td_window_t *w, uint64_t now_ms, uint64_t since, uint8_t *out)
+{
+    return encode_slots(w, now_ms, false, since, out);
 }
 
 /* total == bins of each channel + underflow + overflow (every channel counts each element
@@ -412,6 +432,70 @@ size_t td_window_decode(td_window_t *w, uint64_t now_ms, uint32_t saved_interval
 invalid:
     td_window_clear(w);
     return 0;
+}
+
+/* Whether w holds a slot on interval's ring position (that interval, or one a whole ring away). */
+static bool position_taken(const td_window_t *w, uint64_t interval)
+{
+    for (unsigned i = 0; i < w->count; i++)
+        if (w->slots[i].interval % w->intervals == interval % w->intervals)
+            return true;
+    return false;
+}
+
+/* Whether older's slot s goes to w: the ring reaches it at interval now, and w has nothing on
+ * its position. Moving slots into w leaves the answer for the others the same (older holds one
+ * slot per position). */
+static bool slot_kept(const td_window_t *w, const slot_t *s, uint64_t now)
+{
+    return s->interval <= now && now - s->interval < w->intervals && !position_taken(w, s->interval);
+}
+
+/* Whether the rings are of one shape: only then does a slot of one belong in the other. */
+static bool same_shape(const td_window_t *a, const td_window_t *b)
+{
+    return a->intervals == b->intervals && a->interval_ms == b->interval_ms &&
+           a->channels == b->channels;
+}
+
+bool td_window_room_for_older(td_window_t *w, const td_window_t *older, uint64_t now_ms)
+{
+    uint64_t now = now_ms / w->interval_ms;
+    unsigned moving = 0;
+    for (unsigned i = 0; same_shape(w, older) && i < older->count; i++)
+        moving += slot_kept(w, &older->slots[i], now);
+    if (w->count + moving <= w->cap)
+        return true;
+    unsigned cap = w->cap ? w->cap : 1;
+    while (cap < w->count + moving)
+        cap *= 2;
+    slot_t *grown = realloc(w->slots, cap * sizeof(slot_t));
+    if (!grown)
+        return false;
+    w->bytes += (cap - w->cap) * sizeof(slot_t);
+    w->slots = grown;
+    w->cap = cap;
+    return true;
+}
+
+void td_window_keep_older(td_window_t *w, td_window_t *older, uint64_t now_ms)
+{
+    if (!same_shape(w, older))
+        return; /* another ring's shape: nothing of it is reachable in this one */
+    uint64_t now = now_ms / w->interval_ms;
+    unsigned left = 0;
+    for (unsigned i = 0; i < older->count; i++) {
+        slot_t s = older->slots[i];
+        if (!slot_kept(w, &s, now)) {
+            older->slots[left++] = s;
+            continue;
+        }
+        s.stamp = 0; /* as restored */
+        *insert(w, s.interval) = s; /* td_window_room_for_older made the room */
+        w->bytes += td_bins_bytes(&s.bins);
+        older->bytes -= td_bins_bytes(&s.bins);
+    }
+    older->count = left;
 }
 
 /* ---- version 3's form (old state files) ------------------------------------------------- */

@@ -93,6 +93,21 @@ uint64_t td_window_sum(const td_window_t *self, uint64_t now_ms, unsigned k,
  * underflow, overflow and total and its bins (td_bins_encode), for the slots the ring still
  * reaches at now_ms that counted anything. Returns the size, writing to out when not NULL. */
 size_t td_window_encode(const td_window_t *self, uint64_t now_ms, uint8_t *out);
+/* The ring's stamp: the batches committed to it since it was made. Each slot keeps the stamp of
+ * the last batch that changed it (a restored slot, 0), so td_window_encode_since(since) writes,
+ * in the same form, only the slots a batch changed after the ring's stamp was `since`: what
+ * direct mode's changelog sends (td_state_record.h, kind 3). */
+uint64_t td_window_stamp(const td_window_t *self);
+size_t td_window_encode_since(const td_window_t *self, uint64_t now_ms, uint64_t since,
+                              uint8_t *out);
+/* Moves to self, a ring holding a record's changed slots, every slot of `older` (the ring they
+ * changed) that self has nothing on the ring position of and that the ring still reaches at
+ * now_ms; what stays in older is freed with it. Rings of another shape: nothing moves. In two
+ * steps, so that the caller can change other things between them: td_window_room_for_older
+ * (false when out of memory; nothing changed), then td_window_keep_older (cannot fail), with
+ * both rings as they were. */
+bool td_window_room_for_older(td_window_t *self, const td_window_t *older, uint64_t now_ms);
+void td_window_keep_older(td_window_t *self, td_window_t *older, uint64_t now_ms);
 /* Adds the slots of that form (len bytes available; written by a ring of saved_interval_ms) to
  * an empty ring. Returns the bytes taken, or 0 when the form is not valid, a slot's total is
  * not its bins plus underflow plus overflow (in every channel), or an interval appears twice;

@@ -377,40 +377,50 @@ static bool grow(cl_part_t *p, size_t need)
     return true;
 }
 
-/* Under mu: removes the record of stream `name` still waiting in p's batch, if one is. A record
- * is the stream's whole state after a write (or its removal), so the newer one about to be
- * added holds every effect of the older: a stream written several times before its batch goes
- * out costs one record (h-directbench, 2026-12-03: 8 writes in flight to a stream put 8 records
- * of up to 34 KiB each in a batch). The older write's reply waits for a ticket no later than
- * the newer's, and a ticket is settled only by a message that holds the whole rest of the
- * batch (the file's comment), so it is answered once the newer record is stored. */
-static void drop_waiting_record(cl_part_t *p, const char *name, size_t name_len)
+/* Under mu: where the record of stream `name` still waiting in p's batch starts, if one is
+ * (else p->len). A record is the stream's state after a write (or its removal), so the newer
+ * one about to be added holds every effect of the older, which td_changelog_hold removes: a
+ * stream written several times before its batch goes out costs one record (h-directbench,
+ * 2026-12-03: 8 writes in flight to a stream put 8 records of up to 34 KiB each in a batch).
+ * The older write's reply waits for a ticket no later than the newer's, and a ticket is settled
+ * only by a message that holds the whole rest of the batch (the file's comment), so it is
+ * answered once the newer record is stored. */
+static size_t waiting_record(const cl_part_t *p, const char *name, size_t name_len)
 {
     for (size_t at = 0; p->len - at >= TD_STATE_RECORD_MIN;) {
         const uint8_t *r = p->buf + at;
         size_t size = tally_get_u32(r + 8); /* td_state_record.h: the size at 8, name length at
                                              * 13, the name at TD_STATE_RECORD_NAME_OFF */
         if (size < TD_STATE_RECORD_MIN || size > p->len - at)
-            return; /* not one of ours: encoded here, whole */
-        if (r[13] == name_len && memcmp(r + TD_STATE_RECORD_NAME_OFF, name, name_len) == 0) {
-            memmove(p->buf + at, p->buf + at + size, p->len - at - size);
-            p->len -= size;
-            return; /* at most one: each hold removes the one before it */
-        }
+            break; /* not one of ours: encoded here, whole */
+        if (r[13] == name_len && memcmp(r + TD_STATE_RECORD_NAME_OFF, name, name_len) == 0)
+            return at; /* at most one: each hold removes the one before it */
         at += size;
     }
+    return p->len;
 }
 
-bool td_changelog_hold(td_fleet_t *f, uint32_t k, const tally_req_t *req, const td_stream_t *stream,
+/* Under mu: the record of the write just applied to stream (NULL: removed), sized (out NULL)
+ * or written (td_state_record_encode_next). */
+static size_t encode_record(const tally_req_t *req, const td_stream_t *stream, bool replaces,
+                            uint64_t now, uint8_t *out)
+{
+    if (!stream)
+        return td_state_record_encode_removed(req->stream, req->stream_len, out);
+    return td_state_record_encode_next(stream, now, replaces, out);
+}
+
+bool td_changelog_hold(td_fleet_t *f, uint32_t k, const tally_req_t *req, td_stream_t *stream,
                        uint64_t *ticket)
 {
     td_changelog_t *cl = f->cl;
     uint64_t now = td_clock_ms();
-    size_t size = stream ? td_state_record_encode(stream, now, NULL)
-                         : td_state_record_encode_removed(req->stream, req->stream_len, NULL);
     pthread_mutex_lock(&cl->mu);
     cl_part_t *p = &cl->parts[k];
     *ticket = p->batch;
+    size_t waiting = waiting_record(p, req->stream, req->stream_len);
+    bool replaces = waiting < p->len;
+    size_t size = encode_record(req, stream, replaces, now, NULL);
     if (p->state == CL_OPEN && size > cl->max_msg) {
         char why[160];
         snprintf(why, sizeof why,
@@ -423,11 +433,14 @@ bool td_changelog_hold(td_fleet_t *f, uint32_t k, const tally_req_t *req, const 
         fail_locked(cl, k, "out of memory for a record");
     if (p->state == CL_OPEN) {
         bool first = p->len == 0; /* the committer sleeps until its commit_ms: tell it */
-        drop_waiting_record(p, req->stream, req->stream_len);
+        if (replaces) {
+            size_t old = tally_get_u32(p->buf + waiting + 8);
+            memmove(p->buf + waiting, p->buf + waiting + old, p->len - waiting - old);
+            p->len -= old;
+        }
+        encode_record(req, stream, replaces, now, p->buf + p->len);
         if (stream)
-            td_state_record_encode(stream, now, p->buf + p->len);
-        else
-            td_state_record_encode_removed(req->stream, req->stream_len, p->buf + p->len);
+            td_state_record_written(stream, replaces);
         if (first)
             p->first_ms = td_nats_now_ms();
         p->len += size;

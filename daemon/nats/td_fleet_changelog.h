@@ -75,9 +75,11 @@ void td_changelog_compact(struct td_fleet *f, uint32_t k, uint64_t cl_seq, int64
 /* A publish of partition k failed: the fleet thread drops it. */
 bool td_changelog_failed(struct td_fleet *f, uint32_t k);
 
-/* The shards' side (td_route_t.hold and .settled through td_fleet_route.c). */
-bool td_changelog_hold(struct td_fleet *f, uint32_t k, const tally_req_t *req,
-                       const td_stream_t *stream, uint64_t *ticket);
+/* The shards' side (td_route_t.hold and .settled through td_fleet_route.c). hold writes the
+ * stream's record (its ring's changes since its last record: td_state_record.h, kind 3) and
+ * moves the stream's changelog marks; on the thread that owns the stream. */
+bool td_changelog_hold(struct td_fleet *f, uint32_t k, const tally_req_t *req, td_stream_t *stream,
+                       uint64_t *ticket);
 tally_status_t td_changelog_settled(struct td_fleet *f, uint32_t k, uint64_t ticket, bool *pending,
                                     char *msg, size_t cap);
 

@@ -90,8 +90,7 @@ static tally_status_t route_admit(void *ctx, const tally_req_t *req, char *msg, 
     return TALLY_E_NOT_OWNER;
 }
 
-static bool route_hold(void *ctx, const tally_req_t *req, const td_stream_t *stream,
-                       uint64_t *ticket)
+static bool route_hold(void *ctx, const tally_req_t *req, td_stream_t *stream, uint64_t *ticket)
 {
     td_fleet_route_t *r = ctx;
     if (!writes[req->opcode])

@@ -50,27 +50,58 @@ static void seal(uint8_t *out, size_t size)
 
 size_t td_state_record_encode(const td_stream_t *s, uint64_t now_ms, uint8_t *out)
 {
+    return td_state_record_encode_since(s, now_ms, NULL, out);
+}
+
+/* The ring's part of a record: the slots changed after `since` (changed) or all of them. */
+static size_t encode_ring(const td_stream_t *s, uint64_t now_ms, const td_ring_mark_t *since,
+                          bool changed, uint8_t *out)
+{
+    if (!s->window)
+        return 0;
+    return changed ? td_window_encode_since(s->window, now_ms, since->stamp, out)
+                   : td_window_encode(s->window, now_ms, out);
+}
+
+size_t td_state_record_encode_since(const td_stream_t *s, uint64_t now_ms,
+                                    const td_ring_mark_t *since, uint8_t *out)
+{
     /* the counters only: its bins stay zero; per thread (direct mode's changelog encodes on
      * the shards' threads) */
     static _Thread_local tally_stream_info_t head;
+    bool changed = since && s->window && since->epoch == s->ring_epoch;
     size_t values = td_stream_values(s->info.hist_dtype);
     size_t at = TD_STATE_RECORD_NAME_OFF + s->name_len + AFTER_INTERVAL;
     size_t bins = td_bins_encode(&s->bins, values, NULL);
-    size_t ring = s->window ? td_window_encode(s->window, now_ms, NULL) : 0;
+    size_t ring = encode_ring(s, now_ms, since, changed, NULL);
     size_t size = at + bins + ring;
     if (!out)
         return size;
-    put_start(out, TD_STATE_RECORD_STREAM, s->name, s->name_len, size);
+    put_start(out, changed ? TD_STATE_RECORD_CHANGED : TD_STATE_RECORD_STREAM, s->name,
+              s->name_len, size);
     uint8_t *p = out + TD_STATE_RECORD_NAME_OFF + s->name_len;
     td_stream_info_head(s, &head);
     tally_stream_info_encode_head(&head, p);
     tally_put_u32(p + AFTER_HEAD, s->window ? td_window_interval_ms(s->window) : 0);
     tally_put_u32(p + AFTER_HEAD + 4, 0);
     td_bins_encode(&s->bins, values, out + at);
-    if (s->window)
-        td_window_encode(s->window, now_ms, out + at + bins);
+    encode_ring(s, now_ms, since, changed, out + at + bins);
     seal(out, size);
     return size;
+}
+
+size_t td_state_record_encode_next(const td_stream_t *s, uint64_t now_ms, bool replaces,
+                                   uint8_t *out)
+{
+    return td_state_record_encode_since(s, now_ms, replaces ? &s->cl_mark_before : &s->cl_mark,
+                                        out);
+}
+
+void td_state_record_written(td_stream_t *s, bool replaces)
+{
+    if (!replaces) /* the record it replaced started where this one does */
+        s->cl_mark_before = s->cl_mark;
+    s->cl_mark = td_stream_ring_mark(s);
 }
 
 size_t td_state_record_encode_removed(const char *name, size_t len, uint8_t *out)
@@ -152,6 +183,14 @@ bool td_state_record_parse(const uint8_t *p, size_t size, td_state_record_t *rec
         return true;
     if (rec->kind == TD_STATE_RECORD_STREAM)
         return parse_state(rest, rest_len, rec, why, cap);
+    if (rec->kind == TD_STATE_RECORD_CHANGED) {
+        if (!parse_state(rest, rest_len, rec, why, cap))
+            return false;
+        if (rec->interval_ms != 0)
+            return true;
+        snprintf(why, cap, "a ring's changes (kind 3) without a ring");
+        return false;
+    }
     snprintf(why, cap, "kind %u is not a record this tallyd knows", rec->kind);
     return false;
 }
@@ -202,20 +241,36 @@ td_state_apply_t td_state_record_apply(td_streams_t *streams, const td_state_rec
     bool nomem = false;
     if (!build_ring(streams, rec, now_ms, &ring, dropped, &nomem, why, cap))
         return nomem ? TD_STATE_NO_MEMORY : TD_STATE_REFUSED;
+    /* A ring's changes go over the ring they changed: the slots they leave are kept. */
+    td_window_t *older = rec->kind == TD_STATE_RECORD_CHANGED && ring && s ? s->window : NULL;
+    if (older && !td_window_room_for_older(ring, older, now_ms)) {
+        td_window_destroy(&ring);
+        snprintf(why, cap, "out of memory for its window ring");
+        return TD_STATE_NO_MEMORY;
+    }
     tally_status_t st = s ? TALLY_OK : td_streams_get(streams, rec->name, rec->name_len, &s);
     if (st != TALLY_OK) {
         td_window_destroy(&ring);
         snprintf(why, cap, "out of memory");
         return st == TALLY_E_INTERNAL ? TD_STATE_NO_MEMORY : TD_STATE_NO_ROOM;
     }
+    if (older)
+        s->window = NULL; /* td_stream_set_info frees the ring it has: not this one yet */
     if (!td_stream_set_info(s, &rec->info)) {
+        s->window = older;
         td_window_destroy(&ring);
         snprintf(why, cap, "out of memory");
         return TD_STATE_NO_MEMORY;
     }
+    if (older) {
+        td_window_keep_older(ring, older, now_ms);
+        td_window_destroy(&older);
+    }
     s->window = ring;
     td_stream_recount(s);
     s->state_dirty = false; /* what it holds is what the record says */
+    /* The changelog's next record of it needs only what changes from here. */
+    s->cl_mark = s->cl_mark_before = td_stream_ring_mark(s);
     return TD_STATE_APPLIED;
 }
 
