@@ -134,6 +134,7 @@ int main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     set_malloc_thresholds();
+    td_server_block_signals(); /* before any thread starts: the loop thread takes them */
 
     td_server_t *server = NULL;
     err = td_server_new(&cfg, &server);

@@ -605,6 +605,22 @@ fail_free:
     return err;
 }
 
+/* The signals of td_server_block_signals. */
+static void signal_set(sigset_t *set)
+{
+    sigemptyset(set);
+    sigaddset(set, SIGTERM);
+    sigaddset(set, SIGINT);
+    sigaddset(set, SIGHUP);
+}
+
+void td_server_block_signals(void)
+{
+    sigset_t set;
+    signal_set(&set);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+}
+
 int td_server_run(td_server_t *s)
 {
     td_notice("tallyd %s ready: %u in flight max, batches up to %zu bytes", TALLY_VERSION,
@@ -615,6 +631,9 @@ int td_server_run(td_server_t *s)
         td_path_drain_over(s->path);
     }
     td_zmq_pump(s->zmq); /* messages may have queued between bind and the first poll */
+    sigset_t set;
+    signal_set(&set);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL); /* every thread is up, each with them blocked */
     uv_run(&s->loop, UV_RUN_DEFAULT);
     return td_service_exit_code(s->service); /* the final snapshot: did it reach the disk? */
 }

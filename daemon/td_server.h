@@ -21,8 +21,17 @@ td_err_t td_server_check_files(const td_config_t *cfg);
 /* Creates the backends, binds the sockets and sets up the loop; logs and returns an error
  * (nothing half-started is left behind) when any of that fails. cfg is copied. */
 td_err_t td_server_new(const td_config_t *cfg, td_server_t **out);
-/* Runs until SIGINT/SIGTERM and every in-flight request has been answered. Returns the
- * process exit code: 0 on a clean stop, 1 when the final state snapshot failed. */
+/* The signals tallyd acts on (SIGTERM, SIGINT: stop; SIGHUP: reload), blocked in the calling
+ * thread and so in every thread it starts from now on (main, before td_server_new): only the
+ * loop thread takes them, once td_server_run unblocks them there. A signal handled on another
+ * thread interrupts what that thread waits in (a library's poll, ZeroMQ's, libnats') and, under
+ * ThreadSanitizer, waits for that thread's next intercepted call, which may never come: a
+ * SIGTERM sent to a stopped member was never acted on (test_nats_route 2, 2026-12-05). */
+void td_server_block_signals(void);
+/* Runs until SIGINT/SIGTERM and every in-flight request has been answered: the signals of
+ * td_server_block_signals are unblocked on this thread once every thread the server starts is
+ * up (one that came meanwhile is taken then). Returns the process exit code: 0 on a clean stop,
+ * 1 when the final state snapshot failed. */
 int td_server_run(td_server_t *self);
 void td_server_destroy(td_server_t **self_p);
 
