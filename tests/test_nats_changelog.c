@@ -76,7 +76,12 @@
  *      no more; once the PubAcks go, every write is answered; then writes in flight across
  *      elections of the changelog's leader (stepped down twice) are all answered (sent again,
  *      in order, where no leader took them) and the stream equals its model, in the member and
- *      in the changelog's last record.
+ *      in the changelog's last record;
+ *  13. a fleet that changes its mode member by member: direct writes answered by a replicated
+ *      owner killed (SIGKILL) are applied by the next owner, an ingest worker (`direct = off`),
+ *      which fences the changelog, takes writes over JetStream ingest and stops cleanly; the
+ *      replicated member started again applies nothing of the changelog before that fence, and
+ *      every stream equals the model at each step.
  * Waits are bounded loops on what the cluster or the members report; no time is asserted.
  */
 #include <setjmp.h>
@@ -116,6 +121,8 @@ static uint64_t seqs[STREAMS];
 static const char *cluster_urls, *cluster_replicas = "3";
 /* Test 8: the test clock file of the members it starts, with window rings on (NULL: neither). */
 static const char *member_clock;
+/* The members' [nats] direct (test 13 starts one with another). */
+static const char *member_direct = "replicated";
 
 static int setup(void **state)
 {
@@ -165,7 +172,7 @@ static void start_with(int i, const char *ttl_ms, const char *commit_ms, const c
                           "--nats-member-id",
                           ids[i],
                           "--nats-direct",
-                          "replicated",
+                          member_direct,
                           "--nats-commit-ms",
                           commit_ms,
                           "--max-inflight", /* test 4's 512 in flight: held replies count */
@@ -398,6 +405,17 @@ static td_ckpt_manifest_t manifest_of(uint32_t k)
     assert_int_equal(td_ckpt_read(tn_suite_js, k, &m, &st, &len, msg, sizeof msg), TD_OK);
     free(st);
     return m;
+}
+
+/* A client over NATS (tally_client_new_nats): JetStream ingest, queries by request-reply. */
+static tally_client_t *nats_client(void)
+{
+    tally_nats_opts_t o = {.servers = tn_suite.urls, .timeout_ms = TIMEOUT_MS};
+    tally_client_t *c = NULL;
+    tally_status_t st = tally_client_new_nats(&o, &c, msg, sizeof msg);
+    if (st != TALLY_OK)
+        fail_msg("tally_client_new_nats: %s: %s", tally_status_name(st), msg);
+    return c;
 }
 
 /* ---- 1. answered after the PubAck; the record's format --------------------------------------- */
@@ -1716,6 +1734,55 @@ static void test_messages_in_flight(void **state)
     th_rmrf(dir);
 }
 
+/* ---- 13. a fleet that changes its mode, member by member ------------------------------------ */
+
+/* Direct `replicated` to JetStream ingest and back, each owner after the first taking the
+ * partitions from the one before without a clean hand-over where that loses most:
+ *   - a (replicated) takes two rounds of numbered direct writes, every one answered once its
+ *     record is stored (checkpoints an hour apart: only the changelog holds them), and is
+ *     killed (SIGKILL);
+ *   - b, an ingest worker (`direct = off`), takes every partition: it applies a's changelog and
+ *     fences it (every stream equals the model, through a client over NATS), takes a round over
+ *     JetStream ingest, and stops cleanly (its give-up checkpoints name the fence's sequence);
+ *   - a, replicated again, takes every partition from b's checkpoints: nothing of the changelog
+ *     before b's fence is applied again (a's old records over b's state would lose b's round),
+ *     and every stream equals the model; a direct round after it is stored and applied.
+ * A member that is not replicated used to leave the changelog alone: b lacked a's two rounds,
+ * and a's records came back over b's state at a's return. */
+static void test_mode_changes(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    start(0, "3000");
+    wait_taken(0, PARTITIONS);
+    tally_client_t *c = fleet_client();
+    write_round(c, 0);
+    write_round(c, 1);
+    tally_client_destroy(&c);
+    kill_member(0);
+    member_direct = "off";
+    start(1, "3000");
+    member_direct = "replicated";
+    wait_taken(1, PARTITIONS);
+    c = nats_client();
+    check_model(c); /* a's answered writes, from its changelog */
+    write_round(c, 2);
+    check_model(c);
+    tally_client_destroy(&c);
+    assert_int_equal(th_metric(&member[1], "tallyd_nats_changelog_lost_total"), 0);
+    assert_int_equal(th_daemon_stop(&member[1], SIGTERM, TIMEOUT_MS), 0);
+    member[1].pid = 0;
+    for (uint32_t k = 0; k < PARTITIONS; k++) /* b's checkpoints hold a's records and its fence */
+        assert_int_equal(manifest_of(k).cl_seq, changelog_last(k));
+    start(0, "3000");
+    check_taken_model(0);
+    assert_int_equal(th_metric(&member[0], "tallyd_nats_changelog_replayed_total"), 0);
+    c = fleet_client();
+    write_round(c, 3);
+    check_model(c);
+    tally_client_destroy(&c);
+}
+
 int main(void)
 {
     if (tn_skip())
@@ -1735,6 +1802,7 @@ int main(void)
         cmocka_unit_test_teardown(test_compaction_at_quiet_point, stop_members),
         cmocka_unit_test_teardown(test_no_purge_past_checkpoint, stop_members),
         cmocka_unit_test_teardown(test_messages_in_flight, stop_members),
+        cmocka_unit_test_teardown(test_mode_changes, stop_members),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

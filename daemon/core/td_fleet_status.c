@@ -131,14 +131,14 @@ size_t td_fleet_status_render(const td_fleet_status_t *st, char *out, size_t cap
             "Changelog messages stored (direct = replicated): each a partition's group commit.",
             LOAD(st->changelog_commits));
     counter(&t, "tallyd_nats_changelog_replayed_total",
-            "Changelog messages applied at take-overs (direct = replicated).",
+            "Changelog messages applied at take-overs (any member, when the changelog exists).",
             LOAD(st->changelog_replayed));
     counter(&t, "tallyd_nats_not_durable_total",
             "Direct writes answered not_durable: their changelog record was not stored.",
             LOAD(st->not_durable));
     counter(&t, "tallyd_nats_changelog_lost_total",
             "Changelog messages gone at a take-over before a checkpoint held them (aged out or "
-            "removed): the direct writes they held are lost (direct = replicated).",
+            "removed): the direct writes they held are lost (any member, at a take-over).",
             LOAD(st->changelog_lost));
     counter(&t, "tallyd_nats_changelog_purges_total",
             "Changelogs purged whole after a checkpoint that holds all of them, at a quiet point "

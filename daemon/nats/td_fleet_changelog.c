@@ -589,6 +589,22 @@ static td_err_t last_seq(td_fleet_t *f, uint32_t k, uint64_t *first, uint64_t *l
     return TD_OK;
 }
 
+/* Whether partition k's changelog stream is missing (never made: no owner was replicated). */
+static td_err_t changelog_exists(td_fleet_t *f, uint32_t k, bool *missing, char *msg, size_t cap)
+{
+    char stream[32];
+    stream_of(stream, sizeof stream, k);
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_GetStreamInfo(&si, f->js, stream, NULL, &jerr);
+    jsStreamInfo_Destroy(si);
+    *missing = s == NATS_NOT_FOUND || jerr == JSStreamNotFoundErr;
+    if (s == NATS_OK || *missing)
+        return TD_OK;
+    snprintf(msg, cap, "%s: %s", stream, td_nats_last_error(s));
+    return TD_ERR_LIBRARY;
+}
+
 /* Stores a message without records expecting `expect` as the last sequence (0: none, for the
  * stream's first message, deduplicated by its id so that racing members store one). *seq: where
  * it was stored; *lost: another writer came first. */
@@ -647,16 +663,20 @@ td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t 
 {
     td_changelog_t *cl = f->cl;
     *held = cl_seq;
-    if (!cl)
-        return TD_OK;
     uint64_t first = 0, last = 0, applied = cl_seq, max_epoch = 0, fence = 0;
     char stream[32], subject[32];
     stream_of(stream, sizeof stream, k);
     subject_of(subject, sizeof subject, k);
-    td_err_t err = td_nats_stream_ensure(f->js, stream, subject, cl->replicas, cl->max_age_ms,
-                                         (int32_t)f->max_payload, msg, cap); /* removed? */
-    if (err == TD_OK)
-        err = last_seq(f, k, &first, &last, msg, cap);
+    /* Without `replicated` too: a changelog an earlier owner wrote holds writes it answered
+     * (and its records after the checkpoint would otherwise be applied, stale, by a later
+     * replicated owner over this one's checkpoints); only one never written is left alone. */
+    bool missing = false;
+    td_err_t err = cl ? td_nats_stream_ensure(f->js, stream, subject, cl->replicas,
+                                              cl->max_age_ms, (int32_t)f->max_payload, msg, cap)
+                      : changelog_exists(f, k, &missing, msg, cap);
+    if (err != TD_OK || missing)
+        return err;
+    err = last_seq(f, k, &first, &last, msg, cap);
     if (err == TD_OK && last == 0) { /* nothing to expect yet: a first message, then the fence */
         bool lost = false;
         err = store_fence(f, k, epoch, 0, &fence, &lost, msg, cap);
@@ -706,6 +726,11 @@ td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t 
     }
     if (err != TD_OK)
         return err;
+    *held = fence;
+    td_info("fleet: partition %u's changelog: applied %" PRIu64 "..%" PRIu64 ", fence at %" PRIu64,
+            (unsigned)k, from, last, fence);
+    if (!cl) /* not replicated: this owner writes no records, the fence stops earlier ones' */
+        return TD_OK;
     pthread_mutex_lock(&cl->mu);
     cl_part_t *p = &cl->parts[k];
     p->state = CL_OPEN;
@@ -717,9 +742,6 @@ td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t 
     p->ok_then = p->ok_upto;
     p->open_from = p->batch;
     pthread_mutex_unlock(&cl->mu);
-    *held = fence;
-    td_info("fleet: partition %u's changelog: applied %" PRIu64 "..%" PRIu64 ", fence at %" PRIu64,
-            (unsigned)k, from, last, fence);
     return TD_OK;
 }
 
