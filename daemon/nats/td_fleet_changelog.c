@@ -658,6 +658,22 @@ static void test_gate(const char *env, const char *what, uint32_t k)
         usleep(10000);
 }
 
+/* Partition k's records go to its changelog from now on, under epoch, chained after the fence. */
+static void open_part(td_changelog_t *cl, uint32_t k, uint64_t epoch, uint64_t fence)
+{
+    pthread_mutex_lock(&cl->mu);
+    cl_part_t *p = &cl->parts[k];
+    p->state = CL_OPEN;
+    p->epoch = epoch;
+    p->stored = fence;
+    p->fail_from = 0;
+    drop_flights(p);
+    p->len = 0;
+    p->ok_then = p->ok_upto;
+    p->open_from = p->batch;
+    pthread_mutex_unlock(&cl->mu);
+}
+
 td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t epoch,
                            uint64_t *held, char *msg, size_t cap)
 {
@@ -729,19 +745,8 @@ td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t 
     *held = fence;
     td_info("fleet: partition %u's changelog: applied %" PRIu64 "..%" PRIu64 ", fence at %" PRIu64,
             (unsigned)k, from, last, fence);
-    if (!cl) /* not replicated: this owner writes no records, the fence stops earlier ones' */
-        return TD_OK;
-    pthread_mutex_lock(&cl->mu);
-    cl_part_t *p = &cl->parts[k];
-    p->state = CL_OPEN;
-    p->epoch = epoch;
-    p->stored = fence;
-    p->fail_from = 0;
-    drop_flights(p);
-    p->len = 0;
-    p->ok_then = p->ok_upto;
-    p->open_from = p->batch;
-    pthread_mutex_unlock(&cl->mu);
+    if (cl) /* not replicated: this owner writes no records, the fence stops earlier ones' */
+        open_part(cl, k, epoch, fence);
     return TD_OK;
 }
 
