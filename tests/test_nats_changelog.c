@@ -968,6 +968,18 @@ static int check_message_sizes(jsCtx *js, int *full)
 
 #define RING_T0 1795000000500ull /* the test clock: half way into an interval */
 
+/* A changelog message of one write in flight: one record, parsed into rec; its length. */
+static size_t one_record(natsMsg *m, td_state_record_t *rec)
+{
+    const uint8_t *p = (const uint8_t *)natsMsg_GetData(m);
+    size_t len = (size_t)natsMsg_GetDataLength(m);
+    char why[160];
+    assert_int_equal(td_state_record_check(p, len), len);
+    if (!td_state_record_parse(p, len, rec, why, sizeof why))
+        fail_msg("the record: %s", why);
+    return len;
+}
+
 /* A window ring larger than a message, on member b (64 window intervals of 1 s on the test
  * clock): stream ring/0's ring grows by a slot of ~1 KiB (rgba8, 1024 counts of 1) per write,
  * each in an interval of its own, to ~64 KiB, past what a message holds (60 KiB). Every write
@@ -1000,11 +1012,8 @@ static void ring_past_a_message(const char *clock, jsCtx *js)
     natsMsg *m = NULL;
     jsErrCode jerr = 0;
     assert_int_equal(js_GetLastMsg(&m, js, stream, subject, NULL, &jerr), NATS_OK);
-    const uint8_t *p = (const uint8_t *)natsMsg_GetData(m);
-    size_t len = (size_t)natsMsg_GetDataLength(m);
+    size_t len = one_record(m, &rec);
     print_message("ring/0's last changelog message: %zu bytes\n", len);
-    assert_int_equal(td_state_record_check(p, len), len); /* one write in flight: one record */
-    assert_true(td_state_record_parse(p, len, &rec, why, sizeof why));
     assert_int_equal(rec.kind, TD_STATE_RECORD_CHANGED);
     assert_int_equal(rec.info.hist_total, 64 * 256);
     assert_int_equal(tally_get_u32(rec.ring), 1);
@@ -1138,12 +1147,8 @@ static int store_late_copy(uint32_t k, uint64_t seq)
     natsMsg *orig = NULL;
     jsErrCode jerr = 0;
     assert_int_equal(js_GetMsg(&orig, tn_suite_js, cl, seq, NULL, &jerr), NATS_OK);
-    const uint8_t *p = (const uint8_t *)natsMsg_GetData(orig);
-    size_t len = (size_t)natsMsg_GetDataLength(orig);
-    assert_int_equal(td_state_record_check(p, len), len); /* one write in flight: one record */
-    char why[160];
-    assert_true(td_state_record_parse(p, len, &rec, why, sizeof why));
-    publish_as(subject, p, len, orig);
+    size_t len = one_record(orig, &rec);
+    publish_as(subject, natsMsg_GetData(orig), len, orig);
     int stream = -1;
     for (int s = 0; s < STREAMS; s++) {
         char name[32];

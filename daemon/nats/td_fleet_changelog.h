@@ -59,8 +59,8 @@ void td_changelog_close(struct td_fleet *f);
  * stream table, then stores the fence; records may be written from then on (replicated). A
  * member that is not replicated does the same when the changelog exists (an earlier owner's),
  * and leaves it alone otherwise. *held: the changelog's sequence the stream table now holds, the
- * fence's (cl_seq without a changelog), which the partition's next checkpoint names at least. TD_ERR_LIBRARY (msg) when NATS failed or
- * the fence kept losing to another writer. */
+ * fence's (cl_seq without a changelog), which the partition's next checkpoint names at least.
+ * TD_ERR_LIBRARY (msg) when NATS failed or the fence kept losing to another writer. */
 td_err_t td_changelog_take(struct td_fleet *f, uint32_t k, uint64_t cl_seq, uint64_t epoch,
                            uint64_t *held, char *msg, size_t cap);
 /* Partition k is lost or given up: what waits for a PubAck is answered not_durable. */

@@ -48,11 +48,6 @@ static void seal(uint8_t *out, size_t size)
     tally_put_u32(out + 4, td_state_crc(out + 8, size - 8));
 }
 
-size_t td_state_record_encode(const td_stream_t *s, uint64_t now_ms, uint8_t *out)
-{
-    return td_state_record_encode_since(s, now_ms, NULL, out);
-}
-
 /* The ring's part of a record: the slots changed after `since` (changed) or all of them. */
 static size_t encode_ring(const td_stream_t *s, uint64_t now_ms, const td_ring_mark_t *since,
                           bool changed, uint8_t *out)
@@ -63,8 +58,10 @@ static size_t encode_ring(const td_stream_t *s, uint64_t now_ms, const td_ring_m
                    : td_window_encode(s->window, now_ms, out);
 }
 
-size_t td_state_record_encode_since(const td_stream_t *s, uint64_t now_ms,
-                                    const td_ring_mark_t *since, uint8_t *out)
+/* The stream's record: kind 3 when `since` is a mark of its ring as it is (its epoch; a ring),
+ * only the slots changed after it; otherwise kind 1, whole (since NULL: always). */
+static size_t encode_state(const td_stream_t *s, uint64_t now_ms, const td_ring_mark_t *since,
+                           uint8_t *out)
 {
     /* the counters only: its bins stay zero; per thread (direct mode's changelog encodes on
      * the shards' threads) */
@@ -90,11 +87,15 @@ size_t td_state_record_encode_since(const td_stream_t *s, uint64_t now_ms,
     return size;
 }
 
+size_t td_state_record_encode(const td_stream_t *s, uint64_t now_ms, uint8_t *out)
+{
+    return encode_state(s, now_ms, NULL, out);
+}
+
 size_t td_state_record_encode_next(const td_stream_t *s, uint64_t now_ms, bool replaces,
                                    uint8_t *out)
 {
-    return td_state_record_encode_since(s, now_ms, replaces ? &s->cl_mark_before : &s->cl_mark,
-                                        out);
+    return encode_state(s, now_ms, replaces ? &s->cl_mark_before : &s->cl_mark, out);
 }
 
 void td_state_record_written(td_stream_t *s, bool replaces)

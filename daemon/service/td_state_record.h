@@ -68,10 +68,6 @@ typedef struct {
 /* Writes the stream's record (its ring's slots still inside the ring at now_ms) to out, or only
  * sizes it when out is NULL; returns its size. */
 size_t td_state_record_encode(const td_stream_t *stream, uint64_t now_ms, uint8_t *out);
-/* The same, kind 3 when `since` is a mark of the stream's ring as it is (its epoch; a ring):
- * only the slots changed after it; otherwise kind 1, whole (since NULL: always). */
-size_t td_state_record_encode_since(const td_stream_t *stream, uint64_t now_ms,
-                                    const td_ring_mark_t *since, uint8_t *out);
 /* Direct mode's changelog (td_fleet_changelog.c): the stream's next record after a write, its
  * ring's changes since its last record (replaces false), or, when this one replaces that
  * record before it was sent, since the one before it (replaces true): kind 3, or kind 1 after
