@@ -25,6 +25,13 @@
  *   nats_bench stored URL PREFIX PARTS        "stored BYTES MESSAGES": what the streams
  *                                             PREFIX0 .. PREFIX<PARTS-1> hold, in all (direct
  *                                             mode's changelogs, TALLY_CL: run-nats-direct.sh)
+ *   nats_bench cl-ceiling URL PARTS SIZE DEPTH SECONDS   the broker's own ceiling for direct
+ *                                             mode's changelog: messages of SIZE bytes published
+ *                                             to tally.cl.<k> for k < PARTS, round the partitions,
+ *                                             DEPTH in flight a partition, each expecting the
+ *                                             last sequence before it and with a changelog
+ *                                             message's headers (the committer's work, without
+ *                                             tallyd): "cl-ceiling SECONDS BYTES GB/s MESSAGES"
  *   nats_bench fleet-applied URL PREFIX VALUES MS   waits until PREFIX's streams hold VALUES
  *   nats_bench failover URL PREFIX PID MS     a watcher per partition; once every partition
  *                                             applies, kill -9 PID (a worker, or a nats-server),
@@ -48,6 +55,7 @@
 #include <nats/nats.h>
 
 #include "tally.h"
+#include "tally_fleet.h"
 
 static double now_s(void)
 {
@@ -267,27 +275,36 @@ static int leader(const char *url, const char *stream)
     return 0;
 }
 
-/* What streams prefix0 .. prefix<parts-1> hold (their stream info): bytes and messages. The
- * connection's inboxes are _INBOX.<user> for a URL that names a user (contrib/nats/users.conf
- * lets each user read only its own). */
-static int stored(const char *url, const char *prefix, uint32_t parts)
+/* Connects to url as the user it names, with the inboxes _INBOX.<user> (contrib/nats/users.conf
+ * lets each user read only its own), and its JetStream context (jo: NULL for the defaults). */
+static int connect_as_user(const char *url, jsOptions *jo, natsConnection **nc, jsCtx **js)
 {
-    natsConnection *nc = NULL;
     natsOptions *no = NULL;
-    jsCtx *js = NULL;
     char inbox[96] = "";
     const char *user = strstr(url, "://"), *end = user ? strpbrk(user + 3, ":@") : NULL;
     if (end && *end && strchr(user, '@'))
         snprintf(inbox, sizeof inbox, "_INBOX.%.*s", (int)(end - user - 3), user + 3);
     if (natsOptions_Create(&no) != NATS_OK || natsOptions_SetURL(no, url) != NATS_OK ||
         (inbox[0] && natsOptions_SetCustomInboxPrefix(no, inbox) != NATS_OK) ||
-        natsConnection_Connect(&nc, no) != NATS_OK ||
-        natsConnection_JetStream(&js, nc, NULL) != NATS_OK) {
+        natsConnection_Connect(nc, no) != NATS_OK ||
+        natsConnection_JetStream(js, *nc, jo) != NATS_OK) {
         fprintf(stderr, "nats_bench: %s\n", nats_GetLastError(NULL));
         natsOptions_Destroy(no);
-        natsConnection_Destroy(nc);
+        natsConnection_Destroy(*nc);
+        *nc = NULL;
         return 1;
     }
+    natsOptions_Destroy(no);
+    return 0;
+}
+
+/* What streams prefix0 .. prefix<parts-1> hold (their stream info): bytes and messages. */
+static int stored(const char *url, const char *prefix, uint32_t parts)
+{
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    if (connect_as_user(url, NULL, &nc, &js) != 0)
+        return 1;
     uint64_t bytes = 0, msgs = 0;
     for (uint32_t k = 0; k < parts; k++) {
         char name[64];
@@ -303,8 +320,107 @@ static int stored(const char *url, const char *prefix, uint32_t parts)
     printf("stored %" PRIu64 " %" PRIu64 "\n", bytes, msgs);
     jsCtx_Destroy(js);
     natsConnection_Destroy(nc);
-    natsOptions_Destroy(no);
     return 0;
+}
+
+/* cl-ceiling's partitions: messages in flight and sent, the stream's last sequence at the
+ * start, and the PubAcks' outcome, under one lock. */
+#define CL_CEILING_PARTS_MAX 64
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    unsigned inflight[CL_CEILING_PARTS_MAX];
+    uint64_t base[CL_CEILING_PARTS_MAX], sent[CL_CEILING_PARTS_MAX];
+    uint64_t acked, failed;
+} cl_ceiling_t;
+
+static void cl_ceiling_ack(jsCtx *js, natsMsg *m, jsPubAck *pa, jsPubAckErr *pae, void *closure)
+{
+    (void)js;
+    cl_ceiling_t *c = closure;
+    unsigned long k = strtoul(natsMsg_GetSubject(m) + strlen(TALLY_NATS_SUBJ_CL), NULL, 10);
+    pthread_mutex_lock(&c->mu);
+    if (k < CL_CEILING_PARTS_MAX)
+        c->inflight[k]--;
+    if (pa && !pae)
+        c->acked++;
+    else
+        c->failed++;
+    pthread_cond_signal(&c->cond);
+    pthread_mutex_unlock(&c->mu);
+    natsMsg_Destroy(m);
+}
+
+static int cl_ceiling(const char *url, uint32_t parts, size_t size, unsigned depth, double secs)
+{
+    static cl_ceiling_t c = {.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    jsOptions jo;
+    jsOptions_Init(&jo);
+    jo.PublishAsync.MaxPending = (int64_t)parts * depth + 16;
+    jo.PublishAsync.AckHandler = cl_ceiling_ack;
+    jo.PublishAsync.AckHandlerClosure = &c;
+    if (parts == 0 || parts > CL_CEILING_PARTS_MAX || depth == 0 ||
+        connect_as_user(url, &jo, &nc, &js) != 0)
+        return 1;
+    for (uint32_t k = 0; k < parts; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "TALLY_CL%u", (unsigned)k);
+        jsStreamInfo *si = NULL;
+        jsErrCode jerr = 0;
+        if (js_GetStreamInfo(&si, js, name, NULL, &jerr) != NATS_OK) {
+            fprintf(stderr, "nats_bench: %s: %s (a replicated member makes it)\n", name,
+                    nats_GetLastError(NULL));
+            return 1;
+        }
+        c.base[k] = si->State.LastSeq;
+        jsStreamInfo_Destroy(si);
+    }
+    uint8_t *data = pattern(size);
+    natsStatus s = NATS_OK;
+    double t0 = now_s(), t1 = t0;
+    for (uint32_t k = 0; s == NATS_OK && (t1 = now_s()) - t0 < secs; k = (k + 1) % parts) {
+        pthread_mutex_lock(&c.mu);
+        while (c.inflight[k] >= depth)
+            pthread_cond_wait(&c.cond, &c.mu);
+        uint64_t expect = c.base[k] + c.sent[k]++;
+        c.inflight[k]++;
+        pthread_mutex_unlock(&c.mu);
+        char subject[32], num[24];
+        snprintf(subject, sizeof subject, TALLY_NATS_SUBJ_CL "%u", (unsigned)k);
+        snprintf(num, sizeof num, "%" PRIu64, c.sent[k]);
+        natsMsg *m = NULL;
+        jsPubOptions po;
+        jsPubOptions_Init(&po);
+        po.ExpectLastSeq = expect;
+        s = natsMsg_Create(&m, subject, NULL, (const char *)data, (int)size);
+        if (s == NATS_OK)
+            s = natsMsgHeader_Set(m, TALLY_NATS_HDR_EPOCH, "1");
+        if (s == NATS_OK)
+            s = natsMsgHeader_Set(m, TALLY_NATS_HDR_BATCH, num);
+        if (s == NATS_OK)
+            s = natsMsgHeader_Set(m, TALLY_NATS_HDR_MEMBER, "cl-ceiling");
+        if (s == NATS_OK)
+            s = js_PublishMsgAsync(js, &m, &po);
+        natsMsg_Destroy(m); /* NULL once published */
+    }
+    jsPubOptions po;
+    jsPubOptions_Init(&po);
+    po.MaxWait = 30000;
+    if (s == NATS_OK)
+        s = js_PublishAsyncComplete(js, &po);
+    t1 = now_s();
+    if (s != NATS_OK || c.failed)
+        fprintf(stderr, "nats_bench: cl-ceiling: %s, %" PRIu64 " PubAcks failed\n",
+                nats_GetLastError(NULL), c.failed);
+    else
+        printf("cl-ceiling %.3f %.0f %.3f %" PRIu64 "\n", t1 - t0, (double)c.acked * (double)size,
+               (double)c.acked * (double)size / (t1 - t0) / 1e9, c.acked);
+    free(data);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    return s == NATS_OK && !c.failed ? 0 : 1;
 }
 
 /* A durable consumer (replicated with its stream, so it outlives a lost server) following
@@ -576,6 +692,9 @@ int main(int argc, char **argv)
         rc = leader(argv[2], argv[3]);
     else if (argc == 5 && strcmp(argv[1], "stored") == 0)
         rc = stored(argv[2], argv[3], (uint32_t)atol(argv[4]));
+    else if (argc == 7 && strcmp(argv[1], "cl-ceiling") == 0)
+        rc = cl_ceiling(argv[2], (uint32_t)atol(argv[3]), (size_t)atol(argv[4]),
+                        (unsigned)atol(argv[5]), atof(argv[6]));
     else if (argc == 6 && strcmp(argv[1], "fleet-applied") == 0)
         rc = fleet_applied(argv[2], argv[3], strtoull(argv[4], NULL, 10), atol(argv[5]));
     else if (argc == 6 && strcmp(argv[1], "failover") == 0)

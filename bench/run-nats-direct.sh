@@ -13,6 +13,10 @@
 # (1 MiB) with PW_BIG; then with each mode LAT_PW (1 x 8) at BIG_SIZE for the latency that
 # `replicated` adds, and with `replicated` CL_SIZE (16 MiB) batches for the changelog's bytes
 # (TALLY_CL<k>'s stored bytes before and after, from JetStream's stream info) over the input's.
+# Last, the broker's own ceiling for that changelog (`nats_bench cl-ceiling`, on member 0's
+# cores, once the members are gone): messages of the average size N = 1's SMALL_SIZE run stored,
+# 4 in flight a partition (the committer's CL_DEPTH), each expecting the last sequence before
+# it, for SECONDS_PER_RUN: what a `replicated` run's changelog rate is beside.
 # The member ids are chosen so that the rendezvous plan splits the 8 partitions as evenly as it
 # can (8 = 4 + 4, 3 + 3 + 2), and K (at least KMIN) so that each member owns exactly K/N of the
 # streams: every member gets the same load, as each standalone does (bench/NOTES.md).
@@ -255,6 +259,16 @@ for ((n = 1; n <= nmax; n++)); do
   done
 done
 
+# The broker's ceiling for the changelog: N = 1's SMALL_SIZE messages, as a bare publisher.
+read -r _ _ b0 r0 <<<"$(grep "^replicated-1-$small-before stored" "$rows" || echo "- - 0 0")"
+read -r _ _ b1 r1 <<<"$(grep "^replicated-1-$small-after stored" "$rows" || echo "- - 0 0")"
+if ((r1 > r0)); then
+  # shellcheck disable=SC2046 # on is words
+  echo "cl-ceiling $((b1 > b0 ? (b1 - b0) / (r1 - r0) : 1)) $($(on "${tdcores[0]:-}") \
+    "$build/bench/nats_bench" cl-ceiling "${wurl%%,*}" 8 $(((b1 - b0) / (r1 - r0))) 4 "$secs")" \
+    >>"$rows" || echo "cl-ceiling: failed" >&2
+fi
+
 # ---- the tables -----------------------------------------------------------------------------
 python3 - "$rows" "$nmax" "$small" "$big" "$cl_size" "$pw_small" "$pw_big" "$pw_lat" "$pw_cl" \
   "$layout" "$(machine_name)" <<'PY' | tee "$out/direct.md"
@@ -343,6 +357,25 @@ for tag in runs:
     b1, r1 = stored.get(f"{tag}-after", (math.nan, math.nan))
     print(f"| {n} | {size} B | {pw} | {inb / 1e9:.3f} GB ({writes}) | {(b1 - b0) / 1e6:.3f} MB "
           f"({r1 - r0}) | {(b1 - b0) / writes:,.0f} | {100 * (b1 - b0) / inb:.4f} % |")
+ceiling = [l.split() for l in open(rows_path) if l.startswith("cl-ceiling ")]
+if ceiling and len(ceiling[-1]) == 7:
+    _, avg, _, csecs, cbytes, _, cmsgs = ceiling[-1]
+    cmps, cbps = int(cmsgs) / float(csecs), float(cbytes) / float(csecs)
+    print(f"\nThe changelog beside the broker's ceiling: `nats_bench cl-ceiling` on member 0's cores "
+          f"published {int(avg):,}-byte messages (N = 1's {small} B run's average) to TALLY_CL0..7, "
+          f"4 in flight a partition: {cmps:,.0f} messages/s ({cbps / 1e6:.1f} MB/s). A `replicated` "
+          f"run's changelog rate: its messages (bytes) a write x its req/s\n")
+    print("| N | hist | P x W | req/s | messages a write | changelog messages/s | MB/s | / ceiling (messages) | / ceiling (bytes) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for n in range(1, nmax + 1):
+        tag = f"replicated-{n}-{small}"
+        if f"{tag}-after" not in stored or not total(tag, "answered"):
+            continue
+        (b0, r0), (b1, r1) = stored[f"{tag}-before"], stored[f"{tag}-after"]
+        writes, rps = total(tag, "answered"), total(tag, "rps")
+        mps, bps = (r1 - r0) / writes * rps, (b1 - b0) / writes * rps
+        print(f"| {n} | {small} B | {pw_small} | {rps:,.0f} | {(r1 - r0) / writes:.3f} | {mps:,.0f} | "
+              f"{bps / 1e6:.1f} | {mps / cmps:.2f} x | {bps / cbps:.2f} x |")
 errs = {t: total(t, "errors") for t in runs if total(t, "errors")}
 if errs:
     print(f"\nerrors: {errs}")
