@@ -371,7 +371,7 @@ step_nats_direct() { # issue 33's direct-mode figures: bench/run-nats-direct.sh
     SAT_BIG=${NATS_DIRECT_SAT_BIG-2x8 4x8 8x8} \
     timed nats-direct 330 bench/run-nats-direct.sh "$B" "$OUT/nats-direct" >"$OUT/nats-direct.txt" 2>&1
   cp "$OUT/nats-direct/direct.md" "$OUT/nats-direct.md" 2>/dev/null
-  grep -E "^(\||run-nats-direct|N=|One|Latency|Changelog|req/s|errors)" "$OUT/nats-direct.txt" |
+  grep -E "^(\||run-nats-direct|N=|One|Latency|Changelog|The changelog|req/s|errors)" "$OUT/nats-direct.txt" |
     tee -a "$S"
 }
 
