@@ -64,13 +64,14 @@ static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *
         self->bytes -= (size_t)natsMsg_GetDataLength(old->msg);
         self->dropped++;
     }
+    /* Under mu, so that tally_nats_sub_destroy's lock orders its close after the last write. */
+    ssize_t w = write(self->pipe[1], "", 1); /* full: the reader has bytes enough to wake */
+    (void)w;
     pthread_mutex_unlock(&self->mu);
     if (old) { /* its byte stays in the pipe: a recv finds the queue shorter, and says so */
         natsMsg_Destroy(old->msg);
         free(old);
     }
-    ssize_t w = write(self->pipe[1], "", 1); /* full: the reader has bytes enough to wake */
-    (void)w;
 }
 
 tally_status_t tally_nats_sub_new(tally_nats_t *nats, tally_nats_sub_t **out)
@@ -192,7 +193,11 @@ void tally_nats_sub_destroy(tally_nats_sub_t **self_p)
                 natsSubscription_Unsubscribe(self->subs[k]);
             natsSubscription_Destroy(self->subs[k]);
         }
-    for (queued_t *q = self->head, *next; q; q = next) {
+    pthread_mutex_lock(&self->mu); /* after the callbacks' last unlock (TSan sees that order) */
+    queued_t *left = self->head;
+    self->head = NULL;
+    pthread_mutex_unlock(&self->mu);
+    for (queued_t *q = left, *next; q; q = next) {
         next = q->next;
         natsMsg_Destroy(q->msg);
         free(q);

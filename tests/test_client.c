@@ -1037,12 +1037,14 @@ static void zc_free(void *data, void *hint)
 static void test_side_channel_unusable(void **state)
 {
     fake_t *f = *state;
-    char xs[121], long_path[160], missing[96], said[192];
+    /* Static: the fake daemon's thread reads the `info` given to it, and a test after this one
+     * must not reuse its bytes on the stack (ZeroMQ's ordering is out of TSan's sight). */
+    static char xs[121], long_path[160], missing[96], said[192];
     memset(xs, 'x', sizeof xs - 1);
     xs[sizeof xs - 1] = '\0';
     snprintf(long_path, sizeof long_path, "shm=on\nshm_socket=/%s\n", xs);
     snprintf(missing, sizeof missing, "/nonexistent/tally-side-%d.sock", (int)getpid());
-    char missing_info[128];
+    static char missing_info[128];
     snprintf(missing_info, sizeof missing_info, "shm=on\nshm_socket=%s\n", missing);
     snprintf(said, sizeof said,
              "cannot connect to the shared-memory side channel %s: No such file or directory",
