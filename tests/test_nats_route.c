@@ -5,7 +5,8 @@
  * [nats] direct = local:
  *   1. routing: the owner of a stream's partition takes its requests over ZeroMQ; another member
  *      answers `not_owner` naming the owner and its endpoint (writes and queries alike, counted
- *      in its metrics); the endpoints are in TALLY_ENDPOINTS; info says nats_direct=local;
+ *      in its metrics); over its HTTP API a read is asked of the owner and a write is answered
+ *      421 `not_owner`; the endpoints are in TALLY_ENDPOINTS; info says nats_direct=local;
  *   2. a hand-over: one member owns every partition and takes numbered hist requests from the
  *      fleet client (tally_client_new_fleet) with checkpoints an hour apart, so only the
  *      give-up's checkpoint can carry them; a second member joins, the first gives half the
@@ -17,7 +18,9 @@
  *      stopped (SIGSTOP) with numbered requests sent to it and unanswered, then killed; the
  *      fleet client sends them again to the new owner once it has taken over, which applies each
  *      exactly once (the model, last_seq); an unnumbered write sent with them is answered
- *      `transport` (it may or may not have been applied) and was not;
+ *      `transport` (it may or may not have been applied) and was not; an owner stopped past
+ *      its lease with direct writes since its checkpoint drops its partitions when woken, and
+ *      its nats_direct_uncommitted with them;
  *   3b. an owner killed (SIGKILL) before the next send to it: the fleet client waits a probe
  *      for its connection, not its whole timeout, and asks a push's last_seq of, and sends each
  *      stream's next numbered batch to, the new owner once it holds the partition: all answered
@@ -57,6 +60,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cmocka.h>
 #include <nats/nats.h>
@@ -72,6 +76,7 @@
 #define PARTITIONS 4
 #define STREAMS 16
 #define TIMEOUT_MS 30000
+#define API_TOKEN "route-test-api-token-0123456789"  /* 16 characters at least */
 
 static char msg[512];
 static kvStore *leases;
@@ -363,13 +368,33 @@ static uint64_t info_u64(const th_daemon_t *d, const char *key)
 
 /* ---- 1. routing ------------------------------------------------------------------------- */
 
+/* HTTP `method path` with the API token on member i's metrics port: the response's status
+ * (0: none), and whether its body holds `holds`. */
+static int api_status(int i, const char *method, const char *path, const char *holds)
+{
+    char *resp = th_http_get(th_metrics_port(&member[i]), method, path,
+                             "Authorization: Bearer " API_TOKEN "\r\n");
+    int status = 0;
+    if (resp && sscanf(resp, "HTTP/%*s %d", &status) == 1 && holds && !strstr(resp, holds))
+        status = -status;
+    free(resp);
+    return status;
+}
+
 static void test_owner_and_not_owner(void **state)
 {
     (void)state;
     fresh_fleet();
-    start(0, "200", NULL);
+    /* The HTTP API's writes on (an API token file, mode 0600). */
+    char tokens[128], token_file[192];
+    assert_int_equal(th_tmpdir(tokens, sizeof tokens, "tally-route-token"), 0);
+    assert_int_equal(th_write_file(tokens, "token", API_TOKEN "\n", strlen(API_TOKEN) + 1), 0);
+    snprintf(token_file, sizeof token_file, "%s/token", tokens);
+    assert_int_equal(chmod(token_file, 0600), 0);
+    const char *api[] = {"--metrics-api-token-file", token_file, NULL};
+    start_with(0, "200", NULL, api);
     wait_held(ids[0], PARTITIONS);
-    start(1, "200", NULL);
+    start_with(1, "200", NULL, api);
     wait_held(ids[0], PARTITIONS / 2);
     wait_held(ids[1], PARTITIONS / 2);
     /* Member a's endpoints, as published. */
@@ -449,6 +474,16 @@ static void test_owner_and_not_owner(void **state)
     recv_ok(c, STREAMS);
     check_model(c);
     tally_client_destroy(&c);
+    /* HTTP on a, for a stream of b's: a read is asked of the fleet (b's record); a write is
+     * answered 421 `not_owner` (PROTOCOL.md §12, §13). */
+    char path[64], body[64];
+    snprintf(path, sizeof path, "/api/v1/streams/route%%2F%d", sb);
+    snprintf(body, sizeof body, "\"stream\":\"route/%d\"", sb);
+    assert_int_equal(api_status(0, "GET", path, body), 200);
+    assert_int_equal(api_status(0, "DELETE", path, "\"error\":\"not_owner\""), 421);
+    strcat(path, "/reset");
+    assert_int_equal(api_status(0, "POST", path, "\"error\":\"not_owner\""), 421);
+    th_rmrf(tokens);
     /* The CLI's --fleet: a query of a stream of b's, from its owner. */
     char dir[128];
     assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-route"), 0);
@@ -458,7 +493,7 @@ static void test_owner_and_not_owner(void **state)
     assert_non_null(strstr(q.out, "\"last_seq\":1,"));
     th_cli_free(&q);
     th_rmrf(dir);
-    assert_int_equal(th_metric(&member[0], "tallyd_nats_not_owner_total"), tries + 1);
+    assert_int_equal(th_metric(&member[0], "tallyd_nats_not_owner_total"), tries + 3); /* HTTP */
     stop_clean();
 }
 
@@ -612,6 +647,39 @@ static void test_kill_owner_resends_once(void **state)
     wait_held(ids[0], PARTITIONS);
     check_model(c); /* each resent numbered request applied once; the unnumbered one not */
     tally_client_destroy(&c);
+    stop_clean();
+}
+
+/* An owner stopped (SIGSTOP) past its lease with direct writes since its checkpoint, its
+ * partitions taken by another member meanwhile: woken, it drops them, and its
+ * nats_direct_uncommitted (what its host would lose now) goes with them: those writes are lost
+ * already (durability `local`, checkpoints an hour apart). */
+static void test_stopped_owner_forgets_uncommitted(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    start(0, "3600000", NULL);
+    wait_held(ids[0], PARTITIONS);
+    tally_client_t *c = fleet_client();
+    for (int s = 0; s < STREAMS; s++)
+        send_hist(c, s, 0, true);
+    recv_ok(c, STREAMS);
+    tally_client_destroy(&c);
+    assert_int_equal(info_u64(&member[0], "nats_direct_uncommitted"), STREAMS);
+    assert_int_equal(kill(member[0].pid, SIGSTOP), 0);
+    start(1, "3600000", NULL);
+    wait_held(ids[1], PARTITIONS); /* after a's leases ran out (3 s) */
+    assert_int_equal(kill(member[0].pid, SIGCONT), 0);
+    /* Each of a's partitions is dropped (a may take half of them back afterwards, as the plan
+     * of two members says: with no write since, its count stays 0). */
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    while (th_metric(&member[0], "tallyd_nats_leases_lost_total") < PARTITIONS &&
+           th_now_ms() < until)
+        th_sleep_ms(50);
+    assert_true(th_metric(&member[0], "tallyd_nats_leases_lost_total") >= PARTITIONS);
+    while (info_u64(&member[0], "nats_direct_uncommitted") != 0 && th_now_ms() < until)
+        th_sleep_ms(50);
+    assert_int_equal(info_u64(&member[0], "nats_direct_uncommitted"), 0);
     stop_clean();
 }
 
@@ -1369,6 +1437,7 @@ int main(void)
         cmocka_unit_test_teardown(test_owner_and_not_owner, stop_members),
         cmocka_unit_test_teardown(test_handover_follows_not_owner, stop_members),
         cmocka_unit_test_teardown(test_kill_owner_resends_once, stop_members),
+        cmocka_unit_test_teardown(test_stopped_owner_forgets_uncommitted, stop_members),
         cmocka_unit_test_teardown(test_owner_gone_reroutes, stop_members),
         cmocka_unit_test_teardown(test_shm_refusals, stop_members),
         cmocka_unit_test_teardown(test_shm_through_fleet, stop_members),

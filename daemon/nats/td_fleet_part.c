@@ -156,6 +156,7 @@ static void forget_work(td_fleet_t *f, td_part_t *p)
     TD_FLEET_SET(f, owned[p->k], false);
     td_changelog_closed(f, p->k);   /* replicated: what waits for a PubAck is not_durable */
     td_fleet_route_closed(f, p->k); /* direct mode: no more requests here */
+    td_fleet_route_forget(f, p->k); /* its direct writes: checkpointed, or lost with it */
 }
 
 void td_part_free(td_fleet_t *f, td_part_t *p)

@@ -270,3 +270,9 @@ void td_fleet_route_committed(td_fleet_t *f, uint32_t k, uint64_t count)
     atomic_fetch_sub(&f->route->uncommitted[k], count);
     atomic_fetch_sub_explicit(&f->st->direct_uncommitted, count, memory_order_relaxed);
 }
+
+void td_fleet_route_forget(td_fleet_t *f, uint32_t k)
+{
+    if (f->route)
+        td_fleet_route_committed(f, k, atomic_load(&f->route->uncommitted[k]));
+}

@@ -54,5 +54,9 @@ void td_fleet_route_closed(struct td_fleet *f, uint32_t k);
  * snapshot and handed back to td_fleet_route_committed once it is written. */
 uint64_t td_fleet_route_uncommitted(struct td_fleet *f, uint32_t k);
 void td_fleet_route_committed(struct td_fleet *f, uint32_t k, uint64_t count);
+/* Partition k is no longer this member's (after td_fleet_route_closed): its count goes, the
+ * writes in it checkpointed or lost with the local copy, so that nats_direct_uncommitted is
+ * what this member's host would lose now. */
+void td_fleet_route_forget(struct td_fleet *f, uint32_t k);
 
 #endif

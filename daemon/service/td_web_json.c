@@ -49,7 +49,15 @@ unsigned td_web_http_status(tally_status_t st)
     case TALLY_E_STREAM_NAME:
     case TALLY_E_PARAM:
         return MHD_HTTP_BAD_REQUEST;
+    case TALLY_E_NOT_PERMITTED: /* a fleet worker's stream changed outside its partitions */
+        return MHD_HTTP_FORBIDDEN;
+    case TALLY_E_NOT_OWNER: /* direct mode: the stream's partition is another member's */
+        return MHD_HTTP_MISDIRECTED_REQUEST;
+    case TALLY_E_RATE:
+        return MHD_HTTP_TOO_MANY_REQUESTS;
     case TALLY_E_SHUTDOWN:
+    case TALLY_E_BUSY:
+    case TALLY_E_NOT_DURABLE: /* may or may not be stored: the next owner's state says */
         return MHD_HTTP_SERVICE_UNAVAILABLE;
     default:
         return MHD_HTTP_INTERNAL_SERVER_ERROR;
