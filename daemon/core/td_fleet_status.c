@@ -104,7 +104,8 @@ size_t td_fleet_status_render(const td_fleet_status_t *st, char *out, size_t cap
     counter(&t, "tallyd_nats_partitions_taken_total", "Partitions taken over under a lease.",
             LOAD(st->partitions_taken));
     counter(&t, "tallyd_nats_leases_lost_total",
-            "Partitions lost without giving them up (lease expired or fenced).",
+            "Partitions dropped without a checkpoint (lease lost or fenced, consumer or "
+            "changelog failed, order broken, a reply lost).",
             LOAD(st->leases_lost));
     counter(&t, "tallyd_nats_resent_total",
             "Fleet requests sent to the request path again after it had no room (busy).",
@@ -120,8 +121,8 @@ size_t td_fleet_status_render(const td_fleet_status_t *st, char *out, size_t cap
         "\ntallyd_nats_refused_total{reason=\"id\"} %" PRIu64 "\n",
         LOAD(st->refused_reply), LOAD(st->refused_id));
     put(&t,
-        "# HELP tallyd_nats_direct_uncommitted Direct writes applied since their partition's last "
-        "checkpoint (lost with this host under durability local).\n"
+        "# HELP tallyd_nats_direct_uncommitted Direct writes answered since their partition's "
+        "last checkpoint (under local, what losing this host loses).\n"
         "# TYPE tallyd_nats_direct_uncommitted gauge\ntallyd_nats_direct_uncommitted %" PRIu64 "\n",
         LOAD(st->direct_uncommitted));
     counter(&t, "tallyd_nats_not_owner_total",

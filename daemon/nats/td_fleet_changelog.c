@@ -160,7 +160,7 @@ static void fail_locked(td_changelog_t *cl, uint32_t k, const char *why)
     if (!p->fail_from || from < p->fail_from)
         p->fail_from = from;
     if (p->state == CL_OPEN)
-        td_warn("fleet: partition %u's changelog: %s; the partition is given up, its writes not "
+        td_warn("fleet: partition %u's changelog: %s; the partition is dropped, its writes not "
                 "stored are answered not_durable",
                 (unsigned)k, why);
     if (p->state == CL_OPEN)
@@ -466,7 +466,7 @@ tally_status_t td_changelog_settled(td_fleet_t *f, uint32_t k, uint64_t ticket, 
     TD_FLEET_COUNT(f, not_durable);
     snprintf(msg, cap,
              "partition %u: the changelog record of this write was not stored (it may or may not "
-             "survive this member); the partition is given up: send it again with its seq",
+             "survive this member); the partition is dropped: send it again with its seq",
              (unsigned)k);
     return TALLY_E_NOT_DURABLE;
 }
