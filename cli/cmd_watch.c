@@ -246,13 +246,19 @@ static void stream_problem(watch_stream_t *s, tally_status_t status, const char 
         snprintf(s->problem, sizeof s->problem, "%s: %.100s", tally_status_name(status), error);
 }
 
+/* Whether the streams are a fleet's (--nats, or --fleet: direct mode), not one tallyd's. */
+static bool fleet(const cli_t *cli)
+{
+    return cli->nats || cli->fleet;
+}
+
 /* Why tallyd did not answer, in words: what a connection attempt says (refused, no socket
  * file), else the library's status. */
 static void down_reason(const watch_t *w, tally_status_t status, const char *error, char *buf,
                         size_t cap)
 {
     int err = 0;
-    if ((status == TALLY_E_TIMEOUT || status == TALLY_E_TRANSPORT) && !w->cli->nats)
+    if ((status == TALLY_E_TIMEOUT || status == TALLY_E_TRANSPORT) && !fleet(w->cli))
         err = tally_endpoint_probe(w->cli->endpoint,
                                    w->cli->timeout_ms < 1000 ? w->cli->timeout_ms : 1000);
     if (err && err != ETIMEDOUT)
@@ -309,7 +315,7 @@ static void poll_round(watch_t *w)
         timeout = timeout < 250 ? 250 : timeout > w->cli->timeout_ms ? w->cli->timeout_ms : timeout;
         if (w->once)
             timeout = w->cli->timeout_ms;
-        if (w->cli->nats) { /* a fleet: the queries go to each stream's owner over NATS */
+        if (fleet(w->cli)) { /* the queries go to each stream's owner (NATS, or direct) */
             if (cli_nats_client(w->cli, timeout, &w->client) != 0)
                 mark_down(w, TALLY_E_TRANSPORT, "cannot reach NATS");
             if (!w->client)
@@ -611,7 +617,8 @@ static void draw(watch_t *w, bool resized)
     clock_text(wall_s(), now, sizeof now);
     char where[256];
     line(w, "tally watch  %s%s%s  every %gs  %s  %s%s",
-         w->cli->nats ? tally_fleet_redact(w->cli->nats, where, sizeof where) : w->cli->endpoint,
+         fleet(w->cli) ? tally_fleet_redact(cli_nats_opts(w->cli, 0).servers, where, sizeof where)
+                       : w->cli->endpoint,
          w->sub_endpoint || w->nsub ? "  sub " : "",
          w->sub_endpoint ? w->sub_endpoint
          : w->nsub       ? TALLY_NATS_SUBJ_WATCH "<k>"
@@ -903,9 +910,9 @@ static int run_watch(cli_t *cli, const cli_command_t *cmd, int argc, char **argv
         }
     }
     /* Checked once: later, an endpoint where nothing listens is only "unreachable" for now. */
-    if (cli->nats && w.sub_endpoint) {
-        rc = cli_usage_error("watch", "--sub takes tallyd's PUB socket; with --nats watch "
-                                      "subscribes to the fleet's publications itself");
+    if (fleet(cli) && w.sub_endpoint) {
+        rc = cli_usage_error("watch", "--sub takes tallyd's PUB socket; with --nats or --fleet "
+                                      "watch subscribes to the fleet's publications itself");
         goto done;
     }
     if ((rc = endpoint_arg("-e", cli->endpoint)) != 0 ||
@@ -935,7 +942,7 @@ static int run_watch(cli_t *cli, const cli_command_t *cmd, int argc, char **argv
     }
     if (w.sub_endpoint && (rc = subscribe(&w)) != 0)
         goto done;
-    if (cli->nats)
+    if (fleet(cli))
         nats_subscribe(&w);
     terminal_take();
     watch_loop(&w);

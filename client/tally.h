@@ -648,7 +648,10 @@ TALLY_API tally_status_t tally_curve_keys_load(const char *server_key, const cha
  * server keys (curve= in TALLY_ENDPOINTS, PROTOCOL.md §13): the client's key pair is loaded
  * whenever one is given (client_key, $TALLY_CLIENT_KEY, client_key in tally.conf), with or
  * without a server key; a server key given is kept in server_public (every member must then
- * publish that one). No client key anywhere: all three "" (plain connections) and TALLY_OK. */
+ * publish that one). No client key anywhere: all three "" (plain connections) and TALLY_OK when
+ * no server key is given either; a server key without a client key is TALLY_E_ARG (a pinned
+ * key needs the pair to be used), as are a malformed key and a readable secret key file (msg
+ * says which; TALLY_E_IO for a file that cannot be read). */
 TALLY_API tally_status_t tally_curve_client_keys_load(const char *server_key,
                                                       const char *client_key,
                                                       tally_curve_keys_t *keys, char *msg,
@@ -837,7 +840,8 @@ TALLY_API tally_status_t tally_client_new_fleet(const tally_nats_opts_t *opts, t
  * publishes (curve= in TALLY_ENDPOINTS), which must equal keys->server_public when that is not
  * "". Nothing goes in plain text: a member that publishes no key is not sent to, nor, without a
  * client key pair (keys NULL or client_secret ""), is one that publishes a key; a request for
- * its partitions fails TALLY_E_ARG, tally_client_error naming the member and why. A member that
+ * its partitions fails TALLY_E_ARG, tally_client_error naming the member and why. keys with a
+ * server_public but no client_secret is TALLY_E_ARG here (a pin without a pair). A member that
  * does not allow the client's key never answers (TALLY_E_TIMEOUT), as one tallyd. */
 TALLY_API tally_status_t tally_client_new_fleet_curve(const tally_nats_opts_t *opts,
                                                       const tally_curve_keys_t *keys,

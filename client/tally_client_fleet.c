@@ -665,7 +665,15 @@ static const bool reads_only[TALLY_OP_COUNT] = {[TALLY_OP_QUERY] = true,
                                                 [TALLY_OP_PING] = true,
                                                 [TALLY_OP_INFO] = true,
                                                 [TALLY_OP_STATS] = true,
-                                                [TALLY_OP_STREAMS] = true};
+                                                [TALLY_OP_STREAMS] = true,
+                                                [TALLY_OP_MINMAX] = true};
+
+/* Whether req changes no state: a reading operation, or a batch without a stream (a filter, a
+ * scan or a hist of the batch alone; PROTOCOL.md §13, "an unnumbered write"). */
+static bool changes_nothing(const tally_req_t *req)
+{
+    return reads_only[req->opcode] || req->stream_len == 0;
+}
 
 /* Requests whose owner may have changed: sent to the new one (or failed, when they may have
  * been applied and carry no seq), oldest first: a stream's numbered requests reach the new owner
@@ -689,7 +697,7 @@ static bool check_owners(fleetc_t *self, tally_reply_t *reply, tally_status_t *s
         bool moved = m != p->m, late = now - p->sent_us >= TALLY_FLEET_SUSPECT_MS * 1000;
         if (m < 0 || (!moved && (!p->waiting || !late)))
             continue; /* no owner yet, or the same one: slow, not gone (a waiting one: later) */
-        if (!p->waiting && !p->req.seq && !reads_only[p->req.opcode]) { /* sent: a known op */
+        if (!p->waiting && !p->req.seq && !changes_nothing(&p->req)) { /* sent: a known op */
             reply->rep.request_id = p->id;
             reply->rep.opcode = p->req.opcode;
             set_msg(reply->error,
@@ -882,6 +890,12 @@ tally_status_t tally_client_new_fleet_curve(const tally_nats_opts_t *opts,
     if (!out || !opts)
         return TALLY_E_ARG;
     *out = NULL;
+    if (keys && keys->server_public[0] && !keys->client_secret[0]) { /* as the loader says */
+        if (msg && msg_cap)
+            snprintf(msg, msg_cap, "a server key is set but no client key: a fleet member's "
+                                   "key is used with the client's key pair");
+        return TALLY_E_ARG;
+    }
     fleetc_t *self = calloc(1, sizeof *self);
     if (!self)
         return TALLY_E_NOMEM;

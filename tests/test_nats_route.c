@@ -18,7 +18,8 @@
  *      stopped (SIGSTOP) with numbered requests sent to it and unanswered, then killed; the
  *      fleet client sends them again to the new owner once it has taken over, which applies each
  *      exactly once (the model, last_seq); an unnumbered write sent with them is answered
- *      `transport` (it may or may not have been applied) and was not; an owner stopped past
+ *      `transport` (it may or may not have been applied) and was not, while requests that
+ *      change nothing (no stream) are sent again; an owner stopped past
  *      its lease with direct writes since its checkpoint drops its partitions when woken, and
  *      its nats_direct_uncommitted with them;
  *   3b. an owner killed (SIGKILL) before the next send to it: the fleet client waits a probe
@@ -492,6 +493,14 @@ static void test_owner_and_not_owner(void **state)
     assert_int_equal(q.status, 0);
     assert_non_null(strstr(q.out, "\"last_seq\":1,"));
     th_cli_free(&q);
+    /* `watch` through --fleet: the stream's record from its owner, not from -e (a). */
+    th_cli_t wq = th_cli(dir, member[0].endpoint, "--fleet %s watch --once route/%d",
+                         tn_suite.urls, sb);
+    char line[64];
+    snprintf(line, sizeof line, "route/%d  u8  count ", sb);
+    assert_int_equal(wq.status, 0);
+    assert_non_null(strstr(wq.out, line));
+    th_cli_free(&wq);
     th_rmrf(dir);
     assert_int_equal(th_metric(&member[0], "tallyd_nats_not_owner_total"), tries + 3); /* HTTP */
     stop_clean();
@@ -646,6 +655,30 @@ static void test_kill_owner_resends_once(void **state)
     assert_int_equal(transport, 1);
     wait_held(ids[0], PARTITIONS);
     check_model(c); /* each resent numbered request applied once; the unnumbered one not */
+    tally_client_destroy(&c);
+    stop_clean();
+}
+
+/* Requests without a stream go to partition 0's owner, a (these members' ids). Unnumbered and
+ * changing nothing (a hist of the batch alone, a minmax), they are sent again to b once a is
+ * gone, not answered `transport` as an unnumbered write is. */
+static void test_kill_owner_resends_what_changes_nothing(void **state)
+{
+    (void)state;
+    tally_client_t *c = two_owners_written(1);
+    char p0[80];
+    holder(0, p0, sizeof p0);
+    assert_string_equal(p0, ids[0]);
+    assert_int_equal(kill(member[0].pid, SIGSTOP), 0);
+    uint8_t alone[64] = {1, 2, 3};
+    tally_req_t hist = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    tally_req_t minmax = th_req(TALLY_OP_MINMAX, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_send(c, &hist, alone, sizeof alone, NULL), TALLY_OK);
+    assert_int_equal(tally_send(c, &minmax, alone, sizeof alone, NULL), TALLY_OK);
+    kill(member[0].pid, SIGKILL);
+    th_daemon_wait(&member[0], 5000);
+    member[0].pid = 0;
+    recv_ok(c, 2);
     tally_client_destroy(&c);
     stop_clean();
 }
@@ -1416,6 +1449,11 @@ static void test_curve_through_fleet(void **state)
     assert_int_equal(tally_client_new_fleet_curve(&o, &keys, &c, msg, sizeof msg), TALLY_OK);
     refused_keys(c, 0, "plain", "sends nothing in plain text");
     tally_client_destroy(&c);
+    memset(&none, 0, sizeof none); /* a pinned server key without a pair: refused */
+    memcpy(none.server_public, pinned.server_public, sizeof none.server_public);
+    assert_int_equal(tally_client_new_fleet_curve(&o, &none, &c, msg, sizeof msg), TALLY_E_ARG);
+    assert_null(c);
+    assert_non_null(strstr(msg, "a server key is set but no client key"));
     memset(&none, 0, sizeof none); /* no pair: a plain client, which that member takes */
     assert_int_equal(tally_client_new_fleet_curve(&o, &none, &c, msg, sizeof msg), TALLY_OK);
     send_hist(c, 0, 0, false);
@@ -1438,6 +1476,7 @@ int main(void)
         cmocka_unit_test_teardown(test_handover_follows_not_owner, stop_members),
         cmocka_unit_test_teardown(test_kill_owner_resends_once, stop_members),
         cmocka_unit_test_teardown(test_stopped_owner_forgets_uncommitted, stop_members),
+        cmocka_unit_test_teardown(test_kill_owner_resends_what_changes_nothing, stop_members),
         cmocka_unit_test_teardown(test_owner_gone_reroutes, stop_members),
         cmocka_unit_test_teardown(test_shm_refusals, stop_members),
         cmocka_unit_test_teardown(test_shm_through_fleet, stop_members),

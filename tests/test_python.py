@@ -781,8 +781,9 @@ def test_fleet_client(tmp_path: Path) -> None:
     """Client.fleet against two tallyd members in direct mode on a real 3-server NATS cluster
     (tests/nats_cluster.py), each with CURVE on and a server key of its own (published as
     curve=): with the client's key pair every stream's hist reaches its owner and each query
-    equals NumPy's counts, `streams` lists them all once; without keys the binding raises the
-    library's refusal naming a member; a fleet URL missing is said."""
+    equals NumPy's counts, `streams` lists them all once, subscribe() is refused (the members
+    publish on NATS); without keys the binding raises the library's refusal naming a member; a
+    fleet URL missing is said."""
     sys.path.insert(0, str(Path(__file__).parent))
     import nats_cluster  # tests/: the cluster the fleet's Python tests share
 
@@ -819,6 +820,8 @@ def test_fleet_client(tmp_path: Path) -> None:
                 want = np.bincount(data[s], minlength=256)
                 np.testing.assert_array_equal(fleet.query(s)["bins"], want)
             assert sorted(n for n in fleet.streams() if n.startswith("py-fleet/")) == streams
+            with pytest.raises(tally.Error, match="a fleet client has no PUB socket"):
+                fleet.subscribe()
         with tally.Client.fleet(cluster.urls, 10000) as plain:
             assert not plain.curve
             with pytest.raises(tally.Error, match="takes CURVE connections only") as refused:

@@ -463,6 +463,7 @@ class Client(_Handle):
         self = cls.__new__(cls)
         self._c = ctypes.c_void_p()
         self._key_args = (server_key, client_key)
+        self._fleet = True
 
         def text(v: Optional[str]) -> Optional[bytes]:
             return v.encode() if v else None
@@ -568,7 +569,12 @@ class Client(_Handle):
     def subscribe(self, *prefixes: str) -> Subscriber:
         """A Subscriber on the PUB endpoint tallyd reports in info (tallyd --pub), subscribed to
         prefixes ("" for every stream; none given: every stream), with this client's CURVE
-        keys (tallyd's PUB socket admits the clients its request endpoint admits)."""
+        keys (tallyd's PUB socket admits the clients its request endpoint admits). A fleet
+        client (Client.fleet) has none to subscribe to: its members publish on NATS (`tally
+        --fleet URL watch`)."""
+        if getattr(self, "_fleet", False):
+            raise Error(E_ARG, "a fleet client has no PUB socket to subscribe to: the members "
+                        "publish on NATS (tally.watch.<k>; `tally --fleet URL watch`)")
         endpoint = self.info().get("pub", "")
         if not endpoint:
             raise Error(E_ARG, "tallyd publishes nothing: start it with --pub ENDPOINT")
