@@ -4,9 +4,9 @@
  *
  * One loop, one thread. Every interval it queries every stream (the queries pipelined, so a
  * round costs one round trip and a daemon that is down costs one timeout, not one per stream),
- * or with --sub takes the records tallyd publishes on its PUB socket (with --nats: those the
- * fleet's workers publish on tally.watch.<k>, unless they publish nothing), and redraws the
- * screen:
+ * or with --sub takes the records tallyd publishes on its PUB socket (with --nats or --fleet:
+ * those the fleet's workers publish on tally.watch.<k>, unless they publish nothing), and
+ * redraws the screen:
  * per stream (per channel for rgb8/rgba8) a header line (count, rate, mean, quantiles), the 256
  * bins folded to the terminal's width as bars, and an axis line. Between rounds it sleeps in
  * poll() on the keyboard, a self-pipe written by the signal handlers (SIGWINCH redraws at the
@@ -970,9 +970,10 @@ CLI_COMMAND(watch, .usage = "watch [OPTIONS] STREAM...",
                 "tallyd does not answer, the status line says so and watch keeps retrying; it\n"
                 "says when it has reconnected. With --sub the histograms come from tallyd's\n"
                 "publications (PROTOCOL.md §11): a frame as soon as they arrive, a ping each\n"
-                "interval to tell whether tallyd is there; with --nats from the fleet's\n"
-                "publications on tally.watch.<k> (PROTOCOL.md §13), queried each interval where\n"
-                "its workers publish nothing. Streams that do not fit the screen are\n"
+                "interval to tell whether tallyd is there; with --nats or --fleet from the\n"
+                "fleet's publications on tally.watch.<k> (PROTOCOL.md §13), queried each interval\n"
+                "from each stream's owner where they cannot be had. Streams that do not fit the\n"
+                "screen are "
                 "named on a last line, \"+N more\". Quit with q or Ctrl-C (exit status 0).\n"
                 "\n"
                 "--once prints one frame and exits: 0, or 1 when tallyd refused a stream (an\n"

@@ -966,8 +966,11 @@ static void test_cli_refusals_word_for_word(void **state)
     expect_said(cli("watch 'a b'"),
                 "tally: watch: invalid stream name 'a b' (see 'tally watch --help')\n");
     expect_said(cli("watch --sub tcp://127.0.0.1:1 --nats nats://127.0.0.1:1 s"),
-                "tally: watch: --sub takes tallyd's PUB socket; with --nats watch subscribes to "
-                "the fleet's publications itself (see 'tally watch --help')\n");
+                "tally: watch: --sub takes tallyd's PUB socket; with --nats or --fleet watch "
+                "subscribes to the fleet's publications itself (see 'tally watch --help')\n");
+    expect_said(cli("watch --sub tcp://127.0.0.1:1 --fleet nats://127.0.0.1:1 s"),
+                "tally: watch: --sub takes tallyd's PUB socket; with --nats or --fleet watch "
+                "subscribes to the fleet's publications itself (see 'tally watch --help')\n");
     expect_said(cli_at("udp://127.0.0.1:1", "watch s"),
                 "tally: watch: invalid endpoint 'udp://127.0.0.1:1' for -e: unsupported "
                 "transport (use tcp://HOST:PORT or ipc://PATH) (see 'tally watch --help')\n");
