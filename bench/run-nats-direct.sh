@@ -29,6 +29,8 @@
 # and --workers sized to its slot (TALLYD_ARGS adds more), --max-inflight 4096 (a replicated
 # member's held replies keep their slots until the group commit is stored).
 # Prints the tables (markdown) and writes them with every raw row to OUT_DIR/direct.md.
+# THREADS=1: member 0's threads' shares of a core over 1 s of each N = 1 SMALL_SIZE run
+# (bench/thread-cpu.sh), in OUT_DIR/threads-TAG.txt and direct.md.
 # SAT_SMALL / SAT_BIG ("4x64 8x64"): first, one standalone at each of these P x W (what it
 # needs to saturate). Small counts for a 2-core box: SECONDS_PER_RUN=1 NMAX=2 PW_SMALL=2x16 PW_BIG=2x4.
 set -euo pipefail
@@ -244,6 +246,9 @@ for ((n = 1; n <= nmax; n++)); do
       procs=$n
       if [ "$what" = lat ]; then procs=1; fi
       if [ "$mode" = replicated ]; then stored "$tag-before"; fi
+      if [ "${THREADS:-0}" = 1 ] && ((n == 1)) && [ "$size" = "$small" ] && [ -z "$what" ]; then
+        (sleep 0.7 && "$here/thread-cpu.sh" "${tdpid[0]}" 1 >"$out/threads-$tag.txt" 2>&1) &
+      fi
       load "$tag" "$procs" "$size" "$pw" "$k" fleet
       if [ "$mode" = replicated ]; then stored "$tag-after"; fi
     done
@@ -381,4 +386,7 @@ if errs:
     print(f"\nerrors: {errs}")
 PY
 cat "$out/layout.txt" "$out/members.txt" "$out/per-partition.txt" 2>/dev/null >>"$out/direct.md"
+for f in "$out"/threads-*.txt; do # THREADS=1: member 0's threads, N = 1, SMALL_SIZE
+  [ -e "$f" ] && { echo; echo "${f##*/} (share of a core, 1 s of the run):"; cat "$f"; } >>"$out/direct.md"
+done
 { echo; echo "raw rows:"; cat "$rows"; } >>"$out/direct.md"
