@@ -425,6 +425,7 @@ class Client(_Handle):
     """
 
     _handle_attr, _destroy = "_c", lib.tally_client_destroy
+    _fleet = False  # Client.fleet's: a fleet in direct mode (no PUB socket of its own)
 
     def __init__(self, endpoint: Optional[str] = None, timeout_ms: int = DEFAULT_TIMEOUT_MS,
                  server_key: Optional[str] = None, client_key: Optional[str] = None):
@@ -572,7 +573,7 @@ class Client(_Handle):
         keys (tallyd's PUB socket admits the clients its request endpoint admits). A fleet
         client (Client.fleet) has none to subscribe to: its members publish on NATS (`tally
         --fleet URL watch`)."""
-        if getattr(self, "_fleet", False):
+        if self._fleet:
             raise Error(E_ARG, "a fleet client has no PUB socket to subscribe to: the members "
                         "publish on NATS (tally.watch.<k>; `tally --fleet URL watch`)")
         endpoint = self.info().get("pub", "")
