@@ -30,7 +30,7 @@
 # member's held replies keep their slots until the group commit is stored).
 # Prints the tables (markdown) and writes them with every raw row to OUT_DIR/direct.md.
 # THREADS=1: member 0's threads' shares of a core over 1 s of each N = 1 SMALL_SIZE run
-# (bench/thread-cpu.sh), in OUT_DIR/threads-TAG.txt and direct.md.
+# (bench/thread-cpu.sh), in OUT_DIR/threads-TAG.txt and OUT_DIR/direct.md.
 # SAT_SMALL / SAT_BIG ("4x64 8x64"): first, one standalone at each of these P x W (what it
 # needs to saturate). Small counts for a 2-core box: SECONDS_PER_RUN=1 NMAX=2 PW_SMALL=2x16 PW_BIG=2x4.
 set -euo pipefail
