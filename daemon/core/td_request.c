@@ -258,14 +258,27 @@ bool td_request_prepare(td_request_t *self)
  * about applied state. Requests pipelined on the GPU are admitted before their predecessors are
  * applied, and a predecessor may still fail, so td_request_apply checks again. */
 
-static void seq_refuse(td_request_t *self, tally_status_t status, const char *why)
+static void seq_refuse_at(td_request_t *self, tally_status_t status, const char *why,
+                          uint64_t last_seq)
 {
-    const td_stream_t *stream = self->stream;
     td_request_fail(self, status,
                     "seq %" PRIu64 " on stream '%s' %s (the stream is at seq %" PRIu64
                     "): not applied",
-                    self->req.seq, stream->name, why, stream->info.last_seq);
-    self->rep.aux0 = stream->info.last_seq; /* the one error reply whose aux0 is not 0 */
+                    self->req.seq, self->req.stream, why, last_seq);
+    self->rep.aux0 = last_seq; /* the one error reply whose aux0 is not 0 */
+}
+
+static void seq_refuse(td_request_t *self, tally_status_t status, const char *why)
+{
+    seq_refuse_at(self, status, why, self->stream->info.last_seq);
+}
+
+bool td_request_seq_opens(td_request_t *self)
+{
+    if (self->req.seq <= 1)
+        return true;
+    seq_refuse_at(self, TALLY_E_SEQ_GAP, "skips seq 1", 0);
+    return false;
 }
 
 bool td_request_seq_waits(const td_request_t *self, bool stream_busy)

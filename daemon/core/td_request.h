@@ -205,6 +205,11 @@ bool td_request_prepare(td_request_t *self);
  * (stream_busy, td_sched.c knows) whose outcome decides whether it is a duplicate, a gap or
  * (after a failure) the next one. */
 bool td_request_seq_waits(const td_request_t *self, bool stream_busy);
+/* Loop thread, for a batch on a stream that does not exist: a seq past 1 can only be a gap (a
+ * new stream is at seq 0), refused here before the stream and its client's limits are taken, so
+ * that the refusal uses none of them even while other shards create streams (PROTOCOL.md §8).
+ * Returns false when the request failed. */
+bool td_request_seq_opens(td_request_t *self);
 /* Loop thread, for a request at the head of its stream's FIFO: the sequence rule (refuses a
  * duplicate or a gap, with the stream's last applied seq in aux0), then td_request_prepare;
  * the seq counts as admitted only when both pass. stream_busy: the stream has requests in

@@ -214,14 +214,16 @@ void td_shard_finished(td_shard_t *self, td_request_t *r)
 
 /* ---- Dispatch ----------------------------------------------------------------------------- */
 
-/* A filter, scan or hist names a stream that does not exist yet: its client's stream count and
- * creation rate, then the global max_streams. Each limit is taken as it is checked and given back
+/* A filter, scan or hist names a stream that does not exist yet: its seq (a gap needs none of
+ * the limits), its client's stream count and creation rate, then the global max_streams. Each limit is taken as it is checked and given back
  * when a later one refuses (the shards share them). Returns false when the request was failed. */
 static bool create_stream(td_shard_t *p, td_request_t *r, td_stream_t **out)
 {
     const tally_req_t *q = &r->req;
     td_peer_t *client = r->client;
     unsigned per_client = td_config_streams_per_client(p->env.cfg), held = 0;
+    if (!td_request_seq_opens(r))
+        return false;
     if (client && !td_peer_take_stream(client, per_client, &held)) {
         td_admit_count_limited(&p->admit, r, TD_LIMIT_STREAMS);
         td_request_fail(r, TALLY_E_CLIENT_STREAMS,
