@@ -7,7 +7,9 @@
 #      256 named streams (loadgen --streams 256: spread over the shards); tallyd on SHARDS
 #      (default: its default, the cores less the I/O threads and one) beside the echo server
 #      with the same ZeroMQ I/O threads (IO_THREADS, default 4, both sides);
-#   2. one producer, one in flight, 4 KiB: tallyd's p50 against the echo's;
+#   2. one producer, one in flight, 4 KiB: tallyd's p50 against the echo's, LAT_ROUNDS (default
+#      5) rounds of echo then tallyd, interleaved; the summary gives the median of the rounds'
+#      p50s (a single round moved by 10-20 us between calls: bench/NOTES.md) and their range;
 #   3. scaling: 64 B, 16 producers x 64, ipc, 256 streams, tallyd at 1, 2, 4, 8 and 16 shards
 #      (SCALE_SHARDS), with the requests per second each shard answered (loadgen's "per shard"
 #      line: an imbalance shows);
@@ -16,8 +18,8 @@
 #      when both are installed.
 # tallyd runs --backend auto (small batches on the CPU) with --max-inflight 4096, so that 16 x 64
 # requests in flight stay under every connection's fair share (at the default 64 they would be
-# answered `busy`). SECONDS_PER_RUN (default 1) sets each row's measured time. About 90 s on the
-# 16-core host at the defaults (36 + 13 runs of 1.3 s, Redis's 2 x 2 M commands).
+# answered `busy`). SECONDS_PER_RUN (default 1) sets each row's measured time. About 100 s on the
+# 16-core host at the defaults (36 + 21 runs of 1.3 s, Redis's 2 x 2 M commands).
 #
 # BASE_TALLYD=path (another build's tallyd, e.g. main's) runs beside this one in sections 1-3,
 # its rows labelled "base" and interleaved with this build's, so that both meet the same moment of
@@ -36,6 +38,7 @@ IO=${IO_THREADS:-4}
 IO_MORE=${IO_MORE:-8}
 SCALE=${SCALE_SHARDS:-1 2 4 8 16}
 REDIS_N=${REDIS_N:-2000000}
+LAT_ROUNDS=${LAT_ROUNDS:-5}
 
 BASE=${BASE_TALLYD:-}
 
@@ -124,13 +127,12 @@ lg() { # label endpoint op size producers window extra...
   echo "## 2. One producer, one in flight, 4 KiB, ipc (p50: tallyd - echo)"
   echo
   bench_table_header
-  lg "ipc echo" "ipc://$RUN/echo.ipc" echo 4096 1 1
-  lg "ipc tallyd" "ipc://$RUN/main.ipc" hist 4096 1 1
-  if [ -n "$BASE" ]; then
-    lg "ipc base" "ipc://$RUN/base.ipc" hist 4096 1 1
+  for ((round = 1; round <= LAT_ROUNDS; round++)); do
     lg "ipc echo" "ipc://$RUN/echo.ipc" echo 4096 1 1
-    lg "ipc base" "ipc://$RUN/base.ipc" hist 4096 1 1
     lg "ipc tallyd" "ipc://$RUN/main.ipc" hist 4096 1 1
+    [ -n "$BASE" ] && lg "ipc base" "ipc://$RUN/base.ipc" hist 4096 1 1
+  done
+  if [ -n "$BASE" ]; then
     kill "$BASE_PID" 2>/dev/null
     wait "$BASE_PID" 2>/dev/null
   fi
@@ -190,7 +192,13 @@ lg() { # label endpoint op size producers window extra...
 awk -v shards="${SHARDS:-default}" -v io="$IO" -v io_more="$IO_MORE" '
 function cell(i) { gsub(/^ +| +$/, "", F[i]); return F[i] }
 function ratio(a, b) { return (a > 0 && b > 0) ? sprintf("%.2f", a / b) : "-" }
-function low(a, b) { return (a == "" || b + 0 < a + 0) ? b : a }
+function median(L, n,    i, j, t) { # sorts L[1..n] in place (a few rounds: insertion sort)
+  if (n == 0) return ""
+  for (i = 2; i <= n; i++) for (j = i; j > 1 && L[j - 1] + 0 > L[j] + 0; j--) {
+    t = L[j]; L[j] = L[j - 1]; L[j - 1] = t }
+  return (n % 2) ? L[(n + 1) / 2] + 0 : (L[n / 2] + L[n / 2 + 1]) / 2
+}
+function spread(L, n) { return n ? sprintf("%s-%s", L[1], L[n]) : "-" } # after median()
 /^## / { sec = substr($2, 1, 1) + 0; next }
 /^\| / && !/^\| run \|/ && !/^\|---/ {
   split($0, F, "|"); label = cell(2); size = cell(4); pw = cell(5); rps = cell(6) + 0
@@ -203,9 +211,9 @@ function low(a, b) { return (a == "" || b + 0 < a + 0) ? b : a }
     else if (label ~ /streams$/) named[key] = rps
     else if (label ~ /base$/) { base[key] = rps; hb = 1 }
     else td[key] = rps
-  } else if (sec == 2) { # the lowest of each (rounds of the same run)
-    if (label ~ /echo/) p50e = low(p50e, p50); else if (label ~ /base/) p50b = low(p50b, p50)
-    else p50t = low(p50t, p50)
+  } else if (sec == 2) { # the p50 of every round, one list a kind
+    if (label ~ /echo/) le[++ne] = p50; else if (label ~ /base/) lb[++nb] = p50
+    else lt[++nt] = p50
   } else if (sec == 3) {
     if (label == "echo") scale_echo = rps
     else if (label ~ /base/) { n = label + 0; bsc[n] = rps; last = "b" n; bper = 1 }
@@ -241,9 +249,11 @@ END {
         ratio(named[k], echo[k]), ratio(base_named[k], echo[k]), ratio(named[k], base_named[k])
     }
   }
-  printf "\n4 KiB, one producer, one in flight, ipc: p50 tallyd %s us, echo %s us, difference %s us\n",
-    p50t, p50e, (p50t != "" && p50e != "") ? sprintf("%+.1f", p50t - p50e) : "-"
-  if (p50b != "") printf "base: p50 %s us, difference %+.1f us\n", p50b, p50b - p50e
+  p50t = median(lt, nt); p50e = median(le, ne); p50b = median(lb, nb)
+  printf "\n4 KiB, one producer, one in flight, ipc, the median of %d rounds: p50 tallyd %s us (rounds %s), echo %s us (%s), difference %s us\n",
+    nt, p50t, spread(lt, nt), p50e, spread(le, ne),
+    (p50t != "" && p50e != "") ? sprintf("%+.1f", p50t - p50e) : "-"
+  if (p50b != "") printf "base: p50 %s us (rounds %s), difference %+.1f us\n", p50b, spread(lb, nb), p50b - p50e
   printf "\n### Scaling: hist u8 64 B, 16 producers x 64, ipc, 256 streams (echo: %.0f req/s)\n\n", scale_echo
   print "| shards | req/s | / 1 shard | / linear | / echo | req/s per shard | busy s per shard | base req/s | base / echo | base busy s per shard |"
   print "|---|---|---|---|---|---|---|---|---|---|"
