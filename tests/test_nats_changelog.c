@@ -420,6 +420,18 @@ static tally_client_t *nats_client(void)
 
 /* ---- 1. answered after the PubAck; the record's format --------------------------------------- */
 
+/* The record that starts at p (len bytes left in its message), parsed into rec; its size. Every
+ * byte of a changelog message is a whole record. */
+static size_t parse_record(const uint8_t *p, size_t len, td_state_record_t *rec)
+{
+    size_t size = td_state_record_check(p, len);
+    assert_true(size > 0);
+    char why[160];
+    if (!td_state_record_parse(p, size, rec, why, sizeof why))
+        fail_msg("a changelog record: %s", why);
+    return size;
+}
+
 /* The latest changelog message of stream s's partition that holds a record of s holds one,
  * equal to the model, written by member a under its lease. It is the partition's last message,
  * or one of the few before it when the partition's other streams were written after s and their
@@ -439,11 +451,7 @@ static void check_last_record(int s)
         const uint8_t *p = (const uint8_t *)natsMsg_GetData(m);
         size_t len = (size_t)natsMsg_GetDataLength(m);
         for (size_t at = 0; at < len;) {
-            size_t size = td_state_record_check(p + at, len - at);
-            assert_true(size > 0); /* every byte of a message is a whole record */
-            char why[160];
-            if (!td_state_record_parse(p + at, size, &rec, why, sizeof why))
-                fail_msg("record at %zu of message %llu: %s", at, (unsigned long long)seq, why);
+            size_t size = parse_record(p + at, len - at, &rec);
             if (rec.name_len == strlen(name) && memcmp(rec.name, name, rec.name_len) == 0) {
                 assert_true(rec.kind == TD_STATE_RECORD_STREAM ||
                             rec.kind == TD_STATE_RECORD_CHANGED);
@@ -980,12 +988,8 @@ static int check_message_sizes(jsCtx *js, int *full)
 /* A changelog message of one write in flight: one record, parsed into rec; its length. */
 static size_t one_record(natsMsg *m, td_state_record_t *rec)
 {
-    const uint8_t *p = (const uint8_t *)natsMsg_GetData(m);
     size_t len = (size_t)natsMsg_GetDataLength(m);
-    char why[160];
-    assert_int_equal(td_state_record_check(p, len), len);
-    if (!td_state_record_parse(p, len, rec, why, sizeof why))
-        fail_msg("the record: %s", why);
+    assert_int_equal(parse_record((const uint8_t *)natsMsg_GetData(m), len, rec), len);
     return len;
 }
 
