@@ -836,7 +836,7 @@ TALLY_API tally_status_t tally_client_new_nats(const tally_nats_opts_t *opts, ta
  * (make a new client). A partition without an owner the buckets name (or whose lease or record
  * cannot be read) waits for one within the timeout, then fails TALLY_E_TIMEOUT with "partition K
  * has no owner in direct mode ... within N ms", followed by the last NATS failure when a read
- * failed (not found is no failure). TALLY_E_ARG (no fleet in direct mode on that NATS:
+ * failed (not found is no failure) or why the endpoint its owner publishes is not one. TALLY_E_ARG (no fleet in direct mode on that NATS:
  * TALLY_FLEET, TALLY_LEASES or TALLY_ENDPOINTS does not exist; a malformed option),
  * TALLY_E_TRANSPORT (NATS unreachable, or the buckets could not be looked up: a timeout, the
  * server's refusal of this user's permissions, named); msg (may be NULL) says why. */

@@ -154,8 +154,9 @@ typedef struct {
     /* Why the last owner_now or member_index refused a member (its keys, or one member past
      * TALLY_FLEET_MEMBERS_MAX; "": it did not): no wait mends that. */
     char refused[TALLY_ERROR_MESSAGE_MAX + 1];
-    /* The last failure to read a bucket other than a missing key ("": none since the last
-     * read that worked): what the "no owner" message adds. */
+    /* The last failure to read a bucket other than a missing key, or to make a client for the
+     * endpoint a member publishes ("": none since owner_now began): what the "no owner"
+     * message adds. */
     char lookup[TALLY_ERROR_MESSAGE_MAX + 1];
     char error[TALLY_ERROR_MESSAGE_MAX + 1];
 } fleetc_t;
@@ -205,8 +206,11 @@ static int member_index(fleetc_t *self, const char *member, const char *endpoint
     tally_status_t st = tally_client_open(endpoint, self->timeout_ms, &keys, &m->c, self->error,
                                           sizeof self->error);
     explicit_bzero(&keys, sizeof keys);
-    if (st != TALLY_OK)
+    if (st != TALLY_OK) { /* what the "no owner" message adds: the endpoint it publishes */
+        set_msg(self->lookup, "member %s's endpoint in %s: %s", member,
+                TALLY_NATS_BUCKET_ENDPOINTS, self->error);
         return -1;
+    }
     snprintf(m->member, sizeof m->member, "%s", member);
     snprintf(m->endpoint, sizeof m->endpoint, "%s", endpoint);
     snprintf(m->key, sizeof m->key, "%s", key);
@@ -265,7 +269,7 @@ static bool member_record(fleetc_t *self, const char *member, record_t *r)
 static int owner_now(fleetc_t *self, uint32_t k)
 {
     char key[16], member[TALLY_NATS_MEMBER_ID_MAX + 1];
-    self->refused[0] = '\0';
+    self->refused[0] = self->lookup[0] = '\0';
     tally_fleet_name(key, sizeof key, "p", k);
     kvEntry *e = NULL;
     natsStatus s = kvStore_Get(&e, self->leases, key);
@@ -273,7 +277,6 @@ static int owner_now(fleetc_t *self, uint32_t k)
         lookup_failed(self, s, TALLY_NATS_BUCKET_LEASES, key);
         return -1;
     }
-    self->lookup[0] = '\0';
     snprintf(member, sizeof member, "%.*s", kvEntry_ValueLen(e), kvEntry_ValueString(e));
     kvEntry_Destroy(e);
     record_t r;

@@ -884,6 +884,9 @@ static void test_no_owner(void **state)
     assert_string_equal(tally_client_error(c), "no request in flight");
     assert_int_equal(tally_ping(c, NULL), TALLY_E_TIMEOUT); /* no stream: partition 0's owner */
     assert_non_null(strstr(tally_client_error(c), "partition 0 has no owner in direct mode"));
+    assert_non_null(strstr(tally_client_error(c), /* and why: its owner's endpoint is not one */
+                           "; member ghost's endpoint in TALLY_ENDPOINTS: invalid endpoint "
+                           "'nowhere'"));
     int s1 = stream_in(1), s2 = stream_in(2);
     send_hist_status(c, s1, TALLY_E_TIMEOUT);
     assert_non_null(strstr(tally_client_error(c), "partition 1 has no owner"));
