@@ -323,6 +323,30 @@ static int parse_option(cli_t *cli, const cli_command_t *cmd, void *ctx, int opt
                        : cli_usage_error(cmd->name, "unknown option");
 }
 
+/* Which fleet, if any, the commands go to: --nats or --fleet from the command line (both is a
+ * usage error: they are two ways to a fleet), else $TALLY_FLEET, else $TALLY_NATS; a fleet wins
+ * over -e. Afterwards at most one of cli->nats and cli->fleet is set. */
+static int choose_fleet(cli_t *cli, const cli_command_t *cmd)
+{
+    if (cli->nats && cli->fleet)
+        return cli_usage_error(cmd->name, "--nats and --fleet are two ways to a fleet (through "
+                                          "JetStream, or direct mode): give one");
+    if (!cli->nats && !cli->fleet) {
+        cli->fleet = cli->env_fleet;
+        cli->nats = cli->fleet ? NULL : cli->env_nats;
+    }
+    return 0;
+}
+
+void cli_target(const cli_t *cli, char *out, size_t cap)
+{
+    const char *servers = cli->fleet ? cli->fleet : cli->nats;
+    if (servers)
+        tally_fleet_redact(servers, out, cap);
+    else
+        snprintf(out, cap, "%s", cli->endpoint);
+}
+
 int cli_parse(cli_t *cli, const cli_command_t *cmd, void *ctx, int argc, char **argv)
 {
     size_t total = count_options(cmd->groups), n = 0;
@@ -347,6 +371,8 @@ int cli_parse(cli_t *cli, const cli_command_t *cmd, void *ctx, int argc, char **
             rc = parse_option(cli, cmd, ctx, opt, argc, argv);
     }
     free(table);
+    if (rc == 0)
+        rc = choose_fleet(cli, cmd);
     if (rc == 0 && cmd->nargs == CLI_ARGS_ONE_OR_MORE)
         return argc > optind ? 0 : cli_usage_error(cmd->name, "expected at least one argument");
     if (rc == 0 && argc - optind != cmd->nargs) {

@@ -42,6 +42,9 @@ typedef struct {
     int timeout_ms;         /* -t */
     const char *server_key; /* --server-key: tallyd's CURVE public key or .pub file, or NULL */
     const char *client_key; /* --client-key: this client's key file, or NULL */
+    /* A fleet instead of -e, at most one of nats and fleet set once cli_parse has chosen
+     * (cli_parse: the command line's --nats or --fleet, never both, else $TALLY_FLEET, else
+     * $TALLY_NATS; cli_fleet_name says which servers). */
     const char *nats;       /* --nats, else $TALLY_NATS: a fleet's NATS servers instead of -e */
     const char *nats_creds; /* --nats-creds, else $TALLY_NATS_CREDS: a NATS .creds file */
     const char *nats_user;  /* --nats-user, else $TALLY_NATS_USER: the fleet's name for us */
@@ -49,6 +52,7 @@ typedef struct {
     const char *nats_tls_cert; /* --nats-tls-cert/-key, else $TALLY_NATS_TLS_CERT/_KEY */
     const char *nats_tls_key;
     const char *fleet; /* --fleet, else $TALLY_FLEET: a fleet in direct mode, by its NATS servers */
+    const char *env_nats, *env_fleet; /* $TALLY_NATS and $TALLY_FLEET, for cli_parse to choose */
 } cli_t;
 
 /* One option: getopt_long's fields plus what --help prints for it. */
@@ -162,6 +166,10 @@ int cli_common_option(cli_t *cli, const char *cmd, int id, const char *arg);
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* "tally: CMD: message (see 'tally CMD --help')"; returns EXIT_USAGE. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Where the commands go, as messages and resume records name it: -e's endpoint, or with --nats
+ * or --fleet their NATS servers with any password left out (tally_fleet_redact), into out. */
+void cli_target(const cli_t *cli, char *out, size_t cap);
 /* "tally: WHAT: status_name: detail" for a failed library call; returns the exit status. */
 int cli_report(tally_status_t status, const char *what, const char *detail);
 /* Flushes stdout: 0, or EXIT_USAGE after reporting a write error. */

@@ -168,7 +168,9 @@ static int chunk_size(const data_args_t *a, tally_client_t *client, bool fleet, 
 
 /* ---- Resume records ----------------------------------------------------------------------- */
 
-/* $XDG_STATE_HOME/tally/resume-<hash of endpoint and stream> (else ~/.local/state/...). */
+/* $XDG_STATE_HOME/tally/resume-<hash of target and stream> (else ~/.local/state/...): the
+ * target is -e's endpoint, or with --nats or --fleet the fleet's NATS servers as given, password
+ * left out (cli_target), so one record serves a stream of a fleet whichever way it is reached. */
 static bool resume_path(const cli_t *cli, const char *stream, char *path, size_t cap)
 {
     const char *state = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
@@ -179,8 +181,10 @@ static bool resume_path(const cli_t *cli, const char *stream, char *path, size_t
         snprintf(dir, sizeof dir, "%s/.local/state/tally", home);
     else
         return false;
+    char target[512];
+    cli_target(cli, target, sizeof target);
     uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (const char *s = cli->endpoint; *s; s++)
+    for (const char *s = target; *s; s++)
         h = (h ^ (uint8_t)*s) * 1099511628211ull;
     h = (h ^ '|') * 1099511628211ull;
     for (const char *s = stream; *s; s++)
@@ -209,8 +213,10 @@ static void resume_save(const cli_t *cli, const data_args_t *a, uint64_t seq_bas
     FILE *f = fopen(path, "w");
     if (!f)
         return; /* resuming then needs --seq-base, which the stop message prints */
+    char target[512];
+    cli_target(cli, target, sizeof target);
     fprintf(f, "seq_base %" PRIu64 "\nstream %s\nendpoint %s\n", seq_base, a->req.stream,
-            cli->endpoint);
+            target);
     fclose(f);
 }
 
@@ -230,11 +236,13 @@ static int resume_load(const cli_t *cli, data_args_t *a)
     bool ok = f && fscanf(f, "seq_base %llu", &base) == 1;
     if (f)
         fclose(f);
+    char target[512];
+    cli_target(cli, target, sizeof target);
     if (!ok)
         return cli_usage_error(a->cmd,
                                "--resume: no stopped push to stream '%s' at %s is recorded "
                                "here; give --seq-base N (the stop message printed N)",
-                               a->req.stream, cli->endpoint);
+                               a->req.stream, target);
     a->opts.seq = TALLY_RUN_SEQ_RESUME;
     a->opts.seq_base = base;
     return 0;

@@ -43,7 +43,9 @@ static void print_usage(FILE *f)
                "TALLY_SERVER_KEY and TALLY_CLIENT_KEY, the CURVE keys when --server-key and\n"
                "--client-key are not given; TALLY_NATS, TALLY_NATS_CREDS, TALLY_NATS_USER,\n"
                "TALLY_NATS_TLS_CA, TALLY_NATS_TLS_CERT and TALLY_NATS_TLS_KEY, the --nats\n"
-               "options of those names; TALLY_FLEET, --fleet.\n"
+               "options of those names; TALLY_FLEET, --fleet. --nats or --fleet on the\n"
+               "command line (not both) wins over both variables, TALLY_FLEET over TALLY_NATS,\n"
+               "and a fleet over -e.\n"
                "Exit status: 0 ok, 1 error reported by tallyd, 2 usage or input error,\n"
                "3 no reply (nothing listening, timeout or transport failure), 130 interrupted.\n");
 }
@@ -113,13 +115,13 @@ int main(int argc, char **argv)
     cli_t cli = {.endpoint = getenv("TALLY_ENDPOINT"), .timeout_ms = TALLY_DEFAULT_TIMEOUT_MS};
     if (!cli.endpoint || !*cli.endpoint)
         cli.endpoint = TALLY_DEFAULT_ENDPOINT;
-    cli.nats = env("TALLY_NATS");
+    cli.env_nats = env("TALLY_NATS"); /* cli_parse chooses between them and the options */
     cli.nats_creds = env("TALLY_NATS_CREDS");
     cli.nats_user = env("TALLY_NATS_USER");
     cli.nats_tls_ca = env("TALLY_NATS_TLS_CA");
     cli.nats_tls_cert = env("TALLY_NATS_TLS_CERT");
     cli.nats_tls_key = env("TALLY_NATS_TLS_KEY");
-    cli.fleet = env("TALLY_FLEET");
+    cli.env_fleet = env("TALLY_FLEET");
     int rc = top_level(&cli, argc, argv);
     if (rc)
         return rc == CLI_HELP_SHOWN ? 0 : rc;

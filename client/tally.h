@@ -830,9 +830,16 @@ TALLY_API tally_status_t tally_client_new_nats(const tally_nats_opts_t *opts, ta
  * without a stream go to partition 0's owner, except `streams`, gathered from every owner
  * (tally_streams_missing counts the partitions whose owner did not answer). Shared-memory
  * regions work with the members on this host (tally_send_shm); device regions are refused
- * (TALLY_E_ARG). TALLY_E_ARG (no fleet in
- * direct mode on that NATS, a malformed option), TALLY_E_TRANSPORT (NATS unreachable); msg (may
- * be NULL) says why. */
+ * (TALLY_E_ARG). A client connects to at most 64 members over its life (each member id,
+ * endpoint and key met counts once; none is given back): a request whose partition's owner would
+ * be one more fails TALLY_E_ARG at once, tally_client_error naming the member and the limit
+ * (make a new client). A partition without an owner the buckets name (or whose lease or record
+ * cannot be read) waits for one within the timeout, then fails TALLY_E_TIMEOUT with "partition K
+ * has no owner in direct mode ... within N ms", followed by the last NATS failure when a read
+ * failed (not found is no failure) or why the endpoint its owner publishes is not one. TALLY_E_ARG (no fleet in direct mode on that NATS:
+ * TALLY_FLEET, TALLY_LEASES or TALLY_ENDPOINTS does not exist; a malformed option),
+ * TALLY_E_TRANSPORT (NATS unreachable, or the buckets could not be looked up: a timeout, the
+ * server's refusal of this user's permissions, named); msg (may be NULL) says why. */
 TALLY_API tally_status_t tally_client_new_fleet(const tally_nats_opts_t *opts, tally_client_t **out,
                                                 char *msg, size_t msg_cap);
 /* tally_client_new_fleet over CURVE (PROTOCOL.md §12): keys from tally_curve_client_keys_load.
@@ -840,9 +847,14 @@ TALLY_API tally_status_t tally_client_new_fleet(const tally_nats_opts_t *opts, t
  * publishes (curve= in TALLY_ENDPOINTS), which must equal keys->server_public when that is not
  * "". Nothing goes in plain text: a member that publishes no key is not sent to, nor, without a
  * client key pair (keys NULL or client_secret ""), is one that publishes a key; a request for
- * its partitions fails TALLY_E_ARG, tally_client_error naming the member and why. keys with a
- * server_public but no client_secret is TALLY_E_ARG here (a pin without a pair). A member that
- * does not allow the client's key never answers (TALLY_E_TIMEOUT), as one tallyd. */
+ * its partitions fails TALLY_E_ARG, tally_client_error naming the member and why. The same
+ * holds when a partition's owner changes to such a member (a member restarted with another key,
+ * one that does not publish the pinned key): a request of that partition not yet answered, in
+ * flight to the old owner for 1 s or waiting for the next one, is answered TALLY_E_ARG within
+ * about 1 s with that message, and so is every later request of it until the buckets name an
+ * owner this client takes; it is not left to wait out the timeout. keys with a server_public but
+ * no client_secret is TALLY_E_ARG here (a pin without a pair). A member that does not allow the
+ * client's key never answers (TALLY_E_TIMEOUT), as one tallyd. */
 TALLY_API tally_status_t tally_client_new_fleet_curve(const tally_nats_opts_t *opts,
                                                       const tally_curve_keys_t *keys,
                                                       tally_client_t **out, char *msg,

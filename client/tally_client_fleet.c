@@ -151,8 +151,13 @@ typedef struct {
     registration_t *regs;
     char host[TALLY_FLEET_HOST_MAX]; /* this host's identity ("": unknown, no member is local) */
     tally_curve_keys_t keys;         /* the client's pair ("": plain) and a server key pinned */
-    /* Why the last member_index refused a member's keys ("": it did not): no wait mends that. */
+    /* Why the last owner_now or member_index refused a member (its keys, or one member past
+     * TALLY_FLEET_MEMBERS_MAX; "": it did not): no wait mends that. */
     char refused[TALLY_ERROR_MESSAGE_MAX + 1];
+    /* The last failure to read a bucket other than a missing key, or to make a client for the
+     * endpoint a member publishes ("": none since owner_now began): what the "no owner"
+     * message adds. */
+    char lookup[TALLY_ERROR_MESSAGE_MAX + 1];
     char error[TALLY_ERROR_MESSAGE_MAX + 1];
 } fleetc_t;
 
@@ -186,7 +191,14 @@ static int member_index(fleetc_t *self, const char *member, const char *endpoint
             strcmp(self->members[i].endpoint, endpoint) == 0 &&
             strcmp(self->members[i].key, key) == 0)
             return i;
-    if (self->count == TALLY_FLEET_MEMBERS_MAX || !keys_fit(self, member, endpoint, key))
+    if (self->count == TALLY_FLEET_MEMBERS_MAX) { /* slots are never given back: refused */
+        set_msg(self->refused,
+                "member %s (%s) is past the %d members a fleet client connects to (each member, "
+                "endpoint and key met since it was made counts): make a new client",
+                member, endpoint, TALLY_FLEET_MEMBERS_MAX);
+        return -1;
+    }
+    if (!keys_fit(self, member, endpoint, key))
         return -1;
     member_t *m = &self->members[self->count];
     tally_curve_keys_t keys = self->keys;
@@ -194,8 +206,11 @@ static int member_index(fleetc_t *self, const char *member, const char *endpoint
     tally_status_t st = tally_client_open(endpoint, self->timeout_ms, &keys, &m->c, self->error,
                                           sizeof self->error);
     explicit_bzero(&keys, sizeof keys);
-    if (st != TALLY_OK)
+    if (st != TALLY_OK) { /* what the "no owner" message adds: the endpoint it publishes */
+        set_msg(self->lookup, "member %s's endpoint in %s: %s", member,
+                TALLY_NATS_BUCKET_ENDPOINTS, self->error);
         return -1;
+    }
     snprintf(m->member, sizeof m->member, "%s", member);
     snprintf(m->endpoint, sizeof m->endpoint, "%s", endpoint);
     snprintf(m->key, sizeof m->key, "%s", key);
@@ -210,13 +225,35 @@ typedef struct {
     char shm[TALLY_NATS_ENDPOINT_MAX];
 } record_t;
 
+/* A read of bucket's key that failed with s: kept in self->lookup (a missing key is no failure:
+ * a member left, a partition has no owner yet), the NATS server's refusal named when its last
+ * error is a permissions violation on that bucket. */
+static void lookup_failed(fleetc_t *self, natsStatus s, const char *bucket, const char *key)
+{
+    if (s == NATS_NOT_FOUND)
+        return;
+    const char *text = NULL;
+    natsConnection *nc = tally__nats_conn(self->nats);
+    if (natsConnection_GetLastError(nc, &text) == NATS_NOT_PERMITTED && text &&
+        strstr(text, bucket))
+        set_msg(self->lookup, "reading %s key %s: the NATS server refused it (%s)", bucket, key,
+                text);
+    else
+        set_msg(self->lookup, "reading %s key %s: %s", bucket, key, natsStatus_GetText(s));
+}
+
 /* Member's record into r; false when it has none (it left, or NATS did not answer). */
 static bool member_record(fleetc_t *self, const char *member, record_t *r)
 {
     memset(r, 0, sizeof *r);
     kvEntry *e = NULL;
-    if (!member[0] || kvStore_Get(&e, self->endpoints, member) != NATS_OK)
+    if (!member[0])
         return false;
+    natsStatus s = kvStore_Get(&e, self->endpoints, member);
+    if (s != NATS_OK) {
+        lookup_failed(self, s, TALLY_NATS_BUCKET_ENDPOINTS, member);
+        return false;
+    }
     const char *v = kvEntry_Value(e);
     size_t n = (size_t)kvEntry_ValueLen(e);
     tally_fleet_endpoint_get(v, n, "zmq", r->zmq, sizeof r->zmq);
@@ -232,16 +269,29 @@ static bool member_record(fleetc_t *self, const char *member, record_t *r)
 static int owner_now(fleetc_t *self, uint32_t k)
 {
     char key[16], member[TALLY_NATS_MEMBER_ID_MAX + 1];
-    self->refused[0] = '\0';
+    self->refused[0] = self->lookup[0] = '\0';
     tally_fleet_name(key, sizeof key, "p", k);
     kvEntry *e = NULL;
-    if (kvStore_Get(&e, self->leases, key) != NATS_OK)
+    natsStatus s = kvStore_Get(&e, self->leases, key);
+    if (s != NATS_OK) {
+        lookup_failed(self, s, TALLY_NATS_BUCKET_LEASES, key);
         return -1;
+    }
     snprintf(member, sizeof member, "%.*s", kvEntry_ValueLen(e), kvEntry_ValueString(e));
     kvEntry_Destroy(e);
     record_t r;
     return member_record(self, member, &r) && r.zmq[0] ? member_index(self, member, r.zmq, r.curve)
                                                        : -1;
+}
+
+/* Partition k has no owner this client can reach, into self->error: with the last NATS failure
+ * when a read failed (not only found nothing). */
+static void say_no_owner(fleetc_t *self, uint32_t k)
+{
+    set_msg(self->error,
+            "partition %u has no owner in direct mode (TALLY_LEASES, TALLY_ENDPOINTS) within %d "
+            "ms%s%s",
+            (unsigned)k, self->timeout_ms, self->lookup[0] ? "; " : "", self->lookup);
 }
 
 /* Waits for partition k's owner until deadline (us). */
@@ -253,10 +303,7 @@ static int owner_until(fleetc_t *self, uint32_t k, int64_t deadline)
     if (m < 0 && self->refused[0])
         snprintf(self->error, sizeof self->error, "%s", self->refused);
     else if (m < 0)
-        snprintf(self->error, sizeof self->error,
-                 "partition %u has no owner in direct mode (TALLY_LEASES, TALLY_ENDPOINTS) "
-                 "within %d ms",
-                 (unsigned)k, self->timeout_ms);
+        say_no_owner(self, k);
     return m;
 }
 
@@ -293,10 +340,7 @@ static int owner_up(fleetc_t *self, uint32_t k, int64_t deadline)
             snprintf(self->error, sizeof self->error, "%s", self->refused);
             return -1;
         } else {
-            snprintf(self->error, sizeof self->error,
-                     "partition %u has no owner in direct mode (TALLY_LEASES, TALLY_ENDPOINTS) "
-                     "within %d ms",
-                     (unsigned)k, self->timeout_ms);
+            say_no_owner(self, k);
         }
         if (now_us() >= deadline)
             return -1;
@@ -675,10 +719,24 @@ static bool changes_nothing(const tally_req_t *req)
     return reads_only[req->opcode] || req->stream_len == 0;
 }
 
+/* p answered st here with why into reply (true), and forgotten. */
+static bool answer_now(fleetc_t *self, pending_t *p, tally_status_t st, const char *why,
+                       tally_reply_t *reply, tally_status_t *status)
+{
+    reply->rep.request_id = p->id;
+    reply->rep.opcode = p->req.opcode;
+    set_msg(reply->error, "%s", why);
+    unlink_pending(self, p);
+    *status = st;
+    return true;
+}
+
 /* Requests whose owner may have changed: sent to the new one (or failed, when they may have
  * been applied and carry no seq), oldest first: a stream's numbered requests reach the new owner
  * in their order (one sent ahead of an earlier seq would be refused `sequence_gap`). A request
- * that cannot be sent is answered with its failure into reply (true). */
+ * whose partition's owner is now a member this client refuses (its keys, or past
+ * TALLY_FLEET_MEMBERS_MAX) is answered TALLY_E_ARG, as a send to that owner is: no wait mends
+ * it. A request that cannot be sent is answered with its failure into reply (true). */
 static bool check_owners(fleetc_t *self, tally_reply_t *reply, tally_status_t *status)
 {
     int64_t now = now_us();
@@ -691,22 +749,24 @@ static bool check_owners(fleetc_t *self, tally_reply_t *reply, tally_status_t *s
     for (pending_t *p = self->head; p; p = p->next) {
         if (p->ready || (!p->waiting && now - p->sent_us < TALLY_FLEET_SUSPECT_MS * 1000))
             continue;
-        if (seen[p->k] == -2)
+        if (seen[p->k] == -2) {
             seen[p->k] = owner_now(self, p->k);
+            if (seen[p->k] < 0 && self->refused[0]) { /* the next send asks the buckets too */
+                self->owner[p->k] = -1;
+                return answer_now(self, p, TALLY_E_ARG, self->refused, reply, status);
+            }
+        }
         int m = seen[p->k];
         bool moved = m != p->m, late = now - p->sent_us >= TALLY_FLEET_SUSPECT_MS * 1000;
         if (m < 0 || (!moved && (!p->waiting || !late)))
             continue; /* no owner yet, or the same one: slow, not gone (a waiting one: later) */
         if (!p->waiting && !p->req.seq && !changes_nothing(&p->req)) { /* sent: a known op */
-            reply->rep.request_id = p->id;
-            reply->rep.opcode = p->req.opcode;
-            set_msg(reply->error,
+            char why[TALLY_ERROR_MESSAGE_MAX + 1];
+            set_msg(why,
                     "partition %u changed owner (%s) before answering; this request has no seq, "
                     "so it is not sent again: it may or may not have been applied",
                     (unsigned)p->k, self->members[m].member);
-            unlink_pending(self, p);
-            *status = TALLY_E_TRANSPORT;
-            return true;
+            return answer_now(self, p, TALLY_E_TRANSPORT, why, reply, status);
         }
         self->owner[p->k] = m;
         if (send_to(self, p, m) != TALLY_OK && !p->ready)
@@ -867,12 +927,21 @@ static tally_status_t fleetc_connect(fleetc_t *self, const tally_nats_opts_t *op
     natsStatus s = js_KeyValue(&self->leases, js, TALLY_NATS_BUCKET_LEASES);
     if (s == NATS_OK)
         s = js_KeyValue(&self->endpoints, js, TALLY_NATS_BUCKET_ENDPOINTS);
-    if (s != NATS_OK) {
+    if (s == NATS_NOT_FOUND) {
         snprintf(msg, cap,
                  "no tallyd fleet in direct mode on this NATS (%s, %s: %s): start a worker "
                  "with [nats] direct = local first",
                  TALLY_NATS_BUCKET_LEASES, TALLY_NATS_BUCKET_ENDPOINTS, natsStatus_GetText(s));
         return TALLY_E_ARG;
+    }
+    if (s != NATS_OK) { /* the buckets may be there: say what failed, not that they are not */
+        const char *text = NULL;
+        natsConnection *nc = tally__nats_conn(self->nats);
+        bool denied = natsConnection_GetLastError(nc, &text) == NATS_NOT_PERMITTED && text;
+        snprintf(msg, cap, "looking up %s and %s: %s%s%s", TALLY_NATS_BUCKET_LEASES,
+                 TALLY_NATS_BUCKET_ENDPOINTS, natsStatus_GetText(s),
+                 denied ? ": the NATS server refused it: " : "", denied ? text : "");
+        return TALLY_E_TRANSPORT;
     }
     return TALLY_OK;
 }

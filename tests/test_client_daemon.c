@@ -914,6 +914,46 @@ static void expect_said(cli_result_t r, const char *err)
     cli_free(&r);
 }
 
+/* Which fleet a command goes to (docs/cli.md): --nats and --fleet together are refused; either
+ * on the command line wins over $TALLY_FLEET and $TALLY_NATS, $TALLY_FLEET over $TALLY_NATS, and a
+ * fleet over -e. --resume's record is keyed by the fleet's servers (no password), so the message
+ * of a missing one names them: that is how each case shows its choice, before NATS is reached. */
+static void test_cli_fleet_precedence(void **state)
+{
+    (void)state;
+    setenv("XDG_STATE_HOME", tmpdir, 1); /* no record from elsewhere */
+    expect_said(cli("--nats nats://127.0.0.1:1 --fleet nats://127.0.0.1:1 ping"),
+                "tally: ping: --nats and --fleet are two ways to a fleet (through JetStream, or "
+                "direct mode): give one (see 'tally ping --help')\n");
+    expect_said(cli("hist --nats nats://127.0.0.1:1 --fleet nats://127.0.0.1:2 --stream s"),
+                "tally: hist: --nats and --fleet are two ways to a fleet (through JetStream, or "
+                "direct mode): give one (see 'tally hist --help')\n");
+    const char *resume = "hist --stream s --resume --text";
+    expect_said(cli("--fleet nats://u:secret@127.0.0.1:1 %s", resume),
+                "tally: hist: --resume: no stopped push to stream 's' at nats://u:***@127.0.0.1:1 "
+                "is recorded here; give --seq-base N (the stop message printed N) (see 'tally "
+                "hist --help')\n");
+    setenv("TALLY_NATS", "nats://127.0.0.1:3", 1);
+    expect_said(cli("%s", resume), "tally: hist: --resume: no stopped push to stream 's' at "
+                                   "nats://127.0.0.1:3 is recorded here; give --seq-base N (the "
+                                   "stop message printed N) (see 'tally hist --help')\n");
+    setenv("TALLY_FLEET", "nats://127.0.0.1:2", 1);
+    expect_said(cli("%s", resume), "tally: hist: --resume: no stopped push to stream 's' at "
+                                   "nats://127.0.0.1:2 is recorded here; give --seq-base N (the "
+                                   "stop message printed N) (see 'tally hist --help')\n");
+    expect_said(cli("--nats nats://127.0.0.1:1 %s", resume),
+                "tally: hist: --resume: no stopped push to stream 's' at nats://127.0.0.1:1 is "
+                "recorded here; give --seq-base N (the stop message printed N) (see 'tally hist "
+                "--help')\n");
+    expect_said(cli("%s --fleet nats://127.0.0.1:4", resume),
+                "tally: hist: --resume: no stopped push to stream 's' at nats://127.0.0.1:4 is "
+                "recorded here; give --seq-base N (the stop message printed N) (see 'tally hist "
+                "--help')\n");
+    unsetenv("TALLY_FLEET");
+    unsetenv("TALLY_NATS");
+    unsetenv("XDG_STATE_HOME");
+}
+
 static void test_cli_refusals_word_for_word(void **state)
 {
     (void)state;
@@ -1028,6 +1068,7 @@ int main(void)
         cmocka_unit_test(test_cli_shm_off_says_what_to_do),
         cmocka_unit_test(test_cli_endpoint_and_size_errors),
         cmocka_unit_test(test_cli_refusals_word_for_word),
+        cmocka_unit_test(test_cli_fleet_precedence),
     };
     th_seed();
     return cmocka_run_group_tests_name("client_daemon", tests, setup, teardown);

@@ -50,7 +50,10 @@
  *   6. CURVE through the fleet client: members with CURVE on publish their server keys (curve=);
  *      a fleet client with an allowed key pair reaches both, one without keys or with another
  *      member's server key pinned is refused at once, named; the CLI's --fleet --client-key; a
- *      client with keys sends nothing to a member that publishes none.
+ *      client with keys sends nothing to a member that publishes none;
+ *   6b. a partition moving to a member with another key than the pinned one, a request of it
+ *      unanswered: answered TALLY_E_ARG within a few checks, named, not after the timeout;
+ *   7. one member past the fleet client's 64: refused at once (TALLY_E_ARG), said.
  * Waits are bounded loops on what the cluster or the members report; one time is asserted (3b).
  */
 #include <setjmp.h>
@@ -881,6 +884,9 @@ static void test_no_owner(void **state)
     assert_string_equal(tally_client_error(c), "no request in flight");
     assert_int_equal(tally_ping(c, NULL), TALLY_E_TIMEOUT); /* no stream: partition 0's owner */
     assert_non_null(strstr(tally_client_error(c), "partition 0 has no owner in direct mode"));
+    assert_non_null(strstr(tally_client_error(c), /* and why: its owner's endpoint is not one */
+                           "; member ghost's endpoint in TALLY_ENDPOINTS: invalid endpoint "
+                           "'nowhere'"));
     int s1 = stream_in(1), s2 = stream_in(2);
     send_hist_status(c, s1, TALLY_E_TIMEOUT);
     assert_non_null(strstr(tally_client_error(c), "partition 1 has no owner"));
@@ -1313,6 +1319,19 @@ static void test_shm_pieces_through_fleet(void **state)
 
 /* ---- 6. CURVE through the fleet client ----------------------------------------------------- */
 
+/* Three key pairs in a new folder dir (128 bytes), named names: each one's key file in path,
+ * its public key in pub. */
+static void keys_in(char *dir, const char *const names[3], char path[3][192], char pub[3][41])
+{
+    assert_int_equal(th_tmpdir(dir, 128, "tally-route"), 0);
+    for (int i = 0; i < 3; i++) {
+        char base[160];
+        snprintf(base, sizeof base, "%s/%s", dir, names[i]);
+        assert_int_equal(tally_keygen(base, pub[i], msg, sizeof msg), TALLY_OK);
+        snprintf(path[i], sizeof path[i], "%s.key", base);
+    }
+}
+
 /* Member i in direct mode with CURVE on: its server key file, one client key allowed. The harness
  * reaches it with server_pub and that client's pair. */
 static void start_curve(int i, const char *key_file, const char *server_pub,
@@ -1366,14 +1385,7 @@ static void test_curve_through_fleet(void **state)
     (void)state;
     fresh_fleet();
     char dir[128], path[3][192], pub[3][41];
-    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-route"), 0);
-    static const char *const names[3] = {"a", "b", "client"};
-    for (int i = 0; i < 3; i++) {
-        char base[160];
-        snprintf(base, sizeof base, "%s/%s", dir, names[i]);
-        assert_int_equal(tally_keygen(base, pub[i], msg, sizeof msg), TALLY_OK);
-        snprintf(path[i], sizeof path[i], "%s.key", base);
-    }
+    keys_in(dir, (const char *const[3]){"a", "b", "client"}, path, pub);
     tally_curve_keys_t keys, none;
     assert_int_equal(tally_curve_client_keys_load(NULL, path[2], &keys, msg, sizeof msg), TALLY_OK);
     assert_string_equal(keys.client_public, pub[2]);
@@ -1465,6 +1477,123 @@ static void test_curve_through_fleet(void **state)
     th_rmrf(dir);
 }
 
+/* A partition's owner moves to a member whose CURVE key is not the one pinned, with a numbered
+ * request of that partition unanswered (its old owner stopped, SIGSTOP): the request is
+ * answered TALLY_E_ARG within a few checks, naming the new member and the key (as a first send
+ * to that member is), not left to wait out the client's timeout; faked in the buckets in front
+ * of one tallyd with CURVE on, published as member a with its key and as b with another. */
+static void test_curve_owner_moves_to_refused_key(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    char dir[128], path[3][192], pub[3][41];
+    keys_in(dir, (const char *const[3]){"a", "other", "client"}, path, pub);
+    tally_curve_keys_t pinned;
+    assert_int_equal(tally_curve_client_keys_load(pub[0], path[2], &pinned, msg, sizeof msg),
+                     TALLY_OK);
+    const char *args[] = {"--curve-secret-key", path[0], "--curve-clients", pinned.client_public,
+                          NULL};
+    th_use_curve(pub[0], pinned.client_public, pinned.client_secret);
+    assert_int_equal(th_daemon_start(&member[0], args), 0);
+    th_use_curve(NULL, NULL, NULL);
+    kvStore *fleet = bucket(TALLY_NATS_BUCKET_FLEET), *ls = bucket(TALLY_NATS_BUCKET_LEASES),
+            *eps = bucket(TALLY_NATS_BUCKET_ENDPOINTS);
+    put(fleet, TALLY_NATS_KEY_PARTITIONS, "4");
+    char rec[512];
+    snprintf(rec, sizeof rec, "zmq=%s\ncurve=%s\n", member[0].endpoint, pub[0]);
+    put(eps, "a", rec);
+    snprintf(rec, sizeof rec, "zmq=%s\ncurve=%s\n", member[0].endpoint, pub[1]);
+    put(eps, "b", rec);
+    for (uint32_t k = 0; k < PARTITIONS; k++) {
+        char key[8];
+        snprintf(key, sizeof key, "p%u", (unsigned)k);
+        put(ls, key, "a");
+    }
+    tally_nats_opts_t o = {.servers = tn_suite.urls, .timeout_ms = 10000};
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new_fleet_curve(&o, &pinned, &c, msg, sizeof msg), TALLY_OK);
+    int s = stream_in(1), s0 = stream_in(0);
+    send_hist(c, s, 0, true);
+    recv_ok(c, 1);
+    assert_int_equal(kill(member[0].pid, SIGSTOP), 0);
+    uint64_t id = send_hist(c, s, 1, true); /* to a, which does not answer */
+    put(ls, "p1", "b");
+    int64_t t0 = th_now_ms();
+    tally_reply_t r;
+    tally_reply_init(&r);
+    tally_status_t st = tally_recv(c, &r);
+    int64_t took = th_now_ms() - t0;
+    if (st != TALLY_E_ARG || r.rep.request_id != id || !strstr(r.error, "member b (") ||
+        !strstr(r.error, pub[1]) || !strstr(r.error, "has another server key than the one given"))
+        fail_msg("after %lld ms: %s: %s", (long long)took, tally_status_name(st), r.error);
+    if (took > 5000)
+        fail_msg("answered after %lld ms, as if waiting for an owner", (long long)took);
+    tally_reply_clear(&r);
+    assert_int_equal(kill(member[0].pid, SIGCONT), 0);
+    /* a send to b's partition is refused at once too; a's partitions are still served */
+    refused_keys(c, s, "b", "has another server key than the one given");
+    send_hist(c, s0, 0, true);
+    recv_ok(c, 1);
+    tally_client_destroy(&c);
+    explicit_bzero(&pinned, sizeof pinned);
+    end_faked(fleet, ls, eps);
+    th_rmrf(dir);
+}
+
+/* One member past TALLY_FLEET_MEMBERS_MAX (64): 65 members published in the buckets (each a
+ * partition's owner, every one the same tallyd); the first 64 are sent to, and a request for the
+ * 65th's partition is answered TALLY_E_ARG at once, saying why (not left to time out as a
+ * partition without an owner). */
+static void test_members_past_cap(void **state)
+{
+    (void)state;
+    enum { MEMBERS = 65 };
+    fresh_fleet();
+    const char *args[] = {"--metrics", "127.0.0.1:0", NULL};
+    assert_int_equal(th_daemon_start(&member[0], args), 0);
+    kvStore *fleet = bucket(TALLY_NATS_BUCKET_FLEET), *ls = bucket(TALLY_NATS_BUCKET_LEASES),
+            *eps = bucket(TALLY_NATS_BUCKET_ENDPOINTS);
+    char text[16], rec[512];
+    snprintf(text, sizeof text, "%d", MEMBERS);
+    put(fleet, TALLY_NATS_KEY_PARTITIONS, text);
+    snprintf(rec, sizeof rec, "zmq=%s\n", member[0].endpoint);
+    for (int k = 0; k < MEMBERS; k++) {
+        char key[8], id[16];
+        snprintf(key, sizeof key, "p%d", k);
+        snprintf(id, sizeof id, "m%d", k);
+        put(ls, key, id);
+        put(eps, id, rec);
+    }
+    tally_nats_opts_t o = {.servers = tn_suite.urls, .timeout_ms = TIMEOUT_MS};
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new_fleet(&o, &c, msg, sizeof msg), TALLY_OK);
+    char name[MEMBERS][32];
+    for (int k = 0, i = 0; k < MEMBERS; i++) { /* a stream of each partition, in order */
+        snprintf(name[k], sizeof name[k], "cap/%d", i);
+        if (tally_partition(name[k], strlen(name[k]), MEMBERS) == (uint32_t)k)
+            k++;
+    }
+    uint8_t data[64] = {1};
+    for (int k = 0; k < MEMBERS; k++) {
+        tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+        assert_int_equal(tally_req_set_stream(&req, name[k]), TALLY_OK);
+        tally_reply_t r;
+        tally_reply_init(&r);
+        int64_t t0 = th_now_ms();
+        tally_status_t st = tally_call(c, &req, data, sizeof data, &r);
+        if (k < MEMBERS - 1 && st != TALLY_OK)
+            fail_msg("member m%d: %s: %s", k, tally_status_name(st), r.error);
+        if (k == MEMBERS - 1 &&
+            (st != TALLY_E_ARG || !strstr(r.error, "member m64 (") ||
+             !strstr(r.error, "past the 64 members a fleet client connects to") ||
+             th_now_ms() - t0 > TIMEOUT_MS / 2))
+            fail_msg("member m64: %s: %s", tally_status_name(st), r.error);
+        tally_reply_clear(&r);
+    }
+    tally_client_destroy(&c);
+    end_faked(fleet, ls, eps);
+}
+
 int main(void)
 {
     if (tn_skip())
@@ -1482,6 +1611,8 @@ int main(void)
         cmocka_unit_test_teardown(test_shm_through_fleet, stop_members),
         cmocka_unit_test_teardown(test_shm_pieces_through_fleet, stop_members),
         cmocka_unit_test_teardown(test_curve_through_fleet, stop_members),
+        cmocka_unit_test_teardown(test_curve_owner_moves_to_refused_key, stop_members),
+        cmocka_unit_test_teardown(test_members_past_cap, stop_members),
     };
     const char *only = getenv("TALLY_TEST_FILTER"); /* one test by name (a mutation check) */
     if (only)

@@ -30,7 +30,8 @@
  *   9. direct mode's rights (PROTOCOL.md §13 "Direct mode"): the worker user makes, writes,
  *      reads and deletes in TALLY_ENDPOINTS as td_fleet_route.c does, a direct producer reads
  *      the partition count, the leases and the endpoints (tally_client_new_fleet connects) and
- *      may publish nothing to a partition.
+ *      may publish nothing to a partition; a producer that may not read the leases is told
+ *      what failed (TALLY_E_TRANSPORT, the server's refusal), not that there is no fleet.
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -1081,6 +1082,15 @@ static void test_direct_rights(void **state)
     if (tally_client_new_fleet(&o, &c, msg, sizeof msg) != TALLY_OK)
         fail_msg("tally_client_new_fleet as producer-direct: %s", msg);
     tally_client_destroy(&c);
+    /* A producer that may read the partition count but not the leases: the buckets are there,
+     * so not "no fleet in direct mode", but what failed, and the server's refusal. */
+    urls_for("producer-1", urls, sizeof urls);
+    o.timeout_ms = 2000;
+    tally_status_t st = tally_client_new_fleet(&o, &c, msg, sizeof msg);
+    if (st != TALLY_E_TRANSPORT || !strstr(msg, "looking up TALLY_LEASES and TALLY_ENDPOINTS: ") ||
+        !strstr(msg, "the NATS server refused it: ") || strstr(msg, "no tallyd fleet"))
+        fail_msg("tally_client_new_fleet as producer-1: %s: %s", tally_status_name(st), msg);
+    assert_null(c);
 }
 
 int main(void)
