@@ -216,15 +216,10 @@ static void check_model(tally_nats_t *p)
     }
 }
 
-static void test_apply_reply_query(void **state)
+/* After push_hists with replies: nothing more comes (each request's reply came once), every
+ * stream equals the model, and `streams` lists every stream. */
+static void check_answered_once(tally_nats_t *p)
 {
-    (void)state;
-    th_daemon_t w;
-    start_worker(&w, "w1");
-    wait_owned("w1", PARTITIONS, 20000);
-    tally_nats_t *p = producer("apply");
-    push_hists(p, 2, true, th_rand());
-    /* Nothing more comes: each request's reply came once. */
     tally_reply_t reply;
     tally_reply_init(&reply);
     assert_int_equal(tally_nats_recv(p, 500, &reply), TALLY_E_TIMEOUT);
@@ -234,6 +229,19 @@ static void test_apply_reply_query(void **state)
     assert_int_equal(tally_nats_streams(p, &names, &count), TALLY_OK);
     assert_int_equal(count, STREAMS);
     tally_strings_free(names, count);
+}
+
+static void test_apply_reply_query(void **state)
+{
+    (void)state;
+    th_daemon_t w;
+    start_worker(&w, "w1");
+    wait_owned("w1", PARTITIONS, 20000);
+    tally_nats_t *p = producer("apply");
+    push_hists(p, 2, true, th_rand());
+    check_answered_once(p);
+    tally_reply_t reply;
+    tally_reply_init(&reply);
 
     /* Scan on a stream carries from one request to the next. */
     tally_req_t scan;
@@ -952,15 +960,7 @@ static void test_members_per_process(void **state)
     assert_non_null(strstr(info, "\nnats_members_per_process=2\n"));
     free(info);
     push_hists(p, 2, true, th_rand());
-    tally_reply_t reply; /* each request's reply came once */
-    tally_reply_init(&reply);
-    assert_int_equal(tally_nats_recv(p, 500, &reply), TALLY_E_TIMEOUT);
-    check_model(p);
-    char **names = NULL;
-    size_t count = 0;
-    assert_int_equal(tally_nats_streams(p, &names, &count), TALLY_OK);
-    assert_int_equal(count, STREAMS);
-    tally_strings_free(names, count);
+    check_answered_once(p);
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
     tn_wait_leases(own_js, PARTITIONS, NULL, 0, 5000, &held); /* released, not left to expire */
     assert_int_equal(held, 0);
