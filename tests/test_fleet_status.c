@@ -80,6 +80,7 @@ static void test_members_per_process(void **state)
     st.on = true;
     snprintf(st.member, sizeof st.member, "w");
     st.partitions = 4;
+    st.members_per_process = 1; /* as a worker sets it by default */
     size_t one = td_fleet_status_info(&st, out, sizeof out);
     assert_null(strstr(out, "members_per_process"));
     assert_true(td_fleet_status_is_self(&st, "w"));
