@@ -51,22 +51,28 @@ static td_err_t check_fleet(const td_config_t *cfg, char *msg, size_t cap)
 #endif
 }
 
-/* The server, with the fleet worker beside it when [nats] servers is set (td_fleet.h). */
+/* The server, with the fleet worker beside it when [nats] servers is set: [nats]
+ * members_per_process members, each a td_fleet (td_fleet.h). */
 static int run(const td_config_t *cfg, td_server_t *server)
 {
 #ifdef TALLY_HAVE_NATS
-    td_fleet_t *fleet = NULL;
-    if (cfg->nats_servers) {
+    td_fleet_t *fleet[TD_NATS_MEMBERS_PER_PROCESS_LIMIT] = {NULL};
+    unsigned members = cfg->nats_servers ? cfg->nats_members_per_process : 0;
+    int code = 1;
+    for (unsigned i = 0; i < members; i++) {
         td_fleet_host_t host = {.loop = td_server_loop(server),
                                 .streams = td_server_streams(server),
                                 .cfg = cfg,
                                 .path = td_server_path(server),
-                                .status = td_server_fleet_status(server)};
-        if (td_fleet_new(&host, &fleet) != TD_OK)
-            return 1;
+                                .status = td_server_fleet_status(server),
+                                .instance = i};
+        if (td_fleet_new(&host, &fleet[i]) != TD_OK)
+            goto done;
     }
-    int code = td_server_run(server);
-    td_fleet_destroy(&fleet);
+    code = td_server_run(server);
+done:
+    for (unsigned i = 0; i < members; i++)
+        td_fleet_destroy(&fleet[i]);
     return code;
 #else
     (void)cfg;

@@ -72,6 +72,36 @@ static void test_info_keys(void **state)
     st.direct_uncommitted = 0;
 }
 
+/* [nats] members_per_process: the key follows the others only where it is not 1, and a cap
+ * too small for it still counts what it needs; which member ids are the process's. */
+static void test_members_per_process(void **state)
+{
+    (void)state;
+    st.on = true;
+    snprintf(st.member, sizeof st.member, "w");
+    st.partitions = 4;
+    st.members_per_process = 1; /* as a worker sets it by default */
+    size_t one = td_fleet_status_info(&st, out, sizeof out);
+    assert_null(strstr(out, "members_per_process"));
+    assert_true(td_fleet_status_is_self(&st, "w"));
+    assert_false(td_fleet_status_is_self(&st, "w-0"));
+    st.members_per_process = 3;
+    size_t three = td_fleet_status_info(&st, out, sizeof out);
+    const char *tail = "\nnats_changelog_purges=0\nnats_members_per_process=3\n";
+    assert_int_equal(three, one + strlen("nats_members_per_process=3\n"));
+    assert_string_equal(out + strlen(out) - strlen(tail), tail);
+    assert_int_equal(td_fleet_status_info(&st, out, one), three); /* the key past the cap */
+    assert_int_equal(out[one - 1], 0);
+    assert_true(td_fleet_status_is_self(&st, "w-0"));
+    assert_true(td_fleet_status_is_self(&st, "w-2"));
+    const char *others[] = {"w", "w-3", "w-00", "w-01", "w-", "w-1x", "x-1", "w1", "ww-1"};
+    for (size_t i = 0; i < sizeof others / sizeof *others; i++)
+        if (td_fleet_status_is_self(&st, others[i]))
+            fail_msg("%s taken for one of w's 3 members", others[i]);
+    st.on = false;
+    assert_false(td_fleet_status_is_self(&st, "w-0"));
+}
+
 static void test_metrics_lag_and_length(void **state)
 {
     (void)state;
@@ -110,6 +140,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_not_a_worker, fresh),
         cmocka_unit_test_setup(test_info_keys, fresh),
+        cmocka_unit_test_setup(test_members_per_process, fresh),
         cmocka_unit_test_setup(test_metrics_lag_and_length, fresh),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

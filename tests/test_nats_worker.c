@@ -16,6 +16,8 @@
  *   - a partition lost while the request path is full (max_inflight): the worker deletes its
  *     local copy before it takes the partition again, so nothing after the checkpoint is
  *     applied twice;
+ *   - [nats] members_per_process = 2: one tallyd is two members that split the partitions,
+ *     apply every request once, and hand them over at SIGTERM like any worker;
  *   - protected mode: a NATS server off the loopback without credentials is refused at start.
  */
 #include <setjmp.h>
@@ -214,15 +216,10 @@ static void check_model(tally_nats_t *p)
     }
 }
 
-static void test_apply_reply_query(void **state)
+/* After push_hists with replies: nothing more comes (each request's reply came once), every
+ * stream equals the model, and `streams` lists every stream. */
+static void check_answered_once(tally_nats_t *p)
 {
-    (void)state;
-    th_daemon_t w;
-    start_worker(&w, "w1");
-    wait_owned("w1", PARTITIONS, 20000);
-    tally_nats_t *p = producer("apply");
-    push_hists(p, 2, true, th_rand());
-    /* Nothing more comes: each request's reply came once. */
     tally_reply_t reply;
     tally_reply_init(&reply);
     assert_int_equal(tally_nats_recv(p, 500, &reply), TALLY_E_TIMEOUT);
@@ -232,6 +229,19 @@ static void test_apply_reply_query(void **state)
     assert_int_equal(tally_nats_streams(p, &names, &count), TALLY_OK);
     assert_int_equal(count, STREAMS);
     tally_strings_free(names, count);
+}
+
+static void test_apply_reply_query(void **state)
+{
+    (void)state;
+    th_daemon_t w;
+    start_worker(&w, "w1");
+    wait_owned("w1", PARTITIONS, 20000);
+    tally_nats_t *p = producer("apply");
+    push_hists(p, 2, true, th_rand());
+    check_answered_once(p);
+    tally_reply_t reply;
+    tally_reply_init(&reply);
 
     /* Scan on a stream carries from one request to the next. */
     tally_req_t scan;
@@ -902,6 +912,71 @@ static void test_protected_mode(void **state)
         2);
 }
 
+/* [nats] members_per_process = 2: one tallyd joins as two members, BASE-0 and BASE-1, which
+ * split the partitions as two workers would (a base chosen so that rendezvous gives each two);
+ * every request is applied once (the model) and answered once; `info` says the process's id
+ * and its members; `streams` lists every stream (both members answer for their own). After a
+ * SIGTERM every lease is released and a worker of one member takes every partition from the
+ * checkpoints they wrote. A cluster of its own: its checkpoints hold none of the suite's
+ * streams, so the model starts empty. */
+static void test_members_per_process(void **state)
+{
+    (void)state;
+    tn_cluster_t own;
+    natsConnection *own_nc = NULL;
+    jsCtx *own_js = NULL;
+    own_cluster_start(&own, &own_nc, &own_js);
+    memset(model, 0, sizeof model);
+    memset(model_total, 0, sizeof model_total);
+    char base[16], m0[24], m1[24];
+    for (int i = 0;; i++) {
+        snprintf(base, sizeof base, "wk%d", i);
+        snprintf(m0, sizeof m0, "%s-0", base);
+        snprintf(m1, sizeof m1, "%s-1", base);
+        const char *ids[2] = {m0, m1};
+        int owned_0 = 0;
+        for (uint32_t k = 0; k < PARTITIONS; k++)
+            owned_0 += td_fleet_owner(ids, 2, k) == 0;
+        if (owned_0 == PARTITIONS / 2)
+            break;
+    }
+    const char *extra[] = {"--nats-members-per-process", "2", NULL};
+    th_daemon_t w;
+    start_worker_on(&w, own.urls, base, extra);
+    int held = 0;
+    tn_wait_leases(own_js, PARTITIONS, m0, PARTITIONS / 2, 20000, &held);
+    assert_int_equal(held, PARTITIONS / 2);
+    tn_wait_leases(own_js, PARTITIONS, m1, PARTITIONS / 2, 20000, &held);
+    assert_int_equal(held, PARTITIONS / 2);
+    assert_int_equal(wait_metric(&w, "tallyd_nats_partitions_owned", PARTITIONS, 20000),
+                     PARTITIONS);
+
+    tally_nats_t *p = producer_on(own.urls, "members");
+    char *info = fleet_info(p);
+    char want[64];
+    snprintf(want, sizeof want, "\nnats_member_id=%s\n", base);
+    assert_non_null(strstr(info, want));
+    assert_non_null(strstr(info, "\nnats_partitions_owned=4\n"));
+    assert_non_null(strstr(info, "\nnats_members_per_process=2\n"));
+    free(info);
+    push_hists(p, 2, true, th_rand());
+    check_answered_once(p);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+    tn_wait_leases(own_js, PARTITIONS, NULL, 0, 5000, &held); /* released, not left to expire */
+    assert_int_equal(held, 0);
+
+    th_daemon_t z;
+    start_worker_on(&z, own.urls, "wz", NULL);
+    tn_wait_leases(own_js, PARTITIONS, "wz", PARTITIONS, 20000, &held);
+    assert_int_equal(held, PARTITIONS);
+    check_model(p); /* from the two members' checkpoints */
+    push_hists(p, 1, false, th_rand());
+    check_model_eventually(p, 20000);
+    tally_nats_destroy(&p);
+    assert_int_equal(th_daemon_stop(&z, SIGTERM, 20000), 0);
+    own_cluster_stop(&own, own_nc, own_js);
+}
+
 int main(void)
 {
     if (tn_skip())
@@ -918,8 +993,12 @@ int main(void)
         cmocka_unit_test(test_slow_takes_keep_their_leases),
         cmocka_unit_test(test_curve_worker),
         cmocka_unit_test(test_cli_over_nats),
+        cmocka_unit_test(test_members_per_process), /* the model starts again: after the rest */
         cmocka_unit_test(test_protected_mode),
     };
+    const char *only = getenv("TALLY_TEST_FILTER"); /* one test by name (a mutation check) */
+    if (only)
+        cmocka_set_test_filter(only);
     int failed = cmocka_run_group_tests(tests, setup, teardown);
     nats_Close(); /* libnats' threads and globals: gone before the leak check */
     return failed;

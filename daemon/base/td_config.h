@@ -312,6 +312,8 @@
  * trip off the critical path; the bytes bound keeps a worker's memory per partition bounded. */
 #define TD_DEFAULT_NATS_INFLIGHT 256u
 #define TD_NATS_INFLIGHT_LIMIT 4096u
+/* [nats] members_per_process: fleet members one tallyd runs, each a thread (td_fleet.h). */
+#define TD_NATS_MEMBERS_PER_PROCESS_LIMIT 16u
 #define TD_DEFAULT_NATS_INFLIGHT_BYTES (16ull << 20)
 /* A partition's stream keeps a message this long (a worker outage longer than this loses what
  * was not applied; the fleet removes nothing itself: daemon/nats/td_nats_consumer.h). */
@@ -402,6 +404,7 @@ typedef struct {
     unsigned nats_commit_ms; /* direct = replicated: the group commit's interval */
     unsigned nats_inflight;
     size_t nats_inflight_bytes;
+    unsigned nats_members_per_process; /* fleet members in this process, each a thread */
     size_t nats_partition_max_bytes;
     unsigned nats_partition_max_age_s;
     int argc;                /* the command line, kept so SIGHUP can re-apply it (borrowed) */

@@ -401,6 +401,14 @@ const td_setting_t td_settings[] = {
      .reload = TD_RELOAD_RESTART,
      .help = "payload bytes of one partition's messages in the request path at once (one "
              "message always goes), K/M/G"},
+    {.option = "nats-members-per-process", .arg = "K", .section = "nats",
+     .key = "members_per_process", .type = TD_SET_UINT,
+     .offset = FIELD(nats_members_per_process), .def = 1u, .min = 1,
+     .max = TD_NATS_MEMBERS_PER_PROCESS_LIMIT, .reload = TD_RELOAD_RESTART,
+     .help = "fleet members this tallyd runs, each on a thread of its own with its own "
+             "connections, named MEMBER_ID-0 .. MEMBER_ID-(K-1) when K > 1: the partitions "
+             "spread over them as over separate workers, so one process applies on K threads; "
+             "not with direct mode"},
     {.option = "nats-partition-max-bytes", .arg = "B", .section = "nats",
      .key = "partition_max_bytes", .type = TD_SET_SIZE, .offset = FIELD(nats_partition_max_bytes),
      .def = TD_DEFAULT_NATS_PARTITION_MAX_BYTES, .min = 1 << 20, .max = SIZE_MAX,

@@ -5,6 +5,8 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "td_fleet_status.h"
 
@@ -16,6 +18,22 @@ uint32_t td_fleet_status_owned(const td_fleet_status_t *st)
     for (uint32_t k = 0; st->on && k < st->partitions; k++)
         n += LOAD(st->owned[k]) ? 1 : 0;
     return n;
+}
+
+bool td_fleet_status_is_self(const td_fleet_status_t *st, const char *id)
+{
+    if (!st->on)
+        return false;
+    size_t len = strlen(st->member);
+    if (st->members_per_process <= 1)
+        return strcmp(id, st->member) == 0;
+    if (strncmp(id, st->member, len) != 0 || id[len] != '-' || id[len + 1] < '0' ||
+        id[len + 1] > '9')
+        return false;
+    char *end = NULL;
+    unsigned long i = strtoul(id + len + 1, &end, 10);
+    bool canonical = id[len + 1] != '0' || id[len + 2] == 0; /* no leading zero: "-0" alone */
+    return *end == 0 && i < st->members_per_process && canonical;
 }
 
 /* A partition's lag: 0 when the worker has applied all it has seen. */
@@ -47,7 +65,15 @@ size_t td_fleet_status_info(const td_fleet_status_t *st, char *out, size_t cap)
                        : "off",
         LOAD(st->direct_uncommitted), LOAD(st->changelog_commits), LOAD(st->not_durable),
         LOAD(st->changelog_purges));
-    return n > 0 ? (size_t)n : 0;
+    if (n < 0)
+        return 0;
+    if (st->members_per_process > 1) { /* said only where it is not 1 */
+        size_t at = (size_t)n < cap ? (size_t)n : cap;
+        int m = snprintf(out + at, cap - at, "nats_members_per_process=%u\n",
+                         st->members_per_process);
+        n += m > 0 ? m : 0;
+    }
+    return (size_t)n;
 }
 
 /* Text appended to out[0..cap) like snprintf: len counts what is needed, even past cap. */

@@ -63,7 +63,8 @@ typedef struct {
 typedef struct td_fleet_status {
     /* Settings: written before the server's loop runs, read-only after. */
     bool on;                         /* this tallyd is a fleet worker */
-    char member[64 + 1];             /* its member id */
+    char member[64 + 1];             /* its member id (with members_per_process > 1: less -i) */
+    unsigned members_per_process;    /* [nats] members_per_process: member-0 .. member-(K-1) */
     uint32_t partitions;             /* the fleet's partition count */
     uint64_t lease_ttl_ms;           /* [nats] lease_ttl_ms */
     uint64_t checkpoint_interval_ms; /* [nats] checkpoint_interval_ms */
@@ -102,6 +103,8 @@ typedef struct td_fleet_status {
 
 /* Partitions owned now. */
 uint32_t td_fleet_status_owned(const td_fleet_status_t *st);
+/* Whether member id `id` is this process's: its member id, or one of its members_per_process. */
+bool td_fleet_status_is_self(const td_fleet_status_t *st, const char *id);
 /* The `info` keys (PROTOCOL.md §13), appended to out like snprintf: the length they need. */
 size_t td_fleet_status_info(const td_fleet_status_t *st, char *out, size_t cap);
 /* The tallyd_nats_* metric families (Prometheus text), like snprintf; nothing when not in a

@@ -56,12 +56,28 @@ td_err_t td_fleet_check_config(const td_config_t *cfg, char *msg, size_t cap)
                  cfg->nats_member_id);
         return TD_ERR_CONFIG;
     }
+    if (cfg->nats_members_per_process > 1 && cfg->nats_member_id &&
+        strlen(cfg->nats_member_id) > TD_FLEET_BASE_ID_MAX) {
+        snprintf(msg, cap,
+                 "[nats] member_id '%s': at most %d characters with members_per_process %u (the "
+                 "members are named MEMBER_ID-0 .. MEMBER_ID-%u)",
+                 cfg->nats_member_id, TD_FLEET_BASE_ID_MAX, cfg->nats_members_per_process,
+                 cfg->nats_members_per_process - 1);
+        return TD_ERR_CONFIG;
+    }
     tally_nats_conf_t conf = nats_conf(cfg, NULL);
     char user[TALLY_NATS_MEMBER_ID_MAX + 1], shown[512];
     bool direct = false;
     if (tally__nats_user(&conf, user, sizeof user, msg, cap) != TALLY_OK ||
         td_fleet_route_check_config(cfg, &direct, msg, cap) != TD_OK)
         return TD_ERR_CONFIG;
+    if (direct && cfg->nats_members_per_process > 1) { /* one route per request path */
+        snprintf(msg, cap,
+                 "[nats] members_per_process %u: direct mode runs one member a process (set "
+                 "members_per_process = 1, or direct = off)",
+                 cfg->nats_members_per_process);
+        return TD_ERR_CONFIG;
+    }
     if (tally__nats_servers_local(cfg->nats_servers) || tally__nats_has_credentials(&conf))
         return TD_OK;
     tally_fleet_redact(cfg->nats_servers, shown, sizeof shown);
@@ -390,10 +406,16 @@ static void settings(td_fleet_t *f, const td_config_t *cfg)
     for (char *c = host; *c; c++) /* a host name's dots are not member id characters */
         if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9')))
             *c = '-';
+    char base[TALLY_NATS_MEMBER_ID_MAX + 1];
     if (cfg->nats_member_id)
-        snprintf(f->member, sizeof f->member, "%s", cfg->nats_member_id);
+        snprintf(base, sizeof base, "%s", cfg->nats_member_id);
     else
-        snprintf(f->member, sizeof f->member, "%.40s-%d", host, (int)getpid());
+        snprintf(base, sizeof base, "%.40s-%d", host, (int)getpid());
+    if (cfg->nats_members_per_process > 1) /* the base is short enough: td_fleet_check_config */
+        snprintf(f->member, sizeof f->member, "%.*s-%u", TD_FLEET_BASE_ID_MAX, base,
+                 f->host.instance);
+    else
+        snprintf(f->member, sizeof f->member, "%s", base);
     f->partitions = cfg->nats_partitions;
     f->ttl_ms = cfg->nats_lease_ttl_ms;
     f->ckpt_ms = cfg->nats_checkpoint_ms;
@@ -404,11 +426,17 @@ static void settings(td_fleet_t *f, const td_config_t *cfg)
     f->test_take_ms = take_ms ? atoll(take_ms) : 0;
 }
 
-/* What info shows of the settings: before the loop runs, so the loop reads them unlocked. */
+/* What info shows of the settings: before the loop runs, so the loop reads them unlocked. With
+ * members_per_process > 1 every member writes the same: the id they share, less its -i. */
 static void publish_settings(td_fleet_t *f)
 {
     td_fleet_status_t *st = f->st;
-    snprintf(st->member, sizeof st->member, "%s", f->member);
+    unsigned k = f->host.cfg->nats_members_per_process;
+    int len = (int)strlen(f->member);
+    if (k > 1) /* "-i": i < TD_NATS_MEMBERS_PER_PROCESS_LIMIT */
+        len -= f->host.instance < 10 ? 2 : 3;
+    snprintf(st->member, sizeof st->member, "%.*s", len, f->member);
+    st->members_per_process = k;
     st->partitions = f->partitions;
     st->lease_ttl_ms = (uint64_t)f->ttl_ms;
     st->checkpoint_interval_ms = (uint64_t)f->ckpt_ms;
@@ -442,7 +470,8 @@ td_err_t td_fleet_new(const td_fleet_host_t *host, td_fleet_t **out)
     if ((err = connect_fleet(f, host->cfg)) != TD_OK || (err = td_fleet_path_open(f)) != TD_OK ||
         (err = td_fleet_query_open(f)) != TD_OK || (err = td_fleet_keys_open(f)) != TD_OK ||
         (err = td_fleet_route_open(f, host->cfg)) != TD_OK ||
-        (err = open_loop_handles(f)) != TD_OK || (err = td_fleet_view_open(f)) != TD_OK)
+        (err = open_loop_handles(f)) != TD_OK ||
+        (host->instance == 0 && (err = td_fleet_view_open(f)) != TD_OK))
         goto fail;
     publish_settings(f);
     if (pthread_create(&f->thread, NULL, fleet_thread, f) != 0) {

@@ -30,6 +30,8 @@
  * own calls. A request the path cannot take yet (max_inflight) waits on the loop's side of the
  * transport, in order, rather than being answered `busy` (td_fleet_transport.c). */
 #define TD_FLEET_PENDING_EXTRA 64
+/* A member id that members_per_process > 1 suffixes with -i (i < 16): its longest. */
+#define TD_FLEET_BASE_ID_MAX (TALLY_NATS_MEMBER_ID_MAX - 3)
 /* A slot's index is the tag's low bits (the rest is a counter). */
 #define TD_FLEET_SLOT_BITS 24
 /* A partition's reader queues at most this much (a fetch asks for the room left, at least one

@@ -366,6 +366,9 @@ void td_part_drop(td_fleet_t *f, td_part_t *p, const char *why)
     td_warn("fleet: partition %u lost: %s; its local state is dropped", (unsigned)p->k, why);
     TD_FLEET_COUNT(f, leases_lost);
     forget_work(f, p);
+    /* The copy goes first: once the lease is released, a member of this same process
+     * (members_per_process) may take the partition into the table the copy is in. */
+    drop_local_copy(f, p);
     if (td_lease_valid(&p->lease, td_nats_now_ms())) {
         /* still ours (its consumer could not be made again, a take-over of its own): the key
          * would otherwise hold the partition from everyone, this worker too, until it expires
@@ -374,7 +377,6 @@ void td_part_drop(td_fleet_t *f, td_part_t *p, const char *why)
         p->no_take_until_ms = td_nats_now_ms() + TD_FLEET_TAKE_BACKOFF_MS;
     }
     memset(&p->lease, 0, sizeof p->lease);
-    drop_local_copy(f, p);
 }
 
 /* True when a message of the partition's window is in the request path. */

@@ -180,7 +180,7 @@ tally_status_t td_web_fleet_list_json(td_web_t *self, const td_fleet_answer_t *a
     tally_status_t st = list_head(self, &rate_ms, out);
     for (size_t i = 0; i < a->count && st == TALLY_OK; i++) {
         const td_fleet_entry_t *e = &a->entries[i];
-        const td_stream_t *s = member && strcmp(e->member, member) == 0
+        const td_stream_t *s = member && td_fleet_status_is_self(self->host.fleet, e->member)
                                    ? td_streams_find(self->host.streams, e->name, strlen(e->name))
                                    : NULL;
         if (s) { /* this worker's own: in full */
