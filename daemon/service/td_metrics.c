@@ -564,9 +564,9 @@ static void render_replies(const td_gauges_t *g, out_t *o)
          (unsigned long long)g->reply.bound_peer, (unsigned long long)g->reply.bound_total);
     emit_counter(o, "tallyd_connections_lost_total",
                  "Connections that closed while tallyd owed them replies: requests read and not "
-                 "yet answered, or unread, or replies just handed to ZeroMQ, which drops what it "
-                 "had not written (the client closed it, or ZeroMQ did after a frame over "
-                 "max_frame).",
+                 "yet answered, or read after the close (the client closed it, or ZeroMQ did "
+                 "after a frame over max_frame). One whose requests were all answered is not "
+                 "counted, though ZeroMQ drops the replies it had not written to it.",
                  g->reply.connections_lost);
     emit_counter(o, "tallyd_replies_resent_total",
                  "Replies kept for such a connection and sent once a connection with its routing "
