@@ -243,16 +243,8 @@ static void test_connection_churn(void **state)
     assert_int_equal(th_stat(probe, "tallyd_connections_lost_total"), 0);
     assert_int_equal(th_stat(probe, "tallyd_replies_dropped_total{reason=\"peer_gone\"}"), 0);
     /* ... and the metric's help says so, as PROTOCOL.md §1 does (it once said the opposite). */
-    tally_req_t stats = th_req(TALLY_OP_STATS, TALLY_DTYPE_NONE, 1);
-    th_reply_t text;
-    assert_int_equal(th_call(probe, &stats, NULL, 0, &text), 0);
-    const char *help = strstr((const char *)text.payload, "# HELP tallyd_connections_lost_total ");
-    assert_non_null(help);
-    const char *end = strchr(help, '\n');
-    assert_non_null(end);
-    const char *claim = strstr(help, "One whose requests were all answered is not counted");
-    assert_true(claim && claim < end);
-    th_reply_free(&text);
+    assert_true(th_stat_help_says(probe, "tallyd_connections_lost_total",
+                                  "One whose requests were all answered is not counted"));
     assert_int_equal(th_close_and_stop(probe, &daemon_, 20000), 0);
     daemon_.pid = 0;
 }
