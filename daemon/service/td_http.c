@@ -312,6 +312,12 @@ static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned code, con
     if (!resp)
         return MHD_NO;
     set_content_type(resp, "text/plain; charset=utf-8");
+    /* A 405 names the methods the resource takes (RFC 9110 15.5.6), as the API's do. */
+    if (code == MHD_HTTP_METHOD_NOT_ALLOWED &&
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, "GET, HEAD") != MHD_YES) {
+        MHD_destroy_response(resp);
+        return MHD_NO;
+    }
     enum MHD_Result rc = MHD_queue_response(conn, code, resp);
     MHD_destroy_response(resp);
     return rc;
@@ -479,7 +485,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
                          "not found: tallyd serves /metrics, /healthz, the web page at / and "
                          "the API at /api/v1/\n");
     if (!get && !head)
-        return send_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET\n");
+        return send_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET and HEAD\n");
     /* With metrics_auth_file /metrics needs the credentials; /healthz never does: it says only
      * "ok", "draining" or "gpu lost", and the probes that ask it (load balancers, orchestrators,
      * monitoring) rarely carry a password. */
