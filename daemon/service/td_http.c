@@ -65,6 +65,12 @@
 
 #define CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 /* libmicrohttpd's messages: at most this many per LOG_WINDOW_NS, then a count of the rest. */
+/* libmicrohttpd's memory per connection, for the request line and headers, their parsed
+ * arguments and the response's headers. Its default, 32 KiB, held a request line of ~17 KiB
+ * with 240 arguments (each argument takes a record from the same pool): short of the page's
+ * events of 256 streams with 64-byte names (18.4 KiB, docs/web.md). 64 KiB holds that with
+ * room: 16 MiB in the worst case at the default max_connections (256). */
+#define CONNECTION_MEMORY (64u << 10)
 #define LOG_BURST 5
 #define LOG_WINDOW_NS (10ull * 1000000000ull)
 
@@ -631,7 +637,8 @@ static td_err_t start_mhd(td_http_t *self, const char *listen, const struct sock
         td_http_guard_mhd_limit(g), MHD_OPTION_PER_IP_CONNECTION_LIMIT,
         td_http_guard_mhd_per_ip_limit(g), MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
         MHD_OPTION_NOTIFY_CONNECTION, td_http_guard_notify, g, MHD_OPTION_NOTIFY_COMPLETED,
-        completed, self, MHD_OPTION_UNESCAPE_CALLBACK, keep_escapes, NULL, MHD_OPTION_END);
+        completed, self, MHD_OPTION_UNESCAPE_CALLBACK, keep_escapes, NULL,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONNECTION_MEMORY, MHD_OPTION_END);
     if (!self->mhd) {
         int err = errno;
         td_err("metrics: cannot listen on %s: %s%s", listen, strerror(err),
