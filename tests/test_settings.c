@@ -318,8 +318,13 @@ static void test_file_refusals(void **state)
     (void)state;
     refused_file("max_batch = 1M\n", "1: key 'max_batch' outside any [section]");
     refused_file("[server]\nmax_batch = 1M\n\n[nosuch]\nkey = 1\n", "4: unknown section [nosuch]");
-    /* A section without keys is checked too (tallyd.conf(5): an unknown section stops tallyd). */
-    refused_file("[server]\nmax_batch = 1M\n  [nosuch]\n", "3: unknown section [nosuch]");
+    /* A section without keys is checked too (tallyd.conf(5): an unknown section stops tallyd);
+     * indented after a key, inih reads it as more of that key's value. */
+    refused_file("[server]\nmax_batch = 1M\n[nosuch]\n", "3: unknown section [nosuch]");
+    refused_file("[server]\n  [nosuch]\n", "2: unknown section [nosuch]");
+    refused_file(
+        "[server]\nmax_batch = 1M\n  [nosuch]\n",
+        "3: invalid value '[nosuch]' for max_batch in [server] (see --max-batch in --help)");
     /* A line longer than inih reads at once (tallyd.conf(5): 198 characters) is refused as
      * such at its line, whatever its pieces would have looked like to inih. */
     char longline[3000] = "[server]\nmax_inflight = 8\n# ";

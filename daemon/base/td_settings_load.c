@@ -180,17 +180,21 @@ typedef struct {
     size_t msg_cap;
     bool failed;
     bool mid_line; /* the last piece read did not end the line (inih reads long lines in pieces) */
+    bool key_seen; /* a key since the last [section]: an indented line continues its value */
     td_err_t err;  /* the first error's */
 } file_parse_t;
 
 /* A [section] line names a section of the table: inih calls handle_key for keys only, so an
- * unknown section without keys would pass unseen (tallyd.conf(5): it stops tallyd). */
+ * unknown section without keys would pass unseen (tallyd.conf(5): it stops tallyd). An indented
+ * line after a key is, to inih, more of that key's value (INI_ALLOW_MULTILINE), not a section. */
 static void check_section_line(file_parse_t *p, const char *line)
 {
-    line += strspn(line, " \t");
+    size_t indent = strspn(line, " \t");
+    line += indent;
     const char *end = line[0] == '[' ? strchr(line, ']') : NULL;
-    if (!end || p->failed)
+    if (!end || p->failed || (indent && p->key_seen))
         return;
+    p->key_seen = false;
     char name[64];
     size_t len = (size_t)(end - line - 1);
     snprintf(name, sizeof name, "%.*s", (int)(len < sizeof name ? len : sizeof name - 1), line + 1);
@@ -226,6 +230,7 @@ static char *count_lines(char *buf, int size, void *stream)
 static int handle_key(void *user, const char *section, const char *key, const char *value)
 {
     file_parse_t *p = user;
+    p->key_seen = true;
     if (p->failed)
         return 1; /* report the first error only */
     const td_setting_t *k = td_setting_by_key(section, key);
