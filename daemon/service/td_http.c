@@ -64,13 +64,13 @@
 #include "td_web.h"
 
 #define CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
-/* libmicrohttpd's messages: at most this many per LOG_WINDOW_NS, then a count of the rest. */
 /* libmicrohttpd's memory per connection, for the request line and headers, their parsed
  * arguments and the response's headers. Its default, 32 KiB, held a request line of ~17 KiB
  * with 240 arguments (each argument takes a record from the same pool): short of the page's
  * events of 256 streams with 64-byte names (18.4 KiB, docs/web.md). 64 KiB holds that with
  * room: 16 MiB in the worst case at the default max_connections (256). */
 #define CONNECTION_MEMORY (64u << 10)
+/* libmicrohttpd's messages: at most this many per LOG_WINDOW_NS, then a count of the rest. */
 #define LOG_BURST 5
 #define LOG_WINDOW_NS (10ull * 1000000000ull)
 
