@@ -100,13 +100,13 @@ int main(int argc, char **argv)
     /* Protected mode: before anything starts, and what --check-config reports too. */
     err = td_config_check_protected(&cfg, msg, sizeof msg);
     if (err != TD_OK) {
-        fprintf(stderr, "tallyd: %s\n", msg);
+        fprintf(stderr, SD_ERR "tallyd: %s\n", msg);
         code = td_err_exit_code(err);
         goto done;
     }
     err = check_fleet(&cfg, msg, sizeof msg);
     if (err != TD_OK) {
-        fprintf(stderr, "tallyd: %s\n", msg);
+        fprintf(stderr, SD_ERR "tallyd: %s\n", msg);
         code = td_err_exit_code(err);
         goto done;
     }

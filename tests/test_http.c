@@ -499,6 +499,16 @@ static void test_host_checked_against_rebinding(void **state)
     fd = open_get(port, NULL, "/api/v1/events?stream=cam0", with_port, &status);
     assert_int_equal(status, 200);
     close(fd);
+    /* Another method on /metrics or /healthz: 405 with the methods they take (RFC 9110), as
+     * every 405 of the page and the API. */
+    const char *const plain[] = {"/metrics", "/healthz", "/", "/api/v1/streams"};
+    for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++) {
+        char *resp = th_http_get(port, "POST", plain[i], NULL);
+        assert_non_null(resp);
+        assert_int_equal(strncmp(resp, "HTTP/1.", 7) == 0 ? atoi(resp + 9) : 0, 405);
+        assert_non_null(strstr(resp, "\r\nAllow: GET, HEAD\r\n"));
+        free(resp);
+    }
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);
 }
 

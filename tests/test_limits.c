@@ -141,6 +141,19 @@ static void test_streams_per_client(void **state)
     assert_int_equal(th_call_status(a, &reset, NULL, 0), TALLY_OK);
     assert_int_equal(hist_on(a, "a3", 25), TALLY_E_CLIENT_STREAMS); /* reset kept a1 */
 
+    /* At its quota, a numbered hist that would create a stream and skips seq 1 is a gap before
+     * it is over the quota (PROTOCOL.md §6 step 10): sequence_gap with aux0 0, not counted as
+     * limited (the count below stays 3). */
+    uint8_t byte = 7;
+    tally_req_t gap = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 27);
+    assert_int_equal(tally_req_set_stream(&gap, "a9"), TALLY_OK);
+    gap.seq = 5;
+    th_reply_t gap_reply;
+    assert_int_equal(th_call(a, &gap, &byte, 1, &gap_reply), 0);
+    assert_int_equal(gap_reply.rep.status, TALLY_E_SEQ_GAP);
+    assert_int_equal(gap_reply.rep.aux0, 0);
+    th_reply_free(&gap_reply);
+
     tally_req_t del = th_req(TALLY_OP_DELETE, TALLY_DTYPE_NONE, 26);
     assert_int_equal(tally_req_set_stream(&del, "a1"), TALLY_OK);
     assert_int_equal(th_call_status(a, &del, NULL, 0), TALLY_OK);
@@ -149,6 +162,11 @@ static void test_streams_per_client(void **state)
 
     assert_int_equal(th_stat(b, "tallyd_limited_total{reason=\"client_streams\"}"), 3);
     assert_int_equal(th_stat(b, "tallyd_streams"), 4); /* a0 a2 a3 b0 */
+    /* The family's help names its reasons as the labels spell them, each with its status. */
+    const char *reasons[] = {"inflight_share (answered busy", "client_streams (client_streams",
+                             "stream_rate (rate_limited", "reply_bytes_peer and reply_bytes (busy"};
+    for (size_t i = 0; i < sizeof reasons / sizeof reasons[0]; i++)
+        assert_true(th_stat_help_says(b, "tallyd_limited_total", reasons[i]));
     th_close(a);
     th_close(b);
     assert_int_equal(th_daemon_stop(&daemon_, SIGTERM, 10000), 0);

@@ -242,6 +242,9 @@ static void test_connection_churn(void **state)
     void *probe = th_connect(daemon_.endpoint, 10000);
     assert_int_equal(th_stat(probe, "tallyd_connections_lost_total"), 0);
     assert_int_equal(th_stat(probe, "tallyd_replies_dropped_total{reason=\"peer_gone\"}"), 0);
+    /* ... and the metric's help says so, as PROTOCOL.md §1 does (it once said the opposite). */
+    assert_true(th_stat_help_says(probe, "tallyd_connections_lost_total",
+                                  "One whose requests were all answered is not counted"));
     assert_int_equal(th_close_and_stop(probe, &daemon_, 20000), 0);
     daemon_.pid = 0;
 }

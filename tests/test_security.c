@@ -350,7 +350,9 @@ static void test_protected_mode(void **state)
     /* Refused, saying how to set up keys; --check-config says the same. */
     const char *bare[] = {"--bind", endpoint, "--shm", "off", NULL};
     assert_int_equal(run_refused(bare, log), 2);
-    assert_true(file_contains(log, "protected mode: refusing to listen on tcp://0.0.0.0"));
+    /* At priority err, as every refused start (docs/service.md: `<3>tallyd: MESSAGE`). */
+    assert_true(
+        file_contains(log, "<3>tallyd: protected mode: refusing to listen on tcp://0.0.0.0"));
     assert_true(file_contains(log, "tally keygen"));
     const char *bad_list[] = {"--curve-clients", "cam1:not-a-key", "--check-config", NULL};
     assert_int_equal(run_refused(bad_list, log), 2);

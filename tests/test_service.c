@@ -1094,7 +1094,8 @@ static void test_config_file_errors_exit_2(void **state)
     } cases[] = {
         {"[server]\nmax_inflight = 8\nbogus = 1\n", ".conf:3: unknown key 'bogus' in [server]"},
         {"[server]\n\nmax_inflight = lots\n", ".conf:3: invalid value 'lots' for max_inflight"},
-        {"[nope]\nx = 1\n", ".conf:2: unknown section [nope]"},
+        {"[nope]\nx = 1\n", ".conf:1: unknown section [nope]"},
+        {"[server]\nmax_inflight = 8\n[nope]\n", ".conf:3: unknown section [nope]"}, /* no keys */
         {"log_level = debug\n", ".conf:1: key 'log_level' outside any [section]"},
         {"[server]\nthis line has no equals sign\n", ".conf:2: syntax error"},
         {"[state]\ninterval = 0\n", ".conf:2: invalid value '0' for interval in [state]"},

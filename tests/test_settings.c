@@ -317,7 +317,24 @@ static void test_file_refusals(void **state)
 {
     (void)state;
     refused_file("max_batch = 1M\n", "1: key 'max_batch' outside any [section]");
-    refused_file("[server]\nmax_batch = 1M\n\n[nosuch]\nkey = 1\n", "5: unknown section [nosuch]");
+    refused_file("[server]\nmax_batch = 1M\n\n[nosuch]\nkey = 1\n", "4: unknown section [nosuch]");
+    /* A section without keys is checked too (tallyd.conf(5): an unknown section stops tallyd);
+     * indented after a key, inih reads it as more of that key's value. */
+    refused_file("[server]\nmax_batch = 1M\n[nosuch]\n", "3: unknown section [nosuch]");
+    refused_file("[server]\n  [nosuch]\n", "2: unknown section [nosuch]");
+    refused_file(
+        "[server]\nmax_batch = 1M\n  [nosuch]\n",
+        "3: invalid value '[nosuch]' for max_batch in [server] (see --max-batch in --help)");
+    /* A line longer than inih reads at once (tallyd.conf(5): 198 characters) is refused as
+     * such at its line, whatever its pieces would have looked like to inih. */
+    char longline[3000] = "[server]\nmax_inflight = 8\n# ";
+    for (int i = 0; i < 1000; i++)
+        strcat(longline, "[]");
+    strcat(longline, "\nmax_inflight = 9\n");
+    refused_file(longline, "3: line longer than 198 characters");
+    char fits[300];
+    snprintf(fits, sizeof fits, "[server]\n#%0197d\nnosuch = 1\n", 0); /* 198 characters */
+    refused_file(fits, "3: unknown key 'nosuch' in [server]");
     refused_file("[server]\n# a comment\nnosuch = 1\n", "3: unknown key 'nosuch' in [server]");
     refused_file("[shm]\nenabled = maybe\n",
                  "2: invalid value 'maybe' for enabled in [shm] (see --shm in --help)");

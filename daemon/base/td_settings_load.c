@@ -179,21 +179,58 @@ typedef struct {
     char *msg; /* the first error, "PATH:LINE: ..." */
     size_t msg_cap;
     bool failed;
-    td_err_t err; /* the first error's */
+    bool mid_line; /* the last piece read did not end the line (inih reads long lines in pieces) */
+    bool key_seen; /* a key since the last [section]: an indented line continues its value */
+    td_err_t err;  /* the first error's */
 } file_parse_t;
+
+/* A [section] line names a section of the table: inih calls handle_key for keys only, so an
+ * unknown section without keys would pass unseen (tallyd.conf(5): it stops tallyd). An indented
+ * line after a key is, to inih, more of that key's value (INI_ALLOW_MULTILINE), not a section. */
+static void check_section_line(file_parse_t *p, const char *line)
+{
+    size_t indent = strspn(line, " \t");
+    line += indent;
+    const char *end = line[0] == '[' ? strchr(line, ']') : NULL;
+    if (!end || p->failed || (indent && p->key_seen))
+        return;
+    p->key_seen = false;
+    char name[64];
+    size_t len = (size_t)(end - line - 1);
+    snprintf(name, sizeof name, "%.*s", (int)(len < sizeof name ? len : sizeof name - 1), line + 1);
+    if (len < sizeof name && td_settings_has_section(name))
+        return;
+    snprintf(p->msg, p->msg_cap, "%s:%d: unknown section [%s]", p->path, p->line, name);
+    p->err = TD_ERR_CONFIG;
+    p->failed = true;
+}
 
 static char *count_lines(char *buf, int size, void *stream)
 {
     file_parse_t *p = stream;
     char *got = fgets(buf, size, p->file);
-    if (got)
+    if (!got)
+        return NULL;
+    if (!p->mid_line) {
         p->line++;
+        check_section_line(p, got);
+    }
+    p->mid_line = !strchr(got, '\n');
+    /* inih would take the rest of a longer line for a line of its own (a syntax error, or a
+     * [section] in the middle of a value): refuse it here, in words, at its line. */
+    if (p->mid_line && strlen(got) + 1 == (size_t)size && !p->failed) {
+        snprintf(p->msg, p->msg_cap, "%s:%d: line longer than %d characters", p->path, p->line,
+                 size - 2);
+        p->err = TD_ERR_CONFIG;
+        p->failed = true;
+    }
     return got;
 }
 
 static int handle_key(void *user, const char *section, const char *key, const char *value)
 {
     file_parse_t *p = user;
+    p->key_seen = true;
     if (p->failed)
         return 1; /* report the first error only */
     const td_setting_t *k = td_setting_by_key(section, key);

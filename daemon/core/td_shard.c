@@ -215,8 +215,9 @@ void td_shard_finished(td_shard_t *self, td_request_t *r)
 /* ---- Dispatch ----------------------------------------------------------------------------- */
 
 /* A filter, scan or hist names a stream that does not exist yet: its seq (a gap needs none of
- * the limits), its client's stream count and creation rate, then the global max_streams. Each limit is taken as it is checked and given back
- * when a later one refuses (the shards share them). Returns false when the request was failed. */
+ * the limits), its client's stream count and creation rate, then the global max_streams. Each
+ * limit is taken as it is checked and given back when a later one refuses (the shards share
+ * them). Returns false when the request was failed. */
 static bool create_stream(td_shard_t *p, td_request_t *r, td_stream_t **out)
 {
     const tally_req_t *q = &r->req;

@@ -64,6 +64,12 @@
 #include "td_web.h"
 
 #define CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
+/* libmicrohttpd's memory per connection, for the request line and headers, their parsed
+ * arguments and the response's headers. Its default, 32 KiB, held a request line of ~17 KiB
+ * with 240 arguments (each argument takes a record from the same pool): short of the page's
+ * events of 256 streams with 64-byte names (18.4 KiB, docs/web.md). 64 KiB holds that with
+ * room: 16 MiB in the worst case at the default max_connections (256). */
+#define CONNECTION_MEMORY (64u << 10)
 /* libmicrohttpd's messages: at most this many per LOG_WINDOW_NS, then a count of the rest. */
 #define LOG_BURST 5
 #define LOG_WINDOW_NS (10ull * 1000000000ull)
@@ -312,6 +318,12 @@ static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned code, con
     if (!resp)
         return MHD_NO;
     set_content_type(resp, "text/plain; charset=utf-8");
+    /* A 405 names the methods the resource takes (RFC 9110 15.5.6), as the API's do. */
+    if (code == MHD_HTTP_METHOD_NOT_ALLOWED &&
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, "GET, HEAD") != MHD_YES) {
+        MHD_destroy_response(resp);
+        return MHD_NO;
+    }
     enum MHD_Result rc = MHD_queue_response(conn, code, resp);
     MHD_destroy_response(resp);
     return rc;
@@ -479,7 +491,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
                          "not found: tallyd serves /metrics, /healthz, the web page at / and "
                          "the API at /api/v1/\n");
     if (!get && !head)
-        return send_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET\n");
+        return send_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET and HEAD\n");
     /* With metrics_auth_file /metrics needs the credentials; /healthz never does: it says only
      * "ok", "draining" or "gpu lost", and the probes that ask it (load balancers, orchestrators,
      * monitoring) rarely carry a password. */
@@ -625,7 +637,8 @@ static td_err_t start_mhd(td_http_t *self, const char *listen, const struct sock
         td_http_guard_mhd_limit(g), MHD_OPTION_PER_IP_CONNECTION_LIMIT,
         td_http_guard_mhd_per_ip_limit(g), MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
         MHD_OPTION_NOTIFY_CONNECTION, td_http_guard_notify, g, MHD_OPTION_NOTIFY_COMPLETED,
-        completed, self, MHD_OPTION_UNESCAPE_CALLBACK, keep_escapes, NULL, MHD_OPTION_END);
+        completed, self, MHD_OPTION_UNESCAPE_CALLBACK, keep_escapes, NULL,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONNECTION_MEMORY, MHD_OPTION_END);
     if (!self->mhd) {
         int err = errno;
         td_err("metrics: cannot listen on %s: %s%s", listen, strerror(err),

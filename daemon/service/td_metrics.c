@@ -62,7 +62,7 @@ typedef enum { STREAM_VALUES, STREAM_BYTES, STREAM_REQUESTS, STREAM_FAMILIES } s
 
 static const char *const stream_family_head[STREAM_FAMILIES] = {
     "# HELP tallyd_stream_values_total Elements applied to the stream (since it was created or "
-    "reset), per stream; streams beyond metrics_streams are summed as "
+    "reset), per stream; streams past the first [metrics] streams created are summed as "
     "stream=\"" TD_METRICS_OTHER_STREAMS "\".\n"
     "# TYPE tallyd_stream_values_total counter\n",
     "# HELP tallyd_stream_bytes_total Payload bytes applied to the stream, per stream.\n"
@@ -78,7 +78,7 @@ static uint64_t stream_counter(const td_stream_t *s, stream_family_t f)
     return f == STREAM_VALUES ? s->info.elements : f == STREAM_BYTES ? s->info.bytes : s->requests;
 }
 
-/* One family: the first metrics_streams streams by name, the rest summed. */
+/* One family: the first metrics_streams streams in creation order, the rest summed. */
 static void render_stream_family(const td_gauges_t *g, stream_family_t f, out_t *o)
 {
     emit(o, "%s", stream_family_head[f]);
@@ -155,9 +155,9 @@ static void render_stream_histograms(const td_gauges_t *g, out_t *o)
     if (!buckets)
         return;
     emit(o, "# HELP tallyd_stream_values Values histogrammed on the stream (since it was created "
-            "or reset), its 256 bins folded into metrics_histogram_buckets buckets; le is the "
+            "or reset), its 256 bins folded into [metrics] histogram_buckets buckets; le is the "
             "largest value in a bucket; per channel (r, g, b, a) for rgb8/rgba8; the first "
-            "metrics_streams streams only.\n"
+            "[metrics] streams streams created only.\n"
             "# TYPE tallyd_stream_values histogram\n");
     unsigned n = 0;
     for (td_stream_t *s = td_streams_first(g->streams); s && n < g->metrics_streams;
@@ -439,10 +439,11 @@ static void render_resources(const td_metrics_t *m, const td_gauges_t *g, out_t 
     render_gpu_stages(m, o);
     static const char *const limit_names[TD_LIMIT_COUNT] = {
         "inflight_share", "client_streams", "stream_rate", "reply_bytes_peer", "reply_bytes"};
-    emit(o, "# HELP tallyd_limited_total Requests refused by a per-peer limit: the connection's "
-            "share of in-flight slots (busy), the client's streams (client_streams), its stream "
-            "creation rate (rate_limited), the reply bytes of the connection (reply_bytes_peer) "
-            "or of all connections (reply_bytes) (busy).\n"
+    emit(o, "# HELP tallyd_limited_total Requests refused by a per-peer limit, by reason: "
+            "inflight_share (answered busy: the connection's share of in-flight slots), "
+            "client_streams (client_streams: the client's streams or their state bytes), "
+            "stream_rate (rate_limited: the client's stream creation rate), reply_bytes_peer and "
+            "reply_bytes (busy: the reply bytes of the connection, of all connections).\n"
             "# TYPE tallyd_limited_total counter\n");
     for (unsigned i = 0; i < TD_LIMIT_COUNT; i++)
         emit(o, "tallyd_limited_total{reason=\"%s\"} %llu\n", limit_names[i],
@@ -564,9 +565,9 @@ static void render_replies(const td_gauges_t *g, out_t *o)
          (unsigned long long)g->reply.bound_peer, (unsigned long long)g->reply.bound_total);
     emit_counter(o, "tallyd_connections_lost_total",
                  "Connections that closed while tallyd owed them replies: requests read and not "
-                 "yet answered, or unread, or replies just handed to ZeroMQ, which drops what it "
-                 "had not written (the client closed it, or ZeroMQ did after a frame over "
-                 "max_frame).",
+                 "yet answered, or read after the close (the client closed it, or ZeroMQ did "
+                 "after a frame over max_frame). One whose requests were all answered is not "
+                 "counted, though ZeroMQ drops the replies it had not written to it.",
                  g->reply.connections_lost);
     emit_counter(o, "tallyd_replies_resent_total",
                  "Replies kept for such a connection and sent once a connection with its routing "

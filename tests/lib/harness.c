@@ -540,6 +540,22 @@ long long th_stat(void *sock, const char *name)
     return value;
 }
 
+bool th_stat_help_says(void *sock, const char *family, const char *words)
+{
+    tally_req_t req = th_req(TALLY_OP_STATS, TALLY_DTYPE_NONE, 999998);
+    th_reply_t reply;
+    if (th_call(sock, &req, NULL, 0, &reply) != 0)
+        return false;
+    char head[160];
+    snprintf(head, sizeof head, "# HELP %s ", family);
+    const char *help = strstr((const char *)reply.payload, head);
+    const char *end = help ? strchr(help, '\n') : NULL;
+    const char *at = help ? strstr(help, words) : NULL;
+    bool says = at && (!end || at < end);
+    th_reply_free(&reply);
+    return says;
+}
+
 tally_req_t th_req(uint8_t opcode, uint8_t dtype, uint64_t id)
 {
     tally_req_t req;

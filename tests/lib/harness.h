@@ -122,6 +122,8 @@ int th_call(void *sock, const tally_req_t *req, const void *payload, size_t len,
 /* The value of the line `name value` in tallyd's stats text (name with its labels, e.g.
  * `tallyd_limited_total{reason="stream_rate"}`), asked on sock; -1 when absent or on no reply. */
 long long th_stat(void *sock, const char *name);
+/* Whether the `# HELP family ...` line of tallyd's stats text, asked on sock, holds `words`. */
+bool th_stat_help_says(void *sock, const char *family, const char *words);
 
 /* A peer that never reads (receive high-water mark 1, a 4 KiB kernel buffer, so its replies stay
  * in tallyd), connected to endpoint, that pipelines `scans` scans of 1 MiB of int32 (each reply
