@@ -24,6 +24,8 @@
  * of a message that holds the whole rest of the buffer covers every record before it, whatever
  * ticket each was held under. A record larger than max_msg alone can never be stored: the
  * write that made it fails the partition at once, with the sizes in the log.
+ *
+ * Where a held write waits, stage by stage, is timed under mu (td_changelog_stages.h).
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -33,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "td_changelog_stages.h"
 #include "td_fleet_changelog.h"
 #include "td_fleet_int.h"
 #include "td_log.h"
@@ -66,6 +69,7 @@ typedef struct {
     uint64_t ticket;
     bool part;       /* it holds the batch's first records only: it settles nothing */
     int64_t sent_ms; /* its first publish (a resend keeps it: TD_FLEET_JS_WAIT_MS in all) */
+    int64_t sent_ns; /* that publish handed to libnats: its ack stage starts */
     natsMsg *resend; /* answered, to publish again (an election): kept until then */
 } cl_flight_t;
 
@@ -76,6 +80,7 @@ typedef struct {
     uint8_t *buf;    /* the batch: records waiting to be published */
     size_t len, cap;
     int64_t first_ms;              /* when the batch's first record came (monotonic) */
+    td_cl_times_t times;           /* where its held writes wait */
     uint64_t batch;                /* the ticket of the batch now filling */
     cl_flight_t flights[CL_DEPTH]; /* published, not settled: oldest first */
     unsigned nflights;
@@ -135,10 +140,12 @@ static int flight_of(const cl_part_t *p, uint64_t ticket)
     return -1;
 }
 
-/* Under mu: flights 0..i were stored, the last at seq: they leave, their tickets settled. */
-static void settle_upto(cl_part_t *p, unsigned i, uint64_t seq)
+/* Under mu: flights 0..i were stored, the last at seq, their PubAck come at ack_ns: they leave,
+ * their tickets settled. */
+static void settle_upto(td_changelog_t *cl, cl_part_t *p, unsigned i, uint64_t seq, int64_t ack_ns)
 {
     p->stored = seq;
+    uint64_t was = p->ok_upto;
     for (unsigned j = 0; j <= i; j++) {
         if (!p->flights[j].part)
             p->ok_upto = p->flights[j].ticket;
@@ -146,7 +153,10 @@ static void settle_upto(cl_part_t *p, unsigned i, uint64_t seq)
             natsMsg_Destroy(p->flights[j].resend);
             p->nresend--;
         }
+        td_cl_stage(cl->f->st, TD_CL_STAGE_ACK, p->flights[j].sent_ns, ack_ns);
     }
+    td_cl_times_settled(&p->times, p->ok_upto != was ? p->ok_upto : 0, ack_ns,
+                        p->nflights == CL_DEPTH);
     p->nflights -= i + 1;
     memmove(p->flights, p->flights + i + 1, p->nflights * sizeof *p->flights);
 }
@@ -179,6 +189,7 @@ static void on_ack(jsCtx *js, natsMsg *m, jsPubAck *pa, jsPubAckErr *pae, void *
     natsMsgHeader_Get(m, TALLY_NATS_HDR_BATCH, &batch);
     uint64_t ticket = batch ? strtoull(batch, NULL, 10) : 0;
     test_gate("TALLYD_TEST_ACK_GATE", "a PubAck", (uint32_t)k);
+    int64_t ack_ns = td_cl_now_ns();
     pthread_mutex_lock(&cl->mu);
     cl_part_t *p = k < cl->f->partitions ? &cl->parts[k] : NULL;
     int i = p ? flight_of(p, ticket) : -1; /* -1: settled already, or failed */
@@ -194,7 +205,7 @@ static void on_ack(jsCtx *js, natsMsg *m, jsPubAck *pa, jsPubAckErr *pae, void *
             p->retry_ms = td_nats_now_ms() + CL_RETRY_MS;
         pthread_cond_signal(&cl->cond);
     } else if (fl && pa && !pae) {
-        settle_upto(p, (unsigned)i, pa->Sequence);
+        settle_upto(cl, p, (unsigned)i, pa->Sequence, ack_ns);
         TD_FLEET_COUNT(cl->f, changelog_commits);
         pthread_cond_signal(&cl->cond);
     } else if (fl) {
@@ -277,6 +288,8 @@ static size_t records_within(const uint8_t *buf, size_t len, size_t max)
 static void publish_locked(td_changelog_t *cl, uint32_t k, int64_t now)
 {
     cl_part_t *p = &cl->parts[k];
+    int64_t start_ns = td_cl_now_ns();
+    td_cl_times_publishing(&p->times, cl->f->st, cl->commit_ms, start_ns);
     char subject[32];
     subject_of(subject, sizeof subject, k);
     natsMsg *m = NULL;
@@ -295,8 +308,10 @@ static void publish_locked(td_changelog_t *cl, uint32_t k, int64_t now)
         fail_locked(cl, k, why);
         return;
     }
+    int64_t sent_ns = td_cl_now_ns();
     p->flights[p->nflights++] =
-        (cl_flight_t){.ticket = p->batch++, .part = n < p->len, .sent_ms = now};
+        (cl_flight_t){.ticket = p->batch++, .part = n < p->len, .sent_ms = now, .sent_ns = sent_ns};
+    td_cl_times_sent(&p->times, cl->f->st, start_ns, sent_ns, p->nflights == CL_DEPTH, n < p->len);
     memmove(p->buf, p->buf + n, p->len - n); /* the rest goes next, at once */
     p->len -= n;
 }
@@ -443,6 +458,8 @@ bool td_changelog_hold(td_fleet_t *f, uint32_t k, const tally_req_t *req, td_str
             td_state_record_written(stream, replaces);
         if (first)
             p->first_ms = td_nats_now_ms();
+        td_cl_times_held(&p->times, first,
+                         p->len < cl->commit_bytes && p->len + size >= cl->commit_bytes);
         p->len += size;
         if (first || p->len >= cl->commit_bytes)
             pthread_cond_signal(&cl->cond);
@@ -460,6 +477,8 @@ tally_status_t td_changelog_settled(td_fleet_t *f, uint32_t k, uint64_t ticket, 
     bool failed =
         (p->fail_from && ticket >= p->fail_from) || (ticket < p->open_from && ticket > p->ok_then);
     *pending = !failed && ticket > p->ok_upto;
+    if (!failed && !*pending)
+        td_cl_times_released(&p->times, f->st, ticket);
     pthread_mutex_unlock(&cl->mu);
     if (!failed)
         return TALLY_OK;
@@ -668,6 +687,7 @@ static void open_part(td_changelog_t *cl, uint32_t k, uint64_t epoch, uint64_t f
     p->stored = fence;
     p->fail_from = 0;
     drop_flights(p);
+    td_cl_times_taken(&p->times);
     p->len = 0;
     p->ok_then = p->ok_upto;
     p->open_from = p->batch;
@@ -687,8 +707,8 @@ td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t 
      * (and its records after the checkpoint would otherwise be applied, stale, by a later
      * replicated owner over this one's checkpoints); only one never written is left alone. */
     bool missing = false;
-    td_err_t err = cl ? td_nats_stream_ensure(f->js, stream, subject, cl->replicas,
-                                              cl->max_age_ms, (int32_t)f->max_payload, msg, cap)
+    td_err_t err = cl ? td_nats_stream_ensure(f->js, stream, subject, cl->replicas, cl->max_age_ms,
+                                              (int32_t)f->max_payload, msg, cap)
                       : changelog_exists(f, k, &missing, msg, cap);
     if (err != TD_OK || missing)
         return err;
