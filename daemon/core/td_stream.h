@@ -99,6 +99,9 @@ typedef struct td_stream {
      * record saw it, cl_mark_before where that record's changes start. */
     uint64_t ring_epoch;
     td_ring_mark_t cl_mark, cl_mark_before;
+    /* The changelog batch (its ticket) that took the stream's last record: whether that record
+     * may still wait there, guessed before the changelog's lock (td_changelog_hold). */
+    uint64_t cl_ticket;
     /* Whether clients can see it yet (PROTOCOL.md §5 "Streams": a failed request has no
      * effect, so it creates no stream). TD_STREAM_NEW: created by a filter, scan or hist that
      * is not applied yet; TD_STREAM_DELETED: deleted while requests queued behind the delete

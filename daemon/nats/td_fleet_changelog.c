@@ -54,6 +54,9 @@
  * a time bounds a partition's replicated writes at what one message holds a round trip
  * (bench/NOTES.md, "What bounds `replicated` at 1 KiB"). */
 #define CL_DEPTH 4
+/* A record up to this size is encoded on the shard's stack before the changelog's lock is taken
+ * (td_changelog_hold); a larger one under it. */
+#define CL_RECORD_STACK 8192
 /* A take stores its fence against this many writers racing it before it gives up. */
 #define CL_FENCE_TRIES 5
 /* Replayed batches are applied on the loop this many bytes at a time (the shards held). */
@@ -81,7 +84,7 @@ typedef struct {
     size_t len, cap;
     int64_t first_ms;              /* when the batch's first record came (monotonic) */
     td_cl_times_t times;           /* where its held writes wait */
-    uint64_t batch;                /* the ticket of the batch now filling */
+    _Atomic uint64_t batch;        /* the ticket of the batch now filling (changed under mu) */
     cl_flight_t flights[CL_DEPTH]; /* published, not settled: oldest first */
     unsigned nflights;
     unsigned nresend; /* of them, answered and kept to publish again at retry_ms */
@@ -425,17 +428,31 @@ static size_t encode_record(const tally_req_t *req, const td_stream_t *stream, b
     return td_state_record_encode_next(stream, now, replaces, out);
 }
 
+/* The record of a write to stream is encoded before the lock, on the shard's thread that owns
+ * the stream (the bins and the CRC took most of the lock's hold: bench/NOTES.md, "Where a held
+ * write waits"). Its form depends on whether it replaces a record of the stream still waiting in
+ * the batch, which only the lock can tell: guessed from the batch that took the stream's last
+ * record still filling, and encoded again under the lock when the guess was wrong (a batch
+ * published meanwhile, or a rest of a batch cut in parts). */
 bool td_changelog_hold(td_fleet_t *f, uint32_t k, const tally_req_t *req, td_stream_t *stream,
                        uint64_t *ticket)
 {
     td_changelog_t *cl = f->cl;
     uint64_t now = td_clock_ms();
-    pthread_mutex_lock(&cl->mu);
     cl_part_t *p = &cl->parts[k];
+    uint8_t early[CL_RECORD_STACK];
+    bool guess =
+        stream && stream->cl_ticket == atomic_load_explicit(&p->batch, memory_order_relaxed);
+    size_t early_size = stream ? encode_record(req, stream, guess, now, NULL) : 0;
+    bool encoded = early_size && early_size <= sizeof early;
+    if (encoded)
+        encode_record(req, stream, guess, now, early);
+    pthread_mutex_lock(&cl->mu);
     *ticket = p->batch;
     size_t waiting = waiting_record(p, req->stream, req->stream_len);
     bool replaces = waiting < p->len;
-    size_t size = encode_record(req, stream, replaces, now, NULL);
+    encoded &= replaces == guess;
+    size_t size = encoded ? early_size : encode_record(req, stream, replaces, now, NULL);
     if (p->state == CL_OPEN && size > cl->max_msg) {
         char why[160];
         snprintf(why, sizeof why,
@@ -453,9 +470,14 @@ bool td_changelog_hold(td_fleet_t *f, uint32_t k, const tally_req_t *req, td_str
             memmove(p->buf + waiting, p->buf + waiting + old, p->len - waiting - old);
             p->len -= old;
         }
-        encode_record(req, stream, replaces, now, p->buf + p->len);
-        if (stream)
+        if (encoded)
+            memcpy(p->buf + p->len, early, size);
+        else
+            encode_record(req, stream, replaces, now, p->buf + p->len);
+        if (stream) {
             td_state_record_written(stream, replaces);
+            stream->cl_ticket = *ticket;
+        }
         if (first)
             p->first_ms = td_nats_now_ms();
         td_cl_times_held(&p->times, first,
