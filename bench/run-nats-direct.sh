@@ -32,8 +32,10 @@
 # THREADS=1: member 0's threads' shares of a core over 1 s of each N = 1 SMALL_SIZE run
 # (bench/thread-cpu.sh), in OUT_DIR/threads-TAG.txt and OUT_DIR/direct.md.
 # Each `replicated` SMALL_SIZE run: member 0's changelog families (tallyd_nats_changelog_*, the
-# held writes' stages among them) scraped before and after, in OUT_DIR/stages.txt, and in
-# OUT_DIR/direct.md the run's share of each stage (count, mean, quantiles from the buckets).
+# held writes' stages among them) and its hist requests' time from read to reply
+# (tallyd_request_duration_seconds{op="hist"}) scraped before and after, in OUT_DIR/stages.txt,
+# and in OUT_DIR/direct.md the run's share of each stage (count, mean, quantiles from the
+# buckets) beside the whole request's mean and the producers' p50.
 # SAT_SMALL / SAT_BIG ("4x64 8x64"): first, one standalone at each of these P x W (what it
 # needs to saturate). Small counts for a 2-core box: SECONDS_PER_RUN=1 NMAX=2 PW_SMALL=2x16 PW_BIG=2x4.
 set -euo pipefail
@@ -222,7 +224,9 @@ stages() {
     python3 - "${tdm[0]}" <<'PY' 2>/dev/null || echo "down"
 import sys, urllib.request
 t = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=2).read().decode()
-print("\n".join(l for l in t.splitlines() if l.startswith("tallyd_nats_changelog_")))
+print("\n".join(l for l in t.splitlines() if l.startswith("tallyd_nats_changelog_") or
+                l.startswith(("tallyd_request_duration_seconds_sum{op=\"hist\"}",
+                              "tallyd_request_duration_seconds_count{op=\"hist\"}"))))
 PY
   } >>"$out/stages.txt"
 }
@@ -435,6 +439,10 @@ for tag in sorted(t[:-len("-after")] for t in scrapes if t.endswith("-after")):
                     for m in [re.match(rf'tallyd_nats_changelog_stage_seconds_bucket{{stage="{st}",le="([^"]+)"}}', k)] if m)
         print(f"| {tag} | {pw_small} | {st} | {cnt:,.0f} | {1e3 * tot / cnt if cnt else math.nan:.3f} | "
               f"{1e3 * quantile(bk, 0.5):.3f} | {1e3 * quantile(bk, 0.9):.3f} | {1e3 * quantile(bk, 0.99):.3f} |")
+    rc = d.get('tallyd_request_duration_seconds_count{op="hist"}', 0)
+    rs = d.get('tallyd_request_duration_seconds_sum{op="hist"}', 0)
+    print(f"| {tag} | {pw_small} | the whole request, read to reply (p50: the producers') | {rc:,.0f} | "
+          f"{1e3 * rs / rc if rc else math.nan:.3f} | {worst(tag, 'p50') / 1e3:.3f} | | |")
     full, wait = d.get("tallyd_nats_changelog_flights_full_total", 0), d.get("tallyd_nats_changelog_flight_wait_seconds_total", 0)
     print(f"| {tag} | {pw_small} | batches due with every flight out | {full:,.0f} | "
           f"{1e3 * wait / full if full else math.nan:.3f} (their wait) | | | |")
