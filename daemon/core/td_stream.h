@@ -99,9 +99,6 @@ typedef struct td_stream {
      * record saw it, cl_mark_before where that record's changes start. */
     uint64_t ring_epoch;
     td_ring_mark_t cl_mark, cl_mark_before;
-    /* The changelog batch (its ticket) that took the stream's last record: whether that record
-     * may still wait there, guessed before the changelog's lock (td_changelog_hold). */
-    uint64_t cl_ticket;
     /* Whether clients can see it yet (PROTOCOL.md §5 "Streams": a failed request has no
      * effect, so it creates no stream). TD_STREAM_NEW: created by a filter, scan or hist that
      * is not applied yet; TD_STREAM_DELETED: deleted while requests queued behind the delete
@@ -109,6 +106,11 @@ typedef struct td_stream {
      * request was applied to it meanwhile (that makes it TD_STREAM_LIVE); a query, reset or
      * delete that reaches it meanwhile gets unknown_stream. */
     td_stream_life_t life;
+    /* The low 32 bits of the changelog batch (its ticket) that took the stream's last record:
+     * whether that record may still wait there, guessed before the changelog's lock
+     * (td_changelog_hold; a wrong guess is found under it). In the hole after life, so that a
+     * stream's bytes (max_state_bytes) stay as they were. */
+    uint32_t cl_ticket;
     /* Requests that named the stream (for per-stream metrics). */
     uint64_t requests;
     /* Its place in the order of creation, across the parts (td_streams_next). */

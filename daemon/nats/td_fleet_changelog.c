@@ -441,8 +441,8 @@ bool td_changelog_hold(td_fleet_t *f, uint32_t k, const tally_req_t *req, td_str
     uint64_t now = td_clock_ms();
     cl_part_t *p = &cl->parts[k];
     uint8_t early[CL_RECORD_STACK];
-    bool guess =
-        stream && stream->cl_ticket == atomic_load_explicit(&p->batch, memory_order_relaxed);
+    bool guess = stream && stream->cl_ticket ==
+                               (uint32_t)atomic_load_explicit(&p->batch, memory_order_relaxed);
     size_t early_size = stream ? encode_record(req, stream, guess, now, NULL) : 0;
     bool encoded = early_size && early_size <= sizeof early;
     if (encoded)
@@ -476,7 +476,7 @@ bool td_changelog_hold(td_fleet_t *f, uint32_t k, const tally_req_t *req, td_str
             encode_record(req, stream, replaces, now, p->buf + p->len);
         if (stream) {
             td_state_record_written(stream, replaces);
-            stream->cl_ticket = *ticket;
+            stream->cl_ticket = (uint32_t)*ticket;
         }
         if (first)
             p->first_ms = td_nats_now_ms();
