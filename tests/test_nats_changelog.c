@@ -617,8 +617,10 @@ static void check_stages(long long msgs, int writes)
                                            "\"batch\",le=\"0.25\"}"),
                      0);
     assert_int_equal(th_metric(&member[0], "tallyd_nats_changelog_flights_full_total"), 0);
-    int rc = th_sh("python3 -c 'import prometheus_client' 2>/dev/null || exit 77; curl -sf "
-                   "http://127.0.0.1:%d/metrics | python3 -c 'import sys\n"
+    /* The first python3 with prometheus_client: PATH's may be another than Debian's. */
+    int rc = th_sh("py=$(for c in python3 /usr/bin/python3; do $c -c 'import prometheus_client' "
+                   "2>/dev/null && echo $c && break; done); [ -n \"$py\" ] || exit 77; curl -sf "
+                   "http://127.0.0.1:%d/metrics | $py -c 'import sys\n"
                    "from prometheus_client.parser import text_string_to_metric_families as p\n"
                    "f = {m.name: m.type for m in p(sys.stdin.read())}\n"
                    "sys.exit(f.get(\"tallyd_nats_changelog_stage_seconds\") != \"histogram\" or "
