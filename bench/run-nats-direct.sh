@@ -31,6 +31,11 @@
 # Prints the tables (markdown) and writes them with every raw row to OUT_DIR/direct.md.
 # THREADS=1: member 0's threads' shares of a core over 1 s of each N = 1 SMALL_SIZE run
 # (bench/thread-cpu.sh), in OUT_DIR/threads-TAG.txt and OUT_DIR/direct.md.
+# Each `replicated` SMALL_SIZE run: member 0's changelog families (tallyd_nats_changelog_*, the
+# held writes' stages among them) and its hist requests' time from read to reply
+# (tallyd_request_duration_seconds{op="hist"}) scraped before and after, in OUT_DIR/stages.txt,
+# and in OUT_DIR/direct.md the run's share of each stage (count, mean, quantiles from the
+# buckets) beside the whole request's mean and the producers' p50.
 # SAT_SMALL / SAT_BIG ("4x64 8x64"): first, one standalone at each of these P x W (what it
 # needs to saturate). Small counts for a 2-core box: SECONDS_PER_RUN=1 NMAX=2 PW_SMALL=2x16 PW_BIG=2x4.
 set -euo pipefail
@@ -213,6 +218,18 @@ load() {
   done
   grep -h "^per " "$dir"/load-"$tag"-* | head -1 | sed "s/^/$tag: /" >>"$out/per-partition.txt" || true
 }
+# stages TAG: member 0's changelog families now, under "== TAG" in OUT_DIR/stages.txt
+stages() {
+  { echo "== $1"
+    python3 - "${tdm[0]}" <<'PY' 2>/dev/null || echo "down"
+import sys, urllib.request
+t = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=2).read().decode()
+print("\n".join(l for l in t.splitlines() if l.startswith("tallyd_nats_changelog_") or
+                l.startswith(("tallyd_request_duration_seconds_sum{op=\"hist\"}",
+                              "tallyd_request_duration_seconds_count{op=\"hist\"}"))))
+PY
+  } >>"$out/stages.txt"
+}
 # stored TAG: the changelogs' bytes and records now, as "TAG stored BYTES RECORDS"
 stored() {
   echo "$1 $("$build/bench/nats_bench" stored "${wurl%%,*}" TALLY_CL 8)" >>"$rows"
@@ -246,11 +263,13 @@ for ((n = 1; n <= nmax; n++)); do
       procs=$n
       if [ "$what" = lat ]; then procs=1; fi
       if [ "$mode" = replicated ]; then stored "$tag-before"; fi
+      if [ "$mode" = replicated ] && [ "$size" = "$small" ] && [ -z "$what" ]; then stages "$tag-before"; fi
       if [ "${THREADS:-0}" = 1 ] && ((n == 1)) && [ "$size" = "$small" ] && [ -z "$what" ]; then
         (sleep 0.7 && "$here/thread-cpu.sh" "${tdpid[0]}" 1 >"$out/threads-$tag.txt" 2>&1) &
       fi
       load "$tag" "$procs" "$size" "$pw" "$k" fleet
       if [ "$mode" = replicated ]; then stored "$tag-after"; fi
+      if [ "$mode" = replicated ] && [ "$size" = "$small" ] && [ -z "$what" ]; then stages "$tag-after"; fi
     done
     if [ "$mode" = local ] && ((n == 1)); then # the member through plain clients (--endpoint)
       load "local-1-$small-plain" 1 "$small" "$pw_small" "$k" standalone
@@ -276,9 +295,9 @@ fi
 
 # ---- the tables -----------------------------------------------------------------------------
 python3 - "$rows" "$nmax" "$small" "$big" "$cl_size" "$pw_small" "$pw_big" "$pw_lat" "$pw_cl" \
-  "$layout" "$(machine_name)" <<'PY' | tee "$out/direct.md"
-import math, os, sys, time
-rows_path, nmax, small, big, cl_size, pw_small, pw_big, pw_lat, pw_cl, layout, machine = sys.argv[1:]
+  "$layout" "$(machine_name)" "$out/stages.txt" <<'PY' | tee "$out/direct.md"
+import math, os, re, sys, time
+rows_path, nmax, small, big, cl_size, pw_small, pw_big, pw_lat, pw_cl, layout, machine, stages_path = sys.argv[1:]
 nmax, small, big, cl_size = int(nmax), int(small), int(big), int(cl_size)
 runs, stored = {}, {}
 for line in open(rows_path):
@@ -381,6 +400,52 @@ if ceiling and len(ceiling[-1]) == 7:
         mps, bps = (r1 - r0) / writes * rps, (b1 - b0) / writes * rps
         print(f"| {n} | {small} B | {pw_small} | {rps:,.0f} | {(r1 - r0) / writes:.3f} | {mps:,.0f} | "
               f"{bps / 1e6:.1f} | {mps / cmps:.2f} x | {bps / cbps:.2f} x |")
+# member 0's stages over each replicated SMALL_SIZE run: the scrape after less the one before
+scrapes, at = {}, None
+for line in open(stages_path) if os.path.exists(stages_path) else []:
+    if line.startswith("== "):
+        at = scrapes.setdefault(line[3:].strip(), {})
+    elif at is not None and " " in line:
+        name, v = line.rsplit(" ", 1)
+        at[name] = float(v)
+def quantile(buckets, q):  # as PromQL's histogram_quantile: linear within the bucket
+    total_n = buckets[-1][1]
+    if not total_n:
+        return math.nan
+    lo, below = 0.0, 0.0
+    for le, n in buckets:
+        if n >= q * total_n:
+            if math.isinf(le):
+                return lo
+            return lo + (le - lo) * ((q * total_n - below) / (n - below) if n > below else 0)
+        lo, below = le, n
+    return lo
+shown = False
+for tag in sorted(t[:-len("-after")] for t in scrapes if t.endswith("-after")):
+    a, b = scrapes[f"{tag}-after"], scrapes.get(f"{tag}-before", {})
+    d = {k: a[k] - b.get(k, 0.0) for k in a}
+    if not shown:
+        print(f"\nWhere member 0's held writes waited during each replicated {small} B run "
+              f"(tallyd_nats_changelog_stage_seconds, the run's share: after less before, "
+              f"warm-up included; quantiles from the buckets); per message: batch, publish, ack; "
+              f"per write: release\n")
+        print("| run | P x W | stage | count | mean ms | p50 ms | p90 ms | p99 ms |")
+        print("|---|---|---|---|---|---|---|---|")
+        shown = True
+    for st in ("batch", "publish", "ack", "release"):
+        cnt = d.get(f'tallyd_nats_changelog_stage_seconds_count{{stage="{st}"}}', 0)
+        tot = d.get(f'tallyd_nats_changelog_stage_seconds_sum{{stage="{st}"}}', 0)
+        bk = sorted((float(m.group(1)), v) for k, v in d.items()
+                    for m in [re.match(rf'tallyd_nats_changelog_stage_seconds_bucket{{stage="{st}",le="([^"]+)"}}', k)] if m)
+        print(f"| {tag} | {pw_small} | {st} | {cnt:,.0f} | {1e3 * tot / cnt if cnt else math.nan:.3f} | "
+              f"{1e3 * quantile(bk, 0.5):.3f} | {1e3 * quantile(bk, 0.9):.3f} | {1e3 * quantile(bk, 0.99):.3f} |")
+    rc = d.get('tallyd_request_duration_seconds_count{op="hist"}', 0)
+    rs = d.get('tallyd_request_duration_seconds_sum{op="hist"}', 0)
+    print(f"| {tag} | {pw_small} | the whole request, read to reply (p50: the producers') | {rc:,.0f} | "
+          f"{1e3 * rs / rc if rc else math.nan:.3f} | {worst(tag, 'p50') / 1e3:.3f} | | |")
+    full, wait = d.get("tallyd_nats_changelog_flights_full_total", 0), d.get("tallyd_nats_changelog_flight_wait_seconds_total", 0)
+    print(f"| {tag} | {pw_small} | batches due with every flight out | {full:,.0f} | "
+          f"{1e3 * wait / full if full else math.nan:.3f} (their wait) | | | |")
 errs = {t: total(t, "errors") for t in runs if total(t, "errors")}
 if errs:
     print(f"\nerrors: {errs}")

@@ -5,7 +5,9 @@
  * partitions owned and each one's lag (0, never a wrapped number, when a checkpoint restored an
  * applied sequence past what the worker has seen yet); nats_max_reply 0 under a max_payload too
  * small for the header room; the metrics' length told whole when the buffer is short (as
- * snprintf), with what fits written and terminated, and nothing for no status or a worker off.
+ * snprintf), with what fits written and terminated, and nothing for no status or a worker off;
+ * the changelog's stage histograms (each time in the first bucket that holds it, cumulative,
+ * their sums exact) and the flights' counter and wait.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,7 +21,7 @@
 #include "td_fleet_status.h"
 
 static td_fleet_status_t st;
-static char out[8192];
+static char out[16384];
 
 static int fresh(void **state)
 {
@@ -126,13 +128,56 @@ static void test_metrics_lag_and_length(void **state)
     assert_non_null(strstr(out, "\ntallyd_nats_not_owner_total 0\n"));
 
     /* A short buffer: the whole length told, what fits written, terminated. */
-    char whole[8192];
+    char whole[sizeof out];
     memcpy(whole, out, n + 1);
     char small[100];
     assert_int_equal(td_fleet_status_render(&st, small, sizeof small), n);
     assert_int_equal(strlen(small), sizeof small - 1);
     assert_memory_equal(small, whole, sizeof small - 1);
     assert_int_equal(td_fleet_status_render(&st, NULL, 0), n);
+}
+
+/* The changelog's stages: each observation in the first bucket whose le holds it (the bounds of
+ * tallyd_request_duration_seconds, in seconds), cumulative, +Inf the count, the sum exact; the
+ * flights' counter and wait. */
+static void test_changelog_stages(void **state)
+{
+    (void)state;
+    st.on = true;
+    st.partitions = 1;
+    td_fleet_status_stage(&st, TD_CL_STAGE_BATCH, 2000000);  /* 2 ms: le 0.0025 */
+    td_fleet_status_stage(&st, TD_CL_STAGE_BATCH, 2500000);  /* 2.5 ms: le 0.0025 too */
+    td_fleet_status_stage(&st, TD_CL_STAGE_BATCH, 2500001);  /* just past: le 0.005 */
+    td_fleet_status_stage(&st, TD_CL_STAGE_ACK, 3000000000); /* 3 s: +Inf only */
+    td_fleet_status_stage(&st, TD_CL_STAGE_RELEASE, 0);
+    st.cl_flights_full = 4;
+    st.cl_flight_wait_ns = 1500000;
+    size_t n = td_fleet_status_render(&st, out, sizeof out);
+    assert_int_equal(n, strlen(out));
+    assert_non_null(strstr(out, "\n# TYPE tallyd_nats_changelog_stage_seconds histogram\n"));
+    static const char *const want[] = {
+        "tallyd_nats_changelog_stage_seconds_bucket{stage=\"batch\",le=\"0.001\"} 0",
+        "tallyd_nats_changelog_stage_seconds_bucket{stage=\"batch\",le=\"0.0025\"} 2",
+        "tallyd_nats_changelog_stage_seconds_bucket{stage=\"batch\",le=\"0.005\"} 3",
+        "tallyd_nats_changelog_stage_seconds_bucket{stage=\"batch\",le=\"1\"} 3",
+        "tallyd_nats_changelog_stage_seconds_bucket{stage=\"batch\",le=\"+Inf\"} 3",
+        "tallyd_nats_changelog_stage_seconds_sum{stage=\"batch\"} 0.007000001",
+        "tallyd_nats_changelog_stage_seconds_count{stage=\"batch\"} 3",
+        "tallyd_nats_changelog_stage_seconds_count{stage=\"publish\"} 0",
+        "tallyd_nats_changelog_stage_seconds_bucket{stage=\"ack\",le=\"1\"} 0",
+        "tallyd_nats_changelog_stage_seconds_bucket{stage=\"ack\",le=\"+Inf\"} 1",
+        "tallyd_nats_changelog_stage_seconds_sum{stage=\"ack\"} 3.000000000",
+        "tallyd_nats_changelog_stage_seconds_bucket{stage=\"release\",le=\"2.5e-05\"} 1",
+        "tallyd_nats_changelog_stage_seconds_sum{stage=\"release\"} 0.000000000",
+        "tallyd_nats_changelog_flights_full_total 4",
+        "tallyd_nats_changelog_flight_wait_seconds_total 0.001500000",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        char line[256];
+        snprintf(line, sizeof line, "\n%s\n", want[i]);
+        if (!strstr(out, line))
+            fail_msg("no line %s in:\n%s", want[i], out);
+    }
 }
 
 int main(void)
@@ -142,6 +187,7 @@ int main(void)
         cmocka_unit_test_setup(test_info_keys, fresh),
         cmocka_unit_test_setup(test_members_per_process, fresh),
         cmocka_unit_test_setup(test_metrics_lag_and_length, fresh),
+        cmocka_unit_test_setup(test_changelog_stages, fresh),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,7 +17,10 @@
  *      a give-up, the give-up's purge fails (said) and the checkpoint holds every write;
  *   1b. a stream written 16 times, all in flight, commit_ms 1 s: fewer changelog messages than
  *      writes (one unless the box stalls), each with one record of the stream, the last one
- *      the model's after every write; every reply once it is stored;
+ *      the model's after every write; every reply once it is stored; where they waited
+ *      (tallyd_nats_changelog_stage_seconds): a batch, a publish and a PubAck counted per
+ *      message stored, each batch 1 s (none under 0.25 s), a release per write, every sum past
+ *      0, no flight waited for; the family a histogram to Prometheus's parser (where installed);
  *   2. kill -9 of an owner under load: two members split the partitions (as the plan says); the
  *      fleet client keeps
  *      16 numbered requests in flight, and the owner of half of them is killed (SIGKILL) after
@@ -581,10 +584,66 @@ static int records_of(uint32_t k, uint64_t seq, int s)
     return found;
 }
 
+/* A sample of the member's /metrics, with its labels ("NAME{...}"), as a number; -1 if absent. */
+static double metric_of(const th_daemon_t *d, const char *name)
+{
+    int port = th_metrics_port(d);
+    char *body = port > 0 ? th_http_get(port, "GET", "/metrics", NULL) : NULL;
+    double v = -1;
+    size_t n = strlen(name);
+    for (const char *at = body; at && (at = strstr(at, name)) != NULL; at += n)
+        if ((at == body || at[-1] == '\n') && at[n] == ' ') {
+            v = strtod(at + n + 1, NULL);
+            break;
+        }
+    free(body);
+    return v;
+}
+
+static double stage_metric(const char *what, const char *stage)
+{
+    char name[128];
+    snprintf(name, sizeof name, "tallyd_nats_changelog_stage_seconds_%s{stage=\"%s\"}", what,
+             stage);
+    return metric_of(&member[0], name);
+}
+
+/* Where member 0's held writes waited: msgs changelog messages (batch, publish, ack), writes
+ * writes (release), each batch at least commit_ms 1 s; the exposition parsed by Prometheus's
+ * parser where python3 has it. */
+static void check_stages(long long msgs, int writes)
+{
+    static const char *const per_message[] = {"batch", "publish", "ack"};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal((long long)stage_metric("count", per_message[i]), msgs);
+        assert_true(stage_metric("sum", per_message[i]) > 0);
+    }
+    assert_int_equal((long long)stage_metric("count", "release"), writes);
+    assert_true(stage_metric("sum", "release") > 0);
+    assert_true(stage_metric("sum", "batch") >= 0.99 * (double)msgs);
+    assert_int_equal(th_metric(&member[0], "tallyd_nats_changelog_stage_seconds_bucket{stage="
+                                           "\"batch\",le=\"0.25\"}"),
+                     0);
+    assert_int_equal(th_metric(&member[0], "tallyd_nats_changelog_flights_full_total"), 0);
+    /* The first python3 with prometheus_client: PATH's may be another than Debian's. */
+    int rc = th_sh("py=$(for c in python3 /usr/bin/python3; do $c -c 'import prometheus_client' "
+                   "2>/dev/null && echo $c && break; done); [ -n \"$py\" ] || exit 77; curl -sf "
+                   "http://127.0.0.1:%d/metrics | $py -c 'import sys\n"
+                   "from prometheus_client.parser import text_string_to_metric_families as p\n"
+                   "f = {m.name: m.type for m in p(sys.stdin.read())}\n"
+                   "sys.exit(f.get(\"tallyd_nats_changelog_stage_seconds\") != \"histogram\" or "
+                   "f.get(\"tallyd_nats_changelog_flights_full\") != \"counter\")'",
+                   th_metrics_port(&member[0]));
+    if (rc == 77)
+        print_message("no prometheus_client: the exposition is not parsed\n");
+    else
+        assert_int_equal(rc, 0);
+}
+
 /* REWRITES numbered writes of one stream in flight at once, commit_ms 1 s: the changelog
  * messages they make (one, unless the box stalls past the second) hold one record of the stream
  * each, the last one equal to the model after all of them; every reply comes once it is
- * stored. */
+ * stored; the stages count them (check_stages). */
 static void test_one_record_a_stream_a_batch(void **state)
 {
     (void)state;
@@ -604,6 +663,7 @@ static void test_one_record_a_stream_a_batch(void **state)
     assert_true(last > before && last - before < REWRITES);
     for (uint64_t seq = before + 1; seq <= last; seq++)
         assert_int_equal(records_of(k, seq, 0), 1);
+    check_stages((long long)(last - before), REWRITES);
     check_last_record(0); /* the model after all of them */
     check_stream(c, 0);
     tally_client_destroy(&c);
@@ -707,7 +767,8 @@ static void test_not_stored_not_durable(void **state)
     member[0].pid = 0;
 }
 
-/* ---- 5. another writer's record: the fence ---------------------------------------------------- */
+/* ---- 5. another writer's record: the fence ----------------------------------------------------
+ */
 
 /* A record stored in partition k's changelog by someone else (a deposed owner's late publish,
  * here the test's own, empty and unsigned) between two of the owner's batches: the owner's next
@@ -749,8 +810,9 @@ static void test_other_writer_fenced(void **state)
     assert_int_equal(tally_query(c, "cl/0", &info), TALLY_OK);
     if (info.last_seq != 2) {
         dump_logs();
-        fail_msg("cl/0: last_seq %llu, %llu batches, %llu elements", (unsigned long long)info.last_seq,
-                 (unsigned long long)info.batches, (unsigned long long)info.hist_total);
+        fail_msg("cl/0: last_seq %llu, %llu batches, %llu elements",
+                 (unsigned long long)info.last_seq, (unsigned long long)info.batches,
+                 (unsigned long long)info.hist_total);
     }
     assert_memory_equal(info.bins, bins, sizeof bins);
     tally_client_destroy(&c);
@@ -760,9 +822,10 @@ static void test_other_writer_fenced(void **state)
 
 /* ---- 4. group commit by bytes; deletes and resets through the changelog ---------------------- */
 
-#define MANY 1000 /* streams, all of partition 0 */
+#define MANY 1000  /* streams, all of partition 0 */
 #define WINDOW 512 /* requests in flight: below tallyd's reply queue per peer (SNDHWM) */
-#define PIXELS 256 /* rgba8: every value of every channel once, so a record's 1024 bins are dense */
+#define PIXELS 256 /* rgba8: every value of every channel once, so a record's 1024 bins are dense  \
+                    */
 
 static char many_names[MANY][32];
 static uint64_t many_model[MANY][4 * 256];

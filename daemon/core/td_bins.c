@@ -371,8 +371,15 @@ size_t td_bins_encode(const td_bins_t *b, size_t values, uint8_t *out)
             le_put(p + j * b->width, b->width, get_count(counts + j * b->width, b->width));
         return size;
     }
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    /* The encoded form is the in-memory one in little-endian: a copy here. A count at a time
+     * took ~2.5 us for 256 four-byte counts on the 2-core dev box, 11 % of a replicated member's
+     * cycles under the changelog's lock (bench/NOTES.md, "Where a held write waits"). */
+    memcpy(p, b->data, values * b->width);
+#else
     for (size_t i = 0; i < values; i++)
         le_put(p + i * b->width, b->width, get_count(b->data + i * b->width, b->width));
+#endif
     return size;
 }
 

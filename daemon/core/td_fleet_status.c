@@ -12,6 +12,15 @@
 
 #define LOAD(x) atomic_load_explicit(&(x), memory_order_relaxed)
 
+void td_fleet_status_stage(td_fleet_status_t *st, td_cl_stage_t stage, uint64_t ns)
+{
+    unsigned b = 0;
+    while (b < TD_LATENCY_BUCKETS && (double)ns > td_latency_bounds_us[b] * 1e3)
+        b++;
+    atomic_fetch_add_explicit(&st->cl_stage_buckets[stage][b], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&st->cl_stage_ns[stage], ns, memory_order_relaxed);
+}
+
 uint32_t td_fleet_status_owned(const td_fleet_status_t *st)
 {
     uint32_t n = 0;
@@ -99,6 +108,44 @@ static void counter(text_t *t, const char *name, const char *help, uint64_t valu
     put(t, "# HELP %s %s\n# TYPE %s counter\n%s %" PRIu64 "\n", name, help, name, name, value);
 }
 
+/* The changelog's stages (td_cl_stage_t), one histogram family labelled by stage. */
+static void render_stages(text_t *t, const td_fleet_status_t *st)
+{
+    static const char *const names[TD_CL_STAGES] = {"batch", "publish", "ack", "release"};
+    put(t, "# HELP tallyd_nats_changelog_stage_seconds Where held writes wait (direct = "
+           "replicated), per changelog message: its first record held until its publish began "
+           "(batch), the publish (publish), until its PubAck came (ack); per write: until its "
+           "shard handed its reply on (release).\n"
+           "# TYPE tallyd_nats_changelog_stage_seconds histogram\n");
+    for (unsigned s = 0; s < TD_CL_STAGES; s++) {
+        uint64_t cumulative = 0;
+        for (unsigned b = 0; b <= TD_LATENCY_BUCKETS; b++) {
+            cumulative += LOAD(st->cl_stage_buckets[s][b]);
+            if (b < TD_LATENCY_BUCKETS)
+                put(t,
+                    "tallyd_nats_changelog_stage_seconds_bucket{stage=\"%s\",le=\"%g\"} %" PRIu64
+                    "\n",
+                    names[s], td_latency_bounds_us[b] / 1e6, cumulative);
+        }
+        put(t,
+            "tallyd_nats_changelog_stage_seconds_bucket{stage=\"%s\",le=\"+Inf\"} %" PRIu64 "\n"
+            "tallyd_nats_changelog_stage_seconds_sum{stage=\"%s\"} %.9f\n"
+            "tallyd_nats_changelog_stage_seconds_count{stage=\"%s\"} %" PRIu64 "\n",
+            names[s], cumulative, names[s], (double)LOAD(st->cl_stage_ns[s]) / 1e9, names[s],
+            cumulative);
+    }
+    counter(t, "tallyd_nats_changelog_flights_full_total",
+            "Changelog batches that were due while all of their partition's messages in flight "
+            "awaited their PubAcks (direct = replicated).",
+            LOAD(st->cl_flights_full));
+    put(t,
+        "# HELP tallyd_nats_changelog_flight_wait_seconds_total Time those batches waited for a "
+        "PubAck to free a message's place.\n"
+        "# TYPE tallyd_nats_changelog_flight_wait_seconds_total counter\n"
+        "tallyd_nats_changelog_flight_wait_seconds_total %.9f\n",
+        (double)LOAD(st->cl_flight_wait_ns) / 1e9);
+}
+
 size_t td_fleet_status_render(const td_fleet_status_t *st, char *out, size_t cap)
 {
     text_t t = {.out = out, .cap = cap};
@@ -171,5 +218,6 @@ size_t td_fleet_status_render(const td_fleet_status_t *st, char *out, size_t cap
             "Changelogs purged whole after a checkpoint that holds all of them, at a quiet point "
             "(direct = replicated).",
             LOAD(st->changelog_purges));
+    render_stages(&t, st);
     return t.len;
 }

@@ -19,6 +19,7 @@
 
 #include "tally_fleet.h"
 #include "tally_proto.h"
+#include "td_counters.h"
 
 /* ---- What the HTTP API asks of the whole fleet (td_fleet_view.c answers; td_web.c asks) ---- */
 
@@ -60,6 +61,19 @@ typedef struct {
     void *ctx;
 } td_fleet_view_t;
 
+/* direct = replicated: where a held write's time goes, stage by stage, from its record held in
+ * its partition's batch to its reply handed on by its shard (tallyd_nats_changelog_stage_seconds;
+ * td_fleet_changelog.c measures them). The first three are per changelog message, the last per
+ * write; for a message's first record they add up to its write's whole wait. */
+typedef enum {
+    TD_CL_STAGE_BATCH = 0, /* the batch's first record held -> its publish began */
+    TD_CL_STAGE_PUBLISH =
+        1,               /* the message built and handed to libnats (the changelog's lock held) */
+    TD_CL_STAGE_ACK = 2, /* -> its PubAck's callback ran */
+    TD_CL_STAGE_RELEASE = 3, /* that callback -> a held write's reply handed on by its shard */
+    TD_CL_STAGES = 4,
+} td_cl_stage_t;
+
 typedef struct td_fleet_status {
     /* Settings: written before the server's loop runs, read-only after. */
     bool on;                         /* this tallyd is a fleet worker */
@@ -94,6 +108,12 @@ typedef struct td_fleet_status {
      * purged whole at a quiet point after a checkpoint holding them. */
     _Atomic uint64_t changelog_commits, changelog_replayed, not_durable, changelog_lost;
     _Atomic uint64_t changelog_purges;
+    /* direct = replicated: the stages' histograms (td_latency_bounds_us, then +Inf) and their
+     * sums in ns; batches found ready with all of their partition's messages in flight, and the
+     * ns they waited for one to be answered. */
+    _Atomic uint64_t cl_stage_buckets[TD_CL_STAGES][TD_LATENCY_BUCKETS + 1];
+    _Atomic uint64_t cl_stage_ns[TD_CL_STAGES];
+    _Atomic uint64_t cl_flights_full, cl_flight_wait_ns;
     /* Per partition: owned now; the last sequence applied; the partition's last sequence as the
      * worker last saw it (a delivered message's sequence plus the consumer's pending count). */
     _Atomic bool owned[TALLY_NATS_MAX_PARTITIONS];
@@ -101,6 +121,8 @@ typedef struct td_fleet_status {
     _Atomic uint64_t last_seq[TALLY_NATS_MAX_PARTITIONS];
 } td_fleet_status_t;
 
+/* Counts ns in stage's histogram (any thread). */
+void td_fleet_status_stage(td_fleet_status_t *st, td_cl_stage_t stage, uint64_t ns);
 /* Partitions owned now. */
 uint32_t td_fleet_status_owned(const td_fleet_status_t *st);
 /* Whether member id `id` is this process's: its member id, or one of its members_per_process. */

@@ -106,6 +106,11 @@ typedef struct td_stream {
      * request was applied to it meanwhile (that makes it TD_STREAM_LIVE); a query, reset or
      * delete that reaches it meanwhile gets unknown_stream. */
     td_stream_life_t life;
+    /* The low 32 bits of the changelog batch (its ticket) that took the stream's last record:
+     * whether that record may still wait there, guessed before the changelog's lock
+     * (td_changelog_hold; a wrong guess is found under it). In the hole after life, so that a
+     * stream's bytes (max_state_bytes) stay as they were. */
+    uint32_t cl_ticket;
     /* Requests that named the stream (for per-stream metrics). */
     uint64_t requests;
     /* Its place in the order of creation, across the parts (td_streams_next). */

@@ -24,6 +24,8 @@
  * of a message that holds the whole rest of the buffer covers every record before it, whatever
  * ticket each was held under. A record larger than max_msg alone can never be stored: the
  * write that made it fails the partition at once, with the sizes in the log.
+ *
+ * Where a held write waits, stage by stage, is timed under mu (td_changelog_stages.h).
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -33,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "td_changelog_stages.h"
 #include "td_fleet_changelog.h"
 #include "td_fleet_int.h"
 #include "td_log.h"
@@ -51,6 +54,9 @@
  * a time bounds a partition's replicated writes at what one message holds a round trip
  * (bench/NOTES.md, "What bounds `replicated` at 1 KiB"). */
 #define CL_DEPTH 4
+/* A record up to this size is encoded on the shard's stack before the changelog's lock is taken
+ * (td_changelog_hold); a larger one under it. */
+#define CL_RECORD_STACK 8192
 /* A take stores its fence against this many writers racing it before it gives up. */
 #define CL_FENCE_TRIES 5
 /* Replayed batches are applied on the loop this many bytes at a time (the shards held). */
@@ -66,6 +72,7 @@ typedef struct {
     uint64_t ticket;
     bool part;       /* it holds the batch's first records only: it settles nothing */
     int64_t sent_ms; /* its first publish (a resend keeps it: TD_FLEET_JS_WAIT_MS in all) */
+    int64_t sent_ns; /* that publish handed to libnats: its ack stage starts */
     natsMsg *resend; /* answered, to publish again (an election): kept until then */
 } cl_flight_t;
 
@@ -76,7 +83,8 @@ typedef struct {
     uint8_t *buf;    /* the batch: records waiting to be published */
     size_t len, cap;
     int64_t first_ms;              /* when the batch's first record came (monotonic) */
-    uint64_t batch;                /* the ticket of the batch now filling */
+    td_cl_times_t times;           /* where its held writes wait */
+    _Atomic uint64_t batch;        /* the ticket of the batch now filling (changed under mu) */
     cl_flight_t flights[CL_DEPTH]; /* published, not settled: oldest first */
     unsigned nflights;
     unsigned nresend; /* of them, answered and kept to publish again at retry_ms */
@@ -135,10 +143,12 @@ static int flight_of(const cl_part_t *p, uint64_t ticket)
     return -1;
 }
 
-/* Under mu: flights 0..i were stored, the last at seq: they leave, their tickets settled. */
-static void settle_upto(cl_part_t *p, unsigned i, uint64_t seq)
+/* Under mu: flights 0..i were stored, the last at seq, their PubAck come at ack_ns: they leave,
+ * their tickets settled. */
+static void settle_upto(td_changelog_t *cl, cl_part_t *p, unsigned i, uint64_t seq, int64_t ack_ns)
 {
     p->stored = seq;
+    uint64_t was = p->ok_upto;
     for (unsigned j = 0; j <= i; j++) {
         if (!p->flights[j].part)
             p->ok_upto = p->flights[j].ticket;
@@ -146,7 +156,10 @@ static void settle_upto(cl_part_t *p, unsigned i, uint64_t seq)
             natsMsg_Destroy(p->flights[j].resend);
             p->nresend--;
         }
+        td_cl_stage(cl->f->st, TD_CL_STAGE_ACK, p->flights[j].sent_ns, ack_ns);
     }
+    td_cl_times_settled(&p->times, p->ok_upto != was ? p->ok_upto : 0, ack_ns,
+                        p->nflights == CL_DEPTH);
     p->nflights -= i + 1;
     memmove(p->flights, p->flights + i + 1, p->nflights * sizeof *p->flights);
 }
@@ -179,6 +192,7 @@ static void on_ack(jsCtx *js, natsMsg *m, jsPubAck *pa, jsPubAckErr *pae, void *
     natsMsgHeader_Get(m, TALLY_NATS_HDR_BATCH, &batch);
     uint64_t ticket = batch ? strtoull(batch, NULL, 10) : 0;
     test_gate("TALLYD_TEST_ACK_GATE", "a PubAck", (uint32_t)k);
+    int64_t ack_ns = td_cl_now_ns();
     pthread_mutex_lock(&cl->mu);
     cl_part_t *p = k < cl->f->partitions ? &cl->parts[k] : NULL;
     int i = p ? flight_of(p, ticket) : -1; /* -1: settled already, or failed */
@@ -194,7 +208,7 @@ static void on_ack(jsCtx *js, natsMsg *m, jsPubAck *pa, jsPubAckErr *pae, void *
             p->retry_ms = td_nats_now_ms() + CL_RETRY_MS;
         pthread_cond_signal(&cl->cond);
     } else if (fl && pa && !pae) {
-        settle_upto(p, (unsigned)i, pa->Sequence);
+        settle_upto(cl, p, (unsigned)i, pa->Sequence, ack_ns);
         TD_FLEET_COUNT(cl->f, changelog_commits);
         pthread_cond_signal(&cl->cond);
     } else if (fl) {
@@ -277,6 +291,8 @@ static size_t records_within(const uint8_t *buf, size_t len, size_t max)
 static void publish_locked(td_changelog_t *cl, uint32_t k, int64_t now)
 {
     cl_part_t *p = &cl->parts[k];
+    int64_t start_ns = td_cl_now_ns();
+    td_cl_times_publishing(&p->times, cl->f->st, cl->commit_ms, start_ns);
     char subject[32];
     subject_of(subject, sizeof subject, k);
     natsMsg *m = NULL;
@@ -295,8 +311,10 @@ static void publish_locked(td_changelog_t *cl, uint32_t k, int64_t now)
         fail_locked(cl, k, why);
         return;
     }
+    int64_t sent_ns = td_cl_now_ns();
     p->flights[p->nflights++] =
-        (cl_flight_t){.ticket = p->batch++, .part = n < p->len, .sent_ms = now};
+        (cl_flight_t){.ticket = p->batch++, .part = n < p->len, .sent_ms = now, .sent_ns = sent_ns};
+    td_cl_times_sent(&p->times, cl->f->st, start_ns, sent_ns, p->nflights == CL_DEPTH, n < p->len);
     memmove(p->buf, p->buf + n, p->len - n); /* the rest goes next, at once */
     p->len -= n;
 }
@@ -410,17 +428,31 @@ static size_t encode_record(const tally_req_t *req, const td_stream_t *stream, b
     return td_state_record_encode_next(stream, now, replaces, out);
 }
 
+/* The record of a write to stream is encoded before the lock, on the shard's thread that owns
+ * the stream (the bins and the CRC took most of the lock's hold: bench/NOTES.md, "Where a held
+ * write waits"). Its form depends on whether it replaces a record of the stream still waiting in
+ * the batch, which only the lock can tell: guessed from the batch that took the stream's last
+ * record still filling, and encoded again under the lock when the guess was wrong (a batch
+ * published meanwhile, or a rest of a batch cut in parts). */
 bool td_changelog_hold(td_fleet_t *f, uint32_t k, const tally_req_t *req, td_stream_t *stream,
                        uint64_t *ticket)
 {
     td_changelog_t *cl = f->cl;
     uint64_t now = td_clock_ms();
-    pthread_mutex_lock(&cl->mu);
     cl_part_t *p = &cl->parts[k];
+    uint8_t early[CL_RECORD_STACK];
+    bool guess = stream && stream->cl_ticket ==
+                               (uint32_t)atomic_load_explicit(&p->batch, memory_order_relaxed);
+    size_t early_size = stream ? encode_record(req, stream, guess, now, NULL) : 0;
+    bool encoded = early_size && early_size <= sizeof early;
+    if (encoded)
+        encode_record(req, stream, guess, now, early);
+    pthread_mutex_lock(&cl->mu);
     *ticket = p->batch;
     size_t waiting = waiting_record(p, req->stream, req->stream_len);
     bool replaces = waiting < p->len;
-    size_t size = encode_record(req, stream, replaces, now, NULL);
+    encoded &= replaces == guess;
+    size_t size = encoded ? early_size : encode_record(req, stream, replaces, now, NULL);
     if (p->state == CL_OPEN && size > cl->max_msg) {
         char why[160];
         snprintf(why, sizeof why,
@@ -438,11 +470,18 @@ bool td_changelog_hold(td_fleet_t *f, uint32_t k, const tally_req_t *req, td_str
             memmove(p->buf + waiting, p->buf + waiting + old, p->len - waiting - old);
             p->len -= old;
         }
-        encode_record(req, stream, replaces, now, p->buf + p->len);
-        if (stream)
+        if (encoded)
+            memcpy(p->buf + p->len, early, size);
+        else
+            encode_record(req, stream, replaces, now, p->buf + p->len);
+        if (stream) {
             td_state_record_written(stream, replaces);
+            stream->cl_ticket = (uint32_t)*ticket;
+        }
         if (first)
             p->first_ms = td_nats_now_ms();
+        td_cl_times_held(&p->times, first,
+                         p->len < cl->commit_bytes && p->len + size >= cl->commit_bytes);
         p->len += size;
         if (first || p->len >= cl->commit_bytes)
             pthread_cond_signal(&cl->cond);
@@ -460,6 +499,8 @@ tally_status_t td_changelog_settled(td_fleet_t *f, uint32_t k, uint64_t ticket, 
     bool failed =
         (p->fail_from && ticket >= p->fail_from) || (ticket < p->open_from && ticket > p->ok_then);
     *pending = !failed && ticket > p->ok_upto;
+    if (!failed && !*pending)
+        td_cl_times_released(&p->times, f->st, ticket);
     pthread_mutex_unlock(&cl->mu);
     if (!failed)
         return TALLY_OK;
@@ -668,6 +709,7 @@ static void open_part(td_changelog_t *cl, uint32_t k, uint64_t epoch, uint64_t f
     p->stored = fence;
     p->fail_from = 0;
     drop_flights(p);
+    td_cl_times_taken(&p->times);
     p->len = 0;
     p->ok_then = p->ok_upto;
     p->open_from = p->batch;
@@ -687,8 +729,8 @@ td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t 
      * (and its records after the checkpoint would otherwise be applied, stale, by a later
      * replicated owner over this one's checkpoints); only one never written is left alone. */
     bool missing = false;
-    td_err_t err = cl ? td_nats_stream_ensure(f->js, stream, subject, cl->replicas,
-                                              cl->max_age_ms, (int32_t)f->max_payload, msg, cap)
+    td_err_t err = cl ? td_nats_stream_ensure(f->js, stream, subject, cl->replicas, cl->max_age_ms,
+                                              (int32_t)f->max_payload, msg, cap)
                       : changelog_exists(f, k, &missing, msg, cap);
     if (err != TD_OK || missing)
         return err;
