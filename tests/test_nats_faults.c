@@ -419,8 +419,7 @@ static int teardown(void **state)
 {
     (void)state;
     for (int i = 0; i < WORKERS; i++)
-        if (workers[i].pid > 0)
-            th_daemon_stop(&workers[i], SIGKILL, 5000);
+        th_daemon_end(&workers[i]);
     return tn_suite_teardown();
 }
 

@@ -63,11 +63,7 @@ static int stop_workers(void **state)
 {
     (void)state;
     for (int i = 0; i < 2; i++)
-        if (worker[i].pid > 0) {
-            kill(worker[i].pid, SIGCONT);
-            th_daemon_stop(&worker[i], SIGKILL, 5000);
-            worker[i].pid = 0;
-        }
+        th_daemon_end(&worker[i]);
     return 0;
 }
 

@@ -237,12 +237,8 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    if (wa.pid > 0) {
-        kill(wa.pid, SIGCONT);
-        th_daemon_stop(&wa, SIGKILL, 5000);
-    }
-    if (wb.pid > 0)
-        th_daemon_stop(&wb, SIGKILL, 5000);
+    th_daemon_end(&wa);
+    th_daemon_end(&wb);
     return tn_suite_teardown();
 }
 

@@ -100,11 +100,7 @@ static int stop_members(void **state)
 {
     (void)state;
     for (int i = 0; i < 2; i++)
-        if (member[i].pid > 0) {
-            kill(member[i].pid, SIGCONT);
-            th_daemon_stop(&member[i], SIGKILL, 5000);
-            member[i].pid = 0;
-        }
+        th_daemon_end(&member[i]);
     return 0;
 }
 

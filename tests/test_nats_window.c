@@ -358,8 +358,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    if (w.pid > 0)
-        th_daemon_stop(&w, SIGKILL, 5000);
+    th_daemon_end(&w);
     return tn_suite_teardown();
 }
 

@@ -438,6 +438,15 @@ void th_daemon_kill(th_daemon_t *d)
     d->pid = 0;
 }
 
+void th_daemon_end(th_daemon_t *d)
+{
+    if (d->pid > 0) {
+        kill(d->pid, SIGCONT);
+        th_daemon_stop(d, SIGTERM, 10000);
+    }
+    d->pid = 0;
+}
+
 void *th_nonreader_scans(const char *endpoint, void *stats, int scans, uint64_t first_id,
                          long long *n_ok, long long *n_busy)
 {

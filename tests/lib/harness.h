@@ -144,6 +144,10 @@ long long th_stat_wait_at_most(void *sock, const char *name, long long want, int
 /* The end of a test's daemon that may still run (a teardown after a failed test): SIGKILL and
  * reaped, its pid 0. */
 void th_daemon_kill(th_daemon_t *d);
+/* The end of a test's daemon as an operator would end it (a teardown): continued if stopped,
+ * SIGTERM, SIGKILL after 10 s, reaped, its pid 0. Its exit runs, so that a coverage build writes
+ * its counters (a daemon killed with SIGKILL loses everything it counted). */
+void th_daemon_end(th_daemon_t *d);
 
 /* One request, one reply in *reply (th_reply_free it): the reply's status, or -1 without a
  * reply. */
