@@ -18,11 +18,11 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
-#include <time.h>
 #include <systemd/sd-daemon.h>
 
 #include "tally_args.h"
 #include "td_log.h"
+#include "td_monotonic.h"
 #include "td_notify.h"
 
 /* sd_notify's result (negative: an errno): a failure is logged and returned to be counted. */
@@ -53,11 +53,8 @@ td_err_t td_notify_status(const char *status)
 
 td_err_t td_notify_reloading(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
     int rc = sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%llu\nSTATUS=reloading the configuration",
-                        (unsigned long long)ts.tv_sec * 1000000ull +
-                            (unsigned long long)ts.tv_nsec / 1000);
+                        (unsigned long long)(td_mono_ns() / 1000u));
     return notified(rc, "RELOADING=1");
 }
 

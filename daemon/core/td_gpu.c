@@ -88,6 +88,7 @@
 #include "td_config.h"
 #include "td_gpu_int.h"
 #include "td_log.h"
+#include "td_monotonic.h"
 
 /* How often a lane thread with work on the device checks for an asynchronous failure. Long
  * against any batch (16 MiB runs in well under a millisecond on an H100), short against a
@@ -397,13 +398,6 @@ static void wait_with_watchdog(lane_t *l)
     watchdog_fail(l);
 }
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* With work on the device, polls (lock released) up to spin_us for an event (a request queued,
  * a host function run) or for the head slot's work to finish (lane_finished: the GPU seen done
  * without waiting for CUDA's callback thread to wake and run the host function), before the
@@ -416,14 +410,14 @@ static bool spin_for_event(lane_t *l)
     /* The head is in flight: a finished or failed head is retired before the lane waits. */
     slot_t *head = &l->slots[l->ring[l->ring_head]];
     bool ask = l->gpu->engine->lane_finished != NULL;
-    uint64_t until = now_ns() + (uint64_t)l->gpu->opts.spin_us * 1000u;
+    uint64_t until = td_mono_ns() + (uint64_t)l->gpu->opts.spin_us * 1000u;
     bool got = false, finished = false;
     uint64_t now = 0, asked = 0;
     pthread_mutex_unlock(&l->lock);
     /* Only this thread retires or launches: the head slot and its launch stay put meanwhile.
      * The engine is asked at most every TD_GPU_POLL_NS (a driver call; four lanes asking
      * back to back would contend for the driver with each other's launches). */
-    while (!(got = atomic_load(&l->events) != seen) && (now = now_ns()) < until) {
+    while (!(got = atomic_load(&l->events) != seen) && (now = td_mono_ns()) < until) {
         if (ask && now - asked >= TD_GPU_POLL_NS) {
             asked = now;
             if ((finished = l->gpu->engine->lane_finished(l->hw, head->index)))
@@ -456,8 +450,8 @@ static bool nap_for_head(lane_t *l)
         return false;
     if (!l->napping) {
         l->napping = true;
-        l->nap_since = now_ns();
-    } else if (now_ns() - l->nap_since > (uint64_t)TD_GPU_WATCHDOG_MS * 1000000u) {
+        l->nap_since = td_mono_ns();
+    } else if (td_mono_ns() - l->nap_since > (uint64_t)TD_GPU_WATCHDOG_MS * 1000000u) {
         l->napping = false; /* so that the spin after the wake-up sees the head finish */
         return false;
     }

@@ -17,10 +17,10 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "td_gpu_engine.h"
+#include "td_monotonic.h"
 
 typedef struct {
     unsigned devices;
@@ -58,20 +58,13 @@ typedef struct {
     uint64_t finish_ns[SIM_FINISH_SLOTS]; /* CLOCK_MONOTONIC: when slot i's launch is finished */
 } sim_lane_t;
 
-static uint64_t sim_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* A launch into `slot` has returned: done now, or, polled, finished after finish_us. */
 static void sim_launched(sim_lane_t *l, unsigned slot, td_gpu_done_fn done, void *arg)
 {
     if (done)
         done(arg);
     else if (slot < SIM_FINISH_SLOTS)
-        l->finish_ns[slot] = sim_now_ns() + (uint64_t)l->sim->finish_us * 1000u;
+        l->finish_ns[slot] = td_mono_ns() + (uint64_t)l->sim->finish_us * 1000u;
 }
 
 static _Thread_local char sim_error[128] = "no error";
@@ -293,7 +286,7 @@ static td_gpu_err_t sim_lane_launch_split(void *lane, void *const *lanes, unsign
 static bool sim_lane_finished(void *lane, unsigned slot)
 {
     const sim_lane_t *l = lane;
-    return slot >= SIM_FINISH_SLOTS || sim_now_ns() >= l->finish_ns[slot];
+    return slot >= SIM_FINISH_SLOTS || td_mono_ns() >= l->finish_ns[slot];
 }
 
 /* Everything enqueued has finished (each launch ran before it returned): done at once. */

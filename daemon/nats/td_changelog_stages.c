@@ -2,16 +2,9 @@
 /*
  * td_changelog_stages.c — see td_changelog_stages.h.
  */
-#include <time.h>
 
 #include "td_changelog_stages.h"
-
-int64_t td_cl_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
+#include "td_monotonic.h"
 
 void td_cl_stage(td_fleet_status_t *st, td_cl_stage_t which, int64_t from_ns, int64_t to_ns)
 {
@@ -21,11 +14,11 @@ void td_cl_stage(td_fleet_status_t *st, td_cl_stage_t which, int64_t from_ns, in
 void td_cl_times_held(td_cl_times_t *t, bool first, bool reached_bytes)
 {
     if (first) {
-        t->first_ns = td_cl_now_ns();
+        t->first_ns = (int64_t)td_mono_ns();
         t->bytes_ns = 0;
     }
     if (reached_bytes)
-        t->bytes_ns = td_cl_now_ns();
+        t->bytes_ns = (int64_t)td_mono_ns();
 }
 
 void td_cl_times_publishing(td_cl_times_t *t, td_fleet_status_t *st, int64_t commit_ms,
@@ -74,7 +67,7 @@ void td_cl_times_released(const td_cl_times_t *t, td_fleet_status_t *st, uint64_
         at = t->settles[(n - 1) % TD_CL_SETTLES].ns;
     }
     if (at)
-        td_cl_stage(st, TD_CL_STAGE_RELEASE, at, td_cl_now_ns());
+        td_cl_stage(st, TD_CL_STAGE_RELEASE, at, (int64_t)td_mono_ns());
 }
 
 void td_cl_times_taken(td_cl_times_t *t)

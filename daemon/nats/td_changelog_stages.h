@@ -36,8 +36,6 @@ typedef struct {
     uint64_t nsettles; /* ever: the next is settles[nsettles % TD_CL_SETTLES] */
 } td_cl_times_t;
 
-/* The monotonic clock in ns. */
-int64_t td_cl_now_ns(void);
 /* Counts to_ns - from_ns (0 if negative) in stage `which`. */
 void td_cl_stage(td_fleet_status_t *st, td_cl_stage_t which, int64_t from_ns, int64_t to_ns);
 /* A record was held: the batch's first, or the one that took it to commit_bytes. */

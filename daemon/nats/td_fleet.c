@@ -411,6 +411,7 @@ static void settings(td_fleet_t *f, const td_config_t *cfg)
         snprintf(base, sizeof base, "%s", cfg->nats_member_id);
     else
         snprintf(base, sizeof base, "%.40s-%d", host, (int)getpid());
+    snprintf(f->base_member, sizeof f->base_member, "%s", base);
     if (cfg->nats_members_per_process > 1) /* the base is short enough: td_fleet_check_config */
         snprintf(f->member, sizeof f->member, "%.*s-%u", TD_FLEET_BASE_ID_MAX, base,
                  f->host.instance);
@@ -427,16 +428,12 @@ static void settings(td_fleet_t *f, const td_config_t *cfg)
 }
 
 /* What info shows of the settings: before the loop runs, so the loop reads them unlocked. With
- * members_per_process > 1 every member writes the same: the id they share, less its -i. */
+ * members_per_process > 1 every member writes the same: the id they share. */
 static void publish_settings(td_fleet_t *f)
 {
     td_fleet_status_t *st = f->st;
-    unsigned k = f->host.cfg->nats_members_per_process;
-    int len = (int)strlen(f->member);
-    if (k > 1) /* "-i": i < TD_NATS_MEMBERS_PER_PROCESS_LIMIT */
-        len -= f->host.instance < 10 ? 2 : 3;
-    snprintf(st->member, sizeof st->member, "%.*s", len, f->member);
-    st->members_per_process = k;
+    snprintf(st->member, sizeof st->member, "%s", f->base_member);
+    st->members_per_process = f->host.cfg->nats_members_per_process;
     st->partitions = f->partitions;
     st->lease_ttl_ms = (uint64_t)f->ttl_ms;
     st->checkpoint_interval_ms = (uint64_t)f->ckpt_ms;

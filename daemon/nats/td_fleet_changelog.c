@@ -39,6 +39,7 @@
 #include "td_fleet_changelog.h"
 #include "td_fleet_int.h"
 #include "td_log.h"
+#include "td_monotonic.h"
 #include "td_nats_js.h"
 #include "td_path.h"
 #include "td_state_record.h"
@@ -192,7 +193,7 @@ static void on_ack(jsCtx *js, natsMsg *m, jsPubAck *pa, jsPubAckErr *pae, void *
     natsMsgHeader_Get(m, TALLY_NATS_HDR_BATCH, &batch);
     uint64_t ticket = batch ? strtoull(batch, NULL, 10) : 0;
     test_gate("TALLYD_TEST_ACK_GATE", "a PubAck", (uint32_t)k);
-    int64_t ack_ns = td_cl_now_ns();
+    int64_t ack_ns = (int64_t)td_mono_ns();
     pthread_mutex_lock(&cl->mu);
     cl_part_t *p = k < cl->f->partitions ? &cl->parts[k] : NULL;
     int i = p ? flight_of(p, ticket) : -1; /* -1: settled already, or failed */
@@ -291,7 +292,7 @@ static size_t records_within(const uint8_t *buf, size_t len, size_t max)
 static void publish_locked(td_changelog_t *cl, uint32_t k, int64_t now)
 {
     cl_part_t *p = &cl->parts[k];
-    int64_t start_ns = td_cl_now_ns();
+    int64_t start_ns = (int64_t)td_mono_ns();
     td_cl_times_publishing(&p->times, cl->f->st, cl->commit_ms, start_ns);
     char subject[32];
     subject_of(subject, sizeof subject, k);
@@ -311,7 +312,7 @@ static void publish_locked(td_changelog_t *cl, uint32_t k, int64_t now)
         fail_locked(cl, k, why);
         return;
     }
-    int64_t sent_ns = td_cl_now_ns();
+    int64_t sent_ns = (int64_t)td_mono_ns();
     p->flights[p->nflights++] =
         (cl_flight_t){.ticket = p->batch++, .part = n < p->len, .sent_ms = now, .sent_ns = sent_ns};
     td_cl_times_sent(&p->times, cl->f->st, start_ns, sent_ns, p->nflights == CL_DEPTH, n < p->len);

@@ -189,6 +189,8 @@ struct td_fleet {
     td_fleet_host_t host;
     /* Settings (copied). */
     char member[TALLY_NATS_MEMBER_ID_MAX + 1];
+    char base_member[TALLY_NATS_MEMBER_ID_MAX + 1]; /* the id this process's members share: member
+                                                     * less its -i (members_per_process > 1) */
     char inbox_prefix[2 * TALLY_NATS_MEMBER_ID_MAX + 16]; /* _INBOX.<user>. */
     uint32_t partitions;
     int64_t ttl_ms, ckpt_ms;

@@ -9,13 +9,12 @@
 
 #include "tally_fleet.h"
 #include "td_nats_js.h"
+#include "td_monotonic.h"
 #include "td_nats_lease.h"
 
 int64_t td_nats_now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return td_mono_ms();
 }
 
 void td_lease_key(char *key, size_t cap, uint32_t k)

@@ -33,6 +33,7 @@
 
 #include "td_http_guard.h"
 #include "td_log.h"
+#include "td_monotonic.h"
 
 /* How often, at most, the guard logs what it closed and refused (a summary line). */
 #define LOG_EVERY_NS (10ull * 1000000000ull)
@@ -65,13 +66,6 @@ struct td_http_guard {
     td_http_guard_counts_t logged; /* at the last summary line */
     uint64_t logged_ns;
 };
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* The per-address key: an IPv4 address (an IPv4-mapped IPv6 one too), or an IPv6 /64, which
  * one host usually has whole. */
@@ -190,7 +184,7 @@ static conn_t *track(td_http_guard_t *self, struct MHD_Connection *conn)
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     const union MHD_ConnectionInfo *addr =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    *c = (conn_t){.fd = fd ? fd->connect_fd : -1, .ready_ns = now_ns()};
+    *c = (conn_t){.fd = fd ? fd->connect_fd : -1, .ready_ns = td_mono_ns()};
     address_key(addr ? addr->client_addr : NULL, c->addr);
     append_live(self, c);
     return c;
@@ -261,7 +255,7 @@ void td_http_guard_completed(void *cls, struct MHD_Connection *conn, void **con_
         unlink_live(self, c);
         c->busy = false;
         c->served++;
-        c->ready_ns = now_ns();
+        c->ready_ns = td_mono_ns();
         append_live(self, c);
     }
     pthread_mutex_unlock(&self->lock);
@@ -293,7 +287,7 @@ static void *deadline_main(void *arg)
     uint64_t limit = (uint64_t)self->limits.deadline_ms * 1000000ull;
     pthread_mutex_lock(&self->lock);
     while (!self->stopping) {
-        uint64_t now = now_ns();
+        uint64_t now = td_mono_ns();
         while (self->head && now - self->head->ready_ns >= limit) {
             conn_t *c = self->head;
             /* A kept-alive connection that sent nothing more is an ordinary end, not news. */
@@ -306,7 +300,7 @@ static void *deadline_main(void *arg)
         struct timespec ts = {.tv_sec = (time_t)(until / 1000000000ull),
                               .tv_nsec = (long)(until % 1000000000ull)};
         int rc = 0;
-        while (!self->stopping && rc == 0 && now_ns() < until)
+        while (!self->stopping && rc == 0 && td_mono_ns() < until)
             rc = pthread_cond_timedwait(&self->wake, &self->lock, &ts);
     }
     pthread_mutex_unlock(&self->lock);

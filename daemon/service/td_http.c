@@ -61,6 +61,7 @@
 #include "td_http.h"
 #include "td_http_guard.h"
 #include "td_log.h"
+#include "td_monotonic.h"
 #include "td_web.h"
 
 #define CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
@@ -528,19 +529,12 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     return rc;
 }
 
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* libmicrohttpd's messages (one per connection that a peer or the guard cut short, one per
  * connection refused): LOG_BURST per window, and how many were left out. */
 static void log_mhd(void *cls, const char *fmt, va_list ap)
 {
     td_http_t *self = cls;
-    uint64_t now = mono_ns();
+    uint64_t now = td_mono_ns();
     unsigned long long dropped = 0;
     pthread_mutex_lock(&self->log_lock);
     if (now - self->log_window_ns >= LOG_WINDOW_NS) {

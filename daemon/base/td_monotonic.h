@@ -1,0 +1,27 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * td_monotonic.h — the daemon's one monotonic clock (CLOCK_MONOTONIC), what its timeouts,
+ * spins, watchdogs, leases and stage timings measure with. Not the window clock (td_window.h's
+ * td_clock_ms: the wall clock that windows are named in, which may step).
+ */
+#ifndef TD_MONOTONIC_H
+#define TD_MONOTONIC_H
+
+#include <stdint.h>
+#include <time.h>
+
+/* Nanoseconds since an arbitrary point (the host's boot). */
+static inline uint64_t td_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Milliseconds, of the same clock. */
+static inline int64_t td_mono_ms(void)
+{
+    return (int64_t)(td_mono_ns() / 1000000u);
+}
+
+#endif
