@@ -20,8 +20,10 @@
  *     URLs (127.x, localhost, [::1], with spaces around them) pass; any URL off the loopback
  *     without credentials is refused (exit 2) with the reason, unless the URL carries a user, a
  *     credentials file or an nkey is set, or protected_mode is off (a warning); a member id with
- *     other characters, a NATS user that cannot name subjects and a direct mode that is not
- *     off, local or replicated are refused;
+ *     other characters, a NATS user that cannot name subjects, a direct mode that is not
+ *     off, local or replicated, a member id over 61 characters with members_per_process 2
+ *     (its members add -0, -1; 62 pass with one member) and members_per_process 2 in direct
+ *     mode are refused;
  *   - libtally's producer refuses NATS options that cannot work before connecting: an nkey
  *     without its seed file, a client certificate without its key, a CA file that cannot be
  *     read (TALLY_E_ARG, saying which); a credentials or seed file that cannot be read fails
@@ -383,6 +385,28 @@ static void test_protected_mode_for_nats(void **state)
                                 "always", NULL};
     assert_int_equal(check_config(bad_direct, log, sizeof log), 2);
     assert_true(th_file_contains(log, "[nats] direct 'always': off, local or replicated"));
+    /* Several members a process: ids MEMBER_ID-0 .. -(K-1) within 64 characters; not direct. */
+    char id62[63];
+    memset(id62, 'm', 62);
+    id62[62] = '\0';
+    const char *long_base[] = {"--nats-servers", "nats://127.0.0.1:4222", "--nats-member-id",
+                               id62, "--nats-members-per-process", "2", NULL};
+    assert_int_equal(check_config(long_base, log, sizeof log), 2);
+    assert_true(th_file_contains(log, "at most 61 characters with members_per_process 2 (the "
+                                      "members are named MEMBER_ID-0 .. MEMBER_ID-1)"));
+    const char *one_member[] = {"--nats-servers", "nats://127.0.0.1:4222", "--nats-member-id",
+                                id62, NULL}; /* 62 characters are a member id of their own */
+    assert_int_equal(check_config(one_member, log, sizeof log), 0);
+    const char *direct_members[] = {"--nats-servers",
+                                    "nats://127.0.0.1:4222",
+                                    "--nats-direct",
+                                    "local",
+                                    "--nats-members-per-process",
+                                    "2",
+                                    NULL};
+    assert_int_equal(check_config(direct_members, log, sizeof log), 2);
+    assert_true(th_file_contains(log, "[nats] members_per_process 2: direct mode runs one member "
+                                      "a process"));
 }
 
 /* tally_nats_new with opts: TALLY_E_ARG, and the message holds `why`. */
