@@ -80,6 +80,13 @@
  *      elections of the changelog's leader (stepped down twice) are all answered (sent again,
  *      in order, where no leader took them) and the stream equals its model, in the member and
  *      in the changelog's last record;
+ * 12b. a record that replaces one a cut batch left waiting (a server of its own with max_payload
+ *      64 KiB, window rings on the test clock, the PubAcks held): three messages in flight, a
+ *      batch of other streams' records and then stream S's passes a message, its front goes out
+ *      as the fourth and S's record waits in the rest, under the ticket of the part that went;
+ *      S written an interval later replaces it (the guess made before the lock wrong): every
+ *      write is answered OK once, the record stored holds S's ring slots of both intervals, and
+ *      the next owner, from the changelog alone, has S's window of every interval;
  *  13. a fleet that changes its mode member by member: direct writes answered by a replicated
  *      owner killed (SIGKILL) are applied by the next owner, an ingest worker (`direct = off`),
  *      which fences the changelog, takes writes over JetStream ingest and stops cleanly; the
@@ -366,17 +373,22 @@ static void stream_state(const char *name, uint64_t *first, uint64_t *msgs)
     jsStreamInfo_Destroy(si);
 }
 
-/* The last sequence of partition k's changelog. */
-static uint64_t changelog_last(uint32_t k)
+/* The last sequence of partition k's changelog on js (the suite's, or a test's own server). */
+static uint64_t changelog_last_on(jsCtx *js, uint32_t k)
 {
     char cl[32];
     jsStreamInfo *si = NULL;
     jsErrCode jerr = 0;
     tally_fleet_name(cl, sizeof cl, TALLY_NATS_CL_STREAM_PREFIX, k);
-    assert_int_equal(js_GetStreamInfo(&si, tn_suite_js, cl, NULL, &jerr), NATS_OK);
+    assert_int_equal(js_GetStreamInfo(&si, js, cl, NULL, &jerr), NATS_OK);
     uint64_t last = si->State.LastSeq;
     jsStreamInfo_Destroy(si);
     return last;
+}
+
+static uint64_t changelog_last(uint32_t k)
+{
+    return changelog_last_on(tn_suite_js, k);
 }
 
 /* Partition k's changelog, as its leader has it: *first and *msgs. */
@@ -827,16 +839,21 @@ static void test_other_writer_fenced(void **state)
 static char many_names[MANY][32];
 static uint64_t many_model[MANY][4 * 256];
 
+/* The first n names `prefix` and a number from `from` on that are of partition 0, into names. */
+static void partition0_names(char (*names)[32], int n, const char *prefix, int from)
+{
+    for (int i = from, picked = 0; picked < n; i++) {
+        snprintf(names[picked], sizeof names[picked], "%s%d", prefix, i);
+        if (tally_partition(names[picked], strlen(names[picked]), PARTITIONS) == 0)
+            picked++;
+    }
+}
+
 /* MANY stream names of partition 0, so that its batch fills up: ~1.1 KiB records, WINDOW of
  * them held at once, over TD_NATS_COMMIT_BYTES (256 KiB) long before commit_ms (1 s) */
 static void many_pick(void)
 {
-    int n = 0;
-    for (int i = 0; n < MANY; i++) {
-        snprintf(many_names[n], sizeof many_names[n], "gc/%d", i);
-        if (tally_partition(many_names[n], strlen(many_names[n]), PARTITIONS) == 0)
-            n++;
-    }
+    partition0_names(many_names, MANY, "gc/", 0);
 }
 
 static tally_status_t many_send(tally_client_t *c, int s, uint64_t seq)
@@ -1043,6 +1060,28 @@ static int check_message_sizes(jsCtx *js, int *full)
     return batches;
 }
 
+/* A server of its own whose max_payload is SMALL_PAYLOAD (a cluster of one node: the changelog
+ * is one replica), the members' and the fleet client's until small_server_stop; *js on it. */
+static void small_server_start(tn_cluster_t *small, natsConnection **nc, jsCtx **js)
+{
+    char conf[64];
+    snprintf(conf, sizeof conf, "max_payload: %d", SMALL_PAYLOAD); /* the last one counts */
+    tn_options_t o = {.extra_conf = conf};
+    assert_int_equal(tn_cluster_start(small, 1, &o, TIMEOUT_MS), 0);
+    assert_int_equal(tn_connect(small, nc, js), 0);
+    cluster_urls = small->urls;
+    cluster_replicas = "1";
+}
+
+static void small_server_stop(tn_cluster_t *small, natsConnection *nc, jsCtx *js)
+{
+    cluster_urls = NULL;
+    cluster_replicas = "3";
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    tn_cluster_stop(small);
+}
+
 #define RING_T0 1795000000500ull /* the test clock: half way into an interval */
 
 /* A changelog message of one write in flight: one record, parsed into rec; its length. */
@@ -1117,15 +1156,9 @@ static void test_batch_over_max_payload(void **state)
 {
     (void)state;
     static tn_cluster_t small;
-    char conf[64];
-    snprintf(conf, sizeof conf, "max_payload: %d", SMALL_PAYLOAD); /* the last one counts */
-    tn_options_t o = {.extra_conf = conf};
-    assert_int_equal(tn_cluster_start(&small, 1, &o, TIMEOUT_MS), 0);
     natsConnection *nc = NULL;
     jsCtx *js = NULL;
-    assert_int_equal(tn_connect(&small, &nc, &js), 0);
-    cluster_urls = small.urls;
-    cluster_replicas = "1";
+    small_server_start(&small, &nc, &js);
     many_pick();
     memset(many_model, 0, sizeof many_model);
     start_commit(0, "3000", "1000");
@@ -1159,11 +1192,7 @@ static void test_batch_over_max_payload(void **state)
     assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
     member[0].pid = 0;
     th_rmrf(dir);
-    cluster_urls = NULL;
-    cluster_replicas = "3";
-    jsCtx_Destroy(js);
-    natsConnection_Destroy(nc);
-    tn_cluster_stop(&small);
+    small_server_stop(&small, nc, js);
 }
 
 /* ---- 9. a writer racing the fence at a take ------------------------------------------------- */
@@ -1812,6 +1841,246 @@ static void test_messages_in_flight(void **state)
     th_rmrf(dir);
 }
 
+/* ---- 12b. a record that replaces one a cut batch left waiting ------------------------------- */
+
+#define CUT_STREAMS 400 /* names of partition 0: S, then the others of CUT_TRIES tries */
+#define CUT_TRIES 3
+
+static char cut_names[CUT_STREAMS][32];
+
+/* A numbered hist of 256 rgba8 pixels, each channel's values once: every bin counts 1. */
+static void cut_send(tally_client_t *c, const char *name, uint64_t seq)
+{
+    uint8_t data[4 * 256];
+    for (size_t j = 0; j < sizeof data; j++)
+        data[j] = (uint8_t)(j / 4);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_RGBA8, 0);
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    req.seq = seq;
+    tally_status_t st = tally_send(c, &req, data, sizeof data, NULL);
+    if (st != TALLY_OK)
+        fail_msg("send to %s: %s: %s", name, tally_status_name(st), tally_client_error(c));
+}
+
+/* Waits until stream `name` has taken `seq` (its write applied, its reply maybe held). */
+static void wait_applied(tally_client_t *c, const char *name, uint64_t seq)
+{
+    static tally_stream_info_t info;
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    tally_status_t st;
+    while (((st = tally_query(c, name, &info)) == TALLY_E_UNKNOWN_STREAM ||
+            (st == TALLY_OK && info.last_seq < seq)) &&
+           th_now_ms() < until)
+        th_sleep_ms(1);
+    if (st != TALLY_OK || info.last_seq != seq)
+        fail_msg("%s: %s, last_seq %llu, not %llu", name, tally_status_name(st),
+                 (unsigned long long)info.last_seq, (unsigned long long)seq);
+}
+
+/* A changelog message's records: how many, and of one stream's (its last one in the message). */
+typedef struct {
+    int records, of_name;
+    size_t size; /* that stream's record: its size, kind, last_seq and ring slots */
+    uint8_t kind;
+    uint64_t last_seq;
+    uint32_t slots;
+} cut_message_t;
+
+/* Partition 0's changelog message seq on js, its records parsed; those of stream `name`. */
+static cut_message_t cut_message(jsCtx *js, uint64_t seq, const char *name)
+{
+    static td_state_record_t rec;
+    cut_message_t out = {0};
+    char stream[32];
+    tally_fleet_name(stream, sizeof stream, TALLY_NATS_CL_STREAM_PREFIX, 0);
+    natsMsg *m = NULL;
+    jsErrCode jerr = 0;
+    assert_int_equal(js_GetMsg(&m, js, stream, seq, NULL, &jerr), NATS_OK);
+    const uint8_t *p = (const uint8_t *)natsMsg_GetData(m);
+    size_t len = (size_t)natsMsg_GetDataLength(m);
+    for (size_t at = 0, size; at < len; at += size, out.records++) {
+        size = parse_record(p + at, len - at, &rec);
+        if (rec.name_len == strlen(name) && memcmp(rec.name, name, rec.name_len) == 0) {
+            out.of_name++;
+            out.size = size;
+            out.kind = rec.kind;
+            out.last_seq = rec.info.last_seq;
+            out.slots = rec.ring_len >= 4 ? tally_get_u32(rec.ring) : 0;
+        }
+    }
+    natsMsg_Destroy(m);
+    return out;
+}
+
+/* Waits until partition 0's changelog on js holds `count` messages after `before`, or more;
+ * how many it holds. */
+static uint64_t wait_stored(jsCtx *js, uint64_t before, uint64_t count)
+{
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    while (changelog_last_on(js, 0) - before < count && th_now_ms() < until)
+        th_sleep_ms(1);
+    uint64_t stored = changelog_last_on(js, 0) - before;
+    assert_true(stored >= count);
+    return stored;
+}
+
+/* Replies to n writes, each OK (no duplicate: every write answered once). */
+static void recv_ok(tally_client_t *c, int n)
+{
+    for (int i = 0; i < n; i++) {
+        tally_reply_t r;
+        tally_reply_init(&r);
+        tally_status_t st = tally_recv(c, &r);
+        if (st != TALLY_OK)
+            fail_msg("reply %d of %d: %s: %s", i + 1, n, tally_status_name(st), r.error);
+        tally_reply_clear(&r);
+    }
+}
+
+/* Partition 0's batch cut with stream s's record in its rest, the PubAcks held from here (the
+ * gate removed): 4 x per_msg writes to `others` (new streams), all applied, then s's write seq.
+ * True when s's record passed a message: the batch's first per_msg records went out as the
+ * fourth message in flight, s's record left waiting. False when that rest went at its commit_ms
+ * before s's write came (a box too slow for the others' writes in 1 s): the PubAcks go, the
+ * others' writes are answered, and s's is not sent. */
+static bool cut_with_s_left(tally_client_t *w, tally_client_t *q, jsCtx *js, const char *gate,
+                            char (*others)[32], int per_msg, const char *s, uint64_t seq,
+                            uint64_t *before)
+{
+    *before = changelog_last_on(js, 0);
+    assert_int_equal(unlink(gate), 0);
+    for (int i = 0; i < 4 * per_msg; i++)
+        cut_send(w, others[i], 1);
+    for (int i = 0; i < 4 * per_msg; i++)
+        wait_applied(q, others[i], 1);
+    if (wait_stored(js, *before, 3) > 3) {
+        gate_open(gate);
+        recv_ok(w, 4 * per_msg);
+        return false;
+    }
+    cut_send(w, s, seq);
+    assert_int_equal(wait_stored(js, *before, 4), 4);
+    for (uint64_t i = 1; i <= 4; i++) {
+        cut_message_t m = cut_message(js, *before + i, s);
+        assert_int_equal(m.records, per_msg);
+        assert_int_equal(m.of_name, 0);
+    }
+    return true;
+}
+
+/* A write's record that replaces its stream's record left waiting in the rest of a batch cut in
+ * parts: td_changelog_hold's guess, made before its lock, is wrong (the rest's records were held
+ * under the ticket of the part that went out), and the record is encoded again under the lock.
+ * A server of its own with max_payload 64 KiB; member a with window rings on the test clock,
+ * the PubAcks held (TALLYD_TEST_ACK_GATE), commit_ms 1 s; S (cut_names[0]) written at interval
+ * t-1 and stored, its record's size that of every first record here (names all as long), so a
+ * message holds per_msg of them:
+ *   - 4 x per_msg writes to other streams of partition 0: their batch reaches a message at each
+ *     (per_msg+1)-th record and goes out per_msg records at a time: three messages in flight,
+ *     per_msg records left (cut_with_s_left);
+ *   - once all are applied, S's write at interval t: its record passes a message, the batch's
+ *     first per_msg records go out as the fourth message in flight, S's record is left waiting;
+ *   - the clock an interval on, S's write at t+1 replaces that record: its ring's changes since
+ *     before the replaced record, slots t and t+1;
+ * the PubAcks go, every write is answered OK once, and the changelog's last message holds S's one
+ * record, kind 3, with both slots. a is killed; b rebuilds from the changelog alone: S's window
+ * over the last one, two and three intervals counts one, two and three writes. Trusting the
+ * guess, that record held slot t+1 only, and b's ring of S lost interval t. A try whose rest
+ * went at its commit_ms before S's write came (a box too slow) is made again with new streams. */
+static void test_record_replaces_cut_rest(void **state)
+{
+    (void)state;
+    static tn_cluster_t small;
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    small_server_start(&small, &nc, &js);
+    char dir[256], clock[300], gate_dir[256], gate[300];
+    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-clock"), 0);
+    snprintf(clock, sizeof clock, "%s/clock", dir);
+    assert_int_equal(th_write_clock(clock, RING_T0 - 1000), 0);
+    gate_at(gate_dir, sizeof gate_dir, gate, sizeof gate);
+    gate_open(gate); /* open until the test removes it */
+    setenv("TALLYD_TEST_ACK_GATE", gate, 1);
+    member_clock = clock;
+    start_commit(0, "3000", "1000");
+    member_clock = NULL;
+    unsetenv("TALLYD_TEST_ACK_GATE");
+    wait_taken(0, PARTITIONS);
+    partition0_names(cut_names, CUT_STREAMS, "cut/", 1000); /* all as long, as are their records */
+    tally_client_t *w = NULL, *q = NULL; /* writes, their replies held; queries */
+    assert_int_equal(tally_client_new(member[0].endpoint, TIMEOUT_MS, &w), TALLY_OK);
+    assert_int_equal(tally_client_new(member[0].endpoint, TIMEOUT_MS, &q), TALLY_OK);
+    /* S's first write (interval t-1), stored: the size of a stream's first record. */
+    const char *s = cut_names[0]; /* S */
+    cut_send(w, s, 1);
+    recv_applied(w);
+    cut_message_t m = cut_message(js, changelog_last_on(js, 0), s);
+    assert_int_equal(m.records, 1);
+    assert_int_equal(m.of_name, 1);
+    size_t first_size = m.size;
+    size_t max_msg = SMALL_PAYLOAD - TALLY_NATS_HEADROOM;
+    int per_msg = (int)(max_msg / first_size);
+    assert_true(per_msg * first_size < max_msg && 1 + CUT_TRIES * 4 * per_msg <= CUT_STREAMS);
+    assert_int_equal(th_write_clock(clock, RING_T0), 0);
+    /* S's second write (interval t) left in the rest of a cut batch, four messages in flight. */
+    uint64_t before = 0;
+    int tries = 0;
+    int64_t t0 = 0;
+    bool cut = false;
+    for (; !cut && tries < CUT_TRIES; tries++) {
+        t0 = th_now_ms();
+        cut = cut_with_s_left(w, q, js, gate, cut_names + 1 + tries * 4 * per_msg, per_msg, s, 2,
+                              &before);
+    }
+    if (!cut)
+        fail_msg("the batch went at its commit_ms before S's write, %d times", CUT_TRIES);
+    int64_t cut_ms = th_now_ms() - t0;
+    assert_int_equal(th_write_clock(clock, RING_T0 + 1000), 0);
+    cut_send(w, s, 3);
+    wait_applied(q, s, 3);
+    /* S's record waits: every flight is out */
+    assert_int_equal(changelog_last_on(js, 0) - before, 4);
+    gate_open(gate);
+    print_message("%d records of %zu bytes a message; the batch cut in %lld ms, the PubAcks held "
+                  "%lld ms (try %d)\n",
+                  per_msg, first_size, (long long)cut_ms, (long long)(th_now_ms() - t0), tries);
+    recv_ok(w, 4 * per_msg + 2);
+    /* The last message: S's one record, its ring's slots of both intervals. */
+    assert_int_equal(changelog_last_on(js, 0) - before, 5);
+    m = cut_message(js, before + 5, s);
+    assert_int_equal(m.records, 1);
+    assert_int_equal(m.of_name, 1);
+    assert_int_equal(m.kind, TD_STATE_RECORD_CHANGED);
+    assert_int_equal(m.last_seq, 3);
+    assert_int_equal(m.slots, 2);
+    tally_client_destroy(&q);
+    tally_client_destroy(&w);
+    kill_member(0);
+    member_clock = clock;
+    start_commit(1, "3000", "2");
+    member_clock = NULL;
+    wait_taken(1, PARTITIONS);
+    assert_int_equal(tally_client_new(member[1].endpoint, TIMEOUT_MS, &q), TALLY_OK);
+    static tally_stream_info_t info;
+    for (int n = 1; n <= 3; n++) { /* the last interval, the last two, all three */
+        assert_int_equal(tally_query_window(q, s, (uint64_t)n * 1000, &info, NULL, NULL), TALLY_OK);
+        assert_int_equal(info.hist_total, (uint64_t)n * 256);
+        for (size_t v = 0; v < 4 * 256; v++)
+            assert_int_equal(info.bins[v], n);
+    }
+    assert_int_equal(tally_query(q, s, &info), TALLY_OK);
+    assert_int_equal(info.last_seq, 3);
+    assert_int_equal(info.hist_total, 3 * 256);
+    tally_client_destroy(&q);
+    /* a clean stop, so that a coverage build counts what b ran (its checkpoints do not fit
+     * 64 KiB: logged) */
+    assert_int_equal(th_daemon_stop(&member[1], SIGTERM, TIMEOUT_MS), 0);
+    member[1].pid = 0;
+    th_rmrf(gate_dir);
+    th_rmrf(dir);
+    small_server_stop(&small, nc, js);
+}
+
 /* ---- 13. a fleet that changes its mode, member by member ------------------------------------ */
 
 /* Direct `replicated` to JetStream ingest and back, each owner after the first taking the
@@ -1880,7 +2149,11 @@ int main(void)
         cmocka_unit_test_teardown(test_compaction_at_quiet_point, stop_members),
         cmocka_unit_test_teardown(test_no_purge_past_checkpoint, stop_members),
         cmocka_unit_test_teardown(test_messages_in_flight, stop_members),
+        cmocka_unit_test_teardown(test_record_replaces_cut_rest, stop_members),
         cmocka_unit_test_teardown(test_mode_changes, stop_members),
     };
+    const char *only = getenv("TALLY_TEST_FILTER"); /* one test by name (a mutation check) */
+    if (only)
+        cmocka_set_test_filter(only);
     return cmocka_run_group_tests(tests, setup, teardown);
 }
