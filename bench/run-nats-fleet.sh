@@ -24,6 +24,10 @@
 # three workers (C - 3 C/8 - 1)/3, the producers and watchers the rest (16 cores: servers 0-1,
 # 2-3, 4-5; workers 6-8, 9-11, 12-14; tools 15). Prints markdown rows for bench/RESULTS.md.
 # SAMPLE_MS: how often the apply's sampler asks the workers' /metrics (default 50; it was 5).
+# THREADS=1: each worker's threads' share of a core over THREADS_S seconds (default 0.5) of
+# each round's apply, from 0.1 s after the SIGCONT (bench/thread-cpu.sh), and their sum: whether
+# a worker's cores are full (the cost a message binds) or not (something waits); give a COUNT
+# that lasts longer than that.
 # BUILD (default build) holds tallyd and nats_bench; TALLYD_ARGS adds worker options; LEASE_MS
 # the lease (default 8000: a fill while the workers are stopped must end well within it).
 # ONLY=rates: steps 1-3 alone (their raw lines). ONLY=failover: only step 4, at STEADY 1 KiB messages a second (default 1000), with each run's
@@ -144,6 +148,14 @@ round() {
   for n in "$@"; do ports+=("${mport[$n]}"); done
   t0=$(now) # before the SIGCONT: the sampler's own start is not lost
   for n in "$@"; do kill -CONT "${pid[$n]}"; done
+  local tp=()
+  if [ "${THREADS:-0}" = 1 ]; then
+    for n in "$@"; do
+      (sleep 0.1 && $(on "$tools") "$(dirname "$0")/thread-cpu.sh" "${pid[$n]}" "${THREADS_S:-0.5}" \
+        >"$dir/threads-$tag-w$n" 2>&1) &
+      tp+=($!)
+    done
+  fi
   python3 - "$t0" "$base" "$((base + count))" "${ports[@]}" >"$dir/applied-$tag" <<'PY'
 # Every SAMPLE_MS (default 50) each worker's /metrics, and the moment the sum reached `want`
 # interpolated between the two samples around it. A render of /metrics holds the worker's shards
@@ -177,6 +189,12 @@ if a >= want and a > prev_a:
     t = prev_t + (t - prev_t) * (want - prev_a) / (a - prev_a)
 print(f"applied {t - t0:.3f} {a >= want} {samples}")
 PY
+  ((${#tp[@]} == 0)) || wait "${tp[@]}"
+  for n in "$@"; do
+    [ -s "$dir/threads-$tag-w$n" ] || continue
+    echo "threads of w$n in round $tag (cores ${cores[$n]}; share of a core over ${THREADS_S:-0.5} s):"
+    awk '{ s += $1 } $1 > 0 { print "  " $0 } END { printf "  %6.1f %%  in all\n", s }' "$dir/threads-$tag-w$n"
+  done
 }
 
 # The fleet (streams, buckets) once, then for each size: one worker, then three.

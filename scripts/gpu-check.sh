@@ -59,7 +59,8 @@
 #               pause after kill -9 of the lease bucket's nats-server against the bare
 #               consumers' longest gap): $OUT/nats-fleet.txt, its markdown rows in the summary
 #               (240 s cap, 25 s more a failover past 3); NATS_FLEET_TALLYD_ARGS adds worker
-#               options (e.g. "--nats-members-per-process 2")
+#               options (e.g. "--nats-members-per-process 2"); NATS_FLEET_PIN=0 runs it unpinned,
+#               THREADS=1 adds each worker's threads' share of a core in every round
 #   nats-direct bench/run-nats-direct.sh (issue 33, direct mode: a 3-node R3 cluster on loopback
 #               with contrib/nats/users.conf, 8 partitions; N = 1, 2 (3 with 14 cores) members in
 #               `local` and `replicated` beside N standalone tallyds, each tallyd and its loadgen
@@ -360,7 +361,7 @@ step_bench() { # NAME: bench/run-NAME.sh into $OUT/NAME
 step_nats_fleet() { # issue 22's fleet figures: bench/run-nats-fleet.sh on the CUDA build
   command -v nats-server >/dev/null || { note "nats-fleet: no nats-server (fetch-device-deps.sh)"; return; }
   local failovers=${NATS_FLEET_FAILOVERS:-3} # each one past 3 adds ~25 s (a kill, a lease)
-  BUILD=$B TALLYD_ARGS="--backend auto ${NATS_FLEET_TALLYD_ARGS:-}" PIN=1 FAILOVERS=$failovers \
+  BUILD=$B TALLYD_ARGS="--backend auto ${NATS_FLEET_TALLYD_ARGS:-}" PIN=${NATS_FLEET_PIN:-1} FAILOVERS=$failovers \
     SIZES=${NATS_FLEET_SIZES:-1024:100000 64:100000 1048576:256} \
     timed nats-fleet $((240 + 25 * (failovers > 3 ? failovers - 3 : 0))) \
     bench/run-nats-fleet.sh >"$OUT/nats-fleet.txt" 2>&1
