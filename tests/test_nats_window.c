@@ -11,7 +11,10 @@
  * sum up to it, a last scan of each stream finds the sum of everything sent (each message applied
  * exactly once), and the worker counted its refused messages in tallyd_nats_resent_total.
  * Then a backlog of messages larger than half the window's bytes: taken one at a time, each
- * applied once.
+ * applied once. Last, every run and not by luck of timing (test_refused_behind_its_stream): a
+ * window whose scan of a stream is refused while a later message of that stream is applied, so
+ * that the partition is dropped and taken again from its checkpoint (order_broken), and the same
+ * backlog held by the transport at --max-inflight 1 (its put-back), each message applied once.
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -55,7 +58,8 @@ static void pick_names(void)
     }
 }
 
-static void start_worker(void)
+/* The worker: windows of inflight messages, and extra's options (NULL-terminated). */
+static void start_worker_with(const char *inflight, const char *const *extra)
 {
     const char *args[] = {"--metrics",
                           "127.0.0.1:0",
@@ -72,19 +76,25 @@ static void start_worker(void)
                           "--nats-member-id",
                           "win",
                           "--nats-inflight",
-                          "2",
+                          inflight,
                           "--nats-inflight-bytes",
                           "64K",
-                          "--max-reply-bytes",
-                          "40K",
                           "--window-intervals",
                           "0",
                           NULL};
-    assert_int_equal(th_daemon_start_with(&w, args, NULL), 0);
+    assert_int_equal(th_daemon_start_with(&w, args, extra), 0);
 }
 
-/* A scan of n pseudo-random values (0..999) on stream i; its request id. */
-static uint64_t send_scan(tally_nats_t *p, int i, size_t n, uint64_t *x)
+static void start_worker(void)
+{
+    const char *extra[] = {"--max-reply-bytes", "40K", NULL};
+    start_worker_with("2", extra);
+}
+
+/* A scan of n pseudo-random values (0..999) on stream name, added to its model *carry; its
+ * request id. */
+static uint64_t send_scan_to(tally_nats_t *p, const char *name, int64_t *carry, size_t n,
+                             uint64_t *x)
 {
     static int32_t values[VALUES];
     for (size_t j = 0; j < n; j++) {
@@ -92,19 +102,25 @@ static uint64_t send_scan(tally_nats_t *p, int i, size_t n, uint64_t *x)
         *x ^= *x >> 7;
         *x ^= *x << 17;
         values[j] = (int32_t)((*x >> 32) % 1000);
-        sum[i] += values[j];
+        *carry += values[j];
     }
     tally_req_t req;
     memset(&req, 0, sizeof req);
     req.opcode = TALLY_OP_SCAN;
     req.dtype = TALLY_DTYPE_I32;
-    assert_int_equal(tally_req_set_stream(&req, names[i]), TALLY_OK);
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
     uint64_t id = 0;
     size_t chunks = 0;
     assert_int_equal(tally_nats_send(p, &req, values, n * sizeof *values, true, &id, &chunks),
                      TALLY_OK);
     assert_int_equal(chunks, 1);
     return id;
+}
+
+/* The same on stream i of names. */
+static uint64_t send_scan(tally_nats_t *p, int i, size_t n, uint64_t *x)
+{
+    return send_scan_to(p, names[i], &sum[i], n, x);
 }
 
 /* Publishes frame to tally.in.0 (with a Tally-Reply to inbox and a Nats-Msg-Id when sub is
@@ -349,6 +365,87 @@ static void test_refused_messages_applied_once(void **state)
     big_backlog();
 }
 
+/* Waits until the worker's log says text (20 s at most). */
+static void wait_logged(const char *text)
+{
+    for (int64_t until = th_now_ms() + 20000;
+         !th_daemon_log_contains(&w, text) && th_now_ms() < until;)
+        th_sleep_ms(50);
+    assert_true(th_daemon_log_contains(&w, text));
+}
+
+/* The next reply: OK, to one of the n requests of ids not answered before (got), with the
+ * carry-out want gives it. */
+static void recv_carry(tally_nats_t *p, const uint64_t *ids, const int64_t *want, bool *got, int n)
+{
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    assert_int_equal(tally_nats_recv(p, 20000, &reply), TALLY_OK);
+    assert_int_equal(reply.rep.status, TALLY_OK);
+    int k = 0;
+    while (k < n && ids[k] != reply.rep.request_id)
+        k++;
+    assert_true(k < n);
+    assert_false(got[k]); /* one reply each */
+    got[k] = true;
+    assert_int_equal((int64_t)reply.rep.aux0, want[k]);
+    tally_reply_clear(&reply);
+}
+
+/* A backlog of partition 1 (no other test writes there), published while no worker runs, that
+ * the worker takes into one window (--nats-inflight 3) and sends to the request path in one
+ * batch, at one shard: X0, a scan of stream t, whose reply (32,000 bytes) is reserved or held
+ * until the fleet thread has taken it; X1, a scan of stream s, which would pass --max-reply-bytes
+ * 40K beside it and is answered `busy` (no effect); X2, a scan of one value of s, whose 8 bytes
+ * fit, applied. X2 applied after X1 was refused breaks s's order (order_broken): the partition
+ * is dropped with its local state, every time (the same messages meet the same bound). Started
+ * again without the bound, at --max-inflight 1 on two shards (the transport holds X1 and X2
+ * until X0 is answered, then sends them: none refused), the worker takes the partition from its
+ * checkpoint: each message applied once, in order, and answered once. */
+static void test_refused_behind_its_stream(void **state)
+{
+    (void)state;
+    char two[2][32]; /* t, s */
+    for (int i = 0, n = 0; n < 2; i++) {
+        snprintf(two[n], sizeof two[n], "winorder%d", i);
+        n += tally_partition(two[n], strlen(two[n]), PARTITIONS) == 1;
+    }
+    tally_nats_opts_t o = {
+        .servers = tn_suite.urls, .producer_id = "winorder", .timeout_ms = 15000};
+    tally_nats_t *p = NULL;
+    assert_int_equal(tally_nats_new(&o, &p, msg, sizeof msg), TALLY_OK);
+    int64_t carry[2] = {0, 0}, want[3];
+    uint64_t x = th_rand() | 1, x0 = 0, ids[3];
+    for (int i = 0; i < 3; i++) { /* flushed one by one: stored in this order */
+        ids[i] = send_scan_to(p, two[i > 0], &carry[i > 0], i < 2 ? VALUES : 1, i < 2 ? &x : &x0);
+        want[i] = carry[i > 0];
+        assert_int_equal(tally_nats_flush(p), TALLY_OK);
+    }
+    const char *bound[] = {"--max-reply-bytes", "40K", "--shards", "1", NULL};
+    start_worker_with("3", bound);
+    wait_logged("partition 1 lost: a message was applied before a refused one of its stream");
+    assert_true(th_metric(&w, "tallyd_nats_resent_total") >= 1);
+    assert_true(th_metric(&w, "tallyd_nats_leases_lost_total") >= 1);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+    const char *held[] = {"--max-inflight", "1", "--shards", "2", NULL};
+    start_worker_with("3", held);
+    bool got[3] = {false};
+    for (int n = 0; n < 3; n++) /* X0's maybe already before the drop: the client drops a second */
+        recv_carry(p, ids, want, got, 3);
+    tally_reply_t extra;
+    tally_reply_init(&extra);
+    assert_int_equal(tally_nats_recv(p, 300, &extra), TALLY_E_TIMEOUT);
+    for (int i = 0; i < 2; i++) { /* a scan of one zero: everything applied on the stream, once */
+        uint64_t id = send_scan_to(p, two[i], &carry[i], 1, &x0);
+        bool once = false;
+        assert_int_equal(tally_nats_flush(p), TALLY_OK);
+        recv_carry(p, &id, &carry[i], &once, 1);
+    }
+    assert_int_equal(th_metric(&w, "tallyd_nats_resent_total"), 0);
+    tally_nats_destroy(&p);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -368,6 +465,7 @@ int main(void)
         return 77;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refused_messages_applied_once),
+        cmocka_unit_test(test_refused_behind_its_stream),
     };
     int failed = cmocka_run_group_tests(tests, setup, teardown);
     nats_Close();

@@ -545,15 +545,20 @@ static void mark_retry(td_part_t *p, td_win_entry_t *e, int64_t ms)
     p->retry_at = td_nats_now_ms() + ms;
 }
 
+/* The stream m's header names (tally_req_stream_of reads a header alone: given the whole
+ * message, with its payload, it found none, and order_broken never saw a stream's order broken). */
+static bool stream_of(natsMsg *m, const char **name, size_t *len)
+{
+    return natsMsg_GetDataLength(m) >= TALLY_REQ_HEADER_SIZE &&
+           tally_req_stream_of((const uint8_t *)natsMsg_GetData(m), TALLY_REQ_HEADER_SIZE, name,
+                               len);
+}
+
 static bool same_stream(natsMsg *a, natsMsg *b)
 {
     const char *na, *nb;
     size_t la, lb;
-    return tally_req_stream_of((const uint8_t *)natsMsg_GetData(a),
-                               (size_t)natsMsg_GetDataLength(a), &na, &la) &&
-           tally_req_stream_of((const uint8_t *)natsMsg_GetData(b),
-                               (size_t)natsMsg_GetDataLength(b), &nb, &lb) &&
-           la > 0 && la == lb && memcmp(na, nb, la) == 0;
+    return stream_of(a, &na, &la) && stream_of(b, &nb, &lb) && la == lb && memcmp(na, nb, la) == 0;
 }
 
 /* The request path keeps a stream's order, but a message refused (`busy`) and sent again goes
