@@ -158,6 +158,11 @@ typedef struct {
     size_t win_len, win_bytes, retries;
     int64_t retry_at; /* when the WIN_RETRY entries are sent again */
     natsMsg *next;    /* taken from the reader, waiting for room in the window */
+    /* After the window broke a stream's order (a message refused `busy` overtaken by a later one
+     * of its stream): the messages up to this sequence go one at a time when the partition is
+     * taken again, so that the refusals that broke it cannot break it again at every take (0:
+     * none). Kept across takes; cleared once the watermark has passed it. */
+    uint64_t one_at_a_time_to;
     bool draining;    /* a checkpoint is due: nothing new until the window is empty */
     /* AckAll: the ack subject of the watermark's message, sent after the next checkpoint. */
     char ack[TD_FLEET_ACK_MAX];

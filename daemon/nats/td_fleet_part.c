@@ -493,10 +493,20 @@ static td_win_entry_t *entry_at(const td_fleet_t *f, const td_part_t *p, uint64_
     return &p->win[pos % f->inflight];
 }
 
-/* Room for one more message of len bytes (one message always fits alone). */
-static bool window_has_room(const td_fleet_t *f, const td_part_t *p, size_t len)
+/* Room for one more message, sequence seq of len bytes (one message always fits alone). */
+static bool window_has_room(const td_fleet_t *f, const td_part_t *p, uint64_t seq, size_t len)
 {
+    if (p->win_len > 0 && seq <= p->one_at_a_time_to)
+        return false;
     return p->win_len < f->inflight && (p->win_len == 0 || p->win_bytes + len <= f->inflight_bytes);
+}
+
+/* The window broke a stream's order: the partition is dropped, and taken again (here or by
+ * another member) from its checkpoint; here, what the window held then goes one at a time. */
+static void drop_order_broken(td_fleet_t *f, td_part_t *p, const char *why)
+{
+    p->one_at_a_time_to = p->high_seq;
+    td_part_drop(f, p, why);
 }
 
 /* Retires the done messages at the window's head: the watermark moves past them, and the last
@@ -512,6 +522,8 @@ static void retire(td_fleet_t *f, td_part_t *p)
         if (ack_len < sizeof p->ack)
             memcpy(p->ack, ack, ack_len + 1);
         p->applied_seq = e->seq;
+        if (p->applied_seq >= p->one_at_a_time_to)
+            p->one_at_a_time_to = 0;
         p->win_bytes -= (size_t)natsMsg_GetDataLength(e->msg);
         entry_release(e);
         p->win_first++;
@@ -809,7 +821,7 @@ static void process(td_fleet_t *f, td_part_t *p, natsMsg *m)
         return;
     }
     size_t len = (size_t)natsMsg_GetDataLength(m);
-    if (!window_has_room(f, p, len)) {
+    if (!window_has_room(f, p, seq, len)) {
         p->next = m;
         return;
     }
@@ -836,7 +848,8 @@ void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *
         mark_retry(p, e, TD_FLEET_RETRY_MS); /* no effect: the same message again (at
                                               * shutdown: the next owner's) */
         if (order_broken(f, p, pos, false))
-            td_part_drop(f, p, "a message was refused after a later one of its stream applied");
+            drop_order_broken(f, p,
+                              "a message was refused after a later one of its stream applied");
         return;
     }
     if (!td_part_may_write(p)) { /* the fence: nothing of it goes out */
@@ -844,7 +857,7 @@ void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *
         return;
     }
     if (p->retries && order_broken(f, p, pos, true)) { /* only a refused one can be overtaken */
-        td_part_drop(f, p, "a message was applied before a refused one of its stream");
+        drop_order_broken(f, p, "a message was applied before a refused one of its stream");
         return;
     }
     if (st != TALLY_OK && st != TALLY_E_DUPLICATE) {
