@@ -3,8 +3,10 @@
 # bench/thread-cpu.sh PID SECONDS — where a process's CPU time goes, thread by thread, without
 # perf (the GPU host has none): samples /proc/PID/task/*/stat (utime + stime, in clock ticks)
 # twice, SECONDS apart, and prints each thread's name and share of one core over the interval,
-# busiest first. A thread near 100 % is the bottleneck (tallyd's loop thread is "tallyd", the
-# ZeroMQ I/O threads "ZMQbg/IO/N", the lane threads "td-lane..." ).
+# busiest first, with its voluntary context switches a second (/proc/PID/task/TID/status: how
+# often it went to sleep waiting; threads handing work to each other show many with none at a
+# core). A thread near 100 % is the bottleneck (tallyd's loop thread is "tallyd", the ZeroMQ I/O
+# threads "ZMQbg/IO/N", the lane threads "td-lane..." ).
 set -euo pipefail
 pid=${1:?pid}
 secs=${2:-2}
@@ -18,12 +20,14 @@ sample() {
     name=${name%)*}
     rest=${stat##*) }
     set -- $rest
-    echo "${t##*/} $((${12} + ${13})) ${name// /_}"
+    sw=$(awk '/^voluntary_ctxt_switches/{print $2}' "$t/status" 2>/dev/null) || sw=0
+    echo "${t##*/} $((${12} + ${13})) ${sw:-0} ${name// /_}"
   done
 }
 before=$(sample)
 sleep "$secs"
 after=$(sample)
 join <(echo "$before" | sort) <(echo "$after" | sort) |
-  awk -v hz="$hz" -v s="$secs" '{ pct = ($4 - $2) * 100 / hz / s; printf "%6.1f %%  %s (tid %s)\n", pct, $3, $1 }' |
+  awk -v hz="$hz" -v s="$secs" '{ pct = ($5 - $2) * 100 / hz / s; sw = ($6 - $3) / s
+    printf "%6.1f %%  %s (tid %s, %.0f sleeps/s)\n", pct, $4, $1, sw }' |
   sort -rn
