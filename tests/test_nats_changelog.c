@@ -87,6 +87,10 @@
  *      S written an interval later replaces it (the guess made before the lock wrong): every
  *      write is answered OK once, the record stored holds S's ring slots of both intervals, and
  *      the next owner, from the changelog alone, has S's window of every interval;
+ * 12c. a record past a message (the same server, the PubAcks held, the 4 messages in flight):
+ *      stream S written in a new interval a write, its record grown to pass 60 KiB in the
+ *      batch waiting, fails its partition at once, the size in the log, every write of the
+ *      batch answered not_durable, and S unknown after the partition is taken again;
  *  13. a fleet that changes its mode member by member: direct writes answered by a replicated
  *      owner killed (SIGKILL) are applied by the next owner, an ingest worker (`direct = off`),
  *      which fences the changelog, takes writes over JetStream ingest and stops cleanly; the
@@ -1968,6 +1972,50 @@ static bool cut_with_s_left(tally_client_t *w, tally_client_t *q, jsCtx *js, con
     return true;
 }
 
+/* Tests 12b and 12c: a server of their own (max_payload SMALL_PAYLOAD), member a on a test
+ * clock with its PubAcks held by a gate, and two clients of a: writes (their replies held) and
+ * queries. */
+typedef struct {
+    tn_cluster_t small;
+    natsConnection *nc;
+    jsCtx *js;
+    char dir[256], clock[300], gate_dir[256], gate[300];
+    tally_client_t *w, *q;
+} clock_gate_t;
+
+/* The server, and member a with window rings on a new test clock at t0, its PubAcks held by a
+ * gate open until the test removes it, commit_ms; every partition taken; the two clients. */
+static void start_clock_gate(clock_gate_t *g, uint64_t t0, const char *commit_ms)
+{
+    small_server_start(&g->small, &g->nc, &g->js);
+    assert_int_equal(th_tmpdir(g->dir, sizeof g->dir, "tally-clock"), 0);
+    snprintf(g->clock, sizeof g->clock, "%s/clock", g->dir);
+    assert_int_equal(th_write_clock(g->clock, t0), 0);
+    gate_at(g->gate_dir, sizeof g->gate_dir, g->gate, sizeof g->gate);
+    gate_open(g->gate);
+    setenv("TALLYD_TEST_ACK_GATE", g->gate, 1);
+    member_clock = g->clock;
+    start_commit(0, "3000", commit_ms);
+    member_clock = NULL;
+    unsetenv("TALLYD_TEST_ACK_GATE");
+    wait_taken(0, PARTITIONS);
+    assert_int_equal(tally_client_new(member[0].endpoint, TIMEOUT_MS, &g->w), TALLY_OK);
+    assert_int_equal(tally_client_new(member[0].endpoint, TIMEOUT_MS, &g->q), TALLY_OK);
+}
+
+/* Member i stopped cleanly (so that a coverage build counts what it ran; its checkpoints do not
+ * fit 64 KiB: logged), the clients, folders and server gone. */
+static void stop_clock_gate(clock_gate_t *g, int i)
+{
+    tally_client_destroy(&g->q);
+    tally_client_destroy(&g->w);
+    assert_int_equal(th_daemon_stop(&member[i], SIGTERM, TIMEOUT_MS), 0);
+    member[i].pid = 0;
+    th_rmrf(g->gate_dir);
+    th_rmrf(g->dir);
+    small_server_stop(&g->small, g->nc, g->js);
+}
+
 /* A write's record that replaces its stream's record left waiting in the rest of a batch cut in
  * parts: td_changelog_hold's guess, made before its lock, is wrong (the rest's records were held
  * under the ticket of the part that went out), and the record is encoded again under the lock.
@@ -1990,26 +2038,11 @@ static bool cut_with_s_left(tally_client_t *w, tally_client_t *q, jsCtx *js, con
 static void test_record_replaces_cut_rest(void **state)
 {
     (void)state;
-    static tn_cluster_t small;
-    natsConnection *nc = NULL;
-    jsCtx *js = NULL;
-    small_server_start(&small, &nc, &js);
-    char dir[256], clock[300], gate_dir[256], gate[300];
-    assert_int_equal(th_tmpdir(dir, sizeof dir, "tally-clock"), 0);
-    snprintf(clock, sizeof clock, "%s/clock", dir);
-    assert_int_equal(th_write_clock(clock, RING_T0 - 1000), 0);
-    gate_at(gate_dir, sizeof gate_dir, gate, sizeof gate);
-    gate_open(gate); /* open until the test removes it */
-    setenv("TALLYD_TEST_ACK_GATE", gate, 1);
-    member_clock = clock;
-    start_commit(0, "3000", "1000");
-    member_clock = NULL;
-    unsetenv("TALLYD_TEST_ACK_GATE");
-    wait_taken(0, PARTITIONS);
+    static clock_gate_t g;
+    start_clock_gate(&g, RING_T0 - 1000, "1000");
     partition0_names(cut_names, CUT_STREAMS, "cut/", 1000); /* all as long, as are their records */
-    tally_client_t *w = NULL, *q = NULL; /* writes, their replies held; queries */
-    assert_int_equal(tally_client_new(member[0].endpoint, TIMEOUT_MS, &w), TALLY_OK);
-    assert_int_equal(tally_client_new(member[0].endpoint, TIMEOUT_MS, &q), TALLY_OK);
+    tally_client_t *w = g.w, *q = g.q;
+    jsCtx *js = g.js;
     /* S's first write (interval t-1), stored: the size of a stream's first record. */
     const char *s = cut_names[0]; /* S */
     cut_send(w, s, 1);
@@ -2021,7 +2054,7 @@ static void test_record_replaces_cut_rest(void **state)
     size_t max_msg = SMALL_PAYLOAD - TALLY_NATS_HEADROOM;
     int per_msg = (int)(max_msg / first_size);
     assert_true(per_msg * first_size < max_msg && 1 + CUT_TRIES * 4 * per_msg <= CUT_STREAMS);
-    assert_int_equal(th_write_clock(clock, RING_T0), 0);
+    assert_int_equal(th_write_clock(g.clock, RING_T0), 0);
     /* S's second write (interval t) left in the rest of a cut batch, four messages in flight. */
     uint64_t before = 0;
     int tries = 0;
@@ -2029,18 +2062,18 @@ static void test_record_replaces_cut_rest(void **state)
     bool cut = false;
     for (; !cut && tries < CUT_TRIES; tries++) {
         t0 = th_now_ms();
-        cut = cut_with_s_left(w, q, js, gate, cut_names + 1 + tries * 4 * per_msg, per_msg, s, 2,
+        cut = cut_with_s_left(w, q, js, g.gate, cut_names + 1 + tries * 4 * per_msg, per_msg, s, 2,
                               &before);
     }
     if (!cut)
         fail_msg("the batch went at its commit_ms before S's write, %d times", CUT_TRIES);
     int64_t cut_ms = th_now_ms() - t0;
-    assert_int_equal(th_write_clock(clock, RING_T0 + 1000), 0);
+    assert_int_equal(th_write_clock(g.clock, RING_T0 + 1000), 0);
     cut_send(w, s, 3);
     wait_applied(q, s, 3);
     /* S's record waits: every flight is out */
     assert_int_equal(changelog_last_on(js, 0) - before, 4);
-    gate_open(gate);
+    gate_open(g.gate);
     print_message("%d records of %zu bytes a message; the batch cut in %lld ms, the PubAcks held "
                   "%lld ms (try %d)\n",
                   per_msg, first_size, (long long)cut_ms, (long long)(th_now_ms() - t0), tries);
@@ -2053,14 +2086,15 @@ static void test_record_replaces_cut_rest(void **state)
     assert_int_equal(m.kind, TD_STATE_RECORD_CHANGED);
     assert_int_equal(m.last_seq, 3);
     assert_int_equal(m.slots, 2);
-    tally_client_destroy(&q);
-    tally_client_destroy(&w);
+    tally_client_destroy(&g.q);
+    tally_client_destroy(&g.w);
     kill_member(0);
-    member_clock = clock;
+    member_clock = g.clock;
     start_commit(1, "3000", "2");
     member_clock = NULL;
     wait_taken(1, PARTITIONS);
-    assert_int_equal(tally_client_new(member[1].endpoint, TIMEOUT_MS, &q), TALLY_OK);
+    assert_int_equal(tally_client_new(member[1].endpoint, TIMEOUT_MS, &g.q), TALLY_OK);
+    q = g.q;
     static tally_stream_info_t info;
     for (int n = 1; n <= 3; n++) { /* the last interval, the last two, all three */
         assert_int_equal(tally_query_window(q, s, (uint64_t)n * 1000, &info, NULL, NULL), TALLY_OK);
@@ -2071,14 +2105,89 @@ static void test_record_replaces_cut_rest(void **state)
     assert_int_equal(tally_query(q, s, &info), TALLY_OK);
     assert_int_equal(info.last_seq, 3);
     assert_int_equal(info.hist_total, 3 * 256);
-    tally_client_destroy(&q);
-    /* a clean stop, so that a coverage build counts what b ran (its checkpoints do not fit
-     * 64 KiB: logged) */
-    assert_int_equal(th_daemon_stop(&member[1], SIGTERM, TIMEOUT_MS), 0);
-    member[1].pid = 0;
-    th_rmrf(gate_dir);
-    th_rmrf(dir);
-    small_server_stop(&small, nc, js);
+    stop_clock_gate(&g, 1);
+}
+
+/* ---- 12c. a record past a message ------------------------------------------------------------ */
+
+/* Waits until stream `name` (written before when seq > 1) has taken `seq`: TALLY_OK; or is
+ * gone with its partition (unknown, or its partition not owned for a while): that status. */
+static tally_status_t applied_or_dropped(tally_client_t *q, const char *name, uint64_t seq)
+{
+    static tally_stream_info_t info;
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    for (;;) {
+        tally_status_t st = tally_query(q, name, &info);
+        if (st == TALLY_OK && info.last_seq >= seq)
+            return st;
+        bool waiting = st == TALLY_OK || (st == TALLY_E_UNKNOWN_STREAM && seq == 1);
+        if (!waiting || th_now_ms() >= until)
+            return st;
+        th_sleep_ms(1);
+    }
+}
+
+/* On a server whose max_payload is 64 KiB, with the PubAcks held (TALLYD_TEST_ACK_GATE): four
+ * writes to other streams of partition 0 fill its 4 messages in flight, so nothing more goes
+ * out; then stream S's numbered rgba8 writes, each in an interval of its own (64 intervals of
+ * 1 s on the test clock), each applied before the next is sent. Each write's record replaces
+ * the one before it in the waiting batch and holds every ring slot written since (~1 KiB a
+ * write), so S's record passes a message (60 KiB) at about the 59th write. That write fails the
+ * partition at once: the log gives the record's size, just past a message, and every write of
+ * S (those the test sent before it saw the partition dropped) and of the four is answered
+ * not_durable; the member takes the partition again and S is unknown (none of its records was
+ * stored). Let through, S's writes went on to the 64th, none dropped. */
+static void test_record_past_a_message(void **state)
+{
+    (void)state;
+    static clock_gate_t g;
+    start_clock_gate(&g, RING_T0, "2");
+    static char names[5][32]; /* S, then the four that fill the flights */
+    partition0_names(names, 5, "over/", 0);
+    tally_client_t *w = g.w, *q = g.q;
+    jsCtx *js = g.js;
+    uint64_t before = changelog_last_on(js, 0);
+    assert_int_equal(unlink(g.gate), 0);
+    for (uint64_t i = 1; i <= 4; i++) { /* a message each, none settled */
+        cut_send(w, names[i], 1);
+        assert_int_equal(wait_stored(js, before, i), i);
+    }
+    const char *s = names[0];
+    int sent = 0;
+    long long lost = 0; /* partitions dropped */
+    while (!lost && sent < 64) {
+        assert_int_equal(th_write_clock(g.clock, RING_T0 + (uint64_t)sent * 1000), 0);
+        cut_send(w, s, (uint64_t)++sent);
+        tally_status_t st = applied_or_dropped(q, s, (uint64_t)sent);
+        lost = th_metric(&member[0], "tallyd_nats_leases_lost_total");
+        assert_true(st == TALLY_OK || lost); /* S gone with its partition only */
+    }
+    gate_open(g.gate);
+    print_message("the partition was dropped after write %d of S\n", sent);
+    assert_true(lost == 1 && sent >= 50);
+    char *log = th_slurp(member[0].log_path);
+    const char *hit = log ? strstr(log, "a record of ") : NULL;
+    unsigned long size = hit ? strtoul(hit + strlen("a record of "), NULL, 10) : 0;
+    char tail[96];
+    snprintf(tail, sizeof tail, " bytes does not fit a message (max_payload %d less %u",
+             SMALL_PAYLOAD, (unsigned)TALLY_NATS_HEADROOM);
+    assert_non_null(hit);
+    assert_non_null(strstr(hit, tail));
+    free(log);
+    size_t max_msg = SMALL_PAYLOAD - TALLY_NATS_HEADROOM;
+    assert_true(size > max_msg && size < max_msg + 2048);
+    for (int i = 0; i < 4 + sent; i++) {
+        tally_reply_t r;
+        tally_reply_init(&r);
+        tally_status_t st = tally_recv(w, &r);
+        if (st != TALLY_E_NOT_DURABLE)
+            fail_msg("reply %d of %d: %s: %s", i + 1, 4 + sent, tally_status_name(st), r.error);
+        tally_reply_clear(&r);
+    }
+    wait_taken(0, PARTITIONS + 1);
+    static tally_stream_info_t info;
+    assert_int_equal(tally_query(q, s, &info), TALLY_E_UNKNOWN_STREAM);
+    stop_clock_gate(&g, 0);
 }
 
 /* ---- 13. a fleet that changes its mode, member by member ------------------------------------ */
@@ -2150,6 +2259,7 @@ int main(void)
         cmocka_unit_test_teardown(test_no_purge_past_checkpoint, stop_members),
         cmocka_unit_test_teardown(test_messages_in_flight, stop_members),
         cmocka_unit_test_teardown(test_record_replaces_cut_rest, stop_members),
+        cmocka_unit_test_teardown(test_record_past_a_message, stop_members),
         cmocka_unit_test_teardown(test_mode_changes, stop_members),
     };
     const char *only = getenv("TALLY_TEST_FILTER"); /* one test by name (a mutation check) */
