@@ -77,8 +77,12 @@ echo "== scratch copy $SCRATCH ($copied files copied)"
 echo "== build (incremental after the first)"
 # Debug (-O0): a mutant's file and the relinks build in seconds, and the tests that kill are
 # small. No libFuzzer target: clang would rebuild it for every proto/ mutant (and its custom
-# target and output share a name, which Ninja refuses).
+# target and output share a name, which Ninja refuses). The allocation-failure hooks are in
+# (inert unless a test sets TALLYD_ALLOC_FAIL_AT), so that a mutant of an out-of-memory branch
+# is killed by the test that fails that allocation (test_nats_worker's
+# test_no_memory_answers_busy).
 cmake -S "$SRC" -B "$BLD" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTALLY_CUDA=OFF -DTALLY_FUZZ=OFF \
+  -DTALLY_ALLOC_FAULTS=ON \
   >"$SCRATCH/configure.log" 2>&1 || { cat "$SCRATCH/configure.log"; exit 1; }
 cmake --build "$BLD" -j"$JOBS" >"$SCRATCH/build.log" 2>&1 || { tail -40 "$SCRATCH/build.log"; exit 1; }
 $M check "$LIST" "$SRC" "$BLD" >"$SCRATCH/check.log" || { cat "$SCRATCH/check.log"; exit 1; }

@@ -223,9 +223,7 @@ static void test_reload_without_clients_dir_keeps_keys(void **state)
              "reload: curve_clients_dir %s: No such file or directory; keeping the 1 client keys "
              "allowed",
              clients);
-    for (int i = 0; i < 400 && !th_daemon_log_contains(&d, want); i++)
-        th_sleep_ms(50);
-    assert_true(th_daemon_log_contains(&d, want));
+    assert_true(th_daemon_wait_log(&d, want, 20000));
     assert_true(th_ping(d.endpoint, 5000)); /* alice, still allowed */
     assert_int_equal(rename(moved, clients), 0);
     assert_int_equal(th_daemon_stop(&d, SIGTERM, 10000), 0);

@@ -169,9 +169,7 @@ static void test_default_member_id(void **state)
     assert_int_equal(th_daemon_start(&w, args), 0);
     char want[160];
     snprintf(want, sizeof want, "fleet: %.40s-%d joins", host, (int)w.pid);
-    for (int i = 0; i < 200 && !th_daemon_log_contains(&w, want); i++)
-        th_sleep_ms(50);
-    assert_true(th_daemon_log_contains(&w, want));
+    assert_true(th_daemon_wait_log(&w, want, 10000));
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
 }
 
@@ -186,8 +184,7 @@ static void test_worker_takes_the_fleets_ttl(void **state)
     th_daemon_t w;
     assert_int_equal(th_daemon_start(&w, args), 0);
     const char *want = "fleet: adopter joins on";
-    for (int i = 0; i < 200 && !th_daemon_log_contains(&w, want); i++)
-        th_sleep_ms(50);
+    assert_true(th_daemon_wait_log(&w, want, 10000));
     assert_true(th_daemon_log_contains(
         &w, "fleet: lease TTL 3000 ms, the fleet's (bucket TALLY_LEASES; [nats] lease_ttl_ms is "
             "not set)"));

@@ -205,14 +205,6 @@ static tally_nats_t *producer(const char *id)
     return p;
 }
 
-/* Waits up to 30 s for text in w's log. */
-static void wait_log(const th_daemon_t *w, const char *text)
-{
-    for (int64_t t0 = th_now_ms(); !th_daemon_log_contains(w, text); th_sleep_ms(50))
-        if (th_now_ms() - t0 > 30000)
-            fail_msg("no '%s' in %s", text, w->log_path);
-}
-
 /* `stream` holds values first..last, each once (MSG_BYTES of each), within 30 s. */
 static void holds_each_once(tally_nats_t *p, const char *stream, int first, int last)
 {
@@ -240,7 +232,8 @@ static void test_lease_overwritten(void **state)
     assert_int_equal(js_KeyValue(&leases, js, TALLY_NATS_BUCKET_LEASES), NATS_OK);
     uint64_t rev = 0;
     assert_int_equal(kvStore_PutString(&rev, leases, "p0", "stranger"), NATS_OK);
-    wait_log(&w, "partition 0 lost: its lease was lost; its local state is dropped");
+    assert_true(th_daemon_wait_log(
+        &w, "partition 0 lost: its lease was lost; its local state is dropped", 30000));
     for (uint8_t v = 4; v <= 6; v++) /* while nobody applies them */
         send_value_to(p, "steal", v, false);
     /* The stranger's key expires (the bucket's TTL); the worker takes the partition again from
@@ -279,11 +272,12 @@ static void test_checkpoint_fenced(void **state)
     free(st);
     /* The worker's next checkpoint (after this message) meets the fence. */
     send_value_to(p, "fence", 4, true);
-    wait_log(&w, "partition 0 lost: another worker holds its checkpoint");
+    assert_true(
+        th_daemon_wait_log(&w, "partition 0 lost: another worker holds its checkpoint", 30000));
     send_value_to(p, "fence", 5, false);
     /* Its own lease runs out (it stopped renewing it), it takes the partition again, fencing the
      * stranger, and catches up from the checkpoint the stranger took over. */
-    wait_log(&w, "gapper took partition 0");
+    assert_true(th_daemon_wait_log(&w, "gapper took partition 0", 30000));
     holds_each_once(p, "fence", 1, 5);
     kvStore_Destroy(ckpts);
     tally_nats_destroy(&p);
@@ -484,7 +478,7 @@ static void test_dead_letters_gone(void **state)
     char text[96];
     snprintf(text, sizeof text, "dead letter of partition 0 sequence %llu: ",
              (unsigned long long)seq);
-    wait_log(&w, text);
+    assert_true(th_daemon_wait_log(&w, text, 30000));
     natsMsg *r = NULL;
     assert_int_equal(natsSubscription_NextMsg(&r, inbox, 300), NATS_TIMEOUT);
     tally_stream_info_t info = {0};
@@ -530,7 +524,7 @@ static void test_dead_letters_gone(void **state)
     assert_int_equal(tally_nats_flush(p), TALLY_OK);
     snprintf(text, sizeof text, "dead letter of partition 0 sequence %llu: ",
              (unsigned long long)seq + 2);
-    wait_log(&w, text);
+    assert_true(th_daemon_wait_log(&w, text, 30000));
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
     assert_true(th_daemon_log_contains(&w, "gave partition 0 up at sequence "));
     fleet_ensure();
@@ -572,7 +566,8 @@ static void test_checkpoint_refused(void **state)
     assert_int_equal(js_UpdateStream(&si2, js, &sc, NULL, &jerr), NATS_OK);
     jsStreamInfo_Destroy(si2);
     send_value_to(p, "limit", 2, true);
-    wait_log(&w, "fleet: checkpoint of partition 0: writing checkpoint of partition 0: ");
+    assert_true(th_daemon_wait_log(
+        &w, "fleet: checkpoint of partition 0: writing checkpoint of partition 0: ", 30000));
     assert_true(stat_of(&w, "tallyd_nats_checkpoint_failures_total") >= 1);
     send_value_to(p, "limit", 3, true); /* still its owner */
     holds_each_once(p, "limit", 1, 3);
@@ -614,7 +609,8 @@ static void test_take_refused_corrupt_checkpoint(void **state)
     assert_int_equal(kvStore_Put(&rev, ckpts, "p0", "not a manifest", 14), NATS_OK);
     th_daemon_t w;
     start_worker(&w);
-    wait_log(&w, "partition 0 not taken: not a version-1 or 2 checkpoint manifest (14 bytes)");
+    assert_true(th_daemon_wait_log(
+        &w, "partition 0 not taken: not a version-1 or 2 checkpoint manifest (14 bytes)", 30000));
     char holder[80] = "?";
     for (int64_t t0 = th_now_ms(); holder[0] && th_now_ms() - t0 < 10000; th_sleep_ms(50))
         assert_int_equal(td_lease_holder(leases, 0, holder, sizeof holder, msg, sizeof msg),
@@ -633,7 +629,7 @@ static void test_take_refused_corrupt_checkpoint(void **state)
                                    sizeof msg),
                      TD_OK);
     assert_false(fenced);
-    wait_log(&w, "partition 0 not taken: its checkpoint: ");
+    assert_true(th_daemon_wait_log(&w, "partition 0 not taken: its checkpoint: ", 30000));
     assert_int_equal(kvStore_Put(&rev, ckpts, "p0", kvEntry_Value(good), kvEntry_ValueLen(good)),
                      NATS_OK);
     kvEntry_Destroy(good);

@@ -386,11 +386,7 @@ static void limit_partition_0(char stream[32])
  * worker holds the others: released, with a TTL (60 s) far beyond the wait, not expired. */
 static void assert_released_after(th_daemon_t *w, const char *member, const char *text)
 {
-    int64_t until = th_now_ms() + 30000;
-    while (!th_daemon_log_contains(w, text) && th_now_ms() < until)
-        th_sleep_ms(50);
-    if (!th_daemon_log_contains(w, text))
-        fail_msg("the worker never logged '%s' (log %s)", text, w->log_path);
+    assert_true(th_daemon_wait_log(w, text, 30000));
     wait_held(member, PARTITIONS - 1, 20000);
     char holder[80];
     assert_int_equal(td_lease_holder(leases, 0, holder, sizeof holder, msg, sizeof msg), TD_OK);

@@ -367,15 +367,6 @@ static void test_refused_messages_applied_once(void **state)
     big_backlog();
 }
 
-/* Waits until the worker's log says text (20 s at most). */
-static void wait_logged(const char *text)
-{
-    for (int64_t until = th_now_ms() + 20000;
-         !th_daemon_log_contains(&w, text) && th_now_ms() < until;)
-        th_sleep_ms(50);
-    assert_true(th_daemon_log_contains(&w, text));
-}
-
 /* The next reply: OK, to one of the n requests of ids not answered before (got), with the
  * carry-out want gives it. */
 static void recv_carry(tally_nats_t *p, const uint64_t *ids, const int64_t *want, bool *got, int n)
@@ -446,7 +437,8 @@ static void test_refused_behind_its_stream(void **state)
     publish_backlog(p, two, carry, &x, ids, want);
     const char *bound[] = {"--max-reply-bytes", "40K", "--shards", "1", NULL};
     start_worker_with("3", bound);
-    wait_logged("partition 1 lost: a message was applied before a refused one of its stream");
+    assert_true(th_daemon_wait_log(
+        &w, "partition 1 lost: a message was applied before a refused one of its stream", 20000));
     assert_true(th_metric(&w, "tallyd_nats_resent_total") >= 1);
     recv_three(p, ids, want); /* the take after the back-off: one at a time */
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);

@@ -16,6 +16,9 @@
  *   - a partition lost while the request path is full (max_inflight): the worker deletes its
  *     local copy before it takes the partition again, so nothing after the checkpoint is
  *     applied twice;
+ *   - a request the request path does not take is answered by the transport: `shutdown` once
+ *     the path has closed (tallyd stopping; the partition's messages left to the next owner),
+ *     `busy` when the path has no memory for it (a build with allocation-failure hooks);
  *   - [nats] members_per_process = 2: one tallyd is two members that split the partitions,
  *     apply every request once, and hand them over at SIGTERM like any worker;
  *   - protected mode: a NATS server off the loopback without credentials is refused at start.
@@ -654,26 +657,31 @@ static void check_lost_streams_once(tally_nats_t *p, int timeout_ms)
  * streams yet (nothing checkpointed for an hour): with records, a restore over a copy left behind
  * is refused, and the next take deletes it once the path is free. */
 /* A one-node cluster of a test's own, and the test's connection to it (own_cluster_stop). */
-static void own_cluster_start(tn_cluster_t *own, natsConnection **own_nc, jsCtx **own_js)
+typedef struct {
+    tn_cluster_t c;
+    natsConnection *nc;
+    jsCtx *js;
+} own_cluster_t;
+
+static void own_cluster_start(own_cluster_t *own)
 {
-    assert_int_equal(tn_cluster_start(own, 1, NULL, 30000), 0);
-    assert_int_equal(tn_connect(own, own_nc, own_js), 0);
+    *own = (own_cluster_t){0};
+    assert_int_equal(tn_cluster_start(&own->c, 1, NULL, 30000), 0);
+    assert_int_equal(tn_connect(&own->c, &own->nc, &own->js), 0);
 }
 
-static void own_cluster_stop(tn_cluster_t *own, natsConnection *own_nc, jsCtx *own_js)
+static void own_cluster_stop(own_cluster_t *own)
 {
-    jsCtx_Destroy(own_js);
-    natsConnection_Destroy(own_nc);
-    tn_cluster_stop(own);
+    jsCtx_Destroy(own->js);
+    natsConnection_Destroy(own->nc);
+    tn_cluster_stop(&own->c);
 }
 
 static void test_lost_partition_copy_deleted_while_path_full(void **state)
 {
     (void)state;
-    tn_cluster_t own;
-    natsConnection *own_nc = NULL;
-    jsCtx *own_js = NULL;
-    own_cluster_start(&own, &own_nc, &own_js);
+    own_cluster_t own;
+    own_cluster_start(&own);
     const char *extra[] = {"--max-inflight",
                            "1",
                            "--backend",
@@ -685,11 +693,11 @@ static void test_lost_partition_copy_deleted_while_path_full(void **state)
                            NULL};
     setenv("TALLYD_TEST_SIM_LATENCY_US", "4000000", 1);
     th_daemon_t w;
-    start_worker_on(&w, own.urls, "wl", extra);
+    start_worker_on(&w, own.c.urls, "wl", extra);
     unsetenv("TALLYD_TEST_SIM_LATENCY_US");
     assert_int_equal(wait_metric(&w, "tallyd_nats_partitions_owned", PARTITIONS, 20000),
                      PARTITIONS);
-    tally_nats_t *p = producer_on(own.urls, "lost");
+    tally_nats_t *p = producer_on(own.c.urls, "lost");
     push_lost_streams(p);
 
     void *hold = th_connect(w.endpoint, 30000);
@@ -701,7 +709,7 @@ static void test_lost_partition_copy_deleted_while_path_full(void **state)
     free(bytes);
     assert_int_equal(wait_metric(&w, "tallyd_requests_in_flight", 1, 20000), 1);
     kvStore *leases = NULL;
-    assert_int_equal(js_KeyValue(&leases, own_js, TALLY_NATS_BUCKET_LEASES), NATS_OK);
+    assert_int_equal(js_KeyValue(&leases, own.js, TALLY_NATS_BUCKET_LEASES), NATS_OK);
     for (uint32_t k = 0; k < PARTITIONS; k++) {
         char key[16];
         snprintf(key, sizeof key, "p%u", (unsigned)k);
@@ -721,7 +729,7 @@ static void test_lost_partition_copy_deleted_while_path_full(void **state)
     check_lost_streams_once(p, 30000);
     tally_nats_destroy(&p);
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
-    own_cluster_stop(&own, own_nc, own_js);
+    own_cluster_stop(&own);
 }
 
 /* A cluster so slow that taking every partition lasts longer than a lease (each take 2.5 s here,
@@ -732,14 +740,12 @@ static void test_lost_partition_copy_deleted_while_path_full(void **state)
 static void test_slow_takes_keep_their_leases(void **state)
 {
     (void)state;
-    tn_cluster_t own;
-    natsConnection *own_nc = NULL;
-    jsCtx *own_js = NULL;
-    own_cluster_start(&own, &own_nc, &own_js);
+    own_cluster_t own;
+    own_cluster_start(&own);
     const char *extra[] = {"--nats-lease-ttl-ms", "6000", NULL};
     setenv("TALLYD_TEST_TAKE_MS", "2500", 1);
     th_daemon_t w;
-    start_worker_on(&w, own.urls, "ws", extra);
+    start_worker_on(&w, own.c.urls, "ws", extra);
     unsetenv("TALLYD_TEST_TAKE_MS");
     assert_int_equal(wait_metric(&w, "tallyd_nats_partitions_owned", PARTITIONS, 120000),
                      PARTITIONS);
@@ -747,7 +753,182 @@ static void test_slow_takes_keep_their_leases(void **state)
     if (th_daemon_log_contains(&w, "lease ran out"))
         fail_msg("a lease ran out:\n%s", th_slurp(w.log_path));
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 30000), 0);
-    own_cluster_stop(&own, own_nc, own_js);
+    own_cluster_stop(&own);
+}
+
+/* ---- The transport's refusals (td_fleet_path_on_loop) ---------------------------------------- */
+
+#define HALT_STREAMS 4
+#define HALT_BYTES 1000
+
+/* The i-th stream of partition 0 of 2 (the refusal test's fleet). */
+static void halt_name(char *buf, size_t cap, int i)
+{
+    for (int n = 0, j = 0;; j++) {
+        snprintf(buf, cap, "halt%d", j);
+        if (tally_partition(buf, strlen(buf), 2) == 0 && n++ == i)
+            return;
+    }
+}
+
+/* Messages partition k's consumers have handed to their reader (the server's count). */
+static uint64_t delivered(jsCtx *cjs, uint32_t k)
+{
+    char stream[32];
+    tally_fleet_name(stream, sizeof stream, TALLY_NATS_STREAM_PREFIX, k);
+    jsConsumerInfoList *list = NULL;
+    jsErrCode jerr = 0;
+    if (js_Consumers(&list, cjs, stream, NULL, &jerr) != NATS_OK)
+        return 0;
+    uint64_t n = 0;
+    for (int i = 0; i < list->Count; i++)
+        n += list->List[i]->Delivered.Consumer;
+    jsConsumerInfoList_Destroy(list);
+    return n;
+}
+
+/* A ping on tally.ctl by request-reply, its answer to come on inbox (subscribed here). */
+static natsSubscription *ping_async(natsConnection *cnc, const char *inbox)
+{
+    natsSubscription *sub = NULL;
+    assert_int_equal(natsConnection_SubscribeSync(&sub, cnc, inbox), NATS_OK);
+    char subject[48]; /* the cluster has no users: every client is "anon" */
+    tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_CTL, -1, TALLY_NATS_USER_ANON);
+    uint8_t buf[TALLY_REQ_HEADER_SIZE];
+    size_t len = frame(TALLY_OP_PING, TALLY_DTYPE_NONE, NULL, NULL, 0, buf);
+    assert_int_equal(natsConnection_PublishRequest(cnc, subject, inbox, buf, (int)len), NATS_OK);
+    assert_int_equal(natsConnection_FlushTimeout(cnc, 5000), NATS_OK);
+    return sub;
+}
+
+/* The answer on sub: its status, and its text (an error's) in why. */
+static uint32_t answer_of(natsSubscription *sub, int timeout_ms, char *why, size_t cap)
+{
+    natsMsg *r = NULL;
+    assert_int_equal(natsSubscription_NextMsg(&r, sub, timeout_ms), NATS_OK);
+    size_t len = (size_t)natsMsg_GetDataLength(r);
+    const uint8_t *data = (const uint8_t *)natsMsg_GetData(r);
+    tally_rep_t rep;
+    assert_true(len >= TALLY_REP_HEADER_SIZE);
+    assert_int_equal(tally_rep_decode(data, TALLY_REP_HEADER_SIZE, &rep), TALLY_OK);
+    snprintf(why, cap, "%.*s", (int)(len - TALLY_REP_HEADER_SIZE), data + TALLY_REP_HEADER_SIZE);
+    natsMsg_Destroy(r);
+    return rep.status;
+}
+
+/* A request the fleet queues for the request path once the path has closed (tallyd stopping)
+ * is answered `shutdown` by the transport itself: no shard would ever answer it. The fleet
+ * thread queues after the close only what one turn of its loop had already begun, so the turn
+ * is held in a take (TALLYD_TEST_TAKE_MS: partition 1's, after partition 0 is taken) while
+ * partition 0's reader fetches the producer's messages, a ping waits on tally.ctl, and tallyd
+ * takes SIGTERM and closes its path. When the take ends, the turn queues both: the ping is
+ * answered `shutdown` with the transport's reason, the messages are not applied but left to the
+ * next owner (not a dead letter), tallyd exits 0, and the next worker applies each message once
+ * and answers it once. */
+static void test_closed_path_answers_shutdown(void **state)
+{
+    (void)state;
+    own_cluster_t own;
+    own_cluster_start(&own);
+    /* A take of 6 s, well within a lease of 20 s: the test's steps inside it, the stop
+     * included, took 0.3 s on a 2-core box. */
+    const char *extra[] = {"--nats-partitions", "2", "--nats-lease-ttl-ms", "20000", NULL};
+    setenv("TALLYD_TEST_TAKE_MS", "6000", 1);
+    th_daemon_t w;
+    start_worker_on(&w, own.c.urls, "wz", extra);
+    unsetenv("TALLYD_TEST_TAKE_MS");
+    int held = 0; /* partition 0 taken, partition 1 leased: its take has begun */
+    tn_wait_leases(own.js, 2, "wz", 2, 60000, &held);
+    assert_int_equal(held, 2);
+
+    tally_nats_t *p = producer_on(own.c.urls, "halt");
+    uint8_t batch[HALT_BYTES];
+    for (int i = 0; i < HALT_STREAMS; i++) {
+        char name[32];
+        halt_name(name, sizeof name, i);
+        memset(batch, i, sizeof batch);
+        tally_req_t req = {.opcode = TALLY_OP_HIST, .dtype = TALLY_DTYPE_U8};
+        assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+        assert_int_equal(tally_nats_send(p, &req, batch, sizeof batch, true, NULL, NULL), TALLY_OK);
+    }
+    assert_int_equal(tally_nats_flush(p), TALLY_OK);
+    natsSubscription *pong = ping_async(own.nc, TALLY_NATS_INBOX TALLY_NATS_USER_ANON ".halt");
+    for (int64_t t0 = th_now_ms(); delivered(own.js, 0) < HALT_STREAMS; th_sleep_ms(20))
+        if (th_now_ms() - t0 > 10000)
+            fail_msg("partition 0's reader fetched %llu of %d messages",
+                     (unsigned long long)delivered(own.js, 0), HALT_STREAMS);
+    assert_int_equal(kill(w.pid, SIGTERM), 0);
+    assert_true(th_daemon_wait_log(&w, "<5>stopped", 10000));
+    if (th_daemon_log_contains(&w, "wz took partition 1"))
+        fail_msg("partition 1's take ended before the path closed: TALLYD_TEST_TAKE_MS is too "
+                 "short for this box (%s)",
+                 w.log_path);
+
+    char why[TALLY_ERROR_MESSAGE_MAX + 1];
+    assert_int_equal(answer_of(pong, 30000, why, sizeof why), TALLY_E_SHUTDOWN);
+    assert_string_equal(why, "tallyd reads nothing more (stopping)");
+    natsSubscription_Destroy(pong);
+    assert_int_equal(th_daemon_wait(&w, 30000), 0);
+    assert_true(th_daemon_log_contains(&w, "fleet: wz gave partition 0 up at sequence 0"));
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    assert_int_equal(tally_nats_recv(p, 200, &reply), TALLY_E_TIMEOUT); /* none answered */
+
+    th_daemon_t next;
+    start_worker_on(&next, own.c.urls, "wz2", extra);
+    for (int i = 0; i < HALT_STREAMS; i++) {
+        assert_int_equal(tally_nats_recv(p, 30000, &reply), TALLY_OK);
+        assert_int_equal(reply.rep.aux0, HALT_BYTES);
+        tally_reply_clear(&reply);
+    }
+    assert_int_equal(tally_nats_recv(p, 500, &reply), TALLY_E_TIMEOUT); /* each once */
+    for (int i = 0; i < HALT_STREAMS; i++) {
+        char name[32];
+        halt_name(name, sizeof name, i);
+        tally_stream_info_t info;
+        assert_int_equal(tally_nats_query(p, name, &info), TALLY_OK);
+        assert_int_equal(info.hist_total, HALT_BYTES);
+        assert_int_equal(info.bins[i], HALT_BYTES);
+    }
+    tally_nats_destroy(&p);
+    assert_int_equal(th_daemon_stop(&next, SIGTERM, 20000), 0);
+    own_cluster_stop(&own);
+}
+
+/* A request the request path has no memory for (td_path_submit: TD_ERR_NOMEM) is answered
+ * `busy` by the transport, and the worker goes on. Needs tallyd's allocation-failure hooks
+ * (-DTALLY_ALLOC_FAULTS=ON; skipped without them): only td_request.c's allocations numbered, and
+ * one shard, which allocates every request (several keep spares); the harness's ping at the
+ * start is the first, the producer's ping the second, which fails. */
+static void test_no_memory_answers_busy(void **state)
+{
+    (void)state;
+#ifndef TALLY_ALLOC_FAULTS
+    skip();
+#else
+    own_cluster_t own;
+    own_cluster_start(&own);
+    const char *extra[] = {"--shards", "1", NULL};
+    setenv("TALLYD_ALLOC_FAIL_IN", "td_request.c", 1);
+    setenv("TALLYD_ALLOC_FAIL_AT", "2", 1);
+    th_daemon_t w;
+    start_worker_on(&w, own.c.urls, "wm", extra);
+    unsetenv("TALLYD_ALLOC_FAIL_AT");
+    unsetenv("TALLYD_ALLOC_FAIL_IN");
+    tally_nats_t *p = producer_on(own.c.urls, "nomem");
+    tally_req_t ping = {.opcode = TALLY_OP_PING};
+    tally_reply_t reply;
+    tally_reply_init(&reply);
+    assert_int_equal(tally_nats_call(p, &ping, NULL, 0, &reply), TALLY_E_BUSY);
+    assert_string_equal(reply.error, "out of memory for the request");
+    assert_true(th_daemon_log_contains(&w, "failing allocation 2 (malloc at td_request.c:"));
+    assert_int_equal(tally_nats_call(p, &ping, NULL, 0, &reply), TALLY_OK); /* it goes on */
+    tally_reply_clear(&reply);
+    tally_nats_destroy(&p);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+    assert_true(th_daemon_log_contains(&w, " allocations, failed 1"));
+    own_cluster_stop(&own);
+#endif
 }
 
 /* A worker with CURVE on for its ZeroMQ clients (PROTOCOL.md §13 "Security"): its partitions'
@@ -922,10 +1103,8 @@ static void test_protected_mode(void **state)
 static void test_members_per_process(void **state)
 {
     (void)state;
-    tn_cluster_t own;
-    natsConnection *own_nc = NULL;
-    jsCtx *own_js = NULL;
-    own_cluster_start(&own, &own_nc, &own_js);
+    own_cluster_t own;
+    own_cluster_start(&own);
     memset(model, 0, sizeof model);
     memset(model_total, 0, sizeof model_total);
     char base[16], m0[24], m1[24];
@@ -942,16 +1121,16 @@ static void test_members_per_process(void **state)
     }
     const char *extra[] = {"--nats-members-per-process", "2", NULL};
     th_daemon_t w;
-    start_worker_on(&w, own.urls, base, extra);
+    start_worker_on(&w, own.c.urls, base, extra);
     int held = 0;
-    tn_wait_leases(own_js, PARTITIONS, m0, PARTITIONS / 2, 20000, &held);
+    tn_wait_leases(own.js, PARTITIONS, m0, PARTITIONS / 2, 20000, &held);
     assert_int_equal(held, PARTITIONS / 2);
-    tn_wait_leases(own_js, PARTITIONS, m1, PARTITIONS / 2, 20000, &held);
+    tn_wait_leases(own.js, PARTITIONS, m1, PARTITIONS / 2, 20000, &held);
     assert_int_equal(held, PARTITIONS / 2);
     assert_int_equal(wait_metric(&w, "tallyd_nats_partitions_owned", PARTITIONS, 20000),
                      PARTITIONS);
 
-    tally_nats_t *p = producer_on(own.urls, "members");
+    tally_nats_t *p = producer_on(own.c.urls, "members");
     char *info = fleet_info(p);
     char want[64];
     snprintf(want, sizeof want, "\nnats_member_id=%s\n", base);
@@ -962,19 +1141,19 @@ static void test_members_per_process(void **state)
     push_hists(p, 2, true, th_rand());
     check_answered_once(p);
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
-    tn_wait_leases(own_js, PARTITIONS, NULL, 0, 5000, &held); /* released, not left to expire */
+    tn_wait_leases(own.js, PARTITIONS, NULL, 0, 5000, &held); /* released, not left to expire */
     assert_int_equal(held, 0);
 
     th_daemon_t z;
-    start_worker_on(&z, own.urls, "wz", NULL);
-    tn_wait_leases(own_js, PARTITIONS, "wz", PARTITIONS, 20000, &held);
+    start_worker_on(&z, own.c.urls, "wz", NULL);
+    tn_wait_leases(own.js, PARTITIONS, "wz", PARTITIONS, 20000, &held);
     assert_int_equal(held, PARTITIONS);
     check_model(p); /* from the two members' checkpoints */
     push_hists(p, 1, false, th_rand());
     check_model_eventually(p, 20000);
     tally_nats_destroy(&p);
     assert_int_equal(th_daemon_stop(&z, SIGTERM, 20000), 0);
-    own_cluster_stop(&own, own_nc, own_js);
+    own_cluster_stop(&own);
 }
 
 int main(void)
@@ -991,6 +1170,8 @@ int main(void)
         cmocka_unit_test(test_backpressure_at_max_inflight),
         cmocka_unit_test(test_lost_partition_copy_deleted_while_path_full),
         cmocka_unit_test(test_slow_takes_keep_their_leases),
+        cmocka_unit_test(test_closed_path_answers_shutdown),
+        cmocka_unit_test(test_no_memory_answers_busy),
         cmocka_unit_test(test_curve_worker),
         cmocka_unit_test(test_cli_over_nats),
         cmocka_unit_test(test_members_per_process), /* the model starts again: after the rest */

@@ -263,6 +263,16 @@ bool th_daemon_log_contains(const th_daemon_t *d, const char *text)
     return file_has(d->log_path, text);
 }
 
+bool th_daemon_wait_log(const th_daemon_t *d, const char *text, int64_t timeout_ms)
+{
+    for (int64_t t0 = th_now_ms(); !th_daemon_log_contains(d, text); th_sleep_ms(50))
+        if (th_now_ms() - t0 > timeout_ms) {
+            fprintf(stderr, "no '%s' in %s\n", text, d->log_path);
+            return false;
+        }
+    return true;
+}
+
 /* Whether a pong on endpoint came from the tallyd of pid: it listens there and is ready (both
  * logged before it serves), and runs. A tallyd that failed after its bind (a metrics port
  * taken) exits without serving, and another test's tallyd may take the port it left and answer

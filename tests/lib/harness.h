@@ -62,6 +62,9 @@ int th_daemon_run_to_exit(const char *const *args, const char *log, int timeout_
 int th_run_refused(const char *dir, const char *const *args, char *log, size_t cap, int timeout_ms);
 /* True when the daemon's log contains text. */
 bool th_daemon_log_contains(const th_daemon_t *d, const char *text);
+/* Waits up to timeout_ms for text in the daemon's log: true when it came; false, saying so and
+ * the log's path on stderr, when not. */
+bool th_daemon_wait_log(const th_daemon_t *d, const char *text, int64_t timeout_ms);
 
 /* True when the file at path (a log) contains text; false, saying so on stderr, when not. */
 bool th_file_contains(const char *path, const char *text);
