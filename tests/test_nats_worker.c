@@ -825,21 +825,41 @@ static uint32_t answer_of(natsSubscription *sub, int timeout_ms, char *why, size
  * answered `shutdown` with the transport's reason, the messages are not applied but left to the
  * next owner (not a dead letter), tallyd exits 0, and the next worker applies each message once
  * and answers it once. */
+/* A take of 6 s, well within a lease of 20 s: the test's steps inside it, the stop included,
+ * took 0.3 s on a 2-core box. */
+static const char *const held_take_args[] = {"--nats-partitions", "2", "--nats-lease-ttl-ms",
+                                             "20000", NULL};
+
+/* Worker wz on own's cluster with its second take held 6 s (TALLYD_TEST_TAKE_MS): partition 0
+ * taken, partition 1 leased, its take under way. */
+static void start_held_take(own_cluster_t *own, th_daemon_t *w)
+{
+    setenv("TALLYD_TEST_TAKE_MS", "6000", 1);
+    start_worker_on(w, own->c.urls, "wz", held_take_args);
+    unsetenv("TALLYD_TEST_TAKE_MS");
+    int held = 0;
+    tn_wait_leases(own->js, 2, "wz", 2, 60000, &held);
+    assert_int_equal(held, 2);
+}
+
+/* SIGTERM to w, held in its take: its path closes (logged) before the take ends. */
+static void stop_in_take(th_daemon_t *w)
+{
+    assert_int_equal(kill(w->pid, SIGTERM), 0);
+    assert_true(th_daemon_wait_log(w, "<5>stopped", 10000));
+    if (th_daemon_log_contains(w, "wz took partition 1"))
+        fail_msg("partition 1's take ended before the path closed: TALLYD_TEST_TAKE_MS is too "
+                 "short for this box (%s)",
+                 w->log_path);
+}
+
 static void test_closed_path_answers_shutdown(void **state)
 {
     (void)state;
     own_cluster_t own;
     own_cluster_start(&own);
-    /* A take of 6 s, well within a lease of 20 s: the test's steps inside it, the stop
-     * included, took 0.3 s on a 2-core box. */
-    const char *extra[] = {"--nats-partitions", "2", "--nats-lease-ttl-ms", "20000", NULL};
-    setenv("TALLYD_TEST_TAKE_MS", "6000", 1);
     th_daemon_t w;
-    start_worker_on(&w, own.c.urls, "wz", extra);
-    unsetenv("TALLYD_TEST_TAKE_MS");
-    int held = 0; /* partition 0 taken, partition 1 leased: its take has begun */
-    tn_wait_leases(own.js, 2, "wz", 2, 60000, &held);
-    assert_int_equal(held, 2);
+    start_held_take(&own, &w);
 
     tally_nats_t *p = producer_on(own.c.urls, "halt");
     uint8_t batch[HALT_BYTES];
@@ -857,12 +877,7 @@ static void test_closed_path_answers_shutdown(void **state)
         if (th_now_ms() - t0 > 10000)
             fail_msg("partition 0's reader fetched %llu of %d messages",
                      (unsigned long long)delivered(own.js, 0), HALT_STREAMS);
-    assert_int_equal(kill(w.pid, SIGTERM), 0);
-    assert_true(th_daemon_wait_log(&w, "<5>stopped", 10000));
-    if (th_daemon_log_contains(&w, "wz took partition 1"))
-        fail_msg("partition 1's take ended before the path closed: TALLYD_TEST_TAKE_MS is too "
-                 "short for this box (%s)",
-                 w.log_path);
+    stop_in_take(&w);
 
     char why[TALLY_ERROR_MESSAGE_MAX + 1];
     assert_int_equal(answer_of(pong, 30000, why, sizeof why), TALLY_E_SHUTDOWN);
@@ -875,7 +890,7 @@ static void test_closed_path_answers_shutdown(void **state)
     assert_int_equal(tally_nats_recv(p, 200, &reply), TALLY_E_TIMEOUT); /* none answered */
 
     th_daemon_t next;
-    start_worker_on(&next, own.c.urls, "wz2", extra);
+    start_worker_on(&next, own.c.urls, "wz2", held_take_args);
     for (int i = 0; i < HALT_STREAMS; i++) {
         assert_int_equal(tally_nats_recv(p, 30000, &reply), TALLY_OK);
         assert_int_equal(reply.rep.aux0, HALT_BYTES);
@@ -892,6 +907,27 @@ static void test_closed_path_answers_shutdown(void **state)
     }
     tally_nats_destroy(&p);
     assert_int_equal(th_daemon_stop(&next, SIGTERM, 20000), 0);
+    own_cluster_stop(&own);
+}
+
+/* The same with a query alone in flight: no partition of the leaving member waits for replies,
+ * so nothing else reads the path's answers as it gives its partitions up; the query is answered
+ * `shutdown` all the same (td_fleet_query_finish) and tallyd exits 0. It used to go unanswered
+ * (its asker timed out). */
+static void test_closed_path_query_alone(void **state)
+{
+    (void)state;
+    own_cluster_t own;
+    own_cluster_start(&own);
+    th_daemon_t w;
+    start_held_take(&own, &w);
+    natsSubscription *pong = ping_async(own.nc, TALLY_NATS_INBOX TALLY_NATS_USER_ANON ".alone");
+    stop_in_take(&w);
+    char why[TALLY_ERROR_MESSAGE_MAX + 1];
+    assert_int_equal(answer_of(pong, 30000, why, sizeof why), TALLY_E_SHUTDOWN);
+    print_message("the query's answer: shutdown: %s\n", why);
+    natsSubscription_Destroy(pong);
+    assert_int_equal(th_daemon_wait(&w, 30000), 0);
     own_cluster_stop(&own);
 }
 
@@ -1171,6 +1207,7 @@ int main(void)
         cmocka_unit_test(test_lost_partition_copy_deleted_while_path_full),
         cmocka_unit_test(test_slow_takes_keep_their_leases),
         cmocka_unit_test(test_closed_path_answers_shutdown),
+        cmocka_unit_test(test_closed_path_query_alone),
         cmocka_unit_test(test_no_memory_answers_busy),
         cmocka_unit_test(test_curve_worker),
         cmocka_unit_test(test_cli_over_nats),

@@ -263,6 +263,7 @@ static void leave(td_fleet_t *f)
     for (uint32_t k = 0; k < f->partitions; k++)
         if (f->parts[k].owned)
             td_part_give_up(f, &f->parts[k]);
+    td_fleet_query_finish(f, TD_FLEET_QUERY_FINISH_MS);
     natsConnection_FlushTimeout(f->reply_nc, 2000); /* the last replies and acknowledgements */
     char msg[256];
     if (td_member_leave(f->members, f->member, msg, sizeof msg) != TD_OK)

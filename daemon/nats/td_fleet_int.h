@@ -44,6 +44,8 @@
 #define TD_FLEET_IDLE_MS 5
 /* Resend after `busy` or `rate_limited`. */
 #define TD_FLEET_RETRY_MS 50
+/* How long a leaving member waits for the answers of queries still in the request path. */
+#define TD_FLEET_QUERY_FINISH_MS 1000
 /* At start, making the fleet's streams and buckets is tried this often, this far apart. */
 #define TD_FLEET_START_RETRIES 60
 #define TD_FLEET_START_RETRY_MS 500
@@ -388,6 +390,10 @@ td_err_t td_fleet_query_open(td_fleet_t *f);
 void td_fleet_query_close(td_fleet_t *f);
 /* Takes the queries that have arrived; true when there were any. */
 bool td_fleet_query_step(td_fleet_t *f);
+/* As the member leaves: waits up to wait_ms for the answers of the queries still in the request
+ * path (the loop answers `shutdown` those it never submitted), then answers `shutdown` each one
+ * left, so that every query gets one answer. Fleet thread. */
+void td_fleet_query_finish(td_fleet_t *f, int wait_ms);
 void td_fleet_query_reply(td_fleet_t *f, td_pend_t *pend, const uint8_t *reply, size_t len);
 
 /* An error reply frame to the request frame req (len bytes; what it echoes per PROTOCOL.md §3)

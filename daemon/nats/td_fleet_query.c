@@ -218,6 +218,32 @@ static void take_query(td_fleet_t *f, natsMsg *m, natsSubscription *from)
     f->pend[slot].seq_only = from == f->seq_sub;
 }
 
+/* The queries waiting for the request path's answer. */
+static bool queries_waiting(const td_fleet_t *f)
+{
+    for (size_t i = 0; i < f->pend_cap; i++)
+        if (f->pend[i].kind == PEND_QUERY && f->pend[i].msg)
+            return true;
+    return false;
+}
+
+void td_fleet_query_finish(td_fleet_t *f, int wait_ms)
+{
+    int64_t until = td_nats_now_ms() + wait_ms;
+    while (queries_waiting(f) && td_nats_now_ms() < until)
+        td_fleet_path_poll(f, 10);
+    for (size_t i = 0; i < f->pend_cap; i++) {
+        td_pend_t *p = &f->pend[i];
+        if (p->kind != PEND_QUERY || !p->msg)
+            continue;
+        answer_error(f, p->msg, TALLY_E_SHUTDOWN,
+                     "the member stopped before it answered (ask again: another member takes "
+                     "its partitions)");
+        natsMsg_Destroy(p->msg);
+        memset(p, 0, sizeof *p);
+    }
+}
+
 bool td_fleet_query_step(td_fleet_t *f)
 {
     natsSubscription *subs[4] = {f->q_sub, f->seq_sub, f->ctl_sub, f->streams_sub};
