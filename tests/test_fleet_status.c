@@ -7,7 +7,11 @@
  * small for the header room; the metrics' length told whole when the buffer is short (as
  * snprintf), with what fits written and terminated, and nothing for no status or a worker off;
  * the changelog's stage histograms (each time in the first bucket that holds it, cumulative,
- * their sums exact) and the flights' counter and wait.
+ * their sums exact) and the flights' counter and wait; where each owned partition's backlog
+ * waits (issue 32: its window, in the request path, in messages and bytes, and fetched for the
+ * fleet thread,
+ * never a wrapped number when the reader's count is read a message behind the fleet thread's),
+ * each family whole under its HELP and TYPE, and the window's limits.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -180,6 +184,63 @@ static void test_changelog_stages(void **state)
     }
 }
 
+/* Where the backlog waits: the gauges of partitions 0 and 2 (owned), none of partition 1's, in
+ * the order of the partitions, each family after its HELP and TYPE; fetched is the reader's count
+ * less the fleet thread's. */
+static void test_metrics_backlog(void **state)
+{
+    (void)state;
+    st.on = true;
+    st.partitions = 3;
+    st.inflight = 256;
+    st.inflight_bytes = 16u << 20;
+    st.owned[0] = st.owned[2] = true;
+    st.window[0] = 7; /* 5 in the path, 2 answered behind its head */
+    st.in_path[0] = 5;
+    st.in_path_bytes[0] = 5 * 1152;
+    st.fetched[0] = 300;
+    st.taken[0] = 290;
+    st.in_path[1] = 9; /* not owned: no line */
+    st.fetched[1] = 40;
+    st.fetched[2] = 7; /* the reader's store read before the fleet thread's: 0 */
+    st.taken[2] = 8;
+    td_fleet_status_render(&st, out, sizeof out);
+    static const char *const want[] = {
+        "# TYPE tallyd_nats_partition_window gauge\n"
+        "tallyd_nats_partition_window{partition=\"0\"} 7\n"
+        "tallyd_nats_partition_window{partition=\"2\"} 0\n# HELP ",
+        "# TYPE tallyd_nats_partition_in_path gauge\n"
+        "tallyd_nats_partition_in_path{partition=\"0\"} 5\n"
+        "tallyd_nats_partition_in_path{partition=\"2\"} 0\n# HELP ",
+        "# TYPE tallyd_nats_partition_in_path_bytes gauge\n"
+        "tallyd_nats_partition_in_path_bytes{partition=\"0\"} 5760\n"
+        "tallyd_nats_partition_in_path_bytes{partition=\"2\"} 0\n# HELP ",
+        "# TYPE tallyd_nats_partition_fetched gauge\n"
+        "tallyd_nats_partition_fetched{partition=\"0\"} 10\n"
+        "tallyd_nats_partition_fetched{partition=\"2\"} 0\n# HELP ",
+        "# TYPE tallyd_nats_inflight_limit gauge\ntallyd_nats_inflight_limit 256\n",
+        "# TYPE tallyd_nats_inflight_limit_bytes gauge\ntallyd_nats_inflight_limit_bytes "
+        "16777216\n",
+        "\n# HELP tallyd_nats_partition_in_path Messages of an owned partition's window in the "
+        "request path now",
+        "\n# HELP tallyd_nats_partition_fetched Messages of an owned partition its reader has "
+        "fetched that wait for the fleet thread",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(out, want[i]))
+            fail_msg("no text\n%s\nin:\n%s", want[i], out);
+    assert_null(strstr(out, "partition=\"1\""));
+    /* each family once */
+    const char *families[] = {"window", "in_path", "in_path_bytes", "fetched", "lag"};
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++) {
+        char type[96];
+        snprintf(type, sizeof type, "# TYPE tallyd_nats_partition_%s gauge\n", families[i]);
+        const char *at = strstr(out, type);
+        assert_non_null(at);
+        assert_null(strstr(at + 1, type));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -188,6 +249,7 @@ int main(void)
         cmocka_unit_test_setup(test_members_per_process, fresh),
         cmocka_unit_test_setup(test_metrics_lag_and_length, fresh),
         cmocka_unit_test_setup(test_changelog_stages, fresh),
+        cmocka_unit_test_setup(test_metrics_backlog, fresh),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
