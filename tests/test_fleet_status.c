@@ -11,18 +11,22 @@
  * waits (issue 32: its window, in the request path, in messages and bytes, and fetched for the
  * fleet thread,
  * never a wrapped number when the reader's count is read a message behind the fleet thread's),
- * each family whole under its HELP and TYPE, and the window's limits.
+ * each family whole under its HELP and TYPE, and the window's limits; the whole metrics text
+ * (td_service_render_metrics) while those gauges move under it.
  */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 
 #include "td_fleet_status.h"
+#include "td_service.h"
 
 static td_fleet_status_t st;
 static char out[16384];
@@ -241,6 +245,71 @@ static void test_metrics_backlog(void **state)
     }
 }
 
+/* A thread that flips every partition's lag, in_path and fetched between 1 and 19 digits. */
+static atomic_bool flipping;
+
+static void *flip(void *arg)
+{
+    (void)arg;
+    for (uint64_t v = 0; atomic_load(&flipping); v++)
+        for (uint32_t k = 0; k < st.partitions; k++) {
+            uint64_t x = v % 2 ? UINT64_MAX / 2 : 1;
+            atomic_store_explicit(&st.last_seq[k], x, memory_order_relaxed);
+            atomic_store_explicit(&st.in_path[k], x, memory_order_relaxed);
+            atomic_store_explicit(&st.fetched[k], x, memory_order_relaxed);
+        }
+    return NULL;
+}
+
+static void sample_gauges(void *ctx, td_gauges_t *g)
+{
+    (void)ctx;
+    memset(g, 0, sizeof *g);
+    g->backend = "cpu";
+    g->devices = "none";
+    g->fleet = &st;
+}
+
+static void sample_counters(void *ctx, td_metrics_t *m)
+{
+    (void)ctx;
+    memset(m, 0, sizeof *m);
+}
+
+/* The fleet's families are read live while the metrics text is written (the rest from a sample
+ * taken with the shards held): with every partition's gauges flipping between 1 and 19 digits,
+ * each text is whole (its last line is the fleet's last family's) and its length is what was
+ * written. The length measured before the writing was sent as it was: a longer text cut at it, a
+ * shorter one followed by bytes past its end. */
+static void test_metrics_whole_while_gauges_move(void **state)
+{
+    (void)state;
+    st.on = true;
+    st.partitions = TALLY_NATS_MAX_PARTITIONS;
+    for (uint32_t k = 0; k < st.partitions; k++)
+        st.owned[k] = true;
+    td_streams_t *streams = NULL;
+    assert_int_equal(td_streams_new(16, &streams), TD_OK);
+    td_service_host_t host = {
+        .streams = streams, .gauges = sample_gauges, .counters = sample_counters, .fleet = &st};
+    atomic_store(&flipping, true);
+    pthread_t flipper;
+    assert_int_equal(pthread_create(&flipper, NULL, flip, NULL), 0);
+    const char *last = "\ntallyd_nats_changelog_flight_wait_seconds_total 0.000000000\n";
+    for (int i = 0; i < 200; i++) {
+        char *text = NULL;
+        size_t len = 0;
+        assert_int_equal(td_service_render_metrics(&host, &text, &len), TD_OK);
+        assert_int_equal(strlen(text), len);
+        assert_true(len > strlen(last));
+        assert_string_equal(text + len - strlen(last), last);
+        free(text);
+    }
+    atomic_store(&flipping, false);
+    pthread_join(flipper, NULL);
+    td_streams_destroy(&streams);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -250,6 +319,7 @@ int main(void)
         cmocka_unit_test_setup(test_metrics_lag_and_length, fresh),
         cmocka_unit_test_setup(test_changelog_stages, fresh),
         cmocka_unit_test_setup(test_metrics_backlog, fresh),
+        cmocka_unit_test_setup(test_metrics_whole_while_gauges_move, fresh),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
