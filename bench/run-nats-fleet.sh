@@ -24,6 +24,11 @@
 # three workers (C - 3 C/8 - 1)/3, the producers and watchers the rest (16 cores: servers 0-1,
 # 2-3, 4-5; workers 6-8, 9-11, 12-14; tools 15). Prints markdown rows for bench/RESULTS.md.
 # SAMPLE_MS: how often the apply's sampler asks the workers' /metrics (default 50; it was 5).
+# Each of its samples also sums the workers' tallyd_nats_partition_in_path, _window and _fetched
+# over their partitions, and a round's line ends with their means over the apply against the
+# windows' room in all (issue 32: "window mean X of Y (occupied W), fetched mean Z, lag mean
+# L", X in the request path: X near Y, the request path binds; W near Y with X low, slow heads
+# of windows; many fetched and W below Y, the fleet thread; X and Z low with L high, the fetch).
 # THREADS=1: each worker's threads' share of a core over THREADS_S seconds (default 0.5) of
 # each round's apply, from 0.1 s after the SIGCONT (bench/thread-cpu.sh), and their sum: whether
 # a worker's cores are full (the cost a message binds) or not (something waits); give a COUNT
@@ -156,38 +161,63 @@ round() {
       tp+=($!)
     done
   fi
-  python3 - "$t0" "$base" "$((base + count))" "${ports[@]}" >"$dir/applied-$tag" <<'PY'
+  WINDOW_OUT="$dir/window-$tag" MSG_BYTES=$((size + 128)) \
+    python3 - "$t0" "$base" "$((base + count))" "${ports[@]}" >"$dir/applied-$tag" <<'PY'
 # Every SAMPLE_MS (default 50) each worker's /metrics, and the moment the sum reached `want`
 # interpolated between the two samples around it. A render of /metrics holds the worker's shards
 # and formats ~900 lines (~550 k instructions, bench/NOTES.md): asked every 5 ms, as this did
 # before, it took from the apply it timed. The workers drain a backlog, so their rate is steady
 # over one interval, and the crossing is within a small part of it (bench/NOTES.md).
+# Each sample also sums in_path, window, fetched and lag over the workers' partitions, and the
+# windows' room (owned partitions x [nats] inflight, or the messages of MSG_BYTES that
+# inflight_bytes holds): their means over the samples taken before the fill was applied go to
+# WINDOW_OUT.
 import os, sys, time, urllib.request
 t0, base, want, ports = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 every = int(os.environ.get("SAMPLE_MS", "50")) / 1000
-def applied():
-    s = 0
+msg_bytes = int(os.environ["MSG_BYTES"])
+def sample():
+    s = {"applied": 0, "in_path": 0, "occupied": 0, "fetched": 0, "lag": 0, "window": 0}
     for p in ports:
         try:
             t = urllib.request.urlopen(f"http://127.0.0.1:{p}/metrics", timeout=2).read().decode()
-            s += int(float(next((l.split()[-1] for l in t.splitlines()
-                                 if l.startswith("tallyd_nats_applied_total ")), "0")))
         except OSError:
-            pass
+            continue
+        v = {}
+        for l in t.splitlines():
+            if l.startswith("tallyd_nats_"):
+                name, value = l.rsplit(" ", 1)
+                v[name.split("{")[0]] = v.get(name.split("{")[0], 0) + float(value)
+        s["applied"] += int(v.get("tallyd_nats_applied_total", 0))
+        s["in_path"] += v.get("tallyd_nats_partition_in_path", 0)
+        s["occupied"] += v.get("tallyd_nats_partition_window", 0)
+        s["fetched"] += v.get("tallyd_nats_partition_fetched", 0)
+        s["lag"] += v.get("tallyd_nats_partition_lag", 0)
+        per = min(v.get("tallyd_nats_inflight_limit", 0),
+                  max(1, v.get("tallyd_nats_inflight_limit_bytes", 0) // msg_bytes))
+        s["window"] += v.get("tallyd_nats_partitions_owned", 0) * per
     return s
 prev_t, prev_a, samples = t0, base, 0  # at the SIGCONT, the workers had applied `base`
+during = []  # the samples taken while the fill was being applied
 while True:
     asked = time.time()
-    a = applied()
+    s = sample()
+    a = s["applied"]
     t = (asked + time.time()) / 2
     samples += 1
     if a >= want or t - t0 > 120:
         break
+    during.append(s)
     prev_t, prev_a = t, a
     time.sleep(every)
 if a >= want and a > prev_a:
     t = prev_t + (t - prev_t) * (want - prev_a) / (a - prev_a)
 print(f"applied {t - t0:.3f} {a >= want} {samples}")
+mean = lambda k: sum(x[k] for x in during) / len(during) if during else float("nan")
+with open(os.environ["WINDOW_OUT"], "w") as f:
+    print(f"window mean {mean('in_path'):.0f} of {mean('window'):.0f} "
+          f"(occupied {mean('occupied'):.0f}), fetched mean {mean('fetched'):.0f}, "
+          f"lag mean {mean('lag'):.0f} ({len(during)} samples)", file=f)
 PY
   ((${#tp[@]} == 0)) || wait "${tp[@]}"
   for n in "$@"; do
@@ -214,7 +244,8 @@ for sc in $sizes; do
   # the raw figures as they come (a run cut short by its time limit still shows them)
   echo "$size B x $count: bare(1) $(cat "$dir/bare-1-$size-s") s, bare(3) $(cat "$dir/bare-3-$size-s") s;" \
     "applied(1) $(cat "$dir/applied-1-$size"), applied(3) $(cat "$dir/applied-3-$size");" \
-    "$(grep -h paused "$dir/fill-1-$size") / $(grep -h paused "$dir/fill-3-$size")"
+    "$(grep -h paused "$dir/fill-1-$size") / $(grep -h paused "$dir/fill-3-$size");" \
+    "1 worker: $(cat "$dir/window-1-$size"); 3 workers: $(cat "$dir/window-3-$size")"
 done
 
 [ "${ONLY:-}" = rates ] && exit 0 # the raw lines above are the figures

@@ -7,18 +7,26 @@
  * small for the header room; the metrics' length told whole when the buffer is short (as
  * snprintf), with what fits written and terminated, and nothing for no status or a worker off;
  * the changelog's stage histograms (each time in the first bucket that holds it, cumulative,
- * their sums exact) and the flights' counter and wait.
+ * their sums exact) and the flights' counter and wait; where each owned partition's backlog
+ * waits (issue 32: its window, in the request path, in messages and bytes, and fetched for the
+ * fleet thread,
+ * never a wrapped number when the reader's count is read a message behind the fleet thread's),
+ * each family whole under its HELP and TYPE, and the window's limits; the whole metrics text
+ * (td_service_render_metrics) while those gauges move under it.
  */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 
 #include "td_fleet_status.h"
+#include "td_service.h"
 
 static td_fleet_status_t st;
 static char out[16384];
@@ -180,6 +188,128 @@ static void test_changelog_stages(void **state)
     }
 }
 
+/* Where the backlog waits: the gauges of partitions 0 and 2 (owned), none of partition 1's, in
+ * the order of the partitions, each family after its HELP and TYPE; fetched is the reader's count
+ * less the fleet thread's. */
+static void test_metrics_backlog(void **state)
+{
+    (void)state;
+    st.on = true;
+    st.partitions = 3;
+    st.inflight = 256;
+    st.inflight_bytes = 16u << 20;
+    st.owned[0] = st.owned[2] = true;
+    st.window[0] = 7; /* 5 in the path, 2 answered behind its head */
+    st.in_path[0] = 5;
+    st.in_path_bytes[0] = 5 * 1152;
+    st.fetched[0] = 300;
+    st.taken[0] = 290;
+    st.in_path[1] = 9; /* not owned: no line */
+    st.fetched[1] = 40;
+    st.fetched[2] = 7; /* the reader's store read before the fleet thread's: 0 */
+    st.taken[2] = 8;
+    td_fleet_status_render(&st, out, sizeof out);
+    static const char *const want[] = {
+        "# TYPE tallyd_nats_partition_window gauge\n"
+        "tallyd_nats_partition_window{partition=\"0\"} 7\n"
+        "tallyd_nats_partition_window{partition=\"2\"} 0\n# HELP ",
+        "# TYPE tallyd_nats_partition_in_path gauge\n"
+        "tallyd_nats_partition_in_path{partition=\"0\"} 5\n"
+        "tallyd_nats_partition_in_path{partition=\"2\"} 0\n# HELP ",
+        "# TYPE tallyd_nats_partition_in_path_bytes gauge\n"
+        "tallyd_nats_partition_in_path_bytes{partition=\"0\"} 5760\n"
+        "tallyd_nats_partition_in_path_bytes{partition=\"2\"} 0\n# HELP ",
+        "# TYPE tallyd_nats_partition_fetched gauge\n"
+        "tallyd_nats_partition_fetched{partition=\"0\"} 10\n"
+        "tallyd_nats_partition_fetched{partition=\"2\"} 0\n# HELP ",
+        "# TYPE tallyd_nats_inflight_limit gauge\ntallyd_nats_inflight_limit 256\n",
+        "# TYPE tallyd_nats_inflight_limit_bytes gauge\ntallyd_nats_inflight_limit_bytes "
+        "16777216\n",
+        "\n# HELP tallyd_nats_partition_in_path Messages of an owned partition's window in the "
+        "request path now",
+        "\n# HELP tallyd_nats_partition_fetched Messages of an owned partition its reader has "
+        "fetched that wait for the fleet thread",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(out, want[i]))
+            fail_msg("no text\n%s\nin:\n%s", want[i], out);
+    assert_null(strstr(out, "partition=\"1\""));
+    /* each family once */
+    const char *families[] = {"window", "in_path", "in_path_bytes", "fetched", "lag"};
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++) {
+        char type[96];
+        snprintf(type, sizeof type, "# TYPE tallyd_nats_partition_%s gauge\n", families[i]);
+        const char *at = strstr(out, type);
+        assert_non_null(at);
+        assert_null(strstr(at + 1, type));
+    }
+}
+
+/* A thread that flips every partition's lag, in_path and fetched between 1 and 19 digits. */
+static atomic_bool flipping;
+
+static void *flip(void *arg)
+{
+    (void)arg;
+    for (uint64_t v = 0; atomic_load(&flipping); v++)
+        for (uint32_t k = 0; k < st.partitions; k++) {
+            uint64_t x = v % 2 ? UINT64_MAX / 2 : 1;
+            atomic_store_explicit(&st.last_seq[k], x, memory_order_relaxed);
+            atomic_store_explicit(&st.in_path[k], x, memory_order_relaxed);
+            atomic_store_explicit(&st.fetched[k], x, memory_order_relaxed);
+        }
+    return NULL;
+}
+
+static void sample_gauges(void *ctx, td_gauges_t *g)
+{
+    (void)ctx;
+    memset(g, 0, sizeof *g);
+    g->backend = "cpu";
+    g->devices = "none";
+    g->fleet = &st;
+}
+
+static void sample_counters(void *ctx, td_metrics_t *m)
+{
+    (void)ctx;
+    memset(m, 0, sizeof *m);
+}
+
+/* The fleet's families are read live while the metrics text is written (the rest from a sample
+ * taken with the shards held): with every partition's gauges flipping between 1 and 19 digits,
+ * each text is whole (its last line is the fleet's last family's) and its length is what was
+ * written. The length measured before the writing was sent as it was: a longer text cut at it, a
+ * shorter one followed by bytes past its end. */
+static void test_metrics_whole_while_gauges_move(void **state)
+{
+    (void)state;
+    st.on = true;
+    st.partitions = TALLY_NATS_MAX_PARTITIONS;
+    for (uint32_t k = 0; k < st.partitions; k++)
+        st.owned[k] = true;
+    td_streams_t *streams = NULL;
+    assert_int_equal(td_streams_new(16, &streams), TD_OK);
+    td_service_host_t host = {
+        .streams = streams, .gauges = sample_gauges, .counters = sample_counters, .fleet = &st};
+    atomic_store(&flipping, true);
+    pthread_t flipper;
+    assert_int_equal(pthread_create(&flipper, NULL, flip, NULL), 0);
+    const char *last = "\ntallyd_nats_changelog_flight_wait_seconds_total 0.000000000\n";
+    for (int i = 0; i < 200; i++) {
+        char *text = NULL;
+        size_t len = 0;
+        assert_int_equal(td_service_render_metrics(&host, &text, &len), TD_OK);
+        assert_int_equal(strlen(text), len);
+        assert_true(len > strlen(last));
+        assert_string_equal(text + len - strlen(last), last);
+        free(text);
+    }
+    atomic_store(&flipping, false);
+    pthread_join(flipper, NULL);
+    td_streams_destroy(&streams);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -188,6 +318,8 @@ int main(void)
         cmocka_unit_test_setup(test_members_per_process, fresh),
         cmocka_unit_test_setup(test_metrics_lag_and_length, fresh),
         cmocka_unit_test_setup(test_changelog_stages, fresh),
+        cmocka_unit_test_setup(test_metrics_backlog, fresh),
+        cmocka_unit_test_setup(test_metrics_whole_while_gauges_move, fresh),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,7 +16,11 @@
  * that the partition is dropped and taken again from its checkpoint (order_broken), where the
  * window's messages then go one at a time (the same refusals would break it at every take), and
  * such a backlog held by the transport at --max-inflight 1 (its put-back), each message applied
- * once.
+ * once. And where a backlog waits (issue 32's gauges, test_backlog_gauges): a backlog of one
+ * stream on a simulated GPU whose every launch takes a second shows its window's two messages in
+ * the request path (the whole window) and the other three fetched for the fleet thread, in one
+ * scrape, then nothing in any once it is applied; the exposition parsed by Prometheus's parser
+ * where python3 has it.
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -221,6 +225,30 @@ static void poison(tally_nats_t *p)
     natsSubscription_Destroy(sub);
 }
 
+/* count hists of bytes each on the first stream prefix<i> of partition k (its name in name), to
+ * tally.in.<k> with no reply asked for: the length of each message. */
+static size_t publish_hists(const char *prefix, uint32_t k, size_t bytes, int count, char name[32])
+{
+    for (int i = 0;; i++) {
+        snprintf(name, 32, "%s%d", prefix, i);
+        if (tally_partition(name, strlen(name), PARTITIONS) == k)
+            break;
+    }
+    size_t len = TALLY_REQ_HEADER_SIZE + bytes;
+    uint8_t *frame = malloc(len);
+    assert_non_null(frame);
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    tally_req_encode(&req, frame);
+    memset(frame + TALLY_REQ_HEADER_SIZE, 9, bytes);
+    char subject[48]; /* the cluster has no users: every client is "anon" */
+    tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k, TALLY_NATS_USER_ANON);
+    for (int i = 0; i < count; i++)
+        assert_int_equal(tn_publish(tn_suite_js, subject, frame, (int)len, NULL, NULL), NATS_OK);
+    free(frame);
+    return len;
+}
+
 /* A backlog of hist messages of 40,000 bytes each on a stream of partition 0, published while
  * no worker runs: two do not fit the window's 64 KiB (--nats-inflight-bytes), so the worker
  * started then takes them one at a time (one message always goes), each applied once. */
@@ -228,18 +256,7 @@ static void big_backlog(void)
 {
     enum { BIG = 40000, BACKLOG = 3 };
     char name[32];
-    for (int i = 0;; i++) {
-        snprintf(name, sizeof name, "winbig%d", i);
-        if (tally_partition(name, strlen(name), PARTITIONS) == 0)
-            break;
-    }
-    static uint8_t frame[TALLY_REQ_HEADER_SIZE + BIG];
-    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
-    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
-    tally_req_encode(&req, frame);
-    memset(frame + TALLY_REQ_HEADER_SIZE, 9, BIG);
-    for (int i = 0; i < BACKLOG; i++)
-        publish_frame(frame, sizeof frame, NULL, NULL, NULL);
+    publish_hists("winbig", 0, BIG, BACKLOG, name);
     start_worker();
     void *sock = th_connect(w.endpoint, 10000);
     assert_non_null(sock);
@@ -457,6 +474,97 @@ static void test_refused_behind_its_stream(void **state)
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
 }
 
+/* The value of the sample "NAME VALUE" of a /metrics body (name with its labels); -1 if absent. */
+static long long sample_of(const char *body, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *at = body; at && (at = strstr(at, name)) != NULL; at += n)
+        if ((at == body || at[-1] == '\n') && at[n] == ' ')
+            return strtoll(at + n + 1, NULL, 10);
+    return -1;
+}
+
+/* Partition k's gauges of kind ("in_path", "in_path_bytes", "fetched", "lag") from body. */
+static long long gauge_of(const char *body, const char *kind, uint32_t k)
+{
+    char name[96];
+    snprintf(name, sizeof name, "tallyd_nats_partition_%s{partition=\"%u\"}", kind, (unsigned)k);
+    return sample_of(body, name);
+}
+
+/* A backlog of BACKLOG hists of 1,000 bytes on one stream of partition 3 (no other test writes
+ * there), published while no worker runs; the worker's window holds 2 (--nats-inflight 2) and
+ * each simulated launch takes 1 s (--backend cuda: every batch on the GPU). The reader fetches
+ * all of them at once, the window sends two to the path (the first running, the second behind it
+ * in its stream's order) and holds the third for room: for the first second, one scrape shows 2
+ * in the path with their bytes, 3 fetched and waiting for the fleet thread, and all 5 as lag.
+ * Once every message is applied, 0 in each. */
+static void test_backlog_gauges(void **state)
+{
+    (void)state;
+    enum { BACKLOG = 5, BYTES = 1000 };
+    const uint32_t k = 3;
+    char name[32];
+    size_t len = publish_hists("wingauge", k, BYTES, BACKLOG, name);
+    const char *sim[] = {"--backend", "cuda", "--test-sim-gpus", "1", NULL};
+    setenv("TALLYD_TEST_SIM_LATENCY_US", "1000000", 1);
+    start_worker_with("2", sim);
+    unsetenv("TALLYD_TEST_SIM_LATENCY_US");
+    int port = th_metrics_port(&w);
+    assert_true(port > 0);
+    long long window = -1, in_path = -1, bytes = -1, fetched = -1, lag = -1;
+    bool held = false;
+    for (int64_t until = th_now_ms() + 20000; !held && th_now_ms() < until; th_sleep_ms(10)) {
+        char *body = th_http_get(port, "GET", "/metrics", NULL);
+        if (!body)
+            continue;
+        window = gauge_of(body, "window", k);
+        in_path = gauge_of(body, "in_path", k);
+        bytes = gauge_of(body, "in_path_bytes", k);
+        fetched = gauge_of(body, "fetched", k);
+        lag = gauge_of(body, "lag", k);
+        free(body);
+        held = in_path == 2 && fetched == BACKLOG - 2;
+    }
+    print_message("held: window %lld, in_path %lld (%lld bytes), fetched %lld, lag %lld\n", window,
+                  in_path, bytes, fetched, lag);
+    assert_true(held);
+    assert_int_equal(window, 2);
+    assert_int_equal(bytes, 2 * (long long)len);
+    assert_int_equal(lag, BACKLOG);
+    char lag_name[64];
+    snprintf(lag_name, sizeof lag_name, "tallyd_nats_partition_lag{partition=\"%u\"}", (unsigned)k);
+    for (int64_t until = th_now_ms() + 20000; th_metric(&w, lag_name) != 0 && th_now_ms() < until;)
+        th_sleep_ms(50);
+    char *body = th_http_get(port, "GET", "/metrics", NULL);
+    assert_non_null(body);
+    assert_int_equal(gauge_of(body, "lag", k), 0);
+    assert_int_equal(gauge_of(body, "window", k), 0);
+    assert_int_equal(gauge_of(body, "in_path", k), 0);
+    assert_int_equal(gauge_of(body, "in_path_bytes", k), 0);
+    assert_int_equal(gauge_of(body, "fetched", k), 0);
+    assert_int_equal(sample_of(body, "tallyd_nats_inflight_limit"), 2);
+    assert_int_equal(sample_of(body, "tallyd_nats_inflight_limit_bytes"), 64 << 10);
+    free(body);
+    /* The first python3 with prometheus_client: PATH's may be another than Debian's. */
+    int rc = th_sh("py=$(for c in python3 /usr/bin/python3; do $c -c 'import prometheus_client' "
+                   "2>/dev/null && echo $c && break; done); [ -n \"$py\" ] || exit 77; curl -sf "
+                   "http://127.0.0.1:%d/metrics | $py -c 'import sys\n"
+                   "from prometheus_client.parser import text_string_to_metric_families as p\n"
+                   "f = {m.name: m for m in p(sys.stdin.read())}\n"
+                   "names = [\"tallyd_nats_partition_\" + n for n in "
+                   "(\"lag\", \"window\", \"in_path\", \"in_path_bytes\", \"fetched\")]\n"
+                   "ok = all(f[n].type == \"gauge\" and len(f[n].samples) == 4 for n in names)\n"
+                   "ok = ok and f[\"tallyd_nats_inflight_limit\"].samples[0].value == 2\n"
+                   "sys.exit(0 if ok else 1)'",
+                   port);
+    if (rc == 77)
+        print_message("no prometheus_client: the exposition is not parsed\n");
+    else
+        assert_int_equal(rc, 0);
+    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -477,6 +585,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refused_messages_applied_once),
         cmocka_unit_test(test_refused_behind_its_stream),
+        cmocka_unit_test(test_backlog_gauges),
     };
     int failed = cmocka_run_group_tests(tests, setup, teardown);
     nats_Close();

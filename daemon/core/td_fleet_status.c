@@ -52,6 +52,30 @@ static uint64_t lag_of(const td_fleet_status_t *st, uint32_t k)
     return last > applied ? last - applied : 0;
 }
 
+/* A partition's messages fetched and waiting for the fleet thread: its reader's count and the
+ * fleet thread's are stored apart, so the one read first may be a message behind (never below
+ * 0). */
+static uint64_t fetched_of(const td_fleet_status_t *st, uint32_t k)
+{
+    uint64_t fetched = LOAD(st->fetched[k]), taken = LOAD(st->taken[k]);
+    return fetched > taken ? fetched - taken : 0;
+}
+
+static uint64_t window_of(const td_fleet_status_t *st, uint32_t k)
+{
+    return LOAD(st->window[k]);
+}
+
+static uint64_t in_path_of(const td_fleet_status_t *st, uint32_t k)
+{
+    return LOAD(st->in_path[k]);
+}
+
+static uint64_t in_path_bytes_of(const td_fleet_status_t *st, uint32_t k)
+{
+    return LOAD(st->in_path_bytes[k]);
+}
+
 size_t td_fleet_status_info(const td_fleet_status_t *st, char *out, size_t cap)
 {
     if (!st->on) {
@@ -108,6 +132,64 @@ static void counter(text_t *t, const char *name, const char *help, uint64_t valu
     put(t, "# HELP %s %s\n# TYPE %s counter\n%s %" PRIu64 "\n", name, help, name, name, value);
 }
 
+static void gauge(text_t *t, const char *name, const char *help, uint64_t value)
+{
+    put(t, "# HELP %s %s\n# TYPE %s gauge\n%s %" PRIu64 "\n", name, help, name, name, value);
+}
+
+/* A gauge family with a sample per owned partition (none for the others). */
+static void partition_gauge(text_t *t, const td_fleet_status_t *st, const char *name,
+                            const char *help,
+                            uint64_t (*value)(const td_fleet_status_t *st, uint32_t k))
+{
+    put(t, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
+    for (uint32_t k = 0; k < st->partitions; k++)
+        if (LOAD(st->owned[k]))
+            put(t, "%s{partition=\"%" PRIu32 "\"} %" PRIu64 "\n", name, k, value(st, k));
+}
+
+/* Where an owned partition's messages not yet applied wait (issue 32): the request path, the
+ * fleet thread, or (neither, with lag) the fetch; and the window they are held to. */
+static void render_backlog(text_t *t, const td_fleet_status_t *st)
+{
+    partition_gauge(t, st, "tallyd_nats_partition_lag",
+                    "Messages of an owned partition not yet applied (its last sequence seen "
+                    "minus the last applied).",
+                    lag_of);
+    partition_gauge(t, st, "tallyd_nats_partition_window",
+                    "Messages in an owned partition's window: in the request path (in_path), "
+                    "answered and waiting for an earlier one to retire, or refused busy and "
+                    "waiting to be sent again. Near tallyd_nats_inflight_limit with in_path "
+                    "well below it: a slow message at its head holds the others.",
+                    window_of);
+    partition_gauge(t, st, "tallyd_nats_partition_in_path",
+                    "Messages of an owned partition's window in the request path now: sent by "
+                    "the fleet thread and their replies not taken back by it yet (those still "
+                    "queued for the loop thread or held there at max_inflight, and replies "
+                    "queued back, count); not those answered that wait for an earlier one to "
+                    "retire, nor those refused busy that wait to be sent again. Near "
+                    "tallyd_nats_inflight_limit: the request path is the bound.",
+                    in_path_of);
+    partition_gauge(t, st, "tallyd_nats_partition_in_path_bytes",
+                    "Bytes of those messages (request header and payload), held to "
+                    "tallyd_nats_inflight_limit_bytes.",
+                    in_path_bytes_of);
+    partition_gauge(t, st, "tallyd_nats_partition_fetched",
+                    "Messages of an owned partition its reader has fetched that wait for the "
+                    "fleet thread: in the reader's queue, or taken from it and not yet into the "
+                    "window (one waits there while the window is full). High with the window "
+                    "not full: the fleet thread is the bound; both low with lag high: the fetch.",
+                    fetched_of);
+    gauge(t, "tallyd_nats_inflight_limit",
+          "[nats] inflight: the most messages of a partition's window (in the request path, or "
+          "answered and waiting for an earlier one).",
+          st->inflight);
+    gauge(t, "tallyd_nats_inflight_limit_bytes",
+          "[nats] inflight_bytes: the most bytes of a partition's window's messages (a larger "
+          "one goes alone).",
+          st->inflight_bytes);
+}
+
 /* The changelog's stages (td_cl_stage_t), one histogram family labelled by stage. */
 static void render_stages(text_t *t, const td_fleet_status_t *st)
 {
@@ -157,13 +239,7 @@ size_t td_fleet_status_render(const td_fleet_status_t *st, char *out, size_t cap
         "# HELP tallyd_nats_partitions_owned Fleet partitions this worker owns now.\n"
         "# TYPE tallyd_nats_partitions_owned gauge\ntallyd_nats_partitions_owned %" PRIu32 "\n",
         td_fleet_status_owned(st));
-    put(&t, "# HELP tallyd_nats_partition_lag Messages of an owned partition not yet applied "
-            "(its last sequence seen minus the last applied).\n"
-            "# TYPE tallyd_nats_partition_lag gauge\n");
-    for (uint32_t k = 0; k < st->partitions; k++)
-        if (LOAD(st->owned[k]))
-            put(&t, "tallyd_nats_partition_lag{partition=\"%" PRIu32 "\"} %" PRIu64 "\n", k,
-                lag_of(st, k));
+    render_backlog(&t, st);
     counter(&t, "tallyd_nats_applied_total", "Fleet messages applied (dead letters included).",
             LOAD(st->applied));
     counter(&t, "tallyd_nats_dead_letters_total",
@@ -193,11 +269,10 @@ size_t td_fleet_status_render(const td_fleet_status_t *st, char *out, size_t cap
         "tallyd_nats_refused_total{reason=\"reply\"} %" PRIu64
         "\ntallyd_nats_refused_total{reason=\"id\"} %" PRIu64 "\n",
         LOAD(st->refused_reply), LOAD(st->refused_id));
-    put(&t,
-        "# HELP tallyd_nats_direct_uncommitted Direct writes answered since their partition's "
-        "last checkpoint (under local, what losing this host loses).\n"
-        "# TYPE tallyd_nats_direct_uncommitted gauge\ntallyd_nats_direct_uncommitted %" PRIu64 "\n",
-        LOAD(st->direct_uncommitted));
+    gauge(&t, "tallyd_nats_direct_uncommitted",
+          "Direct writes answered since their partition's last checkpoint (under local, what "
+          "losing this host loses).",
+          LOAD(st->direct_uncommitted));
     counter(&t, "tallyd_nats_not_owner_total",
             "Direct requests answered not_owner: their stream's partition is another member's.",
             LOAD(st->not_owner));

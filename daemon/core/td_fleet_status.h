@@ -84,6 +84,8 @@ typedef struct td_fleet_status {
     uint64_t checkpoint_interval_ms; /* [nats] checkpoint_interval_ms */
     uint64_t max_payload;            /* the NATS server's max_payload */
     td_fleet_view_t view;            /* the whole fleet's streams, for the HTTP API */
+    uint64_t inflight;               /* [nats] inflight: a partition's window, in messages */
+    uint64_t inflight_bytes;         /* [nats] inflight_bytes: its payload bytes */
     bool direct;                     /* [nats] direct = local or replicated (§13 "Direct mode") */
     bool replicated;                 /* [nats] direct = replicated */
     /* Counters since start (fleet thread). */
@@ -119,6 +121,17 @@ typedef struct td_fleet_status {
     _Atomic bool owned[TALLY_NATS_MAX_PARTITIONS];
     _Atomic uint64_t applied_seq[TALLY_NATS_MAX_PARTITIONS];
     _Atomic uint64_t last_seq[TALLY_NATS_MAX_PARTITIONS];
+    /* Per partition, where what is not applied yet waits (issue 32): its window's entries, and
+     * those of them sent to the request path whose reply the fleet thread has not taken yet,
+     * with their bytes (the fleet thread's); the messages its reader has fetched since it
+     * started (the reader thread's), and those of them the fleet thread has taken into the
+     * window or skipped (the fleet thread's): fetched - taken wait for the fleet thread. Each
+     * has one writer, so no lock; the two halves of a difference may be read a message apart. */
+    _Atomic uint64_t window[TALLY_NATS_MAX_PARTITIONS];
+    _Atomic uint64_t in_path[TALLY_NATS_MAX_PARTITIONS];
+    _Atomic uint64_t in_path_bytes[TALLY_NATS_MAX_PARTITIONS];
+    _Atomic uint64_t fetched[TALLY_NATS_MAX_PARTITIONS];
+    _Atomic uint64_t taken[TALLY_NATS_MAX_PARTITIONS];
 } td_fleet_status_t;
 
 /* Counts ns in stage's histogram (any thread). */

@@ -439,6 +439,8 @@ static void publish_settings(td_fleet_t *f)
     st->lease_ttl_ms = (uint64_t)f->ttl_ms;
     st->checkpoint_interval_ms = (uint64_t)f->ckpt_ms;
     st->max_payload = f->max_payload;
+    st->inflight = f->inflight;
+    st->inflight_bytes = f->inflight_bytes;
     st->on = true;
 }
 

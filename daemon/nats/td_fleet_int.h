@@ -123,6 +123,9 @@ typedef struct {
     natsMsg *taken[TD_READER_RING];
     size_t took, taken_len;
     size_t popped;
+    /* Messages queued since the reader started (its thread's) and popped (the fleet thread's):
+     * stored in the status for tallyd_nats_partition_fetched. */
+    uint64_t pushed_count, popped_count;
 } td_reader_t;
 
 /* One message of a partition's window (td_fleet_part.c): judged in sequence order, applied
@@ -158,6 +161,7 @@ typedef struct {
     td_win_entry_t *win;
     uint64_t win_first;
     size_t win_len, win_bytes, retries;
+    size_t in_path, in_path_bytes; /* its WIN_SENT entries, and their bytes (the metrics') */
     int64_t retry_at; /* when the WIN_RETRY entries are sent again */
     natsMsg *next;    /* taken from the reader, waiting for room in the window */
     /* After the window broke a stream's order (a message refused `busy` overtaken by a later one

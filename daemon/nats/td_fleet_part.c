@@ -23,6 +23,12 @@
  * (its next owner applies from the last checkpoint), so a checkpoint never needs to name the
  * messages above its watermark that it holds.
  *
+ * Where a partition's backlog waits shows in /metrics (issue 32; td_fleet_status.h): its
+ * window's entries, those of them sent and not answered back yet (WIN_SENT: in_path, and their
+ * bytes), and what its reader fetched that the window has not taken (fetched: the reader counts
+ * what it queues, the step what it took, the message held for room in p->next not among them);
+ * each a relaxed store where the number changes, read by the loop thread.
+ *
  * Acknowledgements: the consumer is AckAll, so one acknowledgement of the watermark's message
  * after each checkpoint covers every message up to it (td_nats_consumer.h).
  *
@@ -141,6 +147,10 @@ static void forget_window(td_fleet_t *f, td_part_t *p)
     }
     p->win_first += p->win_len;
     p->win_len = p->win_bytes = p->retries = 0;
+    p->in_path = p->in_path_bytes = 0;
+    TD_FLEET_SET(f, window[p->k], 0);
+    TD_FLEET_SET(f, in_path[p->k], 0);
+    TD_FLEET_SET(f, in_path_bytes[p->k], 0);
     natsMsg_Destroy(p->next);
     p->next = NULL;
     p->draining = false;
@@ -493,6 +503,17 @@ static td_win_entry_t *entry_at(const td_fleet_t *f, const td_part_t *p, uint64_
     return &p->win[pos % f->inflight];
 }
 
+/* The window's entries in the request path (WIN_SENT) and their bytes, for the metrics: e sent
+ * (true) or its reply taken (false); a relaxed store each, read by /metrics on the loop. */
+static void count_in_path(td_fleet_t *f, td_part_t *p, const td_win_entry_t *e, bool sent)
+{
+    size_t len = (size_t)natsMsg_GetDataLength(e->msg);
+    p->in_path = sent ? p->in_path + 1 : p->in_path - 1;
+    p->in_path_bytes = sent ? p->in_path_bytes + len : p->in_path_bytes - len;
+    TD_FLEET_SET(f, in_path[p->k], p->in_path);
+    TD_FLEET_SET(f, in_path_bytes[p->k], p->in_path_bytes);
+}
+
 /* Room for one more message, sequence seq of len bytes (one message always fits alone). */
 static bool window_has_room(const td_fleet_t *f, const td_part_t *p, uint64_t seq, size_t len)
 {
@@ -538,6 +559,7 @@ static void retire(td_fleet_t *f, td_part_t *p)
         }
     }
     TD_FLEET_SET(f, applied_seq[p->k], p->applied_seq);
+    TD_FLEET_SET(f, window[p->k], p->win_len);
 }
 
 static void mark_done(td_fleet_t *f, td_part_t *p, td_win_entry_t *e)
@@ -787,6 +809,7 @@ static void judge(td_fleet_t *f, td_part_t *p, uint64_t pos)
     f->pend[slot].pos = pos;
     e->slot = slot;
     e->state = WIN_SENT;
+    count_in_path(f, p, e, true);
 }
 
 /* Sends the refused messages of the window again, in sequence order. */
@@ -828,6 +851,7 @@ static void process(td_fleet_t *f, td_part_t *p, natsMsg *m)
     uint64_t pos = p->win_first + p->win_len++;
     *entry_at(f, p, pos) = (td_win_entry_t){.msg = m, .seq = seq, .slot = -1};
     p->win_bytes += len;
+    TD_FLEET_SET(f, window[p->k], p->win_len);
     p->high_seq = seq;
     judge(f, p, pos);
 }
@@ -840,6 +864,7 @@ void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *
         entry_at(f, p, pos)->state != WIN_SENT)
         return; /* forgotten with its window */
     td_win_entry_t *e = entry_at(f, p, pos);
+    count_in_path(f, p, e, false); /* out of the path, whatever comes of it */
     tally_rep_t rep;
     tally_rep_decode(header, TALLY_REP_HEADER_SIZE, &rep);
     tally_status_t st = (tally_status_t)rep.status;
@@ -934,5 +959,7 @@ bool td_part_step(td_fleet_t *f, td_part_t *p)
                     * makes room; reported as work, its loop turned at a core while it waited) */
         did = true;
     }
+    /* what waits for the window (p->next) counts as fetched, not taken */
+    TD_FLEET_SET(f, taken[p->k], p->reader.popped_count - (p->next ? 1 : 0));
     return did;
 }

@@ -7,8 +7,11 @@
  * cannot run on the fleet thread, which serves every partition, the queries and the replies at
  * once. The queue is bounded in bytes (TD_FLEET_FETCH_BYTES: a fetch asks only for the room
  * left, and what the fleet thread has taken and not popped yet still counts), the fleet thread
- * takes everything queued under one lock (td_reader_pop), and the reader wakes the fleet thread through an eventfd it polls beside the request
- * path's socket, so a message waits for nobody's timer.
+ * takes everything queued under one lock (td_reader_pop), and the reader wakes the fleet thread
+ * through an eventfd it polls beside the request path's socket, so a message waits for nobody's
+ * timer. The messages it queued since it started and those the fleet thread popped are counted
+ * apart, each by its own thread, for tallyd_nats_partition_fetched (td_fleet_part.c stores the
+ * second).
  *
  * A take-over's way to its first message (issue 32: failover within the lease TTL + 2 s): the
  * reader makes the partition's consumer itself (the cluster places it in a few hundred
@@ -51,6 +54,8 @@ static void push(td_reader_t *r, natsMsgList *list)
         r->len++;
         list->Msgs[i] = NULL;
     }
+    r->pushed_count += (uint64_t)list->Count;
+    TD_FLEET_SET(r->fleet, fetched[r->k], r->pushed_count); /* before the fleet can pop them */
     pthread_mutex_unlock(&r->mu);
 }
 
@@ -120,6 +125,8 @@ td_err_t td_reader_start(td_fleet_t *f, td_reader_t *r, uint32_t k, const td_rea
     r->fleet = f;
     r->k = k;
     r->make = *make;
+    TD_FLEET_SET(f, fetched[k], 0); /* the thread's counts start anew */
+    TD_FLEET_SET(f, taken[k], 0);
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cond, NULL);
     if (pthread_create(&r->thread, NULL, reader_thread, r) != 0) {
@@ -174,6 +181,7 @@ natsMsg *td_reader_pop(td_reader_t *r)
         return NULL;
     natsMsg *m = r->taken[r->took++];
     r->popped += (size_t)natsMsg_GetDataLength(m);
+    r->popped_count++;
     return m;
 }
 

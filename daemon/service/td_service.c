@@ -68,6 +68,11 @@ struct td_service {
     bool write_again;        /* a snapshot was asked for meanwhile */
 };
 
+/* Room beyond the measured text: the fleet's families (td_fleet_status.c) are read live, not from
+ * the sample, so the text written may be longer than the one measured (its gauges move with
+ * every message, issue 32). */
+#define METRICS_SLACK 4096
+
 td_err_t td_service_render_metrics(const td_service_host_t *host, char **text, size_t *len)
 {
     td_gauges_t g;
@@ -75,15 +80,21 @@ td_err_t td_service_render_metrics(const td_service_host_t *host, char **text, s
     td_streams_hold(host->streams);
     host->gauges(host->ctx, &g);
     host->counters(host->ctx, &counters);
-    size_t need = td_metrics_render(&counters, &g, NULL, 0) + 1;
-    char *out = malloc(need);
-    if (out)
-        td_metrics_render(&counters, &g, out, need);
+    size_t cap = td_metrics_render(&counters, &g, NULL, 0) + METRICS_SLACK, n = 0;
+    char *out = NULL;
+    /* Written again, larger, until it fits: never cut, and its length what was written (the
+     * length measured first sent a cut text, or bytes past a shorter one's end). */
+    for (;;) {
+        free(out);
+        if (!(out = malloc(cap)) || (n = td_metrics_render(&counters, &g, out, cap)) < cap)
+            break;
+        cap = n + METRICS_SLACK;
+    }
     td_streams_release(host->streams);
     if (!out)
         return TD_ERR_NOMEM;
     *text = out;
-    *len = need - 1;
+    *len = n;
     return TD_OK;
 }
 
