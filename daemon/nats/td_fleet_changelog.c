@@ -25,6 +25,10 @@
  * ticket each was held under. A record larger than max_msg alone can never be stored: the
  * write that made it fails the partition at once, with the sizes in the log.
  *
+ * A batch goes at once when its partition has no message in flight (none awaiting its PubAck,
+ * none to send again, no purge under way), else commit_ms after its first record or at
+ * commit_bytes ([nats] commit_when_idle; off: only the latter: td_fleet_changelog.h says why).
+ *
  * Where a held write waits, stage by stage, is timed under mu (td_changelog_stages.h).
  */
 #include <inttypes.h>
@@ -106,6 +110,7 @@ struct td_changelog {
     pthread_t thread;
     bool started, stop;
     int64_t commit_ms;
+    bool commit_when_idle; /* a batch goes at once when its partition has nothing in flight */
     int replicas;        /* of TALLY_CL<k> */
     int64_t max_age_ms;  /* how long a record is kept ([nats] partition_max_age_s) */
     size_t max_msg;      /* the records one message may hold (max_payload less the headers') */
@@ -211,7 +216,7 @@ static void on_ack(jsCtx *js, natsMsg *m, jsPubAck *pa, jsPubAckErr *pae, void *
     } else if (fl && pa && !pae) {
         settle_upto(cl, p, (unsigned)i, pa->Sequence, ack_ns);
         TD_FLEET_COUNT(cl->f, changelog_commits);
-        pthread_cond_signal(&cl->cond);
+        pthread_cond_signal(&cl->cond); /* a flight free; none left: what waits goes at once */
     } else if (fl) {
         char why[256];
         snprintf(why, sizeof why, "a publish failed: %s (%d)",
@@ -342,7 +347,8 @@ static int64_t commit_due(td_changelog_t *cl)
         /* A flight to send again holds back the new ones (behind it, they would be refused). */
         while (p->state == CL_OPEN && !p->nresend && p->nflights < CL_DEPTH && !p->purging &&
                p->len) { /* a purge under way: its end wakes the committer */
-            if (p->len < cl->commit_bytes && now - p->first_ms < cl->commit_ms) {
+            bool idle = cl->commit_when_idle && !p->nflights; /* at once: the file's comment */
+            if (!idle && p->len < cl->commit_bytes && now - p->first_ms < cl->commit_ms) {
                 if (p->first_ms + cl->commit_ms < next)
                     next = p->first_ms + cl->commit_ms;
                 break;
@@ -465,7 +471,7 @@ bool td_changelog_hold(td_fleet_t *f, uint32_t k, const tally_req_t *req, td_str
     if (p->state == CL_OPEN && !grow(p, size))
         fail_locked(cl, k, "out of memory for a record");
     if (p->state == CL_OPEN) {
-        bool first = p->len == 0; /* the committer sleeps until its commit_ms: tell it */
+        bool first = p->len == 0; /* due at once (an idle partition) or at its commit_ms */
         if (replaces) {
             size_t old = tally_get_u32(p->buf + waiting + 8);
             memmove(p->buf + waiting, p->buf + waiting + old, p->len - waiting - old);
@@ -926,6 +932,7 @@ td_err_t td_changelog_open(td_fleet_t *f, const td_config_t *cfg)
     }
     cl->f = f;
     cl->commit_ms = cfg->nats_commit_ms;
+    cl->commit_when_idle = cfg->nats_commit_when_idle;
     cl->replicas = (int)cfg->nats_replicas;
     cl->max_age_ms = (int64_t)cfg->nats_partition_max_age_s * 1000;
     cl->max_msg = f->max_payload > 2 * TALLY_NATS_HEADROOM ? f->max_payload - TALLY_NATS_HEADROOM
