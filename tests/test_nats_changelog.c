@@ -97,8 +97,10 @@
  * 12d. a batch on an idle partition goes at once (commit_when_idle), commit_ms 1 s: writes one
  *      at a time are each their own changelog message, each batch under 0.25 s; a write behind
  *      a message whose PubAck is held goes at that PubAck (nothing left in flight), its batch
- *      under 0.25 s too; with commit_when_idle off, a write on an idle partition waits for
- *      commit_ms (its batch 1 s or more);
+ *      under 0.25 s too; after a batch of 8 writes, the next write waits commit_ms though
+ *      nothing is in flight (a busy partition), and the one after it goes at once again; with
+ *      commit_when_idle off, a write on an idle partition waits for commit_ms (its batch 1 s or
+ *      more);
  *  13. a fleet that changes its mode member by member: direct writes answered by a replicated
  *      owner killed (SIGKILL) are applied by the next owner, an ingest worker (`direct = off`),
  *      which fences the changelog, takes writes over JetStream ingest and stops cleanly; the
@@ -2285,6 +2287,39 @@ static void test_record_past_a_message(void **state)
 /* ---- 12d. a batch on an idle partition goes at once ----------------------------------------- */
 
 #define IDLE_WRITES 6
+#define BUSY_WRITES 8 /* a batch of so many writes makes its partition busy (CL_BUSY_WRITES 4) */
+
+/* Test 12d's busy partition k (stream 0's), its last batch of one write and its PubAcks in: A2
+ * with its PubAck held goes at once, BUSY_WRITES writes behind it at commit_ms; with every
+ * PubAck in, C waits commit_ms (the last batch held many writes), D goes at once (C's held one).
+ * The batches at once counted: A2 and D. */
+static void busy_then_idle(tally_client_t *c, uint32_t k, const char *gate)
+{
+    int r = IDLE_WRITES + 2;
+    long long quick = quick_batches();
+    assert_int_equal(unlink(gate), 0);
+    uint64_t was = changelog_last(k);
+    send_hist(c, 0, r++); /* A2 */
+    wait_changelog(k, was + 1);
+    for (int i = 0; i < BUSY_WRITES; i++)
+        send_hist(c, 0, r++);
+    wait_changelog(k, was + 2);
+    gate_open(gate);
+    for (int i = 0; i <= BUSY_WRITES; i++)
+        recv_applied(c);
+    assert_int_equal(quick_batches(), quick + 1);
+    double waited = stage_metric("sum", "batch");
+    uint64_t mid = changelog_last(k);
+    send_hist(c, 0, r++); /* C */
+    recv_applied(c);
+    assert_int_equal(changelog_last(k), mid + 1);
+    assert_int_equal(quick_batches(), quick + 1);
+    assert_true(stage_metric("sum", "batch") - waited >= 0.99);
+    send_hist(c, 0, r); /* D */
+    recv_applied(c);
+    assert_int_equal(changelog_last(k), mid + 2);
+    assert_int_equal(quick_batches(), quick + 2);
+}
 
 /* commit_ms 1 s, member a's PubAcks held by a gate (TALLYD_TEST_ACK_GATE) only where said:
  *   - IDLE_WRITES writes of stream 0, one at a time: each comes with nothing of its partition
@@ -2293,9 +2328,13 @@ static void test_record_past_a_message(void **state)
  *   - write A, its PubAck held (it went at once), then write B, applied, its record waiting
  *     behind A's message; the gate opens: A's PubAck leaves nothing in flight and B's record
  *     goes at once, a message of its own, its batch under 0.25 s as well;
+ *   - write A2, its PubAck held, then BUSY_WRITES writes behind it: their batch goes at
+ *     commit_ms; once every PubAck is in, write C finds nothing in flight but a last batch of
+ *     many writes, and waits commit_ms; write D, after C's batch of one, goes at once again;
  *   - member a again with commit_when_idle off: a write on its idle partition waits commit_ms,
  *     its batch 1 s or more (the rule before it).
- * Without the rule every batch here waits commit_ms; without the PubAck's wake-up B's does. The
+ * Without the rule every batch here waits commit_ms; without the PubAck's wake-up B's does;
+ * without the bound on a busy partition C's goes at once; with it never lifted D's waits. The
  * times asserted are the member's own stages, 0.25 s against 1 s: none of the test's clock. */
 static void test_idle_partition_at_once(void **state)
 {
@@ -2330,6 +2369,7 @@ static void test_idle_partition_at_once(void **state)
     assert_int_equal(changelog_last(k) - before, IDLE_WRITES + 2);
     assert_int_equal(records_of(k, before + IDLE_WRITES + 2, 0), 1);
     assert_int_equal(quick_batches(), IDLE_WRITES + 2);
+    busy_then_idle(c, k, gate);
     check_last_record(0);
     check_stream(c, 0);
     tally_client_destroy(&q);

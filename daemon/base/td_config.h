@@ -303,8 +303,8 @@
 #define TD_NATS_CHECKPOINT_MS_LIMIT 3600000u
 /* Direct mode, replicated: a partition's changelog records are published every commit_ms (group
  * commit), or at once when TD_NATS_COMMIT_BYTES are waiting, or (commit_when_idle, on by
- * default) at once when none of the partition's messages is in flight (docs/fleet.md
- * "Replicated"). */
+ * default) at once when none of the partition's messages is in flight and its last batch held
+ * few writes (docs/fleet.md "Replicated"). */
 #define TD_DEFAULT_NATS_COMMIT_MS 2u
 #define TD_NATS_COMMIT_MS_LIMIT 1000u
 #define TD_NATS_COMMIT_BYTES (256u << 10)

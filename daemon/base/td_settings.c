@@ -368,10 +368,9 @@ const td_setting_t td_settings[] = {
      .key = "commit_when_idle", .type = TD_SET_BOOL, .offset = FIELD(nats_commit_when_idle),
      .def = true, .reload = TD_RELOAD_RESTART,
      .help = "direct = replicated: a partition's waiting changelog records go at once when none of "
-             "its messages is in flight (a write at light load waits one PubAck, not commit_ms "
-             "too), else every commit_ms; off: every commit_ms only, for a broker whose PubAcks "
-             "come much faster than commit_ms under load, where it would multiply the messages "
-             "(docs/fleet.md \"Replicated\")"},
+             "its messages is in flight and its last batch held fewer than 4 writes (a write at "
+             "light load waits one PubAck, not commit_ms too), else every commit_ms; off: every "
+             "commit_ms only (docs/fleet.md \"Replicated\")"},
     {.option = "nats-advertise", .arg = "ENDPOINT", .section = "nats", .key = "advertise",
      .type = TD_SET_STRING, .offset = FIELD(nats_advertise), .reload = TD_RELOAD_RESTART,
      .example = "tcp://10.0.0.5:5555",

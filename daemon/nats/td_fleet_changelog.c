@@ -26,8 +26,9 @@
  * write that made it fails the partition at once, with the sizes in the log.
  *
  * A batch goes at once when its partition has no message in flight (none awaiting its PubAck,
- * none to send again, no purge under way), else commit_ms after its first record or at
- * commit_bytes ([nats] commit_when_idle; off: only the latter: td_fleet_changelog.h says why).
+ * none to send again, no purge under way) and its last whole batch held fewer than
+ * CL_BUSY_WRITES writes, else commit_ms after its first record or at commit_bytes ([nats]
+ * commit_when_idle; off: only the latter: td_fleet_changelog.h says why).
  *
  * Where a held write waits, stage by stage, is timed under mu (td_changelog_stages.h).
  */
@@ -59,6 +60,9 @@
  * a time bounds a partition's replicated writes at what one message holds a round trip
  * (bench/NOTES.md, "What bounds `replicated` at 1 KiB"). */
 #define CL_DEPTH 4
+/* A partition whose last whole batch held this many writes or more is busy: its next batch
+ * groups for commit_ms even when nothing is in flight (commit_when_idle; the file's comment). */
+#define CL_BUSY_WRITES 4
 /* A record up to this size is encoded on the shard's stack before the changelog's lock is taken
  * (td_changelog_hold); a larger one under it. */
 #define CL_RECORD_STACK 8192
@@ -88,6 +92,8 @@ typedef struct {
     uint8_t *buf;    /* the batch: records waiting to be published */
     size_t len, cap;
     int64_t first_ms;              /* when the batch's first record came (monotonic) */
+    unsigned writes;               /* the writes held in the batch now filling */
+    unsigned last_writes;          /* those the last whole batch held (CL_BUSY_WRITES) */
     td_cl_times_t times;           /* where its held writes wait */
     _Atomic uint64_t batch;        /* the ticket of the batch now filling (changed under mu) */
     cl_flight_t flights[CL_DEPTH]; /* published, not settled: oldest first */
@@ -186,6 +192,7 @@ static void fail_locked(td_changelog_t *cl, uint32_t k, const char *why)
         p->state = CL_FAILED;
     drop_flights(p);
     p->len = 0;
+    p->writes = p->last_writes = 0;
     p->batch++;
 }
 
@@ -323,6 +330,10 @@ static void publish_locked(td_changelog_t *cl, uint32_t k, int64_t now)
     td_cl_times_sent(&p->times, cl->f->st, start_ns, sent_ns, p->nflights == CL_DEPTH, n < p->len);
     memmove(p->buf, p->buf + n, p->len - n); /* the rest goes next, at once */
     p->len -= n;
+    if (!p->len) { /* the whole batch: its writes settle with this message */
+        p->last_writes = p->writes;
+        p->writes = 0;
+    }
 }
 
 /* Under mu: publishes what is due; the time of the next thing to do (monotonic ms). */
@@ -347,7 +358,8 @@ static int64_t commit_due(td_changelog_t *cl)
         /* A flight to send again holds back the new ones (behind it, they would be refused). */
         while (p->state == CL_OPEN && !p->nresend && p->nflights < CL_DEPTH && !p->purging &&
                p->len) { /* a purge under way: its end wakes the committer */
-            bool idle = cl->commit_when_idle && !p->nflights; /* at once: the file's comment */
+            bool idle = cl->commit_when_idle && !p->nflights &&
+                        p->last_writes < CL_BUSY_WRITES; /* at once: the file's comment */
             if (!idle && p->len < cl->commit_bytes && now - p->first_ms < cl->commit_ms) {
                 if (p->first_ms + cl->commit_ms < next)
                     next = p->first_ms + cl->commit_ms;
@@ -490,6 +502,7 @@ bool td_changelog_hold(td_fleet_t *f, uint32_t k, const tally_req_t *req, td_str
         td_cl_times_held(&p->times, first,
                          p->len < cl->commit_bytes && p->len + size >= cl->commit_bytes);
         p->len += size;
+        p->writes++;
         if (first || p->len >= cl->commit_bytes)
             pthread_cond_signal(&cl->cond);
     }
@@ -718,6 +731,7 @@ static void open_part(td_changelog_t *cl, uint32_t k, uint64_t epoch, uint64_t f
     drop_flights(p);
     td_cl_times_taken(&p->times);
     p->len = 0;
+    p->writes = p->last_writes = 0;
     p->ok_then = p->ok_upto;
     p->open_from = p->batch;
     pthread_mutex_unlock(&cl->mu);
