@@ -25,10 +25,7 @@
  * ticket each was held under. A record larger than max_msg alone can never be stored: the
  * write that made it fails the partition at once, with the sizes in the log.
  *
- * A batch goes at once when its partition has no message in flight (none awaiting its PubAck,
- * none to send again, no purge under way) and its last whole batch held fewer than
- * CL_BUSY_WRITES writes, else commit_ms after its first record or at commit_bytes ([nats]
- * commit_when_idle; off: only the latter: td_fleet_changelog.h says why).
+ * When a batch goes (commit_ms, commit_bytes, at once when idle): td_fleet_changelog.h.
  *
  * Where a held write waits, stage by stage, is timed under mu (td_changelog_stages.h).
  */
@@ -92,8 +89,7 @@ typedef struct {
     uint8_t *buf;    /* the batch: records waiting to be published */
     size_t len, cap;
     int64_t first_ms;              /* when the batch's first record came (monotonic) */
-    unsigned writes;               /* the writes held in the batch now filling */
-    unsigned last_writes;          /* those the last whole batch held (CL_BUSY_WRITES) */
+    unsigned writes, last_writes;  /* held in the batch filling; in the last whole one */
     td_cl_times_t times;           /* where its held writes wait */
     _Atomic uint64_t batch;        /* the ticket of the batch now filling (changed under mu) */
     cl_flight_t flights[CL_DEPTH]; /* published, not settled: oldest first */
@@ -191,8 +187,7 @@ static void fail_locked(td_changelog_t *cl, uint32_t k, const char *why)
     if (p->state == CL_OPEN)
         p->state = CL_FAILED;
     drop_flights(p);
-    p->len = 0;
-    p->writes = p->last_writes = 0;
+    p->len = p->writes = p->last_writes = 0;
     p->batch++;
 }
 
@@ -358,8 +353,7 @@ static int64_t commit_due(td_changelog_t *cl)
         /* A flight to send again holds back the new ones (behind it, they would be refused). */
         while (p->state == CL_OPEN && !p->nresend && p->nflights < CL_DEPTH && !p->purging &&
                p->len) { /* a purge under way: its end wakes the committer */
-            bool idle = cl->commit_when_idle && !p->nflights &&
-                        p->last_writes < CL_BUSY_WRITES; /* at once: the file's comment */
+            bool idle = cl->commit_when_idle && !p->nflights && p->last_writes < CL_BUSY_WRITES;
             if (!idle && p->len < cl->commit_bytes && now - p->first_ms < cl->commit_ms) {
                 if (p->first_ms + cl->commit_ms < next)
                     next = p->first_ms + cl->commit_ms;
@@ -383,14 +377,7 @@ static void *committer(void *arg)
         int64_t wait_ms = commit_due(cl) - td_nats_now_ms();
         if (wait_ms <= 0)
             continue;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_sec += wait_ms / 1000;
-        ts.tv_nsec += (wait_ms % 1000) * 1000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
+        struct timespec ts = td_deadline_after(CLOCK_MONOTONIC, wait_ms);
         pthread_cond_timedwait(&cl->cond, &cl->mu, &ts);
     }
     pthread_mutex_unlock(&cl->mu);
@@ -730,8 +717,7 @@ static void open_part(td_changelog_t *cl, uint32_t k, uint64_t epoch, uint64_t f
     p->fail_from = 0;
     drop_flights(p);
     td_cl_times_taken(&p->times);
-    p->len = 0;
-    p->writes = p->last_writes = 0;
+    p->len = p->writes = p->last_writes = 0;
     p->ok_then = p->ok_upto;
     p->open_from = p->batch;
     pthread_mutex_unlock(&cl->mu);
