@@ -15,12 +15,14 @@
  *      sequence kept); a changelog stream removed after that checkpoint is made anew at the
  *      next take, with a warning, and the checkpoint's state kept; another one removed before
  *      a give-up, the give-up's purge fails (said) and the checkpoint holds every write;
- *   1b. a stream written 16 times, all in flight, commit_ms 1 s: fewer changelog messages than
- *      writes (one unless the box stalls), each with one record of the stream, the last one
- *      the model's after every write; every reply once it is stored; where they waited
- *      (tallyd_nats_changelog_stage_seconds): a batch, a publish and a PubAck counted per
- *      message stored, each batch 1 s (none under 0.25 s), a release per write, every sum past
- *      0, no flight waited for; the family a histogram to Prometheus's parser (where installed);
+ *   1b. a stream written 16 times, commit_ms 1 s, the PubAcks held: the first write's record
+ *      goes at once, alone (nothing of the partition in flight), the other 15 wait behind it,
+ *      all in flight: fewer changelog messages than writes (two unless the box stalls), each
+ *      with one record of the stream, the last one the model's after every write; every reply
+ *      once it is stored; where they waited (tallyd_nats_changelog_stage_seconds): a batch, a
+ *      publish and a PubAck counted per message stored, the first batch under 0.25 s and each
+ *      other 1 s, a release per write, every sum past 0, no flight waited for; the family a
+ *      histogram to Prometheus's parser (where installed);
  *   2. kill -9 of an owner under load: two members split the partitions (as the plan says); the
  *      fleet client keeps
  *      16 numbered requests in flight, and the owner of half of them is killed (SIGKILL) after
@@ -31,12 +33,13 @@
  *   3. a record that cannot be stored (the partition's changelog stream removed under its
  *      owner): the write is answered not_durable and counted, the owner gives the partition up
  *      and takes it again, and writes are answered again;
- *   4. group commit by bytes, deletes and resets: with commit_ms at 1 s, 1000 writes (rgba8,
- *      512 in flight, all of one partition) are stored in far fewer changelog messages than
- *      writes (a partition's batch goes out at 256 KiB); a delete and a reset follow; the owner
- *      is killed, and the next one rebuilds every stream from the changelog alone (the deleted
- *      one unknown, the reset one empty), a late message of a's past 4 MiB among it (the whole
- *      history again: replayed in pieces of whole records), then takes writes and a delete;
+ *   4. group commit by bytes, deletes and resets: with commit_ms at 1 s (commit_when_idle off),
+ *      1000 writes (rgba8, 512 in flight, all of one partition) are stored in far fewer
+ *      changelog messages than writes (a partition's batch goes out at 256 KiB); a delete and a
+ *      reset follow; the owner is killed, and the next one rebuilds every stream from the
+ *      changelog alone (the deleted one unknown, the reset one empty), a late message of a's
+ *      past 4 MiB among it (the whole history again: replayed in pieces of whole records), then
+ *      takes writes and a delete;
  *   5. another writer's record between two of the owner's batches (a deposed owner's late
  *      publish): the owner's next publish is refused (its expected last sequence), the write
  *      answered not_durable, the partition taken again, and the write sent again applied once;
@@ -54,11 +57,11 @@
  *      (Debian's 2.9.10) the restarted replica replays it as a purge of everything the stream
  *      held then, and loses the records above the purge's sequence; a purge of everything at a
  *      quiet point loses nothing on any version;
- *   8. more records at once than a message holds (a server of its own with max_payload 64 KiB):
- *      the batch goes out as several messages, each within max_payload and of whole records,
- *      every write answered OK, and the next owner rebuilds every stream from them; a stream
- *      whose window ring grows past a message has every write answered OK, each record after
- *      its first carrying only the slot its write changed (kind 3), and the next owner
+ *   8. more records at once than a message holds (a server of its own with max_payload 64 KiB,
+ *      the owner's commit_when_idle off): the batch goes out as several messages, each within
+ * max_payload and of whole records, every write answered OK, and the next owner rebuilds every
+ * stream from them; a stream whose window ring grows past a message has every write answered OK,
+ * each record after its first carrying only the slot its write changed (kind 3), and the next owner
  *      rebuilds the whole ring from them;
  *   9. a writer racing the fence at a take: a previous owner's late batch stored between the
  *      new owner's reading of the changelog's end and its fence (TALLYD_TEST_FENCE_GATE holds
@@ -91,6 +94,13 @@
  *      stream S written in a new interval a write, its record grown to pass 60 KiB in the
  *      batch waiting, fails its partition at once, the size in the log, every write of the
  *      batch answered not_durable, and S unknown after the partition is taken again;
+ * 12d. a batch on an idle partition goes at once (commit_when_idle), commit_ms 1 s: writes one
+ *      at a time are each their own changelog message, each batch under 0.25 s; a write behind
+ *      a message whose PubAck is held goes at that PubAck (nothing left in flight), its batch
+ *      under 0.25 s too; after a batch of 8 writes, the next write waits commit_ms though
+ *      nothing is in flight (a busy partition), and the one after it goes at once again; with
+ *      commit_when_idle off, a write on an idle partition waits for commit_ms (its batch 1 s or
+ *      more);
  *  13. a fleet that changes its mode member by member: direct writes answered by a replicated
  *      owner killed (SIGKILL) are applied by the next owner, an ingest worker (`direct = off`),
  *      which fences the changelog, takes writes over JetStream ingest and stops cleanly; the
@@ -137,6 +147,8 @@ static const char *cluster_urls, *cluster_replicas = "3";
 static const char *member_clock;
 /* The members' [nats] direct (test 13 starts one with another). */
 static const char *member_direct = "replicated";
+/* The members' [nats] commit_when_idle (tests 8 and 12d start one with it off). */
+static const char *member_when_idle = "on";
 
 static int setup(void **state)
 {
@@ -149,6 +161,7 @@ static int stop_members(void **state)
     (void)state;
     for (int i = 0; i < 2; i++)
         th_daemon_end(&member[i]);
+    member_when_idle = "on"; /* a failed test's start_commit_only may have left it off */
     return 0;
 }
 
@@ -186,6 +199,8 @@ static void start_with(int i, const char *ttl_ms, const char *commit_ms, const c
                           member_direct,
                           "--nats-commit-ms",
                           commit_ms,
+                          "--nats-commit-when-idle",
+                          member_when_idle,
                           "--max-inflight", /* test 4's 512 in flight: held replies count */
                           "1024",
                           "--stream-create-rate", /* test 4's 1000 new streams at once */
@@ -206,6 +221,14 @@ static void start_with(int i, const char *ttl_ms, const char *commit_ms, const c
 static void start_commit(int i, const char *ttl_ms, const char *commit_ms)
 {
     start_with(i, ttl_ms, commit_ms, "3600000");
+}
+
+/* Member i with commit_when_idle off: its batches go at commit_ms or at their bytes only. */
+static void start_commit_only(int i, const char *ttl_ms, const char *commit_ms)
+{
+    member_when_idle = "off";
+    start_commit(i, ttl_ms, commit_ms);
+    member_when_idle = "on";
 }
 
 static void start(int i, const char *ttl_ms)
@@ -423,6 +446,36 @@ static td_ckpt_manifest_t manifest_of(uint32_t k)
     return m;
 }
 
+/* A gate for a member's TALLYD_TEST_*_GATE: the path of a file, not there yet, in a fresh
+ * folder (dir), into gate. */
+static void gate_at(char *dir, size_t dir_cap, char *gate, size_t gate_cap)
+{
+    assert_int_equal(th_tmpdir(dir, dir_cap, "tally-gate"), 0);
+    snprintf(gate, gate_cap, "%s/open", dir);
+}
+
+/* Opens the gate: its file exists. */
+static void gate_open(const char *gate)
+{
+    FILE *f = fopen(gate, "w");
+    assert_non_null(f);
+    fclose(f);
+}
+
+/* A fresh fleet and member a with commit_ms, its PubAcks held by a gate (TALLYD_TEST_ACK_GATE,
+ * gate_at's dir and gate) open until the test removes it; every partition taken. */
+static void start_ack_gated(char *dir, size_t dir_cap, char *gate, size_t gate_cap,
+                            const char *commit_ms)
+{
+    fresh_fleet();
+    gate_at(dir, dir_cap, gate, gate_cap);
+    gate_open(gate);
+    setenv("TALLYD_TEST_ACK_GATE", gate, 1);
+    start_commit(0, "15000", commit_ms);
+    unsetenv("TALLYD_TEST_ACK_GATE");
+    wait_taken(0, PARTITIONS); /* each partition's fence stored */
+}
+
 /* A client over NATS (tally_client_new_nats): JetStream ingest, queries by request-reply. */
 static tally_client_t *nats_client(void)
 {
@@ -621,10 +674,18 @@ static double stage_metric(const char *what, const char *stage)
     return metric_of(&member[0], name);
 }
 
+/* Member 0's changelog batches published within 0.25 s of their first record (the bucket below
+ * commit_ms 1 s): those that went at once, their partition with nothing in flight. */
+static long long quick_batches(void)
+{
+    return th_metric(&member[0],
+                     "tallyd_nats_changelog_stage_seconds_bucket{stage=\"batch\",le=\"0.25\"}");
+}
+
 /* Where member 0's held writes waited: msgs changelog messages (batch, publish, ack), writes
- * writes (release), each batch at least commit_ms 1 s; the exposition parsed by Prometheus's
- * parser where python3 has it. */
-static void check_stages(long long msgs, int writes)
+ * writes (release); at_once of the batches went at once (under 0.25 s), every other one at
+ * commit_ms 1 s or later; the exposition parsed by Prometheus's parser where python3 has it. */
+static void check_stages(long long msgs, int writes, long long at_once)
 {
     static const char *const per_message[] = {"batch", "publish", "ack"};
     for (int i = 0; i < 3; i++) {
@@ -633,10 +694,8 @@ static void check_stages(long long msgs, int writes)
     }
     assert_int_equal((long long)stage_metric("count", "release"), writes);
     assert_true(stage_metric("sum", "release") > 0);
-    assert_true(stage_metric("sum", "batch") >= 0.99 * (double)msgs);
-    assert_int_equal(th_metric(&member[0], "tallyd_nats_changelog_stage_seconds_bucket{stage="
-                                           "\"batch\",le=\"0.25\"}"),
-                     0);
+    assert_true(stage_metric("sum", "batch") >= 0.99 * (double)(msgs - at_once));
+    assert_int_equal(quick_batches(), at_once);
     assert_int_equal(th_metric(&member[0], "tallyd_nats_changelog_flights_full_total"), 0);
     /* The first python3 with prometheus_client: PATH's may be another than Debian's. */
     int rc = th_sh("py=$(for c in python3 /usr/bin/python3; do $c -c 'import prometheus_client' "
@@ -653,33 +712,76 @@ static void check_stages(long long msgs, int writes)
         assert_int_equal(rc, 0);
 }
 
-/* REWRITES numbered writes of one stream in flight at once, commit_ms 1 s: the changelog
- * messages they make (one, unless the box stalls past the second) hold one record of the stream
- * each, the last one equal to the model after all of them; every reply comes once it is
- * stored; the stages count them (check_stages). */
+/* Waits until partition k's changelog holds a message at seq or later. */
+static void wait_changelog(uint32_t k, uint64_t seq)
+{
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    while (changelog_last(k) < seq && th_now_ms() < until)
+        th_sleep_ms(5);
+    assert_true(changelog_last(k) >= seq);
+}
+
+/* The last_seq of stream s's record in partition k's last changelog message (0: none in it). */
+static uint64_t last_message_seq_of(uint32_t k, int s)
+{
+    static td_state_record_t rec;
+    char stream[32], name[32];
+    tally_fleet_name(stream, sizeof stream, TALLY_NATS_CL_STREAM_PREFIX, k);
+    stream_name(s, name, sizeof name);
+    natsMsg *m = NULL;
+    jsErrCode jerr = 0;
+    assert_int_equal(js_GetMsg(&m, tn_suite_js, stream, changelog_last(k), NULL, &jerr), NATS_OK);
+    const uint8_t *p = (const uint8_t *)natsMsg_GetData(m);
+    size_t len = (size_t)natsMsg_GetDataLength(m);
+    uint64_t seq = 0;
+    for (size_t at = 0; at < len;) {
+        at += parse_record(p + at, len - at, &rec);
+        if (rec.name_len == strlen(name) && memcmp(rec.name, name, rec.name_len) == 0)
+            seq = rec.info.last_seq;
+    }
+    natsMsg_Destroy(m);
+    return seq;
+}
+
+/* REWRITES numbered writes of one stream, commit_ms 1 s, the PubAcks held (TALLYD_TEST_ACK_GATE)
+ * from the first write on. The first goes at once, alone (nothing of its partition in flight);
+ * the other REWRITES - 1, sent once it is stored, are in flight at once behind it and wait for
+ * commit_ms: one message (more only if the box stalls past the second). The gate opens once the
+ * last write's record is stored. The messages hold one record of the stream each, the last one
+ * equal to the model after all of them; every reply comes once it is stored; the stages count
+ * them (check_stages: one batch at once, the others at commit_ms). Before commit_when_idle, no
+ * write went before commit_ms and the writes were sent together: one message. */
 static void test_one_record_a_stream_a_batch(void **state)
 {
     (void)state;
-    fresh_fleet();
-    start_commit(0, "15000", "1000");
-    wait_taken(0, PARTITIONS); /* each partition's fence stored */
+    char dir[256], gate[300];
+    start_ack_gated(dir, sizeof dir, gate, sizeof gate, "1000");
     uint32_t k = partition_of(0);
     uint64_t before = changelog_last(k);
     tally_client_t *c = fleet_client();
-    for (int r = 0; r < REWRITES; r++)
+    assert_int_equal(unlink(gate), 0); /* the PubAcks held from here */
+    send_hist(c, 0, 0);
+    wait_changelog(k, before + 1); /* in flight: the others wait behind it */
+    for (int r = 1; r < REWRITES; r++)
         send_hist(c, 0, r);
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    while (last_message_seq_of(k, 0) != seqs[0] && th_now_ms() < until)
+        th_sleep_ms(5);
+    gate_open(gate);
+    assert_int_equal(last_message_seq_of(k, 0), seqs[0]);
     for (int r = 0; r < REWRITES; r++)
         recv_applied(c);
     uint64_t last = changelog_last(k);
     print_message("%d writes of one stream in %llu changelog messages\n", REWRITES,
                   (unsigned long long)(last - before));
-    assert_true(last > before && last - before < REWRITES);
+    assert_true(last > before + 1 && last - before < REWRITES);
     for (uint64_t seq = before + 1; seq <= last; seq++)
         assert_int_equal(records_of(k, seq, 0), 1);
-    check_stages((long long)(last - before), REWRITES);
+    check_stages((long long)(last - before), REWRITES, 1);
     check_last_record(0); /* the model after all of them */
     check_stream(c, 0);
     tally_client_destroy(&c);
+    th_rmrf(dir);
 }
 
 /* ---- 2. kill -9 of an owner under load --------------------------------------------------------
@@ -992,7 +1094,10 @@ static void store_history_again(uint32_t k)
     free(all);
 }
 
-/* A commit_ms of 1 s (its limit), so that batches go out by bytes. Member a: 1000 writes, a
+/* A commit_ms of 1 s (its limit) and commit_when_idle off, so that batches go out by bytes (on,
+ * a batch goes at each PubAck that leaves nothing in flight, holding what came in one round
+ * trip, whatever its bytes: 15 messages for the 1000 writes on the dev box, and 157 under TSan,
+ * whose member applies them slower than the cluster answers). Member a: 1000 writes, a
  * delete and a reset, then killed (SIGKILL) with none of it in a checkpoint; member b rebuilds
  * every stream from the changelog alone (the deleted one unknown, the reset one empty, the rest
  * the model), takes 998 writes and a delete itself, and stops cleanly. */
@@ -1002,7 +1107,7 @@ static void test_group_commit_delete_reset(void **state)
     fresh_fleet();
     many_pick();
     memset(many_model, 0, sizeof many_model);
-    start_commit(0, "3000", "1000");
+    start_commit_only(0, "3000", "1000");
     wait_held(ids[0], PARTITIONS);
     wait_taken(0, PARTITIONS);
     tally_client_t *c = fleet_client();
@@ -1012,7 +1117,7 @@ static void test_group_commit_delete_reset(void **state)
     memset(many_model[1], 0, sizeof many_model[1]);
     kill_member(0);
     store_history_again(0); /* a's late batch over APPLY_BYTES: replayed in pieces */
-    start_commit(1, "3000", "1000");
+    start_commit_only(1, "3000", "1000");
     wait_held(ids[1], PARTITIONS);
     wait_taken(1, PARTITIONS);
     check_many(c, 0, 1);
@@ -1151,7 +1256,11 @@ static void ring_past_a_message(const char *clock, jsCtx *js)
 
 /* A server whose max_payload is 64 KiB (a cluster of its own, one node: the changelog is one
  * replica), commit_ms 1 s: member a's 1000 writes, 512 in flight, pile up to ~1.1 MiB of
- * records (~2.2 KiB each) while a batch is in flight, far over one message. Every write is
+ * records (~2.2 KiB each) while a batch is in flight, far over one message. Member a has
+ * commit_when_idle off: this one node's PubAcks come back far sooner than commit_ms, so with it
+ * on a batch goes at every PubAck that leaves none in flight, a few records each, and the
+ * records never pile up past a message (221 messages, bench/NOTES.md, "Group commit at once
+ * when idle"); test 12b cuts a batch with it on. Every write is
  * answered OK (none not_durable); every changelog message fits max_payload and holds whole
  * records, at least 1000 x 1.1 KiB / 60 KiB of them (a bound under what they need), some cut
  * from a larger batch; a is killed, and member b
@@ -1165,7 +1274,7 @@ static void test_batch_over_max_payload(void **state)
     small_server_start(&small, &nc, &js);
     many_pick();
     memset(many_model, 0, sizeof many_model);
-    start_commit(0, "3000", "1000");
+    start_commit_only(0, "3000", "1000");
     wait_taken(0, PARTITIONS);
     char v[64];
     assert_int_equal(atoi(info_value(&member[0], "nats_max_payload", v, sizeof v)), SMALL_PAYLOAD);
@@ -1213,22 +1322,6 @@ static int gated_partition(int i, const char *what)
     int k = at ? atoi(at + strlen("partition ")) : -1;
     free(log);
     return k;
-}
-
-/* A gate for a member's TALLYD_TEST_*_GATE: the path of a file, not there yet, in a fresh
- * folder (dir), into gate. */
-static void gate_at(char *dir, size_t dir_cap, char *gate, size_t gate_cap)
-{
-    assert_int_equal(th_tmpdir(dir, dir_cap, "tally-gate"), 0);
-    snprintf(gate, gate_cap, "%s/open", dir);
-}
-
-/* Opens the gate: its file exists. */
-static void gate_open(const char *gate)
-{
-    FILE *f = fopen(gate, "w");
-    assert_non_null(f);
-    fclose(f);
 }
 
 /* Waits until member i's `what` waits at its test gate: that partition. */
@@ -1785,14 +1878,8 @@ static void test_no_purge_past_checkpoint(void **state)
 static void test_messages_in_flight(void **state)
 {
     (void)state;
-    fresh_fleet();
     char dir[256], gate[300];
-    gate_at(dir, sizeof dir, gate, sizeof gate);
-    gate_open(gate); /* open until the test removes it */
-    setenv("TALLYD_TEST_ACK_GATE", gate, 1);
-    start_commit(0, "15000", "1");
-    unsetenv("TALLYD_TEST_ACK_GATE");
-    wait_taken(0, PARTITIONS);
+    start_ack_gated(dir, sizeof dir, gate, sizeof gate, "1");
     uint32_t k = partition_of(0);
     tally_client_t *c = fleet_client();
     write_round(c, 0);
@@ -1942,31 +2029,36 @@ static void recv_ok(tally_client_t *c, int n)
 }
 
 /* Partition 0's batch cut with stream s's record in its rest, the PubAcks held from here (the
- * gate removed): 4 x per_msg writes to `others` (new streams), all applied, then s's write seq.
- * True when s's record passed a message: the batch's first per_msg records went out as the
- * fourth message in flight, s's record left waiting. False when that rest went at its commit_ms
- * before s's write came (a box too slow for the others' writes in 1 s): the PubAcks go, the
- * others' writes are answered, and s's is not sent. */
+ * gate removed): a write to others[0], its record alone in a message (it goes at once: nothing
+ * of the partition in flight), then 3 x per_msg writes to the next `others` (new streams) behind
+ * it, all applied, then s's write seq. True when s's record passed a message: the batch's first
+ * per_msg records went out as the fourth message in flight, s's record left waiting. False when
+ * that rest went at its commit_ms before s's write came (a box too slow for the others' writes
+ * in 1 s): the PubAcks go, the others' writes are answered, and s's is not sent. Before
+ * commit_when_idle, 4 x per_msg writes to others made the four messages: the first one alone
+ * keeps a message in flight, so that the rest group as they did. */
 static bool cut_with_s_left(tally_client_t *w, tally_client_t *q, jsCtx *js, const char *gate,
                             char (*others)[32], int per_msg, const char *s, uint64_t seq,
                             uint64_t *before)
 {
     *before = changelog_last_on(js, 0);
     assert_int_equal(unlink(gate), 0);
-    for (int i = 0; i < 4 * per_msg; i++)
+    cut_send(w, others[0], 1);
+    assert_int_equal(wait_stored(js, *before, 1), 1);
+    for (int i = 1; i <= 3 * per_msg; i++)
         cut_send(w, others[i], 1);
-    for (int i = 0; i < 4 * per_msg; i++)
+    for (int i = 1; i <= 3 * per_msg; i++)
         wait_applied(q, others[i], 1);
     if (wait_stored(js, *before, 3) > 3) {
         gate_open(gate);
-        recv_ok(w, 4 * per_msg);
+        recv_ok(w, 1 + 3 * per_msg);
         return false;
     }
     cut_send(w, s, seq);
     assert_int_equal(wait_stored(js, *before, 4), 4);
     for (uint64_t i = 1; i <= 4; i++) {
         cut_message_t m = cut_message(js, *before + i, s);
-        assert_int_equal(m.records, per_msg);
+        assert_int_equal(m.records, i == 1 ? 1 : per_msg);
         assert_int_equal(m.of_name, 0);
     }
     return true;
@@ -2023,9 +2115,11 @@ static void stop_clock_gate(clock_gate_t *g, int i)
  * the PubAcks held (TALLYD_TEST_ACK_GATE), commit_ms 1 s; S (cut_names[0]) written at interval
  * t-1 and stored, its record's size that of every first record here (names all as long), so a
  * message holds per_msg of them:
- *   - 4 x per_msg writes to other streams of partition 0: their batch reaches a message at each
- *     (per_msg+1)-th record and goes out per_msg records at a time: three messages in flight,
- *     per_msg records left (cut_with_s_left);
+ *   - a write to another stream of partition 0, its record alone in the first message (nothing
+ *     of the partition in flight: it goes at once, commit_when_idle), then 3 x per_msg writes
+ *     to others: their batch, behind it, reaches a message at each (per_msg+1)-th record and
+ *     goes out per_msg records at a time: three messages in flight, per_msg records left
+ *     (cut_with_s_left);
  *   - once all are applied, S's write at interval t: its record passes a message, the batch's
  *     first per_msg records go out as the fourth message in flight, S's record is left waiting;
  *   - the clock an interval on, S's write at t+1 replaces that record: its ring's changes since
@@ -2053,7 +2147,7 @@ static void test_record_replaces_cut_rest(void **state)
     size_t first_size = m.size;
     size_t max_msg = SMALL_PAYLOAD - TALLY_NATS_HEADROOM;
     int per_msg = (int)(max_msg / first_size);
-    assert_true(per_msg * first_size < max_msg && 1 + CUT_TRIES * 4 * per_msg <= CUT_STREAMS);
+    assert_true(per_msg * first_size < max_msg && 1 + CUT_TRIES * (1 + 3 * per_msg) <= CUT_STREAMS);
     assert_int_equal(th_write_clock(g.clock, RING_T0), 0);
     /* S's second write (interval t) left in the rest of a cut batch, four messages in flight. */
     uint64_t before = 0;
@@ -2062,8 +2156,8 @@ static void test_record_replaces_cut_rest(void **state)
     bool cut = false;
     for (; !cut && tries < CUT_TRIES; tries++) {
         t0 = th_now_ms();
-        cut = cut_with_s_left(w, q, js, g.gate, cut_names + 1 + tries * 4 * per_msg, per_msg, s, 2,
-                              &before);
+        cut = cut_with_s_left(w, q, js, g.gate, cut_names + 1 + tries * (1 + 3 * per_msg), per_msg,
+                              s, 2, &before);
     }
     if (!cut)
         fail_msg("the batch went at its commit_ms before S's write, %d times", CUT_TRIES);
@@ -2077,7 +2171,7 @@ static void test_record_replaces_cut_rest(void **state)
     print_message("%d records of %zu bytes a message; the batch cut in %lld ms, the PubAcks held "
                   "%lld ms (try %d)\n",
                   per_msg, first_size, (long long)cut_ms, (long long)(th_now_ms() - t0), tries);
-    recv_ok(w, 4 * per_msg + 2);
+    recv_ok(w, 1 + 3 * per_msg + 2);
     /* The last message: S's one record, its ring's slots of both intervals. */
     assert_int_equal(changelog_last_on(js, 0) - before, 5);
     m = cut_message(js, before + 5, s);
@@ -2190,6 +2284,112 @@ static void test_record_past_a_message(void **state)
     stop_clock_gate(&g, 0);
 }
 
+/* ---- 12d. a batch on an idle partition goes at once ----------------------------------------- */
+
+#define IDLE_WRITES 6
+#define BUSY_WRITES 8 /* a batch of so many writes makes its partition busy (CL_BUSY_WRITES 4) */
+
+/* Test 12d's busy partition k (stream 0's), its last batch of one write and its PubAcks in: A2
+ * with its PubAck held goes at once, BUSY_WRITES writes behind it at commit_ms; with every
+ * PubAck in, C waits commit_ms (the last batch held many writes), D goes at once (C's held one).
+ * The batches at once counted: A2 and D. */
+static void busy_then_idle(tally_client_t *c, uint32_t k, const char *gate)
+{
+    int r = IDLE_WRITES + 2;
+    long long quick = quick_batches();
+    assert_int_equal(unlink(gate), 0);
+    uint64_t was = changelog_last(k);
+    send_hist(c, 0, r++); /* A2 */
+    wait_changelog(k, was + 1);
+    for (int i = 0; i < BUSY_WRITES; i++)
+        send_hist(c, 0, r++);
+    wait_changelog(k, was + 2);
+    gate_open(gate);
+    for (int i = 0; i <= BUSY_WRITES; i++)
+        recv_applied(c);
+    assert_int_equal(quick_batches(), quick + 1);
+    double waited = stage_metric("sum", "batch");
+    uint64_t mid = changelog_last(k);
+    send_hist(c, 0, r++); /* C */
+    recv_applied(c);
+    assert_int_equal(changelog_last(k), mid + 1);
+    assert_int_equal(quick_batches(), quick + 1);
+    assert_true(stage_metric("sum", "batch") - waited >= 0.99);
+    send_hist(c, 0, r); /* D */
+    recv_applied(c);
+    assert_int_equal(changelog_last(k), mid + 2);
+    assert_int_equal(quick_batches(), quick + 2);
+}
+
+/* commit_ms 1 s, member a's PubAcks held by a gate (TALLYD_TEST_ACK_GATE) only where said:
+ *   - IDLE_WRITES writes of stream 0, one at a time: each comes with nothing of its partition
+ *     in flight, so its record goes at once, alone: IDLE_WRITES messages of one record, every
+ *     batch (stage `batch`) under 0.25 s;
+ *   - write A, its PubAck held (it went at once), then write B, applied, its record waiting
+ *     behind A's message; the gate opens: A's PubAck leaves nothing in flight and B's record
+ *     goes at once, a message of its own, its batch under 0.25 s as well;
+ *   - write A2, its PubAck held, then BUSY_WRITES writes behind it: their batch goes at
+ *     commit_ms; once every PubAck is in, write C finds nothing in flight but a last batch of
+ *     many writes, and waits commit_ms; write D, after C's batch of one, goes at once again;
+ *   - member a again with commit_when_idle off: a write on its idle partition waits commit_ms,
+ *     its batch 1 s or more (the rule before it).
+ * Without the rule every batch here waits commit_ms; without the PubAck's wake-up B's does;
+ * without the bound on a busy partition C's goes at once; with it never lifted D's waits. The
+ * times asserted are the member's own stages, 0.25 s against 1 s: none of the test's clock. */
+static void test_idle_partition_at_once(void **state)
+{
+    (void)state;
+    char dir[256], gate[300];
+    start_ack_gated(dir, sizeof dir, gate, sizeof gate, "1000");
+    tally_client_t *c = fleet_client();
+    uint32_t k = partition_of(0);
+    uint64_t before = changelog_last(k); /* writes one at a time: nothing in flight at each */
+    for (int r = 0; r < IDLE_WRITES; r++) {
+        send_hist(c, 0, r);
+        recv_applied(c);
+    }
+    print_message("%d writes one at a time: %llu changelog messages, %lld batches under 0.25 s\n",
+                  IDLE_WRITES, (unsigned long long)(changelog_last(k) - before), quick_batches());
+    assert_int_equal(changelog_last(k) - before, IDLE_WRITES);
+    for (uint64_t seq = before + 1; seq <= before + IDLE_WRITES; seq++)
+        assert_int_equal(records_of(k, seq, 0), 1);
+    assert_int_equal((long long)stage_metric("count", "batch"), IDLE_WRITES);
+    assert_int_equal(quick_batches(), IDLE_WRITES);
+    /* B behind A's message, its PubAck held; B goes at it. */
+    tally_client_t *q = NULL;
+    assert_int_equal(tally_client_new(member[0].endpoint, TIMEOUT_MS, &q), TALLY_OK);
+    assert_int_equal(unlink(gate), 0);
+    send_hist(c, 0, IDLE_WRITES);
+    wait_changelog(k, before + IDLE_WRITES + 1);
+    send_hist(c, 0, IDLE_WRITES + 1);
+    wait_applied(q, "cl/0", seqs[0]);
+    gate_open(gate);
+    recv_applied(c);
+    recv_applied(c);
+    assert_int_equal(changelog_last(k) - before, IDLE_WRITES + 2);
+    assert_int_equal(records_of(k, before + IDLE_WRITES + 2, 0), 1);
+    assert_int_equal(quick_batches(), IDLE_WRITES + 2);
+    busy_then_idle(c, k, gate);
+    check_last_record(0);
+    check_stream(c, 0);
+    tally_client_destroy(&q);
+    tally_client_destroy(&c);
+    assert_int_equal(th_daemon_stop(&member[0], SIGTERM, TIMEOUT_MS), 0);
+    member[0].pid = 0;
+    /* Off: a batch waits commit_ms, idle partition or not. */
+    start_commit_only(0, "15000", "1000");
+    wait_taken(0, PARTITIONS);
+    c = fleet_client();
+    send_hist(c, 0, IDLE_WRITES + 2);
+    recv_applied(c);
+    assert_int_equal((long long)stage_metric("count", "batch"), 1);
+    assert_int_equal(quick_batches(), 0);
+    assert_true(stage_metric("sum", "batch") >= 0.99);
+    check_stream(c, 0);
+    tally_client_destroy(&c);
+    th_rmrf(dir);
+}
+
 /* ---- 13. a fleet that changes its mode, member by member ------------------------------------ */
 
 /* Direct `replicated` to JetStream ingest and back, each owner after the first taking the
@@ -2260,6 +2460,7 @@ int main(void)
         cmocka_unit_test_teardown(test_messages_in_flight, stop_members),
         cmocka_unit_test_teardown(test_record_replaces_cut_rest, stop_members),
         cmocka_unit_test_teardown(test_record_past_a_message, stop_members),
+        cmocka_unit_test_teardown(test_idle_partition_at_once, stop_members),
         cmocka_unit_test_teardown(test_mode_changes, stop_members),
     };
     const char *only = getenv("TALLY_TEST_FILTER"); /* one test by name (a mutation check) */

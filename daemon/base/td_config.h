@@ -302,7 +302,9 @@
 #define TD_NATS_CHECKPOINT_MS_MIN 10u
 #define TD_NATS_CHECKPOINT_MS_LIMIT 3600000u
 /* Direct mode, replicated: a partition's changelog records are published every commit_ms (group
- * commit), or at once when TD_NATS_COMMIT_BYTES are waiting (docs/fleet.md "Replicated"). */
+ * commit), or at once when TD_NATS_COMMIT_BYTES are waiting, or (commit_when_idle, on by
+ * default) at once when none of the partition's messages is in flight and its last batch held
+ * few writes (docs/fleet.md "Replicated"). */
 #define TD_DEFAULT_NATS_COMMIT_MS 2u
 #define TD_NATS_COMMIT_MS_LIMIT 1000u
 #define TD_NATS_COMMIT_BYTES (256u << 10)
@@ -402,6 +404,7 @@ typedef struct {
     unsigned nats_lease_ttl_ms;
     unsigned nats_checkpoint_ms;
     unsigned nats_commit_ms; /* direct = replicated: the group commit's interval */
+    bool nats_commit_when_idle; /* and a batch goes at once with nothing in flight */
     unsigned nats_inflight;
     size_t nats_inflight_bytes;
     unsigned nats_members_per_process; /* fleet members in this process, each a thread */

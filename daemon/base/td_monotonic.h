@@ -24,4 +24,19 @@ static inline int64_t td_mono_ms(void)
     return (int64_t)(td_mono_ns() / 1000000u);
 }
 
+/* The time ms from now by `clock` (this one, or CLOCK_REALTIME for a condition variable made
+ * without a clock): what pthread_cond_timedwait waits until. */
+static inline struct timespec td_deadline_after(clockid_t clock, int64_t ms)
+{
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
 #endif

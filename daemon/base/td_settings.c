@@ -363,7 +363,14 @@ const td_setting_t td_settings[] = {
      .min = 0, .max = TD_NATS_COMMIT_MS_LIMIT, .reload = TD_RELOAD_RESTART,
      .help = "direct = replicated: a partition's changelog records are published together every "
              "this many ms (group commit; at once when 256 KiB wait; 0: at once), up to 4 "
-             "messages of a partition in flight"},
+             "messages of a partition in flight; with commit_when_idle, at once when none is"},
+    {.option = "nats-commit-when-idle", .arg = "on|off", .section = "nats",
+     .key = "commit_when_idle", .type = TD_SET_BOOL, .offset = FIELD(nats_commit_when_idle),
+     .def = true, .reload = TD_RELOAD_RESTART,
+     .help = "direct = replicated: a partition's waiting changelog records go at once when none of "
+             "its messages is in flight and its last batch held fewer than 4 writes (a write at "
+             "light load waits one PubAck, not commit_ms too), else every commit_ms; off: every "
+             "commit_ms only (docs/fleet.md \"Replicated\")"},
     {.option = "nats-advertise", .arg = "ENDPOINT", .section = "nats", .key = "advertise",
      .type = TD_SET_STRING, .offset = FIELD(nats_advertise), .reload = TD_RELOAD_RESTART,
      .example = "tcp://10.0.0.5:5555",

@@ -25,6 +25,8 @@
  * ticket each was held under. A record larger than max_msg alone can never be stored: the
  * write that made it fails the partition at once, with the sizes in the log.
  *
+ * When a batch goes (commit_ms, commit_bytes, at once when idle): td_fleet_changelog.h.
+ *
  * Where a held write waits, stage by stage, is timed under mu (td_changelog_stages.h).
  */
 #include <inttypes.h>
@@ -55,6 +57,9 @@
  * a time bounds a partition's replicated writes at what one message holds a round trip
  * (bench/NOTES.md, "What bounds `replicated` at 1 KiB"). */
 #define CL_DEPTH 4
+/* A partition whose last whole batch held this many writes or more is busy: its next batch
+ * groups for commit_ms even when nothing is in flight (commit_when_idle; the file's comment). */
+#define CL_BUSY_WRITES 4
 /* A record up to this size is encoded on the shard's stack before the changelog's lock is taken
  * (td_changelog_hold); a larger one under it. */
 #define CL_RECORD_STACK 8192
@@ -84,6 +89,7 @@ typedef struct {
     uint8_t *buf;    /* the batch: records waiting to be published */
     size_t len, cap;
     int64_t first_ms;              /* when the batch's first record came (monotonic) */
+    unsigned writes, last_writes;  /* held in the batch filling; in the last whole one */
     td_cl_times_t times;           /* where its held writes wait */
     _Atomic uint64_t batch;        /* the ticket of the batch now filling (changed under mu) */
     cl_flight_t flights[CL_DEPTH]; /* published, not settled: oldest first */
@@ -106,6 +112,7 @@ struct td_changelog {
     pthread_t thread;
     bool started, stop;
     int64_t commit_ms;
+    bool commit_when_idle; /* a batch goes at once when its partition has nothing in flight */
     int replicas;        /* of TALLY_CL<k> */
     int64_t max_age_ms;  /* how long a record is kept ([nats] partition_max_age_s) */
     size_t max_msg;      /* the records one message may hold (max_payload less the headers') */
@@ -180,7 +187,7 @@ static void fail_locked(td_changelog_t *cl, uint32_t k, const char *why)
     if (p->state == CL_OPEN)
         p->state = CL_FAILED;
     drop_flights(p);
-    p->len = 0;
+    p->len = p->writes = p->last_writes = 0;
     p->batch++;
 }
 
@@ -211,7 +218,7 @@ static void on_ack(jsCtx *js, natsMsg *m, jsPubAck *pa, jsPubAckErr *pae, void *
     } else if (fl && pa && !pae) {
         settle_upto(cl, p, (unsigned)i, pa->Sequence, ack_ns);
         TD_FLEET_COUNT(cl->f, changelog_commits);
-        pthread_cond_signal(&cl->cond);
+        pthread_cond_signal(&cl->cond); /* a flight free; none left: what waits goes at once */
     } else if (fl) {
         char why[256];
         snprintf(why, sizeof why, "a publish failed: %s (%d)",
@@ -318,6 +325,10 @@ static void publish_locked(td_changelog_t *cl, uint32_t k, int64_t now)
     td_cl_times_sent(&p->times, cl->f->st, start_ns, sent_ns, p->nflights == CL_DEPTH, n < p->len);
     memmove(p->buf, p->buf + n, p->len - n); /* the rest goes next, at once */
     p->len -= n;
+    if (!p->len) { /* the whole batch: its writes settle with this message */
+        p->last_writes = p->writes;
+        p->writes = 0;
+    }
 }
 
 /* Under mu: publishes what is due; the time of the next thing to do (monotonic ms). */
@@ -342,7 +353,8 @@ static int64_t commit_due(td_changelog_t *cl)
         /* A flight to send again holds back the new ones (behind it, they would be refused). */
         while (p->state == CL_OPEN && !p->nresend && p->nflights < CL_DEPTH && !p->purging &&
                p->len) { /* a purge under way: its end wakes the committer */
-            if (p->len < cl->commit_bytes && now - p->first_ms < cl->commit_ms) {
+            bool idle = cl->commit_when_idle && !p->nflights && p->last_writes < CL_BUSY_WRITES;
+            if (!idle && p->len < cl->commit_bytes && now - p->first_ms < cl->commit_ms) {
                 if (p->first_ms + cl->commit_ms < next)
                     next = p->first_ms + cl->commit_ms;
                 break;
@@ -365,14 +377,7 @@ static void *committer(void *arg)
         int64_t wait_ms = commit_due(cl) - td_nats_now_ms();
         if (wait_ms <= 0)
             continue;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_sec += wait_ms / 1000;
-        ts.tv_nsec += (wait_ms % 1000) * 1000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
+        struct timespec ts = td_deadline_after(CLOCK_MONOTONIC, wait_ms);
         pthread_cond_timedwait(&cl->cond, &cl->mu, &ts);
     }
     pthread_mutex_unlock(&cl->mu);
@@ -465,7 +470,7 @@ bool td_changelog_hold(td_fleet_t *f, uint32_t k, const tally_req_t *req, td_str
     if (p->state == CL_OPEN && !grow(p, size))
         fail_locked(cl, k, "out of memory for a record");
     if (p->state == CL_OPEN) {
-        bool first = p->len == 0; /* the committer sleeps until its commit_ms: tell it */
+        bool first = p->len == 0; /* due at once (an idle partition) or at its commit_ms */
         if (replaces) {
             size_t old = tally_get_u32(p->buf + waiting + 8);
             memmove(p->buf + waiting, p->buf + waiting + old, p->len - waiting - old);
@@ -484,6 +489,7 @@ bool td_changelog_hold(td_fleet_t *f, uint32_t k, const tally_req_t *req, td_str
         td_cl_times_held(&p->times, first,
                          p->len < cl->commit_bytes && p->len + size >= cl->commit_bytes);
         p->len += size;
+        p->writes++;
         if (first || p->len >= cl->commit_bytes)
             pthread_cond_signal(&cl->cond);
     }
@@ -711,7 +717,7 @@ static void open_part(td_changelog_t *cl, uint32_t k, uint64_t epoch, uint64_t f
     p->fail_from = 0;
     drop_flights(p);
     td_cl_times_taken(&p->times);
-    p->len = 0;
+    p->len = p->writes = p->last_writes = 0;
     p->ok_then = p->ok_upto;
     p->open_from = p->batch;
     pthread_mutex_unlock(&cl->mu);
@@ -926,6 +932,7 @@ td_err_t td_changelog_open(td_fleet_t *f, const td_config_t *cfg)
     }
     cl->f = f;
     cl->commit_ms = cfg->nats_commit_ms;
+    cl->commit_when_idle = cfg->nats_commit_when_idle;
     cl->replicas = (int)cfg->nats_replicas;
     cl->max_age_ms = (int64_t)cfg->nats_partition_max_age_s * 1000;
     cl->max_msg = f->max_payload > 2 * TALLY_NATS_HEADROOM ? f->max_payload - TALLY_NATS_HEADROOM

@@ -249,15 +249,7 @@ static void async_cb(uv_async_t *handle)
 
 struct timespec td_http_deadline(unsigned ms)
 {
-    struct timespec deadline;
-    clock_gettime(CLOCK_REALTIME, &deadline);
-    deadline.tv_sec += ms / 1000;
-    deadline.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (deadline.tv_nsec >= 1000000000L) {
-        deadline.tv_sec++;
-        deadline.tv_nsec -= 1000000000L;
-    }
-    return deadline;
+    return td_deadline_after(CLOCK_REALTIME, ms);
 }
 
 /* HTTP thread, with the lock held: asks the loop thread for one more generation of *requested
