@@ -123,6 +123,9 @@ static unsigned running_shards(const td_path_t *p)
 static void hold(void *ctx, bool on)
 {
     td_path_t *p = ctx;
+    if (!on) /* a reload changes the configuration under a hold: the ports read it here */
+        atomic_store_explicit(&p->ports_max_inflight, p->env.cfg->max_inflight,
+                              memory_order_relaxed);
     if (!p->threads || !running_shards(p))
         return;
     if (!on) {
@@ -748,6 +751,7 @@ td_err_t td_path_new(const td_path_env_t *env, td_path_t **out)
     p->wake_mu = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
     p->parked_cond = p->release_cond = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
     atomic_init(&p->want, 0);
+    atomic_init(&p->ports_max_inflight, env->cfg->max_inflight);
     p->slots = calloc(p->count, sizeof *p->slots);
     td_err_t err = p->slots ? TD_OK : TD_ERR_NOMEM;
     for (unsigned i = 0; err == TD_OK && i < p->count; i++)
@@ -905,6 +909,7 @@ void td_path_destroy(td_path_t **self_p)
         uv_run(self->env.loop, UV_RUN_NOWAIT);
     }
     free(self->slots);
+    td_path_ports_free(self);
     for (td_hop_t *hop = self->spares, *next; hop; hop = next) {
         next = hop->next;
         free(hop_request(hop));

@@ -108,6 +108,7 @@ struct td_path {
     _Atomic unsigned port_count;
     _Atomic bool ports_refuse;
     _Atomic unsigned front_inflight; /* dispatched - replied, stored for the ports (with any) */
+    _Atomic unsigned ports_max_inflight; /* cfg->max_inflight, stored as a hold ends (reloads) */
 };
 
 /* A port (td_transport.h; td_path_port.c): the request path's front for a transport's own
@@ -150,5 +151,8 @@ td_request_t *td_path_hop_request(td_hop_t *hop);
  * before the shards' last hop). */
 unsigned td_path_ports_inflight(const td_path_t *p);
 void td_path_ports_shut(td_path_t *p);
+/* td_path_destroy: frees every port (each closed by its transport, or never used after a failed
+ * start); a closed port stays in the table until then, since other ports' threads read it. */
+void td_path_ports_free(td_path_t *p);
 
 #endif

@@ -22,12 +22,14 @@
  *     request of one port reaches its shard through the port's one batch for it: a stream's
  *     requests arrive in the order the port submitted them (td_mailbox.h);
  *   - max_inflight: the port counts its own requests (submitted, replies not taken) and takes no
- *     more than max_inflight of them (TD_ERR_BUSY: the transport submits it again later); the
+ *     more than max_inflight with the front's and the other ports' (TD_ERR_BUSY: the transport
+ *     submits it again later; the limit as the path stored it when a hold of the shards last
+ *     ended, since a reload changes it under one, and the front's count as it stored it); the
  *     loop thread adds every port's count (an atomic the port's thread stores) to its own in
  *     td_path_may_read and td_path_inflight, so the front reads less while ports are busy and
- *     the server's stop waits for the ports' requests too. The bound is max_inflight per port
- *     and for the loop's transports with the ports counted: a fleet's windows bound it anyway
- *     ([nats] inflight per partition);
+ *     the server's stop waits for the ports' requests too. Each thread reads the others'
+ *     counts as they are: threads submitting at the same moment may pass the limit by one
+ *     request each;
  *   - shared-memory references are not resolved here (the front pins regions for ZeroMQ's
  *     requests); a port's request runs on its shard as any other, never on the port's thread
  *     (td_path_run_on_front is the loop's); the front's counters (td_path_env_t.metrics) are not
@@ -126,6 +128,8 @@ static void free_hops(td_hop_t *hop)
     }
 }
 
+static void count_inflight(td_path_port_t *port);
+
 static void drop_reply(void *ctx, td_reply_t *reply)
 {
     (void)ctx;
@@ -138,18 +142,34 @@ void td_path_port_close(td_path_port_t **port_p)
     if (!port)
         return;
     td_path_port_take_replies(port, drop_reply, NULL);
-    for (unsigned i = 0; i < port->path->count; i++) /* never posted (a failed start) */
+    for (unsigned i = 0; i < port->path->count; i++) { /* never posted (a failed start) */
         free_hops(port->to_shard[i].newest);
-    atomic_store_explicit(&port->path->ports[port->index], NULL, memory_order_relaxed);
+        port->to_shard[i] = (td_hop_batch_t){0};
+    }
     for (td_hop_t *hop = port->spares, *next; hop; hop = next) {
         next = hop->next;
         free(td_path_hop_request(hop)); /* disposed as it was retired */
     }
+    port->spares = NULL;
+    port->spare_count = 0;
+    port->own_inflight = 0;
+    count_inflight(port);
     td_mailbox_close(&port->replies);
-    pthread_mutex_destroy(&port->mu);
-    free(port->to_shard);
-    free(port);
-    *port_p = NULL;
+    *port_p = NULL; /* the path frees it (td_path_ports_free): other ports' threads read it */
+}
+
+void td_path_ports_free(td_path_t *p)
+{
+    unsigned count = atomic_load_explicit(&p->port_count, memory_order_relaxed);
+    for (unsigned i = 0; i < count; i++) {
+        td_path_port_t *port = atomic_load_explicit(&p->ports[i], memory_order_relaxed);
+        if (!port)
+            continue;
+        pthread_mutex_destroy(&port->mu);
+        free(port->to_shard);
+        free(port);
+        atomic_store_explicit(&p->ports[i], NULL, memory_order_relaxed);
+    }
 }
 
 /* ---- Requests (the port's thread) ---------------------------------------------------------- */
@@ -188,7 +208,7 @@ static bool path_full(const td_path_t *p, const td_path_port_t *port)
     unsigned n = port->own_inflight +
                  atomic_load_explicit(&mp->front_inflight, memory_order_relaxed) +
                  ports_inflight(p, port);
-    return n >= p->env.cfg->max_inflight;
+    return n >= atomic_load_explicit(&mp->ports_max_inflight, memory_order_relaxed);
 }
 
 td_err_t td_path_port_submit(td_path_port_t *port, td_msg_t *m)

@@ -244,7 +244,8 @@ unsigned td_path_port_take_replies(td_path_port_t *port, void (*fn)(void *ctx, t
 /* Its requests in flight (submitted, their replies not taken yet). Any thread. */
 unsigned td_path_port_inflight(td_path_port_t *port);
 /* Once the port's thread is done with it and the path is closed (td_path_close: the shards'
- * threads have ended), or never ran: replies not taken are dropped, and it is freed. */
+ * threads have ended), or never ran: replies not taken are dropped, its requests let go; the
+ * path frees what is left of it (td_path_destroy). *port_p is NULL after. */
 void td_path_port_close(td_path_port_t **port_p);
 
 #endif
