@@ -236,6 +236,10 @@ struct td_fleet {
     struct td_fleet_sub *sub_out_head, *sub_out_tail;
     struct td_fleet_rep *rep_out_head, *rep_out_tail;
     uv_prepare_t prepare;
+    /* With shard threads: the fleet thread's own front of the request path (td_path_port_open),
+     * which takes its requests to the shards and their replies back without the loop thread;
+     * NULL: through the loop (one shard). */
+    td_path_port_t *port;
     int wake_fd;
     td_pend_t *pend; /* pend_cap slots: the windows', then TD_FLEET_PENDING_EXTRA */
     size_t pend_cap, pend_hint;
