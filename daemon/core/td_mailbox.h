@@ -2,7 +2,9 @@
 /*
  * td_mailbox.h — how the threads of the request path hand each other work (issue 31): the
  * transports' thread hands a request to its shard, and the shard hands the reply back for its
- * transport to send (the transport's end of the reply stays on the transports' thread).
+ * transport to send (the transport's end of the reply stays on the transports' thread); a
+ * transport's own thread with a port (td_path_port.c) does the same, with a mailbox of its own
+ * for its replies, which it takes and ends itself.
  *
  * A mailbox is a lock-free stack of hops (a Treiber stack: one compare-and-swap to post, one
  * exchange to take everything) and a uv_async_t on the consumer's loop. A producer collects what

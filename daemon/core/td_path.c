@@ -26,9 +26,9 @@
  * consumer only when it sleeps (td_mailbox.h): a shard's thread takes what came while it ran
  * before it sleeps (shard_main), and the front takes the shards' replies as its transport services
  * the socket (td_path_take_replies, from the ZeroMQ pump) or, when it is about to block, through
- * its own wake-up (front_prepare_cb). One producer per mailbox direction and FIFO batches: a
- * stream's requests reach their shard in the order the front read them, which is the order ZeroMQ
- * delivered them.
+ * its own wake-up (front_prepare_cb). FIFO batches per producer: a stream's requests reach their
+ * shard in the order the front read them, which is the order ZeroMQ delivered them (a port's, in
+ * the order its thread submitted them: a stream of the fleet's comes through one port only).
  *
  * Requests are allocated and retired on the front's thread: the transport ends a reply there
  * (td_reply_end), and its request is counted, released and kept among the front's spares for the
