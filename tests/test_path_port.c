@@ -18,6 +18,8 @@
  *   - stopping: after the drain, and after td_path_close, the port answers every request
  *     `shutdown` itself, echoing its request id, a batch submitted before the close and flushed
  *     after it included (nothing is posted to a closed shard);
+ *   - `streams` from a port (gathered by the front with the shards held) and a ping, on no
+ *     stream, come back to the port;
  *   - with one shard there is no port (the transport goes through the loop thread).
  */
 #include <poll.h>
@@ -264,13 +266,22 @@ out:
     return NULL;
 }
 
-/* The loop thread's part while the port works: gathers and the executor's own handles. */
+static void tick(uv_timer_t *timer)
+{
+    (void)timer;
+}
+
+/* The loop thread's part while the port works: gathers and the executor's own handles. The
+ * path's handles do not keep a loop alive (the transports do): a timer does, here. */
 static void run_loop_until_done(rig_t *g)
 {
-    while (!atomic_load(&g->done)) {
-        uv_run(&g->loop, UV_RUN_NOWAIT);
-        usleep(500);
-    }
+    uv_timer_t alive;
+    uv_timer_init(&g->loop, &alive);
+    uv_timer_start(&alive, tick, 1, 1);
+    while (!atomic_load(&g->done))
+        uv_run(&g->loop, UV_RUN_ONCE);
+    uv_close((uv_handle_t *)&alive, NULL);
+    uv_run(&g->loop, UV_RUN_NOWAIT);
 }
 
 static void test_every_reply_once_in_each_streams_order(void **state)
@@ -356,6 +367,59 @@ static void test_closed_path_answered_by_the_port(void **state)
     rig_destroy(&g); /* td_path_close again does nothing */
 }
 
+/* The port's thread: a `streams` and a ping, on no stream, each answered ok (the `streams` one
+ * gathered by the front from every shard, then back to its shard and to the port). */
+static void on_any_reply(void *ctx, td_reply_t *reply)
+{
+    rig_t *g = ctx;
+    g->taken++;
+    g->not_ok += reply->rep.status != TALLY_OK;
+    g->last_id = reply->rep.request_id;
+}
+
+static void *gather_thread(void *arg)
+{
+    rig_t *g = arg;
+    const uint8_t ops[] = {TALLY_OP_STREAMS, TALLY_OP_PING};
+    for (unsigned i = 0; i < 2; i++) {
+        tally_req_t req = {.opcode = ops[i], .request_id = 900 + i};
+        uint8_t header[TALLY_REQ_HEADER_SIZE];
+        tally_req_encode(&req, header);
+        td_msg_t m = {.header = header, .header_len = sizeof header, .frames = 2};
+        if (td_path_port_submit(g->port, &m) != TD_OK)
+            g->not_ok++;
+    }
+    td_path_port_flush(g->port);
+    int64_t until = (int64_t)(uv_hrtime() / 1000000) + 10000;
+    while (g->taken < 2 && (int64_t)(uv_hrtime() / 1000000) < until) {
+        if (td_path_port_sleep(g->port)) {
+            struct pollfd p = {.fd = g->wake_fd, .events = POLLIN};
+            if (poll(&p, 1, 1000) > 0) {
+                uint64_t count;
+                ssize_t n = read(g->wake_fd, &count, sizeof count);
+                (void)n;
+            }
+        }
+        td_path_port_take_replies(g->port, on_any_reply, g);
+    }
+    atomic_store(&g->done, true);
+    return NULL;
+}
+
+static void test_gathered_answers_reach_the_port(void **state)
+{
+    (void)state;
+    rig_t *g = rig_new(SHARDS, 64);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, gather_thread, g), 0);
+    run_loop_until_done(g);
+    pthread_join(t, NULL);
+    assert_int_equal(g->taken, 2);
+    assert_int_equal(g->not_ok, 0);
+    assert_int_equal(td_path_port_inflight(g->port), 0);
+    rig_destroy(&g);
+}
+
 static void test_one_shard_has_no_port(void **state)
 {
     (void)state;
@@ -371,6 +435,7 @@ int main(void)
         cmocka_unit_test(test_max_inflight_counts_the_port),
         cmocka_unit_test(test_stopped_path_answered_by_the_port),
         cmocka_unit_test(test_closed_path_answered_by_the_port),
+        cmocka_unit_test(test_gathered_answers_reach_the_port),
         cmocka_unit_test(test_one_shard_has_no_port),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
