@@ -224,8 +224,9 @@ struct td_fleet {
     size_t live_members;     /* TALLY_MEMBERS' keys: at the last heartbeat or `streams` question */
     int64_t members_read_ms; /* when a `streams` question last read live_members (monotonic) */
     /* The transport (td_fleet_transport.c): requests queued for the loop, replies queued for the
-     * fleet thread (under q_mu); wake_fd: an eventfd written when a reply is queued, and by the
-     * readers when they queue messages. */
+     * fleet thread (under q_mu; with a port, only the fleet thread's own refusals); wake_fd: an
+     * eventfd written when a reply is queued or posted to the port while the fleet thread
+     * sleeps, and by the readers when they queue messages. */
     td_transport_t transport;
     pthread_mutex_t q_mu;
     bool q_mu_ready;
