@@ -107,7 +107,7 @@ struct td_path {
     _Atomic(td_path_port_t *) ports[TD_PATH_PORTS_MAX];
     _Atomic unsigned port_count;
     _Atomic bool ports_refuse;
-    _Atomic unsigned front_inflight; /* dispatched - replied, stored for the ports (with any) */
+    _Atomic unsigned front_inflight;     /* dispatched - replied, stored for the ports (with any) */
     _Atomic unsigned ports_max_inflight; /* cfg->max_inflight, stored as a hold ends (reloads) */
 };
 
