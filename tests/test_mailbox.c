@@ -10,7 +10,9 @@
  *     td_mailbox_sleep then says hops are waiting instead of letting it sleep;
  *   - no wake-up is lost: a producer thread posts one hop at a time while the consumer runs the
  *     protocol (take, sleep if nothing waits, block in its loop, wake) until it has them all, in
- *     order; a lost wake-up would leave it blocked, and the watchdog timer fails the test.
+ *     order; a lost wake-up would leave it blocked, and the watchdog timer fails the test;
+ *   - a consumer with no loop (td_mailbox_init_wake: a port's thread) is woken through its own
+ *     function by the same rule.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -173,12 +175,45 @@ static void test_no_wakeup_is_lost(void **state)
     free(items);
 }
 
+static void count_wake(void *ctx)
+{
+    (*(unsigned *)ctx)++;
+}
+
+/* A consumer with no loop (a port's: td_path_port.c): the same rule through its own function. */
+static void test_wake_function_only_for_a_sleeper(void **state)
+{
+    (void)state;
+    td_mailbox_t mb;
+    unsigned wakes = 0;
+    td_mailbox_init_wake(&mb, count_wake, &wakes);
+    item_t items[4];
+    for (unsigned i = 0; i < 4; i++)
+        items[i].n = i;
+    td_mailbox_post_one(&mb, &items[0].hop, 1); /* not awake yet: woken */
+    td_mailbox_post_one(&mb, &items[1].hop, 1); /* woken once already: not again */
+    assert_int_equal(wakes, 1);
+    td_mailbox_wake(&mb);
+    td_hop_t *hop = td_mailbox_take(&mb);
+    assert_ptr_equal(hop, &items[0].hop);
+    assert_ptr_equal(hop->next, &items[1].hop);
+    td_mailbox_post_one(&mb, &items[2].hop, 1); /* awake: no wake-up */
+    assert_int_equal(wakes, 1);
+    assert_false(td_mailbox_sleep(&mb)); /* it waits: take it instead of sleeping */
+    assert_ptr_equal(td_mailbox_take(&mb), &items[2].hop);
+    assert_true(td_mailbox_sleep(&mb));
+    td_mailbox_post_one(&mb, &items[3].hop, 1); /* asleep: woken */
+    assert_int_equal(wakes, 2);
+    td_mailbox_close(&mb);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batches_come_out_in_order),
         cmocka_unit_test(test_post_wakes_only_a_sleeper),
         cmocka_unit_test(test_no_wakeup_is_lost),
+        cmocka_unit_test(test_wake_function_only_for_a_sleeper),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,6 +13,8 @@
  *   - two workers share the partitions; kill -9 of one: the other takes its partitions within the
  *     lease TTL and a few seconds, and every stream equals a model that applied each message
  *     once, duplicates published on purpose included;
+ *   - at max_inflight the worker's requests wait, in order, through the loop thread and through
+ *     a port (4 shards: the fleet thread hands them to the shards itself);
  *   - a partition lost while the request path is full (max_inflight): the worker deletes its
  *     local copy before it takes the partition again, so nothing after the checkpoint is
  *     applied twice;
@@ -573,23 +575,39 @@ static void test_watch_publications(void **state)
  * each) and a simulated GPU whose every launch takes 50 ms, the path is full while any one
  * request runs and every other message waits; every stream still equals its model, and nothing
  * was answered `busy` and sent again (tallyd_nats_resent_total 0: before issue 32 they were). */
-static void test_backpressure_at_max_inflight(void **state)
+static void backpressure(const char *member, const char *producer_name, const char *const *extra)
 {
-    (void)state;
     th_daemon_t w;
-    const char *extra[] = {"--max-inflight",  "1", "--backend", "cuda",
-                           "--test-sim-gpus", "1", NULL};
     setenv("TALLYD_TEST_SIM_LATENCY_US", "50000", 1);
-    start_worker_with(&w, "wb", extra);
+    start_worker_with(&w, member, extra);
     unsetenv("TALLYD_TEST_SIM_LATENCY_US");
-    wait_owned("wb", PARTITIONS, 20000);
-    tally_nats_t *p = producer("backpressure");
+    wait_owned(member, PARTITIONS, 20000);
+    tally_nats_t *p = producer(producer_name); /* its own: its message ids are not duplicates */
     for (int i = 0; i < 3; i++)
         push_hists_of(p, 3, true, th_rand(), 64 << 10);
     check_model_eventually(p, 30000);
     tally_nats_destroy(&p);
     assert_int_equal(th_metric(&w, "tallyd_nats_resent_total"), 0);
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
+}
+
+static void test_backpressure_at_max_inflight(void **state)
+{
+    (void)state;
+    const char *extra[] = {"--max-inflight",  "1", "--backend", "cuda",
+                           "--test-sim-gpus", "1", NULL};
+    backpressure("wb", "backpressure", extra);
+}
+
+/* The same through a port (issue 32: with shard threads the fleet thread hands its requests to
+ * the shards itself, core/td_path_port.c), whatever TALLYD_TEST_SHARDS says: at max_inflight the
+ * port takes nothing and the requests wait in the fleet thread's queue, in order. */
+static void test_backpressure_through_a_port(void **state)
+{
+    (void)state;
+    const char *extra[] = {"--max-inflight", "1", "--backend", "cuda", "--test-sim-gpus", "1",
+                           "--shards",       "4", NULL};
+    backpressure("wp", "backpressure-port", extra);
 }
 
 /* Waits until the worker's metric NAME reaches at least want; its last value. */
@@ -1206,6 +1224,7 @@ int main(void)
         cmocka_unit_test(test_failover_kill9_exactly_once),
         cmocka_unit_test(test_watch_publications),
         cmocka_unit_test(test_backpressure_at_max_inflight),
+        cmocka_unit_test(test_backpressure_through_a_port),
         cmocka_unit_test(test_lost_partition_copy_deleted_while_path_full),
         cmocka_unit_test(test_slow_takes_keep_their_leases),
         cmocka_unit_test(test_closed_path_answers_shutdown),

@@ -16,6 +16,7 @@ const char *td_err_name(td_err_t err)
         [TD_ERR_CORRUPT] = "corrupt",
         [TD_ERR_VERSION] = "version",
         [TD_ERR_LIBRARY] = "library",
+        [TD_ERR_BUSY] = "busy",
     };
     if ((unsigned)err < sizeof names / sizeof names[0] && names[err])
         return names[err];

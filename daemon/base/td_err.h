@@ -27,6 +27,7 @@ typedef enum {
     TD_ERR_CORRUPT, /* stored data (state file, record) failed its checks */
     TD_ERR_LIBRARY, /* a library call (ZeroMQ, libuv, libmicrohttpd, CUDA) failed */
     TD_ERR_VERSION, /* stored data written by a newer tallyd, in a format this one cannot read */
+    TD_ERR_BUSY,    /* nothing taken now (a limit is reached): try again later */
 } td_err_t;
 
 /* "config", "io", ...: for logs and tests. */

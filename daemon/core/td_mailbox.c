@@ -12,6 +12,7 @@ int td_mailbox_init(td_mailbox_t *mb, uv_loop_t *loop, uv_async_cb cb, void *dat
 {
     atomic_init(&mb->stack.top, NULL);
     atomic_init(&mb->sleeping, true); /* not running yet: the first post wakes it */
+    mb->wake = NULL;
     int rc = uv_async_init(loop, &mb->async, cb);
     if (rc != 0)
         return rc;
@@ -20,12 +21,22 @@ int td_mailbox_init(td_mailbox_t *mb, uv_loop_t *loop, uv_async_cb cb, void *dat
     return 0;
 }
 
+void td_mailbox_init_wake(td_mailbox_t *mb, void (*wake)(void *ctx), void *ctx)
+{
+    atomic_init(&mb->stack.top, NULL);
+    atomic_init(&mb->sleeping, true);
+    mb->wake = wake;
+    mb->wake_ctx = ctx;
+    mb->open = true;
+}
+
 void td_mailbox_close(td_mailbox_t *mb)
 {
     if (!mb->open)
         return;
     mb->open = false;
-    uv_close((uv_handle_t *)&mb->async, NULL);
+    if (!mb->wake)
+        uv_close((uv_handle_t *)&mb->async, NULL);
 }
 
 void td_hop_batch_add(td_hop_batch_t *batch, td_hop_t *hop, unsigned kind)
@@ -61,8 +72,12 @@ void td_mailbox_post(td_mailbox_t *mb, td_hop_batch_t *batch)
     stack_push(&mb->stack, batch);
     atomic_thread_fence(memory_order_seq_cst);
     if (atomic_load_explicit(&mb->sleeping, memory_order_relaxed) &&
-        atomic_exchange_explicit(&mb->sleeping, false, memory_order_relaxed))
-        uv_async_send(&mb->async); /* one poster wakes it; the others find it awake */
+        atomic_exchange_explicit(&mb->sleeping, false, memory_order_relaxed)) {
+        if (mb->wake) /* one poster wakes it; the others find it awake */
+            mb->wake(mb->wake_ctx);
+        else
+            uv_async_send(&mb->async);
+    }
 }
 
 bool td_mailbox_sleep(td_mailbox_t *mb)

@@ -2,7 +2,9 @@
 /*
  * td_mailbox.h — how the threads of the request path hand each other work (issue 31): the
  * transports' thread hands a request to its shard, and the shard hands the reply back for its
- * transport to send (the transport's end of the reply stays on the transports' thread).
+ * transport to send (the transport's end of the reply stays on the transports' thread); a
+ * transport's own thread with a port (td_path_port.c) does the same, with a mailbox of its own
+ * for its replies, which it takes and ends itself.
  *
  * A mailbox is a lock-free stack of hops (a Treiber stack: one compare-and-swap to post, one
  * exchange to take everything) and a uv_async_t on the consumer's loop. A producer collects what
@@ -13,11 +15,12 @@
  * which all go through the one thread that reads them, reach their shard in arrival order.
  *
  * Wake-ups: a post writes the consumer's wake-up (an eventfd write, and the consumer's return from
- * its poll and read) only when the consumer sleeps, or is about to. A consumer that is awake takes
- * what was posted before it sleeps again: td_mailbox_sleep, called last before it blocks, says
- * whether hops are waiting (then it takes them instead of sleeping) and from then on lets a post
- * wake it; td_mailbox_wake, once it is up, stops posts from writing the wake-up. A post pushes,
- * then reads the flag; the consumer sets the flag, then reads the stack; a sequentially
+ * its poll and read: libuv's async, or the consumer's own function for one that runs no loop, the
+ * fleet thread's eventfd) only when the consumer sleeps, or is about to. A consumer that is awake
+ * takes what was posted before it sleeps again: td_mailbox_sleep, called last before it blocks,
+ * says whether hops are waiting (then it takes them instead of sleeping) and from then on lets a
+ * post wake it; td_mailbox_wake, once it is up, stops posts from writing the wake-up. A post
+ * pushes, then reads the flag; the consumer sets the flag, then reads the stack; a sequentially
  * consistent fence in each makes one of them see the other (the store-buffer pattern), so no
  * post is left waiting for a consumer asleep. Under load both sides are mostly awake, and a
  * batch crosses with no system call at all (bench/NOTES.md, "The front's instructions and
@@ -54,6 +57,10 @@ typedef struct {
 typedef struct {
     td_hop_stack_t stack;
     uv_async_t async;
+    /* Or, for a consumer that runs no libuv loop (a transport's own thread: td_path_port_open),
+     * what wakes it instead of the async (an eventfd write); NULL: the async. */
+    void (*wake)(void *ctx);
+    void *wake_ctx;
     _Atomic bool sleeping; /* the consumer sleeps or is about to: a post wakes it */
     bool open;
 } td_mailbox_t;
@@ -61,6 +68,9 @@ typedef struct {
 /* On the consumer's loop, before it runs: cb drains the mailbox (td_mailbox_take); the async's
  * data is `data`. A libuv error code, 0 when done. */
 int td_mailbox_init(td_mailbox_t *mb, uv_loop_t *loop, uv_async_cb cb, void *data);
+/* For a consumer without a loop: wake(ctx), on the posting thread, wakes it (the same rule: only
+ * when it sleeps or is about to). Cannot fail. */
+void td_mailbox_init_wake(td_mailbox_t *mb, void (*wake)(void *ctx), void *ctx);
 /* Consumer's thread: closes the wake-up (nothing may post from now on). */
 void td_mailbox_close(td_mailbox_t *mb);
 

@@ -26,9 +26,9 @@
  * consumer only when it sleeps (td_mailbox.h): a shard's thread takes what came while it ran
  * before it sleeps (shard_main), and the front takes the shards' replies as its transport services
  * the socket (td_path_take_replies, from the ZeroMQ pump) or, when it is about to block, through
- * its own wake-up (front_prepare_cb). One producer per mailbox direction and FIFO batches: a
- * stream's requests reach their shard in the order the front read them, which is the order ZeroMQ
- * delivered them.
+ * its own wake-up (front_prepare_cb). FIFO batches per producer: a stream's requests reach their
+ * shard in the order the front read them, which is the order ZeroMQ delivered them (a port's, in
+ * the order its thread submitted them: a stream of the fleet's comes through one port only).
  *
  * Requests are allocated and retired on the front's thread: the transport ends a reply there
  * (td_reply_end), and its request is counted, released and kept among the front's spares for the
@@ -38,7 +38,11 @@
  *
  * In flight: the front counts what it hands each shard and the replies that come back; their
  * difference is what max_inflight bounds (td_path_may_read), exact on the front's thread with no
- * atomic (a reply counts once it is back on that thread).
+ * atomic (a reply counts once it is back on that thread). Ports (td_path_port.c: the fronts of
+ * transports with threads of their own, the NATS fleet's) count theirs on their threads; the
+ * front adds what each has stored in an atomic, and stores its own for them (with any port).
+ * Their requests go to the shards and their replies come back without this thread: a shard
+ * keeps a batch of replies per port beside its batch for the front (slot_t.to_port).
  *
  * Gathering: `info`, `stats`, `streams`, /metrics, the web page, the snapshots, the PUB socket
  * and the NATS worker read the whole table and every shard's counters on the loop thread, while
@@ -55,7 +59,9 @@
  * wiring finds nothing in flight and nothing left to read it closes the transports (which drop
  * the replies they kept: their ends still go to the shards), then td_path_close hands each shard
  * its last message, the shard closes its handles and its loop ends, and the threads are joined:
- * from then on the loop thread owns every shard's state (the final snapshot reads it).
+ * from then on the loop thread owns every shard's state (the final snapshot reads it). The ports
+ * are shut before the last message (td_path_ports_shut): what they posted before it is answered,
+ * and what they submit after it they answer themselves.
  */
 #include <inttypes.h>
 #include <poll.h>
@@ -117,6 +123,9 @@ static unsigned running_shards(const td_path_t *p)
 static void hold(void *ctx, bool on)
 {
     td_path_t *p = ctx;
+    if (!on) /* a reload changes the configuration under a hold: the ports read it here */
+        atomic_store_explicit(&p->ports_max_inflight, p->env.cfg->max_inflight,
+                              memory_order_relaxed);
     if (!p->threads || !running_shards(p))
         return;
     if (!on) {
@@ -163,15 +172,21 @@ static slot_t *least_loaded(td_path_t *p)
 
 /* A named stream's shard owns it; anything else (no stream, or a header its shard will refuse)
  * goes where there is least to do. Only the name is read here: the shard decodes the header. */
-static slot_t *pick(td_path_t *p, const td_request_t *r)
+unsigned td_path_named_shard(const td_path_t *p, const td_request_t *r)
 {
     const char *name;
     size_t len;
+    if (r->has_header && tally_req_stream_of(r->header, r->header_len, &name, &len))
+        return (unsigned)td_stream_shard(name, len, p->count);
+    return p->count;
+}
+
+static slot_t *pick(td_path_t *p, const td_request_t *r)
+{
     if (p->count == 1)
         return &p->slots[0];
-    if (r->has_header && tally_req_stream_of(r->header, r->header_len, &name, &len))
-        return &p->slots[td_stream_shard(name, len, p->count)];
-    return least_loaded(p);
+    unsigned i = td_path_named_shard(p, r);
+    return i < p->count ? &p->slots[i] : least_loaded(p);
 }
 
 /* The envelope into r: its transport and sender (and who that is, held to the per-peer limits;
@@ -200,18 +215,25 @@ static void copy_header(td_request_t *r, const td_msg_t *m)
                r->header_len < TALLY_REQ_HEADER_SIZE ? r->header_len : TALLY_REQ_HEADER_SIZE);
 }
 
-static td_request_t *hop_request(td_hop_t *hop);
-
-/* A request: a spare (a retired one), else a new one. */
-static td_request_t *new_request(td_path_t *p)
+static td_request_t *hop_request(td_hop_t *hop)
 {
-    if (!p->spares)
+    return td_path_hop_request(hop);
+}
+
+td_request_t *td_path_new_request(td_hop_t **spares, unsigned *spare_count)
+{
+    if (!*spares)
         return td_request_new();
-    td_request_t *r = hop_request(p->spares);
-    p->spares = p->spares->next;
-    p->spare_count--;
+    td_request_t *r = hop_request(*spares);
+    *spares = (*spares)->next;
+    (*spare_count)--;
     td_request_reuse(r);
     return r;
+}
+
+static td_request_t *new_request(td_path_t *p)
+{
+    return td_path_new_request(&p->spares, &p->spare_count);
 }
 
 /* Several shards: a shared-memory reference is resolved here, as the request is read, so that
@@ -242,13 +264,8 @@ static void pin_regions(td_path_t *p, td_request_t *r)
     r->shm_out_ptr = out;
 }
 
-td_err_t td_path_submit(td_path_t *p, td_transport_t *t, td_msg_t *m)
+void td_path_take_message(td_request_t *r, td_msg_t *m)
 {
-    td_request_t *r = new_request(p);
-    if (!r)
-        return TD_ERR_NOMEM; /* the transport answers it (td_transport.h) */
-    r->received_ns = uv_hrtime();
-    take_envelope(p, r, t, &m->from);
     copy_header(r, m);
     if (m->req) { /* the shard need not decode it again */
         r->req = *m->req;
@@ -262,12 +279,31 @@ td_err_t td_path_submit(td_path_t *p, td_transport_t *t, td_msg_t *m)
         r->arrived = m->hold(r->payload_holder, m->hold_ctx);
     }
     m->payload = (td_bytes_t){0};
+}
+
+/* The front's requests in flight, for the ports' threads (td_path_port.c: max_inflight). */
+static void note_inflight(td_path_t *p)
+{
+    if (atomic_load_explicit(&p->port_count, memory_order_relaxed))
+        atomic_store_explicit(&p->front_inflight, (unsigned)(p->dispatched - p->replied),
+                              memory_order_relaxed);
+}
+
+td_err_t td_path_submit(td_path_t *p, td_transport_t *t, td_msg_t *m)
+{
+    td_request_t *r = new_request(p);
+    if (!r)
+        return TD_ERR_NOMEM; /* the transport answers it (td_transport.h) */
+    r->received_ns = uv_hrtime();
+    take_envelope(p, r, t, &m->from);
+    td_path_take_message(r, m);
     if (p->threads)
         pin_regions(p, r);
     slot_t *slot = pick(p, r);
     r->shard = slot->index;
     slot->dispatched++;
     p->dispatched++;
+    note_inflight(p);
     if (!p->threads)
         td_shard_take(slot->shard, r);
     else if (!td_path_run_on_front(p, slot, r))
@@ -281,7 +317,7 @@ bool td_path_may_read(const td_path_t *p)
         return false;
     if (p->stopping)
         return !p->drain_expired;
-    return p->dispatched - p->replied < p->env.cfg->max_inflight;
+    return p->dispatched - p->replied + td_path_ports_inflight(p) < p->env.cfg->max_inflight;
 }
 
 /* ---- Replies ------------------------------------------------------------------------------ */
@@ -291,6 +327,7 @@ static void reply_out(td_path_t *p, td_request_t *r)
 {
     p->slots[r->shard].replied++;
     p->replied++;
+    note_inflight(p);
     if (r->gpu_stamp[TD_GPU_STAGE_APPLY]) {
         r->gpu_stamp[TD_GPU_STAGE_TO_FRONT] = uv_hrtime();
         td_metrics_gpu_stages(p->env.metrics, r->gpu_stamp, r->received_ns, TD_GPU_STAGE_TO_FRONT,
@@ -353,7 +390,9 @@ static void shard_reply(void *front, td_request_t *r)
 {
     td_path_t *p = front;
     slot_t *slot = &p->slots[r->shard];
-    if (p->threads && !slot->front_has_it)
+    if (r->port) /* to its port's thread, with the shard's next post (a port needs threads) */
+        td_hop_batch_add(&slot->to_port[r->port->index], &r->hop, HOP_REPLY);
+    else if (p->threads && !slot->front_has_it)
         td_hop_batch_add(&slot->to_front, &r->hop, HOP_REPLY);
     else
         reply_out(p, r);
@@ -407,12 +446,30 @@ static void flush_to_shards(td_path_t *p)
             td_mailbox_post(&p->slots[i].inbox, &p->slots[i].to_shard);
 }
 
+/* The replies for the ports' threads, each port's batch posted to it. */
+static void flush_to_ports(slot_t *slot)
+{
+    td_path_t *p = slot->path;
+    unsigned n = atomic_load_explicit(&p->port_count, memory_order_acquire);
+    for (unsigned i = 0; i < n; i++) {
+        td_path_port_t *port = atomic_load_explicit(&p->ports[i], memory_order_relaxed);
+        if (!td_hop_batch_empty(&slot->to_port[i]) && port)
+            td_mailbox_post(&port->replies, &slot->to_port[i]);
+    }
+}
+
 static void flush_to_front(slot_t *slot)
 {
     td_mailbox_post(&slot->path->inbox, &slot->to_front);
+    flush_to_ports(slot);
 }
 
-static td_request_t *hop_request(td_hop_t *hop)
+void td_path_flush_slot(slot_t *slot)
+{
+    flush_to_front(slot);
+}
+
+td_request_t *td_path_hop_request(td_hop_t *hop)
 {
     return (td_request_t *)((char *)hop - offsetof(td_request_t, hop));
 }
@@ -694,6 +751,7 @@ td_err_t td_path_new(const td_path_env_t *env, td_path_t **out)
     p->wake_mu = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
     p->parked_cond = p->release_cond = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
     atomic_init(&p->want, 0);
+    atomic_init(&p->ports_max_inflight, env->cfg->max_inflight);
     p->slots = calloc(p->count, sizeof *p->slots);
     td_err_t err = p->slots ? TD_OK : TD_ERR_NOMEM;
     for (unsigned i = 0; err == TD_OK && i < p->count; i++)
@@ -793,8 +851,13 @@ void td_path_close(td_path_t *self)
 {
     if (self->closed)
         return;
+    atomic_store_explicit(&self->ports_refuse, true, memory_order_release);
+    if (atomic_load(&self->port_count) &&
+        !self->stopping) /* a port's requests in the mailboxes: answered */
+        td_path_stop(self);
     self->closed = true;
     self->stopping = true; /* whatever the cause: a transport still open answers `shutdown` */
+    td_path_ports_shut(self); /* what the ports posted before is ahead of the last hop */
     for (unsigned i = 0; i < self->count; i++) {
         slot_t *slot = &self->slots[i];
         if (!slot->running) { /* one shard: its handles are on this loop */
@@ -815,6 +878,8 @@ void td_path_close(td_path_t *self)
     }
     if (self->front_open)
         front_inbox_cb(&self->inbox.async); /* the shards' last hops (nothing is in flight) */
+    for (unsigned i = 0; i < self->count; i++) /* a port's `streams` the front just answered */
+        flush_to_ports(&self->slots[i]);
     close_front_port(self);
     close_front(self);
 }
@@ -844,6 +909,7 @@ void td_path_destroy(td_path_t **self_p)
         uv_run(self->env.loop, UV_RUN_NOWAIT);
     }
     free(self->slots);
+    td_path_ports_free(self);
     for (td_hop_t *hop = self->spares, *next; hop; hop = next) {
         next = hop->next;
         free(hop_request(hop));
@@ -872,6 +938,7 @@ void td_path_stop(td_path_t *self)
 void td_path_drain_over(td_path_t *self)
 {
     self->drain_expired = true;
+    atomic_store_explicit(&self->ports_refuse, true, memory_order_release);
 }
 
 bool td_path_stopping(const td_path_t *self)
@@ -881,7 +948,7 @@ bool td_path_stopping(const td_path_t *self)
 
 unsigned td_path_inflight(const td_path_t *self)
 {
-    return (unsigned)(self->dispatched - self->replied);
+    return (unsigned)(self->dispatched - self->replied) + td_path_ports_inflight(self);
 }
 
 unsigned td_path_shard_count(const td_path_t *self)

@@ -18,7 +18,9 @@
  * With one shard it runs on the transports' own loop thread and nothing changes hands: the path
  * is what it was before there were shards. With more, each shard is a thread with a loop of its
  * own, and requests, replies and ends of replies travel in batches through mailboxes
- * (td_mailbox.h). Loop thread (the transports'), except td_path_finished (a shard's).
+ * (td_mailbox.h). A transport with a thread of its own may have a front of its own there, a port
+ * (td_transport.h, td_path_port.c), whose requests and replies skip the loop thread. Loop thread
+ * (the transports'), except td_path_finished (a shard's).
  */
 #ifndef TD_PATH_H
 #define TD_PATH_H

@@ -78,7 +78,7 @@ bool td_path_run_on_front(td_path_t *p, slot_t *slot, td_request_t *r)
  * sleeps for (a timer started, an idle handle) wakes it. */
 static void front_let_go(slot_t *slot)
 {
-    td_mailbox_post(&slot->path->inbox, &slot->to_front); /* what the run handed the front */
+    td_path_flush_slot(slot); /* what the run handed the front and the ports */
     int due = uv_backend_timeout(slot->loop);
     bool wake = due >= 0 && (slot->sleep_ms < 0 || due < slot->sleep_ms);
     pthread_mutex_unlock(&slot->own);

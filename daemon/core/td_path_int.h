@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * td_path_int.h — the request path's front and its shards' slots, shared by td_path.c (the front,
- * the mailboxes, the shards' threads) and td_path_front.c (what the front runs itself with a
- * shard held). Not for anything outside the path.
+ * the mailboxes, the shards' threads), td_path_front.c (what the front runs itself with a shard
+ * held) and td_path_port.c (the fronts of transports' own threads). Not for anything outside the
+ * path.
  */
 #ifndef TD_PATH_INT_H
 #define TD_PATH_INT_H
@@ -51,6 +52,7 @@ typedef struct {
     td_mailbox_t inbox;      /* the front's hops to it */
     td_hop_batch_t to_shard; /* the front's thread: not posted yet */
     td_hop_batch_t to_front; /* the shard's thread: not posted yet */
+    td_hop_batch_t to_port[TD_PATH_PORTS_MAX]; /* the same, for each port's replies */
     uv_prepare_t flush_prepare;
     uv_check_t flush_check;
     bool flush_open;
@@ -99,10 +101,58 @@ struct td_path {
     unsigned parked;             /* under lock: shards parked in this epoch */
     unsigned hold_depth;         /* the loop thread's: nested holds */
     pthread_mutex_t wake_mu;     /* td_path_wake_held against the shards' closes */
+    /* Ports (td_path_port.c): opened on the loop thread before the shards run, while the ports
+     * opened before may already submit (atomics: an entry is stored before the count); a closed
+     * one's entry is NULL. ports_refuse: the drain is over or the path closed. */
+    _Atomic(td_path_port_t *) ports[TD_PATH_PORTS_MAX];
+    _Atomic unsigned port_count;
+    _Atomic bool ports_refuse;
+    _Atomic unsigned front_inflight;     /* dispatched - replied, stored for the ports (with any) */
+    _Atomic unsigned ports_max_inflight; /* cfg->max_inflight, stored as a hold ends (reloads) */
+};
+
+/* A port (td_transport.h; td_path_port.c): the request path's front for a transport's own
+ * thread. Everything is that thread's but where said. */
+struct td_path_port {
+    td_path_t *path;
+    unsigned index; /* in path->ports, and the shards' to_port */
+    td_transport_t *transport;
+    td_hop_batch_t *to_shard; /* one per shard: submitted, not posted yet */
+    td_mailbox_t replies;     /* the shards' hops of its replies (wake: the transport's) */
+    td_hop_batch_t refused;   /* answered by the port itself, taken with the replies */
+    td_hop_t *spares;         /* retired requests, not in use */
+    unsigned spare_count;
+    unsigned next_pick;        /* the next shard for a request on no stream */
+    unsigned own_inflight;     /* submitted, their replies not taken yet */
+    _Atomic unsigned inflight; /* the same, for the loop thread (td_path_inflight) */
+    pthread_mutex_t mu;        /* a flush, against td_path_ports_shut on the loop thread */
+    bool closed;               /* under mu: the shards close; nothing may be posted to them */
 };
 
 /* The front runs r itself with slot's shard held, when it may (td_path_front.c); false when r
  * must be handed over. */
 bool td_path_run_on_front(td_path_t *p, slot_t *slot, td_request_t *r);
+
+/* A shard's thread (or the front's, holding the shard): posts what the shard handed the front and
+ * each port since its last post. */
+void td_path_flush_slot(slot_t *slot);
+/* Any thread: the message's header, its decoded form and its payload into r, as td_path_submit
+ * takes them (the payload is r's from here on). */
+void td_path_take_message(td_request_t *r, td_msg_t *m);
+/* The shard that owns r's stream, or the shard count when r names none. */
+unsigned td_path_named_shard(const td_path_t *p, const td_request_t *r);
+/* A request: a spare (a retired one, taken from the thread's list), else a new one. */
+td_request_t *td_path_new_request(td_hop_t **spares, unsigned *spare_count);
+/* A request from its mailbox hop. */
+td_request_t *td_path_hop_request(td_hop_t *hop);
+
+/* td_path_port.c, on the loop thread: the ports' requests in flight, over every port; whether one
+ * is open; each port closed to posts (nothing reaches the shards from them after: td_path_close,
+ * before the shards' last hop). */
+unsigned td_path_ports_inflight(const td_path_t *p);
+void td_path_ports_shut(td_path_t *p);
+/* td_path_destroy: frees every port (each closed by its transport, or never used after a failed
+ * start); a closed port stays in the table until then, since other ports' threads read it. */
+void td_path_ports_free(td_path_t *p);
 
 #endif

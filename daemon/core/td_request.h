@@ -58,8 +58,10 @@ typedef struct td_request {
      * frames, its payload until the shard takes it (td_request_take_payload), its connection's
      * share of the in-flight slots and what the connection had in flight with it (td_admit.h);
      * its shard decodes the header (decoded: it did, or the transport had); the transport's end
-     * of its reply. */
+     * of its reply. port: the transport's own thread that submitted it (td_path_port.c), whose
+     * mailbox its reply goes to, or NULL: the front's. */
     unsigned shard;
+    struct td_path_port *port;
     td_hop_t hop;
     bool has_header;
     size_t header_len;

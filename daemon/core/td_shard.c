@@ -34,8 +34,9 @@
  * partition's messages changes a fleet's stream (PROTOCOL.md §13 "Security").
  *
  * Bounded memory: every request counts against max_inflight from the moment the front reads it
- * until its reply is back on the front's thread (td_path.c counts both). Sizes are checked here,
- * not by the transport: a payload over max_batch gets too_large like any other bad request.
+ * until its reply is back on the front's thread (td_path.c counts both), or, from a port (a
+ * transport's own thread: td_path_port.c), until that thread has taken its reply. Sizes are checked
+ * here, not by the transport: a payload over max_batch gets too_large like any other bad request.
  *
  * Replicated durability (direct mode, td_route_t.hold): a routed write that succeeded is held
  * at reply() instead of leaving (its input released, its in-flight slot kept) until the route

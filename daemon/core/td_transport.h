@@ -58,7 +58,19 @@
  * a request that references one comes through any transport, and is resolved against the regions
  * of the sender id it came with.
  *
- * Threads: everything here is loop-thread only, except td_bytes_free.
+ * A transport with a thread of its own may also skip the loop thread (issue 32: the fleet's
+ * hop through the loop was a whole core's busiest part of a message): a port (td_path_port_open)
+ * is the request path's front for that one thread. It hands its requests straight to the shards'
+ * mailboxes, in batches of its own, and the shards hand its replies straight back to a mailbox of
+ * its own, whose wake-up is the transport's function (an eventfd write), written only when the
+ * thread sleeps (td_mailbox.h). Its requests are tallyd's own (no sender id: no per-peer share),
+ * each named stream's go to the stream's shard in the order the port submitted them, the others
+ * to the next shard in turn; no reply comes through send_reply: the thread takes them
+ * (td_path_port_take_replies), reads them, and the port ends them. A port needs shard threads:
+ * with one shard, td_path_port_open says so and the transport goes through the loop as above.
+ *
+ * Threads: everything here is loop-thread only, except td_bytes_free and a port's calls (its
+ * thread's; td_path_port_open and _close, see there).
  */
 #ifndef TD_TRANSPORT_H
 #define TD_TRANSPORT_H
@@ -200,5 +212,40 @@ bool td_path_may_read(const td_path_t *path);
 /* Loop thread: the transport is done with reply (frees what it left of the body, counts a
  * dropped one, frees the request). */
 void td_reply_end(td_reply_t *reply, td_reply_outcome_t outcome);
+
+/* ---- A port: the request path for a transport's own thread (above) ------------------------- */
+
+typedef struct td_path_port td_path_port_t;
+/* The most ports a path has (one per fleet member: [nats] members_per_process). */
+#define TD_PATH_PORTS_MAX 16
+
+/* Loop thread, before td_path_run: a port for transport t's own thread; wake(ctx), on a shard's
+ * thread, wakes that thread when a reply comes while it sleeps (td_path_port_sleep).
+ * TD_ERR_CONFIG with one shard (everything runs on the loop thread: submit through it), or when
+ * TD_PATH_PORTS_MAX are open or the shards run already; TD_ERR_NOMEM. */
+td_err_t td_path_port_open(td_path_t *path, td_transport_t *t, void (*wake)(void *ctx), void *ctx,
+                           td_path_port_t **out);
+/* The port's thread: as td_path_submit (msg->from is not read: no sender), the request added to
+ * its shard's batch (posted by td_path_port_flush). TD_ERR_NOMEM: nothing taken, no reply will
+ * come. TD_ERR_BUSY: max_inflight of this port's requests are in flight; nothing taken: submit
+ * it again once replies have come. Once the path reads nothing more (its drain is over, or it is
+ * closed) every request is answered `shutdown` by the port itself, through the same replies. */
+td_err_t td_path_port_submit(td_path_port_t *port, td_msg_t *msg);
+/* The port's thread: posts what was submitted since the last flush, a batch per shard. */
+void td_path_port_flush(td_path_port_t *port);
+/* The port's thread, last before it blocks: false when replies wait (take them instead); true
+ * when it may sleep, and a reply posted from now on calls wake. */
+bool td_path_port_sleep(td_path_port_t *port);
+/* The port's thread: every reply posted so far, each handed to fn(ctx, reply) (rep, header and
+ * body as send_reply gives them: the body's bytes may be taken, td_bytes_taken, and freed later
+ * on any thread; what is left is freed after fn) and then ended; how many. */
+unsigned td_path_port_take_replies(td_path_port_t *port, void (*fn)(void *ctx, td_reply_t *reply),
+                                   void *ctx);
+/* Its requests in flight (submitted, their replies not taken yet). Any thread. */
+unsigned td_path_port_inflight(td_path_port_t *port);
+/* Once the port's thread is done with it and the path is closed (td_path_close: the shards'
+ * threads have ended), or never ran: replies not taken are dropped, its requests let go; the
+ * path frees what is left of it (td_path_destroy). *port_p is NULL after. */
+void td_path_port_close(td_path_port_t **port_p);
 
 #endif

@@ -228,8 +228,9 @@ struct td_fleet {
     size_t live_members;     /* TALLY_MEMBERS' keys: at the last heartbeat or `streams` question */
     int64_t members_read_ms; /* when a `streams` question last read live_members (monotonic) */
     /* The transport (td_fleet_transport.c): requests queued for the loop, replies queued for the
-     * fleet thread (under q_mu); wake_fd: an eventfd written when a reply is queued, and by the
-     * readers when they queue messages. */
+     * fleet thread (under q_mu; with a port, only the fleet thread's own refusals); wake_fd: an
+     * eventfd written when a reply is queued or posted to the port while the fleet thread
+     * sleeps, and by the readers when they queue messages. */
     td_transport_t transport;
     pthread_mutex_t q_mu;
     bool q_mu_ready;
@@ -240,6 +241,10 @@ struct td_fleet {
     struct td_fleet_sub *sub_out_head, *sub_out_tail;
     struct td_fleet_rep *rep_out_head, *rep_out_tail;
     uv_prepare_t prepare;
+    /* With shard threads: the fleet thread's own front of the request path (td_path_port_open),
+     * which takes its requests to the shards and their replies back without the loop thread;
+     * NULL: through the loop (one shard). */
+    td_path_port_t *port;
     int wake_fd;
     td_pend_t *pend; /* pend_cap slots: the windows', then TD_FLEET_PENDING_EXTRA */
     size_t pend_cap, pend_hint;
