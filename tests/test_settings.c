@@ -557,6 +557,35 @@ static void test_shard_count(void **state)
     td_config_clear(&cfg);
 }
 
+/* The default shard count from the cores: the cores less the I/O threads and the sockets'
+ * thread; for a worker fed by JetStream the cores less its fleet threads, at least 2 from 3
+ * cores (its fleet thread is a port of the request path only with 2 shards or more); 1 to 4. */
+static void test_default_shards(void **state)
+{
+    (void)state;
+    assert_int_equal(td_config_default_shards(2, 2, 0), 1); /* the CI box */
+    assert_int_equal(td_config_default_shards(3, 2, 0), 1); /* a pinned worker before */
+    assert_int_equal(td_config_default_shards(8, 2, 0), 4); /* 8 - 2 - 1, capped */
+    assert_int_equal(td_config_default_shards(6, 2, 0), 3);
+    assert_int_equal(td_config_default_shards(2, 2, 1), 1); /* a worker on 2 cores */
+    assert_int_equal(td_config_default_shards(3, 2, 1), 2); /* ... on 3 pinned cores */
+    assert_int_equal(td_config_default_shards(3, 2, 2), 2); /* two members: still a port */
+    assert_int_equal(td_config_default_shards(4, 2, 1), 3);
+    assert_int_equal(td_config_default_shards(16, 4, 1), TD_SHARDS_DEFAULT_MAX);
+    assert_int_equal(td_config_default_shards(1, 2, 1), 1);
+    td_config_t cfg;
+    td_config_init(&cfg);
+    assert_false(td_config_fleet_ingest(&cfg));
+    cfg.nats_servers = strdup("nats://127.0.0.1:4222");
+    assert_true(td_config_fleet_ingest(&cfg));
+    cfg.nats_direct = strdup("off");
+    assert_true(td_config_fleet_ingest(&cfg));
+    free(cfg.nats_direct);
+    cfg.nats_direct = strdup("replicated"); /* producers' ZeroMQ load: the plain default */
+    assert_false(td_config_fleet_ingest(&cfg));
+    td_config_clear(&cfg);
+}
+
 /* The defaults count the cores tallyd may run on (its affinity: taskset, CPUAffinity=), not the
  * cores online: pinned to one core, one shard and the fewest I/O threads. */
 static void test_cores_follow_affinity(void **state)
@@ -694,6 +723,7 @@ int main(void)
         cmocka_unit_test(test_man_page_parts),
         cmocka_unit_test(test_local_endpoints_and_binds),
         cmocka_unit_test(test_shard_count),
+        cmocka_unit_test(test_default_shards),
         cmocka_unit_test(test_cores_follow_affinity),
         cmocka_unit_test(test_shown_and_named),
         cmocka_unit_test(test_long_log_line),

@@ -88,10 +88,30 @@ unsigned td_config_shards(const td_config_t *cfg)
     unsigned long n = test ? strtoul(test, NULL, 10) : 0;
     if (n >= 1 && n <= TD_SHARDS_LIMIT)
         return (unsigned)n;
-    long left = (long)td_config_cores() - (long)td_config_io_threads(cfg) - 1;
+    unsigned members = td_config_fleet_ingest(cfg) ? cfg->nats_members_per_process : 0;
+    return td_config_default_shards(td_config_cores(), td_config_io_threads(cfg), members);
+}
+
+unsigned td_config_default_shards(unsigned cores, unsigned io_threads, unsigned fleet_members)
+{
+    long left = (long)cores - (long)io_threads - 1;
+    if (fleet_members) {
+        /* A fleet worker fed by JetStream: its fleet threads hand requests straight to the
+         * shards (a port of the request path, which needs two shards or more), the sockets'
+         * thread and ZeroMQ's I/O threads idle. */
+        left = (long)cores - (long)fleet_members;
+        if (left < 2 && cores >= 3)
+            left = 2;
+    }
     if (left < 1)
         return 1;
     return left > (long)TD_SHARDS_DEFAULT_MAX ? TD_SHARDS_DEFAULT_MAX : (unsigned)left;
+}
+
+bool td_config_fleet_ingest(const td_config_t *cfg)
+{
+    const char *direct = cfg->nats_direct;
+    return cfg->nats_servers && (!direct || strcmp(direct, "off") == 0);
 }
 
 void td_config_default_shm_socket(char *buf, size_t cap)

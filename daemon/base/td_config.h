@@ -182,7 +182,11 @@
  * at 4. Looked at again after the front's changes (bench/RESULTS.md "The front", one call beside
  * main): 4 shards 166 k, 6 212 k, 8 203 k against main's 241 k at 4, 1-second rows that main's own
  * spread (154-241 k for one configuration) does not tell apart: kept at 4. At most TD_SHARDS_LIMIT
- * when set. */
+ * when set. A fleet worker fed by JetStream takes no ZeroMQ load and, with two shards or more,
+ * its fleet thread hands each message to the shards itself (core/td_path_port.c), so its default
+ * is the cores less the fleet's threads, at least 2 from 3 cores: on 3 pinned cores of the H100
+ * host (bench/RESULTS.md, 2026-12-06 07:43 UTC, 300,000 x 1 KiB) one worker applied the fill in
+ * 1.61-1.65 s at 2 shards, 1.85-1.93 s at 3 and 2.12-2.53 s at 1, the old default there. */
 #define TD_SHARDS_DEFAULT_MAX 4u
 #define TD_SHARDS_LIMIT 64u
 /* glibc's malloc, set once at start (main.c). ZeroMQ's I/O threads malloc every received frame
@@ -433,8 +437,13 @@ unsigned td_config_cores(void);
 /* The ZeroMQ I/O threads to use: cfg->io_threads, or the default from the core count. */
 unsigned td_config_io_threads(const td_config_t *cfg);
 /* The shards to run: cfg->shards, or (tests) $TALLYD_TEST_SHARDS, or the cores less the I/O
- * threads and the socket's thread, from 1 to TD_SHARDS_DEFAULT_MAX. */
+ * threads and the socket's thread, from 1 to TD_SHARDS_DEFAULT_MAX; a worker fed by JetStream
+ * (td_config_fleet_ingest) counts its fleet members' threads instead, and takes 2 from 3 cores. */
 unsigned td_config_shards(const td_config_t *cfg);
+/* That default for `cores`, `io_threads` and a JetStream worker's `fleet_members` (0: none). */
+unsigned td_config_default_shards(unsigned cores, unsigned io_threads, unsigned fleet_members);
+/* A fleet worker fed by JetStream ingest alone: [nats] servers set, direct mode off. */
+bool td_config_fleet_ingest(const td_config_t *cfg);
 /* The default side-channel path: $RUNTIME_DIRECTORY (systemd), /run/tallyd as root,
  * $XDG_RUNTIME_DIR, else /tmp/tallyd-UID; then TD_SHM_SOCKET_NAME. */
 void td_config_default_shm_socket(char *buf, size_t cap);

@@ -123,7 +123,9 @@ const td_setting_t td_settings[] = {
      .help = "request-path shards, each a thread that owns the streams whose names hash to it "
              "(the published FNV-1a 64, PROTOCOL.md §13) and runs their requests; 1 runs them on "
              "the thread that owns the sockets; every limit stays the whole daemon's",
-     .default_doc = "the cores less the I/O threads and one, from 1 to 4"},
+     .default_doc = "the cores less the I/O threads and one, from 1 to 4; a fleet worker fed "
+                    "by JetStream: the cores less its members, from 2 (with 3 cores or more) to "
+                    "4"},
     /* [state] */
     {.option = "state-dir", .arg = "DIR", .section = "state", .key = "dir", .type = TD_SET_STRING,
      .offset = FIELD(state_dir), .reload = TD_RELOAD_RESTART, .example = "/var/lib/tallyd",
