@@ -207,8 +207,8 @@ static td_err_t reader_connection(td_fleet_t *f, td_part_t *p, char *msg, size_t
 /* The partition's reader, which makes its consumer from start_seq (the checkpoint's sequence +
  * 1) on its own thread (td_fleet_reader.c); a consumer it cannot make is seen at the next step
  * (take_step, or td_part_step after a gap). */
-static td_err_t start_consumer(td_fleet_t *f, td_part_t *p, uint64_t start_seq, char *msg,
-                               size_t cap)
+static td_err_t start_consumer(td_fleet_t *f, td_part_t *p, uint64_t start_seq, bool retry,
+                               char *msg, size_t cap)
 {
     td_err_t err = reader_connection(f, p, msg, cap);
     if (err != TD_OK)
@@ -219,7 +219,8 @@ static td_err_t start_consumer(td_fleet_t *f, td_part_t *p, uint64_t start_seq, 
                              .start_seq = start_seq,
                              .restart = p->restarts++,
                              .ack_wait_ms = f->ckpt_ms * 4 > 30000 ? f->ckpt_ms * 4 : 30000,
-                             .valid_until_ms = p->lease.valid_until_ms};
+                             .valid_until_ms = p->lease.valid_until_ms,
+                             .retry = retry};
     snprintf(make.inbox, sizeof make.inbox, "%s%s.p%u.%" PRIu64 ".%u", f->inbox_prefix, f->member,
              (unsigned)p->k, p->lease.revision, make.restart);
     if ((err = td_reader_start(f, &p->reader, p->k, &make)) != TD_OK)
@@ -245,11 +246,26 @@ static bool accept_gap(td_fleet_t *f, td_part_t *p, uint64_t seq)
             "; reading again from %" PRIu64,
             (unsigned)p->k, seq, p->high_seq, p->high_seq + 1);
     td_reader_stop(&p->reader);
-    if (start_consumer(f, p, p->high_seq + 1, msg, sizeof msg) != TD_OK) {
+    if (start_consumer(f, p, p->high_seq + 1, false, msg, sizeof msg) != TD_OK) {
         td_warn("fleet: partition %u: %s", (unsigned)p->k, msg);
         td_part_drop(f, p, "its consumer could not be made again");
     }
     return false;
+}
+
+/* The reader's consumer went with its server (td_reader_gone): another from the sequence after
+ * the last one taken. What the lost one delivered and the window did not take yet comes again;
+ * what the window took is not asked for again. */
+static void consumer_gone(td_fleet_t *f, td_part_t *p, const char *why)
+{
+    char msg[256];
+    td_warn("fleet: partition %u: %s; reading again from %" PRIu64, (unsigned)p->k, why,
+            p->high_seq + 1);
+    td_reader_stop(&p->reader);
+    if (start_consumer(f, p, p->high_seq + 1, true, msg, sizeof msg) == TD_OK)
+        return;
+    td_warn("fleet: partition %u: %s", (unsigned)p->k, msg);
+    td_part_drop(f, p, "its consumer could not be made again");
 }
 
 /* After a checkpoint: one acknowledgement of the watermark's message covers every message up
@@ -315,7 +331,7 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
     p->applied_seq = p->high_seq = p->ckpt_seq = p->ckpt.cur.applied_seq;
     p->restarts = 0;
     if (err == TD_OK && !fenced)
-        err = start_consumer(f, p, p->applied_seq + 1, msg, sizeof msg);
+        err = start_consumer(f, p, p->applied_seq + 1, false, msg, sizeof msg);
     if (err != TD_OK || fenced || !td_lease_valid(&p->lease, td_nats_now_ms())) {
         take_failed(f, p,
                     err != TD_OK ? msg
@@ -924,6 +940,10 @@ bool td_part_step(td_fleet_t *f, td_part_t *p)
         return true;
     }
     char why[256];
+    if (td_reader_gone(&p->reader, why, sizeof why)) {
+        consumer_gone(f, p, why);
+        return true;
+    }
     if (td_reader_failed(&p->reader, why, sizeof why)) { /* made again after a gap */
         td_warn("fleet: partition %u: %s", (unsigned)p->k, why);
         td_part_drop(f, p, "its consumer could not be made again");
