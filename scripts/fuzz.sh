@@ -6,7 +6,8 @@
 #
 # -t  how long to fuzz (default 600 s; scripts/test.sh runs 20 s)
 # -B  the build directory holding tests/fuzz/fuzz_proto (default build-fuzz, configured and built
-#     here when the binary is missing; needs clang and libFuzzer: scripts/install-deps.sh)
+#     here when the binary is missing, by the target fuzz_proto_libfuzzer; needs clang and
+#     libFuzzer: scripts/install-deps.sh)
 # -j  fuzzing processes (libFuzzer -fork=JOBS; default 1)
 #
 # The checked-in seeds (tests/fuzz/corpus) are read, never written: what the fuzzer learns goes
@@ -30,10 +31,10 @@ done
 fuzzer=$build/tests/fuzz/fuzz_proto
 if [ ! -x "$fuzzer" ]; then
   cmake -S . -B "$build" -DTALLY_FUZZ=ON -DTALLY_CUDA=OFF -DTALLY_WERROR=ON >/dev/null
-  cmake --build "$build" --target fuzz_proto
+  cmake --build "$build" --target fuzz_proto_libfuzzer
 fi
 # Rebuild if the sources changed since (a no-op otherwise).
-cmake --build "$build" --target fuzz_proto >/dev/null
+cmake --build "$build" --target fuzz_proto_libfuzzer >/dev/null
 
 mkdir -p "$build/fuzz-corpus" "$build/fuzz-artifacts"
 args=(-max_total_time="$seconds" -max_len=4096 -timeout=10 -rss_limit_mb=2048

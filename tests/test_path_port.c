@@ -20,6 +20,11 @@
  *     after it included (nothing is posted to a closed shard);
  *   - `streams` from a port (gathered by the front with the shards held) and a ping, on no
  *     stream, come back to the port;
+ *   - out of memory: a port with no spare whose request cannot be allocated (malloc wrapped at
+ *     link, failing on command on the port's thread) answers TD_ERR_NOMEM with nothing taken:
+ *     the payload still the caller's, not freed, nothing counted in flight, no reply to come;
+ *     the same message submitted again is taken and answered, first on its stream (the failed
+ *     one applied nothing), its payload freed once; a port with a spare needs no memory;
  *   - with one shard there is no port (the transport goes through the loop thread).
  */
 #include <poll.h>
@@ -41,6 +46,24 @@
 #include "td_path.h"
 #include "td_settings.h"
 #include "tk_backend.h"
+
+/* ---- The wrapped allocator (-Wl,--wrap=malloc): each thread's mallocs fail on command ---- */
+
+void *__real_malloc(size_t size);
+void *__wrap_malloc(size_t size);
+
+static _Thread_local unsigned mallocs_to_fail; /* this thread's next mallocs that fail */
+static _Thread_local unsigned mallocs_failed;  /* this thread's, failed so far */
+
+void *__wrap_malloc(size_t size)
+{
+    if (mallocs_to_fail) {
+        mallocs_to_fail--;
+        mallocs_failed++;
+        return NULL;
+    }
+    return __real_malloc(size);
+}
 
 #define SHARDS 4
 #define STREAMS 64
@@ -420,6 +443,77 @@ static void test_gathered_answers_reach_the_port(void **state)
     rig_destroy(&g);
 }
 
+/* A payload the test owns: counted when the path gives it back. */
+static void count_free(void *data, void *hint)
+{
+    (void)data;
+    atomic_fetch_add((atomic_uint *)hint, 1);
+}
+
+static void test_no_memory_for_a_request(void **state)
+{
+    (void)state;
+    rig_t *g = rig_new(SHARDS, 4);
+    static int32_t ones[ONES]; /* the payload, not borrowed: the path's once taken */
+    for (unsigned i = 0; i < ONES; i++)
+        ones[i] = 1;
+    atomic_uint freed = 0;
+    tally_req_t req = {.opcode = TALLY_OP_SCAN, .dtype = TALLY_DTYPE_I32, .request_id = 1};
+    assert_int_equal(tally_req_set_stream(&req, "port00"), TALLY_OK);
+    uint8_t header[TALLY_REQ_HEADER_SIZE];
+    tally_req_encode(&req, header);
+    td_bytes_t payload = {.data = ones, .len = sizeof ones, .free_fn = count_free, .hint = &freed};
+    td_msg_t m = {.header = header, .header_len = sizeof header, .payload = payload, .frames = 2};
+
+    /* No spare yet: the request is allocated, and that allocation fails. */
+    mallocs_to_fail = 1;
+    assert_int_equal(td_path_port_submit(g->port, &m), TD_ERR_NOMEM);
+    assert_int_equal(mallocs_to_fail, 0);
+    assert_int_equal(mallocs_failed, 1);
+    assert_ptr_equal(m.payload.data, ones); /* nothing taken: still the caller's */
+    assert_int_equal(m.payload.len, sizeof ones);
+    assert_int_equal(atomic_load(&freed), 0);
+    assert_int_equal(td_path_port_inflight(g->port), 0);
+    assert_int_equal(td_path_inflight(g->path), 0);
+    td_path_port_flush(g->port);
+    assert_true(td_path_port_sleep(g->port)); /* no reply waits, none will come */
+    assert_int_equal(td_path_port_take_replies(g->port, on_reply, g), 0);
+
+    /* With memory back, the same message: taken, answered, the first scan of its stream. */
+    assert_int_equal(td_path_port_submit(g->port, &m), TD_OK);
+    assert_null(m.payload.data);
+    assert_int_equal(td_path_port_inflight(g->port), 1);
+    td_path_port_flush(g->port);
+    int64_t until = (int64_t)(uv_hrtime() / 1000000) + 10000;
+    while (g->taken < 1 && (int64_t)(uv_hrtime() / 1000000) < until)
+        wait_for_replies(g);
+    assert_int_equal(g->taken, 1);
+    assert_int_equal(g->not_ok, 0);
+    assert_int_equal(g->seen[1], 1);
+    assert_int_equal(g->out_of_order, 0); /* its sums start at 1: the failed one applied nothing */
+    assert_int_equal(atomic_load(&freed), 1);
+    assert_int_equal(td_path_port_inflight(g->port), 0);
+
+    /* Its request is the port's spare now: the next one needs no memory. */
+    req.request_id = STREAMS + 1; /* the stream's second scan */
+    tally_req_encode(&req, header);
+    m.payload = payload;
+    mallocs_to_fail = 1;
+    assert_int_equal(td_path_port_submit(g->port, &m), TD_OK);
+    assert_int_equal(mallocs_to_fail, 1);
+    mallocs_to_fail = 0;
+    td_path_port_flush(g->port);
+    until = (int64_t)(uv_hrtime() / 1000000) + 10000;
+    while (g->taken < 2 && (int64_t)(uv_hrtime() / 1000000) < until)
+        wait_for_replies(g);
+    assert_int_equal(g->taken, 2);
+    assert_int_equal(g->not_ok, 0);
+    assert_int_equal(g->out_of_order, 0);
+    assert_int_equal(atomic_load(&freed), 2);
+    assert_int_equal(mallocs_failed, 1);
+    rig_destroy(&g);
+}
+
 static void test_one_shard_has_no_port(void **state)
 {
     (void)state;
@@ -436,6 +530,7 @@ int main(void)
         cmocka_unit_test(test_stopped_path_answered_by_the_port),
         cmocka_unit_test(test_closed_path_answered_by_the_port),
         cmocka_unit_test(test_gathered_answers_reach_the_port),
+        cmocka_unit_test(test_no_memory_for_a_request),
         cmocka_unit_test(test_one_shard_has_no_port),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -215,20 +215,27 @@ static void copy_header(td_request_t *r, const td_msg_t *m)
                r->header_len < TALLY_REQ_HEADER_SIZE ? r->header_len : TALLY_REQ_HEADER_SIZE);
 }
 
-static td_request_t *hop_request(td_hop_t *hop)
-{
-    return td_path_hop_request(hop);
-}
-
 td_request_t *td_path_new_request(td_hop_t **spares, unsigned *spare_count)
 {
     if (!*spares)
         return td_request_new();
-    td_request_t *r = hop_request(*spares);
+    td_request_t *r = td_path_hop_request(*spares);
     *spares = (*spares)->next;
     (*spare_count)--;
     td_request_reuse(r);
     return r;
+}
+
+void td_path_keep_spare(td_hop_t **spares, unsigned *spare_count, unsigned limit, td_request_t *r)
+{
+    if (*spare_count >= limit) {
+        td_request_destroy(&r);
+        return;
+    }
+    td_request_dispose(r);
+    r->hop.next = *spares;
+    *spares = &r->hop;
+    (*spare_count)++;
 }
 
 static td_request_t *new_request(td_path_t *p)
@@ -355,14 +362,7 @@ static void retire(td_path_t *p, td_request_t *r, td_reply_outcome_t outcome)
     }
     td_peers_release(p->env.peers, &r->conn);
     td_peers_release(p->env.peers, &r->client);
-    if (!p->threads || p->spare_count >= TD_PATH_SPARES) {
-        td_request_destroy(&r);
-        return;
-    }
-    td_request_dispose(r);
-    r->hop.next = p->spares;
-    p->spares = &r->hop;
-    p->spare_count++;
+    td_path_keep_spare(&p->spares, &p->spare_count, p->threads ? TD_PATH_SPARES : 0, r);
 }
 
 void td_reply_end(td_reply_t *reply, td_reply_outcome_t outcome)
@@ -488,7 +488,7 @@ static void front_inbox_cb(uv_async_t *handle)
                 p->deleted(p->deleted_ctx, d->name, d->len);
             free(d);
         } else if (hop->kind == HOP_GATHER) {
-            td_request_t *r = hop_request(hop);
+            td_request_t *r = td_path_hop_request(hop);
             slot_t *slot = &p->slots[r->shard];
             gather(p, r);
             if (slot->running)
@@ -496,7 +496,7 @@ static void front_inbox_cb(uv_async_t *handle)
             else /* its thread has ended: this thread owns the shard */
                 td_shard_resume(slot->shard, r);
         } else { /* HOP_REPLY */
-            reply_out(p, hop_request(hop));
+            reply_out(p, td_path_hop_request(hop));
         }
         hop = next;
     }
@@ -544,13 +544,13 @@ static void shard_inbox_cb(uv_async_t *handle)
         td_hop_t *next = hop->next;
         switch (hop->kind) {
         case HOP_TAKE:
-            td_shard_take(slot->shard, hop_request(hop));
+            td_shard_take(slot->shard, td_path_hop_request(hop));
             break;
         case HOP_RESUME:
-            td_shard_resume(slot->shard, hop_request(hop));
+            td_shard_resume(slot->shard, td_path_hop_request(hop));
             break;
         case HOP_FINISH:
-            td_shard_finished(slot->shard, hop_request(hop));
+            td_shard_finished(slot->shard, td_path_hop_request(hop));
             break;
         case HOP_STOP:
             td_shard_stop(slot->shard);
@@ -912,7 +912,7 @@ void td_path_destroy(td_path_t **self_p)
     td_path_ports_free(self);
     for (td_hop_t *hop = self->spares, *next; hop; hop = next) {
         next = hop->next;
-        free(hop_request(hop));
+        free(td_path_hop_request(hop));
     }
     pthread_mutex_destroy(&self->lock);
     pthread_mutex_destroy(&self->wake_mu);

@@ -143,6 +143,9 @@ void td_path_take_message(td_request_t *r, td_msg_t *m);
 unsigned td_path_named_shard(const td_path_t *p, const td_request_t *r);
 /* A request: a spare (a retired one, taken from the thread's list), else a new one. */
 td_request_t *td_path_new_request(td_hop_t **spares, unsigned *spare_count);
+/* A retired request kept on the thread's list of spares (disposed: its input and reply let go),
+ * or freed when `limit` are kept already. */
+void td_path_keep_spare(td_hop_t **spares, unsigned *spare_count, unsigned limit, td_request_t *r);
 /* A request from its mailbox hop. */
 td_request_t *td_path_hop_request(td_hop_t *hop);
 

@@ -105,17 +105,28 @@ unsigned td_path_ports_inflight(const td_path_t *p)
     return ports_inflight(p, NULL);
 }
 
-void td_path_ports_shut(td_path_t *p)
+/* The loop thread: fn on each port of the table, in the order opened (an entry freed already is
+ * NULL: skipped). */
+static void each_port(td_path_t *p, void (*fn)(td_path_port_t *port))
 {
     unsigned count = atomic_load_explicit(&p->port_count, memory_order_relaxed);
     for (unsigned i = 0; i < count; i++) {
         td_path_port_t *port = atomic_load_explicit(&p->ports[i], memory_order_relaxed);
-        if (!port)
-            continue;
-        pthread_mutex_lock(&port->mu);
-        port->closed = true;
-        pthread_mutex_unlock(&port->mu);
+        if (port)
+            fn(port);
     }
+}
+
+static void shut_port(td_path_port_t *port)
+{
+    pthread_mutex_lock(&port->mu);
+    port->closed = true;
+    pthread_mutex_unlock(&port->mu);
+}
+
+void td_path_ports_shut(td_path_t *p)
+{
+    each_port(p, shut_port);
 }
 
 static void free_hops(td_hop_t *hop)
@@ -158,18 +169,17 @@ void td_path_port_close(td_path_port_t **port_p)
     *port_p = NULL; /* the path frees it (td_path_ports_free): other ports' threads read it */
 }
 
+static void free_port(td_path_port_t *port)
+{
+    atomic_store_explicit(&port->path->ports[port->index], NULL, memory_order_relaxed);
+    pthread_mutex_destroy(&port->mu);
+    free(port->to_shard);
+    free(port);
+}
+
 void td_path_ports_free(td_path_t *p)
 {
-    unsigned count = atomic_load_explicit(&p->port_count, memory_order_relaxed);
-    for (unsigned i = 0; i < count; i++) {
-        td_path_port_t *port = atomic_load_explicit(&p->ports[i], memory_order_relaxed);
-        if (!port)
-            continue;
-        pthread_mutex_destroy(&port->mu);
-        free(port->to_shard);
-        free(port);
-        atomic_store_explicit(&p->ports[i], NULL, memory_order_relaxed);
-    }
+    each_port(p, free_port);
 }
 
 /* ---- Requests (the port's thread) ---------------------------------------------------------- */
@@ -288,14 +298,7 @@ bool td_path_port_sleep(td_path_port_t *port)
 static void retire(td_path_port_t *port, td_request_t *r)
 {
     td_bytes_free(&r->out.body);
-    if (port->spare_count >= TD_PATH_PORT_SPARES) {
-        td_request_destroy(&r);
-        return;
-    }
-    td_request_dispose(r);
-    r->hop.next = port->spares;
-    port->spares = &r->hop;
-    port->spare_count++;
+    td_path_keep_spare(&port->spares, &port->spare_count, TD_PATH_PORT_SPARES, r);
 }
 
 static unsigned hand_over(td_path_port_t *port, td_hop_t *hop,
