@@ -228,6 +228,20 @@ static td_err_t start_consumer(td_fleet_t *f, td_part_t *p, uint64_t start_seq, 
     return err;
 }
 
+/* A new reader and consumer from the sequence after the last one the window took (after a gap,
+ * or when the last consumer is gone: retry, td_reader_make_t): what the old one delivered and
+ * the window did not take comes again, what the window took is not asked for again. The
+ * partition is dropped when it cannot be made. */
+static void read_again(td_fleet_t *f, td_part_t *p, bool retry)
+{
+    char msg[256];
+    td_reader_stop(&p->reader);
+    if (start_consumer(f, p, p->high_seq + 1, retry, msg, sizeof msg) == TD_OK)
+        return;
+    td_warn("fleet: partition %u: %s", (unsigned)p->k, msg);
+    td_part_drop(f, p, "its consumer could not be made again");
+}
+
 /* A message past high_seq + 1: were the ones between removed from the stream (a purge: go
  * on), or not delivered (a consumer that moved on: read again from high_seq + 1)? True when
  * the message is to be applied. */
@@ -241,31 +255,11 @@ static bool accept_gap(td_fleet_t *f, td_part_t *p, uint64_t seq)
                 (unsigned)p->k, p->high_seq + 1, first - 1);
         return true;
     }
-    char msg[256];
     td_warn("fleet: partition %u: sequence %" PRIu64 " came after %" PRIu64
             "; reading again from %" PRIu64,
             (unsigned)p->k, seq, p->high_seq, p->high_seq + 1);
-    td_reader_stop(&p->reader);
-    if (start_consumer(f, p, p->high_seq + 1, false, msg, sizeof msg) != TD_OK) {
-        td_warn("fleet: partition %u: %s", (unsigned)p->k, msg);
-        td_part_drop(f, p, "its consumer could not be made again");
-    }
+    read_again(f, p, false);
     return false;
-}
-
-/* The reader's consumer went with its server (td_reader_gone): another from the sequence after
- * the last one taken. What the lost one delivered and the window did not take yet comes again;
- * what the window took is not asked for again. */
-static void consumer_gone(td_fleet_t *f, td_part_t *p, const char *why)
-{
-    char msg[256];
-    td_warn("fleet: partition %u: %s; reading again from %" PRIu64, (unsigned)p->k, why,
-            p->high_seq + 1);
-    td_reader_stop(&p->reader);
-    if (start_consumer(f, p, p->high_seq + 1, true, msg, sizeof msg) == TD_OK)
-        return;
-    td_warn("fleet: partition %u: %s", (unsigned)p->k, msg);
-    td_part_drop(f, p, "its consumer could not be made again");
 }
 
 /* After a checkpoint: one acknowledgement of the watermark's message covers every message up
@@ -940,8 +934,10 @@ bool td_part_step(td_fleet_t *f, td_part_t *p)
         return true;
     }
     char why[256];
-    if (td_reader_gone(&p->reader, why, sizeof why)) {
-        consumer_gone(f, p, why);
+    if (td_reader_gone(&p->reader, why, sizeof why)) { /* its server lost, restarted, ... */
+        td_warn("fleet: partition %u: %s; reading again from %" PRIu64, (unsigned)p->k, why,
+                p->high_seq + 1);
+        read_again(f, p, true);
         return true;
     }
     if (td_reader_failed(&p->reader, why, sizeof why)) { /* made again after a gap */

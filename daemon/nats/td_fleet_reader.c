@@ -97,7 +97,7 @@ typedef struct {
 /* Whether the consumer is gone: quiet for READER_QUIET_MS while the stream holds a later
  * message. An in-memory consumer of one replica (td_nats_consumer.h) goes with its server, a
  * restart of it, or a delete; JetStream answers nothing to its pulls then, so the stream is
- * the only witness. Sets the phase READER_GONE with why. */
+ * the only witness. Sets the phase READER_GONE with why, and wakes the fleet thread. */
 static bool consumer_gone(td_reader_t *r, quiet_t *q)
 {
     int64_t now = td_nats_now_ms();
@@ -113,6 +113,7 @@ static bool consumer_gone(td_reader_t *r, quiet_t *q)
              " while the stream holds %" PRIu64 ": it is gone",
              now - q->since_ms, q->pushed, last);
     atomic_store(&r->phase, READER_GONE);
+    wake(r->fleet);
     return true;
 }
 
@@ -146,10 +147,8 @@ static void *reader_thread(void *arg)
         if (td_consumer_fetch(r->pull, TD_FLEET_FETCH_BATCH, TD_FLEET_FETCH_BYTES - (int64_t)used,
                               wait_ms, &list, msg, sizeof msg) != TD_OK) {
             td_warn("fleet: partition %u: %s", (unsigned)r->k, msg);
-            if (consumer_gone(r, &quiet)) {
-                wake(f);
+            if (consumer_gone(r, &quiet))
                 break;
-            }
             usleep(READER_WAIT_MS * 1000);
             continue;
         }
@@ -159,8 +158,7 @@ static void *reader_thread(void *arg)
             push(r, &list);
             wake(f);
         } else if (consumer_gone(r, &quiet)) {
-            wake(f);
-            break;
+            break; /* an empty list holds nothing to destroy */
         } else if (wait_ms < READER_WAIT_MS) {
             wait_ms = wait_ms * 2 < READER_WAIT_MS ? wait_ms * 2 : READER_WAIT_MS;
         }
@@ -191,20 +189,23 @@ td_err_t td_reader_start(td_fleet_t *f, td_reader_t *r, uint32_t k, const td_rea
     return TD_OK;
 }
 
-bool td_reader_failed(td_reader_t *r, char *why, size_t cap)
+/* Whether the thread ended in `phase`, and why (a stopped reader is all zeros: MAKING). */
+static bool ended_in(td_reader_t *r, td_reader_phase_t phase, char *why, size_t cap)
 {
-    if (atomic_load(&r->phase) != READER_FAILED) /* a stopped reader is all zeros: MAKING */
+    if (atomic_load(&r->phase) != (int)phase)
         return false;
     snprintf(why, cap, "%s", r->why);
     return true;
 }
 
+bool td_reader_failed(td_reader_t *r, char *why, size_t cap)
+{
+    return ended_in(r, READER_FAILED, why, cap);
+}
+
 bool td_reader_gone(td_reader_t *r, char *why, size_t cap)
 {
-    if (atomic_load(&r->phase) != READER_GONE)
-        return false;
-    snprintf(why, cap, "%s", r->why);
-    return true;
+    return ended_in(r, READER_GONE, why, cap);
 }
 
 bool td_reader_made(td_reader_t *r)
