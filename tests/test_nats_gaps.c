@@ -16,8 +16,6 @@
  *     expires), and its checkpoint fenced by another take (the next checkpoint finds it and drops
  *     the partition, which the worker takes back, fencing the other): either way every message
  *     is applied exactly once in the end;
- *   - the worker's consumer (in memory, on one server) deleted under it: it makes another from
- *     the message after the last it took, and every message is applied once;
  *   - a stale release (the previous holder's revision) leaves the successor's lease;
  *   - JetStream refusing the worker's writes: the dead-letter stream deleted (a message that
  *     fails its checks waits, tried again, until it can be a dead letter: then one dead letter,
@@ -26,7 +24,6 @@
  *     the next checkpoint after the limit is lifted holds everything); a checkpoint that cannot
  *     be loaded at a take (not taken, the lease given back; taken once it is whole again).
  */
-#include <inttypes.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -283,65 +280,6 @@ static void test_checkpoint_fenced(void **state)
     assert_true(th_daemon_wait_log(&w, "gapper took partition 0", 30000));
     holds_each_once(p, "fence", 1, 5);
     kvStore_Destroy(ckpts);
-    tally_nats_destroy(&p);
-    assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
-}
-
-/* The names of partition 0's consumers (count, the first in *name). */
-static int consumers_of_p0(char *name, size_t cap)
-{
-    char stream[32];
-    tally_fleet_name(stream, sizeof stream, TALLY_NATS_STREAM_PREFIX, 0);
-    jsConsumerNamesList *names = NULL;
-    jsErrCode jerr = 0;
-    assert_int_equal(js_ConsumerNames(&names, js, stream, NULL, &jerr), NATS_OK);
-    int n = names ? names->Count : 0;
-    if (n > 0)
-        snprintf(name, cap, "%s", names->List[0]);
-    jsConsumerNamesList_Destroy(names);
-    return n;
-}
-
-/* The worker's consumer is in memory on one server (a cursor: td_nats_consumer.h); deleted
- * under it (as its server's loss or restart would), the worker makes another from the message
- * after the last it took, and everything is applied once. */
-static void test_consumer_gone(void **state)
-{
-    (void)state;
-    th_daemon_t w;
-    start_worker(&w);
-    wait_owned();
-    tally_nats_t *p = producer("gone");
-    for (uint8_t v = 1; v <= 3; v++)
-        send_value_to(p, "gone", v, true);
-    char stream[32], name[64] = "";
-    tally_fleet_name(stream, sizeof stream, TALLY_NATS_STREAM_PREFIX, 0);
-    assert_int_equal(consumers_of_p0(name, sizeof name), 1);
-    jsConsumerInfo *ci = NULL;
-    jsErrCode jerr = 0;
-    assert_int_equal(js_GetConsumerInfo(&ci, js, stream, name, NULL, &jerr), NATS_OK);
-    assert_true(ci->Config->MemoryStorage);
-    assert_int_equal(ci->Config->Replicas, 1);
-    jsConsumerInfo_Destroy(ci);
-    assert_int_equal(js_DeleteConsumer(js, stream, name, NULL, &jerr), NATS_OK);
-    /* Nothing comes while the stream holds nothing new; the next message finds it gone. */
-    uint64_t last = 0;
-    partition_first_seq(&last);
-    send_value_to(p, "gone", 4, false);
-    char line[128];
-    snprintf(line, sizeof line,
-             "after sequence %" PRIu64 " while the stream holds %" PRIu64
-             ": it is gone; reading again from %" PRIu64,
-             last, last + 1, last + 1);
-    assert_true(th_daemon_wait_log(&w, line, 20000));
-    for (uint8_t v = 5; v <= 6; v++)
-        send_value_to(p, "gone", v, true);
-    holds_each_once(p, "gone", 1, 6);
-    char again[64] = "";
-    assert_int_equal(consumers_of_p0(again, sizeof again), 1);
-    assert_string_not_equal(again, name);
-    assert_false(th_daemon_log_contains(&w, "partition 0 lost"));
-    assert_false(th_daemon_log_contains(&w, "came after")); /* started right after the last */
     tally_nats_destroy(&p);
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
 }
@@ -713,7 +651,6 @@ int main(void)
         cmocka_unit_test(test_gap_after_purge),
         cmocka_unit_test(test_lease_overwritten),
         cmocka_unit_test(test_checkpoint_fenced),
-        cmocka_unit_test(test_consumer_gone),
         cmocka_unit_test(test_stale_release_keeps_successor),
         cmocka_unit_test(test_ckpt_chunks_that_do_not_add_up),
         cmocka_unit_test(test_dead_letters_gone),

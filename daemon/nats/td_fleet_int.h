@@ -100,16 +100,14 @@ typedef struct {
     int64_t ack_wait_ms;
     int64_t valid_until_ms; /* the lease's end when the reader started: after it the reader
                              * leaves other consumers alone (they may be a successor's) */
-    bool retry;             /* a consumer made again (its last one gone): tried until then */
 } td_reader_make_t;
-/* MAKING its consumer, READING, FAILED to make it, or its consumer GONE (the thread ended). */
-typedef enum { READER_MAKING = 0, READER_READING, READER_FAILED, READER_GONE } td_reader_phase_t;
+typedef enum { READER_MAKING = 0, READER_READING, READER_FAILED } td_reader_phase_t;
 typedef struct {
     struct td_fleet *fleet;
     uint32_t k;
     td_reader_make_t make;
     atomic_int phase;     /* td_reader_phase_t */
-    char why[256];        /* READER_FAILED, READER_GONE: what happened (before the phase) */
+    char why[256];        /* READER_FAILED: what failed (written before the phase) */
     int64_t made_ms;      /* READER_READING: when its consumer was made (before the phase) */
     struct td_pull *pull; /* its pulls from the partition's durable consumer */
     pthread_t thread;
@@ -380,9 +378,6 @@ void td_fleet_watch_taken(td_fleet_t *f, uint32_t k);
 td_err_t td_reader_start(td_fleet_t *f, td_reader_t *r, uint32_t k, const td_reader_make_t *make);
 /* True (why filled) when the reader could not make its consumer: the thread has ended. */
 bool td_reader_failed(td_reader_t *r, char *why, size_t cap);
-/* True when the reader's consumer is gone (its server lost: an in-memory consumer of one replica,
- * td_nats_consumer.h) and its thread ended, with why: the fleet thread makes another. */
-bool td_reader_gone(td_reader_t *r, char *why, size_t cap);
 /* True once the reader has made its consumer (r->made_ms says when). */
 bool td_reader_made(td_reader_t *r);
 natsMsg *td_reader_pop(td_reader_t *r);

@@ -207,8 +207,8 @@ static td_err_t reader_connection(td_fleet_t *f, td_part_t *p, char *msg, size_t
 /* The partition's reader, which makes its consumer from start_seq (the checkpoint's sequence +
  * 1) on its own thread (td_fleet_reader.c); a consumer it cannot make is seen at the next step
  * (take_step, or td_part_step after a gap). */
-static td_err_t start_consumer(td_fleet_t *f, td_part_t *p, uint64_t start_seq, bool retry,
-                               char *msg, size_t cap)
+static td_err_t start_consumer(td_fleet_t *f, td_part_t *p, uint64_t start_seq, char *msg,
+                               size_t cap)
 {
     td_err_t err = reader_connection(f, p, msg, cap);
     if (err != TD_OK)
@@ -219,27 +219,12 @@ static td_err_t start_consumer(td_fleet_t *f, td_part_t *p, uint64_t start_seq, 
                              .start_seq = start_seq,
                              .restart = p->restarts++,
                              .ack_wait_ms = f->ckpt_ms * 4 > 30000 ? f->ckpt_ms * 4 : 30000,
-                             .valid_until_ms = p->lease.valid_until_ms,
-                             .retry = retry};
+                             .valid_until_ms = p->lease.valid_until_ms};
     snprintf(make.inbox, sizeof make.inbox, "%s%s.p%u.%" PRIu64 ".%u", f->inbox_prefix, f->member,
              (unsigned)p->k, p->lease.revision, make.restart);
     if ((err = td_reader_start(f, &p->reader, p->k, &make)) != TD_OK)
         snprintf(msg, cap, "cannot start its reader thread");
     return err;
-}
-
-/* A new reader and consumer from the sequence after the last one the window took (after a gap,
- * or when the last consumer is gone: retry, td_reader_make_t): what the old one delivered and
- * the window did not take comes again, what the window took is not asked for again. The
- * partition is dropped when it cannot be made. */
-static void read_again(td_fleet_t *f, td_part_t *p, bool retry)
-{
-    char msg[256];
-    td_reader_stop(&p->reader);
-    if (start_consumer(f, p, p->high_seq + 1, retry, msg, sizeof msg) == TD_OK)
-        return;
-    td_warn("fleet: partition %u: %s", (unsigned)p->k, msg);
-    td_part_drop(f, p, "its consumer could not be made again");
 }
 
 /* A message past high_seq + 1: were the ones between removed from the stream (a purge: go
@@ -255,10 +240,15 @@ static bool accept_gap(td_fleet_t *f, td_part_t *p, uint64_t seq)
                 (unsigned)p->k, p->high_seq + 1, first - 1);
         return true;
     }
+    char msg[256];
     td_warn("fleet: partition %u: sequence %" PRIu64 " came after %" PRIu64
             "; reading again from %" PRIu64,
             (unsigned)p->k, seq, p->high_seq, p->high_seq + 1);
-    read_again(f, p, false);
+    td_reader_stop(&p->reader);
+    if (start_consumer(f, p, p->high_seq + 1, msg, sizeof msg) != TD_OK) {
+        td_warn("fleet: partition %u: %s", (unsigned)p->k, msg);
+        td_part_drop(f, p, "its consumer could not be made again");
+    }
     return false;
 }
 
@@ -325,7 +315,7 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
     p->applied_seq = p->high_seq = p->ckpt_seq = p->ckpt.cur.applied_seq;
     p->restarts = 0;
     if (err == TD_OK && !fenced)
-        err = start_consumer(f, p, p->applied_seq + 1, false, msg, sizeof msg);
+        err = start_consumer(f, p, p->applied_seq + 1, msg, sizeof msg);
     if (err != TD_OK || fenced || !td_lease_valid(&p->lease, td_nats_now_ms())) {
         take_failed(f, p,
                     err != TD_OK ? msg
@@ -934,12 +924,6 @@ bool td_part_step(td_fleet_t *f, td_part_t *p)
         return true;
     }
     char why[256];
-    if (td_reader_gone(&p->reader, why, sizeof why)) { /* its server lost, restarted, ... */
-        td_warn("fleet: partition %u: %s; reading again from %" PRIu64, (unsigned)p->k, why,
-                p->high_seq + 1);
-        read_again(f, p, true);
-        return true;
-    }
     if (td_reader_failed(&p->reader, why, sizeof why)) { /* made again after a gap */
         td_warn("fleet: partition %u: %s", (unsigned)p->k, why);
         td_part_drop(f, p, "its consumer could not be made again");

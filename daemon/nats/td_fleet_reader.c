@@ -20,12 +20,8 @@
  * doubles while nothing comes (a new consumer's first pull could sit out its whole expiry with
  * messages pending: 250 ms of every take-over), and only then deletes the previous owner's
  * consumer. A consumer it cannot make ends the thread with the reason (td_reader_failed), and
- * the fleet thread gives the partition up. A consumer that goes away while it reads (it lives in
- * one server's memory: td_nats_consumer.h) ends the thread too (td_reader_gone): the fleet
- * thread makes another from the sequence after the last it took, which this thread keeps trying
- * to create while the lease lasts (the stream may be electing a leader).
+ * the fleet thread gives the partition up.
  */
-#include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,9 +36,6 @@
  * ones after the consumer is made wait READER_FIRST_WAIT_MS, twice that, and so on up to it. */
 #define READER_WAIT_MS 250
 #define READER_FIRST_WAIT_MS 10
-/* A consumer that delivered nothing for this long, while its stream holds messages after the
- * last it delivered, is gone (td_reader_gone); the stream is asked at most this often. */
-#define READER_QUIET_MS 2000
 
 static void wake(td_fleet_t *f)
 {
@@ -66,55 +59,19 @@ static void push(td_reader_t *r, natsMsgList *list)
     pthread_mutex_unlock(&r->mu);
 }
 
-/* Makes the consumer (one made again: tried every READER_WAIT_MS while the lease lasts, as the
- * server that lost the last one may have led the stream, which then elects another); on failure
- * the reason goes into r->why and the phase says so. */
+/* Makes the consumer; on failure the reason goes into r->why and the phase says so. */
 static bool make_consumer(td_reader_t *r)
 {
     const td_reader_make_t *m = &r->make;
-    while (td_consumer_start(m->js, m->nc, m->inbox, r->k, m->epoch, m->restart, m->start_seq,
-                             m->ack_wait_ms, &r->pull, r->why, sizeof r->why) != TD_OK) {
-        if (!m->retry || atomic_load(&r->stop) ||
-            td_nats_now_ms() + READER_WAIT_MS >= m->valid_until_ms) {
-            atomic_store(&r->phase, READER_FAILED);
-            wake(r->fleet);
-            return false;
-        }
-        usleep(READER_WAIT_MS * 1000);
+    if (td_consumer_start(m->js, m->nc, m->inbox, r->k, m->epoch, m->restart, m->start_seq,
+                          m->ack_wait_ms, &r->pull, r->why, sizeof r->why) == TD_OK) {
+        r->made_ms = td_nats_now_ms();
+        atomic_store(&r->phase, READER_READING);
+        return true;
     }
-    r->made_ms = td_nats_now_ms();
-    atomic_store(&r->phase, READER_READING);
-    return true;
-}
-
-/* Since when the consumer delivered nothing, the stream sequence of the last message it did
- * (start_seq - 1 before any), and when the stream was last asked. */
-typedef struct {
-    int64_t since_ms, asked_ms;
-    uint64_t pushed;
-} quiet_t;
-
-/* Whether the consumer is gone: quiet for READER_QUIET_MS while the stream holds a later
- * message. An in-memory consumer of one replica (td_nats_consumer.h) goes with its server, a
- * restart of it, or a delete; JetStream answers nothing to its pulls then, so the stream is
- * the only witness. Sets the phase READER_GONE with why, and wakes the fleet thread. */
-static bool consumer_gone(td_reader_t *r, quiet_t *q)
-{
-    int64_t now = td_nats_now_ms();
-    if (now - q->since_ms < READER_QUIET_MS || now - q->asked_ms < READER_QUIET_MS)
-        return false;
-    q->asked_ms = now;
-    uint64_t last = 0;
-    td_partition_seqs(r->make.js, r->k, &last);
-    if (last <= q->pushed)
-        return false; /* nothing to deliver, or the stream cannot be asked now */
-    snprintf(r->why, sizeof r->why,
-             "its consumer delivered nothing for %" PRId64 " ms after sequence %" PRIu64
-             " while the stream holds %" PRIu64 ": it is gone",
-             now - q->since_ms, q->pushed, last);
-    atomic_store(&r->phase, READER_GONE);
+    atomic_store(&r->phase, READER_FAILED);
     wake(r->fleet);
-    return true;
+    return false;
 }
 
 static void *reader_thread(void *arg)
@@ -128,8 +85,6 @@ static void *reader_thread(void *arg)
         return NULL;
     int64_t wait_ms = READER_FIRST_WAIT_MS;
     bool tidied = false;
-    quiet_t quiet = {.since_ms = td_nats_now_ms(),
-                     .pushed = r->make.start_seq ? r->make.start_seq - 1 : 0};
     while (!atomic_load(&r->stop)) {
         pthread_mutex_lock(&r->mu);
         /* Room for a whole fetch: at least one message of the largest size (a pull request
@@ -147,18 +102,12 @@ static void *reader_thread(void *arg)
         if (td_consumer_fetch(r->pull, TD_FLEET_FETCH_BATCH, TD_FLEET_FETCH_BYTES - (int64_t)used,
                               wait_ms, &list, msg, sizeof msg) != TD_OK) {
             td_warn("fleet: partition %u: %s", (unsigned)r->k, msg);
-            if (consumer_gone(r, &quiet))
-                break;
             usleep(READER_WAIT_MS * 1000);
             continue;
         }
         if (list.Count > 0) {
-            quiet.since_ms = td_nats_now_ms();
-            quiet.pushed = td_nats_msg_seq(list.Msgs[list.Count - 1]);
             push(r, &list);
             wake(f);
-        } else if (consumer_gone(r, &quiet)) {
-            break; /* an empty list holds nothing to destroy */
         } else if (wait_ms < READER_WAIT_MS) {
             wait_ms = wait_ms * 2 < READER_WAIT_MS ? wait_ms * 2 : READER_WAIT_MS;
         }
@@ -189,23 +138,12 @@ td_err_t td_reader_start(td_fleet_t *f, td_reader_t *r, uint32_t k, const td_rea
     return TD_OK;
 }
 
-/* Whether the thread ended in `phase`, and why (a stopped reader is all zeros: MAKING). */
-static bool ended_in(td_reader_t *r, td_reader_phase_t phase, char *why, size_t cap)
+bool td_reader_failed(td_reader_t *r, char *why, size_t cap)
 {
-    if (atomic_load(&r->phase) != (int)phase)
+    if (atomic_load(&r->phase) != READER_FAILED) /* a stopped reader is all zeros: MAKING */
         return false;
     snprintf(why, cap, "%s", r->why);
     return true;
-}
-
-bool td_reader_failed(td_reader_t *r, char *why, size_t cap)
-{
-    return ended_in(r, READER_FAILED, why, cap);
-}
-
-bool td_reader_gone(td_reader_t *r, char *why, size_t cap)
-{
-    return ended_in(r, READER_GONE, why, cap);
 }
 
 bool td_reader_made(td_reader_t *r)

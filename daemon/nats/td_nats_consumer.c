@@ -59,13 +59,6 @@ td_err_t td_consumer_start(jsCtx *js, natsConnection *nc, const char *inbox, uin
     cc.AckPolicy = js_AckAll; /* one acknowledgement per checkpoint */
     cc.AckWait = ack_wait_ms * 1000000;
     cc.MaxAckPending = TD_NATS_ACK_PENDING;
-    /* A cursor, not a record: each owner makes its own at its checkpoint's sequence, so nothing
-     * of it must outlive a server (a reader whose consumer went with one makes another:
-     * td_fleet_reader.c). Replicated with the stream (R3), it put every delivery through a Raft
-     * group: three pinned workers applied 300,000 x 1 KiB in 1.45-1.50 s, 1.02-1.13 s with
-     * this (H100 host, 2026-12-06, bench/RESULTS.md). */
-    cc.Replicas = 1;
-    cc.MemoryStorage = true;
     cc.DeliverPolicy = start_seq > 1 ? js_DeliverByStartSequence : js_DeliverAll;
     cc.OptStartSeq = start_seq > 1 ? start_seq : 0;
     jsConsumerInfo *ci = NULL;
@@ -237,22 +230,13 @@ td_err_t td_consumer_ack_sync(natsConnection *nc, const char *ack_subject, int64
 
 uint64_t td_partition_first_seq(jsCtx *js, uint32_t k)
 {
-    uint64_t last = 0;
-    return td_partition_seqs(js, k, &last);
-}
-
-uint64_t td_partition_seqs(jsCtx *js, uint32_t k, uint64_t *last)
-{
     char stream[32];
     tally_fleet_name(stream, sizeof stream, TALLY_NATS_STREAM_PREFIX, k);
     jsStreamInfo *si = NULL;
     jsErrCode jerr = 0;
     uint64_t first = 0;
-    *last = 0;
-    if (js_GetStreamInfo(&si, js, stream, NULL, &jerr) == NATS_OK) {
+    if (js_GetStreamInfo(&si, js, stream, NULL, &jerr) == NATS_OK)
         first = si->State.FirstSeq;
-        *last = si->State.LastSeq;
-    }
     jsStreamInfo_Destroy(si);
     return first;
 }

@@ -43,8 +43,7 @@
 /* A partition's puller: its consumer's next-message subject, and its inbox subscription. */
 typedef struct td_pull td_pull_t;
 
-/* Creates the owner's durable consumer tally-p<k>-<epoch>-<restart> of partition k, in memory
- * on one server (a cursor: an owner starts its own from its checkpoint; epoch: the
+/* Creates the owner's durable consumer tally-p<k>-<epoch>-<restart> of partition k (epoch: the
  * owner's lease revision; restart: how many it made before under that lease) delivering from
  * start_seq (<= 1: from the first message), AckAll (an acknowledgement covers every message
  * delivered before it), TD_NATS_ACK_PENDING, ack_wait_ms, and makes *pull (nc: js's
@@ -61,8 +60,6 @@ void td_consumer_delete_others(jsCtx *js, const td_pull_t *pull);
 void td_pull_destroy(td_pull_t **pull);
 /* The first sequence partition k's stream still holds (0 when it cannot be asked). */
 uint64_t td_partition_first_seq(jsCtx *js, uint32_t k);
-/* The same, and its last sequence in *last (0 when it cannot be asked). */
-uint64_t td_partition_seqs(jsCtx *js, uint32_t k, uint64_t *last);
 /* Fetches up to batch messages and max_bytes (capped at TD_NATS_FETCH_MAX_BYTES), waiting up
  * to wait_ms (> 0) for them; none is TD_OK with an empty list. It blocks: a worker fetches on a
  * thread of its own (td_fleet_reader.c). */
