@@ -10,8 +10,9 @@
  *   nats_bench applied URL STREAM VALUES MS   waits (query by request-reply) until STREAM holds
  *                                             VALUES histogrammed values, up to MS ms
  *
- * For a fleet of several workers (run-nats-fleet.sh), over PER_PART streams named PREFIX-<i> in
- * every partition (chosen by tally_partition, so every partition has the same work):
+ * For a fleet of several workers (run-nats-fleet.sh), over per_part streams named PREFIX-<i> in
+ * every partition (NATS_BENCH_STREAMS of them, default 4; chosen by tally_partition, so every
+ * partition has the same work):
  *   nats_bench fleet-fill URL PREFIX COUNT SIZE [RATE]   COUNT requests, partition after
  *                                             partition in turn; RATE > 0: that many a second
  *   nats_bench bare-part URL K [FROM]         a bare pull consumer reads every message partition K
@@ -493,14 +494,16 @@ static int applied(const char *url, const char *stream, uint64_t values, long ms
 
 /* ---- a fleet of several workers (run-nats-fleet.sh) ---- */
 
-enum { PER_PART = 4, MAX_PARTS = 64 };
+enum { MAX_PER_PART = 64, MAX_PARTS = 64 };
+/* Streams per partition: NATS_BENCH_STREAMS (1 to MAX_PER_PART), 4 without it (main). */
+static uint32_t per_part = 4;
 
 typedef struct {
     uint32_t parts;
-    char name[MAX_PARTS * PER_PART][64]; /* partition after partition: [k * PER_PART + j] */
+    char name[MAX_PARTS * MAX_PER_PART][64]; /* partition after partition: [k * per_part + j] */
 } names_t;
 
-/* PER_PART stream names PREFIX-<i> for each partition, the first ones tally_partition puts
+/* per_part stream names PREFIX-<i> for each partition, the first ones tally_partition puts
  * there, so every partition has the same work. */
 static void fleet_names(const char *url, const char *prefix, names_t *n)
 {
@@ -511,14 +514,14 @@ static void fleet_names(const char *url, const char *prefix, names_t *n)
         fprintf(stderr, "nats_bench: %u partitions (at most %d here)\n", n->parts, MAX_PARTS);
         exit(1);
     }
-    int have[MAX_PARTS] = {0};
-    uint32_t left = n->parts * PER_PART;
+    uint32_t have[MAX_PARTS] = {0};
+    uint32_t left = n->parts * per_part;
     for (long i = 0; left > 0; i++) {
         char s[64];
         snprintf(s, sizeof s, "%s-%ld", prefix, i);
         uint32_t k = tally_partition(s, strlen(s), n->parts);
-        if (have[k] < PER_PART) {
-            snprintf(n->name[k * PER_PART + have[k]++], sizeof n->name[0], "%s", s);
+        if (have[k] < per_part) {
+            snprintf(n->name[k * per_part + have[k]++], sizeof n->name[0], "%s", s);
             left--;
         }
     }
@@ -527,12 +530,12 @@ static void fleet_names(const char *url, const char *prefix, names_t *n)
 static int fleet_fill(const char *url, const char *prefix, long count, size_t size, double rate)
 {
     static names_t n;
-    static const char *order[MAX_PARTS * PER_PART];
+    static const char *order[MAX_PARTS * MAX_PER_PART];
     fleet_names(url, prefix, &n);
-    for (uint32_t j = 0; j < PER_PART; j++) /* partition after partition in turn */
+    for (uint32_t j = 0; j < per_part; j++) /* partition after partition in turn */
         for (uint32_t k = 0; k < n.parts; k++)
-            order[j * n.parts + k] = n.name[k * PER_PART + j];
-    return send_all(url, order, (long)n.parts * PER_PART, count, size, rate);
+            order[j * n.parts + k] = n.name[k * per_part + j];
+    return send_all(url, order, (long)n.parts * per_part, count, size, rate);
 }
 
 /* The values partition k's streams hold; 0 with no answer (no owner yet: no responders). */
@@ -540,9 +543,9 @@ static uint64_t part_values(tally_nats_t *p, const names_t *n, uint32_t k, bool 
 {
     uint64_t sum = 0;
     *answered = true;
-    for (int j = 0; j < PER_PART; j++) {
+    for (uint32_t j = 0; j < per_part; j++) {
         tally_stream_info_t info = {0};
-        tally_status_t st = tally_nats_query(p, n->name[k * PER_PART + j], &info);
+        tally_status_t st = tally_nats_query(p, n->name[k * per_part + j], &info);
         if (st == TALLY_OK)
             sum += info.hist_total;
         else if (st != TALLY_E_UNKNOWN_STREAM) /* a stream not applied yet is unknown */
@@ -595,7 +598,7 @@ typedef struct {
     uint32_t k;
     double deadline;
     _Atomic double *kill_at; /* 0 until the kill */
-    uint64_t last[PER_PART]; /* each stream's last value answered by a query sent before it */
+    uint64_t last[MAX_PER_PART]; /* each stream's last value answered by a query sent before it */
     double back;             /* when one of them went past it after the kill; 0: not yet */
     _Atomic int progressed;  /* it has shown values */
 } watch_t;
@@ -607,12 +610,12 @@ static void *watch(void *arg)
 {
     watch_t *w = arg;
     tally_nats_t *p = producer_t(w->url, WATCH_QUERY_MS);
-    for (int j = 0; now_s() < w->deadline && w->back == 0; j = (j + 1) % PER_PART) {
+    for (uint32_t j = 0; now_s() < w->deadline && w->back == 0; j = (j + 1) % per_part) {
         double before = now_s();
         tally_stream_info_t info = {0};
-        tally_status_t st = tally_nats_query(p, w->n->name[w->k * PER_PART + j], &info);
+        tally_status_t st = tally_nats_query(p, w->n->name[w->k * per_part + j], &info);
         if (st != TALLY_OK || info.hist_total <= w->last[j]) {
-            if (j == PER_PART - 1)
+            if (j == per_part - 1)
                 nats_Sleep(st == TALLY_OK ? 10 : 0);
             continue;
         }
@@ -672,6 +675,15 @@ static int failover(const char *url, const char *prefix, pid_t pid, long ms)
 int main(int argc, char **argv)
 {
     int rc = 2;
+    const char *streams = getenv("NATS_BENCH_STREAMS");
+    if (streams) {
+        long v = atol(streams);
+        if (v < 1 || v > MAX_PER_PART) {
+            fprintf(stderr, "nats_bench: NATS_BENCH_STREAMS is 1 to %d\n", MAX_PER_PART);
+            return 2;
+        }
+        per_part = (uint32_t)v;
+    }
     if (argc == 6 && strcmp(argv[1], "fill") == 0)
         rc = fill(argv[2], argv[3], atol(argv[4]), (size_t)atol(argv[5]));
     else if (argc == 5 && strcmp(argv[1], "bare") == 0)

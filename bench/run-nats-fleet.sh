@@ -2,8 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 # run-nats-fleet.sh: issue 22's and issue 32's fleet figures, a benchmark (not a timed test). A
 # 3-node JetStream cluster on loopback (R3 streams, scratch stores), 8 partitions, hist u8
-# requests spread over 4 streams per partition. For each SIZE:COUNT of SIZES (default
-# "1024:100000 64:100000 1048576:256"; or the arguments COUNT SIZE for one):
+# requests spread over 4 streams per partition (NATS_BENCH_STREAMS=N: N, up to 64; the request
+# path keeps each stream's order, so fewer streams make longer chains of one stream's
+# requests). For each SIZE:COUNT of SIZES (default "1024:100000 64:100000 1048576:256"; or the
+# arguments COUNT SIZE for one):
 #   1. worker 1 owns every partition and is stopped (SIGSTOP, within its lease); a fill is
 #      published, and bare JetStream pull consumers, one per partition at once, read it on the
 #      cores worker 1 runs on: the ceiling for one worker;
@@ -28,11 +30,16 @@
 # over their partitions, and a round's line ends with their means over the apply against the
 # windows' room in all (issue 32: "window mean X of Y (occupied W), fetched mean Z, lag mean
 # L", X in the request path: X near Y, the request path binds; W near Y with X low, slow heads
-# of windows; many fetched and W below Y, the fleet thread; X and Z low with L high, the fetch).
+# of windows; many fetched and W below Y, the fleet thread; X and Z low with L high, the fetch),
+# then what the workers' counters grew by over the apply: requests resent (each stops its
+# partition for 50 ms), checkpoints written, the seconds their fleet threads spent writing them
+# and the seconds partitions spent draining for them (taking nothing new).
 # THREADS=1: each worker's threads' share of a core over THREADS_S seconds (default 0.5) of
 # each round's apply, from 0.1 s after the SIGCONT (bench/thread-cpu.sh), and their sum: whether
 # a worker's cores are full (the cost a message binds) or not (something waits); give a COUNT
 # that lasts longer than that.
+# LOGS=DIR: the workers' and nats-servers' logs are copied into DIR at the end (the scratch
+# directory, with the servers' stores, is removed in any case).
 # BUILD (default build) holds tallyd and nats_bench; TALLYD_ARGS adds worker options; LEASE_MS
 # the lease (default 8000: a fill while the workers are stopped must end well within it).
 # ONLY=rates: steps 1-3 alone (their raw lines). ONLY=failover: only step 4, at STEADY 1 KiB messages a second (default 1000), with each run's
@@ -49,7 +56,9 @@ dir=$(mktemp -d)
 declare -A pid mport cores
 # Workers first, with -9: one stopping gracefully after its cluster waits on NATS timeouts.
 trap 'kill -9 "${pid[@]}" 2>/dev/null || true; kill $(jobs -p) 2>/dev/null || true
-      wait 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$dir"' EXIT
+      wait 2>/dev/null || true
+      [ -z "${LOGS:-}" ] || { mkdir -p "$LOGS" && find "$dir" -name "*.log" -exec cp {} "$LOGS" \;; }
+      rm -rf "$dir"' EXIT
 . "$(dirname "$0")/nats-lib.sh"
 nb() { "$build/bench/nats_bench" "$@"; }
 
@@ -176,8 +185,11 @@ import os, sys, time, urllib.request
 t0, base, want, ports = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 every = int(os.environ.get("SAMPLE_MS", "50")) / 1000
 msg_bytes = int(os.environ["MSG_BYTES"])
+# Counters whose growth over the apply (first sample to last) the round reports, summed.
+counters = ("resent", "checkpoints", "checkpoint_seconds", "checkpoint_drain_seconds")
 def sample():
     s = {"applied": 0, "in_path": 0, "occupied": 0, "fetched": 0, "lag": 0, "window": 0}
+    s.update({c: 0 for c in counters})
     for p in ports:
         try:
             t = urllib.request.urlopen(f"http://127.0.0.1:{p}/metrics", timeout=2).read().decode()
@@ -196,12 +208,16 @@ def sample():
         per = min(v.get("tallyd_nats_inflight_limit", 0),
                   max(1, v.get("tallyd_nats_inflight_limit_bytes", 0) // msg_bytes))
         s["window"] += v.get("tallyd_nats_partitions_owned", 0) * per
+        for c in counters:
+            s[c] += v.get(f"tallyd_nats_{c}_total", 0)
     return s
 prev_t, prev_a, samples = t0, base, 0  # at the SIGCONT, the workers had applied `base`
+first = None
 during = []  # the samples taken while the fill was being applied
 while True:
     asked = time.time()
     s = sample()
+    first = first or s
     a = s["applied"]
     t = (asked + time.time()) / 2
     samples += 1
@@ -217,7 +233,12 @@ mean = lambda k: sum(x[k] for x in during) / len(during) if during else float("n
 with open(os.environ["WINDOW_OUT"], "w") as f:
     print(f"window mean {mean('in_path'):.0f} of {mean('window'):.0f} "
           f"(occupied {mean('occupied'):.0f}), fetched mean {mean('fetched'):.0f}, "
-          f"lag mean {mean('lag'):.0f} ({len(during)} samples)", file=f)
+          f"lag mean {mean('lag'):.0f} ({len(during)} samples); over the apply: "
+          f"{s['resent'] - first['resent']:.0f} resent, "
+          f"{s['checkpoints'] - first['checkpoints']:.0f} checkpoints taking "
+          f"{s['checkpoint_seconds'] - first['checkpoint_seconds']:.3f} s of the fleet threads, "
+          f"{s['checkpoint_drain_seconds'] - first['checkpoint_drain_seconds']:.3f} s of "
+          f"partitions draining for them", file=f)
 PY
   ((${#tp[@]} == 0)) || wait "${tp[@]}"
   for n in "$@"; do

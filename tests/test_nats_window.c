@@ -498,7 +498,8 @@ static long long gauge_of(const char *body, const char *kind, uint32_t k)
  * all of them at once, the window sends two to the path (the first running, the second behind it
  * in its stream's order) and holds the third for room: for the first second, one scrape shows 2
  * in the path with their bytes, 3 fetched and waiting for the fleet thread, and all 5 as lag.
- * Once every message is applied, 0 in each. */
+ * Two more published then count in the lag as soon as they are fetched, long before the fleet
+ * thread takes them. Once every message is applied, 0 in each. */
 static void test_backlog_gauges(void **state)
 {
     (void)state;
@@ -532,6 +533,21 @@ static void test_backlog_gauges(void **state)
     assert_int_equal(window, 2);
     assert_int_equal(bytes, 2 * (long long)len);
     assert_int_equal(lag, BACKLOG);
+    /* MORE published now: the lag counts them once the reader has fetched them, while the fleet
+     * thread still waits for room (it takes the first of them about 3 s later, one launch per
+     * second). Here lag + applied_total is every message published. */
+    enum { MORE = 2 };
+    publish_hists("wingauge", k, BYTES, MORE, name);
+    long long seen = -1;
+    for (int64_t until = th_now_ms() + 2000; seen != BACKLOG + MORE && th_now_ms() < until;
+         th_sleep_ms(10)) {
+        char *body = th_http_get(port, "GET", "/metrics", NULL);
+        if (!body)
+            continue;
+        seen = gauge_of(body, "lag", k) + sample_of(body, "tallyd_nats_applied_total");
+        free(body);
+    }
+    assert_int_equal(seen, BACKLOG + MORE);
     char lag_name[64];
     snprintf(lag_name, sizeof lag_name, "tallyd_nats_partition_lag{partition=\"%u\"}", (unsigned)k);
     for (int64_t until = th_now_ms() + 20000; th_metric(&w, lag_name) != 0 && th_now_ms() < until;)
@@ -546,6 +562,11 @@ static void test_backlog_gauges(void **state)
     assert_int_equal(sample_of(body, "tallyd_nats_inflight_limit"), 2);
     assert_int_equal(sample_of(body, "tallyd_nats_inflight_limit_bytes"), 64 << 10);
     free(body);
+    /* A checkpoint after the backlog: its time and its drain's are counted. */
+    for (int64_t until = th_now_ms() + 20000;
+         th_metric(&w, "tallyd_nats_checkpoints_total") < 1 && th_now_ms() < until;)
+        th_sleep_ms(50);
+    assert_true(th_metric(&w, "tallyd_nats_checkpoints_total") >= 1);
     /* The first python3 with prometheus_client: PATH's may be another than Debian's. */
     int rc = th_sh("py=$(for c in python3 /usr/bin/python3; do $c -c 'import prometheus_client' "
                    "2>/dev/null && echo $c && break; done); [ -n \"$py\" ] || exit 77; curl -sf "
@@ -556,6 +577,9 @@ static void test_backlog_gauges(void **state)
                    "(\"lag\", \"window\", \"in_path\", \"in_path_bytes\", \"fetched\")]\n"
                    "ok = all(f[n].type == \"gauge\" and len(f[n].samples) == 4 for n in names)\n"
                    "ok = ok and f[\"tallyd_nats_inflight_limit\"].samples[0].value == 2\n"
+                   "c = [f[\"tallyd_nats_checkpoint_\" + n] for n in (\"seconds\", "
+                   "\"drain_seconds\")]\n"
+                   "ok = ok and all(m.type == \"counter\" and m.samples[0].value > 0 for m in c)\n"
                    "sys.exit(0 if ok else 1)'",
                    port);
     if (rc == 77)

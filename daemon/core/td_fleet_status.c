@@ -250,6 +250,16 @@ size_t td_fleet_status_render(const td_fleet_status_t *st, char *out, size_t cap
     counter(&t, "tallyd_nats_checkpoint_failures_total",
             "Partition checkpoint writes that failed (NATS errors; the partition goes on).",
             LOAD(st->checkpoint_failures));
+    put(&t,
+        "# HELP tallyd_nats_checkpoint_seconds_total Time the fleet thread spent writing "
+        "checkpoints (the partitions' snapshots and writes; it serves no partition meanwhile).\n"
+        "# TYPE tallyd_nats_checkpoint_seconds_total counter\n"
+        "tallyd_nats_checkpoint_seconds_total %.9f\n"
+        "# HELP tallyd_nats_checkpoint_drain_seconds_total Time partitions spent draining for a "
+        "checkpoint (taking nothing new until their window was empty), summed over them.\n"
+        "# TYPE tallyd_nats_checkpoint_drain_seconds_total counter\n"
+        "tallyd_nats_checkpoint_drain_seconds_total %.9f\n",
+        (double)LOAD(st->checkpoint_ns) / 1e9, (double)LOAD(st->checkpoint_drain_ns) / 1e9);
     counter(&t, "tallyd_nats_partitions_taken_total", "Partitions taken over under a lease.",
             LOAD(st->partitions_taken));
     counter(&t, "tallyd_nats_leases_lost_total",

@@ -93,6 +93,10 @@ typedef struct td_fleet_status {
     _Atomic uint64_t dead_letters;        /* messages published to tally.dead.<k> */
     _Atomic uint64_t checkpoints;         /* checkpoints written */
     _Atomic uint64_t checkpoint_failures; /* checkpoint writes that failed (NATS errors) */
+    /* Nanoseconds: the fleet thread writing checkpoints (snapshot and write: it serves none of
+     * its partitions meanwhile), and partitions draining for one (taking nothing new until their
+     * window is empty), summed over the partitions. */
+    _Atomic uint64_t checkpoint_ns, checkpoint_drain_ns;
     _Atomic uint64_t partitions_taken;    /* take-overs that succeeded */
     _Atomic uint64_t leases_lost;         /* partitions lost without giving them up */
     _Atomic uint64_t gaps;                /* sequence gaps met (messages aged out) */
@@ -117,7 +121,8 @@ typedef struct td_fleet_status {
     _Atomic uint64_t cl_stage_ns[TD_CL_STAGES];
     _Atomic uint64_t cl_flights_full, cl_flight_wait_ns;
     /* Per partition: owned now; the last sequence applied; the partition's last sequence as the
-     * worker last saw it (a delivered message's sequence plus the consumer's pending count). */
+     * worker last saw it (its reader's last fetched message's sequence plus the consumer's
+     * pending count: td_fleet_reader.c, the lag's top). */
     _Atomic bool owned[TALLY_NATS_MAX_PARTITIONS];
     _Atomic uint64_t applied_seq[TALLY_NATS_MAX_PARTITIONS];
     _Atomic uint64_t last_seq[TALLY_NATS_MAX_PARTITIONS];

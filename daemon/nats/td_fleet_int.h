@@ -170,6 +170,7 @@ typedef struct {
      * none). Kept across takes; cleared once the watermark has passed it. */
     uint64_t one_at_a_time_to;
     bool draining;    /* a checkpoint is due: nothing new until the window is empty */
+    uint64_t drain_began_ns; /* when (td_mono_ns), for tallyd_nats_checkpoint_drain_seconds */
     /* AckAll: the ack subject of the watermark's message, sent after the next checkpoint. */
     char ack[TD_FLEET_ACK_MAX];
     uint64_t unacked; /* messages retired since the last acknowledgement */
@@ -344,7 +345,8 @@ void td_part_free(td_fleet_t *f, td_part_t *p);
 /* True while the partition's lease is valid by this worker's clock: checked right before every
  * write of the partition's (a checkpoint, a reply, a dead letter, a watch publication). */
 bool td_part_may_write(const td_part_t *p);
-/* Writes the checkpoint now (nothing in flight). False when fenced or it failed. */
+/* Writes the checkpoint now (nothing in flight), its time counted in
+ * tallyd_nats_checkpoint_seconds_total. False when fenced or it failed. */
 bool td_part_checkpoint(td_fleet_t *f, td_part_t *p);
 
 /* td_fleet_table.c: partition k's streams in the stream table (run on the loop thread). */

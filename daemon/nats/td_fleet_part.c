@@ -61,6 +61,7 @@
 #include "td_fleet_int.h"
 #include "td_fleet_route.h"
 #include "td_log.h"
+#include "td_monotonic.h"
 #include "td_nats_consumer.h"
 #include "td_nats_js.h"
 #include "td_state.h"
@@ -313,6 +314,7 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
         err = td_changelog_take(f, p->k, p->ckpt.cl_seq, p->lease.revision, &p->ckpt.cl_seq, msg,
                                 sizeof msg);
     p->applied_seq = p->high_seq = p->ckpt_seq = p->ckpt.cur.applied_seq;
+    TD_FLEET_SET(f, last_seq[p->k], p->applied_seq); /* its reader raises it (the lag's top) */
     p->restarts = 0;
     if (err == TD_OK && !fenced)
         err = start_consumer(f, p, p->applied_seq + 1, msg, sizeof msg);
@@ -338,7 +340,6 @@ static void take_finished(td_fleet_t *f, td_part_t *p)
     p->taking = false;
     p->last_ckpt_ms = td_nats_now_ms();
     TD_FLEET_SET(f, applied_seq[p->k], p->applied_seq);
-    TD_FLEET_SET(f, last_seq[p->k], p->applied_seq);
     TD_FLEET_SET(f, owned[p->k], true);
     TD_FLEET_COUNT(f, partitions_taken);
     int64_t began = p->take_began_ms;
@@ -451,7 +452,8 @@ void td_part_give_up(td_fleet_t *f, td_part_t *p)
               p->applied_seq);
 }
 
-bool td_part_checkpoint(td_fleet_t *f, td_part_t *p)
+/* td_part_checkpoint, untimed. */
+static bool write_checkpoint(td_fleet_t *f, td_part_t *p)
 {
     char msg[512];
     if (!td_part_may_write(p)) {
@@ -492,6 +494,14 @@ bool td_part_checkpoint(td_fleet_t *f, td_part_t *p)
     /* replicated: a checkpoint holding the whole changelog empties it (at a quiet point) */
     td_changelog_compact(f, p->k, p->ckpt.cur.cl_seq, p->lease.valid_until_ms);
     return true;
+}
+
+bool td_part_checkpoint(td_fleet_t *f, td_part_t *p)
+{
+    uint64_t began = td_mono_ns();
+    bool ok = write_checkpoint(f, p);
+    atomic_fetch_add_explicit(&f->st->checkpoint_ns, td_mono_ns() - began, memory_order_relaxed);
+    return ok;
 }
 
 /* ---- Applying ------------------------------------------------------------------------------ */
@@ -828,10 +838,7 @@ static void resend(td_fleet_t *f, td_part_t *p)
  * or sent to the request path. */
 static void process(td_fleet_t *f, td_part_t *p, natsMsg *m)
 {
-    uint64_t pending = 0;
-    uint64_t seq = td_nats_msg_seq_pending(m, &pending);
-    if (seq + pending > atomic_load_explicit(&f->st->last_seq[p->k], memory_order_relaxed))
-        TD_FLEET_SET(f, last_seq[p->k], seq + pending); /* the lag metric's end */
+    uint64_t seq = td_nats_msg_seq(m);
     if (seq == 0 || seq <= p->high_seq) {
         td_debug("fleet: partition %u sequence %" PRIu64 ": skipped (taken up to %" PRIu64 ")",
                  (unsigned)p->k, seq, p->high_seq);
@@ -939,12 +946,15 @@ bool td_part_step(td_fleet_t *f, td_part_t *p)
         if (p->win_len)
             return false;
         p->draining = false;
+        atomic_fetch_add_explicit(&f->st->checkpoint_drain_ns, td_mono_ns() - p->drain_began_ns,
+                                  memory_order_relaxed);
         td_part_checkpoint(f, p);
         return true;
     }
     if ((p->high_seq > p->ckpt_seq || td_fleet_route_uncommitted(f, p->k)) &&
         (now - p->last_ckpt_ms >= f->ckpt_ms || p->unacked >= TD_NATS_ACK_PENDING / 2)) {
         p->draining = true;
+        p->drain_began_ns = td_mono_ns();
         return true;
     }
     bool did = false;

@@ -44,9 +44,23 @@ static void wake(td_fleet_t *f)
     (void)n; /* a full counter wakes the poll as well */
 }
 
+/* Raises the partition's last sequence seen, the lag gauge's top, to what the last message of a
+ * fetch says (its sequence plus the consumer's pending count): as fetched, not as the fleet
+ * thread takes them, which may be far behind. */
+static void raise_last_seq(td_reader_t *r, natsMsg *last)
+{
+    uint64_t pending = 0, top = td_nats_msg_seq_pending(last, &pending) + pending;
+    _Atomic uint64_t *seen = &r->fleet->st->last_seq[r->k];
+    uint64_t cur = atomic_load_explicit(seen, memory_order_relaxed);
+    while (top > cur && !atomic_compare_exchange_weak_explicit(
+                            seen, &cur, top, memory_order_relaxed, memory_order_relaxed))
+        ;
+}
+
 /* Appends a fetched batch (taking the messages): the fetch asked for no more than the room. */
 static void push(td_reader_t *r, natsMsgList *list)
 {
+    raise_last_seq(r, list->Msgs[list->Count - 1]);
     pthread_mutex_lock(&r->mu);
     for (int i = 0; i < list->Count; i++) {
         r->ring[(r->head + r->len) % TD_READER_RING] = list->Msgs[i];
