@@ -212,12 +212,13 @@ def sample():
             s[c] += v.get(f"tallyd_nats_{c}_total", 0)
     return s
 prev_t, prev_a, samples = t0, base, 0  # at the SIGCONT, the workers had applied `base`
-first = None
+first = None  # the first sample: the counters' growth is from it
 during = []  # the samples taken while the fill was being applied
 while True:
     asked = time.time()
     s = sample()
-    first = first or s
+    if first is None:
+        first = s
     a = s["applied"]
     t = (asked + time.time()) / 2
     samples += 1
@@ -230,15 +231,14 @@ if a >= want and a > prev_a:
     t = prev_t + (t - prev_t) * (want - prev_a) / (a - prev_a)
 print(f"applied {t - t0:.3f} {a >= want} {samples}")
 mean = lambda k: sum(x[k] for x in during) / len(during) if during else float("nan")
+grew = {c: s[c] - first[c] for c in counters}
 with open(os.environ["WINDOW_OUT"], "w") as f:
     print(f"window mean {mean('in_path'):.0f} of {mean('window'):.0f} "
           f"(occupied {mean('occupied'):.0f}), fetched mean {mean('fetched'):.0f}, "
           f"lag mean {mean('lag'):.0f} ({len(during)} samples); over the apply: "
-          f"{s['resent'] - first['resent']:.0f} resent, "
-          f"{s['checkpoints'] - first['checkpoints']:.0f} checkpoints taking "
-          f"{s['checkpoint_seconds'] - first['checkpoint_seconds']:.3f} s of the fleet threads, "
-          f"{s['checkpoint_drain_seconds'] - first['checkpoint_drain_seconds']:.3f} s of "
-          f"partitions draining for them", file=f)
+          f"{grew['resent']:.0f} resent, {grew['checkpoints']:.0f} checkpoints taking "
+          f"{grew['checkpoint_seconds']:.3f} s of the fleet threads, "
+          f"{grew['checkpoint_drain_seconds']:.3f} s of partitions draining for them", file=f)
 PY
   ((${#tp[@]} == 0)) || wait "${tp[@]}"
   for n in "$@"; do

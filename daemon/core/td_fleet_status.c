@@ -132,6 +132,12 @@ static void counter(text_t *t, const char *name, const char *help, uint64_t valu
     put(t, "# HELP %s %s\n# TYPE %s counter\n%s %" PRIu64 "\n", name, help, name, name, value);
 }
 
+/* A counter of seconds kept in nanoseconds. */
+static void seconds_counter(text_t *t, const char *name, const char *help, uint64_t ns)
+{
+    put(t, "# HELP %s %s\n# TYPE %s counter\n%s %.9f\n", name, help, name, name, (double)ns / 1e9);
+}
+
 static void gauge(text_t *t, const char *name, const char *help, uint64_t value)
 {
     put(t, "# HELP %s %s\n# TYPE %s gauge\n%s %" PRIu64 "\n", name, help, name, name, value);
@@ -220,12 +226,9 @@ static void render_stages(text_t *t, const td_fleet_status_t *st)
             "Changelog batches that were due while all of their partition's messages in flight "
             "awaited their PubAcks (direct = replicated).",
             LOAD(st->cl_flights_full));
-    put(t,
-        "# HELP tallyd_nats_changelog_flight_wait_seconds_total Time those batches waited for a "
-        "PubAck to free a message's place.\n"
-        "# TYPE tallyd_nats_changelog_flight_wait_seconds_total counter\n"
-        "tallyd_nats_changelog_flight_wait_seconds_total %.9f\n",
-        (double)LOAD(st->cl_flight_wait_ns) / 1e9);
+    seconds_counter(t, "tallyd_nats_changelog_flight_wait_seconds_total",
+                    "Time those batches waited for a PubAck to free a message's place.",
+                    LOAD(st->cl_flight_wait_ns));
 }
 
 size_t td_fleet_status_render(const td_fleet_status_t *st, char *out, size_t cap)
@@ -250,16 +253,14 @@ size_t td_fleet_status_render(const td_fleet_status_t *st, char *out, size_t cap
     counter(&t, "tallyd_nats_checkpoint_failures_total",
             "Partition checkpoint writes that failed (NATS errors; the partition goes on).",
             LOAD(st->checkpoint_failures));
-    put(&t,
-        "# HELP tallyd_nats_checkpoint_seconds_total Time the fleet thread spent writing "
-        "checkpoints (the partitions' snapshots and writes; it serves no partition meanwhile).\n"
-        "# TYPE tallyd_nats_checkpoint_seconds_total counter\n"
-        "tallyd_nats_checkpoint_seconds_total %.9f\n"
-        "# HELP tallyd_nats_checkpoint_drain_seconds_total Time partitions spent draining for a "
-        "checkpoint (taking nothing new until their window was empty), summed over them.\n"
-        "# TYPE tallyd_nats_checkpoint_drain_seconds_total counter\n"
-        "tallyd_nats_checkpoint_drain_seconds_total %.9f\n",
-        (double)LOAD(st->checkpoint_ns) / 1e9, (double)LOAD(st->checkpoint_drain_ns) / 1e9);
+    seconds_counter(&t, "tallyd_nats_checkpoint_seconds_total",
+                    "Time the fleet thread spent writing checkpoints (the partitions' snapshots "
+                    "and writes; it serves no partition meanwhile).",
+                    LOAD(st->checkpoint_ns));
+    seconds_counter(&t, "tallyd_nats_checkpoint_drain_seconds_total",
+                    "Time partitions spent draining for a checkpoint (taking nothing new until "
+                    "their window was empty), summed over them.",
+                    LOAD(st->checkpoint_drain_ns));
     counter(&t, "tallyd_nats_partitions_taken_total", "Partitions taken over under a lease.",
             LOAD(st->partitions_taken));
     counter(&t, "tallyd_nats_leases_lost_total",
