@@ -38,6 +38,12 @@
 # each round's apply, from 0.1 s after the SIGCONT (bench/thread-cpu.sh), and their sum: whether
 # a worker's cores are full (the cost a message binds) or not (something waits); give a COUNT
 # that lasts longer than that.
+# PERF=1 (where perf runs; scripts/fetch-device-deps.sh carries Debian's to the GPU host): each
+# worker's CPU time over PERF_S seconds (default 0.5) of each round's apply, from 0.1 s after the
+# SIGCONT, sampled at 4 kHz (cpu-clock), by thread (tid:name), then by thread name and function:
+# where a worker at its cores spends them (tdfleet, tdreader-K, the shards' tdshard-N, tallyd's
+# loop; libnats's threads are named after their connection's role, nats/reader-K, nats/replies,
+# nats/fleet, the last also the library's own: its garbage collector frees messages).
 # LOGS=DIR: the workers' and nats-servers' logs are copied into DIR at the end (the scratch
 # directory, with the servers' stores, is removed in any case).
 # BUILD (default build) holds tallyd and nats_bench; TALLYD_ARGS adds worker options; LEASE_MS
@@ -170,6 +176,16 @@ round() {
       tp+=($!)
     done
   fi
+  if [ "${PERF:-0}" = 1 ]; then
+    for n in "$@"; do
+      (sleep 0.1 && $(on "$tools") perf record -q -e cpu-clock -F 4000 -p "${pid[$n]}" \
+        -o "$dir/perf-$tag-w$n.data" -- sleep "${PERF_S:-0.5}" &&
+        { perf report -q -i "$dir/perf-$tag-w$n.data" --sort pid &&
+          perf report -q -i "$dir/perf-$tag-w$n.data" --percent-limit 0.5 --sort comm,symbol; } \
+          >"$dir/perf-$tag-w$n" 2>&1) >/dev/null 2>&1 &
+      tp+=($!)
+    done
+  fi
   WINDOW_OUT="$dir/window-$tag" MSG_BYTES=$((size + 128)) \
     python3 - "$t0" "$base" "$((base + count))" "${ports[@]}" >"$dir/applied-$tag" <<'PY'
 # Every SAMPLE_MS (default 50) each worker's /metrics, and the moment the sum reached `want`
@@ -245,6 +261,11 @@ PY
     [ -s "$dir/threads-$tag-w$n" ] || continue
     echo "threads of w$n in round $tag (cores ${cores[$n]}; share of a core over ${THREADS_S:-0.5} s):"
     awk '{ s += $1 } $1 > 0 { print "  " $0 } END { printf "  %6.1f %%  in all\n", s }' "$dir/threads-$tag-w$n"
+  done
+  for n in "$@"; do
+    [ -s "$dir/perf-$tag-w$n" ] || continue
+    echo "CPU of w$n in round $tag by thread, then by thread and function (perf, ${PERF_S:-0.5} s):"
+    grep -v '^#' "$dir/perf-$tag-w$n" | grep -v '^$' | head -80 | sed 's/^/  /'
   done
 }
 

@@ -5,6 +5,15 @@
 # there. Never unpack into /.
 mkdir -p /opt/deps
 for f in .deps/debs/*.deb; do dpkg -x "$f" /opt/deps; done
+# perf (fetch-device-deps.sh), behind a wrapper that alone sees its libraries
+if ls .deps/perf/*.deb >/dev/null 2>&1; then
+  mkdir -p /opt/perf/bin
+  for f in .deps/perf/*.deb; do dpkg -x "$f" /opt/perf; done
+  printf '#!/bin/sh\nLD_LIBRARY_PATH=/opt/perf/usr/lib/x86_64-linux-gnu:/opt/perf/lib/x86_64-linux-gnu exec /opt/perf/usr/bin/perf "$@"\n' \
+    >/opt/perf/bin/perf
+  chmod +x /opt/perf/bin/perf
+  export PATH=$PATH:/opt/perf/bin
+fi
 export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PATH=$PATH:/opt/deps/usr/sbin:/opt/deps/usr/bin # nats-server (NATS tests), redis (shards)
 export CMAKE_PREFIX_PATH=/opt/deps/usr

@@ -17,3 +17,11 @@ apt-get download python3-numpy libblas3 liblapack3 libgfortran5
 # Redis beside tallyd's shards (gpu-check.sh STEPS=shards, bench/run-shards.sh: issue 31's
 # redis-benchmark -t incr -P 64 -c 16): redis-server is a link to redis-tools' redis-check-rdb.
 apt-get download redis-server redis-tools libjemalloc2 liblzf1
+# perf, for the benchmarks' profiles on the GPU host (bench/run-nats-fleet.sh PERF=1): Debian's
+# linux-perf and the libraries it loads, kept apart (.deps/perf, unpacked into /opt/perf) so that
+# they never shadow the GPU host's own libelf, libcap and the like for anything but perf.
+mkdir -p ../perf
+cd ../perf
+apt-get download linux-perf libbabeltrace1 libdw1 libelf1 libnuma1 libopencsd1 libperl5.36 \
+  libpython3.11 libslang2 libunwind8 libcap2 libglib2.0-0 libffi8 libpcre2-8-0 libmount1 \
+  libblkid1 libselinux1 libbz2-1.0 libcrypt1 libexpat1 libuuid1

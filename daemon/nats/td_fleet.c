@@ -305,7 +305,20 @@ td_err_t td_fleet_connect(td_fleet_t *f, const char *role, bool asap, natsConnec
     snprintf(name, sizeof name, "%s%s%s", f->member, role ? "/" : "", role ? role : "");
     tally_nats_conf_t conf = nats_conf(f->host.cfg, name);
     conf.send_asap = asap;
-    return tally__nats_connect(&conf, nc, msg, cap) == TALLY_OK ? TD_OK : TD_ERR_LIBRARY;
+    /* libnats starts a connection's threads (its read loop, its flusher) without naming them, so
+     * they take the name of the thread that connects: the connection's role instead, for a
+     * while, so that top -H and profiles tell them from the thread that made them ("nats/reader-3"
+     * beside "tdfleet"; bench/run-nats-fleet.sh PERF=1). The library's own threads (its
+     * garbage collector, which frees messages, and its timers) start with the process's first
+     * connection, so they are "nats/fleet" too. */
+    char was[16] = "", as[16];
+    snprintf(as, sizeof as, "nats/%s", role ? role : "fleet");
+    bool renamed = pthread_getname_np(pthread_self(), was, sizeof was) == 0 &&
+                   pthread_setname_np(pthread_self(), as) == 0;
+    td_err_t err = tally__nats_connect(&conf, nc, msg, cap) == TALLY_OK ? TD_OK : TD_ERR_LIBRARY;
+    if (renamed)
+        pthread_setname_np(pthread_self(), was);
+    return err;
 }
 
 /* The lease TTL: [nats] lease_ttl_ms; unset, an existing fleet's (its TALLY_LEASES bucket's
