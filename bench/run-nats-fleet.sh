@@ -42,8 +42,9 @@
 # worker's CPU time over PERF_S seconds (default 0.5) of each round's apply, from 0.1 s after the
 # SIGCONT, sampled at 4 kHz (cpu-clock), by thread (tid:name), then by thread name and function:
 # where a worker at its cores spends them (tdfleet, tdreader-K, the shards' tdshard-N, tallyd's
-# loop; libnats's threads are named after their connection's role, nats/reader-K, nats/replies,
-# nats/fleet, the last also the library's own: its garbage collector frees messages).
+# loop; the connections a worker makes after its start name their libnats threads after their
+# role, nats/reader-K; those made at start and the library's own, whose garbage collector frees
+# messages, are "tallyd" like the loop thread, which is the one whose id is the process's).
 # LOGS=DIR: the workers' and nats-servers' logs are copied into DIR at the end (the scratch
 # directory, with the servers' stores, is removed in any case).
 # BUILD (default build) holds tallyd and nats_bench; TALLYD_ARGS adds worker options; LEASE_MS

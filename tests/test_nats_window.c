@@ -22,6 +22,7 @@
  * scrape, then nothing in any once it is applied; the exposition parsed by Prometheus's parser
  * where python3 has it.
  */
+#include <dirent.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -474,6 +475,30 @@ static void test_refused_behind_its_stream(void **state)
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
 }
 
+/* Whether a thread of pid has the name `name` (its libnats threads are named after their
+ * connection's role: td_fleet_connect). */
+static bool has_thread(pid_t pid, const char *name)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *dir = opendir(path);
+    bool found = false;
+    for (struct dirent *e; dir && !found && (e = readdir(dir));) {
+        char comm[32] = "", task[sizeof path + sizeof e->d_name + 8];
+        snprintf(task, sizeof task, "%s/%s/comm", path, e->d_name);
+        FILE *f = e->d_name[0] == '.' ? NULL : fopen(task, "r");
+        if (f && fgets(comm, sizeof comm, f)) {
+            comm[strcspn(comm, "\n")] = 0;
+            found = strcmp(comm, name) == 0;
+        }
+        if (f)
+            fclose(f);
+    }
+    if (dir)
+        closedir(dir);
+    return found;
+}
+
 /* The value of the sample "NAME VALUE" of a /metrics body (name with its labels); -1 if absent. */
 static long long sample_of(const char *body, const char *name)
 {
@@ -530,6 +555,12 @@ static void test_backlog_gauges(void **state)
     print_message("held: window %lld, in_path %lld (%lld bytes), fetched %lld, lag %lld\n", window,
                   in_path, bytes, fetched, lag);
     assert_true(held);
+    /* The reader's connection, made on the fleet thread at the take, names its libnats threads
+     * after itself: a profile tells them from the fleet thread. */
+    char reader[16];
+    snprintf(reader, sizeof reader, "nats/reader-%u", (unsigned)k);
+    assert_true(has_thread(w.pid, reader));
+    assert_true(has_thread(w.pid, "tdfleet"));
     assert_int_equal(window, 2);
     assert_int_equal(bytes, 2 * (long long)len);
     assert_int_equal(lag, BACKLOG);

@@ -308,12 +308,14 @@ td_err_t td_fleet_connect(td_fleet_t *f, const char *role, bool asap, natsConnec
     /* libnats starts a connection's threads (its read loop, its flusher) without naming them, so
      * they take the name of the thread that connects: the connection's role instead, for a
      * while, so that top -H and profiles tell them from the thread that made them ("nats/reader-3"
-     * beside "tdfleet"; bench/run-nats-fleet.sh PERF=1). The library's own threads (its
-     * garbage collector, which frees messages, and its timers) start with the process's first
-     * connection, so they are "nats/fleet" too. */
+     * beside "tdfleet"; bench/run-nats-fleet.sh PERF=1). Not on the main thread, whose name is
+     * the process's (ps, pgrep) for as long as a connect may wait: the connections made at start
+     * and the library's own threads (its garbage collector, which frees messages, and its
+     * timers) keep "tallyd", and tell themselves from the loop thread by their ids. */
     char was[16] = "", as[16];
     snprintf(as, sizeof as, "nats/%s", role ? role : "fleet");
-    bool renamed = pthread_getname_np(pthread_self(), was, sizeof was) == 0 &&
+    bool renamed = gettid() != getpid() &&
+                   pthread_getname_np(pthread_self(), was, sizeof was) == 0 &&
                    pthread_setname_np(pthread_self(), as) == 0;
     td_err_t err = tally__nats_connect(&conf, nc, msg, cap) == TALLY_OK ? TD_OK : TD_ERR_LIBRARY;
     if (renamed)
