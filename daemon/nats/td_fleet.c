@@ -311,7 +311,7 @@ td_err_t td_fleet_connect(td_fleet_t *f, const char *role, bool asap, natsConnec
      * beside "tdfleet"; bench/run-nats-fleet.sh PERF=1). Not on the main thread, whose name is
      * the process's (ps, pgrep) for as long as a connect may wait: the connections made at start
      * and the library's own threads (its garbage collector, which frees messages, and its
-     * timers) keep "tallyd", and tell themselves from the loop thread by their ids. */
+     * timers) keep "tallyd"; the loop thread is the one whose id is the process's. */
     char was[16] = "", as[16];
     snprintf(as, sizeof as, "nats/%s", role ? role : "fleet");
     bool renamed = gettid() != getpid() &&
