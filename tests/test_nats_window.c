@@ -11,16 +11,18 @@
  * sum up to it, a last scan of each stream finds the sum of everything sent (each message applied
  * exactly once), and the worker counted its refused messages in tallyd_nats_resent_total.
  * Then a backlog of messages larger than half the window's bytes: taken one at a time, each
- * applied once. Last, every run and not by luck of timing (test_refused_behind_its_stream): a
- * window whose scan of a stream is refused while a later message of that stream is applied, so
- * that the partition is dropped and taken again from its checkpoint (order_broken), where the
- * window's messages then go one at a time (the same refusals would break it at every take), and
- * such a backlog held by the transport at --max-inflight 1 (its put-back), each message applied
- * once. And where a backlog waits (issue 32's gauges, test_backlog_gauges): a backlog of one
- * stream on a simulated GPU whose every launch takes a second shows its window's two messages in
- * the request path (the whole window) and the other three fetched for the fleet thread, in one
- * scrape, then nothing in any once it is applied; the exposition parsed by Prometheus's parser
- * where python3 has it.
+ * applied once; and more of them with the worker running, which name no Tally-Reply: their
+ * replies' payloads are dropped where they are made, so only the queries' replies count in
+ * tallyd_sent_bytes_total. Last, every run and not by luck of timing
+ * (test_refused_behind_its_stream): a window whose scan of a stream is refused while a later
+ * message of that stream is applied, so that the partition is dropped and taken again from its
+ * checkpoint (order_broken), where the window's messages then go one at a time (the same refusals
+ * would break it at every take), and such a backlog held by the transport at --max-inflight 1 (its
+ * put-back), each message applied once. And where a backlog waits (issue 32's gauges,
+ * test_backlog_gauges): a backlog of one stream on a simulated GPU whose every launch takes a
+ * second shows its window's two messages in the request path (the whole window) and the other three
+ * fetched for the fleet thread, in one scrape, then nothing in any once it is applied; the
+ * exposition parsed by Prometheus's parser where python3 has it.
  */
 #include <dirent.h>
 #include <setjmp.h>
@@ -250,32 +252,60 @@ static size_t publish_hists(const char *prefix, uint32_t k, size_t bytes, int co
     return len;
 }
 
+/* Stream name's record, asked on sock until it holds `batches` batches (or 20 s passed); each
+ * reply's payload bytes added to *sent. */
+static tally_stream_info_t await_batches(void *sock, const char *name, uint64_t batches,
+                                         uint64_t *sent)
+{
+    tally_req_t query = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, 1);
+    assert_int_equal(tally_req_set_stream(&query, name), TALLY_OK);
+    tally_stream_info_t info;
+    memset(&info, 0, sizeof info);
+    for (int64_t until = th_now_ms() + 20000; info.batches < batches && th_now_ms() < until;) {
+        th_reply_t r = {0};
+        int st = th_call_reply_status(sock, &query, NULL, 0, &r);
+        assert_true(st >= 0);
+        *sent += r.len;
+        if (st == TALLY_OK)
+            assert_int_equal(tally_stream_info_decode(r.payload, r.len, &info), TALLY_OK);
+        th_reply_free(&r);
+        if (info.batches < batches)
+            th_sleep_ms(50);
+    }
+    return info;
+}
+
 /* A backlog of hist messages of 40,000 bytes each on a stream of partition 0, published while
  * no worker runs: two do not fit the window's 64 KiB (--nats-inflight-bytes), so the worker
- * started then takes them one at a time (one message always goes), each applied once. */
+ * started then takes them one at a time (one message always goes), each applied once. Then
+ * more of them with the worker running: none names a Tally-Reply, so none is answered, and
+ * their replies' payloads (2 KiB of counts each) are dropped where they are made: only the
+ * queries' replies count in tallyd_sent_bytes_total meanwhile. */
 static void big_backlog(void)
 {
-    enum { BIG = 40000, BACKLOG = 3 };
+    enum { BIG = 40000, BACKLOG = 3, MORE = 4 };
     char name[32];
     publish_hists("winbig", 0, BIG, BACKLOG, name);
     start_worker();
     void *sock = th_connect(w.endpoint, 10000);
     assert_non_null(sock);
-    tally_req_t query = th_req(TALLY_OP_QUERY, TALLY_DTYPE_NONE, 1);
-    assert_int_equal(tally_req_set_stream(&query, name), TALLY_OK);
-    tally_stream_info_t info;
-    memset(&info, 0, sizeof info);
-    for (int64_t until = th_now_ms() + 20000; info.batches < BACKLOG && th_now_ms() < until;) {
-        th_reply_t r = {0};
-        if (th_call_reply_status(sock, &query, NULL, 0, &r) == TALLY_OK)
-            assert_int_equal(tally_stream_info_decode(r.payload, r.len, &info), TALLY_OK);
-        th_reply_free(&r);
-        if (info.batches < BACKLOG)
-            th_sleep_ms(50);
-    }
-    th_close(sock);
+    uint64_t sent = 0;
+    tally_stream_info_t info = await_batches(sock, name, BACKLOG, &sent);
     assert_int_equal(info.batches, BACKLOG);
     assert_int_equal(info.hist_total, (uint64_t)BACKLOG * BIG);
+    long long before = th_metric(&w, "tallyd_sent_bytes_total");
+    assert_true(before >= 0);
+    sent = 0;
+    publish_hists("winbig", 0, BIG, MORE, name);
+    info = await_batches(sock, name, BACKLOG + MORE, &sent);
+    th_close(sock);
+    assert_int_equal(info.batches, BACKLOG + MORE);
+    long long after = -1;
+    for (int64_t until = th_now_ms() + 5000;
+         (after = th_metric(&w, "tallyd_sent_bytes_total")) != before + (long long)sent &&
+         th_now_ms() < until;)
+        th_sleep_ms(50);
+    assert_int_equal(after, before + (long long)sent);
     assert_int_equal(th_metric(&w, "tallyd_nats_dead_letters_total"), 0);
     assert_int_equal(th_daemon_stop(&w, SIGTERM, 20000), 0);
 }
@@ -314,6 +344,9 @@ static void test_refused_messages_applied_once(void **state)
         got[k] = true;
         assert_int_equal(reply.rep.count, VALUES);
         assert_int_equal((int64_t)reply.rep.aux0, want_carry[k]); /* in order, once */
+        /* asked for: the sums themselves, the last one the carry-out (an inclusive scan) */
+        assert_int_equal(reply.len, VALUES * sizeof(int64_t));
+        assert_int_equal((int64_t)tally_get_u64(reply.payload + reply.len - 8), want_carry[k]);
         tally_reply_clear(&reply);
     }
     int64_t took = th_now_ms() - t0;

@@ -278,6 +278,7 @@ void td_path_take_message(td_request_t *r, td_msg_t *m)
         r->req = *m->req;
         r->decoded = true;
     }
+    r->body_unwanted = m->body_unwanted;
     r->arrived = m->payload;   /* the shard's now */
     if (m->payload_borrowed) { /* the transport's: copied (TD_PAYLOAD_BORROW_MAX at most) */
         memcpy(r->payload_inline, m->payload.data, m->payload.len);

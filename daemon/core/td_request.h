@@ -66,6 +66,7 @@ typedef struct td_request {
     bool has_header;
     size_t header_len;
     bool decoded;
+    bool body_unwanted; /* td_msg_t's: a successful reply's payload is dropped (td_shard.c) */
     bool routed; /* direct mode: admitted by its shard's route, told at its reply (td_shard.h) */
     bool held;   /* replicated: its reply waits for the route (held_ticket; td_shard.c) */
     uint64_t held_ticket;

@@ -128,6 +128,8 @@ static void reply(td_shard_t *p, td_request_t *r)
         r->routed = false;
         p->route.done(p->route.ctx, &r->req, (tally_status_t)r->rep.status);
     }
+    if (r->body_unwanted && r->rep.status == TALLY_OK)
+        td_request_drop_reply(r); /* applied: its transport reads the header alone */
     uint64_t now = uv_hrtime();
     td_metrics_observe(p->env.metrics, r->req.opcode, (tally_status_t)r->rep.status, r->payload_len,
                        r->reply_len, now - r->received_ns);

@@ -134,6 +134,11 @@ typedef struct {
      * message's to judge it (issue 32: a second decode was ~900 instructions a message). Read
      * during td_path_submit only. */
     const tally_req_t *req;
+    /* The transport reads only the header of a successful reply (the fleet's messages that name
+     * no Tally-Reply): its shard drops the payload once the request is applied, so a hist's 2
+     * KiB of counts is neither handed over, freed on the transport's thread, nor counted as
+     * sent (issue 32). An error reply keeps its message. */
+    bool body_unwanted;
     /* The second request frame; moved to the path (its free function is the path's to call),
      * or, with payload_borrowed, the transport's until td_path_submit returns: the path copies
      * it into the request (at most TD_PAYLOAD_BORROW_MAX bytes). A small payload then costs the

@@ -297,9 +297,10 @@ void td_fleet_path_on_loop(td_fleet_t *f);
 int td_fleet_path_send(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *data, size_t len);
 /* The same with the payload given (moved: the path frees it; on failure it is freed here) instead
  * of copied: header is the request header's TALLY_REQ_HEADER_SIZE bytes, req that header as
- * tally_req_decode read it (the path does not decode it again). */
+ * tally_req_decode read it (the path does not decode it again). body_unwanted: only the reply's
+ * header is read when it succeeds (td_msg_t's: a message that names no Tally-Reply). */
 int td_fleet_path_send_shared(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *header,
-                              const tally_req_t *req, td_bytes_t *payload);
+                              const tally_req_t *req, bool body_unwanted, td_bytes_t *payload);
 /* Posts the requests queued since the last flush to the loop: one lock, one wake-up. */
 void td_fleet_path_flush(td_fleet_t *f);
 /* A reply frame (header, then body_len bytes of body) into buf when it fits in cap, else

@@ -807,10 +807,11 @@ static void judge(td_fleet_t *f, td_part_t *p, uint64_t pos)
         return;
     }
     td_bytes_t payload;
-    int slot = entry_payload(e, &payload)
-                   ? td_fleet_path_send_shared(
-                         f, PEND_PART, (const uint8_t *)natsMsg_GetData(e->msg), &req, &payload)
-                   : -1;
+    int slot =
+        entry_payload(e, &payload)
+            ? td_fleet_path_send_shared(f, PEND_PART, (const uint8_t *)natsMsg_GetData(e->msg),
+                                        &req, !e->to, &payload)
+            : -1;
     if (slot < 0) {
         mark_retry(p, e, TD_FLEET_RETRY_MS);
         return;

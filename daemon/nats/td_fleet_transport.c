@@ -62,6 +62,7 @@ typedef struct td_fleet_sub {
     struct td_fleet_sub *next;
     uint8_t header[TALLY_REQ_HEADER_SIZE]; /* its request id is the tag */
     bool decoded;                          /* req is the header decoded (a partition's message) */
+    bool body_unwanted;                    /* td_msg_t's: its message names no Tally-Reply */
     tally_req_t req;
     td_bytes_t payload; /* data, or empty */
     uint8_t data[];
@@ -102,6 +103,7 @@ static td_msg_t sub_msg(sub_item_t *s)
     return (td_msg_t){.header = s->header,
                       .header_len = sizeof s->header,
                       .req = s->decoded ? &s->req : NULL,
+                      .body_unwanted = s->body_unwanted,
                       .payload = s->payload,
                       .frames = 2};
 }
@@ -353,6 +355,7 @@ int td_fleet_path_send(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *data, 
     }
     s->next = NULL;
     s->decoded = false;
+    s->body_unwanted = false;
     memcpy(s->header, data, sizeof s->header);
     tally_put_u64(s->header + 8, f->pend[slot].tag);
     memcpy(s->data, data + TALLY_REQ_HEADER_SIZE, plen);
@@ -366,7 +369,7 @@ int td_fleet_path_send(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *data, 
  * item. The slot, -1 when none is free or there is no memory (the payload freed), or -2 when the
  * port takes nothing now (max_inflight: queue it). */
 static int send_to_port(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *header,
-                        const tally_req_t *req, td_bytes_t *payload)
+                        const tally_req_t *req, bool body_unwanted, td_bytes_t *payload)
 {
     int slot = take_slot(f, kind, header);
     if (slot < 0) {
@@ -378,8 +381,12 @@ static int send_to_port(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *heade
     tally_put_u64(tagged + 8, f->pend[slot].tag);
     tally_req_t q = *req;
     q.request_id = f->pend[slot].tag;
-    td_msg_t m = {
-        .header = tagged, .header_len = sizeof tagged, .req = &q, .payload = *payload, .frames = 2};
+    td_msg_t m = {.header = tagged,
+                  .header_len = sizeof tagged,
+                  .req = &q,
+                  .body_unwanted = body_unwanted,
+                  .payload = *payload,
+                  .frames = 2};
     td_err_t err = td_path_port_submit(f->port, &m);
     if (err == TD_OK) {
         *payload = (td_bytes_t){0};
@@ -393,10 +400,10 @@ static int send_to_port(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *heade
 }
 
 int td_fleet_path_send_shared(td_fleet_t *f, td_pend_kind_t kind, const uint8_t *header,
-                              const tally_req_t *req, td_bytes_t *payload)
+                              const tally_req_t *req, bool body_unwanted, td_bytes_t *payload)
 {
     if (f->port && !f->sub_out_head) {
-        int slot = send_to_port(f, kind, header, req, payload);
+        int slot = send_to_port(f, kind, header, req, body_unwanted, payload);
         if (slot != -2)
             return slot;
     }
@@ -411,6 +418,7 @@ int td_fleet_path_send_shared(td_fleet_t *f, td_pend_kind_t kind, const uint8_t 
     memcpy(s->header, header, sizeof s->header);
     tally_put_u64(s->header + 8, f->pend[slot].tag);
     s->decoded = true;
+    s->body_unwanted = body_unwanted;
     s->req = *req;
     s->req.request_id = f->pend[slot].tag;
     s->payload = *payload;
