@@ -33,7 +33,12 @@
 # of windows; many fetched and W below Y, the fleet thread; X and Z low with L high, the fetch),
 # then what the workers' counters grew by over the apply: requests resent (each stops its
 # partition for 50 ms), checkpoints written, the seconds their fleet threads spent writing them
-# and the seconds partitions spent draining for them (taking nothing new).
+# and the seconds partitions spent draining for them (taking nothing new). Before those, "CPU a
+# message": the workers' CPU time (user and system, /proc/PID/stat) from the SIGCONT to the
+# sampler's end over the messages, beside the bare consumers' over their read (their start
+# included: ~80 ms in all, 0.3 us a message at 300,000). A worker held at its cores applies at
+# what a message costs it, so this moves with a change of that cost where the seconds, which
+# vary 10-20 % between rounds, may not (bench/NOTES.md).
 # THREADS=1: each worker's threads' share of a core over THREADS_S seconds (default 0.5) of
 # each round's apply, from 0.1 s after the SIGCONT (bench/thread-cpu.sh), and their sum: whether
 # a worker's cores are full (the cost a message binds) or not (something waits); give a COUNT
@@ -136,13 +141,24 @@ bare() { # bare TAG CORES: bare consumers of every partition from the sequences 
   local tag=$1 c=$2 k from t0 t1 b=()
   read -r -a from <"$dir/seqs"
   t0=$(now)
-  for ((k = 0; k < parts; k++)); do
-    $(on "$c") "$build/bench/nats_bench" bare-part "$url" $k $((from[k + 1] + 1)) >"$dir/bare-$tag-$k" &
-    b+=($!)
-  done
-  wait "${b[@]}"
+  ( # in a subshell, whose `times` are then its children's, the consumers': their CPU seconds
+    for ((k = 0; k < parts; k++)); do
+      $(on "$c") "$build/bench/nats_bench" bare-part "$url" $k $((from[k + 1] + 1)) >"$dir/bare-$tag-$k" &
+      b+=($!)
+    done
+    wait "${b[@]}"
+    times >"$dir/bare-$tag-times" # not in a pipe: its fork would have no children
+    tail -1 "$dir/bare-$tag-times" | tr 'ms' '  ' |
+      awk '{ printf "%.3f\n", 60 * $1 + $2 + 60 * $3 + $4 }' >"$dir/bare-$tag-cpu"
+  )
   t1=$(now)
   elapsed "$t0" "$t1" >"$dir/bare-$tag-s"
+}
+
+cpu_s() { # cpu_s PID...: their CPU seconds (user and system) so far, in all
+  local p t=0
+  for p in "$@"; do t=$((t + $(awk '{ print $14 + $15 }' "/proc/$p/stat"))); done
+  awk -v t="$t" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.3f\n", t / hz }'
 }
 
 applied() { # applied N...: the messages these workers have applied, in all
@@ -167,6 +183,9 @@ round() {
   echo "paused $(elapsed "$t0" "$(now)") s" >>"$dir/fill-$tag"
   ports=()
   for n in "$@"; do ports+=("${mport[$n]}"); done
+  local pids=() cpu0
+  for n in "$@"; do pids+=("${pid[$n]}"); done
+  cpu0=$(cpu_s "${pids[@]}")
   t0=$(now) # before the SIGCONT: the sampler's own start is not lost
   for n in "$@"; do kill -CONT "${pid[$n]}"; done
   local tp=()
@@ -257,6 +276,11 @@ with open(os.environ["WINDOW_OUT"], "w") as f:
           f"{grew['checkpoint_seconds']:.3f} s of the fleet threads, "
           f"{grew['checkpoint_drain_seconds']:.3f} s of partitions draining for them", file=f)
 PY
+  # CPU a message: the workers' from the SIGCONT to the sampler's end (idle after the apply but
+  # for the sampling), the bare consumers' over their whole read of the same messages
+  awk -v w0="$cpu0" -v w1="$(cpu_s "${pids[@]}")" -v b="$(cat "$dir/bare-$tag-cpu")" -v n="$count" \
+    'BEGIN { printf "CPU a message %.1f us (bare %.1f us)\n", (w1 - w0) * 1e6 / n, b * 1e6 / n }' \
+    >"$dir/cpu-$tag"
   ((${#tp[@]} == 0)) || wait "${tp[@]}"
   for n in "$@"; do
     [ -s "$dir/threads-$tag-w$n" ] || continue
@@ -288,7 +312,8 @@ for sc in $sizes; do
   echo "$size B x $count: bare(1) $(cat "$dir/bare-1-$size-s") s, bare(3) $(cat "$dir/bare-3-$size-s") s;" \
     "applied(1) $(cat "$dir/applied-1-$size"), applied(3) $(cat "$dir/applied-3-$size");" \
     "$(grep -h paused "$dir/fill-1-$size") / $(grep -h paused "$dir/fill-3-$size");" \
-    "1 worker: $(cat "$dir/window-1-$size"); 3 workers: $(cat "$dir/window-3-$size")"
+    "1 worker: $(cat "$dir/cpu-1-$size"), $(cat "$dir/window-1-$size");" \
+    "3 workers: $(cat "$dir/cpu-3-$size"), $(cat "$dir/window-3-$size")"
 done
 
 [ "${ONLY:-}" = rates ] && exit 0 # the raw lines above are the figures
