@@ -88,6 +88,19 @@ typedef struct {
 
 /* A partition's reader thread and its queue (td_fleet_reader.c). */
 #define TD_READER_RING (4 * TD_FLEET_FETCH_BATCH)
+/* A message's Tally-Reply and Nats-Msg-Id headers (NULL: none) and the user its subject names
+ * (NULL: none): pointers into the message. */
+typedef struct {
+    const char *to, *id, *user;
+} td_msg_headers_t;
+/* A fetched message with what its reader read of it on its own thread (issue 32: the fleet
+ * thread, which every message of a worker crosses, was the one at a full core): its stream
+ * sequence (0: none) and the headers its judging needs. msg NULL: none. */
+typedef struct {
+    natsMsg *msg;
+    uint64_t seq;
+    td_msg_headers_t h;
+} td_fetched_t;
 /* The consumer a reader makes before its first fetch (td_consumer_start's arguments): on its own
  * thread, so that a take-over does not wait for the cluster to place the consumer, and the
  * consumers of several partitions taken together are made at once (issue 32's failover). */
@@ -115,12 +128,12 @@ typedef struct {
     atomic_bool stop;
     pthread_mutex_t mu;
     pthread_cond_t cond; /* room in the queue again, or stop */
-    natsMsg *ring[TD_READER_RING];
+    td_fetched_t ring[TD_READER_RING];
     size_t head, len;
     size_t bytes; /* the ring's and those taken but not popped yet */
     /* The fleet thread's: what it took from the ring at once (one lock for a batch, issue 32),
      * popped one by one; `popped`: bytes popped since, still counted in `bytes`. */
-    natsMsg *taken[TD_READER_RING];
+    td_fetched_t taken[TD_READER_RING];
     size_t took, taken_len;
     size_t popped;
     /* Messages queued since the reader started (its thread's) and popped (the fleet thread's):
@@ -137,7 +150,8 @@ typedef struct {
     uint64_t seq;
     int slot; /* WIN_SENT: its pend slot */
     td_win_state_t state;
-    const char *to; /* judged: its Tally-Reply where its publisher may be answered, or NULL */
+    td_msg_headers_t h; /* as its reader read them */
+    const char *to;     /* judged: its Tally-Reply where its publisher may be answered, or NULL */
 } td_win_entry_t;
 
 /* The longest ack subject kept ($JS.ACK.<stream>.<consumer>.<9 numbers>). */
@@ -163,7 +177,7 @@ typedef struct {
     size_t win_len, win_bytes, retries;
     size_t in_path, in_path_bytes; /* its WIN_SENT entries, and their bytes (the metrics') */
     int64_t retry_at; /* when the WIN_RETRY entries are sent again */
-    natsMsg *next;    /* taken from the reader, waiting for room in the window */
+    td_fetched_t next; /* taken from the reader, waiting for room in the window (msg: NULL) */
     /* After the window broke a stream's order (a message refused `busy` overtaken by a later one
      * of its stream): the messages up to this sequence go one at a time when the partition is
      * taken again, so that the refusals that broke it cannot break it again at every take (0:
@@ -383,7 +397,8 @@ td_err_t td_reader_start(td_fleet_t *f, td_reader_t *r, uint32_t k, const td_rea
 bool td_reader_failed(td_reader_t *r, char *why, size_t cap);
 /* True once the reader has made its consumer (r->made_ms says when). */
 bool td_reader_made(td_reader_t *r);
-natsMsg *td_reader_pop(td_reader_t *r);
+/* The next message the reader fetched, with what it read of it (its msg NULL: none now). */
+td_fetched_t td_reader_pop(td_reader_t *r);
 void td_reader_stop(td_reader_t *r);
 
 /* td_fleet_keys.c: subscribes to the membership and lease keys; closes (and forgets the known

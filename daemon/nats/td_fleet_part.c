@@ -152,8 +152,8 @@ static void forget_window(td_fleet_t *f, td_part_t *p)
     TD_FLEET_SET(f, window[p->k], 0);
     TD_FLEET_SET(f, in_path[p->k], 0);
     TD_FLEET_SET(f, in_path_bytes[p->k], 0);
-    natsMsg_Destroy(p->next);
-    p->next = NULL;
+    natsMsg_Destroy(p->next.msg);
+    p->next = (td_fetched_t){0};
     p->draining = false;
 }
 
@@ -173,7 +173,7 @@ static void forget_work(td_fleet_t *f, td_part_t *p)
 void td_part_free(td_fleet_t *f, td_part_t *p)
 {
     td_reader_stop(&p->reader);
-    natsMsg_Destroy(p->next);
+    natsMsg_Destroy(p->next.msg);
     for (size_t i = 0; p->win && i < p->win_len; i++)
         entry_release(&p->win[(p->win_first + i) % f->inflight]);
     free(p->win);
@@ -624,23 +624,20 @@ static bool order_broken(const td_fleet_t *f, const td_part_t *p, uint64_t pos, 
     return false;
 }
 
-static const char *header(natsMsg *m, const char *key)
-{
-    const char *v = NULL;
-    return natsMsgHeader_Get(m, key, &v) == NATS_OK ? v : NULL;
-}
-
-/* Publishes m to the dead letters with why; false when NATS would not take it (try again). */
-static bool dead_letter(td_fleet_t *f, td_part_t *p, natsMsg *m, uint64_t seq, tally_status_t st,
+/* Publishes e's message to the dead letters with why; false when NATS would not take it (try
+ * again). */
+static bool dead_letter(td_fleet_t *f, td_part_t *p, const td_win_entry_t *e, tally_status_t st,
                         const char *why)
 {
+    natsMsg *m = e->msg;
+    uint64_t seq = e->seq;
     if (!td_part_may_write(p))
         return false; /* its lease ran out: the next step drops the partition */
     char subject[32], num[24], seqs[24];
     tally_fleet_name(subject, sizeof subject, TALLY_NATS_SUBJ_DEAD, p->k);
     snprintf(num, sizeof num, "%u", (unsigned)p->k);
     snprintf(seqs, sizeof seqs, "%" PRIu64, seq);
-    const char *id = header(m, TALLY_NATS_HDR_MSG_ID);
+    const char *id = e->h.id;
     natsMsg *d = NULL;
     natsStatus s = natsMsg_Create(&d, subject, NULL, natsMsg_GetData(m), natsMsg_GetDataLength(m));
     if (s == NATS_OK)
@@ -668,41 +665,17 @@ static bool dead_letter(td_fleet_t *f, td_part_t *p, natsMsg *m, uint64_t seq, t
     return true;
 }
 
-/* m's Tally-Reply and Nats-Msg-Id headers (NULL: none), read once: a header asked for and
- * missing costs libnats an error text each time (issue 32: a third of the fleet thread's
- * formatting, three times a message); and the user its subject names (NULL: none), read once
- * too. */
-typedef struct {
-    const char *to, *id, *user;
-} msg_headers_t;
-
-static msg_headers_t msg_headers(natsMsg *m)
-{
-    msg_headers_t h = {.user = tally_fleet_subject_user(natsMsg_GetSubject(m))};
-    const char **keys = NULL;
-    int n = 0;
-    if (natsMsgHeader_Keys(m, &keys, &n) != NATS_OK)
-        return h; /* no headers at all */
-    for (int i = 0; i < n; i++) {
-        if (!h.to && strcmp(keys[i], TALLY_NATS_HDR_REPLY) == 0)
-            h.to = header(m, TALLY_NATS_HDR_REPLY);
-        else if (!h.id && strcmp(keys[i], TALLY_NATS_HDR_MSG_ID) == 0)
-            h.id = header(m, TALLY_NATS_HDR_MSG_ID);
-    }
-    free((void *)keys);
-    return h;
-}
-
 /* The Tally-Reply when the publisher may be answered there (one of the inboxes of the user its
  * message's subject names), else NULL. */
-static const char *reply_allowed(const msg_headers_t *h)
+static const char *reply_allowed(const td_msg_headers_t *h)
 {
     return tally_fleet_reply_allowed(h->to, h->user) ? h->to : NULL;
 }
 
 /* What a message's publisher may not ask for (PROTOCOL.md §13 "Security"): TALLY_E_NOT_PERMITTED
  * with why (counted), or TALLY_OK. */
-static tally_status_t check_publisher(td_fleet_t *f, const msg_headers_t *h, char *why, size_t cap)
+static tally_status_t check_publisher(td_fleet_t *f, const td_msg_headers_t *h, char *why,
+                                      size_t cap)
 {
     const char *user = h->user, *to = h->to, *id = h->id;
     if (to && !tally_fleet_reply_allowed(to, user)) {
@@ -722,8 +695,9 @@ static tally_status_t check_publisher(td_fleet_t *f, const msg_headers_t *h, cha
 
 /* The checks PROTOCOL.md §13 adds after §6's (which the request path repeats, but for the
  * header's decoding: req, handed to it): the status and why, or TALLY_OK. */
-static tally_status_t check_message(td_fleet_t *f, td_part_t *p, natsMsg *m, const msg_headers_t *h,
-                                    tally_req_t *req, char *why, size_t cap)
+static tally_status_t check_message(td_fleet_t *f, td_part_t *p, natsMsg *m,
+                                    const td_msg_headers_t *h, tally_req_t *req, char *why,
+                                    size_t cap)
 {
     const uint8_t *data = (const uint8_t *)natsMsg_GetData(m);
     size_t len = (size_t)natsMsg_GetDataLength(m);
@@ -776,7 +750,7 @@ static void fail_message(td_fleet_t *f, td_part_t *p, td_win_entry_t *e, tally_s
                          const char *why)
 {
     natsMsg *m = e->msg;
-    if (!dead_letter(f, p, m, e->seq, st, why)) {
+    if (!dead_letter(f, p, e, st, why)) {
         mark_retry(p, e, TD_FLEET_RETRY_MS * 10);
         return;
     }
@@ -798,10 +772,9 @@ static void judge(td_fleet_t *f, td_part_t *p, uint64_t pos)
 {
     td_win_entry_t *e = entry_at(f, p, pos);
     char why[TALLY_ERROR_MESSAGE_MAX + 1] = "";
-    msg_headers_t h = msg_headers(e->msg);
-    e->to = reply_allowed(&h);
+    e->to = reply_allowed(&e->h);
     tally_req_t req;
-    tally_status_t st = check_message(f, p, e->msg, &h, &req, why, sizeof why);
+    tally_status_t st = check_message(f, p, e->msg, &e->h, &req, why, sizeof why);
     if (st != TALLY_OK) {
         fail_message(f, p, e, st, why);
         return;
@@ -837,9 +810,10 @@ static void resend(td_fleet_t *f, td_part_t *p)
 
 /* Takes a message from the reader into the window: skipped (applied before), judged at once,
  * or sent to the request path. */
-static void process(td_fleet_t *f, td_part_t *p, natsMsg *m)
+static void process(td_fleet_t *f, td_part_t *p, td_fetched_t fetched)
 {
-    uint64_t seq = td_nats_msg_seq(m);
+    natsMsg *m = fetched.msg;
+    uint64_t seq = fetched.seq;
     if (seq == 0 || seq <= p->high_seq) {
         td_debug("fleet: partition %u sequence %" PRIu64 ": skipped (taken up to %" PRIu64 ")",
                  (unsigned)p->k, seq, p->high_seq);
@@ -853,11 +827,11 @@ static void process(td_fleet_t *f, td_part_t *p, natsMsg *m)
     }
     size_t len = (size_t)natsMsg_GetDataLength(m);
     if (!window_has_room(f, p, seq, len)) {
-        p->next = m;
+        p->next = fetched;
         return;
     }
     uint64_t pos = p->win_first + p->win_len++;
-    *entry_at(f, p, pos) = (td_win_entry_t){.msg = m, .seq = seq, .slot = -1};
+    *entry_at(f, p, pos) = (td_win_entry_t){.msg = m, .seq = seq, .slot = -1, .h = fetched.h};
     p->win_bytes += len;
     TD_FLEET_SET(f, window[p->k], p->win_len);
     p->high_seq = seq;
@@ -898,7 +872,7 @@ void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *
         snprintf(why, sizeof why, "%.*s",
                  (int)(body_len < TALLY_ERROR_MESSAGE_MAX ? body_len : TALLY_ERROR_MESSAGE_MAX),
                  (const char *)body);
-        if (!dead_letter(f, p, e->msg, e->seq, st, why)) {
+        if (!dead_letter(f, p, e, st, why)) {
             mark_retry(p, e, TD_FLEET_RETRY_MS * 10); /* a failed request had no effect */
             return;
         }
@@ -960,17 +934,17 @@ bool td_part_step(td_fleet_t *f, td_part_t *p)
     }
     bool did = false;
     for (int i = 0; i < TD_FLEET_STEP_MESSAGES && p->owned && !p->retries; i++) {
-        natsMsg *m = p->next ? p->next : td_reader_pop(&p->reader);
-        if (!m)
+        td_fetched_t m = p->next.msg ? p->next : td_reader_pop(&p->reader);
+        if (!m.msg)
             break;
-        p->next = NULL;
+        p->next = (td_fetched_t){0};
         process(f, p, m);
-        if (p->next == m)
+        if (p->next.msg == m.msg)
             break; /* the window is full: not work (the fleet thread may sleep until a reply
                     * makes room; reported as work, its loop turned at a core while it waited) */
         did = true;
     }
     /* what waits for the window (p->next) counts as fetched, not taken */
-    TD_FLEET_SET(f, taken[p->k], p->reader.popped_count - (p->next ? 1 : 0));
+    TD_FLEET_SET(f, taken[p->k], p->reader.popped_count - (p->next.msg ? 1 : 0));
     return did;
 }

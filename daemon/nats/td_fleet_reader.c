@@ -13,6 +13,12 @@
  * apart, each by its own thread, for tallyd_nats_partition_fetched (td_fleet_part.c stores the
  * second).
  *
+ * The reader also reads what the fleet thread will need of each message before it queues it:
+ * its stream sequence (from its ack subject) and its headers (libnats parses a message's
+ * headers into a table at the first look, kept with the message). The fleet thread, which every
+ * message of a worker crosses, was at a full core with a worker's other threads below theirs
+ * (issue 32); the readers, one a partition, had time to spare.
+ *
  * A take-over's way to its first message (issue 32: failover within the lease TTL + 2 s): the
  * reader makes the partition's consumer itself (the cluster places it in a few hundred
  * milliseconds on a loaded host; made on the fleet thread, the partitions taken together waited
@@ -31,6 +37,7 @@
 #include "td_fleet_int.h"
 #include "td_log.h"
 #include "td_nats_consumer.h"
+#include "tally_fleet.h"
 
 /* A fetch waits this long for messages before it asks again (and looks at `stop`); the first
  * ones after the consumer is made wait READER_FIRST_WAIT_MS, twice that, and so on up to it. */
@@ -47,9 +54,8 @@ static void wake(td_fleet_t *f)
 /* Raises the partition's last sequence seen, the lag gauge's top, to what the last message of a
  * fetch says (its sequence plus the consumer's pending count): as fetched, not as the fleet
  * thread takes them, which may be far behind. */
-static void raise_last_seq(td_reader_t *r, natsMsg *last)
+static void raise_last_seq(td_reader_t *r, uint64_t top)
 {
-    uint64_t pending = 0, top = td_nats_msg_seq_pending(last, &pending) + pending;
     _Atomic uint64_t *seen = &r->fleet->st->last_seq[r->k];
     uint64_t cur = atomic_load_explicit(seen, memory_order_relaxed);
     while (top > cur && !atomic_compare_exchange_weak_explicit(
@@ -57,13 +63,47 @@ static void raise_last_seq(td_reader_t *r, natsMsg *last)
         ;
 }
 
-/* Appends a fetched batch (taking the messages): the fetch asked for no more than the room. */
+static const char *header(natsMsg *m, const char *key)
+{
+    const char *v = NULL;
+    return natsMsgHeader_Get(m, key, &v) == NATS_OK ? v : NULL;
+}
+
+/* m's Tally-Reply and Nats-Msg-Id, each read once: a header asked for and missing costs libnats
+ * an error text each time (issue 32: a third of the fleet thread's formatting, three times a
+ * message); and the user its subject names. */
+static td_msg_headers_t read_headers(natsMsg *m)
+{
+    td_msg_headers_t h = {.user = tally_fleet_subject_user(natsMsg_GetSubject(m))};
+    const char **keys = NULL;
+    int n = 0;
+    if (natsMsgHeader_Keys(m, &keys, &n) != NATS_OK)
+        return h; /* no headers at all */
+    for (int i = 0; i < n; i++) {
+        if (!h.to && strcmp(keys[i], TALLY_NATS_HDR_REPLY) == 0)
+            h.to = header(m, TALLY_NATS_HDR_REPLY);
+        else if (!h.id && strcmp(keys[i], TALLY_NATS_HDR_MSG_ID) == 0)
+            h.id = header(m, TALLY_NATS_HDR_MSG_ID);
+    }
+    free((void *)keys);
+    return h;
+}
+
+/* Appends a fetched batch (taking the messages), each read first, outside the lock: the fetch
+ * asked for no more than the room. */
 static void push(td_reader_t *r, natsMsgList *list)
 {
-    raise_last_seq(r, list->Msgs[list->Count - 1]);
+    td_fetched_t got[TD_FLEET_FETCH_BATCH]; /* a fetch brings at most its batch */
+    uint64_t pending = 0;
+    for (int i = 0; i < list->Count; i++) {
+        natsMsg *m = list->Msgs[i];
+        got[i] = (td_fetched_t){
+            .msg = m, .seq = td_nats_msg_seq_pending(m, &pending), .h = read_headers(m)};
+    }
+    raise_last_seq(r, got[list->Count - 1].seq + pending);
     pthread_mutex_lock(&r->mu);
     for (int i = 0; i < list->Count; i++) {
-        r->ring[(r->head + r->len) % TD_READER_RING] = list->Msgs[i];
+        r->ring[(r->head + r->len) % TD_READER_RING] = got[i];
         r->bytes += (size_t)natsMsg_GetDataLength(list->Msgs[i]);
         r->len++;
         list->Msgs[i] = NULL;
@@ -183,18 +223,18 @@ static void take_batch(td_reader_t *r)
     pthread_mutex_unlock(&r->mu);
 }
 
-natsMsg *td_reader_pop(td_reader_t *r)
+td_fetched_t td_reader_pop(td_reader_t *r)
 {
     if (!r->started)
-        return NULL;
+        return (td_fetched_t){0};
     /* Room is given back a quarter of the queue's bytes at a time, so that large messages are
      * fetched again before everything taken has gone. */
     if (r->took == r->taken_len || r->popped >= TD_FLEET_FETCH_BYTES / 4)
         take_batch(r);
     if (r->took == r->taken_len)
-        return NULL;
-    natsMsg *m = r->taken[r->took++];
-    r->popped += (size_t)natsMsg_GetDataLength(m);
+        return (td_fetched_t){0};
+    td_fetched_t m = r->taken[r->took++];
+    r->popped += (size_t)natsMsg_GetDataLength(m.msg);
     r->popped_count++;
     return m;
 }
@@ -209,9 +249,9 @@ void td_reader_stop(td_reader_t *r)
     pthread_mutex_unlock(&r->mu);
     pthread_join(r->thread, NULL); /* at most one fetch's wait */
     for (size_t i = 0; i < r->len; i++)
-        natsMsg_Destroy(r->ring[(r->head + i) % TD_READER_RING]);
+        natsMsg_Destroy(r->ring[(r->head + i) % TD_READER_RING].msg);
     for (size_t i = r->took; i < r->taken_len; i++)
-        natsMsg_Destroy(r->taken[i]);
+        natsMsg_Destroy(r->taken[i].msg);
     td_pull_destroy(&r->pull); /* the durable consumer stays for the next owner */
     pthread_cond_destroy(&r->cond);
     pthread_mutex_destroy(&r->mu);
