@@ -22,6 +22,8 @@
 
 #include <cmocka.h>
 #include <nats/nats.h>
+#include <pthread.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "nats_cluster.h"
@@ -556,6 +558,50 @@ static void test_consumer_resume(void **state)
     jsStreamInfo_Destroy(si);
 }
 
+static void *publish_later(void *arg)
+{
+    (void)arg;
+    usleep(300 * 1000);
+    publish_n(2, 1);
+    return NULL;
+}
+
+/* A fetch is not held for its whole batch (issue 32): what the consumer holds comes at once,
+ * and when it holds nothing, the first message to come ends the wait. A pull held for its batch
+ * waited out its expiry: the last messages of every backlog, and every message of a stream
+ * slower than a batch a wait, came up to that late. */
+static void test_fetch_takes_what_is_there(void **state)
+{
+    (void)state;
+    publish_n(2, 3);
+    td_pull_t *sub = NULL;
+    assert_int_equal(
+        td_consumer_start(js, nc, "_INBOX.test.p2.300", 2, 300, 0, 1, 30000, &sub, msg, sizeof msg),
+        TD_OK);
+    natsMsgList list;
+    int64_t t0 = td_nats_now_ms();
+    int got = 0;
+    for (int pull = 0; pull < 3 && got < 3; pull++) { /* one pull, or a few */
+        assert_int_equal(td_consumer_fetch(sub, 100, 0, 8000, &list, msg, sizeof msg), TD_OK);
+        got += list.Count;
+        natsMsgList_Destroy(&list);
+    }
+    assert_int_equal(got, 3);
+    assert_true(td_nats_now_ms() - t0 < 4000); /* a pull's wait is 8 s */
+
+    pthread_t later;
+    assert_int_equal(pthread_create(&later, NULL, publish_later, NULL), 0);
+    t0 = td_nats_now_ms();
+    assert_int_equal(td_consumer_fetch(sub, 100, 0, 8000, &list, msg, sizeof msg), TD_OK);
+    int64_t took = td_nats_now_ms() - t0;
+    pthread_join(later, NULL);
+    assert_int_equal(list.Count, 1);
+    assert_int_equal(td_nats_msg_seq(list.Msgs[0]), 4);
+    assert_true(took < 4000);
+    natsMsgList_Destroy(&list);
+    td_pull_destroy(&sub);
+}
+
 int main(void)
 {
     if (tn_skip())
@@ -567,6 +613,7 @@ int main(void)
         cmocka_unit_test(test_ckpt_purge_failure_is_not_a_failed_write),
         cmocka_unit_test(test_manifest_decode_rejects),
         cmocka_unit_test(test_consumer_resume),
+        cmocka_unit_test(test_fetch_takes_what_is_there),
     };
     int failed = cmocka_run_group_tests(tests, setup, teardown);
     nats_Close(); /* libnats' threads and globals: gone before the leak check */

@@ -115,10 +115,16 @@ td_err_t td_consumer_fetch(td_pull_t *pull, int batch, int64_t max_bytes, int64_
     if (max_bytes <= 0 || max_bytes > TD_NATS_FETCH_MAX_BYTES)
         max_bytes = TD_NATS_FETCH_MAX_BYTES;
     wait_ms = wait_ms > 0 ? wait_ms : 1;
-    char body[128];
+    /* no_wait with expires: the server waits (up to the expiry) for a first message only, then
+     * ends the pull with a 408 once it has delivered what the consumer holds. A plain pull is
+     * held until its whole batch: the last messages of a backlog, or each message of a stream
+     * slower than a batch a wait, waited out the expiry (issue 32: 250 ms at every partition's
+     * end of an apply). */
+    char body[160];
     int n = snprintf(body, sizeof body,
-                     "{\"batch\":%d,\"max_bytes\":%" PRId64 ",\"expires\":%" PRId64 "}", batch,
-                     max_bytes, wait_ms * 1000000);
+                     "{\"batch\":%d,\"max_bytes\":%" PRId64 ",\"expires\":%" PRId64
+                     ",\"no_wait\":true}",
+                     batch, max_bytes, wait_ms * 1000000);
     natsStatus s =
         natsConnection_PublishRequest(pull->nc, pull->next, pull->inbox_subject, body, n);
     if (s == NATS_OK && !(list->Msgs = calloc((size_t)batch, sizeof *list->Msgs)))

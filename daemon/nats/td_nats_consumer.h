@@ -60,9 +60,10 @@ void td_consumer_delete_others(jsCtx *js, const td_pull_t *pull);
 void td_pull_destroy(td_pull_t **pull);
 /* The first sequence partition k's stream still holds (0 when it cannot be asked). */
 uint64_t td_partition_first_seq(jsCtx *js, uint32_t k);
-/* Fetches up to batch messages and max_bytes (capped at TD_NATS_FETCH_MAX_BYTES), waiting up
- * to wait_ms (> 0) for them; none is TD_OK with an empty list. It blocks: a worker fetches on a
- * thread of its own (td_fleet_reader.c). */
+/* Fetches up to batch messages and max_bytes (capped at TD_NATS_FETCH_MAX_BYTES): those the
+ * consumer holds, at once; when it holds none, the first to come within wait_ms (> 0) and any
+ * with them. None is TD_OK with an empty list. It blocks: a worker fetches on a thread of its
+ * own (td_fleet_reader.c). */
 td_err_t td_consumer_fetch(td_pull_t *pull, int batch, int64_t max_bytes, int64_t wait_ms,
                            natsMsgList *list, char *msg, size_t cap);
 /* A delivered message's stream sequence (0 when it has no JetStream metadata). */
