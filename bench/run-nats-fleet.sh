@@ -36,9 +36,13 @@
 # and the seconds partitions spent draining for them (taking nothing new). Before those, "CPU a
 # message": the workers' CPU time (user and system, /proc/PID/stat) from the SIGCONT to the
 # sampler's end over the messages, beside the bare consumers' over their read (their start
-# included: ~80 ms in all, 0.3 us a message at 300,000). A worker held at its cores applies at
-# what a message costs it, so this moves with a change of that cost where the seconds, which
-# vary 10-20 % between rounds, may not (bench/NOTES.md).
+# included: ~80 ms in all, 0.3 us a message at 300,000). It moves with a change of what a
+# message costs where the seconds, which vary 10-20 % between rounds, may not; it does not say
+# that the cores are full (one worker used 1.6-1.9 of its 3 over an apply, bench/NOTES.md).
+# TIMELINE=1: each round also prints its apply's time line, a line a sample: the messages
+# applied a second over the interval before it, the summed gauges (in_path, window, fetched,
+# lag) and each partition's lag in thousands: a steady rate says one bound holds throughout; a
+# rate that falls while a few partitions keep their lag says those finish late.
 # THREADS=1: each worker's threads' share of a core over THREADS_S seconds (default 0.5) of
 # each round's apply, from 0.1 s after the SIGCONT (bench/thread-cpu.sh), and their sum: whether
 # a worker's cores are full (the cost a message binds) or not (something waits); give a COUNT
@@ -206,7 +210,7 @@ round() {
       tp+=($!)
     done
   fi
-  WINDOW_OUT="$dir/window-$tag" MSG_BYTES=$((size + 128)) \
+  WINDOW_OUT="$dir/window-$tag" TIMELINE_OUT="$dir/timeline-$tag" MSG_BYTES=$((size + 128)) \
     python3 - "$t0" "$base" "$((base + count))" "${ports[@]}" >"$dir/applied-$tag" <<'PY'
 # Every SAMPLE_MS (default 50) each worker's /metrics, and the moment the sum reached `want`
 # interpolated between the two samples around it. A render of /metrics holds the worker's shards
@@ -216,8 +220,9 @@ round() {
 # Each sample also sums in_path, window, fetched and lag over the workers' partitions, and the
 # windows' room (owned partitions x [nats] inflight, or the messages of MSG_BYTES that
 # inflight_bytes holds): their means over the samples taken before the fill was applied go to
-# WINDOW_OUT.
-import os, sys, time, urllib.request
+# WINDOW_OUT; every sample, with the rate since the one before and each partition's lag, to
+# TIMELINE_OUT.
+import os, re, sys, time, urllib.request
 t0, base, want, ports = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 every = int(os.environ.get("SAMPLE_MS", "50")) / 1000
 msg_bytes = int(os.environ["MSG_BYTES"])
@@ -226,6 +231,7 @@ counters = ("resent", "checkpoints", "checkpoint_seconds", "checkpoint_drain_sec
 def sample():
     s = {"applied": 0, "in_path": 0, "occupied": 0, "fetched": 0, "lag": 0, "window": 0}
     s.update({c: 0 for c in counters})
+    s["lags"] = {}  # partition -> its lag (a partition is owned by one worker)
     for p in ports:
         try:
             t = urllib.request.urlopen(f"http://127.0.0.1:{p}/metrics", timeout=2).read().decode()
@@ -235,6 +241,9 @@ def sample():
         for l in t.splitlines():
             if l.startswith("tallyd_nats_"):
                 name, value = l.rsplit(" ", 1)
+                k = re.match(r'tallyd_nats_partition_lag\{partition="(\d+)"\}', name)
+                if k:
+                    s["lags"][int(k[1])] = float(value)
                 v[name.split("{")[0]] = v.get(name.split("{")[0], 0) + float(value)
         s["applied"] += int(v.get("tallyd_nats_applied_total", 0))
         s["in_path"] += v.get("tallyd_nats_partition_in_path", 0)
@@ -250,6 +259,7 @@ def sample():
 prev_t, prev_a, samples = t0, base, 0  # at the SIGCONT, the workers had applied `base`
 first = None  # the first sample: the counters' growth is from it
 during = []  # the samples taken while the fill was being applied
+timeline = []  # every sample
 while True:
     asked = time.time()
     s = sample()
@@ -258,6 +268,8 @@ while True:
     a = s["applied"]
     t = (asked + time.time()) / 2
     samples += 1
+    s["t"], s["rate"] = t - t0, (a - prev_a) / max(t - prev_t, 1e-9)
+    timeline.append(s)
     if a >= want or t - t0 > 120:
         break
     during.append(s)
@@ -275,12 +287,22 @@ with open(os.environ["WINDOW_OUT"], "w") as f:
           f"{grew['resent']:.0f} resent, {grew['checkpoints']:.0f} checkpoints taking "
           f"{grew['checkpoint_seconds']:.3f} s of the fleet threads, "
           f"{grew['checkpoint_drain_seconds']:.3f} s of partitions draining for them", file=f)
+with open(os.environ["TIMELINE_OUT"], "w") as f:
+    for x in timeline:
+        lags = " ".join(f"{x['lags'][k] / 1000:.0f}" for k in sorted(x["lags"]))
+        print(f"  {x['t'] * 1000:5.0f} ms {x['rate'] / 1000:5.0f} k/s in_path {x['in_path']:5.0f} "
+              f"window {x['occupied']:5.0f} fetched {x['fetched']:6.0f} lag {x['lag']:6.0f} "
+              f"(k: {lags})", file=f)
 PY
   # CPU a message: the workers' from the SIGCONT to the sampler's end (idle after the apply but
   # for the sampling), the bare consumers' over their whole read of the same messages
   awk -v w0="$cpu0" -v w1="$(cpu_s "${pids[@]}")" -v b="$(cat "$dir/bare-$tag-cpu")" -v n="$count" \
     'BEGIN { printf "CPU a message %.1f us (bare %.1f us)\n", (w1 - w0) * 1e6 / n, b * 1e6 / n }' \
     >"$dir/cpu-$tag"
+  if [ "${TIMELINE:-0}" = 1 ]; then
+    echo "time line of round $tag (from the SIGCONT):"
+    cat "$dir/timeline-$tag"
+  fi
   ((${#tp[@]} == 0)) || wait "${tp[@]}"
   for n in "$@"; do
     [ -s "$dir/threads-$tag-w$n" ] || continue
