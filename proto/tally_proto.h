@@ -538,6 +538,15 @@ static inline uint64_t tally_fnv1a64_from(uint64_t basis, const void *data, size
     return h;
 }
 
+/* SplitMix64's finaliser, PROTOCOL.md §13's mix64: a member's rendezvous score is its FNV-1a 64
+ * mixed (daemon/nats/td_fleet_plan.c), and so is a stream's shard (daemon/base/td_hash.h). */
+static inline uint64_t tally_mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
 #ifdef __cplusplus
 }
 #endif

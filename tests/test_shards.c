@@ -43,7 +43,7 @@ static void names_of(char names[NAMES][8], unsigned shard_of[NAMES], unsigned pe
     memset(per_shard, 0, SHARDS * sizeof *per_shard);
     for (unsigned i = 0; i < NAMES; i++) {
         snprintf(names[i], 8, "sh%02u", i);
-        shard_of[i] = tally_partition(names[i], strlen(names[i]), SHARDS);
+        shard_of[i] = (unsigned)(tally_mix64(tally_fnv1a64(names[i], strlen(names[i]))) % SHARDS);
         per_shard[shard_of[i]]++;
     }
 }

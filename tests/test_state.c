@@ -26,6 +26,7 @@
 
 #include <cmocka.h>
 
+#include "tally_fleet.h"
 #include "td_config.h"
 #include "td_hash.h"
 #include "td_state.h"
@@ -258,6 +259,29 @@ static td_streams_t *decode_parts(const uint8_t *buf, size_t len, unsigned parts
     }
     assert_int_equal(in_parts, td_streams_count(t));
     return t;
+}
+
+/* The streams of one NATS partition spread over a worker's shards (issue 32): a partition is
+ * the published FNV-1a 64 modulo the partitions, and a shard the same hash, mixed, modulo the
+ * shards. Unmixed, every stream of partition k of 8 was on shard k % 2 (or k % 4): a worker
+ * owning partitions 1, 3 and 5 ran them all on one of its two shards. */
+static void test_shards_spread_a_partition(void **state)
+{
+    (void)state;
+    for (unsigned shards = 2; shards <= 4; shards++)
+        for (uint32_t k = 0; k < 8; k++) {
+            unsigned on[4] = {0}, names = 0;
+            for (unsigned i = 0; names < 64; i++) {
+                char name[32];
+                int len = snprintf(name, sizeof name, "cam-%u", i);
+                if (tally_partition(name, (size_t)len, 8) != k)
+                    continue;
+                on[td_stream_shard(name, (size_t)len, shards)]++;
+                names++;
+            }
+            for (unsigned j = 0; j < shards; j++) /* 64 / shards expected: none empty or doubled */
+                assert_in_range(on[j], 64 / shards / 2, 64 / shards * 2);
+        }
 }
 
 /* Issue 31: a state file is the same whatever the shard count that writes or reads it: streams
@@ -1689,6 +1713,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_shards_spread_a_partition),
         cmocka_unit_test(test_every_truncation),
         cmocka_unit_test(test_every_bit_flip_loses_only_its_stream),
         cmocka_unit_test(test_header_errors_under_a_good_checksum),

@@ -25,11 +25,14 @@ static inline uint64_t td_fnv1a64(const void *data, size_t len)
 }
 
 /* The shard that owns a stream (issue 31): the published FNV-1a 64 of its name, the one of the
- * NATS partitions (PROTOCOL.md §13), modulo the shards; 0 with one shard. A stream never moves
- * while tallyd runs. */
+ * NATS partitions (PROTOCOL.md §13), mixed (tally_mix64, the rendezvous scores' mix64), modulo
+ * the shards; 0 with one shard. A stream never moves while tallyd runs. Unmixed, a fleet worker's
+ * shards were its partitions' (the hash modulo 2 of a partition's streams is its number modulo 2
+ * when the partitions are 8): a worker owning partitions 1, 3 and 5 ran them all on one of its two
+ * shards. */
 static inline unsigned td_stream_shard(const char *name, size_t len, unsigned shards)
 {
-    return shards > 1 ? (unsigned)(tally_fnv1a64(name, len) % shards) : 0;
+    return shards > 1 ? (unsigned)(tally_mix64(tally_fnv1a64(name, len)) % shards) : 0;
 }
 
 #endif

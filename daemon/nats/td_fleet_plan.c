@@ -15,20 +15,13 @@
 #include "tally_proto.h"
 #include "td_fleet_plan.h"
 
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 uint64_t td_fleet_score(const char *member, uint32_t k)
 {
     char suffix[16];
     int n = snprintf(suffix, sizeof suffix, "/%u", (unsigned)k);
     uint64_t h = tally_fnv1a64_from(TALLY_FNV1A64_BASIS, member, strlen(member));
     h = tally_fnv1a64_from(h, suffix, (size_t)n);
-    return mix64(h);
+    return tally_mix64(h);
 }
 
 /* True when (score a, id a) beats (score b, id b). */
