@@ -39,10 +39,11 @@
 # included: ~80 ms in all, 0.3 us a message at 300,000). It moves with a change of what a
 # message costs where the seconds, which vary 10-20 % between rounds, may not; it does not say
 # that the cores are full (one worker used 1.6-1.9 of its 3 over an apply, bench/NOTES.md).
-# TIMELINE=1: each round also prints its apply's time line, a line a sample: the messages
-# applied a second over the interval before it, the summed gauges (in_path, window, fetched,
-# lag) and each partition's lag in thousands: a steady rate says one bound holds throughout; a
-# rate that falls while a few partitions keep their lag says those finish late.
+# TIMELINE=1: each round also prints its apply's time line: the partitions each worker owns,
+# then a line a sample: the messages applied a second over the interval before it, the summed
+# gauges (in_path, window, fetched, lag) and each partition's lag in thousands: a steady rate
+# says one bound holds throughout; a rate that falls while a few partitions keep their lag says
+# those finish late.
 # THREADS=1: each worker's threads' share of a core over THREADS_S seconds (default 0.5) of
 # each round's apply, from 0.1 s after the SIGCONT (bench/thread-cpu.sh), and their sum: whether
 # a worker's cores are full (the cost a message binds) or not (something waits); give a COUNT
@@ -232,6 +233,7 @@ def sample():
     s = {"applied": 0, "in_path": 0, "occupied": 0, "fetched": 0, "lag": 0, "window": 0}
     s.update({c: 0 for c in counters})
     s["lags"] = {}  # partition -> its lag (a partition is owned by one worker)
+    s["owner"] = {}  # partition -> the worker (its place in ports) that reported it
     for p in ports:
         try:
             t = urllib.request.urlopen(f"http://127.0.0.1:{p}/metrics", timeout=2).read().decode()
@@ -244,6 +246,7 @@ def sample():
                 k = re.match(r'tallyd_nats_partition_lag\{partition="(\d+)"\}', name)
                 if k:
                     s["lags"][int(k[1])] = float(value)
+                    s["owner"][int(k[1])] = ports.index(p)
                 v[name.split("{")[0]] = v.get(name.split("{")[0], 0) + float(value)
         s["applied"] += int(v.get("tallyd_nats_applied_total", 0))
         s["in_path"] += v.get("tallyd_nats_partition_in_path", 0)
@@ -288,6 +291,10 @@ with open(os.environ["WINDOW_OUT"], "w") as f:
           f"{grew['checkpoint_seconds']:.3f} s of the fleet threads, "
           f"{grew['checkpoint_drain_seconds']:.3f} s of partitions draining for them", file=f)
 with open(os.environ["TIMELINE_OUT"], "w") as f:
+    owners = timeline[0]["owner"] if timeline else {}
+    print("  partitions by worker: " + "; ".join(
+        " ".join(str(k) for k in sorted(owners) if owners[k] == w) for w in range(len(ports))),
+        file=f)
     for x in timeline:
         lags = " ".join(f"{x['lags'][k] / 1000:.0f}" for k in sorted(x["lags"]))
         print(f"  {x['t'] * 1000:5.0f} ms {x['rate'] / 1000:5.0f} k/s in_path {x['in_path']:5.0f} "
