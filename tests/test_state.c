@@ -26,7 +26,6 @@
 
 #include <cmocka.h>
 
-#include "tally_fleet.h"
 #include "td_config.h"
 #include "td_hash.h"
 #include "td_state.h"
