@@ -121,8 +121,9 @@ const td_setting_t td_settings[] = {
      .offset = FIELD(shards), .def = 0u, .min = 1, .max = TD_SHARDS_LIMIT,
      .reload = TD_RELOAD_RESTART, .example = "4",
      .help = "request-path shards, each a thread that owns the streams whose names hash to it "
-             "(the published FNV-1a 64, PROTOCOL.md §13) and runs their requests; 1 runs them on "
-             "the thread that owns the sockets; every limit stays the whole daemon's",
+             "(the published FNV-1a 64, mixed: PROTOCOL.md §5, `info`'s `shards`) and runs "
+             "their requests; 1 runs them on the thread that owns the sockets; every limit "
+             "stays the whole daemon's",
      .default_doc = "the cores less the I/O threads and one, from 1 to 4; a fleet worker fed "
                     "by JetStream: the cores less its members, from 2 (with 3 cores or more) to "
                     "4"},
