@@ -35,7 +35,13 @@
  *     (`seq`: the new owner applies it only if its checkpoint does not have it; exactly once) or
  *     reads only; any other is answered TALLY_E_TRANSPORT, since it may or may not have been
  *     applied.
- * A reply from a member for a request since sent elsewhere is dropped.
+ * A reply from a member for a request since sent elsewhere is dropped. A stream's requests reach
+ * each member in the order they were first sent: one is not sent to a member while an earlier
+ * one of its stream is with another member or waiting to be sent again; and a numbered one
+ * answered `sequence_gap` while an earlier seq of its stream is unanswered here is not the
+ * caller's gap but one the resends opened (a member taking the partition over answered the
+ * earlier one `not_owner`, and this one once it held the partition): it is sent again after
+ * that earlier one.
  *
  * Shared memory (tally_region_create, tally_send_shm, tally_call_shm on this client). A region
  * is a memfd made here and kept open; it is registered with a member (tally__region_register,
@@ -60,6 +66,7 @@
 
 #include "tally_proto.h"
 
+#include "tally_client_fleet_int.h"
 #include "tally_client_int.h"
 #include "tally_client_nats.h"
 #include "tally_fleet.h"
@@ -67,25 +74,14 @@
 #include "tally_transport.h"
 
 #define TALLY_FLEET_HOPS 8
-#define TALLY_FLEET_MEMBERS_MAX 64
-#define TALLY_FLEET_SUSPECT_MS 1000
-#define TALLY_FLEET_POLL_MS 50
-
-typedef struct {
-    char member[TALLY_NATS_MEMBER_ID_MAX + 1];
-    char endpoint[TALLY_NATS_ENDPOINT_MAX];
-    char key[TALLY_KEY_LEN + 1]; /* the server key it publishes (curve=), or "" */
-    tally_client_t *c;
-    bool down; /* its connection did not come up within a probe: not waited for again */
-} member_t;
 
 /* A region registered with member m: its handle there, until tally_region_destroy. */
-typedef struct registration {
+struct registration {
     struct registration *next;
     const tally_region_t *region;
     int m;
     uint64_t handle;
-} registration_t;
+};
 
 /* A request's payload, kept for its resends and sent by reference: one reference the pending
  * request's, one each send ZeroMQ has not finished (released on ZeroMQ's I/O thread). */
@@ -109,7 +105,7 @@ static void kept_release(void *data, void *hint)
         free(kp);
 }
 
-typedef struct pending {
+struct pending {
     struct pending *next;
     uint64_t id;       /* what the caller knows it by */
     int m;             /* the member it went to last; -1: waiting for an owner */
@@ -117,6 +113,7 @@ typedef struct pending {
     uint32_t k;
     int hops;
     bool waiting; /* answered `shutdown`, or its owner was lost: for the next owner */
+    bool behind;  /* answered `sequence_gap` with an earlier seq of its stream unanswered here */
     int64_t sent_us;
     tally_req_t req;
     uint8_t *payload; /* a kept_payload_t's bytes, or NULL (len 0) */
@@ -126,7 +123,7 @@ typedef struct pending {
     bool ready; /* answered here (`streams`, gathered): answer and status wait for tally_recv */
     tally_status_t status;
     tally_reply_t answer;
-} pending_t;
+};
 
 /* Whether p's payload goes by reference: one the size a plain client sends without zmq_send's
  * copy (TALLY_POOL_MIN_BYTES); a smaller one is copied as zmq_send copies it, and so is a
@@ -134,232 +131,6 @@ typedef struct pending {
 static bool by_reference(const pending_t *p)
 {
     return p->len >= TALLY_POOL_MIN_BYTES && !p->in;
-}
-
-typedef struct {
-    tally__transport_t base; /* first: the core's handle on it */
-    tally_nats_t *nats;      /* the connection (a producer's, tally_nats.c) */
-    kvStore *leases, *endpoints;
-    uint32_t partitions;
-    int timeout_ms;
-    member_t members[TALLY_FLEET_MEMBERS_MAX];
-    int count;
-    int owner[TALLY_NATS_MAX_PARTITIONS]; /* the member each partition's requests go to; -1 */
-    pending_t *head, **tail; /* in the order sent: a stream's numbered requests resent in order */
-    uint64_t next_id;
-    int64_t checked_us;
-    registration_t *regs;
-    char host[TALLY_FLEET_HOST_MAX]; /* this host's identity ("": unknown, no member is local) */
-    tally_curve_keys_t keys;         /* the client's pair ("": plain) and a server key pinned */
-    /* Why the last owner_now or member_index refused a member (its keys, or one member past
-     * TALLY_FLEET_MEMBERS_MAX; "": it did not): no wait mends that. */
-    char refused[TALLY_ERROR_MESSAGE_MAX + 1];
-    /* The last failure to read a bucket other than a missing key, or to make a client for the
-     * endpoint a member publishes ("": none since owner_now began): what the "no owner"
-     * message adds. */
-    char lookup[TALLY_ERROR_MESSAGE_MAX + 1];
-    char error[TALLY_ERROR_MESSAGE_MAX + 1];
-} fleetc_t;
-
-/* ---- Who owns what ------------------------------------------------------------------------ */
-
-/* Whether this client may connect to a member that publishes key (curve=, "" none): nothing in
- * plain text, to a member with CURVE nothing without a key pair, and a pinned server key must be
- * the member's. False with self->refused saying why. */
-static bool keys_fit(fleetc_t *self, const char *member, const char *endpoint, const char *key)
-{
-    const char *why = NULL;
-    if (key[0] && !self->keys.client_secret[0])
-        why = "takes CURVE connections only: give this client a key pair the member allows "
-              "(tally keygen; --client-key, $TALLY_CLIENT_KEY or client_key in tally.conf)";
-    else if (!key[0] && self->keys.client_secret[0])
-        why = "takes plain connections, and this client, which has a CURVE key pair, sends "
-              "nothing in plain text";
-    else if (key[0] && self->keys.server_public[0] && strcmp(key, self->keys.server_public) != 0)
-        why = "has another server key than the one given (--server-key, $TALLY_SERVER_KEY)";
-    if (why)
-        set_msg(self->refused, "member %s (%s, curve=%s in %s) %s", member, endpoint,
-                key[0] ? key : "", TALLY_NATS_BUCKET_ENDPOINTS, why);
-    return !why;
-}
-
-static int member_index(fleetc_t *self, const char *member, const char *endpoint, const char *key)
-{
-    self->refused[0] = '\0';
-    for (int i = 0; i < self->count; i++)
-        if (strcmp(self->members[i].member, member) == 0 &&
-            strcmp(self->members[i].endpoint, endpoint) == 0 &&
-            strcmp(self->members[i].key, key) == 0)
-            return i;
-    if (self->count == TALLY_FLEET_MEMBERS_MAX) { /* slots are never given back: refused */
-        set_msg(self->refused,
-                "member %s (%s) is past the %d members a fleet client connects to (each member, "
-                "endpoint and key met since it was made counts): make a new client",
-                member, endpoint, TALLY_FLEET_MEMBERS_MAX);
-        return -1;
-    }
-    if (!keys_fit(self, member, endpoint, key))
-        return -1;
-    member_t *m = &self->members[self->count];
-    tally_curve_keys_t keys = self->keys;
-    snprintf(keys.server_public, sizeof keys.server_public, "%s", key);
-    tally_status_t st = tally_client_open(endpoint, self->timeout_ms, &keys, &m->c, self->error,
-                                          sizeof self->error);
-    explicit_bzero(&keys, sizeof keys);
-    if (st != TALLY_OK) { /* what the "no owner" message adds: the endpoint it publishes */
-        set_msg(self->lookup, "member %s's endpoint in %s: %s", member,
-                TALLY_NATS_BUCKET_ENDPOINTS, self->error);
-        return -1;
-    }
-    snprintf(m->member, sizeof m->member, "%s", member);
-    snprintf(m->endpoint, sizeof m->endpoint, "%s", endpoint);
-    snprintf(m->key, sizeof m->key, "%s", key);
-    return self->count++;
-}
-
-/* A member's record in TALLY_ENDPOINTS (PROTOCOL.md §13), each value "" when it has none. */
-typedef struct {
-    char zmq[TALLY_NATS_ENDPOINT_MAX];
-    char curve[TALLY_KEY_LEN + 1];
-    char host[TALLY_FLEET_HOST_MAX];
-    char shm[TALLY_NATS_ENDPOINT_MAX];
-} record_t;
-
-/* A read of bucket's key that failed with s: kept in self->lookup (a missing key is no failure:
- * a member left, a partition has no owner yet), the NATS server's refusal named when its last
- * error is a permissions violation on that bucket. */
-static void lookup_failed(fleetc_t *self, natsStatus s, const char *bucket, const char *key)
-{
-    if (s == NATS_NOT_FOUND)
-        return;
-    const char *text = NULL;
-    natsConnection *nc = tally__nats_conn(self->nats);
-    if (natsConnection_GetLastError(nc, &text) == NATS_NOT_PERMITTED && text &&
-        strstr(text, bucket))
-        set_msg(self->lookup, "reading %s key %s: the NATS server refused it (%s)", bucket, key,
-                text);
-    else
-        set_msg(self->lookup, "reading %s key %s: %s", bucket, key, natsStatus_GetText(s));
-}
-
-/* Member's record into r; false when it has none (it left, or NATS did not answer). */
-static bool member_record(fleetc_t *self, const char *member, record_t *r)
-{
-    memset(r, 0, sizeof *r);
-    kvEntry *e = NULL;
-    if (!member[0])
-        return false;
-    natsStatus s = kvStore_Get(&e, self->endpoints, member);
-    if (s != NATS_OK) {
-        lookup_failed(self, s, TALLY_NATS_BUCKET_ENDPOINTS, member);
-        return false;
-    }
-    const char *v = kvEntry_Value(e);
-    size_t n = (size_t)kvEntry_ValueLen(e);
-    tally_fleet_endpoint_get(v, n, "zmq", r->zmq, sizeof r->zmq);
-    tally_fleet_endpoint_get(v, n, "curve", r->curve, sizeof r->curve);
-    tally_fleet_endpoint_get(v, n, "host", r->host, sizeof r->host);
-    tally_fleet_endpoint_get(v, n, "shm", r->shm, sizeof r->shm);
-    kvEntry_Destroy(e);
-    return true;
-}
-
-/* Partition k's owner now, as the buckets say: its member index, or -1 (none with direct mode
- * yet, or NATS did not answer). */
-static int owner_now(fleetc_t *self, uint32_t k)
-{
-    char key[16], member[TALLY_NATS_MEMBER_ID_MAX + 1];
-    self->refused[0] = self->lookup[0] = '\0';
-    tally_fleet_name(key, sizeof key, "p", k);
-    kvEntry *e = NULL;
-    natsStatus s = kvStore_Get(&e, self->leases, key);
-    if (s != NATS_OK) {
-        lookup_failed(self, s, TALLY_NATS_BUCKET_LEASES, key);
-        return -1;
-    }
-    snprintf(member, sizeof member, "%.*s", kvEntry_ValueLen(e), kvEntry_ValueString(e));
-    kvEntry_Destroy(e);
-    record_t r;
-    return member_record(self, member, &r) && r.zmq[0] ? member_index(self, member, r.zmq, r.curve)
-                                                       : -1;
-}
-
-/* Partition k has no owner this client can reach, into self->error: with the last NATS failure
- * when a read failed (not only found nothing). */
-static void say_no_owner(fleetc_t *self, uint32_t k)
-{
-    set_msg(self->error,
-            "partition %u has no owner in direct mode (TALLY_LEASES, TALLY_ENDPOINTS) within %d "
-            "ms%s%s",
-            (unsigned)k, self->timeout_ms, self->lookup[0] ? "; " : "", self->lookup);
-}
-
-/* Waits for partition k's owner until deadline (us). */
-static int owner_until(fleetc_t *self, uint32_t k, int64_t deadline)
-{
-    int m;
-    while ((m = owner_now(self, k)) < 0 && !self->refused[0] && now_us() < deadline)
-        usleep(TALLY_FLEET_POLL_MS * 1000);
-    if (m < 0 && self->refused[0])
-        snprintf(self->error, sizeof self->error, "%s", self->refused);
-    else if (m < 0)
-        say_no_owner(self, k);
-    return m;
-}
-
-/* At most TALLY_FLEET_SUSPECT_MS (and the timeout) for a member's connection to come up. */
-static int probe_ms(const fleetc_t *self)
-{
-    return self->timeout_ms < TALLY_FLEET_SUSPECT_MS ? self->timeout_ms : TALLY_FLEET_SUSPECT_MS;
-}
-
-/* When a wait for member o's connection gives up: a probe from now, or now when it is known
- * down. */
-static int64_t probe_deadline(const fleetc_t *self, const member_t *o)
-{
-    return now_us() + (o->down ? 0 : (int64_t)probe_ms(self) * 1000);
-}
-
-/* Partition k's owner for a call made now: the one known, unless its connection does not come
- * up within a probe (it exited): then the one the routing names next, waited for until
- * deadline (us); -1 when none is up by then (self->error says why). */
-static int owner_up(fleetc_t *self, uint32_t k, int64_t deadline)
-{
-    for (;;) {
-        int m = self->owner[k] >= 0 ? self->owner[k] : owner_now(self, k);
-        if (m >= 0) {
-            member_t *o = &self->members[m];
-            int64_t probe = probe_deadline(self, o);
-            tally_status_t st = tally__wait_connected(o->c, probe < deadline ? probe : deadline);
-            o->down = st == TALLY_E_TIMEOUT;
-            if (!o->down) /* up, or refused: the call says so */
-                return self->owner[k] = m;
-            self->owner[k] = -1;
-            snprintf(self->error, sizeof self->error, "%s", tally_client_error(o->c));
-        } else if (self->refused[0]) {
-            snprintf(self->error, sizeof self->error, "%s", self->refused);
-            return -1;
-        } else {
-            say_no_owner(self, k);
-        }
-        if (now_us() >= deadline)
-            return -1;
-        usleep(TALLY_FLEET_POLL_MS * 1000);
-    }
-}
-
-/* A not_owner answer's "partition K is owned by M at ENDPOINT": M's member index, or -1. */
-static int named_owner(fleetc_t *self, const char *why)
-{
-    const char *by = strstr(why, " owned by "), *at = strstr(why, " at ");
-    if (!by || !at || at < by)
-        return -1;
-    char member[TALLY_NATS_MEMBER_ID_MAX + 1];
-    by += strlen(" owned by ");
-    snprintf(member, sizeof member, "%.*s", (int)(at - by), by);
-    record_t r;
-    member_record(self, member, &r); /* none (it left): refused with keys, plain without */
-    return member_index(self, member, at + strlen(" at "), r.curve);
 }
 
 /* ---- Shared memory ------------------------------------------------------------------------ */
@@ -370,7 +141,7 @@ static tally_status_t member_local(fleetc_t *self, int m)
 {
     const member_t *o = &self->members[m];
     record_t r;
-    member_record(self, o->member, &r);
+    tally__fleet_member_record(self, o->member, &r);
     const char *host = r.host, *shm = r.shm;
     char why[160];
     if (!host[0]) /* a tallyd older than host=, or one whose record has gone (it left) */
@@ -503,9 +274,9 @@ static tally_status_t send_to(fleetc_t *self, pending_t *p, int m)
 {
     member_t *to = &self->members[m];
     p->m = m;
-    p->waiting = false;
+    p->waiting = p->behind = false;
     p->sent_us = now_us();
-    int64_t deadline = p->sent_us + (to->down ? 0 : (int64_t)probe_ms(self) * 1000);
+    int64_t deadline = p->sent_us + (to->down ? 0 : (int64_t)tally__fleet_probe_ms(self) * 1000);
     tally_status_t st = p->in ? shm_bind(self, p, m, deadline) : TALLY_OK;
     if (st != TALLY_OK && st != TALLY_E_TIMEOUT) { /* its region cannot go there */
         answer_here(self, p, st);
@@ -543,6 +314,49 @@ static void unlink_pending(fleetc_t *self, pending_t *p)
     free(p);
 }
 
+/* Whether q and p are requests of one stream. */
+static bool same_stream(const pending_t *q, const pending_t *p)
+{
+    return q->k == p->k && q->req.stream_len == p->req.stream_len &&
+           memcmp(q->req.stream, p->req.stream, p->req.stream_len) == 0;
+}
+
+/* Whether p, sent to member m now, could reach it ahead of an earlier request of its stream:
+ * one still with another member, or waiting to be sent again (a stream's requests go to a
+ * member in the order they were first sent; one ahead of an earlier seq would be refused
+ * `sequence_gap`). */
+static bool behind_earlier(const fleetc_t *self, const pending_t *p, int m)
+{
+    if (!p->req.stream_len)
+        return false;
+    for (const pending_t *q = self->head; q && q != p; q = q->next)
+        if (!q->ready && (q->m != m || q->waiting) && same_stream(q, p))
+            return true;
+    return false;
+}
+
+/* Whether an earlier numbered request of p's stream is unanswered here: a `sequence_gap` for p
+ * is then one this client's own resends opened (an owner that answered the earlier one
+ * `not_owner` while taking the partition over, and p once it had), not the caller's. */
+static bool gap_is_ours(const fleetc_t *self, const pending_t *p)
+{
+    for (const pending_t *q = self->head; q && q != p; q = q->next)
+        if (!q->ready && q->req.seq && q->req.seq < p->req.seq && same_stream(q, p))
+            return true;
+    return false;
+}
+
+/* p sent to member m, or, when an earlier request of its stream is not there yet, kept for a
+ * check of the owners within tally_recv (TALLY_OK). */
+static tally_status_t send_in_order(fleetc_t *self, pending_t *p, int m)
+{
+    if (!behind_earlier(self, p, m))
+        return send_to(self, p, m);
+    p->m = -1;
+    p->waiting = true;
+    return TALLY_OK;
+}
+
 /* ---- `streams`, gathered ------------------------------------------------------------------ */
 
 /* Member m's streams of the partitions owner[] says it owns, appended to out (tallyd's own
@@ -552,7 +366,7 @@ static bool gather_member(fleetc_t *self, int m, const int *owner, tally_buf_t *
                           uint64_t *count)
 {
     member_t *o = &self->members[m];
-    o->down = tally__wait_connected(o->c, probe_deadline(self, o)) == TALLY_E_TIMEOUT;
+    o->down = tally__wait_connected(o->c, tally__fleet_probe_deadline(self, o)) == TALLY_E_TIMEOUT;
     char **names = NULL;
     size_t n = 0;
     if (o->down || tally_streams(o->c, &names, &n) != TALLY_OK)
@@ -580,7 +394,7 @@ static tally_status_t gather_streams(fleetc_t *self, pending_t *p)
     int owner[TALLY_NATS_MAX_PARTITIONS];
     bool asked[TALLY_FLEET_MEMBERS_MAX] = {false}, answered[TALLY_FLEET_MEMBERS_MAX] = {false};
     for (uint32_t k = 0; k < self->partitions; k++)
-        owner[k] = owner_now(self, k);
+        owner[k] = tally__fleet_owner_now(self, k);
     tally_buf_t out = {0};
     uint64_t count = 0, missing = 0;
     for (uint32_t k = 0; k < self->partitions; k++) {
@@ -651,14 +465,14 @@ static tally_status_t send_new(fleetc_t *self, const tally_req_t *req, const voi
     int m = self->owner[p->k];
     if (m < 0)
         m = self->owner[p->k] =
-            owner_until(self, p->k, now_us() + (int64_t)self->timeout_ms * 1000);
-    tally_status_t st = m >= 0             ? send_to(self, p, m)
+            tally__fleet_owner_until(self, p->k, now_us() + (int64_t)self->timeout_ms * 1000);
+    tally_status_t st = m >= 0             ? send_in_order(self, p, m)
                         : self->refused[0] ? TALLY_E_ARG /* its keys: no wait mends them */
                                            : TALLY_E_TIMEOUT;
     if (st == TALLY_E_TIMEOUT && m >= 0) { /* its owner's connection is down: who owns it now */
-        int now = owner_now(self, p->k);
+        int now = tally__fleet_owner_now(self, p->k);
         if (now >= 0 && now != m)
-            st = send_to(self, p, self->owner[p->k] = now);
+            st = send_in_order(self, p, self->owner[p->k] = now);
         if (st == TALLY_E_TIMEOUT)
             st = TALLY_OK; /* not sent: waits for an owner that is up, within tally_recv */
     }
@@ -686,7 +500,7 @@ static size_t fleetc_shm_max_batch(tally__transport_t *base, const tally_req_t *
     uint32_t k =
         req->stream_len ? tally_partition(req->stream, req->stream_len, self->partitions) : 0;
     int64_t deadline = now_us() + (int64_t)self->timeout_ms * 1000;
-    int m = owner_up(self, k, deadline);
+    int m = tally__fleet_owner_up(self, k, deadline);
     uint64_t handle = 0;
     if (m < 0 || region_handle(self, in, m, deadline, &handle) != TALLY_OK)
         return 0; /* the send that follows fails, or finds the owner, and says so */
@@ -750,7 +564,7 @@ static bool check_owners(fleetc_t *self, tally_reply_t *reply, tally_status_t *s
         if (p->ready || (!p->waiting && now - p->sent_us < TALLY_FLEET_SUSPECT_MS * 1000))
             continue;
         if (seen[p->k] == -2) {
-            seen[p->k] = owner_now(self, p->k);
+            seen[p->k] = tally__fleet_owner_now(self, p->k);
             if (seen[p->k] < 0 && self->refused[0]) { /* the next send asks the buckets too */
                 self->owner[p->k] = -1;
                 return answer_now(self, p, TALLY_E_ARG, self->refused, reply, status);
@@ -758,7 +572,7 @@ static bool check_owners(fleetc_t *self, tally_reply_t *reply, tally_status_t *s
         }
         int m = seen[p->k];
         bool moved = m != p->m, late = now - p->sent_us >= TALLY_FLEET_SUSPECT_MS * 1000;
-        if (m < 0 || (!moved && (!p->waiting || !late)))
+        if (m < 0 || (!moved && (!p->waiting || !(late || p->behind))))
             continue; /* no owner yet, or the same one: slow, not gone (a waiting one: later) */
         if (!p->waiting && !p->req.seq && !changes_nothing(&p->req)) { /* sent: a known op */
             char why[TALLY_ERROR_MESSAGE_MAX + 1];
@@ -768,6 +582,8 @@ static bool check_owners(fleetc_t *self, tally_reply_t *reply, tally_status_t *s
                     (unsigned)p->k, self->members[m].member);
             return answer_now(self, p, TALLY_E_TRANSPORT, why, reply, status);
         }
+        if (behind_earlier(self, p, m))
+            continue; /* once the earlier ones of its stream are there */
         self->owner[p->k] = m;
         if (send_to(self, p, m) != TALLY_OK && !p->ready)
             p->waiting = true; /* tried again at the next check (a member down: at no cost) */
@@ -785,9 +601,13 @@ static bool take_reply(fleetc_t *self, int m, tally_status_t st, tally_reply_t *
         return false; /* a request since sent elsewhere */
     if (st == TALLY_E_NOT_OWNER && p->hops < TALLY_FLEET_HOPS) {
         p->hops++;
-        int to = self->owner[p->k] = named_owner(self, r->error);
-        if ((to < 0 || send_to(self, p, to) != TALLY_OK) && !p->ready)
+        int to = self->owner[p->k] = tally__fleet_named_owner(self, r->error);
+        if ((to < 0 || send_in_order(self, p, to) != TALLY_OK) && !p->ready)
             p->waiting = true; /* the buckets say where, at the next check */
+        return false;
+    }
+    if (st == TALLY_E_SEQ_GAP && p->req.seq && gap_is_ours(self, p)) {
+        p->waiting = p->behind = true; /* not run: sent again after the earlier seq */
         return false;
     }
     if (st == TALLY_E_SHUTDOWN || (st == TALLY_E_NOT_DURABLE && p->req.seq)) {
@@ -864,7 +684,7 @@ static tally_status_t fleetc_last_seq(tally__transport_t *base, const char *stre
     tally_status_t st = TALLY_E_NOT_OWNER;
     const char *why = "";
     for (int hop = 0; st == TALLY_E_NOT_OWNER && hop <= TALLY_FLEET_HOPS; hop++) {
-        int m = owner_up(self, k, now_us() + (int64_t)self->timeout_ms * 1000);
+        int m = tally__fleet_owner_up(self, k, now_us() + (int64_t)self->timeout_ms * 1000);
         if (m < 0) {
             snprintf(error, cap, "%s", self->error);
             return self->refused[0] ? TALLY_E_ARG : TALLY_E_TIMEOUT;
@@ -872,7 +692,7 @@ static tally_status_t fleetc_last_seq(tally__transport_t *base, const char *stre
         st = tally_query(self->members[m].c, stream, &info);
         why = tally_client_error(self->members[m].c);
         if (st == TALLY_E_NOT_OWNER) /* the owner it names, else the buckets' at the next turn */
-            self->owner[k] = named_owner(self, why);
+            self->owner[k] = tally__fleet_named_owner(self, why);
     }
     *last = st == TALLY_OK ? info.last_seq : 0;
     if (st == TALLY_E_UNKNOWN_STREAM) /* a stream's first push */

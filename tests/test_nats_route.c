@@ -29,6 +29,11 @@
  *      fleet client lists every stream once, gathered from both owners, then from the one left;
  *   4. what is refused: an unknown [nats] direct value, at start;
  *      a fleet client on a NATS without a fleet in direct mode;
+ *   4b. a stream's order across owners, against fake members (ROUTER sockets the buckets
+ *      name, answering by the sequence rules): seq 1 answered `not_owner` and seq 2
+ *      `sequence_gap` by an owner taking over, both sent again in order and answered OK; seq 1
+ *      unanswered and seq 2 answered `shutdown` by a stopping owner, the partition moved: the new
+ *      owner gets seq 1 then seq 2;
  *   5. shared memory through the fleet client (issue 33): one region, registered with each
  *      member when first used there; numbered hist by reference to every stream, while member a
  *      owns them all, then after b joins on "another host" (TALLYD_TEST_HOST_ID): b's streams
@@ -56,9 +61,12 @@
  *   7. one member past the fleet client's 64: refused at once (TALLY_E_ARG), said.
  * Waits are bounded loops on what the cluster or the members report; one time is asserted (3b).
  */
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -68,6 +76,7 @@
 
 #include <cmocka.h>
 #include <nats/nats.h>
+#include <zmq.h>
 
 #include "harness.h"
 #include "nats_cluster.h"
@@ -75,6 +84,7 @@
 #include "stream_check.h"
 #include "tally.h"
 #include "tally_fleet.h"
+#include "tally_proto.h"
 #include "td_nats_lease.h"
 
 #define PARTITIONS 4
@@ -907,6 +917,240 @@ static void test_no_owner(void **state)
     fresh_fleet();
 }
 
+/* ---- 4b. a stream's order across owners, against fake members --------------------------- */
+
+/* A member played by a ROUTER socket the buckets name: it answers a stream's numbered hist
+ * requests by the sequence rules (PROTOCOL.md §5: the next seq applied, a later one
+ * `sequence_gap`, an earlier one `duplicate`), except for its script: the request of seq `hold`
+ * is never answered, the first of seq `not_owner` is answered `not_owner` (a member taking the
+ * partition over, before it holds it), and with `stopping` every other one `shutdown`. */
+typedef struct {
+    void *ctx, *sock;
+    char endpoint[64];
+    pthread_t thread;
+    atomic_bool stop;
+    uint64_t hold, not_owner;
+    bool stopping;
+    _Atomic uint64_t last; /* the stream's last seq applied */
+    uint64_t arrived[32];  /* each request's seq, in the order it came */
+    atomic_int count;      /* of arrived[] */
+} fake_member_t;
+
+static void fake_answer(fake_member_t *f, zmq_msg_t *id, const tally_req_t *req, tally_status_t st,
+                        const char *why)
+{
+    static uint8_t bins[256 * 8]; /* a hist's reply: its counts are not what is tested */
+    tally_rep_t rep = {.version = TALLY_PROTO_VERSION,
+                       .opcode = req->opcode,
+                       .request_id = req->request_id,
+                       .status = (uint16_t)st,
+                       .dtype = st == TALLY_OK ? TALLY_DTYPE_U64 : TALLY_DTYPE_TEXT,
+                       .count = st == TALLY_OK ? 256 : 0};
+    uint8_t header[TALLY_REP_HEADER_SIZE];
+    tally_rep_encode(&rep, header);
+    zmq_msg_send(id, f->sock, ZMQ_SNDMORE);
+    zmq_send(f->sock, header, sizeof header, ZMQ_SNDMORE);
+    if (st == TALLY_OK)
+        zmq_send(f->sock, bins, sizeof bins, 0);
+    else
+        zmq_send(f->sock, why, strlen(why), 0);
+}
+
+/* f's answer to req, by its script, then by the sequence rules. */
+static void fake_script(fake_member_t *f, zmq_msg_t *id, const tally_req_t *req,
+                        bool *not_owner_said)
+{
+    uint64_t last = atomic_load(&f->last);
+    char why[96];
+    snprintf(why, sizeof why, "seq %llu: the stream is at seq %llu", (unsigned long long)req->seq,
+             (unsigned long long)last);
+    if (req->seq == f->hold)
+        return; /* never answered */
+    if (req->seq == f->not_owner && !*not_owner_said) {
+        *not_owner_said = true;
+        fake_answer(f, id, req, TALLY_E_NOT_OWNER, "partition 0 has no owner now");
+    } else if (f->stopping) {
+        fake_answer(f, id, req, TALLY_E_SHUTDOWN, "shutting down");
+    } else if (req->seq == last + 1) {
+        atomic_store(&f->last, last + 1);
+        fake_answer(f, id, req, TALLY_OK, "");
+    } else {
+        fake_answer(f, id, req, req->seq <= last ? TALLY_E_DUPLICATE : TALLY_E_SEQ_GAP, why);
+    }
+}
+
+static void *fake_member_main(void *arg)
+{
+    fake_member_t *f = arg;
+    bool not_owner_said = false;
+    while (!atomic_load(&f->stop)) {
+        zmq_pollitem_t item = {.socket = f->sock, .events = ZMQ_POLLIN};
+        if (zmq_poll(&item, 1, 20) <= 0)
+            continue;
+        zmq_msg_t id, header, payload;
+        zmq_msg_init(&id);
+        zmq_msg_init(&header);
+        zmq_msg_init(&payload);
+        zmq_msg_recv(&id, f->sock, 0);
+        zmq_msg_recv(&header, f->sock, 0);
+        zmq_msg_recv(&payload, f->sock, 0);
+        tally_req_t req;
+        if (tally_req_decode(zmq_msg_data(&header), zmq_msg_size(&header), &req, NULL, 0) ==
+            TALLY_OK) {
+            int n = atomic_load(&f->count);
+            if (n < 32) {
+                f->arrived[n] = req.seq;
+                atomic_store(&f->count, n + 1);
+            }
+            fake_script(f, &id, &req, &not_owner_said);
+        }
+        zmq_msg_close(&id);
+        zmq_msg_close(&header);
+        zmq_msg_close(&payload);
+    }
+    return NULL;
+}
+
+/* A fake member published as member `id` in eps. */
+static fake_member_t *fake_member_start(kvStore *eps, const char *id)
+{
+    fake_member_t *f = calloc(1, sizeof *f);
+    assert_non_null(f);
+    f->ctx = zmq_ctx_new();
+    f->sock = zmq_socket(f->ctx, ZMQ_ROUTER);
+    int linger = 0;
+    zmq_setsockopt(f->sock, ZMQ_LINGER, &linger, sizeof linger);
+    assert_int_equal(zmq_bind(f->sock, "tcp://127.0.0.1:*"), 0);
+    size_t len = sizeof f->endpoint;
+    zmq_getsockopt(f->sock, ZMQ_LAST_ENDPOINT, f->endpoint, &len);
+    char record[96];
+    snprintf(record, sizeof record, "zmq=%s\n", f->endpoint);
+    put(eps, id, record);
+    return f;
+}
+
+static void fake_member_run(fake_member_t *f)
+{
+    assert_int_equal(pthread_create(&f->thread, NULL, fake_member_main, f), 0);
+}
+
+static void fake_member_stop(fake_member_t **f_p)
+{
+    fake_member_t *f = *f_p;
+    atomic_store(&f->stop, true);
+    pthread_join(f->thread, NULL);
+    zmq_close(f->sock);
+    zmq_ctx_term(f->ctx);
+    free(f);
+    *f_p = NULL;
+}
+
+/* The seqs that reached f, in their order, as "1 2 1 2". */
+static const char *arrivals(fake_member_t *f, char *out, size_t cap)
+{
+    size_t at = 0;
+    out[0] = '\0';
+    for (int i = 0; i < atomic_load(&f->count) && at < cap; i++)
+        at += (size_t)snprintf(out + at, cap - at, "%s%llu", i ? " " : "",
+                               (unsigned long long)f->arrived[i]);
+    return out;
+}
+
+/* Seq 1 and seq 2 of one stream sent through the fleet client; both answered TALLY_OK. */
+static void send_two_recv_ok(tally_client_t *c, const char *name, void (*between)(void *),
+                             void *arg)
+{
+    uint8_t data[16] = {1, 2, 3};
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    for (uint64_t seq = 1; seq <= 2; seq++) {
+        req.seq = seq;
+        assert_int_equal(tally_send(c, &req, data, sizeof data, NULL), TALLY_OK);
+    }
+    if (between)
+        between(arg);
+    recv_ok(c, 2);
+}
+
+/* Waits until f has seen `n` requests. */
+static void wait_arrived(fake_member_t *f, int n)
+{
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    while (atomic_load(&f->count) < n && th_now_ms() < until)
+        th_sleep_ms(10);
+    assert_int_equal(atomic_load(&f->count), n);
+}
+
+typedef struct {
+    fake_member_t *x;
+    kvStore *ls;
+    const char *key;
+} move_t;
+
+/* x has answered seq 2 `shutdown` and holds seq 1: the partition moves to route-fake-y. */
+static void move_to_y(void *arg)
+{
+    move_t *mv = arg;
+    wait_arrived(mv->x, 2);
+    put(mv->ls, mv->key, "route-fake-y");
+}
+
+/* A stream's requests reach a member in the order they were first sent, whatever the order of
+ * the answers that send them again (PROTOCOL.md §13, "The fleet client"):
+ *   - an owner answers seq 1 `not_owner` (taking the partition over, not holding it yet) and
+ *     seq 2, which came after, `sequence_gap` (it held the partition by then): the gap is the
+ *     client's, not the caller's: seq 2 is sent again after seq 1, both answered OK;
+ *   - an owner stopping holds seq 1 unanswered and answers seq 2 `shutdown`, and the partition
+ *     moves: seq 2 waits for seq 1 (sent to the new owner once it is late), and the new owner
+ *     sees seq 1, then seq 2, nothing else. */
+static void test_resends_keep_stream_order(void **state)
+{
+    (void)state;
+    fresh_fleet();
+    kvStore *fleet = bucket(TALLY_NATS_BUCKET_FLEET), *ls = bucket(TALLY_NATS_BUCKET_LEASES),
+            *eps = bucket(TALLY_NATS_BUCKET_ENDPOINTS);
+    put(fleet, TALLY_NATS_KEY_PARTITIONS, "4");
+    fake_member_t *x = fake_member_start(eps, "route-fake-x");
+    fake_member_t *y = fake_member_start(eps, "route-fake-y");
+    x->not_owner = 1;
+    fake_member_run(x);
+    fake_member_run(y);
+    for (int k = 0; k < PARTITIONS; k++) {
+        char key[8];
+        snprintf(key, sizeof key, "p%d", k);
+        put(ls, key, "route-fake-x");
+    }
+    tally_nats_opts_t o = {.servers = tn_suite.urls, .timeout_ms = 10000};
+    tally_client_t *c = NULL;
+    assert_int_equal(tally_client_new_fleet(&o, &c, msg, sizeof msg), TALLY_OK);
+    char seen[128];
+    send_two_recv_ok(c, "order/a", NULL, NULL);
+    assert_string_equal(arrivals(x, seen, sizeof seen), "1 2 1 2");
+    assert_int_equal(x->last, 2);
+    tally_client_destroy(&c);
+    /* x stopping, holding seq 1 of another stream; the partition moves to y. */
+    fake_member_stop(&x);
+    x = fake_member_start(eps, "route-fake-x");
+    x->hold = 1;
+    x->stopping = true;
+    fake_member_run(x);
+    assert_int_equal(tally_client_new_fleet(&o, &c, msg, sizeof msg), TALLY_OK);
+    char key[8];
+    snprintf(key, sizeof key, "p%u", (unsigned)tally_partition("order/b", 7, PARTITIONS));
+    move_t mv = {.x = x, .ls = ls, .key = key};
+    send_two_recv_ok(c, "order/b", move_to_y, &mv);
+    assert_string_equal(arrivals(x, seen, sizeof seen), "1 2");
+    assert_string_equal(arrivals(y, seen, sizeof seen), "1 2");
+    assert_int_equal(y->last, 2);
+    tally_client_destroy(&c);
+    fake_member_stop(&x);
+    fake_member_stop(&y);
+    kvStore_Destroy(fleet);
+    kvStore_Destroy(ls);
+    kvStore_Destroy(eps);
+    fresh_fleet();
+}
+
 /* ---- 5. shared memory through the fleet client ------------------------------------------- */
 
 #define SLOT 1024 /* bytes of the region for each stream's batch (batch() writes up to 500) */
@@ -1597,6 +1841,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_refusals, stop_members),
         cmocka_unit_test_teardown(test_no_owner, stop_members),
+        cmocka_unit_test_teardown(test_resends_keep_stream_order, stop_members),
         cmocka_unit_test_teardown(test_owner_and_not_owner, stop_members),
         cmocka_unit_test_teardown(test_handover_follows_not_owner, stop_members),
         cmocka_unit_test_teardown(test_kill_owner_resends_once, stop_members),
