@@ -578,8 +578,10 @@ static void test_handover_follows_not_owner(void **state)
     /* a stops with four numbered requests of each of its streams queued to it (sent while it
      * was stopped, the stop signal pending at its SIGCONT): those it does not apply (answered
      * `shutdown`, or not at all) go to its partitions' next owner, b, once a has given them up,
-     * each stream's in their order (resent newest first, b refused them `sequence_gap`); each
-     * applied once. */
+     * each stream's in their order (none ahead of an earlier one still with a, and one b
+     * refuses `sequence_gap` because b answered an earlier one `not_owner` while it took the
+     * partition over is sent again after it: test_resends_keep_stream_order); each applied
+     * once. */
     int mine[STREAMS], count = 0;
     for (int s = 0; s < STREAMS; s++) {
         char h[80];
