@@ -23,9 +23,11 @@
  * reader makes the partition's consumer itself (the cluster places it in a few hundred
  * milliseconds on a loaded host; made on the fleet thread, the partitions taken together waited
  * for each other's, and everything else for all of them), fetches at once with a short wait that
- * doubles while nothing comes (a new consumer's first pull could sit out its whole expiry with
- * messages pending: 250 ms of every take-over), and only then deletes the previous owner's
- * consumer. A consumer it cannot make ends the thread with the reason (td_reader_failed), and
+ * doubles while nothing comes, and only then deletes the previous owner's consumer. (The short
+ * waits date from pulls without no_wait, when a new consumer's first pull could sit out its
+ * whole expiry with messages pending: 250 ms of every take-over. A pull now returns what the
+ * consumer holds at once, td_consumer_fetch; the short waits only bound how long one sent
+ * before the consumer holds anything waits before the next.) A consumer it cannot make ends the thread with the reason (td_reader_failed), and
  * the fleet thread gives the partition up.
  */
 #include <stdint.h>
