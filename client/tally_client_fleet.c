@@ -21,7 +21,10 @@
  * answered and the last send is out, so it is copied once, as a plain client copies it. Sent
  * again:
  *   - a `not_owner` answer (nothing was run) is followed: sent again to the owner the answer
- *     names ("... at ENDPOINT"), or the one the buckets name, up to TALLY_FLEET_HOPS times;
+ *     names ("... at ENDPOINT"), up to TALLY_FLEET_HOPS times; one that names none (a member
+ *     taking the partition over answers so until it holds it, and one that has lost it) goes
+ *     to the owner the buckets name at the next check of the owners (every 4 polls), again and
+ *     again within the timeout, which then says what the last such answer was;
  *   - a `shutdown` answer (a member stopping: nothing was run) waits for the partition's next
  *     owner and is sent there; so does a numbered request answered `not_durable` (replicated
  *     durability: run, its changelog record not stored, the partition given up), which the
@@ -113,7 +116,10 @@ struct pending {
     uint32_t k;
     int hops;
     bool waiting; /* answered `shutdown`, or its owner was lost: for the next owner */
-    bool behind;  /* answered `sequence_gap` with an earlier seq of its stream unanswered here */
+    /* waiting, and sent again at the next check of the owners, not 1 s after its last send:
+     * answered `not_owner` naming no owner (a member taking its partition over, or one that has
+     * lost it), or `sequence_gap` with an earlier seq of its stream unanswered here */
+    bool soon;
     int64_t sent_us;
     tally_req_t req;
     uint8_t *payload; /* a kept_payload_t's bytes, or NULL (len 0) */
@@ -274,7 +280,7 @@ static tally_status_t send_to(fleetc_t *self, pending_t *p, int m)
 {
     member_t *to = &self->members[m];
     p->m = m;
-    p->waiting = p->behind = false;
+    p->waiting = p->soon = false;
     p->sent_us = now_us();
     int64_t deadline = p->sent_us + (to->down ? 0 : (int64_t)tally__fleet_probe_ms(self) * 1000);
     tally_status_t st = p->in ? shm_bind(self, p, m, deadline) : TALLY_OK;
@@ -572,7 +578,7 @@ static bool check_owners(fleetc_t *self, tally_reply_t *reply, tally_status_t *s
         }
         int m = seen[p->k];
         bool moved = m != p->m, late = now - p->sent_us >= TALLY_FLEET_SUSPECT_MS * 1000;
-        if (m < 0 || (!moved && (!p->waiting || !(late || p->behind))))
+        if (m < 0 || (!moved && (!p->waiting || !(late || p->soon))))
             continue; /* no owner yet, or the same one: slow, not gone (a waiting one: later) */
         if (!p->waiting && !p->req.seq && !changes_nothing(&p->req)) { /* sent: a known op */
             char why[TALLY_ERROR_MESSAGE_MAX + 1];
@@ -600,14 +606,19 @@ static bool take_reply(fleetc_t *self, int m, tally_status_t st, tally_reply_t *
     if (!p)
         return false; /* a request since sent elsewhere */
     if (st == TALLY_E_NOT_OWNER && p->hops < TALLY_FLEET_HOPS) {
-        p->hops++;
         int to = self->owner[p->k] = tally__fleet_named_owner(self, r->error);
-        if ((to < 0 || send_in_order(self, p, to) != TALLY_OK) && !p->ready)
+        if (to < 0) { /* no hop: the buckets say where at the next check, within the timeout */
+            set_msg(self->unowned, "%s", r->error);
+            p->waiting = p->soon = true;
+            return false;
+        }
+        p->hops++;
+        if (send_in_order(self, p, to) != TALLY_OK && !p->ready)
             p->waiting = true; /* the buckets say where, at the next check */
         return false;
     }
     if (st == TALLY_E_SEQ_GAP && p->req.seq && gap_is_ours(self, p)) {
-        p->waiting = p->behind = true; /* not run: sent again after the earlier seq */
+        p->waiting = p->soon = true; /* not run: sent again after the earlier seq */
         return false;
     }
     if (st == TALLY_E_SHUTDOWN || (st == TALLY_E_NOT_DURABLE && p->req.seq)) {
@@ -618,6 +629,7 @@ static bool take_reply(fleetc_t *self, int m, tally_status_t st, tally_reply_t *
     }
     r->rep.request_id = p->id;
     unlink_pending(self, p);
+    self->unowned[0] = '\0';
     return true;
 }
 
@@ -660,7 +672,9 @@ static tally_status_t fleetc_recv(tally__transport_t *base, int timeout_ms, tall
         if (check_owners(self, reply, &st))
             return st;
         if (now_us() >= deadline) {
-            set_msg(reply->error, "no reply from the fleet within %d ms", timeout_ms);
+            set_msg(reply->error, "no reply from the fleet within %d ms%s%s%s", timeout_ms,
+                    self->unowned[0] ? " (the last answer: not_owner, " : "", self->unowned,
+                    self->unowned[0] ? ")" : "");
             return TALLY_E_TIMEOUT;
         }
     }

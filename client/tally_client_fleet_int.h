@@ -56,6 +56,9 @@ struct fleetc {
      * endpoint a member publishes ("": none since owner_now began): what the "no owner"
      * message adds. */
     char lookup[TALLY_ERROR_MESSAGE_MAX + 1];
+    /* The last `not_owner` that named no owner, since a request was last answered ("": none):
+     * what a timeout adds. */
+    char unowned[TALLY_ERROR_MESSAGE_MAX + 1];
     char error[TALLY_ERROR_MESSAGE_MAX + 1];
 };
 

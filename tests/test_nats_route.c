@@ -31,9 +31,10 @@
  *      a fleet client on a NATS without a fleet in direct mode;
  *   4b. a stream's order across owners, against fake members (ROUTER sockets the buckets
  *      name, answering by the sequence rules): seq 1 answered `not_owner` and seq 2
- *      `sequence_gap` by an owner taking over, both sent again in order and answered OK; seq 1
- *      unanswered and seq 2 answered `shutdown` by a stopping owner, the partition moved: the new
- *      owner gets seq 1 then seq 2;
+ *      `sequence_gap` by an owner taking over, both sent again in order within 800 ms and
+ *      answered OK; seq 1 unanswered and seq 2 answered `shutdown` by a stopping owner, the
+ *      partition moved: the new owner gets seq 1 then seq 2; an owner answering `not_owner`
+ *      naming none, always: asked again until the timeout, which names that answer;
  *   5. shared memory through the fleet client (issue 33): one region, registered with each
  *      member when first used there; numbered hist by reference to every stream, while member a
  *      owns them all, then after b joins on "another host" (TALLYD_TEST_HOST_ID): b's streams
@@ -924,14 +925,16 @@ static void test_no_owner(void **state)
 /* A member played by a ROUTER socket the buckets name: it answers a stream's numbered hist
  * requests by the sequence rules (PROTOCOL.md §5: the next seq applied, a later one
  * `sequence_gap`, an earlier one `duplicate`), except for its script: the request of seq `hold`
- * is never answered, the first of seq `not_owner` is answered `not_owner` (a member taking the
- * partition over, before it holds it), and with `stopping` every other one `shutdown`. */
+ * is never answered, the first `unowned` requests of seq `not_owner` are answered `not_owner`
+ * naming no owner (a member taking the partition over, before it holds it), and with
+ * `stopping` every other one `shutdown`. */
 typedef struct {
     void *ctx, *sock;
     char endpoint[64];
     pthread_t thread;
     atomic_bool stop;
     uint64_t hold, not_owner;
+    int unowned;
     bool stopping;
     _Atomic uint64_t last; /* the stream's last seq applied */
     uint64_t arrived[32];  /* each request's seq, in the order it came */
@@ -960,7 +963,7 @@ static void fake_answer(fake_member_t *f, zmq_msg_t *id, const tally_req_t *req,
 
 /* f's answer to req, by its script, then by the sequence rules. */
 static void fake_script(fake_member_t *f, zmq_msg_t *id, const tally_req_t *req,
-                        bool *not_owner_said)
+                        int *not_owner_said)
 {
     uint64_t last = atomic_load(&f->last);
     char why[96];
@@ -968,8 +971,8 @@ static void fake_script(fake_member_t *f, zmq_msg_t *id, const tally_req_t *req,
              (unsigned long long)last);
     if (req->seq == f->hold)
         return; /* never answered */
-    if (req->seq == f->not_owner && !*not_owner_said) {
-        *not_owner_said = true;
+    if (req->seq == f->not_owner && *not_owner_said < f->unowned) {
+        ++*not_owner_said;
         fake_answer(f, id, req, TALLY_E_NOT_OWNER, "partition 0 has no owner now");
     } else if (f->stopping) {
         fake_answer(f, id, req, TALLY_E_SHUTDOWN, "shutting down");
@@ -984,7 +987,7 @@ static void fake_script(fake_member_t *f, zmq_msg_t *id, const tally_req_t *req,
 static void *fake_member_main(void *arg)
 {
     fake_member_t *f = arg;
-    bool not_owner_said = false;
+    int not_owner_said = 0;
     while (!atomic_load(&f->stop)) {
         zmq_pollitem_t item = {.socket = f->sock, .events = ZMQ_POLLIN};
         if (zmq_poll(&item, 1, 20) <= 0)
@@ -1098,13 +1101,16 @@ static void move_to_y(void *arg)
 }
 
 /* A stream's requests reach a member in the order they were first sent, whatever the order of
- * the answers that send them again (PROTOCOL.md §13, "The fleet client"):
+ * the answers that send them again, and a `not_owner` naming no owner is sent again at the next
+ * read of the buckets (PROTOCOL.md §13, "The fleet client"):
  *   - an owner answers seq 1 `not_owner` (taking the partition over, not holding it yet) and
  *     seq 2, which came after, `sequence_gap` (it held the partition by then): the gap is the
  *     client's, not the caller's: seq 2 is sent again after seq 1, both answered OK;
  *   - an owner stopping holds seq 1 unanswered and answers seq 2 `shutdown`, and the partition
  *     moves: seq 2 waits for seq 1 (sent to the new owner once it is late), and the new owner
- *     sees seq 1, then seq 2, nothing else. */
+ *     sees seq 1, then seq 2, nothing else;
+ *   - an owner that answers `not_owner` naming none, always: the request goes to it again every
+ *     read of the buckets until the caller's timeout, whose message names that answer. */
 static void test_resends_keep_stream_order(void **state)
 {
     (void)state;
@@ -1115,6 +1121,7 @@ static void test_resends_keep_stream_order(void **state)
     fake_member_t *x = fake_member_start(eps, "route-fake-x");
     fake_member_t *y = fake_member_start(eps, "route-fake-y");
     x->not_owner = 1;
+    x->unowned = 1;
     fake_member_run(x);
     fake_member_run(y);
     for (int k = 0; k < PARTITIONS; k++) {
@@ -1126,9 +1133,12 @@ static void test_resends_keep_stream_order(void **state)
     tally_client_t *c = NULL;
     assert_int_equal(tally_client_new_fleet(&o, &c, msg, sizeof msg), TALLY_OK);
     char seen[128];
+    int64_t began = th_now_ms();
     send_two_recv_ok(c, "order/a", NULL, NULL);
     assert_string_equal(arrivals(x, seen, sizeof seen), "1 2 1 2");
     assert_int_equal(x->last, 2);
+    /* sent again at the next read of the buckets (200 ms), not 1 s after the first send */
+    assert_true(th_now_ms() - began < 800);
     tally_client_destroy(&c);
     /* x stopping, holding seq 1 of another stream; the partition moves to y. */
     fake_member_stop(&x);
@@ -1147,6 +1157,30 @@ static void test_resends_keep_stream_order(void **state)
     tally_client_destroy(&c);
     fake_member_stop(&x);
     fake_member_stop(&y);
+    /* An owner that answers not_owner naming no owner, again and again: sent again at each read
+     * of the buckets until the caller's timeout, which says what the last answer was. */
+    fake_member_t *z = fake_member_start(eps, "route-fake-z");
+    z->not_owner = 1;
+    z->unowned = 1000;
+    fake_member_run(z);
+    put(ls, key, "route-fake-z");
+    o.timeout_ms = 700;
+    assert_int_equal(tally_client_new_fleet(&o, &c, msg, sizeof msg), TALLY_OK);
+    uint8_t data[16] = {1};
+    tally_req_t req = th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0);
+    assert_int_equal(tally_req_set_stream(&req, "order/b"), TALLY_OK);
+    req.seq = 1;
+    assert_int_equal(tally_send(c, &req, data, sizeof data, NULL), TALLY_OK);
+    tally_reply_t r;
+    tally_reply_init(&r);
+    assert_int_equal(tally_recv(c, &r), TALLY_E_TIMEOUT);
+    if (!strstr(r.error, "no reply from the fleet within ") ||
+        !strstr(r.error, " ms (the last answer: not_owner, partition 0 has no owner now)"))
+        fail_msg("the timeout says: %s", r.error);
+    tally_reply_clear(&r);
+    assert_true(atomic_load(&z->count) >= 2);
+    tally_client_destroy(&c);
+    fake_member_stop(&z);
     kvStore_Destroy(fleet);
     kvStore_Destroy(ls);
     kvStore_Destroy(eps);

@@ -42,6 +42,7 @@
 #include "tally.h"
 #include "tally_fleet.h"
 #include "tally_proto.h"
+#include "td_nats_ckpt.h"
 
 #define PARTITIONS 4
 #define STREAMS 12  /* streams of partitions 0 and 2 */
@@ -152,6 +153,31 @@ static uint32_t publish_frame(const uint8_t *frame, size_t len, natsSubscription
         TALLY_OK);
     natsMsg_Destroy(r);
     return rep.status;
+}
+
+/* Waits (10 s at most) until partition k's checkpoint holds every message its stream has now
+ * (every 200 ms here): a give-up that finds a refused message in the window writes none, and
+ * its next owner applies again, dead letters included, what came after the last one. */
+static void checkpointed_to_end(uint32_t k)
+{
+    char stream[32];
+    tally_fleet_name(stream, sizeof stream, TALLY_NATS_STREAM_PREFIX, k);
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    assert_int_equal(js_GetStreamInfo(&si, tn_suite_js, stream, NULL, &jerr), NATS_OK);
+    uint64_t end = si->State.LastSeq;
+    jsStreamInfo_Destroy(si);
+    td_ckpt_manifest_t m = {0};
+    for (int64_t t0 = th_now_ms(); th_now_ms() - t0 < 10000; th_sleep_ms(50)) {
+        uint8_t *state = NULL;
+        size_t len = 0;
+        assert_int_equal(td_ckpt_read(tn_suite_js, k, &m, &state, &len, msg, sizeof msg), TD_OK);
+        free(state);
+        if (m.applied_seq >= end)
+            return;
+    }
+    fail_msg("partition %u checkpointed at %llu, its stream ends at %llu", (unsigned)k,
+             (unsigned long long)m.applied_seq, (unsigned long long)end);
 }
 
 /* Messages that fail PROTOCOL.md §13's checks before the request path (test_nats_worker has
@@ -375,6 +401,7 @@ static void test_refused_messages_applied_once(void **state)
     assert_true(th_metric(&w, "tallyd_nats_applied_total") >= SENT + STREAMS);
     assert_int_equal(th_metric(&w, "tallyd_nats_dead_letters_total"), 0);
     poison(p);
+    checkpointed_to_end(0);
     /* stopped with scans queued: those refused `shutdown` are the next owner's, each applied
      * once (the worker started again finds every carry equal to the model) */
     for (int i = 0; i < STREAMS; i++)
@@ -659,6 +686,15 @@ static int setup(void **state)
     return tn_suite_setup(1);
 }
 
+/* After each test: its worker ends, whatever the test did (a failed one leaves it running,
+ * and the next test's worker would share the partitions with it). */
+static int end_worker(void **state)
+{
+    (void)state;
+    th_daemon_end(&w);
+    return 0;
+}
+
 static int teardown(void **state)
 {
     (void)state;
@@ -671,9 +707,9 @@ int main(void)
     if (tn_skip())
         return 77;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_refused_messages_applied_once),
-        cmocka_unit_test(test_refused_behind_its_stream),
-        cmocka_unit_test(test_backlog_gauges),
+        cmocka_unit_test_teardown(test_refused_messages_applied_once, end_worker),
+        cmocka_unit_test_teardown(test_refused_behind_its_stream, end_worker),
+        cmocka_unit_test_teardown(test_backlog_gauges, end_worker),
     };
     int failed = cmocka_run_group_tests(tests, setup, teardown);
     nats_Close();
