@@ -222,6 +222,8 @@ static void test_paused_worker_with_messages_in_flight_writes_nothing(void **sta
     pthread_mutex_unlock(&seen_mu);
     assert_int_equal(stale, 0);
     assert_true(th_daemon_log_contains(&wa, "lost"));
+    /* the pause held the fleet thread, every partition with it: said, part by part */
+    assert_true(th_daemon_log_contains(&wa, "fleet: a turn of the fleet thread took "));
     natsSubscription_Destroy(rs);
     natsSubscription_Destroy(cs);
     assert_int_equal(th_daemon_stop(&wb, SIGTERM, 20000), 0);

@@ -14,6 +14,9 @@
  * again shortly when the bucket does not answer: td_fleet_int.h), then one step of
  * each owned partition (td_fleet_part.c), the queries that arrived (td_fleet_query.c), and the
  * replies from the request path (waiting a few milliseconds there when nothing else happened).
+ * Every partition waits for a turn, so one that took TD_FLEET_SLOW_TURN_MS or more is logged
+ * (notice) part by part, and a heartbeat that long by its own parts: a cluster slow to answer, a
+ * long take, a checkpoint, or the process stopped (SIGSTOP, a paused VM) shows where it went.
  * At a stop signal it gives every partition up (checkpointed, released), leaves the membership,
  * and closes its handles on the loop so that the server's loop can end.
  */
@@ -240,20 +243,40 @@ static void follow_plan(td_fleet_t *f, int64_t until)
     td_fleet_keys_known(f, ids, n);
 }
 
-static void heartbeat(td_fleet_t *f)
+/* The time since *at (ms), and *at moved to now: one part of a turn timed. */
+static int64_t lap(int64_t *at)
+{
+    int64_t now = td_nats_now_ms(), took = now - *at;
+    *at = now;
+    return took;
+}
+
+/* A heartbeat into *took (ms); its own parts said when it held the fleet thread
+ * TD_FLEET_SLOW_TURN_MS or more. */
+static void heartbeat(td_fleet_t *f, int64_t *took)
 {
     char msg[256], info[128];
-    int64_t began = td_nats_now_ms();
+    int64_t began = td_nats_now_ms(), at = began, beat, renewals, route, plan;
     snprintf(info, sizeof info, "pid=%d", (int)getpid());
     if (td_member_beat(f->members, f->member, info, msg, sizeof msg) != TD_OK)
         td_warn("fleet: %s", msg);
+    beat = lap(&at);
     renew_leases(f);
+    renewals = lap(&at);
     td_fleet_route_beat(f); /* direct mode: endpoints, lease ends, owners */
+    route = lap(&at);
     f->expiry_beat_ms = 0;
     follow_plan(f, began + f->ttl_ms / 3);
+    plan = lap(&at);
     f->next_beat_ms = began + f->ttl_ms / 3; /* a heartbeat that ran long: the next one now */
     if (f->expiry_beat_ms && f->expiry_beat_ms < f->next_beat_ms)
         f->next_beat_ms = f->expiry_beat_ms;
+    *took = at - began;
+    if (*took >= TD_FLEET_SLOW_TURN_MS)
+        td_notice("fleet: a heartbeat took %" PRId64 " ms: membership %" PRId64
+                  " ms, lease renewals %" PRId64 " ms, endpoints %" PRId64
+                  " ms, the plan (takes and give-ups) %" PRId64 " ms",
+                  *took, beat, renewals, route, plan);
 }
 
 /* ---- The thread ---------------------------------------------------------------------------- */
@@ -274,22 +297,49 @@ static void leave(td_fleet_t *f)
               atomic_load(&f->st->checkpoints), atomic_load(&f->st->gaps));
 }
 
+/* One turn of the loop; said, part by part, when it held the fleet thread (and so every
+ * partition) TD_FLEET_SLOW_TURN_MS or more. */
+static void turn(td_fleet_t *f)
+{
+    int64_t began = td_nats_now_ms(), at = began, beat = 0, parts = 0, slowest = 0;
+    uint32_t slowest_k = 0;
+    bool busy = td_fleet_keys_step(f);
+    int64_t keys = lap(&at);
+    if (at >= f->next_beat_ms)
+        heartbeat(f, &beat);
+    lap(&at);
+    renew_leases(f);
+    int64_t renewals = lap(&at);
+    for (uint32_t k = 0; k < f->partitions; k++)
+        if (f->parts[k].owned) {
+            busy |= td_part_step(f, &f->parts[k]);
+            int64_t step = lap(&at);
+            parts += step;
+            if (step > slowest) {
+                slowest = step;
+                slowest_k = k;
+            }
+        }
+    busy |= td_fleet_query_step(f);
+    busy |= td_fleet_watch_step(f);
+    int64_t queries = lap(&at);
+    td_fleet_path_poll(f, busy ? 0 : TD_FLEET_IDLE_MS);
+    int64_t poll = lap(&at);
+    if (at - began >= TD_FLEET_SLOW_TURN_MS)
+        td_notice(
+            "fleet: a turn of the fleet thread took %" PRId64 " ms, every partition "
+            "waiting: keys %" PRId64 " ms, heartbeat %" PRId64 " ms, renewals %" PRId64
+            " ms, partitions' steps %" PRId64 " ms (the slowest, partition %u's, %" PRId64
+            " ms), queries and watch %" PRId64 " ms, the request path's replies %" PRId64 " ms",
+            at - began, keys, beat, renewals, parts, (unsigned)slowest_k, slowest, queries, poll);
+}
+
 static void *fleet_thread(void *arg)
 {
     td_fleet_t *f = arg;
     pthread_setname_np(pthread_self(), "tdfleet"); /* for top -H and bench/thread-cpu.sh */
-    while (!atomic_load(&f->stopping)) {
-        bool busy = td_fleet_keys_step(f);
-        if (td_nats_now_ms() >= f->next_beat_ms)
-            heartbeat(f);
-        renew_leases(f);
-        for (uint32_t k = 0; k < f->partitions; k++)
-            if (f->parts[k].owned)
-                busy |= td_part_step(f, &f->parts[k]);
-        busy |= td_fleet_query_step(f);
-        busy |= td_fleet_watch_step(f);
-        td_fleet_path_poll(f, busy ? 0 : TD_FLEET_IDLE_MS);
-    }
+    while (!atomic_load(&f->stopping))
+        turn(f);
     leave(f);
     td_fleet_on_loop(f, close_loop_handles, NULL);
     atomic_store(&f->thread_done, true);

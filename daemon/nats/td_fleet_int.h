@@ -42,6 +42,9 @@
 #define TD_FLEET_STEP_MESSAGES 256
 /* How long the thread sleeps in the transport's poll when nothing was fetched. */
 #define TD_FLEET_IDLE_MS 5
+/* A turn of the fleet thread's loop this long or longer is logged, part by part (td_fleet.c):
+ * every partition waits for it (issue 32: a worker that took nothing for 4.6 s). */
+#define TD_FLEET_SLOW_TURN_MS 1000
 /* Resend after `busy` or `rate_limited`. */
 #define TD_FLEET_RETRY_MS 50
 /* How long a leaving member waits for the answers of queries still in the request path. */
