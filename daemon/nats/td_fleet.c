@@ -283,6 +283,7 @@ static void heartbeat(td_fleet_t *f, int64_t *took)
 
 static void leave(td_fleet_t *f)
 {
+    f->drop_until_ms = 0; /* the give-ups' own third of the TTL */
     for (uint32_t k = 0; k < f->partitions; k++)
         if (f->parts[k].owned)
             td_part_give_up(f, &f->parts[k]);
@@ -303,6 +304,7 @@ static void turn(td_fleet_t *f)
 {
     int64_t began = td_nats_now_ms(), at = began, beat = 0, parts = 0, slowest = 0;
     uint32_t slowest_k = 0;
+    f->drop_until_ms = 0;
     bool busy = td_fleet_keys_step(f);
     int64_t keys = lap(&at);
     if (at >= f->next_beat_ms)

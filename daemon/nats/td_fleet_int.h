@@ -241,6 +241,10 @@ struct td_fleet {
     /* Partitions. */
     td_part_t *parts;
     int64_t next_beat_ms;
+    /* Until when the partitions dropped in this turn of the loop wait for their local copies'
+     * deletes (0: none dropped yet this turn): a third of the TTL for all of them together, so
+     * that dropping many never holds the renewals of the rest past their leases. */
+    int64_t drop_until_ms;
     int64_t expiry_beat_ms;  /* follow_plan's: when an awaited key runs out (0: none) */
     int64_t next_renew_ms;   /* after a failed renewal: the next try */
     size_t live_members;     /* TALLY_MEMBERS' keys: at the last heartbeat or `streams` question */
@@ -373,8 +377,10 @@ td_err_t td_fleet_table_snapshot(td_fleet_t *f, uint32_t k, uint8_t **state, siz
 /* Deletes this worker's local copy of partition k's streams, through the request path (after
  * anything of theirs still in flight): what a new owner restores must not meet an old copy, and
  * one that stays would have the messages after its checkpoint applied to it a second time.
- * TD_OK only when every stream is gone; msg says why not. */
-td_err_t td_fleet_table_delete(td_fleet_t *f, uint32_t k, char *msg, size_t cap);
+ * Each stream's delete waits for its answer (sent again while `busy`) until deadline (ms,
+ * td_nats_now_ms); a stream reached after it is not tried. TD_OK only when every stream is
+ * known gone; msg says why not. */
+td_err_t td_fleet_table_delete(td_fleet_t *f, uint32_t k, int64_t deadline, char *msg, size_t cap);
 /* Loads a checkpoint's state into the stream table, after deleting any old local copy; a state
  * this member cannot hold whole (its limits refuse a stream) is an error (TD_ERR_CORRUPT). */
 td_err_t td_fleet_table_restore(td_fleet_t *f, uint32_t k, uint8_t *state, size_t len, char *msg,

@@ -68,12 +68,15 @@
 #include "td_stream.h"
 #include "td_window.h"
 
-/* The local copy of a partition no longer this worker's goes; when it cannot, the next take
- * (restore) deletes it first or is not made. */
+/* The local copy of a partition no longer this worker's goes, within the turn's deadline for
+ * drops (f->drop_until_ms: a third of the TTL for every partition dropped in one turn); when it
+ * cannot, the next take (restore) deletes it first or is not made. */
 static void drop_local_copy(td_fleet_t *f, td_part_t *p)
 {
     char msg[256];
-    if (td_fleet_table_delete(f, p->k, msg, sizeof msg) != TD_OK)
+    if (!f->drop_until_ms)
+        f->drop_until_ms = td_nats_now_ms() + f->ttl_ms / 3;
+    if (td_fleet_table_delete(f, p->k, f->drop_until_ms, msg, sizeof msg) != TD_OK)
         td_warn("fleet: partition %u: %s; they go before it is taken again", (unsigned)p->k, msg);
 }
 

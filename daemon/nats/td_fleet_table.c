@@ -74,7 +74,7 @@ static void list_on_loop(td_fleet_t *f, void *arg)
 
 /* Deletes one stream of the local copy through the request path: sent again while the path
  * answers `busy` (at max_inflight, or out of memory) until deadline. Gone (deleted, or unknown
- * already): TD_OK. */
+ * already): TD_OK; not tried, the deadline gone: TD_ERR_BUSY (the caller counts it). */
 static td_err_t delete_local_stream(td_fleet_t *f, const char *name, int64_t deadline)
 {
     tally_req_t del = {.version = TALLY_PROTO_VERSION, .opcode = TALLY_OP_DELETE};
@@ -83,8 +83,10 @@ static td_err_t delete_local_stream(td_fleet_t *f, const char *name, int64_t dea
         return TD_ERR_CORRUPT;
     tally_req_encode(&del, frame);
     tally_status_t st = TALLY_E_BUSY;
+    bool tried = false;
     int64_t left;
     while (st == TALLY_E_BUSY && (left = deadline - td_nats_now_ms()) > 0) {
+        tried = true;
         size_t len = 0;
         uint8_t *reply = td_fleet_path_call(f, frame, sizeof frame, (int)left, &len);
         tally_rep_t rep;
@@ -98,12 +100,14 @@ static td_err_t delete_local_stream(td_fleet_t *f, const char *name, int64_t dea
     }
     if (st == TALLY_OK || st == TALLY_E_UNKNOWN_STREAM)
         return TD_OK;
+    if (!tried)
+        return TD_ERR_BUSY;
     td_warn("fleet: stream '%s' of a local copy not deleted: %s", name, tally_status_name(st));
     return TD_ERR_LIBRARY;
 }
 
 /* Every stream of partition k's local copy, one by one (td_fleet_int.h says why). */
-td_err_t td_fleet_table_delete(td_fleet_t *f, uint32_t k, char *msg, size_t cap)
+td_err_t td_fleet_table_delete(td_fleet_t *f, uint32_t k, int64_t deadline, char *msg, size_t cap)
 {
     table_job_t j = {.k = k, .partitions = f->partitions};
     td_fleet_on_loop(f, list_on_loop, &j);
@@ -111,13 +115,18 @@ td_err_t td_fleet_table_delete(td_fleet_t *f, uint32_t k, char *msg, size_t cap)
         snprintf(msg, cap, "out of memory listing its local streams");
         return TD_ERR_NOMEM;
     }
-    int64_t deadline = td_nats_now_ms() + f->ttl_ms / 3; /* a heartbeat: leases renewed in time */
-    size_t kept = 0;
-    for (size_t i = 0; i < j.count; i++)
-        kept += delete_local_stream(f, j.names[i], deadline) != TD_OK;
+    size_t kept = 0, untried = 0;
+    for (size_t i = 0; i < j.count; i++) {
+        td_err_t err = delete_local_stream(f, j.names[i], deadline);
+        kept += err != TD_OK;
+        untried += err == TD_ERR_BUSY;
+    }
     free(j.names);
     if (kept)
-        snprintf(msg, cap, "%zu of its %zu local streams could not be deleted", kept, j.count);
+        snprintf(msg, cap,
+                 "%zu of its %zu local streams could not be deleted (%zu not tried: no "
+                 "time left)",
+                 kept, j.count, untried);
     return kept ? TD_ERR_LIBRARY : TD_OK;
 }
 
@@ -133,7 +142,8 @@ td_err_t td_fleet_table_snapshot(td_fleet_t *f, uint32_t k, uint8_t **state, siz
 td_err_t td_fleet_table_restore(td_fleet_t *f, uint32_t k, uint8_t *state, size_t len, char *msg,
                                 size_t cap)
 {
-    td_err_t err = td_fleet_table_delete(f, k, msg, cap);
+    /* a heartbeat at most: leases renewed in time */
+    td_err_t err = td_fleet_table_delete(f, k, td_nats_now_ms() + f->ttl_ms / 3, msg, cap);
     if (err != TD_OK) /* restored over an old copy, its streams would count twice */
         return err;
     if (len == 0)
