@@ -820,26 +820,29 @@ TALLY_API tally_status_t tally_client_new_nats(const tally_nats_opts_t *opts, ta
  * local or replicated): the same calls, each request sent over ZeroMQ straight to the member that
  * owns its stream's partition (tally_partition; the owner from TALLY_LEASES, its endpoint from
  * TALLY_ENDPOINTS, read through NATS at opts->servers). A `not_owner` answer is followed to the
- * owner it names (up to 8 hops); a `shutdown` answer, a numbered request's `not_durable` (its
- * changelog record not stored: the owner gives the partition up), or no answer from an owner
- * that has since been replaced, is sent again to the partition's next owner once it has taken over,
- * when the request is numbered (`seq`: applied once) or only reads; an unnumbered write that lost
- * its owner is answered TALLY_E_TRANSPORT (it may or may not have been applied). An owner whose
- * connection does not come up within 1 s (it exited) is not waited on for the timeout: the
- * routing is read again and the request, not yet sent, goes to the owner it names. Requests
- * without a stream go to partition 0's owner, except `streams`, gathered from every owner
- * (tally_streams_missing counts the partitions whose owner did not answer). Shared-memory
- * regions work with the members on this host (tally_send_shm); device regions are refused
- * (TALLY_E_ARG). A client connects to at most 64 members over its life (each member id,
+ * owner it names (up to 8 hops); one that names none (a member still taking the partition over)
+ * goes again to the owner the buckets name, every 200 ms within the timeout; a `shutdown` answer, a
+ * numbered request's `not_durable` (its changelog record not stored: the owner gives the partition
+ * up), or no answer from an owner that has since been replaced, is sent again to the partition's
+ * next owner once it has taken over, when the request is numbered (`seq`: applied once) or only
+ * reads; an unnumbered write that lost its owner is answered TALLY_E_TRANSPORT (it may or may not
+ * have been applied). Whatever sends them again, a stream's requests reach each member in the order
+ * they were first sent. An owner whose connection does not come up within 1 s (it exited) is not
+ * waited on for the timeout: the routing is read again and the request, not yet sent, goes to the
+ * owner it names. Requests without a stream go to partition 0's owner, except `streams`, gathered
+ * from every owner (tally_streams_missing counts the partitions whose owner did not answer).
+ * Shared-memory regions work with the members on this host (tally_send_shm); device regions are
+ * refused (TALLY_E_ARG). A client connects to at most 64 members over its life (each member id,
  * endpoint and key met counts once; none is given back): a request whose partition's owner would
  * be one more fails TALLY_E_ARG at once, tally_client_error naming the member and the limit
  * (make a new client). A partition without an owner the buckets name (or whose lease or record
  * cannot be read) waits for one within the timeout, then fails TALLY_E_TIMEOUT with "partition K
  * has no owner in direct mode ... within N ms", followed by the last NATS failure when a read
- * failed (not found is no failure) or why the endpoint its owner publishes is not one. TALLY_E_ARG (no fleet in direct mode on that NATS:
- * TALLY_FLEET, TALLY_LEASES or TALLY_ENDPOINTS does not exist; a malformed option),
- * TALLY_E_TRANSPORT (NATS unreachable, or the buckets could not be looked up: a timeout, the
- * server's refusal of this user's permissions, named); msg (may be NULL) says why. */
+ * failed (not found is no failure) or why the endpoint its owner publishes is not one. TALLY_E_ARG
+ * (no fleet in direct mode on that NATS: TALLY_FLEET, TALLY_LEASES or TALLY_ENDPOINTS does not
+ * exist; a malformed option), TALLY_E_TRANSPORT (NATS unreachable, or the buckets could not be
+ * looked up: a timeout, the server's refusal of this user's permissions, named); msg (may be NULL)
+ * says why. */
 TALLY_API tally_status_t tally_client_new_fleet(const tally_nats_opts_t *opts, tally_client_t **out,
                                                 char *msg, size_t msg_cap);
 /* tally_client_new_fleet over CURVE (PROTOCOL.md §12): keys from tally_curve_client_keys_load.
