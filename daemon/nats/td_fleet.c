@@ -251,9 +251,8 @@ static int64_t lap(int64_t *at)
     return took;
 }
 
-/* A heartbeat into *took (ms); its own parts said when it held the fleet thread
- * TD_FLEET_SLOW_TURN_MS or more. */
-static void heartbeat(td_fleet_t *f, int64_t *took)
+/* A heartbeat; its own parts said when it held the fleet thread TD_FLEET_SLOW_TURN_MS or more. */
+static void heartbeat(td_fleet_t *f)
 {
     char msg[256], info[128];
     int64_t began = td_nats_now_ms(), at = began, beat, renewals, route, plan;
@@ -271,12 +270,11 @@ static void heartbeat(td_fleet_t *f, int64_t *took)
     f->next_beat_ms = began + f->ttl_ms / 3; /* a heartbeat that ran long: the next one now */
     if (f->expiry_beat_ms && f->expiry_beat_ms < f->next_beat_ms)
         f->next_beat_ms = f->expiry_beat_ms;
-    *took = at - began;
-    if (*took >= TD_FLEET_SLOW_TURN_MS)
+    if (at - began >= TD_FLEET_SLOW_TURN_MS)
         td_notice("fleet: a heartbeat took %" PRId64 " ms: membership %" PRId64
                   " ms, lease renewals %" PRId64 " ms, endpoints %" PRId64
                   " ms, the plan (takes and give-ups) %" PRId64 " ms",
-                  *took, beat, renewals, route, plan);
+                  at - began, beat, renewals, route, plan);
 }
 
 /* ---- The thread ---------------------------------------------------------------------------- */
@@ -302,14 +300,14 @@ static void leave(td_fleet_t *f)
  * partition) TD_FLEET_SLOW_TURN_MS or more. */
 static void turn(td_fleet_t *f)
 {
-    int64_t began = td_nats_now_ms(), at = began, beat = 0, parts = 0, slowest = 0;
+    int64_t began = td_nats_now_ms(), at = began, parts = 0, slowest = 0;
     uint32_t slowest_k = 0;
     f->drop_until_ms = 0;
     bool busy = td_fleet_keys_step(f);
     int64_t keys = lap(&at);
     if (at >= f->next_beat_ms)
-        heartbeat(f, &beat);
-    lap(&at);
+        heartbeat(f);
+    int64_t beat = lap(&at);
     renew_leases(f);
     int64_t renewals = lap(&at);
     for (uint32_t k = 0; k < f->partitions; k++)

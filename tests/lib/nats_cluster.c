@@ -440,6 +440,24 @@ int tn_publish(jsCtx *js, const char *subject, const void *data, int len, const 
     return (int)s;
 }
 
+int tn_partition_seqs(jsCtx *js, uint32_t k, uint64_t *msgs, uint64_t *first, uint64_t *last)
+{
+    char name[32];
+    tally_fleet_name(name, sizeof name, TALLY_NATS_STREAM_PREFIX, k);
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    if (js_GetStreamInfo(&si, js, name, NULL, &jerr) != NATS_OK)
+        return -1;
+    if (msgs)
+        *msgs = si->State.Msgs;
+    if (first)
+        *first = si->State.FirstSeq;
+    if (last)
+        *last = si->State.LastSeq;
+    jsStreamInfo_Destroy(si);
+    return 0;
+}
+
 void tn_fleet_delete(jsCtx *js, uint32_t partitions)
 {
     jsErrCode jerr = 0;
