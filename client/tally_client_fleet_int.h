@@ -49,12 +49,12 @@ struct fleetc {
     registration_t *regs;
     char host[TALLY_FLEET_HOST_MAX]; /* this host's identity ("": unknown, no member is local) */
     tally_curve_keys_t keys;         /* the client's pair ("": plain) and a server key pinned */
-    /* Why the last owner_now or member_index refused a member (its keys, or one member past
-     * TALLY_FLEET_MEMBERS_MAX; "": it did not): no wait mends that. */
+    /* Why the last tally__fleet_owner_now or member_index refused a member (its keys, or one
+     * member past TALLY_FLEET_MEMBERS_MAX; "": it did not): no wait mends that. */
     char refused[TALLY_ERROR_MESSAGE_MAX + 1];
     /* The last failure to read a bucket other than a missing key, or to make a client for the
-     * endpoint a member publishes ("": none since owner_now began): what the "no owner"
-     * message adds. */
+     * endpoint a member publishes ("": none since tally__fleet_owner_now began): what the "no
+     * owner" message adds. */
     char lookup[TALLY_ERROR_MESSAGE_MAX + 1];
     /* The last `not_owner` that named no owner, since a request was last answered ("": none):
      * what a timeout adds. */
