@@ -204,6 +204,11 @@ typedef struct {
     bool taking;
     int64_t take_leased_ms, take_loaded_ms;
     size_t take_state_len;
+    /* Since when messages have waited for it while its window took none (high_seq unchanged),
+     * and whether that stall was logged (td_fleet_part.c, say_if_stalled). */
+    uint64_t stall_high_seq;
+    int64_t stall_since_ms;
+    bool stall_said;
 } td_part_t;
 
 typedef struct td_changelog td_changelog_t;

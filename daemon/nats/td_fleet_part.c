@@ -894,9 +894,56 @@ void td_part_reply(td_fleet_t *f, td_part_t *p, td_pend_t *pend, const uint8_t *
     mark_done(f, p, e);
 }
 
+/* Why a partition with messages waiting takes none, in td_part_step's order. */
+static void stall_reason(const td_fleet_t *f, const td_part_t *p, int64_t now, char *out,
+                         size_t cap)
+{
+    if (p->taking)
+        snprintf(out, cap, "its take waits for its consumer");
+    else if (p->retries)
+        snprintf(out, cap, "%zu refused messages wait to be sent again (in %" PRId64 " ms)",
+                 p->retries, p->retry_at - now);
+    else if (p->draining)
+        snprintf(out, cap, "it drains for a checkpoint (%zu messages in its window)", p->win_len);
+    else if (p->next.msg)
+        snprintf(out, cap,
+                 "its window is full (%zu of %zu messages, %zu bytes, %zu in the request path)",
+                 p->win_len, f->inflight, p->win_bytes, p->in_path);
+    else
+        snprintf(out, cap,
+                 "none of its own waits (its window %zu, %zu in the request path): its "
+                 "steps did not run, the fleet thread was held elsewhere",
+                 p->win_len, p->in_path);
+}
+
+/* Says once, and why, when messages have waited TD_FLEET_SLOW_TURN_MS for p's window to take
+ * one (issue 32: three partitions of a worker took none for 4.6 s after a SIGCONT); checked
+ * before the step, so a fleet thread held elsewhere is seen at its next step. */
+static void say_if_stalled(td_fleet_t *f, td_part_t *p, int64_t now)
+{
+    uint64_t fetched = atomic_load_explicit(&f->st->fetched[p->k], memory_order_relaxed);
+    bool waiting = fetched > p->reader.popped_count || p->next.msg;
+    if (!waiting || p->high_seq != p->stall_high_seq) {
+        p->stall_high_seq = p->high_seq;
+        p->stall_since_ms = now;
+        p->stall_said = false;
+        return;
+    }
+    if (p->stall_said || now - p->stall_since_ms < TD_FLEET_SLOW_TURN_MS)
+        return;
+    char why[256];
+    stall_reason(f, p, now, why, sizeof why);
+    td_notice("fleet: partition %u has taken no message for %" PRId64 " ms with %" PRIu64
+              " fetched and waiting: %s",
+              (unsigned)p->k, now - p->stall_since_ms,
+              fetched - p->reader.popped_count + (p->next.msg ? 1 : 0), why);
+    p->stall_said = true;
+}
+
 bool td_part_step(td_fleet_t *f, td_part_t *p)
 {
     int64_t now = td_nats_now_ms();
+    say_if_stalled(f, p, now);
     if (!td_lease_valid(&p->lease, now)) {
         td_part_drop(f, p, "its lease ran out (this worker was paused or cut off)");
         return true;
