@@ -323,15 +323,23 @@ static void turn(td_fleet_t *f)
     busy |= td_fleet_query_step(f);
     busy |= td_fleet_watch_step(f);
     int64_t queries = lap(&at);
-    td_fleet_path_poll(f, busy ? 0 : TD_FLEET_IDLE_MS);
+    int wait_ms = busy ? 0 : TD_FLEET_IDLE_MS;
+    td_fleet_path_poll(f, wait_ms);
     int64_t poll = lap(&at);
-    if (at - began >= TD_FLEET_SLOW_TURN_MS)
-        td_notice(
-            "fleet: a turn of the fleet thread took %" PRId64 " ms, every partition "
-            "waiting: keys %" PRId64 " ms, heartbeat %" PRId64 " ms, renewals %" PRId64
-            " ms, partitions' steps %" PRId64 " ms (the slowest, partition %u's, %" PRId64
-            " ms), queries and watch %" PRId64 " ms, the request path's replies %" PRId64 " ms",
-            at - began, keys, beat, renewals, parts, (unsigned)slowest_k, slowest, queries, poll);
+    if (at - began < TD_FLEET_SLOW_TURN_MS)
+        return;
+    char stopped[128] = ""; /* a poll far past its wait: the whole process stood still */
+    if (poll >= TD_FLEET_SLOW_TURN_MS / 2 + wait_ms)
+        snprintf(stopped, sizeof stopped,
+                 " (a wait of at most %d ms: this process was stopped, by SIGSTOP or a paused "
+                 "VM, or starved of CPU)",
+                 wait_ms);
+    td_notice("fleet: a turn of the fleet thread took %" PRId64 " ms, every partition "
+              "waiting: keys %" PRId64 " ms, heartbeat %" PRId64 " ms, renewals %" PRId64
+              " ms, partitions' steps %" PRId64 " ms (the slowest, partition %u's, %" PRId64
+              " ms), queries and watch %" PRId64 " ms, the request path's replies %" PRId64 " ms%s",
+              at - began, keys, beat, renewals, parts, (unsigned)slowest_k, slowest, queries, poll,
+              stopped);
 }
 
 static void *fleet_thread(void *arg)
