@@ -208,7 +208,7 @@ typedef struct {
      * and whether that stall was logged (td_fleet_part.c, say_if_stalled). */
     uint64_t stall_high_seq;
     int64_t stall_since_ms;
-    bool stall_said;
+    bool stall_waiting, stall_said;
 } td_part_t;
 
 typedef struct td_changelog td_changelog_t;

@@ -910,20 +910,19 @@ static void stall_reason(const td_fleet_t *f, const td_part_t *p, int64_t now, c
                  "its window is full (%zu of %zu messages, %zu bytes, %zu in the request path)",
                  p->win_len, f->inflight, p->win_bytes, p->in_path);
     else
-        snprintf(out, cap,
-                 "none of its own waits (its window %zu, %zu in the request path): its "
-                 "steps did not run, the fleet thread was held elsewhere",
+        snprintf(out, cap, "none of its own waits (its window %zu, %zu in the request path)",
                  p->win_len, p->in_path);
 }
 
 /* Says once, and why, when messages have waited TD_FLEET_SLOW_TURN_MS for p's window to take
- * one (issue 32: three partitions of a worker took none for 4.6 s after a SIGCONT); checked
- * before the step, so a fleet thread held elsewhere is seen at its next step. */
+ * one (issue 32: three partitions of a worker took none for 4.6 s after a SIGCONT), timed from
+ * the step that first saw them waiting; a fleet thread held elsewhere is turn()'s to say. */
 static void say_if_stalled(td_fleet_t *f, td_part_t *p, int64_t now)
 {
     uint64_t fetched = atomic_load_explicit(&f->st->fetched[p->k], memory_order_relaxed);
     bool waiting = fetched > p->reader.popped_count || p->next.msg;
-    if (!waiting || p->high_seq != p->stall_high_seq) {
+    if (!waiting || !p->stall_waiting || p->high_seq != p->stall_high_seq) {
+        p->stall_waiting = waiting; /* from the step that first saw them: a stop is not counted */
         p->stall_high_seq = p->high_seq;
         p->stall_since_ms = now;
         p->stall_said = false;
