@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -40,18 +41,36 @@ void th_use_curve(const char *server_public, const char *client_public, const ch
     snprintf(curve_keys[2], sizeof curve_keys[2], "%s", client_secret ? client_secret : "");
 }
 
-int th_free_port(void)
+/* Whether a loopback TCP port can be bound now. */
+static bool bindable(int port)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof addr;
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&addr, sizeof addr) == 0 &&
-        getsockname(fd, (struct sockaddr *)&addr, &len) == 0)
-        port = ntohs(addr.sin_port);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in addr = {.sin_family = AF_INET,
+                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                               .sin_port = htons((uint16_t)port)};
+    bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&addr, sizeof addr) == 0;
     if (fd >= 0)
         close(fd);
-    return port;
+    return ok;
+}
+
+int th_free_port(void)
+{
+    static unsigned next; /* where this process looks next: its own walk over the range */
+    unsigned from =
+        __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED) * 7u + (unsigned)getpid() * 7919u;
+    for (unsigned i = 0; i < 4000; i++) {
+        int port = TH_PORT_LOW + (int)((from + i * 13u) % (TH_PORT_HIGH - TH_PORT_LOW));
+        char path[64];
+        snprintf(path, sizeof path, "/tmp/tally-test-port-%d.lock", port);
+        int lock = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+        if (lock < 0)
+            continue;
+        if (flock(lock, LOCK_EX | LOCK_NB) == 0 && bindable(port))
+            return port; /* the lock stays held, its descriptor open, until this process ends */
+        close(lock);
+    }
+    return -1;
 }
 
 int th_refusing_port(int *held)

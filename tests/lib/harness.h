@@ -69,11 +69,19 @@ bool th_daemon_wait_log(const th_daemon_t *d, const char *text, int64_t timeout_
 /* True when the file at path (a log) contains text; false, saying so on stderr, when not. */
 bool th_file_contains(const char *path, const char *text);
 
-/* A loopback TCP port that was free a moment ago (bound, read, closed). Another process may take
- * it before the test uses it (CTest runs tests in parallel): only for a tallyd that
- * th_daemon_start starts (it retries on another port) or a test that retries itself; a tallyd
- * run to its exit binds an ipc:// path in the test's directory, and a port nothing may listen
- * on is th_refusing_port's. */
+/* A loopback TCP port that could be bound a moment ago, this process's until it ends: taken from
+ * TH_PORT_LOW..TH_PORT_HIGH, below the kernel's ephemeral ports (32768-60999 on Debian, which
+ * bind to port 0 and outgoing connections draw from), under an flock on
+ * /tmp/tally-test-port-<port>.lock that stays held (the kernel lets go at the process's end,
+ * a crash included). So no test running beside it (CTest runs tests in parallel) is handed the
+ * port again, not even after the server on it stopped: a nats-server a test kills and starts
+ * again on its port could otherwise meet another test's server there, and this test's clients
+ * reconnecting to it. Something outside the tests may still take it before the test binds it:
+ * only for a tallyd that th_daemon_start starts (it retries on another port) or a test that
+ * retries itself; a tallyd run to its exit binds an ipc:// path in the test's directory, and a
+ * port nothing may listen on is th_refusing_port's. -1: none found. */
+#define TH_PORT_LOW 20000
+#define TH_PORT_HIGH 32000
 int th_free_port(void);
 /* A loopback TCP port that nothing listens on, bound by the test and held (not listening) so
  * that no other process can take it: a connection to it is refused. Its socket in *held (close
