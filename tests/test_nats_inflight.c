@@ -12,6 +12,9 @@
  *
  * Replies say who answered (Tally-Member): every message gets its reply from the worker that took
  * over, and none from the paused one after it woke.
+ *
+ * Then a partition held a second by its full window says so, and why (the mutant
+ * fleet-stall-reason-lost makes it say nothing holds it).
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -49,7 +52,7 @@ typedef struct {
 static seen_t replies[SEEN_MAX], ckpts[SEEN_MAX];
 static size_t nreplies, nckpts;
 static pthread_mutex_t seen_mu = PTHREAD_MUTEX_INITIALIZER;
-static th_daemon_t wa, wb;
+static th_daemon_t wa, wb, wc;
 
 static void on_reply(natsConnection *c, natsSubscription *s, natsMsg *m, void *closure)
 {
@@ -112,7 +115,10 @@ static size_t count(const seen_t *list, const size_t *n, const char *member, int
     return c;
 }
 
-static void start(th_daemon_t *d, const char *member, const char *ckpt_ms, bool slow)
+/* latency_us: each simulated launch's (NULL: the CPU backend); inflight: a partition's window
+ * (NULL: the default). */
+static void start(th_daemon_t *d, const char *member, const char *ckpt_ms, const char *latency_us,
+                  const char *inflight)
 {
     const char *args[] = {"--nats-servers",
                           tn_suite.urls,
@@ -128,35 +134,45 @@ static void start(th_daemon_t *d, const char *member, const char *ckpt_ms, bool 
                           member,
                           "--window-intervals",
                           "0",
+                          inflight ? "--nats-inflight" : NULL,
+                          inflight,
                           NULL};
     const char *sim[] = {"--backend", "cuda", "--test-sim-gpus", "1", NULL};
-    if (slow)
-        setenv("TALLYD_TEST_SIM_LATENCY_US", "200000", 1);
-    assert_int_equal(th_daemon_start_with(d, args, slow ? sim : NULL), 0);
+    if (latency_us)
+        setenv("TALLYD_TEST_SIM_LATENCY_US", latency_us, 1);
+    assert_int_equal(th_daemon_start_with(d, args, latency_us ? sim : NULL), 0);
     unsetenv("TALLYD_TEST_SIM_LATENCY_US");
+}
+
+/* One 64 KiB hist on stream `name` (a GPU's batch: the simulated launch's latency applies),
+ * asking for its reply on INBOX under dedupe id "<anon>.<tag>.<i>". */
+static void publish_one(const char *name, const char *tag, int i)
+{
+    static uint8_t data[TALLY_REQ_HEADER_SIZE + BYTES];
+    for (size_t j = 0; j < BYTES; j++)
+        data[TALLY_REQ_HEADER_SIZE + j] = (uint8_t)(j * 7);
+    char subject[64], id[64];
+    uint32_t k = tally_partition(name, strlen(name), PARTITIONS);
+    tally_req_t req;
+    memset(&req, 0, sizeof req);
+    req.version = TALLY_PROTO_VERSION;
+    req.opcode = TALLY_OP_HIST;
+    req.dtype = TALLY_DTYPE_U8;
+    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
+    tally_req_encode(&req, data);
+    tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k, TALLY_NATS_USER_ANON);
+    snprintf(id, sizeof id, "%s.%s.%d", TALLY_NATS_USER_ANON, tag, i);
+    assert_int_equal(tn_publish(tn_suite_js, subject, data, sizeof data, INBOX, id), NATS_OK);
 }
 
 /* One 64 KiB hist on each of STREAMS streams (a stream per message: sequences 1..STREAMS, the
  * partitions spread), each asking for its reply on INBOX. */
 static void publish_all(void)
 {
-    static uint8_t data[TALLY_REQ_HEADER_SIZE + BYTES];
-    for (size_t j = 0; j < BYTES; j++)
-        data[TALLY_REQ_HEADER_SIZE + j] = (uint8_t)(j * 7);
     for (int i = 0; i < STREAMS; i++) {
-        char name[32], subject[48], id[48];
+        char name[32];
         snprintf(name, sizeof name, "inflight/%d", i);
-        uint32_t k = tally_partition(name, strlen(name), PARTITIONS);
-        tally_req_t req;
-        memset(&req, 0, sizeof req);
-        req.version = TALLY_PROTO_VERSION;
-        req.opcode = TALLY_OP_HIST;
-        req.dtype = TALLY_DTYPE_U8;
-        assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
-        tally_req_encode(&req, data);
-        tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k, TALLY_NATS_USER_ANON);
-        snprintf(id, sizeof id, "%s.inflight.%d", TALLY_NATS_USER_ANON, i);
-        assert_int_equal(tn_publish(tn_suite_js, subject, data, sizeof data, INBOX, id), NATS_OK);
+        publish_one(name, "inflight", i);
     }
 }
 
@@ -176,7 +192,7 @@ static void test_paused_worker_with_messages_in_flight_writes_nothing(void **sta
     assert_int_equal(natsConnection_Subscribe(&cs, tn_suite_nc, "$KV." TALLY_NATS_BUCKET_CKPT ".>",
                                               on_ckpt, NULL),
                      NATS_OK);
-    start(&wa, "wa", "60000", true);
+    start(&wa, "wa", "60000", "200000", NULL);
     int held = 0;
     assert_true(tn_wait_leases(tn_suite_js, PARTITIONS, "wa", PARTITIONS, 30000, &held) >= 0);
     publish_all();
@@ -196,7 +212,7 @@ static void test_paused_worker_with_messages_in_flight_writes_nothing(void **sta
     print_message("wa stopped with %zu of %d replies sent\n", before, STREAMS);
     assert_true(before < STREAMS / 2); /* most of them in flight */
 
-    start(&wb, "wb", "200", false);
+    start(&wb, "wb", "200", NULL, NULL);
     assert_true(tn_wait_leases(tn_suite_js, PARTITIONS, "wb", PARTITIONS, 30000, &held) >= 0);
     assert_true(wait_for("wb", STREAMS, 30000)); /* everything applied by wb before wa wakes */
     th_sleep_ms(300);                            /* wa's writes before its pause have landed */
@@ -230,6 +246,22 @@ static void test_paused_worker_with_messages_in_flight_writes_nothing(void **sta
     assert_int_equal(th_daemon_stop(&wa, SIGTERM, 20000), 0);
 }
 
+/* A partition whose full window holds its fetched messages a second says so, once, and why
+ * (td_fleet_part.c, say_if_stalled): a window of one message (--nats-inflight 1), on a simulated
+ * GPU whose launch takes 2.5 s, with two more of its stream fetched behind it. */
+static void test_a_partition_held_by_its_full_window_says_so(void **state)
+{
+    (void)state;
+    start(&wc, "wc", "60000", "2500000", "1");
+    int held = 0;
+    assert_true(tn_wait_leases(tn_suite_js, PARTITIONS, "wc", PARTITIONS, 30000, &held) >= 0);
+    for (int i = 0; i < 3; i++)
+        publish_one("held/0", "held", i);
+    assert_true(
+        th_daemon_wait_log(&wc, "and waiting: its window is full (1 of 1 messages, ", 15000));
+    assert_int_equal(th_daemon_stop(&wc, SIGTERM, 20000), 0);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -241,6 +273,7 @@ static int teardown(void **state)
     (void)state;
     th_daemon_end(&wa);
     th_daemon_end(&wb);
+    th_daemon_end(&wc);
     return tn_suite_teardown();
 }
 
@@ -250,6 +283,7 @@ int main(void)
         return 77;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_paused_worker_with_messages_in_flight_writes_nothing),
+        cmocka_unit_test(test_a_partition_held_by_its_full_window_says_so),
     };
     int failed = cmocka_run_group_tests(tests, setup, teardown);
     nats_Close();
