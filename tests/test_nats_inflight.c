@@ -115,8 +115,9 @@ static size_t count(const seen_t *list, const size_t *n, const char *member, int
     return c;
 }
 
-/* latency_us: each simulated launch's (NULL: the CPU backend); inflight: a partition's window
- * (NULL: the default). */
+/* latency_us: each simulated launch's (NULL: the CPU backend); inflight: a partition's window,
+ * and two shards, so that the fleet thread hands its requests to them itself (a port of the
+ * request path) whatever shards the run's other tallyds have (NULL: the defaults). */
 static void start(th_daemon_t *d, const char *member, const char *ckpt_ms, const char *latency_us,
                   const char *inflight)
 {
@@ -136,6 +137,8 @@ static void start(th_daemon_t *d, const char *member, const char *ckpt_ms, const
                           "0",
                           inflight ? "--nats-inflight" : NULL,
                           inflight,
+                          "--shards",
+                          "2",
                           NULL};
     const char *sim[] = {"--backend", "cuda", "--test-sim-gpus", "1", NULL};
     if (latency_us)
@@ -248,7 +251,10 @@ static void test_paused_worker_with_messages_in_flight_writes_nothing(void **sta
 
 /* A partition whose full window holds its fetched messages a second says so, once, and why
  * (td_fleet_part.c, say_if_stalled): a window of one message (--nats-inflight 1), on a simulated
- * GPU whose launch takes 2.5 s, with two more of its stream fetched behind it. */
+ * GPU whose launch takes 2.5 s, with two more of its stream fetched behind it. Then SIGTERM with
+ * that launch still running past the partition's give-up: the fleet thread takes its port's
+ * last reply (td_fleet.c, await_port), or the stop, which counts it, never ends (found here:
+ * tallyd hung with its fleet thread gone). */
 static void test_a_partition_held_by_its_full_window_says_so(void **state)
 {
     (void)state;
@@ -260,6 +266,8 @@ static void test_a_partition_held_by_its_full_window_says_so(void **state)
     assert_true(
         th_daemon_wait_log(&wc, "and waiting: its window is full (1 of 1 messages, ", 15000));
     assert_int_equal(th_daemon_stop(&wc, SIGTERM, 20000), 0);
+    assert_true(th_daemon_log_contains(
+        &wc, "fleet: waiting for 1 of its messages still in the request path"));
 }
 
 static int setup(void **state)

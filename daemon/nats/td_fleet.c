@@ -296,6 +296,20 @@ static void leave(td_fleet_t *f)
               atomic_load(&f->st->checkpoints), atomic_load(&f->st->gaps));
 }
 
+/* After leave: a partition given up once its quiesce ran out may still have messages in the
+ * request path (a long GPU launch). With a port, only this thread takes their replies and so
+ * lowers the port's count, which the server's stop waits for (td_path_inflight): it takes them
+ * (dropped: their partitions are gone) until none is left, as the stop waits for ZeroMQ's. */
+static void await_port(td_fleet_t *f)
+{
+    if (!f->port || !td_path_port_inflight(f->port))
+        return;
+    td_notice("fleet: waiting for %u of its messages still in the request path",
+              td_path_port_inflight(f->port));
+    while (td_path_port_inflight(f->port))
+        td_fleet_path_poll(f, 10);
+}
+
 /* One turn of the loop; said, part by part, when it held the fleet thread (and so every
  * partition) TD_FLEET_SLOW_TURN_MS or more. */
 static void turn(td_fleet_t *f)
@@ -349,6 +363,7 @@ static void *fleet_thread(void *arg)
     while (!atomic_load(&f->stopping))
         turn(f);
     leave(f);
+    await_port(f);
     td_fleet_on_loop(f, close_loop_handles, NULL);
     atomic_store(&f->thread_done, true);
     return NULL;
