@@ -445,8 +445,16 @@ int tn_partition_seqs(jsCtx *js, uint32_t k, uint64_t *msgs, uint64_t *first, ui
     char name[32];
     tally_fleet_name(name, sizeof name, TALLY_NATS_STREAM_PREFIX, k);
     jsStreamInfo *si = NULL;
-    jsErrCode jerr = 0;
-    if (js_GetStreamInfo(&si, js, name, NULL, &jerr) != NATS_OK)
+    natsStatus s = NATS_ERR;
+    for (int i = 0; i < 100 && s != NATS_OK; i++) { /* a new leader after a kill: 10 s */
+        jsErrCode jerr = 0;
+        s = js_GetStreamInfo(&si, js, name, NULL, &jerr);
+        if (s == NATS_NOT_FOUND || jerr == JSStreamNotFoundErr)
+            return -1;
+        if (s != NATS_OK)
+            th_sleep_ms(100);
+    }
+    if (s != NATS_OK)
         return -1;
     if (msgs)
         *msgs = si->State.Msgs;

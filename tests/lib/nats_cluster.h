@@ -94,7 +94,8 @@ int64_t tn_wait_leases(jsCtx *js, uint32_t partitions, const char *member, int c
 int tn_publish(jsCtx *js, const char *subject, const void *data, int len, const char *reply_to,
                const char *id);
 /* Partition k's stream (TALLY_P<k>): its message count, first and last sequences into those of
- * msgs, first and last that are not NULL. 0, or -1 when JetStream did not answer. */
+ * msgs, first and last that are not NULL. 0, or -1 when the stream is missing or JetStream did
+ * not answer for 10 s (asked again meanwhile: a stream electing a new leader after a kill). */
 int tn_partition_seqs(jsCtx *js, uint32_t k, uint64_t *msgs, uint64_t *first, uint64_t *last);
 /* No fleet on the cluster any more: the partitions' streams (0..partitions-1) and their
  * changelogs (TALLY_CL<k>), the dead letters
