@@ -207,7 +207,8 @@ static void follow_plan(td_fleet_t *f, int64_t until)
     char **ids = NULL;
     size_t n = 0;
     if (td_member_list(f->members, &ids, &n, msg, sizeof msg) != TD_OK) {
-        td_warn("fleet: %s", msg);
+        td_warn("fleet: %s; the plan is followed again in %d ms", msg, TD_FLEET_RENEW_RETRY_MS);
+        f->expiry_beat_ms = td_nats_now_ms() + TD_FLEET_RENEW_RETRY_MS; /* not a third of the TTL */
         return;
     }
     bool *mine = calloc(f->partitions, sizeof *mine);

@@ -33,7 +33,7 @@ td_err_t td_nats_kv_keys(kvStore *kv, kvKeysList *list, char *msg, size_t cap)
 {
     kvWatchOptions wo;
     kvWatchOptions_Init(&wo);
-    wo.Timeout = 5000;
+    wo.Timeout = TD_NATS_KEYS_WAIT_MS;
     memset(list, 0, sizeof *list);
     natsStatus s = kvStore_Keys(list, kv, &wo);
     if (s == NATS_OK || s == NATS_NOT_FOUND) /* not found: no keys */

@@ -46,6 +46,12 @@ td_err_t td_nats_bucket_ttl(jsCtx *js, const char *name, int64_t *ttl_ms);
 
 td_err_t td_nats_read_partitions(jsCtx *js, uint32_t *partitions, char *msg, size_t cap);
 
+/* How long a key listing waits for its keys: the fleet thread makes them (membership, a
+ * checkpoint's old chunks), and waits as long as for any other bucket call (docs/fleet.md: "each
+ * bucket call waits 1 s"). It waited 5 s: a listing that timed out held every partition of a
+ * worker that long (issue 32, bench/NOTES.md "the stall's cause"). */
+#define TD_NATS_KEYS_WAIT_MS 1000
+
 /* Every key of a bucket into *list (kvKeysList_Destroy it; empty when the bucket is). */
 td_err_t td_nats_kv_keys(kvStore *kv, kvKeysList *list, char *msg, size_t cap);
 
