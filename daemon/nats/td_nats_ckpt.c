@@ -305,20 +305,18 @@ out:
 static td_err_t purge_other_epochs(kvStore *kv, uint32_t k, uint64_t keep_epoch, char *msg,
                                    size_t cap)
 {
-    kvKeysList list;
-    td_err_t err = td_nats_kv_keys(kv, &list, msg, cap);
+    char filter[16], mine[48], **keys = NULL;
+    size_t n = 0;
+    snprintf(filter, sizeof filter, "p%u.>", (unsigned)k);
+    td_err_t err = td_nats_kv_keys(kv, filter, &keys, &n, msg, cap);
     if (err != TD_OK)
         return err;
     natsStatus s = NATS_OK;
-    char prefix[16], mine[48];
-    snprintf(prefix, sizeof prefix, "p%u.", (unsigned)k);
     snprintf(mine, sizeof mine, "p%u.%" PRIu64 ".", (unsigned)k, keep_epoch);
-    for (int i = 0; i < list.Count && s == NATS_OK; i++) {
-        const char *key = list.Keys[i];
-        if (strncmp(key, prefix, strlen(prefix)) == 0 && strncmp(key, mine, strlen(mine)) != 0)
-            s = kvStore_Purge(kv, key, NULL);
-    }
-    kvKeysList_Destroy(&list);
+    for (size_t i = 0; i < n && s == NATS_OK; i++)
+        if (strncmp(keys[i], mine, strlen(mine)) != 0)
+            s = kvStore_Purge(kv, keys[i], NULL);
+    td_nats_kv_keys_free(keys, n);
     if (s != NATS_OK) {
         snprintf(msg, cap, "removing old checkpoint chunks: %s", td_nats_last_error(s));
         return TD_ERR_LIBRARY;

@@ -29,17 +29,60 @@ bool td_nats_next_queued(natsSubscription *sub, natsMsg **m)
            natsSubscription_NextMsg(m, sub, 0) == NATS_OK;
 }
 
-td_err_t td_nats_kv_keys(kvStore *kv, kvKeysList *list, char *msg, size_t cap)
+td_err_t td_nats_kv_keys(kvStore *kv, const char *filter, char ***keys, size_t *n, char *msg,
+                         size_t cap)
 {
+    *keys = NULL;
+    *n = 0;
     kvWatchOptions wo;
     kvWatchOptions_Init(&wo);
-    wo.Timeout = TD_NATS_KEYS_WAIT_MS;
-    memset(list, 0, sizeof *list);
-    natsStatus s = kvStore_Keys(list, kv, &wo);
-    if (s == NATS_OK || s == NATS_NOT_FOUND) /* not found: no keys */
+    wo.IgnoreDeletes = true;
+    wo.MetaOnly = true;
+    kvWatcher *w = NULL;
+    int64_t deadline = nats_Now() + TD_NATS_KEYS_WAIT_MS;
+    natsStatus s = kvStore_Watch(&w, kv, filter, &wo);
+    size_t room = 0;
+    while (s == NATS_OK) {
+        int64_t left = deadline - nats_Now();
+        kvEntry *e = NULL;
+        s = left > 0 ? kvWatcher_Next(&e, w, left) : NATS_TIMEOUT;
+        if (s != NATS_OK || !e) /* no entry: the watcher's marker, every key is in */
+            break;
+        if (*n == room) {
+            size_t more = room ? 2 * room : 16;
+            char **grown = realloc(*keys, more * sizeof *grown);
+            if (grown) {
+                *keys = grown;
+                room = more;
+            }
+        }
+        char *key = *n < room ? strdup(kvEntry_Key(e)) : NULL;
+        kvEntry_Destroy(e);
+        if (!key) {
+            kvWatcher_Destroy(w);
+            td_nats_kv_keys_free(*keys, *n);
+            *keys = NULL;
+            *n = 0;
+            snprintf(msg, cap, "listing the keys of %s: out of memory", kvStore_Bucket(kv));
+            return TD_ERR_NOMEM;
+        }
+        (*keys)[(*n)++] = key;
+    }
+    kvWatcher_Destroy(w);
+    if (s == NATS_OK)
         return TD_OK;
+    td_nats_kv_keys_free(*keys, *n);
+    *keys = NULL;
+    *n = 0;
     snprintf(msg, cap, "listing the keys of %s: %s", kvStore_Bucket(kv), td_nats_last_error(s));
     return TD_ERR_LIBRARY;
+}
+
+void td_nats_kv_keys_free(char **keys, size_t n)
+{
+    for (size_t i = 0; keys && i < n; i++)
+        free(keys[i]);
+    free(keys);
 }
 
 static td_err_t ensure_stream(jsCtx *js, const char *name, const char *subject, int replicas,

@@ -46,14 +46,19 @@ td_err_t td_nats_bucket_ttl(jsCtx *js, const char *name, int64_t *ttl_ms);
 
 td_err_t td_nats_read_partitions(jsCtx *js, uint32_t *partitions, char *msg, size_t cap);
 
-/* How long a key listing waits for its keys: the fleet thread makes them (membership, a
- * checkpoint's old chunks), and waits as long as for any other bucket call (docs/fleet.md: "each
- * bucket call waits 1 s"). It waited 5 s: a listing that timed out held every partition of a
- * worker that long (issue 32, bench/NOTES.md "the stall's cause"). */
+/* How long a key listing waits for its keys, all of them: the fleet thread makes them
+ * (membership, a checkpoint's old chunks), and waits as long as for any other bucket call
+ * (docs/fleet.md: "each bucket call waits 1 s"). */
 #define TD_NATS_KEYS_WAIT_MS 1000
 
-/* Every key of a bucket into *list (kvKeysList_Destroy it; empty when the bucket is). */
-td_err_t td_nats_kv_keys(kvStore *kv, kvKeysList *list, char *msg, size_t cap);
+/* The keys of a bucket that match filter (">": every key), deleted ones left out, into *keys
+ * (*n of them; td_nats_kv_keys_free them; none when the bucket has none). Not libnats'
+ * kvStore_Keys: 3.4.1's subtracts the time since the listing began from its wait after each key,
+ * so a listing of a thousand keys, or of a few delivered slowly, timed out within milliseconds
+ * (bench/NOTES.md, "The listing that timed out"); and it cannot filter. */
+td_err_t td_nats_kv_keys(kvStore *kv, const char *filter, char ***keys, size_t *n, char *msg,
+                         size_t cap);
+void td_nats_kv_keys_free(char **keys, size_t n);
 
 /* nats_GetLastError's text, or the status's when there is none: for messages. */
 const char *td_nats_last_error(natsStatus s);

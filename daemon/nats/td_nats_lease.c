@@ -190,32 +190,10 @@ td_err_t td_member_leave(kvStore *members, const char *member, char *msg, size_t
 
 td_err_t td_member_list(kvStore *members, char ***ids, size_t *n, char *msg, size_t cap)
 {
-    kvKeysList list;
-    *ids = NULL;
-    *n = 0;
-    td_err_t err = td_nats_kv_keys(members, &list, msg, cap);
-    if (err != TD_OK)
-        return err;
-    char **out = calloc((size_t)list.Count + 1, sizeof *out);
-    for (int i = 0; out && i < list.Count; i++)
-        if (!(out[i] = strdup(list.Keys[i]))) {
-            td_member_list_free(out, (size_t)i);
-            out = NULL;
-        }
-    size_t count = (size_t)list.Count;
-    kvKeysList_Destroy(&list);
-    if (!out) {
-        snprintf(msg, cap, "out of memory");
-        return TD_ERR_NOMEM;
-    }
-    *ids = out;
-    *n = count;
-    return TD_OK;
+    return td_nats_kv_keys(members, ">", ids, n, msg, cap);
 }
 
 void td_member_list_free(char **ids, size_t n)
 {
-    for (size_t i = 0; ids && i < n; i++)
-        free(ids[i]);
-    free(ids);
+    td_nats_kv_keys_free(ids, n);
 }
