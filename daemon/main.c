@@ -23,7 +23,7 @@
 /* Before any thread starts (td_config.h says why): the thresholds and the arena limit. An
  * operator's own glibc.malloc tunables (GLIBC_TUNABLES) are left alone: mallopt would override
  * them. */
-static void set_malloc_thresholds(void)
+static void set_malloc_thresholds(const td_config_t *cfg)
 {
     const char *tunables = getenv("GLIBC_TUNABLES");
     if (tunables && strstr(tunables, "glibc.malloc.")) {
@@ -33,7 +33,7 @@ static void set_malloc_thresholds(void)
     if (!mallopt(M_MMAP_THRESHOLD, TD_MALLOC_MMAP_THRESHOLD) ||
         !mallopt(M_TRIM_THRESHOLD, TD_MALLOC_TRIM_THRESHOLD))
         td_warn("cannot set malloc's thresholds: received frames will page-fault");
-    if (!mallopt(M_ARENA_MAX, TD_MALLOC_ARENA_MAX))
+    if (!mallopt(M_ARENA_MAX, cfg->nats_servers ? TD_MALLOC_ARENA_MAX_FLEET : TD_MALLOC_ARENA_MAX))
         td_warn("cannot limit malloc's arenas: freed memory may pile up in one per thread");
 }
 
@@ -139,7 +139,7 @@ int main(int argc, char **argv)
         setenv("UV_THREADPOOL_SIZE", msg, 1);
     }
     signal(SIGPIPE, SIG_IGN);
-    set_malloc_thresholds();
+    set_malloc_thresholds(&cfg);
     td_server_block_signals(); /* before any thread starts: the loop thread takes them */
 
     td_server_t *server = NULL;

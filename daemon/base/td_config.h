@@ -212,6 +212,12 @@
  * mostly come from the thread's own cache (tcache) without it. What a burst leaves is kept by 4
  * arenas, not by one per thread (up to 256 on 32 cores). GLIBC_TUNABLES replaces this too. */
 #define TD_MALLOC_ARENA_MAX 4
+/* A fleet worker's ~30-47 threads (readers and their connections' libnats threads, the fleet
+ * thread, the shards) each malloc and free every message they pass on; sharing 4 arenas, they
+ * contend for their locks. With 32, in 10 pairs of 300,000 x 1 KiB rounds on an H100 host
+ * (2026-12-07): one worker 5.4 us of CPU a message instead of 6.8, three 6.1 instead of 7.3, the
+ * same peak RSS (583-611 MB a worker; bench/NOTES.md, "A fleet worker's malloc arenas"). */
+#define TD_MALLOC_ARENA_MAX_FLEET 32
 /* Shared-memory input (td_shm.c, PROTOCOL.md §10). */
 #define TD_SHM_SOCKET_NAME "tallyd-shm.sock" /* in the runtime directory */
 #define TD_SHM_SOCKET_MODE 0660
