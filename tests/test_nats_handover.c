@@ -442,13 +442,8 @@ static void test_dropped_partition_releases_the_lease(void **state)
     tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, 0, TALLY_NATS_USER_ANON);
     name_in_partition_0(name, sizeof name);
     uint8_t frame[TALLY_REQ_HEADER_SIZE + 16] = {0};
-    tally_req_t req;
-    memset(&req, 0, sizeof req);
-    req.version = TALLY_PROTO_VERSION;
-    req.opcode = TALLY_OP_HIST;
-    req.dtype = TALLY_DTYPE_U8;
-    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
-    tally_req_encode(&req, frame);
+    assert_int_not_equal(th_frame(th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0), name, NULL, 0, frame),
+                         0);
     jsErrCode jerr = 0;
     for (int i = 0; i < 3; i++)
         assert_int_equal(js_Publish(NULL, tn_suite_js, subject, frame, sizeof frame, NULL, &jerr),

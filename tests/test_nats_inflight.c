@@ -156,13 +156,8 @@ static void publish_one(const char *name, const char *tag, int i)
         data[TALLY_REQ_HEADER_SIZE + j] = (uint8_t)(j * 7);
     char subject[64], id[64];
     uint32_t k = tally_partition(name, strlen(name), PARTITIONS);
-    tally_req_t req;
-    memset(&req, 0, sizeof req);
-    req.version = TALLY_PROTO_VERSION;
-    req.opcode = TALLY_OP_HIST;
-    req.dtype = TALLY_DTYPE_U8;
-    assert_int_equal(tally_req_set_stream(&req, name), TALLY_OK);
-    tally_req_encode(&req, data);
+    assert_int_not_equal(th_frame(th_req(TALLY_OP_HIST, TALLY_DTYPE_U8, 0), name, NULL, 0, data),
+                         0);
     tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_IN, k, TALLY_NATS_USER_ANON);
     snprintf(id, sizeof id, "%s.%s.%d", TALLY_NATS_USER_ANON, tag, i);
     assert_int_equal(tn_publish(tn_suite_js, subject, data, sizeof data, INBOX, id), NATS_OK);

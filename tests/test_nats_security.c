@@ -243,18 +243,10 @@ static tally_nats_t *client_as(const char *user)
 static size_t frame(uint8_t opcode, const char *stream, const void *payload, size_t len,
                     uint8_t *out)
 {
-    tally_req_t req;
-    memset(&req, 0, sizeof req);
-    req.version = TALLY_PROTO_VERSION;
-    req.opcode = opcode;
-    req.dtype = opcode == TALLY_OP_HIST ? TALLY_DTYPE_U8 : TALLY_DTYPE_NONE;
-    req.request_id = 7;
-    if (stream)
-        assert_int_equal(tally_req_set_stream(&req, stream), TALLY_OK);
-    tally_req_encode(&req, out);
-    if (len)
-        memcpy(out + TALLY_REQ_HEADER_SIZE, payload, len);
-    return TALLY_REQ_HEADER_SIZE + len;
+    uint8_t dtype = opcode == TALLY_OP_HIST ? TALLY_DTYPE_U8 : TALLY_DTYPE_NONE;
+    size_t n = th_frame(th_req(opcode, dtype, 7), stream, payload, len, out);
+    assert_int_not_equal(n, 0);
+    return n;
 }
 
 static uint32_t partition_of(const char *stream)

@@ -334,20 +334,12 @@ static uint32_t publish_raw(uint32_t k, const void *data, size_t len, natsSubscr
 static size_t frame(uint8_t opcode, uint8_t dtype, const char *stream, const void *payload,
                     size_t len, uint8_t *out)
 {
-    tally_req_t req;
-    memset(&req, 0, sizeof req);
-    req.version = TALLY_PROTO_VERSION;
-    req.opcode = opcode;
-    req.dtype = dtype;
-    req.request_id = 42;
+    tally_req_t req = th_req(opcode, dtype, 42);
     if (opcode == TALLY_OP_HIST && dtype == TALLY_DTYPE_I32)
         req.hi = 100;
-    if (stream)
-        assert_int_equal(tally_req_set_stream(&req, stream), TALLY_OK);
-    tally_req_encode(&req, out);
-    if (len)
-        memcpy(out + TALLY_REQ_HEADER_SIZE, payload, len);
-    return TALLY_REQ_HEADER_SIZE + len;
+    size_t n = th_frame(req, stream, payload, len, out);
+    assert_int_not_equal(n, 0);
+    return n;
 }
 
 static void test_poison_dead_letters(void **state)

@@ -605,6 +605,16 @@ tally_req_t th_req(uint8_t opcode, uint8_t dtype, uint64_t id)
     return req;
 }
 
+size_t th_frame(tally_req_t req, const char *stream, const void *payload, size_t len, uint8_t *out)
+{
+    if (stream && tally_req_set_stream(&req, stream) != TALLY_OK)
+        return 0;
+    tally_req_encode(&req, out);
+    if (len)
+        memcpy(out + TALLY_REQ_HEADER_SIZE, payload, len);
+    return TALLY_REQ_HEADER_SIZE + len;
+}
+
 static uint64_t rng_state;
 
 uint64_t th_seed(void)

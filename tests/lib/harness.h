@@ -178,6 +178,10 @@ bool th_ping(const char *endpoint, int timeout_ms);
 /* A request with the common fields set. */
 tally_req_t th_req(uint8_t opcode, uint8_t dtype, uint64_t id);
 
+/* req's frame into out: its header, naming `stream` (none when NULL), then len bytes of payload;
+ * the frame's length, or 0 when the stream's name is not one a request may carry. */
+size_t th_frame(tally_req_t req, const char *stream, const void *payload, size_t len, uint8_t *out);
+
 /* The whole file at path, NUL-terminated, malloc'ed; NULL when it cannot be read. */
 char *th_slurp(const char *path);
 /* Writes len bytes to dir/name (created or truncated); 0, or -1. */
