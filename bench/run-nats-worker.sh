@@ -20,7 +20,9 @@
 # near it says the worker waits (threads libnats starts carry the name of the tallyd thread
 # that started them: tdfleet, tdreader-K). PERF=1 (where perf runs: not the GPU host): the fleet
 # thread's samples over one second of the apply, by function, printed after the round's line. The profiles (inclusive, self, callers) stay in the run's folder
-# with KEEP=1 (its path is printed). Instructions do not move with the box's load; the rates
+# with KEEP=1 (its path is printed). FILLS=N: after the timed fill the same worker takes N-1
+# more, running, and its RSS after each is printed (a fleet worker's memory over a long load;
+# each fill names new streams, 32 of them). Instructions do not move with the box's load; the rates
 # and CPU times do (2x on the shared dev box). TALLYD_ARGS adds worker options.
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 BUILD..." >&2; exit 2; }
@@ -132,6 +134,13 @@ PY
   fi
   [ -z "$tpid" ] || wait "$tpid" || true # its second sample, before the worker goes
   [ -z "$ppid" ] || wait "$ppid" || true
+  local i rss=""
+  for ((i = 2; i <= ${FILLS:-1}; i++)); do # the same worker, fill after fill, running
+    "$nb" fleet-fill "$url" "$tag-$i" "$count" "$size" >/dev/null
+    for _ in $(seq 6000); do (($(metric tallyd_nats_applied_total) >= base + i * count)) && break; sleep 0.1; done
+    rss+=" $(awk '/VmRSS/ {print int($2 / 1024)}' "/proc/$wpid/status")"
+  done
+  [ -z "$rss" ] || echo "$tag RSS MiB after each further fill:$rss"
   kill -TERM "$wpid"
   wait "$wpid" || true
   wpid=

@@ -216,7 +216,8 @@
  * thread, the shards) each malloc and free every message they pass on; sharing 4 arenas, they
  * contend for their locks. With 32, in 10 pairs of 300,000 x 1 KiB rounds on an H100 host
  * (2026-12-07): one worker 5.4 us of CPU a message instead of 6.8, three 6.1 instead of 7.3, the
- * same peak RSS (583-611 MB a worker; bench/NOTES.md, "A fleet worker's malloc arenas"). */
+ * same peak RSS (583-611 MB a worker), and an RSS as flat as with 4 over 40 fills of 30,000
+ * messages on the dev box (bench/NOTES.md, "A fleet worker's malloc arenas"). */
 #define TD_MALLOC_ARENA_MAX_FLEET 32
 /* Shared-memory input (td_shm.c, PROTOCOL.md §10). */
 #define TD_SHM_SOCKET_NAME "tallyd-shm.sock" /* in the runtime directory */
