@@ -408,8 +408,7 @@ size_t tally_stream_info_encode(const tally_stream_info_t *info, uint8_t *out)
 {
     size_t size = tally_stream_info_size(info);
     layout_encode(&info_layout, info, out);
-    for (size_t i = 0; i < (size - INFO_OFF_BINS) / 8; i++)
-        tally_put_u64(out + INFO_OFF_BINS + 8 * i, info->bins[i]);
+    tally_put_u64s(out + INFO_OFF_BINS, info->bins, (size - INFO_OFF_BINS) / 8);
     return size;
 }
 
@@ -431,8 +430,7 @@ tally_status_t tally_stream_info_decode(const uint8_t *buf, size_t len, tally_st
         return TALLY_E_REPLY;
     }
     bool layout_ok = layout_decode(&info_layout, buf, info);
-    for (size_t i = 0; i < (len - INFO_OFF_BINS) / 8; i++)
-        info->bins[i] = tally_get_u64(buf + INFO_OFF_BINS + 8 * i);
+    tally_get_u64s(info->bins, buf + INFO_OFF_BINS, (len - INFO_OFF_BINS) / 8);
     return layout_ok ? TALLY_OK : TALLY_E_REPLY;
 }
 

@@ -311,31 +311,6 @@ bool td_request_admit(td_request_t *self, bool stream_busy)
 
 /* ---- execute --------------------------------------------------------------------------- */
 
-/* A histogram's n counts to and from their reply's little-endian layout: one copy on a
- * little-endian host. Element by element, through tally_put_u64 and tally_get_u64, GCC 12 made a
- * loop of ~5 instructions a count: ~1,600 of the ~22,000 instructions a 1 KiB fleet message
- * costs a worker, encoded on the shard and decoded again to apply it (callgrind,
- * bench/run-nats-worker.sh, 2026-12-07). */
-static void put_counts(uint8_t *out, const uint64_t *counts, size_t n)
-{
-#ifdef TALLY_LE_COPY
-    TALLY_LE_COPY(out, counts, n * sizeof *counts);
-#else
-    for (size_t i = 0; i < n; i++)
-        tally_put_u64(out + 8 * i, counts[i]);
-#endif
-}
-
-static void get_counts(uint64_t *counts, const uint8_t *in, size_t n)
-{
-#ifdef TALLY_LE_COPY
-    TALLY_LE_COPY(counts, in, n * sizeof *counts);
-#else
-    for (size_t i = 0; i < n; i++)
-        counts[i] = tally_get_u64(in + 8 * i);
-#endif
-}
-
 /* Where a filter's or scan's output goes: the output region, or a malloc'd buffer that becomes
  * the reply payload. NULL (the request failed) when out of memory. */
 static void *output_buffer(td_request_t *self, size_t n, size_t size, const char *op)
@@ -415,7 +390,7 @@ void td_request_hist_result(td_request_t *self, const tk_hist_t *hist)
         td_request_fail(self, TALLY_E_INTERNAL, "out of memory for a histogram reply");
         return;
     }
-    put_counts(out, hist->bins, bins);
+    tally_put_u64s(out, hist->bins, bins);
     if (ranged) {
         tally_put_u64(out + 8 * TALLY_HIST_BINS, hist->underflow);
         tally_put_u64(out + 8 * (TALLY_HIST_BINS + 1), hist->overflow);
@@ -472,7 +447,7 @@ static bool apply_hist(td_request_t *self, td_stream_t *stream, size_t n)
     static _Thread_local tk_hist_t hist;
     const uint8_t *reply = self->reply_data;
     size_t bins = (size_t)tally_hist_channels(self->req.dtype) * TALLY_HIST_BINS;
-    get_counts(hist.bins, reply, bins);
+    tally_get_u64s(hist.bins, reply, bins);
     bool ranged = tally_hist_ranged(self->req.dtype);
     hist.underflow = ranged ? tally_get_u64(reply + 8 * TALLY_HIST_BINS) : 0;
     hist.overflow = ranged ? tally_get_u64(reply + 8 * (TALLY_HIST_BINS + 1)) : 0;

@@ -512,8 +512,7 @@ long td_window_decode_v3(td_window_t *w, uint64_t now_ms, uint32_t saved_interva
     size_t size = td_window_slot_size_v3(w->channels);
     for (uint32_t i = 0; i < slots; i++) {
         const uint8_t *p = in + (size_t)i * size;
-        for (size_t b = 0; b < values_of(w); b++)
-            bins[b] = tally_get_u64(p + TD_WINDOW_SLOT_HEADER + 8 * b);
+        tally_get_u64s(bins, p + TD_WINDOW_SLOT_HEADER, values_of(w));
         if (!slot_consistent(tally_get_u64(p + 8), tally_get_u64(p + 16), tally_get_u64(p + 24),
                              bins, w->channels))
             return -1;
@@ -530,8 +529,7 @@ long td_window_decode_v3(td_window_t *w, uint64_t now_ms, uint32_t saved_interva
             dropped++;
             continue;
         }
-        for (size_t b = 0; b < values_of(w); b++)
-            bins[b] = tally_get_u64(p + TD_WINDOW_SLOT_HEADER + 8 * b);
+        tally_get_u64s(bins, p + TD_WINDOW_SLOT_HEADER, values_of(w));
         if (!place(w, interval, tally_get_u64(p + 8), tally_get_u64(p + 16),
                    tally_get_u64(p + 24), bins)) {
             td_window_clear(w);

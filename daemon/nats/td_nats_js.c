@@ -42,6 +42,7 @@ td_err_t td_nats_kv_keys(kvStore *kv, const char *filter, char ***keys, size_t *
     int64_t deadline = nats_Now() + TD_NATS_KEYS_WAIT_MS;
     natsStatus s = kvStore_Watch(&w, kv, filter, &wo);
     size_t room = 0;
+    td_err_t err = TD_OK;
     while (s == NATS_OK) {
         int64_t left = deadline - nats_Now();
         kvEntry *e = NULL;
@@ -59,23 +60,20 @@ td_err_t td_nats_kv_keys(kvStore *kv, const char *filter, char ***keys, size_t *
         char *key = *n < room ? strdup(kvEntry_Key(e)) : NULL;
         kvEntry_Destroy(e);
         if (!key) {
-            kvWatcher_Destroy(w);
-            td_nats_kv_keys_free(*keys, *n);
-            *keys = NULL;
-            *n = 0;
-            snprintf(msg, cap, "listing the keys of %s: out of memory", kvStore_Bucket(kv));
-            return TD_ERR_NOMEM;
+            err = TD_ERR_NOMEM;
+            break;
         }
         (*keys)[(*n)++] = key;
     }
     kvWatcher_Destroy(w);
-    if (s == NATS_OK)
+    if (err == TD_OK && s == NATS_OK)
         return TD_OK;
     td_nats_kv_keys_free(*keys, *n);
     *keys = NULL;
     *n = 0;
-    snprintf(msg, cap, "listing the keys of %s: %s", kvStore_Bucket(kv), td_nats_last_error(s));
-    return TD_ERR_LIBRARY;
+    snprintf(msg, cap, "listing the keys of %s: %s", kvStore_Bucket(kv),
+             err == TD_ERR_NOMEM ? "out of memory" : td_nats_last_error(s));
+    return err == TD_ERR_NOMEM ? err : TD_ERR_LIBRARY;
 }
 
 void td_nats_kv_keys_free(char **keys, size_t n)
