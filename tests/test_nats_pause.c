@@ -11,7 +11,7 @@
  *
  * One worker owns all 4 partitions under a lease of 60 s (nobody takes over during the pause); a
  * producer thread publishes 16 KiB hist batches to its 8 streams throughout (about 250 a second),
- * each asking for its reply. While the worker is stopped, a flood of 1 MiB messages on a subject
+ * each asking for its reply. While the worker is stopped, a flood of 48 MiB on a subject
  * its fleet connection subscribes to (tally.q.<k>.<user> of a partition past the fleet's, which
  * the worker drops unanswered) fills that connection's socket, so that the server's writes to it
  * block. After a pause of PAUSE_MS (twice the deadline) and SIGCONT:
@@ -48,12 +48,16 @@
 #define HIST_BYTES (16u << 10)
 #define WRITE_DEADLINE "2s"
 #define PAUSE_MS 4000 /* twice the write deadline */
-#define FLOOD_MSG (1u << 20)
-/* More than a loopback socket can hold (at most tcp_wmem's 4 MiB sent and tcp_rmem's 32 MiB read
- * on the dev box), so that the server's writes to it block however far its buffers grew (the
- * server still held 2-7 MiB unsent at the close); less than its max_pending (64 MiB), past which
- * it would close the client for that instead. */
-#define FLOOD_MSGS 48
+/* Flood messages of 2 KiB, inside libnats's 4 KiB parser scratch: a larger one split across
+ * reads when the server closes the connection is held in a buffer of its own, which libnats
+ * 3.4.1 never frees (natsParser_Destroy frees only the scratch's), and the ASan build's worker
+ * then fails its leak check at exit (1 MiB messages lost 1 MiB there: bench/NOTES.md). */
+#define FLOOD_MSG (2u << 10)
+/* 48 MiB: more than a loopback socket can hold (at most tcp_wmem's 4 MiB sent and tcp_rmem's
+ * 32 MiB read on the dev box), so that the server's writes to it block however far its buffers
+ * grew (it still held 2-22 MiB unsent at the close); less than its max_pending (64 MiB), past
+ * which it would close the client for that instead. */
+#define FLOOD_MSGS (48 * 512)
 /* A bucket call lost across the reconnect waits TD_FLEET_KV_WAIT_MS (1 s) and holds the fleet
  * thread, every partition with it: 1.0-1.3 s after SIGCONT on the loaded 2-core dev box; the rest
  * is margin for a slower one (bench/NOTES.md, "A worker paused past the server's write
@@ -149,8 +153,9 @@ static void *producer(void *arg)
     return NULL;
 }
 
-/* FLOOD_MSGS messages of 1 MiB on tally.q.<PARTITIONS + 1>.flood: the worker's fleet connection
- * subscribes to tally.q.*.* (queries) and drops a partition it does not have unanswered. */
+/* FLOOD_MSGS messages of FLOOD_MSG bytes on tally.q.<PARTITIONS + 1>.flood: the worker's fleet
+ * connection subscribes to tally.q.*.* (queries) and drops a partition it does not have unanswered.
+ */
 static void flood(natsConnection *nc)
 {
     char *junk = calloc(1, FLOOD_MSG);
