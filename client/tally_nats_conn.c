@@ -207,7 +207,11 @@ tally_status_t tally__nats_connect(const tally_nats_conf_t *conf, natsConnection
         natsOptions_SetTimeout(o, conf->timeout_ms > 0 ? conf->timeout_ms : 2000) != NATS_OK ||
         natsOptions_SetMaxReconnect(o, -1) != NATS_OK ||
         natsOptions_SetReconnectWait(o, 250) != NATS_OK ||
-        natsOptions_SetSendAsap(o, conf->send_asap) != NATS_OK) {
+        natsOptions_SetSendAsap(o, conf->send_asap) != NATS_OK ||
+        (conf->on_disconnected &&
+         natsOptions_SetDisconnectedCB(o, conf->on_disconnected, conf->link_closure) != NATS_OK) ||
+        (conf->on_reconnected &&
+         natsOptions_SetReconnectedCB(o, conf->on_reconnected, conf->link_closure) != NATS_OK)) {
         snprintf(msg, cap, "NATS options: %s", nats_GetLastError(NULL));
         goto out;
     }

@@ -36,6 +36,11 @@ typedef struct {
     const char *name; /* the connection's name on the server; NULL: "tally" */
     int timeout_ms;   /* connect timeout; <= 0: 2000 */
     bool send_asap;   /* no flusher delay (tallyd's worker: replies go out at once) */
+    /* Called on libnats's thread when the connection loses its server and when it has one
+     * again (libnats also calls the first at the connection's close), with link_closure; NULL:
+     * none. */
+    natsConnectionHandler on_disconnected, on_reconnected;
+    void *link_closure;
 } tally_nats_conf_t;
 
 /* Connects (trying every server). TALLY_E_ARG for a malformed configuration, TALLY_E_TRANSPORT

@@ -21,7 +21,9 @@
  *   - every partition applies a message stored after SIGCONT within RECOVER_MS (the mutant
  *     fleet-kv-wait-default, bucket calls waiting libnats' 5 s, fails it);
  *   - every stream's state equals a model of the batches published, each applied once, and no
- *     lease was lost.
+ *     lease was lost;
+ *   - the worker logged the fleet connection's disconnect and reconnect itself, and counted it
+ *     (tallyd_nats_disconnects_total).
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -264,7 +266,9 @@ static uint64_t lease_revision(uint32_t k)
 static void test_worker_paused_past_the_write_deadline(void **state)
 {
     (void)state;
-    const char *args[] = {"--nats-servers",
+    const char *args[] = {"--metrics",
+                          "127.0.0.1:0",
+                          "--nats-servers",
                           tn_suite.urls,
                           "--nats-replicas",
                           "3",
@@ -337,6 +341,10 @@ static void test_worker_paused_past_the_write_deadline(void **state)
     print_message("a lease renewal lost across the reconnect, tried again: %s\n",
                   th_daemon_log_contains(&worker, "renewing lease p") ? "yes" : "no");
     assert_false(th_daemon_log_contains(&worker, "lost"));
+    /* The worker said so itself: the fleet connection's server gone, then back. */
+    assert_true(th_daemon_log_contains(&worker, "NATS connection 'fleet' (the server's cid"));
+    assert_true(th_daemon_log_contains(&worker, "NATS connection 'fleet' reconnected to"));
+    assert_true(th_metric(&worker, "tallyd_nats_disconnects_total") >= 1);
     natsSubscription_Destroy(rs);
     jsCtx_Destroy(flood_js);
     natsConnection_Destroy(flood_nc);

@@ -270,6 +270,9 @@ size_t td_fleet_status_render(const td_fleet_status_t *st, char *out, size_t cap
     counter(&t, "tallyd_nats_resent_total",
             "Fleet requests sent to the request path again after it had no room (busy).",
             LOAD(st->resent));
+    counter(&t, "tallyd_nats_disconnects_total",
+            "Times a NATS connection of this process lost its server (libnats reconnects it).",
+            LOAD(st->disconnects));
     counter(&t, "tallyd_nats_gaps_total",
             "Sequence gaps met: messages gone from a partition before they were applied.",
             LOAD(st->gaps));

@@ -101,6 +101,7 @@ typedef struct td_fleet_status {
     _Atomic uint64_t leases_lost;         /* partitions lost without giving them up */
     _Atomic uint64_t gaps;                /* sequence gaps met (messages aged out) */
     _Atomic uint64_t resent;              /* requests sent again: the path had no room (busy) */
+    _Atomic uint64_t disconnects;         /* this process's NATS connections' servers lost */
     /* Refused for naming what their publisher may not (PROTOCOL.md §13 "Security"): a reply
      * subject outside its inbox, a dedupe id outside its namespace. */
     _Atomic uint64_t refused_reply, refused_id;

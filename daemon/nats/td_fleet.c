@@ -34,6 +34,10 @@
 #include "td_nats_js.h"
 #include "td_stream.h"
 
+/* Servers lost by this process's NATS connections (link_down, below), for
+ * tallyd_nats_disconnects_total: static, since libnats may call link_down after a fleet is gone. */
+static _Atomic uint64_t links_dropped;
+
 /* ---- Settings ---------------------------------------------------------------------------- */
 
 static tally_nats_conf_t nats_conf(const td_config_t *cfg, const char *name)
@@ -318,6 +322,7 @@ static void turn(td_fleet_t *f)
     int64_t began = td_nats_now_ms(), at = began, parts = 0, slowest = 0;
     uint32_t slowest_k = 0;
     f->drop_until_ms = 0;
+    TD_FLEET_SET(f, disconnects, atomic_load_explicit(&links_dropped, memory_order_relaxed));
     bool busy = td_fleet_keys_step(f);
     int64_t keys = lap(&at);
     if (at >= f->next_beat_ms)
@@ -370,6 +375,59 @@ static void *fleet_thread(void *arg)
     return NULL;
 }
 
+/* ---- A connection's server lost and found ------------------------------------------------- */
+
+/* libnats calls these on its own thread, even after the fleet is gone (a connection's close
+ * posts one): what they touch is static. The roles' names (the closure: "fleet" for the fleet
+ * thread's connection, "replies", "changelog", "reader-K") are made once; the count of servers
+ * lost (links_dropped, above) goes to the fleet's status at each turn. */
+static char link_roles[3 + TALLY_NATS_MAX_PARTITIONS][16];
+static pthread_once_t link_roles_once = PTHREAD_ONCE_INIT;
+
+static void name_link_roles(void)
+{
+    snprintf(link_roles[0], sizeof link_roles[0], "fleet");
+    snprintf(link_roles[1], sizeof link_roles[1], "replies");
+    snprintf(link_roles[2], sizeof link_roles[2], "changelog");
+    for (unsigned k = 0; k < TALLY_NATS_MAX_PARTITIONS; k++)
+        snprintf(link_roles[3 + k], sizeof link_roles[3 + k], "reader-%u", k);
+}
+
+/* The static name of role (td_fleet_connect's). */
+static const char *link_role(const char *role)
+{
+    pthread_once(&link_roles_once, name_link_roles);
+    unsigned k;
+    if (role && sscanf(role, "reader-%u", &k) == 1 && k < TALLY_NATS_MAX_PARTITIONS)
+        return link_roles[3 + k];
+    for (int i = 1; role && i < 3; i++)
+        if (strcmp(role, link_roles[i]) == 0)
+            return link_roles[i];
+    return link_roles[0];
+}
+
+static void link_down(natsConnection *nc, void *role)
+{
+    if (natsConnection_IsClosed(nc))
+        return; /* its close, not a server gone */
+    atomic_fetch_add_explicit(&links_dropped, 1, memory_order_relaxed);
+    uint64_t cid = 0;
+    natsConnection_GetClientID(nc, &cid);
+    td_warn("fleet: NATS connection '%s' (the server's cid %" PRIu64 ") disconnected; libnats "
+            "reconnects it (a call in flight on it waits out its bound)",
+            (const char *)role, cid);
+}
+
+static void link_up(natsConnection *nc, void *role)
+{
+    char url[256] = "?";
+    uint64_t cid = 0;
+    natsConnection_GetConnectedUrl(nc, url, sizeof url);
+    natsConnection_GetClientID(nc, &cid);
+    td_notice("fleet: NATS connection '%s' reconnected to %s (cid %" PRIu64 ")", (const char *)role,
+              url, cid);
+}
+
 /* ---- Life ---------------------------------------------------------------------------------- */
 
 td_err_t td_fleet_connect(td_fleet_t *f, const char *role, bool asap, natsConnection **nc,
@@ -379,6 +437,9 @@ td_err_t td_fleet_connect(td_fleet_t *f, const char *role, bool asap, natsConnec
     snprintf(name, sizeof name, "%s%s%s", f->member, role ? "/" : "", role ? role : "");
     tally_nats_conf_t conf = nats_conf(f->host.cfg, name);
     conf.send_asap = asap;
+    conf.on_disconnected = link_down;
+    conf.on_reconnected = link_up;
+    conf.link_closure = (void *)link_role(role);
     /* libnats starts a connection's threads (its read loop, its flusher) without naming them, so
      * they take the name of the thread that connects: the connection's role instead, for a
      * while, so that top -H and profiles tell them from the thread that made them ("nats/reader-3"
