@@ -301,6 +301,8 @@ struct td_fleet {
      * unless direct = replicated. */
     struct td_fleet_route *route;
     struct td_changelog *cl;
+    /* [nats] standbys (td_fleet_standby.c): a slot a partition; NULL when none. */
+    struct td_standby *standbys;
     /* Counters and what info and /metrics show (the server's, or own_status). */
     td_fleet_status_t *st;
     td_fleet_status_t own_status;
@@ -425,6 +427,26 @@ void td_fleet_keys_known(td_fleet_t *f, char **ids, size_t n);
 /* Reads the key writes that arrived; true (and the heartbeat brought forward to now) when one
  * can change what this worker owns. */
 bool td_fleet_keys_step(td_fleet_t *f);
+
+/* td_fleet_standby.c: standby copies of partitions ([nats] standbys = 1; docs/fleet.md
+ * "Standbys"). f->standbys, one slot a partition, when cfg asks for standbys (NULL otherwise). */
+td_err_t td_standby_open(td_fleet_t *f, const td_config_t *cfg);
+/* After the loop has ended: frees the copies. */
+void td_standby_close(td_fleet_t *f);
+/* The heartbeat's plan, before its takes: next[k], this member comes right after partition k's
+ * owner; mine[k], it is the owner now (the copy of one not taken yet is kept for its take).
+ * Copies no longer wanted go. */
+void td_standby_plan(td_fleet_t *f, const bool *next, const bool *mine);
+/* Starts the copies wanted (again, from each new checkpoint) and applies the changelog messages
+ * that arrived; true when it did something. */
+bool td_standby_step(td_fleet_t *f);
+/* A take's load, its checkpoint fenced (p->ckpt.cur; state, len: its state): the copy when it
+ * started from that very checkpoint (epoch and generation), else the checkpoint's state; then
+ * the changelog after what was loaded (td_changelog_take, which sets p->ckpt.cl_seq). Says
+ * which in one line (with standbys on), counts it (tallyd_nats_takes_total{from}), sets
+ * p->take_loaded_ms; the copy goes either way. */
+td_err_t td_standby_load(td_fleet_t *f, td_part_t *p, uint8_t *state, size_t len, char *msg,
+                         size_t cap);
 
 /* td_fleet_query.c */
 td_err_t td_fleet_query_open(td_fleet_t *f);
