@@ -265,6 +265,12 @@ static int log_lines(int i, const char *text)
     return th_sh("exit $(grep -c '%s' %s)", text, member[i].log_path);
 }
 
+/* Member i's take-overs as its log says them: for the test's log (bench/NOTES.md's figures). */
+static void show_takes(int i)
+{
+    th_sh("grep -a 'taken from\\|changelog: applied\\|took partition' %s >&2", member[i].log_path);
+}
+
 /* The members up, each holding its planned partitions, a's copies of b's started. */
 static void start_pair(const char *b_ckpt_ms)
 {
@@ -307,6 +313,7 @@ static void test_catch_up_and_take(void **state)
                   "takes from the copies\n",
                   (unsigned long long)written, tail);
     assert_true(tail >= 0 && (uint64_t)tail < written);
+    show_takes(0);
     tally_client_destroy(&c);
 }
 
@@ -336,6 +343,7 @@ static void test_copy_refused(void **state)
     check_model(c);
     assert_int_equal(th_metric(&member[0], "tallyd_nats_takes_total{from=\"standby\"}"), 0);
     assert_int_equal(log_lines(0, "not the checkpoint fenced"), planned(1));
+    show_takes(0);
     tally_client_destroy(&c);
 }
 

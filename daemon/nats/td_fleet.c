@@ -108,9 +108,11 @@ static void on_async(uv_async_t *h)
     pthread_mutex_unlock(&f->mu);
     if (!job)
         return;
-    td_streams_hold(f->host.streams); /* the jobs read and change the table: shards stopped */
+    if (job->hold) /* the job reads or changes the table: shards stopped */
+        td_streams_hold(f->host.streams);
     job->fn(f, job->arg);
-    td_streams_release(f->host.streams);
+    if (job->hold)
+        td_streams_release(f->host.streams);
     pthread_mutex_lock(&f->mu);
     job->done = true;
     pthread_cond_broadcast(&f->cond);

@@ -591,7 +591,10 @@ td_err_t td_changelog_apply(td_fleet_t *f, uint32_t k, uint64_t seq, natsMsg *m,
     for (size_t at = 0; at < len && !j.refused; at += j.len) { /* CL_APPLY_BYTES at a time */
         j.buf = data + at;
         j.len = records_within(j.buf, len - at, CL_APPLY_BYTES);
-        td_fleet_on_loop(f, apply_on_loop, &j);
+        if (table == f->host.streams)
+            td_fleet_on_loop(f, apply_on_loop, &j);
+        else /* a standby's copy: the shards go on */
+            td_fleet_on_loop_unheld(f, apply_on_loop, &j);
     }
     if (j.refused)
         snprintf(msg, cap, "changelog record %" PRIu64 ": %u of its streams refused", seq,

@@ -216,6 +216,7 @@ typedef struct td_changelog td_changelog_t;
 typedef struct td_fleet_job {
     void (*fn)(td_fleet_t *f, void *arg);
     void *arg;
+    bool hold; /* the shards stopped around it: it reads or changes the stream table */
     bool done;
 } td_fleet_job_t;
 
@@ -342,8 +343,12 @@ void td_fleet_path_poll(td_fleet_t *f, int timeout_ms);
  * meanwhile): the reply frame (64-byte header then payload, malloc'ed) or NULL after timeout_ms. */
 uint8_t *td_fleet_path_call(td_fleet_t *f, const uint8_t *data, size_t len, int timeout_ms,
                             size_t *reply_len);
-/* Runs fn(f, arg) on the server's loop thread and waits for it. */
+/* Runs fn(f, arg) on the server's loop thread and waits for it, the shards stopped meanwhile
+ * (td_streams_hold). */
 void td_fleet_on_loop(td_fleet_t *f, void (*fn)(td_fleet_t *f, void *arg), void *arg);
+/* The same with the shards left running: for a job that touches no table of theirs, only the
+ * loop thread's scratch (a standby's copy: td_fleet_standby.c). */
+void td_fleet_on_loop_unheld(td_fleet_t *f, void (*fn)(td_fleet_t *f, void *arg), void *arg);
 /* A reply for slot: its header (TALLY_REP_HEADER_SIZE bytes, already with the original request
  * id) and body. */
 void td_fleet_on_reply(td_fleet_t *f, int slot, const uint8_t *header, const uint8_t *body,

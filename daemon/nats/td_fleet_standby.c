@@ -21,9 +21,11 @@
  * them as they are stored: no round trip a record, unlike a take's replay); the records are
  * applied on the loop thread through td_fleet_on_loop, like the replay's, because the record
  * parser and the window decoder keep their scratch in `static` buffers of the loop thread
- * (td_state.c, td_window.c). The copy's table is its own (td_streams_new), never the stream
- * table, and only the loop thread touches it while it lives; the fleet thread creates and frees
- * it between loop calls.
+ * (td_state.c, td_window.c); but with the shards left running (td_fleet_on_loop_unheld: a
+ * copy's apply costs the member's own streams nothing but the loop thread's time). The copy's
+ * table is its own (td_streams_new), never the stream table, and only the loop thread touches
+ * it while it lives; the fleet thread creates it, sets its budget and frees it between loop
+ * calls.
  *
  * Memory. Each copy's table has a budget: max_state_bytes less what the member's other copies
  * hold, set before each apply, so all the copies together stay under one max_state_bytes apart
@@ -150,7 +152,7 @@ static void stop_copy(td_fleet_t *f, uint32_t k)
         natsSubscription_Destroy(s->sub);
     }
     if (s->table)
-        td_fleet_on_loop(f, free_on_loop, &s->table);
+        td_fleet_on_loop_unheld(f, free_on_loop, &s->table);
     s->sub = NULL;
     s->table = NULL;
     s->revision = s->epoch = s->generation = s->cl_seq = s->max_epoch = 0;
@@ -223,7 +225,7 @@ static void check(td_fleet_t *f, uint32_t k)
         set_budget(f, k);
         copy_job_t j = {.table = s->table, .buf = state, .len = len};
         if (len)
-            td_fleet_on_loop(f, decode_on_loop, &j);
+            td_fleet_on_loop_unheld(f, decode_on_loop, &j);
         if ((err = j.err) != TD_OK)
             snprintf(msg, sizeof msg, "its checkpoint: %.200s", j.msg);
     }
@@ -280,7 +282,7 @@ static bool follow(td_fleet_t *f, uint32_t k)
     }
     if (did) {
         copy_job_t j = {.table = s->table};
-        td_fleet_on_loop(f, size_on_loop, &j);
+        td_fleet_on_loop_unheld(f, size_on_loop, &j);
         s->bytes = j.out_len;
         count_bytes(f);
         TD_FLEET_SET(f, standby_cl_seq[k], s->cl_seq);
@@ -345,7 +347,7 @@ static td_err_t adopt(td_fleet_t *f, td_part_t *p, char *msg, size_t cap)
     if (!s->table)
         return TD_ERR_CORRUPT; /* dropped just now */
     copy_job_t j = {.table = s->table};
-    td_fleet_on_loop(f, encode_on_loop, &j);
+    td_fleet_on_loop_unheld(f, encode_on_loop, &j);
     td_err_t err = j.err;
     if (err == TD_OK)
         err = td_fleet_table_restore(f, p->k, j.out, j.out_len, msg, cap);
