@@ -7,10 +7,11 @@
  *   1. standby catch-up and a take from the copy: a fleet client sends numbered writes to 16
  *      streams over the 4 partitions, 16 in flight; member a's copy of each of b's partitions
  *      catches up with b's changelog (its /metrics' last applied sequence of the copy equal to
- *      the changelog's last); b is killed (SIGKILL) with writes in flight, and the client sends
- *      the rest again: a takes each of b's partitions from its copy (its log line and
- *      tallyd_nats_takes_total{from="standby"}), replays fewer changelog messages than b wrote,
- *      and every stream equals the model of the requests (numbered: each applied once);
+ *      the changelog's last), and with b stopped (SIGSTOP) a answers stale-ok queries of b's
+ *      streams from its copies, marked stale and equal to the model; b is killed (SIGKILL) with
+ * writes in flight, and the client sends the rest again: a takes each of b's partitions from its
+ * copy (its log line and tallyd_nats_takes_total{from="standby"}), replays fewer changelog messages
+ * than b wrote, and every stream equals the model of the requests (numbered: each applied once);
  *   2. a copy the rule refuses: a's copies held at the first checkpoint they started from
  *      (TALLYD_TEST_STANDBY_HOLD), b checkpointing every 200 ms under the writes: b's manifests
  *      move past the copies', and after b's kill -9 a takes each of b's partitions from the
@@ -283,6 +284,42 @@ static void start_pair(const char *b_ckpt_ms)
     wait_metric(0, "tallyd_nats_standby_starts_total", planned(1));
 }
 
+/* With b stopped (SIGSTOP, well within its lease), a stale-ok query of each of b's streams is
+ * a's to answer, from its copy: marked stale (the changelog sequence the copy holds, that of b's
+ * partition's last message) and equal to the model, last_seq too. */
+static void check_stale_answers(void)
+{
+    tally_nats_opts_t o = {.servers = tn_suite.urls, .timeout_ms = 5000};
+    tally_nats_t *n = NULL;
+    assert_int_equal(tally_nats_new(&o, &n, msg, sizeof msg), TALLY_OK);
+    tally_stream_info_t *info = calloc(1, sizeof *info);
+    assert_non_null(info);
+    kill(member[1].pid, SIGSTOP);
+    int answered = 0;
+    for (int s = 0; s < STREAMS; s++) {
+        char name[32];
+        stream_name(s, name, sizeof name);
+        uint32_t k = tally_partition(name, strlen(name), PARTITIONS);
+        if (td_fleet_owner(ids, 2, k) != 1)
+            continue;
+        uint64_t stale = 0;
+        tally_status_t st = tally_nats_query_stale(n, name, info, &stale);
+        if (st != TALLY_OK) {
+            kill(member[1].pid, SIGCONT);
+            fail_msg("a stale-ok query of %s: %s: %s", name, tally_status_name(st),
+                     tally_nats_error(n));
+        }
+        assert_int_equal(stale, changelog_last(k));
+        assert_int_equal(info->last_seq, seqs[s]);
+        assert_memory_equal(info->bins, model[s], sizeof model[s]);
+        answered++;
+    }
+    kill(member[1].pid, SIGCONT);
+    assert_true(answered > 0);
+    free(info);
+    tally_nats_destroy(&n);
+}
+
 /* ---- 1. catch-up, and a take from the copy ----------------------------------------------- */
 
 static void test_catch_up_and_take(void **state)
@@ -299,6 +336,7 @@ static void test_catch_up_and_take(void **state)
         }
     assert_true(th_metric(&member[0], "tallyd_nats_standby_applied_total") > 0);
     assert_true(th_metric(&member[0], "tallyd_nats_standby_bytes") > 0);
+    check_stale_answers();
     long long replayed = th_metric(&member[0], "tallyd_nats_changelog_replayed_total");
     write_rounds(c, ROUNDS / 2, ROUNDS, ROUNDS / 2 + 1); /* b killed with writes in flight */
     wait_held(ids[0], PARTITIONS);

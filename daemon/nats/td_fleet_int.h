@@ -445,6 +445,13 @@ void td_standby_plan(td_fleet_t *f, const bool *next, const bool *mine);
 /* Starts the copies wanted (again, from each new checkpoint) and applies the changelog messages
  * that arrived; true when it did something. */
 bool td_standby_step(td_fleet_t *f);
+/* The largest answer from a copy: a reply header and a stream's record. */
+#define TD_STANDBY_ANSWER_MAX (TALLY_REP_HEADER_SIZE + TALLY_QUERY_PAYLOAD_MAX)
+/* A `query` (no window) of a stream of partition k answered from this member's standby copy
+ * into frame (TD_STANDBY_ANSWER_MAX bytes), with the last changelog sequence the copy applied
+ * in *cl_seq: the frame's length, or 0 when there is no copy here (or k is this member's). */
+size_t td_standby_answer(td_fleet_t *f, uint32_t k, const tally_req_t *req, uint8_t *frame,
+                         uint64_t *cl_seq);
 /* A take's load, its checkpoint fenced (p->ckpt.cur; state, len: its state): the copy when it
  * started from that very checkpoint (epoch and generation), else the checkpoint's state; then
  * the changelog after what was loaded (td_changelog_take, which sets p->ckpt.cl_seq). Says

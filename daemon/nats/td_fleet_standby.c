@@ -32,6 +32,9 @@
  * from the member's own streams (a member with standbys holds up to twice its state); a record
  * the budget refuses drops the copy (the take then loads the checkpoint).
  *
+ * Queries with Tally-Stale-Ok (PROTOCOL.md §13 "Answers by request-reply") are answered from
+ * the copy (td_standby_answer), marked stale by the caller with the sequence it holds.
+ *
  * At the take (td_standby_load): the copy is encoded and loaded into the stream table as a
  * checkpoint's state would be (a local copy, no read from NATS), and the changelog is replayed
  * only after the copy's last record; then the copy goes, used or not.
@@ -336,6 +339,56 @@ bool td_standby_step(td_fleet_t *f)
         did |= follow(f, k);
     }
     return did;
+}
+
+typedef struct {
+    td_streams_t *table;
+    const tally_req_t *req;
+    uint8_t *frame; /* the reply: header and stream record (TD_STANDBY_ANSWER_MAX bytes) */
+    size_t len;
+} answer_job_t;
+
+/* A plain `query` answered from a copy as the request path answers it (td_op_query): the
+ * stream's record, or unknown_stream. */
+static void answer_on_loop(td_fleet_t *f, void *arg)
+{
+    (void)f;
+    static tally_stream_info_t info; /* loop thread only: 8 KiB off the stack */
+    answer_job_t *j = arg;
+    td_stream_t *st = td_streams_find(j->table, j->req->stream, j->req->stream_len);
+    tally_rep_t rep = {.version = TALLY_PROTO_VERSION,
+                       .opcode = j->req->opcode,
+                       .flags = j->req->flags,
+                       .request_id = j->req->request_id,
+                       .dtype = st ? TALLY_DTYPE_NONE : TALLY_DTYPE_TEXT,
+                       .status = st ? TALLY_OK : TALLY_E_UNKNOWN_STREAM,
+                       .count = st ? 1 : 0};
+    tally_rep_encode(&rep, j->frame);
+    j->len = TALLY_REP_HEADER_SIZE;
+    if (!st) {
+        static const char why[] = "no such stream in the standby's copy";
+        memcpy(j->frame + j->len, why, sizeof why - 1);
+        j->len += sizeof why - 1;
+        return;
+    }
+    td_stream_info(st, &info);
+    j->len += tally_stream_info_encode(&info, j->frame + TALLY_REP_HEADER_SIZE);
+}
+
+size_t td_standby_answer(td_fleet_t *f, uint32_t k, const tally_req_t *req, uint8_t *frame,
+                         uint64_t *cl_seq)
+{
+    td_standby_t *s = standby_of(f, k);
+    if (!s || !s->table || !s->wanted || f->parts[k].owned)
+        return 0;
+    while (follow(f, k)) /* what has come: as fresh as the copy can be */
+        ;
+    if (!s->table)
+        return 0; /* dropped just now */
+    answer_job_t j = {.table = s->table, .req = req, .frame = frame};
+    td_fleet_on_loop_unheld(f, answer_on_loop, &j);
+    *cl_seq = s->cl_seq;
+    return j.len;
 }
 
 /* Loads partition k's copy into the stream table: *from, the changelog sequence it holds. */
