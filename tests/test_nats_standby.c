@@ -8,7 +8,8 @@
  *      streams over the 4 partitions, 16 in flight; member a's copy of each of b's partitions
  *      catches up with b's changelog (its /metrics' last applied sequence of the copy equal to
  *      the changelog's last), and with b stopped (SIGSTOP) a answers stale-ok queries of b's
- *      streams from its copies, marked stale and equal to the model; b is killed (SIGKILL) with
+ *      streams from its copies, marked stale and equal to the model (and `tally query
+ *      --stale-ok` says so); b is killed (SIGKILL) with
  * writes in flight, and the client sends the rest again: a takes each of b's partitions from its
  * copy (its log line and tallyd_nats_takes_total{from="standby"}), replays fewer changelog messages
  * than b wrote, and every stream equals the model of the requests (numbered: each applied once);
@@ -316,6 +317,20 @@ static void check_stale_answers(void)
     }
     kill(member[1].pid, SIGCONT);
     assert_true(answered > 0);
+    /* the CLI says where its answer came from */
+    for (int s = 0; s < STREAMS; s++) {
+        char name[32];
+        stream_name(s, name, sizeof name);
+        if (td_fleet_owner(ids, 2, tally_partition(name, strlen(name), PARTITIONS)) != 1)
+            continue;
+        kill(member[1].pid, SIGSTOP);
+        int rc = th_sh("%s --nats %s -t 5000 query --stale-ok %s 2>&1 | grep -q "
+                       "'stale: answered from a standby'",
+                       th_tally_bin(), tn_suite.urls, name);
+        kill(member[1].pid, SIGCONT);
+        assert_int_equal(rc, 0);
+        break;
+    }
     free(info);
     tally_nats_destroy(&n);
 }
