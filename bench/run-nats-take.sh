@@ -58,6 +58,6 @@ for l in lines:
     m = re.search(r"applied (\d+)\.\.(\d+)", l)
     if m:
         n, ms = int(m[2]) - int(m[1]) + 1, (t(l) - prev).total_seconds() * 1e3
-        print(f"| {n} | {ms:.0f} | {ms / n:.2f} |")
+        print(f"| {n} | {ms:.0f} | {ms / n if n else 0:.2f} |")
         prev = t(l)
 PY

@@ -60,7 +60,7 @@ struct tally_nats {
     char producer_id[TALLY_NATS_MEMBER_ID_MAX + 1];
     uint32_t partitions;
     uint32_t streams_missing; /* the last gather's partitions without an answer */
-    bool stale_ok; /* the request under way asks Tally-Stale-Ok (tally_nats_query_stale) */
+    bool stale_ok;            /* the request under way asks Tally-Stale-Ok (tally__nats_ask) */
     size_t max_payload;
     int timeout_ms;
     size_t window_bytes;
@@ -875,78 +875,28 @@ tally_status_t tally_nats_call(tally_nats_t *self, const tally_req_t *req, const
     return decode_nats_reply(self, m, reply);
 }
 
-tally_status_t tally_nats_query(tally_nats_t *self, const char *stream, tally_stream_info_t *info)
+tally_status_t tally__nats_ask(tally_nats_t *self, const char *prefix, const char *stream,
+                               bool stale_ok, tally_reply_t *reply, uint64_t *stale)
 {
-    if (!self || !stream || !info)
-        return TALLY_E_ARG;
-    tally_req_t req;
-    memset(&req, 0, sizeof req);
-    req.opcode = TALLY_OP_QUERY;
-    if (tally_req_set_stream(&req, stream) != TALLY_OK)
-        return fail(self, TALLY_E_STREAM_NAME, "invalid stream name '%s'", stream);
-    tally_reply_t reply;
-    tally_reply_init(&reply);
-    tally_status_t st = tally_nats_call(self, &req, NULL, 0, &reply);
-    if (st == TALLY_OK)
-        st = tally_reply_stream_info(&reply, info);
-    tally_reply_clear(&reply);
-    return st;
-}
-
-tally_status_t tally_nats_query_stale(tally_nats_t *self, const char *stream,
-                                      tally_stream_info_t *info, uint64_t *stale)
-{
-    if (!self || !stream || !info || !stale)
-        return TALLY_E_ARG;
-    *stale = 0;
     tally_req_t req;
     memset(&req, 0, sizeof req);
     req.opcode = TALLY_OP_QUERY;
     if (tally_req_set_stream(&req, stream) != TALLY_OK)
         return fail(self, TALLY_E_STREAM_NAME, "invalid stream name '%s'", stream);
     char subject[48 + TALLY_NATS_MEMBER_ID_MAX];
-    tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_QUERY,
+    tally_fleet_subject(subject, sizeof subject, prefix,
                         tally_partition(req.stream, req.stream_len, self->partitions), self->user);
     natsMsg *m = NULL;
-    self->stale_ok = true;
+    self->stale_ok = stale_ok;
     tally_status_t st = request(self, subject, &req, NULL, 0, &m);
     self->stale_ok = false;
     if (st != TALLY_OK)
         return st;
-    const char *v = NULL;
-    if (natsMsgHeader_Get(m, TALLY_NATS_HDR_STALE, &v) == NATS_OK && v)
-        *stale = strtoull(v, NULL, 10) ? strtoull(v, NULL, 10) : 1;
-    tally_reply_t reply;
-    tally_reply_init(&reply);
-    st = decode_nats_reply(self, m, &reply);
-    if (st == TALLY_OK)
-        st = tally_reply_stream_info(&reply, info);
-    tally_reply_clear(&reply);
-    return st;
-}
-
-tally_status_t tally__nats_last_seq(tally_nats_t *self, const char *stream, uint64_t *last)
-{
-    *last = 0;
-    tally_req_t req;
-    memset(&req, 0, sizeof req);
-    req.opcode = TALLY_OP_QUERY;
-    if (tally_req_set_stream(&req, stream) != TALLY_OK)
-        return fail(self, TALLY_E_STREAM_NAME, "invalid stream name '%s'", stream);
-    char subject[48 + TALLY_NATS_MEMBER_ID_MAX];
-    tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_SEQ,
-                        tally_partition(req.stream, req.stream_len, self->partitions), self->user);
-    natsMsg *m = NULL;
-    tally_status_t st = request(self, subject, &req, NULL, 0, &m);
-    if (st != TALLY_OK)
-        return st;
-    tally_reply_t reply;
-    tally_reply_init(&reply);
-    st = decode_nats_reply(self, m, &reply);
-    if (st == TALLY_OK)
-        *last = reply.rep.aux0;
-    tally_reply_clear(&reply);
-    return st;
+    const char *v = NULL; /* a copy's answer is stale however little it holds: 1 at least */
+    if (natsMsgHeader_Get(m, TALLY_NATS_HDR_STALE, &v) != NATS_OK)
+        v = NULL;
+    *stale = v ? (strtoull(v, NULL, 10) ? strtoull(v, NULL, 10) : 1) : 0;
+    return decode_nats_reply(self, m, reply);
 }
 
 /* Publishes a `streams` request and gathers answers until they cover every partition, or the

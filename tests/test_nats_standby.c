@@ -9,10 +9,11 @@
  *      catches up with b's changelog (its /metrics' last applied sequence of the copy equal to
  *      the changelog's last), and with b stopped (SIGSTOP) a answers stale-ok queries of b's
  *      streams from its copies, marked stale and equal to the model (and `tally query
- *      --stale-ok` says so); b is killed (SIGKILL) with
- * writes in flight, and the client sends the rest again: a takes each of b's partitions from its
- * copy (its log line and tallyd_nats_takes_total{from="standby"}), replays fewer changelog messages
- * than b wrote, and every stream equals the model of the requests (numbered: each applied once);
+ *      --stale-ok` says so, and Python's tally.query_stale where NumPy is); b is killed (SIGKILL)
+ * with writes in flight, and the client sends the rest again: a takes each of b's partitions from
+ * its copy (its log line and tallyd_nats_takes_total{from="standby"}), replays fewer changelog
+ * messages than b wrote, and every stream equals the model of the requests (numbered: each applied
+ * once);
  *   2. a copy the rule refuses: a's copies held at the first checkpoint they started from
  *      (TALLYD_TEST_STANDBY_HOLD), b checkpointing every 200 ms under the writes: b's manifests
  *      move past the copies', and after b's kill -9 a takes each of b's partitions from the
@@ -285,6 +286,29 @@ static void start_pair(const char *b_ckpt_ms)
     wait_metric(0, "tallyd_nats_standby_starts_total", planned(1));
 }
 
+/* Python's tally.query_stale of stream `name` (last_seq: the model's), b stopped: a stale answer
+ * equal to the model's last_seq. Skipped where the binding cannot load (no NumPy). */
+static void check_python_stale(const char *name, uint64_t last_seq)
+{
+    if (th_sh("PYTHONPATH=%s/client/python TALLY_LIBRARY=%s python3 -c 'import tally' "
+              "2>/dev/null",
+              TALLY_SOURCE_DIR, TALLY_LIBRARY_PATH) != 0) {
+        print_message("tally.query_stale not checked: the Python binding does not load here\n");
+        return;
+    }
+    kill(member[1].pid, SIGSTOP);
+    int rc = th_sh("PYTHONPATH=%s/client/python TALLY_LIBRARY=%s python3 -c '"
+                   "import sys, tally\n"
+                   "r, stale = tally.query_stale(sys.argv[1], servers=sys.argv[2], "
+                   "timeout_ms=5000)\n"
+                   "sys.exit(0 if stale > 0 and r[\"last_seq\"] == int(sys.argv[3]) else 1)' "
+                   "%s %s %llu",
+                   TALLY_SOURCE_DIR, TALLY_LIBRARY_PATH, name, tn_suite.urls,
+                   (unsigned long long)last_seq);
+    kill(member[1].pid, SIGCONT);
+    assert_int_equal(rc, 0);
+}
+
 /* With b stopped (SIGSTOP, well within its lease), a stale-ok query of each of b's streams is
  * a's to answer, from its copy: marked stale (the changelog sequence the copy holds, that of b's
  * partition's last message) and equal to the model, last_seq too. */
@@ -329,6 +353,7 @@ static void check_stale_answers(void)
                        th_tally_bin(), tn_suite.urls, name);
         kill(member[1].pid, SIGCONT);
         assert_int_equal(rc, 0);
+        check_python_stale(name, seqs[s]);
         break;
     }
     free(info);

@@ -434,7 +434,8 @@ void td_fleet_keys_known(td_fleet_t *f, char **ids, size_t n);
 bool td_fleet_keys_step(td_fleet_t *f);
 
 /* td_fleet_standby.c: standby copies of partitions ([nats] standbys = 1; docs/fleet.md
- * "Standbys"). f->standbys, one slot a partition, when cfg asks for standbys (NULL otherwise). */
+ * "Standbys"). f->standbys, one slot a partition, when cfg asks for standbys and the member is
+ * replicated (f->cl: after td_fleet_route_open; NULL otherwise, with a warning). */
 td_err_t td_standby_open(td_fleet_t *f, const td_config_t *cfg);
 /* After the loop has ended: frees the copies. */
 void td_standby_close(td_fleet_t *f);

@@ -297,6 +297,11 @@ td_err_t td_standby_open(td_fleet_t *f, const td_config_t *cfg)
 {
     if (!cfg->nats_standbys)
         return TD_OK;
+    if (!f->cl) { /* no changelog to follow: a copy would be its checkpoints only */
+        td_warn("fleet: [nats] standbys = %u needs direct = replicated: no standby copies",
+                cfg->nats_standbys);
+        return TD_OK;
+    }
     f->standbys = calloc(f->partitions, sizeof *f->standbys);
     return f->standbys ? TD_OK : TD_ERR_NOMEM;
 }
