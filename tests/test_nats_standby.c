@@ -9,11 +9,11 @@
  *      catches up with b's changelog (its /metrics' last applied sequence of the copy equal to
  *      the changelog's last), and with b stopped (SIGSTOP) a answers stale-ok queries of b's
  *      streams from its copies, marked stale and equal to the model (and `tally query
- *      --stale-ok` says so, and Python's tally.query_stale where NumPy is); b is killed (SIGKILL)
- * with writes in flight, and the client sends the rest again: a takes each of b's partitions from
- * its copy (its log line and tallyd_nats_takes_total{from="standby"}), replays fewer changelog
- * messages than b wrote, and every stream equals the model of the requests (numbered: each applied
- * once);
+ *      --stale-ok` says so, and Python's tally.query_stale where NumPy is); b is killed
+ *      (SIGKILL) with writes in flight, and the client sends the rest again: a takes each of
+ *      b's partitions from its copy (its log line and tallyd_nats_takes_total{from="standby"}),
+ *      replays fewer changelog messages than b wrote, and every stream equals the model of the
+ *      requests (numbered: each applied once);
  *   2. a copy the rule refuses: a's copies held at the first checkpoint they started from
  *      (TALLYD_TEST_STANDBY_HOLD), b checkpointing every 200 ms under the writes: b's manifests
  *      move past the copies', and after b's kill -9 a takes each of b's partitions from the
