@@ -302,8 +302,10 @@ struct td_fleet {
      * unless direct = replicated. */
     struct td_fleet_route *route;
     struct td_changelog *cl;
-    /* [nats] standbys (td_fleet_standby.c): a slot a partition; NULL when none. */
+    /* [nats] standbys (td_fleet_standby.c): a slot a partition, NULL when none; the manifest
+     * keys' writes as they are stored ($KV.TALLY_CKPT.*). */
     struct td_standby *standbys;
+    natsSubscription *manifests_sub;
     /* Counters and what info and /metrics show (the server's, or own_status). */
     td_fleet_status_t *st;
     td_fleet_status_t own_status;

@@ -11,8 +11,9 @@
  * `local` owner break without the manifest showing it (bench/NOTES.md, "Standbys: what one
  * would buy"). So the rule: a take uses the copy only when the manifest it fences is the very
  * checkpoint the copy started from (same epoch and generation), and the copy starts again from
- * every new checkpoint it sees (the manifest key's revision, read every TD_STANDBY_CHECK_MS:
- * under load one decode of the partition's state a second). Anything else (a record that does
+ * every new checkpoint it sees (the manifest key's revision, read when a write of the key comes
+ * on $KV.TALLY_CKPT.<key>, and every TD_STANDBY_CHECK_MS besides: under load one decode of the
+ * partition's state a checkpoint interval). Anything else (a record that does
  * not apply, a gap in the sequences, a subscription that failed) drops the copy until the next
  * check starts it again; a take meanwhile loads as without standbys.
  *
@@ -40,10 +41,12 @@
  * only after the copy's last record; then the copy goes, used or not.
  */
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "tally_nats_conn.h"
 #include "td_fleet_changelog.h"
 #include "td_fleet_int.h"
 #include "td_nats_js.h"
@@ -51,10 +54,13 @@
 #include "td_state.h"
 #include "td_stream.h"
 
-/* How often a copy looks at its partition's manifest for a new checkpoint: a take uses a copy
- * only when the checkpoint it fences is the copy's, so a copy that saw a checkpoint late is
- * useless for that long after it. */
-#define TD_STANDBY_CHECK_MS 100
+/* How often a copy looks at its partition's manifest for a new checkpoint when no write of the
+ * key told it sooner (the manifest keys' writes come as they are stored, $KV.TALLY_CKPT.*, but a
+ * plain subscription may miss one, or not be allowed): a take uses a copy only when the
+ * checkpoint it fences is the copy's, so a copy that saw a checkpoint late is useless until
+ * then. */
+#define TD_STANDBY_CHECK_MS 1000
+#define MANIFESTS_SUBJECT "$KV." TALLY_NATS_BUCKET_CKPT ".*"
 /* A copy's turn drains at most this many changelog messages (the other partitions' turn). */
 #define TD_STANDBY_STEP_MESSAGES 256
 
@@ -293,6 +299,22 @@ static bool follow(td_fleet_t *f, uint32_t k)
     return did;
 }
 
+/* The manifest keys written since the last turn: their copies look at them now. Chunk keys
+ * (p<k>.<epoch>.<slot>.<i>) are more than one token: not on the subject. */
+static void manifests_written(td_fleet_t *f)
+{
+    natsMsg *m = NULL;
+    size_t prefix = strlen(MANIFESTS_SUBJECT) - 1;
+    while (f->manifests_sub && td_nats_next_queued(f->manifests_sub, &m)) {
+        const char *key = natsMsg_GetSubject(m) + prefix;
+        char *end = NULL;
+        unsigned long k = key[0] == 'p' ? strtoul(key + 1, &end, 10) : ULONG_MAX;
+        if (end && !*end && k < f->partitions)
+            f->standbys[k].next_check_ms = 0;
+        natsMsg_Destroy(m);
+    }
+}
+
 td_err_t td_standby_open(td_fleet_t *f, const td_config_t *cfg)
 {
     if (!cfg->nats_standbys)
@@ -303,11 +325,19 @@ td_err_t td_standby_open(td_fleet_t *f, const td_config_t *cfg)
         return TD_OK;
     }
     f->standbys = calloc(f->partitions, sizeof *f->standbys);
-    return f->standbys ? TD_OK : TD_ERR_NOMEM;
+    if (!f->standbys)
+        return TD_ERR_NOMEM;
+    natsStatus st = natsConnection_SubscribeSync(&f->manifests_sub, f->nc, MANIFESTS_SUBJECT);
+    if (st != NATS_OK) /* the copies then see new checkpoints within TD_STANDBY_CHECK_MS */
+        td_warn("fleet: subscribing to the checkpoint manifests' writes: %s",
+                td_nats_last_error(st));
+    return TD_OK;
 }
 
 void td_standby_close(td_fleet_t *f)
 {
+    if (f->manifests_sub)
+        tally__nats_sub_close(f->nc, &f->manifests_sub);
     for (uint32_t k = 0; f->standbys && k < f->partitions; k++) {
         td_standby_t *s = &f->standbys[k];
         if (s->sub)
@@ -333,6 +363,8 @@ bool td_standby_step(td_fleet_t *f)
 {
     bool did = false;
     int64_t now = td_nats_now_ms();
+    if (f->standbys)
+        manifests_written(f);
     for (uint32_t k = 0; f->standbys && k < f->partitions; k++) {
         td_standby_t *s = &f->standbys[k];
         if (!s->wanted || f->parts[k].owned)
