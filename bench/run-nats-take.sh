@@ -7,6 +7,10 @@
 # a is killed (kill -9) after 3 s of it, and member `b`, started then, takes every partition
 # over. Prints b's take lines and, per take, the tail it applied and the time since the take
 # before it on the fleet thread (the first: since b's first line), a benchmark, not a test.
+# STANDBYS=1 (issue 33's standbys, bench/NOTES.md "Standbys, built"): both members run with
+# `standbys = 1` and b is up before the load (it takes its share from a, and keeps a copy of
+# a's); after a's kill b takes a's partitions from its copies, and the tail after each copy is
+# what it replays. STANDBYS=0 runs the same order without standbys (the baseline).
 set -euo pipefail
 build=${1:?usage: run-nats-take.sh BUILD_DIR [CKPT_MS]}
 ckpt=${2:-1000}
@@ -22,21 +26,27 @@ member() { # member ID: in the background, its log in $dir/ID.log
   "$build/daemon/tallyd" --bind "tcp://127.0.0.1:$(free_port)" --shm off --max-inflight 4096 \
     --nats-servers "$wurl" --nats-replicas 3 --nats-partitions 8 --nats-member-id "$1" \
     --nats-direct replicated --nats-lease-ttl-ms 3000 --nats-checkpoint-interval-ms "$ckpt" \
-    >"$dir/$1.log" 2>&1 &
+    ${STANDBYS:+--nats-standbys "$STANDBYS"} >"$dir/$1.log" 2>&1 &
 }
 member a
 apid=$!
 for _ in $(seq 150); do grep -q "took partition 7 " "$dir/a.log" && break; sleep 0.2; done
+if [ -n "${STANDBYS:-}" ]; then # b up first: its share handed over, a's copied
+  member b
+  bpid=$!
+  for _ in $(seq 150); do grep -q "gives up\|gave up\|took partition" "$dir/b.log" && break; sleep 0.2; done
+  sleep 3
+fi
 "$build/bench/loadgen" --fleet "$purl" --streams 24 --op hist --size 1024 --producers 2 \
   --window 64 --seconds 6 --label take >"$dir/load.log" 2>&1 &
 sleep 3
 kill -9 "$apid"
-member b
-bpid=$!
-for _ in $(seq 100); do [ "$(grep -c "took partition" "$dir/b.log")" = 8 ] && break; sleep 0.2; done
+[ -n "${STANDBYS:-}" ] || { member b; bpid=$!; }
+for _ in $(seq 100); do [ "$(grep -c "took partition" "$dir/b.log")" -ge 8 ] && break; sleep 0.2; done
+sleep 1
 kill -TERM "$bpid"
 wait "$bpid" 2>/dev/null || true
-grep -E "changelog: applied|took partition" "$dir/b.log"
+grep -E "changelog: applied|took partition|taken from" "$dir/b.log"
 python3 - "$dir/b.log" <<'PY'
 import re, sys
 from datetime import datetime
@@ -48,6 +58,6 @@ for l in lines:
     m = re.search(r"applied (\d+)\.\.(\d+)", l)
     if m:
         n, ms = int(m[2]) - int(m[1]) + 1, (t(l) - prev).total_seconds() * 1e3
-        print(f"| {n} | {ms:.0f} | {ms / n:.2f} |")
+        print(f"| {n} | {ms:.0f} | {ms / n if n else 0:.2f} |")
         prev = t(l)
 PY

@@ -34,9 +34,10 @@ typedef struct {
     uint64_t last_ms;
     double quantiles[TALLY_QUANTILES_MAX]; /* --quantile, in the order given, each once */
     size_t nquantiles;
+    bool stale_ok;
 } query_args_t;
 
-enum { OPT_JSON = CLI_OPT_FIRST, OPT_CSV, OPT_RAW, OPT_LAST, OPT_QUANTILE };
+enum { OPT_JSON = CLI_OPT_FIRST, OPT_CSV, OPT_RAW, OPT_LAST, OPT_QUANTILE, OPT_STALE_OK };
 
 static const cli_option_t query_options[] = {
     {"json", OPT_JSON, NULL,
@@ -53,6 +54,10 @@ static const cli_option_t query_options[] = {
     {"last", OPT_LAST, "DURATION",
      "only the last DURATION of the histogram (10s, 500ms,\n2m, 1h; tallyd keeps "
      "window_intervals x\nwindow_interval_ms, see 'tally info')"},
+    {"stale-ok", OPT_STALE_OK, NULL,
+     "with --nats or --fleet: a standby's copy of the stream's\npartition may answer (the "
+     "owner's or the copy's,\nwhichever comes first; also while the partition has no\nowner); "
+     "an answer from a copy says so on stderr"},
     {0},
 };
 
@@ -103,6 +108,9 @@ static int query_option(void *ctx, int id, const char *arg, int argc, char **arg
         return cli_option_duration_ms("query", "--last", arg, 1, TALLY_WINDOW_MS_MAX, &q->last_ms);
     case OPT_QUANTILE:
         return quantile_option(q, arg);
+    case OPT_STALE_OK:
+        q->stale_ok = true;
+        return 0;
     default:
         return cli_usage_error("query", "unknown option");
     }
@@ -158,6 +166,38 @@ static int query_print(const query_args_t *q, const char *name, const tally_stre
     return cli_finish_stdout();
 }
 
+/* query --stale-ok: asked of the fleet with Tally-Stale-Ok (tally_nats_query_stale); an answer
+ * from a standby's copy said on stderr. */
+static int run_query_stale(cli_t *cli, const query_args_t *q, const char *name)
+{
+    if (!cli->nats && !cli->fleet)
+        return cli_usage_error("query", "--stale-ok asks a fleet: give --nats or --fleet");
+    if (q->last_ms)
+        return cli_usage_error("query", "a standby's copy answers no --last");
+    tally_nats_opts_t o = cli_nats_opts(cli, cli->timeout_ms);
+    tally_nats_t *n = NULL;
+    char why[512] = "";
+    tally_status_t status = tally_nats_new(&o, &n, why, sizeof why);
+    if (status != TALLY_OK)
+        return cli_report(status, "connect", why);
+    static tally_stream_info_t info; /* 8 KiB of bins off the stack */
+    uint64_t stale = 0;
+    int rc;
+    status = tally_nats_query_stale(n, name, &info, &stale);
+    if (status != TALLY_OK) {
+        rc = cli_report(status, "query", tally_nats_error(n));
+    } else {
+        if (stale)
+            fprintf(stderr,
+                    "tally: stale: answered from a standby's copy (its partition's changelog to "
+                    "sequence %" PRIu64 ")\n",
+                    stale);
+        rc = query_print(q, name, &info, 0, 0);
+    }
+    tally_nats_destroy(&n);
+    return rc;
+}
+
 static int run_query(cli_t *cli, const cli_command_t *cmd, int argc, char **argv)
 {
     query_args_t q = {.format = QUERY_TEXT};
@@ -170,7 +210,11 @@ static int run_query(cli_t *cli, const cli_command_t *cmd, int argc, char **argv
         return cli_usage_error("query", "--raw prints the record as it is: no --quantile");
     const char *name = argv[optind];
     tally_client_t *client = NULL;
-    if ((rc = stream_arg("query", argv + optind)) != 0 || (rc = cli_connect(cli, &client)) != 0)
+    if ((rc = stream_arg("query", argv + optind)) != 0)
+        return rc;
+    if (q.stale_ok)
+        return run_query_stale(cli, &q, name);
+    if ((rc = cli_connect(cli, &client)) != 0)
         return rc;
     tally_stream_info_t info;
     uint64_t start_ms = 0, end_ms = 0;
@@ -186,7 +230,8 @@ static int run_query(cli_t *cli, const cli_command_t *cmd, int argc, char **argv
 }
 
 CLI_COMMAND(
-    query, .usage = "query [--json|--csv|--raw] [--last DURATION] [--quantile Q]... STREAM",
+    query,
+    .usage = "query [--json|--csv|--raw] [--last DURATION] [--quantile Q]... [--stale-ok] STREAM",
     .op = TALLY_OP_QUERY,
     .about =
         "Summarise a stream's running histogram: the count of values, the mean (of the values\n"

@@ -780,6 +780,13 @@ TALLY_API tally_status_t tally_nats_call(tally_nats_t *self, const tally_req_t *
 /* The stream's record, as tally_query. */
 TALLY_API tally_status_t tally_nats_query(tally_nats_t *self, const char *stream,
                                           tally_stream_info_t *info);
+/* The same, answered by the owner or, where one holds a copy, a standby (issue 33; PROTOCOL.md
+ * §13 "Answers by request-reply"): whichever answers first, also while the partition has no
+ * owner. *stale: 0 when the owner answered, else the last changelog sequence of the partition the
+ * standby's copy had applied (1 when that was 0): the record may lag the owner's by what was
+ * written since. */
+TALLY_API tally_status_t tally_nats_query_stale(tally_nats_t *self, const char *stream,
+                                                tally_stream_info_t *info, uint64_t *stale);
 /* The fleet's streams: every worker's, each name once; freed with tally_strings_free. Gathered
  * until the answers cover every partition (each says which partitions it lists: Tally-Owned),
  * or the timeout; a partition no answer covered is counted in tally_nats_streams_missing, and

@@ -18,8 +18,16 @@
  * largest payload of one message for req (PROTOCOL.md §13 "Validation"). */
 uint64_t tally__nats_next_id(const tally_nats_t *self);
 size_t tally__nats_chunk_limit(const tally_nats_t *self, const tally_req_t *req, bool want_reply);
-/* A stream's last_seq from its owner (tally.seq.<k>.<user>: what a producer may ask; 0 for a
- * stream that does not exist yet), for a push that numbers its chunks. */
+/* A `query` of stream by request-reply on its partition's subject under prefix
+ * (TALLY_NATS_SUBJ_QUERY or TALLY_NATS_SUBJ_SEQ), with the header Tally-Stale-Ok when stale_ok,
+ * asked again while nobody answers until the timeout: the answer in reply (as tally_nats_call
+ * gives it), *stale its Tally-Stale (0: none, the owner's). For tally_nats_query.c. */
+tally_status_t tally__nats_ask(tally_nats_t *self, const char *prefix, const char *stream,
+                               bool stale_ok, tally_reply_t *reply, uint64_t *stale);
+
+/* tally_nats_query.c (and the stub): a stream's last_seq from its owner (tally.seq.<k>.<user>:
+ * what a producer may ask; 0 for a stream that does not exist yet), for a push that numbers its
+ * chunks. */
 tally_status_t tally__nats_last_seq(tally_nats_t *self, const char *stream, uint64_t *last);
 
 /* tally_nats.c's connection, for tally_nats_watch.c; tally_nats_names.c: adds the names of one

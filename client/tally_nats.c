@@ -60,6 +60,7 @@ struct tally_nats {
     char producer_id[TALLY_NATS_MEMBER_ID_MAX + 1];
     uint32_t partitions;
     uint32_t streams_missing; /* the last gather's partitions without an answer */
+    bool stale_ok;            /* the request under way asks Tally-Stale-Ok (tally__nats_ask) */
     size_t max_payload;
     int timeout_ms;
     size_t window_bytes;
@@ -792,6 +793,21 @@ static bool refused_publish(tally_nats_t *self, const char *subject)
     return true;
 }
 
+/* The request in scratch (total bytes) with the header Tally-Stale-Ok: a standby's copy may
+ * answer it (PROTOCOL.md §13 "Answers by request-reply"). */
+static natsStatus request_stale_ok(tally_nats_t *self, const char *subject, size_t total,
+                                   int64_t wait_ms, natsMsg **out)
+{
+    natsMsg *m = NULL;
+    natsStatus s = natsMsg_Create(&m, subject, NULL, (const char *)self->scratch, (int)total);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, TALLY_NATS_HDR_STALE_OK, "1");
+    if (s == NATS_OK)
+        s = natsConnection_RequestMsg(out, self->nc, m, wait_ms);
+    natsMsg_Destroy(m);
+    return s;
+}
+
 /* Sends the frame of req (and payload) to subject and waits for the answer, asking again while
  * nobody answers (a partition between two owners) until the timeout. The raw answer in *out. */
 static tally_status_t request(tally_nats_t *self, const char *subject, const tally_req_t *req,
@@ -814,9 +830,10 @@ static tally_status_t request(tally_nats_t *self, const char *subject, const tal
     int64_t deadline = now_ms() + self->timeout_ms;
     for (;;) {
         int64_t left = deadline - now_ms();
-        natsStatus s = left > 0 ? natsConnection_Request(out, self->nc, subject, self->scratch,
-                                                         (int)total, left)
-                                : NATS_TIMEOUT;
+        natsStatus s = left <= 0        ? NATS_TIMEOUT
+                       : self->stale_ok ? request_stale_ok(self, subject, total, left, out)
+                                        : natsConnection_Request(out, self->nc, subject,
+                                                                 self->scratch, (int)total, left);
         if (s == NATS_OK)
             return TALLY_OK;
         if (s == NATS_NO_RESPONDERS && left > 100) {
@@ -858,46 +875,28 @@ tally_status_t tally_nats_call(tally_nats_t *self, const tally_req_t *req, const
     return decode_nats_reply(self, m, reply);
 }
 
-tally_status_t tally_nats_query(tally_nats_t *self, const char *stream, tally_stream_info_t *info)
+tally_status_t tally__nats_ask(tally_nats_t *self, const char *prefix, const char *stream,
+                               bool stale_ok, tally_reply_t *reply, uint64_t *stale)
 {
-    if (!self || !stream || !info)
-        return TALLY_E_ARG;
-    tally_req_t req;
-    memset(&req, 0, sizeof req);
-    req.opcode = TALLY_OP_QUERY;
-    if (tally_req_set_stream(&req, stream) != TALLY_OK)
-        return fail(self, TALLY_E_STREAM_NAME, "invalid stream name '%s'", stream);
-    tally_reply_t reply;
-    tally_reply_init(&reply);
-    tally_status_t st = tally_nats_call(self, &req, NULL, 0, &reply);
-    if (st == TALLY_OK)
-        st = tally_reply_stream_info(&reply, info);
-    tally_reply_clear(&reply);
-    return st;
-}
-
-tally_status_t tally__nats_last_seq(tally_nats_t *self, const char *stream, uint64_t *last)
-{
-    *last = 0;
     tally_req_t req;
     memset(&req, 0, sizeof req);
     req.opcode = TALLY_OP_QUERY;
     if (tally_req_set_stream(&req, stream) != TALLY_OK)
         return fail(self, TALLY_E_STREAM_NAME, "invalid stream name '%s'", stream);
     char subject[48 + TALLY_NATS_MEMBER_ID_MAX];
-    tally_fleet_subject(subject, sizeof subject, TALLY_NATS_SUBJ_SEQ,
+    tally_fleet_subject(subject, sizeof subject, prefix,
                         tally_partition(req.stream, req.stream_len, self->partitions), self->user);
     natsMsg *m = NULL;
+    self->stale_ok = stale_ok;
     tally_status_t st = request(self, subject, &req, NULL, 0, &m);
+    self->stale_ok = false;
     if (st != TALLY_OK)
         return st;
-    tally_reply_t reply;
-    tally_reply_init(&reply);
-    st = decode_nats_reply(self, m, &reply);
-    if (st == TALLY_OK)
-        *last = reply.rep.aux0;
-    tally_reply_clear(&reply);
-    return st;
+    const char *v = NULL; /* a copy's answer is stale however little it holds: 1 at least */
+    if (natsMsgHeader_Get(m, TALLY_NATS_HDR_STALE, &v) != NATS_OK)
+        v = NULL;
+    *stale = v ? (strtoull(v, NULL, 10) ? strtoull(v, NULL, 10) : 1) : 0;
+    return decode_nats_reply(self, m, reply);
 }
 
 /* Publishes a `streams` request and gathers answers until they cover every partition, or the

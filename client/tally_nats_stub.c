@@ -90,6 +90,13 @@ tally_status_t tally_nats_query(tally_nats_t *self, const char *stream, tally_st
     return TALLY_E_ARG;
 }
 
+tally_status_t tally_nats_query_stale(tally_nats_t *self, const char *stream,
+                                      tally_stream_info_t *info, uint64_t *stale)
+{
+    (void)self, (void)stream, (void)info, (void)stale;
+    return TALLY_E_ARG;
+}
+
 tally_status_t tally_nats_streams(tally_nats_t *self, char ***names, size_t *count)
 {
     (void)self, (void)names, (void)count;

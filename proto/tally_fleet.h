@@ -69,6 +69,10 @@
 #define TALLY_NATS_HDR_MEMBERS "Tally-Members" /* `streams` answers: the live members */
 /* `streams` answers: the partitions whose streams the answer lists (tally_fleet_owned_format) */
 #define TALLY_NATS_HDR_OWNED "Tally-Owned"
+/* A `query` on tally.q.<k>.<user> that a standby's copy may answer (any value); such an answer
+ * carries Tally-Stale: the last changelog sequence the copy applied (PROTOCOL.md §13). */
+#define TALLY_NATS_HDR_STALE_OK "Tally-Stale-Ok"
+#define TALLY_NATS_HDR_STALE "Tally-Stale"
 
 /* A dedupe id is 1..192 bytes (libtally's: user, producer id, number and, renamed after a
  * collision, 16 hex digits); a member id 1..64 of A-Z a-z 0-9 - _. */

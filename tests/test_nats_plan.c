@@ -5,7 +5,8 @@
  * cannot drift apart); the names; and rendezvous hashing of partitions over members: every
  * partition has exactly one owner, shares are balanced, a member that joins takes only the
  * partitions it now scores highest for (nothing moves between the others) and a member that
- * leaves gives up only its own.
+ * leaves gives up only its own; the member next in a partition's order (its standby) is the one
+ * that owns it once its owner leaves.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -189,6 +190,38 @@ static void test_plan_one_owner_each(void **state)
         assert_string_equal(rev[td_fleet_owner(rev, 5, k)], m[owner_of[k]]);
 }
 
+/* A standby's member (td_fleet_plan_next): for each partition exactly one member is next, never
+ * its owner, and it is the one that owns the partition once the owner leaves. */
+static void test_plan_next_takes_over(void **state)
+{
+    (void)state;
+    const char *m[MAXM] = {"w0", "w1", "w2", "w3", "w4"};
+    bool next[MAXM][P];
+    for (int i = 0; i < 5; i++)
+        td_fleet_plan_next(m, 5, m[i], P, next[i]);
+    for (uint32_t k = 0; k < P; k++) {
+        int owner = td_fleet_owner(m, 5, k), standby = -1, count = 0;
+        for (int i = 0; i < 5; i++)
+            if (next[i][k]) {
+                standby = i;
+                count++;
+            }
+        assert_int_equal(count, 1);
+        assert_true(standby != owner);
+        const char *left[4];
+        int n = 0;
+        for (int i = 0; i < 5; i++)
+            if (i != owner)
+                left[n++] = m[i];
+        assert_string_equal(left[td_fleet_owner(left, 4, k)], m[standby]);
+    }
+    /* Alone, a member is next for nothing. */
+    bool solo[P];
+    td_fleet_plan_next(NULL, 0, "solo", P, solo);
+    for (uint32_t k = 0; k < P; k++)
+        assert_false(solo[k]);
+}
+
 static void test_plan_join_and_leave_move_only_their_share(void **state)
 {
     (void)state;
@@ -241,6 +274,7 @@ int main(void)
         cmocka_unit_test(test_user_names),
         cmocka_unit_test(test_owned_bitmap),
         cmocka_unit_test(test_plan_one_owner_each),
+        cmocka_unit_test(test_plan_next_takes_over),
         cmocka_unit_test(test_plan_join_and_leave_move_only_their_share),
         cmocka_unit_test(test_score_vectors),
     };

@@ -319,6 +319,9 @@
 #define TD_DEFAULT_NATS_COMMIT_MS 2u
 #define TD_NATS_COMMIT_MS_LIMIT 1000u
 #define TD_NATS_COMMIT_BYTES (256u << 10)
+/* Standbys (docs/fleet.md "Standbys"): a warm copy of a partition on the next member of its
+ * rendezvous order; at most one (the next), as issue 33 asks. */
+#define TD_NATS_STANDBYS_LIMIT 1u
 #define TD_DEFAULT_NATS_PARTITION_MAX_BYTES (1ull << 30)
 /* A partition's window (issue 32): messages in the request path at once, and their payload
  * bytes (one message always goes, however large). 256 keeps a 1 KiB-message partition's round
@@ -416,6 +419,7 @@ typedef struct {
     unsigned nats_checkpoint_ms;
     unsigned nats_commit_ms; /* direct = replicated: the group commit's interval */
     bool nats_commit_when_idle; /* and a batch goes at once with nothing in flight */
+    unsigned nats_standbys;     /* 1: a warm copy of each partition on its next member */
     unsigned nats_inflight;
     size_t nats_inflight_bytes;
     unsigned nats_members_per_process; /* fleet members in this process, each a thread */

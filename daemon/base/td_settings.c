@@ -374,6 +374,14 @@ const td_setting_t td_settings[] = {
              "its messages is in flight and its last batch held fewer than 4 writes (a write at "
              "light load waits one PubAck, not commit_ms too), else every commit_ms; off: every "
              "commit_ms only (docs/fleet.md \"Replicated\")"},
+    {.option = "nats-standbys", .arg = "N", .section = "nats", .key = "standbys",
+     .type = TD_SET_UINT, .offset = FIELD(nats_standbys), .def = 0u, .min = 0,
+     .max = TD_NATS_STANDBYS_LIMIT, .reload = TD_RELOAD_RESTART,
+     .help = "direct = replicated: 1 keeps a warm copy of each partition on the next member of "
+             "its rendezvous order (its checkpoint plus the changelog as it comes), which a "
+             "take-over uses instead of the checkpoint and the whole tail when the checkpoint it "
+             "fences is the one the copy started from; stale_ok queries may read it "
+             "(docs/fleet.md \"Standbys\")"},
     {.option = "nats-advertise", .arg = "ENDPOINT", .section = "nats", .key = "advertise",
      .type = TD_SET_STRING, .offset = FIELD(nats_advertise), .reload = TD_RELOAD_RESTART,
      .example = "tcp://10.0.0.5:5555",

@@ -196,6 +196,36 @@ static void render_backlog(text_t *t, const td_fleet_status_t *st)
           st->inflight_bytes);
 }
 
+/* Standbys ([nats] standbys, docs/fleet.md "Standbys"): where take-overs loaded from, and the
+ * copies this member keeps (a sample per partition it holds a copy of). */
+static void render_standbys(text_t *t, const td_fleet_status_t *st)
+{
+    put(t,
+        "# HELP tallyd_nats_takes_total Take-overs of a partition by where its state came from: "
+        "this member's standby copy plus the changelog after it (standby), or the checkpoint "
+        "plus the changelog after it (checkpoint).\n# TYPE tallyd_nats_takes_total counter\n"
+        "tallyd_nats_takes_total{from=\"standby\"} %" PRIu64
+        "\ntallyd_nats_takes_total{from=\"checkpoint\"} %" PRIu64 "\n",
+        LOAD(st->takes_from_standby), LOAD(st->takes_from_checkpoint));
+    counter(t, "tallyd_nats_standby_applied_total",
+            "Changelog messages applied to this member's standby copies as they came.",
+            LOAD(st->standby_applied));
+    counter(t, "tallyd_nats_standby_starts_total",
+            "Standby copies (re)started from a partition's checkpoint: one per checkpoint seen.",
+            LOAD(st->standby_starts));
+    gauge(t, "tallyd_nats_standby_bytes",
+          "Bytes of stream state in this member's standby copies (under max_state_bytes, apart "
+          "from its own streams').",
+          LOAD(st->standby_bytes));
+    put(t, "# HELP tallyd_nats_standby_changelog_seq The last changelog sequence a standby copy "
+           "here applied (TALLY_CL<k>), per partition it holds a copy of.\n"
+           "# TYPE tallyd_nats_standby_changelog_seq gauge\n");
+    for (uint32_t k = 0; k < st->partitions; k++)
+        if (LOAD(st->standby_cl_seq[k]))
+            put(t, "tallyd_nats_standby_changelog_seq{partition=\"%" PRIu32 "\"} %" PRIu64 "\n", k,
+                LOAD(st->standby_cl_seq[k]));
+}
+
 /* The changelog's stages (td_cl_stage_t), one histogram family labelled by stage. */
 static void render_stages(text_t *t, const td_fleet_status_t *st)
 {
@@ -307,6 +337,7 @@ size_t td_fleet_status_render(const td_fleet_status_t *st, char *out, size_t cap
             "Changelogs purged whole after a checkpoint that holds all of them, at a quiet point "
             "(direct = replicated).",
             LOAD(st->changelog_purges));
+    render_standbys(&t, st);
     render_stages(&t, st);
     return t.len;
 }

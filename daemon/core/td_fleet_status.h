@@ -114,6 +114,11 @@ typedef struct td_fleet_status {
      * checkpoint held them (aged out or removed: the writes they held are lost), and changelogs
      * purged whole at a quiet point after a checkpoint holding them. */
     _Atomic uint64_t changelog_commits, changelog_replayed, not_durable, changelog_lost;
+    /* Standbys (td_fleet_standby.c): take-overs from a standby's copy and from the checkpoint;
+     * changelog messages applied to copies; copies (re)started from a checkpoint; the bytes
+     * the copies hold now. */
+    _Atomic uint64_t takes_from_standby, takes_from_checkpoint;
+    _Atomic uint64_t standby_applied, standby_starts, standby_bytes;
     _Atomic uint64_t changelog_purges;
     /* direct = replicated: the stages' histograms (td_latency_bounds_us, then +Inf) and their
      * sums in ns; batches found ready with all of their partition's messages in flight, and the
@@ -138,6 +143,8 @@ typedef struct td_fleet_status {
     _Atomic uint64_t in_path_bytes[TALLY_NATS_MAX_PARTITIONS];
     _Atomic uint64_t fetched[TALLY_NATS_MAX_PARTITIONS];
     _Atomic uint64_t taken[TALLY_NATS_MAX_PARTITIONS];
+    /* A partition's standby copy here: the last changelog sequence it applied (0: no copy). */
+    _Atomic uint64_t standby_cl_seq[TALLY_NATS_MAX_PARTITIONS];
 } td_fleet_status_t;
 
 /* Counts ns in stage's histogram (any thread). */

@@ -112,9 +112,11 @@ static void on_async(uv_async_t *h)
     pthread_mutex_unlock(&f->mu);
     if (!job)
         return;
-    td_streams_hold(f->host.streams); /* the jobs read and change the table: shards stopped */
+    if (job->hold) /* the job reads or changes the table: shards stopped */
+        td_streams_hold(f->host.streams);
     job->fn(f, job->arg);
-    td_streams_release(f->host.streams);
+    if (job->hold)
+        td_streams_release(f->host.streams);
     pthread_mutex_lock(&f->mu);
     job->done = true;
     pthread_cond_broadcast(&f->cond);
@@ -221,6 +223,14 @@ static void follow_plan(td_fleet_t *f, int64_t until)
         return;
     }
     td_fleet_plan((const char *const *)ids, n, f->member, f->partitions, mine);
+    if (f->standbys) { /* the copies, before the takes that may use them */
+        bool *next = calloc(f->partitions, sizeof *next);
+        if (next) {
+            td_fleet_plan_next((const char *const *)ids, n, f->member, f->partitions, next);
+            td_standby_plan(f, next, mine);
+        }
+        free(next);
+    }
     f->live_members = n; /* what `streams` answers say, so that analysts need no KV rights */
     int64_t now = td_nats_now_ms();
     bool acted = false; /* one take or give-up at least, however long the renewals took */
@@ -340,6 +350,7 @@ static void turn(td_fleet_t *f)
                 slowest_k = k;
             }
         }
+    busy |= td_standby_step(f);
     busy |= td_fleet_query_step(f);
     busy |= td_fleet_watch_step(f);
     int64_t queries = lap(&at);
@@ -620,7 +631,7 @@ td_err_t td_fleet_new(const td_fleet_host_t *host, td_fleet_t **out)
     if ((err = connect_fleet(f, host->cfg)) != TD_OK || (err = td_fleet_path_open(f)) != TD_OK ||
         (err = td_fleet_query_open(f)) != TD_OK || (err = td_fleet_keys_open(f)) != TD_OK ||
         (err = td_fleet_route_open(f, host->cfg)) != TD_OK ||
-        (err = open_loop_handles(f)) != TD_OK ||
+        (err = td_standby_open(f, host->cfg)) != TD_OK || (err = open_loop_handles(f)) != TD_OK ||
         (host->instance == 0 && (err = td_fleet_view_open(f)) != TD_OK))
         goto fail;
     publish_settings(f);
@@ -677,6 +688,7 @@ void td_fleet_destroy(td_fleet_t **self_p)
         td_part_free(f, &f->parts[k]);
     free(f->parts);
     td_fleet_route_close(f);
+    td_standby_close(f);
     free(f->pend);
     kvStore_Destroy(f->members);
     kvStore_Destroy(f->leases);

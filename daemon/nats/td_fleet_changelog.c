@@ -523,6 +523,7 @@ tally_status_t td_changelog_settled(td_fleet_t *f, uint32_t k, uint64_t ticket, 
  */
 
 typedef struct {
+    td_streams_t *table; /* the stream table, or a standby's copy (td_fleet_standby.c) */
     const uint8_t *buf;
     size_t len;
     unsigned applied, refused;
@@ -530,6 +531,7 @@ typedef struct {
 
 static void apply_on_loop(td_fleet_t *f, void *arg)
 {
+    (void)f;
     static td_state_record_t rec; /* loop thread only: a histogram's bins */
     apply_job_t *j = arg;
     uint64_t now = td_clock_ms();
@@ -541,7 +543,7 @@ static void apply_on_loop(td_fleet_t *f, void *arg)
             j->refused++;
             return; /* a batch is written whole: the rest cannot be trusted either */
         }
-        if (td_state_record_apply(f->host.streams, &rec, now, &dropped, why, sizeof why) ==
+        if (td_state_record_apply(j->table, &rec, now, &dropped, why, sizeof why) ==
             TD_STATE_APPLIED)
             j->applied++;
         else
@@ -572,6 +574,34 @@ static void records_gone(td_fleet_t *f, uint32_t k, uint64_t from, uint64_t to)
            (unsigned)k, from, to);
 }
 
+td_err_t td_changelog_apply(td_fleet_t *f, uint32_t k, uint64_t seq, natsMsg *m,
+                            td_streams_t *table, uint64_t *max_epoch, char *msg, size_t cap)
+{
+    uint64_t epoch = header_u64(m, TALLY_NATS_HDR_EPOCH);
+    if (epoch < *max_epoch) {
+        td_warn("fleet: partition %u: changelog record %" PRIu64 " of epoch %" PRIu64
+                " after epoch %" PRIu64 ": a stale owner's, skipped",
+                (unsigned)k, seq, epoch, *max_epoch);
+        return TD_OK;
+    }
+    *max_epoch = epoch;
+    const uint8_t *data = (const uint8_t *)natsMsg_GetData(m);
+    size_t len = (size_t)natsMsg_GetDataLength(m);
+    apply_job_t j = {.table = table};
+    for (size_t at = 0; at < len && !j.refused; at += j.len) { /* CL_APPLY_BYTES at a time */
+        j.buf = data + at;
+        j.len = records_within(j.buf, len - at, CL_APPLY_BYTES);
+        if (table == f->host.streams)
+            td_fleet_on_loop(f, apply_on_loop, &j);
+        else /* a standby's copy: the shards go on */
+            td_fleet_on_loop_unheld(f, apply_on_loop, &j);
+    }
+    if (j.refused)
+        snprintf(msg, cap, "changelog record %" PRIu64 ": %u of its streams refused", seq,
+                 j.refused);
+    return j.refused ? TD_ERR_CORRUPT : TD_OK;
+}
+
 /* Applies the messages after..last of TALLY_CL<k>; *max_epoch: the highest epoch applied. */
 static td_err_t replay(td_fleet_t *f, uint32_t k, uint64_t after, uint64_t last,
                        uint64_t *max_epoch, char *msg, size_t cap)
@@ -591,66 +621,35 @@ static td_err_t replay(td_fleet_t *f, uint32_t k, uint64_t after, uint64_t last,
                      td_nats_last_error(s));
             return TD_ERR_LIBRARY;
         }
-        uint64_t epoch = header_u64(m, TALLY_NATS_HDR_EPOCH);
-        if (epoch < *max_epoch) {
-            td_warn("fleet: partition %u: changelog record %" PRIu64 " of epoch %" PRIu64
-                    " after epoch %" PRIu64 ": a stale owner's, skipped",
-                    (unsigned)k, seq, epoch, *max_epoch);
-            natsMsg_Destroy(m);
-            continue;
-        }
-        *max_epoch = epoch;
-        const uint8_t *data = (const uint8_t *)natsMsg_GetData(m);
-        size_t len = (size_t)natsMsg_GetDataLength(m);
-        apply_job_t j = {0};
-        for (size_t at = 0; at < len && !j.refused; at += j.len) { /* CL_APPLY_BYTES at a time */
-            j.buf = data + at;
-            j.len = records_within(j.buf, len - at, CL_APPLY_BYTES);
-            td_fleet_on_loop(f, apply_on_loop, &j);
-        }
+        td_err_t err = td_changelog_apply(f, k, seq, m, f->host.streams, max_epoch, msg, cap);
         natsMsg_Destroy(m);
-        if (j.refused) {
-            snprintf(msg, cap, "changelog record %" PRIu64 ": %u of its streams refused", seq,
-                     j.refused);
-            return TD_ERR_CORRUPT;
-        }
+        if (err != TD_OK)
+            return err;
         TD_FLEET_COUNT(f, changelog_replayed);
     }
     return TD_OK;
 }
 
-static td_err_t last_seq(td_fleet_t *f, uint32_t k, uint64_t *first, uint64_t *last, char *msg,
-                         size_t cap)
+/* Partition k's changelog: its first and last sequences. missing (NULL: an error) says whether
+ * the stream is missing (never made: no owner was replicated). */
+static td_err_t last_seq(td_fleet_t *f, uint32_t k, uint64_t *first, uint64_t *last, bool *missing,
+                         char *msg, size_t cap)
 {
     char stream[32];
     stream_of(stream, sizeof stream, k);
     jsStreamInfo *si = NULL;
     jsErrCode jerr = 0;
     natsStatus s = js_GetStreamInfo(&si, f->js, stream, NULL, &jerr);
-    if (s != NATS_OK) {
+    if (missing)
+        *missing = s == NATS_NOT_FOUND || jerr == JSStreamNotFoundErr;
+    if (s != NATS_OK && !(missing && *missing)) {
         snprintf(msg, cap, "%s: %s", stream, td_nats_last_error(s));
         return TD_ERR_LIBRARY;
     }
-    *first = si->State.FirstSeq;
-    *last = si->State.LastSeq;
+    *first = si ? si->State.FirstSeq : 0;
+    *last = si ? si->State.LastSeq : 0;
     jsStreamInfo_Destroy(si);
     return TD_OK;
-}
-
-/* Whether partition k's changelog stream is missing (never made: no owner was replicated). */
-static td_err_t changelog_exists(td_fleet_t *f, uint32_t k, bool *missing, char *msg, size_t cap)
-{
-    char stream[32];
-    stream_of(stream, sizeof stream, k);
-    jsStreamInfo *si = NULL;
-    jsErrCode jerr = 0;
-    natsStatus s = js_GetStreamInfo(&si, f->js, stream, NULL, &jerr);
-    jsStreamInfo_Destroy(si);
-    *missing = s == NATS_NOT_FOUND || jerr == JSStreamNotFoundErr;
-    if (s == NATS_OK || *missing)
-        return TD_OK;
-    snprintf(msg, cap, "%s: %s", stream, td_nats_last_error(s));
-    return TD_ERR_LIBRARY;
 }
 
 /* Stores a message without records expecting `expect` as the last sequence (0: none, for the
@@ -723,12 +722,12 @@ static void open_part(td_changelog_t *cl, uint32_t k, uint64_t epoch, uint64_t f
     pthread_mutex_unlock(&cl->mu);
 }
 
-td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t epoch,
-                           uint64_t *held, char *msg, size_t cap)
+td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t max_epoch,
+                           uint64_t epoch, uint64_t *held, char *msg, size_t cap)
 {
     td_changelog_t *cl = f->cl;
     *held = cl_seq;
-    uint64_t first = 0, last = 0, applied = cl_seq, max_epoch = 0, fence = 0;
+    uint64_t first = 0, last = 0, applied = cl_seq, fence = 0;
     char stream[32], subject[32];
     stream_of(stream, sizeof stream, k);
     subject_of(subject, sizeof subject, k);
@@ -738,15 +737,15 @@ td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t 
     bool missing = false;
     td_err_t err = cl ? td_nats_stream_ensure(f->js, stream, subject, cl->replicas, cl->max_age_ms,
                                               (int32_t)f->max_payload, msg, cap)
-                      : changelog_exists(f, k, &missing, msg, cap);
+                      : last_seq(f, k, &first, &last, &missing, msg, cap);
     if (err != TD_OK || missing)
         return err;
-    err = last_seq(f, k, &first, &last, msg, cap);
+    err = last_seq(f, k, &first, &last, NULL, msg, cap);
     if (err == TD_OK && last == 0) { /* nothing to expect yet: a first message, then the fence */
         bool lost = false;
         err = store_fence(f, k, epoch, 0, &fence, &lost, msg, cap);
         if (err == TD_OK)
-            err = last_seq(f, k, &first, &last, msg, cap);
+            err = last_seq(f, k, &first, &last, NULL, msg, cap);
     }
     /* A stream's sequences only grow, so one that ends before the checkpoint's was removed and
      * made again after that checkpoint was taken: every message in it came later (a missing
@@ -777,7 +776,7 @@ td_err_t td_changelog_take(td_fleet_t *f, uint32_t k, uint64_t cl_seq, uint64_t 
             err = store_fence(f, k, epoch, last, &fence, &lost, msg, cap);
         if (err != TD_OK || !lost)
             break;
-        err = last_seq(f, k, &first, &last, msg, cap); /* another writer: its records too */
+        err = last_seq(f, k, &first, &last, NULL, msg, cap); /* another writer: its records too */
         if (err == TD_OK)
             td_info("fleet: partition %u: its changelog's fence lost to a message stored after "
                     "%" PRIu64 " (a previous owner's late batch?): applying up to %" PRIu64

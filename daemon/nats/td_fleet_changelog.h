@@ -55,6 +55,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <nats/nats.h>
+
 #include "td_config.h"
 #include "td_err.h"
 #include "td_stream.h"
@@ -67,15 +69,23 @@ td_err_t td_changelog_open(struct td_fleet *f, const td_config_t *cfg);
 /* Stops the committer (after the partitions were given up) and frees it all. */
 void td_changelog_close(struct td_fleet *f);
 
-/* Taking partition k under epoch, its checkpoint loaded: applies the records after cl_seq (the
- * checkpoint's; all of them when the stream ends before it: removed and made again) to the
- * stream table, then stores the fence; records may be written from then on (replicated). A
- * member that is not replicated does the same when the changelog exists (an earlier owner's),
- * and leaves it alone otherwise. *held: the changelog's sequence the stream table now holds, the
- * fence's (cl_seq without a changelog), which the partition's next checkpoint names at least.
- * TD_ERR_LIBRARY (msg) when NATS failed or the fence kept losing to another writer. */
-td_err_t td_changelog_take(struct td_fleet *f, uint32_t k, uint64_t cl_seq, uint64_t epoch,
-                           uint64_t *held, char *msg, size_t cap);
+/* Taking partition k under epoch, its checkpoint (or a standby's copy) loaded: applies the records
+ * after cl_seq (the checkpoint's, or the last the copy applied, with the highest epoch it applied:
+ * max_epoch; 0 from a checkpoint); all of them when the stream ends before it: removed and made
+ * again) to the stream table, then stores the fence; records may be written from then on
+ * (replicated). A member that is not replicated does the same when the changelog exists (an earlier
+ * owner's), and leaves it alone otherwise. *held: the changelog's sequence the stream table now
+ * holds, the fence's (cl_seq without a changelog), which the partition's next checkpoint names at
+ * least. TD_ERR_LIBRARY (msg) when NATS failed or the fence kept losing to another writer. */
+td_err_t td_changelog_take(struct td_fleet *f, uint32_t k, uint64_t cl_seq, uint64_t max_epoch,
+                           uint64_t epoch, uint64_t *held, char *msg, size_t cap);
+/* Applies changelog message m (sequence seq of TALLY_CL<k>) to table, the stream table or a
+ * standby's copy, on the loop thread (its parser's scratch is the loop thread's), with the
+ * replay's epoch rule: a message of an epoch below *max_epoch (the highest applied so far,
+ * raised here) is a stale owner's, skipped. A take's replay and a standby's copy share it.
+ * TD_ERR_CORRUPT (msg) when a record does not parse or its table refuses it. */
+td_err_t td_changelog_apply(struct td_fleet *f, uint32_t k, uint64_t seq, natsMsg *m,
+                            td_streams_t *table, uint64_t *max_epoch, char *msg, size_t cap);
 /* Partition k is lost or given up: what waits for a PubAck is answered not_durable. */
 void td_changelog_closed(struct td_fleet *f, uint32_t k);
 /* The last sequence of TALLY_CL<k> whose records the stream table holds (read before a

@@ -216,6 +216,7 @@ typedef struct td_changelog td_changelog_t;
 typedef struct td_fleet_job {
     void (*fn)(td_fleet_t *f, void *arg);
     void *arg;
+    bool hold; /* the shards stopped around it: it reads or changes the stream table */
     bool done;
 } td_fleet_job_t;
 
@@ -301,6 +302,10 @@ struct td_fleet {
      * unless direct = replicated. */
     struct td_fleet_route *route;
     struct td_changelog *cl;
+    /* [nats] standbys (td_fleet_standby.c): a slot a partition, NULL when none; the manifest
+     * keys' writes as they are stored ($KV.TALLY_CKPT.*). */
+    struct td_standby *standbys;
+    natsSubscription *manifests_sub;
     /* Counters and what info and /metrics show (the server's, or own_status). */
     td_fleet_status_t *st;
     td_fleet_status_t own_status;
@@ -340,8 +345,12 @@ void td_fleet_path_poll(td_fleet_t *f, int timeout_ms);
  * meanwhile): the reply frame (64-byte header then payload, malloc'ed) or NULL after timeout_ms. */
 uint8_t *td_fleet_path_call(td_fleet_t *f, const uint8_t *data, size_t len, int timeout_ms,
                             size_t *reply_len);
-/* Runs fn(f, arg) on the server's loop thread and waits for it. */
+/* Runs fn(f, arg) on the server's loop thread and waits for it, the shards stopped meanwhile
+ * (td_streams_hold). */
 void td_fleet_on_loop(td_fleet_t *f, void (*fn)(td_fleet_t *f, void *arg), void *arg);
+/* The same with the shards left running: for a job that touches no table of theirs, only the
+ * loop thread's scratch (a standby's copy: td_fleet_standby.c). */
+void td_fleet_on_loop_unheld(td_fleet_t *f, void (*fn)(td_fleet_t *f, void *arg), void *arg);
 /* A reply for slot: its header (TALLY_REP_HEADER_SIZE bytes, already with the original request
  * id) and body. */
 void td_fleet_on_reply(td_fleet_t *f, int slot, const uint8_t *header, const uint8_t *body,
@@ -425,6 +434,34 @@ void td_fleet_keys_known(td_fleet_t *f, char **ids, size_t n);
 /* Reads the key writes that arrived; true (and the heartbeat brought forward to now) when one
  * can change what this worker owns. */
 bool td_fleet_keys_step(td_fleet_t *f);
+
+/* td_fleet_standby.c: standby copies of partitions ([nats] standbys = 1; docs/fleet.md
+ * "Standbys"). f->standbys, one slot a partition, when cfg asks for standbys and the member is
+ * replicated (f->cl: after td_fleet_route_open; NULL otherwise, with a warning). */
+td_err_t td_standby_open(td_fleet_t *f, const td_config_t *cfg);
+/* After the loop has ended: frees the copies. */
+void td_standby_close(td_fleet_t *f);
+/* The heartbeat's plan, before its takes: next[k], this member comes right after partition k's
+ * owner; mine[k], it is the owner now (the copy of one not taken yet is kept for its take).
+ * Copies no longer wanted go. */
+void td_standby_plan(td_fleet_t *f, const bool *next, const bool *mine);
+/* Starts the copies wanted (again, from each new checkpoint) and applies the changelog messages
+ * that arrived; true when it did something. */
+bool td_standby_step(td_fleet_t *f);
+/* The largest answer from a copy: a reply header and a stream's record. */
+#define TD_STANDBY_ANSWER_MAX (TALLY_REP_HEADER_SIZE + TALLY_QUERY_PAYLOAD_MAX)
+/* A `query` (no window) of a stream of partition k answered from this member's standby copy
+ * into frame (TD_STANDBY_ANSWER_MAX bytes), with the last changelog sequence the copy applied
+ * in *cl_seq: the frame's length, or 0 when there is no copy here (or k is this member's). */
+size_t td_standby_answer(td_fleet_t *f, uint32_t k, const tally_req_t *req, uint8_t *frame,
+                         uint64_t *cl_seq);
+/* A take's load, its checkpoint fenced (p->ckpt.cur; state, len: its state): the copy when it
+ * started from that very checkpoint (epoch and generation), else the checkpoint's state; then
+ * the changelog after what was loaded (td_changelog_take, which sets p->ckpt.cl_seq). Says
+ * which in one line (with standbys on), counts it (tallyd_nats_takes_total{from}), sets
+ * p->take_loaded_ms; the copy goes either way. */
+td_err_t td_standby_load(td_fleet_t *f, td_part_t *p, uint8_t *state, size_t len, char *msg,
+                         size_t cap);
 
 /* td_fleet_query.c */
 td_err_t td_fleet_query_open(td_fleet_t *f);

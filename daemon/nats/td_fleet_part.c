@@ -308,14 +308,11 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
     size_t len = 0;
     td_err_t err = td_ckpt_take(&p->ckpt, f->js, f->ckpts, p->k, f->member, p->lease.revision,
                                 &state, &len, &fenced, msg, sizeof msg);
-    if (err == TD_OK && !fenced)
-        err = td_fleet_table_restore(f, p->k, state, len, msg, sizeof msg);
-    free(state);
     p->ckpt.cl_seq = p->ckpt.cur.cl_seq;
-    int64_t loaded = td_nats_now_ms();
-    if (err == TD_OK && !fenced) /* replicated: the changelog after the checkpoint, and a fence */
-        err = td_changelog_take(f, p->k, p->ckpt.cl_seq, p->lease.revision, &p->ckpt.cl_seq, msg,
-                                sizeof msg);
+    p->take_loaded_ms = td_nats_now_ms();
+    if (err == TD_OK && !fenced) /* a standby's copy or the checkpoint, the changelog after it */
+        err = td_standby_load(f, p, state, len, msg, sizeof msg);
+    free(state);
     p->applied_seq = p->high_seq = p->ckpt_seq = p->ckpt.cur.applied_seq;
     TD_FLEET_SET(f, last_seq[p->k], p->applied_seq); /* its reader raises it (the lag's top) */
     p->restarts = 0;
@@ -333,7 +330,6 @@ void td_part_take(td_fleet_t *f, td_part_t *p)
     td_fleet_watch_taken(f, p->k); /* what it loaded is published at the next tick */
     p->take_began_ms = began;
     p->take_leased_ms = leased;
-    p->take_loaded_ms = loaded;
     p->take_state_len = len;
 }
 

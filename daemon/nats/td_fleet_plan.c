@@ -60,3 +60,16 @@ uint32_t td_fleet_plan(const char *const *members, size_t n, const char *self, u
     }
     return count;
 }
+
+void td_fleet_plan_next(const char *const *members, size_t n, const char *self, uint32_t partitions,
+                        bool *next)
+{
+    for (uint32_t k = 0; k < partitions; k++) {
+        uint64_t own = td_fleet_score(self, k);
+        size_t ahead = 0;
+        for (size_t i = 0; i < n && ahead < 2; i++)
+            ahead += strcmp(members[i], self) != 0 &&
+                     beats(td_fleet_score(members[i], k), members[i], own, self);
+        next[k] = ahead == 1;
+    }
+}

@@ -21,5 +21,11 @@ int td_fleet_owner(const char *const *members, size_t n, uint32_t k);
  * are its. */
 uint32_t td_fleet_plan(const char *const *members, size_t n, const char *self, uint32_t partitions,
                        bool *mine);
+/* next[k] (k < partitions) = whether `self` comes right after partition k's owner among
+ * members[0..n) (self counted whether listed or not): exactly one other member beats it. The
+ * member a partition's standby copy lives on ([nats] standbys = 1, docs/fleet.md "Standbys"),
+ * and the one the plan gives it to when its owner leaves. */
+void td_fleet_plan_next(const char *const *members, size_t n, const char *self, uint32_t partitions,
+                        bool *next);
 
 #endif

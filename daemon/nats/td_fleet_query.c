@@ -72,14 +72,17 @@ size_t td_fleet_error_reply(const uint8_t *req, size_t len, tally_status_t st, c
 }
 
 /* td_fleet_publish_reply, and for a `streams` answer (owned not NULL) the partitions it covers
- * in Tally-Owned. */
+ * in Tally-Owned; for an answer from a standby's copy (stale not NULL) Tally-Stale. */
 static void publish_reply(td_fleet_t *f, const char *subject, natsMsg *request, uint32_t k,
-                          uint64_t seq, const uint8_t *reply, size_t len, const char *owned)
+                          uint64_t seq, const uint8_t *reply, size_t len, const char *owned,
+                          const char *stale)
 {
     natsMsg *m = NULL;
     natsStatus s = natsMsg_Create(&m, subject, NULL, (const char *)reply, (int)len);
     if (s == NATS_OK && owned)
         s = natsMsgHeader_Set(m, TALLY_NATS_HDR_OWNED, owned);
+    if (s == NATS_OK && stale)
+        s = natsMsgHeader_Set(m, TALLY_NATS_HDR_STALE, stale);
     const char *id = NULL;
     if (s == NATS_OK && natsMsgHeader_Get(request, TALLY_NATS_HDR_MSG_ID, &id) == NATS_OK)
         s = natsMsgHeader_Set(m, TALLY_NATS_HDR_REPLY_ID, id);
@@ -107,7 +110,7 @@ static void publish_reply(td_fleet_t *f, const char *subject, natsMsg *request, 
 void td_fleet_publish_reply(td_fleet_t *f, const char *subject, natsMsg *request, uint32_t k,
                             uint64_t seq, const uint8_t *reply, size_t len)
 {
-    publish_reply(f, subject, request, k, seq, reply, len, NULL);
+    publish_reply(f, subject, request, k, seq, reply, len, NULL, NULL);
 }
 
 static void answer_error(td_fleet_t *f, natsMsg *m, tally_status_t st, const char *why)
@@ -187,6 +190,36 @@ static void count_members(td_fleet_t *f)
     f->members_read_ms = now;
 }
 
+/* A query of a partition this member does not own, asking Tally-Stale-Ok: answered from the
+ * standby's copy here, marked Tally-Stale (PROTOCOL.md §13 "Answers by request-reply"); true
+ * when it was (m is then gone). Only a well-formed plain `query` of a stream of partition k:
+ * anything else is the owner's to answer or refuse. */
+static bool answer_stale(td_fleet_t *f, natsMsg *m)
+{
+    const char *ok = NULL;
+    tally_req_t req;
+    uint8_t frame[TD_STANDBY_ANSWER_MAX];
+    uint64_t cl_seq = 0;
+    unsigned long k = strtoul(natsMsg_GetSubject(m) + strlen(TALLY_NATS_SUBJ_QUERY), NULL, 10);
+    size_t len = (size_t)natsMsg_GetDataLength(m), n = 0;
+    char why[128], stale[24];
+    if (natsMsgHeader_Get(m, TALLY_NATS_HDR_STALE_OK, &ok) != NATS_OK || k >= f->partitions ||
+        len < TALLY_REQ_HEADER_SIZE ||
+        tally_req_decode((const uint8_t *)natsMsg_GetData(m), TALLY_REQ_HEADER_SIZE, &req, why,
+                         sizeof why) != TALLY_OK ||
+        req.opcode != TALLY_OP_QUERY || (req.flags & TALLY_FLAG_QUERY_WINDOW) || !req.stream_len ||
+        tally_partition(req.stream, req.stream_len, f->partitions) != k ||
+        !natsMsg_GetReply(m) || /* a refused reply subject: take_query counts it */
+        !tally_fleet_reply_allowed(natsMsg_GetReply(m),
+                                   tally_fleet_subject_user(natsMsg_GetSubject(m))) ||
+        !(n = td_standby_answer(f, (uint32_t)k, &req, frame, &cl_seq)))
+        return false;
+    snprintf(stale, sizeof stale, "%" PRIu64, cl_seq);
+    publish_reply(f, natsMsg_GetReply(m), m, 0, 0, frame, n, NULL, stale);
+    natsMsg_Destroy(m);
+    return true;
+}
+
 /* Whether this member answers m at all, and with what; forwards it when it is to be run. */
 static void take_query(td_fleet_t *f, natsMsg *m, natsSubscription *from)
 {
@@ -194,6 +227,8 @@ static void take_query(td_fleet_t *f, natsMsg *m, natsSubscription *from)
     size_t len = (size_t)natsMsg_GetDataLength(m);
     bool mine = true;
     tally_status_t why = len >= TALLY_REQ_HEADER_SIZE ? judge(f, m, from, &mine) : TALLY_E_HEADER;
+    if (!mine && from == f->q_sub && answer_stale(f, m))
+        return;
     if (!mine || !reply_allowed(f, m)) {
         natsMsg_Destroy(m); /* not ours, or nowhere it may go */
         return;
@@ -333,7 +368,7 @@ void td_fleet_query_reply(td_fleet_t *f, td_pend_t *pend, const uint8_t *reply, 
         natsMsg_Destroy(m);
         return;
     }
-    publish_reply(f, natsMsg_GetReply(m), m, 0, 0, send, len, filtered ? owned_text : NULL);
+    publish_reply(f, natsMsg_GetReply(m), m, 0, 0, send, len, filtered ? owned_text : NULL, NULL);
     free(filtered);
     natsMsg_Destroy(m);
 }

@@ -592,9 +592,9 @@ uint8_t *td_fleet_path_call(td_fleet_t *f, const uint8_t *data, size_t len, int 
 
 /* ---- Loop calls ---------------------------------------------------------------------------- */
 
-void td_fleet_on_loop(td_fleet_t *f, void (*fn)(td_fleet_t *f, void *arg), void *arg)
+static void on_loop(td_fleet_t *f, void (*fn)(td_fleet_t *f, void *arg), void *arg, bool hold)
 {
-    td_fleet_job_t job = {.fn = fn, .arg = arg};
+    td_fleet_job_t job = {.fn = fn, .arg = arg, .hold = hold};
     td_fleet_path_flush(f); /* requests sent before the job reach the loop before it */
     pthread_mutex_lock(&f->mu);
     f->job = &job;
@@ -604,4 +604,14 @@ void td_fleet_on_loop(td_fleet_t *f, void (*fn)(td_fleet_t *f, void *arg), void 
     while (!job.done)
         pthread_cond_wait(&f->cond, &f->mu);
     pthread_mutex_unlock(&f->mu);
+}
+
+void td_fleet_on_loop(td_fleet_t *f, void (*fn)(td_fleet_t *f, void *arg), void *arg)
+{
+    on_loop(f, fn, arg, true);
+}
+
+void td_fleet_on_loop_unheld(td_fleet_t *f, void (*fn)(td_fleet_t *f, void *arg), void *arg)
+{
+    on_loop(f, fn, arg, false);
 }

@@ -56,7 +56,7 @@ from ._wire import (DEFAULT_ENDPOINT, DEFAULT_TIMEOUT_MS, DTYPE, E_ARG, E_IO,  #
 __all__ = ["BinRef", "Client", "Error", "GpuRegion", "Publication", "Push", "Quantile", "Record",
            "Region",
            "Subscriber", "Summary", "Window", "channels", "edges", "keygen", "library_version",
-           "quantile", "quantiles", "summarize"]
+           "quantile", "quantiles", "query_stale", "summarize"]
 
 # What dtype= takes: tallyd's names (the CLI's too: rgb and rgba), or a NumPy integer type.
 DtypeLike = Union[str, type, "np.dtype[Any]"]
@@ -411,6 +411,41 @@ class GpuRegion(_Handle):
 
 
 AnyRegion = Union[Region, GpuRegion]
+
+
+def query_stale(stream: str, servers: Optional[str] = None,
+                timeout_ms: int = DEFAULT_TIMEOUT_MS, credentials: Optional[str] = None,
+                user: Optional[str] = None, tls_ca: Optional[str] = None,
+                tls_cert: Optional[str] = None, tls_key: Optional[str] = None
+                ) -> Tuple[Record, int]:
+    """A stream's record from a fleet (NATS servers, default $TALLY_NATS), as `tally --nats URL
+    query --stale-ok`: its partition's owner or a standby's copy answers, whichever comes first,
+    also while the partition has no owner (PROTOCOL.md §13 "Answers by request-reply"). Returns
+    (record, stale): stale 0 when the owner answered, else the partition's changelog sequence the
+    copy had applied (the record may lag the owner's by what was written since)."""
+    servers = servers or os.environ.get("TALLY_NATS")
+    if not servers:
+        raise Error(E_ARG, "no fleet: give servers (nats://HOST:PORT,...) or set $TALLY_NATS")
+
+    def text(v: Optional[str]) -> Optional[bytes]:
+        return v.encode() if v else None
+
+    opts = _lib.NatsOpts(servers=servers.encode(), credentials=text(credentials),
+                         user=text(user), tls_ca=text(tls_ca), tls_cert=text(tls_cert),
+                         tls_key=text(tls_key), timeout_ms=timeout_ms)
+    handle, why = ctypes.c_void_p(), ctypes.create_string_buffer(512)
+    st = lib.tally_nats_new(ctypes.byref(opts), ctypes.byref(handle), why, len(why))
+    if st:
+        raise Error(st, why.value.decode(errors="replace"))
+    try:
+        info, stale = _lib.StreamInfo(), ctypes.c_uint64()
+        st = lib.tally_nats_query_stale(handle, stream.encode(), ctypes.byref(info),
+                                        ctypes.byref(stale))
+        if st:
+            raise Error(st, (lib.tally_nats_error(handle) or b"").decode(errors="replace"))
+        return record_from_info(stream, info), stale.value
+    finally:
+        lib.tally_nats_destroy(ctypes.byref(handle))
 
 
 class Client(_Handle):
