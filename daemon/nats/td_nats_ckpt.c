@@ -199,25 +199,41 @@ static td_err_t get_manifest(jsCtx *js, uint32_t k, natsMsg **e, char *msg, size
     return TD_OK;
 }
 
-/* After a failed compare-and-set of value (len bytes) on the manifest: fenced (another
- * revision there), a NATS failure, or our own write after all: the server applied it but
- * answered after libnats stopped waiting (a loaded server), and the manifest there is, byte for
- * byte, the one written (its generation and epoch are this owner's alone): *written is then its
- * revision, and the write is committed. */
-static td_err_t after_failed_cas(jsCtx *js, uint32_t k, uint64_t expected, const uint8_t *value,
-                                 size_t len, natsStatus s, uint64_t *written, bool *fenced,
+/* After a failed compare-and-set of value (len bytes) on the manifest, which c knew at
+ * revision expected: fenced (another owner's manifest there), a NATS failure, our own write
+ * after all, or an earlier write of ours. Our own write: the server applied it but its answer
+ * was lost (a loaded server; a reconnect, after a pause past the server's write deadline), and
+ * the manifest there is, byte for byte, the one written (its generation and epoch are this
+ * owner's alone): *written is then its revision, and the write is committed. An earlier write of
+ * ours: a previous write whose answer was lost and whose read-back failed too landed after all
+ * (the manifest there has this owner's epoch and member, which no other owner writes: a take
+ * fences with its own epoch), so nobody else wrote since: *mine is its revision, to try again
+ * on. */
+static td_err_t after_failed_cas(td_ckpt_t *c, uint64_t expected, const uint8_t *value, size_t len,
+                                 natsStatus s, uint64_t *written, uint64_t *mine, bool *fenced,
                                  char *msg, size_t cap)
 {
     natsMsg *e = NULL;
-    td_err_t err = get_manifest(js, k, &e, msg, cap);
+    td_err_t err = get_manifest(c->js, c->k, &e, msg, cap);
     if (err != TD_OK)
         return err;
     uint64_t now = e ? natsMsg_GetSequence(e) : 0;
-    bool ours = e && now != expected && (size_t)natsMsg_GetDataLength(e) == len &&
+    bool same = e && now != expected && (size_t)natsMsg_GetDataLength(e) == len &&
                 memcmp(natsMsg_GetData(e), value, len) == 0;
+    td_ckpt_manifest_t there;
+    char why[128];
+    bool earlier = e && !same && now != expected &&
+                   td_ckpt_manifest_decode((const uint8_t *)natsMsg_GetData(e),
+                                           (size_t)natsMsg_GetDataLength(e), &there, why,
+                                           sizeof why) == TD_OK &&
+                   there.epoch == c->epoch && strcmp(there.member, c->member) == 0;
     natsMsg_Destroy(e);
-    if (ours) {
+    if (same) {
         *written = now;
+        return TD_OK;
+    }
+    if (earlier) {
+        *mine = now;
         return TD_OK;
     }
     if (now != expected) {
@@ -225,26 +241,47 @@ static td_err_t after_failed_cas(jsCtx *js, uint32_t k, uint64_t expected, const
         snprintf(msg, cap,
                  "checkpoint of partition %u was written by another worker (revision %" PRIu64
                  ", this one knew %" PRIu64 ")",
-                 (unsigned)k, now, expected);
+                 (unsigned)c->k, now, expected);
         return TD_OK;
     }
-    snprintf(msg, cap, "writing checkpoint of partition %u: %s", (unsigned)k,
+    snprintf(msg, cap, "writing checkpoint of partition %u: %s", (unsigned)c->k,
              td_nats_last_error(s));
     return TD_ERR_LIBRARY;
 }
 
-/* Writes value at the manifest key by compare-and-set on expected (0: create). */
+/* kvStore_Update on expected, or kvStore_Create at 0: the new revision in *rev. */
+static natsStatus put_manifest(kvStore *kv, const char *key, uint64_t expected,
+                               const uint8_t *value, size_t len, uint64_t *rev)
+{
+    return expected ? kvStore_Update(rev, kv, key, value, (int)len, expected)
+                    : kvStore_Create(rev, kv, key, value, (int)len);
+}
+
+/* Writes value at the manifest key by compare-and-set on expected (0: create); once more on the
+ * revision of an earlier write of ours found there (after_failed_cas). */
 static td_err_t cas_manifest(td_ckpt_t *c, uint64_t expected, const uint8_t *value, size_t len,
                              bool *fenced, char *msg, size_t cap)
 {
     char key[16];
     manifest_key(key, sizeof key, c->k);
-    uint64_t rev = 0;
-    natsStatus s = expected ? kvStore_Update(&rev, c->kv, key, value, (int)len, expected)
-                            : kvStore_Create(&rev, c->kv, key, value, (int)len);
-    td_err_t err = s == NATS_OK ? TD_OK
-                                : after_failed_cas(c->js, c->k, expected, value, len, s, &rev,
-                                                   fenced, msg, cap);
+    uint64_t rev = 0, mine = 0;
+    natsStatus s = put_manifest(c->kv, key, expected, value, len, &rev);
+    td_err_t err =
+        s == NATS_OK ? TD_OK
+                     : after_failed_cas(c, expected, value, len, s, &rev, &mine, fenced, msg, cap);
+    if (err == TD_OK && mine) {
+        expected = mine;
+        s = put_manifest(c->kv, key, expected, value, len, &rev);
+        mine = 0;
+        err = s == NATS_OK
+                  ? TD_OK
+                  : after_failed_cas(c, expected, value, len, s, &rev, &mine, fenced, msg, cap);
+        if (err == TD_OK && mine) { /* moved again under us: not an outcome to loop on */
+            snprintf(msg, cap, "writing checkpoint of partition %u: the manifest moved twice",
+                     (unsigned)c->k);
+            err = TD_ERR_LIBRARY;
+        }
+    }
     if (err == TD_OK && !*fenced)
         c->revision = rev;
     return err;
