@@ -2302,6 +2302,8 @@ static void test_mode_changes(void **state)
     start(0, "3000");
     check_taken_model(0);
     assert_int_equal(th_metric(&member[0], "tallyd_nats_changelog_replayed_total"), 0);
+    assert_true(th_daemon_log_contains(&member[0], "changelog: nothing to replay from"));
+    assert_false(th_daemon_log_contains(&member[0], "changelog: applied"));
     c = fleet_client();
     write_round(c, 3);
     tf_check_model(&test_fleet, c);

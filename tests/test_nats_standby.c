@@ -152,7 +152,8 @@ static int log_lines(int i, const char *text)
 /* Member i's take-overs as its log says them: for the test's log (bench/NOTES.md's figures). */
 static void show_takes(int i)
 {
-    th_sh("grep -a 'taken from\\|changelog: applied\\|took partition' %s >&2", member[i].log_path);
+    th_sh("grep -a 'taken from\\|changelog: applied\\|changelog: nothing\\|took partition' %s >&2",
+          member[i].log_path);
 }
 
 /* The members up, each holding its planned partitions, a's copies of b's started. */
@@ -266,6 +267,11 @@ static void test_catch_up_and_take(void **state)
     assert_int_equal(th_metric(&member[0], "tallyd_nats_takes_total{from=\"standby\"}"),
                      tf_planned(&test_fleet, 1));
     assert_int_equal(log_lines(0, "taken from its standby copy"), tf_planned(&test_fleet, 1));
+    /* each take's own line says it loaded the copy (written as the take is counted: waited for) */
+    int64_t until = th_now_ms() + TIMEOUT_MS;
+    while (log_lines(0, "(its standby copy: ") < tf_planned(&test_fleet, 1) && th_now_ms() < until)
+        th_sleep_ms(50);
+    assert_int_equal(log_lines(0, "(its standby copy: "), tf_planned(&test_fleet, 1));
     /* only the tail after each copy: fewer than b wrote in all */
     long long tail = th_metric(&member[0], "tallyd_nats_changelog_replayed_total") - replayed;
     print_message("b's changelog: %llu messages before the last rounds; a replayed %lld at its "
@@ -304,6 +310,7 @@ static void test_copy_refused(void **state)
     tf_check_model(&test_fleet, c);
     assert_int_equal(th_metric(&member[0], "tallyd_nats_takes_total{from=\"standby\"}"), 0);
     assert_int_equal(log_lines(0, "not the checkpoint fenced"), tf_planned(&test_fleet, 1));
+    assert_int_equal(log_lines(0, "(its standby copy: "), 0);
     show_takes(0);
     tally_client_destroy(&c);
 }
